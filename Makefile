@@ -1,0 +1,143 @@
+# rlk - one build for the library, the tools, the tests and the benchmarks.
+#
+#   make                 librlk.so / librlk.a and the tools under build/
+#   make test            every test that needs no GPU (what CI runs)
+#   make test-gpu        the same plus the GPU suites (needs a CUDA device)
+#   make sanitize        the tests under AddressSanitizer + UBSan (build-asan/)
+#   make bench           the benchmarks (tools/rlk-bench); kept results are in tools/bench/
+#   make precompile      a shippable cache for PRECOMPILE_TARGETS under cache/
+#   make install PREFIX=/usr/local
+#
+# Needs: a C11 compiler, make, and Check (Debian: apt-get install check) for the tests.
+# NVRTC, hiprtc, libcuda and libamdhip64 are opened at run time, never linked.
+
+VERSION_MAJOR := 0
+VERSION_MINOR := 1
+VERSION_PATCH := 0
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+
+CC ?= cc
+PREFIX ?= /usr/local
+BUILD ?= build
+SANITIZE ?=
+
+OPT ?= -O2
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-missing-field-initializers
+CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
+CFLAGS += -std=c11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) $(SANITIZE)
+LDFLAGS += -pthread $(SANITIZE)
+LDLIBS += -ldl -lm
+
+# Check is linked statically so the test binaries also run on machines that lack it.
+CHECK_LIBS := $(shell pkg-config --libs --static check 2>/dev/null | sed 's/-lcheck_pic/-l:libcheck.a/; s/-lsubunit/-l:libsubunit.a/')
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+
+LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/ops/*.c))
+TEMPLATES := $(sort $(wildcard templates/cuda/* templates/host/*))
+GEN_EMBED := $(BUILD)/gen/templates_embedded.c
+
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates_embedded.o
+TOOLS := rlk-cache rlk-precompile rlk-demo rlk-bench
+TOOL_BINS := $(TOOLS:%=$(BUILD)/bin/%)
+
+TEST_SRCS := $(sort $(wildcard tests/*.c tests/ref/*.c))
+TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(BUILD)/tests/check_rlk
+
+SONAME := librlk.so.$(VERSION_MAJOR)
+SHLIB := $(BUILD)/lib/librlk.so.$(VERSION)
+STLIB := $(BUILD)/lib/librlk.a
+
+.PHONY: all lib tools tests test test-gpu sanitize bench precompile install clean deps demo
+
+all: lib tools
+
+lib: $(SHLIB) $(STLIB)
+tools: $(TOOL_BINS)
+tests: $(TEST_BIN) $(TOOL_BINS)
+
+# ---- template embedding --------------------------------------------------------
+$(BUILD)/bin/rlk-embed-templates: tools/build/embed_templates.c src/jit/sha256.c src/jit/sources_digest.c | $(BUILD)/bin
+	$(CC) $(CPPFLAGS) -std=c11 -O2 $(WARN) -o $@ $^
+
+$(GEN_EMBED): $(BUILD)/bin/rlk-embed-templates $(TEMPLATES) | $(BUILD)/gen
+	$(BUILD)/bin/rlk-embed-templates templates $@ $(TEMPLATES:templates/%=%)
+
+# ---- library ---------------------------------------------------------------------
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/gen/templates_embedded.o: $(GEN_EMBED)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(SHLIB): $(LIB_OBJS) | $(BUILD)/lib
+	$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	ln -sf librlk.so.$(VERSION) $(BUILD)/lib/$(SONAME)
+	ln -sf $(SONAME) $(BUILD)/lib/librlk.so
+
+$(STLIB): $(LIB_OBJS) | $(BUILD)/lib
+	rm -f $@
+	ar rcs $@ $^
+
+# Tools and tests link the static library: one self-contained binary each, which is also
+# what travels to the GPU machine.
+$(BUILD)/bin/%: tools/%.c $(STLIB) | $(BUILD)/bin
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/obj/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	@pkg-config --exists check || { echo "Check is missing: apt-get install check pkg-config" >&2; exit 1; }
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(CHECK_CFLAGS) -MMD -MP -c $< -o $@
+
+$(TEST_BIN): $(TEST_OBJS) $(STLIB) | $(BUILD)/tests
+	$(CC) -o $@ $(TEST_OBJS) $(STLIB) $(LDFLAGS) $(CHECK_LIBS) $(LDLIBS)
+
+$(BUILD)/bin $(BUILD)/lib $(BUILD)/gen $(BUILD)/tests:
+	mkdir -p $@
+
+# ---- running ---------------------------------------------------------------------
+# deps installs missing system packages (as root) or names the command that does.
+deps:
+	@tools/build/deps.sh
+
+# The main job: JIT-compile and run the first op on the best backend present.
+demo: deps
+	$(MAKE) tools
+	$(BUILD)/bin/rlk-demo
+
+# Tests run against a private cache so they never touch the user's.
+test: deps
+	$(MAKE) tests
+	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
+
+test-gpu: deps
+	$(MAKE) tests
+	RLK_TEST_GPU=1 RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
+
+sanitize:
+	$(MAKE) BUILD=build-asan OPT=-O1 SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+
+bench: tools
+	$(BUILD)/bin/rlk-bench --json $(BUILD)/bench.json
+
+PRECOMPILE_TARGETS ?= sm_80 sm_90a
+precompile: tools
+	$(BUILD)/bin/rlk-precompile --out cache/precompiled --targets "$(PRECOMPILE_TARGETS)" --config tools/precompile.conf
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 0644 include/rlk.h $(DESTDIR)$(PREFIX)/include/rlk.h
+	install -m 0755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf librlk.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/librlk.so
+	install -m 0644 $(STLIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' tools/build/rlk.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rlk.pc
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

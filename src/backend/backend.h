@@ -1,0 +1,88 @@
+/* backend.h - a device runtime behind a struct of function pointers (cuda, hip, host).
+ * A backend knows modules, functions, memory and launches; nothing of keys or files. */
+#ifndef RLK_BACKEND_H
+#define RLK_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlk.h"
+
+typedef struct rlk_backend_impl rlk_backend_impl;
+
+typedef struct rlk_launch_dims {
+  unsigned grid[3];
+  unsigned block[3];
+  size_t shared_bytes;
+} rlk_launch_dims;
+
+struct rlk_backend_impl {
+  rlk_backend kind;
+  const char *name;     /* "cuda", "hip", "host" */
+  rlk_device_info info; /* name, target, compute capability, multiprocessors, memory */
+
+  /* Loads a binary (cubin, code object, shared object) from memory. RLK_ERR_BACKEND with
+   * the driver's message if it refuses the image (the JIT then rebuilds the entry). */
+  rlk_status (*module_load)(rlk_backend_impl *self, const void *image, size_t size, void **module);
+  void (*module_unload)(rlk_backend_impl *self, void *module);
+  /* Finds a kernel by its lowered name. */
+  rlk_status (*get_function)(rlk_backend_impl *self, void *module, const char *name, void **fn);
+  /* Launches on `stream` without synchronizing. `args` as CUDA's kernelParams: one pointer per
+   * kernel argument. The host backend calls fn(args) on the calling thread. */
+  rlk_status (*launch)(rlk_backend_impl *self, void *fn, const rlk_launch_dims *dims, void *stream,
+                       void **args);
+
+  rlk_status (*mem_alloc)(rlk_backend_impl *self, size_t bytes, void **out);
+  rlk_status (*mem_free)(rlk_backend_impl *self, void *ptr);
+  rlk_status (*copy_to_device)(rlk_backend_impl *self, void *dst, const void *src, size_t bytes);
+  rlk_status (*copy_to_host)(rlk_backend_impl *self, void *dst, const void *src, size_t bytes);
+  rlk_status (*mem_set)(rlk_backend_impl *self, void *dst, int value, size_t bytes);
+  rlk_status (*synchronize)(rlk_backend_impl *self, void *stream);
+
+  rlk_status (*event_create)(rlk_backend_impl *self, void **event);
+  rlk_status (*event_record)(rlk_backend_impl *self, void *event, void *stream);
+  rlk_status (*event_elapsed_ms)(rlk_backend_impl *self, void *start, void *end, float *ms);
+  void (*event_destroy)(rlk_backend_impl *self, void *event);
+
+  void (*destroy)(rlk_backend_impl *self);
+  void *impl;
+};
+
+/* Opens the CUDA driver (libcuda.so.1 by dlopen) on device `ordinal`: makes its primary
+ * context current on the calling thread. RLK_ERR_UNAVAILABLE if there is no driver or device. */
+rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out);
+
+/* Opens the HIP runtime (libamdhip64 by dlopen) on device `ordinal`. */
+rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out);
+
+/* The host CPU: kernels are shared objects loaded with dlopen; memory is malloc. */
+rlk_status rlk_host_backend_open(rlk_backend_impl **out);
+
+/* The target a CUDA device of compute capability major.minor compiles for: "sm_90a" for 9.0
+ * (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise. */
+void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------ */
+/* TMA (sm_90+ bulk tensor copies)                                           */
+/* ------------------------------------------------------------------------ */
+
+/* A 2-D tiled tensor map request. */
+typedef struct rlk_tma_desc_request {
+  const void *base;     /* global address */
+  rlk_dtype dtype;
+  uint64_t rows, cols;  /* global extent */
+  uint64_t row_stride;  /* elements */
+  uint32_t box_rows, box_cols;
+} rlk_tma_desc_request;
+
+/* Checks a request against the tensor-map limits on the host (16-byte aligned base and
+ * stride, box dimensions 1..256, inner box bytes a multiple of 16, extents within 2^32,
+ * supported dtype). RLK_OK or RLK_ERR_UNSUPPORTED with the reason: the caller then takes
+ * a non-TMA path instead of faulting on the device. */
+rlk_status rlk_tma_check(const rlk_tma_desc_request *req);
+
+/* Encodes a CUtensorMap (128 bytes, 64-byte aligned) into `out` with cuTensorMapEncodeTiled,
+ * after rlk_tma_check. Only on a CUDA backend. */
+rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_request *req, void *out128);
+
+#endif

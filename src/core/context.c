@@ -1,0 +1,259 @@
+/* context.c - context lifetime: picks the backend, the compiler for its target and the cache,
+ * and wires them into a JIT. Also the thin public wrappers over the backend (memory, events). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/core.h"
+
+void rlk_context_options_init(rlk_context_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->backend = RLK_BACKEND_AUTO;
+  o->log_level = RLK_LOG_DEFAULT;
+}
+
+const char *rlk_backend_name(rlk_backend b) {
+  switch (b) {
+    case RLK_BACKEND_AUTO: return "auto";
+    case RLK_BACKEND_CUDA: return "cuda";
+    case RLK_BACKEND_HIP: return "hip";
+    case RLK_BACKEND_HOST: return "host";
+  }
+  return "unknown";
+}
+
+static rlk_backend backend_for_target(const char *target) {
+  if (!strncmp(target, "sm_", 3)) return RLK_BACKEND_CUDA;
+  if (!strncmp(target, "gfx", 3)) return RLK_BACKEND_HIP;
+  return RLK_BACKEND_HOST;
+}
+
+static rlk_status open_backend(rlk_context *ctx, const rlk_context_options *o) {
+  rlk_backend want = o->backend;
+  if (want == RLK_BACKEND_CUDA) return rlk_cuda_backend_open(o->device, &ctx->backend);
+  if (want == RLK_BACKEND_HIP) return rlk_hip_backend_open(o->device, &ctx->backend);
+  if (want == RLK_BACKEND_HOST) return rlk_host_backend_open(&ctx->backend);
+  /* auto: the first device runtime that opens, else the CPU */
+  if (rlk_cuda_backend_open(o->device, &ctx->backend) == RLK_OK) return RLK_OK;
+  rlk_debug("auto backend: cuda unavailable: %s", rlk_last_error());
+  if (rlk_hip_backend_open(o->device, &ctx->backend) == RLK_OK) return RLK_OK;
+  rlk_debug("auto backend: hip unavailable: %s", rlk_last_error());
+  return rlk_host_backend_open(&ctx->backend);
+}
+
+static rlk_status open_compiler(rlk_backend kind, rlk_compiler **out) {
+  switch (kind) {
+    case RLK_BACKEND_CUDA: return rlk_nvrtc_open(out);
+    case RLK_BACKEND_HIP: return rlk_hiprtc_open(out);
+    case RLK_BACKEND_HOST: return rlk_hostcc_open(out);
+    default: return rlk_error(RLK_ERR_INTERNAL, "no compiler for backend %d", (int)kind);
+  }
+}
+
+rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *options) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_context_create: out is NULL");
+  *out = NULL;
+  rlk_context_options o;
+  if (options)
+    o = *options;
+  else
+    rlk_context_options_init(&o);
+  if ((int)o.backend < RLK_BACKEND_AUTO || (int)o.backend > RLK_BACKEND_HOST)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "options.backend: %d is not an rlk_backend", (int)o.backend);
+  if (o.device < 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "options.device: %d is negative", o.device);
+  if ((int)o.log_level < RLK_LOG_DEFAULT || (int)o.log_level > RLK_LOG_DEBUG)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "options.log_level: %d is not an rlk_log_level", (int)o.log_level);
+  if (o.log_level != RLK_LOG_DEFAULT && o.log_level > rlk_log_get_level()) rlk_log_set_level(o.log_level);
+
+  rlk_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_context_create: out of memory");
+  rlk_status st;
+  char target[32] = "";
+  const char *want_target = o.target ? o.target : rlk_env("RLK_ARCH");
+  if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
+    st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
+    goto fail;
+  }
+
+  if (o.compile_only) {
+    ctx->compile_only = 1;
+    ctx->kind = o.backend;
+    if (ctx->kind == RLK_BACKEND_AUTO) ctx->kind = target[0] ? backend_for_target(target) : RLK_BACKEND_HOST;
+    if (ctx->kind != RLK_BACKEND_HOST && !target[0]) {
+      st = rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "options.target: a compile-only %s context needs a target (e.g. sm_90a, gfx90a)",
+                     rlk_backend_name(ctx->kind));
+      goto fail;
+    }
+    if (ctx->kind == RLK_BACKEND_HOST && !target[0]) rlk_format(target, sizeof target, "%s", rlk_host_target());
+    rlk_format(ctx->info.name, sizeof ctx->info.name, "(compile-only)");
+    ctx->info.compile_only = 1;
+  } else {
+    st = open_backend(ctx, &o);
+    if (st) goto fail;
+    ctx->kind = ctx->backend->kind;
+    ctx->info = ctx->backend->info;
+    if (!target[0]) rlk_format(target, sizeof target, "%s", ctx->backend->info.target);
+  }
+  if (ctx->kind == RLK_BACKEND_HOST && strcmp(target, rlk_host_target()) != 0) {
+    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s: the host backend compiles only for %s", target,
+                   rlk_host_target());
+    goto fail;
+  }
+  rlk_format(ctx->info.target, sizeof ctx->info.target, "%s", target);
+
+  st = open_compiler(ctx->kind, &ctx->compiler);
+  if (st) goto fail;
+  if (!ctx->compiler->supports_target(ctx->compiler, target)) {
+    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not supported by %s (it supports: %s)", target,
+                   ctx->compiler->id, ctx->compiler->targets);
+    goto fail;
+  }
+  rlk_format(ctx->info.compiler, sizeof ctx->info.compiler, "%s %s", ctx->compiler->kind, ctx->compiler->version);
+
+  rlk_cache_config cfg;
+  st = rlk_cache_config_from_env(&cfg, o.cache_dir);
+  if (st) goto fail;
+  st = rlk_cache_open(&cfg, &ctx->cache);
+  if (st) goto fail;
+  st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, target, &ctx->jit);
+  if (st) goto fail;
+  rlk_info("context: backend %s, device %s, target %s, %s, cache %s", rlk_backend_name(ctx->kind), ctx->info.name,
+           target, ctx->info.compiler, rlk_cache_root(ctx->cache)[0] ? rlk_cache_root(ctx->cache) : "(memory)");
+  *out = ctx;
+  return RLK_OK;
+fail:
+  rlk_context_destroy(ctx);
+  return st;
+}
+
+void rlk_context_destroy(rlk_context *ctx) {
+  if (!ctx) return;
+  rlk_jit_destroy(ctx->jit);
+  rlk_cache_close(ctx->cache);
+  if (ctx->compiler) ctx->compiler->destroy(ctx->compiler);
+  if (ctx->backend) ctx->backend->destroy(ctx->backend);
+  free(ctx);
+}
+
+rlk_backend rlk_context_backend(const rlk_context *ctx) { return ctx ? ctx->kind : RLK_BACKEND_AUTO; }
+
+rlk_status rlk_context_device_info(const rlk_context *ctx, rlk_device_info *info) {
+  if (!ctx || !info) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_context_device_info: NULL argument");
+  *info = ctx->info;
+  return RLK_OK;
+}
+
+const char *rlk_context_supported_targets(const rlk_context *ctx) {
+  return (ctx && ctx->compiler) ? ctx->compiler->targets : "";
+}
+
+rlk_status rlk_context_counters(const rlk_context *ctx, rlk_counters *out) {
+  if (!ctx || !out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_context_counters: NULL argument");
+  rlk_jit_counters(ctx->jit, out);
+  return RLK_OK;
+}
+
+void rlk_context_reset_counters(rlk_context *ctx) {
+  if (ctx) rlk_jit_reset_counters(ctx->jit);
+}
+
+const char *rlk_context_cache_dir(const rlk_context *ctx) { return ctx ? rlk_cache_root(ctx->cache) : ""; }
+
+rlk_status rlk_context_require_device(const rlk_context *ctx, const char *what) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", what);
+  if (!ctx->backend)
+    return rlk_error(RLK_ERR_UNSUPPORTED, "%s: the context is compile-only (no device to run on)", what);
+  return RLK_OK;
+}
+
+rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
+                              void *stream, void **args) {
+  void *fn = NULL;
+  rlk_status st = rlk_jit_get(ctx->jit, spec, &fn);
+  if (st) return st;
+  return ctx->backend->launch(ctx->backend, fn, dims, stream, args);
+}
+
+/* ---- memory and events ---------------------------------------------------------- */
+
+rlk_status rlk_malloc(rlk_context *ctx, size_t bytes, void **out) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_malloc");
+  if (st) return st;
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_malloc: out is NULL");
+  *out = NULL;
+  if (bytes == 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_malloc: bytes is 0");
+  return ctx->backend->mem_alloc(ctx->backend, bytes, out);
+}
+
+rlk_status rlk_free(rlk_context *ctx, void *ptr) {
+  if (!ptr) return RLK_OK;
+  rlk_status st = rlk_context_require_device(ctx, "rlk_free");
+  if (st) return st;
+  return ctx->backend->mem_free(ctx->backend, ptr);
+}
+
+rlk_status rlk_memcpy_to_device(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_memcpy_to_device");
+  if (st) return st;
+  if (bytes == 0) return RLK_OK;
+  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_memcpy_to_device: NULL pointer");
+  return ctx->backend->copy_to_device(ctx->backend, dst, src, bytes);
+}
+
+rlk_status rlk_memcpy_to_host(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_memcpy_to_host");
+  if (st) return st;
+  if (bytes == 0) return RLK_OK;
+  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_memcpy_to_host: NULL pointer");
+  return ctx->backend->copy_to_host(ctx->backend, dst, src, bytes);
+}
+
+rlk_status rlk_memset(rlk_context *ctx, void *dst, int value, size_t bytes) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_memset");
+  if (st) return st;
+  if (bytes == 0) return RLK_OK;
+  if (!dst) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_memset: dst is NULL");
+  return ctx->backend->mem_set(ctx->backend, dst, value, bytes);
+}
+
+rlk_status rlk_stream_synchronize(rlk_context *ctx, void *stream) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_stream_synchronize");
+  if (st) return st;
+  return ctx->backend->synchronize(ctx->backend, stream);
+}
+
+rlk_status rlk_event_create(rlk_context *ctx, rlk_event **out) {
+  rlk_status st = rlk_context_require_device(ctx, "rlk_event_create");
+  if (st) return st;
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_event_create: out is NULL");
+  rlk_event *ev = calloc(1, sizeof *ev);
+  if (!ev) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_event_create: out of memory");
+  ev->ctx = ctx;
+  st = ctx->backend->event_create(ctx->backend, &ev->impl);
+  if (st) {
+    free(ev);
+    return st;
+  }
+  *out = ev;
+  return RLK_OK;
+}
+
+rlk_status rlk_event_record(rlk_event *event, void *stream) {
+  if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_event_record: event is NULL");
+  return event->ctx->backend->event_record(event->ctx->backend, event->impl, stream);
+}
+
+rlk_status rlk_event_elapsed_ms(rlk_event *start, rlk_event *end, float *ms) {
+  if (!start || !end || !ms) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_event_elapsed_ms: NULL argument");
+  if (start->ctx != end->ctx)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_event_elapsed_ms: events of different contexts");
+  return start->ctx->backend->event_elapsed_ms(start->ctx->backend, start->impl, end->impl, ms);
+}
+
+void rlk_event_destroy(rlk_event *event) {
+  if (!event) return;
+  event->ctx->backend->event_destroy(event->ctx->backend, event->impl);
+  free(event);
+}

@@ -1,0 +1,33 @@
+/* context.h - the rlk_context behind the public handle, and the launch helper ops use. */
+#ifndef RLK_CONTEXT_H
+#define RLK_CONTEXT_H
+
+#include "backend/backend.h"
+#include "jit/cache.h"
+#include "jit/compiler.h"
+#include "jit/jit.h"
+#include "rlk.h"
+
+struct rlk_context {
+  rlk_backend kind;
+  rlk_backend_impl *backend; /* NULL on a compile-only context */
+  rlk_compiler *compiler;
+  rlk_cache *cache;
+  rlk_jit *jit;
+  rlk_device_info info;
+  int compile_only;
+};
+
+struct rlk_event {
+  rlk_context *ctx;
+  void *impl;
+};
+
+/* Looks up (or builds) the kernel of `spec` and launches it on `stream`. */
+rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec,
+                              const rlk_launch_dims *dims, void *stream, void **args);
+
+/* RLK_ERR_UNSUPPORTED when the context cannot launch (compile-only). */
+rlk_status rlk_context_require_device(const rlk_context *ctx, const char *what);
+
+#endif

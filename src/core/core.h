@@ -1,0 +1,55 @@
+/* core.h - what every layer of the runtime shares: error reporting, logging,
+ * environment access, clocks. Internal; not installed. */
+#ifndef RLK_CORE_H
+#define RLK_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlk.h"
+
+#if defined(__GNUC__)
+#define RLK_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define RLK_PRINTF(a, b)
+#endif
+
+/* Sets this thread's last-error message and returns `status`. Use as
+ *   return rlk_error(RLK_ERR_INVALID_ARGUMENT, "scores: expected f32, got %s", ...); */
+rlk_status rlk_error(rlk_status status, const char *fmt, ...) RLK_PRINTF(2, 3);
+
+/* Prefixes this thread's last-error message with `fmt` (": " joins them) and returns
+ * `status`; for adding context on the way up. */
+rlk_status rlk_error_wrap(rlk_status status, const char *fmt, ...) RLK_PRINTF(2, 3);
+
+/* Clears this thread's last-error message. */
+void rlk_error_clear(void);
+
+/* Logging to stderr, filtered by the process log level (RLK_LOG, or a context's option:
+ * the most verbose wins). */
+void rlk_log(rlk_log_level level, const char *fmt, ...) RLK_PRINTF(2, 3);
+void rlk_log_set_level(rlk_log_level level);
+rlk_log_level rlk_log_get_level(void);
+#define rlk_warn(...) rlk_log(RLK_LOG_WARN, __VA_ARGS__)
+#define rlk_info(...) rlk_log(RLK_LOG_INFO, __VA_ARGS__)
+#define rlk_debug(...) rlk_log(RLK_LOG_DEBUG, __VA_ARGS__)
+
+/* Environment variables the runtime reads. Every RLK_ variable goes through these so the
+ * README's table can be checked against one list (src/core/env.c). */
+const char *rlk_env(const char *name);             /* NULL if unset or empty */
+int64_t rlk_env_int(const char *name, int64_t fallback); /* fallback if unset or not a number */
+
+/* Monotonic seconds. */
+double rlk_now(void);
+
+/* Wall-clock unix seconds. */
+int64_t rlk_unix_time(void);
+
+/* snprintf that always terminates and reports truncation as -1. */
+int rlk_format(char *buf, size_t size, const char *fmt, ...) RLK_PRINTF(3, 4);
+
+/* strdup that returns NULL on allocation failure. */
+char *rlk_strdup(const char *s);
+
+#endif

@@ -1,0 +1,52 @@
+/* util.c - environment access, clocks, string helpers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+
+const char *rlk_env(const char *name) {
+  const char *v = getenv(name);
+  return (v && *v) ? v : NULL;
+}
+
+int64_t rlk_env_int(const char *name, int64_t fallback) {
+  const char *v = rlk_env(name);
+  if (!v) return fallback;
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end) return fallback;
+  return (int64_t)x;
+}
+
+double rlk_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int64_t rlk_unix_time(void) { return (int64_t)time(NULL); }
+
+int rlk_format(char *buf, size_t size, const char *fmt, ...) {
+  if (!buf || size == 0) return -1;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, size, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= size) {
+    buf[size - 1] = '\0';
+    return -1;
+  }
+  return n;
+}
+
+char *rlk_strdup(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}

@@ -1,0 +1,36 @@
+/* jit.h - from a kernel spec to a launchable function:
+ *   spec -> in-process table -> read-only trees -> writable tree -> compile -> publish -> load
+ * Ops call rlk_jit_get; the table's hit path takes no lock and makes no syscall. */
+#ifndef RLK_JIT_H
+#define RLK_JIT_H
+
+#include "backend/backend.h"
+#include "jit/cache.h"
+#include "jit/compiler.h"
+#include "jit/key.h"
+#include "jit/template.h"
+#include "rlk.h"
+
+typedef struct rlk_jit rlk_jit;
+
+/* `backend` may be NULL (compile-only: kernels are compiled and published, never loaded).
+ * `source_dir` is "cuda" for NVRTC/hiprtc and "host" for the host compiler. The JIT borrows
+ * backend, compiler and cache; the caller keeps them alive longer. */
+rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk_cache *cache,
+                          const char *target, rlk_jit **out);
+void rlk_jit_destroy(rlk_jit *jit);
+
+/* The launchable function for a spec (compiling, publishing and loading on a miss). */
+rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn);
+
+/* Makes sure the spec's binary is in a cache (compiling and publishing on a miss) without
+ * loading it. Used by precompile; works without a backend. */
+rlk_status rlk_jit_prepare(rlk_jit *jit, const rlk_kernel_spec *spec);
+
+/* Builds the full key of a spec for this JIT's compiler and target. */
+rlk_status rlk_jit_key(rlk_jit *jit, const rlk_kernel_spec *spec, rlk_kernel_key *key);
+
+void rlk_jit_counters(const rlk_jit *jit, rlk_counters *out);
+void rlk_jit_reset_counters(rlk_jit *jit);
+
+#endif

@@ -1,0 +1,45 @@
+/* ops.h - the op families' shared pieces: argument validation helpers and the table that
+ * rlk_precompile uses to turn a configuration line into kernel specs through the same
+ * variant selection a real call makes. */
+#ifndef RLK_OPS_H
+#define RLK_OPS_H
+
+#include <stddef.h>
+
+#include "core/context.h"
+#include "jit/template.h"
+#include "rlk.h"
+
+#define RLK_OP_MAX_KERNELS 8
+
+typedef struct rlk_op_config_pair {
+  const char *name;
+  const char *value;
+} rlk_op_config_pair;
+
+typedef struct rlk_op_desc {
+  const char *name; /* "group_advantage" */
+  const char *help; /* "name: values (default)" lines */
+  /* Turns name=value pairs into the kernel specs the op would launch on `ctx`. Unknown names
+   * or values: RLK_ERR_INVALID_ARGUMENT naming them. */
+  rlk_status (*plan)(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
+                     rlk_kernel_spec *specs, size_t *nspecs);
+  /* Configuration lines that together reach every kernel variant family of the op (every
+   * entry, dtype, mode and code path); the tests compile all of them for every target. */
+  const char *const *samples;
+} rlk_op_desc;
+
+/* Every op family that can be precompiled, NULL-terminated. */
+extern const rlk_op_desc *const rlk_op_table[];
+
+extern const rlk_op_desc rlk_op_group_advantage;
+
+/* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
+rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);
+rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
+rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int ndim_min, int ndim_max);
+rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
+
+#define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
+
+#endif

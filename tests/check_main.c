@@ -1,0 +1,42 @@
+/* check_main.c - runs every suite. RLK_TEST_SUITE=name runs one; RLK_TEST_GPU=1 enables the
+ * GPU cases (they print why they skip otherwise). Each run uses a fresh private cache root. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suites.h"
+#include "test_util.h"
+
+typedef Suite *(*suite_fn)(void);
+
+int main(void) {
+  static const struct {
+    const char *name;
+    suite_fn fn;
+  } all[] = {
+      {"sha256", sha256_suite},     {"key", key_suite},         {"cache", cache_suite},
+      {"template", template_suite}, {"compiler", compiler_suite}, {"backend", backend_suite},
+      {"jit", jit_suite},           {"api", api_suite},         {"group_advantage", group_advantage_suite},
+      {"tools", tools_suite},
+  };
+  if (rlk_test_setup_env() != 0) return 2;
+  const char *only = getenv("RLK_TEST_SUITE");
+  SRunner *runner = NULL;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    if (only && *only && strcmp(only, all[i].name) != 0) continue;
+    Suite *s = all[i].fn();
+    if (!runner)
+      runner = srunner_create(s);
+    else
+      srunner_add_suite(runner, s);
+  }
+  if (!runner) {
+    fprintf(stderr, "no suite named '%s'\n", only ? only : "");
+    return 2;
+  }
+  srunner_run_all(runner, CK_NORMAL);
+  int failed = srunner_ntests_failed(runner);
+  srunner_free(runner);
+  rlk_test_teardown_env();
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,18 @@
+/* suites.h - every Check suite of the test binary. Each tests/test_*.c defines one. */
+#ifndef RLK_TEST_SUITES_H
+#define RLK_TEST_SUITES_H
+
+#include <check.h>
+
+Suite *sha256_suite(void);
+Suite *key_suite(void);
+Suite *cache_suite(void);
+Suite *template_suite(void);
+Suite *compiler_suite(void);
+Suite *backend_suite(void);
+Suite *jit_suite(void);
+Suite *api_suite(void);
+Suite *group_advantage_suite(void);
+Suite *tools_suite(void);
+
+#endif

@@ -1,0 +1,40 @@
+/* test_util.h - helpers shared by the suites: private cache roots, random data, GPU gating. */
+#ifndef RLK_TEST_UTIL_H
+#define RLK_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlk.h"
+
+/* Points RLK_CACHE_DIR and RLK_LOCK_DIR at a fresh temporary directory for the run. */
+int rlk_test_setup_env(void);
+void rlk_test_teardown_env(void);
+
+/* The run's temporary directory. */
+const char *rlk_test_tmpdir(void);
+
+/* A new empty directory under the run's temporary directory, written into buf. */
+void rlk_test_mkdtemp(char *buf, size_t size, const char *stem);
+
+/* Removes a directory tree (best effort). */
+void rlk_test_rmtree(const char *path);
+
+/* Non-zero when GPU cases should run (RLK_TEST_GPU=1 and a CUDA device opens). When it
+ * returns 0 it prints why the case is skipped, once per `what`. */
+int rlk_test_gpu_enabled(const char *what);
+
+/* A deterministic-per-call but fresh-per-run random generator (seeded from time and pid,
+ * the seed printed on failure through rlk_test_seed()). */
+uint64_t rlk_test_seed(void);
+uint64_t rlk_test_rand_u64(uint64_t *state);
+double rlk_test_rand_uniform(uint64_t *state);           /* [0, 1) */
+double rlk_test_rand_normal(uint64_t *state);
+
+/* Directory of the built tools (RLK_TEST_BIN_DIR). */
+const char *rlk_test_bin_dir(void);
+
+/* A host-backend context with the run's cache; fails the test on error. */
+rlk_context *rlk_test_host_context(void);
+
+#endif
