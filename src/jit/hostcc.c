@@ -1,0 +1,616 @@
+/* hostcc.c - the host compiler: an installed clang (or the clang named by RLK_HOST_CC) run
+ * as a child process to build a template's C source into a shared object for this CPU.
+ *
+ * Each compile works in a private temporary directory (mode 0700) holding the source and
+ * the in-memory headers; the compiler runs without a shell, with a timeout, its output
+ * captured as the log; the shared object is read back into memory and the directory
+ * removed. The flags are fixed and generic (no -march=native): the binary depends only on
+ * the key's inputs, so a cache entry stays valid on any machine of the same architecture. */
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "jit/compiler.h"
+#include "jit/compiler_impl.h"
+
+/* Seconds a compile may take before the compiler is killed, and for `--version`. */
+#ifndef HOSTCC_COMPILE_TIMEOUT_S
+#define HOSTCC_COMPILE_TIMEOUT_S 300.0
+#endif
+#define HOSTCC_VERSION_TIMEOUT_S 30.0
+/* The most compiler output kept as the log. */
+#define HOSTCC_LOG_MAX (1u << 20)
+/* The largest shared object read back. */
+#define HOSTCC_BINARY_MAX ((size_t)1 << 30)
+#define HOSTCC_INSTALL_HINT "install clang (apt-get install clang) or set RLK_HOST_CC"
+
+typedef struct hostcc_impl {
+  char path[4096]; /* the compiler executable */
+} hostcc_impl;
+
+/* ---------------------------------------------------------------------------------- */
+/* Host target                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+static pthread_once_t host_target_once = PTHREAD_ONCE_INIT;
+static char host_target[80];
+
+static void host_target_init(void) {
+  struct utsname u;
+  if (uname(&u) == 0 && u.machine[0])
+    rlk_format(host_target, sizeof host_target, "host-%s", u.machine);
+  else
+    rlk_format(host_target, sizeof host_target, "host-unknown");
+}
+
+const char *rlk_host_target(void) {
+  pthread_once(&host_target_once, host_target_init);
+  return host_target;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Finding and running the compiler                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static int is_executable_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* Resolves `name` like execvp would: as given when it holds a '/', else through PATH. */
+static int find_program(const char *name, char *out, size_t size) {
+  if (!name || !*name) return 0;
+  if (strchr(name, '/')) {
+    if (!is_executable_file(name)) return 0;
+    return rlk_format(out, size, "%s", name) >= 0;
+  }
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+  while (*path) {
+    const char *end = strchr(path, ':');
+    size_t len = end ? (size_t)(end - path) : strlen(path);
+    if (len && rlk_format(out, size, "%.*s/%s", (int)len, path, name) >= 0 && is_executable_file(out))
+      return 1;
+    path += len;
+    if (*path == ':') path++;
+  }
+  return 0;
+}
+
+/* Runs argv[0] (a path) with stdin from /dev/null and stdout + stderr captured into a
+ * malloc'd *output, in its own process group so a timeout kills the linker it started too.
+ * *exit_code is the exit status, or -1 when the child died from a signal. */
+static rlk_status run_program(char *const argv[], double timeout_s, char **output, int *exit_code) {
+  *output = NULL;
+  *exit_code = -1;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return rlk_error(RLK_ERR_IO, "%s: cannot create a pipe: %s", argv[0], strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  /* The caller's blocked or ignored signals must not leak into the compiler. */
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  sigdelset(&all, SIGKILL);
+  sigdelset(&all, SIGSTOP);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETPGROUP);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return rlk_error(RLK_ERR_UNAVAILABLE, "%s: cannot run: %s", argv[0], strerror(rc));
+  }
+
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  double deadline = rlk_now() + timeout_s;
+  int timed_out = 0, oom = 0;
+  for (;;) {
+    double left = deadline - rlk_now();
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd p = {.fd = fds[0], .events = POLLIN};
+    int ready = poll(&p, 1, left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    char chunk[4096];
+    ssize_t got = read(fds[0], chunk, sizeof chunk);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) break; /* EOF: the child (and anything it started) closed the pipe */
+    if (!buf || len + (size_t)got + 1 > HOSTCC_LOG_MAX) continue; /* keep draining */
+    if (len + (size_t)got + 1 > cap) {
+      size_t ncap = cap * 2 >= len + (size_t)got + 1 ? cap * 2 : len + (size_t)got + 1;
+      char *grown = realloc(buf, ncap);
+      if (!grown) {
+        oom = 1;
+        continue;
+      }
+      buf = grown;
+      cap = ncap;
+    }
+    memcpy(buf + len, chunk, (size_t)got);
+    len += (size_t)got;
+  }
+  close(fds[0]);
+
+  int status = 0;
+  pid_t waited = 0;
+  while (!timed_out) {
+    waited = waitpid(pid, &status, WNOHANG);
+    if (waited != 0 && !(waited < 0 && errno == EINTR)) break;
+    if (rlk_now() >= deadline) {
+      timed_out = 1;
+      break;
+    }
+    usleep(2000);
+  }
+  if (timed_out) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    free(buf);
+    return rlk_error(RLK_ERR_COMPILE, "%s: still running after %.0f s; killed", argv[0], timeout_s);
+  }
+  if (!buf || oom) {
+    free(buf);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "%s: output", argv[0]);
+  }
+  buf[len] = '\0';
+  *output = rlk_log_trim(buf);
+  if (waited < 0) {
+    /* SIGCHLD ignored by the application: the child was reaped for us and its status is
+     * lost; the caller judges by the files it expects. */
+    *exit_code = errno == ECHILD ? 0 : -1;
+  } else if (WIFEXITED(status)) {
+    *exit_code = WEXITSTATUS(status);
+  }
+  return RLK_OK;
+}
+
+/* The clang version from `--version` output ("Debian clang version 14.0.6" -> "14.0.6").
+ * Only clang is accepted: the templates and flags are written for it, and the JIT picks the
+ * host template set by the compiler kind "clang". */
+static int parse_version(const char *text, char *version, size_t size) {
+  const char *clang = strstr(text, "clang version ");
+  const char *eol = strchr(text, '\n');
+  if (!clang || (eol && clang > eol)) return 0;
+  const char *start = clang + strlen("clang version ");
+  size_t n = 0;
+  while ((start[n] >= '0' && start[n] <= '9') || start[n] == '.') n++;
+  while (n && start[n - 1] == '.') n--;
+  if (n == 0 || n >= size) return 0;
+  memcpy(version, start, n);
+  version[n] = '\0';
+  return 1;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The private working directory                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+/* A name the request gives a file: relative, no empty, "." or ".." components, printable. */
+static int safe_relative_name(const char *name) {
+  size_t len = strlen(name);
+  if (len == 0 || len > 255 || name[0] == '/') return 0;
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f || name[i] == '\\') return 0;
+  const char *p = name;
+  while (*p) {
+    const char *end = strchr(p, '/');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) return 0;
+    if (!end) break;
+    p = end + 1;
+    if (!*p) return 0; /* trailing slash */
+  }
+  return 1;
+}
+
+/* Writes `text` to dir/name, creating the directories of `name` (0700) on the way. */
+static rlk_status write_file(const char *dir, const char *name, const char *text) {
+  char path[4096];
+  if (rlk_format(path, sizeof path, "%s/%s", dir, name) < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "host compiler: file name too long: %s", name);
+  for (char *slash = strchr(path + strlen(dir) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+    *slash = '\0';
+    int made = mkdir(path, 0700);
+    int err = errno;
+    *slash = '/';
+    if (made != 0 && err != EEXIST)
+      return rlk_error(RLK_ERR_IO, "host compiler: cannot create a directory for %s: %s", name, strerror(err));
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return rlk_error(errno == EEXIST ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_IO,
+                     "host compiler: cannot write %s: %s", name, strerror(errno));
+  size_t len = strlen(text), done = 0;
+  while (done < len) {
+    ssize_t n = write(fd, text + done, len - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      close(fd);
+      return rlk_error(RLK_ERR_IO, "host compiler: cannot write %s: %s", name, strerror(err));
+    }
+    done += (size_t)n;
+  }
+  if (close(fd) != 0)
+    return rlk_error(RLK_ERR_IO, "host compiler: cannot write %s: %s", name, strerror(errno));
+  return RLK_OK;
+}
+
+static rlk_status read_file(const char *path, void **data, size_t *size) {
+  *data = NULL;
+  *size = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return rlk_error(RLK_ERR_IO, "host compiler: cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      (uint64_t)st.st_size > HOSTCC_BINARY_MAX) {
+    close(fd);
+    return rlk_error(RLK_ERR_IO, "host compiler: %s is empty, too large or not a file", path);
+  }
+  size_t want = (size_t)st.st_size, done = 0;
+  char *buf = malloc(want);
+  if (!buf) {
+    close(fd);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "host compiler: %zu-byte shared object", want);
+  }
+  while (done < want) {
+    ssize_t n = read(fd, buf + done, want - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += (size_t)n;
+  }
+  close(fd);
+  if (done != want) {
+    free(buf);
+    return rlk_error(RLK_ERR_IO, "host compiler: short read of %s", path);
+  }
+  *data = buf;
+  *size = want;
+  return RLK_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)st;
+  (void)type;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+static void remove_tree(const char *dir) {
+  if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) rmdir(dir);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Checking the exports                                                                 */
+/* ---------------------------------------------------------------------------------- */
+
+/* The first of `names` that the shared object does not export as a defined symbol of
+ * default (or protected) visibility, or NULL when all are there. Objects that are not
+ * ELF64 in the host's byte order are not inspected (NULL). */
+static const char *elf_missing_export(const unsigned char *data, size_t size,
+                                      const char *const *names, size_t nnames) {
+  Elf64_Ehdr eh;
+  if (size < sizeof eh) return NULL;
+  memcpy(&eh, data, sizeof eh);
+  const uint16_t one = 1;
+  const int little = *(const unsigned char *)&one == 1;
+  if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != (little ? ELFDATA2LSB : ELFDATA2MSB))
+    return NULL;
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff > size ||
+      (size - eh.e_shoff) / sizeof(Elf64_Shdr) < eh.e_shnum)
+    return nnames ? names[0] : NULL;
+  const Elf64_Shdr *dynsym = NULL, *dynstr = NULL;
+  Elf64_Shdr sh, link;
+  for (size_t i = 0; i < eh.e_shnum; i++) {
+    memcpy(&sh, data + eh.e_shoff + i * sizeof sh, sizeof sh);
+    if (sh.sh_type != SHT_DYNSYM || sh.sh_link >= eh.e_shnum) continue;
+    memcpy(&link, data + eh.e_shoff + sh.sh_link * sizeof link, sizeof link);
+    dynsym = &sh;
+    dynstr = &link;
+    break;
+  }
+  if (!dynsym || dynsym->sh_entsize != sizeof(Elf64_Sym) || dynsym->sh_offset > size ||
+      dynsym->sh_size > size - dynsym->sh_offset || dynstr->sh_offset > size ||
+      dynstr->sh_size > size - dynstr->sh_offset)
+    return nnames ? names[0] : NULL;
+  const char *strtab = (const char *)data + dynstr->sh_offset;
+  size_t nsyms = dynsym->sh_size / sizeof(Elf64_Sym);
+  for (size_t k = 0; k < nnames; k++) {
+    int found = 0;
+    for (size_t i = 0; i < nsyms && !found; i++) {
+      Elf64_Sym sym;
+      memcpy(&sym, data + dynsym->sh_offset + i * sizeof sym, sizeof sym);
+      if (sym.st_shndx == SHN_UNDEF || sym.st_name >= dynstr->sh_size) continue;
+      int bind = ELF64_ST_BIND(sym.st_info), vis = ELF64_ST_VISIBILITY(sym.st_other);
+      if ((bind != STB_GLOBAL && bind != STB_WEAK) || (vis != STV_DEFAULT && vis != STV_PROTECTED))
+        continue;
+      const char *name = strtab + sym.st_name;
+      size_t room = dynstr->sh_size - sym.st_name;
+      size_t want = strlen(names[k]);
+      found = want < room && memcmp(name, names[k], want + 1) == 0;
+    }
+    if (!found) return names[k];
+  }
+  return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Compiling                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static int hostcc_supports_target(const rlk_compiler *self, const char *target) {
+  (void)self;
+  return target && strcmp(target, rlk_host_target()) == 0;
+}
+
+static int is_identifier(const char *s) {
+  if (!s || !*s || (*s >= '0' && *s <= '9')) return 0;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
+      return 0;
+  return 1;
+}
+
+/* Request options are defines only: they come from typed parameter schemas, and anything
+ * else (an output path, a plugin) has no business on this command line. */
+static int allowed_option(const char *opt) {
+  return (strncmp(opt, "-D", 2) == 0 || strncmp(opt, "-U", 2) == 0) && opt[2] != '\0';
+}
+
+static rlk_status hostcc_check(rlk_compiler *self, const rlk_compile_request *req) {
+  rlk_status st = rlk_compile_request_check(self, req);
+  if (st != RLK_OK) return st;
+  for (size_t i = 0; i < req->noptions; i++)
+    if (!allowed_option(req->options[i]))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: option '%s' is not allowed (only -D and -U)",
+                       self->id, req->options[i]);
+  for (size_t i = 0; i < req->nnames; i++)
+    if (!is_identifier(req->names[i]))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not a C symbol name", self->id,
+                       req->names[i]);
+  for (size_t i = 0; i < req->nheaders; i++)
+    if (!safe_relative_name(req->header_names[i]))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: header name '%s' is not a plain relative path",
+                       self->id, req->header_names[i]);
+  if (req->noptions > 4096 || req->nheaders > 4096 || req->nnames > 4096)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: request too large", self->id);
+  return RLK_OK;
+}
+
+/* Removes every "<dir>/" from the log in place, so messages name files as the request
+ * did rather than by the private directory's random name. */
+static void strip_prefix(char *log, const char *dir) {
+  size_t n = strlen(dir);
+  char *out = log;
+  for (const char *in = log; *in;) {
+    if (strncmp(in, dir, n) == 0 && in[n] == '/') {
+      in += n + 1;
+      continue;
+    }
+    *out++ = *in++;
+  }
+  *out = '\0';
+}
+
+/* Runs the compiler in `dir` and fills `out` (binary, names, log). */
+static rlk_status hostcc_build(rlk_compiler *self, const rlk_compile_request *req, const char *dir,
+                               const char *source, rlk_compile_result *out) {
+  hostcc_impl *impl = self->impl;
+  char include[4200], prefix_map[8300], output[4200], input[4400];
+  rlk_format(include, sizeof include, "-I%s", dir);
+  /* Paths of the temporary directory must not reach the binary (__FILE__, messages in
+   * assertions): map it to ".". */
+  rlk_format(prefix_map, sizeof prefix_map, "-ffile-prefix-map=%s=.", dir);
+  rlk_format(output, sizeof output, "%s/kernel.so", dir);
+  rlk_format(input, sizeof input, "%s/%s", dir, source);
+
+  size_t max = 1 + self->nbase_options + req->noptions + 10;
+  char **argv = calloc(max, sizeof *argv);
+  if (!argv) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "host compiler: arguments");
+  size_t k = 0;
+  argv[k++] = impl->path;
+  for (size_t i = 0; i < self->nbase_options; i++)
+    if (strncmp(self->base_options[i], "-l", 2) != 0) argv[k++] = (char *)self->base_options[i];
+  for (size_t i = 0; i < req->noptions; i++) argv[k++] = (char *)req->options[i];
+  argv[k++] = include;
+  argv[k++] = prefix_map;
+  argv[k++] = "-o";
+  argv[k++] = output;
+  argv[k++] = "-x";
+  argv[k++] = "c";
+  argv[k++] = input;
+  argv[k++] = "-x";
+  argv[k++] = "none";
+  /* Libraries go after the input so the linker uses them. */
+  for (size_t i = 0; i < self->nbase_options; i++)
+    if (strncmp(self->base_options[i], "-l", 2) == 0) argv[k++] = (char *)self->base_options[i];
+  argv[k] = NULL;
+
+  char *log = NULL;
+  int code = -1;
+  rlk_status st = run_program(argv, HOSTCC_COMPILE_TIMEOUT_S, &log, &code);
+  free(argv);
+  if (log) strip_prefix(log, dir);
+  char why[512];
+  if (st != RLK_OK) {
+    rlk_format(why, sizeof why, "%s", rlk_last_error());
+    return rlk_compile_error(self, req, why, NULL);
+  }
+  if (code != 0) {
+    char detail[64] = "";
+    if (!*log) rlk_format(detail, sizeof detail, "the compiler failed (status %d)", code);
+    st = rlk_compile_error(self, req, detail, log);
+    free(log);
+    return st;
+  }
+  if ((st = read_file(output, &out->binary, &out->size)) != RLK_OK) {
+    rlk_format(why, sizeof why, "%s", rlk_last_error());
+    st = rlk_compile_error(self, req, why, log);
+    free(log);
+    return st;
+  }
+  const char *missing = elf_missing_export(out->binary, out->size, req->names, req->nnames);
+  if (missing) {
+    char detail[400];
+    rlk_format(detail, sizeof detail,
+               "symbol '%s' is not exported by the shared object (define it with default visibility)",
+               missing);
+    st = rlk_compile_error(self, req, detail, log);
+    free(log);
+    return st;
+  }
+  out->lowered_names = rlk_string_list_copy(req->names, req->nnames);
+  if (!out->lowered_names) {
+    free(log);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "host compiler: names");
+  }
+  out->nnames = req->nnames;
+  out->log = log;
+  return RLK_OK;
+}
+
+static rlk_status hostcc_compile(rlk_compiler *self, const rlk_compile_request *req,
+                                 rlk_compile_result *out) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "host compiler: NULL result");
+  memset(out, 0, sizeof *out);
+  rlk_status st = hostcc_check(self, req);
+  if (st != RLK_OK) return st;
+  const char *source = req->source_name && safe_relative_name(req->source_name) ? req->source_name
+                                                                                 : "kernel.c";
+  double start = rlk_now();
+  const char *tmp = getenv("TMPDIR");
+  char dir[4096];
+  if (rlk_format(dir, sizeof dir, "%s/rlk-cc-XXXXXX", tmp && *tmp == '/' ? tmp : "/tmp") < 0)
+    return rlk_error(RLK_ERR_IO, "host compiler: TMPDIR path too long");
+  if (!mkdtemp(dir))
+    return rlk_error(RLK_ERR_IO, "host compiler: cannot create a directory under %s: %s",
+                     tmp && *tmp == '/' ? tmp : "/tmp", strerror(errno));
+  for (size_t i = 0; i < req->nheaders && st == RLK_OK; i++)
+    st = write_file(dir, req->header_names[i], req->header_sources[i]);
+  if (st == RLK_OK) st = write_file(dir, source, req->source);
+  if (st == RLK_OK) st = hostcc_build(self, req, dir, source, out);
+  remove_tree(dir);
+  if (st != RLK_OK) {
+    rlk_compile_result_free(out);
+    return st;
+  }
+  out->seconds = rlk_now() - start;
+  rlk_debug("%s: %s: %zu-byte shared object in %.3f s", self->id, source, out->size, out->seconds);
+  return RLK_OK;
+}
+
+static void hostcc_destroy(rlk_compiler *self) {
+  if (!self) return;
+  free(self->impl);
+  free(self);
+}
+
+rlk_status rlk_hostcc_open(rlk_compiler **out) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "host compiler: NULL output");
+  *out = NULL;
+  hostcc_impl *impl = calloc(1, sizeof *impl);
+  rlk_compiler *c = calloc(1, sizeof *c);
+  if (!impl || !c) {
+    free(impl);
+    free(c);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "host compiler");
+  }
+  c->impl = impl;
+  c->destroy = hostcc_destroy;
+
+  const char *wanted = rlk_env("RLK_HOST_CC");
+  if (wanted) {
+    if (!find_program(wanted, impl->path, sizeof impl->path)) {
+      hostcc_destroy(c);
+      return rlk_error(RLK_ERR_UNAVAILABLE, "host compiler: RLK_HOST_CC=%s is not an executable on PATH",
+                       wanted);
+    }
+  } else if (!find_program("clang-14", impl->path, sizeof impl->path) &&
+             !find_program("clang", impl->path, sizeof impl->path)) {
+    hostcc_destroy(c);
+    return rlk_error(RLK_ERR_UNAVAILABLE, "host compiler: no clang-14 or clang on PATH; " HOSTCC_INSTALL_HINT);
+  }
+
+  char *argv[] = {impl->path, "--version", NULL};
+  char *text = NULL;
+  int code = -1;
+  rlk_status st = run_program(argv, HOSTCC_VERSION_TIMEOUT_S, &text, &code);
+  if (st != RLK_OK) {
+    hostcc_destroy(c);
+    return rlk_error_wrap(RLK_ERR_UNAVAILABLE, "host compiler");
+  }
+  char version[32];
+  int ok = code == 0 && parse_version(text, version, sizeof version);
+  if (!ok) {
+    int first_line = (int)strcspn(text, "\n");
+    st = rlk_error(RLK_ERR_UNAVAILABLE, "host compiler: %s is not clang (--version: '%.*s'); "
+                   HOSTCC_INSTALL_HINT, impl->path, first_line < 200 ? first_line : 200, text);
+    free(text);
+    hostcc_destroy(c);
+    return st;
+  }
+  free(text);
+
+  c->kind = "clang";
+  c->binary_name = "kernel.so";
+  rlk_format(c->version, sizeof c->version, "%s", version);
+  rlk_format(c->id, sizeof c->id, "clang-%s", version);
+  rlk_format(c->targets, sizeof c->targets, "%s", rlk_host_target());
+  c->compile = hostcc_compile;
+  c->supports_target = hostcc_supports_target;
+  /* Base options, part of every key:
+   *   -std=c11 -O2                 the dialect and a fixed optimization level
+   *   -fPIC -shared                a loadable shared object
+   *   -fvisibility=hidden          only the entry points the template marks are exported
+   *   -ffp-contract=off            no fused multiply-add: results match the fp64-checked
+   *                                references and do not change with the CPU's features
+   *   -fno-math-errno              math functions may be inlined (no errno side effect);
+   *                                results are unchanged
+   *   -lm                          the object names libm itself rather than relying on
+   *                                the process having loaded it
+   * No -march=native and no -ffast-math: the code must not depend on the build machine. */
+  static const char *const base[] = {"-std=c11",          "-O2",           "-fPIC",
+                                     "-shared",           "-fvisibility=hidden",
+                                     "-ffp-contract=off", "-fno-math-errno", "-lm"};
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) c->base_options[i] = base[i];
+  c->nbase_options = sizeof base / sizeof base[0];
+  impl->path[sizeof impl->path - 1] = '\0';
+  rlk_info("host compiler: %s (%s) for %s", c->id, impl->path, c->targets);
+  *out = c;
+  return RLK_OK;
+}

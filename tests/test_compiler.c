@@ -1,0 +1,471 @@
+/* test_compiler.c - the three kernel compilers (NVRTC, hiprtc, the host C compiler) and the
+ * dlopen wrapper under them. Compilers need no GPU; a compiler that is not installed makes
+ * its cases print why they skip. Compiling every real template for every target is the
+ * precompile tool's job; these cases use small self-contained sources. */
+#include <check.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "jit/compiler.h"
+#include "jit/compiler_impl.h"
+#include "jit/dynlib.h"
+#include "suites.h"
+#include "test_util.h"
+
+/* Opens a compiler or prints why its cases skip (NULL). */
+static rlk_compiler *open_or_skip(rlk_status (*open_fn)(rlk_compiler **), const char *what) {
+  rlk_compiler *c = NULL;
+  rlk_status st = open_fn(&c);
+  if (st == RLK_ERR_UNAVAILABLE) {
+    printf("skip (%s): %s\n", what, rlk_last_error());
+    fflush(stdout);
+    return NULL;
+  }
+  ck_assert_msg(st == RLK_OK, "%s: %s", what, rlk_last_error());
+  ck_assert_ptr_nonnull(c);
+  return c;
+}
+
+static int has_option(const rlk_compiler *c, const char *option) {
+  for (size_t i = 0; i < c->nbase_options; i++)
+    if (strcmp(c->base_options[i], option) == 0) return 1;
+  return 0;
+}
+
+static int is_elf(const rlk_compile_result *r) {
+  return r->binary && r->size > 64 && memcmp(r->binary, "\x7f" "ELF", 4) == 0;
+}
+
+/* ---- device sources (compiled by NVRTC and hiprtc alike) --------------------------------- */
+
+static const char *const dev_header_names[] = {"rlk_test/helper.cuh"};
+static const char *const dev_header_sources[] = {
+    "#pragma once\n"
+    "namespace rlk_test {\n"
+    "template <typename T> __device__ inline T mul(T a, T b) { return a * b; }\n"
+    "}\n"};
+
+/* A templated kernel using the in-memory header and a -D define that must arrive. */
+static const char *dev_source =
+    "#include \"rlk_test/helper.cuh\"\n"
+    "#ifndef RLK_TEST_FACTOR\n"
+    "#error RLK_TEST_FACTOR is not defined\n"
+    "#endif\n"
+    "namespace rlk_test {\n"
+    "template <typename T, int N>\n"
+    "__global__ void scale(T *x) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < N) x[i] = mul(x[i], (T)RLK_TEST_FACTOR);\n"
+    "}\n"
+    "}\n";
+
+/* Compiles dev_source for `target` with a fresh N and checks the binary and lowered name. */
+static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
+  int n = 1 + (int)(rlk_test_rand_u64(rng) % 100000);
+  char name[96], define[64];
+  snprintf(name, sizeof name, "rlk_test::scale<float, %d>", n);
+  snprintf(define, sizeof define, "-DRLK_TEST_FACTOR=%d", 2 + (int)(rlk_test_rand_u64(rng) % 7));
+  const char *names[] = {name};
+  const char *options[] = {define};
+  rlk_compile_request req = {.source = dev_source,
+                             .source_name = "scale.cu",
+                             .nheaders = 1,
+                             .header_names = dev_header_names,
+                             .header_sources = dev_header_sources,
+                             .target = target,
+                             .noptions = 1,
+                             .options = options,
+                             .nnames = 1,
+                             .names = names};
+  rlk_compile_result r;
+  rlk_status st = c->compile(c, &req, &r);
+  ck_assert_msg(st == RLK_OK, "%s for %s: %s", c->id, target, rlk_last_error());
+  ck_assert_msg(is_elf(&r), "%s for %s: %zu bytes, not ELF", c->id, target, r.size);
+  ck_assert_uint_eq(r.nnames, 1);
+  ck_assert_ptr_nonnull(r.lowered_names);
+  /* Itanium mangling: the template argument appears as "Li<N>E". */
+  char arg[32];
+  snprintf(arg, sizeof arg, "Li%dE", n);
+  ck_assert_msg(strncmp(r.lowered_names[0], "_Z", 2) == 0 && strstr(r.lowered_names[0], arg),
+                "lowered name '%s' for %s", r.lowered_names[0], name);
+  ck_assert_ptr_nonnull(r.log);
+  ck_assert(r.seconds > 0.0);
+  rlk_compile_result_free(&r);
+  ck_assert_ptr_null(r.binary);
+}
+
+/* Compiles a source with an error and checks the compiler's words reach rlk_last_error(). */
+static void compile_broken(rlk_compiler *c, const char *target) {
+  static const char *broken =
+      "__global__ void broken(float *x) { x[0] = rlk_undefined_thing + ; }\n";
+  rlk_compile_request req = {.source = broken, .source_name = "broken.cu", .target = target};
+  rlk_compile_result r;
+  ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_COMPILE);
+  const char *msg = rlk_last_error();
+  ck_assert_msg(strstr(msg, "broken.cu") && strstr(msg, target) && strstr(msg, "rlk_undefined_thing") &&
+                    strstr(msg, "error"),
+                "message: %s", msg);
+  ck_assert_ptr_null(r.binary);
+  ck_assert_ptr_null(r.lowered_names);
+}
+
+/* ---- NVRTC ------------------------------------------------------------------------------- */
+
+START_TEST(nvrtc_opens) {
+  rlk_compiler *c = open_or_skip(rlk_nvrtc_open, "nvrtc");
+  if (!c) return;
+  ck_assert_str_eq(c->kind, "nvrtc");
+  char id[64];
+  snprintf(id, sizeof id, "nvrtc-%s", c->version);
+  ck_assert_str_eq(c->id, id);
+  ck_assert_msg(strncmp(c->version, "12.", 3) == 0 || strncmp(c->version, "13.", 3) == 0, "%s",
+                c->version);
+  ck_assert_str_eq(c->binary_name, "kernel.cubin");
+  ck_assert(c->supports_target(c, "sm_80"));
+  ck_assert(c->supports_target(c, "sm_90"));
+  ck_assert(c->supports_target(c, "sm_90a"));
+  ck_assert_ptr_nonnull(strstr(c->targets, "sm_80 "));
+  ck_assert_ptr_nonnull(strstr(c->targets, "sm_90a"));
+  ck_assert(!c->supports_target(c, "sm_89a")); /* no arch-specific form of 8.9 */
+  ck_assert(!c->supports_target(c, "sm_9"));
+  ck_assert(!c->supports_target(c, "gfx90a"));
+  ck_assert(has_option(c, "-DRLK_NVRTC=1"));
+  ck_assert(has_option(c, "--std=c++17"));
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(nvrtc_compiles_templates) {
+  rlk_compiler *c = open_or_skip(rlk_nvrtc_open, "nvrtc");
+  if (!c) return;
+  uint64_t rng = rlk_test_seed() ^ 0x6e7672746301ull;
+  compile_scale(c, "sm_80", &rng);
+  compile_scale(c, "sm_90a", &rng);
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(nvrtc_reports_errors) {
+  rlk_compiler *c = open_or_skip(rlk_nvrtc_open, "nvrtc");
+  if (!c) return;
+  compile_broken(c, "sm_80");
+  /* A target it does not know is refused before compiling. */
+  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = "sm_13"};
+  rlk_compile_result r;
+  ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "sm_13"));
+  /* A name expression that names nothing is a compile error, not a crash. */
+  const char *names[] = {"rlk_test::no_such_kernel<float>"};
+  const char *options[] = {"-DRLK_TEST_FACTOR=2"};
+  rlk_compile_request bad = {.source = dev_source,
+                             .source_name = "scale.cu",
+                             .nheaders = 1,
+                             .header_names = dev_header_names,
+                             .header_sources = dev_header_sources,
+                             .target = "sm_80",
+                             .noptions = 1,
+                             .options = options,
+                             .nnames = 1,
+                             .names = names};
+  ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_COMPILE);
+  /* A missing in-memory header is a compile error naming it. */
+  rlk_compile_request nohdr = bad;
+  nohdr.nheaders = 0;
+  nohdr.nnames = 0;
+  ck_assert_int_eq(c->compile(c, &nohdr, &r), RLK_ERR_COMPILE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "helper.cuh"));
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(nvrtc_explicit_library_must_exist) {
+  setenv("RLK_NVRTC_LIB", "/nonexistent/libnvrtc.so.13", 1);
+  rlk_compiler *c = NULL;
+  ck_assert_int_eq(rlk_nvrtc_open(&c), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(c);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "/nonexistent/libnvrtc.so.13"));
+  unsetenv("RLK_NVRTC_LIB");
+}
+END_TEST
+
+/* ---- hiprtc ------------------------------------------------------------------------------ */
+
+START_TEST(hiprtc_compiles) {
+  rlk_compiler *c = open_or_skip(rlk_hiprtc_open, "hiprtc");
+  if (!c) return;
+  ck_assert_str_eq(c->kind, "hiprtc");
+  ck_assert_str_eq(c->binary_name, "kernel.hsaco");
+  ck_assert_int_eq(strncmp(c->id, "hiprtc-", 7), 0);
+  ck_assert(has_option(c, "-DRLK_HIPRTC=1"));
+  ck_assert(c->supports_target(c, "gfx90a"));
+  ck_assert(c->supports_target(c, "gfx90a:sramecc+:xnack-"));
+  ck_assert(!c->supports_target(c, "gfx90a:bogus+"));
+  ck_assert(!c->supports_target(c, "sm_90a"));
+  uint64_t rng = rlk_test_seed() ^ 0x686970727463ull;
+  compile_scale(c, "gfx90a", &rng);
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(hiprtc_refuses_unknown_targets) {
+  rlk_compiler *c = open_or_skip(rlk_hiprtc_open, "hiprtc");
+  if (!c) return;
+  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = "gfx942"};
+  rlk_compile_result r;
+  if (atoi(c->version) < 6) {
+    /* ROCm 5.x crashes compiling gfx942: refused before hiprtc is called. */
+    ck_assert(!c->supports_target(c, "gfx942"));
+    ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "gfx942"));
+  } else {
+    ck_assert(c->supports_target(c, "gfx942"));
+  }
+  req.target = "gfx9999";
+  ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
+  compile_broken(c, "gfx90a");
+  c->destroy(c);
+}
+END_TEST
+
+/* ---- host compiler ----------------------------------------------------------------------- */
+
+static const char *const host_header_names[] = {"rlk_test/export.h"};
+static const char *const host_header_sources[] = {
+    "#pragma once\n#define RLK_TEST_EXPORT __attribute__((visibility(\"default\")))\n"};
+
+static const char *host_source =
+    "#include <math.h>\n"
+    "#include \"rlk_test/export.h\"\n"
+    "static double square(double x) { return x * x; }\n"
+    "RLK_TEST_EXPORT double rlk_test_poly(double x) { return RLK_TEST_A * square(x) + sqrt(x); }\n"
+    "double rlk_test_hidden(double x) { return x; }\n";
+
+static rlk_compile_request host_request(const char *target, const char *define, const char **names,
+                                        size_t nnames) {
+  static const char *options[1];
+  options[0] = define;
+  rlk_compile_request req = {.source = host_source,
+                             .source_name = "poly.c",
+                             .nheaders = 1,
+                             .header_names = host_header_names,
+                             .header_sources = host_header_sources,
+                             .target = target,
+                             .noptions = 1,
+                             .options = options,
+                             .nnames = nnames,
+                             .names = names};
+  return req;
+}
+
+START_TEST(host_compiles_and_runs) {
+  rlk_compiler *c = open_or_skip(rlk_hostcc_open, "host compiler");
+  if (!c) return;
+  const char *target = rlk_host_target();
+  ck_assert_int_eq(strncmp(target, "host-", 5), 0);
+  ck_assert_str_eq(c->targets, target);
+  ck_assert(c->supports_target(c, target));
+  ck_assert(!c->supports_target(c, "sm_80"));
+  ck_assert_str_eq(c->binary_name, "kernel.so");
+  ck_assert_str_eq(c->kind, "clang");
+  ck_assert_msg(strncmp(c->id, "clang-", 6) == 0 && strcmp(c->id + 6, c->version) == 0, "%s", c->id);
+  ck_assert(has_option(c, "-ffp-contract=off"));
+
+  uint64_t rng = rlk_test_seed() ^ 0x686f737463ull;
+  int a = 1 + (int)(rlk_test_rand_u64(&rng) % 1000);
+  char define[48];
+  snprintf(define, sizeof define, "-DRLK_TEST_A=%d", a);
+  const char *names[] = {"rlk_test_poly"};
+  rlk_compile_request req = host_request(target, define, names, 1);
+  rlk_compile_result r;
+  ck_assert_msg(c->compile(c, &req, &r) == RLK_OK, "%s", rlk_last_error());
+  ck_assert(is_elf(&r));
+  ck_assert_uint_eq(r.nnames, 1);
+  ck_assert_str_eq(r.lowered_names[0], "rlk_test_poly");
+
+  /* The same request gives the same bytes (the private directory's name must not leak). */
+  rlk_compile_result again;
+  ck_assert_msg(c->compile(c, &req, &again) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(again.size, r.size);
+  ck_assert(memcmp(again.binary, r.binary, r.size) == 0);
+  rlk_compile_result_free(&again);
+
+  /* Load the bytes the way the host backend will and call the function. */
+  char dir[512], path[600];
+  rlk_test_mkdtemp(dir, sizeof dir, "hostcc");
+  snprintf(path, sizeof path, "%s/kernel.so", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, r.binary, r.size), (ssize_t)r.size);
+  close(fd);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(lib != NULL, "dlopen: %s", dlerror());
+  double (*poly)(double) = NULL;
+  void *sym = dlsym(lib, r.lowered_names[0]);
+  ck_assert_ptr_nonnull(sym);
+  memcpy(&poly, &sym, sizeof sym);
+  for (int i = 0; i < 8; i++) {
+    double x = 100.0 * rlk_test_rand_uniform(&rng);
+    double want = (double)a * (x * x) + sqrt(x);
+    double got = poly(x);
+    ck_assert_msg(fabs(got - want) <= 1e-12 * fabs(want), "poly(%.17g) = %.17g, want %.17g", x, got, want);
+  }
+  /* -fvisibility=hidden: what the template does not export stays inside. */
+  ck_assert_ptr_null(dlsym(lib, "rlk_test_hidden"));
+  dlclose(lib);
+  rlk_test_rmtree(dir);
+  rlk_compile_result_free(&r);
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(host_reports_errors) {
+  rlk_compiler *c = open_or_skip(rlk_hostcc_open, "host compiler");
+  if (!c) return;
+  const char *target = rlk_host_target();
+  static const char *broken = "int broken(void) { return rlk_undefined_thing + ; }\n";
+  rlk_compile_request req = {.source = broken, .source_name = "broken.c", .target = target};
+  rlk_compile_result r;
+  ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_COMPILE);
+  const char *msg = rlk_last_error();
+  ck_assert_msg(strstr(msg, "broken.c") && strstr(msg, "rlk_undefined_thing") && strstr(msg, "error"),
+                "message: %s", msg);
+  ck_assert_ptr_null(r.binary);
+
+  /* A requested symbol the object does not export is caught at compile time. */
+  const char *hidden[] = {"rlk_test_hidden"};
+  rlk_compile_request h = host_request(target, "-DRLK_TEST_A=1", hidden, 1);
+  ck_assert_int_eq(c->compile(c, &h, &r), RLK_ERR_COMPILE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "rlk_test_hidden"));
+
+  /* Requests that could reach outside the private directory or the command line's intent. */
+  const char *names[] = {"rlk_test_poly"};
+  rlk_compile_request bad = host_request(target, "-o/tmp/rlk-test-escape.so", names, 1);
+  ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_INVALID_ARGUMENT);
+  bad = host_request(target, "-DRLK_TEST_A=1", names, 1);
+  static const char *const up[] = {"../escape.h"};
+  bad.header_names = up;
+  ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_INVALID_ARGUMENT);
+  const char *not_c[] = {"rlk test"};
+  bad = host_request(target, "-DRLK_TEST_A=1", not_c, 1);
+  ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_INVALID_ARGUMENT);
+  bad = host_request("host-nonesuch", "-DRLK_TEST_A=1", names, 1);
+  ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_UNSUPPORTED);
+  c->destroy(c);
+}
+END_TEST
+
+START_TEST(host_missing_compiler) {
+  setenv("RLK_HOST_CC", "rlk-no-such-compiler", 1);
+  rlk_compiler *c = NULL;
+  ck_assert_int_eq(rlk_hostcc_open(&c), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(c);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_HOST_CC"));
+  /* A compiler that is not clang is refused. */
+  setenv("RLK_HOST_CC", "/bin/true", 1);
+  ck_assert_int_eq(rlk_hostcc_open(&c), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "not clang"));
+  /* With no clang on PATH the message says how to install one. */
+  unsetenv("RLK_HOST_CC");
+  char *old = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+  setenv("PATH", "/nonexistent", 1);
+  ck_assert_int_eq(rlk_hostcc_open(&c), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "apt-get install clang"));
+  if (old) setenv("PATH", old, 1);
+  free(old);
+}
+END_TEST
+
+/* ---- dynlib ------------------------------------------------------------------------------ */
+
+START_TEST(dynlib_names_missing_symbols) {
+  double (*cosine)(double) = NULL;
+  void (*absent)(void) = NULL;
+  memset(&absent, 0xa5, sizeof absent); /* must come back NULL */
+  const char *const candidates[] = {"librlk-no-such-library.so.1", "libm.so.6"};
+  rlk_dynlib_symbol required[] = {{"cos", &cosine, 0}, {"rlk_no_such_symbol", &absent, 0}};
+  rlk_dynlib lib;
+  ck_assert_int_eq(rlk_dynlib_open(&lib, "libm", candidates, 2, required, 2), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(lib.handle);
+  const char *msg = rlk_last_error();
+  ck_assert_msg(strstr(msg, "rlk_no_such_symbol") && strstr(msg, "librlk-no-such-library.so.1"), "%s", msg);
+
+  required[1].optional = 1;
+  ck_assert_int_eq(rlk_dynlib_open(&lib, "libm", candidates, 2, required, 2), RLK_OK);
+  ck_assert_str_eq(lib.path, "libm.so.6");
+  ck_assert_ptr_nonnull(cosine);
+  ck_assert_ptr_null(absent);
+  uint64_t rng = rlk_test_seed();
+  double x = rlk_test_rand_uniform(&rng);
+  ck_assert(cosine(x) == cos(x));
+  rlk_dynlib_symbol more[] = {{"rlk_no_such_symbol", &absent, 0}};
+  ck_assert_int_eq(rlk_dynlib_resolve(&lib, "libm", more, 1), RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "rlk_no_such_symbol"));
+  rlk_dynlib_close(&lib);
+  ck_assert_ptr_null(lib.handle);
+  rlk_dynlib_close(&lib);
+}
+END_TEST
+
+/* ---- shared helpers ---------------------------------------------------------------------- */
+
+START_TEST(target_lists_match_whole_words) {
+  ck_assert(rlk_target_list_has("sm_80 sm_90 sm_90a", "sm_90"));
+  ck_assert(rlk_target_list_has("sm_80 sm_90 sm_90a", "sm_90a"));
+  ck_assert(rlk_target_list_has("sm_80 sm_90 sm_90a", "sm_80"));
+  ck_assert(!rlk_target_list_has("sm_80 sm_90 sm_90a", "sm_9"));
+  ck_assert(!rlk_target_list_has("sm_80 sm_90 sm_90a", "sm_90 "));
+  ck_assert(!rlk_target_list_has("sm_80 sm_90 sm_90a", "m_80"));
+  ck_assert(!rlk_target_list_has("sm_80 sm_90 sm_90a", ""));
+  ck_assert(!rlk_target_list_has("", "sm_80"));
+}
+END_TEST
+
+START_TEST(long_logs_are_cut_to_their_head) {
+  uint64_t rng = rlk_test_seed() ^ 0x6c6f67ull;
+  size_t len = RLK_COMPILE_LOG_EXCERPT + 1000 + rlk_test_rand_u64(&rng) % 20000;
+  char *log = malloc(len + 1);
+  ck_assert_ptr_nonnull(log);
+  for (size_t i = 0; i < len; i++) log[i] = (char)('a' + rlk_test_rand_u64(&rng) % 26);
+  memcpy(log, "first error", 11);
+  log[len] = '\0';
+  rlk_compiler fake = {.kind = "nvrtc"};
+  rlk_compile_request req = {.source = "", .source_name = "x.cu", .target = "sm_80"};
+  ck_assert_int_eq(rlk_compile_error(&fake, &req, NULL, log), RLK_ERR_COMPILE);
+  const char *msg = rlk_last_error();
+  ck_assert_msg(strncmp(msg, "nvrtc: x.cu for sm_80: first error", 34) == 0, "%.80s", msg);
+  char more[64];
+  snprintf(more, sizeof more, "[... %zu more bytes of log]", len - RLK_COMPILE_LOG_EXCERPT);
+  ck_assert_ptr_nonnull(strstr(msg, more));
+  ck_assert_uint_lt(strlen(msg), RLK_COMPILE_LOG_EXCERPT + 200);
+  /* A short log is kept whole, after the detail. */
+  ck_assert_int_eq(rlk_compile_error(&fake, &req, "status 3", "one line\n\n"), RLK_ERR_COMPILE);
+  ck_assert_str_eq(rlk_last_error(), "nvrtc: x.cu for sm_80: status 3\none line");
+  free(log);
+}
+END_TEST
+
+Suite *compiler_suite(void) {
+  Suite *s = suite_create("compiler");
+  TCase *tc = tcase_create("compiler");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, dynlib_names_missing_symbols);
+  tcase_add_test(tc, target_lists_match_whole_words);
+  tcase_add_test(tc, long_logs_are_cut_to_their_head);
+  tcase_add_test(tc, nvrtc_opens);
+  tcase_add_test(tc, nvrtc_compiles_templates);
+  tcase_add_test(tc, nvrtc_reports_errors);
+  tcase_add_test(tc, nvrtc_explicit_library_must_exist);
+  tcase_add_test(tc, hiprtc_compiles);
+  tcase_add_test(tc, hiprtc_refuses_unknown_targets);
+  tcase_add_test(tc, host_compiles_and_runs);
+  tcase_add_test(tc, host_reports_errors);
+  tcase_add_test(tc, host_missing_compiler);
+  suite_add_tcase(s, tc);
+  return s;
+}
