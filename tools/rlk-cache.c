@@ -1,0 +1,461 @@
+/*
+ * rlk-cache - inspect and maintain an rlk kernel cache tree.
+ *
+ *   rlk-cache [--root DIR] list [--keys]
+ *   rlk-cache [--root DIR] sizes
+ *   rlk-cache [--root DIR] verify [--repair]
+ *   rlk-cache [--root DIR] prune [--max-size SIZE] [--max-age AGE]
+ *   rlk-cache [--root DIR] clear --yes
+ *
+ * Built only on the public API (include/rlk.h). Exit status: 0 success, 1 a library
+ * failure (or bad entries left by verify), 2 a usage error.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "rlk.h"
+
+static const char *prog = "rlk-cache";
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: %s [--root DIR] COMMAND [OPTIONS]\n"
+          "\n"
+          "Inspects and maintains an rlk kernel cache tree.\n"
+          "\n"
+          "commands:\n"
+          "  list [--keys]        one line per entry: key prefix, family, target, compiler,\n"
+          "                       size, last use, parameters (--keys: full keys only)\n"
+          "  sizes                totals by family, by target, and the grand total\n"
+          "  verify [--repair]    checks every entry (metadata, key fields, binary checksum);\n"
+          "                       --repair quarantines bad entries. Exit 1 if bad entries remain\n"
+          "  prune [--max-size SIZE] [--max-age AGE]\n"
+          "                       removes entries, least recently used first, until the tree\n"
+          "                       holds at most SIZE bytes (suffix K, M, G, T: powers of 1024),\n"
+          "                       and every entry unused for AGE (days; suffix s, m, h, d)\n"
+          "  clear --yes          removes every entry and the staging area\n"
+          "\n"
+          "options:\n"
+          "  --root DIR           the cache tree (default: RLK_CACHE_DIR, $XDG_CACHE_HOME/rlk,\n"
+          "                       ~/.cache/rlk)\n"
+          "  -h, --help           this help\n"
+          "\n"
+          "exit status: 0 success, 1 failure, 2 usage error\n",
+          prog);
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "%s: ", prog);
+  fprintf(stderr, fmt, arg ? arg : "");
+  fprintf(stderr, "\nTry '%s --help'.\n", prog);
+  return 2;
+}
+
+static int lib_error(const char *what, rlk_status st) {
+  const char *detail = rlk_last_error();
+  fflush(stdout); /* keep the message after what was printed before it */
+  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, rlk_status_string(st), *detail ? ": " : "",
+          detail);
+  return 1;
+}
+
+/* "12.3 MiB" */
+static void human_bytes(uint64_t bytes, char *buf, size_t size) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, size, "%" PRIu64 " B", bytes);
+  else
+    snprintf(buf, size, "%.1f %s", v, units[u]);
+}
+
+/* SIZE: a byte count with an optional K/M/G/T suffix (powers of 1024; "KB", "KiB" accepted). */
+static int parse_size(const char *s, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  if (*s == '-' || *s == '\0') return -1;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0) return -1;
+  double mult = 1;
+  switch (*end) {
+    case 'k': case 'K': mult = 1024.0; end++; break;
+    case 'm': case 'M': mult = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+  }
+  if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end != '\0') return -1;
+  double bytes = v * mult;
+  if (bytes > 1.8e19) return -1;
+  *out = (uint64_t)bytes;
+  return 0;
+}
+
+/* AGE: days by default; suffix s, m, h or d. */
+static int parse_age(const char *s, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  if (*s == '-' || *s == '\0') return -1;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0) return -1;
+  double mult = 86400.0;
+  if (*end) {
+    switch (*end) {
+      case 's': mult = 1; break;
+      case 'm': mult = 60; break;
+      case 'h': mult = 3600; break;
+      case 'd': mult = 86400; break;
+      default: return -1;
+    }
+    end++;
+    if (*end) return -1;
+  }
+  double secs = v * mult;
+  if (secs > 9.0e18) return -1;
+  *out = (int64_t)secs;
+  if (*out == 0 && v > 0) *out = 1;
+  return 0;
+}
+
+/* ---- collecting entries ------------------------------------------------------------ */
+
+typedef struct entry {
+  char *key, *family, *target, *compiler, *params, *path;
+  uint64_t bytes;
+  int64_t created, last_used;
+} entry;
+
+typedef struct entry_list {
+  entry *v;
+  size_t n, cap;
+  int oom;
+} entry_list;
+
+static char *dup_or_empty(const char *s) {
+  return strdup(s ? s : "");
+}
+
+static int collect(const rlk_cache_entry *e, void *user) {
+  entry_list *l = user;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    entry *v = realloc(l->v, cap * sizeof *v);
+    if (!v) {
+      l->oom = 1;
+      return 1;
+    }
+    l->v = v;
+    l->cap = cap;
+  }
+  entry *d = &l->v[l->n];
+  d->key = dup_or_empty(e->key);
+  d->family = dup_or_empty(e->family);
+  d->target = dup_or_empty(e->target);
+  d->compiler = dup_or_empty(e->compiler);
+  d->params = dup_or_empty(e->params);
+  d->path = dup_or_empty(e->path);
+  if (!d->key || !d->family || !d->target || !d->compiler || !d->params || !d->path) {
+    free(d->key), free(d->family), free(d->target), free(d->compiler), free(d->params), free(d->path);
+    l->oom = 1;
+    return 1;
+  }
+  d->bytes = e->bytes;
+  d->created = e->created;
+  d->last_used = e->last_used;
+  l->n++;
+  return 0;
+}
+
+static void entries_free(entry_list *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    entry *d = &l->v[i];
+    free(d->key), free(d->family), free(d->target), free(d->compiler), free(d->params), free(d->path);
+  }
+  free(l->v);
+  memset(l, 0, sizeof *l);
+}
+
+static int by_family_target_key(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  int c = strcmp(x->family, y->family);
+  if (!c) c = strcmp(x->target, y->target);
+  if (!c) c = strcmp(x->key, y->key);
+  return c;
+}
+
+static int load_entries(const char *root, entry_list *l) {
+  rlk_status st = rlk_cache_walk(root, collect, l);
+  if (st != RLK_OK) {
+    entries_free(l);
+    return lib_error("walking the cache", st);
+  }
+  if (l->oom) {
+    entries_free(l);
+    fprintf(stderr, "%s: out of memory while listing the cache\n", prog);
+    return 1;
+  }
+  if (l->n > 1) qsort(l->v, l->n, sizeof *l->v, by_family_target_key);
+  return 0;
+}
+
+static void format_time(int64_t t, char *buf, size_t size) {
+  if (t <= 0) {
+    snprintf(buf, size, "-");
+    return;
+  }
+  time_t tt = (time_t)t;
+  struct tm tm;
+  if (!localtime_r(&tt, &tm) || strftime(buf, size, "%Y-%m-%d %H:%M", &tm) == 0)
+    snprintf(buf, size, "%" PRId64, t);
+}
+
+/* ---- commands ---------------------------------------------------------------------- */
+
+static int cmd_list(const char *root, int keys_only) {
+  entry_list l = {0};
+  int rc = load_entries(root, &l);
+  if (rc) return rc;
+  if (keys_only) {
+    for (size_t i = 0; i < l.n; i++) printf("%s\n", l.v[i].key);
+    entries_free(&l);
+    return 0;
+  }
+  size_t wf = 6, wt = 6, wc = 8;
+  uint64_t total = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    size_t a = strlen(l.v[i].family), b = strlen(l.v[i].target), c = strlen(l.v[i].compiler);
+    if (a > wf) wf = a;
+    if (b > wt) wt = b;
+    if (c > wc) wc = c;
+  }
+  printf("%-12s  %-*s  %-*s  %-*s  %10s  %-16s  %s\n", "KEY", (int)wf, "FAMILY", (int)wt, "TARGET",
+         (int)wc, "COMPILER", "SIZE", "LAST USED", "PARAMS");
+  for (size_t i = 0; i < l.n; i++) {
+    const entry *e = &l.v[i];
+    char size[32], used[32];
+    human_bytes(e->bytes, size, sizeof size);
+    format_time(e->last_used, used, sizeof used);
+    printf("%-12.12s  %-*s  %-*s  %-*s  %10s  %-16s  %s\n", e->key, (int)wf, e->family, (int)wt,
+           e->target, (int)wc, e->compiler, size, used, e->params);
+    total += e->bytes;
+  }
+  char tot[32];
+  human_bytes(total, tot, sizeof tot);
+  printf("%zu entr%s, %s\n", l.n, l.n == 1 ? "y" : "ies", tot);
+  entries_free(&l);
+  return 0;
+}
+
+typedef struct total {
+  const char *name;
+  uint64_t entries, bytes;
+} total;
+
+static int add_total(total **v, size_t *n, const char *name, uint64_t bytes) {
+  for (size_t i = 0; i < *n; i++) {
+    if (strcmp((*v)[i].name, name) == 0) {
+      (*v)[i].entries++;
+      (*v)[i].bytes += bytes;
+      return 0;
+    }
+  }
+  total *nv = realloc(*v, (*n + 1) * sizeof *nv);
+  if (!nv) return -1;
+  *v = nv;
+  nv[*n] = (total){name, 1, bytes};
+  (*n)++;
+  return 0;
+}
+
+static int by_bytes_desc(const void *a, const void *b) {
+  const total *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  return strcmp(x->name, y->name);
+}
+
+static void print_totals(const char *title, total *v, size_t n) {
+  if (n > 1) qsort(v, n, sizeof *v, by_bytes_desc);
+  printf("by %s:\n", title);
+  for (size_t i = 0; i < n; i++) {
+    char h[32];
+    human_bytes(v[i].bytes, h, sizeof h);
+    printf("  %-24s %8" PRIu64 " entries  %12" PRIu64 " bytes  (%s)\n", v[i].name, v[i].entries,
+           v[i].bytes, h);
+  }
+}
+
+static int cmd_sizes(const char *root) {
+  entry_list l = {0};
+  int rc = load_entries(root, &l);
+  if (rc) return rc;
+  total *fam = NULL, *tgt = NULL;
+  size_t nfam = 0, ntgt = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (add_total(&fam, &nfam, l.v[i].family, l.v[i].bytes) ||
+        add_total(&tgt, &ntgt, l.v[i].target, l.v[i].bytes)) {
+      fprintf(stderr, "%s: out of memory\n", prog);
+      rc = 1;
+      goto done;
+    }
+    bytes += l.v[i].bytes;
+  }
+  printf("cache: %s\n", root);
+  print_totals("family", fam, nfam);
+  print_totals("target", tgt, ntgt);
+  char h[32];
+  human_bytes(bytes, h, sizeof h);
+  printf("total: %zu entries, %" PRIu64 " bytes (%s)\n", l.n, bytes, h);
+done:
+  free(fam);
+  free(tgt);
+  entries_free(&l);
+  return rc;
+}
+
+static int cmd_verify(const char *root, int repair) {
+  uint64_t entries = 0, bad = 0;
+  rlk_status st = rlk_cache_verify(root, repair, &entries, &bad);
+  if (st != RLK_OK) return lib_error("verifying the cache", st);
+  uint64_t left = bad;
+  if (repair && bad) {
+    uint64_t entries2 = 0;
+    st = rlk_cache_verify(root, 0, &entries2, &left);
+    if (st != RLK_OK) return lib_error("re-verifying the cache", st);
+    printf("verify: %" PRIu64 " entries, %" PRIu64 " bad, %" PRIu64 " quarantined, %" PRIu64
+           " bad left\n",
+           entries, bad, bad - (left < bad ? left : bad), left);
+  } else {
+    printf("verify: %" PRIu64 " entries, %" PRIu64 " bad\n", entries, bad);
+  }
+  if (left) {
+    fprintf(stderr, "%s: %" PRIu64 " bad entr%s remain%s%s\n", prog, left, left == 1 ? "y" : "ies",
+            left == 1 ? "s" : "", repair ? "" : " (run 'verify --repair' to quarantine them)");
+    return 1;
+  }
+  return 0;
+}
+
+static int cmd_prune(const char *root, uint64_t max_bytes, int64_t max_age) {
+  uint64_t n = 0, bytes = 0;
+  rlk_status st = rlk_cache_prune(root, max_bytes, max_age, &n, &bytes);
+  if (st != RLK_OK) return lib_error("pruning the cache", st);
+  char h[32];
+  human_bytes(bytes, h, sizeof h);
+  printf("prune: removed %" PRIu64 " entr%s, %" PRIu64 " bytes (%s)\n", n, n == 1 ? "y" : "ies",
+         bytes, h);
+  return 0;
+}
+
+static int cmd_clear(const char *root) {
+  rlk_status st = rlk_cache_clear(root);
+  if (st != RLK_OK) return lib_error("clearing the cache", st);
+  printf("clear: removed every entry of %s\n", root);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *root_arg = NULL, *command = NULL;
+  const char *max_size = NULL, *max_age = NULL;
+  int keys_only = 0, repair = 0, yes = 0;
+
+  /* Options may come before or after the command; each command accepts only its own. */
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--root") || !strncmp(a, "--root=", 7)) {
+      if (a[6] == '=') {
+        root_arg = a + 7;
+      } else {
+        if (i + 1 >= argc) return usage_error("--root needs a directory", NULL);
+        root_arg = argv[++i];
+      }
+      if (!*root_arg) return usage_error("--root needs a directory", NULL);
+    } else if (!strcmp(a, "--keys")) {
+      keys_only = 1;
+    } else if (!strcmp(a, "--repair")) {
+      repair = 1;
+    } else if (!strcmp(a, "--yes") || !strcmp(a, "-y")) {
+      yes = 1;
+    } else if (!strcmp(a, "--max-size") || !strcmp(a, "--max-age")) {
+      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      if (a[6] == 's')
+        max_size = argv[++i];
+      else
+        max_age = argv[++i];
+    } else if (!strncmp(a, "--max-size=", 11)) {
+      max_size = a + 11;
+    } else if (!strncmp(a, "--max-age=", 10)) {
+      max_age = a + 10;
+    } else if (a[0] == '-') {
+      return usage_error("unknown option '%s'", a);
+    } else if (!command) {
+      command = a;
+    } else {
+      return usage_error("unexpected argument '%s'", a);
+    }
+  }
+  if (!command) return usage_error("a command is required (list, sizes, verify, prune, clear)", NULL);
+
+  int is_list = !strcmp(command, "list"), is_sizes = !strcmp(command, "sizes");
+  int is_verify = !strcmp(command, "verify"), is_prune = !strcmp(command, "prune");
+  int is_clear = !strcmp(command, "clear");
+  if (!is_list && !is_sizes && !is_verify && !is_prune && !is_clear)
+    return usage_error("unknown command '%s' (list, sizes, verify, prune, clear)", command);
+  if (keys_only && !is_list) return usage_error("--keys belongs to 'list'", NULL);
+  if (repair && !is_verify) return usage_error("--repair belongs to 'verify'", NULL);
+  if (yes && !is_clear) return usage_error("--yes belongs to 'clear'", NULL);
+  if ((max_size || max_age) && !is_prune)
+    return usage_error("--max-size and --max-age belong to 'prune'", NULL);
+
+  uint64_t max_bytes = 0;
+  int64_t max_age_s = 0;
+  if (is_prune) {
+    if (!max_size && !max_age) return usage_error("prune needs --max-size and/or --max-age", NULL);
+    if (max_size && (parse_size(max_size, &max_bytes) || max_bytes == 0))
+      return usage_error("bad --max-size '%s' (a positive byte count, suffix K, M, G or T)",
+                         max_size);
+    if (max_age && (parse_age(max_age, &max_age_s) || max_age_s == 0))
+      return usage_error("bad --max-age '%s' (a positive number of days, or suffix s, m, h, d)",
+                         max_age);
+  }
+  if (is_clear && !yes) {
+    fprintf(stderr, "%s: 'clear' removes every entry; run it again with --yes to confirm\n", prog);
+    return 2;
+  }
+
+  char root[4096];
+  if (root_arg) {
+    snprintf(root, sizeof root, "%s", root_arg);
+  } else {
+    rlk_status st = rlk_cache_default_root(root, sizeof root);
+    if (st != RLK_OK) return lib_error("finding the default cache root", st);
+  }
+
+  /* A mistyped root reads as an empty cache; say so rather than report silence. */
+  struct stat sb;
+  if (stat(root, &sb) != 0)
+    fprintf(stderr, "%s: note: %s does not exist (an empty cache)\n", prog, root);
+  else if (!S_ISDIR(sb.st_mode))
+    return usage_error("'%s' is not a directory", root);
+
+  if (is_list) return cmd_list(root, keys_only);
+  if (is_sizes) return cmd_sizes(root);
+  if (is_verify) return cmd_verify(root, repair);
+  if (is_prune) return cmd_prune(root, max_bytes, max_age_s);
+  return cmd_clear(root);
+}

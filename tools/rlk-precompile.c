@@ -1,0 +1,1151 @@
+/*
+ * rlk-precompile - compile a manifest of op configurations for a list of targets into a
+ * cache tree, so production jobs start with every kernel already built (RLK_CACHE_RO_DIRS
+ * plus RLK_JIT=0 to catch gaps).
+ *
+ *   rlk-precompile --out DIR --targets "sm_80 sm_90a" --config FILE [--sweep LINE]... [-j N]
+ *                  [--shard i/n] [--dry-run] [--manifest FILE]
+ *   rlk-precompile merge --out DIR SHARD...
+ *   rlk-precompile --list-ops
+ *
+ * A configuration line is "op name=value ..." where a value may be a comma list; the line
+ * stands for the cross product of its lists. The manifest is every configuration times
+ * every target. Compiles run in worker processes (one compiler runs at a time inside a
+ * process, so processes are what scale); --shard keeps the items whose index % n == i so a
+ * cluster launcher can split the work, and 'merge' joins the shard trees.
+ *
+ * Built only on the public API (include/rlk.h). Exit status: 0 success, 1 a failure, 2 a
+ * usage error.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rlk.h"
+
+static const char *prog = "rlk-precompile";
+
+#define MAX_MSG 16384
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: %s [OPTIONS] --targets \"T ...\" (--config FILE | --sweep LINE)...\n"
+          "       %s merge --out DIR SHARD...\n"
+          "       %s --list-ops\n"
+          "\n"
+          "Compiles every kernel that a set of op configurations needs, for every target,\n"
+          "into a cache tree (the same layout as a user cache). Deploy it read-only with\n"
+          "RLK_CACHE_RO_DIRS=DIR, and run with RLK_JIT=0 to catch anything missing.\n"
+          "\n"
+          "options:\n"
+          "  --targets \"LIST\"  targets, separated by spaces or commas: sm_XX[a] (NVRTC),\n"
+          "                    gfxNNN (hiprtc), host (the CPU compiler). No GPU is needed.\n"
+          "  --config FILE     configuration lines, one per line; '#' starts a comment\n"
+          "                    (repeatable; - reads standard input)\n"
+          "  --sweep \"LINE\"    one configuration line (repeatable)\n"
+          "                    A line is \"op name=value ...\"; a value may be a comma list,\n"
+          "                    and the line expands to the cross product of its lists:\n"
+          "                    \"group_advantage mode=grpo,rloo group_size=4,8\" is 4 configurations.\n"
+          "  --out DIR         the cache root to write (default: the user cache root)\n"
+          "  -j, --jobs N      worker processes (default: the number of CPUs)\n"
+          "  --shard i/n       keep only the items whose index %% n == i (0 <= i < n), so an\n"
+          "                    array job splits the work, e.g. in Slurm:\n"
+          "                    --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT\n"
+          "  -n, --dry-run     list the expanded items, compile nothing\n"
+          "  --manifest FILE   write one line per item: target, configuration, kernels, result\n"
+          "  -q, --quiet       no per-item progress lines\n"
+          "  --list-ops        the ops and the parameters each configuration accepts\n"
+          "  -h, --help        this help\n"
+          "\n"
+          "merge --out DIR SHARD...\n"
+          "                    copies every committed entry of each shard tree into DIR (entries\n"
+          "                    already there are kept), then verifies DIR.\n"
+          "\n"
+          "exit status: 0 success, 1 failure (any item failed), 2 usage error\n",
+          prog, prog, prog);
+}
+
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\nTry '%s --help'.\n", prog);
+  return 2;
+}
+
+static int lib_error(const char *what, rlk_status st) {
+  const char *detail = rlk_last_error();
+  fflush(stdout); /* keep the message after what was printed before it */
+  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, rlk_status_string(st), *detail ? ": " : "",
+          detail);
+  return 1;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (!q) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    exit(1);
+  }
+  return q;
+}
+
+static char *xstrdup(const char *s) {
+  char *d = strdup(s);
+  if (!d) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    exit(1);
+  }
+  return d;
+}
+
+/* ---- string lists ------------------------------------------------------------------ */
+
+typedef struct strlist {
+  char **v;
+  size_t n, cap;
+} strlist;
+
+static void strlist_push(strlist *l, char *s) {
+  if (l->n == l->cap) {
+    l->cap = l->cap ? l->cap * 2 : 16;
+    l->v = xrealloc(l->v, l->cap * sizeof *l->v);
+  }
+  l->v[l->n++] = s;
+}
+
+static int strlist_has(const strlist *l, const char *s) {
+  for (size_t i = 0; i < l->n; i++)
+    if (!strcmp(l->v[i], s)) return 1;
+  return 0;
+}
+
+static void strlist_free(strlist *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+  memset(l, 0, sizeof *l);
+}
+
+/* Splits on spaces, tabs and (when `commas`) commas; empty pieces are dropped. */
+static void split_words(const char *s, int commas, strlist *out) {
+  const char *p = s;
+  while (*p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || (commas && *p == ',')) p++;
+    if (!*p) break;
+    const char *b = p;
+    while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && !(commas && *p == ','))
+      p++;
+    char *w = xrealloc(NULL, (size_t)(p - b) + 1);
+    memcpy(w, b, (size_t)(p - b));
+    w[p - b] = '\0';
+    strlist_push(out, w);
+  }
+}
+
+/* ---- configuration lines ----------------------------------------------------------- */
+
+typedef struct sweep_param {
+  char *name;
+  strlist values;
+} sweep_param;
+
+/* Expands one configuration line into `configs` (skipping duplicates). On a malformed line
+ * writes the reason to `why` and returns -1. */
+static int expand_line(const char *line, const strlist *ops, strlist *configs, char *why,
+                       size_t whylen) {
+  strlist words = {0};
+  split_words(line, 0, &words);
+  int rc = -1;
+  sweep_param *params = NULL;
+  size_t np = 0;
+  if (words.n == 0) {
+    rc = 0;
+    goto done;
+  }
+  if (strchr(words.v[0], '=')) {
+    snprintf(why, whylen, "a configuration starts with the op name (one of: %s)",
+             rlk_precompile_ops());
+    goto done;
+  }
+  if (!strlist_has(ops, words.v[0])) {
+    snprintf(why, whylen, "unknown op '%s' (ops: %s)", words.v[0], rlk_precompile_ops());
+    goto done;
+  }
+  params = xrealloc(NULL, words.n * sizeof *params);
+  for (size_t i = 1; i < words.n; i++) {
+    char *eq = strchr(words.v[i], '=');
+    if (!eq || eq == words.v[i]) {
+      snprintf(why, whylen, "'%s' is not name=value", words.v[i]);
+      goto done;
+    }
+    *eq = '\0';
+    for (size_t j = 0; j < np; j++) {
+      if (!strcmp(params[j].name, words.v[i])) {
+        snprintf(why, whylen, "'%s' is given twice", words.v[i]);
+        goto done;
+      }
+    }
+    sweep_param *p = &params[np++];
+    p->name = words.v[i];
+    memset(&p->values, 0, sizeof p->values);
+    /* Empty pieces of a comma list ("a,,b" or a trailing comma) are a mistake, not a value. */
+    const char *v = eq + 1;
+    if (!*v || v[0] == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,")) {
+      snprintf(why, whylen, "'%s' has an empty value", words.v[i]);
+      goto done;
+    }
+    split_words(v, 1, &p->values);
+  }
+  /* Odometer over the value lists: the last parameter varies fastest. */
+  size_t *idx = xrealloc(NULL, (np ? np : 1) * sizeof *idx);
+  memset(idx, 0, (np ? np : 1) * sizeof *idx);
+  for (;;) {
+    size_t len = strlen(words.v[0]) + 1;
+    for (size_t j = 0; j < np; j++)
+      len += strlen(params[j].name) + strlen(params[j].values.v[idx[j]]) + 2;
+    char *cfg = xrealloc(NULL, len);
+    char *o = cfg;
+    o += sprintf(o, "%s", words.v[0]);
+    for (size_t j = 0; j < np; j++)
+      o += sprintf(o, " %s=%s", params[j].name, params[j].values.v[idx[j]]);
+    if (strlist_has(configs, cfg))
+      free(cfg);
+    else
+      strlist_push(configs, cfg);
+    size_t j = np;
+    while (j > 0) {
+      if (++idx[j - 1] < params[j - 1].values.n) break;
+      idx[j - 1] = 0;
+      j--;
+    }
+    if (j == 0) break; /* every list wrapped around: done */
+  }
+  free(idx);
+  rc = 0;
+done:
+  for (size_t j = 0; j < np; j++) {
+    /* names point into `words`; only the value lists are owned here */
+    strlist_free(&params[j].values);
+  }
+  free(params);
+  strlist_free(&words);
+  return rc;
+}
+
+/* Reads a configuration file: one line each, '#' comments, blank lines ignored. */
+static int read_config_file(const char *path, const strlist *ops, strlist *configs) {
+  FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
+  if (!f) {
+    fprintf(stderr, "%s: cannot open %s: %s\n", prog, path, strerror(errno));
+    return 2;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int lineno = 0, rc = 0;
+  while ((n = getline(&line, &cap, f)) >= 0) {
+    lineno++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char why[512];
+    if (expand_line(line, ops, configs, why, sizeof why) != 0) {
+      fprintf(stderr, "%s: %s:%d: %s\n", prog, path, lineno, why);
+      rc = 2;
+      break;
+    }
+  }
+  if (!rc && ferror(f)) {
+    fprintf(stderr, "%s: reading %s: %s\n", prog, path, strerror(errno));
+    rc = 2;
+  }
+  free(line);
+  if (f != stdin) fclose(f);
+  return rc;
+}
+
+/* ---- targets ------------------------------------------------------------------------ */
+
+static int target_backend(const char *t, rlk_backend *out) {
+  if (!strncmp(t, "sm_", 3) && t[3] >= '0' && t[3] <= '9') {
+    *out = RLK_BACKEND_CUDA;
+  } else if (!strncmp(t, "gfx", 3) && t[3]) {
+    *out = RLK_BACKEND_HIP;
+  } else if (!strcmp(t, "host") || !strncmp(t, "host-", 5)) {
+    *out = RLK_BACKEND_HOST;
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- the work ---------------------------------------------------------------------- */
+
+typedef struct item {
+  size_t index;       /* in the full manifest (what --shard splits) */
+  const char *target;
+  const char *config;
+  /* filled in as reports arrive */
+  int done;
+  int status;
+  int kernels;
+  int compiles;
+  double seconds;
+  char *message;
+} item;
+
+typedef struct report {
+  uint32_t item;     /* position in the kept item list */
+  int32_t status;
+  int32_t kernels;
+  int32_t compiles;
+  double seconds;
+  uint32_t msglen;
+} report;
+
+/* One worker's contexts, one per target, made on first use. */
+typedef struct target_ctx {
+  const char *target;
+  rlk_context *ctx;
+  rlk_status status;
+  char *error;
+} target_ctx;
+
+typedef struct worker {
+  const char *out;
+  target_ctx *tc;
+  size_t ntc;
+} worker;
+
+static int same_dir(const char *a, const char *b) {
+  char ra[PATH_MAX], rb[PATH_MAX];
+  if (realpath(a, ra) && realpath(b, rb)) return strcmp(ra, rb) == 0;
+  return strcmp(a, b) == 0;
+}
+
+static target_ctx *worker_context(worker *w, const char *target) {
+  for (size_t i = 0; i < w->ntc; i++)
+    if (!strcmp(w->tc[i].target, target)) return &w->tc[i];
+  w->tc = xrealloc(w->tc, (w->ntc + 1) * sizeof *w->tc);
+  target_ctx *t = &w->tc[w->ntc++];
+  memset(t, 0, sizeof *t);
+  t->target = target;
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  if (target_backend(target, &o.backend) != 0) o.backend = RLK_BACKEND_HOST;
+  /* The host backend needs no device, so a host context can compile and also run. */
+  o.compile_only = o.backend != RLK_BACKEND_HOST;
+  /* "host" is this machine's CPU target (the library names it, e.g. host-x86_64). */
+  o.target = strcmp(target, "host") ? target : NULL;
+  o.cache_dir = w->out;
+  char buf[1024];
+  t->status = rlk_context_create(&t->ctx, &o);
+  if (t->status != RLK_OK) {
+    snprintf(buf, sizeof buf, "creating a %s context for %s: %s", rlk_backend_name(o.backend),
+             target, rlk_last_error());
+    t->error = xstrdup(buf);
+    return t;
+  }
+  /* A cache root that cannot be written makes the library fall back to memory; the
+   * kernels would then be compiled and thrown away. */
+  const char *dir = rlk_context_cache_dir(t->ctx);
+  if (!*dir || !same_dir(dir, w->out)) {
+    snprintf(buf, sizeof buf,
+             "the cache root %s is not in use (%s): check that it is writable, owned by you, "
+             "and that RLK_CACHE_MODE is unset or rw",
+             w->out, *dir ? dir : "the context fell back to an in-memory cache");
+    t->status = RLK_ERR_CACHE;
+    t->error = xstrdup(buf);
+    rlk_context_destroy(t->ctx);
+    t->ctx = NULL;
+  }
+  return t;
+}
+
+static void worker_close(worker *w) {
+  for (size_t i = 0; i < w->ntc; i++) {
+    rlk_context_destroy(w->tc[i].ctx);
+    free(w->tc[i].error);
+  }
+  free(w->tc);
+  w->tc = NULL;
+  w->ntc = 0;
+}
+
+/* Runs one item; writes its report and message (at most MAX_MSG bytes with the NUL). */
+static void run_item(worker *w, const item *it, uint32_t pos, report *r, char *msg) {
+  memset(r, 0, sizeof *r);
+  r->item = pos;
+  msg[0] = '\0';
+  double t0 = now_s();
+  target_ctx *t = worker_context(w, it->target);
+  if (!t->ctx) {
+    r->status = (int32_t)t->status;
+    snprintf(msg, MAX_MSG, "%s", t->error);
+  } else {
+    rlk_counters before, after;
+    rlk_context_counters(t->ctx, &before);
+    int kernels = 0;
+    rlk_status st = rlk_precompile(t->ctx, it->config, &kernels);
+    rlk_context_counters(t->ctx, &after);
+    r->status = (int32_t)st;
+    r->kernels = kernels;
+    r->compiles = (int32_t)(after.compiles - before.compiles);
+    if (st != RLK_OK) snprintf(msg, MAX_MSG, "%s", rlk_last_error());
+  }
+  r->seconds = now_s() - t0;
+  r->msglen = (uint32_t)strlen(msg);
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t k = write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* ---- the parent's bookkeeping ------------------------------------------------------ */
+
+typedef struct run_state {
+  item *items;
+  size_t nitems;
+  size_t finished, failed;
+  long kernels, compiles;
+  int quiet;
+  int width;
+} run_state;
+
+static void record(run_state *s, const report *r, const char *msg) {
+  if (r->item >= s->nitems) return;
+  item *it = &s->items[r->item];
+  if (it->done) return;
+  it->done = 1;
+  it->status = r->status;
+  it->kernels = r->kernels;
+  it->compiles = r->compiles;
+  it->seconds = r->seconds;
+  it->message = r->status != RLK_OK ? xstrdup(msg) : NULL;
+  s->finished++;
+  if (r->status != RLK_OK) {
+    s->failed++;
+    printf("[%*zu/%zu] %-8s %s  FAILED (%.2f s)\n", s->width, s->finished, s->nitems, it->target,
+           it->config, it->seconds);
+    fflush(stdout);
+    fprintf(stderr, "%s: %s %s: %s: %s\n", prog, it->target, it->config,
+            rlk_status_string((rlk_status)r->status), msg);
+    fflush(stderr);
+    return;
+  }
+  s->kernels += r->kernels;
+  s->compiles += r->compiles;
+  if (!s->quiet) {
+    printf("[%*zu/%zu] %-8s %s  %d kernel%s, %d compiled  %.2f s\n", s->width, s->finished,
+           s->nitems, it->target, it->config, r->kernels, r->kernels == 1 ? "" : "s", r->compiles,
+           it->seconds);
+    fflush(stdout);
+  }
+}
+
+static void fail_unreported(run_state *s, size_t pos, const char *why) {
+  report r = {0};
+  r.item = (uint32_t)pos;
+  r.status = RLK_ERR_INTERNAL;
+  record(s, &r, why);
+}
+
+static void run_inline(run_state *s, const char *out) {
+  worker w = {out, NULL, 0};
+  static char msg[MAX_MSG];
+  for (size_t i = 0; i < s->nitems; i++) {
+    report r;
+    run_item(&w, &s->items[i], (uint32_t)i, &r, msg);
+    record(s, &r, msg);
+  }
+  worker_close(&w);
+}
+
+typedef struct child {
+  pid_t pid;
+  int fd;
+  char *buf;
+  size_t len, cap;
+} child;
+
+/* Parses the complete reports in a child's buffer. */
+static void drain(run_state *s, child *c) {
+  size_t off = 0;
+  for (;;) {
+    if (c->len - off < sizeof(report)) break;
+    report r;
+    memcpy(&r, c->buf + off, sizeof r);
+    if (r.msglen >= MAX_MSG) r.msglen = MAX_MSG - 1;
+    if (c->len - off < sizeof r + r.msglen) break;
+    char msg[MAX_MSG];
+    memcpy(msg, c->buf + off + sizeof r, r.msglen);
+    msg[r.msglen] = '\0';
+    record(s, &r, msg);
+    off += sizeof r + r.msglen;
+  }
+  memmove(c->buf, c->buf + off, c->len - off);
+  c->len -= off;
+}
+
+static int run_forked(run_state *s, const char *out, int jobs) {
+  child *kids = calloc((size_t)jobs, sizeof *kids);
+  if (!kids) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    return 1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  int started = 0;
+  for (int w = 0; w < jobs; w++) {
+    int p[2];
+    if (pipe(p) != 0) {
+      fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
+      break;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
+      close(p[0]);
+      close(p[1]);
+      break;
+    }
+    if (pid == 0) {
+      /* Worker: its own contexts; items w, w + jobs, ...; reports through the pipe. */
+      for (int k = 0; k < w; k++) close(kids[k].fd);
+      close(p[0]);
+      signal(SIGPIPE, SIG_DFL);
+      worker wk = {out, NULL, 0};
+      static char msg[MAX_MSG];
+      int rc = 0;
+      for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs) {
+        report r;
+        run_item(&wk, &s->items[i], (uint32_t)i, &r, msg);
+        if (write_all(p[1], &r, sizeof r) || write_all(p[1], msg, r.msglen)) {
+          rc = 1;
+          break;
+        }
+      }
+      worker_close(&wk);
+      close(p[1]);
+      _exit(rc);
+    }
+    close(p[1]);
+    kids[w].pid = pid;
+    kids[w].fd = p[0];
+    started++;
+  }
+  if (started < jobs) {
+    /* The items of a worker that could not start fail with the reason. */
+    for (size_t i = 0; i < s->nitems; i++)
+      if ((int)(i % (size_t)jobs) >= started) fail_unreported(s, i, "its worker could not start");
+  }
+
+  int open_fds = started;
+  struct pollfd *pfd = calloc((size_t)jobs, sizeof *pfd);
+  int *map = calloc((size_t)jobs, sizeof *map);
+  if (!pfd || !map) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    exit(1);
+  }
+  while (open_fds > 0) {
+    int n = 0;
+    for (int w = 0; w < started; w++) {
+      if (kids[w].fd < 0) continue;
+      pfd[n].fd = kids[w].fd;
+      pfd[n].events = POLLIN;
+      pfd[n].revents = 0;
+      map[n++] = w;
+    }
+    int k = poll(pfd, (nfds_t)n, -1);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "%s: poll: %s\n", prog, strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n; i++) {
+      if (!pfd[i].revents) continue;
+      child *c = &kids[map[i]];
+      if (c->cap - c->len < 65536) {
+        c->cap = c->cap ? c->cap * 2 : 131072;
+        c->buf = xrealloc(c->buf, c->cap);
+      }
+      ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        close(c->fd);
+        c->fd = -1;
+        open_fds--;
+        continue;
+      }
+      c->len += (size_t)got;
+      drain(s, c);
+    }
+  }
+
+  for (int w = 0; w < started; w++) {
+    if (kids[w].fd >= 0) close(kids[w].fd);
+    int status = 0;
+    while (waitpid(kids[w].pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    char why[160];
+    if (WIFSIGNALED(status))
+      snprintf(why, sizeof why, "worker %d was killed by signal %d before finishing it", w,
+               WTERMSIG(status));
+    else
+      snprintf(why, sizeof why, "worker %d exited with status %d before finishing it", w,
+               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs)
+      if (!s->items[i].done) fail_unreported(s, i, why);
+    free(kids[w].buf);
+  }
+  free(pfd);
+  free(map);
+  free(kids);
+  return 0;
+}
+
+/* ---- files -------------------------------------------------------------------------- */
+
+static int mkdir_p(const char *path, mode_t mode) {
+  char buf[PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+  struct stat st;
+  if (stat(buf, &st) != 0) return -1;
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return -1;
+  }
+  return 0;
+}
+
+static void fsync_path(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+static int copy_file(const char *from, const char *to, mode_t mode) {
+  int in = open(from, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -1;
+  int out = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode & 0777);
+  if (out < 0) {
+    close(in);
+    return -1;
+  }
+  char buf[1 << 16];
+  int rc = 0;
+  for (;;) {
+    ssize_t n = read(in, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      rc = -1;
+      break;
+    }
+    if (n == 0) break;
+    if (write_all(out, buf, (size_t)n)) {
+      rc = -1;
+      break;
+    }
+  }
+  if (!rc && fsync(out) != 0) rc = -1;
+  int e = errno;
+  close(in);
+  if (close(out) != 0 && !rc) rc = -1;
+  errno = e;
+  return rc;
+}
+
+/* Copies the regular files (and subdirectories) of `from` into the existing dir `to`. */
+static int copy_tree(const char *from, const char *to) {
+  DIR *d = opendir(from);
+  if (!d) return -1;
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(d))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char a[PATH_MAX], b[PATH_MAX];
+    if (snprintf(a, sizeof a, "%s/%s", from, de->d_name) >= (int)sizeof a ||
+        snprintf(b, sizeof b, "%s/%s", to, de->d_name) >= (int)sizeof b) {
+      errno = ENAMETOOLONG;
+      rc = -1;
+      break;
+    }
+    struct stat st;
+    if (lstat(a, &st) != 0) {
+      rc = -1;
+    } else if (S_ISREG(st.st_mode)) {
+      rc = copy_file(a, b, st.st_mode);
+    } else if (S_ISDIR(st.st_mode)) {
+      rc = mkdir(b, 0700) != 0 ? -1 : copy_tree(a, b);
+      if (!rc) chmod(b, st.st_mode & 0777);
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+static void remove_tree(const char *path) {
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+      char p[PATH_MAX];
+      if (snprintf(p, sizeof p, "%s/%s", path, de->d_name) >= (int)sizeof p) continue;
+      struct stat st;
+      if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+        remove_tree(p);
+      else
+        unlink(p);
+    }
+    closedir(d);
+  }
+  rmdir(path);
+}
+
+static int collect_path(const rlk_cache_entry *e, void *user) {
+  strlist_push(user, xstrdup(e->path));
+  return 0;
+}
+
+/* ---- merge -------------------------------------------------------------------------- */
+
+static int cmd_merge(int argc, char **argv) {
+  const char *out = NULL;
+  strlist shards = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      strlist_free(&shards);
+      return 0;
+    } else if (!strcmp(a, "--out")) {
+      if (i + 1 >= argc || !*argv[i + 1]) return usage_error("--out needs a directory");
+      out = argv[++i];
+    } else if (!strncmp(a, "--out=", 6) && a[6]) {
+      out = a + 6;
+    } else if (a[0] == '-') {
+      strlist_free(&shards);
+      return usage_error("merge: unknown option '%s'", a);
+    } else {
+      strlist_push(&shards, xstrdup(a));
+    }
+  }
+  if (!out) {
+    strlist_free(&shards);
+    return usage_error("merge needs --out DIR");
+  }
+  if (shards.n == 0) return usage_error("merge needs at least one shard directory");
+
+  int rc = 0;
+  char out_rp[PATH_MAX];
+  if (mkdir_p(out, 0777) != 0 || !realpath(out, out_rp)) {
+    fprintf(stderr, "%s: cannot create %s: %s\n", prog, out, strerror(errno));
+    strlist_free(&shards);
+    return 1;
+  }
+  mode_t mask = umask(0);
+  umask(mask);
+  char host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = '\0';
+  unsigned long staged = 0;
+  uint64_t copied = 0, present = 0;
+
+  for (size_t s = 0; s < shards.n && !rc; s++) {
+    char rp[PATH_MAX];
+    if (!realpath(shards.v[s], rp)) {
+      fprintf(stderr, "%s: shard %s: %s\n", prog, shards.v[s], strerror(errno));
+      rc = 1;
+      break;
+    }
+    if (!strcmp(rp, out_rp)) {
+      fprintf(stderr, "%s: skipping shard %s: it is the output tree\n", prog, shards.v[s]);
+      continue;
+    }
+    /* Refuse to spread a damaged shard: its bad entries would pass for good ones. */
+    uint64_t nent = 0, bad = 0;
+    rlk_status st = rlk_cache_verify(rp, 0, &nent, &bad);
+    if (st != RLK_OK) {
+      rc = lib_error("verifying a shard", st);
+      break;
+    }
+    if (bad) {
+      fprintf(stderr,
+              "%s: shard %s has %" PRIu64 " bad entries of %" PRIu64
+              "; run 'rlk-cache --root %s verify --repair' (or recompile the shard) first\n",
+              prog, shards.v[s], bad, nent, shards.v[s]);
+      rc = 1;
+      break;
+    }
+    strlist paths = {0};
+    st = rlk_cache_walk(rp, collect_path, &paths);
+    if (st != RLK_OK) {
+      strlist_free(&paths);
+      rc = lib_error("walking a shard", st);
+      break;
+    }
+    size_t rplen = strlen(rp);
+    for (size_t k = 0; k < paths.n && !rc; k++) {
+      char ep[PATH_MAX];
+      if (!realpath(paths.v[k], ep) || strncmp(ep, rp, rplen) != 0 || ep[rplen] != '/') {
+        fprintf(stderr, "%s: entry %s is not inside shard %s\n", prog, paths.v[k], rp);
+        rc = 1;
+        break;
+      }
+      const char *rel = ep + rplen + 1;
+      char dest[PATH_MAX], parent[PATH_MAX], tmpdir[PATH_MAX], stage[PATH_MAX];
+      if (snprintf(dest, sizeof dest, "%s/%s", out_rp, rel) >= (int)sizeof dest ||
+          snprintf(tmpdir, sizeof tmpdir, "%s/tmp", out_rp) >= (int)sizeof tmpdir ||
+          snprintf(stage, sizeof stage, "%s/merge-%s-%ld-%lu", tmpdir, host, (long)getpid(),
+                   staged++) >= (int)sizeof stage) {
+        fprintf(stderr, "%s: path too long under %s\n", prog, out_rp);
+        rc = 1;
+        break;
+      }
+      struct stat sb;
+      if (lstat(dest, &sb) == 0) {
+        present++;
+        continue;
+      }
+      snprintf(parent, sizeof parent, "%s", dest);
+      *strrchr(parent, '/') = '\0';
+      if (mkdir_p(parent, 0777) != 0 || (mkdir(tmpdir, 0700) != 0 && errno != EEXIST) ||
+          mkdir(stage, 0700) != 0) {
+        fprintf(stderr, "%s: cannot create directories under %s: %s\n", prog, out_rp,
+                strerror(errno));
+        rc = 1;
+        break;
+      }
+      if (copy_tree(ep, stage) != 0) {
+        fprintf(stderr, "%s: copying %s: %s\n", prog, ep, strerror(errno));
+        remove_tree(stage);
+        rc = 1;
+        break;
+      }
+      /* Staging is private (0700); a published entry gets the user's umask. */
+      chmod(stage, 0777 & ~mask);
+      fsync_path(stage);
+      if (rename(stage, dest) != 0) {
+        int e = errno;
+        remove_tree(stage);
+        if (e == EEXIST || e == ENOTEMPTY) {
+          present++;
+          continue;
+        }
+        fprintf(stderr, "%s: publishing %s: %s\n", prog, dest, strerror(e));
+        rc = 1;
+        break;
+      }
+      fsync_path(parent);
+      copied++;
+    }
+    strlist_free(&paths);
+  }
+  /* The staging directory is ours only if it is empty now. */
+  char tmpdir[PATH_MAX];
+  if (snprintf(tmpdir, sizeof tmpdir, "%s/tmp", out_rp) < (int)sizeof tmpdir) rmdir(tmpdir);
+
+  if (!rc) {
+    uint64_t nent = 0, bad = 0;
+    rlk_status st = rlk_cache_verify(out_rp, 0, &nent, &bad);
+    if (st != RLK_OK) {
+      rc = lib_error("verifying the merged tree", st);
+    } else {
+      printf("merge: %zu shard%s, %" PRIu64 " entries copied, %" PRIu64
+             " already present; %s: %" PRIu64 " entries, %" PRIu64 " bad\n",
+             shards.n, shards.n == 1 ? "" : "s", copied, present, out, nent, bad);
+      if (bad) rc = 1;
+    }
+  }
+  strlist_free(&shards);
+  return rc;
+}
+
+/* ---- main --------------------------------------------------------------------------- */
+
+static int list_ops(void) {
+  strlist ops = {0};
+  split_words(rlk_precompile_ops(), 0, &ops);
+  for (size_t i = 0; i < ops.n; i++) {
+    printf("%s\n", ops.v[i]);
+    const char *help = rlk_precompile_help(ops.v[i]);
+    const char *p = help ? help : "";
+    while (*p) {
+      const char *nl = strchr(p, '\n');
+      size_t n = nl ? (size_t)(nl - p) : strlen(p);
+      if (n) printf("  %.*s\n", (int)n, p);
+      p += n + (nl ? 1 : 0);
+    }
+  }
+  strlist_free(&ops);
+  return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+/* What the command line and the configuration files expand to. File scope so that every
+ * exit path of precompile_main leaves main to free it. */
+static struct {
+  strlist config_files, sweeps, target_words, targets, ops, configs;
+  item *items;
+  size_t nitems; /* allocated items (their messages are freed) */
+} g;
+
+static int precompile_main(int argc, char **argv) {
+  const char *out_arg = NULL, *manifest = NULL;
+  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0;
+  long jobs = 0, shard_i = 0, shard_n = 1;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = NULL;
+#define TAKE(opt)                                                                              \
+  (!strcmp(a, opt) ? (i + 1 < argc ? (val = argv[++i], 1) : -1)                               \
+                   : (!strncmp(a, opt "=", sizeof(opt)) ? (val = a + sizeof(opt), 1) : 0))
+    int t;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--dry-run") || !strcmp(a, "-n")) {
+      dry_run = 1;
+    } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+      quiet = 1;
+    } else if (!strcmp(a, "--list-ops")) {
+      want_list_ops = 1;
+    } else if ((t = TAKE("--config")) != 0) {
+      if (t < 0 || !*val) return usage_error("--config needs a file");
+      strlist_push(&g.config_files, xstrdup(val));
+    } else if ((t = TAKE("--sweep")) != 0) {
+      if (t < 0) return usage_error("--sweep needs a configuration line");
+      strlist_push(&g.sweeps, xstrdup(val));
+    } else if ((t = TAKE("--targets")) != 0) {
+      if (t < 0) return usage_error("--targets needs a list");
+      split_words(val, 1, &g.target_words);
+      have_targets = 1;
+    } else if ((t = TAKE("--out")) != 0) {
+      if (t < 0 || !*val) return usage_error("--out needs a directory");
+      out_arg = val;
+    } else if ((t = TAKE("--manifest")) != 0) {
+      if (t < 0 || !*val) return usage_error("--manifest needs a file");
+      manifest = val;
+    } else if ((t = TAKE("--jobs")) != 0 || (t = TAKE("-j")) != 0 ||
+               (!strncmp(a, "-j", 2) && a[2] && (val = a + 2, t = 1))) {
+      if (t < 0 || parse_int(val, 1, 1024, &jobs))
+        return usage_error("-j needs a number of workers from 1 to 1024");
+    } else if ((t = TAKE("--shard")) != 0) {
+      const char *slash = t > 0 ? strchr(val, '/') : NULL;
+      char num[32];
+      if (!slash || (size_t)(slash - val) >= sizeof num)
+        return usage_error("--shard needs i/n, e.g. --shard 0/4");
+      memcpy(num, val, (size_t)(slash - val));
+      num[slash - val] = '\0';
+      if (parse_int(num, 0, LONG_MAX, &shard_i) || parse_int(slash + 1, 1, LONG_MAX, &shard_n) ||
+          shard_i >= shard_n)
+        return usage_error("bad --shard '%s': needs i/n with 0 <= i < n", val);
+    } else if (a[0] == '-') {
+      return usage_error("unknown option '%s'", a);
+    } else {
+      return usage_error("unexpected argument '%s' (configuration lines go in --sweep)", a);
+    }
+#undef TAKE
+  }
+
+  if (want_list_ops) return list_ops();
+  if (g.config_files.n == 0 && g.sweeps.n == 0)
+    return usage_error("nothing to compile: give --config FILE and/or --sweep LINE");
+  if (!have_targets || g.target_words.n == 0)
+    return usage_error("--targets is required, e.g. --targets \"sm_80 sm_90a host\"");
+
+  for (size_t i = 0; i < g.target_words.n; i++) {
+    rlk_backend b;
+    if (target_backend(g.target_words.v[i], &b) != 0)
+      return usage_error("unknown target '%s' (sm_XX[a], gfxNNN or host)", g.target_words.v[i]);
+    if (!strlist_has(&g.targets, g.target_words.v[i]))
+      strlist_push(&g.targets, xstrdup(g.target_words.v[i]));
+  }
+
+  split_words(rlk_precompile_ops(), 0, &g.ops);
+  for (size_t i = 0; i < g.config_files.n; i++) {
+    int rc = read_config_file(g.config_files.v[i], &g.ops, &g.configs);
+    if (rc) return rc;
+  }
+  for (size_t i = 0; i < g.sweeps.n; i++) {
+    char why[512];
+    if (expand_line(g.sweeps.v[i], &g.ops, &g.configs, why, sizeof why) != 0)
+      return usage_error("--sweep \"%s\": %s", g.sweeps.v[i], why);
+  }
+  if (g.configs.n == 0) return usage_error("the configuration files hold no configuration line");
+
+  /* The manifest: every configuration for every target, target by target. */
+  size_t total = g.targets.n * g.configs.n;
+  g.items = xrealloc(NULL, total * sizeof *g.items);
+  size_t nitems = 0;
+  for (size_t t = 0; t < g.targets.n; t++) {
+    for (size_t c = 0; c < g.configs.n; c++) {
+      size_t index = t * g.configs.n + c;
+      if (index % (size_t)shard_n != (size_t)shard_i) continue;
+      item *it = &g.items[nitems++];
+      memset(it, 0, sizeof *it);
+      it->index = index;
+      it->target = g.targets.v[t];
+      it->config = g.configs.v[c];
+    }
+  }
+  g.nitems = nitems;
+  char shard_note[96] = "";
+  if (shard_n > 1)
+    snprintf(shard_note, sizeof shard_note, ", shard %ld/%ld of %zu", shard_i, shard_n, total);
+
+  int width = 1, rc = 0;
+  for (size_t n = total; n >= 10; n /= 10) width++;
+
+  if (dry_run) {
+    for (size_t i = 0; i < nitems; i++)
+      printf("%*zu  %-8s %s\n", width, g.items[i].index, g.items[i].target, g.items[i].config);
+    printf("dry run: %zu items (%zu configuration%s x %zu target%s%s)\n", nitems, g.configs.n,
+           g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s", shard_note);
+    goto cleanup;
+  }
+
+  char out[PATH_MAX];
+  if (out_arg) {
+    snprintf(out, sizeof out, "%s", out_arg);
+  } else {
+    rlk_status st = rlk_cache_default_root(out, sizeof out);
+    if (st != RLK_OK) return lib_error("finding the default cache root", st);
+  }
+  if (mkdir_p(out, 0777) != 0) {
+    fprintf(stderr, "%s: cannot create %s: %s\n", prog, out, strerror(errno));
+    return 1;
+  }
+  /* Entries found in read-only trees would not be written to the output tree, which must
+   * hold every kernel of the manifest. */
+  if (getenv("RLK_CACHE_RO_DIRS")) {
+    fprintf(stderr, "%s: ignoring RLK_CACHE_RO_DIRS: every kernel is written to %s\n", prog, out);
+    unsetenv("RLK_CACHE_RO_DIRS");
+  }
+
+  if (jobs == 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    jobs = cpus > 0 ? cpus : 1;
+  }
+  if ((size_t)jobs > nitems) jobs = (long)(nitems ? nitems : 1);
+
+  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s) into %s with %ld "
+         "worker%s\n",
+         nitems, g.configs.n, g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s",
+         shard_note, out, jobs, jobs == 1 ? "" : "s");
+  fflush(stdout);
+
+  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width};
+  double t0 = now_s();
+  if (jobs == 1)
+    run_inline(&s, out);
+  else
+    rc = run_forked(&s, out, (int)jobs);
+  double wall = now_s() - t0;
+
+  uint64_t nent = 0, bad = 0;
+  rlk_status vst = rlk_cache_verify(out, 0, &nent, &bad);
+  if (vst != RLK_OK) rc = lib_error("verifying the output tree", vst);
+
+  if (manifest) {
+    FILE *f = fopen(manifest, "w");
+    if (!f) {
+      fprintf(stderr, "%s: cannot write %s: %s\n", prog, manifest, strerror(errno));
+      rc = 1;
+    } else {
+      fprintf(f, "# index\ttarget\tconfiguration\tkernels\tresult\n");
+      for (size_t i = 0; i < nitems; i++)
+        fprintf(f, "%zu\t%s\t%s\t%d\t%s\n", g.items[i].index, g.items[i].target, g.items[i].config,
+                g.items[i].kernels, g.items[i].status == RLK_OK ? "ok" : "failed");
+      if (fclose(f) != 0) {
+        fprintf(stderr, "%s: writing %s: %s\n", prog, manifest, strerror(errno));
+        rc = 1;
+      }
+    }
+  }
+
+  printf("done: %zu items, %zu failed, %ld kernels (%ld compiled, %ld already cached) in %.2f s, "
+         "%.1f kernels/s\n",
+         nitems, s.failed, s.kernels, s.compiles, s.kernels - s.compiles, wall,
+         wall > 0 ? (double)s.kernels / wall : 0.0);
+  if (vst == RLK_OK)
+    printf("cache: %s: %" PRIu64 " entries, %" PRIu64 " bad\n", out, nent, bad);
+  if (s.failed) {
+    fprintf(stderr, "%s: %zu of %zu items failed:\n", prog, s.failed, nitems);
+    for (size_t i = 0; i < nitems; i++)
+      if (g.items[i].status != RLK_OK)
+        fprintf(stderr, "  %s %s: %s\n", g.items[i].target, g.items[i].config,
+                g.items[i].message ? g.items[i].message : "");
+    rc = 1;
+  }
+  if (bad) rc = 1;
+
+cleanup:
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "merge")) return cmd_merge(argc - 2, argv + 2);
+  int rc = precompile_main(argc, argv);
+  for (size_t i = 0; i < g.nitems; i++) free(g.items[i].message);
+  free(g.items);
+  strlist_free(&g.ops);
+  strlist_free(&g.configs);
+  strlist_free(&g.targets);
+  strlist_free(&g.target_words);
+  strlist_free(&g.config_files);
+  strlist_free(&g.sweeps);
+  return rc;
+}
