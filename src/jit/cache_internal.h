@@ -1,0 +1,102 @@
+/* cache_internal.h - what the cache's own files share (cache.c, cache_lock.c, cache_admin.c):
+ * the cache handle, the metadata format, entry checks and tolerant file-system helpers.
+ * Nothing outside src/jit/cache*.c includes this. */
+#ifndef RLK_CACHE_INTERNAL_H
+#define RLK_CACHE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "jit/cache.h"
+#include "jit/key.h"
+
+#define RLK_CACHE_META_NAME "kernel.meta"     /* the commit marker */
+#define RLK_CACHE_LAST_USED_NAME "last_used"  /* its mtime is the entry's recency */
+#define RLK_CACHE_META_FORMAT "rlk-cache-1"
+#define RLK_CACHE_TMP_DIR "tmp"               /* staging, under the root */
+#define RLK_CACHE_QUARANTINE_DIR "quarantine" /* damaged entries, under the root */
+#define RLK_CACHE_LOG_HEAD 2048               /* bytes of the compiler log kept */
+#define RLK_CACHE_TOUCH_INTERVAL 3600         /* last_used is refreshed at most this often (s) */
+#define RLK_CACHE_STAGING_MAX_AGE 3600        /* older staging dirs are abandoned (s) */
+#define RLK_CACHE_QUARANTINE_MAX_AGE 86400    /* quarantined entries are kept this long (s) */
+#define RLK_CACHE_PUBLISH_GRACE 60            /* see rlk_cache_publish's eviction (s) */
+#define RLK_CACHE_PATH_MAX 4096
+
+struct rlk_cache {
+  rlk_cache_config cfg;
+  rlk_cache_mode mode;   /* effective */
+  char root[1024];       /* writable root, "" unless mode is RW */
+  char read_root[1024];  /* the root read after the read-only trees ("" if none) */
+  char **ro;             /* read-only trees, in search order */
+  size_t nro;
+  _Atomic int lock_state; /* 0: lock dir unchecked, 1: usable, -1: unusable (warned once) */
+};
+
+/* The parsed kernel.meta of an entry. */
+typedef struct rlk_cache_meta {
+  rlk_kernel_key key;     /* the recorded fields; hash/hex recomputed from them */
+  char recorded_hex[65];  /* the "key" line */
+  char binary[64];        /* the binary's file name */
+  uint64_t binary_size;
+  char binary_sha256[65];
+  char **lowered;         /* malloc'd */
+  size_t nlowered;
+  double compile_seconds;
+  int64_t created;        /* unix seconds, 0 if unknown */
+} rlk_cache_meta;
+
+void rlk_cache_meta_free(rlk_cache_meta *meta);
+
+/* Parses kernel.meta text (modified in place). Returns 0, or -1 with the reason in `why`. */
+int rlk_cache_meta_parse(char *text, size_t len, rlk_cache_meta *meta, char *why, size_t whysize);
+
+/* Reads and parses the kernel.meta of the entry open as `dfd` (no binary check). 0 or -1. */
+int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize);
+
+/* Checks the entry directory open as `dfd`, named `hash`: its metadata parses, the recorded
+ * key fields hash to `hash` (and equal `expect`'s when given), and the binary has the recorded
+ * size and SHA-256. With owner >= 0 the files must belong to that uid. On success fills
+ * `meta` (caller frees) and, when `binary` is not NULL, hands over the bytes. Returns 0, or
+ * -1 with the reason in `why` (meta then holds nothing). */
+int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, long owner,
+                          rlk_cache_meta *meta, void **binary, char *why, size_t whysize);
+
+/* <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hex> of a finished key; -1 if too long. */
+int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf, size_t size);
+
+/* 1 if s is 64 lower-case hex digits. */
+int rlk_cache_is_hash(const char *s);
+
+/* mkdir -p; new directories get `mode` (under the umask). 0 or -1 with errno. */
+int rlk_cache_mkdirs(const char *path, mode_t mode);
+
+/* Removes a tree without following links; vanished files, busy NFS files and directories
+ * refilled meanwhile are not errors. 0, or -1 if something could not be removed. */
+int rlk_cache_rmtree(const char *path);
+
+/* Takes an entry out of the tree atomically (renamed into staging) and removes it, so a
+ * reader sees the whole entry or none. 0 or -1. */
+int rlk_cache_retire(const char *root, const char *entry_path);
+
+/* Moves a damaged entry to <root>/quarantine/<hash>.<time>.<pid> (removing it if that fails).
+ * 0, or -1 if it is still in place. */
+int rlk_cache_quarantine_path(const char *root, const char *entry_path);
+
+/* Removes staging dirs older than RLK_CACHE_STAGING_MAX_AGE and quarantined entries older
+ * than RLK_CACHE_QUARANTINE_MAX_AGE. */
+void rlk_cache_sweep(const char *root);
+
+/* Recency of an entry: mtime of last_used, else of kernel.meta, else of the directory. */
+int64_t rlk_cache_entry_last_used(int dfd);
+
+/* rlk_cache_evict that never removes `keep` (an entry path, may be NULL). */
+rlk_status rlk_cache_evict_keep(const char *root, uint64_t max_bytes, int64_t grace_seconds,
+                                const char *keep, uint64_t *removed_entries,
+                                uint64_t *removed_bytes);
+
+/* The default writable root from the environment; RLK_ERR_CACHE if there is none. */
+rlk_status rlk_cache_root_from_env(char *buf, size_t size);
+
+#endif
