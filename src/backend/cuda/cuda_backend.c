@@ -1,0 +1,490 @@
+/* cuda_backend.c - the CUDA backend over the driver API, loaded from libcuda.so.1 with
+ * dlopen so the library builds and runs (host-only) on machines without NVIDIA software.
+ *
+ * One backend is one device's primary context: the context CUDA runtime users (PyTorch,
+ * CuPy) share, so pointers and streams from a framework work here unchanged. The driver
+ * keeps a current context per thread; every entry point makes ours current first because
+ * the backend may be called from any thread. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/binary_image.h"
+#include "backend/cuda/cuda_driver.h"
+#include "core/core.h"
+#include "jit/dynlib.h"
+
+/* ---- the driver table, loaded once per process ------------------------------------ */
+
+static rlk_cuda_driver g_driver;
+static int g_driver_loaded;
+static pthread_mutex_t g_driver_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Loads libcuda.so.1 and fills g_driver; the caller holds g_driver_lock. */
+static rlk_status driver_load_locked(void) {
+  rlk_cuda_driver d;
+  memset(&d, 0, sizeof d);
+  /* Newer drivers keep the old symbols for old binaries; asking for both and taking the
+   * "_v2" one when present gives the current behaviour on every driver. */
+  CUresult (*event_elapsed_v1)(float *, CUevent, CUevent) = NULL;
+  CUresult (*event_destroy_v1)(CUevent) = NULL;
+  CUresult (*ctx_release_v1)(CUdevice) = NULL;
+  const rlk_dynlib_symbol symbols[] = {
+      {"cuInit", &d.cuInit, 0},
+      {"cuGetErrorName", &d.cuGetErrorName, 0},
+      {"cuGetErrorString", &d.cuGetErrorString, 0},
+      {"cuDeviceGetCount", &d.cuDeviceGetCount, 0},
+      {"cuDeviceGet", &d.cuDeviceGet, 0},
+      {"cuDeviceGetName", &d.cuDeviceGetName, 0},
+      {"cuDeviceGetAttribute", &d.cuDeviceGetAttribute, 0},
+      {"cuDeviceTotalMem_v2", &d.cuDeviceTotalMem, 0},
+      {"cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, 0},
+      {"cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease, 1},
+      {"cuDevicePrimaryCtxRelease", &ctx_release_v1, 1},
+      {"cuCtxGetCurrent", &d.cuCtxGetCurrent, 0},
+      {"cuCtxSetCurrent", &d.cuCtxSetCurrent, 0},
+      {"cuCtxSynchronize", &d.cuCtxSynchronize, 0},
+      {"cuModuleLoadData", &d.cuModuleLoadData, 0},
+      {"cuModuleUnload", &d.cuModuleUnload, 0},
+      {"cuModuleGetFunction", &d.cuModuleGetFunction, 0},
+      {"cuFuncSetAttribute", &d.cuFuncSetAttribute, 0},
+      {"cuLaunchKernel", &d.cuLaunchKernel, 0},
+      {"cuMemAlloc_v2", &d.cuMemAlloc, 0},
+      {"cuMemFree_v2", &d.cuMemFree, 0},
+      {"cuMemcpyHtoD_v2", &d.cuMemcpyHtoD, 0},
+      {"cuMemcpyDtoH_v2", &d.cuMemcpyDtoH, 0},
+      {"cuMemsetD8_v2", &d.cuMemsetD8, 0},
+      {"cuStreamSynchronize", &d.cuStreamSynchronize, 0},
+      {"cuEventCreate", &d.cuEventCreate, 0},
+      {"cuEventRecord", &d.cuEventRecord, 0},
+      {"cuEventSynchronize", &d.cuEventSynchronize, 0},
+      {"cuEventElapsedTime_v2", &d.cuEventElapsedTime, 1},
+      {"cuEventElapsedTime", &event_elapsed_v1, 1},
+      {"cuEventDestroy_v2", &d.cuEventDestroy, 1},
+      {"cuEventDestroy", &event_destroy_v1, 1},
+      {"cuTensorMapEncodeTiled", &d.cuTensorMapEncodeTiled, 1},
+  };
+  static const char *const candidates[] = {"libcuda.so.1"};
+  rlk_dynlib lib;
+  rlk_status st = rlk_dynlib_open(&lib, "cuda", candidates, 1, symbols,
+                                  sizeof symbols / sizeof symbols[0]);
+  if (st != RLK_OK) return st;
+  if (!d.cuEventElapsedTime) d.cuEventElapsedTime = event_elapsed_v1;
+  if (!d.cuEventDestroy) d.cuEventDestroy = event_destroy_v1;
+  if (!d.cuDevicePrimaryCtxRelease) d.cuDevicePrimaryCtxRelease = ctx_release_v1;
+  if (!d.cuEventElapsedTime || !d.cuEventDestroy || !d.cuDevicePrimaryCtxRelease) {
+    st = rlk_error(RLK_ERR_UNAVAILABLE,
+                   "cuda: %s lacks cuEventElapsedTime, cuEventDestroy or "
+                   "cuDevicePrimaryCtxRelease",
+                   lib.path);
+    rlk_dynlib_close(&lib);
+    return st;
+  }
+  /* lib.handle stays open for the life of the process. */
+  g_driver = d;
+  g_driver_loaded = 1;
+  return RLK_OK;
+}
+
+rlk_status rlk_cuda_driver_load(const rlk_cuda_driver **out) {
+  /* Success is kept; a failure is retried on the next call (cheap, and a driver can appear
+   * after a container's devices are mounted). */
+  pthread_mutex_lock(&g_driver_lock);
+  rlk_status st = g_driver_loaded ? RLK_OK : driver_load_locked();
+  pthread_mutex_unlock(&g_driver_lock);
+  if (out) *out = st == RLK_OK ? &g_driver : NULL;
+  return st;
+}
+
+rlk_status rlk_cuda_fail(rlk_status status, const char *what, CUresult result) {
+  const char *name = NULL, *text = NULL;
+  if (g_driver.cuGetErrorName && g_driver.cuGetErrorName(result, &name) != CUDA_SUCCESS)
+    name = NULL;
+  if (g_driver.cuGetErrorString && g_driver.cuGetErrorString(result, &text) != CUDA_SUCCESS)
+    text = NULL;
+  if (!name) return rlk_error(status, "cuda: %s: CUresult %d", what, result);
+  return rlk_error(status, "cuda: %s: %s: %s", what, name, text ? text : "no description");
+}
+
+/* ---- the backend ------------------------------------------------------------------ */
+
+typedef struct cuda_state {
+  const rlk_cuda_driver *drv;
+  CUdevice device;
+  CUcontext ctx;
+  int ordinal;
+  int max_shared_optin; /* bytes of dynamic shared memory a block may opt in to */
+} cuda_state;
+
+static cuda_state *state_of(rlk_backend_impl *self) { return self->impl; }
+
+/* Makes the device's context current on this thread (a no-op when it already is). */
+static rlk_status make_current(cuda_state *s) {
+  CUcontext cur = NULL;
+  CUresult r = s->drv->cuCtxGetCurrent(&cur);
+  if (r == CUDA_SUCCESS && cur == s->ctx) return RLK_OK;
+  r = s->drv->cuCtxSetCurrent(s->ctx);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
+  return RLK_OK;
+}
+
+/* PTX is text the driver reads as a C string: it must be NUL-terminated inside the buffer
+ * and start (after blank lines) with a comment or a directive such as ".version". */
+static int looks_like_ptx(const void *image, size_t size) {
+  const char *text = image;
+  if (size == 0 || !memchr(text, '\0', size)) return 0;
+  while (*text == ' ' || *text == '\t' || *text == '\r' || *text == '\n') text++;
+  return text[0] == '.' || (text[0] == '/' && text[1] == '/');
+}
+
+static rlk_status cuda_module_load(rlk_backend_impl *self, const void *image, size_t size,
+                                   void **module) {
+  cuda_state *s = state_of(self);
+  if (!module) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: module_load: module is NULL");
+  *module = NULL;
+  if (!image || size == 0)
+    return rlk_error(RLK_ERR_BACKEND, "cuda: module_load: empty image");
+  static const unsigned char fatbin_magic[4] = {0x50, 0xed, 0x55, 0xba};
+  if (rlk_image_is_elf(image, size)) {
+    rlk_status st = rlk_elf_image_check(image, size, 190 /* EM_CUDA */, "cuda");
+    if (st != RLK_OK) return st;
+  } else if (size >= 4 && memcmp(image, fatbin_magic, 4) == 0) {
+    /* A fatbinary: the driver picks the member for this device. */
+  } else if (!looks_like_ptx(image, size)) {
+    return rlk_error(RLK_ERR_BACKEND,
+                     "cuda: module_load: image is neither a cubin, a fatbinary nor PTX text");
+  }
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUmodule mod = NULL;
+  CUresult r = s->drv->cuModuleLoadData(&mod, image);
+  if (r != CUDA_SUCCESS) {
+    /* An image for another architecture or from a newer toolkit lands here too
+     * (NO_BINARY_FOR_GPU, INVALID_IMAGE, UNSUPPORTED_PTX_VERSION): the JIT rebuilds it. */
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleLoadData", r);
+  }
+  *module = mod;
+  return RLK_OK;
+}
+
+static void cuda_module_unload(rlk_backend_impl *self, void *module) {
+  cuda_state *s = state_of(self);
+  if (!module) return;
+  if (make_current(s) != RLK_OK) return;
+  CUresult r = s->drv->cuModuleUnload((CUmodule)module);
+  if (r != CUDA_SUCCESS) {
+    rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleUnload", r);
+    rlk_warn("%s", rlk_last_error());
+  }
+}
+
+static rlk_status cuda_get_function(rlk_backend_impl *self, void *module, const char *name,
+                                    void **fn) {
+  cuda_state *s = state_of(self);
+  if (!module || !name || !fn)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: get_function: NULL argument");
+  *fn = NULL;
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUfunction f = NULL;
+  CUresult r = s->drv->cuModuleGetFunction(&f, (CUmodule)module, name);
+  if (r != CUDA_SUCCESS) {
+    char what[320];
+    rlk_format(what, sizeof what, "cuModuleGetFunction(\"%s\")", name);
+    return rlk_cuda_fail(RLK_ERR_BACKEND, what, r);
+  }
+  *fn = f;
+  return RLK_OK;
+}
+
+static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch_dims *dims,
+                              void *stream, void **args) {
+  cuda_state *s = state_of(self);
+  if (!fn || !dims)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: launch: NULL function or dims");
+  if (dims->shared_bytes > RLK_CUDA_DEFAULT_SHARED_LIMIT &&
+      dims->shared_bytes > (size_t)s->max_shared_optin)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "cuda: launch: %zu bytes of dynamic shared memory exceed the device's "
+                     "limit of %d",
+                     dims->shared_bytes, s->max_shared_optin);
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUfunction f = fn;
+  if (dims->shared_bytes > RLK_CUDA_DEFAULT_SHARED_LIMIT) {
+    /* Above 48 KiB a function must opt in before launch. The attribute is per function and
+     * idempotent, so setting it on each such launch is safe from any thread. */
+    CUresult r = s->drv->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            (int)dims->shared_bytes);
+    if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r);
+  }
+  CUresult r = s->drv->cuLaunchKernel(f, dims->grid[0], dims->grid[1], dims->grid[2],
+                                      dims->block[0], dims->block[1], dims->block[2],
+                                      (unsigned int)dims->shared_bytes, (CUstream)stream, args,
+                                      NULL);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernel", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out) {
+  cuda_state *s = state_of(self);
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: mem_alloc: out is NULL");
+  *out = NULL;
+  if (bytes == 0) return RLK_OK; /* the driver rejects 0; NULL frees as a no-op */
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUdeviceptr p = 0;
+  CUresult r = s->drv->cuMemAlloc(&p, bytes);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return rlk_cuda_fail(RLK_ERR_OUT_OF_MEMORY, "cuMemAlloc", r);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemAlloc", r);
+  *out = (void *)(uintptr_t)p;
+  return RLK_OK;
+}
+
+static rlk_status cuda_mem_free(rlk_backend_impl *self, void *ptr) {
+  cuda_state *s = state_of(self);
+  if (!ptr) return RLK_OK;
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuMemFree((CUdeviceptr)(uintptr_t)ptr);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemFree", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
+                                      size_t bytes) {
+  cuda_state *s = state_of(self);
+  if (bytes == 0) return RLK_OK;
+  if (!dst || !src)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_device: NULL pointer");
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyHtoD", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_copy_to_host(rlk_backend_impl *self, void *dst, const void *src,
+                                    size_t bytes) {
+  cuda_state *s = state_of(self);
+  if (bytes == 0) return RLK_OK;
+  if (!dst || !src)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_host: NULL pointer");
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyDtoH", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_mem_set(rlk_backend_impl *self, void *dst, int value, size_t bytes) {
+  cuda_state *s = state_of(self);
+  if (bytes == 0) return RLK_OK;
+  if (!dst) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: mem_set: NULL pointer");
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuMemsetD8((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, bytes);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemsetD8", r);
+  /* cuMemsetD8 may return before the fill lands; callers are promised a synchronous fill. */
+  r = s->drv->cuStreamSynchronize(NULL);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_synchronize(rlk_backend_impl *self, void *stream) {
+  cuda_state *s = state_of(self);
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuStreamSynchronize((CUstream)stream);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_event_create(rlk_backend_impl *self, void **event) {
+  cuda_state *s = state_of(self);
+  if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_create: event is NULL");
+  *event = NULL;
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUevent e = NULL;
+  CUresult r = s->drv->cuEventCreate(&e, CU_EVENT_DEFAULT);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventCreate", r);
+  *event = e;
+  return RLK_OK;
+}
+
+static rlk_status cuda_event_record(rlk_backend_impl *self, void *event, void *stream) {
+  cuda_state *s = state_of(self);
+  if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_record: event is NULL");
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuEventRecord((CUevent)event, (CUstream)stream);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventRecord", r);
+  return RLK_OK;
+}
+
+static rlk_status cuda_event_elapsed_ms(rlk_backend_impl *self, void *start, void *end,
+                                        float *ms) {
+  cuda_state *s = state_of(self);
+  if (!start || !end || !ms)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_elapsed_ms: NULL argument");
+  rlk_status st = make_current(s);
+  if (st != RLK_OK) return st;
+  CUresult r = s->drv->cuEventSynchronize((CUevent)end);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventSynchronize", r);
+  r = s->drv->cuEventElapsedTime(ms, (CUevent)start, (CUevent)end);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventElapsedTime", r);
+  return RLK_OK;
+}
+
+static void cuda_event_destroy(rlk_backend_impl *self, void *event) {
+  cuda_state *s = state_of(self);
+  if (!event) return;
+  if (make_current(s) != RLK_OK) return;
+  s->drv->cuEventDestroy((CUevent)event);
+}
+
+static void cuda_destroy(rlk_backend_impl *self) {
+  if (!self) return;
+  cuda_state *s = state_of(self);
+  if (s) {
+    /* The primary context is reference counted: other users in the process keep theirs. */
+    if (s->ctx) s->drv->cuDevicePrimaryCtxRelease(s->device);
+    free(s);
+  }
+  free(self);
+}
+
+/* ---- targets ---------------------------------------------------------------------- */
+
+void rlk_cuda_target_for(int major, int minor, char *buf, size_t size) {
+  if (!buf || size == 0) return;
+  /* The arch-specific ("a") targets unlock TMA/wgmma on 9.0 and tcgen05 on 10.x; code
+   * built for them runs only on that exact major.minor, which is what a JIT wants. */
+  int arch_specific = (major == 9 && minor == 0) || major == 10;
+  rlk_format(buf, size, "sm_%d%d%s", major, minor, arch_specific ? "a" : "");
+}
+
+/* RLK_ARCH overrides the device's target (for testing a target or working around a
+ * driver); a value naming another vendor's target is ignored with a warning. */
+static rlk_status apply_arch_override(rlk_device_info *info) {
+  const char *arch = rlk_env("RLK_ARCH");
+  if (!arch) return RLK_OK;
+  if (strncmp(arch, "sm_", 3) != 0 && strncmp(arch, "compute_", 8) != 0) {
+    rlk_warn("cuda: RLK_ARCH=%s is not a CUDA target; using %s", arch, info->target);
+    return RLK_OK;
+  }
+  if (strlen(arch) >= sizeof info->target)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "RLK_ARCH: '%s' is too long", arch);
+  rlk_info("cuda: RLK_ARCH=%s overrides the device target %s", arch, info->target);
+  rlk_format(info->target, sizeof info->target, "%s", arch);
+  return RLK_OK;
+}
+
+/* ---- opening ---------------------------------------------------------------------- */
+
+/* Reads the device description into info; the context is current. */
+static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
+  const rlk_cuda_driver *d = s->drv;
+  CUresult r;
+  char name[sizeof info->name];
+  if ((r = d->cuDeviceGetName(name, (int)sizeof name, s->device)) != CUDA_SUCCESS)
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDeviceGetName", r);
+  name[sizeof name - 1] = '\0';
+  rlk_format(info->name, sizeof info->name, "%s", name);
+  int major = 0, minor = 0, sms = 0, optin = 0;
+  if ((r = d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                   s->device)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                   s->device)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, s->device)) !=
+          CUDA_SUCCESS)
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDeviceGetAttribute", r);
+  if (d->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                              s->device) != CUDA_SUCCESS ||
+      optin < (int)RLK_CUDA_DEFAULT_SHARED_LIMIT)
+    optin = (int)RLK_CUDA_DEFAULT_SHARED_LIMIT;
+  s->max_shared_optin = optin;
+  size_t total = 0;
+  if ((r = d->cuDeviceTotalMem(&total, s->device)) != CUDA_SUCCESS)
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDeviceTotalMem", r);
+  info->compute_major = major;
+  info->compute_minor = minor;
+  info->multiprocessors = sms;
+  info->total_memory = total;
+  info->compile_only = 0;
+  rlk_cuda_target_for(major, minor, info->target, sizeof info->target);
+  return apply_arch_override(info);
+}
+
+static rlk_status open_device(int ordinal, cuda_state *s) {
+  rlk_status st = rlk_cuda_driver_load(&s->drv);
+  if (st != RLK_OK) return st;
+  const rlk_cuda_driver *d = s->drv;
+  CUresult r = d->cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    /* No device, a stub library, a driver/kernel-module mismatch: all mean "no CUDA here". */
+    return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuInit", r);
+  }
+  int count = 0;
+  r = d->cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDeviceGetCount", r);
+  if (count <= 0) return rlk_error(RLK_ERR_UNAVAILABLE, "cuda: no CUDA device is present");
+  if (ordinal >= count)
+    return rlk_error(RLK_ERR_UNAVAILABLE, "cuda: device %d requested, but only %d present",
+                     ordinal, count);
+  if ((r = d->cuDeviceGet(&s->device, ordinal)) != CUDA_SUCCESS)
+    return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDeviceGet", r);
+  if ((r = d->cuDevicePrimaryCtxRetain(&s->ctx, s->device)) != CUDA_SUCCESS) {
+    s->ctx = NULL;
+    return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDevicePrimaryCtxRetain", r);
+  }
+  if ((r = d->cuCtxSetCurrent(s->ctx)) != CUDA_SUCCESS)
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
+  s->ordinal = ordinal;
+  return RLK_OK;
+}
+
+rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: out is NULL");
+  *out = NULL;
+  if (ordinal < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: device ordinal %d is negative", ordinal);
+  rlk_backend_impl *b = calloc(1, sizeof *b);
+  cuda_state *s = calloc(1, sizeof *s);
+  if (!b || !s) {
+    free(b);
+    free(s);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "cuda: out of memory opening the backend");
+  }
+  b->impl = s;
+  rlk_status st = open_device(ordinal, s);
+  if (st == RLK_OK) st = describe_device(s, &b->info);
+  if (st != RLK_OK) {
+    cuda_destroy(b);
+    return st;
+  }
+  b->kind = RLK_BACKEND_CUDA;
+  b->name = "cuda";
+  b->module_load = cuda_module_load;
+  b->module_unload = cuda_module_unload;
+  b->get_function = cuda_get_function;
+  b->launch = cuda_launch;
+  b->mem_alloc = cuda_mem_alloc;
+  b->mem_free = cuda_mem_free;
+  b->copy_to_device = cuda_copy_to_device;
+  b->copy_to_host = cuda_copy_to_host;
+  b->mem_set = cuda_mem_set;
+  b->synchronize = cuda_synchronize;
+  b->event_create = cuda_event_create;
+  b->event_record = cuda_event_record;
+  b->event_elapsed_ms = cuda_event_elapsed_ms;
+  b->event_destroy = cuda_event_destroy;
+  b->destroy = cuda_destroy;
+  rlk_debug("cuda: device %d: %s, cc %d.%d, %d SMs, target %s", ordinal, b->info.name,
+            b->info.compute_major, b->info.compute_minor, b->info.multiprocessors,
+            b->info.target);
+  *out = b;
+  return RLK_OK;
+}
