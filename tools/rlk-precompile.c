@@ -60,7 +60,7 @@ static void usage(FILE *out) {
           "                    and the line expands to the cross product of its lists:\n"
           "                    \"group_advantage mode=grpo,rloo group_size=4,8\" is 4 configurations.\n"
           "  --out DIR         the cache root to write (default: the user cache root)\n"
-          "  -j, --jobs N      worker processes (default: the number of CPUs)\n"
+          "  -j, --jobs N      worker processes (default: RLK_JIT_WORKERS, else the number of CPUs)\n"
           "  --shard i/n       keep only the items whose index %% n == i (0 <= i < n), so an\n"
           "                    array job splits the work, e.g. in Slurm:\n"
           "                    --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT\n"
@@ -1075,6 +1075,13 @@ static int precompile_main(int argc, char **argv) {
     unsetenv("RLK_CACHE_RO_DIRS");
   }
 
+  if (jobs == 0) {
+    const char *w = getenv("RLK_JIT_WORKERS");
+    if (w && *w && parse_int(w, 1, 1024, &jobs)) {
+      fprintf(stderr, "%s: RLK_JIT_WORKERS=%s is not a number in [1, 1024]\n", prog, w);
+      return 2;
+    }
+  }
   if (jobs == 0) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     jobs = cpus > 0 ? cpus : 1;

@@ -45,7 +45,10 @@ rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const 
     const char *name = candidates[i];
     if (!name || !*name) continue;
     dlerror();
-    void *handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    /* NODELETE: NVRTC, hiprtc and the drivers carry their own C++ runtimes, thread-local state
+     * and atexit handlers; unloading them while the process runs is unsafe, and their
+     * load-time allocations must stay reachable. dlclose then only drops a reference. */
+    void *handle = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!handle) {
       const char *why = dlerror();
       /* The loader repeats the name in its message; keep only what follows it. */
