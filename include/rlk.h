@@ -243,7 +243,7 @@ typedef enum rlk_advantage_mode {
 } rlk_advantage_mode;
 
 typedef enum rlk_singleton_policy {
-  /* A one-member group uses mean 0 and std 1 (verl): grpo gives s / (1 + eps),
+  /* A one-member group uses mean 0 and std 1 (verl): grpo and batch-std give s / (1 + eps),
    * mean-only and rloo give s. */
   RLK_SINGLETON_MEAN0_STD1 = 0,
   /* A one-member group gets advantage 0. */
@@ -266,7 +266,9 @@ typedef struct rlk_group_advantage_args {
   /* Output: [B] f32 per-sequence advantages (contiguous). */
   rlk_tensor advantages;
   /* Optional: mask [B, T] (bool, i32 or f32) and token_advantages [B, T] f32 output,
-   * token_advantages[b, t] = advantages[b] * mask[b, t] (advantages[b] where mask is absent). */
+   * token_advantages[b, t] = advantages[b] * mask[b, t] (advantages[b] where mask is absent).
+   * Where the mask is 0 the token is left out of the row sum and its output is exactly 0.
+   * Rows of scores, mask and token_advantages are contiguous; their row strides may exceed T. */
   rlk_tensor mask;
   rlk_tensor token_advantages;
 } rlk_group_advantage_args;
@@ -276,7 +278,10 @@ typedef struct rlk_group_advantage_args {
 RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
 
 /* Computes group-normalized advantages (GRPO, Dr. GRPO, RLOO, batch-std) on `stream`.
- * Deterministic: the same inputs give bitwise the same outputs on the same device. */
+ * Deterministic: the same inputs give bitwise the same outputs on the same device.
+ * group_offsets values are checked in full on the host backend; on a GPU they are device
+ * memory and only their shape is checked (reading them would synchronize): bad values never
+ * cause an out-of-bounds access, but the advantages are then unspecified. */
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream);
 

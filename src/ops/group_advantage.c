@@ -1,0 +1,578 @@
+/* group_advantage.c - GRPO-family group advantages: validation, variant selection, launches.
+ *
+ * A call launches up to three kernels (templates/cuda/group_advantage.cuh, templates/host/):
+ *   1. rowsum     only for [B, T] scores: per-row sums under the mask, written as f32 into the
+ *                 advantages output, which the next kernel then reads in place;
+ *   2. group      per-group statistics and the advantages: always;
+ *   3. broadcast  only when token_advantages is given.
+ * Per-sequence scores with no broadcast are one launch.
+ *
+ * Numerics: group statistics are two-pass (mean, then the mean squared deviation) in the
+ * precision of what the group kernel reads: f64 for 1-D f64 scores, f32 otherwise (row sums of
+ * [B, T] rewards accumulate in the reward type and are rounded to f32). Reductions have a fixed
+ * order: results are bitwise reproducible on one device for one shape.
+ *
+ * Group offsets: on the host backend they are checked in full before the launch. On a GPU they
+ * are device memory, and reading them would synchronize the stream, so only their shape is
+ * checked; the kernel clamps every offset into [0, B], so bad offsets cannot make it access
+ * memory out of bounds (members no group covers are then left unwritten).
+ *
+ * The variant selection (ga_select) is the single function both a real call and rlk_precompile
+ * (the op's `plan`) go through, so precompiling a configuration builds exactly what the call
+ * will look up. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Templates                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/* Choice names: the index of each is the enum value the templates see. */
+static const char *const ga_mode_names[] = {"grpo", "mean-only", "rloo", "batch-std", NULL};
+static const char *const ga_singleton_names[] = {"mean0-std1", "zero", NULL};
+static const char *const ga_mask_names[] = {"none", "bool", "i32", "f32", NULL};
+static const char *const ga_offsets_names[] = {"fixed", "i32", "i64", NULL};
+
+enum { GA_MASK_NONE = 0, GA_MASK_BOOL = 1, GA_MASK_I32 = 2, GA_MASK_F32 = 3 };
+enum { GA_OFFSETS_FIXED = 0, GA_OFFSETS_I32 = 1, GA_OFFSETS_I64 = 2 };
+
+/* Fixed group sizes up to this are baked into the kernel (unrolled, constant bounds); larger
+ * ones are passed at run time so one kernel serves them all. */
+#define GA_MAX_BAKED_GROUP 1024
+/* Threads that share one large group (a block). */
+#define GA_MAX_SEG 256
+
+#define GA_SCORE_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
+
+static const rlk_param_decl ga_rowsum_params[] = {
+    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mask_names},
+};
+
+static const rlk_param_decl ga_group_params[] = {
+    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
+    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mode_names},
+    {"group", RLK_PARAM_INT, 0, GA_MAX_BAKED_GROUP, 0, 0, NULL}, /* 0: at run time */
+    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},                  /* threads per group */
+    {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, ga_offsets_names},
+};
+
+static const rlk_param_decl ga_broadcast_params[] = {
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mask_names},
+};
+
+static const rlk_template ga_rowsum_tmpl = {
+    "group_advantage", "group_advantage_rowsum", "cuda/group_advantage.cuh",
+    "host/group_advantage_rowsum.c", sizeof ga_rowsum_params / sizeof ga_rowsum_params[0],
+    ga_rowsum_params};
+
+static const rlk_template ga_group_tmpl = {
+    "group_advantage", "group_advantage_group", "cuda/group_advantage.cuh",
+    "host/group_advantage_group.c", sizeof ga_group_params / sizeof ga_group_params[0],
+    ga_group_params};
+
+static const rlk_template ga_broadcast_tmpl = {
+    "group_advantage", "group_advantage_broadcast", "cuda/group_advantage.cuh",
+    "host/group_advantage_broadcast.c", sizeof ga_broadcast_params / sizeof ga_broadcast_params[0],
+    ga_broadcast_params};
+
+/* ---------------------------------------------------------------------------------- */
+/* Variant selection (shared by calls and precompiling)                                */
+/* ---------------------------------------------------------------------------------- */
+
+/* What selects the kernels: everything about a call except sizes and pointers. */
+typedef struct ga_config {
+  int mode;           /* rlk_advantage_mode */
+  int64_t group_size; /* > 0 fixed, 0 with offsets */
+  rlk_dtype offsets;  /* RLK_I32 / RLK_I64 when group_size == 0 */
+  rlk_dtype scores;   /* RLK_F32 / RLK_F64 */
+  int scores_2d;
+  int mask; /* GA_MASK_* */
+  int unbiased;
+  int singleton; /* rlk_singleton_policy */
+  int broadcast;
+} ga_config;
+
+/* The kernels of one call, in launch order. */
+typedef struct ga_plan {
+  rlk_kernel_spec rowsum, group, broadcast;
+  int has_rowsum, has_broadcast;
+  int seg; /* threads per group in the group kernel */
+} ga_plan;
+
+static int ga_warp_size(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
+
+static int64_t ga_next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+static int ga_mask_kind(rlk_dtype d) {
+  switch (d) {
+  case RLK_BOOL:
+    return GA_MASK_BOOL;
+  case RLK_I32:
+    return GA_MASK_I32;
+  case RLK_F32:
+    return GA_MASK_F32;
+  default:
+    return GA_MASK_NONE;
+  }
+}
+
+/* The one place that turns a configuration into kernel specs for a backend.
+ *   fixed G <= 1024 is baked in (host and GPU alike); larger G and offsets are run-time values;
+ *   GPU threads per group: the next power of two of G up to a warp (several groups per warp),
+ *   else up to 256 threads of a block; uneven groups take a warp each; the host uses 1. */
+static rlk_status ga_select(rlk_backend kind, const ga_config *c, ga_plan *p) {
+  memset(p, 0, sizeof *p);
+  const int host = kind == RLK_BACKEND_HOST;
+  const int warp = ga_warp_size(kind);
+  int64_t baked = 0, seg;
+  if (c->group_size > 0) {
+    baked = c->group_size <= GA_MAX_BAKED_GROUP ? c->group_size : 0;
+    if (host)
+      seg = 1;
+    else if (c->group_size <= warp)
+      seg = ga_next_pow2(c->group_size);
+    else
+      seg = c->group_size >= GA_MAX_SEG ? GA_MAX_SEG : ga_next_pow2(c->group_size);
+  } else {
+    seg = host ? 1 : warp;
+  }
+  int offsets = GA_OFFSETS_FIXED;
+  if (c->group_size == 0) offsets = c->offsets == RLK_I32 ? GA_OFFSETS_I32 : GA_OFFSETS_I64;
+
+  if (c->scores_2d) {
+    p->has_rowsum = 1;
+    p->rowsum.tmpl = &ga_rowsum_tmpl;
+    p->rowsum.values[0] = c->scores;
+    p->rowsum.values[1] = c->mask;
+  }
+  p->group.tmpl = &ga_group_tmpl;
+  p->group.values[0] = c->scores_2d ? RLK_F32 : c->scores; /* the row sums are f32 */
+  p->group.values[1] = c->mode;
+  p->group.values[2] = baked;
+  p->group.values[3] = seg;
+  p->group.values[4] = offsets;
+  p->seg = (int)seg;
+  if (c->broadcast) {
+    p->has_broadcast = 1;
+    p->broadcast.tmpl = &ga_broadcast_tmpl;
+    p->broadcast.values[0] = c->mask;
+  }
+  rlk_status st = p->has_rowsum ? rlk_spec_validate(&p->rowsum) : RLK_OK;
+  if (!st) st = rlk_spec_validate(&p->group);
+  if (!st && p->has_broadcast) st = rlk_spec_validate(&p->broadcast);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static int ga_choice(const char *const *names, const char *value) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(names[i], value)) return i;
+  return -1;
+}
+
+static rlk_status ga_parse_flag(const char *name, const char *value, int *out) {
+  if (!strcmp(value, "0") || !strcmp(value, "1")) {
+    *out = value[0] == '1';
+    return RLK_OK;
+  }
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", name, value);
+}
+
+static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
+                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: ctx is NULL");
+  if (!specs || !nspecs)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: no room for the specs");
+  ga_config c = {RLK_ADV_GRPO, 16, RLK_DTYPE_INVALID, RLK_F32, 0, GA_MASK_NONE, 1,
+                 RLK_SINGLETON_MEAN0_STD1, 0};
+  int have_group_size = 0, have_offsets = 0;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    rlk_status st = RLK_OK;
+    int k;
+    if (!strcmp(n, "mode")) {
+      if ((k = ga_choice(ga_mode_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "mode: '%s' is not grpo, mean-only, rloo or batch-std", v);
+      c.mode = k;
+    } else if (!strcmp(n, "group_size")) {
+      char *end = NULL;
+      long long g = strtoll(v, &end, 10);
+      if (!*v || *end || g < 0 || g > ((int64_t)1 << 40))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "group_size: '%s' is not an integer >= 0 (0: uneven groups by offsets)", v);
+      c.group_size = g;
+      have_group_size = 1;
+    } else if (!strcmp(n, "offsets")) {
+      if (!strcmp(v, "i32"))
+        c.offsets = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        c.offsets = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
+      have_offsets = 1;
+    } else if (!strcmp(n, "scores")) {
+      if (!strcmp(v, "f32"))
+        c.scores = RLK_F32;
+      else if (!strcmp(v, "f64"))
+        c.scores = RLK_F64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "scores: '%s' is not f32 or f64", v);
+    } else if (!strcmp(n, "scores_2d")) {
+      st = ga_parse_flag(n, v, &c.scores_2d);
+    } else if (!strcmp(n, "mask")) {
+      if ((k = ga_choice(ga_mask_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
+      c.mask = k;
+    } else if (!strcmp(n, "unbiased")) {
+      st = ga_parse_flag(n, v, &c.unbiased);
+    } else if (!strcmp(n, "singleton")) {
+      if ((k = ga_choice(ga_singleton_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: '%s' is not mean0-std1 or zero", v);
+      c.singleton = k;
+    } else if (!strcmp(n, "broadcast")) {
+      st = ga_parse_flag(n, v, &c.broadcast);
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "group_advantage: unknown setting '%s' (known: mode group_size offsets "
+                       "scores scores_2d mask unbiased singleton broadcast)",
+                       n);
+    }
+    if (st) return st;
+  }
+  if (have_offsets && !have_group_size) c.group_size = 0;
+  if (have_offsets && c.group_size > 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "offsets: only with group_size=0 (groups are either fixed or by offsets)");
+  if (c.group_size == 0 && !have_offsets) c.offsets = RLK_I64;
+  if (c.mask != GA_MASK_NONE && !c.scores_2d && !c.broadcast)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: needs scores_2d=1 or broadcast=1");
+
+  ga_plan p;
+  rlk_status st = ga_select(ctx->kind, &c, &p);
+  if (st) return st;
+  size_t n = 0;
+  if (p.has_rowsum) specs[n++] = p.rowsum;
+  specs[n++] = p.group;
+  if (p.has_broadcast) specs[n++] = p.broadcast;
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char ga_help[] =
+    "mode: grpo|mean-only|rloo|batch-std (grpo)\n"
+    "group_size: fixed group size >= 1, or 0 for uneven groups given by group_offsets (16)\n"
+    "offsets: i32|i64, the group_offsets dtype; implies group_size=0 (i64 when group_size=0)\n"
+    "scores: f32|f64 (f32)\n"
+    "scores_2d: 0|1, scores are [B, T] token rewards summed per row under the mask (0)\n"
+    "mask: none|bool|i32|f32, the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1 (none)\n"
+    "unbiased: 0|1, std with N - 1; a run-time value, the same kernels (1)\n"
+    "singleton: mean0-std1|zero, what a one-member group gets; a run-time value (mean0-std1)\n"
+    "broadcast: 0|1, also write token_advantages [B, T] (0)\n";
+
+static const char *const ga_samples[] = {
+    /* the common shape: a lane segment per group, G baked; row sums and a broadcast, no mask */
+    "group_advantage mode=grpo group_size=16 scores_2d=1 broadcast=1",
+    /* per-sequence f64 scores; G beyond a CUDA warp (a block per group there) */
+    "group_advantage mode=mean-only group_size=64 scores=f64",
+    /* uneven groups (both offset dtypes), f32 and f64, 1-D and 2-D */
+    "group_advantage mode=rloo offsets=i32 scores_2d=1 mask=f32 broadcast=1",
+    "group_advantage mode=batch-std offsets=i64 scores=f64",
+    /* f64 token rewards under a bool mask */
+    "group_advantage mode=grpo group_size=16 scores=f64 scores_2d=1 mask=bool broadcast=1",
+    /* a run-time G (> 1024): a block per group, batch statistics */
+    "group_advantage mode=batch-std group_size=2048 scores_2d=1 mask=i32 broadcast=1",
+    NULL};
+
+const rlk_op_desc rlk_op_group_advantage = {"group_advantage", ga_help, ga_plan_config, ga_samples};
+
+/* ---------------------------------------------------------------------------------- */
+/* The call                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->group_size = 0;
+  args->mode = RLK_ADV_GRPO;
+  args->eps = 1e-6f;
+  args->unbiased = 1;
+  args->singleton = RLK_SINGLETON_MEAN0_STD1;
+}
+
+/* A [B, T] tensor whose rows are contiguous (row stride >= T, or any when B == 1). */
+static rlk_status ga_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {
+  rlk_status st = rlk_check_ndim(t, what, 2, 2);
+  if (st) return st;
+  if (t->shape[0] != B || t->shape[1] != T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
+                     what, (long long)t->shape[0], (long long)t->shape[1], (long long)B,
+                     (long long)T);
+  if (T > 1 && t->strides[1] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
+                     (long long)t->strides[1]);
+  if (B > 1 && t->strides[0] < T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
+                     what, (long long)t->strides[0], (long long)T);
+  return RLK_OK;
+}
+
+/* Full checks of host-resident offsets: first 0, last B, every group non-empty. */
+static rlk_status ga_check_offsets_values(const rlk_tensor *o, int64_t num_groups, int64_t B) {
+  int64_t prev = 0;
+  for (int64_t g = 0; g <= num_groups; g++) {
+    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[g * o->strides[0]]
+                                          : ((const int64_t *)o->data)[g * o->strides[0]];
+    if (g == 0 && v != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: first offset is %lld, not 0",
+                       (long long)v);
+    if (g > 0 && v <= prev)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "group_offsets: offset[%lld] = %lld after %lld (groups must be non-empty "
+                       "and offsets increasing)",
+                       (long long)g, (long long)v, (long long)prev);
+    prev = v;
+  }
+  if (prev != B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: last offset is %lld, not B = %lld",
+                     (long long)prev, (long long)B);
+  return RLK_OK;
+}
+
+/* Sizes and pointers of a validated call. */
+typedef struct ga_call {
+  int64_t B, T, num_groups;
+} ga_call;
+
+static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_args *a,
+                              ga_config *c, ga_call *k) {
+  memset(c, 0, sizeof *c);
+  memset(k, 0, sizeof *k);
+  rlk_status st;
+  /* scores */
+  if ((st = rlk_check_tensor(&a->scores, "scores", 1))) return st;
+  if ((st = rlk_check_dtype(&a->scores, "scores", GA_SCORE_DTYPES))) return st;
+  if ((st = rlk_check_ndim(&a->scores, "scores", 1, 2))) return st;
+  const int64_t B = a->scores.shape[0];
+  int64_t T = 0;
+  c->scores = a->scores.dtype;
+  c->scores_2d = a->scores.ndim == 2;
+  if (c->scores_2d) {
+    T = a->scores.shape[1];
+    if ((st = ga_check_rows(&a->scores, "scores", B, T))) return st;
+  }
+
+  /* mode, eps, policies */
+  if ((int)a->mode < RLK_ADV_GRPO || (int)a->mode > RLK_ADV_BATCH_STD)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_advantage_mode",
+                     (int)a->mode);
+  if ((int)a->singleton < RLK_SINGLETON_MEAN0_STD1 || (int)a->singleton > RLK_SINGLETON_ZERO)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: %d is not an rlk_singleton_policy",
+                     (int)a->singleton);
+  if (!(a->eps >= 0.0f) || isinf(a->eps))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", (double)a->eps);
+  c->mode = (int)a->mode;
+  c->singleton = (int)a->singleton;
+  c->unbiased = a->unbiased != 0;
+
+  /* groups */
+  if (a->group_size < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld is negative",
+                     (long long)a->group_size);
+  if (a->group_size > 0 && a->group_offsets.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "group_size and group_offsets: give exactly one (group_size is %lld and "
+                     "group_offsets is present)",
+                     (long long)a->group_size);
+  if (a->group_size == 0 && !a->group_offsets.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "group_size and group_offsets: give exactly one (group_size is 0 and "
+                     "group_offsets is absent)");
+  c->group_size = a->group_size;
+  if (a->group_size > 0) {
+    if (B % a->group_size != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld does not divide B = %lld",
+                       (long long)a->group_size, (long long)B);
+    k->num_groups = B / a->group_size;
+  } else {
+    const rlk_tensor *o = &a->group_offsets;
+    if ((st = rlk_check_tensor(o, "group_offsets", 1))) return st;
+    if ((st = rlk_check_dtype(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))))
+      return st;
+    if ((st = rlk_check_ndim(o, "group_offsets", 1, 1))) return st;
+    if ((st = rlk_check_contiguous(o, "group_offsets"))) return st;
+    if (o->shape[0] < 2)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "group_offsets: %lld entries, need num_groups + 1 >= 2",
+                       (long long)o->shape[0]);
+    k->num_groups = o->shape[0] - 1;
+    if (k->num_groups > B)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "group_offsets: %lld groups for B = %lld sequences (groups must be "
+                       "non-empty)",
+                       (long long)k->num_groups, (long long)B);
+    if (o->dtype == RLK_I32 && B > INT32_MAX)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: i32 cannot index B = %lld",
+                       (long long)B);
+    if (ctx->kind == RLK_BACKEND_HOST && (st = ga_check_offsets_values(o, k->num_groups, B)))
+      return st;
+    c->offsets = o->dtype;
+  }
+
+  /* advantages */
+  if ((st = rlk_check_tensor(&a->advantages, "advantages", 1))) return st;
+  if ((st = rlk_check_dtype(&a->advantages, "advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
+  if ((st = rlk_check_ndim(&a->advantages, "advantages", 1, 1))) return st;
+  if (a->advantages.shape[0] != B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "advantages: shape [%lld], expected [%lld] (B)",
+                     (long long)a->advantages.shape[0], (long long)B);
+  if ((st = rlk_check_contiguous(&a->advantages, "advantages"))) return st;
+
+  /* token_advantages and mask */
+  const int has_mask = a->mask.data != NULL, has_tok = a->token_advantages.data != NULL;
+  if (has_tok) {
+    const rlk_tensor *t = &a->token_advantages;
+    if ((st = rlk_check_tensor(t, "token_advantages", 1))) return st;
+    if ((st = rlk_check_dtype(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
+    if ((st = rlk_check_ndim(t, "token_advantages", 2, 2))) return st;
+    if (c->scores_2d && t->shape[1] != T)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "token_advantages: %lld columns, but scores has T = %lld",
+                       (long long)t->shape[1], (long long)T);
+    if (!c->scores_2d) T = t->shape[1];
+    if ((st = ga_check_rows(t, "token_advantages", B, T))) return st;
+    c->broadcast = 1;
+  }
+  if (has_mask) {
+    if (!c->scores_2d && !has_tok)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "mask: given, but scores are 1-D and token_advantages is absent");
+    if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
+    if ((st = rlk_check_dtype(&a->mask, "mask",
+                              RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) |
+                                  RLK_DTYPE_BIT(RLK_F32))))
+      return st;
+    if ((st = ga_check_rows(&a->mask, "mask", B, T))) return st;
+    c->mask = ga_mask_kind(a->mask.dtype);
+  }
+  k->B = B;
+  k->T = T;
+  return RLK_OK;
+}
+
+static unsigned ga_min_u(int64_t a, int64_t b) { return (unsigned)(a < b ? a : b); }
+
+static rlk_launch_dims ga_dims(unsigned gx, unsigned gy, unsigned block) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = gx ? gx : 1;
+  d.grid[1] = gy ? gy : 1;
+  d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = 1;
+  d.block[2] = 1;
+  return d;
+}
+
+RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
+                                       void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: args is NULL");
+  ga_config c;
+  ga_call k;
+  rlk_status st = ga_validate(ctx, args, &c, &k);
+  if (st) return st;
+  if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
+  ga_plan p;
+  if ((st = ga_select(ctx->kind, &c, &p))) return st;
+
+  const int host = ctx->kind == RLK_BACKEND_HOST;
+  const int warp = ga_warp_size(ctx->kind);
+  const int64_t B = k.B, T = k.T;
+  float *adv = (float *)args->advantages.data;
+
+  /* 1. row sums into advantages: a block per row, wider for long rows */
+  if (p.has_rowsum) {
+    const void *rewards = args->scores.data, *mask = args->mask.data;
+    int64_t rstride = B > 1 ? args->scores.strides[0] : T;
+    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
+    int64_t b = B, t = T;
+    void *kargs[] = {&rewards, &rstride, &mask, &mstride, &adv, &b, &t};
+    unsigned block = T >= 8192 ? 256 : (T >= 2048 ? 128 : 64);
+    if (block < (unsigned)warp) block = (unsigned)warp;
+    rlk_launch_dims d = host ? ga_dims(1, 1, 1) : ga_dims(ga_min_u(B, 1 << 20), 1, block);
+    if ((st = rlk_context_launch(ctx, &p.rowsum, &d, stream, kargs))) return st;
+  }
+
+  /* 2. group statistics and advantages */
+  {
+    const void *scores = c.scores_2d ? (const void *)adv : args->scores.data;
+    int64_t stride = c.scores_2d ? 1 : args->scores.strides[0];
+    if (B == 1) stride = 1;
+    const void *offsets = args->group_offsets.data;
+    int64_t b = B, gsize = c.group_size, ngroups = k.num_groups;
+    float eps = args->eps;
+    int unbiased = c.unbiased, singleton = c.singleton;
+    void *kargs[] = {&scores, &stride,  &adv, &b,        &gsize,
+                     &ngroups, &offsets, &eps, &unbiased, &singleton};
+    rlk_launch_dims d;
+    if (host) {
+      d = ga_dims(1, 1, 1);
+    } else if (p.seg > warp) {
+      /* a block per group; batch-std blocks each recompute the batch statistics, so few */
+      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? 64 : 65535;
+      d = ga_dims(ga_min_u(ngroups, cap), 1, (unsigned)p.seg);
+    } else {
+      /* several groups per block: 4 warps (128 threads, 256 on HIP), or 1024 threads for
+       * batch-std (fewer blocks redo the batch statistics) */
+      unsigned block = c.mode == RLK_ADV_BATCH_STD ? 1024 : (unsigned)(4 * warp);
+      const int64_t per_block = block / p.seg;
+      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? 64 : 65535;
+      int64_t blocks = (ngroups + per_block - 1) / per_block;
+      if (c.mode != RLK_ADV_BATCH_STD) {
+        /* shrink a lone block to what it needs (whole warps) */
+        const int64_t need = ngroups * p.seg;
+        if (blocks == 1 && need < block) block = (unsigned)(((need + warp - 1) / warp) * warp);
+      }
+      d = ga_dims(ga_min_u(blocks, cap), 1, block);
+    }
+    if ((st = rlk_context_launch(ctx, &p.group, &d, stream, kargs))) return st;
+  }
+
+  /* 3. broadcast over tokens */
+  if (p.has_broadcast) {
+    const void *mask = args->mask.data;
+    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
+    float *out = (float *)args->token_advantages.data;
+    int64_t ostride = B > 1 ? args->token_advantages.strides[0] : T;
+    int64_t b = B, t = T;
+    void *kargs[] = {&adv, &mask, &mstride, &out, &ostride, &b, &t};
+    /* tiles of 4 x 256 four-element chunks across a row (up to 1024), a row per grid.y */
+    const unsigned block = 256;
+    const int64_t tile = 4 * 4 * (int64_t)block;
+    rlk_launch_dims d = host ? ga_dims(1, 1, 1)
+                             : ga_dims(ga_min_u((T + tile - 1) / tile, 1024),
+                                       ga_min_u(B, 65535), block);
+    if ((st = rlk_context_launch(ctx, &p.broadcast, &d, stream, kargs))) return st;
+  }
+  return RLK_OK;
+}

@@ -1,0 +1,310 @@
+/* group_advantage.cuh - GRPO-family group advantages (grpo, mean-only, rloo, batch-std).
+ *
+ * Three entries, launched in this order by src/ops/group_advantage.c:
+ *   group_advantage_rowsum     [B, T] token rewards -> per-row sums under the mask, written
+ *                              as f32 into the advantages output (used as scratch)
+ *   group_advantage_group      per-group statistics and the advantages
+ *   group_advantage_broadcast  token_advantages[b, t] = advantages[b] * mask[b, t]
+ *
+ * Group statistics are two-pass (sum, then the sum of squared deviations) in the precision of
+ * the scores they read (f32 or f64); every reduction has a fixed order, so a result depends only
+ * on the inputs and the launch shape the host picks for them. Bad group offsets are clamped into
+ * [0, B]: they never cause an access out of bounds (members that no group covers are not written).
+ * The enum values below are the indices of the choice names in the op's parameter schema. */
+#ifndef RLK_GROUP_ADVANTAGE_CUH
+#define RLK_GROUP_ADVANTAGE_CUH
+
+#include "rlk_prelude.cuh"
+
+namespace rlk {
+namespace ga {
+
+enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3 };
+enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
+enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
+enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
+
+/* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
+template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
+  if (MASK == MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
+  if (MASK == MASK_I32) return (float)((const i32 *)mask)[i];
+  if (MASK == MASK_F32) return ((const float *)mask)[i];
+  return 1.0f;
+}
+
+/* [start, end) of group g, clamped into [0, B] and non-decreasing. */
+template <int G, int OFFSETS>
+RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i64 *start,
+                            i64 *end) {
+  if (OFFSETS == OFFSETS_FIXED) {
+    const i64 size = G > 0 ? (i64)G : group_size;
+    *start = g * size;
+    *end = *start + size;
+    return;
+  }
+  i64 a, b;
+  if (OFFSETS == OFFSETS_I32) {
+    a = ((const i32 *)offsets)[g];
+    b = ((const i32 *)offsets)[g + 1];
+  } else {
+    a = ((const i64 *)offsets)[g];
+    b = ((const i64 *)offsets)[g + 1];
+  }
+  a = min_(max_(a, (i64)0), B);
+  b = min_(max_(b, a), B);
+  *start = a;
+  *end = b;
+}
+
+/* Sum over the SEG threads that share a group: a lane segment of a warp, or the whole block. */
+template <int SEG, typename T> RLK_DEVICE T group_sum(T v, T *scratch) {
+  if constexpr (SEG <= RLK_WARP_SIZE) {
+    (void)scratch;
+    return segment_sum<SEG>(v);
+  } else {
+    return block_sum(v, scratch);
+  }
+}
+
+/* Four consecutive rewards from a 16-byte aligned address. */
+RLK_DEVICE void load4(const float *p, float v[4]) {
+  const f32x4 q = *(const f32x4 *)p;
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+RLK_DEVICE void load4(const double *p, double v[4]) {
+  const f64x2 a = ((const f64x2 *)p)[0], b = ((const f64x2 *)p)[1];
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = b.x;
+  v[3] = b.y;
+}
+
+/* Bytes per mask element (0: no mask). */
+template <int MASK> struct mask_bytes {
+  static constexpr int value = MASK == MASK_NONE ? 0 : (MASK == MASK_BOOL ? 1 : 4);
+};
+
+/* Can the four mask values at element i be read with one aligned load? */
+template <int MASK> RLK_DEVICE bool mask_vec_ok(const void *mask, i64 i) {
+  if (MASK == MASK_NONE) return true;
+  constexpr int nb = mask_bytes<MASK>::value;
+  return is_aligned<4 * nb>((const u8 *)mask + i * nb);
+}
+
+/* Four mask weights from element i (mask_vec_ok holds). */
+template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
+  if (MASK == MASK_BOOL) {
+    const u32 q = *(const u32 *)((const u8 *)mask + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
+  } else if (MASK == MASK_I32) {
+    const i32x4 q = *(const i32x4 *)((const i32 *)mask + i);
+    w[0] = (float)q.x;
+    w[1] = (float)q.y;
+    w[2] = (float)q.z;
+    w[3] = (float)q.w;
+  } else if (MASK == MASK_F32) {
+    const f32x4 q = *(const f32x4 *)((const float *)mask + i);
+    w[0] = q.x;
+    w[1] = q.y;
+    w[2] = q.z;
+    w[3] = q.w;
+  } else {
+    w[0] = w[1] = w[2] = w[3] = 1.0f;
+  }
+}
+
+} /* namespace ga */
+
+/* Chunks a thread has in flight at once in the row kernels. */
+#define RLK_GA_UNROLL 4
+
+/* Row sums of token rewards under the mask: out[b] = sum_t r[b, t] * m[b, t], where a zero
+ * mask value excludes the element (even a NaN reward). One block per row (rows grid-strided).
+ * Thread k owns the 4-element chunks k, k + blockDim.x, ... and adds their elements in that
+ * order (RLK_GA_UNROLL chunks are loaded before they are added); the threads' sums are combined
+ * by block_sum. Aligned rows load a chunk with vector loads, others element by element, in the
+ * same order: the result depends only on the values and blockDim.x. Accumulates in TS. */
+template <typename TS, int MASK>
+__global__ void group_advantage_rowsum(const TS *__restrict__ rewards, i64 reward_stride,
+                                       const void *__restrict__ mask, i64 mask_stride,
+                                       float *__restrict__ out, i64 B, i64 T) {
+  __shared__ TS scratch[RLK_MAX_WARPS];
+  const i64 chunks = (T + 3) / 4;
+  const i64 bd = blockDim.x;
+  for (i64 row = blockIdx.x; row < B; row += gridDim.x) {
+    const TS *r = rewards + row * reward_stride;
+    const i64 m0 = row * mask_stride;
+    const bool vec = is_aligned<16>(r) && ga::mask_vec_ok<MASK>(mask, m0);
+    TS acc = TS(0);
+    for (i64 c0 = threadIdx.x; c0 < chunks; c0 += RLK_GA_UNROLL * bd) {
+      TS v[RLK_GA_UNROLL][4];
+      float w[RLK_GA_UNROLL][4];
+#pragma unroll
+      for (int u = 0; u < RLK_GA_UNROLL; ++u) {
+        const i64 t = 4 * (c0 + u * bd);
+        if (vec && t + 4 <= T) {
+          ga::load4(r + t, v[u]);
+          ga::mask4<MASK>(mask, m0 + t, w[u]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            v[u][j] = t + j < T ? r[t + j] : TS(0);
+            w[u][j] = t + j < T ? ga::mask_at<MASK>(mask, m0 + t + j) : 0.0f;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < RLK_GA_UNROLL; ++u) {
+        const i64 t = 4 * (c0 + u * bd);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (MASK == ga::MASK_NONE) {
+            if (t + j < T) acc += v[u][j];
+          } else if (w[u][j] != 0.0f) {
+            acc += v[u][j] * (TS)w[u][j];
+          }
+        }
+      }
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) out[row] = (float)acc;
+  }
+}
+
+/* Group advantages. `unbiased` (0/1) and `singleton` (SINGLETON_*) are run-time values: they
+ * only change a divisor and the one-member branch, so baking them would multiply compiles for
+ * nothing. SEG threads share a group: a power of two; up to a warp they are an aligned
+ * lane segment (several groups per block), beyond that the whole block (blockDim.x == SEG).
+ * G > 0 bakes a fixed group size in; G == 0 reads group_size (OFFSETS_FIXED) or the offsets.
+ * Groups are grid-strided with a block-uniform loop, so every lane reaches every shuffle and
+ * barrier. scores may be the advantages buffer itself (in place): each element is read and
+ * written by one thread only, and batch statistics are complete (barrier) before any write.
+ * Batch-std: every block computes the batch mean and std itself (same order, same value). */
+template <typename TS, int MODE, int G, int SEG, int OFFSETS>
+__global__ void group_advantage_group(const TS *scores, i64 score_stride, float *adv, i64 B,
+                                      i64 group_size, i64 num_groups, const void *offsets,
+                                      float eps, int unbiased, int singleton) {
+  static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
+  constexpr bool kWholeBlock = SEG > RLK_WARP_SIZE;
+  __shared__ TS scratch[RLK_MAX_WARPS];
+  const TS e = (TS)eps;
+
+  TS batch_scale = TS(1);
+  if (MODE == ga::MODE_BATCH_STD) {
+    /* unrolled so that several loads are in flight; the additions stay in index order */
+    TS s = TS(0);
+#pragma unroll 8
+    for (i64 i = threadIdx.x; i < B; i += blockDim.x) s += scores[i * score_stride];
+    const TS mean = block_sum(s, scratch) / (TS)B;
+    TS q = TS(0);
+#pragma unroll 8
+    for (i64 i = threadIdx.x; i < B; i += blockDim.x) {
+      const TS d = scores[i * score_stride] - mean;
+      q += d * d;
+    }
+    q = block_sum(q, scratch);
+    batch_scale = sqrt_(q / (TS)(unbiased ? B - 1 : B)) + e;
+  }
+
+  const i64 segs = kWholeBlock ? 1 : (i64)(blockDim.x / SEG);
+  const i64 seg = kWholeBlock ? 0 : (i64)(threadIdx.x / SEG);
+  const i64 lane = kWholeBlock ? (i64)threadIdx.x : (i64)(threadIdx.x % SEG);
+
+  for (i64 base = (i64)blockIdx.x * segs; base < num_groups; base += (i64)gridDim.x * segs) {
+    const i64 g = base + seg;
+    i64 start = 0, end = 0;
+    if (g < num_groups) ga::group_range<G, OFFSETS>(g, B, group_size, offsets, &start, &end);
+    const i64 n = end - start;
+
+    TS sum = TS(0);
+    for (i64 i = start + lane; i < end; i += SEG) sum += scores[i * score_stride];
+    sum = ga::group_sum<SEG>(sum, scratch);
+    const TS mean = sum / (TS)n;
+
+    TS scale = TS(1);
+    if (MODE == ga::MODE_GRPO) {
+      TS q = TS(0);
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS d = scores[i * score_stride] - mean;
+        q += d * d;
+      }
+      q = ga::group_sum<SEG>(q, scratch);
+      scale = sqrt_(q / (TS)(unbiased ? n - 1 : n)) + e;
+    } else if (MODE == ga::MODE_BATCH_STD) {
+      scale = batch_scale;
+    }
+
+    for (i64 i = start + lane; i < end; i += SEG) {
+      const TS s = scores[i * score_stride];
+      TS a;
+      if (n == 1) {
+        if (singleton == ga::SINGLETON_ZERO)
+          a = TS(0);
+        else if (MODE == ga::MODE_GRPO || MODE == ga::MODE_BATCH_STD)
+          a = s / (TS(1) + e);
+        else
+          a = s;
+      } else if (MODE == ga::MODE_RLOO) {
+        a = s - (sum - s) / (TS)(n - 1);
+      } else if (MODE == ga::MODE_MEAN_ONLY) {
+        a = s - mean;
+      } else {
+        a = (s - mean) / scale;
+      }
+      adv[i] = (float)a;
+    }
+  }
+}
+
+/* token_advantages[b, t] = advantages[b] * mask[b, t]; exactly 0 where the mask is 0 (even for
+ * a non-finite advantage), advantages[b] where there is no mask. A thread writes RLK_GA_UNROLL
+ * 4-element chunks a blockDim.x apart (16-byte stores where the row is aligned), loading their
+ * mask values first; tiles of chunks over grid.x, rows over grid.y, both strided. */
+template <int MASK>
+__global__ void group_advantage_broadcast(const float *__restrict__ adv,
+                                          const void *__restrict__ mask, i64 mask_stride,
+                                          float *__restrict__ out, i64 out_stride, i64 B, i64 T) {
+  const i64 chunks = (T + 3) / 4;
+  const i64 bd = blockDim.x;
+  const i64 tile = RLK_GA_UNROLL * bd;
+  for (i64 row = blockIdx.y; row < B; row += gridDim.y) {
+    const float a = adv[row];
+    float *o = out + row * out_stride;
+    const i64 m0 = row * mask_stride;
+    const bool vec = is_aligned<16>(o) && ga::mask_vec_ok<MASK>(mask, m0);
+    for (i64 c0 = (i64)blockIdx.x * tile + threadIdx.x; c0 < chunks; c0 += (i64)gridDim.x * tile) {
+      float w[RLK_GA_UNROLL][4];
+#pragma unroll
+      for (int u = 0; u < RLK_GA_UNROLL; ++u) {
+        const i64 t = 4 * (c0 + u * bd);
+        if (vec && t + 4 <= T) {
+          ga::mask4<MASK>(mask, m0 + t, w[u]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[u][j] = t + j < T ? ga::mask_at<MASK>(mask, m0 + t + j) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < RLK_GA_UNROLL; ++u) {
+        const i64 t = 4 * (c0 + u * bd);
+        float q[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          q[j] = MASK == ga::MASK_NONE ? a : (w[u][j] != 0.0f ? a * w[u][j] : 0.0f);
+        if (vec && t + 4 <= T) {
+          store4(o + t, q[0], q[1], q[2], q[3]);
+        } else {
+          for (int j = 0; j < 4 && t + j < T; ++j) o[t + j] = q[j];
+        }
+      }
+    }
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_GROUP_ADVANTAGE_CUH */

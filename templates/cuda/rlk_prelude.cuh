@@ -1,0 +1,210 @@
+/* rlk_prelude.cuh - the device prelude every CUDA/HIP template includes.
+ *
+ * Templates are compiled by NVRTC and by hiprtc with no toolkit headers, so everything a
+ * kernel needs beyond the compilers' built-ins lives here: fixed-width integer names,
+ * 16-bit float storage types, numeric limits, math wrappers, and reductions whose
+ * summation order is fixed (bitwise reproducible run to run).
+ *
+ * Portability: under hiprtc (__HIPCC_RTC__, or RLK_HIPRTC) a wavefront is 64 lanes,
+ * shuffles take no mask, and there is no inline PTX. */
+#ifndef RLK_PRELUDE_CUH
+#define RLK_PRELUDE_CUH
+
+#if defined(__HIPCC_RTC__) || defined(__HIPCC__) || defined(RLK_HIPRTC)
+#define RLK_HIP 1
+#define RLK_WARP_SIZE 64
+#else
+#define RLK_CUDA 1
+#define RLK_WARP_SIZE 32
+#endif
+
+/* Largest block the templates launch, and so the most warps a block reduction combines. */
+#define RLK_MAX_BLOCK 1024
+#define RLK_MAX_WARPS (RLK_MAX_BLOCK / RLK_WARP_SIZE)
+
+#define RLK_DEVICE __device__ __forceinline__
+
+namespace rlk {
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef short i16;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+/* 16-byte vectors: one load or store instruction where the address is 16-byte aligned. */
+struct alignas(16) f32x4 {
+  float x, y, z, w;
+};
+struct alignas(16) i32x4 {
+  i32 x, y, z, w;
+};
+struct alignas(16) f64x2 {
+  double x, y;
+};
+
+/* One 16-byte store of four floats to a 16-byte aligned global address. */
+RLK_DEVICE void store4(float *p, float a, float b, float c, float d) {
+#if defined(RLK_CUDA)
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+#else
+  typedef float v4 __attribute__((ext_vector_type(4)));
+  v4 q = {a, b, c, d};
+  *(v4 *)p = q;
+#endif
+}
+
+template <int ALIGN> RLK_DEVICE bool is_aligned(const void *p) {
+  return ((u64)p & (u64)(ALIGN - 1)) == 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* 16-bit float storage types: plain bits, converted to float for arithmetic           */
+/* ---------------------------------------------------------------------------------- */
+
+struct f16 {
+  u16 bits;
+};
+
+struct bf16 {
+  u16 bits;
+};
+
+RLK_DEVICE float bits_as_float(u32 b) { return __uint_as_float(b); }
+RLK_DEVICE u32 float_as_bits(float f) { return __float_as_uint(f); }
+
+/* bf16 is the top half of an fp32. */
+RLK_DEVICE float to_float(bf16 x) { return bits_as_float((u32)x.bits << 16); }
+
+/* Round to nearest even; NaN stays a (quiet) NaN of the same sign. */
+RLK_DEVICE bf16 to_bf16(float f) {
+  u32 u = float_as_bits(f);
+  bf16 r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = (u16)((u >> 16) | 0x0040u);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.bits = (u16)(u >> 16);
+  }
+  return r;
+}
+
+#if defined(RLK_CUDA)
+RLK_DEVICE float to_float(f16 x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+RLK_DEVICE f16 to_f16(float f) {
+  f16 r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+  return r;
+}
+#else
+RLK_DEVICE float to_float(f16 x) { return (float)__builtin_bit_cast(_Float16, x.bits); }
+RLK_DEVICE f16 to_f16(float f) {
+  f16 r;
+  r.bits = __builtin_bit_cast(u16, (_Float16)f);
+  return r;
+}
+#endif
+
+RLK_DEVICE float to_float(float x) { return x; }
+RLK_DEVICE double to_double(double x) { return x; }
+RLK_DEVICE double to_double(float x) { return (double)x; }
+
+/* Converts a float to storage type T (identity for float and double). */
+template <typename T> struct store_as;
+template <> struct store_as<float> {
+  static RLK_DEVICE float from(float f) { return f; }
+};
+template <> struct store_as<double> {
+  static RLK_DEVICE double from(float f) { return (double)f; }
+};
+template <> struct store_as<bf16> {
+  static RLK_DEVICE bf16 from(float f) { return to_bf16(f); }
+};
+template <> struct store_as<f16> {
+  static RLK_DEVICE f16 from(float f) { return to_f16(f); }
+};
+
+/* ---------------------------------------------------------------------------------- */
+/* Numeric limits and math                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+template <typename T> struct limits;
+template <> struct limits<float> {
+  static RLK_DEVICE float infinity() { return __uint_as_float(0x7f800000u); }
+  static RLK_DEVICE float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+  static RLK_DEVICE float max() { return 3.40282346638528859812e+38f; }
+  static RLK_DEVICE float lowest() { return -3.40282346638528859812e+38f; }
+  static RLK_DEVICE float epsilon() { return 1.1920928955078125e-07f; }
+};
+template <> struct limits<double> {
+  static RLK_DEVICE double infinity() { return __longlong_as_double(0x7ff0000000000000ll); }
+  static RLK_DEVICE double quiet_nan() { return __longlong_as_double(0x7ff8000000000000ll); }
+  static RLK_DEVICE double max() { return 1.79769313486231570815e+308; }
+  static RLK_DEVICE double lowest() { return -1.79769313486231570815e+308; }
+  static RLK_DEVICE double epsilon() { return 2.220446049250313080847e-16; }
+};
+
+RLK_DEVICE float sqrt_(float x) { return sqrtf(x); }
+RLK_DEVICE double sqrt_(double x) { return sqrt(x); }
+RLK_DEVICE float rsqrt_(float x) { return rsqrtf(x); }
+RLK_DEVICE double rsqrt_(double x) { return rsqrt(x); }
+RLK_DEVICE float fmin_(float a, float b) { return fminf(a, b); }
+RLK_DEVICE double fmin_(double a, double b) { return fmin(a, b); }
+RLK_DEVICE float fmax_(float a, float b) { return fmaxf(a, b); }
+RLK_DEVICE double fmax_(double a, double b) { return fmax(a, b); }
+
+template <typename T> RLK_DEVICE T min_(T a, T b) { return b < a ? b : a; }
+template <typename T> RLK_DEVICE T max_(T a, T b) { return a < b ? b : a; }
+
+/* ---------------------------------------------------------------------------------- */
+/* Deterministic reductions                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+template <typename T> RLK_DEVICE T shfl_xor(T v, int lane_mask) {
+#if defined(RLK_HIP)
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
+/* Sum over aligned segments of W lanes (W a power of two, at most a warp), as a butterfly:
+ * every lane of a segment ends with the same, bitwise identical total (each step adds the
+ * same two values, and float addition is commutative). Every lane of the warp must call it. */
+template <int W, typename T> RLK_DEVICE T segment_sum(T v) {
+  static_assert(W >= 1 && W <= RLK_WARP_SIZE && (W & (W - 1)) == 0, "segment width");
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+  return v;
+}
+
+template <typename T> RLK_DEVICE T warp_sum(T v) { return segment_sum<RLK_WARP_SIZE>(v); }
+
+/* Sum over the whole block, returned to every thread. `scratch` holds RLK_MAX_WARPS values
+ * in shared memory. Warps are combined in index order, so the result depends only on the
+ * inputs and the block size. blockDim.x must be a multiple of the warp size; every thread
+ * of the block must call it (it synchronizes). */
+template <typename T> RLK_DEVICE T block_sum(T v, T *scratch) {
+  v = warp_sum(v);
+  const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
+  const int nwarps = (int)(blockDim.x / RLK_WARP_SIZE);
+  if (threadIdx.x % RLK_WARP_SIZE == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = scratch[0];
+  for (int w = 1; w < nwarps; ++w) total += scratch[w];
+  __syncthreads(); /* scratch may be reused as soon as this returns */
+  return total;
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_PRELUDE_CUH */
