@@ -1,0 +1,139 @@
+/* test_api.c - the public API's plumbing: statuses, errors, versions, descriptors, contexts,
+ * memory and events on the host backend, and bad calls that must fail cleanly. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rlk.h"
+#include "suites.h"
+#include "test_util.h"
+
+START_TEST(status_strings_and_versions) {
+  for (int s = RLK_OK; s <= RLK_ERR_INTERNAL; s++) {
+    const char *str = rlk_status_string((rlk_status)s);
+    ck_assert_ptr_nonnull(str);
+    ck_assert_str_ne(str, "unknown status");
+  }
+  ck_assert_str_eq(rlk_status_string((rlk_status)999), "unknown status");
+  char v[32];
+  snprintf(v, sizeof v, "%d.%d.%d", RLK_VERSION_MAJOR, RLK_VERSION_MINOR, RLK_VERSION_PATCH);
+  ck_assert_str_eq(rlk_version_string(), v);
+  ck_assert_int_eq(rlk_version(), RLK_VERSION_MAJOR * 10000 + RLK_VERSION_MINOR * 100 + RLK_VERSION_PATCH);
+}
+END_TEST
+
+START_TEST(descriptors_and_dtypes) {
+  float x[6];
+  rlk_tensor t = rlk_tensor_2d(x, RLK_F32, 2, 3, 3);
+  ck_assert_int_eq(t.ndim, 2);
+  ck_assert_int_eq(t.shape[1], 3);
+  ck_assert_int_eq(t.strides[0], 3);
+  ck_assert_int_eq(t.strides[1], 1);
+  ck_assert_uint_eq(rlk_dtype_size(RLK_BF16), 2);
+  ck_assert_uint_eq(rlk_dtype_size(RLK_I64), 8);
+  ck_assert_uint_eq(rlk_dtype_size(RLK_DTYPE_INVALID), 0);
+  ck_assert_str_eq(rlk_dtype_name(RLK_BF16), "bf16");
+  ck_assert_str_eq(rlk_backend_name(RLK_BACKEND_HOST), "host");
+}
+END_TEST
+
+START_TEST(bad_context_options) {
+  rlk_context *ctx = (rlk_context *)0x1;
+  ck_assert_int_eq(rlk_context_create(NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = (rlk_backend)42;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_null(ctx);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "backend"));
+  rlk_context_options_init(&o);
+  o.device = -1;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  /* a compile-only CUDA context needs a target */
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  o.compile_only = 1;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "target"));
+  /* the host backend compiles only for the host */
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.target = "sm_90a";
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_UNSUPPORTED);
+  rlk_context_destroy(NULL);
+}
+END_TEST
+
+START_TEST(host_context_basics) {
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(rlk_context_backend(ctx), RLK_BACKEND_HOST);
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  ck_assert_int_gt(info.multiprocessors, 0);
+  ck_assert_ptr_nonnull(strstr(info.target, "host-"));
+  ck_assert_ptr_nonnull(strstr(info.compiler, "clang"));
+  ck_assert_ptr_nonnull(strstr(rlk_context_supported_targets(ctx), info.target));
+  ck_assert_int_eq(rlk_context_device_info(ctx, NULL), RLK_ERR_INVALID_ARGUMENT);
+
+  void *p = NULL;
+  ck_assert_int_eq(rlk_malloc(ctx, 0, &p), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_malloc(ctx, 64, &p), RLK_OK);
+  ck_assert_int_eq(rlk_memset(ctx, p, 0xab, 64), RLK_OK);
+  unsigned char back[64];
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, back, p, 64), RLK_OK);
+  ck_assert_int_eq(back[63], 0xab);
+  ck_assert_int_eq(rlk_memcpy_to_device(ctx, NULL, back, 64), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_free(ctx, p), RLK_OK);
+  ck_assert_int_eq(rlk_free(ctx, NULL), RLK_OK);
+
+  rlk_event *a = NULL, *b = NULL;
+  ck_assert_int_eq(rlk_event_create(ctx, &a), RLK_OK);
+  ck_assert_int_eq(rlk_event_create(ctx, &b), RLK_OK);
+  ck_assert_int_eq(rlk_event_record(a, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_event_record(b, NULL), RLK_OK);
+  float ms = -1;
+  ck_assert_int_eq(rlk_event_elapsed_ms(a, b, &ms), RLK_OK);
+  ck_assert(ms >= 0);
+  rlk_event_destroy(a);
+  rlk_event_destroy(b);
+
+  rlk_counters c;
+  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
+  rlk_context_reset_counters(ctx);
+  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
+  ck_assert_uint_eq(c.calls, 0);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(precompile_rejects_bad_lines) {
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(rlk_precompile(NULL, "group_advantage", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "no_such_op a=1", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "no_such_op"));
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage bogus", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage nope=1", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "nope"));
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage group_size=4 group_size=8", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_precompile_ops(), "group_advantage"));
+  ck_assert_str_ne(rlk_precompile_help("group_advantage"), "");
+  ck_assert_str_eq(rlk_precompile_help("nope"), "");
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *api_suite(void) {
+  Suite *s = suite_create("api");
+  TCase *tc = tcase_create("api");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, status_strings_and_versions);
+  tcase_add_test(tc, descriptors_and_dtypes);
+  tcase_add_test(tc, bad_context_options);
+  tcase_add_test(tc, host_context_basics);
+  tcase_add_test(tc, precompile_rejects_bad_lines);
+  suite_add_tcase(s, tc);
+  return s;
+}
