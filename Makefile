@@ -73,7 +73,7 @@ $(BUILD)/obj/gen/templates_embedded.o: $(GEN_EMBED)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 $(SHLIB): $(LIB_OBJS) | $(BUILD)/lib
-	$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(LDFLAGS) -o $@ $^ $(LDLIBS)
 	ln -sf librlk.so.$(VERSION) $(BUILD)/lib/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/lib/librlk.so
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# gpu-run.sh - everything the GPU machine does in one call: check the carried build runs,
+# run the GPU test suite, the benchmarks, precompile throughput and the PyTorch baseline.
+# Writes logs and JSON under $OUT (or ./gpu-out) and prints a short table last.
+#   usage: tools/bench/gpu-run.sh     (from the repository root, with build/ built)
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export RLK_TEST_BIN_DIR=$PWD/build/bin
+export RLK_CACHE_DIR=/tmp/rlk-gpu-cache
+rm -rf "$RLK_CACHE_DIR"
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "revision: $(cat REVISION 2>/dev/null || git rev-parse HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  ldd --version | head -1
+  ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null | head -3
+} | tee "$OUT/env.txt"
+
+echo "== GPU tests"
+RLK_TEST_GPU=1 build/tests/check_rlk 2>&1 | tee "$OUT/tests.log" | tail -40
+test_rc=${PIPESTATUS[0]}
+
+echo "== rlk-bench"
+build/bin/rlk-bench --backend cuda --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+
+echo "== precompile throughput (sm_90a, NVRTC, ${NPROC:-$(nproc)} cores)"
+conf=/tmp/rlk-sweep.conf
+echo "group_advantage mode=grpo,mean-only,rloo,batch-std group_size=2,4,8,16,32,64 unbiased=0,1" > "$conf"
+: > "$OUT/precompile.txt"
+for j in 1 2 8; do
+  dir=/tmp/rlk-pre-$j
+  rm -rf "$dir"
+  s=$(date +%s.%N)
+  build/bin/rlk-precompile --targets sm_90a --config "$conf" --out "$dir" -j "$j" > "$OUT/precompile-j$j.log" 2>&1
+  rc=$?
+  e=$(date +%s.%N)
+  n=$(build/bin/rlk-cache --root "$dir" list --keys 2>/dev/null | grep -c .)
+  python3 -c "import sys; j,rc,n,s,e=sys.argv[1:]; t=float(e)-float(s); print(f'precompile -j {j}: rc={rc} kernels={n} seconds={t:.2f} kernels/s={int(n)/t:.2f}')" \
+    "$j" "$rc" "$n" "$s" "$e" | tee -a "$OUT/precompile.txt"
+done
+
+echo "== PyTorch baseline"
+python3 tools/bench/torch_group_advantage.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log"
+
+echo
+echo "== summary"
+grep -E 'Checks|passed|failed' "$OUT/tests.log" | tail -3
+grep -E '^(benchmark|jit|op)' "$OUT/bench.log"
+cat "$OUT/precompile.txt"
+grep -E '^torch' "$OUT/torch.log"
+exit $test_rc
