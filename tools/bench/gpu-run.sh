@@ -12,7 +12,7 @@ rm -rf "$RLK_CACHE_DIR"
 
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "revision: $(cat REVISION 2>/dev/null || git rev-parse HEAD 2>/dev/null)"
+  echo "revision: ${REV:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   ldd --version | head -1
   ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null | head -3
@@ -22,12 +22,16 @@ echo "== GPU tests"
 RLK_TEST_GPU=1 build/tests/check_rlk 2>&1 | tee "$OUT/tests.log" | tail -40
 test_rc=${PIPESTATUS[0]}
 
+echo "== demo: first run compiles (or loads from disk), second run loads from disk"
+build/bin/rlk-demo > "$OUT/demo1.log" 2>&1; echo "demo 1 rc=$?"; grep -E 'device|counters' "$OUT/demo1.log"
+build/bin/rlk-demo > "$OUT/demo2.log" 2>&1; echo "demo 2 rc=$?"; grep -E 'counters' "$OUT/demo2.log"
+
 echo "== rlk-bench"
 build/bin/rlk-bench --backend cuda --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 
 echo "== precompile throughput (sm_90a, NVRTC, ${NPROC:-$(nproc)} cores)"
 conf=/tmp/rlk-sweep.conf
-echo "group_advantage mode=grpo,mean-only,rloo,batch-std group_size=2,4,8,16,32,64 unbiased=0,1" > "$conf"
+echo "group_advantage mode=grpo,mean-only,rloo,batch-std group_size=2,4,8,16,32,64 scores=f32,f64" > "$conf"
 : > "$OUT/precompile.txt"
 for j in 1 2 8; do
   dir=/tmp/rlk-pre-$j
