@@ -52,6 +52,14 @@ for j in 1 2 8; do
     "$j" "$rc" "$n" "$s" "$e" | tee -a "$OUT/precompile.txt"
 done
 
+echo "== a precompiled read-only tree serves the demo with RLK_JIT=0 and zero compiles"
+rm -rf /tmp/rlk-shipped /tmp/rlk-empty
+build/bin/rlk-precompile --targets sm_90a --config tools/precompile.conf --out /tmp/rlk-shipped -j 8 -q >> "$OUT/demo.log" 2>&1
+echo "precompile tools/precompile.conf rc=$?" | tee -a "$OUT/demo.log"
+RLK_CACHE_RO_DIRS=/tmp/rlk-shipped RLK_CACHE_DIR=/tmp/rlk-empty RLK_JIT=0 build/bin/rlk-demo >> "$OUT/demo.log" 2>&1
+echo "demo from the read-only tree with RLK_JIT=0 rc=$?" | tee -a "$OUT/demo.log"
+tail -12 "$OUT/demo.log" | grep -E 'counters after call 2|rc='
+
 echo "== PyTorch baseline"
 python3 tools/bench/torch_group_advantage.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log"
 
