@@ -20,8 +20,9 @@ void rlk_test_mkdtemp(char *buf, size_t size, const char *stem);
 /* Removes a directory tree (best effort). */
 void rlk_test_rmtree(const char *path);
 
-/* Non-zero when GPU cases should run (RLK_TEST_GPU=1 and a CUDA device opens). When it
- * returns 0 it prints why the case is skipped, once per `what`. */
+/* Non-zero when GPU cases should run (RLK_TEST_GPU=1: make test-gpu). When it returns 0 it
+ * prints why the case is skipped. GPU cases live in test cases named "gpu", so
+ * CK_RUN_CASE=gpu selects them alone. */
 int rlk_test_gpu_enabled(const char *what);
 
 /* A deterministic-per-call but fresh-per-run random generator (seeded from time and pid,
