@@ -298,6 +298,75 @@ START_TEST(compile_only_context_cannot_launch) {
 }
 END_TEST
 
+/* Compiles counted by a child process that runs the op with `template_dir` as RLK_TEMPLATE_DIR
+ * (NULL: the embedded templates); -1 if the op failed. Templates are read once per process, so
+ * each setting gets its own process. */
+static int child_compiles(const char *cache_dir, const char *template_dir) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (template_dir)
+      setenv("RLK_TEMPLATE_DIR", template_dir, 1);
+    else
+      unsetenv("RLK_TEMPLATE_DIR");
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_HOST;
+    o.cache_dir = cache_dir;
+    rlk_context *ctx = NULL;
+    if (rlk_context_create(&ctx, &o) != RLK_OK || run_op(ctx, 4) != RLK_OK) {
+      fprintf(stderr, "child: %s\n", rlk_last_error());
+      _exit(255);
+    }
+    rlk_counters c;
+    rlk_context_counters(ctx, &c);
+    _exit((int)c.compiles);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ck_assert(WIFEXITED(status));
+  return WEXITSTATUS(status) == 255 ? -1 : WEXITSTATUS(status);
+}
+
+START_TEST(template_dir_override_changes_the_key) {
+  struct stat st;
+  if (stat("templates/host", &st) != 0) {
+    printf("skip (jit: RLK_TEMPLATE_DIR): run from the repository root to find templates/\n");
+    return;
+  }
+  char dir[1024], copy[1024], edited[1024], cmd[4096];
+  rlk_test_mkdtemp(dir, sizeof dir, "cache");
+  rlk_test_mkdtemp(copy, sizeof copy, "tpl");
+  rlk_test_mkdtemp(edited, sizeof edited, "tpl-edited");
+  snprintf(cmd, sizeof cmd, "cp -R templates/cuda templates/host '%s' && cp -R templates/cuda templates/host '%s' && "
+           "printf '/* edited */\\n' >> '%s/host/rlk_host_prelude.h'", copy, edited, edited);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(child_compiles(dir, NULL), 1);   /* embedded: a cold compile */
+  ck_assert_int_eq(child_compiles(dir, copy), 0);   /* the same files: the same digest and key */
+  ck_assert_int_eq(child_compiles(dir, edited), 1); /* an edited header: a new key */
+  ck_assert_int_eq(child_compiles(dir, edited), 0);
+}
+END_TEST
+
+START_TEST(setting_order_does_not_change_the_key) {
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "order");
+  rlk_context *ctx = host_ctx_at(dir);
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage mode=rloo group_size=8 scores=f64", NULL), RLK_OK);
+  ck_assert_uint_eq(counters(ctx).compiles, 1);
+  rlk_context_destroy(ctx);
+  ctx = host_ctx_at(dir);
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage scores=f64 group_size=8 mode=rloo", NULL), RLK_OK);
+  rlk_counters c = counters(ctx);
+  ck_assert_uint_eq(c.compiles, 0);
+  ck_assert_uint_eq(c.disk_hits, 1);
+  /* and a different value is a different key */
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage scores=f32 group_size=8 mode=rloo", NULL), RLK_OK);
+  ck_assert_uint_eq(counters(ctx).compiles, 1);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *jit_suite(void) {
   Suite *s = suite_create("jit");
   TCase *tc = tcase_create("pipeline");
@@ -311,6 +380,8 @@ Suite *jit_suite(void) {
   tcase_add_test(tc, processes_race_one_key);
   tcase_add_test(tc, threads_share_a_context);
   tcase_add_test(tc, compile_only_context_cannot_launch);
+  tcase_add_test(tc, template_dir_override_changes_the_key);
+  tcase_add_test(tc, setting_order_does_not_change_the_key);
   suite_add_tcase(s, tc);
   return s;
 }
