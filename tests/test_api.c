@@ -2,6 +2,7 @@
  * memory and events on the host backend, and bad calls that must fail cleanly. */
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rlk.h"
@@ -125,6 +126,30 @@ START_TEST(precompile_rejects_bad_lines) {
 }
 END_TEST
 
+START_TEST(rlk_arch_overrides_only_device_targets) {
+  setenv("RLK_ARCH", "sm_80", 1);
+  /* the host backend ignores a device target override */
+  rlk_context *ctx = rlk_test_host_context();
+  rlk_context_destroy(ctx);
+  /* a compile-only context without a target takes RLK_ARCH */
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  o.compile_only = 1;
+  rlk_status st = rlk_context_create(&ctx, &o);
+  if (st == RLK_ERR_UNAVAILABLE) {
+    printf("skip (api: RLK_ARCH compile-only): no NVRTC here: %s\n", rlk_last_error());
+  } else {
+    ck_assert_msg(st == RLK_OK, "%s", rlk_last_error());
+    rlk_device_info info;
+    ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+    ck_assert_str_eq(info.target, "sm_80");
+    rlk_context_destroy(ctx);
+  }
+  unsetenv("RLK_ARCH");
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("api");
@@ -134,6 +159,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, bad_context_options);
   tcase_add_test(tc, host_context_basics);
   tcase_add_test(tc, precompile_rejects_bad_lines);
+  tcase_add_test(tc, rlk_arch_overrides_only_device_targets);
   suite_add_tcase(s, tc);
   return s;
 }

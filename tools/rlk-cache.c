@@ -22,6 +22,8 @@
 
 static const char *prog = "rlk-cache";
 
+#include "tool_util.h"
+
 static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [--root DIR] COMMAND [OPTIONS]\n"
@@ -47,21 +49,6 @@ static void usage(FILE *out) {
           "\n"
           "exit status: 0 success, 1 failure, 2 usage error\n",
           prog);
-}
-
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "%s: ", prog);
-  fprintf(stderr, fmt, arg ? arg : "");
-  fprintf(stderr, "\nTry '%s --help'.\n", prog);
-  return 2;
-}
-
-static int lib_error(const char *what, rlk_status st) {
-  const char *detail = rlk_last_error();
-  fflush(stdout); /* keep the message after what was printed before it */
-  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, rlk_status_string(st), *detail ? ": " : "",
-          detail);
-  return 1;
 }
 
 /* "12.3 MiB" */

@@ -23,6 +23,8 @@
 
 static const char *prog = "rlk-demo";
 
+#include "tool_util.h"
+
 #define TOLERANCE 1e-5
 
 static void usage(FILE *out) {
@@ -47,21 +49,6 @@ static void usage(FILE *out) {
           "\n"
           "exit status: 0 success, 1 failure, 2 usage error\n",
           prog);
-}
-
-static int usage_error(const char *msg, const char *arg) {
-  fprintf(stderr, "%s: ", prog);
-  fprintf(stderr, msg, arg ? arg : "");
-  fprintf(stderr, "\nTry '%s --help'.\n", prog);
-  return 2;
-}
-
-static int lib_error(const char *what, rlk_status st) {
-  const char *detail = rlk_last_error();
-  fflush(stdout); /* keep the message after what was printed before it */
-  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, rlk_status_string(st), *detail ? ": " : "",
-          detail);
-  return 1;
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out) {

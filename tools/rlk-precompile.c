@@ -38,6 +38,8 @@
 
 static const char *prog = "rlk-precompile";
 
+#include "tool_util.h"
+
 #define MAX_MSG 16384
 
 static void usage(FILE *out) {
@@ -76,24 +78,6 @@ static void usage(FILE *out) {
           "\n"
           "exit status: 0 success, 1 failure (any item failed), 2 usage error\n",
           prog, prog, prog);
-}
-
-static int usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "\nTry '%s --help'.\n", prog);
-  return 2;
-}
-
-static int lib_error(const char *what, rlk_status st) {
-  const char *detail = rlk_last_error();
-  fflush(stdout); /* keep the message after what was printed before it */
-  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, rlk_status_string(st), *detail ? ": " : "",
-          detail);
-  return 1;
 }
 
 static double now_s(void) {

@@ -70,7 +70,9 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (!ctx) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_context_create: out of memory");
   rlk_status st;
   char target[32] = "";
-  const char *want_target = o.target ? o.target : rlk_env("RLK_ARCH");
+  /* A device context takes its target from the device (the CUDA and HIP backends apply
+   * RLK_ARCH themselves); a compile-only context from the options, else RLK_ARCH. */
+  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_env("RLK_ARCH") : NULL);
   if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
     goto fail;
