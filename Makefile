@@ -37,7 +37,7 @@ TEMPLATES := $(sort $(wildcard templates/cuda/* templates/host/*))
 GEN_EMBED := $(BUILD)/gen/templates_embedded.c
 
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates_embedded.o
-TOOLS := rlk-cache rlk-precompile rlk-demo rlk-bench
+TOOLS := $(patsubst tools/%.c,%,$(sort $(wildcard tools/rlk-*.c)))
 TOOL_BINS := $(TOOLS:%=$(BUILD)/bin/%)
 
 TEST_SRCS := $(sort $(wildcard tests/*.c tests/ref/*.c))
