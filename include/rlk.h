@@ -95,7 +95,9 @@ typedef struct rlk_context_options {
   rlk_backend backend;     /* default RLK_BACKEND_AUTO */
   int device;              /* device ordinal, default 0 */
   const char *cache_dir;   /* writable cache root; NULL: RLK_CACHE_DIR, XDG, ~/.cache/rlk */
-  rlk_log_level log_level; /* default RLK_LOG_DEFAULT */
+  /* Logging goes to stderr and its level is process-wide: a context may raise it (more detail)
+   * but never lowers what RLK_LOG or another context asked for. Default RLK_LOG_DEFAULT. */
+  rlk_log_level log_level;
   /* Compile-only contexts need no device: kernels are compiled and published to the
    * cache but cannot be launched. Used to precompile for a target on a CPU-only host. */
   int compile_only;

@@ -753,13 +753,12 @@ START_TEST(test_untrusted_roots_refused) {
   expect_memory_mode(root, "world-writable", &rng);
   ck_assert_int_eq(count_children(root), 0);
 
-  /* With the sticky bit others cannot replace our files: accepted. */
+  /* The sticky bit does not make it safe: others could still create entry directories. */
   ck_assert_int_eq(chmod(root, 01777), 0);
+  expect_memory_mode(root, "world-writable", &rng);
   rlk_cache_config cfg;
   test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
-  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
-  rlk_cache_close(c);
+  rlk_cache *c = NULL;
 
   /* ro mode does not read an untrusted root either. */
   ck_assert_int_eq(chmod(root, 0700), 0);
@@ -777,6 +776,23 @@ START_TEST(test_untrusted_roots_refused) {
   ck_assert_int_eq(capture_end(&cap, "world-writable"), 1);
   rlk_cache_blob b;
   ck_assert_int_eq(lookup(c, &k, &b, NULL), 0);
+  rlk_cache_close(c);
+
+  /* Nor is a world-writable tree searched as a read-only tree. */
+  char rw[1024];
+  rlk_test_mkdtemp(rw, sizeof rw, "rw");
+  test_cfg(&cfg, rw);
+  snprintf(cfg.ro_dirs, sizeof cfg.ro_dirs, "%s", root);
+  capture_begin(&cap);
+  c = open_cache(&cfg);
+  ck_assert_int_eq(capture_end(&cap, "not searching read-only tree"), 1);
+  ck_assert_int_eq(lookup(c, &k, &b, NULL), 0);
+  rlk_cache_close(c);
+  /* once it is private again, the same tree serves the entry */
+  ck_assert_int_eq(chmod(root, 0755), 0);
+  c = open_cache(&cfg);
+  ck_assert_int_eq(lookup(c, &k, &b, NULL), 1);
+  rlk_cache_blob_free(&b);
   rlk_cache_close(c);
   ck_assert_int_eq(chmod(root, 0700), 0);
 

@@ -907,7 +907,7 @@ static void compile_samples(rlk_backend backend, const char *target, int compile
 }
 
 /* Every sample configuration compiles for every target whose compiler is here: the host, CUDA
- * sm_80 and sm_90a, HIP gfx90a. One child process per target, all at once (each compiler
+ * sm_80 and sm_90a, HIP gfx90a and gfx1030. One child process per target, all at once (each compiler
  * serializes inside a process). */
 START_TEST(samples_compile_every_target) {
   static const struct {
@@ -917,7 +917,8 @@ START_TEST(samples_compile_every_target) {
   } targets[] = {{RLK_BACKEND_HOST, NULL, 0},
                  {RLK_BACKEND_CUDA, "sm_80", 1},
                  {RLK_BACKEND_CUDA, "sm_90a", 1},
-                 {RLK_BACKEND_HIP, "gfx90a", 1}};
+                 {RLK_BACKEND_HIP, "gfx90a", 1},
+                 {RLK_BACKEND_HIP, "gfx1030", 1}}; /* RDNA: compiled in wave64 mode */
   enum { N = sizeof targets / sizeof targets[0] };
   pid_t pids[N];
   int fds[N];
@@ -1079,6 +1080,18 @@ START_TEST(gpu_large_shapes) {
   c.num_groups = random_sizes(&rng, c.B, 12, sizes);
   c.sizes = sizes;
   c.mode = RLK_ADV_BATCH_STD;
+  run_case(ctx, &c, &rng, NULL, NULL);
+  /* batch-std over row sums: the statistics read the buffer the advantages overwrite */
+  c = base_case(4096, 2048);
+  c.mode = RLK_ADV_BATCH_STD;
+  c.T = 37;
+  c.scores_2d = 1;
+  c.mask_dtype = RLK_BOOL;
+  run_case(ctx, &c, &rng, NULL, NULL);
+  c = base_case(16384, 16);
+  c.mode = RLK_ADV_BATCH_STD;
+  c.T = 5;
+  c.scores_2d = 1;
   run_case(ctx, &c, &rng, NULL, NULL);
   c = base_case(129, 1);
   c.T = 4099;

@@ -367,6 +367,44 @@ START_TEST(setting_order_does_not_change_the_key) {
 }
 END_TEST
 
+START_TEST(precompile_into_nowhere_is_an_error) {
+  setenv("RLK_CACHE_MODE", "memory", 1);
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.compile_only = 1;
+  rlk_context *ctx = NULL;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage group_size=4", NULL), RLK_ERR_CACHE);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "discarded"));
+  ck_assert_uint_eq(counters(ctx).compiles, 0);
+  rlk_context_destroy(ctx);
+  /* a context with a device warms its in-process table instead */
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage group_size=4 mode=mean-only", NULL), RLK_OK);
+  ck_assert_uint_eq(counters(ctx).compiles, 1);
+  ck_assert_int_eq(run_op(ctx, 4), RLK_OK);
+  ck_assert_uint_eq(counters(ctx).compiles, 1);
+  ck_assert_uint_ge(counters(ctx).memory_hits, 1);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_CACHE_MODE");
+}
+END_TEST
+
+START_TEST(host_target_alias) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.target = "host";
+  rlk_context *ctx = NULL;
+  ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
+  rlk_device_info info;
+  rlk_context_device_info(ctx, &info);
+  ck_assert_ptr_nonnull(strstr(info.target, "host-"));
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *jit_suite(void) {
   Suite *s = suite_create("jit");
   TCase *tc = tcase_create("pipeline");
@@ -382,6 +420,8 @@ Suite *jit_suite(void) {
   tcase_add_test(tc, compile_only_context_cannot_launch);
   tcase_add_test(tc, template_dir_override_changes_the_key);
   tcase_add_test(tc, setting_order_does_not_change_the_key);
+  tcase_add_test(tc, precompile_into_nowhere_is_an_error);
+  tcase_add_test(tc, host_target_alias);
   suite_add_tcase(s, tc);
   return s;
 }

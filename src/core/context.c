@@ -34,10 +34,14 @@ static rlk_status open_backend(rlk_context *ctx, const rlk_context_options *o) {
   if (want == RLK_BACKEND_CUDA) return rlk_cuda_backend_open(o->device, &ctx->backend);
   if (want == RLK_BACKEND_HIP) return rlk_hip_backend_open(o->device, &ctx->backend);
   if (want == RLK_BACKEND_HOST) return rlk_host_backend_open(&ctx->backend);
-  /* auto: the first device runtime that opens, else the CPU */
-  if (rlk_cuda_backend_open(o->device, &ctx->backend) == RLK_OK) return RLK_OK;
+  /* auto: the first device runtime present, else the CPU. Only "not present here" falls
+   * through: a bad ordinal or a failing driver is the caller's to see, since falling back
+   * to the CPU would hand device pointers to host code. */
+  rlk_status st = rlk_cuda_backend_open(o->device, &ctx->backend);
+  if (st != RLK_ERR_UNAVAILABLE) return st;
   rlk_debug("auto backend: cuda unavailable: %s", rlk_last_error());
-  if (rlk_hip_backend_open(o->device, &ctx->backend) == RLK_OK) return RLK_OK;
+  st = rlk_hip_backend_open(o->device, &ctx->backend);
+  if (st != RLK_ERR_UNAVAILABLE) return st;
   rlk_debug("auto backend: hip unavailable: %s", rlk_last_error());
   return rlk_host_backend_open(&ctx->backend);
 }
@@ -73,6 +77,7 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   /* A device context takes its target from the device (the CUDA and HIP backends apply
    * RLK_ARCH themselves); a compile-only context from the options, else RLK_ARCH. */
   const char *want_target = o.target ? o.target : (o.compile_only ? rlk_env("RLK_ARCH") : NULL);
+  if (want_target && !strcmp(want_target, "host")) want_target = rlk_host_target(); /* documented alias */
   if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
     goto fail;

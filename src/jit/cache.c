@@ -789,8 +789,8 @@ static const char *untrusted_root(const struct stat *st, char *buf, size_t size)
                (long)st->st_uid, (long)geteuid());
     return buf;
   }
-  if ((st->st_mode & S_IWOTH) && !(st->st_mode & S_ISVTX))
-    return "it is world-writable (without the sticky bit), so anyone could plant code in it";
+  /* The sticky bit does not help: anyone could still create the entry directories below. */
+  if (st->st_mode & S_IWOTH) return "it is world-writable, so anyone could plant code in it";
   return NULL;
 }
 
@@ -849,7 +849,17 @@ static rlk_status split_ro_dirs(rlk_cache *c, const char *list) {
       if (!s) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache: out of memory");
       memcpy(s, p, len);
       s[len] = '\0';
-      c->ro[c->nro++] = s;
+      /* A read-only tree may belong to another user (an admin ships it), but one anybody can
+       * write to could hold planted code: it is not searched. */
+      struct stat st;
+      if (stat(s, &st) == 0 && (st.st_mode & S_IWOTH)) {
+        rlk_warn("kernel cache: not searching read-only tree %s: it is world-writable, so anyone "
+                 "could plant code in it",
+                 s);
+        free(s);
+      } else {
+        c->ro[c->nro++] = s;
+      }
     }
     p += len;
     if (*p == ':') p++;

@@ -328,7 +328,10 @@ rlk_status rlk_hiprtc_open(rlk_compiler **out) {
   c->base_options[0] = "-std=c++17";
   c->base_options[1] = "-O3";
   c->base_options[2] = "-DRLK_HIPRTC=1";
-  c->nbase_options = 3;
+  /* The templates assume 64-lane wavefronts on AMD (RLK_WARP_SIZE); RDNA targets default to
+   * 32, so every target is compiled in wave64 mode (the prelude checks it at compile time). */
+  c->base_options[3] = "-mwavefrontsize64";
+  c->nbase_options = 4;
   rlk_info("hiprtc: %s from %s; targets %s", c->id, impl->lib.path, c->targets);
   *out = c;
   return RLK_OK;

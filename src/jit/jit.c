@@ -330,13 +330,16 @@ static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, v
   rlk_compile_result res;
   st = compile_plan(jit, p, &res);
   if (st) goto done;
-  rlk_cache_publish_info info = {.binary_name = jit->compiler->binary_name, .compile_seconds = res.seconds,
-                                 .log = res.log};
-  if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info))
-    rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());
+  /* Load before publishing: a binary the driver refuses is never committed to the cache. */
   if (load) {
     st = load_binary(jit, res.binary, res.size, res.lowered_names[0], module, fn);
     if (st) rlk_error_wrap(st, "loading freshly compiled %s for %s", p->key.entry, jit->target);
+  }
+  if (!st) {
+    rlk_cache_publish_info info = {.binary_name = jit->compiler->binary_name, .compile_seconds = res.seconds,
+                                   .log = res.log};
+    if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info))
+      rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());
   }
   rlk_compile_result_free(&res);
 done:

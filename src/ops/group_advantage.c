@@ -534,19 +534,24 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
     int unbiased = c.unbiased, singleton = c.singleton;
     void *kargs[] = {&scores, &stride,  &adv, &b,        &gsize,
                      &ngroups, &offsets, &eps, &unbiased, &singleton};
+    /* Batch-std blocks each compute the batch statistics from `scores` before writing their
+     * groups; when scores are the advantages buffer (row sums, or an in-place call) a second
+     * block would read what the first already overwrote, so those calls get one block. */
+    const int aliased = scores == (const void *)adv;
+    const int64_t batch_cap = aliased ? 1 : 64;
     rlk_launch_dims d;
     if (host) {
       d = ga_dims(1, 1, 1);
     } else if (p.seg > warp) {
       /* a block per group; batch-std blocks each recompute the batch statistics, so few */
-      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? 64 : 65535;
+      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? batch_cap : 65535;
       d = ga_dims(ga_min_u(ngroups, cap), 1, (unsigned)p.seg);
     } else {
       /* several groups per block: 4 warps (128 threads, 256 on HIP), or 1024 threads for
        * batch-std (fewer blocks redo the batch statistics) */
       unsigned block = c.mode == RLK_ADV_BATCH_STD ? 1024 : (unsigned)(4 * warp);
       const int64_t per_block = block / p.seg;
-      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? 64 : 65535;
+      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? batch_cap : 65535;
       int64_t blocks = (ngroups + per_block - 1) / per_block;
       if (c.mode != RLK_ADV_BATCH_STD) {
         /* shrink a lone block to what it needs (whole warps) */

@@ -1,6 +1,7 @@
 /* registry.c - the op table, shared argument checks, and rlk_precompile: a configuration line
  * goes through the op's own variant selection, and each resulting kernel is compiled or found. */
 #include <ctype.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,17 +17,21 @@ static const rlk_op_desc *find_op(const char *name) {
   return NULL;
 }
 
-const char *rlk_precompile_ops(void) {
-  static char names[256];
-  if (!names[0]) {
-    size_t len = 0;
-    for (size_t i = 0; rlk_op_table[i]; i++) {
-      int w = rlk_format(names + len, sizeof names - len, "%s%s", i ? " " : "", rlk_op_table[i]->name);
-      if (w < 0) break;
-      len += (size_t)w;
-    }
+static char op_names[512];
+static pthread_once_t op_names_once = PTHREAD_ONCE_INIT;
+
+static void fill_op_names(void) {
+  size_t len = 0;
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    int w = rlk_format(op_names + len, sizeof op_names - len, "%s%s", i ? " " : "", rlk_op_table[i]->name);
+    if (w < 0) break;
+    len += (size_t)w;
   }
-  return names;
+}
+
+const char *rlk_precompile_ops(void) {
+  pthread_once(&op_names_once, fill_op_names);
+  return op_names;
 }
 
 const char *rlk_precompile_help(const char *op) {
@@ -89,8 +94,17 @@ rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
     rlk_error_wrap(st, "rlk_precompile: %s", op);
     goto done;
   }
+  /* A compile-only context exists to fill a cache: with nothing to write to, the work would be
+   * thrown away. A context with a device loads the kernels, so they are warm in memory too. */
+  if (!ctx->backend && !rlk_cache_root(ctx->cache)[0]) {
+    st = rlk_error(RLK_ERR_CACHE,
+                   "rlk_precompile: the cache writes nowhere (RLK_CACHE_MODE, or an unusable root: see the "
+                   "warning above), so compiled kernels would be discarded");
+    goto done;
+  }
   for (size_t i = 0; i < nspecs; i++) {
-    st = rlk_jit_prepare(ctx->jit, &specs[i]);
+    void *fn = NULL;
+    st = ctx->backend ? rlk_jit_get(ctx->jit, &specs[i], &fn) : rlk_jit_prepare(ctx->jit, &specs[i]);
     if (st) goto done;
   }
   if (kernels) *kernels = (int)nspecs;

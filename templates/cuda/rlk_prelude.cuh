@@ -19,6 +19,10 @@
 #endif
 
 /* Largest block the templates launch, and so the most warps a block reduction combines. */
+#if defined(RLK_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != RLK_WARP_SIZE
+#error "rlk templates need 64-lane wavefronts on AMD: compile with -mwavefrontsize64"
+#endif
+
 #define RLK_MAX_BLOCK 1024
 #define RLK_MAX_WARPS (RLK_MAX_BLOCK / RLK_WARP_SIZE)
 
