@@ -1,72 +1,123 @@
 #!/usr/bin/env bash
-# gpu-run.sh - everything the GPU machine does in one call: check the carried build runs,
-# run the GPU test suite, the benchmarks, precompile throughput and the PyTorch baseline.
-# Writes logs and JSON under $OUT (or ./gpu-out) and prints a short table last.
-#   usage: tools/bench/gpu-run.sh     (from the repository root, with build/ built)
+# gpu-run.sh - everything the GPU machine does in one call: the GPU test cases, the demo, every
+# benchmark tool (build/bin/rlk-bench*) and every PyTorch baseline (tools/bench/torch_*.py), the
+# Python package's GPU tests and the side-by-side harness, precompile throughput.
+# Logs and JSON go to a work folder that is packed into $OUT/results.tgz; a short table is
+# printed last.
+#   usage (repository root, build/ built):  REV=<git revision> tools/bench/gpu-run.sh
+#   STEPS="tests demo bench torch python precompile" limits what runs (default: all).
 set -u
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+W=/tmp/rlk-gpu-run
+rm -rf "$W" && mkdir -p "$W" "$OUT"
 export RLK_TEST_BIN_DIR=$PWD/build/bin
 export RLK_CACHE_DIR=/tmp/rlk-gpu-cache
+export PYTHONUNBUFFERED=1
 rm -rf "$RLK_CACHE_DIR"
+STEPS=${STEPS:-"tests demo bench torch python precompile"}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+summary=$W/summary.txt
+: > "$summary"
 
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "revision: ${REV:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   ldd --version | head -1
-  ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null | head -3
-} | tee "$OUT/env.txt"
+  ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | tail -1
+  python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null
+} | tee "$W/env.txt" >> "$summary"
 
-# The GPU cases live in the test cases named "gpu" (CK_RUN_CASE selects them); the rest of the
-# suite needs the host compiler, which the GPU machine may lack. GPU_TESTS=all runs everything.
-echo "== GPU tests"
-if [ "${GPU_TESTS:-gpu}" = all ]; then
-  RLK_TEST_GPU=1 build/tests/check_rlk > "$OUT/tests.log" 2>&1
-else
-  CK_RUN_CASE=gpu RLK_TEST_GPU=1 build/tests/check_rlk > "$OUT/tests.log" 2>&1
+test_rc=0
+if has tests; then
+  # The GPU cases live in the test cases named "gpu"; the rest needs the host compiler (clang),
+  # which the GPU machine lacks. GPU_TESTS=all runs everything.
+  echo "== GPU tests"
+  if [ "${GPU_TESTS:-gpu}" = all ]; then
+    RLK_TEST_GPU=1 build/tests/check_rlk > "$W/tests.log" 2>&1
+  else
+    CK_RUN_CASE=gpu RLK_TEST_GPU=1 build/tests/check_rlk > "$W/tests.log" 2>&1
+  fi
+  test_rc=$?
+  grep -E 'Checks|:[EF]:|^skip' "$W/tests.log" | tail -30
+  { echo "== tests (rc=$test_rc)"; grep -E 'Checks|:[EF]:' "$W/tests.log"; } >> "$summary"
 fi
-test_rc=$?
-tail -25 "$OUT/tests.log"
 
-echo "== demo: first run compiles (or loads from disk), second run loads from disk"
-{ build/bin/rlk-demo; echo "demo 1 rc=$?"; build/bin/rlk-demo; echo "demo 2 rc=$?"; } > "$OUT/demo.log" 2>&1
-grep -E 'device|counters|rc=' "$OUT/demo.log"
+if has demo; then
+  echo "== demo"
+  { build/bin/rlk-demo; echo "demo 1 rc=$?"; build/bin/rlk-demo; echo "demo 2 rc=$?"; } > "$W/demo.log" 2>&1
+  { echo "== demo"; grep -E 'counters after call|rc=' "$W/demo.log"; } | tee -a "$summary"
+fi
 
-echo "== rlk-bench"
-build/bin/rlk-bench --backend cuda --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+if has bench; then
+  for b in build/bin/rlk-bench*; do
+    n=$(basename "$b")
+    echo "== $n"
+    timeout 300 "$b" --backend cuda --json "$W/$n.json" > "$W/$n.log" 2>&1
+    echo "rc=$?" >> "$W/$n.log"
+    tail -30 "$W/$n.log"
+    { echo "== $n"; tail -30 "$W/$n.log"; } >> "$summary"
+  done
+fi
 
-echo "== precompile throughput (sm_90a, NVRTC, ${NPROC:-$(nproc)} cores)"
-conf=/tmp/rlk-sweep.conf
-echo "group_advantage mode=grpo,mean-only,rloo,batch-std group_size=2,4,8,16,32,64 scores=f32,f64" > "$conf"
-: > "$OUT/precompile.txt"
-for j in 1 2 8; do
-  dir=/tmp/rlk-pre-$j
-  rm -rf "$dir"
-  s=$(date +%s.%N)
-  build/bin/rlk-precompile --targets sm_90a --config "$conf" --out "$dir" -j "$j" -q > /tmp/precompile-j$j.log 2>&1
-  rc=$?
-  e=$(date +%s.%N)
-  n=$(build/bin/rlk-cache --root "$dir" list --keys 2>/dev/null | grep -c .)
-  python3 -c "import sys; j,rc,n,s,e=sys.argv[1:]; t=float(e)-float(s); print(f'precompile -j {j}: rc={rc} kernels={n} seconds={t:.2f} kernels/s={int(n)/t:.2f}')" \
-    "$j" "$rc" "$n" "$s" "$e" | tee -a "$OUT/precompile.txt"
-done
+if has torch; then
+  for t in tools/bench/torch_*.py; do
+    n=$(basename "$t" .py)
+    echo "== $n"
+    timeout 300 python3 "$t" --json "$W/$n.json" > "$W/$n.log" 2>&1
+    echo "rc=$?" >> "$W/$n.log"
+    tail -20 "$W/$n.log"
+    { echo "== $n"; tail -20 "$W/$n.log"; } >> "$summary"
+  done
+fi
 
-echo "== a precompiled read-only tree serves the demo with RLK_JIT=0 and zero compiles"
-rm -rf /tmp/rlk-shipped /tmp/rlk-empty
-build/bin/rlk-precompile --targets sm_90a --config tools/precompile.conf --out /tmp/rlk-shipped -j 8 -q >> "$OUT/demo.log" 2>&1
-echo "precompile tools/precompile.conf rc=$?" | tee -a "$OUT/demo.log"
-RLK_CACHE_RO_DIRS=/tmp/rlk-shipped RLK_CACHE_DIR=/tmp/rlk-empty RLK_JIT=0 build/bin/rlk-demo >> "$OUT/demo.log" 2>&1
-echo "demo from the read-only tree with RLK_JIT=0 rc=$?" | tee -a "$OUT/demo.log"
-tail -12 "$OUT/demo.log" | grep -E 'counters after call 2|rc='
+if has python && [ -d python/tests ]; then
+  echo "== python package on the GPU"
+  export RLK_LIBRARY=$PWD/build/lib/librlk.so.0 PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  timeout 300 python3 -m pytest -q -rs python/tests > "$W/pytest.log" 2>&1
+  echo "rc=$?" >> "$W/pytest.log"
+  tail -15 "$W/pytest.log"
+  { echo "== pytest"; tail -15 "$W/pytest.log"; } >> "$summary"
+  if [ -f tools/bench/harness.py ]; then
+    echo "== harness"
+    timeout 400 python3 tools/bench/harness.py --out "$W/harness" > "$W/harness.log" 2>&1
+    echo "rc=$?" >> "$W/harness.log"
+    tail -40 "$W/harness.log"
+    { echo "== harness"; tail -40 "$W/harness.log"; } >> "$summary"
+  fi
+  if [ -f examples/grpo_step.py ]; then
+    timeout 120 python3 examples/grpo_step.py > "$W/grpo_step.log" 2>&1
+    echo "rc=$?" >> "$W/grpo_step.log"
+    { echo "== examples/grpo_step.py"; tail -15 "$W/grpo_step.log"; } | tee -a "$summary"
+  fi
+fi
 
-echo "== PyTorch baseline"
-python3 tools/bench/torch_group_advantage.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log"
+if has precompile; then
+  echo "== precompile throughput (sm_90a, NVRTC, $(nproc) cores)"
+  conf=/tmp/rlk-sweep.conf
+  echo "group_advantage mode=grpo,mean-only,rloo,batch-std group_size=2,4,8,16,32,64 scores=f32,f64" > "$conf"
+  for j in 1 2 8; do
+    dir=/tmp/rlk-pre-$j
+    rm -rf "$dir"
+    s=$(date +%s.%N)
+    build/bin/rlk-precompile --targets sm_90a --config "$conf" --out "$dir" -j "$j" -q > "$W/precompile-j$j.log" 2>&1
+    rc=$?
+    e=$(date +%s.%N)
+    n=$(build/bin/rlk-cache --root "$dir" list --keys 2>/dev/null | grep -c .)
+    python3 -c "import sys; j,rc,n,s,e=sys.argv[1:]; t=float(e)-float(s); print(f'precompile -j {j}: rc={rc} kernels={n} seconds={t:.2f} kernels/s={int(n)/t:.2f}')" \
+      "$j" "$rc" "$n" "$s" "$e" | tee -a "$summary"
+  done
+  rm -rf /tmp/rlk-shipped /tmp/rlk-empty
+  build/bin/rlk-precompile --targets sm_90a --config tools/precompile.conf --out /tmp/rlk-shipped -j 8 -q > "$W/shipped.log" 2>&1
+  echo "precompile tools/precompile.conf rc=$?" | tee -a "$summary"
+  RLK_CACHE_RO_DIRS=/tmp/rlk-shipped RLK_CACHE_DIR=/tmp/rlk-empty RLK_JIT=0 build/bin/rlk-demo >> "$W/shipped.log" 2>&1
+  echo "demo from the read-only tree with RLK_JIT=0 rc=$?" | tee -a "$summary"
+  grep 'counters after call 2' "$W/shipped.log" | tee -a "$summary"
+fi
 
+tar czf "$OUT/results.tgz" -C "$W" .
+cp "$summary" "$OUT/summary.txt"
 echo
 echo "== summary"
-grep -E 'Checks' "$OUT/tests.log" | tail -1
-grep -E '^(benchmark|jit|op)' "$OUT/bench.log"
-cat "$OUT/precompile.txt"
-grep -E '^torch' "$OUT/torch.log"
+cat "$summary"
 exit $test_rc
