@@ -16,6 +16,11 @@ export PYTHONUNBUFFERED=1
 rm -rf "$RLK_CACHE_DIR"
 STEPS=${STEPS:-"tests demo bench torch python precompile"}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+# Wheels carried in .whl/ (Liger-Kernel, an anchor of the harness) go to a private site dir.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 summary=$W/summary.txt
 : > "$summary"
 
@@ -80,7 +85,7 @@ if has python && [ -d python/tests ]; then
   { echo "== pytest"; tail -15 "$W/pytest.log"; } >> "$summary"
   if [ -f tools/bench/harness.py ]; then
     echo "== harness"
-    timeout 400 python3 tools/bench/harness.py --out "$W/harness" > "$W/harness.log" 2>&1
+    timeout 400 python3 tools/bench/harness.py --out-dir "$W/harness" > "$W/harness.log" 2>&1
     echo "rc=$?" >> "$W/harness.log"
     tail -40 "$W/harness.log"
     { echo "== harness"; tail -40 "$W/harness.log"; } >> "$summary"
