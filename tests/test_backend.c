@@ -1,9 +1,12 @@
 /* test_backend.c - the backends below the JIT: the host backend end to end (a real shared
  * object built by the system C compiler, loaded from memory and launched), the TMA request
  * checks, the CUDA target mapping, CUDA and HIP opening cleanly on a machine without their
- * devices, and (RLK_TEST_GPU=1) the CUDA backend on a real device: memory, events, an NVRTC
- * kernel, large dynamic shared memory, launches from another thread and a TMA copy. */
+ * devices, CUDA and HIP over stand-in driver libraries (open statuses; the caller's current
+ * context or device kept across every entry point), and (RLK_TEST_GPU=1) the CUDA backend on
+ * a real device: memory, events, an NVRTC kernel, large dynamic shared memory, launches from
+ * another thread, a TMA copy, the caller's current context kept, an out-of-range ordinal. */
 #include <check.h>
+#include <dlfcn.h>
 #include <elf.h>
 #include <pthread.h>
 #include <spawn.h>
@@ -46,24 +49,46 @@ static void *read_file(const char *path, size_t *size) {
   return buf;
 }
 
-/* Builds `source` into a shared object with the system C compiler (a child process) and
- * returns its bytes; fails the test when the compiler is missing or rejects it. */
-static void *build_shared_object(const char *source, size_t *size) {
-  char dir[1200], c_path[1300], so_path[1300];
-  rlk_test_mkdtemp(dir, sizeof dir, "backend-so");
+/* Builds `source` into <dir>/k.so (named `soname` when not NULL) with the system C compiler
+ * (a child process), its path written into so_path; fails the test when the compiler is
+ * missing or rejects it. */
+static void compile_shared_object(const char *source, const char *dir, const char *soname,
+                                  char *so_path, size_t size) {
+  char c_path[1300], soname_arg[300];
   snprintf(c_path, sizeof c_path, "%s/k.c", dir);
-  snprintf(so_path, sizeof so_path, "%s/k.so", dir);
+  snprintf(so_path, size, "%s/k.so", dir);
   FILE *f = fopen(c_path, "w");
   ck_assert_ptr_nonnull(f);
   fputs(source, f);
   fclose(f);
-  char *argv[] = {"cc", "-std=c11", "-O1", "-fPIC", "-shared", "-o", so_path, c_path, NULL};
+  char *argv[12];
+  int argc = 0;
+  argv[argc++] = "cc";
+  argv[argc++] = "-std=c11";
+  argv[argc++] = "-O1";
+  argv[argc++] = "-fPIC";
+  argv[argc++] = "-shared";
+  if (soname) {
+    snprintf(soname_arg, sizeof soname_arg, "-Wl,-soname,%s", soname);
+    argv[argc++] = soname_arg;
+  }
+  argv[argc++] = "-o";
+  argv[argc++] = so_path;
+  argv[argc++] = c_path;
+  argv[argc] = NULL;
   pid_t pid;
   int rc = posix_spawnp(&pid, "cc", NULL, NULL, argv, environ);
   ck_assert_msg(rc == 0, "cannot run cc: %s", strerror(rc));
   int status = 0;
   ck_assert_int_eq(waitpid(pid, &status, 0), pid);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "cc failed on %s", c_path);
+}
+
+/* Builds `source` into a shared object and returns its bytes. */
+static void *build_shared_object(const char *source, size_t *size) {
+  char dir[1200], so_path[1300];
+  rlk_test_mkdtemp(dir, sizeof dir, "backend-so");
+  compile_shared_object(source, dir, NULL, so_path, sizeof so_path);
   void *image = read_file(so_path, size);
   ck_assert_ptr_nonnull(image);
   rlk_test_rmtree(dir);
@@ -464,6 +489,7 @@ END_TEST
 START_TEST(test_cuda_open_here) {
   rlk_backend_impl *b = (rlk_backend_impl *)1;
   rlk_status st = rlk_cuda_backend_open(0, &b);
+  int present = st == RLK_OK;
   if (st == RLK_OK) {
     ck_assert_int_eq(b->kind, RLK_BACKEND_CUDA);
     ck_assert_msg(strncmp(b->info.target, "sm_", 3) == 0, "target %s", b->info.target);
@@ -476,9 +502,11 @@ START_TEST(test_cuda_open_here) {
     ck_assert_msg(strncmp(rlk_last_error(), "cuda", 4) == 0, "message: %s", rlk_last_error());
     printf("cuda backend unavailable here: %s\n", rlk_last_error());
   }
+  /* Past the last device: a bad request when CUDA is here, still "no CUDA" when it is not
+   * (only the latter lets an automatic backend choice move on). */
   b = (rlk_backend_impl *)1;
   st = rlk_cuda_backend_open(4096, &b);
-  ck_assert_int_eq(st, RLK_ERR_UNAVAILABLE);
+  ck_assert_int_eq(st, present ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_UNAVAILABLE);
   ck_assert_ptr_null(b);
   ck_assert_int_eq(rlk_cuda_backend_open(-1, &b), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_cuda_backend_open(0, NULL), RLK_ERR_INVALID_ARGUMENT);
@@ -512,6 +540,7 @@ START_TEST(test_hip_open_here) {
    * included). */
   b = (rlk_backend_impl *)1;
   st = rlk_hip_backend_open(0, &b);
+  int present = st == RLK_OK;
   if (st == RLK_OK) {
     ck_assert_int_eq(b->kind, RLK_BACKEND_HIP);
     ck_assert_msg(strncmp(b->info.target, "gfx", 3) == 0, "target %s", b->info.target);
@@ -523,7 +552,471 @@ START_TEST(test_hip_open_here) {
     ck_assert_msg(strncmp(rlk_last_error(), "hip", 3) == 0, "message: %s", rlk_last_error());
     printf("hip backend unavailable here: %s\n", rlk_last_error());
   }
+  b = (rlk_backend_impl *)1;
+  st = rlk_hip_backend_open(4096, &b);
+  ck_assert_int_eq(st, present ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(b);
   ck_assert_int_eq(rlk_hip_backend_open(-1, &b), RLK_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
+/* ---- CUDA over a stand-in driver: statuses and the caller's current context -------- */
+
+/* A stand-in libcuda.so.1 (built by the test, loaded under that soname before the backend
+ * looks for the driver) that keeps a current context per thread the way the driver does,
+ * counts context switches, and refuses work when any context but the device's primary one
+ * is current. Its failures are set through stub_configure. */
+static const char *const stub_driver_source =
+    "#include <stddef.h>\n"
+    "#include <string.h>\n"
+    "typedef int R;\n"
+    "static _Thread_local void *current;\n"
+    "static char primary, other, module, function, event;\n"
+    "static int devices = 1, init_err, get_err, retain_err, retains, switches, misplaced;\n"
+    "void stub_configure(int n, int init_e, int get_e, int retain_e) {\n"
+    "  devices = n; init_err = init_e; get_err = get_e; retain_err = retain_e;\n"
+    "}\n"
+    "void *stub_primary(void) { return &primary; }\n"
+    "void *stub_other(void) { return &other; }\n"
+    "void *stub_current(void) { return current; }\n"
+    "void stub_place(void *ctx) { current = ctx; }\n"
+    "int stub_switches(void) { return switches; }\n"
+    "int stub_misplaced(void) { return misplaced; }\n"
+    "int stub_retains(void) { return retains; }\n"
+    "static R work(void) {\n"
+    "  if (current == &primary) return 0;\n"
+    "  misplaced++;\n"
+    "  return 201;\n"
+    "}\n"
+    "R cuInit(unsigned f) { (void)f; return init_err; }\n"
+    "R cuGetErrorName(R e, const char **s) { *s = e ? \"CUDA_ERROR_STUB\" : \"CUDA_SUCCESS\"; return 0; }\n"
+    "R cuGetErrorString(R e, const char **s) { (void)e; *s = \"stand-in\"; return 0; }\n"
+    "R cuDeviceGetCount(int *n) { *n = devices; return 0; }\n"
+    "R cuDeviceGet(int *d, int o) { if (get_err) return get_err; *d = o; return 0; }\n"
+    "R cuDeviceGetName(char *n, int len, int d) { (void)d; strncpy(n, \"stub\", (size_t)len); return 0; }\n"
+    "R cuDeviceGetAttribute(int *v, int a, int d) {\n"
+    "  (void)d;\n"
+    "  *v = a == 75 ? 9 : a == 76 ? 0 : a == 16 ? 132 : a == 97 ? 232448 : 0;\n"
+    "  return 0;\n"
+    "}\n"
+    "R cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)1 << 30; return 0; }\n"
+    "R cuDevicePrimaryCtxRetain(void **c, int d) {\n"
+    "  (void)d;\n"
+    "  if (retain_err) return retain_err;\n"
+    "  retains++;\n"
+    "  *c = &primary;\n"
+    "  return 0;\n"
+    "}\n"
+    "R cuDevicePrimaryCtxRelease_v2(int d) { (void)d; retains--; return 0; }\n"
+    "R cuDevicePrimaryCtxRelease(int d) { (void)d; retains--; return 0; }\n"
+    "R cuCtxGetCurrent(void **c) { *c = current; return 0; }\n"
+    "R cuCtxSetCurrent(void *c) { switches++; current = c; return 0; }\n"
+    "R cuCtxSynchronize(void) { return work(); }\n"
+    "R cuModuleLoadData(void **m, const void *i) { (void)i; *m = &module; return work(); }\n"
+    "R cuModuleUnload(void *m) { (void)m; return work(); }\n"
+    "R cuModuleGetFunction(void **f, void *m, const char *name) {\n"
+    "  (void)m;\n"
+    "  R r = work();\n"
+    "  if (r) return r;\n"
+    "  if (strcmp(name, \"rlk_stub_kernel\") != 0) return 500;\n"
+    "  *f = &function;\n"
+    "  return 0;\n"
+    "}\n"
+    "R cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return work(); }\n"
+    "R cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
+    "                 unsigned bz, unsigned sh, void *s, void **p, void **e) {\n"
+    "  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh;\n"
+    "  (void)s; (void)p; (void)e;\n"
+    "  return work();\n"
+    "}\n"
+    "R cuMemAlloc_v2(unsigned long long *p, size_t n) { (void)n; *p = 0x10000; return work(); }\n"
+    "R cuMemFree_v2(unsigned long long p) { (void)p; return work(); }\n"
+    "R cuMemcpyHtoD_v2(unsigned long long d, const void *s, size_t n) {\n"
+    "  (void)d; (void)s; (void)n;\n"
+    "  return work();\n"
+    "}\n"
+    "R cuMemcpyDtoH_v2(void *d, unsigned long long s, size_t n) {\n"
+    "  (void)s;\n"
+    "  memset(d, 0, n);\n"
+    "  return work();\n"
+    "}\n"
+    "R cuMemsetD8_v2(unsigned long long d, unsigned char v, size_t n) {\n"
+    "  (void)d; (void)v; (void)n;\n"
+    "  return work();\n"
+    "}\n"
+    "R cuStreamSynchronize(void *s) { (void)s; return work(); }\n"
+    "R cuEventCreate(void **e, unsigned f) { (void)f; *e = &event; return work(); }\n"
+    "R cuEventRecord(void *e, void *s) { (void)e; (void)s; return work(); }\n"
+    "R cuEventSynchronize(void *e) { (void)e; return work(); }\n"
+    "R cuEventElapsedTime_v2(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.0f; return work(); }\n"
+    "R cuEventDestroy_v2(void *e) { (void)e; return work(); }\n";
+
+typedef struct stub_driver {
+  void (*configure)(int devices, int init_err, int get_err, int retain_err);
+  void *(*primary)(void);
+  void *(*other)(void);
+  void *(*current)(void);
+  void (*place)(void *ctx);
+  int (*switches)(void);
+  int (*misplaced)(void);
+  int (*retains)(void);
+} stub_driver;
+
+/* Builds and loads the stand-in driver; 0 (and why, printed) when this process cannot use
+ * one: a driver already loaded, or a test process that is not forked (the backend keeps the
+ * first driver it finds for the life of the process). */
+static int stub_driver_load(stub_driver *stub) {
+  const char *fork_mode = getenv("CK_FORK");
+  if (fork_mode && strcmp(fork_mode, "no") == 0) {
+    printf("skip (backend: cuda stand-in driver): needs a forked test process (CK_FORK=no)\n");
+    return 0;
+  }
+  if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    printf("skip (backend: cuda stand-in driver): a CUDA driver is already loaded\n");
+    return 0;
+  }
+  char dir[1200], so_path[1300];
+  rlk_test_mkdtemp(dir, sizeof dir, "backend-stub-cuda");
+  compile_shared_object(stub_driver_source, dir, "libcuda.so.1", so_path, sizeof so_path);
+  void *lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(lib != NULL, "stand-in driver: %s", dlerror());
+  rlk_test_rmtree(dir); /* mapped: the file is no longer needed */
+  stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
+  stub->primary = (void *(*)(void))dlsym(lib, "stub_primary");
+  stub->other = (void *(*)(void))dlsym(lib, "stub_other");
+  stub->current = (void *(*)(void))dlsym(lib, "stub_current");
+  stub->place = (void (*)(void *))dlsym(lib, "stub_place");
+  stub->switches = (int (*)(void))dlsym(lib, "stub_switches");
+  stub->misplaced = (int (*)(void))dlsym(lib, "stub_misplaced");
+  stub->retains = (int (*)(void))dlsym(lib, "stub_retains");
+  ck_assert(stub->configure && stub->primary && stub->other && stub->current && stub->place &&
+            stub->switches && stub->misplaced && stub->retains);
+  return 1;
+}
+
+START_TEST(test_cuda_stub_open_statuses) {
+  stub_driver stub;
+  if (!stub_driver_load(&stub)) return;
+  struct {
+    int devices, init_err, get_err, retain_err, ordinal;
+    rlk_status want;
+    const char *message;
+  } cases[] = {
+      {1, 100, 0, 0, 0, RLK_ERR_UNAVAILABLE, "cuda: cuInit: CUDA_ERROR_STUB"},
+      {0, 0, 0, 0, 0, RLK_ERR_UNAVAILABLE, "cuda: no CUDA device is present"},
+      {1, 0, 0, 0, 3, RLK_ERR_INVALID_ARGUMENT, "cuda: device 3 requested, but only 1 present"},
+      {2, 0, 0, 0, 2, RLK_ERR_INVALID_ARGUMENT, "cuda: device 2 requested, but only 2 present"},
+      {1, 0, 101, 0, 0, RLK_ERR_BACKEND, "cuda: cuDeviceGet: CUDA_ERROR_STUB"},
+      {1, 0, 0, 2, 0, RLK_ERR_BACKEND, "cuda: cuDevicePrimaryCtxRetain: CUDA_ERROR_STUB"},
+      {2, 0, 0, 0, 1, RLK_OK, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    stub.configure(cases[i].devices, cases[i].init_err, cases[i].get_err, cases[i].retain_err);
+    rlk_backend_impl *b = (rlk_backend_impl *)1;
+    rlk_status st = rlk_cuda_backend_open(cases[i].ordinal, &b);
+    ck_assert_msg(st == cases[i].want, "case %zu: status %d, want %d (%s)", i, st, cases[i].want,
+                  rlk_last_error());
+    if (st == RLK_OK) {
+      ck_assert_str_eq(b->info.target, "sm_90a");
+      ck_assert_int_eq(stub.retains(), 1);
+      b->destroy(b);
+    } else {
+      ck_assert_ptr_null(b);
+      ck_assert_msg(strstr(rlk_last_error(), cases[i].message) != NULL, "case %zu: message %s",
+                    i, rlk_last_error());
+    }
+    ck_assert_int_eq(stub.retains(), 0); /* a failed open keeps nothing */
+    ck_assert_ptr_null(stub.current());
+  }
+}
+END_TEST
+
+/* Runs every entry point once with `start` current on this thread and checks after each one
+ * that `start` is current again; the stand-in refuses any work done outside the primary
+ * context, so success also proves each call ran in it. */
+static void stub_round(const stub_driver *stub, void *start) {
+  static const char ptx[] = ".version 8.0\n.target sm_90a\n";
+  stub->place(start);
+  int switches0 = stub->switches();
+#define STUB_STEP(call)                                                                   \
+  do {                                                                                    \
+    rlk_status st_ = (call);                                                              \
+    ck_assert_msg(st_ == RLK_OK, "%s: %s", #call, rlk_last_error());                      \
+    ck_assert_msg(stub->current() == start, "after %s: %p current, want %p", #call,       \
+                  stub->current(), start);                                                \
+  } while (0)
+  rlk_backend_impl *b = NULL;
+  STUB_STEP(rlk_cuda_backend_open(0, &b));
+  void *module = NULL, *fn = NULL, *missing = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
+  char host[64];
+  float ms = 0;
+  STUB_STEP(b->module_load(b, ptx, sizeof ptx, &module));
+  STUB_STEP(b->get_function(b, module, "rlk_stub_kernel", &fn));
+  /* A failing call restores the context too. */
+  ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &missing), RLK_ERR_BACKEND);
+  ck_assert_ptr_eq(stub->current(), start);
+  STUB_STEP(b->mem_alloc(b, sizeof host, &d));
+  STUB_STEP(b->copy_to_device(b, d, host, sizeof host));
+  STUB_STEP(b->event_create(b, &e0));
+  STUB_STEP(b->event_create(b, &e1));
+  STUB_STEP(b->event_record(b, e0, NULL));
+  rlk_launch_dims dims = {{1, 1, 1}, {32, 1, 1}, 0};
+  void *args[] = {&d};
+  STUB_STEP(b->launch(b, fn, &dims, NULL, args));
+  dims.shared_bytes = 100 * 1024; /* the opt-in path */
+  STUB_STEP(b->launch(b, fn, &dims, NULL, args));
+  STUB_STEP(b->event_record(b, e1, NULL));
+  STUB_STEP(b->synchronize(b, NULL));
+  STUB_STEP(b->event_elapsed_ms(b, e0, e1, &ms));
+  STUB_STEP(b->mem_set(b, d, 7, sizeof host));
+  STUB_STEP(b->copy_to_host(b, host, d, sizeof host));
+  b->event_destroy(b, e0);
+  b->event_destroy(b, e1);
+  ck_assert_ptr_eq(stub->current(), start);
+  STUB_STEP(b->mem_free(b, d));
+  b->module_unload(b, module);
+  ck_assert_ptr_eq(stub->current(), start);
+  b->destroy(b);
+  ck_assert_ptr_eq(stub->current(), start);
+#undef STUB_STEP
+  ck_assert_int_eq(stub->misplaced(), 0);
+  ck_assert_int_eq(stub->retains(), 0);
+  /* The caller already on the primary context (a framework on the same device) costs no
+   * switch at all. */
+  if (start == stub->primary()) ck_assert_int_eq(stub->switches(), switches0);
+  else ck_assert_int_gt(stub->switches(), switches0);
+}
+
+typedef struct stub_thread {
+  const stub_driver *stub;
+  void *seen_before, *seen_after;
+  rlk_status status;
+} stub_thread;
+
+/* A fresh thread (no context current) launching through a backend opened elsewhere. */
+static void *stub_launch_on_thread(void *arg) {
+  stub_thread *t = arg;
+  t->seen_before = t->stub->current();
+  rlk_backend_impl *b = NULL;
+  t->status = rlk_cuda_backend_open(0, &b);
+  if (t->status == RLK_OK) {
+    t->status = b->synchronize(b, NULL);
+    b->destroy(b);
+  }
+  t->seen_after = t->stub->current();
+  return NULL;
+}
+
+START_TEST(test_cuda_stub_keeps_callers_context) {
+  stub_driver stub;
+  if (!stub_driver_load(&stub)) return;
+  stub.configure(1, 0, 0, 0);
+  stub_round(&stub, NULL);           /* nothing current: nothing current after */
+  stub_round(&stub, stub.other());   /* another context (another device's): kept */
+  stub_round(&stub, stub.primary()); /* already ours: no switch */
+  stub_round(&stub, NULL);
+  stub.place(NULL);
+  stub_thread t = {&stub, (void *)1, (void *)1, RLK_ERR_INTERNAL};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, stub_launch_on_thread, &t), 0);
+  pthread_join(th, NULL);
+  ck_assert_int_eq(t.status, RLK_OK);
+  ck_assert_ptr_null(t.seen_before);
+  ck_assert_ptr_null(t.seen_after);
+  ck_assert_int_eq(stub.misplaced(), 0);
+}
+END_TEST
+
+/* ---- HIP over a stand-in runtime: statuses and the caller's current device --------- */
+
+/* A stand-in libamdhip64 (loaded through RLK_HIP_LIB) with a current device per thread
+ * (0 on a fresh thread, as in HIP) that counts device switches and refuses work on any
+ * device but the one opened, `stub_configure`'s `target`. */
+static const char *const hip_stub_source =
+    "#include <stddef.h>\n"
+    "#include <string.h>\n"
+    "typedef int E;\n"
+    "static _Thread_local int current;\n"
+    "static char module, function, event, memory[64];\n"
+    "static int devices = 2, target = 1, init_err, get_err, switches, misplaced;\n"
+    "void stub_configure(int n, int t, int init_e, int get_e) {\n"
+    "  devices = n; target = t; init_err = init_e; get_err = get_e;\n"
+    "}\n"
+    "int stub_current(void) { return current; }\n"
+    "void stub_place(int d) { current = d; }\n"
+    "int stub_switches(void) { return switches; }\n"
+    "int stub_misplaced(void) { return misplaced; }\n"
+    "static E work(void) {\n"
+    "  if (current == target) return 0;\n"
+    "  misplaced++;\n"
+    "  return 101;\n"
+    "}\n"
+    "E hipInit(unsigned f) { (void)f; return init_err; }\n"
+    "const char *hipGetErrorName(E e) { return e ? \"hipErrorStub\" : \"hipSuccess\"; }\n"
+    "const char *hipGetErrorString(E e) { (void)e; return \"stand-in\"; }\n"
+    "E hipGetDeviceCount(int *n) { *n = devices; return devices ? 0 : 100; }\n"
+    "E hipGetDevice(int *d) { *d = current; return 0; }\n"
+    "E hipSetDevice(int d) { if (d < 0 || d >= devices) return 101; switches++; current = d; return 0; }\n"
+    "E hipDeviceGet(int *d, int o) { if (get_err) return get_err; *d = o; return 0; }\n"
+    "E hipDeviceGetName(char *n, int len, int d) { (void)d; strncpy(n, \"stub\", (size_t)len); return 0; }\n"
+    "E hipDeviceGetAttribute(int *v, int a, int d) { (void)a; (void)d; *v = 104; return 0; }\n"
+    "E hipDeviceTotalMem(size_t *b, int d) { (void)d; *b = (size_t)1 << 30; return 0; }\n"
+    "E hipGetDevicePropertiesR0600(void *p, int d) {\n"
+    "  (void)d;\n"
+    "  memset(p, 0, 1024);\n"
+    "  strcpy((char *)p + 400, \"gfx90a:sramecc+:xnack-\");\n"
+    "  return 0;\n"
+    "}\n"
+    "E hipModuleLoadData(void **m, const void *i) { (void)i; *m = &module; return work(); }\n"
+    "E hipModuleUnload(void *m) { (void)m; return work(); }\n"
+    "E hipModuleGetFunction(void **f, void *m, const char *name) {\n"
+    "  (void)m;\n"
+    "  E r = work();\n"
+    "  if (r) return r;\n"
+    "  if (strcmp(name, \"rlk_stub_kernel\") != 0) return 500;\n"
+    "  *f = &function;\n"
+    "  return 0;\n"
+    "}\n"
+    "E hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,\n"
+    "                        unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e) {\n"
+    "  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh;\n"
+    "  (void)s; (void)p; (void)e;\n"
+    "  return work();\n"
+    "}\n"
+    "E hipMalloc(void **p, size_t n) { (void)n; *p = memory; return work(); }\n"
+    "E hipFree(void *p) { (void)p; return work(); }\n"
+    "E hipMemcpy(void *d, const void *s, size_t n, int k) {\n"
+    "  (void)d; (void)s; (void)n; (void)k;\n"
+    "  return work();\n"
+    "}\n"
+    "E hipMemset(void *d, int v, size_t n) { (void)d; (void)v; (void)n; return work(); }\n"
+    "E hipStreamSynchronize(void *s) { (void)s; return work(); }\n"
+    "E hipEventCreate(void **e) { *e = &event; return work(); }\n"
+    "E hipEventRecord(void *e, void *s) { (void)e; (void)s; return work(); }\n"
+    "E hipEventSynchronize(void *e) { (void)e; return work(); }\n"
+    "E hipEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.0f; return work(); }\n"
+    "E hipEventDestroy(void *e) { (void)e; return work(); }\n";
+
+typedef struct hip_stub {
+  void (*configure)(int devices, int target, int init_err, int get_err);
+  int (*current)(void);
+  void (*place)(int device);
+  int (*switches)(void);
+  int (*misplaced)(void);
+} hip_stub;
+
+/* Builds the stand-in runtime and points RLK_HIP_LIB at it; 0 (and why, printed) when the
+ * test process is not forked (the backend keeps the first runtime it loads). */
+static int hip_stub_load(hip_stub *stub) {
+  const char *fork_mode = getenv("CK_FORK");
+  if (fork_mode && strcmp(fork_mode, "no") == 0) {
+    printf("skip (backend: hip stand-in runtime): needs a forked test process (CK_FORK=no)\n");
+    return 0;
+  }
+  char dir[1200], so_path[1300];
+  rlk_test_mkdtemp(dir, sizeof dir, "backend-stub-hip");
+  compile_shared_object(hip_stub_source, dir, NULL, so_path, sizeof so_path);
+  void *lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(lib != NULL, "stand-in runtime: %s", dlerror());
+  setenv("RLK_HIP_LIB", so_path, 1); /* the forked test process's own environment */
+  stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
+  stub->current = (int (*)(void))dlsym(lib, "stub_current");
+  stub->place = (void (*)(int))dlsym(lib, "stub_place");
+  stub->switches = (int (*)(void))dlsym(lib, "stub_switches");
+  stub->misplaced = (int (*)(void))dlsym(lib, "stub_misplaced");
+  ck_assert(stub->configure && stub->current && stub->place && stub->switches &&
+            stub->misplaced);
+  return 1;
+}
+
+START_TEST(test_hip_stub_open_statuses) {
+  hip_stub stub;
+  if (!hip_stub_load(&stub)) return;
+  struct {
+    int devices, init_err, get_err, ordinal;
+    rlk_status want;
+    const char *message;
+  } cases[] = {
+      {1, 100, 0, 0, RLK_ERR_UNAVAILABLE, "hip: no usable AMD GPU (hipInit: hipErrorStub)"},
+      {0, 0, 0, 0, RLK_ERR_UNAVAILABLE, "hip: no AMD GPU is present"},
+      {1, 0, 0, 3, RLK_ERR_INVALID_ARGUMENT, "hip: device 3 requested, but only 1 present"},
+      {2, 0, 0, 2, RLK_ERR_INVALID_ARGUMENT, "hip: device 2 requested, but only 2 present"},
+      {2, 0, 101, 1, RLK_ERR_BACKEND, "hip: hipDeviceGet: hipErrorStub"},
+      {2, 0, 0, 1, RLK_OK, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    stub.configure(cases[i].devices, cases[i].ordinal, cases[i].init_err, cases[i].get_err);
+    rlk_backend_impl *b = (rlk_backend_impl *)1;
+    rlk_status st = rlk_hip_backend_open(cases[i].ordinal, &b);
+    ck_assert_msg(st == cases[i].want, "case %zu: status %d, want %d (%s)", i, st, cases[i].want,
+                  rlk_last_error());
+    if (st == RLK_OK) {
+      ck_assert_str_eq(b->info.target, "gfx90a");
+      b->destroy(b);
+    } else {
+      ck_assert_ptr_null(b);
+      ck_assert_msg(strstr(rlk_last_error(), cases[i].message) != NULL, "case %zu: message %s",
+                    i, rlk_last_error());
+    }
+    ck_assert_int_eq(stub.current(), 0);
+  }
+}
+END_TEST
+
+/* Every entry point once with `start` the current device; `start` is current after each. */
+static void hip_stub_round(const hip_stub *stub, int start) {
+  static const char bundle[] = "__CLANG_OFFLOAD_BUNDLE__ and the rest of a bundle";
+  stub->place(start);
+  int switches0 = stub->switches();
+#define HIP_STEP(call)                                                                    \
+  do {                                                                                    \
+    rlk_status st_ = (call);                                                              \
+    ck_assert_msg(st_ == RLK_OK, "%s: %s", #call, rlk_last_error());                      \
+    ck_assert_msg(stub->current() == start, "after %s: device %d current, want %d", #call, \
+                  stub->current(), start);                                                \
+  } while (0)
+  rlk_backend_impl *b = NULL;
+  HIP_STEP(rlk_hip_backend_open(1, &b));
+  void *module = NULL, *fn = NULL, *missing = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
+  char host[64] = {0};
+  float ms = 0;
+  HIP_STEP(b->module_load(b, bundle, sizeof bundle, &module));
+  HIP_STEP(b->get_function(b, module, "rlk_stub_kernel", &fn));
+  ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &missing), RLK_ERR_BACKEND);
+  ck_assert_int_eq(stub->current(), start);
+  HIP_STEP(b->mem_alloc(b, sizeof host, &d));
+  HIP_STEP(b->copy_to_device(b, d, host, sizeof host));
+  HIP_STEP(b->event_create(b, &e0));
+  HIP_STEP(b->event_create(b, &e1));
+  HIP_STEP(b->event_record(b, e0, NULL));
+  rlk_launch_dims dims = {{1, 1, 1}, {64, 1, 1}, 0};
+  void *args[] = {&d};
+  HIP_STEP(b->launch(b, fn, &dims, NULL, args));
+  HIP_STEP(b->event_record(b, e1, NULL));
+  HIP_STEP(b->synchronize(b, NULL));
+  HIP_STEP(b->event_elapsed_ms(b, e0, e1, &ms));
+  HIP_STEP(b->mem_set(b, d, 7, sizeof host));
+  HIP_STEP(b->copy_to_host(b, host, d, sizeof host));
+  b->event_destroy(b, e0);
+  b->event_destroy(b, e1);
+  HIP_STEP(b->mem_free(b, d));
+  b->module_unload(b, module);
+  ck_assert_int_eq(stub->current(), start);
+  b->destroy(b);
+  ck_assert_int_eq(stub->current(), start);
+#undef HIP_STEP
+  ck_assert_int_eq(stub->misplaced(), 0);
+  if (start == 1) ck_assert_int_eq(stub->switches(), switches0);
+  else ck_assert_int_gt(stub->switches(), switches0);
+}
+
+START_TEST(test_hip_stub_keeps_callers_device) {
+  hip_stub stub;
+  if (!hip_stub_load(&stub)) return;
+  stub.configure(2, 1, 0, 0);
+  hip_stub_round(&stub, 0); /* another device current: kept */
+  hip_stub_round(&stub, 1); /* already ours: no switch */
+  hip_stub_round(&stub, 0);
 }
 END_TEST
 
@@ -925,6 +1418,232 @@ START_TEST(test_cuda_device_tma) {
 }
 END_TEST
 
+/* ---- CUDA on a device: the caller's current context survives ---------------------- */
+
+/* The driver entry points the tests call themselves, resolved apart from the backend so
+ * they see the driver's per-thread state directly. */
+typedef struct test_cu {
+  int (*device_count)(int *count);
+  int (*device_get)(int *device, int ordinal);
+  int (*ctx_get_current)(void **ctx);
+  int (*ctx_set_current)(void *ctx);
+  int (*ctx_create_v2)(void **ctx, unsigned flags, int device);
+  int (*ctx_create_v4)(void **ctx, void *params, unsigned flags, int device);
+  int (*ctx_destroy)(void *ctx);
+  int (*primary_retain)(void **ctx, int device);
+  int (*primary_release)(int device);
+} test_cu;
+
+static void test_cu_load(test_cu *cu) {
+  memset(cu, 0, sizeof *cu);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(lib != NULL, "RLK_TEST_GPU=1 but libcuda.so.1 does not load: %s", dlerror());
+  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+  cu->device_count = (int (*)(int *))dlsym(lib, "cuDeviceGetCount");
+  cu->device_get = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
+  cu->ctx_get_current = (int (*)(void **))dlsym(lib, "cuCtxGetCurrent");
+  cu->ctx_set_current = (int (*)(void *))dlsym(lib, "cuCtxSetCurrent");
+  /* cuCtxCreate changed its arguments in CUDA 13 (the _v4 form takes a parameter block,
+   * NULL for none); drivers keep exporting the _v2 form for older binaries. */
+  cu->ctx_create_v2 = (int (*)(void **, unsigned, int))dlsym(lib, "cuCtxCreate_v2");
+  cu->ctx_create_v4 = (int (*)(void **, void *, unsigned, int))dlsym(lib, "cuCtxCreate_v4");
+  cu->ctx_destroy = (int (*)(void *))dlsym(lib, "cuCtxDestroy_v2");
+  cu->primary_retain = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
+  cu->primary_release = (int (*)(int))dlsym(lib, "cuDevicePrimaryCtxRelease_v2");
+  if (!cu->primary_release)
+    cu->primary_release = (int (*)(int))dlsym(lib, "cuDevicePrimaryCtxRelease");
+  ck_assert(init && cu->device_count && cu->device_get && cu->ctx_get_current &&
+            cu->ctx_set_current && (cu->ctx_create_v2 || cu->ctx_create_v4) &&
+            cu->ctx_destroy && cu->primary_retain && cu->primary_release);
+  ck_assert_int_eq(init(0), 0);
+}
+
+static void *cu_current(const test_cu *cu) {
+  void *ctx = (void *)1;
+  if (cu->ctx_get_current(&ctx) != 0) return (void *)1; /* never a real context */
+  return ctx;
+}
+
+enum { START_NONE, START_OTHER, START_PRIMARY };
+
+/* One thread's run: open, load, launch, copy, time, free and destroy with a given context
+ * current at the start, checking after every call that it still is. Failures are written
+ * into `failure` (Check's assertions belong to the test's own thread). */
+typedef struct ctx_probe {
+  const test_cu *cu;
+  int start;
+  const compiled *kernels; /* [0] = rlk_test_axpy<3> */
+  uint64_t seed;
+  char failure[768];
+} ctx_probe;
+
+#define PROBE_FAIL_IF(cond, ...)                                                      \
+  do {                                                                                \
+    if (cond) {                                                                       \
+      snprintf(p->failure, sizeof p->failure, __VA_ARGS__);                           \
+      goto done;                                                                      \
+    }                                                                                 \
+  } while (0)
+#define PROBE_STEP(call)                                                              \
+  do {                                                                                \
+    rlk_status st_ = (call);                                                          \
+    PROBE_FAIL_IF(st_ != RLK_OK, "%s: %s", #call, rlk_last_error());                  \
+    void *now_ = cu_current(cu);                                                      \
+    PROBE_FAIL_IF(now_ != want, "after %s: context %p current, want %p", #call, now_, \
+                  want);                                                              \
+  } while (0)
+
+static void *ctx_probe_run(void *arg) {
+  ctx_probe *p = arg;
+  const test_cu *cu = p->cu;
+  rlk_backend_impl *b = NULL;
+  void *own = NULL, *want = NULL, *module = NULL, *fn = NULL, *missing = NULL;
+  void *dx = NULL, *dy = NULL, *e0 = NULL, *e1 = NULL;
+  float *hx = NULL, *hy = NULL, *out = NULL;
+  int retained = 0, device = 0;
+  p->failure[0] = '\0';
+  void *first = cu_current(cu);
+  PROBE_FAIL_IF(first != NULL, "a fresh thread has context %p current", first);
+  PROBE_FAIL_IF(cu->device_get(&device, 0) != 0, "cuDeviceGet failed");
+  if (p->start == START_OTHER) {
+    /* A second, non-primary context on the same device stands for "another device's
+     * context" on a one-GPU machine: creating it makes it current. */
+    int r = cu->ctx_create_v2 ? cu->ctx_create_v2(&own, 0, device)
+                              : cu->ctx_create_v4(&own, NULL, 0, device);
+    PROBE_FAIL_IF(r != 0 || !own, "cuCtxCreate: CUresult %d", r);
+    want = own;
+  } else if (p->start == START_PRIMARY) {
+    PROBE_FAIL_IF(cu->primary_retain(&want, device) != 0, "cuDevicePrimaryCtxRetain failed");
+    retained = 1;
+    PROBE_FAIL_IF(cu->ctx_set_current(want) != 0, "cuCtxSetCurrent failed");
+  }
+  void *now = cu_current(cu);
+  PROBE_FAIL_IF(now != want, "setting up: context %p current, want %p", now, want);
+
+  uint64_t rng = p->seed;
+  long long n = 1 + (long long)(rlk_test_rand_u64(&rng) % 100000);
+  float a = (float)rlk_test_rand_normal(&rng);
+  size_t bytes = (size_t)n * sizeof(float);
+  hx = malloc(bytes);
+  hy = malloc(bytes);
+  out = malloc(bytes);
+  PROBE_FAIL_IF(!hx || !hy || !out, "out of host memory");
+  for (long long i = 0; i < n; i++) {
+    hx[i] = (float)rlk_test_rand_normal(&rng);
+    hy[i] = (float)rlk_test_rand_normal(&rng);
+  }
+  const compiled *c = p->kernels;
+  PROBE_STEP(rlk_cuda_backend_open(0, &b));
+  PROBE_STEP(b->module_load(b, c->result.binary, c->result.size, &module));
+  PROBE_STEP(b->get_function(b, module, c->result.lowered_names[0], &fn));
+  rlk_status st = b->get_function(b, module, "rlk_no_such_kernel_7", &missing);
+  PROBE_FAIL_IF(st != RLK_ERR_BACKEND, "a missing kernel: status %d", st);
+  now = cu_current(cu);
+  PROBE_FAIL_IF(now != want, "after a failed get_function: context %p current, want %p", now,
+                want);
+  PROBE_STEP(b->mem_alloc(b, bytes, &dx));
+  PROBE_STEP(b->mem_alloc(b, bytes, &dy));
+  PROBE_STEP(b->copy_to_device(b, dx, hx, bytes));
+  PROBE_STEP(b->copy_to_device(b, dy, hy, bytes));
+  PROBE_STEP(b->event_create(b, &e0));
+  PROBE_STEP(b->event_create(b, &e1));
+  PROBE_STEP(b->event_record(b, e0, NULL));
+  void *args[] = {&a, &dx, &dy, &n};
+  rlk_launch_dims dims = {{(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1}, 0};
+  PROBE_STEP(b->launch(b, fn, &dims, NULL, args));
+  PROBE_STEP(b->event_record(b, e1, NULL));
+  PROBE_STEP(b->synchronize(b, NULL));
+  float ms = -1;
+  PROBE_STEP(b->event_elapsed_ms(b, e0, e1, &ms));
+  PROBE_STEP(b->copy_to_host(b, out, dy, bytes));
+  for (long long i = 0; i < n; i++) {
+    double want_y = 3.0 * (double)a * (double)hx[i] + (double)hy[i];
+    double tol = 1e-5 * (1.0 + __builtin_fabs(want_y) + __builtin_fabs(3.0 * a * hx[i]));
+    PROBE_FAIL_IF(__builtin_fabs((double)out[i] - want_y) > tol, "y[%lld] = %.9g, want %.9g", i,
+                  (double)out[i], want_y);
+  }
+  PROBE_STEP(b->mem_set(b, dy, 0, bytes));
+  b->event_destroy(b, e0);
+  b->event_destroy(b, e1);
+  e0 = e1 = NULL;
+  PROBE_STEP(b->mem_free(b, dx));
+  PROBE_STEP(b->mem_free(b, dy));
+  dx = dy = NULL;
+  b->module_unload(b, module);
+  module = NULL;
+  b->destroy(b);
+  b = NULL;
+  now = cu_current(cu);
+  PROBE_FAIL_IF(now != want, "after destroy: context %p current, want %p", now, want);
+done:
+  if (b) {
+    if (e0) b->event_destroy(b, e0);
+    if (e1) b->event_destroy(b, e1);
+    if (dx) b->mem_free(b, dx);
+    if (dy) b->mem_free(b, dy);
+    if (module) b->module_unload(b, module);
+    b->destroy(b);
+  }
+  if (own) cu->ctx_destroy(own);
+  if (retained) {
+    cu->ctx_set_current(NULL);
+    cu->primary_release(device);
+  }
+  free(hx);
+  free(hy);
+  free(out);
+  return NULL;
+}
+#undef PROBE_STEP
+#undef PROBE_FAIL_IF
+
+START_TEST(test_cuda_device_keeps_callers_context) {
+  if (!rlk_test_gpu_enabled("backend: cuda current context")) return;
+  test_cu cu;
+  test_cu_load(&cu);
+  rlk_backend_impl *b = open_cuda_or_fail();
+  static const char *const names[] = {"rlk_test_axpy<3>"};
+  compiled c;
+  int have = compile_for(b, cuda_kernels, names, 1, &c);
+  b->destroy(b);
+  if (!have) return;
+  static const char *const starts[] = {"no context", "another context", "the primary context"};
+  for (int start = START_NONE; start <= START_PRIMARY; start++) {
+    ctx_probe p = {&cu, start, &c, seeded_state(), ""};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, ctx_probe_run, &p), 0);
+    pthread_join(th, NULL);
+    ck_assert_msg(p.failure[0] == '\0', "starting with %s current: %s", starts[start],
+                  p.failure);
+  }
+  compiled_free(&c);
+}
+END_TEST
+
+START_TEST(test_cuda_device_ordinal_out_of_range) {
+  if (!rlk_test_gpu_enabled("backend: cuda ordinal out of range")) return;
+  test_cu cu;
+  test_cu_load(&cu);
+  int count = 0;
+  ck_assert_int_eq(cu.device_count(&count), 0);
+  ck_assert_int_gt(count, 0);
+  void *before = cu_current(&cu);
+  uint64_t rng = seeded_state();
+  int ordinals[] = {count, count + 1 + (int)(rlk_test_rand_u64(&rng) % 1000)};
+  for (int i = 0; i < 2; i++) {
+    rlk_backend_impl *b = (rlk_backend_impl *)1;
+    rlk_status st = rlk_cuda_backend_open(ordinals[i], &b);
+    ck_assert_int_eq(st, RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(b);
+    char want[128];
+    snprintf(want, sizeof want, "cuda: device %d requested, but only %d present", ordinals[i],
+             count);
+    ck_assert_str_eq(rlk_last_error(), want);
+  }
+  ck_assert_ptr_eq(cu_current(&cu), before);
+}
+END_TEST
+
 Suite *backend_suite(void) {
   Suite *s = suite_create("backend");
   TCase *host = tcase_create("host");
@@ -947,6 +1666,10 @@ Suite *backend_suite(void) {
   tcase_add_test(open, test_cuda_target_for);
   tcase_add_test(open, test_cuda_open_here);
   tcase_add_test(open, test_hip_open_here);
+  tcase_add_test(open, test_cuda_stub_open_statuses);
+  tcase_add_test(open, test_cuda_stub_keeps_callers_context);
+  tcase_add_test(open, test_hip_stub_open_statuses);
+  tcase_add_test(open, test_hip_stub_keeps_callers_device);
   suite_add_tcase(s, open);
 
   TCase *gpu = tcase_create("gpu");
@@ -954,6 +1677,8 @@ Suite *backend_suite(void) {
   tcase_add_test(gpu, test_cuda_device_memory_events);
   tcase_add_test(gpu, test_cuda_device_kernels);
   tcase_add_test(gpu, test_cuda_device_tma);
+  tcase_add_test(gpu, test_cuda_device_keeps_callers_context);
+  tcase_add_test(gpu, test_cuda_device_ordinal_out_of_range);
   suite_add_tcase(s, gpu);
   return s;
 }

@@ -48,11 +48,15 @@ struct rlk_backend_impl {
   void *impl;
 };
 
-/* Opens the CUDA driver (libcuda.so.1 by dlopen) on device `ordinal`: makes its primary
- * context current on the calling thread. RLK_ERR_UNAVAILABLE if there is no driver or device. */
+/* Opens the CUDA driver (libcuda.so.1 by dlopen) on device `ordinal` and retains its primary
+ * context. Every entry point makes that context current only for its own duration: the calling
+ * thread keeps the context it had (possibly none). RLK_ERR_UNAVAILABLE only when there is no
+ * CUDA here (no driver, cuInit fails, no device); RLK_ERR_INVALID_ARGUMENT for an ordinal past
+ * the last device; RLK_ERR_BACKEND when the device itself fails. */
 rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out);
 
-/* Opens the HIP runtime (libamdhip64 by dlopen) on device `ordinal`. */
+/* Opens the HIP runtime (libamdhip64 by dlopen) on device `ordinal`. Like CUDA: the calling
+ * thread keeps its current device; the same statuses. */
 rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out);
 
 /* The host CPU: kernels are shared objects loaded with dlopen; memory is malloc. */

@@ -3,8 +3,10 @@
  *
  * One backend is one device's primary context: the context CUDA runtime users (PyTorch,
  * CuPy) share, so pointers and streams from a framework work here unchanged. The driver
- * keeps a current context per thread; every entry point makes ours current first because
- * the backend may be called from any thread. */
+ * keeps a current context per thread, and the CUDA runtime adopts whatever context it finds
+ * current. So every entry point makes ours current only for its own duration (ctx_enter /
+ * ctx_leave) and hands the thread back as it found it: a caller working on another device
+ * keeps that device. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,14 +121,40 @@ typedef struct cuda_state {
 
 static cuda_state *state_of(rlk_backend_impl *self) { return self->impl; }
 
-/* Makes the device's context current on this thread (a no-op when it already is). */
-static rlk_status make_current(cuda_state *s) {
-  CUcontext cur = NULL;
-  CUresult r = s->drv->cuCtxGetCurrent(&cur);
-  if (r == CUDA_SUCCESS && cur == s->ctx) return RLK_OK;
+/* The caller's current context, noted by ctx_enter and put back by ctx_leave. */
+typedef struct ctx_scope {
+  CUcontext prev; /* possibly NULL: no context was current */
+  int switched;   /* ctx_enter replaced prev with ours */
+} ctx_scope;
+
+/* Makes the device's context current on this thread for one entry point. The common case,
+ * a caller that already has our primary context current (a framework on the same device),
+ * costs one cuCtxGetCurrent and no switch. */
+static inline rlk_status ctx_enter(cuda_state *s, ctx_scope *scope) {
+  scope->prev = NULL;
+  scope->switched = 0;
+  CUresult r = s->drv->cuCtxGetCurrent(&scope->prev);
+  if (r != CUDA_SUCCESS) scope->prev = NULL; /* unknown: leave the thread with none */
+  else if (scope->prev == s->ctx) return RLK_OK;
   r = s->drv->cuCtxSetCurrent(s->ctx);
   if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
+  scope->switched = 1;
   return RLK_OK;
+}
+
+/* Puts back the context ctx_enter found and returns `status` unchanged, so an entry point
+ * ends with `return ctx_leave(s, &scope, status)`. A failure to restore is only logged: the
+ * entry point's own outcome (and its error message) is what the caller needs. */
+static inline rlk_status ctx_leave(cuda_state *s, const ctx_scope *scope, rlk_status status) {
+  if (!scope->switched) return status;
+  CUresult r = s->drv->cuCtxSetCurrent(scope->prev);
+  if (r != CUDA_SUCCESS) {
+    const char *name = NULL;
+    if (s->drv->cuGetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
+    rlk_warn("cuda: cannot restore the caller's current context: %s",
+             name ? name : "unknown error");
+  }
+  return status;
 }
 
 /* PTX is text the driver reads as a C string: it must be NUL-terminated inside the buffer
@@ -155,28 +183,31 @@ static rlk_status cuda_module_load(rlk_backend_impl *self, const void *image, si
     return rlk_error(RLK_ERR_BACKEND,
                      "cuda: module_load: image is neither a cubin, a fatbinary nor PTX text");
   }
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUmodule mod = NULL;
   CUresult r = s->drv->cuModuleLoadData(&mod, image);
   if (r != CUDA_SUCCESS) {
     /* An image for another architecture or from a newer toolkit lands here too
      * (NO_BINARY_FOR_GPU, INVALID_IMAGE, UNSUPPORTED_PTX_VERSION): the JIT rebuilds it. */
-    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleLoadData", r);
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleLoadData", r));
   }
   *module = mod;
-  return RLK_OK;
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static void cuda_module_unload(rlk_backend_impl *self, void *module) {
   cuda_state *s = state_of(self);
   if (!module) return;
-  if (make_current(s) != RLK_OK) return;
+  ctx_scope scope;
+  if (ctx_enter(s, &scope) != RLK_OK) return;
   CUresult r = s->drv->cuModuleUnload((CUmodule)module);
   if (r != CUDA_SUCCESS) {
     rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleUnload", r);
     rlk_warn("%s", rlk_last_error());
   }
+  ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_get_function(rlk_backend_impl *self, void *module, const char *name,
@@ -185,17 +216,18 @@ static rlk_status cuda_get_function(rlk_backend_impl *self, void *module, const 
   if (!module || !name || !fn)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: get_function: NULL argument");
   *fn = NULL;
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUfunction f = NULL;
   CUresult r = s->drv->cuModuleGetFunction(&f, (CUmodule)module, name);
   if (r != CUDA_SUCCESS) {
     char what[320];
     rlk_format(what, sizeof what, "cuModuleGetFunction(\"%s\")", name);
-    return rlk_cuda_fail(RLK_ERR_BACKEND, what, r);
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, what, r));
   }
   *fn = f;
-  return RLK_OK;
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch_dims *dims,
@@ -209,7 +241,8 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
                      "cuda: launch: %zu bytes of dynamic shared memory exceed the device's "
                      "limit of %d",
                      dims->shared_bytes, s->max_shared_optin);
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUfunction f = fn;
   if (dims->shared_bytes > RLK_CUDA_DEFAULT_SHARED_LIMIT) {
@@ -217,14 +250,16 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
      * idempotent, so setting it on each such launch is safe from any thread. */
     CUresult r = s->drv->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             (int)dims->shared_bytes);
-    if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r);
+    if (r != CUDA_SUCCESS)
+      return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r));
   }
   CUresult r = s->drv->cuLaunchKernel(f, dims->grid[0], dims->grid[1], dims->grid[2],
                                       dims->block[0], dims->block[1], dims->block[2],
                                       (unsigned int)dims->shared_bytes, (CUstream)stream, args,
                                       NULL);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernel", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernel", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out) {
@@ -232,24 +267,29 @@ static rlk_status cuda_mem_alloc(rlk_backend_impl *self, size_t bytes, void **ou
   if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: mem_alloc: out is NULL");
   *out = NULL;
   if (bytes == 0) return RLK_OK; /* the driver rejects 0; NULL frees as a no-op */
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUdeviceptr p = 0;
   CUresult r = s->drv->cuMemAlloc(&p, bytes);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) return rlk_cuda_fail(RLK_ERR_OUT_OF_MEMORY, "cuMemAlloc", r);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemAlloc", r);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_OUT_OF_MEMORY, "cuMemAlloc", r));
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemAlloc", r));
   *out = (void *)(uintptr_t)p;
-  return RLK_OK;
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_mem_free(rlk_backend_impl *self, void *ptr) {
   cuda_state *s = state_of(self);
   if (!ptr) return RLK_OK;
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuMemFree((CUdeviceptr)(uintptr_t)ptr);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemFree", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemFree", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
@@ -258,11 +298,13 @@ static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const v
   if (bytes == 0) return RLK_OK;
   if (!dst || !src)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_device: NULL pointer");
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyHtoD", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyHtoD", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_copy_to_host(rlk_backend_impl *self, void *dst, const void *src,
@@ -271,57 +313,68 @@ static rlk_status cuda_copy_to_host(rlk_backend_impl *self, void *dst, const voi
   if (bytes == 0) return RLK_OK;
   if (!dst || !src)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_host: NULL pointer");
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyDtoH", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyDtoH", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_mem_set(rlk_backend_impl *self, void *dst, int value, size_t bytes) {
   cuda_state *s = state_of(self);
   if (bytes == 0) return RLK_OK;
   if (!dst) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: mem_set: NULL pointer");
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuMemsetD8((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, bytes);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemsetD8", r);
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemsetD8", r));
   /* cuMemsetD8 may return before the fill lands; callers are promised a synchronous fill. */
   r = s->drv->cuStreamSynchronize(NULL);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_synchronize(rlk_backend_impl *self, void *stream) {
   cuda_state *s = state_of(self);
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuStreamSynchronize((CUstream)stream);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_event_create(rlk_backend_impl *self, void **event) {
   cuda_state *s = state_of(self);
   if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_create: event is NULL");
   *event = NULL;
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUevent e = NULL;
   CUresult r = s->drv->cuEventCreate(&e, CU_EVENT_DEFAULT);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventCreate", r);
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventCreate", r));
   *event = e;
-  return RLK_OK;
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_event_record(rlk_backend_impl *self, void *event, void *stream) {
   cuda_state *s = state_of(self);
   if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_record: event is NULL");
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuEventRecord((CUevent)event, (CUstream)stream);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventRecord", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventRecord", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status cuda_event_elapsed_ms(rlk_backend_impl *self, void *start, void *end,
@@ -329,27 +382,33 @@ static rlk_status cuda_event_elapsed_ms(rlk_backend_impl *self, void *start, voi
   cuda_state *s = state_of(self);
   if (!start || !end || !ms)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: event_elapsed_ms: NULL argument");
-  rlk_status st = make_current(s);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuEventSynchronize((CUevent)end);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventSynchronize", r);
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventSynchronize", r));
   r = s->drv->cuEventElapsedTime(ms, (CUevent)start, (CUevent)end);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventElapsedTime", r);
-  return RLK_OK;
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventElapsedTime", r));
+  return ctx_leave(s, &scope, RLK_OK);
 }
 
 static void cuda_event_destroy(rlk_backend_impl *self, void *event) {
   cuda_state *s = state_of(self);
   if (!event) return;
-  if (make_current(s) != RLK_OK) return;
+  ctx_scope scope;
+  if (ctx_enter(s, &scope) != RLK_OK) return;
   s->drv->cuEventDestroy((CUevent)event);
+  ctx_leave(s, &scope, RLK_OK);
 }
 
 static void cuda_destroy(rlk_backend_impl *self) {
   if (!self) return;
   cuda_state *s = state_of(self);
   if (s) {
-    /* The primary context is reference counted: other users in the process keep theirs. */
+    /* The primary context is reference counted: other users in the process keep theirs.
+     * Releasing needs no current context, so the thread's is left alone. */
     if (s->ctx) s->drv->cuDevicePrimaryCtxRelease(s->device);
     free(s);
   }
@@ -384,7 +443,7 @@ static rlk_status apply_arch_override(rlk_device_info *info) {
 
 /* ---- opening ---------------------------------------------------------------------- */
 
-/* Reads the device description into info; the context is current. */
+/* Reads the device description into info (device queries: no context needs to be current). */
 static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
   const rlk_cuda_driver *d = s->drv;
   CUresult r;
@@ -418,6 +477,9 @@ static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
   return apply_arch_override(info);
 }
 
+/* Retains the device's primary context. RLK_ERR_UNAVAILABLE only when there is no CUDA
+ * here at all (no driver, cuInit refused, no device), the one status that lets an automatic
+ * backend choice move on to the next backend. */
 static rlk_status open_device(int ordinal, cuda_state *s) {
   rlk_status st = rlk_cuda_driver_load(&s->drv);
   if (st != RLK_OK) return st;
@@ -431,19 +493,23 @@ static rlk_status open_device(int ordinal, cuda_state *s) {
   r = d->cuDeviceGetCount(&count);
   if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDeviceGetCount", r);
   if (count <= 0) return rlk_error(RLK_ERR_UNAVAILABLE, "cuda: no CUDA device is present");
+  /* From here CUDA is present: a failure is the request's or the device's, not a reason to
+   * look for another backend. */
   if (ordinal >= count)
-    return rlk_error(RLK_ERR_UNAVAILABLE, "cuda: device %d requested, but only %d present",
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: device %d requested, but only %d present",
                      ordinal, count);
   if ((r = d->cuDeviceGet(&s->device, ordinal)) != CUDA_SUCCESS)
-    return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDeviceGet", r);
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDeviceGet", r);
   if ((r = d->cuDevicePrimaryCtxRetain(&s->ctx, s->device)) != CUDA_SUCCESS) {
     s->ctx = NULL;
-    return rlk_cuda_fail(RLK_ERR_UNAVAILABLE, "cuDevicePrimaryCtxRetain", r);
+    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDevicePrimaryCtxRetain", r);
   }
-  if ((r = d->cuCtxSetCurrent(s->ctx)) != CUDA_SUCCESS)
-    return rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
   s->ordinal = ordinal;
-  return RLK_OK;
+  /* Checks that the context can be made current, then hands the thread back as it found it:
+   * opening leaves no context current that was not current before. */
+  ctx_scope scope;
+  st = ctx_enter(s, &scope);
+  return st == RLK_OK ? ctx_leave(s, &scope, RLK_OK) : st;
 }
 
 rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {

@@ -1,6 +1,8 @@
 /* hip_backend.c - the AMD GPU backend over the HIP runtime (libamdhip64, opened with
- * dlopen). The HIP runtime keeps a current device per thread, so every entry point selects
- * the backend's device first: the backend may be called from any thread. */
+ * dlopen). The HIP runtime keeps a current device per thread, shared with every other HIP
+ * user in the process (PyTorch included). The backend may be called from any thread, so
+ * every entry point selects the backend's device for its own duration only (device_enter /
+ * device_leave) and hands the thread back on the device it found. */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -97,13 +99,40 @@ typedef struct hip_state {
 
 static hip_state *state_of(rlk_backend_impl *self) { return self->impl; }
 
-/* Selects the backend's device on this thread (a no-op when it already is). */
-static rlk_status select_device(hip_state *s) {
+/* The caller's current device, noted by device_enter and put back by device_leave. */
+typedef struct device_scope {
+  int prev; /* -1 when it could not be read: then nothing is restored */
+  int switched;
+} device_scope;
+
+/* Selects the backend's device on this thread for one entry point; one hipGetDevice and no
+ * switch when the caller is already on it. */
+static inline rlk_status device_enter(hip_state *s, device_scope *scope) {
+  scope->prev = -1;
+  scope->switched = 0;
   int cur = -1;
-  if (s->rt->hipGetDevice(&cur) == hipSuccess && cur == s->ordinal) return RLK_OK;
+  if (s->rt->hipGetDevice(&cur) == hipSuccess) {
+    if (cur == s->ordinal) return RLK_OK;
+    scope->prev = cur;
+  }
   hipError_t e = s->rt->hipSetDevice(s->ordinal);
   if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipSetDevice", e);
+  scope->switched = scope->prev >= 0;
   return RLK_OK;
+}
+
+/* Puts back the device device_enter found and returns `status` unchanged. A failure to
+ * restore is only logged: the entry point's own outcome is what the caller needs. */
+static inline rlk_status device_leave(hip_state *s, const device_scope *scope,
+                                      rlk_status status) {
+  if (!scope->switched) return status;
+  hipError_t e = s->rt->hipSetDevice(scope->prev);
+  if (e != hipSuccess) {
+    const char *name = s->rt->hipGetErrorName ? s->rt->hipGetErrorName(e) : NULL;
+    rlk_warn("hip: cannot restore the caller's device %d: %s", scope->prev,
+             name ? name : "unknown error");
+  }
+  return status;
 }
 
 static rlk_status hip_module_load(rlk_backend_impl *self, const void *image, size_t size,
@@ -119,24 +148,28 @@ static rlk_status hip_module_load(rlk_backend_impl *self, const void *image, siz
     rlk_status st = rlk_elf_image_check(image, size, EM_AMDGPU_MACHINE, "hip");
     if (st != RLK_OK) return st;
   }
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipModule_t mod = NULL;
   hipError_t e = s->rt->hipModuleLoadData(&mod, image);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipModuleLoadData", e);
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipModuleLoadData", e));
   *module = mod;
-  return RLK_OK;
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static void hip_module_unload(rlk_backend_impl *self, void *module) {
   hip_state *s = state_of(self);
   if (!module) return;
-  if (select_device(s) != RLK_OK) return;
+  device_scope scope;
+  if (device_enter(s, &scope) != RLK_OK) return;
   hipError_t e = s->rt->hipModuleUnload((hipModule_t)module);
   if (e != hipSuccess) {
     hip_fail(RLK_ERR_BACKEND, "hipModuleUnload", e);
     rlk_warn("%s", rlk_last_error());
   }
+  device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_get_function(rlk_backend_impl *self, void *module, const char *name,
@@ -145,17 +178,18 @@ static rlk_status hip_get_function(rlk_backend_impl *self, void *module, const c
   if (!module || !name || !fn)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: get_function: NULL argument");
   *fn = NULL;
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipFunction_t f = NULL;
   hipError_t e = s->rt->hipModuleGetFunction(&f, (hipModule_t)module, name);
   if (e != hipSuccess) {
     char what[320];
     rlk_format(what, sizeof what, "hipModuleGetFunction(\"%s\")", name);
-    return hip_fail(RLK_ERR_BACKEND, what, e);
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, what, e));
   }
   *fn = f;
-  return RLK_OK;
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_launch(rlk_backend_impl *self, void *fn, const rlk_launch_dims *dims,
@@ -166,15 +200,17 @@ static rlk_status hip_launch(rlk_backend_impl *self, void *fn, const rlk_launch_
   if (dims->shared_bytes > 0xffffffffu)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: launch: %zu bytes of shared memory",
                      dims->shared_bytes);
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   /* No opt-in step: AMD GPUs give a block all of its LDS without one. */
   hipError_t e = s->rt->hipModuleLaunchKernel(
       (hipFunction_t)fn, dims->grid[0], dims->grid[1], dims->grid[2], dims->block[0],
       dims->block[1], dims->block[2], (unsigned int)dims->shared_bytes, (hipStream_t)stream,
       args, NULL);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipModuleLaunchKernel", e);
-  return RLK_OK;
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipModuleLaunchKernel", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out) {
@@ -182,35 +218,39 @@ static rlk_status hip_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out
   if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: mem_alloc: out is NULL");
   *out = NULL;
   if (bytes == 0) return RLK_OK;
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   void *p = NULL;
   hipError_t e = s->rt->hipMalloc(&p, bytes);
-  if (e == hipErrorOutOfMemory) return hip_fail(RLK_ERR_OUT_OF_MEMORY, "hipMalloc", e);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipMalloc", e);
+  if (e == hipErrorOutOfMemory)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_OUT_OF_MEMORY, "hipMalloc", e));
+  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipMalloc", e));
   *out = p;
-  return RLK_OK;
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_mem_free(rlk_backend_impl *self, void *ptr) {
   hip_state *s = state_of(self);
   if (!ptr) return RLK_OK;
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipFree(ptr);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipFree", e);
-  return RLK_OK;
+  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipFree", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_copy(hip_state *s, void *dst, const void *src, size_t bytes, int kind,
                            const char *what) {
   if (bytes == 0) return RLK_OK;
   if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: %s: NULL pointer", what);
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipMemcpy(dst, src, bytes, kind);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipMemcpy", e);
-  return RLK_OK;
+  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipMemcpy", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
@@ -227,46 +267,54 @@ static rlk_status hip_mem_set(rlk_backend_impl *self, void *dst, int value, size
   hip_state *s = state_of(self);
   if (bytes == 0) return RLK_OK;
   if (!dst) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: mem_set: NULL pointer");
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipMemset(dst, value, bytes);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipMemset", e);
+  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipMemset", e));
   /* hipMemset may return before the fill lands; callers are promised a synchronous fill. */
   e = s->rt->hipStreamSynchronize(NULL);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e);
-  return RLK_OK;
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_synchronize(rlk_backend_impl *self, void *stream) {
   hip_state *s = state_of(self);
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipStreamSynchronize((hipStream_t)stream);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e);
-  return RLK_OK;
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_event_create(rlk_backend_impl *self, void **event) {
   hip_state *s = state_of(self);
   if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: event_create: event is NULL");
   *event = NULL;
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipEvent_t ev = NULL;
   hipError_t e = s->rt->hipEventCreate(&ev);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipEventCreate", e);
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventCreate", e));
   *event = ev;
-  return RLK_OK;
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_event_record(rlk_backend_impl *self, void *event, void *stream) {
   hip_state *s = state_of(self);
   if (!event) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: event_record: event is NULL");
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipEventRecord((hipEvent_t)event, (hipStream_t)stream);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipEventRecord", e);
-  return RLK_OK;
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventRecord", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static rlk_status hip_event_elapsed_ms(rlk_backend_impl *self, void *start, void *end,
@@ -274,20 +322,25 @@ static rlk_status hip_event_elapsed_ms(rlk_backend_impl *self, void *start, void
   hip_state *s = state_of(self);
   if (!start || !end || !ms)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: event_elapsed_ms: NULL argument");
-  rlk_status st = select_device(s);
+  device_scope scope;
+  rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipEventSynchronize((hipEvent_t)end);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipEventSynchronize", e);
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventSynchronize", e));
   e = s->rt->hipEventElapsedTime(ms, (hipEvent_t)start, (hipEvent_t)end);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipEventElapsedTime", e);
-  return RLK_OK;
+  if (e != hipSuccess)
+    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventElapsedTime", e));
+  return device_leave(s, &scope, RLK_OK);
 }
 
 static void hip_event_destroy(rlk_backend_impl *self, void *event) {
   hip_state *s = state_of(self);
   if (!event) return;
-  if (select_device(s) != RLK_OK) return;
+  device_scope scope;
+  if (device_enter(s, &scope) != RLK_OK) return;
   s->rt->hipEventDestroy((hipEvent_t)event);
+  device_leave(s, &scope, RLK_OK);
 }
 
 static void hip_destroy(rlk_backend_impl *self) {
@@ -341,7 +394,7 @@ static rlk_status describe_device(hip_state *s, rlk_device_info *info) {
   const rlk_hip_runtime *rt = s->rt;
   hipDevice_t dev = 0;
   hipError_t e = rt->hipDeviceGet(&dev, s->ordinal);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_UNAVAILABLE, "hipDeviceGet", e);
+  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipDeviceGet", e);
   char name[sizeof info->name];
   if ((e = rt->hipDeviceGetName(name, (int)sizeof name, dev)) != hipSuccess)
     return hip_fail(RLK_ERR_BACKEND, "hipDeviceGetName", e);
@@ -379,6 +432,9 @@ static rlk_status describe_device(hip_state *s, rlk_device_info *info) {
   return RLK_OK;
 }
 
+/* Finds the device. RLK_ERR_UNAVAILABLE only when there is no HIP here at all (no runtime,
+ * hipInit refused, no device), the one status that lets an automatic backend choice move on
+ * to the next backend. */
 static rlk_status open_device(int ordinal, hip_state *s) {
   rlk_status st = hip_runtime_load(&s->rt);
   if (st != RLK_OK) return st;
@@ -395,13 +451,17 @@ static rlk_status open_device(int ordinal, hip_state *s) {
   if (e == hipErrorNoDevice || (e == hipSuccess && count <= 0))
     return rlk_error(RLK_ERR_UNAVAILABLE, "hip: no AMD GPU is present");
   if (e != hipSuccess) return hip_fail(RLK_ERR_UNAVAILABLE, "hipGetDeviceCount", e);
+  /* From here HIP is present: a failure is the request's or the device's, not a reason to
+   * look for another backend. */
   if (ordinal >= count)
-    return rlk_error(RLK_ERR_UNAVAILABLE, "hip: device %d requested, but only %d present",
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: device %d requested, but only %d present",
                      ordinal, count);
   s->ordinal = ordinal;
-  e = rt->hipSetDevice(ordinal);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_UNAVAILABLE, "hipSetDevice", e);
-  return RLK_OK;
+  /* Checks that the device can be selected, then hands the thread back on the device it
+   * was on. */
+  device_scope scope;
+  st = device_enter(s, &scope);
+  return st == RLK_OK ? device_leave(s, &scope, RLK_OK) : st;
 }
 
 rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out) {
