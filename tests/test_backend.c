@@ -623,6 +623,7 @@ static const char *const stub_driver_source =
     "  return 0;\n"
     "}\n"
     "R cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return work(); }\n"
+    "R cuFuncGetAttribute(int *v, int a, void *f) { (void)a; (void)f; *v = 0; return work(); }\n"
     "R cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
     "                 unsigned bz, unsigned sh, void *s, void **p, void **e) {\n"
     "  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh;\n"

@@ -51,6 +51,7 @@ static rlk_status driver_load_locked(void) {
       {"cuModuleUnload", &d.cuModuleUnload, 0},
       {"cuModuleGetFunction", &d.cuModuleGetFunction, 0},
       {"cuFuncSetAttribute", &d.cuFuncSetAttribute, 0},
+      {"cuFuncGetAttribute", &d.cuFuncGetAttribute, 0},
       {"cuLaunchKernel", &d.cuLaunchKernel, 0},
       {"cuMemAlloc_v2", &d.cuMemAlloc, 0},
       {"cuMemFree_v2", &d.cuMemFree, 0},
@@ -157,6 +158,19 @@ static inline rlk_status ctx_leave(cuda_state *s, const ctx_scope *scope, rlk_st
   return status;
 }
 
+rlk_status rlk_cuda_enter(rlk_backend_impl *cuda, rlk_cuda_scope *scope) {
+  ctx_scope sc;
+  rlk_status st = ctx_enter(state_of(cuda), &sc);
+  scope->prev = sc.prev;
+  scope->switched = sc.switched;
+  return st;
+}
+
+rlk_status rlk_cuda_leave(rlk_backend_impl *cuda, const rlk_cuda_scope *scope, rlk_status status) {
+  ctx_scope sc = {scope->prev, scope->switched};
+  return ctx_leave(state_of(cuda), &sc, status);
+}
+
 /* PTX is text the driver reads as a C string: it must be NUL-terminated inside the buffer
  * and start (after blank lines) with a comment or a directive such as ".version". */
 static int looks_like_ptx(const void *image, size_t size) {
@@ -226,6 +240,18 @@ static rlk_status cuda_get_function(rlk_backend_impl *self, void *module, const 
     rlk_format(what, sizeof what, "cuModuleGetFunction(\"%s\")", name);
     return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, what, r));
   }
+  /* Opt in once, here, to all the dynamic shared memory the device allows beside the kernel's
+   * static shared memory: the 48 KiB default counts static and dynamic together, so a launch
+   * just under 48 KiB of dynamic memory would otherwise fail. The attribute only raises a
+   * limit; occupancy follows what each launch asks for. */
+  int static_bytes = 0;
+  r = s->drv->cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
+  if (r == CUDA_SUCCESS && s->max_shared_optin > static_bytes) {
+    r = s->drv->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   s->max_shared_optin - static_bytes);
+  }
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r));
   *fn = f;
   return ctx_leave(s, &scope, RLK_OK);
 }
@@ -244,15 +270,7 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
   ctx_scope scope;
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
-  CUfunction f = fn;
-  if (dims->shared_bytes > RLK_CUDA_DEFAULT_SHARED_LIMIT) {
-    /* Above 48 KiB a function must opt in before launch. The attribute is per function and
-     * idempotent, so setting it on each such launch is safe from any thread. */
-    CUresult r = s->drv->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                            (int)dims->shared_bytes);
-    if (r != CUDA_SUCCESS)
-      return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r));
-  }
+  CUfunction f = fn; /* its shared-memory opt-in was made by get_function */
   CUresult r = s->drv->cuLaunchKernel(f, dims->grid[0], dims->grid[1], dims->grid[2],
                                       dims->block[0], dims->block[1], dims->block[2],
                                       (unsigned int)dims->shared_bytes, (CUstream)stream, args,

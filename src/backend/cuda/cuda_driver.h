@@ -52,7 +52,7 @@ enum {
 };
 
 /* CUfunction_attribute values. */
-enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+enum { CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 
 /* CUevent_flags. */
 enum { CU_EVENT_DEFAULT = 0 };
@@ -96,6 +96,7 @@ typedef struct rlk_cuda_driver {
   CUresult (*cuModuleUnload)(CUmodule module);
   CUresult (*cuModuleGetFunction)(CUfunction *fn, CUmodule module, const char *name);
   CUresult (*cuFuncSetAttribute)(CUfunction fn, int attribute, int value);
+  CUresult (*cuFuncGetAttribute)(int *value, int attribute, CUfunction fn);
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned int grid_x, unsigned int grid_y,
                              unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                              unsigned int block_z, unsigned int shared_bytes, CUstream stream,
@@ -127,5 +128,16 @@ rlk_status rlk_cuda_driver_load(const rlk_cuda_driver **out);
 /* Sets the last error to "cuda: <what>: <CUDA_ERROR_NAME>: <description>" and returns
  * `status`. `what` is usually the driver function that failed. */
 rlk_status rlk_cuda_fail(rlk_status status, const char *what, CUresult result);
+
+/* Makes a CUDA backend's context current for a call made outside the backend's own entry
+ * points (tensor-map encoding) and puts the caller's back; use as
+ *   rlk_cuda_scope sc; st = rlk_cuda_enter(cuda, &sc); ...; return rlk_cuda_leave(cuda, &sc, st); */
+typedef struct rlk_cuda_scope {
+  CUcontext prev;
+  int switched;
+} rlk_cuda_scope;
+struct rlk_backend_impl;
+rlk_status rlk_cuda_enter(struct rlk_backend_impl *cuda, rlk_cuda_scope *scope);
+rlk_status rlk_cuda_leave(struct rlk_backend_impl *cuda, const rlk_cuda_scope *scope, rlk_status status);
 
 #endif

@@ -112,11 +112,16 @@ rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_reques
   /* Encoded into an aligned local and copied out, so `out128` itself needs no alignment. */
   CUtensorMap map;
   memset(&map, 0, sizeof map);
+  /* The driver wants a current context even for this host-side encoding. */
+  rlk_cuda_scope scope;
+  st = rlk_cuda_enter(cuda, &scope);
+  if (st != RLK_OK) return st;
   CUresult r = d->cuTensorMapEncodeTiled(
       &map, tma_dtype(req->dtype), 2, (void *)(uintptr_t)req->base, dims, strides, box,
       element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuTensorMapEncodeTiled", r);
+  if (r != CUDA_SUCCESS)
+    return rlk_cuda_leave(cuda, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuTensorMapEncodeTiled", r));
   memcpy(out128, &map, sizeof map);
-  return RLK_OK;
+  return rlk_cuda_leave(cuda, &scope, RLK_OK);
 }
