@@ -70,6 +70,12 @@ RLK_API const char *rlk_version_string(void);
 /* The runtime's version as MAJOR * 10000 + MINOR * 100 + PATCH. */
 RLK_API int rlk_version(void);
 
+/* sizeof of a public struct of this header as the library was built, by its name
+ * ("rlk_tensor", "rlk_group_advantage_args", ...), or 0 for a name it does not know.
+ * Lets bindings in other languages (the Python package) check that their mirrors of the
+ * structs match the library they load before passing one in. */
+RLK_API size_t rlk_abi_struct_size(const char *name);
+
 /* ------------------------------------------------------------------------ */
 /* Context                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -286,6 +292,476 @@ RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
  * cause an out-of-bounds access, but the advantages are then unspecified. */
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: policy loss and value loss (PPO / GRPO family), fused fwd + bwd      */
+/* ------------------------------------------------------------------------ */
+
+/* Token layouts shared by rlk_policy_loss and rlk_value_loss.
+ *   padded: every per-token tensor is [B, T] (rows contiguous, row stride >= T, each tensor its
+ *           own stride), the optional mask [B, T] says which tokens count; sequence b is row b.
+ *   packed: every per-token tensor is [N] (contiguous) and seq_offsets [S + 1] (i32 or i64,
+ *           first 0, last N, non-decreasing) delimits the S sequences; the optional mask [N] says
+ *           which tokens count (tokens outside every sequence never do).
+ * The layout is told by logp's (values') number of dimensions: 2 padded, 1 packed.
+ * Mask: bool, i32 or f32. A token counts with weight m = mask value; m == 0 removes it entirely
+ * (its inputs may be anything, NaN included; its gradients are exactly 0). Without a mask every
+ * token counts with weight 1. */
+
+/* How per-token losses l_t become the scalar loss. n_b = sum of the mask over sequence b.
+ * Every mode divides by a normalizer passed in (never a count the kernel makes itself), so
+ * data-parallel ranks that pass the same global normalizers agree exactly:
+ *   TOKEN_MEAN               loss_scale * sum_t m_t l_t / token_normalizer
+ *   TOKEN_SUM                loss_scale * sum_t m_t l_t
+ *   SEQ_MEAN_TOKEN_SUM       loss_scale * sum_b sum_t m_t l_t / seq_normalizer
+ *   SEQ_MEAN_TOKEN_MEAN      loss_scale * sum_b (sum_t m_t l_t / n_b) / seq_normalizer
+ *                            (a sequence with n_b == 0 adds 0)
+ *   SEQ_MEAN_TOKEN_SUM_NORM  loss_scale * sum_b sum_t m_t l_t / (seq_normalizer * norm_scale)
+ *                            (Dr. GRPO: norm_scale = the maximum response length;
+ *                            seq_normalizer = 1 gives sum / norm_scale, verl's earlier form)
+ * token_normalizer: the global count of tokens that count (verl batch_num_tokens; TRL dapo
+ * num_items_in_batch / num_processes, bnpo max(sum(mask), 1)); seq_normalizer: the global
+ * sequence count (verl global_batch_size; TRL: the local B); loss_scale: verl's dp_size, or
+ * 1 / gradient_accumulation_steps. */
+typedef enum rlk_loss_agg {
+  RLK_AGG_TOKEN_MEAN = 0,
+  RLK_AGG_TOKEN_SUM = 1,
+  RLK_AGG_SEQ_MEAN_TOKEN_SUM = 2,
+  RLK_AGG_SEQ_MEAN_TOKEN_MEAN = 3,
+  RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM = 4
+} rlk_loss_agg;
+
+/* Policy-loss modes. d_t = logp_t - old_logp_t, r_t = exp(clamp(d_t, log_ratio_min,
+ * log_ratio_max)), lo = 1 - clip_low, hi = 1 + clip_high, A = advantage, sg = no gradient. */
+typedef enum rlk_policy_loss_mode {
+  /* l = max(-A r, -A clamp(r, lo, hi)); for A < 0 with dual_clip c > 1: min(l, -c A)
+   * (verl vanilla with clip-higher and dual-clip; TRL grpo/bnpo/dr_grpo/dapo; OpenRLHF ppo). */
+  RLK_POLICY_PPO = 0,
+  /* Sequence ratio s_b = exp(clamp(sum_t m d / n_b, log_ratio_min, log_ratio_max)) shared by the
+   * sequence's tokens, l = max(-A s, -A clamp(s, lo, hi)); the gradient reaches each token
+   * straight through (d l_t / d logp_t = l'(s) s), as verl writes it; with per-sequence
+   * advantages this equals TRL's sequence-level importance sampling. No dual clip. */
+  RLK_POLICY_GSPO = 1,
+  /* l = -sg(clamp(r, lo, hi)) A logp (verl cispo; TRL cispo: clip_low = INFINITY,
+   * clip_high = its epsilon_high - 1). */
+  RLK_POLICY_CISPO = 2,
+  /* l = -sigmoid(tau (r - 1)) 4 / tau A, tau = sapo_tau_pos if A > 0 else sapo_tau_neg. */
+  RLK_POLICY_SAPO = 3,
+  /* l = -A logp (no ratio; verl gpg). */
+  RLK_POLICY_REINFORCE = 4
+} rlk_policy_loss_mode;
+
+/* KL estimators of the penalty against a reference policy, on e = logp - ref_logp:
+ * with ec = clamp(e, -kl_input_clamp, kl_input_clamp), the value is clamp(f(ec), -kl_output_clamp,
+ * kl_output_clamp). */
+typedef enum rlk_kl_estimator {
+  RLK_KL_K1 = 0,  /* f = e                  (verl "kl"/"k1") */
+  RLK_KL_ABS = 1, /* f = |e|                (verl "abs") */
+  RLK_KL_K2 = 2,  /* f = e^2 / 2            (verl "mse"/"k2") */
+  RLK_KL_K3 = 3   /* f = exp(-e) + e - 1    (verl "low_var_kl"/"k3", TRL's KL, OpenRLHF k3) */
+} rlk_kl_estimator;
+
+/* Indices of rlk_policy_loss_args.metrics. "Mean" is the mask-weighted mean over this call's
+ * tokens (sum m x / sum m; 0 when no token counts). r is the ratio of the mode (s_b for gspo). */
+enum {
+  RLK_PL_METRIC_CLIPFRAC = 0,       /* mean of [the clip is active]: ppo/gspo -A clamp(r) > -A r
+                                     * (verl pg_clipfrac), cispo r outside [lo, hi]; else 0 */
+  RLK_PL_METRIC_CLIPFRAC_LOWER = 1, /* mean of [A < 0 and the dual clip is active] (verl
+                                     * pg_clipfrac_lower); ppo only */
+  RLK_PL_METRIC_CLIP_LOW = 2,       /* mean of [r < lo and A < 0] (TRL clip_ratio/low_mean);
+                                     * ppo, gspo, cispo; else 0 */
+  RLK_PL_METRIC_CLIP_HIGH = 3,      /* mean of [r > hi and A > 0] (TRL clip_ratio/high_mean);
+                                     * ppo, gspo, cispo; else 0 */
+  RLK_PL_METRIC_APPROX_KL = 4,      /* mean of -clamp(d) (verl ppo_kl) */
+  RLK_PL_METRIC_KL_MEAN = 5,        /* mean of the KL estimator's value; 0 without ref_logp */
+  RLK_PL_METRIC_ENTROPY_MEAN = 6,   /* mean of the entropy; 0 without it */
+  RLK_PL_METRIC_RATIO_MAX = 7,      /* max of r over the tokens that count; 0 when none does */
+  RLK_PL_METRIC_RATIO_MIN = 8,      /* min of r likewise */
+  RLK_PL_METRIC_PG_LOSS = 9,        /* the aggregated policy term (with loss_scale) */
+  RLK_PL_METRIC_KL_LOSS = 10,       /* the aggregated KL value, before kl_coef */
+  RLK_PL_METRIC_ENTROPY_LOSS = 11,  /* the aggregated entropy, before entropy_coef */
+  RLK_PL_METRIC_MASK_SUM = 12,      /* sum of m: the weight of the means above, to combine ranks */
+  RLK_POLICY_LOSS_METRICS = 13
+};
+
+typedef struct rlk_policy_loss_args {
+  /* Inputs. logp: [B, T] (padded) or [N] (packed); f32 or f64: the differentiable input.
+   * old_logp, advantages and the optional tensors have logp's layout and dtype. */
+  rlk_tensor logp;
+  rlk_tensor old_logp;
+  rlk_tensor advantages;  /* per token; or per sequence [B] / [S] when seq_advantages = 1 */
+  int seq_advantages;     /* 1: one advantage per sequence, broadcast over its tokens */
+  rlk_tensor mask;        /* optional: bool, i32 or f32, logp's layout */
+  rlk_tensor seq_offsets; /* packed layout only: [S + 1] i32 or i64 */
+  rlk_tensor ref_logp;    /* optional: adds the KL term (required when kl_coef != 0) */
+  rlk_tensor entropy;     /* optional: the entropy bonus and its metric (required when
+                           * entropy_coef != 0) */
+  rlk_tensor rollout_is_weights; /* optional: multiplies each token's policy term (no gradient) */
+
+  rlk_policy_loss_mode mode;
+  double clip_low, clip_high; /* ratio clamp [1 - clip_low, 1 + clip_high]; >= 0, INFINITY
+                               * allowed (no bound on that side) */
+  double dual_clip;           /* c > 1 enables the dual clip (ppo); <= 1 (e.g. 0) disables */
+  double log_ratio_min, log_ratio_max; /* clamp of the log-ratio before exp; +-INFINITY: none */
+  double sapo_tau_pos, sapo_tau_neg;   /* > 0 */
+
+  rlk_kl_estimator kl_estimator;
+  double kl_coef;                      /* loss += kl_coef * agg(kl) */
+  double kl_input_clamp;               /* > 0; INFINITY: off */
+  double kl_output_clamp;              /* > 0; INFINITY: off */
+  int kl_straight_through;             /* 1: the estimator's value with k2's gradient e
+                                        * (verl's "k3+"), clamps do not gate that gradient */
+  double entropy_coef;                 /* loss -= entropy_coef * agg(entropy) */
+
+  rlk_loss_agg agg;         /* one aggregation for every term */
+  double token_normalizer;  /* > 0, TOKEN_MEAN */
+  double seq_normalizer;    /* > 0, SEQ_MEAN_* */
+  double norm_scale;        /* > 0, SEQ_MEAN_TOKEN_SUM_NORM */
+  double loss_scale;        /* finite; multiplies the loss and every gradient */
+
+  /* Outputs. loss [1] and metrics [>= RLK_POLICY_LOSS_METRICS] in logp's dtype (contiguous);
+   * grad_logp (d loss / d logp) and grad_entropy (d loss / d entropy) with logp's layout and
+   * dtype, rows contiguous (their own row strides in the padded layout). Padding between rows
+   * is never written. grad_entropy is required when entropy_coef != 0, else ignored; metrics is
+   * optional. */
+  rlk_tensor loss;
+  rlk_tensor grad_logp;
+  rlk_tensor grad_entropy;
+  rlk_tensor metrics;
+
+  /* Scratch for the deterministic cross-block reduction, device memory of at least
+   * rlk_policy_loss_workspace_size() bytes, 16-byte aligned; NULL when that size is 0. */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_policy_loss_args;
+
+/* Fills `args` with verl's actor defaults: ppo, clip_low = clip_high = 0.2, dual_clip 3,
+ * log ratio clamped to [-20, 20], SAPO taus 1.0 / 1.05, KL k3 with verl's clamps (input 20,
+ * output 10) and kl_coef 0 (no KL term), no straight-through, entropy_coef 0, token-mean,
+ * loss_scale 1; the normalizers 0 (they must be set), every tensor absent. */
+RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
+
+/* Bytes of workspace a call with these arguments needs (the same checks as the call; data
+ * pointers are not read). 0 on the host backend. */
+RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
+                                                  size_t *bytes);
+
+/* The policy loss forward and backward in one pass on `stream`: loss, grad_logp (and
+ * grad_entropy), metrics. Two launches on a GPU (the token pass writing per-block partials, then
+ * a one-block reduction in a fixed order), one on the host. Deterministic: bitwise the same
+ * outputs for the same inputs on the same device. Per-token terms and per-block sums in the
+ * inputs' precision (f32 or f64), the blocks' partials combined in f64 (the host sums in f64).
+ * Gradients follow torch's autograd conventions: a clamp passes the gradient on its closed
+ * range, max/min split it equally on a tie. On a GPU, seq_offsets values are device memory and
+ * only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
+ * tokens then outside every sequence are left unwritten). */
+RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream);
+
+/* Indices of rlk_value_loss_args.metrics (means as for the policy loss). */
+enum {
+  RLK_VL_METRIC_CLIPFRAC = 0,  /* mean of [(v_clip - R)^2 > (v - R)^2] (verl vf_clipfrac) */
+  RLK_VL_METRIC_VALUE_MEAN = 1, /* mean of v */
+  RLK_VL_METRIC_ERROR_MEAN = 2, /* mean of (v - R)^2 */
+  RLK_VL_METRIC_MASK_SUM = 3,   /* sum of m */
+  RLK_VALUE_LOSS_METRICS = 4
+};
+
+typedef struct rlk_value_loss_args {
+  /* values (the differentiable input): [B, T] padded or [N] packed, f32 or f64; old_values and
+   * returns alike; mask and seq_offsets as for the policy loss. */
+  rlk_tensor values;
+  rlk_tensor old_values;
+  rlk_tensor returns;
+  rlk_tensor mask;
+  rlk_tensor seq_offsets;
+  /* v_clip = clamp(v, v_old - clip, v_old + clip) (= v_old + clamp(v - v_old, -clip, clip),
+   * exactly v where not clipped); l = 0.5 max((v - R)^2, (v_clip - R)^2). > 0; INFINITY: no
+   * clipping (l = 0.5 (v - R)^2). verl cliprange_value 0.5. */
+  double clip;
+  rlk_loss_agg agg; /* and the normalizers, exactly as rlk_policy_loss_args */
+  double token_normalizer, seq_normalizer, norm_scale, loss_scale;
+  /* Outputs: loss [1] and metrics [>= RLK_VALUE_LOSS_METRICS] (optional) in the values' dtype;
+   * grad_values with their layout and dtype. */
+  rlk_tensor loss;
+  rlk_tensor grad_values;
+  rlk_tensor metrics;
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_value_loss_args;
+
+/* Fills `args` with verl's critic defaults: clip 0.5, token-mean, loss_scale 1, normalizers 0
+ * (they must be set), every tensor absent. */
+RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args);
+
+/* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend). */
+RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args,
+                                                 size_t *bytes);
+
+/* The clipped value loss forward and backward (loss, grad_values, metrics) on `stream`,
+ * with the same passes, layouts, aggregation and determinism as rlk_policy_loss. */
+RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: advantages and returns over time (GAE, discounted returns, reverse  */
+/* cumulative sums) and masked whitening                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Shapes shared by rlk_gae, rlk_discounted_returns, rlk_reverse_cumsum and rlk_masked_whiten:
+ * every per-token tensor is [B, T] with contiguous rows (stride[1] == 1) and a row stride >= T
+ * (any when B == 1); each tensor has its own row stride. Values are f32 or f64; the outputs have
+ * the inputs' dtype, and inputs and outputs of one call share it. The mask is bool, i32 or f32
+ * and selects positions: (b, t) is valid where mask[b, t] != 0 (-0.0 counts as 0, NaN as valid);
+ * the trainers' 0/1 masks mean the same thing. An absent mask makes every position valid.
+ * Outputs must not overlap the inputs (except rlk_masked_whiten, which may run in place).
+ * Masked positions' rewards and values never enter a recurrence: they may hold anything, NaN
+ * included; where a formula below reads one at its own position, it says so. */
+
+/* How the scans over time run. Only speed depends on the choice, and the rounding of f32
+ * results (the association order of the recurrence); each choice is deterministic. */
+typedef enum rlk_scan_algo {
+  RLK_SCAN_AUTO = 0,      /* by shape: a warp per row for short rows, a block per row for long */
+  RLK_SCAN_ROW_WARP = 1,  /* GPU: one warp per row, tiles of warp-size x 8 (f64: 4) steps;
+                           * host: a plain sequential loop */
+  RLK_SCAN_ROW_BLOCK = 2  /* GPU: one block per row, a block-wide scan of each tile, carried;
+                           * host: the same chunked scan (lane aggregates, carries), sequentially */
+} rlk_scan_algo;
+
+/* What GAE does at masked positions (multi-turn tool outputs, padding). */
+typedef enum rlk_gae_masked {
+  /* verl: masked steps are skipped. Backwards over t, from V_next = A_next = 0:
+   *   valid t:  A_t = r_t + gamma V_next - V_t + gamma lambda A_next; then V_next = V_t, A_next = A_t
+   *   masked t: A_t = A_next (the running values pass through unchanged)
+   * returns_t = A_t + V_t at every position (a masked position reads its own V_t). */
+  RLK_GAE_MASKED_SKIP = 0,
+  /* OpenRLHF and TRL: rewards and values are zeroed at masked positions (r' = r m, V' = V m),
+   * then the plain recurrence A_t = r'_t + gamma V'_{t+1} - V'_t + gamma lambda A_{t+1}
+   * (V'_T = A_T = 0); returns_t = A_t + V'_t. A masked position inside a row gets
+   * gamma V'_{t+1} + gamma lambda A_{t+1}; trailing padding gets 0. */
+  RLK_GAE_MASKED_ZERO = 1
+} rlk_gae_masked;
+
+typedef struct rlk_gae_args {
+  rlk_tensor rewards; /* [B, T] f32 or f64: token-level rewards */
+  rlk_tensor values;  /* [B, T] same dtype: the critic's values */
+  rlk_tensor mask;    /* optional [B, T] bool, i32 or f32: the response (action) mask */
+  double gamma;       /* discount, finite (verl 1.0, OpenRLHF 1.0, TRL 1.0) */
+  double lambda;      /* GAE lambda, finite (verl 1.0, OpenRLHF 0.95, TRL 0.95) */
+  rlk_gae_masked masked;
+  rlk_tensor advantages; /* output [B, T], same dtype: A, before any whitening */
+  rlk_tensor returns;    /* optional output [B, T], same dtype: A + V as described above */
+  rlk_scan_algo algo;
+} rlk_gae_args;
+
+/* Fills `args` with verl's defaults: gamma 1, lambda 1, RLK_GAE_MASKED_SKIP, RLK_SCAN_AUTO,
+ * every tensor absent. */
+RLK_API void rlk_gae_args_init(rlk_gae_args *args);
+
+/* Generalized advantage estimation (and returns) over every row on `stream`: one launch.
+ * Deterministic: the same inputs and shape give bitwise the same outputs on the same device. */
+RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *args, void *stream);
+
+/* What discounted returns do at masked positions. */
+typedef enum rlk_returns_masked {
+  /* verl REINFORCE++: the running return is reset after a masked position:
+   *   R_t = r_t + gamma m_{t+1} R_{t+1}  (R_T = 0), at every position (a masked position reads
+   * its own r_t; what it gets there does not flow into earlier positions). */
+  RLK_RETURNS_MASKED_RESET = 0,
+  /* OpenRLHF: rewards are zeroed at masked positions, R_t = r_t m_t + gamma R_{t+1}. */
+  RLK_RETURNS_MASKED_ZERO = 1
+} rlk_returns_masked;
+
+typedef struct rlk_discounted_returns_args {
+  rlk_tensor rewards; /* [B, T] f32 or f64 */
+  rlk_tensor mask;    /* optional [B, T] bool, i32 or f32 */
+  double gamma;       /* finite (verl 1.0, OpenRLHF 1.0) */
+  rlk_returns_masked masked;
+  rlk_tensor returns; /* output [B, T], same dtype */
+  rlk_scan_algo algo;
+} rlk_discounted_returns_args;
+
+/* Fills `args` with verl's REINFORCE++ defaults: gamma 1, RLK_RETURNS_MASKED_RESET,
+ * RLK_SCAN_AUTO, every tensor absent. */
+RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args);
+
+/* Discounted returns R_t = r_t + gamma R_{t+1} per row, with the mask as chosen above, on
+ * `stream`: one launch, deterministic like rlk_gae. */
+RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *args,
+                                          void *stream);
+
+typedef struct rlk_reverse_cumsum_args {
+  rlk_tensor values; /* [B, T] f32 or f64 (ReMax: token-level rewards) */
+  rlk_tensor mask;   /* optional [B, T] bool, i32 or f32 */
+  rlk_tensor out;    /* output [B, T], same dtype: out_t = sum over valid s >= t of values_s */
+  /* Optional, ReMax: baseline [B] (same dtype, contiguous; the greedy rollout's reward) and the
+   * output advantages [B, T] = out_t - baseline_b m_t (out_t where the mask is 0). Both or neither. */
+  rlk_tensor baseline;
+  rlk_tensor advantages;
+  rlk_scan_algo algo;
+} rlk_reverse_cumsum_args;
+
+/* Fills `args` with RLK_SCAN_AUTO and every tensor absent. */
+RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args);
+
+/* Reverse cumulative sums of the masked values per row (flip, cumsum, flip of values * mask),
+ * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic. */
+RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *args,
+                                      void *stream);
+
+/* How the whitening variance is floored. */
+typedef enum rlk_whiten_eps {
+  RLK_WHITEN_EPS_ADD = 0,  /* rsqrt(var + eps): verl, TRL */
+  RLK_WHITEN_EPS_CLAMP = 1 /* rsqrt(max(var, eps)): OpenRLHF */
+} rlk_whiten_eps;
+
+/* What whitening writes at masked positions. */
+typedef enum rlk_whiten_masked {
+  RLK_WHITEN_MASKED_APPLY = 0, /* the same transform as valid ones (verl GAE, OpenRLHF) */
+  RLK_WHITEN_MASKED_ZERO = 1   /* 0 (verl REINFORCE++ multiplies by the mask, TRL fills 0) */
+} rlk_whiten_masked;
+
+typedef struct rlk_masked_whiten_args {
+  rlk_tensor x;    /* [B, T] (or [N]) f32 or f64 */
+  rlk_tensor mask; /* optional, x's shape, bool, i32 or f32: the elements the statistics cover */
+  rlk_tensor out;  /* output, x's shape and dtype; may be x itself (same data and strides) */
+  /* Statistics over the N valid elements of the whole batch, in fp64:
+   *   mean = sum(x) / (N + count_eps)
+   *   var  = sum((x - mean)^2) / (N + count_eps), times N / (N - 1) when unbiased
+   *   out  = (x - mean) * rstd, plus mean when shift_mean is 0,
+   *   rstd = rsqrt(var + eps) or rsqrt(max(var, eps)) (eps_mode), or 1 when normalize_std is 0.
+   * count_eps is verl's 1e-8 in the mean's denominator (0: TRL, OpenRLHF).
+   * Undefined statistics (N == 0, or N == 1 with unbiased and normalize_std) are not an error
+   * (they cannot be seen without synchronizing): every valid output, and every masked one under
+   * RLK_WHITEN_MASKED_APPLY, is NaN, and `stats` reports N. verl raises in that case. */
+  double eps;       /* >= 0, finite: verl and TRL 1e-8 added, OpenRLHF 1e-8 as a floor */
+  rlk_whiten_eps eps_mode;
+  int unbiased;     /* 1: Bessel's N / (N - 1) (verl, TRL); 0: biased (OpenRLHF) */
+  double count_eps; /* >= 0, finite */
+  int shift_mean;   /* 1: centre (default); 0: add the mean back (verl and TRL shift_mean=False) */
+  int normalize_std;/* 1: divide by the std (default); 0: only centre (OpenRLHF no std norm) */
+  rlk_whiten_masked masked;
+  /* Optional output: f64 [3] device memory, {mean, var, N} as used (var after Bessel; NaN when
+   * undefined). Lets a caller check N later, off the hot path. */
+  rlk_tensor stats;
+  /* Scratch for the deterministic cross-block reduction on a GPU, rlk_masked_whiten_workspace_size
+   * bytes of device memory (8-byte aligned); may be NULL when that size is 0 (the host backend). */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_masked_whiten_args;
+
+/* Fills `args` with verl's masked_whiten: eps 1e-8 added, unbiased, count_eps 1e-8, shift_mean 1,
+ * normalize_std 1, RLK_WHITEN_MASKED_APPLY, every tensor and the workspace absent. */
+RLK_API void rlk_masked_whiten_args_init(rlk_masked_whiten_args *args);
+
+/* Bytes of workspace rlk_masked_whiten needs for these arguments' shape (0 on the host backend).
+ * Depends only on the shape and the device, so it can be queried once and reused. */
+RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
+                                                    const rlk_masked_whiten_args *args,
+                                                    size_t *bytes);
+
+/* Whitens x over all valid elements of the batch on `stream`: two launches on a GPU (partial
+ * statistics per block, then a fixed-order merge and the transform), one on the host. No float
+ * atomics: bitwise repeatable on the same device for the same shape. */
+RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *args,
+                                     void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: token log-probs and entropy from logits                             */
+/* ------------------------------------------------------------------------ */
+
+/* Which kernel streams the logits. Every variant computes the same math (fp32 online max /
+ * sum-exp / sum p z, one pass over the logits); they differ in how bytes reach the SMs. A variant
+ * a device cannot run falls back to the default of its arch, as does a tensor the variant cannot
+ * describe (RLK_LOGPROB_VARIANT_TMA on a row stride that is not a multiple of 16 bytes). */
+typedef enum rlk_logprob_variant {
+  RLK_LOGPROB_VARIANT_AUTO = 0, /* the arch's default; RLK_LOGPROB_VARIANT=vec|bulk|tma overrides */
+  RLK_LOGPROB_VARIANT_VEC = 1,  /* 16-byte vector loads, several in flight (every backend) */
+  RLK_LOGPROB_VARIANT_BULK = 2, /* sm_90+: 1-D bulk copies (cp.async.bulk) into a shared-memory
+                                 * ring, mbarrier pipeline; forward only */
+  RLK_LOGPROB_VARIANT_TMA = 3   /* sm_90+, EXPERIMENTAL: tensor-map copies (cp.async.bulk.tensor),
+                                 * never a default until it has run correctly on a GPU; forward only */
+} rlk_logprob_variant;
+
+/* Bits that rlk_logprob and rlk_logprob_backward OR into the caller's status word. */
+#define RLK_LOGPROB_STATUS_BAD_LABEL 1 /* a label outside [0, V) that is not ignore_index */
+
+/* Forward: z = logits / temperature in fp32 per row i, lse[i] = log sum_j exp(z[i, j]),
+ *   logp[i] = z[i, y_i] - lse[i],   entropy[i] = lse[i] - sum_j p[i, j] z[i, j],  p = softmax(z).
+ * A row whose label is ignore_index gets logp 0 (lse and entropy are computed as usual; its
+ * gradient in rlk_logprob_backward is 0). A label outside [0, V) that is not ignore_index is an
+ * error reported without synchronizing: the row's logp, lse and entropy are NaN and the
+ * RLK_LOGPROB_STATUS_BAD_LABEL bit is OR-ed into *status (when given). A -inf logit contributes
+ * nothing; a row of -inf has lse -inf and NaN logp and entropy, like log_softmax; a NaN logit
+ * makes its row NaN. */
+typedef struct rlk_logprob_args {
+  /* [N, V] bf16, f16 or f32; rows contiguous, row stride >= V (any, e.g. a slice of a wider
+   * buffer). Never written. */
+  rlk_tensor logits;
+  /* [N] i32 or i64, any positive stride. */
+  rlk_tensor labels;
+  float temperature;    /* > 0 and finite; the logits are divided by it in fp32 */
+  int64_t ignore_index; /* a label equal to it marks a row that is not scored */
+  /* Outputs, f32 [N], contiguous. logp is required; lse (what rlk_logprob_backward needs) and
+   * entropy are written when present. Computing the entropy costs no second pass. */
+  rlk_tensor logp;
+  rlk_tensor lse;
+  rlk_tensor entropy;
+  /* Optional i32 [1] (device memory): the call ORs RLK_LOGPROB_STATUS_* bits into it and never
+   * clears it. Zero it once, pass it to any number of calls, read it whenever a sync is cheap. */
+  rlk_tensor status;
+  /* Tuning (what rlk_precompile's variant=, block=, unroll= and stages= settings name; 0 or AUTO:
+   * the arch's default). block: threads per block (vec: a power of two from the warp size to
+   * 1024; bulk and tma: the consumer threads, a multiple of 32 up to 992; tma: one warp per row
+   * of a box). unroll: 16-byte vectors in flight per thread (1, 2, 4, 8; tma: boxes per stage).
+   * stages: depth of the shared-memory ring of bulk and tma (2..8). A variant that falls back
+   * takes the fallback's defaults. Results agree across choices up to the order in which
+   * partial sums are combined. */
+  rlk_logprob_variant variant;
+  int block;
+  int unroll;
+  int stages;
+} rlk_logprob_args;
+
+/* Fills `args` with the defaults of TRL, verl and OpenRLHF: temperature 1, ignore_index -100
+ * (PyTorch's cross-entropy default), variant auto, tuning 0 (the defaults), every tensor absent. */
+RLK_API void rlk_logprob_args_init(rlk_logprob_args *args);
+
+/* Token log-probs (and lse, entropy) on `stream`, one pass over the logits; no device memory
+ * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs. */
+RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
+
+/* Backward of rlk_logprob: with p = softmax(z) and E = E_p[z] = lse - entropy,
+ *   grad_logits[i, j] = (g_lp[i] (onehot(y_i)_j - p[i, j]) - g_H[i] p[i, j] (z[i, j] - E[i])) / T.
+ * Rows whose label is ignore_index get 0; a bad label gives a NaN row and the status bit. */
+typedef struct rlk_logprob_backward_args {
+  rlk_tensor logits;    /* the forward's logits [N, V] */
+  rlk_tensor labels;    /* the forward's labels [N] */
+  float temperature;    /* the forward's temperature */
+  int64_t ignore_index; /* the forward's ignore_index */
+  rlk_tensor lse;       /* f32 [N] from the forward; required */
+  /* f32 [N] upstream gradients, any positive stride: grad_logp (g_lp) and grad_entropy (g_H)
+   * are each optional (absent: 0), at least one present; grad_entropy needs entropy. */
+  rlk_tensor grad_logp;
+  rlk_tensor grad_entropy;
+  rlk_tensor entropy;   /* f32 [N] from the forward; required with grad_entropy */
+  /* Output [N, V]: the logits' dtype or f32, rows contiguous, row stride >= V. It may be the
+   * logits tensor itself (same data, dtype and row stride: computed in place); any other overlap
+   * with the logits is refused. */
+  rlk_tensor grad_logits;
+  rlk_tensor status;    /* as in rlk_logprob_args */
+  /* Tuning as in rlk_logprob_args: only the vector variant has a backward (the others fall
+   * back to it); stages is unused. */
+  rlk_logprob_variant variant;
+  int block;
+  int unroll;
+  int stages;
+} rlk_logprob_backward_args;
+
+/* Fills `args` like rlk_logprob_args_init. */
+RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
+
+/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once. */
+RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
+                                        void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Precompiling                                                             */

@@ -13,6 +13,9 @@ Suite *backend_suite(void);
 Suite *jit_suite(void);
 Suite *api_suite(void);
 Suite *group_advantage_suite(void);
+Suite *policy_loss_suite(void);
+Suite *advantage_scan_suite(void);
+Suite *logprob_suite(void);
 Suite *tools_suite(void);
 
 #endif

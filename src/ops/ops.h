@@ -27,12 +27,23 @@ typedef struct rlk_op_desc {
   /* Configuration lines that together reach every kernel variant family of the op (every
    * entry, dtype, mode and code path); the tests compile all of them for every target. */
   const char *const *samples;
+  /* Tuning candidates (NULL if none): settings, each appended to a configuration line, that a
+   * sweep tool times against each other on a device. Valid on every target: a setting a target
+   * cannot honour falls back to its default there (equal specs then time alike). */
+  const char *const *candidates;
 } rlk_op_desc;
 
 /* Every op family that can be precompiled, NULL-terminated. */
 extern const rlk_op_desc *const rlk_op_table[];
 
 extern const rlk_op_desc rlk_op_group_advantage;
+extern const rlk_op_desc rlk_op_policy_loss;
+extern const rlk_op_desc rlk_op_value_loss;
+extern const rlk_op_desc rlk_op_gae;
+extern const rlk_op_desc rlk_op_discounted_returns;
+extern const rlk_op_desc rlk_op_reverse_cumsum;
+extern const rlk_op_desc rlk_op_masked_whiten;
+extern const rlk_op_desc rlk_op_logprob;
 
 /* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);

@@ -211,4 +211,93 @@ template <typename T> RLK_DEVICE T block_sum(T v, T *scratch) {
 
 } /* namespace rlk */
 
+/* ---------------------------------------------------------------------------------- */
+/* Fast base-2 exponential; sm_90 bulk copies, tensor maps and mbarriers               */
+/* ---------------------------------------------------------------------------------- */
+namespace rlk {
+
+/* 2^x with the hardware approximation (CUDA: ex2.approx.ftz, about 2 ulp, results below
+ * 2^-126 flush to 0; HIP: exp2f). 2^-inf = 0, NaN stays NaN. */
+RLK_DEVICE float exp2_approx(float x) {
+#if defined(RLK_CUDA)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+#if defined(RLK_CUDA)
+/* A CUtensorMap as the kernel sees it: 128 opaque bytes, 64-byte aligned. The host encodes it
+ * per launch (src/backend/cuda/tensor_map.c) and passes it by value as a `const __grid_constant__`
+ * kernel parameter, so the copy engine reads it from parameter space. */
+struct alignas(64) tensor_map {
+  u64 opaque[16];
+};
+
+/* The shared-window address of a pointer into shared memory. */
+RLK_DEVICE u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+/* mbarrier and bulk-copy wrappers: sm_90 and later only (the templates that use them are only
+ * instantiated for those targets; elsewhere they compile to nothing). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RLK_HAS_BULK_COPY 1
+RLK_DEVICE void mbar_init(u64 *bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+/* Makes initialized mbarriers visible to the copy engine and the other threads (then sync). */
+RLK_DEVICE void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* One arrival that also expects `bytes` more of transaction (the copies that complete on it). */
+RLK_DEVICE void mbar_arrive_expect_tx(u64 *bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+RLK_DEVICE void mbar_arrive(u64 *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+/* Waits until the phase of parity `parity` has completed. */
+RLK_DEVICE void mbar_wait(u64 *bar, u32 parity) {
+  const u32 a = smem_u32(bar);
+  u32 done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  }
+}
+/* 1-D bulk copy global -> shared of `bytes` (a multiple of 16; both addresses 16-byte aligned),
+ * completing as transaction bytes on `bar`. */
+RLK_DEVICE void bulk_copy_g2s(void *dst, const void *src, u32 bytes, u64 *bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+/* 2-D tensor-map copy of the box at (column c0, row c1) into shared memory, completing on `bar`.
+ * Parts of the box outside the tensor are zero-filled; the full box counts as transaction. */
+RLK_DEVICE void tma_load_2d(void *dst, const tensor_map *map, i32 c0, i32 c1, u64 *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+/* Named barrier `id` (1..15) over `threads` threads (a multiple of the warp size). */
+RLK_DEVICE void named_barrier(u32 id, u32 threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+#endif /* sm_90 */
+#endif /* RLK_CUDA */
+
+} /* namespace rlk */
+
 #endif /* RLK_PRELUDE_CUH */

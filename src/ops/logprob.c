@@ -1,0 +1,804 @@
+/* logprob.c - token log-probs and entropy from logits: validation, variant selection, launches.
+ *
+ * Kernels (templates/cuda/logprob*.cuh, templates/host/logprob_*.c):
+ *   logprob_fwd       16-byte vector loads; every backend (the host runs the same f32 algorithm)
+ *   logprob_fwd_bulk  sm_90+: 1-D bulk copies into a shared-memory ring (cp.async.bulk, mbarriers)
+ *   logprob_fwd_tma   sm_90+, experimental: tensor-map copies (cp.async.bulk.tensor)
+ *   logprob_bwd       16-byte vectors; in place allowed
+ * A forward is one launch, a backward one launch. Extra device memory: none (the outputs are O(N)).
+ *
+ * Variants and defaults. The default on every arch is the vector kernel: it needs nothing beyond
+ * plain loads and has been the reference everywhere. The bulk variant is a tuning candidate on
+ * sm_90+; the tensor-map variant stays experimental (never a default) until it has run correctly
+ * on a GPU: on the H200 this was developed for, every cp.async.bulk.tensor faulted with an illegal
+ * instruction, and a fault poisons the CUDA context, so it cannot be probed at run time. A variant
+ * a target cannot run (bulk or tma off sm_90, tma on a tensor whose row stride or base the copy
+ * engine cannot describe) falls back to the arch's default, with that default's tuning.
+ *
+ * Selection (lp_select_fwd / lp_select_bwd) is the one function both a real call and the op's
+ * `plan` (rlk_precompile) go through, so precompiling a configuration builds exactly what the call
+ * looks up. Tuning candidates for a sweep are lp_candidates (valid on every target). */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Templates                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/* Logits dtype codes: the indices of these names, as the templates see them. */
+enum { LP_DT_F32 = 0, LP_DT_F16 = 1, LP_DT_BF16 = 2 };
+enum { LP_GRAD_SAME = 0, LP_GRAD_F32 = 1 };
+enum { LP_PASS_FWD = 0, LP_PASS_BWD = 1, LP_PASS_BOTH = 2 };
+
+static const char *const lp_dt_names[] = {"f32", "f16", "bf16", NULL};
+static const char *const lp_grad_names[] = {"same", "f32", NULL};
+static const char *const lp_variant_names[] = {"auto", "vec", "bulk", "tma", NULL};
+static const char *const lp_pass_names[] = {"fwd", "bwd", "both", NULL};
+
+#define LP_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
+#define LP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
+
+static const rlk_param_decl lp_fwd_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
+    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL}, /* threads per row */
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+static const rlk_param_decl lp_bwd_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
+    {"grad", RLK_PARAM_ENUM, 0, 1, 0, 0, lp_grad_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
+    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* g_H given */
+};
+
+static const rlk_param_decl lp_bulk_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
+    {"cwarps", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* consumer warps */
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+static const rlk_param_decl lp_tma_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
+    {"rows", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* box rows = consumer warps */
+    {"nbox", RLK_PARAM_INT, 1, 8, 0, 0, NULL},  /* boxes per stage */
+    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+#define LP_N(a) (sizeof(a) / sizeof((a)[0]))
+
+static const rlk_template lp_fwd_tmpl = {"logprob", "logprob_fwd", "cuda/logprob.cuh",
+                                         "host/logprob_fwd.c", LP_N(lp_fwd_params), lp_fwd_params};
+static const rlk_template lp_bwd_tmpl = {"logprob", "logprob_bwd", "cuda/logprob.cuh",
+                                         "host/logprob_bwd.c", LP_N(lp_bwd_params), lp_bwd_params};
+static const rlk_template lp_bulk_tmpl = {"logprob", "logprob_fwd_bulk", "cuda/logprob_sm90.cuh",
+                                          NULL, LP_N(lp_bulk_params), lp_bulk_params};
+static const rlk_template lp_tma_tmpl = {"logprob", "logprob_fwd_tma", "cuda/logprob_sm90.cuh",
+                                         NULL, LP_N(lp_tma_params), lp_tma_params};
+
+/* ---------------------------------------------------------------------------------- */
+/* Defaults and tuning candidates                                                      */
+/* ---------------------------------------------------------------------------------- */
+
+/* The guaranteed default of an arch: what runs when nothing is asked for. */
+typedef struct lp_arch_default {
+  int min_sm;    /* CUDA compute capability x 10 from which the row applies (0: any) */
+  int variant;   /* rlk_logprob_variant */
+  int block;     /* threads of a block for rows of at least LP_WIDE_ROW bytes */
+  int unroll;    /* vectors in flight per thread */
+  int stages;    /* ring depth (bulk / tma) */
+} lp_arch_default;
+
+/* CUDA, first match by compute capability. sm_90+ keeps the vector kernel as its default until
+ * the bulk variant is measured faster there (both are in lp_candidates). */
+static const lp_arch_default lp_cuda_defaults[] = {
+    {90, RLK_LOGPROB_VARIANT_VEC, 512, 4, 4},
+    {80, RLK_LOGPROB_VARIANT_VEC, 512, 4, 4},
+    {0, RLK_LOGPROB_VARIANT_VEC, 256, 4, 4},
+};
+static const lp_arch_default lp_hip_default = {0, RLK_LOGPROB_VARIANT_VEC, 256, 4, 4};
+
+/* Defaults of the shared-memory variants (consumer threads, unroll, stages). */
+#define LP_BULK_BLOCK 256 /* 8 consumer warps: 16 KB tiles with unroll 4 */
+#define LP_TMA_BLOCK 256  /* 8 rows per box */
+
+/* Rows of at least this many bytes get a whole block each at the default block size; rows of at
+ * least LP_BLOCK_ROW bytes a block of 256; shorter rows share a block (a lane segment each). */
+#define LP_WIDE_ROW (64 * 1024)
+#define LP_BLOCK_ROW (16 * 1024)
+
+/* Shared memory the sm_90 variants may use per SM and per block (H100/H200: 228 KB / 227 KB). */
+#define LP_SM90_SMEM_PER_SM (228 * 1024)
+#define LP_SM90_SMEM_PER_BLOCK (227 * 1024)
+
+/* What a sweep tool times against the default, appended to a configuration line. Valid on every
+ * target: a setting a target cannot honour falls back (identical specs then time alike). */
+static const char *const lp_candidates[] = {
+    "variant=vec block=256 unroll=4",  "variant=vec block=512 unroll=2",
+    "variant=vec block=512 unroll=4",  "variant=vec block=512 unroll=8",
+    "variant=vec block=1024 unroll=4", "variant=vec block=1024 unroll=2",
+    "variant=bulk block=256 unroll=4 stages=3", "variant=bulk block=256 unroll=4 stages=4",
+    "variant=bulk block=256 unroll=8 stages=3", "variant=bulk block=512 unroll=2 stages=4",
+    "variant=bulk block=512 unroll=4 stages=3", "variant=bulk block=128 unroll=8 stages=4",
+    "variant=tma block=256 unroll=4 stages=4",  "variant=tma block=128 unroll=8 stages=4",
+    NULL};
+
+/* ---------------------------------------------------------------------------------- */
+/* Variant selection (shared by calls and precompiling)                                */
+/* ---------------------------------------------------------------------------------- */
+
+/* What selects the kernels: everything about a call except sizes and pointers (V only picks
+ * the row layout). */
+typedef struct lp_config {
+  int logits;       /* LP_DT_* */
+  rlk_dtype labels; /* RLK_I32 / RLK_I64 */
+  int entropy;      /* fwd: entropy output; bwd: an entropy gradient */
+  int grad;         /* bwd: LP_GRAD_* */
+  int64_t V;
+  int variant, block, seg, unroll, stages; /* requests; 0: the default */
+  int tma_ok;       /* the logits can be described by a tensor map */
+} lp_config;
+
+/* One kernel of a call and its launch shape. */
+typedef struct lp_choice {
+  rlk_kernel_spec spec;
+  int variant;      /* the variant that runs */
+  int threads;      /* of a block */
+  int rows_per_block;
+  size_t smem;      /* dynamic shared memory */
+} lp_choice;
+
+static int lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
+
+static int lp_warp(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
+
+/* CUDA compute capability x 10 of the context's target ("sm_90a" -> 90), 0 elsewhere. */
+static int lp_sm(const rlk_context *ctx) {
+  if (ctx->kind != RLK_BACKEND_CUDA || strncmp(ctx->info.target, "sm_", 3) != 0) return 0;
+  return atoi(ctx->info.target + 3);
+}
+
+static const lp_arch_default *lp_default(const rlk_context *ctx) {
+  if (ctx->kind == RLK_BACKEND_HIP) return &lp_hip_default;
+  const int sm = lp_sm(ctx);
+  for (size_t i = 0; i < LP_N(lp_cuda_defaults); i++)
+    if (sm >= lp_cuda_defaults[i].min_sm) return &lp_cuda_defaults[i];
+  return &lp_cuda_defaults[LP_N(lp_cuda_defaults) - 1];
+}
+
+static int lp_is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+static int64_t lp_next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+/* RLK_LOGPROB_VARIANT, read once per process: -1 unread, else an rlk_logprob_variant. */
+static atomic_int lp_env_variant = -1;
+
+static int lp_env_override(void) {
+  int v = atomic_load_explicit(&lp_env_variant, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = RLK_LOGPROB_VARIANT_AUTO;
+  const char *e = rlk_env("RLK_LOGPROB_VARIANT");
+  if (e) {
+    int found = 0;
+    for (int i = 0; lp_variant_names[i]; i++)
+      if (!strcmp(e, lp_variant_names[i])) {
+        v = i;
+        found = 1;
+      }
+    if (!found) rlk_warn("RLK_LOGPROB_VARIANT='%s' is not auto, vec, bulk or tma: ignored", e);
+    else if (v == RLK_LOGPROB_VARIANT_TMA)
+      rlk_warn("RLK_LOGPROB_VARIANT=tma: the tensor-map variant is experimental");
+  }
+  atomic_store_explicit(&lp_env_variant, v, memory_order_relaxed);
+  return v;
+}
+
+/* Checks the tuning requests that make sense for `variant` on this backend. */
+static rlk_status lp_check_tuning(rlk_backend kind, int variant, const lp_config *c, int es) {
+  const int warp = lp_warp(kind);
+  if (c->unroll && !(c->unroll == 1 || c->unroll == 2 || c->unroll == 4 || c->unroll == 8))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "unroll: %d is not 0, 1, 2, 4 or 8", c->unroll);
+  if (c->stages && (c->stages < 2 || c->stages > 8))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 or 2..8", c->stages);
+  if (c->block < 0 || c->block > 1024)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "block: %d is outside [0, 1024]", c->block);
+  if (variant == RLK_LOGPROB_VARIANT_VEC) {
+    if (c->block && (!lp_is_pow2(c->block) || c->block < warp))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "block: %d is not a power of two from %d to 1024 (the vector variant)",
+                       c->block, warp);
+    if (c->seg && !lp_is_pow2(c->seg))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seg: %d is not a power of two (up to %d, or the whole block)", c->seg, warp);
+  } else {
+    if (c->block && (c->block % 32 || c->block > 992))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "block: %d consumer threads is not a multiple of 32 up to 992 (%s)", c->block,
+                       lp_variant_names[variant]);
+    if (c->seg)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seg: only the vector variant has row segments");
+  }
+  (void)es;
+  return RLK_OK;
+}
+
+/* The vector kernel's row layout for rows of V elements: threads per block and per row. */
+static void lp_vec_shape(rlk_backend kind, const lp_arch_default *d, const lp_config *c, int *block,
+                         int *seg) {
+  const int warp = lp_warp(kind);
+  const int64_t row_bytes = c->V * lp_dt_bytes(c->logits);
+  const int epv = 16 / lp_dt_bytes(c->logits);
+  int b = c->block, s = c->seg;
+  if (row_bytes >= LP_BLOCK_ROW) {
+    if (!b) b = row_bytes >= LP_WIDE_ROW ? d->block : (d->block < 256 ? d->block : 256);
+    if (!s) s = b;
+  } else {
+    if (!s) {
+      int64_t want = lp_next_pow2((c->V + 2 * epv - 1) / (2 * epv));
+      s = (int)(want > warp ? warp : want);
+    }
+    if (!b) b = 4 * warp;
+    if (s > b) s = b;
+  }
+  if (s > warp && s != b) s = b;
+  *block = b;
+  *seg = s;
+}
+
+/* The forward kernel of a configuration. */
+static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+  memset(ch, 0, sizeof *ch);
+  const rlk_backend kind = ctx->kind;
+  const lp_arch_default *d = lp_default(ctx);
+  const int es = lp_dt_bytes(c->logits);
+  int variant = c->variant ? c->variant : lp_env_override();
+  if (!variant) variant = d->variant;
+  lp_config t = *c;
+  const int sm90 = kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90;
+  if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
+      (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !c->tma_ok))) {
+    rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
+              !sm90 ? "needs sm_90+" : "the logits cannot be described by a tensor map",
+              lp_variant_names[d->variant]);
+    variant = d->variant;
+    t.block = t.seg = t.unroll = t.stages = 0; /* the fallback's own defaults */
+  }
+  if (kind == RLK_BACKEND_HOST) variant = RLK_LOGPROB_VARIANT_VEC;
+  rlk_status st = lp_check_tuning(kind, variant, &t, es);
+  if (st) return st;
+  ch->variant = variant;
+  const int unroll = t.unroll ? t.unroll : d->unroll;
+  const int stages = t.stages ? t.stages : d->stages;
+
+  if (variant == RLK_LOGPROB_VARIANT_BULK) {
+    const int cwarps = (t.block ? t.block : LP_BULK_BLOCK) / 32;
+    ch->spec.tmpl = &lp_bulk_tmpl;
+    ch->spec.values[0] = c->logits;
+    ch->spec.values[1] = c->labels;
+    ch->spec.values[2] = cwarps;
+    ch->spec.values[3] = unroll;
+    ch->spec.values[4] = stages;
+    ch->spec.values[5] = c->entropy;
+    ch->threads = (cwarps + 1) * 32;
+    ch->rows_per_block = 1;
+    ch->smem = (size_t)cwarps * 32u * 16u * (size_t)unroll * (size_t)stages;
+  } else if (variant == RLK_LOGPROB_VARIANT_TMA) {
+    const int rows = (t.block ? t.block : LP_TMA_BLOCK) / 32;
+    ch->spec.tmpl = &lp_tma_tmpl;
+    ch->spec.values[0] = c->logits;
+    ch->spec.values[1] = c->labels;
+    ch->spec.values[2] = rows;
+    ch->spec.values[3] = unroll;
+    ch->spec.values[4] = stages;
+    ch->spec.values[5] = c->entropy;
+    ch->threads = (rows + 1) * 32;
+    ch->rows_per_block = rows;
+    ch->smem = (size_t)rows * 512u * (size_t)unroll * (size_t)stages;
+  } else {
+    int block = 1, seg = 1;
+    if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+    ch->spec.tmpl = &lp_fwd_tmpl;
+    ch->spec.values[0] = c->logits;
+    ch->spec.values[1] = c->labels;
+    ch->spec.values[2] = block;
+    ch->spec.values[3] = seg;
+    ch->spec.values[4] = kind == RLK_BACKEND_HOST ? 1 : unroll;
+    ch->spec.values[5] = c->entropy;
+    ch->threads = block;
+    ch->rows_per_block = block / seg;
+  }
+  if (ch->smem > LP_SM90_SMEM_PER_BLOCK)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "block x unroll x stages: a %zu-byte shared-memory ring exceeds %d bytes",
+                     ch->smem, LP_SM90_SMEM_PER_BLOCK);
+  return rlk_spec_validate(&ch->spec);
+}
+
+/* The backward kernel of a configuration (the vector kernel on every target). */
+static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+  memset(ch, 0, sizeof *ch);
+  const rlk_backend kind = ctx->kind;
+  const lp_arch_default *d = lp_default(ctx);
+  lp_config t = *c;
+  int variant = c->variant ? c->variant : lp_env_override();
+  if (variant != RLK_LOGPROB_VARIANT_VEC && variant != RLK_LOGPROB_VARIANT_AUTO)
+    t.block = t.seg = t.unroll = t.stages = 0; /* falls back with the vector kernel's defaults */
+  t.stages = 0;
+  rlk_status st = lp_check_tuning(kind, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
+  if (st) return st;
+  int block = 1, seg = 1;
+  if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+  ch->variant = RLK_LOGPROB_VARIANT_VEC;
+  ch->spec.tmpl = &lp_bwd_tmpl;
+  ch->spec.values[0] = c->logits;
+  ch->spec.values[1] = c->grad;
+  ch->spec.values[2] = c->labels;
+  ch->spec.values[3] = block;
+  ch->spec.values[4] = seg;
+  ch->spec.values[5] = kind == RLK_BACKEND_HOST ? 1 : (t.unroll ? t.unroll : d->unroll);
+  ch->spec.values[6] = c->entropy;
+  ch->threads = block;
+  ch->rows_per_block = block / seg;
+  return rlk_spec_validate(&ch->spec);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static int lp_choice_index(const char *const *names, const char *value) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(names[i], value)) return i;
+  return -1;
+}
+
+static rlk_status lp_parse_int(const char *name, const char *value, int64_t lo, int64_t hi,
+                               int64_t *out) {
+  char *end = NULL;
+  long long v = strtoll(value, &end, 10);
+  if (!*value || *end || v < lo || v > hi)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
+                     value, (long long)lo, (long long)hi);
+  *out = v;
+  return RLK_OK;
+}
+
+static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
+                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: ctx is NULL");
+  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: no room for the specs");
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = LP_DT_BF16;
+  c.labels = RLK_I64;
+  c.grad = LP_GRAD_SAME;
+  c.V = 151936;
+  c.tma_ok = 1;
+  int pass = LP_PASS_BOTH;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    int k;
+    int64_t x = 0;
+    rlk_status st = RLK_OK;
+    if (!strcmp(n, "pass")) {
+      if ((k = lp_choice_index(lp_pass_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
+      pass = k;
+    } else if (!strcmp(n, "logits")) {
+      if ((k = lp_choice_index(lp_dt_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
+      c.logits = k;
+    } else if (!strcmp(n, "labels")) {
+      if (!strcmp(v, "i32"))
+        c.labels = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        c.labels = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
+    } else if (!strcmp(n, "entropy")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
+      c.entropy = v[0] == '1';
+    } else if (!strcmp(n, "grad")) {
+      if ((k = lp_choice_index(lp_grad_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
+      c.grad = k;
+    } else if (!strcmp(n, "vocab")) {
+      if (!(st = lp_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c.V = x;
+    } else if (!strcmp(n, "variant")) {
+      if ((k = lp_choice_index(lp_variant_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
+      c.variant = k;
+    } else if (!strcmp(n, "block")) {
+      if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c.block = (int)x;
+    } else if (!strcmp(n, "seg")) {
+      if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c.seg = (int)x;
+    } else if (!strcmp(n, "unroll")) {
+      if (!(st = lp_parse_int(n, v, 0, 8, &x))) c.unroll = (int)x;
+    } else if (!strcmp(n, "stages")) {
+      if (!(st = lp_parse_int(n, v, 0, 8, &x))) c.stages = (int)x;
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab "
+                       "variant block seg unroll stages)",
+                       n);
+    }
+    if (st) return st;
+  }
+  size_t n = 0;
+  lp_choice ch;
+  rlk_status st;
+  if (pass != LP_PASS_BWD) {
+    if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+    specs[n++] = ch.spec;
+    if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
+      /* a call whose logits the tensor map cannot describe runs the default instead */
+      lp_config f = c;
+      f.tma_ok = 0;
+      lp_choice fb;
+      if ((st = lp_select_fwd(ctx, &f, &fb))) return st;
+      specs[n++] = fb.spec;
+    }
+  }
+  if (pass != LP_PASS_FWD) {
+    if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
+    specs[n++] = ch.spec;
+  }
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char lp_help[] =
+    "pass: fwd|bwd|both, the kernels to build (both)\n"
+    "logits: bf16|f16|f32 (bf16)\n"
+    "labels: i32|i64 (i64)\n"
+    "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
+    "grad: same|f32, the backward's dlogits dtype (same)\n"
+    "vocab: V, picks the row layout: a block per row, or rows sharing a block (151936)\n"
+    "variant: auto|vec|bulk|tma; bulk and tma are sm_90+ forwards, tma experimental; elsewhere "
+    "the default runs (auto)\n"
+    "block: threads per block, 0 for the default; bulk/tma: consumer threads (0)\n"
+    "seg: threads per row of the vector kernel, 0 for the default (0)\n"
+    "unroll: 16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default (0)\n"
+    "stages: shared-memory ring depth of bulk/tma, 0 for the default (0)\n";
+
+static const char *const lp_samples[] = {
+    /* the common trainer shape: bf16 logits, i64 labels, entropy and its gradient */
+    "logprob pass=both logits=bf16 labels=i64 entropy=1",
+    /* fp16 logits, i32 labels, an f32 gradient; f32 logits */
+    "logprob pass=both logits=f16 labels=i32 grad=f32",
+    "logprob pass=both logits=f32 labels=i64 entropy=1",
+    /* a tiny vocabulary: rows share a block (a lane segment each) */
+    "logprob pass=both logits=bf16 labels=i32 vocab=7 entropy=1",
+    /* the sm_90 forwards; elsewhere they are the default kernels above */
+    "logprob pass=fwd logits=bf16 labels=i64 variant=bulk entropy=1",
+    "logprob pass=fwd logits=f16 labels=i32 variant=bulk",
+    "logprob pass=fwd logits=f32 labels=i64 variant=tma entropy=1",
+    "logprob pass=fwd logits=bf16 labels=i64 variant=tma entropy=1",
+    NULL};
+
+const rlk_op_desc rlk_op_logprob = {"logprob", lp_help, lp_plan_config, lp_samples, lp_candidates};
+
+/* ---------------------------------------------------------------------------------- */
+/* Validation                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+static int lp_dt_of(rlk_dtype d) {
+  return d == RLK_F32 ? LP_DT_F32 : (d == RLK_F16 ? LP_DT_F16 : LP_DT_BF16);
+}
+
+/* logits [N, V] with contiguous rows; writes N, V and the row stride. */
+static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes,
+                                  int64_t *N, int64_t *V, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
+  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  const int64_t n = t->shape[0], v = t->shape[1];
+  if (v > 1 && t->strides[1] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
+                     (long long)t->strides[1]);
+  if (n > 1 && t->strides[0] < v)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
+                     what, (long long)t->strides[0], (long long)v);
+  const int64_t s = n > 1 ? t->strides[0] : v;
+  /* the last element's byte offset must fit comfortably in 63 bits */
+  if (s > ((int64_t)1 << 56) / n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,
+                     (long long)n, (long long)s);
+  *N = n;
+  *V = v;
+  *stride = s;
+  return RLK_OK;
+}
+
+/* A 1-D [N] tensor of an allowed dtype; writes its stride. */
+static rlk_status lp_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                                  int contiguous, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != N)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
+                     (long long)t->shape[0], (long long)N);
+  if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
+  if (stride) *stride = N > 1 ? t->strides[0] : 1;
+  return RLK_OK;
+}
+
+static rlk_status lp_check_status(const rlk_tensor *t) {
+  if (!t->data) return RLK_OK;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, "status", 1))) return st;
+  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  if ((st = rlk_check_ndim(t, "status", 1, 1))) return st;
+  return RLK_OK;
+}
+
+static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, int variant,
+                                  int64_t N, int64_t *label_stride) {
+  rlk_status st;
+  if ((st = lp_check_vector(labels, "labels", LP_LABEL_DTYPES, N, 0, label_stride))) return st;
+  if (!(temperature > 0.0f) || isinf(temperature))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
+                     (double)temperature);
+  if (variant < RLK_LOGPROB_VARIANT_AUTO || variant > RLK_LOGPROB_VARIANT_TMA)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_logprob_variant", variant);
+  return RLK_OK;
+}
+
+/* Byte range [lo, hi) a row-major [N, V] tensor spans. */
+static void lp_span(const rlk_tensor *t, int64_t N, int64_t V, int64_t stride, uintptr_t *lo,
+                    uintptr_t *hi) {
+  const size_t es = rlk_dtype_size(t->dtype);
+  *lo = (uintptr_t)t->data;
+  *hi = *lo + (size_t)((N - 1) * stride + V) * es;
+}
+
+static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(gx ? gx : 1);
+  d.grid[1] = (unsigned)(gy ? gy : 1);
+  d.grid[2] = 1;
+  d.block[0] = (unsigned)block;
+  d.block[1] = d.block[2] = 1;
+  d.shared_bytes = smem;
+  return d;
+}
+
+static uint64_t lp_min_u(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Blocks of a shared-memory variant resident per SM, for a persistent grid. */
+static uint64_t lp_sm90_blocks_per_sm(const lp_choice *ch) {
+  const size_t per_block = ch->smem + 2048; /* barriers, scratch and the runtime's reserve */
+  uint64_t by_smem = LP_SM90_SMEM_PER_SM / per_block;
+  uint64_t by_threads = 2048u / (uint64_t)ch->threads;
+  uint64_t b = by_smem < by_threads ? by_smem : by_threads;
+  if (b > 32) b = 32;
+  return b ? b : 1;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The calls                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_logprob_args_init(rlk_logprob_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+}
+
+RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+}
+
+RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob: args is NULL");
+  rlk_status st;
+  int64_t N, V, row_stride, label_stride;
+  if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
+  if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
+  if ((st = lp_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
+  if (a->lse.data && (st = lp_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+    return st;
+  if (a->entropy.data &&
+      (st = lp_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+    return st;
+  if ((st = lp_check_status(&a->status))) return st;
+  if (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
+      (a->lse.data && a->lse.data == a->entropy.data))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
+  if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
+
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = lp_dt_of(a->logits.dtype);
+  c.labels = a->labels.dtype;
+  c.entropy = a->entropy.data != NULL;
+  c.V = V;
+  c.variant = (int)a->variant;
+  c.block = a->block;
+  c.unroll = a->unroll;
+  c.stages = a->stages;
+  const int es = lp_dt_bytes(c.logits);
+  rlk_tma_desc_request req;
+  memset(&req, 0, sizeof req);
+  req.base = a->logits.data;
+  req.dtype = a->logits.dtype;
+  req.rows = (uint64_t)N;
+  req.cols = (uint64_t)V;
+  req.row_stride = (uint64_t)row_stride;
+  req.box_cols = (uint32_t)(512 / es);
+  /* tma_ok is only worked out when the tensor-map variant is what would run */
+  const int want = c.variant ? c.variant : lp_env_override();
+  if (want == RLK_LOGPROB_VARIANT_TMA && ctx->kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90) {
+    lp_choice probe;
+    c.tma_ok = 1;
+    if ((st = lp_select_fwd(ctx, &c, &probe))) return st;
+    req.box_rows = (uint32_t)probe.rows_per_block;
+    c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
+    if (!c.tma_ok) rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
+  }
+  lp_choice ch;
+  if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+
+  const void *logits = a->logits.data, *labels = a->labels.data;
+  float temperature = a->temperature;
+  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride;
+  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data,
+        *entropy = (float *)a->entropy.data;
+  int32_t *status = (int32_t *)a->status.data;
+  void *kargs[13] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index,
+                     &logp,   &lse, &entropy, &status, NULL};
+  const int host = ctx->kind == RLK_BACKEND_HOST;
+  const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+  const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
+  rlk_launch_dims d;
+  if (host) {
+    d = lp_dims(1, 1, 1, 0);
+  } else if (ch.variant == RLK_LOGPROB_VARIANT_VEC) {
+    d = lp_dims(lp_min_u(groups, 1u << 20), 1, ch.threads, 0);
+  } else {
+    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ch)), 1, ch.threads, ch.smem);
+  }
+  if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
+    _Alignas(64) unsigned char map[128];
+    st = rlk_cuda_tma_encode(ctx->backend, &req, map);
+    if (st) {
+      /* the driver refused what the check accepted: run the default rather than fail */
+      rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
+      c.tma_ok = 0;
+      if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+      const uint64_t g2 = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
+      d = lp_dims(lp_min_u(g2, 1u << 20), 1, ch.threads, 0);
+      return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+    }
+    kargs[12] = map;
+    return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+  }
+  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+}
+
+RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a,
+                                        void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_backward: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_backward: args is NULL");
+  rlk_status st;
+  int64_t N, V, row_stride, label_stride;
+  if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
+  if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  int64_t lse_s = 1, glp_s = 1, ent_s = 1, gent_s = 1;
+  if ((st = lp_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
+  if (a->grad_logp.data && (st = lp_check_vector(&a->grad_logp, "grad_logp", f32, N, 0, &glp_s)))
+    return st;
+  if (a->grad_entropy.data) {
+    if ((st = lp_check_vector(&a->grad_entropy, "grad_entropy", f32, N, 0, &gent_s))) return st;
+    if (!a->entropy.data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "entropy: required with grad_entropy (E_p[z] = lse - entropy)");
+    if ((st = lp_check_vector(&a->entropy, "entropy", f32, N, 0, &ent_s))) return st;
+  }
+  if (!a->grad_logp.data && !a->grad_entropy.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logp and grad_entropy: give at least one");
+  const uint32_t out_dtypes = RLK_DTYPE_BIT(a->logits.dtype) | f32;
+  int64_t gN, gV, grad_stride;
+  if ((st = lp_check_matrix(&a->grad_logits, "grad_logits", out_dtypes, &gN, &gV, &grad_stride)))
+    return st;
+  if (gN != N || gV != V)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logits: shape [%lld, %lld], expected [%lld, %lld]",
+                     (long long)gN, (long long)gV, (long long)N, (long long)V);
+  if (a->grad_logits.data == a->logits.data) {
+    if (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != row_stride))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "grad_logits: in place over the logits needs the same dtype and row stride");
+  } else {
+    uintptr_t l0, l1, g0, g1;
+    lp_span(&a->logits, N, V, row_stride, &l0, &l1);
+    lp_span(&a->grad_logits, N, V, grad_stride, &g0, &g1);
+    if (g0 < l1 && l0 < g1)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "grad_logits: overlaps the logits without being the same tensor");
+  }
+  if ((st = lp_check_status(&a->status))) return st;
+  if ((st = rlk_context_require_device(ctx, "rlk_logprob_backward"))) return st;
+
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = lp_dt_of(a->logits.dtype);
+  c.labels = a->labels.dtype;
+  c.entropy = a->grad_entropy.data != NULL;
+  c.grad = a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32;
+  c.V = V;
+  c.variant = (int)a->variant;
+  c.block = a->block;
+  c.unroll = a->unroll;
+  lp_choice ch;
+  if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
+
+  const void *logits = a->logits.data, *labels = a->labels.data;
+  float temperature = a->temperature;
+  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride,
+          gs = grad_stride;
+  const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
+              *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
+  if (!c.entropy) ent = NULL;
+  void *grad = a->grad_logits.data;
+  int32_t *status = (int32_t *)a->status.data;
+  void *kargs[] = {&logits, &rs,    &labels, &ls,   &n,    &v,      &temperature,
+                   &ignore_index, &lse, &lse_s, &glp, &glp_s, &ent, &ent_s,
+                   &gent,   &gent_s, &grad, &gs, &status};
+  rlk_launch_dims d;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    d = lp_dims(1, 1, 1, 0);
+  } else {
+    const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
+    const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+    /* few rows: split each row's vectors over grid.y so that every SM has blocks */
+    uint64_t splits = 1;
+    const uint64_t want = sms * 4;
+    if (ch.rows_per_block == 1 && groups < want) {
+      const uint64_t per_block = (uint64_t)ch.threads * 4u * 16u; /* bytes worth one block */
+      const uint64_t most = (uint64_t)(V * lp_dt_bytes(c.logits)) / per_block;
+      splits = (want + groups - 1) / groups;
+      if (splits > most) splits = most ? most : 1;
+      if (splits > 65535) splits = 65535;
+    }
+    d = lp_dims(lp_min_u(groups, 1u << 20), splits, ch.threads, 0);
+  }
+  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+}

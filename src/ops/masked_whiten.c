@@ -1,0 +1,308 @@
+/* masked_whiten.c - whitening over all valid elements of a batch: validation, the variant
+ * selection shared by calls and precompiling, the workspace size, and the launches.
+ *
+ * GPU: two launches (templates/cuda/masked_whiten.cuh). masked_whiten_stats reduces fixed flat
+ * chunks to per-block (count, mean, M2) partials in the workspace; masked_whiten_apply merges
+ * them in index order in every block (the same bits everywhere) and writes the output. The
+ * number of partials depends only on the shape and the device's multiprocessor count, so the
+ * result is bitwise repeatable and the workspace size can be queried once.
+ * Host: one launch (templates/host/masked_whiten.c), plain two-pass fp64 sums.
+ *
+ * Undefined statistics (no valid element; one, with the unbiased variance) cannot be reported
+ * without reading device memory on the hot path: the kernels write NaN outputs instead, and the
+ * optional stats output carries the count (see include/rlk.h). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/advantage_scan.h"
+
+#define MW_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
+#define MW_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
+#define MW_BLOCK 512       /* threads per block in both GPU launches */
+#define MW_MAX_PARTIALS 1024
+#define MW_BLOCKS_PER_SM 4 /* stats blocks per multiprocessor (2048 threads) */
+
+/* Run-time flags, as the templates read them (mw::FLAG_* / MW_FLAG_*). */
+enum { MW_FLAG_UNBIASED = 1, MW_FLAG_EPS_CLAMP = 2, MW_FLAG_KEEP_MEAN = 4, MW_FLAG_NO_STD = 8,
+       MW_FLAG_MASKED_ZERO = 16 };
+
+static const rlk_param_decl mw_params[] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, MW_DTYPES, NULL},
+};
+
+static const rlk_template mw_stats_tmpl = {"masked_whiten", "masked_whiten_stats",
+                                           "cuda/masked_whiten.cuh", NULL, 1, mw_params};
+static const rlk_template mw_apply_tmpl = {"masked_whiten", "masked_whiten_apply",
+                                           "cuda/masked_whiten.cuh", NULL, 1, mw_params};
+static const rlk_template mw_host_tmpl = {"masked_whiten", "masked_whiten", NULL,
+                                          "host/masked_whiten.c", 1, mw_params};
+
+/* ---------------------------------------------------------------------------------- */
+/* Variant selection (shared by calls, the workspace query and precompiling)           */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct mw_plan {
+  rlk_kernel_spec stats, apply; /* the host runs `apply` alone (the whole-batch kernel) */
+  int has_stats;
+  int64_t partials;              /* stats blocks = partials in the workspace (GPU) */
+  rlk_launch_dims stats_dims, apply_dims;
+} mw_plan;
+
+static void mw_dims(rlk_launch_dims *d, int64_t grid, unsigned block) {
+  memset(d, 0, sizeof *d);
+  d->grid[0] = (unsigned)(grid > 0 ? grid : 1);
+  d->grid[1] = d->grid[2] = 1;
+  d->block[0] = block;
+  d->block[1] = d->block[2] = 1;
+}
+
+/* GPU: stats over min(chunks, 4 x SMs, 1024) blocks of 512 threads (chunks of 512 x K flat
+ * elements, K = 32 bytes / element), apply over min(chunks, 8 x SMs); host: one kernel. With an
+ * unknown shape (n == 0) only the specs are filled. */
+static rlk_status mw_select(rlk_backend kind, int multiprocessors, rlk_dtype dtype, int64_t n,
+                            mw_plan *p) {
+  memset(p, 0, sizeof *p);
+  rlk_status st;
+  if (kind == RLK_BACKEND_HOST) {
+    p->apply.tmpl = &mw_host_tmpl;
+    p->apply.values[0] = dtype;
+    mw_dims(&p->apply_dims, 1, 1);
+    return rlk_spec_validate(&p->apply);
+  }
+  p->has_stats = 1;
+  p->stats.tmpl = &mw_stats_tmpl;
+  p->stats.values[0] = dtype;
+  p->apply.tmpl = &mw_apply_tmpl;
+  p->apply.values[0] = dtype;
+  if (n > 0) {
+    const int64_t K = 32 / (int64_t)rlk_dtype_size(dtype);
+    const int64_t chunks = (n + MW_BLOCK * K - 1) / (MW_BLOCK * K);
+    const int64_t sms = multiprocessors > 0 ? multiprocessors : 1;
+    int64_t parts = sms * MW_BLOCKS_PER_SM;
+    if (parts > MW_MAX_PARTIALS) parts = MW_MAX_PARTIALS;
+    if (parts > chunks) parts = chunks;
+    int64_t apply = 2 * sms * MW_BLOCKS_PER_SM;
+    if (apply > chunks) apply = chunks;
+    if (apply > 65535) apply = 65535;
+    p->partials = parts;
+    mw_dims(&p->stats_dims, parts, MW_BLOCK);
+    mw_dims(&p->apply_dims, apply, MW_BLOCK);
+  }
+  if ((st = rlk_spec_validate(&p->stats))) return st;
+  return rlk_spec_validate(&p->apply);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status mw_plan_config(const rlk_context *ctx, size_t npairs,
+                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: ctx is NULL");
+  if (!specs || !nspecs)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: no room for the specs");
+  rlk_dtype dtype = RLK_F32;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    if (!strcmp(n, "dtype")) {
+      if (!strcmp(v, "f32"))
+        dtype = RLK_F32;
+      else if (!strcmp(v, "f64"))
+        dtype = RLK_F64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
+    } else if (!strcmp(n, "mask")) {
+      int ok = 0;
+      for (int k = 0; rlk_seq_mask_names[k]; k++) ok |= !strcmp(rlk_seq_mask_names[k], v);
+      if (!ok) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
+    } else if (!strcmp(n, "unbiased") || !strcmp(n, "shift_mean") || !strcmp(n, "normalize_std")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", n, v);
+    } else if (!strcmp(n, "eps_mode")) {
+      if (strcmp(v, "add") && strcmp(v, "clamp"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps_mode: '%s' is not add or clamp", v);
+    } else if (!strcmp(n, "masked")) {
+      if (strcmp(v, "apply") && strcmp(v, "zero"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: '%s' is not apply or zero", v);
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "masked_whiten: unknown setting '%s' (known: dtype mask unbiased eps_mode "
+                       "shift_mean normalize_std masked)",
+                       n);
+    }
+  }
+  mw_plan p;
+  rlk_status st = mw_select(ctx->kind, 0, dtype, 0, &p);
+  if (st) return st;
+  size_t n = 0;
+  if (p.has_stats) specs[n++] = p.stats;
+  specs[n++] = p.apply;
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char mw_help[] =
+    "dtype: f32|f64, of x and out (f32)\n"
+    "mask: none|bool|i32|f32; a run-time value, the same kernels (bool)\n"
+    "unbiased: 0|1; a run-time value, the same kernels (1)\n"
+    "eps_mode: add|clamp; a run-time value, the same kernels (add)\n"
+    "shift_mean: 0|1; a run-time value, the same kernels (1)\n"
+    "normalize_std: 0|1; a run-time value, the same kernels (1)\n"
+    "masked: apply|zero; a run-time value, the same kernels (apply)\n";
+
+static const char *const mw_samples[] = {"masked_whiten dtype=f32", "masked_whiten dtype=f64", NULL};
+
+const rlk_op_desc rlk_op_masked_whiten = {"masked_whiten", mw_help, mw_plan_config, mw_samples};
+
+/* ---------------------------------------------------------------------------------- */
+/* The call                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_masked_whiten_args_init(rlk_masked_whiten_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->eps = 1e-8;
+  args->eps_mode = RLK_WHITEN_EPS_ADD;
+  args->unbiased = 1;
+  args->count_eps = 1e-8;
+  args->shift_mean = 1;
+  args->normalize_std = 1;
+  args->masked = RLK_WHITEN_MASKED_APPLY;
+}
+
+/* x as [B, T]: a 2-D tensor, or a 1-D one as a single row (its stride must then be 1). */
+static rlk_status mw_shape(const rlk_tensor *x, const char *what, int64_t *B, int64_t *T) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(x, what, 1))) return st;
+  if ((st = rlk_check_ndim(x, what, 1, 2))) return st;
+  if (x->ndim == 1) {
+    if ((st = rlk_check_contiguous(x, what))) return st;
+    *B = 1;
+    *T = x->shape[0];
+  } else {
+    *B = x->shape[0];
+    *T = x->shape[1];
+  }
+  return RLK_OK;
+}
+
+/* A tensor of x's layout kind, seen as [B, T]: 1-D tensors become one row. */
+static rlk_tensor mw_as_rows(const rlk_tensor *t, int64_t B, int64_t T) {
+  if (!t->data || t->ndim != 1) return *t;
+  return rlk_tensor_2d(t->data, t->dtype, B, T, T);
+}
+
+static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64_t *T,
+                              rlk_tensor *x, rlk_tensor *mask, rlk_tensor *out) {
+  rlk_status st;
+  if ((st = mw_shape(&a->x, "x", B, T))) return st;
+  if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
+  *x = mw_as_rows(&a->x, *B, *T);
+  if ((st = rlk_seq_check_rows(x, "x", 1, MW_DTYPES, *B, *T))) return st;
+  if (a->mask.data) {
+    if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
+    if (a->mask.ndim != a->x.ndim)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: %d dimensions, x has %d", (int)a->mask.ndim,
+                       (int)a->x.ndim);
+    if (a->mask.ndim == 1 && (st = rlk_check_contiguous(&a->mask, "mask"))) return st;
+  }
+  *mask = mw_as_rows(&a->mask, *B, *T);
+  if ((st = rlk_seq_check_rows(mask, "mask", 0, MW_MASK_DTYPES, *B, *T))) return st;
+  if ((st = rlk_check_tensor(&a->out, "out", 1))) return st;
+  if (a->out.ndim != a->x.ndim)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "out: %d dimensions, x has %d", (int)a->out.ndim,
+                     (int)a->x.ndim);
+  if (a->out.ndim == 1 && (st = rlk_check_contiguous(&a->out, "out"))) return st;
+  *out = mw_as_rows(&a->out, *B, *T);
+  if ((st = rlk_seq_check_rows(out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), *B, *T))) return st;
+  const int in_place = out->data == x->data &&
+                       rlk_seq_row_stride(out, *B, *T) == rlk_seq_row_stride(x, *B, *T);
+  if (!in_place && (st = rlk_seq_check_disjoint(out, "out", x, "x", *B, *T))) return st;
+  if ((st = rlk_seq_check_disjoint(out, "out", mask, "mask", *B, *T))) return st;
+  if (!(a->eps >= 0.0) || !isfinite(a->eps))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", a->eps);
+  if (!(a->count_eps >= 0.0) || !isfinite(a->count_eps))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "count_eps: %g must be finite and >= 0", a->count_eps);
+  if ((int)a->eps_mode < RLK_WHITEN_EPS_ADD || (int)a->eps_mode > RLK_WHITEN_EPS_CLAMP)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps_mode: %d is not an rlk_whiten_eps", (int)a->eps_mode);
+  if ((int)a->masked < RLK_WHITEN_MASKED_APPLY || (int)a->masked > RLK_WHITEN_MASKED_ZERO)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_whiten_masked",
+                     (int)a->masked);
+  if (a->stats.data) {
+    const rlk_tensor *s = &a->stats;
+    if ((st = rlk_check_tensor(s, "stats", 1)) || (st = rlk_check_dtype(s, "stats", RLK_DTYPE_BIT(RLK_F64))) ||
+        (st = rlk_check_ndim(s, "stats", 1, 1)) || (st = rlk_check_contiguous(s, "stats")))
+      return st;
+    if (s->shape[0] != 3)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stats: shape [%lld], expected [3]",
+                       (long long)s->shape[0]);
+  }
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
+                                                    const rlk_masked_whiten_args *args,
+                                                    size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: args is NULL");
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: bytes is NULL");
+  int64_t B, T;
+  rlk_status st = mw_shape(&args->x, "x", &B, &T);
+  if (st) return st;
+  if ((st = rlk_check_dtype(&args->x, "x", MW_DTYPES))) return st;
+  mw_plan p;
+  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, args->x.dtype, B * T, &p))) return st;
+  *bytes = (size_t)p.partials * 3 * sizeof(double);
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *a, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten: args is NULL");
+  int64_t B, T;
+  rlk_tensor x, mask, out;
+  rlk_status st = mw_validate(a, &B, &T, &x, &mask, &out);
+  if (st) return st;
+  mw_plan p;
+  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, x.dtype, B * T, &p))) return st;
+  const size_t need = (size_t)p.partials * 3 * sizeof(double);
+  if (need > 0) {
+    if (!a->workspace || a->workspace_bytes < need)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "workspace: %zu bytes at %p, %zu needed (rlk_masked_whiten_workspace_size)",
+                       a->workspace_bytes, a->workspace, need);
+    if ((uintptr_t)a->workspace % 8 != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
+  }
+  if ((st = rlk_context_require_device(ctx, "rlk_masked_whiten"))) return st;
+
+  const void *xd = x.data, *md = mask.data;
+  int64_t xs = rlk_seq_row_stride(&x, B, T), ms = md ? rlk_seq_row_stride(&mask, B, T) : T;
+  int kind = rlk_seq_mask_kind(&mask);
+  void *od = out.data;
+  int64_t os = rlk_seq_row_stride(&out, B, T);
+  int64_t b = B, t = T;
+  double *partials = need ? (double *)a->workspace : NULL;
+  int nparts = (int)p.partials;
+  double eps = a->eps, count_eps = a->count_eps;
+  int flags = (a->unbiased ? MW_FLAG_UNBIASED : 0) |
+              (a->eps_mode == RLK_WHITEN_EPS_CLAMP ? MW_FLAG_EPS_CLAMP : 0) |
+              (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
+              (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
+  double *stats = (double *)a->stats.data;
+  if (p.has_stats) {
+    void *sargs[] = {&xd, &xs, &md, &ms, &kind, &b, &t, &partials};
+    if ((st = rlk_context_launch(ctx, &p.stats, &p.stats_dims, stream, sargs))) return st;
+  }
+  void *aargs[] = {&xd, &xs, &md, &ms, &kind, &od, &os, &b, &t, &partials, &nparts, &eps, &count_eps, &flags, &stats};
+  return rlk_context_launch(ctx, &p.apply, &p.apply_dims, stream, aargs);
+}

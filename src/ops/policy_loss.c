@@ -1,0 +1,518 @@
+/* policy_loss.c - the fused policy loss: validation, variant selection, launches.
+ *
+ * On a GPU a call is two launches (templates/cuda/policy_loss.cuh):
+ *   1. policy_loss_main    one pass over the tokens: grad_logp (and grad_entropy) written, and
+ *                          per-block partial sums of the loss terms and metrics into the
+ *                          workspace ([grid][13] f64);
+ *   2. policy_loss_reduce  one block combines the partials in a fixed order and writes the loss
+ *                          and the metrics.
+ * Every code path (mode, KL estimator, straight-through, seq-mean-token-mean, layout, mask kind,
+ * per-sequence advantages, entropy use, importance weights) is a template parameter of the main
+ * kernel; the numbers are run-time values. On the host backend one kernel
+ * (templates/host/policy_loss.c) does the whole call with those choices as run-time values, so
+ * the host needs one compiled kernel per dtype.
+ *
+ * The gradient of every aggregation is elementwise once a sequence's statistics are known:
+ * grad_t = c * w_t * (d l_t / d logp_t + kl_coef * d kl_t / d logp_t), with c = loss_scale /
+ * (the mode's normalizer) and w_t = m_t (or m_t / n_b for seq-mean-token-mean). GSPO and a
+ * masked seq-mean-token-mean need each sequence's sums first: the work item is then a whole
+ * sequence and the block makes a first pass over it (token_loss.cuh).
+ *
+ * The variant selection (pl_select) is the one function both a call and rlk_precompile go
+ * through, so precompiling a configuration builds exactly what the call looks up. */
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+#include "ops/token_loss.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Templates                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+static const char *const pl_mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", NULL};
+/* the main kernel's KL choice: none (no ref_logp), then the estimators in rlk_kl_estimator order */
+static const char *const pl_kl_names[] = {"none", "k1", "abs", "k2", "k3", NULL};
+/* entropy: absent, read for its metric and term, read and its gradient written */
+static const char *const pl_ent_names[] = {"none", "metric", "bonus", NULL};
+
+enum { PL_KL_NONE = 0 };
+enum { PL_ENT_NONE = 0, PL_ENT_READ = 1, PL_ENT_GRAD = 2 };
+#define PL_NACC 13
+
+#define PL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
+
+static const rlk_param_decl pl_main_params[] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
+    {"mode", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_mode_names},
+    {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
+    {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tl_mask_names},
+    {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
+    {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+static const rlk_param_decl pl_dtype_params[] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
+};
+
+static const rlk_template pl_main_tmpl = {
+    "policy_loss", "policy_loss_main", "cuda/policy_loss.cuh", NULL,
+    sizeof pl_main_params / sizeof pl_main_params[0], pl_main_params};
+
+static const rlk_template pl_reduce_tmpl = {"policy_loss", "policy_loss_reduce",
+                                            "cuda/policy_loss.cuh", NULL, 1, pl_dtype_params};
+
+static const rlk_template pl_host_tmpl = {"policy_loss", "policy_loss_host", NULL,
+                                          "host/policy_loss.c", 1, pl_dtype_params};
+
+/* The kernels' argument: mirrors rlk::pl::Params (policy_loss.cuh) and the host kernel's
+ * pl_params (templates/host/token_loss_host.h). 8-byte fields only, in the same order. */
+typedef struct pl_params {
+  TL_STREAMS(6, 2) s;
+  const void *adv_seq;
+  void *loss;
+  void *metrics;
+  void *partials;
+  int64_t num_partials;
+  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
+  double c_grad, kl_coef, ent_coef;
+} pl_params;
+
+_Static_assert(sizeof(pl_params) == 392, "pl_params mirrors rlk::pl::Params: 49 8-byte fields");
+
+enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 4, PL_IN_ISW = 5 };
+enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
+
+/* ---------------------------------------------------------------------------------- */
+/* Variant selection (shared by calls and precompiling)                                */
+/* ---------------------------------------------------------------------------------- */
+
+/* What selects the kernels: everything about a call except sizes, pointers and numbers. */
+typedef struct pl_config {
+  rlk_dtype dtype;
+  int mode;   /* rlk_policy_loss_mode */
+  int kl;     /* PL_KL_NONE, or rlk_kl_estimator + 1 */
+  int kl_st;
+  int agg;    /* rlk_loss_agg */
+  int layout; /* TL_LAYOUT_* */
+  int mask;   /* TL_MASK_* */
+  int adv_seq;
+  int ent;    /* PL_ENT_* */
+  int isw;
+} pl_config;
+
+typedef struct pl_plan {
+  rlk_kernel_spec main, reduce; /* GPU: both; host: main is the host kernel */
+  int has_reduce;
+  int whole_rows; /* the work item is a whole sequence (per-row sums first) */
+} pl_plan;
+
+static int pl_whole_rows(const pl_config *c) {
+  return c->mode == RLK_POLICY_GSPO ||
+         (c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && c->mask != TL_MASK_NONE);
+}
+
+static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
+  memset(p, 0, sizeof *p);
+  p->whole_rows = pl_whole_rows(c);
+  if (kind == RLK_BACKEND_HOST) {
+    p->main.tmpl = &pl_host_tmpl;
+    p->main.values[0] = c->dtype;
+    return rlk_spec_validate(&p->main);
+  }
+  p->main.tmpl = &pl_main_tmpl;
+  p->main.values[0] = c->dtype;
+  p->main.values[1] = c->mode;
+  p->main.values[2] = c->kl;
+  p->main.values[3] = c->kl != PL_KL_NONE && c->kl_st; /* meaningless without a KL term */
+  p->main.values[4] = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+  p->main.values[5] = c->layout;
+  p->main.values[6] = c->mask;
+  p->main.values[7] = c->adv_seq;
+  p->main.values[8] = c->ent;
+  p->main.values[9] = c->isw;
+  p->has_reduce = 1;
+  p->reduce.tmpl = &pl_reduce_tmpl;
+  p->reduce.values[0] = c->dtype;
+  rlk_status st = rlk_spec_validate(&p->main);
+  if (!st) st = rlk_spec_validate(&p->reduce);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
+                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: ctx is NULL");
+  if (!specs || !nspecs)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: no room for the specs");
+  pl_config c = {RLK_F32, RLK_POLICY_PPO, PL_KL_NONE, 0, RLK_AGG_TOKEN_MEAN,
+                 TL_LAYOUT_PADDED, TL_MASK_BOOL, 0, PL_ENT_NONE, 0};
+  int packed = 0, have_offsets = 0;
+  rlk_dtype offsets = RLK_I64;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    rlk_status st = RLK_OK;
+    int k;
+    if (!strcmp(n, "dtype")) {
+      if (!strcmp(v, "f32"))
+        c.dtype = RLK_F32;
+      else if (!strcmp(v, "f64"))
+        c.dtype = RLK_F64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
+    } else if (!strcmp(n, "mode")) {
+      if ((k = tl_choice(pl_mode_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "mode: '%s' is not ppo, gspo, cispo, sapo or reinforce", v);
+      c.mode = k;
+    } else if (!strcmp(n, "kl")) {
+      if ((k = tl_choice(pl_kl_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl: '%s' is not none, k1, abs, k2 or k3", v);
+      c.kl = k;
+    } else if (!strcmp(n, "kl_st")) {
+      st = tl_parse_flag(n, v, &c.kl_st);
+    } else if (!strcmp(n, "agg")) {
+      if ((k = tl_choice(tl_agg_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "agg: '%s' is not token-mean, token-sum, seq-mean-token-sum, "
+                         "seq-mean-token-mean or seq-mean-token-sum-norm",
+                         v);
+      c.agg = k;
+    } else if (!strcmp(n, "layout")) {
+      if (!strcmp(v, "padded"))
+        packed = 0;
+      else if (!strcmp(v, "packed"))
+        packed = 1;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout: '%s' is not padded or packed", v);
+    } else if (!strcmp(n, "offsets")) {
+      if (!strcmp(v, "i32"))
+        offsets = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        offsets = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
+      have_offsets = 1;
+    } else if (!strcmp(n, "mask")) {
+      if ((k = tl_choice(tl_mask_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
+      c.mask = k;
+    } else if (!strcmp(n, "adv")) {
+      if (!strcmp(v, "token"))
+        c.adv_seq = 0;
+      else if (!strcmp(v, "seq"))
+        c.adv_seq = 1;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "adv: '%s' is not token or seq", v);
+    } else if (!strcmp(n, "entropy")) {
+      if ((k = tl_choice(pl_ent_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not none, metric or bonus", v);
+      c.ent = k;
+    } else if (!strcmp(n, "is")) {
+      st = tl_parse_flag(n, v, &c.isw);
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "policy_loss: unknown setting '%s' (known: dtype mode kl kl_st agg layout "
+                       "offsets mask adv entropy is)",
+                       n);
+    }
+    if (st) return st;
+  }
+  if (have_offsets && !packed)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
+  if (packed) c.layout = offsets == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
+
+  pl_plan p;
+  rlk_status st = pl_select(ctx->kind, &c, &p);
+  if (st) return st;
+  size_t n = 0;
+  specs[n++] = p.main;
+  if (p.has_reduce) specs[n++] = p.reduce;
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char pl_help[] =
+    "dtype: f32|f64, the dtype of logp and the other float inputs (f32)\n"
+    "mode: ppo|gspo|cispo|sapo|reinforce (ppo)\n"
+    "kl: none|k1|abs|k2|k3, the KL estimator; none when there is no ref_logp (none)\n"
+    "kl_st: 0|1, straight-through KL (the estimator's value, k2's gradient) (0)\n"
+    "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
+    "(token-mean)\n"
+    "layout: padded|packed, [B, T] + mask or [N] + seq_offsets (padded)\n"
+    "offsets: i32|i64, the seq_offsets dtype; with layout=packed (i64)\n"
+    "mask: none|bool|i32|f32, the mask's dtype (bool)\n"
+    "adv: token|seq, advantages per token or one per sequence (token)\n"
+    "entropy: none|metric|bonus, no entropy input, read for its metric, or an entropy bonus with "
+    "its gradient (none)\n"
+    "is: 0|1, rollout importance weights (0)\n"
+    "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time "
+    "values: the same kernels\n";
+
+static const char *const pl_samples[] = {
+    /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask */
+    "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool",
+    /* GSPO: per-sequence sums first; packed, f32 weights, per-sequence advantages */
+    "policy_loss mode=gspo agg=seq-mean-token-mean layout=packed offsets=i64 mask=f32 adv=seq",
+    /* f64, CISPO, a straight-through k1, entropy bonus, importance weights, i32 mask */
+    "policy_loss dtype=f64 mode=cispo kl=k1 kl_st=1 agg=token-sum mask=i32 entropy=bonus is=1",
+    /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */
+    "policy_loss mode=sapo kl=abs agg=seq-mean-token-mean layout=packed offsets=i32 mask=none "
+    "entropy=metric",
+    /* f64 REINFORCE, k2 KL, Dr. GRPO normalization, per-sequence advantages */
+    "policy_loss dtype=f64 mode=reinforce kl=k2 agg=seq-mean-token-sum-norm adv=seq",
+    NULL};
+
+const rlk_op_desc rlk_op_policy_loss = {"policy_loss", pl_help, pl_plan_config, pl_samples};
+
+/* ---------------------------------------------------------------------------------- */
+/* The call                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->mode = RLK_POLICY_PPO;
+  args->clip_low = 0.2;
+  args->clip_high = 0.2;
+  args->dual_clip = 3.0;
+  args->log_ratio_min = -20.0;
+  args->log_ratio_max = 20.0;
+  args->sapo_tau_pos = 1.0;
+  args->sapo_tau_neg = 1.05;
+  args->kl_estimator = RLK_KL_K3;
+  args->kl_coef = 0.0;
+  args->kl_input_clamp = 20.0;
+  args->kl_output_clamp = 10.0;
+  args->kl_straight_through = 0;
+  args->entropy_coef = 0.0;
+  args->agg = RLK_AGG_TOKEN_MEAN;
+  args->loss_scale = 1.0;
+}
+
+/* A validated call: its configuration, layout, geometry and the kernels' argument. */
+typedef struct pl_call {
+  pl_config c;
+  tl_layout L;
+  tl_geometry g;
+  pl_params k;
+  size_t workspace;
+} pl_call;
+
+static rlk_status pl_check_nonneg(double x, const char *what) {
+  if (!(x >= 0.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be >= 0 (INFINITY: no bound)", what, x);
+  return RLK_OK;
+}
+
+static rlk_status pl_check_clamp(double x, const char *what) {
+  if (!(x > 0.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be > 0 (INFINITY: off)", what, x);
+  return RLK_OK;
+}
+
+static rlk_status pl_check_finite(double x, const char *what) {
+  if (!isfinite(x)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, x);
+  return RLK_OK;
+}
+
+static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args *a, pl_call *k) {
+  memset(k, 0, sizeof *k);
+  pl_config *c = &k->c;
+  tl_layout *L = &k->L;
+  pl_params *p = &k->k;
+  rlk_status st;
+  int64_t stride;
+
+  /* layout, from logp */
+  if ((st = tl_layout_check(ctx, &a->logp, "logp", &a->seq_offsets, &a->mask, L, &stride))) return st;
+  c->dtype = L->dtype;
+  c->layout = L->layout;
+  c->mask = L->mask;
+  p->s.in[PL_IN_LOGP] = a->logp.data;
+  p->s.in_stride[PL_IN_LOGP] = stride;
+  p->s.mask = a->mask.data;
+  p->s.mask_stride = L->mask_stride;
+  p->s.offsets = a->seq_offsets.data;
+  p->s.rows = L->rows;
+  p->s.cols = L->cols;
+
+  /* streams */
+  if ((st = tl_stream_check(L, &a->old_logp, "old_logp", 1, &stride))) return st;
+  p->s.in[PL_IN_OLD] = a->old_logp.data;
+  p->s.in_stride[PL_IN_OLD] = stride;
+  c->adv_seq = a->seq_advantages != 0;
+  if (c->adv_seq) {
+    if ((st = tl_seq_check(L, &a->advantages, "advantages"))) return st;
+    p->adv_seq = a->advantages.data;
+  } else {
+    if ((st = tl_stream_check(L, &a->advantages, "advantages", 1, &stride))) return st;
+    p->s.in[PL_IN_ADV] = a->advantages.data;
+    p->s.in_stride[PL_IN_ADV] = stride;
+  }
+  if ((st = tl_stream_check(L, &a->ref_logp, "ref_logp", 0, &stride))) return st;
+  p->s.in[PL_IN_REF] = a->ref_logp.data;
+  p->s.in_stride[PL_IN_REF] = stride;
+  if ((st = tl_stream_check(L, &a->entropy, "entropy", 0, &stride))) return st;
+  p->s.in[PL_IN_ENT] = a->entropy.data;
+  p->s.in_stride[PL_IN_ENT] = stride;
+  if ((st = tl_stream_check(L, &a->rollout_is_weights, "rollout_is_weights", 0, &stride))) return st;
+  p->s.in[PL_IN_ISW] = a->rollout_is_weights.data;
+  p->s.in_stride[PL_IN_ISW] = stride;
+  c->isw = a->rollout_is_weights.data != NULL;
+
+  /* mode and its numbers */
+  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_REINFORCE)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_policy_loss_mode", (int)a->mode);
+  c->mode = (int)a->mode;
+  if ((st = pl_check_nonneg(a->clip_low, "clip_low"))) return st;
+  if ((st = pl_check_nonneg(a->clip_high, "clip_high"))) return st;
+  if (isnan(a->dual_clip))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dual_clip: NaN (> 1 enables, <= 1 disables)");
+  if (isnan(a->log_ratio_min) || isnan(a->log_ratio_max) || a->log_ratio_min > a->log_ratio_max)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "log_ratio_min/log_ratio_max: [%g, %g] is not a range (+-INFINITY: no clamp)",
+                     a->log_ratio_min, a->log_ratio_max);
+  if (c->mode == RLK_POLICY_SAPO) {
+    if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
+                       a->sapo_tau_pos);
+    if (!(a->sapo_tau_neg > 0.0) || !isfinite(a->sapo_tau_neg))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_neg: %g must be > 0 and finite",
+                       a->sapo_tau_neg);
+  }
+
+  /* KL */
+  if ((int)a->kl_estimator < RLK_KL_K1 || (int)a->kl_estimator > RLK_KL_K3)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl_estimator: %d is not an rlk_kl_estimator",
+                     (int)a->kl_estimator);
+  if ((st = pl_check_finite(a->kl_coef, "kl_coef"))) return st;
+  if ((st = pl_check_clamp(a->kl_input_clamp, "kl_input_clamp"))) return st;
+  if ((st = pl_check_clamp(a->kl_output_clamp, "kl_output_clamp"))) return st;
+  if (a->kl_coef != 0.0 && !a->ref_logp.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "ref_logp: required when kl_coef (%g) != 0",
+                     a->kl_coef);
+  c->kl = a->ref_logp.data ? (int)a->kl_estimator + 1 : PL_KL_NONE;
+  c->kl_st = a->kl_straight_through != 0;
+
+  /* entropy */
+  if ((st = pl_check_finite(a->entropy_coef, "entropy_coef"))) return st;
+  if (a->entropy_coef != 0.0) {
+    if (!a->entropy.data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required when entropy_coef (%g) != 0",
+                       a->entropy_coef);
+    if ((st = tl_stream_check(L, &a->grad_entropy, "grad_entropy", 1, &stride))) return st;
+    p->s.out[PL_OUT_GENT] = a->grad_entropy.data;
+    p->s.out_stride[PL_OUT_GENT] = stride;
+    c->ent = PL_ENT_GRAD;
+  } else {
+    c->ent = a->entropy.data ? PL_ENT_READ : PL_ENT_NONE;
+  }
+
+  /* aggregation */
+  if ((int)a->agg < RLK_AGG_TOKEN_MEAN || (int)a->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)a->agg);
+  c->agg = (int)a->agg;
+  if ((st = tl_agg_constant(c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
+                            a->loss_scale, &p->c_grad)))
+    return st;
+
+  /* outputs */
+  if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
+  if ((st = tl_stream_check(L, &a->grad_logp, "grad_logp", 1, &stride))) return st;
+  p->s.out[PL_OUT_GLOGP] = a->grad_logp.data;
+  p->s.out_stride[PL_OUT_GLOGP] = stride;
+  if ((st = tl_vector_check(&a->metrics, "metrics", L->dtype, RLK_POLICY_LOSS_METRICS, 0))) return st;
+  p->loss = a->loss.data;
+  p->metrics = a->metrics.data;
+
+  /* numbers */
+  p->mode = c->mode;
+  p->kl = c->kl;
+  p->kl_st = c->kl_st;
+  p->seqmean = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+  p->layout = c->layout;
+  p->mask_kind = c->mask;
+  p->adv_per_seq = c->adv_seq;
+  p->ent = c->ent;
+  p->isw = c->isw;
+  p->clip_lo = 1.0 - a->clip_low;
+  p->clip_hi = 1.0 + a->clip_high;
+  p->dual_clip = a->dual_clip;
+  p->lr_min = a->log_ratio_min;
+  p->lr_max = a->log_ratio_max;
+  p->tau_pos = a->sapo_tau_pos;
+  p->tau_neg = a->sapo_tau_neg;
+  p->kl_in = a->kl_input_clamp;
+  p->kl_out = a->kl_output_clamp;
+  p->kl_coef = a->kl_coef;
+  p->ent_coef = a->entropy_coef;
+
+  /* geometry and workspace */
+  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, pl_whole_rows(c), &k->g);
+  p->s.tiles_per_row = k->g.tiles_per_row;
+  p->s.tile = k->g.tile;
+  p->num_partials = k->g.grid;
+  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, PL_NACC);
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
+                                                  size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: args is NULL");
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: bytes is NULL");
+  pl_call k;
+  rlk_status st = pl_validate(ctx, args, &k);
+  if (!st) *bytes = k.workspace;
+  return st;
+}
+
+static rlk_launch_dims pl_dims(unsigned grid, unsigned block) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = grid ? grid : 1;
+  d.grid[1] = d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  return d;
+}
+
+RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: args is NULL");
+  pl_call k;
+  rlk_status st = pl_validate(ctx, args, &k);
+  if (st) return st;
+  if ((st = tl_workspace_check(args->workspace, args->workspace_bytes, k.workspace, "policy_loss")))
+    return st;
+  if ((st = rlk_context_require_device(ctx, "rlk_policy_loss"))) return st;
+  pl_plan p;
+  if ((st = pl_select(ctx->kind, &k.c, &p))) return st;
+  k.k.partials = args->workspace;
+  void *kargs[] = {&k.k};
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_launch_dims d = pl_dims(1, 1);
+    return rlk_context_launch(ctx, &p.main, &d, stream, kargs);
+  }
+  rlk_launch_dims d = pl_dims(k.g.grid, TL_BLOCK);
+  if ((st = rlk_context_launch(ctx, &p.main, &d, stream, kargs))) return st;
+  d = pl_dims(1, TL_REDUCE_BLOCK);
+  return rlk_context_launch(ctx, &p.reduce, &d, stream, kargs);
+}

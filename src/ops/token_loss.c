@@ -1,0 +1,259 @@
+/* token_loss.c - layout checks, aggregation constant and launch geometry shared by the fused
+ * token-loss ops (policy loss, value loss). */
+#include "ops/token_loss.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+
+const char *const tl_layout_names[] = {"padded", "packed-i32", "packed-i64", NULL};
+const char *const tl_mask_names[] = {"none", "bool", "i32", "f32", NULL};
+const char *const tl_agg_names[] = {"token-mean",          "token-sum",
+                                    "seq-mean-token-sum",  "seq-mean-token-mean",
+                                    "seq-mean-token-sum-norm", NULL};
+
+int tl_choice(const char *const *names, const char *value) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(names[i], value)) return i;
+  return -1;
+}
+
+rlk_status tl_parse_flag(const char *name, const char *value, int *out) {
+  if (!strcmp(value, "0") || !strcmp(value, "1")) {
+    *out = value[0] == '1';
+    return RLK_OK;
+  }
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", name, value);
+}
+
+/* [B, T] with contiguous rows (row stride >= T), or [N] contiguous. */
+static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const char *what,
+                                 int64_t *stride) {
+  rlk_status st;
+  if (L->layout == TL_LAYOUT_PADDED) {
+    if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+    if (t->shape[0] != L->rows || t->shape[1] != L->cols)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
+                       what, (long long)t->shape[0], (long long)t->shape[1], (long long)L->rows,
+                       (long long)L->cols);
+    if (L->cols > 1 && t->strides[1] != 1)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous",
+                       what, (long long)t->strides[1]);
+    if (L->rows > 1 && t->strides[0] < L->cols)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "%s: row stride %lld is less than the row length %lld", what,
+                       (long long)t->strides[0], (long long)L->cols);
+    *stride = L->rows > 1 ? t->strides[0] : L->cols;
+    return RLK_OK;
+  }
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != L->cols)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
+                     (long long)t->shape[0], (long long)L->cols);
+  if ((st = rlk_check_contiguous(t, what))) return st;
+  *stride = 0;
+  return RLK_OK;
+}
+
+/* Host-resident offsets: first 0, last N, non-decreasing (empty sequences are allowed). */
+static rlk_status tl_check_offsets_values(const rlk_tensor *o, int64_t S, int64_t N) {
+  int64_t prev = 0;
+  for (int64_t i = 0; i <= S; i++) {
+    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[i]
+                                          : ((const int64_t *)o->data)[i];
+    if (i == 0 && v != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_offsets: first offset is %lld, not 0",
+                       (long long)v);
+    if (v < prev)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seq_offsets: offset[%lld] = %lld after %lld (offsets must not decrease)",
+                       (long long)i, (long long)v, (long long)prev);
+    prev = v;
+  }
+  if (prev != N)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_offsets: last offset is %lld, not N = %lld",
+                     (long long)prev, (long long)N);
+  return RLK_OK;
+}
+
+rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, const char *pname,
+                           const rlk_tensor *offsets, const rlk_tensor *mask, tl_layout *L,
+                           int64_t *primary_stride) {
+  memset(L, 0, sizeof *L);
+  rlk_status st;
+  if ((st = rlk_check_tensor(primary, pname, 1))) return st;
+  if ((st = rlk_check_dtype(primary, pname, RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))))
+    return st;
+  if ((st = rlk_check_ndim(primary, pname, 1, 2))) return st;
+  L->dtype = primary->dtype;
+  if (primary->ndim == 2) {
+    L->layout = TL_LAYOUT_PADDED;
+    L->rows = primary->shape[0];
+    L->cols = primary->shape[1];
+    if (offsets->data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seq_offsets: given with a 2-D %s (offsets belong to the packed [N] layout)",
+                       pname);
+  } else {
+    L->cols = primary->shape[0];
+    if (!offsets->data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seq_offsets: required with a 1-D %s (the packed layout)", pname);
+    if ((st = rlk_check_tensor(offsets, "seq_offsets", 1))) return st;
+    if ((st = rlk_check_dtype(offsets, "seq_offsets",
+                              RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))))
+      return st;
+    if ((st = rlk_check_ndim(offsets, "seq_offsets", 1, 1))) return st;
+    if ((st = rlk_check_contiguous(offsets, "seq_offsets"))) return st;
+    if (offsets->shape[0] < 2)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seq_offsets: %lld entries, need S + 1 >= 2 (at least one sequence)",
+                       (long long)offsets->shape[0]);
+    if (offsets->dtype == RLK_I32 && L->cols > INT32_MAX)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_offsets: i32 cannot index N = %lld",
+                       (long long)L->cols);
+    L->rows = offsets->shape[0] - 1;
+    L->layout = offsets->dtype == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
+    if (ctx->kind == RLK_BACKEND_HOST && (st = tl_check_offsets_values(offsets, L->rows, L->cols)))
+      return st;
+  }
+  if ((st = tl_check_shape(L, primary, pname, primary_stride))) return st;
+  L->mask = TL_MASK_NONE;
+  if (mask->data) {
+    if ((st = rlk_check_tensor(mask, "mask", 1))) return st;
+    if ((st = rlk_check_dtype(mask, "mask",
+                              RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) |
+                                  RLK_DTYPE_BIT(RLK_F32))))
+      return st;
+    if ((st = tl_check_shape(L, mask, "mask", &L->mask_stride))) return st;
+    L->mask = mask->dtype == RLK_BOOL ? TL_MASK_BOOL : (mask->dtype == RLK_I32 ? TL_MASK_I32 : TL_MASK_F32);
+  }
+  return RLK_OK;
+}
+
+rlk_status tl_stream_check(const tl_layout *L, const rlk_tensor *t, const char *what, int required,
+                           int64_t *stride) {
+  *stride = 0;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, required))) return st;
+  if (!t->data) return RLK_OK;
+  if (t->dtype != L->dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s, expected %s like the other inputs",
+                     what, rlk_dtype_name(t->dtype), rlk_dtype_name(L->dtype));
+  return tl_check_shape(L, t, what, stride);
+}
+
+rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *what) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if (t->dtype != L->dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s, expected %s like the other inputs",
+                     what, rlk_dtype_name(t->dtype), rlk_dtype_name(L->dtype));
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != L->rows)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: shape [%lld], expected one value per sequence [%lld]", what,
+                     (long long)t->shape[0], (long long)L->rows);
+  return rlk_check_contiguous(t, what);
+}
+
+rlk_status tl_vector_check(const rlk_tensor *t, const char *what, rlk_dtype dtype, int64_t n,
+                           int required) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, required))) return st;
+  if (!t->data) return RLK_OK;
+  if (t->dtype != dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s, expected %s (the inputs' dtype)", what,
+                     rlk_dtype_name(t->dtype), rlk_dtype_name(dtype));
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] < n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld elements, needs at least %lld", what,
+                     (long long)t->shape[0], (long long)n);
+  return rlk_check_contiguous(t, what);
+}
+
+static int tl_positive(double x) { return x > 0.0 && isfinite(x); }
+
+rlk_status tl_agg_constant(int agg, double token_normalizer, double seq_normalizer,
+                           double norm_scale, double loss_scale, double *c) {
+  *c = 0.0;
+  if (!isfinite(loss_scale))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss_scale: %g is not finite", loss_scale);
+  switch (agg) {
+  case RLK_AGG_TOKEN_MEAN:
+    if (!tl_positive(token_normalizer))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "token_normalizer: %g; token-mean needs the global count of tokens that "
+                       "count (> 0, finite)",
+                       token_normalizer);
+    *c = loss_scale / token_normalizer;
+    return RLK_OK;
+  case RLK_AGG_TOKEN_SUM:
+    *c = loss_scale;
+    return RLK_OK;
+  case RLK_AGG_SEQ_MEAN_TOKEN_SUM:
+  case RLK_AGG_SEQ_MEAN_TOKEN_MEAN:
+  case RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM:
+    if (!tl_positive(seq_normalizer))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "seq_normalizer: %g; %s needs the global sequence count (> 0, finite)",
+                       seq_normalizer, tl_agg_names[agg]);
+    if (agg != RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM) {
+      *c = loss_scale / seq_normalizer;
+      return RLK_OK;
+    }
+    if (!tl_positive(norm_scale))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "norm_scale: %g; seq-mean-token-sum-norm needs its scale (> 0, finite)",
+                       norm_scale);
+    *c = loss_scale / (seq_normalizer * norm_scale);
+    return RLK_OK;
+  default:
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", agg);
+  }
+}
+
+void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, int whole_rows,
+                     tl_geometry *g) {
+  memset(g, 0, sizeof *g);
+  if (kind == RLK_BACKEND_HOST) {
+    g->tiles_per_row = 1;
+    g->tile = L->cols;
+    g->items = L->rows;
+    g->grid = 1;
+    return;
+  }
+  if (L->layout == TL_LAYOUT_PADDED) {
+    /* one step of the chunk loop per item; whole rows when per-row sums come first */
+    g->tile = whole_rows ? L->cols : (int64_t)TL_BLOCK * 4 * TL_UNROLL;
+    g->tiles_per_row = (L->cols + g->tile - 1) / g->tile;
+  } else {
+    g->tile = 0;
+    g->tiles_per_row = 1;
+  }
+  g->items = L->rows * g->tiles_per_row;
+  const int64_t cap = (int64_t)(multiprocessors > 0 ? multiprocessors : 1) * TL_BLOCKS_PER_SM;
+  g->grid = (unsigned)(g->items < cap ? g->items : cap);
+  if (g->grid == 0) g->grid = 1;
+}
+
+size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc) {
+  if (kind == RLK_BACKEND_HOST) return 0;
+  return (size_t)g->grid * (size_t)nacc * sizeof(double);
+}
+
+rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op) {
+  if (need == 0) return RLK_OK;
+  if (!workspace)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "workspace: NULL, %s needs %zu bytes (rlk_%s_workspace_size)", op, need, op);
+  if (bytes < need)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "workspace: %zu bytes, %s needs %zu (rlk_%s_workspace_size)", bytes, op, need,
+                     op);
+  if ((uintptr_t)workspace % 16 != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  return RLK_OK;
+}

@@ -1,0 +1,101 @@
+/* token_loss.h - what the fused token-loss ops (policy_loss.c, value_loss.c) share: the token
+ * layouts and their checks, the aggregation constant, the launch geometry of the token pass,
+ * and the host mirror of the kernels' stream struct (templates/cuda/token_loss.cuh,
+ * templates/host/token_loss_host.h). */
+#ifndef RLK_TOKEN_LOSS_H
+#define RLK_TOKEN_LOSS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+
+/* Choice indices, as the templates' enums. */
+enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
+enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
+
+extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
+extern const char *const tl_mask_names[];   /* "none", "bool", "i32", "f32" */
+extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
+
+/* Mirrors tl::Streams<NIN, NOUT>: 8-byte fields only, so C and C++ lay it out alike. */
+#define TL_STREAMS(NIN, NOUT)        \
+  struct {                           \
+    const void *in[NIN];             \
+    void *out[NOUT];                 \
+    int64_t in_stride[NIN];          \
+    int64_t out_stride[NOUT];        \
+    const void *mask;                \
+    int64_t mask_stride;             \
+    const void *offsets;             \
+    int64_t rows, cols, tiles_per_row, tile; \
+  }
+
+/* Threads per block, chunk unroll (f32) and blocks per multiprocessor of the token pass:
+ * RLK_TL_BLOCK, RLK_TL_UNROLL and RLK_TL_BLOCKS_PER_SM of token_loss.cuh. */
+#define TL_BLOCK 256
+#define TL_UNROLL 2
+#define TL_BLOCKS_PER_SM 2
+/* Threads of the one-block reduction. */
+#define TL_REDUCE_BLOCK 256
+
+/* A call's layout, from its primary stream (logp, values), seq_offsets and mask. */
+typedef struct tl_layout {
+  int layout;     /* TL_LAYOUT_* */
+  int64_t rows;   /* B, or S */
+  int64_t cols;   /* T, or N */
+  rlk_dtype dtype; /* of the primary stream: f32 or f64 */
+  int mask;       /* TL_MASK_* */
+  int64_t mask_stride;
+} tl_layout;
+
+/* Checks the primary stream (2-D: padded, 1-D: packed with offsets), the offsets (shape and
+ * dtype; values too on the host backend) and the optional mask. `primary_stride` gets its row
+ * stride. */
+rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, const char *pname,
+                           const rlk_tensor *offsets, const rlk_tensor *mask, tl_layout *L,
+                           int64_t *primary_stride);
+
+/* Checks a per-token stream against the layout (same shape and dtype as the primary; rows
+ * contiguous). Absent and not required: RLK_OK with *stride 0. */
+rlk_status tl_stream_check(const tl_layout *L, const rlk_tensor *t, const char *what, int required,
+                           int64_t *stride);
+
+/* Checks a per-sequence tensor: [rows], the primary's dtype, contiguous. */
+rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *what);
+
+/* Checks an output vector: 1-D, contiguous, `dtype`, at least n elements. */
+rlk_status tl_vector_check(const rlk_tensor *t, const char *what, rlk_dtype dtype, int64_t n,
+                           int required);
+
+/* Validates the aggregation and its normalizers; *c = loss_scale / the divisor of the mode
+ * (see rlk_loss_agg). */
+rlk_status tl_agg_constant(int agg, double token_normalizer, double seq_normalizer,
+                           double norm_scale, double loss_scale, double *c);
+
+/* How the token pass is cut and launched. */
+typedef struct tl_geometry {
+  int64_t tiles_per_row, tile; /* padded: tokens per work item */
+  int64_t items;               /* work items */
+  unsigned grid;               /* blocks of the token pass: at most items, at most
+                                * TL_BLOCKS_PER_SM per multiprocessor */
+} tl_geometry;
+
+/* The geometry for a backend with `multiprocessors`; whole_rows: one item per row (the op
+ * needs per-row statistics). The host backend runs one kernel call (grid 1). */
+void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, int whole_rows,
+                     tl_geometry *g);
+
+/* Workspace bytes for `nacc` f64 partials per block (0 on the host backend). */
+size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc);
+
+/* Checks the caller's workspace against `need`. */
+rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op);
+
+/* Parses a 0/1 precompile flag. */
+rlk_status tl_parse_flag(const char *name, const char *value, int *out);
+
+/* Index of `value` in a NULL-terminated list of names, or -1. */
+int tl_choice(const char *const *names, const char *value);
+
+#endif

@@ -1,0 +1,300 @@
+/* value_loss.c - the fused clipped value loss: validation, variant selection, launches.
+ *
+ * Same passes as the policy loss (token_loss.h): on a GPU value_loss_main writes grad_values and
+ * per-block partials ([grid][5] f64 in the workspace), value_loss_reduce combines them in a fixed
+ * order into the loss and the metrics; on the host one kernel per dtype does the whole call.
+ * Template parameters of the main kernel: dtype, seq-mean-token-mean, layout, mask kind. */
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+#include "ops/token_loss.h"
+
+#define VL_NACC 5
+#define VL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
+
+static const rlk_param_decl vl_main_params[] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
+    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tl_mask_names},
+};
+
+static const rlk_param_decl vl_dtype_params[] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
+};
+
+static const rlk_template vl_main_tmpl = {
+    "value_loss", "value_loss_main", "cuda/value_loss.cuh", NULL,
+    sizeof vl_main_params / sizeof vl_main_params[0], vl_main_params};
+
+static const rlk_template vl_reduce_tmpl = {"value_loss", "value_loss_reduce",
+                                            "cuda/value_loss.cuh", NULL, 1, vl_dtype_params};
+
+static const rlk_template vl_host_tmpl = {"value_loss", "value_loss_host", NULL,
+                                          "host/value_loss.c", 1, vl_dtype_params};
+
+/* Mirrors rlk::vl::Params (value_loss.cuh) and vl_params (templates/host/token_loss_host.h). */
+typedef struct vl_params {
+  TL_STREAMS(3, 1) s;
+  void *loss;
+  void *metrics;
+  void *partials;
+  int64_t num_partials;
+  int64_t seqmean, layout, mask_kind;
+  double clip, c_grad;
+} vl_params;
+
+_Static_assert(sizeof(vl_params) == 192, "vl_params mirrors rlk::vl::Params: 24 8-byte fields");
+
+enum { VL_IN_V = 0, VL_IN_OLD = 1, VL_IN_RET = 2 };
+
+typedef struct vl_config {
+  rlk_dtype dtype;
+  int agg;
+  int layout;
+  int mask;
+} vl_config;
+
+typedef struct vl_plan {
+  rlk_kernel_spec main, reduce;
+  int has_reduce;
+  int whole_rows;
+} vl_plan;
+
+static int vl_whole_rows(const vl_config *c) {
+  return c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && c->mask != TL_MASK_NONE;
+}
+
+static rlk_status vl_select(rlk_backend kind, const vl_config *c, vl_plan *p) {
+  memset(p, 0, sizeof *p);
+  p->whole_rows = vl_whole_rows(c);
+  if (kind == RLK_BACKEND_HOST) {
+    p->main.tmpl = &vl_host_tmpl;
+    p->main.values[0] = c->dtype;
+    return rlk_spec_validate(&p->main);
+  }
+  p->main.tmpl = &vl_main_tmpl;
+  p->main.values[0] = c->dtype;
+  p->main.values[1] = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+  p->main.values[2] = c->layout;
+  p->main.values[3] = c->mask;
+  p->has_reduce = 1;
+  p->reduce.tmpl = &vl_reduce_tmpl;
+  p->reduce.values[0] = c->dtype;
+  rlk_status st = rlk_spec_validate(&p->main);
+  if (!st) st = rlk_spec_validate(&p->reduce);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
+                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: ctx is NULL");
+  if (!specs || !nspecs)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: no room for the specs");
+  vl_config c = {RLK_F32, RLK_AGG_TOKEN_MEAN, TL_LAYOUT_PADDED, TL_MASK_BOOL};
+  int packed = 0, have_offsets = 0;
+  rlk_dtype offsets = RLK_I64;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    int k;
+    if (!strcmp(n, "dtype")) {
+      if (!strcmp(v, "f32"))
+        c.dtype = RLK_F32;
+      else if (!strcmp(v, "f64"))
+        c.dtype = RLK_F64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
+    } else if (!strcmp(n, "agg")) {
+      if ((k = tl_choice(tl_agg_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "agg: '%s' is not token-mean, token-sum, seq-mean-token-sum, "
+                         "seq-mean-token-mean or seq-mean-token-sum-norm",
+                         v);
+      c.agg = k;
+    } else if (!strcmp(n, "layout")) {
+      if (!strcmp(v, "padded"))
+        packed = 0;
+      else if (!strcmp(v, "packed"))
+        packed = 1;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout: '%s' is not padded or packed", v);
+    } else if (!strcmp(n, "offsets")) {
+      if (!strcmp(v, "i32"))
+        offsets = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        offsets = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
+      have_offsets = 1;
+    } else if (!strcmp(n, "mask")) {
+      if ((k = tl_choice(tl_mask_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
+      c.mask = k;
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "value_loss: unknown setting '%s' (known: dtype agg layout offsets mask)", n);
+    }
+  }
+  if (have_offsets && !packed)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
+  if (packed) c.layout = offsets == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
+  vl_plan p;
+  rlk_status st = vl_select(ctx->kind, &c, &p);
+  if (st) return st;
+  size_t n = 0;
+  specs[n++] = p.main;
+  if (p.has_reduce) specs[n++] = p.reduce;
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char vl_help[] =
+    "dtype: f32|f64, the dtype of the values, old values and returns (f32)\n"
+    "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
+    "(token-mean)\n"
+    "layout: padded|packed, [B, T] + mask or [N] + seq_offsets (padded)\n"
+    "offsets: i32|i64, the seq_offsets dtype; with layout=packed (i64)\n"
+    "mask: none|bool|i32|f32, the mask's dtype (bool)\n"
+    "the clip range and the normalizers are run-time values: the same kernels\n";
+
+static const char *const vl_samples[] = {
+    /* verl's critic: token-mean, padded with a bool mask */
+    "value_loss agg=token-mean mask=bool",
+    /* f64, per-sequence means under an f32 mask (a first pass per sequence), packed */
+    "value_loss dtype=f64 agg=seq-mean-token-mean layout=packed offsets=i32 mask=f32",
+    NULL};
+
+const rlk_op_desc rlk_op_value_loss = {"value_loss", vl_help, vl_plan_config, vl_samples};
+
+/* ---------------------------------------------------------------------------------- */
+/* The call                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->clip = 0.5;
+  args->agg = RLK_AGG_TOKEN_MEAN;
+  args->loss_scale = 1.0;
+}
+
+typedef struct vl_call {
+  vl_config c;
+  tl_layout L;
+  tl_geometry g;
+  vl_params k;
+  size_t workspace;
+} vl_call;
+
+static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args *a, vl_call *k) {
+  memset(k, 0, sizeof *k);
+  vl_config *c = &k->c;
+  tl_layout *L = &k->L;
+  vl_params *p = &k->k;
+  rlk_status st;
+  int64_t stride;
+  if ((st = tl_layout_check(ctx, &a->values, "values", &a->seq_offsets, &a->mask, L, &stride)))
+    return st;
+  c->dtype = L->dtype;
+  c->layout = L->layout;
+  c->mask = L->mask;
+  p->s.in[VL_IN_V] = a->values.data;
+  p->s.in_stride[VL_IN_V] = stride;
+  p->s.mask = a->mask.data;
+  p->s.mask_stride = L->mask_stride;
+  p->s.offsets = a->seq_offsets.data;
+  p->s.rows = L->rows;
+  p->s.cols = L->cols;
+  if ((st = tl_stream_check(L, &a->old_values, "old_values", 1, &stride))) return st;
+  p->s.in[VL_IN_OLD] = a->old_values.data;
+  p->s.in_stride[VL_IN_OLD] = stride;
+  if ((st = tl_stream_check(L, &a->returns, "returns", 1, &stride))) return st;
+  p->s.in[VL_IN_RET] = a->returns.data;
+  p->s.in_stride[VL_IN_RET] = stride;
+
+  if (!(a->clip > 0.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clip: %g must be > 0 (INFINITY: no clipping)",
+                     a->clip);
+  if ((int)a->agg < RLK_AGG_TOKEN_MEAN || (int)a->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)a->agg);
+  c->agg = (int)a->agg;
+  if ((st = tl_agg_constant(c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
+                            a->loss_scale, &p->c_grad)))
+    return st;
+
+  if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
+  if ((st = tl_stream_check(L, &a->grad_values, "grad_values", 1, &stride))) return st;
+  p->s.out[0] = a->grad_values.data;
+  p->s.out_stride[0] = stride;
+  if ((st = tl_vector_check(&a->metrics, "metrics", L->dtype, RLK_VALUE_LOSS_METRICS, 0))) return st;
+  p->loss = a->loss.data;
+  p->metrics = a->metrics.data;
+  p->seqmean = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+  p->layout = c->layout;
+  p->mask_kind = c->mask;
+  p->clip = a->clip;
+
+  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, vl_whole_rows(c), &k->g);
+  p->s.tiles_per_row = k->g.tiles_per_row;
+  p->s.tile = k->g.tile;
+  p->num_partials = k->g.grid;
+  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, VL_NACC);
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args,
+                                                 size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss_workspace_size: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss_workspace_size: args is NULL");
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss_workspace_size: bytes is NULL");
+  vl_call k;
+  rlk_status st = vl_validate(ctx, args, &k);
+  if (!st) *bytes = k.workspace;
+  return st;
+}
+
+static rlk_launch_dims vl_dims(unsigned grid, unsigned block) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = grid ? grid : 1;
+  d.grid[1] = d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  return d;
+}
+
+RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss: args is NULL");
+  vl_call k;
+  rlk_status st = vl_validate(ctx, args, &k);
+  if (st) return st;
+  if ((st = tl_workspace_check(args->workspace, args->workspace_bytes, k.workspace, "value_loss")))
+    return st;
+  if ((st = rlk_context_require_device(ctx, "rlk_value_loss"))) return st;
+  vl_plan p;
+  if ((st = vl_select(ctx->kind, &k.c, &p))) return st;
+  k.k.partials = args->workspace;
+  void *kargs[] = {&k.k};
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_launch_dims d = vl_dims(1, 1);
+    return rlk_context_launch(ctx, &p.main, &d, stream, kargs);
+  }
+  rlk_launch_dims d = vl_dims(k.g.grid, TL_BLOCK);
+  if ((st = rlk_context_launch(ctx, &p.main, &d, stream, kargs))) return st;
+  d = vl_dims(1, TL_REDUCE_BLOCK);
+  return rlk_context_launch(ctx, &p.reduce, &d, stream, kargs);
+}

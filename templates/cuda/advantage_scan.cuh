@@ -1,0 +1,371 @@
+/* advantage_scan.cuh - reverse first-order linear recurrences over time, one row (sequence) at a
+ * time: GAE (both masked-position semantics) and discounted returns (reset or zero; a reverse
+ * cumulative sum is the zero form with gamma 1). Launched by src/ops/advantage_scan.c.
+ *
+ * Every step t is an affine map on a small state carried from t + 1 to t:
+ *   GAE      state (A, N) = (advantage, value bootstrap);  A' = p A + q N + u,  N' = s N + v
+ *   returns  state x;                                      x' = a x + b
+ * Maps compose (the composition of affine maps is affine), so a row splits into groups of K
+ * consecutive steps per thread: each thread composes its group's maps, a warp-wide suffix scan
+ * (Hillis-Steele over shuffles, from the highest lane down) composes the groups to its right,
+ * and each thread then walks its group backwards from the state that enters it, writing the
+ * outputs. Rows are cut into tiles processed last to first, the state carried between tiles:
+ *   ALGO_WARP   a warp per row (several rows per block), tiles of RLK_WARP_SIZE * K steps; the
+ *               carry into the next tile is the state lane 0 reached at the tile's first step;
+ *   ALGO_BLOCK  a block per row, tiles of blockDim.x * K steps; warp 0 composes the warps' maps
+ *               (a second suffix scan over shared memory) and carries the block's map forward.
+ * The combination order is fixed by the launch shape: results are bitwise repeatable. Arithmetic
+ * is in the data type (f32 maps decay with powers of gamma * lambda, they do not grow).
+ *
+ * Masked positions: a flag per step (valid where the mask is non-zero). Their rewards and values
+ * are selected away, never multiplied by 0, so NaN or inf there cannot leak into other steps. */
+#ifndef RLK_ADVANTAGE_SCAN_CUH
+#define RLK_ADVANTAGE_SCAN_CUH
+
+#include "advantage_scan_common.cuh"
+
+namespace rlk {
+namespace as {
+
+/* Indices of the op's choice names (src/ops/advantage_scan.c). */
+enum { FAMILY_GAE = 0, FAMILY_RETURNS = 1 };
+enum { ALGO_WARP = 0, ALGO_BLOCK = 1 };
+/* Run-time masked-position semantics: GAE skip (verl) / zero (OpenRLHF); returns reset (verl
+ * REINFORCE++) / zero (OpenRLHF, reverse cumulative sums). */
+enum { GAE_SKIP = 0, GAE_ZERO = 1 };
+enum { RETURNS_RESET = 0, RETURNS_ZERO = 1 };
+
+template <typename TS> struct gae_map {
+  TS p, q, u, s, v;
+};
+template <typename TS> struct gae_state {
+  TS a, n;
+};
+template <typename TS> struct ret_map {
+  TS a, b;
+};
+template <typename TS> struct ret_state {
+  TS x;
+};
+
+template <typename TS, int FAMILY> struct family;
+
+/* GAE. A valid step: A' = gl A + g N + (r - V), N' = V. A masked step: skip - the identity;
+ * zero - A' = gl A + g N, N' = 0 (the plain recurrence on zeroed inputs). */
+template <typename TS> struct family<TS, FAMILY_GAE> {
+  typedef gae_map<TS> map;
+  typedef gae_state<TS> state;
+
+  static RLK_DEVICE map identity() {
+    map m;
+    m.p = TS(1);
+    m.q = TS(0);
+    m.u = TS(0);
+    m.s = TS(1);
+    m.v = TS(0);
+    return m;
+  }
+  static RLK_DEVICE state zero() {
+    state x;
+    x.a = TS(0);
+    x.n = TS(0);
+    return x;
+  }
+  /* L o R, where R covers the later steps (applied first). */
+  static RLK_DEVICE map compose(const map &L, const map &R) {
+    map m;
+    m.p = L.p * R.p;
+    m.q = L.p * R.q + L.q * R.s;
+    m.u = L.p * R.u + L.q * R.v + L.u;
+    m.s = L.s * R.s;
+    m.v = L.s * R.v + L.v;
+    return m;
+  }
+  static RLK_DEVICE state apply(const map &M, const state &x) {
+    state y;
+    y.a = M.p * x.a + M.q * x.n + M.u;
+    y.n = M.s * x.n + M.v;
+    return y;
+  }
+  /* (step t) o F, F the composition of the steps after t. */
+  static RLK_DEVICE map push(const map &F, bool valid, TS r, TS v, TS g, TS gl, int masked) {
+    if (!valid && masked == GAE_SKIP) return F;
+    map m;
+    m.p = gl * F.p;
+    m.q = gl * F.q + g * F.s;
+    m.u = gl * F.u + g * F.v + (valid ? r - v : TS(0));
+    m.s = TS(0);
+    m.v = valid ? v : TS(0);
+    return m;
+  }
+  /* The state at t from the state after it; o0 = A_t, o1 = returns_t. */
+  static RLK_DEVICE state step(const state &x, bool valid, TS r, TS v, TS g, TS gl, int masked,
+                               TS base, TS &o0, TS &o1) {
+    (void)base;
+    state y;
+    if (valid) {
+      y.a = gl * x.a + g * x.n + (r - v);
+      y.n = v;
+    } else if (masked == GAE_SKIP) {
+      y = x;
+    } else {
+      y.a = gl * x.a + g * x.n;
+      y.n = TS(0);
+    }
+    o0 = y.a;
+    o1 = y.a + ((valid || masked == GAE_SKIP) ? v : TS(0));
+    return y;
+  }
+  static RLK_DEVICE map down(const map &m, int d) {
+    map r;
+    r.p = seq::shfl_down(m.p, d);
+    r.q = seq::shfl_down(m.q, d);
+    r.u = seq::shfl_down(m.u, d);
+    r.s = seq::shfl_down(m.s, d);
+    r.v = seq::shfl_down(m.v, d);
+    return r;
+  }
+  static RLK_DEVICE map from(const map &m, int lane) {
+    map r;
+    r.p = seq::shfl_from(m.p, lane);
+    r.q = seq::shfl_from(m.q, lane);
+    r.u = seq::shfl_from(m.u, lane);
+    r.s = seq::shfl_from(m.s, lane);
+    r.v = seq::shfl_from(m.v, lane);
+    return r;
+  }
+  static RLK_DEVICE state from(const state &x, int lane) {
+    state y;
+    y.a = seq::shfl_from(x.a, lane);
+    y.n = seq::shfl_from(x.n, lane);
+    return y;
+  }
+};
+
+/* Discounted returns. reset: R_t = g x + r_t is written at every step, and the state carried to
+ * t - 1 is R_t where valid, 0 where masked. zero: x' = g x + (valid ? r : 0), written as is. */
+template <typename TS> struct family<TS, FAMILY_RETURNS> {
+  typedef ret_map<TS> map;
+  typedef ret_state<TS> state;
+
+  static RLK_DEVICE map identity() {
+    map m;
+    m.a = TS(1);
+    m.b = TS(0);
+    return m;
+  }
+  static RLK_DEVICE state zero() {
+    state x;
+    x.x = TS(0);
+    return x;
+  }
+  static RLK_DEVICE map compose(const map &L, const map &R) {
+    map m;
+    m.a = L.a * R.a;
+    m.b = L.a * R.b + L.b;
+    return m;
+  }
+  static RLK_DEVICE state apply(const map &M, const state &x) {
+    state y;
+    y.x = M.a * x.x + M.b;
+    return y;
+  }
+  static RLK_DEVICE map push(const map &F, bool valid, TS r, TS v, TS g, TS gl, int masked) {
+    (void)v;
+    (void)gl;
+    map m;
+    if (!valid && masked == RETURNS_RESET) {
+      m.a = TS(0);
+      m.b = TS(0);
+    } else {
+      m.a = g * F.a;
+      m.b = g * F.b + (valid ? r : TS(0));
+    }
+    return m;
+  }
+  /* o0 = R_t; o1 = R_t - baseline where valid, R_t where masked (ReMax). */
+  static RLK_DEVICE state step(const state &x, bool valid, TS r, TS v, TS g, TS gl, int masked,
+                               TS base, TS &o0, TS &o1) {
+    (void)v;
+    (void)gl;
+    state y;
+    TS out;
+    if (masked == RETURNS_RESET) {
+      out = g * x.x + r;
+      y.x = valid ? out : TS(0);
+    } else {
+      out = g * x.x + (valid ? r : TS(0));
+      y.x = out;
+    }
+    o0 = out;
+    o1 = valid ? out - base : out;
+    return y;
+  }
+  static RLK_DEVICE map down(const map &m, int d) {
+    map r;
+    r.a = seq::shfl_down(m.a, d);
+    r.b = seq::shfl_down(m.b, d);
+    return r;
+  }
+  static RLK_DEVICE map from(const map &m, int lane) {
+    map r;
+    r.a = seq::shfl_from(m.a, lane);
+    r.b = seq::shfl_from(m.b, lane);
+    return r;
+  }
+  static RLK_DEVICE state from(const state &x, int lane) {
+    state y;
+    y.x = seq::shfl_from(x.x, lane);
+    return y;
+  }
+};
+
+/* Inclusive suffix composition over the lanes of a warp: lane l ends with
+ * m_l o m_{l+1} o ... o m_{W-1}. Every lane must call it. */
+template <typename F> RLK_DEVICE typename F::map suffix_scan(typename F::map m, int lane) {
+#pragma unroll
+  for (int off = 1; off < RLK_WARP_SIZE; off <<= 1) {
+    const typename F::map o = F::down(m, off);
+    if (lane + off < RLK_WARP_SIZE) m = F::compose(m, o);
+  }
+  return m;
+}
+
+/* The composition of the lanes above this one (identity on the last lane), from an inclusive
+ * suffix scan. */
+template <typename F> RLK_DEVICE typename F::map exclusive_of(const typename F::map &incl, int lane) {
+  typename F::map e = F::down(incl, 1);
+  if (lane == RLK_WARP_SIZE - 1) e = F::identity();
+  return e;
+}
+
+/* One row. ALGO_WARP: the calling warp owns the row. ALGO_BLOCK: the whole block does (every
+ * thread calls this; wagg and wcarry are the block's shared arrays). */
+template <typename TS, int FAMILY, int ALGO>
+RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int mask_kind,
+                         TS *out0, TS *out1, TS base, i64 T, TS g, TS gl, int masked, bool vec,
+                         typename family<TS, FAMILY>::map *wagg,
+                         typename family<TS, FAMILY>::state *wcarry) {
+  typedef family<TS, FAMILY> F;
+  typedef typename F::map map;
+  typedef typename F::state state;
+  constexpr int K = seq::group<TS>::size;
+  const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
+  const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
+  const int nw = (int)(blockDim.x / RLK_WARP_SIZE);
+  const i64 idx = ALGO == ALGO_WARP ? (i64)lane : (i64)threadIdx.x;
+  const i64 tile_len = (i64)(ALGO == ALGO_WARP ? RLK_WARP_SIZE : (int)blockDim.x) * K;
+  const i64 ntiles = (T + tile_len - 1) / tile_len;
+
+  state carry = F::zero(); /* ALGO_BLOCK: meaningful in warp 0 only */
+  for (i64 tile = ntiles - 1; tile >= 0; --tile) {
+    const i64 t0 = tile * tile_len + idx * K;
+    const i64 left = T - t0;
+    const int n = left <= 0 ? 0 : (left >= K ? K : (int)left);
+    TS rv[K], vv[K];
+    bool m[K];
+    seq::load_vals<TS, K>(r + (n ? t0 : 0), n, vec, rv);
+    if (FAMILY == FAMILY_GAE) {
+      seq::load_vals<TS, K>(v + (n ? t0 : 0), n, vec, vv);
+    } else {
+#pragma unroll
+      for (int j = 0; j < K; ++j) vv[j] = TS(0);
+    }
+    seq::load_valid<K>(mask, mask_kind, m0 + (n ? t0 : 0), n, vec, m);
+
+    /* this thread's group, composed from its last step to its first */
+    map agg = F::identity();
+#pragma unroll
+    for (int j = K - 1; j >= 0; --j)
+      if (j < n) agg = F::push(agg, m[j], rv[j], vv[j], g, gl, masked);
+    const map incl = suffix_scan<F>(agg, lane);
+    const map excl = exclusive_of<F>(incl, lane);
+
+    state in;
+    if (ALGO == ALGO_WARP) {
+      in = F::apply(excl, carry);
+    } else {
+      if (lane == 0) wagg[warp] = incl; /* the warp's whole map */
+      __syncthreads();
+      if (warp == 0) {
+        const map w = lane < nw ? wagg[lane] : F::identity();
+        const map wincl = suffix_scan<F>(w, lane);
+        const map wexcl = exclusive_of<F>(wincl, lane);
+        if (lane < nw) wcarry[lane] = F::apply(wexcl, carry);
+        carry = F::apply(F::from(wincl, 0), carry); /* into the previous tile */
+      }
+      __syncthreads();
+      in = F::apply(excl, wcarry[warp]);
+    }
+
+    TS y0[K], y1[K];
+    state st = in;
+#pragma unroll
+    for (int j = K - 1; j >= 0; --j) {
+      if (j < n) {
+        st = F::step(st, m[j], rv[j], vv[j], g, gl, masked, base, y0[j], y1[j]);
+      } else {
+        y0[j] = TS(0);
+        y1[j] = TS(0);
+      }
+    }
+    if (n) {
+      seq::store_vals<TS, K>(out0 + t0, n, vec, y0);
+      if (out1) seq::store_vals<TS, K>(out1 + t0, n, vec, y1);
+    }
+    if (ALGO == ALGO_WARP) carry = F::from(st, 0); /* lane 0 ends at the tile's first step */
+  }
+}
+
+} /* namespace as */
+
+/* GAE (FAMILY_GAE) or discounted returns (FAMILY_RETURNS) over B rows of T steps.
+ *   x0, x1   rewards and values (x1 unused for returns), row strides s0, s1
+ *   mask     [B, T] of kind mask_kind (seq::MASK_*; NULL with MASK_NONE), row stride ms
+ *   o0, o1   outputs: advantages and returns (GAE), or returns and ReMax advantages (returns);
+ *            o1 may be NULL; baseline [B] (returns only) may be NULL (then 0)
+ *   gamma, gamma_lambda (GAE's gamma * lambda, formed in double by the caller), masked: the
+ *   run-time semantics (as::GAE_* or as::RETURNS_*).
+ * ALGO_WARP: blockDim.x / warp rows per block; ALGO_BLOCK: one row per block. Rows are
+ * grid-strided with block-uniform (ALGO_BLOCK) or warp-uniform (ALGO_WARP) loops. */
+template <typename TS, int FAMILY, int ALGO>
+__global__ void advantage_scan(const TS *__restrict__ x0, i64 s0, const TS *__restrict__ x1, i64 s1,
+                               const void *__restrict__ mask, i64 ms, int mask_kind,
+                               TS *__restrict__ o0, i64 os0, TS *__restrict__ o1, i64 os1,
+                               const TS *__restrict__ baseline, i64 B, i64 T, double gamma,
+                               double gamma_lambda, int masked) {
+  typedef as::family<TS, FAMILY> F;
+  __shared__ typename F::map wagg[RLK_MAX_WARPS];
+  __shared__ typename F::state wcarry[RLK_MAX_WARPS];
+  constexpr int K = seq::group<TS>::size;
+  const TS g = (TS)gamma, gl = (TS)gamma_lambda;
+  const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
+  const int nw = (int)(blockDim.x / RLK_WARP_SIZE);
+  const int mb = seq::mask_bytes(mask_kind);
+
+  i64 row, step;
+  if (ALGO == as::ALGO_WARP) {
+    row = (i64)blockIdx.x * nw + warp;
+    step = (i64)gridDim.x * nw;
+  } else {
+    row = blockIdx.x;
+    step = gridDim.x;
+  }
+  for (; row < B; row += step) {
+    const TS *r = x0 + row * s0;
+    const TS *v = FAMILY == as::FAMILY_GAE ? x1 + row * s1 : x0;
+    TS *out0 = o0 + row * os0;
+    TS *out1 = o1 ? o1 + row * os1 : nullptr;
+    const i64 m0 = row * ms;
+    const TS base = baseline ? baseline[row] : TS(0);
+    bool vec = is_aligned<16>(r) && is_aligned<16>(v) && is_aligned<16>(out0) &&
+               (!out1 || is_aligned<16>(out1));
+    if (mb) vec = vec && seq::mask_vec_ok<K>(mask, mask_kind, m0);
+    as::scan_row<TS, FAMILY, ALGO>(r, v, mask, m0, mask_kind, out0, out1, base, T, g, gl, masked,
+                                   vec, wagg, wcarry);
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_ADVANTAGE_SCAN_CUH */

@@ -1,0 +1,296 @@
+/* logprob_common.cuh - the pieces every token log-prob / entropy kernel shares: 16-byte vectors
+ * of logits, the online (max, sum-exp, sum p z) state, its merge and the per-row outputs.
+ *
+ * The math, in fp32, with c = log2(e) / temperature and m a running maximum of the raw logits x:
+ *   s = sum_j 2^(x_j c - m c)                     (= sum_j exp(z_j - m / T))
+ *   q = sum_j 2^(x_j c - m c) (x_j c - m c)        (entropy only)
+ *   lse = m / T + ln s,  logp = (x_y - m) / T - ln s,  entropy = ln s - ln2 q / s
+ * A thread reads its logits in chunks (several 16-byte vectors); the maximum moves once per chunk,
+ * rescaling s and q by 2^((m_old - m_new) c). States of threads merge symmetrically (bitwise the
+ * same whichever side is which), in a fixed tree: a result depends only on the inputs and the
+ * launch shape. -inf logits contribute exactly 0 (to q too); a NaN logit makes the row NaN; a row
+ * of -inf has lse -inf and NaN logp / entropy (like log_softmax).
+ *
+ * Logits dtype codes (the template parameter DT) are the indices of the op's choice names:
+ * 0 f32, 1 f16, 2 bf16. */
+#ifndef RLK_LOGPROB_COMMON_CUH
+#define RLK_LOGPROB_COMMON_CUH
+
+#include "rlk_prelude.cuh"
+
+namespace rlk {
+namespace lp {
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+enum { GRAD_SAME = 0, GRAD_F32 = 1 };
+
+/* Bits in the caller's status word. */
+enum { STATUS_BAD_LABEL = 1 };
+
+#define RLK_LP_LOG2E 1.4426950408889634f
+#define RLK_LP_LN2 0.69314718055994531f
+/* q's factor (x - m) c is clamped at -BIG so that a -inf logit adds 0 * -BIG = 0, not NaN; its
+ * 2^(...) is computed from the unclamped value (0 for -inf, NaN for NaN). */
+#define RLK_LP_BIG 3.0e38f
+
+template <int DT> struct logit_traits;
+template <> struct logit_traits<DT_F32> {
+  typedef float type;
+  static constexpr int bytes = 4;
+};
+template <> struct logit_traits<DT_F16> {
+  typedef f16 type;
+  static constexpr int bytes = 2;
+};
+template <> struct logit_traits<DT_BF16> {
+  typedef bf16 type;
+  static constexpr int bytes = 2;
+};
+
+/* Elements of dtype DT in one 16-byte vector. */
+template <int DT> struct epv {
+  static constexpr int value = 16 / logit_traits<DT>::bytes;
+};
+
+struct alignas(16) u32x4 {
+  u32 w[4];
+};
+
+/* A 16-byte load of data that nothing writes while the kernel runs (not kept in L1). */
+RLK_DEVICE u32x4 load_stream(const void *p) {
+  u32x4 v;
+#if defined(RLK_CUDA)
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p));
+#else
+  v = *(const u32x4 *)p;
+#endif
+  return v;
+}
+
+/* A 16-byte load of data the same kernel may overwrite later (the in-place backward). */
+RLK_DEVICE u32x4 load_once(const void *p) {
+  u32x4 v;
+#if defined(RLK_CUDA)
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p)
+               : "memory");
+#else
+  v = *(const u32x4 *)p;
+#endif
+  return v;
+}
+
+/* Element J of a 16-byte vector as a float (exact: bf16 is a shift, f16 a conversion). */
+template <int DT, int J> RLK_DEVICE float element(const u32x4 &v) {
+  if constexpr (DT == DT_F32) {
+    return bits_as_float(v.w[J]);
+  } else if constexpr (DT == DT_BF16) {
+    return (J & 1) ? bits_as_float(v.w[J / 2] & 0xffff0000u) : bits_as_float(v.w[J / 2] << 16);
+  } else {
+    f16 h;
+    h.bits = (u16)((J & 1) ? (v.w[J / 2] >> 16) : (v.w[J / 2] & 0xffffu));
+    return to_float(h);
+  }
+}
+
+/* One logit by index, as a float. */
+template <int DT> RLK_DEVICE float load_logit(const void *row, i64 j) {
+  if constexpr (DT == DT_F32) {
+    return ((const float *)row)[j];
+  } else {
+    typedef typename logit_traits<DT>::type T;
+    return to_float(((const T *)row)[j]);
+  }
+}
+
+/* Largest element of U vectors (NaN elements are skipped unless all are NaN). 16-bit types on
+ * CUDA compare two at a time with max.{bf16,f16}x2 (sm_80+), converting only the result. */
+template <int DT, int U> RLK_DEVICE float vec_max(const u32x4 *v) {
+#if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (DT != DT_F32) {
+    u32 m = v[0].w[0];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = (u == 0 ? 1 : 0); k < 4; ++k) {
+        if constexpr (DT == DT_BF16)
+          asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(v[u].w[k]));
+        else
+          asm("max.f16x2 %0, %0, %1;" : "+r"(m) : "r"(v[u].w[k]));
+      }
+    u32x4 t;
+    t.w[0] = m;
+    return fmaxf(element<DT, 0>(t), element<DT, 1>(t));
+  }
+#endif
+  constexpr int E = epv<DT>::value;
+  float m = element<DT, 0>(v[0]);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#define RLK_LP_MAXJ(J) \
+  if (J < E && (u > 0 || J > 0)) m = fmaxf(m, element<DT, (J < E ? J : 0)>(v[u]));
+    RLK_LP_MAXJ(0) RLK_LP_MAXJ(1) RLK_LP_MAXJ(2) RLK_LP_MAXJ(3)
+    RLK_LP_MAXJ(4) RLK_LP_MAXJ(5) RLK_LP_MAXJ(6) RLK_LP_MAXJ(7)
+#undef RLK_LP_MAXJ
+  }
+  return m;
+}
+
+/* The online state of one thread (or, after merging, of a row). */
+struct state {
+  float m; /* running maximum of the raw logits; -inf while nothing finite was seen */
+  float s; /* sum of 2^((x - m) c) */
+  float q; /* sum of 2^((x - m) c) (x - m) c (entropy only) */
+};
+
+RLK_DEVICE state empty_state() {
+  state st;
+  st.m = -limits<float>::infinity();
+  st.s = 0.0f;
+  st.q = 0.0f;
+  return st;
+}
+
+/* Moves the state's maximum up to cm (> st.m). An empty state (s == 0) just takes the maximum;
+ * a NaN s stays NaN. */
+template <bool ENTROPY> RLK_DEVICE void raise_max(state &st, float cm, float c) {
+  if (st.s != 0.0f) {
+    const float d = (st.m - cm) * c;
+    const float f = exp2_approx(d);
+    if (ENTROPY) st.q = f * (st.q + d * st.s);
+    st.s *= f;
+  }
+  st.m = cm;
+}
+
+/* Adds one logit to the state at the state's current maximum: t = x c - mc with mc = m c (0
+ * while the maximum is -inf, so that -inf logits give 2^-inf = 0 rather than NaN). One fused
+ * multiply-add: the rounding of m c shifts every t of the state alike, by at most half an ulp of
+ * m c, which moves lse by as much (about one ulp of lse). */
+template <bool ENTROPY>
+RLK_DEVICE void add_logit(float x, float mc, float c, float &s, float &q) {
+  const float t = fmaf(x, c, -mc);
+  const float p = exp2_approx(t);
+  s += p;
+  if (ENTROPY) q = fmaf(p, fmaxf(t, -RLK_LP_BIG), q);
+}
+
+/* Adds U vectors (one chunk) to the state: chunk maximum first, then every element. */
+template <int DT, int U, bool ENTROPY>
+RLK_DEVICE void add_vectors(state &st, const u32x4 *v, float c) {
+  const float cm = vec_max<DT, U>(v);
+  if (cm > st.m) raise_max<ENTROPY>(st, cm, c);
+  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
+  constexpr int E = epv<DT>::value;
+  float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#define RLK_LP_ADDJ(J)                                                          \
+  if (J < E) {                                                                  \
+    const float x = element<DT, (J < E ? J : 0)>(v[u]);                        \
+    if ((J & 1) == 0)                                                           \
+      add_logit<ENTROPY>(x, mc, c, s0, q0);                                     \
+    else                                                                        \
+      add_logit<ENTROPY>(x, mc, c, s1, q1);                                     \
+  }
+    RLK_LP_ADDJ(0) RLK_LP_ADDJ(1) RLK_LP_ADDJ(2) RLK_LP_ADDJ(3)
+    RLK_LP_ADDJ(4) RLK_LP_ADDJ(5) RLK_LP_ADDJ(6) RLK_LP_ADDJ(7)
+#undef RLK_LP_ADDJ
+  }
+  st.s += s0 + s1;
+  if (ENTROPY) st.q += q0 + q1;
+}
+
+/* Adds one scalar logit (row heads and tails that are not 16-byte aligned). */
+template <bool ENTROPY> RLK_DEVICE void add_scalar(state &st, float x, float c) {
+  if (x > st.m) raise_max<ENTROPY>(st, x, c);
+  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
+  add_logit<ENTROPY>(x, mc, c, st.s, st.q);
+}
+
+/* Merges two states; symmetric, so both lanes of a butterfly get bitwise the same result. */
+template <bool ENTROPY> RLK_DEVICE state merge(const state &a, const state &b, float c) {
+  state r;
+  r.m = fmaxf(a.m, b.m);
+  float sa = 0.0f, qa = 0.0f, sb = 0.0f, qb = 0.0f;
+  if (a.s != 0.0f) {
+    const float d = (a.m - r.m) * c;
+    const float f = exp2_approx(d);
+    sa = a.s * f;
+    if (ENTROPY) qa = f * (a.q + d * a.s);
+  }
+  if (b.s != 0.0f) {
+    const float d = (b.m - r.m) * c;
+    const float f = exp2_approx(d);
+    sb = b.s * f;
+    if (ENTROPY) qb = f * (b.q + d * b.s);
+  }
+  r.s = sa + sb;
+  r.q = ENTROPY ? qa + qb : 0.0f;
+  return r;
+}
+
+/* Butterfly merge over aligned segments of W lanes (W a power of two up to a warp). Every lane of
+ * the warp must call it. */
+template <int W, bool ENTROPY> RLK_DEVICE state segment_merge(state st, float c) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) {
+    state other;
+    other.m = shfl_xor(st.m, o);
+    other.s = shfl_xor(st.s, o);
+    other.q = ENTROPY ? shfl_xor(st.q, o) : 0.0f;
+    st = merge<ENTROPY>(st, other, c);
+  }
+  return st;
+}
+
+/* The label of a row as a 64-bit integer. */
+template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 stride) {
+  return (i64)labels[row * stride];
+}
+
+/* Writes a row's outputs from its merged state. `y` is its label; `xy` the raw logit at the label
+ * (read before the reduction so its latency hides behind it). Ignored rows (y == ignore_index) get
+ * logp 0 (lse and entropy as usual); a label outside [0, V) makes every output of the row NaN and
+ * raises STATUS_BAD_LABEL in *status. */
+template <bool ENTROPY>
+RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 ignore_index,
+                          float temperature, float *logp, float *lse, float *entropy,
+                          i32 *status) {
+  const float ln_s = logf(st.s);
+  float lp, l, h;
+  if (y != ignore_index && (y < 0 || y >= V)) {
+    lp = l = h = limits<float>::quiet_nan();
+    if (status) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
+  } else {
+    l = st.m / temperature + ln_s;
+    h = ENTROPY ? ln_s - RLK_LP_LN2 * (st.q / st.s) : 0.0f;
+    lp = y == ignore_index ? 0.0f : (xy - st.m) / temperature - ln_s;
+  }
+  logp[row] = lp;
+  if (lse) lse[row] = l;
+  if (ENTROPY && entropy) entropy[row] = h;
+}
+
+/* Head, body and tail of a row: `head` elements up to the first 16-byte boundary, `nvec` whole
+ * vectors, then `tail` elements (rows of any stride and any V). */
+template <int DT> struct row_split {
+  i64 head, nvec, tail;
+  RLK_DEVICE row_split(const void *row, i64 V) {
+    constexpr int B = logit_traits<DT>::bytes;
+    const u64 a = (u64)row;
+    i64 h = (i64)(((16u - (a & 15u)) & 15u) / (u64)B);
+    if (h > V) h = V;
+    head = h;
+    nvec = (V - h) / epv<DT>::value;
+    tail = V - h - nvec * epv<DT>::value;
+  }
+};
+
+} /* namespace lp */
+} /* namespace rlk */
+
+#endif /* RLK_LOGPROB_COMMON_CUH */

@@ -1,0 +1,317 @@
+/* policy_loss.cuh - the fused policy loss (PPO clip + dual-clip, GSPO, CISPO, SAPO, REINFORCE),
+ * with a KL penalty, an entropy bonus and rollout importance weights: forward and backward in
+ * one pass over the tokens (token_loss.cuh), then a one-block reduction.
+ *
+ * Entries, launched in this order by src/ops/policy_loss.c:
+ *   policy_loss_main    grad_logp (and grad_entropy) per token, per-block partial sums
+ *   policy_loss_reduce  the partials combined in a fixed order -> loss [1] and metrics
+ *
+ * Everything that changes the code path is a template parameter (mode, KL estimator,
+ * straight-through, per-sequence normalization, layout, mask, which optional streams exist);
+ * the numbers (clip bounds, clamps, coefficients, normalizers) are run-time values. The math per
+ * token is written out in include/rlk.h; gradients follow torch's autograd conventions (a clamp
+ * passes the gradient on its closed range; max/min split it equally on a tie). */
+#ifndef RLK_POLICY_LOSS_CUH
+#define RLK_POLICY_LOSS_CUH
+
+#include "token_loss.cuh"
+
+namespace rlk {
+namespace pl {
+
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
+enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
+
+/* Streams (token_loss Streams<6, 2>). */
+enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
+enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
+
+/* Accumulators, in the order of the partials (the reduce kernel and the host agree). */
+enum {
+  A_PG = 0,      /* sum w l         (w = m, or m / n_b for seq-mean-token-mean) */
+  A_KL = 1,      /* sum w kl */
+  A_ENT = 2,     /* sum w entropy */
+  A_MASK = 3,    /* sum m */
+  A_CLIP = 4,    /* sum m [clip active] */
+  A_DUAL = 5,    /* sum m [dual clip active] */
+  A_LOW = 6,     /* sum m [r < lo, A < 0] */
+  A_HIGH = 7,    /* sum m [r > hi, A > 0] */
+  A_APPROX = 8,  /* sum m (-clamped log-ratio) */
+  A_KLMEAN = 9,  /* sum m kl */
+  A_ENTMEAN = 10, /* sum m entropy */
+  A_RMAX = 11,   /* max r */
+  A_RMIN = 12,   /* min r */
+  NACC = 13
+};
+
+/* The kernels' argument, mirrored by src/ops/policy_loss.c (8-byte fields only). The flag
+ * fields are read by the host kernel only; here they are template parameters. */
+struct Params {
+  tl::Streams<NIN, NOUT> s;
+  const void *adv_seq; /* per-sequence advantages [rows], or NULL */
+  void *loss;          /* [1] */
+  void *metrics;       /* [RLK_POLICY_LOSS_METRICS] or NULL */
+  double *partials;    /* [num_partials][NACC] */
+  i64 num_partials;
+  i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
+  double c_grad;  /* loss_scale / the aggregation's normalizer */
+  double kl_coef, ent_coef;
+};
+static_assert(sizeof(Params) == 392, "Params: 49 8-byte fields, mirrored by the host side");
+
+template <typename T> RLK_DEVICE T exp_(T x);
+template <> RLK_DEVICE float exp_(float x) { return expf(x); }
+template <> RLK_DEVICE double exp_(double x) { return exp(x); }
+template <typename T> RLK_DEVICE T expm1_(T x);
+/* e^x - 1 in f32: the Taylor series through x^8 where |x| <= 0.5 (error below 2e-8 relative, no
+ * cancellation), expf(x) - 1 elsewhere (|e^x - 1| >= 0.39 there: no cancellation either). Fewer
+ * instructions than expm1f, as accurate for the KL terms. */
+template <> RLK_DEVICE float expm1_(float x) {
+  const float p =
+      x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (1.0f / 120 +
+          x * (1.0f / 720 + x * (1.0f / 5040 + x * (1.0f / 40320))))))));
+  return fabsf(x) <= 0.5f ? p : expf(x) - 1.0f;
+}
+template <> RLK_DEVICE double expm1_(double x) { return expm1(x); }
+
+template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, bool HAS_MASK, bool ADVSEQ, int ENT,
+          bool ISW>
+struct Op {
+  static constexpr int NIN = pl::NIN, NOUT = pl::NOUT, NACC = pl::NACC;
+  static constexpr unsigned IN_BITS = (1u << IN_LOGP) | (1u << IN_OLD) | (ADVSEQ ? 0u : 1u << IN_ADV) |
+                                      (KL != KL_NONE ? 1u << IN_REF : 0u) |
+                                      (ENT != ENT_NONE ? 1u << IN_ENT : 0u) | (ISW ? 1u << IN_ISW : 0u);
+  static constexpr unsigned OUT_BITS = (1u << OUT_GLOGP) | (ENT == ENT_GRAD ? 1u << OUT_GENT : 0u);
+  /* GSPO needs each sequence's mean log-ratio; seq-mean-token-mean its token count (known
+   * without a pass when there is no mask). */
+  static constexpr bool ROWSTAT = MODE == MODE_GSPO || (SEQMEAN && HAS_MASK);
+  static constexpr unsigned PRE_BITS = MODE == MODE_GSPO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u;
+  static constexpr int reduce_kind(int k) {
+    return k == A_RMAX ? tl::RED_MAX : (k == A_RMIN ? tl::RED_MIN : tl::RED_SUM);
+  }
+
+  /* run-time numbers */
+  const T *adv_seq;
+  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent;
+  /* the current sequence */
+  T adv_row, rowfac, s_ratio, s_gate;
+
+  RLK_DEVICE explicit Op(const Params &a) {
+    adv_seq = (const T *)a.adv_seq;
+    lo = (T)a.clip_lo;
+    hi = (T)a.clip_hi;
+    dual = (T)a.dual_clip;
+    lr_min = (T)a.lr_min;
+    lr_max = (T)a.lr_max;
+    tau_pos = (T)a.tau_pos;
+    tau_neg = (T)a.tau_neg;
+    kl_in = (T)a.kl_in;
+    kl_out = (T)a.kl_out;
+    cg = (T)a.c_grad;
+    ckl = (T)(a.c_grad * a.kl_coef);
+    cent = (T)(-a.c_grad * a.ent_coef);
+    adv_row = T(0);
+    rowfac = T(1);
+    s_ratio = T(1);
+    s_gate = T(1);
+  }
+
+  RLK_DEVICE void acc_init(T *acc) const {
+#pragma unroll
+    for (int k = 0; k < NACC; ++k) acc[k] = T(0);
+    acc[A_RMAX] = -limits<T>::infinity();
+    acc[A_RMIN] = limits<T>::infinity();
+  }
+
+  RLK_DEVICE void row_begin(i64 row, i64 len) {
+    if (ADVSEQ) adv_row = adv_seq[row];
+    if (SEQMEAN && !HAS_MASK) rowfac = len > 0 ? T(1) / (T)len : T(0);
+  }
+
+  RLK_DEVICE void pre(const T *x, float m, T *pre) const {
+    if (m == 0.0f) return;
+    pre[0] += (T)m;
+    if (MODE == MODE_GSPO) pre[1] += (T)m * (x[IN_LOGP] - x[IN_OLD]);
+  }
+
+  RLK_DEVICE void row_stats(const T *pre) {
+    const T n = pre[0];
+    if (SEQMEAN && HAS_MASK) rowfac = n > T(0) ? T(1) / n : T(0);
+    if (MODE == MODE_GSPO) {
+      const T x = n > T(0) ? pre[1] / n : T(0);
+      s_ratio = exp_(tl::clampv(x, lr_min, lr_max));
+      s_gate = tl::inside(x, lr_min, lr_max) ? s_ratio : T(0);
+    }
+  }
+
+  /* One token. Written with selects rather than branches (the lanes of a warp take different
+   * sides of the clip), except the masked-token exit: masked tokens come in runs. */
+  RLK_DEVICE void token(const T *x, float mf, T *acc, T *y) const {
+    y[OUT_GLOGP] = T(0);
+    y[OUT_GENT] = T(0);
+    if (mf == 0.0f) return;
+    const T m = (T)mf;
+    const T lp = x[IN_LOGP];
+    const T A = ADVSEQ ? adv_row : x[IN_ADV];
+    const T d = lp - x[IN_OLD];
+    const T dc = tl::clampv(d, lr_min, lr_max);
+    const bool dpass = tl::inside(d, lr_min, lr_max);
+
+    T r, l, dl; /* ratio, policy term, d term / d logp */
+    bool clip = false, dualc = false, low = false, high = false;
+    if (MODE == MODE_PPO || MODE == MODE_GSPO) {
+      r = MODE == MODE_GSPO ? s_ratio : exp_(dc);
+      const T nA = -A;
+      const T l1 = nA * r, l2 = nA * tl::clampv(r, lo, hi);
+      const bool cpass = tl::inside(r, lo, hi);
+      const bool gt = l1 > l2, lt = l1 < l2;
+      /* max(l1, l2): d/dr is -A from l1, -A * cpass from l2, their mean on a tie */
+      T lc = lt ? l2 : l1;
+      T g = (gt || cpass) ? nA : (lt ? T(0) : nA * T(0.5));
+      clip = lt;
+      if (MODE == MODE_PPO) {
+        /* min(lc, -c A) for A < 0 when c > 1 (c = dual is <= 1 when off) */
+        const bool on = A < T(0) && dual > T(1);
+        const T l3 = nA * dual;
+        const bool above = lc > l3, below = lc < l3;
+        dualc = on && above;
+        g = on ? (above ? T(0) : (below ? g : g * T(0.5))) : g;
+        lc = dualc ? l3 : lc;
+      }
+      l = lc;
+      dl = MODE == MODE_GSPO ? g * s_gate : (dpass ? g * r : T(0));
+      low = r < lo && A < T(0);
+      high = r > hi && A > T(0);
+    } else if (MODE == MODE_CISPO) {
+      r = exp_(dc);
+      const T w = tl::clampv(r, lo, hi);
+      l = -w * A * lp;
+      dl = -w * A;
+      clip = r < lo || r > hi;
+      low = r < lo && A < T(0);
+      high = r > hi && A > T(0);
+    } else if (MODE == MODE_SAPO) {
+      r = exp_(dc);
+      const T tau = A > T(0) ? tau_pos : tau_neg;
+      const T z = tau * (r - T(1));
+      const T sp = T(1) / (T(1) + exp_(-z)); /* sigmoid(z) */
+      const T sn = T(1) / (T(1) + exp_(z));  /* 1 - sigmoid(z), without cancellation */
+      l = -sp * (T(4) / tau) * A;
+      dl = dpass ? -A * T(4) * sp * sn * r : T(0);
+    } else { /* REINFORCE */
+      r = exp_(dc);
+      l = -A * lp;
+      dl = -A;
+    }
+    if (ISW) {
+      const T w = x[IN_ISW];
+      l = l * w;
+      dl = dl * w;
+    }
+
+    T kv = T(0), gk = T(0);
+    if (KL != KL_NONE) {
+      const T e = lp - x[IN_REF];
+      const T ec = tl::clampv(e, -kl_in, kl_in);
+      T v, gv;
+      if (KL == KL_K1) {
+        v = ec;
+        gv = T(1);
+      } else if (KL == KL_ABS) {
+        v = ec < T(0) ? -ec : ec;
+        gv = ec > T(0) ? T(1) : (ec < T(0) ? T(-1) : T(0));
+      } else if (KL == KL_K2) {
+        v = T(0.5) * ec * ec;
+        gv = ec;
+      } else { /* k3 = exp(-e) + e - 1 = expm1(-e) + e, accurate near 0 */
+        const T em = expm1_(-ec);
+        v = em + ec;
+        gv = -em;
+      }
+      kv = tl::clampv(v, -kl_out, kl_out);
+      if (ST)
+        gk = e;
+      else
+        gk = tl::inside(e, -kl_in, kl_in) && tl::inside(v, -kl_out, kl_out) ? gv : T(0);
+    }
+    const T ent = ENT != ENT_NONE ? x[IN_ENT] : T(0);
+
+    const T w = SEQMEAN ? m * rowfac : m;
+    acc[A_PG] += w * l;
+    if (KL != KL_NONE) {
+      acc[A_KL] += w * kv;
+      acc[A_KLMEAN] += m * kv;
+    }
+    if (ENT != ENT_NONE) {
+      acc[A_ENT] += w * ent;
+      acc[A_ENTMEAN] += m * ent;
+    }
+    acc[A_MASK] += m;
+    if (MODE != MODE_SAPO && MODE != MODE_REINFORCE) {
+      acc[A_CLIP] += clip ? m : T(0);
+      acc[A_LOW] += low ? m : T(0);
+      acc[A_HIGH] += high ? m : T(0);
+    }
+    if (MODE == MODE_PPO) acc[A_DUAL] += dualc ? m : T(0);
+    acc[A_APPROX] -= m * dc;
+    acc[A_RMAX] = fmax_(acc[A_RMAX], r);
+    acc[A_RMIN] = fmin_(acc[A_RMIN], r);
+
+    y[OUT_GLOGP] = KL != KL_NONE ? w * (cg * dl + ckl * gk) : w * (cg * dl);
+    if (ENT == ENT_GRAD) y[OUT_GENT] = w * cent;
+  }
+};
+
+} /* namespace pl */
+
+/* The token pass. One block of RLK_TL_BLOCK threads per item at a time; the grid (at most the
+ * number of items) is sized by the host from the device's multiprocessors. */
+template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, int LAYOUT, int MASK, bool ADVSEQ,
+          int ENT, bool ISW>
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(const pl::Params a) {
+  __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
+  __shared__ T sh2[2 * RLK_MAX_WARPS];
+  pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW> op(a);
+  tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
+}
+
+/* Loss and metrics from the partials, one block. Outputs in T. */
+struct PolicyReduceKinds {
+  static constexpr int reduce_kind(int k) {
+    return k == pl::A_RMAX ? tl::RED_MAX : (k == pl::A_RMIN ? tl::RED_MIN : tl::RED_SUM);
+  }
+};
+
+template <typename T> __global__ void policy_loss_reduce(const pl::Params a) {
+  __shared__ double sh[pl::NACC * RLK_MAX_WARPS];
+  double s[pl::NACC];
+  tl::reduce_partials<PolicyReduceKinds>(a.partials, a.num_partials, sh, s);
+  if (threadIdx.x != 0) return;
+  const double c = a.c_grad;
+  const double pg = c * s[pl::A_PG], kl = c * s[pl::A_KL], ent = c * s[pl::A_ENT];
+  ((T *)a.loss)[0] = (T)(pg + a.kl_coef * kl - a.ent_coef * ent);
+  if (a.metrics) {
+    T *m = (T *)a.metrics;
+    const double n = s[pl::A_MASK];
+    const double inv = n != 0.0 ? 1.0 / n : 0.0;
+    m[0] = (T)(s[pl::A_CLIP] * inv);
+    m[1] = (T)(s[pl::A_DUAL] * inv);
+    m[2] = (T)(s[pl::A_LOW] * inv);
+    m[3] = (T)(s[pl::A_HIGH] * inv);
+    m[4] = (T)(s[pl::A_APPROX] * inv);
+    m[5] = (T)(s[pl::A_KLMEAN] * inv);
+    m[6] = (T)(s[pl::A_ENTMEAN] * inv);
+    m[7] = (T)(n != 0.0 ? s[pl::A_RMAX] : 0.0);
+    m[8] = (T)(n != 0.0 ? s[pl::A_RMIN] : 0.0);
+    m[9] = (T)pg;
+    m[10] = (T)kl;
+    m[11] = (T)ent;
+    m[12] = (T)n;
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_POLICY_LOSS_CUH */

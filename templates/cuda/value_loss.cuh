@@ -1,0 +1,137 @@
+/* value_loss.cuh - the clipped value loss, forward and backward in one pass over the tokens
+ * (token_loss.cuh), then a one-block reduction.
+ *
+ * Entries, launched in this order by src/ops/value_loss.c:
+ *   value_loss_main    grad_values per token, per-block partial sums
+ *   value_loss_reduce  the partials combined in a fixed order -> loss [1] and metrics
+ *
+ * Per token: v_clip = clamp(v, v_old - c, v_old + c) (= v_old + clamp(v - v_old, -c, c), and
+ * exactly v where it is not clipped),
+ * l = 0.5 max((v - R)^2, (v_clip - R)^2); the gradient follows torch's conventions (the clamp
+ * passes it on its closed range, max splits it on a tie). */
+#ifndef RLK_VALUE_LOSS_CUH
+#define RLK_VALUE_LOSS_CUH
+
+#include "token_loss.cuh"
+
+namespace rlk {
+namespace vl {
+
+enum { IN_V = 0, IN_OLD = 1, IN_RET = 2, NIN = 3 };
+enum { OUT_GV = 0, NOUT = 1 };
+enum { A_LOSS = 0, A_MASK = 1, A_CLIP = 2, A_V = 3, A_ERR = 4, NACC = 5 };
+
+/* The kernels' argument, mirrored by src/ops/value_loss.c (8-byte fields only). */
+struct Params {
+  tl::Streams<NIN, NOUT> s;
+  void *loss;
+  void *metrics;
+  double *partials;
+  i64 num_partials;
+  i64 seqmean, layout, mask_kind; /* read by the host kernel only */
+  double clip;   /* > 0, or infinity */
+  double c_grad; /* loss_scale / the aggregation's normalizer */
+};
+static_assert(sizeof(Params) == 192, "Params: 24 8-byte fields, mirrored by the host side");
+
+template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
+  static constexpr int NIN = vl::NIN, NOUT = vl::NOUT, NACC = vl::NACC;
+  static constexpr unsigned IN_BITS = 7u, OUT_BITS = 1u;
+  static constexpr bool ROWSTAT = SEQMEAN && HAS_MASK;
+  static constexpr unsigned PRE_BITS = 0u;
+  static constexpr int reduce_kind(int) { return tl::RED_SUM; }
+
+  T clip, cg, rowfac;
+
+  RLK_DEVICE explicit Op(const Params &a) {
+    clip = (T)a.clip;
+    cg = (T)a.c_grad;
+    rowfac = T(1);
+  }
+
+  RLK_DEVICE void acc_init(T *acc) const {
+#pragma unroll
+    for (int k = 0; k < NACC; ++k) acc[k] = T(0);
+  }
+
+  RLK_DEVICE void row_begin(i64, i64 len) {
+    if (SEQMEAN && !HAS_MASK) rowfac = len > 0 ? T(1) / (T)len : T(0);
+  }
+
+  RLK_DEVICE void pre(const T *, float m, T *pre) const {
+    if (m != 0.0f) pre[0] += (T)m;
+  }
+
+  RLK_DEVICE void row_stats(const T *pre) {
+    if (SEQMEAN && HAS_MASK) rowfac = pre[0] > T(0) ? T(1) / pre[0] : T(0);
+  }
+
+  RLK_DEVICE void token(const T *x, float mf, T *acc, T *y) const {
+    y[OUT_GV] = T(0);
+    if (mf == 0.0f) return;
+    const T m = (T)mf;
+    const T v = x[IN_V], vo = x[IN_OLD], R = x[IN_RET];
+    /* clamp(v, vo - c, vo + c): exactly v where it is inside, so an unclipped token never
+     * counts as clipped through rounding */
+    const T lo = vo - clip, hi = vo + clip;
+    const bool pass = tl::inside(v, lo, hi);
+    const T vc = tl::clampv(v, lo, hi);
+    const T e1 = v - R, e2 = vc - R;
+    const T a = e1 * e1, b = e2 * e2;
+    T l, g;
+    bool clipf = false;
+    if (a > b) {
+      l = T(0.5) * a;
+      g = e1;
+    } else if (b > a) {
+      l = T(0.5) * b;
+      g = pass ? e2 : T(0);
+      clipf = true;
+    } else {
+      l = T(0.5) * a;
+      g = T(0.5) * (e1 + (pass ? e2 : T(0)));
+    }
+    const T w = SEQMEAN ? m * rowfac : m;
+    acc[A_LOSS] += w * l;
+    acc[A_MASK] += m;
+    if (clipf) acc[A_CLIP] += m;
+    acc[A_V] += m * v;
+    acc[A_ERR] += m * a;
+    y[OUT_GV] = w * (cg * g);
+  }
+};
+
+struct ReduceKinds {
+  static constexpr int reduce_kind(int) { return tl::RED_SUM; }
+};
+
+} /* namespace vl */
+
+template <typename T, bool SEQMEAN, int LAYOUT, int MASK>
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(const vl::Params a) {
+  __shared__ T sh_acc[vl::NACC * RLK_MAX_WARPS];
+  __shared__ T sh2[2 * RLK_MAX_WARPS];
+  vl::Op<T, SEQMEAN, MASK != tl::MASK_NONE> op(a);
+  tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
+}
+
+template <typename T> __global__ void value_loss_reduce(const vl::Params a) {
+  __shared__ double sh[vl::NACC * RLK_MAX_WARPS];
+  double s[vl::NACC];
+  tl::reduce_partials<vl::ReduceKinds>(a.partials, a.num_partials, sh, s);
+  if (threadIdx.x != 0) return;
+  ((T *)a.loss)[0] = (T)(a.c_grad * s[vl::A_LOSS]);
+  if (a.metrics) {
+    T *m = (T *)a.metrics;
+    const double n = s[vl::A_MASK];
+    const double inv = n != 0.0 ? 1.0 / n : 0.0;
+    m[0] = (T)(s[vl::A_CLIP] * inv);
+    m[1] = (T)(s[vl::A_V] * inv);
+    m[2] = (T)(s[vl::A_ERR] * inv);
+    m[3] = (T)n;
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_VALUE_LOSS_CUH */

@@ -1,0 +1,63 @@
+/* logprob_bwd.c - host form of rlk::logprob_bwd (templates/cuda/logprob.cuh):
+ * dlogits = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) / T with p = 2^(x c - lse log2(e)) and
+ * E_p[z] = lse - entropy, written as the logits' dtype or f32. grad may alias logits (each element
+ * is read before it is written). Ignored rows get zeros; a label outside [0, V) NaN and the flag.
+ * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given). */
+#include "logprob_common.h"
+
+typedef RLK_P_LABELS lp_label_t;
+
+RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
+  const void *logits = RLK_ARG(const void *, 0);
+  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
+  const lp_label_t *labels = RLK_ARG(const lp_label_t *, 2);
+  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 3);
+  const rlk_i64 N = RLK_ARG(rlk_i64, 4);
+  const rlk_i64 V = RLK_ARG(rlk_i64, 5);
+  const float temperature = RLK_ARG(float, 6);
+  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 7);
+  const float *lse = RLK_ARG(const float *, 8);
+  const rlk_i64 lse_stride = RLK_ARG(rlk_i64, 9);
+  const float *grad_logp = RLK_ARG(const float *, 10);
+  const rlk_i64 grad_logp_stride = RLK_ARG(rlk_i64, 11);
+  const float *entropy = RLK_ARG(const float *, 12);
+  const rlk_i64 entropy_stride = RLK_ARG(rlk_i64, 13);
+  const float *grad_entropy = RLK_ARG(const float *, 14);
+  const rlk_i64 grad_entropy_stride = RLK_ARG(rlk_i64, 15);
+  void *grad = RLK_ARG(void *, 16);
+  const rlk_i64 grad_stride = RLK_ARG(rlk_i64, 17);
+  int32_t *status = RLK_ARG(int32_t *, 18);
+  const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
+  const int odt = RLK_P_GRAD == LP_GRAD_F32 ? LP_DT_F32 : dt;
+  const float c = LP_LOG2E / temperature;
+
+  for (rlk_i64 i = 0; i < N; i++) {
+    const char *row = (const char *)logits + (size_t)(i * row_stride) * lp_dt_bytes(dt);
+    char *out = (char *)grad + (size_t)(i * grad_stride) * lp_dt_bytes(odt);
+    const rlk_i64 y = (rlk_i64)labels[i * label_stride];
+    if (y == ignore_index || y < 0 || y >= V) {
+      const float fill = y == ignore_index ? 0.0f : NAN;
+      if (y != ignore_index && status) *status |= LP_STATUS_BAD_LABEL;
+      for (rlk_i64 j = 0; j < V; j++) lp_store(out, odt, j, fill);
+      continue;
+    }
+    const float l = lse[i * lse_stride];
+    const float gl = grad_logp ? grad_logp[i * grad_logp_stride] : 0.0f;
+    const float l2 = l * LP_LOG2E;
+    const float gy = gl / temperature;
+    float a = -gl / temperature, b = 0.0f;
+    if (ent) {
+      const float gh = grad_entropy[i * grad_entropy_stride];
+      const float ez = l - entropy[i * entropy_stride];
+      a = (gh * ez - gl) / temperature;
+      b = -gh / (temperature * temperature);
+    }
+    for (rlk_i64 j = 0; j < V; j++) {
+      const float x = lp_load(row, dt, j);
+      const float p = exp2f(fmaf(x, c, -l2));
+      float g = ent ? p * fmaf(b, fmaxf(x, -1.0e20f), a) : p * a;
+      if (j == y) g += gy;
+      lp_store(out, odt, j, g);
+    }
+  }
+}

@@ -1,0 +1,81 @@
+/* logprob_common.h - what the host logprob kernels share (see templates/cuda/logprob_common.cuh
+ * for the math): logits dtype codes (the indices of the op's choice names), loads and stores of
+ * one element, and the f32 online state. The host runs the GPU's algorithm with the same f32
+ * accumulation; its exponentials are libm's exp2f where the GPU uses the hardware approximation. */
+#ifndef RLK_LOGPROB_COMMON_H
+#define RLK_LOGPROB_COMMON_H
+
+#include <math.h>
+
+#include "rlk_host_prelude.h"
+
+enum { LP_DT_F32 = 0, LP_DT_F16 = 1, LP_DT_BF16 = 2 };
+enum { LP_GRAD_SAME = 0, LP_GRAD_F32 = 1 };
+enum { LP_STATUS_BAD_LABEL = 1 };
+
+#define LP_LOG2E 1.4426950408889634f
+#define LP_LN2 0.69314718055994531f
+#define LP_BIG 3.0e38f
+/* Elements per chunk: what one GPU thread folds in at once (4 vectors of 16-bit logits). */
+#define LP_CHUNK 32
+
+static inline size_t lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
+
+static inline float lp_load(const void *row, int dt, rlk_i64 j) {
+  switch (dt) {
+  case LP_DT_F32:
+    return ((const float *)row)[j];
+  case LP_DT_F16:
+    return rlk_f16_to_float(((const uint16_t *)row)[j]);
+  default:
+    return rlk_bf16_to_float(((const uint16_t *)row)[j]);
+  }
+}
+
+static inline void lp_store(void *row, int dt, rlk_i64 j, float g) {
+  switch (dt) {
+  case LP_DT_F32:
+    ((float *)row)[j] = g;
+    break;
+  case LP_DT_F16:
+    ((uint16_t *)row)[j] = rlk_float_to_f16(g);
+    break;
+  default:
+    ((uint16_t *)row)[j] = rlk_float_to_bf16(g);
+    break;
+  }
+}
+
+/* The running maximum m of the raw logits, s = sum 2^(x c - m c), q = sum 2^(x c - m c) (x c - m c). */
+typedef struct lp_state {
+  float m, s, q;
+} lp_state;
+
+static inline void lp_raise_max(lp_state *st, float cm, float c, int entropy) {
+  if (st->s != 0.0f) {
+    const float d = (st->m - cm) * c;
+    const float f = exp2f(d);
+    if (entropy) st->q = f * (st->q + d * st->s);
+    st->s *= f;
+  }
+  st->m = cm;
+}
+
+/* Folds n consecutive logits into the state: their maximum first, then each element. */
+static inline void lp_add_chunk(lp_state *st, const float *x, int n, float c, int entropy) {
+  float cm = x[0];
+  for (int k = 1; k < n; k++) cm = fmaxf(cm, x[k]);
+  if (cm > st->m) lp_raise_max(st, cm, c, entropy);
+  const float mc = (st->m == -INFINITY ? 0.0f : st->m) * c;
+  float s = 0.0f, q = 0.0f;
+  for (int k = 0; k < n; k++) {
+    const float t = fmaf(x[k], c, -mc);
+    const float p = exp2f(t);
+    s += p;
+    if (entropy) q = fmaf(p, fmaxf(t, -LP_BIG), q);
+  }
+  st->s += s;
+  if (entropy) st->q += q;
+}
+
+#endif

@@ -1,0 +1,261 @@
+/* policy_loss.c - host form of the fused policy loss (templates/cuda/policy_loss.cuh): the
+ * whole call in one function. Sequences in order; a sequence's sums first when it needs them
+ * (GSPO, or seq-mean-token-mean under a mask); then each token's terms in RLK_P_DTYPE, exactly as
+ * the CUDA Op::token writes them, its gradients stored, its terms summed in f64; last the loss
+ * and the metrics. Parameter: RLK_P_DTYPE (float or double); every other choice is a run-time
+ * field of pl_params. */
+#include <math.h>
+
+#include "token_loss_host.h"
+
+typedef RLK_P_DTYPE T;
+
+#define T_EXP(x) _Generic((x), float: expf, default: exp)(x)
+#define T_EXPM1(x) _Generic((x), float: expm1f, default: expm1)(x)
+
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
+enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
+enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
+enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
+enum {
+  A_PG, A_KL, A_ENT, A_MASK, A_CLIP, A_DUAL, A_LOW, A_HIGH, A_APPROX, A_KLMEAN, A_ENTMEAN,
+  A_RMAX, A_RMIN, NACC
+};
+
+static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
+static inline int inside(T x, T lo, T hi) { return x >= lo && x <= hi; }
+
+/* The numbers of a call, in T, and the current sequence's values. */
+typedef struct pl_ctx {
+  const pl_params *a;
+  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent;
+  T adv_row, rowfac, s_ratio, s_gate;
+} pl_ctx;
+
+/* One token; mirrors rlk::pl::Op::token. */
+static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
+  const pl_params *a = c->a;
+  y[OUT_GLOGP] = 0;
+  y[OUT_GENT] = 0;
+  if (mf == 0.0f) return;
+  const T m = (T)mf;
+  const T lp = x[IN_LOGP];
+  const T A = a->adv_per_seq ? c->adv_row : x[IN_ADV];
+  const T d = lp - x[IN_OLD];
+  const T dc = clampv(d, c->lr_min, c->lr_max);
+  const int dpass = inside(d, c->lr_min, c->lr_max);
+
+  T r, l, dl;
+  int clip = 0, dualc = 0, low = 0, high = 0;
+  if (a->mode == MODE_PPO || a->mode == MODE_GSPO) {
+    r = a->mode == MODE_GSPO ? c->s_ratio : T_EXP(dc);
+    const T l1 = -A * r;
+    const int cpass = inside(r, c->lo, c->hi);
+    const T l2 = -A * clampv(r, c->lo, c->hi);
+    T lc, g;
+    if (l1 > l2) {
+      lc = l1;
+      g = -A;
+    } else if (l2 > l1) {
+      lc = l2;
+      g = cpass ? -A : (T)0;
+      clip = 1;
+    } else {
+      lc = l1;
+      g = cpass ? -A : -A * (T)0.5;
+    }
+    if (a->mode == MODE_PPO && A < 0 && c->dual > 1) {
+      const T l3 = -A * c->dual;
+      if (lc < l3) {
+        l = lc;
+      } else if (l3 < lc) {
+        l = l3;
+        g = 0;
+        dualc = 1;
+      } else {
+        l = lc;
+        g = g * (T)0.5;
+      }
+    } else {
+      l = lc;
+    }
+    dl = a->mode == MODE_GSPO ? g * c->s_gate : (dpass ? g * r : (T)0);
+    low = r < c->lo && A < 0;
+    high = r > c->hi && A > 0;
+  } else if (a->mode == MODE_CISPO) {
+    r = T_EXP(dc);
+    const T w = clampv(r, c->lo, c->hi);
+    l = -w * A * lp;
+    dl = -w * A;
+    clip = r < c->lo || r > c->hi;
+    low = r < c->lo && A < 0;
+    high = r > c->hi && A > 0;
+  } else if (a->mode == MODE_SAPO) {
+    r = T_EXP(dc);
+    const T tau = A > 0 ? c->tau_pos : c->tau_neg;
+    const T z = tau * (r - 1);
+    const T sp = (T)1 / ((T)1 + T_EXP(-z));
+    const T sn = (T)1 / ((T)1 + T_EXP(z));
+    l = -sp * ((T)4 / tau) * A;
+    dl = dpass ? -A * (T)4 * sp * sn * r : (T)0;
+  } else {
+    r = T_EXP(dc);
+    l = -A * lp;
+    dl = -A;
+  }
+  if (a->isw) {
+    const T w = x[IN_ISW];
+    l = l * w;
+    dl = dl * w;
+  }
+
+  T kv = 0, gk = 0;
+  if (a->kl != KL_NONE) {
+    const T e = lp - x[IN_REF];
+    const T ec = clampv(e, -c->kl_in, c->kl_in);
+    T v, gv;
+    if (a->kl == KL_K1) {
+      v = ec;
+      gv = 1;
+    } else if (a->kl == KL_ABS) {
+      v = ec < 0 ? -ec : ec;
+      gv = ec > 0 ? (T)1 : (ec < 0 ? (T)-1 : (T)0);
+    } else if (a->kl == KL_K2) {
+      v = (T)0.5 * ec * ec;
+      gv = ec;
+    } else {
+      const T em = T_EXPM1(-ec);
+      v = em + ec;
+      gv = -em;
+    }
+    kv = clampv(v, -c->kl_out, c->kl_out);
+    if (a->kl_st)
+      gk = e;
+    else
+      gk = inside(e, -c->kl_in, c->kl_in) && inside(v, -c->kl_out, c->kl_out) ? gv : (T)0;
+  }
+  const T ent = a->ent != ENT_NONE ? x[IN_ENT] : (T)0;
+
+  const T w = a->seqmean ? m * c->rowfac : m;
+  acc[A_PG] += (double)(w * l);
+  if (a->kl != KL_NONE) {
+    acc[A_KL] += (double)(w * kv);
+    acc[A_KLMEAN] += (double)(m * kv);
+  }
+  if (a->ent != ENT_NONE) {
+    acc[A_ENT] += (double)(w * ent);
+    acc[A_ENTMEAN] += (double)(m * ent);
+  }
+  acc[A_MASK] += (double)m;
+  if (clip) acc[A_CLIP] += (double)m;
+  if (dualc) acc[A_DUAL] += (double)m;
+  if (low) acc[A_LOW] += (double)m;
+  if (high) acc[A_HIGH] += (double)m;
+  acc[A_APPROX] -= (double)(m * dc);
+  if ((double)r > acc[A_RMAX]) acc[A_RMAX] = (double)r;
+  if ((double)r < acc[A_RMIN]) acc[A_RMIN] = (double)r;
+
+  y[OUT_GLOGP] = a->kl != KL_NONE ? w * (c->cg * dl + c->ckl * gk) : w * (c->cg * dl);
+  if (a->ent == ENT_GRAD) y[OUT_GENT] = w * c->cent;
+}
+
+RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
+  const pl_params a = RLK_ARG(pl_params, 0);
+  pl_ctx c;
+  c.a = &a;
+  c.lo = (T)a.clip_lo;
+  c.hi = (T)a.clip_hi;
+  c.dual = (T)a.dual_clip;
+  c.lr_min = (T)a.lr_min;
+  c.lr_max = (T)a.lr_max;
+  c.tau_pos = (T)a.tau_pos;
+  c.tau_neg = (T)a.tau_neg;
+  c.kl_in = (T)a.kl_in;
+  c.kl_out = (T)a.kl_out;
+  c.cg = (T)a.c_grad;
+  c.ckl = (T)(a.c_grad * a.kl_coef);
+  c.cent = (T)(-a.c_grad * a.ent_coef);
+  c.adv_row = 0;
+  c.rowfac = 1;
+  c.s_ratio = 1;
+  c.s_gate = 1;
+
+  const int has_mask = a.mask_kind != TL_MASK_NONE;
+  int present[NIN];
+  for (int k = 0; k < NIN; k++) present[k] = a.s.in[k] != NULL;
+  if (a.adv_per_seq) present[IN_ADV] = 0;
+  if (a.kl == KL_NONE) present[IN_REF] = 0;
+  if (a.ent == ENT_NONE) present[IN_ENT] = 0;
+  if (!a.isw) present[IN_ISW] = 0;
+  const int write_gent = a.ent == ENT_GRAD;
+
+  double acc[NACC];
+  for (int k = 0; k < NACC; k++) acc[k] = 0.0;
+  acc[A_RMAX] = -INFINITY;
+  acc[A_RMIN] = INFINITY;
+
+  for (rlk_i64 row = 0; row < a.s.rows; row++) {
+    rlk_i64 first, len;
+    tl_row(a.layout, a.s.offsets, row, a.s.cols, &first, &len);
+    const T *in[NIN];
+    for (int k = 0; k < NIN; k++)
+      in[k] = present[k] ? (const T *)a.s.in[k] + tl_base(a.layout, row, a.s.in_stride[k], first)
+                         : NULL;
+    T *gl = (T *)a.s.out[OUT_GLOGP] + tl_base(a.layout, row, a.s.out_stride[OUT_GLOGP], first);
+    T *ge = write_gent
+                ? (T *)a.s.out[OUT_GENT] + tl_base(a.layout, row, a.s.out_stride[OUT_GENT], first)
+                : NULL;
+    const rlk_i64 m0 = has_mask ? tl_base(a.layout, row, a.s.mask_stride, first) : 0;
+
+    if (a.adv_per_seq) c.adv_row = ((const T *)a.adv_seq)[row];
+    c.rowfac = 1;
+    if (a.seqmean && !has_mask) c.rowfac = len > 0 ? (T)1 / (T)len : (T)0;
+    if (a.mode == MODE_GSPO || (a.seqmean && has_mask)) {
+      double n = 0.0, sd = 0.0;
+      for (rlk_i64 j = 0; j < len; j++) {
+        const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+        if (m == 0.0f) continue;
+        n += (double)m;
+        if (a.mode == MODE_GSPO) sd += (double)((T)m * (in[IN_LOGP][j] - in[IN_OLD][j]));
+      }
+      if (a.seqmean && has_mask) c.rowfac = n > 0.0 ? (T)1 / (T)n : (T)0;
+      if (a.mode == MODE_GSPO) {
+        const T xm = n > 0.0 ? (T)(sd / n) : (T)0;
+        c.s_ratio = T_EXP(clampv(xm, c.lr_min, c.lr_max));
+        c.s_gate = inside(xm, c.lr_min, c.lr_max) ? c.s_ratio : (T)0;
+      }
+    }
+
+    for (rlk_i64 j = 0; j < len; j++) {
+      T x[NIN], y[NOUT];
+      for (int k = 0; k < NIN; k++) x[k] = present[k] ? in[k][j] : (T)0;
+      const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+      pl_token(&c, x, m, acc, y);
+      gl[j] = y[OUT_GLOGP];
+      if (ge) ge[j] = y[OUT_GENT];
+    }
+  }
+
+  const double k = a.c_grad;
+  const double pg = k * acc[A_PG], kl = k * acc[A_KL], ent = k * acc[A_ENT];
+  ((T *)a.loss)[0] = (T)(pg + a.kl_coef * kl - a.ent_coef * ent);
+  if (a.metrics) {
+    T *mt = (T *)a.metrics;
+    const double n = acc[A_MASK];
+    const double inv = n != 0.0 ? 1.0 / n : 0.0;
+    mt[0] = (T)(acc[A_CLIP] * inv);
+    mt[1] = (T)(acc[A_DUAL] * inv);
+    mt[2] = (T)(acc[A_LOW] * inv);
+    mt[3] = (T)(acc[A_HIGH] * inv);
+    mt[4] = (T)(acc[A_APPROX] * inv);
+    mt[5] = (T)(acc[A_KLMEAN] * inv);
+    mt[6] = (T)(acc[A_ENTMEAN] * inv);
+    mt[7] = (T)(n != 0.0 ? acc[A_RMAX] : 0.0);
+    mt[8] = (T)(n != 0.0 ? acc[A_RMIN] : 0.0);
+    mt[9] = (T)pg;
+    mt[10] = (T)kl;
+    mt[11] = (T)ent;
+    mt[12] = (T)n;
+  }
+}

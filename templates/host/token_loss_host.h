@@ -1,0 +1,97 @@
+/* token_loss_host.h - what the host token-loss kernels (policy_loss.c, value_loss.c) share:
+ * the mirrors of the kernels' argument structs (templates/cuda/policy_loss.cuh and
+ * value_loss.cuh, src/ops/), the mask and the sequence geometry. The host kernels do a whole
+ * call in one function: sequences in order, tokens in order, sums in f64. The choices the CUDA
+ * kernels bake in (mode, KL estimator, layout, mask kind, ...) are run-time fields here, so one
+ * host kernel per dtype serves every configuration. */
+#ifndef RLK_TOKEN_LOSS_HOST_H
+#define RLK_TOKEN_LOSS_HOST_H
+
+#include "rlk_host_prelude.h"
+
+enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
+enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
+
+/* tl::Streams<NIN, NOUT>: 8-byte fields only. */
+#define TL_STREAMS(NIN, NOUT)        \
+  struct {                           \
+    const void *in[NIN];             \
+    void *out[NOUT];                 \
+    rlk_i64 in_stride[NIN];          \
+    rlk_i64 out_stride[NOUT];        \
+    const void *mask;                \
+    rlk_i64 mask_stride;             \
+    const void *offsets;             \
+    rlk_i64 rows, cols, tiles_per_row, tile; \
+  }
+
+/* rlk::pl::Params */
+typedef struct pl_params {
+  TL_STREAMS(6, 2) s;
+  const void *adv_seq;
+  void *loss;
+  void *metrics;
+  void *partials;
+  rlk_i64 num_partials;
+  rlk_i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
+  double c_grad, kl_coef, ent_coef;
+} pl_params;
+_Static_assert(sizeof(pl_params) == 392, "pl_params: 49 8-byte fields");
+
+/* rlk::vl::Params */
+typedef struct vl_params {
+  TL_STREAMS(3, 1) s;
+  void *loss;
+  void *metrics;
+  void *partials;
+  rlk_i64 num_partials;
+  rlk_i64 seqmean, layout, mask_kind;
+  double clip, c_grad;
+} vl_params;
+_Static_assert(sizeof(vl_params) == 192, "vl_params: 24 8-byte fields");
+
+/* The mask weight of element i (1 without a mask). */
+static inline float tl_mask_at(rlk_i64 kind, const void *mask, rlk_i64 i) {
+  switch (kind) {
+  case TL_MASK_BOOL:
+    return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
+  case TL_MASK_I32:
+    return (float)((const int32_t *)mask)[i];
+  case TL_MASK_F32:
+    return ((const float *)mask)[i];
+  default:
+    return 1.0f;
+  }
+}
+
+/* Row `row`: the element offset of its token 0 in stream `stride`'s layout (padded: row *
+ * stride; packed: the sequence's first token) and its token count. Packed offsets are clamped
+ * into [0, N] and made non-decreasing (the op validated them; nothing outside is touched). */
+static inline void tl_row(rlk_i64 layout, const void *offsets, rlk_i64 row, rlk_i64 cols,
+                          rlk_i64 *first, rlk_i64 *len) {
+  if (layout == TL_LAYOUT_PADDED) {
+    *first = 0;
+    *len = cols;
+    return;
+  }
+  rlk_i64 a, b;
+  if (layout == TL_LAYOUT_PACKED_I32) {
+    a = ((const int32_t *)offsets)[row];
+    b = ((const int32_t *)offsets)[row + 1];
+  } else {
+    a = ((const int64_t *)offsets)[row];
+    b = ((const int64_t *)offsets)[row + 1];
+  }
+  a = a < 0 ? 0 : (a > cols ? cols : a);
+  b = b < a ? a : (b > cols ? cols : b);
+  *first = a;
+  *len = b - a;
+}
+
+/* Element offset of (row, token 0) for a stream with row stride `stride`. */
+static inline rlk_i64 tl_base(rlk_i64 layout, rlk_i64 row, rlk_i64 stride, rlk_i64 first) {
+  return layout == TL_LAYOUT_PADDED ? row * stride : first;
+}
+
+#endif
