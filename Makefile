@@ -49,6 +49,7 @@ SHLIB := $(BUILD)/lib/librlk.so.$(VERSION)
 STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-gpu sanitize bench precompile install clean deps demo
+.PHONY: python-test
 
 all: lib tools
 
@@ -111,6 +112,12 @@ demo: deps
 test: deps
 	$(MAKE) tests
 	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
+	$(if $(SANITIZE),,$(MAKE) python-test)
+
+# The Python package (python/rlk) against the library just built: numpy on the host backend;
+# torch and GPU cases skip with a reason where torch or a device is missing.
+python-test: lib
+	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) python3 -m pytest -q python/tests
 
 test-gpu: deps
 	$(MAKE) tests

@@ -3,6 +3,7 @@
 # As root with apt-get it installs what is missing; otherwise it names the command to run.
 #   needed:   gcc make pkg-config check            (build, tests)
 #             clang                                (the host backend's kernel compiler)
+#             python3 with numpy and pytest        (the Python package's tests; pip)
 #   optional: libamdhip64-dev                      (hiprtc: HIP kernels compiled without an AMD GPU)
 #             the CUDA toolkit's NVRTC             (CUDA kernels; /usr/local/cuda or RLK_NVRTC_LIB)
 set -eu
@@ -17,6 +18,31 @@ pkg-config --exists check 2>/dev/null || missing+=(check)
 command -v clang >/dev/null 2>&1 || command -v clang-14 >/dev/null 2>&1 || missing+=(clang)
 if command -v dpkg-query >/dev/null 2>&1 && ! have_pkg libamdhip64-dev; then
   missing+=(libamdhip64-dev)
+fi
+
+# Python (the package's tests, python/tests): numpy and pytest from PyPI; as root they are
+# pip-installed when missing, otherwise the pip command is printed. Without python3 or pip,
+# Debian's python3-numpy and python3-pytest do.
+if ! command -v python3 >/dev/null 2>&1; then
+  missing+=(python3 python3-numpy python3-pytest)
+else
+  py_missing=()
+  python3 -c 'import numpy' >/dev/null 2>&1 || py_missing+=(numpy)
+  python3 -c 'import pytest' >/dev/null 2>&1 || py_missing+=(pytest)
+  if [ ${#py_missing[@]} -gt 0 ]; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+      for p in "${py_missing[@]}"; do missing+=("python3-$p"); done
+    elif [ "$(id -u)" = 0 ]; then
+      echo "rlk: pip installing ${py_missing[*]}" >&2
+      python3 -m pip install -q "${py_missing[@]}" >/dev/null 2>&1 ||
+        python3 -m pip install -q --break-system-packages "${py_missing[@]}" >/dev/null ||
+        { echo "rlk: run: python3 -m pip install ${py_missing[*]}" >&2; exit 1; }
+    else
+      echo "rlk: missing Python packages: ${py_missing[*]}" >&2
+      echo "rlk: install them with: python3 -m pip install --user ${py_missing[*]}" >&2
+      exit 1
+    fi
+  fi
 fi
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -1,0 +1,58 @@
+"""rlk: JIT-specialized kernels for RLHF post-training, from Python.
+
+A pure-Python binding (ctypes) over librlk. Torch tensors go in zero copy (data pointer, shape,
+strides, dtype, device) and run on the current CUDA stream of their device; numpy arrays and
+torch CPU tensors run on the host backend. A failed call raises an rlk.RlkError subclass with
+the library's message.
+
+    import rlk
+    adv = rlk.group_advantage(scores, group_size=16)              # functional, like the C API
+    out = rlk.policy_loss(logp, old_logp, adv, mask)              # loss, grad_logp, metrics
+    adv, ret = rlk.gae(rewards, values, mask, lam=0.95)
+    lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
+
+    from rlk.autograd import policy_loss                          # torch autograd (imports torch)
+    loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
+    (rlk.autograd also has value_loss and token_logprob.)
+
+Where the library is found: see rlk._lib (RLK_LIBRARY, an installed copy, the source tree's
+build/lib, the system loader).
+"""
+from ._context import Context, configure, context, release_contexts
+from ._lib import library, library_path, version_string
+from ._types import Backend, DType, LogLevel
+from .errors import (AbiMismatch, BackendError, CacheError, CompileError, InternalError,
+                     InvalidArgument, JitDisabled, LibraryNotFound, OutOfMemory, RlkError,
+                     RlkIOError, Timeout, Unavailable, Unsupported)
+from .ops import OPS
+from .ops.group_advantage import AdvantageMode, SingletonPolicy, group_advantage
+from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, LossAgg,
+                         PolicyLossMode, PolicyLossResult, ValueLossResult, metrics_dict,
+                         policy_loss, value_loss)
+from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
+from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
+                          discounted_returns, gae, masked_whiten, reverse_cumsum)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # runtime
+    "Context", "configure", "context", "release_contexts", "library", "library_path",
+    "version_string", "available_ops", "Backend", "DType", "LogLevel", "OPS",
+    # errors
+    "RlkError", "InvalidArgument", "Unsupported", "Unavailable", "CompileError", "JitDisabled",
+    "CacheError", "BackendError", "OutOfMemory", "RlkIOError", "Timeout", "InternalError",
+    "LibraryNotFound", "AbiMismatch",
+    # ops
+    "group_advantage", "AdvantageMode", "SingletonPolicy",
+    "policy_loss", "value_loss", "metrics_dict", "PolicyLossResult", "ValueLossResult",
+    "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
+    "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
+    "ReturnsMasked", "WhitenEps", "WhitenMasked",
+    "logprob", "logprob_backward", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+]
+
+
+def available_ops():
+    """The op families the loaded library has (and whose structs match this package)."""
+    return [name for name, op in OPS.items() if op.available()]

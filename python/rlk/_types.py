@@ -1,0 +1,131 @@
+"""ctypes mirrors of the core structs and enums of include/rlk.h.
+
+Every mirrored struct is registered with @abi_struct under its C name. Before one is passed
+to the library its size is compared with rlk_abi_struct_size(name) (see _lib.check_abi), and the
+test suite compiles a small C program that prints sizeof and offsetof of every registered
+struct and field and compares them with these mirrors (python/tests/test_abi.py).
+Op families keep their own args structs in their module under rlk/ops/.
+"""
+import ctypes
+import enum
+
+ABI_STRUCTS = {}
+
+
+def abi_struct(name):
+    """Registers a ctypes.Structure subclass as the mirror of the C struct `name`."""
+    def register(cls):
+        cls._abi_name_ = name
+        ABI_STRUCTS[name] = cls
+        return cls
+    return register
+
+
+class Backend(enum.IntEnum):
+    AUTO = 0
+    CUDA = 1
+    HIP = 2
+    HOST = 3
+
+
+class LogLevel(enum.IntEnum):
+    DEFAULT = -1
+    ERROR = 0
+    WARN = 1
+    INFO = 2
+    DEBUG = 3
+
+
+class DType(enum.IntEnum):
+    INVALID = 0
+    F32 = 1
+    F16 = 2
+    BF16 = 3
+    F64 = 4
+    I32 = 5
+    I64 = 6
+    BOOL = 7
+
+
+DTYPE_SIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I32: 4,
+              DType.I64: 8, DType.BOOL: 1}
+
+# Short names accepted wherever a dtype is asked for, as rlk_dtype_name spells them.
+DTYPE_BY_NAME = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16, "f64": DType.F64,
+                 "i32": DType.I32, "i64": DType.I64, "bool": DType.BOOL}
+
+MAX_DIMS = 4
+
+
+@abi_struct("rlk_tensor")
+class Tensor(ctypes.Structure):
+    """rlk_tensor: data pointer, dtype, shape and strides in elements. data NULL = absent."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+@abi_struct("rlk_context_options")
+class ContextOptions(ctypes.Structure):
+    _fields_ = [
+        ("backend", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("cache_dir", ctypes.c_char_p),
+        ("log_level", ctypes.c_int),
+        ("compile_only", ctypes.c_int),
+        ("target", ctypes.c_char_p),
+    ]
+
+
+@abi_struct("rlk_device_info")
+class DeviceInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 128),
+        ("target", ctypes.c_char * 32),
+        ("compiler", ctypes.c_char * 64),
+        ("compute_major", ctypes.c_int),
+        ("compute_minor", ctypes.c_int),
+        ("multiprocessors", ctypes.c_int),
+        ("compile_only", ctypes.c_int),
+        ("total_memory", ctypes.c_size_t),
+    ]
+
+
+@abi_struct("rlk_counters")
+class Counters(ctypes.Structure):
+    _fields_ = [
+        ("calls", ctypes.c_uint64),
+        ("memory_hits", ctypes.c_uint64),
+        ("disk_hits", ctypes.c_uint64),
+        ("misses", ctypes.c_uint64),
+        ("compiles", ctypes.c_uint64),
+        ("rebuilt", ctypes.c_uint64),
+        ("compile_seconds", ctypes.c_double),
+        ("load_seconds", ctypes.c_double),
+    ]
+
+
+def enum_value(enum_cls, value, what):
+    """An enum argument given as the enum, its int value, or a name ("grpo", "mean-only",
+    "MEAN_ONLY"); raises InvalidArgument naming `what` otherwise."""
+    from .errors import InvalidArgument
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):
+        raise InvalidArgument("%s: %r is not one of %s" % (what, value, _names(enum_cls)))
+    if isinstance(value, int):
+        if value in {m.value for m in enum_cls}:
+            return int(value)
+    elif isinstance(value, str):
+        key = value.strip().upper().replace("-", "_")
+        if key in enum_cls.__members__:
+            return int(enum_cls[key])
+    raise InvalidArgument("%s: %r is not one of %s" % (what, value, _names(enum_cls)))
+
+
+def _names(enum_cls):
+    return ", ".join(m.name.lower().replace("_", "-") for m in enum_cls)

@@ -1,0 +1,142 @@
+"""torch.autograd wrappers for the ops that have a backward (imports torch).
+
+A trainer swaps its torch loss for rlk's by changing the call:
+
+    from rlk.autograd import policy_loss
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.28)
+    loss.backward()          # logp.grad = the fused gradient times the incoming gradient
+
+The forward runs the fused forward + backward kernel once and keeps the gradient; backward only
+scales it by the incoming gradient (one elementwise multiply, no second pass over the inputs).
+Keyword arguments are those of rlk.policy_loss / rlk.value_loss. Tensors other than the
+differentiable ones are constants of the loss (as the advantages and old log-probs are).
+"""
+import torch
+
+from ._tensor import is_torch
+from .errors import InvalidArgument
+from .ops import logprob as _logprob
+from .ops import losses
+
+__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "policy_loss", "value_loss",
+           "token_logprob"]
+
+
+def _scaled(g, grad):
+    if grad is None:
+        return None
+    return grad * g.to(grad.dtype)
+
+
+class PolicyLoss(torch.autograd.Function):
+    """(logp, entropy or None, keyword dict) -> (loss [], metrics [13]); differentiable in
+    logp and in entropy (when entropy_coef != 0)."""
+
+    @staticmethod
+    def forward(ctx, logp, entropy, kwargs):
+        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
+        out = losses.policy_loss(logp.detach(), entropy=None if entropy is None else entropy.detach(),
+                                 metrics=True, **kw)
+        ctx.save_for_backward(out.grad_logp, out.grad_entropy)
+        ctx.mark_non_differentiable(out.metrics)
+        return out.loss.view(()), out.metrics
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_metrics):
+        grad_logp, grad_entropy = ctx.saved_tensors
+        ge = _scaled(grad_loss, grad_entropy) if ctx.needs_input_grad[1] else None
+        return _scaled(grad_loss, grad_logp), ge, None
+
+
+class ValueLoss(torch.autograd.Function):
+    """(values, keyword dict) -> (loss [], metrics [4]); differentiable in values."""
+
+    @staticmethod
+    def forward(ctx, values, kwargs):
+        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
+        out = losses.value_loss(values.detach(), metrics=True, **kw)
+        ctx.save_for_backward(out.grad_values)
+        ctx.mark_non_differentiable(out.metrics)
+        return out.loss.view(()), out.metrics
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_metrics):
+        (grad_values,) = ctx.saved_tensors
+        return _scaled(grad_loss, grad_values), None
+
+
+class TokenLogprob(torch.autograd.Function):
+    """(logits [N, V], labels [N], keyword dict) -> (logp [N], entropy [N] or None), f32;
+    differentiable in the logits through rlk_logprob_backward (one more read of the logits)."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, kwargs):
+        kw = dict(kwargs)
+        want_entropy = kw.pop("entropy", False)
+        ctx.inplace = kw.pop("inplace_backward", False)
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "status", "variant", "block",
+                                     "unroll", "stages") if k in kw}
+        out = _logprob.logprob(logits.detach(), labels, entropy=want_entropy, lse=True, **kw)
+        ctx.save_for_backward(logits, labels, out.lse, out.entropy)
+        if not want_entropy:
+            return out.logp, None
+        return out.logp, out.entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None
+        g_lp = _upstream(grad_logp)
+        g_h = _upstream(grad_entropy) if entropy is not None else None
+        grad = _logprob.logprob_backward(logits.detach(), labels, lse, grad_logp=g_lp,
+                                         grad_entropy=g_h, entropy=entropy if g_h is not None else None,
+                                         inplace=ctx.inplace, **ctx.kw)
+        return grad, None, None
+
+
+def _upstream(g):
+    """An upstream gradient as the f32 [N] with a positive stride the library reads."""
+    if g is None:
+        return None
+    g = g.float()
+    return g if g.stride(0) > 0 else g.contiguous()
+
+
+def _require_torch(op, x):
+    if not is_torch(x):
+        raise InvalidArgument("rlk.autograd.%s: expects torch tensors (use rlk.%s for numpy)" % (
+            op, op))
+
+
+def policy_loss(logp, old_logp, advantages, mask=None, *, entropy=None, **kwargs):
+    """The policy loss as a differentiable torch scalar. Returns (loss, metrics): metrics is a
+    tensor in the order of rlk.POLICY_LOSS_METRICS (rlk.metrics_dict names them)."""
+    _require_torch("policy_loss", logp)
+    kwargs.pop("metrics", None)
+    kwargs.update(old_logp=old_logp, advantages=advantages, mask=mask)
+    return PolicyLoss.apply(logp, entropy, kwargs)
+
+
+def value_loss(values, old_values, returns, mask=None, **kwargs):
+    """The clipped value loss as a differentiable torch scalar. Returns (loss, metrics), metrics
+    in the order of rlk.VALUE_LOSS_METRICS."""
+    _require_torch("value_loss", values)
+    kwargs.pop("metrics", None)
+    kwargs.update(old_values=old_values, returns=returns, mask=mask)
+    return ValueLoss.apply(values, kwargs)
+
+
+def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kwargs):
+    """Token log-probs (and the entropy) from logits [..., V] and labels [...], differentiable in
+    the logits. Returns logp (labels' shape, f32), or (logp, entropy) with entropy=True.
+    inplace_backward=True writes the gradient over the logits (saves [N, V] of memory; the
+    logits must not be needed afterwards). Keywords: those of rlk.logprob."""
+    _require_torch("token_logprob", logits)
+    shape = tuple(labels.shape)
+    flat = logits.reshape(-1, logits.shape[-1])
+    kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
+    logp, ent = TokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    if entropy:
+        return logp.view(shape), ent.view(shape)
+    return logp.view(shape)

@@ -1,0 +1,15 @@
+"""Op families, one module each: its args struct mirror (registered for the ABI checks), its
+rlk.Op, and the functional call. Adding an op family = one module here + its lines below."""
+from . import group_advantage, logprob, losses, returns
+
+OPS = {
+    "group_advantage": group_advantage.OP,
+    "policy_loss": losses.POLICY_OP,
+    "value_loss": losses.VALUE_OP,
+    "gae": returns.GAE_OP,
+    "discounted_returns": returns.RETURNS_OP,
+    "reverse_cumsum": returns.CUMSUM_OP,
+    "masked_whiten": returns.WHITEN_OP,
+    "logprob": logprob.FORWARD_OP,
+    "logprob_backward": logprob.BACKWARD_OP,
+}

@@ -1,0 +1,94 @@
+"""Group advantages (GRPO family): rlk_group_advantage. No backward (advantages are constants
+of the loss)."""
+import ctypes
+import enum
+
+from .. import _types as T
+from .._tensor import Binder, Op
+
+__all__ = ["AdvantageMode", "SingletonPolicy", "GroupAdvantageArgs", "group_advantage"]
+
+
+class AdvantageMode(enum.IntEnum):
+    GRPO = 0       # (s - mean_g) / (std_g + eps)
+    MEAN_ONLY = 1  # s - mean_g
+    RLOO = 2       # s - mean of the other members
+    BATCH_STD = 3  # (s - mean_g) / (std over the batch + eps)
+
+
+class SingletonPolicy(enum.IntEnum):
+    MEAN0_STD1 = 0  # verl: a one-member group uses mean 0 and std 1
+    ZERO = 1        # a one-member group gets advantage 0
+
+
+@T.abi_struct("rlk_group_advantage_args")
+class GroupAdvantageArgs(ctypes.Structure):
+    _fields_ = [
+        ("scores", T.Tensor),
+        ("group_size", ctypes.c_int64),
+        ("group_offsets", T.Tensor),
+        ("mode", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("unbiased", ctypes.c_int),
+        ("singleton", ctypes.c_int),
+        ("advantages", T.Tensor),
+        ("mask", T.Tensor),
+        ("token_advantages", T.Tensor),
+    ]
+
+
+OP = Op("group_advantage", GroupAdvantageArgs)
+
+_F = (T.DType.F32, T.DType.F64)
+
+
+def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, eps=None,
+                    unbiased=None, singleton=None, mask=None, broadcast=False, advantages=None,
+                    token_advantages=None, stream=None):
+    """Group-normalized advantages (rlk_group_advantage), on the scores' device and stream.
+
+    scores: [B] per-sequence scores, or [B, T] token rewards summed per row under `mask`
+        (f32 or f64). group_size: a fixed group size G dividing B (consecutive members), or
+        group_offsets: [num_groups + 1] i32/i64 offsets for uneven groups (give one of them).
+    mode: "grpo" (default), "mean-only", "rloo", "batch-std" (or AdvantageMode).
+    eps (default 1e-6), unbiased (default True: std with N - 1), singleton: "mean0-std1"
+        (default, verl) or "zero". None keeps the library's default (rlk_group_advantage_args_init).
+    mask: [B, T] bool, i32 or f32. broadcast: also return token_advantages [B, T] =
+        advantages * mask (implied when `token_advantages` is given).
+    advantages / token_advantages: optional preallocated f32 outputs.
+    Returns advantages [B] f32, or (advantages, token_advantages) when broadcasting.
+    """
+    b = Binder("group_advantage")
+    a = OP.new_args()
+    a.scores = b.tensor("scores", scores, _F)
+    if group_size is not None:
+        a.group_size = int(group_size)
+    a.group_offsets = b.tensor("group_offsets", group_offsets, (T.DType.I32, T.DType.I64),
+                               optional=True)
+    if mode is not None:
+        a.mode = T.enum_value(AdvantageMode, mode, "group_advantage: mode")
+    if eps is not None:
+        a.eps = float(eps)
+    if unbiased is not None:
+        a.unbiased = 1 if unbiased else 0
+    if singleton is not None:
+        a.singleton = T.enum_value(SingletonPolicy, singleton, "group_advantage: singleton")
+    a.mask = b.tensor("mask", mask, optional=True)
+    B = a.scores.shape[0]
+    if advantages is None:
+        advantages = b.empty((B,), T.DType.F32)
+    a.advantages = b.tensor("advantages", advantages, (T.DType.F32,), output=True)
+    broadcast = broadcast or token_advantages is not None
+    if broadcast:
+        if token_advantages is None:
+            if mask is not None:
+                cols = a.mask.shape[1] if a.mask.ndim == 2 else 0
+            elif a.scores.ndim == 2:
+                cols = a.scores.shape[1]
+            else:
+                raise b._fail("broadcast", "needs a [B, T] mask or [B, T] scores to know T")
+            token_advantages = b.empty((B, cols), T.DType.F32)
+        a.token_advantages = b.tensor("token_advantages", token_advantages, (T.DType.F32,),
+                                      output=True)
+    b.run(OP, a, stream)
+    return (advantages, token_advantages) if broadcast else advantages

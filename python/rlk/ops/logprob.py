@@ -1,0 +1,140 @@
+"""Token log-probs and entropy from logits: rlk_logprob and rlk_logprob_backward.
+
+logits are [N, V] (bf16, f16 or f32; rows contiguous, any row stride) and labels [N] (i32 or
+i64); logp, lse and entropy come back f32 [N]. rlk.autograd.token_logprob wraps both calls in
+a torch.autograd.Function (and accepts [..., V] logits).
+"""
+import collections
+import ctypes
+import enum
+
+from .. import _types as T
+from .._tensor import Binder, Op
+
+__all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
+           "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
+
+STATUS_BAD_LABEL = 1  # RLK_LOGPROB_STATUS_BAD_LABEL
+
+
+class LogprobVariant(enum.IntEnum):
+    AUTO = 0
+    VEC = 1
+    BULK = 2
+    TMA = 3
+
+
+_TUNING = [
+    ("variant", ctypes.c_int),
+    ("block", ctypes.c_int),
+    ("unroll", ctypes.c_int),
+    ("stages", ctypes.c_int),
+]
+
+
+@T.abi_struct("rlk_logprob_args")
+class LogprobArgs(ctypes.Structure):
+    _fields_ = [
+        ("logits", T.Tensor),
+        ("labels", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("logp", T.Tensor),
+        ("lse", T.Tensor),
+        ("entropy", T.Tensor),
+        ("status", T.Tensor),
+    ] + _TUNING
+
+
+@T.abi_struct("rlk_logprob_backward_args")
+class LogprobBackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("logits", T.Tensor),
+        ("labels", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("lse", T.Tensor),
+        ("grad_logp", T.Tensor),
+        ("grad_entropy", T.Tensor),
+        ("entropy", T.Tensor),
+        ("grad_logits", T.Tensor),
+        ("status", T.Tensor),
+    ] + _TUNING
+
+
+FORWARD_OP = Op("logprob", LogprobArgs)
+BACKWARD_OP = Op("logprob_backward", LogprobBackwardArgs)
+
+LogprobResult = collections.namedtuple("LogprobResult", "logp lse entropy")
+
+_LOGITS = (T.DType.BF16, T.DType.F16, T.DType.F32)
+_LABELS = (T.DType.I32, T.DType.I64)
+_F32 = (T.DType.F32,)
+
+
+def _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll,
+            stages):
+    a.logits = b.tensor("logits", logits, _LOGITS)
+    a.labels = b.tensor("labels", labels, _LABELS)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    if ignore_index is not None:
+        a.ignore_index = int(ignore_index)
+    a.status = b.tensor("status", status, (T.DType.I32,), optional=True, output=True)
+    if variant is not None:
+        a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.op)
+    for name, v in (("block", block), ("unroll", unroll), ("stages", stages)):
+        if v is not None:
+            setattr(a, name, int(v))
+
+
+def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=False, lse=True,
+            logp=None, status=None, variant=None, block=None, unroll=None, stages=None,
+            stream=None):
+    """logp[i] = z[i, y_i] - lse[i] with z = logits / temperature in fp32 (rlk_logprob).
+
+    temperature (default 1), ignore_index (default -100: the row gets logp 0). entropy=True
+    also computes the entropy (same pass); lse=True keeps lse (what the backward needs).
+    status: an optional zeroed i32 [1] the call ORs STATUS_BAD_LABEL into for a label outside
+    [0, V). Returns LogprobResult(logp, lse or None, entropy or None), f32 [N]."""
+    b = Binder("logprob")
+    a = FORWARD_OP.new_args()
+    _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    n = a.logits.shape[0]
+    if logp is None:
+        logp = b.empty((n,), T.DType.F32)
+    a.logp = b.tensor("logp", logp, _F32, output=True)
+    lse_out = b.empty((n,), T.DType.F32) if lse else None
+    ent_out = b.empty((n,), T.DType.F32) if entropy else None
+    a.lse = b.tensor("lse", lse_out, _F32, optional=True, output=True)
+    a.entropy = b.tensor("entropy", ent_out, _F32, optional=True, output=True)
+    b.run(FORWARD_OP, a, stream)
+    return LogprobResult(logp, lse_out, ent_out)
+
+
+def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
+                     temperature=None, ignore_index=None, grad_logits=None, grad_dtype=None,
+                     inplace=False, status=None, variant=None, block=None, unroll=None,
+                     stages=None, stream=None):
+    """grad_logits = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) / temperature
+    (rlk_logprob_backward). lse (and entropy, with grad_entropy) from the forward; grad_logp and
+    grad_entropy are f32 [N] upstream gradients, at least one given. The output is in the
+    logits' dtype unless grad_dtype="f32"; inplace=True writes it over the logits.
+    Returns grad_logits [N, V]."""
+    b = Binder("logprob_backward")
+    a = BACKWARD_OP.new_args()
+    _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    a.lse = b.tensor("lse", lse, _F32)
+    a.grad_logp = b.tensor("grad_logp", grad_logp, _F32, optional=True)
+    a.grad_entropy = b.tensor("grad_entropy", grad_entropy, _F32, optional=True)
+    a.entropy = b.tensor("entropy", entropy, _F32, optional=True)
+    if inplace:
+        grad_logits = logits
+    if grad_logits is None:
+        dt = T.DType(a.logits.dtype)
+        if grad_dtype is not None:
+            dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
+        grad_logits = b.empty((a.logits.shape[0], a.logits.shape[1]), dt)
+    a.grad_logits = b.tensor("grad_logits", grad_logits, output=True)
+    b.run(BACKWARD_OP, a, stream)
+    return grad_logits

@@ -1,0 +1,266 @@
+"""Policy loss and value loss (PPO / GRPO family): rlk_policy_loss, rlk_value_loss.
+
+Both are fused forward + backward: one call returns the scalar loss, the gradient with respect
+to the differentiable input and metrics. These functions mirror the C calls; rlk.autograd wraps
+them in torch.autograd.Functions whose backward scales the fused gradient.
+
+Layouts: per-token tensors are [B, T] (padded, an optional mask says which tokens count) or [N]
+(packed, with seq_offsets [S + 1]). Normalizers the library divides by are explicit; where one
+is left as None it is made here: token_normalizer = the mask's sum (this synchronizes a CUDA
+stream: pass the global count to avoid it), seq_normalizer = the number of sequences.
+"""
+import collections
+import ctypes
+import enum
+import sys
+
+from .. import _types as T
+from .._tensor import Binder, Op, is_torch
+
+__all__ = ["LossAgg", "PolicyLossMode", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
+           "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
+           "policy_loss", "value_loss", "metrics_dict"]
+
+
+class LossAgg(enum.IntEnum):
+    TOKEN_MEAN = 0
+    TOKEN_SUM = 1
+    SEQ_MEAN_TOKEN_SUM = 2
+    SEQ_MEAN_TOKEN_MEAN = 3
+    SEQ_MEAN_TOKEN_SUM_NORM = 4
+
+
+class PolicyLossMode(enum.IntEnum):
+    PPO = 0
+    GSPO = 1
+    CISPO = 2
+    SAPO = 3
+    REINFORCE = 4
+
+
+class KLEstimator(enum.IntEnum):
+    K1 = 0
+    ABS = 1
+    K2 = 2
+    K3 = 3
+
+
+# The metric slots, in the order of RLK_PL_METRIC_* / RLK_VL_METRIC_*.
+POLICY_LOSS_METRICS = ("clipfrac", "clipfrac_lower", "clip_low", "clip_high", "approx_kl",
+                       "kl_mean", "entropy_mean", "ratio_max", "ratio_min", "pg_loss", "kl_loss",
+                       "entropy_loss", "mask_sum")
+VALUE_LOSS_METRICS = ("clipfrac", "value_mean", "error_mean", "mask_sum")
+
+
+@T.abi_struct("rlk_policy_loss_args")
+class PolicyLossArgs(ctypes.Structure):
+    _fields_ = [
+        ("logp", T.Tensor),
+        ("old_logp", T.Tensor),
+        ("advantages", T.Tensor),
+        ("seq_advantages", ctypes.c_int),
+        ("mask", T.Tensor),
+        ("seq_offsets", T.Tensor),
+        ("ref_logp", T.Tensor),
+        ("entropy", T.Tensor),
+        ("rollout_is_weights", T.Tensor),
+        ("mode", ctypes.c_int),
+        ("clip_low", ctypes.c_double),
+        ("clip_high", ctypes.c_double),
+        ("dual_clip", ctypes.c_double),
+        ("log_ratio_min", ctypes.c_double),
+        ("log_ratio_max", ctypes.c_double),
+        ("sapo_tau_pos", ctypes.c_double),
+        ("sapo_tau_neg", ctypes.c_double),
+        ("kl_estimator", ctypes.c_int),
+        ("kl_coef", ctypes.c_double),
+        ("kl_input_clamp", ctypes.c_double),
+        ("kl_output_clamp", ctypes.c_double),
+        ("kl_straight_through", ctypes.c_int),
+        ("entropy_coef", ctypes.c_double),
+        ("agg", ctypes.c_int),
+        ("token_normalizer", ctypes.c_double),
+        ("seq_normalizer", ctypes.c_double),
+        ("norm_scale", ctypes.c_double),
+        ("loss_scale", ctypes.c_double),
+        ("loss", T.Tensor),
+        ("grad_logp", T.Tensor),
+        ("grad_entropy", T.Tensor),
+        ("metrics", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+@T.abi_struct("rlk_value_loss_args")
+class ValueLossArgs(ctypes.Structure):
+    _fields_ = [
+        ("values", T.Tensor),
+        ("old_values", T.Tensor),
+        ("returns", T.Tensor),
+        ("mask", T.Tensor),
+        ("seq_offsets", T.Tensor),
+        ("clip", ctypes.c_double),
+        ("agg", ctypes.c_int),
+        ("token_normalizer", ctypes.c_double),
+        ("seq_normalizer", ctypes.c_double),
+        ("norm_scale", ctypes.c_double),
+        ("loss_scale", ctypes.c_double),
+        ("loss", T.Tensor),
+        ("grad_values", T.Tensor),
+        ("metrics", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+POLICY_OP = Op("policy_loss", PolicyLossArgs, workspace=True)
+VALUE_OP = Op("value_loss", ValueLossArgs, workspace=True)
+
+PolicyLossResult = collections.namedtuple("PolicyLossResult",
+                                          "loss grad_logp grad_entropy metrics")
+ValueLossResult = collections.namedtuple("ValueLossResult", "loss grad_values metrics")
+
+_F = (T.DType.F32, T.DType.F64)
+_I = (T.DType.I32, T.DType.I64)
+
+
+def metrics_dict(metrics, names=POLICY_LOSS_METRICS):
+    """A metrics output as {name: float} (reads it back: synchronizes a CUDA stream)."""
+    vals = metrics.tolist()
+    return {n: float(v) for n, v in zip(names, vals)}
+
+
+def _mask_sum(mask, logp):
+    """The local token count: the mask's sum, or the number of tokens without one."""
+    if mask is None:
+        n = 1
+        for d in logp.shape:
+            n *= int(d)
+        return float(n)
+    if is_torch(mask):
+        return float(mask.sum(dtype=sys.modules["torch"].float64).item())
+    return float(mask.sum(dtype="float64"))
+
+
+def _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, x,
+             seq_offsets):
+    if agg is not None:
+        a.agg = T.enum_value(LossAgg, agg, "%s: agg" % b.op)
+    if token_normalizer is None and a.agg == LossAgg.TOKEN_MEAN:
+        token_normalizer = _mask_sum(mask, x)
+    if seq_normalizer is None and a.agg in (LossAgg.SEQ_MEAN_TOKEN_SUM, LossAgg.SEQ_MEAN_TOKEN_MEAN,
+                                            LossAgg.SEQ_MEAN_TOKEN_SUM_NORM):
+        seq_normalizer = (seq_offsets.shape[0] - 1) if seq_offsets is not None else x.shape[0]
+    for name, v in (("token_normalizer", token_normalizer), ("seq_normalizer", seq_normalizer),
+                    ("norm_scale", norm_scale), ("loss_scale", loss_scale)):
+        if v is not None:
+            setattr(a, name, float(v))
+
+
+def _workspace(b, op, a):
+    ctx = b.context()
+    n = op.workspace_size(ctx, a)
+    if n:
+        _, ptr = b.workspace(n)
+        a.workspace = ptr
+        a.workspace_bytes = n
+
+
+def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
+                entropy=None, rollout_is_weights=None, seq_advantages=None, mode=None,
+                clip_low=None, clip_high=None, dual_clip=None, log_ratio_min=None,
+                log_ratio_max=None, sapo_tau_pos=None, sapo_tau_neg=None, kl_estimator=None,
+                kl_coef=None, kl_input_clamp=None, kl_output_clamp=None, kl_straight_through=None,
+                entropy_coef=None, agg=None, token_normalizer=None, seq_normalizer=None,
+                norm_scale=None, loss_scale=None, metrics=True, stream=None):
+    """The policy loss forward and backward in one pass (rlk_policy_loss).
+
+    logp, old_logp, advantages: [B, T] (padded) or [N] (packed, with seq_offsets), f32 or f64,
+    one dtype. advantages may be per sequence ([B] / [S]): seq_advantages (default: inferred
+    from its shape). mask: bool, i32 or f32. Optional ref_logp (KL term, with kl_coef),
+    entropy (with entropy_coef), rollout_is_weights. mode: "ppo" (default), "gspo", "cispo",
+    "sapo", "reinforce"; kl_estimator "k1", "abs", "k2", "k3"; agg "token-mean" (default),
+    "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm".
+    Every other keyword is the C field of that name; None keeps rlk_policy_loss_args_init's
+    value (verl's actor defaults), except the normalizers (see the module's doc).
+    Returns PolicyLossResult(loss [1], grad_logp (logp's shape), grad_entropy (or None),
+    metrics [13] or None): metrics_dict() names them.
+    """
+    b = Binder("policy_loss")
+    a = POLICY_OP.new_args()
+    a.logp = b.tensor("logp", logp, _F)
+    dt = T.DType(a.logp.dtype)
+    a.old_logp = b.tensor("old_logp", old_logp, _F)
+    a.advantages = b.tensor("advantages", advantages, _F)
+    if seq_advantages is None:
+        # per sequence when the shape says so: [B] beside [B, T], or [S] beside [N] with S != N
+        if a.logp.ndim == 2:
+            seq_advantages = a.advantages.ndim == 1
+        else:
+            seq_advantages = seq_offsets is not None and a.advantages.shape[0] != a.logp.shape[0]
+    a.seq_advantages = 1 if seq_advantages else 0
+    a.mask = b.tensor("mask", mask, optional=True)
+    a.seq_offsets = b.tensor("seq_offsets", seq_offsets, _I, optional=True)
+    a.ref_logp = b.tensor("ref_logp", ref_logp, _F, optional=True)
+    a.entropy = b.tensor("entropy", entropy, _F, optional=True)
+    a.rollout_is_weights = b.tensor("rollout_is_weights", rollout_is_weights, _F, optional=True)
+    if mode is not None:
+        a.mode = T.enum_value(PolicyLossMode, mode, "policy_loss: mode")
+    if kl_estimator is not None:
+        a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "policy_loss: kl_estimator")
+    for name, v in (("clip_low", clip_low), ("clip_high", clip_high), ("dual_clip", dual_clip),
+                    ("log_ratio_min", log_ratio_min), ("log_ratio_max", log_ratio_max),
+                    ("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg),
+                    ("kl_coef", kl_coef), ("kl_input_clamp", kl_input_clamp),
+                    ("kl_output_clamp", kl_output_clamp), ("entropy_coef", entropy_coef)):
+        if v is not None:
+            setattr(a, name, float(v))
+    if kl_straight_through is not None:
+        a.kl_straight_through = 1 if kl_straight_through else 0
+    _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, logp,
+             seq_offsets)
+    shape = tuple(logp.shape)
+    loss = b.empty((1,), dt)
+    grad_logp = b.empty(shape, dt)
+    grad_entropy = b.empty(shape, dt) if (entropy is not None and a.entropy_coef != 0) else None
+    out_metrics = b.empty((len(POLICY_LOSS_METRICS),), dt) if metrics else None
+    a.loss = b.tensor("loss", loss, output=True)
+    a.grad_logp = b.tensor("grad_logp", grad_logp, output=True)
+    a.grad_entropy = b.tensor("grad_entropy", grad_entropy, optional=True, output=True)
+    a.metrics = b.tensor("metrics", out_metrics, optional=True, output=True)
+    _workspace(b, POLICY_OP, a)
+    b.run(POLICY_OP, a, stream)
+    return PolicyLossResult(loss, grad_logp, grad_entropy, out_metrics)
+
+
+def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None, agg=None,
+               token_normalizer=None, seq_normalizer=None, norm_scale=None, loss_scale=None,
+               metrics=True, stream=None):
+    """The clipped value loss forward and backward in one pass (rlk_value_loss).
+
+    values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
+    clip range (default 0.5; float("inf") turns clipping off). agg and the normalizers as for
+    policy_loss. Returns ValueLossResult(loss [1], grad_values, metrics [4] or None)."""
+    b = Binder("value_loss")
+    a = VALUE_OP.new_args()
+    a.values = b.tensor("values", values, _F)
+    dt = T.DType(a.values.dtype)
+    a.old_values = b.tensor("old_values", old_values, _F)
+    a.returns = b.tensor("returns", returns, _F)
+    a.mask = b.tensor("mask", mask, optional=True)
+    a.seq_offsets = b.tensor("seq_offsets", seq_offsets, _I, optional=True)
+    if clip is not None:
+        a.clip = float(clip)
+    _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, values,
+             seq_offsets)
+    loss = b.empty((1,), dt)
+    grad = b.empty(tuple(values.shape), dt)
+    out_metrics = b.empty((len(VALUE_LOSS_METRICS),), dt) if metrics else None
+    a.loss = b.tensor("loss", loss, output=True)
+    a.grad_values = b.tensor("grad_values", grad, output=True)
+    a.metrics = b.tensor("metrics", out_metrics, optional=True, output=True)
+    _workspace(b, VALUE_OP, a)
+    b.run(VALUE_OP, a, stream)
+    return ValueLossResult(loss, grad, out_metrics)
+

@@ -1,0 +1,221 @@
+"""Advantages and returns over time: rlk_gae, rlk_discounted_returns, rlk_reverse_cumsum and
+rlk_masked_whiten. No backward (they make the constants of the loss).
+
+Per-token tensors are [B, T] with contiguous rows (each its own row stride), f32 or f64, one
+dtype per call; outputs are allocated in that dtype when not given. Masks are bool, i32 or f32.
+"""
+import ctypes
+import enum
+
+from .. import _types as T
+from .._tensor import Binder, Op
+
+__all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked", "GaeArgs",
+           "DiscountedReturnsArgs", "ReverseCumsumArgs", "MaskedWhitenArgs", "gae",
+           "discounted_returns", "reverse_cumsum", "masked_whiten"]
+
+
+class ScanAlgo(enum.IntEnum):
+    AUTO = 0
+    ROW_WARP = 1
+    ROW_BLOCK = 2
+
+
+class GaeMasked(enum.IntEnum):
+    SKIP = 0  # verl: masked steps pass the running values through
+    ZERO = 1  # OpenRLHF, TRL: rewards and values zeroed where masked
+
+
+class ReturnsMasked(enum.IntEnum):
+    RESET = 0  # verl REINFORCE++
+    ZERO = 1   # OpenRLHF
+
+
+class WhitenEps(enum.IntEnum):
+    ADD = 0    # rsqrt(var + eps)
+    CLAMP = 1  # rsqrt(max(var, eps))
+
+
+class WhitenMasked(enum.IntEnum):
+    APPLY = 0
+    ZERO = 1
+
+
+@T.abi_struct("rlk_gae_args")
+class GaeArgs(ctypes.Structure):
+    _fields_ = [
+        ("rewards", T.Tensor),
+        ("values", T.Tensor),
+        ("mask", T.Tensor),
+        ("gamma", ctypes.c_double),
+        ("lambda", ctypes.c_double),
+        ("masked", ctypes.c_int),
+        ("advantages", T.Tensor),
+        ("returns", T.Tensor),
+        ("algo", ctypes.c_int),
+    ]
+
+
+@T.abi_struct("rlk_discounted_returns_args")
+class DiscountedReturnsArgs(ctypes.Structure):
+    _fields_ = [
+        ("rewards", T.Tensor),
+        ("mask", T.Tensor),
+        ("gamma", ctypes.c_double),
+        ("masked", ctypes.c_int),
+        ("returns", T.Tensor),
+        ("algo", ctypes.c_int),
+    ]
+
+
+@T.abi_struct("rlk_reverse_cumsum_args")
+class ReverseCumsumArgs(ctypes.Structure):
+    _fields_ = [
+        ("values", T.Tensor),
+        ("mask", T.Tensor),
+        ("out", T.Tensor),
+        ("baseline", T.Tensor),
+        ("advantages", T.Tensor),
+        ("algo", ctypes.c_int),
+    ]
+
+
+@T.abi_struct("rlk_masked_whiten_args")
+class MaskedWhitenArgs(ctypes.Structure):
+    _fields_ = [
+        ("x", T.Tensor),
+        ("mask", T.Tensor),
+        ("out", T.Tensor),
+        ("eps", ctypes.c_double),
+        ("eps_mode", ctypes.c_int),
+        ("unbiased", ctypes.c_int),
+        ("count_eps", ctypes.c_double),
+        ("shift_mean", ctypes.c_int),
+        ("normalize_std", ctypes.c_int),
+        ("masked", ctypes.c_int),
+        ("stats", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+GAE_OP = Op("gae", GaeArgs)
+RETURNS_OP = Op("discounted_returns", DiscountedReturnsArgs)
+CUMSUM_OP = Op("reverse_cumsum", ReverseCumsumArgs)
+WHITEN_OP = Op("masked_whiten", MaskedWhitenArgs, workspace=True)
+
+_F = (T.DType.F32, T.DType.F64)
+
+
+def _algo(a, b, algo):
+    if algo is not None:
+        a.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.op)
+
+
+def _out(b, name, given, like_tensor, shape):
+    """The output `name`: the caller's array, or a new one of the input's dtype and shape."""
+    if given is None:
+        given = b.empty(tuple(shape), T.DType(like_tensor.dtype))
+    return given, b.tensor(name, given, _F, output=True)
+
+
+def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=None,
+        advantages=None, returns=None, compute_returns=True, stream=None):
+    """Generalized advantage estimation per row (rlk_gae).
+
+    rewards, values: [B, T] f32 or f64; mask: the response mask. gamma (default 1), lam (the
+    GAE lambda, default 1), masked: "skip" (verl, default) or "zero" (OpenRLHF, TRL).
+    Returns (advantages, returns), or advantages alone with compute_returns=False.
+    advantages / returns: optional preallocated outputs."""
+    b = Binder("gae")
+    a = GAE_OP.new_args()
+    a.rewards = b.tensor("rewards", rewards, _F)
+    a.values = b.tensor("values", values, _F)
+    a.mask = b.tensor("mask", mask, optional=True)
+    if gamma is not None:
+        a.gamma = float(gamma)
+    if lam is not None:
+        setattr(a, "lambda", float(lam))
+    if masked is not None:
+        a.masked = T.enum_value(GaeMasked, masked, "gae: masked")
+    _algo(a, b, algo)
+    advantages, a.advantages = _out(b, "advantages", advantages, a.rewards, rewards.shape)
+    want_returns = compute_returns or returns is not None
+    if want_returns:
+        returns, a.returns = _out(b, "returns", returns, a.rewards, rewards.shape)
+    b.run(GAE_OP, a, stream)
+    return (advantages, returns) if want_returns else advantages
+
+
+def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None, returns=None,
+                       stream=None):
+    """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
+    masked: "reset" (verl REINFORCE++, default) or "zero" (OpenRLHF). Returns [B, T]."""
+    b = Binder("discounted_returns")
+    a = RETURNS_OP.new_args()
+    a.rewards = b.tensor("rewards", rewards, _F)
+    a.mask = b.tensor("mask", mask, optional=True)
+    if gamma is not None:
+        a.gamma = float(gamma)
+    if masked is not None:
+        a.masked = T.enum_value(ReturnsMasked, masked, "discounted_returns: masked")
+    _algo(a, b, algo)
+    returns, a.returns = _out(b, "returns", returns, a.rewards, rewards.shape)
+    b.run(RETURNS_OP, a, stream)
+    return returns
+
+
+def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, advantages=None,
+                   stream=None):
+    """Reverse cumulative sums of values * mask per row (rlk_reverse_cumsum). With a baseline
+    [B] (ReMax: the greedy rollout's reward) also the advantages out_t - baseline_b m_t.
+    Returns out, or (out, advantages) with a baseline."""
+    b = Binder("reverse_cumsum")
+    a = CUMSUM_OP.new_args()
+    a.values = b.tensor("values", values, _F)
+    a.mask = b.tensor("mask", mask, optional=True)
+    _algo(a, b, algo)
+    out, a.out = _out(b, "out", out, a.values, values.shape)
+    if baseline is not None or advantages is not None:
+        a.baseline = b.tensor("baseline", baseline, _F)
+        advantages, a.advantages = _out(b, "advantages", advantages, a.values, values.shape)
+    b.run(CUMSUM_OP, a, stream)
+    return (out, advantages) if baseline is not None else out
+
+
+def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count_eps=None,
+                  shift_mean=None, normalize_std=None, masked=None, out=None, inplace=False,
+                  stats=False, stream=None):
+    """Whitens x over the valid elements of the whole batch (rlk_masked_whiten).
+
+    Defaults are verl's masked_whiten (eps 1e-8 added, unbiased, count_eps 1e-8). eps_mode
+    "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x.
+    Returns out, or (out, stats) with stats=True: f64 [3] {mean, var, N}."""
+    b = Binder("masked_whiten")
+    a = WHITEN_OP.new_args()
+    a.x = b.tensor("x", x, _F)
+    a.mask = b.tensor("mask", mask, optional=True)
+    for name, v in (("eps", eps), ("count_eps", count_eps)):
+        if v is not None:
+            setattr(a, name, float(v))
+    for name, v in (("unbiased", unbiased), ("shift_mean", shift_mean),
+                    ("normalize_std", normalize_std)):
+        if v is not None:
+            setattr(a, name, 1 if v else 0)
+    if eps_mode is not None:
+        a.eps_mode = T.enum_value(WhitenEps, eps_mode, "masked_whiten: eps_mode")
+    if masked is not None:
+        a.masked = T.enum_value(WhitenMasked, masked, "masked_whiten: masked")
+    if inplace:
+        out = x
+    out, a.out = _out(b, "out", out, a.x, x.shape)
+    st = None
+    if stats:
+        st = b.empty((3,), T.DType.F64)
+        a.stats = b.tensor("stats", st, output=True)
+    n = WHITEN_OP.workspace_size(b.context(), a)
+    if n:
+        _, a.workspace = b.workspace(n)
+        a.workspace_bytes = n
+    b.run(WHITEN_OP, a, stream)
+    return (out, st) if stats else out

@@ -1,0 +1,104 @@
+"""Shared fixtures: a private kernel cache for the session, and the places an op can run
+(numpy on the host backend always; torch CPU and torch CUDA when torch and a GPU are there)."""
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+_CACHE = tempfile.mkdtemp(prefix="rlk-pytest-cache-")
+# Before the library reads it: tests never touch the user's cache.
+os.environ["RLK_CACHE_DIR"] = _CACHE
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    import rlk  # noqa: F401  (an installed package, or PYTHONPATH=python)
+except ImportError:  # the package beside these tests
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+HAVE_CUDA = HAVE_TORCH and torch.cuda.is_available()
+
+
+class Place:
+    """Makes arrays of one framework and device from numpy arrays, and reads them back."""
+
+    def __init__(self, name):
+        self.name = name
+        self.torch = name != "numpy"
+        self.cuda = name == "torch-cuda"
+
+    def to(self, a):
+        if not self.torch:
+            return np.ascontiguousarray(a)
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t.cuda() if self.cuda else t
+
+    def back(self, x):
+        if self.torch:
+            if self.cuda:
+                torch.cuda.synchronize()
+            return x.detach().cpu().numpy()
+        return x
+
+    def __repr__(self):
+        return self.name
+
+
+def _places():
+    out = [pytest.param(Place("numpy"), id="numpy")]
+    out.append(pytest.param(Place("torch-cpu"), id="torch-cpu", marks=pytest.mark.skipif(
+        not HAVE_TORCH, reason="torch is not installed")))
+    out.append(pytest.param(Place("torch-cuda"), id="torch-cuda", marks=pytest.mark.skipif(
+        not HAVE_CUDA, reason="no CUDA device (or no torch)")))
+    return out
+
+
+PLACES = _places()
+
+
+_host_state = {}
+
+
+def require_host():
+    """Skips the test when the host backend cannot run here (no clang, as on some GPU machines)."""
+    if "error" not in _host_state:
+        import rlk
+        try:
+            rlk.context("host")
+            _host_state["error"] = None
+        except rlk.RlkError as e:
+            _host_state["error"] = str(e)
+    if _host_state["error"]:
+        pytest.skip("the host backend is unavailable: %s" % _host_state["error"])
+
+
+@pytest.fixture
+def host():
+    require_host()
+
+
+@pytest.fixture(params=PLACES)
+def place(request):
+    if not request.param.cuda:
+        require_host()
+    return request.param
+
+
+@pytest.fixture
+def rng():
+    # Fresh inputs every run; the seed is printed on failure through the fixture value.
+    seed = int.from_bytes(os.urandom(4), "little")
+    return np.random.default_rng(seed)
