@@ -245,9 +245,13 @@ def _torch_value_step(x, clip=0.5):
     vc = vo + torch.clamp(v - vo, -clip, clip)
     e1, e2 = (v - R) ** 2, (vc - R) ** 2
     loss = 0.5 * (torch.maximum(e1, e2) * m).sum() / m.sum()
-    clipfrac = ((e2 > e1).float() * m).sum() / m.sum()
+    # The clip fraction in fp64: in f32, vo + (v - vo) rounds away from v for unclipped tokens,
+    # and verl's formula then counts some of them as clipped (noise, not clipping).
+    vd, vod, Rd = v.detach().double(), vo.double(), R.double()
+    vcd = vod + torch.clamp(vd - vod, -clip, clip)
+    clipfrac = ((((vcd - Rd) ** 2) > ((vd - Rd) ** 2)).double() * m).sum() / m.sum()
     loss.backward()
-    return loss.detach(), v.grad, clipfrac
+    return loss.detach(), v.grad, clipfrac.float()
 
 
 def _rlk_value_step(x):
@@ -429,8 +433,10 @@ def logprob_cases(dev, quick):
             Impl("rlk", "rlk", lambda x: rlk.logprob(x["logits"], x["labels"], lse=False).logp),
         ]
         if liger_fwd:
+            # Liger scores row l with the id that follows it, so it returns N - 1 rows: the
+            # first N - 1 rows of the reference are what it computes.
             fwd.append(Impl("liger fused_selective_log_softmax", "anchor", liger_fwd,
-                            view=lambda g, w: (g[:-1], w[:-1])))
+                            view=lambda g, w: (g, w[: g.shape[0]])))
         cases.append(Case("logp fwd N=%d" % N, N * V * 2, make, fwd))
 
         ent = [
