@@ -866,100 +866,11 @@ START_TEST(plan_rejects_bad_settings) {
 }
 END_TEST
 
-/* Compiles every sample configuration for one target in this process; writes "ok ...",
- * "skip ..." or "fail ..." into msg (no Check assertions: it runs in a child process). */
-static void compile_samples(rlk_backend backend, const char *target, int compile_only, char *msg,
-                            size_t size) {
-  const char *name = target ? target : "host";
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  o.compile_only = compile_only;
-  o.target = target;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  if (st == RLK_ERR_UNAVAILABLE || st == RLK_ERR_UNSUPPORTED) {
-    snprintf(msg, size, "skip (group_advantage samples for %s): %s", name, rlk_last_error());
-    return;
-  }
-  if (st != RLK_OK) {
-    snprintf(msg, size, "fail %s context: %s", name, rlk_last_error());
-    return;
-  }
-  int total = 0;
-  for (size_t i = 0; rlk_op_group_advantage.samples[i]; i++) {
-    int n = 0;
-    st = rlk_precompile(ctx, rlk_op_group_advantage.samples[i], &n);
-    if (st != RLK_OK || n <= 0) {
-      snprintf(msg, size, "fail %s: %s: %s", name, rlk_op_group_advantage.samples[i], rlk_last_error());
-      rlk_context_destroy(ctx);
-      return;
-    }
-    total += n;
-  }
-  rlk_counters k;
-  rlk_context_counters(ctx, &k);
-  snprintf(msg, size,
-           "ok group_advantage samples for %s: %d kernels (%llu compiled in %.1f s, %llu from disk)",
-           name, total, (unsigned long long)k.compiles, k.compile_seconds,
-           (unsigned long long)k.disk_hits);
-  rlk_context_destroy(ctx);
-}
-
-/* Every sample configuration compiles for every target whose compiler is here: the host, CUDA
- * sm_80 and sm_90a, HIP gfx90a and gfx1030. One child process per target, all at once (each compiler
- * serializes inside a process). */
+/* Every sample configuration compiles for every target whose compiler is here (the host,
+ * sm_80, sm_90a, gfx90a and gfx1030). */
 START_TEST(samples_compile_every_target) {
-  static const struct {
-    rlk_backend backend;
-    const char *target;
-    int compile_only;
-  } targets[] = {{RLK_BACKEND_HOST, NULL, 0},
-                 {RLK_BACKEND_CUDA, "sm_80", 1},
-                 {RLK_BACKEND_CUDA, "sm_90a", 1},
-                 {RLK_BACKEND_HIP, "gfx90a", 1},
-                 {RLK_BACKEND_HIP, "gfx1030", 1}}; /* RDNA: compiled in wave64 mode */
-  enum { N = sizeof targets / sizeof targets[0] };
-  pid_t pids[N];
-  int fds[N];
-  for (int i = 0; i < N; i++) {
-    int p[2];
-    ck_assert_int_eq(pipe(p), 0);
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(p[0]);
-      char msg[2048];
-      compile_samples(targets[i].backend, targets[i].target, targets[i].compile_only, msg, sizeof msg);
-      ssize_t w = write(p[1], msg, strlen(msg));
-      _exit(w > 0 ? 0 : 3);
-    }
-    close(p[1]);
-    fds[i] = p[0];
-  }
-  char msgs[N][2048];
-  int status[N];
-  for (int i = 0; i < N; i++) {
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < sizeof msgs[i] && (r = read(fds[i], msgs[i] + len, sizeof msgs[i] - 1 - len)) > 0)
-      len += (size_t)r;
-    msgs[i][len] = '\0';
-    close(fds[i]);
-    ck_assert_int_eq(waitpid(pids[i], &status[i], 0), pids[i]);
-  }
-  for (int i = 0; i < N; i++) {
-    const char *name = targets[i].target ? targets[i].target : "host";
-    ck_assert_msg(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0, "%s: child failed (%d): %s",
-                  name, status[i], msgs[i]);
-    ck_assert_msg(strncmp(msgs[i], "fail", 4) != 0, "%s", msgs[i]);
-    ck_assert_msg(strncmp(msgs[i], "ok", 2) == 0 || strncmp(msgs[i], "skip", 4) == 0, "%s: '%s'",
-                  name, msgs[i]);
-    /* the host compiler is part of every supported setup: it must not be skipped */
-    if (targets[i].backend == RLK_BACKEND_HOST) ck_assert_msg(msgs[i][0] == 'o', "%s", msgs[i]);
-    printf("%s\n", msgs[i]);
-  }
-  fflush(stdout);
+  static const rlk_op_desc *const ops[] = {&rlk_op_group_advantage};
+  rlk_test_compile_samples("group_advantage", ops, 1);
 }
 END_TEST
 

@@ -1924,84 +1924,11 @@ START_TEST(samples_cover_every_variant) {
 }
 END_TEST
 
-/* Compiles every sample of both ops for one target in this process (a child). */
-static void compile_samples(rlk_backend backend, const char *target, char *msg, size_t size) {
-  const char *name = target ? target : "host";
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  o.compile_only = backend != RLK_BACKEND_HOST;
-  o.target = target;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  if (st == RLK_ERR_UNAVAILABLE || st == RLK_ERR_UNSUPPORTED) {
-    snprintf(msg, size, "skip (policy_loss samples for %s): %s", name, rlk_last_error());
-    return;
-  }
-  if (st != RLK_OK) {
-    snprintf(msg, size, "fail %s context: %s", name, rlk_last_error());
-    return;
-  }
-  const rlk_op_desc *ops[] = {&rlk_op_policy_loss, &rlk_op_value_loss};
-  int total = 0;
-  for (int k = 0; k < 2; k++)
-    for (size_t i = 0; ops[k]->samples[i]; i++) {
-      int n = 0;
-      st = rlk_precompile(ctx, ops[k]->samples[i], &n);
-      if (st != RLK_OK || n <= 0) {
-        snprintf(msg, size, "fail %s: %s: %s", name, ops[k]->samples[i], rlk_last_error());
-        rlk_context_destroy(ctx);
-        return;
-      }
-      total += n;
-    }
-  rlk_counters k;
-  rlk_context_counters(ctx, &k);
-  snprintf(msg, size, "ok policy_loss/value_loss samples for %s: %d kernels (%llu compiled in %.1f s)", name,
-           total, (unsigned long long)k.compiles, k.compile_seconds);
-  rlk_context_destroy(ctx);
-}
-
-/* Every sample compiles for the host, CUDA sm_90a (H200) and HIP gfx90a where their compilers
- * are here; one child process per target, at once. */
+/* Every sample configuration compiles for every target whose compiler is here (the host,
+ * sm_80, sm_90a, gfx90a and gfx1030). */
 START_TEST(samples_compile_every_target) {
-  static const struct {
-    rlk_backend backend;
-    const char *target;
-  } targets[] = {{RLK_BACKEND_HOST, NULL}, {RLK_BACKEND_CUDA, "sm_90a"}, {RLK_BACKEND_HIP, "gfx90a"}};
-  enum { N = sizeof targets / sizeof targets[0] };
-  pid_t pids[N];
-  int fds[N];
-  for (int i = 0; i < N; i++) {
-    int p[2];
-    ck_assert_int_eq(pipe(p), 0);
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(p[0]);
-      char msg[2048];
-      compile_samples(targets[i].backend, targets[i].target, msg, sizeof msg);
-      ssize_t w = write(p[1], msg, strlen(msg));
-      _exit(w > 0 ? 0 : 3);
-    }
-    close(p[1]);
-    fds[i] = p[0];
-  }
-  for (int i = 0; i < N; i++) {
-    char msg[2048];
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < sizeof msg && (r = read(fds[i], msg + len, sizeof msg - 1 - len)) > 0) len += (size_t)r;
-    msg[len] = '\0';
-    close(fds[i]);
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed (%d): %s", status, msg);
-    ck_assert_msg(strncmp(msg, "ok", 2) == 0 || strncmp(msg, "skip", 4) == 0, "%s", msg);
-    if (targets[i].backend == RLK_BACKEND_HOST) ck_assert_msg(msg[0] == 'o', "%s", msg);
-    printf("%s\n", msg);
-  }
-  fflush(stdout);
+  static const rlk_op_desc *const ops[] = {&rlk_op_policy_loss, &rlk_op_value_loss};
+  rlk_test_compile_samples("policy_loss/value_loss", ops, 2);
 }
 END_TEST
 

@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "ops/ops.h"
 
 static char tmp_root[1024];
 static uint64_t run_seed;
@@ -111,4 +114,97 @@ rlk_context *rlk_test_host_context(void) {
   rlk_status st = rlk_context_create(&ctx, &o);
   ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
   return ctx;
+}
+
+/* ---- compiling every sample configuration of some ops for every target ------------- */
+
+
+/* The targets every op's samples compile for: the host, CUDA sm_80 (fallback paths) and
+ * sm_90a (Hopper), HIP gfx90a and gfx1030 (RDNA, in wave64 mode). */
+static const struct {
+  rlk_backend backend;
+  const char *target;
+} sample_targets[] = {{RLK_BACKEND_HOST, NULL},
+                      {RLK_BACKEND_CUDA, "sm_80"},
+                      {RLK_BACKEND_CUDA, "sm_90a"},
+                      {RLK_BACKEND_HIP, "gfx90a"},
+                      {RLK_BACKEND_HIP, "gfx1030"}};
+enum { N_SAMPLE_TARGETS = sizeof sample_targets / sizeof sample_targets[0] };
+
+/* One target, in a child process (no Check assertions here): writes "ok ...", "skip ..." or
+ * "fail ..." into msg. */
+static void compile_samples_for(const char *label, const rlk_op_desc *const *ops, size_t nops,
+                                rlk_backend backend, const char *target, char *msg, size_t size) {
+  const char *name = target ? target : "host";
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = backend;
+  o.compile_only = backend != RLK_BACKEND_HOST;
+  o.target = target;
+  rlk_context *ctx = NULL;
+  rlk_status st = rlk_context_create(&ctx, &o);
+  if (st == RLK_ERR_UNAVAILABLE || st == RLK_ERR_UNSUPPORTED) {
+    snprintf(msg, size, "skip (%s samples for %s): %s", label, name, rlk_last_error());
+    return;
+  }
+  if (st != RLK_OK) {
+    snprintf(msg, size, "fail %s context: %s", name, rlk_last_error());
+    return;
+  }
+  int total = 0;
+  for (size_t k = 0; k < nops; k++)
+    for (size_t i = 0; ops[k]->samples && ops[k]->samples[i]; i++) {
+      int n = 0;
+      st = rlk_precompile(ctx, ops[k]->samples[i], &n);
+      if (st != RLK_OK || n <= 0) {
+        snprintf(msg, size, "fail %s: %s: %s", name, ops[k]->samples[i], rlk_last_error());
+        rlk_context_destroy(ctx);
+        return;
+      }
+      total += n;
+    }
+  rlk_counters c;
+  rlk_context_counters(ctx, &c);
+  snprintf(msg, size, "ok %s samples for %s: %d kernels (%llu compiled in %.1f s, %llu from disk)", label,
+           name, total, (unsigned long long)c.compiles, c.compile_seconds, (unsigned long long)c.disk_hits);
+  rlk_context_destroy(ctx);
+}
+
+void rlk_test_compile_samples(const char *label, const rlk_op_desc *const *ops, size_t nops) {
+  pid_t pids[N_SAMPLE_TARGETS];
+  int fds[N_SAMPLE_TARGETS];
+  for (int i = 0; i < N_SAMPLE_TARGETS; i++) {
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0) {
+      close(p[0]);
+      char msg[2048];
+      compile_samples_for(label, ops, nops, sample_targets[i].backend, sample_targets[i].target, msg,
+                          sizeof msg);
+      ssize_t w = write(p[1], msg, strlen(msg));
+      _exit(w > 0 ? 0 : 3);
+    }
+    close(p[1]);
+    fds[i] = p[0];
+  }
+  for (int i = 0; i < N_SAMPLE_TARGETS; i++) {
+    char msg[2048];
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < sizeof msg && (r = read(fds[i], msg + len, sizeof msg - 1 - len)) > 0) len += (size_t)r;
+    msg[len] = '\0';
+    close(fds[i]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+    const char *name = sample_targets[i].target ? sample_targets[i].target : "host";
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: child failed (%d): %s", name, status,
+                  msg);
+    ck_assert_msg(strncmp(msg, "ok", 2) == 0 || strncmp(msg, "skip", 4) == 0, "%s: %s", name, msg);
+    /* the host compiler is part of every supported setup: it must not be skipped */
+    if (sample_targets[i].backend == RLK_BACKEND_HOST) ck_assert_msg(msg[0] == 'o', "%s", msg);
+    printf("%s\n", msg);
+  }
+  fflush(stdout);
 }

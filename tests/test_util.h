@@ -35,6 +35,14 @@ double rlk_test_rand_normal(uint64_t *state);
 /* Directory of the built tools (RLK_TEST_BIN_DIR). */
 const char *rlk_test_bin_dir(void);
 
+struct rlk_op_desc;
+
+/* Compiles every sample configuration of `ops` for the host, sm_80, sm_90a, gfx90a and gfx1030,
+ * one child process per target (each compiler serializes inside a process); a target whose
+ * compiler is missing is skipped with a printed reason, the host never. Fails the test on any
+ * compile error. `label` names the ops in messages. */
+void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
