@@ -207,14 +207,9 @@ def value_loss(v, v_old, R, mask=None, seq_offsets=None, clip=0.5, agg="token-me
     loss_t = 0.5 * np.maximum(e1, e2)
     g = np.where(e1 >= e2, x - ret, (vc - ret) * inside)
     msum = m.sum()
+    # In fp64, v_old + (v - v_old) is v exactly for f32 inputs, so only real clipping counts;
+    # rlk computes v_clip = clamp(v, v_old - c, v_old + c), which is v itself inside the range.
     clipped = e2 > e1
-    if np.asarray(v).dtype == np.float32:
-        # where |v - v_old| <= clip, v_clip equals v exactly only in exact arithmetic: in f32,
-        # v_old + (v - v_old) can round to a neighbour of v; the metric sees that rounding
-        f = np.float32
-        x32, xo32, r32 = (np.asarray(a, f).reshape(-1) for a in (v, v_old, R))
-        vc32 = xo32 + np.clip(x32 - xo32, f(-clip), f(clip))
-        clipped = (vc32 - r32) * (vc32 - r32) > (x32 - r32) * (x32 - r32)
     metrics = {"clipfrac": (m * clipped).sum() / msum, "value_mean": (m * x).sum() / msum,
                "error_mean": (m * e1).sum() / msum, "mask_sum": msum}
     return (c * loss_t).sum(), (c * g).reshape(shape), metrics

@@ -173,7 +173,7 @@ def test_value_loss(place, rng, packed):
     loss, grad, metrics = refs.value_loss(v, vo, R, mask, clip=0.3, **rkw)
     close(place.back(out.loss), [loss], what="loss")
     close(place.back(out.grad_values) * mask, grad, what="grad_values")
-    # a token with |v - v_old| <= clip may count as clipped or not by one rounding (FMA on a GPU)
+    # a token whose clipped and unclipped errors nearly tie may be decided either way in f32
     check_metrics(place.back(out.metrics), metrics, rlk.VALUE_LOSS_METRICS, tol=1e-4,
                   slack={"clipfrac": 3.0 / metrics["mask_sum"]})
 
