@@ -484,16 +484,6 @@ RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_po
   return st;
 }
 
-static rlk_launch_dims pl_dims(unsigned grid, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = grid ? grid : 1;
-  d.grid[1] = d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  return d;
-}
-
 RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: ctx is NULL");
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: args is NULL");
@@ -507,12 +497,5 @@ RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args 
   if ((st = pl_select(ctx->kind, &k.c, &p))) return st;
   k.k.partials = args->workspace;
   void *kargs[] = {&k.k};
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    rlk_launch_dims d = pl_dims(1, 1);
-    return rlk_context_launch(ctx, &p.main, &d, stream, kargs);
-  }
-  rlk_launch_dims d = pl_dims(k.g.grid, TL_BLOCK);
-  if ((st = rlk_context_launch(ctx, &p.main, &d, stream, kargs))) return st;
-  d = pl_dims(1, TL_REDUCE_BLOCK);
-  return rlk_context_launch(ctx, &p.reduce, &d, stream, kargs);
+  return tl_launch(ctx, &p.main, &p.reduce, &k.g, stream, kargs);
 }

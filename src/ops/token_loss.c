@@ -257,3 +257,26 @@ rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const 
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   return RLK_OK;
 }
+
+static rlk_launch_dims tl_dims(unsigned grid, unsigned block) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = grid ? grid : 1;
+  d.grid[1] = d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  return d;
+}
+
+rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *main_pass, const rlk_kernel_spec *reduce,
+                     const tl_geometry *g, void *stream, void **kargs) {
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_launch_dims d = tl_dims(1, 1);
+    return rlk_context_launch(ctx, main_pass, &d, stream, kargs);
+  }
+  rlk_launch_dims d = tl_dims(g->grid, TL_BLOCK);
+  rlk_status st = rlk_context_launch(ctx, main_pass, &d, stream, kargs);
+  if (st) return st;
+  d = tl_dims(1, TL_REDUCE_BLOCK);
+  return rlk_context_launch(ctx, reduce, &d, stream, kargs);
+}

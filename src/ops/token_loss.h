@@ -92,6 +92,12 @@ size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc);
 /* Checks the caller's workspace against `need`. */
 rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op);
 
+/* Launches a token-loss op: on a GPU the main pass over g->grid blocks, then the one-block
+ * reduce of its partials; on the host the main kernel alone (it does the whole problem).
+ * `kargs` is the one-argument parameter list both kernels take. */
+rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *main_pass, const rlk_kernel_spec *reduce,
+                     const tl_geometry *g, void *stream, void **kargs);
+
 /* Parses a 0/1 precompile flag. */
 rlk_status tl_parse_flag(const char *name, const char *value, int *out);
 

@@ -266,16 +266,6 @@ RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_val
   return st;
 }
 
-static rlk_launch_dims vl_dims(unsigned grid, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = grid ? grid : 1;
-  d.grid[1] = d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  return d;
-}
-
 RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss: ctx is NULL");
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_value_loss: args is NULL");
@@ -289,12 +279,5 @@ RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *a
   if ((st = vl_select(ctx->kind, &k.c, &p))) return st;
   k.k.partials = args->workspace;
   void *kargs[] = {&k.k};
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    rlk_launch_dims d = vl_dims(1, 1);
-    return rlk_context_launch(ctx, &p.main, &d, stream, kargs);
-  }
-  rlk_launch_dims d = vl_dims(k.g.grid, TL_BLOCK);
-  if ((st = rlk_context_launch(ctx, &p.main, &d, stream, kargs))) return st;
-  d = vl_dims(1, TL_REDUCE_BLOCK);
-  return rlk_context_launch(ctx, &p.reduce, &d, stream, kargs);
+  return tl_launch(ctx, &p.main, &p.reduce, &k.g, stream, kargs);
 }
