@@ -1345,11 +1345,7 @@ START_TEST(bad_arguments) {
   rlk_context_destroy(ctx);
 
   /* a compile-only context checks the arguments, then refuses to launch */
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  ctx = rlk_test_compile_only_host_context();
   bad_reset(f);
   f->g.gamma = NAN;
   expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "gamma", "compile-only, bad gamma");
@@ -1365,12 +1361,6 @@ END_TEST
 static const rlk_op_desc *const my_ops[] = {&rlk_op_gae, &rlk_op_discounted_returns,
                                             &rlk_op_reverse_cumsum, &rlk_op_masked_whiten};
 #define N_MY_OPS (sizeof my_ops / sizeof my_ops[0])
-
-static uint64_t compiles_of(rlk_context *ctx) {
-  rlk_counters c;
-  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
-  return c.compiles;
-}
 
 /* Precompiling a configuration builds exactly what the matching call looks up. */
 START_TEST(plan_matches_call) {
@@ -1390,7 +1380,7 @@ START_TEST(plan_matches_call) {
     rlk_status st = rlk_precompile(ctx, lines[row], &n);
     ck_assert_msg(st == RLK_OK, "%s: %s", lines[row], rlk_last_error());
     ck_assert_int_eq(n, kernels[row]);
-    const uint64_t before = compiles_of(ctx);
+    const uint64_t before = rlk_test_compiles(ctx);
     ck_assert_uint_eq(before, (uint64_t)kernels[row]);
     uint64_t rng = rlk_test_seed() + (uint64_t)row;
     if (row == 0) {
@@ -1414,8 +1404,8 @@ START_TEST(plan_matches_call) {
       free(x);
       free(m);
     }
-    ck_assert_msg(compiles_of(ctx) == before, "%s: the call compiled %llu more kernels", lines[row],
-                  (unsigned long long)(compiles_of(ctx) - before));
+    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", lines[row],
+                  (unsigned long long)(rlk_test_compiles(ctx) - before));
     rlk_context_destroy(ctx);
   }
 }

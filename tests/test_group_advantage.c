@@ -757,11 +757,7 @@ START_TEST(bad_arguments) {
   rlk_context_destroy(ctx);
 
   /* a compile-only context checks the arguments, then refuses to launch */
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  ctx = rlk_test_compile_only_host_context();
   bad_reset(f);
   f->a.group_size = 5;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "group_size", "compile-only, bad group size");
@@ -773,12 +769,6 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
-
-static uint64_t compiles_of(rlk_context *ctx) {
-  rlk_counters c;
-  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
-  return c.compiles;
-}
 
 /* Precompiling a configuration builds exactly what the matching call looks up: the call after
  * it compiles nothing, with JIT compiles counted on a fresh cache. */
@@ -815,7 +805,7 @@ START_TEST(plan_matches_call) {
     rlk_status st = rlk_precompile(ctx, rows[i].line, &n);
     ck_assert_msg(st == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
     ck_assert_int_eq(n, rows[i].kernels);
-    const uint64_t before = compiles_of(ctx);
+    const uint64_t before = rlk_test_compiles(ctx);
     ck_assert_uint_eq(before, (uint64_t)rows[i].kernels);
     ga_case c = rows[i].c;
     if (c.group_size == 0) {
@@ -824,8 +814,8 @@ START_TEST(plan_matches_call) {
     }
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL, NULL);
-    ck_assert_msg(compiles_of(ctx) == before, "%s: the call compiled %llu more kernels", rows[i].line,
-                  (unsigned long long)(compiles_of(ctx) - before));
+    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", rows[i].line,
+                  (unsigned long long)(rlk_test_compiles(ctx) - before));
     rlk_context_destroy(ctx);
   }
 }

@@ -895,11 +895,7 @@ START_TEST(bad_arguments) {
   rlk_context_destroy(ctx);
 
   /* a compile-only context checks the arguments, then refuses to launch */
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  ctx = rlk_test_compile_only_host_context();
   bad_reset(f);
   f->a.temperature = 0.0f;
   expect_bad_fwd(ctx, f, E, "temperature", "compile-only, bad temperature");
@@ -911,12 +907,6 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
-
-static uint64_t compiles_of(rlk_context *ctx) {
-  rlk_counters k;
-  ck_assert_int_eq(rlk_context_counters(ctx, &k), RLK_OK);
-  return k.compiles;
-}
 
 /* Plans a configuration line (without the op name) on ctx. */
 static rlk_status plan_line(const rlk_context *ctx, const char *settings, rlk_kernel_spec *specs,
@@ -964,7 +954,7 @@ START_TEST(plan_matches_call) {
     rlk_status st = rlk_precompile(ctx, rows[i].line, &n);
     ck_assert_msg(st == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
     ck_assert_int_eq(n, rows[i].kernels);
-    const uint64_t before = compiles_of(ctx);
+    const uint64_t before = rlk_test_compiles(ctx);
     ck_assert_uint_eq(before, (uint64_t)rows[i].kernels);
     lp_case c = base_case(3, rows[i].V, rows[i].dt);
     c.label_dtype = rows[i].labels;
@@ -974,8 +964,8 @@ START_TEST(plan_matches_call) {
     c.g_H = rows[i].entropy;
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL);
-    ck_assert_msg(compiles_of(ctx) == before, "%s: the calls compiled %llu more kernels",
-                  rows[i].line, (unsigned long long)(compiles_of(ctx) - before));
+    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the calls compiled %llu more kernels",
+                  rows[i].line, (unsigned long long)(rlk_test_compiles(ctx) - before));
     rlk_context_destroy(ctx);
   }
 }

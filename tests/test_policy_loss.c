@@ -1755,11 +1755,7 @@ START_TEST(bad_arguments) {
   rlk_context_destroy(ctx);
 
   /* a compile-only context checks the arguments, then refuses to launch */
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  ctx = rlk_test_compile_only_host_context();
   bad_reset(f);
   f->a.token_normalizer = 0;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer", "compile-only, bad normalizer");
@@ -1771,12 +1767,6 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
-
-static uint64_t compiles_of(rlk_context *ctx) {
-  rlk_counters c;
-  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
-  return c.compiles;
-}
 
 /* Precompiling a configuration builds what the call looks up: the call compiles nothing. */
 START_TEST(plan_matches_call) {
@@ -1794,7 +1784,7 @@ START_TEST(plan_matches_call) {
   ck_assert_int_eq(n, 1);
   ck_assert_msg(rlk_precompile(ctx, "value_loss dtype=f64 mask=f32", &n) == RLK_OK, "%s", rlk_last_error());
   ck_assert_int_eq(n, 1);
-  const uint64_t before = compiles_of(ctx);
+  const uint64_t before = rlk_test_compiles(ctx);
   ck_assert_uint_eq(before, 2);
   uint64_t rng = rlk_test_seed() + 99;
   pl_case c = base_case(5, 9);
@@ -1807,8 +1797,8 @@ START_TEST(plan_matches_call) {
   v.s.dtype = RLK_F64;
   v.s.mask_dtype = RLK_F32;
   vl_run(ctx, v, &rng);
-  ck_assert_msg(compiles_of(ctx) == before, "the calls compiled %llu more kernels",
-                (unsigned long long)(compiles_of(ctx) - before));
+  ck_assert_msg(rlk_test_compiles(ctx) == before, "the calls compiled %llu more kernels",
+                (unsigned long long)(rlk_test_compiles(ctx) - before));
   rlk_context_destroy(ctx);
 }
 END_TEST

@@ -106,6 +106,23 @@ const char *rlk_test_bin_dir(void) {
   return d && *d ? d : "build/bin";
 }
 
+uint64_t rlk_test_compiles(rlk_context *ctx) {
+  rlk_counters c;
+  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
+  return c.compiles;
+}
+
+rlk_context *rlk_test_compile_only_host_context(void) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.compile_only = 1;
+  rlk_context *ctx = NULL;
+  rlk_status st = rlk_context_create(&ctx, &o);
+  ck_assert_msg(st == RLK_OK, "compile-only host context: %s: %s", rlk_status_string(st), rlk_last_error());
+  return ctx;
+}
+
 rlk_context *rlk_test_host_context(void) {
   rlk_context_options o;
   rlk_context_options_init(&o);

@@ -43,6 +43,13 @@ struct rlk_op_desc;
  * compile error. `label` names the ops in messages. */
 void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
 
+/* Kernels a context has compiled so far (its compiles counter). */
+uint64_t rlk_test_compiles(rlk_context *ctx);
+
+/* A compile-only host context (checks arguments and compiles, never launches); fails the test
+ * on error. */
+rlk_context *rlk_test_compile_only_host_context(void);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
