@@ -32,7 +32,6 @@ __global__ void __launch_bounds__(BLOCK)
                 "SEG: a power of two up to a warp, or the whole block");
   static_assert(BLOCK % RLK_WARP_SIZE == 0 && BLOCK <= RLK_MAX_BLOCK, "BLOCK");
   constexpr int B = logit_traits<DT>::bytes;
-  constexpr int E = epv<DT>::value;
   constexpr int RPB = BLOCK / SEG;
   constexpr int NWARPS = BLOCK / RLK_WARP_SIZE;
   __shared__ state scratch[NWARPS];
@@ -51,39 +50,12 @@ __global__ void __launch_bounds__(BLOCK)
         y = load_label(labels, row, label_stride);
         if (y >= 0 && y < V) xy = load_logit<DT>(r, y);
       }
-      const row_split<DT> sp(r, V);
-      for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
-      const i64 t0 = sp.head + sp.nvec * E;
-      for (i64 j = lane; j < sp.tail; j += SEG)
-        add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);
-      const u8 *vb = r + sp.head * B;
-      i64 v = lane;
-      for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
-        u32x4 raw[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
-        add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
-      }
-      for (; v < sp.nvec; v += SEG) {
-        u32x4 raw[1];
-        raw[0] = load_stream(vb + v * 16);
-        add_vectors<DT, 1, ENTROPY>(st, raw, c);
-      }
+      st = thread_row_state<DT, SEG, UNROLL, ENTROPY>(r, V, c, lane);
     }
-    if constexpr (SEG > RLK_WARP_SIZE) {
-      st = segment_merge<RLK_WARP_SIZE, ENTROPY>(st, c);
-      const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
-      if (threadIdx.x % RLK_WARP_SIZE == 0) scratch[warp] = st;
-      __syncthreads();
-      if (warp == 0) {
-        const int l = (int)threadIdx.x;
-        st = l < NWARPS ? scratch[l] : empty_state();
-        st = segment_merge<RLK_WARP_SIZE, ENTROPY>(st, c);
-      }
-      __syncthreads(); /* scratch is free for the next row */
-    } else {
+    if constexpr (SEG > RLK_WARP_SIZE)
+      st = block_merge<BLOCK, ENTROPY>(st, c, scratch);
+    else
       st = segment_merge<SEG, ENTROPY>(st, c);
-    }
     if (row < N && lane == 0)
       write_row<ENTROPY>(st, row, y, xy, V, ignore_index, temperature, logp, lse, entropy, status);
   }

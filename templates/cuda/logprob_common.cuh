@@ -252,6 +252,11 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
   return (i64)labels[row * stride];
 }
 
+/* A row's log-prob of label y from its merged state, `xy` the raw logit at y; ln_s = log(st.s). */
+RLK_DEVICE float row_logp(const state &st, float xy, float ln_s, float temperature) {
+  return (xy - st.m) / temperature - ln_s;
+}
+
 /* Writes a row's outputs from its merged state. `y` is its label; `xy` the raw logit at the label
  * (read before the reduction so its latency hides behind it). Ignored rows (y == ignore_index) get
  * logp 0 (lse and entropy as usual); a label outside [0, V) makes every output of the row NaN and
@@ -268,7 +273,7 @@ RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 
   } else {
     l = st.m / temperature + ln_s;
     h = ENTROPY ? ln_s - RLK_LP_LN2 * (st.q / st.s) : 0.0f;
-    lp = y == ignore_index ? 0.0f : (xy - st.m) / temperature - ln_s;
+    lp = y == ignore_index ? 0.0f : row_logp(st, xy, ln_s, temperature);
   }
   logp[row] = lp;
   if (lse) lse[row] = l;
@@ -289,6 +294,55 @@ template <int DT> struct row_split {
     tail = V - h - nvec * epv<DT>::value;
   }
 };
+
+/* One thread's share of a row's forward state: lane `lane` of a row segment of SEG threads folds in
+ * the scalar head and tail elements j = lane, lane + SEG, ... and its 16-byte vectors lane,
+ * lane + SEG, ..., UNROLL vectors a chunk (their loads in flight together), then one at a time.
+ * Every forward kernel whose outputs must agree bitwise with logprob_fwd (the sampler's log-probs)
+ * computes its per-thread states through this function. */
+template <int DT, int SEG, int UNROLL, bool ENTROPY>
+RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
+  constexpr int B = logit_traits<DT>::bytes;
+  constexpr int E = epv<DT>::value;
+  state st = empty_state();
+  const row_split<DT> sp(r, V);
+  for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
+  const i64 t0 = sp.head + sp.nvec * E;
+  for (i64 j = lane; j < sp.tail; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);
+  const u8 *vb = r + sp.head * B;
+  i64 v = lane;
+  for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
+    u32x4 raw[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+    add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
+  }
+  for (; v < sp.nvec; v += SEG) {
+    u32x4 raw[1];
+    raw[0] = load_stream(vb + v * 16);
+    add_vectors<DT, 1, ENTROPY>(st, raw, c);
+  }
+  return st;
+}
+
+/* Merges the states of a block's BLOCK threads (BLOCK > a warp, one row per block) in
+ * logprob_fwd's fixed tree: a butterfly in each warp, then warp 0 merges the warps' states (a
+ * butterfly over NWARPS lanes, the rest empty). The result is valid in warp 0. `scratch` holds
+ * BLOCK / warp states; every thread of the block must call it (it synchronizes twice). */
+template <int BLOCK, bool ENTROPY> RLK_DEVICE state block_merge(state st, float c, state *scratch) {
+  constexpr int NWARPS = BLOCK / RLK_WARP_SIZE;
+  st = segment_merge<RLK_WARP_SIZE, ENTROPY>(st, c);
+  const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
+  if (threadIdx.x % RLK_WARP_SIZE == 0) scratch[warp] = st;
+  __syncthreads();
+  if (warp == 0) {
+    const int l = (int)threadIdx.x;
+    st = l < NWARPS ? scratch[l] : empty_state();
+    st = segment_merge<RLK_WARP_SIZE, ENTROPY>(st, c);
+  }
+  __syncthreads(); /* scratch is free again */
+  return st;
+}
 
 } /* namespace lp */
 } /* namespace rlk */
