@@ -764,6 +764,83 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
                                         void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: sampling one token per row                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Bits that rlk_sample ORs into the caller's status word. A row that raises one gets token -1. */
+#define RLK_SAMPLE_STATUS_NAN 1       /* a NaN or +inf logit (logp and logp_filtered NaN) */
+#define RLK_SAMPLE_STATUS_NO_TOKEN 2  /* every logit -inf (logp and logp_filtered -inf) */
+#define RLK_SAMPLE_STATUS_BAD_PARAM 4 /* a per-row setting out of range (outputs NaN) */
+
+/* Samples one token per row of logits [B, V] with z = logits / temperature in fp32, p = softmax(z).
+ *
+ * Filters, per row, each an upper set of logit values (ties at a threshold are kept together,
+ * like vLLM's masked_fill of logits below the threshold):
+ *   min_p > 0:  keep p_j >= min_p * p_max, computed as (x_j - x_max) log2(e) / T >= log2(min_p);
+ *   top_k > 0:  keep x_j >= the k-th largest logit (k >= V keeps every token);
+ *   top_p < 1:  over the renormalized distribution of what min-p and top-k kept, keep token j when
+ *               the mass of the kept tokens with a strictly larger logit is below top_p (so the
+ *               largest logit always stays) - vLLM's order: min-p, then top-k, then top-p.
+ * The token is drawn from the kept tokens' renormalized probabilities. temperature 0 is greedy: the
+ * argmax (the lowest index among equal maxima), filters ignored.
+ *
+ * Randomness: one Philox4x32-10 block per row, key = the row's seed, counter = (offset, row index
+ * when the seed is the scalar shared by the batch, else 0). A per-row seed makes a row's draw a
+ * function of its own seed, offset, logits and settings alone (not of B or its place in the batch);
+ * advance the offset between decoding steps. Seeds and offsets may live in device memory, so a CUDA
+ * graph can capture the call and replay it with new values.
+ *
+ * Exactness: probabilities are fixed-point masses 2^((x - x_max) / T log2 e) scaled by 2^40 (their
+ * sums exact integers), and the draw picks the token whose mass interval holds umulhi(draw, total):
+ * a token's probability is its mass over the kept total to within 2^-40 of the largest, up to the
+ * fp32 rounding of the exponentials. No full sort of the vocabulary: see templates/cuda/sample.cuh.
+ *
+ * logp is the sampled token's log-prob under the temperature-scaled full distribution, bitwise
+ * equal to what rlk_logprob returns on this context for the same logits row, temperature and label
+ * (its vector kernel, the default, with block logprob_block and unroll logprob_unroll); greedy rows
+ * use temperature 1 there. logp_filtered is its log-prob under the kept, renormalized distribution
+ * (logp where nothing is filtered out, 0 for greedy rows).
+ *
+ * Per-row settings out of range in device memory cannot be refused without synchronizing: those
+ * rows get token -1 and RLK_SAMPLE_STATUS_BAD_PARAM. */
+typedef struct rlk_sample_args {
+  /* [B, V] f32, bf16 or f16; rows contiguous, row stride >= V; 1 <= V < 2^23. Never written. */
+  rlk_tensor logits;
+  /* Settings: the tensor, [B] contiguous, one value per row; absent, the scalar for every row. */
+  rlk_tensor temperatures; /* f32 */
+  float temperature;       /* >= 0 and finite; 0: greedy */
+  rlk_tensor top_ks;       /* i32 or i64 */
+  int64_t top_k;           /* >= 0; 0 or >= V: off */
+  rlk_tensor top_ps;       /* f32 */
+  float top_p;             /* in (0, 1]; 1: off */
+  rlk_tensor min_ps;       /* f32 */
+  float min_p;             /* in [0, 1]; 0: off */
+  rlk_tensor seeds;        /* i64 (read as unsigned bit patterns) */
+  uint64_t seed;
+  rlk_tensor offsets;      /* i64 (read as unsigned bit patterns) */
+  uint64_t offset;
+  /* Outputs, [B] contiguous: tokens i32 or i64 (required); logp and logp_filtered f32 (optional). */
+  rlk_tensor tokens;
+  rlk_tensor logp;
+  rlk_tensor logp_filtered;
+  /* Optional i32 [1] (device memory): RLK_SAMPLE_STATUS_* bits are OR-ed into it, never cleared. */
+  rlk_tensor status;
+  /* The rlk_logprob tuning (its block and unroll; 0: its defaults) whose rounding logp reproduces. */
+  int logprob_block;
+  int logprob_unroll;
+} rlk_sample_args;
+
+/* Fills `args` with vLLM's neutral defaults: temperature 1, top_k 0, top_p 1, min_p 0, seed and
+ * offset 0, logprob tuning 0, every tensor absent. */
+RLK_API void rlk_sample_args_init(rlk_sample_args *args);
+
+/* Samples a token per row on `stream`: one launch, no device memory allocated, no
+ * synchronization. Deterministic: the same inputs, seeds and offsets give the same tokens and
+ * log-probs on the same device, whatever the batch around a row with its own seed. Without
+ * filters the logits are read once; filters add a pass or more over rows that use them. */
+RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Precompiling                                                             */
 /* ------------------------------------------------------------------------ */
 

@@ -802,3 +802,25 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   }
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }
+
+/* ---------------------------------------------------------------------------------- */
+/* The forward's row layout, for kernels that must agree with it bitwise               */
+/* ---------------------------------------------------------------------------------- */
+
+rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
+                                  int unroll, int *seg, int *unroll_out) {
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = lp_dt_of(logits);
+  c.labels = RLK_I64;
+  c.V = V;
+  c.variant = RLK_LOGPROB_VARIANT_VEC;
+  c.block = block;
+  c.unroll = unroll;
+  lp_choice ch;
+  rlk_status st = lp_select_fwd(ctx, &c, &ch);
+  if (st) return st;
+  *seg = (int)ch.spec.values[3];
+  *unroll_out = (int)ch.spec.values[4];
+  return RLK_OK;
+}

@@ -44,6 +44,15 @@ extern const rlk_op_desc rlk_op_discounted_returns;
 extern const rlk_op_desc rlk_op_reverse_cumsum;
 extern const rlk_op_desc rlk_op_masked_whiten;
 extern const rlk_op_desc rlk_op_logprob;
+extern const rlk_op_desc rlk_op_sample;
+
+/* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows
+ * of V elements, with its tuning requests `block` and `unroll` (0: the defaults): the threads per
+ * row and the vectors per chunk that fix how a row's sums are rounded. A kernel that computes a
+ * row with thread_row_state over this layout (templates/cuda/logprob_common.cuh) gets
+ * rlk_logprob's bits. */
+rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
+                                  int unroll, int *seg, int *unroll_out);
 
 /* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);

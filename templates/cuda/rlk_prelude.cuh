@@ -181,6 +181,23 @@ template <typename T> RLK_DEVICE T shfl_xor(T v, int lane_mask) {
 #endif
 }
 
+/* The value of lane `src` of the warp, and of the lane `delta` below (a lane's own below 0). */
+template <typename T> RLK_DEVICE T shfl_idx(T v, int src) {
+#if defined(RLK_HIP)
+  return __shfl(v, src);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+template <typename T> RLK_DEVICE T shfl_up(T v, int delta) {
+#if defined(RLK_HIP)
+  return __shfl_up(v, (unsigned)delta);
+#else
+  return __shfl_up_sync(0xffffffffu, v, (unsigned)delta);
+#endif
+}
+
 /* Sum over aligned segments of W lanes (W a power of two, at most a warp), as a butterfly:
  * every lane of a segment ends with the same, bitwise identical total (each step adds the
  * same two values, and float addition is commutative). Every lane of the warp must call it. */

@@ -1,0 +1,308 @@
+/* sample.c - sampling one token per row (temperature, top-k, top-p, min-p, greedy) with per-row
+ * Philox seeds: validation, variant selection, the launch.
+ *
+ * One kernel (templates/cuda/sample.cuh, templates/host/sample.c), one launch, a block per row.
+ * Its first pass over a row is rlk_logprob's vector forward over the same row layout, so the
+ * sampled token's logp is rlk_logprob's, bit for bit; the layout comes from the logprob op itself
+ * (rlk_logprob_vec_layout), with the caller's logprob_block / logprob_unroll when they tuned it.
+ *
+ * Specialization: the logits dtype, the token dtype, the row layout (SEG threads per row, UNROLL
+ * vectors per chunk), whether any filter can be on (a kernel without the filter code is smaller and
+ * keeps two 512-thread blocks per SM), and CAP, the candidates that fit in shared memory (CUDA
+ * 4096: 64 KB; HIP 2048: LDS is 64 KB a workgroup). Per-row settings are read at run time, so one
+ * kernel serves every mix of settings in a batch.
+ *
+ * The selection (smp_select) is the one function a call and rlk_precompile's plan go through. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+
+static const char *const smp_dt_names[] = {"f32", "f16", "bf16", NULL};
+
+enum { SMP_DT_F32 = 0, SMP_DT_F16 = 1, SMP_DT_BF16 = 2 };
+
+#define SMP_TOKEN_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
+#define SMP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
+/* Fixed-point masses are 2^40 at most each: V below 2^23 keeps a row's sum below 2^63. */
+#define SMP_MAX_V (((int64_t)1 << 23) - 1)
+
+static const rlk_param_decl smp_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
+    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
+    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"filter", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"cap", RLK_PARAM_INT, 32, 8192, 1, 0, NULL},
+};
+
+static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "host/sample.c",
+                                      sizeof smp_params / sizeof smp_params[0], smp_params};
+
+/* Candidates in shared memory and the filtered kernel's dynamic shared memory (the larger of a
+ * 2048-bin histogram of counts and masses, 24 KB, and CAP candidates of 16 bytes). */
+#define SMP_CAP_CUDA 4096
+#define SMP_CAP_HIP 2048
+#define SMP_HIST_BYTES (2048u * (4u + 8u))
+#define SMP_CAND_BYTES 16u
+
+/* What selects the kernel. */
+typedef struct smp_config {
+  rlk_dtype logits;
+  rlk_dtype tokens;
+  int64_t V;
+  int filter;
+  int logprob_block, logprob_unroll;
+} smp_config;
+
+typedef struct smp_choice {
+  rlk_kernel_spec spec;
+  int threads;
+  size_t smem;
+} smp_choice;
+
+static int smp_dt_code(rlk_dtype d) {
+  return d == RLK_F32 ? SMP_DT_F32 : (d == RLK_F16 ? SMP_DT_F16 : SMP_DT_BF16);
+}
+
+static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_choice *ch) {
+  memset(ch, 0, sizeof *ch);
+  int seg = 1, unroll = 1;
+  rlk_status st = rlk_logprob_vec_layout(ctx, c->logits, c->V, c->logprob_block, c->logprob_unroll,
+                                         &seg, &unroll);
+  if (st) return st;
+  const int warp = ctx->kind == RLK_BACKEND_HIP ? 64 : 32;
+  const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
+  ch->spec.tmpl = &smp_tmpl;
+  ch->spec.values[0] = smp_dt_code(c->logits);
+  ch->spec.values[1] = c->tokens;
+  ch->spec.values[2] = seg;
+  ch->spec.values[3] = unroll;
+  ch->spec.values[4] = c->filter ? 1 : 0;
+  ch->spec.values[5] = cap;
+  ch->threads = seg > warp ? seg : warp;
+  if (c->filter) {
+    const size_t cand = (size_t)cap * SMP_CAND_BYTES;
+    ch->smem = cand > SMP_HIST_BYTES ? cand : SMP_HIST_BYTES;
+  }
+  return rlk_spec_validate(&ch->spec);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status smp_parse_int(const char *name, const char *value, int64_t lo, int64_t hi,
+                                int64_t *out) {
+  char *end = NULL;
+  long long v = strtoll(value, &end, 10);
+  if (!*value || *end || v < lo || v > hi)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
+                     value, (long long)lo, (long long)hi);
+  *out = v;
+  return RLK_OK;
+}
+
+static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
+                                  const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+                                  size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: ctx is NULL");
+  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: no room for the specs");
+  smp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = RLK_BF16;
+  c.tokens = RLK_I64;
+  c.V = 151936;
+  c.filter = 1;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    int64_t x = 0;
+    rlk_status st = RLK_OK;
+    if (!strcmp(n, "logits")) {
+      if (!strcmp(v, "f32"))
+        c.logits = RLK_F32;
+      else if (!strcmp(v, "f16"))
+        c.logits = RLK_F16;
+      else if (!strcmp(v, "bf16"))
+        c.logits = RLK_BF16;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not f32, f16 or bf16", v);
+    } else if (!strcmp(n, "tokens")) {
+      if (!strcmp(v, "i32"))
+        c.tokens = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        c.tokens = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: '%s' is not i32 or i64", v);
+    } else if (!strcmp(n, "filters")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "filters: '%s' is not 0 or 1", v);
+      c.filter = v[0] == '1';
+    } else if (!strcmp(n, "vocab")) {
+      if (!(st = smp_parse_int(n, v, 1, SMP_MAX_V, &x))) c.V = x;
+    } else if (!strcmp(n, "logprob_block")) {
+      if (!(st = smp_parse_int(n, v, 0, 1024, &x))) c.logprob_block = (int)x;
+    } else if (!strcmp(n, "logprob_unroll")) {
+      if (!(st = smp_parse_int(n, v, 0, 8, &x))) c.logprob_unroll = (int)x;
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "sample: unknown setting '%s' (known: logits tokens filters vocab "
+                       "logprob_block logprob_unroll)",
+                       n);
+    }
+    if (st) return st;
+  }
+  smp_choice ch;
+  rlk_status st = smp_select(ctx, &c, &ch);
+  if (st) return st;
+  specs[0] = ch.spec;
+  *nspecs = 1;
+  return RLK_OK;
+}
+
+static const char smp_help[] =
+    "logits: f32|f16|bf16 (bf16)\n"
+    "tokens: i32|i64, the token ids' dtype (i64)\n"
+    "filters: 0|1, whether top-k, top-p or min-p can be on (1; 0: temperature and greedy only)\n"
+    "vocab: V, picks the row layout (151936)\n"
+    "logprob_block, logprob_unroll: the rlk_logprob tuning logp reproduces, 0 for its defaults (0)\n";
+
+static const char *const smp_samples[] = {
+    "sample logits=bf16 tokens=i64 filters=1",
+    "sample logits=f32 tokens=i32 filters=0",
+    "sample logits=f16 tokens=i64 filters=1 vocab=32000",
+    /* short rows: a warp segment per row */
+    "sample logits=f32 tokens=i64 filters=1 vocab=1000",
+    "sample logits=bf16 tokens=i32 filters=0 vocab=64",
+    NULL};
+
+const rlk_op_desc rlk_op_sample = {"sample", smp_help, smp_plan_config, smp_samples, NULL};
+
+/* ---------------------------------------------------------------------------------- */
+/* Validation                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+/* An optional per-row tensor [B], contiguous. */
+static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, uint32_t dtypes,
+                                       int64_t B) {
+  if (!t->data) return RLK_OK;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (B)", what,
+                     (long long)t->shape[0], (long long)B);
+  return rlk_check_contiguous(t, what);
+}
+
+RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->top_p = 1.0f;
+}
+
+RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_sample: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_sample: args is NULL");
+  rlk_status st;
+  const rlk_tensor *L = &a->logits;
+  if ((st = rlk_check_tensor(L, "logits", 1))) return st;
+  if ((st = rlk_check_dtype(L, "logits", SMP_LOGIT_DTYPES))) return st;
+  if ((st = rlk_check_ndim(L, "logits", 2, 2))) return st;
+  const int64_t B = L->shape[0], V = L->shape[1];
+  if (V > 1 && L->strides[1] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: stride[1] = %lld, rows must be contiguous",
+                     (long long)L->strides[1]);
+  if (B > 1 && L->strides[0] < V)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: row stride %lld is less than the row length %lld",
+                     (long long)L->strides[0], (long long)V);
+  if (V > SMP_MAX_V)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: V = %lld, at most %lld", (long long)V,
+                     (long long)SMP_MAX_V);
+  const int64_t row_stride = B > 1 ? L->strides[0] : V;
+  if (row_stride > ((int64_t)1 << 56) / B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: %lld rows of stride %lld are too large",
+                     (long long)B, (long long)row_stride);
+
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32), i64 = RLK_DTYPE_BIT(RLK_I64);
+  if ((st = smp_check_row_tensor(&a->temperatures, "temperatures", f32, B))) return st;
+  if ((st = smp_check_row_tensor(&a->top_ks, "top_ks", SMP_TOKEN_DTYPES, B))) return st;
+  if ((st = smp_check_row_tensor(&a->top_ps, "top_ps", f32, B))) return st;
+  if ((st = smp_check_row_tensor(&a->min_ps, "min_ps", f32, B))) return st;
+  if ((st = smp_check_row_tensor(&a->seeds, "seeds", i64, B))) return st;
+  if ((st = smp_check_row_tensor(&a->offsets, "offsets", i64, B))) return st;
+  if (!a->temperatures.data && !(a->temperature >= 0.0f && isfinite(a->temperature)))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and >= 0 (0: greedy)",
+                     (double)a->temperature);
+  if (!a->top_ks.data && a->top_k < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: %lld must be >= 0 (0: off)",
+                     (long long)a->top_k);
+  if (!a->top_ps.data && !(a->top_p > 0.0f && a->top_p <= 1.0f))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_p: %g is not in (0, 1] (1: off)", (double)a->top_p);
+  if (!a->min_ps.data && !(a->min_p >= 0.0f && a->min_p <= 1.0f))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "min_p: %g is not in [0, 1] (0: off)", (double)a->min_p);
+
+  if ((st = smp_check_row_tensor(&a->tokens, "tokens", SMP_TOKEN_DTYPES, B))) return st;
+  if (!a->tokens.data) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: data is NULL");
+  if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B))) return st;
+  if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B))) return st;
+  if (a->status.data) {
+    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
+    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+    if ((st = rlk_check_ndim(&a->status, "status", 1, 1))) return st;
+  }
+  const void *outs[4] = {a->tokens.data, a->logp.data, a->logp_filtered.data, a->status.data};
+  for (int i = 0; i < 4; i++)
+    for (int j = i + 1; j < 4; j++)
+      if (outs[i] && outs[i] == outs[j])
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "tokens, logp, logp_filtered, status: outputs must be distinct");
+  if (a->logprob_block < 0 || a->logprob_unroll < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
+  if ((st = rlk_context_require_device(ctx, "rlk_sample"))) return st;
+
+  smp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = L->dtype;
+  c.tokens = a->tokens.dtype;
+  c.V = V;
+  /* the filter code is in when a filter can be on in some row */
+  c.filter = a->top_ks.data || a->top_ps.data || a->min_ps.data || (a->top_k > 0 && a->top_k < V) ||
+             a->top_p < 1.0f || a->min_p > 0.0f;
+  c.logprob_block = a->logprob_block;
+  c.logprob_unroll = a->logprob_unroll;
+  smp_choice ch;
+  if ((st = smp_select(ctx, &c, &ch))) return st;
+
+  const void *logits = L->data;
+  int64_t rs = row_stride, b = B, v = V, top_k = a->top_k;
+  float temperature = a->temperature, top_p = a->top_p, min_p = a->min_p;
+  uint64_t seed = a->seed, offset = a->offset;
+  const void *temperatures = a->temperatures.data, *top_ps = a->top_ps.data, *min_ps = a->min_ps.data;
+  const void *seeds = a->seeds.data, *offsets = a->offsets.data;
+  const void *top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
+  const void *top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
+  void *tokens = a->tokens.data, *logp = a->logp.data, *logp_filtered = a->logp_filtered.data;
+  void *status = a->status.data;
+  void *kargs[] = {&logits,   &rs,   &b,        &v,     &temperatures, &temperature, &top_ks32,
+                   &top_ks64, &top_k, &top_ps,  &top_p, &min_ps,       &min_p,       &seeds,
+                   &seed,     &offsets, &offset, &tokens, &logp,       &logp_filtered, &status};
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(B < (1 << 20) ? B : (1 << 20));
+  d.grid[1] = d.grid[2] = 1;
+  d.block[0] = ctx->kind == RLK_BACKEND_HOST ? 1u : (unsigned)ch.threads;
+  d.block[1] = d.block[2] = 1;
+  d.shared_bytes = ctx->kind == RLK_BACKEND_HOST ? 0 : ch.smem;
+  if (ctx->kind == RLK_BACKEND_HOST) d.grid[0] = 1;
+  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+}

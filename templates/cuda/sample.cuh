@@ -1,0 +1,749 @@
+/* sample.cuh - one token per row of logits: temperature, top-k, top-p, min-p, greedy, with
+ * per-row Philox seeds, and the sampled token's log-prob bitwise equal to logprob_fwd's.
+ *
+ * Entry (launched by src/ops/sample.c): rlk::sample, one block per row (rows grid-strided).
+ *
+ * The log-prob. A row's first pass is logprob_fwd's own (thread_row_state over the same row
+ * layout SEG x UNROLL, merged in the same tree), so lse, and logp = (x_y - m) / T - ln s, carry the
+ * very bits rlk_logprob writes for that row, temperature and label. T = 0 (greedy) rows use T = 1.
+ *
+ * Sampling without a sort. Every probability is handled as a fixed-point mass
+ *   mass(x) = floor(2^((x - M) c) 2^40),  c = log2(e) / T,  M the row's maximum,
+ * so a row's sums are exact 64-bit integers, the same in any order. A 64-bit Philox draw r picks
+ * the token whose mass interval [P, P + mass) contains umulhi(r, Z) (Z the total): inverse-CDF
+ * sampling in exact arithmetic, with no prefix-sum rounding to go wrong.
+ *   - No filter: the first pass already holds each thread's (max, sum) state; its weight picks a
+ *     thread's share of the row, and a second draw picks an element of that share (re-read by one
+ *     warp). One pass over the row in all.
+ *   - Filters keep an upper set {x >= tau} (see src/ops/sample.c for the exact semantics: ties at a
+ *     threshold are kept). The thresholds are found without sorting the vocabulary:
+ *       top-k <= SEG: the k-th largest of the threads' maxima bounds the k-th largest logit from
+ *         below, so {x >= that} holds the top-k set, typically about k elements; they are gathered
+ *         into shared memory (at most CAP) and finished there (a bitonic sort of the candidates,
+ *         exact top-k, min-p and top-p on their masses). Two passes.
+ *       otherwise a radix select over order-preserving keys of the logits (11-bit digits, one
+ *         pass each): counts for top-k, masses for top-p; as soon as what remains fits in CAP it is
+ *         gathered and finished in shared memory. min-p is a direct threshold on (x - M) c.
+ *     then the token is drawn from the kept set: in shared memory, or by a masked pass that sums
+ *     each thread's kept masses (a thread's share, then an element of it, from one draw).
+ * Bits of the caller's status word: 1 a NaN or +inf logit (token -1, outputs NaN), 2 no finite
+ * logit (token -1), 4 a per-row setting out of range (token -1). */
+#ifndef RLK_SAMPLE_CUH
+#define RLK_SAMPLE_CUH
+
+#include "logprob_common.cuh"
+#include "rlk_philox.cuh"
+
+namespace rlk {
+namespace smp {
+
+using namespace lp;
+
+enum { STATUS_NAN = 1, STATUS_NO_TOKEN = 2, STATUS_BAD_PARAM = 4 };
+
+/* Digits of the radix select: bins of the histogram pass. */
+constexpr int DIGIT_BITS = 11;
+constexpr int BINS = 1 << DIGIT_BITS;
+
+/* 2^40: masses are relative to the row maximum (which weighs 2^40); V < 2^23 keeps sums < 2^63. */
+#define RLK_SMP_MASS_SCALE 1099511627776.0f
+#define RLK_SMP_LN2_D 0.69314718055994530942
+
+RLK_DEVICE u64 mass_of(float x, float c, float Mc) {
+  return (u64)(exp2_approx(fmaf(x, c, -Mc)) * RLK_SMP_MASS_SCALE);
+}
+
+/* An order-preserving unsigned key of a float (-0 and +0 alike), keeping its KW significant bits:
+ * 32 for f32, 16 for bf16, 19 for f16 (whose values, widened, end in 13 zero bits). */
+template <int DT> struct key_width {
+  static constexpr int value = DT == DT_F32 ? 32 : (DT == DT_BF16 ? 16 : 19);
+};
+template <int DT> RLK_DEVICE u32 key_of(float x) {
+  u32 b = float_as_bits(x);
+  if (b == 0x80000000u) b = 0u;
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return b >> (32 - key_width<DT>::value);
+}
+
+/* Calls f(x, j) for every element of lane `lane`'s share of a row, in thread_row_state's order:
+ * scalar head and tail elements j = lane + i SEG, then 16-byte vectors lane + i SEG, UNROLL of them
+ * in flight at a time. */
+template <int DT, typename F> RLK_DEVICE void visit_vector(const u32x4 &v, i64 j0, F &f) {
+  constexpr int E = epv<DT>::value;
+#define RLK_SMP_VJ(J) \
+  if (J < E) f(element<DT, (J < E ? J : 0)>(v), j0 + J);
+  RLK_SMP_VJ(0) RLK_SMP_VJ(1) RLK_SMP_VJ(2) RLK_SMP_VJ(3)
+  RLK_SMP_VJ(4) RLK_SMP_VJ(5) RLK_SMP_VJ(6) RLK_SMP_VJ(7)
+#undef RLK_SMP_VJ
+}
+
+template <int DT, int SEG, int UNROLL, typename F>
+RLK_DEVICE void visit_lane(const u8 *r, i64 V, int lane, F &&f) {
+  constexpr int B = logit_traits<DT>::bytes;
+  constexpr int E = epv<DT>::value;
+  const row_split<DT> sp(r, V);
+  for (i64 j = lane; j < sp.head; j += SEG) f(load_logit<DT>(r, j), j);
+  const i64 t0 = sp.head + sp.nvec * E;
+  for (i64 j = lane; j < sp.tail; j += SEG) f(load_logit<DT>(r, t0 + j), t0 + j);
+  const u8 *vb = r + sp.head * B;
+  i64 v = lane;
+  for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
+    u32x4 raw[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) visit_vector<DT>(raw[u], sp.head + (v + (i64)u * SEG) * E, f);
+  }
+  for (; v < sp.nvec; v += SEG) visit_vector<DT>(load_stream(vb + v * 16), sp.head + v * E, f);
+}
+
+/* visit_lane's elements in the same order, with a small body: the UNROLL vectors of a chunk are
+ * loaded together, then their 32-bit words are walked in a loop (one or two elements each), so a
+ * pass with a large per-element body instantiates it a few times rather than 8 x UNROLL times. */
+template <int DT> struct word_elems {
+  static constexpr int value = DT == DT_F32 ? 1 : 2;
+};
+
+template <int DT, int E2> RLK_DEVICE float word_element(u32 w) {
+  if constexpr (DT == DT_F32) {
+    return bits_as_float(w);
+  } else if constexpr (DT == DT_BF16) {
+    return E2 ? bits_as_float(w & 0xffff0000u) : bits_as_float(w << 16);
+  } else {
+    f16 h;
+    h.bits = (u16)(E2 ? (w >> 16) : (w & 0xffffu));
+    return to_float(h);
+  }
+}
+
+template <int U> RLK_DEVICE u32 word_of(const u32x4 *raw, int k) {
+  u32 w = raw[0].w[0];
+#pragma unroll
+  for (int i = 1; i < 4 * U; ++i)
+    if (i == k) w = raw[i / 4].w[i % 4];
+  return w;
+}
+
+template <int DT, int U, typename F> RLK_DEVICE void visit_words(const u32x4 *raw, i64 j0, F &f) {
+  constexpr int EPW = word_elems<DT>::value;
+#pragma unroll 1
+  for (int k = 0; k < 4 * U; ++k) {
+    const u32 w = word_of<U>(raw, k);
+    f(word_element<DT, 0>(w), j0 + (i64)k * EPW);
+    if constexpr (EPW == 2) f(word_element<DT, 1>(w), j0 + (i64)k * EPW + 1);
+  }
+}
+
+template <int DT, int SEG, int UNROLL, typename F>
+RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
+  constexpr int B = logit_traits<DT>::bytes;
+  constexpr int E = epv<DT>::value;
+  const row_split<DT> sp(r, V);
+  const i64 t0 = sp.head + sp.nvec * E;
+  /* the scalar head and tail through one loop */
+  const i64 ns = (sp.head > lane ? (sp.head - lane + SEG - 1) / SEG : 0);
+  const i64 nt = (sp.tail > lane ? (sp.tail - lane + SEG - 1) / SEG : 0);
+#pragma unroll 1
+  for (i64 q = 0; q < ns + nt; ++q) {
+    const i64 j = q < ns ? lane + q * SEG : t0 + lane + (q - ns) * SEG;
+    f(load_logit<DT>(r, j), j);
+  }
+  const u8 *vb = r + sp.head * B;
+  i64 v = lane;
+#pragma unroll 1
+  for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
+    u32x4 raw[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+    /* the chunk's vectors are SEG apart: walk them one by one */
+#pragma unroll 1
+    for (int u = 0; u < UNROLL; ++u) {
+      u32x4 one[1];
+      one[0] = raw[0];
+#pragma unroll
+      for (int q = 1; q < UNROLL; ++q)
+        if (q == u) one[0] = raw[q];
+      visit_words<DT, 1>(one, sp.head + (v + (i64)u * SEG) * E, f);
+    }
+  }
+#pragma unroll 1
+  for (; v < sp.nvec; v += SEG) {
+    u32x4 one[1];
+    one[0] = load_stream(vb + v * 16);
+    visit_words<DT, 1>(one, sp.head + v * E, f);
+  }
+}
+
+/* Part `part` of `parts` of lane t's share: part 0 takes the scalar head and tail elements, and
+ * the share's vectors t + i SEG go to part i % parts. A fixed order, so that summing the parts'
+ * masses and walking them again picks the same element. */
+template <int DT, int SEG, typename F>
+RLK_DEVICE void visit_lane_part(const u8 *r, i64 V, int t, int part, int parts, F &&f) {
+  constexpr int B = logit_traits<DT>::bytes;
+  constexpr int E = epv<DT>::value;
+  const row_split<DT> sp(r, V);
+  if (part == 0) {
+    for (i64 j = t; j < sp.head; j += SEG) f(load_logit<DT>(r, j), j);
+    const i64 t0 = sp.head + sp.nvec * E;
+    for (i64 j = t; j < sp.tail; j += SEG) f(load_logit<DT>(r, t0 + j), t0 + j);
+  }
+  const u8 *vb = r + sp.head * B;
+#pragma unroll 1
+  for (i64 v = t + (i64)part * SEG; v < sp.nvec; v += (i64)parts * SEG) {
+    u32x4 one[1];
+    one[0] = load_stream(vb + v * 16);
+    visit_words<DT, 1>(one, sp.head + v * E, f);
+  }
+}
+
+/* Inclusive sum over a warp (u64, exact). */
+RLK_DEVICE u64 warp_inclusive_scan(u64 v) {
+  const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
+#pragma unroll
+  for (int o = 1; o < RLK_WARP_SIZE; o <<= 1) {
+    const u64 n = shfl_up(v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
+/* Exclusive sum over the block's NT threads; *total gets the sum. `warps` holds NT / warp values.
+ * Every thread must call it (it synchronizes twice). */
+template <int NT> RLK_DEVICE u64 block_exclusive_scan(u64 v, u64 *warps, u64 *total) {
+  constexpr int NW = NT / RLK_WARP_SIZE;
+  const u64 inc = warp_inclusive_scan(v);
+  const int w = (int)(threadIdx.x / RLK_WARP_SIZE);
+  if (threadIdx.x % RLK_WARP_SIZE == RLK_WARP_SIZE - 1) warps[w] = inc;
+  __syncthreads();
+  u64 before = 0, all = 0;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    const u64 x = warps[i];
+    if (i < w) before += x;
+    all += x;
+  }
+  __syncthreads();
+  *total = all;
+  return before + inc - v;
+}
+
+/* ceil(p Z) for p in (0, 1) given as q = floor(p 2^32), Z < 2^63. */
+RLK_DEVICE u64 ceil_fraction(u64 q, u64 Z) {
+  const u64 lo = q * Z, hi = __umul64hi(q, Z);
+  return ((hi << 32) | (lo >> 32)) + ((lo & 0xffffffffull) != 0 ? 1u : 0u);
+}
+
+/* One row's settings. */
+struct row_settings {
+  float temperature;
+  i64 top_k;
+  float top_p, min_p;
+  u64 seed, offset;
+};
+
+/* Shared memory of the filtered path (dynamic): the histogram and the candidates are used one
+ * after the other. */
+struct hist_space {
+  u32 count[BINS];
+  u64 mass[BINS];
+};
+template <int CAP> struct cand_space {
+  float x[CAP];
+  i32 idx[CAP];
+  u64 cum[CAP]; /* inclusive prefix of the candidates' masses, in sorted order */
+};
+template <int CAP> struct filter_smem {
+  static constexpr u32 bytes =
+      sizeof(hist_space) > sizeof(cand_space<CAP>) ? (u32)sizeof(hist_space) : (u32)sizeof(cand_space<CAP>);
+};
+
+/* "a comes before b": larger logit first, then lower index. */
+RLK_DEVICE bool before(float xa, i32 ia, float xb, i32 ib) {
+  return xa > xb || (xa == xb && ia < ib);
+}
+
+
+/* Warp 0 only (every lane): the element of lane t's share at which the running kept mass passes
+ * u, the masses summed part by part (visit_lane_part); u = umulhi(draw, share total) when
+ * `scale_draw`, else `draw` itself (then below the share's total). Writes it to *pick. A share
+ * whose kept masses all round to 0 (drawn with probability below 2^-30) gives its first kept
+ * element. */
+template <int DT, int SEG, typename K>
+RLK_DEVICE void pick_in_share(const u8 *r, i64 V, int t, float c, float Mc, K keep, u64 draw,
+                              bool scale_draw, u32 *pick) {
+  const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
+  u64 part = 0;
+  u32 first = 0xffffffffu;
+  visit_lane_part<DT, SEG>(r, V, t, lane, RLK_WARP_SIZE, [&](float x, i64 j) {
+    if (keep(x)) {
+      part += mass_of(x, c, Mc);
+      if (first == 0xffffffffu) first = (u32)j;
+    }
+  });
+  const u64 inc = warp_inclusive_scan(part);
+  const u64 total = shfl_idx(inc, RLK_WARP_SIZE - 1);
+  if (total == 0) {
+    u32 f = first;
+#pragma unroll
+    for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
+      const u32 g = shfl_xor(f, o);
+      f = g < f ? g : f;
+    }
+    if (lane == 0) *pick = f;
+    return;
+  }
+  const u64 u = scale_draw ? __umul64hi(draw, total) : draw;
+  const u64 excl = inc - part;
+  if (excl <= u && u < inc) {
+    u64 run = excl;
+    bool got = false;
+    visit_lane_part<DT, SEG>(r, V, t, lane, RLK_WARP_SIZE, [&](float x, i64 j) {
+      if (!got && keep(x)) {
+        run += mass_of(x, c, Mc);
+        if (run > u) {
+          *pick = (u32)j;
+          got = true;
+        }
+      }
+    });
+  }
+}
+
+/* The boundary bin of a histogram pass: with bins in key order and A_b the sum of the bins above
+ * b, the bin b where A_b < target <= A_b + v_b (it exists when 0 < target <= the sum). Writes b to
+ * found[0] and A_b to found_u64[0]; returns the sum of all bins. Every thread must call it. */
+template <int NT, typename BIN>
+RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_sums, u32 *found,
+                            u64 *found_u64) {
+  const int tid = (int)threadIdx.x;
+  if (tid == 0) {
+    found[0] = 0;
+    found_u64[0] = 0;
+  }
+  const int per = (nbins + NT - 1) / NT;
+  /* thread t holds bins [hi - per, hi), hi = nbins - t per: chunks taken from the top down */
+  const int hi = nbins - tid * per, lo = hi - per > 0 ? hi - per : 0;
+  u64 mine = 0;
+  for (int b = hi - 1; b >= lo; --b) mine += (u64)bins[b];
+  u64 total;
+  u64 above = block_exclusive_scan<NT>(mine, warp_sums, &total);
+  for (int b = hi - 1; b >= lo; --b) {
+    const u64 v = (u64)bins[b];
+    if (above < target && target <= above + v) {
+      found[0] = (u32)b;
+      found_u64[0] = above;
+    }
+    above += v;
+  }
+  __syncthreads();
+  return total;
+}
+
+} /* namespace smp */
+
+/* One block per row. SEG x UNROLL is the row layout of the logprob_fwd kernel the log-probs must
+ * match (SEG threads per row: a block, or a segment of a warp for short rows); the block has
+ * max(SEG, warp) threads. FILTER: top-k, top-p and min-p may be set (else only temperature and
+ * greedy rows). CAP: candidates that fit in shared memory. */
+template <int DT, typename TOK, int SEG, int UNROLL, bool FILTER, int CAP>
+__global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
+                                  SEG >= 256 ? 1024 / SEG : 1)
+    sample(const void *__restrict__ logits, i64 row_stride, i64 B, i64 V,
+           const float *__restrict__ temperatures, float temperature,
+           const i32 *__restrict__ top_ks32, const i64 *__restrict__ top_ks64, i64 top_k,
+           const float *__restrict__ top_ps, float top_p, const float *__restrict__ min_ps,
+           float min_p, const u64 *__restrict__ seeds, u64 seed, const u64 *__restrict__ offsets,
+           u64 offset, TOK *__restrict__ tokens, float *__restrict__ logp,
+           float *__restrict__ logp_filtered, i32 *__restrict__ status) {
+  using namespace smp;
+  static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
+  static_assert(CAP >= RLK_WARP_SIZE && (CAP & (CAP - 1)) == 0, "CAP: a power of two");
+  constexpr int NT = SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE;
+  constexpr int NW = NT / RLK_WARP_SIZE;
+  constexpr int BYTES = logit_traits<DT>::bytes;
+  constexpr int KW = key_width<DT>::value;
+
+  __shared__ state scratch[NW];
+  __shared__ float lane_m[NT], lane_s[NT];
+  __shared__ u64 warp_sums[NW];
+  __shared__ state row_state;
+  __shared__ u32 pick;        /* a lane, then the chosen token */
+  __shared__ u32 found[2];    /* results of block searches */
+  __shared__ u64 found_u64[2];
+  __shared__ float found_f;
+  extern __shared__ __align__(16) u8 dyn[];
+  hist_space &hist = *reinterpret_cast<hist_space *>(dyn);
+  cand_space<CAP> &cand = *reinterpret_cast<cand_space<CAP> *>(dyn);
+
+  const int tid = (int)threadIdx.x;
+  const int wid = tid / RLK_WARP_SIZE;
+
+  for (i64 row = blockIdx.x; row < B; row += gridDim.x) {
+    row_settings rs;
+    rs.temperature = temperatures ? temperatures[row] : temperature;
+    rs.top_k = top_ks32 ? (i64)top_ks32[row] : (top_ks64 ? top_ks64[row] : top_k);
+    rs.top_p = top_ps ? top_ps[row] : top_p;
+    rs.min_p = min_ps ? min_ps[row] : min_p;
+    rs.seed = seeds ? seeds[row] : seed;
+    rs.offset = offsets ? offsets[row] : offset;
+    if (!(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
+        !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f)) {
+      if (tid == 0) {
+        tokens[row] = (TOK)-1;
+        if (logp) logp[row] = limits<float>::quiet_nan();
+        if (logp_filtered) logp_filtered[row] = limits<float>::quiet_nan();
+        if (status) atomicOr((int *)status, (int)STATUS_BAD_PARAM);
+      }
+      continue; /* block-uniform: nothing below was reached */
+    }
+    const bool greedy = rs.temperature == 0.0f;
+    const float T = greedy ? 1.0f : rs.temperature;
+    const float c = RLK_LP_LOG2E / T;
+    const u8 *r = (const u8 *)logits + row * row_stride * BYTES;
+
+    /* ---- pass 1: logprob_fwd's lane states, kept, and merged in its tree ---- */
+    state st = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
+    lane_m[tid] = st.m;
+    lane_s[tid] = st.s;
+    if constexpr (SEG > RLK_WARP_SIZE) {
+      st = block_merge<SEG, false>(st, c, scratch);
+    } else {
+      if (wid == 0) st = segment_merge<SEG, false>(st, c);
+    }
+    if (tid == 0) {
+      row_state = st;
+      pick = 0xffffffffu;
+    }
+    __syncthreads();
+    const state rst = row_state;
+    const float M = rst.m;
+    if (!(rst.s > 0.0f)) { /* NaN: a NaN or +inf logit; 0: no finite logit */
+      if (tid == 0) {
+        const bool nan = rst.s != 0.0f;
+        tokens[row] = (TOK)-1;
+        const float o = nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
+        if (logp) logp[row] = o;
+        if (logp_filtered) logp_filtered[row] = o;
+        if (status) atomicOr((int *)status, nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN);
+      }
+      __syncthreads();
+      continue;
+    }
+    const float Mc = M * c;
+    /* one Philox block per row: a scalar seed is shared by the batch, so the row tells its rows
+     * apart; a per-row seed makes the draws independent of the row's place in the batch */
+    u32x4_ctr ctr;
+    ctr.v[0] = (u32)rs.offset;
+    ctr.v[1] = (u32)(rs.offset >> 32);
+    ctr.v[2] = seeds ? 0u : (u32)row;
+    ctr.v[3] = seeds ? 0u : (u32)((u64)row >> 32);
+    const u32x4_ctr draw = philox4x32_10(ctr, (u32)rs.seed, (u32)(rs.seed >> 32));
+    const u64 R1 = (u64)draw.v[0] | ((u64)draw.v[1] << 32);
+    const u64 R2 = (u64)draw.v[2] | ((u64)draw.v[3] << 32);
+
+    const bool use_k = FILTER && !greedy && rs.top_k > 0 && rs.top_k < V;
+    const bool use_p = FILTER && !greedy && rs.top_p < 1.0f;
+    const bool use_m = FILTER && !greedy && rs.min_p > 0.0f;
+    /* min-p keeps p(x) >= min_p p(max), i.e. (x - M) c >= log2(min_p) */
+    const float l2min = use_m ? log2f(rs.min_p) : 0.0f;
+    auto keep_m = [&](float x) { return !use_m || (x - M) * c >= l2min; };
+    const bool whole_row = !(use_k || use_p || use_m); /* then logp_filtered is logp */
+    u64 kept_mass = 0;                                 /* else the kept set's mass */
+
+    /* Every pass after the first is this one loop over the lanes' shares, its job chosen at run
+     * time (one instantiation of the element loop keeps the kernel small), driven by a state
+     * machine: GREEDY, or GATHER / COUNT / MASS / KEPT for the filters. */
+    enum { GREEDY, GATHER, COUNT, MASS, KEPT, DONE };
+    int step = DONE;
+    float theta = -limits<float>::infinity(); /* GATHER: x >= theta, key >= edge, and with */
+    u32 edge = 0;                             /* s0, the kept set so far: key >= klo, min-p */
+    bool s0 = false;
+    u32 klo = 0;
+    u32 prefix = 0, wmask = 0; /* COUNT, MASS: the digit below the nb-bit prefix */
+    int nb = 0, shift = 0;
+    u64 need = 0, target = 0, z0 = 0, cnt_above = 0;
+    u64 acc = 0; /* KEPT: this lane's kept mass */
+    bool gathered = false, cut_k = false, cut_m = false;
+    /* the draw of an element inside lane share_t: umulhi(share_draw, the share's mass) when
+     * share_scale, else share_draw itself */
+    bool share_pick = false, share_scale = false, keep_all = false;
+    int share_t = 0;
+    u64 share_draw = 0;
+
+    if (greedy) {
+      step = GREEDY;
+    } else if (whole_row) {
+      /* ---- no filter: a lane's share by its first-pass weight, then an element by mass ---- */
+      const float ls = lane_s[tid];
+      const u64 w =
+          ls == 0.0f ? 0ull : (u64)(ls * exp2_approx((lane_m[tid] - M) * c) * RLK_SMP_MASS_SCALE);
+      u64 total;
+      const u64 below = block_exclusive_scan<NT>(w, warp_sums, &total);
+      const u64 u = __umul64hi(R1, total);
+      if (w != 0 && below <= u && u - below < w) pick = (u32)tid;
+      __syncthreads();
+      share_t = (int)pick;
+      share_pick = share_scale = keep_all = true;
+      share_draw = R2;
+    } else if (use_k && rs.top_k <= SEG) {
+      /* top-k <= SEG: the k-th largest lane maximum bounds the k-th largest logit from below,
+       * so {x >= theta} (usually about k elements) holds the top-k set */
+      if (tid < SEG) {
+        const float m = lane_m[tid];
+        i64 rank = 0;
+        for (int u = 0; u < SEG; ++u) {
+          const float o = lane_m[u];
+          rank += (o > m || (o == m && u < tid)) ? 1 : 0;
+        }
+        if (rank == rs.top_k - 1) found_f = m;
+      }
+      __syncthreads();
+      theta = found_f;
+      step = GATHER;
+      cut_k = true;
+      cut_m = use_m;
+    } else {
+      step = use_k ? COUNT : (use_p ? MASS : KEPT);
+      need = (u64)rs.top_k;
+    }
+    const u64 pq = use_p ? (u64)(rs.top_p * 4294967296.0f) : 0ull;
+
+    while (step != DONE) {
+      /* ---- set up the pass ---- */
+      int w = 0;
+      if (step == COUNT || step == MASS) {
+        w = KW - nb < DIGIT_BITS ? KW - nb : DIGIT_BITS;
+        shift = KW - nb - w;
+        wmask = (1u << w) - 1u;
+        for (int q = tid; q < (1 << w); q += NT) {
+          hist.count[q] = 0;
+          hist.mass[q] = 0;
+        }
+      }
+      if (tid == 0) found[0] = 0;
+      acc = 0;
+      __syncthreads();
+      /* ---- the pass ---- */
+      if (tid < SEG && (step != GREEDY || lane_m[tid] == M))
+        visit_lane_compact<DT, SEG, UNROLL>(r, V, tid, [&](float x, i64 j) {
+          if (!FILTER || step == GREEDY) {
+            if (x == M) atomicMin(&pick, (u32)j);
+            return;
+          }
+          const u32 key = key_of<DT>(x);
+          const bool in_s0 = key >= klo && keep_m(x);
+          switch (step) {
+            case GATHER:
+              if (x >= theta && key >= edge && (!s0 || in_s0)) {
+                const u32 at = atomicAdd(&found[0], 1u);
+                if (at < (u32)CAP) {
+                  cand.x[at] = x;
+                  cand.idx[at] = (i32)j;
+                }
+              }
+              break;
+            case COUNT:
+              if (nb == 0 || (key >> (KW - nb)) == prefix) atomicAdd(&hist.count[(key >> shift) & wmask], 1u);
+              break;
+            case MASS:
+              if (in_s0 && (nb == 0 || (key >> (KW - nb)) == prefix)) {
+                const u32 q = (key >> shift) & wmask;
+                atomicAdd(&hist.count[q], 1u);
+                atomicAdd((unsigned long long *)&hist.mass[q], (unsigned long long)mass_of(x, c, Mc));
+              }
+              break;
+            default: /* KEPT */
+              if (in_s0) acc += mass_of(x, c, Mc);
+              break;
+          }
+        });
+      __syncthreads();
+      /* ---- what it found ---- */
+      if (!FILTER || step == GREEDY) {
+        step = DONE;
+      } else if (step == GATHER) {
+        const u32 n = found[0];
+        if (n <= (u32)CAP) {
+          gathered = true;
+          if (tid == 0) found[1] = n; /* read by the finish */
+          step = DONE;
+        } else {
+          /* the lane-maximum bound let too many through: the radix select instead */
+          step = COUNT;
+          need = (u64)rs.top_k;
+          theta = -limits<float>::infinity();
+        }
+      } else if (step == COUNT || step == MASS) {
+        if (step == MASS && nb == 0) {
+          /* the kept mass first: top-p's target is a fraction of it */
+          u64 mine = 0;
+          for (int q = tid; q < (1 << w); q += NT) mine += hist.mass[q];
+          block_exclusive_scan<NT>(mine, warp_sums, &z0);
+          target = ceil_fraction(pq, z0);
+        }
+        if (step == COUNT)
+          boundary_bin<NT>(hist.count, 1 << w, need, warp_sums, found, found_u64);
+        else
+          boundary_bin<NT>(hist.mass, 1 << w, target, warp_sums, found, found_u64);
+        const u32 b = found[0];
+        const u64 above = found_u64[0];
+        /* the counts above b (for COUNT they are `above` itself) */
+        u64 cmine = 0;
+        if (step == MASS)
+          for (int q = tid; q < (1 << w); q += NT)
+            if ((u32)q > b) cmine += hist.count[q];
+        u64 cabove;
+        block_exclusive_scan<NT>(cmine, warp_sums, &cabove);
+        const u64 in_bin = hist.count[b];
+        __syncthreads();
+        if (step == COUNT) {
+          need -= above;
+          cnt_above += above;
+        } else {
+          target -= above;
+          cnt_above += cabove;
+        }
+        prefix = (prefix << w) | b;
+        nb += w;
+        if (cnt_above + in_bin <= (u64)CAP) {
+          /* what is left fits: gather it and finish in shared memory */
+          edge = prefix << (KW - nb);
+          s0 = step == MASS;
+          cut_k = step == COUNT;
+          cut_m = step == COUNT && use_m;
+          step = GATHER;
+        } else if (nb < KW) {
+          /* the next digit */
+        } else {
+          klo = prefix; /* the k-th largest key, or top-p's threshold key, exactly */
+          if (step == COUNT) {
+            step = use_p ? MASS : KEPT;
+            prefix = 0;
+            nb = 0;
+            cnt_above = 0;
+          } else {
+            step = KEPT;
+          }
+        }
+      } else { /* KEPT: a lane's kept mass picks its share, the rest of the draw an element */
+        u64 total;
+        const u64 below = block_exclusive_scan<NT>(acc, warp_sums, &total);
+        const u64 u = __umul64hi(R1, total);
+        if (acc != 0 && below <= u && u - below < acc) {
+          pick = (u32)tid;
+          found_u64[1] = u - below;
+        }
+        __syncthreads();
+        share_t = (int)pick;
+        share_draw = found_u64[1];
+        share_pick = true;
+        kept_mass = total;
+        step = DONE;
+      }
+      __syncthreads();
+    }
+
+    if (share_pick) {
+      const u32 klo_ = klo;
+      __syncthreads(); /* every thread has read the chosen lane out of `pick` */
+      if (wid == 0)
+        pick_in_share<DT, SEG>(r, V, share_t, c, Mc,
+                               [&](float x) { return keep_all || (key_of<DT>(x) >= klo_ && keep_m(x)); },
+                               share_draw, share_scale, &pick);
+      __syncthreads();
+    }
+
+    if (FILTER && gathered) {
+      /* ---- in shared memory: sort the candidates (a superset of the kept set), cut by top-k
+       * and min-p where they have not been applied, then by top-p, and draw ---- */
+      const u32 n = found[1];
+      u32 np = 1;
+      while (np < n) np <<= 1;
+      for (u32 i = n + tid; i < np; i += NT) {
+        cand.x[i] = -limits<float>::infinity();
+        cand.idx[i] = 0x7fffffff;
+      }
+      __syncthreads();
+      for (u32 size = 2; size <= np; size <<= 1)
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+          for (u32 i = tid; i < np / 2; i += NT) {
+            const u32 a = 2 * stride * (i / stride) + (i % stride), b = a + stride;
+            const float xa = cand.x[a], xb = cand.x[b];
+            const i32 ia = cand.idx[a], ib = cand.idx[b];
+            const bool up = (a & size) == 0;
+            if (up ? before(xb, ib, xa, ia) : before(xa, ia, xb, ib)) {
+              cand.x[a] = xb;
+              cand.idx[a] = ib;
+              cand.x[b] = xa;
+              cand.idx[b] = ia;
+            }
+          }
+          __syncthreads();
+        }
+      /* the first index past what top-k and min-p keep */
+      if (tid == 0) found[0] = n;
+      __syncthreads();
+      const float tau_k = cut_k ? cand.x[rs.top_k - 1] : 0.0f;
+      for (u32 i = tid; i < n; i += NT) {
+        const float x = cand.x[i];
+        if ((cut_k && x < tau_k) || (cut_m && !keep_m(x))) atomicMin(&found[0], i);
+      }
+      __syncthreads();
+      u32 nk = found[0];
+      /* inclusive prefix of the masses over [0, nk), a contiguous chunk per thread */
+      const u32 per = (nk + NT - 1) / NT;
+      const u32 c0 = (u32)tid * per < nk ? (u32)tid * per : nk;
+      const u32 c1 = c0 + per < nk ? c0 + per : nk;
+      u64 run = 0;
+      for (u32 i = c0; i < c1; ++i) {
+        run += mass_of(cand.x[i], c, Mc);
+        cand.cum[i] = run;
+      }
+      u64 total;
+      const u64 off = block_exclusive_scan<NT>(run, warp_sums, &total);
+      for (u32 i = c0; i < c1; ++i) cand.cum[i] += off;
+      __syncthreads();
+      if (use_p) {
+        /* top-p: the first index whose inclusive mass reaches the target; its ties stay */
+        const u64 tgt = ceil_fraction(pq, z0 ? z0 : total);
+        if (tid == 0) found[1] = nk;
+        __syncthreads();
+        for (u32 i = c0; i < c1; ++i)
+          if (cand.cum[i] >= tgt && (i == 0 || cand.cum[i - 1] < tgt)) found[1] = i;
+        __syncthreads();
+        const u32 istar = found[1];
+        if (istar < nk) {
+          const float xs = cand.x[istar];
+          for (u32 i = c0; i < c1; ++i)
+            if (i > istar && cand.x[i] < xs) atomicMin(&found[0], i);
+        }
+        __syncthreads();
+        nk = found[0];
+      }
+      kept_mass = cand.cum[nk - 1];
+      const u64 u = __umul64hi(R1, kept_mass);
+      for (u32 i = c0; i < c1 && i < nk; ++i)
+        if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) pick = (u32)cand.idx[i];
+      __syncthreads();
+    }
+
+    /* ---- outputs ---- */
+    if (tid == 0) {
+      const u32 y = pick;
+      const float xy = load_logit<DT>(r, (i64)y);
+      const float lp = row_logp(rst, xy, logf(rst.s), T);
+      tokens[row] = (TOK)y;
+      if (logp) logp[row] = lp;
+      if (logp_filtered)
+        logp_filtered[row] =
+            greedy ? 0.0f
+                   : (whole_row ? lp
+                                : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D));
+    }
+    __syncthreads();
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_SAMPLE_CUH */

@@ -1,0 +1,236 @@
+/* sample.c - host form of rlk::sample (templates/cuda/sample.cuh): one row after another.
+ *
+ * The row's first pass is rlk_logprob_fwd's (templates/host/logprob_fwd.c: chunks of LP_CHUNK
+ * logits folded into the f32 state), so logp carries the bits rlk_logprob writes on this backend.
+ * Tokens are drawn with the CUDA template's definitions (fixed-point masses relative to the row
+ * maximum, thresholds by radix select over order-preserving keys, one 64-bit Philox draw for the
+ * inverse CDF), sequentially: there are no shares or candidates to shortcut. The draws equal the
+ * GPU's; the tokens may differ where the exponentials round differently (libm's exp2f here).
+ * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_TOKENS (int32_t or int64_t), RLK_P_FILTER (0/1);
+ * seg, unroll and cap only shape the GPU kernel. */
+#include "logprob_common.h"
+#include "rlk_host_philox.h"
+
+typedef RLK_P_TOKENS smp_token_t;
+
+enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
+
+#define SMP_DIGIT_BITS 11
+#define SMP_BINS (1 << SMP_DIGIT_BITS)
+#define SMP_MASS_SCALE 1099511627776.0f /* 2^40 */
+#define SMP_LN2_D 0.69314718055994530942
+
+static inline uint64_t smp_mass(float x, float c, float Mc) {
+  return (uint64_t)(exp2f(fmaf(x, c, -Mc)) * SMP_MASS_SCALE);
+}
+
+static inline int smp_key_width(int dt) { return dt == LP_DT_F32 ? 32 : (dt == LP_DT_BF16 ? 16 : 19); }
+
+static inline uint32_t smp_key(float x, int kw) {
+  uint32_t b = rlk_float_as_bits(x);
+  if (b == 0x80000000u) b = 0u;
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return b >> (32 - kw);
+}
+
+static inline uint64_t smp_umulhi(uint64_t a, uint64_t b) {
+  return (uint64_t)(((unsigned __int128)a * b) >> 64);
+}
+
+/* ceil(p Z) for q = floor(p 2^32), p < 1. */
+static inline uint64_t smp_ceil_fraction(uint64_t q, uint64_t Z) {
+  const unsigned __int128 p = (unsigned __int128)q * Z;
+  return (uint64_t)(p >> 32) + (((uint64_t)p & 0xffffffffull) != 0);
+}
+
+typedef struct smp_row {
+  const char *row;
+  int dt, kw;
+  rlk_i64 V;
+  float c, Mc, M, l2min;
+  int use_m;
+  uint32_t key_lo;
+} smp_row;
+
+static inline int smp_keep_m(const smp_row *R, float x) {
+  return !R->use_m || (x - R->M) * R->c >= R->l2min;
+}
+
+/* The bin b of hist[0, n) (key order) with A_b < target <= A_b + hist[b], A_b the sum above b. */
+static int smp_boundary(const uint64_t *hist, int n, uint64_t target, uint64_t *above_out) {
+  uint64_t above = 0;
+  for (int b = n - 1; b >= 0; --b) {
+    if (above < target && target <= above + hist[b]) {
+      *above_out = above;
+      return b;
+    }
+    above += hist[b];
+  }
+  *above_out = above;
+  return 0;
+}
+
+/* The k-th largest key of the row (k in [1, V)). */
+static uint32_t smp_kth_key(const smp_row *R, uint64_t k) {
+  uint64_t hist[SMP_BINS];
+  uint32_t prefix = 0;
+  int nb = 0;
+  while (nb < R->kw) {
+    const int w = R->kw - nb < SMP_DIGIT_BITS ? R->kw - nb : SMP_DIGIT_BITS, shift = R->kw - nb - w;
+    memset(hist, 0, sizeof(uint64_t) << w);
+    for (rlk_i64 j = 0; j < R->V; j++) {
+      const uint32_t key = smp_key(lp_load(R->row, R->dt, j), R->kw);
+      if (nb == 0 || (key >> (R->kw - nb)) == prefix) hist[(key >> shift) & ((1u << w) - 1u)]++;
+    }
+    uint64_t above;
+    const int b = smp_boundary(hist, 1 << w, k, &above);
+    k -= above;
+    prefix = (prefix << w) | (uint32_t)b;
+    nb += w;
+  }
+  return prefix;
+}
+
+/* top-p's threshold key over the kept set {key >= key_lo, min-p}: where the mass from the top
+ * first reaches ceil(p Z0). */
+static uint32_t smp_top_p_key(const smp_row *R, uint64_t pq) {
+  uint64_t hist[SMP_BINS];
+  uint32_t prefix = 0;
+  int nb = 0;
+  uint64_t target = 0;
+  while (nb < R->kw) {
+    const int w = R->kw - nb < SMP_DIGIT_BITS ? R->kw - nb : SMP_DIGIT_BITS, shift = R->kw - nb - w;
+    memset(hist, 0, sizeof(uint64_t) << w);
+    for (rlk_i64 j = 0; j < R->V; j++) {
+      const float x = lp_load(R->row, R->dt, j);
+      const uint32_t key = smp_key(x, R->kw);
+      if (key >= R->key_lo && smp_keep_m(R, x) && (nb == 0 || (key >> (R->kw - nb)) == prefix))
+        hist[(key >> shift) & ((1u << w) - 1u)] += smp_mass(x, R->c, R->Mc);
+    }
+    if (nb == 0) {
+      uint64_t z0 = 0;
+      for (int b = 0; b < (1 << w); b++) z0 += hist[b];
+      target = smp_ceil_fraction(pq, z0);
+    }
+    uint64_t above;
+    const int b = smp_boundary(hist, 1 << w, target, &above);
+    target -= above;
+    prefix = (prefix << w) | (uint32_t)b;
+    nb += w;
+  }
+  return prefix;
+}
+
+RLK_HOST_KERNEL rlk_sample(void **args) {
+  const void *logits = RLK_ARG(const void *, 0);
+  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
+  const rlk_i64 B = RLK_ARG(rlk_i64, 2);
+  const rlk_i64 V = RLK_ARG(rlk_i64, 3);
+  const float *temperatures = RLK_ARG(const float *, 4);
+  const float temperature = RLK_ARG(float, 5);
+  const int32_t *top_ks32 = RLK_ARG(const int32_t *, 6);
+  const int64_t *top_ks64 = RLK_ARG(const int64_t *, 7);
+  const rlk_i64 top_k = RLK_ARG(rlk_i64, 8);
+  const float *top_ps = RLK_ARG(const float *, 9);
+  const float top_p = RLK_ARG(float, 10);
+  const float *min_ps = RLK_ARG(const float *, 11);
+  const float min_p = RLK_ARG(float, 12);
+  const uint64_t *seeds = RLK_ARG(const uint64_t *, 13);
+  const uint64_t seed = RLK_ARG(uint64_t, 14);
+  const uint64_t *offsets = RLK_ARG(const uint64_t *, 15);
+  const uint64_t offset = RLK_ARG(uint64_t, 16);
+  smp_token_t *tokens = RLK_ARG(smp_token_t *, 17);
+  float *logp = RLK_ARG(float *, 18);
+  float *logp_filtered = RLK_ARG(float *, 19);
+  int32_t *status = RLK_ARG(int32_t *, 20);
+  const int dt = RLK_P_LOGITS, filter = RLK_P_FILTER;
+
+  for (rlk_i64 i = 0; i < B; i++) {
+    const float t_in = temperatures ? temperatures[i] : temperature;
+    const rlk_i64 k = top_ks32 ? (rlk_i64)top_ks32[i] : (top_ks64 ? top_ks64[i] : top_k);
+    const float p = top_ps ? top_ps[i] : top_p;
+    const float mp = min_ps ? min_ps[i] : min_p;
+    const uint64_t sd = seeds ? seeds[i] : seed, off = offsets ? offsets[i] : offset;
+    if (!(t_in >= 0.0f && t_in <= 3.40282346638528859812e+38f) || k < 0 || !(p > 0.0f && p <= 1.0f) ||
+        !(mp >= 0.0f && mp <= 1.0f)) {
+      tokens[i] = (smp_token_t)-1;
+      if (logp) logp[i] = NAN;
+      if (logp_filtered) logp_filtered[i] = NAN;
+      if (status) *status |= SMP_STATUS_BAD_PARAM;
+      continue;
+    }
+    const int greedy = t_in == 0.0f;
+    const float T = greedy ? 1.0f : t_in;
+    const float c = LP_LOG2E / T;
+    const char *row = (const char *)logits + (size_t)(i * row_stride) * lp_dt_bytes(dt);
+
+    /* pass 1: rlk_logprob_fwd's state */
+    lp_state st = {-INFINITY, 0.0f, 0.0f};
+    float x[LP_CHUNK];
+    for (rlk_i64 j0 = 0; j0 < V; j0 += LP_CHUNK) {
+      const int n = V - j0 < LP_CHUNK ? (int)(V - j0) : LP_CHUNK;
+      for (int q = 0; q < n; q++) x[q] = lp_load(row, dt, j0 + q);
+      lp_add_chunk(&st, x, n, c, 0);
+    }
+    if (!(st.s > 0.0f)) {
+      const int nan = st.s != 0.0f;
+      tokens[i] = (smp_token_t)-1;
+      if (logp) logp[i] = nan ? NAN : -INFINITY;
+      if (logp_filtered) logp_filtered[i] = nan ? NAN : -INFINITY;
+      if (status) *status |= nan ? SMP_STATUS_NAN : SMP_STATUS_NO_TOKEN;
+      continue;
+    }
+    smp_row R;
+    R.row = row;
+    R.dt = dt;
+    R.kw = smp_key_width(dt);
+    R.V = V;
+    R.c = c;
+    R.M = st.m;
+    R.Mc = st.m * c;
+    R.use_m = filter && mp > 0.0f;
+    R.l2min = R.use_m ? log2f(mp) : 0.0f;
+    R.key_lo = 0;
+    rlk_philox_ctr ctr = {{(uint32_t)off, (uint32_t)(off >> 32), seeds ? 0u : (uint32_t)i,
+                           seeds ? 0u : (uint32_t)((uint64_t)i >> 32)}};
+    const rlk_philox_ctr draw = rlk_philox4x32_10(ctr, (uint32_t)sd, (uint32_t)(sd >> 32));
+    const uint64_t R1 = (uint64_t)draw.v[0] | ((uint64_t)draw.v[1] << 32);
+
+    rlk_i64 y = 0;
+    int whole_row = 1;
+    uint64_t kept = 0;
+    if (greedy) {
+      while (lp_load(row, dt, y) != st.m) y++;
+    } else {
+      const int use_k = filter && k > 0 && k < V, use_p = filter && p < 1.0f;
+      whole_row = !(use_k || use_p || R.use_m);
+      if (use_k) R.key_lo = smp_kth_key(&R, (uint64_t)k);
+      if (use_p) R.key_lo = smp_top_p_key(&R, (uint64_t)(p * 4294967296.0f));
+      /* the kept set's mass, then the element where the running mass passes the draw */
+      for (rlk_i64 j = 0; j < V; j++) {
+        const float xj = lp_load(row, dt, j);
+        if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) kept += smp_mass(xj, c, R.Mc);
+      }
+      const uint64_t u = smp_umulhi(R1, kept);
+      uint64_t run = 0;
+      rlk_i64 last = 0;
+      for (y = 0; y < V; y++) {
+        const float xj = lp_load(row, dt, y);
+        if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) {
+          last = y;
+          run += smp_mass(xj, c, R.Mc);
+          if (run > u) break;
+        }
+      }
+      if (y == V) y = last; /* unreachable: u < kept */
+    }
+    const float xy = lp_load(row, dt, y);
+    const float lp = (xy - st.m) / T - logf(st.s);
+    tokens[i] = (smp_token_t)y;
+    if (logp) logp[i] = lp;
+    if (logp_filtered)
+      logp_filtered[i] = greedy ? 0.0f
+                                : (whole_row ? lp
+                                             : (xy - st.m) / T - (float)(log((double)kept) - 40.0 * SMP_LN2_D));
+  }
+}

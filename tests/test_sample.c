@@ -1,0 +1,910 @@
+/* test_sample.c - rlk_sample on the host backend and, with RLK_TEST_GPU=1, on CUDA:
+ *   - the drawn distribution is the filtered, renormalized one (chi-square against the fp64
+ *     reference of tests/ref/sample_ref.c, for every filter combination; filtered-out tokens
+ *     never drawn);
+ *   - logp bitwise equal to rlk_logprob's for the same row, temperature and label;
+ *   - reproducibility (same seed and offset, same tokens; a row with its own seed independent of
+ *     the batch around it; a scalar seed gives rows their own streams), the Philox draws against
+ *     the reference generator, greedy rows, the edge cases (top_k >= V, a tiny top_p, -inf logits,
+ *     equal logits, NaN rows, bad per-row settings) and argument validation;
+ *   - the precompile plan and the op's samples compiled for every target.
+ * Outputs are poisoned before each call. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../templates/host/rlk_host_philox.h"
+#include "ops/ops.h"
+#include "ref/sample_ref.h"
+#include "suites.h"
+#include "test_util.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Storage                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+static float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* Stores v at element i of a buffer of dtype d; returns the value as stored. */
+static double put(void *base, rlk_dtype d, int64_t i, double v) {
+  if (d == RLK_F32) {
+    ((float *)base)[i] = (float)v;
+    return (double)(float)v;
+  }
+  if (d == RLK_BF16) {
+    ((uint16_t *)base)[i] = bf16_of((float)v);
+    return (double)bits_f32((uint32_t)((uint16_t *)base)[i] << 16);
+  }
+  _Float16 h = (_Float16)v;
+  memcpy((uint16_t *)base + i, &h, 2);
+  return (double)h;
+}
+
+static void *dev_alloc(rlk_context *ctx, size_t bytes) {
+  void *p = NULL;
+  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 1, &p);
+  ck_assert_msg(st == RLK_OK, "rlk_malloc(%zu): %s", bytes, rlk_last_error());
+  return p;
+}
+
+static void *dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
+  void *p = dev_alloc(ctx, bytes);
+  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
+  return p;
+}
+
+static void dev_download(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static int is_gpu(rlk_context *ctx) { return rlk_context_backend(ctx) != RLK_BACKEND_HOST; }
+
+/* ---------------------------------------------------------------------------------- */
+/* One call                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+/* A batch: B rows of V logits (row stride V + pad) in dtype dt, on the host. */
+typedef struct smp_batch {
+  int64_t B, V, pad;
+  rlk_dtype dt;
+  void *x;    /* the stored logits */
+  double *xd; /* their values, B x V */
+} smp_batch;
+
+static smp_batch batch_new(int64_t B, int64_t V, int64_t pad, rlk_dtype dt) {
+  smp_batch b;
+  b.B = B;
+  b.V = V;
+  b.pad = pad;
+  b.dt = dt;
+  const int64_t elems = (B - 1) * (V + pad) + V;
+  b.x = malloc((size_t)elems * rlk_dtype_size(dt));
+  memset(b.x, 0x7f, (size_t)elems * rlk_dtype_size(dt)); /* padding: huge values, never read */
+  b.xd = malloc((size_t)(B * V) * sizeof(double));
+  return b;
+}
+
+static void batch_set(smp_batch *b, int64_t i, int64_t j, double v) {
+  b->xd[i * b->V + j] = put(b->x, b->dt, i * (b->V + b->pad) + j, v);
+}
+
+/* Every row the same copy of x[V]. */
+static void batch_fill_rows(smp_batch *b, const double *x) {
+  for (int64_t i = 0; i < b->B; i++)
+    for (int64_t j = 0; j < b->V; j++) batch_set(b, i, j, x[j]);
+}
+
+static void batch_free(smp_batch *b) {
+  free(b->x);
+  free(b->xd);
+}
+
+/* Settings of a call: scalars, or per-row arrays when the pointers are set. */
+typedef struct smp_settings {
+  float temperature;
+  int64_t top_k;
+  float top_p, min_p;
+  uint64_t seed, offset;
+  const float *temperatures;
+  const int64_t *top_ks;
+  const float *top_ps, *min_ps;
+  const uint64_t *seeds, *offsets;
+  rlk_dtype token_dtype;
+  int logprob_block, logprob_unroll;
+} smp_settings;
+
+static smp_settings settings_default(void) {
+  smp_settings s;
+  memset(&s, 0, sizeof s);
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  s.token_dtype = RLK_I64;
+  return s;
+}
+
+typedef struct smp_out {
+  int64_t *tokens;
+  float *logp, *logp_filtered;
+  int32_t status;
+} smp_out;
+
+static void out_free(smp_out *o) {
+  free(o->tokens);
+  free(o->logp);
+  free(o->logp_filtered);
+  memset(o, 0, sizeof *o);
+}
+
+/* Runs rlk_sample on ctx; the status of the call is returned (the outputs are read only on OK). */
+static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_settings *s, smp_out *o) {
+  const int64_t B = b->B, V = b->V, rs = V + b->pad;
+  const size_t es = rlk_dtype_size(b->dt), ts = rlk_dtype_size(s->token_dtype);
+  const int64_t elems = (B - 1) * rs + V;
+  void *xd = dev_upload(ctx, b->x, (size_t)elems * es);
+  void *tok = dev_alloc(ctx, (size_t)B * ts), *lp = dev_alloc(ctx, (size_t)B * 4),
+       *lpf = dev_alloc(ctx, (size_t)B * 4), *st = dev_alloc(ctx, 4);
+  ck_assert_int_eq(rlk_memset(ctx, tok, 0xa5, (size_t)B * ts), RLK_OK);
+  ck_assert_int_eq(rlk_memset(ctx, lp, 0xff, (size_t)B * 4), RLK_OK);
+  ck_assert_int_eq(rlk_memset(ctx, lpf, 0xff, (size_t)B * 4), RLK_OK);
+  ck_assert_int_eq(rlk_memset(ctx, st, 0, 4), RLK_OK);
+  void *dT = NULL, *dK = NULL, *dP = NULL, *dM = NULL, *dS = NULL, *dO = NULL;
+  rlk_sample_args a;
+  rlk_sample_args_init(&a);
+  a.logits = rlk_tensor_2d(xd, b->dt, B, V, rs);
+  a.temperature = s->temperature;
+  a.top_k = s->top_k;
+  a.top_p = s->top_p;
+  a.min_p = s->min_p;
+  a.seed = s->seed;
+  a.offset = s->offset;
+  if (s->temperatures) a.temperatures = rlk_tensor_1d(dT = dev_upload(ctx, s->temperatures, (size_t)B * 4), RLK_F32, B);
+  if (s->top_ks) a.top_ks = rlk_tensor_1d(dK = dev_upload(ctx, s->top_ks, (size_t)B * 8), RLK_I64, B);
+  if (s->top_ps) a.top_ps = rlk_tensor_1d(dP = dev_upload(ctx, s->top_ps, (size_t)B * 4), RLK_F32, B);
+  if (s->min_ps) a.min_ps = rlk_tensor_1d(dM = dev_upload(ctx, s->min_ps, (size_t)B * 4), RLK_F32, B);
+  if (s->seeds) a.seeds = rlk_tensor_1d(dS = dev_upload(ctx, s->seeds, (size_t)B * 8), RLK_I64, B);
+  if (s->offsets) a.offsets = rlk_tensor_1d(dO = dev_upload(ctx, s->offsets, (size_t)B * 8), RLK_I64, B);
+  a.tokens = rlk_tensor_1d(tok, s->token_dtype, B);
+  a.logp = rlk_tensor_1d(lp, RLK_F32, B);
+  a.logp_filtered = rlk_tensor_1d(lpf, RLK_F32, B);
+  a.status = rlk_tensor_1d(st, RLK_I32, 1);
+  a.logprob_block = s->logprob_block;
+  a.logprob_unroll = s->logprob_unroll;
+  const rlk_status r = rlk_sample(ctx, &a, NULL);
+  if (r == RLK_OK) {
+    ck_assert_msg(rlk_stream_synchronize(ctx, NULL) == RLK_OK, "sync: %s", rlk_last_error());
+    o->tokens = malloc((size_t)B * 8);
+    o->logp = malloc((size_t)B * 4);
+    o->logp_filtered = malloc((size_t)B * 4);
+    void *th = malloc((size_t)B * ts);
+    dev_download(ctx, th, tok, (size_t)B * ts);
+    for (int64_t i = 0; i < B; i++)
+      o->tokens[i] = s->token_dtype == RLK_I32 ? ((int32_t *)th)[i] : ((int64_t *)th)[i];
+    free(th);
+    dev_download(ctx, o->logp, lp, (size_t)B * 4);
+    dev_download(ctx, o->logp_filtered, lpf, (size_t)B * 4);
+    dev_download(ctx, &o->status, st, 4);
+  }
+  void *all[] = {xd, tok, lp, lpf, st, dT, dK, dP, dM, dS, dO};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (all[i]) rlk_free(ctx, all[i]);
+  return r;
+}
+
+static void sample_ok(rlk_context *ctx, const smp_batch *b, const smp_settings *s, smp_out *o) {
+  const rlk_status r = run_sample(ctx, b, s, o);
+  ck_assert_msg(r == RLK_OK, "rlk_sample: %s", rlk_last_error());
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The distribution                                                                    */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct dist_case {
+  int64_t V;
+  rlk_dtype dt;
+  double scale; /* logits ~ scale N(0, 1) */
+  float T;
+  int64_t top_k;
+  float top_p, min_p;
+  int ties;     /* quantize the logits so that many are equal */
+  int neg_inf;  /* some -inf logits */
+} dist_case;
+
+/* Draws logits for a case whose filters are not within rounding of a flip (re-drawn otherwise). */
+static void draw_case_logits(uint64_t *rng, const dist_case *c, smp_batch *b, double *probs) {
+  double *x = malloc((size_t)c->V * sizeof *x);
+  for (int attempt = 0; attempt < 100; attempt++) {
+    for (int64_t j = 0; j < c->V; j++) {
+      double v = c->scale * rlk_test_rand_normal(rng);
+      if (c->ties) v = floor(v * 2.0) / 2.0;
+      if (c->neg_inf && rlk_test_rand_uniform(rng) < 0.3) v = -INFINITY;
+      x[j] = v;
+    }
+    if (c->neg_inf) x[rlk_test_rand_u64(rng) % (uint64_t)c->V] = 1.0; /* something finite */
+    batch_fill_rows(b, x);
+    double margin;
+    smp_ref_probs(b->xd, c->V, (double)c->T, c->top_k, (double)c->top_p, (double)c->min_p, probs,
+                  &margin);
+    if (margin > 1e-4) break;
+  }
+  free(x);
+}
+
+/* Draws n tokens of one case (rows of identical logits, a seed per row, offsets advancing) and
+ * checks them against the reference distribution: never a filtered-out token, and a chi-square
+ * statistic below its 5-sigma bound. */
+static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *rng, int64_t n) {
+  const int64_t B = n < 4096 ? n : 4096;
+  smp_batch b = batch_new(B, c->V, 0, c->dt);
+  double *probs = malloc((size_t)c->V * sizeof *probs);
+  draw_case_logits(rng, c, &b, probs);
+  int64_t *counts = calloc((size_t)c->V, sizeof *counts);
+  uint64_t *seeds = malloc((size_t)B * 8);
+  const uint64_t base = rlk_test_rand_u64(rng);
+  smp_settings s = settings_default();
+  s.temperature = c->T;
+  s.top_k = c->top_k;
+  s.top_p = c->top_p;
+  s.min_p = c->min_p;
+  s.seeds = seeds;
+  int64_t drawn = 0;
+  for (uint64_t round = 0; drawn < n; round++) {
+    for (int64_t i = 0; i < B; i++) seeds[i] = base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    s.offset = round;
+    smp_out o;
+    sample_ok(ctx, &b, &s, &o);
+    ck_assert_int_eq(o.status, 0);
+    for (int64_t i = 0; i < B && drawn < n; i++, drawn++) {
+      const int64_t y = o.tokens[i];
+      ck_assert_msg(y >= 0 && y < c->V, "token %lld out of range", (long long)y);
+      ck_assert_msg(probs[y] > 0.0,
+                    "V=%lld T=%g k=%lld p=%g min_p=%g: drew token %lld, which the filters remove",
+                    (long long)c->V, (double)c->T, (long long)c->top_k, (double)c->top_p,
+                    (double)c->min_p, (long long)y);
+      counts[y]++;
+    }
+    out_free(&o);
+  }
+  /* chi-square over tokens expected at least 5 times; the rest pooled in one bin */
+  double chi = 0.0, pool_e = 0.0;
+  int64_t pool_o = 0, bins = 0;
+  for (int64_t j = 0; j < c->V; j++) {
+    const double e = probs[j] * (double)n;
+    if (probs[j] == 0.0) continue;
+    if (e >= 5.0) {
+      chi += ((double)counts[j] - e) * ((double)counts[j] - e) / e;
+      bins++;
+    } else {
+      pool_e += e;
+      pool_o += counts[j];
+    }
+  }
+  if (pool_e >= 5.0) {
+    chi += ((double)pool_o - pool_e) * ((double)pool_o - pool_e) / pool_e;
+    bins++;
+  }
+  if (bins >= 2) {
+    const double bound = smp_ref_chi2_bound((double)(bins - 1), 5.0);
+    ck_assert_msg(chi <= bound,
+                  "V=%lld %s T=%g k=%lld p=%g min_p=%g ties=%d: chi-square %.1f over %lld bins "
+                  "(bound %.1f, %lld draws, seed %llu)",
+                  (long long)c->V, rlk_dtype_name(c->dt), (double)c->T, (long long)c->top_k,
+                  (double)c->top_p, (double)c->min_p, c->ties, chi, (long long)bins, bound,
+                  (long long)n, (unsigned long long)rlk_test_seed());
+  }
+  free(counts);
+  free(seeds);
+  free(probs);
+  batch_free(&b);
+}
+
+/* Every filter combination at one vocabulary size. */
+static void cases_distribution(rlk_context *ctx, uint64_t *rng, int64_t V, rlk_dtype dt, int64_t n) {
+  const dist_case cases[] = {
+      {V, dt, 1.5, 1.0f, 0, 1.0f, 0.0f, 0, 0},     /* plain */
+      {V, dt, 1.5, 0.7f, 0, 1.0f, 0.0f, 0, 0},     /* temperature */
+      {V, dt, 2.0, 1.0f, 10, 1.0f, 0.0f, 0, 0},    /* top-k */
+      {V, dt, 2.0, 1.3f, 0, 0.8f, 0.0f, 0, 0},     /* top-p */
+      {V, dt, 2.0, 1.0f, 0, 1.0f, 0.05f, 0, 0},    /* min-p */
+      {V, dt, 2.0, 0.7f, 40, 0.9f, 0.0f, 0, 0},    /* top-k then top-p */
+      {V, dt, 2.0, 1.0f, 30, 0.7f, 0.02f, 0, 0},   /* all three */
+      {V, dt, 2.0, 1.0f, 25, 0.6f, 0.0f, 1, 0},    /* ties at the thresholds */
+      {V, dt, 2.0, 1.0f, V / 2, 0.95f, 0.0f, 0, 0}, /* a large k */
+      {V, dt, 2.0, 1.0f, 0, 0.9f, 0.0f, 0, 1},     /* -inf logits */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_distribution(ctx, &cases[i], rng, n);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* logp against rlk_logprob                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+/* rlk_logprob of row i of the batch with label y and temperature T (1 for greedy rows). */
+static float logprob_of(rlk_context *ctx, const smp_batch *b, int64_t i, int64_t y, float T, int block,
+                        int unroll) {
+  const size_t es = rlk_dtype_size(b->dt);
+  void *xd = dev_upload(ctx, (const char *)b->x + (size_t)(i * (b->V + b->pad)) * es, (size_t)b->V * es);
+  void *ld = dev_upload(ctx, &y, 8);
+  float *lp = dev_alloc(ctx, 4);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(xd, b->dt, 1, b->V, b->V);
+  a.labels = rlk_tensor_1d(ld, RLK_I64, 1);
+  a.temperature = T;
+  a.logp = rlk_tensor_1d(lp, RLK_F32, 1);
+  a.block = block;
+  a.unroll = unroll;
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "rlk_logprob: %s", rlk_last_error());
+  float out;
+  dev_download(ctx, &out, lp, 4);
+  rlk_free(ctx, xd);
+  rlk_free(ctx, ld);
+  rlk_free(ctx, lp);
+  return out;
+}
+
+/* Samples rows with mixed per-row temperatures (greedy ones included) and filters; every logp
+ * must carry rlk_logprob's bits for its row, temperature and token. */
+static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64_t V, rlk_dtype dt,
+                               int64_t pad, int filters, int block, int unroll) {
+  smp_batch b = batch_new(B, V, pad, dt);
+  for (int64_t i = 0; i < B; i++)
+    for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 3.0 * rlk_test_rand_normal(rng));
+  float *T = malloc((size_t)B * 4);
+  int64_t *K = malloc((size_t)B * 8);
+  float *P = malloc((size_t)B * 4);
+  uint64_t *S = malloc((size_t)B * 8);
+  static const float temps[] = {1.0f, 0.7f, 0.0f, 1.3f, 0.25f};
+  for (int64_t i = 0; i < B; i++) {
+    T[i] = temps[i % 5];
+    K[i] = filters ? (int64_t)(i % 3 == 0 ? 0 : 1 + i % 50) : 0;
+    P[i] = filters && i % 2 ? 0.9f : 1.0f;
+    S[i] = rlk_test_rand_u64(rng);
+  }
+  smp_settings s = settings_default();
+  s.temperatures = T;
+  s.top_ks = filters ? K : NULL;
+  s.top_ps = filters ? P : NULL;
+  s.seeds = S;
+  s.logprob_block = block;
+  s.logprob_unroll = unroll;
+  smp_out o;
+  sample_ok(ctx, &b, &s, &o);
+  ck_assert_int_eq(o.status, 0);
+  for (int64_t i = 0; i < B; i++) {
+    const int64_t y = o.tokens[i];
+    ck_assert_msg(y >= 0 && y < V, "row %lld: token %lld", (long long)i, (long long)y);
+    const float want = logprob_of(ctx, &b, i, y, T[i] == 0.0f ? 1.0f : T[i], block, unroll);
+    uint32_t gb, wb;
+    memcpy(&gb, &o.logp[i], 4);
+    memcpy(&wb, &want, 4);
+    ck_assert_msg(gb == wb,
+                  "V=%lld %s row %lld T=%g k=%lld p=%g token %lld: logp %.9g (0x%08x), rlk_logprob "
+                  "%.9g (0x%08x)",
+                  (long long)V, rlk_dtype_name(dt), (long long)i, (double)T[i], (long long)K[i],
+                  (double)P[i], (long long)y, (double)o.logp[i], gb, (double)want, wb);
+    if (T[i] == 0.0f) {
+      /* greedy: the lowest index of the maximum */
+      int64_t arg = 0;
+      for (int64_t j = 1; j < V; j++)
+        if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+      ck_assert_msg(y == arg, "row %lld greedy: token %lld, argmax %lld", (long long)i, (long long)y,
+                    (long long)arg);
+      ck_assert(o.logp_filtered[i] == 0.0f);
+    } else if (!filters || (K[i] == 0 && P[i] == 1.0f)) {
+      ck_assert_msg(memcmp(&o.logp_filtered[i], &o.logp[i], 4) == 0, "row %lld: unfiltered logp_filtered",
+                    (long long)i);
+    } else {
+      ck_assert_msg(o.logp_filtered[i] >= o.logp[i] - 1e-5f && o.logp_filtered[i] <= 1e-5f,
+                    "row %lld: logp_filtered %g, logp %g", (long long)i, (double)o.logp_filtered[i],
+                    (double)o.logp[i]);
+    }
+  }
+  out_free(&o);
+  free(T);
+  free(K);
+  free(P);
+  free(S);
+  batch_free(&b);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Reproducibility, the generator, edge cases                                          */
+/* ---------------------------------------------------------------------------------- */
+
+static void cases_reproducible(rlk_context *ctx, uint64_t *rng, int64_t V, int filters) {
+  const int64_t B = 64;
+  smp_batch b = batch_new(B, V, 0, RLK_F32);
+  double *x = malloc((size_t)V * sizeof *x);
+  for (int64_t j = 0; j < V; j++) x[j] = 0.5 * rlk_test_rand_normal(rng); /* flat: many outcomes */
+  batch_fill_rows(&b, x);
+  uint64_t seeds[64];
+  for (int i = 0; i < B; i++) seeds[i] = rlk_test_rand_u64(rng);
+  smp_settings s = settings_default();
+  s.seeds = seeds;
+  s.offset = 17;
+  if (filters) {
+    s.top_k = V / 2;
+    s.top_p = 0.95f;
+  }
+  smp_out o1, o2, o3;
+  sample_ok(ctx, &b, &s, &o1);
+  sample_ok(ctx, &b, &s, &o2);
+  ck_assert_msg(memcmp(o1.tokens, o2.tokens, (size_t)B * 8) == 0, "same seeds and offset, other tokens");
+  ck_assert(memcmp(o1.logp, o2.logp, (size_t)B * 4) == 0);
+  s.offset = 18;
+  sample_ok(ctx, &b, &s, &o3);
+  int differ = 0;
+  for (int i = 0; i < B; i++) differ += o1.tokens[i] != o3.tokens[i];
+  ck_assert_msg(differ > B / 4, "a new offset changed only %d of %lld tokens", differ, (long long)B);
+  out_free(&o3);
+
+  /* a row with its own seed: the same token at another place in a smaller batch */
+  smp_batch b2 = batch_new(5, V, 3, RLK_F32);
+  batch_fill_rows(&b2, x);
+  uint64_t seeds2[5] = {seeds[40], seeds[3], seeds[63], seeds[0], seeds[17]};
+  const int at[5] = {40, 3, 63, 0, 17};
+  smp_settings s2 = s;
+  s2.seeds = seeds2;
+  s2.offset = 17;
+  smp_out o4;
+  sample_ok(ctx, &b2, &s2, &o4);
+  for (int i = 0; i < 5; i++)
+    ck_assert_msg(o4.tokens[i] == o1.tokens[at[i]], "row with seed of row %d: token %lld, was %lld", at[i],
+                  (long long)o4.tokens[i], (long long)o1.tokens[at[i]]);
+  out_free(&o4);
+  batch_free(&b2);
+
+  /* a scalar seed: rows draw from their own streams */
+  smp_settings s3 = settings_default();
+  s3.seed = 12345;
+  if (filters) s3.top_k = V / 2;
+  smp_out o5;
+  sample_ok(ctx, &b, &s3, &o5);
+  int distinct = 0;
+  for (int i = 1; i < B; i++) distinct += o5.tokens[i] != o5.tokens[0];
+  ck_assert_msg(distinct > B / 4, "a scalar seed: %d of %lld rows differ from row 0", distinct, (long long)B);
+  out_free(&o5);
+  out_free(&o1);
+  out_free(&o2);
+  free(x);
+  batch_free(&b);
+}
+
+/* Equal logits make every mass exactly 2^40, so the masked draw's token is umulhi(R1, V 2^40) >> 40:
+ * the kernel's Philox draws and counters against the reference generator (min_p > 0 takes the
+ * masked path; min_p 1 keeps every token since all are the maximum). */
+static void cases_philox(rlk_context *ctx) {
+  const int64_t B = 300, V = 7;
+  smp_batch b = batch_new(B, V, 0, RLK_F32);
+  for (int64_t i = 0; i < B; i++)
+    for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 0.0);
+  uint64_t seeds[300], offsets[300];
+  for (int i = 0; i < B; i++) {
+    seeds[i] = 0x243f6a8885a308d3ull * (uint64_t)(i + 1);
+    offsets[i] = (uint64_t)i << 33 | (uint64_t)i;
+  }
+  for (int scalar = 0; scalar < 2; scalar++) {
+    smp_settings s = settings_default();
+    s.min_p = 1.0f;
+    if (scalar) {
+      s.seed = 0xfedcba9876543210ull;
+      s.offset = 0x0123456789abcdefull;
+    } else {
+      s.seeds = seeds;
+      s.offsets = offsets;
+    }
+    smp_out o;
+    sample_ok(ctx, &b, &s, &o);
+    for (int64_t i = 0; i < B; i++) {
+      uint64_t r1, r2;
+      if (scalar)
+        smp_ref_draw(s.seed, s.offset, (uint64_t)i, &r1, &r2);
+      else
+        smp_ref_draw(seeds[i], offsets[i], 0, &r1, &r2);
+      const uint64_t Z = (uint64_t)V << 40;
+      const int64_t want = (int64_t)((uint64_t)(((unsigned __int128)r1 * Z) >> 64) >> 40);
+      ck_assert_msg(o.tokens[i] == want, "%s seed, row %lld: token %lld, reference draw gives %lld",
+                    scalar ? "scalar" : "per-row", (long long)i, (long long)o.tokens[i],
+                    (long long)want);
+    }
+    out_free(&o);
+  }
+  batch_free(&b);
+}
+
+static void cases_edges(rlk_context *ctx, uint64_t *rng) {
+  const int64_t V = 1000, B = 8;
+  smp_batch b = batch_new(B, V, 0, RLK_F32);
+  for (int64_t i = 0; i < B; i++)
+    for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 2.0 * rlk_test_rand_normal(rng));
+  uint64_t seeds[8];
+  for (int i = 0; i < B; i++) seeds[i] = rlk_test_rand_u64(rng);
+
+  /* top_k >= V and top_p 1 are no filter: the tokens of a plain call */
+  smp_settings s = settings_default();
+  s.seeds = seeds;
+  smp_out plain, o;
+  sample_ok(ctx, &b, &s, &plain);
+  s.top_k = V;
+  sample_ok(ctx, &b, &s, &o);
+  ck_assert(memcmp(o.tokens, plain.tokens, (size_t)B * 8) == 0);
+  out_free(&o);
+  s.top_k = V + 100;
+  sample_ok(ctx, &b, &s, &o);
+  ck_assert(memcmp(o.tokens, plain.tokens, (size_t)B * 8) == 0);
+  out_free(&o);
+
+  /* a tiny top_p keeps the largest logit alone */
+  s = settings_default();
+  s.seeds = seeds;
+  s.top_p = 1e-6f;
+  sample_ok(ctx, &b, &s, &o);
+  for (int64_t i = 0; i < B; i++) {
+    int64_t arg = 0;
+    for (int64_t j = 1; j < V; j++)
+      if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+    ck_assert_int_eq(o.tokens[i], arg);
+    ck_assert_msg(fabsf(o.logp_filtered[i]) < 1e-5f, "one token kept: logp_filtered %g",
+                  (double)o.logp_filtered[i]);
+  }
+  out_free(&o);
+  out_free(&plain);
+
+  /* special rows: NaN, all -inf, +inf, equal logits with ties broken low, some -inf */
+  for (int64_t j = 0; j < V; j++) {
+    batch_set(&b, 1, j, -INFINITY);
+    batch_set(&b, 3, j, 0.25);
+    batch_set(&b, 4, j, j % 3 ? -INFINITY : 0.5 * rlk_test_rand_normal(rng));
+  }
+  batch_set(&b, 0, 17, NAN);
+  batch_set(&b, 2, 5, INFINITY);
+  s = settings_default();
+  s.seeds = seeds;
+  float temps[8] = {1, 1, 1, 0, 1, 1, 1, 1};
+  s.temperatures = temps;
+  sample_ok(ctx, &b, &s, &o);
+  ck_assert_int_eq(o.status, RLK_SAMPLE_STATUS_NAN | RLK_SAMPLE_STATUS_NO_TOKEN);
+  ck_assert_int_eq(o.tokens[0], -1);
+  ck_assert(isnan(o.logp[0]));
+  ck_assert_int_eq(o.tokens[1], -1);
+  ck_assert(isinf(o.logp[1]) && o.logp[1] < 0);
+  ck_assert_int_eq(o.tokens[2], -1);
+  ck_assert(isnan(o.logp[2]));
+  ck_assert_int_eq(o.tokens[3], 0); /* greedy over equal logits: the lowest index */
+  ck_assert_msg(fabs(o.logp[3] + log((double)V)) < 1e-5, "uniform row: logp %g", (double)o.logp[3]);
+  ck_assert_msg(o.tokens[4] >= 0 && o.tokens[4] % 3 == 0, "a -inf logit drawn: %lld", (long long)o.tokens[4]);
+  for (int i = 5; i < B; i++) ck_assert(o.tokens[i] >= 0 && o.tokens[i] < V);
+  out_free(&o);
+
+  /* equal logits with top-k keep every tie: all V tokens stay possible */
+  smp_batch u = batch_new(2048, 16, 0, RLK_BF16);
+  for (int64_t i = 0; i < 2048; i++)
+    for (int64_t j = 0; j < 16; j++) batch_set(&u, i, j, 1.5);
+  s = settings_default();
+  s.seed = 99;
+  s.top_k = 3;
+  s.top_p = 0.5f;
+  sample_ok(ctx, &u, &s, &o);
+  int seen[16] = {0};
+  for (int64_t i = 0; i < 2048; i++) seen[o.tokens[i]]++;
+  for (int j = 0; j < 16; j++) ck_assert_msg(seen[j] > 60, "equal logits: token %d drawn %d times", j, seen[j]);
+  out_free(&o);
+  batch_free(&u);
+
+  /* bad per-row settings in device memory: those rows get -1 and the status bit */
+  for (int64_t i = 0; i < B; i++)
+    for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 2.0 * rlk_test_rand_normal(rng));
+  float bt[8] = {1, -1, NAN, 1, 1, 1, 1, INFINITY};
+  float bp[8] = {0.5f, 1, 1, 0, 1.5f, 1, 1, 1};
+  float bm[8] = {0, 0, 0, 0, 0, 2, 0, 0};
+  int64_t bk[8] = {0, 0, 0, 0, 0, 0, -3, 0};
+  s = settings_default();
+  s.seeds = seeds;
+  s.temperatures = bt;
+  s.top_ps = bp;
+  s.min_ps = bm;
+  s.top_ks = bk;
+  sample_ok(ctx, &b, &s, &o);
+  ck_assert_int_eq(o.status, RLK_SAMPLE_STATUS_BAD_PARAM);
+  ck_assert(o.tokens[0] >= 0 && o.tokens[0] < V);
+  for (int i = 1; i < 8; i++) {
+    ck_assert_msg(o.tokens[i] == -1, "bad row %d: token %lld", i, (long long)o.tokens[i]);
+    ck_assert(isnan(o.logp[i]));
+  }
+  out_free(&o);
+  batch_free(&b);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Host cases                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+START_TEST(args_init_defaults) {
+  rlk_sample_args a;
+  memset(&a, 0x5c, sizeof a);
+  rlk_sample_args_init(&a);
+  ck_assert(a.temperature == 1.0f && a.top_p == 1.0f && a.min_p == 0.0f && a.top_k == 0);
+  ck_assert(a.seed == 0 && a.offset == 0 && a.logits.data == NULL && a.tokens.data == NULL);
+  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0);
+  rlk_sample_args_init(NULL);
+}
+END_TEST
+
+START_TEST(philox_known_answers) {
+  /* Random123's known-answer vectors for Philox4x32-10 */
+  static const struct {
+    uint32_t ctr[4], key[2], out[4];
+  } kat[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+       {0xffffffffu, 0xffffffffu},
+       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+       {0xa4093822u, 0x299f31d0u},
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (size_t i = 0; i < sizeof kat / sizeof kat[0]; i++) {
+    rlk_philox_ctr c = {{kat[i].ctr[0], kat[i].ctr[1], kat[i].ctr[2], kat[i].ctr[3]}};
+    const rlk_philox_ctr o = rlk_philox4x32_10(c, kat[i].key[0], kat[i].key[1]);
+    for (int k = 0; k < 4; k++)
+      ck_assert_msg(o.v[k] == kat[i].out[k], "vector %zu word %d: %08x, expected %08x", i, k, o.v[k],
+                    kat[i].out[k]);
+  }
+}
+END_TEST
+
+START_TEST(host_distribution_64) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x64;
+  cases_distribution(ctx, &rng, 64, RLK_F32, 40000);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_distribution_1000) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x1000;
+  cases_distribution(ctx, &rng, 1000, RLK_BF16, 30000);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_logp_bitwise) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0xb17;
+  static const struct {
+    int64_t V, pad;
+    rlk_dtype dt;
+  } shapes[] = {{1, 0, RLK_F32}, {3, 1, RLK_BF16}, {64, 0, RLK_F16}, {1000, 5, RLK_F32},
+                {4097, 0, RLK_BF16}, {50257, 3, RLK_F32}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    check_logp_bitwise(ctx, &rng, 12, shapes[i].V, shapes[i].dt, shapes[i].pad, (int)(i % 2), 0, 0);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_reproducible) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x5eed;
+  cases_reproducible(ctx, &rng, 500, 0);
+  cases_reproducible(ctx, &rng, 500, 1);
+  cases_philox(ctx);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_edges) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0xed9e;
+  cases_edges(ctx, &rng);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  float x[12];
+  for (int i = 0; i < 12; i++) x[i] = (float)i;
+  int64_t tok[3];
+  int32_t tok32[3];
+  float lp[3], temps[3] = {1, 1, 1};
+  int64_t seeds[4] = {0};
+  rlk_sample_args a, g;
+  rlk_sample_args_init(&g);
+  g.logits = rlk_tensor_2d(x, RLK_F32, 3, 4, 4);
+  g.tokens = rlk_tensor_1d(tok, RLK_I64, 3);
+  ck_assert_int_eq(rlk_sample(ctx, &g, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_sample(NULL, &g, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_sample(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+#define BAD(edit, needle)                                                                        \
+  do {                                                                                           \
+    a = g;                                                                                       \
+    edit;                                                                                        \
+    ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);                        \
+    ck_assert_msg(strstr(rlk_last_error(), needle), "'%s' does not name %s", rlk_last_error(), needle); \
+  } while (0)
+  BAD(a.logits.data = NULL, "logits");
+  BAD(a.logits.dtype = RLK_F64, "logits");
+  BAD(a.logits = rlk_tensor_1d(x, RLK_F32, 12), "logits");
+  BAD(a.logits.strides[0] = 3, "logits");
+  BAD(a.logits.strides[1] = 2, "logits");
+  BAD((a.logits.shape[0] = 1, a.logits.shape[1] = (int64_t)1 << 23), "V");
+  BAD(a.tokens.data = NULL, "tokens");
+  BAD(a.tokens.dtype = RLK_F32, "tokens");
+  BAD(a.tokens.shape[0] = 2, "tokens");
+  BAD(a.temperature = -0.5f, "temperature");
+  BAD(a.temperature = INFINITY, "temperature");
+  BAD(a.temperature = NAN, "temperature");
+  BAD(a.top_k = -1, "top_k");
+  BAD(a.top_p = 0.0f, "top_p");
+  BAD(a.top_p = 1.5f, "top_p");
+  BAD(a.min_p = -0.1f, "min_p");
+  BAD(a.min_p = 1.1f, "min_p");
+  BAD(a.temperatures = rlk_tensor_1d(temps, RLK_F64, 3), "temperatures");
+  BAD(a.temperatures = rlk_tensor_1d(temps, RLK_F32, 2), "temperatures");
+  BAD((a.seeds = rlk_tensor_1d(seeds, RLK_I64, 3), a.seeds.strides[0] = 2), "seeds");
+  BAD(a.offsets = rlk_tensor_1d(seeds, RLK_I32, 3), "offsets");
+  BAD(a.top_ks = rlk_tensor_1d(temps, RLK_F32, 3), "top_ks");
+  BAD(a.logp = rlk_tensor_1d(tok, RLK_I64, 3), "logp");
+  BAD(a.logp = rlk_tensor_1d(tok, RLK_F32, 3), "distinct");
+  BAD(a.status = rlk_tensor_1d(lp, RLK_F32, 1), "status");
+  BAD(a.logprob_block = 100, "block");
+#undef BAD
+  /* i32 tokens, per-row tensors and a scalar both given: the tensor wins */
+  a = g;
+  a.tokens = rlk_tensor_1d(tok32, RLK_I32, 3);
+  a.temperature = 0.0f;
+  a.temperatures = rlk_tensor_1d(temps, RLK_F32, 3);
+  ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
+  /* a compile-only context refuses to launch */
+  rlk_context *co = rlk_test_compile_only_host_context();
+  ck_assert_int_eq(rlk_sample(co, &g, NULL), RLK_ERR_UNSUPPORTED);
+  rlk_context_destroy(co);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(plan_matches_call) {
+  rlk_context *ctx = rlk_test_host_context();
+  int n = 0;
+  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i64 filters=1 vocab=12", &n), RLK_OK);
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i32 filters=0 vocab=12", &n), RLK_OK);
+  const uint64_t before = rlk_test_compiles(ctx);
+  float x[24];
+  for (int i = 0; i < 24; i++) x[i] = (float)(i % 5);
+  int64_t tok[2];
+  int32_t tok32[2];
+  rlk_sample_args a;
+  rlk_sample_args_init(&a);
+  a.logits = rlk_tensor_2d(x, RLK_F32, 2, 12, 12);
+  a.tokens = rlk_tensor_1d(tok, RLK_I64, 2);
+  a.top_p = 0.9f;
+  ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
+  a.top_p = 1.0f;
+  a.tokens = rlk_tensor_1d(tok32, RLK_I32, 2);
+  ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
+  ck_assert_msg(rlk_test_compiles(ctx) == before, "a precompiled configuration compiled again");
+  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f64", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample filters=2", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample vocab=0", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample colour=red", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(rlk_precompile_ops(), "sample") != NULL);
+  ck_assert(strstr(rlk_precompile_help("sample"), "filters") != NULL);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(samples_compile_every_target) {
+  const rlk_op_desc *ops[] = {&rlk_op_sample};
+  rlk_test_compile_samples("sample", ops, 1);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* CUDA (RLK_TEST_GPU=1)                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_context *cuda_context(void) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (sample gpu): no CUDA context: %s\n", rlk_last_error());
+    fflush(stdout);
+    return NULL;
+  }
+  return ctx;
+}
+
+#define GPU_CASE(name, call)                             \
+  START_TEST(gpu_##name) {                               \
+    if (!rlk_test_gpu_enabled("sample")) return;         \
+    rlk_context *ctx = cuda_context();                   \
+    if (!ctx) return;                                    \
+    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
+    ck_assert(is_gpu(ctx));                              \
+    call;                                                \
+    rlk_context_destroy(ctx);                            \
+  }                                                      \
+  END_TEST
+
+GPU_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 200000))
+GPU_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 200000))
+GPU_CASE(distribution_32000, cases_distribution(ctx, &rng, 32000, RLK_F16, 100000))
+GPU_CASE(distribution_151936, cases_distribution(ctx, &rng, 151936, RLK_BF16, 60000))
+GPU_CASE(reproducible, (cases_reproducible(ctx, &rng, 5000, 0), cases_reproducible(ctx, &rng, 5000, 1),
+                        cases_reproducible(ctx, &rng, 151936, 1), cases_philox(ctx)))
+GPU_CASE(edges, cases_edges(ctx, &rng))
+
+START_TEST(gpu_logp_bitwise) {
+  if (!rlk_test_gpu_enabled("sample")) return;
+  rlk_context *ctx = cuda_context();
+  if (!ctx) return;
+  uint64_t rng = rlk_test_seed() ^ 0xb17b17;
+  static const struct {
+    int64_t V, pad;
+    rlk_dtype dt;
+  } shapes[] = {{1, 0, RLK_F32},      {3, 1, RLK_BF16},        {64, 0, RLK_F16},
+                {1000, 5, RLK_F32},   {4097, 0, RLK_BF16},     {32000, 8, RLK_F16},
+                {50257, 3, RLK_BF16}, {128256, 0, RLK_BF16},   {151936, 0, RLK_BF16},
+                {151936, 0, RLK_F32}, {152064, 16, RLK_BF16}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    check_logp_bitwise(ctx, &rng, 24, shapes[i].V, shapes[i].dt, shapes[i].pad, 0, 0, 0);
+    check_logp_bitwise(ctx, &rng, 24, shapes[i].V, shapes[i].dt, shapes[i].pad, 1, 0, 0);
+  }
+  /* a tuned logprob: the same tuning given to the sampler */
+  check_logp_bitwise(ctx, &rng, 16, 151936, RLK_BF16, 0, 1, 256, 8);
+  check_logp_bitwise(ctx, &rng, 16, 50257, RLK_F32, 0, 0, 1024, 2);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *sample_suite(void) {
+  Suite *s = suite_create("sample");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, args_init_defaults);
+  tcase_add_test(host, philox_known_answers);
+  tcase_add_test(host, host_distribution_64);
+  tcase_add_test(host, host_distribution_1000);
+  tcase_add_test(host, host_logp_bitwise);
+  tcase_add_test(host, host_reproducible);
+  tcase_add_test(host, host_edges);
+  tcase_add_test(host, bad_arguments);
+  suite_add_tcase(s, host);
+
+  TCase *plan = tcase_create("plan");
+  tcase_set_timeout(plan, 300);
+  tcase_add_test(plan, plan_matches_call);
+  tcase_add_test(plan, samples_compile_every_target);
+  suite_add_tcase(s, plan);
+
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 600);
+  tcase_add_test(gpu, gpu_logp_bitwise);
+  tcase_add_test(gpu, gpu_reproducible);
+  tcase_add_test(gpu, gpu_edges);
+  tcase_add_test(gpu, gpu_distribution_64);
+  tcase_add_test(gpu, gpu_distribution_1000);
+  tcase_add_test(gpu, gpu_distribution_32000);
+  tcase_add_test(gpu, gpu_distribution_151936);
+  suite_add_tcase(s, gpu);
+  return s;
+}
