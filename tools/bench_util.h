@@ -1,0 +1,88 @@
+/* bench_util.h - what the benchmark tools share: a table of timed cases (median, min, max of
+ * device-event timings), their ratio to the bytes floor of shared/specs/performance.md, and the
+ * JSON file they write. A tool defines `static const char *prog` and includes tool_util.h first. */
+#ifndef RLK_BENCH_UTIL_H
+#define RLK_BENCH_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlk.h"
+
+#define BENCH_FLOOR_TBPS 4.14 /* device-to-device copy, bytes read plus written (performance.md) */
+#define BENCH_MAX_RESULTS 256
+
+typedef struct bench_result {
+  char name[112];
+  double median_ms, min_ms, max_ms, bytes, goal_ms;
+  char note[160];
+} bench_result;
+
+static bench_result bench_results[BENCH_MAX_RESULTS];
+static int bench_nresults;
+
+static int bench_cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double bench_floor_ms(double bytes) { return bytes / (BENCH_FLOOR_TBPS * 1e12) * 1e3; }
+
+/* Records and prints a case from n timings (ms); goal_ms 0: none. Returns the entry. */
+TOOL_UNUSED static const bench_result *bench_add(const char *name, const double *v, int n, double bytes,
+                                                 double goal_ms, const char *note) {
+  static bench_result overflow;
+  bench_result *r = bench_nresults < BENCH_MAX_RESULTS ? &bench_results[bench_nresults++] : &overflow;
+  double *s = malloc((size_t)n * sizeof *s);
+  memcpy(s, v, (size_t)n * sizeof *s);
+  qsort(s, (size_t)n, sizeof *s, bench_cmp_double);
+  snprintf(r->name, sizeof r->name, "%s", name);
+  r->median_ms = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  r->min_ms = s[0];
+  r->max_ms = s[n - 1];
+  r->bytes = bytes;
+  r->goal_ms = goal_ms;
+  snprintf(r->note, sizeof r->note, "%s", note ? note : "");
+  free(s);
+  printf("%-50s %9.4f ms (min %.4f max %.4f)  %6.0f GB/s  x%.2f of floor %.4f ms", r->name, r->median_ms,
+         r->min_ms, r->max_ms, bytes / (r->median_ms * 1e-3) / 1e9, r->median_ms / bench_floor_ms(bytes),
+         bench_floor_ms(bytes));
+  if (goal_ms > 0) printf("  goal %.4f ms %s", goal_ms, r->median_ms <= goal_ms ? "met" : "MISSED");
+  printf("%s%s\n", *r->note ? "  " : "", r->note);
+  fflush(stdout);
+  return r;
+}
+
+/* "cuda" / "hip" / "host" / anything else: auto. */
+TOOL_UNUSED static rlk_backend bench_backend(const char *name) {
+  return !strcmp(name, "cuda") ? RLK_BACKEND_CUDA
+         : !strcmp(name, "hip") ? RLK_BACKEND_HIP
+         : !strcmp(name, "host") ? RLK_BACKEND_HOST
+                                 : RLK_BACKEND_AUTO;
+}
+
+/* Writes every recorded case as JSON; returns 0, or 2 when the file cannot be written. */
+TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
+  FILE *f = fopen(path, "w");
+  if (!f) return usage_error("cannot write %s", path);
+  fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", "
+             "\"version\": \"%s\",\n",
+          prog, info->name, info->target, info->compiler, rlk_version_string());
+  fprintf(f, "  \"floor_tbps\": %.2f,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
+  for (int i = 0; i < bench_nresults; i++) {
+    const bench_result *r = &bench_results[i];
+    const double floor_ms = bench_floor_ms(r->bytes);
+    fprintf(f,
+            "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
+            "\"bytes\": %.0f, \"gbps\": %.1f, \"floor_ms\": %.6f, \"ratio_to_floor\": %.4f, "
+            "\"goal_ms\": %g, \"note\": \"%s\"}%s\n",
+            r->name, r->median_ms, r->min_ms, r->max_ms, r->bytes, r->bytes / (r->median_ms * 1e-3) / 1e9,
+            floor_ms, r->median_ms / floor_ms, r->goal_ms, r->note, i + 1 < bench_nresults ? "," : "");
+  }
+  fprintf(f, "  ]\n}\n");
+  fclose(f);
+  return 0;
+}
+
+#endif

@@ -1,0 +1,235 @@
+/* rlk-bench-sample - device time of rlk_sample against the read-once floor of
+ * shared/specs/performance.md (B x V x dtype bytes / 4.14 TB/s).
+ *
+ *   rlk-bench-sample [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]
+ *
+ * Cases, V = 151936, f32 and bf16 logits, B = 1, 32, 256 (the H200 goals in brackets):
+ *   plain      temperature 1                              [<= 1.3 x the floor]
+ *   topk+topp  temperature 0.7, top-k 50, top-p 0.9       [B 256 <= 0.15 ms, B 32 <= 0.05 ms]
+ *   topk       top-k 50;  topp  top-p 0.9 alone;  minp  min-p 0.05;  greedy  temperature 0
+ * Logits are N(0, 1)-like (what shared/anchors/torch_baselines.py samples from), a seed per row,
+ * the offset advancing every call. Device events around each call, 3 warm-up calls, median / min /
+ * max of --iters; several logits buffers are rotated so that the timed data is at least 256 MB
+ * (never L2-resident). Before timing, every case's tokens are checked against its filters and a
+ * few log-probs against fp64. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlk.h"
+
+static const char *prog = "rlk-bench-sample";
+#include "tool_util.h"
+#include "bench_util.h"
+
+#define CHECK(call)                                  \
+  do {                                               \
+    rlk_status st_ = (call);                         \
+    if (st_ != RLK_OK) return lib_error(#call, st_); \
+  } while (0)
+
+static uint64_t lcg(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 11;
+}
+
+static uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static float value_of(const void *h, rlk_dtype dt, size_t i) {
+  if (dt == RLK_F32) return ((const float *)h)[i];
+  const uint32_t u = (uint32_t)((const uint16_t *)h)[i] << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+typedef struct scase {
+  const char *name;
+  float temperature;
+  int64_t top_k;
+  float top_p, min_p;
+} scase;
+
+static const scase cases[] = {
+    {"plain", 1.0f, 0, 1.0f, 0.0f},   {"topk+topp", 0.7f, 50, 0.9f, 0.0f}, {"topk", 1.0f, 50, 1.0f, 0.0f},
+    {"topp", 0.7f, 0, 0.9f, 0.0f},    {"minp", 1.0f, 0, 1.0f, 0.05f},      {"greedy", 0.0f, 0, 1.0f, 0.0f},
+};
+
+/* Checks one call's tokens against the case's filters (top-k: at least the k-th largest logit;
+ * min-p: p >= min_p p_max) and its log-probs against fp64, on a few rows. */
+static int verify(rlk_context *ctx, const void *logits, rlk_dtype dt, int64_t B, int64_t V, const scase *c,
+                  const int64_t *tok_d, const float *lp_d, int *bad) {
+  const size_t es = rlk_dtype_size(dt);
+  void *row = malloc((size_t)V * es);
+  float *x = malloc((size_t)V * sizeof *x);
+  for (int k = 0; k < 4; k++) {
+    const int64_t i = k == 3 ? B - 1 : (B * k) / 4;
+    int64_t y;
+    float lp;
+    CHECK(rlk_memcpy_to_host(ctx, row, (const char *)logits + (size_t)i * (size_t)V * es, (size_t)V * es));
+    CHECK(rlk_memcpy_to_host(ctx, &y, tok_d + i, 8));
+    CHECK(rlk_memcpy_to_host(ctx, &lp, lp_d + i, 4));
+    if (y < 0 || y >= V) {
+      (*bad)++;
+      continue;
+    }
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; j++) m = fmax(m, x[j] = value_of(row, dt, (size_t)j));
+    const double T = c->temperature > 0 ? c->temperature : 1.0;
+    for (int64_t j = 0; j < V; j++) s += exp((x[j] - m) / T);
+    const double want = (x[y] - m) / T - log(s);
+    if (fabs(want - lp) > 1e-3) (*bad)++;
+    int64_t above = 0;
+    for (int64_t j = 0; j < V; j++) above += x[j] > x[y];
+    if (c->top_k > 0 && above >= c->top_k) (*bad)++;
+    if (c->temperature == 0.0f && above > 0) (*bad)++;
+    if (c->min_p > 0 && exp((x[y] - m) / T) < c->min_p * 0.999) (*bad)++;
+  }
+  free(row);
+  free(x);
+  return 0;
+}
+
+static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters) {
+  const size_t es = rlk_dtype_size(dt), bytes = (size_t)B * (size_t)V * es;
+  int nbuf = (int)(((size_t)256 << 20) / bytes) + 1;
+  if (nbuf > 512) nbuf = 512;
+  void *bufs[512];
+  const size_t elems = (size_t)B * (size_t)V;
+  void *h = malloc(bytes);
+  uint64_t s = 0x5a5a5a5ull + (uint64_t)B;
+  for (int k = 0; k < nbuf; k++) {
+    for (size_t i = 0; i < elems; i++) {
+      double u = 0;
+      for (int q = 0; q < 4; q++) u += (double)lcg(&s) * 0x1.0p-53;
+      const float v = (float)((u - 2.0) * 1.732); /* mean 0, variance 1 */
+      if (dt == RLK_F32)
+        ((float *)h)[i] = v;
+      else
+        ((uint16_t *)h)[i] = bf16_of(v);
+    }
+    CHECK(rlk_malloc(ctx, bytes, &bufs[k]));
+    CHECK(rlk_memcpy_to_device(ctx, bufs[k], h, bytes));
+    if (k == 3 && nbuf > 8) { /* the rest: copies (the data's values do not change the work) */
+      for (int q = 4; q < nbuf; q++) {
+        CHECK(rlk_malloc(ctx, bytes, &bufs[q]));
+        CHECK(rlk_memcpy_to_device(ctx, bufs[q], h, bytes));
+      }
+      break;
+    }
+  }
+  free(h);
+  uint64_t *seeds_h = malloc((size_t)B * 8);
+  for (int64_t i = 0; i < B; i++) seeds_h[i] = lcg(&s) * 0x9e3779b97f4a7c15ull;
+  void *seeds, *tokens, *logp, *status;
+  CHECK(rlk_malloc(ctx, (size_t)B * 8, &seeds));
+  CHECK(rlk_memcpy_to_device(ctx, seeds, seeds_h, (size_t)B * 8));
+  free(seeds_h);
+  CHECK(rlk_malloc(ctx, (size_t)B * 8, &tokens));
+  CHECK(rlk_malloc(ctx, (size_t)B * 4, &logp));
+  CHECK(rlk_malloc(ctx, 4, &status));
+  CHECK(rlk_memset(ctx, status, 0, 4));
+  double *v = malloc((size_t)iters * sizeof *v);
+  rlk_event *e0, *e1;
+  CHECK(rlk_event_create(ctx, &e0));
+  CHECK(rlk_event_create(ctx, &e1));
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const scase *c = &cases[ci];
+    rlk_sample_args a;
+    rlk_sample_args_init(&a);
+    a.temperature = c->temperature;
+    a.top_k = c->top_k;
+    a.top_p = c->top_p;
+    a.min_p = c->min_p;
+    a.seeds = rlk_tensor_1d(seeds, RLK_I64, B);
+    a.tokens = rlk_tensor_1d(tokens, RLK_I64, B);
+    a.logp = rlk_tensor_1d(logp, RLK_F32, B);
+    a.status = rlk_tensor_1d(status, RLK_I32, 1);
+    a.logits = rlk_tensor_2d(bufs[0], dt, B, V, V);
+    CHECK(rlk_sample(ctx, &a, NULL));
+    CHECK(rlk_stream_synchronize(ctx, NULL));
+    int bad = 0;
+    if (verify(ctx, bufs[0], dt, B, V, c, tokens, logp, &bad)) return 1;
+    for (int i = -3; i < iters; i++) {
+      a.logits = rlk_tensor_2d(bufs[(i + 3) % nbuf], dt, B, V, V);
+      a.offset = (uint64_t)(i + 3);
+      CHECK(rlk_event_record(e0, NULL));
+      CHECK(rlk_sample(ctx, &a, NULL));
+      CHECK(rlk_event_record(e1, NULL));
+      float ms = 0;
+      CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
+      if (i >= 0) v[i] = ms;
+    }
+    char name[112], note[160];
+    snprintf(name, sizeof name, "sample %s B=%lld V=%lld %s", c->name, (long long)B, (long long)V,
+             rlk_dtype_name(dt));
+    double goal = 0;
+    if (!strcmp(c->name, "plain")) goal = 1.3 * bench_floor_ms((double)bytes);
+    if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 256) goal = 0.15;
+    if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 32) goal = 0.05;
+    snprintf(note, sizeof note, "%s", bad ? "CHECK FAILED (tokens or logp)" : "checked");
+    bench_add(name, v, iters, (double)bytes, goal, note);
+  }
+  int32_t st = 0;
+  CHECK(rlk_memcpy_to_host(ctx, &st, status, 4));
+  if (st) printf("warning: status word %d\n", (int)st);
+  rlk_event_destroy(e0);
+  rlk_event_destroy(e1);
+  free(v);
+  for (int k = 0; k < nbuf; k++) rlk_free(ctx, bufs[k]);
+  rlk_free(ctx, seeds);
+  rlk_free(ctx, tokens);
+  rlk_free(ctx, logp);
+  rlk_free(ctx, status);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  rlk_backend backend = RLK_BACKEND_AUTO;
+  int iters = 50;
+  int64_t V = 151936;
+  const char *json = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+      backend = bench_backend(argv[++i]);
+    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) {
+      V = atoll(argv[++i]);
+      if (V <= 0) return usage_error("--vocab: '%s' is not a positive integer", argv[i]);
+    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
+      json = argv[++i];
+    } else if (!strcmp(argv[i], "--help")) {
+      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]\n", prog);
+      return 0;
+    } else {
+      return usage_error("unknown argument '%s'", argv[i]);
+    }
+  }
+  if (iters < 3) iters = 3;
+  rlk_context *ctx = NULL;
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = backend;
+  CHECK(rlk_context_create(&ctx, &o));
+  rlk_device_info info;
+  CHECK(rlk_context_device_info(ctx, &info));
+  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
+  if (host && iters > 3) iters = 3;
+  printf("%s on %s (%s, %s); floor = B V bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,
+         BENCH_FLOOR_TBPS);
+  const int64_t batches[3] = {1, 32, host ? 4 : 256};
+  const rlk_dtype dts[2] = {RLK_F32, RLK_BF16};
+  for (int d = 0; d < 2; d++)
+    for (int b = 0; b < 3; b++)
+      if (bench(ctx, dts[d], batches[b], V, iters)) return 1;
+  rlk_context_destroy(ctx);
+  return json ? bench_write_json(json, &info) : 0;
+}
