@@ -114,13 +114,21 @@ def autograd_calls():
     def logprob(x):
         return A.token_logprob(x["logits_req"], x["labels"])
 
+    def step(fn, leaf):
+        def run(x):  # what a trainer's step does: fresh gradients, backward() on a scalar
+            x[leaf].grad = None
+            out = fn(x)
+            (out if out.dim() == 0 else out.sum()).backward()
+        return run
+
     calls = []
-    for name, ops, fn in (("policy_loss", ("policy_loss",), policy),
-                          ("value_loss", ("value_loss",), value),
-                          ("token_logprob", ("logprob", "logprob_backward"), logprob)):
+    for name, ops, fn, leaf in (("policy_loss", ("policy_loss",), policy, "logp_req"),
+                                ("value_loss", ("value_loss",), value, "values_req"),
+                                ("token_logprob", ("logprob", "logprob_backward"), logprob,
+                                 "logits_req")):
         if all(o in have for o in ops):
             calls.append(("autograd %s" % name, fn))
-            calls.append(("autograd %s fwd+bwd" % name, lambda x, fn=fn: fn(x).sum().backward()))
+            calls.append(("autograd %s fwd+bwd" % name, step(fn, leaf)))
     return calls
 
 
