@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -185,6 +186,14 @@ def measure(name, fw, fn, x, calls, warmup, sync):
             "launches": len(lib), "calls": calls}
 
 
+def git_revision():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
 def machine(dev):
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": torch.__version__ if torch else None,
@@ -246,7 +255,7 @@ def main(argv=None):
             print(line % (r["op"], fw, "%.1f" % r["call_us"], "%.1f" % r["library_us"],
                           "%.1f" % r["python_us"]), flush=True)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
-              "machine": machine(dev), "rows": rows}
+              "revision": git_revision(), "machine": machine(dev), "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
