@@ -122,6 +122,13 @@ def context(backend="host", device=0):
         return ctx
 
 
+def shared(key):
+    """The shared context for key = (Backend member, device ordinal): on the hot path of every
+    call, so the common case is one dict lookup."""
+    ctx = _contexts.get(key)
+    return ctx if ctx is not None else context(*key)
+
+
 def release_contexts():
     """Destroys the shared contexts (the next call creates fresh ones). No launch through
     them may still be running."""

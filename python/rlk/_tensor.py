@@ -1,15 +1,21 @@
 """Arrays in, rlk_tensor descriptors out, zero copy.
 
-A Binder collects the arrays of one op call: it checks that they all live in one place (one
-CUDA device, or host memory), that their dtypes have an rlk equivalent, and builds the
-rlk_tensor for each (data pointer, shape, strides in elements). It allocates missing outputs
-in the same place and framework, picks the context and the stream, and keeps every array it
-made alive until the launch is queued.
+A Binder holds the args struct of one op call and writes each array argument's rlk_tensor into
+it (data pointer, shape, strides in elements). It checks that the arrays all live in one place
+(one CUDA device, or host memory), that their dtypes have an rlk equivalent, allocates missing
+outputs in the same place and framework, picks the context and the stream, and keeps every
+scratch buffer it made alive until the launch is queued.
+
+This is the hot path of every call, so the work per argument is kept small: the kind of an
+argument is one dict lookup by its type, places and dtype maps are built once, a descriptor is
+one struct.pack_into straight into the args struct, and an args struct is a copy of one that
+rlk_<op>_args_init filled once.
 
 Neither torch nor numpy is imported here: an argument can only be a torch tensor if the
-caller imported torch, so sys.modules tells.
+caller imported torch, so sys.modules tells (once per argument type).
 """
 import ctypes
+import struct
 import sys
 
 from . import _context
@@ -17,66 +23,111 @@ from . import _lib
 from . import _types as T
 from .errors import InvalidArgument
 
-_TORCH_DTYPES = None
-_NUMPY_DTYPES = None
+# rlk_tensor as one struct.pack_into writes it, one format per ndim n: data, dtype, ndim,
+# shape[n], zeros, strides[n], zeros (pack_into zeroes the "x" pad bytes: unused dimensions).
+_DESC = tuple(struct.Struct("=Qii%dq%dx%dq%dx" % (n, 8 * (T.MAX_DIMS - n), n,
+                                                  8 * (T.MAX_DIMS - n)))
+              for n in range(T.MAX_DIMS + 1))
 
 
-def _torch():
-    return sys.modules.get("torch")
+def _desc_matches_mirror():
+    """The packed layout is the ctypes mirror's (a 64-bit ABI without padding inside)."""
+    want = [0, 8, 12, 16, 16 + 8 * T.MAX_DIMS]
+    got = [getattr(T.Tensor, f).offset for f, _ in T.Tensor._fields_]
+    return got == want and all(d.size == ctypes.sizeof(T.Tensor) for d in _DESC)
 
 
-def _numpy():
-    return sys.modules.get("numpy")
+if not _desc_matches_mirror():
+    raise ImportError("rlk: rlk_tensor is not laid out as this package packs it (a 64-bit "
+                      "platform is needed)")
+
+_TORCH, _NUMPY = 1, 2
+_KIND = {}            # type(x) -> _TORCH or _NUMPY, filled the first time a type is seen
+_torch = None         # the torch module, once a torch tensor was seen
+_TORCH_DT = {}        # torch dtype -> rlk DType
+_TORCH_OF = {}        # rlk DType -> torch dtype
+_NUMPY_DT = {}        # numpy dtype -> rlk DType
+_NUMPY_OF = {}        # rlk DType -> numpy dtype
+_raw_stream = None    # device index -> the current torch stream's raw handle
+_strided = None       # torch.strided
+
+
+def _init_torch(t):
+    global _torch, _raw_stream, _strided, _HOST_TORCH
+    _TORCH_DT.update({t.float32: T.DType.F32, t.float16: T.DType.F16, t.bfloat16: T.DType.BF16,
+                      t.float64: T.DType.F64, t.int32: T.DType.I32, t.int64: T.DType.I64,
+                      t.bool: T.DType.BOOL})
+    _TORCH_OF.update({v: k for k, v in _TORCH_DT.items()})
+    _HOST_TORCH = Place(T.Backend.HOST, 0, "torch", t.device("cpu"))
+    # What torch's own compiled code reads the stream with: no Stream object is made per call.
+    raw = getattr(t._C, "_cuda_getCurrentRawStream", None)
+    _raw_stream = raw if raw is not None else (lambda i: t.cuda.current_stream(i).cuda_stream)
+    _strided = t.strided
+    _torch = t
+
+
+def _init_numpy(np):
+    dts = {np.dtype(np.float32): T.DType.F32, np.dtype(np.float16): T.DType.F16,
+           np.dtype(np.float64): T.DType.F64, np.dtype(np.int32): T.DType.I32,
+           np.dtype(np.int64): T.DType.I64, np.dtype(np.bool_): T.DType.BOOL}
+    _NUMPY_OF.update({v: k for k, v in dts.items()})
+    _NUMPY_DT.update(dts)  # last: a filled _NUMPY_DT says both maps are ready
+
+
+def _kind(x):
+    """_TORCH, _NUMPY or None; after the first argument of a type, one dict lookup."""
+    cls = type(x)
+    kind = _KIND.get(cls)
+    if kind is None:
+        t, np = sys.modules.get("torch"), sys.modules.get("numpy")
+        if t is not None and isinstance(x, t.Tensor):
+            if _torch is None:
+                _init_torch(t)
+            kind = _TORCH
+        elif np is not None and isinstance(x, np.ndarray):
+            if not _NUMPY_DT:
+                _init_numpy(np)
+            kind = _NUMPY
+        else:
+            return None
+        _KIND[cls] = kind
+    return kind
 
 
 def is_torch(x):
-    t = _torch()
-    return t is not None and isinstance(x, t.Tensor)
+    return _kind(x) == _TORCH
 
 
 def is_numpy(x):
-    np = _numpy()
-    return np is not None and isinstance(x, np.ndarray)
-
-
-def _torch_dtypes():
-    global _TORCH_DTYPES
-    if _TORCH_DTYPES is None:
-        t = _torch()
-        _TORCH_DTYPES = {t.float32: T.DType.F32, t.float16: T.DType.F16, t.bfloat16: T.DType.BF16,
-                         t.float64: T.DType.F64, t.int32: T.DType.I32, t.int64: T.DType.I64,
-                         t.bool: T.DType.BOOL}
-    return _TORCH_DTYPES
-
-
-def _numpy_dtypes():
-    global _NUMPY_DTYPES
-    if _NUMPY_DTYPES is None:
-        np = _numpy()
-        _NUMPY_DTYPES = {np.dtype(np.float32): T.DType.F32, np.dtype(np.float16): T.DType.F16,
-                         np.dtype(np.float64): T.DType.F64, np.dtype(np.int32): T.DType.I32,
-                         np.dtype(np.int64): T.DType.I64, np.dtype(np.bool_): T.DType.BOOL}
-    return _NUMPY_DTYPES
+    return _kind(x) == _NUMPY
 
 
 def _dtype_names(dtypes):
     return " or ".join(T.DType(d).name.lower() for d in dtypes)
 
 
+def dim(x, i):
+    """x's size in dimension i, or 0 where x has fewer dimensions (as its descriptor reads:
+    the library then names the bad shape)."""
+    s = x.shape
+    return s[i] if i < len(s) else 0
+
+
 class Place:
     """Where an op call runs: the backend, the device ordinal and the framework its outputs
-    are allocated with ("torch" or "numpy")."""
+    are allocated with ("torch" or "numpy"). One object per place, made once."""
 
-    __slots__ = ("backend", "device", "framework", "torch_device")
+    __slots__ = ("backend", "device", "framework", "torch_device", "key")
 
     def __init__(self, backend, device, framework, torch_device=None):
         self.backend = backend
         self.device = device
         self.framework = framework
         self.torch_device = torch_device
+        self.key = (backend, device)  # the shared context's key
 
     def same_memory(self, other):
-        return self.backend == other.backend and self.device == other.device
+        return self.key == other.key
 
     def describe(self):
         if self.backend == T.Backend.HOST:
@@ -84,90 +135,118 @@ class Place:
         return "%s" % (self.torch_device,)
 
 
+_HOST_NUMPY = Place(T.Backend.HOST, 0, "numpy")
+_HOST_TORCH = None    # made with the torch dtype maps
+_CUDA_PLACES = {}     # device index -> Place
+
+
+def _torch_place(x):
+    if x.is_cuda:
+        return _CUDA_PLACES.get(x.get_device()) or _cuda_place(x)
+    if x.is_cpu:
+        return _HOST_TORCH
+    raise InvalidArgument("tensors on %s are not supported (cpu or cuda)" % x.device)
+
+
+def _cuda_place(x):
+    dev = x.device
+    index = dev.index if dev.index is not None else _torch.cuda.current_device()
+    backend = T.Backend.HIP if getattr(_torch.version, "hip", None) else T.Backend.CUDA
+    p = Place(backend, index, "torch", dev)
+    _CUDA_PLACES[index] = p
+    return p
+
+
 def place_of(x):
     """The Place of one array, or raises InvalidArgument for anything else."""
-    if is_torch(x):
-        dev = x.device
-        if dev.type == "cpu":
-            return Place(T.Backend.HOST, 0, "torch", dev)
-        if dev.type == "cuda":
-            t = _torch()
-            backend = T.Backend.HIP if getattr(t.version, "hip", None) else T.Backend.CUDA
-            return Place(backend, dev.index if dev.index is not None else t.cuda.current_device(),
-                         "torch", dev)
-        raise InvalidArgument("tensors on %s are not supported (cpu or cuda)" % dev)
-    if is_numpy(x):
-        return Place(T.Backend.HOST, 0, "numpy")
+    kind = _kind(x)
+    if kind == _TORCH:
+        return _torch_place(x)
+    if kind == _NUMPY:
+        return _HOST_NUMPY
     raise InvalidArgument("expected a torch.Tensor or a numpy.ndarray, got %s" % type(x).__name__)
 
 
 class Binder:
-    """The arrays of one op call. `op` names the op in error messages."""
+    """The args struct and the arrays of one call of `op` (an Op); op.name names the call in
+    error messages. `args` starts as rlk_<op>_args_init left it."""
+
+    __slots__ = ("op", "name", "args", "place", "ctx", "keep")
 
     def __init__(self, op):
         self.op = op
+        self.name = op.name
+        self.args = op.new_args()
         self.place = None
-        self.keep = []  # arrays allocated here, alive until the launch is queued
+        self.ctx = None
+        self.keep = []  # scratch allocated here, alive until the launch is queued
 
     def _fail(self, name, msg):
-        return InvalidArgument("%s: %s: %s" % (self.op, name, msg))
+        return InvalidArgument("%s: %s: %s" % (self.name, name, msg))
 
-    def _join(self, name, x):
-        try:
-            p = place_of(x)
-        except InvalidArgument as e:
-            raise self._fail(name, str(e)) from None
-        if self.place is None:
+    def _join(self, name, p):
+        cur = self.place
+        if cur is None:
             self.place = p
-        elif not self.place.same_memory(p):
+        elif cur is not p and not cur.same_memory(p):
             raise self._fail(name, "is in %s, the other arguments in %s" % (
-                p.describe(), self.place.describe()))
-        return p
+                p.describe(), cur.describe()))
 
-    def tensor(self, name, x, dtypes=None, optional=False, output=False):
-        """The rlk_tensor for argument `name`. None is an absent tensor when `optional`.
-        `dtypes`: the rlk dtypes accepted (checked here for a clearer message; the library
-        checks again). `output`: the array is written (must be writable)."""
+    def set(self, name, x, dtypes=None, optional=False, output=False):
+        """Writes the rlk_tensor of argument `name` into the args field of that name and
+        returns its rlk dtype. None is an absent tensor when `optional` (the field stays as
+        args_init zeroed it; returns None). `dtypes`: the rlk dtypes accepted (checked here for
+        a clearer message; the library checks again). `output`: the array is written (must be
+        writable)."""
         if x is None:
             if optional:
-                return T.Tensor()
+                return None
             raise self._fail(name, "is required")
-        self._join(name, x)
-        t = T.Tensor()
-        if is_torch(x):
-            dt = _torch_dtypes().get(x.dtype)
+        kind = _KIND.get(type(x)) or _kind(x)
+        if kind == _TORCH:
+            if x.is_cuda:
+                p = _CUDA_PLACES.get(x.get_device()) or _cuda_place(x)
+            elif x.is_cpu:
+                p = _HOST_TORCH
+            else:
+                raise self._fail(name, "tensors on %s are not supported (cpu or cuda)" % x.device)
+            self._join(name, p)
+            dt = _TORCH_DT.get(x.dtype)
             if dt is None:
                 hint = " (use .bool() or .float() for a mask)" if str(x.dtype) == "torch.uint8" else ""
                 raise self._fail(name, "dtype %s has no rlk equivalent%s" % (x.dtype, hint))
-            if x.layout != _torch().strided:
+            if x.layout is not _strided:
                 raise self._fail(name, "only strided (dense) tensors are supported, got %s" % x.layout)
             if output and x.requires_grad and x.is_leaf:
                 raise self._fail(name, "is an output but requires grad")
-            shape, strides, ptr = tuple(x.shape), tuple(x.stride()), x.data_ptr()
-        else:
-            dt = _numpy_dtypes().get(x.dtype)
+            shape, strides, ptr = x.shape, x.stride(), x.data_ptr()
+        elif kind == _NUMPY:
+            self._join(name, _HOST_NUMPY)
+            dt = _NUMPY_DT.get(x.dtype)
             if dt is None:
                 raise self._fail(name, "dtype %s has no rlk equivalent" % x.dtype)
             if output and not x.flags.writeable:
                 raise self._fail(name, "is an output but the array is read-only")
-            item = x.itemsize
-            if any(s % item for s in x.strides):
-                raise self._fail(name, "strides %s are not a multiple of the element size %d" % (
-                    x.strides, item))
-            shape, strides, ptr = x.shape, tuple(s // item for s in x.strides), x.ctypes.data
+            item, strides = x.itemsize, x.strides
+            if item != 1:
+                for s in strides:
+                    if s % item:
+                        raise self._fail(name, "strides %s are not a multiple of the element "
+                                         "size %d" % (x.strides, item))
+                strides = [s // item for s in strides]
+            shape, ptr = x.shape, x.ctypes.data
+        else:
+            raise self._fail(name, "expected a torch.Tensor or a numpy.ndarray, got %s" % (
+                type(x).__name__))
         if dtypes is not None and dt not in dtypes:
             raise self._fail(name, "dtype %s is not supported (expected %s)" % (
-                T.DType(dt).name.lower(), _dtype_names(dtypes)))
-        if len(shape) > T.MAX_DIMS:
+                dt.name.lower(), _dtype_names(dtypes)))
+        n = len(shape)
+        if n > T.MAX_DIMS:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
-                len(shape), T.MAX_DIMS))
-        t.data = ptr or None
-        t.dtype = int(dt)
-        t.ndim = len(shape)
-        for i, (n, s) in enumerate(zip(shape, strides)):
-            t.shape[i] = n
-            t.strides[i] = s
-        return t
+                n, T.MAX_DIMS))
+        _DESC[n].pack_into(self.args, self.op.offsets[name], ptr, dt, n, *shape, *strides)
+        return dt
 
     def empty(self, shape, dtype):
         """A new uninitialized array of rlk dtype `dtype` in the call's place."""
@@ -178,37 +257,42 @@ class Binder:
 
     def _alloc(self, shape, dtype, zero):
         p = self.require_place()
-        dtype = T.DType(dtype)
         if p.framework == "torch":
-            t = _torch()
-            td = {v: k for k, v in _torch_dtypes().items()}[dtype]
-            make = t.zeros if zero else t.empty
-            a = make(tuple(shape), dtype=td, device=p.torch_device)
-        else:
-            np = _numpy()
-            nd = {v: k for k, v in _numpy_dtypes().items()}.get(dtype)
-            if nd is None:
-                raise InvalidArgument("%s: %s outputs need torch (numpy has no such dtype)" % (
-                    self.op, dtype.name.lower()))
-            a = (np.zeros if zero else np.empty)(tuple(shape), dtype=nd)
-        return a
+            make = _torch.zeros if zero else _torch.empty
+            td = _TORCH_OF[dtype]
+            if not shape:  # sizes as separate arguments (quicker) need at least one
+                shape = ((),)
+            if p.backend == T.Backend.HOST:
+                return make(*shape, dtype=td)
+            return make(*shape, dtype=td, device=p.torch_device)
+        nd = _NUMPY_OF.get(dtype)
+        if nd is None:
+            raise InvalidArgument("%s: %s outputs need torch (numpy has no such dtype)" % (
+                self.name, T.DType(dtype).name.lower()))
+        np = sys.modules["numpy"]
+        return (np.zeros if zero else np.empty)(tuple(shape), dtype=nd)
 
     def workspace(self, nbytes):
         """A scratch buffer of `nbytes` (at least 1) in the call's place, kept alive here;
         returns (array, pointer)."""
         a = self._alloc((max(int(nbytes), 1),), T.DType.BOOL, zero=False)
         self.keep.append(a)
-        ptr = a.data_ptr() if is_torch(a) else a.ctypes.data
+        ptr = a.data_ptr() if self.place.framework == "torch" else a.ctypes.data
         return a, ptr
 
     def require_place(self):
         if self.place is None:
-            raise InvalidArgument("%s: no tensor argument given" % self.op)
+            raise InvalidArgument("%s: no tensor argument given" % self.name)
         return self.place
 
     def context(self):
-        p = self.require_place()
-        return _context.context(p.backend, p.device)
+        """The shared context of the call's place (looked up once per call)."""
+        ctx = self.ctx
+        if ctx is None:
+            p = self.require_place()
+            ctx = _context.shared(p.key)
+            self.ctx = ctx
+        return ctx
 
     def stream(self, stream=None):
         """The raw stream handle for the launch: the given one (a torch.cuda.Stream, an object
@@ -218,25 +302,24 @@ class Binder:
         if p.backend == T.Backend.HOST:
             return None
         if stream is None:
-            t = _torch()
-            return t.cuda.current_stream(p.torch_device).cuda_stream or None
+            return _raw_stream(p.device) or None
         if hasattr(stream, "cuda_stream"):
             return stream.cuda_stream or None
         if isinstance(stream, int):
             return stream or None
         raise InvalidArgument("%s: stream: expected a torch.cuda.Stream or an int, got %s" % (
-            self.op, type(stream).__name__))
+            self.name, type(stream).__name__))
 
-    def run(self, op, args, stream=None):
-        """Launches `op` with `args` on this call's context and stream."""
+    def run(self, stream=None):
+        """Launches the op with the args built here on this call's context and stream."""
         ctx = self.context()
         raw = self.stream(stream)
-        op.launch(ctx, args, raw)
+        self.op.launch(ctx, self.args, raw)
         if stream is not None and self.keep and self.place.framework == "torch" \
                 and self.place.backend != T.Backend.HOST:
             # Scratch allocated on the current stream but used on another: tell the caching
             # allocator, so the memory is not reused before that stream is done with it.
-            t = _torch()
+            t = _torch
             s = stream if isinstance(stream, t.cuda.Stream) else t.cuda.ExternalStream(raw)
             for a in self.keep:
                 a.record_stream(s)
@@ -246,29 +329,35 @@ class Binder:
 class Op:
     """One op family's entry points, declared on first use:
       rlk_<name>_args_init(args *), rlk_<name>(ctx, const args *, stream) and, when the op
-      has scratch, rlk_<name>_workspace_size(ctx, const args *, size_t *)."""
+      has scratch, rlk_<name>_workspace_size(ctx, const args *, size_t *).
+    Binding checks the struct's size against the library once, and fills one args struct with
+    the library's defaults; every call's args struct starts as a copy of it."""
 
     def __init__(self, name, args_struct, workspace=False):
         self.name = name
         self.args_struct = args_struct
         self.has_workspace = workspace
-        self._fns = None
+        # field name -> byte offset, where Binder.set packs a descriptor
+        self.offsets = {f[0]: getattr(args_struct, f[0]).offset for f in args_struct._fields_}
+        self._defaults = None
+        self._run = self._workspace_size = None
 
     def _bind(self):
-        if self._fns is None:
+        if self._defaults is None:
             S = ctypes.POINTER(self.args_struct)
             _lib.check_abi(self.args_struct)
-            fns = {
-                "init": _lib.function("rlk_%s_args_init" % self.name, None, [S]),
-                "run": _lib.function("rlk_%s" % self.name, ctypes.c_int,
-                                     [ctypes.c_void_p, S, ctypes.c_void_p]),
-            }
+            init = _lib.function("rlk_%s_args_init" % self.name, None, [S])
+            run = _lib.function("rlk_%s" % self.name, ctypes.c_int,
+                                [ctypes.c_void_p, S, ctypes.c_void_p])
+            ws = None
             if self.has_workspace:
-                fns["workspace"] = _lib.function(
-                    "rlk_%s_workspace_size" % self.name, ctypes.c_int,
-                    [ctypes.c_void_p, S, ctypes.POINTER(ctypes.c_size_t)])
-            self._fns = fns
-        return self._fns
+                ws = _lib.function("rlk_%s_workspace_size" % self.name, ctypes.c_int,
+                                   [ctypes.c_void_p, S, ctypes.POINTER(ctypes.c_size_t)])
+            defaults = self.args_struct()
+            init(defaults)
+            self._run, self._workspace_size = run, ws
+            self._defaults = defaults  # last: other threads take a set _defaults as bound
+        return self._defaults
 
     def available(self):
         """True when the loaded library has this op (and its struct matches)."""
@@ -279,17 +368,21 @@ class Op:
             return False
 
     def new_args(self):
-        """An args struct filled by the library's rlk_<name>_args_init (its defaults)."""
-        fns = self._bind()
-        a = self.args_struct()
-        fns["init"](ctypes.byref(a))
-        return a
+        """An args struct holding the library's defaults (rlk_<name>_args_init's)."""
+        defaults = self._defaults
+        if defaults is None:
+            defaults = self._bind()
+        return self.args_struct.from_buffer_copy(defaults)
 
     def workspace_size(self, ctx, args):
         n = ctypes.c_size_t(0)
-        _lib.check(self._bind()["workspace"](ctx.handle, ctypes.byref(args), ctypes.byref(n)),
-                   self.name)
+        status = self._workspace_size(ctx.handle, args, ctypes.byref(n))
+        if status:
+            _lib.check(status, self.name)
         return n.value
 
     def launch(self, ctx, args, stream):
-        _lib.check(self._bind()["run"](ctx.handle, ctypes.byref(args), stream), self.name)
+        # ctypes passes args by reference (the argtype is a pointer to its struct)
+        status = self._run(ctx.handle, args, stream)
+        if status:
+            _lib.check(status, self.name)

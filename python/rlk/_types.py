@@ -109,9 +109,33 @@ class Counters(ctypes.Structure):
     ]
 
 
+_ENUM_KEYS = {}  # enum class -> {member, its value, its spellings: int}
+
+
+def _enum_keys(enum_cls):
+    keys = {}
+    for m in enum_cls:
+        for k in (m.value, m.name, m.name.lower(), m.name.lower().replace("_", "-")):
+            keys[k] = int(m.value)
+    _ENUM_KEYS[enum_cls] = keys
+    return keys
+
+
 def enum_value(enum_cls, value, what):
     """An enum argument given as the enum, its int value, or a name ("grpo", "mean-only",
     "MEAN_ONLY"); raises InvalidArgument naming `what` otherwise."""
+    # The common spellings are one dict lookup; only exact ints, strs and members of enum_cls
+    # take it (True == 1 and 1.0 == 1 would match an int key, and must not).
+    cls = value.__class__
+    if cls is int or cls is str or cls is enum_cls:
+        keys = _ENUM_KEYS.get(enum_cls) or _enum_keys(enum_cls)
+        v = keys.get(value)
+        if v is not None:
+            return v
+    return _enum_value_slow(enum_cls, value, what)
+
+
+def _enum_value_slow(enum_cls, value, what):
     from .errors import InvalidArgument
     if isinstance(value, enum.Enum):
         value = value.value

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-run.sh - everything the GPU machine does in one call: the GPU test cases, the demo, every
 # benchmark tool (build/bin/rlk-bench*) and every PyTorch baseline (tools/bench/torch_*.py), the
-# Python package's GPU tests and the side-by-side harness, precompile throughput.
+# Python package's GPU tests and per-call overhead, the side-by-side harness, precompile
+# throughput.
 # Logs and JSON go to a work folder that is packed into $OUT/results.tgz; a short table is
 # printed last.
 #   usage (repository root, build/ built):  REV=<git revision> tools/bench/gpu-run.sh
@@ -89,6 +90,12 @@ if has python && [ -d python/tests ]; then
     echo "rc=$?" >> "$W/harness.log"
     tail -40 "$W/harness.log"
     { echo "== harness"; tail -40 "$W/harness.log"; } >> "$summary"
+  fi
+  if [ -f tools/bench/python_overhead.py ]; then
+    echo "== python overhead per call (torch CUDA tensors)"
+    timeout 300 python3 tools/bench/python_overhead.py --json "$W/python_overhead.json" > "$W/python_overhead.log" 2>&1
+    echo "rc=$?" >> "$W/python_overhead.log"
+    { echo "== python_overhead"; cat "$W/python_overhead.log"; } | tee -a "$summary"
   fi
   if [ -f examples/grpo_step.py ]; then
     timeout 120 python3 examples/grpo_step.py > "$W/grpo_step.log" 2>&1

@@ -4,7 +4,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op
+from .._tensor import Binder, Op, dim
 
 __all__ = ["AdvantageMode", "SingletonPolicy", "GroupAdvantageArgs", "group_advantage"]
 
@@ -58,13 +58,12 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     advantages / token_advantages: optional preallocated f32 outputs.
     Returns advantages [B] f32, or (advantages, token_advantages) when broadcasting.
     """
-    b = Binder("group_advantage")
-    a = OP.new_args()
-    a.scores = b.tensor("scores", scores, _F)
+    b = Binder(OP)
+    a = b.args
+    b.set("scores", scores, _F)
     if group_size is not None:
         a.group_size = int(group_size)
-    a.group_offsets = b.tensor("group_offsets", group_offsets, (T.DType.I32, T.DType.I64),
-                               optional=True)
+    b.set("group_offsets", group_offsets, (T.DType.I32, T.DType.I64), optional=True)
     if mode is not None:
         a.mode = T.enum_value(AdvantageMode, mode, "group_advantage: mode")
     if eps is not None:
@@ -73,22 +72,21 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
         a.unbiased = 1 if unbiased else 0
     if singleton is not None:
         a.singleton = T.enum_value(SingletonPolicy, singleton, "group_advantage: singleton")
-    a.mask = b.tensor("mask", mask, optional=True)
-    B = a.scores.shape[0]
+    b.set("mask", mask, optional=True)
+    B = dim(scores, 0)
     if advantages is None:
         advantages = b.empty((B,), T.DType.F32)
-    a.advantages = b.tensor("advantages", advantages, (T.DType.F32,), output=True)
+    b.set("advantages", advantages, (T.DType.F32,), output=True)
     broadcast = broadcast or token_advantages is not None
     if broadcast:
         if token_advantages is None:
             if mask is not None:
-                cols = a.mask.shape[1] if a.mask.ndim == 2 else 0
-            elif a.scores.ndim == 2:
-                cols = a.scores.shape[1]
+                cols = dim(mask, 1) if mask.ndim == 2 else 0
+            elif scores.ndim == 2:
+                cols = dim(scores, 1)
             else:
                 raise b._fail("broadcast", "needs a [B, T] mask or [B, T] scores to know T")
             token_advantages = b.empty((B, cols), T.DType.F32)
-        a.token_advantages = b.tensor("token_advantages", token_advantages, (T.DType.F32,),
-                                      output=True)
-    b.run(OP, a, stream)
+        b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
+    b.run(stream)
     return (advantages, token_advantages) if broadcast else advantages

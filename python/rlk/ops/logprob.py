@@ -9,7 +9,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op
+from .._tensor import Binder, Op, dim
 
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
@@ -72,20 +72,25 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
-def _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll,
-            stages):
-    a.logits = b.tensor("logits", logits, _LOGITS)
-    a.labels = b.tensor("labels", labels, _LABELS)
+def _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages):
+    """Sets what the forward and the backward share; returns the logits' rlk dtype."""
+    a = b.args
+    dt = b.set("logits", logits, _LOGITS)
+    b.set("labels", labels, _LABELS)
     if temperature is not None:
         a.temperature = float(temperature)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
-    a.status = b.tensor("status", status, (T.DType.I32,), optional=True, output=True)
+    b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if variant is not None:
-        a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.op)
-    for name, v in (("block", block), ("unroll", unroll), ("stages", stages)):
-        if v is not None:
-            setattr(a, name, int(v))
+        a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.name)
+    if block is not None:
+        a.block = int(block)
+    if unroll is not None:
+        a.unroll = int(unroll)
+    if stages is not None:
+        a.stages = int(stages)
+    return dt
 
 
 def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=False, lse=True,
@@ -97,18 +102,17 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     also computes the entropy (same pass); lse=True keeps lse (what the backward needs).
     status: an optional zeroed i32 [1] the call ORs STATUS_BAD_LABEL into for a label outside
     [0, V). Returns LogprobResult(logp, lse or None, entropy or None), f32 [N]."""
-    b = Binder("logprob")
-    a = FORWARD_OP.new_args()
-    _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
-    n = a.logits.shape[0]
+    b = Binder(FORWARD_OP)
+    _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    n = dim(logits, 0)
     if logp is None:
         logp = b.empty((n,), T.DType.F32)
-    a.logp = b.tensor("logp", logp, _F32, output=True)
+    b.set("logp", logp, _F32, output=True)
     lse_out = b.empty((n,), T.DType.F32) if lse else None
     ent_out = b.empty((n,), T.DType.F32) if entropy else None
-    a.lse = b.tensor("lse", lse_out, _F32, optional=True, output=True)
-    a.entropy = b.tensor("entropy", ent_out, _F32, optional=True, output=True)
-    b.run(FORWARD_OP, a, stream)
+    b.set("lse", lse_out, _F32, optional=True, output=True)
+    b.set("entropy", ent_out, _F32, optional=True, output=True)
+    b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
 
 
@@ -121,20 +125,18 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     grad_entropy are f32 [N] upstream gradients, at least one given. The output is in the
     logits' dtype unless grad_dtype="f32"; inplace=True writes it over the logits.
     Returns grad_logits [N, V]."""
-    b = Binder("logprob_backward")
-    a = BACKWARD_OP.new_args()
-    _common(b, a, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
-    a.lse = b.tensor("lse", lse, _F32)
-    a.grad_logp = b.tensor("grad_logp", grad_logp, _F32, optional=True)
-    a.grad_entropy = b.tensor("grad_entropy", grad_entropy, _F32, optional=True)
-    a.entropy = b.tensor("entropy", entropy, _F32, optional=True)
+    b = Binder(BACKWARD_OP)
+    dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    b.set("lse", lse, _F32)
+    b.set("grad_logp", grad_logp, _F32, optional=True)
+    b.set("grad_entropy", grad_entropy, _F32, optional=True)
+    b.set("entropy", entropy, _F32, optional=True)
     if inplace:
         grad_logits = logits
     if grad_logits is None:
-        dt = T.DType(a.logits.dtype)
         if grad_dtype is not None:
             dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
-        grad_logits = b.empty((a.logits.shape[0], a.logits.shape[1]), dt)
-    a.grad_logits = b.tensor("grad_logits", grad_logits, output=True)
-    b.run(BACKWARD_OP, a, stream)
+        grad_logits = b.empty((dim(logits, 0), dim(logits, 1)), dt)
+    b.set("grad_logits", grad_logits, output=True)
+    b.run(stream)
     return grad_logits

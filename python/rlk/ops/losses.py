@@ -15,7 +15,7 @@ import enum
 import sys
 
 from .. import _types as T
-from .._tensor import Binder, Op, is_torch
+from .._tensor import Binder, Op, dim, is_torch
 
 __all__ = ["LossAgg", "PolicyLossMode", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
@@ -143,28 +143,41 @@ def _mask_sum(mask, logp):
     return float(mask.sum(dtype="float64"))
 
 
-def _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, x,
+_SEQ_AGGS = (LossAgg.SEQ_MEAN_TOKEN_SUM, LossAgg.SEQ_MEAN_TOKEN_MEAN,
+             LossAgg.SEQ_MEAN_TOKEN_SUM_NORM)
+
+
+def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, x,
              seq_offsets):
+    a = b.args
     if agg is not None:
-        a.agg = T.enum_value(LossAgg, agg, "%s: agg" % b.op)
+        a.agg = T.enum_value(LossAgg, agg, "%s: agg" % b.name)
     if token_normalizer is None and a.agg == LossAgg.TOKEN_MEAN:
         token_normalizer = _mask_sum(mask, x)
-    if seq_normalizer is None and a.agg in (LossAgg.SEQ_MEAN_TOKEN_SUM, LossAgg.SEQ_MEAN_TOKEN_MEAN,
-                                            LossAgg.SEQ_MEAN_TOKEN_SUM_NORM):
-        seq_normalizer = (seq_offsets.shape[0] - 1) if seq_offsets is not None else x.shape[0]
-    for name, v in (("token_normalizer", token_normalizer), ("seq_normalizer", seq_normalizer),
-                    ("norm_scale", norm_scale), ("loss_scale", loss_scale)):
-        if v is not None:
-            setattr(a, name, float(v))
+    if seq_normalizer is None and a.agg in _SEQ_AGGS:
+        seq_normalizer = (dim(seq_offsets, 0) - 1) if seq_offsets is not None else dim(x, 0)
+    if token_normalizer is not None:
+        a.token_normalizer = float(token_normalizer)
+    if seq_normalizer is not None:
+        a.seq_normalizer = float(seq_normalizer)
+    if norm_scale is not None:
+        a.norm_scale = float(norm_scale)
+    if loss_scale is not None:
+        a.loss_scale = float(loss_scale)
 
 
-def _workspace(b, op, a):
-    ctx = b.context()
-    n = op.workspace_size(ctx, a)
+def _workspace(b):
+    n = b.op.workspace_size(b.context(), b.args)
     if n:
         _, ptr = b.workspace(n)
-        a.workspace = ptr
-        a.workspace_bytes = n
+        b.args.workspace = ptr
+        b.args.workspace_bytes = n
+
+
+# The float fields of rlk_policy_loss_args that policy_loss passes through as given.
+_PL_FLOATS = ("clip_low", "clip_high", "dual_clip", "log_ratio_min", "log_ratio_max",
+              "sapo_tau_pos", "sapo_tau_neg", "kl_coef", "kl_input_clamp", "kl_output_clamp",
+              "entropy_coef")
 
 
 def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
@@ -187,50 +200,47 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     Returns PolicyLossResult(loss [1], grad_logp (logp's shape), grad_entropy (or None),
     metrics [13] or None): metrics_dict() names them.
     """
-    b = Binder("policy_loss")
-    a = POLICY_OP.new_args()
-    a.logp = b.tensor("logp", logp, _F)
-    dt = T.DType(a.logp.dtype)
-    a.old_logp = b.tensor("old_logp", old_logp, _F)
-    a.advantages = b.tensor("advantages", advantages, _F)
+    b = Binder(POLICY_OP)
+    a = b.args
+    dt = b.set("logp", logp, _F)
+    b.set("old_logp", old_logp, _F)
+    b.set("advantages", advantages, _F)
     if seq_advantages is None:
         # per sequence when the shape says so: [B] beside [B, T], or [S] beside [N] with S != N
-        if a.logp.ndim == 2:
-            seq_advantages = a.advantages.ndim == 1
+        if logp.ndim == 2:
+            seq_advantages = advantages.ndim == 1
         else:
-            seq_advantages = seq_offsets is not None and a.advantages.shape[0] != a.logp.shape[0]
+            seq_advantages = seq_offsets is not None and dim(advantages, 0) != dim(logp, 0)
     a.seq_advantages = 1 if seq_advantages else 0
-    a.mask = b.tensor("mask", mask, optional=True)
-    a.seq_offsets = b.tensor("seq_offsets", seq_offsets, _I, optional=True)
-    a.ref_logp = b.tensor("ref_logp", ref_logp, _F, optional=True)
-    a.entropy = b.tensor("entropy", entropy, _F, optional=True)
-    a.rollout_is_weights = b.tensor("rollout_is_weights", rollout_is_weights, _F, optional=True)
+    b.set("mask", mask, optional=True)
+    b.set("seq_offsets", seq_offsets, _I, optional=True)
+    b.set("ref_logp", ref_logp, _F, optional=True)
+    b.set("entropy", entropy, _F, optional=True)
+    b.set("rollout_is_weights", rollout_is_weights, _F, optional=True)
     if mode is not None:
         a.mode = T.enum_value(PolicyLossMode, mode, "policy_loss: mode")
     if kl_estimator is not None:
         a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "policy_loss: kl_estimator")
-    for name, v in (("clip_low", clip_low), ("clip_high", clip_high), ("dual_clip", dual_clip),
-                    ("log_ratio_min", log_ratio_min), ("log_ratio_max", log_ratio_max),
-                    ("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg),
-                    ("kl_coef", kl_coef), ("kl_input_clamp", kl_input_clamp),
-                    ("kl_output_clamp", kl_output_clamp), ("entropy_coef", entropy_coef)):
+    for name, v in zip(_PL_FLOATS, (clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
+                                    sapo_tau_pos, sapo_tau_neg, kl_coef, kl_input_clamp,
+                                    kl_output_clamp, entropy_coef)):
         if v is not None:
             setattr(a, name, float(v))
     if kl_straight_through is not None:
         a.kl_straight_through = 1 if kl_straight_through else 0
-    _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, logp,
+    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, logp,
              seq_offsets)
     shape = tuple(logp.shape)
     loss = b.empty((1,), dt)
     grad_logp = b.empty(shape, dt)
     grad_entropy = b.empty(shape, dt) if (entropy is not None and a.entropy_coef != 0) else None
     out_metrics = b.empty((len(POLICY_LOSS_METRICS),), dt) if metrics else None
-    a.loss = b.tensor("loss", loss, output=True)
-    a.grad_logp = b.tensor("grad_logp", grad_logp, output=True)
-    a.grad_entropy = b.tensor("grad_entropy", grad_entropy, optional=True, output=True)
-    a.metrics = b.tensor("metrics", out_metrics, optional=True, output=True)
-    _workspace(b, POLICY_OP, a)
-    b.run(POLICY_OP, a, stream)
+    b.set("loss", loss, output=True)
+    b.set("grad_logp", grad_logp, output=True)
+    b.set("grad_entropy", grad_entropy, optional=True, output=True)
+    b.set("metrics", out_metrics, optional=True, output=True)
+    _workspace(b)
+    b.run(stream)
     return PolicyLossResult(loss, grad_logp, grad_entropy, out_metrics)
 
 
@@ -242,25 +252,22 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
     clip range (default 0.5; float("inf") turns clipping off). agg and the normalizers as for
     policy_loss. Returns ValueLossResult(loss [1], grad_values, metrics [4] or None)."""
-    b = Binder("value_loss")
-    a = VALUE_OP.new_args()
-    a.values = b.tensor("values", values, _F)
-    dt = T.DType(a.values.dtype)
-    a.old_values = b.tensor("old_values", old_values, _F)
-    a.returns = b.tensor("returns", returns, _F)
-    a.mask = b.tensor("mask", mask, optional=True)
-    a.seq_offsets = b.tensor("seq_offsets", seq_offsets, _I, optional=True)
+    b = Binder(VALUE_OP)
+    dt = b.set("values", values, _F)
+    b.set("old_values", old_values, _F)
+    b.set("returns", returns, _F)
+    b.set("mask", mask, optional=True)
+    b.set("seq_offsets", seq_offsets, _I, optional=True)
     if clip is not None:
-        a.clip = float(clip)
-    _set_agg(a, b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, values,
+        b.args.clip = float(clip)
+    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, values,
              seq_offsets)
     loss = b.empty((1,), dt)
     grad = b.empty(tuple(values.shape), dt)
     out_metrics = b.empty((len(VALUE_LOSS_METRICS),), dt) if metrics else None
-    a.loss = b.tensor("loss", loss, output=True)
-    a.grad_values = b.tensor("grad_values", grad, output=True)
-    a.metrics = b.tensor("metrics", out_metrics, optional=True, output=True)
-    _workspace(b, VALUE_OP, a)
-    b.run(VALUE_OP, a, stream)
+    b.set("loss", loss, output=True)
+    b.set("grad_values", grad, output=True)
+    b.set("metrics", out_metrics, optional=True, output=True)
+    _workspace(b)
+    b.run(stream)
     return ValueLossResult(loss, grad, out_metrics)
-

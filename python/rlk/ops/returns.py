@@ -107,16 +107,17 @@ WHITEN_OP = Op("masked_whiten", MaskedWhitenArgs, workspace=True)
 _F = (T.DType.F32, T.DType.F64)
 
 
-def _algo(a, b, algo):
+def _algo(b, algo):
     if algo is not None:
-        a.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.op)
+        b.args.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.name)
 
 
-def _out(b, name, given, like_tensor, shape):
+def _out(b, name, given, dtype, shape):
     """The output `name`: the caller's array, or a new one of the input's dtype and shape."""
     if given is None:
-        given = b.empty(tuple(shape), T.DType(like_tensor.dtype))
-    return given, b.tensor(name, given, _F, output=True)
+        given = b.empty(tuple(shape), dtype)
+    b.set(name, given, _F, output=True)
+    return given
 
 
 def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=None,
@@ -127,23 +128,23 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     GAE lambda, default 1), masked: "skip" (verl, default) or "zero" (OpenRLHF, TRL).
     Returns (advantages, returns), or advantages alone with compute_returns=False.
     advantages / returns: optional preallocated outputs."""
-    b = Binder("gae")
-    a = GAE_OP.new_args()
-    a.rewards = b.tensor("rewards", rewards, _F)
-    a.values = b.tensor("values", values, _F)
-    a.mask = b.tensor("mask", mask, optional=True)
+    b = Binder(GAE_OP)
+    a = b.args
+    dt = b.set("rewards", rewards, _F)
+    b.set("values", values, _F)
+    b.set("mask", mask, optional=True)
     if gamma is not None:
         a.gamma = float(gamma)
     if lam is not None:
         setattr(a, "lambda", float(lam))
     if masked is not None:
         a.masked = T.enum_value(GaeMasked, masked, "gae: masked")
-    _algo(a, b, algo)
-    advantages, a.advantages = _out(b, "advantages", advantages, a.rewards, rewards.shape)
+    _algo(b, algo)
+    advantages = _out(b, "advantages", advantages, dt, rewards.shape)
     want_returns = compute_returns or returns is not None
     if want_returns:
-        returns, a.returns = _out(b, "returns", returns, a.rewards, rewards.shape)
-    b.run(GAE_OP, a, stream)
+        returns = _out(b, "returns", returns, dt, rewards.shape)
+    b.run(stream)
     return (advantages, returns) if want_returns else advantages
 
 
@@ -151,17 +152,17 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
                        stream=None):
     """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
     masked: "reset" (verl REINFORCE++, default) or "zero" (OpenRLHF). Returns [B, T]."""
-    b = Binder("discounted_returns")
-    a = RETURNS_OP.new_args()
-    a.rewards = b.tensor("rewards", rewards, _F)
-    a.mask = b.tensor("mask", mask, optional=True)
+    b = Binder(RETURNS_OP)
+    a = b.args
+    dt = b.set("rewards", rewards, _F)
+    b.set("mask", mask, optional=True)
     if gamma is not None:
         a.gamma = float(gamma)
     if masked is not None:
         a.masked = T.enum_value(ReturnsMasked, masked, "discounted_returns: masked")
-    _algo(a, b, algo)
-    returns, a.returns = _out(b, "returns", returns, a.rewards, rewards.shape)
-    b.run(RETURNS_OP, a, stream)
+    _algo(b, algo)
+    returns = _out(b, "returns", returns, dt, rewards.shape)
+    b.run(stream)
     return returns
 
 
@@ -170,16 +171,15 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
     """Reverse cumulative sums of values * mask per row (rlk_reverse_cumsum). With a baseline
     [B] (ReMax: the greedy rollout's reward) also the advantages out_t - baseline_b m_t.
     Returns out, or (out, advantages) with a baseline."""
-    b = Binder("reverse_cumsum")
-    a = CUMSUM_OP.new_args()
-    a.values = b.tensor("values", values, _F)
-    a.mask = b.tensor("mask", mask, optional=True)
-    _algo(a, b, algo)
-    out, a.out = _out(b, "out", out, a.values, values.shape)
+    b = Binder(CUMSUM_OP)
+    dt = b.set("values", values, _F)
+    b.set("mask", mask, optional=True)
+    _algo(b, algo)
+    out = _out(b, "out", out, dt, values.shape)
     if baseline is not None or advantages is not None:
-        a.baseline = b.tensor("baseline", baseline, _F)
-        advantages, a.advantages = _out(b, "advantages", advantages, a.values, values.shape)
-    b.run(CUMSUM_OP, a, stream)
+        b.set("baseline", baseline, _F)
+        advantages = _out(b, "advantages", advantages, dt, values.shape)
+    b.run(stream)
     return (out, advantages) if baseline is not None else out
 
 
@@ -191,31 +191,34 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     Defaults are verl's masked_whiten (eps 1e-8 added, unbiased, count_eps 1e-8). eps_mode
     "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x.
     Returns out, or (out, stats) with stats=True: f64 [3] {mean, var, N}."""
-    b = Binder("masked_whiten")
-    a = WHITEN_OP.new_args()
-    a.x = b.tensor("x", x, _F)
-    a.mask = b.tensor("mask", mask, optional=True)
-    for name, v in (("eps", eps), ("count_eps", count_eps)):
-        if v is not None:
-            setattr(a, name, float(v))
-    for name, v in (("unbiased", unbiased), ("shift_mean", shift_mean),
-                    ("normalize_std", normalize_std)):
-        if v is not None:
-            setattr(a, name, 1 if v else 0)
+    b = Binder(WHITEN_OP)
+    a = b.args
+    dt = b.set("x", x, _F)
+    b.set("mask", mask, optional=True)
+    if eps is not None:
+        a.eps = float(eps)
+    if count_eps is not None:
+        a.count_eps = float(count_eps)
+    if unbiased is not None:
+        a.unbiased = 1 if unbiased else 0
+    if shift_mean is not None:
+        a.shift_mean = 1 if shift_mean else 0
+    if normalize_std is not None:
+        a.normalize_std = 1 if normalize_std else 0
     if eps_mode is not None:
         a.eps_mode = T.enum_value(WhitenEps, eps_mode, "masked_whiten: eps_mode")
     if masked is not None:
         a.masked = T.enum_value(WhitenMasked, masked, "masked_whiten: masked")
     if inplace:
         out = x
-    out, a.out = _out(b, "out", out, a.x, x.shape)
+    out = _out(b, "out", out, dt, x.shape)
     st = None
     if stats:
         st = b.empty((3,), T.DType.F64)
-        a.stats = b.tensor("stats", st, output=True)
+        b.set("stats", st, output=True)
     n = WHITEN_OP.workspace_size(b.context(), a)
     if n:
         _, a.workspace = b.workspace(n)
         a.workspace_bytes = n
-    b.run(WHITEN_OP, a, stream)
+    b.run(stream)
     return (out, st) if stats else out

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""The Python-side cost of one rlk call: each functional op and autograd Function, on small
+inputs, split into the library call and what the package adds around it.
+
+    python3 tools/bench/python_overhead.py [--device cpu|cuda] [--frameworks numpy,torch]
+                                           [--ops a,b] [--calls N] [--json FILE]
+
+For each op and framework: the host wall time of one call (time.perf_counter around each of
+--calls calls after warm-up, median), and the median time of the same library calls replayed
+through their ctypes function pointers with the args structs the package built (inside one
+call, while its arrays are alive: "library"). The difference ("python") is what the package
+spends around the launch: descriptors, checks, context and stream lookups, output allocation,
+workspace-size queries, autograd bookkeeping.
+
+--device cpu (the default without CUDA): numpy arrays and torch CPU tensors on the host
+backend, so "library" holds a tiny host kernel. --device cuda: torch CUDA tensors, timed
+without synchronizing (the device is synchronized between batches, off the clock), so "call"
+is what the trainer's thread spends and "library" the library's host-side launch.
+Inputs are small (a few hundred elements): the figures are per-call costs, not throughput.
+"""
+import argparse
+import contextlib
+import ctypes
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import numpy as np  # noqa: E402
+
+import rlk  # noqa: E402
+from rlk import _tensor  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+B, T, G = 16, 32, 4      # sequences, tokens, group size
+N, V = 16, 64            # logprob rows and vocabulary
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and calls
+# ---------------------------------------------------------------------------------------------
+
+
+def inputs(fw, dev):
+    """Small inputs of one framework ("numpy" or "torch") on `dev`."""
+    rng = np.random.default_rng(0)
+    mask = np.arange(T)[None, :] < rng.integers(T // 2, T + 1, B)[:, None]
+    arrays = {
+        "scores": rng.standard_normal(B).astype(np.float32),
+        "mask": mask,
+        "logp": (rng.standard_normal((B, T)) * 0.1 - 2.0).astype(np.float32),
+        "old": (rng.standard_normal((B, T)) * 0.1 - 2.0).astype(np.float32),
+        "adv": rng.standard_normal((B, T)).astype(np.float32),
+        "values": rng.standard_normal((B, T)).astype(np.float32),
+        "rewards": rng.standard_normal((B, T)).astype(np.float32),
+        "logits": rng.standard_normal((N, V)).astype(np.float32),
+        "labels": rng.integers(0, V, N).astype(np.int64),
+        "grad": rng.standard_normal(N).astype(np.float32),
+    }
+    x = {k: (torch.from_numpy(v).to(dev) if fw == "torch" else v) for k, v in arrays.items()}
+    # the global token count a trainer passes (else the loss reads the mask's sum back)
+    x["n"] = float(mask.sum())
+    x["lse"] = rlk.logprob(x["logits"], x["labels"]).lse  # for logprob_backward
+    return x
+
+
+def functional_calls():
+    """(op, fn(x)) for every functional op the loaded library has."""
+    have = set(rlk.available_ops())
+    calls = [
+        ("group_advantage", "group_advantage", lambda x: rlk.group_advantage(x["scores"], G)),
+        ("group_advantage broadcast", "group_advantage",
+         lambda x: rlk.group_advantage(x["scores"], G, mask=x["mask"], broadcast=True)),
+        ("policy_loss", "policy_loss",
+         lambda x: rlk.policy_loss(x["logp"], x["old"], x["adv"], x["mask"], ref_logp=x["old"],
+                                   kl_coef=1e-3, clip_high=0.28, token_normalizer=x["n"])),
+        ("value_loss", "value_loss",
+         lambda x: rlk.value_loss(x["values"], x["old"], x["rewards"], x["mask"],
+                                  token_normalizer=x["n"])),
+        ("gae", "gae", lambda x: rlk.gae(x["rewards"], x["values"], x["mask"], lam=0.95)),
+        ("discounted_returns", "discounted_returns",
+         lambda x: rlk.discounted_returns(x["rewards"], x["mask"])),
+        ("reverse_cumsum", "reverse_cumsum", lambda x: rlk.reverse_cumsum(x["rewards"], x["mask"])),
+        ("masked_whiten", "masked_whiten", lambda x: rlk.masked_whiten(x["adv"], x["mask"])),
+        ("logprob", "logprob", lambda x: rlk.logprob(x["logits"], x["labels"], entropy=True)),
+        ("logprob_backward", "logprob_backward",
+         lambda x: rlk.logprob_backward(x["logits"], x["labels"], x["lse"], grad_logp=x["grad"])),
+    ]
+    return [(name, fn) for name, op, fn in calls if op in have]
+
+
+def autograd_calls():
+    """(op, fn(x)) for the autograd Functions: the forward alone, and forward + backward."""
+    from rlk import autograd as A
+    have = set(rlk.available_ops())
+
+    def policy(x):
+        return A.policy_loss(x["logp_req"], x["old"], x["adv"], x["mask"], ref_logp=x["old"],
+                             kl_coef=1e-3, clip_high=0.28, token_normalizer=x["n"])[0]
+
+    def value(x):
+        return A.value_loss(x["values_req"], x["old"], x["rewards"], x["mask"],
+                            token_normalizer=x["n"])[0]
+
+    def logprob(x):
+        return A.token_logprob(x["logits_req"], x["labels"])
+
+    def step(fn, leaf):
+        def run(x):  # what a trainer's step does: fresh gradients, backward() on a scalar
+            x[leaf].grad = None
+            out = fn(x)
+            (out if out.dim() == 0 else out.sum()).backward()
+        return run
+
+    calls = []
+    for name, ops, fn, leaf in (("policy_loss", ("policy_loss",), policy, "logp_req"),
+                                ("value_loss", ("value_loss",), value, "values_req"),
+                                ("token_logprob", ("logprob", "logprob_backward"), logprob,
+                                 "logits_req")):
+        if all(o in have for o in ops):
+            calls.append(("autograd %s" % name, fn))
+            calls.append(("autograd %s fwd+bwd" % name, step(fn, leaf)))
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def timed_launches(calls, sync):
+    """Inside, every launch the package makes is first replayed `calls` times straight through
+    its ctypes function pointer with the args struct the package built, while the call's
+    arrays are all alive; yields the list of those replays' median times (us)."""
+    got = []
+    launch = _tensor.Op.launch
+
+    def hook(self, ctx, args, stream):
+        fn = getattr(rlk.library(), "rlk_" + self.name)  # the declared entry point
+        h, ref = ctx.handle, ctypes.byref(args)
+        got.append(median_us(lambda: fn(h, ref, stream), calls, sync))
+        return launch(self, ctx, args, stream)
+
+    _tensor.Op.launch = hook
+    try:
+        yield got
+    finally:
+        _tensor.Op.launch = launch
+
+
+def median_us(fn, calls, sync):
+    """The median host wall time of fn() in microseconds, over `calls` calls in batches of 100
+    with sync() between batches (off the clock)."""
+    times = []
+    clock = time.perf_counter
+    while len(times) < calls:
+        for _ in range(min(100, calls - len(times))):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        sync()
+    return statistics.median(times) * 1e6
+
+
+def measure(name, fw, fn, x, calls, warmup, sync):
+    for _ in range(warmup):  # the first calls compile (or load) the kernels
+        fn(x)
+    sync()
+    call = median_us(lambda: fn(x), calls, sync)
+    with timed_launches(calls, sync) as lib:
+        fn(x)
+    sync()
+    return {"op": name, "framework": fw, "call_us": round(call, 2),
+            "library_us": round(sum(lib), 2), "python_us": round(call - sum(lib), 2),
+            "launches": len(lib), "calls": calls}
+
+
+def git_revision():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def machine(dev):
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "torch": torch.__version__ if torch else None,
+            "librlk": rlk.version_string(), "device": dev}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["cores"] = os.cpu_count()
+    if dev == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cuda = torch is not None and torch.cuda.is_available()
+    ap.add_argument("--device", default="cuda" if cuda else "cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--frameworks", help="numpy,torch (default: those present; cuda: torch)")
+    ap.add_argument("--ops", help="comma-separated substrings of the op names to run")
+    ap.add_argument("--calls", type=int, default=2000, help="timed calls per op (default 2000)")
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--json", help="also write the rows and the machine here")
+    args = ap.parse_args(argv)
+
+    if args.device == "cuda":
+        if not cuda:
+            ap.error("--device cuda needs torch with a CUDA device")
+        frameworks = ["torch"]
+        dev = "cuda"
+        sync = torch.cuda.synchronize
+    else:
+        frameworks = ["numpy"] + (["torch"] if torch is not None else [])
+        dev = "cpu"
+        sync = lambda: None  # noqa: E731  (host calls are synchronous)
+    if args.frameworks:
+        frameworks = [f for f in args.frameworks.split(",") if f in frameworks]
+    wanted = args.ops.split(",") if args.ops else None
+
+    rows = []
+    line = "%-34s %-6s %9s %9s %9s"
+    print(line % ("op", "fw", "call us", "library", "python"))
+    for fw in frameworks:
+        x = inputs(fw, dev)
+        cases = functional_calls()
+        if fw == "torch":
+            for k in ("logp", "values", "logits"):
+                x[k + "_req"] = x[k].clone().requires_grad_(True)
+            cases += autograd_calls()
+        for name, fn in cases:
+            if wanted and not any(w in name for w in wanted):
+                continue
+            r = measure(name, fw, fn, x, args.calls, args.warmup, sync)
+            rows.append(r)
+            print(line % (r["op"], fw, "%.1f" % r["call_us"], "%.1f" % r["library_us"],
+                          "%.1f" % r["python_us"]), flush=True)
+    report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
+              "revision": git_revision(), "machine": machine(dev), "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
