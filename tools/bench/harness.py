@@ -461,6 +461,98 @@ def logprob_cases(dev, quick):
     return cases
 
 
+def _kept_mask(logits, T, k, p):
+    """vLLM's filter in fp64: top-k (ties at the k-th value kept), then top-p over the
+    renormalized rest (a token stays while the mass above it is below p). The set a sampler may
+    draw from; used to check samplers, whose tokens are random."""
+    z = logits.double() / T
+    keep = torch.ones_like(z, dtype=torch.bool)
+    if k:
+        keep &= z >= torch.topk(z, k, -1).values[:, -1:]
+    if p < 1.0:
+        w = torch.softmax(z.masked_fill(~keep, -math.inf), -1)
+        sv, si = torch.sort(w, -1, descending=True)
+        above = torch.cumsum(sv, -1) - sv
+        drop = torch.zeros_like(keep).scatter(-1, si, above >= p * sv.sum(-1, keepdim=True))
+        keep &= ~drop | (w >= w.max(-1, keepdim=True).values)
+    return keep
+
+
+def _sample_check(T, k, p):
+    """The view of a sampler's output for the check: the fraction of tokens outside the kept set
+    (0 for every correct sampler), against the reference's 0."""
+    def view(got, want):
+        tokens, logits = got
+        keep = _kept_mask(logits, T, k, p)
+        bad = 1.0 - keep.gather(-1, tokens.long().view(-1, 1)).double().mean()
+        return bad.view(1), torch.zeros(1, dtype=torch.float64, device=logits.device)
+    return view
+
+
+def _torch_sort_sample(x, T, k, p):
+    """What vLLM-style PyTorch samplers run (shared/anchors/torch_baselines.py): top-k mask, a
+    full sort for top-p, multinomial, and the log-prob of the token."""
+    logits = x["logits"]
+    l = logits / T
+    if k:
+        l = l.masked_fill(l < torch.topk(l, k, -1).values[:, -1:], -float("inf"))
+    if p < 1.0:
+        sv, si = torch.sort(l, -1, descending=True)
+        pr = torch.softmax(sv, -1)
+        sv = sv.masked_fill(torch.cumsum(pr, -1) - pr > p, -float("inf"))
+        l = torch.full_like(l, -float("inf")).scatter(-1, si, sv)
+    tok = torch.multinomial(torch.softmax(l, -1), 1)[:, 0]
+    torch.log_softmax(logits / T, -1).gather(-1, tok[:, None])
+    return tok, logits
+
+
+def _flashinfer_sampling():
+    try:
+        import flashinfer.sampling as fs
+    except Exception:
+        return None
+    return fs
+
+
+@family("sample", "Sampling one token per row, f32 logits (V=151936)")
+def sample_cases(dev, quick):
+    if not rlk_has("sample"):
+        raise rlk.Unavailable("the loaded librlk has no rlk_sample")
+    V = S(V_QWEN)
+    fs = _flashinfer_sampling()
+    cases = []
+    for B in [S(256)] if quick else [S(32), S(256)]:
+        def make(B=B):
+            return {"logits": torch.randn(B, V, device=dev, dtype=torch.float32),
+                    "seeds": torch.randint(0, 2**62, (B,), device=dev)}
+        filt = [
+            Impl("torch sort top-k/top-p", "torch", lambda x: _torch_sort_sample(x, 0.7, 50, 0.9),
+                 view=_sample_check(0.7, 50, 0.9)),
+            Impl("rlk", "rlk", lambda x: (rlk.sample(x["logits"], temperature=0.7, top_k=50,
+                                                     top_p=0.9, seed=x["seeds"]).tokens, x["logits"]),
+                 view=_sample_check(0.7, 50, 0.9)),
+        ]
+        if fs:
+            filt.append(Impl("flashinfer top_k_top_p_sampling_from_logits", "anchor",
+                             lambda x: (fs.top_k_top_p_sampling_from_logits(x["logits"] / 0.7, 50, 0.9),
+                                        x["logits"]),
+                             view=_sample_check(0.7, 50, 0.9)))
+        cases.append(Case("top-k 50 top-p 0.9 B=%d" % B, B * V * 4, make, filt))
+        plain = [
+            Impl("torch softmax multinomial", "torch",
+                 lambda x: (torch.multinomial(torch.softmax(x["logits"], -1), 1)[:, 0], x["logits"]),
+                 view=_sample_check(1.0, 0, 1.0)),
+            Impl("rlk", "rlk", lambda x: (rlk.sample(x["logits"], seed=x["seeds"]).tokens, x["logits"]),
+                 view=_sample_check(1.0, 0, 1.0)),
+        ]
+        if fs:
+            plain.append(Impl("flashinfer sampling_from_logits", "anchor",
+                              lambda x: (fs.sampling_from_logits(x["logits"]), x["logits"]),
+                              view=_sample_check(1.0, 0, 1.0)))
+        cases.append(Case("temperature 1 B=%d" % B, B * V * 4, make, plain))
+    return cases
+
+
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------

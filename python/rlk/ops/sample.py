@@ -1,0 +1,113 @@
+"""Sampling one token per row: rlk_sample.
+
+logits are [B, V] (f32, bf16 or f16; rows contiguous, any row stride). Every setting is a scalar
+for the whole batch or an array [B] (temperature, top_k, top_p, min_p, seed, offset; seeds and
+offsets are int64 bit patterns). tokens come back int64 (or int32 with token_dtype="i32"), logp and
+logp_filtered f32 [B]; logp is bitwise what rlk.logprob gives for that row, temperature (1 for
+greedy rows) and token.
+"""
+import collections
+import ctypes
+
+from .. import _types as T
+from .._tensor import Binder, Op, dim
+
+__all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
+           "SAMPLE_STATUS_BAD_PARAM", "sample"]
+
+SAMPLE_STATUS_NAN = 1        # RLK_SAMPLE_STATUS_NAN
+SAMPLE_STATUS_NO_TOKEN = 2   # RLK_SAMPLE_STATUS_NO_TOKEN
+SAMPLE_STATUS_BAD_PARAM = 4  # RLK_SAMPLE_STATUS_BAD_PARAM
+
+
+@T.abi_struct("rlk_sample_args")
+class SampleArgs(ctypes.Structure):
+    _fields_ = [
+        ("logits", T.Tensor),
+        ("temperatures", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("top_ks", T.Tensor),
+        ("top_k", ctypes.c_int64),
+        ("top_ps", T.Tensor),
+        ("top_p", ctypes.c_float),
+        ("min_ps", T.Tensor),
+        ("min_p", ctypes.c_float),
+        ("seeds", T.Tensor),
+        ("seed", ctypes.c_uint64),
+        ("offsets", T.Tensor),
+        ("offset", ctypes.c_uint64),
+        ("tokens", T.Tensor),
+        ("logp", T.Tensor),
+        ("logp_filtered", T.Tensor),
+        ("status", T.Tensor),
+        ("logprob_block", ctypes.c_int),
+        ("logprob_unroll", ctypes.c_int),
+    ]
+
+
+OP = Op("sample", SampleArgs)
+
+SampleResult = collections.namedtuple("SampleResult", "tokens logp logp_filtered")
+
+_LOGITS = (T.DType.F32, T.DType.BF16, T.DType.F16)
+_F32 = (T.DType.F32,)
+_I64 = (T.DType.I64,)
+_TOKENS = (T.DType.I32, T.DType.I64)
+
+
+def _is_scalar(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _setting(b, name, tensor_field, value, dtypes, convert):
+    """A scalar goes into the struct's scalar field, an array into its per-row tensor."""
+    if value is None:
+        return
+    if _is_scalar(value):
+        setattr(b.args, name, convert(value))
+    else:
+        b.set(tensor_field, value, dtypes)
+
+
+def _u64(x):
+    return int(x) & 0xFFFFFFFFFFFFFFFF
+
+
+def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
+           tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
+           logprob_block=None, logprob_unroll=None, stream=None):
+    """One token per row of logits [B, V] (rlk_sample): temperature (0: greedy), then min-p,
+    top-k and top-p (vLLM's order, ties at a threshold kept), Philox4x32-10 draws from seed and
+    offset (a per-row seed makes a row's token independent of the batch around it).
+
+    Each setting is a Python number (every row) or an array [B] on the logits' device:
+    temperature, top_p, min_p f32; top_k i32 or i64; seed and offset i64. logp=True returns the
+    sampled token's log-prob under the temperature-scaled distribution (rlk.logprob's bits),
+    logp_filtered=True its log-prob under the filtered one. status: an optional zeroed i32 [1]
+    that collects SAMPLE_STATUS_* bits (rows with NaN logits, no finite logit, or a bad per-row
+    setting get token -1). Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
+    b = Binder(OP)
+    b.set("logits", logits, _LOGITS)
+    _setting(b, "temperature", "temperatures", temperature, _F32, float)
+    _setting(b, "top_k", "top_ks", top_k, (T.DType.I32, T.DType.I64), int)
+    _setting(b, "top_p", "top_ps", top_p, _F32, float)
+    _setting(b, "min_p", "min_ps", min_p, _F32, float)
+    _setting(b, "seed", "seeds", seed, _I64, _u64)
+    _setting(b, "offset", "offsets", offset, _I64, _u64)
+    n = dim(logits, 0)
+    if tokens is None:
+        dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
+        tokens = b.empty((n,), dt)
+    b.set("tokens", tokens, _TOKENS, output=True)
+    lp = b.empty((n,), T.DType.F32) if logp is True else (None if logp is False else logp)
+    lpf = (b.empty((n,), T.DType.F32) if logp_filtered is True
+           else (None if logp_filtered is False else logp_filtered))
+    b.set("logp", lp, _F32, optional=True, output=True)
+    b.set("logp_filtered", lpf, _F32, optional=True, output=True)
+    b.set("status", status, (T.DType.I32,), optional=True, output=True)
+    if logprob_block is not None:
+        b.args.logprob_block = int(logprob_block)
+    if logprob_unroll is not None:
+        b.args.logprob_unroll = int(logprob_unroll)
+    b.run(stream)
+    return SampleResult(tokens, lp, lpf)

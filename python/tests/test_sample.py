@@ -1,0 +1,128 @@
+"""rlk.sample: tokens drawn from the filtered distribution (a quick chi-square against numpy's
+fp64 filter), logp bitwise equal to rlk.logprob, per-row settings, seeds and errors."""
+import numpy as np
+import pytest
+
+import rlk
+from conftest import HAVE_CUDA
+
+pytestmark = pytest.mark.skipif(not rlk.OPS["sample"].available(),
+                                reason="the loaded librlk has no rlk_sample")
+
+
+def filtered_probs(x, T, k, p):
+    """vLLM's order on one row, ties at a threshold kept: top-k, then top-p, in fp64."""
+    x = x.astype(np.float64)
+    keep = np.ones_like(x, bool)
+    if 0 < k < x.size:
+        keep &= x >= np.sort(x)[::-1][k - 1]
+    w = np.where(keep, np.exp((x - x.max()) / T), 0.0)
+    if p < 1.0:
+        order = np.argsort(-x, kind="stable")
+        above = 0.0
+        z = w.sum()
+        kept = np.zeros_like(keep)
+        i = 0
+        while i < x.size and keep[order[i]] and above < p * z:
+            g = i
+            while g < x.size and x[order[g]] == x[order[i]]:
+                kept[order[g]] = True
+                above += w[order[g]]
+                g += 1
+            i = g
+        w = np.where(kept, w, 0.0)
+    return w / w.sum()
+
+
+def test_distribution(place, rng):
+    V, B = 50, 4000
+    row = (rng.standard_normal(V) * 1.5).astype(np.float32)
+    logits = np.tile(row, (B, 1))
+    seeds = rng.integers(-2**62, 2**62, B).astype(np.int64)
+    want = filtered_probs(row, 0.8, 12, 0.85)
+    counts = np.zeros(V)
+    for off in range(5):
+        out = rlk.sample(place.to(logits), temperature=0.8, top_k=12, top_p=0.85,
+                         seed=place.to(seeds), offset=off)
+        tok = place.back(out.tokens)
+        assert tok.dtype == np.int64 and tok.min() >= 0
+        np.add.at(counts, tok, 1)
+    assert np.all(counts[want == 0] == 0), "a filtered-out token was drawn"
+    e = want * counts.sum()
+    m = e >= 5
+    chi = (((counts - e) ** 2)[m] / e[m]).sum()
+    df = m.sum() - 1
+    assert chi < df + 6 * np.sqrt(2 * df), "chi-square %.1f over %d bins" % (chi, df + 1)
+
+
+def test_logp_matches_logprob_bitwise(place, rng):
+    B, V = 9, 3001
+    logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    temps = np.array([1.0, 0.7, 0.0, 1.3, 0.5, 1.0, 0.9, 2.0, 0.0], np.float32)
+    out = rlk.sample(place.to(logits), temperature=place.to(temps), top_p=0.9, seed=7,
+                     logp_filtered=True)
+    tok, lp = place.back(out.tokens), place.back(out.logp)
+    for i in range(B):
+        t = float(temps[i]) or 1.0
+        ref = rlk.logprob(place.to(logits[i:i + 1]), place.to(tok[i:i + 1]), temperature=t, lse=False)
+        assert place.back(ref.logp)[0].tobytes() == lp[i].tobytes(), "row %d" % i
+    greedy = temps == 0
+    assert np.all(tok[greedy] == logits[greedy].argmax(1))
+    assert np.all(place.back(out.logp_filtered)[greedy] == 0.0)
+
+
+def test_seeds_reproduce_and_rows_are_independent(place, rng):
+    V = 700
+    row = (rng.standard_normal(V) * 0.3).astype(np.float32)
+    logits = np.tile(row, (32, 1))
+    seeds = rng.integers(0, 2**62, 32).astype(np.int64)
+    a = place.back(rlk.sample(place.to(logits), seed=place.to(seeds), offset=3).tokens)
+    b = place.back(rlk.sample(place.to(logits), seed=place.to(seeds), offset=3).tokens)
+    assert np.array_equal(a, b)
+    # a row keeps its token when it moves to another batch
+    c = place.back(rlk.sample(place.to(logits[:3]), seed=place.to(seeds[[5, 0, 31]]), offset=3).tokens)
+    assert np.array_equal(c, a[[5, 0, 31]])
+    # a scalar seed still gives rows their own draws
+    d = place.back(rlk.sample(place.to(logits), seed=11, token_dtype="i32").tokens)
+    assert d.dtype == np.int32 and len(set(d.tolist())) > 8
+
+
+def test_bad_rows_and_arguments(place):
+    x = np.zeros((3, 10), np.float32)
+    x[1, 4] = np.nan
+    x[2, :] = -np.inf
+    status = place.to(np.zeros(1, np.int32))
+    out = rlk.sample(place.to(x), status=status, seed=1)
+    tok = place.back(out.tokens)
+    assert tok[0] >= 0 and tok[1] == -1 and tok[2] == -1
+    assert place.back(status)[0] == rlk.SAMPLE_STATUS_NAN | rlk.SAMPLE_STATUS_NO_TOKEN
+    with pytest.raises(rlk.InvalidArgument, match="temperature"):
+        rlk.sample(place.to(x), temperature=-1.0)
+    with pytest.raises(rlk.InvalidArgument, match="top_p"):
+        rlk.sample(place.to(x), top_p=0.0)
+    with pytest.raises(rlk.InvalidArgument, match="seeds"):
+        rlk.sample(place.to(x), seed=place.to(np.zeros(2, np.int64)))
+    with pytest.raises(rlk.InvalidArgument, match="logits"):
+        rlk.sample(place.to(x.astype(np.float64)))
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs torch with a CUDA device")
+def test_against_torch_distribution():
+    import torch
+    torch.manual_seed(0)
+    V, B = 64, 8192
+    row = torch.randn(V, device="cuda") * 2
+    logits = row.expand(B, V).contiguous()
+    seeds = torch.randint(0, 2**62, (B,), device="cuda", dtype=torch.int64)
+    counts = torch.zeros(V, device="cuda")
+    for off in range(8):
+        out = rlk.sample(logits, temperature=1.0, seed=seeds, offset=off)
+        counts += torch.bincount(out.tokens, minlength=V)
+    p = torch.softmax(row.double(), 0)
+    e = p * counts.sum()
+    m = e >= 5
+    chi = float((((counts.double() - e) ** 2)[m] / e[m]).sum())
+    df = int(m.sum()) - 1
+    assert chi < df + 6 * (2 * df) ** 0.5
+    lp = torch.log_softmax(logits.float(), -1).gather(1, out.tokens[:, None])[:, 0]
+    assert torch.allclose(out.logp, lp, atol=1e-5)
