@@ -788,7 +788,10 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
  * when the seed is the scalar shared by the batch, else 0). A per-row seed makes a row's draw a
  * function of its own seed, offset, logits and settings alone (not of B or its place in the batch);
  * advance the offset between decoding steps. Seeds and offsets may live in device memory, so a CUDA
- * graph can capture the call and replay it with new values.
+ * graph can capture the call and replay it with new values. (On a GPU a row's split into 16-byte
+ * vectors follows its address: a row moved to another 16-byte alignment can draw another token.
+ * Rows keep their alignment wherever V times the logits' size is a multiple of 16 bytes, as for
+ * 151936, 152064, 128256 or 32000 in bf16 and f32.)
  *
  * Exactness: probabilities are fixed-point masses 2^((x - x_max) / T log2 e) scaled by 2^40 (their
  * sums exact integers), and the draw picks the token whose mass interval holds umulhi(draw, total):
@@ -796,9 +799,9 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
  * fp32 rounding of the exponentials. No full sort of the vocabulary: see templates/cuda/sample.cuh.
  *
  * logp is the sampled token's log-prob under the temperature-scaled full distribution, bitwise
- * equal to what rlk_logprob returns on this context for the same logits row, temperature and label
- * (its vector kernel, the default, with block logprob_block and unroll logprob_unroll); greedy rows
- * use temperature 1 there. logp_filtered is its log-prob under the kept, renormalized distribution
+ * equal to what rlk_logprob returns on this context for the same logits row (the same memory, or
+ * a copy at the same 16-byte alignment), temperature and label (its vector kernel, the default,
+ * with block logprob_block and unroll logprob_unroll); greedy rows use temperature 1 there. logp_filtered is its log-prob under the kept, renormalized distribution
  * (logp where nothing is filtered out, 0 for greedy rows).
  *
  * Per-row settings out of range in device memory cannot be refused without synchronizing: those

@@ -1291,5 +1291,11 @@ Suite *logprob_suite(void) {
   tcase_add_test(gpu, gpu_extreme_shapes);
   tcase_add_test(gpu, gpu_variants_agree);
   suite_add_tcase(s, gpu);
+
+  /* the variants alone (CK_RUN_CASE=gpu_variants, with RLK_TEST_TMA=1 for the tensor maps) */
+  TCase *variants = tcase_create("gpu_variants");
+  tcase_set_timeout(variants, 600);
+  tcase_add_test(variants, gpu_variants_agree);
+  suite_add_tcase(s, variants);
   return s;
 }

@@ -83,6 +83,7 @@ typedef struct smp_batch {
   rlk_dtype dt;
   void *x;    /* the stored logits */
   double *xd; /* their values, B x V */
+  void *dev;  /* when set: the logits already on the device (run_sample uses them as they are) */
 } smp_batch;
 
 static smp_batch batch_new(int64_t B, int64_t V, int64_t pad, rlk_dtype dt) {
@@ -95,6 +96,7 @@ static smp_batch batch_new(int64_t B, int64_t V, int64_t pad, rlk_dtype dt) {
   b.x = malloc((size_t)elems * rlk_dtype_size(dt));
   memset(b.x, 0x7f, (size_t)elems * rlk_dtype_size(dt)); /* padding: huge values, never read */
   b.xd = malloc((size_t)(B * V) * sizeof(double));
+  b.dev = NULL;
   return b;
 }
 
@@ -102,10 +104,14 @@ static void batch_set(smp_batch *b, int64_t i, int64_t j, double v) {
   b->xd[i * b->V + j] = put(b->x, b->dt, i * (b->V + b->pad) + j, v);
 }
 
-/* Every row the same copy of x[V]. */
+/* Every row the same copy of x[V]: row 0 stored, then copied. */
 static void batch_fill_rows(smp_batch *b, const double *x) {
-  for (int64_t i = 0; i < b->B; i++)
-    for (int64_t j = 0; j < b->V; j++) batch_set(b, i, j, x[j]);
+  for (int64_t j = 0; j < b->V; j++) batch_set(b, 0, j, x[j]);
+  const size_t es = rlk_dtype_size(b->dt), row = (size_t)b->V * es;
+  for (int64_t i = 1; i < b->B; i++) {
+    memcpy((char *)b->x + (size_t)(i * (b->V + b->pad)) * es, b->x, row);
+    memcpy(b->xd + i * b->V, b->xd, (size_t)b->V * sizeof(double));
+  }
 }
 
 static void batch_free(smp_batch *b) {
@@ -154,7 +160,7 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   const int64_t B = b->B, V = b->V, rs = V + b->pad;
   const size_t es = rlk_dtype_size(b->dt), ts = rlk_dtype_size(s->token_dtype);
   const int64_t elems = (B - 1) * rs + V;
-  void *xd = dev_upload(ctx, b->x, (size_t)elems * es);
+  void *xd = b->dev ? b->dev : dev_upload(ctx, b->x, (size_t)elems * es);
   void *tok = dev_alloc(ctx, (size_t)B * ts), *lp = dev_alloc(ctx, (size_t)B * 4),
        *lpf = dev_alloc(ctx, (size_t)B * 4), *st = dev_alloc(ctx, 4);
   ck_assert_int_eq(rlk_memset(ctx, tok, 0xa5, (size_t)B * ts), RLK_OK);
@@ -198,7 +204,7 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
     dev_download(ctx, o->logp_filtered, lpf, (size_t)B * 4);
     dev_download(ctx, &o->status, st, 4);
   }
-  void *all[] = {xd, tok, lp, lpf, st, dT, dK, dP, dM, dS, dO};
+  void *all[] = {b->dev ? NULL : xd, tok, lp, lpf, st, dT, dK, dP, dM, dS, dO};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]) rlk_free(ctx, all[i]);
   return r;
@@ -334,16 +340,16 @@ static void cases_distribution(rlk_context *ctx, uint64_t *rng, int64_t V, rlk_d
 /* logp against rlk_logprob                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-/* rlk_logprob of row i of the batch with label y and temperature T (1 for greedy rows). */
+/* rlk_logprob of row i of the batch's device logits (the very memory the sampler read: the
+ * row's 16-byte alignment decides how rlk_logprob splits it) with label y and temperature T. */
 static float logprob_of(rlk_context *ctx, const smp_batch *b, int64_t i, int64_t y, float T, int block,
                         int unroll) {
   const size_t es = rlk_dtype_size(b->dt);
-  void *xd = dev_upload(ctx, (const char *)b->x + (size_t)(i * (b->V + b->pad)) * es, (size_t)b->V * es);
   void *ld = dev_upload(ctx, &y, 8);
   float *lp = dev_alloc(ctx, 4);
   rlk_logprob_args a;
   rlk_logprob_args_init(&a);
-  a.logits = rlk_tensor_2d(xd, b->dt, 1, b->V, b->V);
+  a.logits = rlk_tensor_2d((char *)b->dev + (size_t)(i * (b->V + b->pad)) * es, b->dt, 1, b->V, b->V);
   a.labels = rlk_tensor_1d(ld, RLK_I64, 1);
   a.temperature = T;
   a.logp = rlk_tensor_1d(lp, RLK_F32, 1);
@@ -352,7 +358,6 @@ static float logprob_of(rlk_context *ctx, const smp_batch *b, int64_t i, int64_t
   ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "rlk_logprob: %s", rlk_last_error());
   float out;
   dev_download(ctx, &out, lp, 4);
-  rlk_free(ctx, xd);
   rlk_free(ctx, ld);
   rlk_free(ctx, lp);
   return out;
@@ -365,6 +370,7 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
   smp_batch b = batch_new(B, V, pad, dt);
   for (int64_t i = 0; i < B; i++)
     for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 3.0 * rlk_test_rand_normal(rng));
+  b.dev = dev_upload(ctx, b.x, (size_t)((B - 1) * (V + pad) + V) * rlk_dtype_size(dt));
   float *T = malloc((size_t)B * 4);
   int64_t *K = malloc((size_t)B * 8);
   float *P = malloc((size_t)B * 4);
@@ -420,6 +426,7 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
   free(K);
   free(P);
   free(S);
+  rlk_free(ctx, b.dev);
   batch_free(&b);
 }
 
@@ -454,8 +461,9 @@ static void cases_reproducible(rlk_context *ctx, uint64_t *rng, int64_t V, int f
   ck_assert_msg(differ > B / 4, "a new offset changed only %d of %lld tokens", differ, (long long)B);
   out_free(&o3);
 
-  /* a row with its own seed: the same token at another place in a smaller batch */
-  smp_batch b2 = batch_new(5, V, 3, RLK_F32);
+  /* a row with its own seed: the same token at another place in a smaller batch (at the same
+   * 16-byte alignment: a row's split into vectors depends on it) */
+  smp_batch b2 = batch_new(5, V, 4, RLK_F32);
   batch_fill_rows(&b2, x);
   uint64_t seeds2[5] = {seeds[40], seeds[3], seeds[63], seeds[0], seeds[17]};
   const int at[5] = {40, 3, 63, 0, 17};

@@ -370,7 +370,6 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   __shared__ u32 pick;        /* a lane, then the chosen token */
   __shared__ u32 found[2];    /* results of block searches */
   __shared__ u64 found_u64[2];
-  __shared__ float found_f;
   extern __shared__ __align__(16) u8 dyn[];
   hist_space &hist = *reinterpret_cast<hist_space *>(dyn);
   cand_space<CAP> &cand = *reinterpret_cast<cand_space<CAP> *>(dyn);
@@ -455,8 +454,8 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
      * machine: GREEDY, or GATHER / COUNT / MASS / KEPT for the filters. */
     enum { GREEDY, GATHER, COUNT, MASS, KEPT, DONE };
     int step = DONE;
-    float theta = -limits<float>::infinity(); /* GATHER: x >= theta, key >= edge, and with */
-    u32 edge = 0;                             /* s0, the kept set so far: key >= klo, min-p */
+    float theta = -limits<float>::infinity(); /* the top-k bound of the lane maxima */
+    u32 edge = 0; /* GATHER: key >= edge, and with s0 the kept set so far (key >= klo, min-p) */
     bool s0 = false;
     u32 klo = 0;
     u32 prefix = 0, wmask = 0; /* COUNT, MASS: the digit below the nb-bit prefix */
@@ -486,22 +485,46 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       share_pick = share_scale = keep_all = true;
       share_draw = R2;
     } else if (use_k && rs.top_k <= SEG) {
-      /* top-k <= SEG: the k-th largest lane maximum bounds the k-th largest logit from below,
-       * so {x >= theta} (usually about k elements) holds the top-k set */
-      if (tid < SEG) {
-        const float m = lane_m[tid];
-        i64 rank = 0;
-        for (int u = 0; u < SEG; ++u) {
-          const float o = lane_m[u];
-          rank += (o > m || (o == m && u < tid)) ? 1 : 0;
+      /* top-k <= SEG: the k-th largest lane maximum theta bounds the k-th largest logit from
+       * below, so {x >= theta} (usually about k elements) holds the top-k set. The lane maxima
+       * are sorted in place (a bitonic network over NT, a power of two), then gathered. */
+      for (int size = 2; size <= NT; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+          const int o = tid ^ stride;
+          if (o > tid) {
+            const float a = lane_m[tid], b2 = lane_m[o];
+            if ((tid & size) == 0 ? a < b2 : a > b2) {
+              lane_m[tid] = b2;
+              lane_m[o] = a;
+            }
+          }
+          __syncthreads();
         }
-        if (rank == rs.top_k - 1) found_f = m;
-      }
-      __syncthreads();
-      theta = found_f;
-      step = GATHER;
+      theta = lane_m[rs.top_k - 1];
       cut_k = true;
       cut_m = use_m;
+      if (tid == 0) found[0] = 0;
+      __syncthreads();
+      if (tid < SEG)
+        visit_lane<DT, SEG, UNROLL>(r, V, tid, [&](float x, i64 j) {
+          if (x >= theta) {
+            const u32 at = atomicAdd(&found[0], 1u);
+            if (at < (u32)CAP) {
+              cand.x[at] = x;
+              cand.idx[at] = (i32)j;
+            }
+          }
+        });
+      __syncthreads();
+      const u32 n = found[0];
+      if (n <= (u32)CAP) {
+        gathered = true;
+        if (tid == 0) found[1] = n;
+      } else {
+        step = COUNT; /* the bound let too many through: the radix select instead */
+        need = (u64)rs.top_k;
+      }
+      __syncthreads();
     } else {
       step = use_k ? COUNT : (use_p ? MASS : KEPT);
       need = (u64)rs.top_k;
@@ -531,10 +554,9 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
             return;
           }
           const u32 key = key_of<DT>(x);
-          const bool in_s0 = key >= klo && keep_m(x);
           switch (step) {
             case GATHER:
-              if (x >= theta && key >= edge && (!s0 || in_s0)) {
+              if (key >= edge && (!s0 || (key >= klo && keep_m(x)))) {
                 const u32 at = atomicAdd(&found[0], 1u);
                 if (at < (u32)CAP) {
                   cand.x[at] = x;
@@ -546,14 +568,14 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
               if (nb == 0 || (key >> (KW - nb)) == prefix) atomicAdd(&hist.count[(key >> shift) & wmask], 1u);
               break;
             case MASS:
-              if (in_s0 && (nb == 0 || (key >> (KW - nb)) == prefix)) {
+              if (key >= klo && (nb == 0 || (key >> (KW - nb)) == prefix) && keep_m(x)) {
                 const u32 q = (key >> shift) & wmask;
                 atomicAdd(&hist.count[q], 1u);
                 atomicAdd((unsigned long long *)&hist.mass[q], (unsigned long long)mass_of(x, c, Mc));
               }
               break;
             default: /* KEPT */
-              if (in_s0) acc += mass_of(x, c, Mc);
+              if (key >= klo && keep_m(x)) acc += mass_of(x, c, Mc);
               break;
           }
         });
@@ -562,17 +584,10 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       if (!FILTER || step == GREEDY) {
         step = DONE;
       } else if (step == GATHER) {
-        const u32 n = found[0];
-        if (n <= (u32)CAP) {
-          gathered = true;
-          if (tid == 0) found[1] = n; /* read by the finish */
-          step = DONE;
-        } else {
-          /* the lane-maximum bound let too many through: the radix select instead */
-          step = COUNT;
-          need = (u64)rs.top_k;
-          theta = -limits<float>::infinity();
-        }
+        /* a radix-edge gather: what remained was counted, so it fits */
+        gathered = true;
+        if (tid == 0) found[1] = found[0]; /* read by the finish */
+        step = DONE;
       } else if (step == COUNT || step == MASS) {
         if (step == MASS && nb == 0) {
           /* the kept mass first: top-p's target is a fraction of it */

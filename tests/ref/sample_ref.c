@@ -36,10 +36,9 @@ int64_t smp_ref_probs(const double *x, int64_t V, double T, int64_t top_k, doubl
     const double l2 = log2(min_p);
     int64_t m = 0;
     while (m < n && (it[m].x - M) / T / log(2.0) >= l2) m++;
-    for (int64_t i = 0; i < n; i++) {
-      const double d = fabs((it[i].x - M) / T / log(2.0) - l2);
-      if (d < *margin) *margin = d;
-    }
+    /* the elements on either side of the bound decide it */
+    if (m > 0) *margin = fmin(*margin, fabs((it[m - 1].x - M) / T / log(2.0) - l2));
+    if (m < n) *margin = fmin(*margin, fabs((it[m].x - M) / T / log(2.0) - l2));
     keep = m < keep ? m : keep;
   }
   if (top_k > 0 && top_k < V) {
@@ -54,16 +53,17 @@ int64_t smp_ref_probs(const double *x, int64_t V, double T, int64_t top_k, doubl
   if (top_p < 1.0) {
     double above = 0.0;
     int64_t i = 0;
+    double last = 0.0; /* the mass above the last kept group */
     while (i < keep) {
       if (above >= top_p * Z) break;
-      const double d = fabs(above - top_p * Z) / Z;
-      if (i > 0 && d < *margin) *margin = d;
+      last = above;
       int64_t g = i;
       while (g < keep && it[g].x == it[i].x) above += exp((it[g++].x - M) / T);
       i = g;
     }
-    const double d = fabs(above - top_p * Z) / Z;
-    if (d < *margin) *margin = d;
+    /* the cut flips only if rounding moves one of the two sums around it across p Z */
+    *margin = fmin(*margin, (top_p * Z - last) / Z * 1e2);
+    if (i < keep) *margin = fmin(*margin, (above - top_p * Z) / Z * 1e2);
     keep = i;
   }
   double S = 0.0;

@@ -8,9 +8,10 @@
 
 /* probs[V]: the probability of each token (0 for filtered-out ones) for logits x[V] (as stored),
  * temperature T > 0, top_k (0: off), top_p (1: off), min_p (0: off). Returns the number of kept
- * tokens, and in *margin how close the filters came to flipping (the smallest distance, relative
- * to the kept mass, between a top-p cumulative sum and p, and of a min-p ratio to its bound): a
- * caller avoids cases where fp32 rounding could flip a token in or out. */
+ * tokens, and in *margin how close the filters came to flipping, scaled so that 1e-4 is about
+ * where fp32 rounding could flip a token in or out: 100 x the distance, relative to the kept mass,
+ * of top-p's sums on either side of the cut from p Z, and the distance in log2 units of the
+ * elements on either side of min-p's bound. A caller redraws cases below 1e-4. */
 int64_t smp_ref_probs(const double *x, int64_t V, double T, int64_t top_k, double top_p, double min_p,
                       double *probs, double *margin);
 
