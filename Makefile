@@ -84,7 +84,7 @@ $(STLIB): $(LIB_OBJS) | $(BUILD)/lib
 
 # Tools and tests link the static library: one self-contained binary each, which is also
 # what travels to the GPU machine.
-$(BUILD)/bin/%: tools/%.c tools/tool_util.h $(STLIB) | $(BUILD)/bin
+$(BUILD)/bin/%: tools/%.c $(wildcard tools/*.h) $(STLIB) | $(BUILD)/bin
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c

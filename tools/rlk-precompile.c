@@ -22,16 +22,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rlk.h"
@@ -39,8 +35,8 @@
 static const char *prog = "rlk-precompile";
 
 #include "tool_util.h"
-
-#define MAX_MSG 16384
+#include "tool_config.h"
+#include "tool_pool.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -80,194 +76,6 @@ static void usage(FILE *out) {
           prog, prog, prog);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n ? n : 1);
-  if (!q) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  return q;
-}
-
-static char *xstrdup(const char *s) {
-  char *d = strdup(s);
-  if (!d) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  return d;
-}
-
-/* ---- string lists ------------------------------------------------------------------ */
-
-typedef struct strlist {
-  char **v;
-  size_t n, cap;
-} strlist;
-
-static void strlist_push(strlist *l, char *s) {
-  if (l->n == l->cap) {
-    l->cap = l->cap ? l->cap * 2 : 16;
-    l->v = xrealloc(l->v, l->cap * sizeof *l->v);
-  }
-  l->v[l->n++] = s;
-}
-
-static int strlist_has(const strlist *l, const char *s) {
-  for (size_t i = 0; i < l->n; i++)
-    if (!strcmp(l->v[i], s)) return 1;
-  return 0;
-}
-
-static void strlist_free(strlist *l) {
-  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
-  free(l->v);
-  memset(l, 0, sizeof *l);
-}
-
-/* Splits on spaces, tabs and (when `commas`) commas; empty pieces are dropped. */
-static void split_words(const char *s, int commas, strlist *out) {
-  const char *p = s;
-  while (*p) {
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || (commas && *p == ',')) p++;
-    if (!*p) break;
-    const char *b = p;
-    while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && !(commas && *p == ','))
-      p++;
-    char *w = xrealloc(NULL, (size_t)(p - b) + 1);
-    memcpy(w, b, (size_t)(p - b));
-    w[p - b] = '\0';
-    strlist_push(out, w);
-  }
-}
-
-/* ---- configuration lines ----------------------------------------------------------- */
-
-typedef struct sweep_param {
-  char *name;
-  strlist values;
-} sweep_param;
-
-/* Expands one configuration line into `configs` (skipping duplicates). On a malformed line
- * writes the reason to `why` and returns -1. */
-static int expand_line(const char *line, const strlist *ops, strlist *configs, char *why,
-                       size_t whylen) {
-  strlist words = {0};
-  split_words(line, 0, &words);
-  int rc = -1;
-  sweep_param *params = NULL;
-  size_t np = 0;
-  if (words.n == 0) {
-    rc = 0;
-    goto done;
-  }
-  if (strchr(words.v[0], '=')) {
-    snprintf(why, whylen, "a configuration starts with the op name (one of: %s)",
-             rlk_precompile_ops());
-    goto done;
-  }
-  if (!strlist_has(ops, words.v[0])) {
-    snprintf(why, whylen, "unknown op '%s' (ops: %s)", words.v[0], rlk_precompile_ops());
-    goto done;
-  }
-  params = xrealloc(NULL, words.n * sizeof *params);
-  for (size_t i = 1; i < words.n; i++) {
-    char *eq = strchr(words.v[i], '=');
-    if (!eq || eq == words.v[i]) {
-      snprintf(why, whylen, "'%s' is not name=value", words.v[i]);
-      goto done;
-    }
-    *eq = '\0';
-    for (size_t j = 0; j < np; j++) {
-      if (!strcmp(params[j].name, words.v[i])) {
-        snprintf(why, whylen, "'%s' is given twice", words.v[i]);
-        goto done;
-      }
-    }
-    sweep_param *p = &params[np++];
-    p->name = words.v[i];
-    memset(&p->values, 0, sizeof p->values);
-    /* Empty pieces of a comma list ("a,,b" or a trailing comma) are a mistake, not a value. */
-    const char *v = eq + 1;
-    if (!*v || v[0] == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,")) {
-      snprintf(why, whylen, "'%s' has an empty value", words.v[i]);
-      goto done;
-    }
-    split_words(v, 1, &p->values);
-  }
-  /* Odometer over the value lists: the last parameter varies fastest. */
-  size_t *idx = xrealloc(NULL, (np ? np : 1) * sizeof *idx);
-  memset(idx, 0, (np ? np : 1) * sizeof *idx);
-  for (;;) {
-    size_t len = strlen(words.v[0]) + 1;
-    for (size_t j = 0; j < np; j++)
-      len += strlen(params[j].name) + strlen(params[j].values.v[idx[j]]) + 2;
-    char *cfg = xrealloc(NULL, len);
-    char *o = cfg;
-    o += sprintf(o, "%s", words.v[0]);
-    for (size_t j = 0; j < np; j++)
-      o += sprintf(o, " %s=%s", params[j].name, params[j].values.v[idx[j]]);
-    if (strlist_has(configs, cfg))
-      free(cfg);
-    else
-      strlist_push(configs, cfg);
-    size_t j = np;
-    while (j > 0) {
-      if (++idx[j - 1] < params[j - 1].values.n) break;
-      idx[j - 1] = 0;
-      j--;
-    }
-    if (j == 0) break; /* every list wrapped around: done */
-  }
-  free(idx);
-  rc = 0;
-done:
-  for (size_t j = 0; j < np; j++) {
-    /* names point into `words`; only the value lists are owned here */
-    strlist_free(&params[j].values);
-  }
-  free(params);
-  strlist_free(&words);
-  return rc;
-}
-
-/* Reads a configuration file: one line each, '#' comments, blank lines ignored. */
-static int read_config_file(const char *path, const strlist *ops, strlist *configs) {
-  FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
-  if (!f) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", prog, path, strerror(errno));
-    return 2;
-  }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t n;
-  int lineno = 0, rc = 0;
-  while ((n = getline(&line, &cap, f)) >= 0) {
-    lineno++;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char why[512];
-    if (expand_line(line, ops, configs, why, sizeof why) != 0) {
-      fprintf(stderr, "%s: %s:%d: %s\n", prog, path, lineno, why);
-      rc = 2;
-      break;
-    }
-  }
-  if (!rc && ferror(f)) {
-    fprintf(stderr, "%s: reading %s: %s\n", prog, path, strerror(errno));
-    rc = 2;
-  }
-  free(line);
-  if (f != stdin) fclose(f);
-  return rc;
-}
-
 /* ---- targets ------------------------------------------------------------------------ */
 
 static int target_backend(const char *t, rlk_backend *out) {
@@ -297,15 +105,6 @@ typedef struct item {
   double seconds;
   char *message;
 } item;
-
-typedef struct report {
-  uint32_t item;     /* position in the kept item list */
-  int32_t status;
-  int32_t kernels;
-  int32_t compiles;
-  double seconds;
-  uint32_t msglen;
-} report;
 
 /* One worker's contexts, one per target, made on first use. */
 typedef struct target_ctx {
@@ -376,45 +175,6 @@ static void worker_close(worker *w) {
   w->ntc = 0;
 }
 
-/* Runs one item; writes its report and message (at most MAX_MSG bytes with the NUL). */
-static void run_item(worker *w, const item *it, uint32_t pos, report *r, char *msg) {
-  memset(r, 0, sizeof *r);
-  r->item = pos;
-  msg[0] = '\0';
-  double t0 = now_s();
-  target_ctx *t = worker_context(w, it->target);
-  if (!t->ctx) {
-    r->status = (int32_t)t->status;
-    snprintf(msg, MAX_MSG, "%s", t->error);
-  } else {
-    rlk_counters before, after;
-    rlk_context_counters(t->ctx, &before);
-    int kernels = 0;
-    rlk_status st = rlk_precompile(t->ctx, it->config, &kernels);
-    rlk_context_counters(t->ctx, &after);
-    r->status = (int32_t)st;
-    r->kernels = kernels;
-    r->compiles = (int32_t)(after.compiles - before.compiles);
-    if (st != RLK_OK) snprintf(msg, MAX_MSG, "%s", rlk_last_error());
-  }
-  r->seconds = now_s() - t0;
-  r->msglen = (uint32_t)strlen(msg);
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 /* ---- the parent's bookkeeping ------------------------------------------------------ */
 
 typedef struct run_state {
@@ -424,16 +184,53 @@ typedef struct run_state {
   long kernels, compiles;
   int quiet;
   int width;
+  const char *out;
 } run_state;
 
-static void record(run_state *s, const report *r, const char *msg) {
-  if (r->item >= s->nitems) return;
+static void *worker_open(void *user) {
+  run_state *s = user;
+  worker *w = xrealloc(NULL, sizeof *w);
+  w->out = s->out;
+  w->tc = NULL;
+  w->ntc = 0;
+  return w;
+}
+
+static void worker_end(void *user, void *state) {
+  (void)user;
+  worker_close(state);
+  free(state);
+}
+
+/* Runs one item in a worker: its report and message. */
+static void run_item(void *user, void *state, size_t i, pool_report *r, char *msg) {
+  const item *it = &((run_state *)user)->items[i];
+  double t0 = now_s();
+  target_ctx *t = worker_context(state, it->target);
+  if (!t->ctx) {
+    r->status = (int32_t)t->status;
+    snprintf(msg, POOL_MAX_MSG, "%s", t->error);
+  } else {
+    rlk_counters before, after;
+    rlk_context_counters(t->ctx, &before);
+    int kernels = 0;
+    rlk_status st = rlk_precompile(t->ctx, it->config, &kernels);
+    rlk_context_counters(t->ctx, &after);
+    r->status = (int32_t)st;
+    r->count[0] = kernels;
+    r->count[1] = (int32_t)(after.compiles - before.compiles);
+    if (st != RLK_OK) snprintf(msg, POOL_MAX_MSG, "%s", rlk_last_error());
+  }
+  r->seconds = now_s() - t0;
+}
+
+static void record(void *user, const pool_report *r, const char *msg) {
+  run_state *s = user;
   item *it = &s->items[r->item];
-  if (it->done) return;
   it->done = 1;
   it->status = r->status;
-  it->kernels = r->kernels;
-  it->compiles = r->compiles;
+  it->kernels = r->count[0];
+  it->compiles = r->count[1];
   it->seconds = r->seconds;
   it->message = r->status != RLK_OK ? xstrdup(msg) : NULL;
   s->finished++;
@@ -447,175 +244,14 @@ static void record(run_state *s, const report *r, const char *msg) {
     fflush(stderr);
     return;
   }
-  s->kernels += r->kernels;
-  s->compiles += r->compiles;
+  s->kernels += r->count[0];
+  s->compiles += r->count[1];
   if (!s->quiet) {
     printf("[%*zu/%zu] %-8s %s  %d kernel%s, %d compiled  %.2f s\n", s->width, s->finished,
-           s->nitems, it->target, it->config, r->kernels, r->kernels == 1 ? "" : "s", r->compiles,
+           s->nitems, it->target, it->config, r->count[0], r->count[0] == 1 ? "" : "s", r->count[1],
            it->seconds);
     fflush(stdout);
   }
-}
-
-static void fail_unreported(run_state *s, size_t pos, const char *why) {
-  report r = {0};
-  r.item = (uint32_t)pos;
-  r.status = RLK_ERR_INTERNAL;
-  record(s, &r, why);
-}
-
-static void run_inline(run_state *s, const char *out) {
-  worker w = {out, NULL, 0};
-  static char msg[MAX_MSG];
-  for (size_t i = 0; i < s->nitems; i++) {
-    report r;
-    run_item(&w, &s->items[i], (uint32_t)i, &r, msg);
-    record(s, &r, msg);
-  }
-  worker_close(&w);
-}
-
-typedef struct child {
-  pid_t pid;
-  int fd;
-  char *buf;
-  size_t len, cap;
-} child;
-
-/* Parses the complete reports in a child's buffer. */
-static void drain(run_state *s, child *c) {
-  size_t off = 0;
-  for (;;) {
-    if (c->len - off < sizeof(report)) break;
-    report r;
-    memcpy(&r, c->buf + off, sizeof r);
-    if (r.msglen >= MAX_MSG) r.msglen = MAX_MSG - 1;
-    if (c->len - off < sizeof r + r.msglen) break;
-    char msg[MAX_MSG];
-    memcpy(msg, c->buf + off + sizeof r, r.msglen);
-    msg[r.msglen] = '\0';
-    record(s, &r, msg);
-    off += sizeof r + r.msglen;
-  }
-  memmove(c->buf, c->buf + off, c->len - off);
-  c->len -= off;
-}
-
-static int run_forked(run_state *s, const char *out, int jobs) {
-  child *kids = calloc((size_t)jobs, sizeof *kids);
-  if (!kids) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    return 1;
-  }
-  fflush(stdout);
-  fflush(stderr);
-  int started = 0;
-  for (int w = 0; w < jobs; w++) {
-    int p[2];
-    if (pipe(p) != 0) {
-      fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
-      break;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
-      close(p[0]);
-      close(p[1]);
-      break;
-    }
-    if (pid == 0) {
-      /* Worker: its own contexts; items w, w + jobs, ...; reports through the pipe. */
-      for (int k = 0; k < w; k++) close(kids[k].fd);
-      close(p[0]);
-      signal(SIGPIPE, SIG_DFL);
-      worker wk = {out, NULL, 0};
-      static char msg[MAX_MSG];
-      int rc = 0;
-      for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs) {
-        report r;
-        run_item(&wk, &s->items[i], (uint32_t)i, &r, msg);
-        if (write_all(p[1], &r, sizeof r) || write_all(p[1], msg, r.msglen)) {
-          rc = 1;
-          break;
-        }
-      }
-      worker_close(&wk);
-      close(p[1]);
-      _exit(rc);
-    }
-    close(p[1]);
-    kids[w].pid = pid;
-    kids[w].fd = p[0];
-    started++;
-  }
-  if (started < jobs) {
-    /* The items of a worker that could not start fail with the reason. */
-    for (size_t i = 0; i < s->nitems; i++)
-      if ((int)(i % (size_t)jobs) >= started) fail_unreported(s, i, "its worker could not start");
-  }
-
-  int open_fds = started;
-  struct pollfd *pfd = calloc((size_t)jobs, sizeof *pfd);
-  int *map = calloc((size_t)jobs, sizeof *map);
-  if (!pfd || !map) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  while (open_fds > 0) {
-    int n = 0;
-    for (int w = 0; w < started; w++) {
-      if (kids[w].fd < 0) continue;
-      pfd[n].fd = kids[w].fd;
-      pfd[n].events = POLLIN;
-      pfd[n].revents = 0;
-      map[n++] = w;
-    }
-    int k = poll(pfd, (nfds_t)n, -1);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      fprintf(stderr, "%s: poll: %s\n", prog, strerror(errno));
-      break;
-    }
-    for (int i = 0; i < n; i++) {
-      if (!pfd[i].revents) continue;
-      child *c = &kids[map[i]];
-      if (c->cap - c->len < 65536) {
-        c->cap = c->cap ? c->cap * 2 : 131072;
-        c->buf = xrealloc(c->buf, c->cap);
-      }
-      ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        close(c->fd);
-        c->fd = -1;
-        open_fds--;
-        continue;
-      }
-      c->len += (size_t)got;
-      drain(s, c);
-    }
-  }
-
-  for (int w = 0; w < started; w++) {
-    if (kids[w].fd >= 0) close(kids[w].fd);
-    int status = 0;
-    while (waitpid(kids[w].pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    char why[160];
-    if (WIFSIGNALED(status))
-      snprintf(why, sizeof why, "worker %d was killed by signal %d before finishing it", w,
-               WTERMSIG(status));
-    else
-      snprintf(why, sizeof why, "worker %d exited with status %d before finishing it", w,
-               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs)
-      if (!s->items[i].done) fail_unreported(s, i, why);
-    free(kids[w].buf);
-  }
-  free(pfd);
-  free(map);
-  free(kids);
-  return 0;
 }
 
 /* ---- files -------------------------------------------------------------------------- */
@@ -908,15 +544,6 @@ static int list_ops(void) {
   return 0;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
 /* What the command line and the configuration files expand to. File scope so that every
  * exit path of precompile_main leaves main to free it. */
 static struct {
@@ -1078,12 +705,10 @@ static int precompile_main(int argc, char **argv) {
          shard_note, out, jobs, jobs == 1 ? "" : "s");
   fflush(stdout);
 
-  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width};
+  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width, out};
+  const pool_ops ops = {&s, worker_open, run_item, worker_end, record};
   double t0 = now_s();
-  if (jobs == 1)
-    run_inline(&s, out);
-  else
-    rc = run_forked(&s, out, (int)jobs);
+  pool_run(nitems, (int)jobs, &ops);
   double wall = now_s() - t0;
 
   uint64_t nent = 0, bad = 0;
