@@ -41,6 +41,7 @@ static const char *prog = "rlk-precompile";
 static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [OPTIONS] --targets \"T ...\" (--config FILE | --sweep LINE)...\n"
+          "       %s [OPTIONS] --tune-db FILE [--tune-all-envs] [--targets \"T ...\"]\n"
           "       %s merge --out DIR SHARD...\n"
           "       %s --list-ops\n"
           "\n"
@@ -54,6 +55,11 @@ static void usage(FILE *out) {
           "  --config FILE     configuration lines, one per line; '#' starts a comment\n"
           "                    (repeatable; - reads standard input)\n"
           "  --sweep \"LINE\"    one configuration line (repeatable)\n"
+          "  --tune-db FILE    also every record of a tuning database (rlk-tune): its default and\n"
+          "                    its winner's settings, for the record's own target, so that calls\n"
+          "                    that take the winner find it with RLK_JIT=0. Records of the targets\n"
+          "                    given (all targets without --targets) and this runtime version.\n"
+          "  --tune-all-envs   with --tune-db: every record, whatever its target or version\n"
           "                    A line is \"op name=value ...\"; a value may be a comma list,\n"
           "                    and the line expands to the cross product of its lists:\n"
           "                    \"group_advantage mode=grpo,rloo group_size=4,8\" is 4 configurations.\n"
@@ -73,7 +79,7 @@ static void usage(FILE *out) {
           "                    already there are kept), then verifies DIR.\n"
           "\n"
           "exit status: 0 success, 1 failure (any item failed), 2 usage error\n",
-          prog, prog, prog);
+          prog, prog, prog, prog);
 }
 
 /* ---- targets ------------------------------------------------------------------------ */
@@ -548,13 +554,62 @@ static int list_ops(void) {
  * exit path of precompile_main leaves main to free it. */
 static struct {
   strlist config_files, sweeps, target_words, targets, ops, configs;
+  strlist tuned_targets, tuned_configs; /* from the tuning database: (target, line) pairs */
   item *items;
   size_t nitems; /* allocated items (their messages are freed) */
 } g;
 
+/* ---- the tuning database as a manifest ----------------------------------------------- */
+
+typedef struct tuned_walk {
+  int all_envs;
+  size_t taken, skipped;
+} tuned_walk;
+
+static int target_matches(const char *asked, const char *target) {
+  return !strcmp(asked, target) || (!strcmp(asked, "host") && !strncmp(target, "host-", 5));
+}
+
+static void add_tuned(const char *target, char *line) {
+  for (size_t i = 0; i < g.tuned_configs.n; i++)
+    if (!strcmp(g.tuned_targets.v[i], target) && !strcmp(g.tuned_configs.v[i], line)) {
+      free(line);
+      return;
+    }
+  strlist_push(&g.tuned_targets, xstrdup(target));
+  strlist_push(&g.tuned_configs, line);
+}
+
+/* Takes a record's default and winner lines when its environment is one asked for: a target
+ * among --targets (any without them) and this runtime version; every record with all_envs. */
+static int take_record(const rlk_tune_record *r, void *user) {
+  tuned_walk *w = user;
+  int ok = w->all_envs || !strcmp(r->runtime, rlk_version_string());
+  if (ok && !w->all_envs && g.targets.n) {
+    ok = 0;
+    for (size_t i = 0; i < g.targets.n && !ok; i++) ok = target_matches(g.targets.v[i], r->target);
+  }
+  rlk_backend b;
+  if (!ok || target_backend(r->target, &b) != 0) {
+    w->skipped++;
+    return 0;
+  }
+  w->taken++;
+  const size_t n = strlen(r->op) + strlen(r->shape) + strlen(r->winner) + 3;
+  char *line = xrealloc(NULL, n);
+  snprintf(line, n, "%s %s", r->op, r->shape);
+  add_tuned(r->target, line);
+  if (r->winner[0]) {
+    line = xrealloc(NULL, n);
+    snprintf(line, n, "%s %s %s", r->op, r->shape, r->winner);
+    add_tuned(r->target, line);
+  }
+  return 0;
+}
+
 static int precompile_main(int argc, char **argv) {
-  const char *out_arg = NULL, *manifest = NULL;
-  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0;
+  const char *out_arg = NULL, *manifest = NULL, *tune_db = NULL;
+  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0;
   long jobs = 0, shard_i = 0, shard_n = 1;
 
   for (int i = 1; i < argc; i++) {
@@ -573,6 +628,11 @@ static int precompile_main(int argc, char **argv) {
       quiet = 1;
     } else if (!strcmp(a, "--list-ops")) {
       want_list_ops = 1;
+    } else if (!strcmp(a, "--tune-all-envs")) {
+      tune_all_envs = 1;
+    } else if ((t = TAKE("--tune-db")) != 0) {
+      if (t < 0 || !*val) return usage_error("--tune-db needs a tuning database file");
+      tune_db = val;
     } else if ((t = TAKE("--config")) != 0) {
       if (t < 0 || !*val) return usage_error("--config needs a file");
       strlist_push(&g.config_files, xstrdup(val));
@@ -612,9 +672,10 @@ static int precompile_main(int argc, char **argv) {
   }
 
   if (want_list_ops) return list_ops();
-  if (g.config_files.n == 0 && g.sweeps.n == 0)
-    return usage_error("nothing to compile: give --config FILE and/or --sweep LINE");
-  if (!have_targets || g.target_words.n == 0)
+  if (g.config_files.n == 0 && g.sweeps.n == 0 && !tune_db)
+    return usage_error("nothing to compile: give --config FILE, --sweep LINE and/or --tune-db FILE");
+  if (tune_all_envs && !tune_db) return usage_error("--tune-all-envs goes with --tune-db");
+  if ((g.config_files.n || g.sweeps.n) && (!have_targets || g.target_words.n == 0))
     return usage_error("--targets is required, e.g. --targets \"sm_80 sm_90a host\"");
 
   for (size_t i = 0; i < g.target_words.n; i++) {
@@ -635,11 +696,22 @@ static int precompile_main(int argc, char **argv) {
     if (expand_line(g.sweeps.v[i], &g.ops, &g.configs, why, sizeof why) != 0)
       return usage_error("--sweep \"%s\": %s", g.sweeps.v[i], why);
   }
-  if (g.configs.n == 0) return usage_error("the configuration files hold no configuration line");
+  if (g.configs.n == 0 && !tune_db) return usage_error("the configuration files hold no configuration line");
+  tuned_walk tw = {tune_all_envs, 0, 0};
+  if (tune_db) {
+    size_t bad = 0;
+    rlk_status st = rlk_tune_db_walk(tune_db, take_record, &tw, &bad);
+    if (st != RLK_OK) return lib_error("reading the tuning database", st);
+    printf("tuning database %s: %zu record%s taken (%zu kernel line%s), %zu of other environments left out%s\n",
+           tune_db, tw.taken, tw.taken == 1 ? "" : "s", g.tuned_configs.n, g.tuned_configs.n == 1 ? "" : "s",
+           tw.skipped, tune_all_envs || !tw.skipped ? "" : " (--tune-all-envs takes them)");
+    if (bad) fprintf(stderr, "%s: %s: %zu line%s skipped\n", prog, tune_db, bad, bad == 1 ? "" : "s");
+  }
 
-  /* The manifest: every configuration for every target, target by target. */
-  size_t total = g.targets.n * g.configs.n;
-  g.items = xrealloc(NULL, total * sizeof *g.items);
+  /* The manifest: every configuration for every target, target by target, then the tuning
+   * database's lines for their own targets. */
+  size_t total = g.targets.n * g.configs.n + g.tuned_configs.n;
+  g.items = xrealloc(NULL, (total ? total : 1) * sizeof *g.items);
   size_t nitems = 0;
   for (size_t t = 0; t < g.targets.n; t++) {
     for (size_t c = 0; c < g.configs.n; c++) {
@@ -652,7 +724,19 @@ static int precompile_main(int argc, char **argv) {
       it->config = g.configs.v[c];
     }
   }
+  for (size_t k = 0; k < g.tuned_configs.n; k++) {
+    size_t index = g.targets.n * g.configs.n + k;
+    if (index % (size_t)shard_n != (size_t)shard_i) continue;
+    item *it = &g.items[nitems++];
+    memset(it, 0, sizeof *it);
+    it->index = index;
+    it->target = g.tuned_targets.v[k];
+    it->config = g.tuned_configs.v[k];
+  }
   g.nitems = nitems;
+  char tuned_note[96] = "";
+  if (g.tuned_configs.n)
+    snprintf(tuned_note, sizeof tuned_note, " + %zu from the tuning database", g.tuned_configs.n);
   char shard_note[96] = "";
   if (shard_n > 1)
     snprintf(shard_note, sizeof shard_note, ", shard %ld/%ld of %zu", shard_i, shard_n, total);
@@ -663,8 +747,8 @@ static int precompile_main(int argc, char **argv) {
   if (dry_run) {
     for (size_t i = 0; i < nitems; i++)
       printf("%*zu  %-8s %s\n", width, g.items[i].index, g.items[i].target, g.items[i].config);
-    printf("dry run: %zu items (%zu configuration%s x %zu target%s%s)\n", nitems, g.configs.n,
-           g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s", shard_note);
+    printf("dry run: %zu items (%zu configuration%s x %zu target%s%s%s)\n", nitems, g.configs.n,
+           g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s", tuned_note, shard_note);
     goto cleanup;
   }
 
@@ -699,10 +783,10 @@ static int precompile_main(int argc, char **argv) {
   }
   if ((size_t)jobs > nitems) jobs = (long)(nitems ? nitems : 1);
 
-  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s) into %s with %ld "
+  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s%s) into %s with %ld "
          "worker%s\n",
          nitems, g.configs.n, g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s",
-         shard_note, out, jobs, jobs == 1 ? "" : "s");
+         tuned_note, shard_note, out, jobs, jobs == 1 ? "" : "s");
   fflush(stdout);
 
   run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width, out};
@@ -763,5 +847,7 @@ int main(int argc, char **argv) {
   strlist_free(&g.target_words);
   strlist_free(&g.config_files);
   strlist_free(&g.sweeps);
+  strlist_free(&g.tuned_targets);
+  strlist_free(&g.tuned_configs);
   return rc;
 }
