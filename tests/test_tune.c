@@ -187,16 +187,22 @@ static rlk_status host_fwd(rlk_context *ctx, host_call *h, int entropy, int bloc
   return rlk_logprob(ctx, &a, NULL);
 }
 
-static rlk_status host_bwd(rlk_context *ctx, host_call *h) {
+static rlk_status host_bwd_entropy(rlk_context *ctx, host_call *h, int entropy) {
   rlk_logprob_backward_args b;
   rlk_logprob_backward_args_init(&b);
   b.logits = rlk_tensor_2d(h->logits, RLK_F32, h->N, h->V, h->V);
   b.labels = rlk_tensor_1d(h->labels, RLK_I64, h->N);
   b.lse = rlk_tensor_1d(h->lse, RLK_F32, h->N);
   b.grad_logp = rlk_tensor_1d(h->glp, RLK_F32, h->N);
+  if (entropy) { /* the forward's entropy, and g_H = g_lp */
+    b.entropy = rlk_tensor_1d(h->ent, RLK_F32, h->N);
+    b.grad_entropy = rlk_tensor_1d(h->glp, RLK_F32, h->N);
+  }
   b.grad_logits = rlk_tensor_2d(h->grad, RLK_F32, h->N, h->V, h->V);
   return rlk_logprob_backward(ctx, &b, NULL);
 }
+
+static rlk_status host_bwd(rlk_context *ctx, host_call *h) { return host_bwd_entropy(ctx, h, 0); }
 
 static void tune_counts(rlk_context *ctx, uint64_t *hits, uint64_t *misses) {
   rlk_tune_table_counts(ctx->tune, hits, misses);
@@ -994,6 +1000,322 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
 }
 END_TEST
 
+
+/* ---- the tools: rlk-tune, and rlk-precompile --tune-db -------------------------------- */
+
+static int count_entry(const rlk_cache_entry *e, void *user) {
+  (void)e;
+  ++*(int *)user;
+  return 0;
+}
+
+/* Committed entries of a cache tree (0 for a tree that does not exist). */
+static int cache_entries(const char *root) {
+  int n = 0;
+  if (access(root, F_OK) == 0) ck_assert_int_eq(rlk_cache_walk(root, count_entry, &n), RLK_OK);
+  return n;
+}
+
+START_TEST(rlk_tune_usage_and_dry_run) {
+  const struct {
+    const char *const *args;
+    const char *names;
+  } bad[] = {
+      {ARGS("--no-such-option"), "--no-such-option"},
+      {ARGS("--backend", "quantum"), "quantum"},
+      {ARGS("--vocab", "100"), "--op"},
+      {ARGS("--op", "logprob", "--vocab", "100"), "tokens"},
+      {ARGS("--op", "logprob", "--tokens", "8", "--dtype", "f64"), "logits"},
+      {ARGS("--sweep", "group_advantage mode=grpo tokens=4"), "no tuning candidates"},
+      {ARGS("--sweep", "logprob pass=fwd tokens=8 block=256"), "tuning"},
+      {ARGS("--iters", "0", "--op", "logprob", "--tokens", "8"), "--iters"},
+      {ARGS("--min-gain", "x"), "--min-gain"},
+      {(const char *const[]){NULL}, "nothing to tune"},
+      {ARGS("--config", "/nonexistent/sweep.conf"), "/nonexistent/sweep.conf"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-tune", bad[i].args);
+    expect_status(r, 2, bad[i].names);
+    ck_assert_msg(strstr(r.out, bad[i].names) != NULL, "the message does not name %s:\n%s", bad[i].names, r.out);
+    rlk_test_tool_free(&r);
+  }
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--help"));
+  expect_status(r, 0, "rlk-tune --help");
+  ck_assert_ptr_nonnull(strstr(r.out, "usage:"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--list-candidates"));
+  expect_status(r, 0, "rlk-tune --list-candidates");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "variant="), rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
+  rlk_test_tool_free(&r);
+
+  /* a dry run on the host: 2 vocabularies x 2 buckets (64 and 70 rows share one) x 2 entropy x 2
+   * passes; nothing compiled, timed or written */
+  char dir[1024], cache[1100], db[1100], cache_env[1200], conf[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-dry");
+  snprintf(cache, sizeof cache, "%s/cache", dir);
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(cache_env, sizeof cache_env, "RLK_CACHE_DIR=%s", cache);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune",
+                        ARGS("--dry-run", "--backend", "host", "--op", "logprob", "--vocab", "1000,2000", "--tokens",
+                             "16,64,70", "--dtype", "f32", "--entropy", "0,1", "--db", db));
+  expect_status(r, 0, "rlk-tune --dry-run");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 16);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass="), 16);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass=bwd"), 8);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[compile"), 0);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "tokens=70"), 0);
+  /* on the host every candidate plans to the default's one kernel */
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "same kernels as the default"),
+                   16 * rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
+  rlk_test_tool_free(&r);
+  ck_assert_int_ne(access(db, F_OK), 0);
+  ck_assert_int_eq(cache_entries(cache), 0);
+
+  /* a spec file says the same as flags */
+  snprintf(conf, sizeof conf, "%s/sweep.conf", dir);
+  write_text(conf, "# bf16 logits\nlogprob pass=fwd logits=bf16 vocab=151936,50257 tokens=4096  # two\n", 79);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune", ARGS("-n", "--backend", "host", "--config", conf, "--db", db));
+  expect_status(r, 0, "rlk-tune --dry-run --config");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 2);
+  rlk_test_tool_free(&r);
+
+  /* without a device, a dry run for a GPU target plans through a compile-only context */
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune",
+                        ARGS("-n", "--backend", "cuda", "--target", "sm_90a", "--op", "logprob", "--tokens", "4096",
+                             "--dtype", "bf16", "--db", db));
+  if (r.status == 1 && strstr(r.out, "nvrtc")) {
+    printf("skip (tune: dry run for sm_90a): no NVRTC:\n%s", r.out);
+  } else if (strstr(r.out, "sm_90a (") || strstr(r.out, "(sm_90a,")) {
+    expect_status(r, 0, "rlk-tune --dry-run for sm_90a");
+    ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 2);
+    /* the bulk and tensor-map candidates are forwards only: the backward runs the default for them */
+    ck_assert_int_ge(rlk_test_count_lines(r.out, "same kernels as the default"), 8);
+    ck_assert_int_ge(rlk_test_count_lines(r.out, "2 kernels, timed"), 2); /* tma and its fallback */
+  }
+  rlk_test_tool_free(&r);
+  ck_assert_int_ne(access(db, F_OK), 0);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
+  char dir[1024], db[1100], json[1100], tree[1100], empty[1100], db_env[1200];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-run");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(json, sizeof json, "%s/tune.json", dir);
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  snprintf(db_env, sizeof db_env, "RLK_TUNE_DB=%s", db);
+  const char *cands = rlk_tune_candidates("logprob");
+  const int ncand = rlk_test_count_lines(cands, "variant=");
+
+  rlk_test_tool_run r = rlk_test_run_tool(
+      NULL, "rlk-tune",
+      ARGS("--backend", "host", "--sweep", "logprob pass=fwd,bwd logits=f32 labels=i64 entropy=1 vocab=1000 tokens=24",
+           "--iters", "3", "--warmup", "1", "-j", "2", "--db", db, "--json", json, "--time-duplicates"));
+  expect_status(r, 0, "rlk-tune on the host");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/2] logprob pass="), 1);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[2/2] logprob pass="), 1);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "default ms"), 1); /* the table */
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
+  rlk_test_tool_free(&r);
+  rlk_device_info info;
+  host_info(&info);
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, 2);
+  for (int i = 0; i < 2; i++) {
+    const rlk_tune_record *g = &c->v[i];
+    ck_assert_str_eq(g->op, "logprob");
+    ck_assert_int_eq(g->tokens, 32);
+    ck_assert_str_eq(g->target, info.target);
+    ck_assert_str_eq(g->device, info.name);
+    ck_assert_int_eq(g->multiprocessors, info.multiprocessors);
+    ck_assert_str_eq(g->compiler, info.compiler);
+    ck_assert_int_eq(g->ntimings, ncand);
+    ck_assert_msg(g->default_ms > 0 && g->best_ms > 0 && g->best_ms <= g->default_ms, "%g %g", g->default_ms,
+                  g->best_ms);
+    /* on the host every candidate is the default's kernel: timed (--time-duplicates), never a winner */
+    ck_assert_str_eq(g->winner, "");
+    for (int k = 0; k < g->ntimings; k++) {
+      ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
+      ck_assert_msg(g->timings[k].median_ms > 0, "%s: %g", g->timings[k].settings, g->timings[k].median_ms);
+      ck_assert_ptr_nonnull(strstr(cands, g->timings[k].settings));
+    }
+  }
+  ck_assert_ptr_nonnull(strstr(c->v[0].shape, "pass=fwd"));
+  ck_assert_ptr_nonnull(strstr(c->v[1].shape, "pass=bwd"));
+  free(c);
+  char *text = read_text(json);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\"line\": \"logprob pass="), 2);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\"result\": \"timed\""), 2 * (ncand + 1));
+  free(text);
+
+  /* a later call of that configuration takes its record */
+  setenv("RLK_TUNE_DB", db, 1);
+  host_call h;
+  host_call_make(&h, 24, 1000, rlk_test_seed());
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 1), RLK_OK);
+  uint64_t hits = 0, misses = 0;
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 2);
+  ck_assert_uint_eq(misses, 0);
+  rlk_context_destroy(ctx);
+
+  /* precompiled from the database, the kernels those calls take are found with RLK_JIT=0 */
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", db, "--out", tree, "-j", "2"));
+  expect_status(r, 0, "rlk-precompile --tune-db");
+  ck_assert_ptr_nonnull(strstr(r.out, "2 records taken"));
+  ck_assert_msg(strstr(r.out, ", 0 failed") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  ck_assert_int_eq(mkdir(empty, 0700), 0);
+  setenv("RLK_JIT", "0", 1);
+  setenv("RLK_CACHE_RO_DIRS", tree, 1);
+  setenv("RLK_CACHE_DIR", empty, 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 1), RLK_OK);
+  rlk_counters cnt;
+  ck_assert_int_eq(rlk_context_counters(ctx, &cnt), RLK_OK);
+  ck_assert_uint_eq(cnt.compiles, 0);
+  ck_assert_uint_eq(cnt.misses, 0);
+  ck_assert_uint_eq(cnt.disk_hits, 2);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 2);
+  /* ... and RLK_JIT=0 is in force: a kernel the tree lacks is an error */
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 0), RLK_ERR_JIT_DISABLED);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_JIT");
+  unsetenv("RLK_CACHE_RO_DIRS");
+  char cache[1100];
+  snprintf(cache, sizeof cache, "%s/cache", rlk_test_tmpdir());
+  setenv("RLK_CACHE_DIR", cache, 1);
+
+  /* RLK_TUNE=tune notes a configuration without a record; rlk-tune --pending sweeps it */
+  setenv("RLK_TUNE", "tune", 1);
+  host_call h2;
+  host_call_make(&h2, 24, 500, rlk_test_seed() + 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h2, 0, 0), RLK_OK);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+  ck_assert_int_eq(count_pending(db, "vocab=500"), 1);
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--pending", "--backend", "host", "--iters", "2", "--warmup", "0"));
+  expect_status(r, 0, "rlk-tune --pending");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/1] logprob pass=fwd logits=f32 labels=i64 entropy=0 vocab=500"), 1);
+  rlk_test_tool_free(&r);
+  ck_assert_int_eq(count_pending(db, "vocab="), 0);
+  c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 3);
+  free(c);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h2, 0, 0), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 1);
+  rlk_context_destroy(ctx);
+
+  /* --list shows the records; --merge takes another database's */
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--list"));
+  expect_status(r, 0, "rlk-tune --list");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "logprob  pass="), 3);
+  rlk_test_tool_free(&r);
+  char other[1100];
+  snprintf(other, sizeof other, "%s/other.db", dir);
+  rlk_tune_record o = make_record("logprob pass=fwd logits=f16 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 0.9);
+  ck_assert_int_eq(rlk_tune_db_record(other, &o, 1), RLK_OK);
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--merge", other));
+  expect_status(r, 0, "rlk-tune --merge");
+  ck_assert_ptr_nonnull(strstr(r.out, "1 record taken"));
+  rlk_test_tool_free(&r);
+  c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 4);
+  free(c);
+  host_call_free(&h);
+  host_call_free(&h2);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+/* Counts a tree's logprob entries for bf16 logits whose parameters hold every one of `params`. */
+typedef struct entry_find {
+  const char *params[4];
+  int found;
+} entry_find;
+
+static int find_entry(const rlk_cache_entry *e, void *user) {
+  entry_find *f = user;
+  int ok = !strcmp(e->family, "logprob") && strstr(e->params, "logits=bf16") != NULL;
+  for (int i = 0; i < 4 && f->params[i] && ok; i++) ok = strstr(e->params, f->params[i]) != NULL;
+  f->found += ok;
+  return 0;
+}
+
+/* A cluster ships tuned kernels: precompiled from the database for sm_90a, the winner a plan (a
+ * call) takes is in the tree and is found with RLK_JIT=0. */
+START_TEST(precompile_from_the_database_for_sm90a) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  o.compile_only = 1;
+  o.target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (tune: precompile from the database for sm_90a): no NVRTC: %s\n", rlk_last_error());
+    return;
+  }
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  rlk_context_destroy(ctx);
+  char dir[1024], db[1100], tree[1100], empty[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-ship");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
+  char line[512];
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  rlk_tune_record r = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
+  rlk_tune_record other = r; /* another runtime's record: left out without --tune-all-envs */
+  snprintf(other.runtime, sizeof other.runtime, "0.0.1");
+  snprintf(other.winner, sizeof other.winner, "variant=bulk block=512 unroll=2 stages=4");
+  rlk_tune_record both[2] = {r, other};
+  ck_assert_int_eq(rlk_tune_db_record(db, both, 2), RLK_OK);
+  rlk_test_tool_run t = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", db, "--out", tree, "-j", "2"));
+  expect_status(t, 0, "rlk-precompile --tune-db for sm_90a");
+  ck_assert_ptr_nonnull(strstr(t.out, "1 record taken"));
+  ck_assert_ptr_nonnull(strstr(t.out, "1 of other environments left out"));
+  ck_assert_int_eq(rlk_test_count_lines(t.out, "] sm_90a"), 2); /* the default and the winner */
+  rlk_test_tool_free(&t);
+  entry_find bulk = {{"cwarps=8", "stages=3", "unroll=8", NULL}, 0};
+  entry_find other_bulk = {{"cwarps=16", "stages=4", "unroll=2", NULL}, 0};
+  ck_assert_int_eq(rlk_cache_walk(tree, find_entry, &bulk), RLK_OK);
+  ck_assert_int_eq(rlk_cache_walk(tree, find_entry, &other_bulk), RLK_OK);
+  ck_assert_int_eq(bulk.found, 1);
+  ck_assert_int_eq(other_bulk.found, 0);
+
+  ck_assert_int_eq(mkdir(empty, 0700), 0);
+  setenv("RLK_TUNE_DB", db, 1);
+  setenv("RLK_JIT", "0", 1);
+  setenv("RLK_CACHE_RO_DIRS", tree, 1);
+  setenv("RLK_CACHE_DIR", empty, 1);
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  int n = 0;
+  ck_assert_msg(rlk_precompile(ctx, line, &n) == RLK_OK, "%s", rlk_last_error()); /* the tuned kernel */
+  ck_assert_msg(rlk_precompile(ctx, fwd, &n) == RLK_OK, "%s", rlk_last_error());  /* the default */
+  ck_assert_uint_eq(rlk_test_compiles(ctx), 0);
+  snprintf(line, sizeof line, "%s variant=vec block=256", fwd);
+  ck_assert_int_eq(rlk_precompile(ctx, line, &n), RLK_ERR_JIT_DISABLED); /* not shipped */
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_JIT");
+  unsetenv("RLK_CACHE_RO_DIRS");
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
   TCase *db = tcase_create("db");
@@ -1014,5 +1336,12 @@ Suite *tune_suite(void) {
   tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
   tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
   suite_add_tcase(s, sel);
+  TCase *tools = tcase_create("tools");
+  /* these run the tools, and compilers, in child processes */
+  tcase_set_timeout(tools, 300);
+  tcase_add_test(tools, rlk_tune_usage_and_dry_run);
+  tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
+  tcase_add_test(tools, precompile_from_the_database_for_sm90a);
+  suite_add_tcase(s, tools);
   return s;
 }
