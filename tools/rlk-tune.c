@@ -273,47 +273,46 @@ typedef struct probe_result {
   char error[1024];
 } probe_result;
 
-/* Opens the device in a child process and reports what it is. */
+static void probe_child(int fd, void *arg) {
+  (void)arg;
+  probe_result res;
+  memset(&res, 0, sizeof res);
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = opt.backend;
+  o.device = (int)opt.device;
+  rlk_context *ctx = NULL;
+  res.status = rlk_context_create(&ctx, &o);
+  if (res.status == RLK_OK) {
+    res.backend = rlk_context_backend(ctx);
+    rlk_context_device_info(ctx, &res.info);
+    snprintf(res.cache_dir, sizeof res.cache_dir, "%s", rlk_context_cache_dir(ctx));
+    rlk_context_destroy(ctx);
+  } else {
+    snprintf(res.error, sizeof res.error, "%s", rlk_last_error());
+  }
+  _exit(write_all(fd, &res, sizeof res) ? 1 : 0);
+}
+
+/* Opens the device in a child process (this one never initializes a device runtime before it
+ * forks) and reports what it is. */
 static probe_result probe_device(void) {
   probe_result res;
   memset(&res, 0, sizeof res);
-  int p[2];
-  if (pipe(p) != 0) {
-    res.status = RLK_ERR_INTERNAL;
-    snprintf(res.error, sizeof res.error, "pipe: %s", strerror(errno));
-    return res;
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(p[0]);
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = opt.backend;
-    o.device = (int)opt.device;
-    rlk_context *ctx = NULL;
-    res.status = rlk_context_create(&ctx, &o);
-    if (res.status == RLK_OK) {
-      res.backend = rlk_context_backend(ctx);
-      rlk_context_device_info(ctx, &res.info);
-      snprintf(res.cache_dir, sizeof res.cache_dir, "%s", rlk_context_cache_dir(ctx));
-      rlk_context_destroy(ctx);
-    } else {
-      snprintf(res.error, sizeof res.error, "%s", rlk_last_error());
-    }
-    _exit(write_all(p[1], &res, sizeof res) ? 1 : 0);
-  }
-  close(p[1]);
+  int fd = -1;
+  pid_t pid = pool_spawn(&fd, probe_child, NULL);
   size_t got = 0;
   while (pid > 0 && got < sizeof res) {
-    ssize_t k = read(p[0], (char *)&res + got, sizeof res - got);
+    ssize_t k = read(fd, (char *)&res + got, sizeof res - got);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break;
     got += (size_t)k;
   }
-  close(p[0]);
-  int ws = 0;
-  if (pid > 0) waitpid(pid, &ws, 0);
+  if (pid > 0) {
+    close(fd);
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+  }
   if (pid < 0 || got != sizeof res) {
     memset(&res, 0, sizeof res);
     res.status = RLK_ERR_INTERNAL;
@@ -925,8 +924,8 @@ static int time_config(rlk_context *ctx, size_t ci, int fd, rlk_event **ev, doub
 }
 
 /* The timing process: a device context of its own, every configuration not finished yet. */
-static void timing_main(int fd) {
-  signal(SIGPIPE, SIG_DFL);
+static void timing_main(int fd, void *arg) {
+  (void)arg;
   rlk_context_options o;
   rlk_context_options_init(&o);
   o.backend = run_backend;
@@ -1142,31 +1141,16 @@ static int work_left(void) {
 static void run_timing(void) {
   int restarts = 0;
   while (work_left()) {
-    int p[2];
-    if (pipe(p) != 0) {
-      fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
-      break;
-    }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
-      close(p[0]);
-      close(p[1]);
-      break;
-    }
-    if (pid == 0) {
-      close(p[0]);
-      timing_main(p[1]);
-    }
-    close(p[1]);
+    int fd = -1;
+    pid_t pid = pool_spawn(&fd, timing_main, NULL);
+    if (pid < 0) break;
     long setup = -1, inflight_c = -1;
     int inflight_v = -1, killed = 0;
     char *buf = NULL;
     size_t len = 0, cap = 0;
     double last = now_s();
     for (;;) {
-      struct pollfd pfd = {p[0], POLLIN, 0};
+      struct pollfd pfd = {fd, POLLIN, 0};
       int k = poll(&pfd, 1, 1000);
       if (k < 0 && errno == EINTR) continue;
       if (k == 0) {
@@ -1181,7 +1165,7 @@ static void run_timing(void) {
         cap = cap ? cap * 2 : 131072;
         buf = xrealloc(buf, cap);
       }
-      ssize_t got = read(p[0], buf + len, cap - len);
+      ssize_t got = read(fd, buf + len, cap - len);
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0) break;
       len += (size_t)got;
@@ -1203,7 +1187,7 @@ static void run_timing(void) {
       memmove(buf, buf + off, len - off);
       len -= off;
     }
-    close(p[0]);
+    close(fd);
     free(buf);
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {

@@ -47,6 +47,33 @@ typedef struct pool_child {
   size_t len, cap;
 } pool_child;
 
+/* Forks a child that runs child(write end of a pipe, arg), which must end with _exit; the parent
+ * gets the read end in *fd. Returns the child's pid, or -1 with the reason printed. */
+TOOL_UNUSED static pid_t pool_spawn(int *fd, void (*child)(int fd, void *arg), void *arg) {
+  int p[2];
+  if (pipe(p) != 0) {
+    fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
+    return -1;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
+    close(p[0]);
+    close(p[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    close(p[0]);
+    signal(SIGPIPE, SIG_DFL);
+    child(p[1], arg);
+    _exit(127); /* not reached: the child exits itself */
+  }
+  close(p[1]);
+  *fd = p[0];
+  return pid;
+}
+
 /* Reports an item once: later reports of the same item are dropped. */
 TOOL_UNUSED static void pool_done(const pool_ops *ops, char *reported, size_t n, const pool_report *r,
                                   const char *msg) {
@@ -91,6 +118,33 @@ TOOL_UNUSED static void pool_drain(const pool_ops *ops, char *reported, size_t n
   c->len -= off;
 }
 
+typedef struct pool_worker_arg {
+  const pool_ops *ops;
+  size_t n;
+  int jobs, worker;
+  const pool_child *kids; /* the workers started before this one */
+} pool_worker_arg;
+
+/* A worker: its own state; items w, w + jobs, ...; reports through the pipe. */
+TOOL_UNUSED static void pool_worker(int fd, void *arg) {
+  static char msg[POOL_MAX_MSG];
+  const pool_worker_arg *a = arg;
+  for (int k = 0; k < a->worker; k++) close(a->kids[k].fd);
+  void *state = a->ops->open ? a->ops->open(a->ops->user) : NULL;
+  int rc = 0;
+  for (size_t i = (size_t)a->worker; i < a->n; i += (size_t)a->jobs) {
+    pool_report r;
+    pool_run_one(a->ops, state, i, &r, msg);
+    if (write_all(fd, &r, sizeof r) || write_all(fd, msg, r.msglen)) {
+      rc = 1;
+      break;
+    }
+  }
+  if (a->ops->close) a->ops->close(a->ops->user, state);
+  close(fd);
+  _exit(rc);
+}
+
 /* Runs items [0, n) on `jobs` workers (1: in this process). Every item is reported once; the
  * items of a worker that could not start, or that died, fail with RLK_ERR_INTERNAL and why. */
 TOOL_UNUSED static void pool_run(size_t n, int jobs, const pool_ops *ops) {
@@ -113,44 +167,13 @@ TOOL_UNUSED static void pool_run(size_t n, int jobs, const pool_ops *ops) {
   }
   pool_child *kids = xrealloc(NULL, (size_t)jobs * sizeof *kids);
   memset(kids, 0, (size_t)jobs * sizeof *kids);
-  fflush(stdout);
-  fflush(stderr);
+  pool_worker_arg wa = {ops, n, jobs, 0, kids};
   int started = 0;
   for (int w = 0; w < jobs; w++) {
-    int p[2];
-    if (pipe(p) != 0) {
-      fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
-      break;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
-      close(p[0]);
-      close(p[1]);
-      break;
-    }
-    if (pid == 0) {
-      /* Worker: its own state; items w, w + jobs, ...; reports through the pipe. */
-      for (int k = 0; k < w; k++) close(kids[k].fd);
-      close(p[0]);
-      signal(SIGPIPE, SIG_DFL);
-      void *state = ops->open ? ops->open(ops->user) : NULL;
-      int rc = 0;
-      for (size_t i = (size_t)w; i < n; i += (size_t)jobs) {
-        pool_report r;
-        pool_run_one(ops, state, i, &r, msg);
-        if (write_all(p[1], &r, sizeof r) || write_all(p[1], msg, r.msglen)) {
-          rc = 1;
-          break;
-        }
-      }
-      if (ops->close) ops->close(ops->user, state);
-      close(p[1]);
-      _exit(rc);
-    }
-    close(p[1]);
+    wa.worker = w;
+    pid_t pid = pool_spawn(&kids[w].fd, pool_worker, &wa);
+    if (pid < 0) break;
     kids[w].pid = pid;
-    kids[w].fd = p[0];
     started++;
   }
   for (size_t i = 0; i < n; i++) /* the items of workers that could not start */
