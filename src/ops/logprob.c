@@ -458,26 +458,25 @@ static void lp_tuning_refused(const rlk_tune_entry *e, int pass, const lp_config
   rlk_error_clear();
 }
 
-/* The forward kernel of a configuration: the tuning database's winner, else as it asks. */
-static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+typedef rlk_status (*lp_select_fn)(const rlk_context *ctx, const lp_config *c, lp_choice *ch);
+
+/* A pass's kernel: the tuning database's winner, else the configuration as it asks. */
+static rlk_status lp_select(const rlk_context *ctx, int pass, lp_select_fn as, const lp_config *c, lp_choice *ch) {
   lp_config t;
-  const rlk_tune_entry *e = lp_tuned(ctx, LP_PASS_FWD, c, &t);
+  const rlk_tune_entry *e = lp_tuned(ctx, pass, c, &t);
   if (e) {
-    if (lp_select_fwd_as(ctx, &t, ch) == RLK_OK) return RLK_OK;
-    lp_tuning_refused(e, LP_PASS_FWD, c);
+    if (as(ctx, &t, ch) == RLK_OK) return RLK_OK;
+    lp_tuning_refused(e, pass, c);
   }
-  return lp_select_fwd_as(ctx, c, ch);
+  return as(ctx, c, ch);
 }
 
-/* The backward kernel of a configuration: the tuning database's winner, else as it asks. */
+static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+  return lp_select(ctx, LP_PASS_FWD, lp_select_fwd_as, c, ch);
+}
+
 static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
-  lp_config t;
-  const rlk_tune_entry *e = lp_tuned(ctx, LP_PASS_BWD, c, &t);
-  if (e) {
-    if (lp_select_bwd_as(ctx, &t, ch) == RLK_OK) return RLK_OK;
-    lp_tuning_refused(e, LP_PASS_BWD, c);
-  }
-  return lp_select_bwd_as(ctx, c, ch);
+  return lp_select(ctx, LP_PASS_BWD, lp_select_bwd_as, c, ch);
 }
 
 /* ---------------------------------------------------------------------------------- */
