@@ -208,6 +208,32 @@ static void tune_counts(rlk_context *ctx, uint64_t *hits, uint64_t *misses) {
   rlk_tune_table_counts(ctx->tune, hits, misses);
 }
 
+/* Options of a compile-only sm_90a context; 0 (with the reason printed) when NVRTC is absent, else
+ * 1 with the context's device info. */
+static int sm90a_options(rlk_context_options *o, rlk_device_info *info, const char *what) {
+  rlk_context_options_init(o);
+  o->backend = RLK_BACKEND_CUDA;
+  o->compile_only = 1;
+  o->target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, o) != RLK_OK) {
+    printf("skip (tune: %s): no NVRTC: %s\n", what, rlk_last_error());
+    return 0;
+  }
+  ck_assert_int_eq(rlk_context_device_info(ctx, info), RLK_OK);
+  rlk_context_destroy(ctx);
+  return 1;
+}
+
+/* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
+static rlk_context *child_host_context(void) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  rlk_context *ctx = NULL;
+  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
+}
+
 /* ---- records, keys and buckets -------------------------------------------------------- */
 
 START_TEST(buckets_and_keys) {
@@ -474,11 +500,8 @@ typedef struct damaged_run {
 static int use_damaged(void *arg) {
   const damaged_run *d = arg;
   for (int k = 0; k < 3; k++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK) return 2;
+    rlk_context *ctx = child_host_context();
+    if (!ctx) return 2;
     char settings[128];
     int found = 0;
     if (rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=64 tokens=8", settings, sizeof settings, &found))
@@ -865,11 +888,8 @@ END_TEST
 /* In a child: calls through a record whose winner cannot run; exit 0 when they all work. */
 static int call_unusable_winner(void *arg) {
   (void)arg;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) return 2;
+  rlk_context *ctx = child_host_context();
+  if (!ctx) return 2;
   host_call h;
   host_call_make(&h, 8, 64, 5);
   for (int i = 0; i < 4; i++)
@@ -931,20 +951,11 @@ static void keys_of(rlk_context *ctx, const char *line, char *keys, size_t size)
  * keys of the winner's explicit settings. */
 START_TEST(selection_changes_the_kernels_on_sm90a) {
   rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
+  rlk_device_info info;
+  if (!sm90a_options(&o, &info, "selection on sm_90a")) return;
   char db[1100];
   fresh_db(db, sizeof db, "tune-sm90");
   rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (tune: selection on sm_90a): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
-  rlk_device_info info;
-  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
-  rlk_context_destroy(ctx);
   const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
   const char *bwd = "logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936";
   char line[512];
@@ -1258,18 +1269,9 @@ static int find_entry(const rlk_cache_entry *e, void *user) {
  * call) takes is in the tree and is found with RLK_JIT=0. */
 START_TEST(precompile_from_the_database_for_sm90a) {
   rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (tune: precompile from the database for sm_90a): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
   rlk_device_info info;
-  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
-  rlk_context_destroy(ctx);
+  if (!sm90a_options(&o, &info, "precompile from the database for sm_90a")) return;
+  rlk_context *ctx = NULL;
   char dir[1024], db[1100], tree[1100], empty[1100];
   rlk_test_mkdtemp(dir, sizeof dir, "tune-ship");
   snprintf(db, sizeof db, "%s/tune.db", dir);
