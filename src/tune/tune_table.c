@@ -37,7 +37,7 @@ struct rlk_tune_table {
   pthread_mutex_t lock;
   _Atomic(rlk_tune_entry *) *slots;
   size_t nslots, used; /* nslots: a power of two */
-  int full_noted;
+  atomic_int full; /* no room for more pending markers: misses are no longer noted */
   rlk_tune_entry *all;
   atomic_uint_fast64_t hits, misses; /* lookups made, for tests and diagnostics */
 };
@@ -196,13 +196,12 @@ int rlk_tune_table_wanted(const rlk_tune_table *t) {
 
 /* Notes a miss for the pending list, once per configuration. */
 static void note_miss(rlk_tune_table *t, uint64_t h, const char *op, const char *shape, int64_t tokens) {
+  if (atomic_load_explicit(&t->full, memory_order_relaxed)) return; /* keep misses lock-free then */
   pthread_mutex_lock(&t->lock);
   int first = !probe(t, h, op, shape, tokens) && insert(t, h, op, shape, tokens, NULL);
-  if (!first && !probe(t, h, op, shape, tokens) && !t->full_noted) {
-    t->full_noted = 1;
+  if (!first && !probe(t, h, op, shape, tokens) && !atomic_exchange(&t->full, 1))
     rlk_debug("tuning database: too many configurations missing to remember; later ones are not added "
               "to the pending list");
-  }
   pthread_mutex_unlock(&t->lock);
   if (!first) return;
   /* The file access happens outside the table's lock, once: later lookups find the marker. */
