@@ -155,6 +155,7 @@ typedef struct lp_problem {
 typedef struct config {
   char *line;        /* one pass, tokens=N */
   char *kernel_line; /* the line without tokens= (what the kernels depend on) */
+  char *input_line, *input_keys; /* a backward's: the default forward that makes its lse and entropy */
   rlk_tune_record key;
   lp_problem prob;
   tune_variant *v;        /* v[0]: the default */
@@ -360,6 +361,13 @@ static int plan_configs(rlk_context *ctx) {
       }
       free(line);
     }
+    if (c->prob.bwd) {
+      c->input_line = xasprintf("logprob pass=fwd logits=%s labels=%s entropy=%d vocab=%" PRId64,
+                                rlk_dtype_name(c->prob.logits), rlk_dtype_name(c->prob.labels), c->prob.entropy,
+                                c->prob.V);
+      char keys[65 * 8 + 1];
+      if (rlk_precompile_keys(ctx, c->input_line, keys, sizeof keys, NULL) == RLK_OK) c->input_keys = xstrdup(keys);
+    }
   }
   return rc;
 }
@@ -466,6 +474,15 @@ static void collect_compile_items(void) {
       it->config = i;
       it->variant = k;
     }
+    if (c->input_keys && !strlist_has(&seen, c->input_keys)) {
+      strlist_push(&seen, xstrdup(c->input_keys));
+      citems = xrealloc(citems, (ncitems + 1) * sizeof *citems);
+      compile_item *it = &citems[ncitems++];
+      memset(it, 0, sizeof *it);
+      it->line = xstrdup(c->input_line);
+      it->config = i;
+      it->variant = -1; /* the inputs' forward: the timing process would compile it otherwise */
+    }
   }
   strlist_free(&seen);
 }
@@ -473,7 +490,7 @@ static void collect_compile_items(void) {
 /* Variants whose kernels failed to compile fail (a default that failed fails its configuration). */
 static void apply_compile_failures(void) {
   for (size_t n = 0; n < ncitems; n++) {
-    if (!citems[n].status) continue;
+    if (!citems[n].status || citems[n].variant < 0) continue; /* a failed input forward fails at setup */
     const char *keys = cfgs[citems[n].config].v[citems[n].variant].keys;
     for (size_t i = 0; i < ncfgs; i++)
       for (int k = 0; k < cfgs[i].nv; k++) {
@@ -1206,7 +1223,7 @@ static void run_timing(void) {
     }
     if (setup >= 0 && !cfgs[setup].failed) {
       cfgs[setup].failed = 1;
-      cfgs[setup].error = xasprintf("preparing its inputs: %s", why);
+      cfgs[setup].error = xasprintf("preparing its inputs and the default's outputs: %s", why);
     }
     finish_ready();
     if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0 && !killed && work_left()) {
@@ -1361,6 +1378,11 @@ static void print_dry_run(void) {
         strlist_free(&words);
       }
     }
+    if (c->input_line) printf("    (and the forward that makes its inputs: %s)\n", c->input_line);
+  }
+  for (size_t i = 0; i < ncfgs; i++) {
+    if (!cfgs[i].input_keys || cfgs[i].failed) continue;
+    if (!strlist_has(&keys, cfgs[i].input_keys)) strlist_push(&keys, xstrdup(cfgs[i].input_keys));
   }
   distinct = keys.n;
   strlist_free(&keys);
@@ -1449,6 +1471,8 @@ static void free_all(void) {
     free(cfgs[i].v);
     free(cfgs[i].line);
     free(cfgs[i].kernel_line);
+    free(cfgs[i].input_line);
+    free(cfgs[i].input_keys);
     free(cfgs[i].error);
   }
   free(cfgs);
