@@ -879,8 +879,9 @@ RLK_API rlk_status rlk_tune_db_path(char *buf, size_t size);
 
 /* Merges `n` records into the database at `db` (NULL: rlk_tune_db_path): each replaces the
  * record of the same key, every other record is kept, and the keys recorded leave the pending
- * list. Under the database's lock; the file and its directory are created as needed. A damaged
- * file is moved aside to "<db>.bad-<time>" with a warning and a new one started. Records are
+ * list. Under the database's lock; the file and its directory are created as needed. Lines that
+ * do not parse are dropped with a warning; a file of which no line can be read (not a tuning
+ * database, or damaged throughout) is moved aside to "<db>.bad-<time>" with a warning. Records are
  * checked first: an empty key field, a tab or newline in a string, tokens < 1, a negative or
  * non-finite time or ntimings outside [0, RLK_TUNE_MAX_TIMINGS] is an RLK_ERR_INVALID_ARGUMENT
  * naming the record and field, and nothing is written. */
@@ -897,8 +898,9 @@ RLK_API rlk_status rlk_tune_db_walk(const char *db, rlk_tune_visit_fn visit, voi
                                     size_t *bad_lines);
 
 /* Merges the records of the database file `from` into `db` (NULL: rlk_tune_db_path) under db's
- * lock: for a key in both, the record created later wins (`from`'s on a tie). Writes the number
- * of records taken from `from` to *taken (may be NULL). */
+ * lock: for a key in both, the record created later wins (`from`'s on a tie); `from`'s keys leave
+ * db's pending list. Writes the number of records taken from `from` to *taken (may be NULL).
+ * RLK_ERR_IO when `from` is missing or is not a tuning database. */
 RLK_API rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken);
 
 /* Visits the pending configurations of the database `db` (NULL: rlk_tune_db_path), i.e. the
