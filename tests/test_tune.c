@@ -1050,7 +1050,16 @@ START_TEST(rlk_tune_usage_and_dry_run) {
     ck_assert_msg(strstr(r.out, bad[i].names) != NULL, "the message does not name %s:\n%s", bad[i].names, r.out);
     rlk_test_tool_free(&r);
   }
-  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--help"));
+  /* rlk-precompile's database options */
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-all-envs", "--sweep", "logprob", "--targets", "host"));
+  expect_status(r, 2, "rlk-precompile --tune-all-envs without --tune-db");
+  ck_assert_ptr_nonnull(strstr(r.out, "--tune-db"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", "/nonexistent/tune.db"));
+  expect_status(r, 2, "rlk-precompile --tune-db of a missing file");
+  ck_assert_ptr_nonnull(strstr(r.out, "/nonexistent/tune.db"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--help"));
   expect_status(r, 0, "rlk-tune --help");
   ck_assert_ptr_nonnull(strstr(r.out, "usage:"));
   rlk_test_tool_free(&r);

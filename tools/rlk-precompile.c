@@ -699,6 +699,10 @@ static int precompile_main(int argc, char **argv) {
   if (g.configs.n == 0 && !tune_db) return usage_error("the configuration files hold no configuration line");
   tuned_walk tw = {tune_all_envs, 0, 0};
   if (tune_db) {
+    if (access(tune_db, R_OK) != 0) {
+      fprintf(stderr, "%s: cannot read the tuning database %s: %s\n", prog, tune_db, strerror(errno));
+      return 2;
+    }
     size_t bad = 0;
     rlk_status st = rlk_tune_db_walk(tune_db, take_record, &tw, &bad);
     if (st != RLK_OK) return lib_error("reading the tuning database", st);
