@@ -1395,19 +1395,45 @@ static void print_dry_run(void) {
 /* ---- --list and --merge --------------------------------------------------------------- */
 
 static int list_record(const rlk_tune_record *r, void *user) {
-  (void)user;
-  printf("%-8s %-58s %8" PRId64 "  %-12s %-20s %4d  %9.4f %9.4f x%.3f  %s\n", r->op, r->shape, r->tokens, r->target,
-         r->device, r->multiprocessors, r->default_ms, r->best_ms, r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0,
-         r->winner[0] ? r->winner : "(default)");
+  strlist *rows = user;
+  strlist_push(rows, xasprintf("%s\t%s\t%" PRId64 "\t%s\t%s\t%d\t%.4f\t%.4f\tx%.3f\t%s", r->op, r->shape, r->tokens,
+                               r->target, r->device, r->multiprocessors, r->default_ms, r->best_ms,
+                               r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->winner[0] ? r->winner : "(default)"));
   return 0;
 }
 
+/* The records as a table, each column as wide as its widest cell. */
 static int list_db(void) {
-  printf("# %s\n%-8s %-58s %8s  %-12s %-20s %4s  %9s %9s %6s  %s\n", db_path, "op", "shape", "tokens", "target",
-         "device", "sms", "default", "best", "speedup", "winner");
+  strlist rows = {0};
+  strlist_push(&rows, xstrdup("op\tshape\ttokens\ttarget\tdevice\tsms\tdefault ms\tbest ms\tspeedup\twinner"));
   size_t bad = 0;
-  rlk_status st = rlk_tune_db_walk(db_path, list_record, NULL, &bad);
-  if (st) return lib_error("reading the tuning database", st);
+  rlk_status st = rlk_tune_db_walk(db_path, list_record, &rows, &bad);
+  if (st) {
+    strlist_free(&rows);
+    return lib_error("reading the tuning database", st);
+  }
+  enum { COLS = 10 };
+  int width[COLS] = {0};
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < rows.n; i++) {
+      strlist cells = {0};
+      const char *p = rows.v[i];
+      for (const char *tab; (tab = strchr(p, '\t')); p = tab + 1) {
+        char *cell = xrealloc(NULL, (size_t)(tab - p) + 1);
+        memcpy(cell, p, (size_t)(tab - p));
+        cell[tab - p] = '\0';
+        strlist_push(&cells, cell);
+      }
+      strlist_push(&cells, xstrdup(p));
+      for (size_t k = 0; k < cells.n && k < COLS; k++) {
+        const int w = (int)strlen(cells.v[k]);
+        if (pass == 0 && w > width[k]) width[k] = w;
+        if (pass == 1) printf("%-*s%s", k + 1 < cells.n ? width[k] : 0, cells.v[k], k + 1 < cells.n ? "  " : "\n");
+      }
+      strlist_free(&cells);
+    }
+  printf("%zu record%s in %s\n", rows.n - 1, rows.n == 2 ? "" : "s", db_path);
+  strlist_free(&rows);
   return bad ? 1 : 0;
 }
 
