@@ -22,8 +22,9 @@
  *   4. a timing process takes the configurations in turn: fresh random non-zero inputs (several
  *      sets, rotated, when one fits in the L2), the default's outputs as the reference, then per
  *      candidate one checked call (outputs poisoned first, compared with the reference within a
- *      tolerance: a candidate that disagrees is rejected and never wins), warm-up calls and timed
- *      calls between device events; the median counts. A candidate whose call fails (or hangs:
+ *      tolerance: a candidate that disagrees is rejected and never wins), then rounds in which
+ *      every variant that passed is called once between device events (warm-up rounds first), so
+ *      drift touches them alike; each one's median counts. A candidate whose call fails (or hangs:
  *      --timeout) ends the timing process, since a device fault can poison its context; a new one
  *      takes over at the next candidate, and that candidate is not run again in this run;
  *   5. each configuration's record (every candidate's median, the default's, the winner) is merged
@@ -810,7 +811,9 @@ static double rtol_of(rlk_dtype d) { return d == RLK_BF16 ? 1.0 / 64 : d == RLK_
 
 /* ---- the timing process --------------------------------------------------------------- */
 
-enum { TM_SETUP = 1, TM_START = 2, TM_RESULT = 3, TM_CONFIG_FAILED = 4 };
+/* What the timing process says; TM_PROGRESS only shows that the device is making progress (the
+ * parent's --timeout counts from the last message of any kind). */
+enum { TM_SETUP = 1, TM_START = 2, TM_RESULT = 3, TM_CONFIG_FAILED = 4, TM_PROGRESS = 5 };
 
 typedef struct tmsg {
   int32_t type;
@@ -842,31 +845,89 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Warm-up, then timed calls between events (input sets rotated); t = {median, min, max}. */
-static rlk_status time_variant(lp_bench *b, const char *settings, rlk_event **ev, double *samples, double *t,
-                               char *why, size_t whysize) {
-  int s = 0;
-  for (long i = 0; i < opt.warmup; i++, s = (s + 1) % b->nsets) TRY("a warm-up call", lp_call(b, s, settings, 0));
-  for (long i = 0; i < opt.iters; i++, s = (s + 1) % b->nsets) {
-    TRY("recording an event", rlk_event_record(ev[2 * i], NULL));
-    TRY("a timed call", lp_call(b, s, settings, 0));
-    TRY("recording an event", rlk_event_record(ev[2 * i + 1], NULL));
-  }
-  for (long i = 0; i < opt.iters; i++) {
-    float ms = 0;
-    TRY("reading the events (the calls' completion)", rlk_event_elapsed_ms(ev[2 * i], ev[2 * i + 1], &ms));
-    samples[i] = ms;
-  }
-  qsort(samples, (size_t)opt.iters, sizeof *samples, cmp_double);
-  const long n = opt.iters;
+/* Median, min and max of n samples (sorted in place). */
+static void summarize(double *samples, long n, double *t) {
+  qsort(samples, (size_t)n, sizeof *samples, cmp_double);
   t[0] = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
   t[1] = samples[0];
   t[2] = samples[n - 1];
-  return RLK_OK;
 }
 
-/* Times one configuration's undone variants. Returns 0 to go on, 3 when the context may be unusable. */
-static int time_config(rlk_context *ctx, size_t ci, int fd, rlk_event **ev, double *samples) {
+/* The timing round of the variants that passed their check: --warmup rounds, then --iters
+ * rounds, each calling every variant once (input sets rotated) between its own events, so that
+ * clock or thermal drift over the round touches every variant alike. t[3 * j] = {median, min,
+ * max} of run[j]. */
+static rlk_status time_round(lp_bench *b, const config *c, const int *run, int nrun, double *t, int fd, char *why,
+                             size_t whysize) {
+  const long iters = opt.iters;
+  rlk_event **ev = xrealloc(NULL, (size_t)nrun * 2 * (size_t)iters * sizeof *ev);
+  double *samples = xrealloc(NULL, (size_t)iters * sizeof *samples);
+  long made = 0;
+  rlk_status st = RLK_OK;
+  for (; made < (long)nrun * 2 * iters && !st; made++) st = rlk_event_create(b->ctx, &ev[made]);
+  if (st) {
+    made--;
+    snprintf(why, whysize, "creating events: %s: %s", rlk_status_string(st), rlk_last_error());
+  }
+  int s = 0;
+  for (long i = 0; !st && i < opt.warmup; i++)
+    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % b->nsets)
+      if ((st = lp_call(b, s, c->v[run[j]].settings, 0)))
+        snprintf(why, whysize, "a warm-up call of %s: %s", run[j] ? c->v[run[j]].settings : "the default",
+                 rlk_last_error());
+  for (long i = 0; !st && i < iters; i++) {
+    if (i % 16 == 0) send_msg(fd, TM_PROGRESS, 0, 0, 0, NULL, 0, NULL); /* the launches go on */
+    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % b->nsets) {
+      rlk_event **e = &ev[((size_t)j * (size_t)iters + (size_t)i) * 2];
+      st = rlk_event_record(e[0], NULL);
+      if (!st) st = lp_call(b, s, c->v[run[j]].settings, 0);
+      if (!st) st = rlk_event_record(e[1], NULL);
+      if (st)
+        snprintf(why, whysize, "a timed call of %s: %s", run[j] ? c->v[run[j]].settings : "the default",
+                 rlk_last_error());
+    }
+  }
+  for (int j = 0; j < nrun && !st; j++) {
+    send_msg(fd, TM_PROGRESS, 0, 0, 0, NULL, 0, NULL); /* the device got this far */
+    for (long i = 0; i < iters && !st; i++) {
+      rlk_event **e = &ev[((size_t)j * (size_t)iters + (size_t)i) * 2];
+      float ms = 0;
+      if ((st = rlk_event_elapsed_ms(e[0], e[1], &ms)))
+        snprintf(why, whysize, "reading the events (the calls' completion): %s", rlk_last_error());
+      samples[i] = ms;
+    }
+    if (!st) summarize(samples, iters, &t[3 * j]);
+  }
+  if (!st) /* events are destroyed only while the context is sound */
+    for (long i = 0; i < made; i++) rlk_event_destroy(ev[i]);
+  free(ev);
+  free(samples);
+  return st;
+}
+
+/* Checks one candidate's outputs against the reference; its error relative to the tolerance. */
+static double check_outputs(lp_bench *b, char *where, size_t size) {
+  const lp_problem *p = &b->p;
+  double err = 0;
+  if (p->bwd)
+    return compare(b->got_grad, b->ref_grad, p->grad, (size_t)b->nrows * (size_t)p->V, rtol_of(p->grad), where, size,
+                   "grad_logits (checked rows)");
+  static const char *const names[3] = {"logp", "lse", "entropy"};
+  for (int o = 0; o < (p->entropy ? 3 : 2); o++) {
+    char w[256];
+    double e = compare(b->got[o], b->ref[o], RLK_F32, (size_t)p->N, rtol_of(RLK_F32), w, sizeof w, names[o]);
+    if (e > err) {
+      err = e;
+      snprintf(where, size, "%s", w);
+    }
+  }
+  return err;
+}
+
+/* Times one configuration's undone variants: the default's outputs as the reference, one checked
+ * call per candidate (a failure ends the process: 3), then one timing round of all that passed.
+ * Returns 0 to go on, 3 when the context may be unusable. */
+static int time_config(rlk_context *ctx, size_t ci, int fd) {
   config *c = &cfgs[ci];
   char why[2048] = "";
   send_msg(fd, TM_SETUP, ci, 0, 0, NULL, 0, NULL);
@@ -893,51 +954,50 @@ static int time_config(rlk_context *ctx, size_t ci, int fd, rlk_event **ev, doub
     lp_bench_free(&b);
     return 3;
   }
+  int *run = xrealloc(NULL, (size_t)c->nv * sizeof *run);
+  double *err = xrealloc(NULL, (size_t)c->nv * sizeof *err);
+  int nrun = 0;
   for (int k = 0; k < c->nv; k++) {
     tune_variant *v = &c->v[k];
     if (v->state == V_DONE || (v->same_as >= 0 && !opt.time_duplicates)) continue;
-    send_msg(fd, TM_START, ci, k, 0, NULL, 0, NULL);
-    double err = 0;
-    char where[256] = "";
+    double e = 0;
     if (k > 0) {
-      st = lp_checked_call(&b, v->settings, b.got, b.got_grad, why, sizeof why);
-      if (st) {
+      send_msg(fd, TM_START, ci, k, 0, NULL, 0, NULL);
+      if ((st = lp_checked_call(&b, v->settings, b.got, b.got_grad, why, sizeof why))) {
         send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_FAILED, NULL, 0, why);
         lp_bench_free(&b);
+        free(run);
+        free(err);
         return 3;
       }
-      if (!p->bwd) {
-        static const char *const names[3] = {"logp", "lse", "entropy"};
-        for (int o = 0; o < (p->entropy ? 3 : 2); o++) {
-          char w[256];
-          double e = compare(b.got[o], b.ref[o], RLK_F32, (size_t)p->N, rtol_of(RLK_F32), w, sizeof w, names[o]);
-          if (e > err) {
-            err = e;
-            memcpy(where, w, sizeof where);
-          }
-        }
-      } else {
-        err = compare(b.got_grad, b.ref_grad, p->grad, (size_t)b.nrows * (size_t)p->V, rtol_of(p->grad), where,
-                      sizeof where, "grad_logits (checked rows)");
-      }
-      if (!(err <= 1.0)) {
-        snprintf(why, sizeof why, "its outputs disagree with the default's: %s (%.3g x the tolerance)", where, err);
-        send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_REJECTED, NULL, err, why);
+      char where[256] = "";
+      e = check_outputs(&b, where, sizeof where);
+      if (!(e <= 1.0)) {
+        snprintf(why, sizeof why, "its outputs disagree with the default's: %s (%.3g x the tolerance)", where, e);
+        send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_REJECTED, NULL, e, why);
         continue;
       }
     }
-    double t[3];
-    if ((st = time_variant(&b, v->settings, ev, samples, t, why, sizeof why))) {
-      send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_FAILED, NULL, err, why);
-      lp_bench_free(&b);
-      return 3;
-    }
-    char note[64];
-    snprintf(note, sizeof note, "%d input set%s", b.nsets, b.nsets == 1 ? "" : "s");
-    send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_TIMED, t, err, note);
+    err[nrun] = e;
+    run[nrun++] = k;
+  }
+  /* the timing round: a failure there is the configuration's (variant -1) */
+  send_msg(fd, TM_START, ci, -1, 0, NULL, 0, NULL);
+  double *t = xrealloc(NULL, (size_t)(nrun ? nrun : 1) * 3 * sizeof *t);
+  st = time_round(&b, c, run, nrun, t, fd, why, sizeof why);
+  if (st) {
+    send_msg(fd, TM_CONFIG_FAILED, ci, 0, 0, NULL, 0, why);
+  } else {
+    char note[96];
+    snprintf(note, sizeof note, "%d input set%s, timed in rounds with %d variant%s", b.nsets, b.nsets == 1 ? "" : "s",
+             nrun, nrun == 1 ? "" : "s");
+    for (int j = 0; j < nrun; j++) send_msg(fd, TM_RESULT, ci, run[j], RLK_TUNE_TIMED, &t[3 * j], err[j], note);
   }
   lp_bench_free(&b);
-  return 0;
+  free(run);
+  free(err);
+  free(t);
+  return st ? 3 : 0;
 }
 
 /* The timing process: a device context of its own, every configuration not finished yet. */
@@ -949,8 +1009,6 @@ static void timing_main(int fd, void *arg) {
   o.device = (int)opt.device;
   rlk_context *ctx = NULL;
   rlk_status st = rlk_context_create(&ctx, &o);
-  rlk_event **ev = xrealloc(NULL, (size_t)(2 * opt.iters) * sizeof *ev);
-  for (long i = 0; !st && i < 2 * opt.iters; i++) st = rlk_event_create(ctx, &ev[i]);
   if (st) {
     char why[1200];
     snprintf(why, sizeof why, "opening the device for timing: %s", rlk_last_error());
@@ -958,13 +1016,11 @@ static void timing_main(int fd, void *arg) {
       if (!cfgs[i].finished && !cfgs[i].failed) send_msg(fd, TM_CONFIG_FAILED, i, 0, 0, NULL, 0, why);
     _exit(0);
   }
-  double *samples = xrealloc(NULL, (size_t)opt.iters * sizeof *samples);
   int rc = 0;
   for (size_t i = 0; i < ncfgs && !rc; i++)
-    if (!cfgs[i].finished && !cfgs[i].failed) rc = time_config(ctx, i, fd, ev, samples);
+    if (!cfgs[i].finished && !cfgs[i].failed) rc = time_config(ctx, i, fd);
   /* after a failure the context may be poisoned: leave without touching it again */
   if (rc) _exit(rc);
-  for (long i = 0; i < 2 * opt.iters; i++) rlk_event_destroy(ev[i]);
   rlk_context_destroy(ctx);
   _exit(0);
 }
@@ -1104,14 +1160,14 @@ static void fail_candidate_everywhere(size_t ci, int k, const char *why) {
 }
 
 static void on_message(const tmsg *m, const char *text, long *setup, long *inflight_c, int *inflight_v) {
-  if (m->config < 0 || (size_t)m->config >= ncfgs) return;
+  if (m->type == TM_PROGRESS || m->config < 0 || (size_t)m->config >= ncfgs) return;
   config *c = &cfgs[m->config];
   switch (m->type) {
   case TM_SETUP:
     *setup = m->config;
     *inflight_c = -1;
     break;
-  case TM_START:
+  case TM_START: /* variant -1: the configuration's timing round */
     *setup = -1;
     *inflight_c = m->config;
     *inflight_v = m->variant;
@@ -1217,7 +1273,10 @@ static void run_timing(void) {
     else
       snprintf(why, sizeof why, "the timing process exited with status %d (a failed call may leave the device "
                "context unusable, so a new process takes over)", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
-    if (inflight_c >= 0) {
+    if (inflight_c >= 0 && inflight_v < 0 && !cfgs[inflight_c].failed) {
+      cfgs[inflight_c].failed = 1;
+      cfgs[inflight_c].error = xasprintf("its timing round: %s", why);
+    } else if (inflight_c >= 0) {
       fail_variant((size_t)inflight_c, inflight_v, why);
       fail_candidate_everywhere((size_t)inflight_c, inflight_v, why);
     }
