@@ -58,7 +58,7 @@ RLK_TUNE_DB=$DB timeout 200 "$BIN/rlk-bench-logprob" --backend "$BACKEND" > "$OU
 echo "rlk-bench-logprob with the database rc=$?" >> "$OUT/bench.log"
 
 # the table rlk-tune printed at its end (from its header line on)
-awk '/^config  /{p=1} p' "$OUT/tune.log" | grep -v '^rlk-tune rc=' | sed '/^# /,$d' > "$OUT/table.txt"
+awk '/^config  /{p=1} p{print} p && /failed; records in/{exit}' "$OUT/tune.log" > "$OUT/table.txt"
 echo
 echo "== rlk-bench-logprob with the database"
 grep -E 'ms \(min|WRONG|warning' "$OUT/bench.log"
