@@ -61,6 +61,12 @@ static void host_info(rlk_device_info *info) {
   rlk_context_destroy(ctx);
 }
 
+/* fresh_db, and the host context's environment for records. */
+static void fresh_host_db(char *path, size_t size, const char *stem, rlk_device_info *info) {
+  fresh_db(path, size, stem);
+  host_info(info);
+}
+
 /* A logprob record for `config` in environment `info` with the given winner and times. */
 static rlk_tune_record make_record(const char *config, const rlk_device_info *info, const char *winner,
                                    double default_ms, double best_ms) {
@@ -298,9 +304,8 @@ END_TEST
 
 START_TEST(db_round_trip) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-rt");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-rt", &info);
   rlk_tune_record r[3];
   r[0] = make_record("logprob pass=fwd entropy=1 vocab=151936 tokens=16384", &info,
                      "variant=bulk block=256 unroll=4 stages=3", 1.5, 1.25);
@@ -444,9 +449,8 @@ END_TEST
 /* A context uses only its own environment's records. */
 START_TEST(db_other_environments_ignored) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-env");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-env", &info);
   const char *line = "logprob pass=fwd logits=f32 vocab=300 tokens=16";
   rlk_tune_record r[6];
   for (int i = 0; i < 6; i++) {
@@ -522,9 +526,8 @@ static int use_damaged(void *arg) {
 
 START_TEST(db_damaged_files_warn_once) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-bad");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-bad", &info);
   const char *good_line = "logprob pass=fwd logits=f32 vocab=77 tokens=8";
   rlk_tune_record good = make_record(good_line, &info, "variant=vec block=256 unroll=4", 1, 0.5);
   ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
@@ -612,9 +615,8 @@ END_TEST
 START_TEST(db_concurrent_writers_keep_every_record) {
   enum { P = 6, K = 15 };
   char db[1100];
-  fresh_db(db, sizeof db, "tune-race");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-race", &info);
   int gate[2];
   ck_assert_int_eq(pipe(gate), 0);
   fflush(NULL);
@@ -767,9 +769,8 @@ END_TEST
 /* The database is read once per context: a hit after that touches no file. */
 START_TEST(db_read_once_per_context) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-once");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-once", &info);
   const char *line = "logprob pass=fwd logits=f32 vocab=64 tokens=8";
   rlk_tune_record rec = make_record(line, &info, "variant=vec block=256 unroll=2", 1, 0.5);
   ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
@@ -823,9 +824,8 @@ END_TEST
  * the results are those of the default. */
 START_TEST(selection_on_the_host) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-sel");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-sel", &info);
   rlk_tune_record r[2] = {
       make_record("logprob pass=fwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=512 unroll=8", 1, 0.5),
       make_record("logprob pass=bwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=1024 unroll=2", 1, 0.5)};
@@ -866,9 +866,8 @@ END_TEST
  * (It is read once per process; Check runs each test in a process of its own.) */
 START_TEST(variant_override_skips_the_database) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-env-variant");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-env-variant", &info);
   rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 1);
   ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
   setenv("RLK_LOGPROB_VARIANT", "vec", 1);
@@ -901,9 +900,8 @@ static int call_unusable_winner(void *arg) {
 
 START_TEST(unusable_winner_warns_once_and_runs_the_default) {
   char db[1100];
-  fresh_db(db, sizeof db, "tune-unusable");
   rlk_device_info info;
-  host_info(&info);
+  fresh_host_db(db, sizeof db, "tune-unusable", &info);
   rlk_tune_record r[2] = {
       /* not a power of two: the vector kernel refuses it */
       make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=48", 1, 0.5),
