@@ -32,7 +32,7 @@ LDLIBS += -ldl -lm
 CHECK_LIBS := $(shell pkg-config --libs --static check 2>/dev/null | sed 's/-lcheck_pic/-l:libcheck.a/; s/-lsubunit/-l:libsubunit.a/')
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 
-LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/ops/*.c))
+LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/ops/*.c src/tune/*.c))
 TEMPLATES := $(sort $(wildcard templates/cuda/* templates/host/*))
 GEN_EMBED := $(BUILD)/gen/templates_embedded.c
 
@@ -84,7 +84,7 @@ $(STLIB): $(LIB_OBJS) | $(BUILD)/lib
 
 # Tools and tests link the static library: one self-contained binary each, which is also
 # what travels to the GPU machine.
-$(BUILD)/bin/%: tools/%.c tools/tool_util.h tools/bench_util.h $(STLIB) | $(BUILD)/bin
+$(BUILD)/bin/%: tools/%.c $(wildcard tools/*.h) $(STLIB) | $(BUILD)/bin
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c

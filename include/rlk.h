@@ -860,6 +860,148 @@ RLK_API const char *rlk_precompile_ops(void);
 /* Describes the parameters an op configuration accepts, one "name: values (default)" per line. */
 RLK_API const char *rlk_precompile_help(const char *op);
 
+/* Writes the cache keys of the kernels an op configuration needs on `ctx` into buf: 64 hex
+ * digits each, space-separated, in the order the op uses them. Nothing is compiled, loaded or
+ * read from a cache, so it is cheap and works on every context. Two configurations with the
+ * same keys run the same kernels (a tuning setting the target cannot honour falls back, and
+ * then gives the default's keys). Writes the number of kernels to *kernels (may be NULL).
+ * Errors as rlk_precompile's; RLK_ERR_INVALID_ARGUMENT when buf is too small (65 bytes per
+ * kernel always suffice). */
+RLK_API rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, size_t size,
+                                       int *kernels);
+
+/* ------------------------------------------------------------------------ */
+/* Tuning database (what tools/rlk-tune writes and the ops consult)          */
+/* ------------------------------------------------------------------------ */
+
+/* Ops with tuning candidates (logprob today) take their kernels' tuning settings from a database
+ * of measured winners when a call leaves every tuning field at 0 / AUTO (and, for logprob,
+ * RLK_LOGPROB_VARIANT is unset); without a record they run their guaranteed default.
+ *
+ * A record is keyed by
+ *   op        the op family: "logprob"
+ *   shape     the settings that shape its kernels, spelled canonically with every default filled
+ *             in: "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936" (precompile syntax)
+ *   tokens    the token-count bucket: N rows fall into the power of two nearest N on a log scale,
+ *             2^round(log2 N), so N in [2^(k - 1/2), 2^(k + 1/2)) shares 2^k
+ *             (11586..23170 rows -> 16384)
+ * and the environment it was measured in: target, GPU name, multiprocessor count, runtime
+ * version (rlk_version_string()) and compiler ("nvrtc 13.0"). A call uses only records of its
+ * own context's environment; the others are ignored with one note at info level.
+ *
+ * The file (RLK_TUNE_DB, default <cache root>/tune.db) is text: the line "# rlk-tune-db 1",
+ * then one record per line of tab-separated name=value fields ('#' lines are comments). Writers
+ * hold an advisory lock on "<db>.lock" while they read, merge and atomically replace the file
+ * (a temporary file in the same directory, fsynced, renamed over it), so concurrent tuners never
+ * lose each other's records; readers need no lock. A damaged file is ignored with one warning,
+ * bad lines are skipped; nothing in it can make a call fail.
+ *
+ * RLK_TUNE, read when a context is created:
+ *   off   calls never read the database
+ *   use   (default) calls consult it; a context reads the file once, at its first tuned call,
+ *         and later calls look it up in memory (no file access, no lock)
+ *   tune  as use, and a call that finds no record appends its configuration, once, to the
+ *         pending list "<db>.pending" (deduplicated), which `rlk-tune --pending` sweeps
+ * No op call ever synchronizes, times or compiles anything for the database. */
+
+#define RLK_TUNE_MAX_TIMINGS 32 /* candidates one record keeps */
+
+/* What became of one candidate in a sweep. */
+typedef enum rlk_tune_result {
+  RLK_TUNE_TIMED = 0,    /* it ran, agreed with the default's outputs, and was timed */
+  RLK_TUNE_REJECTED = 1, /* its outputs disagreed with the default's: never a winner */
+  RLK_TUNE_FAILED = 2    /* it could not be compiled or run here: never a winner */
+} rlk_tune_result;
+
+typedef struct rlk_tune_timing {
+  char settings[96];      /* the candidate's tuning settings: "variant=vec block=512 unroll=4" */
+  rlk_tune_result result;
+  double median_ms;       /* the median time when RLK_TUNE_TIMED, else 0 */
+} rlk_tune_timing;
+
+/* One configuration's measurement. The strings are NUL-terminated and hold no tab or newline. */
+typedef struct rlk_tune_record {
+  /* The key: a record replaces another only when every one of these is equal. */
+  char op[32];
+  char shape[256];
+  int64_t tokens;         /* the bucket, a power of two */
+  char target[32];        /* "sm_90a", "host-x86_64" */
+  char device[128];       /* rlk_device_info.name: "NVIDIA H200" */
+  int multiprocessors;    /* rlk_device_info.multiprocessors */
+  char runtime[32];       /* rlk_version_string() of the library that measured it */
+  char compiler[64];      /* rlk_device_info.compiler: "nvrtc 13.0" */
+  /* The measurement. */
+  char winner[96];        /* the fastest accepted candidate's settings; "": the default won */
+  double default_ms;      /* the default's median */
+  double best_ms;         /* the winner's median (default_ms when the default won) */
+  int64_t created;        /* unix seconds */
+  int ntimings;           /* entries of timings[] in use */
+  rlk_tune_timing timings[RLK_TUNE_MAX_TIMINGS];
+} rlk_tune_record;
+
+/* Zeroes a record (every string empty, no timings). NULL is a no-op. */
+RLK_API void rlk_tune_record_init(rlk_tune_record *record);
+
+/* Sets the key's op, shape and tokens from a configuration line in rlk_precompile's syntax that
+ * names one pass and the token count, e.g.
+ *   "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936 tokens=16384"
+ * Settings left out take the op's defaults; tokens is rounded to its bucket. An op without
+ * tuning candidates, a missing tokens=, a line that names several passes (pass=both) or tuning
+ * settings (variant=, block=, ...) is an RLK_ERR_INVALID_ARGUMENT naming the problem. */
+RLK_API rlk_status rlk_tune_record_set_key(rlk_tune_record *record, const char *config);
+
+/* Sets the key's environment from a context's device info (rlk_context_device_info): target,
+ * device name, multiprocessors and compiler; runtime is this library's version. */
+RLK_API rlk_status rlk_tune_record_set_env(rlk_tune_record *record, const rlk_device_info *info);
+
+/* Writes the database path in effect into buf: RLK_TUNE_DB, else <rlk_cache_default_root>/tune.db. */
+RLK_API rlk_status rlk_tune_db_path(char *buf, size_t size);
+
+/* Merges `n` records into the database at `db` (NULL: rlk_tune_db_path): each replaces the
+ * record of the same key, every other record is kept, and the keys recorded leave the pending
+ * list. Under the database's lock; the file and its directory are created as needed. Lines that
+ * do not parse are dropped with a warning; a file of which no line can be read (not a tuning
+ * database, or damaged throughout) is moved aside to "<db>.bad-<time>" with a warning. Records are
+ * checked first: an empty key field, a tab or newline in a string, tokens < 1, a negative or
+ * non-finite time or ntimings outside [0, RLK_TUNE_MAX_TIMINGS] is an RLK_ERR_INVALID_ARGUMENT
+ * naming the record and field, and nothing is written. */
+RLK_API rlk_status rlk_tune_db_record(const char *db, const rlk_tune_record *records, size_t n);
+
+/* Called once per record; return non-zero to stop the walk. */
+typedef int (*rlk_tune_visit_fn)(const rlk_tune_record *record, void *user);
+
+/* Visits every record of the database at `db` (NULL: rlk_tune_db_path), of every environment, in
+ * file order. A missing file has no records. Lines that do not parse are skipped, and a file
+ * that is not a tuning database is skipped whole, with one warning; *bad_lines (may be NULL)
+ * gets the number of lines skipped. RLK_ERR_IO only when the file exists but cannot be read. */
+RLK_API rlk_status rlk_tune_db_walk(const char *db, rlk_tune_visit_fn visit, void *user,
+                                    size_t *bad_lines);
+
+/* Merges the records of the database file `from` into `db` (NULL: rlk_tune_db_path) under db's
+ * lock: for a key in both, the record created later wins (`from`'s on a tie); `from`'s keys leave
+ * db's pending list. Writes the number of records taken from `from` to *taken (may be NULL).
+ * RLK_ERR_IO when `from` is missing or is not a tuning database. */
+RLK_API rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken);
+
+/* Visits the pending configurations of the database `db` (NULL: rlk_tune_db_path), i.e. the
+ * lines of "<db>.pending": key fields only (the measurement fields are zero), like
+ * rlk_tune_db_walk otherwise. */
+RLK_API rlk_status rlk_tune_pending_walk(const char *db, rlk_tune_visit_fn visit, void *user,
+                                         size_t *bad_lines);
+
+/* What an op call on `ctx` would take from the database for a configuration line in
+ * rlk_tune_record_set_key's syntax: *found is 1 when the context's in-memory database holds a
+ * record of its environment (loading the file at the first use, as a call does), and its winner
+ * ("" when the default won) is written into settings. Under RLK_TUNE=off *found is always 0;
+ * under RLK_TUNE=tune a miss joins the pending list, as a call's would. */
+RLK_API rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings, size_t size,
+                                   int *found);
+
+/* The tuning candidates an op declares, one settings line each ("variant=vec block=256 unroll=4\n
+ * ..."), appended to a configuration line by a sweep; "" for an op without candidates or an
+ * unknown one. Valid on every target: a setting a target cannot honour falls back there. */
+RLK_API const char *rlk_tune_candidates(const char *op);
+
 /* ------------------------------------------------------------------------ */
 /* Cache management (what tools/rlk-cache uses)                             */
 /* ------------------------------------------------------------------------ */

@@ -16,140 +16,12 @@
 #include "suites.h"
 #include "test_util.h"
 
-extern char **environ;
-
 /* The configurations the demo runs with its defaults (grpo, group size 4, f32 scores, a bool
  * mask broadcast to tokens), so a tree precompiled from them serves the demo with RLK_JIT=0. */
 #define DEMO_CONFIG "group_advantage mode=grpo group_size=4 scores=f32 broadcast=1 mask=bool"
 /* A small sweep for the shard and merge cases; the mode varies fastest, so shard 0/2 of it
  * (items 0 and 2) holds only grpo kernels and shard 1/2 only rloo ones. */
 #define SMALL_SWEEP "group_advantage group_size=4,8 mode=grpo,rloo scores=f32"
-
-/* ---- running a tool ----------------------------------------------------------------- */
-
-typedef struct tool_run {
-  int status; /* exit status, or 128 + signal */
-  char *out;  /* stdout and stderr together */
-} tool_run;
-
-static void run_free(tool_run *r) {
-  free(r->out);
-  r->out = NULL;
-}
-
-static int env_overridden(const char *entry, const char *const *env) {
-  size_t n = strcspn(entry, "=");
-  for (size_t i = 0; env && env[i]; i++) {
-    const char *name = env[i][0] == '!' ? env[i] + 1 : env[i];
-    size_t m = strcspn(name, "=");
-    if (m == n && !strncmp(entry, name, n)) return 1;
-  }
-  return 0;
-}
-
-/* Runs bin_dir/tool with argv (NULL-terminated) and the environment changes in `env`
- * ("NAME=value" sets, "!NAME" unsets; NULL-terminated, may be NULL). Every run starts
- * without RLK_CACHE_RO_DIRS, RLK_JIT and RLK_CACHE_MODE unless `env` sets them. */
-static tool_run run_tool_env(const char *const *env, const char *tool, const char *const *args) {
-  static const char *const base_unset[] = {"!RLK_CACHE_RO_DIRS", "!RLK_JIT", "!RLK_CACHE_MODE",
-                                           "!RLK_CACHE_MAX_BYTES", NULL};
-  tool_run r = {-1, NULL};
-  char path[2048];
-  snprintf(path, sizeof path, "%s/%s", rlk_test_bin_dir(), tool);
-  ck_assert_msg(access(path, X_OK) == 0, "%s is not built (make tools; RLK_TEST_BIN_DIR=%s)", path,
-                rlk_test_bin_dir());
-
-  size_t nenv = 0, nargs = 0, nover = 0;
-  while (environ[nenv]) nenv++;
-  while (args && args[nargs]) nargs++;
-  while (env && env[nover]) nover++;
-  char **envp = calloc(nenv + nover + 1, sizeof *envp);
-  char **argv = calloc(nargs + 2, sizeof *argv);
-  ck_assert(envp && argv);
-  size_t k = 0;
-  for (size_t i = 0; i < nenv; i++)
-    if (!env_overridden(environ[i], env) && !env_overridden(environ[i], base_unset))
-      envp[k++] = environ[i];
-  for (size_t i = 0; i < nover; i++)
-    if (env[i][0] != '!') envp[k++] = (char *)env[i];
-  envp[k] = NULL;
-  argv[0] = path;
-  for (size_t i = 0; i < nargs; i++) argv[i + 1] = (char *)args[i];
-  argv[nargs + 1] = NULL;
-
-  int p[2];
-  ck_assert(pipe(p) == 0);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  ck_assert(pid >= 0);
-  if (pid == 0) {
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    dup2(p[1], 1);
-    dup2(p[1], 2);
-    close(p[0]);
-    close(p[1]);
-    execve(path, argv, envp);
-    _exit(127);
-  }
-  close(p[1]);
-  size_t len = 0, cap = 4096;
-  char *buf = malloc(cap);
-  ck_assert(buf);
-  for (;;) {
-    if (cap - len < 1024) {
-      cap *= 2;
-      buf = realloc(buf, cap);
-      ck_assert(buf);
-    }
-    ssize_t n = read(p[0], buf + len, cap - len - 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    len += (size_t)n;
-  }
-  buf[len] = '\0';
-  close(p[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = buf;
-  free(envp);
-  free(argv);
-  return r;
-}
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-#define ENV(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-/* Fails the test with the tool's output when the exit status is not `want`. */
-#define expect_status(r, want, what)                                                          \
-  ck_assert_msg((r).status == (want), "%s: exit status %d, expected %d; output:\n%s", (what), \
-                (r).status, (want), (r).out)
-
-/* The number of lines of `out` that contain `needle`. */
-static int count_lines_with(const char *out, const char *needle) {
-  int n = 0;
-  const char *p = out;
-  while (*p) {
-    const char *nl = strchr(p, '\n');
-    size_t len = nl ? (size_t)(nl - p) : strlen(p);
-    char *line = strndup(p, len);
-    if (line && strstr(line, needle)) n++;
-    free(line);
-    p += len + (nl ? 1 : 0);
-  }
-  return n;
-}
-
-/* The integer after the last occurrence of `name` ("compiles=") in out, or -1. */
-static long last_value(const char *out, const char *name) {
-  const char *p = out, *last = NULL;
-  while ((p = strstr(p, name))) last = p++;
-  if (!last) return -1;
-  return strtol(last + strlen(name), NULL, 10);
-}
 
 /* The integer that starts the last non-empty line of out, or -1. */
 static long last_line_value(const char *out) {
@@ -163,7 +35,7 @@ static long last_line_value(const char *out) {
 
 /* The full keys of a tree, sorted, one per line (rlk-cache list --keys). */
 static char *tree_keys(const char *root, int *count) {
-  tool_run r = run_tool_env(NULL, "rlk-cache", ARGS("--root", root, "list", "--keys"));
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", root, "list", "--keys"));
   expect_status(r, 0, "rlk-cache list --keys");
   int n = 0;
   for (const char *p = r.out; *p; p++)
@@ -195,7 +67,7 @@ static char *tree_keys(const char *root, int *count) {
     strcat(joined, "\n");
   }
   free(lines);
-  run_free(&r);
+  rlk_test_tool_free(&r);
   if (count) *count = k;
   return joined;
 }
@@ -212,15 +84,15 @@ static void write_file(const char *path, const char *text) {
 START_TEST(help_and_usage_errors) {
   static const char *const tools[] = {"rlk-cache", "rlk-precompile", "rlk-demo"};
   for (size_t i = 0; i < 3; i++) {
-    tool_run r = run_tool_env(NULL, tools[i], ARGS("--help"));
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, tools[i], ARGS("--help"));
     expect_status(r, 0, tools[i]);
     ck_assert_msg(strstr(r.out, "usage:") != NULL, "%s --help prints no usage:\n%s", tools[i], r.out);
-    run_free(&r);
-    r = run_tool_env(NULL, tools[i], ARGS("--no-such-option"));
+    rlk_test_tool_free(&r);
+    r = rlk_test_run_tool(NULL, tools[i], ARGS("--no-such-option"));
     expect_status(r, 2, tools[i]);
     ck_assert_msg(strstr(r.out, "--no-such-option") != NULL, "the message does not name the option:\n%s",
                   r.out);
-    run_free(&r);
+    rlk_test_tool_free(&r);
   }
   char dir[1024];
   rlk_test_mkdtemp(dir, sizeof dir, "usage");
@@ -235,9 +107,9 @@ START_TEST(help_and_usage_errors) {
       ARGS("--root"),
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    tool_run r = run_tool_env(NULL, "rlk-cache", bad[i]);
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-cache", bad[i]);
     expect_status(r, 2, "rlk-cache bad usage");
-    run_free(&r);
+    rlk_test_tool_free(&r);
   }
   const char *const *bad_pre[] = {
       ARGS("--targets", "host"),                                 /* nothing to compile */
@@ -253,22 +125,22 @@ START_TEST(help_and_usage_errors) {
       ARGS("merge", "--out", dir),                               /* no shard */
   };
   for (size_t i = 0; i < sizeof bad_pre / sizeof bad_pre[0]; i++) {
-    tool_run r = run_tool_env(NULL, "rlk-precompile", bad_pre[i]);
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile", bad_pre[i]);
     expect_status(r, 2, "rlk-precompile bad usage");
-    run_free(&r);
+    rlk_test_tool_free(&r);
   }
-  tool_run r = run_tool_env(NULL, "rlk-demo", ARGS("--group-size", "1"));
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--group-size", "1"));
   expect_status(r, 2, "rlk-demo --group-size 1");
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-demo", ARGS("--backend", "quantum"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--backend", "quantum"));
   expect_status(r, 2, "rlk-demo --backend quantum");
-  run_free(&r);
+  rlk_test_tool_free(&r);
   /* the ops and their parameters */
-  r = run_tool_env(NULL, "rlk-precompile", ARGS("--list-ops"));
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--list-ops"));
   expect_status(r, 0, "rlk-precompile --list-ops");
   ck_assert_msg(strstr(r.out, "group_advantage") != NULL, "%s", r.out);
   ck_assert_msg(strstr(r.out, "mode") != NULL, "no parameter help:\n%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
 }
 END_TEST
 
@@ -283,32 +155,32 @@ START_TEST(dry_run_expands_sweeps) {
              "\n"
              "   \t\n"
              "group_advantage mode=grpo group_size=4\n");
-  tool_run r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
                             ARGS("--dry-run", "--config", conf, "--sweep",
                                  "group_advantage mode=mean-only group_size=4,8,16 unbiased=0,1",
                                  "--targets", "host sm_90a,gfx90a"));
   expect_status(r, 0, "dry run");
   /* (4 + 6) configurations x 3 targets */
-  ck_assert_int_eq(last_value(r.out, "dry run: "), 30);
-  ck_assert_int_eq(count_lines_with(r.out, "group_advantage "), 30);
-  ck_assert_int_eq(count_lines_with(r.out, "sm_90a"), 10);
-  ck_assert_int_eq(count_lines_with(r.out, "mode=grpo group_size=8"), 3);
-  ck_assert_int_eq(count_lines_with(r.out, "group_size=16 unbiased=1"), 3);
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 30);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "group_advantage "), 30);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "sm_90a"), 10);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "mode=grpo group_size=8"), 3);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "group_size=16 unbiased=1"), 3);
+  rlk_test_tool_free(&r);
 
   /* two shards partition the items */
-  r = run_tool_env(NULL, "rlk-precompile",
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
                    ARGS("--dry-run", "--config", conf, "--targets", "host sm_90a gfx90a",
                         "--shard", "0/2"));
   expect_status(r, 0, "dry run shard 0/2");
-  ck_assert_int_eq(last_value(r.out, "dry run: "), 6);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-precompile",
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 6);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
                    ARGS("--dry-run", "--config", conf, "--targets", "host sm_90a gfx90a",
                         "--shard", "1/5"));
   expect_status(r, 0, "dry run shard 1/5");
-  ck_assert_int_eq(last_value(r.out, "dry run: "), 3); /* indices 1, 6, 11 of 12 */
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 3); /* indices 1, 6, 11 of 12 */
+  rlk_test_tool_free(&r);
   rlk_test_rmtree(dir);
 }
 END_TEST
@@ -336,14 +208,14 @@ START_TEST(precompile_host_serves_demo_without_jit) {
   snprintf(cache_env, sizeof cache_env, "RLK_CACHE_DIR=%s", user);
   snprintf(ro_env, sizeof ro_env, "RLK_CACHE_RO_DIRS=%s", tree);
 
-  tool_run r = run_tool_env(ENV(cache_env), "rlk-precompile",
+  rlk_test_tool_run r = rlk_test_run_tool(ENV(cache_env), "rlk-precompile",
                             ARGS("--out", tree, "--targets", "host", "-j", "2", "--sweep",
                                  DEMO_CONFIG, "--sweep",
                                  "group_advantage mode=rloo,mean-only group_size=4 scores=f32"));
   expect_status(r, 0, "rlk-precompile host -j 2");
   ck_assert_msg(strstr(r.out, "done: 3 items, 0 failed") != NULL, "%s", r.out);
-  ck_assert_int_eq(count_lines_with(r.out, "] host"), 3); /* one progress line per item */
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "] host"), 3); /* one progress line per item */
+  rlk_test_tool_free(&r);
 
   int nkeys = 0;
   free(tree_keys(tree, &nkeys));
@@ -353,46 +225,46 @@ START_TEST(precompile_host_serves_demo_without_jit) {
   free(tree_keys(user, &nuser));
   ck_assert_int_eq(nuser, 0);
 
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "list"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "list"));
   expect_status(r, 0, "rlk-cache list");
-  ck_assert_int_eq(count_lines_with(r.out, "group_advantage"), nkeys);
-  ck_assert_int_eq(count_lines_with(r.out, "host-"), nkeys);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "group_advantage"), nkeys);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "host-"), nkeys);
   ck_assert_int_eq(last_line_value(r.out), nkeys); /* the "N entries, SIZE" footer */
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "sizes"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "sizes"));
   expect_status(r, 0, "rlk-cache sizes");
-  ck_assert_int_eq(last_value(r.out, "total: "), nkeys);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "total: "), nkeys);
   ck_assert_msg(strstr(r.out, "by family:") && strstr(r.out, "by target:"), "%s", r.out);
-  ck_assert_int_ge(count_lines_with(r.out, "group_advantage"), 1);
-  run_free(&r);
+  ck_assert_int_ge(rlk_test_count_lines(r.out, "group_advantage"), 1);
+  rlk_test_tool_free(&r);
 
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
   expect_status(r, 0, "rlk-cache verify");
-  ck_assert_int_eq(last_value(r.out, "verify: "), nkeys);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "verify: "), nkeys);
   ck_assert_msg(strstr(r.out, " 0 bad") != NULL, "%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
   /* The demo, from the read-only tree only, with compiling disabled. */
-  r = run_tool_env(ENV("RLK_JIT=0", ro_env, cache_env), "rlk-demo", ARGS("--backend", "host"));
+  r = rlk_test_run_tool(ENV("RLK_JIT=0", ro_env, cache_env), "rlk-demo", ARGS("--backend", "host"));
   expect_status(r, 0, "rlk-demo from the precompiled tree with RLK_JIT=0");
-  ck_assert_int_eq(last_value(r.out, "compiles="), 0);
-  ck_assert_int_ge(last_value(r.out, "disk_hits="), 1);
-  ck_assert_int_ge(last_value(r.out, "memory_hits="), 1);
-  ck_assert_int_eq(last_value(r.out, "misses="), 0);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "compiles="), 0);
+  ck_assert_int_ge(rlk_test_last_value(r.out, "disk_hits="), 1);
+  ck_assert_int_ge(rlk_test_last_value(r.out, "memory_hits="), 1);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "misses="), 0);
   ck_assert_msg(strstr(r.out, "\nok\n") != NULL, "%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
   /* ... and it wrote nothing to the writable cache */
   free(tree_keys(user, &nuser));
   ck_assert_int_eq(nuser, 0);
 
   /* The same with an empty cache: the error names the missing configuration. */
   snprintf(cache_env, sizeof cache_env, "RLK_CACHE_DIR=%s", empty);
-  r = run_tool_env(ENV("RLK_JIT=0", cache_env), "rlk-demo", ARGS("--backend", "host"));
+  r = rlk_test_run_tool(ENV("RLK_JIT=0", cache_env), "rlk-demo", ARGS("--backend", "host"));
   expect_status(r, 1, "rlk-demo with RLK_JIT=0 and an empty cache");
   ck_assert_msg(strstr(r.out, "RLK_JIT=0") && strstr(r.out, "group_advantage"),
                 "the error does not name the missing configuration:\n%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
   /* A corrupt binary is found by verify, and --repair quarantines it. */
   found_binary[0] = '\0';
@@ -406,23 +278,23 @@ START_TEST(precompile_host_serves_demo_without_jit) {
   fseek(f, 0, SEEK_SET);
   fputc(c ^ 0x5a, f);
   ck_assert(fclose(f) == 0);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
   expect_status(r, 1, "rlk-cache verify with a corrupt entry");
   ck_assert_msg(strstr(r.out, " 1 bad") != NULL, "%s", r.out);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "verify", "--repair"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify", "--repair"));
   expect_status(r, 0, "rlk-cache verify --repair");
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
   expect_status(r, 0, "rlk-cache verify after the repair");
-  ck_assert_int_eq(last_value(r.out, "verify: "), nkeys - 1);
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "verify: "), nkeys - 1);
+  rlk_test_tool_free(&r);
 
   /* prune to one byte empties the tree */
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "prune", "--max-size", "1"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "prune", "--max-size", "1"));
   expect_status(r, 0, "rlk-cache prune --max-size 1");
-  ck_assert_int_eq(last_value(r.out, "removed "), nkeys - 1);
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "removed "), nkeys - 1);
+  rlk_test_tool_free(&r);
   free(tree_keys(tree, &nkeys));
   ck_assert_int_eq(nkeys, 0);
   rlk_test_rmtree(tree);
@@ -439,27 +311,27 @@ START_TEST(shards_merge_to_the_full_set) {
   rlk_test_mkdtemp(merged, sizeof merged, "merged");
   snprintf(merged + strlen(merged), sizeof merged - strlen(merged), "/new"); /* merge creates it */
 
-  tool_run r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
                             ARGS("--out", full, "--targets", "host", "-j", "2", "--sweep", SMALL_SWEEP));
   expect_status(r, 0, "unsharded precompile");
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
                    ARGS("--out", s0, "--targets", "host", "-j", "1", "--sweep", SMALL_SWEEP,
                         "--shard", "0/2"));
   expect_status(r, 0, "shard 0/2");
   ck_assert_msg(strstr(r.out, "done: 2 items, 0 failed") != NULL, "%s", r.out);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
                    ARGS("--out", s1, "--targets", "host", "--sweep", SMALL_SWEEP, "--shard", "1/2",
                         "-q"));
   expect_status(r, 0, "shard 1/2");
   ck_assert_msg(strstr(r.out, "done: 2 items, 0 failed") != NULL, "%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
-  r = run_tool_env(NULL, "rlk-precompile", ARGS("merge", "--out", merged, s0, s1));
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("merge", "--out", merged, s0, s1));
   expect_status(r, 0, "merge");
   ck_assert_msg(strstr(r.out, " 0 bad") != NULL, "%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
   int nfull = 0, nmerged = 0, n0 = 0, n1 = 0;
   char *kfull = tree_keys(full, &nfull), *kmerged = tree_keys(merged, &nmerged);
@@ -474,24 +346,24 @@ START_TEST(shards_merge_to_the_full_set) {
   free(kmerged);
 
   /* merging again copies nothing and changes nothing */
-  r = run_tool_env(NULL, "rlk-precompile", ARGS("merge", "--out", merged, s0, s1));
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("merge", "--out", merged, s0, s1));
   expect_status(r, 0, "second merge");
   ck_assert_msg(strstr(r.out, " 0 entries copied") != NULL, "%s", r.out);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", merged, "verify"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", merged, "verify"));
   expect_status(r, 0, "verify merged");
-  ck_assert_int_eq(last_value(r.out, "verify: "), nfull);
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "verify: "), nfull);
+  rlk_test_tool_free(&r);
 
   /* clear without --yes refuses and keeps everything; with --yes empties */
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", merged, "clear"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", merged, "clear"));
   expect_status(r, 2, "clear without --yes");
-  run_free(&r);
+  rlk_test_tool_free(&r);
   free(tree_keys(merged, &nmerged));
   ck_assert_int_eq(nmerged, nfull);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", merged, "clear", "--yes"));
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", merged, "clear", "--yes"));
   expect_status(r, 0, "clear --yes");
-  run_free(&r);
+  rlk_test_tool_free(&r);
   free(tree_keys(merged, &nmerged));
   ck_assert_int_eq(nmerged, 0);
   rlk_test_rmtree(full);
@@ -508,22 +380,22 @@ START_TEST(failures_are_reported) {
   snprintf(manifest, sizeof manifest, "%s.manifest", tree);
   /* one good and one bad item, in two workers: the bad one's message comes back through the
    * worker's pipe, and the run fails */
-  tool_run r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
                             ARGS("--out", tree, "--targets", "host", "-j", "2", "--manifest", manifest,
                                  "--sweep", "group_advantage mode=grpo,no_such_mode group_size=4"));
   expect_status(r, 1, "rlk-precompile with a bad value");
   ck_assert_msg(strstr(r.out, "no_such_mode") && strstr(r.out, "invalid argument"), "%s", r.out);
   ck_assert_msg(strstr(r.out, "done: 2 items, 1 failed") != NULL, "%s", r.out);
-  ck_assert_int_eq(count_lines_with(r.out, "FAILED"), 1);
-  run_free(&r);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 1);
+  rlk_test_tool_free(&r);
   FILE *f = fopen(manifest, "r");
   ck_assert_msg(f != NULL, "no manifest written");
   char text[4096] = "";
   size_t n = fread(text, 1, sizeof text - 1, f);
   text[n] = '\0';
   fclose(f);
-  ck_assert_int_eq(count_lines_with(text, "\tok"), 1);
-  ck_assert_int_eq(count_lines_with(text, "\tfailed"), 1);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\tok"), 1);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\tfailed"), 1);
   unlink(manifest);
   int nkeys = 0;
   free(tree_keys(tree, &nkeys));
@@ -534,11 +406,11 @@ START_TEST(failures_are_reported) {
   snprintf(bad_out, sizeof bad_out, "%s/file", tree);
   write_file(bad_out, "not a directory\n");
   strcat(bad_out, "/cache");
-  r = run_tool_env(NULL, "rlk-precompile",
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
                    ARGS("--out", bad_out, "--targets", "host", "--sweep", "group_advantage mode=grpo"));
   expect_status(r, 1, "rlk-precompile into an impossible root");
   ck_assert_msg(strstr(r.out, bad_out) != NULL, "the message does not name the root:\n%s", r.out);
-  run_free(&r);
+  rlk_test_tool_free(&r);
   rlk_test_rmtree(tree);
 }
 END_TEST
@@ -566,21 +438,21 @@ START_TEST(precompile_for_a_gpu_target_without_a_gpu) {
 
   char tree[1024];
   rlk_test_mkdtemp(tree, sizeof tree, "sm90a");
-  tool_run r = run_tool_env(NULL, "rlk-precompile",
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
                             ARGS("--out", tree, "--targets", "sm_90a", "-j", "2", "--sweep",
                                  "group_advantage mode=grpo,rloo group_size=8 scores=f32"));
   expect_status(r, 0, "rlk-precompile sm_90a -j 2");
   ck_assert_msg(strstr(r.out, "done: 2 items, 0 failed") != NULL, "%s", r.out);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "list"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "list"));
   expect_status(r, 0, "rlk-cache list sm_90a");
-  int n = count_lines_with(r.out, "sm_90a");
+  int n = rlk_test_count_lines(r.out, "sm_90a");
   ck_assert_int_ge(n, 2);
-  ck_assert_int_eq(count_lines_with(r.out, "nvrtc"), n);
-  run_free(&r);
-  r = run_tool_env(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "nvrtc"), n);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
   expect_status(r, 0, "rlk-cache verify sm_90a");
-  run_free(&r);
+  rlk_test_tool_free(&r);
 
   rlk_test_rmtree(tree);
 }

@@ -2,6 +2,8 @@
 #include "test_util.h"
 
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,8 @@
 #include <unistd.h>
 
 #include "ops/ops.h"
+
+extern char **environ;
 
 static char tmp_root[1024];
 static uint64_t run_seed;
@@ -34,6 +38,10 @@ int rlk_test_setup_env(void) {
   unsetenv("RLK_JIT");
   unsetenv("RLK_CACHE_MODE");
   unsetenv("RLK_CACHE_MAX_BYTES");
+  /* the tuning database defaults to <cache root>/tune.db: the run's own */
+  unsetenv("RLK_TUNE_DB");
+  unsetenv("RLK_TUNE");
+  unsetenv("RLK_LOGPROB_VARIANT");
   const char *seed = getenv("RLK_TEST_SEED");
   run_seed = seed ? strtoull(seed, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)getpid();
   printf("rlk tests: seed %llu (RLK_TEST_SEED to repeat), scratch %s\n", (unsigned long long)run_seed, tmp_root);
@@ -224,4 +232,112 @@ void rlk_test_compile_samples(const char *label, const rlk_op_desc *const *ops, 
     printf("%s\n", msg);
   }
   fflush(stdout);
+}
+
+/* ---- running the built tools ---------------------------------------------------------- */
+
+void rlk_test_tool_free(rlk_test_tool_run *r) {
+  free(r->out);
+  r->out = NULL;
+}
+
+static int env_overridden(const char *entry, const char *const *env) {
+  size_t n = strcspn(entry, "=");
+  for (size_t i = 0; env && env[i]; i++) {
+    const char *name = env[i][0] == '!' ? env[i] + 1 : env[i];
+    size_t m = strcspn(name, "=");
+    if (m == n && !strncmp(entry, name, n)) return 1;
+  }
+  return 0;
+}
+
+rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, const char *const *args) {
+  static const char *const base_unset[] = {"!RLK_CACHE_RO_DIRS", "!RLK_JIT", "!RLK_CACHE_MODE",
+                                           "!RLK_CACHE_MAX_BYTES", "!RLK_TUNE", NULL};
+  rlk_test_tool_run r = {-1, NULL};
+  char path[2048];
+  snprintf(path, sizeof path, "%s/%s", rlk_test_bin_dir(), tool);
+  ck_assert_msg(access(path, X_OK) == 0, "%s is not built (make tools; RLK_TEST_BIN_DIR=%s)", path,
+                rlk_test_bin_dir());
+
+  size_t nenv = 0, nargs = 0, nover = 0;
+  while (environ[nenv]) nenv++;
+  while (args && args[nargs]) nargs++;
+  while (env && env[nover]) nover++;
+  char **envp = calloc(nenv + nover + 1, sizeof *envp);
+  char **argv = calloc(nargs + 2, sizeof *argv);
+  ck_assert(envp && argv);
+  size_t k = 0;
+  for (size_t i = 0; i < nenv; i++)
+    if (!env_overridden(environ[i], env) && !env_overridden(environ[i], base_unset))
+      envp[k++] = environ[i];
+  for (size_t i = 0; i < nover; i++)
+    if (env[i][0] != '!') envp[k++] = (char *)env[i];
+  envp[k] = NULL;
+  argv[0] = path;
+  for (size_t i = 0; i < nargs; i++) argv[i + 1] = (char *)args[i];
+  argv[nargs + 1] = NULL;
+
+  int p[2];
+  ck_assert(pipe(p) == 0);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(p[1], 1);
+    dup2(p[1], 2);
+    close(p[0]);
+    close(p[1]);
+    execve(path, argv, envp);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t len = 0, cap = 4096;
+  char *buf = malloc(cap);
+  ck_assert(buf);
+  for (;;) {
+    if (cap - len < 1024) {
+      cap *= 2;
+      buf = realloc(buf, cap);
+      ck_assert(buf);
+    }
+    ssize_t n = read(p[0], buf + len, cap - len - 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  buf[len] = '\0';
+  close(p[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = buf;
+  free(envp);
+  free(argv);
+  return r;
+}
+
+int rlk_test_count_lines(const char *out, const char *needle) {
+  int n = 0;
+  const char *p = out;
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p) : strlen(p);
+    char *line = strndup(p, len);
+    if (line && strstr(line, needle)) n++;
+    free(line);
+    p += len + (nl ? 1 : 0);
+  }
+  return n;
+}
+
+long rlk_test_last_value(const char *out, const char *name) {
+  const char *p = out, *last = NULL;
+  while ((p = strstr(p, name))) last = p++;
+  if (!last) return -1;
+  return strtol(last + strlen(name), NULL, 10);
 }

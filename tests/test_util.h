@@ -53,4 +53,32 @@ rlk_context *rlk_test_compile_only_host_context(void);
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
+/* ---- running the built tools ---------------------------------------------------------- */
+
+typedef struct rlk_test_tool_run {
+  int status; /* exit status, or 128 + signal */
+  char *out;  /* stdout and stderr together */
+} rlk_test_tool_run;
+
+/* Runs bin_dir/tool with argv (NULL-terminated) and the environment changes in `env`
+ * ("NAME=value" sets, "!NAME" unsets; NULL-terminated, may be NULL). Every run starts
+ * without RLK_CACHE_RO_DIRS, RLK_JIT, RLK_CACHE_MODE, RLK_CACHE_MAX_BYTES and RLK_TUNE unless
+ * `env` sets them. Fails the test when the tool is not built. */
+rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, const char *const *args);
+void rlk_test_tool_free(rlk_test_tool_run *r);
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define ENV(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Fails the test with the tool's output when the exit status is not `want`. */
+#define expect_status(r, want, what)                                                          \
+  ck_assert_msg((r).status == (want), "%s: exit status %d, expected %d; output:\n%s", (what), \
+                (r).status, (want), (r).out)
+
+/* The number of lines of `out` that contain `needle`. */
+int rlk_test_count_lines(const char *out, const char *needle);
+
+/* The integer after the last occurrence of `name` ("compiles=") in out, or -1. */
+long rlk_test_last_value(const char *out, const char *name);
+
 #endif

@@ -22,16 +22,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rlk.h"
@@ -39,12 +35,13 @@
 static const char *prog = "rlk-precompile";
 
 #include "tool_util.h"
-
-#define MAX_MSG 16384
+#include "tool_config.h"
+#include "tool_pool.h"
 
 static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [OPTIONS] --targets \"T ...\" (--config FILE | --sweep LINE)...\n"
+          "       %s [OPTIONS] --tune-db FILE [--tune-all-envs] [--targets \"T ...\"]\n"
           "       %s merge --out DIR SHARD...\n"
           "       %s --list-ops\n"
           "\n"
@@ -58,6 +55,11 @@ static void usage(FILE *out) {
           "  --config FILE     configuration lines, one per line; '#' starts a comment\n"
           "                    (repeatable; - reads standard input)\n"
           "  --sweep \"LINE\"    one configuration line (repeatable)\n"
+          "  --tune-db FILE    also every record of a tuning database (rlk-tune): its default and\n"
+          "                    its winner's settings, for the record's own target, so that calls\n"
+          "                    that take the winner find it with RLK_JIT=0. Records of the targets\n"
+          "                    given (all targets without --targets) and this runtime version.\n"
+          "  --tune-all-envs   with --tune-db: every record, whatever its target or version\n"
           "                    A line is \"op name=value ...\"; a value may be a comma list,\n"
           "                    and the line expands to the cross product of its lists:\n"
           "                    \"group_advantage mode=grpo,rloo group_size=4,8\" is 4 configurations.\n"
@@ -77,195 +79,7 @@ static void usage(FILE *out) {
           "                    already there are kept), then verifies DIR.\n"
           "\n"
           "exit status: 0 success, 1 failure (any item failed), 2 usage error\n",
-          prog, prog, prog);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n ? n : 1);
-  if (!q) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  return q;
-}
-
-static char *xstrdup(const char *s) {
-  char *d = strdup(s);
-  if (!d) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  return d;
-}
-
-/* ---- string lists ------------------------------------------------------------------ */
-
-typedef struct strlist {
-  char **v;
-  size_t n, cap;
-} strlist;
-
-static void strlist_push(strlist *l, char *s) {
-  if (l->n == l->cap) {
-    l->cap = l->cap ? l->cap * 2 : 16;
-    l->v = xrealloc(l->v, l->cap * sizeof *l->v);
-  }
-  l->v[l->n++] = s;
-}
-
-static int strlist_has(const strlist *l, const char *s) {
-  for (size_t i = 0; i < l->n; i++)
-    if (!strcmp(l->v[i], s)) return 1;
-  return 0;
-}
-
-static void strlist_free(strlist *l) {
-  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
-  free(l->v);
-  memset(l, 0, sizeof *l);
-}
-
-/* Splits on spaces, tabs and (when `commas`) commas; empty pieces are dropped. */
-static void split_words(const char *s, int commas, strlist *out) {
-  const char *p = s;
-  while (*p) {
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || (commas && *p == ',')) p++;
-    if (!*p) break;
-    const char *b = p;
-    while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && !(commas && *p == ','))
-      p++;
-    char *w = xrealloc(NULL, (size_t)(p - b) + 1);
-    memcpy(w, b, (size_t)(p - b));
-    w[p - b] = '\0';
-    strlist_push(out, w);
-  }
-}
-
-/* ---- configuration lines ----------------------------------------------------------- */
-
-typedef struct sweep_param {
-  char *name;
-  strlist values;
-} sweep_param;
-
-/* Expands one configuration line into `configs` (skipping duplicates). On a malformed line
- * writes the reason to `why` and returns -1. */
-static int expand_line(const char *line, const strlist *ops, strlist *configs, char *why,
-                       size_t whylen) {
-  strlist words = {0};
-  split_words(line, 0, &words);
-  int rc = -1;
-  sweep_param *params = NULL;
-  size_t np = 0;
-  if (words.n == 0) {
-    rc = 0;
-    goto done;
-  }
-  if (strchr(words.v[0], '=')) {
-    snprintf(why, whylen, "a configuration starts with the op name (one of: %s)",
-             rlk_precompile_ops());
-    goto done;
-  }
-  if (!strlist_has(ops, words.v[0])) {
-    snprintf(why, whylen, "unknown op '%s' (ops: %s)", words.v[0], rlk_precompile_ops());
-    goto done;
-  }
-  params = xrealloc(NULL, words.n * sizeof *params);
-  for (size_t i = 1; i < words.n; i++) {
-    char *eq = strchr(words.v[i], '=');
-    if (!eq || eq == words.v[i]) {
-      snprintf(why, whylen, "'%s' is not name=value", words.v[i]);
-      goto done;
-    }
-    *eq = '\0';
-    for (size_t j = 0; j < np; j++) {
-      if (!strcmp(params[j].name, words.v[i])) {
-        snprintf(why, whylen, "'%s' is given twice", words.v[i]);
-        goto done;
-      }
-    }
-    sweep_param *p = &params[np++];
-    p->name = words.v[i];
-    memset(&p->values, 0, sizeof p->values);
-    /* Empty pieces of a comma list ("a,,b" or a trailing comma) are a mistake, not a value. */
-    const char *v = eq + 1;
-    if (!*v || v[0] == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,")) {
-      snprintf(why, whylen, "'%s' has an empty value", words.v[i]);
-      goto done;
-    }
-    split_words(v, 1, &p->values);
-  }
-  /* Odometer over the value lists: the last parameter varies fastest. */
-  size_t *idx = xrealloc(NULL, (np ? np : 1) * sizeof *idx);
-  memset(idx, 0, (np ? np : 1) * sizeof *idx);
-  for (;;) {
-    size_t len = strlen(words.v[0]) + 1;
-    for (size_t j = 0; j < np; j++)
-      len += strlen(params[j].name) + strlen(params[j].values.v[idx[j]]) + 2;
-    char *cfg = xrealloc(NULL, len);
-    char *o = cfg;
-    o += sprintf(o, "%s", words.v[0]);
-    for (size_t j = 0; j < np; j++)
-      o += sprintf(o, " %s=%s", params[j].name, params[j].values.v[idx[j]]);
-    if (strlist_has(configs, cfg))
-      free(cfg);
-    else
-      strlist_push(configs, cfg);
-    size_t j = np;
-    while (j > 0) {
-      if (++idx[j - 1] < params[j - 1].values.n) break;
-      idx[j - 1] = 0;
-      j--;
-    }
-    if (j == 0) break; /* every list wrapped around: done */
-  }
-  free(idx);
-  rc = 0;
-done:
-  for (size_t j = 0; j < np; j++) {
-    /* names point into `words`; only the value lists are owned here */
-    strlist_free(&params[j].values);
-  }
-  free(params);
-  strlist_free(&words);
-  return rc;
-}
-
-/* Reads a configuration file: one line each, '#' comments, blank lines ignored. */
-static int read_config_file(const char *path, const strlist *ops, strlist *configs) {
-  FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
-  if (!f) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", prog, path, strerror(errno));
-    return 2;
-  }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t n;
-  int lineno = 0, rc = 0;
-  while ((n = getline(&line, &cap, f)) >= 0) {
-    lineno++;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char why[512];
-    if (expand_line(line, ops, configs, why, sizeof why) != 0) {
-      fprintf(stderr, "%s: %s:%d: %s\n", prog, path, lineno, why);
-      rc = 2;
-      break;
-    }
-  }
-  if (!rc && ferror(f)) {
-    fprintf(stderr, "%s: reading %s: %s\n", prog, path, strerror(errno));
-    rc = 2;
-  }
-  free(line);
-  if (f != stdin) fclose(f);
-  return rc;
+          prog, prog, prog, prog);
 }
 
 /* ---- targets ------------------------------------------------------------------------ */
@@ -297,15 +111,6 @@ typedef struct item {
   double seconds;
   char *message;
 } item;
-
-typedef struct report {
-  uint32_t item;     /* position in the kept item list */
-  int32_t status;
-  int32_t kernels;
-  int32_t compiles;
-  double seconds;
-  uint32_t msglen;
-} report;
 
 /* One worker's contexts, one per target, made on first use. */
 typedef struct target_ctx {
@@ -376,45 +181,6 @@ static void worker_close(worker *w) {
   w->ntc = 0;
 }
 
-/* Runs one item; writes its report and message (at most MAX_MSG bytes with the NUL). */
-static void run_item(worker *w, const item *it, uint32_t pos, report *r, char *msg) {
-  memset(r, 0, sizeof *r);
-  r->item = pos;
-  msg[0] = '\0';
-  double t0 = now_s();
-  target_ctx *t = worker_context(w, it->target);
-  if (!t->ctx) {
-    r->status = (int32_t)t->status;
-    snprintf(msg, MAX_MSG, "%s", t->error);
-  } else {
-    rlk_counters before, after;
-    rlk_context_counters(t->ctx, &before);
-    int kernels = 0;
-    rlk_status st = rlk_precompile(t->ctx, it->config, &kernels);
-    rlk_context_counters(t->ctx, &after);
-    r->status = (int32_t)st;
-    r->kernels = kernels;
-    r->compiles = (int32_t)(after.compiles - before.compiles);
-    if (st != RLK_OK) snprintf(msg, MAX_MSG, "%s", rlk_last_error());
-  }
-  r->seconds = now_s() - t0;
-  r->msglen = (uint32_t)strlen(msg);
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 /* ---- the parent's bookkeeping ------------------------------------------------------ */
 
 typedef struct run_state {
@@ -424,16 +190,53 @@ typedef struct run_state {
   long kernels, compiles;
   int quiet;
   int width;
+  const char *out;
 } run_state;
 
-static void record(run_state *s, const report *r, const char *msg) {
-  if (r->item >= s->nitems) return;
+static void *worker_open(void *user) {
+  run_state *s = user;
+  worker *w = xrealloc(NULL, sizeof *w);
+  w->out = s->out;
+  w->tc = NULL;
+  w->ntc = 0;
+  return w;
+}
+
+static void worker_end(void *user, void *state) {
+  (void)user;
+  worker_close(state);
+  free(state);
+}
+
+/* Runs one item in a worker: its report and message. */
+static void run_item(void *user, void *state, size_t i, pool_report *r, char *msg) {
+  const item *it = &((run_state *)user)->items[i];
+  double t0 = now_s();
+  target_ctx *t = worker_context(state, it->target);
+  if (!t->ctx) {
+    r->status = (int32_t)t->status;
+    snprintf(msg, POOL_MAX_MSG, "%s", t->error);
+  } else {
+    rlk_counters before, after;
+    rlk_context_counters(t->ctx, &before);
+    int kernels = 0;
+    rlk_status st = rlk_precompile(t->ctx, it->config, &kernels);
+    rlk_context_counters(t->ctx, &after);
+    r->status = (int32_t)st;
+    r->count[0] = kernels;
+    r->count[1] = (int32_t)(after.compiles - before.compiles);
+    if (st != RLK_OK) snprintf(msg, POOL_MAX_MSG, "%s", rlk_last_error());
+  }
+  r->seconds = now_s() - t0;
+}
+
+static void record(void *user, const pool_report *r, const char *msg) {
+  run_state *s = user;
   item *it = &s->items[r->item];
-  if (it->done) return;
   it->done = 1;
   it->status = r->status;
-  it->kernels = r->kernels;
-  it->compiles = r->compiles;
+  it->kernels = r->count[0];
+  it->compiles = r->count[1];
   it->seconds = r->seconds;
   it->message = r->status != RLK_OK ? xstrdup(msg) : NULL;
   s->finished++;
@@ -447,175 +250,14 @@ static void record(run_state *s, const report *r, const char *msg) {
     fflush(stderr);
     return;
   }
-  s->kernels += r->kernels;
-  s->compiles += r->compiles;
+  s->kernels += r->count[0];
+  s->compiles += r->count[1];
   if (!s->quiet) {
     printf("[%*zu/%zu] %-8s %s  %d kernel%s, %d compiled  %.2f s\n", s->width, s->finished,
-           s->nitems, it->target, it->config, r->kernels, r->kernels == 1 ? "" : "s", r->compiles,
+           s->nitems, it->target, it->config, r->count[0], r->count[0] == 1 ? "" : "s", r->count[1],
            it->seconds);
     fflush(stdout);
   }
-}
-
-static void fail_unreported(run_state *s, size_t pos, const char *why) {
-  report r = {0};
-  r.item = (uint32_t)pos;
-  r.status = RLK_ERR_INTERNAL;
-  record(s, &r, why);
-}
-
-static void run_inline(run_state *s, const char *out) {
-  worker w = {out, NULL, 0};
-  static char msg[MAX_MSG];
-  for (size_t i = 0; i < s->nitems; i++) {
-    report r;
-    run_item(&w, &s->items[i], (uint32_t)i, &r, msg);
-    record(s, &r, msg);
-  }
-  worker_close(&w);
-}
-
-typedef struct child {
-  pid_t pid;
-  int fd;
-  char *buf;
-  size_t len, cap;
-} child;
-
-/* Parses the complete reports in a child's buffer. */
-static void drain(run_state *s, child *c) {
-  size_t off = 0;
-  for (;;) {
-    if (c->len - off < sizeof(report)) break;
-    report r;
-    memcpy(&r, c->buf + off, sizeof r);
-    if (r.msglen >= MAX_MSG) r.msglen = MAX_MSG - 1;
-    if (c->len - off < sizeof r + r.msglen) break;
-    char msg[MAX_MSG];
-    memcpy(msg, c->buf + off + sizeof r, r.msglen);
-    msg[r.msglen] = '\0';
-    record(s, &r, msg);
-    off += sizeof r + r.msglen;
-  }
-  memmove(c->buf, c->buf + off, c->len - off);
-  c->len -= off;
-}
-
-static int run_forked(run_state *s, const char *out, int jobs) {
-  child *kids = calloc((size_t)jobs, sizeof *kids);
-  if (!kids) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    return 1;
-  }
-  fflush(stdout);
-  fflush(stderr);
-  int started = 0;
-  for (int w = 0; w < jobs; w++) {
-    int p[2];
-    if (pipe(p) != 0) {
-      fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
-      break;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
-      close(p[0]);
-      close(p[1]);
-      break;
-    }
-    if (pid == 0) {
-      /* Worker: its own contexts; items w, w + jobs, ...; reports through the pipe. */
-      for (int k = 0; k < w; k++) close(kids[k].fd);
-      close(p[0]);
-      signal(SIGPIPE, SIG_DFL);
-      worker wk = {out, NULL, 0};
-      static char msg[MAX_MSG];
-      int rc = 0;
-      for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs) {
-        report r;
-        run_item(&wk, &s->items[i], (uint32_t)i, &r, msg);
-        if (write_all(p[1], &r, sizeof r) || write_all(p[1], msg, r.msglen)) {
-          rc = 1;
-          break;
-        }
-      }
-      worker_close(&wk);
-      close(p[1]);
-      _exit(rc);
-    }
-    close(p[1]);
-    kids[w].pid = pid;
-    kids[w].fd = p[0];
-    started++;
-  }
-  if (started < jobs) {
-    /* The items of a worker that could not start fail with the reason. */
-    for (size_t i = 0; i < s->nitems; i++)
-      if ((int)(i % (size_t)jobs) >= started) fail_unreported(s, i, "its worker could not start");
-  }
-
-  int open_fds = started;
-  struct pollfd *pfd = calloc((size_t)jobs, sizeof *pfd);
-  int *map = calloc((size_t)jobs, sizeof *map);
-  if (!pfd || !map) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    exit(1);
-  }
-  while (open_fds > 0) {
-    int n = 0;
-    for (int w = 0; w < started; w++) {
-      if (kids[w].fd < 0) continue;
-      pfd[n].fd = kids[w].fd;
-      pfd[n].events = POLLIN;
-      pfd[n].revents = 0;
-      map[n++] = w;
-    }
-    int k = poll(pfd, (nfds_t)n, -1);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      fprintf(stderr, "%s: poll: %s\n", prog, strerror(errno));
-      break;
-    }
-    for (int i = 0; i < n; i++) {
-      if (!pfd[i].revents) continue;
-      child *c = &kids[map[i]];
-      if (c->cap - c->len < 65536) {
-        c->cap = c->cap ? c->cap * 2 : 131072;
-        c->buf = xrealloc(c->buf, c->cap);
-      }
-      ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        close(c->fd);
-        c->fd = -1;
-        open_fds--;
-        continue;
-      }
-      c->len += (size_t)got;
-      drain(s, c);
-    }
-  }
-
-  for (int w = 0; w < started; w++) {
-    if (kids[w].fd >= 0) close(kids[w].fd);
-    int status = 0;
-    while (waitpid(kids[w].pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    char why[160];
-    if (WIFSIGNALED(status))
-      snprintf(why, sizeof why, "worker %d was killed by signal %d before finishing it", w,
-               WTERMSIG(status));
-    else
-      snprintf(why, sizeof why, "worker %d exited with status %d before finishing it", w,
-               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    for (size_t i = (size_t)w; i < s->nitems; i += (size_t)jobs)
-      if (!s->items[i].done) fail_unreported(s, i, why);
-    free(kids[w].buf);
-  }
-  free(pfd);
-  free(map);
-  free(kids);
-  return 0;
 }
 
 /* ---- files -------------------------------------------------------------------------- */
@@ -908,26 +550,66 @@ static int list_ops(void) {
   return 0;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
 /* What the command line and the configuration files expand to. File scope so that every
  * exit path of precompile_main leaves main to free it. */
 static struct {
   strlist config_files, sweeps, target_words, targets, ops, configs;
+  strlist tuned_targets, tuned_configs; /* from the tuning database: (target, line) pairs */
   item *items;
   size_t nitems; /* allocated items (their messages are freed) */
 } g;
 
+/* ---- the tuning database as a manifest ----------------------------------------------- */
+
+typedef struct tuned_walk {
+  int all_envs;
+  size_t taken, skipped;
+} tuned_walk;
+
+static int target_matches(const char *asked, const char *target) {
+  return !strcmp(asked, target) || (!strcmp(asked, "host") && !strncmp(target, "host-", 5));
+}
+
+static void add_tuned(const char *target, char *line) {
+  for (size_t i = 0; i < g.tuned_configs.n; i++)
+    if (!strcmp(g.tuned_targets.v[i], target) && !strcmp(g.tuned_configs.v[i], line)) {
+      free(line);
+      return;
+    }
+  strlist_push(&g.tuned_targets, xstrdup(target));
+  strlist_push(&g.tuned_configs, line);
+}
+
+/* Takes a record's default and winner lines when its environment is one asked for: a target
+ * among --targets (any without them) and this runtime version; every record with all_envs. */
+static int take_record(const rlk_tune_record *r, void *user) {
+  tuned_walk *w = user;
+  int ok = w->all_envs || !strcmp(r->runtime, rlk_version_string());
+  if (ok && !w->all_envs && g.targets.n) {
+    ok = 0;
+    for (size_t i = 0; i < g.targets.n && !ok; i++) ok = target_matches(g.targets.v[i], r->target);
+  }
+  rlk_backend b;
+  if (!ok || target_backend(r->target, &b) != 0) {
+    w->skipped++;
+    return 0;
+  }
+  w->taken++;
+  const size_t n = strlen(r->op) + strlen(r->shape) + strlen(r->winner) + 3;
+  char *line = xrealloc(NULL, n);
+  snprintf(line, n, "%s %s", r->op, r->shape);
+  add_tuned(r->target, line);
+  if (r->winner[0]) {
+    line = xrealloc(NULL, n);
+    snprintf(line, n, "%s %s %s", r->op, r->shape, r->winner);
+    add_tuned(r->target, line);
+  }
+  return 0;
+}
+
 static int precompile_main(int argc, char **argv) {
-  const char *out_arg = NULL, *manifest = NULL;
-  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0;
+  const char *out_arg = NULL, *manifest = NULL, *tune_db = NULL;
+  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0;
   long jobs = 0, shard_i = 0, shard_n = 1;
 
   for (int i = 1; i < argc; i++) {
@@ -946,6 +628,11 @@ static int precompile_main(int argc, char **argv) {
       quiet = 1;
     } else if (!strcmp(a, "--list-ops")) {
       want_list_ops = 1;
+    } else if (!strcmp(a, "--tune-all-envs")) {
+      tune_all_envs = 1;
+    } else if ((t = TAKE("--tune-db")) != 0) {
+      if (t < 0 || !*val) return usage_error("--tune-db needs a tuning database file");
+      tune_db = val;
     } else if ((t = TAKE("--config")) != 0) {
       if (t < 0 || !*val) return usage_error("--config needs a file");
       strlist_push(&g.config_files, xstrdup(val));
@@ -985,9 +672,10 @@ static int precompile_main(int argc, char **argv) {
   }
 
   if (want_list_ops) return list_ops();
-  if (g.config_files.n == 0 && g.sweeps.n == 0)
-    return usage_error("nothing to compile: give --config FILE and/or --sweep LINE");
-  if (!have_targets || g.target_words.n == 0)
+  if (g.config_files.n == 0 && g.sweeps.n == 0 && !tune_db)
+    return usage_error("nothing to compile: give --config FILE, --sweep LINE and/or --tune-db FILE");
+  if (tune_all_envs && !tune_db) return usage_error("--tune-all-envs goes with --tune-db");
+  if ((g.config_files.n || g.sweeps.n) && (!have_targets || g.target_words.n == 0))
     return usage_error("--targets is required, e.g. --targets \"sm_80 sm_90a host\"");
 
   for (size_t i = 0; i < g.target_words.n; i++) {
@@ -1008,11 +696,26 @@ static int precompile_main(int argc, char **argv) {
     if (expand_line(g.sweeps.v[i], &g.ops, &g.configs, why, sizeof why) != 0)
       return usage_error("--sweep \"%s\": %s", g.sweeps.v[i], why);
   }
-  if (g.configs.n == 0) return usage_error("the configuration files hold no configuration line");
+  if (g.configs.n == 0 && !tune_db) return usage_error("the configuration files hold no configuration line");
+  tuned_walk tw = {tune_all_envs, 0, 0};
+  if (tune_db) {
+    if (access(tune_db, R_OK) != 0) {
+      fprintf(stderr, "%s: cannot read the tuning database %s: %s\n", prog, tune_db, strerror(errno));
+      return 2;
+    }
+    size_t bad = 0;
+    rlk_status st = rlk_tune_db_walk(tune_db, take_record, &tw, &bad);
+    if (st != RLK_OK) return lib_error("reading the tuning database", st);
+    printf("tuning database %s: %zu record%s taken (%zu kernel line%s), %zu of other environments left out%s\n",
+           tune_db, tw.taken, tw.taken == 1 ? "" : "s", g.tuned_configs.n, g.tuned_configs.n == 1 ? "" : "s",
+           tw.skipped, tune_all_envs || !tw.skipped ? "" : " (--tune-all-envs takes them)");
+    if (bad) fprintf(stderr, "%s: %s: %zu line%s skipped\n", prog, tune_db, bad, bad == 1 ? "" : "s");
+  }
 
-  /* The manifest: every configuration for every target, target by target. */
-  size_t total = g.targets.n * g.configs.n;
-  g.items = xrealloc(NULL, total * sizeof *g.items);
+  /* The manifest: every configuration for every target, target by target, then the tuning
+   * database's lines for their own targets. */
+  size_t total = g.targets.n * g.configs.n + g.tuned_configs.n;
+  g.items = xrealloc(NULL, (total ? total : 1) * sizeof *g.items);
   size_t nitems = 0;
   for (size_t t = 0; t < g.targets.n; t++) {
     for (size_t c = 0; c < g.configs.n; c++) {
@@ -1025,7 +728,19 @@ static int precompile_main(int argc, char **argv) {
       it->config = g.configs.v[c];
     }
   }
+  for (size_t k = 0; k < g.tuned_configs.n; k++) {
+    size_t index = g.targets.n * g.configs.n + k;
+    if (index % (size_t)shard_n != (size_t)shard_i) continue;
+    item *it = &g.items[nitems++];
+    memset(it, 0, sizeof *it);
+    it->index = index;
+    it->target = g.tuned_targets.v[k];
+    it->config = g.tuned_configs.v[k];
+  }
   g.nitems = nitems;
+  char tuned_note[96] = "";
+  if (g.tuned_configs.n)
+    snprintf(tuned_note, sizeof tuned_note, " + %zu from the tuning database", g.tuned_configs.n);
   char shard_note[96] = "";
   if (shard_n > 1)
     snprintf(shard_note, sizeof shard_note, ", shard %ld/%ld of %zu", shard_i, shard_n, total);
@@ -1036,8 +751,8 @@ static int precompile_main(int argc, char **argv) {
   if (dry_run) {
     for (size_t i = 0; i < nitems; i++)
       printf("%*zu  %-8s %s\n", width, g.items[i].index, g.items[i].target, g.items[i].config);
-    printf("dry run: %zu items (%zu configuration%s x %zu target%s%s)\n", nitems, g.configs.n,
-           g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s", shard_note);
+    printf("dry run: %zu items (%zu configuration%s x %zu target%s%s%s)\n", nitems, g.configs.n,
+           g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s", tuned_note, shard_note);
     goto cleanup;
   }
 
@@ -1072,18 +787,16 @@ static int precompile_main(int argc, char **argv) {
   }
   if ((size_t)jobs > nitems) jobs = (long)(nitems ? nitems : 1);
 
-  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s) into %s with %ld "
+  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s%s) into %s with %ld "
          "worker%s\n",
          nitems, g.configs.n, g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s",
-         shard_note, out, jobs, jobs == 1 ? "" : "s");
+         tuned_note, shard_note, out, jobs, jobs == 1 ? "" : "s");
   fflush(stdout);
 
-  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width};
+  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width, out};
+  const pool_ops ops = {&s, worker_open, run_item, worker_end, record};
   double t0 = now_s();
-  if (jobs == 1)
-    run_inline(&s, out);
-  else
-    rc = run_forked(&s, out, (int)jobs);
+  pool_run(nitems, (int)jobs, &ops);
   double wall = now_s() - t0;
 
   uint64_t nent = 0, bad = 0;
@@ -1138,5 +851,7 @@ int main(int argc, char **argv) {
   strlist_free(&g.target_words);
   strlist_free(&g.config_files);
   strlist_free(&g.sweeps);
+  strlist_free(&g.tuned_targets);
+  strlist_free(&g.tuned_configs);
   return rc;
 }

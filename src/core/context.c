@@ -126,6 +126,8 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (st) goto fail;
   st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, target, &ctx->jit);
   if (st) goto fail;
+  st = rlk_tune_table_create(&ctx->info, &ctx->tune);
+  if (st) goto fail;
   rlk_info("context: backend %s, device %s, target %s, %s, cache %s", rlk_backend_name(ctx->kind), ctx->info.name,
            target, ctx->info.compiler, rlk_cache_root(ctx->cache)[0] ? rlk_cache_root(ctx->cache) : "(memory)");
   *out = ctx;
@@ -137,6 +139,7 @@ fail:
 
 void rlk_context_destroy(rlk_context *ctx) {
   if (!ctx) return;
+  rlk_tune_table_destroy(ctx->tune);
   rlk_jit_destroy(ctx->jit);
   rlk_cache_close(ctx->cache);
   if (ctx->compiler) ctx->compiler->destroy(ctx->compiler);

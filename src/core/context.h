@@ -7,6 +7,7 @@
 #include "jit/compiler.h"
 #include "jit/jit.h"
 #include "rlk.h"
+#include "tune/tune_table.h"
 
 struct rlk_context {
   rlk_backend kind;
@@ -16,6 +17,7 @@ struct rlk_context {
   rlk_jit *jit;
   rlk_device_info info;
   int compile_only;
+  rlk_tune_table *tune; /* the tuning database as this context sees it (RLK_TUNE, RLK_TUNE_DB) */
 };
 
 struct rlk_event {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/fs.h"
 #include "jit/cache.h"
 #include "jit/cache_internal.h"
 #include "jit/sha256.h"
@@ -166,39 +167,6 @@ int rlk_cache_is_hash(const char *s) {
   for (; s[i]; i++)
     if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
   return i == 64;
-}
-
-int rlk_cache_mkdirs(const char *path, mode_t mode) {
-  char buf[RLK_CACHE_PATH_MAX];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  memcpy(buf, path, n + 1);
-  while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
-  struct stat st;
-  if (stat(buf, &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return 0;
-    errno = ENOTDIR;
-    return -1;
-  }
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(buf, mode) != 0) {
-    if (errno != EEXIST) return -1;
-    /* Lost a race with another creator, or a non-directory is in the way. */
-    if (stat(buf, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-      errno = ENOTDIR;
-      return -1;
-    }
-  }
-  return 0;
 }
 
 /* Errors that mean "someone else removed it first" or an NFS client still holding a file:
@@ -348,25 +316,11 @@ int64_t rlk_cache_entry_last_used(int dfd) {
   return 0;
 }
 
-static int write_all(int fd, const void *data, size_t size) {
-  const char *p = data;
-  while (size) {
-    ssize_t n = write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += n;
-    size -= (size_t)n;
-  }
-  return 0;
-}
-
 /* Writes a new file in dfd and fsyncs it. 0 or -1 with errno. */
 static int write_file_at(int dfd, const char *name, const void *data, size_t size) {
   int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return -1;
-  if (write_all(fd, data, size) != 0 || fsync(fd) != 0) {
+  if (rlk_write_all(fd, data, size) != 0 || fsync(fd) != 0) {
     int e = errno;
     close(fd);
     errno = e;
@@ -798,7 +752,7 @@ static const char *untrusted_root(const struct stat *st, char *buf, size_t size)
 static int prepare_root(const char *root, int writable, char *why, size_t whysize) {
   struct stat st;
   char buf[256];
-  if (writable && rlk_cache_mkdirs(root, 0700) != 0) {
+  if (writable && rlk_mkdirs(root, 0700) != 0) {
     rlk_format(why, whysize, "it cannot be created (%s)", strerror(errno));
     return -1;
   }
@@ -1081,15 +1035,6 @@ static void build_meta(strbuf *b, const rlk_kernel_key *k, const char *binary_na
   sb_puts(b, "end=1\n");
 }
 
-static int fsync_dir(const char *path) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  /* Some file systems refuse fsync on directories (EINVAL); the rename is still atomic. */
-  int rc = fsync(fd) == 0 || errno == EINVAL || errno == EROFS ? 0 : -1;
-  close(fd);
-  return rc;
-}
-
 static int path_exists(const char *path) {
   struct stat st;
   return lstat(path, &st) == 0;
@@ -1151,12 +1096,12 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   close(dfd);
   dfd = -1;
   step = "create the entry's parent";
-  if (rlk_cache_mkdirs(parent, 0755) != 0) goto io_fail;
+  if (rlk_mkdirs(parent, 0755) != 0) goto io_fail;
 
   step = "rename the entry into place";
   for (int attempt = 0;; attempt++) {
     if (rename(entry, final) == 0) {
-      fsync_dir(parent);
+      rlk_fsync_dir(parent);
       rlk_debug("kernel cache: published %s", final);
       break;
     }

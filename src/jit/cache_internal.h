@@ -69,9 +69,6 @@ int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf,
 /* 1 if s is 64 lower-case hex digits. */
 int rlk_cache_is_hash(const char *s);
 
-/* mkdir -p; new directories get `mode` (under the umask). 0 or -1 with errno. */
-int rlk_cache_mkdirs(const char *path, mode_t mode);
-
 /* Removes a tree without following links; vanished files, busy NFS files and directories
  * refilled meanwhile are not errors. 0, or -1 if something could not be removed. */
 int rlk_cache_rmtree(const char *path);

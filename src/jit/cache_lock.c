@@ -14,12 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/fs.h"
 #include "jit/cache.h"
 #include "jit/cache_internal.h"
 
@@ -37,7 +36,7 @@ static int prepare_lock_dir(rlk_cache *c) {
   struct stat st;
   if (!dir[0]) {
     why = "no lock directory is configured";
-  } else if (rlk_cache_mkdirs(dir, 0700) != 0) {
+  } else if (rlk_mkdirs(dir, 0700) != 0) {
     rlk_format(buf, sizeof buf, "it cannot be created (%s)", strerror(errno));
     why = buf;
   } else if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -74,30 +73,6 @@ static void give_up_locking(rlk_cache *c, const char *path, const char *what, in
              what, path, strerror(e));
 }
 
-/* 0 taken, 1 held by someone else, -1 error (errno). */
-static int try_lock(int fd, int *use_flock) {
-  if (!*use_flock) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
-    if (errno == EAGAIN || errno == EACCES) return 1;
-    if (errno != EINVAL && errno != ENOSYS) return -1;
-    *use_flock = 1; /* a kernel or file system without OFD locks */
-  }
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
-  return errno == EWOULDBLOCK || errno == EAGAIN ? 1 : -1;
-}
-
-static void sleep_seconds(double s) {
-  struct timespec ts;
-  ts.tv_sec = (time_t)s;
-  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 rlk_status rlk_cache_lock_acquire(rlk_cache *cache, const rlk_kernel_key *key,
                                   rlk_cache_lock **out) {
   if (!cache || !key || !out)
@@ -126,29 +101,22 @@ rlk_status rlk_cache_lock_acquire(rlk_cache *cache, const rlk_kernel_key *key,
     return RLK_OK;
   }
 
-  double timeout = cache->cfg.lock_timeout_s;
-  double start = rlk_now(), delay = 0.001;
-  for (;;) {
-    int rc = try_lock(fd, &lock->use_flock);
-    if (rc == 0) break;
-    if (rc < 0) {
-      give_up_locking(cache, path, "cannot lock", errno);
-      close(fd);
-      *out = lock;
-      return RLK_OK;
-    }
-    double left = start + timeout - rlk_now();
-    if (left <= 0) {
-      close(fd);
-      free(lock);
-      return rlk_error(RLK_ERR_TIMEOUT,
-                       "kernel cache: waited %.1f s for the lock %s: another process on this "
-                       "node is compiling the same kernel (or is stuck). Raise "
-                       "RLK_LOCK_TIMEOUT_S (now %.1f s) if compiles take that long",
-                       rlk_now() - start, path, timeout);
-    }
-    sleep_seconds(delay < left ? delay : left);
-    if (delay < 0.05) delay *= 2;
+  double timeout = cache->cfg.lock_timeout_s, start = rlk_now();
+  int rc = rlk_lock_fd(fd, &lock->use_flock, timeout);
+  if (rc < 0) {
+    give_up_locking(cache, path, "cannot lock", errno);
+    close(fd);
+    *out = lock;
+    return RLK_OK;
+  }
+  if (rc > 0) {
+    close(fd);
+    free(lock);
+    return rlk_error(RLK_ERR_TIMEOUT,
+                     "kernel cache: waited %.1f s for the lock %s: another process on this "
+                     "node is compiling the same kernel (or is stuck). Raise "
+                     "RLK_LOCK_TIMEOUT_S (now %.1f s) if compiles take that long",
+                     rlk_now() - start, path, timeout);
   }
   lock->fd = fd;
   *out = lock;
@@ -158,15 +126,7 @@ rlk_status rlk_cache_lock_acquire(rlk_cache *cache, const rlk_kernel_key *key,
 void rlk_cache_lock_release(rlk_cache_lock *lock) {
   if (!lock) return;
   if (lock->fd >= 0) {
-    if (lock->use_flock) {
-      flock(lock->fd, LOCK_UN);
-    } else {
-      struct flock fl;
-      memset(&fl, 0, sizeof fl);
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      fcntl(lock->fd, F_OFD_SETLK, &fl);
-    }
+    rlk_unlock_fd(lock->fd, lock->use_flock);
     close(lock->fd);
   }
   free(lock);

@@ -17,7 +17,13 @@
  *
  * Selection (lp_select_fwd / lp_select_bwd) is the one function both a real call and the op's
  * `plan` (rlk_precompile) go through, so precompiling a configuration builds exactly what the call
- * looks up. Tuning candidates for a sweep are lp_candidates (valid on every target). */
+ * looks up. Tuning candidates for a sweep are lp_candidates (valid on every target).
+ *
+ * The tuning database: a call that asks for no tuning of its own (every tuning field 0 or AUTO,
+ * RLK_LOGPROB_VARIANT unset) runs with the winner recorded for its pass, dtypes, entropy flag,
+ * gradient dtype, V and the bucket of its N rows on this context's target and device (the
+ * record's shape is lp_tune_shape); without a record, or with settings that cannot run here
+ * (one warning), it runs the default. A plan line's tokens= stands for N. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -26,6 +32,8 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "tune/tune_db.h"
+#include "tune/tune_table.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -153,6 +161,7 @@ typedef struct lp_config {
   int64_t V;
   int variant, block, seg, unroll, stages; /* requests; 0: the default */
   int tma_ok;       /* the logits can be described by a tensor map */
+  int64_t N;        /* rows (tokens); with no requests, its bucket's tuning DB record applies (0: none) */
 } lp_config;
 
 /* One kernel of a call and its launch shape. */
@@ -265,8 +274,8 @@ static void lp_vec_shape(rlk_backend kind, const lp_arch_default *d, const lp_co
   *seg = s;
 }
 
-/* The forward kernel of a configuration. */
-static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+/* The forward kernel of a configuration as it asks (no tuning database). */
+static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
   memset(ch, 0, sizeof *ch);
   const rlk_backend kind = ctx->kind;
   const lp_arch_default *d = lp_default(ctx);
@@ -334,8 +343,8 @@ static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_c
   return rlk_spec_validate(&ch->spec);
 }
 
-/* The backward kernel of a configuration (the vector kernel on every target). */
-static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+/* The backward kernel of a configuration as it asks (the vector kernel on every target). */
+static rlk_status lp_select_bwd_as(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
   memset(ch, 0, sizeof *ch);
   const rlk_backend kind = ctx->kind;
   const lp_arch_default *d = lp_default(ctx);
@@ -363,6 +372,114 @@ static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_c
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* The tuning database                                                                 */
+/* ---------------------------------------------------------------------------------- */
+
+/* A configuration's shape in the tuning database for one pass: the settings its kernels depend
+ * on, every default spelled out, in plan syntax (what rlk_tune_record.shape holds). */
+static int lp_tune_shape(const lp_config *c, int pass, char *buf, size_t size) {
+  if (pass == LP_PASS_FWD)
+    return rlk_format(buf, size, "pass=fwd logits=%s labels=%s entropy=%d vocab=%lld", lp_dt_names[c->logits],
+                      rlk_dtype_name(c->labels), c->entropy, (long long)c->V);
+  return rlk_format(buf, size, "pass=bwd logits=%s labels=%s entropy=%d grad=%s vocab=%lld",
+                    lp_dt_names[c->logits], rlk_dtype_name(c->labels), c->entropy, lp_grad_names[c->grad],
+                    (long long)c->V);
+}
+
+static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v);
+
+/* The order of a winner's values (rlk_tune_entry_values). */
+enum { LP_TUNE_VARIANT, LP_TUNE_BLOCK, LP_TUNE_SEG, LP_TUNE_UNROLL, LP_TUNE_STAGES };
+
+/* A winner's settings ("variant=bulk block=256 unroll=4 stages=3", "" for the default) as tuning
+ * values; -1 for anything but tuning settings. */
+static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]) {
+  char buf[256];
+  if (rlk_format(buf, sizeof buf, "%s", settings) < 0) return -1;
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  int rc = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(tok, '=');
+    if (!eq) {
+      rc = -1;
+      break;
+    }
+    *eq = '\0';
+    static const char *const tuning[] = {"variant", "block", "seg", "unroll", "stages"};
+    int known = 0;
+    for (size_t i = 0; i < LP_N(tuning); i++) known |= !strcmp(tok, tuning[i]);
+    rc = !known || lp_apply_setting(&c, NULL, tok, eq + 1) != RLK_OK ? -1 : 0;
+  }
+  rlk_error_clear();
+  memset(values, 0, RLK_TUNE_VALUES * sizeof *values);
+  values[LP_TUNE_VARIANT] = c.variant;
+  values[LP_TUNE_BLOCK] = c.block;
+  values[LP_TUNE_SEG] = c.seg;
+  values[LP_TUNE_UNROLL] = c.unroll;
+  values[LP_TUNE_STAGES] = c.stages;
+  return rc;
+}
+
+/* *t = *c with the tuning database's winner for `pass` applied; the entry, or NULL (then *t is
+ * *c) when the call asks for tuning of its own, N is unknown, or there is no usable record. */
+static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const lp_config *c, lp_config *t) {
+  *t = *c;
+  if (c->N <= 0 || c->variant || c->block || c->seg || c->unroll || c->stages) return NULL;
+  if (!rlk_tune_table_wanted(ctx->tune) || lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
+  char shape[192];
+  if (lp_tune_shape(c, pass, shape, sizeof shape) < 0) return NULL;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "logprob", shape, rlk_tune_bucket(c->N));
+  if (!e) return NULL;
+  int64_t v[RLK_TUNE_VALUES];
+  if (rlk_tune_entry_values(ctx->tune, e, lp_parse_tuning, v) != 0) {
+    if (rlk_tune_entry_first_warning(e))
+      rlk_warn("logprob: the tuning database's winner '%s' for %s is not logprob tuning; running the default",
+               rlk_tune_entry_settings(e), shape);
+    return NULL;
+  }
+  t->variant = (int)v[LP_TUNE_VARIANT];
+  t->block = (int)v[LP_TUNE_BLOCK];
+  t->seg = (int)v[LP_TUNE_SEG];
+  t->unroll = (int)v[LP_TUNE_UNROLL];
+  t->stages = (int)v[LP_TUNE_STAGES];
+  return e;
+}
+
+/* A winner the selection refused on this context: one warning per record, then the default. */
+static void lp_tuning_refused(const rlk_tune_entry *e, int pass, const lp_config *c) {
+  if (rlk_tune_entry_first_warning(e)) {
+    char shape[192];
+    lp_tune_shape(c, pass, shape, sizeof shape);
+    rlk_warn("logprob: the tuning database's winner '%s' for %s cannot run here (%s); running the default",
+             rlk_tune_entry_settings(e), shape, rlk_last_error());
+  }
+  rlk_error_clear();
+}
+
+typedef rlk_status (*lp_select_fn)(const rlk_context *ctx, const lp_config *c, lp_choice *ch);
+
+/* A pass's kernel: the tuning database's winner, else the configuration as it asks. */
+static rlk_status lp_select(const rlk_context *ctx, int pass, lp_select_fn as, const lp_config *c, lp_choice *ch) {
+  lp_config t;
+  const rlk_tune_entry *e = lp_tuned(ctx, pass, c, &t);
+  if (e) {
+    if (as(ctx, &t, ch) == RLK_OK) return RLK_OK;
+    lp_tuning_refused(e, pass, c);
+  }
+  return as(ctx, c, ch);
+}
+
+static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+  return lp_select(ctx, LP_PASS_FWD, lp_select_fwd_as, c, ch);
+}
+
+static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+  return lp_select(ctx, LP_PASS_BWD, lp_select_bwd_as, c, ch);
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
@@ -383,6 +500,79 @@ static rlk_status lp_parse_int(const char *name, const char *value, int64_t lo, 
   return RLK_OK;
 }
 
+/* Applies one setting of a configuration line to c (and, unless pass is NULL, *pass). */
+static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v) {
+  int k;
+  int64_t x = 0;
+  rlk_status st = RLK_OK;
+  if (!strcmp(n, "pass") && pass) {
+    if ((k = lp_choice_index(lp_pass_names, v)) < 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
+    *pass = k;
+  } else if (!strcmp(n, "logits")) {
+    if ((k = lp_choice_index(lp_dt_names, v)) < 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
+    c->logits = k;
+  } else if (!strcmp(n, "labels")) {
+    if (!strcmp(v, "i32"))
+      c->labels = RLK_I32;
+    else if (!strcmp(v, "i64"))
+      c->labels = RLK_I64;
+    else
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
+  } else if (!strcmp(n, "entropy")) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
+    c->entropy = v[0] == '1';
+  } else if (!strcmp(n, "grad")) {
+    if ((k = lp_choice_index(lp_grad_names, v)) < 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
+    c->grad = k;
+  } else if (!strcmp(n, "vocab")) {
+    if (!(st = lp_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c->V = x;
+  } else if (!strcmp(n, "tokens")) {
+    if (!(st = lp_parse_int(n, v, 0, (int64_t)1 << 40, &x))) c->N = x;
+  } else if (!strcmp(n, "variant")) {
+    if ((k = lp_choice_index(lp_variant_names, v)) < 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
+    c->variant = k;
+  } else if (!strcmp(n, "block")) {
+    if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c->block = (int)x;
+  } else if (!strcmp(n, "seg")) {
+    if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c->seg = (int)x;
+  } else if (!strcmp(n, "unroll")) {
+    if (!(st = lp_parse_int(n, v, 0, 8, &x))) c->unroll = (int)x;
+  } else if (!strcmp(n, "stages")) {
+    if (!(st = lp_parse_int(n, v, 0, 8, &x))) c->stages = (int)x;
+  } else {
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab tokens "
+                     "variant block seg unroll stages)",
+                     n);
+  }
+  return st;
+}
+
+/* A configuration from plan settings, defaults first. */
+static rlk_status lp_parse_config(size_t npairs, const rlk_op_config_pair *pairs, lp_config *c, int *pass) {
+  memset(c, 0, sizeof *c);
+  c->logits = LP_DT_BF16;
+  c->labels = RLK_I64;
+  c->grad = LP_GRAD_SAME;
+  c->V = 151936;
+  c->tma_ok = 1;
+  *pass = LP_PASS_BOTH;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    rlk_status st = lp_apply_setting(c, pass, n, v);
+    if (st) return st;
+  }
+  return RLK_OK;
+}
+
 static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
                                  const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
@@ -390,69 +580,11 @@ static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: ctx is NULL");
   if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: no room for the specs");
   lp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = LP_DT_BF16;
-  c.labels = RLK_I64;
-  c.grad = LP_GRAD_SAME;
-  c.V = 151936;
-  c.tma_ok = 1;
-  int pass = LP_PASS_BOTH;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    int k;
-    int64_t x = 0;
-    rlk_status st = RLK_OK;
-    if (!strcmp(n, "pass")) {
-      if ((k = lp_choice_index(lp_pass_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
-      pass = k;
-    } else if (!strcmp(n, "logits")) {
-      if ((k = lp_choice_index(lp_dt_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
-      c.logits = k;
-    } else if (!strcmp(n, "labels")) {
-      if (!strcmp(v, "i32"))
-        c.labels = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        c.labels = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
-    } else if (!strcmp(n, "entropy")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
-      c.entropy = v[0] == '1';
-    } else if (!strcmp(n, "grad")) {
-      if ((k = lp_choice_index(lp_grad_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
-      c.grad = k;
-    } else if (!strcmp(n, "vocab")) {
-      if (!(st = lp_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c.V = x;
-    } else if (!strcmp(n, "variant")) {
-      if ((k = lp_choice_index(lp_variant_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
-      c.variant = k;
-    } else if (!strcmp(n, "block")) {
-      if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c.block = (int)x;
-    } else if (!strcmp(n, "seg")) {
-      if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c.seg = (int)x;
-    } else if (!strcmp(n, "unroll")) {
-      if (!(st = lp_parse_int(n, v, 0, 8, &x))) c.unroll = (int)x;
-    } else if (!strcmp(n, "stages")) {
-      if (!(st = lp_parse_int(n, v, 0, 8, &x))) c.stages = (int)x;
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab "
-                       "variant block seg unroll stages)",
-                       n);
-    }
-    if (st) return st;
-  }
+  int pass;
+  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
+  if (st) return st;
   size_t n = 0;
   lp_choice ch;
-  rlk_status st;
   if (pass != LP_PASS_BWD) {
     if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
     specs[n++] = ch.spec;
@@ -473,6 +605,25 @@ static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
   return RLK_OK;
 }
 
+/* The tuning database key of plan settings: one pass, tokens=, no tuning settings. */
+static rlk_status lp_tune_key(size_t npairs, const rlk_op_config_pair *pairs, char *shape, size_t size,
+                              int64_t *tokens) {
+  lp_config c;
+  int pass;
+  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
+  if (st) return st;
+  if (pass == LP_PASS_BOTH)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
+  if (c.N <= 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: a tuning key needs the token count N > 0");
+  if (c.variant || c.block || c.seg || c.unroll || c.stages)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "variant, block, seg, unroll, stages: a tuning key holds no tuning settings");
+  if (lp_tune_shape(&c, pass, shape, size) < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: the shape does not fit %zu bytes", size);
+  *tokens = rlk_tune_bucket(c.N);
+  return RLK_OK;
+}
+
 static const char lp_help[] =
     "pass: fwd|bwd|both, the kernels to build (both)\n"
     "logits: bf16|f16|f32 (bf16)\n"
@@ -485,7 +636,9 @@ static const char lp_help[] =
     "block: threads per block, 0 for the default; bulk/tma: consumer threads (0)\n"
     "seg: threads per row of the vector kernel, 0 for the default (0)\n"
     "unroll: 16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default (0)\n"
-    "stages: shared-memory ring depth of bulk/tma, 0 for the default (0)\n";
+    "stages: shared-memory ring depth of bulk/tma, 0 for the default (0)\n"
+    "tokens: N, the rows of the calls; with no tuning settings, the tuning database's winner for N's "
+    "bucket on this context, 0 for none (0)\n";
 
 static const char *const lp_samples[] = {
     /* the common trainer shape: bf16 logits, i64 labels, entropy and its gradient */
@@ -502,7 +655,7 @@ static const char *const lp_samples[] = {
     "logprob pass=fwd logits=bf16 labels=i64 variant=tma entropy=1",
     NULL};
 
-const rlk_op_desc rlk_op_logprob = {"logprob", lp_help, lp_plan_config, lp_samples, lp_candidates};
+const rlk_op_desc rlk_op_logprob = {"logprob", lp_help, lp_plan_config, lp_samples, lp_candidates, lp_tune_key};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */
@@ -654,6 +807,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   c.block = a->block;
   c.unroll = a->unroll;
   c.stages = a->stages;
+  c.N = N;
   const int es = lp_dt_bytes(c.logits);
   rlk_tma_desc_request req;
   memset(&req, 0, sizeof req);
@@ -663,18 +817,19 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   req.cols = (uint64_t)V;
   req.row_stride = (uint64_t)row_stride;
   req.box_cols = (uint32_t)(512 / es);
-  /* tma_ok is only worked out when the tensor-map variant is what would run */
-  const int want = c.variant ? c.variant : lp_env_override();
-  if (want == RLK_LOGPROB_VARIANT_TMA && ctx->kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90) {
-    lp_choice probe;
-    c.tma_ok = 1;
-    if ((st = lp_select_fwd(ctx, &c, &probe))) return st;
-    req.box_rows = (uint32_t)probe.rows_per_block;
-    c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
-    if (!c.tma_ok) rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
-  }
+  /* Select as if a tensor map could describe the logits; only when the tensor-map variant is what
+   * runs is that checked, and a refusal selects again without it. */
+  c.tma_ok = ctx->kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90;
   lp_choice ch;
   if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+  if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
+    req.box_rows = (uint32_t)ch.rows_per_block;
+    c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
+    if (!c.tma_ok) {
+      rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
+      if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+    }
+  }
 
   const void *logits = a->logits.data, *labels = a->labels.data;
   float temperature = a->temperature;
@@ -767,6 +922,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   c.variant = (int)a->variant;
   c.block = a->block;
   c.unroll = a->unroll;
+  c.N = N;
   lp_choice ch;
   if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
 

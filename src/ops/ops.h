@@ -31,10 +31,25 @@ typedef struct rlk_op_desc {
    * sweep tool times against each other on a device. Valid on every target: a setting a target
    * cannot honour falls back to its default there (equal specs then time alike). */
   const char *const *candidates;
+  /* The tuning database key of a configuration (NULL for an op without candidates): from
+   * settings that name one pass and tokens=, the canonical shape (rlk_tune_record.shape, the
+   * same string the op's calls look up, defaults spelled out) and the token bucket. A setting
+   * that is not part of a key (a tuning setting, pass=both) is RLK_ERR_INVALID_ARGUMENT. */
+  rlk_status (*tune_key)(size_t npairs, const rlk_op_config_pair *pairs, char *shape, size_t size,
+                         int64_t *tokens);
 } rlk_op_desc;
 
 /* Every op family that can be precompiled, NULL-terminated. */
 extern const rlk_op_desc *const rlk_op_table[];
+
+#define RLK_OP_CONFIG_MAX_PAIRS 32
+
+/* Splits a configuration line ("op name=value ...") into its op and settings. *line receives a
+ * copy of the text that the pairs point into (the caller frees it, also on error). Errors are
+ * RLK_ERR_INVALID_ARGUMENT messages prefixed with `who`: an empty line, an unknown op, a setting
+ * that is not name=value or is given twice. */
+rlk_status rlk_op_config_parse(const char *who, const char *config, char **line, const rlk_op_desc **op,
+                               rlk_op_config_pair *pairs, size_t *npairs);
 
 extern const rlk_op_desc rlk_op_group_advantage;
 extern const rlk_op_desc rlk_op_policy_loss;

@@ -40,20 +40,18 @@ const char *rlk_precompile_help(const char *op) {
   return d ? d->help : "";
 }
 
-#define RLK_CONFIG_MAX_PAIRS 32
-
-rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
-  if (kernels) *kernels = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: ctx is NULL");
-  if (!config) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: config is NULL");
-  size_t len = strlen(config);
-  if (len > 4096) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: config line is too long");
+rlk_status rlk_op_config_parse(const char *who, const char *config, char **linep, const rlk_op_desc **opp,
+                               rlk_op_config_pair *pairs, size_t *npairs) {
+  *linep = NULL;
+  *opp = NULL;
+  *npairs = 0;
+  if (!config) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: config is NULL", who);
+  if (strlen(config) > 4096) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: config line is too long", who);
   char *line = rlk_strdup(config);
-  if (!line) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_precompile: out of memory");
-  rlk_op_config_pair pairs[RLK_CONFIG_MAX_PAIRS];
-  size_t npairs = 0;
+  if (!line) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
+  *linep = line;
   const char *op = NULL;
-  rlk_status st = RLK_OK;
+  size_t n = 0;
   char *save = NULL;
   for (char *tok = strtok_r(line, " \t\r\n", &save); tok; tok = strtok_r(NULL, " \t\r\n", &save)) {
     if (!op) {
@@ -61,57 +59,88 @@ rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
       continue;
     }
     char *eq = strchr(tok, '=');
-    if (!eq || eq == tok || !eq[1]) {
-      st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: '%s' is not name=value", tok);
-      goto done;
-    }
-    if (npairs == RLK_CONFIG_MAX_PAIRS) {
-      st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: more than %d settings", RLK_CONFIG_MAX_PAIRS);
-      goto done;
-    }
+    if (!eq || eq == tok || !eq[1])
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not name=value", who, tok);
+    if (n == RLK_OP_CONFIG_MAX_PAIRS)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: more than %d settings", who, RLK_OP_CONFIG_MAX_PAIRS);
     *eq = '\0';
-    for (size_t i = 0; i < npairs; i++)
-      if (!strcmp(pairs[i].name, tok)) {
-        st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: '%s' is given twice", tok);
-        goto done;
-      }
-    pairs[npairs].name = tok;
-    pairs[npairs].value = eq + 1;
-    npairs++;
+    for (size_t i = 0; i < n; i++)
+      if (!strcmp(pairs[i].name, tok))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is given twice", who, tok);
+    pairs[n].name = tok;
+    pairs[n].value = eq + 1;
+    n++;
   }
-  if (!op) {
-    st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: empty configuration");
-    goto done;
-  }
+  if (!op) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: empty configuration", who);
   const rlk_op_desc *d = find_op(op);
-  if (!d) {
-    st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile: unknown op '%s' (known: %s)", op, rlk_precompile_ops());
-    goto done;
-  }
+  if (!d)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: unknown op '%s' (known: %s)", who, op, rlk_precompile_ops());
+  *opp = d;
+  *npairs = n;
+  return RLK_OK;
+}
+
+/* The kernel specs of a configuration line on ctx. *line is freed by the caller. */
+static rlk_status plan_line(const char *who, rlk_context *ctx, const char *config, char **line,
+                            rlk_kernel_spec *specs, size_t *nspecs) {
+  *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", who);
+  rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
+  size_t npairs = 0;
+  const rlk_op_desc *d = NULL;
+  rlk_status st = rlk_op_config_parse(who, config, line, &d, pairs, &npairs);
+  if (st) return st;
+  st = d->plan(ctx, npairs, pairs, specs, nspecs);
+  if (st) return rlk_error_wrap(st, "%s: %s", who, d->name);
+  return RLK_OK;
+}
+
+rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
+  if (kernels) *kernels = 0;
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   size_t nspecs = 0;
-  st = d->plan(ctx, npairs, pairs, specs, &nspecs);
-  if (st) {
-    rlk_error_wrap(st, "rlk_precompile: %s", op);
-    goto done;
-  }
+  char *line = NULL;
+  rlk_status st = plan_line("rlk_precompile", ctx, config, &line, specs, &nspecs);
+  free(line);
+  if (st) return st;
   /* A compile-only context exists to fill a cache: with nothing to write to, the work would be
    * thrown away. A context with a device loads the kernels, so they are warm in memory too. */
-  if (!ctx->backend && !rlk_cache_root(ctx->cache)[0]) {
-    st = rlk_error(RLK_ERR_CACHE,
-                   "rlk_precompile: the cache writes nowhere (RLK_CACHE_MODE, or an unusable root: see the "
-                   "warning above), so compiled kernels would be discarded");
-    goto done;
-  }
+  if (!ctx->backend && !rlk_cache_root(ctx->cache)[0])
+    return rlk_error(RLK_ERR_CACHE,
+                     "rlk_precompile: the cache writes nowhere (RLK_CACHE_MODE, or an unusable root: see the "
+                     "warning above), so compiled kernels would be discarded");
   for (size_t i = 0; i < nspecs; i++) {
     void *fn = NULL;
     st = ctx->backend ? rlk_jit_get(ctx->jit, &specs[i], &fn) : rlk_jit_prepare(ctx->jit, &specs[i]);
-    if (st) goto done;
+    if (st) return st;
   }
   if (kernels) *kernels = (int)nspecs;
-done:
+  return RLK_OK;
+}
+
+rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, size_t size, int *kernels) {
+  if (kernels) *kernels = 0;
+  if (!buf || size == 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile_keys: buf is NULL or empty");
+  buf[0] = '\0';
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  size_t nspecs = 0, len = 0;
+  char *line = NULL;
+  rlk_status st = plan_line("rlk_precompile_keys", ctx, config, &line, specs, &nspecs);
   free(line);
-  return st;
+  for (size_t i = 0; !st && i < nspecs; i++) {
+    rlk_kernel_key key;
+    st = rlk_jit_key(ctx->jit, &specs[i], &key);
+    if (st) break;
+    int w = rlk_format(buf + len, size - len, "%s%s", i ? " " : "", key.hex);
+    if (w < 0) st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile_keys: buf of %zu bytes is too small", size);
+    else len += (size_t)w;
+  }
+  if (st) {
+    buf[0] = '\0';
+    return st;
+  }
+  if (kernels) *kernels = (int)nspecs;
+  return RLK_OK;
 }
 
 /* ---- argument checks ------------------------------------------------------------- */

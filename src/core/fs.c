@@ -1,0 +1,115 @@
+/* fs.c - file-system helpers (fs.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "core/fs.h"
+
+int rlk_mkdirs(const char *path, mode_t mode) {
+  char buf[4096];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  memcpy(buf, path, n + 1);
+  while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+  struct stat st;
+  if (stat(buf, &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return 0;
+    errno = ENOTDIR;
+    return -1;
+  }
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  if (mkdir(buf, mode) != 0) {
+    if (errno != EEXIST) return -1;
+    /* Lost a race with another creator, or a non-directory is in the way. */
+    if (stat(buf, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+      errno = ENOTDIR;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int rlk_write_all(int fd, const void *data, size_t size) {
+  const char *p = data;
+  while (size) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += n;
+    size -= (size_t)n;
+  }
+  return 0;
+}
+
+int rlk_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  /* Some file systems refuse fsync on directories (EINVAL); the rename is still atomic. */
+  int rc = fsync(fd) == 0 || errno == EINVAL || errno == EROFS ? 0 : -1;
+  close(fd);
+  return rc;
+}
+
+/* 0 taken, 1 held by someone else, -1 error (errno). */
+static int try_lock(int fd, int *use_flock) {
+  if (!*use_flock) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
+    if (errno == EAGAIN || errno == EACCES) return 1;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    *use_flock = 1; /* a kernel or file system without OFD locks */
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+  return errno == EWOULDBLOCK || errno == EAGAIN ? 1 : -1;
+}
+
+static void sleep_seconds(double s) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int rlk_lock_fd(int fd, int *use_flock, double timeout_s) {
+  double start = rlk_now(), delay = 0.001;
+  for (;;) {
+    int rc = try_lock(fd, use_flock);
+    if (rc <= 0) return rc;
+    double left = start + timeout_s - rlk_now();
+    if (left <= 0) return 1;
+    sleep_seconds(delay < left ? delay : left);
+    if (delay < 0.05) delay *= 2;
+  }
+}
+
+void rlk_unlock_fd(int fd, int use_flock) {
+  if (use_flock) {
+    flock(fd, LOCK_UN);
+    return;
+  }
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fcntl(fd, F_OFD_SETLK, &fl);
+}

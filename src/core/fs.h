@@ -1,0 +1,28 @@
+/* fs.h - file-system helpers shared by the kernel cache and the tuning database: directory
+ * creation, complete writes, directory fsync, and advisory file locks. Internal. */
+#ifndef RLK_FS_H
+#define RLK_FS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* mkdir -p; new directories get `mode` (under the umask). 0, or -1 with errno (ENOTDIR when a
+ * non-directory is in the way). */
+int rlk_mkdirs(const char *path, mode_t mode);
+
+/* Writes all of data, retrying short writes and EINTR. 0, or -1 with errno. */
+int rlk_write_all(int fd, const void *data, size_t size);
+
+/* fsyncs a directory so a rename inside it is durable. File systems that refuse (EINVAL,
+ * EROFS) count as done: the rename is atomic anyway. 0 or -1 with errno. */
+int rlk_fsync_dir(const char *path);
+
+/* Exclusive advisory lock on an open file: an open-file-description lock (F_OFD_SETLK: it
+ * belongs to the open file, so threads and forks exclude each other too), or flock() where OFD
+ * locks are missing (*use_flock is set then, and must be passed back). Both vanish when the
+ * holder dies, so a crash never wedges a lock.
+ * Waits at most timeout_s seconds (0: one try). 0 taken, 1 still held by another, -1 error. */
+int rlk_lock_fd(int fd, int *use_flock, double timeout_s);
+void rlk_unlock_fd(int fd, int use_flock);
+
+#endif

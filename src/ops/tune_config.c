@@ -1,0 +1,92 @@
+/* tune_config.c - configuration lines and the tuning database: a line's record key (through the
+ * op's own canonical spelling, the one its calls look up), what a context's database gives a
+ * line, and the candidates an op declares for a sweep. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/core.h"
+#include "ops/ops.h"
+#include "tune/tune_db.h"
+#include "tune/tune_table.h"
+
+/* The op, shape and bucket of a configuration line. */
+static rlk_status line_key(const char *who, const char *config, const rlk_op_desc **op, char *shape,
+                           size_t size, int64_t *tokens) {
+  rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
+  size_t npairs = 0;
+  char *line = NULL;
+  rlk_status st = rlk_op_config_parse(who, config, &line, op, pairs, &npairs);
+  if (!st && !(*op)->tune_key)
+    st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: op %s has no tuning candidates", who, (*op)->name);
+  if (!st) {
+    st = (*op)->tune_key(npairs, pairs, shape, size, tokens);
+    if (st) rlk_error_wrap(st, "%s: %s", who, (*op)->name);
+  }
+  free(line);
+  return st;
+}
+
+rlk_status rlk_tune_record_set_key(rlk_tune_record *record, const char *config) {
+  if (!record) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_record_set_key: record is NULL");
+  const rlk_op_desc *op = NULL;
+  char shape[sizeof record->shape];
+  int64_t tokens = 0;
+  rlk_status st = line_key("rlk_tune_record_set_key", config, &op, shape, sizeof shape, &tokens);
+  if (st) return st;
+  rlk_format(record->op, sizeof record->op, "%s", op->name);
+  memcpy(record->shape, shape, sizeof record->shape);
+  record->tokens = tokens;
+  return RLK_OK;
+}
+
+rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings, size_t size, int *found) {
+  if (found) *found = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: ctx is NULL");
+  if (!found) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: found is NULL");
+  if (!settings || size == 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: settings is NULL or empty");
+  settings[0] = '\0';
+  const rlk_op_desc *op = NULL;
+  char shape[256];
+  int64_t tokens = 0;
+  rlk_status st = line_key("rlk_tune_lookup", config, &op, shape, sizeof shape, &tokens);
+  if (st) return st;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, op->name, shape, tokens);
+  if (!e) return RLK_OK;
+  if (rlk_format(settings, size, "%s", rlk_tune_entry_settings(e)) < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: settings of %zu bytes is too small", size);
+  *found = 1;
+  return RLK_OK;
+}
+
+/* ---- candidates --------------------------------------------------------------------- */
+
+static char *candidate_lists[16];
+static pthread_once_t candidates_once = PTHREAD_ONCE_INIT;
+
+static void join_candidates(void) {
+  for (size_t i = 0; rlk_op_table[i] && i < sizeof candidate_lists / sizeof candidate_lists[0]; i++) {
+    const char *const *c = rlk_op_table[i]->candidates;
+    size_t len = 1;
+    for (size_t k = 0; c && c[k]; k++) len += strlen(c[k]) + 1;
+    char *s = malloc(len), *o = s;
+    if (!s) continue;
+    for (size_t k = 0; c && c[k]; k++) {
+      size_t n = strlen(c[k]);
+      memcpy(o, c[k], n);
+      o[n] = '\n';
+      o += n + 1;
+    }
+    *o = '\0';
+    candidate_lists[i] = s;
+  }
+}
+
+const char *rlk_tune_candidates(const char *op) {
+  if (!op) return "";
+  pthread_once(&candidates_once, join_candidates);
+  for (size_t i = 0; rlk_op_table[i] && i < sizeof candidate_lists / sizeof candidate_lists[0]; i++)
+    if (!strcmp(rlk_op_table[i]->name, op)) return candidate_lists[i] ? candidate_lists[i] : "";
+  return "";
+}

@@ -1,0 +1,1356 @@
+/* test_tune.c - the tuning database: records through the file and back, merging, environments,
+ * damaged files, concurrent writers, the pending list, and what logprob's variant selection makes
+ * of a record (on the host, and on sm_90a through a compile-only context where NVRTC is here). */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/context.h"
+#include "ops/ops.h"
+#include "rlk.h"
+#include "suites.h"
+#include "test_util.h"
+#include "tune/tune_table.h"
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A fresh database path under the run's scratch directory; RLK_TUNE_DB points at it. */
+static void fresh_db(char *path, size_t size, const char *stem) {
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, stem);
+  snprintf(path, size, "%s/sub/tune.db", dir); /* the directory is created by the first write */
+  setenv("RLK_TUNE_DB", path, 1);
+}
+
+static void write_text(const char *path, const char *text, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "cannot write %s", path);
+  ck_assert_uint_eq(fwrite(text, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = calloc(1, 1 << 20);
+  ck_assert(buf);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static void host_info(rlk_device_info *info) {
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(rlk_context_device_info(ctx, info), RLK_OK);
+  rlk_context_destroy(ctx);
+}
+
+/* fresh_db, and the host context's environment for records. */
+static void fresh_host_db(char *path, size_t size, const char *stem, rlk_device_info *info) {
+  fresh_db(path, size, stem);
+  host_info(info);
+}
+
+/* A logprob record for `config` in environment `info` with the given winner and times. */
+static rlk_tune_record make_record(const char *config, const rlk_device_info *info, const char *winner,
+                                   double default_ms, double best_ms) {
+  rlk_tune_record r;
+  rlk_tune_record_init(&r);
+  rlk_status st = rlk_tune_record_set_key(&r, config);
+  ck_assert_msg(st == RLK_OK, "%s: %s", config, rlk_last_error());
+  ck_assert_int_eq(rlk_tune_record_set_env(&r, info), RLK_OK);
+  snprintf(r.winner, sizeof r.winner, "%s", winner);
+  r.default_ms = default_ms;
+  r.best_ms = best_ms;
+  r.created = 1000;
+  return r;
+}
+
+typedef struct collected {
+  rlk_tune_record v[512];
+  int n;
+} collected;
+
+static int collect(const rlk_tune_record *r, void *user) {
+  collected *c = user;
+  if (c->n < 512) c->v[c->n++] = *r;
+  return 0;
+}
+
+static collected *walk_db(const char *db, size_t *bad) {
+  collected *c = calloc(1, sizeof *c);
+  ck_assert(c);
+  rlk_status st = rlk_tune_db_walk(db, collect, c, bad);
+  ck_assert_msg(st == RLK_OK, "walk %s: %s", db, rlk_last_error());
+  return c;
+}
+
+static const rlk_tune_record *find_key(const collected *c, const rlk_tune_record *key) {
+  for (int i = 0; i < c->n; i++)
+    if (!strcmp(c->v[i].shape, key->shape) && c->v[i].tokens == key->tokens && !strcmp(c->v[i].device, key->device) &&
+        c->v[i].multiprocessors == key->multiprocessors && !strcmp(c->v[i].target, key->target) &&
+        !strcmp(c->v[i].runtime, key->runtime) && !strcmp(c->v[i].compiler, key->compiler))
+      return &c->v[i];
+  return NULL;
+}
+
+/* Runs fn in a child whose stderr is captured; returns the text (caller frees) and the child's
+ * exit status in *status. The child may not use Check's assertions: it reports through its
+ * exit status. */
+static char *capture_stderr(int (*fn)(void *), void *arg, int *status) {
+  int p[2];
+  ck_assert_int_eq(pipe(p), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(p[0]);
+    dup2(p[1], 2);
+    close(p[1]);
+    int rc = fn(arg);
+    fflush(stderr);
+    _exit(rc);
+  }
+  close(p[1]);
+  char *buf = calloc(1, 65536);
+  ck_assert(buf);
+  size_t len = 0;
+  ssize_t n;
+  while (len + 1 < 65536 && (n = read(p[0], buf + len, 65535 - len)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    len += (size_t)n;
+  }
+  close(p[0]);
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+  return buf;
+}
+
+/* Host logprob calls: f32 logits [N, V] with random values, i64 labels. */
+typedef struct host_call {
+  int64_t N, V;
+  float *logits, *logp, *lse, *ent, *glp, *grad;
+  int64_t *labels;
+} host_call;
+
+static void host_call_make(host_call *h, int64_t N, int64_t V, uint64_t seed) {
+  memset(h, 0, sizeof *h);
+  h->N = N;
+  h->V = V;
+  h->logits = malloc((size_t)(N * V) * sizeof(float));
+  h->grad = malloc((size_t)(N * V) * sizeof(float));
+  h->labels = malloc((size_t)N * sizeof(int64_t));
+  h->logp = malloc((size_t)N * sizeof(float));
+  h->lse = malloc((size_t)N * sizeof(float));
+  h->ent = malloc((size_t)N * sizeof(float));
+  h->glp = malloc((size_t)N * sizeof(float));
+  ck_assert(h->logits && h->grad && h->labels && h->logp && h->lse && h->ent && h->glp);
+  uint64_t rng = seed;
+  for (int64_t i = 0; i < N * V; i++) h->logits[i] = (float)(2.0 * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) {
+    h->labels[i] = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+    h->glp[i] = 0.5f + (float)rlk_test_rand_uniform(&rng);
+  }
+}
+
+static void host_call_free(host_call *h) {
+  free(h->logits);
+  free(h->grad);
+  free(h->labels);
+  free(h->logp);
+  free(h->lse);
+  free(h->ent);
+  free(h->glp);
+}
+
+static rlk_status host_fwd(rlk_context *ctx, host_call *h, int entropy, int block) {
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(h->logits, RLK_F32, h->N, h->V, h->V);
+  a.labels = rlk_tensor_1d(h->labels, RLK_I64, h->N);
+  a.logp = rlk_tensor_1d(h->logp, RLK_F32, h->N);
+  a.lse = rlk_tensor_1d(h->lse, RLK_F32, h->N);
+  if (entropy) a.entropy = rlk_tensor_1d(h->ent, RLK_F32, h->N);
+  a.block = block;
+  return rlk_logprob(ctx, &a, NULL);
+}
+
+static rlk_status host_bwd_entropy(rlk_context *ctx, host_call *h, int entropy) {
+  rlk_logprob_backward_args b;
+  rlk_logprob_backward_args_init(&b);
+  b.logits = rlk_tensor_2d(h->logits, RLK_F32, h->N, h->V, h->V);
+  b.labels = rlk_tensor_1d(h->labels, RLK_I64, h->N);
+  b.lse = rlk_tensor_1d(h->lse, RLK_F32, h->N);
+  b.grad_logp = rlk_tensor_1d(h->glp, RLK_F32, h->N);
+  if (entropy) { /* the forward's entropy, and g_H = g_lp */
+    b.entropy = rlk_tensor_1d(h->ent, RLK_F32, h->N);
+    b.grad_entropy = rlk_tensor_1d(h->glp, RLK_F32, h->N);
+  }
+  b.grad_logits = rlk_tensor_2d(h->grad, RLK_F32, h->N, h->V, h->V);
+  return rlk_logprob_backward(ctx, &b, NULL);
+}
+
+static rlk_status host_bwd(rlk_context *ctx, host_call *h) { return host_bwd_entropy(ctx, h, 0); }
+
+static void tune_counts(rlk_context *ctx, uint64_t *hits, uint64_t *misses) {
+  rlk_tune_table_counts(ctx->tune, hits, misses);
+}
+
+/* Options of a compile-only sm_90a context; 0 (with the reason printed) when NVRTC is absent, else
+ * 1 with the context's device info. */
+static int sm90a_options(rlk_context_options *o, rlk_device_info *info, const char *what) {
+  rlk_context_options_init(o);
+  o->backend = RLK_BACKEND_CUDA;
+  o->compile_only = 1;
+  o->target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, o) != RLK_OK) {
+    printf("skip (tune: %s): no NVRTC: %s\n", what, rlk_last_error());
+    return 0;
+  }
+  ck_assert_int_eq(rlk_context_device_info(ctx, info), RLK_OK);
+  rlk_context_destroy(ctx);
+  return 1;
+}
+
+/* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
+static rlk_context *child_host_context(void) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  rlk_context *ctx = NULL;
+  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
+}
+
+/* ---- records, keys and buckets -------------------------------------------------------- */
+
+START_TEST(buckets_and_keys) {
+  static const struct {
+    int64_t n, bucket;
+  } b[] = {{1, 1},         {2, 2},         {3, 4},         {5, 4},         {6, 8},         {4096, 4096},
+           {5000, 4096},   {5792, 4096},   {5793, 8192},   {11585, 8192},  {11586, 16384}, {16384, 16384},
+           {23170, 16384}, {23171, 32768}, {1 << 30, 1 << 30}};
+  for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+    char line[128];
+    snprintf(line, sizeof line, "logprob pass=fwd tokens=%lld", (long long)b[i].n);
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    ck_assert_msg(rlk_tune_record_set_key(&r, line) == RLK_OK, "%s: %s", line, rlk_last_error());
+    ck_assert_msg(r.tokens == b[i].bucket, "%lld rows: bucket %lld, expected %lld", (long long)b[i].n,
+                  (long long)r.tokens, (long long)b[i].bucket);
+  }
+  /* the shape is canonical: order, defaults and irrelevant settings do not change it */
+  rlk_tune_record a, c;
+  rlk_tune_record_init(&a);
+  rlk_tune_record_init(&c);
+  ck_assert_int_eq(rlk_tune_record_set_key(&a, "logprob tokens=16000 entropy=1 vocab=50257 pass=fwd grad=f32"),
+                   RLK_OK);
+  ck_assert_str_eq(a.op, "logprob");
+  ck_assert_str_eq(a.shape, "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=50257");
+  ck_assert_int_eq(a.tokens, 16384);
+  ck_assert_int_eq(rlk_tune_record_set_key(&c, "logprob  pass=bwd labels=i32 logits=f16 grad=f32 tokens=7"),
+                   RLK_OK);
+  ck_assert_str_eq(c.shape, "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936");
+  ck_assert_int_eq(c.tokens, 8);
+  /* lines that are not a key */
+  static const struct {
+    const char *line, *names;
+  } bad[] = {{"logprob pass=both tokens=64", "pass"},
+             {"logprob tokens=64", "pass"},
+             {"logprob pass=fwd", "tokens"},
+             {"logprob pass=fwd tokens=0", "tokens"},
+             {"logprob pass=fwd tokens=64 variant=vec", "tuning"},
+             {"logprob pass=fwd tokens=64 block=256", "tuning"},
+             {"logprob pass=fwd tokens=64 colour=red", "colour"},
+             {"group_advantage mode=grpo tokens=64", "no tuning candidates"},
+             {"no_such_op tokens=64", "unknown op"},
+             {"", "empty"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
+                  bad[i].line);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
+                  rlk_last_error(), bad[i].names);
+  }
+  ck_assert_int_eq(rlk_tune_record_set_key(NULL, "logprob pass=fwd tokens=1"), RLK_ERR_INVALID_ARGUMENT);
+  /* the candidates an op declares */
+  const char *cands = rlk_tune_candidates("logprob");
+  ck_assert_int_ge(rlk_test_count_lines(cands, "variant="), 8);
+  ck_assert_int_ge(rlk_test_count_lines(cands, "variant=tma"), 1);
+  ck_assert_str_eq(rlk_tune_candidates("group_advantage"), "");
+  ck_assert_str_eq(rlk_tune_candidates("no_such_op"), "");
+  ck_assert_str_eq(rlk_tune_candidates(NULL), "");
+}
+END_TEST
+
+START_TEST(db_round_trip) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-rt", &info);
+  rlk_tune_record r[3];
+  r[0] = make_record("logprob pass=fwd entropy=1 vocab=151936 tokens=16384", &info,
+                     "variant=bulk block=256 unroll=4 stages=3", 1.5, 1.25);
+  r[0].ntimings = 3;
+  snprintf(r[0].timings[0].settings, sizeof r[0].timings[0].settings, "variant=bulk block=256 unroll=4 stages=3");
+  r[0].timings[0].median_ms = 1.25;
+  snprintf(r[0].timings[1].settings, sizeof r[0].timings[1].settings, "variant=tma block=256 unroll=4 stages=4");
+  r[0].timings[1].result = RLK_TUNE_REJECTED;
+  snprintf(r[0].timings[2].settings, sizeof r[0].timings[2].settings, "variant=vec block=1024 unroll=2");
+  r[0].timings[2].result = RLK_TUNE_FAILED;
+  r[1] = make_record("logprob pass=bwd logits=f16 labels=i32 grad=f32 vocab=50257 tokens=4096", &info, "", 2.0,
+                     2.0);
+  r[2] = make_record("logprob pass=fwd logits=f32 vocab=128256 tokens=3", &info, "variant=vec block=512 unroll=8",
+                     0.125, 0.0625);
+  snprintf(r[2].device, sizeof r[2].device, "Some GPU = with spaces");
+  r[2].created = 1764400000;
+  ck_assert_msg(rlk_tune_db_record(NULL, r, 3) == RLK_OK, "%s", rlk_last_error());
+
+  char *text = read_text(db);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(!strncmp(text, "# rlk-tune-db 1\n", 16), "no version line:\n%s", text);
+  ck_assert_int_eq(rlk_test_count_lines(text, "op=logprob\t"), 3);
+  free(text);
+
+  size_t bad = 99;
+  collected *c = walk_db(NULL, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, 3);
+  for (int i = 0; i < 3; i++) {
+    const rlk_tune_record *g = &c->v[i];
+    ck_assert_str_eq(g->op, r[i].op);
+    ck_assert_str_eq(g->shape, r[i].shape);
+    ck_assert_int_eq(g->tokens, r[i].tokens);
+    ck_assert_str_eq(g->target, r[i].target);
+    ck_assert_str_eq(g->device, r[i].device);
+    ck_assert_int_eq(g->multiprocessors, r[i].multiprocessors);
+    ck_assert_str_eq(g->runtime, rlk_version_string());
+    ck_assert_str_eq(g->compiler, r[i].compiler);
+    ck_assert_str_eq(g->winner, r[i].winner);
+    ck_assert_double_eq_tol(g->default_ms, r[i].default_ms, 1e-9);
+    ck_assert_double_eq_tol(g->best_ms, r[i].best_ms, 1e-9);
+    ck_assert_int_eq(g->created, r[i].created);
+    ck_assert_int_eq(g->ntimings, r[i].ntimings);
+    for (int k = 0; k < g->ntimings; k++) {
+      ck_assert_str_eq(g->timings[k].settings, r[i].timings[k].settings);
+      ck_assert_int_eq(g->timings[k].result, r[i].timings[k].result);
+      ck_assert_double_eq_tol(g->timings[k].median_ms, r[i].timings[k].median_ms, 1e-9);
+    }
+  }
+  free(c);
+
+  /* records that would break the format are refused, and nothing is written */
+  rlk_tune_record bad_r[6];
+  for (int i = 0; i < 6; i++) bad_r[i] = r[1];
+  snprintf(bad_r[0].device, sizeof bad_r[0].device, "tab\there");
+  bad_r[1].tokens = 0;
+  bad_r[2].default_ms = NAN;
+  bad_r[3].ntimings = RLK_TUNE_MAX_TIMINGS + 1;
+  snprintf(bad_r[4].winner, sizeof bad_r[4].winner, "a\nb");
+  bad_r[5].op[0] = '\0';
+  static const char *const fields[] = {"device", "tokens", "default_ms", "ntimings", "winner", "op"};
+  for (int i = 0; i < 6; i++) {
+    ck_assert_int_eq(rlk_tune_db_record(NULL, &bad_r[i], 1), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(rlk_last_error(), fields[i]) != NULL, "'%s' does not name %s", rlk_last_error(), fields[i]);
+  }
+  c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 3);
+  free(c);
+  /* a missing database has no records */
+  char missing[1200];
+  snprintf(missing, sizeof missing, "%s.none", db);
+  c = walk_db(missing, &bad);
+  ck_assert_int_eq(c->n, 0);
+  ck_assert_uint_eq(bad, 0);
+  free(c);
+  ck_assert_int_eq(rlk_tune_db_walk(db, NULL, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  /* the default path is beside the kernel cache */
+  unsetenv("RLK_TUNE_DB");
+  char path[1200], root[1100];
+  ck_assert_int_eq(rlk_tune_db_path(path, sizeof path), RLK_OK);
+  ck_assert_int_eq(rlk_cache_default_root(root, sizeof root), RLK_OK);
+  strcat(root, "/tune.db");
+  ck_assert_str_eq(path, root);
+}
+END_TEST
+
+START_TEST(db_merge_of_runs) {
+  char db[1100], other[1200];
+  fresh_db(db, sizeof db, "tune-merge");
+  rlk_device_info info;
+  host_info(&info);
+  rlk_tune_record a = make_record("logprob pass=fwd vocab=1000 tokens=64", &info, "variant=vec block=256 unroll=4", 1, 0.9);
+  rlk_tune_record b = make_record("logprob pass=bwd vocab=1000 tokens=64", &info, "", 2, 2);
+  rlk_tune_record run1[2] = {a, b};
+  ck_assert_int_eq(rlk_tune_db_record(db, run1, 2), RLK_OK);
+  /* a second run: a new winner for b's key, and a new key c */
+  rlk_tune_record b2 = b, c = make_record("logprob pass=fwd vocab=2000 tokens=64", &info, "", 3, 3);
+  snprintf(b2.winner, sizeof b2.winner, "variant=vec block=1024 unroll=2");
+  b2.best_ms = 1.5;
+  b2.created = 2000;
+  rlk_tune_record run2[2] = {b2, c};
+  ck_assert_int_eq(rlk_tune_db_record(db, run2, 2), RLK_OK);
+  collected *got = walk_db(db, NULL);
+  ck_assert_int_eq(got->n, 3);
+  ck_assert_str_eq(find_key(got, &a)->winner, a.winner);
+  ck_assert_str_eq(find_key(got, &b)->winner, "variant=vec block=1024 unroll=2");
+  ck_assert_double_eq_tol(find_key(got, &b)->best_ms, 1.5, 1e-12);
+  ck_assert_ptr_nonnull(find_key(got, &c));
+  free(got);
+
+  /* merging another file: the record created later wins a shared key */
+  snprintf(other, sizeof other, "%s.other", db);
+  rlk_tune_record old_a = a, new_c = c, d = make_record("logprob pass=fwd vocab=3000 tokens=128", &info, "", 4, 4);
+  old_a.created = 10; /* older than a's 1000: loses */
+  snprintf(old_a.winner, sizeof old_a.winner, "variant=vec block=512 unroll=2");
+  new_c.created = 5000; /* newer than c: wins */
+  snprintf(new_c.winner, sizeof new_c.winner, "variant=vec block=512 unroll=8");
+  rlk_tune_record o[3] = {old_a, new_c, d};
+  ck_assert_int_eq(rlk_tune_db_record(other, o, 3), RLK_OK);
+  size_t taken = 0;
+  ck_assert_msg(rlk_tune_db_merge(db, other, &taken) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(taken, 2);
+  got = walk_db(db, NULL);
+  ck_assert_int_eq(got->n, 4);
+  ck_assert_str_eq(find_key(got, &a)->winner, a.winner);
+  ck_assert_str_eq(find_key(got, &c)->winner, new_c.winner);
+  ck_assert_ptr_nonnull(find_key(got, &d));
+  free(got);
+  /* merging a file that is not a tuning database fails and changes nothing */
+  write_text(other, "hello\n", 6);
+  ck_assert_int_eq(rlk_tune_db_merge(db, other, &taken), RLK_ERR_IO);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), other));
+  snprintf(other, sizeof other, "%s.missing", db);
+  ck_assert_int_eq(rlk_tune_db_merge(db, other, &taken), RLK_ERR_IO);
+  got = walk_db(db, NULL);
+  ck_assert_int_eq(got->n, 4);
+  free(got);
+}
+END_TEST
+
+/* A context uses only its own environment's records. */
+START_TEST(db_other_environments_ignored) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-env", &info);
+  const char *line = "logprob pass=fwd logits=f32 vocab=300 tokens=16";
+  rlk_tune_record r[6];
+  for (int i = 0; i < 6; i++) {
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "logprob pass=fwd logits=f32 vocab=%d tokens=16", 300 + i);
+    r[i] = make_record(cfg, &info, "variant=vec block=256 unroll=2", 1, 0.5);
+  }
+  /* r[0] is ours; each other one differs from this environment in one field */
+  snprintf(r[1].device, sizeof r[1].device, "another %.100s", info.name);
+  r[2].multiprocessors = info.multiprocessors + 1;
+  snprintf(r[3].runtime, sizeof r[3].runtime, "0.0.1");
+  snprintf(r[4].compiler, sizeof r[4].compiler, "clang 1.0");
+  snprintf(r[5].target, sizeof r[5].target, "sm_90a");
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 6), RLK_OK);
+  rlk_context *ctx = rlk_test_host_context();
+  char settings[128];
+  int found = 0;
+  ck_assert_int_eq(rlk_tune_lookup(ctx, line, settings, sizeof settings, &found), RLK_OK);
+  ck_assert_int_eq(found, 1);
+  ck_assert_str_eq(settings, "variant=vec block=256 unroll=2");
+  for (int i = 1; i < 6; i++) {
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "logprob pass=fwd logits=f32 vocab=%d tokens=16", 300 + i);
+    ck_assert_int_eq(rlk_tune_lookup(ctx, cfg, settings, sizeof settings, &found), RLK_OK);
+    ck_assert_msg(found == 0, "a record of another environment (%d) was used", i);
+  }
+  /* the bucket is part of the key: 16 rows, not 64 */
+  ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=300 tokens=64", settings,
+                                   sizeof settings, &found),
+                   RLK_OK);
+  ck_assert_int_eq(found, 0);
+  ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=300 tokens=20", settings,
+                                   sizeof settings, &found),
+                   RLK_OK);
+  ck_assert_int_eq(found, 1);
+  ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=both tokens=20", settings, sizeof settings, &found),
+                   RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_tune_lookup(NULL, line, settings, sizeof settings, &found), RLK_ERR_INVALID_ARGUMENT);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* ---- damaged files -------------------------------------------------------------------- */
+
+typedef struct damaged_run {
+  const char *line; /* a configuration with a good record in the file, or NULL */
+} damaged_run;
+
+/* In a child: three contexts look up and call through a damaged database. Exit 0 when every
+ * call worked and the lookups found what they should (2: a call failed, 3: a lookup was wrong). */
+static int use_damaged(void *arg) {
+  const damaged_run *d = arg;
+  for (int k = 0; k < 3; k++) {
+    rlk_context *ctx = child_host_context();
+    if (!ctx) return 2;
+    char settings[128];
+    int found = 0;
+    if (rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=64 tokens=8", settings, sizeof settings, &found))
+      return 2;
+    if (found) return 3;
+    if (d->line) {
+      if (rlk_tune_lookup(ctx, d->line, settings, sizeof settings, &found) || !found) return 3;
+    }
+    host_call h;
+    host_call_make(&h, 8, 64, 7);
+    rlk_status st = host_fwd(ctx, &h, 1, 0);
+    host_call_free(&h);
+    rlk_context_destroy(ctx);
+    if (st) return 2;
+  }
+  return 0;
+}
+
+START_TEST(db_damaged_files_warn_once) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-bad", &info);
+  const char *good_line = "logprob pass=fwd logits=f32 vocab=77 tokens=8";
+  rlk_tune_record good = make_record(good_line, &info, "variant=vec block=256 unroll=4", 1, 0.5);
+  ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
+  char *text = read_text(db);
+  ck_assert_ptr_nonnull(text);
+  const size_t len = strlen(text);
+  uint64_t rng = rlk_test_seed();
+  char garbage[4096];
+  for (size_t i = 0; i < sizeof garbage; i++) garbage[i] = (char)(rlk_test_rand_u64(&rng) & 0xff);
+  char *with_bad_lines = malloc(len + 512);
+  ck_assert(with_bad_lines);
+  snprintf(with_bad_lines, len + 512,
+           "%sop=logprob\tshape=x\n\nnot a record at all\nop=logprob\ttokens=abc\tshape=y\n%s", text,
+           "op=logprob\tshape=pass=fwd truncated");
+  const struct {
+    const char *name;
+    const char *text;
+    size_t len;
+    int good_kept; /* the good record survives */
+    int min_bad;
+  } cases[] = {
+      {"garbage", garbage, sizeof garbage, 0, 1},
+      {"truncated in its last line", text, len - 5, 0, 1},
+      {"truncated in the version line", text, 7, 0, 1},
+      {"another version", "# rlk-tune-db 2\nop=logprob\n", 27, 0, 1},
+      {"bad lines among good", with_bad_lines, strlen(with_bad_lines), 1, 4},
+      {"NUL bytes", "# rlk-tune-db 1\n\0\0\0\0\n", 21, 0, 1},
+      {"empty", "", 0, 0, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    write_text(db, cases[i].text, cases[i].len);
+    size_t bad = 0;
+    collected *c = walk_db(db, &bad);
+    ck_assert_msg(c->n == cases[i].good_kept, "%s: %d records", cases[i].name, c->n);
+    ck_assert_msg((int)bad >= cases[i].min_bad, "%s: %zu bad lines", cases[i].name, bad);
+    free(c);
+    damaged_run d = {cases[i].good_kept ? good_line : NULL};
+    int status = -1;
+    char *err = capture_stderr(use_damaged, &d, &status);
+    ck_assert_msg(status == 0, "%s: the child failed (%d):\n%s", cases[i].name, status, err);
+    ck_assert_msg(rlk_test_count_lines(err, "rlk warn") == 1, "%s: expected one warning, got:\n%s",
+                  cases[i].name, err);
+    ck_assert_msg(strstr(err, "tuning database") != NULL, "%s: %s", cases[i].name, err);
+    free(err);
+  }
+  /* a directory where the file should be: no crash, no records, an error only for writers */
+  write_text(db, "", 0);
+  unlink(db);
+  ck_assert_int_eq(mkdir(db, 0700), 0);
+  damaged_run d = {NULL};
+  int status = -1;
+  char *err = capture_stderr(use_damaged, &d, &status);
+  ck_assert_msg(status == 0, "directory: the child failed (%d):\n%s", status, err);
+  free(err);
+  ck_assert_int_ne(rlk_tune_db_record(db, &good, 1), RLK_OK);
+  rmdir(db);
+
+  /* a writer moves a file that is not a database aside and starts a new one */
+  write_text(db, garbage, sizeof garbage);
+  ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
+  collected *c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 1);
+  free(c);
+  char dir[1100];
+  snprintf(dir, sizeof dir, "%s", db);
+  *strrchr(dir, '/') = '\0';
+  DIR *dd = opendir(dir);
+  ck_assert_ptr_nonnull(dd);
+  int aside = 0, temps = 0;
+  struct dirent *de;
+  while ((de = readdir(dd))) {
+    aside += strstr(de->d_name, "tune.db.bad-") == de->d_name;
+    temps += strstr(de->d_name, ".tmp-") != NULL;
+  }
+  closedir(dd);
+  ck_assert_int_eq(aside, 1);
+  ck_assert_int_eq(temps, 0);
+  free(with_bad_lines);
+  free(text);
+}
+END_TEST
+
+/* ---- concurrent writers --------------------------------------------------------------- */
+
+START_TEST(db_concurrent_writers_keep_every_record) {
+  enum { P = 6, K = 15 };
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-race", &info);
+  int gate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  fflush(NULL);
+  pid_t pids[P];
+  for (int p = 0; p < P; p++) {
+    pids[p] = fork();
+    ck_assert_int_ge(pids[p], 0);
+    if (pids[p] == 0) {
+      close(gate[1]);
+      char ch;
+      while (read(gate[0], &ch, 1) > 0) {
+      }
+      for (int k = 0; k < K; k++) { /* one record per write: P * K interleaved read-merge-writes */
+        char cfg[128];
+        snprintf(cfg, sizeof cfg, "logprob pass=fwd vocab=%d tokens=%d", 1000 + p, 1 << k);
+        rlk_tune_record r;
+        rlk_tune_record_init(&r);
+        if (rlk_tune_record_set_key(&r, cfg) || rlk_tune_record_set_env(&r, &info)) _exit(1);
+        r.default_ms = r.best_ms = 1 + p + k;
+        if (rlk_tune_db_record(db, &r, 1) != RLK_OK) _exit(2);
+      }
+      _exit(0);
+    }
+  }
+  close(gate[0]);
+  close(gate[1]); /* everyone starts at once */
+  for (int p = 0; p < P; p++) {
+    int status = 0;
+    ck_assert_int_eq(waitpid(pids[p], &status, 0), pids[p]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed (%d)", p,
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, P * K);
+  for (int p = 0; p < P; p++)
+    for (int k = 0; k < K; k++) {
+      char cfg[128];
+      snprintf(cfg, sizeof cfg, "logprob pass=fwd vocab=%d tokens=%d", 1000 + p, 1 << k);
+      rlk_tune_record key = make_record(cfg, &info, "", 0, 0);
+      const rlk_tune_record *got = find_key(c, &key);
+      ck_assert_msg(got != NULL, "writer %d lost record %d", p, k);
+      ck_assert_double_eq_tol(got->default_ms, 1 + p + k, 1e-9);
+    }
+  free(c);
+}
+END_TEST
+
+/* ---- RLK_TUNE and the pending list ---------------------------------------------------- */
+
+static int count_pending(const char *db, const char *shape_part) {
+  collected *c = calloc(1, sizeof *c);
+  ck_assert(c);
+  ck_assert_int_eq(rlk_tune_pending_walk(db, collect, c, NULL), RLK_OK);
+  int n = 0;
+  for (int i = 0; i < c->n; i++) n += strstr(c->v[i].shape, shape_part) != NULL;
+  free(c);
+  return n;
+}
+
+START_TEST(tune_modes_and_pending_list) {
+  char db[1100], pending[1200];
+  fresh_db(db, sizeof db, "tune-modes");
+  snprintf(pending, sizeof pending, "%s.pending", db);
+  rlk_device_info info;
+  host_info(&info);
+  rlk_tune_record rec = make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info,
+                                    "variant=vec block=512 unroll=8", 1, 0.5);
+  ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
+  host_call h;
+  host_call_make(&h, 8, 64, rlk_test_seed());
+  char settings[128];
+  int found = 0;
+  uint64_t hits = 0, misses = 0;
+
+  /* use (the default): calls consult the database and write nothing */
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 1);
+  ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK); /* entropy: another shape, no record */
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 1);
+  ck_assert_uint_eq(misses, 1);
+  rlk_context_destroy(ctx);
+  ck_assert_int_ne(access(pending, F_OK), 0);
+
+  /* off: the database is never read */
+  setenv("RLK_TUNE", "off", 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits + misses, 0);
+  ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=64 tokens=8", settings,
+                                   sizeof settings, &found),
+                   RLK_OK);
+  ck_assert_int_eq(found, 0);
+  rlk_context_destroy(ctx);
+
+  /* tune: a miss joins the pending list once, however many calls and contexts make it */
+  setenv("RLK_TUNE", "tune", 1);
+  for (int k = 0; k < 2; k++) {
+    ctx = rlk_test_host_context();
+    for (int i = 0; i < 3; i++) {
+      ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK); /* a hit: not pending */
+      ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK); /* fwd + entropy: a miss */
+      ck_assert_int_eq(host_bwd(ctx, &h), RLK_OK);       /* bwd: a miss */
+    }
+    ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=fwd logits=f32 vocab=999 tokens=100", settings,
+                                     sizeof settings, &found),
+                     RLK_OK);
+    tune_counts(ctx, &hits, &misses);
+    ck_assert_uint_eq(hits, 3);
+    rlk_context_destroy(ctx);
+  }
+  ck_assert_int_eq(count_pending(db, "pass=fwd logits=f32 labels=i64 entropy=1 vocab=64"), 1);
+  ck_assert_int_eq(count_pending(db, "pass=bwd logits=f32 labels=i64 entropy=0 grad=same vocab=64"), 1);
+  ck_assert_int_eq(count_pending(db, "vocab=999"), 1);
+  ck_assert_int_eq(count_pending(db, "entropy=0 vocab=64"), 0); /* it had a record */
+  collected *c = calloc(1, sizeof *c);
+  ck_assert_int_eq(rlk_tune_pending_walk(db, collect, c, NULL), RLK_OK);
+  ck_assert_int_eq(c->n, 3);
+  for (int i = 0; i < c->n; i++) {
+    ck_assert_str_eq(c->v[i].target, info.target);
+    ck_assert_str_eq(c->v[i].device, info.name);
+    ck_assert_int_eq(c->v[i].tokens, 8 + (strstr(c->v[i].shape, "vocab=999") ? 120 : 0));
+  }
+  /* recording a key takes it off the pending list */
+  rlk_tune_record done = c->v[0];
+  done.default_ms = done.best_ms = 1;
+  ck_assert_int_eq(rlk_tune_db_record(db, &done, 1), RLK_OK);
+  free(c);
+  c = calloc(1, sizeof *c);
+  ck_assert_int_eq(rlk_tune_pending_walk(db, collect, c, NULL), RLK_OK);
+  ck_assert_int_eq(c->n, 2);
+  free(c);
+  /* an unknown mode is "use" */
+  setenv("RLK_TUNE", "sometimes", 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 1);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+  host_call_free(&h);
+}
+END_TEST
+
+/* The database is read once per context: a hit after that touches no file. */
+START_TEST(db_read_once_per_context) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-once", &info);
+  const char *line = "logprob pass=fwd logits=f32 vocab=64 tokens=8";
+  rlk_tune_record rec = make_record(line, &info, "variant=vec block=256 unroll=2", 1, 0.5);
+  ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
+  rlk_context *ctx = rlk_test_host_context();
+  char settings[128];
+  int found = 0;
+  ck_assert_int_eq(rlk_tune_lookup(ctx, line, settings, sizeof settings, &found), RLK_OK);
+  ck_assert_int_eq(found, 1);
+  unlink(db); /* gone: the context still has it */
+  ck_assert_int_eq(rlk_tune_lookup(ctx, line, settings, sizeof settings, &found), RLK_OK);
+  ck_assert_int_eq(found, 1);
+  /* ... and a hit costs far less than reading a file would (timed loosely: sanitizers are slow) */
+  host_call h;
+  host_call_make(&h, 1, 8, 3);
+  rlk_context_destroy(ctx);
+  ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
+  char small[128];
+  snprintf(small, sizeof small, "logprob pass=fwd logits=f32 vocab=8 tokens=1");
+  rec = make_record(small, &info, "variant=vec block=256 unroll=2", 1, 0.5);
+  ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  const int n = 20000;
+  double t0 = now_s();
+  for (int i = 0; i < n; i++) ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  const double tuned = (now_s() - t0) / n;
+  uint64_t hits = 0, misses = 0;
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, (uint64_t)n + 1);
+  rlk_context_destroy(ctx);
+  setenv("RLK_TUNE", "off", 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  t0 = now_s();
+  for (int i = 0; i < n; i++) ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  const double plain = (now_s() - t0) / n;
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+  printf("tune: a 1 x 8 host logprob call takes %.3f us with a database hit, %.3f us with RLK_TUNE=off\n",
+         tuned * 1e6, plain * 1e6);
+  ck_assert_msg(tuned - plain < 20e-6, "a database hit adds %.2f us to a call", (tuned - plain) * 1e6);
+  host_call_free(&h);
+}
+END_TEST
+
+/* ---- variant selection ---------------------------------------------------------------- */
+
+/* On the host every tuning setting falls back to the one host kernel, so what is visible is
+ * the lookup itself: a call without tuning of its own consults the database (and finds the
+ * record of its pass, shape and bucket), a call with tuning or RLK_LOGPROB_VARIANT does not, and
+ * the results are those of the default. */
+START_TEST(selection_on_the_host) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-sel", &info);
+  rlk_tune_record r[2] = {
+      make_record("logprob pass=fwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=512 unroll=8", 1, 0.5),
+      make_record("logprob pass=bwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=1024 unroll=2", 1, 0.5)};
+  ck_assert_int_eq(r[0].tokens, 32);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
+  host_call h;
+  host_call_make(&h, 37, 300, rlk_test_seed());
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t hits = 0, misses = 0;
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd(ctx, &h), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 2);
+  ck_assert_uint_eq(misses, 0);
+  float *logp = malloc(37 * sizeof(float)), *grad = malloc(37 * 300 * sizeof(float));
+  memcpy(logp, h.logp, 37 * sizeof(float));
+  memcpy(grad, h.grad, 37 * 300 * sizeof(float));
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 256), RLK_OK); /* tuning of its own: no lookup */
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits + misses, 2);
+  rlk_context_destroy(ctx);
+  /* the same results without the database */
+  setenv("RLK_TUNE", "off", 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd(ctx, &h), RLK_OK);
+  ck_assert_int_eq(memcmp(logp, h.logp, 37 * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(grad, h.grad, 37 * 300 * sizeof(float)), 0);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+  free(logp);
+  free(grad);
+  host_call_free(&h);
+}
+END_TEST
+
+/* RLK_LOGPROB_VARIANT is a request of its own: with it set, calls do not consult the database.
+ * (It is read once per process; Check runs each test in a process of its own.) */
+START_TEST(variant_override_skips_the_database) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-env-variant", &info);
+  rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 1);
+  ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  setenv("RLK_LOGPROB_VARIANT", "vec", 1);
+  host_call h;
+  host_call_make(&h, 8, 64, 11);
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 0, 0), RLK_OK);
+  uint64_t hits = 1, misses = 1;
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits + misses, 0);
+  rlk_context_destroy(ctx);
+  host_call_free(&h);
+  unsetenv("RLK_LOGPROB_VARIANT");
+}
+END_TEST
+
+/* In a child: calls through a record whose winner cannot run; exit 0 when they all work. */
+static int call_unusable_winner(void *arg) {
+  (void)arg;
+  rlk_context *ctx = child_host_context();
+  if (!ctx) return 2;
+  host_call h;
+  host_call_make(&h, 8, 64, 5);
+  for (int i = 0; i < 4; i++)
+    if (host_fwd(ctx, &h, 0, 0) != RLK_OK || host_fwd(ctx, &h, 1, 0) != RLK_OK) return 3;
+  host_call_free(&h);
+  rlk_context_destroy(ctx);
+  return 0;
+}
+
+START_TEST(unusable_winner_warns_once_and_runs_the_default) {
+  char db[1100];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-unusable", &info);
+  rlk_tune_record r[2] = {
+      /* not a power of two: the vector kernel refuses it */
+      make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=48", 1, 0.5),
+      /* not logprob tuning at all */
+      make_record("logprob pass=fwd logits=f32 vocab=64 entropy=1 tokens=8", &info, "colour=blue", 1, 0.5)};
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
+  int status = -1;
+  char *err = capture_stderr(call_unusable_winner, NULL, &status);
+  ck_assert_msg(status == 0, "calls failed (%d):\n%s", status, err);
+  ck_assert_msg(rlk_test_count_lines(err, "rlk warn") == 2, "expected one warning per record:\n%s", err);
+  ck_assert_int_eq(rlk_test_count_lines(err, "block=48"), 1);
+  ck_assert_int_eq(rlk_test_count_lines(err, "colour=blue"), 1);
+  free(err);
+}
+END_TEST
+
+/* The kernels a plan line builds, through the op's own plan (the selection a call makes). */
+static size_t plan(rlk_context *ctx, const char *settings, rlk_kernel_spec *specs) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", settings);
+  rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
+  size_t np = 0, n = 0;
+  char *save = NULL;
+  for (char *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(t, '=');
+    ck_assert_ptr_nonnull(eq);
+    *eq = '\0';
+    pairs[np].name = t;
+    pairs[np].value = eq + 1;
+    np++;
+  }
+  rlk_status st = rlk_op_logprob.plan(ctx, np, pairs, specs, &n);
+  ck_assert_msg(st == RLK_OK, "%s: %s", settings, rlk_last_error());
+  return n;
+}
+
+static void keys_of(rlk_context *ctx, const char *line, char *keys, size_t size) {
+  int n = 0;
+  rlk_status st = rlk_precompile_keys(ctx, line, keys, size, &n);
+  ck_assert_msg(st == RLK_OK && n > 0, "%s: %s", line, rlk_last_error());
+}
+
+/* On sm_90a the settings change the kernels: a record's winner is what the selection builds
+ * (the plan, which is what a call runs), for its bucket only; plan keys with tokens= equal the
+ * keys of the winner's explicit settings. */
+START_TEST(selection_changes_the_kernels_on_sm90a) {
+  rlk_context_options o;
+  rlk_device_info info;
+  if (!sm90a_options(&o, &info, "selection on sm_90a")) return;
+  char db[1100];
+  fresh_db(db, sizeof db, "tune-sm90");
+  rlk_context *ctx = NULL;
+  const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
+  const char *bwd = "logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936";
+  char line[512];
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  rlk_tune_record r[2];
+  r[0] = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
+  snprintf(line, sizeof line, "%s tokens=4096", bwd);
+  r[1] = make_record(line, &info, "variant=vec block=1024 unroll=2", 2.8, 2.7);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
+
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  /* the default, and the winner for 16384 rows (and 12000: the same bucket) */
+  ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "logprob_fwd");
+  ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1 tokens=4096", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "logprob_fwd");
+  for (int k = 0; k < 2; k++) {
+    ck_assert_uint_eq(plan(ctx, k ? "pass=fwd entropy=1 tokens=12000" : "pass=fwd entropy=1 tokens=16384", specs), 1);
+    ck_assert_str_eq(specs[0].tmpl->entry, "logprob_fwd_bulk");
+    ck_assert_int_eq(specs[0].values[2], 8); /* consumer warps = block / 32 */
+    ck_assert_int_eq(specs[0].values[3], 8); /* unroll */
+    ck_assert_int_eq(specs[0].values[4], 3); /* stages */
+  }
+  /* a call's own tuning wins over the database */
+  ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1 tokens=16384 variant=vec", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "logprob_fwd");
+  /* the backward's winner */
+  ck_assert_uint_eq(plan(ctx, "pass=bwd tokens=4096", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "logprob_bwd");
+  ck_assert_int_eq(specs[0].values[3], 1024); /* block */
+  ck_assert_int_eq(specs[0].values[5], 2);    /* unroll */
+  /* keys: tokens= through the database equals the winner's explicit settings */
+  char tuned[512], explicit_[512], deflt[512];
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  keys_of(ctx, line, tuned, sizeof tuned);
+  snprintf(line, sizeof line, "%s %s", fwd, r[0].winner);
+  keys_of(ctx, line, explicit_, sizeof explicit_);
+  keys_of(ctx, fwd, deflt, sizeof deflt);
+  ck_assert_str_eq(tuned, explicit_);
+  ck_assert_str_ne(tuned, deflt);
+  ck_assert_uint_eq(strlen(tuned), 64);
+  ck_assert_int_eq(rlk_precompile_keys(ctx, fwd, tuned, 10, NULL), RLK_ERR_INVALID_ARGUMENT);
+  rlk_context_destroy(ctx);
+  /* RLK_TUNE=off: the defaults */
+  setenv("RLK_TUNE", "off", 1);
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  keys_of(ctx, line, tuned, sizeof tuned);
+  ck_assert_str_eq(tuned, deflt);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+}
+END_TEST
+
+
+/* ---- the tools: rlk-tune, and rlk-precompile --tune-db -------------------------------- */
+
+static int count_entry(const rlk_cache_entry *e, void *user) {
+  (void)e;
+  ++*(int *)user;
+  return 0;
+}
+
+/* Committed entries of a cache tree (0 for a tree that does not exist). */
+static int cache_entries(const char *root) {
+  int n = 0;
+  if (access(root, F_OK) == 0) ck_assert_int_eq(rlk_cache_walk(root, count_entry, &n), RLK_OK);
+  return n;
+}
+
+START_TEST(rlk_tune_usage_and_dry_run) {
+  const struct {
+    const char *const *args;
+    const char *names;
+  } bad[] = {
+      {ARGS("--no-such-option"), "--no-such-option"},
+      {ARGS("--backend", "quantum"), "quantum"},
+      {ARGS("--vocab", "100"), "--op"},
+      {ARGS("--op", "logprob", "--vocab", "100"), "tokens"},
+      {ARGS("--op", "logprob", "--tokens", "8", "--dtype", "f64"), "logits"},
+      {ARGS("--sweep", "group_advantage mode=grpo tokens=4"), "no tuning candidates"},
+      {ARGS("--sweep", "logprob pass=fwd tokens=8 block=256"), "tuning"},
+      {ARGS("--iters", "0", "--op", "logprob", "--tokens", "8"), "--iters"},
+      {ARGS("--min-gain", "x"), "--min-gain"},
+      {(const char *const[]){NULL}, "nothing to tune"},
+      {ARGS("--config", "/nonexistent/sweep.conf"), "/nonexistent/sweep.conf"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-tune", bad[i].args);
+    expect_status(r, 2, bad[i].names);
+    ck_assert_msg(strstr(r.out, bad[i].names) != NULL, "the message does not name %s:\n%s", bad[i].names, r.out);
+    rlk_test_tool_free(&r);
+  }
+  /* rlk-precompile's database options */
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-all-envs", "--sweep", "logprob", "--targets", "host"));
+  expect_status(r, 2, "rlk-precompile --tune-all-envs without --tune-db");
+  ck_assert_ptr_nonnull(strstr(r.out, "--tune-db"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", "/nonexistent/tune.db"));
+  expect_status(r, 2, "rlk-precompile --tune-db of a missing file");
+  ck_assert_ptr_nonnull(strstr(r.out, "/nonexistent/tune.db"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--help"));
+  expect_status(r, 0, "rlk-tune --help");
+  ck_assert_ptr_nonnull(strstr(r.out, "usage:"));
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--list-candidates"));
+  expect_status(r, 0, "rlk-tune --list-candidates");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "variant="), rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
+  rlk_test_tool_free(&r);
+
+  /* a dry run on the host: 2 vocabularies x 2 buckets (64 and 70 rows share one) x 2 entropy x 2
+   * passes; nothing compiled, timed or written */
+  char dir[1024], cache[1100], db[1100], cache_env[1200], conf[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-dry");
+  snprintf(cache, sizeof cache, "%s/cache", dir);
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(cache_env, sizeof cache_env, "RLK_CACHE_DIR=%s", cache);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune",
+                        ARGS("--dry-run", "--backend", "host", "--op", "logprob", "--vocab", "1000,2000", "--tokens",
+                             "16,64,70", "--dtype", "f32", "--entropy", "0,1", "--db", db));
+  expect_status(r, 0, "rlk-tune --dry-run");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 16);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass="), 16);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass=bwd"), 8);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[compile"), 0);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "tokens=70"), 0);
+  /* on the host every candidate plans to the default's one kernel */
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "same kernels as the default"),
+                   16 * rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
+  rlk_test_tool_free(&r);
+  ck_assert_int_ne(access(db, F_OK), 0);
+  ck_assert_int_eq(cache_entries(cache), 0);
+
+  /* a spec file says the same as flags */
+  snprintf(conf, sizeof conf, "%s/sweep.conf", dir);
+  write_text(conf, "# bf16 logits\nlogprob pass=fwd logits=bf16 vocab=151936,50257 tokens=4096  # two\n", 79);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune", ARGS("-n", "--backend", "host", "--config", conf, "--db", db));
+  expect_status(r, 0, "rlk-tune --dry-run --config");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 2);
+  rlk_test_tool_free(&r);
+
+  /* without a device, a dry run for a GPU target plans through a compile-only context */
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-tune",
+                        ARGS("-n", "--backend", "cuda", "--target", "sm_90a", "--op", "logprob", "--tokens", "4096",
+                             "--dtype", "bf16", "--db", db));
+  if (r.status == 1 && strstr(r.out, "nvrtc")) {
+    printf("skip (tune: dry run for sm_90a): no NVRTC:\n%s", r.out);
+  } else if (strstr(r.out, "sm_90a (") || strstr(r.out, "(sm_90a,")) {
+    expect_status(r, 0, "rlk-tune --dry-run for sm_90a");
+    ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 2);
+    /* the bulk and tensor-map candidates are forwards only: the backward runs the default for them */
+    ck_assert_int_ge(rlk_test_count_lines(r.out, "same kernels as the default"), 8);
+    ck_assert_int_ge(rlk_test_count_lines(r.out, "2 kernels, timed"), 2); /* tma and its fallback */
+  }
+  rlk_test_tool_free(&r);
+  ck_assert_int_ne(access(db, F_OK), 0);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
+  char dir[1024], db[1100], json[1100], tree[1100], empty[1100], db_env[1200];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-run");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(json, sizeof json, "%s/tune.json", dir);
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  snprintf(db_env, sizeof db_env, "RLK_TUNE_DB=%s", db);
+  const char *cands = rlk_tune_candidates("logprob");
+  const int ncand = rlk_test_count_lines(cands, "variant=");
+
+  rlk_test_tool_run r = rlk_test_run_tool(
+      NULL, "rlk-tune",
+      ARGS("--backend", "host", "--sweep", "logprob pass=fwd,bwd logits=f32 labels=i64 entropy=1 vocab=1000 tokens=24",
+           "--iters", "3", "--warmup", "1", "-j", "2", "--db", db, "--json", json, "--time-duplicates"));
+  expect_status(r, 0, "rlk-tune on the host");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/2] logprob pass="), 1);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[2/2] logprob pass="), 1);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "default ms"), 1); /* the table */
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
+  rlk_test_tool_free(&r);
+  rlk_device_info info;
+  host_info(&info);
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, 2);
+  for (int i = 0; i < 2; i++) {
+    const rlk_tune_record *g = &c->v[i];
+    ck_assert_str_eq(g->op, "logprob");
+    ck_assert_int_eq(g->tokens, 32);
+    ck_assert_str_eq(g->target, info.target);
+    ck_assert_str_eq(g->device, info.name);
+    ck_assert_int_eq(g->multiprocessors, info.multiprocessors);
+    ck_assert_str_eq(g->compiler, info.compiler);
+    ck_assert_int_eq(g->ntimings, ncand);
+    ck_assert_msg(g->default_ms > 0 && g->best_ms > 0 && g->best_ms <= g->default_ms, "%g %g", g->default_ms,
+                  g->best_ms);
+    /* on the host every candidate is the default's kernel: timed (--time-duplicates), never a winner */
+    ck_assert_str_eq(g->winner, "");
+    for (int k = 0; k < g->ntimings; k++) {
+      ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
+      ck_assert_msg(g->timings[k].median_ms > 0, "%s: %g", g->timings[k].settings, g->timings[k].median_ms);
+      ck_assert_ptr_nonnull(strstr(cands, g->timings[k].settings));
+    }
+  }
+  ck_assert_ptr_nonnull(strstr(c->v[0].shape, "pass=fwd"));
+  ck_assert_ptr_nonnull(strstr(c->v[1].shape, "pass=bwd"));
+  free(c);
+  char *text = read_text(json);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\"line\": \"logprob pass="), 2);
+  ck_assert_int_eq(rlk_test_count_lines(text, "\"result\": \"timed\""), 2 * (ncand + 1));
+  free(text);
+
+  /* a later call of that configuration takes its record */
+  setenv("RLK_TUNE_DB", db, 1);
+  host_call h;
+  host_call_make(&h, 24, 1000, rlk_test_seed());
+  rlk_context *ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 1), RLK_OK);
+  uint64_t hits = 0, misses = 0;
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 2);
+  ck_assert_uint_eq(misses, 0);
+  rlk_context_destroy(ctx);
+
+  /* precompiled from the database, the kernels those calls take are found with RLK_JIT=0 */
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", db, "--out", tree, "-j", "2"));
+  expect_status(r, 0, "rlk-precompile --tune-db");
+  ck_assert_ptr_nonnull(strstr(r.out, "2 records taken"));
+  ck_assert_msg(strstr(r.out, ", 0 failed") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  ck_assert_int_eq(mkdir(empty, 0700), 0);
+  setenv("RLK_JIT", "0", 1);
+  setenv("RLK_CACHE_RO_DIRS", tree, 1);
+  setenv("RLK_CACHE_DIR", empty, 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h, 1, 0), RLK_OK);
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 1), RLK_OK);
+  rlk_counters cnt;
+  ck_assert_int_eq(rlk_context_counters(ctx, &cnt), RLK_OK);
+  ck_assert_uint_eq(cnt.compiles, 0);
+  ck_assert_uint_eq(cnt.misses, 0);
+  ck_assert_uint_eq(cnt.disk_hits, 2);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 2);
+  /* ... and RLK_JIT=0 is in force: a kernel the tree lacks is an error */
+  ck_assert_int_eq(host_bwd_entropy(ctx, &h, 0), RLK_ERR_JIT_DISABLED);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_JIT");
+  unsetenv("RLK_CACHE_RO_DIRS");
+  char cache[1100];
+  snprintf(cache, sizeof cache, "%s/cache", rlk_test_tmpdir());
+  setenv("RLK_CACHE_DIR", cache, 1);
+
+  /* RLK_TUNE=tune notes a configuration without a record; rlk-tune --pending sweeps it */
+  setenv("RLK_TUNE", "tune", 1);
+  host_call h2;
+  host_call_make(&h2, 24, 500, rlk_test_seed() + 1);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h2, 0, 0), RLK_OK);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE");
+  ck_assert_int_eq(count_pending(db, "vocab=500"), 1);
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--pending", "--backend", "host", "--iters", "2", "--warmup", "0"));
+  expect_status(r, 0, "rlk-tune --pending");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/1] logprob pass=fwd logits=f32 labels=i64 entropy=0 vocab=500"), 1);
+  rlk_test_tool_free(&r);
+  ck_assert_int_eq(count_pending(db, "vocab="), 0);
+  c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 3);
+  free(c);
+  ctx = rlk_test_host_context();
+  ck_assert_int_eq(host_fwd(ctx, &h2, 0, 0), RLK_OK);
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 1);
+  rlk_context_destroy(ctx);
+
+  /* --list shows the records; --merge takes another database's */
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--list"));
+  expect_status(r, 0, "rlk-tune --list");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "logprob  pass="), 3);
+  rlk_test_tool_free(&r);
+  char other[1100];
+  snprintf(other, sizeof other, "%s/other.db", dir);
+  rlk_tune_record o = make_record("logprob pass=fwd logits=f16 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 0.9);
+  ck_assert_int_eq(rlk_tune_db_record(other, &o, 1), RLK_OK);
+  r = rlk_test_run_tool(ENV(db_env), "rlk-tune", ARGS("--merge", other));
+  expect_status(r, 0, "rlk-tune --merge");
+  ck_assert_ptr_nonnull(strstr(r.out, "1 record taken"));
+  rlk_test_tool_free(&r);
+  c = walk_db(db, NULL);
+  ck_assert_int_eq(c->n, 4);
+  free(c);
+  host_call_free(&h);
+  host_call_free(&h2);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+/* Counts a tree's logprob entries for bf16 logits whose parameters hold every one of `params`. */
+typedef struct entry_find {
+  const char *params[4];
+  int found;
+} entry_find;
+
+static int find_entry(const rlk_cache_entry *e, void *user) {
+  entry_find *f = user;
+  int ok = !strcmp(e->family, "logprob") && strstr(e->params, "logits=bf16") != NULL;
+  for (int i = 0; i < 4 && f->params[i] && ok; i++) ok = strstr(e->params, f->params[i]) != NULL;
+  f->found += ok;
+  return 0;
+}
+
+/* A cluster ships tuned kernels: precompiled from the database for sm_90a, the winner a plan (a
+ * call) takes is in the tree and is found with RLK_JIT=0. */
+START_TEST(precompile_from_the_database_for_sm90a) {
+  rlk_context_options o;
+  rlk_device_info info;
+  if (!sm90a_options(&o, &info, "precompile from the database for sm_90a")) return;
+  rlk_context *ctx = NULL;
+  char dir[1024], db[1100], tree[1100], empty[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-ship");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
+  char line[512];
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  rlk_tune_record r = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
+  rlk_tune_record other = r; /* another runtime's record: left out without --tune-all-envs */
+  snprintf(other.runtime, sizeof other.runtime, "0.0.1");
+  snprintf(other.winner, sizeof other.winner, "variant=bulk block=512 unroll=2 stages=4");
+  rlk_tune_record both[2] = {r, other};
+  ck_assert_int_eq(rlk_tune_db_record(db, both, 2), RLK_OK);
+  rlk_test_tool_run t = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--tune-db", db, "--out", tree, "-j", "2"));
+  expect_status(t, 0, "rlk-precompile --tune-db for sm_90a");
+  ck_assert_ptr_nonnull(strstr(t.out, "1 record taken"));
+  ck_assert_ptr_nonnull(strstr(t.out, "1 of other environments left out"));
+  ck_assert_int_eq(rlk_test_count_lines(t.out, "] sm_90a"), 2); /* the default and the winner */
+  rlk_test_tool_free(&t);
+  entry_find bulk = {{"cwarps=8", "stages=3", "unroll=8", NULL}, 0};
+  entry_find other_bulk = {{"cwarps=16", "stages=4", "unroll=2", NULL}, 0};
+  ck_assert_int_eq(rlk_cache_walk(tree, find_entry, &bulk), RLK_OK);
+  ck_assert_int_eq(rlk_cache_walk(tree, find_entry, &other_bulk), RLK_OK);
+  ck_assert_int_eq(bulk.found, 1);
+  ck_assert_int_eq(other_bulk.found, 0);
+
+  ck_assert_int_eq(mkdir(empty, 0700), 0);
+  setenv("RLK_TUNE_DB", db, 1);
+  setenv("RLK_JIT", "0", 1);
+  setenv("RLK_CACHE_RO_DIRS", tree, 1);
+  setenv("RLK_CACHE_DIR", empty, 1);
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  int n = 0;
+  ck_assert_msg(rlk_precompile(ctx, line, &n) == RLK_OK, "%s", rlk_last_error()); /* the tuned kernel */
+  ck_assert_msg(rlk_precompile(ctx, fwd, &n) == RLK_OK, "%s", rlk_last_error());  /* the default */
+  ck_assert_uint_eq(rlk_test_compiles(ctx), 0);
+  snprintf(line, sizeof line, "%s variant=vec block=256", fwd);
+  ck_assert_int_eq(rlk_precompile(ctx, line, &n), RLK_ERR_JIT_DISABLED); /* not shipped */
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_JIT");
+  unsetenv("RLK_CACHE_RO_DIRS");
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+Suite *tune_suite(void) {
+  Suite *s = suite_create("tune");
+  TCase *db = tcase_create("db");
+  tcase_set_timeout(db, 120);
+  tcase_add_test(db, buckets_and_keys);
+  tcase_add_test(db, db_round_trip);
+  tcase_add_test(db, db_merge_of_runs);
+  tcase_add_test(db, db_other_environments_ignored);
+  tcase_add_test(db, db_damaged_files_warn_once);
+  tcase_add_test(db, db_concurrent_writers_keep_every_record);
+  tcase_add_test(db, tune_modes_and_pending_list);
+  tcase_add_test(db, db_read_once_per_context);
+  suite_add_tcase(s, db);
+  TCase *sel = tcase_create("selection");
+  tcase_set_timeout(sel, 120);
+  tcase_add_test(sel, selection_on_the_host);
+  tcase_add_test(sel, variant_override_skips_the_database);
+  tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
+  tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
+  suite_add_tcase(s, sel);
+  TCase *tools = tcase_create("tools");
+  /* these run the tools, and compilers, in child processes */
+  tcase_set_timeout(tools, 300);
+  tcase_add_test(tools, rlk_tune_usage_and_dry_run);
+  tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
+  tcase_add_test(tools, precompile_from_the_database_for_sm90a);
+  suite_add_tcase(s, tools);
+  return s;
+}
