@@ -677,8 +677,8 @@ typedef enum rlk_logprob_variant {
   RLK_LOGPROB_VARIANT_VEC = 1,  /* 16-byte vector loads, several in flight (every backend) */
   RLK_LOGPROB_VARIANT_BULK = 2, /* sm_90+: 1-D bulk copies (cp.async.bulk) into a shared-memory
                                  * ring, mbarrier pipeline; forward only */
-  RLK_LOGPROB_VARIANT_TMA = 3   /* sm_90+, EXPERIMENTAL: tensor-map copies (cp.async.bulk.tensor),
-                                 * never a default until it has run correctly on a GPU; forward only */
+  RLK_LOGPROB_VARIANT_TMA = 3   /* sm_90+: tensor-map copies (cp.async.bulk.tensor) of 512-byte x
+                                 * row boxes into a shared-memory ring; forward only */
 } rlk_logprob_variant;
 
 /* Bits that rlk_logprob and rlk_logprob_backward OR into the caller's status word. */
@@ -828,7 +828,10 @@ typedef struct rlk_sample_args {
   rlk_tensor logp_filtered;
   /* Optional i32 [1] (device memory): RLK_SAMPLE_STATUS_* bits are OR-ed into it, never cleared. */
   rlk_tensor status;
-  /* The rlk_logprob tuning (its block and unroll; 0: its defaults) whose rounding logp reproduces. */
+  /* The rlk_logprob tuning (its block and unroll; 0: its defaults) whose rounding logp reproduces.
+   * The sampler never reads the tuning database: where rlk_logprob's calls run a database winner
+   * of the vector variant (rlk-tune --list), give its block and unroll here to keep the bits; a
+   * bulk or tensor-map winner sums in another order, which no setting here reproduces. */
   int logprob_block;
   int logprob_unroll;
 } rlk_sample_args;

@@ -494,11 +494,13 @@ static void cases_reproducible(rlk_context *ctx, uint64_t *rng, int64_t V, int f
   batch_free(&b);
 }
 
-/* Equal logits make every mass exactly 2^40, so the masked draw's token is umulhi(R1, V 2^40) >> 40:
- * the kernel's Philox draws and counters against the reference generator (min_p > 0 takes the
- * masked path; min_p 1 keeps every token since all are the maximum). */
+/* Equal logits make every mass exactly 2^40, so the masked draw's token is umulhi(R1, V 2^40) >> 40
+ * when the kernel walks the row in index order: the kernel's Philox draws and counters against the
+ * reference generator (min_p > 0 takes the masked path; min_p 1 keeps every token since all are
+ * the maximum). V = 8 f32 rows are two aligned 16-byte vectors in one thread's share, which the GPU
+ * walks in index order (a share's scalar head and tail come first, so V must have none). */
 static void cases_philox(rlk_context *ctx) {
-  const int64_t B = 300, V = 7;
+  const int64_t B = 300, V = 8;
   smp_batch b = batch_new(B, V, 0, RLK_F32);
   for (int64_t i = 0; i < B; i++)
     for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 0.0);

@@ -11,7 +11,7 @@
  *   fwd+bwd      both calls back to back                                      [<= 4.2 ms]
  * for 16384 x 151936, 4096 x 151936 and 16384 x 128256 (--shape replaces the list). --sweep also
  * times every tuning candidate the op declares (rlk_op_logprob.candidates) on the first shape's
- * fwd+entropy; tensor-map candidates only with --tma (that variant is experimental). Device events
+ * fwd+entropy; tensor-map candidates only with --tma. Device events
  * around each call, 3 warm-up calls, median / min / max of --iters. The logits are far larger
  * than the L2, so no buffer rotation is needed. Extra device memory: the op allocates none; its
  * outputs are O(N) (12 N bytes). On the host backend the default shapes shrink to 64 rows.

@@ -27,7 +27,9 @@ def grpo(s, G):
 
 def zero_d(place, value=1.0):
     """A 0-d f32 array (place.to makes at least 1-D ones)."""
-    return torch.tensor(value, dtype=torch.float32) if place.torch else np.array(value, np.float32)
+    if place.torch:
+        return torch.tensor(value, dtype=torch.float32, device="cuda" if place.cuda else "cpu")
+    return np.array(value, np.float32)
 
 
 def warm(place):

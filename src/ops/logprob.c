@@ -3,15 +3,14 @@
  * Kernels (templates/cuda/logprob*.cuh, templates/host/logprob_*.c):
  *   logprob_fwd       16-byte vector loads; every backend (the host runs the same f32 algorithm)
  *   logprob_fwd_bulk  sm_90+: 1-D bulk copies into a shared-memory ring (cp.async.bulk, mbarriers)
- *   logprob_fwd_tma   sm_90+, experimental: tensor-map copies (cp.async.bulk.tensor)
+ *   logprob_fwd_tma   sm_90+: tensor-map copies (cp.async.bulk.tensor)
  *   logprob_bwd       16-byte vectors; in place allowed
  * A forward is one launch, a backward one launch. Extra device memory: none (the outputs are O(N)).
  *
  * Variants and defaults. The default on every arch is the vector kernel: it needs nothing beyond
- * plain loads and has been the reference everywhere. The bulk variant is a tuning candidate on
- * sm_90+; the tensor-map variant stays experimental (never a default) until it has run correctly
- * on a GPU: on the H200 this was developed for, every cp.async.bulk.tensor faulted with an illegal
- * instruction, and a fault poisons the CUDA context, so it cannot be probed at run time. A variant
+ * plain loads and has been the reference everywhere. The bulk and tensor-map variants are tuning
+ * candidates on sm_90+: both agree with it on an H200 (the GPU tests' gpu_variants case), neither
+ * was faster there (rlk-bench-logprob --sweep --tma, rlk-tune), so neither is a default. A variant
  * a target cannot run (bulk or tma off sm_90, tma on a tensor whose row stride or base the copy
  * engine cannot describe) falls back to the arch's default, with that default's tuning.
  *
@@ -215,8 +214,6 @@ static int lp_env_override(void) {
         found = 1;
       }
     if (!found) rlk_warn("RLK_LOGPROB_VARIANT='%s' is not auto, vec, bulk or tma: ignored", e);
-    else if (v == RLK_LOGPROB_VARIANT_TMA)
-      rlk_warn("RLK_LOGPROB_VARIANT=tma: the tensor-map variant is experimental");
   }
   atomic_store_explicit(&lp_env_variant, v, memory_order_relaxed);
   return v;
@@ -631,7 +628,7 @@ static const char lp_help[] =
     "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
     "grad: same|f32, the backward's dlogits dtype (same)\n"
     "vocab: V, picks the row layout: a block per row, or rows sharing a block (151936)\n"
-    "variant: auto|vec|bulk|tma; bulk and tma are sm_90+ forwards, tma experimental; elsewhere "
+    "variant: auto|vec|bulk|tma; bulk and tma are sm_90+ forwards; elsewhere "
     "the default runs (auto)\n"
     "block: threads per block, 0 for the default; bulk/tma: consumer threads (0)\n"
     "seg: threads per row of the vector kernel, 0 for the default (0)\n"

@@ -5,7 +5,7 @@
  *                     STAGES tiles, full/empty mbarriers; a producer warp and CWARPS consumer warps,
  *                     persistent blocks over rows (the ring runs on across row boundaries). The
  *                     unaligned head and tail of a row (< 16 bytes each) are read with plain loads.
- *   logprob_fwd_tma   EXPERIMENTAL. 2-D tensor-map copies (cp.async.bulk.tensor): boxes of 512 bytes
+ *   logprob_fwd_tma   2-D tensor-map copies (cp.async.bulk.tensor): boxes of 512 bytes
  *                     x ROWS rows, NBOX boxes a stage; a consumer warp per row. The tensor map is
  *                     encoded on the host per launch and passed as a __grid_constant__ parameter.
  *                     Not a default anywhere until it has run correctly on a GPU.

@@ -67,6 +67,7 @@ class Case:
 
 FAMILIES = {}
 SHRINK = 1  # --shrink: every size divided by this (smoke tests on a CPU)
+ANCHORS = True  # --no-anchors: leave out other libraries (Liger-Kernel, FlashInfer)
 
 
 def S(n):
@@ -362,6 +363,8 @@ V_QWEN = 151936
 
 def _liger_logp():
     """Liger-Kernel's Triton selective log-softmax (forward only), when installed."""
+    if not ANCHORS:
+        return None
     try:
         from liger_kernel.ops.grpo_loss import fused_selective_log_softmax
     except Exception:
@@ -377,6 +380,8 @@ def _liger_logp():
 def _liger_ce():
     """Liger-Kernel's cross entropy (reduction none): -logp, its gradient computed in the
     forward and written over the logits."""
+    if not ANCHORS:
+        return None
     try:
         from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
     except Exception:
@@ -507,6 +512,8 @@ def _torch_sort_sample(x, T, k, p):
 
 
 def _flashinfer_sampling():
+    if not ANCHORS:
+        return None
     try:
         import flashinfer.sampling as fs
     except Exception:
@@ -804,9 +811,12 @@ def main(argv=None):
     ap.add_argument("--json", help="default: OUT_DIR/harness.json")
     ap.add_argument("--no-charts", action="store_true")
     ap.add_argument("--shrink", type=int, default=1, help="divide every size by this (smoke tests)")
+    ap.add_argument("--no-anchors", action="store_true",
+                    help="leave out other libraries' rows (Liger-Kernel, FlashInfer: JIT-compiled on first use)")
     args = ap.parse_args(argv)
-    global SHRINK
+    global SHRINK, ANCHORS
     SHRINK = max(1, args.shrink)
+    ANCHORS = not args.no_anchors
 
     names = list(FAMILIES) if not args.ops else [s.strip() for s in args.ops.split(",") if s.strip()]
     unknown = [n for n in names if n not in FAMILIES]
