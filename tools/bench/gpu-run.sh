@@ -6,7 +6,7 @@
 # Logs and JSON go to a work folder that is packed into $OUT/results.tgz; a short table is
 # printed last.
 #   usage (repository root, build/ built):  REV=<git revision> tools/bench/gpu-run.sh
-#   STEPS="tests demo bench torch python precompile" limits what runs (default: all).
+#   STEPS="tests demo bench torch python tune precompile" limits what runs (default: all).
 set -u
 OUT=${OUT:-gpu-out}
 W=/tmp/rlk-gpu-run
@@ -15,7 +15,7 @@ export RLK_TEST_BIN_DIR=$PWD/build/bin
 export RLK_CACHE_DIR=/tmp/rlk-gpu-cache
 export PYTHONUNBUFFERED=1
 rm -rf "$RLK_CACHE_DIR"
-STEPS=${STEPS:-"tests demo bench torch python precompile"}
+STEPS=${STEPS:-"tests demo bench torch python tune precompile"}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # Wheels carried in .whl/ (Liger-Kernel, an anchor of the harness) go to a private site dir.
 if ls .whl/*.whl > /dev/null 2>&1; then
@@ -102,6 +102,14 @@ if has python && [ -d python/tests ]; then
     echo "rc=$?" >> "$W/grpo_step.log"
     { echo "== examples/grpo_step.py"; tail -15 "$W/grpo_step.log"; } | tee -a "$summary"
   fi
+fi
+
+if has tune && [ -x tools/bench/tune-sweep.sh ]; then
+  echo "== tune sweep (logprob)"
+  OUT=$W/tune timeout 600 tools/bench/tune-sweep.sh > "$W/tune-sweep.log" 2>&1
+  echo "rc=$?" >> "$W/tune-sweep.log"
+  tail -25 "$W/tune-sweep.log"
+  { echo "== tune sweep"; tail -25 "$W/tune-sweep.log"; } >> "$summary"
 fi
 
 if has precompile; then
