@@ -146,13 +146,6 @@ static void free_data(seq_data *d) {
 /* Device buffers: [B, T] with row stride T + pad, padding poisoned                    */
 /* ---------------------------------------------------------------------------------- */
 
-static void *dev_alloc(rlk_context *ctx, size_t bytes) {
-  void *p = NULL;
-  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 1, &p);
-  ck_assert_msg(st == RLK_OK, "rlk_malloc: %s", rlk_last_error());
-  return p;
-}
-
 static size_t rows_bytes(const seq_case *c, rlk_dtype d) {
   return (size_t)((c->B - 1) * (c->T + c->pad) + c->T) * rlk_dtype_size(d);
 }
@@ -179,7 +172,7 @@ static void *upload_rows(rlk_context *ctx, const seq_case *c, rlk_dtype d, const
       else if (d == RLK_I32)
         ((int32_t *)h)[i] = (int32_t)x;
     }
-  void *p = dev_alloc(ctx, bytes);
+  void *p = rlk_test_dev_alloc(ctx, bytes);
   ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, h, bytes), RLK_OK);
   free(h);
   return p;
@@ -209,7 +202,7 @@ static void *upload_mask(rlk_context *ctx, const seq_case *c, const double *m, u
 /* An output buffer filled with 0xff bytes (NaN). */
 static void *alloc_out(rlk_context *ctx, const seq_case *c) {
   const size_t bytes = rows_bytes(c, c->dtype);
-  void *p = dev_alloc(ctx, bytes);
+  void *p = rlk_test_dev_alloc(ctx, bytes);
   ck_assert_int_eq(rlk_memset(ctx, p, 0xff, bytes), RLK_OK);
   return p;
 }
@@ -384,7 +377,7 @@ static void run_cumsum(rlk_context *ctx, const seq_case *c, const seq_data *d, i
       else
         ((double *)h)[b] = d->base[b];
     }
-    bd = dev_alloc(ctx, (size_t)c->B * es);
+    bd = rlk_test_dev_alloc(ctx, (size_t)c->B * es);
     ck_assert_int_eq(rlk_memcpy_to_device(ctx, bd, h, (size_t)c->B * es), RLK_OK);
     free(h);
   }
@@ -742,7 +735,7 @@ static void run_whiten(rlk_context *ctx, const whiten_case *w, const double *x, 
   describe(c, w->in_place ? "masked_whiten in place" : "masked_whiten", what, sizeof what);
   void *xd = upload_rows(ctx, c, c->dtype, x), *md = upload_mask(ctx, c, m, rng);
   void *od = w->in_place ? xd : alloc_out(ctx, c);
-  double *sd = dev_alloc(ctx, 3 * sizeof(double));
+  double *sd = rlk_test_dev_alloc(ctx, 3 * sizeof(double));
   ck_assert_int_eq(rlk_memset(ctx, sd, 0xff, 3 * sizeof(double)), RLK_OK);
   rlk_masked_whiten_args a = *params;
   if (w->one_d) {
@@ -757,7 +750,7 @@ static void run_whiten(rlk_context *ctx, const whiten_case *w, const double *x, 
   a.stats = rlk_tensor_1d(sd, RLK_F64, 3);
   size_t ws = 0;
   ck_assert_int_eq(rlk_masked_whiten_workspace_size(ctx, &a, &ws), RLK_OK);
-  void *wd = ws ? dev_alloc(ctx, ws) : NULL;
+  void *wd = ws ? rlk_test_dev_alloc(ctx, ws) : NULL;
   a.workspace = wd;
   a.workspace_bytes = ws;
   rlk_status st = rlk_masked_whiten(ctx, &a, NULL);
@@ -1547,18 +1540,7 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (advantage_scan gpu): no CUDA context: %s\n", rlk_last_error());
-    fflush(stdout);
-    return NULL;
-  }
-  return ctx;
-}
+static rlk_context *cuda_context(void) { return rlk_test_cuda_context("advantage_scan"); }
 
 #define GPU_CASE(name)                                   \
   START_TEST(gpu_##name) {                               \

@@ -70,19 +70,6 @@ static ga_case base_case(int64_t B, int64_t G) {
   return c;
 }
 
-static void *dev_alloc(rlk_context *ctx, size_t bytes) {
-  void *p = NULL;
-  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 1, &p);
-  ck_assert_msg(st == RLK_OK, "rlk_malloc: %s", rlk_last_error());
-  return p;
-}
-
-static void *dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
-  void *p = dev_alloc(ctx, bytes);
-  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
-  return p;
-}
-
 static void store(void *base, rlk_dtype d, int64_t i, double v) {
   switch (d) {
   case RLK_F32:
@@ -188,26 +175,26 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
     }
 
   /* device copies; outputs poisoned with 0xff bytes (NaN) */
-  void *sd = dev_upload(ctx, sh, (size_t)s_elems * sbytes);
-  void *md = has_mask ? dev_upload(ctx, mh, (size_t)((B - 1) * mstride + T) * rlk_dtype_size(c->mask_dtype)) : NULL;
+  void *sd = rlk_test_dev_upload(ctx, sh, (size_t)s_elems * sbytes);
+  void *md = has_mask ? rlk_test_dev_upload(ctx, mh, (size_t)((B - 1) * mstride + T) * rlk_dtype_size(c->mask_dtype)) : NULL;
   void *od = NULL;
   if (c->group_size == 0) {
     if (c->offsets_dtype == RLK_I32) {
       int32_t *o32 = malloc((size_t)(ng + 1) * sizeof *o32);
       for (int64_t g = 0; g <= ng; g++) o32[g] = (int32_t)offs[g];
-      od = dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
+      od = rlk_test_dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
       free(o32);
     } else {
-      od = dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
+      od = rlk_test_dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
     }
   }
-  float *ad = dev_alloc(ctx, (size_t)B * sizeof(float));
+  float *ad = rlk_test_dev_alloc(ctx, (size_t)B * sizeof(float));
   ck_assert_int_eq(rlk_memset(ctx, ad, 0xff, (size_t)B * sizeof(float)), RLK_OK);
   const int64_t tstride = c->tok_stride ? c->tok_stride : T;
   const int64_t t_elems = c->broadcast ? (B - 1) * tstride + T : 0;
   float *td = NULL;
   if (c->broadcast) {
-    td = dev_alloc(ctx, (size_t)t_elems * sizeof(float));
+    td = rlk_test_dev_alloc(ctx, (size_t)t_elems * sizeof(float));
     ck_assert_int_eq(rlk_memset(ctx, td, 0xff, (size_t)t_elems * sizeof(float)), RLK_OK);
   }
 

@@ -150,21 +150,8 @@ static void describe(const lp_case *c, char *buf, size_t size) {
            (int)c->variant, c->block, c->unroll, c->stages, (unsigned long long)rlk_test_seed());
 }
 
-static void *dev_alloc(rlk_context *ctx, size_t bytes) {
-  void *p = NULL;
-  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 1, &p);
-  ck_assert_msg(st == RLK_OK, "rlk_malloc(%zu): %s", bytes, rlk_last_error());
-  return p;
-}
-
-static void *dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
-  void *p = dev_alloc(ctx, bytes);
-  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
-  return p;
-}
-
 static void *dev_poisoned(rlk_context *ctx, size_t bytes) {
-  void *p = dev_alloc(ctx, bytes);
+  void *p = rlk_test_dev_alloc(ctx, bytes);
   ck_assert_int_eq(rlk_memset(ctx, p, 0xff, bytes), RLK_OK);
   return p;
 }
@@ -308,15 +295,15 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
   }
 
   /* device buffers; outputs poisoned */
-  void *xdv = dev_upload(ctx, xh, (size_t)elems * es);
-  void *ldv = dev_upload(ctx, lh, (size_t)lelems * lsz);
+  void *xdv = rlk_test_dev_upload(ctx, xh, (size_t)elems * es);
+  void *ldv = rlk_test_dev_upload(ctx, lh, (size_t)lelems * lsz);
   float *lp_d = dev_poisoned(ctx, (size_t)N * 4);
   const int want_lse = c->lse || backward;
   float *lse_d = want_lse ? dev_poisoned(ctx, (size_t)N * 4) : NULL;
   float *ent_d = c->entropy ? dev_poisoned(ctx, (size_t)N * 4) : NULL;
   int32_t *st_d = NULL;
   if (c->status) {
-    st_d = dev_alloc(ctx, 4);
+    st_d = rlk_test_dev_alloc(ctx, 4);
     ck_assert_int_eq(rlk_memset(ctx, st_d, 0, 4), RLK_OK);
   }
 
@@ -378,8 +365,8 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       gh[i] = c->g_H ? (float)(0.3 * rlk_test_rand_normal(rng)) : 0.0f;
     }
     if (c->g_lp && N > 2) glp[N / 2] = 0.0f; /* a zero gradient row */
-    float *glp_d = c->g_lp ? dev_upload(ctx, glp, (size_t)N * 4) : NULL;
-    float *gh_d = c->g_H ? dev_upload(ctx, gh, (size_t)N * 4) : NULL;
+    float *glp_d = c->g_lp ? rlk_test_dev_upload(ctx, glp, (size_t)N * 4) : NULL;
+    float *gh_d = c->g_H ? rlk_test_dev_upload(ctx, gh, (size_t)N * 4) : NULL;
     if (c->g_H) ck_assert_msg(ent_d != NULL, "test setup: g_H needs the entropy");
     const rlk_dtype gd = c->in_place ? c->dtype : c->grad_dtype;
     const size_t ges = rlk_dtype_size(gd);
@@ -1110,18 +1097,7 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1; RLK_TEST_TMA=0 leaves the tensor-map variant out)             */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (logprob gpu): no CUDA context: %s\n", rlk_last_error());
-    fflush(stdout);
-    return NULL;
-  }
-  return ctx;
-}
+static rlk_context *cuda_context(void) { return rlk_test_cuda_context("logprob"); }
 
 static int tma_enabled(void) {
   const char *e = getenv("RLK_TEST_TMA");

@@ -22,19 +22,6 @@
 /* Buffers                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
-static void *dev_alloc(rlk_context *ctx, size_t bytes) {
-  void *p = NULL;
-  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 16, &p);
-  ck_assert_msg(st == RLK_OK, "rlk_malloc: %s", rlk_last_error());
-  return p;
-}
-
-static void *dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
-  void *p = dev_alloc(ctx, bytes);
-  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
-  return p;
-}
-
 static void put(void *base, rlk_dtype d, int64_t i, double v) {
   switch (d) {
   case RLK_F32: ((float *)base)[i] = (float)v; break;
@@ -401,27 +388,27 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   describe(c, what, sizeof what);
   void *dv[7] = {0};
   for (int k = 0; k < 7; k++)
-    if (d->h[k]) dv[k] = dev_upload(ctx, d->h[k], d->hbytes[k]);
+    if (d->h[k]) dv[k] = rlk_test_dev_upload(ctx, d->h[k], d->hbytes[k]);
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
     for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
-    offs_d = dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
+    offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
   const size_t es = rlk_dtype_size(c->dtype);
   const int shift = c->packed && c->misalign ? 1 : 0;
   const int64_t n_out = c->packed ? d->offs[d->B] : (d->B - 1) * d->sout + d->T;
   const size_t gbytes = (size_t)(n_out + shift) * es;
-  void *g_d = dev_alloc(ctx, gbytes), *ge_d = NULL;
+  void *g_d = rlk_test_dev_alloc(ctx, gbytes), *ge_d = NULL;
   ck_assert_int_eq(rlk_memset(ctx, g_d, 0xff, gbytes), RLK_OK);
   const int want_gent = c->p.ent_coef != 0;
   if (want_gent) {
-    ge_d = dev_alloc(ctx, gbytes);
+    ge_d = rlk_test_dev_alloc(ctx, gbytes);
     ck_assert_int_eq(rlk_memset(ctx, ge_d, 0xff, gbytes), RLK_OK);
   }
   const size_t sbytes = (size_t)(1 + RLK_POLICY_LOSS_METRICS) * es;
-  void *s_d = dev_alloc(ctx, sbytes);
+  void *s_d = rlk_test_dev_alloc(ctx, sbytes);
   ck_assert_int_eq(rlk_memset(ctx, s_d, 0xff, sbytes), RLK_OK);
 
   rlk_policy_loss_args a;
@@ -440,7 +427,7 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   ck_assert_msg(st == RLK_OK, "%s: workspace size: %s", what, rlk_last_error());
   void *w_d = NULL;
   if (ws) {
-    w_d = dev_alloc(ctx, ws);
+    w_d = rlk_test_dev_alloc(ctx, ws);
     ck_assert_int_eq(rlk_memset(ctx, w_d, 0xff, ws), RLK_OK);
   }
   a.workspace = w_d;
@@ -1210,22 +1197,22 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
            agg_names[v->agg], (unsigned long long)rlk_test_seed());
   void *dv[7] = {0};
   for (int k = 0; k < 7; k++)
-    if (d->h[k] && (k <= D_ADV || k == D_MASK)) dv[k] = dev_upload(ctx, d->h[k], d->hbytes[k]);
+    if (d->h[k] && (k <= D_ADV || k == D_MASK)) dv[k] = rlk_test_dev_upload(ctx, d->h[k], d->hbytes[k]);
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
     for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
-    offs_d = dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
+    offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
   const size_t es = rlk_dtype_size(c->dtype);
   const int shift = c->packed && c->misalign;
   const int64_t n_out = c->packed ? d->offs[d->B] : (d->B - 1) * d->sout + d->T;
   const size_t gbytes = (size_t)(n_out + shift) * es;
-  void *g_d = dev_alloc(ctx, gbytes);
+  void *g_d = rlk_test_dev_alloc(ctx, gbytes);
   ck_assert_int_eq(rlk_memset(ctx, g_d, 0xff, gbytes), RLK_OK);
   const size_t sbytes = (size_t)(1 + RLK_VALUE_LOSS_METRICS) * es;
-  void *s_d = dev_alloc(ctx, sbytes);
+  void *s_d = rlk_test_dev_alloc(ctx, sbytes);
   ck_assert_int_eq(rlk_memset(ctx, s_d, 0xff, sbytes), RLK_OK);
 
   rlk_policy_loss_args pa;
@@ -1249,7 +1236,7 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
                             : rlk_tensor_2d(g_d, c->dtype, d->B, d->T, d->sout);
   size_t ws = 0;
   ck_assert_msg(rlk_value_loss_workspace_size(ctx, &a, &ws) == RLK_OK, "%s: %s", what, rlk_last_error());
-  void *w_d = ws ? dev_alloc(ctx, ws) : NULL;
+  void *w_d = ws ? rlk_test_dev_alloc(ctx, ws) : NULL;
   a.workspace = w_d;
   a.workspace_bytes = ws;
   rlk_status st = rlk_value_loss(ctx, &a, NULL);
@@ -1926,18 +1913,7 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (policy_loss gpu): no CUDA context: %s\n", rlk_last_error());
-    fflush(stdout);
-    return NULL;
-  }
-  return ctx;
-}
+static rlk_context *cuda_context(void) { return rlk_test_cuda_context("policy_loss"); }
 
 #define GPU_CASE(name)                                  \
   START_TEST(gpu_##name) {                              \
@@ -2002,7 +1978,7 @@ START_TEST(gpu_large) {
     rlk_policy_loss_args a;
     float buf[64];
     rlk_policy_loss_args_init(&a);
-    void *dbuf = dev_alloc(ctx, 64 * 64 * 4 * 6);
+    void *dbuf = rlk_test_dev_alloc(ctx, 64 * 64 * 4 * 6);
     a.logp = rlk_tensor_2d(dbuf, RLK_F32, 64, 64, 64);
     a.old_logp = a.advantages = a.grad_logp = a.logp;
     a.loss = rlk_tensor_1d(dbuf, RLK_F32, 1);

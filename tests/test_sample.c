@@ -54,19 +54,6 @@ static double put(void *base, rlk_dtype d, int64_t i, double v) {
   return (double)h;
 }
 
-static void *dev_alloc(rlk_context *ctx, size_t bytes) {
-  void *p = NULL;
-  rlk_status st = rlk_malloc(ctx, bytes ? bytes : 1, &p);
-  ck_assert_msg(st == RLK_OK, "rlk_malloc(%zu): %s", bytes, rlk_last_error());
-  return p;
-}
-
-static void *dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
-  void *p = dev_alloc(ctx, bytes);
-  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
-  return p;
-}
-
 static void dev_download(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
 }
@@ -160,9 +147,9 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   const int64_t B = b->B, V = b->V, rs = V + b->pad;
   const size_t es = rlk_dtype_size(b->dt), ts = rlk_dtype_size(s->token_dtype);
   const int64_t elems = (B - 1) * rs + V;
-  void *xd = b->dev ? b->dev : dev_upload(ctx, b->x, (size_t)elems * es);
-  void *tok = dev_alloc(ctx, (size_t)B * ts), *lp = dev_alloc(ctx, (size_t)B * 4),
-       *lpf = dev_alloc(ctx, (size_t)B * 4), *st = dev_alloc(ctx, 4);
+  void *xd = b->dev ? b->dev : rlk_test_dev_upload(ctx, b->x, (size_t)elems * es);
+  void *tok = rlk_test_dev_alloc(ctx, (size_t)B * ts), *lp = rlk_test_dev_alloc(ctx, (size_t)B * 4),
+       *lpf = rlk_test_dev_alloc(ctx, (size_t)B * 4), *st = rlk_test_dev_alloc(ctx, 4);
   ck_assert_int_eq(rlk_memset(ctx, tok, 0xa5, (size_t)B * ts), RLK_OK);
   ck_assert_int_eq(rlk_memset(ctx, lp, 0xff, (size_t)B * 4), RLK_OK);
   ck_assert_int_eq(rlk_memset(ctx, lpf, 0xff, (size_t)B * 4), RLK_OK);
@@ -177,12 +164,12 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   a.min_p = s->min_p;
   a.seed = s->seed;
   a.offset = s->offset;
-  if (s->temperatures) a.temperatures = rlk_tensor_1d(dT = dev_upload(ctx, s->temperatures, (size_t)B * 4), RLK_F32, B);
-  if (s->top_ks) a.top_ks = rlk_tensor_1d(dK = dev_upload(ctx, s->top_ks, (size_t)B * 8), RLK_I64, B);
-  if (s->top_ps) a.top_ps = rlk_tensor_1d(dP = dev_upload(ctx, s->top_ps, (size_t)B * 4), RLK_F32, B);
-  if (s->min_ps) a.min_ps = rlk_tensor_1d(dM = dev_upload(ctx, s->min_ps, (size_t)B * 4), RLK_F32, B);
-  if (s->seeds) a.seeds = rlk_tensor_1d(dS = dev_upload(ctx, s->seeds, (size_t)B * 8), RLK_I64, B);
-  if (s->offsets) a.offsets = rlk_tensor_1d(dO = dev_upload(ctx, s->offsets, (size_t)B * 8), RLK_I64, B);
+  if (s->temperatures) a.temperatures = rlk_tensor_1d(dT = rlk_test_dev_upload(ctx, s->temperatures, (size_t)B * 4), RLK_F32, B);
+  if (s->top_ks) a.top_ks = rlk_tensor_1d(dK = rlk_test_dev_upload(ctx, s->top_ks, (size_t)B * 8), RLK_I64, B);
+  if (s->top_ps) a.top_ps = rlk_tensor_1d(dP = rlk_test_dev_upload(ctx, s->top_ps, (size_t)B * 4), RLK_F32, B);
+  if (s->min_ps) a.min_ps = rlk_tensor_1d(dM = rlk_test_dev_upload(ctx, s->min_ps, (size_t)B * 4), RLK_F32, B);
+  if (s->seeds) a.seeds = rlk_tensor_1d(dS = rlk_test_dev_upload(ctx, s->seeds, (size_t)B * 8), RLK_I64, B);
+  if (s->offsets) a.offsets = rlk_tensor_1d(dO = rlk_test_dev_upload(ctx, s->offsets, (size_t)B * 8), RLK_I64, B);
   a.tokens = rlk_tensor_1d(tok, s->token_dtype, B);
   a.logp = rlk_tensor_1d(lp, RLK_F32, B);
   a.logp_filtered = rlk_tensor_1d(lpf, RLK_F32, B);
@@ -345,8 +332,8 @@ static void cases_distribution(rlk_context *ctx, uint64_t *rng, int64_t V, rlk_d
 static float logprob_of(rlk_context *ctx, const smp_batch *b, int64_t i, int64_t y, float T, int block,
                         int unroll) {
   const size_t es = rlk_dtype_size(b->dt);
-  void *ld = dev_upload(ctx, &y, 8);
-  float *lp = dev_alloc(ctx, 4);
+  void *ld = rlk_test_dev_upload(ctx, &y, 8);
+  float *lp = rlk_test_dev_alloc(ctx, 4);
   rlk_logprob_args a;
   rlk_logprob_args_init(&a);
   a.logits = rlk_tensor_2d((char *)b->dev + (size_t)(i * (b->V + b->pad)) * es, b->dt, 1, b->V, b->V);
@@ -370,7 +357,7 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
   smp_batch b = batch_new(B, V, pad, dt);
   for (int64_t i = 0; i < B; i++)
     for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 3.0 * rlk_test_rand_normal(rng));
-  b.dev = dev_upload(ctx, b.x, (size_t)((B - 1) * (V + pad) + V) * rlk_dtype_size(dt));
+  b.dev = rlk_test_dev_upload(ctx, b.x, (size_t)((B - 1) * (V + pad) + V) * rlk_dtype_size(dt));
   float *T = malloc((size_t)B * 4);
   int64_t *K = malloc((size_t)B * 8);
   float *P = malloc((size_t)B * 4);
@@ -679,21 +666,17 @@ START_TEST(philox_known_answers) {
 }
 END_TEST
 
-START_TEST(host_distribution_64) {
-  rlk_context *ctx = rlk_test_host_context();
-  uint64_t rng = rlk_test_seed() ^ 0x64;
-  cases_distribution(ctx, &rng, 64, RLK_F32, 40000);
-  rlk_context_destroy(ctx);
-}
-END_TEST
+#define HOST_CASE(name, call)                   \
+  START_TEST(host_##name) {                     \
+    rlk_context *ctx = rlk_test_host_context(); \
+    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
+    call;                                       \
+    rlk_context_destroy(ctx);                   \
+  }                                             \
+  END_TEST
 
-START_TEST(host_distribution_1000) {
-  rlk_context *ctx = rlk_test_host_context();
-  uint64_t rng = rlk_test_seed() ^ 0x1000;
-  cases_distribution(ctx, &rng, 1000, RLK_BF16, 30000);
-  rlk_context_destroy(ctx);
-}
-END_TEST
+HOST_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 40000))
+HOST_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 30000))
 
 START_TEST(host_logp_bitwise) {
   rlk_context *ctx = rlk_test_host_context();
@@ -709,23 +692,9 @@ START_TEST(host_logp_bitwise) {
 }
 END_TEST
 
-START_TEST(host_reproducible) {
-  rlk_context *ctx = rlk_test_host_context();
-  uint64_t rng = rlk_test_seed() ^ 0x5eed;
-  cases_reproducible(ctx, &rng, 500, 0);
-  cases_reproducible(ctx, &rng, 500, 1);
-  cases_philox(ctx);
-  rlk_context_destroy(ctx);
-}
-END_TEST
-
-START_TEST(host_edges) {
-  rlk_context *ctx = rlk_test_host_context();
-  uint64_t rng = rlk_test_seed() ^ 0xed9e;
-  cases_edges(ctx, &rng);
-  rlk_context_destroy(ctx);
-}
-END_TEST
+HOST_CASE(reproducible, (cases_reproducible(ctx, &rng, 500, 0), cases_reproducible(ctx, &rng, 500, 1),
+                         cases_philox(ctx)))
+HOST_CASE(edges, cases_edges(ctx, &rng))
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
@@ -831,18 +800,7 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (sample gpu): no CUDA context: %s\n", rlk_last_error());
-    fflush(stdout);
-    return NULL;
-  }
-  return ctx;
-}
+static rlk_context *cuda_context(void) { return rlk_test_cuda_context("sample"); }
 
 #define GPU_CASE(name, call)                             \
   START_TEST(gpu_##name) {                               \

@@ -341,3 +341,29 @@ long rlk_test_last_value(const char *out, const char *name) {
   if (!last) return -1;
   return strtol(last + strlen(name), NULL, 10);
 }
+
+rlk_context *rlk_test_cuda_context(const char *what) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (%s gpu): no CUDA context: %s\n", what, rlk_last_error());
+    fflush(stdout);
+    return NULL;
+  }
+  return ctx;
+}
+
+void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
+  void *p = NULL;
+  rlk_status st = rlk_malloc(ctx, bytes > 16 ? bytes : 16, &p);
+  ck_assert_msg(st == RLK_OK, "rlk_malloc(%zu): %s", bytes, rlk_last_error());
+  return p;
+}
+
+void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
+  void *p = rlk_test_dev_alloc(ctx, bytes);
+  ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
+  return p;
+}

@@ -50,6 +50,17 @@ uint64_t rlk_test_compiles(rlk_context *ctx);
  * on error. */
 rlk_context *rlk_test_compile_only_host_context(void);
 
+/* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
+ * distinct, aligned pointer); fails the test on error. */
+void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
+
+/* rlk_test_dev_alloc, then a copy of `bytes` from the host. */
+void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes);
+
+/* A CUDA context for a GPU case, or NULL (printing "skip (<what> gpu): ..." with the reason) when
+ * none can be created here. */
+rlk_context *rlk_test_cuda_context(const char *what);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 

@@ -4,6 +4,7 @@
 #ifndef RLK_BENCH_UTIL_H
 #define RLK_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,27 @@ typedef struct bench_result {
   double median_ms, min_ms, max_ms, bytes, goal_ms;
   char note[160];
 } bench_result;
+
+/* Returns lib_error(...) from the calling function when a library call fails. */
+#define BENCH_CHECK(call)                            \
+  do {                                               \
+    rlk_status st_ = (call);                         \
+    if (st_ != RLK_OK) return lib_error(#call, st_); \
+  } while (0)
+
+/* A 53-bit pseudo-random integer (a 64-bit LCG): data for timing, the same every run. */
+TOOL_UNUSED static uint64_t bench_lcg(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 11;
+}
+
+/* float -> bf16, rounded to nearest even (finite inputs). */
+TOOL_UNUSED static uint16_t bench_bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
 
 static bench_result bench_results[BENCH_MAX_RESULTS];
 static int bench_nresults;

@@ -27,63 +27,8 @@
 
 static const char *prog = "rlk-bench-logprob";
 #include "tool_util.h"
+#include "bench_util.h"
 
-#define FLOOR_TBPS 4.14 /* device-to-device copy, bytes read plus written (performance.md) */
-
-typedef struct result {
-  char name[112];
-  double median_ms, min_ms, max_ms, bytes, goal_ms;
-  char note[160];
-} result;
-
-static result results[128];
-static int nresults;
-
-static void add(const char *name, const double *v, int n, double bytes, double goal, const char *note);
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static void add(const char *name, const double *v, int n, double bytes, double goal, const char *note) {
-  if (nresults >= 128) return;
-  double *s = malloc((size_t)n * sizeof *s);
-  memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, cmp_double);
-  result *r = &results[nresults++];
-  snprintf(r->name, sizeof r->name, "%s", name);
-  r->median_ms = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-  r->min_ms = s[0];
-  r->max_ms = s[n - 1];
-  r->bytes = bytes;
-  r->goal_ms = goal;
-  snprintf(r->note, sizeof r->note, "%s", note ? note : "");
-  free(s);
-  printf("%-52s %9.4f ms (min %.4f max %.4f)  %7.0f GB/s  x%.2f of floor %.4f ms%s%s\n", r->name,
-         r->median_ms, r->min_ms, r->max_ms, bytes / (r->median_ms * 1e-3) / 1e9,
-         r->median_ms / (bytes / (FLOOR_TBPS * 1e12) * 1e3), bytes / (FLOOR_TBPS * 1e12) * 1e3,
-         *r->note ? "  " : "", r->note);
-  fflush(stdout);
-}
-
-#define CHECK(call)                                      \
-  do {                                                   \
-    rlk_status st_ = (call);                             \
-    if (st_ != RLK_OK) return lib_error(#call, st_);     \
-  } while (0)
-
-static uint64_t lcg(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 11;
-}
-
-static uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 static double bf16_value(uint16_t b) {
   const uint32_t u = (uint32_t)b << 16;
@@ -121,8 +66,8 @@ static int setup(rlk_context *ctx, bufs *b, int64_t N, int64_t V) {
   b->N = N;
   b->V = V;
   const size_t total = (size_t)N * (size_t)V;
-  CHECK(rlk_malloc(ctx, total * 2, &b->logits));
-  CHECK(rlk_malloc(ctx, total * 2, &b->grad));
+  BENCH_CHECK(rlk_malloc(ctx, total * 2, &b->logits));
+  BENCH_CHECK(rlk_malloc(ctx, total * 2, &b->grad));
   const size_t chunk = total < ((size_t)1 << 24) ? total : ((size_t)1 << 24) + 7; /* not a row multiple */
   uint16_t *h = malloc(chunk * 2);
   if (!h) return usage_error("out of host memory");
@@ -130,30 +75,30 @@ static int setup(rlk_context *ctx, bufs *b, int64_t N, int64_t V) {
   for (size_t i = 0; i < chunk; i++) {
     /* sum of 4 uniforms: roughly normal, scaled to a logit-like spread */
     double u = 0;
-    for (int k = 0; k < 4; k++) u += (double)lcg(&s) * 0x1.0p-53;
-    h[i] = bf16_of((float)((u - 2.0) * 5.2));
+    for (int k = 0; k < 4; k++) u += (double)bench_lcg(&s) * 0x1.0p-53;
+    h[i] = bench_bf16_of((float)((u - 2.0) * 5.2));
   }
   for (size_t off = 0; off < total; off += chunk) {
     const size_t n = total - off < chunk ? total - off : chunk;
-    CHECK(rlk_memcpy_to_device(ctx, (uint16_t *)b->logits + off, h, n * 2));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, (uint16_t *)b->logits + off, h, n * 2));
   }
   free(h);
   b->labels_h = malloc((size_t)N * sizeof *b->labels_h);
   float *g = malloc((size_t)N * sizeof *g);
   for (int64_t i = 0; i < N; i++) {
-    b->labels_h[i] = (int64_t)(lcg(&s) % (uint64_t)V);
+    b->labels_h[i] = (int64_t)(bench_lcg(&s) % (uint64_t)V);
     g[i] = 1.0f / (float)N;
   }
-  CHECK(rlk_malloc(ctx, (size_t)N * 8, &b->labels));
-  CHECK(rlk_memcpy_to_device(ctx, b->labels, b->labels_h, (size_t)N * 8));
-  CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->logp));
-  CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->lse));
-  CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->ent));
-  CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->glp));
-  CHECK(rlk_memcpy_to_device(ctx, b->glp, g, (size_t)N * 4));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)N * 8, &b->labels));
+  BENCH_CHECK(rlk_memcpy_to_device(ctx, b->labels, b->labels_h, (size_t)N * 8));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->logp));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->lse));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->ent));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)N * 4, (void **)&b->glp));
+  BENCH_CHECK(rlk_memcpy_to_device(ctx, b->glp, g, (size_t)N * 4));
   free(g);
-  CHECK(rlk_malloc(ctx, 4, (void **)&b->status));
-  CHECK(rlk_memset(ctx, b->status, 0, 4));
+  BENCH_CHECK(rlk_malloc(ctx, 4, (void **)&b->status));
+  BENCH_CHECK(rlk_memset(ctx, b->status, 0, 4));
   return 0;
 }
 
@@ -185,10 +130,10 @@ static int spot_check(rlk_context *ctx, const bufs *b, double *max_err) {
   *max_err = 0;
   for (int k = 0; k < 6; k++) {
     const int64_t i = k == 0 ? 0 : (k == 5 ? N - 1 : (N * k) / 5);
-    CHECK(rlk_memcpy_to_host(ctx, row, (const uint16_t *)b->logits + (size_t)i * (size_t)V, (size_t)V * 2));
-    CHECK(rlk_memcpy_to_host(ctx, &lp, b->logp + i, 4));
-    CHECK(rlk_memcpy_to_host(ctx, &l, b->lse + i, 4));
-    CHECK(rlk_memcpy_to_host(ctx, &h, b->ent + i, 4));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, row, (const uint16_t *)b->logits + (size_t)i * (size_t)V, (size_t)V * 2));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, &lp, b->logp + i, 4));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, &l, b->lse + i, 4));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, &h, b->ent + i, 4));
     double m = -INFINITY, s = 0, sz = 0;
     for (int64_t j = 0; j < V; j++) m = fmax(m, bf16_value(row[j]));
     for (int64_t j = 0; j < V; j++) {
@@ -206,15 +151,15 @@ static int spot_check(rlk_context *ctx, const bufs *b, double *max_err) {
 static int time_calls(rlk_context *ctx, int iters, int which, const rlk_logprob_args *fa,
                       const rlk_logprob_backward_args *ba, double *out) {
   rlk_event *e0, *e1;
-  CHECK(rlk_event_create(ctx, &e0));
-  CHECK(rlk_event_create(ctx, &e1));
+  BENCH_CHECK(rlk_event_create(ctx, &e0));
+  BENCH_CHECK(rlk_event_create(ctx, &e1));
   for (int i = -3; i < iters; i++) {
-    CHECK(rlk_event_record(e0, NULL));
-    if (which & 1) CHECK(rlk_logprob(ctx, fa, NULL));
-    if (which & 2) CHECK(rlk_logprob_backward(ctx, ba, NULL));
-    CHECK(rlk_event_record(e1, NULL));
+    BENCH_CHECK(rlk_event_record(e0, NULL));
+    if (which & 1) BENCH_CHECK(rlk_logprob(ctx, fa, NULL));
+    if (which & 2) BENCH_CHECK(rlk_logprob_backward(ctx, ba, NULL));
+    BENCH_CHECK(rlk_event_record(e1, NULL));
     float ms = 0;
-    CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
+    BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
     if (i >= 0) out[i] = ms;
   }
   rlk_event_destroy(e0);
@@ -230,8 +175,8 @@ static int bench_shape(rlk_context *ctx, int64_t N, int64_t V, int iters, int ma
   fwd_args(&b, &fa, 0);
   fwd_args(&b, &fe, 1);
   bwd_args(&b, &ba);
-  CHECK(rlk_logprob(ctx, &fe, NULL));
-  CHECK(rlk_stream_synchronize(ctx, NULL));
+  BENCH_CHECK(rlk_logprob(ctx, &fe, NULL));
+  BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
   double err = 0;
   if (spot_check(ctx, &b, &err)) return 1;
   printf("%lld x %lld: spot check against fp64, largest |error| %.3g%s\n", (long long)N, (long long)V, err,
@@ -243,26 +188,25 @@ static int bench_shape(rlk_context *ctx, int64_t N, int64_t V, int iters, int ma
 
   if (time_calls(ctx, iters, 1, &fa, &ba, v)) return 1;
   snprintf(name, sizeof name, "logprob fwd %lldx%lld bf16", (long long)N, (long long)V);
-  add(name, v, iters, bytes + 16.0 * N, main_shape ? 1.35 : 0, note);
-  const double fwd = results[nresults - 1].median_ms;
+  const double fwd = bench_add(name, v, iters, bytes + 16.0 * N, main_shape ? 1.35 : 0, note)->median_ms;
   if (fwd_ms) *fwd_ms = fwd;
 
   if (time_calls(ctx, iters, 1, &fe, &ba, v)) return 1;
   snprintf(name, sizeof name, "logprob fwd+entropy %lldx%lld bf16", (long long)N, (long long)V);
   char n2[160];
   snprintf(n2, sizeof n2, "goal <= 1.1 x fwd (%.4f ms)", 1.1 * fwd);
-  add(name, v, iters, bytes + 20.0 * N, main_shape ? 1.1 * fwd : 0, n2);
+  bench_add(name, v, iters, bytes + 20.0 * N, main_shape ? 1.1 * fwd : 0, n2);
 
   if (time_calls(ctx, iters, 2, &fa, &ba, v)) return 1;
   snprintf(name, sizeof name, "logprob bwd %lldx%lld bf16 grad", (long long)N, (long long)V);
-  add(name, v, iters, 2 * bytes + 24.0 * N, 0, "read logits, write dlogits");
+  bench_add(name, v, iters, 2 * bytes + 24.0 * N, 0, "read logits, write dlogits");
 
   if (time_calls(ctx, iters, 3, &fa, &ba, v)) return 1;
   snprintf(name, sizeof name, "logprob fwd+bwd %lldx%lld bf16 grad", (long long)N, (long long)V);
-  add(name, v, iters, 3 * bytes + 40.0 * N, main_shape ? 4.2 : 0, "read, read, write");
+  bench_add(name, v, iters, 3 * bytes + 40.0 * N, main_shape ? 4.2 : 0, "read, read, write");
 
   int32_t status = -1;
-  CHECK(rlk_memcpy_to_host(ctx, &status, b.status, 4));
+  BENCH_CHECK(rlk_memcpy_to_host(ctx, &status, b.status, 4));
   if (status != 0) printf("warning: the status word is %d (bad labels?)\n", (int)status);
   free(v);
   free_bufs(ctx, &b);
@@ -303,15 +247,15 @@ static int sweep(rlk_context *ctx, int64_t N, int64_t V, int iters, int tma) {
       else if (!strcmp(t, "stages"))
         a.stages = val;
     }
-    CHECK(rlk_logprob(ctx, &a, NULL));
-    CHECK(rlk_stream_synchronize(ctx, NULL));
+    BENCH_CHECK(rlk_logprob(ctx, &a, NULL));
+    BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
     double err = 0;
     if (spot_check(ctx, &b, &err)) return 1;
     if (time_calls(ctx, iters, 1, &a, NULL, v)) return 1;
     char name[112], note[160];
     snprintf(name, sizeof name, "sweep fwd+entropy %s", cand);
     snprintf(note, sizeof note, "spot-check error %.2g%s", err, err < 1e-3 ? "" : " WRONG");
-    add(name, v, iters, bytes, 0, note);
+    bench_add(name, v, iters, bytes, 0, note);
   }
   free(v);
   free_bufs(ctx, &b);
@@ -326,11 +270,7 @@ int main(int argc, char **argv) {
   int nshapes = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-      const char *b = argv[++i];
-      backend = !strcmp(b, "cuda") ? RLK_BACKEND_CUDA
-                : !strcmp(b, "hip") ? RLK_BACKEND_HIP
-                : !strcmp(b, "host") ? RLK_BACKEND_HOST
-                                     : RLK_BACKEND_AUTO;
+      backend = bench_backend(argv[++i]);
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
@@ -360,9 +300,9 @@ int main(int argc, char **argv) {
   rlk_context_options o;
   rlk_context_options_init(&o);
   o.backend = backend;
-  CHECK(rlk_context_create(&ctx, &o));
+  BENCH_CHECK(rlk_context_create(&ctx, &o));
   rlk_device_info info;
-  CHECK(rlk_context_device_info(ctx, &info));
+  BENCH_CHECK(rlk_context_device_info(ctx, &info));
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (!nshapes) {
     const int64_t n = host ? 64 : 16384, n2 = host ? 16 : 4096;
@@ -375,7 +315,7 @@ int main(int argc, char **argv) {
   }
   if (host && iters > 5) iters = 5;
   printf("%s on %s (%s, %s); floor = bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,
-         FLOOR_TBPS);
+         BENCH_FLOOR_TBPS);
   for (int k = 0; k < nshapes; k++) {
     double fwd = 0;
     if (bench_shape(ctx, shapes[k][0], shapes[k][1], iters, k == 0 && !host, &fwd)) return 1;
@@ -383,25 +323,6 @@ int main(int argc, char **argv) {
   if (do_sweep && sweep(ctx, shapes[0][0], shapes[0][1], iters, tma)) return 1;
   rlk_context_destroy(ctx);
 
-  if (json) {
-    FILE *f = fopen(json, "w");
-    if (!f) return usage_error("cannot write %s", json);
-    fprintf(f, "{\n  \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", \"version\": \"%s\",\n",
-            info.name, info.target, info.compiler, rlk_version_string());
-    fprintf(f, "  \"floor_tbps\": %.2f,\n  \"results\": [\n", FLOOR_TBPS);
-    for (int i = 0; i < nresults; i++) {
-      const result *r = &results[i];
-      const double floor_ms = r->bytes / (FLOOR_TBPS * 1e12) * 1e3;
-      fprintf(f,
-              "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
-              "\"bytes\": %.0f, \"gbps\": %.1f, \"floor_ms\": %.6f, \"ratio_to_floor\": %.4f, "
-              "\"goal_ms\": %g, \"note\": \"%s\"}%s\n",
-              r->name, r->median_ms, r->min_ms, r->max_ms, r->bytes,
-              r->bytes / (r->median_ms * 1e-3) / 1e9, floor_ms, r->median_ms / floor_ms, r->goal_ms,
-              r->note, i + 1 < nresults ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
-    fclose(f);
-  }
+  if (json) return bench_write_json(json, &info);
   return 0;
 }

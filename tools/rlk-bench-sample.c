@@ -24,23 +24,6 @@ static const char *prog = "rlk-bench-sample";
 #include "tool_util.h"
 #include "bench_util.h"
 
-#define CHECK(call)                                  \
-  do {                                               \
-    rlk_status st_ = (call);                         \
-    if (st_ != RLK_OK) return lib_error(#call, st_); \
-  } while (0)
-
-static uint64_t lcg(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 11;
-}
-
-static uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 static float value_of(const void *h, rlk_dtype dt, size_t i) {
   if (dt == RLK_F32) return ((const float *)h)[i];
@@ -73,9 +56,9 @@ static int verify(rlk_context *ctx, const void *logits, rlk_dtype dt, int64_t B,
     const int64_t i = k == 3 ? B - 1 : (B * k) / 4;
     int64_t y;
     float lp;
-    CHECK(rlk_memcpy_to_host(ctx, row, (const char *)logits + (size_t)i * (size_t)V * es, (size_t)V * es));
-    CHECK(rlk_memcpy_to_host(ctx, &y, tok_d + i, 8));
-    CHECK(rlk_memcpy_to_host(ctx, &lp, lp_d + i, 4));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, row, (const char *)logits + (size_t)i * (size_t)V * es, (size_t)V * es));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, &y, tok_d + i, 8));
+    BENCH_CHECK(rlk_memcpy_to_host(ctx, &lp, lp_d + i, 4));
     if (y < 0 || y >= V) {
       (*bad)++;
       continue;
@@ -108,38 +91,38 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
   for (int k = 0; k < nbuf; k++) {
     for (size_t i = 0; i < elems; i++) {
       double u = 0;
-      for (int q = 0; q < 4; q++) u += (double)lcg(&s) * 0x1.0p-53;
+      for (int q = 0; q < 4; q++) u += (double)bench_lcg(&s) * 0x1.0p-53;
       const float v = (float)((u - 2.0) * 1.732); /* mean 0, variance 1 */
       if (dt == RLK_F32)
         ((float *)h)[i] = v;
       else
-        ((uint16_t *)h)[i] = bf16_of(v);
+        ((uint16_t *)h)[i] = bench_bf16_of(v);
     }
-    CHECK(rlk_malloc(ctx, bytes, &bufs[k]));
-    CHECK(rlk_memcpy_to_device(ctx, bufs[k], h, bytes));
+    BENCH_CHECK(rlk_malloc(ctx, bytes, &bufs[k]));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, bufs[k], h, bytes));
     if (k == 3 && nbuf > 8) { /* the rest: copies (the data's values do not change the work) */
       for (int q = 4; q < nbuf; q++) {
-        CHECK(rlk_malloc(ctx, bytes, &bufs[q]));
-        CHECK(rlk_memcpy_to_device(ctx, bufs[q], h, bytes));
+        BENCH_CHECK(rlk_malloc(ctx, bytes, &bufs[q]));
+        BENCH_CHECK(rlk_memcpy_to_device(ctx, bufs[q], h, bytes));
       }
       break;
     }
   }
   free(h);
   uint64_t *seeds_h = malloc((size_t)B * 8);
-  for (int64_t i = 0; i < B; i++) seeds_h[i] = lcg(&s) * 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < B; i++) seeds_h[i] = bench_lcg(&s) * 0x9e3779b97f4a7c15ull;
   void *seeds, *tokens, *logp, *status;
-  CHECK(rlk_malloc(ctx, (size_t)B * 8, &seeds));
-  CHECK(rlk_memcpy_to_device(ctx, seeds, seeds_h, (size_t)B * 8));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)B * 8, &seeds));
+  BENCH_CHECK(rlk_memcpy_to_device(ctx, seeds, seeds_h, (size_t)B * 8));
   free(seeds_h);
-  CHECK(rlk_malloc(ctx, (size_t)B * 8, &tokens));
-  CHECK(rlk_malloc(ctx, (size_t)B * 4, &logp));
-  CHECK(rlk_malloc(ctx, 4, &status));
-  CHECK(rlk_memset(ctx, status, 0, 4));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)B * 8, &tokens));
+  BENCH_CHECK(rlk_malloc(ctx, (size_t)B * 4, &logp));
+  BENCH_CHECK(rlk_malloc(ctx, 4, &status));
+  BENCH_CHECK(rlk_memset(ctx, status, 0, 4));
   double *v = malloc((size_t)iters * sizeof *v);
   rlk_event *e0, *e1;
-  CHECK(rlk_event_create(ctx, &e0));
-  CHECK(rlk_event_create(ctx, &e1));
+  BENCH_CHECK(rlk_event_create(ctx, &e0));
+  BENCH_CHECK(rlk_event_create(ctx, &e1));
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const scase *c = &cases[ci];
     rlk_sample_args a;
@@ -153,18 +136,18 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
     a.logp = rlk_tensor_1d(logp, RLK_F32, B);
     a.status = rlk_tensor_1d(status, RLK_I32, 1);
     a.logits = rlk_tensor_2d(bufs[0], dt, B, V, V);
-    CHECK(rlk_sample(ctx, &a, NULL));
-    CHECK(rlk_stream_synchronize(ctx, NULL));
+    BENCH_CHECK(rlk_sample(ctx, &a, NULL));
+    BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
     int bad = 0;
     if (verify(ctx, bufs[0], dt, B, V, c, tokens, logp, &bad)) return 1;
     for (int i = -3; i < iters; i++) {
       a.logits = rlk_tensor_2d(bufs[(i + 3) % nbuf], dt, B, V, V);
       a.offset = (uint64_t)(i + 3);
-      CHECK(rlk_event_record(e0, NULL));
-      CHECK(rlk_sample(ctx, &a, NULL));
-      CHECK(rlk_event_record(e1, NULL));
+      BENCH_CHECK(rlk_event_record(e0, NULL));
+      BENCH_CHECK(rlk_sample(ctx, &a, NULL));
+      BENCH_CHECK(rlk_event_record(e1, NULL));
       float ms = 0;
-      CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
+      BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
       if (i >= 0) v[i] = ms;
     }
     char name[112], note[160];
@@ -178,7 +161,7 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
     bench_add(name, v, iters, (double)bytes, goal, note);
   }
   int32_t st = 0;
-  CHECK(rlk_memcpy_to_host(ctx, &st, status, 4));
+  BENCH_CHECK(rlk_memcpy_to_host(ctx, &st, status, 4));
   if (st) printf("warning: status word %d\n", (int)st);
   rlk_event_destroy(e0);
   rlk_event_destroy(e1);
@@ -218,9 +201,9 @@ int main(int argc, char **argv) {
   rlk_context_options o;
   rlk_context_options_init(&o);
   o.backend = backend;
-  CHECK(rlk_context_create(&ctx, &o));
+  BENCH_CHECK(rlk_context_create(&ctx, &o));
   rlk_device_info info;
-  CHECK(rlk_context_device_info(ctx, &info));
+  BENCH_CHECK(rlk_context_device_info(ctx, &info));
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (host && iters > 3) iters = 3;
   printf("%s on %s (%s, %s); floor = B V bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,

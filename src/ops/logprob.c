@@ -486,17 +486,6 @@ static int lp_choice_index(const char *const *names, const char *value) {
   return -1;
 }
 
-static rlk_status lp_parse_int(const char *name, const char *value, int64_t lo, int64_t hi,
-                               int64_t *out) {
-  char *end = NULL;
-  long long v = strtoll(value, &end, 10);
-  if (!*value || *end || v < lo || v > hi)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
-                     value, (long long)lo, (long long)hi);
-  *out = v;
-  return RLK_OK;
-}
-
 /* Applies one setting of a configuration line to c (and, unless pass is NULL, *pass). */
 static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v) {
   int k;
@@ -526,21 +515,21 @@ static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
     c->grad = k;
   } else if (!strcmp(n, "vocab")) {
-    if (!(st = lp_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c->V = x;
+    if (!(st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c->V = x;
   } else if (!strcmp(n, "tokens")) {
-    if (!(st = lp_parse_int(n, v, 0, (int64_t)1 << 40, &x))) c->N = x;
+    if (!(st = rlk_op_parse_int(n, v, 0, (int64_t)1 << 40, &x))) c->N = x;
   } else if (!strcmp(n, "variant")) {
     if ((k = lp_choice_index(lp_variant_names, v)) < 0)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
     c->variant = k;
   } else if (!strcmp(n, "block")) {
-    if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c->block = (int)x;
+    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->block = (int)x;
   } else if (!strcmp(n, "seg")) {
-    if (!(st = lp_parse_int(n, v, 0, 1024, &x))) c->seg = (int)x;
+    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->seg = (int)x;
   } else if (!strcmp(n, "unroll")) {
-    if (!(st = lp_parse_int(n, v, 0, 8, &x))) c->unroll = (int)x;
+    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->unroll = (int)x;
   } else if (!strcmp(n, "stages")) {
-    if (!(st = lp_parse_int(n, v, 0, 8, &x))) c->stages = (int)x;
+    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->stages = (int)x;
   } else {
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab tokens "

@@ -69,6 +69,10 @@ extern const rlk_op_desc rlk_op_sample;
 rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
                                   int unroll, int *seg, int *unroll_out);
 
+/* A configuration line's integer setting: `value` in [lo, hi] (decimal), written to *out;
+ * RLK_ERR_INVALID_ARGUMENT naming the setting otherwise. */
+rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out);
+
 /* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);

@@ -145,6 +145,16 @@ rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, 
 
 /* ---- argument checks ------------------------------------------------------------- */
 
+rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out) {
+  char *end = NULL;
+  long long v = strtoll(value, &end, 10);
+  if (!*value || *end || v < lo || v > hi)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
+                     value, (long long)lo, (long long)hi);
+  *out = v;
+  return RLK_OK;
+}
+
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required) {
   if (!t->data) {
     if (required) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);

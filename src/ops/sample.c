@@ -95,17 +95,6 @@ static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_ch
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status smp_parse_int(const char *name, const char *value, int64_t lo, int64_t hi,
-                                int64_t *out) {
-  char *end = NULL;
-  long long v = strtoll(value, &end, 10);
-  if (!*value || *end || v < lo || v > hi)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
-                     value, (long long)lo, (long long)hi);
-  *out = v;
-  return RLK_OK;
-}
-
 static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
                                   const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
                                   size_t *nspecs) {
@@ -146,11 +135,11 @@ static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
         return rlk_error(RLK_ERR_INVALID_ARGUMENT, "filters: '%s' is not 0 or 1", v);
       c.filter = v[0] == '1';
     } else if (!strcmp(n, "vocab")) {
-      if (!(st = smp_parse_int(n, v, 1, SMP_MAX_V, &x))) c.V = x;
+      if (!(st = rlk_op_parse_int(n, v, 1, SMP_MAX_V, &x))) c.V = x;
     } else if (!strcmp(n, "logprob_block")) {
-      if (!(st = smp_parse_int(n, v, 0, 1024, &x))) c.logprob_block = (int)x;
+      if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c.logprob_block = (int)x;
     } else if (!strcmp(n, "logprob_unroll")) {
-      if (!(st = smp_parse_int(n, v, 0, 8, &x))) c.logprob_unroll = (int)x;
+      if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c.logprob_unroll = (int)x;
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "sample: unknown setting '%s' (known: logits tokens filters vocab "

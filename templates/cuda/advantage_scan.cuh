@@ -118,26 +118,26 @@ template <typename TS> struct family<TS, FAMILY_GAE> {
   }
   static RLK_DEVICE map down(const map &m, int d) {
     map r;
-    r.p = seq::shfl_down(m.p, d);
-    r.q = seq::shfl_down(m.q, d);
-    r.u = seq::shfl_down(m.u, d);
-    r.s = seq::shfl_down(m.s, d);
-    r.v = seq::shfl_down(m.v, d);
+    r.p = shfl_down(m.p, d);
+    r.q = shfl_down(m.q, d);
+    r.u = shfl_down(m.u, d);
+    r.s = shfl_down(m.s, d);
+    r.v = shfl_down(m.v, d);
     return r;
   }
   static RLK_DEVICE map from(const map &m, int lane) {
     map r;
-    r.p = seq::shfl_from(m.p, lane);
-    r.q = seq::shfl_from(m.q, lane);
-    r.u = seq::shfl_from(m.u, lane);
-    r.s = seq::shfl_from(m.s, lane);
-    r.v = seq::shfl_from(m.v, lane);
+    r.p = shfl_from(m.p, lane);
+    r.q = shfl_from(m.q, lane);
+    r.u = shfl_from(m.u, lane);
+    r.s = shfl_from(m.s, lane);
+    r.v = shfl_from(m.v, lane);
     return r;
   }
   static RLK_DEVICE state from(const state &x, int lane) {
     state y;
-    y.a = seq::shfl_from(x.a, lane);
-    y.n = seq::shfl_from(x.n, lane);
+    y.a = shfl_from(x.a, lane);
+    y.n = shfl_from(x.n, lane);
     return y;
   }
 };
@@ -203,19 +203,19 @@ template <typename TS> struct family<TS, FAMILY_RETURNS> {
   }
   static RLK_DEVICE map down(const map &m, int d) {
     map r;
-    r.a = seq::shfl_down(m.a, d);
-    r.b = seq::shfl_down(m.b, d);
+    r.a = shfl_down(m.a, d);
+    r.b = shfl_down(m.b, d);
     return r;
   }
   static RLK_DEVICE map from(const map &m, int lane) {
     map r;
-    r.a = seq::shfl_from(m.a, lane);
-    r.b = seq::shfl_from(m.b, lane);
+    r.a = shfl_from(m.a, lane);
+    r.b = shfl_from(m.b, lane);
     return r;
   }
   static RLK_DEVICE state from(const state &x, int lane) {
     state y;
-    y.x = seq::shfl_from(x.x, lane);
+    y.x = shfl_from(x.x, lane);
     return y;
   }
 };

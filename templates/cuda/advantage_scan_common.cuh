@@ -21,22 +21,6 @@ template <typename TS> struct group {
   static constexpr int size = 32 / (int)sizeof(TS);
 };
 
-template <typename T> RLK_DEVICE T shfl_down(T v, int delta) {
-#if defined(RLK_HIP)
-  return __shfl_down(v, delta);
-#else
-  return __shfl_down_sync(0xffffffffu, v, delta);
-#endif
-}
-
-template <typename T> RLK_DEVICE T shfl_from(T v, int lane) {
-#if defined(RLK_HIP)
-  return __shfl(v, lane);
-#else
-  return __shfl_sync(0xffffffffu, v, lane);
-#endif
-}
-
 /* Is the mask element i a valid position? */
 RLK_DEVICE bool valid_at(const void *mask, int kind, i64 i) {
   if (kind == MASK_BOOL) return ((const u8 *)mask)[i] != 0;

@@ -190,9 +190,9 @@ __global__ void masked_whiten_apply(const TS *x, i64 xs, const void *mask, i64 m
 #pragma unroll
     for (int off = RLK_WARP_SIZE / 2; off > 0; off >>= 1) {
       mw::stat o;
-      o.n = seq::shfl_down(a.n, off);
-      o.mean = seq::shfl_down(a.mean, off);
-      o.m2 = seq::shfl_down(a.m2, off);
+      o.n = shfl_down(a.n, off);
+      o.mean = shfl_down(a.mean, off);
+      o.m2 = shfl_down(a.m2, off);
       if (lane < off) a = mw::merge(a, o);
     }
     if (lane == 0) {

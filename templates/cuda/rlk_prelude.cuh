@@ -181,12 +181,13 @@ template <typename T> RLK_DEVICE T shfl_xor(T v, int lane_mask) {
 #endif
 }
 
-/* The value of lane `src` of the warp, and of the lane `delta` below (a lane's own below 0). */
-template <typename T> RLK_DEVICE T shfl_idx(T v, int src) {
+/* The value of lane `lane` of the warp; of the lane `delta` below, or above (a lane past either
+ * end keeps its own). */
+template <typename T> RLK_DEVICE T shfl_from(T v, int lane) {
 #if defined(RLK_HIP)
-  return __shfl(v, src);
+  return __shfl(v, lane);
 #else
-  return __shfl_sync(0xffffffffu, v, src);
+  return __shfl_sync(0xffffffffu, v, lane);
 #endif
 }
 
@@ -195,6 +196,14 @@ template <typename T> RLK_DEVICE T shfl_up(T v, int delta) {
   return __shfl_up(v, (unsigned)delta);
 #else
   return __shfl_up_sync(0xffffffffu, v, (unsigned)delta);
+#endif
+}
+
+template <typename T> RLK_DEVICE T shfl_down(T v, int delta) {
+#if defined(RLK_HIP)
+  return __shfl_down(v, delta);
+#else
+  return __shfl_down_sync(0xffffffffu, v, delta);
 #endif
 }
 

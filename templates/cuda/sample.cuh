@@ -281,7 +281,7 @@ RLK_DEVICE void pick_in_share(const u8 *r, i64 V, int t, float c, float Mc, K ke
     }
   });
   const u64 inc = warp_inclusive_scan(part);
-  const u64 total = shfl_idx(inc, RLK_WARP_SIZE - 1);
+  const u64 total = shfl_from(inc, RLK_WARP_SIZE - 1);
   if (total == 0) {
     u32 f = first;
 #pragma unroll

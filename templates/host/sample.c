@@ -70,47 +70,31 @@ static int smp_boundary(const uint64_t *hist, int n, uint64_t target, uint64_t *
   return 0;
 }
 
-/* The k-th largest key of the row (k in [1, V)). */
-static uint32_t smp_kth_key(const smp_row *R, uint64_t k) {
+/* A radix select over the row's keys, 11 bits a pass. With masses == 0: the k-th largest key
+ * (k = goal, in [1, V)), bins counting elements. With masses == 1: top-p's threshold key over the
+ * kept set {key >= key_lo, min-p}, bins summing masses, where the mass from the top first reaches
+ * ceil(p Z0) (goal = floor(p 2^32)). */
+static uint32_t smp_select_key(const smp_row *R, int masses, uint64_t goal) {
   uint64_t hist[SMP_BINS];
   uint32_t prefix = 0;
   int nb = 0;
-  while (nb < R->kw) {
-    const int w = R->kw - nb < SMP_DIGIT_BITS ? R->kw - nb : SMP_DIGIT_BITS, shift = R->kw - nb - w;
-    memset(hist, 0, sizeof(uint64_t) << w);
-    for (rlk_i64 j = 0; j < R->V; j++) {
-      const uint32_t key = smp_key(lp_load(R->row, R->dt, j), R->kw);
-      if (nb == 0 || (key >> (R->kw - nb)) == prefix) hist[(key >> shift) & ((1u << w) - 1u)]++;
-    }
-    uint64_t above;
-    const int b = smp_boundary(hist, 1 << w, k, &above);
-    k -= above;
-    prefix = (prefix << w) | (uint32_t)b;
-    nb += w;
-  }
-  return prefix;
-}
-
-/* top-p's threshold key over the kept set {key >= key_lo, min-p}: where the mass from the top
- * first reaches ceil(p Z0). */
-static uint32_t smp_top_p_key(const smp_row *R, uint64_t pq) {
-  uint64_t hist[SMP_BINS];
-  uint32_t prefix = 0;
-  int nb = 0;
-  uint64_t target = 0;
+  uint64_t target = goal;
   while (nb < R->kw) {
     const int w = R->kw - nb < SMP_DIGIT_BITS ? R->kw - nb : SMP_DIGIT_BITS, shift = R->kw - nb - w;
     memset(hist, 0, sizeof(uint64_t) << w);
     for (rlk_i64 j = 0; j < R->V; j++) {
       const float x = lp_load(R->row, R->dt, j);
       const uint32_t key = smp_key(x, R->kw);
-      if (key >= R->key_lo && smp_keep_m(R, x) && (nb == 0 || (key >> (R->kw - nb)) == prefix))
+      if (nb && (key >> (R->kw - nb)) != prefix) continue;
+      if (!masses)
+        hist[(key >> shift) & ((1u << w) - 1u)]++;
+      else if (key >= R->key_lo && smp_keep_m(R, x))
         hist[(key >> shift) & ((1u << w) - 1u)] += smp_mass(x, R->c, R->Mc);
     }
-    if (nb == 0) {
+    if (masses && nb == 0) {
       uint64_t z0 = 0;
       for (int b = 0; b < (1 << w); b++) z0 += hist[b];
-      target = smp_ceil_fraction(pq, z0);
+      target = smp_ceil_fraction(goal, z0);
     }
     uint64_t above;
     const int b = smp_boundary(hist, 1 << w, target, &above);
@@ -204,8 +188,8 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
     } else {
       const int use_k = filter && k > 0 && k < V, use_p = filter && p < 1.0f;
       whole_row = !(use_k || use_p || R.use_m);
-      if (use_k) R.key_lo = smp_kth_key(&R, (uint64_t)k);
-      if (use_p) R.key_lo = smp_top_p_key(&R, (uint64_t)(p * 4294967296.0f));
+      if (use_k) R.key_lo = smp_select_key(&R, 0, (uint64_t)k);
+      if (use_p) R.key_lo = smp_select_key(&R, 1, (uint64_t)(p * 4294967296.0f));
       /* the kept set's mass, then the element where the running mass passes the draw */
       for (rlk_i64 j = 0; j < V; j++) {
         const float xj = lp_load(row, dt, j);
