@@ -33,43 +33,10 @@ static float bits_f32(uint32_t u) {
   return f;
 }
 
-/* float -> bf16, round to nearest even (NaN stays NaN) */
-static uint16_t bf16_of(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static uint16_t f16_of(float f) {
-  _Float16 h = (_Float16)f;
-  uint16_t b;
-  memcpy(&b, &h, sizeof b);
-  return b;
-}
-
 static double f16_value(uint16_t b) {
   _Float16 h;
   memcpy(&h, &b, sizeof h);
   return (double)h;
-}
-
-/* Stores v at element i of a buffer of dtype d; returns the value as stored. */
-static double put(void *base, rlk_dtype d, int64_t i, double v) {
-  switch (d) {
-  case RLK_F32:
-    ((float *)base)[i] = (float)v;
-    return (double)(float)v;
-  case RLK_BF16:
-    ((uint16_t *)base)[i] = bf16_of((float)v);
-    return (double)bits_f32((uint32_t)((uint16_t *)base)[i] << 16);
-  case RLK_F16:
-    ((uint16_t *)base)[i] = f16_of((float)v);
-    return f16_value(((uint16_t *)base)[i]);
-  default:
-    ck_abort_msg("put: dtype %d", (int)d);
-    return 0;
-  }
 }
 
 static double get(const void *base, rlk_dtype d, int64_t i) {
@@ -266,7 +233,7 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
   int64_t *labels = malloc((size_t)N * sizeof *labels);
   for (int64_t i = 0; i < N; i++) {
     draw_row(rng, c, i, row);
-    for (int64_t j = 0; j < V; j++) xd[i * V + j] = put(xh, c->dtype, i * rs + j, row[j]);
+    for (int64_t j = 0; j < V; j++) xd[i * V + j] = rlk_test_store(xh, c->dtype, i * rs + j, row[j]);
     labels[i] = draw_label(rng, c, i, xd + i * V);
   }
   const int64_t lst = c->label_stride ? c->label_stride : 1;

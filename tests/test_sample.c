@@ -25,35 +25,6 @@
 /* Storage                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-/* Stores v at element i of a buffer of dtype d; returns the value as stored. */
-static double put(void *base, rlk_dtype d, int64_t i, double v) {
-  if (d == RLK_F32) {
-    ((float *)base)[i] = (float)v;
-    return (double)(float)v;
-  }
-  if (d == RLK_BF16) {
-    ((uint16_t *)base)[i] = bf16_of((float)v);
-    return (double)bits_f32((uint32_t)((uint16_t *)base)[i] << 16);
-  }
-  _Float16 h = (_Float16)v;
-  memcpy((uint16_t *)base + i, &h, 2);
-  return (double)h;
-}
-
 static void dev_download(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
 }
@@ -88,7 +59,7 @@ static smp_batch batch_new(int64_t B, int64_t V, int64_t pad, rlk_dtype dt) {
 }
 
 static void batch_set(smp_batch *b, int64_t i, int64_t j, double v) {
-  b->xd[i * b->V + j] = put(b->x, b->dt, i * (b->V + b->pad) + j, v);
+  b->xd[i * b->V + j] = rlk_test_store(b->x, b->dt, i * (b->V + b->pad) + j, v);
 }
 
 /* Every row the same copy of x[V]: row 0 stored, then copied. */

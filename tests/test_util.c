@@ -367,3 +367,28 @@ void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
   ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
   return p;
 }
+
+double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
+  const float f = (float)v;
+  if (d == RLK_F32) {
+    ((float *)base)[i] = f;
+    return (double)f;
+  }
+  if (d == RLK_BF16) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      u = (u >> 16) | 0x40u;
+    else
+      u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    ((uint16_t *)base)[i] = (uint16_t)u;
+    const uint32_t w = u << 16;
+    float g;
+    memcpy(&g, &w, sizeof g);
+    return (double)g;
+  }
+  ck_assert_msg(d == RLK_F16, "rlk_test_store: dtype %d", (int)d);
+  const _Float16 h = (_Float16)f;
+  memcpy((uint16_t *)base + i, &h, sizeof h);
+  return (double)h;
+}
