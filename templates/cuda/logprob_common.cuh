@@ -297,9 +297,12 @@ template <int DT> struct row_split {
 
 /* One thread's share of a row's forward state: lane `lane` of a row segment of SEG threads folds in
  * the scalar head and tail elements j = lane, lane + SEG, ... and its 16-byte vectors lane,
- * lane + SEG, ..., UNROLL vectors a chunk (their loads in flight together), then one at a time.
- * Every forward kernel whose outputs must agree bitwise with logprob_fwd (the sampler's log-probs)
- * computes its per-thread states through this function. */
+ * lane + SEG, ..., UNROLL vectors a chunk (their loads in flight together), then its last vectors
+ * (fewer than UNROLL) one at a time. Those last vectors are loaded together, so a lane's pass ends
+ * one memory round trip after its last chunk rather than one per leftover vector: the slowest
+ * lanes of a block, which everyone waits for, are the ones with leftovers. Every forward
+ * kernel whose outputs must agree bitwise with logprob_fwd (the sampler's log-probs) computes its
+ * per-thread states through this function. */
 template <int DT, int SEG, int UNROLL, bool ENTROPY>
 RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   constexpr int B = logit_traits<DT>::bytes;
@@ -309,18 +312,31 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
   const i64 t0 = sp.head + sp.nvec * E;
   for (i64 j = lane; j < sp.tail; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);
-  const u8 *vb = r + sp.head * B;
-  i64 v = lane;
-  for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
-    u32x4 raw[UNROLL];
+  const u8 *vb = r + sp.head * B + (i64)lane * 16;
+  const i64 nv = lane < sp.nvec ? (sp.nvec - 1 - lane) / SEG + 1 : 0; /* this lane's vectors */
+  const i64 nfull = nv / UNROLL;
+  const int left = (int)(nv - nfull * UNROLL);
+  /* chunk k's loads, or with k == nfull the leftovers (slots past `left` repeat the last vector, so
+   * the loads stay unconditional and the slots in registers; only the first `left` are added) */
+  auto load_chunk = [&](i64 k, u32x4 *dst) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+    for (int u = 0; u < UNROLL; ++u)
+      dst[u] = load_stream(vb + (k * UNROLL + (k < nfull || u < left ? u : left - 1)) * SEG * 16);
+  };
+  auto add_left = [&](const u32x4 *v) {
+#pragma unroll
+    for (int u = 0; u < UNROLL - 1; ++u)
+      if (u < left) add_vectors<DT, 1, ENTROPY>(st, &v[u], c);
+  };
+  for (i64 k = 0; k < nfull; ++k) {
+    u32x4 raw[UNROLL];
+    load_chunk(k, raw);
     add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
   }
-  for (; v < sp.nvec; v += SEG) {
-    u32x4 raw[1];
-    raw[0] = load_stream(vb + v * 16);
-    add_vectors<DT, 1, ENTROPY>(st, raw, c);
+  if (left > 0) {
+    u32x4 last[UNROLL];
+    load_chunk(nfull, last);
+    add_left(last);
   }
   return st;
 }
