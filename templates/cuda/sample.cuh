@@ -12,9 +12,13 @@
  * so a row's sums are exact 64-bit integers, the same in any order. A 64-bit Philox draw r picks
  * the token whose mass interval [P, P + mass) contains umulhi(r, Z) (Z the total): inverse-CDF
  * sampling in exact arithmetic, with no prefix-sum rounding to go wrong.
- *   - No filter: the first pass already holds each thread's (max, sum) state; its weight picks a
- *     thread's share of the row, and a second draw picks an element of that share (re-read by one
- *     warp). One pass over the row in all.
+ *   - No filter: the first pass already holds each thread's (max, sum) state. The high half of
+ *     the first draw picks a warp by the warps' weights, the low half a lane of it by the lanes'
+ *     weights within the warp (32-bit draws, 2^-32 resolution), and the second draw an element of
+ *     that lane's share of the row by its exact masses. Every warp draws its lane and starts
+ *     re-reading that share (a vector a lane) while the row's state is merged; the chosen warp
+ *     finishes alone, with no barrier after the merge's. One pass over the row in all; the
+ *     weights are the fp32 states, so a share's weight is its mass up to fp32 rounding.
  *   - Filters keep an upper set {x >= tau} (see src/ops/sample.c for the exact semantics: ties at a
  *     threshold are kept). The thresholds are found without sorting the vocabulary:
  *       top-k <= SEG: the k-th largest of the threads' maxima bounds the k-th largest logit from
@@ -174,28 +178,6 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
   }
 }
 
-/* Part `part` of `parts` of lane t's share: part 0 takes the scalar head and tail elements, and
- * the share's vectors t + i SEG go to part i % parts. A fixed order, so that summing the parts'
- * masses and walking them again picks the same element. */
-template <int DT, int SEG, typename F>
-RLK_DEVICE void visit_lane_part(const u8 *r, i64 V, int t, int part, int parts, F &&f) {
-  constexpr int B = logit_traits<DT>::bytes;
-  constexpr int E = epv<DT>::value;
-  const row_split<DT> sp(r, V);
-  if (part == 0) {
-    for (i64 j = t; j < sp.head; j += SEG) f(load_logit<DT>(r, j), j);
-    const i64 t0 = sp.head + sp.nvec * E;
-    for (i64 j = t; j < sp.tail; j += SEG) f(load_logit<DT>(r, t0 + j), t0 + j);
-  }
-  const u8 *vb = r + sp.head * B;
-#pragma unroll 1
-  for (i64 v = t + (i64)part * SEG; v < sp.nvec; v += (i64)parts * SEG) {
-    u32x4 one[1];
-    one[0] = load_stream(vb + v * 16);
-    visit_words<DT, 1>(one, sp.head + v * E, f);
-  }
-}
-
 /* Inclusive sum over a warp (u64, exact). */
 RLK_DEVICE u64 warp_inclusive_scan(u64 v) {
   const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
@@ -241,6 +223,47 @@ struct row_settings {
   u64 seed, offset;
 };
 
+/* A row's settings and its Philox draws (R1 | R2 as four words), written by one thread while the
+ * others finish their first pass, read by all after the row's first barrier. */
+struct row_shared {
+  row_settings rs;
+  u64 R1, R2;
+};
+
+/* The one thread's part: the settings (the temperature is known), then the row's Philox block. A
+ * scalar seed is shared by the batch, so the counter tells its rows apart; a per-row seed makes
+ * the draws independent of the row's place in the batch. */
+RLK_DEVICE void row_shared_fill(row_shared *sh, float temperature, i64 row, const i32 *top_ks32,
+                                const i64 *top_ks64, i64 top_k, const float *top_ps, float top_p,
+                                const float *min_ps, float min_p, const u64 *seeds, u64 seed,
+                                const u64 *offsets, u64 offset) {
+  row_settings rs;
+  rs.temperature = temperature;
+  rs.top_k = top_ks32 ? (i64)top_ks32[row] : (top_ks64 ? top_ks64[row] : top_k);
+  rs.top_p = top_ps ? top_ps[row] : top_p;
+  rs.min_p = min_ps ? min_ps[row] : min_p;
+  rs.seed = seeds ? seeds[row] : seed;
+  rs.offset = offsets ? offsets[row] : offset;
+  u32x4_ctr ctr;
+  ctr.v[0] = (u32)rs.offset;
+  ctr.v[1] = (u32)(rs.offset >> 32);
+  ctr.v[2] = seeds ? 0u : (u32)row;
+  ctr.v[3] = seeds ? 0u : (u32)((u64)row >> 32);
+  const u32x4_ctr d = philox4x32_10(ctr, (u32)rs.seed, (u32)(rs.seed >> 32));
+  sh->rs = rs;
+  sh->R1 = (u64)d.v[0] | ((u64)d.v[1] << 32);
+  sh->R2 = (u64)d.v[2] | ((u64)d.v[3] << 32);
+}
+
+/* Prefetches a row's per-row settings into L2 (issued at the row's start, read after its pass). */
+RLK_DEVICE void prefetch_l2(const void *p) {
+#if defined(RLK_CUDA)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 /* Shared memory of the filtered path (dynamic): the histogram and the candidates are used one
  * after the other. */
 struct hist_space {
@@ -263,51 +286,135 @@ RLK_DEVICE bool before(float xa, i32 ia, float xb, i32 ib) {
 }
 
 
-/* Warp 0 only (every lane): the element of lane t's share at which the running kept mass passes
- * u, the masses summed part by part (visit_lane_part); u = umulhi(draw, share total) when
- * `scale_draw`, else `draw` itself (then below the share's total). Writes it to *pick. A share
- * whose kept masses all round to 0 (drawn with probability below 2^-30) gives its first kept
- * element. */
-template <int DT, int SEG, typename K>
-RLK_DEVICE void pick_in_share(const u8 *r, i64 V, int t, float c, float Mc, K keep, u64 draw,
-                              bool scale_draw, u32 *pick) {
-  const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
-  u64 part = 0;
-  u32 first = 0xffffffffu;
-  visit_lane_part<DT, SEG>(r, V, t, lane, RLK_WARP_SIZE, [&](float x, i64 j) {
-    if (keep(x)) {
-      part += mass_of(x, c, Mc);
-      if (first == 0xffffffffu) first = (u32)j;
-    }
-  });
-  const u64 inc = warp_inclusive_scan(part);
-  const u64 total = shfl_from(inc, RLK_WARP_SIZE - 1);
-  if (total == 0) {
-    u32 f = first;
+/* The lowest lane of the warp for which `cond` holds (the warp size when none does). */
+RLK_DEVICE int warp_first(bool cond) {
+  int l = cond ? (int)(threadIdx.x % RLK_WARP_SIZE) : RLK_WARP_SIZE;
 #pragma unroll
-    for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
-      const u32 g = shfl_xor(f, o);
-      f = g < f ? g : f;
-    }
-    if (lane == 0) *pick = f;
-    return;
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
+    const int g = shfl_xor(l, o);
+    l = g < l ? g : l;
   }
-  const u64 u = scale_draw ? __umul64hi(draw, total) : draw;
-  const u64 excl = inc - part;
-  if (excl <= u && u < inc) {
-    u64 run = excl;
-    bool got = false;
-    visit_lane_part<DT, SEG>(r, V, t, lane, RLK_WARP_SIZE, [&](float x, i64 j) {
-      if (!got && keep(x)) {
-        run += mass_of(x, c, Mc);
-        if (run > u) {
-          *pick = (u32)j;
-          got = true;
+  return l;
+}
+
+/* floor(r z / 2^32): a 32-bit uniform draw scaled to [0, z) (z < 2^63). */
+RLK_DEVICE u64 scale32(u32 r, u64 z) {
+  return (u64)r * (z >> 32) + (((u64)r * (z & 0xffffffffull)) >> 32);
+}
+
+/* Vectors of a share that a lane of share_pick loads at once and keeps in registers. */
+constexpr int PICK_VECTORS = 4;
+
+/* One warp's draw of an element of lane t's share (of the row layout SEG) by mass, in two steps
+ * so that the loads can be in flight while the warp does something else: load() issues them
+ * (lane l takes the share's vectors l, l + warp, ..., the first PICK_VECTORS of them), finish()
+ * sums the kept masses in that order (lane 0 first takes the scalar head and tail elements),
+ * finds the lane whose range holds u, and that lane walks its elements again. Every lane of the
+ * warp calls both. */
+template <int DT, int SEG> struct share_pick {
+  static constexpr int W = RLK_WARP_SIZE;
+  const u8 *r;
+  i64 V, nv;
+  int t;
+  u32x4 v[PICK_VECTORS];
+
+  RLK_DEVICE void load(const u8 *row, i64 V_, int t_) {
+    r = row;
+    V = V_;
+    t = t_;
+    const row_split<DT> sp(r, V);
+    nv = t < sp.nvec ? (sp.nvec - 1 - t) / SEG + 1 : 0;
+    const int l = (int)(threadIdx.x % W);
+#pragma unroll
+    for (int k = 0; k < PICK_VECTORS; ++k)
+      if (l + (i64)k * W < nv) v[k] = load_stream(vec_at(sp, l + (i64)k * W));
+  }
+
+  /* share vector i is row vector t + i SEG, its first element sp.head + (t + i SEG) E */
+  RLK_DEVICE const u8 *vec_at(const row_split<DT> &sp, i64 i) const {
+    return r + sp.head * logit_traits<DT>::bytes + (t + i * SEG) * 16;
+  }
+  RLK_DEVICE i64 elem0(const row_split<DT> &sp, i64 i) const {
+    return sp.head + (t + i * SEG) * epv<DT>::value;
+  }
+
+  /* Calls f on this lane's elements of the share, in the order of the sums. */
+  template <typename F> RLK_DEVICE void visit(F &f, bool reload_only_until_done) {
+    const row_split<DT> sp(r, V);
+    const int l = (int)(threadIdx.x % W);
+    if (l == 0) {
+      const i64 t0 = sp.head + sp.nvec * epv<DT>::value;
+      for (i64 j = t; j < sp.head; j += SEG) f(load_logit<DT>(r, j), j);
+      for (i64 j = t; j < sp.tail; j += SEG) f(load_logit<DT>(r, t0 + j), t0 + j);
+    }
+#pragma unroll
+    for (int k = 0; k < PICK_VECTORS; ++k)
+      if (l + (i64)k * W < nv) visit_words<DT, 1>(&v[k], elem0(sp, l + (i64)k * W), f);
+#pragma unroll 1
+    for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !(reload_only_until_done && f.done()); i += W) {
+      u32x4 one[1];
+      one[0] = load_stream(vec_at(sp, i));
+      visit_words<DT, 1>(one, elem0(sp, i), f);
+    }
+  }
+
+  /* The element at which the running kept mass passes u: u = umulhi(draw, the share's kept mass)
+   * when `scale_draw`, else `draw` itself (then below that mass). Returns it in every lane and its
+   * logit in *x. A share whose kept masses all round to 0 (drawn with probability below 2^-30)
+   * gives its first kept element, and *x is NaN (not read). */
+  template <typename K>
+  RLK_DEVICE u32 finish(float c, float Mc, K keep, u64 draw, bool scale_draw, float *x) {
+    struct summer {
+      K &keep;
+      float c, Mc;
+      u64 part;
+      u32 first;
+      RLK_DEVICE bool done() const { return false; }
+      RLK_DEVICE void operator()(float xe, i64 j) {
+        if (keep(xe)) {
+          part += mass_of(xe, c, Mc);
+          if (first == 0xffffffffu) first = (u32)j;
         }
       }
-    });
+    } sum{keep, c, Mc, 0ull, 0xffffffffu};
+    visit(sum, false);
+    const u64 inc = warp_inclusive_scan(sum.part);
+    const u64 total = shfl_from(inc, W - 1);
+    *x = limits<float>::quiet_nan();
+    if (total == 0) {
+      u32 f = sum.first;
+#pragma unroll
+      for (int o = W / 2; o > 0; o >>= 1) {
+        const u32 g = shfl_xor(f, o);
+        f = g < f ? g : f;
+      }
+      return f;
+    }
+    const u64 u = scale_draw ? __umul64hi(draw, total) : draw;
+    const u64 below = inc - sum.part;
+    struct walker {
+      K &keep;
+      float c, Mc;
+      u64 run, u;
+      u32 pick;
+      float px;
+      RLK_DEVICE bool done() const { return pick != 0xffffffffu; }
+      RLK_DEVICE void operator()(float xe, i64 j) {
+        if (pick == 0xffffffffu && keep(xe)) {
+          run += mass_of(xe, c, Mc);
+          if (run > u) {
+            pick = (u32)j;
+            px = xe;
+          }
+        }
+      }
+    } walk{keep, c, Mc, below, u, 0xffffffffu, 0.0f};
+    if (sum.part != 0 && below <= u && u < inc) visit(walk, true);
+    const int owner = warp_first(walk.pick != 0xffffffffu);
+    *x = shfl_from(walk.px, owner);
+    return shfl_from(walk.pick, owner);
   }
-}
+};
 
 /* The boundary bin of a histogram pass: with bins in key order and A_b the sum of the bins above
  * b, the bin b where A_b < target <= A_b + v_b (it exists when 0 < target <= the sum). Writes b to
@@ -364,10 +471,12 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   constexpr int KW = key_width<DT>::value;
 
   __shared__ state scratch[NW];
-  __shared__ float lane_m[NT], lane_s[NT];
+  __shared__ float lane_m[FILTER ? NT : 1]; /* the lanes' maxima (the top-k bound) */
   __shared__ u64 warp_sums[NW];
-  __shared__ state row_state;
+  __shared__ row_shared sh; /* the row's settings and draws, from the block's last thread */
   __shared__ u32 pick;        /* a lane, then the chosen token */
+  __shared__ float pick_x;    /* the chosen token's logit, when pick_known */
+  __shared__ int pick_known;
   __shared__ u32 found[2];    /* results of block searches */
   __shared__ u64 found_u64[2];
   extern __shared__ __align__(16) u8 dyn[];
@@ -377,68 +486,110 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   const int tid = (int)threadIdx.x;
   const int wid = tid / RLK_WARP_SIZE;
 
+  const int lane = tid % RLK_WARP_SIZE;
+  /* the block's last lane has the fewest vectors of a row (leftovers go to the first lanes), so it
+   * fetches the settings and draws the row's randoms after its pass, off the critical path */
+  const bool filler = tid == NT - 1;
+
   for (i64 row = blockIdx.x; row < B; row += gridDim.x) {
-    row_settings rs;
-    rs.temperature = temperatures ? temperatures[row] : temperature;
-    rs.top_k = top_ks32 ? (i64)top_ks32[row] : (top_ks64 ? top_ks64[row] : top_k);
-    rs.top_p = top_ps ? top_ps[row] : top_p;
-    rs.min_p = min_ps ? min_ps[row] : min_p;
-    rs.seed = seeds ? seeds[row] : seed;
-    rs.offset = offsets ? offsets[row] : offset;
-    if (!(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
-        !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f)) {
-      if (tid == 0) {
-        tokens[row] = (TOK)-1;
-        if (logp) logp[row] = limits<float>::quiet_nan();
-        if (logp_filtered) logp_filtered[row] = limits<float>::quiet_nan();
-        if (status) atomicOr((int *)status, (int)STATUS_BAD_PARAM);
-      }
-      continue; /* block-uniform: nothing below was reached */
-    }
-    const bool greedy = rs.temperature == 0.0f;
-    const float T = greedy ? 1.0f : rs.temperature;
+    /* the first pass needs only the temperature; a setting out of range is reported after it */
+    const float t_row = temperatures ? temperatures[row] : temperature;
+    const bool greedy = t_row == 0.0f;
+    const float T = greedy ? 1.0f : t_row;
     const float c = RLK_LP_LOG2E / T;
     const u8 *r = (const u8 *)logits + row * row_stride * BYTES;
-
-    /* ---- pass 1: logprob_fwd's lane states, kept, and merged in its tree ---- */
-    state st = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
-    lane_m[tid] = st.m;
-    lane_s[tid] = st.s;
-    if constexpr (SEG > RLK_WARP_SIZE) {
-      st = block_merge<SEG, false>(st, c, scratch);
-    } else {
-      if (wid == 0) st = segment_merge<SEG, false>(st, c);
+    if (filler) {
+      if (top_ks32) prefetch_l2(top_ks32 + row);
+      if (top_ks64) prefetch_l2(top_ks64 + row);
+      if (top_ps) prefetch_l2(top_ps + row);
+      if (min_ps) prefetch_l2(min_ps + row);
+      if (seeds) prefetch_l2(seeds + row);
+      if (offsets) prefetch_l2(offsets + row);
     }
     if (tid == 0) {
-      row_state = st;
       pick = 0xffffffffu;
+      pick_known = 0;
     }
-    __syncthreads();
-    const state rst = row_state;
+
+    /* ---- pass 1: logprob_fwd's lane states, merged in its tree ---- */
+    const state own = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
+    if constexpr (FILTER) lane_m[tid] = own.m;
+    /* the warp's butterfly (logprob_fwd's first level), and each warp's own pick of a lane */
+    const state wst = segment_merge<(SEG < RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE), false>(own, c);
+    if (SEG > RLK_WARP_SIZE && lane == 0) scratch[wid] = wst;
+    if (filler)
+      row_shared_fill(&sh, t_row, row, top_ks32, top_ks64, top_k, top_ps, top_p, min_ps, min_p, seeds, seed,
+                      offsets, offset);
+    __syncthreads(); /* barrier 1 */
+    const row_settings rs = sh.rs;
+    const u64 R1 = sh.R1, R2 = sh.R2;
+    const bool bad = !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
+                     !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
+    const bool unfiltered = !FILTER || greedy ||
+                            (!(rs.top_k > 0 && rs.top_k < V) && !(rs.top_p < 1.0f) && !(rs.min_p > 0.0f));
+    const bool plain = !greedy && unfiltered && !bad;
+    /* No filter: a warp is drawn by its weight, a lane of it by the lane's weight within the warp,
+     * then an element of that lane's share by mass. Every warp draws its lane first and starts
+     * loading that share while the row's state is merged, before it knows whether it is the one.
+     * The weights are the first pass's states (a lane's sum relative to the warp's maximum), so
+     * a share's weight is its mass up to fp32 rounding; the element's draw is exact. */
+    share_pick<DT, SEG> drawn; /* this warp's lane share */
+    u64 lane_w = 0, lane_inc = 0;
+    if (plain) {
+      lane_w = own.s == 0.0f ? 0ull : (u64)(own.s * exp2_approx((own.m - wst.m) * c) * RLK_SMP_MASS_SCALE);
+      lane_inc = warp_inclusive_scan(lane_w);
+      const u64 ul = scale32((u32)R1, shfl_from(lane_inc, RLK_WARP_SIZE - 1));
+      const int tl = warp_first(lane_w != 0 && lane_inc - lane_w <= ul && ul < lane_inc);
+      drawn.load(r, V, wid * RLK_WARP_SIZE + (tl < RLK_WARP_SIZE ? tl : 0));
+    }
+    state rst;
+    u64 warp_w = 0; /* lane l < NW: warp l's weight */
+    if constexpr (SEG > RLK_WARP_SIZE) {
+      /* logprob_fwd's second level in every warp: bitwise the state its warp 0 computes */
+      const state ws = lane < NW ? scratch[lane] : empty_state();
+      rst = segment_merge<RLK_WARP_SIZE, false>(ws, c);
+      if (plain && ws.s != 0.0f) warp_w = (u64)(ws.s * exp2_approx((ws.m - rst.m) * c) * RLK_SMP_MASS_SCALE);
+    } else {
+      rst.m = shfl_from(wst.m, 0);
+      rst.s = shfl_from(wst.s, 0);
+      rst.q = 0.0f;
+    }
     const float M = rst.m;
-    if (!(rst.s > 0.0f)) { /* NaN: a NaN or +inf logit; 0: no finite logit */
+    /* every path below synchronizes again before the filler writes the next row's settings */
+    if (bad || !(rst.s > 0.0f)) { /* s NaN: a NaN or +inf logit; 0: no finite logit */
       if (tid == 0) {
         const bool nan = rst.s != 0.0f;
         tokens[row] = (TOK)-1;
-        const float o = nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
+        const float o = bad || nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
         if (logp) logp[row] = o;
         if (logp_filtered) logp_filtered[row] = o;
-        if (status) atomicOr((int *)status, nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN);
+        if (status)
+          atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
       }
       __syncthreads();
-      continue;
+      continue; /* block-uniform */
     }
     const float Mc = M * c;
-    /* one Philox block per row: a scalar seed is shared by the batch, so the row tells its rows
-     * apart; a per-row seed makes the draws independent of the row's place in the batch */
-    u32x4_ctr ctr;
-    ctr.v[0] = (u32)rs.offset;
-    ctr.v[1] = (u32)(rs.offset >> 32);
-    ctr.v[2] = seeds ? 0u : (u32)row;
-    ctr.v[3] = seeds ? 0u : (u32)((u64)row >> 32);
-    const u32x4_ctr draw = philox4x32_10(ctr, (u32)rs.seed, (u32)(rs.seed >> 32));
-    const u64 R1 = (u64)draw.v[0] | ((u64)draw.v[1] << 32);
-    const u64 R2 = (u64)draw.v[2] | ((u64)draw.v[3] << 32);
+
+    if (plain) {
+      if constexpr (SEG > RLK_WARP_SIZE) {
+        const u64 winc = warp_inclusive_scan(warp_w);
+        const u64 u = scale32((u32)(R1 >> 32), shfl_from(winc, RLK_WARP_SIZE - 1));
+        if (wid != warp_first(warp_w != 0 && winc - warp_w <= u && u < winc)) continue;
+      }
+      /* this warp's lane was drawn: the element, and the outputs. No barrier: the other warps
+       * have gone on to the next row, whose shared state this warp no longer reads. */
+      float xy;
+      const u32 y = drawn.finish(c, Mc, [](float) { return true; }, R2, true, &xy);
+      if (lane == 0) {
+        if (xy != xy) xy = load_logit<DT>(r, (i64)y);
+        const float lp = row_logp(rst, xy, logf(rst.s), T);
+        tokens[row] = (TOK)y;
+        if (logp) logp[row] = lp;
+        if (logp_filtered) logp_filtered[row] = lp;
+      }
+      continue;
+    }
 
     const bool use_k = FILTER && !greedy && rs.top_k > 0 && rs.top_k < V;
     const bool use_p = FILTER && !greedy && rs.top_p < 1.0f;
@@ -446,7 +597,6 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     /* min-p keeps p(x) >= min_p p(max), i.e. (x - M) c >= log2(min_p) */
     const float l2min = use_m ? log2f(rs.min_p) : 0.0f;
     auto keep_m = [&](float x) { return !use_m || (x - M) * c >= l2min; };
-    const bool whole_row = !(use_k || use_p || use_m); /* then logp_filtered is logp */
     u64 kept_mass = 0;                                 /* else the kept set's mass */
 
     /* Every pass after the first is this one loop over the lanes' shares, its job chosen at run
@@ -463,27 +613,13 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     u64 need = 0, target = 0, z0 = 0, cnt_above = 0;
     u64 acc = 0; /* KEPT: this lane's kept mass */
     bool gathered = false, cut_k = false, cut_m = false;
-    /* the draw of an element inside lane share_t: umulhi(share_draw, the share's mass) when
-     * share_scale, else share_draw itself */
-    bool share_pick = false, share_scale = false, keep_all = false;
+    /* KEPT: the draw of an element inside lane share_t's kept mass */
+    bool pick_share = false;
     int share_t = 0;
     u64 share_draw = 0;
 
     if (greedy) {
       step = GREEDY;
-    } else if (whole_row) {
-      /* ---- no filter: a lane's share by its first-pass weight, then an element by mass ---- */
-      const float ls = lane_s[tid];
-      const u64 w =
-          ls == 0.0f ? 0ull : (u64)(ls * exp2_approx((lane_m[tid] - M) * c) * RLK_SMP_MASS_SCALE);
-      u64 total;
-      const u64 below = block_exclusive_scan<NT>(w, warp_sums, &total);
-      const u64 u = __umul64hi(R1, total);
-      if (w != 0 && below <= u && u - below < w) pick = (u32)tid;
-      __syncthreads();
-      share_t = (int)pick;
-      share_pick = share_scale = keep_all = true;
-      share_draw = R2;
     } else if (use_k && rs.top_k <= SEG) {
       /* top-k <= SEG: the k-th largest lane maximum theta bounds the k-th largest logit from
        * below, so {x >= theta} (usually about k elements) holds the top-k set. The lane maxima
@@ -547,7 +683,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       acc = 0;
       __syncthreads();
       /* ---- the pass ---- */
-      if (tid < SEG && (step != GREEDY || lane_m[tid] == M))
+      if (tid < SEG && (step != GREEDY || own.m == M))
         visit_lane_compact<DT, SEG, UNROLL>(r, V, tid, [&](float x, i64 j) {
           if (!FILTER || step == GREEDY) {
             if (x == M) atomicMin(&pick, (u32)j);
@@ -651,20 +787,30 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         __syncthreads();
         share_t = (int)pick;
         share_draw = found_u64[1];
-        share_pick = true;
+        pick_share = true;
         kept_mass = total;
         step = DONE;
       }
       __syncthreads();
     }
 
-    if (share_pick) {
+    if (pick_share) {
       const u32 klo_ = klo;
       __syncthreads(); /* every thread has read the chosen lane out of `pick` */
-      if (wid == 0)
-        pick_in_share<DT, SEG>(r, V, share_t, c, Mc,
-                               [&](float x) { return keep_all || (key_of<DT>(x) >= klo_ && keep_m(x)); },
-                               share_draw, share_scale, &pick);
+      if (wid == 0) {
+        float x;
+        share_pick<DT, SEG> sp;
+        sp.load(r, V, share_t);
+        const u32 y = sp.finish(c, Mc, [&](float xe) { return key_of<DT>(xe) >= klo_ && keep_m(xe); },
+                                share_draw, false, &x);
+        if (lane == 0) {
+          pick = y;
+          if (x == x) {
+            pick_x = x;
+            pick_known = 1;
+          }
+        }
+      }
       __syncthreads();
     }
 
@@ -738,22 +884,25 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       kept_mass = cand.cum[nk - 1];
       const u64 u = __umul64hi(R1, kept_mass);
       for (u32 i = c0; i < c1 && i < nk; ++i)
-        if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) pick = (u32)cand.idx[i];
+        if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) {
+          pick = (u32)cand.idx[i];
+          pick_x = cand.x[i];
+          pick_known = 1;
+        }
       __syncthreads();
     }
 
     /* ---- outputs ---- */
     if (tid == 0) {
       const u32 y = pick;
-      const float xy = load_logit<DT>(r, (i64)y);
+      /* the logit the pick was made from (bitwise the loaded one: the conversions are exact) */
+      const float xy = pick_known ? pick_x : load_logit<DT>(r, (i64)y);
       const float lp = row_logp(rst, xy, logf(rst.s), T);
       tokens[row] = (TOK)y;
       if (logp) logp[row] = lp;
       if (logp_filtered)
         logp_filtered[row] =
-            greedy ? 0.0f
-                   : (whole_row ? lp
-                                : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D));
+            greedy ? 0.0f : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D);
     }
     __syncthreads();
   }
