@@ -2,16 +2,26 @@
  * shared/specs/performance.md (B x V x dtype bytes / 4.14 TB/s).
  *
  *   rlk-bench-sample [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]
+ *                    [--case NAME] [--logprob-block N] [--logprob-unroll N]
+ *
+ * --case times one case only; --logprob-block / --logprob-unroll pass a tuned rlk_logprob row layout
+ * to the sampler (its first pass follows it).
  *
  * Cases, V = 151936, f32 and bf16 logits, B = 1, 32, 256 (the H200 goals in brackets):
  *   plain      temperature 1                              [<= 1.3 x the floor]
  *   topk+topp  temperature 0.7, top-k 50, top-p 0.9       [B 256 <= 0.15 ms, B 32 <= 0.05 ms]
  *   topk       top-k 50;  topp  top-p 0.9 alone;  minp  min-p 0.05;  greedy  temperature 0
  * Logits are N(0, 1)-like (what shared/anchors/torch_baselines.py samples from), a seed per row,
- * the offset advancing every call. Device events around each call, 3 warm-up calls, median / min /
- * max of --iters; several logits buffers are rotated so that the timed data is at least 256 MB
- * (never L2-resident). Before timing, every case's tokens are checked against its filters and a
- * few log-probs against fp64. */
+ * the offset advancing every call. Several logits buffers are rotated so that the timed data is at
+ * least 256 MB (never L2-resident). Two timings per case, median / min / max of --iters each after
+ * 3 warm-up calls:
+ *   one call   device events around a single call on an idle stream: the kernel, plus the time
+ *              from the first event to the kernel's start, which includes the host's call
+ *   stream     events around STREAM_CALLS calls enqueued back to back, divided by their number: a
+ *              call's device time when a trainer enqueues asynchronously (the host call overlaps
+ *              the previous kernel), what the floor compares with
+ * Before timing, every case's tokens are checked against its filters and a few log-probs against
+ * fp64. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,6 +90,12 @@ static int verify(rlk_context *ctx, const void *logits, rlk_dtype dt, int64_t B,
   return 0;
 }
 
+static const char *only_case; /* --case: one case only */
+static int lp_block, lp_unroll;  /* --logprob-block, --logprob-unroll: the row layout (0: default) */
+
+/* Calls between the events of one "stream" sample. */
+#define STREAM_CALLS 16
+
 static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters) {
   const size_t es = rlk_dtype_size(dt), bytes = (size_t)B * (size_t)V * es;
   int nbuf = (int)(((size_t)256 << 20) / bytes) + 1;
@@ -125,12 +141,15 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
   BENCH_CHECK(rlk_event_create(ctx, &e1));
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const scase *c = &cases[ci];
+    if (only_case && strcmp(only_case, c->name)) continue;
     rlk_sample_args a;
     rlk_sample_args_init(&a);
     a.temperature = c->temperature;
     a.top_k = c->top_k;
     a.top_p = c->top_p;
     a.min_p = c->min_p;
+    a.logprob_block = lp_block;
+    a.logprob_unroll = lp_unroll;
     a.seeds = rlk_tensor_1d(seeds, RLK_I64, B);
     a.tokens = rlk_tensor_1d(tokens, RLK_I64, B);
     a.logp = rlk_tensor_1d(logp, RLK_F32, B);
@@ -151,13 +170,29 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
       if (i >= 0) v[i] = ms;
     }
     char name[112], note[160];
-    snprintf(name, sizeof name, "sample %s B=%lld V=%lld %s", c->name, (long long)B, (long long)V,
-             rlk_dtype_name(dt));
     double goal = 0;
     if (!strcmp(c->name, "plain")) goal = 1.3 * bench_floor_ms((double)bytes);
     if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 256) goal = 0.15;
     if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 32) goal = 0.05;
     snprintf(note, sizeof note, "%s", bad ? "CHECK FAILED (tokens or logp)" : "checked");
+    snprintf(name, sizeof name, "sample %s B=%lld V=%lld %s one call", c->name, (long long)B,
+             (long long)V, rlk_dtype_name(dt));
+    bench_add(name, v, iters, (double)bytes, goal, note);
+    for (int i = -1; i < iters; i++) {
+      BENCH_CHECK(rlk_event_record(e0, NULL));
+      for (int k = 0; k < STREAM_CALLS; k++) {
+        const int n = (i + 1) * STREAM_CALLS + k;
+        a.logits = rlk_tensor_2d(bufs[n % nbuf], dt, B, V, V);
+        a.offset = (uint64_t)(1000 + n);
+        BENCH_CHECK(rlk_sample(ctx, &a, NULL));
+      }
+      BENCH_CHECK(rlk_event_record(e1, NULL));
+      float ms = 0;
+      BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms));
+      if (i >= 0) v[i] = ms / STREAM_CALLS;
+    }
+    snprintf(name, sizeof name, "sample %s B=%lld V=%lld %s stream", c->name, (long long)B,
+             (long long)V, rlk_dtype_name(dt));
     bench_add(name, v, iters, (double)bytes, goal, note);
   }
   int32_t st = 0;
@@ -187,10 +222,20 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) {
       V = atoll(argv[++i]);
       if (V <= 0) return usage_error("--vocab: '%s' is not a positive integer", argv[i]);
+    } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
+      only_case = argv[++i];
+      int known = 0;
+      for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) known |= !strcmp(cases[c].name, only_case);
+      if (!known) return usage_error("--case: '%s' is not a case (plain topk+topp topk topp minp greedy)", only_case);
+    } else if (!strcmp(argv[i], "--logprob-block") && i + 1 < argc) {
+      lp_block = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--logprob-unroll") && i + 1 < argc) {
+      lp_unroll = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
     } else if (!strcmp(argv[i], "--help")) {
-      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]\n", prog);
+      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
+             "       [--logprob-block N] [--logprob-unroll N]\n", prog);
       return 0;
     } else {
       return usage_error("unknown argument '%s'", argv[i]);
