@@ -316,27 +316,23 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   const i64 nv = lane < sp.nvec ? (sp.nvec - 1 - lane) / SEG + 1 : 0; /* this lane's vectors */
   const i64 nfull = nv / UNROLL;
   const int left = (int)(nv - nfull * UNROLL);
-  /* chunk k's loads, or with k == nfull the leftovers (slots past `left` repeat the last vector, so
-   * the loads stay unconditional and the slots in registers; only the first `left` are added) */
-  auto load_chunk = [&](i64 k, u32x4 *dst) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      dst[u] = load_stream(vb + (k * UNROLL + (k < nfull || u < left ? u : left - 1)) * SEG * 16);
-  };
-  auto add_left = [&](const u32x4 *v) {
-#pragma unroll
-    for (int u = 0; u < UNROLL - 1; ++u)
-      if (u < left) add_vectors<DT, 1, ENTROPY>(st, &v[u], c);
-  };
   for (i64 k = 0; k < nfull; ++k) {
     u32x4 raw[UNROLL];
-    load_chunk(k, raw);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (k * UNROLL + u) * SEG * 16);
     add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
   }
   if (left > 0) {
-    u32x4 last[UNROLL];
-    load_chunk(nfull, last);
-    add_left(last);
+    /* every slot is loaded (slots past `left` repeat the last vector, so the loads stay
+     * unconditional and the slots in registers); only the first `left` are added */
+    constexpr int NL = UNROLL > 1 ? UNROLL - 1 : 1;
+    u32x4 last[NL];
+#pragma unroll
+    for (int u = 0; u < NL; ++u)
+      last[u] = load_stream(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
+#pragma unroll
+    for (int u = 0; u < NL; ++u)
+      if (u < left) add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
   }
   return st;
 }
