@@ -223,8 +223,8 @@ struct row_settings {
   u64 seed, offset;
 };
 
-/* A row's settings and its Philox draws (R1 | R2 as four words), written by one thread while the
- * others finish their first pass, read by all after the row's first barrier. */
+/* A row's settings and its Philox block (two 64-bit draws), written by one thread while the others
+ * finish their first pass, read by all after the row's first barrier. */
 struct row_shared {
   row_settings rs;
   u64 R1, R2;
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     /* ---- pass 1: logprob_fwd's lane states, merged in its tree ---- */
     const state own = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
     if constexpr (FILTER) lane_m[tid] = own.m;
-    /* the warp's butterfly (logprob_fwd's first level), and each warp's own pick of a lane */
+    /* the warp's butterfly: logprob_fwd's first level */
     const state wst = segment_merge<(SEG < RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE), false>(own, c);
     if (SEG > RLK_WARP_SIZE && lane == 0) scratch[wid] = wst;
     if (filler)
