@@ -1445,23 +1445,6 @@ START_TEST(plan_rejects_bad_settings) {
 }
 END_TEST
 
-/* Splits "op a=b c=d" into pairs (in `copy`). */
-static size_t split_line(const char *line, char *copy, size_t size, rlk_op_config_pair *pairs) {
-  const char *sp = strchr(line, ' ');
-  snprintf(copy, size, "%s", sp ? sp + 1 : "");
-  size_t np = 0;
-  char *save = NULL;
-  for (char *tok = strtok_r(copy, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-    char *eq = strchr(tok, '=');
-    ck_assert_ptr_nonnull(eq);
-    *eq = '\0';
-    pairs[np].name = tok;
-    pairs[np].value = eq + 1;
-    np++;
-  }
-  return np;
-}
-
 /* On a GPU target the samples reach every dtype x family and family x algorithm pair of the scan
  * template and both whitening entries in both dtypes; auto selection picks by shape. */
 START_TEST(samples_cover_every_variant) {
@@ -1480,7 +1463,7 @@ START_TEST(samples_cover_every_variant) {
     for (size_t j = 0; my_ops[i]->samples[j]; j++) {
       char copy[512];
       rlk_op_config_pair pairs[16];
-      const size_t np = split_line(my_ops[i]->samples[j], copy, sizeof copy, pairs);
+      const size_t np = rlk_test_split_line(my_ops[i]->samples[j], copy, sizeof copy, pairs);
       rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
       size_t ns = 0;
       ck_assert_msg(my_ops[i]->plan(ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", my_ops[i]->samples[j],
@@ -1513,7 +1496,7 @@ START_TEST(samples_cover_every_variant) {
     rlk_op_config_pair pairs[16];
     char line[128];
     snprintf(line, sizeof line, "%s", autos[i].line);
-    const size_t np = split_line(line, copy, sizeof copy, pairs);
+    const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
     ck_assert_int_eq(rlk_op_gae.plan(ctx, np, pairs, specs, &ns), RLK_OK);

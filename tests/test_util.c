@@ -141,6 +141,22 @@ rlk_context *rlk_test_host_context(void) {
   return ctx;
 }
 
+size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_config_pair *pairs) {
+  const char *sp = strchr(line, ' ');
+  snprintf(copy, size, "%s", sp ? sp + 1 : "");
+  size_t np = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(copy, " ", &save); tok && np < 16; tok = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(tok, '=');
+    ck_assert_ptr_nonnull(eq);
+    *eq = '\0';
+    pairs[np].name = tok;
+    pairs[np].value = eq + 1;
+    np++;
+  }
+  return np;
+}
+
 /* ---- compiling every sample configuration of some ops for every target ------------- */
 
 

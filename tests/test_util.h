@@ -43,6 +43,12 @@ struct rlk_op_desc;
  * compile error. `label` names the ops in messages. */
 void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
 
+struct rlk_op_config_pair;
+
+/* Splits a configuration line "op a=b c=d" into its settings, pointing into `copy` (`size` bytes);
+ * returns their number (at most 16). */
+size_t rlk_test_split_line(const char *line, char *copy, size_t size, struct rlk_op_config_pair *pairs);
+
 /* Kernels a context has compiled so far (its compiles counter). */
 uint64_t rlk_test_compiles(rlk_context *ctx);
 

@@ -176,15 +176,9 @@ static int lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
 
 static int lp_warp(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
-/* CUDA compute capability x 10 of the context's target ("sm_90a" -> 90), 0 elsewhere. */
-static int lp_sm(const rlk_context *ctx) {
-  if (ctx->kind != RLK_BACKEND_CUDA || strncmp(ctx->info.target, "sm_", 3) != 0) return 0;
-  return atoi(ctx->info.target + 3);
-}
-
 static const lp_arch_default *lp_default(const rlk_context *ctx) {
   if (ctx->kind == RLK_BACKEND_HIP) return &lp_hip_default;
-  const int sm = lp_sm(ctx);
+  const int sm = rlk_op_cuda_sm(ctx);
   for (size_t i = 0; i < LP_N(lp_cuda_defaults); i++)
     if (sm >= lp_cuda_defaults[i].min_sm) return &lp_cuda_defaults[i];
   return &lp_cuda_defaults[LP_N(lp_cuda_defaults) - 1];
@@ -280,7 +274,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
   int variant = c->variant ? c->variant : lp_env_override();
   if (!variant) variant = d->variant;
   lp_config t = *c;
-  const int sm90 = kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90;
+  const int sm90 = kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
       (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !c->tma_ok))) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
@@ -805,7 +799,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   req.box_cols = (uint32_t)(512 / es);
   /* Select as if a tensor map could describe the logits; only when the tensor-map variant is what
    * runs is that checked, and a refusal selects again without it. */
-  c.tma_ok = ctx->kind == RLK_BACKEND_CUDA && lp_sm(ctx) >= 90;
+  c.tma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
   lp_choice ch;
   if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
