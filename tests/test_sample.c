@@ -7,7 +7,10 @@
  *     the batch around it; a scalar seed gives rows their own streams), the Philox draws against
  *     the reference generator, greedy rows, the edge cases (top_k >= V, a tiny top_p, -inf logits,
  *     equal logits, NaN rows, bad per-row settings) and argument validation;
- *   - the precompile plan and the op's samples compiled for every target.
+ *   - a row split over the blocks of a cluster (row_split): the same tokens and log-probs as one
+ *     block a row, and its draws against the reference distribution;
+ *   - the precompile plan (row_split's choices included) and the op's samples compiled for every
+ *     target.
  * Outputs are poisoned before each call. */
 #include <check.h>
 #include <math.h>
@@ -89,6 +92,7 @@ typedef struct smp_settings {
   const uint64_t *seeds, *offsets;
   rlk_dtype token_dtype;
   int logprob_block, logprob_unroll;
+  int row_split;
 } smp_settings;
 
 static smp_settings settings_default(void) {
@@ -147,6 +151,7 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   a.status = rlk_tensor_1d(st, RLK_I32, 1);
   a.logprob_block = s->logprob_block;
   a.logprob_unroll = s->logprob_unroll;
+  a.row_split = s->row_split;
   const rlk_status r = rlk_sample(ctx, &a, NULL);
   if (r == RLK_OK) {
     ck_assert_msg(rlk_stream_synchronize(ctx, NULL) == RLK_OK, "sync: %s", rlk_last_error());
@@ -186,6 +191,7 @@ typedef struct dist_case {
   float top_p, min_p;
   int ties;     /* quantize the logits so that many are equal */
   int neg_inf;  /* some -inf logits */
+  int row_split; /* rlk_sample_args.row_split */
 } dist_case;
 
 /* Draws logits for a case whose filters are not within rounding of a flip (re-drawn otherwise). */
@@ -226,6 +232,7 @@ static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *r
   s.top_p = c->top_p;
   s.min_p = c->min_p;
   s.seeds = seeds;
+  s.row_split = c->row_split;
   int64_t drawn = 0;
   for (uint64_t round = 0; drawn < n; round++) {
     for (int64_t i = 0; i < B; i++) seeds[i] = base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
@@ -386,6 +393,83 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
   free(S);
   rlk_free(ctx, b.dev);
   batch_free(&b);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* A row over the blocks of a cluster                                                  */
+/* ---------------------------------------------------------------------------------- */
+
+/* Unfiltered rows (temperatures mixed, greedy ones included, and with B 33 a NaN row, an all -inf
+ * row and a bad temperature) sampled with every row_split: the tokens, log-probs and status are
+ * those of one block a row, bit for bit, and logp is rlk_logprob's. */
+static void cases_row_split(rlk_context *ctx, uint64_t *rng) {
+  static const struct {
+    int64_t V, pad;
+    rlk_dtype dt;
+  } shapes[] = {{151936, 0, RLK_BF16}, {151936, 0, RLK_F32}, {50257, 3, RLK_F16},
+                {128256, 0, RLK_BF16}, {32000, 8, RLK_F32},   {4097, 0, RLK_BF16}};
+  static const int64_t batches[] = {1, 3, 33};
+  static const int splits[] = {2, 4, 8, RLK_SAMPLE_ROW_SPLIT_AUTO};
+  static const float temps[] = {1.0f, 0.7f, 0.0f, 1.3f, 0.25f};
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+    for (size_t q = 0; q < sizeof batches / sizeof batches[0]; q++) {
+      const int64_t B = batches[q], V = shapes[k].V;
+      smp_batch b = batch_new(B, V, shapes[k].pad, shapes[k].dt);
+      for (int64_t i = 0; i < B; i++)
+        for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 3.0 * rlk_test_rand_normal(rng));
+      float *T = malloc((size_t)B * 4);
+      uint64_t *S = malloc((size_t)B * 8);
+      for (int64_t i = 0; i < B; i++) {
+        T[i] = temps[(i + (int64_t)k) % 5];
+        S[i] = rlk_test_rand_u64(rng);
+      }
+      if (B == 33) {
+        batch_set(&b, 5, V / 3, NAN);
+        for (int64_t j = 0; j < V; j++) batch_set(&b, 7, j, -INFINITY);
+        T[9] = -1.0f;
+      }
+      b.dev = rlk_test_dev_upload(ctx, b.x, (size_t)((B - 1) * (V + b.pad) + V) * rlk_dtype_size(b.dt));
+      smp_settings s = settings_default();
+      s.temperatures = T;
+      s.seeds = S;
+      s.offset = rlk_test_rand_u64(rng);
+      s.row_split = 1;
+      smp_out one;
+      sample_ok(ctx, &b, &s, &one);
+      for (size_t m = 0; m < sizeof splits / sizeof splits[0]; m++) {
+        s.row_split = splits[m];
+        smp_out o;
+        sample_ok(ctx, &b, &s, &o);
+        ck_assert_int_eq(o.status, one.status);
+        for (int64_t i = 0; i < B; i++)
+          ck_assert_msg(o.tokens[i] == one.tokens[i] && !memcmp(&o.logp[i], &one.logp[i], 4) &&
+                            !memcmp(&o.logp_filtered[i], &one.logp_filtered[i], 4),
+                        "V=%lld %s B=%lld row_split %d row %lld (T %g): token %lld logp %.9g lpf %.9g; one "
+                        "block a row: %lld %.9g %.9g",
+                        (long long)V, rlk_dtype_name(b.dt), (long long)B, splits[m], (long long)i, (double)T[i],
+                        (long long)o.tokens[i], (double)o.logp[i], (double)o.logp_filtered[i],
+                        (long long)one.tokens[i], (double)one.logp[i], (double)one.logp_filtered[i]);
+        out_free(&o);
+      }
+      for (int64_t i = 0; i < B; i++) {
+        if (B == 33 && (i == 5 || i == 7 || i == 9)) {
+          ck_assert_int_eq(one.tokens[i], -1);
+          continue;
+        }
+        const int64_t y = one.tokens[i];
+        ck_assert_msg(y >= 0 && y < V, "row %lld: token %lld", (long long)i, (long long)y);
+        const float want = logprob_of(ctx, &b, i, y, T[i] == 0.0f ? 1.0f : T[i], 0, 0);
+        ck_assert_msg(!memcmp(&want, &one.logp[i], 4), "V=%lld row %lld: logp %.9g, rlk_logprob %.9g",
+                      (long long)V, (long long)i, (double)one.logp[i], (double)want);
+      }
+      if (B == 33)
+        ck_assert_int_eq(one.status, RLK_SAMPLE_STATUS_NAN | RLK_SAMPLE_STATUS_NO_TOKEN | RLK_SAMPLE_STATUS_BAD_PARAM);
+      out_free(&one);
+      free(T);
+      free(S);
+      rlk_free(ctx, b.dev);
+      batch_free(&b);
+    }
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -609,7 +693,7 @@ START_TEST(args_init_defaults) {
   rlk_sample_args_init(&a);
   ck_assert(a.temperature == 1.0f && a.top_p == 1.0f && a.min_p == 0.0f && a.top_k == 0);
   ck_assert(a.seed == 0 && a.offset == 0 && a.logits.data == NULL && a.tokens.data == NULL);
-  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0);
+  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0 && a.row_split == 0);
   rlk_sample_args_init(NULL);
 }
 END_TEST
@@ -715,12 +799,21 @@ START_TEST(bad_arguments) {
   BAD(a.logp = rlk_tensor_1d(tok, RLK_F32, 3), "distinct");
   BAD(a.status = rlk_tensor_1d(lp, RLK_F32, 1), "status");
   BAD(a.logprob_block = 100, "block");
+  BAD(a.row_split = 3, "row_split");
+  BAD(a.row_split = 16, "row_split");
+  BAD(a.row_split = -2, "row_split");
 #undef BAD
   /* i32 tokens, per-row tensors and a scalar both given: the tensor wins */
   a = g;
   a.tokens = rlk_tensor_1d(tok32, RLK_I32, 3);
   a.temperature = 0.0f;
   a.temperatures = rlk_tensor_1d(temps, RLK_F32, 3);
+  ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
+  /* a row split where clusters do not exist (the host) is one block a row */
+  a = g;
+  a.row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
+  ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
+  a.row_split = 8;
   ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
   /* a compile-only context refuses to launch */
   rlk_context *co = rlk_test_compile_only_host_context();
@@ -761,6 +854,78 @@ START_TEST(plan_matches_call) {
 }
 END_TEST
 
+/* The kernel a configuration line plans on `target`: "sample" or "sample_split", and the blocks a
+ * row (*split) and chunks in flight (*depth) of the latter. */
+static const char *planned(rlk_context *ctx, const char *line, int *split, int *depth) {
+  char copy[512];
+  rlk_op_config_pair pairs[16];
+  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  size_t ns = 0;
+  ck_assert_msg(rlk_op_sample.plan(ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_uint_eq(ns, 1);
+  const int is_split = !strcmp(specs[0].tmpl->entry, "sample_split");
+  *split = is_split ? (int)specs[0].values[4] : 1;
+  *depth = is_split ? (int)specs[0].values[5] : 0;
+  return specs[0].tmpl->entry;
+}
+
+/* row_split: sm_90 and later, unfiltered calls only, at most one block a warp of the layout, auto by
+ * the rows (132 multiprocessors on a compile-only context); everywhere else one block a row. */
+START_TEST(plan_row_split) {
+  static const struct {
+    const char *target, *line;
+    int split, depth;
+  } cases[] = {
+      {"sm_90a", "sample filters=0 rows=1 row_split=auto", 8, 8},
+      {"sm_90a", "sample filters=0 rows=16 row_split=auto", 8, 8},
+      {"sm_90a", "sample filters=0 rows=17 row_split=auto", 4, 8},
+      {"sm_90a", "sample filters=0 rows=32 row_split=auto", 4, 8},
+      {"sm_90a", "sample filters=0 rows=66 row_split=auto", 2, 8},
+      {"sm_90a", "sample filters=0 rows=67 row_split=auto", 1, 0},
+      {"sm_90a", "sample filters=0 rows=256 row_split=auto", 1, 0},
+      {"sm_90a", "sample filters=0 rows=1", 1, 0},
+      {"sm_90a", "sample filters=0 rows=1 row_split=0", 1, 0},
+      {"sm_90a", "sample filters=0 rows=4096 row_split=2", 2, 8},
+      {"sm_90a", "sample filters=1 rows=1 row_split=8", 1, 0},
+      /* bf16 rows of V 32000 (under 64 KB) take 256 x 4: four chunks a lane */
+      {"sm_90a", "sample filters=0 vocab=32000 rows=1 row_split=8", 8, 4},
+      /* a 1024-thread layout split in two: 512 threads a block hold 4 chunks */
+      {"sm_90a", "sample filters=0 logprob_block=1024 logprob_unroll=2 rows=1 row_split=2", 2, 4},
+      /* a layout of one warp (short rows) cannot be split */
+      {"sm_90a", "sample filters=0 vocab=64 rows=1 row_split=auto", 1, 0},
+      {"sm_80", "sample filters=0 rows=1 row_split=auto", 1, 0},
+      {"sm_80", "sample filters=0 rows=1 row_split=8", 1, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_CUDA;
+    o.compile_only = 1;
+    o.target = cases[i].target;
+    rlk_context *ctx = NULL;
+    if (rlk_context_create(&ctx, &o) != RLK_OK) {
+      printf("skip (sample row_split plans): no NVRTC: %s\n", rlk_last_error());
+      return;
+    }
+    int split = 0, depth = 0;
+    const char *entry = planned(ctx, cases[i].line, &split, &depth);
+    ck_assert_msg(split == cases[i].split && depth == cases[i].depth, "%s %s: %s split %d depth %d, expected %d, %d",
+                  cases[i].target, cases[i].line, entry, split, depth, cases[i].split, cases[i].depth);
+    rlk_context_destroy(ctx);
+  }
+  rlk_context *h = rlk_test_compile_only_host_context();
+  int split = 0, depth = 0;
+  ck_assert_str_eq(planned(h, "sample filters=0 rows=1 row_split=auto", &split, &depth), "sample");
+  int n = 0;
+  ck_assert_int_eq(rlk_precompile(h, "sample row_split=3", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(rlk_last_error(), "row_split") != NULL);
+  ck_assert_int_eq(rlk_precompile(h, "sample row_split=many", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(h, "sample rows=0", &n), RLK_ERR_INVALID_ARGUMENT);
+  rlk_context_destroy(h);
+}
+END_TEST
+
 START_TEST(samples_compile_every_target) {
   const rlk_op_desc *ops[] = {&rlk_op_sample};
   rlk_test_compile_samples("sample", ops, 1);
@@ -792,6 +957,19 @@ GPU_CASE(distribution_151936, cases_distribution(ctx, &rng, 151936, RLK_BF16, 24
 GPU_CASE(reproducible, (cases_reproducible(ctx, &rng, 5000, 0), cases_reproducible(ctx, &rng, 5000, 1),
                         cases_reproducible(ctx, &rng, 151936, 1), cases_philox(ctx)))
 GPU_CASE(edges, cases_edges(ctx, &rng))
+GPU_CASE(row_split, cases_row_split(ctx, &rng))
+
+/* The unfiltered draws of a row over a cluster of 8 (and of 4 at V 32000, 256 threads a row)
+ * against the reference distribution. */
+static void cases_distribution_split(rlk_context *ctx, uint64_t *rng) {
+  const dist_case cases[] = {
+      {151936, RLK_BF16, 1.5, 1.0f, 0, 1.0f, 0.0f, 0, 0, 8},
+      {151936, RLK_F32, 1.5, 0.7f, 0, 1.0f, 0.0f, 0, 1, 8},
+      {32000, RLK_F16, 1.5, 0.7f, 0, 1.0f, 0.0f, 1, 0, 4},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_distribution(ctx, &cases[i], rng, 24000);
+}
+GPU_CASE(distribution_split, cases_distribution_split(ctx, &rng))
 
 START_TEST(gpu_logp_bitwise) {
   if (!rlk_test_gpu_enabled("sample")) return;
@@ -833,6 +1011,7 @@ Suite *sample_suite(void) {
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 300);
   tcase_add_test(plan, plan_matches_call);
+  tcase_add_test(plan, plan_row_split);
   tcase_add_test(plan, samples_compile_every_target);
   suite_add_tcase(s, plan);
 
@@ -841,6 +1020,8 @@ Suite *sample_suite(void) {
   tcase_add_test(gpu, gpu_logp_bitwise);
   tcase_add_test(gpu, gpu_reproducible);
   tcase_add_test(gpu, gpu_edges);
+  tcase_add_test(gpu, gpu_row_split);
+  tcase_add_test(gpu, gpu_distribution_split);
   tcase_add_test(gpu, gpu_distribution_64);
   tcase_add_test(gpu, gpu_distribution_1000);
   tcase_add_test(gpu, gpu_distribution_32000);

@@ -3,14 +3,17 @@
  *
  *   rlk-bench-sample [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]
  *                    [--case NAME] [--logprob-block N] [--logprob-unroll N]
+ *                    [--row-split auto|1|2|4|8]
  *
  * --case times one case only; --logprob-block / --logprob-unroll pass a tuned rlk_logprob row layout
- * to the sampler (its first pass follows it).
+ * to the sampler (its first pass follows it); --row-split sets the -split cases' row_split (auto).
  *
  * Cases, V = 151936, f32 and bf16 logits, B = 1, 32, 256 (the H200 goals in brackets):
  *   plain      temperature 1                              [<= 1.3 x the floor]
  *   topk+topp  temperature 0.7, top-k 50, top-p 0.9       [B 256 <= 0.15 ms, B 32 <= 0.05 ms]
  *   topk       top-k 50;  topp  top-p 0.9 alone;  minp  min-p 0.05;  greedy  temperature 0
+ *   plain-split, greedy-split   plain and greedy with row_split (a row over a cluster's blocks on
+ *              sm_90; the same tokens as one block a row)
  * Logits are N(0, 1)-like (what shared/anchors/torch_baselines.py samples from), a seed per row,
  * the offset advancing every call. Several logits buffers are rotated so that the timed data is at
  * least 256 MB (never L2-resident). Two timings per case, median / min / max of --iters each after
@@ -48,11 +51,14 @@ typedef struct scase {
   float temperature;
   int64_t top_k;
   float top_p, min_p;
+  int split; /* the row_split of the case is --row-split's */
 } scase;
 
 static const scase cases[] = {
-    {"plain", 1.0f, 0, 1.0f, 0.0f},   {"topk+topp", 0.7f, 50, 0.9f, 0.0f}, {"topk", 1.0f, 50, 1.0f, 0.0f},
-    {"topp", 0.7f, 0, 0.9f, 0.0f},    {"minp", 1.0f, 0, 1.0f, 0.05f},      {"greedy", 0.0f, 0, 1.0f, 0.0f},
+    {"plain", 1.0f, 0, 1.0f, 0.0f, 0},       {"plain-split", 1.0f, 0, 1.0f, 0.0f, 1},
+    {"topk+topp", 0.7f, 50, 0.9f, 0.0f, 0},  {"topk", 1.0f, 50, 1.0f, 0.0f, 0},
+    {"topp", 0.7f, 0, 0.9f, 0.0f, 0},        {"minp", 1.0f, 0, 1.0f, 0.05f, 0},
+    {"greedy", 0.0f, 0, 1.0f, 0.0f, 0},      {"greedy-split", 0.0f, 0, 1.0f, 0.0f, 1},
 };
 
 /* Checks one call's tokens against the case's filters (top-k: at least the k-th largest logit;
@@ -92,6 +98,7 @@ static int verify(rlk_context *ctx, const void *logits, rlk_dtype dt, int64_t B,
 
 static const char *only_case; /* --case: one case only */
 static int lp_block, lp_unroll;  /* --logprob-block, --logprob-unroll: the row layout (0: default) */
+static int row_split = RLK_SAMPLE_ROW_SPLIT_AUTO; /* --row-split: of the -split cases */
 
 /* Calls between the events of one "stream" sample. */
 #define STREAM_CALLS 16
@@ -150,6 +157,7 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
     a.min_p = c->min_p;
     a.logprob_block = lp_block;
     a.logprob_unroll = lp_unroll;
+    a.row_split = c->split ? row_split : 0;
     a.seeds = rlk_tensor_1d(seeds, RLK_I64, B);
     a.tokens = rlk_tensor_1d(tokens, RLK_I64, B);
     a.logp = rlk_tensor_1d(logp, RLK_F32, B);
@@ -171,7 +179,7 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
     }
     char name[112], note[160];
     double goal = 0;
-    if (!strcmp(c->name, "plain")) goal = 1.3 * bench_floor_ms((double)bytes);
+    if (!strncmp(c->name, "plain", 5)) goal = 1.3 * bench_floor_ms((double)bytes);
     if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 256) goal = 0.15;
     if (!strcmp(c->name, "topk+topp") && V == 151936 && B == 32) goal = 0.05;
     snprintf(note, sizeof note, "%s", bad ? "CHECK FAILED (tokens or logp)" : "checked");
@@ -226,7 +234,15 @@ int main(int argc, char **argv) {
       only_case = argv[++i];
       int known = 0;
       for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) known |= !strcmp(cases[c].name, only_case);
-      if (!known) return usage_error("--case: '%s' is not a case (plain topk+topp topk topp minp greedy)", only_case);
+      if (!known)
+        return usage_error("--case: '%s' is not a case (plain plain-split topk+topp topk topp minp greedy "
+                           "greedy-split)",
+                           only_case);
+    } else if (!strcmp(argv[i], "--row-split") && i + 1 < argc) {
+      const char *v = argv[++i];
+      row_split = !strcmp(v, "auto") ? RLK_SAMPLE_ROW_SPLIT_AUTO : atoi(v);
+      if (strcmp(v, "auto") && row_split != 1 && row_split != 2 && row_split != 4 && row_split != 8)
+        return usage_error("--row-split: '%s' is not auto, 1, 2, 4 or 8", v);
     } else if (!strcmp(argv[i], "--logprob-block") && i + 1 < argc) {
       lp_block = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--logprob-unroll") && i + 1 < argc) {
@@ -235,7 +251,7 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (!strcmp(argv[i], "--help")) {
       printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
-             "       [--logprob-block N] [--logprob-unroll N]\n", prog);
+             "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8]\n", prog);
       return 0;
     } else {
       return usage_error("unknown argument '%s'", argv[i]);

@@ -31,8 +31,8 @@ from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, L
                          PolicyLossMode, PolicyLossResult, ValueLossResult, metrics_dict,
                          policy_loss, value_loss)
 from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
-from .ops.sample import (SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN, SAMPLE_STATUS_NO_TOKEN,
-                         SampleResult, sample)
+from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
+                         SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
@@ -54,6 +54,7 @@ __all__ = [
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
     "logprob", "logprob_backward", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
+    "SAMPLE_ROW_SPLIT_AUTO",
 ]
 
 

@@ -110,6 +110,22 @@ def test_bad_rows_and_arguments(place):
         rlk.sample(place.to(x.astype(np.float64)))
 
 
+def test_row_split_changes_nothing(place, rng):
+    # rows of 80 KB: a 512-thread layout, which sm_90 can split over a cluster
+    B, V = 5, 20000
+    logits = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    temps = place.to(np.array([1.0, 0.0, 0.6, 1.0, 1.7], np.float32))
+    seeds = place.to(rng.integers(0, 2**62, B).astype(np.int64))
+    x = place.to(logits)
+    one = rlk.sample(x, temperature=temps, seed=seeds, offset=9, row_split=1)
+    for split in (2, 8, "auto", rlk.SAMPLE_ROW_SPLIT_AUTO):
+        out = rlk.sample(x, temperature=temps, seed=seeds, offset=9, row_split=split)
+        assert np.array_equal(place.back(out.tokens), place.back(one.tokens)), split
+        assert place.back(out.logp).tobytes() == place.back(one.logp).tobytes(), split
+    with pytest.raises(rlk.InvalidArgument, match="row_split"):
+        rlk.sample(x, row_split=3)
+
+
 @pytest.mark.skipif(not HAVE_CUDA, reason="needs torch with a CUDA device")
 def test_against_torch_distribution():
     import torch

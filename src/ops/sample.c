@@ -1,9 +1,11 @@
 /* sample.c - sampling one token per row (temperature, top-k, top-p, min-p, greedy) with per-row
  * Philox seeds: validation, variant selection, the launch.
  *
- * One kernel (templates/cuda/sample.cuh, templates/host/sample.c), one launch, a block per row.
- * Its first pass over a row is rlk_logprob's vector forward over the same row layout, so the
- * sampled token's logp is rlk_logprob's, bit for bit; the layout comes from the logprob op itself
+ * One kernel (templates/cuda/sample.cuh, templates/host/sample.c), one launch, a block per row;
+ * or, for unfiltered calls on sm_90 that ask for it (row_split), templates/cuda/sample_split.cuh:
+ * a row over the blocks of a cluster, the same arithmetic. Its first pass over a row is
+ * rlk_logprob's vector forward over the same row layout, so the sampled token's logp is
+ * rlk_logprob's, bit for bit; the layout comes from the logprob op itself
  * (rlk_logprob_vec_layout), with the caller's logprob_block / logprob_unroll when they tuned it.
  *
  * Specialization: the logits dtype, the token dtype, the row layout (SEG threads per row, UNROLL
@@ -42,6 +44,21 @@ static const rlk_param_decl smp_params[] = {
 static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "host/sample.c",
                                       sizeof smp_params / sizeof smp_params[0], smp_params};
 
+/* A row shared by the blocks of a cluster (sm_90+, no filters): split blocks a row, depth chunks
+ * in flight a lane. */
+static const rlk_param_decl smp_split_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
+    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
+    {"seg", RLK_PARAM_INT, 64, 1024, 1, 0, NULL},
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"split", RLK_PARAM_INT, 2, 8, 1, 0, NULL},
+    {"depth", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+};
+
+static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/sample_split.cuh", NULL,
+                                            sizeof smp_split_params / sizeof smp_split_params[0],
+                                            smp_split_params};
+
 /* Candidates in shared memory and the filtered kernel's dynamic shared memory (the larger of a
  * 2048-bin histogram of counts and masses, 24 KB, and CAP candidates of 16 bytes). */
 #define SMP_CAP_CUDA 4096
@@ -54,15 +71,39 @@ typedef struct smp_config {
   rlk_dtype logits;
   rlk_dtype tokens;
   int64_t V;
+  int64_t rows;  /* B */
   int filter;
   int logprob_block, logprob_unroll;
+  int row_split; /* rlk_sample_args.row_split */
 } smp_config;
 
 typedef struct smp_choice {
   rlk_kernel_spec spec;
   int threads;
+  int split; /* blocks a row: 1, or the cluster size of sample_split */
   size_t smem;
 } smp_choice;
+
+static int smp_row_split_ok(int v) {
+  return v == RLK_SAMPLE_ROW_SPLIT_AUTO || v == 0 || v == 1 || v == 2 || v == 4 || v == 8;
+}
+
+/* Blocks that share a row: the caller's count, or by the batch, as many as keep every block on
+ * its own multiprocessor (a split block's lanes hold up to 8 chunks in registers); at most the
+ * row layout's warps, 1 where clusters are unavailable (before sm_90, HIP, the host) or filters
+ * can be on (their passes work a row in one block). */
+static int smp_split_of(const rlk_context *ctx, const smp_config *c, int seg) {
+  if (rlk_op_cuda_sm(ctx) < 90 || c->filter) return 1;
+  const int nw = seg / 32;
+  int s = c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO ? 8 : c->row_split;
+  if (s <= 1) return 1;
+  if (c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO) {
+    const int64_t sms = ctx->info.multiprocessors > 0 ? ctx->info.multiprocessors : 132;
+    while (s > 1 && c->rows * s > sms) s /= 2;
+  }
+  while (s > nw) s /= 2;
+  return s >= 2 ? s : 1;
+}
 
 static int smp_dt_code(rlk_dtype d) {
   return d == RLK_F32 ? SMP_DT_F32 : (d == RLK_F16 ? SMP_DT_F16 : SMP_DT_BF16);
@@ -76,6 +117,25 @@ static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_ch
   if (st) return st;
   const int warp = ctx->kind == RLK_BACKEND_HIP ? 64 : 32;
   const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
+  ch->split = smp_split_of(ctx, c, seg);
+  if (ch->split > 1) {
+    /* chunks a lane has in an aligned row, up to what its registers hold: 8 below 512 threads a
+     * block (255 registers a thread), 4 at 512 */
+    const int64_t epv = 16 / (int64_t)rlk_dtype_size(c->logits);
+    const int64_t chunks = ((c->V / epv + seg - 1) / seg) / unroll;
+    const int most = seg / ch->split >= 512 ? 4 : 8;
+    int depth = 1;
+    while (depth < most && depth < chunks) depth *= 2;
+    ch->spec.tmpl = &smp_split_tmpl;
+    ch->spec.values[0] = smp_dt_code(c->logits);
+    ch->spec.values[1] = c->tokens;
+    ch->spec.values[2] = seg;
+    ch->spec.values[3] = unroll;
+    ch->spec.values[4] = ch->split;
+    ch->spec.values[5] = depth;
+    ch->threads = seg / ch->split;
+    return rlk_spec_validate(&ch->spec);
+  }
   ch->spec.tmpl = &smp_tmpl;
   ch->spec.values[0] = smp_dt_code(c->logits);
   ch->spec.values[1] = c->tokens;
@@ -106,6 +166,7 @@ static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
   c.logits = RLK_BF16;
   c.tokens = RLK_I64;
   c.V = 151936;
+  c.rows = 256;
   c.filter = 1;
   for (size_t i = 0; i < npairs; i++) {
     const char *n = pairs[i].name, *v = pairs[i].value;
@@ -140,10 +201,20 @@ static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
       if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c.logprob_block = (int)x;
     } else if (!strcmp(n, "logprob_unroll")) {
       if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c.logprob_unroll = (int)x;
+    } else if (!strcmp(n, "rows")) {
+      if (!(st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c.rows = x;
+    } else if (!strcmp(n, "row_split")) {
+      if (!strcmp(v, "auto")) {
+        c.row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
+      } else if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) {
+        if (!smp_row_split_ok((int)x))
+          return rlk_error(RLK_ERR_INVALID_ARGUMENT, "row_split: '%s' is not auto, 0, 1, 2, 4 or 8", v);
+        c.row_split = (int)x;
+      }
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "sample: unknown setting '%s' (known: logits tokens filters vocab "
-                       "logprob_block logprob_unroll)",
+                       "logprob_block logprob_unroll rows row_split)",
                        n);
     }
     if (st) return st;
@@ -161,7 +232,10 @@ static const char smp_help[] =
     "tokens: i32|i64, the token ids' dtype (i64)\n"
     "filters: 0|1, whether top-k, top-p or min-p can be on (1; 0: temperature and greedy only)\n"
     "vocab: V, picks the row layout (151936)\n"
-    "logprob_block, logprob_unroll: the rlk_logprob tuning logp reproduces, 0 for its defaults (0)\n";
+    "logprob_block, logprob_unroll: the rlk_logprob tuning logp reproduces, 0 for its defaults (0)\n"
+    "rows: B, with row_split (256)\n"
+    "row_split: auto|0|1|2|4|8, the blocks that share a row (0: one; auto: by rows and the device's\n"
+    "  multiprocessors, 132 when unknown; applies on sm_90 and later with filters=0)\n";
 
 static const char *const smp_samples[] = {
     "sample logits=bf16 tokens=i64 filters=1",
@@ -170,6 +244,10 @@ static const char *const smp_samples[] = {
     /* short rows: a warp segment per row */
     "sample logits=f32 tokens=i64 filters=1 vocab=1000",
     "sample logits=bf16 tokens=i32 filters=0 vocab=64",
+    /* small batches on sm_90: a row over the blocks of a cluster */
+    "sample logits=bf16 tokens=i64 filters=0 rows=1 row_split=auto",
+    "sample logits=f32 tokens=i32 filters=0 rows=32 row_split=auto",
+    "sample logits=f16 tokens=i64 filters=0 vocab=50257 rows=64 row_split=2",
     NULL};
 
 const rlk_op_desc rlk_op_sample = {"sample", smp_help, smp_plan_config, smp_samples, NULL};
@@ -257,6 +335,9 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
                          "tokens, logp, logp_filtered, status: outputs must be distinct");
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
+  if (!smp_row_split_ok(a->row_split))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "row_split: %d is not 0, 1, 2, 4, 8 or RLK_SAMPLE_ROW_SPLIT_AUTO (-1)", a->row_split);
   if ((st = rlk_context_require_device(ctx, "rlk_sample"))) return st;
 
   smp_config c;
@@ -269,6 +350,8 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
              a->top_p < 1.0f || a->min_p > 0.0f;
   c.logprob_block = a->logprob_block;
   c.logprob_unroll = a->logprob_unroll;
+  c.rows = B;
+  c.row_split = a->row_split;
   smp_choice ch;
   if ((st = smp_select(ctx, &c, &ch))) return st;
 
@@ -287,7 +370,9 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
                    &seed,     &offsets, &offset, &tokens, &logp,       &logp_filtered, &status};
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(B < (1 << 20) ? B : (1 << 20));
+  /* a block a row, or a cluster of ch.split; rows past the grid are strided over it */
+  const int64_t groups = B < ((int64_t)1 << 20) / ch.split ? B : ((int64_t)1 << 20) / ch.split;
+  d.grid[0] = (unsigned)(groups * ch.split);
   d.grid[1] = d.grid[2] = 1;
   d.block[0] = ctx->kind == RLK_BACKEND_HOST ? 1u : (unsigned)ch.threads;
   d.block[1] = d.block[2] = 1;

@@ -337,6 +337,62 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   return st;
 }
 
+/* thread_row_state with DEPTH chunks in flight instead of one: the same additions in the same
+ * order (so bitwise the same state), the loads of chunk k + DEPTH issued as chunk k is added, and
+ * the last vectors loaded with the first chunks. For kernels that give a lane few chunks and many
+ * registers (a row split over several blocks), where one chunk in flight leaves a lane waiting a
+ * memory round trip per chunk. */
+template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY>
+RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
+  static_assert(DEPTH >= 1, "DEPTH");
+  constexpr int B = logit_traits<DT>::bytes;
+  constexpr int E = epv<DT>::value;
+  constexpr int NL = UNROLL > 1 ? UNROLL - 1 : 1;
+  const row_split<DT> sp(r, V);
+  const u8 *vb = r + sp.head * B + (i64)lane * 16;
+  const i64 nv = lane < sp.nvec ? (sp.nvec - 1 - lane) / SEG + 1 : 0;
+  const i64 nfull = nv / UNROLL;
+  const int left = (int)(nv - nfull * UNROLL);
+  /* the vectors' loads go out first; the scalar head and tail are still added first */
+  u32x4 ring[DEPTH][UNROLL];
+  u32x4 last[NL];
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d)
+    if (d < nfull) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) ring[d][u] = load_stream(vb + ((i64)d * UNROLL + u) * SEG * 16);
+    }
+  if (left > 0) {
+#pragma unroll
+    for (int u = 0; u < NL; ++u)
+      last[u] = load_stream(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
+  }
+  state st = empty_state();
+  for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
+  const i64 t0 = sp.head + sp.nvec * E;
+  for (i64 j = lane; j < sp.tail; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);
+  for (i64 k0 = 0; k0 < nfull; k0 += DEPTH) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {
+      const i64 k = k0 + d;
+      if (k < nfull) {
+        add_vectors<DT, UNROLL, ENTROPY>(st, ring[d], c);
+        if (k + DEPTH < nfull) {
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u)
+            ring[d][u] = load_stream(vb + ((k + DEPTH) * UNROLL + u) * SEG * 16);
+        }
+      }
+    }
+  }
+  if (left > 0) {
+#pragma unroll
+    for (int u = 0; u < NL; ++u)
+      if (u < left) add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
+  }
+  return st;
+}
+
 /* Merges the states of a block's BLOCK threads (BLOCK > a warp, one row per block) in
  * logprob_fwd's fixed tree: a butterfly in each warp, then warp 0 merges the warps' states (a
  * butterfly over NWARPS lanes, the rest empty). The result is valid in warp 0. `scratch` holds

@@ -321,6 +321,31 @@ RLK_DEVICE void tma_load_2d(void *dst, const tensor_map *map, i32 c0, i32 c1, u6
 RLK_DEVICE void named_barrier(u32 id, u32 threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+
+/* Thread-block clusters. A cluster barrier is split in two: every thread of the cluster arrives
+ * (release: its earlier memory accesses, shared memory of other blocks included, are ordered
+ * before it), then waits (acquire) until all have; a thread alternates the two. */
+RLK_DEVICE u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+RLK_DEVICE void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+RLK_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+/* The address in the cluster's shared window of `p` (this block's shared memory) in block `rank`. */
+RLK_DEVICE u32 cluster_map(const void *p, u32 rank) {
+  u32 a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+  return a;
+}
+RLK_DEVICE float cluster_load_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+RLK_DEVICE void cluster_atomic_min_u32(u32 addr, u32 v) {
+  asm volatile("red.shared::cluster.min.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 #endif /* sm_90 */
 #endif /* RLK_CUDA */
 

@@ -416,6 +416,66 @@ template <int DT, int SEG> struct share_pick {
   }
 };
 
+/* Whether a row's settings are out of range: its token is then -1 (STATUS_BAD_PARAM). */
+RLK_DEVICE bool settings_bad(const row_settings &rs) {
+  return !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
+         !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
+}
+
+/* The outputs of a row that has no token: a bad setting, else s (the row's merged sum) NaN for a
+ * NaN or +inf logit, 0 for no finite logit. One thread calls it. */
+template <typename TOK>
+RLK_DEVICE void write_no_token(i64 row, bool bad, float s, TOK *tokens, float *logp, float *logp_filtered,
+                               i32 *status) {
+  const bool nan = s != 0.0f;
+  tokens[row] = (TOK)-1;
+  const float o = bad || nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
+  if (logp) logp[row] = o;
+  if (logp_filtered) logp_filtered[row] = o;
+  if (status) atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
+}
+
+/* An unfiltered draw, in three steps of one warp each (see the top of this file). The weights are
+ * the first pass's states, a state's sum relative to a maximum above it, so a share's weight is
+ * its mass up to fp32 rounding; the element's draw is exact.
+ *
+ * Step 1, in every warp: its lane by the lanes' weights (own: this lane's state, wst: the warp's,
+ * low half of R1); `drawn` starts loading that lane's share of the row (row lane warp W + lane). */
+template <int DT, int SEG>
+RLK_DEVICE void draw_lane(share_pick<DT, SEG> &drawn, const state &own, const state &wst, float c, u64 R1,
+                          const u8 *r, i64 V, int warp) {
+  const u64 w = own.s == 0.0f ? 0ull : (u64)(own.s * exp2_approx((own.m - wst.m) * c) * RLK_SMP_MASS_SCALE);
+  const u64 inc = warp_inclusive_scan(w);
+  const u64 u = scale32((u32)R1, shfl_from(inc, RLK_WARP_SIZE - 1));
+  const int tl = warp_first(w != 0 && inc - w <= u && u < inc);
+  drawn.load(r, V, warp * RLK_WARP_SIZE + (tl < RLK_WARP_SIZE ? tl : 0));
+}
+
+/* Step 2: the warp drawn by the warps' weights (lane l holds warp l's state ws, M the row's
+ * maximum, high half of R1); every warp that calls it gets the same. */
+RLK_DEVICE int draw_warp(const state &ws, float M, float c, u64 R1) {
+  const u64 w = ws.s != 0.0f ? (u64)(ws.s * exp2_approx((ws.m - M) * c) * RLK_SMP_MASS_SCALE) : 0ull;
+  const u64 inc = warp_inclusive_scan(w);
+  const u64 u = scale32((u32)(R1 >> 32), shfl_from(inc, RLK_WARP_SIZE - 1));
+  return warp_first(w != 0 && inc - w <= u && u < inc);
+}
+
+/* Step 3, in the drawn warp: the element of its drawn share by exact mass (R2), and the row's
+ * outputs, logp from the row's merged state rst. */
+template <int DT, int SEG, typename TOK>
+RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG> &drawn, const state &rst, float c, float T, u64 R2,
+                                  const u8 *r, i64 row, TOK *tokens, float *logp, float *logp_filtered) {
+  float xy;
+  const u32 y = drawn.finish(c, rst.m * c, [](float) { return true; }, R2, true, &xy);
+  if (threadIdx.x % RLK_WARP_SIZE == 0) {
+    if (xy != xy) xy = load_logit<DT>(r, (i64)y);
+    const float lp = row_logp(rst, xy, logf(rst.s), T);
+    tokens[row] = (TOK)y;
+    if (logp) logp[row] = lp;
+    if (logp_filtered) logp_filtered[row] = lp;
+  }
+}
+
 /* The boundary bin of a histogram pass: with bins in key order and A_b the sum of the bins above
  * b, the bin b where A_b < target <= A_b + v_b (it exists when 0 < target <= the sum). Writes b to
  * found[0] and A_b to found_u64[0]; returns the sum of all bins. Every thread must call it. */
@@ -523,32 +583,19 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     __syncthreads(); /* barrier 1 */
     const row_settings rs = sh.rs;
     const u64 R1 = sh.R1, R2 = sh.R2;
-    const bool bad = !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
-                     !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
+    const bool bad = settings_bad(rs);
     const bool unfiltered = !FILTER || greedy ||
                             (!(rs.top_k > 0 && rs.top_k < V) && !(rs.top_p < 1.0f) && !(rs.min_p > 0.0f));
     const bool plain = !greedy && unfiltered && !bad;
-    /* No filter: a warp is drawn by its weight, a lane of it by the lane's weight within the warp,
-     * then an element of that lane's share by mass. Every warp draws its lane first and starts
-     * loading that share while the row's state is merged, before it knows whether it is the one.
-     * The weights are the first pass's states (a lane's sum relative to the warp's maximum), so
-     * a share's weight is its mass up to fp32 rounding; the element's draw is exact. */
+    /* No filter: every warp draws its lane first and starts loading that share while the row's
+     * state is merged, before it knows whether it is the one. */
     share_pick<DT, SEG> drawn; /* this warp's lane share */
-    u64 lane_w = 0, lane_inc = 0;
-    if (plain) {
-      lane_w = own.s == 0.0f ? 0ull : (u64)(own.s * exp2_approx((own.m - wst.m) * c) * RLK_SMP_MASS_SCALE);
-      lane_inc = warp_inclusive_scan(lane_w);
-      const u64 ul = scale32((u32)R1, shfl_from(lane_inc, RLK_WARP_SIZE - 1));
-      const int tl = warp_first(lane_w != 0 && lane_inc - lane_w <= ul && ul < lane_inc);
-      drawn.load(r, V, wid * RLK_WARP_SIZE + (tl < RLK_WARP_SIZE ? tl : 0));
-    }
-    state rst;
-    u64 warp_w = 0; /* lane l < NW: warp l's weight */
+    if (plain) draw_lane(drawn, own, wst, c, R1, r, V, wid);
+    state rst, ws = empty_state(); /* lane l < NW: warp l's state */
     if constexpr (SEG > RLK_WARP_SIZE) {
       /* logprob_fwd's second level in every warp: bitwise the state its warp 0 computes */
-      const state ws = lane < NW ? scratch[lane] : empty_state();
+      if (lane < NW) ws = scratch[lane];
       rst = segment_merge<RLK_WARP_SIZE, false>(ws, c);
-      if (plain && ws.s != 0.0f) warp_w = (u64)(ws.s * exp2_approx((ws.m - rst.m) * c) * RLK_SMP_MASS_SCALE);
     } else {
       rst.m = shfl_from(wst.m, 0);
       rst.s = shfl_from(wst.s, 0);
@@ -556,38 +603,19 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     }
     const float M = rst.m;
     /* every path below synchronizes again before the filler writes the next row's settings */
-    if (bad || !(rst.s > 0.0f)) { /* s NaN: a NaN or +inf logit; 0: no finite logit */
-      if (tid == 0) {
-        const bool nan = rst.s != 0.0f;
-        tokens[row] = (TOK)-1;
-        const float o = bad || nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
-        if (logp) logp[row] = o;
-        if (logp_filtered) logp_filtered[row] = o;
-        if (status)
-          atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
-      }
+    if (bad || !(rst.s > 0.0f)) {
+      if (tid == 0) write_no_token(row, bad, rst.s, tokens, logp, logp_filtered, status);
       __syncthreads();
       continue; /* block-uniform */
     }
     const float Mc = M * c;
 
     if (plain) {
-      if constexpr (SEG > RLK_WARP_SIZE) {
-        const u64 winc = warp_inclusive_scan(warp_w);
-        const u64 u = scale32((u32)(R1 >> 32), shfl_from(winc, RLK_WARP_SIZE - 1));
-        if (wid != warp_first(warp_w != 0 && winc - warp_w <= u && u < winc)) continue;
-      }
+      if constexpr (SEG > RLK_WARP_SIZE)
+        if (wid != draw_warp(ws, M, c, R1)) continue;
       /* this warp's lane was drawn: the element, and the outputs. No barrier: the other warps
        * have gone on to the next row, whose shared state this warp no longer reads. */
-      float xy;
-      const u32 y = drawn.finish(c, Mc, [](float) { return true; }, R2, true, &xy);
-      if (lane == 0) {
-        if (xy != xy) xy = load_logit<DT>(r, (i64)y);
-        const float lp = row_logp(rst, xy, logf(rst.s), T);
-        tokens[row] = (TOK)y;
-        if (logp) logp[row] = lp;
-        if (logp_filtered) logp_filtered[row] = lp;
-      }
+      finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
       continue;
     }
 

@@ -6,7 +6,9 @@
 # Logs and JSON go to a work folder that is packed into $OUT/results.tgz; a short table is
 # printed last.
 #   usage (repository root, build/ built):  REV=<git revision> tools/bench/gpu-run.sh
-#   STEPS="tests demo bench torch python tune precompile" limits what runs (default: all).
+#   STEPS="tests demo bench torch python tune precompile" limits what runs (default: all);
+#   STEPS=sample runs only the sampler: its GPU cases, rlk-bench-sample, and the cluster split's
+#   cases at every row_split.
 set -u
 OUT=${OUT:-gpu-out}
 W=/tmp/rlk-gpu-run
@@ -47,6 +49,28 @@ if has tests; then
   test_rc=$?
   grep -E 'Checks|:[EF]:|^skip' "$W/tests.log" | tail -30
   { echo "== tests (rc=$test_rc)"; grep -E 'Checks|:[EF]:' "$W/tests.log"; } >> "$summary"
+fi
+
+if has sample; then
+  echo "== sample: GPU cases"
+  RLK_TEST_SUITE=sample CK_RUN_CASE=gpu RLK_TEST_GPU=1 timeout 500 build/tests/check_rlk > "$W/sample-tests.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && test_rc=$rc
+  grep -E 'Checks|:[EF]:|^skip' "$W/sample-tests.log" | tail -20
+  { echo "== sample tests (rc=$rc)"; grep -E 'Checks|:[EF]:' "$W/sample-tests.log"; } >> "$summary"
+  echo "== rlk-bench-sample"
+  timeout 300 build/bin/rlk-bench-sample --backend cuda --iters 20 --json "$W/rlk-bench-sample.json" \
+    > "$W/rlk-bench-sample.log" 2>&1
+  echo "rc=$?" >> "$W/rlk-bench-sample.log"
+  { echo "== rlk-bench-sample"; grep -E 'plain|greedy|topk\+topp|rc=' "$W/rlk-bench-sample.log"; } | tee -a "$summary"
+  for rs in 1 2 4 8; do
+    for c in plain-split greedy-split; do
+      timeout 120 build/bin/rlk-bench-sample --backend cuda --iters 20 --case $c --row-split $rs \
+        --json "$W/rlk-bench-sample-$c-$rs.json" > "$W/rlk-bench-sample-$c-$rs.log" 2>&1
+      echo "rc=$?" >> "$W/rlk-bench-sample-$c-$rs.log"
+      { echo "== $c row_split $rs"; grep -E 'stream|rc=' "$W/rlk-bench-sample-$c-$rs.log"; } | tee -a "$summary"
+    done
+  done
 fi
 
 if has demo; then

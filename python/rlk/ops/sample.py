@@ -13,11 +13,12 @@ from .. import _types as T
 from .._tensor import Binder, Op, dim
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
-           "SAMPLE_STATUS_BAD_PARAM", "sample"]
+           "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
 
 SAMPLE_STATUS_NAN = 1        # RLK_SAMPLE_STATUS_NAN
 SAMPLE_STATUS_NO_TOKEN = 2   # RLK_SAMPLE_STATUS_NO_TOKEN
 SAMPLE_STATUS_BAD_PARAM = 4  # RLK_SAMPLE_STATUS_BAD_PARAM
+SAMPLE_ROW_SPLIT_AUTO = -1   # RLK_SAMPLE_ROW_SPLIT_AUTO
 
 
 @T.abi_struct("rlk_sample_args")
@@ -42,6 +43,7 @@ class SampleArgs(ctypes.Structure):
         ("status", T.Tensor),
         ("logprob_block", ctypes.c_int),
         ("logprob_unroll", ctypes.c_int),
+        ("row_split", ctypes.c_int),
     ]
 
 
@@ -75,7 +77,7 @@ def _u64(x):
 
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
            tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
-           logprob_block=None, logprob_unroll=None, stream=None):
+           logprob_block=None, logprob_unroll=None, row_split=None, stream=None):
     """One token per row of logits [B, V] (rlk_sample): temperature (0: greedy), then min-p,
     top-k and top-p (vLLM's order, ties at a threshold kept), Philox4x32-10 draws from seed and
     offset (a per-row seed makes a row's token independent of the batch around it).
@@ -85,7 +87,9 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     sampled token's log-prob under the temperature-scaled distribution (rlk.logprob's bits),
     logp_filtered=True its log-prob under the filtered one. status: an optional zeroed i32 [1]
     that collects SAMPLE_STATUS_* bits (rows with NaN logits, no finite logit, or a bad per-row
-    setting get token -1). Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
+    setting get token -1). row_split: the blocks that share a row (1, 2, 4, 8 or "auto"; CUDA
+    sm_90+ without filters, else one), the same tokens and log-probs whatever its value.
+    Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
     _setting(b, "temperature", "temperatures", temperature, _F32, float)
@@ -109,5 +113,7 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
         b.args.logprob_block = int(logprob_block)
     if logprob_unroll is not None:
         b.args.logprob_unroll = int(logprob_unroll)
+    if row_split is not None:
+        b.args.row_split = SAMPLE_ROW_SPLIT_AUTO if row_split == "auto" else int(row_split)
     b.run(stream)
     return SampleResult(tokens, lp, lpf)
