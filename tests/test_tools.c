@@ -135,6 +135,19 @@ START_TEST(help_and_usage_errors) {
   r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--backend", "quantum"));
   expect_status(r, 2, "rlk-demo --backend quantum");
   rlk_test_tool_free(&r);
+  /* the sampler's benchmark refuses what it cannot time before it touches a device */
+  r = rlk_test_run_tool(NULL, "rlk-bench-sample", ARGS("--help"));
+  expect_status(r, 0, "rlk-bench-sample --help");
+  ck_assert_msg(strstr(r.out, "--row-split") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-bench-sample", ARGS("--row-split", "3"));
+  expect_status(r, 2, "rlk-bench-sample --row-split 3");
+  ck_assert_msg(strstr(r.out, "--row-split") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-bench-sample", ARGS("--case", "nucleus"));
+  expect_status(r, 2, "rlk-bench-sample --case nucleus");
+  ck_assert_msg(strstr(r.out, "plain-split") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
   /* the ops and their parameters */
   r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--list-ops"));
   expect_status(r, 0, "rlk-precompile --list-ops");
