@@ -15,10 +15,10 @@
  *   - No filter: the first pass already holds each thread's (max, sum) state. The high half of
  *     the first draw picks a warp by the warps' weights, the low half a lane of it by the lanes'
  *     weights within the warp (32-bit draws, 2^-32 resolution), and the second draw an element of
- *     that lane's share of the row by its exact masses. Every warp draws its lane and starts
- *     re-reading that share (a vector a lane) while the row's state is merged; the chosen warp
- *     finishes alone, with no barrier after the merge's. One pass over the row in all; the
- *     weights are the fp32 states, so a share's weight is its mass up to fp32 rounding.
+ *     that lane's share of the row by its exact masses. After the first pass's barrier one warp
+ *     does all of that (the merge, both draws, re-reading the share, a vector a lane) while the
+ *     others go on. One pass over the row in all; the weights are the fp32 states, so a share's
+ *     weight is its mass up to fp32 rounding.
  *   - Filters keep an upper set {x >= tau} (see src/ops/sample.c for the exact semantics: ties at a
  *     threshold are kept). The thresholds are found without sorting the vocabulary:
  *       top-k <= SEG: the k-th largest of the threads' maxima bounds the k-th largest logit from
@@ -228,6 +228,11 @@ struct row_settings {
 struct row_shared {
   row_settings rs;
   u64 R1, R2;
+};
+
+/* A lane's first-pass state without the entropy term, as the lane draw reads it. */
+struct lane_state {
+  float m, s;
 };
 
 /* The one thread's part: the settings (the temperature is known), then the row's Philox block. A
@@ -530,10 +535,16 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   constexpr int BYTES = logit_traits<DT>::bytes;
   constexpr int KW = key_width<DT>::value;
 
-  __shared__ state scratch[NW];
+  /* What the warp that finishes an unfiltered row reads after the others have gone on: the warps'
+   * states, the lanes' (m, s), the row's settings and draws (from the block's last thread). Two
+   * of each, by the parity of the block's row: the others write the next row's before they can
+   * pass its first barrier, which the finishing warp must reach too. */
+  constexpr int NL = SEG > RLK_WARP_SIZE ? NT : 1;
+  __shared__ state warp_st[2][NW];
+  __shared__ lane_state lane_st[2][NL];
+  __shared__ row_shared row_sh[2];
   __shared__ float lane_m[FILTER ? NT : 1]; /* the lanes' maxima (the top-k bound) */
   __shared__ u64 warp_sums[NW];
-  __shared__ row_shared sh; /* the row's settings and draws, from the block's last thread */
   __shared__ u32 pick;        /* a lane, then the chosen token */
   __shared__ float pick_x;    /* the chosen token's logit, when pick_known */
   __shared__ int pick_known;
@@ -551,7 +562,9 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
    * fetches the settings and draws the row's randoms after its pass, off the critical path */
   const bool filler = tid == NT - 1;
 
-  for (i64 row = blockIdx.x; row < B; row += gridDim.x) {
+  for (i64 row = blockIdx.x, it = 0; row < B; row += gridDim.x, ++it) {
+    state *scratch = warp_st[it & 1];
+    row_shared &sh = row_sh[it & 1];
     /* the first pass needs only the temperature; a setting out of range is reported after it */
     const float t_row = temperatures ? temperatures[row] : temperature;
     const bool greedy = t_row == 0.0f;
@@ -574,6 +587,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     /* ---- pass 1: logprob_fwd's lane states, merged in its tree ---- */
     const state own = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
     if constexpr (FILTER) lane_m[tid] = own.m;
+    if constexpr (SEG > RLK_WARP_SIZE) lane_st[it & 1][tid] = lane_state{own.m, own.s};
     /* the warp's butterfly: logprob_fwd's first level */
     const state wst = segment_merge<(SEG < RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE), false>(own, c);
     if (SEG > RLK_WARP_SIZE && lane == 0) scratch[wid] = wst;
@@ -587,11 +601,33 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     const bool unfiltered = !FILTER || greedy ||
                             (!(rs.top_k > 0 && rs.top_k < V) && !(rs.top_p < 1.0f) && !(rs.min_p > 0.0f));
     const bool plain = !greedy && unfiltered && !bad;
-    /* No filter: every warp draws its lane first and starts loading that share while the row's
-     * state is merged, before it knows whether it is the one. */
-    share_pick<DT, SEG> drawn; /* this warp's lane share */
-    if (plain) draw_lane(drawn, own, wst, c, R1, r, V, wid);
+    share_pick<DT, SEG> drawn; /* the drawn lane's share */
     state rst, ws = empty_state(); /* lane l < NW: warp l's state */
+    if constexpr (SEG > RLK_WARP_SIZE) {
+      if (plain) {
+        /* No filter: warp 0 alone merges, draws the warp, its lane (from the states the lanes
+         * left in shared memory: the very values that warp computed) and the element. The
+         * others go on at once; a tail in every warp would cost 16 times the issue slots. */
+        if (wid != 0) continue;
+        if (lane < NW) ws = scratch[lane];
+        rst = segment_merge<RLK_WARP_SIZE, false>(ws, c);
+        if (!(rst.s > 0.0f)) {
+          if (lane == 0) write_no_token(row, false, rst.s, tokens, logp, logp_filtered, status);
+          continue;
+        }
+        int w = draw_warp(ws, rst.m, c, R1);
+        w = w < NW ? w : 0;
+        const lane_state l = lane_st[it & 1][w * RLK_WARP_SIZE + lane];
+        state lo = empty_state();
+        lo.m = l.m;
+        lo.s = l.s;
+        draw_lane(drawn, lo, scratch[w], c, R1, r, V, w);
+        finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
+        continue;
+      }
+    }
+    /* A row of one warp: the lane is drawn, and its share loading, while the state is merged. */
+    if (SEG <= RLK_WARP_SIZE && plain) draw_lane(drawn, own, wst, c, R1, r, V, wid);
     if constexpr (SEG > RLK_WARP_SIZE) {
       /* logprob_fwd's second level in every warp: bitwise the state its warp 0 computes */
       if (lane < NW) ws = scratch[lane];
@@ -610,11 +646,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     }
     const float Mc = M * c;
 
-    if (plain) {
-      if constexpr (SEG > RLK_WARP_SIZE)
-        if (wid != draw_warp(ws, M, c, R1)) continue;
-      /* this warp's lane was drawn: the element, and the outputs. No barrier: the other warps
-       * have gone on to the next row, whose shared state this warp no longer reads. */
+    if (plain) { /* a row of one warp */
       finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
       continue;
     }
