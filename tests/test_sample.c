@@ -192,6 +192,8 @@ typedef struct dist_case {
   int ties;     /* quantize the logits so that many are equal */
   int neg_inf;  /* some -inf logits */
   int row_split; /* rlk_sample_args.row_split */
+  int64_t pad;   /* row stride V + pad: rows that start off a 16-byte boundary */
+  int block;     /* rlk_sample_args.logprob_block */
 } dist_case;
 
 /* Draws logits for a case whose filters are not within rounding of a flip (re-drawn otherwise). */
@@ -220,7 +222,7 @@ static void draw_case_logits(uint64_t *rng, const dist_case *c, smp_batch *b, do
 static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *rng, int64_t n) {
   /* rows per call: 4096, fewer for a large vocabulary (the batch is copied to the device) */
   const int64_t cap = c->V > 100000 ? 2048 : 4096, B = n < cap ? n : cap;
-  smp_batch b = batch_new(B, c->V, 0, c->dt);
+  smp_batch b = batch_new(B, c->V, c->pad, c->dt);
   double *probs = malloc((size_t)c->V * sizeof *probs);
   draw_case_logits(rng, c, &b, probs);
   int64_t *counts = calloc((size_t)c->V, sizeof *counts);
@@ -233,6 +235,7 @@ static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *r
   s.min_p = c->min_p;
   s.seeds = seeds;
   s.row_split = c->row_split;
+  s.logprob_block = c->block;
   int64_t drawn = 0;
   for (uint64_t round = 0; drawn < n; round++) {
     for (int64_t i = 0; i < B; i++) seeds[i] = base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
@@ -971,6 +974,23 @@ static void cases_distribution_split(rlk_context *ctx, uint64_t *rng) {
 }
 GPU_CASE(distribution_split, cases_distribution_split(ctx, &rng))
 
+/* Row layouts whose draws take the rarer steps of an element's pick: rows off a 16-byte boundary
+ * (the scalar head and tail elements of a share, many of them at V 1000), and a long share (one
+ * warp a row at V 151936: 593 vectors a lane, most of them re-read after the first 128). */
+static void cases_distribution_layouts(rlk_context *ctx, uint64_t *rng) {
+  const dist_case cases[] = {
+      {1000, RLK_BF16, 1.5, 1.0f, 0, 1.0f, 0.0f, 0, 0, 0, 3, 0},
+      {1000, RLK_F32, 2.0, 0.7f, 40, 0.9f, 0.0f, 0, 0, 0, 1, 0},
+      {1000, RLK_F16, 1.5, 1.0f, 0, 1.0f, 0.0f, 0, 0, 0, 5, 32},
+      {4097, RLK_BF16, 1.5, 1.3f, 0, 1.0f, 0.0f, 0, 0, 0, 7, 0},
+      {151936, RLK_BF16, 1.5, 1.0f, 0, 1.0f, 0.0f, 0, 0, 0, 0, 32},
+      {151936, RLK_F32, 1.5, 0.7f, 0, 1.0f, 0.0f, 0, 0, 0, 1, 32},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    check_distribution(ctx, &cases[i], rng, cases[i].V > 10000 ? 24000 : 200000);
+}
+GPU_CASE(distribution_layouts, cases_distribution_layouts(ctx, &rng))
+
 START_TEST(gpu_logp_bitwise) {
   if (!rlk_test_gpu_enabled("sample")) return;
   rlk_context *ctx = cuda_context();
@@ -1022,6 +1042,7 @@ Suite *sample_suite(void) {
   tcase_add_test(gpu, gpu_edges);
   tcase_add_test(gpu, gpu_row_split);
   tcase_add_test(gpu, gpu_distribution_split);
+  tcase_add_test(gpu, gpu_distribution_layouts);
   tcase_add_test(gpu, gpu_distribution_64);
   tcase_add_test(gpu, gpu_distribution_1000);
   tcase_add_test(gpu, gpu_distribution_32000);

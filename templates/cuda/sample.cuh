@@ -313,9 +313,8 @@ constexpr int PICK_VECTORS = 4;
 /* One warp's draw of an element of lane t's share (of the row layout SEG) by mass, in two steps
  * so that the loads can be in flight while the warp does something else: load() issues them
  * (lane l takes the share's vectors l, l + warp, ..., the first PICK_VECTORS of them), finish()
- * sums the kept masses in that order (lane 0 first takes the scalar head and tail elements),
- * finds the lane whose range holds u, and that lane walks its elements again. Every lane of the
- * warp calls both. */
+ * sums the kept masses in that order (lane 0 first takes the scalar head and tail elements) and
+ * finds the element whose range holds u. Every lane of the warp calls both. */
 template <int DT, int SEG> struct share_pick {
   static constexpr int W = RLK_WARP_SIZE;
   const u8 *r;
@@ -363,31 +362,72 @@ template <int DT, int SEG> struct share_pick {
     }
   }
 
+  /* The kept mass of one vector of the share, its elements in visit_words' order. */
+  template <typename K> RLK_DEVICE static u64 vector_mass(const u32x4 &v, K &keep, float c, float Mc) {
+    u64 s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float a = word_element<DT, 0>(v.w[k]);
+      s += keep(a) ? mass_of(a, c, Mc) : 0ull;
+      if constexpr (word_elems<DT>::value == 2) {
+        const float b = word_element<DT, 1>(v.w[k]);
+        s += keep(b) ? mass_of(b, c, Mc) : 0ull;
+      }
+    }
+    return s;
+  }
+
   /* The element at which the running kept mass passes u: u = umulhi(draw, the share's kept mass)
    * when `scale_draw`, else `draw` itself (then below that mass). Returns it in every lane and its
    * logit in *x. A share whose kept masses all round to 0 (drawn with probability below 2^-30)
-   * gives its first kept element, and *x is NaN (not read). */
+   * gives its first kept element, and *x is NaN (not read).
+   *
+   * The masses are exact integers, so the running sum at an element is the same however it is
+   * added up: each lane sums its scalars, each of its vectors and the rest; a scan over the lanes
+   * finds the lane, its vector sums the vector, and the warp takes that vector's elements a lane
+   * each for the element. Only a draw that lands on a scalar or past the vectors kept in
+   * registers walks elements one at a time. */
   template <typename K>
   RLK_DEVICE u32 finish(float c, float Mc, K keep, u64 draw, bool scale_draw, float *x) {
-    struct summer {
-      K &keep;
-      float c, Mc;
-      u64 part;
-      u32 first;
-      RLK_DEVICE bool done() const { return false; }
-      RLK_DEVICE void operator()(float xe, i64 j) {
-        if (keep(xe)) {
-          part += mass_of(xe, c, Mc);
-          if (first == 0xffffffffu) first = (u32)j;
-        }
+    constexpr int E = epv<DT>::value;
+    constexpr int EPW = word_elems<DT>::value;
+    const row_split<DT> sp(r, V);
+    const int l = (int)(threadIdx.x % W);
+    const i64 t0 = sp.head + sp.nvec * E;
+    u64 scal = 0; /* lane 0: the share's scalar head and tail elements */
+    if (l == 0) {
+      for (i64 j = t; j < sp.head; j += SEG) {
+        const float a = load_logit<DT>(r, j);
+        scal += keep(a) ? mass_of(a, c, Mc) : 0ull;
       }
-    } sum{keep, c, Mc, 0ull, 0xffffffffu};
-    visit(sum, false);
-    const u64 inc = warp_inclusive_scan(sum.part);
+      for (i64 j = t; j < sp.tail; j += SEG) {
+        const float a = load_logit<DT>(r, t0 + j);
+        scal += keep(a) ? mass_of(a, c, Mc) : 0ull;
+      }
+    }
+    u64 vs[PICK_VECTORS];
+    u64 part = scal;
+#pragma unroll
+    for (int k = 0; k < PICK_VECTORS; ++k) {
+      vs[k] = l + (i64)k * W < nv ? vector_mass(v[k], keep, c, Mc) : 0ull;
+      part += vs[k];
+    }
+#pragma unroll 1
+    for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W) part += vector_mass(load_stream(vec_at(sp, i)), keep, c, Mc);
+    const u64 inc = warp_inclusive_scan(part);
     const u64 total = shfl_from(inc, W - 1);
     *x = limits<float>::quiet_nan();
     if (total == 0) {
-      u32 f = sum.first;
+      struct firster {
+        K &keep;
+        u32 first;
+        RLK_DEVICE bool done() const { return first != 0xffffffffu; }
+        RLK_DEVICE void operator()(float xe, i64 j) {
+          if (first == 0xffffffffu && keep(xe)) first = (u32)j;
+        }
+      } fs{keep, 0xffffffffu};
+      visit(fs, true);
+      u32 f = fs.first;
 #pragma unroll
       for (int o = W / 2; o > 0; o >>= 1) {
         const u32 g = shfl_xor(f, o);
@@ -396,7 +436,48 @@ template <int DT, int SEG> struct share_pick {
       return f;
     }
     const u64 u = scale_draw ? __umul64hi(draw, total) : draw;
-    const u64 below = inc - sum.part;
+    /* the lane whose range holds u, and the part of it: -1 its scalars, k < PICK_VECTORS its
+     * vector k, PICK_VECTORS the vectors it reloads; base: the mass before that part */
+    u64 base = inc - part;
+    const bool owner = part != 0 && base <= u && u < inc;
+    int unit = PICK_VECTORS;
+    if (owner) {
+      if (u < base + scal) {
+        unit = -1;
+      } else {
+        base += scal;
+#pragma unroll
+        for (int k = 0; k < PICK_VECTORS; ++k)
+          if (unit == PICK_VECTORS) {
+            if (u < base + vs[k])
+              unit = k;
+            else
+              base += vs[k];
+          }
+      }
+    }
+    const int o = warp_first(owner);
+    unit = shfl_from(unit, o);
+    base = shfl_from(base, o);
+    if (unit >= 0 && unit < PICK_VECTORS) {
+      /* lane j < E takes element j of lane o's vector `unit` */
+      u32x4 vu = v[0];
+#pragma unroll
+      for (int k = 1; k < PICK_VECTORS; ++k)
+        if (k == unit) vu = v[k];
+      u32 wj = 0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const u32 wq = shfl_from(vu.w[q], o);
+        if (q == l / EPW) wj = wq;
+      }
+      const float xj = (EPW == 2 && (l & 1)) ? word_element<DT, 1>(wj) : word_element<DT, 0>(wj);
+      const u64 mj = l < E && keep(xj) ? mass_of(xj, c, Mc) : 0ull;
+      const int j = warp_first(base + warp_inclusive_scan(mj) > u);
+      *x = shfl_from(xj, j);
+      return (u32)(elem0(sp, o + (i64)unit * W) + j);
+    }
+    /* a scalar or a reloaded vector: lane o walks that part from base */
     struct walker {
       K &keep;
       float c, Mc;
@@ -413,11 +494,21 @@ template <int DT, int SEG> struct share_pick {
           }
         }
       }
-    } walk{keep, c, Mc, below, u, 0xffffffffu, 0.0f};
-    if (sum.part != 0 && below <= u && u < inc) visit(walk, true);
-    const int owner = warp_first(walk.pick != 0xffffffffu);
-    *x = shfl_from(walk.px, owner);
-    return shfl_from(walk.pick, owner);
+    } walk{keep, c, Mc, base, u, 0xffffffffu, 0.0f};
+    if (l == o) {
+      if (unit < 0) {
+        for (i64 j = t; j < sp.head; j += SEG) walk(load_logit<DT>(r, j), j);
+        for (i64 j = t; j < sp.tail; j += SEG) walk(load_logit<DT>(r, t0 + j), t0 + j);
+      } else {
+        for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !walk.done(); i += W) {
+          u32x4 one[1];
+          one[0] = load_stream(vec_at(sp, i));
+          visit_words<DT, 1>(one, elem0(sp, i), walk);
+        }
+      }
+    }
+    *x = shfl_from(walk.px, o);
+    return shfl_from(walk.pick, o);
   }
 };
 
