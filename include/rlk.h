@@ -835,8 +835,9 @@ typedef struct rlk_sample_args {
   int logprob_block;
   int logprob_unroll;
   /* Blocks that share each row: 0 or 1, one block a row; 2, 4 or 8, the blocks of a thread-block
-   * cluster (more of the GPU for a small batch); RLK_SAMPLE_ROW_SPLIT_AUTO, by the batch: as many
-   * as leave one block a multiprocessor. It applies on CUDA sm_90 and later to calls whose
+   * cluster (more of the GPU for a small batch); RLK_SAMPLE_ROW_SPLIT_AUTO (what
+   * rlk_sample_args_init sets), by the batch: as many as leave one block a multiprocessor, so one
+   * block a row from about a row per multiprocessor up. It applies on CUDA sm_90 and later to calls whose
    * filters are all off (no top_ks, top_ps or min_ps tensor, top_k, top_p and min_p off), at
    * most one block per warp of the row layout; elsewhere a row takes one block. The tokens and
    * log-probs are the same, bit for bit, for every value. */
@@ -847,7 +848,7 @@ typedef struct rlk_sample_args {
 #define RLK_SAMPLE_ROW_SPLIT_AUTO (-1)
 
 /* Fills `args` with vLLM's neutral defaults: temperature 1, top_k 0, top_p 1, min_p 0, seed and
- * offset 0, logprob tuning 0, one block a row, every tensor absent. */
+ * offset 0, logprob tuning 0, row_split RLK_SAMPLE_ROW_SPLIT_AUTO, every tensor absent. */
 RLK_API void rlk_sample_args_init(rlk_sample_args *args);
 
 /* Samples a token per row on `stream`: one launch, no device memory allocated, no

@@ -696,7 +696,7 @@ START_TEST(args_init_defaults) {
   rlk_sample_args_init(&a);
   ck_assert(a.temperature == 1.0f && a.top_p == 1.0f && a.min_p == 0.0f && a.top_k == 0);
   ck_assert(a.seed == 0 && a.offset == 0 && a.logits.data == NULL && a.tokens.data == NULL);
-  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0 && a.row_split == 0);
+  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0 && a.row_split == RLK_SAMPLE_ROW_SPLIT_AUTO);
   rlk_sample_args_init(NULL);
 }
 END_TEST
@@ -887,8 +887,12 @@ START_TEST(plan_row_split) {
       {"sm_90a", "sample filters=0 rows=66 row_split=auto", 2, 8},
       {"sm_90a", "sample filters=0 rows=67 row_split=auto", 1, 0},
       {"sm_90a", "sample filters=0 rows=256 row_split=auto", 1, 0},
-      {"sm_90a", "sample filters=0 rows=1", 1, 0},
+      /* auto unless told: what rlk_sample_args_init's calls use */
+      {"sm_90a", "sample filters=0 rows=1", 8, 8},
+      {"sm_90a", "sample filters=0 rows=32", 4, 8},
+      {"sm_90a", "sample filters=0", 1, 0},
       {"sm_90a", "sample filters=0 rows=1 row_split=0", 1, 0},
+      {"sm_90a", "sample filters=0 rows=1 row_split=1", 1, 0},
       {"sm_90a", "sample filters=0 rows=4096 row_split=2", 2, 8},
       {"sm_90a", "sample filters=1 rows=1 row_split=8", 1, 0},
       /* bf16 rows of V 32000 (under 64 KB) take 256 x 4: four chunks a lane */

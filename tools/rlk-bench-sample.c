@@ -13,7 +13,8 @@
  *   topk+topp  temperature 0.7, top-k 50, top-p 0.9       [B 256 <= 0.15 ms, B 32 <= 0.05 ms]
  *   topk       top-k 50;  topp  top-p 0.9 alone;  minp  min-p 0.05;  greedy  temperature 0
  *   plain-split, greedy-split   plain and greedy with row_split (a row over a cluster's blocks on
- *              sm_90; the same tokens as one block a row)
+ *              sm_90; the same tokens as one block a row): auto, rlk_sample_args_init's default,
+ *              unless --row-split; the other cases ask for one block a row
  * Logits are N(0, 1)-like (what shared/anchors/torch_baselines.py samples from), a seed per row,
  * the offset advancing every call. Several logits buffers are rotated so that the timed data is at
  * least 256 MB (never L2-resident). Two timings per case, median / min / max of --iters each after

@@ -168,6 +168,7 @@ static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
   c.V = 151936;
   c.rows = 256;
   c.filter = 1;
+  c.row_split = RLK_SAMPLE_ROW_SPLIT_AUTO; /* rlk_sample_args_init's */
   for (size_t i = 0; i < npairs; i++) {
     const char *n = pairs[i].name, *v = pairs[i].value;
     if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: NULL setting");
@@ -235,7 +236,8 @@ static const char smp_help[] =
     "logprob_block, logprob_unroll: the rlk_logprob tuning logp reproduces, 0 for its defaults (0)\n"
     "rows: B, with row_split (256)\n"
     "row_split: auto|0|1|2|4|8, the blocks that share a row (0: one; auto: by rows and the device's\n"
-    "  multiprocessors, 132 when unknown; applies on sm_90 and later with filters=0)\n";
+    "  multiprocessors, 132 when unknown; applies on sm_90 and later with filters=0) (auto, as\n"
+    "  rlk_sample_args_init)\n";
 
 static const char *const smp_samples[] = {
     "sample logits=bf16 tokens=i64 filters=1",
@@ -275,6 +277,7 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
   memset(args, 0, sizeof *args);
   args->temperature = 1.0f;
   args->top_p = 1.0f;
+  args->row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
 }
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {

@@ -87,8 +87,9 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     sampled token's log-prob under the temperature-scaled distribution (rlk.logprob's bits),
     logp_filtered=True its log-prob under the filtered one. status: an optional zeroed i32 [1]
     that collects SAMPLE_STATUS_* bits (rows with NaN logits, no finite logit, or a bad per-row
-    setting get token -1). row_split: the blocks that share a row (1, 2, 4, 8 or "auto"; CUDA
-    sm_90+ without filters, else one), the same tokens and log-probs whatever its value.
+    setting get token -1). row_split: the blocks that share a row (1, 2, 4, 8 or "auto", the
+    default; CUDA sm_90+ without filters, else one), the same tokens and log-probs whatever its
+    value.
     Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
