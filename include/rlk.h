@@ -837,10 +837,10 @@ typedef struct rlk_sample_args {
   /* Blocks that share each row: 0 or 1, one block a row; 2, 4 or 8, the blocks of a thread-block
    * cluster (more of the GPU for a small batch); RLK_SAMPLE_ROW_SPLIT_AUTO (what
    * rlk_sample_args_init sets), by the batch: as many as leave one block a multiprocessor, so one
-   * block a row from about a row per multiprocessor up. It applies on CUDA sm_90 and later to calls whose
-   * filters are all off (no top_ks, top_ps or min_ps tensor, top_k, top_p and min_p off), at
-   * most one block per warp of the row layout; elsewhere a row takes one block. The tokens and
-   * log-probs are the same, bit for bit, for every value. */
+   * block a row from about a row per multiprocessor up. It applies on CUDA sm_90 and later to
+   * calls whose filters are all off (no top_ks, top_ps or min_ps tensor, top_k, top_p and min_p
+   * off), at most one block per warp of the row layout; elsewhere a row takes one block. The
+   * tokens and log-probs are the same, bit for bit, for every value. */
   int row_split;
 } rlk_sample_args;
 

@@ -696,7 +696,8 @@ START_TEST(args_init_defaults) {
   rlk_sample_args_init(&a);
   ck_assert(a.temperature == 1.0f && a.top_p == 1.0f && a.min_p == 0.0f && a.top_k == 0);
   ck_assert(a.seed == 0 && a.offset == 0 && a.logits.data == NULL && a.tokens.data == NULL);
-  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0 && a.row_split == RLK_SAMPLE_ROW_SPLIT_AUTO);
+  ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0);
+  ck_assert_int_eq(a.row_split, RLK_SAMPLE_ROW_SPLIT_AUTO);
   rlk_sample_args_init(NULL);
 }
 END_TEST

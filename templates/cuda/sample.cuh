@@ -363,7 +363,8 @@ template <int DT, int SEG> struct share_pick {
   }
 
   /* The kept mass of one vector of the share, its elements in visit_words' order. */
-  template <typename K> RLK_DEVICE static u64 vector_mass(const u32x4 &v, K &keep, float c, float Mc) {
+  template <typename K>
+  RLK_DEVICE static u64 vector_mass(const u32x4 &v, K &keep, float c, float Mc) {
     u64 s = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -413,7 +414,8 @@ template <int DT, int SEG> struct share_pick {
       part += vs[k];
     }
 #pragma unroll 1
-    for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W) part += vector_mass(load_stream(vec_at(sp, i)), keep, c, Mc);
+    for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W)
+      part += vector_mass(load_stream(vec_at(sp, i)), keep, c, Mc);
     const u64 inc = warp_inclusive_scan(part);
     const u64 total = shfl_from(inc, W - 1);
     *x = limits<float>::quiet_nan();
