@@ -606,6 +606,16 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
 
 } /* namespace smp */
 
+/* The parameters of both sampling kernels, in the order src/ops/sample.c passes them. */
+#define RLK_SMP_KERNEL_PARAMS                                                                    \
+  const void *__restrict__ logits, i64 row_stride, i64 B, i64 V,                                 \
+      const float *__restrict__ temperatures, float temperature,                                 \
+      const i32 *__restrict__ top_ks32, const i64 *__restrict__ top_ks64, i64 top_k,             \
+      const float *__restrict__ top_ps, float top_p, const float *__restrict__ min_ps,           \
+      float min_p, const u64 *__restrict__ seeds, u64 seed, const u64 *__restrict__ offsets,     \
+      u64 offset, TOK *__restrict__ tokens, float *__restrict__ logp,                            \
+      float *__restrict__ logp_filtered, i32 *__restrict__ status
+
 /* One block per row. SEG x UNROLL is the row layout of the logprob_fwd kernel the log-probs must
  * match (SEG threads per row: a block, or a segment of a warp for short rows); the block has
  * max(SEG, warp) threads. FILTER: top-k, top-p and min-p may be set (else only temperature and
@@ -613,13 +623,7 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
 template <int DT, typename TOK, int SEG, int UNROLL, bool FILTER, int CAP>
 __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
                                   SEG >= 256 ? 1024 / SEG : 1)
-    sample(const void *__restrict__ logits, i64 row_stride, i64 B, i64 V,
-           const float *__restrict__ temperatures, float temperature,
-           const i32 *__restrict__ top_ks32, const i64 *__restrict__ top_ks64, i64 top_k,
-           const float *__restrict__ top_ps, float top_p, const float *__restrict__ min_ps,
-           float min_p, const u64 *__restrict__ seeds, u64 seed, const u64 *__restrict__ offsets,
-           u64 offset, TOK *__restrict__ tokens, float *__restrict__ logp,
-           float *__restrict__ logp_filtered, i32 *__restrict__ status) {
+    sample(RLK_SMP_KERNEL_PARAMS) {
   using namespace smp;
   static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
   static_assert(CAP >= RLK_WARP_SIZE && (CAP & (CAP - 1)) == 0, "CAP: a power of two");

@@ -36,13 +36,7 @@ namespace rlk {
  * logprob_fwd kernel whose log-probs are reproduced, DEPTH the chunks a lane keeps in flight. */
 template <int DT, typename TOK, int SEG, int UNROLL, int S, int DEPTH>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
-    sample_split(const void *__restrict__ logits, i64 row_stride, i64 B, i64 V,
-                 const float *__restrict__ temperatures, float temperature,
-                 const i32 *__restrict__ top_ks32, const i64 *__restrict__ top_ks64, i64 top_k,
-                 const float *__restrict__ top_ps, float top_p, const float *__restrict__ min_ps,
-                 float min_p, const u64 *__restrict__ seeds, u64 seed, const u64 *__restrict__ offsets,
-                 u64 offset, TOK *__restrict__ tokens, float *__restrict__ logp,
-                 float *__restrict__ logp_filtered, i32 *__restrict__ status) {
+    sample_split(RLK_SMP_KERNEL_PARAMS) {
   using namespace smp;
   static_assert(S == 2 || S == 4 || S == 8, "S: 2, 4 or 8 blocks a row");
   static_assert((SEG & (SEG - 1)) == 0 && SEG <= RLK_MAX_BLOCK && SEG >= S * RLK_WARP_SIZE,
