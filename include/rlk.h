@@ -842,13 +842,18 @@ typedef struct rlk_sample_args {
    * off), at most one block per warp of the row layout; elsewhere a row takes one block. The
    * tokens and log-probs are the same, bit for bit, for every value. */
   int row_split;
+  /* 1 (what rlk_sample_args_init sets): a programmatic dependent launch on CUDA sm_90 and later.
+   * The kernel may start while the stream's previous kernel is finishing, and reads and writes
+   * nothing before that kernel is done, so only the time changes; back-to-back calls overlap a
+   * launch with the previous call's end. 0: a plain launch. Other devices ignore it. */
+  int pdl;
 } rlk_sample_args;
 
 /* rlk_sample_args.row_split: choose by the batch size. */
 #define RLK_SAMPLE_ROW_SPLIT_AUTO (-1)
 
 /* Fills `args` with vLLM's neutral defaults: temperature 1, top_k 0, top_p 1, min_p 0, seed and
- * offset 0, logprob tuning 0, row_split RLK_SAMPLE_ROW_SPLIT_AUTO, every tensor absent. */
+ * offset 0, logprob tuning 0, row_split RLK_SAMPLE_ROW_SPLIT_AUTO, pdl 1, every tensor absent. */
 RLK_API void rlk_sample_args_init(rlk_sample_args *args);
 
 /* Samples a token per row on `stream`: one launch, no device memory allocated, no

@@ -9,6 +9,8 @@
  *     equal logits, NaN rows, bad per-row settings) and argument validation;
  *   - a row split over the blocks of a cluster (row_split): the same tokens and log-probs as one
  *     block a row, and its draws against the reference distribution;
+ *   - calls back to back, each seeded by the previous one's tokens: the same results with pdl
+ *     (overlapping launches) as plainly launched and synchronized calls;
  *   - the precompile plan (row_split's choices included) and the op's samples compiled for every
  *     target.
  * Outputs are poisoned before each call. */
@@ -698,6 +700,7 @@ START_TEST(args_init_defaults) {
   ck_assert(a.seed == 0 && a.offset == 0 && a.logits.data == NULL && a.tokens.data == NULL);
   ck_assert(a.logprob_block == 0 && a.logprob_unroll == 0);
   ck_assert_int_eq(a.row_split, RLK_SAMPLE_ROW_SPLIT_AUTO);
+  ck_assert_int_eq(a.pdl, 1);
   rlk_sample_args_init(NULL);
 }
 END_TEST
@@ -996,6 +999,86 @@ static void cases_distribution_layouts(rlk_context *ctx, uint64_t *rng) {
 }
 GPU_CASE(distribution_layouts, cases_distribution_layouts(ctx, &rng))
 
+/* Calls back to back, each one's seeds the previous one's tokens, with pdl (the default) and
+ * without: the same tokens and log-probs. An overlapping launch that read its seeds before the
+ * previous call had written them would draw from the poison instead. The plain, split and
+ * filtered kernels alternate. */
+static void cases_overlap_chain(rlk_context *ctx, uint64_t *rng) {
+  enum { STEPS = 6 };
+  static const struct {
+    float T;
+    int64_t top_k;
+    float top_p;
+    int row_split;
+  } steps[STEPS] = {{1.0f, 0, 1.0f, 1}, {0.8f, 0, 1.0f, 8}, {0.7f, 50, 0.9f, 1},
+                    {1.2f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 4}, {1.0f, 20, 1.0f, 1}};
+  const int64_t B = 256, V = 151936;
+  const size_t xbytes = (size_t)(B * V) * 2;
+  void *x = malloc(xbytes);
+  for (int64_t i = 0; i < B * V; i++) rlk_test_store(x, RLK_BF16, i, 2.0 * rlk_test_rand_normal(rng));
+  void *xd = rlk_test_dev_upload(ctx, x, xbytes);
+  uint64_t s0[256];
+  for (int64_t i = 0; i < B; i++) s0[i] = rlk_test_rand_u64(rng);
+  void *seeds0 = rlk_test_dev_upload(ctx, s0, sizeof s0);
+  void *tok[STEPS], *lp[STEPS];
+  int64_t want_tok[STEPS][256], got_tok[256];
+  float want_lp[STEPS][256], got_lp[256];
+  for (int pdl = 0; pdl <= 1; pdl++) {
+    for (int k = 0; k < STEPS; k++) {
+      if (!pdl) {
+        tok[k] = rlk_test_dev_alloc(ctx, (size_t)B * 8);
+        lp[k] = rlk_test_dev_alloc(ctx, (size_t)B * 4);
+      }
+      ck_assert_int_eq(rlk_memset(ctx, tok[k], 0xa5, (size_t)B * 8), RLK_OK);
+      ck_assert_int_eq(rlk_memset(ctx, lp[k], 0xff, (size_t)B * 4), RLK_OK);
+    }
+    ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    for (int k = 0; k < STEPS; k++) {
+      rlk_sample_args a;
+      rlk_sample_args_init(&a);
+      ck_assert_int_eq(a.pdl, 1);
+      a.pdl = pdl;
+      a.logits = rlk_tensor_2d(xd, RLK_BF16, B, V, V);
+      a.temperature = steps[k].T;
+      a.top_k = steps[k].top_k;
+      a.top_p = steps[k].top_p;
+      a.row_split = steps[k].row_split;
+      a.seeds = rlk_tensor_1d(k ? tok[k - 1] : seeds0, RLK_I64, B);
+      a.offset = (uint64_t)k;
+      a.tokens = rlk_tensor_1d(tok[k], RLK_I64, B);
+      a.logp = rlk_tensor_1d(lp[k], RLK_F32, B);
+      ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "rlk_sample: %s", rlk_last_error());
+      if (!pdl) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    }
+    ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    for (int k = 0; k < STEPS; k++) {
+      int64_t *t = pdl ? got_tok : want_tok[k];
+      float *l = pdl ? got_lp : want_lp[k];
+      dev_download(ctx, t, tok[k], (size_t)B * 8);
+      dev_download(ctx, l, lp[k], (size_t)B * 4);
+      for (int64_t i = 0; i < B; i++) {
+        if (!pdl) {
+          ck_assert_msg(t[i] >= 0 && t[i] < V, "step %d row %lld: token %lld", k, (long long)i,
+                        (long long)t[i]);
+          continue;
+        }
+        ck_assert_msg(got_tok[i] == want_tok[k][i] && !memcmp(&got_lp[i], &want_lp[k][i], 4),
+                      "step %d row %lld: with pdl token %lld logp %.9g, plain %lld %.9g", k,
+                      (long long)i, (long long)got_tok[i], (double)got_lp[i],
+                      (long long)want_tok[k][i], (double)want_lp[k][i]);
+      }
+    }
+  }
+  for (int k = 0; k < STEPS; k++) {
+    rlk_free(ctx, tok[k]);
+    rlk_free(ctx, lp[k]);
+  }
+  rlk_free(ctx, seeds0);
+  rlk_free(ctx, xd);
+  free(x);
+}
+GPU_CASE(overlap_chain, cases_overlap_chain(ctx, &rng))
+
 START_TEST(gpu_logp_bitwise) {
   if (!rlk_test_gpu_enabled("sample")) return;
   rlk_context *ctx = cuda_context();
@@ -1046,6 +1129,7 @@ Suite *sample_suite(void) {
   tcase_add_test(gpu, gpu_reproducible);
   tcase_add_test(gpu, gpu_edges);
   tcase_add_test(gpu, gpu_row_split);
+  tcase_add_test(gpu, gpu_overlap_chain);
   tcase_add_test(gpu, gpu_distribution_split);
   tcase_add_test(gpu, gpu_distribution_layouts);
   tcase_add_test(gpu, gpu_distribution_64);

@@ -3,10 +3,12 @@
  *
  *   rlk-bench-sample [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]
  *                    [--case NAME] [--logprob-block N] [--logprob-unroll N]
- *                    [--row-split auto|1|2|4|8]
+ *                    [--row-split auto|1|2|4|8] [--pdl 0|1]
  *
  * --case times one case only; --logprob-block / --logprob-unroll pass a tuned rlk_logprob row layout
- * to the sampler (its first pass follows it); --row-split sets the -split cases' row_split (auto).
+ * to the sampler (its first pass follows it); --row-split sets the -split cases' row_split (auto);
+ * --pdl 0 launches every call plainly (1, rlk_sample_args_init's: a programmatic dependent launch
+ * on sm_90, so back-to-back calls overlap a launch with the previous call's end).
  *
  * Cases, V = 151936, f32 and bf16 logits, B = 1, 32, 256 (the H200 goals in brackets):
  *   plain      temperature 1                              [<= 1.3 x the floor]
@@ -100,6 +102,7 @@ static int verify(rlk_context *ctx, const void *logits, rlk_dtype dt, int64_t B,
 static const char *only_case; /* --case: one case only */
 static int lp_block, lp_unroll;  /* --logprob-block, --logprob-unroll: the row layout (0: default) */
 static int row_split = RLK_SAMPLE_ROW_SPLIT_AUTO; /* --row-split: of the -split cases */
+static int pdl = 1;                               /* --pdl */
 
 /* Calls between the events of one "stream" sample. */
 #define STREAM_CALLS 16
@@ -159,6 +162,7 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
     a.logprob_block = lp_block;
     a.logprob_unroll = lp_unroll;
     a.row_split = c->split ? row_split : 0;
+    a.pdl = pdl;
     a.seeds = rlk_tensor_1d(seeds, RLK_I64, B);
     a.tokens = rlk_tensor_1d(tokens, RLK_I64, B);
     a.logp = rlk_tensor_1d(logp, RLK_F32, B);
@@ -244,6 +248,10 @@ int main(int argc, char **argv) {
       row_split = !strcmp(v, "auto") ? RLK_SAMPLE_ROW_SPLIT_AUTO : atoi(v);
       if (strcmp(v, "auto") && row_split != 1 && row_split != 2 && row_split != 4 && row_split != 8)
         return usage_error("--row-split: '%s' is not auto, 1, 2, 4 or 8", v);
+    } else if (!strcmp(argv[i], "--pdl") && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (strcmp(v, "0") && strcmp(v, "1")) return usage_error("--pdl: '%s' is not 0 or 1", v);
+      pdl = atoi(v);
     } else if (!strcmp(argv[i], "--logprob-block") && i + 1 < argc) {
       lp_block = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--logprob-unroll") && i + 1 < argc) {
@@ -252,7 +260,8 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (!strcmp(argv[i], "--help")) {
       printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
-             "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8]\n", prog);
+             "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
+             prog);
       return 0;
     } else {
       return usage_error("unknown argument '%s'", argv[i]);

@@ -126,6 +126,16 @@ def test_row_split_changes_nothing(place, rng):
         rlk.sample(x, row_split=3)
 
 
+def test_plain_launch_changes_nothing(place, rng):
+    # pdl=False: a plain launch where the default may overlap the previous kernel's end
+    logits = place.to((rng.standard_normal((6, 3000)) * 2).astype(np.float32))
+    seeds = place.to(rng.integers(0, 2**62, 6).astype(np.int64))
+    a = rlk.sample(logits, seed=seeds, offset=4)
+    b = rlk.sample(logits, seed=seeds, offset=4, pdl=False)
+    assert np.array_equal(place.back(a.tokens), place.back(b.tokens))
+    assert place.back(a.logp).tobytes() == place.back(b.logp).tobytes()
+
+
 @pytest.mark.skipif(not HAVE_CUDA, reason="needs torch with a CUDA device")
 def test_against_torch_distribution():
     import torch

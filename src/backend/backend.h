@@ -14,7 +14,13 @@ typedef struct rlk_launch_dims {
   unsigned grid[3];
   unsigned block[3];
   size_t shared_bytes;
+  unsigned flags; /* RLK_LAUNCH_* */
 } rlk_launch_dims;
+
+/* rlk_launch_dims.flags: the grid may start while the stream's previous kernel is finishing
+ * (CUDA programmatic dependent launch, sm_90 and later; elsewhere a plain launch). Only for
+ * kernels that call grid_dependency_wait() (rlk_prelude.cuh) before touching global memory. */
+#define RLK_LAUNCH_OVERLAP 1u
 
 struct rlk_backend_impl {
   rlk_backend kind;

@@ -278,6 +278,7 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
   args->temperature = 1.0f;
   args->top_p = 1.0f;
   args->row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
+  args->pdl = 1;
 }
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
@@ -381,5 +382,6 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   d.block[1] = d.block[2] = 1;
   d.shared_bytes = ctx->kind == RLK_BACKEND_HOST ? 0 : ch.smem;
   if (ctx->kind == RLK_BACKEND_HOST) d.grid[0] = 1;
+  if (a->pdl) d.flags = RLK_LAUNCH_OVERLAP; /* both kernels wait for the stream first */
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }

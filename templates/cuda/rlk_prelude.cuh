@@ -67,6 +67,23 @@ template <int ALIGN> RLK_DEVICE bool is_aligned(const void *p) {
   return ((u64)p & (u64)(ALIGN - 1)) == 0;
 }
 
+/* Programmatic dependent launch (CUDA sm_90 and later). A kernel launched with
+ * RLK_LAUNCH_OVERLAP may start while the stream's previous kernel is still running:
+ * grid_dependency_wait() returns once that kernel has finished and its writes are visible, so
+ * such a kernel calls it before it reads or writes global memory. grid_dependents_launch()
+ * lets the stream's next overlapping launch start its blocks, which wait in turn. Both do
+ * nothing in a plain launch, before sm_90 and on HIP. */
+RLK_DEVICE void grid_dependency_wait() {
+#if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+RLK_DEVICE void grid_dependents_launch() {
+#if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* 16-bit float storage types: plain bits, converted to float for arithmetic           */
 /* ---------------------------------------------------------------------------------- */

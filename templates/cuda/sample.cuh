@@ -658,6 +658,10 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   /* the block's last lane has the fewest vectors of a row (leftovers go to the first lanes), so it
    * fetches the settings and draws the row's randoms after its pass, off the critical path */
   const bool filler = tid == NT - 1;
+  /* an overlapping launch (RLK_LAUNCH_OVERLAP) touches no global memory before the stream's
+   * previous kernel is done; the next one's blocks may then take whatever room this grid leaves */
+  grid_dependency_wait();
+  grid_dependents_launch();
 
   for (i64 row = blockIdx.x, it = 0; row < B; row += gridDim.x, ++it) {
     state *scratch = warp_st[it & 1];

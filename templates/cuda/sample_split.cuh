@@ -60,6 +60,10 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
   const u32 pick0 = cluster_map(&pick, 0);
   const i64 clusters = (i64)(gridDim.x / S);
   bool pending = false; /* an arrival at the row's second barrier is not yet waited for */
+  /* an overlapping launch (RLK_LAUNCH_OVERLAP) touches no global memory before the stream's
+   * previous kernel is done; the next one's blocks may then take whatever room this grid leaves */
+  grid_dependency_wait();
+  grid_dependents_launch();
 
   for (i64 row = (i64)(blockIdx.x / S); row < B; row += clusters) {
     const float t_row = temperatures ? temperatures[row] : temperature;

@@ -44,6 +44,7 @@ class SampleArgs(ctypes.Structure):
         ("logprob_block", ctypes.c_int),
         ("logprob_unroll", ctypes.c_int),
         ("row_split", ctypes.c_int),
+        ("pdl", ctypes.c_int),
     ]
 
 
@@ -77,7 +78,7 @@ def _u64(x):
 
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
            tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
-           logprob_block=None, logprob_unroll=None, row_split=None, stream=None):
+           logprob_block=None, logprob_unroll=None, row_split=None, pdl=None, stream=None):
     """One token per row of logits [B, V] (rlk_sample): temperature (0: greedy), then min-p,
     top-k and top-p (vLLM's order, ties at a threshold kept), Philox4x32-10 draws from seed and
     offset (a per-row seed makes a row's token independent of the batch around it).
@@ -89,7 +90,8 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     that collects SAMPLE_STATUS_* bits (rows with NaN logits, no finite logit, or a bad per-row
     setting get token -1). row_split: the blocks that share a row (1, 2, 4, 8 or "auto", the
     default; CUDA sm_90+ without filters, else one), the same tokens and log-probs whatever its
-    value.
+    value. pdl: True (the default) lets the kernel start while the stream's previous kernel ends
+    (CUDA sm_90+; it waits for that kernel's results), False launches it plainly.
     Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
@@ -116,5 +118,7 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
         b.args.logprob_unroll = int(logprob_unroll)
     if row_split is not None:
         b.args.row_split = SAMPLE_ROW_SPLIT_AUTO if row_split == "auto" else int(row_split)
+    if pdl is not None:
+        b.args.pdl = 1 if pdl else 0
     b.run(stream)
     return SampleResult(tokens, lp, lpf)

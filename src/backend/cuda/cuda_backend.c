@@ -53,6 +53,7 @@ static rlk_status driver_load_locked(void) {
       {"cuFuncSetAttribute", &d.cuFuncSetAttribute, 0},
       {"cuFuncGetAttribute", &d.cuFuncGetAttribute, 0},
       {"cuLaunchKernel", &d.cuLaunchKernel, 0},
+      {"cuLaunchKernelEx", &d.cuLaunchKernelEx, 1},
       {"cuMemAlloc_v2", &d.cuMemAlloc, 0},
       {"cuMemFree_v2", &d.cuMemFree, 0},
       {"cuMemcpyHtoD_v2", &d.cuMemcpyHtoD, 0},
@@ -271,6 +272,22 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUfunction f = fn; /* its shared-memory opt-in was made by get_function */
+  if ((dims->flags & RLK_LAUNCH_OVERLAP) && s->drv->cuLaunchKernelEx &&
+      self->info.compute_major >= 9) {
+    /* programmatic stream serialization: the grid may start as the previous kernel's blocks
+     * trigger or exit; the kernel itself waits for that kernel's results */
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.value = 1;
+    const CUlaunchConfig cfg = {dims->grid[0],  dims->grid[1],  dims->grid[2],
+                                dims->block[0], dims->block[1], dims->block[2],
+                                (unsigned int)dims->shared_bytes, (CUstream)stream, &attr, 1};
+    CUresult r = s->drv->cuLaunchKernelEx(&cfg, f, args, NULL);
+    if (r != CUDA_SUCCESS)
+      return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernelEx", r));
+    return ctx_leave(s, &scope, RLK_OK);
+  }
   CUresult r = s->drv->cuLaunchKernel(f, dims->grid[0], dims->grid[1], dims->grid[2],
                                       dims->block[0], dims->block[1], dims->block[2],
                                       (unsigned int)dims->shared_bytes, (CUstream)stream, args,

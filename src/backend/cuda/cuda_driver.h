@@ -71,6 +71,27 @@ enum { CU_TENSOR_MAP_SWIZZLE_NONE = 0 };
 enum { CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2 };
 enum { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 };
 
+/* cuLaunchKernelEx's configuration and attributes (CUDA 12). Only the attribute used here is
+ * named; the value is the driver's 64-byte union, of which it reads the leading int. */
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+typedef struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value;
+    unsigned long long align;
+  } value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig {
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute *attrs;
+  unsigned int numAttrs;
+} CUlaunchConfig;
+
 /* Kernels may use up to this much dynamic shared memory without opting in per function. */
 #define RLK_CUDA_DEFAULT_SHARED_LIMIT (48u * 1024u)
 
@@ -101,6 +122,9 @@ typedef struct rlk_cuda_driver {
                              unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                              unsigned int block_z, unsigned int shared_bytes, CUstream stream,
                              void **params, void **extra);
+  /* NULL on drivers older than CUDA 12 (launches then never overlap). */
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction fn, void **params,
+                               void **extra);
   CUresult (*cuMemAlloc)(CUdeviceptr *ptr, size_t bytes);
   CUresult (*cuMemFree)(CUdeviceptr ptr);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t bytes);
