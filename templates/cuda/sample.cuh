@@ -235,31 +235,6 @@ struct lane_state {
   float m, s;
 };
 
-/* The one thread's part: the settings (the temperature is known), then the row's Philox block. A
- * scalar seed is shared by the batch, so the counter tells its rows apart; a per-row seed makes
- * the draws independent of the row's place in the batch. */
-RLK_DEVICE void row_shared_fill(row_shared *sh, float temperature, i64 row, const i32 *top_ks32,
-                                const i64 *top_ks64, i64 top_k, const float *top_ps, float top_p,
-                                const float *min_ps, float min_p, const u64 *seeds, u64 seed,
-                                const u64 *offsets, u64 offset) {
-  row_settings rs;
-  rs.temperature = temperature;
-  rs.top_k = top_ks32 ? (i64)top_ks32[row] : (top_ks64 ? top_ks64[row] : top_k);
-  rs.top_p = top_ps ? top_ps[row] : top_p;
-  rs.min_p = min_ps ? min_ps[row] : min_p;
-  rs.seed = seeds ? seeds[row] : seed;
-  rs.offset = offsets ? offsets[row] : offset;
-  u32x4_ctr ctr;
-  ctr.v[0] = (u32)rs.offset;
-  ctr.v[1] = (u32)(rs.offset >> 32);
-  ctr.v[2] = seeds ? 0u : (u32)row;
-  ctr.v[3] = seeds ? 0u : (u32)((u64)row >> 32);
-  const u32x4_ctr d = philox4x32_10(ctr, (u32)rs.seed, (u32)(rs.seed >> 32));
-  sh->rs = rs;
-  sh->R1 = (u64)d.v[0] | ((u64)d.v[1] << 32);
-  sh->R2 = (u64)d.v[2] | ((u64)d.v[3] << 32);
-}
-
 /* Prefetches a row's per-row settings into L2 (issued at the row's start, read after its pass). */
 RLK_DEVICE void prefetch_l2(const void *p) {
 #if defined(RLK_CUDA)
@@ -267,6 +242,88 @@ RLK_DEVICE void prefetch_l2(const void *p) {
 #else
   (void)p;
 #endif
+}
+
+/* A row's settings given as tensors, as one thread (the filler) fetches them at the row's start
+ * and reads them after its pass. On sm_80 and later they are copied into shared memory by
+ * cp.async, which runs during the pass, so no load is left for after it; elsewhere the filler
+ * prefetches them into L2 and loads them after the pass. Only the filler touches them. */
+struct row_inputs {
+  u64 seed, offset;
+  i64 top_k64;
+  i32 top_k32;
+  float top_p, min_p;
+};
+
+#if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define RLK_SMP_COPY_INPUTS 1
+template <int N> RLK_DEVICE void copy_to_shared_async(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_u32(dst)), "l"(src), "n"(N) : "memory");
+}
+#endif
+
+/* The filler, at the row's start: starts fetching the row's tensor settings. */
+RLK_DEVICE void row_inputs_fetch(row_inputs *in, i64 row, const i32 *top_ks32, const i64 *top_ks64,
+                                 const float *top_ps, const float *min_ps, const u64 *seeds,
+                                 const u64 *offsets) {
+#if defined(RLK_SMP_COPY_INPUTS)
+  if (top_ks32) copy_to_shared_async<4>(&in->top_k32, top_ks32 + row);
+  if (top_ks64) copy_to_shared_async<8>(&in->top_k64, top_ks64 + row);
+  if (top_ps) copy_to_shared_async<4>(&in->top_p, top_ps + row);
+  if (min_ps) copy_to_shared_async<4>(&in->min_p, min_ps + row);
+  if (seeds) copy_to_shared_async<8>(&in->seed, seeds + row);
+  if (offsets) copy_to_shared_async<8>(&in->offset, offsets + row);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+  (void)in;
+  if (top_ks32) prefetch_l2(top_ks32 + row);
+  if (top_ks64) prefetch_l2(top_ks64 + row);
+  if (top_ps) prefetch_l2(top_ps + row);
+  if (min_ps) prefetch_l2(min_ps + row);
+  if (seeds) prefetch_l2(seeds + row);
+  if (offsets) prefetch_l2(offsets + row);
+#endif
+}
+
+/* The row's Philox block: two 64-bit draws. A scalar seed is shared by the batch, so the counter
+ * tells its rows apart; a per-row seed makes the draws independent of the row's place in the
+ * batch. */
+RLK_DEVICE void row_draws(const row_settings &rs, bool row_seeds, i64 row, u64 *R1, u64 *R2) {
+  u32x4_ctr ctr;
+  ctr.v[0] = (u32)rs.offset;
+  ctr.v[1] = (u32)(rs.offset >> 32);
+  ctr.v[2] = row_seeds ? 0u : (u32)row;
+  ctr.v[3] = row_seeds ? 0u : (u32)((u64)row >> 32);
+  const u32x4_ctr d = philox4x32_10(ctr, (u32)rs.seed, (u32)(rs.seed >> 32));
+  *R1 = (u64)d.v[0] | ((u64)d.v[1] << 32);
+  *R2 = (u64)d.v[2] | ((u64)d.v[3] << 32);
+}
+
+/* The filler, after its pass: the row's settings (the temperature is known) and, when `draws`, its
+ * Philox block, for every thread after the row's first barrier. */
+RLK_DEVICE void row_shared_fill(row_shared *sh, const row_inputs *in, float temperature, i64 row,
+                                const i32 *top_ks32, const i64 *top_ks64, i64 top_k, const float *top_ps,
+                                float top_p, const float *min_ps, float min_p, const u64 *seeds, u64 seed,
+                                const u64 *offsets, u64 offset, bool draws) {
+  row_settings rs;
+  rs.temperature = temperature;
+#if defined(RLK_SMP_COPY_INPUTS)
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  rs.top_k = top_ks32 ? (i64)in->top_k32 : (top_ks64 ? in->top_k64 : top_k);
+  rs.top_p = top_ps ? in->top_p : top_p;
+  rs.min_p = min_ps ? in->min_p : min_p;
+  rs.seed = seeds ? in->seed : seed;
+  rs.offset = offsets ? in->offset : offset;
+#else
+  (void)in;
+  rs.top_k = top_ks32 ? (i64)top_ks32[row] : (top_ks64 ? top_ks64[row] : top_k);
+  rs.top_p = top_ps ? top_ps[row] : top_p;
+  rs.min_p = min_ps ? min_ps[row] : min_p;
+  rs.seed = seeds ? seeds[row] : seed;
+  rs.offset = offsets ? offsets[row] : offset;
+#endif
+  sh->rs = rs;
+  if (draws) row_draws(rs, seeds != nullptr, row, &sh->R1, &sh->R2);
 }
 
 /* Shared memory of the filtered path (dynamic): the histogram and the candidates are used one
@@ -631,6 +688,10 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   constexpr int NW = NT / RLK_WARP_SIZE;
   constexpr int BYTES = logit_traits<DT>::bytes;
   constexpr int KW = key_width<DT>::value;
+  /* Whether the filler computes the row's Philox block before the first barrier. Without filters
+   * and with more than a warp a row, only an unfiltered draw needs it, and warp 0 computes it
+   * there, off the path to the barrier (the filler's warp may be the last to get there). */
+  constexpr bool FILLER_DRAWS = FILTER || SEG <= RLK_WARP_SIZE;
 
   /* What the warp that finishes an unfiltered row reads after the others have gone on: the warps'
    * states, the lanes' (m, s), the row's settings and draws (from the block's last thread). Two
@@ -640,6 +701,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   __shared__ state warp_st[2][NW];
   __shared__ lane_state lane_st[2][NL];
   __shared__ row_shared row_sh[2];
+  __shared__ row_inputs inputs; /* the filler's alone */
   __shared__ float lane_m[FILTER ? NT : 1]; /* the lanes' maxima (the top-k bound) */
   __shared__ u64 warp_sums[NW];
   __shared__ u32 pick;        /* a lane, then the chosen token */
@@ -672,14 +734,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     const float T = greedy ? 1.0f : t_row;
     const float c = RLK_LP_LOG2E / T;
     const u8 *r = (const u8 *)logits + row * row_stride * BYTES;
-    if (filler) {
-      if (top_ks32) prefetch_l2(top_ks32 + row);
-      if (top_ks64) prefetch_l2(top_ks64 + row);
-      if (top_ps) prefetch_l2(top_ps + row);
-      if (min_ps) prefetch_l2(min_ps + row);
-      if (seeds) prefetch_l2(seeds + row);
-      if (offsets) prefetch_l2(offsets + row);
-    }
+    if (filler) row_inputs_fetch(&inputs, row, top_ks32, top_ks64, top_ps, min_ps, seeds, offsets);
     if (tid == 0) {
       pick = 0xffffffffu;
       pick_known = 0;
@@ -693,11 +748,11 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     const state wst = segment_merge<(SEG < RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE), false>(own, c);
     if (SEG > RLK_WARP_SIZE && lane == 0) scratch[wid] = wst;
     if (filler)
-      row_shared_fill(&sh, t_row, row, top_ks32, top_ks64, top_k, top_ps, top_p, min_ps, min_p, seeds, seed,
-                      offsets, offset);
+      row_shared_fill(&sh, &inputs, t_row, row, top_ks32, top_ks64, top_k, top_ps, top_p, min_ps, min_p, seeds,
+                      seed, offsets, offset, FILLER_DRAWS);
     __syncthreads(); /* barrier 1 */
     const row_settings rs = sh.rs;
-    const u64 R1 = sh.R1, R2 = sh.R2;
+    u64 R1 = FILLER_DRAWS ? sh.R1 : 0ull, R2 = FILLER_DRAWS ? sh.R2 : 0ull;
     const bool bad = settings_bad(rs);
     const bool unfiltered = !FILTER || greedy ||
                             (!(rs.top_k > 0 && rs.top_k < V) && !(rs.top_p < 1.0f) && !(rs.min_p > 0.0f));
@@ -711,6 +766,8 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
          * others go on at once; a tail in every warp would cost 16 times the issue slots. */
         if (wid != 0) continue;
         if (lane < NW) ws = scratch[lane];
+        /* without filters the filler left the draws to this warp: they run beside the merge */
+        if constexpr (!FILLER_DRAWS) row_draws(rs, seeds != nullptr, row, &R1, &R2);
         rst = segment_merge<RLK_WARP_SIZE, false>(ws, c);
         if (!(rst.s > 0.0f)) {
           if (lane == 0) write_no_token(row, false, rst.s, tokens, logp, logp_filtered, status);

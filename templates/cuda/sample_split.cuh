@@ -48,6 +48,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
 
   __shared__ state scratch[WPB]; /* this block's warp states, read by the cluster */
   __shared__ row_shared sh;      /* the row's settings and draws, from the block's last thread */
+  __shared__ row_inputs inputs;  /* that thread's copies of the row's tensor settings */
   __shared__ u32 pick;           /* greedy: the lowest index of the maximum (block 0's counts) */
 
   const int tid = (int)threadIdx.x;
@@ -71,10 +72,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     const float T = greedy ? 1.0f : t_row;
     const float c = RLK_LP_LOG2E / T;
     const u8 *r = (const u8 *)logits + row * row_stride * BYTES;
-    if (filler) {
-      if (seeds) prefetch_l2(seeds + row);
-      if (offsets) prefetch_l2(offsets + row);
-    }
+    if (filler) row_inputs_fetch(&inputs, row, top_ks32, top_ks64, top_ps, min_ps, seeds, offsets);
 
     /* ---- pass 1: this block's lanes, and their warps' butterflies ---- */
     const state own = thread_row_state_deep<DT, SEG, UNROLL, DEPTH, false>(r, V, c, t);
@@ -83,8 +81,8 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     if (lane == 0) scratch[wid] = wst;
     if (part == 0 && tid == 0) pick = 0xffffffffu;
     if (filler)
-      row_shared_fill(&sh, t_row, row, top_ks32, top_ks64, top_k, top_ps, top_p, min_ps, min_p, seeds, seed,
-                      offsets, offset);
+      row_shared_fill(&sh, &inputs, t_row, row, top_ks32, top_ks64, top_k, top_ps, top_p, min_ps, min_p, seeds,
+                      seed, offsets, offset, true);
     cluster_arrive();
     cluster_wait(); /* every block's warp states are in */
 
