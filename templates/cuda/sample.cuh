@@ -178,11 +178,11 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
   }
 }
 
-/* Inclusive sum over a warp (u64, exact). */
-RLK_DEVICE u64 warp_inclusive_scan(u64 v) {
+/* Inclusive sum over a warp (u64, exact); with N below the warp size, exact in lanes below N. */
+template <int N = RLK_WARP_SIZE> RLK_DEVICE u64 warp_inclusive_scan(u64 v) {
   const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
 #pragma unroll
-  for (int o = 1; o < RLK_WARP_SIZE; o <<= 1) {
+  for (int o = 1; o < N; o <<= 1) {
     const u64 n = shfl_up(v, o);
     if (lane >= o) v += n;
   }
@@ -348,15 +348,16 @@ RLK_DEVICE bool before(float xa, i32 ia, float xb, i32 ib) {
 }
 
 
-/* The lowest lane of the warp for which `cond` holds (the warp size when none does). */
+/* The lowest lane of the warp for which `cond` holds (the warp size when none does): one vote,
+ * where a butterfly of minima took five dependent shuffles. Every lane of the warp calls it. */
 RLK_DEVICE int warp_first(bool cond) {
-  int l = cond ? (int)(threadIdx.x % RLK_WARP_SIZE) : RLK_WARP_SIZE;
-#pragma unroll
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
-    const int g = shfl_xor(l, o);
-    l = g < l ? g : l;
-  }
-  return l;
+#if defined(RLK_HIP)
+  const unsigned long long m = __ballot(cond);
+  return m ? (int)__ffsll(m) - 1 : RLK_WARP_SIZE;
+#else
+  const unsigned m = __ballot_sync(0xffffffffu, cond);
+  return m ? __ffs((int)m) - 1 : RLK_WARP_SIZE;
+#endif
 }
 
 /* floor(r z / 2^32): a 32-bit uniform draw scaled to [0, z) (z < 2^63). */
@@ -606,13 +607,14 @@ RLK_DEVICE void draw_lane(share_pick<DT, SEG> &drawn, const state &own, const st
   drawn.load(r, V, warp * RLK_WARP_SIZE + (tl < RLK_WARP_SIZE ? tl : 0));
 }
 
-/* Step 2: the warp drawn by the warps' weights (lane l holds warp l's state ws, M the row's
- * maximum, high half of R1); every warp that calls it gets the same. */
-RLK_DEVICE int draw_warp(const state &ws, float M, float c, u64 R1) {
+/* Step 2: the warp drawn by the warps' weights (lane l < NW holds warp l's state ws, the others
+ * an empty state; M the row's maximum, high half of R1); every warp that calls it gets the same. */
+template <int NW> RLK_DEVICE int draw_warp(const state &ws, float M, float c, u64 R1) {
+  const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
   const u64 w = ws.s != 0.0f ? (u64)(ws.s * exp2_approx((ws.m - M) * c) * RLK_SMP_MASS_SCALE) : 0ull;
-  const u64 inc = warp_inclusive_scan(w);
-  const u64 u = scale32((u32)(R1 >> 32), shfl_from(inc, RLK_WARP_SIZE - 1));
-  return warp_first(w != 0 && inc - w <= u && u < inc);
+  const u64 inc = warp_inclusive_scan<NW>(w); /* the lanes past NW weigh nothing */
+  const u64 u = scale32((u32)(R1 >> 32), shfl_from(inc, NW - 1));
+  return warp_first(lane < NW && w != 0 && inc - w <= u && u < inc);
 }
 
 /* Step 3, in the drawn warp: the element of its drawn share by exact mass (R2), and the row's
@@ -773,7 +775,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           if (lane == 0) write_no_token(row, false, rst.s, tokens, logp, logp_filtered, status);
           continue;
         }
-        int w = draw_warp(ws, rst.m, c, R1);
+        int w = draw_warp<NW>(ws, rst.m, c, R1);
         w = w < NW ? w : 0;
         const lane_state l = lane_st[it & 1][w * RLK_WARP_SIZE + lane];
         state lo = empty_state();

@@ -127,7 +127,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     }
 
     /* plain: the warp by its weight, then the element of its drawn lane's share */
-    if (w != draw_warp(ws, M, c, R1)) continue;
+    if (w != draw_warp<NW>(ws, M, c, R1)) continue;
     finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
   }
   if (pending) cluster_wait(); /* no block leaves while another may still read its shared memory */
