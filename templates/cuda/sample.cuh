@@ -720,7 +720,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
 
   const int lane = tid % RLK_WARP_SIZE;
   /* the block's last lane has the fewest vectors of a row (leftovers go to the first lanes), so it
-   * fetches the settings and draws the row's randoms after its pass, off the critical path */
+   * fetches the row's settings (row_inputs_fetch) and, where FILLER_DRAWS, draws its randoms */
   const bool filler = tid == NT - 1;
   /* an overlapping launch (RLK_LAUNCH_OVERLAP) touches no global memory before the stream's
    * previous kernel is done; the next one's blocks may then take whatever room this grid leaves */
