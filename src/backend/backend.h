@@ -18,8 +18,10 @@ typedef struct rlk_launch_dims {
 } rlk_launch_dims;
 
 /* rlk_launch_dims.flags: the grid may start while the stream's previous kernel is finishing
- * (CUDA programmatic dependent launch, sm_90 and later; elsewhere a plain launch). Only for
- * kernels that call grid_dependency_wait() (rlk_prelude.cuh) before touching global memory. */
+ * (CUDA programmatic dependent launch on an sm_90 or later device; elsewhere a plain launch).
+ * Only for kernels that call grid_dependency_wait() (rlk_prelude.cuh) before touching global
+ * memory, and built for sm_90 or later: for an older target that call compiles to nothing,
+ * and a newer device may still run such code (PTX it compiles at load). */
 #define RLK_LAUNCH_OVERLAP 1u
 
 struct rlk_backend_impl {

@@ -382,6 +382,9 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   d.block[1] = d.block[2] = 1;
   d.shared_bytes = ctx->kind == RLK_BACKEND_HOST ? 0 : ch.smem;
   if (ctx->kind == RLK_BACKEND_HOST) d.grid[0] = 1;
-  if (a->pdl) d.flags = RLK_LAUNCH_OVERLAP; /* both kernels wait for the stream first */
+  /* both kernels wait for the stream first where they are built for sm_90 and later; code for
+   * an older target that a newer device runs (PTX it compiles) has no wait, so it launches
+   * plainly */
+  if (a->pdl && rlk_op_cuda_sm(ctx) >= 90) d.flags = RLK_LAUNCH_OVERLAP;
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }
