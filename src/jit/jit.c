@@ -214,13 +214,17 @@ static void add_seconds(atomic_uint_fast64_t *acc, double seconds) {
 
 /* Compiles the plan's kernel; on success the result owns binary and lowered names. */
 static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *res) {
-  const char *header_names[128];
-  const char *header_sources[128];
-  size_t nh = 0;
-  for (size_t i = 0; i < p->sources->count && nh < 128; i++) {
-    header_names[nh] = basename_of(p->sources->files[i].name);
-    header_sources[nh] = p->sources->files[i].text;
-    nh++;
+  size_t nh = p->sources->count;
+  const char **header_names = calloc(nh ? nh : 1, sizeof *header_names);
+  const char **header_sources = calloc(nh ? nh : 1, sizeof *header_sources);
+  if (!header_names || !header_sources) {
+    free(header_names);
+    free(header_sources);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
+  }
+  for (size_t i = 0; i < nh; i++) {
+    header_names[i] = basename_of(p->sources->files[i].name);
+    header_sources[i] = p->sources->files[i].text;
   }
   char source_name[128];
   rlk_format(source_name, sizeof source_name, "%s_%.12s", p->key.entry, p->key.hex);
@@ -239,6 +243,8 @@ static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *
   memset(res, 0, sizeof *res);
   rlk_info("compiling %s %s for %s (%s)", p->key.entry, p->key.params, jit->target, jit->compiler->id);
   rlk_status st = jit->compiler->compile(jit->compiler, &req, res);
+  free(header_names);
+  free(header_sources);
   atomic_fetch_add_explicit(&jit->compiles, 1, memory_order_relaxed);
   add_seconds(&jit->compile_ns, res->seconds);
   if (st) return rlk_error_wrap(st, "compiling %s [%s] for %s", p->key.entry, p->key.params, jit->target);
