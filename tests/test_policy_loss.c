@@ -126,6 +126,7 @@ static pl_case base_case(int64_t B, int64_t T) {
   c.p.kl_out = 10;
   c.p.agg = RLK_AGG_TOKEN_MEAN;
   c.p.loss_scale = 1;
+  c.p.bound_g = 1;
   return c;
 }
 
@@ -378,6 +379,8 @@ static void fill_args(const pl_case *c, const pl_data *d, void *const dv[7], voi
   a->seq_normalizer = c->p.seq_norm;
   a->norm_scale = c->p.norm_scale;
   a->loss_scale = c->p.loss_scale;
+  a->seq_ratio_grad = c->p.seq_grad;
+  a->clamp_bound_grad = c->p.bound_g;
 }
 
 /* Runs rlk_policy_loss on ctx for a case and data; outputs poisoned first; checks that every
@@ -935,7 +938,7 @@ static void setup_verl(pl_case *c, const pl_data *d, const void *cfgp) {
                                     : RLK_POLICY_REINFORCE;
   c->p.clip_low = cfg->clip_ratio_low;
   c->p.clip_high = cfg->clip_ratio_high;
-  c->p.dual_clip = cfg->clip_ratio_c;
+  c->p.dual_clip = c->p.mode == RLK_POLICY_GSPO ? 0 : cfg->clip_ratio_c; /* gspo: none */
   c->p.lr_min = c->p.mode == RLK_POLICY_GSPO ? -INFINITY : -20;
   c->p.lr_max = c->p.mode == RLK_POLICY_GSPO ? 10 : 20;
   c->p.tau_pos = cfg->tau_pos;
@@ -1037,7 +1040,7 @@ static void setup_openrlhf(pl_case *c, const pl_data *d, const void *cfgp) {
 
 static const int verl_metrics_clip[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_CLIPFRAC_LOWER,
                                         RLK_PL_METRIC_APPROX_KL, -1};
-static const int verl_metrics_gspo[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_APPROX_KL, -1};
+static const int verl_metrics_gspo[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_APPROX_KL_RAW, -1};
 static const int verl_metrics_kl[] = {RLK_PL_METRIC_APPROX_KL, -1};
 static const int trl_metrics[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_CLIP_LOW,
                                   RLK_PL_METRIC_CLIP_HIGH, -1};

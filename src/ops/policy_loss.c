@@ -3,11 +3,12 @@
  * On a GPU a call is two launches (templates/cuda/policy_loss.cuh):
  *   1. policy_loss_main    one pass over the tokens: grad_logp (and grad_entropy) written, and
  *                          per-block partial sums of the loss terms and metrics into the
- *                          workspace ([grid][13] f64);
+ *                          workspace ([grid][17] f64);
  *   2. policy_loss_reduce  one block combines the partials in a fixed order and writes the loss
  *                          and the metrics.
  * Every code path (mode, KL estimator, straight-through, seq-mean-token-mean, layout, mask kind,
- * per-sequence advantages, entropy use, importance weights) is a template parameter of the main
+ * per-sequence advantages, entropy use, importance weights, GSPO's gradient through the
+ * sequence mean) is a template parameter of the main
  * kernel; the numbers are run-time values. On the host backend one kernel
  * (templates/host/policy_loss.c) does the whole call with those choices as run-time values, so
  * the host needs one compiled kernel per dtype.
@@ -39,7 +40,7 @@ static const char *const pl_ent_names[] = {"none", "metric", "bonus", NULL};
 
 enum { PL_KL_NONE = 0 };
 enum { PL_ENT_NONE = 0, PL_ENT_READ = 1, PL_ENT_GRAD = 2 };
-#define PL_NACC 13
+#define PL_NACC 17
 
 #define PL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
@@ -54,6 +55,7 @@ static const rlk_param_decl pl_main_params[] = {
     {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
     {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_param_decl pl_dtype_params[] = {
@@ -79,12 +81,12 @@ typedef struct pl_params {
   void *metrics;
   void *partials;
   int64_t num_partials;
-  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad, kl_coef, ent_coef;
+  double c_grad, kl_coef, ent_coef, bound_g;
 } pl_params;
 
-_Static_assert(sizeof(pl_params) == 392, "pl_params mirrors rlk::pl::Params: 49 8-byte fields");
+_Static_assert(sizeof(pl_params) == 408, "pl_params mirrors rlk::pl::Params: 51 8-byte fields");
 
 enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 4, PL_IN_ISW = 5 };
 enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
@@ -105,6 +107,7 @@ typedef struct pl_config {
   int adv_seq;
   int ent;    /* PL_ENT_* */
   int isw;
+  int seq_grad; /* gspo differentiated through the sequence mean */
 } pl_config;
 
 typedef struct pl_plan {
@@ -137,6 +140,7 @@ static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
   p->main.values[7] = c->adv_seq;
   p->main.values[8] = c->ent;
   p->main.values[9] = c->isw;
+  p->main.values[10] = c->mode == RLK_POLICY_GSPO && c->seq_grad; /* gspo's choice only */
   p->has_reduce = 1;
   p->reduce.tmpl = &pl_reduce_tmpl;
   p->reduce.values[0] = c->dtype;
@@ -157,7 +161,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
   if (!specs || !nspecs)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: no room for the specs");
   pl_config c = {RLK_F32, RLK_POLICY_PPO, PL_KL_NONE, 0, RLK_AGG_TOKEN_MEAN,
-                 TL_LAYOUT_PADDED, TL_MASK_BOOL, 0, PL_ENT_NONE, 0};
+                 TL_LAYOUT_PADDED, TL_MASK_BOOL, 0, PL_ENT_NONE, 0, 0};
   int packed = 0, have_offsets = 0;
   rlk_dtype offsets = RLK_I64;
   for (size_t i = 0; i < npairs; i++) {
@@ -225,10 +229,18 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
       c.ent = k;
     } else if (!strcmp(n, "is")) {
       st = tl_parse_flag(n, v, &c.isw);
+    } else if (!strcmp(n, "seq_grad")) {
+      if (!strcmp(v, "straight-through"))
+        c.seq_grad = 0;
+      else if (!strcmp(v, "through-mean"))
+        c.seq_grad = 1;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "seq_grad: '%s' is not straight-through or through-mean", v);
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "policy_loss: unknown setting '%s' (known: dtype mode kl kl_st agg layout "
-                       "offsets mask adv entropy is)",
+                       "offsets mask adv entropy is seq_grad)",
                        n);
     }
     if (st) return st;
@@ -261,6 +273,8 @@ static const char pl_help[] =
     "entropy: none|metric|bonus, no entropy input, read for its metric, or an entropy bonus with "
     "its gradient (none)\n"
     "is: 0|1, rollout importance weights (0)\n"
+    "seq_grad: straight-through|through-mean, how gspo's sequence ratio passes its gradient "
+    "(straight-through)\n"
     "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time "
     "values: the same kernels\n";
 
@@ -269,6 +283,8 @@ static const char *const pl_samples[] = {
     "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool",
     /* GSPO: per-sequence sums first; packed, f32 weights, per-sequence advantages */
     "policy_loss mode=gspo agg=seq-mean-token-mean layout=packed offsets=i64 mask=f32 adv=seq",
+    /* GSPO through the sequence mean with per-token advantages and importance weights */
+    "policy_loss mode=gspo seq_grad=through-mean kl=k3 agg=token-mean mask=bool is=1",
     /* f64, CISPO, a straight-through k1, entropy bonus, importance weights, i32 mask */
     "policy_loss dtype=f64 mode=cispo kl=k1 kl_st=1 agg=token-sum mask=i32 entropy=bonus is=1",
     /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */
@@ -295,6 +311,8 @@ RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
   args->log_ratio_max = 20.0;
   args->sapo_tau_pos = 1.0;
   args->sapo_tau_neg = 1.05;
+  args->seq_ratio_grad = RLK_SEQ_RATIO_STRAIGHT_THROUGH;
+  args->clamp_bound_grad = 1.0;
   args->kl_estimator = RLK_KL_K3;
   args->kl_coef = 0.0;
   args->kl_input_clamp = 20.0;
@@ -388,6 +406,14 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "log_ratio_min/log_ratio_max: [%g, %g] is not a range (+-INFINITY: no clamp)",
                      a->log_ratio_min, a->log_ratio_max);
+  if ((int)a->seq_ratio_grad < RLK_SEQ_RATIO_STRAIGHT_THROUGH ||
+      (int)a->seq_ratio_grad > RLK_SEQ_RATIO_THROUGH_MEAN)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
+                     (int)a->seq_ratio_grad);
+  c->seq_grad = c->mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
+  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
+                     a->clamp_bound_grad);
   if (c->mode == RLK_POLICY_SAPO) {
     if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
@@ -451,6 +477,8 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->adv_per_seq = c->adv_seq;
   p->ent = c->ent;
   p->isw = c->isw;
+  p->seq_grad = c->seq_grad;
+  p->bound_g = a->clamp_bound_grad;
   p->clip_lo = 1.0 - a->clip_low;
   p->clip_hi = 1.0 + a->clip_high;
   p->dual_clip = a->dual_clip;

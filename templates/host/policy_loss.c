@@ -20,18 +20,55 @@ enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, 
 enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
 enum {
   A_PG, A_KL, A_ENT, A_MASK, A_CLIP, A_DUAL, A_LOW, A_HIGH, A_APPROX, A_KLMEAN, A_ENTMEAN,
-  A_RMAX, A_RMIN, NACC
+  A_RMAX, A_RMIN, A_APPROX_RAW, A_SEQ_LOW, A_SEQ_HIGH, A_ROWS, NACC
 };
 
 static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
-static inline int inside(T x, T lo, T hi) { return x >= lo && x <= hi; }
+static inline T gate(T x, T lo, T hi, T bg) {
+  return (x > lo && x < hi) ? (T)1 : ((x == lo || x == hi) ? bg : (T)0);
+}
 
 /* The numbers of a call, in T, and the current sequence's values. */
 typedef struct pl_ctx {
   const pl_params *a;
-  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent;
-  T adv_row, rowfac, s_ratio, s_gate;
+  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent, bg;
+  T adv_row, rowfac, s_ratio, s_gate, row_g;
 } pl_ctx;
+
+/* The PPO clip and dual clip at ratio r (mirrors rlk::pl::ppo_clip): term, d term / d r. */
+static void ppo_clip(const pl_ctx *c, T A, T r, T *l, T *g, int *clip, int *dualc) {
+  const T nA = -A;
+  const T l1 = nA * r, l2 = nA * clampv(r, c->lo, c->hi);
+  const T cgate = gate(r, c->lo, c->hi, c->bg);
+  T lc, gg;
+  *clip = 0;
+  *dualc = 0;
+  if (l1 > l2) {
+    lc = l1;
+    gg = nA;
+  } else if (l2 > l1) {
+    lc = l2;
+    gg = nA * cgate;
+    *clip = 1;
+  } else {
+    lc = l1;
+    gg = nA * (T)0.5 * ((T)1 + cgate);
+  }
+  if (A < 0 && c->dual > 1) {
+    const T l3 = nA * c->dual;
+    if (l3 < lc) {
+      lc = l3;
+      gg = 0;
+      *dualc = 1;
+    } else if (!(lc < l3)) {
+      gg = gg * (T)0.5;
+    }
+  }
+  *l = lc;
+  *g = gg;
+}
+
+static int meangrad(const pl_params *a) { return a->mode == MODE_GSPO && a->seq_grad; }
 
 /* One token; mirrors rlk::pl::Op::token. */
 static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
@@ -44,43 +81,15 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
   const T A = a->adv_per_seq ? c->adv_row : x[IN_ADV];
   const T d = lp - x[IN_OLD];
   const T dc = clampv(d, c->lr_min, c->lr_max);
-  const int dpass = inside(d, c->lr_min, c->lr_max);
+  const T dpass = gate(d, c->lr_min, c->lr_max, c->bg);
 
   T r, l, dl;
   int clip = 0, dualc = 0, low = 0, high = 0;
   if (a->mode == MODE_PPO || a->mode == MODE_GSPO) {
     r = a->mode == MODE_GSPO ? c->s_ratio : T_EXP(dc);
-    const T l1 = -A * r;
-    const int cpass = inside(r, c->lo, c->hi);
-    const T l2 = -A * clampv(r, c->lo, c->hi);
-    T lc, g;
-    if (l1 > l2) {
-      lc = l1;
-      g = -A;
-    } else if (l2 > l1) {
-      lc = l2;
-      g = cpass ? -A : (T)0;
-      clip = 1;
-    } else {
-      lc = l1;
-      g = cpass ? -A : -A * (T)0.5;
-    }
-    if (a->mode == MODE_PPO && A < 0 && c->dual > 1) {
-      const T l3 = -A * c->dual;
-      if (lc < l3) {
-        l = lc;
-      } else if (l3 < lc) {
-        l = l3;
-        g = 0;
-        dualc = 1;
-      } else {
-        l = lc;
-        g = g * (T)0.5;
-      }
-    } else {
-      l = lc;
-    }
-    dl = a->mode == MODE_GSPO ? g * c->s_gate : (dpass ? g * r : (T)0);
+    T g;
+    ppo_clip(c, A, r, &l, &g, &clip, &dualc);
+    dl = a->mode == MODE_GSPO ? g * c->s_gate : (dpass != 0 ? g * dpass * r : (T)0);
     low = r < c->lo && A < 0;
     high = r > c->hi && A > 0;
   } else if (a->mode == MODE_CISPO) {
@@ -98,7 +107,7 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
     const T sp = (T)1 / ((T)1 + T_EXP(-z));
     const T sn = (T)1 / ((T)1 + T_EXP(z));
     l = -sp * ((T)4 / tau) * A;
-    dl = dpass ? -A * (T)4 * sp * sn * r : (T)0;
+    dl = dpass != 0 ? -A * (T)4 * sp * sn * r * dpass : (T)0;
   } else {
     r = T_EXP(dc);
     l = -A * lp;
@@ -132,8 +141,10 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
     kv = clampv(v, -c->kl_out, c->kl_out);
     if (a->kl_st)
       gk = e;
-    else
-      gk = inside(e, -c->kl_in, c->kl_in) && inside(v, -c->kl_out, c->kl_out) ? gv : (T)0;
+    else {
+      const T gg = gate(e, -c->kl_in, c->kl_in, c->bg) * gate(v, -c->kl_out, c->kl_out, c->bg);
+      gk = gg != 0 ? gg * gv : (T)0;
+    }
   }
   const T ent = a->ent != ENT_NONE ? x[IN_ENT] : (T)0;
 
@@ -153,10 +164,12 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
   if (low) acc[A_LOW] += (double)m;
   if (high) acc[A_HIGH] += (double)m;
   acc[A_APPROX] -= (double)(m * dc);
+  acc[A_APPROX_RAW] -= (double)(m * d);
   if ((double)r > acc[A_RMAX]) acc[A_RMAX] = (double)r;
   if ((double)r < acc[A_RMIN]) acc[A_RMIN] = (double)r;
 
-  y[OUT_GLOGP] = a->kl != KL_NONE ? w * (c->cg * dl + c->ckl * gk) : w * (c->cg * dl);
+  const T pg = meangrad(a) ? m * (c->cg * c->row_g) : w * (c->cg * dl);
+  y[OUT_GLOGP] = a->kl != KL_NONE ? pg + w * (c->ckl * gk) : pg;
   if (a->ent == ENT_GRAD) y[OUT_GENT] = w * c->cent;
 }
 
@@ -176,6 +189,8 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.cg = (T)a.c_grad;
   c.ckl = (T)(a.c_grad * a.kl_coef);
   c.cent = (T)(-a.c_grad * a.ent_coef);
+  c.bg = (T)a.bound_g;
+  c.row_g = 0;
   c.adv_row = 0;
   c.rowfac = 1;
   c.s_ratio = 1;
@@ -212,18 +227,37 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     c.rowfac = 1;
     if (a.seqmean && !has_mask) c.rowfac = len > 0 ? (T)1 / (T)len : (T)0;
     if (a.mode == MODE_GSPO || (a.seqmean && has_mask)) {
-      double n = 0.0, sd = 0.0;
+      double n = 0.0, sd = 0.0, sp = 0.0, sn = 0.0;
       for (rlk_i64 j = 0; j < len; j++) {
         const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
         if (m == 0.0f) continue;
         n += (double)m;
         if (a.mode == MODE_GSPO) sd += (double)((T)m * (in[IN_LOGP][j] - in[IN_OLD][j]));
+        if (meangrad(&a)) {
+          const T A = a.adv_per_seq ? c.adv_row : in[IN_ADV][j];
+          const T wa = (T)m * (a.isw ? in[IN_ISW][j] : (T)1) * A;
+          if (A > 0) sp += (double)wa;
+          if (A < 0) sn += (double)wa;
+        }
       }
       if (a.seqmean && has_mask) c.rowfac = n > 0.0 ? (T)1 / (T)n : (T)0;
       if (a.mode == MODE_GSPO) {
         const T xm = n > 0.0 ? (T)(sd / n) : (T)0;
         c.s_ratio = T_EXP(clampv(xm, c.lr_min, c.lr_max));
-        c.s_gate = inside(xm, c.lr_min, c.lr_max) ? c.s_ratio : (T)0;
+        c.s_gate = gate(xm, c.lr_min, c.lr_max, c.bg) * c.s_ratio;
+        if (a.adv_per_seq) {
+          if (c.s_ratio < c.lo && c.adv_row < 0) acc[A_SEQ_LOW] += 1.0;
+          if (c.s_ratio > c.hi && c.adv_row > 0) acc[A_SEQ_HIGH] += 1.0;
+          acc[A_ROWS] += 1.0;
+        }
+        if (meangrad(&a)) {
+          T l, gp, gn;
+          int f1, f2;
+          ppo_clip(&c, (T)1, c.s_ratio, &l, &gp, &f1, &f2);
+          ppo_clip(&c, (T)-1, c.s_ratio, &l, &gn, &f1, &f2);
+          const T sum = c.rowfac * (gp * (T)sp - gn * (T)sn);
+          c.row_g = n > 0.0 ? c.s_gate * sum / (T)n : (T)0;
+        }
       }
     }
 
@@ -257,5 +291,9 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     mt[10] = (T)kl;
     mt[11] = (T)ent;
     mt[12] = (T)n;
+    mt[13] = (T)(acc[A_APPROX_RAW] * inv);
+    const double rows = acc[A_ROWS];
+    mt[14] = (T)(rows != 0.0 ? acc[A_SEQ_LOW] / rows : acc[A_LOW] * inv);
+    mt[15] = (T)(rows != 0.0 ? acc[A_SEQ_HIGH] / rows : acc[A_HIGH] * inv);
   }
 }
