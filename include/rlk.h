@@ -279,11 +279,22 @@ typedef struct rlk_group_advantage_args {
    * Rows of scores, mask and token_advantages are contiguous; their row strides may exceed T. */
   rlk_tensor mask;
   rlk_tensor token_advantages;
+  /* Scratch for the row sums of f64 [B, T] scores (they stay f64 through the group statistics):
+   * device memory of at least rlk_group_advantage_workspace_size() bytes, 8-byte aligned; NULL
+   * when that size is 0 (every other call). */
+  void *workspace;
+  size_t workspace_bytes;
 } rlk_group_advantage_args;
 
 /* Fills `args` with verl's defaults: mode grpo, eps 1e-6, unbiased, singleton mean 0 / std 1,
  * every tensor absent. */
 RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
+
+/* Bytes of workspace a call with these arguments needs: B * 8 for f64 [B, T] scores, else 0
+ * (the same checks as the call; data pointers are not read). */
+RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
+                                                      const rlk_group_advantage_args *args,
+                                                      size_t *bytes);
 
 /* Computes group-normalized advantages (GRPO, Dr. GRPO, RLOO, batch-std) on `stream`.
  * Deterministic: the same inputs give bitwise the same outputs on the same device.
