@@ -281,10 +281,10 @@ static const char pl_help[] =
 static const char *const pl_samples[] = {
     /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask */
     "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool",
-    /* GSPO: per-sequence sums first; packed, f32 weights, per-sequence advantages */
-    "policy_loss mode=gspo agg=seq-mean-token-mean layout=packed offsets=i64 mask=f32 adv=seq",
-    /* GSPO through the sequence mean with per-token advantages and importance weights */
-    "policy_loss mode=gspo seq_grad=through-mean kl=k3 agg=token-mean mask=bool is=1",
+    /* GSPO: per-sequence sums first, differentiated through the sequence mean; packed, f32
+     * weights, per-sequence advantages */
+    "policy_loss mode=gspo seq_grad=through-mean agg=seq-mean-token-mean layout=packed "
+    "offsets=i64 mask=f32 adv=seq",
     /* f64, CISPO, a straight-through k1, entropy bonus, importance weights, i32 mask */
     "policy_loss dtype=f64 mode=cispo kl=k1 kl_st=1 agg=token-sum mask=i32 entropy=bonus is=1",
     /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */
