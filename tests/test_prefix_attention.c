@@ -445,6 +445,17 @@ START_TEST(gpu_numerics) {
   if (!rlk_test_gpu_enabled("prefix_attention")) return;
   rlk_context *ctx = rlk_test_cuda_context("prefix_attention");
   if (!ctx) return;
+  /* RLK_TEST_PA_CACHE: a cache tree with these kernels precompiled (rlk-precompile), so that a
+   * short GPU session spends no time compiling */
+  const char *pre = getenv("RLK_TEST_PA_CACHE");
+  if (pre && *pre) {
+    rlk_context_destroy(ctx);
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_CUDA;
+    o.cache_dir = pre;
+    ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
+  }
   for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
     char label[32];
     snprintf(label, sizeof label, "gpu case %zu", i);

@@ -66,7 +66,7 @@ static const rlk_template pa_dq_mma_tmpl = {"prefix_attention", "pattn_bwd_dq_mm
 static size_t pa_tile_bytes(int D) { return (size_t)PA_TILE * (size_t)(D + 8) * 2u; }
 static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }            /* Q, 2 x (K, V) */
 static size_t pa_dkdv_smem(int D) { return 4 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V Q dO */
-static size_t pa_dq_smem(int D) { return 3 * pa_tile_bytes(D); }             /* Q dO, then K V */
+static size_t pa_dq_smem(int D) { return 4 * pa_tile_bytes(D); }             /* Q dO K V */
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
 
@@ -78,6 +78,7 @@ typedef struct pa_config {
   int dtype;   /* PA_DT_* */
   int D;       /* 64 or 128 */
   int variant; /* PA_VARIANT_* request */
+  int unaligned; /* a tensor is not 16-byte aligned: the mma kernels' 16-byte copies cannot run */
 } pa_config;
 
 typedef struct pa_plan {
@@ -114,13 +115,14 @@ static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *
 static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
   memset(p, 0, sizeof *p);
   int variant = c->variant ? c->variant : pa_env_override();
-  const int mma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 80;
+  const int mma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 80 && !c->unaligned;
   if (ctx->kind == RLK_BACKEND_HOST)
     variant = PA_VARIANT_PORTABLE;
   else if (variant == PA_VARIANT_AUTO)
     variant = mma_ok ? PA_VARIANT_MMA : PA_VARIANT_PORTABLE;
   else if (variant == PA_VARIANT_MMA && !mma_ok) {
-    rlk_debug("prefix_attention: the mma variant needs CUDA sm_80+; running the portable kernels");
+    rlk_debug("prefix_attention: the mma variant needs CUDA sm_80+ and 16-byte aligned tensors; running the "
+              "portable kernels");
     variant = PA_VARIANT_PORTABLE;
   }
   p->variant = variant;
@@ -314,6 +316,12 @@ static rlk_launch_dims pa_dims(uint64_t gx, uint64_t gy, uint64_t gz, unsigned b
   return d;
 }
 
+static int pa_unaligned(const void *const *ptrs, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((uintptr_t)ptrs[i] % 16) return 1;
+  return 0;
+}
+
 static unsigned pa_warp(const rlk_context *ctx) { return ctx->kind == RLK_BACKEND_HIP ? 64u : 32u; }
 
 static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (float)(1.0 / sqrt((double)D)); }
@@ -345,7 +353,8 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   if (pa_overlap(&a->out, &a->lse)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "lse: overlaps out");
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
 
-  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO};
+  const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
+  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 4)};
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
   const void *q = a->q.data, *k = a->k.data, *v = a->v.data;
@@ -423,7 +432,9 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
 
-  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO};
+  const void *const ptrs[] = {a->q.data,      a->k.data,      a->v.data,     a->out.data,
+                               a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
+  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 8)};
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
   const void *q = a->q.data, *k = a->k.data, *v = a->v.data, *o = a->out.data, *dout = a->grad_out.data;
@@ -475,7 +486,7 @@ static rlk_status pa_plan_config(const rlk_context *ctx, size_t npairs, const rl
   if (nspecs) *nspecs = 0;
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: ctx is NULL");
   if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: no room for the specs");
-  pa_config c = {PA_DT_BF16, 128, PA_VARIANT_AUTO};
+  pa_config c = {PA_DT_BF16, 128, PA_VARIANT_AUTO, 0};
   int pass = PA_PASS_BOTH, k;
   for (size_t i = 0; i < npairs; i++) {
     const char *n = pairs[i].name, *v = pairs[i].value;
