@@ -840,14 +840,15 @@ typedef struct rlk_prefix_attention_backward_args {
 RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backward_args *args);
 
 /* Bytes of workspace rlk_prefix_attention_backward needs for these arguments (the same checks
- * as the call; data pointers are not read): T x Hq x 4 on a GPU (the rows' sum dO . O), the fp64
- * gradient accumulators on the host. */
+ * as the call; data pointers are not read). On a GPU: T x Hq x 4 (the rows' sum dO . O), plus
+ * with GQA (Hq > Hkv) 8 x T x Hq x D for the f32 partial dk, dv of each query head, summed in
+ * head order; on the host, the fp64 gradient accumulators. */
 RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
     rlk_context *ctx, const rlk_prefix_attention_backward_args *args, size_t *bytes);
 
-/* dq, dk, dv on `stream`: on a GPU three launches (the rows' dO . O; dk and dv with a block per
- * key tile looping over every query that sees it, all query heads of its key head; dq with a
- * block per query tile), no atomics. */
+/* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
+ * block per key tile and query head looping over every query that sees it, then with GQA the sum
+ * over the group's heads; dq with a block per query tile), no atomics. */
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
                                                  const rlk_prefix_attention_backward_args *args,
                                                  void *stream);

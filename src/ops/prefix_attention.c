@@ -55,6 +55,8 @@ static const rlk_template pa_dq_tmpl = {"prefix_attention", "pattn_bwd_dq", PA_C
                                         PA_N(pa_params), pa_params};
 static const rlk_template pa_dkdv_mma_tmpl = {"prefix_attention", "pattn_bwd_dkdv_mma", PA_CUDA, NULL,
                                               PA_N(pa_params), pa_params};
+static const rlk_template pa_reduce_tmpl = {"prefix_attention", "pattn_bwd_reduce", PA_CUDA, NULL,
+                                            PA_N(pa_params), pa_params};
 static const rlk_template pa_dq_mma_tmpl = {"prefix_attention", "pattn_bwd_dq_mma", PA_CUDA, NULL,
                                             PA_N(pa_params), pa_params};
 
@@ -64,9 +66,9 @@ static const rlk_template pa_dq_mma_tmpl = {"prefix_attention", "pattn_bwd_dq_mm
 /* Shared memory of the mma kernels: 16-bit tiles of PA_TILE rows of D + 8 elements (padded
  * rows: conflict-free fragment loads), plus per-row floats and bounds. */
 static size_t pa_tile_bytes(int D) { return (size_t)PA_TILE * (size_t)(D + 8) * 2u; }
-static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }            /* Q, 2 x (K, V) */
-static size_t pa_dkdv_smem(int D) { return 4 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V Q dO */
-static size_t pa_dq_smem(int D) { return 4 * pa_tile_bytes(D); }             /* Q dO K V */
+static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }                  /* Q, 2 x (K, V) */
+static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V, 2 x (Q dO) */
+static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
 
@@ -83,7 +85,7 @@ typedef struct pa_config {
 
 typedef struct pa_plan {
   int variant; /* what runs: PA_VARIANT_PORTABLE or _MMA (the host: PORTABLE) */
-  rlk_kernel_spec fwd, prep, dkdv, dq, bwd_host;
+  rlk_kernel_spec fwd, prep, dkdv, reduce, dq, bwd_host;
 } pa_plan;
 
 static atomic_int pa_env_variant = -1;
@@ -129,6 +131,7 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
   pa_spec(&p->fwd, variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, c);
   pa_spec(&p->prep, &pa_prep_tmpl, c);
   pa_spec(&p->dkdv, variant == PA_VARIANT_MMA ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
+  pa_spec(&p->reduce, &pa_reduce_tmpl, c);
   pa_spec(&p->dq, variant == PA_VARIANT_MMA ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
   pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
   return rlk_spec_validate(&p->fwd);
@@ -399,8 +402,9 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
     return st;
   if (ctx->kind == RLK_BACKEND_HOST)
     *need = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
-  else
-    *need = (size_t)(s->T * s->Hq) * sizeof(float);
+  else /* delta, then with GQA the per-query-head f32 partial dk, dv (pa_partials in the template) */
+    *need = (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (s->Hq > s->Hkv ? 2 * s->T * s->Hq * s->D : 0)) *
+            sizeof(float);
   return RLK_OK;
 }
 
@@ -459,8 +463,12 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
   if (p.variant == PA_VARIANT_MMA) {
     const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
-    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hkv, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
+    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
     if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+    if (s.Hq > s.Hkv) {
+      d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
+      if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
+    }
     d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
     return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
   }
@@ -524,6 +532,7 @@ static rlk_status pa_plan_config(const rlk_context *ctx, size_t npairs, const rl
     } else {
       specs[n++] = p.prep;
       specs[n++] = p.dkdv;
+      if (p.variant == PA_VARIANT_MMA) specs[n++] = p.reduce;
       specs[n++] = p.dq;
     }
   }

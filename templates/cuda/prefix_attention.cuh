@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(pa::THREADS)
   using namespace pa;
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
-  u16 *sQ = pa_smem, *sO = sQ + tile<D>::ELEMS, *sK = sO + tile<D>::ELEMS, *sV = sK + tile<D>::ELEMS;
+  u16 *sQ = pa_smem, *sO = sQ + tile<D>::ELEMS, *sK = sO + tile<D>::ELEMS, *sV = sK + 2 * tile<D>::ELEMS;
   const region rg = region_of(seq, grp);
   const i64 q0 = rg.r0 + (i64)blockIdx.x * TILE;
   if (q0 >= rg.r1) return;
@@ -580,17 +580,25 @@ __global__ void __launch_bounds__(pa::THREADS)
 
   load_tile<D>(sQ, q, q0, qend, Hq, h);
   load_tile<D>(sO, dout, q0, qend, Hq, h);
+  load_tile<D>(sK, k, kt_.start(0), T, Hkv, hk);
+  load_tile<D>(sV, v, kt_.start(0), T, Hkv, hk);
   cp_commit();
   float acc[ND][4];
   for (int d = 0; d < ND; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
   for (int t = 0; t < n; t++) {
     const i64 kv0 = kt_.start(t);
-    load_tile<D>(sK, k, kv0, T, Hkv, hk);
-    load_tile<D>(sV, v, kv0, T, Hkv, hk);
-    cp_commit();
-    cp_wait<0>();
+    if (t + 1 < n) { /* the next key tile streams in while this one is used */
+      const i64 nx = kt_.start(t + 1);
+      load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
+      load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
+    const u16 *bK = sK + (t & 1) * tile<D>::ELEMS, *bV = sV + (t & 1) * tile<D>::ELEMS;
     float s[8][4], dp[8][4];
     for (int j = 0; j < 8; j++)
       for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
@@ -602,10 +610,10 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
         u32 b[4];
-        frag_b<D>(b, sK, j * 8, kk * 16);
+        frag_b<D>(b, bK, j * 8, kk * 16);
         mma<DT>(s[j], qa, b[0], b[1]);
         mma<DT>(s[j + 1], qa, b[2], b[3]);
-        frag_b<D>(b, sV, j * 8, kk * 16);
+        frag_b<D>(b, bV, j * 8, kk * 16);
         mma<DT>(dp[j], oa, b[0], b[1]);
         mma<DT>(dp[j + 1], oa, b[2], b[3]);
       }
@@ -637,7 +645,7 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
       for (int d = 0; d < ND; d += 2) {
         u32 b[4];
-        frag_bt<D>(b, sK, kt * 16, d * 8);
+        frag_bt<D>(b, bK, kt * 16, d * 8);
         mma<DT>(acc[d], a, b[0], b[1]);
         mma<DT>(acc[d + 1], a, b[2], b[3]);
       }
@@ -653,12 +661,23 @@ __global__ void __launch_bounds__(pa::THREADS)
   }
 }
 
-/* Backward dk, dv (sm_80+): a block per (64-key tile of a region, key head). Each warp owns 16
- * keys; for every query head of the group and every 64-row query tile that sees the keys (a
- * prefix tile: its own prefix rows from the tile on, then every response row of the prompt; a
- * response tile: rows from the tile to the end of the response holding its last key):
+struct alignas(8) f32x2 {
+  float x, y;
+};
+
+/* The workspace of the mma backward: delta [T, Hq] f32, then (GQA) the per-query-head partial
+ * dk and dv, f32 [2][ratio][T][Hkv][D], at a 16-byte boundary. */
+RLK_DEVICE float *pa_partials(void *work, i64 T, i32 Hq) {
+  return (float *)work + ((T * Hq + 3) & ~(i64)3);
+}
+
+/* Backward dk, dv (sm_80+): a block per (64-key tile of a region, query head). Each warp owns 16
+ * keys and walks every 64-row query tile that sees them (a prefix tile: its own prefix rows from
+ * the tile on, then every response row of the prompt; a response tile: rows from the tile to the
+ * end of the response holding its last key), the next tile streaming in meanwhile:
  * S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta),
- * dv += P^T dO, dk += dS^T Q. */
+ * dv += P^T dO, dk += dS^T Q. Without GQA the block writes dk, dv; with it, an f32 partial per
+ * query head that pattn_bwd_reduce sums over the group's heads in order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
     pattn_bwd_dkdv_mma(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
@@ -669,14 +688,14 @@ __global__ void __launch_bounds__(pa::THREADS)
   using namespace pa;
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
-  u16 *sK = pa_smem, *sV = sK + tile<D>::ELEMS, *sQ = sV + tile<D>::ELEMS, *sO = sQ + tile<D>::ELEMS;
-  float *sL = (float *)(sO + tile<D>::ELEMS), *sD = sL + TILE;
-  i32 *sLo = (i32 *)(sD + TILE);
+  u16 *sK = pa_smem, *sV = sK + tile<D>::ELEMS, *sQ = sV + tile<D>::ELEMS, *sO = sQ + 2 * tile<D>::ELEMS;
+  float *sL = (float *)(sO + 2 * tile<D>::ELEMS), *sD = sL + 2 * TILE; /* [2][TILE] each */
+  i32 *sLo = (i32 *)(sD + 2 * TILE);
   const region rg = region_of(seq, grp);
   const i64 k0 = rg.r0 + (i64)blockIdx.x * TILE;
   if (k0 >= rg.r1) return;
   const i64 kend = min_(k0 + TILE, rg.r1);
-  const i32 hk = (i32)blockIdx.z, ratio = Hq / Hkv;
+  const i32 h = (i32)blockIdx.z, ratio = Hq / Hkv, hk = h / ratio;
   const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
   const float *delta = (const float *)work;
   const float c = scale * LOG2E;
@@ -685,95 +704,139 @@ __global__ void __launch_bounds__(pa::THREADS)
   const int nq = (int)((qlast - k0 + TILE - 1) / TILE);
   const int kn = (int)(kend - k0), kr[2] = {w * 16 + g8, w * 16 + g8 + 8};
 
+  /* query tile t into buffer b: rows, their lse, delta and first visible key offset */
+  auto stage = [&](int t, int b) {
+    const i64 q0 = k0 + (i64)t * TILE, qend = min_(q0 + TILE, qlast);
+    load_tile<D>(sQ + b * tile<D>::ELEMS, q, q0, qend, Hq, h);
+    load_tile<D>(sO + b * tile<D>::ELEMS, dout, q0, qend, Hq, h);
+    if (threadIdx.x < TILE) {
+      const i64 i = q0 + threadIdx.x;
+      const bool ok = i < qend;
+      sL[b * TILE + threadIdx.x] = ok ? lse[i * Hq + h] * LOG2E : 0.0f;
+      sD[b * TILE + threadIdx.x] = ok ? delta[i * Hq + h] : 0.0f;
+      /* a row sees these keys from offset lo on: its response's start (response keys), else all */
+      sLo[b * TILE + threadIdx.x] = ok ? (rg.resp ? (int)max_<i64>(row_lo(rg, seq, i) - k0, -1) : -1) : TILE;
+    }
+  };
   load_tile<D>(sK, k, k0, kend, Hkv, hk);
   load_tile<D>(sV, v, k0, kend, Hkv, hk);
+  stage(0, 0);
   cp_commit();
   float gk[ND][4], gv[ND][4];
   for (int d = 0; d < ND; d++)
     for (int e = 0; e < 4; e++) gk[d][e] = gv[d][e] = 0.0f;
 
-  for (i32 h = hk * ratio; h < (hk + 1) * ratio; h++) {
-    for (int t = 0; t < nq; t++) {
-      const i64 q0 = k0 + (i64)t * TILE, qend = min_(q0 + TILE, qlast);
-      load_tile<D>(sQ, q, q0, qend, Hq, h);
-      load_tile<D>(sO, dout, q0, qend, Hq, h);
+  for (int t = 0; t < nq; t++) {
+    if (t + 1 < nq) {
+      stage(t + 1, (t + 1) & 1);
       cp_commit();
-      if (threadIdx.x < TILE) {
-        const i64 i = q0 + threadIdx.x;
-        const bool ok = i < qend;
-        sL[threadIdx.x] = ok ? lse[i * Hq + h] * LOG2E : 0.0f;
-        sD[threadIdx.x] = ok ? delta[i * Hq + h] : 0.0f;
-        /* a row sees these keys from offset lo on: its response's start (response keys), else all */
-        sLo[threadIdx.x] = ok ? (rg.resp ? (int)max_<i64>(row_lo(rg, seq, i) - k0, -1) : -1) : TILE;
-      }
+      cp_wait<1>();
+    } else {
       cp_wait<0>();
-      __syncthreads();
-      float s[8][4], dp[8][4];
-      for (int j = 0; j < 8; j++)
-        for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KD; kk++) {
-        u32 ka[4], va[4];
-        frag_a<D>(ka, sK, w * 16, kk * 16);
-        frag_a<D>(va, sV, w * 16, kk * 16);
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-          u32 b[4];
-          frag_b<D>(b, sQ, j * 8, kk * 16);
-          mma<DT>(s[j], ka, b[0], b[1]);
-          mma<DT>(s[j + 1], ka, b[2], b[3]);
-          frag_b<D>(b, sO, j * 8, kk * 16);
-          mma<DT>(dp[j], va, b[0], b[1]);
-          mma<DT>(dp[j + 1], va, b[2], b[3]);
-        }
-      }
-      /* element (key keys[e / 2], query q0 + j * 8 + 2 * t4 + e % 2) */
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int col = j * 8 + 2 * t4 + (e % 2), key = kr[e / 2];
-          const bool vis = key < kn && key <= t * TILE + col && key >= sLo[col];
-          const float pj = vis ? exp2f(s[j][e] * c - sL[col]) : 0.0f;
-          s[j][e] = pj;
-          dp[j][e] = pj * (dp[j][e] - sD[col]);
-        }
-#pragma unroll
-      for (int kt = 0; kt < 4; kt++) {
-        u32 a[4], ds[4];
-        a[0] = pack<DT>(s[2 * kt][0], s[2 * kt][1]);
-        a[1] = pack<DT>(s[2 * kt][2], s[2 * kt][3]);
-        a[2] = pack<DT>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-        a[3] = pack<DT>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-        ds[0] = pack<DT>(dp[2 * kt][0], dp[2 * kt][1]);
-        ds[1] = pack<DT>(dp[2 * kt][2], dp[2 * kt][3]);
-        ds[2] = pack<DT>(dp[2 * kt + 1][0], dp[2 * kt + 1][1]);
-        ds[3] = pack<DT>(dp[2 * kt + 1][2], dp[2 * kt + 1][3]);
-#pragma unroll
-        for (int d = 0; d < ND; d += 2) {
-          u32 b[4];
-          frag_bt<D>(b, sO, kt * 16, d * 8);
-          mma<DT>(gv[d], a, b[0], b[1]);
-          mma<DT>(gv[d + 1], a, b[2], b[3]);
-          frag_bt<D>(b, sQ, kt * 16, d * 8);
-          mma<DT>(gk[d], ds, b[0], b[1]);
-          mma<DT>(gk[d + 1], ds, b[2], b[3]);
-        }
-      }
-      __syncthreads();
     }
+    __syncthreads();
+    const int b = t & 1;
+    const u16 *bQ = sQ + b * tile<D>::ELEMS, *bO = sO + b * tile<D>::ELEMS;
+    const float *bL = sL + b * TILE, *bD = sD + b * TILE;
+    const i32 *bLo = sLo + b * TILE;
+    float s[8][4], dp[8][4];
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      u32 ka[4], va[4];
+      frag_a<D>(ka, sK, w * 16, kk * 16);
+      frag_a<D>(va, sV, w * 16, kk * 16);
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        u32 f[4];
+        frag_b<D>(f, bQ, j * 8, kk * 16);
+        mma<DT>(s[j], ka, f[0], f[1]);
+        mma<DT>(s[j + 1], ka, f[2], f[3]);
+        frag_b<D>(f, bO, j * 8, kk * 16);
+        mma<DT>(dp[j], va, f[0], f[1]);
+        mma<DT>(dp[j + 1], va, f[2], f[3]);
+      }
+    }
+    /* element (key k0 + kr[e / 2], query q0 + j * 8 + 2 * t4 + e % 2) */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = j * 8 + 2 * t4 + (e % 2), key = kr[e / 2];
+        const bool vis = key < kn && key <= t * TILE + col && key >= bLo[col];
+        const float pj = vis ? exp2f(s[j][e] * c - bL[col]) : 0.0f;
+        s[j][e] = pj;
+        dp[j][e] = pj * (dp[j][e] - bD[col]);
+      }
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+      u32 a[4], ds[4];
+      a[0] = pack<DT>(s[2 * kt][0], s[2 * kt][1]);
+      a[1] = pack<DT>(s[2 * kt][2], s[2 * kt][3]);
+      a[2] = pack<DT>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+      a[3] = pack<DT>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      ds[0] = pack<DT>(dp[2 * kt][0], dp[2 * kt][1]);
+      ds[1] = pack<DT>(dp[2 * kt][2], dp[2 * kt][3]);
+      ds[2] = pack<DT>(dp[2 * kt + 1][0], dp[2 * kt + 1][1]);
+      ds[3] = pack<DT>(dp[2 * kt + 1][2], dp[2 * kt + 1][3]);
+#pragma unroll
+      for (int d = 0; d < ND; d += 2) {
+        u32 f[4];
+        frag_bt<D>(f, bO, kt * 16, d * 8);
+        mma<DT>(gv[d], a, f[0], f[1]);
+        mma<DT>(gv[d + 1], a, f[2], f[3]);
+        frag_bt<D>(f, bQ, kt * 16, d * 8);
+        mma<DT>(gk[d], ds, f[0], f[1]);
+        mma<DT>(gk[d + 1], ds, f[2], f[3]);
+      }
+    }
+    __syncthreads();
   }
+  float *part = ratio > 1 ? pa_partials(work, T, Hq) : nullptr;
+  const i64 nkv = T * Hkv * D;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     if (kr[r] >= kn) continue;
-    u32 *gkp = (u32 *)((u16 *)dk + ((k0 + kr[r]) * Hkv + hk) * D);
-    u32 *gvp = (u32 *)((u16 *)dv + ((k0 + kr[r]) * Hkv + hk) * D);
+    const i64 at = ((k0 + kr[r]) * Hkv + hk) * D;
+    if (part) {
+      float *pk = part + (i64)(h % ratio) * nkv + at, *pv = pk + (i64)ratio * nkv;
 #pragma unroll
-    for (int d = 0; d < ND; d++) {
-      gkp[d * 4 + t4] = pack<DT>(gk[d][2 * r] * scale, gk[d][2 * r + 1] * scale);
-      gvp[d * 4 + t4] = pack<DT>(gv[d][2 * r], gv[d][2 * r + 1]);
+      for (int d = 0; d < ND; d++) {
+        *(f32x2 *)(pk + d * 8 + 2 * t4) = f32x2{gk[d][2 * r] * scale, gk[d][2 * r + 1] * scale};
+        *(f32x2 *)(pv + d * 8 + 2 * t4) = f32x2{gv[d][2 * r], gv[d][2 * r + 1]};
+      }
+    } else {
+      u32 *gkp = (u32 *)((u16 *)dk + at), *gvp = (u32 *)((u16 *)dv + at);
+#pragma unroll
+      for (int d = 0; d < ND; d++) {
+        gkp[d * 4 + t4] = pack<DT>(gk[d][2 * r] * scale, gk[d][2 * r + 1] * scale);
+        gvp[d * 4 + t4] = pack<DT>(gv[d][2 * r], gv[d][2 * r + 1]);
+      }
     }
   }
+}
+
+/* Backward with GQA, last step (sm_80+): dk, dv = the sums of the query heads' f32 partials,
+ * heads in order, rounded once. A thread per element. */
+template <int DT, int D>
+__global__ void __launch_bounds__(256)
+    pattn_bwd_reduce(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
+                     const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
+                     void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
+                     i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
+                     void *__restrict__ dv) {
+  const i64 e = (i64)blockIdx.x * 256 + threadIdx.x, n = T * Hkv * D;
+  if (e >= n) return;
+  const i32 ratio = Hq / Hkv;
+  const float *part = pa_partials(work, T, Hq);
+  float sk = 0.0f, sv = 0.0f;
+  for (i32 r = 0; r < ratio; r++) {
+    sk += part[r * n + e];
+    sv += part[(ratio + r) * n + e];
+  }
+  pa::st<DT>(dk, e, sk);
+  pa::st<DT>(dv, e, sv);
 }
 #endif /* RLK_CUDA */
 
