@@ -7,8 +7,11 @@
  *   pattn_fwd_mma       CUDA sm_80+: mma.sync m16n8k16, 64-row query tiles; the group's response
  *                       rows are stacked so one tile of them reads each prefix K/V tile once
  *   pattn_bwd_prep      GPU: delta[i, h] = dO[i, h] . O[i, h] into the workspace
- *   pattn_bwd_dkdv(_mma) GPU: a block per key tile and key head, looping over every query (all
+ *   pattn_bwd_dkdv      portable: a warp per key and key head, looping over every query (all
  *                       query heads of the key head) that sees it: dk, dv written once
+ *   pattn_bwd_dkdv_mma  a block per key tile and query head, looping over every query tile that
+ *                       sees it; with GQA it writes f32 partials to the workspace, and
+ *   pattn_bwd_reduce    sums them over the group's query heads in order
  *   pattn_bwd_dq(_mma)  GPU: a block per query tile (the forward's tiling): dq written once
  *   pattn_bwd           host: the whole backward in fp64
  * No atomics anywhere: every output element is summed by one thread in a fixed order.
