@@ -422,6 +422,99 @@ START_TEST(bad_arguments) {
 }
 END_TEST
 
+/* The backward refuses what it cannot run, naming it; its workspace size follows the backend. */
+START_TEST(bad_backward_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { T = 12, H = 2, D = 64 };
+  static uint16_t q[T * H * D], k[T * H * D], v[T * H * D], o[T * H * D], dout[T * H * D];
+  static uint16_t gq[T * H * D], gk[T * H * D], gv[T * H * D];
+  static float lse[T * H];
+  static double work[2 * T * H * D];
+  int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
+  rlk_prefix_attention_backward_args a;
+  rlk_prefix_attention_backward_args_init(&a);
+  a.q = t3(q, RLK_BF16, T, H, D);
+  a.k = t3(k, RLK_BF16, T, H, D);
+  a.v = t3(v, RLK_BF16, T, H, D);
+  a.out = t3(o, RLK_BF16, T, H, D);
+  a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
+  a.grad_out = t3(dout, RLK_BF16, T, H, D);
+  a.grad_q = t3(gq, RLK_BF16, T, H, D);
+  a.grad_k = t3(gk, RLK_BF16, T, H, D);
+  a.grad_v = t3(gv, RLK_BF16, T, H, D);
+  a.layout.host_seq_offsets = seq;
+  a.layout.host_group_offsets = grp;
+  a.layout.num_segments = 3;
+  a.layout.num_prompts = 1;
+  size_t ws = 0;
+  ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &a, &ws) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(ws, sizeof work); /* the host's fp64 dk, dv accumulators */
+  a.workspace = work;
+  a.workspace_bytes = ws;
+  ck_assert_msg(rlk_prefix_attention_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  for (int i = 0; i < 4; i++) {
+    rlk_prefix_attention_backward_args b = a;
+    const char *needle = NULL;
+    switch (i) {
+    case 0: b.lse.data = NULL; needle = "lse: data is NULL"; break;
+    case 1: b.workspace_bytes = ws - 8; needle = "workspace"; break;
+    case 2: b.grad_q = t3(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
+    case 3: b.grad_k = t3(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
+    }
+    rlk_status st = rlk_prefix_attention_backward(ctx, &b, NULL);
+    ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), needle),
+                  "case %d: status %d, '%s' (expected '%s')", i, (int)st, rlk_last_error(), needle);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* The kernels a configuration line plans: the mma family on sm_80+, the portable one when asked
+ * (and on HIP, as the sample compiles show), the host's two; bad settings are refused. */
+START_TEST(plan_per_target) {
+  static const struct {
+    const char *target, *line;
+    const char *entries[6];
+  } rows[] = {
+      {"sm_90a", "prefix_attention pass=both", {"pattn_fwd_mma", "pattn_bwd_prep", "pattn_bwd_dkdv_mma", "pattn_bwd_reduce",
+                               "pattn_bwd_dq_mma", NULL}},
+      {"sm_80", "prefix_attention pass=fwd dtype=f16 head_dim=64", {"pattn_fwd_mma", NULL}},
+      {"sm_90a", "prefix_attention pass=both variant=portable", {"pattn_fwd", "pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
+      {"sm_75", "prefix_attention pass=bwd", {"pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
+  };
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_CUDA;
+    o.compile_only = 1;
+    o.target = rows[r].target;
+    rlk_context *ctx = NULL;
+    if (rlk_context_create(&ctx, &o) != RLK_OK) {
+      printf("skip (prefix_attention plan %s): %s\n", rows[r].target, rlk_last_error());
+      continue;
+    }
+    char copy[256];
+    rlk_op_config_pair pairs[16];
+    const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);
+    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+    size_t n = 0;
+    ck_assert_msg(rlk_op_prefix_attention.plan(ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    size_t want = 0;
+    while (rows[r].entries[want]) want++;
+    ck_assert_uint_eq(n, want);
+    for (size_t i = 0; i < n; i++) ck_assert_str_eq(specs[i].tmpl->entry, rows[r].entries[i]);
+    static const char *const bad[] = {"prefix_attention head_dim=96", "prefix_attention dtype=f32",
+                                      "prefix_attention variant=wgmma", "prefix_attention pass=all",
+                                      "prefix_attention tokens=5"};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+      const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
+      ck_assert_int_eq(rlk_op_prefix_attention.plan(ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+    }
+    rlk_context_destroy(ctx);
+  }
+}
+END_TEST
+
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_prefix_attention};
   rlk_test_compile_samples("prefix_attention", ops, 1);
@@ -476,9 +569,11 @@ Suite *prefix_attention_suite(void) {
   tcase_add_test(host, host_g16);
   tcase_add_test(host, host_batch);
   tcase_add_test(host, bad_arguments);
+  tcase_add_test(host, bad_backward_arguments);
   suite_add_tcase(s, host);
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 300);
+  tcase_add_test(plan, plan_per_target);
   tcase_add_test(plan, samples_compile_every_target);
   suite_add_tcase(s, plan);
   TCase *gpu = tcase_create("gpu");
