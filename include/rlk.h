@@ -363,7 +363,15 @@ typedef enum rlk_policy_loss_mode {
   /* l = -sigmoid(tau (r - 1)) 4 / tau A, tau = sapo_tau_pos if A > 0 else sapo_tau_neg. */
   RLK_POLICY_SAPO = 3,
   /* l = -A logp (no ratio; verl gpg). */
-  RLK_POLICY_REINFORCE = 4
+  RLK_POLICY_REINFORCE = 4,
+  /* GMPO (verl geo_mean): per token dc_t = clamp(d_t, -clip_low, clip_high) (log-space bounds),
+   * kept on the side the advantage's sign selects, sign(A) min(sign(A) d, sign(A) dc); per
+   * sequence s_b = exp(sum_t m dc_t / n_b), Abar_b = sum_t m A_t / n_b, and every token of the
+   * sequence carries the sequence's term l = -Abar_b s_b (seq-mean-token-mean with
+   * seq_normalizer = B is verl's mean over sequences). No log-ratio clamp, dual clip or
+   * importance weights. Metrics: clipfrac [d clipped, A > 0], clipfrac_lower [d clipped,
+   * A < 0]. */
+  RLK_POLICY_GEO_MEAN = 5
 } rlk_policy_loss_mode;
 
 /* How GSPO's sequence ratio passes its gradient to the tokens of sequence b.

@@ -78,7 +78,7 @@ typedef struct pl_case {
   int auto_norm;         /* set the normalizers from the data (local counts, times 1.25) */
 } pl_case;
 
-static const char *mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce"};
+static const char *mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", "geo_mean"};
 static const char *kl_names[] = {"k1", "abs", "k2", "k3"};
 static const char *agg_names[] = {"token-mean", "token-sum", "seq-mean-token-sum",
                                   "seq-mean-token-mean", "seq-mean-token-sum-norm"};
@@ -587,6 +587,40 @@ static void cases_modes(rlk_context *ctx, uint64_t *rng) {
       c.metrics = f64;
       run_case(ctx, c, rng);
     }
+  /* GSPO through the sequence mean (per-token advantages, weights, both clip bound
+   * conventions), and GMPO (per-token and per-sequence advantages, a token-mean aggregation) */
+  for (int f64 = 0; f64 < 2; f64++) {
+    pl_case c = base_case(11, 29 + 2 * f64);
+    c.dtype = f64 ? RLK_F64 : RLK_F32;
+    c.p.mode = RLK_POLICY_GSPO;
+    c.p.seq_grad = RLK_SEQ_RATIO_THROUGH_MEAN;
+    c.p.lr_min = -INFINITY;
+    c.p.lr_max = 10;
+    c.has_isw = 1;
+    c.has_ref = f64;
+    c.p.kl_coef = 0.05 * f64;
+    c.p.bound_g = f64 ? 0.0 : 0.5;
+    c.spread = 0.25;
+    run_case(ctx, c, rng);
+    c.p.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    c.adv_seq = 1;
+    run_case(ctx, c, rng);
+    c = base_case(11, 29 + 2 * f64);
+    c.dtype = f64 ? RLK_F64 : RLK_F32;
+    c.p.mode = RLK_POLICY_GEO_MEAN;
+    c.p.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    c.p.lr_min = -INFINITY;
+    c.p.lr_max = INFINITY;
+    c.p.clip_low = 0.4;
+    c.p.clip_high = 0.4;
+    c.has_ref = 1;
+    c.p.kl_coef = 0.05;
+    c.spread = 0.4;
+    run_case(ctx, c, rng);
+    c.adv_seq = 1;
+    c.p.agg = RLK_AGG_TOKEN_MEAN;
+    run_case(ctx, c, rng);
+  }
 }
 
 /* Every KL estimator, with and without the clamps and the straight-through gradient. */
@@ -1668,8 +1702,11 @@ START_TEST(bad_arguments) {
   bad_reset(f);
 
   /* numbers */
-  f->a.mode = (rlk_policy_loss_mode)5;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mode", "mode 5");
+  f->a.mode = (rlk_policy_loss_mode)6;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mode", "mode 6");
+  f->a.mode = RLK_POLICY_GEO_MEAN;
+  f->a.rollout_is_weights = f->a.old_logp;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "rollout_is_weights", "geo_mean with weights");
   f->a.clip_low = -0.1;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "clip_low", "negative clip_low");
   f->a.clip_high = NAN;
@@ -1849,7 +1886,7 @@ static void sample_specs(rlk_context *ctx, const rlk_op_desc *op, void (*visit)(
 }
 
 typedef struct coverage {
-  int dtype[8], mode[5], kl[5], st[2], seqmean[2], layout[3], mask[4], advseq[2], ent[3], isw[2];
+  int dtype[8], mode[6], kl[5], st[2], seqmean[2], layout[3], mask[4], advseq[2], ent[3], isw[2];
   int reduce, vl_main, vl_reduce;
 } coverage;
 
@@ -1896,6 +1933,7 @@ START_TEST(samples_cover_every_variant) {
   sample_specs(ctx, &rlk_op_value_loss, cover, &c);
   ck_assert(c.dtype[RLK_F32] && c.dtype[RLK_F64]);
   for (int i = 0; i < 5; i++) ck_assert_msg(c.mode[i] && c.kl[i], "mode/kl %d", i);
+  ck_assert_msg(c.mode[RLK_POLICY_GEO_MEAN], "mode geo_mean");
   for (int i = 0; i < 2; i++) ck_assert(c.st[i] && c.seqmean[i] && c.advseq[i] && c.isw[i]);
   for (int i = 0; i < 3; i++) ck_assert(c.layout[i] && c.ent[i]);
   for (int i = 0; i < 4; i++) ck_assert(c.mask[i]);

@@ -46,7 +46,7 @@ def rng():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("agg", AGGS)
-@pytest.mark.parametrize("mode", ("vanilla", "gspo", "sapo", "cispo", "gpg"))
+@pytest.mark.parametrize("mode", ("vanilla", "gspo", "sapo", "cispo", "gpg", "geo_mean"))
 def test_policy_loss(mode, agg, case_name, dtype, rng):
     case = make(case_name, dtype, rng)
     nan = case.get("nan", False)

@@ -32,7 +32,8 @@
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const pl_mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", NULL};
+static const char *const pl_mode_names[] = {"ppo",       "gspo",     "cispo", "sapo",
+                                            "reinforce", "geo_mean", NULL};
 /* the main kernel's KL choice: none (no ref_logp), then the estimators in rlk_kl_estimator order */
 static const char *const pl_kl_names[] = {"none", "k1", "abs", "k2", "k3", NULL};
 /* entropy: absent, read for its metric and term, read and its gradient written */
@@ -46,7 +47,7 @@ enum { PL_ENT_NONE = 0, PL_ENT_READ = 1, PL_ENT_GRAD = 2 };
 
 static const rlk_param_decl pl_main_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_mode_names},
+    {"mode", RLK_PARAM_ENUM, 0, 5, 0, 0, pl_mode_names},
     {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
     {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -117,7 +118,7 @@ typedef struct pl_plan {
 } pl_plan;
 
 static int pl_whole_rows(const pl_config *c) {
-  return c->mode == RLK_POLICY_GSPO ||
+  return c->mode == RLK_POLICY_GSPO || c->mode == RLK_POLICY_GEO_MEAN ||
          (c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && c->mask != TL_MASK_NONE);
 }
 
@@ -182,7 +183,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
     } else if (!strcmp(n, "mode")) {
       if ((k = tl_choice(pl_mode_names, v)) < 0)
         return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "mode: '%s' is not ppo, gspo, cispo, sapo or reinforce", v);
+                         "mode: '%s' is not ppo, gspo, cispo, sapo, reinforce or geo_mean", v);
       c.mode = k;
     } else if (!strcmp(n, "kl")) {
       if ((k = tl_choice(pl_kl_names, v)) < 0)
@@ -261,7 +262,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
 
 static const char pl_help[] =
     "dtype: f32|f64, the dtype of logp and the other float inputs (f32)\n"
-    "mode: ppo|gspo|cispo|sapo|reinforce (ppo)\n"
+    "mode: ppo|gspo|cispo|sapo|reinforce|geo_mean (ppo)\n"
     "kl: none|k1|abs|k2|k3, the KL estimator; none when there is no ref_logp (none)\n"
     "kl_st: 0|1, straight-through KL (the estimator's value, k2's gradient) (0)\n"
     "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
@@ -290,6 +291,8 @@ static const char *const pl_samples[] = {
     /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */
     "policy_loss mode=sapo kl=abs agg=seq-mean-token-mean layout=packed offsets=i32 mask=none "
     "entropy=metric",
+    /* GMPO: the sequences' clipped geometric means, per-token advantages, i32 mask */
+    "policy_loss mode=geo_mean agg=seq-mean-token-mean mask=i32",
     /* f64 REINFORCE, k2 KL, Dr. GRPO normalization, per-sequence advantages */
     "policy_loss dtype=f64 mode=reinforce kl=k2 agg=seq-mean-token-sum-norm adv=seq",
     NULL};
@@ -395,7 +398,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   c->isw = a->rollout_is_weights.data != NULL;
 
   /* mode and its numbers */
-  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_REINFORCE)
+  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_GEO_MEAN)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_policy_loss_mode", (int)a->mode);
   c->mode = (int)a->mode;
   if ((st = pl_check_nonneg(a->clip_low, "clip_low"))) return st;
@@ -406,6 +409,12 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "log_ratio_min/log_ratio_max: [%g, %g] is not a range (+-INFINITY: no clamp)",
                      a->log_ratio_min, a->log_ratio_max);
+  if (c->mode == RLK_POLICY_GEO_MEAN && a->rollout_is_weights.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "rollout_is_weights: geo_mean does not take importance weights");
+  if (c->mode == RLK_POLICY_GEO_MEAN && !(isfinite(a->clip_low) && isfinite(a->clip_high)))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "clip_low/clip_high: geo_mean's log-space bounds must be finite");
   if ((int)a->seq_ratio_grad < RLK_SEQ_RATIO_STRAIGHT_THROUGH ||
       (int)a->seq_ratio_grad > RLK_SEQ_RATIO_THROUGH_MEAN)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",

@@ -20,7 +20,8 @@
 namespace rlk {
 namespace pl {
 
-enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
+       MODE_GEO_MEAN = 5 };
 enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 
@@ -111,6 +112,22 @@ RLK_DEVICE Clip<T> ppo_clip(T A, T r, T lo, T hi, T dual, T bg) {
   return c;
 }
 
+/* GMPO's per-token log-ratio, clipped on the side the advantage's sign selects:
+ * sign(A) min(sign(A) d, sign(A) clamp(d, -clip_low, clip_high)), and its derivative in d. */
+template <typename T> RLK_DEVICE T geo_clip(T A, T d, T lo, T hi, T bg, T *g) {
+  const T dc = tl::clampv(d, lo, hi);
+  const T cg = tl::gate(d, lo, hi, bg);
+  if (A == T(0)) {
+    *g = T(0);
+    return T(0);
+  }
+  /* A > 0: min(d, dc); A < 0: max(d, dc); a tie splits between d and the clamp */
+  const bool take_d = A > T(0) ? d < dc : d > dc;
+  const bool take_c = A > T(0) ? dc < d : dc > d;
+  *g = take_d ? T(1) : (take_c ? cg : T(0.5) * (T(1) + cg));
+  return take_d ? d : dc;
+}
+
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, bool HAS_MASK, bool ADVSEQ, int ENT,
           bool ISW, bool SEQGRAD>
 struct Op {
@@ -122,12 +139,14 @@ struct Op {
   /* GSPO needs each sequence's mean log-ratio (and, differentiated through the mean, the sums
    * of the weighted advantages by sign); seq-mean-token-mean its token count (known without a
    * pass when there is no mask). */
-  static constexpr bool ROWSTAT = MODE == MODE_GSPO || (SEQMEAN && HAS_MASK);
+  static constexpr bool GEO = MODE == MODE_GEO_MEAN;
+  static constexpr bool ROWSTAT = MODE == MODE_GSPO || GEO || (SEQMEAN && HAS_MASK);
   static constexpr bool MEANGRAD = MODE == MODE_GSPO && SEQGRAD;
   static constexpr unsigned PRE_BITS =
-      (MODE == MODE_GSPO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u) |
-      (MEANGRAD ? (ADVSEQ ? 0u : 1u << IN_ADV) | (ISW ? 1u << IN_ISW : 0u) : 0u);
-  static constexpr int NPRE = MEANGRAD ? 4 : 2;
+      (MODE == MODE_GSPO || GEO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u) |
+      (MEANGRAD || GEO ? (ADVSEQ ? 0u : 1u << IN_ADV) : 0u) |
+      (MEANGRAD && ISW ? 1u << IN_ISW : 0u);
+  static constexpr int NPRE = MEANGRAD || GEO ? 4 : 2;
   static constexpr int reduce_kind(int k) {
     return k == A_RMAX ? tl::RED_MAX : (k == A_RMIN ? tl::RED_MIN : tl::RED_SUM);
   }
@@ -137,7 +156,7 @@ struct Op {
   T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent, bg;
   /* the current sequence: its advantage, aggregation factor, ratio, d s / d (mean log-ratio),
    * the mean-differentiated gradient per unit of mask, and its clip flags */
-  T adv_row, rowfac, s_ratio, s_gate, row_g;
+  T adv_row, rowfac, s_ratio, s_gate, row_g, adv_mean, clip_l, clip_h;
   bool s_low, s_high;
 
   RLK_DEVICE explicit Op(const Params &a) {
@@ -160,6 +179,9 @@ struct Op {
     s_ratio = T(1);
     s_gate = T(1);
     row_g = T(0);
+    adv_mean = T(0);
+    clip_l = (T)(1.0 - a.clip_lo); /* GMPO's log-space bounds are the raw clip_low / clip_high */
+    clip_h = (T)(a.clip_hi - 1.0);
     s_low = s_high = false;
   }
 
@@ -179,6 +201,13 @@ struct Op {
     if (m == 0.0f) return;
     pre[0] += (T)m;
     if (MODE == MODE_GSPO) pre[1] += (T)m * (x[IN_LOGP] - x[IN_OLD]);
+    if (GEO) {
+      /* the clipped log-ratios and the advantages, for the sequence's means */
+      const T A = ADVSEQ ? adv_row : x[IN_ADV];
+      T g;
+      pre[1] += (T)m * geo_clip(A, x[IN_LOGP] - x[IN_OLD], -clip_l, clip_h, bg, &g);
+      pre[2] += (T)m * A;
+    }
     if (MEANGRAD) {
       /* the weighted advantages by sign: the term's derivative in s is linear in A per sign */
       const T A = ADVSEQ ? adv_row : x[IN_ADV];
@@ -191,6 +220,11 @@ struct Op {
   RLK_DEVICE void row_stats(const T *pre) {
     const T n = pre[0];
     if (SEQMEAN && HAS_MASK) rowfac = n > T(0) ? T(1) / n : T(0);
+    if (GEO) {
+      /* the sequence's ratio exp(mean clipped log-ratio) and mean advantage */
+      s_ratio = exp_(n > T(0) ? pre[1] / n : T(0));
+      adv_mean = n > T(0) ? pre[2] / n : T(0);
+    }
     if (MODE == MODE_GSPO) {
       const T x = n > T(0) ? pre[1] / n : T(0);
       s_ratio = exp_(tl::clampv(x, lr_min, lr_max));
@@ -256,6 +290,18 @@ struct Op {
       const T sn = T(1) / (T(1) + exp_(z));  /* 1 - sigmoid(z), without cancellation */
       l = -sp * (T(4) / tau) * A;
       dl = dpass != T(0) ? -A * T(4) * sp * sn * r * dpass : T(0);
+    } else if (MODE == MODE_GEO_MEAN) {
+      /* the sequence's term L = -mean(A) s, the same for each of its tokens: the aggregation
+       * gives it the weight W = sum_t w_t = n rowfac, and d L / d logp_t = L g_t m_t / n, so
+       * token t's gradient is w_t L g_t, a per-token term's form */
+      T g;
+      geo_clip(A, d, -clip_l, clip_h, bg, &g);
+      r = s_ratio;
+      l = -adv_mean * s_ratio;
+      dl = l * g;
+      const bool cl = d < -clip_l || d > clip_h;
+      clip = cl && A > T(0);
+      dualc = cl && A < T(0);
     } else { /* REINFORCE */
       r = exp_(dc);
       l = -A * lp;
@@ -312,7 +358,8 @@ struct Op {
       acc[A_LOW] += low ? m : T(0);
       acc[A_HIGH] += high ? m : T(0);
     }
-    if (MODE == MODE_PPO || MODE == MODE_GSPO) acc[A_DUAL] += dualc ? m : T(0);
+    if (MODE == MODE_PPO || MODE == MODE_GSPO || MODE == MODE_GEO_MEAN)
+      acc[A_DUAL] += dualc ? m : T(0);
     acc[A_APPROX] -= m * dc;
     acc[A_APPROX_RAW] -= m * d;
     acc[A_RMAX] = fmax_(acc[A_RMAX], r);

@@ -13,7 +13,8 @@ typedef RLK_P_DTYPE T;
 #define T_EXP(x) _Generic((x), float: expf, default: exp)(x)
 #define T_EXPM1(x) _Generic((x), float: expm1f, default: expm1)(x)
 
-enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
+       MODE_GEO_MEAN = 5 };
 enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
@@ -32,8 +33,22 @@ static inline T gate(T x, T lo, T hi, T bg) {
 typedef struct pl_ctx {
   const pl_params *a;
   T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent, bg;
-  T adv_row, rowfac, s_ratio, s_gate, row_g;
+  T adv_row, rowfac, s_ratio, s_gate, row_g, adv_mean, clip_l, clip_h;
 } pl_ctx;
+
+/* GMPO's clipped log-ratio and its derivative in d (mirrors rlk::pl::geo_clip). */
+static T geo_clip(T A, T d, T lo, T hi, T bg, T *g) {
+  const T dc = clampv(d, lo, hi);
+  const T cg = gate(d, lo, hi, bg);
+  if (A == 0) {
+    *g = 0;
+    return 0;
+  }
+  const int take_d = A > 0 ? d < dc : d > dc;
+  const int take_c = A > 0 ? dc < d : dc > d;
+  *g = take_d ? (T)1 : (take_c ? cg : (T)0.5 * ((T)1 + cg));
+  return take_d ? d : dc;
+}
 
 /* The PPO clip and dual clip at ratio r (mirrors rlk::pl::ppo_clip): term, d term / d r. */
 static void ppo_clip(const pl_ctx *c, T A, T r, T *l, T *g, int *clip, int *dualc) {
@@ -108,6 +123,15 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
     const T sn = (T)1 / ((T)1 + T_EXP(z));
     l = -sp * ((T)4 / tau) * A;
     dl = dpass != 0 ? -A * (T)4 * sp * sn * r * dpass : (T)0;
+  } else if (a->mode == MODE_GEO_MEAN) {
+    T g;
+    geo_clip(A, d, -c->clip_l, c->clip_h, c->bg, &g);
+    r = c->s_ratio;
+    l = -c->adv_mean * c->s_ratio;
+    dl = l * g;
+    const int cl = d < -c->clip_l || d > c->clip_h;
+    clip = cl && A > 0;
+    dualc = cl && A < 0;
   } else {
     r = T_EXP(dc);
     l = -A * lp;
@@ -191,6 +215,9 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.cent = (T)(-a.c_grad * a.ent_coef);
   c.bg = (T)a.bound_g;
   c.row_g = 0;
+  c.adv_mean = 0;
+  c.clip_l = (T)(1.0 - a.clip_lo);
+  c.clip_h = (T)(a.clip_hi - 1.0);
   c.adv_row = 0;
   c.rowfac = 1;
   c.s_ratio = 1;
@@ -226,13 +253,20 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     if (a.adv_per_seq) c.adv_row = ((const T *)a.adv_seq)[row];
     c.rowfac = 1;
     if (a.seqmean && !has_mask) c.rowfac = len > 0 ? (T)1 / (T)len : (T)0;
-    if (a.mode == MODE_GSPO || (a.seqmean && has_mask)) {
-      double n = 0.0, sd = 0.0, sp = 0.0, sn = 0.0;
+    if (a.mode == MODE_GSPO || a.mode == MODE_GEO_MEAN || (a.seqmean && has_mask)) {
+      double n = 0.0, sd = 0.0, sp = 0.0, sn = 0.0, sa = 0.0;
       for (rlk_i64 j = 0; j < len; j++) {
         const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
         if (m == 0.0f) continue;
         n += (double)m;
         if (a.mode == MODE_GSPO) sd += (double)((T)m * (in[IN_LOGP][j] - in[IN_OLD][j]));
+        if (a.mode == MODE_GEO_MEAN) {
+          const T A = a.adv_per_seq ? c.adv_row : in[IN_ADV][j];
+          T g;
+          sd += (double)((T)m * geo_clip(A, in[IN_LOGP][j] - in[IN_OLD][j], -c.clip_l, c.clip_h,
+                                         c.bg, &g));
+          sa += (double)((T)m * A);
+        }
         if (meangrad(&a)) {
           const T A = a.adv_per_seq ? c.adv_row : in[IN_ADV][j];
           const T wa = (T)m * (a.isw ? in[IN_ISW][j] : (T)1) * A;
@@ -241,6 +275,10 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
         }
       }
       if (a.seqmean && has_mask) c.rowfac = n > 0.0 ? (T)1 / (T)n : (T)0;
+      if (a.mode == MODE_GEO_MEAN) {
+        c.s_ratio = T_EXP(n > 0.0 ? (T)(sd / n) : (T)0);
+        c.adv_mean = n > 0.0 ? (T)(sa / n) : (T)0;
+      }
       if (a.mode == MODE_GSPO) {
         const T xm = n > 0.0 ? (T)(sd / n) : (T)0;
         c.s_ratio = T_EXP(clampv(xm, c.lr_min, c.lr_max));

@@ -181,6 +181,33 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         const dd w = dd_detach(dd_clamp(rr, lo, hi));
         l = dd_mul(dd_mul(dd_neg(w), dd_c(A)), lp);
         is_clip = ratio < lo || ratio > hi;
+      } else if (p->mode == 5) {
+        /* GMPO: the sequence's term -Abar exp(mean clipped d), differentiated in this token */
+        double sd = 0, sa = 0;
+        dd mine = dd_c(0);
+        for (int64_t u = 0; u < T; u++) {
+          const int64_t k = r * T + u;
+          if (b->mask[k] == 0) continue;
+          const double Ak = adv_at(b, k);
+          const dd dk = u == t ? dd_sub(lp, dd_c(b->old[k])) : dd_c(b->lp[k] - b->old[k]);
+          const double sg = Ak > 0 ? 1.0 : (Ak < 0 ? -1.0 : 0.0);
+          const dd dck = dd_clamp_bg(dk, -p->clip_low, p->clip_high, p->bound_g);
+          dd mn = dd_minimum(dd_mul(dd_c(sg), dk), dd_mul(dd_c(sg), dck));
+          mn = dd_mul(dd_c(sg), mn);
+          if (u == t) mine = mn;
+          sd += b->mask[k] * mn.v;
+          sa += b->mask[k] * Ak;
+        }
+        const dd sr = dd_exp((dd){sd / n, b->mask[i] * mine.g / n});
+        ratio = sr.v;
+        l = dd_mul(dd_c(-sa / n), sr);
+        /* the aggregation weighs the sequence's term once per token (W = n rowfac): the
+         * derivative of the whole sum is carried by each token's own share */
+        l.g = l.g * n / b->mask[i];
+        const double di = b->lp[i] - b->old[i];
+        const int cl = di < -p->clip_low || di > p->clip_high;
+        is_clip = cl && A > 0;
+        is_dual = cl && A < 0;
       } else if (p->mode == 3) {
         const dd rr = dd_exp(lr);
         ratio = rr.v;

@@ -136,12 +136,29 @@ def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask,
     return loss, {}
 
 
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask,
+                                 loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "geo_mean" (GMPO): the mean over the sequences of -mean(A) exp(mean clipped
+    log-ratio); loss_agg_mode and the global batch settings are ignored, as verl does."""
+    if rollout_is_weights is not None:
+        raise NotImplementedError("rlk: geo_mean with rollout_is_weights is not expressed")
+    lo, hi = _clip(config)
+    loss, m = _ag.policy_loss(
+        log_prob, old_log_prob, advantages, mask_arg(response_mask), mode="geo_mean",
+        clip_low=lo, clip_high=hi, log_ratio_min=-math.inf, log_ratio_max=math.inf,
+        clamp_bound_grad=torch_clamp_bound_grad(), agg="seq-mean-token-mean",
+        seq_normalizer=float(response_mask.shape[0]))
+    return loss, {"actor/pg_clipfrac": _m(m, 0), "actor/ppo_kl": _m(m, 13),
+                  "actor/pg_clipfrac_lower": _m(m, 1)}
+
+
 POLICY_LOSSES = {
     "vanilla": compute_policy_loss_vanilla,
     "gspo": compute_policy_loss_gspo,
     "sapo": compute_policy_loss_sapo,
     "cispo": compute_policy_loss_cispo,
     "gpg": compute_policy_loss_gpg,
+    "geo_mean": compute_policy_loss_geo_mean,
 }
 
 

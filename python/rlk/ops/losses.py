@@ -36,6 +36,7 @@ class PolicyLossMode(enum.IntEnum):
     CISPO = 2
     SAPO = 3
     REINFORCE = 4
+    GEO_MEAN = 5
 
 
 class SeqRatioGrad(enum.IntEnum):
