@@ -115,6 +115,23 @@ def test_value_loss(agg, case_name, dtype, rng):
     close(outs[1][2], outs[0][2], dtype, what + " vf_clipfrac")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+def test_gae_and_whiten(case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    t = torch_inputs(case, ["rewards", "values"])
+    want = ca.compute_gae_advantage_return(t["rewards"], t["values"], mask, 0.99, 0.95)
+    tn = torch_inputs(case, ["rewards", "values"], nan=case.get("nan", False))
+    got = rv.compute_gae_advantage_return(tn["rewards"], tn["values"], mask, 0.99, 0.95)
+    keep = torch.from_numpy(case["mask"]) if case.get("nan") else torch.ones_like(mask).bool()
+    close(got[0][keep], want[0][keep], dtype, "gae advantages")
+    close(got[1][keep], want[1][keep], dtype, "gae returns")
+    import verl.utils.torch_functional as vf
+    close(rv.masked_whiten(t["values"], mask)[keep], vf.masked_whiten(t["values"], mask)[keep],
+          dtype, "masked_whiten")
+
+
 def test_patch_swaps_and_restores():
     before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss)
     h = rv.patch()

@@ -19,10 +19,11 @@ import math
 import torch
 
 from .. import autograd as _ag
+from ..ops import returns as _ret
 from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
 
 __all__ = ["POLICY_LOSSES", "agg_args", "agg_loss", "compute_policy_loss", "compute_value_loss",
-           "patch"]
+           "compute_gae_advantage_return", "masked_whiten", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -190,6 +191,22 @@ def compute_value_loss(vpreds, returns, values, response_mask, cliprange_value,
     return loss, m[0]
 
 
+def masked_whiten(values, mask, shift_mean=True):
+    """verl_F.masked_whiten: (x - mean) * rsqrt(var + 1e-8) over the mask, unbiased variance
+    (rlk_masked_whiten's defaults are verl's)."""
+    return _ret.masked_whiten(values, mask_arg(mask), shift_mean=shift_mean)
+
+
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's "gae" estimator: masked steps carry the running values through, returns =
+    advantages + values before whitening, advantages whitened over the batch."""
+    mask = mask_arg(response_mask)
+    with torch.no_grad():
+        adv, ret = _ret.gae(token_level_rewards, values, mask, gamma=float(gamma), lam=float(lam),
+                            masked="skip")
+        return masked_whiten(adv, mask), ret
+
+
 def patch():
     """Swaps the adapters into verl.trainer.ppo.core_algos (its policy-loss registry and module
     functions). Returns a handle whose undo() restores verl's own. Code that imported a function
@@ -201,5 +218,6 @@ def patch():
             h.set_item(ca.POLICY_LOSS_REGISTRY, name, fn)
         h.set(ca, "compute_policy_loss_" + name, fn)
     h.set(ca, "agg_loss", agg_loss)
+    h.set(ca, "compute_gae_advantage_return", compute_gae_advantage_return)
     h.set(ca, "compute_value_loss", compute_value_loss)
     return h
