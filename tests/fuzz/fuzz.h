@@ -55,8 +55,12 @@ FUZZ_UNUSED static void fz_fail(const char *what, const char *detail) {
   abort();
 }
 
-/* Every call returns a known status, and a failed one says why (rlk.h's conventions). */
+/* Every call returns a known status, and a failed one says why (rlk.h's conventions).
+ * RLK_FUZZ_VERBOSE=1 prints each call's outcome (to read what a reproducer does). */
 FUZZ_UNUSED static rlk_status fz_checked(rlk_status st, const char *call) {
+  static int verbose = -1;
+  if (verbose < 0) verbose = getenv("RLK_FUZZ_VERBOSE") && atoi(getenv("RLK_FUZZ_VERBOSE")) > 0;
+  if (verbose) fprintf(stderr, "fuzz: %s: %s%s%s\n", call, rlk_status_string(st), st ? ": " : "", st ? rlk_last_error() : "");
   if ((int)st < RLK_OK || (int)st > RLK_ERR_INTERNAL) fz_fail(call, "status out of range");
   if (st != RLK_OK && !rlk_last_error()[0]) fz_fail(call, "failed without a message");
   if (st == RLK_ERR_INTERNAL) fz_fail(call, rlk_last_error());
