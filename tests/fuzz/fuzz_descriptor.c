@@ -537,11 +537,17 @@ static void sample(call *c) {
   if (c->skip) return;
   rlk_status st = fz_checked(rlk_sample(ctx, &a, NULL), "rlk_sample");
   /* Tokens of a call that ran: in [0, V), or -1 for a row that raised a status bit. */
+  V = a.logits.shape[1]; /* as described, maybe mutated */
   if (st == RLK_OK && a.tokens.ndim == 1 && a.tokens.shape[0] == B && V > 0)
     for (int64_t i = 0; i < B; i++) {
       int64_t t = a.tokens.dtype == RLK_I32 ? ((int32_t *)a.tokens.data)[i * a.tokens.strides[0]]
                                             : ((int64_t *)a.tokens.data)[i * a.tokens.strides[0]];
-      if (t < -1 || t >= V) fz_fail("rlk_sample", "a token outside [-1, V)");
+      if (t < -1 || t >= V) {
+        char why[160];
+        snprintf(why, sizeof why, "token %lld of row %lld outside [-1, %lld)", (long long)t, (long long)i,
+                 (long long)V);
+        fz_fail("rlk_sample", why);
+      }
     }
 }
 
