@@ -11,9 +11,13 @@
  * fits but exceeds FUZZ_SPAN_MAX skips the call (no buffer that big is made).
  *
  * No kernel is compiled while fuzzing: LLVMFuzzerInitialize builds every op's sample
- * configurations (rlk_op_table's samples, the kernels of every family) into the fuzz cache
+ * configurations (rlk_op_table's samples, the kernels of every family) and a few more group
+ * advantage ones (its group size and mode shape the kernel) into the fuzz cache
  * (RLK_FUZZ_CACHE_DIR, kept between runs), then the context that serves the calls runs with
- * RLK_JIT=0, so a call that needs another kernel is validated and then fails quickly. */
+ * RLK_JIT=0, so a call that needs another kernel is validated and then fails quickly.
+ *
+ * Checks beyond the sanitizers: a call given a descriptor that no buffer can hold, or a data
+ * pointer not aligned to its dtype, fails; a sample call's tokens are in [-1, V). */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +32,23 @@
 #define FUZZ_MAX_BUFFERS 32
 
 static rlk_context *ctx;
+
+/* Kernels beyond the samples: the group advantage modes at the fuzzer's favourite group size,
+ * and with offsets. */
+static const char *const extra_kernels[] = {
+    "group_advantage mode=grpo group_size=16", "group_advantage mode=mean-only group_size=16",
+    "group_advantage mode=rloo group_size=16", "group_advantage mode=batch-std group_size=16",
+    "group_advantage mode=grpo group_size=0 offsets=i64 scores_2d=1 mask=bool broadcast=1",
+    "group_advantage mode=mean-only group_size=0 offsets=i64 scores_2d=1 mask=bool broadcast=1",
+    "group_advantage mode=rloo group_size=16 scores_2d=1 mask=bool broadcast=1",
+    "group_advantage mode=batch-std group_size=0 offsets=i64", NULL};
+
+static void build(rlk_context *c, const char *line) {
+  if (rlk_precompile(c, line, NULL) != RLK_OK) {
+    fprintf(stderr, "fuzz_descriptor: cannot build '%s': %s\n", line, rlk_last_error());
+    exit(1);
+  }
+}
 
 /* ---- setup ---------------------------------------------------------------------------- */
 
@@ -55,11 +76,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   rlk_context *warm = host_context();
   for (size_t i = 0; rlk_op_table[i]; i++)
     for (size_t k = 0; rlk_op_table[i]->samples && rlk_op_table[i]->samples[k]; k++)
-      if (rlk_precompile(warm, rlk_op_table[i]->samples[k], NULL) != RLK_OK) {
-        fprintf(stderr, "fuzz_descriptor: cannot build '%s': %s\n", rlk_op_table[i]->samples[k],
-                rlk_last_error());
-        exit(1);
-      }
+      build(warm, rlk_op_table[i]->samples[k]);
+  for (size_t i = 0; extra_kernels[i]; i++) build(warm, extra_kernels[i]);
   rlk_context_destroy(warm);
   setenv("RLK_JIT", "0", 1);
   ctx = host_context();
@@ -73,6 +91,10 @@ typedef struct call {
   fz_rng rng;
   int style; /* buffer contents: 0 plausible, 1 random bytes, 2 zeros, 3 plausible with specials */
   int skip;  /* a descriptor spans more than FUZZ_SPAN_MAX: the call is not made */
+  int refuse; /* a descriptor no buffer can hold, or misaligned: the call must fail */
+  char refuse_why[96]; /* which one (the tensor's place among the call's) */
+  int lenient; /* the tensors made now may be ignored by the op (rlk.h says when): no refusal due */
+  int ntensors;
   void *bufs[FUZZ_MAX_BUFFERS];
   int nbufs;
 } call;
@@ -123,20 +145,31 @@ static uint16_t half_bits(float f) {
   return (uint16_t)(sign | ((uint32_t)exp << 10) | ((x >> 13) & 0x3ffu));
 }
 
+/* Element i of a buffer that may be misaligned for its dtype (memcpy, no typed store). */
 static void put(void *buf, rlk_dtype dt, size_t i, double v) {
   float f = (float)v;
   uint32_t fb;
   memcpy(&fb, &f, 4);
+  union {
+    float f32;
+    double f64;
+    uint16_t u16;
+    int32_t i32;
+    int64_t i64;
+    uint8_t u8;
+  } e;
+  size_t es = rlk_dtype_size(dt) ? rlk_dtype_size(dt) : 1;
   switch (dt) {
-  case RLK_F32: ((float *)buf)[i] = f; break;
-  case RLK_F64: ((double *)buf)[i] = v; break;
-  case RLK_F16: ((uint16_t *)buf)[i] = half_bits(f); break;
-  case RLK_BF16: ((uint16_t *)buf)[i] = (uint16_t)(fb >> 16); break;
-  case RLK_I32: ((int32_t *)buf)[i] = isfinite(v) && fabs(v) < 2e9 ? (int32_t)v : -1; break;
-  case RLK_I64: ((int64_t *)buf)[i] = isfinite(v) && fabs(v) < 9e18 ? (int64_t)v : -1; break;
-  case RLK_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
-  default: ((uint8_t *)buf)[i] = (uint8_t)(int)fmod(fabs(isfinite(v) ? v : 0), 256); break;
+  case RLK_F32: e.f32 = f; break;
+  case RLK_F64: e.f64 = v; break;
+  case RLK_F16: e.u16 = half_bits(f); break;
+  case RLK_BF16: e.u16 = (uint16_t)(fb >> 16); break;
+  case RLK_I32: e.i32 = isfinite(v) && fabs(v) < 2e9 ? (int32_t)v : -1; break;
+  case RLK_I64: e.i64 = isfinite(v) && fabs(v) < 9e18 ? (int64_t)v : -1; break;
+  case RLK_BOOL: e.u8 = v != 0; break;
+  default: e.u8 = (uint8_t)(int)fmod(fabs(isfinite(v) ? v : 0), 256); break;
   }
+  memcpy((uint8_t *)buf + i * es, &e, es);
 }
 
 static double unit(call *c) { return (double)(fz_next(&c->rng) >> 11) * 0x1.0p-53; }
@@ -197,13 +230,15 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
   t.shape[1] = d1;
   t.strides[0] = nd == 2 ? d1 : 1;
   t.strides[1] = 1;
+  int misaligned = 0;
+  const int place = c->ntensors++;
   uint8_t m = u8(c);
   if (m < 160) {
     if (nd == 2 && (m & 7) == 0) t.strides[0] += 1 + u8(c) % 17; /* padded rows */
   } else {
     for (int rounds = 1 + (m & 1); rounds > 0; rounds--) {
       uint8_t k = u8(c), which = u8(c) % RLK_MAX_DIMS;
-      switch (k % 12) {
+      switch (k % 13) {
       case 0: return t; /* absent: data NULL */
       case 1: t.dtype = (rlk_dtype)(u8(c) % 9); break;
       case 2: t.ndim = (int32_t)(u8(c) % 7) - 1; break;
@@ -215,6 +250,7 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
       case 8: t.strides[0] = 1; t.strides[1] = d0; break; /* column-major */
       case 9: t.shape[0] = 0; break;
       case 10: t.strides[which] = 0; break;
+      case 11: misaligned = rlk_dtype_size(t.dtype) > 1; break;
       default: t.shape[which] = dim(c); break;
       }
     }
@@ -224,6 +260,8 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
   size_t es = rlk_dtype_size(t.dtype) ? rlk_dtype_size(t.dtype) : 8;
   if (span(&t, &lo, &hi, &empty) != 0 || (hi - lo + 1) * (__int128)es > INT64_MAX) {
     t.data = alloc(c, 16); /* no buffer can hold it: the op must refuse it */
+    c->refuse |= !c->lenient;
+    snprintf(c->refuse_why, sizeof c->refuse_why, "tensor %d spans more than 2^63 bytes", place);
     return t;
   }
   size_t bytes = empty ? 0 : (size_t)(hi - lo + 1) * es;
@@ -232,9 +270,17 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
     t.data = alloc(c, 16);
     return t;
   }
-  uint8_t *buf = alloc(c, bytes);
-  fill(c, buf, bytes, t.dtype, kind, n);
-  t.data = buf + (size_t)(-lo) * es;
+  uint8_t *buf = alloc(c, bytes + (size_t)misaligned);
+  fill(c, buf + misaligned, bytes, t.dtype, kind, n);
+  t.data = buf + misaligned + (size_t)(-lo) * es;
+  if (getenv("RLK_FUZZ_VERBOSE"))
+    fprintf(stderr, "fuzz: tensor %d: dtype %d ndim %d shape [%lld, %lld] strides [%lld, %lld] %zu bytes%s\n",
+            place, (int)t.dtype, (int)t.ndim, (long long)t.shape[0], (long long)t.shape[1],
+            (long long)t.strides[0], (long long)t.strides[1], bytes, misaligned ? " misaligned" : "");
+  if (misaligned && !c->lenient) {
+    c->refuse = 1;
+    snprintf(c->refuse_why, sizeof c->refuse_why, "tensor %d is misaligned", place);
+  }
   return t;
 }
 
@@ -271,6 +317,12 @@ static void *workspace(call *c, rlk_status st, size_t bytes) {
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
+static rlk_status op_checked(const call *c, rlk_status st, const char *name) {
+  fz_checked(st, name);
+  if (st == RLK_OK && c->refuse) fz_fail(name, c->refuse_why);
+  return st;
+}
+
 static void group_advantage(call *c) {
   static const int64_t sizes[] = {16, 16, 64, 2048, 0, 0, 1, 2, 3, 5, 7};
   int64_t G = FZ_PICK(&c->in, sizes), T = dim(c), groups = 1 + u8(c) % 4;
@@ -292,7 +344,7 @@ static void group_advantage(call *c) {
   a.advantages = tensor(c, RLK_F32, 1, B, 0, F_VAL, 0);
   a.mask = OPT(c, tensor(c, pick_dtype(c, masks, 3), 2, B, T, F_MASK, 0));
   a.token_advantages = OPT(c, tensor(c, RLK_F32, 2, B, T, F_VAL, 0));
-  if (!c->skip) fz_checked(rlk_group_advantage(ctx, &a, NULL), "rlk_group_advantage");
+  if (!c->skip) op_checked(c, rlk_group_advantage(ctx, &a, NULL), "rlk_group_advantage");
 }
 
 /* Per-token tensors of the loss ops: [B, T] padded or [N] packed. */
@@ -345,14 +397,16 @@ static void policy_loss(call *c) {
   a.loss_scale = real(c, 1);
   a.loss = tensor(c, dt, 1, 1, 0, F_VAL, 0);
   a.grad_logp = tok(c, &k, dt, F_VAL);
+  c->lenient = a.entropy_coef == 0; /* grad_entropy is ignored then */
   a.grad_entropy = OPT(c, tok(c, &k, dt, F_VAL));
+  c->lenient = 0;
   a.metrics = OPT(c, tensor(c, dt, 1, RLK_POLICY_LOSS_METRICS, 0, F_VAL, 0));
   if (c->skip) return;
   size_t bytes = 0;
   rlk_status st = fz_checked(rlk_policy_loss_workspace_size(ctx, &a, &bytes), "rlk_policy_loss_workspace_size");
   a.workspace = workspace(c, st, bytes);
   a.workspace_bytes = a.workspace ? bytes : 0;
-  fz_checked(rlk_policy_loss(ctx, &a, NULL), "rlk_policy_loss");
+  op_checked(c, rlk_policy_loss(ctx, &a, NULL), "rlk_policy_loss");
 }
 
 static void value_loss(call *c) {
@@ -379,7 +433,7 @@ static void value_loss(call *c) {
   rlk_status st = fz_checked(rlk_value_loss_workspace_size(ctx, &a, &bytes), "rlk_value_loss_workspace_size");
   a.workspace = workspace(c, st, bytes);
   a.workspace_bytes = a.workspace ? bytes : 0;
-  fz_checked(rlk_value_loss(ctx, &a, NULL), "rlk_value_loss");
+  op_checked(c, rlk_value_loss(ctx, &a, NULL), "rlk_value_loss");
 }
 
 static void gae(call *c) {
@@ -396,7 +450,7 @@ static void gae(call *c) {
   a.advantages = tensor(c, dt, 2, B, T, F_VAL, 0);
   a.returns = OPT(c, tensor(c, dt, 2, B, T, F_VAL, 0));
   a.algo = (rlk_scan_algo)mode(c, 3);
-  if (!c->skip) fz_checked(rlk_gae(ctx, &a, NULL), "rlk_gae");
+  if (!c->skip) op_checked(c, rlk_gae(ctx, &a, NULL), "rlk_gae");
 }
 
 static void discounted_returns(call *c) {
@@ -410,7 +464,7 @@ static void discounted_returns(call *c) {
   a.masked = (rlk_returns_masked)mode(c, 2);
   a.returns = tensor(c, dt, 2, B, T, F_VAL, 0);
   a.algo = (rlk_scan_algo)mode(c, 3);
-  if (!c->skip) fz_checked(rlk_discounted_returns(ctx, &a, NULL), "rlk_discounted_returns");
+  if (!c->skip) op_checked(c, rlk_discounted_returns(ctx, &a, NULL), "rlk_discounted_returns");
 }
 
 static void reverse_cumsum(call *c) {
@@ -426,7 +480,7 @@ static void reverse_cumsum(call *c) {
     a.advantages = tensor(c, dt, 2, B, T, F_VAL, 0);
   }
   a.algo = (rlk_scan_algo)mode(c, 3);
-  if (!c->skip) fz_checked(rlk_reverse_cumsum(ctx, &a, NULL), "rlk_reverse_cumsum");
+  if (!c->skip) op_checked(c, rlk_reverse_cumsum(ctx, &a, NULL), "rlk_reverse_cumsum");
 }
 
 static void masked_whiten(call *c) {
@@ -453,7 +507,7 @@ static void masked_whiten(call *c) {
   rlk_status st = fz_checked(rlk_masked_whiten_workspace_size(ctx, &a, &bytes), "rlk_masked_whiten_workspace_size");
   a.workspace = workspace(c, st, bytes);
   a.workspace_bytes = a.workspace ? bytes : 0;
-  fz_checked(rlk_masked_whiten(ctx, &a, NULL), "rlk_masked_whiten");
+  op_checked(c, rlk_masked_whiten(ctx, &a, NULL), "rlk_masked_whiten");
 }
 
 static void tuning(call *c, rlk_logprob_variant *variant, int *block, int *unroll, int *stages) {
@@ -484,7 +538,7 @@ static void logprob(call *c) {
   a.entropy = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
   a.status = OPT(c, tensor(c, RLK_I32, 1, 1, 0, F_ZERO, 0));
   tuning(c, &a.variant, &a.block, &a.unroll, &a.stages);
-  if (!c->skip) fz_checked(rlk_logprob(ctx, &a, NULL), "rlk_logprob");
+  if (!c->skip) op_checked(c, rlk_logprob(ctx, &a, NULL), "rlk_logprob");
 }
 
 static void logprob_backward(call *c) {
@@ -499,11 +553,13 @@ static void logprob_backward(call *c) {
   a.lse = tensor(c, RLK_F32, 1, N, 0, F_VAL, 0);
   a.grad_logp = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
   a.grad_entropy = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
+  c->lenient = !a.grad_entropy.data; /* the entropy is read only with its gradient */
   a.entropy = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
+  c->lenient = 0;
   a.grad_logits = u8(c) % 4 == 0 ? a.logits : tensor(c, (u8(c) & 1) ? RLK_F32 : ldt, 2, N, V, F_VAL, 0);
   a.status = OPT(c, tensor(c, RLK_I32, 1, 1, 0, F_ZERO, 0));
   tuning(c, &a.variant, &a.block, &a.unroll, &a.stages);
-  if (!c->skip) fz_checked(rlk_logprob_backward(ctx, &a, NULL), "rlk_logprob_backward");
+  if (!c->skip) op_checked(c, rlk_logprob_backward(ctx, &a, NULL), "rlk_logprob_backward");
 }
 
 static void sample(call *c) {
@@ -535,7 +591,7 @@ static void sample(call *c) {
   a.row_split = FZ_PICK(&c->in, splits);
   a.pdl = mode(c, 2);
   if (c->skip) return;
-  rlk_status st = fz_checked(rlk_sample(ctx, &a, NULL), "rlk_sample");
+  rlk_status st = op_checked(c, rlk_sample(ctx, &a, NULL), "rlk_sample");
   /* Tokens of a call that ran: in [0, V), or -1 for a row that raised a status bit. */
   V = a.logits.shape[1]; /* as described, maybe mutated */
   if (st == RLK_OK && a.tokens.ndim == 1 && a.tokens.shape[0] == B && V > 0)
