@@ -143,7 +143,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fu
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/fuzz_%)
 
 fuzz:
-	@tools/build/deps.sh fuzz
+	@FUZZ_CC=$(FUZZ_CC) tools/build/deps.sh fuzz
 	$(MAKE) fuzz-build
 	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 

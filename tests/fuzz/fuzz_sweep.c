@@ -1,7 +1,7 @@
 /* fuzz_sweep.c - the tools' configuration files (tools/tool_config.h: what rlk-precompile
  * --config and rlk-tune read): '#' comments, blank lines, comma lists expanded into the cross
- * product of their values. The input is the file. Each configuration it expands to must expand
- * to itself alone, and its first ones go on to rlk_precompile_keys, as the tools pass them on. */
+ * product of their values. The input is the file. The first configurations it expands to must
+ * each expand to itself alone, and go on to rlk_precompile_keys, as the tools pass them on. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,7 +14,8 @@ static const char *prog = "fuzz_sweep";
 #include "tool_util.h"
 #include "tool_config.h"
 
-#define SWEEP_KEYS_MAX 16 /* configurations of an input whose keys are computed */
+#define SWEEP_CHECK_MAX 64 /* configurations of an input expanded again */
+#define SWEEP_KEYS_MAX 16  /* configurations of an input whose keys are computed */
 
 static rlk_context *ctx;
 static strlist ops;
@@ -60,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (fz_write_file(path, data, size) != 0) fz_fail("fuzz_sweep", "cannot write the scratch file");
   strlist configs = {0};
   if (read_quietly(&configs) == 0) {
-    for (size_t i = 0; i < configs.n; i++) {
+    for (size_t i = 0; i < configs.n && i < SWEEP_CHECK_MAX; i++) {
       if (strchr(configs.v[i], '#') || strchr(configs.v[i], '\n'))
         fz_fail("expand_line", "an expanded configuration holds a comment or a newline");
       strlist again = {0};
