@@ -6,9 +6,10 @@
  * Every tensor gets a heap buffer of exactly the bytes its own descriptor spans, with its data
  * pointer where the lowest element lives; AddressSanitizer then reports any access the library
  * or a kernel makes outside what a descriptor describes (the kernels are compiled by
- * tests/fuzz/kernel-cc, with AddressSanitizer too). A descriptor whose span does not fit in 64
- * bits gets a 16-byte buffer: the op must refuse it, or its accesses land outside. A span that
- * fits but exceeds FUZZ_SPAN_MAX skips the call (no buffer that big is made).
+ * tests/fuzz/kernel-cc, with AddressSanitizer too). A descriptor that spans more than any tensor
+ * may (RLK_TENSOR_MAX_BYTES, or 64 bits) gets a 16-byte buffer: the op must refuse it, or its
+ * accesses land outside. A span below that but above FUZZ_SPAN_MAX skips the call (no buffer
+ * that big is made).
  *
  * No kernel is compiled while fuzzing: LLVMFuzzerInitialize builds every op's sample
  * configurations (rlk_op_table's samples, the kernels of every family) and a few more group
@@ -16,8 +17,8 @@
  * (RLK_FUZZ_CACHE_DIR, kept between runs), then the context that serves the calls runs with
  * RLK_JIT=0, so a call that needs another kernel is validated and then fails quickly.
  *
- * Checks beyond the sanitizers: a call given a descriptor that no buffer can hold, or a data
- * pointer not aligned to its dtype, fails; a sample call's tokens are in [-1, V). */
+ * Checks beyond the sanitizers: a call given a descriptor that spans more than a tensor may, or
+ * a data pointer not aligned to its dtype, fails; a sample call's tokens are in [-1, V). */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -118,7 +119,8 @@ static int64_t dim(call *c) {
 
 static const int64_t specials[] = {0, 1, -1, 2, -2, 3, 7, 64, 1000, (int64_t)1 << 20,
                                    ((int64_t)1 << 31) - 1, (int64_t)1 << 31, (int64_t)1 << 32,
-                                   (int64_t)1 << 40, (int64_t)1 << 53, (int64_t)1 << 61,
+                                   (int64_t)1 << 40, (int64_t)1 << 53, (int64_t)1 << 54,
+                                   ((int64_t)1 << 55) + 1, (int64_t)1 << 61,
                                    (int64_t)1 << 62, INT64_MAX, INT64_MIN, -((int64_t)1 << 62),
                                    INT64_MAX / 2 + 1, INT64_MAX / 4};
 
@@ -258,10 +260,11 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
   __int128 lo, hi;
   int empty;
   size_t es = rlk_dtype_size(t.dtype) ? rlk_dtype_size(t.dtype) : 8;
-  if (span(&t, &lo, &hi, &empty) != 0 || (hi - lo + 1) * (__int128)es > INT64_MAX) {
-    t.data = alloc(c, 16); /* no buffer can hold it: the op must refuse it */
+  if (span(&t, &lo, &hi, &empty) != 0 || (hi - lo + 1) * (__int128)es > (__int128)RLK_TENSOR_MAX_BYTES) {
+    t.data = alloc(c, 16); /* more than any tensor may span: the op must refuse it */
     c->refuse |= !c->lenient;
-    snprintf(c->refuse_why, sizeof c->refuse_why, "tensor %d spans more than 2^63 bytes", place);
+    snprintf(c->refuse_why, sizeof c->refuse_why, "tensor %d spans more than 2^%d bytes", place,
+             RLK_TENSOR_MAX_BYTES_LOG2);
     return t;
   }
   size_t bytes = empty ? 0 : (size_t)(hi - lo + 1) * es;
