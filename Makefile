@@ -152,7 +152,7 @@ fuzz-build:
 	  SANITIZE="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_BUILD)/lib/librlk.a
 	$(MAKE) $(FUZZ_BINS)
 
-$(FUZZ_BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_BUILD)/lib/librlk.a
+$(FUZZ_BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard tools/*.h) $(FUZZ_BUILD)/lib/librlk.a
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CPPFLAGS) -Itools -std=c11 -O1 -g $(WARN) $(FUZZ_SAN) -fsanitize=fuzzer \
 	  -DRLK_FUZZ_KERNEL_CC='"$(abspath tests/fuzz/kernel-cc)"' \
