@@ -246,8 +246,8 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
       case 2: t.ndim = (int32_t)(u8(c) % 7) - 1; break;
       case 3: t.shape[which] = FZ_PICK(&c->in, specials); break;
       case 4: t.strides[which] = FZ_PICK(&c->in, specials); break;
-      case 5: t.shape[which] += (u8(c) & 1) ? 1 : -1; break;
-      case 6: t.strides[which] = -t.strides[which]; break;
+      case 5: t.shape[which] = (int64_t)((uint64_t)t.shape[which] + ((u8(c) & 1) ? 1u : UINT64_MAX)); break;
+      case 6: t.strides[which] = (int64_t)(0 - (uint64_t)t.strides[which]); break; /* wraps at INT64_MIN */
       case 7: t.shape[which] = FZ_PICK(&c->in, specials); t.strides[which] = FZ_PICK(&c->in, specials); break;
       case 8: t.strides[0] = 1; t.strides[1] = d0; break; /* column-major */
       case 9: t.shape[0] = 0; break;
