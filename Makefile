@@ -141,6 +141,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/fuzz_%)
+# The descriptor target's kernels live in a cache named after the compiler wrapper that built them.
+FUZZ_KERNEL_CC_ID := $(shell cksum < tests/fuzz/kernel-cc | cut -d' ' -f1)
 
 fuzz:
 	@FUZZ_CC=$(FUZZ_CC) tools/build/deps.sh fuzz
@@ -152,11 +154,12 @@ fuzz-build:
 	  SANITIZE="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_BUILD)/lib/librlk.a
 	$(MAKE) $(FUZZ_BINS)
 
-$(FUZZ_BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard tools/*.h) $(FUZZ_BUILD)/lib/librlk.a
+$(FUZZ_BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h tests/fuzz/kernel-cc $(wildcard tools/*.h) \
+                           $(FUZZ_BUILD)/lib/librlk.a
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CPPFLAGS) -Itools -std=c11 -O1 -g $(WARN) $(FUZZ_SAN) -fsanitize=fuzzer \
 	  -DRLK_FUZZ_KERNEL_CC='"$(abspath tests/fuzz/kernel-cc)"' \
-	  -DRLK_FUZZ_CACHE_DIR='"$(abspath $(FUZZ_BUILD)/cache)"' \
+	  -DRLK_FUZZ_CACHE_DIR='"$(abspath $(FUZZ_BUILD)/cache)/$(FUZZ_KERNEL_CC_ID)"' \
 	  -o $@ $< $(FUZZ_BUILD)/lib/librlk.a -pthread $(LDLIBS)
 
 fuzz-corpus:

@@ -6,7 +6,7 @@
  * Every tensor gets a heap buffer of exactly the bytes its own descriptor spans, with its data
  * pointer where the lowest element lives; AddressSanitizer then reports any access the library
  * or a kernel makes outside what a descriptor describes (the kernels are compiled by
- * tests/fuzz/kernel-cc, with AddressSanitizer too). A descriptor that spans more than any tensor
+ * tests/fuzz/kernel-cc, with both sanitizers too). A descriptor that spans more than any tensor
  * may (RLK_TENSOR_MAX_BYTES, or 64 bits) gets a 16-byte buffer: the op must refuse it, or its
  * accesses land outside. A span below that but above FUZZ_SPAN_MAX skips the call (no buffer
  * that big is made).
