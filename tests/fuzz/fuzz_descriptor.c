@@ -222,21 +222,22 @@ static int span(const rlk_tensor *t, __int128 *lo, __int128 *hi, int *empty) {
   return *lo < INT64_MIN || *hi > INT64_MAX ? -1 : 0;
 }
 
-/* A descriptor of `nd` dims [d0, d1] of `dt`, as the input mutates it, with its buffer. */
-static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, fill_kind kind, int64_t n) {
+/* A contiguous descriptor of `nd` dims of `dt`, as the input mutates it, with its buffer. */
+static rlk_tensor tensor_nd(call *c, rlk_dtype dt, int nd, const int64_t *dims, fill_kind kind, int64_t n) {
   rlk_tensor t;
   memset(&t, 0, sizeof t);
   t.dtype = dt;
   t.ndim = nd;
-  t.shape[0] = d0;
-  t.shape[1] = d1;
-  t.strides[0] = nd == 2 ? d1 : 1;
-  t.strides[1] = 1;
+  for (int i = nd - 1; i >= 0; i--) {
+    t.shape[i] = dims[i];
+    t.strides[i] = i == nd - 1 ? 1 : t.strides[i + 1] * dims[i + 1];
+  }
+  const int64_t d0 = dims[0];
   int misaligned = 0;
   const int place = c->ntensors++;
   uint8_t m = u8(c);
   if (m < 160) {
-    if (nd == 2 && (m & 7) == 0) t.strides[0] += 1 + u8(c) % 17; /* padded rows */
+    if (nd >= 2 && (m & 7) == 0) t.strides[0] += 1 + u8(c) % 17; /* padded rows */
   } else {
     for (int rounds = 1 + (m & 1); rounds > 0; rounds--) {
       uint8_t k = u8(c), which = u8(c) % RLK_MAX_DIMS;
@@ -285,6 +286,11 @@ static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, 
     snprintf(c->refuse_why, sizeof c->refuse_why, "tensor %d is misaligned", place);
   }
   return t;
+}
+
+static rlk_tensor tensor(call *c, rlk_dtype dt, int nd, int64_t d0, int64_t d1, fill_kind kind, int64_t n) {
+  const int64_t dims[2] = {d0, d1};
+  return tensor_nd(c, dt, nd, dims, kind, n);
 }
 
 static rlk_tensor absent(void) {
@@ -610,6 +616,100 @@ static void sample(call *c) {
     }
 }
 
+/* A packed prefix-attention layout: host arrays that always hold num + 1 entries (the call
+ * reads that many: a shorter array would be the caller's fault), values mutated now and then,
+ * and i32 tensors with the same values where the input gives them. */
+typedef struct pa_shape {
+  int64_t T, Hq, Hkv, D;
+  rlk_dtype dt;
+} pa_shape;
+
+static void copy_offsets(rlk_tensor *t, const int32_t *v, int64_t n) {
+  if (!t->data || t->dtype != RLK_I32 || t->ndim != 1 || t->strides[0] <= 0) return;
+  for (int64_t i = 0; i < n && i < t->shape[0]; i++) memcpy((int32_t *)t->data + i * t->strides[0], &v[i], 4);
+}
+
+static void pa_layout(call *c, rlk_prefix_attention_layout *l, pa_shape *sh) {
+  const int64_t P = 1 + u8(c) % 2;
+  int32_t *seg = alloc(c, (size_t)(P * 5 + 1) * 4), *grp = alloc(c, (size_t)(P + 1) * 4);
+  int64_t S = 0, T = 0;
+  seg[0] = grp[0] = 0;
+  for (int64_t p = 0; p < P; p++) {
+    const int G = u8(c) % 4;
+    T += u8(c) % 9; /* the prefix, possibly empty */
+    seg[++S] = (int32_t)T;
+    for (int g = 0; g < G; g++) {
+      T += 1 + u8(c) % 6;
+      seg[++S] = (int32_t)T;
+    }
+    grp[p + 1] = (int32_t)S;
+  }
+  static const int32_t odd[] = {-1, 0, 1, INT32_MAX, INT32_MIN, 7};
+  if (u8(c) % 8 == 0) seg[u8(c) % (S + 1)] = FZ_PICK(&c->in, odd);
+  if (u8(c) % 8 == 0) grp[u8(c) % (P + 1)] = FZ_PICK(&c->in, odd);
+  l->host_seq_offsets = u8(c) % 16 ? seg : NULL;
+  l->host_group_offsets = u8(c) % 16 ? grp : NULL;
+  static const int64_t fewer[] = {0, -1, INT64_MIN};
+  l->num_segments = u8(c) % 16 ? S : FZ_PICK(&c->in, fewer);
+  l->num_prompts = u8(c) % 16 ? P : FZ_PICK(&c->in, fewer);
+  if (u8(c) & 1) {
+    l->seq_offsets = tensor(c, RLK_I32, 1, S + 1, 0, F_ZERO, 0);
+    l->group_offsets = tensor(c, RLK_I32, 1, P + 1, 0, F_ZERO, 0);
+    copy_offsets(&l->seq_offsets, seg, S + 1);
+    copy_offsets(&l->group_offsets, grp, P + 1);
+  }
+  static const int64_t heads[] = {64, 64, 128, 128, 32, 0, 96};
+  sh->T = T;
+  sh->Hkv = 1 + u8(c) % 2;
+  sh->Hq = sh->Hkv * (1 + u8(c) % 2);
+  sh->D = FZ_PICK(&c->in, heads);
+  static const rlk_dtype types[] = {RLK_BF16, RLK_F16, RLK_BF16, RLK_F16, RLK_F32};
+  sh->dt = FZ_PICK(&c->in, types);
+}
+
+static rlk_tensor pa_heads(call *c, const pa_shape *sh, int64_t H, rlk_dtype dt) {
+  const int64_t dims[3] = {sh->T, H, sh->D};
+  return tensor_nd(c, dt, 3, dims, F_VAL, 0);
+}
+
+static void prefix_attention(call *c) {
+  rlk_prefix_attention_args a;
+  rlk_prefix_attention_args_init(&a);
+  pa_shape sh;
+  pa_layout(c, &a.layout, &sh);
+  a.q = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.k = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  a.v = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  a.scale = (float)real(c, 0);
+  a.out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.lse = OPT(c, tensor(c, RLK_F32, 2, sh.T, sh.Hq, F_VAL, 0));
+  if (!c->skip) op_checked(c, rlk_prefix_attention(ctx, &a, NULL), "rlk_prefix_attention");
+}
+
+static void prefix_attention_backward(call *c) {
+  rlk_prefix_attention_backward_args a;
+  rlk_prefix_attention_backward_args_init(&a);
+  pa_shape sh;
+  pa_layout(c, &a.layout, &sh);
+  a.q = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.k = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  a.v = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  a.scale = (float)real(c, 0);
+  a.out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.lse = tensor(c, RLK_F32, 2, sh.T, sh.Hq, F_VAL, 0);
+  a.grad_out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.grad_q = pa_heads(c, &sh, sh.Hq, sh.dt);
+  a.grad_k = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  a.grad_v = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  if (c->skip) return;
+  size_t bytes = 0;
+  rlk_status st = fz_checked(rlk_prefix_attention_backward_workspace_size(ctx, &a, &bytes),
+                             "rlk_prefix_attention_backward_workspace_size");
+  a.workspace = workspace(c, st, bytes);
+  a.workspace_bytes = a.workspace ? bytes : 0;
+  op_checked(c, rlk_prefix_attention_backward(ctx, &a, NULL), "rlk_prefix_attention_backward");
+}
+
 /* RLK_FUZZ_SKIP="op ..." leaves those ops out (to explore the others while a fault is open). */
 static int skipped(const char *name) {
   const char *list = getenv("RLK_FUZZ_SKIP");
@@ -627,7 +727,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } ops[] = {{"group_advantage", group_advantage}, {"policy_loss", policy_loss}, {"value_loss", value_loss},
              {"gae", gae}, {"discounted_returns", discounted_returns}, {"reverse_cumsum", reverse_cumsum},
              {"masked_whiten", masked_whiten}, {"logprob", logprob}, {"logprob_backward", logprob_backward},
-             {"sample", sample}};
+             {"sample", sample}, {"prefix_attention", prefix_attention},
+             {"prefix_attention_backward", prefix_attention_backward}};
   call c;
   memset(&c, 0, sizeof c);
   c.in.p = data;
