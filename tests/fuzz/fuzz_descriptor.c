@@ -96,6 +96,7 @@ typedef struct call {
   char refuse_why[96]; /* which one (the tensor's place among the call's) */
   int lenient; /* the tensors made now may be ignored by the op (rlk.h says when): no refusal due */
   int ntensors;
+  int last_spanned; /* the last tensor made has a buffer of its whole span */
   void *bufs[FUZZ_MAX_BUFFERS];
   int nbufs;
 } call;
@@ -235,6 +236,7 @@ static rlk_tensor tensor_nd(call *c, rlk_dtype dt, int nd, const int64_t *dims, 
   const int64_t d0 = dims[0];
   int misaligned = 0;
   const int place = c->ntensors++;
+  c->last_spanned = 0;
   uint8_t m = u8(c);
   if (m < 160) {
     if (nd >= 2 && (m & 7) == 0) t.strides[0] += 1 + u8(c) % 17; /* padded rows */
@@ -277,6 +279,7 @@ static rlk_tensor tensor_nd(call *c, rlk_dtype dt, int nd, const int64_t *dims, 
   uint8_t *buf = alloc(c, bytes + (size_t)misaligned);
   fill(c, buf + misaligned, bytes, t.dtype, kind, n);
   t.data = buf + misaligned + (size_t)(-lo) * es;
+  c->last_spanned = 1;
   if (getenv("RLK_FUZZ_VERBOSE"))
     fprintf(stderr, "fuzz: tensor %d: dtype %d ndim %d shape [%lld, %lld] strides [%lld, %lld] %zu bytes%s\n",
             place, (int)t.dtype, (int)t.ndim, (long long)t.shape[0], (long long)t.shape[1],
@@ -624,8 +627,8 @@ typedef struct pa_shape {
   rlk_dtype dt;
 } pa_shape;
 
-static void copy_offsets(rlk_tensor *t, const int32_t *v, int64_t n) {
-  if (!t->data || t->dtype != RLK_I32 || t->ndim != 1 || t->strides[0] <= 0) return;
+static void copy_offsets(const call *c, rlk_tensor *t, const int32_t *v, int64_t n) {
+  if (!c->last_spanned || !t->data || t->dtype != RLK_I32 || t->ndim != 1 || t->strides[0] <= 0) return;
   for (int64_t i = 0; i < n && i < t->shape[0]; i++) memcpy((int32_t *)t->data + i * t->strides[0], &v[i], 4);
 }
 
@@ -654,9 +657,9 @@ static void pa_layout(call *c, rlk_prefix_attention_layout *l, pa_shape *sh) {
   l->num_prompts = u8(c) % 16 ? P : FZ_PICK(&c->in, fewer);
   if (u8(c) & 1) {
     l->seq_offsets = tensor(c, RLK_I32, 1, S + 1, 0, F_ZERO, 0);
+    copy_offsets(c, &l->seq_offsets, seg, S + 1);
     l->group_offsets = tensor(c, RLK_I32, 1, P + 1, 0, F_ZERO, 0);
-    copy_offsets(&l->seq_offsets, seg, S + 1);
-    copy_offsets(&l->group_offsets, grp, P + 1);
+    copy_offsets(c, &l->group_offsets, grp, P + 1);
   }
   static const int64_t heads[] = {64, 64, 128, 128, 32, 0, 96};
   sh->T = T;
