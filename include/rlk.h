@@ -855,7 +855,8 @@ typedef struct rlk_logprob_vocab_parallel_args {
 /* Fills `args` with rlk_logprob_args_init's defaults, no communicator and no workspace. */
 RLK_API void rlk_logprob_vocab_parallel_args_init(rlk_logprob_vocab_parallel_args *args);
 
-/* Bytes of workspace (16 P N, P = the communicator's rank count, asked of NCCL). */
+/* Bytes of workspace (16 P N, P = the communicator's rank count, asked of NCCL). CUDA backend
+ * only (RLK_ERR_UNSUPPORTED elsewhere, before NCCL is asked anything). */
 RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
                                                              const rlk_logprob_vocab_parallel_args *args,
                                                              size_t *bytes);

@@ -33,7 +33,8 @@ from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, L
                          policy_loss, value_loss)
 from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
 from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_combine,
-                                 logprob_partials, vocab_parallel_logprob)
+                                 logprob_partials, nccl_comm_of, nccl_version,
+                                 vocab_parallel_logprob, vocab_parallel_logprob_nccl)
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
@@ -57,7 +58,7 @@ __all__ = [
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
     "logprob", "logprob_backward", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
-    "STATUS_LABEL_OWNERS",
+    "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
 ]

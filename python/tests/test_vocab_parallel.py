@@ -174,3 +174,18 @@ def test_two_processes_gloo(host):
     close(ent, want_ent.detach().numpy())
     grad = np.concatenate([got[0][2], got[1][2]], axis=1)
     close(grad, full.grad.numpy(), tol=2e-5)
+
+
+def test_nccl_version_or_unavailable():
+    try:
+        version, path = rlk.nccl_version()
+    except rlk.Unavailable as e:
+        assert "libnccl is not available" in str(e)
+        return
+    assert 20000 <= version < 30000 and "nccl" in path
+
+
+def test_nccl_path_refused_off_cuda(host, rng):
+    logits, labels = make(rng, 4, 16, [0, 16])
+    with pytest.raises(rlk.Unsupported):
+        rlk.vocab_parallel_logprob_nccl(logits, labels, 0, 1)

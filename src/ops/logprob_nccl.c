@@ -125,6 +125,13 @@ static rlk_status vp_rows(const rlk_logprob_vocab_parallel_args *a, int64_t *N) 
   return RLK_OK;
 }
 
+static rlk_status vp_require_cuda(const rlk_context *ctx) {
+  if (ctx->kind == RLK_BACKEND_CUDA) return RLK_OK;
+  return rlk_error(RLK_ERR_UNSUPPORTED,
+                   "rlk_logprob_vocab_parallel: NCCL needs the CUDA backend (elsewhere, gather "
+                   "rlk_logprob's shard records yourself and call rlk_logprob_combine)");
+}
+
 RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
                                                              const rlk_logprob_vocab_parallel_args *a,
                                                              size_t *bytes) {
@@ -133,6 +140,7 @@ RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
   int64_t N;
   rlk_status st = vp_rows(a, &N);
   if (st) return st;
+  if ((st = vp_require_cuda(ctx))) return st;
   const nccl_api *api;
   if ((st = nccl_load(&api))) return st;
   int P;
@@ -155,10 +163,7 @@ RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
   if ((st = rlk_logprob_combine_check_outputs(&a->fwd.logp, &a->fwd.lse, &a->fwd.entropy,
                                               &a->fwd.status, N)))
     return st;
-  if (ctx->kind != RLK_BACKEND_CUDA)
-    return rlk_error(RLK_ERR_UNSUPPORTED,
-                     "rlk_logprob_vocab_parallel: NCCL needs the CUDA backend (elsewhere, gather "
-                     "rlk_logprob's shard records yourself and call rlk_logprob_combine)");
+  if ((st = vp_require_cuda(ctx))) return st;
   const nccl_api *api;
   if ((st = nccl_load(&api))) return st;
   int P, rank;

@@ -12,12 +12,14 @@ the caller's all-gather, then logprob_combine); the backward is local to each sh
 """
 import ctypes
 
+from .. import _lib
 from .. import _types as T
 from .._tensor import Binder, Op, dim
-from .logprob import FORWARD_OP, LogprobResult
+from .logprob import FORWARD_OP, LogprobArgs, LogprobResult
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
-           "logprob_combine", "vocab_parallel_logprob"]
+           "logprob_combine", "vocab_parallel_logprob", "nccl_comm_of", "vocab_parallel_logprob_nccl",
+           "nccl_version"]
 
 STATUS_LABEL_OWNERS = 2  # RLK_LOGPROB_STATUS_LABEL_OWNERS: a label two shards own
 PARTIAL_FIELDS = 4       # RLK_LOGPROB_PARTIAL_FIELDS
@@ -37,6 +39,22 @@ class LogprobCombineArgs(ctypes.Structure):
 
 
 COMBINE_OP = Op("logprob_combine", LogprobCombineArgs)
+
+
+@T.abi_struct("rlk_logprob_vocab_parallel_args")
+class LogprobVocabParallelArgs(ctypes.Structure):
+    _fields_ = [
+        ("fwd", LogprobArgs),
+        ("nccl_comm", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+NCCL_OP = Op("logprob_vocab_parallel", LogprobVocabParallelArgs, workspace=True)
+# the nested forward's tensors, settable as "fwd.<field>"
+NCCL_OP.offsets.update({"fwd." + n: LogprobVocabParallelArgs.fwd.offset + getattr(LogprobArgs, n).offset
+                        for n, _ in LogprobArgs._fields_})
 
 _LOGITS = (T.DType.BF16, T.DType.F16, T.DType.F32)
 _LABELS = (T.DType.I32, T.DType.I64)
@@ -148,3 +166,64 @@ def vocab_parallel_logprob(logits, labels, vocab_start=None, *, group=None, all_
                 gathered = numpy.stack(list(gathered))
     return logprob_combine(gathered, labels, ignore_index=ignore_index, entropy=entropy, lse=lse,
                            status=status, stream=stream)
+
+
+def nccl_comm_of(group=None):
+    """The ncclComm_t (an int) of a torch.distributed NCCL process group, for
+    vocab_parallel_logprob_nccl. It is 0 until the group has run a collective (unless it was
+    created with device_id=...): run one first."""
+    import torch
+    import torch.distributed as dist
+    pg = group if group is not None else dist.group.WORLD
+    return int(pg._get_backend(torch.device("cuda"))._comm_ptr())
+
+
+def vocab_parallel_logprob_nccl(logits, labels, vocab_start, nccl_comm, *, temperature=None,
+                                ignore_index=None, entropy=False, lse=True, status=None,
+                                block=None, unroll=None, stream=None):
+    """vocab_parallel_logprob through rlk's own NCCL call (rlk_logprob_vocab_parallel): CUDA
+    tensors, `nccl_comm` a communicator of the libnccl this process loaded (nccl_comm_of(group)
+    for PyTorch's). The caller keeps the collective order the same on every rank. Returns
+    LogprobResult."""
+    b = Binder(NCCL_OP)
+    a = b.args
+    f = a.fwd
+    b.set("fwd.logits", logits, _LOGITS)
+    b.set("fwd.labels", labels, _LABELS)
+    if temperature is not None:
+        f.temperature = float(temperature)
+    if ignore_index is not None:
+        f.ignore_index = int(ignore_index)
+    if block is not None:
+        f.block = int(block)
+    if unroll is not None:
+        f.unroll = int(unroll)
+    f.vocab_start = int(vocab_start)
+    b.set("fwd.status", status, (T.DType.I32,), optional=True, output=True)
+    n = dim(labels, 0)
+    logp = b.empty((n,), T.DType.F32)
+    b.set("fwd.logp", logp, _F32, output=True)
+    lse_out = b.empty((n,), T.DType.F32) if lse else None
+    ent_out = b.empty((n,), T.DType.F32) if entropy else None
+    b.set("fwd.lse", lse_out, _F32, optional=True, output=True)
+    b.set("fwd.entropy", ent_out, _F32, optional=True, output=True)
+    a.nccl_comm = int(nccl_comm)
+    nbytes = b.op.workspace_size(b.context(), a)
+    _, ptr = b.workspace(nbytes + 16)
+    a.workspace = (ptr + 15) // 16 * 16
+    a.workspace_bytes = nbytes
+    b.run(stream)
+    return LogprobResult(logp, lse_out, ent_out)
+
+
+def nccl_version():
+    """(version code, library file) of the libnccl rlk_logprob_vocab_parallel would use
+    (rlk_nccl_version); raises rlk.Unavailable naming every candidate when there is none."""
+    fn = _lib.function("rlk_nccl_version", ctypes.c_int,
+                       [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t])
+    v = ctypes.c_int(0)
+    buf = ctypes.create_string_buffer(512)
+    status = fn(ctypes.byref(v), buf, len(buf))
+    if status:
+        _lib.check(status, "nccl_version")
+    return v.value, buf.value.decode(errors="replace")
