@@ -12,10 +12,12 @@ the library's message.
     lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
     lp = rlk.vocab_parallel_logprob(shard_logits, labels, group=tp_group)  # tensor-parallel
     tok = rlk.sample(logits, temperature=0.7, top_k=50, top_p=0.9, seed=seeds)  # tokens, logp
+    packed, layout = rlk.pack_grpo(prompts, responses)            # [prefix | r_1 .. r_G] per prompt
+    out, lse = rlk.prefix_attention(q, k, v, layout)              # prefix-shared attention
 
     from rlk.autograd import policy_loss                          # torch autograd (imports torch)
     loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
-    (rlk.autograd also has value_loss and token_logprob.)
+    (rlk.autograd also has value_loss, token_logprob and prefix_attention.)
 
 Where the library is found: see rlk._lib (RLK_LIBRARY, an installed copy, the source tree's
 build/lib, the system loader).
@@ -37,6 +39,8 @@ from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_co
                                  vocab_parallel_logprob, vocab_parallel_logprob_nccl)
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
+from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
+                                   prefix_attention_backward, prefix_layout, unpack_responses)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
@@ -61,6 +65,8 @@ __all__ = [
     "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
+    "prefix_attention", "prefix_attention_backward", "prefix_layout", "pack_grpo",
+    "unpack_responses", "PrefixLayout",
 ]
 
 
