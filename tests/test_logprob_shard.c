@@ -4,8 +4,10 @@
  * equal results), against the fp64 reference of the whole row (tests/ref/logprob_ref.c); the
  * shard backward against the reference gradient's columns; labels at shard edges, ignore_index,
  * labels no shard or two shards own; the NCCL path's library loading and refusals. Host backend
- * always, CUDA with RLK_TEST_GPU=1 (case "gpu"). */
+ * always, CUDA with RLK_TEST_GPU=1 (case "gpu": the same simulation, and rlk_logprob_vocab_parallel
+ * through a real one-rank NCCL communicator when libnccl is present). */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -512,6 +514,96 @@ START_TEST(gpu_simulated) {
 }
 END_TEST
 
+/* rlk_logprob_vocab_parallel through a real NCCL communicator of one rank (one GPU): the library
+ * this test loads (RTLD_GLOBAL) is the copy rlk must find in the process; the records, an
+ * in-place ncclAllGather of one rank, the combine. P = 1 gives rlk_logprob's lse bit for bit. */
+typedef struct nccl_id_t {
+  char internal[128];
+} nccl_id_t;
+
+START_TEST(gpu_nccl_one_rank) {
+  if (!rlk_test_gpu_enabled("logprob_shard")) return;
+  rlk_context *ctx = rlk_test_cuda_context("logprob_shard");
+  if (!ctx) return;
+  void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    printf("skip (logprob_shard gpu_nccl_one_rank): no libnccl.so.2: %s\n", dlerror());
+    rlk_context_destroy(ctx);
+    return;
+  }
+  int (*get_id)(nccl_id_t *);
+  int (*init_rank)(void **, int, nccl_id_t, int);
+  int (*destroy)(void *);
+  void *f;
+  f = dlsym(lib, "ncclGetUniqueId");
+  memcpy(&get_id, &f, sizeof f);
+  f = dlsym(lib, "ncclCommInitRank");
+  memcpy(&init_rank, &f, sizeof f);
+  f = dlsym(lib, "ncclCommDestroy");
+  memcpy(&destroy, &f, sizeof f);
+  ck_assert(get_id && init_rank && destroy);
+  nccl_id_t id;
+  void *comm = NULL;
+  ck_assert_int_eq(get_id(&id), 0);
+  ck_assert_int_eq(init_rank(&comm, 1, id, 0), 0);
+
+  uint64_t rng = rlk_test_seed() ^ 0x7c7c;
+  const int64_t N = 1000, V = 151936;
+  uint16_t *h = malloc((size_t)(N * V) * 2);
+  int64_t *y = malloc((size_t)N * sizeof *y);
+  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) y[i] = i % 17 == 0 ? -100 : (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+  void *dl = dev_copy(ctx, h, (size_t)(N * V) * 2), *dy = dev_copy(ctx, y, (size_t)N * 8);
+  float *o = rlk_test_dev_alloc(ctx, 6 * (size_t)N * 4);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(dl, RLK_BF16, N, V, V);
+  a.labels = rlk_tensor_1d(dy, RLK_I64, N);
+  a.logp = rlk_tensor_1d(o, RLK_F32, N);
+  a.lse = rlk_tensor_1d(o + N, RLK_F32, N);
+  a.entropy = rlk_tensor_1d(o + 2 * N, RLK_F32, N);
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+
+  rlk_logprob_vocab_parallel_args v;
+  rlk_logprob_vocab_parallel_args_init(&v);
+  v.fwd = a;
+  v.fwd.logp = rlk_tensor_1d(o + 3 * N, RLK_F32, N);
+  v.fwd.lse = rlk_tensor_1d(o + 4 * N, RLK_F32, N);
+  v.fwd.entropy = rlk_tensor_1d(o + 5 * N, RLK_F32, N);
+  v.nccl_comm = comm;
+  size_t bytes = 0;
+  ck_assert_msg(rlk_logprob_vocab_parallel_workspace_size(ctx, &v, &bytes) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(bytes, (size_t)N * 16);
+  v.workspace = rlk_test_dev_alloc(ctx, bytes);
+  v.workspace_bytes = bytes;
+  ck_assert_msg(rlk_logprob_vocab_parallel(ctx, &v, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *r = malloc(6 * (size_t)N * 4);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  to_host(ctx, r, o, 6 * (size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) {
+    ck_assert_msg(!memcmp(&r[N + i], &r[4 * N + i], 4), "lse[%lld]: %.9g, through NCCL %.9g",
+                  (long long)i, (double)r[N + i], (double)r[4 * N + i]);
+    ck_assert_msg(fabsf(r[i] - r[3 * N + i]) <= 1e-5f * (1.0f + fabsf(r[i])) &&
+                      fabsf(r[2 * N + i] - r[5 * N + i]) <= 1e-5f * (1.0f + fabsf(r[2 * N + i])),
+                  "row %lld: logp %.9g / %.9g, entropy %.9g / %.9g", (long long)i, (double)r[i],
+                  (double)r[3 * N + i], (double)r[2 * N + i], (double)r[5 * N + i]);
+  }
+  int version = 0;
+  char path[512];
+  ck_assert_int_eq(rlk_nccl_version(&version, path, sizeof path), RLK_OK);
+  printf("note (logprob_shard gpu_nccl_one_rank): libnccl %d from %s\n", version, path);
+  destroy(comm);
+  free(h);
+  free(y);
+  free(r);
+  rlk_free(ctx, dl);
+  rlk_free(ctx, dy);
+  rlk_free(ctx, o);
+  rlk_free(ctx, v.workspace);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *logprob_shard_suite(void) {
   Suite *s = suite_create("logprob_shard");
   TCase *host = tcase_create("host");
@@ -528,6 +620,7 @@ Suite *logprob_shard_suite(void) {
   TCase *gpu = tcase_create("gpu");
   tcase_set_timeout(gpu, 600);
   tcase_add_test(gpu, gpu_simulated);
+  tcase_add_test(gpu, gpu_nccl_one_rank);
   suite_add_tcase(s, gpu);
   return s;
 }
