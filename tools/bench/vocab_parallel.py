@@ -84,9 +84,9 @@ def max_err(a, b):
 
 
 def distributed(args):
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     group = dist.group.WORLD
     dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator exists from here on
     N, V = args.tokens, args.vocab
