@@ -19,5 +19,7 @@ Suite *logprob_suite(void);
 Suite *sample_suite(void);
 Suite *tune_suite(void);
 Suite *tools_suite(void);
+Suite *hopper_suite(void);
+Suite *linear_logprob_suite(void);
 
 #endif
