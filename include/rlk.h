@@ -764,6 +764,58 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
                                         void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: fused LM head + token log-probs (and entropy)                       */
+/* ------------------------------------------------------------------------ */
+
+/* Kernels of rlk_linear_logprob: AUTO picks WGMMA on sm_90a where the tensors allow tensor maps
+ * (16-byte aligned, row strides a multiple of 8 elements), TILED elsewhere (every CUDA target and
+ * HIP). The host backend computes in fp64 whatever is asked. */
+typedef enum rlk_linear_logprob_variant {
+  RLK_LINEAR_LOGPROB_AUTO = 0,
+  RLK_LINEAR_LOGPROB_WGMMA = 1, /* sm_90a: TMA + wgmma, warp-specialized */
+  RLK_LINEAR_LOGPROB_TILED = 2  /* portable f32 tiles from shared memory */
+} rlk_linear_logprob_variant;
+
+/* rlk_logprob's outputs from z = hidden weight^T / T without ever storing the [N, V] logits:
+ *   logp[i] = z[i, y_i] - lse[i],  lse[i] = log sum_v exp z[i, v],  entropy[i] = lse[i] - E_p[z],
+ * with the same label rules (ignore_index: logp 0; a label outside [0, V): NaN row and
+ * RLK_LOGPROB_STATUS_BAD_LABEL in *status). The dot products accumulate in f32 on a GPU (fp64 on
+ * the host). A GPU call runs a GEMM kernel per (row block, vocabulary split) that leaves per-row
+ * partials (max, sum of exp, sum of p z, the label's logit) in the workspace, then a kernel that
+ * merges each row's splits in split order: bitwise repeatable, no float atomics. */
+typedef struct rlk_linear_logprob_args {
+  rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
+  rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
+  rlk_tensor labels;    /* [N] i32 or i64, any positive stride */
+  float temperature;    /* > 0 and finite */
+  int64_t ignore_index;
+  rlk_tensor logp;      /* f32 [N] contiguous, required */
+  rlk_tensor lse;       /* f32 [N] contiguous, optional */
+  rlk_tensor entropy;   /* f32 [N] contiguous, optional (computed in the same pass) */
+  rlk_tensor status;    /* optional i32 [1], as in rlk_logprob_args */
+  /* Device scratch of rlk_linear_logprob_workspace_size() bytes, 16-byte aligned (NULL when 0). */
+  void *workspace;
+  size_t workspace_bytes;
+  rlk_linear_logprob_variant variant;
+  /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
+   * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
+  int splits;
+} rlk_linear_logprob_args;
+
+/* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
+
+/* Bytes of workspace a call with these arguments needs (16 bytes per row and split on a GPU, 0 on
+ * the host backend). Checks the arguments like the call. */
+RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
+                                                     const rlk_linear_logprob_args *args,
+                                                     size_t *bytes);
+
+/* The fused forward on `stream`: two launches, no device memory beyond the workspace. */
+RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
+                                      void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: sampling one token per row                                          */
 /* ------------------------------------------------------------------------ */
 
