@@ -815,6 +815,50 @@ RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
 RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
                                       void *stream);
 
+/* Backward of rlk_linear_logprob. With z = hidden weight^T / T, p = softmax(z), E = lse - entropy:
+ *   dz[i, v] = (g_lp[i] (onehot(y_i)_v - p[i, v]) - g_H[i] p[i, v] (z[i, v] - E[i])) / T,
+ *   grad_hidden = dz weight,  grad_weight = dz^T hidden.
+ * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
+ * chunk's dz lives in the workspace, never the whole [N, V]. Rows whose label is ignore_index
+ * contribute nothing; a bad label makes the gradients NaN and sets the status bit. Deterministic:
+ * a fixed chunk order, every output element written by one thread, no atomics. */
+typedef struct rlk_linear_logprob_backward_args {
+  rlk_tensor hidden;    /* the forward's [N, H] */
+  rlk_tensor weight;    /* the forward's [V, H] */
+  rlk_tensor labels;    /* the forward's [N] */
+  float temperature;
+  int64_t ignore_index;
+  rlk_tensor lse;       /* f32 [N] from the forward, required */
+  /* f32 [N] upstream gradients, any positive stride, each optional (absent: 0), at least one;
+   * grad_entropy needs the forward's entropy. */
+  rlk_tensor grad_logp;
+  rlk_tensor grad_entropy;
+  rlk_tensor entropy;
+  /* Outputs, each optional (at least one): [N, H] and [V, H], f32 or the inputs' dtype, rows
+   * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. */
+  rlk_tensor grad_hidden;
+  rlk_tensor grad_weight;
+  int accumulate;
+  rlk_tensor status;    /* as in rlk_logprob_args */
+  void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
+  size_t workspace_bytes;
+  int chunk;            /* vocabulary columns per chunk, a multiple of 64 (0: from N, within 256 MB) */
+} rlk_linear_logprob_backward_args;
+
+/* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
+
+/* Bytes of workspace the backward needs (dz of one chunk and the f32 grad_hidden sum on a GPU; 0 on
+ * the host backend). */
+RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
+                                                              const rlk_linear_logprob_backward_args *args,
+                                                              size_t *bytes);
+
+/* The backward on `stream`: three launches per chunk and one at the end. */
+RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
+                                               const rlk_linear_logprob_backward_args *args,
+                                               void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Ops: sampling one token per row                                          */
 /* ------------------------------------------------------------------------ */

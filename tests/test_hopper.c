@@ -65,10 +65,10 @@ START_TEST(compile_sm90a) {
                   c.compile_seconds);
   }
   /* the fused LM head's kernels: the sm_90a GEMM, its tiled fallback and the combine */
-  rlk_op_config_pair pairs[1] = {{"entropy", "1"}};
+  rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
   rlk_kernel_spec ll[RLK_OP_MAX_KERNELS];
   size_t n = 0;
-  ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, pairs, ll, &n), RLK_OK);
+  ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, ll, &n), RLK_OK);
   ck_assert_uint_eq(n, 3);
   for (size_t i = 0; i < n; i++) {
     rlk_context_reset_counters(ctx);

@@ -189,6 +189,186 @@ static void ll_check(rlk_context *ctx, const ll_case *c, uint64_t seed) {
   ll_free(&o);
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* The backward                                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct ll_bcase {
+  int64_t N, V, H;
+  rlk_dtype dt, gdt; /* inputs; gradients (f32 or dt) */
+  int g_lp, g_h;     /* upstream gradients given */
+  int want_gh, want_gw;
+  int accumulate, chunk, ignored;
+  float T;
+} ll_bcase;
+
+static void *ll_put(rlk_context *ctx, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
+    void *p = malloc(bytes ? bytes : 1);
+    memcpy(p, src, bytes);
+    return p;
+  }
+  return rlk_test_dev_upload(ctx, src, bytes);
+}
+
+static void ll_get(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    memcpy(dst, src, bytes);
+  else
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static void ll_drop(rlk_context *ctx, void *p) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    free(p);
+  else
+    rlk_free(ctx, p);
+}
+
+static double ll_load16(const void *p, rlk_dtype d, int64_t i) {
+  const uint16_t b = ((const uint16_t *)p)[i];
+  if (d == RLK_F16) {
+    _Float16 h;
+    memcpy(&h, &b, sizeof h);
+    return (double)h;
+  }
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return (double)f;
+}
+
+static double ll_load_g(const void *p, rlk_dtype d, int64_t i) {
+  return d == RLK_F32 ? (double)((const float *)p)[i] : ll_load16(p, d, i);
+}
+
+/* Forward then backward on ctx; gradients against fp64 (lp_ref_backward's dz, summed in fp64). */
+static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int check, void **out_gh,
+                         void **out_gw) {
+  uint64_t rng = seed;
+  const int64_t N = c->N, V = c->V, H = c->H;
+  const size_t es = 2, gs = rlk_dtype_size(c->gdt);
+  uint16_t *h = malloc((size_t)(N * H) * es), *w = malloc((size_t)(V * H) * es);
+  int64_t *lab = malloc((size_t)N * 8);
+  float *glp = malloc((size_t)N * 4), *gH = malloc((size_t)N * 4);
+  void *gh0 = malloc((size_t)(N * H) * gs), *gw0 = malloc((size_t)(V * H) * gs);
+  ck_assert(h && w && lab && glp && gH && gh0 && gw0);
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(h, c->dt, i, rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, c->dt, i, 3.0 / sqrt((double)H) * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) {
+    lab[i] = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+    if (c->ignored && i % 4 == 1) lab[i] = -100;
+    glp[i] = (float)rlk_test_rand_normal(&rng);
+    gH[i] = (float)rlk_test_rand_normal(&rng);
+  }
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(gh0, c->gdt, i, c->accumulate ? rlk_test_rand_normal(&rng) : 0.0);
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(gw0, c->gdt, i, c->accumulate ? rlk_test_rand_normal(&rng) : 0.0);
+  memset(gh0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(N * H) * gs); /* poison when overwritten */
+  memset(gw0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(V * H) * gs);
+  void *dh = ll_put(ctx, h, (size_t)(N * H) * es), *dw = ll_put(ctx, w, (size_t)(V * H) * es);
+  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
+  void *dgh = ll_put(ctx, gh0, (size_t)(N * H) * gs), *dgw = ll_put(ctx, gw0, (size_t)(V * H) * gs);
+  float *zeros = calloc((size_t)N, 4);
+  void *dlp = ll_put(ctx, zeros, (size_t)N * 4), *dlse = ll_put(ctx, zeros, (size_t)N * 4),
+       *dent = ll_put(ctx, zeros, (size_t)N * 4);
+  /* the forward's lse and entropy, from the op itself */
+  rlk_linear_logprob_args f;
+  rlk_linear_logprob_args_init(&f);
+  f.hidden = rlk_tensor_2d(dh, c->dt, N, H, H);
+  f.weight = rlk_tensor_2d(dw, c->dt, V, H, H);
+  f.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  f.temperature = c->T;
+  f.logp = rlk_tensor_1d(dlp, RLK_F32, N);
+  f.lse = rlk_tensor_1d(dlse, RLK_F32, N);
+  f.entropy = rlk_tensor_1d(dent, RLK_F32, N);
+  size_t wsb = 0;
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &f, &wsb), RLK_OK);
+  void *fws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
+  f.workspace = fws;
+  f.workspace_bytes = wsb;
+  ck_assert_msg(rlk_linear_logprob(ctx, &f, NULL) == RLK_OK, "%s", rlk_last_error());
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = f.hidden;
+  b.weight = f.weight;
+  b.labels = f.labels;
+  b.temperature = c->T;
+  b.lse = f.lse;
+  if (c->g_lp) b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  if (c->g_h) {
+    b.grad_entropy = rlk_tensor_1d(dgH, RLK_F32, N);
+    b.entropy = f.entropy;
+  }
+  if (c->want_gh) b.grad_hidden = rlk_tensor_2d(dgh, c->gdt, N, H, H);
+  if (c->want_gw) b.grad_weight = rlk_tensor_2d(dgw, c->gdt, V, H, H);
+  b.accumulate = c->accumulate;
+  b.chunk = c->chunk;
+  size_t bwb = 0;
+  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
+  void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
+  b.workspace = bws;
+  b.workspace_bytes = bwb;
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
+  ll_get(ctx, got_h, dgh, (size_t)(N * H) * gs);
+  ll_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
+  if (check) {
+    double *x = malloc((size_t)V * 8), *dz = malloc((size_t)V * 8);
+    double *rh = calloc((size_t)(N * H), 8), *rw = calloc((size_t)(V * H), 8);
+    for (int64_t i = 0; i < N; i++) {
+      lp_ref_row row;
+      ll_ref_row(h, H, w, H, c->dt == RLK_F16, i, V, H, c->T, lab[i], -100, x, &row, NULL);
+      lp_ref_backward(x, V, c->T, lab[i], -100, c->g_lp ? glp[i] : 0.0, c->g_h ? gH[i] : 0.0, dz);
+      for (int64_t v = 0; v < V; v++) {
+        if (dz[v] == 0.0) continue;
+        for (int64_t k = 0; k < H; k++) {
+          rh[i * H + k] += dz[v] * ll_load16(w, c->dt, v * H + k);
+          rw[v * H + k] += dz[v] * ll_load16(h, c->dt, i * H + k);
+        }
+      }
+    }
+    const double rel = c->gdt == RLK_F32 ? 2e-3 : 1e-2;
+    for (int q = 0; q < 2; q++) {
+      if (q == 0 ? !c->want_gh : !c->want_gw) continue;
+      const int64_t n = q == 0 ? N * H : V * H;
+      const double *ref = q == 0 ? rh : rw;
+      const void *got = q == 0 ? got_h : got_w, *old = q == 0 ? gh0 : gw0;
+      double mx = 0.0, worst = 0.0;
+      for (int64_t i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+      for (int64_t i = 0; i < n; i++) {
+        const double want = ref[i] + (c->accumulate ? ll_load_g(old, c->gdt, i) : 0.0);
+        const double err = fabs(ll_load_g(got, c->gdt, i) - want);
+        const double tol = rel * mx + (c->accumulate ? 1e-2 * fabs(want) : 0.0) + 1e-7;
+        worst = err > worst ? err : worst;
+        ck_assert_msg(err <= tol, "%s N=%lld V=%lld H=%lld grad=%s acc=%d: element %lld = %.7g, fp64 %.7g (max |ref| %.3g)",
+                      q ? "grad_weight" : "grad_hidden", (long long)N, (long long)V, (long long)H,
+                      rlk_dtype_name(c->gdt), c->accumulate, (long long)i, ll_load_g(got, c->gdt, i), want, mx);
+      }
+      printf("linear_logprob backward %s %s N=%lld V=%lld H=%lld grad=%s: worst |err| %.3g (max |ref| %.3g)\n",
+             rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", q ? "grad_weight" : "grad_hidden",
+             (long long)N, (long long)V, (long long)H, rlk_dtype_name(c->gdt), worst, mx);
+    }
+    free(x), free(dz), free(rh), free(rw);
+  }
+  if (out_gh) *out_gh = got_h; else free(got_h);
+  if (out_gw) *out_gw = got_w; else free(got_w);
+  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dglp), ll_drop(ctx, dgH);
+  ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlp), ll_drop(ctx, dlse), ll_drop(ctx, dent);
+  if (fws) rlk_free(ctx, fws);
+  if (bws) rlk_free(ctx, bws);
+  free(h), free(w), free(lab), free(glp), free(gH), free(gh0), free(gw0), free(zeros);
+}
+
+static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
+  ll_bcase c = {13, 700, 72, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
+  ll_bwd_check(ctx, &c, seed, 1, NULL, NULL);
+  ll_bcase d = {5, 333, 40, RLK_F16, RLK_F16, 1, 0, 1, 1, 1, 128, 0, 0.7f}; /* accumulate, f16 grads, chunks */
+  ll_bwd_check(ctx, &d, seed + 1, 1, NULL, NULL);
+  ll_bcase e = {70, 257, 64, RLK_BF16, RLK_F32, 0, 1, 0, 1, 0, 64, 1, 1.3f}; /* grad_weight only, g_H only */
+  ll_bwd_check(ctx, &e, seed + 2, 1, NULL, NULL);
+}
+
 START_TEST(host_shapes) {
   rlk_context *ctx = rlk_test_host_context();
   const uint64_t seed = rlk_test_seed();
@@ -206,6 +386,7 @@ START_TEST(host_shapes) {
   c.lstride = 2;
   c.ignored = c.bad = 1;
   ll_check(ctx, &c, seed + 2);
+  ll_bwd_cases(ctx, seed + 10);
   /* the model shape's odd vocabulary: one row through V = 151937, H = 896 */
   c = ll_base(1, 151937, 896);
   ll_check(ctx, &c, seed + 3);
@@ -279,14 +460,20 @@ START_TEST(plan_per_target) {
              rlk_last_error());
       continue;
     }
-    rlk_op_config_pair pairs[1] = {{"entropy", "1"}};
+    rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, pairs, specs, &n), RLK_OK);
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, specs, &n), RLK_OK);
     ck_assert_uint_eq(n, targets[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry, targets[t].first);
-    rlk_op_config_pair tiled[1] = {{"variant", "tiled"}};
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, tiled, specs, &n), RLK_OK);
+    /* the backward: dz, dh, dh_out, dw on a GPU; one kernel on the host; then the forward's */
+    rlk_op_config_pair both[1] = {{"grad", "same"}};
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, both, specs, &n), RLK_OK);
+    ck_assert_uint_eq(n, targets[t].backend == RLK_BACKEND_HOST ? 2 : 4 + targets[t].n);
+    ck_assert_str_eq(specs[0].tmpl->entry,
+                     targets[t].backend == RLK_BACKEND_HOST ? "linear_logprob_bwd_host" : "linear_logprob_bwd_dz");
+    rlk_op_config_pair tiled[2] = {{"variant", "tiled"}, {"pass", "fwd"}};
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, tiled, specs, &n), RLK_OK);
     if (targets[t].backend != RLK_BACKEND_HOST) ck_assert_str_eq(specs[0].tmpl->entry, "linear_logprob_fwd_tiled");
     rlk_op_config_pair badp[1] = {{"hidden", "f32"}};
     ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, badp, specs, &n), RLK_ERR_INVALID_ARGUMENT);
@@ -346,6 +533,26 @@ START_TEST(gpu_shapes) {
 END_TEST
 
 /* Bitwise the same outputs from two calls; splits change nothing beyond rounding. */
+START_TEST(gpu_backward) {
+  if (!rlk_test_gpu_enabled("linear_logprob")) return;
+  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
+  if (!ctx) return;
+  const uint64_t seed = rlk_test_seed() ^ 0x33u;
+  ll_bwd_cases(ctx, seed);
+  ll_bcase c = {300, 3001, 256, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 1024, 1, 1.0f};
+  ll_bwd_check(ctx, &c, seed + 5, 1, NULL, NULL);
+  /* bitwise repeatable */
+  ll_bcase r = {129, 5000, 200, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 0, 0, 0, 1.0f};
+  void *h1, *w1, *h2, *w2;
+  ll_bwd_check(ctx, &r, seed + 6, 1, &h1, &w1);
+  ll_bwd_check(ctx, &r, seed + 6, 0, &h2, &w2);
+  ck_assert(memcmp(h1, h2, 129 * 200 * 2) == 0);
+  ck_assert(memcmp(w1, w2, 5000 * 200 * 2) == 0);
+  free(h1), free(w1), free(h2), free(w2);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(gpu_deterministic) {
   if (!rlk_test_gpu_enabled("linear_logprob")) return;
   rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
@@ -384,6 +591,7 @@ Suite *linear_logprob_suite(void) {
   tcase_set_timeout(gpu, 600);
   tcase_add_test(gpu, gpu_shapes);
   tcase_add_test(gpu, gpu_deterministic);
+  tcase_add_test(gpu, gpu_backward);
   suite_add_tcase(s, gpu);
   return s;
 }

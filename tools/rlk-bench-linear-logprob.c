@@ -2,12 +2,13 @@
  * device, for the anchor comparison with cuBLAS (tools/bench/torch_linear_logprob.py runs
  * h @ W^T and matmul + logsumexp in the same job).
  *
- *   rlk-bench-linear-logprob [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled]
+ *   rlk-bench-linear-logprob [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled] [--backward]
  *
  * Inputs: hidden ~ U(-1, 1), weight ~ U(-1, 1) * 3 / sqrt(H) (logits of std ~ 1), bf16, random
  * labels; entropy on. Prints a line per shape: median / min / max ms over K timed calls after 3
  * warm-up calls, TFLOP/s counting 2 N H V, the workspace bytes, and a spot check of two rows
- * against an fp64 computation on the host. */
+ * against an fp64 computation on the host. --backward also times rlk_linear_logprob_backward
+ * (grad_logp and grad_entropy given, f32 grad_hidden and grad_weight). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +46,57 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iters, int variant) {
+static int time_backward(rlk_context *ctx, const rlk_linear_logprob_args *a, int iters, int64_t N, int64_t H,
+                         int64_t V) {
+  void *dgh, *dgw, *dg, *wsp = NULL;
+  if (rlk_malloc(ctx, (size_t)(N * H) * 4, &dgh) || rlk_malloc(ctx, (size_t)(V * H) * 4, &dgw) ||
+      rlk_malloc(ctx, (size_t)N * 4, &dg))
+    return fail("rlk_malloc (backward)");
+  float *ones = malloc((size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) ones[i] = (float)((i % 7) - 3) * 0.25f;
+  if (rlk_memcpy_to_device(ctx, dg, ones, (size_t)N * 4)) return fail("upload");
+  free(ones);
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = a->hidden;
+  b.weight = a->weight;
+  b.labels = a->labels;
+  b.lse = a->lse;
+  b.grad_logp = rlk_tensor_1d(dg, RLK_F32, N);
+  b.grad_entropy = rlk_tensor_1d(dg, RLK_F32, N);
+  b.entropy = a->entropy;
+  b.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+  b.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
+  size_t wsb = 0;
+  if (rlk_linear_logprob_backward_workspace_size(ctx, &b, &wsb)) return fail("backward workspace size");
+  if (wsb && rlk_malloc(ctx, wsb, &wsp)) return fail("rlk_malloc backward workspace");
+  b.workspace = wsp;
+  b.workspace_bytes = wsb;
+  if (rlk_linear_logprob_backward(ctx, &b, NULL) || rlk_stream_synchronize(ctx, NULL)) return fail("backward");
+  rlk_event *e0, *e1;
+  if (rlk_event_create(ctx, &e0) || rlk_event_create(ctx, &e1)) return fail("events");
+  double *t = malloc((size_t)iters * sizeof *t);
+  for (int i = 0; i < iters; i++) {
+    float ms = 0;
+    if (rlk_event_record(e0, NULL) || rlk_linear_logprob_backward(ctx, &b, NULL) || rlk_event_record(e1, NULL) ||
+        rlk_stream_synchronize(ctx, NULL) || rlk_event_elapsed_ms(e0, e1, &ms))
+      return fail("timed backward");
+    t[i] = ms;
+  }
+  qsort(t, (size_t)iters, sizeof *t, cmp_double);
+  const double med = t[iters / 2], flop = 3 * 2.0 * (double)N * (double)H * (double)V;
+  printf("linear_logprob backward N=%lld H=%lld V=%lld bf16 (f32 grads): median %.3f ms (min %.3f, max %.3f), "
+         "%.0f TFLOP/s counting 3 GEMMs, workspace %zu B\n",
+         (long long)N, (long long)H, (long long)V, med, t[0], t[iters - 1], flop / (med * 1e-3) / 1e12, wsb);
+  rlk_event_destroy(e0);
+  rlk_event_destroy(e1);
+  rlk_free(ctx, dgh), rlk_free(ctx, dgw), rlk_free(ctx, dg);
+  if (wsp) rlk_free(ctx, wsp);
+  free(t);
+  return 0;
+}
+
+static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iters, int variant, int backward) {
   const size_t hn = (size_t)(N * H), wn = (size_t)(V * H);
   uint16_t *h = malloc(hn * 2), *w = malloc(wn * 2);
   int64_t *lab = malloc((size_t)N * 8);
@@ -124,6 +175,7 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
          wsb, err, err < 2e-3 ? "" : "  <-- WRONG");
   rlk_event_destroy(e0);
   rlk_event_destroy(e1);
+  if (backward && time_backward(ctx, &a, iters < 3 ? iters : 3, N, H, V)) return 1;
   rlk_free(ctx, dh), rlk_free(ctx, dw), rlk_free(ctx, dl), rlk_free(ctx, dlp), rlk_free(ctx, dlse);
   rlk_free(ctx, dent);
   if (wsp) rlk_free(ctx, wsp);
@@ -133,7 +185,7 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
 
 int main(int argc, char **argv) {
   int64_t shapes[8][3];
-  int nshapes = 0, iters = 10, variant = 0;
+  int nshapes = 0, iters = 10, variant = 0, backward = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--shape") && i + 1 < argc && nshapes < 8) {
       long long n, h, v;
@@ -145,11 +197,14 @@ int main(int argc, char **argv) {
       nshapes++;
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--backward")) {
+      backward = 1;
     } else if (!strcmp(argv[i], "--variant") && i + 1 < argc) {
       const char *v = argv[++i];
       variant = !strcmp(v, "wgmma") ? 1 : !strcmp(v, "tiled") ? 2 : 0;
     } else {
-      printf("usage: rlk-bench-linear-logprob [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled]\n");
+      printf("usage: rlk-bench-linear-logprob [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled] "
+             "[--backward]\n");
       return !strcmp(argv[i], "--help") ? 0 : 2;
     }
   }
@@ -167,7 +222,7 @@ int main(int argc, char **argv) {
   rlk_context_device_info(ctx, &info);
   printf("device: %s (%s)\n", info.name, info.target);
   for (int s = 0; s < nshapes; s++)
-    if (run_shape(ctx, shapes[s][0], shapes[s][1], shapes[s][2], iters, variant)) return 1;
+    if (run_shape(ctx, shapes[s][0], shapes[s][1], shapes[s][2], iters, variant, backward)) return 1;
   rlk_context_destroy(ctx);
   return 0;
 }

@@ -31,6 +31,7 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_logprob_backward_args),
     ABI_ROW(rlk_sample_args),
     ABI_ROW(rlk_linear_logprob_args),
+    ABI_ROW(rlk_linear_logprob_backward_args),
     ABI_ROW(rlk_tune_timing),
     ABI_ROW(rlk_tune_record),
 };

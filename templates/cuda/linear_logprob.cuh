@@ -13,6 +13,44 @@
 
 namespace rlk {
 
+/* One 64 x 64 tile of C[m][n] = sum_k A(m, k) B(n, k) in f32 by a block of 256 threads: thread
+ * (ty, tx) = (t / 16, t % 16) gets rows 4 ty .. 4 ty + 3 and columns tx + 16 cc (cc < 4). a(r, k)
+ * and b(c, k) read tile row / column r, c and k (0 outside the operands). As and Bs: 32 x 64 f32
+ * of shared memory each. Every thread of the block must call it (it synchronizes). */
+template <typename FA, typename FB>
+RLK_DEVICE void tile_product(float (&acc)[4][4], const FA &a, const FB &b, i64 K, float (*As)[64],
+                             float (*Bs)[64]) {
+  constexpr int BK = 32;
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
+  for (i64 k0 = 0; k0 < K; k0 += BK) {
+#pragma unroll
+    for (int u = 0; u < 64 * BK / 256; ++u) {
+      const int e = tid + 256 * u, r = e / BK, kk = e % BK;
+      const i64 k = k0 + kk;
+      As[kk][r] = k < K ? a(r, k) : 0.0f;
+      Bs[kk][r] = k < K ? b(r, k) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < BK; ++kk) {
+      float x[4], y[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) x[r] = As[kk][ty * 4 + r];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) y[cc] = Bs[kk][tx + 16 * cc];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) acc[r][cc] = fmaf(x[r], y[cc], acc[r][cc]);
+    }
+    __syncthreads();
+  }
+}
+
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
     linear_logprob_fwd_tiled(const void *__restrict__ hidden, i64 h_stride,
@@ -20,9 +58,9 @@ __global__ void __launch_bounds__(256)
                              const L *__restrict__ labels, i64 label_stride, i64 N, i64 V, i64 H,
                              float temperature, i64 cols_per_split, ll::part *__restrict__ partials) {
   typedef typename ll::elem<DT>::type T;
-  constexpr int BM = 64, BN = 64, BK = 32;
-  __shared__ float As[BK][BM];
-  __shared__ float Bs[BK][BN];
+  constexpr int BM = 64, BN = 64;
+  __shared__ float As[32][64];
+  __shared__ float Bs[32][64];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 row0 = (i64)blockIdx.x * BM;
   const i64 v_begin = (i64)blockIdx.y * cols_per_split;
@@ -40,33 +78,13 @@ __global__ void __launch_bounds__(256)
   }
   for (i64 col0 = v_begin; col0 < v_end; col0 += BN) {
     float acc[4][4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
-    for (i64 k0 = 0; k0 < H; k0 += BK) {
-#pragma unroll
-      for (int u = 0; u < BM * BK / 256; ++u) {
-        const int e = tid + 256 * u, r = e / BK, kk = e % BK;
-        const i64 row = row0 + r, col = col0 + r, k = k0 + kk;
-        As[kk][r] = row < N && k < H ? to_float(h[row * h_stride + k]) : 0.0f;
-        Bs[kk][r] = col < v_end && k < H ? to_float(w[col * w_stride + k]) : 0.0f;
-      }
-      __syncthreads();
-#pragma unroll 8
-      for (int kk = 0; kk < BK; ++kk) {
-        float a[4], b[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[r] = As[kk][ty * 4 + r];
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) b[cc] = Bs[kk][tx + 16 * cc];
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) acc[r][cc] = fmaf(a[r], b[cc], acc[r][cc]);
-      }
-      __syncthreads();
-    }
+    const auto ha = [&](int r, i64 k) {
+      return row0 + r < N ? to_float(h[(row0 + r) * h_stride + k]) : 0.0f;
+    };
+    const auto wb = [&](int r, i64 k) {
+      return col0 + r < v_end ? to_float(w[(col0 + r) * w_stride + k]) : 0.0f;
+    };
+    tile_product(acc, ha, wb, H, As, Bs);
     const i64 lim = v_end - col0 - tx; /* acc[r][cc] is column tx + 16 cc of the tile */
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

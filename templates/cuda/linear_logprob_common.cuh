@@ -23,6 +23,9 @@ enum { DT_F16 = 1, DT_BF16 = 2 }; /* the op's dtype codes (logprob's, without f3
 enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
 
 template <int DT> struct elem;
+template <> struct elem<0> { /* f32 gradients */
+  typedef float type;
+};
 template <> struct elem<DT_F16> {
   typedef f16 type;
 };

@@ -142,11 +142,12 @@ __global__ void __launch_bounds__(384, 1)
       ll::fold<BN / 4, ENTROPY>(st[i], x, c);
       const i64 yc = y[i] - col0;
       if (yc >= 0 && yc < BN && (int)((yc >> 1) & 3) == (l & 3)) {
-        /* a sum of masked terms, not x[index]: an indexed read would put x in local memory */
+        /* a sum of masked terms, not x[index]: an indexed read would put x in local memory; the
+         * clamp keeps a -inf (a column past V) times 0 from making a NaN */
         const int kt = (int)(((yc >> 3) << 1) | (yc & 1));
         float t = 0.0f;
 #pragma unroll
-        for (int k = 0; k < BN / 4; ++k) t = fmaf(x[k], k == kt ? 1.0f : 0.0f, t);
+        for (int k = 0; k < BN / 4; ++k) t = fmaf(fmaxf(x[k], -limits<float>::max()), k == kt ? 1.0f : 0.0f, t);
         st[i].t = t;
       }
     }

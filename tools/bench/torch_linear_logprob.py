@@ -1,5 +1,6 @@
-"""Anchors for rlk_linear_logprob on the same GPU: cuBLAS h @ W^T alone (bf16 out), and torch's
-matmul + fp32 logsumexp + gather (+ entropy), forward only. Median of --iters CUDA-event timings
+"""Anchors for rlk_linear_logprob on the same GPU: cuBLAS h @ W^T alone (bf16 out), the backward's
+two other GEMMs (dZ @ W, dZ^T @ h: with a recompute of h @ W^T, the 4-GEMM floor of a forward +
+backward), and torch's matmul + fp32 logsumexp + gather (+ entropy), forward only. Median of --iters CUDA-event timings
 after 3 warm-up calls. Usage: python3 torch_linear_logprob.py [N H V] [--iters K]"""
 import sys
 
@@ -46,8 +47,17 @@ def main():
         ent = lse - (p * z).sum(-1)
         return logp, ent
 
+    dz = (torch.rand(N, V, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
+
+    def dh_gemm():
+        return dz @ w
+
+    def dw_gemm():
+        return dz.t() @ h
+
     name = torch.cuda.get_device_name()
-    for label, fn in (("cuBLAS h @ W^T (bf16 out)", gemm), ("torch matmul + logsumexp + entropy", lse_path)):
+    for label, fn in (("cuBLAS h @ W^T (bf16 out)", gemm), ("cuBLAS dZ @ W (dH)", dh_gemm),
+                      ("cuBLAS dZ^T @ h (dW)", dw_gemm), ("torch matmul + logsumexp + entropy", lse_path)):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         med, lo, hi = timed(fn, iters)
