@@ -32,7 +32,7 @@ from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, L
                          PolicyLossMode, PolicyLossResult, ValueLossResult, metrics_dict,
                          policy_loss, value_loss)
 from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
-from .ops.linear_logprob import LinearLogprobVariant, linear_logprob
+from .ops.linear_logprob import LinearLogprobVariant, linear_logprob, linear_logprob_backward
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
@@ -54,7 +54,7 @@ __all__ = [
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
-    "logprob", "logprob_backward", "linear_logprob", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
 ]

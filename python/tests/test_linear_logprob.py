@@ -52,3 +52,25 @@ def test_cuda_matches_logprob(rng, variant):
         assert torch.allclose(a, b, atol=2e-3, rtol=2e-4)
     again = rlk.linear_logprob(h, w, y, entropy=True, variant=variant)
     assert all(torch.equal(a, b) for a, b in zip(out, again))
+
+
+@pytest.mark.skipif(not rlk.OPS["linear_logprob_backward"].available(),
+                    reason="the loaded librlk has no rlk_linear_logprob_backward")
+@pytest.mark.parametrize("chunk", [0, 128])
+def test_backward(place, rng, chunk):
+    """Gradients against fp64: dz = (g_lp (onehot - p) - g_H p (z - E)) / T on rows that are not
+    ignored (an ignored row gets no gradient at all, as in rlk.logprob_backward)."""
+    N, V, H = 9, 500, 48
+    hidden, weight, labels = make(rng, N, V, H)
+    T = 0.9
+    g_lp = rng.standard_normal(N).astype(np.float32)
+    g_h = rng.standard_normal(N).astype(np.float32)
+    h, w, y = place.to(hidden), place.to(weight), place.to(labels)
+    out = rlk.linear_logprob(h, w, y, entropy=True, temperature=T)
+    gh, gw = rlk.linear_logprob_backward(h, w, y, out.lse, place.to(g_lp), place.to(g_h), out.entropy,
+                                         temperature=T, chunk=chunk)
+    z = hidden.astype(np.float64) @ weight.astype(np.float64).T
+    dz = refs.logprob_grad(z, labels, g_lp, g_h, T)
+    for got, want in ((gh, dz @ weight.astype(np.float64)), (gw, dz.T @ hidden.astype(np.float64))):
+        got = np.asarray(place.back(got), np.float64)
+        assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max() + 1e-7

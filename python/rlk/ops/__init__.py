@@ -14,4 +14,5 @@ OPS = {
     "logprob_backward": logprob.BACKWARD_OP,
     "sample": sample.OP,
     "linear_logprob": linear_logprob.OP,
+    "linear_logprob_backward": linear_logprob.BACKWARD_OP,
 }
