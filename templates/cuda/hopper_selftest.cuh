@@ -5,7 +5,10 @@
  *   hopper_tile_ss<AB, N, K>  A [64 x K], B [N x K] (both K-major, 16-bit) by tensor maps;
  *                             D [64 x N] f32 row-major: one warpgroup, K / 64 stages
  *   hopper_tile_rs<AB, N, K>  the same with A read from shared memory into registers first
- *                             (the register-A form: a[i + 2 h] pairs, as hopper_wgmma.cuh says) */
+ *                             (the register-A form: a[i + 2 h] pairs, as hopper_wgmma.cuh says)
+ *   hopper_ptx_check<N>       compiled, never launched: calls every wrapper of the Hopper headers
+ *                             once, so that ptxas checks each instruction's spelling (an inline
+ *                             function nobody calls is never assembled) */
 #ifndef RLK_HOPPER_SELFTEST_CUH
 #define RLK_HOPPER_SELFTEST_CUH
 
@@ -99,6 +102,57 @@ __global__ void __launch_bounds__(128)
     hopper_tile_rs(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
                    float *D) {
   hopper_tile<AB, N, K, true>(&map_a, &map_b, D);
+}
+
+/* Every wrapper once (N: the wgmma width whose SS and RS forms are assembled). Launching it would
+ * do nothing useful; the tests only compile it. */
+template <int N>
+__global__ void __launch_bounds__(128, 1)
+    hopper_ptx_check(const __grid_constant__ tensor_map map, float *out) {
+  __shared__ alignas(1024) u8 tile[2048];
+  __shared__ alignas(8) u64 bar;
+  sm90::mbar_init(&bar, 1);
+  sm90::mbar_init_fence();
+  sm90::mbar_expect_tx(&bar, 16);
+  sm90::mbar_arrive_expect_tx(&bar, 16);
+  sm90::mbar_arrive(&bar);
+  sm90::mbar_arrive_cluster(&bar, 0);
+  const bool done = sm90::mbar_try_wait(&bar, 0);
+  sm90::mbar_wait(&bar, 1);
+  sm90::fence_proxy_async();
+  sm90::bar_arrive(1, 128);
+  sm90::bar_sync(1, 128);
+  sm90::tma_prefetch_map(&map);
+  sm90::tma_load_2d(tile, &map, 0, 0, &bar);
+  sm90::tma_load_2d_hint(tile, &map, 0, 0, &bar, sm90::l2_policy_evict_last());
+  sm90::tma_load_2d_hint(tile, &map, 0, 0, &bar, sm90::l2_policy_evict_first());
+  sm90::tma_load_2d_multicast(tile, &map, 0, 0, &bar, (u16)3);
+  sm90::tma_store_2d(&map, tile, 0, 0);
+  sm90::tma_store_commit();
+  sm90::tma_store_wait<0>();
+  if (threadIdx.x < 32) sm90::setmaxnreg_dec<40>();
+  else sm90::setmaxnreg_inc<232>();
+  const bool one = sm90::elect_one();
+  sm90::stmatrix_x4<false>(tile + (threadIdx.x % 32) * 16, 1u, 2u, 3u, 4u);
+  sm90::stmatrix_x4<true>(tile + (threadIdx.x % 32) * 16, sm90::pack_bf16x2(1.0f, 2.0f),
+                          sm90::pack_f16x2(1.0f, 2.0f), 3u, 4u);
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  const u64 desc = sm90::smem_desc(tile, sm90::SWIZZLE_128B, 0, 1024);
+  const u32 a[4] = {1u, 2u, 3u, 4u};
+  sm90::wgmma_fence();
+  sm90::wgmma<N>::template ss<sm90::WGMMA_BF16, 0, 1>(d, desc, sm90::desc_advance(desc, 32), 1u);
+  sm90::wgmma<N>::template ss<sm90::WGMMA_F16, 1, 0>(d, desc, desc, 1u);
+  sm90::wgmma<N>::template rs<sm90::WGMMA_BF16, 1>(d, a, desc, 1u);
+  sm90::wgmma<N>::template rs<sm90::WGMMA_F16, 0>(d, a, desc, 1u);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(d);
+  float s = (done ? 1.0f : 0.0f) + (one ? 1.0f : 0.0f);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) s += d[i];
+  out[threadIdx.x] = s;
 }
 
 } /* namespace rlk */
