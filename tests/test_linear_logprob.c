@@ -1,8 +1,10 @@
-/* test_linear_logprob.c - rlk_linear_logprob against the fp64 reference (tests/ref/): on the host
- * backend at small and odd shapes, and with RLK_TEST_GPU=1 on CUDA for both GPU kernels (wgmma on
- * sm_90a, tiled everywhere) at odd shapes up to V = 151937, bitwise repeatability, labels ignored
- * and out of range; argument checks; the precompile plan and samples on every target. Outputs are
- * poisoned before each call and every element is checked. Large cases check a sample of rows. */
+/* test_linear_logprob.c - rlk_linear_logprob and rlk_linear_logprob_backward against the fp64
+ * reference (tests/ref/): on the host backend at small and odd shapes, and with RLK_TEST_GPU=1 on
+ * CUDA for both forward kernels (wgmma on sm_90a, tiled everywhere) at odd shapes up to
+ * V = 151937, the backward (f32 and 16-bit gradients, chunks, accumulation), bitwise
+ * repeatability, labels ignored and out of range; argument checks; the precompile plan and samples
+ * on every target. Outputs are poisoned before each call and every element is checked. Large
+ * cases check a sample of rows. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,14 +1,19 @@
-/* linear_logprob.c - the fused LM head + token log-probs (rlk_linear_logprob): validation,
- * kernel choice, the vocabulary split, launches.
+/* linear_logprob.c - the fused LM head + token log-probs (rlk_linear_logprob) and its backward:
+ * validation, kernel choice, the vocabulary split and chunks, launches.
  *
- * Kernels (templates/cuda/linear_logprob*.cuh, templates/host/linear_logprob_fwd.c):
+ * Forward kernels (templates/cuda/linear_logprob*.cuh, templates/host/linear_logprob_fwd.c):
  *   linear_logprob_fwd_sm90   sm_90a: TMA + wgmma, 128 rows x 256 columns a tile
  *   linear_logprob_fwd_tiled  every GPU target: f32 tiles of 64 x 64 from shared memory
  *   linear_logprob_combine    merges each row's split records in split order
  *   linear_logprob_fwd_host   the host backend: fp64 throughout
- * A GPU call is a GEMM launch over (row blocks, splits) writing [splits][N] records into the
+ * A GPU forward is a GEMM launch over (row blocks, splits) writing [splits][N] records into the
  * caller's workspace, then the combine launch. Selection (ll_select) serves calls and the
- * precompile plan alike. */
+ * precompile plan alike.
+ *
+ * Backward kernels (templates/cuda/linear_logprob_bwd.cuh, templates/host/linear_logprob_bwd.c):
+ * per vocabulary chunk, in order, linear_logprob_bwd_dz (recomputed logits -> dz in the
+ * workspace), _dh (the f32 grad_hidden sum in the workspace) and _dw (grad_weight rows of the
+ * chunk); then _dh_out writes grad_hidden. The host runs linear_logprob_bwd_host (fp64). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
