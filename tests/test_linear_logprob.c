@@ -174,6 +174,8 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
                       got[q], want[q]);
       }
     }
+    for (int64_t i = 0; i < c->N; i++) /* rows not compared count too */
+      if (lab[i * ls] != -100 && (lab[i * ls] < 0 || lab[i * ls] >= c->V)) any_bad = 1;
     ck_assert_int_eq(o->status != 0, any_bad);
     printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d: %lld rows vs fp64, worst |err| %.3g\n",
            host ? "host" : "gpu", (long long)c->N, (long long)c->V, (long long)c->H, rlk_dtype_name(c->dt),
