@@ -12,10 +12,12 @@ the library's message.
     lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
     lp = rlk.linear_logprob(hidden, lm_head_weight, labels)       # the same, logits never stored
     tok = rlk.sample(logits, temperature=0.7, top_k=50, top_p=0.9, seed=seeds)  # tokens, logp
+    packed, layout = rlk.pack_grpo(prompts, responses)            # [prefix | r_1 .. r_G] per prompt
+    out, lse = rlk.prefix_attention(q, k, v, layout)              # prefix-shared attention
 
     from rlk.autograd import policy_loss                          # torch autograd (imports torch)
     loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
-    (rlk.autograd also has value_loss and token_logprob.)
+    (rlk.autograd also has value_loss, token_logprob and prefix_attention.)
 
 Where the library is found: see rlk._lib (RLK_LIBRARY, an installed copy, the source tree's
 build/lib, the system loader).
@@ -35,6 +37,8 @@ from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logpro
 from .ops.linear_logprob import LinearLogprobVariant, linear_logprob, linear_logprob_backward
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
+from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
+                                   prefix_attention_backward, prefix_layout, unpack_responses)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
@@ -57,6 +61,8 @@ __all__ = [
     "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
+    "prefix_attention", "prefix_attention_backward", "prefix_layout", "pack_grpo",
+    "unpack_responses", "PrefixLayout",
 ]
 
 
