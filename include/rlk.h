@@ -875,6 +875,102 @@ RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
 RLK_API rlk_status rlk_nccl_version(int *version, char *path, size_t size);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: fused LM head + token log-probs (and entropy)                       */
+/* ------------------------------------------------------------------------ */
+
+/* Kernels of rlk_linear_logprob: AUTO picks WGMMA on sm_90a where the tensors allow tensor maps
+ * (16-byte aligned, row strides a multiple of 8 elements), TILED elsewhere (every CUDA target and
+ * HIP). The host backend computes in fp64 whatever is asked. */
+typedef enum rlk_linear_logprob_variant {
+  RLK_LINEAR_LOGPROB_AUTO = 0,
+  RLK_LINEAR_LOGPROB_WGMMA = 1, /* sm_90a: TMA + wgmma, warp-specialized */
+  RLK_LINEAR_LOGPROB_TILED = 2  /* portable f32 tiles from shared memory */
+} rlk_linear_logprob_variant;
+
+/* rlk_logprob's outputs from z = hidden weight^T / T without ever storing the [N, V] logits:
+ *   logp[i] = z[i, y_i] - lse[i],  lse[i] = log sum_v exp z[i, v],  entropy[i] = lse[i] - E_p[z],
+ * with the same label rules (ignore_index: logp 0; a label outside [0, V): NaN row and
+ * RLK_LOGPROB_STATUS_BAD_LABEL in *status). The dot products accumulate in f32 on a GPU (fp64 on
+ * the host). A GPU call runs a GEMM kernel per (row block, vocabulary split) that leaves per-row
+ * partials (max, sum of exp, sum of p z, the label's logit) in the workspace, then a kernel that
+ * merges each row's splits in split order: bitwise repeatable, no float atomics. */
+typedef struct rlk_linear_logprob_args {
+  rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
+  rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
+  rlk_tensor labels;    /* [N] i32 or i64, any positive stride */
+  float temperature;    /* > 0 and finite */
+  int64_t ignore_index;
+  rlk_tensor logp;      /* f32 [N] contiguous, required */
+  rlk_tensor lse;       /* f32 [N] contiguous, optional */
+  rlk_tensor entropy;   /* f32 [N] contiguous, optional (computed in the same pass) */
+  rlk_tensor status;    /* optional i32 [1], as in rlk_logprob_args */
+  /* Device scratch of rlk_linear_logprob_workspace_size() bytes, 16-byte aligned (NULL when 0). */
+  void *workspace;
+  size_t workspace_bytes;
+  rlk_linear_logprob_variant variant;
+  /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
+   * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
+  int splits;
+} rlk_linear_logprob_args;
+
+/* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
+
+/* Bytes of workspace a call with these arguments needs (16 bytes per row and split on a GPU, 0 on
+ * the host backend). Checks the arguments like the call. */
+RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
+                                                     const rlk_linear_logprob_args *args,
+                                                     size_t *bytes);
+
+/* The fused forward on `stream`: two launches, no device memory beyond the workspace. */
+RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
+                                      void *stream);
+
+/* Backward of rlk_linear_logprob. With z = hidden weight^T / T, p = softmax(z), E = lse - entropy:
+ *   dz[i, v] = (g_lp[i] (onehot(y_i)_v - p[i, v]) - g_H[i] p[i, v] (z[i, v] - E[i])) / T,
+ *   grad_hidden = dz weight,  grad_weight = dz^T hidden.
+ * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
+ * chunk's dz lives in the workspace, never the whole [N, V]. Rows whose label is ignore_index
+ * contribute nothing; a bad label makes the gradients NaN and sets the status bit. Deterministic:
+ * a fixed chunk order, every output element written by one thread, no atomics. */
+typedef struct rlk_linear_logprob_backward_args {
+  rlk_tensor hidden;    /* the forward's [N, H] */
+  rlk_tensor weight;    /* the forward's [V, H] */
+  rlk_tensor labels;    /* the forward's [N] */
+  float temperature;
+  int64_t ignore_index;
+  rlk_tensor lse;       /* f32 [N] from the forward, required */
+  /* f32 [N] upstream gradients, any positive stride, each optional (absent: 0), at least one;
+   * grad_entropy needs the forward's entropy. */
+  rlk_tensor grad_logp;
+  rlk_tensor grad_entropy;
+  rlk_tensor entropy;
+  /* Outputs, each optional (at least one): [N, H] and [V, H], f32 or the inputs' dtype, rows
+   * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. */
+  rlk_tensor grad_hidden;
+  rlk_tensor grad_weight;
+  int accumulate;
+  rlk_tensor status;    /* as in rlk_logprob_args */
+  void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
+  size_t workspace_bytes;
+  int chunk;            /* vocabulary columns per chunk, a multiple of 64 (0: from N, within 256 MB) */
+} rlk_linear_logprob_backward_args;
+
+/* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
+
+/* Bytes of workspace the backward needs (dz of one chunk and the f32 grad_hidden sum on a GPU; 0 on
+ * the host backend). */
+RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
+                                                              const rlk_linear_logprob_backward_args *args,
+                                                              size_t *bytes);
+
+/* The backward on `stream`: three launches per chunk and one at the end. */
+RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
+                                               const rlk_linear_logprob_backward_args *args,
+                                               void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: prefix-shared attention for GRPO groups                             */
 /* ------------------------------------------------------------------------ */
 

@@ -21,5 +21,7 @@ Suite *sample_suite(void);
 Suite *prefix_attention_suite(void);
 Suite *tune_suite(void);
 Suite *tools_suite(void);
+Suite *hopper_suite(void);
+Suite *linear_logprob_suite(void);
 
 #endif
