@@ -2057,9 +2057,16 @@ END_TEST
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("policy_loss"); }
 
+/* RLK_TEST_ONLY=<substring>: only the GPU families whose name contains it (a quick rerun). */
+static int gpu_family_selected(const char *name) {
+  const char *only = getenv("RLK_TEST_ONLY");
+  return !only || !*only || strstr(name, only) != NULL;
+}
+
 #define GPU_CASE(name)                                  \
   START_TEST(gpu_##name) {                              \
     if (!rlk_test_gpu_enabled("policy_loss")) return;   \
+    if (!gpu_family_selected(#name)) return;            \
     rlk_context *ctx = cuda_context();                  \
     if (!ctx) return;                                   \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \

@@ -102,6 +102,13 @@ def every_op(x, c):
     logp, ent = A.token_logprob(logits, x["labels"], entropy=True)
     (logp.sum() + ent.sum()).backward()
     assert leaf.grad is not None and vleaf.grad is not None and logits.grad is not None
+    if rlk.OPS.get("prefix_attention") is not None and rlk.OPS["prefix_attention"].available():
+        # a fresh layout: its device copy is made on first use, without waiting either
+        lay = rlk.prefix_layout([37], [[1, 20, 30]])
+        q, k, v = (torch.randn(lay.tokens, h, 64, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for h in (4, 2, 2))
+        A.prefix_attention(q, k, v, lay).sum().backward()
+        assert q.grad is not None
 
 
 def test_no_op_synchronizes():
