@@ -187,6 +187,7 @@ def _small_outputs(b, dt, nmetrics, key, scalar_loss):
         off = (head * es + 15) & ~15
         n = (off + ws + es - 1) // es
     buf = b.empty((n,), dt)
+    b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
     a = b.args
     if ws:
         ptr = buf.data_ptr() if b.place.framework == "torch" else buf.ctypes.data
