@@ -9,7 +9,11 @@
  *   - Opaque handles with create/destroy pairs. Nothing here names a CUDA or HIP type:
  *     streams are passed as `void *` (a CUstream or hipStream_t; NULL is the default
  *     stream; ignored on the host backend).
- *   - Launches never synchronize and allocate no device memory.
+ *   - Op calls (rlk_group_advantage ... rlk_sample) only queue launches on `stream`: they never
+ *     synchronize, never allocate device memory and never read device data back to the host,
+ *     so they can be captured in a CUDA graph. A capture cannot compile or load a kernel: call
+ *     each configuration once (or rlk_precompile it and call it once) before capturing; scratch
+ *     memory is the caller's workspace argument.
  *   - One context may be used from several threads at once.
  *
  * C11. The ABI is versioned by the library soname (librlk.so.RLK_VERSION_MAJOR).
@@ -289,7 +293,8 @@ RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
  * Deterministic: the same inputs give bitwise the same outputs on the same device.
  * group_offsets values are checked in full on the host backend; on a GPU they are device
  * memory and only their shape is checked (reading them would synchronize): bad values never
- * cause an out-of-bounds access, but the advantages are then unspecified. */
+ * cause an out-of-bounds access, but the advantages are then unspecified.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream);
 
@@ -580,7 +585,8 @@ typedef struct rlk_gae_args {
 RLK_API void rlk_gae_args_init(rlk_gae_args *args);
 
 /* Generalized advantage estimation (and returns) over every row on `stream`: one launch.
- * Deterministic: the same inputs and shape give bitwise the same outputs on the same device. */
+ * Deterministic: the same inputs and shape give bitwise the same outputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *args, void *stream);
 
 /* What discounted returns do at masked positions. */
@@ -607,7 +613,8 @@ typedef struct rlk_discounted_returns_args {
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args);
 
 /* Discounted returns R_t = r_t + gamma R_{t+1} per row, with the mask as chosen above, on
- * `stream`: one launch, deterministic like rlk_gae. */
+ * `stream`: one launch, deterministic like rlk_gae.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *args,
                                           void *stream);
 
@@ -626,7 +633,8 @@ typedef struct rlk_reverse_cumsum_args {
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args);
 
 /* Reverse cumulative sums of the masked values per row (flip, cumsum, flip of values * mask),
- * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic. */
+ * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *args,
                                       void *stream);
 
@@ -683,7 +691,8 @@ RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
 
 /* Whitens x over all valid elements of the batch on `stream`: two launches on a GPU (partial
  * statistics per block, then a fixed-order merge and the transform), one on the host. No float
- * atomics: bitwise repeatable on the same device for the same shape. */
+ * atomics: bitwise repeatable on the same device for the same shape.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *args,
                                      void *stream);
 
@@ -749,7 +758,8 @@ typedef struct rlk_logprob_args {
 RLK_API void rlk_logprob_args_init(rlk_logprob_args *args);
 
 /* Token log-probs (and lse, entropy) on `stream`, one pass over the logits; no device memory
- * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs. */
+ * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
 /* Backward of rlk_logprob: with p = softmax(z) and E = E_p[z] = lse - entropy,
@@ -782,7 +792,8 @@ typedef struct rlk_logprob_backward_args {
 /* Fills `args` like rlk_logprob_args_init. */
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
 
-/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once. */
+/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
                                         void *stream);
 
@@ -835,7 +846,8 @@ RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args);
 /* Prefix-shared attention on `stream`: one launch, no device memory beyond the outputs; the
  * prefix K/V tiles of a prompt are read once per tile of stacked response queries (all the
  * group's response rows see the same prefix keys). fp32 accumulation on a GPU, fp64 on the host.
- * Deterministic: bitwise the same outputs for the same inputs on the same device. */
+ * Deterministic: bitwise the same outputs for the same inputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *args,
                                         void *stream);
 
@@ -871,7 +883,8 @@ RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
 
 /* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
  * block per key tile and query head looping over every query that sees it, then with GQA the sum
- * over the group's heads; dq with a block per query tile), no atomics. */
+ * over the group's heads; dq with a block per query tile), no atomics.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
                                                  const rlk_prefix_attention_backward_args *args,
                                                  void *stream);
@@ -972,7 +985,8 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args);
 /* Samples a token per row on `stream`: one launch, no device memory allocated, no
  * synchronization. Deterministic: the same inputs, seeds and offsets give the same tokens and
  * log-probs on the same device, whatever the batch around a row with its own seed. Without
- * filters the logits are read once; filters add a pass or more over rows that use them. */
+ * filters the logits are read once; filters add a pass or more over rows that use them.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */
