@@ -290,13 +290,11 @@ static const char pl_help[] =
     "values: the same kernels\n";
 
 static const char *const pl_samples[] = {
-    /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask */
-    "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool",
+    /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask; the
+     * normalizer left to the call (its mask count pass) */
+    "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool normalizer=count",
     /* GSPO: per-sequence sums first; packed, f32 weights, per-sequence advantages */
     "policy_loss mode=gspo agg=seq-mean-token-mean layout=packed offsets=i64 mask=f32 adv=seq",
-    /* token-mean by this call's mask count (the count pass), padded i32 mask and packed bool */
-    "policy_loss agg=token-mean mask=i32 normalizer=count",
-    "policy_loss agg=token-mean layout=packed offsets=i32 mask=bool normalizer=count",
     /* f64, CISPO, a straight-through k1, entropy bonus, importance weights, i32 mask */
     "policy_loss dtype=f64 mode=cispo kl=k1 kl_st=1 agg=token-sum mask=i32 entropy=bonus is=1",
     /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */

@@ -196,13 +196,12 @@ static const char vl_help[] =
     "the clip range and the normalizers are run-time values: the same kernels\n";
 
 static const char *const vl_samples[] = {
-    /* verl's critic: token-mean, padded with a bool mask */
-    "value_loss agg=token-mean mask=bool",
+    /* verl's critic: token-mean, padded with a bool mask, by the call's mask count */
+    "value_loss agg=token-mean mask=bool normalizer=count",
     /* f64, per-sequence means under an f32 mask (a first pass per sequence), packed */
     "value_loss dtype=f64 agg=seq-mean-token-mean layout=packed offsets=i32 mask=f32",
-    /* token-mean by this call's mask count (the count pass), packed f32 mask and padded bool */
+    /* the count pass on the packed layout */
     "value_loss agg=token-mean layout=packed offsets=i64 mask=f32 normalizer=count",
-    "value_loss agg=token-mean mask=bool normalizer=count",
     NULL};
 
 const rlk_op_desc rlk_op_value_loss = {"value_loss", vl_help, vl_plan_config, vl_samples};
