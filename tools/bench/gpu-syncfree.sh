@@ -31,5 +31,5 @@ grep -E "policy_loss|value_loss|gae|group_advantage|fwd\+bwd" "$OUT/python_overh
 echo "== through Python (ms per call, back to back)"
 cat "$OUT/python_device_time.log"
 echo "== C benchmarks, the same cases"
-grep -E "bool mask.*B=1024 T=4096|^op|^case" "$OUT/bench-policy-loss.log" | head -4
+grep -E "bool mask.*B=1024 T=4096|^op|^case" "$OUT/bench-policy-loss.log" | head -5
 grep -E "gae 256x4096 skip \(verl\)" "$OUT/bench-advantage-scan.log"
