@@ -713,8 +713,12 @@ typedef enum rlk_logprob_variant {
                                  * row boxes into a shared-memory ring; forward only */
 } rlk_logprob_variant;
 
-/* Bits that rlk_logprob and rlk_logprob_backward OR into the caller's status word. */
-#define RLK_LOGPROB_STATUS_BAD_LABEL 1 /* a label outside [0, V) that is not ignore_index */
+/* Bits that rlk_logprob, rlk_logprob_backward and rlk_logprob_combine OR into the caller's status
+ * word. */
+#define RLK_LOGPROB_STATUS_BAD_LABEL 1 /* a label outside [0, V) that is not ignore_index (sharded:
+                                        * a label no shard owns) */
+#define RLK_LOGPROB_STATUS_LABEL_OWNERS 2 /* sharded: a label owned by two or more shards (their
+                                           * vocabulary ranges overlap) */
 
 /* Forward: z = logits / temperature in fp32 per row i, lse[i] = log sum_j exp(z[i, j]),
  *   logp[i] = z[i, y_i] - lse[i],   entropy[i] = lse[i] - sum_j p[i, j] z[i, j],  p = softmax(z).
@@ -751,6 +755,16 @@ typedef struct rlk_logprob_args {
   int block;
   int unroll;
   int stages;
+  /* Shard form (vocab-parallel, see "Vocab-parallel log-probs" below): when `partials` is given,
+   * the logits are the columns [vocab_start, vocab_start + V) of a larger vocabulary, labels are
+   * indices into that vocabulary, and the call writes the shard's records, f32 [N, 4] contiguous
+   * and 16-byte aligned, instead of logp, lse and entropy (which must then be absent; status is
+   * not touched: a label outside the shard is no error here). partial_entropy 1 fills the
+   * records' entropy field (u), else it is 0. The shard form always runs the vector variant
+   * (with block and unroll as asked). */
+  rlk_tensor partials;
+  int64_t vocab_start;
+  int partial_entropy;
 } rlk_logprob_args;
 
 /* Fills `args` with the defaults of TRL, verl and OpenRLHF: temperature 1, ignore_index -100
@@ -787,6 +801,13 @@ typedef struct rlk_logprob_backward_args {
   int block;
   int unroll;
   int stages;
+  /* Shard form: shard 1 says the logits are the columns [vocab_start, vocab_start + V) of a
+   * larger vocabulary and lse / entropy are rlk_logprob_combine's (the whole vocabulary's). A
+   * label outside the shard gives no one-hot term and is no error (a label no shard owns already
+   * made the combined lse NaN, so its row's gradient is NaN). No communication: every shard
+   * computes its own columns' gradient. */
+  int shard;
+  int64_t vocab_start;
 } rlk_logprob_backward_args;
 
 /* Fills `args` like rlk_logprob_args_init. */
@@ -796,6 +817,96 @@ RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
  * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
                                         void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: vocab-parallel log-probs and entropy (tensor-parallel LM heads)     */
+/* ------------------------------------------------------------------------ */
+
+/* The vocabulary is split into P shards [v0_r, v1_r), one per tensor-parallel rank, of any widths.
+ * A shard's forward (rlk_logprob with `partials`; any other producer may write the same records,
+ * e.g. a fused LM head over a weight shard) writes one record of RLK_LOGPROB_PARTIAL_FIELDS f32 per
+ * row, in natural-log units of z = logits / temperature over the shard's columns:
+ *   [0] m  the shard's largest z (-inf when every z is -inf)
+ *   [1] s  sum_j exp(z_j - m)              (0 when m is -inf; NaN when a logit is NaN or +inf)
+ *   [2] u  sum_j exp(z_j - m) (z_j - m)    (the entropy's part; 0 when not asked for)
+ *   [3] t  z_y when the shard owns the row's label (v0 <= y < v1, y not ignore_index), else
+ *          +inf, the "absent" marker (an owned +inf logit is written as NaN: its row is NaN anyway)
+ * The caller gathers the P shards' [N, 4] records into [P, N, 4] in rank order (one all-gather of
+ * 16 N bytes per rank; rlk_logprob_vocab_parallel does it through NCCL), and rlk_logprob_combine
+ * merges each row's records in that order:
+ *   M = max_r m_r,  S = sum_r s_r e^(m_r - M),  U = sum_r e^(m_r - M) (u_r + (m_r - M) s_r),
+ *   lse = M + ln S,  entropy = ln S - U / S,  logp = (t_owner - M) - ln S.
+ * Every rank combining the same gathered bytes gets bitwise the same results (the order is
+ * rlk's, not the collective's). The backward needs no communication: rlk_logprob_backward with
+ * shard 1, the shard's logits and the combined lse (and entropy). */
+#define RLK_LOGPROB_PARTIAL_FIELDS 4
+
+typedef struct rlk_logprob_combine_args {
+  /* f32 [P, N, 4] contiguous and 16-byte aligned: the shards' records in rank order (P >= 1). */
+  rlk_tensor partials;
+  /* [N] i32 or i64, any positive stride: only compared with ignore_index (ownership is in the
+   * records). */
+  rlk_tensor labels;
+  int64_t ignore_index;
+  /* Outputs as rlk_logprob's: f32 [N] contiguous, logp required, lse and entropy optional
+   * (entropy needs records written with partial_entropy 1). An ignored row gets logp 0; a row
+   * whose label no record owns, or two records own, gets NaN logp, lse and entropy and raises
+   * RLK_LOGPROB_STATUS_BAD_LABEL or RLK_LOGPROB_STATUS_LABEL_OWNERS in *status. */
+  rlk_tensor logp;
+  rlk_tensor lse;
+  rlk_tensor entropy;
+  rlk_tensor status; /* optional i32 [1], as in rlk_logprob_args */
+} rlk_logprob_combine_args;
+
+/* Fills `args` with ignore_index -100 and every tensor absent. */
+RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args);
+
+/* Merges gathered shard records into logp, lse and entropy on `stream`: one small launch (a
+ * thread per row, the P records in order), reads 16 P N bytes. */
+RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *args,
+                                       void *stream);
+
+/* The shard forward, one NCCL all-gather of the records and the combine, in one call on the
+ * caller's stream (CUDA backend). libnccl is opened at run time, never linked: first a copy the
+ * process already loaded (PyTorch's: dlopen of libnccl.so.2 / libnccl.so with RTLD_NOLOAD), else
+ * the path in RLK_NCCL_LIB (when set, the only other candidate), else the system's libnccl.so.2.
+ * The communicator must come from that same library. Its ranks must hold the shards in rank
+ * order; every rank makes the same calls in the same order (NCCL's rule). No synchronization, no
+ * allocation: the records live in the caller's workspace. */
+typedef struct rlk_logprob_vocab_parallel_args {
+  /* The shard forward's arguments: logits (this rank's shard), labels, temperature, ignore_index,
+   * vocab_start and tuning as in rlk_logprob's shard form; logp, lse, entropy and status are the
+   * combined outputs (as in rlk_logprob_combine_args); partials must be absent and
+   * partial_entropy is implied by entropy. */
+  rlk_logprob_args fwd;
+  void *nccl_comm; /* the caller's ncclComm_t */
+  /* Device memory of rlk_logprob_vocab_parallel_workspace_size() bytes (16 P N), 16-byte aligned:
+   * the gathered records, left there for inspection. */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_logprob_vocab_parallel_args;
+
+/* Fills `args` with rlk_logprob_args_init's defaults, no communicator and no workspace. */
+RLK_API void rlk_logprob_vocab_parallel_args_init(rlk_logprob_vocab_parallel_args *args);
+
+/* Bytes of workspace (16 P N, P = the communicator's rank count, asked of NCCL). CUDA backend
+ * only (RLK_ERR_UNSUPPORTED elsewhere, before NCCL is asked anything). */
+RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
+                                                             const rlk_logprob_vocab_parallel_args *args,
+                                                             size_t *bytes);
+
+/* Three launches on `stream`: the shard's records into its rank's slot of the workspace, an
+ * in-place ncclAllGather, the combine. RLK_ERR_UNAVAILABLE when no libnccl can be opened (the
+ * message lists what was tried), RLK_ERR_UNSUPPORTED off the CUDA backend, RLK_ERR_BACKEND when
+ * NCCL refuses the collective. */
+RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
+                                              const rlk_logprob_vocab_parallel_args *args,
+                                              void *stream);
+
+/* Opens libnccl as rlk_logprob_vocab_parallel does and writes its ncclGetVersion code (e.g.
+ * 22809) and the file it came from (into path, when given, cut to `size`). RLK_ERR_UNAVAILABLE
+ * lists every candidate tried. */
+RLK_API rlk_status rlk_nccl_version(int *version, char *path, size_t size);
 
 /* ------------------------------------------------------------------------ */
 /* Ops: prefix-shared attention for GRPO groups                             */

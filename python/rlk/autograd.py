@@ -16,11 +16,13 @@ import torch
 from ._tensor import is_torch
 from .errors import InvalidArgument
 from .ops import logprob as _logprob
+from .ops import vocab_parallel as _vocab_parallel
 from .ops import losses
 from .ops import prefix_attention as _pattn
 
-__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "PrefixAttention", "policy_loss",
-           "value_loss", "token_logprob", "prefix_attention"]
+__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "VocabParallelTokenLogprob", "PrefixAttention",
+           "policy_loss", "value_loss", "token_logprob", "vocab_parallel_token_logprob",
+           "prefix_attention"]
 
 
 def _scaled(g, grad):
@@ -93,6 +95,57 @@ class TokenLogprob(torch.autograd.Function):
                                          grad_entropy=g_h, entropy=entropy if g_h is not None else None,
                                          inplace=ctx.inplace, **ctx.kw)
         return grad, None, None
+
+
+class VocabParallelTokenLogprob(torch.autograd.Function):
+    """(logits shard [N, V_shard], labels [N], keyword dict) -> (logp [N], entropy [N] or None) of
+    the whole vocabulary (rlk.vocab_parallel_logprob); the backward is this shard's own
+    (rlk_logprob_backward's shard form), with no communication."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, kwargs):
+        kw = dict(kwargs)
+        want_entropy = kw.pop("entropy", False)
+        vocab_start = kw.pop("vocab_start", None)
+        if vocab_start is None:
+            import torch.distributed as dist
+            vocab_start = dist.get_rank(kw.get("group")) * logits.shape[1]
+        ctx.vocab_start = int(vocab_start)
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in kw}
+        out = _vocab_parallel.vocab_parallel_logprob(logits.detach(), labels, vocab_start,
+                                                     entropy=want_entropy, lse=True, **kw)
+        ctx.save_for_backward(logits, labels, out.lse, out.entropy)
+        if not want_entropy:
+            return out.logp, None
+        return out.logp, out.entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None
+        g_lp = _upstream(grad_logp)
+        g_h = _upstream(grad_entropy) if entropy is not None else None
+        kw = {k: ctx.kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in ctx.kw}
+        grad = _logprob.logprob_backward(logits.detach(), labels, lse, grad_logp=g_lp,
+                                         grad_entropy=g_h, entropy=entropy if g_h is not None else None,
+                                         vocab_start=ctx.vocab_start, **kw)
+        return grad, None, None
+
+
+def vocab_parallel_token_logprob(logits, labels, *, entropy=False, **kwargs):
+    """Token log-probs (and the entropy) of the whole vocabulary from this rank's logits shard
+    [..., V_shard], differentiable in the shard. Keywords: those of rlk.vocab_parallel_logprob
+    (group or all_gather, vocab_start, temperature, ignore_index, ...). Returns logp, or (logp,
+    entropy) with entropy=True, in the labels' shape."""
+    _require_torch("vocab_parallel_token_logprob", logits)
+    shape = tuple(labels.shape)
+    flat = logits.reshape(-1, logits.shape[-1])
+    kwargs.update(entropy=entropy)
+    logp, ent = VocabParallelTokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    if entropy:
+        return logp.view(shape), ent.view(shape)
+    return logp.view(shape)
 
 
 class PrefixAttention(torch.autograd.Function):

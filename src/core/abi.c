@@ -29,6 +29,8 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_masked_whiten_args),
     ABI_ROW(rlk_logprob_args),
     ABI_ROW(rlk_logprob_backward_args),
+    ABI_ROW(rlk_logprob_combine_args),
+    ABI_ROW(rlk_logprob_vocab_parallel_args),
     ABI_ROW(rlk_sample_args),
     ABI_ROW(rlk_prefix_attention_layout),
     ABI_ROW(rlk_prefix_attention_args),

@@ -60,6 +60,7 @@ extern const rlk_op_desc rlk_op_discounted_returns;
 extern const rlk_op_desc rlk_op_reverse_cumsum;
 extern const rlk_op_desc rlk_op_masked_whiten;
 extern const rlk_op_desc rlk_op_logprob;
+extern const rlk_op_desc rlk_op_logprob_shard;
 extern const rlk_op_desc rlk_op_sample;
 extern const rlk_op_desc rlk_op_prefix_attention;
 
