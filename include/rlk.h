@@ -9,7 +9,11 @@
  *   - Opaque handles with create/destroy pairs. Nothing here names a CUDA or HIP type:
  *     streams are passed as `void *` (a CUstream or hipStream_t; NULL is the default
  *     stream; ignored on the host backend).
- *   - Launches never synchronize and allocate no device memory.
+ *   - Op calls (rlk_group_advantage ... rlk_sample) only queue launches on `stream`: they never
+ *     synchronize, never allocate device memory and never read device data back to the host,
+ *     so they can be captured in a CUDA graph. A capture cannot compile or load a kernel: call
+ *     each configuration once (or rlk_precompile it and call it once) before capturing; scratch
+ *     memory is the caller's workspace argument.
  *   - One context may be used from several threads at once.
  *
  * C11. The ABI is versioned by the library soname (librlk.so.RLK_VERSION_MAJOR).
@@ -289,7 +293,8 @@ RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
  * Deterministic: the same inputs give bitwise the same outputs on the same device.
  * group_offsets values are checked in full on the host backend; on a GPU they are device
  * memory and only their shape is checked (reading them would synchronize): bad values never
- * cause an out-of-bounds access, but the advantages are then unspecified. */
+ * cause an out-of-bounds access, but the advantages are then unspecified.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream);
 
@@ -309,8 +314,8 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
  * token counts with weight 1. */
 
 /* How per-token losses l_t become the scalar loss. n_b = sum of the mask over sequence b.
- * Every mode divides by a normalizer passed in (never a count the kernel makes itself), so
- * data-parallel ranks that pass the same global normalizers agree exactly:
+ * Every mode divides by a normalizer passed in, so data-parallel ranks that pass the same
+ * global normalizers agree exactly:
  *   TOKEN_MEAN               loss_scale * sum_t m_t l_t / token_normalizer
  *   TOKEN_SUM                loss_scale * sum_t m_t l_t
  *   SEQ_MEAN_TOKEN_SUM       loss_scale * sum_b sum_t m_t l_t / seq_normalizer
@@ -322,7 +327,18 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
  * token_normalizer: the global count of tokens that count (verl batch_num_tokens; TRL dapo
  * num_items_in_batch / num_processes, bnpo max(sum(mask), 1)); seq_normalizer: the global
  * sequence count (verl global_batch_size; TRL: the local B); loss_scale: verl's dp_size, or
- * 1 / gradient_accumulation_steps. */
+ * 1 / gradient_accumulation_steps.
+ * A normalizer is given one of three ways, none of which reads anything back to the host:
+ *   - a number (token_normalizer, seq_normalizer > 0): folded into the kernels' constant;
+ *   - a device scalar (token_normalizer_tensor, seq_normalizer_tensor: f32 or f64, [1] or 0-d,
+ *     in device memory on a GPU; the number left 0): read by the kernels, e.g. a global token
+ *     count all-reduced across data-parallel ranks on the device. Its value is not checked (it
+ *     is never read by the host): <= 0 or non-finite gives non-finite results;
+ *   - neither (the number 0): token-mean divides by this call's mask count sum_t m_t, counted on
+ *     the device by a pre-pass (per-block partials in the workspace, added up in a fixed order:
+ *     deterministic) when there is a mask, known from the shape without one (B * T, or N); a
+ *     count of 0 gives a loss of 0 and zero gradients. The SEQ_MEAN_* modes divide by this
+ *     call's sequence count (B, or S). */
 typedef enum rlk_loss_agg {
   RLK_AGG_TOKEN_MEAN = 0,
   RLK_AGG_TOKEN_SUM = 1,
@@ -414,10 +430,12 @@ typedef struct rlk_policy_loss_args {
   double entropy_coef;                 /* loss -= entropy_coef * agg(entropy) */
 
   rlk_loss_agg agg;         /* one aggregation for every term */
-  double token_normalizer;  /* > 0, TOKEN_MEAN */
-  double seq_normalizer;    /* > 0, SEQ_MEAN_* */
+  double token_normalizer;  /* > 0, TOKEN_MEAN; 0: the tensor below, or this call's mask count */
+  double seq_normalizer;    /* > 0, SEQ_MEAN_*; 0: the tensor below, or this call's sequence count */
   double norm_scale;        /* > 0, SEQ_MEAN_TOKEN_SUM_NORM */
   double loss_scale;        /* finite; multiplies the loss and every gradient */
+  rlk_tensor token_normalizer_tensor; /* optional device scalar replacing token_normalizer */
+  rlk_tensor seq_normalizer_tensor;   /* optional device scalar replacing seq_normalizer */
 
   /* Outputs. loss [1] and metrics [>= RLK_POLICY_LOSS_METRICS] in logp's dtype (contiguous);
    * grad_logp (d loss / d logp) and grad_entropy (d loss / d entropy) with logp's layout and
@@ -438,11 +456,13 @@ typedef struct rlk_policy_loss_args {
 /* Fills `args` with verl's actor defaults: ppo, clip_low = clip_high = 0.2, dual_clip 3,
  * log ratio clamped to [-20, 20], SAPO taus 1.0 / 1.05, KL k3 with verl's clamps (input 20,
  * output 10) and kl_coef 0 (no KL term), no straight-through, entropy_coef 0, token-mean,
- * loss_scale 1; the normalizers 0 (they must be set), every tensor absent. */
+ * loss_scale 1; the normalizers 0 (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
 
 /* Bytes of workspace a call with these arguments needs (the same checks as the call; data
- * pointers are not read). 0 on the host backend. */
+ * pointers are not read). 0 on the host backend. Depends only on the shapes, dtypes, the mode,
+ * the aggregation, how the normalizer is given and the device: at most
+ * (2 * multiprocessors) * 14 * 8 + 16 bytes. */
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
                                                   size_t *bytes);
 
@@ -454,7 +474,12 @@ RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_po
  * Gradients follow torch's autograd conventions: a clamp passes the gradient on its closed
  * range, max/min split it equally on a tie. On a GPU, seq_offsets values are device memory and
  * only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
- * tokens then outside every sequence are left unwritten). */
+ * tokens then outside every sequence are left unwritten).
+ * Never synchronizes the stream or the device, never allocates device memory, never reads
+ * device data on the host: every launch is queued on `stream`, so a call can be captured in a
+ * CUDA graph (the caller's buffers, workspace and normalizer tensors included, are then the
+ * graph's). Before a capture, one call with the same configuration must have run (or
+ * rlk_precompile): it compiles or loads the kernels, which a capture cannot. */
 RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream);
 
 /* Indices of rlk_value_loss_args.metrics (means as for the policy loss). */
@@ -480,6 +505,7 @@ typedef struct rlk_value_loss_args {
   double clip;
   rlk_loss_agg agg; /* and the normalizers, exactly as rlk_policy_loss_args */
   double token_normalizer, seq_normalizer, norm_scale, loss_scale;
+  rlk_tensor token_normalizer_tensor, seq_normalizer_tensor;
   /* Outputs: loss [1] and metrics [>= RLK_VALUE_LOSS_METRICS] (optional) in the values' dtype;
    * grad_values with their layout and dtype. */
   rlk_tensor loss;
@@ -490,15 +516,17 @@ typedef struct rlk_value_loss_args {
 } rlk_value_loss_args;
 
 /* Fills `args` with verl's critic defaults: clip 0.5, token-mean, loss_scale 1, normalizers 0
- * (they must be set), every tensor absent. */
+ * (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args);
 
-/* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend). */
+/* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend); at
+ * most (2 * multiprocessors) * 6 * 8 + 16 bytes. */
 RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args,
                                                  size_t *bytes);
 
 /* The clipped value loss forward and backward (loss, grad_values, metrics) on `stream`,
- * with the same passes, layouts, aggregation and determinism as rlk_policy_loss. */
+ * with the same passes, layouts, aggregation and determinism as rlk_policy_loss; like it, never
+ * synchronizes, never allocates device memory, and is capturable once its kernels are loaded. */
 RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */
@@ -557,7 +585,8 @@ typedef struct rlk_gae_args {
 RLK_API void rlk_gae_args_init(rlk_gae_args *args);
 
 /* Generalized advantage estimation (and returns) over every row on `stream`: one launch.
- * Deterministic: the same inputs and shape give bitwise the same outputs on the same device. */
+ * Deterministic: the same inputs and shape give bitwise the same outputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *args, void *stream);
 
 /* What discounted returns do at masked positions. */
@@ -584,7 +613,8 @@ typedef struct rlk_discounted_returns_args {
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args);
 
 /* Discounted returns R_t = r_t + gamma R_{t+1} per row, with the mask as chosen above, on
- * `stream`: one launch, deterministic like rlk_gae. */
+ * `stream`: one launch, deterministic like rlk_gae.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *args,
                                           void *stream);
 
@@ -603,7 +633,8 @@ typedef struct rlk_reverse_cumsum_args {
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args);
 
 /* Reverse cumulative sums of the masked values per row (flip, cumsum, flip of values * mask),
- * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic. */
+ * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *args,
                                       void *stream);
 
@@ -660,7 +691,8 @@ RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
 
 /* Whitens x over all valid elements of the batch on `stream`: two launches on a GPU (partial
  * statistics per block, then a fixed-order merge and the transform), one on the host. No float
- * atomics: bitwise repeatable on the same device for the same shape. */
+ * atomics: bitwise repeatable on the same device for the same shape.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *args,
                                      void *stream);
 
@@ -740,7 +772,8 @@ typedef struct rlk_logprob_args {
 RLK_API void rlk_logprob_args_init(rlk_logprob_args *args);
 
 /* Token log-probs (and lse, entropy) on `stream`, one pass over the logits; no device memory
- * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs. */
+ * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
 /* Backward of rlk_logprob: with p = softmax(z) and E = E_p[z] = lse - entropy,
@@ -780,7 +813,8 @@ typedef struct rlk_logprob_backward_args {
 /* Fills `args` like rlk_logprob_args_init. */
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
 
-/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once. */
+/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
                                         void *stream);
 
@@ -1019,7 +1053,8 @@ RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args);
 /* Prefix-shared attention on `stream`: one launch, no device memory beyond the outputs; the
  * prefix K/V tiles of a prompt are read once per tile of stacked response queries (all the
  * group's response rows see the same prefix keys). fp32 accumulation on a GPU, fp64 on the host.
- * Deterministic: bitwise the same outputs for the same inputs on the same device. */
+ * Deterministic: bitwise the same outputs for the same inputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *args,
                                         void *stream);
 
@@ -1055,7 +1090,8 @@ RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
 
 /* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
  * block per key tile and query head looping over every query that sees it, then with GQA the sum
- * over the group's heads; dq with a block per query tile), no atomics. */
+ * over the group's heads; dq with a block per query tile), no atomics.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
                                                  const rlk_prefix_attention_backward_args *args,
                                                  void *stream);
@@ -1156,7 +1192,8 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args);
 /* Samples a token per row on `stream`: one launch, no device memory allocated, no
  * synchronization. Deterministic: the same inputs, seeds and offsets give the same tokens and
  * log-probs on the same device, whatever the batch around a row with its own seed. Without
- * filters the logits are read once; filters add a pass or more over rows that use them. */
+ * filters the logits are read once; filters add a pass or more over rows that use them.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */

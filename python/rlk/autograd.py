@@ -28,7 +28,7 @@ __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "VocabParallelTokenLogprob
 def _scaled(g, grad):
     if grad is None:
         return None
-    return grad * g.to(grad.dtype)
+    return grad * (g if g.dtype is grad.dtype else g.to(grad.dtype))
 
 
 class PolicyLoss(torch.autograd.Function):
@@ -37,12 +37,12 @@ class PolicyLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logp, entropy, kwargs):
-        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
+        # kwargs: the caller's keywords, "metrics" and "scalar_loss" already taken out
         out = losses.policy_loss(logp.detach(), entropy=None if entropy is None else entropy.detach(),
-                                 metrics=True, **kw)
+                                 metrics=True, scalar_loss=True, **kwargs)
         ctx.save_for_backward(out.grad_logp, out.grad_entropy)
         ctx.mark_non_differentiable(out.metrics)
-        return out.loss.view(()), out.metrics
+        return out.loss, out.metrics
 
     @staticmethod
     def backward(ctx, grad_loss, grad_metrics):
@@ -56,11 +56,10 @@ class ValueLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, kwargs):
-        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
-        out = losses.value_loss(values.detach(), metrics=True, **kw)
+        out = losses.value_loss(values.detach(), metrics=True, scalar_loss=True, **kwargs)
         ctx.save_for_backward(out.grad_values)
         ctx.mark_non_differentiable(out.metrics)
-        return out.loss.view(()), out.metrics
+        return out.loss, out.metrics
 
     @staticmethod
     def backward(ctx, grad_loss, grad_metrics):
@@ -187,6 +186,7 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, entropy=None, **kwargs
     tensor in the order of rlk.POLICY_LOSS_METRICS (rlk.metrics_dict names them)."""
     _require_torch("policy_loss", logp)
     kwargs.pop("metrics", None)
+    kwargs.pop("scalar_loss", None)
     kwargs.update(old_logp=old_logp, advantages=advantages, mask=mask)
     return PolicyLoss.apply(logp, entropy, kwargs)
 
@@ -196,6 +196,7 @@ def value_loss(values, old_values, returns, mask=None, **kwargs):
     in the order of rlk.VALUE_LOSS_METRICS."""
     _require_torch("value_loss", values)
     kwargs.pop("metrics", None)
+    kwargs.pop("scalar_loss", None)
     kwargs.update(old_values=old_values, returns=returns, mask=mask)
     return ValueLoss.apply(values, kwargs)
 

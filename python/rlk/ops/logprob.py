@@ -112,13 +112,13 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     n = dim(logits, 0)
+    f32, shape = T.DType.F32, (n,)
     if logp is None:
-        logp = b.empty((n,), T.DType.F32)
-    b.set("logp", logp, _F32, output=True)
-    lse_out = b.empty((n,), T.DType.F32) if lse else None
-    ent_out = b.empty((n,), T.DType.F32) if entropy else None
-    b.set("lse", lse_out, _F32, optional=True, output=True)
-    b.set("entropy", ent_out, _F32, optional=True, output=True)
+        logp = b.set_new("logp", b.empty(shape, f32), f32, shape)
+    else:
+        b.set("logp", logp, _F32, output=True)
+    lse_out = b.set_new("lse", b.empty(shape, f32), f32, shape) if lse else None
+    ent_out = b.set_new("entropy", b.empty(shape, f32), f32, shape) if entropy else None
     b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
 
@@ -148,7 +148,9 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     if grad_logits is None:
         if grad_dtype is not None:
             dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
-        grad_logits = b.empty((dim(logits, 0), dim(logits, 1)), dt)
-    b.set("grad_logits", grad_logits, output=True)
+        shape = (dim(logits, 0), dim(logits, 1))
+        grad_logits = b.set_new("grad_logits", b.empty(shape, dt), dt, shape)
+    else:
+        b.set("grad_logits", grad_logits, output=True)
     b.run(stream)
     return grad_logits
