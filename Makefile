@@ -4,6 +4,8 @@
 #   make test            every test that needs no GPU (what CI runs)
 #   make test-gpu        the same plus the GPU suites (needs a CUDA device)
 #   make sanitize        the tests under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz            the fuzz targets (tests/fuzz, clang's libFuzzer + ASan/UBSan, build-fuzz/),
+#                        FUZZ_SECONDS (60) each after replaying their kept corpus
 #   make bench           the benchmarks (tools/rlk-bench); kept results are in tools/bench/
 #   make precompile      a shippable cache for PRECOMPILE_TARGETS under cache/
 #   make install PREFIX=/usr/local
@@ -49,6 +51,7 @@ SHLIB := $(BUILD)/lib/librlk.so.$(VERSION)
 STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-gpu sanitize bench precompile install clean deps demo
+.PHONY: fuzz fuzz-build fuzz-corpus
 .PHONY: python-test conformance
 
 all: lib tools
@@ -138,6 +141,44 @@ test-gpu: deps
 sanitize:
 	$(MAKE) BUILD=build-asan OPT=-O1 SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
 
+# ---- fuzzing ---------------------------------------------------------------------
+# The library under the sanitizers and libFuzzer's coverage, each tests/fuzz/fuzz_<name>.c linked
+# with it into build-fuzz/fuzz/fuzz_<name>. tests/fuzz/run.sh replays each target over its kept
+# inputs (tests/fuzz/corpus/<name>, tests/fuzz/crashes/<name>), then fuzzes it for FUZZ_SECONDS;
+# any crash, sanitizer report, leak or hang fails. fuzz-corpus adds the inputs of a run that
+# reach new code to the kept corpus.
+FUZZ_BUILD := build-fuzz
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_BINS := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/fuzz_%)
+# The descriptor target's kernels live in a cache named after the compiler wrapper that built them.
+FUZZ_KERNEL_CC_ID := $(shell cksum < tests/fuzz/kernel-cc | cut -d' ' -f1)
+
+fuzz:
+	@FUZZ_CC=$(FUZZ_CC) tools/build/deps.sh fuzz
+	$(MAKE) fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 \
+	  SANITIZE="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_BUILD)/lib/librlk.a
+	$(MAKE) $(FUZZ_BINS)
+
+$(FUZZ_BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h tests/fuzz/kernel-cc $(wildcard tools/*.h) \
+                           $(FUZZ_BUILD)/lib/librlk.a
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) -Itools -std=c11 -O1 -g $(WARN) $(FUZZ_SAN) -fsanitize=fuzzer \
+	  -DRLK_FUZZ_KERNEL_CC='"$(abspath tests/fuzz/kernel-cc)"' \
+	  -DRLK_FUZZ_CACHE_DIR='"$(abspath $(FUZZ_BUILD)/cache)/$(FUZZ_KERNEL_CC_ID)"' \
+	  -o $@ $< $(FUZZ_BUILD)/lib/librlk.a -pthread $(LDLIBS)
+
+fuzz-corpus:
+	$(MAKE) fuzz-build
+	for t in $(FUZZ_TARGETS); do mkdir -p tests/fuzz/corpus/$$t $(FUZZ_BUILD)/corpus/$$t && \
+	  $(FUZZ_BUILD)/fuzz/fuzz_$$t -merge=1 tests/fuzz/corpus/$$t $(FUZZ_BUILD)/corpus/$$t || exit 1; done
+
 bench: tools
 	$(BUILD)/bin/rlk-bench --json $(BUILD)/bench.json
 
@@ -157,6 +198,6 @@ install: all
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rlk.pc
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -9,7 +9,11 @@
  *   - Opaque handles with create/destroy pairs. Nothing here names a CUDA or HIP type:
  *     streams are passed as `void *` (a CUstream or hipStream_t; NULL is the default
  *     stream; ignored on the host backend).
- *   - Launches never synchronize and allocate no device memory.
+ *   - Op calls (rlk_group_advantage ... rlk_sample) only queue launches on `stream`: they never
+ *     synchronize, never allocate device memory and never read device data back to the host,
+ *     so they can be captured in a CUDA graph. A capture cannot compile or load a kernel: call
+ *     each configuration once (or rlk_precompile it and call it once) before capturing; scratch
+ *     memory is the caller's workspace argument.
  *   - One context may be used from several threads at once.
  *
  * C11. The ABI is versioned by the library soname (librlk.so.RLK_VERSION_MAJOR).
@@ -300,7 +304,8 @@ RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
  * Deterministic: the same inputs give bitwise the same outputs on the same device.
  * group_offsets values are checked in full on the host backend; on a GPU they are device
  * memory and only their shape is checked (reading them would synchronize): bad values never
- * cause an out-of-bounds access, but the advantages are then unspecified. */
+ * cause an out-of-bounds access, but the advantages are then unspecified.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream);
 
@@ -320,8 +325,8 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
  * token counts with weight 1. */
 
 /* How per-token losses l_t become the scalar loss. n_b = sum of the mask over sequence b.
- * Every mode divides by a normalizer passed in (never a count the kernel makes itself), so
- * data-parallel ranks that pass the same global normalizers agree exactly:
+ * Every mode divides by a normalizer passed in, so data-parallel ranks that pass the same
+ * global normalizers agree exactly:
  *   TOKEN_MEAN               loss_scale * sum_t m_t l_t / token_normalizer
  *   TOKEN_SUM                loss_scale * sum_t m_t l_t
  *   SEQ_MEAN_TOKEN_SUM       loss_scale * sum_b sum_t m_t l_t / seq_normalizer
@@ -337,7 +342,18 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
  * token_normalizer: the global count of tokens that count (verl batch_num_tokens; TRL dapo
  * num_items_in_batch / num_processes, bnpo max(sum(mask), 1)); seq_normalizer: the global
  * sequence count (verl global_batch_size; TRL: the local B); loss_scale: verl's dp_size, or
- * 1 / gradient_accumulation_steps. */
+ * 1 / gradient_accumulation_steps.
+ * A normalizer is given one of three ways, none of which reads anything back to the host:
+ *   - a number (token_normalizer, seq_normalizer > 0): folded into the kernels' constant;
+ *   - a device scalar (token_normalizer_tensor, seq_normalizer_tensor: f32 or f64, [1] or 0-d,
+ *     in device memory on a GPU; the number left 0): read by the kernels, e.g. a global token
+ *     count all-reduced across data-parallel ranks on the device. Its value is not checked (it
+ *     is never read by the host): <= 0 or non-finite gives non-finite results;
+ *   - neither (the number 0): token-mean divides by this call's mask count sum_t m_t, counted on
+ *     the device by a pre-pass (per-block partials in the workspace, added up in a fixed order:
+ *     deterministic) when there is a mask, known from the shape without one (B * T, or N); a
+ *     count of 0 gives a loss of 0 and zero gradients. The SEQ_MEAN_* modes divide by this
+ *     call's sequence count (B, or S). */
 typedef enum rlk_loss_agg {
   RLK_AGG_TOKEN_MEAN = 0,
   RLK_AGG_TOKEN_SUM = 1,
@@ -464,10 +480,12 @@ typedef struct rlk_policy_loss_args {
   double entropy_coef;                 /* loss -= entropy_coef * agg(entropy) */
 
   rlk_loss_agg agg;         /* one aggregation for every term */
-  double token_normalizer;  /* > 0, TOKEN_MEAN */
-  double seq_normalizer;    /* > 0, SEQ_MEAN_* */
+  double token_normalizer;  /* > 0, TOKEN_MEAN; 0: the tensor below, or this call's mask count */
+  double seq_normalizer;    /* > 0, SEQ_MEAN_*; 0: the tensor below, or this call's sequence count */
   double norm_scale;        /* > 0, SEQ_MEAN_TOKEN_SUM_NORM */
   double loss_scale;        /* finite; multiplies the loss and every gradient */
+  rlk_tensor token_normalizer_tensor; /* optional device scalar replacing token_normalizer */
+  rlk_tensor seq_normalizer_tensor;   /* optional device scalar replacing seq_normalizer */
 
   /* Outputs. loss [1] and metrics [>= RLK_POLICY_LOSS_METRICS] in logp's dtype (contiguous);
    * grad_logp (d loss / d logp) and grad_entropy (d loss / d entropy) with logp's layout and
@@ -489,11 +507,13 @@ typedef struct rlk_policy_loss_args {
  * log ratio clamped to [-20, 20], SAPO taus 1.0 / 1.05, straight-through sequence ratio,
  * clamp_bound_grad 1, KL k3 with verl's clamps (input 20,
  * output 10) and kl_coef 0 (no KL term), no straight-through, entropy_coef 0, token-mean,
- * loss_scale 1; the normalizers 0 (they must be set), every tensor absent. */
+ * loss_scale 1; the normalizers 0 (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
 
 /* Bytes of workspace a call with these arguments needs (the same checks as the call; data
- * pointers are not read). 0 on the host backend. */
+ * pointers are not read). 0 on the host backend. Depends only on the shapes, dtypes, the mode,
+ * the aggregation, how the normalizer is given and the device: at most
+ * (2 * multiprocessors) * 14 * 8 + 16 bytes. */
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
                                                   size_t *bytes);
 
@@ -503,9 +523,14 @@ RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_po
  * outputs for the same inputs on the same device. Per-token terms and per-block sums in the
  * inputs' precision (f32 or f64), the blocks' partials combined in f64 (the host sums in f64).
  * Gradients follow torch's autograd conventions: a clamp passes the gradient inside its range
- * and clamp_bound_grad of it on a bound, max/min split it equally on a tie. On a GPU, seq_offsets values are device memory and
- * only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
- * tokens then outside every sequence are left unwritten). */
+ * and clamp_bound_grad of it on a bound, max/min split it equally on a tie. On a GPU,
+ * seq_offsets values are device memory and only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
+ * tokens then outside every sequence are left unwritten).
+ * Never synchronizes the stream or the device, never allocates device memory, never reads
+ * device data on the host: every launch is queued on `stream`, so a call can be captured in a
+ * CUDA graph (the caller's buffers, workspace and normalizer tensors included, are then the
+ * graph's). Before a capture, one call with the same configuration must have run (or
+ * rlk_precompile): it compiles or loads the kernels, which a capture cannot. */
 RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream);
 
 /* Indices of rlk_value_loss_args.metrics (means as for the policy loss). */
@@ -535,6 +560,7 @@ typedef struct rlk_value_loss_args {
   double clamp_bound_grad;
   rlk_loss_agg agg; /* and the normalizers, exactly as rlk_policy_loss_args */
   double token_normalizer, seq_normalizer, norm_scale, loss_scale;
+  rlk_tensor token_normalizer_tensor, seq_normalizer_tensor;
   /* Outputs: loss [1] and metrics [>= RLK_VALUE_LOSS_METRICS] (optional) in the values' dtype;
    * grad_values with their layout and dtype. */
   rlk_tensor loss;
@@ -545,16 +571,17 @@ typedef struct rlk_value_loss_args {
 } rlk_value_loss_args;
 
 /* Fills `args` with verl's critic defaults: clip 0.5, clamp_bound_grad 0.5, token-mean,
- * loss_scale 1, normalizers 0
- * (they must be set), every tensor absent. */
+ * loss_scale 1, normalizers 0 (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args);
 
-/* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend). */
+/* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend); at
+ * most (2 * multiprocessors) * 6 * 8 + 16 bytes. */
 RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args,
                                                  size_t *bytes);
 
 /* The clipped value loss forward and backward (loss, grad_values, metrics) on `stream`,
- * with the same passes, layouts, aggregation and determinism as rlk_policy_loss. */
+ * with the same passes, layouts, aggregation and determinism as rlk_policy_loss; like it, never
+ * synchronizes, never allocates device memory, and is capturable once its kernels are loaded. */
 RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */
@@ -613,7 +640,8 @@ typedef struct rlk_gae_args {
 RLK_API void rlk_gae_args_init(rlk_gae_args *args);
 
 /* Generalized advantage estimation (and returns) over every row on `stream`: one launch.
- * Deterministic: the same inputs and shape give bitwise the same outputs on the same device. */
+ * Deterministic: the same inputs and shape give bitwise the same outputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *args, void *stream);
 
 /* What discounted returns do at masked positions. */
@@ -640,7 +668,8 @@ typedef struct rlk_discounted_returns_args {
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args);
 
 /* Discounted returns R_t = r_t + gamma R_{t+1} per row, with the mask as chosen above, on
- * `stream`: one launch, deterministic like rlk_gae. */
+ * `stream`: one launch, deterministic like rlk_gae.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *args,
                                           void *stream);
 
@@ -659,7 +688,8 @@ typedef struct rlk_reverse_cumsum_args {
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args);
 
 /* Reverse cumulative sums of the masked values per row (flip, cumsum, flip of values * mask),
- * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic. */
+ * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *args,
                                       void *stream);
 
@@ -716,7 +746,8 @@ RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
 
 /* Whitens x over all valid elements of the batch on `stream`: two launches on a GPU (partial
  * statistics per block, then a fixed-order merge and the transform), one on the host. No float
- * atomics: bitwise repeatable on the same device for the same shape. */
+ * atomics: bitwise repeatable on the same device for the same shape.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *args,
                                      void *stream);
 
@@ -737,8 +768,12 @@ typedef enum rlk_logprob_variant {
                                  * row boxes into a shared-memory ring; forward only */
 } rlk_logprob_variant;
 
-/* Bits that rlk_logprob and rlk_logprob_backward OR into the caller's status word. */
-#define RLK_LOGPROB_STATUS_BAD_LABEL 1 /* a label outside [0, V) that is not ignore_index */
+/* Bits that rlk_logprob, rlk_logprob_backward and rlk_logprob_combine OR into the caller's status
+ * word. */
+#define RLK_LOGPROB_STATUS_BAD_LABEL 1 /* a label outside [0, V) that is not ignore_index (sharded:
+                                        * a label no shard owns) */
+#define RLK_LOGPROB_STATUS_LABEL_OWNERS 2 /* sharded: a label owned by two or more shards (their
+                                           * vocabulary ranges overlap) */
 
 /* Forward: z = logits / temperature in fp32 per row i, lse[i] = log sum_j exp(z[i, j]),
  *   logp[i] = z[i, y_i] - lse[i],   entropy[i] = lse[i] - sum_j p[i, j] z[i, j],  p = softmax(z).
@@ -775,6 +810,16 @@ typedef struct rlk_logprob_args {
   int block;
   int unroll;
   int stages;
+  /* Shard form (vocab-parallel, see "Vocab-parallel log-probs" below): when `partials` is given,
+   * the logits are the columns [vocab_start, vocab_start + V) of a larger vocabulary, labels are
+   * indices into that vocabulary, and the call writes the shard's records, f32 [N, 4] contiguous
+   * and 16-byte aligned, instead of logp, lse and entropy (which must then be absent; status is
+   * not touched: a label outside the shard is no error here). partial_entropy 1 fills the
+   * records' entropy field (u), else it is 0. The shard form always runs the vector variant
+   * (with block and unroll as asked). */
+  rlk_tensor partials;
+  int64_t vocab_start;
+  int partial_entropy;
 } rlk_logprob_args;
 
 /* Fills `args` with the defaults of TRL, verl and OpenRLHF: temperature 1, ignore_index -100
@@ -782,7 +827,8 @@ typedef struct rlk_logprob_args {
 RLK_API void rlk_logprob_args_init(rlk_logprob_args *args);
 
 /* Token log-probs (and lse, entropy) on `stream`, one pass over the logits; no device memory
- * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs. */
+ * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
 /* Backward of rlk_logprob: with p = softmax(z) and E = E_p[z] = lse - entropy,
@@ -810,14 +856,208 @@ typedef struct rlk_logprob_backward_args {
   int block;
   int unroll;
   int stages;
+  /* Shard form: shard 1 says the logits are the columns [vocab_start, vocab_start + V) of a
+   * larger vocabulary and lse / entropy are rlk_logprob_combine's (the whole vocabulary's). A
+   * label outside the shard gives no one-hot term and is no error (a label no shard owns already
+   * made the combined lse NaN, so its row's gradient is NaN). No communication: every shard
+   * computes its own columns' gradient. */
+  int shard;
+  int64_t vocab_start;
 } rlk_logprob_backward_args;
 
 /* Fills `args` like rlk_logprob_args_init. */
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
 
-/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once. */
+/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
                                         void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: vocab-parallel log-probs and entropy (tensor-parallel LM heads)     */
+/* ------------------------------------------------------------------------ */
+
+/* The vocabulary is split into P shards [v0_r, v1_r), one per tensor-parallel rank, of any widths.
+ * A shard's forward (rlk_logprob with `partials`; any other producer may write the same records,
+ * e.g. a fused LM head over a weight shard) writes one record of RLK_LOGPROB_PARTIAL_FIELDS f32 per
+ * row, in natural-log units of z = logits / temperature over the shard's columns:
+ *   [0] m  the shard's largest z (-inf when every z is -inf)
+ *   [1] s  sum_j exp(z_j - m)              (0 when m is -inf; NaN when a logit is NaN or +inf)
+ *   [2] u  sum_j exp(z_j - m) (z_j - m)    (the entropy's part; 0 when not asked for)
+ *   [3] t  z_y when the shard owns the row's label (v0 <= y < v1, y not ignore_index), else
+ *          +inf, the "absent" marker (an owned +inf logit is written as NaN: its row is NaN anyway)
+ * The caller gathers the P shards' [N, 4] records into [P, N, 4] in rank order (one all-gather of
+ * 16 N bytes per rank; rlk_logprob_vocab_parallel does it through NCCL), and rlk_logprob_combine
+ * merges each row's records in that order:
+ *   M = max_r m_r,  S = sum_r s_r e^(m_r - M),  U = sum_r e^(m_r - M) (u_r + (m_r - M) s_r),
+ *   lse = M + ln S,  entropy = ln S - U / S,  logp = (t_owner - M) - ln S.
+ * Every rank combining the same gathered bytes gets bitwise the same results (the order is
+ * rlk's, not the collective's). The backward needs no communication: rlk_logprob_backward with
+ * shard 1, the shard's logits and the combined lse (and entropy). */
+#define RLK_LOGPROB_PARTIAL_FIELDS 4
+
+typedef struct rlk_logprob_combine_args {
+  /* f32 [P, N, 4] contiguous and 16-byte aligned: the shards' records in rank order (P >= 1). */
+  rlk_tensor partials;
+  /* [N] i32 or i64, any positive stride: only compared with ignore_index (ownership is in the
+   * records). */
+  rlk_tensor labels;
+  int64_t ignore_index;
+  /* Outputs as rlk_logprob's: f32 [N] contiguous, logp required, lse and entropy optional
+   * (entropy needs records written with partial_entropy 1). An ignored row gets logp 0; a row
+   * whose label no record owns, or two records own, gets NaN logp, lse and entropy and raises
+   * RLK_LOGPROB_STATUS_BAD_LABEL or RLK_LOGPROB_STATUS_LABEL_OWNERS in *status. */
+  rlk_tensor logp;
+  rlk_tensor lse;
+  rlk_tensor entropy;
+  rlk_tensor status; /* optional i32 [1], as in rlk_logprob_args */
+} rlk_logprob_combine_args;
+
+/* Fills `args` with ignore_index -100 and every tensor absent. */
+RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args);
+
+/* Merges gathered shard records into logp, lse and entropy on `stream`: one small launch (a
+ * thread per row, the P records in order), reads 16 P N bytes. */
+RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *args,
+                                       void *stream);
+
+/* The shard forward, one NCCL all-gather of the records and the combine, in one call on the
+ * caller's stream (CUDA backend). libnccl is opened at run time, never linked: first a copy the
+ * process already loaded (PyTorch's: dlopen of libnccl.so.2 / libnccl.so with RTLD_NOLOAD), else
+ * the path in RLK_NCCL_LIB (when set, the only other candidate), else the system's libnccl.so.2.
+ * The communicator must come from that same library. Its ranks must hold the shards in rank
+ * order; every rank makes the same calls in the same order (NCCL's rule). No synchronization, no
+ * allocation: the records live in the caller's workspace. */
+typedef struct rlk_logprob_vocab_parallel_args {
+  /* The shard forward's arguments: logits (this rank's shard), labels, temperature, ignore_index,
+   * vocab_start and tuning as in rlk_logprob's shard form; logp, lse, entropy and status are the
+   * combined outputs (as in rlk_logprob_combine_args); partials must be absent and
+   * partial_entropy is implied by entropy. */
+  rlk_logprob_args fwd;
+  void *nccl_comm; /* the caller's ncclComm_t */
+  /* Device memory of rlk_logprob_vocab_parallel_workspace_size() bytes (16 P N), 16-byte aligned:
+   * the gathered records, left there for inspection. */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_logprob_vocab_parallel_args;
+
+/* Fills `args` with rlk_logprob_args_init's defaults, no communicator and no workspace. */
+RLK_API void rlk_logprob_vocab_parallel_args_init(rlk_logprob_vocab_parallel_args *args);
+
+/* Bytes of workspace (16 P N, P = the communicator's rank count, asked of NCCL). CUDA backend
+ * only (RLK_ERR_UNSUPPORTED elsewhere, before NCCL is asked anything). */
+RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
+                                                             const rlk_logprob_vocab_parallel_args *args,
+                                                             size_t *bytes);
+
+/* Three launches on `stream`: the shard's records into its rank's slot of the workspace, an
+ * in-place ncclAllGather, the combine. RLK_ERR_UNAVAILABLE when no libnccl can be opened (the
+ * message lists what was tried), RLK_ERR_UNSUPPORTED off the CUDA backend, RLK_ERR_BACKEND when
+ * NCCL refuses the collective. */
+RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
+                                              const rlk_logprob_vocab_parallel_args *args,
+                                              void *stream);
+
+/* Opens libnccl as rlk_logprob_vocab_parallel does and writes its ncclGetVersion code (e.g.
+ * 22809) and the file it came from (into path, when given, cut to `size`). RLK_ERR_UNAVAILABLE
+ * lists every candidate tried. */
+RLK_API rlk_status rlk_nccl_version(int *version, char *path, size_t size);
+
+/* ------------------------------------------------------------------------ */
+/* Ops: fused LM head + token log-probs (and entropy)                       */
+/* ------------------------------------------------------------------------ */
+
+/* Kernels of rlk_linear_logprob: AUTO picks WGMMA on sm_90a where the tensors allow tensor maps
+ * (16-byte aligned, row strides a multiple of 8 elements), TILED elsewhere (every CUDA target and
+ * HIP). The host backend computes in fp64 whatever is asked. */
+typedef enum rlk_linear_logprob_variant {
+  RLK_LINEAR_LOGPROB_AUTO = 0,
+  RLK_LINEAR_LOGPROB_WGMMA = 1, /* sm_90a: TMA + wgmma, warp-specialized */
+  RLK_LINEAR_LOGPROB_TILED = 2  /* portable f32 tiles from shared memory */
+} rlk_linear_logprob_variant;
+
+/* rlk_logprob's outputs from z = hidden weight^T / T without ever storing the [N, V] logits:
+ *   logp[i] = z[i, y_i] - lse[i],  lse[i] = log sum_v exp z[i, v],  entropy[i] = lse[i] - E_p[z],
+ * with the same label rules (ignore_index: logp 0; a label outside [0, V): NaN row and
+ * RLK_LOGPROB_STATUS_BAD_LABEL in *status). The dot products accumulate in f32 on a GPU (fp64 on
+ * the host). A GPU call runs a GEMM kernel per (row block, vocabulary split) that leaves per-row
+ * partials (max, sum of exp, sum of p z, the label's logit) in the workspace, then a kernel that
+ * merges each row's splits in split order: bitwise repeatable, no float atomics. */
+typedef struct rlk_linear_logprob_args {
+  rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
+  rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
+  rlk_tensor labels;    /* [N] i32 or i64, any positive stride */
+  float temperature;    /* > 0 and finite */
+  int64_t ignore_index;
+  rlk_tensor logp;      /* f32 [N] contiguous, required */
+  rlk_tensor lse;       /* f32 [N] contiguous, optional */
+  rlk_tensor entropy;   /* f32 [N] contiguous, optional (computed in the same pass) */
+  rlk_tensor status;    /* optional i32 [1], as in rlk_logprob_args */
+  /* Device scratch of rlk_linear_logprob_workspace_size() bytes, 16-byte aligned (NULL when 0). */
+  void *workspace;
+  size_t workspace_bytes;
+  rlk_linear_logprob_variant variant;
+  /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
+   * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
+  int splits;
+} rlk_linear_logprob_args;
+
+/* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
+
+/* Bytes of workspace a call with these arguments needs (16 bytes per row and split on a GPU, 0 on
+ * the host backend). Checks the arguments like the call. */
+RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
+                                                     const rlk_linear_logprob_args *args,
+                                                     size_t *bytes);
+
+/* The fused forward on `stream`: two launches, no device memory beyond the workspace. */
+RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
+                                      void *stream);
+
+/* Backward of rlk_linear_logprob. With z = hidden weight^T / T, p = softmax(z), E = lse - entropy:
+ *   dz[i, v] = (g_lp[i] (onehot(y_i)_v - p[i, v]) - g_H[i] p[i, v] (z[i, v] - E[i])) / T,
+ *   grad_hidden = dz weight,  grad_weight = dz^T hidden.
+ * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
+ * chunk's dz lives in the workspace, never the whole [N, V]. Rows whose label is ignore_index
+ * contribute nothing; a bad label makes the gradients NaN and sets the status bit. Deterministic:
+ * a fixed chunk order, every output element written by one thread, no atomics. */
+typedef struct rlk_linear_logprob_backward_args {
+  rlk_tensor hidden;    /* the forward's [N, H] */
+  rlk_tensor weight;    /* the forward's [V, H] */
+  rlk_tensor labels;    /* the forward's [N] */
+  float temperature;
+  int64_t ignore_index;
+  rlk_tensor lse;       /* f32 [N] from the forward, required */
+  /* f32 [N] upstream gradients, any positive stride, each optional (absent: 0), at least one;
+   * grad_entropy needs the forward's entropy. */
+  rlk_tensor grad_logp;
+  rlk_tensor grad_entropy;
+  rlk_tensor entropy;
+  /* Outputs, each optional (at least one): [N, H] and [V, H], f32 or the inputs' dtype, rows
+   * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. */
+  rlk_tensor grad_hidden;
+  rlk_tensor grad_weight;
+  int accumulate;
+  rlk_tensor status;    /* as in rlk_logprob_args */
+  void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
+  size_t workspace_bytes;
+  int chunk;            /* vocabulary columns per chunk, a multiple of 64 (0: from N, within 256 MB) */
+} rlk_linear_logprob_backward_args;
+
+/* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */
+RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
+
+/* Bytes of workspace the backward needs (dz of one chunk and the f32 grad_hidden sum on a GPU; 0 on
+ * the host backend). */
+RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
+                                                              const rlk_linear_logprob_backward_args *args,
+                                                              size_t *bytes);
+
+/* The backward on `stream`: three launches per chunk and one at the end. */
+RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
+                                               const rlk_linear_logprob_backward_args *args,
+                                               void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Ops: prefix-shared attention for GRPO groups                             */
@@ -868,7 +1108,8 @@ RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args);
 /* Prefix-shared attention on `stream`: one launch, no device memory beyond the outputs; the
  * prefix K/V tiles of a prompt are read once per tile of stacked response queries (all the
  * group's response rows see the same prefix keys). fp32 accumulation on a GPU, fp64 on the host.
- * Deterministic: bitwise the same outputs for the same inputs on the same device. */
+ * Deterministic: bitwise the same outputs for the same inputs on the same device.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *args,
                                         void *stream);
 
@@ -904,7 +1145,8 @@ RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
 
 /* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
  * block per key tile and query head looping over every query that sees it, then with GQA the sum
- * over the group's heads; dq with a block per query tile), no atomics. */
+ * over the group's heads; dq with a block per query tile), no atomics.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
                                                  const rlk_prefix_attention_backward_args *args,
                                                  void *stream);
@@ -1005,7 +1247,8 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args);
 /* Samples a token per row on `stream`: one launch, no device memory allocated, no
  * synchronization. Deterministic: the same inputs, seeds and offsets give the same tokens and
  * log-probs on the same device, whatever the batch around a row with its own seed. Without
- * filters the logits are read once; filters add a pass or more over rows that use them. */
+ * filters the logits are read once; filters add a pass or more over rows that use them.
+ * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */

@@ -16,9 +16,12 @@ Suite *group_advantage_suite(void);
 Suite *policy_loss_suite(void);
 Suite *advantage_scan_suite(void);
 Suite *logprob_suite(void);
+Suite *logprob_shard_suite(void);
 Suite *sample_suite(void);
 Suite *prefix_attention_suite(void);
 Suite *tune_suite(void);
 Suite *tools_suite(void);
+Suite *hopper_suite(void);
+Suite *linear_logprob_suite(void);
 
 #endif

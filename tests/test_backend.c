@@ -449,6 +449,16 @@ START_TEST(test_tma_check_rejects) {
   r.dtype = RLK_BOOL;
   expect_unsupported(&r, "dtype");
 
+  /* the 128-byte swizzle: 64 bf16 columns fit, 128 do not; only 0 and 128 exist */
+  r = good_request();
+  r.swizzle = 128;
+  ck_assert_msg(rlk_tma_check(&r) == RLK_OK, "%s", rlk_last_error());
+  r.box_cols = 128;
+  expect_unsupported(&r, "128-byte swizzle");
+  r = good_request();
+  r.swizzle = 64;
+  expect_unsupported(&r, "swizzle 64");
+
   ck_assert_int_eq(rlk_tma_check(NULL), RLK_ERR_INVALID_ARGUMENT);
 }
 END_TEST
@@ -1316,7 +1326,7 @@ START_TEST(test_cuda_device_tma) {
   ck_assert_int_eq(b->mem_alloc(b, bytes, &d), RLK_OK);
   ck_assert_int_eq(b->copy_to_device(b, d, h, bytes), RLK_OK);
 
-  rlk_tma_desc_request req = {d, RLK_F32, rows, cols, stride, BOX_ROWS, BOX_COLS};
+  rlk_tma_desc_request req = {d, RLK_F32, rows, cols, stride, BOX_ROWS, BOX_COLS, 0};
   _Alignas(64) unsigned char map[128];
   memset(map, 0, sizeof map);
   if (b->info.compute_major < 9) {

@@ -76,7 +76,12 @@ typedef struct pl_case {
   int binary_mask;       /* f32 / i32 masks hold only 0 and 1 */
   plref_params p;        /* mode, numbers, aggregation (normalizers set by the test or here) */
   int auto_norm;         /* set the normalizers from the data (local counts, times 1.25) */
+  int norm_form;         /* how the normalizers are passed (NORM_*) */
 } pl_case;
+
+/* How a case passes its normalizers: numbers, device scalars (f32 [1] or f64 0-d, the numbers
+ * left 0), or neither (token-mean then divides by the call's mask count, seq-mean by B). */
+enum { NORM_NUMBER = 0, NORM_T32 = 1, NORM_T64 = 2, NORM_NONE = 3 };
 
 static const char *mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", "geo_mean"};
 static const char *kl_names[] = {"k1", "abs", "k2", "k3"};
@@ -383,6 +388,35 @@ static void fill_args(const pl_case *c, const pl_data *d, void *const dv[7], voi
   a->clamp_bound_grad = c->p.bound_g;
 }
 
+/* Puts a case's normalizers into the arguments as its form says; bufs get what was uploaded
+ * (freed by the caller). */
+static void set_norms(rlk_context *ctx, int form, double tn, double sn, double *tn_out,
+                      double *sn_out, rlk_tensor *tt, rlk_tensor *st, void *bufs[2]) {
+  bufs[0] = bufs[1] = NULL;
+  if (form == NORM_NUMBER) {
+    *tn_out = tn;
+    *sn_out = sn;
+    return;
+  }
+  *tn_out = *sn_out = 0;
+  if (form == NORM_NONE) return;
+  const double v[2] = {tn, sn};
+  for (int k = 0; k < 2; k++) {
+    rlk_tensor *t = k ? st : tt;
+    if (form == NORM_T32) {
+      const float f = (float)v[k];
+      bufs[k] = rlk_test_dev_upload(ctx, &f, sizeof f);
+      *t = rlk_tensor_1d(bufs[k], RLK_F32, 1);
+    } else {
+      bufs[k] = rlk_test_dev_upload(ctx, &v[k], sizeof v[k]);
+      memset(t, 0, sizeof *t);
+      t->data = bufs[k];
+      t->dtype = RLK_F64;
+      t->ndim = 0;
+    }
+  }
+}
+
 /* Runs rlk_policy_loss on ctx for a case and data; outputs poisoned first; checks that every
  * token's gradient was written and no padding was; returns the results in fp64. */
 static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, pl_result *res) {
@@ -416,6 +450,9 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
 
   rlk_policy_loss_args a;
   fill_args(c, d, dv, offs_d, &a);
+  void *nb[2];
+  set_norms(ctx, c->norm_form, c->p.token_norm, c->p.seq_norm, &a.token_normalizer,
+            &a.seq_normalizer, &a.token_normalizer_tensor, &a.seq_normalizer_tensor, nb);
   a.loss = rlk_tensor_1d(s_d, c->dtype, 1);
   if (c->metrics) a.metrics = rlk_tensor_1d((char *)s_d + es, c->dtype, RLK_POLICY_LOSS_METRICS);
   if (c->packed) {
@@ -482,6 +519,8 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   rlk_free(ctx, ge_d);
   rlk_free(ctx, s_d);
   rlk_free(ctx, w_d);
+  rlk_free(ctx, nb[0]);
+  rlk_free(ctx, nb[1]);
 }
 
 /* Tolerances. Per token: f64 a few hundred ulps, f32 a few ulps of each factor (exp, products)
@@ -1158,6 +1197,74 @@ static void cases_openrlhf(rlk_context *ctx, uint64_t *rng, rlk_dtype dtype) {
   }
 }
 
+/* The normalizers the reference divides by for a form: an f32 scalar is rounded to f32;
+ * without normalizers, the call's own counts (the mask's weight, B). */
+static void norms_for_form(int form, const pl_data *d, double *tn, double *sn) {
+  if (form == NORM_T32) {
+    *tn = (double)(float)*tn;
+    *sn = (double)(float)*sn;
+  } else if (form == NORM_NONE) {
+    double n = 0;
+    for (int64_t i = 0; i < d->B * d->T; i++)
+      if (d->mask[i] != 0) n += d->mask[i];
+    *tn = n > 0 ? n : 1; /* nothing counts: every term is 0 whatever the divisor */
+    *sn = (double)d->B;
+  }
+}
+
+/* Every way of passing the normalizers (device scalars f32 [1] / f64 0-d, none: the call's
+ * counts) on every aggregation, layout and mask kind: against the reference, and bitwise the
+ * call with the same divisor given as a number (the kernels divide by the same double), except
+ * seq-mean-token-sum-norm, whose divisor is then applied in another order. */
+static void cases_normalizers(rlk_context *ctx, uint64_t *rng) {
+  static const rlk_dtype masks[] = {RLK_BOOL, RLK_F32, RLK_I32, RLK_DTYPE_INVALID};
+  int k = 0;
+  for (int form = NORM_T32; form <= NORM_NONE; form++)
+    for (int agg = 0; agg < 5; agg++)
+      for (int layout = 0; layout < 3; layout++, k++) {
+        const int big = k % 7 == 3;
+        pl_case c = base_case(big ? 61 : 1 + (int64_t)(rlk_test_rand_u64(rng) % 19),
+                              big ? 1500 : 1 + (int64_t)(rlk_test_rand_u64(rng) % 90));
+        c.dtype = k % 3 == 1 ? RLK_F64 : RLK_F32;
+        c.p.agg = agg;
+        c.packed = layout > 0;
+        c.offsets_dtype = layout == 1 ? RLK_I32 : RLK_I64;
+        c.mask_dtype = masks[k % 4];
+        c.empty_rows = k % 5 == 2;
+        c.masked = k % 11 == 5 ? 1.0 : 0.3;
+        c.has_ref = k % 2;
+        c.p.kl_coef = c.has_ref ? 0.05 : 0;
+        c.p.mode = k % 5;
+        /* gspo in f64 under fractional f32 weights differs from the reference by ~1e-8 whatever
+         * the normalizer (a matter of the mode, not of the divisor) */
+        c.binary_mask = c.p.mode == RLK_POLICY_GSPO;
+        c.p.loss_scale = k % 4 == 0 ? 2.0 : 1.0;
+        c.nan_masked = 1;
+        pl_data d;
+        data_make(&c, rng, &d);
+        auto_norms(&c, &d);
+        norms_for_form(form, &d, &c.p.token_norm, &c.p.seq_norm);
+        pl_case n = c; /* the same divisors, as numbers */
+        c.norm_form = form;
+        pl_result r, rn;
+        pl_call_case(ctx, &c, &d, &r);
+        check_against_ref(&c, &d, &r);
+        pl_call_case(ctx, &n, &d, &rn);
+        if (agg != RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM) {
+          char what[1024];
+          describe(&c, what, sizeof what);
+          ck_assert_msg(!memcmp(r.raw_grad, rn.raw_grad, r.raw_bytes), "%s: normalizer form %d: "
+                        "gradients differ from the number's", what, form);
+          ck_assert_msg(!memcmp(r.raw_scalars, rn.raw_scalars,
+                                (1 + RLK_POLICY_LOSS_METRICS) * rlk_dtype_size(c.dtype)),
+                        "%s: normalizer form %d: loss or metrics differ from the number's", what, form);
+        }
+        result_free(&r);
+        result_free(&rn);
+        data_free(&d);
+      }
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Value loss                                                                          */
 /* ---------------------------------------------------------------------------------- */
@@ -1263,8 +1370,9 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   a.seq_offsets = pa.seq_offsets;
   a.clip = v->clip;
   a.agg = v->agg;
-  a.token_normalizer = v->token_norm;
-  a.seq_normalizer = v->seq_norm;
+  void *nb[2];
+  set_norms(ctx, c->norm_form, v->token_norm, v->seq_norm, &a.token_normalizer, &a.seq_normalizer,
+            &a.token_normalizer_tensor, &a.seq_normalizer_tensor, nb);
   a.norm_scale = v->norm_scale;
   a.loss_scale = v->loss_scale;
   a.loss = rlk_tensor_1d(s_d, c->dtype, 1);
@@ -1304,6 +1412,8 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   rlk_free(ctx, g_d);
   rlk_free(ctx, s_d);
   rlk_free(ctx, w_d);
+  rlk_free(ctx, nb[0]);
+  rlk_free(ctx, nb[1]);
 }
 
 static void vl_result_free(vl_result *r) {
@@ -1376,6 +1486,7 @@ static void vl_run(rlk_context *ctx, vl_case v, uint64_t *rng) {
   pl_data d;
   vl_make(&v, rng, &d);
   vl_auto_norms(&v, &d);
+  norms_for_form(v.s.norm_form, &d, &v.token_norm, &v.seq_norm);
   vl_result r;
   vl_call(ctx, &v, &d, &r);
   vl_check(&v, &d, &r);
@@ -1407,6 +1518,21 @@ static void cases_value(rlk_context *ctx, uint64_t *rng) {
   vl_case v = vl_base(6, 8);
   v.s.masked = 1.0; /* everything masked */
   vl_run(ctx, v, rng);
+  /* the normalizers as device scalars, or none (the call's counts) */
+  for (int form = NORM_T32; form <= NORM_NONE; form++)
+    for (int agg = 0; agg < 5; agg++, k++) {
+      vl_case w = vl_base(k % 3 == 0 ? 45 : 1 + (int64_t)(rlk_test_rand_u64(rng) % 13),
+                          k % 3 == 0 ? 1100 : 1 + (int64_t)(rlk_test_rand_u64(rng) % 50));
+      w.agg = agg;
+      w.s.norm_form = form;
+      w.s.dtype = k % 2 ? RLK_F64 : RLK_F32;
+      w.s.packed = k % 3 == 1;
+      w.s.mask_dtype = masks[(k + form) % 4];
+      w.s.empty_rows = k % 4 == 3;
+      w.s.nan_masked = 1;
+      w.loss_scale = k % 3 == 2 ? 2.0 : 1.0;
+      vl_run(ctx, w, rng);
+    }
 }
 
 /* verl's compute_value_loss and OpenRLHF's ValueLoss, reproduced by rlk (f64). */
@@ -1529,6 +1655,7 @@ HOST_CASE(edges)
 HOST_CASE(repeat)
 HOST_CASE(finite_differences)
 HOST_CASE(value)
+HOST_CASE(normalizers)
 HOST_CASE(value_trainers)
 HOST_CASE(value_fd_repeat)
 
@@ -1734,10 +1861,25 @@ START_TEST(bad_arguments) {
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "grad_entropy", "entropy_coef without grad_entropy");
   f->a.agg = (rlk_loss_agg)5;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "agg", "agg 5");
+  f->a.token_normalizer = -1;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer", "negative token normalizer");
+  f->a.token_normalizer = NAN;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer", "NaN token normalizer");
+  /* a normalizer tensor: a f32 / f64 scalar, and not beside a number */
   f->a.token_normalizer = 0;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer", "zero token normalizer");
+  f->a.token_normalizer_tensor = rlk_tensor_1d(f->lp, RLK_F32, 2);
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer_tensor", "normalizer of 2 elements");
+  f->a.token_normalizer = 0;
+  f->a.token_normalizer_tensor = rlk_tensor_1d(f->lp, RLK_I32, 1);
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer_tensor", "i32 normalizer");
+  f->a.token_normalizer_tensor = rlk_tensor_1d(f->lp, RLK_F32, 1);
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer_tensor", "tensor and number");
   f->a.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "seq_normalizer", "zero sequence normalizer");
+  f->a.seq_normalizer = -4;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "seq_normalizer", "negative sequence normalizer");
+  f->a.agg = RLK_AGG_SEQ_MEAN_TOKEN_SUM;
+  f->a.seq_normalizer_tensor = rlk_tensor_2d(f->lp64, RLK_F64, 1, 1, 1);
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "seq_normalizer_tensor", "2-D normalizer");
   f->a.agg = RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
   f->a.seq_normalizer = 4;
   f->a.norm_scale = -2;
@@ -1784,7 +1926,7 @@ START_TEST(bad_arguments) {
   /* a compile-only context checks the arguments, then refuses to launch */
   ctx = rlk_test_compile_only_host_context();
   bad_reset(f);
-  f->a.token_normalizer = 0;
+  f->a.token_normalizer = -1;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer", "compile-only, bad normalizer");
   expect_bad(ctx, f, RLK_ERR_UNSUPPORTED, "", "compile-only");
   rlk_context_destroy(ctx);
@@ -2107,9 +2249,16 @@ END_TEST
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("policy_loss"); }
 
+/* RLK_TEST_ONLY=<substring>: only the GPU families whose name contains it (a quick rerun). */
+static int gpu_family_selected(const char *name) {
+  const char *only = getenv("RLK_TEST_ONLY");
+  return !only || !*only || strstr(name, only) != NULL;
+}
+
 #define GPU_CASE(name)                                  \
   START_TEST(gpu_##name) {                              \
     if (!rlk_test_gpu_enabled("policy_loss")) return;   \
+    if (!gpu_family_selected(#name)) return;            \
     rlk_context *ctx = cuda_context();                  \
     if (!ctx) return;                                   \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
@@ -2124,6 +2273,7 @@ GPU_CASE(agg_layouts)
 GPU_CASE(edges)
 GPU_CASE(repeat)
 GPU_CASE(value)
+GPU_CASE(normalizers)
 
 #define GPU_TRAINER(name)                               \
   START_TEST(gpu_##name) {                              \
@@ -2216,6 +2366,7 @@ Suite *policy_loss_suite(void) {
   tcase_add_test(host, host_value);
   tcase_add_test(host, host_value_trainers);
   tcase_add_test(host, host_value_fd_repeat);
+  tcase_add_test(host, host_normalizers);
   tcase_add_test(host, host_trainer_conventions);
   tcase_add_test(host, bad_arguments);
   suite_add_tcase(s, host);
@@ -2236,6 +2387,7 @@ Suite *policy_loss_suite(void) {
   tcase_add_test(gpu, gpu_edges);
   tcase_add_test(gpu, gpu_repeat);
   tcase_add_test(gpu, gpu_value);
+  tcase_add_test(gpu, gpu_normalizers);
   tcase_add_test(gpu, gpu_verl);
   tcase_add_test(gpu, gpu_trl);
   tcase_add_test(gpu, gpu_openrlhf);

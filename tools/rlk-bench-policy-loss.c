@@ -7,7 +7,8 @@
  * 0.001, token-mean; per-token advantages; sequence lengths drawn in [T/4, T) like the PyTorch
  * baseline tools/bench/torch_policy_loss.py):
  *   padded [B, T] with an f32 mask (the baseline's exact bytes) and with a bool mask,
- *   1024 x 4096 and 256 x 2048; the packed layout [N] + i64 offsets of the same sequences;
+ *   1024 x 4096 and 256 x 2048 (the bool-mask 1024 x 4096 case also with the normalizer left to
+ *   the call: its mask count pass); the packed layout [N] + i64 offsets of the same sequences;
  *   GSPO with seq-mean-token-mean (a first pass per sequence); the value loss.
  * Each call is timed with device events around it after a warm-up; median, min and max over
  * --iters calls (a call on other buffers runs first, so the host time of the timed call is
@@ -69,6 +70,7 @@ typedef struct bench_case {
   rlk_dtype mask; /* RLK_F32 or RLK_BOOL */
   int kind;       /* CASE_* */
   double goal_ms;
+  int count;      /* token-mean by the call's own mask count (the count pass), no number */
 } bench_case;
 
 /* One set of device buffers for a case. */
@@ -179,7 +181,7 @@ static void fill_policy(const bench_case *c, const hostdata *h, const bufset *s,
   a->kl_estimator = RLK_KL_K3;
   a->kl_coef = 0.001;
   a->agg = RLK_AGG_TOKEN_MEAN;
-  a->token_normalizer = norm;
+  a->token_normalizer = c->count ? 0.0 : norm; /* the count is norm when some token counts */
   if (c->kind == CASE_GSPO) {
     a->mode = RLK_POLICY_GSPO;
     a->log_ratio_min = -INFINITY;
@@ -399,6 +401,8 @@ int main(int argc, char **argv) {
   static const bench_case cases[] = {
       {"policy ppo+dual+k3 token-mean padded, f32 mask", 1024, 4096, 0, RLK_F32, CASE_POLICY, 0.05},
       {"policy ppo+dual+k3 token-mean padded, bool mask", 1024, 4096, 0, RLK_BOOL, CASE_POLICY, 0.05},
+      {"policy ppo+dual+k3 token-mean padded, bool mask, device count", 1024, 4096, 0, RLK_BOOL,
+       CASE_POLICY, 0, 1},
       {"policy ppo+dual+k3 token-mean packed, i64 offsets", 1024, 4096, 1, RLK_BOOL, CASE_POLICY, 0},
       {"policy ppo+dual+k3 token-mean padded, f32 mask", 256, 2048, 0, RLK_F32, CASE_POLICY, 0},
       {"policy ppo+dual+k3 token-mean padded, bool mask", 256, 2048, 0, RLK_BOOL, CASE_POLICY, 0},

@@ -10,6 +10,8 @@ the library's message.
     out = rlk.policy_loss(logp, old_logp, adv, mask)              # loss, grad_logp, metrics
     adv, ret = rlk.gae(rewards, values, mask, lam=0.95)
     lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
+    lp = rlk.vocab_parallel_logprob(shard_logits, labels, group=tp_group)  # tensor-parallel
+    lp = rlk.linear_logprob(hidden, lm_head_weight, labels)       # the same, logits never stored
     tok = rlk.sample(logits, temperature=0.7, top_k=50, top_p=0.9, seed=seeds)  # tokens, logp
     packed, layout = rlk.pack_grpo(prompts, responses)            # [prefix | r_1 .. r_G] per prompt
     out, lse = rlk.prefix_attention(q, k, v, layout)              # prefix-shared attention
@@ -33,6 +35,10 @@ from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, L
                          PolicyLossMode, PolicyLossResult, ValueLossResult, metrics_dict,
                          policy_loss, value_loss)
 from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
+from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_combine,
+                                 logprob_partials, nccl_comm_of, nccl_version,
+                                 vocab_parallel_logprob, vocab_parallel_logprob_nccl)
+from .ops.linear_logprob import LinearLogprobVariant, linear_logprob, linear_logprob_backward
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
 from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
@@ -56,7 +62,9 @@ __all__ = [
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
-    "logprob", "logprob_backward", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+    "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
+    "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
     "prefix_attention", "prefix_attention_backward", "prefix_layout", "pack_grpo",

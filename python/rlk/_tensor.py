@@ -113,6 +113,20 @@ def dim(x, i):
     return s[i] if i < len(s) else 0
 
 
+_CONTIG = {}  # shape -> its contiguous strides (elements)
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= int(d)
+    strides = tuple(reversed(strides))
+    if len(_CONTIG) < 4096:
+        _CONTIG[shape] = strides
+    return strides
+
+
 class Place:
     """Where an op call runs: the backend, the device ordinal and the framework its outputs
     are allocated with ("torch" or "numpy"). One object per place, made once."""
@@ -204,22 +218,26 @@ class Binder:
             raise self._fail(name, "is required")
         kind = _KIND.get(type(x)) or _kind(x)
         if kind == _TORCH:
-            if x.is_cuda:
-                p = _CUDA_PLACES.get(x.get_device()) or _cuda_place(x)
+            dev = x.get_device()  # -1 for host memory: one query for the place
+            if dev >= 0 and x.is_cuda:
+                p = _CUDA_PLACES.get(dev) or _cuda_place(x)
             elif x.is_cpu:
                 p = _HOST_TORCH
             else:
                 raise self._fail(name, "tensors on %s are not supported (cpu or cuda)" % x.device)
-            self._join(name, p)
+            if self.place is not p:
+                self._join(name, p)
             dt = _TORCH_DT.get(x.dtype)
             if dt is None:
                 hint = " (use .bool() or .float() for a mask)" if str(x.dtype) == "torch.uint8" else ""
                 raise self._fail(name, "dtype %s has no rlk equivalent%s" % (x.dtype, hint))
-            if x.layout is not _strided:
-                raise self._fail(name, "only strided (dense) tensors are supported, got %s" % x.layout)
             if output and x.requires_grad and x.is_leaf:
                 raise self._fail(name, "is an output but requires grad")
-            shape, strides, ptr = x.shape, x.stride(), x.data_ptr()
+            try:  # a tensor without strides (sparse, nested) raises here
+                shape, strides, ptr = x.shape, x.stride(), x.data_ptr()
+            except RuntimeError:
+                raise self._fail(name, "only strided (dense) tensors are supported, got %s" % (
+                    x.layout,)) from None
         elif kind == _NUMPY:
             self._join(name, _HOST_NUMPY)
             dt = _NUMPY_DT.get(x.dtype)
@@ -247,6 +265,17 @@ class Binder:
                 n, T.MAX_DIMS))
         _DESC[n].pack_into(self.args, self.op.offsets[name], ptr, dt, n, *shape, *strides)
         return dt
+
+    def set_new(self, name, x, dtype, shape):
+        """Binds output `name` to x, an array this call just made with `empty` (contiguous,
+        `shape`, rlk dtype `dtype`, in the call's place): only its pointer is asked for."""
+        strides = _CONTIG.get(shape)
+        if strides is None:
+            strides = _contiguous_strides(shape)
+        ptr = x.data_ptr() if self.place.framework == "torch" else x.ctypes.data
+        _DESC[len(shape)].pack_into(self.args, self.op.offsets[name], ptr, dtype, len(shape),
+                                    *shape, *strides)
+        return x
 
     def empty(self, shape, dtype):
         """A new uninitialized array of rlk dtype `dtype` in the call's place."""
@@ -341,6 +370,7 @@ class Op:
         self.offsets = {f[0]: getattr(args_struct, f[0]).offset for f in args_struct._fields_}
         self._defaults = None
         self._run = self._workspace_size = None
+        self.sizes = {}  # workspace bytes by the key an op family derives from a call
 
     def _bind(self):
         if self._defaults is None:

@@ -16,17 +16,19 @@ import torch
 from ._tensor import is_torch
 from .errors import InvalidArgument
 from .ops import logprob as _logprob
+from .ops import vocab_parallel as _vocab_parallel
 from .ops import losses
 from .ops import prefix_attention as _pattn
 
-__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "PrefixAttention", "policy_loss",
-           "value_loss", "token_logprob", "prefix_attention"]
+__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "VocabParallelTokenLogprob", "PrefixAttention",
+           "policy_loss", "value_loss", "token_logprob", "vocab_parallel_token_logprob",
+           "prefix_attention"]
 
 
 def _scaled(g, grad):
     if grad is None:
         return None
-    return grad * g.to(grad.dtype)
+    return grad * (g if g.dtype is grad.dtype else g.to(grad.dtype))
 
 
 class PolicyLoss(torch.autograd.Function):
@@ -35,12 +37,12 @@ class PolicyLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logp, entropy, kwargs):
-        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
+        # kwargs: the caller's keywords, "metrics" and "scalar_loss" already taken out
         out = losses.policy_loss(logp.detach(), entropy=None if entropy is None else entropy.detach(),
-                                 metrics=True, **kw)
+                                 metrics=True, scalar_loss=True, **kwargs)
         ctx.save_for_backward(out.grad_logp, out.grad_entropy)
         ctx.mark_non_differentiable(out.metrics)
-        return out.loss.view(()), out.metrics
+        return out.loss, out.metrics
 
     @staticmethod
     def backward(ctx, grad_loss, grad_metrics):
@@ -54,11 +56,10 @@ class ValueLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, kwargs):
-        kw = {k: v for k, v in kwargs.items() if k != "metrics"}
-        out = losses.value_loss(values.detach(), metrics=True, **kw)
+        out = losses.value_loss(values.detach(), metrics=True, scalar_loss=True, **kwargs)
         ctx.save_for_backward(out.grad_values)
         ctx.mark_non_differentiable(out.metrics)
-        return out.loss.view(()), out.metrics
+        return out.loss, out.metrics
 
     @staticmethod
     def backward(ctx, grad_loss, grad_metrics):
@@ -94,6 +95,57 @@ class TokenLogprob(torch.autograd.Function):
                                          grad_entropy=g_h, entropy=entropy if g_h is not None else None,
                                          inplace=ctx.inplace, **ctx.kw)
         return grad, None, None
+
+
+class VocabParallelTokenLogprob(torch.autograd.Function):
+    """(logits shard [N, V_shard], labels [N], keyword dict) -> (logp [N], entropy [N] or None) of
+    the whole vocabulary (rlk.vocab_parallel_logprob); the backward is this shard's own
+    (rlk_logprob_backward's shard form), with no communication."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, kwargs):
+        kw = dict(kwargs)
+        want_entropy = kw.pop("entropy", False)
+        vocab_start = kw.pop("vocab_start", None)
+        if vocab_start is None:
+            import torch.distributed as dist
+            vocab_start = dist.get_rank(kw.get("group")) * logits.shape[1]
+        ctx.vocab_start = int(vocab_start)
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in kw}
+        out = _vocab_parallel.vocab_parallel_logprob(logits.detach(), labels, vocab_start,
+                                                     entropy=want_entropy, lse=True, **kw)
+        ctx.save_for_backward(logits, labels, out.lse, out.entropy)
+        if not want_entropy:
+            return out.logp, None
+        return out.logp, out.entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None
+        g_lp = _upstream(grad_logp)
+        g_h = _upstream(grad_entropy) if entropy is not None else None
+        kw = {k: ctx.kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in ctx.kw}
+        grad = _logprob.logprob_backward(logits.detach(), labels, lse, grad_logp=g_lp,
+                                         grad_entropy=g_h, entropy=entropy if g_h is not None else None,
+                                         vocab_start=ctx.vocab_start, **kw)
+        return grad, None, None
+
+
+def vocab_parallel_token_logprob(logits, labels, *, entropy=False, **kwargs):
+    """Token log-probs (and the entropy) of the whole vocabulary from this rank's logits shard
+    [..., V_shard], differentiable in the shard. Keywords: those of rlk.vocab_parallel_logprob
+    (group or all_gather, vocab_start, temperature, ignore_index, ...). Returns logp, or (logp,
+    entropy) with entropy=True, in the labels' shape."""
+    _require_torch("vocab_parallel_token_logprob", logits)
+    shape = tuple(labels.shape)
+    flat = logits.reshape(-1, logits.shape[-1])
+    kwargs.update(entropy=entropy)
+    logp, ent = VocabParallelTokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    if entropy:
+        return logp.view(shape), ent.view(shape)
+    return logp.view(shape)
 
 
 class PrefixAttention(torch.autograd.Function):
@@ -134,6 +186,7 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, entropy=None, **kwargs
     tensor in the order of rlk.POLICY_LOSS_METRICS (rlk.metrics_dict names them)."""
     _require_torch("policy_loss", logp)
     kwargs.pop("metrics", None)
+    kwargs.pop("scalar_loss", None)
     kwargs.update(old_logp=old_logp, advantages=advantages, mask=mask)
     return PolicyLoss.apply(logp, entropy, kwargs)
 
@@ -143,6 +196,7 @@ def value_loss(values, old_values, returns, mask=None, **kwargs):
     in the order of rlk.VALUE_LOSS_METRICS."""
     _require_torch("value_loss", values)
     kwargs.pop("metrics", None)
+    kwargs.pop("scalar_loss", None)
     kwargs.update(old_values=old_values, returns=returns, mask=mask)
     return ValueLoss.apply(values, kwargs)
 

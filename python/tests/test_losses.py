@@ -259,3 +259,93 @@ def test_autograd_refuses_numpy():
     from rlk.autograd import policy_loss
     with pytest.raises(rlk.InvalidArgument, match="expects torch tensors"):
         policy_loss(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32))
+
+
+# ---- normalizer forms -------------------------------------------------------------------------
+
+NORM_FORMS = ["number", "f32-tensor", "f64-0d", "none"]
+
+
+def norm_arg(place, form, v):
+    """A normalizer as a call takes it: a number, an f32 [1] or f64 0-d array, or None."""
+    if form == "number":
+        return v
+    if form == "none":
+        return None
+    if form == "f32-tensor":
+        return place.to(np.array([v], np.float32))
+    if place.torch:
+        return torch.tensor(v, dtype=torch.float64, device="cuda" if place.cuda else "cpu")
+    return np.array(v, np.float64)  # 0-d
+
+
+@need_pl
+@pytest.mark.parametrize("form", NORM_FORMS)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_policy_loss_normalizer_forms(place, rng, form, agg):
+    B, T = 9, 77
+    logp, old, ref, adv, mask = padded_batch(rng, B, T)
+    # exact in f32; "none": the call's own counts (the reference's default)
+    tn, sn = (None, None) if form == "none" else (1.25 * float(mask.sum()), 1.5 * B)
+    kw = dict(ref_logp=ref, kl_coef=0.01, agg=agg, norm_scale=T)
+    out = rlk.policy_loss(place.to(logp), place.to(old), place.to(adv), place.to(mask),
+                          token_normalizer=norm_arg(place, form, tn),
+                          seq_normalizer=norm_arg(place, form, sn),
+                          **dict(kw, ref_logp=place.to(ref)))
+    loss, grad, _, metrics = refs.policy_loss(logp, old, adv, mask, token_normalizer=tn,
+                                              seq_normalizer=sn, **kw)
+    close(place.back(out.loss), [loss], what="loss")
+    close(place.back(out.grad_logp) * mask, grad, what="grad_logp")
+    # the same divisor as a number gives the same bits (the kernels divide by the same double),
+    # except seq-mean-token-sum-norm's, applied in another order
+    if agg != "seq-mean-token-sum-norm":
+        n = rlk.policy_loss(place.to(logp), place.to(old), place.to(adv), place.to(mask),
+                            token_normalizer=float(mask.sum()) if tn is None else tn,
+                            seq_normalizer=B if sn is None else sn,
+                            **dict(kw, ref_logp=place.to(ref)))
+        assert np.array_equal(place.back(out.grad_logp), place.back(n.grad_logp))
+        assert np.array_equal(place.back(out.loss), place.back(n.loss))
+
+
+@need_vl
+@pytest.mark.parametrize("form", NORM_FORMS)
+def test_value_loss_normalizer_forms(place, rng, form):
+    B, T = 6, 90
+    v = rng.standard_normal((B, T)).astype(np.float32)
+    vo = (v + rng.standard_normal((B, T)) * 0.6).astype(np.float32)
+    R = (v + rng.standard_normal((B, T))).astype(np.float32)
+    mask = (rng.random((B, T)) < 0.7).astype(np.float32) * rng.choice([0.5, 1.0, 2.0], (B, T))
+    mask = mask.astype(np.float32)
+    tn = None if form == "none" else 0.75 * float(np.float32(mask.sum()))
+    out = rlk.value_loss(place.to(v), place.to(vo), place.to(R), place.to(mask), clip=0.3,
+                         token_normalizer=norm_arg(place, form, tn))
+    want_tn = tn
+    if form == "f32-tensor":
+        want_tn = float(np.float32(tn))
+    loss, grad, _ = refs.value_loss(v, vo, R, mask, clip=0.3, token_normalizer=want_tn)
+    close(place.back(out.loss), [loss], what="loss")
+    close(place.back(out.grad_values) * (mask != 0), grad, what="grad_values")
+
+
+@need_pl
+def test_policy_loss_count_of_nothing(place, rng):
+    # every token masked, no normalizer: a loss of 0 and zero gradients, not a division by 0
+    B, T = 3, 20
+    logp, old, _, adv, mask = padded_batch(rng, B, T)
+    out = rlk.policy_loss(place.to(logp), place.to(old), place.to(adv),
+                          place.to(np.zeros_like(mask)))
+    assert place.back(out.loss)[0] == 0.0
+    assert not np.any(place.back(out.grad_logp))
+
+
+@need_pl
+def test_normalizer_errors(place, rng):
+    B, T = 3, 20
+    logp, old, _, adv, mask = padded_batch(rng, B, T)
+    args = (place.to(logp), place.to(old), place.to(adv), place.to(mask))
+    with pytest.raises(rlk.InvalidArgument, match="token_normalizer_tensor"):
+        rlk.policy_loss(*args, token_normalizer=place.to(np.ones(2, np.float32)))
+    with pytest.raises(rlk.InvalidArgument, match="token_normalizer_tensor"):
+        rlk.policy_loss(*args, token_normalizer=place.to(np.ones(1, np.int32)))
+    with pytest.raises(rlk.InvalidArgument, match="token_normalizer"):
+        rlk.policy_loss(*args, token_normalizer=-3.0)

@@ -85,11 +85,14 @@ typedef struct rlk_tma_desc_request {
   uint64_t rows, cols;  /* global extent */
   uint64_t row_stride;  /* elements */
   uint32_t box_rows, box_cols;
+  /* 0: boxes land row after row; 128: the 128-byte swizzle that wgmma's descriptors read (the
+   * inner box at most 128 bytes, the shared destination 1024-byte aligned) */
+  uint32_t swizzle;
 } rlk_tma_desc_request;
 
 /* Checks a request against the tensor-map limits on the host (16-byte aligned base and
- * stride, box dimensions 1..256, inner box bytes a multiple of 16, extents within 2^32,
- * supported dtype). RLK_OK or RLK_ERR_UNSUPPORTED with the reason: the caller then takes
+ * stride, box dimensions 1..256, inner box bytes a multiple of 16 and at most 128 with the
+ * swizzle, extents within 2^32, supported dtype). RLK_OK or RLK_ERR_UNSUPPORTED with the reason: the caller then takes
  * a non-TMA path instead of faulting on the device. */
 rlk_status rlk_tma_check(const rlk_tma_desc_request *req);
 

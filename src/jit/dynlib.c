@@ -34,9 +34,10 @@ static void fill_slots(void *handle, const rlk_dynlib_symbol *symbols, size_t n)
   }
 }
 
-rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const *candidates,
-                           size_t ncandidates, const rlk_dynlib_symbol *symbols,
-                           size_t nsymbols) {
+/* dlopen flags beyond RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE: 0, or RTLD_NOLOAD. */
+static rlk_status open_with(rlk_dynlib *lib, const char *what, const char *const *candidates,
+                            size_t ncandidates, const rlk_dynlib_symbol *symbols, size_t nsymbols,
+                            int extra_flags) {
   if (!lib || !what || (!candidates && ncandidates))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dynlib: NULL argument");
   memset(lib, 0, sizeof *lib);
@@ -48,9 +49,9 @@ rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const 
     /* NODELETE: NVRTC, hiprtc and the drivers carry their own C++ runtimes, thread-local state
      * and atexit handlers; unloading them while the process runs is unsafe, and their
      * load-time allocations must stay reachable. dlclose then only drops a reference. */
-    void *handle = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    void *handle = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE | extra_flags);
     if (!handle) {
-      const char *why = dlerror();
+      const char *why = extra_flags & RTLD_NOLOAD ? "not loaded in this process" : dlerror();
       /* The loader repeats the name in its message; keep only what follows it. */
       const char *colon = why ? strstr(why, ": ") : NULL;
       note_append(tried, sizeof tried, name, colon ? colon + 2 : (why ? why : "not loadable"));
@@ -72,6 +73,18 @@ rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const 
   }
   return rlk_error(RLK_ERR_UNAVAILABLE, "%s: no usable library: %s", what,
                    tried[0] ? tried : "no candidates");
+}
+
+rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const *candidates,
+                           size_t ncandidates, const rlk_dynlib_symbol *symbols,
+                           size_t nsymbols) {
+  return open_with(lib, what, candidates, ncandidates, symbols, nsymbols, 0);
+}
+
+rlk_status rlk_dynlib_open_loaded(rlk_dynlib *lib, const char *what, const char *const *candidates,
+                                  size_t ncandidates, const rlk_dynlib_symbol *symbols,
+                                  size_t nsymbols) {
+  return open_with(lib, what, candidates, ncandidates, symbols, nsymbols, RTLD_NOLOAD);
 }
 
 rlk_status rlk_dynlib_resolve(rlk_dynlib *lib, const char *what,

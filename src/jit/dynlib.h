@@ -31,6 +31,13 @@ rlk_status rlk_dynlib_open(rlk_dynlib *lib, const char *what, const char *const 
                            size_t ncandidates, const rlk_dynlib_symbol *symbols,
                            size_t nsymbols);
 
+/* rlk_dynlib_open over the libraries the process has already loaded (dlopen with RTLD_NOLOAD,
+ * names matched against loaded files and sonames): a library must be the very copy another
+ * component loaded (a communicator created by PyTorch's NCCL). Loads nothing new. */
+rlk_status rlk_dynlib_open_loaded(rlk_dynlib *lib, const char *what, const char *const *candidates,
+                                  size_t ncandidates, const rlk_dynlib_symbol *symbols,
+                                  size_t nsymbols);
+
 /* Resolves more symbols from an open library, with the same rules: RLK_ERR_UNAVAILABLE
  * naming the first missing required symbol. */
 rlk_status rlk_dynlib_resolve(rlk_dynlib *lib, const char *what,

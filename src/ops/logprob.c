@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/logprob_shard.h"
 #include "ops/ops.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
@@ -765,6 +766,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   int64_t N, V, row_stride, label_stride;
   if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
   if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
+  if (a->partials.data) return rlk_logprob_shard_forward(ctx, a, N, V, row_stride, label_stride, stream);
   if ((st = lp_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->lse.data && (st = lp_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
@@ -890,6 +892,11 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
                        "grad_logits: overlaps the logits without being the same tensor");
   }
   if ((st = lp_check_status(&a->status))) return st;
+  if (a->shard != 0 && a->shard != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if (a->shard && a->vocab_start < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
+                     (long long)a->vocab_start);
   if ((st = rlk_context_require_device(ctx, "rlk_logprob_backward"))) return st;
 
   lp_config c;
@@ -915,9 +922,11 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   if (!c.entropy) ent = NULL;
   void *grad = a->grad_logits.data;
   int32_t *status = (int32_t *)a->status.data;
+  int64_t vocab_start = a->shard ? a->vocab_start : 0;
+  int32_t shard = a->shard != 0;
   void *kargs[] = {&logits, &rs,    &labels, &ls,   &n,    &v,      &temperature,
                    &ignore_index, &lse, &lse_s, &glp, &glp_s, &ent, &ent_s,
-                   &gent,   &gent_s, &grad, &gs, &status};
+                   &gent,   &gent_s, &grad, &gs, &status, &vocab_start, &shard};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST) {
     d = lp_dims(1, 1, 1, 0);
@@ -956,6 +965,25 @@ rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int6
   lp_choice ch;
   rlk_status st = lp_select_fwd(ctx, &c, &ch);
   if (st) return st;
+  *seg = (int)ch.spec.values[3];
+  *unroll_out = (int)ch.spec.values[4];
+  return RLK_OK;
+}
+
+rlk_status rlk_logprob_vec_shape(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
+                                 int unroll, int *block_out, int *seg, int *unroll_out) {
+  lp_config c;
+  memset(&c, 0, sizeof c);
+  c.logits = lp_dt_of(logits);
+  c.labels = RLK_I64;
+  c.V = V;
+  c.variant = RLK_LOGPROB_VARIANT_VEC;
+  c.block = block;
+  c.unroll = unroll;
+  lp_choice ch;
+  rlk_status st = lp_select_fwd_as(ctx, &c, &ch);
+  if (st) return st;
+  *block_out = (int)ch.spec.values[2];
   *seg = (int)ch.spec.values[3];
   *unroll_out = (int)ch.spec.values[4];
   return RLK_OK;

@@ -60,7 +60,9 @@ extern const rlk_op_desc rlk_op_discounted_returns;
 extern const rlk_op_desc rlk_op_reverse_cumsum;
 extern const rlk_op_desc rlk_op_masked_whiten;
 extern const rlk_op_desc rlk_op_logprob;
+extern const rlk_op_desc rlk_op_logprob_shard;
 extern const rlk_op_desc rlk_op_sample;
+extern const rlk_op_desc rlk_op_linear_logprob;
 extern const rlk_op_desc rlk_op_prefix_attention;
 
 /* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows

@@ -1,6 +1,8 @@
 /* policy_loss.c - the fused policy loss: validation, variant selection, launches.
  *
- * On a GPU a call is two launches (templates/cuda/policy_loss.cuh):
+ * On a GPU a call is two launches (templates/cuda/policy_loss.cuh), three when token-mean
+ * divides by this call's mask count (no normalizer given):
+ *   0. policy_loss_count   per-block counts of the mask into the workspace;
  *   1. policy_loss_main    one pass over the tokens: grad_logp (and grad_entropy) written, and
  *                          per-block partial sums of the loss terms and metrics into the
  *                          workspace ([grid][17] f64);
@@ -59,6 +61,11 @@ static const rlk_param_decl pl_main_params[] = {
     {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
+static const rlk_param_decl pl_count_params[] = {
+    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
+    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, tl_mask_names},
+};
+
 static const rlk_param_decl pl_dtype_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
 };
@@ -66,6 +73,9 @@ static const rlk_param_decl pl_dtype_params[] = {
 static const rlk_template pl_main_tmpl = {
     "policy_loss", "policy_loss_main", "cuda/policy_loss.cuh", NULL,
     sizeof pl_main_params / sizeof pl_main_params[0], pl_main_params};
+
+static const rlk_template pl_count_tmpl = {"policy_loss", "policy_loss_count",
+                                           "cuda/policy_loss.cuh", NULL, 2, pl_count_params};
 
 static const rlk_template pl_reduce_tmpl = {"policy_loss", "policy_loss_reduce",
                                             "cuda/policy_loss.cuh", NULL, 1, pl_dtype_params};
@@ -85,9 +95,10 @@ typedef struct pl_params {
   int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
   double c_grad, kl_coef, ent_coef, bound_g;
+  TL_NORM norm;
 } pl_params;
 
-_Static_assert(sizeof(pl_params) == 408, "pl_params mirrors rlk::pl::Params: 51 8-byte fields");
+_Static_assert(sizeof(pl_params) == 440, "pl_params mirrors rlk::pl::Params: 55 8-byte fields");
 
 enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 4, PL_IN_ISW = 5 };
 enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
@@ -109,11 +120,13 @@ typedef struct pl_config {
   int ent;    /* PL_ENT_* */
   int isw;
   int seq_grad; /* gspo differentiated through the sequence mean */
+  int count;  /* token-mean by this call's mask count: the count pass runs first */
 } pl_config;
 
 typedef struct pl_plan {
-  rlk_kernel_spec main, reduce; /* GPU: both; host: main is the host kernel */
-  int has_reduce;
+  rlk_kernel_spec count, main, reduce; /* GPU: main and reduce (count too when counting);
+                                        * host: main is the host kernel */
+  int has_count, has_reduce;
   int whole_rows; /* the work item is a whole sequence (per-row sums first) */
 } pl_plan;
 
@@ -147,6 +160,13 @@ static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
   p->reduce.values[0] = c->dtype;
   rlk_status st = rlk_spec_validate(&p->main);
   if (!st) st = rlk_spec_validate(&p->reduce);
+  if (!st && c->count && c->mask != TL_MASK_NONE) {
+    p->has_count = 1;
+    p->count.tmpl = &pl_count_tmpl;
+    p->count.values[0] = c->layout;
+    p->count.values[1] = c->mask;
+    st = rlk_spec_validate(&p->count);
+  }
   return st;
 }
 
@@ -238,10 +258,12 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
       else
         return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                          "seq_grad: '%s' is not straight-through or through-mean", v);
+    } else if (!strcmp(n, "normalizer")) {
+      st = tl_parse_normalizer(v, &c.count);
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "policy_loss: unknown setting '%s' (known: dtype mode kl kl_st agg layout "
-                       "offsets mask adv entropy is seq_grad)",
+                       "offsets mask adv entropy is seq_grad normalizer)",
                        n);
     }
     if (st) return st;
@@ -254,6 +276,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
   rlk_status st = pl_select(ctx->kind, &c, &p);
   if (st) return st;
   size_t n = 0;
+  if (p.has_count) specs[n++] = p.count;
   specs[n++] = p.main;
   if (p.has_reduce) specs[n++] = p.reduce;
   *nspecs = n;
@@ -276,12 +299,15 @@ static const char pl_help[] =
     "is: 0|1, rollout importance weights (0)\n"
     "seq_grad: straight-through|through-mean, how gspo's sequence ratio passes its gradient "
     "(straight-through)\n"
+    "normalizer: value|tensor|count, the token-mean divisor: a number or a device scalar (the "
+    "same kernels), or this call's mask count (a count pass first) (value)\n"
     "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time "
     "values: the same kernels\n";
 
 static const char *const pl_samples[] = {
-    /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask */
-    "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool",
+    /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask; the
+     * normalizer left to the call (its mask count pass) */
+    "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool normalizer=count",
     /* GSPO: per-sequence sums first, differentiated through the sequence mean; packed, f32
      * weights, per-sequence advantages */
     "policy_loss mode=gspo seq_grad=through-mean agg=seq-mean-token-mean layout=packed "
@@ -463,9 +489,12 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   if ((int)a->agg < RLK_AGG_TOKEN_MEAN || (int)a->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)a->agg);
   c->agg = (int)a->agg;
-  if ((st = tl_agg_constant(c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
-                            a->loss_scale, &p->c_grad)))
-    return st;
+  const tl_norm_args na = {c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
+                           a->loss_scale, &a->token_normalizer_tensor, &a->seq_normalizer_tensor};
+  int nkind;
+  if ((st = tl_norm_resolve(L, &na, &p->c_grad, &nkind, &p->norm.value))) return st;
+  p->norm.kind = nkind;
+  c->count = nkind == TL_NORM_COUNT;
 
   /* outputs */
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
@@ -505,7 +534,8 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;
-  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, PL_NACC);
+  p->norm.num_counts = c->count ? k->g.grid : 0;
+  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, PL_NACC, c->count);
   return RLK_OK;
 }
 
@@ -533,6 +563,8 @@ RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args 
   pl_plan p;
   if ((st = pl_select(ctx->kind, &k.c, &p))) return st;
   k.k.partials = args->workspace;
+  if (k.c.count && args->workspace)
+    k.k.norm.counts = (char *)args->workspace + tl_counts_offset(&k.g, PL_NACC);
   void *kargs[] = {&k.k};
-  return tl_launch(ctx, &p.main, &p.reduce, &k.g, stream, kargs);
+  return tl_launch(ctx, p.has_count ? &p.count : NULL, &p.main, &p.reduce, &k.g, stream, kargs);
 }

@@ -10,7 +10,8 @@
 #include "ops/ops.h"
 
 const rlk_op_desc *const rlk_op_table[] = {&rlk_op_group_advantage, &rlk_op_policy_loss, &rlk_op_value_loss, &rlk_op_gae, &rlk_op_discounted_returns, &rlk_op_reverse_cumsum,
-                                           &rlk_op_masked_whiten, &rlk_op_logprob, &rlk_op_sample, &rlk_op_prefix_attention, NULL};
+                                           &rlk_op_masked_whiten, &rlk_op_logprob, &rlk_op_logprob_shard, &rlk_op_sample, &rlk_op_prefix_attention,
+                                           &rlk_op_linear_logprob, NULL};
 
 static const rlk_op_desc *find_op(const char *name) {
   for (size_t i = 0; rlk_op_table[i]; i++)

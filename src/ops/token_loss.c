@@ -20,6 +20,14 @@ int tl_choice(const char *const *names, const char *value) {
   return -1;
 }
 
+rlk_status tl_parse_normalizer(const char *value, int *count) {
+  if (!strcmp(value, "value") || !strcmp(value, "tensor") || !strcmp(value, "count")) {
+    *count = !strcmp(value, "count");
+    return RLK_OK;
+  }
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "normalizer: '%s' is not value, tensor or count", value);
+}
+
 rlk_status tl_parse_flag(const char *name, const char *value, int *out) {
   if (!strcmp(value, "0") || !strcmp(value, "1")) {
     *out = value[0] == '1';
@@ -176,42 +184,97 @@ rlk_status tl_vector_check(const rlk_tensor *t, const char *what, rlk_dtype dtyp
 
 static int tl_positive(double x) { return x > 0.0 && isfinite(x); }
 
-rlk_status tl_agg_constant(int agg, double token_normalizer, double seq_normalizer,
-                           double norm_scale, double loss_scale, double *c) {
+/* A normalizer given as a tensor: a scalar ([1] or 0-d), f32 or f64. */
+static rlk_status tl_norm_tensor(const rlk_tensor *t, const char *what, double number, int *kind) {
+  if (t->ndim < 0 || t->ndim > 1 || (t->ndim == 1 && t->shape[0] != 1))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: a scalar ([1] or 0-d) is needed, got %d dimensions%s", what, (int)t->ndim,
+                     t->ndim == 1 ? " of more than one element" : "");
+  if (t->dtype != RLK_F32 && t->dtype != RLK_F64)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s, expected f32 or f64", what,
+                     rlk_dtype_name(t->dtype));
+  if (number != 0.0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: given as a tensor and as the number %g (give one: the number 0 with a tensor)",
+                     what, number);
+  *kind = t->dtype == RLK_F32 ? TL_NORM_F32 : TL_NORM_F64;
+  return RLK_OK;
+}
+
+rlk_status tl_norm_resolve(const tl_layout *L, const tl_norm_args *n, double *c, int *kind,
+                           const void **value) {
   *c = 0.0;
-  if (!isfinite(loss_scale))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss_scale: %g is not finite", loss_scale);
-  switch (agg) {
+  *kind = TL_NORM_VALUE;
+  *value = NULL;
+  rlk_status st;
+  const double ls = n->loss_scale;
+  if (!isfinite(ls))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss_scale: %g is not finite", ls);
+  switch (n->agg) {
   case RLK_AGG_TOKEN_MEAN:
-    if (!tl_positive(token_normalizer))
+    if (n->token_tensor && n->token_tensor->data) {
+      if ((st = tl_norm_tensor(n->token_tensor, "token_normalizer_tensor", n->token_normalizer, kind)))
+        return st;
+      *value = n->token_tensor->data;
+      *c = ls;
+      return RLK_OK;
+    }
+    if (n->token_normalizer == 0.0) {
+      /* this call's count of the tokens that count */
+      if (L->mask != TL_MASK_NONE) {
+        *kind = TL_NORM_COUNT;
+        *c = ls;
+        return RLK_OK;
+      }
+      const double count = L->layout == TL_LAYOUT_PADDED ? (double)L->rows * (double)L->cols
+                                                         : (double)L->cols;
+      *c = count > 0.0 ? ls / count : 0.0;
+      return RLK_OK;
+    }
+    if (!tl_positive(n->token_normalizer))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "token_normalizer: %g; token-mean needs the global count of tokens that "
-                       "count (> 0, finite)",
-                       token_normalizer);
-    *c = loss_scale / token_normalizer;
+                       "count (> 0, finite; 0: this call's mask count)",
+                       n->token_normalizer);
+    *c = ls / n->token_normalizer;
     return RLK_OK;
   case RLK_AGG_TOKEN_SUM:
-    *c = loss_scale;
+    *c = ls;
     return RLK_OK;
   case RLK_AGG_SEQ_MEAN_TOKEN_SUM:
   case RLK_AGG_SEQ_MEAN_TOKEN_MEAN:
-  case RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM:
-    if (!tl_positive(seq_normalizer))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "seq_normalizer: %g; %s needs the global sequence count (> 0, finite)",
-                       seq_normalizer, tl_agg_names[agg]);
-    if (agg != RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM) {
-      *c = loss_scale / seq_normalizer;
+  case RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM: {
+    double num = ls;
+    if (n->agg == RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM) {
+      if (!tl_positive(n->norm_scale))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "norm_scale: %g; seq-mean-token-sum-norm needs its scale (> 0, finite)",
+                         n->norm_scale);
+      num = ls / n->norm_scale;
+    }
+    if (n->seq_tensor && n->seq_tensor->data) {
+      if ((st = tl_norm_tensor(n->seq_tensor, "seq_normalizer_tensor", n->seq_normalizer, kind)))
+        return st;
+      *value = n->seq_tensor->data;
+      *c = num;
       return RLK_OK;
     }
-    if (!tl_positive(norm_scale))
+    if (n->seq_normalizer == 0.0) { /* this call's sequence count */
+      *c = L->rows > 0 ? num / (double)L->rows : 0.0;
+      return RLK_OK;
+    }
+    if (!tl_positive(n->seq_normalizer))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "norm_scale: %g; seq-mean-token-sum-norm needs its scale (> 0, finite)",
-                       norm_scale);
-    *c = loss_scale / (seq_normalizer * norm_scale);
+                       "seq_normalizer: %g; %s needs the global sequence count (> 0, finite; 0: "
+                       "this call's)",
+                       n->seq_normalizer, tl_agg_names[n->agg]);
+    *c = n->agg == RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM
+             ? ls / (n->seq_normalizer * n->norm_scale)
+             : ls / n->seq_normalizer;
     return RLK_OK;
+  }
   default:
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", agg);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", n->agg);
   }
 }
 
@@ -239,9 +302,15 @@ void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, 
   if (g->grid == 0) g->grid = 1;
 }
 
-size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc) {
+size_t tl_counts_offset(const tl_geometry *g, int nacc) {
+  const size_t partials = (size_t)g->grid * (size_t)nacc * sizeof(double);
+  return (partials + 15) & ~(size_t)15;
+}
+
+size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc, int count) {
   if (kind == RLK_BACKEND_HOST) return 0;
-  return (size_t)g->grid * (size_t)nacc * sizeof(double);
+  if (!count) return (size_t)g->grid * (size_t)nacc * sizeof(double);
+  return tl_counts_offset(g, nacc) + (size_t)g->grid * sizeof(double);
 }
 
 rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op) {
@@ -268,14 +337,20 @@ static rlk_launch_dims tl_dims(unsigned grid, unsigned block) {
   return d;
 }
 
-rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *main_pass, const rlk_kernel_spec *reduce,
-                     const tl_geometry *g, void *stream, void **kargs) {
+rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *count, const rlk_kernel_spec *main_pass,
+                     const rlk_kernel_spec *reduce, const tl_geometry *g, void *stream, void **kargs) {
   if (ctx->kind == RLK_BACKEND_HOST) {
     rlk_launch_dims d = tl_dims(1, 1);
     return rlk_context_launch(ctx, main_pass, &d, stream, kargs);
   }
-  rlk_launch_dims d = tl_dims(g->grid, TL_BLOCK);
-  rlk_status st = rlk_context_launch(ctx, main_pass, &d, stream, kargs);
+  rlk_launch_dims d;
+  rlk_status st;
+  if (count) {
+    d = tl_dims(g->grid, TL_COUNT_BLOCK);
+    if ((st = rlk_context_launch(ctx, count, &d, stream, kargs))) return st;
+  }
+  d = tl_dims(g->grid, TL_BLOCK);
+  st = rlk_context_launch(ctx, main_pass, &d, stream, kargs);
   if (st) return st;
   d = tl_dims(1, TL_REDUCE_BLOCK);
   return rlk_context_launch(ctx, reduce, &d, stream, kargs);

@@ -31,6 +31,20 @@ extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
     int64_t rows, cols, tiles_per_row, tile; \
   }
 
+/* How the aggregation's divisor reaches the kernels (tl::NORM_* of token_loss.cuh): a host
+ * number folded into c_grad, a device scalar (f32 or f64) read by every block, or the local
+ * count of the mask counted by a pre-pass (tl_count) into the workspace. */
+enum { TL_NORM_VALUE = 0, TL_NORM_F32 = 1, TL_NORM_F64 = 2, TL_NORM_COUNT = 3 };
+
+/* Mirrors tl::Norm: with NORM_VALUE the kernels use c_grad as it is; otherwise c_grad is the
+ * numerator and the kernels divide it by the device scalar or the count. */
+#define TL_NORM                      \
+  struct {                           \
+    const void *value;               \
+    void *counts;                    \
+    int64_t kind, num_counts;        \
+  }
+
 /* Threads per block, chunk unroll (f32) and blocks per multiprocessor of the token pass:
  * RLK_TL_BLOCK, RLK_TL_UNROLL and RLK_TL_BLOCKS_PER_SM of token_loss.cuh. */
 #define TL_BLOCK 256
@@ -68,10 +82,20 @@ rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *wha
 rlk_status tl_vector_check(const rlk_tensor *t, const char *what, rlk_dtype dtype, int64_t n,
                            int required);
 
-/* Validates the aggregation and its normalizers; *c = loss_scale / the divisor of the mode
- * (see rlk_loss_agg). */
-rlk_status tl_agg_constant(int agg, double token_normalizer, double seq_normalizer,
-                           double norm_scale, double loss_scale, double *c);
+/* The normalizers of a call, as the args structs hold them. */
+typedef struct tl_norm_args {
+  int agg;
+  double token_normalizer, seq_normalizer, norm_scale, loss_scale;
+  const rlk_tensor *token_tensor, *seq_tensor;
+} tl_norm_args;
+
+/* Validates the aggregation and its normalizers. *c = loss_scale / the divisor of the mode
+ * (see rlk_loss_agg) when the divisor is known on the host (*kind = TL_NORM_VALUE); otherwise
+ * *c is the numerator (loss_scale, or loss_scale / norm_scale) and *kind, *value say what the
+ * kernels divide it by: a device scalar tensor, or (token-mean without a normalizer, under a
+ * mask) the mask's count. Without a mask that count and the sequence count are known here. */
+rlk_status tl_norm_resolve(const tl_layout *L, const tl_norm_args *n, double *c, int *kind,
+                           const void **value);
 
 /* How the token pass is cut and launched. */
 typedef struct tl_geometry {
@@ -86,17 +110,28 @@ typedef struct tl_geometry {
 void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, int whole_rows,
                      tl_geometry *g);
 
-/* Workspace bytes for `nacc` f64 partials per block (0 on the host backend). */
-size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc);
+/* Workspace bytes for `nacc` f64 partials per block, then (count: a mask count pass) one f64
+ * per block of the count pass (0 on the host backend). */
+size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc, int count);
+
+/* Where the count pass's partials start in the workspace. */
+size_t tl_counts_offset(const tl_geometry *g, int nacc);
 
 /* Checks the caller's workspace against `need`. */
 rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op);
 
-/* Launches a token-loss op: on a GPU the main pass over g->grid blocks, then the one-block
- * reduce of its partials; on the host the main kernel alone (it does the whole problem).
- * `kargs` is the one-argument parameter list both kernels take. */
-rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *main_pass, const rlk_kernel_spec *reduce,
-                     const tl_geometry *g, void *stream, void **kargs);
+/* Launches a token-loss op: on a GPU the mask count pass when `count` is given (g->grid
+ * blocks), the main pass over g->grid blocks, then the one-block reduce of its partials; on the
+ * host the main kernel alone (it does the whole problem). `kargs` is the one-argument parameter
+ * list every kernel takes. */
+rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *count, const rlk_kernel_spec *main_pass,
+                     const rlk_kernel_spec *reduce, const tl_geometry *g, void *stream, void **kargs);
+
+/* Threads of the count pass (every block sums the count's partials with this many threads). */
+#define TL_COUNT_BLOCK 256
+
+/* Parses the precompile setting normalizer=value|tensor|count: *count = 1 for count. */
+rlk_status tl_parse_normalizer(const char *value, int *count);
 
 /* Parses a 0/1 precompile flag. */
 rlk_status tl_parse_flag(const char *name, const char *value, int *out);

@@ -1,6 +1,7 @@
 /* value_loss.c - the fused clipped value loss: validation, variant selection, launches.
  *
- * Same passes as the policy loss (token_loss.h): on a GPU value_loss_main writes grad_values and
+ * Same passes as the policy loss (token_loss.h): on a GPU (after value_loss_count when
+ * token-mean divides by this call's mask count) value_loss_main writes grad_values and
  * per-block partials ([grid][5] f64 in the workspace), value_loss_reduce combines them in a fixed
  * order into the loss and the metrics; on the host one kernel per dtype does the whole call.
  * Template parameters of the main kernel: dtype, seq-mean-token-mean, layout, mask kind. */
@@ -21,6 +22,11 @@ static const rlk_param_decl vl_main_params[] = {
     {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tl_mask_names},
 };
 
+static const rlk_param_decl vl_count_params[] = {
+    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
+    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, tl_mask_names},
+};
+
 static const rlk_param_decl vl_dtype_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
 };
@@ -28,6 +34,9 @@ static const rlk_param_decl vl_dtype_params[] = {
 static const rlk_template vl_main_tmpl = {
     "value_loss", "value_loss_main", "cuda/value_loss.cuh", NULL,
     sizeof vl_main_params / sizeof vl_main_params[0], vl_main_params};
+
+static const rlk_template vl_count_tmpl = {"value_loss", "value_loss_count",
+                                           "cuda/value_loss.cuh", NULL, 2, vl_count_params};
 
 static const rlk_template vl_reduce_tmpl = {"value_loss", "value_loss_reduce",
                                             "cuda/value_loss.cuh", NULL, 1, vl_dtype_params};
@@ -44,9 +53,10 @@ typedef struct vl_params {
   int64_t num_partials;
   int64_t seqmean, layout, mask_kind;
   double clip, c_grad, bound_g;
+  TL_NORM norm;
 } vl_params;
 
-_Static_assert(sizeof(vl_params) == 200, "vl_params mirrors rlk::vl::Params: 25 8-byte fields");
+_Static_assert(sizeof(vl_params) == 232, "vl_params mirrors rlk::vl::Params: 29 8-byte fields");
 
 enum { VL_IN_V = 0, VL_IN_OLD = 1, VL_IN_RET = 2 };
 
@@ -55,11 +65,12 @@ typedef struct vl_config {
   int agg;
   int layout;
   int mask;
+  int count; /* token-mean by this call's mask count: the count pass runs first */
 } vl_config;
 
 typedef struct vl_plan {
-  rlk_kernel_spec main, reduce;
-  int has_reduce;
+  rlk_kernel_spec count, main, reduce;
+  int has_count, has_reduce;
   int whole_rows;
 } vl_plan;
 
@@ -85,6 +96,13 @@ static rlk_status vl_select(rlk_backend kind, const vl_config *c, vl_plan *p) {
   p->reduce.values[0] = c->dtype;
   rlk_status st = rlk_spec_validate(&p->main);
   if (!st) st = rlk_spec_validate(&p->reduce);
+  if (!st && c->count && c->mask != TL_MASK_NONE) {
+    p->has_count = 1;
+    p->count.tmpl = &vl_count_tmpl;
+    p->count.values[0] = c->layout;
+    p->count.values[1] = c->mask;
+    st = rlk_spec_validate(&p->count);
+  }
   return st;
 }
 
@@ -99,7 +117,7 @@ static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: ctx is NULL");
   if (!specs || !nspecs)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: no room for the specs");
-  vl_config c = {RLK_F32, RLK_AGG_TOKEN_MEAN, TL_LAYOUT_PADDED, TL_MASK_BOOL};
+  vl_config c = {RLK_F32, RLK_AGG_TOKEN_MEAN, TL_LAYOUT_PADDED, TL_MASK_BOOL, 0};
   int packed = 0, have_offsets = 0;
   rlk_dtype offsets = RLK_I64;
   for (size_t i = 0; i < npairs; i++) {
@@ -142,9 +160,14 @@ static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
       if ((k = tl_choice(tl_mask_names, v)) < 0)
         return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
       c.mask = k;
+    } else if (!strcmp(n, "normalizer")) {
+      rlk_status st = tl_parse_normalizer(v, &c.count);
+      if (st) return st;
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "value_loss: unknown setting '%s' (known: dtype agg layout offsets mask)", n);
+                       "value_loss: unknown setting '%s' (known: dtype agg layout offsets mask "
+                       "normalizer)",
+                       n);
     }
   }
   if (have_offsets && !packed)
@@ -154,6 +177,7 @@ static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
   rlk_status st = vl_select(ctx->kind, &c, &p);
   if (st) return st;
   size_t n = 0;
+  if (p.has_count) specs[n++] = p.count;
   specs[n++] = p.main;
   if (p.has_reduce) specs[n++] = p.reduce;
   *nspecs = n;
@@ -167,13 +191,17 @@ static const char vl_help[] =
     "layout: padded|packed, [B, T] + mask or [N] + seq_offsets (padded)\n"
     "offsets: i32|i64, the seq_offsets dtype; with layout=packed (i64)\n"
     "mask: none|bool|i32|f32, the mask's dtype (bool)\n"
+    "normalizer: value|tensor|count, the token-mean divisor: a number or a device scalar (the "
+    "same kernels), or this call's mask count (a count pass first) (value)\n"
     "the clip range and the normalizers are run-time values: the same kernels\n";
 
 static const char *const vl_samples[] = {
-    /* verl's critic: token-mean, padded with a bool mask */
-    "value_loss agg=token-mean mask=bool",
+    /* verl's critic: token-mean, padded with a bool mask, by the call's mask count */
+    "value_loss agg=token-mean mask=bool normalizer=count",
     /* f64, per-sequence means under an f32 mask (a first pass per sequence), packed */
     "value_loss dtype=f64 agg=seq-mean-token-mean layout=packed offsets=i32 mask=f32",
+    /* the count pass on the packed layout */
+    "value_loss agg=token-mean layout=packed offsets=i64 mask=f32 normalizer=count",
     NULL};
 
 const rlk_op_desc rlk_op_value_loss = {"value_loss", vl_help, vl_plan_config, vl_samples};
@@ -234,9 +262,12 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   if ((int)a->agg < RLK_AGG_TOKEN_MEAN || (int)a->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)a->agg);
   c->agg = (int)a->agg;
-  if ((st = tl_agg_constant(c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
-                            a->loss_scale, &p->c_grad)))
-    return st;
+  const tl_norm_args na = {c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
+                           a->loss_scale, &a->token_normalizer_tensor, &a->seq_normalizer_tensor};
+  int nkind;
+  if ((st = tl_norm_resolve(L, &na, &p->c_grad, &nkind, &p->norm.value))) return st;
+  p->norm.kind = nkind;
+  c->count = nkind == TL_NORM_COUNT;
 
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
   if ((st = tl_stream_check(L, &a->grad_values, "grad_values", 1, &stride))) return st;
@@ -255,7 +286,8 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;
-  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, VL_NACC);
+  p->norm.num_counts = c->count ? k->g.grid : 0;
+  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, VL_NACC, c->count);
   return RLK_OK;
 }
 
@@ -283,6 +315,8 @@ RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *a
   vl_plan p;
   if ((st = vl_select(ctx->kind, &k.c, &p))) return st;
   k.k.partials = args->workspace;
+  if (k.c.count && args->workspace)
+    k.k.norm.counts = (char *)args->workspace + tl_counts_offset(&k.g, VL_NACC);
   void *kargs[] = {&k.k};
-  return tl_launch(ctx, &p.main, &p.reduce, &k.g, stream, kargs);
+  return tl_launch(ctx, p.has_count ? &p.count : NULL, &p.main, &p.reduce, &k.g, stream, kargs);
 }

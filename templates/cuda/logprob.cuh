@@ -140,7 +140,9 @@ template <bool ENTROPY> RLK_DEVICE float grad_of(float x, float c, const bwd_row
 /* Backward: re-reads the logits, writes dlogits (dtype GRAD: the logits' or f32). `grad` may be
  * `logits` itself (same dtype and row stride): each element is read, then written, by one thread.
  * grad_logp may be NULL (a zero g_lp); with ENTROPY, grad_entropy and entropy are given and
- * E_p[z] = lse - entropy. Rows split over gridDim.y in contiguous vector ranges (for few rows). */
+ * E_p[z] = lse - entropy. Rows split over gridDim.y in contiguous vector ranges (for few rows).
+ * shard != 0: the logits are the columns [vocab_start, vocab_start + V) of the vocabulary the
+ * labels index (the one-hot term only where the label falls in them); 0: vocab_start is 0. */
 template <int DT, int GRAD, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
     logprob_bwd(const void *logits, i64 row_stride, const L *__restrict__ labels,
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(BLOCK)
                 const float *__restrict__ lse, i64 lse_stride, const float *__restrict__ grad_logp,
                 i64 grad_logp_stride, const float *__restrict__ entropy, i64 entropy_stride,
                 const float *__restrict__ grad_entropy, i64 grad_entropy_stride, void *grad,
-                i64 grad_stride, i32 *__restrict__ status) {
+                i64 grad_stride, i32 *__restrict__ status, i64 vocab_start, i32 shard) {
   using namespace lp;
   static_assert(SEG == BLOCK || (SEG >= 1 && SEG <= RLK_WARP_SIZE && (SEG & (SEG - 1)) == 0),
                 "SEG: a power of two up to a warp, or the whole block");
@@ -169,12 +171,14 @@ __global__ void __launch_bounds__(BLOCK)
     u8 *o = (u8 *)grad + row * grad_stride * OB;
 
     bwd_row k;
-    const i64 y = load_label(labels, row, label_stride);
+    const i64 yg = load_label(labels, row, label_stride);
+    /* the label's column: a shard's labels outside [0, V) are another shard's, not bad */
+    const i64 y = yg - vocab_start;
     k.a = k.b = k.gy = k.l2 = 0.0f;
     k.mode = 0;
-    if (y == ignore_index) {
+    if (yg == ignore_index) {
       k.mode = 1;
-    } else if (y < 0 || y >= V) {
+    } else if (!shard && (y < 0 || y >= V)) {
       k.mode = 2;
       if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
     } else {

@@ -3,6 +3,7 @@
  * one pass over the tokens (token_loss.cuh), then a one-block reduction.
  *
  * Entries, launched in this order by src/ops/policy_loss.c:
+ *   policy_loss_count   (token-mean by this call's mask count only) the count's partials
  *   policy_loss_main    grad_logp (and grad_entropy) per token, per-block partial sums
  *   policy_loss_reduce  the partials combined in a fixed order -> loss [1] and metrics
  *
@@ -62,11 +63,12 @@ struct Params {
   i64 num_partials;
   i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad;  /* loss_scale / the aggregation's normalizer */
+  double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
   double kl_coef, ent_coef;
   double bound_g; /* a clamp's gradient on its bounds */
+  tl::Norm norm;
 };
-static_assert(sizeof(Params) == 408, "Params: 51 8-byte fields, mirrored by the host side");
+static_assert(sizeof(Params) == 440, "Params: 55 8-byte fields, mirrored by the host side");
 
 template <typename T> RLK_DEVICE T exp_(T x);
 template <> RLK_DEVICE float exp_(float x) { return expf(x); }
@@ -159,7 +161,8 @@ struct Op {
   T adv_row, rowfac, s_ratio, s_gate, row_g, adv_mean, clip_l, clip_h;
   bool s_low, s_high;
 
-  RLK_DEVICE explicit Op(const Params &a) {
+  /* c: the gradient constant (tl::grad_scale) */
+  RLK_DEVICE Op(const Params &a, double c) {
     adv_seq = (const T *)a.adv_seq;
     lo = (T)a.clip_lo;
     hi = (T)a.clip_hi;
@@ -170,9 +173,9 @@ struct Op {
     tau_neg = (T)a.tau_neg;
     kl_in = (T)a.kl_in;
     kl_out = (T)a.kl_out;
-    cg = (T)a.c_grad;
-    ckl = (T)(a.c_grad * a.kl_coef);
-    cent = (T)(-a.c_grad * a.ent_coef);
+    cg = (T)c;
+    ckl = (T)(c * a.kl_coef);
+    cent = (T)(-c * a.ent_coef);
     bg = (T)a.bound_g;
     adv_row = T(0);
     rowfac = T(1);
@@ -383,8 +386,16 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_los
   typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
   __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
   __shared__ T sh2[O::NPRE * RLK_MAX_WARPS];
-  O op(a);
+  __shared__ double sh_c[RLK_MAX_WARPS];
+  O op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
   tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
+}
+
+/* The mask count pass (token-mean without a normalizer): per-block counts. */
+template <int LAYOUT, int MASK>
+__global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(const pl::Params a) {
+  __shared__ double sh[RLK_MAX_WARPS];
+  tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
 
 /* Loss and metrics from the partials, one block. Outputs in T. */
@@ -397,9 +408,9 @@ struct PolicyReduceKinds {
 template <typename T> __global__ void policy_loss_reduce(const pl::Params a) {
   __shared__ double sh[pl::NACC * RLK_MAX_WARPS];
   double s[pl::NACC];
+  const double c = tl::grad_scale(a.norm, a.c_grad, sh);
   tl::reduce_partials<PolicyReduceKinds>(a.partials, a.num_partials, sh, s);
   if (threadIdx.x != 0) return;
-  const double c = a.c_grad;
   const double pg = c * s[pl::A_PG], kl = c * s[pl::A_KL], ent = c * s[pl::A_ENT];
   ((T *)a.loss)[0] = (T)(pg + a.kl_coef * kl - a.ent_coef * ent);
   if (a.metrics) {

@@ -29,6 +29,12 @@
  * partials in a fixed order. No float atomics: the result depends only on the inputs and the
  * launch shape, which the host derives from the problem shape and the device.
  *
+ * The aggregation's divisor (Norm): a host number is folded into the constant c the kernels get;
+ * a device scalar (the caller's global count, all-reduced on the device) is read by every block;
+ * without either, token-mean divides by this call's mask count, which a pre-pass (count_pass)
+ * sums into per-block partials that every block of the later kernels adds up in the same fixed
+ * order (grad_scale): the same bits everywhere, no float atomics, nothing read by the host.
+ *
  * The enum values are the indices of the choice names in the ops' parameter schemas
  * (src/ops/token_loss.h). */
 #ifndef RLK_TOKEN_LOSS_CUH
@@ -62,6 +68,14 @@ template <int NIN, int NOUT> struct Streams {
   i64 mask_stride;
   const void *offsets;
   i64 rows, cols, tiles_per_row, tile;
+};
+
+/* The aggregation's divisor, mirrored by the host side (src/ops/token_loss.h): 8-byte fields. */
+enum { NORM_VALUE = 0, NORM_F32 = 1, NORM_F64 = 2, NORM_COUNT = 3 };
+struct Norm {
+  const void *value; /* NORM_F32 / NORM_F64: the scalar, in device memory */
+  double *counts;    /* NORM_COUNT: count_pass's partials [num_counts] */
+  i64 kind, num_counts;
 };
 
 /* ---- mask ------------------------------------------------------------------------ */
@@ -202,7 +216,7 @@ RLK_DEVICE void block_reduce_to(T (&acc)[N], T *sh, double *out) {
 /* Block-wide sums of v[0..1], returned to every thread (fixed order). sh holds
  * 2 * RLK_MAX_WARPS values; every thread must call it. */
 /* N block-wide sums, every thread gets them (sh: N * RLK_MAX_WARPS). */
-template <int N, typename T> RLK_DEVICE void block_sum(T v[N], T *sh) {
+template <int N, typename T> RLK_DEVICE void block_sum_n(T v[N], T *sh) {
   const int warp = (int)(threadIdx.x / RLK_WARP_SIZE), lane = (int)(threadIdx.x % RLK_WARP_SIZE);
   const int nwarps = (int)(blockDim.x / RLK_WARP_SIZE);
 #pragma unroll
@@ -353,7 +367,7 @@ RLK_DEVICE void row_prepass(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *
     const float m = load1<T, MASK, PB>(p, mask, j, x);
     op.pre(x, m, pre);
   }
-  block_sum<Op::NPRE>(pre, sh2);
+  block_sum_n<Op::NPRE>(pre, sh2);
   op.row_stats(pre);
 }
 
@@ -488,6 +502,50 @@ RLK_DEVICE void reduce_partials(const double *partials, i64 P, double *sh, doubl
     partial_finish_fn<Op, N> h{sh, (int)(blockDim.x / RLK_WARP_SIZE), out};
     static_for<0, N>::run(h);
   }
+}
+
+/* The constant of the gradients and the loss: c as the host gave it (NORM_VALUE), or the
+ * numerator c divided by the device scalar or by the mask count (0 when nothing counts).
+ * The count's partials are summed with a block of RLK_TL_BLOCK threads (thread i takes partials
+ * i, i + RLK_TL_BLOCK, ...; warps in index order), so every kernel gets the same bits. Every
+ * thread must call it; sh holds RLK_MAX_WARPS doubles. */
+RLK_DEVICE double grad_scale(const Norm &n, double c, double *sh) {
+  if (n.kind == NORM_F32) return c / (double)*(const float *)n.value;
+  if (n.kind == NORM_F64) return c / *(const double *)n.value;
+  if (n.kind != NORM_COUNT) return c;
+  double v = 0.0;
+  for (i64 i = threadIdx.x; i < n.num_counts; i += RLK_TL_BLOCK) v += n.counts[i];
+  const double total = block_sum(v, sh);
+  return total > 0.0 ? c / total : 0.0;
+}
+
+/* The mask count pass: the weight of the tokens that count (m != 0), over the same items as
+ * token_pass, per block in a fixed order -> counts[blockIdx.x]. Launched with RLK_TL_BLOCK
+ * threads. */
+template <int LAYOUT, int MASK, int NIN, int NOUT>
+RLK_DEVICE void count_pass(const Streams<NIN, NOUT> &s, double *counts, double *sh) {
+  double v = 0.0;
+  const i64 per_row = LAYOUT == LAYOUT_PADDED ? s.tiles_per_row : 1;
+  const i64 items = s.rows * per_row;
+  const i64 bd = blockDim.x, tid = threadIdx.x;
+  for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
+    const i64 row = item / per_row;
+    i64 first = 0, len = s.cols, b = 0, e = 0;
+    if (LAYOUT == LAYOUT_PADDED) {
+      b = (item % per_row) * s.tile;
+      e = min_(b + s.tile, s.cols);
+    } else {
+      packed_row<LAYOUT>(s.offsets, row, s.cols, &first, &len);
+      e = len;
+    }
+    const i64 m0 = LAYOUT == LAYOUT_PADDED ? row * s.mask_stride : first;
+    for (i64 j = b + tid; j < e; j += bd) {
+      const float m = mask_at<MASK>(s.mask, m0 + j);
+      if (m != 0.0f) v += (double)m;
+    }
+  }
+  const double total = block_sum(v, sh);
+  if (threadIdx.x == 0) counts[blockIdx.x] = total;
 }
 
 /* Per-token helpers shared by the ops. */

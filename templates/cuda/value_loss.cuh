@@ -2,6 +2,7 @@
  * (token_loss.cuh), then a one-block reduction.
  *
  * Entries, launched in this order by src/ops/value_loss.c:
+ *   value_loss_count   (token-mean by this call's mask count only) the count's partials
  *   value_loss_main    grad_values per token, per-block partial sums
  *   value_loss_reduce  the partials combined in a fixed order -> loss [1] and metrics
  *
@@ -30,10 +31,11 @@ struct Params {
   i64 num_partials;
   i64 seqmean, layout, mask_kind; /* read by the host kernel only */
   double clip;    /* > 0, or infinity */
-  double c_grad;  /* loss_scale / the aggregation's normalizer */
+  double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
   double bound_g; /* the clip's gradient on its bounds */
+  tl::Norm norm;
 };
-static_assert(sizeof(Params) == 200, "Params: 25 8-byte fields, mirrored by the host side");
+static_assert(sizeof(Params) == 232, "Params: 29 8-byte fields, mirrored by the host side");
 
 template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
   static constexpr int NIN = vl::NIN, NOUT = vl::NOUT, NACC = vl::NACC;
@@ -45,9 +47,10 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
 
   T clip, cg, bg, rowfac;
 
-  RLK_DEVICE explicit Op(const Params &a) {
+  /* c: the gradient constant (tl::grad_scale) */
+  RLK_DEVICE Op(const Params &a, double c) {
     clip = (T)a.clip;
-    cg = (T)a.c_grad;
+    cg = (T)c;
     bg = (T)a.bound_g;
     rowfac = T(1);
   }
@@ -115,17 +118,26 @@ struct ReduceKinds {
 template <typename T, bool SEQMEAN, int LAYOUT, int MASK>
 __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(const vl::Params a) {
   __shared__ T sh_acc[vl::NACC * RLK_MAX_WARPS];
-  __shared__ T sh2[1 * RLK_MAX_WARPS];
-  vl::Op<T, SEQMEAN, MASK != tl::MASK_NONE> op(a);
+  __shared__ T sh2[2 * RLK_MAX_WARPS];
+  __shared__ double sh_c[RLK_MAX_WARPS];
+  vl::Op<T, SEQMEAN, MASK != tl::MASK_NONE> op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
   tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
+}
+
+/* The mask count pass (token-mean without a normalizer): per-block counts. */
+template <int LAYOUT, int MASK>
+__global__ void __launch_bounds__(RLK_TL_BLOCK) value_loss_count(const vl::Params a) {
+  __shared__ double sh[RLK_MAX_WARPS];
+  tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
 
 template <typename T> __global__ void value_loss_reduce(const vl::Params a) {
   __shared__ double sh[vl::NACC * RLK_MAX_WARPS];
   double s[vl::NACC];
+  const double c = tl::grad_scale(a.norm, a.c_grad, sh);
   tl::reduce_partials<vl::ReduceKinds>(a.partials, a.num_partials, sh, s);
   if (threadIdx.x != 0) return;
-  ((T *)a.loss)[0] = (T)(a.c_grad * s[vl::A_LOSS]);
+  ((T *)a.loss)[0] = (T)(c * s[vl::A_LOSS]);
   if (a.metrics) {
     T *m = (T *)a.metrics;
     const double n = s[vl::A_MASK];

@@ -2,6 +2,7 @@
  * dlogits = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) / T with p = 2^(x c - lse log2(e)) and
  * E_p[z] = lse - entropy, written as the logits' dtype or f32. grad may alias logits (each element
  * is read before it is written). Ignored rows get zeros; a label outside [0, V) NaN and the flag.
+ * A shard (shard != 0) has the columns [vocab_start, vocab_start + V): a label outside is no error.
  * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given). */
 #include "logprob_common.h"
 
@@ -27,6 +28,8 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   void *grad = RLK_ARG(void *, 16);
   const rlk_i64 grad_stride = RLK_ARG(rlk_i64, 17);
   int32_t *status = RLK_ARG(int32_t *, 18);
+  const rlk_i64 vocab_start = RLK_ARG(rlk_i64, 19);
+  const int32_t shard = RLK_ARG(int32_t, 20);
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
   const int odt = RLK_P_GRAD == LP_GRAD_F32 ? LP_DT_F32 : dt;
   const float c = LP_LOG2E / temperature;
@@ -34,10 +37,11 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   for (rlk_i64 i = 0; i < N; i++) {
     const char *row = (const char *)logits + (size_t)(i * row_stride) * lp_dt_bytes(dt);
     char *out = (char *)grad + (size_t)(i * grad_stride) * lp_dt_bytes(odt);
-    const rlk_i64 y = (rlk_i64)labels[i * label_stride];
-    if (y == ignore_index || y < 0 || y >= V) {
-      const float fill = y == ignore_index ? 0.0f : NAN;
-      if (y != ignore_index && status) *status |= LP_STATUS_BAD_LABEL;
+    const rlk_i64 yg = (rlk_i64)labels[i * label_stride];
+    const rlk_i64 y = yg - vocab_start; /* a shard's other labels are other shards' */
+    if (yg == ignore_index || (!shard && (y < 0 || y >= V))) {
+      const float fill = yg == ignore_index ? 0.0f : NAN;
+      if (yg != ignore_index && status) *status |= LP_STATUS_BAD_LABEL;
       for (rlk_i64 j = 0; j < V; j++) lp_store(out, odt, j, fill);
       continue;
     }

@@ -199,6 +199,9 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
 
 RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   const pl_params a = RLK_ARG(pl_params, 0);
+  const tl_count_view cv = {a.layout, a.mask_kind, a.s.rows, a.s.cols, a.s.mask_stride, a.s.mask,
+                            a.s.offsets};
+  const double k = tl_grad_scale(&a.norm, a.c_grad, &cv);
   pl_ctx c;
   c.a = &a;
   c.lo = (T)a.clip_lo;
@@ -210,9 +213,9 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.tau_neg = (T)a.tau_neg;
   c.kl_in = (T)a.kl_in;
   c.kl_out = (T)a.kl_out;
-  c.cg = (T)a.c_grad;
-  c.ckl = (T)(a.c_grad * a.kl_coef);
-  c.cent = (T)(-a.c_grad * a.ent_coef);
+  c.cg = (T)k;
+  c.ckl = (T)(k * a.kl_coef);
+  c.cent = (T)(-k * a.ent_coef);
   c.bg = (T)a.bound_g;
   c.row_g = 0;
   c.adv_mean = 0;
@@ -309,7 +312,6 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     }
   }
 
-  const double k = a.c_grad;
   const double pg = k * acc[A_PG], kl = k * acc[A_KL], ent = k * acc[A_ENT];
   ((T *)a.loss)[0] = (T)(pg + a.kl_coef * kl - a.ent_coef * ent);
   if (a.metrics) {

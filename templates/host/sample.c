@@ -20,8 +20,13 @@ enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
 #define SMP_MASS_SCALE 1099511627776.0f /* 2^40 */
 #define SMP_LN2_D 0.69314718055994530942
 
+/* A token's fixed-point mass. Converted as the GPU's cvt.rzi.u64.f32 does (NaN gives 0, 2^64 and
+ * above the largest value): a temperature small enough that x c or M c overflows makes the
+ * exponent +inf or NaN, and a plain cast of those is undefined in C. */
 static inline uint64_t smp_mass(float x, float c, float Mc) {
-  return (uint64_t)(exp2f(fmaf(x, c, -Mc)) * SMP_MASS_SCALE);
+  const float m = exp2f(fmaf(x, c, -Mc)) * SMP_MASS_SCALE;
+  if (!(m > 0.0f)) return 0;
+  return m >= 18446744073709551616.0f ? UINT64_MAX : (uint64_t)m;
 }
 
 static inline int smp_key_width(int dt) { return dt == LP_DT_F32 ? 32 : (dt == LP_DT_BF16 ? 16 : 19); }

@@ -25,6 +25,15 @@ enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
     rlk_i64 rows, cols, tiles_per_row, tile; \
   }
 
+/* tl::Norm: the aggregation's divisor (NORM_VALUE: c_grad is the constant; else c_grad is the
+ * numerator, divided by the scalar at `value` or by the mask count). */
+enum { TL_NORM_VALUE = 0, TL_NORM_F32 = 1, TL_NORM_F64 = 2, TL_NORM_COUNT = 3 };
+typedef struct tl_norm {
+  const void *value;
+  void *counts;
+  rlk_i64 kind, num_counts;
+} tl_norm;
+
 /* rlk::pl::Params */
 typedef struct pl_params {
   TL_STREAMS(6, 2) s;
@@ -36,8 +45,9 @@ typedef struct pl_params {
   rlk_i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
   double c_grad, kl_coef, ent_coef, bound_g;
+  tl_norm norm;
 } pl_params;
-_Static_assert(sizeof(pl_params) == 408, "pl_params: 51 8-byte fields");
+_Static_assert(sizeof(pl_params) == 440, "pl_params: 55 8-byte fields");
 
 /* rlk::vl::Params */
 typedef struct vl_params {
@@ -48,8 +58,9 @@ typedef struct vl_params {
   rlk_i64 num_partials;
   rlk_i64 seqmean, layout, mask_kind;
   double clip, c_grad, bound_g;
+  tl_norm norm;
 } vl_params;
-_Static_assert(sizeof(vl_params) == 200, "vl_params: 25 8-byte fields");
+_Static_assert(sizeof(vl_params) == 232, "vl_params: 29 8-byte fields");
 
 /* A clamp's gradient factor: 1 strictly inside [lo, hi], bg on a bound, 0 outside or NaN. */
 static inline double tl_gate(double x, double lo, double hi, double bg) {
@@ -97,6 +108,32 @@ static inline void tl_row(rlk_i64 layout, const void *offsets, rlk_i64 row, rlk_
 /* Element offset of (row, token 0) for a stream with row stride `stride`. */
 static inline rlk_i64 tl_base(rlk_i64 layout, rlk_i64 row, rlk_i64 stride, rlk_i64 first) {
   return layout == TL_LAYOUT_PADDED ? row * stride : first;
+}
+
+/* Where the streams of a call live, for tl_grad_scale's count. */
+typedef struct tl_count_view {
+  rlk_i64 layout, mask_kind, rows, cols, mask_stride;
+  const void *mask, *offsets;
+} tl_count_view;
+
+/* The gradient constant: c_grad, or c_grad divided by the scalar or by the mask count (the
+ * weight of the tokens with m != 0, sequences and tokens in order, in f64; 0 when nothing
+ * counts), as tl::grad_scale. */
+static inline double tl_grad_scale(const tl_norm *n, double c, const tl_count_view *v) {
+  if (n->kind == TL_NORM_F32) return c / (double)*(const float *)n->value;
+  if (n->kind == TL_NORM_F64) return c / *(const double *)n->value;
+  if (n->kind != TL_NORM_COUNT) return c;
+  double total = 0.0;
+  for (rlk_i64 row = 0; row < v->rows; row++) {
+    rlk_i64 first, len;
+    tl_row(v->layout, v->offsets, row, v->cols, &first, &len);
+    const rlk_i64 m0 = tl_base(v->layout, row, v->mask_stride, first);
+    for (rlk_i64 j = 0; j < len; j++) {
+      const float m = tl_mask_at(v->mask_kind, v->mask, m0 + j);
+      if (m != 0.0f) total += (double)m;
+    }
+  }
+  return total > 0.0 ? c / total : 0.0;
 }
 
 #endif

@@ -15,7 +15,10 @@ static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x)
 
 RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
   const vl_params a = RLK_ARG(vl_params, 0);
-  const T clip = (T)a.clip, cg = (T)a.c_grad, bg = (T)a.bound_g;
+  const tl_count_view cv = {a.layout, a.mask_kind, a.s.rows, a.s.cols, a.s.mask_stride, a.s.mask,
+                            a.s.offsets};
+  const double k = tl_grad_scale(&a.norm, a.c_grad, &cv);
+  const T clip = (T)a.clip, cg = (T)k, bg = (T)a.bound_g;
   const int has_mask = a.mask_kind != TL_MASK_NONE;
   double acc[NACC] = {0, 0, 0, 0, 0};
 
@@ -77,7 +80,7 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
     }
   }
 
-  ((T *)a.loss)[0] = (T)(a.c_grad * acc[A_LOSS]);
+  ((T *)a.loss)[0] = (T)(k * acc[A_LOSS]);
   if (a.metrics) {
     T *mt = (T *)a.metrics;
     const double n = acc[A_MASK];

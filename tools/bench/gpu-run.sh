@@ -115,6 +115,12 @@ if has python && [ -d python/tests ]; then
     tail -40 "$W/harness.log"
     { echo "== harness"; tail -40 "$W/harness.log"; } >> "$summary"
   fi
+  if [ -f tools/bench/python_device_time.py ]; then
+    echo "== ops through Python (device time, back to back) and a captured GRPO loss step"
+    timeout 300 python3 tools/bench/python_device_time.py --json "$W/python_device_time.json" > "$W/python_device_time.log" 2>&1
+    echo "rc=$?" >> "$W/python_device_time.log"
+    { echo "== python_device_time"; cat "$W/python_device_time.log"; } | tee -a "$summary"
+  fi
   if [ -f tools/bench/python_overhead.py ]; then
     echo "== python overhead per call (torch CUDA tensors)"
     timeout 300 python3 tools/bench/python_overhead.py --json "$W/python_overhead.json" > "$W/python_overhead.log" 2>&1

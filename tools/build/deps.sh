@@ -4,12 +4,51 @@
 #   needed:   gcc make pkg-config check            (build, tests)
 #             clang                                (the host backend's kernel compiler)
 #             python3 with numpy and pytest        (the Python package's tests; pip)
+#   fuzz:     clang and its libFuzzer runtime        (`deps.sh fuzz`, what `make fuzz` needs:
+#             Debian's libclang-rt-<N>-dev)
 #   optional: libamdhip64-dev                      (hiprtc: HIP kernels compiled without an AMD GPU)
 #             the CUDA toolkit's NVRTC             (CUDA kernels; /usr/local/cuda or RLK_NVRTC_LIB)
 set -eu
 
 missing=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+# `deps.sh fuzz`: clang, and a libFuzzer it can link (a one-line fuzz target must build).
+libfuzzer_links() {
+  local dir
+  dir=$(mktemp -d) || return 1
+  printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' >"$dir/t.c"
+  "${FUZZ_CC:-clang}" -fsanitize=fuzzer,address,undefined "$dir/t.c" -o "$dir/t" >/dev/null 2>&1
+  local rc=$?
+  rm -rf "$dir"
+  return $rc
+}
+if [ "${1:-}" = fuzz ]; then
+  if ! command -v "${FUZZ_CC:-clang}" >/dev/null 2>&1; then
+    missing+=(clang)
+  elif ! libfuzzer_links; then
+    # compiler-rt's package for this clang: libclang-rt-<N>-dev (Debian 12+, Ubuntu 22.04+);
+    # older releases ship libFuzzer in libclang-common-<N>-dev.
+    major=$("${FUZZ_CC:-clang}" -dumpversion 2>/dev/null | cut -d. -f1)
+    pkg=libclang-rt-$major-dev
+    if command -v apt-cache >/dev/null 2>&1 && ! apt-cache show "$pkg" >/dev/null 2>&1; then
+      pkg=libclang-common-$major-dev
+    fi
+    missing+=("$pkg")
+  fi
+  if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "rlk: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    libfuzzer_links || { echo "rlk: ${FUZZ_CC:-clang} still cannot link -fsanitize=fuzzer" >&2; exit 1; }
+    exit 0
+  fi
+  echo "rlk: make fuzz needs: ${missing[*]}" >&2
+  echo "rlk: install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
 
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v make >/dev/null 2>&1 || missing+=(make)

@@ -1,6 +1,7 @@
 """Op families, one module each: its args struct mirror (registered for the ABI checks), its
 rlk.Op, and the functional call. Adding an op family = one module here + its lines below."""
-from . import group_advantage, logprob, losses, prefix_attention, returns, sample
+from . import (group_advantage, linear_logprob, logprob, losses, prefix_attention, returns, sample,
+               vocab_parallel)
 
 OPS = {
     "group_advantage": group_advantage.OP,
@@ -12,7 +13,10 @@ OPS = {
     "masked_whiten": returns.WHITEN_OP,
     "logprob": logprob.FORWARD_OP,
     "logprob_backward": logprob.BACKWARD_OP,
+    "logprob_combine": vocab_parallel.COMBINE_OP,
     "sample": sample.OP,
+    "linear_logprob": linear_logprob.OP,
+    "linear_logprob_backward": linear_logprob.BACKWARD_OP,
     "prefix_attention": prefix_attention.FORWARD_OP,
     "prefix_attention_backward": prefix_attention.BACKWARD_OP,
 }

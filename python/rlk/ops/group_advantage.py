@@ -77,8 +77,9 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     b.set("mask", mask, optional=True)
     B = dim(scores, 0)
     if advantages is None:
-        advantages = b.empty((B,), T.DType.F32)
-    b.set("advantages", advantages, (T.DType.F32,), output=True)
+        advantages = b.set_new("advantages", b.empty((B,), T.DType.F32), T.DType.F32, (B,))
+    else:
+        b.set("advantages", advantages, (T.DType.F32,), output=True)
     broadcast = broadcast or token_advantages is not None
     if broadcast:
         if token_advantages is None:
@@ -88,8 +89,10 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
                 cols = dim(scores, 1)
             else:
                 raise b._fail("broadcast", "needs a [B, T] mask or [B, T] scores to know T")
-            token_advantages = b.empty((B, cols), T.DType.F32)
-        b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
+            token_advantages = b.set_new("token_advantages", b.empty((B, cols), T.DType.F32),
+                                         T.DType.F32, (B, cols))
+        else:
+            b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
     n = b.op.workspace_size(b.context(), b.args)  # f64 [B, T] scores: their f64 row sums
     if n:
         _, ptr = b.workspace(n)

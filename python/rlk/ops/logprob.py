@@ -43,7 +43,11 @@ class LogprobArgs(ctypes.Structure):
         ("lse", T.Tensor),
         ("entropy", T.Tensor),
         ("status", T.Tensor),
-    ] + _TUNING
+    ] + _TUNING + [
+        ("partials", T.Tensor),
+        ("vocab_start", ctypes.c_int64),
+        ("partial_entropy", ctypes.c_int),
+    ]
 
 
 @T.abi_struct("rlk_logprob_backward_args")
@@ -59,7 +63,10 @@ class LogprobBackwardArgs(ctypes.Structure):
         ("entropy", T.Tensor),
         ("grad_logits", T.Tensor),
         ("status", T.Tensor),
-    ] + _TUNING
+    ] + _TUNING + [
+        ("shard", ctypes.c_int),
+        ("vocab_start", ctypes.c_int64),
+    ]
 
 
 FORWARD_OP = Op("logprob", LogprobArgs)
@@ -105,13 +112,13 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     n = dim(logits, 0)
+    f32, shape = T.DType.F32, (n,)
     if logp is None:
-        logp = b.empty((n,), T.DType.F32)
-    b.set("logp", logp, _F32, output=True)
-    lse_out = b.empty((n,), T.DType.F32) if lse else None
-    ent_out = b.empty((n,), T.DType.F32) if entropy else None
-    b.set("lse", lse_out, _F32, optional=True, output=True)
-    b.set("entropy", ent_out, _F32, optional=True, output=True)
+        logp = b.set_new("logp", b.empty(shape, f32), f32, shape)
+    else:
+        b.set("logp", logp, _F32, output=True)
+    lse_out = b.set_new("lse", b.empty(shape, f32), f32, shape) if lse else None
+    ent_out = b.set_new("entropy", b.empty(shape, f32), f32, shape) if entropy else None
     b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
 
@@ -119,14 +126,19 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
 def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
                      temperature=None, ignore_index=None, grad_logits=None, grad_dtype=None,
                      inplace=False, status=None, variant=None, block=None, unroll=None,
-                     stages=None, stream=None):
+                     stages=None, vocab_start=None, stream=None):
     """grad_logits = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) / temperature
     (rlk_logprob_backward). lse (and entropy, with grad_entropy) from the forward; grad_logp and
     grad_entropy are f32 [N] upstream gradients, at least one given. The output is in the
     logits' dtype unless grad_dtype="f32"; inplace=True writes it over the logits.
-    Returns grad_logits [N, V]."""
+    vocab_start (shard form): the logits are the vocabulary columns [vocab_start, vocab_start +
+    V) and lse / entropy the combined ones (rlk.logprob_combine); labels outside the shard are
+    other shards'. Returns grad_logits [N, V]."""
     b = Binder(BACKWARD_OP)
     dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    if vocab_start is not None:
+        b.args.shard = 1
+        b.args.vocab_start = int(vocab_start)
     b.set("lse", lse, _F32)
     b.set("grad_logp", grad_logp, _F32, optional=True)
     b.set("grad_entropy", grad_entropy, _F32, optional=True)
@@ -136,7 +148,9 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     if grad_logits is None:
         if grad_dtype is not None:
             dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
-        grad_logits = b.empty((dim(logits, 0), dim(logits, 1)), dt)
-    b.set("grad_logits", grad_logits, output=True)
+        shape = (dim(logits, 0), dim(logits, 1))
+        grad_logits = b.set_new("grad_logits", b.empty(shape, dt), dt, shape)
+    else:
+        b.set("grad_logits", grad_logits, output=True)
     b.run(stream)
     return grad_logits

@@ -5,17 +5,19 @@ to the differentiable input and metrics. These functions mirror the C calls; rlk
 them in torch.autograd.Functions whose backward scales the fused gradient.
 
 Layouts: per-token tensors are [B, T] (padded, an optional mask says which tokens count) or [N]
-(packed, with seq_offsets [S + 1]). Normalizers the library divides by are explicit; where one
-is left as None it is made here: token_normalizer = the mask's sum (this synchronizes a CUDA
-stream: pass the global count to avoid it), seq_normalizer = the number of sequences.
+(packed, with seq_offsets [S + 1]). Normalizers: token_normalizer and seq_normalizer are each a
+number, or a device scalar (an f32 / f64 tensor of one element on the inputs' device: a global
+count all-reduced across data-parallel ranks stays there), or None: token-mean then divides by
+this call's mask count and seq-mean by its sequence count, both counted by the library (on the
+device: nothing is read back). No call synchronizes its stream; the outputs, metrics included,
+stay on the device until the caller reads them (metrics_dict does).
 """
 import collections
 import ctypes
 import enum
-import sys
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, is_torch
+from .._tensor import _KIND, Binder, Op, _kind, dim
 
 __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
@@ -92,6 +94,8 @@ class PolicyLossArgs(ctypes.Structure):
         ("seq_normalizer", ctypes.c_double),
         ("norm_scale", ctypes.c_double),
         ("loss_scale", ctypes.c_double),
+        ("token_normalizer_tensor", T.Tensor),
+        ("seq_normalizer_tensor", T.Tensor),
         ("loss", T.Tensor),
         ("grad_logp", T.Tensor),
         ("grad_entropy", T.Tensor),
@@ -116,6 +120,8 @@ class ValueLossArgs(ctypes.Structure):
         ("seq_normalizer", ctypes.c_double),
         ("norm_scale", ctypes.c_double),
         ("loss_scale", ctypes.c_double),
+        ("token_normalizer_tensor", T.Tensor),
+        ("seq_normalizer_tensor", T.Tensor),
         ("loss", T.Tensor),
         ("grad_values", T.Tensor),
         ("metrics", T.Tensor),
@@ -123,6 +129,9 @@ class ValueLossArgs(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
     ]
 
+
+_PL_NMETRICS = len(POLICY_LOSS_METRICS)
+_VL_NMETRICS = len(VALUE_LOSS_METRICS)
 
 POLICY_OP = Op("policy_loss", PolicyLossArgs, workspace=True)
 VALUE_OP = Op("value_loss", ValueLossArgs, workspace=True)
@@ -141,47 +150,75 @@ def metrics_dict(metrics, names=POLICY_LOSS_METRICS):
     return {n: float(v) for n, v in zip(names, vals)}
 
 
-def _mask_sum(mask, logp):
-    """The local token count: the mask's sum, or the number of tokens without one."""
-    if mask is None:
-        n = 1
-        for d in logp.shape:
-            n *= int(d)
-        return float(n)
-    if is_torch(mask):
-        return float(mask.sum(dtype=sys.modules["torch"].float64).item())
-    return float(mask.sum(dtype="float64"))
+def _normalizer(b, name, v):
+    """A normalizer: a number into the args field `name`, an array into `name`_tensor."""
+    cls = v.__class__
+    if cls is float or cls is int:
+        setattr(b.args, name, float(v))
+    elif (_KIND.get(cls) or _kind(v)) is not None:
+        b.set(name + "_tensor", v, _F)
+    else:
+        setattr(b.args, name, float(v))
 
 
-_SEQ_AGGS = (LossAgg.SEQ_MEAN_TOKEN_SUM, LossAgg.SEQ_MEAN_TOKEN_MEAN,
-             LossAgg.SEQ_MEAN_TOKEN_SUM_NORM)
-
-
-def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, x,
-             seq_offsets):
+def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale):
     a = b.args
     if agg is not None:
         a.agg = T.enum_value(LossAgg, agg, "%s: agg" % b.name)
-    if token_normalizer is None and a.agg == LossAgg.TOKEN_MEAN:
-        token_normalizer = _mask_sum(mask, x)
-    if seq_normalizer is None and a.agg in _SEQ_AGGS:
-        seq_normalizer = (dim(seq_offsets, 0) - 1) if seq_offsets is not None else dim(x, 0)
     if token_normalizer is not None:
-        a.token_normalizer = float(token_normalizer)
+        _normalizer(b, "token_normalizer", token_normalizer)
     if seq_normalizer is not None:
-        a.seq_normalizer = float(seq_normalizer)
+        _normalizer(b, "seq_normalizer", seq_normalizer)
     if norm_scale is not None:
         a.norm_scale = float(norm_scale)
     if loss_scale is not None:
         a.loss_scale = float(loss_scale)
 
 
-def _workspace(b):
-    n = b.op.workspace_size(b.context(), b.args)
-    if n:
-        _, ptr = b.workspace(n)
-        b.args.workspace = ptr
-        b.args.workspace_bytes = n
+_ESIZE = {T.DType.F32: 4, T.DType.F64: 8}
+
+
+def _small_outputs(b, dt, nmetrics, key, scalar_loss):
+    """loss, metrics (nmetrics > 0) and the workspace in one allocation: the loss [1] (or 0-d
+    with scalar_loss) and the metrics are views of it, the workspace its 16-byte aligned tail.
+    The workspace size is asked of the library once per key: everything it depends on (place,
+    shapes, mode, aggregation, how the normalizer is given)."""
+    op = b.op
+    ws = op.sizes.get(key)
+    if ws is None:
+        # the size query reads no data pointer: the loss is bound below, once allocated
+        b.args.loss = T.Tensor(16, dt, 1, (1,), (1,))
+        ws = op.workspace_size(b.context(), b.args)
+        op.sizes[key] = ws
+    es = _ESIZE[dt]
+    head = 1 + nmetrics
+    n = head
+    if ws:
+        off = (head * es + 15) & ~15
+        n = (off + ws + es - 1) // es
+    buf = b.empty((n,), dt)
+    b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
+    a = b.args
+    if ws:
+        ptr = buf.data_ptr() if b.place.framework == "torch" else buf.ctypes.data
+        a.workspace = ptr + off
+        a.workspace_bytes = ws
+    loss = buf[0:1]
+    if scalar_loss:  # torch: a 0-d view; numpy: buf[0] would be a copy
+        loss = buf[0] if b.place.framework == "torch" else loss.reshape(())
+    b.set_new("loss", buf, dt, (1,))
+    metrics = None
+    if nmetrics:
+        metrics = buf[1:head]
+        b.set_new("metrics", metrics, dt, (nmetrics,))
+    return loss, metrics
+
+
+def _norm_key(a, tn):
+    """How the token normalizer is given: 0 number, 1 tensor, 2 none (a count pass)."""
+    if tn is None:
+        return 2
+    return 1 if a.token_normalizer == 0.0 else 0
 
 
 # The float fields of rlk_policy_loss_args that policy_loss passes through as given.
@@ -197,7 +234,7 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
                 clamp_bound_grad=None, kl_estimator=None,
                 kl_coef=None, kl_input_clamp=None, kl_output_clamp=None, kl_straight_through=None,
                 entropy_coef=None, agg=None, token_normalizer=None, seq_normalizer=None,
-                norm_scale=None, loss_scale=None, metrics=True, stream=None):
+                norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
     """The policy loss forward and backward in one pass (rlk_policy_loss).
 
     logp, old_logp, advantages: [B, T] (padded) or [N] (packed, with seq_offsets), f32 or f64,
@@ -208,9 +245,11 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     kl_estimator "k1", "abs", "k2", "k3"; agg "token-mean" (default),
     "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm".
     Every other keyword is the C field of that name; None keeps rlk_policy_loss_args_init's
-    value (verl's actor defaults), except the normalizers (see the module's doc).
-    Returns PolicyLossResult(loss [1], grad_logp (logp's shape), grad_entropy (or None),
-    metrics [13] or None): metrics_dict() names them.
+    value (verl's actor defaults). token_normalizer / seq_normalizer: a number, a device
+    scalar tensor, or None (this call's counts; see the module's doc).
+    Returns PolicyLossResult(loss [1] (0-d with scalar_loss=True), grad_logp (logp's shape),
+    grad_entropy (or None), metrics [13] or None): metrics_dict() names them. Nothing is read
+    back: the call never synchronizes its stream.
     """
     b = Binder(POLICY_OP)
     a = b.args
@@ -242,25 +281,23 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
             setattr(a, name, float(v))
     if kl_straight_through is not None:
         a.kl_straight_through = 1 if kl_straight_through else 0
-    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, logp,
-             seq_offsets)
-    shape = tuple(logp.shape)
-    loss = b.empty((1,), dt)
-    grad_logp = b.empty(shape, dt)
-    grad_entropy = b.empty(shape, dt) if (entropy is not None and a.entropy_coef != 0) else None
-    out_metrics = b.empty((len(POLICY_LOSS_METRICS),), dt) if metrics else None
-    b.set("loss", loss, output=True)
-    b.set("grad_logp", grad_logp, output=True)
-    b.set("grad_entropy", grad_entropy, optional=True, output=True)
-    b.set("metrics", out_metrics, optional=True, output=True)
-    _workspace(b)
+    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    shape = logp.shape
+    grad_logp = b.set_new("grad_logp", b.empty(shape, dt), dt, shape)
+    grad_entropy = None
+    if entropy is not None and a.entropy_coef != 0:
+        grad_entropy = b.set_new("grad_entropy", b.empty(shape, dt), dt, shape)
+    loss, out_metrics = _small_outputs(
+        b, dt, _PL_NMETRICS if metrics else 0,
+        (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
+         a.mode, a.agg, _norm_key(a, token_normalizer)), scalar_loss)
     b.run(stream)
     return PolicyLossResult(loss, grad_logp, grad_entropy, out_metrics)
 
 
 def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None,
                clamp_bound_grad=None, agg=None, token_normalizer=None, seq_normalizer=None,
-               norm_scale=None, loss_scale=None, metrics=True, stream=None):
+               norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
     """The clipped value loss forward and backward in one pass (rlk_value_loss).
 
     values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
@@ -277,14 +314,12 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
         b.args.clip = float(clip)
     if clamp_bound_grad is not None:
         b.args.clamp_bound_grad = float(clamp_bound_grad)
-    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, mask, values,
-             seq_offsets)
-    loss = b.empty((1,), dt)
-    grad = b.empty(tuple(values.shape), dt)
-    out_metrics = b.empty((len(VALUE_LOSS_METRICS),), dt) if metrics else None
-    b.set("loss", loss, output=True)
-    b.set("grad_values", grad, output=True)
-    b.set("metrics", out_metrics, optional=True, output=True)
-    _workspace(b)
+    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    shape = values.shape
+    grad = b.set_new("grad_values", b.empty(shape, dt), dt, shape)
+    loss, out_metrics = _small_outputs(
+        b, dt, _VL_NMETRICS if metrics else 0,
+        (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
+         b.args.agg, _norm_key(b.args, token_normalizer)), scalar_loss)
     b.run(stream)
     return ValueLossResult(loss, grad, out_metrics)

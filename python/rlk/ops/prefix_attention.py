@@ -109,8 +109,10 @@ class PrefixLayout:
         t = self._device.get(key)
         if t is None:
             import torch
-            t = (torch.tensor(self.seq, dtype=torch.int32, device=key),
-                 torch.tensor(self.grp, dtype=torch.int32, device=key))
+            # from pinned host memory, asynchronously: a copy from pageable memory would wait
+            # for the host (torch's pinned allocator keeps the source alive until it is read)
+            t = tuple(torch.tensor(x, dtype=torch.int32).pin_memory().to(key, non_blocking=True)
+                      for x in (self.seq, self.grp))
             self._device[key] = t
         return t
 

@@ -115,7 +115,7 @@ def _algo(b, algo):
 def _out(b, name, given, dtype, shape):
     """The output `name`: the caller's array, or a new one of the input's dtype and shape."""
     if given is None:
-        given = b.empty(tuple(shape), dtype)
+        return b.set_new(name, b.empty(shape, dtype), dtype, shape)
     b.set(name, given, _F, output=True)
     return given
 
@@ -214,9 +214,11 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     out = _out(b, "out", out, dt, x.shape)
     st = None
     if stats:
-        st = b.empty((3,), T.DType.F64)
-        b.set("stats", st, output=True)
-    n = WHITEN_OP.workspace_size(b.context(), a)
+        st = b.set_new("stats", b.empty((3,), T.DType.F64), T.DType.F64, (3,))
+    key = (b.place.key, x.shape, mask is None, dt)
+    n = WHITEN_OP.sizes.get(key)
+    if n is None:
+        n = WHITEN_OP.sizes[key] = WHITEN_OP.workspace_size(b.context(), a)
     if n:
         _, a.workspace = b.workspace(n)
         a.workspace_bytes = n

@@ -102,15 +102,25 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     _setting(b, "seed", "seeds", seed, _I64, _u64)
     _setting(b, "offset", "offsets", offset, _I64, _u64)
     n = dim(logits, 0)
+    shape, f32 = (n,), T.DType.F32
     if tokens is None:
         dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
-        tokens = b.empty((n,), dt)
-    b.set("tokens", tokens, _TOKENS, output=True)
-    lp = b.empty((n,), T.DType.F32) if logp is True else (None if logp is False else logp)
-    lpf = (b.empty((n,), T.DType.F32) if logp_filtered is True
-           else (None if logp_filtered is False else logp_filtered))
-    b.set("logp", lp, _F32, optional=True, output=True)
-    b.set("logp_filtered", lpf, _F32, optional=True, output=True)
+        tokens = b.empty(shape, dt)
+        if dt not in _TOKENS:
+            b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
+        b.set_new("tokens", tokens, dt, shape)
+    else:
+        b.set("tokens", tokens, _TOKENS, output=True)
+    if logp is True:
+        lp = b.set_new("logp", b.empty(shape, f32), f32, shape)
+    else:
+        lp = None if logp is False else logp
+        b.set("logp", lp, _F32, optional=True, output=True)
+    if logp_filtered is True:
+        lpf = b.set_new("logp_filtered", b.empty(shape, f32), f32, shape)
+    else:
+        lpf = None if logp_filtered is False else logp_filtered
+        b.set("logp_filtered", lpf, _F32, optional=True, output=True)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if logprob_block is not None:
         b.args.logprob_block = int(logprob_block)

@@ -87,6 +87,12 @@ rlk_status rlk_tma_check(const rlk_tma_desc_request *req) {
     return rlk_error(RLK_ERR_UNSUPPORTED,
                      "tma: inner box of %u elements is %llu bytes, not a multiple of 16",
                      req->box_cols, (unsigned long long)inner_bytes);
+  if (req->swizzle != 0 && req->swizzle != 128)
+    return rlk_error(RLK_ERR_UNSUPPORTED, "tma: swizzle %u is not 0 or 128", req->swizzle);
+  if (req->swizzle == 128 && inner_bytes > 128)
+    return rlk_error(RLK_ERR_UNSUPPORTED,
+                     "tma: inner box of %llu bytes exceeds the 128-byte swizzle span",
+                     (unsigned long long)inner_bytes);
   return RLK_OK;
 }
 
@@ -118,8 +124,10 @@ rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_reques
   if (st != RLK_OK) return st;
   CUresult r = d->cuTensorMapEncodeTiled(
       &map, tma_dtype(req->dtype), 2, (void *)(uintptr_t)req->base, dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      req->swizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+      req->swizzle == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return rlk_cuda_leave(cuda, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuTensorMapEncodeTiled", r));
   memcpy(out128, &map, sizeof map);

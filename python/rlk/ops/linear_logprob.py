@@ -1,0 +1,151 @@
+"""The fused LM head + token log-probs and entropy: rlk_linear_logprob.
+
+hidden [N, H] and weight [V, H] (bf16 or f16, the same dtype; rows contiguous, any row stride),
+labels [N] (i32 or i64). Returns rlk.logprob's result for logits = hidden @ weight.T without ever
+storing those logits: logp, lse and entropy f32 [N].
+"""
+import ctypes
+import enum
+
+from .. import _types as T
+from .._tensor import Binder, Op, dim
+from .logprob import LogprobResult
+
+__all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
+           "linear_logprob_backward"]
+
+
+class LinearLogprobVariant(enum.IntEnum):
+    AUTO = 0
+    WGMMA = 1
+    TILED = 2
+
+
+@T.abi_struct("rlk_linear_logprob_args")
+class LinearLogprobArgs(ctypes.Structure):
+    _fields_ = [
+        ("hidden", T.Tensor),
+        ("weight", T.Tensor),
+        ("labels", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("logp", T.Tensor),
+        ("lse", T.Tensor),
+        ("entropy", T.Tensor),
+        ("status", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("variant", ctypes.c_int),
+        ("splits", ctypes.c_int),
+    ]
+
+
+@T.abi_struct("rlk_linear_logprob_backward_args")
+class LinearLogprobBackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("hidden", T.Tensor),
+        ("weight", T.Tensor),
+        ("labels", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("lse", T.Tensor),
+        ("grad_logp", T.Tensor),
+        ("grad_entropy", T.Tensor),
+        ("entropy", T.Tensor),
+        ("grad_hidden", T.Tensor),
+        ("grad_weight", T.Tensor),
+        ("accumulate", ctypes.c_int),
+        ("status", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("chunk", ctypes.c_int),
+    ]
+
+
+OP = Op("linear_logprob", LinearLogprobArgs, workspace=True)
+BACKWARD_OP = Op("linear_logprob_backward", LinearLogprobBackwardArgs, workspace=True)
+
+_HIDDEN = (T.DType.BF16, T.DType.F16)
+_LABELS = (T.DType.I32, T.DType.I64)
+_F32 = (T.DType.F32,)
+
+
+def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
+                   lse=True, status=None, variant=None, splits=None, stream=None):
+    """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
+    a GPU (fp64 on the host), never materialized (rlk_linear_logprob).
+
+    temperature (default 1), ignore_index (default -100: logp 0). entropy=True also computes the
+    entropy in the same pass. status: an optional zeroed i32 [1] that gets STATUS_BAD_LABEL for a
+    label outside [0, V). variant: "auto", "wgmma" (sm_90a) or "tiled"; splits: vocabulary splits
+    (0: chosen). Returns LogprobResult(logp, lse or None, entropy or None)."""
+    b = Binder(OP)
+    a = b.args
+    b.set("hidden", hidden, _HIDDEN)
+    b.set("weight", weight, _HIDDEN)
+    b.set("labels", labels, _LABELS)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    if ignore_index is not None:
+        a.ignore_index = int(ignore_index)
+    b.set("status", status, (T.DType.I32,), optional=True, output=True)
+    if variant is not None:
+        a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_logprob: variant")
+    if splits is not None:
+        a.splits = int(splits)
+    n = dim(hidden, 0)
+    logp = b.empty((n,), T.DType.F32)
+    b.set("logp", logp, _F32, output=True)
+    lse_out = b.empty((n,), T.DType.F32) if lse else None
+    ent_out = b.empty((n,), T.DType.F32) if entropy else None
+    b.set("lse", lse_out, _F32, optional=True, output=True)
+    b.set("entropy", ent_out, _F32, optional=True, output=True)
+    nbytes = OP.workspace_size(b.context(), a)
+    if nbytes:
+        _, ptr = b.workspace(nbytes)
+        a.workspace = ptr
+        a.workspace_bytes = nbytes
+    b.run(stream)
+    return LogprobResult(logp, lse_out, ent_out)
+
+
+def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
+                            entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
+                            grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
+                            grad_dtype="f32", status=None, chunk=None, stream=None):
+    """grad_hidden = dz @ weight and grad_weight = dz.T @ hidden with
+    dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / temperature, the logits recomputed chunk by chunk
+    (rlk_linear_logprob_backward). lse (and entropy, with grad_entropy) from the forward.
+    grad_hidden / grad_weight: given tensors (written, or added to with accumulate=True), else new
+    ones of grad_dtype ("f32" or "same"). Returns (grad_hidden or None, grad_weight or None)."""
+    b = Binder(BACKWARD_OP)
+    a = b.args
+    dt = b.set("hidden", hidden, _HIDDEN)
+    b.set("weight", weight, _HIDDEN)
+    b.set("labels", labels, _LABELS)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    if ignore_index is not None:
+        a.ignore_index = int(ignore_index)
+    b.set("lse", lse, _F32)
+    b.set("grad_logp", grad_logp, _F32, optional=True)
+    b.set("grad_entropy", grad_entropy, _F32, optional=True)
+    b.set("entropy", entropy, _F32, optional=True)
+    gdt = dt if grad_dtype == "same" else T.DType.F32
+    if grad_hidden is None and want_hidden:
+        grad_hidden = b.empty((dim(hidden, 0), dim(hidden, 1)), gdt)
+    if grad_weight is None and want_weight:
+        grad_weight = b.empty((dim(weight, 0), dim(weight, 1)), gdt)
+    b.set("grad_hidden", grad_hidden, optional=True, output=True)
+    b.set("grad_weight", grad_weight, optional=True, output=True)
+    a.accumulate = 1 if accumulate else 0
+    b.set("status", status, (T.DType.I32,), optional=True, output=True)
+    if chunk is not None:
+        a.chunk = int(chunk)
+    nbytes = BACKWARD_OP.workspace_size(b.context(), a)
+    if nbytes:
+        _, ptr = b.workspace(nbytes)
+        a.workspace = ptr
+        a.workspace_bytes = nbytes
+    b.run(stream)
+    return grad_hidden, grad_weight

@@ -1,0 +1,730 @@
+/* linear_logprob.c - the fused LM head + token log-probs (rlk_linear_logprob) and its backward:
+ * validation, kernel choice, the vocabulary split and chunks, launches.
+ *
+ * Forward kernels (templates/cuda/linear_logprob*.cuh, templates/host/linear_logprob_fwd.c):
+ *   linear_logprob_fwd_sm90   sm_90a: TMA + wgmma, 128 rows x 256 columns a tile
+ *   linear_logprob_fwd_tiled  every GPU target: f32 tiles of 64 x 64 from shared memory
+ *   linear_logprob_combine    merges each row's split records in split order
+ *   linear_logprob_fwd_host   the host backend: fp64 throughout
+ * A GPU forward is a GEMM launch over (row blocks, splits) writing [splits][N] records into the
+ * caller's workspace, then the combine launch. Selection (ll_select) serves calls and the
+ * precompile plan alike.
+ *
+ * Backward kernels (templates/cuda/linear_logprob_bwd.cuh, templates/host/linear_logprob_bwd.c):
+ * per vocabulary chunk, in order, linear_logprob_bwd_dz (recomputed logits -> dz in the
+ * workspace), _dh (the f32 grad_hidden sum in the workspace) and _dw (grad_weight rows of the
+ * chunk); then _dh_out writes grad_hidden. The host runs linear_logprob_bwd_host (fp64). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+
+enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
+
+static const char *const ll_dt_names[] = {"f32", "f16", "bf16", NULL}; /* f32: not a choice */
+static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
+
+#define LL_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
+#define LL_HIDDEN_DTYPES (RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
+#define LL_N(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The tile shapes the kernels are written for (templates: ll_sm90, linear_logprob_fwd_tiled). */
+#define LL_SM90_BM 128
+#define LL_SM90_BN 256
+#define LL_SM90_THREADS 384
+#define LL_SM90_STAGE_BYTES (48u * 1024u)
+#define LL_SM90_STAGES 4
+#define LL_TILED_BM 64
+#define LL_TILED_THREADS 256
+#define LL_COMBINE_THREADS 256
+#define LL_SPLIT_COLS 256 /* a split covers a multiple of this many columns */
+#define LL_RECORD_BYTES 16
+
+static const rlk_param_decl ll_sm90_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"stages", RLK_PARAM_INT, 2, 4, 0, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+static const rlk_param_decl ll_tiled_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+static const rlk_param_decl ll_combine_params[] = {
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+static const rlk_template ll_sm90_tmpl = {"linear_logprob", "linear_logprob_fwd_sm90",
+                                          "cuda/linear_logprob_sm90.cuh", NULL,
+                                          LL_N(ll_sm90_params), ll_sm90_params};
+static const rlk_template ll_tiled_tmpl = {"linear_logprob", "linear_logprob_fwd_tiled",
+                                           "cuda/linear_logprob.cuh", NULL, LL_N(ll_tiled_params),
+                                           ll_tiled_params};
+static const rlk_template ll_combine_tmpl = {"linear_logprob", "linear_logprob_combine",
+                                             "cuda/linear_logprob.cuh", NULL,
+                                             LL_N(ll_combine_params), ll_combine_params};
+static const rlk_template ll_host_tmpl = {"linear_logprob", "linear_logprob_fwd_host", NULL,
+                                          "host/linear_logprob_fwd.c", LL_N(ll_tiled_params),
+                                          ll_tiled_params};
+
+/* What selects the kernels of a call. */
+typedef struct ll_config {
+  int hidden;       /* LL_DT_* */
+  rlk_dtype labels; /* RLK_I32 / RLK_I64 */
+  int entropy;
+  int variant;      /* rlk_linear_logprob_variant asked for */
+  int tma_ok;       /* hidden and weight can be described by 128-byte-swizzled tensor maps */
+} ll_config;
+
+typedef struct ll_choice {
+  int variant; /* what runs: WGMMA or TILED on a GPU; AUTO on the host */
+  rlk_kernel_spec gemm, combine;
+  int ngemm_specs; /* 1, or 2 when the host has no combine */
+} ll_choice;
+
+/* sm_90a exactly: wgmma needs the arch-specific target. */
+static int ll_wgmma_target(const rlk_context *ctx) {
+  return ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) == 90 &&
+         ctx->info.target[strlen(ctx->info.target) - 1] == 'a';
+}
+
+static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choice *ch) {
+  memset(ch, 0, sizeof *ch);
+  if (c->variant < RLK_LINEAR_LOGPROB_AUTO || c->variant > RLK_LINEAR_LOGPROB_TILED)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant",
+                     c->variant);
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    ch->variant = RLK_LINEAR_LOGPROB_AUTO;
+    ch->gemm.tmpl = &ll_host_tmpl;
+    ch->gemm.values[0] = c->hidden;
+    ch->gemm.values[1] = c->labels;
+    ch->gemm.values[2] = c->entropy;
+    return rlk_spec_validate(&ch->gemm);
+  }
+  int v = c->variant;
+  if (v != RLK_LINEAR_LOGPROB_TILED)
+    v = ll_wgmma_target(ctx) && c->tma_ok ? RLK_LINEAR_LOGPROB_WGMMA : RLK_LINEAR_LOGPROB_TILED;
+  if (c->variant == RLK_LINEAR_LOGPROB_WGMMA && v != RLK_LINEAR_LOGPROB_WGMMA)
+    rlk_debug("linear_logprob: wgmma is not available here (%s); using the tiled kernel",
+              ll_wgmma_target(ctx) ? "no tensor map" : "needs sm_90a");
+  ch->variant = v;
+  if (v == RLK_LINEAR_LOGPROB_WGMMA) {
+    ch->gemm.tmpl = &ll_sm90_tmpl;
+    ch->gemm.values[0] = c->hidden;
+    ch->gemm.values[1] = c->labels;
+    ch->gemm.values[2] = LL_SM90_STAGES;
+    ch->gemm.values[3] = c->entropy;
+  } else {
+    ch->gemm.tmpl = &ll_tiled_tmpl;
+    ch->gemm.values[0] = c->hidden;
+    ch->gemm.values[1] = c->labels;
+    ch->gemm.values[2] = c->entropy;
+  }
+  ch->combine.tmpl = &ll_combine_tmpl;
+  ch->combine.values[0] = c->labels;
+  ch->combine.values[1] = c->entropy;
+  rlk_status st = rlk_spec_validate(&ch->gemm);
+  return st ? st : rlk_spec_validate(&ch->combine);
+}
+
+/* The vocabulary split: the fewest splits that reach the least (waves x tiles per split) for
+ * `row_blocks` blocks of rows on `slots` concurrently resident blocks. */
+static void ll_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
+                      int64_t *cols_per_split) {
+  const int64_t tiles = (V + LL_SPLIT_COLS - 1) / LL_SPLIT_COLS;
+  int64_t best = 1;
+  if (asked > 0) {
+    best = asked < tiles ? asked : tiles;
+  } else {
+    int64_t best_cost = -1;
+    for (int64_t s = 1; s <= tiles && s <= 4096; s++) {
+      const int64_t per = (tiles + s - 1) / s;
+      const int64_t waves = (row_blocks * s + slots - 1) / slots;
+      const int64_t cost = waves * per;
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        best = s;
+      }
+    }
+  }
+  const int64_t per = (tiles + best - 1) / best;
+  *cols_per_split = per * LL_SPLIT_COLS;
+  *splits = (tiles + per - 1) / per;
+}
+
+/* [rows, cols] with contiguous rows; writes the row stride. */
+static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t *rows,
+                                  int64_t *cols, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, LL_HIDDEN_DTYPES))) return st;
+  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  const int64_t n = t->shape[0], h = t->shape[1];
+  if (n < 1 || h < 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] has an empty dimension", what,
+                     (long long)n, (long long)h);
+  if (h > 1 && t->strides[1] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
+                     (long long)t->strides[1]);
+  if (n > 1 && t->strides[0] < h)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
+                     what, (long long)t->strides[0], (long long)h);
+  const int64_t s = n > 1 ? t->strides[0] : h;
+  if (n > INT32_MAX || h > INT32_MAX || s > ((int64_t)1 << 56) / n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,
+                     (long long)n, (long long)s);
+  *rows = n;
+  *cols = h;
+  *stride = s;
+  return RLK_OK;
+}
+
+static rlk_status ll_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                                  int contiguous, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != N)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
+                     (long long)t->shape[0], (long long)N);
+  if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
+  if (stride) *stride = N > 1 ? t->strides[0] : 1;
+  return RLK_OK;
+}
+
+/* Everything a launch needs, from validated arguments. */
+typedef struct ll_call {
+  int64_t N, H, V, h_stride, w_stride, label_stride;
+  ll_config c;
+  ll_choice ch;
+  int64_t row_blocks, splits, cols_per_split;
+  size_t workspace;
+  rlk_tma_desc_request req_h, req_w;
+} ll_call;
+
+static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a, ll_call *k) {
+  memset(k, 0, sizeof *k);
+  rlk_status st;
+  int64_t wH;
+  if ((st = ll_check_matrix(&a->hidden, "hidden", &k->N, &k->H, &k->h_stride))) return st;
+  if ((st = ll_check_matrix(&a->weight, "weight", &k->V, &wH, &k->w_stride))) return st;
+  if (wH != k->H)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: %lld columns, hidden has H = %lld",
+                     (long long)wH, (long long)k->H);
+  if (a->weight.dtype != a->hidden.dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
+                     rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
+  if ((st = ll_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->label_stride)))
+    return st;
+  if (!(a->temperature > 0.0f) || isinf(a->temperature))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
+                     (double)a->temperature);
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  if ((st = ll_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
+  if (a->lse.data && (st = ll_check_vector(&a->lse, "lse", f32, k->N, 1, NULL))) return st;
+  if (a->entropy.data && (st = ll_check_vector(&a->entropy, "entropy", f32, k->N, 1, NULL))) return st;
+  if (a->status.data) {
+    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
+    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  }
+  if (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
+      (a->lse.data && a->lse.data == a->entropy.data))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
+  if (a->splits < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is negative", a->splits);
+
+  k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  k->c.labels = a->labels.dtype;
+  k->c.entropy = a->entropy.data != NULL;
+  k->c.variant = (int)a->variant;
+  /* tensor maps: h boxes of 64 x 128, W boxes of 64 x 256, both with the 128-byte swizzle */
+  rlk_tma_desc_request *r[2] = {&k->req_h, &k->req_w};
+  const rlk_tensor *t[2] = {&a->hidden, &a->weight};
+  const int64_t rows[2] = {k->N, k->V}, strides[2] = {k->h_stride, k->w_stride};
+  const uint32_t box_rows[2] = {LL_SM90_BM, LL_SM90_BN};
+  k->c.tma_ok = 1;
+  for (int i = 0; i < 2; i++) {
+    r[i]->base = t[i]->data;
+    r[i]->dtype = t[i]->dtype;
+    r[i]->rows = (uint64_t)rows[i];
+    r[i]->cols = (uint64_t)k->H;
+    r[i]->row_stride = (uint64_t)strides[i];
+    r[i]->box_rows = box_rows[i];
+    r[i]->box_cols = 64;
+    r[i]->swizzle = 128;
+    if (rlk_tma_check(r[i]) != RLK_OK) {
+      rlk_debug("linear_logprob: no tensor map for %s (%s)", i ? "weight" : "hidden", rlk_last_error());
+      rlk_error_clear();
+      k->c.tma_ok = 0;
+    }
+  }
+  if ((st = ll_select(ctx, &k->c, &k->ch))) return st;
+  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  const int64_t sms = ctx->info.multiprocessors > 0 ? ctx->info.multiprocessors : 1;
+  const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
+  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM;
+  k->row_blocks = (k->N + bm - 1) / bm;
+  if (k->row_blocks > 65535 * 1024)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)k->N);
+  ll_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, a->splits, &k->splits, &k->cols_per_split);
+  if (k->splits > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %lld exceeds 65535", (long long)k->splits);
+  k->workspace = (size_t)k->splits * (size_t)k->N * LL_RECORD_BYTES;
+  return RLK_OK;
+}
+
+RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+  args->variant = RLK_LINEAR_LOGPROB_AUTO;
+}
+
+RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
+                                                     const rlk_linear_logprob_args *args,
+                                                     size_t *bytes) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: args is NULL");
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: bytes is NULL");
+  ll_call k;
+  rlk_status st = ll_prepare(ctx, args, &k);
+  if (!st) *bytes = k.workspace;
+  return st;
+}
+
+static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t smem) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(gx ? gx : 1);
+  d.grid[1] = (unsigned)(gy ? gy : 1);
+  d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  d.shared_bytes = smem;
+  return d;
+}
+
+RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *a,
+                                      void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob: args is NULL");
+  ll_call k;
+  rlk_status st = ll_prepare(ctx, a, &k);
+  if (st) return st;
+  if (k.workspace) {
+    if (!a->workspace || a->workspace_bytes < k.workspace)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "workspace: %zu bytes given, rlk_linear_logprob_workspace_size says %zu",
+                       a->workspace ? a->workspace_bytes : (size_t)0, k.workspace);
+    if ((uintptr_t)a->workspace % 16)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  }
+  if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
+
+  const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
+  float temperature = a->temperature;
+  int64_t ignore_index = a->ignore_index, N = k.N, V = k.V, H = k.H, hs = k.h_stride,
+          ws = k.w_stride, ls = k.label_stride, S = k.splits, cps = k.cols_per_split;
+  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data,
+        *entropy = (float *)a->entropy.data;
+  int32_t *status = (int32_t *)a->status.data;
+  void *partials = a->workspace;
+
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    void *args[] = {&hidden, &hs,     &weight, &ws,  &labels, &ls,      &N,      &V,
+                    &H,      &temperature, &ignore_index, &logp, &lse, &entropy, &status};
+    rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+    return rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args);
+  }
+  if (k.ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
+    _Alignas(64) unsigned char map_h[128], map_w[128];
+    st = rlk_cuda_tma_encode(ctx->backend, &k.req_h, map_h);
+    if (!st) st = rlk_cuda_tma_encode(ctx->backend, &k.req_w, map_w);
+    if (st) return st;
+    void *args[] = {map_h, map_w, &labels, &ls, &N, &V, &H, &temperature, &cps, &partials};
+    const size_t smem = (size_t)LL_SM90_STAGES * LL_SM90_STAGE_BYTES + 1024u;
+    rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
+  } else {
+    void *args[] = {&hidden, &hs, &weight, &ws, &labels, &ls, &N, &V, &H, &temperature, &cps, &partials};
+    rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
+    if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
+  }
+  const void *parts = partials;
+  void *cargs[] = {&parts, &S,           &N,           &V,    &cps,  &labels,  &ls,
+                   &temperature, &ignore_index, &logp, &lse, &entropy, &status};
+  rlk_launch_dims d = ll_dims((uint64_t)((N + LL_COMBINE_THREADS - 1) / LL_COMBINE_THREADS), 1,
+                              LL_COMBINE_THREADS, 0);
+  return rlk_context_launch(ctx, &k.ch.combine, &d, stream, cargs);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The backward                                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+static const char *const ll_grad_names[] = {"f32", "f16", "bf16", NULL}; /* 0: f32, else LL_DT_* */
+
+static const rlk_param_decl ll_dz_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+static const rlk_param_decl ll_dh_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+};
+static const rlk_param_decl ll_dw_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+};
+static const rlk_param_decl ll_dh_out_params[] = {
+    {"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+};
+static const rlk_param_decl ll_bwd_host_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+#define LL_BWD_CUDA "cuda/linear_logprob_bwd.cuh"
+static const rlk_template ll_dz_tmpl = {"linear_logprob", "linear_logprob_bwd_dz", LL_BWD_CUDA, NULL,
+                                        LL_N(ll_dz_params), ll_dz_params};
+static const rlk_template ll_dh_tmpl = {"linear_logprob", "linear_logprob_bwd_dh", LL_BWD_CUDA, NULL,
+                                        LL_N(ll_dh_params), ll_dh_params};
+static const rlk_template ll_dw_tmpl = {"linear_logprob", "linear_logprob_bwd_dw", LL_BWD_CUDA, NULL,
+                                        LL_N(ll_dw_params), ll_dw_params};
+static const rlk_template ll_dh_out_tmpl = {"linear_logprob", "linear_logprob_bwd_dh_out", LL_BWD_CUDA,
+                                            NULL, LL_N(ll_dh_out_params), ll_dh_out_params};
+static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_bwd_host", NULL,
+                                              "host/linear_logprob_bwd.c", LL_N(ll_bwd_host_params),
+                                              ll_bwd_host_params};
+
+#define LL_BWD_TILE 64
+#define LL_BWD_DZ_BYTES ((int64_t)256 << 20) /* a chunk's dz at most (auto chunk) */
+
+/* What selects the backward's kernels: gh / gw are -1 for an absent gradient. */
+typedef struct ll_bwd_config {
+  int hidden;
+  rlk_dtype labels;
+  int entropy;
+  int gh, gw;
+} ll_bwd_config;
+
+/* The backward's specs: [dz, dh, dw, dh_out] on a GPU (absent gradients' kernels left out),
+ * the one host kernel on the host. */
+static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, rlk_kernel_spec *specs,
+                               size_t *n) {
+  *n = 0;
+  rlk_status st;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_kernel_spec s = {&ll_bwd_host_tmpl, {c->hidden, c->labels, c->gh < 0 ? 0 : c->gh, c->gw < 0 ? 0 : c->gw, c->entropy}};
+    specs[(*n)++] = s;
+  } else {
+    rlk_kernel_spec dz = {&ll_dz_tmpl, {c->hidden, c->labels, c->entropy}};
+    specs[(*n)++] = dz;
+    if (c->gh >= 0) {
+      rlk_kernel_spec dh = {&ll_dh_tmpl, {c->hidden}}, out = {&ll_dh_out_tmpl, {c->gh}};
+      specs[(*n)++] = dh;
+      specs[(*n)++] = out;
+    }
+    if (c->gw >= 0) {
+      rlk_kernel_spec dw = {&ll_dw_tmpl, {c->hidden, c->gw}};
+      specs[(*n)++] = dw;
+    }
+  }
+  for (size_t i = 0; i < *n; i++)
+    if ((st = rlk_spec_validate(&specs[i]))) return st;
+  return RLK_OK;
+}
+
+typedef struct ll_bwd_call {
+  int64_t N, H, V, hs, ws, ls, lse_s, glp_s, ent_s, gent_s, ghs, gws, chunk;
+  ll_bwd_config c;
+  size_t dh_bytes, dz_bytes, workspace;
+} ll_bwd_call;
+
+static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
+
+static int ll_grad_code(rlk_dtype d) { return d == RLK_F32 ? 0 : d == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
+
+static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
+                                 ll_bwd_call *k) {
+  memset(k, 0, sizeof *k);
+  rlk_status st;
+  int64_t wH;
+  if ((st = ll_check_matrix(&a->hidden, "hidden", &k->N, &k->H, &k->hs))) return st;
+  if ((st = ll_check_matrix(&a->weight, "weight", &k->V, &wH, &k->ws))) return st;
+  if (wH != k->H)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: %lld columns, hidden has H = %lld", (long long)wH,
+                     (long long)k->H);
+  if (a->weight.dtype != a->hidden.dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
+                     rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
+  if ((st = ll_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->ls))) return st;
+  if (!(a->temperature > 0.0f) || isinf(a->temperature))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)a->temperature);
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  if ((st = ll_check_vector(&a->lse, "lse", f32, k->N, 0, &k->lse_s))) return st;
+  if (a->grad_logp.data && (st = ll_check_vector(&a->grad_logp, "grad_logp", f32, k->N, 0, &k->glp_s)))
+    return st;
+  if (a->grad_entropy.data) {
+    if ((st = ll_check_vector(&a->grad_entropy, "grad_entropy", f32, k->N, 0, &k->gent_s))) return st;
+    if (!a->entropy.data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required with grad_entropy (E_p[z] = lse - entropy)");
+    if ((st = ll_check_vector(&a->entropy, "entropy", f32, k->N, 0, &k->ent_s))) return st;
+  }
+  if (!a->grad_logp.data && !a->grad_entropy.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logp and grad_entropy: give at least one");
+  if (!a->grad_hidden.data && !a->grad_weight.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden and grad_weight: give at least one");
+  const uint32_t gdt = f32 | RLK_DTYPE_BIT(a->hidden.dtype);
+  k->c.gh = k->c.gw = -1;
+  if (a->grad_hidden.data) {
+    int64_t r, cols;
+    if ((st = rlk_check_dtype(&a->grad_hidden, "grad_hidden", gdt))) return st;
+    rlk_tensor t = a->grad_hidden;
+    t.dtype = a->hidden.dtype; /* the shape checks of a matrix */
+    if ((st = ll_check_matrix(&t, "grad_hidden", &r, &cols, &k->ghs))) return st;
+    if (r != k->N || cols != k->H)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
+                       (long long)r, (long long)cols, (long long)k->N, (long long)k->H);
+    k->c.gh = ll_grad_code(a->grad_hidden.dtype);
+  }
+  if (a->grad_weight.data) {
+    int64_t r, cols;
+    if ((st = rlk_check_dtype(&a->grad_weight, "grad_weight", gdt))) return st;
+    rlk_tensor t = a->grad_weight;
+    t.dtype = a->hidden.dtype;
+    if ((st = ll_check_matrix(&t, "grad_weight", &r, &cols, &k->gws))) return st;
+    if (r != k->V || cols != k->H)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
+                       (long long)r, (long long)cols, (long long)k->V, (long long)k->H);
+    k->c.gw = ll_grad_code(a->grad_weight.dtype);
+  }
+  if (a->status.data) {
+    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
+    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  }
+  if (a->accumulate != 0 && a->accumulate != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
+  if (a->chunk < 0 || a->chunk % LL_BWD_TILE)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
+  k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  k->c.labels = a->labels.dtype;
+  k->c.entropy = a->grad_entropy.data != NULL;
+  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  const int64_t vpad = (k->V + LL_BWD_TILE - 1) / LL_BWD_TILE * LL_BWD_TILE;
+  int64_t chunk = a->chunk;
+  if (!chunk) {
+    chunk = LL_BWD_DZ_BYTES / (4 * k->N) / LL_BWD_TILE * LL_BWD_TILE;
+    if (chunk < LL_BWD_TILE) chunk = LL_BWD_TILE;
+  }
+  if (chunk > vpad) chunk = vpad;
+  k->chunk = chunk;
+  k->dh_bytes = a->grad_hidden.data ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
+  k->dz_bytes = ll_align256((size_t)(k->N * chunk) * 4u);
+  k->workspace = k->dh_bytes + k->dz_bytes;
+  return RLK_OK;
+}
+
+RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+}
+
+RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
+                                                              const rlk_linear_logprob_backward_args *args,
+                                                              size_t *bytes) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: ctx is NULL");
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: args is NULL");
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: bytes is NULL");
+  ll_bwd_call k;
+  rlk_status st = ll_bwd_prepare(ctx, args, &k);
+  if (!st) *bytes = k.workspace;
+  return st;
+}
+
+RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
+                                               void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: args is NULL");
+  ll_bwd_call k;
+  rlk_status st = ll_bwd_prepare(ctx, a, &k);
+  if (st) return st;
+  if (k.workspace) {
+    if (!a->workspace || a->workspace_bytes < k.workspace)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "workspace: %zu bytes given, rlk_linear_logprob_backward_workspace_size says %zu",
+                       a->workspace ? a->workspace_bytes : (size_t)0, k.workspace);
+    if ((uintptr_t)a->workspace % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  }
+  if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob_backward"))) return st;
+  rlk_kernel_spec specs[4];
+  size_t nspecs = 0;
+  if ((st = ll_bwd_specs(ctx, &k.c, specs, &nspecs))) return st;
+
+  const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
+  float temperature = a->temperature;
+  int64_t ignore_index = a->ignore_index, N = k.N, V = k.V, H = k.H, hs = k.hs, ws = k.ws, ls = k.ls;
+  int64_t lse_s = k.lse_s, glp_s = k.glp_s, ent_s = k.ent_s, gent_s = k.gent_s, ghs = k.ghs, gws = k.gws;
+  const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
+              *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
+  if (!k.c.entropy) ent = NULL;
+  void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
+  int32_t accumulate = a->accumulate;
+  int32_t *status = (int32_t *)a->status.data;
+
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    void *args[] = {&hidden, &hs,    &weight, &ws,    &labels, &ls,  &N,   &V,   &H,
+                    &temperature,    &ignore_index,   &lse,    &lse_s, &glp, &glp_s, &ent,
+                    &ent_s,  &gent,  &gent_s, &gh,    &ghs,    &gw,  &gws, &accumulate, &status};
+    rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+    return rlk_context_launch(ctx, &specs[0], &d, stream, args);
+  }
+  float *dh = gh ? (float *)a->workspace : NULL;
+  float *dz = (float *)((char *)a->workspace + k.dh_bytes);
+  const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh ? &specs[2] : NULL,
+                        *s_dw = gw ? &specs[gh ? 3 : 1] : NULL;
+  int64_t Vc = k.chunk;
+  const uint64_t rb = (uint64_t)((N + LL_BWD_TILE - 1) / LL_BWD_TILE);
+  const uint64_t hb = (uint64_t)((H + LL_BWD_TILE - 1) / LL_BWD_TILE);
+  for (int64_t c0 = 0; c0 < V; c0 += Vc) {
+    int64_t nv = V - c0 < Vc ? V - c0 : Vc;
+    const uint64_t vb = (uint64_t)((nv + LL_BWD_TILE - 1) / LL_BWD_TILE);
+    void *zargs[] = {&hidden, &hs,     &weight, &ws,   &labels, &ls,  &N,     &V,   &H,      &temperature,
+                     &ignore_index,    &lse,    &lse_s, &glp,   &glp_s, &ent, &ent_s, &gent, &gent_s,
+                     &c0,     &Vc,     &dz,     &status};
+    rlk_launch_dims d = ll_dims(rb, vb, LL_TILED_THREADS, 0);
+    if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
+    if (s_dh) {
+      const float *dzc = dz;
+      float beta = c0 ? 1.0f : 0.0f;
+      void *hargs[] = {&dzc, &Vc, &nv, &weight, &ws, &c0, &N, &H, &dh, &beta};
+      d = ll_dims(rb, hb, LL_TILED_THREADS, 0);
+      if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
+    }
+    if (s_dw) {
+      const float *dzc = dz;
+      void *wargs[] = {&dzc, &Vc, &nv, &hidden, &hs, &c0, &N, &H, &gw, &gws, &accumulate};
+      d = ll_dims(vb, hb, LL_TILED_THREADS, 0);
+      if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
+    }
+  }
+  if (s_out) {
+    const float *dhc = dh;
+    void *oargs[] = {&dhc, &N, &H, &gh, &ghs, &accumulate};
+    rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
+    if ((st = rlk_context_launch(ctx, s_out, &d, stream, oargs))) return st;
+  }
+  return RLK_OK;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status ll_plan(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
+                          rlk_kernel_spec *specs, size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: ctx is NULL");
+  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: no room for the specs");
+  ll_config c;
+  memset(&c, 0, sizeof c);
+  c.hidden = LL_DT_BF16;
+  c.labels = RLK_I64;
+  c.tma_ok = 1;
+  int pass = 2, grad_same = 0; /* pass: 0 fwd, 1 bwd, 2 both */
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    if (!strcmp(n, "hidden")) {
+      if (strcmp(v, "bf16") && strcmp(v, "f16"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: '%s' is not bf16 or f16", v);
+      c.hidden = !strcmp(v, "f16") ? LL_DT_F16 : LL_DT_BF16;
+    } else if (!strcmp(n, "labels")) {
+      if (strcmp(v, "i32") && strcmp(v, "i64"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
+      c.labels = !strcmp(v, "i32") ? RLK_I32 : RLK_I64;
+    } else if (!strcmp(n, "entropy")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
+      c.entropy = v[0] == '1';
+    } else if (!strcmp(n, "pass")) {
+      static const char *const passes[] = {"fwd", "bwd", "both"};
+      pass = -1;
+      for (int q = 0; q < 3; q++)
+        if (!strcmp(passes[q], v)) pass = q;
+      if (pass < 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
+    } else if (!strcmp(n, "grad")) {
+      if (strcmp(v, "f32") && strcmp(v, "same"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not f32 or same", v);
+      grad_same = !strcmp(v, "same");
+    } else if (!strcmp(n, "variant")) {
+      int k = -1;
+      for (int q = 0; ll_variant_names[q]; q++)
+        if (!strcmp(ll_variant_names[q], v)) k = q;
+      if (k < 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, wgmma or tiled", v);
+      c.variant = k;
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "linear_logprob: unknown setting '%s' (known: pass hidden labels entropy grad variant)", n);
+    }
+  }
+  size_t n = 0;
+  rlk_status st;
+  if (pass != 0) {
+    const int g = grad_same ? c.hidden : 0;
+    ll_bwd_config b = {c.hidden, c.labels, c.entropy, g, g};
+    size_t nb = 0;
+    if ((st = ll_bwd_specs(ctx, &b, specs, &nb))) return st;
+    n = nb;
+    if (pass == 1) {
+      *nspecs = n;
+      return RLK_OK;
+    }
+  }
+  ll_choice ch;
+  if ((st = ll_select(ctx, &c, &ch))) return st;
+  specs[n++] = ch.gemm;
+  if (ctx->kind != RLK_BACKEND_HOST) {
+    if (ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
+      /* a call whose tensors no tensor map can describe runs the tiled kernel */
+      ll_config f = c;
+      f.tma_ok = 0;
+      ll_choice fb;
+      if ((st = ll_select(ctx, &f, &fb))) return st;
+      specs[n++] = fb.gemm;
+    }
+    specs[n++] = ch.combine;
+  }
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char ll_help[] =
+    "pass: fwd|bwd|both, the kernels to build (both)\n"
+    "hidden: bf16|f16, the dtype of hidden and weight (bf16)\n"
+    "labels: i32|i64 (i64)\n"
+    "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
+    "grad: f32|same, the backward's grad_hidden and grad_weight dtype (f32)\n"
+    "variant: auto|wgmma|tiled; wgmma is the sm_90a kernel, elsewhere tiled runs (auto)\n";
+
+static const char *const ll_samples[] = {
+    "linear_logprob hidden=bf16 labels=i64 entropy=1",
+    "linear_logprob pass=fwd hidden=f16 labels=i32",
+    "linear_logprob pass=both hidden=bf16 labels=i32 variant=tiled grad=same",
+    "linear_logprob pass=bwd hidden=f16 labels=i64 entropy=1 grad=same",
+    NULL};
+
+const rlk_op_desc rlk_op_linear_logprob = {"linear_logprob", ll_help, ll_plan, ll_samples, NULL, NULL};

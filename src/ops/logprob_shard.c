@@ -1,0 +1,335 @@
+/* logprob_shard.c - vocab-parallel log-probs: rlk_logprob's shard form (per-row records of a
+ * vocabulary shard) and rlk_logprob_combine (the gathered records merged in rank order). The
+ * record format is documented in include/rlk.h; the NCCL path is in logprob_nccl.c.
+ *
+ * Kernels (templates/cuda/logprob_shard.cuh, templates/host/logprob_shard_fwd.c and
+ * logprob_combine.c):
+ *   logprob_fwd_shard  rlk_logprob's vector kernel layout (rlk_logprob_vec_shape) over the shard;
+ *                      the unsharded kernels are untouched
+ *   logprob_combine    a thread per row, 256-thread blocks */
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/logprob_shard.h"
+#include "ops/ops.h"
+
+/* Logits dtype codes: the indices of these names, as the templates see them (logprob.c's). */
+static const char *const ls_dt_names[] = {"f32", "f16", "bf16", NULL};
+static const char *const ls_pass_names[] = {"fwd", "combine", "both", NULL};
+enum { LS_PASS_FWD = 0, LS_PASS_COMBINE = 1, LS_PASS_BOTH = 2 };
+
+#define LS_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
+#define LS_COMBINE_BLOCK 256
+
+static const rlk_param_decl ls_fwd_params[] = {
+    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, ls_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
+    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
+    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+static const rlk_param_decl ls_combine_params[] = {
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+
+#define LS_N(a) (sizeof(a) / sizeof((a)[0]))
+
+static const rlk_template ls_fwd_tmpl = {"logprob", "logprob_fwd_shard", "cuda/logprob_shard.cuh",
+                                         "host/logprob_shard_fwd.c", LS_N(ls_fwd_params),
+                                         ls_fwd_params};
+static const rlk_template ls_combine_tmpl = {"logprob", "logprob_combine", "cuda/logprob_shard.cuh",
+                                             "host/logprob_combine.c", LS_N(ls_combine_params),
+                                             ls_combine_params};
+
+static int ls_dt_code(rlk_dtype d) { return d == RLK_F32 ? 0 : (d == RLK_F16 ? 1 : 2); }
+
+static rlk_dtype ls_dt_of_code(int k) { return k == 0 ? RLK_F32 : (k == 1 ? RLK_F16 : RLK_BF16); }
+
+/* ---------------------------------------------------------------------------------- */
+/* Selection (shared by the calls and the precompile plan)                             */
+/* ---------------------------------------------------------------------------------- */
+
+/* The shard forward's spec and threads per block / rows per block. */
+static rlk_status ls_select_fwd(const rlk_context *ctx, rlk_dtype logits, rlk_dtype labels,
+                                int64_t V, int block, int unroll, int entropy,
+                                rlk_kernel_spec *spec, int *threads, int *rows_per_block) {
+  int b, seg, u;
+  rlk_status st = rlk_logprob_vec_shape(ctx, logits, V, block, unroll, &b, &seg, &u);
+  if (st) return st;
+  memset(spec, 0, sizeof *spec);
+  spec->tmpl = &ls_fwd_tmpl;
+  spec->values[0] = ls_dt_code(logits);
+  spec->values[1] = labels;
+  spec->values[2] = b;
+  spec->values[3] = seg;
+  spec->values[4] = u;
+  spec->values[5] = entropy != 0;
+  *threads = b;
+  *rows_per_block = b / seg;
+  return rlk_spec_validate(spec);
+}
+
+static rlk_status ls_select_combine(rlk_dtype labels, int entropy, rlk_kernel_spec *spec) {
+  memset(spec, 0, sizeof *spec);
+  spec->tmpl = &ls_combine_tmpl;
+  spec->values[0] = labels;
+  spec->values[1] = entropy != 0;
+  return rlk_spec_validate(spec);
+}
+
+static rlk_launch_dims ls_dims(uint64_t blocks, int threads) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(blocks ? (blocks < (1u << 20) ? blocks : (1u << 20)) : 1);
+  d.grid[1] = d.grid[2] = 1;
+  d.block[0] = (unsigned)threads;
+  d.block[1] = d.block[2] = 1;
+  return d;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Validation                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+static rlk_status ls_check_f32_vector(const rlk_tensor *t, const char *what, int64_t N) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != N)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
+                     (long long)t->shape[0], (long long)N);
+  return rlk_check_contiguous(t, what);
+}
+
+/* An f32 [P, N, 4] (or, with P < 0, [N, 4]) contiguous 16-byte aligned record tensor. */
+static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_t N, int64_t *P) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
+  const int nd = *P < 0 ? 2 : 3;
+  if ((st = rlk_check_ndim(t, what, nd, nd))) return st;
+  const int64_t n = t->shape[nd - 2], f = t->shape[nd - 1];
+  if (f != RLK_LOGPROB_PARTIAL_FIELDS || (N >= 0 && n != N))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [..., %lld, %lld], expected [..., %lld, %d]",
+                     what, (long long)n, (long long)f, (long long)(N >= 0 ? N : n),
+                     RLK_LOGPROB_PARTIAL_FIELDS);
+  if ((st = rlk_check_contiguous(t, what))) return st;
+  if ((uintptr_t)t->data % 16u)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is not 16-byte aligned", what);
+  if (nd == 3) *P = t->shape[0];
+  return RLK_OK;
+}
+
+static rlk_status ls_check_status(const rlk_tensor *t) {
+  if (!t->data) return RLK_OK;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, "status", 1))) return st;
+  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  return rlk_check_ndim(t, "status", 1, 1);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The shard forward                                                                   */
+/* ---------------------------------------------------------------------------------- */
+
+rlk_status rlk_logprob_shard_launch(rlk_context *ctx, const rlk_logprob_args *a, int64_t N,
+                                    int64_t V, int64_t row_stride, int64_t label_stride,
+                                    int entropy, float *partials, void *stream) {
+  rlk_kernel_spec spec;
+  int threads, rpb;
+  rlk_status st = ls_select_fwd(ctx, a->logits.dtype, a->labels.dtype, V, a->block, a->unroll,
+                                entropy, &spec, &threads, &rpb);
+  if (st) return st;
+  const void *logits = a->logits.data, *labels = a->labels.data;
+  float temperature = a->temperature;
+  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride,
+          v0 = a->vocab_start;
+  void *kargs[] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index, &v0, &partials};
+  const rlk_launch_dims d = ctx->kind == RLK_BACKEND_HOST
+                                ? ls_dims(1, 1)
+                                : ls_dims((uint64_t)((N + rpb - 1) / rpb), threads);
+  return rlk_context_launch(ctx, &spec, &d, stream, kargs);
+}
+
+rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, int64_t N,
+                                     int64_t V, int64_t row_stride, int64_t label_stride,
+                                     void *stream) {
+  rlk_status st;
+  int64_t P = -1;
+  if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
+  if (a->logp.data || a->lse.data || a->entropy.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "logp, lse, entropy: absent in the shard form (partials given); "
+                     "rlk_logprob_combine writes them");
+  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
+                     (long long)a->vocab_start);
+  if (a->partial_entropy != 0 && a->partial_entropy != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
+                     a->partial_entropy);
+  if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
+  return rlk_logprob_shard_launch(ctx, a, N, V, row_stride, label_stride, a->partial_entropy,
+                                  (float *)a->partials.data, stream);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The combine                                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->ignore_index = -100;
+}
+
+rlk_status rlk_logprob_combine_launch(rlk_context *ctx, const float *partials, int64_t P, int64_t N,
+                                      const rlk_tensor *labels_t, int64_t label_stride,
+                                      int64_t ignore_index, float *logp, float *lse, float *entropy,
+                                      int32_t *status, void *stream) {
+  rlk_kernel_spec spec;
+  rlk_status st = ls_select_combine(labels_t->dtype, entropy != NULL, &spec);
+  if (st) return st;
+  const void *labels = labels_t->data;
+  int64_t p = P, n = N, ls = label_stride, ii = ignore_index;
+  void *kargs[] = {&partials, &p, &n, &labels, &ls, &ii, &logp, &lse, &entropy, &status};
+  const rlk_launch_dims d =
+      ctx->kind == RLK_BACKEND_HOST
+          ? ls_dims(1, 1)
+          : ls_dims((uint64_t)((N + LS_COMBINE_BLOCK - 1) / LS_COMBINE_BLOCK), LS_COMBINE_BLOCK);
+  return rlk_context_launch(ctx, &spec, &d, stream, kargs);
+}
+
+rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,
+                                             const rlk_tensor *entropy, const rlk_tensor *status,
+                                             int64_t N) {
+  rlk_status st;
+  if ((st = ls_check_f32_vector(logp, "logp", N))) return st;
+  if (lse->data && (st = ls_check_f32_vector(lse, "lse", N))) return st;
+  if (entropy->data && (st = ls_check_f32_vector(entropy, "entropy", N))) return st;
+  if ((st = ls_check_status(status))) return st;
+  if (logp->data == lse->data || logp->data == entropy->data ||
+      (lse->data && lse->data == entropy->data))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a,
+                                       void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_combine: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_combine: args is NULL");
+  rlk_status st;
+  if ((st = rlk_check_tensor(&a->labels, "labels", 1))) return st;
+  if ((st = rlk_check_dtype(&a->labels, "labels", LS_LABEL_DTYPES))) return st;
+  if ((st = rlk_check_ndim(&a->labels, "labels", 1, 1))) return st;
+  const int64_t N = a->labels.shape[0];
+  int64_t P = 0;
+  if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
+  if ((st = rlk_logprob_combine_check_outputs(&a->logp, &a->lse, &a->entropy, &a->status, N)))
+    return st;
+  if ((st = rlk_context_require_device(ctx, "rlk_logprob_combine"))) return st;
+  const int64_t label_stride = N > 1 ? a->labels.strides[0] : 1;
+  return rlk_logprob_combine_launch(ctx, (const float *)a->partials.data, P, N, &a->labels,
+                                    label_stride, a->ignore_index, (float *)a->logp.data,
+                                    (float *)a->lse.data, (float *)a->entropy.data,
+                                    (int32_t *)a->status.data, stream);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static int ls_index(const char *const *names, const char *v) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(names[i], v)) return i;
+  return -1;
+}
+
+static rlk_status ls_plan(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
+                          rlk_kernel_spec *specs, size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: ctx is NULL");
+  if (!specs || !nspecs)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: no room for the specs");
+  int pass = LS_PASS_BOTH, logits = 2, entropy = 0;
+  rlk_dtype labels = RLK_I64;
+  int64_t V = 151936 / 2, block = 0, unroll = 0;
+  for (size_t i = 0; i < npairs; i++) {
+    const char *n = pairs[i].name, *v = pairs[i].value;
+    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: NULL setting");
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
+    rlk_status st = RLK_OK;
+    int k;
+    if (!strcmp(n, "pass")) {
+      if ((k = ls_index(ls_pass_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, combine or both", v);
+      pass = k;
+    } else if (!strcmp(n, "logits")) {
+      if ((k = ls_index(ls_dt_names, v)) < 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
+      logits = k;
+    } else if (!strcmp(n, "labels")) {
+      if (!strcmp(v, "i32"))
+        labels = RLK_I32;
+      else if (!strcmp(v, "i64"))
+        labels = RLK_I64;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
+    } else if (!strcmp(n, "entropy")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
+      entropy = v[0] == '1';
+    } else if (!strcmp(n, "vocab")) {
+      st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &V);
+    } else if (!strcmp(n, "block")) {
+      st = rlk_op_parse_int(n, v, 0, 1024, &block);
+    } else if (!strcmp(n, "unroll")) {
+      st = rlk_op_parse_int(n, v, 0, 8, &unroll);
+    } else {
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "logprob_shard: unknown setting '%s' (known: pass logits labels entropy "
+                       "vocab block unroll)",
+                       n);
+    }
+    if (st) return st;
+  }
+  size_t n = 0;
+  rlk_status st;
+  if (pass != LS_PASS_COMBINE) {
+    int threads, rpb;
+    if ((st = ls_select_fwd(ctx, ls_dt_of_code(logits), labels, V, (int)block, (int)unroll,
+                            entropy, &specs[n], &threads, &rpb)))
+      return st;
+    n++;
+  }
+  if (pass != LS_PASS_FWD) {
+    if ((st = ls_select_combine(labels, entropy, &specs[n]))) return st;
+    n++;
+  }
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char ls_help[] =
+    "pass: fwd|combine|both, the kernels to build: a shard's records, their combine (both)\n"
+    "logits: bf16|f16|f32 (bf16)\n"
+    "labels: i32|i64 (i64)\n"
+    "entropy: 0|1, the records' entropy part and the combined entropy (0)\n"
+    "vocab: the shard's columns V, picks the row layout (75968)\n"
+    "block: threads per block of the shard forward, 0 for the default (0)\n"
+    "unroll: 16-byte vectors in flight per thread, 0 for the default (0)\n";
+
+static const char *const ls_samples[] = {
+    /* a tensor-parallel LM head of 151936 tokens over 2 ranks, with the entropy */
+    "logprob_shard pass=both logits=bf16 labels=i64 vocab=75968 entropy=1",
+    /* f16 / f32 shards, i32 labels; a tiny shard (rows share a block) */
+    "logprob_shard pass=both logits=f16 labels=i32 vocab=18992",
+    "logprob_shard pass=both logits=f32 labels=i64 vocab=7 entropy=1",
+    NULL};
+
+const rlk_op_desc rlk_op_logprob_shard = {"logprob_shard", ls_help, ls_plan, ls_samples, NULL, NULL};

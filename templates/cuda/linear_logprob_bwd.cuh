@@ -1,0 +1,141 @@
+/* linear_logprob_bwd.cuh - rlk_linear_logprob_backward's portable kernels (every CUDA target and
+ * HIP). The host walks the vocabulary in chunks of Vc columns, in order; for each chunk:
+ *
+ *   linear_logprob_bwd_dz  recomputes the chunk's logits z = h W_c^T / T (64 x 64 f32 tiles) and
+ *                          writes dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / T, f32 [N][Vc], with
+ *                          p = exp(z - lse) and E = lse - entropy from the forward
+ *   linear_logprob_bwd_dh  dH (f32 [N][H], workspace) = beta dH + dz W_c (beta 0 on the first chunk)
+ *   linear_logprob_bwd_dw  grad_weight[c0 + v] = dz[:, v]^T h (+ the old value when accumulating):
+ *                          each element written once, by one thread
+ * and at the end linear_logprob_bwd_dh_out writes grad_hidden from dH (+ the old value when
+ * accumulating). Fixed chunk order and no atomics: bitwise repeatable. */
+#ifndef RLK_LINEAR_LOGPROB_BWD_CUH
+#define RLK_LINEAR_LOGPROB_BWD_CUH
+
+#include "linear_logprob.cuh"
+
+namespace rlk {
+
+template <int DT, typename L, bool ENTROPY>
+__global__ void __launch_bounds__(256)
+    linear_logprob_bwd_dz(const void *__restrict__ hidden, i64 h_stride, const void *__restrict__ weight,
+                          i64 w_stride, const L *__restrict__ labels, i64 label_stride, i64 N, i64 V,
+                          i64 H, float temperature, i64 ignore_index, const float *__restrict__ lse,
+                          i64 lse_s, const float *__restrict__ g_lp, i64 glp_s,
+                          const float *__restrict__ entropy, i64 ent_s, const float *__restrict__ g_h,
+                          i64 gh_s, i64 c0, i64 Vc, float *__restrict__ dz, i32 *__restrict__ status) {
+  typedef typename ll::elem<DT>::type T;
+  __shared__ float As[32][64];
+  __shared__ float Bs[32][64];
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const i64 row0 = (i64)blockIdx.x * 64, v0 = c0 + (i64)blockIdx.y * 64;
+  const i64 v_end = min_(V, c0 + Vc);
+  const T *h = (const T *)hidden;
+  const T *w = (const T *)weight;
+  float acc[4][4];
+  const auto ha = [&](int r, i64 k) { return row0 + r < N ? to_float(h[(row0 + r) * h_stride + k]) : 0.0f; };
+  const auto wb = [&](int r, i64 k) { return v0 + r < v_end ? to_float(w[(v0 + r) * w_stride + k]) : 0.0f; };
+  tile_product(acc, ha, wb, H, As, Bs);
+  const float c = RLK_LL_LOG2E / temperature, inv_t = 1.0f / temperature;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const i64 row = row0 + ty * 4 + r;
+    if (row >= N) continue;
+    const i64 y = ll::load_label(labels, row, label_stride);
+    const bool ignored = y == ignore_index, bad = !ignored && (y < 0 || y >= V);
+    if (bad && status && blockIdx.y == 0 && tx == 0 && c0 == 0) atomicOr((int *)status, (int)ll::STATUS_BAD_LABEL);
+    const float l = lse[row * lse_s];
+    const float gl = g_lp ? g_lp[row * glp_s] : 0.0f;
+    const float gh = ENTROPY && g_h ? g_h[row * gh_s] : 0.0f;
+    const float E = ENTROPY && g_h ? l - entropy[row * ent_s] : 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const i64 v = v0 + tx + 16 * cc;
+      if (v >= v_end) continue;
+      float g;
+      if (ignored) {
+        g = 0.0f;
+      } else if (bad) {
+        g = limits<float>::quiet_nan();
+      } else {
+        const float z = acc[r][cc] * inv_t;
+        const float p = exp2_approx(fmaf(acc[r][cc], c, -l * RLK_LL_LOG2E));
+        g = gl * ((v == y ? 1.0f : 0.0f) - p);
+        if (ENTROPY) g -= gh * p * (z - E);
+        g *= inv_t;
+      }
+      dz[row * Vc + (v - c0)] = g;
+    }
+  }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(256)
+    linear_logprob_bwd_dh(const float *__restrict__ dz, i64 Vc, i64 nv, const void *__restrict__ weight,
+                          i64 w_stride, i64 c0, i64 N, i64 H, float *__restrict__ dh, float beta) {
+  typedef typename ll::elem<DT>::type T;
+  __shared__ float As[32][64];
+  __shared__ float Bs[32][64];
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const i64 row0 = (i64)blockIdx.x * 64, h0 = (i64)blockIdx.y * 64;
+  const T *w = (const T *)weight;
+  float acc[4][4];
+  const auto da = [&](int r, i64 k) { return row0 + r < N ? dz[(row0 + r) * Vc + k] : 0.0f; };
+  const auto wb = [&](int r, i64 k) { return h0 + r < H ? to_float(w[(c0 + k) * w_stride + h0 + r]) : 0.0f; };
+  tile_product(acc, da, wb, nv, As, Bs);
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const i64 row = row0 + ty * 4 + r, col = h0 + tx + 16 * cc;
+      if (row < N && col < H) {
+        float *o = dh + row * H + col;
+        *o = beta != 0.0f ? *o + acc[r][cc] : acc[r][cc];
+      }
+    }
+}
+
+template <int DT, int GDT>
+__global__ void __launch_bounds__(256)
+    linear_logprob_bwd_dw(const float *__restrict__ dz, i64 Vc, i64 nv, const void *__restrict__ hidden,
+                          i64 h_stride, i64 c0, i64 N, i64 H, void *__restrict__ grad_weight, i64 gw_stride,
+                          i32 accumulate) {
+  typedef typename ll::elem<DT>::type T;
+  typedef typename ll::elem<GDT>::type G;
+  __shared__ float As[32][64];
+  __shared__ float Bs[32][64];
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const i64 v0 = (i64)blockIdx.x * 64, h0 = (i64)blockIdx.y * 64;
+  const T *h = (const T *)hidden;
+  float acc[4][4];
+  const auto da = [&](int r, i64 k) { return v0 + r < nv ? dz[k * Vc + v0 + r] : 0.0f; };
+  const auto hb = [&](int r, i64 k) { return h0 + r < H ? to_float(h[k * h_stride + h0 + r]) : 0.0f; };
+  tile_product(acc, da, hb, N, As, Bs);
+  G *gw = (G *)grad_weight;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const i64 v = v0 + ty * 4 + r, col = h0 + tx + 16 * cc;
+      if (v < nv && col < H) {
+        G *o = gw + (c0 + v) * gw_stride + col;
+        *o = store_as<G>::from(accumulate ? to_float(*o) + acc[r][cc] : acc[r][cc]);
+      }
+    }
+}
+
+template <int GDT>
+__global__ void __launch_bounds__(256)
+    linear_logprob_bwd_dh_out(const float *__restrict__ dh, i64 N, i64 H, void *__restrict__ grad_hidden,
+                              i64 gh_stride, i32 accumulate) {
+  typedef typename ll::elem<GDT>::type G;
+  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= N * H) return;
+  const i64 row = i / H, col = i % H;
+  G *o = (G *)grad_hidden + row * gh_stride + col;
+  *o = store_as<G>::from(accumulate ? to_float(*o) + dh[i] : dh[i]);
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_LINEAR_LOGPROB_BWD_CUH */

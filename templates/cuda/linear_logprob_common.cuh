@@ -1,0 +1,168 @@
+/* linear_logprob_common.cuh - what the kernels of rlk_linear_logprob share: the per-row partial
+ * record of one vocabulary split, its online update and merge, and the combine kernel that turns a
+ * row's splits into logp, lse and entropy.
+ *
+ * Units: a GEMM kernel folds raw dot products x = h . w_v; with c = log2(e) / T the record holds
+ *   m = max_v x_v c,  s = sum_v 2^(x_v c - m),  q = sum_v 2^(x_v c - m) (x_v c - m),  t = x_y
+ * over the split's columns (t only in the split that owns the label y, 0 elsewhere). Then
+ *   lse = m ln2 + ln s,  entropy = ln s - ln2 q / s,  logp = (t c - m) ln2 - ln s,
+ * the forms rlk_logprob uses (logprob_common.cuh). Splits are merged in index order: the result
+ * is bitwise the same run after run. */
+#ifndef RLK_LINEAR_LOGPROB_COMMON_CUH
+#define RLK_LINEAR_LOGPROB_COMMON_CUH
+
+#include "rlk_prelude.cuh"
+
+#define RLK_LL_LOG2E 1.4426950408889634f
+#define RLK_LL_LN2 0.69314718055994531f
+
+namespace rlk {
+namespace ll {
+
+enum { DT_F16 = 1, DT_BF16 = 2 }; /* the op's dtype codes (logprob's, without f32) */
+enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
+
+template <int DT> struct elem;
+template <> struct elem<0> { /* f32 gradients */
+  typedef float type;
+};
+template <> struct elem<DT_F16> {
+  typedef f16 type;
+};
+template <> struct elem<DT_BF16> {
+  typedef bf16 type;
+};
+
+/* One row's state over some columns (or a split's record). */
+struct alignas(16) part {
+  float m, s, q, t;
+};
+
+RLK_DEVICE part empty_part() {
+  part p;
+  p.m = -limits<float>::infinity();
+  p.s = p.q = p.t = 0.0f;
+  return p;
+}
+
+/* q and s of a state re-expressed relative to a larger maximum M (0 for an empty state). */
+RLK_DEVICE void rebase(float m, float s, float q, float M, float *s_out, float *q_out) {
+  if (s > 0.0f) {
+    const float d = m - M, f = exp2_approx(d);
+    *s_out = s * f;
+    *q_out = f * fmaf(d, s, q);
+  } else {
+    *s_out = 0.0f;
+    *q_out = 0.0f;
+  }
+}
+
+/* a and b merged (commutative bit for bit: either order gives the same floats). */
+template <bool ENTROPY> RLK_DEVICE part merge(const part &a, const part &b) {
+  part r;
+  r.m = fmaxf(a.m, b.m);
+  float sa, qa, sb, qb;
+  rebase(a.m, a.s, a.q, r.m, &sa, &qa);
+  rebase(b.m, b.s, b.q, r.m, &sb, &qb);
+  r.s = sa + sb;
+  r.q = ENTROPY ? qa + qb : 0.0f;
+  r.t = a.t + b.t;
+  return r;
+}
+
+/* Merge over aligned groups of W lanes (butterfly; every lane ends with the same bits). */
+template <int W, bool ENTROPY> RLK_DEVICE part lane_merge(part p) {
+#pragma unroll
+  for (int o = 1; o < W; o <<= 1) {
+    part o_;
+    o_.m = shfl_xor(p.m, o);
+    o_.s = shfl_xor(p.s, o);
+    o_.q = shfl_xor(p.q, o);
+    o_.t = shfl_xor(p.t, o);
+    p = merge<ENTROPY>(p, o_);
+  }
+  return p;
+}
+
+/* Folds NV values x[] (raw dot products) of one row into p. A column outside the vocabulary is
+ * given as -inf: it moves no maximum, and its exponent is clamped so that it adds exactly 0 to
+ * both sums (an exponent below -126 adds 0 anyway: ex2.approx flushes to zero). */
+template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, float c) {
+  float mx = -limits<float>::infinity();
+#pragma unroll
+  for (int k = 0; k < NV; ++k) mx = fmaxf(mx, x[k]);
+  const float M = fmaxf(p.m, mx * c);
+  if (M == -limits<float>::infinity()) return; /* nothing valid yet */
+  float s0, q0;
+  rebase(p.m, p.s, p.q, M, &s0, &q0);
+  float s1 = 0.0f, q1 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const float d = fmaxf(fmaf(x[k], c, -M), -256.0f);
+    const float e = exp2_approx(d);
+    if (k & 1) {
+      s1 += e;
+      if (ENTROPY) q1 = fmaf(e, d, q1);
+    } else {
+      s0 += e;
+      if (ENTROPY) q0 = fmaf(e, d, q0);
+    }
+  }
+  p.m = M;
+  p.s = s0 + s1;
+  p.q = ENTROPY ? q0 + q1 : 0.0f;
+}
+
+template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 stride) {
+  return (i64)labels[row * stride];
+}
+
+} /* namespace ll */
+
+/* One thread per row: merges the row's S split records (partials [S][N], split-major) in split
+ * order and writes its outputs. cols_per_split: the vocabulary columns of a split (the last may
+ * be shorter), which says which split owns the label's logit. */
+template <typename L, bool ENTROPY>
+__global__ void __launch_bounds__(256)
+    linear_logprob_combine(const ll::part *__restrict__ partials, i64 S, i64 N, i64 V,
+                           i64 cols_per_split, const L *__restrict__ labels, i64 label_stride,
+                           float temperature, i64 ignore_index, float *__restrict__ logp,
+                           float *__restrict__ lse, float *__restrict__ entropy,
+                           i32 *__restrict__ status) {
+  const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  const float c = RLK_LL_LOG2E / temperature;
+  float M = -limits<float>::infinity();
+  for (i64 sp = 0; sp < S; ++sp) M = fmaxf(M, partials[sp * N + row].m);
+  float s = 0.0f, q = 0.0f;
+  for (i64 sp = 0; sp < S; ++sp) {
+    const ll::part p = partials[sp * N + row];
+    float ps, pq;
+    ll::rebase(p.m, p.s, p.q, M, &ps, &pq);
+    s += ps;
+    q += pq;
+  }
+  const i64 y = ll::load_label(labels, row, label_stride);
+  float lp, l, h;
+  if (y != ignore_index && (y < 0 || y >= V)) {
+    lp = l = h = limits<float>::quiet_nan();
+    if (status) atomicOr((int *)status, (int)ll::STATUS_BAD_LABEL);
+  } else {
+    const float ln_s = logf(s);
+    l = M * RLK_LL_LN2 + ln_s;
+    h = ENTROPY ? ln_s - RLK_LL_LN2 * (q / s) : 0.0f;
+    if (y == ignore_index) {
+      lp = 0.0f;
+    } else {
+      const float t = partials[(y / cols_per_split) * N + row].t;
+      lp = fmaf(t, c, -M) * RLK_LL_LN2 - ln_s;
+    }
+  }
+  logp[row] = lp;
+  if (lse) lse[row] = l;
+  if (ENTROPY && entropy) entropy[row] = h;
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_LINEAR_LOGPROB_COMMON_CUH */

@@ -1,0 +1,169 @@
+/* linear_logprob_sm90.cuh - rlk_linear_logprob's forward on sm_90a: logit tiles of h W^T by wgmma
+ * from TMA-filled shared memory, folded into per-row records in registers (never stored).
+ *
+ * A block owns 128 rows (tokens) and one vocabulary split (cols_per_split columns, a multiple of
+ * 256) and walks the split's 256-column tiles. Warpgroup 0 is the producer: one thread issues the
+ * TMA copies of h [128 x 64] and W [256 x 64] boxes (128-byte swizzle) into a ring of STAGES
+ * stages (48 KB each), full/empty mbarriers between it and the consumers. Warpgroups 1 and 2 are
+ * the consumers: each multiplies its 64 rows by the 256 columns (wgmma m64n256k16, 128 f32
+ * accumulators a thread), then folds its two rows' 64 columns into (max, sum of exp, sum of p z,
+ * target logit) (ll::fold) and goes on to the next tile; at the end the four lanes sharing a row
+ * merge (fixed butterfly) and the block writes one record per row for its split. Registers move
+ * from the producer (40) to the consumers (232) with setmaxnreg.
+ *
+ * Needs: h and W 16-byte aligned with row strides a multiple of 8 elements (tensor maps), the
+ * 128-byte swizzle; the host falls back to linear_logprob_fwd_tiled otherwise. */
+#ifndef RLK_LINEAR_LOGPROB_SM90_CUH
+#define RLK_LINEAR_LOGPROB_SM90_CUH
+
+#include "hopper_tma.cuh"
+#include "hopper_wgmma.cuh"
+#include "linear_logprob_common.cuh"
+
+#if defined(RLK_CUDA)
+namespace rlk {
+
+/* Tile shape and ring (the host's launch shape mirrors these: src/ops/linear_logprob.c). */
+struct ll_sm90 {
+  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
+  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2;
+  static constexpr u32 STAGE = ABYTES + BBYTES;
+};
+
+template <int DT, typename L, int STAGES, bool ENTROPY>
+__global__ void __launch_bounds__(384, 1)
+    linear_logprob_fwd_sm90(const __grid_constant__ tensor_map map_h,
+                            const __grid_constant__ tensor_map map_w, const L *__restrict__ labels,
+                            i64 label_stride, i64 N, i64 V, i64 H, float temperature,
+                            i64 cols_per_split, ll::part *__restrict__ partials) {
+#if defined(RLK_SM90A_ASM)
+  static_assert(STAGES >= 2 && STAGES <= 4, "stages: 2..4 (48 KB each)");
+  constexpr int BM = ll_sm90::BM, BN = ll_sm90::BN, BK = ll_sm90::BK;
+  constexpr u32 ABYTES = ll_sm90::ABYTES, STAGE = ll_sm90::STAGE;
+  constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr u32 CONSUMER_WARPS = 8;
+  extern __shared__ __align__(1024) u8 ll_smem_raw[];
+  u8 *smem = (u8 *)(((u64)ll_smem_raw + 1023u) & ~(u64)1023u);
+  __shared__ alignas(8) u64 full[STAGES];
+  __shared__ alignas(8) u64 empty[STAGES];
+  const int wg = (int)(threadIdx.x / 128);
+  const i64 row0 = (i64)blockIdx.x * BM;
+  const i64 v_begin = (i64)blockIdx.y * cols_per_split;
+  const i64 v_end = min_(V, v_begin + cols_per_split);
+  const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
+  const int kblocks = (int)((H + BK - 1) / BK);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], CONSUMER_WARPS);
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    /* producer */
+    sm90::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_map(&map_h);
+      sm90::tma_prefetch_map(&map_w);
+      u32 it = 0;
+      for (int t = 0; t < ntiles; ++t)
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const u32 s = it % STAGES;
+          if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
+          sm90::mbar_arrive_expect_tx(&full[s], STAGE);
+          u8 *a = smem + s * STAGE;
+          sm90::tma_load_2d(a, &map_h, kb * BK, (i32)row0, &full[s]);
+          sm90::tma_load_2d(a + ABYTES, &map_w, kb * BK, (i32)(v_begin + (i64)t * BN), &full[s]);
+        }
+    }
+    return;
+  }
+
+  /* consumers */
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32;
+  const float c = RLK_LL_LOG2E / temperature;
+  ll::part st[2];
+  i64 y[2], row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    st[i] = ll::empty_part();
+    row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
+    y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) : -1;
+  }
+  float acc[BN / 2];
+  u32 it = 0;
+  for (int t = 0; t < ntiles; ++t) {
+    const i64 col0 = v_begin + (i64)t * BN;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const u32 s = it % STAGES;
+      sm90::mbar_wait(&full[s], (it / STAGES) & 1u);
+      const u8 *a = smem + s * STAGE;
+      const u64 da = sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 db = sm90::smem_desc(a + ABYTES, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < BK / 16; ++k)
+        sm90::wgmma<BN>::template ss<AB, 0, 0>(acc, sm90::desc_advance(da, 32u * k),
+                                               sm90::desc_advance(db, 32u * k),
+                                               (kb > 0 || k > 0) ? 1u : 0u);
+      sm90::wgmma_commit();
+      if (kb > 0) {
+        /* the previous stage's products are done: hand it back */
+        sm90::wgmma_wait<1>();
+        if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+      }
+    }
+    sm90::wgmma_wait<0>();
+    if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+    sm90::wgmma_fence_operands(acc);
+
+    if (col0 + BN > V) {
+      /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten
+       * by the next tile's first product */
+      const i64 lim = V - col0 - 2 * (l % 4);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if ((i64)(8 * j + e) >= lim) acc[4 * j + e] = acc[4 * j + 2 + e] = -limits<float>::infinity();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      /* x[2 j + e] is column 8 j + 2 (l % 4) + e of the tile */
+      float x[BN / 4];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) x[2 * j + e] = acc[4 * j + 2 * i + e];
+      ll::fold<BN / 4, ENTROPY>(st[i], x, c);
+      const i64 yc = y[i] - col0;
+      if (yc >= 0 && yc < BN && (int)((yc >> 1) & 3) == (l & 3)) {
+        /* a sum of masked terms, not x[index]: an indexed read would put x in local memory; the
+         * clamp keeps a -inf (a column past V) times 0 from making a NaN */
+        const int kt = (int)(((yc >> 3) << 1) | (yc & 1));
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < BN / 4; ++k) t = fmaf(fmaxf(x[k], -limits<float>::max()), k == kt ? 1.0f : 0.0f, t);
+        st[i].t = t;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const ll::part p = ll::lane_merge<4, ENTROPY>(st[i]);
+    if ((l & 3) == 0 && row[i] < N) partials[(i64)blockIdx.y * N + row[i]] = p;
+  }
+#else
+  (void)map_h, (void)map_w, (void)labels, (void)label_stride, (void)N, (void)V, (void)H;
+  (void)temperature, (void)cols_per_split, (void)partials;
+#endif
+}
+
+} /* namespace rlk */
+#endif /* RLK_CUDA */
+
+#endif /* RLK_LINEAR_LOGPROB_SM90_CUH */

@@ -1,0 +1,109 @@
+/* linear_logprob_bwd.c - host form of rlk_linear_logprob_backward, in fp64: every logit
+ * z = (h . w_v) / T recomputed as an fp64 dot product, dz from the forward's lse (and entropy),
+ * grad_hidden and grad_weight summed in fp64 and rounded once. Parameters: RLK_P_HIDDEN (1 f16,
+ * 2 bf16), RLK_P_LABELS (int32_t / int64_t), RLK_P_GH and RLK_P_GW (the gradients' dtypes: 0 f32,
+ * 1 f16, 2 bf16), RLK_P_ENTROPY (an entropy gradient is given). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "rlk_host_prelude.h"
+
+typedef RLK_P_LABELS ll_label_t;
+
+enum { LL_STATUS_BAD_LABEL = 1 };
+
+static inline double ll_val(const uint16_t *p, rlk_i64 j) {
+  return RLK_P_HIDDEN == 1 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+}
+
+static double ll_get(const void *p, int dt, rlk_i64 j) {
+  if (dt == 0) return ((const float *)p)[j];
+  return dt == 1 ? rlk_f16_to_float(((const uint16_t *)p)[j]) : rlk_bf16_to_float(((const uint16_t *)p)[j]);
+}
+
+static void ll_put(void *p, int dt, rlk_i64 j, double v) {
+  if (dt == 0)
+    ((float *)p)[j] = (float)v;
+  else if (dt == 1)
+    ((uint16_t *)p)[j] = rlk_float_to_f16((float)v);
+  else
+    ((uint16_t *)p)[j] = rlk_float_to_bf16((float)v);
+}
+
+RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
+  const uint16_t *hidden = RLK_ARG(const uint16_t *, 0);
+  const rlk_i64 hs = RLK_ARG(rlk_i64, 1);
+  const uint16_t *weight = RLK_ARG(const uint16_t *, 2);
+  const rlk_i64 ws = RLK_ARG(rlk_i64, 3);
+  const ll_label_t *labels = RLK_ARG(const ll_label_t *, 4);
+  const rlk_i64 ls = RLK_ARG(rlk_i64, 5);
+  const rlk_i64 N = RLK_ARG(rlk_i64, 6);
+  const rlk_i64 V = RLK_ARG(rlk_i64, 7);
+  const rlk_i64 H = RLK_ARG(rlk_i64, 8);
+  const double T = (double)RLK_ARG(float, 9);
+  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 10);
+  const float *lse = RLK_ARG(const float *, 11);
+  const rlk_i64 lse_s = RLK_ARG(rlk_i64, 12);
+  const float *g_lp = RLK_ARG(const float *, 13);
+  const rlk_i64 glp_s = RLK_ARG(rlk_i64, 14);
+  const float *ent = RLK_ARG(const float *, 15);
+  const rlk_i64 ent_s = RLK_ARG(rlk_i64, 16);
+  const float *g_h = RLK_ARG(const float *, 17);
+  const rlk_i64 gh_s = RLK_ARG(rlk_i64, 18);
+  void *gh = RLK_ARG(void *, 19);
+  const rlk_i64 ghs = RLK_ARG(rlk_i64, 20);
+  void *gw = RLK_ARG(void *, 21);
+  const rlk_i64 gws = RLK_ARG(rlk_i64, 22);
+  const int32_t accumulate = RLK_ARG(int32_t, 23);
+  int32_t *status = RLK_ARG(int32_t *, 24);
+
+  double *dh = gh ? calloc((size_t)(N * H), sizeof(double)) : NULL;
+  double *dw = calloc((size_t)H, sizeof(double));
+  if ((gh && !dh) || !dw) {
+    free(dh);
+    free(dw);
+    return; /* out of host memory: outputs untouched */
+  }
+  for (rlk_i64 i = 0; i < N; i++) {
+    const rlk_i64 y = (rlk_i64)labels[i * ls];
+    if (y != ignore_index && (y < 0 || y >= V) && status) *status |= LL_STATUS_BAD_LABEL;
+  }
+  for (rlk_i64 v = 0; v < V; v++) {
+    const uint16_t *w = weight + v * ws;
+    for (rlk_i64 k = 0; k < H; k++) dw[k] = 0.0;
+    for (rlk_i64 i = 0; i < N; i++) {
+      const uint16_t *h = hidden + i * hs;
+      const rlk_i64 y = (rlk_i64)labels[i * ls];
+      double g;
+      if (y == ignore_index) {
+        continue;
+      } else if (y < 0 || y >= V) {
+        g = NAN;
+      } else {
+        double z = 0.0;
+        for (rlk_i64 k = 0; k < H; k++) z += ll_val(h, k) * ll_val(w, k);
+        z /= T;
+        const double l = lse[i * lse_s], p = exp(z - l);
+        g = (g_lp ? g_lp[i * glp_s] : 0.0) * ((v == y ? 1.0 : 0.0) - p);
+        if (RLK_P_ENTROPY && g_h) g -= g_h[i * gh_s] * p * (z - (l - ent[i * ent_s]));
+        g /= T;
+      }
+      if (dh)
+        for (rlk_i64 k = 0; k < H; k++) dh[i * H + k] += g * ll_val(w, k);
+      for (rlk_i64 k = 0; k < H; k++) dw[k] += g * ll_val(h, k);
+    }
+    if (gw)
+      for (rlk_i64 k = 0; k < H; k++) {
+        const rlk_i64 j = v * gws + k;
+        ll_put(gw, RLK_P_GW, j, (accumulate ? ll_get(gw, RLK_P_GW, j) : 0.0) + dw[k]);
+      }
+  }
+  if (gh)
+    for (rlk_i64 i = 0; i < N; i++)
+      for (rlk_i64 k = 0; k < H; k++) {
+        const rlk_i64 j = i * ghs + k;
+        ll_put(gh, RLK_P_GH, j, (accumulate ? ll_get(gh, RLK_P_GH, j) : 0.0) + dh[i * H + k]);
+      }
+  free(dh);
+  free(dw);
+}

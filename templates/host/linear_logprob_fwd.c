@@ -1,0 +1,73 @@
+/* linear_logprob_fwd.c - host form of rlk_linear_logprob's forward, the fp64-accumulating
+ * reference path: for each row, each logit z_v = (h . w_v) / T as an fp64 dot product, folded
+ * into an fp64 online (max, sum of exp, sum of exp * z); outputs rounded to f32 once.
+ * Parameters: RLK_P_HIDDEN (1 f16, 2 bf16: the op's dtype codes), RLK_P_LABELS (int32_t or
+ * int64_t), RLK_P_ENTROPY (0/1). */
+#include <math.h>
+
+#include "rlk_host_prelude.h"
+
+typedef RLK_P_LABELS ll_label_t;
+
+enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 };
+enum { LL_STATUS_BAD_LABEL = 1 };
+
+static inline double ll_load(const uint16_t *p, rlk_i64 j) {
+  return RLK_P_HIDDEN == LL_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+}
+
+static double ll_dot(const uint16_t *a, const uint16_t *b, rlk_i64 H) {
+  double s = 0.0;
+  for (rlk_i64 k = 0; k < H; k++) s += ll_load(a, k) * ll_load(b, k);
+  return s;
+}
+
+RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
+  const uint16_t *hidden = RLK_ARG(const uint16_t *, 0);
+  const rlk_i64 h_stride = RLK_ARG(rlk_i64, 1);
+  const uint16_t *weight = RLK_ARG(const uint16_t *, 2);
+  const rlk_i64 w_stride = RLK_ARG(rlk_i64, 3);
+  const ll_label_t *labels = RLK_ARG(const ll_label_t *, 4);
+  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 5);
+  const rlk_i64 N = RLK_ARG(rlk_i64, 6);
+  const rlk_i64 V = RLK_ARG(rlk_i64, 7);
+  const rlk_i64 H = RLK_ARG(rlk_i64, 8);
+  const double T = (double)RLK_ARG(float, 9);
+  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 10);
+  float *logp = RLK_ARG(float *, 11);
+  float *lse = RLK_ARG(float *, 12);
+  float *entropy = RLK_ARG(float *, 13);
+  int32_t *status = RLK_ARG(int32_t *, 14);
+
+  for (rlk_i64 i = 0; i < N; i++) {
+    const uint16_t *h = hidden + i * h_stride;
+    const rlk_i64 y = (rlk_i64)labels[i * label_stride];
+    double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
+    for (rlk_i64 v = 0; v < V; v++) {
+      const double z = ll_dot(h, weight + v * w_stride, H) / T;
+      if (v == y) zy = z;
+      if (z > m) {
+        const double f = m == -INFINITY ? 0.0 : exp(m - z);
+        s *= f;
+        pz *= f;
+        m = z;
+      }
+      const double e = exp(z - m);
+      s += e;
+      pz += e * z;
+    }
+    const double l = m + log(s);
+    float lp, lf, hf;
+    if (y != ignore_index && (y < 0 || y >= V)) {
+      lp = lf = hf = NAN;
+      if (status) *status |= LL_STATUS_BAD_LABEL;
+    } else {
+      lf = (float)l;
+      hf = (float)(l - pz / s);
+      lp = y == ignore_index ? 0.0f : (float)(zy - l);
+    }
+    logp[i] = lp;
+    if (lse) lse[i] = lf;
+    if (RLK_P_ENTROPY && entropy) entropy[i] = hf;
+  }
+}

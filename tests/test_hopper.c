@@ -1,0 +1,202 @@
+/* test_hopper.c - the Hopper building blocks (templates/cuda/hopper_*.cuh): the kernels of
+ * hopper_selftest.cuh and rlk_linear_logprob's sm_90a kernels compile for sm_90a through NVRTC
+ * within a cold-compile budget of CPU time (no GPU needed), and with RLK_TEST_GPU=1 on an sm_90
+ * device one output tile D = A B^T through TMA (128-byte swizzle), mbarriers and wgmma (A in
+ * shared memory and in registers; bf16 and f16) matches an fp64 product of the stored inputs. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "core/context.h"
+#include "ops/ops.h"
+#include "suites.h"
+#include "test_util.h"
+
+static const char *const ht_dt_names[] = {"bf16", "f16", NULL};
+
+static const rlk_param_decl ht_params[] = {
+    {"ab", RLK_PARAM_ENUM, 0, 1, 0, 0, ht_dt_names},
+    {"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL},
+    {"k", RLK_PARAM_INT, 64, 256, 0, 0, NULL},
+};
+static const rlk_template ht_ss = {"hopper_selftest", "hopper_tile_ss", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
+static const rlk_template ht_rs = {"hopper_selftest", "hopper_tile_rs", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
+static const rlk_param_decl ht_check_params[] = {{"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL}};
+static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cuda/hopper_selftest.cuh", NULL, 1,
+                                      ht_check_params};
+
+/* Cold compile of each kernel, CPU seconds of this process (NVRTC and its PTX compiler run in
+ * process; CPU time, unlike wall time, does not grow when other programs load the machine): the
+ * budget a first call may spend on one Hopper kernel, 0.6 s on the 2-core build machine, with
+ * slack. */
+#define HT_COMPILE_BUDGET 1.5
+
+static double ht_cpu_seconds(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_sec +
+         1e-6 * (double)u.ru_stime.tv_usec;
+}
+
+/* Compiles one spec cold; fails the test past the budget. */
+static void ht_compile(rlk_context *ctx, const rlk_kernel_spec *spec) {
+  rlk_context_reset_counters(ctx);
+  const double cpu0 = ht_cpu_seconds();
+  rlk_status st = rlk_jit_prepare(ctx->jit, spec);
+  const double cpu = ht_cpu_seconds() - cpu0;
+  ck_assert_msg(st == RLK_OK, "%s: %s", spec->tmpl->entry, rlk_last_error());
+  rlk_counters c;
+  ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
+  ck_assert_uint_eq(c.compiles, 1);
+  printf("hopper compile %s: %.3f s CPU, %.3f s wall\n", spec->tmpl->entry, cpu, c.compile_seconds);
+  ck_assert_msg(cpu <= HT_COMPILE_BUDGET, "%s: cold compile %.3f s of CPU", spec->tmpl->entry, cpu);
+}
+
+static rlk_kernel_spec ht_spec(const rlk_template *t, int ab, int n, int k) {
+  rlk_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = t;
+  s.values[0] = ab;
+  s.values[1] = n;
+  s.values[2] = k;
+  return s;
+}
+
+START_TEST(compile_sm90a) {
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "hopper-compile");
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  o.compile_only = 1;
+  o.target = "sm_90a";
+  o.cache_dir = dir;
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (hopper compile): no NVRTC: %s\n", rlk_last_error());
+    return;
+  }
+  const rlk_kernel_spec specs[] = {ht_spec(&ht_ss, 0, 256, 128), ht_spec(&ht_rs, 1, 64, 64)};
+  for (size_t i = 0; i < 2; i++) ht_compile(ctx, &specs[i]);
+  /* every wrapper of the headers through the assembler, every wgmma width and form */
+  static const int widths[] = {16, 32, 64, 128, 192, 256};
+  for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+    rlk_kernel_spec c;
+    memset(&c, 0, sizeof c);
+    c.tmpl = &ht_check;
+    c.values[0] = widths[i];
+    rlk_status st = rlk_jit_prepare(ctx->jit, &c);
+    ck_assert_msg(st == RLK_OK, "hopper_ptx_check<%d>: %s", widths[i], rlk_last_error());
+  }
+  /* the fused LM head's kernels: the sm_90a GEMM, its tiled fallback and the combine */
+  rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
+  rlk_kernel_spec ll[RLK_OP_MAX_KERNELS];
+  size_t n = 0;
+  ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, ll, &n), RLK_OK);
+  ck_assert_uint_eq(n, 3);
+  for (size_t i = 0; i < n; i++) ht_compile(ctx, &ll[i]);
+  rlk_context_destroy(ctx);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+static double ht_value(const uint16_t *p, int64_t i, int f16) {
+  uint16_t b = p[i];
+  if (f16) {
+    _Float16 h;
+    memcpy(&h, &b, sizeof h);
+    return (double)h;
+  }
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return (double)f;
+}
+
+/* One tile through the kernel against fp64. */
+static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int K, uint64_t *rng) {
+  const rlk_dtype dt = f16 ? RLK_F16 : RLK_BF16;
+  uint16_t *a = calloc((size_t)64 * K, 2), *b = calloc((size_t)N * K, 2);
+  float *d = malloc((size_t)64 * N * sizeof(float));
+  ck_assert(a && b && d);
+  for (int64_t i = 0; i < 64 * K; i++) rlk_test_store(a, dt, i, rlk_test_rand_normal(rng));
+  for (int64_t i = 0; i < (int64_t)N * K; i++) rlk_test_store(b, dt, i, rlk_test_rand_normal(rng));
+  void *da = rlk_test_dev_upload(ctx, a, (size_t)64 * K * 2);
+  void *db = rlk_test_dev_upload(ctx, b, (size_t)N * K * 2);
+  void *dd = rlk_test_dev_alloc(ctx, (size_t)64 * N * sizeof(float));
+  ck_assert_int_eq(rlk_memset(ctx, dd, 0xff, (size_t)64 * N * sizeof(float)), RLK_OK);
+  rlk_tma_desc_request ra = {da, dt, 64, (uint64_t)K, (uint64_t)K, 64, 64, 128};
+  rlk_tma_desc_request rb = {db, dt, (uint64_t)N, (uint64_t)K, (uint64_t)K, (uint32_t)N, 64, 128};
+  _Alignas(64) unsigned char ma[128], mb[128];
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &ra, ma) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &rb, mb) == RLK_OK, "%s", rlk_last_error());
+  rlk_kernel_spec s = ht_spec(t, f16, N, K);
+  rlk_launch_dims dims;
+  memset(&dims, 0, sizeof dims);
+  dims.grid[0] = dims.grid[1] = dims.grid[2] = 1;
+  dims.block[0] = 128;
+  dims.block[1] = dims.block[2] = 1;
+  dims.shared_bytes = (size_t)(K / 64) * (8192u + (size_t)N * 128u) + 1024u;
+  void *args[] = {ma, mb, &dd};
+  ck_assert_msg(rlk_context_launch(ctx, &s, &dims, NULL, args) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, d, dd, (size_t)64 * N * sizeof(float)), RLK_OK);
+  double worst = 0.0;
+  for (int i = 0; i < 64; i++)
+    for (int j = 0; j < N; j++) {
+      double ref = 0.0, mag = 0.0;
+      for (int k = 0; k < K; k++) {
+        const double p = ht_value(a, (int64_t)i * K + k, f16) * ht_value(b, (int64_t)j * K + k, f16);
+        ref += p;
+        mag += fabs(p);
+      }
+      const double err = fabs((double)d[(size_t)i * N + j] - ref);
+      ck_assert_msg(err <= 1e-5 * mag + 1e-6, "%s %s N=%d K=%d: D[%d][%d] = %.9g, fp64 %.9g",
+                    t->entry, f16 ? "f16" : "bf16", N, K, i, j, (double)d[(size_t)i * N + j], ref);
+      if (err / (mag + 1e-30) > worst) worst = err / (mag + 1e-30);
+    }
+  printf("hopper gpu %s %s N=%d K=%d: worst |err| / sum|a b| = %.3g\n", t->entry, f16 ? "f16" : "bf16",
+         N, K, worst);
+  rlk_free(ctx, da);
+  rlk_free(ctx, db);
+  rlk_free(ctx, dd);
+  free(a);
+  free(b);
+  free(d);
+}
+
+START_TEST(gpu_wgmma_tile) {
+  if (!rlk_test_gpu_enabled("hopper")) return;
+  rlk_context *ctx = rlk_test_cuda_context("hopper");
+  if (!ctx) return;
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  if (info.compute_major != 9) {
+    printf("skip (hopper gpu): compute capability %d.x is not 9.0\n", info.compute_major);
+    rlk_context_destroy(ctx);
+    return;
+  }
+  uint64_t rng = rlk_test_seed() ^ 0x4f70u;
+  ht_tile(ctx, &ht_ss, 0, 256, 128, &rng);
+  ht_tile(ctx, &ht_ss, 1, 64, 192, &rng);
+  ht_tile(ctx, &ht_rs, 0, 128, 64, &rng);
+  ht_tile(ctx, &ht_rs, 1, 64, 64, &rng);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *hopper_suite(void) {
+  Suite *s = suite_create("hopper");
+  TCase *ci = tcase_create("compile");
+  tcase_set_timeout(ci, 120);
+  tcase_add_test(ci, compile_sm90a);
+  suite_add_tcase(s, ci);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 300);
+  tcase_add_test(gpu, gpu_wgmma_tile);
+  suite_add_tcase(s, gpu);
+  return s;
+}

@@ -1,0 +1,601 @@
+/* test_linear_logprob.c - rlk_linear_logprob and rlk_linear_logprob_backward against the fp64
+ * reference (tests/ref/): on the host backend at small and odd shapes, and with RLK_TEST_GPU=1 on
+ * CUDA for both forward kernels (wgmma on sm_90a, tiled everywhere) at odd shapes up to
+ * V = 151937, the backward (f32 and 16-bit gradients, chunks, accumulation), bitwise
+ * repeatability, labels ignored and out of range; argument checks; the precompile plan and samples
+ * on every target. Outputs are poisoned before each call and every element is checked. Large
+ * cases check a sample of rows. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "ref/linear_logprob_ref.h"
+#include "suites.h"
+#include "test_util.h"
+
+typedef struct ll_case {
+  int64_t N, V, H;
+  rlk_dtype dt;        /* hidden and weight */
+  rlk_dtype ldt;       /* labels */
+  int64_t hpad, wpad;  /* row strides H + pad */
+  int64_t lstride;     /* label stride (0: 1) */
+  float T;
+  int entropy, ignored, bad;
+  rlk_linear_logprob_variant variant;
+  int splits;
+  double scale;        /* logits ~ scale * N(0, 1) */
+  int64_t check_rows;  /* rows compared with fp64 (0: all) */
+} ll_case;
+
+static ll_case ll_base(int64_t N, int64_t V, int64_t H) {
+  ll_case c;
+  memset(&c, 0, sizeof c);
+  c.N = N;
+  c.V = V;
+  c.H = H;
+  c.dt = RLK_BF16;
+  c.ldt = RLK_I64;
+  c.T = 1.0f;
+  c.entropy = 1;
+  c.scale = 3.0;
+  return c;
+}
+
+typedef struct ll_out {
+  float *logp, *lse, *ent;
+  int32_t status;
+} ll_out;
+
+/* Runs a case on ctx; fills *o (caller frees) and checks against fp64 when `check`. */
+static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check, ll_out *o) {
+  uint64_t rng = seed;
+  const int64_t hs = c->H + c->hpad, ws = c->H + c->wpad, ls = c->lstride ? c->lstride : 1;
+  const size_t hbytes = (size_t)(c->N * hs) * 2, wbytes = (size_t)(c->V * ws) * 2;
+  uint16_t *h = malloc(hbytes), *w = malloc(wbytes);
+  int64_t *lab = malloc((size_t)(c->N * ls) * 8);
+  ck_assert(h && w && lab);
+  memset(h, 0x7f, hbytes); /* padding: huge values that must not be read */
+  memset(w, 0x7f, wbytes);
+  for (int64_t i = 0; i < c->N; i++)
+    for (int64_t k = 0; k < c->H; k++) rlk_test_store(h, c->dt, i * hs + k, rlk_test_rand_normal(&rng));
+  const double wsd = c->scale / sqrt((double)c->H);
+  for (int64_t v = 0; v < c->V; v++)
+    for (int64_t k = 0; k < c->H; k++)
+      rlk_test_store(w, c->dt, v * ws + k, wsd * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < c->N; i++) {
+    int64_t y = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)c->V);
+    if (i == c->N - 1 && c->N > 1) y = c->V - 1; /* the last column (a partial tile) */
+    if (c->ignored && i % 5 == 1) y = -100;
+    if (c->bad && i % 7 == 2) y = i % 2 ? c->V : -3;
+    lab[i * ls] = y;
+  }
+  void *lab_dev_src = lab;
+  int32_t *lab32 = NULL;
+  if (c->ldt == RLK_I32) {
+    lab32 = malloc((size_t)(c->N * ls) * 4);
+    for (int64_t i = 0; i < c->N * ls; i++) lab32[i] = (int32_t)lab[i];
+    lab_dev_src = lab32;
+  }
+  const size_t lbytes = (size_t)(c->N * ls) * (c->ldt == RLK_I32 ? 4 : 8);
+  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
+  void *dh, *dw, *dl, *dlp, *dlse, *dent, *dst;
+  const size_t ob = (size_t)c->N * sizeof(float);
+  if (host) {
+    dh = h;
+    dw = w;
+    dl = lab_dev_src;
+    dlp = malloc(ob);
+    dlse = malloc(ob);
+    dent = malloc(ob);
+    dst = calloc(1, 4);
+    memset(dlp, 0xff, ob);
+    memset(dlse, 0xff, ob);
+    memset(dent, 0xff, ob);
+  } else {
+    dh = rlk_test_dev_upload(ctx, h, hbytes);
+    dw = rlk_test_dev_upload(ctx, w, wbytes);
+    dl = rlk_test_dev_upload(ctx, lab_dev_src, lbytes);
+    dlp = rlk_test_dev_alloc(ctx, ob);
+    dlse = rlk_test_dev_alloc(ctx, ob);
+    dent = rlk_test_dev_alloc(ctx, ob);
+    dst = rlk_test_dev_alloc(ctx, 4);
+    ck_assert_int_eq(rlk_memset(ctx, dlp, 0xff, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memset(ctx, dlse, 0xff, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memset(ctx, dent, 0xff, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memset(ctx, dst, 0, 4), RLK_OK);
+  }
+  rlk_linear_logprob_args a;
+  rlk_linear_logprob_args_init(&a);
+  a.hidden = rlk_tensor_2d(dh, c->dt, c->N, c->H, hs);
+  a.weight = rlk_tensor_2d(dw, c->dt, c->V, c->H, ws);
+  a.labels = rlk_tensor_1d(dl, c->ldt, c->N);
+  a.labels.strides[0] = ls;
+  a.temperature = c->T;
+  a.logp = rlk_tensor_1d(dlp, RLK_F32, c->N);
+  a.lse = rlk_tensor_1d(dlse, RLK_F32, c->N);
+  if (c->entropy) a.entropy = rlk_tensor_1d(dent, RLK_F32, c->N);
+  a.status = rlk_tensor_1d(dst, RLK_I32, 1);
+  a.variant = c->variant;
+  a.splits = c->splits;
+  size_t wsb = 0;
+  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
+  void *wsp = NULL;
+  if (wsb) wsp = rlk_test_dev_alloc(ctx, wsb);
+  a.workspace = wsp;
+  a.workspace_bytes = wsb;
+  rlk_status st = rlk_linear_logprob(ctx, &a, NULL);
+  ck_assert_msg(st == RLK_OK, "N=%lld V=%lld H=%lld: %s", (long long)c->N, (long long)c->V,
+                (long long)c->H, rlk_last_error());
+  o->logp = malloc(ob);
+  o->lse = malloc(ob);
+  o->ent = malloc(ob);
+  if (host) {
+    memcpy(o->logp, dlp, ob);
+    memcpy(o->lse, dlse, ob);
+    memcpy(o->ent, dent, ob);
+    memcpy(&o->status, dst, 4);
+    free(dlp), free(dlse), free(dent), free(dst);
+  } else {
+    ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, o->logp, dlp, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, o->lse, dlse, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, o->ent, dent, ob), RLK_OK);
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, &o->status, dst, 4), RLK_OK);
+    rlk_free(ctx, dh), rlk_free(ctx, dw), rlk_free(ctx, dl), rlk_free(ctx, dlp);
+    rlk_free(ctx, dlse), rlk_free(ctx, dent), rlk_free(ctx, dst);
+    if (wsp) rlk_free(ctx, wsp);
+  }
+  if (check) {
+    double *x = malloc((size_t)c->V * sizeof(double));
+    int any_bad = 0;
+    double worst = 0.0;
+    const int64_t nrows = c->check_rows && c->check_rows < c->N ? c->check_rows : c->N;
+    for (int64_t r = 0; r < nrows; r++) {
+      /* every row, or the first, second, last and a spread of the others */
+      const int64_t i = nrows == c->N ? r : r == 0 ? 0 : r == 1 ? c->N - 1 : (r * 7919) % c->N;
+      lp_ref_row ref;
+      int bad = 0;
+      ll_ref_row(h, hs, w, ws, c->dt == RLK_F16, i, c->V, c->H, c->T, lab[i * ls], -100, x, &ref, &bad);
+      any_bad |= bad;
+      const double got[3] = {o->logp[i], o->lse[i], o->ent[i]};
+      const double want[3] = {ref.logp, ref.lse, ref.entropy};
+      for (int q = 0; q < (c->entropy ? 3 : 2); q++) {
+        if (isnan(want[q])) {
+          ck_assert_msg(isnan(got[q]), "row %lld output %d: %g, expected NaN", (long long)i, q, got[q]);
+          continue;
+        }
+        const double err = fabs(got[q] - want[q]), tol = 2e-3 + 2e-4 * fabs(want[q]);
+        if (err > worst) worst = err;
+        ck_assert_msg(err <= tol, "N=%lld V=%lld H=%lld variant=%d row %lld output %d (logp, lse, entropy): %.7g, fp64 %.7g",
+                      (long long)c->N, (long long)c->V, (long long)c->H, (int)c->variant, (long long)i, q,
+                      got[q], want[q]);
+      }
+    }
+    for (int64_t i = 0; i < c->N; i++) /* rows not compared count too */
+      if (lab[i * ls] != -100 && (lab[i * ls] < 0 || lab[i * ls] >= c->V)) any_bad = 1;
+    ck_assert_int_eq(o->status != 0, any_bad);
+    printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d: %lld rows vs fp64, worst |err| %.3g\n",
+           host ? "host" : "gpu", (long long)c->N, (long long)c->V, (long long)c->H, rlk_dtype_name(c->dt),
+           (int)c->variant, (long long)nrows, worst);
+    free(x);
+  }
+  free(h), free(w), free(lab), free(lab32);
+}
+
+static void ll_free(ll_out *o) { free(o->logp), free(o->lse), free(o->ent); }
+
+static void ll_check(rlk_context *ctx, const ll_case *c, uint64_t seed) {
+  ll_out o;
+  ll_run(ctx, c, seed, 1, &o);
+  ll_free(&o);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The backward                                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct ll_bcase {
+  int64_t N, V, H;
+  rlk_dtype dt, gdt; /* inputs; gradients (f32 or dt) */
+  int g_lp, g_h;     /* upstream gradients given */
+  int want_gh, want_gw;
+  int accumulate, chunk, ignored;
+  float T;
+} ll_bcase;
+
+static void *ll_put(rlk_context *ctx, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
+    void *p = malloc(bytes ? bytes : 1);
+    memcpy(p, src, bytes);
+    return p;
+  }
+  return rlk_test_dev_upload(ctx, src, bytes);
+}
+
+static void ll_get(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    memcpy(dst, src, bytes);
+  else
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static void ll_drop(rlk_context *ctx, void *p) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    free(p);
+  else
+    rlk_free(ctx, p);
+}
+
+static double ll_load16(const void *p, rlk_dtype d, int64_t i) {
+  const uint16_t b = ((const uint16_t *)p)[i];
+  if (d == RLK_F16) {
+    _Float16 h;
+    memcpy(&h, &b, sizeof h);
+    return (double)h;
+  }
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return (double)f;
+}
+
+static double ll_load_g(const void *p, rlk_dtype d, int64_t i) {
+  return d == RLK_F32 ? (double)((const float *)p)[i] : ll_load16(p, d, i);
+}
+
+/* Forward then backward on ctx; gradients against fp64 (lp_ref_backward's dz, summed in fp64). */
+static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int check, void **out_gh,
+                         void **out_gw) {
+  uint64_t rng = seed;
+  const int64_t N = c->N, V = c->V, H = c->H;
+  const size_t es = 2, gs = rlk_dtype_size(c->gdt);
+  uint16_t *h = malloc((size_t)(N * H) * es), *w = malloc((size_t)(V * H) * es);
+  int64_t *lab = malloc((size_t)N * 8);
+  float *glp = malloc((size_t)N * 4), *gH = malloc((size_t)N * 4);
+  void *gh0 = malloc((size_t)(N * H) * gs), *gw0 = malloc((size_t)(V * H) * gs);
+  ck_assert(h && w && lab && glp && gH && gh0 && gw0);
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(h, c->dt, i, rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, c->dt, i, 3.0 / sqrt((double)H) * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) {
+    lab[i] = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+    if (c->ignored && i % 4 == 1) lab[i] = -100;
+    glp[i] = (float)rlk_test_rand_normal(&rng);
+    gH[i] = (float)rlk_test_rand_normal(&rng);
+  }
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(gh0, c->gdt, i, c->accumulate ? rlk_test_rand_normal(&rng) : 0.0);
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(gw0, c->gdt, i, c->accumulate ? rlk_test_rand_normal(&rng) : 0.0);
+  memset(gh0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(N * H) * gs); /* poison when overwritten */
+  memset(gw0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(V * H) * gs);
+  void *dh = ll_put(ctx, h, (size_t)(N * H) * es), *dw = ll_put(ctx, w, (size_t)(V * H) * es);
+  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
+  void *dgh = ll_put(ctx, gh0, (size_t)(N * H) * gs), *dgw = ll_put(ctx, gw0, (size_t)(V * H) * gs);
+  float *zeros = calloc((size_t)N, 4);
+  void *dlp = ll_put(ctx, zeros, (size_t)N * 4), *dlse = ll_put(ctx, zeros, (size_t)N * 4),
+       *dent = ll_put(ctx, zeros, (size_t)N * 4);
+  /* the forward's lse and entropy, from the op itself */
+  rlk_linear_logprob_args f;
+  rlk_linear_logprob_args_init(&f);
+  f.hidden = rlk_tensor_2d(dh, c->dt, N, H, H);
+  f.weight = rlk_tensor_2d(dw, c->dt, V, H, H);
+  f.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  f.temperature = c->T;
+  f.logp = rlk_tensor_1d(dlp, RLK_F32, N);
+  f.lse = rlk_tensor_1d(dlse, RLK_F32, N);
+  f.entropy = rlk_tensor_1d(dent, RLK_F32, N);
+  size_t wsb = 0;
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &f, &wsb), RLK_OK);
+  void *fws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
+  f.workspace = fws;
+  f.workspace_bytes = wsb;
+  ck_assert_msg(rlk_linear_logprob(ctx, &f, NULL) == RLK_OK, "%s", rlk_last_error());
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = f.hidden;
+  b.weight = f.weight;
+  b.labels = f.labels;
+  b.temperature = c->T;
+  b.lse = f.lse;
+  if (c->g_lp) b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  if (c->g_h) {
+    b.grad_entropy = rlk_tensor_1d(dgH, RLK_F32, N);
+    b.entropy = f.entropy;
+  }
+  if (c->want_gh) b.grad_hidden = rlk_tensor_2d(dgh, c->gdt, N, H, H);
+  if (c->want_gw) b.grad_weight = rlk_tensor_2d(dgw, c->gdt, V, H, H);
+  b.accumulate = c->accumulate;
+  b.chunk = c->chunk;
+  size_t bwb = 0;
+  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
+  void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
+  b.workspace = bws;
+  b.workspace_bytes = bwb;
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
+  ll_get(ctx, got_h, dgh, (size_t)(N * H) * gs);
+  ll_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
+  if (check) {
+    double *x = malloc((size_t)V * 8), *dz = malloc((size_t)V * 8);
+    double *rh = calloc((size_t)(N * H), 8), *rw = calloc((size_t)(V * H), 8);
+    for (int64_t i = 0; i < N; i++) {
+      lp_ref_row row;
+      ll_ref_row(h, H, w, H, c->dt == RLK_F16, i, V, H, c->T, lab[i], -100, x, &row, NULL);
+      lp_ref_backward(x, V, c->T, lab[i], -100, c->g_lp ? glp[i] : 0.0, c->g_h ? gH[i] : 0.0, dz);
+      for (int64_t v = 0; v < V; v++) {
+        if (dz[v] == 0.0) continue;
+        for (int64_t k = 0; k < H; k++) {
+          rh[i * H + k] += dz[v] * ll_load16(w, c->dt, v * H + k);
+          rw[v * H + k] += dz[v] * ll_load16(h, c->dt, i * H + k);
+        }
+      }
+    }
+    const double rel = c->gdt == RLK_F32 ? 2e-3 : 1e-2;
+    for (int q = 0; q < 2; q++) {
+      if (q == 0 ? !c->want_gh : !c->want_gw) continue;
+      const int64_t n = q == 0 ? N * H : V * H;
+      const double *ref = q == 0 ? rh : rw;
+      const void *got = q == 0 ? got_h : got_w, *old = q == 0 ? gh0 : gw0;
+      double mx = 0.0, worst = 0.0;
+      for (int64_t i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+      for (int64_t i = 0; i < n; i++) {
+        const double want = ref[i] + (c->accumulate ? ll_load_g(old, c->gdt, i) : 0.0);
+        const double err = fabs(ll_load_g(got, c->gdt, i) - want);
+        const double tol = rel * mx + (c->accumulate ? 1e-2 * fabs(want) : 0.0) + 1e-7;
+        worst = err > worst ? err : worst;
+        ck_assert_msg(err <= tol, "%s N=%lld V=%lld H=%lld grad=%s acc=%d: element %lld = %.7g, fp64 %.7g (max |ref| %.3g)",
+                      q ? "grad_weight" : "grad_hidden", (long long)N, (long long)V, (long long)H,
+                      rlk_dtype_name(c->gdt), c->accumulate, (long long)i, ll_load_g(got, c->gdt, i), want, mx);
+      }
+      printf("linear_logprob backward %s %s N=%lld V=%lld H=%lld grad=%s: worst |err| %.3g (max |ref| %.3g)\n",
+             rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", q ? "grad_weight" : "grad_hidden",
+             (long long)N, (long long)V, (long long)H, rlk_dtype_name(c->gdt), worst, mx);
+    }
+    free(x), free(dz), free(rh), free(rw);
+  }
+  if (out_gh) *out_gh = got_h; else free(got_h);
+  if (out_gw) *out_gw = got_w; else free(got_w);
+  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dglp), ll_drop(ctx, dgH);
+  ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlp), ll_drop(ctx, dlse), ll_drop(ctx, dent);
+  if (fws) rlk_free(ctx, fws);
+  if (bws) rlk_free(ctx, bws);
+  free(h), free(w), free(lab), free(glp), free(gH), free(gh0), free(gw0), free(zeros);
+}
+
+static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
+  ll_bcase c = {13, 700, 72, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
+  ll_bwd_check(ctx, &c, seed, 1, NULL, NULL);
+  ll_bcase d = {5, 333, 40, RLK_F16, RLK_F16, 1, 0, 1, 1, 1, 128, 0, 0.7f}; /* accumulate, f16 grads, chunks */
+  ll_bwd_check(ctx, &d, seed + 1, 1, NULL, NULL);
+  ll_bcase e = {70, 257, 64, RLK_BF16, RLK_F32, 0, 1, 0, 1, 0, 64, 1, 1.3f}; /* grad_weight only, g_H only */
+  ll_bwd_check(ctx, &e, seed + 2, 1, NULL, NULL);
+}
+
+START_TEST(host_shapes) {
+  rlk_context *ctx = rlk_test_host_context();
+  const uint64_t seed = rlk_test_seed();
+  ll_case c = ll_base(3, 1000, 96);
+  ll_check(ctx, &c, seed);
+  c = ll_base(1, 257, 64);
+  c.dt = RLK_F16;
+  c.ldt = RLK_I32;
+  c.entropy = 0;
+  c.T = 0.7f;
+  ll_check(ctx, &c, seed + 1);
+  c = ll_base(17, 300, 40);
+  c.hpad = 5;
+  c.wpad = 3;
+  c.lstride = 2;
+  c.ignored = c.bad = 1;
+  ll_check(ctx, &c, seed + 2);
+  ll_bwd_cases(ctx, seed + 10);
+  /* the model shape's odd vocabulary: one row through V = 151937, H = 896 */
+  c = ll_base(1, 151937, 896);
+  ll_check(ctx, &c, seed + 3);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint16_t h[4 * 8], w[5 * 8];
+  int64_t lab[4];
+  float lp[4], lse[4];
+  memset(h, 0, sizeof h), memset(w, 0, sizeof w), memset(lab, 0, sizeof lab);
+  rlk_linear_logprob_args a;
+  rlk_linear_logprob_args_init(&a);
+  ck_assert_float_eq(a.temperature, 1.0f);
+  ck_assert_int_eq(a.ignore_index, -100);
+  a.hidden = rlk_tensor_2d(h, RLK_BF16, 4, 8, 8);
+  a.weight = rlk_tensor_2d(w, RLK_BF16, 5, 8, 8);
+  a.labels = rlk_tensor_1d(lab, RLK_I64, 4);
+  a.logp = rlk_tensor_1d(lp, RLK_F32, 4);
+  a.lse = rlk_tensor_1d(lse, RLK_F32, 4);
+  ck_assert_int_eq(rlk_linear_logprob(ctx, &a, NULL), RLK_OK);
+  static const struct {
+    int what;
+    const char *needle;
+  } bad[] = {{0, "weight"}, {1, "weight"}, {2, "temperature"}, {3, "labels"}, {4, "logp"},
+             {5, "outputs must be distinct"}, {6, "hidden"}, {7, "splits"}, {8, "variant"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_linear_logprob_args b = a;
+    switch (bad[i].what) {
+    case 0: b.weight = rlk_tensor_2d(w, RLK_BF16, 5, 7, 8); break;   /* H differs */
+    case 1: b.weight = rlk_tensor_2d(w, RLK_F16, 5, 8, 8); break;    /* dtype differs */
+    case 2: b.temperature = 0.0f; break;
+    case 3: b.labels = rlk_tensor_1d(lab, RLK_F32, 4); break;
+    case 4: b.logp = rlk_tensor_1d(lp, RLK_F32, 3); break;
+    case 5: b.lse = b.logp; break;
+    case 6: b.hidden = rlk_tensor_2d(h, RLK_F32, 4, 8, 8); break;
+    case 7: b.splits = -1; break;
+    case 8: b.variant = (rlk_linear_logprob_variant)7; break;
+    }
+    ck_assert_msg(rlk_linear_logprob(ctx, &b, NULL) == RLK_ERR_INVALID_ARGUMENT, "case %zu accepted", i);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  rlk_last_error(), bad[i].needle);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* The plan of each target: sm_90a gets the wgmma kernel, its tiled fallback and the combine;
+ * other GPU targets the tiled kernel and the combine; the host its one fp64 kernel. */
+START_TEST(plan_per_target) {
+  static const struct {
+    rlk_backend backend;
+    const char *target;
+    const char *first;
+    size_t n;
+  } targets[] = {{RLK_BACKEND_CUDA, "sm_90a", "linear_logprob_fwd_sm90", 3},
+                 {RLK_BACKEND_CUDA, "sm_80", "linear_logprob_fwd_tiled", 2},
+                 {RLK_BACKEND_HIP, "gfx90a", "linear_logprob_fwd_tiled", 2},
+                 {RLK_BACKEND_HOST, NULL, "linear_logprob_fwd_host", 1}};
+  for (size_t t = 0; t < 4; t++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = targets[t].backend;
+    o.compile_only = 1;
+    o.target = targets[t].target;
+    rlk_context *ctx = NULL;
+    if (rlk_context_create(&ctx, &o) != RLK_OK) {
+      printf("skip (linear_logprob plan for %s): %s\n", targets[t].target ? targets[t].target : "host",
+             rlk_last_error());
+      continue;
+    }
+    rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
+    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+    size_t n = 0;
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, specs, &n), RLK_OK);
+    ck_assert_uint_eq(n, targets[t].n);
+    ck_assert_str_eq(specs[0].tmpl->entry, targets[t].first);
+    /* the backward: dz, dh, dh_out, dw on a GPU; one kernel on the host; then the forward's */
+    rlk_op_config_pair both[1] = {{"grad", "same"}};
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, both, specs, &n), RLK_OK);
+    ck_assert_uint_eq(n, targets[t].backend == RLK_BACKEND_HOST ? 2 : 4 + targets[t].n);
+    ck_assert_str_eq(specs[0].tmpl->entry,
+                     targets[t].backend == RLK_BACKEND_HOST ? "linear_logprob_bwd_host" : "linear_logprob_bwd_dz");
+    rlk_op_config_pair tiled[2] = {{"variant", "tiled"}, {"pass", "fwd"}};
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, tiled, specs, &n), RLK_OK);
+    if (targets[t].backend != RLK_BACKEND_HOST) ck_assert_str_eq(specs[0].tmpl->entry, "linear_logprob_fwd_tiled");
+    rlk_op_config_pair badp[1] = {{"hidden", "f32"}};
+    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, badp, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+    rlk_context_destroy(ctx);
+  }
+  ck_assert_ptr_nonnull(strstr(rlk_precompile_ops(), "linear_logprob"));
+  ck_assert_ptr_nonnull(strstr(rlk_precompile_help("linear_logprob"), "variant"));
+}
+END_TEST
+
+START_TEST(samples_compile_every_target) {
+  static const rlk_op_desc *const ops[] = {&rlk_op_linear_logprob};
+  rlk_test_compile_samples("linear_logprob", ops, 1);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* CUDA                                                                                */
+/* ---------------------------------------------------------------------------------- */
+
+static void gpu_cases(rlk_context *ctx, rlk_linear_logprob_variant variant, uint64_t seed) {
+  ll_case c = ll_base(3, 1000, 96);
+  c.variant = variant;
+  ll_check(ctx, &c, seed);
+  c = ll_base(1, 151937, 896);
+  c.variant = variant;
+  ll_check(ctx, &c, seed + 1);
+  c = ll_base(4097, 32000, 896);
+  c.variant = variant;
+  c.ignored = c.bad = 1;
+  c.ldt = RLK_I32;
+  c.check_rows = 24;
+  ll_check(ctx, &c, seed + 2);
+  /* a large GEMM on the wgmma path; the tiled path (f32 from shared memory) gets a smaller one */
+  c = variant == RLK_LINEAR_LOGPROB_TILED ? ll_base(64, 151937, 1024) : ll_base(130, 151937, 2048);
+  c.variant = variant;
+  c.dt = RLK_F16;
+  c.T = 0.6f;
+  c.hpad = 64;
+  c.check_rows = 8;
+  ll_check(ctx, &c, seed + 3);
+  c = ll_base(129, 2000, 200); /* H not a multiple of 64: zero-filled K tail */
+  c.variant = variant;
+  c.scale = 8.0;
+  ll_check(ctx, &c, seed + 4);
+}
+
+START_TEST(gpu_shapes) {
+  if (!rlk_test_gpu_enabled("linear_logprob")) return;
+  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
+  if (!ctx) return;
+  const uint64_t seed = rlk_test_seed() ^ 0x11u;
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_AUTO, seed);
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_TILED, seed + 100);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* Bitwise the same outputs from two calls; splits change nothing beyond rounding. */
+START_TEST(gpu_backward) {
+  if (!rlk_test_gpu_enabled("linear_logprob")) return;
+  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
+  if (!ctx) return;
+  const uint64_t seed = rlk_test_seed() ^ 0x33u;
+  ll_bwd_cases(ctx, seed);
+  ll_bcase c = {300, 3001, 256, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 1024, 1, 1.0f};
+  ll_bwd_check(ctx, &c, seed + 5, 1, NULL, NULL);
+  /* bitwise repeatable */
+  ll_bcase r = {129, 5000, 200, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 0, 0, 0, 1.0f};
+  void *h1, *w1, *h2, *w2;
+  ll_bwd_check(ctx, &r, seed + 6, 1, &h1, &w1);
+  ll_bwd_check(ctx, &r, seed + 6, 0, &h2, &w2);
+  ck_assert(memcmp(h1, h2, 129 * 200 * 2) == 0);
+  ck_assert(memcmp(w1, w2, 5000 * 200 * 2) == 0);
+  free(h1), free(w1), free(h2), free(w2);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(gpu_deterministic) {
+  if (!rlk_test_gpu_enabled("linear_logprob")) return;
+  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
+  if (!ctx) return;
+  const uint64_t seed = rlk_test_seed() ^ 0x22u;
+  ll_case c = ll_base(777, 50257, 1024);
+  ll_out a, b;
+  ll_run(ctx, &c, seed, 0, &a);
+  ll_run(ctx, &c, seed, 0, &b);
+  ck_assert(memcmp(a.logp, b.logp, 777 * 4) == 0);
+  ck_assert(memcmp(a.lse, b.lse, 777 * 4) == 0);
+  ck_assert(memcmp(a.ent, b.ent, 777 * 4) == 0);
+  ll_free(&b);
+  c.splits = 3;
+  c.check_rows = 16;
+  ll_run(ctx, &c, seed, 1, &b);
+  ll_free(&a);
+  ll_free(&b);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *linear_logprob_suite(void) {
+  Suite *s = suite_create("linear_logprob");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, host_shapes);
+  tcase_add_test(host, bad_arguments);
+  suite_add_tcase(s, host);
+  TCase *plan = tcase_create("plan");
+  tcase_set_timeout(plan, 600);
+  tcase_add_test(plan, plan_per_target);
+  tcase_add_test(plan, samples_compile_every_target);
+  suite_add_tcase(s, plan);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 600);
+  tcase_add_test(gpu, gpu_shapes);
+  tcase_add_test(gpu, gpu_deterministic);
+  tcase_add_test(gpu, gpu_backward);
+  suite_add_tcase(s, gpu);
+  return s;
+}

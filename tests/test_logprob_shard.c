@@ -1,0 +1,626 @@
+/* test_logprob_shard.c - vocab-parallel log-probs simulated in one process: P shards of a
+ * vocabulary (uneven widths, row strides of the whole row), rlk_logprob's shard form per shard,
+ * the records gathered in rank order, rlk_logprob_combine run once per simulated rank (bitwise
+ * equal results), against the fp64 reference of the whole row (tests/ref/logprob_ref.c); the
+ * shard backward against the reference gradient's columns; labels at shard edges, ignore_index,
+ * labels no shard or two shards own; the NCCL path's library loading and refusals. Host backend
+ * always, CUDA with RLK_TEST_GPU=1 (case "gpu": the same simulation, and rlk_logprob_vocab_parallel
+ * through a real one-rank NCCL communicator when libnccl is present). */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "ref/logprob_ref.h"
+#include "suites.h"
+#include "test_util.h"
+
+enum { F = RLK_LOGPROB_PARTIAL_FIELDS };
+
+typedef struct sh_case {
+  int64_t N, V;
+  rlk_dtype dtype;
+  rlk_dtype label_dtype;
+  int P;
+  float temperature;
+  int entropy;
+  int overlap; /* shard 1 starts one column early: its first label is owned twice */
+  double scale;
+} sh_case;
+
+/* Shard r's columns [v0[r], v0[r + 1]): uneven widths (odd, not multiples of a vector). */
+static void split(const sh_case *c, uint64_t *rng, int64_t *v0) {
+  v0[0] = 0;
+  for (int r = 1; r < c->P; r++) {
+    const int64_t even = c->V * r / c->P;
+    const int64_t jitter = (int64_t)(rlk_test_rand_u64(rng) % 7) - 3;
+    v0[r] = even + jitter;
+  }
+  v0[c->P] = c->V;
+}
+
+static double fwd_tol(double want, double max_z, double lse, int64_t V) {
+  const double scale = fabs(want) + (isfinite(max_z) ? fabs(max_z) : 0) + (isfinite(lse) ? fabs(lse) : 0);
+  return 2e-5 + 4e-6 * scale + 4e-7 * sqrt((double)V);
+}
+
+static void check_value(const char *what, const char *name, int64_t i, float got, double want,
+                        double tol) {
+  if (isnan(want)) {
+    ck_assert_msg(isnan(got), "%s: %s[%lld] = %.9g, reference NaN", what, name, (long long)i,
+                  (double)got);
+    return;
+  }
+  if (isinf(want)) {
+    ck_assert_msg((double)got == want, "%s: %s[%lld] = %.9g, reference %g", what, name,
+                  (long long)i, (double)got, want);
+    return;
+  }
+  ck_assert_msg(fabs((double)got - want) <= tol, "%s: %s[%lld] = %.9g, reference %.12g (tol %.3g)",
+                what, name, (long long)i, (double)got, want, tol);
+}
+
+static void *dev_copy(rlk_context *ctx, const void *src, size_t bytes) {
+  return rlk_test_dev_upload(ctx, src, bytes);
+}
+
+static void to_host(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static void store_label(void *labels, rlk_dtype d, int64_t i, int64_t y) {
+  if (d == RLK_I32)
+    ((int32_t *)labels)[i] = (int32_t)y;
+  else
+    ((int64_t *)labels)[i] = y;
+}
+
+/* One simulated run: forward per shard, P combines, checks; then the shard backward. */
+static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
+  const int64_t N = c->N, V = c->V;
+  const int P = c->P;
+  const size_t es = rlk_dtype_size(c->dtype), ls = rlk_dtype_size(c->label_dtype);
+  char what[256];
+  snprintf(what, sizeof what, "N=%lld V=%lld P=%d %s labels=%s T=%g ent=%d overlap=%d seed=%llu",
+           (long long)N, (long long)V, P, rlk_dtype_name(c->dtype), rlk_dtype_name(c->label_dtype),
+           (double)c->temperature, c->entropy, c->overlap, (unsigned long long)rlk_test_seed());
+  int64_t v0[9], start[9];
+  split(c, rng, v0);
+  for (int r = 0; r <= P; r++) start[r] = v0[r];
+  if (c->overlap) start[1] = v0[1] - 1; /* shard 1 = [v0[1] - 1, v0[2]) */
+
+  /* logits [N, V] rounded to the dtype; x holds what was stored */
+  double *x = malloc((size_t)(N * V) * sizeof *x);
+  void *h_logits = malloc((size_t)(N * V) * es);
+  for (int64_t k = 0; k < N * V; k++)
+    x[k] = rlk_test_store(h_logits, c->dtype, k, c->scale * rlk_test_rand_normal(rng));
+  /* a spike in a few rows, at a shard edge: the max of one shard dominates */
+  for (int64_t i = 0; i < N; i += 5) {
+    const int64_t j = v0[1 + (int)(i / 5) % (P - 1 > 0 ? P - 1 : 1)] - (i % 2);
+    x[i * V + j] = rlk_test_store(h_logits, c->dtype, i * V + j, 25.0 + (double)(i % 7));
+  }
+  /* labels: shard edges first, then random; a few ignored, one past V, one negative */
+  int64_t *y = malloc((size_t)N * sizeof *y);
+  void *h_labels = malloc((size_t)N * ls);
+  for (int64_t i = 0; i < N; i++) {
+    const int64_t k = i % 12;
+    const int r = (int)((i / 12) % P);
+    if (k == 0) y[i] = v0[r];
+    else if (k == 1) y[i] = v0[r + 1] - 1;
+    else if (k == 2) y[i] = 0;
+    else if (k == 3) y[i] = V - 1;
+    else if (k == 4) y[i] = -100;
+    else y[i] = (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+  }
+  if (N > 7) y[7] = V;  /* no shard owns it */
+  if (N > 8) y[8] = -3; /* neither: a bad label, not ignore_index */
+  for (int64_t i = 0; i < N; i++) store_label(h_labels, c->label_dtype, i, y[i]);
+
+  void *d_logits = dev_copy(ctx, h_logits, (size_t)(N * V) * es);
+  void *d_labels = dev_copy(ctx, h_labels, (size_t)N * ls);
+  const size_t rec_bytes = (size_t)N * F * sizeof(float);
+  float *d_gathered = rlk_test_dev_alloc(ctx, rec_bytes * (size_t)P);
+  ck_assert_int_eq(rlk_memset(ctx, d_gathered, 0xff, rec_bytes * (size_t)P), RLK_OK);
+
+  /* each rank's forward, its records straight into its slot of the gathered buffer */
+  for (int r = 0; r < P; r++) {
+    const int64_t Vs = v0[r + 1] - start[r];
+    rlk_logprob_args a;
+    rlk_logprob_args_init(&a);
+    a.logits = rlk_tensor_2d((char *)d_logits + (size_t)start[r] * es, c->dtype, N, Vs, V);
+    a.labels = rlk_tensor_1d(d_labels, c->label_dtype, N);
+    a.temperature = c->temperature;
+    a.partials = rlk_tensor_2d(d_gathered + (size_t)r * N * F, RLK_F32, N, F, F);
+    a.vocab_start = start[r];
+    a.partial_entropy = c->entropy;
+    ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s: shard %d: %s", what, r, rlk_last_error());
+  }
+  float *gathered = malloc(rec_bytes * (size_t)P);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  to_host(ctx, gathered, d_gathered, rec_bytes * (size_t)P);
+
+  /* every record written; ownership as labelled */
+  for (int r = 0; r < P; r++)
+    for (int64_t i = 0; i < N; i++) {
+      const float *rec = gathered + ((size_t)r * N + i) * F;
+      uint32_t bits;
+      memcpy(&bits, &rec[3], 4);
+      ck_assert_msg(bits != 0xffffffffu, "%s: record %d/%lld not written", what, r, (long long)i);
+      const int owns = y[i] != -100 && y[i] >= start[r] && y[i] < v0[r + 1];
+      ck_assert_msg(owns == (rec[3] != INFINITY), "%s: record %d/%lld: t = %g, owns %d", what, r,
+                    (long long)i, (double)rec[3], owns);
+    }
+
+  /* every simulated rank combines its own copy of the gathered records */
+  float *out[8][3];
+  int32_t status[8];
+  for (int k = 0; k < P; k++) {
+    float *d_copy = dev_copy(ctx, gathered, rec_bytes * (size_t)P);
+    float *d_out = rlk_test_dev_alloc(ctx, 3 * (size_t)N * sizeof(float));
+    int32_t zero = 0;
+    int32_t *d_status = dev_copy(ctx, &zero, sizeof zero);
+    rlk_logprob_combine_args ca;
+    rlk_logprob_combine_args_init(&ca);
+    rlk_tensor pt = rlk_tensor_1d(d_copy, RLK_F32, (int64_t)P * N * F);
+    pt.ndim = 3;
+    pt.shape[0] = P;
+    pt.shape[1] = N;
+    pt.shape[2] = F;
+    pt.strides[0] = N * F;
+    pt.strides[1] = F;
+    pt.strides[2] = 1;
+    ca.partials = pt;
+    ca.labels = rlk_tensor_1d(d_labels, c->label_dtype, N);
+    ca.logp = rlk_tensor_1d(d_out, RLK_F32, N);
+    ca.lse = rlk_tensor_1d(d_out + N, RLK_F32, N);
+    if (c->entropy) ca.entropy = rlk_tensor_1d(d_out + 2 * N, RLK_F32, N);
+    ca.status = rlk_tensor_1d(d_status, RLK_I32, 1);
+    ck_assert_msg(rlk_logprob_combine(ctx, &ca, NULL) == RLK_OK, "%s: combine: %s", what,
+                  rlk_last_error());
+    ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    for (int o = 0; o < 3; o++) {
+      out[k][o] = malloc((size_t)N * sizeof(float));
+      to_host(ctx, out[k][o], d_out + (size_t)o * N, (size_t)N * sizeof(float));
+    }
+    to_host(ctx, &status[k], d_status, sizeof(int32_t));
+    rlk_free(ctx, d_copy);
+    rlk_free(ctx, d_out);
+    rlk_free(ctx, d_status);
+  }
+  for (int k = 1; k < P; k++) {
+    for (int o = 0; o < (c->entropy ? 3 : 2); o++)
+      ck_assert_msg(!memcmp(out[k][o], out[0][o], (size_t)N * sizeof(float)),
+                    "%s: rank %d's output %d differs from rank 0's", what, k, o);
+    ck_assert_int_eq(status[k], status[0]);
+  }
+
+  /* against the fp64 reference of the whole row */
+  int want_status = 0;
+  lp_ref_row *ref = malloc((size_t)N * sizeof *ref);
+  for (int64_t i = 0; i < N; i++) {
+    int bad = 0;
+    lp_ref_forward(x + i * V, V, c->temperature, y[i], -100, &ref[i], &bad);
+    const lp_ref_row *rr = &ref[i];
+    if (bad) want_status |= RLK_LOGPROB_STATUS_BAD_LABEL;
+    const int twice = c->overlap && y[i] == v0[1] - 1;
+    if (twice) want_status |= RLK_LOGPROB_STATUS_LABEL_OWNERS;
+    const double tol = fwd_tol(rr->logp, rr->max_z, rr->lse, V);
+    if (twice) {
+      ck_assert_msg(isnan(out[0][0][i]) && isnan(out[0][1][i]), "%s: row %lld owned twice is not NaN",
+                    what, (long long)i);
+      continue;
+    }
+    if (c->overlap) continue; /* one column is counted twice: only the status is defined */
+    check_value(what, "logp", i, out[0][0][i], rr->logp, tol);
+    check_value(what, "lse", i, out[0][1][i], rr->lse, fwd_tol(rr->lse, rr->max_z, rr->lse, V));
+    if (c->entropy)
+      check_value(what, "entropy", i, out[0][2][i], rr->entropy,
+                  fwd_tol(rr->entropy, rr->max_z, rr->lse, V));
+  }
+  ck_assert_msg(status[0] == want_status, "%s: status %d, expected %d", what, status[0], want_status);
+
+  /* the backward, shard by shard, from the combined lse / entropy (no overlap: one owner each) */
+  if (!c->overlap) {
+    float *d_lse = dev_copy(ctx, out[0][1], (size_t)N * sizeof(float));
+    float *d_ent = dev_copy(ctx, out[0][2], (size_t)N * sizeof(float));
+    float *glp = malloc((size_t)N * sizeof *glp), *gh = malloc((size_t)N * sizeof *gh);
+    for (int64_t i = 0; i < N; i++) {
+      glp[i] = (float)rlk_test_rand_normal(rng);
+      gh[i] = c->entropy ? (float)rlk_test_rand_normal(rng) : 0.0f;
+    }
+    float *d_glp = dev_copy(ctx, glp, (size_t)N * sizeof(float));
+    float *d_gh = dev_copy(ctx, gh, (size_t)N * sizeof(float));
+    float *d_grad = rlk_test_dev_alloc(ctx, (size_t)(N * V) * sizeof(float));
+    for (int r = 0; r < P; r++) {
+      const int64_t Vs = v0[r + 1] - v0[r];
+      rlk_logprob_backward_args b;
+      rlk_logprob_backward_args_init(&b);
+      b.logits = rlk_tensor_2d((char *)d_logits + (size_t)v0[r] * es, c->dtype, N, Vs, V);
+      b.labels = rlk_tensor_1d(d_labels, c->label_dtype, N);
+      b.temperature = c->temperature;
+      b.lse = rlk_tensor_1d(d_lse, RLK_F32, N);
+      b.grad_logp = rlk_tensor_1d(d_glp, RLK_F32, N);
+      if (c->entropy) {
+        b.grad_entropy = rlk_tensor_1d(d_gh, RLK_F32, N);
+        b.entropy = rlk_tensor_1d(d_ent, RLK_F32, N);
+      }
+      b.grad_logits = rlk_tensor_2d(d_grad + v0[r], RLK_F32, N, Vs, V);
+      b.shard = 1;
+      b.vocab_start = v0[r];
+      ck_assert_msg(rlk_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s: backward shard %d: %s",
+                    what, r, rlk_last_error());
+    }
+    float *grad = malloc((size_t)(N * V) * sizeof *grad);
+    double *gref = malloc((size_t)V * sizeof *gref);
+    ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    to_host(ctx, grad, d_grad, (size_t)(N * V) * sizeof(float));
+    for (int64_t i = 0; i < N; i++) {
+      lp_ref_backward(x + i * V, V, c->temperature, y[i], -100, glp[i], gh[i], gref);
+      const lp_ref_row *rr = &ref[i];
+      const double lse_err = fwd_tol(rr->lse, rr->max_z, rr->lse, V);
+      for (int64_t j = 0; j < V; j++) {
+        const double got = grad[i * V + j], want = gref[j];
+        if (isnan(want)) {
+          ck_assert_msg(isnan(got), "%s: grad[%lld, %lld] = %g, reference NaN", what,
+                        (long long)i, (long long)j, got);
+          continue;
+        }
+        const double z = x[i * V + j] / c->temperature;
+        const double p = exp(z - rr->lse);
+        const double mag = p * (fabs(glp[i]) + fabs(gh[i]) * (fabs(z - rr->ez) + 1.0)) / c->temperature;
+        const double tol = 1e-6 * fabs(want) + (1e-5 + lse_err) * mag + 1e-30;
+        ck_assert_msg(fabs(got - want) <= tol,
+                      "%s: grad[%lld, %lld] = %.9g, reference %.12g (tol %.3g, label %lld)", what,
+                      (long long)i, (long long)j, got, want, tol, (long long)y[i]);
+      }
+    }
+    free(grad);
+    free(gref);
+    free(glp);
+    free(gh);
+    rlk_free(ctx, d_lse);
+    rlk_free(ctx, d_ent);
+    rlk_free(ctx, d_glp);
+    rlk_free(ctx, d_gh);
+    rlk_free(ctx, d_grad);
+  }
+
+  for (int k = 0; k < P; k++)
+    for (int o = 0; o < 3; o++) free(out[k][o]);
+  free(ref);
+  free(gathered);
+  free(x);
+  free(h_logits);
+  free(y);
+  free(h_labels);
+  rlk_free(ctx, d_logits);
+  rlk_free(ctx, d_labels);
+  rlk_free(ctx, d_gathered);
+}
+
+static sh_case mk(int64_t N, int64_t V, rlk_dtype dt, int P, int entropy) {
+  sh_case c;
+  memset(&c, 0, sizeof c);
+  c.N = N;
+  c.V = V;
+  c.dtype = dt;
+  c.label_dtype = RLK_I64;
+  c.P = P;
+  c.temperature = 1.0f;
+  c.entropy = entropy;
+  c.scale = 3.0;
+  return c;
+}
+
+static void cases_simulated(rlk_context *ctx, uint64_t *rng, int64_t V) {
+  static const int Ps[] = {2, 4, 8};
+  static const rlk_dtype dts[] = {RLK_BF16, RLK_F16, RLK_F32};
+  for (size_t p = 0; p < 3; p++)
+    for (size_t d = 0; d < 3; d++) {
+      sh_case c = mk(40, V, dts[d], Ps[p], (int)((p + d) % 2 == 0) || d == 0);
+      c.label_dtype = d == 1 ? RLK_I32 : RLK_I64;
+      c.temperature = p == 1 ? 0.7f : 1.0f;
+      run_case(ctx, rng, &c);
+    }
+  sh_case o = mk(30, V, RLK_BF16, 4, 1);
+  o.overlap = 1;
+  run_case(ctx, rng, &o);
+}
+
+/* P = 1: the combine of one record gives rlk_logprob's lse bit for bit (same row pass). */
+static void case_single_shard(rlk_context *ctx, uint64_t *rng, int64_t V) {
+  const int64_t N = 33;
+  uint16_t *h = malloc((size_t)(N * V) * 2);
+  int64_t *y = malloc((size_t)N * sizeof *y);
+  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(rng));
+  for (int64_t i = 0; i < N; i++) y[i] = (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+  void *dl = dev_copy(ctx, h, (size_t)(N * V) * 2), *dy = dev_copy(ctx, y, (size_t)N * 8);
+  float *rec = rlk_test_dev_alloc(ctx, (size_t)N * F * 4), *o = rlk_test_dev_alloc(ctx, 4 * (size_t)N * 4);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(dl, RLK_BF16, N, V, V);
+  a.labels = rlk_tensor_1d(dy, RLK_I64, N);
+  a.logp = rlk_tensor_1d(o, RLK_F32, N);
+  a.lse = rlk_tensor_1d(o + N, RLK_F32, N);
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  rlk_logprob_args s = a;
+  s.logp = s.lse = (rlk_tensor){0};
+  s.partials = rlk_tensor_2d(rec, RLK_F32, N, F, F);
+  ck_assert_msg(rlk_logprob(ctx, &s, NULL) == RLK_OK, "%s", rlk_last_error());
+  rlk_logprob_combine_args ca;
+  rlk_logprob_combine_args_init(&ca);
+  ca.partials = rlk_tensor_2d(rec, RLK_F32, N, F, F);
+  ca.partials.ndim = 3;
+  ca.partials.shape[0] = 1;
+  ca.partials.shape[1] = N;
+  ca.partials.shape[2] = F;
+  ca.partials.strides[0] = N * F;
+  ca.partials.strides[1] = F;
+  ca.partials.strides[2] = 1;
+  ca.labels = a.labels;
+  ca.logp = rlk_tensor_1d(o + 2 * N, RLK_F32, N);
+  ca.lse = rlk_tensor_1d(o + 3 * N, RLK_F32, N);
+  ck_assert_msg(rlk_logprob_combine(ctx, &ca, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *r = malloc(4 * (size_t)N * 4);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  to_host(ctx, r, o, 4 * (size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) {
+    ck_assert_msg(!memcmp(&r[N + i], &r[3 * N + i], 4), "lse[%lld]: %.9g unsharded, %.9g combined",
+                  (long long)i, (double)r[N + i], (double)r[3 * N + i]);
+    ck_assert_msg(fabsf(r[i] - r[2 * N + i]) <= 1e-5f * (1.0f + fabsf(r[i])),
+                  "logp[%lld]: %.9g unsharded, %.9g combined", (long long)i, (double)r[i],
+                  (double)r[2 * N + i]);
+  }
+  free(h);
+  free(y);
+  free(r);
+  rlk_free(ctx, dl);
+  rlk_free(ctx, dy);
+  rlk_free(ctx, rec);
+  rlk_free(ctx, o);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Host                                                                                */
+/* ---------------------------------------------------------------------------------- */
+
+START_TEST(host_simulated) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x5a5a;
+  cases_simulated(ctx, &rng, 1001);
+  case_single_shard(ctx, &rng, 517);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  float logits[4 * 8] = {0}, rec[4 * F + 4], out[4];
+  int64_t labels[4] = {0, 1, 2, 3};
+  float *rec16 = (float *)(((uintptr_t)rec + 15) & ~(uintptr_t)15);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(logits, RLK_F32, 4, 8, 8);
+  a.labels = rlk_tensor_1d(labels, RLK_I64, 4);
+  a.partials = rlk_tensor_2d(rec16, RLK_F32, 4, F, F);
+  a.logp = rlk_tensor_1d(out, RLK_F32, 4);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* logp with partials */
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "shard form"));
+  a.logp = (rlk_tensor){0};
+  a.partials = rlk_tensor_2d(rec16, RLK_F32, 4, 3, 3);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* [N, 3] */
+  a.partials = rlk_tensor_2d(rec16 + 1, RLK_F32, 4, F, F);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* unaligned */
+  a.partials = rlk_tensor_2d(rec16, RLK_F32, 4, F, F);
+  a.vocab_start = -1;
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  a.vocab_start = 8;
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_OK);
+
+  rlk_logprob_combine_args ca;
+  rlk_logprob_combine_args_init(&ca);
+  ck_assert_int_eq(ca.ignore_index, -100);
+  ca.partials = a.partials; /* [N, 4]: not [P, N, 4] */
+  ca.labels = a.labels;
+  ca.logp = rlk_tensor_1d(out, RLK_F32, 4);
+  ck_assert_int_eq(rlk_logprob_combine(ctx, &ca, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_logprob_combine(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+
+  rlk_logprob_backward_args b;
+  rlk_logprob_backward_args_init(&b);
+  b.logits = a.logits;
+  b.labels = a.labels;
+  b.lse = rlk_tensor_1d(out, RLK_F32, 4);
+  b.grad_logp = b.lse;
+  float g[32];
+  b.grad_logits = rlk_tensor_2d(g, RLK_F32, 4, 8, 8);
+  b.shard = 2;
+  ck_assert_int_eq(rlk_logprob_backward(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  b.shard = 1;
+  b.vocab_start = -4;
+  ck_assert_int_eq(rlk_logprob_backward(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+
+  /* the NCCL path off CUDA, and without a communicator */
+  rlk_logprob_vocab_parallel_args v;
+  rlk_logprob_vocab_parallel_args_init(&v);
+  ck_assert(v.fwd.temperature == 1.0f && v.fwd.ignore_index == -100);
+  v.fwd.logits = a.logits;
+  v.fwd.labels = a.labels;
+  v.fwd.logp = rlk_tensor_1d(out, RLK_F32, 4);
+  ck_assert_int_eq(rlk_logprob_vocab_parallel(ctx, &v, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "nccl_comm"));
+  v.nccl_comm = (void *)&v; /* never dereferenced: refused before NCCL is asked */
+  ck_assert_int_eq(rlk_logprob_vocab_parallel(ctx, &v, NULL), RLK_ERR_UNSUPPORTED);
+  size_t bytes = 7;
+  ck_assert_int_eq(rlk_logprob_vocab_parallel_workspace_size(ctx, &v, &bytes), RLK_ERR_UNSUPPORTED);
+  ck_assert_uint_eq(bytes, 7);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* RLK_NCCL_LIB naming a missing file: RLK_ERR_UNAVAILABLE naming it (no other library is tried,
+ * and none is loaded in this process). Each test runs in its own process. */
+START_TEST(nccl_missing_library) {
+  setenv("RLK_NCCL_LIB", "/nonexistent/rlk-test/libnccl.so.2", 1);
+  int version = -1;
+  ck_assert_int_eq(rlk_nccl_version(&version, NULL, 0), RLK_ERR_UNAVAILABLE);
+  ck_assert_int_eq(version, -1);
+  ck_assert_msg(strstr(rlk_last_error(), "/nonexistent/rlk-test/libnccl.so.2") &&
+                    strstr(rlk_last_error(), "libnccl is not available"),
+                "%s", rlk_last_error());
+  unsetenv("RLK_NCCL_LIB");
+}
+END_TEST
+
+/* The system's libnccl when there is one: a 2.x version code and the file it came from. */
+START_TEST(nccl_system_library) {
+  unsetenv("RLK_NCCL_LIB");
+  int version = 0;
+  char path[512] = "";
+  const rlk_status st = rlk_nccl_version(&version, path, sizeof path);
+  if (st == RLK_ERR_UNAVAILABLE) {
+    printf("note (logprob_shard): no libnccl here: %s\n", rlk_last_error());
+    return;
+  }
+  ck_assert_msg(st == RLK_OK, "%s", rlk_last_error());
+  ck_assert_msg(version >= 20000 && version < 30000, "version %d", version);
+  ck_assert_ptr_nonnull(strstr(path, "nccl"));
+}
+END_TEST
+
+START_TEST(samples_compile_every_target) {
+  const rlk_op_desc *ops[] = {&rlk_op_logprob_shard};
+  rlk_test_compile_samples("logprob_shard", ops, 1);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* CUDA                                                                                */
+/* ---------------------------------------------------------------------------------- */
+
+START_TEST(gpu_simulated) {
+  if (!rlk_test_gpu_enabled("logprob_shard")) return;
+  rlk_context *ctx = rlk_test_cuda_context("logprob_shard");
+  if (!ctx) return;
+  uint64_t rng = rlk_test_seed() ^ 0x6b6b;
+  cases_simulated(ctx, &rng, 1001);
+  cases_simulated(ctx, &rng, 151936 / 8 + 13);
+  case_single_shard(ctx, &rng, 517);
+  case_single_shard(ctx, &rng, 151936);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* rlk_logprob_vocab_parallel through a real NCCL communicator of one rank (one GPU): the library
+ * this test loads (RTLD_GLOBAL) is the copy rlk must find in the process; the records, an
+ * in-place ncclAllGather of one rank, the combine. P = 1 gives rlk_logprob's lse bit for bit. */
+typedef struct nccl_id_t {
+  char internal[128];
+} nccl_id_t;
+
+START_TEST(gpu_nccl_one_rank) {
+  if (!rlk_test_gpu_enabled("logprob_shard")) return;
+  rlk_context *ctx = rlk_test_cuda_context("logprob_shard");
+  if (!ctx) return;
+  void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    printf("skip (logprob_shard gpu_nccl_one_rank): no libnccl.so.2: %s\n", dlerror());
+    rlk_context_destroy(ctx);
+    return;
+  }
+  int (*get_id)(nccl_id_t *);
+  int (*init_rank)(void **, int, nccl_id_t, int);
+  int (*destroy)(void *);
+  void *f;
+  f = dlsym(lib, "ncclGetUniqueId");
+  memcpy(&get_id, &f, sizeof f);
+  f = dlsym(lib, "ncclCommInitRank");
+  memcpy(&init_rank, &f, sizeof f);
+  f = dlsym(lib, "ncclCommDestroy");
+  memcpy(&destroy, &f, sizeof f);
+  ck_assert(get_id && init_rank && destroy);
+  nccl_id_t id;
+  void *comm = NULL;
+  ck_assert_int_eq(get_id(&id), 0);
+  ck_assert_int_eq(init_rank(&comm, 1, id, 0), 0);
+
+  uint64_t rng = rlk_test_seed() ^ 0x7c7c;
+  const int64_t N = 1000, V = 151936;
+  uint16_t *h = malloc((size_t)(N * V) * 2);
+  int64_t *y = malloc((size_t)N * sizeof *y);
+  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) y[i] = i % 17 == 0 ? -100 : (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+  void *dl = dev_copy(ctx, h, (size_t)(N * V) * 2), *dy = dev_copy(ctx, y, (size_t)N * 8);
+  float *o = rlk_test_dev_alloc(ctx, 6 * (size_t)N * 4);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(dl, RLK_BF16, N, V, V);
+  a.labels = rlk_tensor_1d(dy, RLK_I64, N);
+  a.logp = rlk_tensor_1d(o, RLK_F32, N);
+  a.lse = rlk_tensor_1d(o + N, RLK_F32, N);
+  a.entropy = rlk_tensor_1d(o + 2 * N, RLK_F32, N);
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+
+  rlk_logprob_vocab_parallel_args v;
+  rlk_logprob_vocab_parallel_args_init(&v);
+  v.fwd = a;
+  v.fwd.logp = rlk_tensor_1d(o + 3 * N, RLK_F32, N);
+  v.fwd.lse = rlk_tensor_1d(o + 4 * N, RLK_F32, N);
+  v.fwd.entropy = rlk_tensor_1d(o + 5 * N, RLK_F32, N);
+  v.nccl_comm = comm;
+  size_t bytes = 0;
+  ck_assert_msg(rlk_logprob_vocab_parallel_workspace_size(ctx, &v, &bytes) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(bytes, (size_t)N * 16);
+  v.workspace = rlk_test_dev_alloc(ctx, bytes);
+  v.workspace_bytes = bytes;
+  ck_assert_msg(rlk_logprob_vocab_parallel(ctx, &v, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *r = malloc(6 * (size_t)N * 4);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  to_host(ctx, r, o, 6 * (size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) {
+    ck_assert_msg(!memcmp(&r[N + i], &r[4 * N + i], 4), "lse[%lld]: %.9g, through NCCL %.9g",
+                  (long long)i, (double)r[N + i], (double)r[4 * N + i]);
+    ck_assert_msg(fabsf(r[i] - r[3 * N + i]) <= 1e-5f * (1.0f + fabsf(r[i])) &&
+                      fabsf(r[2 * N + i] - r[5 * N + i]) <= 1e-5f * (1.0f + fabsf(r[2 * N + i])),
+                  "row %lld: logp %.9g / %.9g, entropy %.9g / %.9g", (long long)i, (double)r[i],
+                  (double)r[3 * N + i], (double)r[2 * N + i], (double)r[5 * N + i]);
+  }
+  int version = 0;
+  char path[512];
+  ck_assert_int_eq(rlk_nccl_version(&version, path, sizeof path), RLK_OK);
+  printf("note (logprob_shard gpu_nccl_one_rank): libnccl %d from %s\n", version, path);
+  destroy(comm);
+  free(h);
+  free(y);
+  free(r);
+  rlk_free(ctx, dl);
+  rlk_free(ctx, dy);
+  rlk_free(ctx, o);
+  rlk_free(ctx, v.workspace);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *logprob_shard_suite(void) {
+  Suite *s = suite_create("logprob_shard");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, host_simulated);
+  tcase_add_test(host, bad_arguments);
+  tcase_add_test(host, nccl_missing_library);
+  tcase_add_test(host, nccl_system_library);
+  suite_add_tcase(s, host);
+  TCase *plan = tcase_create("plan");
+  tcase_set_timeout(plan, 300);
+  tcase_add_test(plan, samples_compile_every_target);
+  suite_add_tcase(s, plan);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 600);
+  tcase_add_test(gpu, gpu_simulated);
+  tcase_add_test(gpu, gpu_nccl_one_rank);
+  suite_add_tcase(s, gpu);
+  return s;
+}

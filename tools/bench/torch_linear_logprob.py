@@ -1,0 +1,70 @@
+"""Anchors for rlk_linear_logprob on the same GPU: cuBLAS h @ W^T alone (bf16 out), the backward's
+two other GEMMs (dZ @ W, dZ^T @ h: with a recompute of h @ W^T, the 4-GEMM floor of a forward +
+backward), and torch's matmul + fp32 logsumexp + gather (+ entropy), forward only. Median of --iters CUDA-event timings
+after 3 warm-up calls. Usage: python3 torch_linear_logprob.py [N H V] [--iters K]"""
+import sys
+
+import torch
+
+
+def timed(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2], ts[0], ts[-1]
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    iters = 10
+    if "--iters" in sys.argv:
+        iters = int(sys.argv[sys.argv.index("--iters") + 1])
+        args = [a for a in args if a != str(iters)]
+    N, H, V = (int(x) for x in args[:3]) if len(args) >= 3 else (8192, 4096, 151936)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = (torch.rand(N, H, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    w = ((torch.rand(V, H, device="cuda", generator=g) * 2 - 1) * (3.0 / H ** 0.5)).to(torch.bfloat16)
+    y = torch.randint(0, V, (N,), device="cuda", generator=g)
+    flop = 2.0 * N * H * V
+
+    def gemm():
+        return h @ w.t()
+
+    def lse_path():
+        z = (h @ w.t()).float()
+        lse = torch.logsumexp(z, dim=-1)
+        logp = z.gather(1, y[:, None])[:, 0] - lse
+        p = torch.softmax(z, dim=-1)
+        ent = lse - (p * z).sum(-1)
+        return logp, ent
+
+    dz = (torch.rand(N, V, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
+
+    def dh_gemm():
+        return dz @ w
+
+    def dw_gemm():
+        return dz.t() @ h
+
+    name = torch.cuda.get_device_name()
+    for label, fn in (("cuBLAS h @ W^T (bf16 out)", gemm), ("cuBLAS dZ @ W (dH)", dh_gemm),
+                      ("cuBLAS dZ^T @ h (dW)", dw_gemm), ("torch matmul + logsumexp + entropy", lse_path)):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        med, lo, hi = timed(fn, iters)
+        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        print(f"{label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, max {hi:.3f}), "
+              f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
