@@ -47,7 +47,8 @@ _results = []
 
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        _results.append((report.nodeid.split("::", 1)[-1], report.outcome))
+        path, _, name = report.nodeid.partition("::")
+        _results.append((os.path.basename(path) + "::" + name, report.outcome))
 
 
 def pytest_sessionfinish(session, exitstatus):
