@@ -52,7 +52,7 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test
+.PHONY: python-test conformance
 
 all: lib tools
 
@@ -121,6 +121,18 @@ test: deps
 # torch and GPU cases skip with a reason where torch or a device is missing.
 python-test: lib
 	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) python3 -m pytest -q python/tests
+
+# Conformance with the trainers: installs torch and the pinned verl, TRL and OpenRLHF (their
+# loss and advantage modules, --no-deps) into a virtual environment, then runs their functions
+# unchanged beside rlk (python/conformance). Needs PyPI; about 6 GB and 10 minutes the first time.
+CONF_VENV ?= $(BUILD)/conformance-venv
+CONF_REPORT ?= python/conformance/RESULTS.md
+conformance: lib
+	@test -x $(CONF_VENV)/bin/python || python3 -m venv $(CONF_VENV)
+	$(CONF_VENV)/bin/pip install -q -r python/conformance/requirements-deps.txt
+	$(CONF_VENV)/bin/pip install -q --no-deps -r python/conformance/requirements.txt
+	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) RLK_CONFORMANCE_REPORT=$(abspath $(CONF_REPORT)) \
+	  $(CONF_VENV)/bin/python -m pytest -q -c python/conformance/pytest.ini python/conformance
 
 test-gpu: deps
 	$(MAKE) tests

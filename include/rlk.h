@@ -283,11 +283,22 @@ typedef struct rlk_group_advantage_args {
    * Rows of scores, mask and token_advantages are contiguous; their row strides may exceed T. */
   rlk_tensor mask;
   rlk_tensor token_advantages;
+  /* Scratch for the row sums of f64 [B, T] scores (they stay f64 through the group statistics):
+   * device memory of at least rlk_group_advantage_workspace_size() bytes, 8-byte aligned; NULL
+   * when that size is 0 (every other call). */
+  void *workspace;
+  size_t workspace_bytes;
 } rlk_group_advantage_args;
 
 /* Fills `args` with verl's defaults: mode grpo, eps 1e-6, unbiased, singleton mean 0 / std 1,
  * every tensor absent. */
 RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args);
+
+/* Bytes of workspace a call with these arguments needs: B * 8 for f64 [B, T] scores, else 0
+ * (the same checks as the call; data pointers are not read). */
+RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
+                                                      const rlk_group_advantage_args *args,
+                                                      size_t *bytes);
 
 /* Computes group-normalized advantages (GRPO, Dr. GRPO, RLOO, batch-std) on `stream`.
  * Deterministic: the same inputs give bitwise the same outputs on the same device.
@@ -322,8 +333,12 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
  *   SEQ_MEAN_TOKEN_MEAN      loss_scale * sum_b (sum_t m_t l_t / n_b) / seq_normalizer
  *                            (a sequence with n_b == 0 adds 0)
  *   SEQ_MEAN_TOKEN_SUM_NORM  loss_scale * sum_b sum_t m_t l_t / (seq_normalizer * norm_scale)
- *                            (Dr. GRPO: norm_scale = the maximum response length;
- *                            seq_normalizer = 1 gives sum / norm_scale, verl's earlier form)
+ *                            (Dr. GRPO: norm_scale = the maximum response length. verl
+ *                            0.9.1's agg_loss divides by global_batch_size, scales by dp_size,
+ *                            then divides by loss_scale_factor: seq_normalizer =
+ *                            global_batch_size, loss_scale = dp_size, norm_scale =
+ *                            loss_scale_factor. verl releases whose agg_loss divides the sum by
+ *                            loss_scale_factor alone: seq_normalizer = 1, loss_scale = 1.)
  * token_normalizer: the global count of tokens that count (verl batch_num_tokens; TRL dapo
  * num_items_in_batch / num_processes, bnpo max(sum(mask), 1)); seq_normalizer: the global
  * sequence count (verl global_batch_size; TRL: the local B); loss_scale: verl's dp_size, or
@@ -354,9 +369,9 @@ typedef enum rlk_policy_loss_mode {
    * (verl vanilla with clip-higher and dual-clip; TRL grpo/bnpo/dr_grpo/dapo; OpenRLHF ppo). */
   RLK_POLICY_PPO = 0,
   /* Sequence ratio s_b = exp(clamp(sum_t m d / n_b, log_ratio_min, log_ratio_max)) shared by the
-   * sequence's tokens, l = max(-A s, -A clamp(s, lo, hi)); the gradient reaches each token
-   * straight through (d l_t / d logp_t = l'(s) s), as verl writes it; with per-sequence
-   * advantages this equals TRL's sequence-level importance sampling. No dual clip. */
+   * sequence's tokens, l = max(-A s, -A clamp(s, lo, hi)), and for A < 0 with dual_clip c > 1
+   * min(l, -c A) as in ppo (OpenRLHF gspo; verl's gspo has no dual clip: pass 0). How the
+   * gradient reaches the tokens is seq_ratio_grad's choice. */
   RLK_POLICY_GSPO = 1,
   /* l = -sg(clamp(r, lo, hi)) A logp (verl cispo; TRL cispo: clip_low = INFINITY,
    * clip_high = its epsilon_high - 1). */
@@ -364,8 +379,29 @@ typedef enum rlk_policy_loss_mode {
   /* l = -sigmoid(tau (r - 1)) 4 / tau A, tau = sapo_tau_pos if A > 0 else sapo_tau_neg. */
   RLK_POLICY_SAPO = 3,
   /* l = -A logp (no ratio; verl gpg). */
-  RLK_POLICY_REINFORCE = 4
+  RLK_POLICY_REINFORCE = 4,
+  /* GMPO (verl geo_mean): per token dc_t = clamp(d_t, -clip_low, clip_high) (log-space bounds),
+   * kept on the side the advantage's sign selects, sign(A) min(sign(A) d, sign(A) dc); per
+   * sequence s_b = exp(sum_t m dc_t / n_b), Abar_b = sum_t m A_t / n_b, and every token of the
+   * sequence carries the sequence's term l = -Abar_b s_b (seq-mean-token-mean with
+   * seq_normalizer = B is verl's mean over sequences). No log-ratio clamp, dual clip or
+   * importance weights. Metrics: clipfrac [d clipped, A > 0], clipfrac_lower [d clipped,
+   * A < 0]. */
+  RLK_POLICY_GEO_MEAN = 5
 } rlk_policy_loss_mode;
+
+/* How GSPO's sequence ratio passes its gradient to the tokens of sequence b.
+ *   STRAIGHT_THROUGH  d l_t / d logp_t = l_t'(s) s: each token's own term, straight through
+ *                     (verl gspo).
+ *   THROUGH_MEAN      the sequence mean is differentiated: every token of the sequence gets
+ *                     m_t / n_b * s * sum_j w_j l_j'(s) (w_j the aggregation weights): OpenRLHF
+ *                     gspo and TRL's importance_sampling_level="sequence".
+ * The two agree when the advantage is constant along the sequence and the aggregation is
+ * seq-mean-token-mean; with per-token advantages (GAE, KL-shaped returns) they differ. */
+typedef enum rlk_seq_ratio_grad {
+  RLK_SEQ_RATIO_STRAIGHT_THROUGH = 0,
+  RLK_SEQ_RATIO_THROUGH_MEAN = 1
+} rlk_seq_ratio_grad;
 
 /* KL estimators of the penalty against a reference policy, on e = logp - ref_logp:
  * with ec = clamp(e, -kl_input_clamp, kl_input_clamp), the value is clamp(f(ec), -kl_output_clamp,
@@ -388,7 +424,7 @@ enum {
                                      * ppo, gspo, cispo; else 0 */
   RLK_PL_METRIC_CLIP_HIGH = 3,      /* mean of [r > hi and A > 0] (TRL clip_ratio/high_mean);
                                      * ppo, gspo, cispo; else 0 */
-  RLK_PL_METRIC_APPROX_KL = 4,      /* mean of -clamp(d) (verl ppo_kl) */
+  RLK_PL_METRIC_APPROX_KL = 4,      /* mean of -clamp(d) (verl ppo_kl of vanilla, cispo, sapo) */
   RLK_PL_METRIC_KL_MEAN = 5,        /* mean of the KL estimator's value; 0 without ref_logp */
   RLK_PL_METRIC_ENTROPY_MEAN = 6,   /* mean of the entropy; 0 without it */
   RLK_PL_METRIC_RATIO_MAX = 7,      /* max of r over the tokens that count; 0 when none does */
@@ -397,7 +433,14 @@ enum {
   RLK_PL_METRIC_KL_LOSS = 10,       /* the aggregated KL value, before kl_coef */
   RLK_PL_METRIC_ENTROPY_LOSS = 11,  /* the aggregated entropy, before entropy_coef */
   RLK_PL_METRIC_MASK_SUM = 12,      /* sum of m: the weight of the means above, to combine ranks */
-  RLK_POLICY_LOSS_METRICS = 13
+  RLK_PL_METRIC_APPROX_KL_RAW = 13, /* mean of -d, d not clamped (verl gspo ppo_kl, OpenRLHF
+                                     * ppo_kl) */
+  RLK_PL_METRIC_SEQ_CLIP_LOW = 14,  /* gspo with per-sequence advantages: the fraction of the
+                                     * sequences (every one, empty ones included) with s_b < lo
+                                     * and A_b < 0 (TRL clip_ratio/low_mean at sequence level);
+                                     * otherwise CLIP_LOW */
+  RLK_PL_METRIC_SEQ_CLIP_HIGH = 15, /* likewise s_b > hi and A_b > 0; otherwise CLIP_HIGH */
+  RLK_POLICY_LOSS_METRICS = 16
 };
 
 typedef struct rlk_policy_loss_args {
@@ -420,6 +463,13 @@ typedef struct rlk_policy_loss_args {
   double dual_clip;           /* c > 1 enables the dual clip (ppo); <= 1 (e.g. 0) disables */
   double log_ratio_min, log_ratio_max; /* clamp of the log-ratio before exp; +-INFINITY: none */
   double sapo_tau_pos, sapo_tau_neg;   /* > 0 */
+  rlk_seq_ratio_grad seq_ratio_grad;   /* gspo: how the sequence ratio's gradient reaches tokens */
+  /* The gradient a clamp passes where its input equals a bound exactly (the log-ratio clamp,
+   * the ratio clip, GSPO's clamp, the KL clamps), in [0, 1]: 1 passes it (a closed range, as
+   * older torch releases did), 0 stops it (torch.clamp with number bounds in torch 2.15), 0.5
+   * splits it (torch.clamp with tensor bounds, torch.maximum/minimum). Elsewhere a clamp passes
+   * 1 inside and 0 outside. */
+  double clamp_bound_grad;
 
   rlk_kl_estimator kl_estimator;
   double kl_coef;                      /* loss += kl_coef * agg(kl) */
@@ -454,7 +504,8 @@ typedef struct rlk_policy_loss_args {
 } rlk_policy_loss_args;
 
 /* Fills `args` with verl's actor defaults: ppo, clip_low = clip_high = 0.2, dual_clip 3,
- * log ratio clamped to [-20, 20], SAPO taus 1.0 / 1.05, KL k3 with verl's clamps (input 20,
+ * log ratio clamped to [-20, 20], SAPO taus 1.0 / 1.05, straight-through sequence ratio,
+ * clamp_bound_grad 1, KL k3 with verl's clamps (input 20,
  * output 10) and kl_coef 0 (no KL term), no straight-through, entropy_coef 0, token-mean,
  * loss_scale 1; the normalizers 0 (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
@@ -471,9 +522,9 @@ RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_po
  * a one-block reduction in a fixed order), one on the host. Deterministic: bitwise the same
  * outputs for the same inputs on the same device. Per-token terms and per-block sums in the
  * inputs' precision (f32 or f64), the blocks' partials combined in f64 (the host sums in f64).
- * Gradients follow torch's autograd conventions: a clamp passes the gradient on its closed
- * range, max/min split it equally on a tie. On a GPU, seq_offsets values are device memory and
- * only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
+ * Gradients follow torch's autograd conventions: a clamp passes the gradient inside its range
+ * and clamp_bound_grad of it on a bound, max/min split it equally on a tie. On a GPU,
+ * seq_offsets values are device memory and only their shape is checked (bad values are clamped into [0, N], never read out of bounds;
  * tokens then outside every sequence are left unwritten).
  * Never synchronizes the stream or the device, never allocates device memory, never reads
  * device data on the host: every launch is queued on `stream`, so a call can be captured in a
@@ -503,6 +554,10 @@ typedef struct rlk_value_loss_args {
    * exactly v where not clipped); l = 0.5 max((v - R)^2, (v_clip - R)^2). > 0; INFINITY: no
    * clipping (l = 0.5 (v - R)^2). verl cliprange_value 0.5. */
   double clip;
+  /* The gradient the clip passes where v - v_old is exactly +-clip, in [0, 1] (as the policy
+   * loss's clamp_bound_grad): 0.5 for verl (clip_by_value: torch.max/min of tensors), 0 for
+   * OpenRLHF under torch 2.15 (torch.clamp with number bounds), 1 for a closed range. */
+  double clamp_bound_grad;
   rlk_loss_agg agg; /* and the normalizers, exactly as rlk_policy_loss_args */
   double token_normalizer, seq_normalizer, norm_scale, loss_scale;
   rlk_tensor token_normalizer_tensor, seq_normalizer_tensor;
@@ -515,8 +570,8 @@ typedef struct rlk_value_loss_args {
   size_t workspace_bytes;
 } rlk_value_loss_args;
 
-/* Fills `args` with verl's critic defaults: clip 0.5, token-mean, loss_scale 1, normalizers 0
- * (this call's counts, see rlk_loss_agg), every tensor absent. */
+/* Fills `args` with verl's critic defaults: clip 0.5, clamp_bound_grad 0.5, token-mean,
+ * loss_scale 1, normalizers 0 (this call's counts, see rlk_loss_agg), every tensor absent. */
 RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args);
 
 /* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend); at

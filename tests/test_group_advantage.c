@@ -212,6 +212,13 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   a.advantages = rlk_tensor_1d(ad, RLK_F32, B);
   if (has_mask) a.mask = rlk_tensor_2d(md, c->mask_dtype, B, T, mstride);
   if (c->broadcast) a.token_advantages = rlk_tensor_2d(td, RLK_F32, B, T, tstride);
+  size_t wsb = 0;
+  ck_assert_int_eq(rlk_group_advantage_workspace_size(ctx, &a, &wsb), RLK_OK);
+  ck_assert_uint_eq(wsb, c->scores_2d && c->scores_dtype == RLK_F64 ? (size_t)B * 8 : 0);
+  if (wsb) {
+    a.workspace = rlk_test_dev_alloc(ctx, wsb);
+    a.workspace_bytes = wsb;
+  }
   rlk_status st = rlk_group_advantage(ctx, &a, NULL);
   ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
   ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
@@ -247,21 +254,21 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
 
   /* Tolerance: the output's rounding plus the computation's error on the scores (in the
    * precision the op computes in) divided by the scale the centred score is divided by. */
-  const int f64_path = c->scores_dtype == RLK_F64 && !c->scores_2d;
+  const int f64_path = c->scores_dtype == RLK_F64; /* f64 row sums stay f64 */
   const double ec = f64_path ? DBL_EPSILON : FLT_EPSILON;
   for (int64_t g = 0; g < ng; g++) {
     const int64_t n = offs[g + 1] - offs[g];
     double mx = 0, sum = 0;
     for (int64_t i = offs[g]; i < offs[g + 1]; i++) {
       double e = fabs(rs[i]);
-      if (c->scores_2d) { /* row sum error in the reward type, then the rounding to f32 */
+      if (c->scores_2d) { /* row sum error in the reward type (f32 sums: rounded to f32) */
         double abs_sum = 0;
         for (int64_t t = 0; t < T; t++) {
           const double w = has_mask ? mw[i * T + t] : 1.0;
           if (w != 0.0) abs_sum += fabs(dense[i * T + t] * w);
         }
         const double er = c->scores_dtype == RLK_F64 ? DBL_EPSILON : FLT_EPSILON;
-        e += (T * er * abs_sum + FLT_EPSILON * fabs(rs[i])) / ec;
+        e += (T * er * abs_sum + (f64_path ? 0.0 : FLT_EPSILON * fabs(rs[i]))) / ec;
       }
       mx = e > mx ? e : mx;
       sum += rs[i];
@@ -528,6 +535,51 @@ START_TEST(args_init_defaults) {
 END_TEST
 
 /* Scores may be the advantages buffer itself (f32, contiguous). */
+/* f64 [B, T] rewards keep f64 through the row sums: a low-variance group whose sums differ
+ * below f32's resolution still gets its f64 advantages (rounding the sums to f32 made them 0). */
+START_TEST(host_f64_token_rewards) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { B = 4, T = 3 };
+  double r[B * T];
+  unsigned char m[B * T];
+  double s[B];
+  for (int b = 0; b < B; b++) {
+    s[b] = 0;
+    for (int t = 0; t < T; t++) {
+      r[b * T + t] = t == 0 ? 1.0 + 1e-9 * (double)(b * b) : (t == 1 ? 0.25 : 1e3);
+      m[b * T + t] = t < 2; /* the last token is masked out */
+      if (t < 2) s[b] += r[b * T + t];
+    }
+  }
+  double mean = 0, var = 0;
+  for (int b = 0; b < B; b++) mean += s[b] / B;
+  for (int b = 0; b < B; b++) var += (s[b] - mean) * (s[b] - mean) / (B - 1);
+  float adv[B];
+  rlk_group_advantage_args a;
+  rlk_group_advantage_args_init(&a);
+  a.scores = rlk_tensor_2d(r, RLK_F64, B, T, T);
+  a.mask = rlk_tensor_2d(m, RLK_BOOL, B, T, T);
+  a.group_size = B;
+  a.eps = 0;
+  a.advantages = rlk_tensor_1d(adv, RLK_F32, B);
+  ck_assert_int_eq(rlk_group_advantage(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
+  double ws[B];
+  size_t need = 0;
+  ck_assert_int_eq(rlk_group_advantage_workspace_size(ctx, &a, &need), RLK_OK);
+  ck_assert_uint_eq(need, sizeof ws);
+  a.workspace = ws;
+  a.workspace_bytes = sizeof ws;
+  ck_assert_msg(rlk_group_advantage(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  for (int b = 0; b < B; b++) {
+    const double want = (s[b] - mean) / sqrt(var);
+    ck_assert_msg(fabs((double)adv[b] - want) <= 1e-6 * fabs(want) + 1e-6,
+                  "advantages[%d] = %.9g, f64 reference %.9g", b, (double)adv[b], want);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(host_in_place) {
   rlk_context *ctx = rlk_test_host_context();
   uint64_t rng = rlk_test_seed() ^ 77;
@@ -1067,6 +1119,7 @@ Suite *group_advantage_suite(void) {
   tcase_add_test(host, host_strided_scores);
   tcase_add_test(host, host_deterministic);
   tcase_add_test(host, host_in_place);
+  tcase_add_test(host, host_f64_token_rewards);
   tcase_add_test(host, bad_arguments);
   suite_add_tcase(s, host);
 

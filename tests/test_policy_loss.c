@@ -83,7 +83,7 @@ typedef struct pl_case {
  * left 0), or neither (token-mean then divides by the call's mask count, seq-mean by B). */
 enum { NORM_NUMBER = 0, NORM_T32 = 1, NORM_T64 = 2, NORM_NONE = 3 };
 
-static const char *mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce"};
+static const char *mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", "geo_mean"};
 static const char *kl_names[] = {"k1", "abs", "k2", "k3"};
 static const char *agg_names[] = {"token-mean", "token-sum", "seq-mean-token-sum",
                                   "seq-mean-token-mean", "seq-mean-token-sum-norm"};
@@ -131,6 +131,7 @@ static pl_case base_case(int64_t B, int64_t T) {
   c.p.kl_out = 10;
   c.p.agg = RLK_AGG_TOKEN_MEAN;
   c.p.loss_scale = 1;
+  c.p.bound_g = 1;
   return c;
 }
 
@@ -383,6 +384,8 @@ static void fill_args(const pl_case *c, const pl_data *d, void *const dv[7], voi
   a->seq_normalizer = c->p.seq_norm;
   a->norm_scale = c->p.norm_scale;
   a->loss_scale = c->p.loss_scale;
+  a->seq_ratio_grad = c->p.seq_grad;
+  a->clamp_bound_grad = c->p.bound_g;
 }
 
 /* Puts a case's normalizers into the arguments as its form says; bufs get what was uploaded
@@ -623,6 +626,40 @@ static void cases_modes(rlk_context *ctx, uint64_t *rng) {
       c.metrics = f64;
       run_case(ctx, c, rng);
     }
+  /* GSPO through the sequence mean (per-token advantages, weights, both clip bound
+   * conventions), and GMPO (per-token and per-sequence advantages, a token-mean aggregation) */
+  for (int f64 = 0; f64 < 2; f64++) {
+    pl_case c = base_case(11, 29 + 2 * f64);
+    c.dtype = f64 ? RLK_F64 : RLK_F32;
+    c.p.mode = RLK_POLICY_GSPO;
+    c.p.seq_grad = RLK_SEQ_RATIO_THROUGH_MEAN;
+    c.p.lr_min = -INFINITY;
+    c.p.lr_max = 10;
+    c.has_isw = 1;
+    c.has_ref = f64;
+    c.p.kl_coef = 0.05 * f64;
+    c.p.bound_g = f64 ? 0.0 : 0.5;
+    c.spread = 0.25;
+    run_case(ctx, c, rng);
+    c.p.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    c.adv_seq = 1;
+    run_case(ctx, c, rng);
+    c = base_case(11, 29 + 2 * f64);
+    c.dtype = f64 ? RLK_F64 : RLK_F32;
+    c.p.mode = RLK_POLICY_GEO_MEAN;
+    c.p.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    c.p.lr_min = -INFINITY;
+    c.p.lr_max = INFINITY;
+    c.p.clip_low = 0.4;
+    c.p.clip_high = 0.4;
+    c.has_ref = 1;
+    c.p.kl_coef = 0.05;
+    c.spread = 0.4;
+    run_case(ctx, c, rng);
+    c.adv_seq = 1;
+    c.p.agg = RLK_AGG_TOKEN_MEAN;
+    run_case(ctx, c, rng);
+  }
 }
 
 /* Every KL estimator, with and without the clamps and the straight-through gradient. */
@@ -974,7 +1011,7 @@ static void setup_verl(pl_case *c, const pl_data *d, const void *cfgp) {
                                     : RLK_POLICY_REINFORCE;
   c->p.clip_low = cfg->clip_ratio_low;
   c->p.clip_high = cfg->clip_ratio_high;
-  c->p.dual_clip = cfg->clip_ratio_c;
+  c->p.dual_clip = c->p.mode == RLK_POLICY_GSPO ? 0 : cfg->clip_ratio_c; /* gspo: none */
   c->p.lr_min = c->p.mode == RLK_POLICY_GSPO ? -INFINITY : -20;
   c->p.lr_max = c->p.mode == RLK_POLICY_GSPO ? 10 : 20;
   c->p.tau_pos = cfg->tau_pos;
@@ -1076,7 +1113,7 @@ static void setup_openrlhf(pl_case *c, const pl_data *d, const void *cfgp) {
 
 static const int verl_metrics_clip[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_CLIPFRAC_LOWER,
                                         RLK_PL_METRIC_APPROX_KL, -1};
-static const int verl_metrics_gspo[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_APPROX_KL, -1};
+static const int verl_metrics_gspo[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_APPROX_KL_RAW, -1};
 static const int verl_metrics_kl[] = {RLK_PL_METRIC_APPROX_KL, -1};
 static const int trl_metrics[] = {RLK_PL_METRIC_CLIPFRAC, RLK_PL_METRIC_CLIP_LOW,
                                   RLK_PL_METRIC_CLIP_HIGH, -1};
@@ -1792,8 +1829,11 @@ START_TEST(bad_arguments) {
   bad_reset(f);
 
   /* numbers */
-  f->a.mode = (rlk_policy_loss_mode)5;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mode", "mode 5");
+  f->a.mode = (rlk_policy_loss_mode)6;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mode", "mode 6");
+  f->a.mode = RLK_POLICY_GEO_MEAN;
+  f->a.rollout_is_weights = f->a.old_logp;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "rollout_is_weights", "geo_mean with weights");
   f->a.clip_low = -0.1;
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "clip_low", "negative clip_low");
   f->a.clip_high = NAN;
@@ -1988,7 +2028,7 @@ static void sample_specs(rlk_context *ctx, const rlk_op_desc *op, void (*visit)(
 }
 
 typedef struct coverage {
-  int dtype[8], mode[5], kl[5], st[2], seqmean[2], layout[3], mask[4], advseq[2], ent[3], isw[2];
+  int dtype[8], mode[6], kl[5], st[2], seqmean[2], layout[3], mask[4], advseq[2], ent[3], isw[2];
   int reduce, vl_main, vl_reduce;
 } coverage;
 
@@ -2035,6 +2075,7 @@ START_TEST(samples_cover_every_variant) {
   sample_specs(ctx, &rlk_op_value_loss, cover, &c);
   ck_assert(c.dtype[RLK_F32] && c.dtype[RLK_F64]);
   for (int i = 0; i < 5; i++) ck_assert_msg(c.mode[i] && c.kl[i], "mode/kl %d", i);
+  ck_assert_msg(c.mode[RLK_POLICY_GEO_MEAN], "mode geo_mean");
   for (int i = 0; i < 2; i++) ck_assert(c.st[i] && c.seqmean[i] && c.advseq[i] && c.isw[i]);
   for (int i = 0; i < 3; i++) ck_assert(c.layout[i] && c.ent[i]);
   for (int i = 0; i < 4; i++) ck_assert(c.mask[i]);
@@ -2048,6 +2089,157 @@ END_TEST
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_policy_loss, &rlk_op_value_loss};
   rlk_test_compile_samples("policy_loss/value_loss", ops, 2);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* Trainer conventions, each on a problem small enough to work out by hand               */
+/* ---------------------------------------------------------------------------------- */
+
+/* One padded f64 call of T tokens per row on the host (mask from m, token-sum, loss_scale 1). */
+static void pl_small(rlk_context *ctx, rlk_policy_loss_args *a, int64_t B, int64_t T,
+                     double *lp, double *old, double *adv, unsigned char *m, double *loss,
+                     double *grad, double *metrics) {
+  a->logp = rlk_tensor_2d(lp, RLK_F64, B, T, T);
+  a->old_logp = rlk_tensor_2d(old, RLK_F64, B, T, T);
+  a->advantages = a->seq_advantages ? rlk_tensor_1d(adv, RLK_F64, B)
+                                    : rlk_tensor_2d(adv, RLK_F64, B, T, T);
+  a->mask = rlk_tensor_2d(m, RLK_BOOL, B, T, T);
+  a->loss = rlk_tensor_1d(loss, RLK_F64, 1);
+  a->grad_logp = rlk_tensor_2d(grad, RLK_F64, B, T, T);
+  a->metrics = rlk_tensor_1d(metrics, RLK_F64, RLK_POLICY_LOSS_METRICS);
+  ck_assert_msg(rlk_policy_loss(ctx, a, NULL) == RLK_OK, "%s", rlk_last_error());
+}
+
+START_TEST(host_trainer_conventions) {
+  rlk_context *ctx = rlk_test_host_context();
+  double loss, grad[6], mt[RLK_POLICY_LOSS_METRICS];
+  rlk_policy_loss_args a;
+
+  /* A ratio exactly on the clip bound (r = 1 = 1 + clip_high, A = 1): torch.maximum splits the
+   * gradient between the two terms, and the clamped one passes clamp_bound_grad of its half. */
+  {
+    double lp[1] = {-1.0}, old[1] = {-1.0}, adv[1] = {1.0};
+    unsigned char m[1] = {1};
+    const double bg[3] = {1.0, 0.0, 0.5}, want[3] = {-1.0, -0.5, -0.75};
+    for (int k = 0; k < 3; k++) {
+      rlk_policy_loss_args_init(&a);
+      a.clip_high = 0.0;
+      a.agg = RLK_AGG_TOKEN_SUM;
+      a.clamp_bound_grad = bg[k];
+      pl_small(ctx, &a, 1, 1, lp, old, adv, m, &loss, grad, mt);
+      ck_assert_msg(fabs(grad[0] - want[k]) < 1e-15, "bound grad %g: %.17g, want %g", bg[k],
+                    grad[0], want[k]);
+    }
+    rlk_policy_loss_args_init(&a);
+    a.clamp_bound_grad = 1.5;
+    a.token_normalizer = 1;
+    a.logp = rlk_tensor_2d(lp, RLK_F64, 1, 1, 1);
+    a.old_logp = a.logp;
+    a.advantages = a.logp;
+    a.loss = rlk_tensor_1d(&loss, RLK_F64, 1);
+    a.grad_logp = rlk_tensor_2d(grad, RLK_F64, 1, 1, 1);
+    ck_assert_int_eq(rlk_policy_loss(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "clamp_bound_grad"));
+  }
+
+  /* GSPO applies the dual clip: one sequence, A = -1, s = e^1.5 > c = 3: the term is -A c. */
+  {
+    double lp[2] = {-0.5, -1.0}, old[2] = {-2.0, -2.5}, adv[1] = {-1.0};
+    unsigned char m[2] = {1, 1};
+    rlk_policy_loss_args_init(&a);
+    a.mode = RLK_POLICY_GSPO;
+    a.seq_advantages = 1;
+    a.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    a.seq_normalizer = 1;
+    pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(loss - 3.0) < 1e-15, "gspo dual clip: loss %.17g, want 3", loss);
+    ck_assert_msg(grad[0] == 0 && grad[1] == 0, "gspo dual clip: gradient %g %g", grad[0], grad[1]);
+    ck_assert_msg(mt[RLK_PL_METRIC_CLIPFRAC_LOWER] == 1.0, "clipfrac_lower %g",
+                  mt[RLK_PL_METRIC_CLIPFRAC_LOWER]);
+    a.dual_clip = 0; /* verl's gspo: none */
+    pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(loss - exp(1.5)) < 1e-14, "gspo without dual clip: loss %.17g", loss);
+  }
+
+  /* GSPO's gradient with per-token advantages: straight through each token gets its own
+   * -A_t s w_t; through the mean every token gets m_t / n * s * sum_j w_j (-A_j) (here 0). */
+  {
+    double lp[2] = {-1.0, -2.0}, old[2] = {-1.125, -1.875}, adv[2] = {1.0, -1.0};
+    unsigned char m[2] = {1, 1};
+    rlk_policy_loss_args_init(&a);
+    a.mode = RLK_POLICY_GSPO;
+    a.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+    a.seq_normalizer = 1;
+    pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(grad[0] + 0.5) < 1e-15 && fabs(grad[1] - 0.5) < 1e-15,
+                  "straight through: %g %g", grad[0], grad[1]);
+    a.seq_ratio_grad = RLK_SEQ_RATIO_THROUGH_MEAN;
+    pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(grad[0]) < 1e-15 && fabs(grad[1]) < 1e-15, "through the mean: %g %g",
+                  grad[0], grad[1]);
+    adv[1] = 3.0; /* both positive, inside the clip: -(1 + 3) / 2 / 2 each */
+    pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(grad[0] + 1.0) < 1e-15 && fabs(grad[1] + 1.0) < 1e-15,
+                  "through the mean: %g %g", grad[0], grad[1]);
+  }
+
+  /* The raw approximate KL beside the clamped one (|log-ratio| > 20), and per-sequence clip
+   * fractions (every sequence counted, an empty one included). */
+  {
+    double lp[6] = {-1.0, 0, -2.0, 0, 0, 0}, old[6] = {-26.0, 0, -1.0, 0, 0, 0};
+    double adv[3] = {1.0, -1.0, 1.0};
+    unsigned char m[6] = {1, 0, 1, 0, 0, 0};
+    rlk_policy_loss_args_init(&a);
+    a.agg = RLK_AGG_TOKEN_SUM;
+    a.seq_advantages = 1;
+    pl_small(ctx, &a, 3, 2, lp, old, adv, m, &loss, grad, mt);
+    ck_assert_msg(fabs(mt[RLK_PL_METRIC_APPROX_KL] - (-20.0 + 1.0) / 2) < 1e-14, "approx_kl %g",
+                  mt[RLK_PL_METRIC_APPROX_KL]);
+    ck_assert_msg(fabs(mt[RLK_PL_METRIC_APPROX_KL_RAW] - (-25.0 + 1.0) / 2) < 1e-14,
+                  "approx_kl_raw %g", mt[RLK_PL_METRIC_APPROX_KL_RAW]);
+    a.mode = RLK_POLICY_GSPO;
+    a.log_ratio_max = 10;
+    pl_small(ctx, &a, 3, 2, lp, old, adv, m, &loss, grad, mt);
+    /* row 0: s = e^10 > hi, A > 0; row 1: s = e^-1 < lo, A < 0; row 2: empty */
+    ck_assert_msg(fabs(mt[RLK_PL_METRIC_SEQ_CLIP_LOW] - 1.0 / 3) < 1e-15 &&
+                      fabs(mt[RLK_PL_METRIC_SEQ_CLIP_HIGH] - 1.0 / 3) < 1e-15,
+                  "per-sequence clip fractions %g %g", mt[RLK_PL_METRIC_SEQ_CLIP_LOW],
+                  mt[RLK_PL_METRIC_SEQ_CLIP_HIGH]);
+    ck_assert_msg(mt[RLK_PL_METRIC_CLIP_LOW] == 0.5 && mt[RLK_PL_METRIC_CLIP_HIGH] == 0.5,
+                  "per-token clip fractions %g %g", mt[RLK_PL_METRIC_CLIP_LOW],
+                  mt[RLK_PL_METRIC_CLIP_HIGH]);
+  }
+
+  /* The value clip on its bound (v - v_old = clip): verl's clip_by_value splits the clip's
+   * gradient (the default, 0.5), torch.clamp with number bounds stops it (0), a closed range
+   * passes it (1); the max of the two equal squares splits between them. */
+  {
+    double v[2] = {0.75, -0.25}, vo[2] = {0.25, 0.25}, R[2] = {2.0, -1.5}, vl, g[2],
+           vm[RLK_VALUE_LOSS_METRICS];
+    unsigned char m[2] = {1, 1};
+    const double bg[3] = {0.5, 0.0, 1.0};
+    for (int k = 0; k < 3; k++) {
+      rlk_value_loss_args va;
+      rlk_value_loss_args_init(&va);
+      va.agg = RLK_AGG_TOKEN_SUM;
+      if (k) va.clamp_bound_grad = bg[k];
+      va.values = rlk_tensor_2d(v, RLK_F64, 2, 1, 1);
+      va.old_values = rlk_tensor_2d(vo, RLK_F64, 2, 1, 1);
+      va.returns = rlk_tensor_2d(R, RLK_F64, 2, 1, 1);
+      va.mask = rlk_tensor_2d(m, RLK_BOOL, 2, 1, 1);
+      va.loss = rlk_tensor_1d(&vl, RLK_F64, 1);
+      va.grad_values = rlk_tensor_2d(g, RLK_F64, 2, 1, 1);
+      va.metrics = rlk_tensor_1d(vm, RLK_F64, RLK_VALUE_LOSS_METRICS);
+      ck_assert_msg(rlk_value_loss(ctx, &va, NULL) == RLK_OK, "%s", rlk_last_error());
+      for (int i = 0; i < 2; i++) {
+        const double e = v[i] - R[i], want = 0.5 * (e + bg[k] * e);
+        ck_assert_msg(fabs(g[i] - want) < 1e-15, "value bound grad %g: [%d] %.17g, want %.17g",
+                      bg[k], i, g[i], want);
+      }
+    }
+  }
+  rlk_context_destroy(ctx);
 }
 END_TEST
 
@@ -2175,6 +2367,7 @@ Suite *policy_loss_suite(void) {
   tcase_add_test(host, host_value_trainers);
   tcase_add_test(host, host_value_fd_repeat);
   tcase_add_test(host, host_normalizers);
+  tcase_add_test(host, host_trainer_conventions);
   tcase_add_test(host, bad_arguments);
   suite_add_tcase(s, host);
 

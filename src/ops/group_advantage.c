@@ -1,15 +1,16 @@
 /* group_advantage.c - GRPO-family group advantages: validation, variant selection, launches.
  *
  * A call launches up to three kernels (templates/cuda/group_advantage.cuh, templates/host/):
- *   1. rowsum     only for [B, T] scores: per-row sums under the mask, written as f32 into the
- *                 advantages output, which the next kernel then reads in place;
+ *   1. rowsum     only for [B, T] scores: per-row sums under the mask in the scores' type,
+ *                 written into the advantages output (f32) or the caller's workspace (f64),
+ *                 which the next kernel then reads;
  *   2. group      per-group statistics and the advantages: always;
  *   3. broadcast  only when token_advantages is given.
  * Per-sequence scores with no broadcast are one launch.
  *
  * Numerics: group statistics are two-pass (mean, then the mean squared deviation) in the
- * precision of what the group kernel reads: f64 for 1-D f64 scores, f32 otherwise (row sums of
- * [B, T] rewards accumulate in the reward type and are rounded to f32). Reductions have a fixed
+ * precision of the scores: f64 scores (1-D, or [B, T] rewards whose row sums stay f64) give
+ * f64 statistics, f32 scores f32 ones. Reductions have a fixed
  * order: results are bitwise reproducible on one device for one shape.
  *
  * Group offsets: on the host backend they are checked in full before the launch. On a GPU they
@@ -156,7 +157,7 @@ static rlk_status ga_select(rlk_backend kind, const ga_config *c, ga_plan *p) {
     p->rowsum.values[1] = c->mask;
   }
   p->group.tmpl = &ga_group_tmpl;
-  p->group.values[0] = c->scores_2d ? RLK_F32 : c->scores; /* the row sums are f32 */
+  p->group.values[0] = c->scores; /* the row sums keep the scores' type */
   p->group.values[1] = c->mode;
   p->group.values[2] = baked;
   p->group.values[3] = seg;
@@ -493,6 +494,27 @@ static rlk_launch_dims ga_dims(unsigned gx, unsigned gy, unsigned block) {
   return d;
 }
 
+/* f64 [B, T] scores keep their row sums in f64: B doubles of scratch. */
+static size_t ga_workspace_bytes(const ga_config *c, const ga_call *k) {
+  return c->scores_2d && c->scores == RLK_F64 ? (size_t)k->B * sizeof(double) : 0;
+}
+
+RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
+                                                      const rlk_group_advantage_args *args,
+                                                      size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: ctx is NULL");
+  if (!args)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: args is NULL");
+  if (!bytes)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: bytes is NULL");
+  ga_config c;
+  ga_call k;
+  rlk_status st = ga_validate(ctx, args, &c, &k);
+  if (!st) *bytes = ga_workspace_bytes(&c, &k);
+  return st;
+}
+
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: ctx is NULL");
@@ -501,6 +523,19 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   ga_call k;
   rlk_status st = ga_validate(ctx, args, &c, &k);
   if (st) return st;
+  const size_t ws_need = ga_workspace_bytes(&c, &k);
+  if (ws_need) {
+    if (!args->workspace)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "workspace: NULL, f64 [B, T] scores need %zu bytes "
+                       "(rlk_group_advantage_workspace_size)", ws_need);
+    if (args->workspace_bytes < ws_need)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "workspace: %zu bytes, f64 [B, T] scores need %zu "
+                       "(rlk_group_advantage_workspace_size)", args->workspace_bytes, ws_need);
+    if ((uintptr_t)args->workspace % 8 != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
+  }
   if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
   ga_plan p;
   if ((st = ga_select(ctx->kind, &c, &p))) return st;
@@ -509,14 +544,16 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   const int warp = ga_warp_size(ctx->kind);
   const int64_t B = k.B, T = k.T;
   float *adv = (float *)args->advantages.data;
+  /* where the row sums go: f32 into the advantages (read in place), f64 into the workspace */
+  void *sums = c.scores == RLK_F64 ? args->workspace : (void *)adv;
 
-  /* 1. row sums into advantages: a block per row, wider for long rows */
+  /* 1. row sums: a block per row, wider for long rows */
   if (p.has_rowsum) {
     const void *rewards = args->scores.data, *mask = args->mask.data;
     int64_t rstride = B > 1 ? args->scores.strides[0] : T;
     int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
     int64_t b = B, t = T;
-    void *kargs[] = {&rewards, &rstride, &mask, &mstride, &adv, &b, &t};
+    void *kargs[] = {&rewards, &rstride, &mask, &mstride, &sums, &b, &t};
     unsigned block = T >= 8192 ? 256 : (T >= 2048 ? 128 : 64);
     if (block < (unsigned)warp) block = (unsigned)warp;
     rlk_launch_dims d = host ? ga_dims(1, 1, 1) : ga_dims(ga_min_u(B, 1 << 20), 1, block);
@@ -525,7 +562,7 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
 
   /* 2. group statistics and advantages */
   {
-    const void *scores = c.scores_2d ? (const void *)adv : args->scores.data;
+    const void *scores = c.scores_2d ? (const void *)sums : args->scores.data;
     int64_t stride = c.scores_2d ? 1 : args->scores.strides[0];
     if (B == 1) stride = 1;
     const void *offsets = args->group_offsets.data;

@@ -5,11 +5,12 @@
  *   0. policy_loss_count   per-block counts of the mask into the workspace;
  *   1. policy_loss_main    one pass over the tokens: grad_logp (and grad_entropy) written, and
  *                          per-block partial sums of the loss terms and metrics into the
- *                          workspace ([grid][13] f64);
+ *                          workspace ([grid][17] f64);
  *   2. policy_loss_reduce  one block combines the partials in a fixed order and writes the loss
  *                          and the metrics.
  * Every code path (mode, KL estimator, straight-through, seq-mean-token-mean, layout, mask kind,
- * per-sequence advantages, entropy use, importance weights) is a template parameter of the main
+ * per-sequence advantages, entropy use, importance weights, GSPO's gradient through the
+ * sequence mean) is a template parameter of the main
  * kernel; the numbers are run-time values. On the host backend one kernel
  * (templates/host/policy_loss.c) does the whole call with those choices as run-time values, so
  * the host needs one compiled kernel per dtype.
@@ -33,7 +34,8 @@
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const pl_mode_names[] = {"ppo", "gspo", "cispo", "sapo", "reinforce", NULL};
+static const char *const pl_mode_names[] = {"ppo",       "gspo",     "cispo", "sapo",
+                                            "reinforce", "geo_mean", NULL};
 /* the main kernel's KL choice: none (no ref_logp), then the estimators in rlk_kl_estimator order */
 static const char *const pl_kl_names[] = {"none", "k1", "abs", "k2", "k3", NULL};
 /* entropy: absent, read for its metric and term, read and its gradient written */
@@ -41,13 +43,13 @@ static const char *const pl_ent_names[] = {"none", "metric", "bonus", NULL};
 
 enum { PL_KL_NONE = 0 };
 enum { PL_ENT_NONE = 0, PL_ENT_READ = 1, PL_ENT_GRAD = 2 };
-#define PL_NACC 13
+#define PL_NACC 17
 
 #define PL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
 static const rlk_param_decl pl_main_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_mode_names},
+    {"mode", RLK_PARAM_ENUM, 0, 5, 0, 0, pl_mode_names},
     {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
     {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -56,6 +58,7 @@ static const rlk_param_decl pl_main_params[] = {
     {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
     {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_param_decl pl_count_params[] = {
@@ -89,13 +92,13 @@ typedef struct pl_params {
   void *metrics;
   void *partials;
   int64_t num_partials;
-  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad, kl_coef, ent_coef;
+  double c_grad, kl_coef, ent_coef, bound_g;
   TL_NORM norm;
 } pl_params;
 
-_Static_assert(sizeof(pl_params) == 424, "pl_params mirrors rlk::pl::Params: 53 8-byte fields");
+_Static_assert(sizeof(pl_params) == 440, "pl_params mirrors rlk::pl::Params: 55 8-byte fields");
 
 enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 4, PL_IN_ISW = 5 };
 enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
@@ -116,6 +119,7 @@ typedef struct pl_config {
   int adv_seq;
   int ent;    /* PL_ENT_* */
   int isw;
+  int seq_grad; /* gspo differentiated through the sequence mean */
   int count;  /* token-mean by this call's mask count: the count pass runs first */
 } pl_config;
 
@@ -127,7 +131,7 @@ typedef struct pl_plan {
 } pl_plan;
 
 static int pl_whole_rows(const pl_config *c) {
-  return c->mode == RLK_POLICY_GSPO ||
+  return c->mode == RLK_POLICY_GSPO || c->mode == RLK_POLICY_GEO_MEAN ||
          (c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && c->mask != TL_MASK_NONE);
 }
 
@@ -150,6 +154,7 @@ static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
   p->main.values[7] = c->adv_seq;
   p->main.values[8] = c->ent;
   p->main.values[9] = c->isw;
+  p->main.values[10] = c->mode == RLK_POLICY_GSPO && c->seq_grad; /* gspo's choice only */
   p->has_reduce = 1;
   p->reduce.tmpl = &pl_reduce_tmpl;
   p->reduce.values[0] = c->dtype;
@@ -198,7 +203,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
     } else if (!strcmp(n, "mode")) {
       if ((k = tl_choice(pl_mode_names, v)) < 0)
         return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "mode: '%s' is not ppo, gspo, cispo, sapo or reinforce", v);
+                         "mode: '%s' is not ppo, gspo, cispo, sapo, reinforce or geo_mean", v);
       c.mode = k;
     } else if (!strcmp(n, "kl")) {
       if ((k = tl_choice(pl_kl_names, v)) < 0)
@@ -245,12 +250,20 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
       c.ent = k;
     } else if (!strcmp(n, "is")) {
       st = tl_parse_flag(n, v, &c.isw);
+    } else if (!strcmp(n, "seq_grad")) {
+      if (!strcmp(v, "straight-through"))
+        c.seq_grad = 0;
+      else if (!strcmp(v, "through-mean"))
+        c.seq_grad = 1;
+      else
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "seq_grad: '%s' is not straight-through or through-mean", v);
     } else if (!strcmp(n, "normalizer")) {
       st = tl_parse_normalizer(v, &c.count);
     } else {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "policy_loss: unknown setting '%s' (known: dtype mode kl kl_st agg layout "
-                       "offsets mask adv entropy is normalizer)",
+                       "offsets mask adv entropy is seq_grad normalizer)",
                        n);
     }
     if (st) return st;
@@ -272,7 +285,7 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
 
 static const char pl_help[] =
     "dtype: f32|f64, the dtype of logp and the other float inputs (f32)\n"
-    "mode: ppo|gspo|cispo|sapo|reinforce (ppo)\n"
+    "mode: ppo|gspo|cispo|sapo|reinforce|geo_mean (ppo)\n"
     "kl: none|k1|abs|k2|k3, the KL estimator; none when there is no ref_logp (none)\n"
     "kl_st: 0|1, straight-through KL (the estimator's value, k2's gradient) (0)\n"
     "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
@@ -284,6 +297,8 @@ static const char pl_help[] =
     "entropy: none|metric|bonus, no entropy input, read for its metric, or an entropy bonus with "
     "its gradient (none)\n"
     "is: 0|1, rollout importance weights (0)\n"
+    "seq_grad: straight-through|through-mean, how gspo's sequence ratio passes its gradient "
+    "(straight-through)\n"
     "normalizer: value|tensor|count, the token-mean divisor: a number or a device scalar (the "
     "same kernels), or this call's mask count (a count pass first) (value)\n"
     "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time "
@@ -293,13 +308,17 @@ static const char *const pl_samples[] = {
     /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask; the
      * normalizer left to the call (its mask count pass) */
     "policy_loss mode=ppo kl=k3 agg=token-mean mask=bool normalizer=count",
-    /* GSPO: per-sequence sums first; packed, f32 weights, per-sequence advantages */
-    "policy_loss mode=gspo agg=seq-mean-token-mean layout=packed offsets=i64 mask=f32 adv=seq",
+    /* GSPO: per-sequence sums first, differentiated through the sequence mean; packed, f32
+     * weights, per-sequence advantages */
+    "policy_loss mode=gspo seq_grad=through-mean agg=seq-mean-token-mean layout=packed "
+    "offsets=i64 mask=f32 adv=seq",
     /* f64, CISPO, a straight-through k1, entropy bonus, importance weights, i32 mask */
     "policy_loss dtype=f64 mode=cispo kl=k1 kl_st=1 agg=token-sum mask=i32 entropy=bonus is=1",
     /* SAPO, abs KL, packed with i32 offsets and no mask, entropy metric only */
     "policy_loss mode=sapo kl=abs agg=seq-mean-token-mean layout=packed offsets=i32 mask=none "
     "entropy=metric",
+    /* GMPO: the sequences' clipped geometric means, per-token advantages, i32 mask */
+    "policy_loss mode=geo_mean agg=seq-mean-token-mean mask=i32",
     /* f64 REINFORCE, k2 KL, Dr. GRPO normalization, per-sequence advantages */
     "policy_loss dtype=f64 mode=reinforce kl=k2 agg=seq-mean-token-sum-norm adv=seq",
     NULL};
@@ -321,6 +340,8 @@ RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
   args->log_ratio_max = 20.0;
   args->sapo_tau_pos = 1.0;
   args->sapo_tau_neg = 1.05;
+  args->seq_ratio_grad = RLK_SEQ_RATIO_STRAIGHT_THROUGH;
+  args->clamp_bound_grad = 1.0;
   args->kl_estimator = RLK_KL_K3;
   args->kl_coef = 0.0;
   args->kl_input_clamp = 20.0;
@@ -403,7 +424,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   c->isw = a->rollout_is_weights.data != NULL;
 
   /* mode and its numbers */
-  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_REINFORCE)
+  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_GEO_MEAN)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_policy_loss_mode", (int)a->mode);
   c->mode = (int)a->mode;
   if ((st = pl_check_nonneg(a->clip_low, "clip_low"))) return st;
@@ -414,6 +435,20 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "log_ratio_min/log_ratio_max: [%g, %g] is not a range (+-INFINITY: no clamp)",
                      a->log_ratio_min, a->log_ratio_max);
+  if (c->mode == RLK_POLICY_GEO_MEAN && a->rollout_is_weights.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "rollout_is_weights: geo_mean does not take importance weights");
+  if (c->mode == RLK_POLICY_GEO_MEAN && !(isfinite(a->clip_low) && isfinite(a->clip_high)))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "clip_low/clip_high: geo_mean's log-space bounds must be finite");
+  if ((int)a->seq_ratio_grad < RLK_SEQ_RATIO_STRAIGHT_THROUGH ||
+      (int)a->seq_ratio_grad > RLK_SEQ_RATIO_THROUGH_MEAN)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
+                     (int)a->seq_ratio_grad);
+  c->seq_grad = c->mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
+  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
+                     a->clamp_bound_grad);
   if (c->mode == RLK_POLICY_SAPO) {
     if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
@@ -480,6 +515,8 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->adv_per_seq = c->adv_seq;
   p->ent = c->ent;
   p->isw = c->isw;
+  p->seq_grad = c->seq_grad;
+  p->bound_g = a->clamp_bound_grad;
   p->clip_lo = 1.0 - a->clip_low;
   p->clip_hi = 1.0 + a->clip_high;
   p->dual_clip = a->dual_clip;

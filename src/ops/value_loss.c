@@ -52,11 +52,11 @@ typedef struct vl_params {
   void *partials;
   int64_t num_partials;
   int64_t seqmean, layout, mask_kind;
-  double clip, c_grad;
+  double clip, c_grad, bound_g;
   TL_NORM norm;
 } vl_params;
 
-_Static_assert(sizeof(vl_params) == 224, "vl_params mirrors rlk::vl::Params: 28 8-byte fields");
+_Static_assert(sizeof(vl_params) == 232, "vl_params mirrors rlk::vl::Params: 29 8-byte fields");
 
 enum { VL_IN_V = 0, VL_IN_OLD = 1, VL_IN_RET = 2 };
 
@@ -214,6 +214,7 @@ RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args) {
   if (!args) return;
   memset(args, 0, sizeof *args);
   args->clip = 0.5;
+  args->clamp_bound_grad = 0.5;
   args->agg = RLK_AGG_TOKEN_MEAN;
   args->loss_scale = 1.0;
 }
@@ -252,6 +253,9 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   p->s.in[VL_IN_RET] = a->returns.data;
   p->s.in_stride[VL_IN_RET] = stride;
 
+  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
+                     a->clamp_bound_grad);
   if (!(a->clip > 0.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clip: %g must be > 0 (INFINITY: no clipping)",
                      a->clip);
@@ -276,6 +280,7 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   p->layout = c->layout;
   p->mask_kind = c->mask;
   p->clip = a->clip;
+  p->bound_g = a->clamp_bound_grad;
 
   tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, vl_whole_rows(c), &k->g);
   p->s.tiles_per_row = k->g.tiles_per_row;

@@ -1,8 +1,9 @@
 /* group_advantage.cuh - GRPO-family group advantages (grpo, mean-only, rloo, batch-std).
  *
  * Three entries, launched in this order by src/ops/group_advantage.c:
- *   group_advantage_rowsum     [B, T] token rewards -> per-row sums under the mask, written
- *                              as f32 into the advantages output (used as scratch)
+ *   group_advantage_rowsum     [B, T] token rewards -> per-row sums under the mask, in the
+ *                              rewards' type (into the f32 advantages output, or the f64
+ *                              workspace)
  *   group_advantage_group      per-group statistics and the advantages
  *   group_advantage_broadcast  token_advantages[b, t] = advantages[b] * mask[b, t]
  *
@@ -131,7 +132,7 @@ template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
 template <typename TS, int MASK>
 __global__ void group_advantage_rowsum(const TS *__restrict__ rewards, i64 reward_stride,
                                        const void *__restrict__ mask, i64 mask_stride,
-                                       float *__restrict__ out, i64 B, i64 T) {
+                                       TS *__restrict__ out, i64 B, i64 T) {
   __shared__ TS scratch[RLK_MAX_WARPS];
   const i64 chunks = (T + 3) / 4;
   const i64 bd = blockDim.x;
@@ -171,7 +172,7 @@ __global__ void group_advantage_rowsum(const TS *__restrict__ rewards, i64 rewar
       }
     }
     acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) out[row] = (float)acc;
+    if (threadIdx.x == 0) out[row] = acc;
   }
 }
 

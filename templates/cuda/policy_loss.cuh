@@ -11,7 +11,8 @@
  * straight-through, per-sequence normalization, layout, mask, which optional streams exist);
  * the numbers (clip bounds, clamps, coefficients, normalizers) are run-time values. The math per
  * token is written out in include/rlk.h; gradients follow torch's autograd conventions (a clamp
- * passes the gradient on its closed range; max/min split it equally on a tie). */
+ * passes the gradient inside its range and the caller's clamp_bound_grad on a bound; max/min
+ * split it equally on a tie). */
 #ifndef RLK_POLICY_LOSS_CUH
 #define RLK_POLICY_LOSS_CUH
 
@@ -20,7 +21,8 @@
 namespace rlk {
 namespace pl {
 
-enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
+       MODE_GEO_MEAN = 5 };
 enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 
@@ -43,7 +45,11 @@ enum {
   A_ENTMEAN = 10, /* sum m entropy */
   A_RMAX = 11,   /* max r */
   A_RMIN = 12,   /* min r */
-  NACC = 13
+  A_APPROX_RAW = 13, /* sum m (-log-ratio, not clamped) */
+  A_SEQ_LOW = 14,    /* sequences with [s < lo, A < 0] (gspo, per-sequence advantages) */
+  A_SEQ_HIGH = 15,   /* sequences with [s > hi, A > 0] */
+  A_ROWS = 16,       /* sequences */
+  NACC = 17
 };
 
 /* The kernels' argument, mirrored by src/ops/policy_loss.c (8-byte fields only). The flag
@@ -55,13 +61,14 @@ struct Params {
   void *metrics;       /* [RLK_POLICY_LOSS_METRICS] or NULL */
   double *partials;    /* [num_partials][NACC] */
   i64 num_partials;
-  i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
   double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
   double kl_coef, ent_coef;
+  double bound_g; /* a clamp's gradient on its bounds */
   tl::Norm norm;
 };
-static_assert(sizeof(Params) == 424, "Params: 53 8-byte fields, mirrored by the host side");
+static_assert(sizeof(Params) == 440, "Params: 55 8-byte fields, mirrored by the host side");
 
 template <typename T> RLK_DEVICE T exp_(T x);
 template <> RLK_DEVICE float exp_(float x) { return expf(x); }
@@ -78,27 +85,81 @@ template <> RLK_DEVICE float expm1_(float x) {
 }
 template <> RLK_DEVICE double expm1_(double x) { return expm1(x); }
 
+/* The PPO clip (and dual clip) at ratio r: the term and its derivative in r. */
+template <typename T> struct Clip {
+  T l, g;
+  bool clip, dual;
+};
+template <typename T, bool DUAL>
+RLK_DEVICE Clip<T> ppo_clip(T A, T r, T lo, T hi, T dual, T bg) {
+  Clip<T> c;
+  const T nA = -A;
+  const T l1 = nA * r, l2 = nA * tl::clampv(r, lo, hi);
+  const T cg = tl::gate(r, lo, hi, bg);
+  const bool gt = l1 > l2, lt = l1 < l2;
+  /* max(l1, l2): d/dr is -A from l1, -A * cg from l2, their mean on a tie */
+  c.l = lt ? l2 : l1;
+  c.g = gt ? nA : (lt ? nA * cg : nA * T(0.5) * (T(1) + cg));
+  c.clip = lt;
+  c.dual = false;
+  if (DUAL) {
+    /* min(l, -c A) for A < 0 when c > 1 (c = dual is <= 1 when off) */
+    const bool on = A < T(0) && dual > T(1);
+    const T l3 = nA * dual;
+    const bool above = c.l > l3, below = c.l < l3;
+    c.dual = on && above;
+    c.g = on ? (above ? T(0) : (below ? c.g : c.g * T(0.5))) : c.g;
+    c.l = c.dual ? l3 : c.l;
+  }
+  return c;
+}
+
+/* GMPO's per-token log-ratio, clipped on the side the advantage's sign selects:
+ * sign(A) min(sign(A) d, sign(A) clamp(d, -clip_low, clip_high)), and its derivative in d. */
+template <typename T> RLK_DEVICE T geo_clip(T A, T d, T lo, T hi, T bg, T *g) {
+  const T dc = tl::clampv(d, lo, hi);
+  const T cg = tl::gate(d, lo, hi, bg);
+  if (A == T(0)) {
+    *g = T(0);
+    return T(0);
+  }
+  /* A > 0: min(d, dc); A < 0: max(d, dc); a tie splits between d and the clamp */
+  const bool take_d = A > T(0) ? d < dc : d > dc;
+  const bool take_c = A > T(0) ? dc < d : dc > d;
+  *g = take_d ? T(1) : (take_c ? cg : T(0.5) * (T(1) + cg));
+  return take_d ? d : dc;
+}
+
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, bool HAS_MASK, bool ADVSEQ, int ENT,
-          bool ISW>
+          bool ISW, bool SEQGRAD>
 struct Op {
   static constexpr int NIN = pl::NIN, NOUT = pl::NOUT, NACC = pl::NACC;
   static constexpr unsigned IN_BITS = (1u << IN_LOGP) | (1u << IN_OLD) | (ADVSEQ ? 0u : 1u << IN_ADV) |
                                       (KL != KL_NONE ? 1u << IN_REF : 0u) |
                                       (ENT != ENT_NONE ? 1u << IN_ENT : 0u) | (ISW ? 1u << IN_ISW : 0u);
   static constexpr unsigned OUT_BITS = (1u << OUT_GLOGP) | (ENT == ENT_GRAD ? 1u << OUT_GENT : 0u);
-  /* GSPO needs each sequence's mean log-ratio; seq-mean-token-mean its token count (known
-   * without a pass when there is no mask). */
-  static constexpr bool ROWSTAT = MODE == MODE_GSPO || (SEQMEAN && HAS_MASK);
-  static constexpr unsigned PRE_BITS = MODE == MODE_GSPO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u;
+  /* GSPO needs each sequence's mean log-ratio (and, differentiated through the mean, the sums
+   * of the weighted advantages by sign); seq-mean-token-mean its token count (known without a
+   * pass when there is no mask). */
+  static constexpr bool GEO = MODE == MODE_GEO_MEAN;
+  static constexpr bool ROWSTAT = MODE == MODE_GSPO || GEO || (SEQMEAN && HAS_MASK);
+  static constexpr bool MEANGRAD = MODE == MODE_GSPO && SEQGRAD;
+  static constexpr unsigned PRE_BITS =
+      (MODE == MODE_GSPO || GEO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u) |
+      (MEANGRAD || GEO ? (ADVSEQ ? 0u : 1u << IN_ADV) : 0u) |
+      (MEANGRAD && ISW ? 1u << IN_ISW : 0u);
+  static constexpr int NPRE = MEANGRAD || GEO ? 4 : 2;
   static constexpr int reduce_kind(int k) {
     return k == A_RMAX ? tl::RED_MAX : (k == A_RMIN ? tl::RED_MIN : tl::RED_SUM);
   }
 
   /* run-time numbers */
   const T *adv_seq;
-  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent;
-  /* the current sequence */
-  T adv_row, rowfac, s_ratio, s_gate;
+  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent, bg;
+  /* the current sequence: its advantage, aggregation factor, ratio, d s / d (mean log-ratio),
+   * the mean-differentiated gradient per unit of mask, and its clip flags */
+  T adv_row, rowfac, s_ratio, s_gate, row_g, adv_mean, clip_l, clip_h;
+  bool s_low, s_high;
 
   /* c: the gradient constant (tl::grad_scale) */
   RLK_DEVICE Op(const Params &a, double c) {
@@ -115,10 +176,16 @@ struct Op {
     cg = (T)c;
     ckl = (T)(c * a.kl_coef);
     cent = (T)(-c * a.ent_coef);
+    bg = (T)a.bound_g;
     adv_row = T(0);
     rowfac = T(1);
     s_ratio = T(1);
     s_gate = T(1);
+    row_g = T(0);
+    adv_mean = T(0);
+    clip_l = (T)(1.0 - a.clip_lo); /* GMPO's log-space bounds are the raw clip_low / clip_high */
+    clip_h = (T)(a.clip_hi - 1.0);
+    s_low = s_high = false;
   }
 
   RLK_DEVICE void acc_init(T *acc) const {
@@ -137,15 +204,51 @@ struct Op {
     if (m == 0.0f) return;
     pre[0] += (T)m;
     if (MODE == MODE_GSPO) pre[1] += (T)m * (x[IN_LOGP] - x[IN_OLD]);
+    if (GEO) {
+      /* the clipped log-ratios and the advantages, for the sequence's means */
+      const T A = ADVSEQ ? adv_row : x[IN_ADV];
+      T g;
+      pre[1] += (T)m * geo_clip(A, x[IN_LOGP] - x[IN_OLD], -clip_l, clip_h, bg, &g);
+      pre[2] += (T)m * A;
+    }
+    if (MEANGRAD) {
+      /* the weighted advantages by sign: the term's derivative in s is linear in A per sign */
+      const T A = ADVSEQ ? adv_row : x[IN_ADV];
+      const T wa = (T)m * (ISW ? x[IN_ISW] : T(1)) * A;
+      pre[2] += A > T(0) ? wa : T(0);
+      pre[3] += A < T(0) ? wa : T(0);
+    }
   }
 
   RLK_DEVICE void row_stats(const T *pre) {
     const T n = pre[0];
     if (SEQMEAN && HAS_MASK) rowfac = n > T(0) ? T(1) / n : T(0);
+    if (GEO) {
+      /* the sequence's ratio exp(mean clipped log-ratio) and mean advantage */
+      s_ratio = exp_(n > T(0) ? pre[1] / n : T(0));
+      adv_mean = n > T(0) ? pre[2] / n : T(0);
+    }
     if (MODE == MODE_GSPO) {
       const T x = n > T(0) ? pre[1] / n : T(0);
       s_ratio = exp_(tl::clampv(x, lr_min, lr_max));
-      s_gate = tl::inside(x, lr_min, lr_max) ? s_ratio : T(0);
+      s_gate = tl::gate(x, lr_min, lr_max, bg) * s_ratio;
+      s_low = ADVSEQ && s_ratio < lo && adv_row < T(0);
+      s_high = ADVSEQ && s_ratio > hi && adv_row > T(0);
+      if (MEANGRAD) {
+        /* d loss / d logp_t = cg * m_t / n * s' * sum_j w_j l_j'(s); l_j'(s) = |A_j| g(sign) */
+        const T gp = ppo_clip<T, true>(T(1), s_ratio, lo, hi, dual, bg).g;
+        const T gn = ppo_clip<T, true>(T(-1), s_ratio, lo, hi, dual, bg).g;
+        const T sum = rowfac * (gp * pre[2] - gn * pre[3]);
+        row_g = n > T(0) ? s_gate * sum / n : T(0);
+      }
+    }
+  }
+
+  RLK_DEVICE void row_done(T *acc) const {
+    if (MODE == MODE_GSPO && ADVSEQ) {
+      acc[A_SEQ_LOW] += s_low ? T(1) : T(0);
+      acc[A_SEQ_HIGH] += s_high ? T(1) : T(0);
+      acc[A_ROWS] += T(1);
     }
   }
 
@@ -160,31 +263,18 @@ struct Op {
     const T A = ADVSEQ ? adv_row : x[IN_ADV];
     const T d = lp - x[IN_OLD];
     const T dc = tl::clampv(d, lr_min, lr_max);
-    const bool dpass = tl::inside(d, lr_min, lr_max);
+    const T dpass = tl::gate(d, lr_min, lr_max, bg);
 
     T r, l, dl; /* ratio, policy term, d term / d logp */
     bool clip = false, dualc = false, low = false, high = false;
     if (MODE == MODE_PPO || MODE == MODE_GSPO) {
       r = MODE == MODE_GSPO ? s_ratio : exp_(dc);
-      const T nA = -A;
-      const T l1 = nA * r, l2 = nA * tl::clampv(r, lo, hi);
-      const bool cpass = tl::inside(r, lo, hi);
-      const bool gt = l1 > l2, lt = l1 < l2;
-      /* max(l1, l2): d/dr is -A from l1, -A * cpass from l2, their mean on a tie */
-      T lc = lt ? l2 : l1;
-      T g = (gt || cpass) ? nA : (lt ? T(0) : nA * T(0.5));
-      clip = lt;
-      if (MODE == MODE_PPO) {
-        /* min(lc, -c A) for A < 0 when c > 1 (c = dual is <= 1 when off) */
-        const bool on = A < T(0) && dual > T(1);
-        const T l3 = nA * dual;
-        const bool above = lc > l3, below = lc < l3;
-        dualc = on && above;
-        g = on ? (above ? T(0) : (below ? g : g * T(0.5))) : g;
-        lc = dualc ? l3 : lc;
-      }
-      l = lc;
-      dl = MODE == MODE_GSPO ? g * s_gate : (dpass ? g * r : T(0));
+      const Clip<T> c = ppo_clip<T, true>(A, r, lo, hi, dual, bg);
+      l = c.l;
+      clip = c.clip;
+      dualc = c.dual;
+      /* a stopped gradient stays 0 even where r overflowed */
+      dl = MODE == MODE_GSPO ? c.g * s_gate : (dpass != T(0) ? c.g * dpass * r : T(0));
       low = r < lo && A < T(0);
       high = r > hi && A > T(0);
     } else if (MODE == MODE_CISPO) {
@@ -202,7 +292,19 @@ struct Op {
       const T sp = T(1) / (T(1) + exp_(-z)); /* sigmoid(z) */
       const T sn = T(1) / (T(1) + exp_(z));  /* 1 - sigmoid(z), without cancellation */
       l = -sp * (T(4) / tau) * A;
-      dl = dpass ? -A * T(4) * sp * sn * r : T(0);
+      dl = dpass != T(0) ? -A * T(4) * sp * sn * r * dpass : T(0);
+    } else if (MODE == MODE_GEO_MEAN) {
+      /* the sequence's term L = -mean(A) s, the same for each of its tokens: the aggregation
+       * gives it the weight W = sum_t w_t = n rowfac, and d L / d logp_t = L g_t m_t / n, so
+       * token t's gradient is w_t L g_t, a per-token term's form */
+      T g;
+      geo_clip(A, d, -clip_l, clip_h, bg, &g);
+      r = s_ratio;
+      l = -adv_mean * s_ratio;
+      dl = l * g;
+      const bool cl = d < -clip_l || d > clip_h;
+      clip = cl && A > T(0);
+      dualc = cl && A < T(0);
     } else { /* REINFORCE */
       r = exp_(dc);
       l = -A * lp;
@@ -234,10 +336,12 @@ struct Op {
         gv = -em;
       }
       kv = tl::clampv(v, -kl_out, kl_out);
-      if (ST)
+      if (ST) {
         gk = e;
-      else
-        gk = tl::inside(e, -kl_in, kl_in) && tl::inside(v, -kl_out, kl_out) ? gv : T(0);
+      } else {
+        const T gg = tl::gate(e, -kl_in, kl_in, bg) * tl::gate(v, -kl_out, kl_out, bg);
+        gk = gg != T(0) ? gg * gv : T(0);
+      }
     }
     const T ent = ENT != ENT_NONE ? x[IN_ENT] : T(0);
 
@@ -257,12 +361,17 @@ struct Op {
       acc[A_LOW] += low ? m : T(0);
       acc[A_HIGH] += high ? m : T(0);
     }
-    if (MODE == MODE_PPO) acc[A_DUAL] += dualc ? m : T(0);
+    if (MODE == MODE_PPO || MODE == MODE_GSPO || MODE == MODE_GEO_MEAN)
+      acc[A_DUAL] += dualc ? m : T(0);
     acc[A_APPROX] -= m * dc;
+    acc[A_APPROX_RAW] -= m * d;
     acc[A_RMAX] = fmax_(acc[A_RMAX], r);
     acc[A_RMIN] = fmin_(acc[A_RMIN], r);
 
-    y[OUT_GLOGP] = KL != KL_NONE ? w * (cg * dl + ckl * gk) : w * (cg * dl);
+    /* through the mean, every token of the sequence gets the same policy gradient per unit
+     * of mask (row_g); its KL term stays its own */
+    const T pg = MEANGRAD ? m * (cg * row_g) : w * (cg * dl);
+    y[OUT_GLOGP] = KL != KL_NONE ? pg + w * (ckl * gk) : pg;
     if (ENT == ENT_GRAD) y[OUT_GENT] = w * cent;
   }
 };
@@ -272,13 +381,13 @@ struct Op {
 /* The token pass. One block of RLK_TL_BLOCK threads per item at a time; the grid (at most the
  * number of items) is sized by the host from the device's multiprocessors. */
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, int LAYOUT, int MASK, bool ADVSEQ,
-          int ENT, bool ISW>
+          int ENT, bool ISW, bool SEQGRAD>
 __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(const pl::Params a) {
+  typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
   __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
-  __shared__ T sh2[2 * RLK_MAX_WARPS];
+  __shared__ T sh2[O::NPRE * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];
-  pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW> op(
-      a, tl::grad_scale(a.norm, a.c_grad, sh_c));
+  O op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
   tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
 }
 
@@ -321,6 +430,11 @@ template <typename T> __global__ void policy_loss_reduce(const pl::Params a) {
     m[10] = (T)kl;
     m[11] = (T)ent;
     m[12] = (T)n;
+    m[13] = (T)(s[pl::A_APPROX_RAW] * inv);
+    /* per sequence where the ratio is one per sequence (counted rows), else per token */
+    const double rows = s[pl::A_ROWS];
+    m[14] = (T)(rows != 0.0 ? s[pl::A_SEQ_LOW] / rows : s[pl::A_LOW] * inv);
+    m[15] = (T)(rows != 0.0 ? s[pl::A_SEQ_HIGH] / rows : s[pl::A_HIGH] * inv);
   }
 }
 

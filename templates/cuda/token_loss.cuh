@@ -8,10 +8,13 @@
  *   Op::NACC                   accumulators, each reduced by Op::reduce_kind(k) (RED_*)
  *   Op::ROWSTAT, Op::PRE_BITS  whether a sequence needs a first pass over its tokens (sums that
  *                              its gradients depend on), and which input streams that pass reads
+ *   Op::NPRE                   the first pass's sums per sequence
  *   op.row_begin(row, len)     per-sequence values (a per-sequence advantage; len is the
  *                              sequence's token count)
- *   op.pre(x, m, pre)          the first pass: adds a token into pre[0..1]
+ *   op.pre(x, m, pre)          the first pass: adds a token into pre[0..NPRE-1]
  *   op.row_stats(pre)          the first pass's block-wide sums
+ *   op.row_done(acc)           with ROWSTAT, once per sequence (thread 0, after its tokens):
+ *                              per-sequence terms
  *   op.token(x, m, acc, y)     one token: inputs x[NIN], mask weight m -> gradients y[NOUT],
  *                              terms added into acc (m == 0: y = 0 and nothing added)
  *
@@ -212,23 +215,23 @@ RLK_DEVICE void block_reduce_to(T (&acc)[N], T *sh, double *out) {
 
 /* Block-wide sums of v[0..1], returned to every thread (fixed order). sh holds
  * 2 * RLK_MAX_WARPS values; every thread must call it. */
-template <typename T> RLK_DEVICE void block_sum2(T v[2], T *sh) {
+/* N block-wide sums, every thread gets them (sh: N * RLK_MAX_WARPS). */
+template <int N, typename T> RLK_DEVICE void block_sum_n(T v[N], T *sh) {
   const int warp = (int)(threadIdx.x / RLK_WARP_SIZE), lane = (int)(threadIdx.x % RLK_WARP_SIZE);
   const int nwarps = (int)(blockDim.x / RLK_WARP_SIZE);
-  const T a = warp_combine<RED_SUM>(v[0]), b = warp_combine<RED_SUM>(v[1]);
-  if (lane == 0) {
-    sh[warp] = a;
-    sh[RLK_MAX_WARPS + warp] = b;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const T a = warp_combine<RED_SUM>(v[k]);
+    if (lane == 0) sh[k * RLK_MAX_WARPS + warp] = a;
   }
   __syncthreads();
-  T s0 = sh[0], s1 = sh[RLK_MAX_WARPS];
-  for (int w = 1; w < nwarps; ++w) {
-    s0 += sh[w];
-    s1 += sh[RLK_MAX_WARPS + w];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T t = sh[k * RLK_MAX_WARPS];
+    for (int w = 1; w < nwarps; ++w) t += sh[k * RLK_MAX_WARPS + w];
+    v[k] = t;
   }
   __syncthreads(); /* sh may be reused as soon as this returns */
-  v[0] = s0;
-  v[1] = s1;
 }
 
 /* ---- row geometry ------------------------------------------------------------------ */
@@ -319,7 +322,9 @@ template <typename T, int MASK, class Op, int NIN, int NOUT>
 RLK_DEVICE void row_prepass(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *mask, i64 s, i64 e,
                             T *sh2) {
   constexpr unsigned PB = Op::PRE_BITS;
-  T pre[2] = {T(0), T(0)};
+  T pre[Op::NPRE];
+#pragma unroll
+  for (int k = 0; k < Op::NPRE; ++k) pre[k] = T(0);
   i64 j0, j1;
   split<T, MASK, PB, 0u>(p, mask, s, e, &j0, &j1);
   const i64 bd = blockDim.x, tid = threadIdx.x;
@@ -362,7 +367,7 @@ RLK_DEVICE void row_prepass(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *
     const float m = load1<T, MASK, PB>(p, mask, j, x);
     op.pre(x, m, pre);
   }
-  block_sum2(pre, sh2);
+  block_sum_n<Op::NPRE>(pre, sh2);
   op.row_stats(pre);
 }
 
@@ -430,7 +435,7 @@ RLK_DEVICE void row_main(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *mas
 }
 
 /* The whole token pass of one block: items, then the block's partials. Shared memory is passed
- * in by the kernel (sh_acc: NACC * RLK_MAX_WARPS, sh2: 2 * RLK_MAX_WARPS). */
+ * in by the kernel (sh_acc: NACC * RLK_MAX_WARPS, sh2: NPRE * RLK_MAX_WARPS). */
 template <typename T, int LAYOUT, int MASK, class Op, int NIN, int NOUT>
 RLK_DEVICE void token_pass(Op &op, const Streams<NIN, NOUT> &s, double *partials, T *sh_acc,
                            T *sh2) {
@@ -454,6 +459,7 @@ RLK_DEVICE void token_pass(Op &op, const Streams<NIN, NOUT> &s, double *partials
     op.row_begin(row, len);
     if (Op::ROWSTAT) row_prepass<T, MASK>(op, p, s.mask, b, e, sh2);
     row_main<T, MASK>(op, p, s.mask, b, e, acc);
+    if (Op::ROWSTAT && threadIdx.x == 0) op.row_done(acc);
   }
   block_reduce_to<Op>(acc, sh_acc, partials + (i64)blockIdx.x * NACC);
 }
@@ -544,8 +550,13 @@ RLK_DEVICE void count_pass(const Streams<NIN, NOUT> &s, double *counts, double *
 
 /* Per-token helpers shared by the ops. */
 template <typename T> RLK_DEVICE T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
-/* torch.clamp's gradient gate: 1 inside [lo, hi] (boundaries included), 0 outside or NaN. */
+/* Inside [lo, hi], boundaries included (false for NaN). */
 template <typename T> RLK_DEVICE bool inside(T x, T lo, T hi) { return x >= lo && x <= hi; }
+/* A clamp's gradient factor: 1 strictly inside, bg on a bound (the caller's convention), 0
+ * outside or NaN. */
+template <typename T> RLK_DEVICE T gate(T x, T lo, T hi, T bg) {
+  return (x > lo && x < hi) ? T(1) : ((x == lo || x == hi) ? bg : T(0));
+}
 
 } /* namespace tl */
 } /* namespace rlk */

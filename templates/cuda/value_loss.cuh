@@ -30,25 +30,28 @@ struct Params {
   double *partials;
   i64 num_partials;
   i64 seqmean, layout, mask_kind; /* read by the host kernel only */
-  double clip;   /* > 0, or infinity */
-  double c_grad; /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
+  double clip;    /* > 0, or infinity */
+  double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
+  double bound_g; /* the clip's gradient on its bounds */
   tl::Norm norm;
 };
-static_assert(sizeof(Params) == 224, "Params: 28 8-byte fields, mirrored by the host side");
+static_assert(sizeof(Params) == 232, "Params: 29 8-byte fields, mirrored by the host side");
 
 template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
   static constexpr int NIN = vl::NIN, NOUT = vl::NOUT, NACC = vl::NACC;
   static constexpr unsigned IN_BITS = 7u, OUT_BITS = 1u;
   static constexpr bool ROWSTAT = SEQMEAN && HAS_MASK;
   static constexpr unsigned PRE_BITS = 0u;
+  static constexpr int NPRE = 1;
   static constexpr int reduce_kind(int) { return tl::RED_SUM; }
 
-  T clip, cg, rowfac;
+  T clip, cg, bg, rowfac;
 
   /* c: the gradient constant (tl::grad_scale) */
   RLK_DEVICE Op(const Params &a, double c) {
     clip = (T)a.clip;
     cg = (T)c;
+    bg = (T)a.bound_g;
     rowfac = T(1);
   }
 
@@ -69,6 +72,8 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
     if (SEQMEAN && HAS_MASK) rowfac = pre[0] > T(0) ? T(1) / pre[0] : T(0);
   }
 
+  RLK_DEVICE void row_done(T *) const {}
+
   RLK_DEVICE void token(const T *x, float mf, T *acc, T *y) const {
     y[OUT_GV] = T(0);
     if (mf == 0.0f) return;
@@ -77,7 +82,7 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
     /* clamp(v, vo - c, vo + c): exactly v where it is inside, so an unclipped token never
      * counts as clipped through rounding */
     const T lo = vo - clip, hi = vo + clip;
-    const bool pass = tl::inside(v, lo, hi);
+    const T pass = tl::gate(v, lo, hi, bg);
     const T vc = tl::clampv(v, lo, hi);
     const T e1 = v - R, e2 = vc - R;
     const T a = e1 * e1, b = e2 * e2;
@@ -88,11 +93,11 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
       g = e1;
     } else if (b > a) {
       l = T(0.5) * b;
-      g = pass ? e2 : T(0);
+      g = pass * e2;
       clipf = true;
     } else {
       l = T(0.5) * a;
-      g = T(0.5) * (e1 + (pass ? e2 : T(0)));
+      g = T(0.5) * (e1 + pass * e2);
     }
     const T w = SEQMEAN ? m * rowfac : m;
     acc[A_LOSS] += w * l;

@@ -1,6 +1,6 @@
 /* group_advantage_rowsum.c - host form of rlk::group_advantage_rowsum (see
  * templates/cuda/group_advantage.cuh): out[b] = sum_t r[b, t] * m[b, t] over the elements
- * whose mask value is non-zero, accumulated in the reward type, in t order.
+ * whose mask value is non-zero, accumulated and stored in the reward type, in t order.
  * Parameters: RLK_P_SCORES (float or double), RLK_P_MASK (GA_MASK_*). */
 #include "group_advantage_common.h"
 
@@ -11,7 +11,7 @@ RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
   const rlk_i64 reward_stride = RLK_ARG(rlk_i64, 1);
   const void *mask = RLK_ARG(const void *, 2);
   const rlk_i64 mask_stride = RLK_ARG(rlk_i64, 3);
-  float *out = RLK_ARG(float *, 4);
+  ga_score_t *out = RLK_ARG(ga_score_t *, 4);
   const rlk_i64 B = RLK_ARG(rlk_i64, 5), T = RLK_ARG(rlk_i64, 6);
   for (rlk_i64 b = 0; b < B; b++) {
     const ga_score_t *r = rewards + b * reward_stride;
@@ -24,6 +24,6 @@ RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
         if (w != 0.0f) acc += r[t] * (ga_score_t)w;
       }
     }
-    out[b] = (float)acc;
+    out[b] = acc;
   }
 }

@@ -13,25 +13,77 @@ typedef RLK_P_DTYPE T;
 #define T_EXP(x) _Generic((x), float: expf, default: exp)(x)
 #define T_EXPM1(x) _Generic((x), float: expm1f, default: expm1)(x)
 
-enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4 };
+enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
+       MODE_GEO_MEAN = 5 };
 enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
 enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
 enum {
   A_PG, A_KL, A_ENT, A_MASK, A_CLIP, A_DUAL, A_LOW, A_HIGH, A_APPROX, A_KLMEAN, A_ENTMEAN,
-  A_RMAX, A_RMIN, NACC
+  A_RMAX, A_RMIN, A_APPROX_RAW, A_SEQ_LOW, A_SEQ_HIGH, A_ROWS, NACC
 };
 
 static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
-static inline int inside(T x, T lo, T hi) { return x >= lo && x <= hi; }
+static inline T gate(T x, T lo, T hi, T bg) {
+  return (x > lo && x < hi) ? (T)1 : ((x == lo || x == hi) ? bg : (T)0);
+}
 
 /* The numbers of a call, in T, and the current sequence's values. */
 typedef struct pl_ctx {
   const pl_params *a;
-  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent;
-  T adv_row, rowfac, s_ratio, s_gate;
+  T lo, hi, dual, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out, cg, ckl, cent, bg;
+  T adv_row, rowfac, s_ratio, s_gate, row_g, adv_mean, clip_l, clip_h;
 } pl_ctx;
+
+/* GMPO's clipped log-ratio and its derivative in d (mirrors rlk::pl::geo_clip). */
+static T geo_clip(T A, T d, T lo, T hi, T bg, T *g) {
+  const T dc = clampv(d, lo, hi);
+  const T cg = gate(d, lo, hi, bg);
+  if (A == 0) {
+    *g = 0;
+    return 0;
+  }
+  const int take_d = A > 0 ? d < dc : d > dc;
+  const int take_c = A > 0 ? dc < d : dc > d;
+  *g = take_d ? (T)1 : (take_c ? cg : (T)0.5 * ((T)1 + cg));
+  return take_d ? d : dc;
+}
+
+/* The PPO clip and dual clip at ratio r (mirrors rlk::pl::ppo_clip): term, d term / d r. */
+static void ppo_clip(const pl_ctx *c, T A, T r, T *l, T *g, int *clip, int *dualc) {
+  const T nA = -A;
+  const T l1 = nA * r, l2 = nA * clampv(r, c->lo, c->hi);
+  const T cgate = gate(r, c->lo, c->hi, c->bg);
+  T lc, gg;
+  *clip = 0;
+  *dualc = 0;
+  if (l1 > l2) {
+    lc = l1;
+    gg = nA;
+  } else if (l2 > l1) {
+    lc = l2;
+    gg = nA * cgate;
+    *clip = 1;
+  } else {
+    lc = l1;
+    gg = nA * (T)0.5 * ((T)1 + cgate);
+  }
+  if (A < 0 && c->dual > 1) {
+    const T l3 = nA * c->dual;
+    if (l3 < lc) {
+      lc = l3;
+      gg = 0;
+      *dualc = 1;
+    } else if (!(lc < l3)) {
+      gg = gg * (T)0.5;
+    }
+  }
+  *l = lc;
+  *g = gg;
+}
+
+static int meangrad(const pl_params *a) { return a->mode == MODE_GSPO && a->seq_grad; }
 
 /* One token; mirrors rlk::pl::Op::token. */
 static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
@@ -44,43 +96,15 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
   const T A = a->adv_per_seq ? c->adv_row : x[IN_ADV];
   const T d = lp - x[IN_OLD];
   const T dc = clampv(d, c->lr_min, c->lr_max);
-  const int dpass = inside(d, c->lr_min, c->lr_max);
+  const T dpass = gate(d, c->lr_min, c->lr_max, c->bg);
 
   T r, l, dl;
   int clip = 0, dualc = 0, low = 0, high = 0;
   if (a->mode == MODE_PPO || a->mode == MODE_GSPO) {
     r = a->mode == MODE_GSPO ? c->s_ratio : T_EXP(dc);
-    const T l1 = -A * r;
-    const int cpass = inside(r, c->lo, c->hi);
-    const T l2 = -A * clampv(r, c->lo, c->hi);
-    T lc, g;
-    if (l1 > l2) {
-      lc = l1;
-      g = -A;
-    } else if (l2 > l1) {
-      lc = l2;
-      g = cpass ? -A : (T)0;
-      clip = 1;
-    } else {
-      lc = l1;
-      g = cpass ? -A : -A * (T)0.5;
-    }
-    if (a->mode == MODE_PPO && A < 0 && c->dual > 1) {
-      const T l3 = -A * c->dual;
-      if (lc < l3) {
-        l = lc;
-      } else if (l3 < lc) {
-        l = l3;
-        g = 0;
-        dualc = 1;
-      } else {
-        l = lc;
-        g = g * (T)0.5;
-      }
-    } else {
-      l = lc;
-    }
-    dl = a->mode == MODE_GSPO ? g * c->s_gate : (dpass ? g * r : (T)0);
+    T g;
+    ppo_clip(c, A, r, &l, &g, &clip, &dualc);
+    dl = a->mode == MODE_GSPO ? g * c->s_gate : (dpass != 0 ? g * dpass * r : (T)0);
     low = r < c->lo && A < 0;
     high = r > c->hi && A > 0;
   } else if (a->mode == MODE_CISPO) {
@@ -98,7 +122,16 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
     const T sp = (T)1 / ((T)1 + T_EXP(-z));
     const T sn = (T)1 / ((T)1 + T_EXP(z));
     l = -sp * ((T)4 / tau) * A;
-    dl = dpass ? -A * (T)4 * sp * sn * r : (T)0;
+    dl = dpass != 0 ? -A * (T)4 * sp * sn * r * dpass : (T)0;
+  } else if (a->mode == MODE_GEO_MEAN) {
+    T g;
+    geo_clip(A, d, -c->clip_l, c->clip_h, c->bg, &g);
+    r = c->s_ratio;
+    l = -c->adv_mean * c->s_ratio;
+    dl = l * g;
+    const int cl = d < -c->clip_l || d > c->clip_h;
+    clip = cl && A > 0;
+    dualc = cl && A < 0;
   } else {
     r = T_EXP(dc);
     l = -A * lp;
@@ -132,8 +165,10 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
     kv = clampv(v, -c->kl_out, c->kl_out);
     if (a->kl_st)
       gk = e;
-    else
-      gk = inside(e, -c->kl_in, c->kl_in) && inside(v, -c->kl_out, c->kl_out) ? gv : (T)0;
+    else {
+      const T gg = gate(e, -c->kl_in, c->kl_in, c->bg) * gate(v, -c->kl_out, c->kl_out, c->bg);
+      gk = gg != 0 ? gg * gv : (T)0;
+    }
   }
   const T ent = a->ent != ENT_NONE ? x[IN_ENT] : (T)0;
 
@@ -153,10 +188,12 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
   if (low) acc[A_LOW] += (double)m;
   if (high) acc[A_HIGH] += (double)m;
   acc[A_APPROX] -= (double)(m * dc);
+  acc[A_APPROX_RAW] -= (double)(m * d);
   if ((double)r > acc[A_RMAX]) acc[A_RMAX] = (double)r;
   if ((double)r < acc[A_RMIN]) acc[A_RMIN] = (double)r;
 
-  y[OUT_GLOGP] = a->kl != KL_NONE ? w * (c->cg * dl + c->ckl * gk) : w * (c->cg * dl);
+  const T pg = meangrad(a) ? m * (c->cg * c->row_g) : w * (c->cg * dl);
+  y[OUT_GLOGP] = a->kl != KL_NONE ? pg + w * (c->ckl * gk) : pg;
   if (a->ent == ENT_GRAD) y[OUT_GENT] = w * c->cent;
 }
 
@@ -179,6 +216,11 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.cg = (T)k;
   c.ckl = (T)(k * a.kl_coef);
   c.cent = (T)(-k * a.ent_coef);
+  c.bg = (T)a.bound_g;
+  c.row_g = 0;
+  c.adv_mean = 0;
+  c.clip_l = (T)(1.0 - a.clip_lo);
+  c.clip_h = (T)(a.clip_hi - 1.0);
   c.adv_row = 0;
   c.rowfac = 1;
   c.s_ratio = 1;
@@ -214,19 +256,49 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     if (a.adv_per_seq) c.adv_row = ((const T *)a.adv_seq)[row];
     c.rowfac = 1;
     if (a.seqmean && !has_mask) c.rowfac = len > 0 ? (T)1 / (T)len : (T)0;
-    if (a.mode == MODE_GSPO || (a.seqmean && has_mask)) {
-      double n = 0.0, sd = 0.0;
+    if (a.mode == MODE_GSPO || a.mode == MODE_GEO_MEAN || (a.seqmean && has_mask)) {
+      double n = 0.0, sd = 0.0, sp = 0.0, sn = 0.0, sa = 0.0;
       for (rlk_i64 j = 0; j < len; j++) {
         const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
         if (m == 0.0f) continue;
         n += (double)m;
         if (a.mode == MODE_GSPO) sd += (double)((T)m * (in[IN_LOGP][j] - in[IN_OLD][j]));
+        if (a.mode == MODE_GEO_MEAN) {
+          const T A = a.adv_per_seq ? c.adv_row : in[IN_ADV][j];
+          T g;
+          sd += (double)((T)m * geo_clip(A, in[IN_LOGP][j] - in[IN_OLD][j], -c.clip_l, c.clip_h,
+                                         c.bg, &g));
+          sa += (double)((T)m * A);
+        }
+        if (meangrad(&a)) {
+          const T A = a.adv_per_seq ? c.adv_row : in[IN_ADV][j];
+          const T wa = (T)m * (a.isw ? in[IN_ISW][j] : (T)1) * A;
+          if (A > 0) sp += (double)wa;
+          if (A < 0) sn += (double)wa;
+        }
       }
       if (a.seqmean && has_mask) c.rowfac = n > 0.0 ? (T)1 / (T)n : (T)0;
+      if (a.mode == MODE_GEO_MEAN) {
+        c.s_ratio = T_EXP(n > 0.0 ? (T)(sd / n) : (T)0);
+        c.adv_mean = n > 0.0 ? (T)(sa / n) : (T)0;
+      }
       if (a.mode == MODE_GSPO) {
         const T xm = n > 0.0 ? (T)(sd / n) : (T)0;
         c.s_ratio = T_EXP(clampv(xm, c.lr_min, c.lr_max));
-        c.s_gate = inside(xm, c.lr_min, c.lr_max) ? c.s_ratio : (T)0;
+        c.s_gate = gate(xm, c.lr_min, c.lr_max, c.bg) * c.s_ratio;
+        if (a.adv_per_seq) {
+          if (c.s_ratio < c.lo && c.adv_row < 0) acc[A_SEQ_LOW] += 1.0;
+          if (c.s_ratio > c.hi && c.adv_row > 0) acc[A_SEQ_HIGH] += 1.0;
+          acc[A_ROWS] += 1.0;
+        }
+        if (meangrad(&a)) {
+          T l, gp, gn;
+          int f1, f2;
+          ppo_clip(&c, (T)1, c.s_ratio, &l, &gp, &f1, &f2);
+          ppo_clip(&c, (T)-1, c.s_ratio, &l, &gn, &f1, &f2);
+          const T sum = c.rowfac * (gp * (T)sp - gn * (T)sn);
+          c.row_g = n > 0.0 ? c.s_gate * sum / (T)n : (T)0;
+        }
       }
     }
 
@@ -259,5 +331,9 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     mt[10] = (T)kl;
     mt[11] = (T)ent;
     mt[12] = (T)n;
+    mt[13] = (T)(acc[A_APPROX_RAW] * inv);
+    const double rows = acc[A_ROWS];
+    mt[14] = (T)(rows != 0.0 ? acc[A_SEQ_LOW] / rows : acc[A_LOW] * inv);
+    mt[15] = (T)(rows != 0.0 ? acc[A_SEQ_HIGH] / rows : acc[A_HIGH] * inv);
   }
 }

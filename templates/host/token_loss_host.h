@@ -42,12 +42,12 @@ typedef struct pl_params {
   void *metrics;
   void *partials;
   rlk_i64 num_partials;
-  rlk_i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw;
+  rlk_i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad, kl_coef, ent_coef;
+  double c_grad, kl_coef, ent_coef, bound_g;
   tl_norm norm;
 } pl_params;
-_Static_assert(sizeof(pl_params) == 424, "pl_params: 53 8-byte fields");
+_Static_assert(sizeof(pl_params) == 440, "pl_params: 55 8-byte fields");
 
 /* rlk::vl::Params */
 typedef struct vl_params {
@@ -57,10 +57,15 @@ typedef struct vl_params {
   void *partials;
   rlk_i64 num_partials;
   rlk_i64 seqmean, layout, mask_kind;
-  double clip, c_grad;
+  double clip, c_grad, bound_g;
   tl_norm norm;
 } vl_params;
-_Static_assert(sizeof(vl_params) == 224, "vl_params: 28 8-byte fields");
+_Static_assert(sizeof(vl_params) == 232, "vl_params: 29 8-byte fields");
+
+/* A clamp's gradient factor: 1 strictly inside [lo, hi], bg on a bound, 0 outside or NaN. */
+static inline double tl_gate(double x, double lo, double hi, double bg) {
+  return (x > lo && x < hi) ? 1.0 : ((x == lo || x == hi) ? bg : 0.0);
+}
 
 /* The mask weight of element i (1 without a mask). */
 static inline float tl_mask_at(rlk_i64 kind, const void *mask, rlk_i64 i) {

@@ -12,14 +12,13 @@ enum { IN_V = 0, IN_OLD = 1, IN_RET = 2, NIN = 3 };
 enum { A_LOSS, A_MASK, A_CLIP, A_V, A_ERR, NACC };
 
 static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
-static inline int inside(T x, T lo, T hi) { return x >= lo && x <= hi; }
 
 RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
   const vl_params a = RLK_ARG(vl_params, 0);
   const tl_count_view cv = {a.layout, a.mask_kind, a.s.rows, a.s.cols, a.s.mask_stride, a.s.mask,
                             a.s.offsets};
   const double k = tl_grad_scale(&a.norm, a.c_grad, &cv);
-  const T clip = (T)a.clip, cg = (T)k;
+  const T clip = (T)a.clip, cg = (T)k, bg = (T)a.bound_g;
   const int has_mask = a.mask_kind != TL_MASK_NONE;
   double acc[NACC] = {0, 0, 0, 0, 0};
 
@@ -54,7 +53,7 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
       }
       const T m = (T)mf;
       const T lo = vo[j] - clip, hi = vo[j] + clip;
-      const int pass = inside(v[j], lo, hi);
+      const T pass = (T)tl_gate((double)v[j], (double)lo, (double)hi, (double)bg);
       const T vc = clampv(v[j], lo, hi);
       const T e1 = v[j] - R[j], e2 = vc - R[j];
       const T qa = e1 * e1, qb = e2 * e2;
@@ -65,11 +64,11 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
         g = e1;
       } else if (qb > qa) {
         l = (T)0.5 * qb;
-        g = pass ? e2 : (T)0;
+        g = pass * e2;
         clipf = 1;
       } else {
         l = (T)0.5 * qa;
-        g = (T)0.5 * (e1 + (pass ? e2 : (T)0));
+        g = (T)0.5 * (e1 + pass * e2);
       }
       const T w = a.seqmean ? m * rowfac : m;
       acc[A_LOSS] += (double)(w * l);

@@ -32,6 +32,12 @@ static dd dd_clamp(dd a, double lo, double hi) {
   const double v = a.v < lo ? lo : (a.v > hi ? hi : a.v);
   return (dd){v, (a.v >= lo && a.v <= hi) ? a.g : 0.0};
 }
+/* a clamp whose gradient on a bound is bg (1: closed range, 0: open, 0.5: split) */
+static dd dd_clamp_bg(dd a, double lo, double hi, double bg) {
+  const double v = a.v < lo ? lo : (a.v > hi ? hi : a.v);
+  const double f = (a.v > lo && a.v < hi) ? 1.0 : ((a.v == lo || a.v == hi) ? bg : 0.0);
+  return (dd){v, f != 0.0 ? f * a.g : 0.0};
+}
 static dd dd_maximum(dd a, dd b) {
   if (a.v > b.v) return a;
   if (b.v > a.v) return b;
@@ -68,7 +74,7 @@ static double row_n(const plref_batch *b, int64_t r) {
 
 /* The KL estimator of rlk on e = lp - ref: value and derivative in e. */
 static dd rlk_kl(const plref_params *p, dd e) {
-  const dd ec = dd_clamp(e, -p->kl_in, p->kl_in);
+  const dd ec = dd_clamp_bg(e, -p->kl_in, p->kl_in, p->bound_g);
   dd f;
   switch (p->kl) {
   case 0: /* k1 */
@@ -84,7 +90,7 @@ static dd rlk_kl(const plref_params *p, dd e) {
     f = dd_sub(dd_add(dd_exp(dd_neg(ec)), ec), dd_c(1.0));
     break;
   }
-  f = dd_clamp(f, -p->kl_out, p->kl_out);
+  f = dd_clamp_bg(f, -p->kl_out, p->kl_out, p->bound_g);
   if (p->kl_st) f.g = e.g * e.v; /* k2's gradient: d(e^2/2) = e */
   return f;
 }
@@ -104,12 +110,14 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
   double S_pg = 0, S_kl = 0, S_ent = 0, n_all = 0, clip = 0, dual = 0, low = 0, high = 0,
          approx = 0, klm = 0, entm = 0, rmax = -INFINITY, rmin = INFINITY;
   double A_pg = 0, A_kl = 0, A_ent = 0, A_n = 0, A_approx = 0, A_klm = 0, A_entm = 0;
+  double approx_raw = 0, A_raw = 0, seq_low = 0, seq_high = 0, rows = 0;
   for (int64_t r = 0; r < B; r++) {
     const double n = row_n(b, r);
     const double rowfac = p->agg == 3 ? (n > 0 ? 1.0 / n : 0.0) : 1.0;
     /* GSPO: the sequence ratio, the same for every token; its derivative in each token's lp
-     * is taken straight through (d s_t / d lp_t = s) */
-    double s = 1.0, s_gate = 1.0;
+     * is taken straight through (d s_t / d lp_t = s), or through the mean (d s / d lp_t =
+     * s m_t / n: every token gets the row's summed derivative, row_g) */
+    double s = 1.0, s_gate = 1.0, row_g = 0.0;
     if (p->mode == 1) {
       double sd = 0;
       for (int64_t t = 0; t < T; t++) {
@@ -117,9 +125,30 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         if (b->mask[i] != 0) sd += b->mask[i] * (b->lp[i] - b->old[i]);
       }
       const double x = n > 0 ? sd / n : 0.0;
-      const dd xs = dd_clamp(dd_var(x), p->lr_min, p->lr_max);
+      const dd xs = dd_clamp_bg(dd_var(x), p->lr_min, p->lr_max, p->bound_g);
       s = exp(xs.v);
       s_gate = xs.g;
+      if (b->adv_seq) {
+        const double A = b->adv[r];
+        if (s < lo && A < 0) seq_low += 1;
+        if (s > hi && A > 0) seq_high += 1;
+        rows += 1;
+      }
+      if (p->seq_grad) {
+        /* sum_j w_j d l_j / d s, by the same rules as the tokens below */
+        double sum = 0;
+        for (int64_t t = 0; t < T; t++) {
+          const int64_t i = r * T + t;
+          if (b->mask[i] == 0) continue;
+          const double A = adv_at(b, i);
+          const dd sv = dd_var(s);
+          dd l = dd_maximum(dd_mul(dd_c(-A), sv),
+                            dd_mul(dd_c(-A), dd_clamp_bg(sv, lo, hi, p->bound_g)));
+          if (A < 0 && p->dual_clip > 1) l = dd_minimum(l, dd_c(-A * p->dual_clip));
+          sum += b->mask[i] * rowfac * l.g * (b->isw ? b->isw[i] : 1.0);
+        }
+        row_g = n > 0 ? s * s_gate * sum / n : 0.0;
+      }
     }
     for (int64_t t = 0; t < T; t++) {
       const int64_t i = r * T + t;
@@ -130,7 +159,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       if (m == 0) continue;
       const double A = adv_at(b, i);
       const dd lp = dd_var(b->lp[i]);
-      const dd lr = dd_clamp(dd_sub(lp, dd_c(b->old[i])), p->lr_min, p->lr_max);
+      const dd lr = dd_clamp_bg(dd_sub(lp, dd_c(b->old[i])), p->lr_min, p->lr_max, p->bound_g);
       dd l;
       double ratio;
       int is_clip = 0, is_dual = 0;
@@ -138,10 +167,10 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         const dd rr = p->mode == 1 ? (dd){s, s * s_gate} : dd_exp(lr);
         ratio = rr.v;
         const dd l1 = dd_mul(dd_c(-A), rr);
-        const dd l2 = dd_mul(dd_c(-A), dd_clamp(rr, lo, hi));
+        const dd l2 = dd_mul(dd_c(-A), dd_clamp_bg(rr, lo, hi, p->bound_g));
         l = dd_maximum(l1, l2);
         is_clip = l2.v > l1.v;
-        if (p->mode == 0 && A < 0 && p->dual_clip > 1) {
+        if (A < 0 && p->dual_clip > 1) {
           const dd l3 = dd_c(-A * p->dual_clip);
           is_dual = l.v > l3.v;
           l = dd_minimum(l, l3);
@@ -152,6 +181,33 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         const dd w = dd_detach(dd_clamp(rr, lo, hi));
         l = dd_mul(dd_mul(dd_neg(w), dd_c(A)), lp);
         is_clip = ratio < lo || ratio > hi;
+      } else if (p->mode == 5) {
+        /* GMPO: the sequence's term -Abar exp(mean clipped d), differentiated in this token */
+        double sd = 0, sa = 0;
+        dd mine = dd_c(0);
+        for (int64_t u = 0; u < T; u++) {
+          const int64_t k = r * T + u;
+          if (b->mask[k] == 0) continue;
+          const double Ak = adv_at(b, k);
+          const dd dk = u == t ? dd_sub(lp, dd_c(b->old[k])) : dd_c(b->lp[k] - b->old[k]);
+          const double sg = Ak > 0 ? 1.0 : (Ak < 0 ? -1.0 : 0.0);
+          const dd dck = dd_clamp_bg(dk, -p->clip_low, p->clip_high, p->bound_g);
+          dd mn = dd_minimum(dd_mul(dd_c(sg), dk), dd_mul(dd_c(sg), dck));
+          mn = dd_mul(dd_c(sg), mn);
+          if (u == t) mine = mn;
+          sd += b->mask[k] * mn.v;
+          sa += b->mask[k] * Ak;
+        }
+        const dd sr = dd_exp((dd){sd / n, b->mask[i] * mine.g / n});
+        ratio = sr.v;
+        l = dd_mul(dd_c(-sa / n), sr);
+        /* the aggregation weighs the sequence's term once per token (W = n rowfac): the
+         * derivative of the whole sum is carried by each token's own share */
+        l.g = l.g * n / b->mask[i];
+        const double di = b->lp[i] - b->old[i];
+        const int cl = di < -p->clip_low || di > p->clip_high;
+        is_clip = cl && A > 0;
+        is_dual = cl && A < 0;
       } else if (p->mode == 3) {
         const dd rr = dd_exp(lr);
         ratio = rr.v;
@@ -178,6 +234,8 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         if (ratio > hi && A > 0) high += m;
       }
       approx += m * -lr.v;
+      approx_raw += m * -(b->lp[i] - b->old[i]);
+      A_raw += fabs(m * (b->lp[i] - b->old[i]));
       klm += m * kl.v;
       entm += m * ent;
       A_pg += fabs(w * l.v);
@@ -189,8 +247,9 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       A_entm += fabs(m * ent);
       if (ratio > rmax) rmax = ratio;
       if (ratio < rmin) rmin = ratio;
-      o->grad_lp[i] = K * w * (l.g + p->kl_coef * kl.g);
-      if (o->grad_abs) o->grad_abs[i] = fabs(K * w) * (fabs(l.g) + fabs(p->kl_coef * kl.g));
+      const double gpg = p->mode == 1 && p->seq_grad ? m * row_g : w * l.g;
+      o->grad_lp[i] = K * (gpg + w * p->kl_coef * kl.g);
+      if (o->grad_abs) o->grad_abs[i] = fabs(K) * (fabs(gpg) + fabs(w * p->kl_coef * kl.g));
       if (o->grad_ent) o->grad_ent[i] = -p->ent_coef * K * w;
     }
   }
@@ -210,6 +269,9 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
   o->metrics[10] = K * S_kl;
   o->metrics[11] = K * S_ent;
   o->metrics[12] = n_all;
+  o->metrics[13] = approx_raw * inv;
+  o->metrics[14] = rows != 0 ? seq_low / rows : low * inv;
+  o->metrics[15] = rows != 0 ? seq_high / rows : high * inv;
   o->loss_abs = fabs(K) * (A_pg + fabs(p->kl_coef) * A_kl + fabs(p->ent_coef) * A_ent);
   const double ainv = n_all != 0 ? 1.0 / fabs(n_all) : 0.0;
   for (int k = 0; k < 4; k++) o->metrics_abs[k] = A_n * ainv;
@@ -222,6 +284,8 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
   o->metrics_abs[10] = fabs(K) * A_kl;
   o->metrics_abs[11] = fabs(K) * A_ent;
   o->metrics_abs[12] = A_n;
+  o->metrics_abs[13] = A_raw * ainv;
+  o->metrics_abs[14] = o->metrics_abs[15] = 1.0;
   return 0;
 }
 
@@ -390,6 +454,7 @@ int plref_verl(const plref_batch *b, const plref_verl_cfg *c, plref_out *o) {
   o->metrics[0] = clipfrac / (msum + 1e-8);
   o->metrics[1] = lower / (msum + 1e-8);
   o->metrics[4] = ppo_kl / (msum + 1e-8);
+  o->metrics[13] = o->metrics[4]; /* gspo reports the unclamped log-ratio */
   free(wpg);
   free(wcfg);
   return 0;

@@ -48,9 +48,11 @@ typedef struct plref_params {
   double ent_coef;
   int agg;                  /* rlk_loss_agg */
   double token_norm, seq_norm, norm_scale, loss_scale;
+  int seq_grad;   /* rlk_seq_ratio_grad (gspo) */
+  double bound_g; /* a clamp's gradient on its bounds */
 } plref_params;
 
-/* Fills every metric RLK_PL_METRIC_* (13 of them). */
+/* Fills every metric RLK_PL_METRIC_* (16 of them). */
 int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o);
 
 /* ---- verl (core_algos compute_policy_loss_*, agg_loss, kl_penalty; dp_actor) ----------- */

@@ -34,10 +34,12 @@ class GroupAdvantageArgs(ctypes.Structure):
         ("advantages", T.Tensor),
         ("mask", T.Tensor),
         ("token_advantages", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
-OP = Op("group_advantage", GroupAdvantageArgs)
+OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)
 
 _F = (T.DType.F32, T.DType.F64)
 
@@ -91,5 +93,10 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
                                          T.DType.F32, (B, cols))
         else:
             b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
+    n = b.op.workspace_size(b.context(), b.args)  # f64 [B, T] scores: their f64 row sums
+    if n:
+        _, ptr = b.workspace(n)
+        a.workspace = ptr
+        a.workspace_bytes = n
     b.run(stream)
     return (advantages, token_advantages) if broadcast else advantages

@@ -19,7 +19,7 @@ import enum
 from .. import _types as T
 from .._tensor import _KIND, Binder, Op, _kind, dim
 
-__all__ = ["LossAgg", "PolicyLossMode", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
+__all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
            "policy_loss", "value_loss", "metrics_dict"]
 
@@ -38,6 +38,12 @@ class PolicyLossMode(enum.IntEnum):
     CISPO = 2
     SAPO = 3
     REINFORCE = 4
+    GEO_MEAN = 5
+
+
+class SeqRatioGrad(enum.IntEnum):
+    STRAIGHT_THROUGH = 0
+    THROUGH_MEAN = 1
 
 
 class KLEstimator(enum.IntEnum):
@@ -50,7 +56,8 @@ class KLEstimator(enum.IntEnum):
 # The metric slots, in the order of RLK_PL_METRIC_* / RLK_VL_METRIC_*.
 POLICY_LOSS_METRICS = ("clipfrac", "clipfrac_lower", "clip_low", "clip_high", "approx_kl",
                        "kl_mean", "entropy_mean", "ratio_max", "ratio_min", "pg_loss", "kl_loss",
-                       "entropy_loss", "mask_sum")
+                       "entropy_loss", "mask_sum", "approx_kl_raw", "seq_clip_low",
+                       "seq_clip_high")
 VALUE_LOSS_METRICS = ("clipfrac", "value_mean", "error_mean", "mask_sum")
 
 
@@ -74,6 +81,8 @@ class PolicyLossArgs(ctypes.Structure):
         ("log_ratio_max", ctypes.c_double),
         ("sapo_tau_pos", ctypes.c_double),
         ("sapo_tau_neg", ctypes.c_double),
+        ("seq_ratio_grad", ctypes.c_int),
+        ("clamp_bound_grad", ctypes.c_double),
         ("kl_estimator", ctypes.c_int),
         ("kl_coef", ctypes.c_double),
         ("kl_input_clamp", ctypes.c_double),
@@ -105,6 +114,7 @@ class ValueLossArgs(ctypes.Structure):
         ("mask", T.Tensor),
         ("seq_offsets", T.Tensor),
         ("clip", ctypes.c_double),
+        ("clamp_bound_grad", ctypes.c_double),
         ("agg", ctypes.c_int),
         ("token_normalizer", ctypes.c_double),
         ("seq_normalizer", ctypes.c_double),
@@ -213,14 +223,15 @@ def _norm_key(a, tn):
 
 # The float fields of rlk_policy_loss_args that policy_loss passes through as given.
 _PL_FLOATS = ("clip_low", "clip_high", "dual_clip", "log_ratio_min", "log_ratio_max",
-              "sapo_tau_pos", "sapo_tau_neg", "kl_coef", "kl_input_clamp", "kl_output_clamp",
-              "entropy_coef")
+              "sapo_tau_pos", "sapo_tau_neg", "clamp_bound_grad", "kl_coef", "kl_input_clamp",
+              "kl_output_clamp", "entropy_coef")
 
 
 def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
                 entropy=None, rollout_is_weights=None, seq_advantages=None, mode=None,
                 clip_low=None, clip_high=None, dual_clip=None, log_ratio_min=None,
-                log_ratio_max=None, sapo_tau_pos=None, sapo_tau_neg=None, kl_estimator=None,
+                log_ratio_max=None, sapo_tau_pos=None, sapo_tau_neg=None, seq_ratio_grad=None,
+                clamp_bound_grad=None, kl_estimator=None,
                 kl_coef=None, kl_input_clamp=None, kl_output_clamp=None, kl_straight_through=None,
                 entropy_coef=None, agg=None, token_normalizer=None, seq_normalizer=None,
                 norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
@@ -230,7 +241,8 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     one dtype. advantages may be per sequence ([B] / [S]): seq_advantages (default: inferred
     from its shape). mask: bool, i32 or f32. Optional ref_logp (KL term, with kl_coef),
     entropy (with entropy_coef), rollout_is_weights. mode: "ppo" (default), "gspo", "cispo",
-    "sapo", "reinforce"; kl_estimator "k1", "abs", "k2", "k3"; agg "token-mean" (default),
+    "sapo", "reinforce"; seq_ratio_grad "straight_through" (default) or "through_mean" (gspo);
+    kl_estimator "k1", "abs", "k2", "k3"; agg "token-mean" (default),
     "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm".
     Every other keyword is the C field of that name; None keeps rlk_policy_loss_args_init's
     value (verl's actor defaults). token_normalizer / seq_normalizer: a number, a device
@@ -258,11 +270,13 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     b.set("rollout_is_weights", rollout_is_weights, _F, optional=True)
     if mode is not None:
         a.mode = T.enum_value(PolicyLossMode, mode, "policy_loss: mode")
+    if seq_ratio_grad is not None:
+        a.seq_ratio_grad = T.enum_value(SeqRatioGrad, seq_ratio_grad, "policy_loss: seq_ratio_grad")
     if kl_estimator is not None:
         a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "policy_loss: kl_estimator")
     for name, v in zip(_PL_FLOATS, (clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
-                                    sapo_tau_pos, sapo_tau_neg, kl_coef, kl_input_clamp,
-                                    kl_output_clamp, entropy_coef)):
+                                    sapo_tau_pos, sapo_tau_neg, clamp_bound_grad, kl_coef,
+                                    kl_input_clamp, kl_output_clamp, entropy_coef)):
         if v is not None:
             setattr(a, name, float(v))
     if kl_straight_through is not None:
@@ -281,14 +295,15 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     return PolicyLossResult(loss, grad_logp, grad_entropy, out_metrics)
 
 
-def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None, agg=None,
-               token_normalizer=None, seq_normalizer=None, norm_scale=None, loss_scale=None,
-               metrics=True, stream=None, scalar_loss=False):
+def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None,
+               clamp_bound_grad=None, agg=None, token_normalizer=None, seq_normalizer=None,
+               norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
     """The clipped value loss forward and backward in one pass (rlk_value_loss).
 
     values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
     clip range (default 0.5; float("inf") turns clipping off). agg and the normalizers as for
-    policy_loss. Returns ValueLossResult(loss [1], grad_values, metrics [4] or None)."""
+    policy_loss; clamp_bound_grad: the clip's gradient where v - v_old is exactly +-clip
+    (default 0.5, verl's). Returns ValueLossResult(loss [1], grad_values, metrics [4] or None)."""
     b = Binder(VALUE_OP)
     dt = b.set("values", values, _F)
     b.set("old_values", old_values, _F)
@@ -297,6 +312,8 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     b.set("seq_offsets", seq_offsets, _I, optional=True)
     if clip is not None:
         b.args.clip = float(clip)
+    if clamp_bound_grad is not None:
+        b.args.clamp_bound_grad = float(clamp_bound_grad)
     _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
     shape = values.shape
     grad = b.set_new("grad_values", b.empty(shape, dt), dt, shape)

@@ -1,0 +1,95 @@
+"""rlk.integrations.openrlhf beside OpenRLHF's own PolicyLoss, ValueLoss and GAE (the installed
+package, called unchanged), on every case, f32 and f64: losses, gradients and metrics."""
+import numpy as np
+import pytest
+import torch
+
+import trainers  # noqa: F401
+from cases import CASES, close, make, torch_inputs
+
+L = pytest.importorskip("openrlhf.models.loss")
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
+
+from rlk.integrations import openrlhf as ro  # noqa: E402
+
+DTYPES = ("f32", "f64")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(int.from_bytes(__import__("os").urandom(4), "little"))
+
+
+def run(cls, case, nan, ctor, fwd, adv_key):
+    t = torch_inputs(case, ["lp", "old", adv_key], nan=nan, requires_grad=("lp",))
+    mask = torch.from_numpy(case["mask"]).float()
+    loss, clip_ratio, ppo_kl, _, _ = cls(**ctor)(t["lp"], t["old"], t[adv_key], mask, **fwd)
+    loss.backward()
+    return loss.detach(), t["lp"].grad, clip_ratio, ppo_kl
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("token_level", (True, False))
+@pytest.mark.parametrize("dual", (None, "case"))
+@pytest.mark.parametrize("kind", ("ppo", "gspo"))
+def test_policy_loss(kind, dual, token_level, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    over = case["over"]
+    ctor = {"clip_eps_low": 0.2, "clip_eps_high": over.get("clip_high", 0.28),
+            "dual_clip": None if dual is None else over.get("dual_clip", 3.0),
+            "token_level_loss": token_level, "policy_loss_type": kind}
+    # per-token advantages (GAE-like) and per-sequence ones broadcast over the tokens
+    case["adv_row"] = np.repeat(case["adv_seq"][:, None], case["lp"].shape[1], 1)
+    for adv_key in ("adv", "adv_row"):
+        for fwd in ({}, {"dp_size": 2, "batch_num_tokens": 29.0, "global_batch_size": 7.0}):
+            want = run(L.PolicyLoss, case, False, ctor, fwd, adv_key)
+            got = run(ro.PolicyLoss, case, case.get("nan", False), ctor, fwd, adv_key)
+            what = "%s dual=%s token=%s %s %s %s %s" % (kind, dual, token_level, case_name, dtype,
+                                                       adv_key, fwd)
+            close(got[0], want[0], dtype, what + " loss")
+            close(got[1], want[1], dtype, what + " grad")
+            close(got[2], want[2], dtype, what + " clip_ratio")
+            close(got[3], want[3], dtype, what + " ppo_kl")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("token_level", (True, False))
+@pytest.mark.parametrize("clip", (None, 0.5))
+def test_value_loss(clip, token_level, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    outs = []
+    for cls, nan in ((L.ValueLoss, False), (ro.ValueLoss, case.get("nan", False))):
+        t = torch_inputs(case, ["values", "old_values", "returns"], nan=nan,
+                         requires_grad=("values",))
+        loss = cls(clip, token_level)(t["values"], t["old_values"], t["returns"], mask)
+        loss.backward()
+        outs.append((loss.detach(), t["values"].grad))
+    what = "value clip=%s token=%s %s %s" % (clip, token_level, case_name, dtype)
+    close(outs[1][0], outs[0][0], dtype, what + " loss")
+    close(outs[1][1], outs[0][1], dtype, what + " grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+def test_gae(case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    t = torch_inputs(case, ["values", "rewards"])
+    want = RemoteExperienceMaker.get_advantages_and_returns(None, t["values"], t["rewards"], mask,
+                                                            0.99, 0.95)
+    tn = torch_inputs(case, ["values", "rewards"], nan=case.get("nan", False))
+    got = ro.get_advantages_and_returns(tn["values"], tn["rewards"], mask, 0.99, 0.95)
+    close(got[0], want[0], dtype, "advantages")
+    close(got[1], want[1], dtype, "returns")
+
+
+def test_patch_swaps_and_restores():
+    import openrlhf.models as M
+    before = (L.PolicyLoss, L.ValueLoss, M.PolicyLoss)
+    h = ro.patch()
+    assert L.PolicyLoss is ro.PolicyLoss and M.ValueLoss is ro.ValueLoss
+    h.undo()
+    assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss) == before

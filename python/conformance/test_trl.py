@@ -1,0 +1,100 @@
+"""rlk.integrations.trl beside TRL's own GRPOTrainer._compute_loss (the installed package, run
+unchanged on a trainer object that holds only what that method reads, with the model's
+log-probs given as its _get_per_token_logps_and_entropies), on every case, f32 and f64: the
+loss, its gradient and every metric that method logs (but clip_ratio/low_min and high_max)."""
+import collections
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import trainers  # noqa: F401
+from cases import CASES, close, make, torch_inputs
+
+G = pytest.importorskip("trl.trainer.grpo_trainer")
+
+from rlk.integrations import trl as rt  # noqa: E402
+
+DTYPES = ("f32", "f64")
+NOT_EXPRESSED = ("clip_ratio/low_min", "clip_ratio/high_max")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(int.from_bytes(__import__("os").urandom(4), "little"))
+
+
+class OneProcess:
+    """The accelerator of a single process (what TRL's metrics reduce over)."""
+    num_processes = 2  # the dapo normalizer divides by it; the reductions are local
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+def trainer(loss_type, level, beta, case, logp, ent):
+    t = object.__new__(G.GRPOTrainer)
+    over = case["over"]
+    t.__dict__.update(
+        loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2,
+        epsilon_high=(5.0 if loss_type == "cispo" else over.get("clip_high", 0.28)),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
+        vllm_importance_sampling_correction=False, aux_loss_enabled=False,
+        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=3,
+        max_completion_length=logp.shape[1] + 2, model=types.SimpleNamespace(training=True),
+        accelerator=OneProcess(),
+        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
+                                   sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                                   steps_per_generation=2))
+    t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
+    return t
+
+
+def run(fn, loss_type, level, beta, case, nan):
+    x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp",))
+    B, T = case["lp"].shape
+    inputs = {"prompt_ids": torch.zeros((B, 0), dtype=torch.long),
+              "prompt_mask": torch.zeros((B, 0), dtype=torch.long),
+              "completion_ids": torch.zeros((B, T), dtype=torch.long),
+              "completion_mask": torch.from_numpy(case["mask"].astype(np.int64)),
+              "advantages": torch.from_numpy(case["adv_seq"]),
+              "old_per_token_logps": x["old"], "ref_per_token_logps": x["ref"],
+              "num_items_in_batch": torch.tensor(float(case["mask"].sum() * 2 + 3))}
+    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"])
+    loss = fn(tr, None, inputs)
+    loss.backward()
+    metrics = {k: v[-1] for k, v in tr._metrics["train"].items() if k not in NOT_EXPRESSED}
+    return loss.detach(), x["lp"].grad, metrics
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("beta", (0.0, 0.04))
+@pytest.mark.parametrize("level,loss_type", [("token", lt) for lt in rt.LOSS_TYPES] +
+                         [("sequence", lt) for lt in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")])
+def test_grpo_loss(level, loss_type, beta, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    want = run(G.GRPOTrainer._compute_loss, loss_type, level, beta, case, False)
+    got = run(rt.compute_loss, loss_type, level, beta, case, case.get("nan", False))
+    what = "%s %s beta=%s %s %s" % (level, loss_type, beta, case_name, dtype)
+    close(got[0], want[0], dtype, what + " loss")
+    close(got[1], want[1], dtype, what + " grad")
+    assert set(got[2]) == set(want[2]), what
+    for k in want[2]:
+        close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+def test_patch_swaps_and_restores():
+    before = G.GRPOTrainer.__dict__["_compute_loss"]
+    h = rt.patch()
+    assert G.GRPOTrainer._compute_loss is rt.compute_loss
+    h.undo()
+    assert G.GRPOTrainer.__dict__["_compute_loss"] is before

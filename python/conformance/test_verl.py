@@ -1,0 +1,141 @@
+"""rlk.integrations.verl beside verl's own core_algos functions (the installed package, called
+unchanged), on every case, f32 and f64: losses, gradients and every metric verl logs."""
+import numpy as np
+import pytest
+import torch
+
+import trainers  # noqa: F401
+from cases import CASES, close, make, torch_inputs
+
+ca = pytest.importorskip("verl.trainer.ppo.core_algos")
+from verl.workers.config import ActorConfig  # noqa: E402
+
+import rlk  # noqa: E402
+from rlk.integrations import verl as rv  # noqa: E402
+
+DTYPES = ("f32", "f64")
+AGGS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+        "seq-mean-token-sum-norm")
+
+
+def config(case, global_info=None, **kw):
+    over = case["over"]
+    c = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=4,
+                    use_dynamic_bsz=False, rollout_n=1, clip_ratio=0.2, clip_ratio_low=0.2,
+                    clip_ratio_high=over.get("clip_high", 0.28),
+                    clip_ratio_c=over.get("dual_clip", 3.0), **kw)
+    if global_info:
+        c.global_batch_info.update(global_info)
+    return c
+
+
+def run_policy(fn, case, agg, cfg, nan, isw=None):
+    t = torch_inputs(case, ["lp", "old", "adv"], nan=nan, requires_grad=("lp",))
+    mask = torch.from_numpy(case["mask"]).float()
+    loss, metrics = fn(old_log_prob=t["old"], log_prob=t["lp"], advantages=t["adv"],
+                       response_mask=mask, loss_agg_mode=agg, config=cfg, rollout_is_weights=isw)
+    loss.backward()
+    return loss.detach(), t["lp"].grad, metrics
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(int.from_bytes(__import__("os").urandom(4), "little"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("mode", ("vanilla", "gspo", "sapo", "cispo", "gpg", "geo_mean"))
+def test_policy_loss(mode, agg, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    nan = case.get("nan", False)
+    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
+                        "loss_scale_factor": 13.0}):
+        cfg = config(case, info)
+        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False)
+        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan)
+        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
+        close(got[0], want[0], dtype, what + " loss")
+        close(got[1], want[1], dtype, what + " grad")
+        assert set(got[2]) == set(want[2]), what
+        for k in want[2]:
+            close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo"))
+def test_policy_loss_rollout_is_weights(mode, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    isw = torch.from_numpy((rng.random((case["lp"].shape)) + 0.5).astype(case["lp"].dtype))
+    cfg = config(case)
+    want = run_policy(ca.get_policy_loss_fn(mode), case, "token-mean", cfg, False, isw)
+    got = run_policy(rv.compute_policy_loss(mode), case, "token-mean", cfg, case.get("nan", False),
+                     isw)
+    close(got[0], want[0], dtype, "loss")
+    close(got[1], want[1], dtype, "grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", AGGS)
+def test_agg_loss(agg, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    for kw in ({}, {"dp_size": 4, "batch_num_tokens": 17, "global_batch_size": 3,
+                    "loss_scale_factor": 7}):
+        outs = []
+        for fn, nan in ((ca.agg_loss, False), (rv.agg_loss, case.get("nan", False))):
+            x = torch_inputs(case, ["ent"], nan=nan, requires_grad=("ent",))["ent"]
+            loss = fn(x, mask, agg, **kw)
+            loss.backward()
+            outs.append((loss.detach(), x.grad))
+        close(outs[1][0], outs[0][0], dtype, "agg_loss %s %s" % (agg, kw))
+        close(outs[1][1], outs[0][1], dtype, "agg_loss grad %s %s" % (agg, kw))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", AGGS)
+def test_value_loss(agg, case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    outs = []
+    for fn, nan in ((ca.compute_value_loss, False), (rv.compute_value_loss, case.get("nan", False))):
+        t = torch_inputs(case, ["values", "old_values", "returns"], nan=nan,
+                         requires_grad=("values",))
+        loss, clipfrac = fn(t["values"], t["returns"], t["old_values"], mask, 0.5,
+                            loss_agg_mode=agg)
+        loss.backward()
+        outs.append((loss.detach(), t["values"].grad, clipfrac))
+    what = "value %s %s %s" % (agg, case_name, dtype)
+    close(outs[1][0], outs[0][0], dtype, what + " loss")
+    close(outs[1][1], outs[0][1], dtype, what + " grad")
+    close(outs[1][2], outs[0][2], dtype, what + " vf_clipfrac")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+def test_gae_and_whiten(case_name, dtype, rng):
+    case = make(case_name, dtype, rng)
+    mask = torch.from_numpy(case["mask"]).float()
+    t = torch_inputs(case, ["rewards", "values"])
+    want = ca.compute_gae_advantage_return(t["rewards"], t["values"], mask, 0.99, 0.95)
+    tn = torch_inputs(case, ["rewards", "values"], nan=case.get("nan", False))
+    got = rv.compute_gae_advantage_return(tn["rewards"], tn["values"], mask, 0.99, 0.95)
+    keep = torch.from_numpy(case["mask"]) if case.get("nan") else torch.ones_like(mask).bool()
+    close(got[0][keep], want[0][keep], dtype, "gae advantages")
+    close(got[1][keep], want[1][keep], dtype, "gae returns")
+    import verl.utils.torch_functional as vf
+    close(rv.masked_whiten(t["values"], mask)[keep], vf.masked_whiten(t["values"], mask)[keep],
+          dtype, "masked_whiten")
+
+
+def test_patch_swaps_and_restores():
+    before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss)
+    h = rv.patch()
+    assert ca.get_policy_loss_fn("vanilla") is rv.compute_policy_loss_vanilla
+    assert ca.agg_loss is rv.agg_loss and ca.compute_value_loss is rv.compute_value_loss
+    h.undo()
+    assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss) == before

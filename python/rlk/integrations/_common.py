@@ -1,0 +1,84 @@
+"""What the trainer adapters share: torch's clamp convention, normalizers, patching."""
+import importlib
+
+import torch
+
+_bound_grad = {}
+
+
+def torch_clamp_bound_grad():
+    """The gradient torch.clamp with number bounds passes where its input equals a bound: 1 in
+    older torch releases, 0 in current ones (probed once on the installed torch)."""
+    if "v" not in _bound_grad:
+        x = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+        x.clamp(0.0, 1.0).sum().backward()
+        _bound_grad["v"] = float(x.grad[0])
+    return _bound_grad["v"]
+
+
+def mask_arg(mask):
+    """A mask in a dtype the kernels read (bool, i32 or f32)."""
+    if mask is None or mask.dtype in (torch.bool, torch.int32, torch.float32):
+        return mask
+    if mask.dtype.is_floating_point:
+        return mask.float()
+    return mask.to(torch.int32)
+
+
+def as_float(x):
+    return float(x.item()) if torch.is_tensor(x) else float(x)
+
+
+def nonempty_rows(mask):
+    """The sequences with at least one token that counts (a host read: pass global counts to
+    avoid it)."""
+    return float((mask.sum(-1) > 0).sum().item())
+
+
+def mask_total(mask):
+    return float(mask.sum(dtype=torch.float64).item())
+
+
+class Patch:
+    """Attributes set on modules or classes, restored by undo() (also a context manager)."""
+
+    def __init__(self):
+        self._saved = []
+
+    def set(self, target, name, value):
+        if isinstance(target, str):
+            target = importlib.import_module(target)
+        self._saved.append((target, name, target.__dict__.get(name, _MISSING)))
+        setattr(target, name, value)
+
+    def set_item(self, mapping, key, value):
+        self._saved.append((_Item(mapping), key, mapping.get(key, _MISSING)))
+        mapping[key] = value
+
+    def undo(self):
+        while self._saved:
+            target, name, old = self._saved.pop()
+            if isinstance(target, _Item):
+                if old is _MISSING:
+                    target.mapping.pop(name, None)
+                else:
+                    target.mapping[name] = old
+            elif old is _MISSING:
+                delattr(target, name)
+            else:
+                setattr(target, name, old)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+        return False
+
+
+_MISSING = object()
+
+
+class _Item:
+    def __init__(self, mapping):
+        self.mapping = mapping

@@ -1,0 +1,169 @@
+"""TRL (trl.trainer.grpo_trainer.GRPOTrainer) on rlk: the GRPO loss for each loss_type with
+TRL's semantics (tested against TRL 1.16.0).
+
+    grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, loss_type="dapo", ...)
+        -> (loss, metrics)              # the loss term of GRPOTrainer._compute_loss
+    compute_loss(trainer, model, inputs)  # GRPOTrainer._compute_loss on rlk
+    patch()                             # GRPOTrainer._compute_loss = compute_loss; undo()
+
+Conventions reproduced: no log-ratio clamp, k3 KL without clamps, each loss_type's normalizer
+(grpo/sapo: mean over sequences of the per-sequence token means, empty ones counted; bnpo: the
+local mask sum; dr_grpo: B * max_completion_length; dapo/cispo: num_items_in_batch per process
+and accumulation window; luspo: mean over sequences of the token sums), the division by the
+gradient accumulation steps in training, sequence-level importance sampling differentiated
+through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
+gradient on a bound as the installed torch gives it. Where a setting is not expressed (delta,
+vespo, sequence-level sapo or cispo, use_bias_correction_kl, off-policy masks, entropy masks,
+vLLM importance correction, an entropy bonus), compute_loss runs TRL's own code.
+"""
+import math
+
+import torch
+
+from .. import autograd as _ag
+from ._common import Patch, as_float, mask_arg, mask_total, torch_clamp_bound_grad
+
+__all__ = ["grpo_loss", "supported", "compute_loss", "patch"]
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
+
+
+def supported(loss_type, importance_sampling_level="token", delta=None,
+              use_bias_correction_kl=False):
+    """Whether grpo_loss expresses these settings."""
+    if loss_type not in LOSS_TYPES or delta is not None or use_bias_correction_kl:
+        return False
+    return importance_sampling_level == "token" or loss_type in ("grpo", "bnpo", "dr_grpo", "dapo",
+                                                                  "luspo")
+
+
+def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_type="dapo",
+              epsilon_low=0.2, epsilon_high=0.2, beta=0.0, ref_per_token_logps=None,
+              importance_sampling_level="token", sapo_temperature_pos=1.0,
+              sapo_temperature_neg=1.05, num_items_in_batch=None, num_processes=1,
+              gradient_accumulation_steps=1, steps_per_generation=1, max_completion_length=None,
+              training=True, entropies=None):
+    """The policy (+ beta KL) loss of GRPOTrainer._compute_loss and its local metrics
+    ({name: (mean, count)}: TRL reduces sum and count across processes; "entropy" when
+    entropies are given)."""
+    if not supported(loss_type, importance_sampling_level):
+        raise NotImplementedError("rlk: loss_type=%r at importance_sampling_level=%r"
+                                  % (loss_type, importance_sampling_level))
+    B = per_token_logps.shape[0]
+    ga = float(gradient_accumulation_steps) if training else 1.0
+    seq = importance_sampling_level == "sequence"
+    kw = {"clip_low": float(epsilon_low), "clip_high": float(epsilon_high), "dual_clip": 0.0,
+          "log_ratio_min": -math.inf, "log_ratio_max": math.inf,
+          "clamp_bound_grad": torch_clamp_bound_grad(),
+          "mode": "gspo" if seq else "ppo", "seq_ratio_grad": "through_mean"}
+    if loss_type in ("grpo", "sapo"):
+        kw.update(agg="seq-mean-token-mean", seq_normalizer=float(B), loss_scale=1.0 / ga)
+    elif loss_type == "bnpo":
+        kw.update(agg="token-mean", token_normalizer=max(mask_total(mask), 1.0), loss_scale=1.0 / ga)
+    elif loss_type == "dr_grpo":
+        kw.update(agg="seq-mean-token-sum-norm", seq_normalizer=float(B),
+                  norm_scale=float(max_completion_length), loss_scale=1.0 / ga)
+    elif loss_type == "luspo":
+        kw.update(agg="seq-mean-token-sum", seq_normalizer=float(B), loss_scale=1.0 / ga)
+    else:  # dapo, cispo
+        n = max(as_float(num_items_in_batch), 1.0) / num_processes
+        if training:
+            n = n * gradient_accumulation_steps / steps_per_generation
+        kw.update(agg="token-mean", token_normalizer=n)
+    if loss_type == "cispo":
+        kw.update(mode="cispo", clip_low=math.inf, clip_high=float(epsilon_high) - 1.0)
+    elif loss_type == "sapo":
+        # TRL picks the temperature with torch.where of two Python numbers: a tensor of torch's
+        # default dtype (f32), so the taus are f32 values even for f64 log-probs
+        f32 = torch.get_default_dtype()
+        kw.update(mode="sapo",
+                  sapo_tau_pos=float(torch.tensor(float(sapo_temperature_pos), dtype=f32)),
+                  sapo_tau_neg=float(torch.tensor(float(sapo_temperature_neg), dtype=f32)))
+    if beta != 0.0:
+        kw.update(ref_logp=ref_per_token_logps, kl_estimator="k3", kl_coef=float(beta),
+                  kl_input_clamp=math.inf, kl_output_clamp=math.inf)
+    adv = advantages
+    if adv.dim() == 2 and adv.shape[1] == 1:
+        adv = adv[:, 0]
+    if entropies is not None:
+        kw["entropy"] = entropies.detach()
+    loss, m = _ag.policy_loss(per_token_logps, old_per_token_logps, adv, mask_arg(mask), **kw)
+    n_tok = m[12].item()
+    metrics = {}
+    if beta != 0.0:
+        metrics["kl"] = (m[5].item(), n_tok)
+    if entropies is not None:
+        metrics["entropy"] = (m[6].item(), n_tok)
+    if loss_type == "cispo":
+        metrics["cispo_clip_ratio"] = (m[3].item(), n_tok)
+    elif loss_type != "sapo":
+        if seq:
+            low, high, count = m[14].item(), m[15].item(), float(B)
+        else:
+            low, high, count = m[2].item(), m[3].item(), n_tok
+        metrics["clip_ratio/low_mean"] = (low, count)
+        metrics["clip_ratio/high_mean"] = (high, count)
+        metrics["clip_ratio/region_mean"] = (low + high, count)
+    return loss, metrics
+
+
+def _reduce(accelerator, mean, count):
+    t = torch.tensor([mean * count, count], dtype=torch.float64)
+    tot = accelerator.reduce(t, reduction="sum")
+    return (tot[0] / tot[1].clamp(min=1.0)).item()
+
+
+_original = {}
+
+
+def compute_loss(self, model, inputs):
+    """GRPOTrainer._compute_loss with the loss term on rlk (TRL's own code where a setting is
+    not expressed)."""
+    args = self.args
+    plain = (supported(self.loss_type, self.importance_sampling_level, getattr(args, "delta", None),
+                       getattr(args, "use_bias_correction_kl", False))
+             and getattr(self, "top_entropy_quantile", 1.0) >= 1.0
+             and getattr(self, "off_policy_mask_threshold", None) is None
+             and not (getattr(self, "use_vllm", False)
+                      and getattr(self, "vllm_importance_sampling_correction", False))
+             and not getattr(self, "_entropy_bonus_enabled", False)
+             and not getattr(self, "aux_loss_enabled", False))
+    if not plain:
+        return _original["_compute_loss"](self, model, inputs)
+    prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+    completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+    per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+        model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+        compute_aux_loss=False)
+    old = inputs.get("old_per_token_logps")
+    old = per_token_logps.detach() if old is None else old
+    mode = "train" if self.model.training else "eval"
+    loss, metrics = grpo_loss(
+        per_token_logps, old, inputs["advantages"], mask, loss_type=self.loss_type,
+        epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta=self.beta,
+        ref_per_token_logps=inputs.get("ref_per_token_logps"),
+        importance_sampling_level=self.importance_sampling_level,
+        sapo_temperature_pos=getattr(args, "sapo_temperature_pos", 1.0),
+        sapo_temperature_neg=getattr(args, "sapo_temperature_neg", 1.05),
+        num_items_in_batch=inputs.get("num_items_in_batch"),
+        num_processes=self.accelerator.num_processes,
+        gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+        steps_per_generation=getattr(args, "steps_per_generation", 1),
+        max_completion_length=self.max_completion_length, training=mode == "train",
+        entropies=entropies)
+    for name, (mean, count) in metrics.items():
+        self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
+    return loss
+
+
+def patch():
+    """GRPOTrainer._compute_loss = compute_loss (TRL's own where a setting is not expressed).
+    Returns a handle whose undo() restores TRL's."""
+    from trl.trainer import grpo_trainer as G
+    _original["_compute_loss"] = G.GRPOTrainer.__dict__["_compute_loss"]
+    h = Patch()
+    h.set(G.GRPOTrainer, "_compute_loss", compute_loss)
+    return h
