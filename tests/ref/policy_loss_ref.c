@@ -117,7 +117,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
     /* GSPO: the sequence ratio, the same for every token; its derivative in each token's lp
      * is taken straight through (d s_t / d lp_t = s), or through the mean (d s / d lp_t =
      * s m_t / n: every token gets the row's summed derivative, row_g) */
-    double s = 1.0, s_gate = 1.0, row_g = 0.0;
+    double s = 1.0, s_gate = 1.0, row_g = 0.0, row_g_abs = 0.0;
     if (p->mode == 1) {
       double sd = 0;
       for (int64_t t = 0; t < T; t++) {
@@ -136,7 +136,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       }
       if (p->seq_grad) {
         /* sum_j w_j d l_j / d s, by the same rules as the tokens below */
-        double sum = 0;
+        double sum = 0, sum_abs = 0;
         for (int64_t t = 0; t < T; t++) {
           const int64_t i = r * T + t;
           if (b->mask[i] == 0) continue;
@@ -146,8 +146,11 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
                             dd_mul(dd_c(-A), dd_clamp_bg(sv, lo, hi, p->bound_g)));
           if (A < 0 && p->dual_clip > 1) l = dd_minimum(l, dd_c(-A * p->dual_clip));
           sum += b->mask[i] * rowfac * l.g * (b->isw ? b->isw[i] : 1.0);
+          sum_abs += fabs(b->mask[i] * rowfac * l.g * (b->isw ? b->isw[i] : 1.0));
         }
         row_g = n > 0 ? s * s_gate * sum / n : 0.0;
+        /* the row's terms may cancel: rounding is relative to their magnitudes */
+        row_g_abs = n > 0 ? fabs(s * s_gate) * sum_abs / n : 0.0;
       }
     }
     for (int64_t t = 0; t < T; t++) {
@@ -249,7 +252,8 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       if (ratio < rmin) rmin = ratio;
       const double gpg = p->mode == 1 && p->seq_grad ? m * row_g : w * l.g;
       o->grad_lp[i] = K * (gpg + w * p->kl_coef * kl.g);
-      if (o->grad_abs) o->grad_abs[i] = fabs(K) * (fabs(gpg) + fabs(w * p->kl_coef * kl.g));
+      const double gpg_abs = p->mode == 1 && p->seq_grad ? fabs(m) * row_g_abs : fabs(gpg);
+      if (o->grad_abs) o->grad_abs[i] = fabs(K) * (gpg_abs + fabs(w * p->kl_coef * kl.g));
       if (o->grad_ent) o->grad_ent[i] = -p->ent_coef * K * w;
     }
   }
