@@ -42,6 +42,18 @@ const char *rlk_cache_untrusted(const struct stat *st, char *buf, size_t size) {
   return NULL;
 }
 
+/* fd when the directory open as fd is trusted; else closes it, says why and returns -1 (EPERM). */
+static int trusted_or_closed(int fd, const char *shown, char *why, size_t whysize) {
+  struct stat st;
+  char buf[160];
+  const char *bad = fstat(fd, &st) != 0 ? "it cannot be read" : rlk_cache_untrusted(&st, buf, sizeof buf);
+  if (!bad) return fd;
+  rlk_format(why, whysize, "%s: %s", shown, bad);
+  close(fd);
+  errno = EPERM;
+  return -1;
+}
+
 int rlk_cache_open_tree(const char *root, char *why, size_t whysize) {
   int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -50,16 +62,7 @@ int rlk_cache_open_tree(const char *root, char *why, size_t whysize) {
     errno = e;
     return -1;
   }
-  struct stat st;
-  char buf[160];
-  const char *bad = fstat(fd, &st) != 0 ? "it cannot be read" : rlk_cache_untrusted(&st, buf, sizeof buf);
-  if (bad) {
-    rlk_format(why, whysize, "%s: %s", root, bad);
-    close(fd);
-    errno = EPERM;
-    return -1;
-  }
-  return fd;
+  return trusted_or_closed(fd, root, why, whysize);
 }
 
 int rlk_cache_open_dir_at(int parent, const char *name, const char *shown, char *why, size_t whysize) {
@@ -73,16 +76,7 @@ int rlk_cache_open_dir_at(int parent, const char *name, const char *shown, char 
     errno = e;
     return -1;
   }
-  struct stat st;
-  char buf[160];
-  const char *bad = fstat(fd, &st) != 0 ? "it cannot be read" : rlk_cache_untrusted(&st, buf, sizeof buf);
-  if (bad) {
-    rlk_format(why, whysize, "%s: %s", shown, bad);
-    close(fd);
-    errno = EPERM;
-    return -1;
-  }
-  return fd;
+  return trusted_or_closed(fd, shown, why, whysize);
 }
 
 /* ---- the marker ------------------------------------------------------------------------- */
