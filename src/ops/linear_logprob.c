@@ -183,20 +183,6 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
   return RLK_OK;
 }
 
-static rlk_status ll_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
-                                  int contiguous, int64_t *stride) {
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
-  if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
-  if (stride) *stride = N > 1 ? t->strides[0] : 1;
-  return RLK_OK;
-}
-
 /* Everything a launch needs, from validated arguments. */
 typedef struct ll_call {
   int64_t N, H, V, h_stride, w_stride, label_stride;
@@ -219,15 +205,15 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
   if (a->weight.dtype != a->hidden.dtype)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
                      rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
-  if ((st = ll_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->label_stride)))
+  if ((st = rlk_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->label_stride)))
     return st;
   if (!(a->temperature > 0.0f) || isinf(a->temperature))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
                      (double)a->temperature);
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
-  if ((st = ll_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
-  if (a->lse.data && (st = ll_check_vector(&a->lse, "lse", f32, k->N, 1, NULL))) return st;
-  if (a->entropy.data && (st = ll_check_vector(&a->entropy, "entropy", f32, k->N, 1, NULL))) return st;
+  if ((st = rlk_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
+  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", f32, k->N, 1, NULL))) return st;
+  if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", f32, k->N, 1, NULL))) return st;
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
@@ -467,18 +453,18 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   if (a->weight.dtype != a->hidden.dtype)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
                      rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
-  if ((st = ll_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->ls))) return st;
+  if ((st = rlk_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->ls))) return st;
   if (!(a->temperature > 0.0f) || isinf(a->temperature))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)a->temperature);
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
-  if ((st = ll_check_vector(&a->lse, "lse", f32, k->N, 0, &k->lse_s))) return st;
-  if (a->grad_logp.data && (st = ll_check_vector(&a->grad_logp, "grad_logp", f32, k->N, 0, &k->glp_s)))
+  if ((st = rlk_check_vector(&a->lse, "lse", f32, k->N, 0, &k->lse_s))) return st;
+  if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, k->N, 0, &k->glp_s)))
     return st;
   if (a->grad_entropy.data) {
-    if ((st = ll_check_vector(&a->grad_entropy, "grad_entropy", f32, k->N, 0, &k->gent_s))) return st;
+    if ((st = rlk_check_vector(&a->grad_entropy, "grad_entropy", f32, k->N, 0, &k->gent_s))) return st;
     if (!a->entropy.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required with grad_entropy (E_p[z] = lse - entropy)");
-    if ((st = ll_check_vector(&a->entropy, "entropy", f32, k->N, 0, &k->ent_s))) return st;
+    if ((st = rlk_check_vector(&a->entropy, "entropy", f32, k->N, 0, &k->ent_s))) return st;
   }
   if (!a->grad_logp.data && !a->grad_entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logp and grad_entropy: give at least one");

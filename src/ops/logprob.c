@@ -671,21 +671,6 @@ static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_
   return RLK_OK;
 }
 
-/* A 1-D [N] tensor of an allowed dtype; writes its stride. */
-static rlk_status lp_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
-                                  int contiguous, int64_t *stride) {
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
-  if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
-  if (stride) *stride = N > 1 ? t->strides[0] : 1;
-  return RLK_OK;
-}
-
 static rlk_status lp_check_status(const rlk_tensor *t) {
   if (!t->data) return RLK_OK;
   rlk_status st;
@@ -698,7 +683,7 @@ static rlk_status lp_check_status(const rlk_tensor *t) {
 static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, int variant,
                                   int64_t N, int64_t *label_stride) {
   rlk_status st;
-  if ((st = lp_check_vector(labels, "labels", LP_LABEL_DTYPES, N, 0, label_stride))) return st;
+  if ((st = rlk_check_vector(labels, "labels", LP_LABEL_DTYPES, N, 0, label_stride))) return st;
   if (!(temperature > 0.0f) || isinf(temperature))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
                      (double)temperature);
@@ -767,11 +752,11 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
   if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
   if (a->partials.data) return rlk_logprob_shard_forward(ctx, a, N, V, row_stride, label_stride, stream);
-  if ((st = lp_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
-  if (a->lse.data && (st = lp_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+  if ((st = rlk_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
+  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
   if (a->entropy.data &&
-      (st = lp_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+      (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
   if ((st = lp_check_status(&a->status))) return st;
   if (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
@@ -860,15 +845,15 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   int64_t lse_s = 1, glp_s = 1, ent_s = 1, gent_s = 1;
-  if ((st = lp_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
-  if (a->grad_logp.data && (st = lp_check_vector(&a->grad_logp, "grad_logp", f32, N, 0, &glp_s)))
+  if ((st = rlk_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
+  if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, N, 0, &glp_s)))
     return st;
   if (a->grad_entropy.data) {
-    if ((st = lp_check_vector(&a->grad_entropy, "grad_entropy", f32, N, 0, &gent_s))) return st;
+    if ((st = rlk_check_vector(&a->grad_entropy, "grad_entropy", f32, N, 0, &gent_s))) return st;
     if (!a->entropy.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "entropy: required with grad_entropy (E_p[z] = lse - entropy)");
-    if ((st = lp_check_vector(&a->entropy, "entropy", f32, N, 0, &ent_s))) return st;
+    if ((st = rlk_check_vector(&a->entropy, "entropy", f32, N, 0, &ent_s))) return st;
   }
   if (!a->grad_logp.data && !a->grad_entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logp and grad_entropy: give at least one");

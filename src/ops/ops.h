@@ -86,6 +86,10 @@ rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required)
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
 rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int ndim_min, int ndim_max);
 rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
+/* A required 1-D [N] tensor of an allowed dtype (contiguous when asked); writes its stride (may
+ * be NULL). */
+rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                            int contiguous, int64_t *stride);
 
 /* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
  * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times
