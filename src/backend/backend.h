@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/target.h"
 #include "rlk.h"
 
 typedef struct rlk_backend_impl rlk_backend_impl;
@@ -28,6 +29,7 @@ struct rlk_backend_impl {
   rlk_backend kind;
   const char *name;     /* "cuda", "hip", "host" */
   rlk_device_info info; /* name, target, compute capability, multiprocessors, memory */
+  rlk_target target;    /* the device's target, typed (RLK_ARCH applied); info.target is its name */
 
   /* Loads a binary (cubin, code object, shared object) from memory. RLK_ERR_BACKEND with
    * the driver's message if it refuses the image (the JIT then rebuilds the entry). */
@@ -70,8 +72,9 @@ rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out);
 /* The host CPU: kernels are shared objects loaded with dlopen; memory is malloc. */
 rlk_status rlk_host_backend_open(rlk_backend_impl **out);
 
-/* The target a CUDA device of compute capability major.minor compiles for: "sm_90a" for 9.0
- * (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise. */
+/* The target name a CUDA device of compute capability major.minor compiles for: "sm_90a" for
+ * 9.0 (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise
+ * (rlk_target_for_cuda_device's name). */
 void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------ */

@@ -74,9 +74,9 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (!ctx) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_context_create: out of memory");
   rlk_status st;
   char target[32] = "";
-  /* A device context takes its target from the device (the CUDA and HIP backends apply
-   * RLK_ARCH themselves); a compile-only context from the options, else RLK_ARCH. */
-  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_env("RLK_ARCH") : NULL);
+  /* A device context takes its target from the device (the backend applies RLK_ARCH); a
+   * compile-only context from the options, else RLK_ARCH. */
+  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_target_env() : NULL);
   if (want_target && !strcmp(want_target, "host")) want_target = rlk_host_target(); /* documented alias */
   if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
@@ -117,6 +117,18 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
                    ctx->compiler->id, ctx->compiler->targets);
     goto fail;
   }
+  /* The typed target: the device's own (its counts and limits) unless options.target names
+   * another, which is then parsed like a compile-only context's. */
+  if (ctx->backend && !strcmp(target, ctx->backend->target.name)) {
+    ctx->target = ctx->backend->target;
+  } else {
+    if ((st = rlk_target_parse(target, &ctx->target))) goto fail;
+    if (ctx->target.kind != ctx->kind) {
+      st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not a %s target", target, rlk_backend_name(ctx->kind));
+      goto fail;
+    }
+    if (ctx->backend) ctx->target.multiprocessors = ctx->backend->target.multiprocessors;
+  }
   rlk_format(ctx->info.compiler, sizeof ctx->info.compiler, "%s %s", ctx->compiler->kind, ctx->compiler->version);
 
   rlk_cache_config cfg;
@@ -124,7 +136,7 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (st) goto fail;
   st = rlk_cache_open(&cfg, &ctx->cache);
   if (st) goto fail;
-  st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, target, &ctx->jit);
+  st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, &ctx->target, &ctx->jit);
   if (st) goto fail;
   st = rlk_tune_table_create(&ctx->info, &ctx->tune);
   if (st) goto fail;

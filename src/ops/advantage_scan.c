@@ -124,15 +124,15 @@ typedef struct as_plan {
   rlk_launch_dims dims; /* valid when the shape is known */
 } as_plan;
 
-static int as_warp_size(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 /* The algorithm a configuration runs: forced, or by shape. The host's auto is the plain loop. */
-static int as_algo_for(rlk_backend kind, const as_config *c) {
+static int as_algo_for(const rlk_target *t, const as_config *c) {
+  const rlk_backend kind = t->kind;
   if (c->algo == RLK_SCAN_ROW_WARP) return AS_ALGO_WARP;
   if (c->algo == RLK_SCAN_ROW_BLOCK) return AS_ALGO_BLOCK;
   if (kind == RLK_BACKEND_HOST) return AS_ALGO_WARP;
   const int64_t K = 32 / (int64_t)rlk_dtype_size(c->dtype);
-  return c->T > 2 * as_warp_size(kind) * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
+  return c->T > 2 * t->warp_size * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
 }
 
 /* The one place that turns a configuration into the kernel spec and, with a shape, its launch:
@@ -140,9 +140,10 @@ static int as_algo_for(rlk_backend kind, const as_config *c) {
  *   block  a row per block; the fewest tiles of at most 1024 x K steps that cover T, and the
  *          fewest whole warps that cover one tile (T = 4096 f32: 512 threads, one tile;
  *          T = 20480: 512 threads, five tiles). */
-static rlk_status as_select(rlk_backend kind, const as_config *c, as_plan *p) {
+static rlk_status as_select(const rlk_target *t, const as_config *c, as_plan *p) {
+  const rlk_backend kind = t->kind;
   memset(p, 0, sizeof *p);
-  const int algo = as_algo_for(kind, c);
+  const int algo = as_algo_for(t, c);
   p->spec.tmpl = &as_tmpl;
   p->spec.values[0] = c->dtype;
   p->spec.values[1] = c->family;
@@ -151,7 +152,7 @@ static rlk_status as_select(rlk_backend kind, const as_config *c, as_plan *p) {
   d->grid[0] = d->grid[1] = d->grid[2] = 1;
   d->block[0] = d->block[1] = d->block[2] = 1;
   if (kind != RLK_BACKEND_HOST && c->B > 0 && c->T > 0) {
-    const int64_t W = as_warp_size(kind), K = 32 / (int64_t)rlk_dtype_size(c->dtype);
+    const int64_t W = t->warp_size, K = 32 / (int64_t)rlk_dtype_size(c->dtype);
     int64_t block, grid;
     if (algo == AS_ALGO_WARP) {
       block = AS_WARP_ROWS * W;
@@ -244,15 +245,15 @@ static rlk_status as_plan_config(const char *op, int family, const char *extra,
   rlk_status st;
   if (both) {
     c.algo = RLK_SCAN_ROW_WARP;
-    if ((st = as_select(ctx->kind, &c, &p))) return st;
+    if ((st = as_select(&ctx->target, &c, &p))) return st;
     specs[0] = p.spec;
     c.algo = RLK_SCAN_ROW_BLOCK;
-    if ((st = as_select(ctx->kind, &c, &p))) return st;
+    if ((st = as_select(&ctx->target, &c, &p))) return st;
     specs[1] = p.spec;
     *nspecs = 2;
     return RLK_OK;
   }
-  if ((st = as_select(ctx->kind, &c, &p))) return st;
+  if ((st = as_select(&ctx->target, &c, &p))) return st;
   specs[0] = p.spec;
   *nspecs = 1;
   return RLK_OK;
@@ -378,7 +379,7 @@ static rlk_status as_launch(rlk_context *ctx, const as_call *k, void *stream, co
   if (st) return st;
   as_config c = {k->x0->dtype, k->family, k->algo, k->B, k->T};
   as_plan p;
-  if ((st = as_select(ctx->kind, &c, &p))) return st;
+  if ((st = as_select(&ctx->target, &c, &p))) return st;
   const int64_t B = k->B, T = k->T;
   const void *x0 = k->x0->data;
   int64_t s0 = rlk_seq_row_stride(k->x0, B, T);

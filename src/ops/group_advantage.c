@@ -105,7 +105,6 @@ typedef struct ga_plan {
   int seg; /* threads per group in the group kernel */
 } ga_plan;
 
-static int ga_warp_size(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 static int64_t ga_next_pow2(int64_t x) {
   int64_t p = 1;
@@ -130,10 +129,11 @@ static int ga_mask_kind(rlk_dtype d) {
  *   fixed G <= 1024 is baked in (host and GPU alike); larger G and offsets are run-time values;
  *   GPU threads per group: the next power of two of G up to a warp (several groups per warp),
  *   else up to 256 threads of a block; uneven groups take a warp each; the host uses 1. */
-static rlk_status ga_select(rlk_backend kind, const ga_config *c, ga_plan *p) {
+static rlk_status ga_select(const rlk_target *t, const ga_config *c, ga_plan *p) {
+  const rlk_backend kind = t->kind;
   memset(p, 0, sizeof *p);
   const int host = kind == RLK_BACKEND_HOST;
-  const int warp = ga_warp_size(kind);
+  const int warp = t->warp_size;
   int64_t baked = 0, seg;
   if (c->group_size > 0) {
     baked = c->group_size <= GA_MAX_BAKED_GROUP ? c->group_size : 0;
@@ -268,7 +268,7 @@ static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: needs scores_2d=1 or broadcast=1");
 
   ga_plan p;
-  rlk_status st = ga_select(ctx->kind, &c, &p);
+  rlk_status st = ga_select(&ctx->target, &c, &p);
   if (st) return st;
   size_t n = 0;
   if (p.has_rowsum) specs[n++] = p.rowsum;
@@ -503,10 +503,10 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   if (st) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
   ga_plan p;
-  if ((st = ga_select(ctx->kind, &c, &p))) return st;
+  if ((st = ga_select(&ctx->target, &c, &p))) return st;
 
   const int host = ctx->kind == RLK_BACKEND_HOST;
-  const int warp = ga_warp_size(ctx->kind);
+  const int warp = ctx->target.warp_size;
   const int64_t B = k.B, T = k.T;
   float *adv = (float *)args->advantages.data;
 

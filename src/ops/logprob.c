@@ -130,9 +130,6 @@ static const lp_arch_default lp_hip_default = {0, RLK_LOGPROB_VARIANT_VEC, 256, 
 #define LP_WIDE_ROW (64 * 1024)
 #define LP_BLOCK_ROW (16 * 1024)
 
-/* Shared memory the sm_90 variants may use per SM and per block (H100/H200: 228 KB / 227 KB). */
-#define LP_SM90_SMEM_PER_SM (228 * 1024)
-#define LP_SM90_SMEM_PER_BLOCK (227 * 1024)
 
 /* What a sweep tool times against the default, appended to a configuration line. Valid on every
  * target: a setting a target cannot honour falls back (identical specs then time alike). */
@@ -174,11 +171,10 @@ typedef struct lp_choice {
 
 static int lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
 
-static int lp_warp(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 static const lp_arch_default *lp_default(const rlk_context *ctx) {
   if (ctx->kind == RLK_BACKEND_HIP) return &lp_hip_default;
-  const int sm = rlk_op_cuda_sm(ctx);
+  const int sm = rlk_target_cuda_sm(&ctx->target);
   for (size_t i = 0; i < LP_N(lp_cuda_defaults); i++)
     if (sm >= lp_cuda_defaults[i].min_sm) return &lp_cuda_defaults[i];
   return &lp_cuda_defaults[LP_N(lp_cuda_defaults) - 1];
@@ -214,8 +210,8 @@ static int lp_env_override(void) {
 }
 
 /* Checks the tuning requests that make sense for `variant` on this backend. */
-static rlk_status lp_check_tuning(rlk_backend kind, int variant, const lp_config *c, int es) {
-  const int warp = lp_warp(kind);
+static rlk_status lp_check_tuning(const rlk_target *tg, int variant, const lp_config *c, int es) {
+  const int warp = tg->warp_size;
   if (c->unroll && !(c->unroll == 1 || c->unroll == 2 || c->unroll == 4 || c->unroll == 8))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "unroll: %d is not 0, 1, 2, 4 or 8", c->unroll);
   if (c->stages && (c->stages < 2 || c->stages > 8))
@@ -243,9 +239,9 @@ static rlk_status lp_check_tuning(rlk_backend kind, int variant, const lp_config
 }
 
 /* The vector kernel's row layout for rows of V elements: threads per block and per row. */
-static void lp_vec_shape(rlk_backend kind, const lp_arch_default *d, const lp_config *c, int *block,
+static void lp_vec_shape(const rlk_target *tg, const lp_arch_default *d, const lp_config *c, int *block,
                          int *seg) {
-  const int warp = lp_warp(kind);
+  const int warp = tg->warp_size;
   const int64_t row_bytes = c->V * lp_dt_bytes(c->logits);
   const int epv = 16 / lp_dt_bytes(c->logits);
   int b = c->block, s = c->seg;
@@ -274,7 +270,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
   int variant = c->variant ? c->variant : lp_env_override();
   if (!variant) variant = d->variant;
   lp_config t = *c;
-  const int sm90 = kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
+  const int sm90 = (ctx->target.features & RLK_TARGET_TMA) != 0; /* the bulk and tma variants */
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
       (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !c->tma_ok))) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
@@ -284,7 +280,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     t.block = t.seg = t.unroll = t.stages = 0; /* the fallback's own defaults */
   }
   if (kind == RLK_BACKEND_HOST) variant = RLK_LOGPROB_VARIANT_VEC;
-  rlk_status st = lp_check_tuning(kind, variant, &t, es);
+  rlk_status st = lp_check_tuning(&ctx->target, variant, &t, es);
   if (st) return st;
   ch->variant = variant;
   const int unroll = t.unroll ? t.unroll : d->unroll;
@@ -316,7 +312,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     ch->smem = (size_t)rows * 512u * (size_t)unroll * (size_t)stages;
   } else {
     int block = 1, seg = 1;
-    if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+    if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
     ch->spec.tmpl = &lp_fwd_tmpl;
     ch->spec.values[0] = c->logits;
     ch->spec.values[1] = c->labels;
@@ -327,10 +323,10 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     ch->threads = block;
     ch->rows_per_block = block / seg;
   }
-  if (ch->smem > LP_SM90_SMEM_PER_BLOCK)
+  if (ch->smem > ctx->target.smem_per_block)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "block x unroll x stages: a %zu-byte shared-memory ring exceeds %d bytes",
-                     ch->smem, LP_SM90_SMEM_PER_BLOCK);
+                     "block x unroll x stages: a %zu-byte shared-memory ring exceeds %zu bytes",
+                     ch->smem, ctx->target.smem_per_block);
   return rlk_spec_validate(&ch->spec);
 }
 
@@ -344,10 +340,10 @@ static rlk_status lp_select_bwd_as(const rlk_context *ctx, const lp_config *c, l
   if (variant != RLK_LOGPROB_VARIANT_VEC && variant != RLK_LOGPROB_VARIANT_AUTO)
     t.block = t.seg = t.unroll = t.stages = 0; /* falls back with the vector kernel's defaults */
   t.stages = 0;
-  rlk_status st = lp_check_tuning(kind, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
+  rlk_status st = lp_check_tuning(&ctx->target, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
   if (st) return st;
   int block = 1, seg = 1;
-  if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+  if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
   ch->variant = RLK_LOGPROB_VARIANT_VEC;
   ch->spec.tmpl = &lp_bwd_tmpl;
   ch->spec.values[0] = c->logits;
@@ -729,9 +725,9 @@ static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem)
 static uint64_t lp_min_u(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Blocks of a shared-memory variant resident per SM, for a persistent grid. */
-static uint64_t lp_sm90_blocks_per_sm(const lp_choice *ch) {
+static uint64_t lp_sm90_blocks_per_sm(const rlk_target *t, const lp_choice *ch) {
   const size_t per_block = ch->smem + 2048; /* barriers, scratch and the runtime's reserve */
-  uint64_t by_smem = LP_SM90_SMEM_PER_SM / per_block;
+  uint64_t by_smem = t->smem_per_sm / per_block;
   uint64_t by_threads = 2048u / (uint64_t)ch->threads;
   uint64_t b = by_smem < by_threads ? by_smem : by_threads;
   if (b > 32) b = 32;
@@ -799,7 +795,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   req.box_cols = (uint32_t)(512 / es);
   /* Select as if a tensor map could describe the logits; only when the tensor-map variant is what
    * runs is that checked, and a refusal selects again without it. */
-  c.tma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
+  c.tma_ok = (ctx->target.features & RLK_TARGET_TMA) != 0;
   lp_choice ch;
   if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
@@ -820,7 +816,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   void *kargs[13] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index,
                      &logp,   &lse, &entropy, &status, NULL};
   const int host = ctx->kind == RLK_BACKEND_HOST;
-  const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+  const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
   const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
   rlk_launch_dims d;
   if (host) {
@@ -828,7 +824,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   } else if (ch.variant == RLK_LOGPROB_VARIANT_VEC) {
     d = lp_dims(lp_min_u(groups, 1u << 20), 1, ch.threads, 0);
   } else {
-    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ch)), 1, ch.threads, ch.smem);
+    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &ch)), 1, ch.threads, ch.smem);
   }
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     _Alignas(64) unsigned char map[128];
@@ -923,7 +919,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
     d = lp_dims(1, 1, 1, 0);
   } else {
     const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
-    const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+    const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
     /* few rows: split each row's vectors over grid.y so that every SM has blocks */
     uint64_t splits = 1;
     const uint64_t want = sms * 4;

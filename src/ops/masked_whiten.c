@@ -260,7 +260,7 @@ RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
   if (st) return st;
   if ((st = rlk_check_dtype(&args->x, "x", MW_DTYPES))) return st;
   mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, args->x.dtype, B * T, &p))) return st;
+  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, args->x.dtype, B * T, &p))) return st;
   *bytes = (size_t)p.partials * 3 * sizeof(double);
   return RLK_OK;
 }
@@ -273,7 +273,7 @@ RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_a
   rlk_status st = mw_validate(a, &B, &T, &x, &mask, &out);
   if (st) return st;
   mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, x.dtype, B * T, &p))) return st;
+  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, x.dtype, B * T, &p))) return st;
   const size_t need = (size_t)p.partials * 3 * sizeof(double);
   if (need > 0) {
     if (!a->workspace || a->workspace_bytes < need)

@@ -69,10 +69,6 @@ extern const rlk_op_desc rlk_op_sample;
 rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
                                   int unroll, int *seg, int *unroll_out);
 
-/* The CUDA compute capability x 10 of the context's compile target ("sm_90a" -> 90), 0 on other
- * backends: what an op's arch-specific kernels are chosen by, on a device or compile-only. */
-int rlk_op_cuda_sm(const rlk_context *ctx);
-
 /* A configuration line's integer setting: `value` in [lo, hi] (decimal), written to *out;
  * RLK_ERR_INVALID_ARGUMENT naming the setting otherwise. */
 rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out);

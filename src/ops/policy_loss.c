@@ -464,7 +464,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->ent_coef = a->entropy_coef;
 
   /* geometry and workspace */
-  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, pl_whole_rows(c), &k->g);
+  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, L, pl_whole_rows(c), &k->g);
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;

@@ -145,11 +145,6 @@ rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, 
 
 /* ---- argument checks ------------------------------------------------------------- */
 
-int rlk_op_cuda_sm(const rlk_context *ctx) {
-  if (ctx->kind != RLK_BACKEND_CUDA || strncmp(ctx->info.target, "sm_", 3) != 0) return 0;
-  return atoi(ctx->info.target + 3);
-}
-
 rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out) {
   char *end = NULL;
   long long v = strtoll(value, &end, 10);

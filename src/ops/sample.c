@@ -93,12 +93,12 @@ static int smp_row_split_ok(int v) {
  * row layout's warps, 1 where clusters are unavailable (before sm_90, HIP, the host) or filters
  * can be on (their passes work a row in one block). */
 static int smp_split_of(const rlk_context *ctx, const smp_config *c, int seg) {
-  if (rlk_op_cuda_sm(ctx) < 90 || c->filter) return 1;
+  if (!(ctx->target.features & RLK_TARGET_CLUSTERS) || c->filter) return 1;
   const int nw = seg / 32;
   int s = c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO ? 8 : c->row_split;
   if (s <= 1) return 1;
   if (c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO) {
-    const int64_t sms = ctx->info.multiprocessors > 0 ? ctx->info.multiprocessors : 132;
+    const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 132;
     while (s > 1 && c->rows * s > sms) s /= 2;
   }
   while (s > nw) s /= 2;
@@ -115,7 +115,7 @@ static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_ch
   rlk_status st = rlk_logprob_vec_layout(ctx, c->logits, c->V, c->logprob_block, c->logprob_unroll,
                                          &seg, &unroll);
   if (st) return st;
-  const int warp = ctx->kind == RLK_BACKEND_HIP ? 64 : 32;
+  const int warp = ctx->target.warp_size;
   const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
   ch->split = smp_split_of(ctx, c, seg);
   if (ch->split > 1) {
@@ -385,6 +385,6 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   /* both kernels wait for the stream first where they are built for sm_90 and later; code for
    * an older target that a newer device runs (PTX it compiles) has no wait, so it launches
    * plainly */
-  if (a->pdl && rlk_op_cuda_sm(ctx) >= 90) d.flags = RLK_LAUNCH_OVERLAP;
+  if (a->pdl && (ctx->target.features & RLK_TARGET_PDL)) d.flags = RLK_LAUNCH_OVERLAP;
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }

@@ -246,7 +246,7 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   p->mask_kind = c->mask;
   p->clip = a->clip;
 
-  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, vl_whole_rows(c), &k->g);
+  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, L, vl_whole_rows(c), &k->g);
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;
