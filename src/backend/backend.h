@@ -10,6 +10,7 @@
 #include "rlk.h"
 
 typedef struct rlk_backend_impl rlk_backend_impl;
+typedef struct rlk_tma_desc_request rlk_tma_desc_request;
 
 typedef struct rlk_launch_dims {
   unsigned grid[3];
@@ -54,6 +55,10 @@ struct rlk_backend_impl {
   rlk_status (*event_elapsed_ms)(rlk_backend_impl *self, void *start, void *end, float *ms);
   void (*event_destroy)(rlk_backend_impl *self, void *event);
 
+  /* Encodes a 2-D tensor map (TMA) for `req` into out128 (128 bytes); NULL where the device has
+   * no tensor maps. RLK_ERR_UNSUPPORTED with the reason when it refuses the request. */
+  rlk_status (*tensor_map_encode)(rlk_backend_impl *self, const rlk_tma_desc_request *req, void *out128);
+
   void (*destroy)(rlk_backend_impl *self);
   void *impl;
 };
@@ -82,13 +87,13 @@ void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
 /* ------------------------------------------------------------------------ */
 
 /* A 2-D tiled tensor map request. */
-typedef struct rlk_tma_desc_request {
+struct rlk_tma_desc_request {
   const void *base;     /* global address */
   rlk_dtype dtype;
   uint64_t rows, cols;  /* global extent */
   uint64_t row_stride;  /* elements */
   uint32_t box_rows, box_cols;
-} rlk_tma_desc_request;
+};
 
 /* Checks a request against the tensor-map limits on the host (16-byte aligned base and
  * stride, box dimensions 1..256, inner box bytes a multiple of 16, extents within 2^32,
@@ -97,7 +102,7 @@ typedef struct rlk_tma_desc_request {
 rlk_status rlk_tma_check(const rlk_tma_desc_request *req);
 
 /* Encodes a CUtensorMap (128 bytes, 64-byte aligned) into `out` with cuTensorMapEncodeTiled,
- * after rlk_tma_check. Only on a CUDA backend. */
+ * after rlk_tma_check. Only on a CUDA backend: the CUDA backend's tensor_map_encode. */
 rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_request *req, void *out128);
 
 #endif

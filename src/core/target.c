@@ -1,7 +1,9 @@
 /* target.c - compile targets: the one parser, the one CUDA arch table and the one reader of
  * RLK_ARCH. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/utsname.h>
 
 #include "core/core.h"
 #include "core/target.h"
@@ -144,4 +146,20 @@ rlk_status rlk_target_apply_env(rlk_backend kind, rlk_target *t) {
   if (t->smem_per_sm) o.smem_per_sm = t->smem_per_sm;
   *t = o;
   return RLK_OK;
+}
+
+static pthread_once_t host_target_once = PTHREAD_ONCE_INIT;
+static char host_target[80];
+
+static void host_target_init(void) {
+  struct utsname u;
+  if (uname(&u) == 0 && u.machine[0])
+    rlk_format(host_target, sizeof host_target, "host-%s", u.machine);
+  else
+    rlk_format(host_target, sizeof host_target, "host-unknown");
+}
+
+const char *rlk_host_target(void) {
+  pthread_once(&host_target_once, host_target_init);
+  return host_target;
 }

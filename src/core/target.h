@@ -50,6 +50,9 @@ int rlk_target_cuda_sm(const rlk_target *t);
  * device's multiprocessors and shared memory are kept. */
 rlk_status rlk_target_apply_env(rlk_backend kind, rlk_target *t);
 
+/* The host's target name, "host-<machine>" from uname: "host-x86_64". */
+const char *rlk_host_target(void);
+
 /* RLK_ARCH, for a compile-only context given no target (NULL if unset). */
 const char *rlk_target_env(void);
 

@@ -44,9 +44,10 @@ struct rlk_jit {
 };
 
 rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk_cache *cache,
-                          const rlk_target *target, rlk_jit **out) {
+                          const rlk_target *target, const char *templates, rlk_jit **out) {
   *out = NULL;
-  if (!compiler || !cache || !target) return rlk_error(RLK_ERR_INTERNAL, "jit: missing compiler or cache");
+  if (!compiler || !cache || !target || !templates)
+    return rlk_error(RLK_ERR_INTERNAL, "jit: missing compiler, cache, target or template folder");
   rlk_jit *jit = calloc(1, sizeof *jit);
   if (!jit) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
   jit->backend = backend;
@@ -56,8 +57,7 @@ rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk
     free(jit);
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", target->name);
   }
-  /* NVRTC and hiprtc compile the CUDA templates (through the portability prelude on AMD) */
-  jit->source_dir = target->kind == RLK_BACKEND_HOST ? "host" : "cuda";
+  jit->source_dir = templates;
   const char *j = rlk_env("RLK_JIT");
   jit->jit_disabled = j && strcmp(j, "0") == 0;
   pthread_mutex_init(&jit->lock, NULL);

@@ -9,7 +9,7 @@
 #include "core/target.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 /* The part of the NVRTC API used here, declared locally (nvrtc.h is not needed to build).
  * nvrtcResult is a C enum, passed as int; a program is an opaque pointer. */

@@ -27,6 +27,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -177,93 +178,41 @@ static rlk_status ga_select(const rlk_target *t, const ga_config *c, ga_plan *p)
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int ga_choice(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
-}
+enum {
+  GA_S_MODE, GA_S_GROUP_SIZE, GA_S_OFFSETS, GA_S_SCORES, GA_S_SCORES_2D, GA_S_MASK, GA_S_UNBIASED, GA_S_SINGLETON,
+  GA_S_BROADCAST, GA_NSETTINGS
+};
 
-static rlk_status ga_parse_flag(const char *name, const char *value, int *out) {
-  if (!strcmp(value, "0") || !strcmp(value, "1")) {
-    *out = value[0] == '1';
-    return RLK_OK;
-  }
-  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", name, value);
-}
+static const rlk_op_setting ga_settings[GA_NSETTINGS] = {
+    [GA_S_MODE] = RLK_SET_CHOICE("mode", ga_mode_names, RLK_ADV_GRPO, "group_advantage_group.mode", "the advantage"),
+    [GA_S_GROUP_SIZE] = RLK_SET_INT("group_size", 16, 0, (int64_t)1 << 40, "group_advantage_group.group",
+                                    "fixed group size, or 0 for uneven groups given by group_offsets"),
+    [GA_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                   "group_advantage_group.offsets",
+                                   "the group_offsets dtype; implies group_size=0"),
+    [GA_S_SCORES] = RLK_SET_DTYPE("scores", GA_SCORE_DTYPES, RLK_F32, "group_advantage_rowsum.scores",
+                                  "the scores' dtype"),
+    [GA_S_SCORES_2D] = RLK_SET_FLAG("scores_2d", 0, "group_advantage_rowsum",
+                                    "scores are [B, T] token rewards summed per row under the mask"),
+    [GA_S_MASK] = RLK_SET_CHOICE("mask", ga_mask_names, GA_MASK_NONE, "group_advantage_rowsum.mask",
+                                 "the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1"),
+    [GA_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "std with N - 1"),
+    [GA_S_SINGLETON] = RLK_SET_CHOICE("singleton", ga_singleton_names, RLK_SINGLETON_MEAN0_STD1, "",
+                                      "what a one-member group gets"),
+    [GA_S_BROADCAST] = RLK_SET_FLAG("broadcast", 0, "group_advantage_broadcast",
+                                    "also write token_advantages [B, T]"),
+};
 
-static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static rlk_status ga_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: no room for the specs");
-  ga_config c = {RLK_ADV_GRPO, 16, RLK_DTYPE_INVALID, RLK_F32, 0, GA_MASK_NONE, 1,
-                 RLK_SINGLETON_MEAN0_STD1, 0};
-  int have_group_size = 0, have_offsets = 0;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = RLK_OK;
-    int k;
-    if (!strcmp(n, "mode")) {
-      if ((k = ga_choice(ga_mode_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "mode: '%s' is not grpo, mean-only, rloo or batch-std", v);
-      c.mode = k;
-    } else if (!strcmp(n, "group_size")) {
-      char *end = NULL;
-      long long g = strtoll(v, &end, 10);
-      if (!*v || *end || g < 0 || g > ((int64_t)1 << 40))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "group_size: '%s' is not an integer >= 0 (0: uneven groups by offsets)", v);
-      c.group_size = g;
-      have_group_size = 1;
-    } else if (!strcmp(n, "offsets")) {
-      if (!strcmp(v, "i32"))
-        c.offsets = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        c.offsets = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
-      have_offsets = 1;
-    } else if (!strcmp(n, "scores")) {
-      if (!strcmp(v, "f32"))
-        c.scores = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        c.scores = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "scores: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "scores_2d")) {
-      st = ga_parse_flag(n, v, &c.scores_2d);
-    } else if (!strcmp(n, "mask")) {
-      if ((k = ga_choice(ga_mask_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-      c.mask = k;
-    } else if (!strcmp(n, "unbiased")) {
-      st = ga_parse_flag(n, v, &c.unbiased);
-    } else if (!strcmp(n, "singleton")) {
-      if ((k = ga_choice(ga_singleton_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: '%s' is not mean0-std1 or zero", v);
-      c.singleton = k;
-    } else if (!strcmp(n, "broadcast")) {
-      st = ga_parse_flag(n, v, &c.broadcast);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_advantage: unknown setting '%s' (known: mode group_size offsets "
-                       "scores scores_2d mask unbiased singleton broadcast)",
-                       n);
-    }
-    if (st) return st;
-  }
-  if (have_offsets && !have_group_size) c.group_size = 0;
+  ga_config c = {(int)s->v[GA_S_MODE],     s->v[GA_S_GROUP_SIZE],      (rlk_dtype)s->v[GA_S_OFFSETS],
+                 (rlk_dtype)s->v[GA_S_SCORES], (int)s->v[GA_S_SCORES_2D], (int)s->v[GA_S_MASK],
+                 (int)s->v[GA_S_UNBIASED], (int)s->v[GA_S_SINGLETON], (int)s->v[GA_S_BROADCAST]};
+  const int have_offsets = RLK_OP_GIVEN(s, GA_S_OFFSETS);
+  if (have_offsets && !RLK_OP_GIVEN(s, GA_S_GROUP_SIZE)) c.group_size = 0;
   if (have_offsets && c.group_size > 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "offsets: only with group_size=0 (groups are either fixed or by offsets)");
-  if (c.group_size == 0 && !have_offsets) c.offsets = RLK_I64;
   if (c.mask != GA_MASK_NONE && !c.scores_2d && !c.broadcast)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: needs scores_2d=1 or broadcast=1");
 
@@ -277,17 +226,6 @@ static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
   *nspecs = n;
   return RLK_OK;
 }
-
-static const char ga_help[] =
-    "mode: grpo|mean-only|rloo|batch-std (grpo)\n"
-    "group_size: fixed group size >= 1, or 0 for uneven groups given by group_offsets (16)\n"
-    "offsets: i32|i64, the group_offsets dtype; implies group_size=0 (i64 when group_size=0)\n"
-    "scores: f32|f64 (f32)\n"
-    "scores_2d: 0|1, scores are [B, T] token rewards summed per row under the mask (0)\n"
-    "mask: none|bool|i32|f32, the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1 (none)\n"
-    "unbiased: 0|1, std with N - 1; a run-time value, the same kernels (1)\n"
-    "singleton: mean0-std1|zero, what a one-member group gets; a run-time value (mean0-std1)\n"
-    "broadcast: 0|1, also write token_advantages [B, T] (0)\n";
 
 static const char *const ga_samples[] = {
     /* the common shape: a lane segment per group, G baked; row sums and a broadcast, no mask */
@@ -303,7 +241,13 @@ static const char *const ga_samples[] = {
     "group_advantage mode=batch-std group_size=2048 scores_2d=1 mask=i32 broadcast=1",
     NULL};
 
-const rlk_op_desc rlk_op_group_advantage = {"group_advantage", ga_help, ga_plan_config, ga_samples};
+const rlk_op_desc rlk_op_group_advantage = {
+    .name = "group_advantage",
+    .settings = ga_settings,
+    .nsettings = GA_NSETTINGS,
+    .plan = ga_plan_config,
+    .samples = ga_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
@@ -493,6 +437,22 @@ static rlk_launch_dims ga_dims(unsigned gx, unsigned gy, unsigned block) {
   return d;
 }
 
+/* RLK_JIT_RECORD: the line of a call's configuration. */
+static void ga_record(const ga_config *c) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_group_advantage, &s);
+  rlk_op_values_set(&s, GA_S_MODE, c->mode);
+  rlk_op_values_set(&s, GA_S_GROUP_SIZE, c->group_size);
+  if (c->group_size == 0) rlk_op_values_set(&s, GA_S_OFFSETS, c->offsets);
+  rlk_op_values_set(&s, GA_S_SCORES, c->scores);
+  rlk_op_values_set(&s, GA_S_SCORES_2D, c->scores_2d);
+  rlk_op_values_set(&s, GA_S_MASK, c->mask);
+  rlk_op_values_set(&s, GA_S_UNBIASED, c->unbiased);
+  rlk_op_values_set(&s, GA_S_SINGLETON, c->singleton);
+  rlk_op_values_set(&s, GA_S_BROADCAST, c->broadcast);
+  rlk_record_op(&rlk_op_group_advantage, &s);
+}
+
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: ctx is NULL");
@@ -504,6 +464,7 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
   ga_plan p;
   if ((st = ga_select(&ctx->target, &c, &p))) return st;
+  if (rlk_record_enabled()) ga_record(&c);
 
   const int host = ctx->kind == RLK_BACKEND_HOST;
   const int warp = ctx->target.warp_size;

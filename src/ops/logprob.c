@@ -31,6 +31,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 
@@ -373,7 +374,55 @@ static int lp_tune_shape(const lp_config *c, int pass, char *buf, size_t size) {
                     (long long)c->V);
 }
 
-static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v);
+/* ---- settings of a configuration line ---- */
+
+enum {
+  LP_S_PASS, LP_S_LOGITS, LP_S_LABELS, LP_S_ENTROPY, LP_S_GRAD, LP_S_VOCAB, LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG,
+  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_NSETTINGS
+};
+
+static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
+    [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
+    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, LP_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
+    [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                  "logprob_fwd.labels", "the labels' dtype"),
+    [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
+                                  "fwd: also the entropy; bwd: an entropy gradient"),
+    [LP_S_GRAD] = RLK_SET_CHOICE("grad", lp_grad_names, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
+    [LP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, (int64_t)1 << 40, "logprob_fwd.seg",
+                               "V, picks the row layout: a block per row, or rows sharing a block"),
+    [LP_S_VARIANT] = RLK_SET_CHOICE("variant", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO, "logprob_fwd",
+                                    "bulk and tma are sm_90+ forwards; elsewhere the default runs"),
+    [LP_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd.block",
+                               "threads per block, 0 for the default; bulk/tma: consumer threads"),
+    [LP_S_SEG] = RLK_SET_INT("seg", 0, 0, 1024, "logprob_fwd.seg",
+                             "threads per row of the vector kernel, 0 for the default"),
+    [LP_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd.unroll",
+                                "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
+    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd.stages",
+                                "shared-memory ring depth of bulk/tma, 0 for the default"),
+    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
+                                "N, the rows of the calls; with no tuning settings, the tuning database's winner "
+                                "for N's bucket on this context, 0 for none"),
+};
+
+/* A configuration from parsed settings; *pass receives the pass. */
+static void lp_config_of(const rlk_op_values *s, lp_config *c, int *pass) {
+  memset(c, 0, sizeof *c);
+  *pass = (int)s->v[LP_S_PASS];
+  c->logits = (int)s->v[LP_S_LOGITS];
+  c->labels = (rlk_dtype)s->v[LP_S_LABELS];
+  c->entropy = (int)s->v[LP_S_ENTROPY];
+  c->grad = (int)s->v[LP_S_GRAD];
+  c->V = s->v[LP_S_VOCAB];
+  c->variant = (int)s->v[LP_S_VARIANT];
+  c->block = (int)s->v[LP_S_BLOCK];
+  c->seg = (int)s->v[LP_S_SEG];
+  c->unroll = (int)s->v[LP_S_UNROLL];
+  c->stages = (int)s->v[LP_S_STAGES];
+  c->N = s->v[LP_S_TOKENS];
+  c->tma_ok = 1;
+}
 
 /* The order of a winner's values (rlk_tune_entry_values). */
 enum { LP_TUNE_VARIANT, LP_TUNE_BLOCK, LP_TUNE_SEG, LP_TUNE_UNROLL, LP_TUNE_STAGES };
@@ -394,10 +443,17 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
       break;
     }
     *eq = '\0';
-    static const char *const tuning[] = {"variant", "block", "seg", "unroll", "stages"};
-    int known = 0;
-    for (size_t i = 0; i < LP_N(tuning); i++) known |= !strcmp(tok, tuning[i]);
-    rc = !known || lp_apply_setting(&c, NULL, tok, eq + 1) != RLK_OK ? -1 : 0;
+    static const int tuning[] = {LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG, LP_S_UNROLL, LP_S_STAGES};
+    int k = -1;
+    for (size_t i = 0; i < LP_N(tuning); i++)
+      if (!strcmp(tok, lp_settings[tuning[i]].name)) k = tuning[i];
+    int64_t v = 0;
+    rc = k < 0 || rlk_op_setting_parse(&lp_settings[k], eq + 1, &v) != RLK_OK ? -1 : 0;
+    if (k == LP_S_VARIANT) c.variant = (int)v;
+    if (k == LP_S_BLOCK) c.block = (int)v;
+    if (k == LP_S_SEG) c.seg = (int)v;
+    if (k == LP_S_UNROLL) c.unroll = (int)v;
+    if (k == LP_S_STAGES) c.stages = (int)v;
   }
   rlk_error_clear();
   memset(values, 0, RLK_TUNE_VALUES * sizeof *values);
@@ -470,95 +526,31 @@ static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_c
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int lp_choice_index(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
+/* RLK_JIT_RECORD: the line of a call's pass, the inverse of lp_config_of. */
+static void lp_record(int pass, const lp_config *c) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_logprob, &s);
+  rlk_op_values_set(&s, LP_S_PASS, pass);
+  rlk_op_values_set(&s, LP_S_LOGITS, c->logits);
+  rlk_op_values_set(&s, LP_S_LABELS, c->labels);
+  rlk_op_values_set(&s, LP_S_ENTROPY, c->entropy);
+  if (pass == LP_PASS_BWD) rlk_op_values_set(&s, LP_S_GRAD, c->grad);
+  rlk_op_values_set(&s, LP_S_VOCAB, c->V);
+  rlk_op_values_set(&s, LP_S_VARIANT, c->variant);
+  rlk_op_values_set(&s, LP_S_BLOCK, c->block);
+  rlk_op_values_set(&s, LP_S_SEG, c->seg);
+  rlk_op_values_set(&s, LP_S_UNROLL, c->unroll);
+  rlk_op_values_set(&s, LP_S_STAGES, c->stages);
+  rlk_op_values_set(&s, LP_S_TOKENS, c->N);
+  rlk_record_op(&rlk_op_logprob, &s);
 }
 
-/* Applies one setting of a configuration line to c (and, unless pass is NULL, *pass). */
-static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v) {
-  int k;
-  int64_t x = 0;
-  rlk_status st = RLK_OK;
-  if (!strcmp(n, "pass") && pass) {
-    if ((k = lp_choice_index(lp_pass_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
-    *pass = k;
-  } else if (!strcmp(n, "logits")) {
-    if ((k = lp_choice_index(lp_dt_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
-    c->logits = k;
-  } else if (!strcmp(n, "labels")) {
-    if (!strcmp(v, "i32"))
-      c->labels = RLK_I32;
-    else if (!strcmp(v, "i64"))
-      c->labels = RLK_I64;
-    else
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
-  } else if (!strcmp(n, "entropy")) {
-    if (strcmp(v, "0") && strcmp(v, "1"))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
-    c->entropy = v[0] == '1';
-  } else if (!strcmp(n, "grad")) {
-    if ((k = lp_choice_index(lp_grad_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
-    c->grad = k;
-  } else if (!strcmp(n, "vocab")) {
-    if (!(st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c->V = x;
-  } else if (!strcmp(n, "tokens")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, (int64_t)1 << 40, &x))) c->N = x;
-  } else if (!strcmp(n, "variant")) {
-    if ((k = lp_choice_index(lp_variant_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
-    c->variant = k;
-  } else if (!strcmp(n, "block")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->block = (int)x;
-  } else if (!strcmp(n, "seg")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->seg = (int)x;
-  } else if (!strcmp(n, "unroll")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->unroll = (int)x;
-  } else if (!strcmp(n, "stages")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->stages = (int)x;
-  } else {
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab tokens "
-                     "variant block seg unroll stages)",
-                     n);
-  }
-  return st;
-}
-
-/* A configuration from plan settings, defaults first. */
-static rlk_status lp_parse_config(size_t npairs, const rlk_op_config_pair *pairs, lp_config *c, int *pass) {
-  memset(c, 0, sizeof *c);
-  c->logits = LP_DT_BF16;
-  c->labels = RLK_I64;
-  c->grad = LP_GRAD_SAME;
-  c->V = 151936;
-  c->tma_ok = 1;
-  *pass = LP_PASS_BOTH;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = lp_apply_setting(c, pass, n, v);
-    if (st) return st;
-  }
-  return RLK_OK;
-}
-
-static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static rlk_status lp_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: ctx is NULL");
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: no room for the specs");
   lp_config c;
   int pass;
-  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
-  if (st) return st;
+  lp_config_of(s, &c, &pass);
+  rlk_status st;
   size_t n = 0;
   lp_choice ch;
   if (pass != LP_PASS_BWD) {
@@ -582,12 +574,10 @@ static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
 }
 
 /* The tuning database key of plan settings: one pass, tokens=, no tuning settings. */
-static rlk_status lp_tune_key(size_t npairs, const rlk_op_config_pair *pairs, char *shape, size_t size,
-                              int64_t *tokens) {
+static rlk_status lp_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
   lp_config c;
   int pass;
-  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
-  if (st) return st;
+  lp_config_of(s, &c, &pass);
   if (pass == LP_PASS_BOTH)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
   if (c.N <= 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: a tuning key needs the token count N > 0");
@@ -599,22 +589,6 @@ static rlk_status lp_tune_key(size_t npairs, const rlk_op_config_pair *pairs, ch
   *tokens = rlk_tune_bucket(c.N);
   return RLK_OK;
 }
-
-static const char lp_help[] =
-    "pass: fwd|bwd|both, the kernels to build (both)\n"
-    "logits: bf16|f16|f32 (bf16)\n"
-    "labels: i32|i64 (i64)\n"
-    "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
-    "grad: same|f32, the backward's dlogits dtype (same)\n"
-    "vocab: V, picks the row layout: a block per row, or rows sharing a block (151936)\n"
-    "variant: auto|vec|bulk|tma; bulk and tma are sm_90+ forwards; elsewhere "
-    "the default runs (auto)\n"
-    "block: threads per block, 0 for the default; bulk/tma: consumer threads (0)\n"
-    "seg: threads per row of the vector kernel, 0 for the default (0)\n"
-    "unroll: 16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default (0)\n"
-    "stages: shared-memory ring depth of bulk/tma, 0 for the default (0)\n"
-    "tokens: N, the rows of the calls; with no tuning settings, the tuning database's winner for N's "
-    "bucket on this context, 0 for none (0)\n";
 
 static const char *const lp_samples[] = {
     /* the common trainer shape: bf16 logits, i64 labels, entropy and its gradient */
@@ -631,7 +605,15 @@ static const char *const lp_samples[] = {
     "logprob pass=fwd logits=bf16 labels=i64 variant=tma entropy=1",
     NULL};
 
-const rlk_op_desc rlk_op_logprob = {"logprob", lp_help, lp_plan_config, lp_samples, lp_candidates, lp_tune_key};
+const rlk_op_desc rlk_op_logprob = {
+    .name = "logprob",
+    .settings = lp_settings,
+    .nsettings = LP_NSETTINGS,
+    .plan = lp_plan_config,
+    .samples = lp_samples,
+    .candidates = lp_candidates,
+    .tune_key = lp_tune_key,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */
@@ -798,6 +780,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   c.tma_ok = (ctx->target.features & RLK_TARGET_TMA) != 0;
   lp_choice ch;
   if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+  if (rlk_record_enabled()) lp_record(LP_PASS_FWD, &c);
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     req.box_rows = (uint32_t)ch.rows_per_block;
     c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
@@ -828,7 +811,8 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   }
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     _Alignas(64) unsigned char map[128];
-    st = rlk_cuda_tma_encode(ctx->backend, &req, map);
+    st = ctx->backend->tensor_map_encode ? ctx->backend->tensor_map_encode(ctx->backend, &req, map)
+                                         : rlk_error(RLK_ERR_UNSUPPORTED, "tma: the backend has no tensor maps");
     if (st) {
       /* the driver refused what the check accepted: run the default rather than fail */
       rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
@@ -901,6 +885,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   c.N = N;
   lp_choice ch;
   if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
+  if (rlk_record_enabled()) lp_record(LP_PASS_BWD, &c);
 
   const void *logits = a->logits.data, *labels = a->labels.data;
   float temperature = a->temperature;

@@ -9,6 +9,7 @@
 #include "core/core.h"
 
 const char *const tl_layout_names[] = {"padded", "packed-i32", "packed-i64", NULL};
+const char *const tl_packed_names[] = {"padded", "packed", NULL};
 const char *const tl_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",

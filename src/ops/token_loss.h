@@ -17,6 +17,7 @@ enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
 extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
 extern const char *const tl_mask_names[];   /* "none", "bool", "i32", "f32" */
 extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
+extern const char *const tl_packed_names[]; /* "padded", "packed": a configuration line's layout */
 
 /* Mirrors tl::Streams<NIN, NOUT>: 8-byte fields only, so C and C++ lay it out alike. */
 #define TL_STREAMS(NIN, NOUT)        \

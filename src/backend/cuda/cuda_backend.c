@@ -15,7 +15,7 @@
 #include "backend/binary_image.h"
 #include "backend/cuda/cuda_driver.h"
 #include "core/core.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 /* ---- the driver table, loaded once per process ------------------------------------ */
 
@@ -571,6 +571,7 @@ rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
   b->event_record = cuda_event_record;
   b->event_elapsed_ms = cuda_event_elapsed_ms;
   b->event_destroy = cuda_event_destroy;
+  b->tensor_map_encode = rlk_cuda_tma_encode;
   b->destroy = cuda_destroy;
   rlk_debug("cuda: device %d: %s, cc %d.%d, %d SMs, target %s", ordinal, b->info.name,
             b->info.compute_major, b->info.compute_minor, b->info.multiprocessors,

@@ -12,7 +12,7 @@
 #include "backend/binary_image.h"
 #include "backend/hip/hip_runtime.h"
 #include "core/core.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 #define EM_AMDGPU_MACHINE 224
 

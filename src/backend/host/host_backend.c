@@ -15,7 +15,7 @@
 #include "backend/backend.h"
 #include "backend/binary_image.h"
 #include "core/core.h"
-#include "jit/compiler.h"
+#include "core/target.h"
 
 /* The ELF machine of shared objects this process can load. */
 #if defined(__x86_64__)

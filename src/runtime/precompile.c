@@ -1,5 +1,5 @@
-/* registry.c - the op table, shared argument checks, and rlk_precompile: a configuration line
- * goes through the op's own variant selection, and each resulting kernel is compiled or found. */
+/* precompile.c - rlk_precompile and its queries: a configuration line goes through the op's
+ * settings table and its own variant selection, and each resulting kernel is compiled or found. */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -7,10 +7,8 @@
 
 #include "core/core.h"
 #include "jit/jit.h"
-#include "ops/ops.h"
+#include "runtime/op.h"
 
-const rlk_op_desc *const rlk_op_table[] = {&rlk_op_group_advantage, &rlk_op_policy_loss, &rlk_op_value_loss, &rlk_op_gae, &rlk_op_discounted_returns, &rlk_op_reverse_cumsum,
-                                           &rlk_op_masked_whiten, &rlk_op_logprob, &rlk_op_sample, NULL};
 
 static const rlk_op_desc *find_op(const char *name) {
   for (size_t i = 0; rlk_op_table[i]; i++)
@@ -35,9 +33,23 @@ const char *rlk_precompile_ops(void) {
   return op_names;
 }
 
+/* Each op's --help text, written once from its settings table. */
+#define HELP_BYTES 4096
+#define HELP_OPS 64
+static char op_help[HELP_OPS][HELP_BYTES];
+static pthread_once_t op_help_once = PTHREAD_ONCE_INIT;
+
+static void fill_op_help(void) {
+  for (size_t i = 0; rlk_op_table[i] && i < HELP_OPS; i++)
+    if (rlk_op_help_text(rlk_op_table[i], op_help[i], HELP_BYTES) < 0) op_help[i][0] = '\0';
+}
+
 const char *rlk_precompile_help(const char *op) {
-  const rlk_op_desc *d = op ? find_op(op) : NULL;
-  return d ? d->help : "";
+  if (!op) return "";
+  pthread_once(&op_help_once, fill_op_help);
+  for (size_t i = 0; rlk_op_table[i] && i < HELP_OPS; i++)
+    if (!strcmp(rlk_op_table[i]->name, op)) return op_help[i];
+  return "";
 }
 
 rlk_status rlk_op_config_parse(const char *who, const char *config, char **linep, const rlk_op_desc **opp,
@@ -80,6 +92,18 @@ rlk_status rlk_op_config_parse(const char *who, const char *config, char **linep
   return RLK_OK;
 }
 
+rlk_status rlk_op_plan(const rlk_op_desc *d, const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
+                       rlk_kernel_spec *specs, size_t *nspecs) {
+  if (nspecs) *nspecs = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", d->name);
+  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: no room for the specs", d->name);
+  rlk_op_values vals;
+  rlk_status st = rlk_op_values_parse(d, npairs, pairs, &vals);
+  if (!st) st = d->plan(ctx, &vals, specs, nspecs);
+  if (!st && *nspecs > RLK_OP_MAX_KERNELS) st = rlk_error(RLK_ERR_INTERNAL, "%s planned too many kernels", d->name);
+  return st;
+}
+
 /* The kernel specs of a configuration line on ctx. *line is freed by the caller. */
 static rlk_status plan_line(const char *who, rlk_context *ctx, const char *config, char **line,
                             rlk_kernel_spec *specs, size_t *nspecs) {
@@ -90,7 +114,7 @@ static rlk_status plan_line(const char *who, rlk_context *ctx, const char *confi
   const rlk_op_desc *d = NULL;
   rlk_status st = rlk_op_config_parse(who, config, line, &d, pairs, &npairs);
   if (st) return st;
-  st = d->plan(ctx, npairs, pairs, specs, nspecs);
+  st = rlk_op_plan(d, ctx, npairs, pairs, specs, nspecs);
   if (st) return rlk_error_wrap(st, "%s: %s", who, d->name);
   return RLK_OK;
 }
@@ -140,75 +164,5 @@ rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, 
     return st;
   }
   if (kernels) *kernels = (int)nspecs;
-  return RLK_OK;
-}
-
-/* ---- argument checks ------------------------------------------------------------- */
-
-rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out) {
-  char *end = NULL;
-  long long v = strtoll(value, &end, 10);
-  if (!*value || *end || v < lo || v > hi)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer in [%lld, %lld]", name,
-                     value, (long long)lo, (long long)hi);
-  *out = v;
-  return RLK_OK;
-}
-
-rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required) {
-  if (!t->data) {
-    if (required) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
-    return RLK_OK;
-  }
-  if (t->ndim < 1 || t->ndim > RLK_MAX_DIMS)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside [1, %d]", what, (int)t->ndim, RLK_MAX_DIMS);
-  if (rlk_dtype_size(t->dtype) == 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %d is not an rlk_dtype", what, (int)t->dtype);
-  for (int i = 0; i < t->ndim; i++) {
-    if (t->shape[i] <= 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is not positive", what, i,
-                       (long long)t->shape[i]);
-    if (t->shape[i] > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is too large", what, i,
-                       (long long)t->shape[i]);
-    if (t->strides[i] < 0 || (t->strides[i] == 0 && t->shape[i] > 1))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is not positive", what, i,
-                       (long long)t->strides[i]);
-  }
-  if ((uintptr_t)t->data % rlk_dtype_size(t->dtype) != 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is not aligned to its %zu-byte dtype", what,
-                     rlk_dtype_size(t->dtype));
-  return RLK_OK;
-}
-
-rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed) {
-  if ((int)t->dtype > 0 && (int)t->dtype < 32 && (allowed & RLK_DTYPE_BIT(t->dtype))) return RLK_OK;
-  char names[128] = "";
-  size_t len = 0;
-  for (int d = 1; d < 8; d++)
-    if (allowed & RLK_DTYPE_BIT(d)) {
-      int w = rlk_format(names + len, sizeof names - len, "%s%s", len ? ", " : "", rlk_dtype_name((rlk_dtype)d));
-      if (w > 0) len += (size_t)w;
-    }
-  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s is not supported (expected %s)", what,
-                   rlk_dtype_name(t->dtype), names);
-}
-
-rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int lo, int hi) {
-  if (t->ndim < lo || t->ndim > hi) {
-    if (lo == hi) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: expected %d dimensions, got %d", what, lo, (int)t->ndim);
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: expected %d to %d dimensions, got %d", what, lo, hi, (int)t->ndim);
-  }
-  return RLK_OK;
-}
-
-rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what) {
-  int64_t expect = 1;
-  for (int i = t->ndim - 1; i >= 0; i--) {
-    if (t->shape[i] > 1 && t->strides[i] != expect)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: must be contiguous (stride[%d] = %lld, expected %lld)", what,
-                       i, (long long)t->strides[i], (long long)expect);
-    expect *= t->shape[i];
-  }
   return RLK_OK;
 }
