@@ -23,6 +23,10 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
+#include "common/sample_params.h"
+
+/* The kernels' argument (templates/common/sample_params.h). */
+RLK_PARAMS_DECLARE(smp_kernel_args, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 static const char *const smp_dt_names[] = {"f32", "f16", "bf16", NULL};
 
@@ -344,19 +348,30 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   if ((st = smp_select(ctx, &c, &ch))) return st;
   if (rlk_record_enabled()) smp_record(&c);
 
-  const void *logits = L->data;
-  int64_t rs = row_stride, b = B, v = V, top_k = a->top_k;
-  float temperature = a->temperature, top_p = a->top_p, min_p = a->min_p;
-  uint64_t seed = a->seed, offset = a->offset;
-  const void *temperatures = a->temperatures.data, *top_ps = a->top_ps.data, *min_ps = a->min_ps.data;
-  const void *seeds = a->seeds.data, *offsets = a->offsets.data;
-  const void *top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
-  const void *top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
-  void *tokens = a->tokens.data, *logp = a->logp.data, *logp_filtered = a->logp_filtered.data;
-  void *status = a->status.data;
-  void *kargs[] = {&logits,   &rs,   &b,        &v,     &temperatures, &temperature, &top_ks32,
-                   &top_ks64, &top_k, &top_ps,  &top_p, &min_ps,       &min_p,       &seeds,
-                   &seed,     &offsets, &offset, &tokens, &logp,       &logp_filtered, &status};
+  smp_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.logits = L->data;
+  k.row_stride = row_stride;
+  k.B = B;
+  k.V = V;
+  k.temperatures = a->temperatures.data;
+  k.temperature = a->temperature;
+  k.top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
+  k.top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
+  k.top_k = a->top_k;
+  k.top_ps = a->top_ps.data;
+  k.top_p = a->top_p;
+  k.min_ps = a->min_ps.data;
+  k.min_p = a->min_p;
+  k.seeds = a->seeds.data;
+  k.seed = a->seed;
+  k.offsets = a->offsets.data;
+  k.offset = a->offset;
+  k.tokens = a->tokens.data;
+  k.logp = a->logp.data;
+  k.logp_filtered = a->logp_filtered.data;
+  k.status = a->status.data;
+  void *kargs[] = {&k};
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
   /* a block a row, or a cluster of ch.split; rows past the grid are strided over it */
