@@ -1044,17 +1044,23 @@ typedef int (*rlk_cache_visit_fn)(const rlk_cache_entry *entry, void *user);
 RLK_API rlk_status rlk_cache_walk(const char *root, rlk_cache_visit_fn visit, void *user);
 
 /* Verifies every entry of a tree (metadata, key fields, binary checksum). Writes the number of
- * entries and of bad ones; bad entries are quarantined when `repair` is non-zero. */
+ * entries and of bad ones; bad entries are quarantined when `repair` is non-zero (only in a tree
+ * that is the cache's own: see rlk_cache_prune). */
 RLK_API rlk_status rlk_cache_verify(const char *root, int repair, uint64_t *entries,
                                     uint64_t *bad);
 
 /* Removes entries, oldest last-use first, until the tree is at most `max_bytes` (0: no size
  * limit), and every entry not used for `max_age_seconds` (0: no age limit). Writes the
- * number of entries and bytes removed (either may be NULL). */
+ * number of entries and bytes removed (either may be NULL). Only a tree that is the cache's
+ * own is touched (it carries the CACHEDIR.TAG marker the cache writes, or holds nothing but
+ * the cache's own names); any other is RLK_ERR_INVALID_ARGUMENT and loses nothing. Only names
+ * the cache creates are removed, and never through a link. RLK_ERR_IO when some entries could
+ * not be removed (the counts say what was). */
 RLK_API rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age_seconds,
                                    uint64_t *removed_entries, uint64_t *removed_bytes);
 
-/* Removes every entry and the staging area of a tree. */
+/* Removes every entry, the staging area and the quarantine of a tree that is the cache's own
+ * (as rlk_cache_prune); other files in it stay. */
 RLK_API rlk_status rlk_cache_clear(const char *root);
 
 /* The default writable cache root (RLK_CACHE_DIR, $XDG_CACHE_HOME/rlk, ~/.cache/rlk),

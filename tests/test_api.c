@@ -1,6 +1,7 @@
 /* test_api.c - the public API's plumbing: statuses, errors, versions, descriptors, contexts,
  * memory and events on the host backend, and bad calls that must fail cleanly. */
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,60 @@ START_TEST(rlk_arch_overrides_only_device_targets) {
 }
 END_TEST
 
+/* Descriptors that reach past their buffers, or whose byte span cannot be addressed, are
+ * refused before anything runs (heap buffers of exactly the described size, so a kernel that
+ * ran anyway would show under AddressSanitizer). */
+START_TEST(descriptors_out_of_bounds_are_refused) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { T = 64 };
+  float *x = malloc(T * sizeof *x), *out = malloc(T * sizeof *out);
+  unsigned char *mask_short = malloc(T / 2);
+  float *out_short = malloc(T / 2 * sizeof *out_short);
+  ck_assert(x && out && mask_short && out_short);
+  for (int i = 0; i < T; i++) x[i] = (float)i * 0.25f - 3.0f;
+  rlk_masked_whiten_args w;
+  rlk_masked_whiten_args_init(&w);
+  w.x = rlk_tensor_1d(x, RLK_F32, T);
+  w.mask = rlk_tensor_1d(mask_short, RLK_BOOL, T / 2); /* shorter than x */
+  w.out = rlk_tensor_1d(out, RLK_F32, T);
+  ck_assert_int_eq(rlk_masked_whiten(ctx, &w, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "mask"));
+  w.mask = rlk_tensor_1d(NULL, RLK_BOOL, 0);
+  w.out = rlk_tensor_1d(out_short, RLK_F32, T / 2); /* shorter than x */
+  ck_assert_int_eq(rlk_masked_whiten(ctx, &w, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "out"));
+  w.out = rlk_tensor_1d(out, RLK_F32, T + 1); /* longer */
+  ck_assert_int_eq(rlk_masked_whiten(ctx, &w, NULL), RLK_ERR_INVALID_ARGUMENT);
+
+  /* stride x extent past 2^63 (and past any address space) in every position */
+  static const int64_t strides[] = {(int64_t)1 << 62, INT64_MAX / 3, (int64_t)1 << 57};
+  for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++) {
+    rlk_gae_args g;
+    rlk_gae_args_init(&g);
+    g.rewards = rlk_tensor_2d(x, RLK_F32, 2, T / 2, T / 2);
+    g.values = rlk_tensor_2d(x, RLK_F32, 2, T / 2, T / 2);
+    g.advantages = rlk_tensor_2d(out, RLK_F32, 2, T / 2, T / 2);
+    g.values.strides[0] = strides[i];
+    ck_assert_int_eq(rlk_gae(ctx, &g, NULL), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "values"));
+    g.values.strides[0] = T / 2;
+    g.advantages.shape[0] = (int64_t)1 << 40;
+    g.advantages.strides[0] = (int64_t)1 << 40;
+    ck_assert_int_eq(rlk_gae(ctx, &g, NULL), RLK_ERR_INVALID_ARGUMENT);
+  }
+  rlk_tensor big = rlk_tensor_2d(x, RLK_F32, (int64_t)1 << 40, (int64_t)1 << 40, (int64_t)1 << 40);
+  rlk_masked_whiten_args_init(&w);
+  w.x = big;
+  w.out = big;
+  ck_assert_int_eq(rlk_masked_whiten(ctx, &w, NULL), RLK_ERR_INVALID_ARGUMENT);
+  free(x);
+  free(out);
+  free(mask_short);
+  free(out_short);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("api");
@@ -160,6 +215,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, host_context_basics);
   tcase_add_test(tc, precompile_rejects_bad_lines);
   tcase_add_test(tc, rlk_arch_overrides_only_device_targets);
+  tcase_add_test(tc, descriptors_out_of_bounds_are_refused);
   suite_add_tcase(s, tc);
   return s;
 }

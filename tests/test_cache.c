@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/fs.h"
 #include "jit/cache.h"
 #include "jit/key.h"
 #include "suites.h"
@@ -680,15 +681,27 @@ START_TEST(test_root_that_cannot_be_created) {
 }
 END_TEST
 
-START_TEST(test_root_that_cannot_be_written) {
+START_TEST(test_root_with_debris_at_tmp_is_repaired) {
   uint64_t rng = rng_for(8);
   char root[1024], tmp[1100];
-  /* <root>/tmp taken by a file: publishing can never stage there, whoever we are. */
+  /* <root>/tmp taken by a file (a root that holds only the cache's own names is the cache's):
+   * the file is debris, replaced by the staging directory, and publishing works. */
   rlk_test_mkdtemp(root, sizeof root, "nowrite");
   FMT(tmp, "%s/tmp", root);
   rewrite_file(tmp, "x", 1);
-  expect_memory_mode(root, "not writable", &rng);
-  ck_assert_int_eq(count_children(root), 1);
+  rlk_cache_config cfg;
+  test_cfg(&cfg, root);
+  rlk_cache *c = open_cache(&cfg);
+  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
+  struct stat st;
+  ck_assert_int_eq(lstat(tmp, &st), 0);
+  ck_assert(S_ISDIR(st.st_mode));
+  rlk_kernel_key k;
+  make_key(&k, &rng, "debris");
+  uint8_t bin[40] = {3, 1, 4};
+  publish(c, &k, bin, sizeof bin);
+  expect_hit(c, &k, bin, sizeof bin);
+  rlk_cache_close(c);
 }
 END_TEST
 
@@ -1476,6 +1489,328 @@ START_TEST(test_walk_verify_prune_clear) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------- */
+/* Trust, links, debris and FIFOs                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* A tree with one entry of k, published by an ordinary writable cache. */
+static void make_tree(const char *root, const rlk_kernel_key *k, const uint8_t *bin, size_t n) {
+  rlk_cache_config cfg;
+  test_cfg(&cfg, root);
+  rlk_cache *maker = open_cache(&cfg);
+  publish(maker, k, bin, n);
+  rlk_cache_close(maker);
+}
+
+/* A cache that reads `ro` as its only read-only tree and writes `rw`. */
+static rlk_cache *open_with_ro(const char *rw, const char *ro) {
+  rlk_cache_config cfg;
+  test_cfg(&cfg, rw);
+  FMT(cfg.ro_dirs, "%s", ro);
+  return open_cache(&cfg);
+}
+
+/* Every directory on the way to an entry counts, in read-only trees as in the writable one:
+ * one that other users may write to lets them plant code, and is never read. */
+START_TEST(test_untrusted_directory_below_a_tree_is_refused) {
+  uint64_t rng = rng_for(30);
+  static const char *const levels[] = {"v", "compiler", "target", "family", "hh", "entry"};
+  for (int level = 0; level < 6; level++) {
+    for (int mode = 0; mode < 2; mode++) { /* 0777, 01777 */
+      char ro[1024], rw[1024], dir[1300];
+      rlk_test_mkdtemp(ro, sizeof ro, "rotrust");
+      rlk_test_mkdtemp(rw, sizeof rw, "rwtrust");
+      rlk_kernel_key k;
+      make_key(&k, &rng, "trust");
+      uint8_t bin[64] = {7, 7, levels[level][0]};
+      make_tree(ro, &k, bin, sizeof bin);
+      entry_dir(ro, &k, dir, sizeof dir);
+      for (int up = 5; up > level; up--) *strrchr(dir, '/') = '\0';
+      ck_assert_int_eq(chmod(dir, mode ? 01777 : 0777), 0);
+      rlk_cache *c = open_with_ro(rw, ro);
+      rlk_cache_blob b;
+      capture cap;
+      capture_begin(&cap);
+      int hit = lookup(c, &k, &b, NULL);
+      int again = lookup(c, &k, &b, NULL);
+      int warnings = capture_end(&cap, "world-writable");
+      ck_assert_msg(!hit && !again, "an entry below a world-writable %s directory was read",
+                    levels[level]);
+      ck_assert_int_eq(warnings, 1); /* once per process */
+      rlk_cache_close(c);
+
+      /* The same damage in the writable tree: not read; publishing repairs the tree. */
+      rlk_cache_config cfg;
+      test_cfg(&cfg, ro);
+      c = open_cache(&cfg);
+      capture_begin(&cap);
+      ck_assert_int_eq(lookup(c, &k, &b, NULL), 0);
+      capture_end(&cap, "world-writable");
+      publish(c, &k, bin, sizeof bin);
+      expect_hit(c, &k, bin, sizeof bin);
+      rlk_cache_close(c);
+    }
+  }
+}
+END_TEST
+
+/* Run as root, the tree may belong to root while another user owns what lies below. */
+START_TEST(test_foreign_owner_below_a_tree_is_refused) {
+  if (geteuid() != 0) {
+    printf("skip (foreign owner): changing a file's owner needs root\n");
+    return;
+  }
+  uint64_t rng = rng_for(31);
+  for (int what = 0; what < 4; what++) { /* v dir, entry dir, binary, group-writable dir */
+    char ro[1024], rw[1024], dir[1300], file[1400];
+    rlk_test_mkdtemp(ro, sizeof ro, "roown");
+    rlk_test_mkdtemp(rw, sizeof rw, "rwown");
+    rlk_kernel_key k;
+    make_key(&k, &rng, "owner");
+    uint8_t bin[48] = {5, (uint8_t)what};
+    make_tree(ro, &k, bin, sizeof bin);
+    entry_dir(ro, &k, dir, sizeof dir);
+    if (what == 1) {
+      ck_assert_int_eq(chown(dir, OTHER_UID, OTHER_UID), 0);
+    } else if (what == 2) {
+      FMT(file, "%s/kernel.cubin", dir);
+      ck_assert_int_eq(chown(file, OTHER_UID, OTHER_UID), 0);
+    } else {
+      FMT(file, "%s/v%d", ro, RLK_CACHE_SCHEMA);
+      if (what == 0) {
+        ck_assert_int_eq(chown(file, OTHER_UID, OTHER_UID), 0);
+      } else {
+        ck_assert_int_eq(chown(file, 0, OTHER_UID), 0);
+        ck_assert_int_eq(chmod(file, 0775), 0);
+      }
+    }
+    rlk_cache *c = open_with_ro(rw, ro);
+    rlk_cache_blob b;
+    capture cap;
+    capture_begin(&cap);
+    int hit = lookup(c, &k, &b, NULL);
+    capture_end(&cap, what == 3 ? "writable by group" : "owned by uid");
+    ck_assert_msg(!hit, "case %d: code owned or writable by another user was read", what);
+    rlk_cache_close(c);
+  }
+}
+END_TEST
+
+/* A root that is not the cache's (no marker, other files in it, as RLK_CACHE_DIR=$HOME would
+ * be) is never written or swept; the cache's own tmp/ and quarantine/ lose only names the
+ * cache creates, and never through a link. */
+START_TEST(test_sweeping_deletes_only_own_names_never_through_links) {
+  int64_t now = rlk_unix_time();
+  char home[1024], p[1300], outside[1024], victim[1300], stranger[1300];
+  /* $HOME-like: a user's own tmp/ with old files. */
+  rlk_test_mkdtemp(home, sizeof home, "home");
+  FMT(p, "%s/tmp", home);
+  ck_assert_int_eq(mkdir(p, 0700), 0);
+  FMT(victim, "%s/tmp/hostA-123-abcdef", home); /* even a name like a staging dir's */
+  rewrite_file(victim, "keep", 4);
+  set_mtime(victim, now - 5 * 86400);
+  FMT(stranger, "%s/notes.txt", home);
+  rewrite_file(stranger, "keep", 4);
+  rlk_cache_config cfg;
+  test_cfg(&cfg, home);
+  capture cap;
+  capture_begin(&cap);
+  rlk_cache *c = open_cache(&cfg);
+  capture_end(&cap, "not a kernel cache");
+  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_MEMORY);
+  rlk_cache_close(c);
+  ck_assert(exists(victim) && exists(stranger));
+  uint64_t n = 9;
+  ck_assert_int_eq(rlk_cache_prune(home, 1, 1, &n, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_uint_eq(n, 0);
+  ck_assert_int_eq(rlk_cache_clear(home), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_cache_verify(home, 1, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert(exists(victim) && exists(stranger));
+
+  /* The cache's own root with tmp/ and quarantine/ as links to another directory. */
+  char root[1024];
+  rlk_test_mkdtemp(root, sizeof root, "linked");
+  rlk_test_mkdtemp(outside, sizeof outside, "outside");
+  const char *names[] = {"hostA-1-abcdef", "0000000000000000000000000000000000000000000000000000000000000000.1.2",
+                         "unrelated"};
+  for (int i = 0; i < 3; i++) {
+    FMT(p, "%s/%s", outside, names[i]);
+    rewrite_file(p, "keep", 4);
+    set_mtime(p, now - 5 * 86400);
+  }
+  FMT(p, "%s/tmp", root);
+  ck_assert_int_eq(symlink(outside, p), 0);
+  FMT(p, "%s/quarantine", root);
+  ck_assert_int_eq(symlink(outside, p), 0);
+  test_cfg(&cfg, root);
+  c = open_cache(&cfg);
+  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
+  rlk_cache_close(c);
+  ck_assert_int_eq(rlk_cache_prune(root, 1, 1, NULL, NULL), RLK_OK);
+  FMT(p, "%s/quarantine", root);
+  struct stat st;
+  if (lstat(p, &st) != 0 || !S_ISLNK(st.st_mode)) ck_assert_int_eq(symlink(outside, p), 0);
+  ck_assert_int_eq(rlk_cache_clear(root), RLK_OK);
+  ck_assert_int_eq(count_children(outside), 3);
+
+  /* In a real tmp/, an old file of another name stays; an old staging directory goes. */
+  FMT(p, "%s/tmp", root);
+  ck_assert_int_eq(lstat(p, &st) == 0 ? 0 : mkdir(p, 0700), 0);
+  ck_assert_int_eq(lstat(p, &st), 0);
+  ck_assert(S_ISDIR(st.st_mode)); /* the link was replaced, never followed */
+  FMT(victim, "%s/tmp/my-notes", root);
+  rewrite_file(victim, "keep", 4);
+  set_mtime(victim, now - 5 * 86400);
+  FMT(p, "%s/tmp/hostB-77-zzzzzz", root);
+  ck_assert_int_eq(mkdir(p, 0700), 0);
+  set_mtime(p, now - 5 * 86400);
+  c = open_cache(&cfg);
+  rlk_cache_close(c);
+  ck_assert(exists(victim));
+  ck_assert(!exists(p));
+}
+END_TEST
+
+/* A FIFO where a file belongs is refused at once: nothing ever blocks on it. */
+START_TEST(test_fifo_in_an_entry_never_blocks) {
+  uint64_t rng = rng_for(32);
+  for (int which = 0; which < 2; which++) {
+    char root[1024], dir[1300], file[1400];
+    rlk_test_mkdtemp(root, sizeof root, "fifo");
+    rlk_kernel_key k;
+    make_key(&k, &rng, "fifo");
+    uint8_t bin[32] = {1, 2, 3};
+    make_tree(root, &k, bin, sizeof bin);
+    entry_dir(root, &k, dir, sizeof dir);
+    FMT(file, "%s/%s", dir, which ? "kernel.cubin" : "kernel.meta");
+    ck_assert_int_eq(unlink(file), 0);
+    ck_assert_int_eq(mkfifo(file, 0600), 0);
+    alarm(20); /* a hang fails the case instead of the suite */
+    rlk_cache_config cfg;
+    test_cfg(&cfg, root);
+    FMT(cfg.ro_dirs, "%s", root);
+    cfg.mode = RLK_CACHE_MODE_MEMORY; /* read it as a read-only tree */
+    rlk_cache *c = open_cache(&cfg);
+    rlk_cache_blob b;
+    capture cap;
+    capture_begin(&cap);
+    ck_assert_int_eq(lookup(c, &k, &b, NULL), 0);
+    capture_end(&cap, "not a regular file");
+    rlk_cache_close(c);
+    uint64_t entries = 0, bad = 0;
+    capture_begin(&cap);
+    ck_assert_int_eq(rlk_cache_verify(root, 0, &entries, &bad), RLK_OK);
+    capture_end(&cap, NULL);
+    ck_assert_uint_eq(bad, 1);
+    ck_assert_int_eq(count_entries(root), which ? 1 : 1);
+    alarm(0);
+  }
+}
+END_TEST
+
+/* Debris where the layout has directories: every kind is repaired by the next publish. */
+START_TEST(test_debris_in_the_layout_is_repaired) {
+  uint64_t rng = rng_for(33);
+  for (int kind = 0; kind < 5; kind++) {
+    char root[1024], dir[1300], p[1400];
+    rlk_test_mkdtemp(root, sizeof root, "debris");
+    rlk_kernel_key k;
+    make_key(&k, &rng, "debris");
+    rlk_cache_config cfg;
+    test_cfg(&cfg, root);
+    rlk_cache *c = open_cache(&cfg);
+    entry_dir(root, &k, dir, sizeof dir);
+    FMT(p, "%s", dir);
+    char *hh = strrchr(p, '/');
+    *hh = '\0';
+    char *family = strrchr(p, '/');
+    *family = '\0';
+    ck_assert_int_eq(rlk_mkdirs(p, 0755), 0); /* .../<target> */
+    *family = '/';
+    switch (kind) {
+    case 0: /* a dangling link where the entry belongs */
+      ck_assert_int_eq(rlk_mkdirs(p, 0755), 0);
+      ck_assert_int_eq(symlink("/nonexistent/rlk", dir), 0);
+      break;
+    case 1: /* a file where the entry belongs */
+      ck_assert_int_eq(rlk_mkdirs(p, 0755), 0);
+      rewrite_file(dir, "x", 1);
+      break;
+    case 2: /* a file at <hh> */
+      rewrite_file(p, "x", 1);
+      break;
+    case 3: /* a dangling link at <family> */
+      *hh = '\0';
+      ck_assert_int_eq(symlink("/nonexistent/rlk", p), 0);
+      break;
+    case 4: /* a link at <family> to a real directory elsewhere: never followed */
+      *hh = '\0';
+      {
+        char elsewhere[1024];
+        rlk_test_mkdtemp(elsewhere, sizeof elsewhere, "elsewhere");
+        ck_assert_int_eq(symlink(elsewhere, p), 0);
+      }
+      break;
+    }
+    uint8_t bin[24] = {9, (uint8_t)kind};
+    capture cap;
+    capture_begin(&cap);
+    rlk_cache_blob b;
+    ck_assert_int_eq(lookup(c, &k, &b, NULL), 0);
+    publish(c, &k, bin, sizeof bin);
+    int warnings = capture_end(&cap, NULL);
+    ck_assert_int_eq(warnings, 0);
+    expect_hit(c, &k, bin, sizeof bin);
+    struct stat st;
+    ck_assert_int_eq(lstat(dir, &st), 0);
+    ck_assert(S_ISDIR(st.st_mode));
+    rlk_cache_close(c);
+  }
+}
+END_TEST
+
+/* A read-only entry the backend refuses steps aside for this process's lookups, so the copy
+ * rebuilt into the writable tree is found; a damaged read-only entry warns and counts once. */
+START_TEST(test_refused_read_only_entry_does_not_shadow_the_rebuilt_copy) {
+  uint64_t rng = rng_for(34);
+  char ro[1024], rw[1024], dir[1300], meta[1400];
+  rlk_test_mkdtemp(ro, sizeof ro, "roshadow");
+  rlk_test_mkdtemp(rw, sizeof rw, "rwshadow");
+  rlk_kernel_key k;
+  make_key(&k, &rng, "shadow");
+  uint8_t old_bin[32] = {1}, new_bin[40] = {2};
+  make_tree(ro, &k, old_bin, sizeof old_bin);
+  make_tree(rw, &k, new_bin, sizeof new_bin);
+  rlk_cache *c = open_with_ro(rw, ro);
+  rlk_cache_blob b;
+  ck_assert_int_eq(lookup(c, &k, &b, NULL), 1);
+  ck_assert(b.read_only);
+  ck_assert_int_eq(rlk_cache_quarantine(c, b.path), RLK_OK);
+  rlk_cache_blob_free(&b);
+  expect_hit(c, &k, new_bin, sizeof new_bin);
+  entry_dir(ro, &k, dir, sizeof dir);
+  ck_assert(exists(dir)); /* a read-only tree is never written */
+  rlk_cache_close(c);
+
+  /* Damaged: one warning and one rebuild count, however often it is looked up. */
+  FMT(meta, "%s/kernel.meta", dir);
+  rewrite_file(meta, "format=rlk-cache-1\nend=1\n", 25);
+  c = open_with_ro(rw, ro);
+  int rebuilt = 0;
+  capture cap;
+  capture_begin(&cap);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(lookup(c, &k, &b, &rebuilt), 1);
+    ck_assert(!b.read_only);
+    rlk_cache_blob_free(&b);
+  }
+  int warnings = capture_end(&cap, "skipping");
+  ck_assert_int_eq(warnings, 1);
+  ck_assert_int_eq(rebuilt, 1);
+  rlk_cache_close(c);
+}
+END_TEST
+
 Suite *cache_suite(void) {
   Suite *s = suite_create("cache");
   TCase *tc = tcase_create("cache");
@@ -1488,7 +1823,7 @@ Suite *cache_suite(void) {
   tcase_add_test(tc, test_publish_replaces_uncommitted_directory);
   tcase_add_test(tc, test_quarantine_api);
   tcase_add_test(tc, test_root_that_cannot_be_created);
-  tcase_add_test(tc, test_root_that_cannot_be_written);
+  tcase_add_test(tc, test_root_with_debris_at_tmp_is_repaired);
   tcase_add_test(tc, test_read_only_root_chmod);
   tcase_add_test(tc, test_untrusted_roots_refused);
   tcase_add_test(tc, test_last_used_refreshed_at_most_hourly);
@@ -1502,5 +1837,14 @@ Suite *cache_suite(void) {
   tcase_add_test(tc, test_open_sweeps_abandoned_staging_and_quarantine);
   tcase_add_test(tc, test_walk_verify_prune_clear);
   suite_add_tcase(s, tc);
+  TCase *trust = tcase_create("trust");
+  tcase_set_timeout(trust, 60);
+  tcase_add_test(trust, test_untrusted_directory_below_a_tree_is_refused);
+  tcase_add_test(trust, test_foreign_owner_below_a_tree_is_refused);
+  tcase_add_test(trust, test_sweeping_deletes_only_own_names_never_through_links);
+  tcase_add_test(trust, test_fifo_in_an_entry_never_blocks);
+  tcase_add_test(trust, test_debris_in_the_layout_is_repaired);
+  tcase_add_test(trust, test_refused_read_only_entry_does_not_shadow_the_rebuilt_copy);
+  suite_add_tcase(s, trust);
   return s;
 }

@@ -3,12 +3,17 @@
  * its cases print why they skip. Compiling every real template for every target is the
  * precompile tool's job; these cases use small self-contained sources. */
 #include <check.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -382,6 +387,98 @@ START_TEST(host_missing_compiler) {
 }
 END_TEST
 
+static int count_dir_entries(const char *path) {
+  DIR *d = opendir(path);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) n += de->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* Whether a process is gone (a zombie nobody has reaped yet counts as gone). */
+static int process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* A process killed with SIGKILL mid-compile leaves no compiler running, and its work directory
+ * is removed by the next process that opens the host compiler. */
+START_TEST(host_compiler_dies_with_its_parent) {
+  char dir[512], script[600], pidfile[600], tmp[600];
+  rlk_test_mkdtemp(dir, sizeof dir, "ccdeath");
+  snprintf(script, sizeof script, "%s/fake-clang", dir);
+  snprintf(pidfile, sizeof pidfile, "%s/pid", dir);
+  snprintf(tmp, sizeof tmp, "%s/tmp", dir);
+  ck_assert_int_eq(mkdir(tmp, 0700), 0);
+  FILE *f = fopen(script, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f,
+          "#!/bin/sh\n"
+          "if [ \"$1\" = --version ]; then echo 'clang version 14.0.6'; exit 0; fi\n"
+          "echo $$ > '%s.tmp' && mv '%s.tmp' '%s'\n"
+          "exec sleep 120\n",
+          pidfile, pidfile, pidfile);
+  fclose(f);
+  ck_assert_int_eq(chmod(script, 0700), 0);
+  fflush(NULL);
+  pid_t child = fork();
+  ck_assert_int_ge(child, 0);
+  if (child == 0) {
+    setenv("RLK_HOST_CC", script, 1);
+    setenv("TMPDIR", tmp, 1);
+    rlk_compiler *c = NULL;
+    if (rlk_hostcc_open(&c) != RLK_OK) _exit(1);
+    const char *names[] = {"rlk_test_poly"};
+    rlk_compile_request req = host_request(rlk_host_target(), "-DRLK_TEST_A=1", names, 1);
+    rlk_compile_result r;
+    c->compile(c, &req, &r); /* blocks in the fake compiler */
+    _exit(2);
+  }
+  pid_t compiler = 0;
+  for (int i = 0; i < 1000 && compiler <= 0; i++) {
+    FILE *p = fopen(pidfile, "r");
+    if (p) {
+      long v = 0;
+      if (fscanf(p, "%ld", &v) == 1) compiler = (pid_t)v;
+      fclose(p);
+    }
+    if (compiler <= 0) usleep(10000);
+  }
+  ck_assert_msg(compiler > 0, "the fake compiler never started");
+  ck_assert_int_eq(kill(child, SIGKILL), 0);
+  int status = 0;
+  ck_assert_int_eq(waitpid(child, &status, 0), child);
+  int gone = 0;
+  for (int i = 0; i < 500 && !gone; i++) {
+    gone = process_gone(compiler);
+    if (!gone) usleep(10000);
+  }
+  if (!gone) kill(compiler, SIGKILL);
+  ck_assert_msg(gone, "the compiler (pid %ld) outlived the process that started it", (long)compiler);
+
+  /* The killed process's work directory is still there; the next open removes it. */
+  ck_assert_int_eq(count_dir_entries(tmp), 1);
+  setenv("RLK_HOST_CC", script, 1);
+  setenv("TMPDIR", tmp, 1);
+  rlk_compiler *c = NULL;
+  ck_assert_int_eq(rlk_hostcc_open(&c), RLK_OK);
+  c->destroy(c);
+  unsetenv("RLK_HOST_CC");
+  unsetenv("TMPDIR");
+  ck_assert_int_eq(count_dir_entries(tmp), 0);
+}
+END_TEST
+
 /* ---- dynlib ------------------------------------------------------------------------------ */
 
 START_TEST(dynlib_names_missing_symbols) {
@@ -467,6 +564,7 @@ Suite *compiler_suite(void) {
   tcase_add_test(tc, host_compiles_and_runs);
   tcase_add_test(tc, host_reports_errors);
   tcase_add_test(tc, host_missing_compiler);
+  tcase_add_test(tc, host_compiler_dies_with_its_parent);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,10 +1,17 @@
 /* test_template.c - parameter schemas: range checks, canonical text, name expressions, defines,
  * and the embedded template sources. */
 #include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "core/core.h"
 #include "jit/template.h"
 #include "suites.h"
+#include "test_util.h"
 
 static const char *const modes[] = {"grpo", "rloo", NULL};
 static const rlk_param_decl params[] = {
@@ -110,6 +117,81 @@ START_TEST(embedded_sources) {
 }
 END_TEST
 
+/* Writes <dir>/<name> with `text`. */
+static void put_file(const char *dir, const char *name, const char *text) {
+  char path[2048];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* RLK_TEMPLATE_DIR: every file counts however many there are, a subdirectory is no file (the
+ * key does not change because of one), and a file that cannot be read is an error. Sources are
+ * read once per process, so each case runs in a child. */
+static int template_dir_child(const char *root, int nfiles, int with_fifo) {
+  setenv("RLK_TEMPLATE_DIR", root, 1);
+  const rlk_source_set *host = NULL;
+  rlk_status st = rlk_sources_get("host", &host);
+  if (with_fifo) return st == RLK_ERR_IO && strstr(rlk_last_error(), "not a regular file") ? 0 : 10;
+  if (st != RLK_OK || host->count != (size_t)nfiles) return 11;
+  char name[64];
+  snprintf(name, sizeof name, "host/f%03d.h", nfiles - 1);
+  if (!rlk_sources_find(host, name) || rlk_sources_find(host, "host/sub")) return 12;
+  /* The digest is that of the files alone. */
+  rlk_source_file *files = calloc((size_t)nfiles, sizeof *files);
+  char (*names)[32] = calloc((size_t)nfiles, sizeof *names);
+  if (!files || !names) return 13;
+  for (int i = 0; i < nfiles; i++) {
+    snprintf(names[i], sizeof names[i], "host/f%03d.h", i);
+    files[i].name = names[i];
+    files[i].text = "int x;\n";
+    files[i].size = 7;
+  }
+  char hex[65];
+  rlk_sources_digest(files, (size_t)nfiles, hex);
+  return strcmp(hex, host->digest) == 0 ? 0 : 14;
+}
+
+START_TEST(template_dir_reads_every_file) {
+  for (int c = 0; c < 2; c++) {
+    char root[1024], dir[1100], sub[1200];
+    rlk_test_mkdtemp(root, sizeof root, "tdir");
+    snprintf(dir, sizeof dir, "%s/host", root);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(dir, sizeof dir, "%s/cuda", root);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(dir, sizeof dir, "%s/host", root);
+    const int nfiles = 300; /* well past any fixed table */
+    for (int i = 0; i < nfiles; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "f%03d.h", i);
+      put_file(dir, name, "int x;\n");
+    }
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    put_file(sub, "inner.h", "int y;\n");
+    if (c == 1) {
+      snprintf(sub, sizeof sub, "%s/pipe.h", dir);
+      ck_assert_int_eq(mkfifo(sub, 0600), 0);
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      alarm(20);
+      _exit(template_dir_child(root, nfiles, c == 1));
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "case %d: child status %d", c,
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    rlk_test_rmtree(root);
+  }
+}
+END_TEST
+
 Suite *template_suite(void) {
   Suite *s = suite_create("template");
   TCase *tc = tcase_create("schema");
@@ -117,6 +199,7 @@ Suite *template_suite(void) {
   tcase_add_test(tc, spells_values);
   tcase_add_test(tc, parses_values);
   tcase_add_test(tc, embedded_sources);
+  tcase_add_test(tc, template_dir_reads_every_file);
   suite_add_tcase(s, tc);
   return s;
 }

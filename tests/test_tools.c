@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "rlk.h"
 #include "suites.h"
 #include "test_util.h"
@@ -534,6 +536,104 @@ START_TEST(precompile_for_a_gpu_target_without_a_gpu) {
 }
 END_TEST
 
+/* Malformed configuration input fails loudly: a NUL byte never cuts a line short, and a line
+ * whose cross product is enormous is refused at once instead of expanding for hours. */
+START_TEST(config_lines_are_bounded_and_whole) {
+  char dir[1024], conf[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "badconf");
+  snprintf(conf, sizeof conf, "%s/nul.conf", dir);
+  static const char text[] = "group_advantage mode=grpo group_size=4\0 group_size=16\n";
+  FILE *f = fopen(conf, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+  fclose(f);
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
+                                          ARGS("--dry-run", "--config", conf, "--targets", "host"));
+  expect_status(r, 2, "config with a NUL byte");
+  ck_assert_ptr_nonnull(strstr(r.out, "NUL"));
+  rlk_test_tool_free(&r);
+
+  /* 10^12 configurations: refused before any is built. */
+  const char *big = "group_advantage group_size=1,2,3,4,5,6,7,8,9,10 eps=1,2,3,4,5,6,7,8,9,10 "
+                    "unbiased=1,2,3,4,5,6,7,8,9,10 mode=1,2,3,4,5,6,7,8,9,10 "
+                    "scores=1,2,3,4,5,6,7,8,9,10 singleton=1,2,3,4,5,6,7,8,9,10 "
+                    "a=1,2,3,4,5,6,7,8,9,10 b=1,2,3,4,5,6,7,8,9,10 c=1,2,3,4,5,6,7,8,9,10 "
+                    "d=1,2,3,4,5,6,7,8,9,10 e=1,2,3,4,5,6,7,8,9,10 f=1,2,3,4,5,6,7,8,9,10";
+  double t0 = rlk_now();
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--dry-run", "--sweep", big, "--targets", "host"));
+  expect_status(r, 2, "an enormous sweep");
+  ck_assert_ptr_nonnull(strstr(r.out, "expands to more than"));
+  ck_assert_msg(rlk_now() - t0 < 10, "the refusal took %.1f s", rlk_now() - t0);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--dry-run", "--backend", "host", "--sweep", big));
+  ck_assert_int_ne(r.status, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "expands to more than"));
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
+/* prune on a tree it may not delete from says so and fails; it never reports success. */
+START_TEST(prune_that_cannot_delete_fails) {
+  char root[1024];
+  int as_root = geteuid() == 0;
+  if (as_root) {
+    snprintf(root, sizeof root, "/tmp/rlk-test-prune-XXXXXX"); /* reachable by the other user */
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    ck_assert_int_eq(chmod(root, 0755), 0);
+  } else {
+    rlk_test_mkdtemp(root, sizeof root, "prune");
+  }
+  rlk_test_tool_run r = rlk_test_run_tool(ENV(NULL), "rlk-precompile",
+                                          ARGS("--out", root, "--targets", "host", "--sweep",
+                                               "group_advantage mode=grpo,rloo group_size=4"));
+  expect_status(r, 0, "precompile");
+  rlk_test_tool_free(&r);
+  char cmd[4096];
+  int status;
+  if (as_root) {
+    /* Everything stays readable to the other user, nothing writable. */
+    snprintf(cmd, sizeof cmd, "chmod -R a+rX,go-w '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+      char bin[2048];
+      snprintf(bin, sizeof bin, "%s/rlk-cache", rlk_test_bin_dir());
+      int out = open("/dev/null", O_WRONLY);
+      dup2(out, 1);
+      dup2(out, 2);
+      execl(bin, bin, "--root", root, "prune", "--max-size", "1", (char *)NULL);
+      _exit(78);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+      printf("skip (prune without permission): cannot switch to uid 65534\n");
+      rlk_test_rmtree(root);
+      return;
+    }
+    ck_assert_msg(WEXITSTATUS(status) != 0, "prune reported success on a tree it cannot change");
+  } else {
+    snprintf(cmd, sizeof cmd, "chmod -R a-w '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+    r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", root, "prune", "--max-size", "1"));
+    ck_assert_msg(r.status != 0, "prune reported success on a tree it cannot change:\n%s", r.out);
+    ck_assert_ptr_nonnull(strstr(r.out, "could not be removed"));
+    rlk_test_tool_free(&r);
+    snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+  }
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", root, "list"));
+  expect_status(r, 0, "list");
+  ck_assert_int_ge(rlk_test_count_lines(r.out, "group_advantage"), 1);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(root);
+}
+END_TEST
+
 Suite *tools_suite(void) {
   Suite *s = suite_create("tools");
   TCase *tc = tcase_create("tools");
@@ -546,6 +646,8 @@ Suite *tools_suite(void) {
   tcase_add_test(tc, shards_merge_to_the_full_set);
   tcase_add_test(tc, failures_are_reported);
   tcase_add_test(tc, precompile_for_a_gpu_target_without_a_gpu);
+  tcase_add_test(tc, config_lines_are_bounded_and_whole);
+  tcase_add_test(tc, prune_that_cannot_delete_fails);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fs.h"
 #include "runtime/context.h"
 #include "ops/ops.h"
 #include "rlk.h"
@@ -1325,6 +1326,40 @@ START_TEST(precompile_from_the_database_for_sm90a) {
 }
 END_TEST
 
+static int count_records(const rlk_tune_record *record, void *user) {
+  (void)record;
+  (*(int *)user)++;
+  return 0;
+}
+
+/* A FIFO in the database's place (or its lock's) is refused at once: nothing blocks on it. */
+START_TEST(db_fifo_never_blocks) {
+  char db[1100], lock[1200];
+  rlk_device_info info;
+  fresh_host_db(db, sizeof db, "tune-fifo", &info);
+  char dir[1100];
+  snprintf(dir, sizeof dir, "%s", db);
+  *strrchr(dir, '/') = '\0';
+  ck_assert_int_eq(rlk_mkdirs(dir, 0700), 0);
+  ck_assert_int_eq(mkfifo(db, 0600), 0);
+  alarm(20); /* a hang fails the case, not the suite */
+  int visits = 0;
+  ck_assert_int_eq(rlk_tune_db_walk(db, count_records, &visits, NULL), RLK_ERR_IO);
+  ck_assert_int_eq(visits, 0);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "not a regular file"));
+  rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=77 tokens=8", &info,
+                                  "variant=vec block=256 unroll=4", 1, 0.5);
+  ck_assert_int_ne(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  ck_assert_int_eq(unlink(db), 0);
+  snprintf(lock, sizeof lock, "%s.lock", db);
+  unlink(lock); /* made by the call above */
+  ck_assert_int_eq(mkfifo(lock, 0600), 0);
+  ck_assert_int_ne(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "not a regular file"));
+  alarm(0);
+}
+END_TEST
+
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
   TCase *db = tcase_create("db");
@@ -1334,6 +1369,7 @@ Suite *tune_suite(void) {
   tcase_add_test(db, db_merge_of_runs);
   tcase_add_test(db, db_other_environments_ignored);
   tcase_add_test(db, db_damaged_files_warn_once);
+  tcase_add_test(db, db_fifo_never_blocks);
   tcase_add_test(db, db_concurrent_writers_keep_every_record);
   tcase_add_test(db, tune_modes_and_pending_list);
   tcase_add_test(db, db_read_once_per_context);

@@ -9,10 +9,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The most configurations the tools expand their lines to, all lines together: far more than
+ * any cluster compiles, few enough to hold and deduplicate in memory. */
+#define TOOL_MAX_CONFIGS 200000
+
+/* A list of strings with a hash index, so that membership tests stay cheap on long lists. */
 typedef struct strlist {
   char **v;
   size_t n, cap;
+  size_t *slots; /* index + 1 of the string in v, 0 for an empty slot; nslots a power of two */
+  size_t nslots;
 } strlist;
+
+TOOL_UNUSED static size_t strlist_hash(const char *s) {
+  size_t h = 1469598103934665603u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+  return h;
+}
+
+TOOL_UNUSED static void strlist_index(strlist *l, size_t i) {
+  size_t mask = l->nslots - 1, h = strlist_hash(l->v[i]) & mask;
+  while (l->slots[h]) h = (h + 1) & mask;
+  l->slots[h] = i + 1;
+}
 
 TOOL_UNUSED static void strlist_push(strlist *l, char *s) {
   if (l->n == l->cap) {
@@ -20,17 +39,29 @@ TOOL_UNUSED static void strlist_push(strlist *l, char *s) {
     l->v = xrealloc(l->v, l->cap * sizeof *l->v);
   }
   l->v[l->n++] = s;
+  if (2 * l->n > l->nslots) { /* grow and rebuild the index */
+    free(l->slots);
+    l->nslots = l->nslots ? 2 * l->nslots : 64;
+    l->slots = xrealloc(NULL, l->nslots * sizeof *l->slots);
+    memset(l->slots, 0, l->nslots * sizeof *l->slots);
+    for (size_t i = 0; i < l->n; i++) strlist_index(l, i);
+  } else {
+    strlist_index(l, l->n - 1);
+  }
 }
 
 TOOL_UNUSED static int strlist_has(const strlist *l, const char *s) {
-  for (size_t i = 0; i < l->n; i++)
-    if (!strcmp(l->v[i], s)) return 1;
+  if (!l->nslots) return 0;
+  size_t mask = l->nslots - 1;
+  for (size_t h = strlist_hash(s) & mask; l->slots[h]; h = (h + 1) & mask)
+    if (!strcmp(l->v[l->slots[h] - 1], s)) return 1;
   return 0;
 }
 
 TOOL_UNUSED static void strlist_free(strlist *l) {
   for (size_t i = 0; i < l->n; i++) free(l->v[i]);
   free(l->v);
+  free(l->slots);
   memset(l, 0, sizeof *l);
 }
 
@@ -102,6 +133,17 @@ TOOL_UNUSED static int expand_line(const char *line, const strlist *ops, strlist
     }
     split_words(v, 1, &p->values);
   }
+  /* The cross product's size first: a line must not expand without bound. */
+  size_t total = 1;
+  for (size_t j = 0; j < np; j++) {
+    if (params[j].values.n && total > (TOOL_MAX_CONFIGS - configs->n) / params[j].values.n) {
+      snprintf(why, whylen,
+               "the line expands to more than the %d configurations a run takes (%zu already)",
+               TOOL_MAX_CONFIGS, configs->n);
+      goto done;
+    }
+    total *= params[j].values.n;
+  }
   /* Odometer over the value lists: the last parameter varies fastest. */
   size_t *idx = xrealloc(NULL, (np ? np : 1) * sizeof *idx);
   memset(idx, 0, (np ? np : 1) * sizeof *idx);
@@ -151,9 +193,16 @@ TOOL_UNUSED static int read_config_file(const char *path, const strlist *ops, st
   int lineno = 0, rc = 0;
   while ((n = getline(&line, &cap, f)) >= 0) {
     lineno++;
+    char why[512];
+    if (memchr(line, '\0', (size_t)n)) {
+      /* Everything after it would silently vanish from the line. */
+      fprintf(stderr, "%s: %s:%d: the line holds a NUL byte; is this a text file?\n", prog, path,
+              lineno);
+      rc = 2;
+      break;
+    }
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
-    char why[512];
     if (expand_line(line, ops, configs, why, sizeof why) != 0) {
       fprintf(stderr, "%s: %s:%d: %s\n", prog, path, lineno, why);
       rc = 2;

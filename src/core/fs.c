@@ -43,6 +43,20 @@ int rlk_mkdirs(const char *path, mode_t mode) {
   return 0;
 }
 
+int rlk_open_regular(int dirfd, const char *name, int flags, mode_t mode) {
+  int fd = openat(dirfd, name, flags | O_NONBLOCK | O_CLOEXEC, mode);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
 int rlk_write_all(int fd, const void *data, size_t size) {
   const char *p = data;
   while (size) {

@@ -10,6 +10,13 @@
  * non-directory is in the way). */
 int rlk_mkdirs(const char *path, mode_t mode);
 
+/* Opens `name` (relative to dirfd, or AT_FDCWD) only if it is a regular file: the open never
+ * blocks (a FIFO planted where a file belongs would otherwise hang the caller), and anything
+ * else (FIFO, device, socket, directory) is closed again with errno EINVAL. `flags` are open(2)
+ * flags (O_CLOEXEC is added; add O_NOFOLLOW to refuse links). The descriptor is blocking again
+ * when returned. fd, or -1 with errno. */
+int rlk_open_regular(int dirfd, const char *name, int flags, mode_t mode);
+
 /* Writes all of data, retrying short writes and EINTR. 0, or -1 with errno. */
 int rlk_write_all(int fd, const void *data, size_t size);
 

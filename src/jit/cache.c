@@ -199,6 +199,8 @@ static int rmtree_at(int parent, const char *name, int depth) {
 
 int rlk_cache_rmtree(const char *path) { return rmtree_at(AT_FDCWD, path, 0); }
 
+int rlk_cache_rmtree_at(int dirfd, const char *name) { return rmtree_at(dirfd, name, 0); }
+
 static void sanitize_component(char *dst, size_t size, const char *src) {
   size_t j = 0;
   for (size_t i = 0; src[i] && j + 1 < size; i++) {
@@ -227,6 +229,22 @@ int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf,
              : 0;
 }
 
+/* Makes sure <root>/name is a real, trusted directory of the cache's own (a link or file in
+ * its place is removed, never followed). 0 or -1 with errno. */
+static int ensure_own_subdir(const char *root, const char *name) {
+  int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (rootfd < 0) return -1;
+  int fd = rlk_cache_open_own_subdir(rootfd, name, 1);
+  int e = errno;
+  close(rootfd);
+  if (fd < 0) {
+    errno = e;
+    return -1;
+  }
+  close(fd);
+  return 0;
+}
+
 /* A unique staging directory (0700) under <root>/tmp; 0 or -1 with errno. */
 static int make_staging(const char *root, char *buf, size_t size) {
   char tmp[RLK_CACHE_PATH_MAX], host[64] = "host";
@@ -234,7 +252,7 @@ static int make_staging(const char *root, char *buf, size_t size) {
     errno = ENAMETOOLONG;
     return -1;
   }
-  if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+  if (ensure_own_subdir(root, RLK_CACHE_TMP_DIR) != 0) return -1;
   if (gethostname(host, sizeof host) != 0) strcpy(host, "host");
   host[sizeof host - 1] = '\0';
   char clean[33];
@@ -261,7 +279,7 @@ int rlk_cache_quarantine_path(const char *root, const char *entry_path) {
   const char *slash = strrchr(entry_path, '/');
   const char *hash = slash ? slash + 1 : entry_path;
   if (rlk_format(qdir, sizeof qdir, "%s/%s", root, RLK_CACHE_QUARANTINE_DIR) >= 0 &&
-      (mkdir(qdir, 0700) == 0 || errno == EEXIST) &&
+      ensure_own_subdir(root, RLK_CACHE_QUARANTINE_DIR) == 0 &&
       rlk_format(dst, sizeof dst, "%s/%.64s.%lld.%ld", qdir, hash, (long long)rlk_unix_time(),
                  (long)getpid()) >= 0) {
     if (rename(entry_path, dst) == 0 || errno == ENOENT) return 0;
@@ -272,40 +290,50 @@ int rlk_cache_quarantine_path(const char *root, const char *entry_path) {
   return lstat(entry_path, &st) == 0 ? -1 : 0;
 }
 
-static void sweep_dir(const char *dir, int64_t max_age, int by_name_time) {
-  DIR *d = opendir(dir);
-  if (!d) return;
+/* Removes what is older than max_age in the cache's own directory `sub` of the root, among
+ * the names `own` accepts; max_age < 0 removes all of them. Nothing is followed through a link:
+ * the directory is opened without following one and every removal is relative to it. */
+void rlk_cache_sweep_own(int rootfd, const char *root, const char *sub, int64_t max_age,
+                         int (*own)(const char *)) {
+  int fd = rlk_cache_open_own_subdir(rootfd, sub, 0);
+  if (fd < 0) return;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
   int64_t now = rlk_unix_time();
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
-    if (de->d_name[0] == '.') continue;
+    if (!own(de->d_name)) continue;
     int64_t when = -1;
-    if (by_name_time) {
-      /* <hash>.<time>.<pid> */
-      const char *dot = strchr(de->d_name, '.');
-      if (dot) when = strtoll(dot + 1, NULL, 10);
-    }
+    if (own == rlk_cache_is_quarantine_name) when = strtoll(de->d_name + 65, NULL, 10);
     struct stat st;
     if (when <= 0) {
       if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
       when = (int64_t)st.st_mtime;
     }
-    if (now - when < max_age) continue;
-    char path[RLK_CACHE_PATH_MAX];
-    if (rlk_format(path, sizeof path, "%s/%s", dir, de->d_name) >= 0) {
-      rlk_debug("kernel cache: removing abandoned %s", path);
-      rlk_cache_rmtree(path);
-    }
+    if (max_age >= 0 && now - when < max_age) continue;
+    rlk_debug("kernel cache: removing %s/%s/%s", root, sub, de->d_name);
+    rlk_cache_rmtree_at(dirfd(d), de->d_name);
   }
   closedir(d);
+  /* Clearing takes the emptied directory too; a sweep leaves it, since another process may be
+   * about to stage in it. */
+  if (max_age < 0) unlinkat(rootfd, sub, AT_REMOVEDIR);
 }
 
 void rlk_cache_sweep(const char *root) {
-  char dir[RLK_CACHE_PATH_MAX];
-  if (rlk_format(dir, sizeof dir, "%s/%s", root, RLK_CACHE_TMP_DIR) >= 0)
-    sweep_dir(dir, RLK_CACHE_STAGING_MAX_AGE, 0);
-  if (rlk_format(dir, sizeof dir, "%s/%s", root, RLK_CACHE_QUARANTINE_DIR) >= 0)
-    sweep_dir(dir, RLK_CACHE_QUARANTINE_MAX_AGE, 1);
+  char why[512];
+  int rootfd = rlk_cache_open_tree(root, why, sizeof why);
+  if (rootfd < 0) return;
+  if (rlk_cache_root_is_own(rootfd, 0, why, sizeof why)) {
+    rlk_cache_sweep_own(rootfd, root, RLK_CACHE_TMP_DIR, RLK_CACHE_STAGING_MAX_AGE,
+                        rlk_cache_is_staging_name);
+    rlk_cache_sweep_own(rootfd, root, RLK_CACHE_QUARANTINE_DIR, RLK_CACHE_QUARANTINE_MAX_AGE,
+                        rlk_cache_is_quarantine_name);
+  }
+  close(rootfd);
 }
 
 int64_t rlk_cache_entry_last_used(int dfd) {
@@ -332,12 +360,14 @@ static int write_file_at(int dfd, const char *name, const void *data, size_t siz
 /* Reads a whole file of dfd (at most `limit` bytes, else EFBIG), NUL-terminated for text. */
 static int read_file_at(int dfd, const char *name, size_t limit, char **data, size_t *size,
                         struct stat *st_out) {
-  int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return -1;
+  int fd = rlk_open_regular(dfd, name, O_RDONLY | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    if (errno == ELOOP) errno = EINVAL; /* a link */
+    return -1;
+  }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0) {
     close(fd);
-    errno = EINVAL;
     return -1;
   }
   if ((uint64_t)st.st_size > limit) {
@@ -615,12 +645,17 @@ fail:
   return -1;
 }
 
+/* Why a file of an entry could not be read, from read_file_at's errno. */
+static const char *read_problem(int e) {
+  return e == EINVAL ? "it is not a regular file (a link, FIFO, device or directory)" : strerror(e);
+}
+
 int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize) {
   char *text = NULL;
   size_t len = 0;
   memset(meta, 0, sizeof *meta);
   if (read_file_at(dfd, RLK_CACHE_META_NAME, (size_t)16 << 20, &text, &len, NULL) != 0) {
-    rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, strerror(errno));
+    rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, read_problem(errno));
     return -1;
   }
   int rc = rlk_cache_meta_parse(text, len, meta, why, whysize);
@@ -643,9 +678,10 @@ static int valid_binary_name(const char *s) {
 
 #define BINARY_MAX ((size_t)1 << 30)
 
-int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, long owner,
+int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
                           rlk_cache_meta *meta, void **binary, char *why, size_t whysize) {
-  char *text = NULL, *bin = NULL;
+  char *text = NULL, *bin = NULL, buf[160];
+  const char *bad;
   size_t len = 0, size = 0;
   struct stat st;
   memset(meta, 0, sizeof *meta);
@@ -654,12 +690,11 @@ int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expec
     if (errno == ENOENT)
       rlk_format(why, whysize, "no %s (an uncommitted or damaged entry)", RLK_CACHE_META_NAME);
     else
-      rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, strerror(errno));
+      rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, read_problem(errno));
     return -1;
   }
-  if (owner >= 0 && (long)st.st_uid != owner) {
-    rlk_format(why, whysize, "%s is owned by uid %ld, not %ld", RLK_CACHE_META_NAME,
-               (long)st.st_uid, owner);
+  if (trusted_only && (bad = rlk_cache_untrusted(&st, buf, sizeof buf)) != NULL) {
+    rlk_format(why, whysize, "%s: %s", RLK_CACHE_META_NAME, bad);
     free(text);
     return -1;
   }
@@ -698,12 +733,11 @@ int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expec
     goto fail;
   }
   if (read_file_at(dfd, meta->binary, BINARY_MAX, &bin, &size, &st) != 0) {
-    rlk_format(why, whysize, "cannot read %s: %s", meta->binary, strerror(errno));
+    rlk_format(why, whysize, "cannot read %s: %s", meta->binary, read_problem(errno));
     goto fail;
   }
-  if (owner >= 0 && (long)st.st_uid != owner) {
-    rlk_format(why, whysize, "%s is owned by uid %ld, not %ld", meta->binary, (long)st.st_uid,
-               owner);
+  if (trusted_only && (bad = rlk_cache_untrusted(&st, buf, sizeof buf)) != NULL) {
+    rlk_format(why, whysize, "%s: %s", meta->binary, bad);
     goto fail;
   }
   if ((uint64_t)size != meta->binary_size) {
@@ -734,38 +768,37 @@ fail:
 /* Opening                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Why a root must not be trusted, or NULL. Executable code is loaded from it: anyone who
- * can write there can run code in this process. */
-static const char *untrusted_root(const struct stat *st, char *buf, size_t size) {
-  if (!S_ISDIR(st->st_mode)) return "it is not a directory";
-  if (st->st_uid != geteuid()) {
-    rlk_format(buf, size, "it is owned by uid %ld, not by this user (uid %ld)",
-               (long)st->st_uid, (long)geteuid());
-    return buf;
-  }
-  /* The sticky bit does not help: anyone could still create the entry directories below. */
-  if (st->st_mode & S_IWOTH) return "it is world-writable, so anyone could plant code in it";
-  return NULL;
-}
-
-/* Creates the root (RW) and checks it can be trusted and written. On failure writes why. */
+/* Creates the root (RW) and checks it can be trusted and, when writable, that it is the
+ * cache's own (its marker, written into a new or legacy root) and can be written. Executable
+ * code is loaded from it: anyone who can write there can run code in this process. On failure
+ * writes why. */
 static int prepare_root(const char *root, int writable, char *why, size_t whysize) {
   struct stat st;
-  char buf[256];
+  char buf[512];
   if (writable && rlk_mkdirs(root, 0700) != 0) {
     rlk_format(why, whysize, "it cannot be created (%s)", strerror(errno));
     return -1;
   }
-  if (stat(root, &st) != 0) {
+  int rootfd = rlk_cache_open_tree(root, buf, sizeof buf);
+  if (rootfd < 0) {
     if (!writable && errno == ENOENT) return 0; /* nothing to read yet */
-    rlk_format(why, whysize, "it cannot be read (%s)", strerror(errno));
+    const char *colon = strstr(buf, ": ");
+    rlk_format(why, whysize, "%s", colon ? colon + 2 : buf);
     return -1;
   }
-  const char *bad = untrusted_root(&st, buf, sizeof buf);
-  if (bad) {
-    rlk_format(why, whysize, "%s", bad);
-    return -1;
+  int own = 1;
+  if (writable) {
+    /* Only this user publishes into its writable tree. */
+    if (fstat(rootfd, &st) == 0 && st.st_uid != geteuid()) {
+      rlk_format(why, whysize, "it is owned by uid %ld, not by this user (uid %ld)",
+                 (long)st.st_uid, (long)geteuid());
+      own = 0;
+    } else {
+      own = rlk_cache_root_is_own(rootfd, 1, why, whysize);
+    }
   }
+  close(rootfd);
+  if (!own) return -1;
   if (!writable) return 0;
   /* Prove it is writable the way publishing writes: a file under <root>/tmp. access() is
    * not enough (root ignores modes; read-only mounts and quotas say nothing to it). */
@@ -775,7 +808,7 @@ static int prepare_root(const char *root, int writable, char *why, size_t whysiz
     rlk_format(why, whysize, "its path is too long");
     return -1;
   }
-  if (mkdir(tmp, 0700) != 0 && errno != EEXIST) {
+  if (ensure_own_subdir(root, RLK_CACHE_TMP_DIR) != 0) {
     rlk_format(why, whysize, "it is not writable (%s)", strerror(errno));
     return -1;
   }
@@ -837,6 +870,7 @@ rlk_status rlk_cache_open(const rlk_cache_config *cfg, rlk_cache **out) {
 
   rlk_cache *c = calloc(1, sizeof *c);
   if (!c) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache: out of memory");
+  pthread_mutex_init(&c->refused_lock, NULL);
   c->cfg = *cfg;
   c->mode = cfg->mode;
   if (c->mode != RLK_CACHE_MODE_OFF) {
@@ -875,6 +909,9 @@ void rlk_cache_close(rlk_cache *cache) {
   if (!cache) return;
   for (size_t i = 0; i < cache->nro; i++) free(cache->ro[i]);
   free(cache->ro);
+  for (size_t i = 0; i < cache->nrefused; i++) free(cache->refused[i]);
+  free(cache->refused);
+  pthread_mutex_destroy(&cache->refused_lock);
   free(cache);
 }
 
@@ -917,15 +954,82 @@ static void touch_last_used(int dfd) {
   if (fd >= 0) close(fd);
 }
 
+static int is_refused(rlk_cache *c, const char *path) {
+  int hit = 0;
+  pthread_mutex_lock(&c->refused_lock);
+  for (size_t i = 0; i < c->nrefused && !hit; i++) hit = strcmp(c->refused[i], path) == 0;
+  pthread_mutex_unlock(&c->refused_lock);
+  return hit;
+}
+
+/* Remembers a path passed over; 1 if it is new (the caller then warns), 0 if known. */
+static int refuse(rlk_cache *c, const char *path) {
+  int added = 0;
+  pthread_mutex_lock(&c->refused_lock);
+  int known = 0;
+  for (size_t i = 0; i < c->nrefused && !known; i++) known = strcmp(c->refused[i], path) == 0;
+  if (!known) {
+    if (c->nrefused == c->refused_cap) {
+      size_t cap = c->refused_cap ? 2 * c->refused_cap : 8;
+      char **v = realloc(c->refused, cap * sizeof *v);
+      if (v) {
+        c->refused = v;
+        c->refused_cap = cap;
+      }
+    }
+    char *copy = c->nrefused < c->refused_cap ? rlk_strdup(path) : NULL;
+    if (copy) c->refused[c->nrefused++] = copy;
+    added = 1; /* warn even when it could not be remembered */
+  }
+  pthread_mutex_unlock(&c->refused_lock);
+  return added;
+}
+
+/* Opens the entry directory of key k in a tree, checking every directory on the way (none a
+ * link below the root, each trusted). dfd, or -1: missing (errno ENOENT), or refused with
+ * the reason in why (errno EPERM for an untrusted directory, ENOTDIR for debris in the way). */
+static int open_entry(const char *tree, const rlk_kernel_key *k, char *why, size_t whysize) {
+  char path[RLK_CACHE_PATH_MAX];
+  if (rlk_cache_entry_path("", k, path, sizeof path) != 0) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = rlk_cache_open_tree(tree, why, whysize);
+  if (fd < 0) return -1;
+  /* path is "/v<n>/<compiler>/<target>/<family>/<hh>/<hash>" */
+  char *part = path + 1;
+  while (part && *part) {
+    char *slash = strchr(part, '/');
+    if (slash) *slash = '\0';
+    int next = rlk_cache_open_dir_at(fd, part, part, why, whysize);
+    int e = errno;
+    close(fd);
+    if (next < 0) {
+      errno = e;
+      return -1;
+    }
+    fd = next;
+    part = slash ? slash + 1 : NULL;
+  }
+  return fd;
+}
+
 /* 1 hit, 0 miss (including a bad entry, which is then dealt with). */
 static int lookup_tree(rlk_cache *c, const char *tree, int writable, const rlk_kernel_key *k,
                        rlk_cache_blob *out, int *rebuilt) {
-  char path[RLK_CACHE_PATH_MAX];
+  char path[RLK_CACHE_PATH_MAX], why[512];
   if (rlk_cache_entry_path(tree, k, path, sizeof path) != 0) return 0;
-  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (!writable && is_refused(c, path)) return 0;
+  int dfd = open_entry(tree, k, why, sizeof why);
   if (dfd < 0) {
-    if (errno != ENOENT && errno != ENOTDIR)
-      rlk_debug("kernel cache: cannot open %s: %s", path, strerror(errno));
+    if (errno == EPERM) {
+      /* Someone else could have written there: nothing below is read, in any tree. */
+      if (refuse(c, path))
+        rlk_warn("kernel cache: not reading %s: %s; the kernel will be %s", path, why,
+                 writable ? "compiled and kept in memory" : "looked up elsewhere or rebuilt");
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+      rlk_debug("kernel cache: cannot open %s: %s", path, why);
+    }
     return 0;
   }
   struct stat seen;
@@ -935,16 +1039,18 @@ static int lookup_tree(rlk_cache *c, const char *tree, int writable, const rlk_k
   }
   rlk_cache_meta meta;
   void *binary = NULL;
-  char why[512];
-  long owner = writable ? (long)geteuid() : -1;
-  if (rlk_cache_entry_check(dfd, k->hex, k, owner, &meta, &binary, why, sizeof why) != 0) {
+  if (rlk_cache_entry_check(dfd, k->hex, k, 1, &meta, &binary, why, sizeof why) != 0) {
     close(dfd);
-    if (rebuilt) (*rebuilt)++;
     if (!writable) {
-      rlk_warn("kernel cache: skipping %s in a read-only tree: %s; the kernel will be rebuilt",
-               path, why);
+      if (refuse(c, path)) {
+        if (rebuilt) (*rebuilt)++;
+        rlk_warn("kernel cache: skipping %s in a read-only tree: %s; the kernel will be "
+                 "looked up elsewhere or rebuilt",
+                 path, why);
+      }
       return 0;
     }
+    if (rebuilt) (*rebuilt)++;
     /* Quarantine only the directory that was read: if it was replaced meanwhile (a writer
      * renamed a fresh entry in), the new one is left alone. */
     struct stat now;
@@ -1035,9 +1141,72 @@ static void build_meta(strbuf *b, const rlk_kernel_key *k, const char *binary_na
   sb_puts(b, "end=1\n");
 }
 
-static int path_exists(const char *path) {
+/* 1 if `path` is a trusted entry directory (not a link) holding its commit marker. */
+static int committed_entry(const char *path) {
+  char why[256];
+  int fd = rlk_cache_open_dir_at(AT_FDCWD, path, path, why, sizeof why);
+  if (fd < 0) return 0;
   struct stat st;
-  return lstat(path, &st) == 0;
+  int ok = fstatat(fd, RLK_CACHE_META_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+           !rlk_cache_untrusted(&st, why, sizeof why);
+  close(fd);
+  return ok;
+}
+
+/* Makes <root>/v<n>/<compiler>/<target>/<family>/<hh> a chain of trusted directories, repairing
+ * what is in the way: a file or link (removed, never followed), a directory of this user that
+ * others may write to (made private), or one this user does not own (moved out of the tree).
+ * 0 or -1 with errno. */
+static int make_parent(const char *root, const rlk_kernel_key *k) {
+  char rel[RLK_CACHE_PATH_MAX], why[256];
+  if (rlk_cache_entry_path("", k, rel, sizeof rel) != 0) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  *strrchr(rel, '/') = '\0'; /* the parent of the entry */
+  int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t done = 0; /* bytes of rel walked */
+  char *part = rel + 1;
+  while (part && *part) {
+    char *slash = strchr(part, '/');
+    if (slash) *slash = '\0';
+    int next = -1;
+    for (int attempt = 0; attempt < 3 && next < 0; attempt++) {
+      if (mkdirat(fd, part, 0755) != 0 && errno != EEXIST) break;
+      next = rlk_cache_open_dir_at(fd, part, part, why, sizeof why);
+      if (next >= 0) break;
+      if (errno == ENOTDIR) {
+        unlinkat(fd, part, 0);
+        continue;
+      }
+      if (errno != EPERM) break;
+      struct stat st;
+      if (fstatat(fd, part, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == geteuid()) {
+        int dir = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dir >= 0) {
+          fchmod(dir, st.st_mode & 07755);
+          close(dir);
+        }
+        continue;
+      }
+      char path[RLK_CACHE_PATH_MAX];
+      if (rlk_format(path, sizeof path, "%s%.*s/%s", root, (int)done, rel, part) < 0) break;
+      rlk_warn("kernel cache: moving %s out of the tree: %s", path, why);
+      rlk_cache_retire(root, path);
+    }
+    close(fd);
+    if (next < 0) {
+      if (errno == 0) errno = EPERM;
+      return -1;
+    }
+    fd = next;
+    done = (size_t)(part - rel) + strlen(part);
+    if (slash) *slash = '/';
+    part = slash ? slash + 1 : NULL;
+  }
+  close(fd);
+  return 0;
 }
 
 rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const void *binary,
@@ -1057,7 +1226,7 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   rlk_kernel_key k;
   finished_key(key, &k);
   char final[RLK_CACHE_PATH_MAX], parent[RLK_CACHE_PATH_MAX], stage[RLK_CACHE_PATH_MAX];
-  char entry[RLK_CACHE_PATH_MAX], meta_path[RLK_CACHE_PATH_MAX];
+  char entry[RLK_CACHE_PATH_MAX];
   if (rlk_cache_entry_path(cache->root, &k, final, sizeof final) != 0)
     return rlk_error(RLK_ERR_IO, "kernel cache publish: entry path too long under %s",
                      cache->root);
@@ -1096,7 +1265,7 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   close(dfd);
   dfd = -1;
   step = "create the entry's parent";
-  if (rlk_mkdirs(parent, 0755) != 0) goto io_fail;
+  if (make_parent(cache->root, &k) != 0) goto io_fail;
 
   step = "rename the entry into place";
   for (int attempt = 0;; attempt++) {
@@ -1105,15 +1274,24 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
       rlk_debug("kernel cache: published %s", final);
       break;
     }
-    if (errno != EEXIST && errno != ENOTEMPTY) goto io_fail;
-    if (rlk_format(meta_path, sizeof meta_path, "%s/%s", final, RLK_CACHE_META_NAME) >= 0 &&
-        path_exists(meta_path)) {
+    int e = errno;
+    if (attempt > 1 || (e != EEXIST && e != ENOTEMPTY && e != ENOTDIR && e != EISDIR)) {
+      errno = e;
+      goto io_fail;
+    }
+    if (e == ENOTDIR) {
+      /* A file or a link where the entry belongs: debris (removing a link never touches what
+       * it points to). */
+      unlink(final);
+      continue;
+    }
+    if (committed_entry(final)) {
       /* Another writer committed the same key first: its bytes are as good as ours. */
       rlk_debug("kernel cache: %s was published by another process", final);
       break;
     }
-    if (attempt > 0) goto io_fail;
-    /* A directory without its commit marker is debris; move it and try once more. */
+    /* A directory without its commit marker, or one this process must not trust, is debris;
+     * move it and try again. */
     rlk_cache_quarantine_path(cache->root, final);
   }
   rlk_cache_rmtree(stage);
@@ -1150,8 +1328,11 @@ rlk_status rlk_cache_quarantine(rlk_cache *cache, const char *entry_path) {
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache quarantine: NULL argument");
   size_t n = strlen(cache->root);
   if (cache->mode != RLK_CACHE_MODE_RW || n == 0 || strncmp(entry_path, cache->root, n) != 0 ||
-      entry_path[n] != '/')
-    return RLK_OK; /* not in the writable tree: read-only entries are left alone */
+      entry_path[n] != '/') {
+    /* Not in the writable tree: a read-only entry is left alone, and passed over from now on. */
+    refuse(cache, entry_path);
+    return RLK_OK;
+  }
   const char *slash = strrchr(entry_path, '/');
   if (!slash || !rlk_cache_is_hash(slash + 1))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache quarantine: %s is not an entry",

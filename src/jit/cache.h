@@ -59,10 +59,13 @@ typedef struct rlk_cache_blob {
 
 void rlk_cache_blob_free(rlk_cache_blob *blob);
 
-/* Looks the key up in the read-only trees, then the writable tree. Sets *found. An entry whose
- * metadata does not match the key, or whose binary fails its checksum or is truncated, is
- * quarantined (writable tree; one warning) or skipped (read-only tree), and *rebuilt is
- * incremented (may be NULL). A hit refreshes last_used at most once an hour. */
+/* Looks the key up in the read-only trees, then the writable tree. Sets *found. Every
+ * directory from a tree's root to the entry, and the entry's files, must be trusted
+ * (cache_internal.h: rlk_cache_untrusted; never a link below the root); an untrusted path is
+ * passed over with one warning. An entry whose metadata does not match the key, or whose
+ * binary fails its checksum or is truncated, is quarantined (writable tree) or passed over
+ * from then on (read-only tree), with one warning, and *rebuilt is incremented once (may be
+ * NULL). A hit refreshes last_used at most once an hour. */
 rlk_status rlk_cache_lookup(rlk_cache *cache, const rlk_kernel_key *key, rlk_cache_blob *out,
                             int *found, int *rebuilt);
 
@@ -79,8 +82,10 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
                              size_t size, char *const *lowered_names, size_t nnames,
                              const rlk_cache_publish_info *info);
 
-/* Moves an entry the backend refused out of the way (writable tree only; read-only entries
- * are left alone), so the next lookup misses and the kernel is rebuilt. */
+/* Puts an entry the backend refused out of the way: an entry of the writable tree is
+ * quarantined; one of a read-only tree is left in place but passed over by this cache's later
+ * lookups. Either way the next lookup goes on to the next tree (where a rebuilt copy may
+ * already be), and the kernel is rebuilt if no tree holds it. */
 rlk_status rlk_cache_quarantine(rlk_cache *cache, const char *entry_path);
 
 /* A per-key node-local advisory lock (RLK_LOCK_DIR, default /dev/shm/rlk-<uid> or /tmp/rlk-<uid>).

@@ -131,6 +131,25 @@ static rlk_status resolve_root(const char *root, char *buf, size_t size) {
   return rlk_cache_root_from_env(buf, size);
 }
 
+/* Opens a root that something will be deleted from: it must be the cache's own
+ * (rlk_cache_root_is_own), so a mistaken path loses nothing. *rootfd is -1 with RLK_OK when
+ * the root does not exist (nothing to do). */
+static rlk_status open_own_root(const char *dir, const char *who, int *rootfd) {
+  *rootfd = -1;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return RLK_OK;
+    return rlk_error(RLK_ERR_IO, "%s: %s: %s", who, dir, strerror(errno));
+  }
+  char why[512];
+  if (!rlk_cache_root_is_own(fd, 0, why, sizeof why)) {
+    close(fd);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %s: %s", who, dir, why);
+  }
+  *rootfd = fd;
+  return RLK_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Walking                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
@@ -213,7 +232,7 @@ static int verify_one(const scan_pos *pos, void *user) {
   int fd = open(pos->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return 0; /* removed meanwhile */
   rlk_cache_meta meta;
-  int rc = rlk_cache_entry_check(fd, pos->part[5], NULL, -1, &meta, NULL, why, sizeof why);
+  int rc = rlk_cache_entry_check(fd, pos->part[5], NULL, 0, &meta, NULL, why, sizeof why);
   close(fd);
   if (rc == 0) {
     rlk_cache_meta_free(&meta);
@@ -236,6 +255,11 @@ rlk_status rlk_cache_verify(const char *root, int repair, uint64_t *entries, uin
   if (st != RLK_OK) return st;
   /* Only this schema's entries: older or newer layouts have their own meaning and are
    * orphaned (and eventually evicted) rather than judged by this reader. */
+  if (repair) {
+    int rootfd;
+    if ((st = open_own_root(dir, "rlk_cache_verify", &rootfd))) return st;
+    if (rootfd >= 0) close(rootfd);
+  }
   verify_state v = {dir, repair, 0, 0};
   st = scan(dir, RLK_CACHE_SCHEMA, verify_one, &v);
   if (entries) *entries = v.entries;
@@ -322,17 +346,23 @@ static int remove_rec(const char *root, entry_rec *r, uint64_t *entries, uint64_
   return 0;
 }
 
-/* Oldest first until the total fits; entries used within `grace` seconds, and `keep`, stay. */
-static void evict_list(const char *root, entry_list *l, uint64_t max_bytes, int64_t grace,
-                       const char *keep, uint64_t *entries, uint64_t *bytes) {
+/* Oldest first until the total fits; entries used within `grace` seconds, and `keep`, stay.
+ * Returns how many entries could not be removed. */
+static uint64_t evict_list(const char *root, entry_list *l, uint64_t max_bytes, int64_t grace,
+                           const char *keep, uint64_t *entries, uint64_t *bytes) {
   int64_t now = rlk_unix_time();
+  uint64_t failed = 0;
   for (size_t i = 0; i < l->n && l->total > max_bytes; i++) {
     entry_rec *r = &l->v[i];
     if (r->removed) continue;
     if (keep && strcmp(r->path, keep) == 0) continue;
     if (grace > 0 && now - r->last_used < grace) continue;
-    if (remove_rec(root, r, entries, bytes) == 0) l->total -= r->bytes;
+    if (remove_rec(root, r, entries, bytes) == 0)
+      l->total -= r->bytes;
+    else
+      failed++;
   }
+  return failed;
 }
 
 rlk_status rlk_cache_evict_keep(const char *root, uint64_t max_bytes, int64_t grace_seconds,
@@ -370,23 +400,36 @@ rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age
   char dir[RLK_CACHE_PATH_MAX];
   rlk_status st = resolve_root(root, dir, sizeof dir);
   if (st != RLK_OK) return st;
+  int rootfd;
+  if ((st = open_own_root(dir, "rlk_cache_prune", &rootfd))) return st;
+  if (rootfd < 0) return RLK_OK;
+  close(rootfd);
   rlk_cache_sweep(dir);
   entry_list l;
   st = collect(dir, &l);
   if (st != RLK_OK) return st;
-  uint64_t n = 0, b = 0;
+  uint64_t n = 0, b = 0, failed = 0;
   if (max_age_seconds > 0) {
     int64_t now = rlk_unix_time();
     for (size_t i = 0; i < l.n; i++) {
-      if (now - l.v[i].last_used > max_age_seconds && remove_rec(dir, &l.v[i], &n, &b) == 0)
+      if (now - l.v[i].last_used <= max_age_seconds) continue;
+      if (remove_rec(dir, &l.v[i], &n, &b) == 0)
         l.total -= l.v[i].bytes;
+      else
+        failed++;
     }
   }
   /* An explicit prune is the operator's decision: no grace period. */
-  if (max_bytes > 0) evict_list(dir, &l, max_bytes, 0, NULL, &n, &b);
+  if (max_bytes > 0) failed += evict_list(dir, &l, max_bytes, 0, NULL, &n, &b);
   list_free(&l);
   if (removed_entries) *removed_entries = n;
   if (removed_bytes) *removed_bytes = b;
+  if (failed)
+    return rlk_error(RLK_ERR_IO,
+                     "rlk_cache_prune: %llu entr%s under %s could not be removed (no permission to "
+                     "delete there?); %llu removed",
+                     (unsigned long long)failed, failed == 1 ? "y" : "ies", dir,
+                     (unsigned long long)n);
   return RLK_OK;
 }
 
@@ -424,57 +467,19 @@ static void remove_empty_dirs(const char *path, int depth) {
   rmdir(path);
 }
 
-static int is_digits(const char *s, size_t n) {
-  if (n == 0) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (s[i] < '0' || s[i] > '9') return 0;
-  return 1;
-}
-
-/* <host>-<pid>-XXXXXX (staging) or probe-XXXXXX (the open-time write probe). */
-static int is_staging_name(const char *s) {
-  size_t n = strlen(s);
-  if (n == 12 && strncmp(s, "probe-", 6) == 0) return 1;
-  if (n < 9 || s[n - 7] != '-') return 0;
-  const char *dash = s + n - 7;
-  const char *p = dash;
-  while (p > s && p[-1] != '-') p--;
-  return p > s && is_digits(p, (size_t)(dash - p));
-}
-
-/* <hash>.<time>.<pid> */
-static int is_quarantine_name(const char *s) {
-  size_t n = strlen(s);
-  if (n < 68 || s[64] != '.') return 0;
-  char hash[65];
-  memcpy(hash, s, 64);
-  hash[64] = '\0';
-  if (!rlk_cache_is_hash(hash)) return 0;
-  const char *t = s + 65, *dot = strchr(t, '.');
-  return dot && is_digits(t, (size_t)(dot - t)) && is_digits(dot + 1, strlen(dot + 1));
-}
-
-static void clear_named(const char *root, const char *sub, int (*match)(const char *)) {
-  char dir[RLK_CACHE_PATH_MAX], path[RLK_CACHE_PATH_MAX];
-  if (rlk_format(dir, sizeof dir, "%s/%s", root, sub) < 0) return;
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (de->d_name[0] == '.' || !match(de->d_name)) continue;
-    if (rlk_format(path, sizeof path, "%s/%s", dir, de->d_name) >= 0) rlk_cache_rmtree(path);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 rlk_status rlk_cache_clear(const char *root) {
   char dir[RLK_CACHE_PATH_MAX];
   rlk_status st = resolve_root(root, dir, sizeof dir);
   if (st != RLK_OK) return st;
+  int rootfd;
+  if ((st = open_own_root(dir, "rlk_cache_clear", &rootfd))) return st;
+  if (rootfd < 0) return RLK_OK;
   clear_state c = {dir, 0};
   st = scan(dir, -1, clear_one, &c);
-  if (st != RLK_OK) return st;
+  if (st != RLK_OK) {
+    close(rootfd);
+    return st;
+  }
   /* The schema directories' now-empty skeletons. */
   DIR *d = opendir(dir);
   if (d) {
@@ -486,8 +491,9 @@ rlk_status rlk_cache_clear(const char *root) {
     }
     closedir(d);
   }
-  clear_named(dir, RLK_CACHE_QUARANTINE_DIR, is_quarantine_name);
-  clear_named(dir, RLK_CACHE_TMP_DIR, is_staging_name);
+  rlk_cache_sweep_own(rootfd, dir, RLK_CACHE_QUARANTINE_DIR, -1, rlk_cache_is_quarantine_name);
+  rlk_cache_sweep_own(rootfd, dir, RLK_CACHE_TMP_DIR, -1, rlk_cache_is_staging_name);
+  close(rootfd);
   if (c.failed)
     return rlk_error(RLK_ERR_IO, "kernel cache: some entries under %s could not be removed",
                      dir);

@@ -4,9 +4,11 @@
 #ifndef RLK_CACHE_INTERNAL_H
 #define RLK_CACHE_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "jit/cache.h"
@@ -23,6 +25,8 @@
 #define RLK_CACHE_QUARANTINE_MAX_AGE 86400    /* quarantined entries are kept this long (s) */
 #define RLK_CACHE_PUBLISH_GRACE 60            /* see rlk_cache_publish's eviction (s) */
 #define RLK_CACHE_PATH_MAX 4096
+#define RLK_CACHE_MARKER_NAME "CACHEDIR.TAG"      /* marks a writable root as the cache's own */
+#define RLK_CACHE_MARKER_ID "rlk-cache-root 1"
 
 struct rlk_cache {
   rlk_cache_config cfg;
@@ -32,6 +36,12 @@ struct rlk_cache {
   char **ro;             /* read-only trees, in search order */
   size_t nro;
   _Atomic int lock_state; /* 0: lock dir unchecked, 1: usable, -1: unusable (warned once) */
+  /* Read-only entries this process has refused (damaged, untrusted, or not loadable by the
+   * backend): later lookups pass over them silently to the next tree, where a rebuilt copy
+   * is found. Paths, malloc'd; guarded by refused_lock. */
+  pthread_mutex_t refused_lock;
+  char **refused;
+  size_t nrefused, refused_cap;
 };
 
 /* The parsed kernel.meta of an entry. */
@@ -57,11 +67,43 @@ int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize
 
 /* Checks the entry directory open as `dfd`, named `hash`: its metadata parses, the recorded
  * key fields hash to `hash` (and equal `expect`'s when given), and the binary has the recorded
- * size and SHA-256. With owner >= 0 the files must belong to that uid. On success fills
- * `meta` (caller frees) and, when `binary` is not NULL, hands over the bytes. Returns 0, or
- * -1 with the reason in `why` (meta then holds nothing). */
-int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, long owner,
+ * size and SHA-256. Its files must be regular files (never links, FIFOs or devices); with
+ * `trusted_only` they must also pass rlk_cache_untrusted. On success fills `meta` (caller
+ * frees) and, when `binary` is not NULL, hands over the bytes. Returns 0, or -1 with the
+ * reason in `why` (meta then holds nothing). */
+int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
                           rlk_cache_meta *meta, void **binary, char *why, size_t whysize);
+
+/* ---- trust (cache_trust.c) ---- */
+
+/* Why a directory or file of a cache tree must not be trusted to hold code this process runs,
+ * or NULL: it must be owned by this user or root and writable by no other user (group write
+ * only for this user's effective group or root's). The reason is written to buf or static. */
+const char *rlk_cache_untrusted(const struct stat *st, char *buf, size_t size);
+
+/* Opens a tree's root (links in the given path are followed: the user named it) and checks it
+ * is trusted. fd, or -1 with the reason in `why` (errno ENOENT when it does not exist). */
+int rlk_cache_open_tree(const char *root, char *why, size_t whysize);
+
+/* Opens the directory `name` below `parent` without following a link, and checks it is
+ * trusted. `shown` names it in `why`. fd, or -1 (errno ENOENT: missing; ENOTDIR: a file or a
+ * link is in the way; EPERM: untrusted). */
+int rlk_cache_open_dir_at(int parent, const char *name, const char *shown, char *why,
+                          size_t whysize);
+
+/* 1 if the root open as `rootfd` is the cache's own: it carries the marker, or holds nothing
+ * but names the cache creates (then, with `claim`, the marker is written). 0 otherwise, with
+ * why. Nothing is ever deleted from a root that is not the cache's own. */
+int rlk_cache_root_is_own(int rootfd, int claim, char *why, size_t whysize);
+
+/* Opens (with `create`, making it 0700 first; a file or link in its way is removed) one of
+ * the cache's own directories at a root: tmp or quarantine. Never follows a link. fd or -1. */
+int rlk_cache_open_own_subdir(int rootfd, const char *name, int create);
+
+/* Names the runtime creates in tmp/ (<host>-<pid>-XXXXXX, probe-XXXXXX) and quarantine/
+ * (<hash>.<time>.<pid>): the only names it ever deletes there. */
+int rlk_cache_is_staging_name(const char *s);
+int rlk_cache_is_quarantine_name(const char *s);
 
 /* <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hex> of a finished key; -1 if too long. */
 int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf, size_t size);
@@ -73,6 +115,16 @@ int rlk_cache_is_hash(const char *s);
  * refilled meanwhile are not errors. 0, or -1 if something could not be removed. */
 int rlk_cache_rmtree(const char *path);
 
+/* rlk_cache_rmtree of `name` relative to the directory open as dirfd. */
+int rlk_cache_rmtree_at(int dirfd, const char *name);
+
+/* Removes what is older than max_age seconds (all of it when max_age < 0) among the names
+ * `own` accepts in the cache's own directory `sub` (tmp or quarantine) of the root open as
+ * rootfd, never through a link; with max_age < 0 the emptied directory goes too. `root` is for
+ * messages. The caller has checked the root is the cache's own (rlk_cache_root_is_own). */
+void rlk_cache_sweep_own(int rootfd, const char *root, const char *sub, int64_t max_age,
+                         int (*own)(const char *));
+
 /* Takes an entry out of the tree atomically (renamed into staging) and removes it, so a
  * reader sees the whole entry or none. 0 or -1. */
 int rlk_cache_retire(const char *root, const char *entry_path);
@@ -82,7 +134,8 @@ int rlk_cache_retire(const char *root, const char *entry_path);
 int rlk_cache_quarantine_path(const char *root, const char *entry_path);
 
 /* Removes staging dirs older than RLK_CACHE_STAGING_MAX_AGE and quarantined entries older
- * than RLK_CACHE_QUARANTINE_MAX_AGE. */
+ * than RLK_CACHE_QUARANTINE_MAX_AGE: only names the runtime creates, never through a link, and
+ * only at a root that is the cache's own (rlk_cache_root_is_own). */
 void rlk_cache_sweep(const char *root);
 
 /* Recency of an entry: mtime of last_used, else of kernel.meta, else of the directory. */

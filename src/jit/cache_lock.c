@@ -94,7 +94,7 @@ rlk_status rlk_cache_lock_acquire(rlk_cache *cache, const rlk_kernel_key *key,
     free(lock);
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache lock: RLK_LOCK_DIR is too long");
   }
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int fd = rlk_open_regular(AT_FDCWD, path, O_RDWR | O_CREAT | O_NOFOLLOW, 0600);
   if (fd < 0) {
     give_up_locking(cache, path, "cannot open", errno);
     *out = lock;

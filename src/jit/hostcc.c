@@ -6,6 +6,7 @@
  * captured as the log; the shared object is read back into memory and the directory
  * removed. The flags are fixed and generic (no -march=native): the binary depends only on
  * the key's inputs, so a cache entry stays valid on any machine of the same architecture. */
+#include <dirent.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,42 +73,47 @@ static int find_program(const char *name, char *out, size_t size) {
   return 0;
 }
 
+/* The child's side of run_program, between fork and exec: only async-signal-safe calls. It
+ * gets its own process group (a timeout kills the linker it starts too), dies with the thread
+ * that started it (PR_SET_PDEATHSIG: a parent killed with SIGKILL leaves no compiler behind),
+ * and none of the caller's blocked or ignored signals. */
+static void exec_child(char *const argv[], int out_fd, pid_t parent) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127); /* the parent died before the line above */
+  int in = open("/dev/null", O_RDONLY);
+  if (in < 0 || dup2(in, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0) _exit(127);
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  execve(argv[0], argv, environ);
+  _exit(127);
+}
+
 /* Runs argv[0] (a path) with stdin from /dev/null and stdout + stderr captured into a
- * malloc'd *output, in its own process group so a timeout kills the linker it started too.
- * *exit_code is the exit status, or -1 when the child died from a signal. */
+ * malloc'd *output (see exec_child for how it is started). *exit_code is the exit status, or
+ * -1 when the child died from a signal. */
 static rlk_status run_program(char *const argv[], double timeout_s, char **output, int *exit_code) {
   *output = NULL;
   *exit_code = -1;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return rlk_error(RLK_ERR_IO, "%s: cannot create a pipe: %s", argv[0], strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  /* The caller's blocked or ignored signals must not leak into the compiler. */
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  sigdelset(&all, SIGKILL);
-  sigdelset(&all, SIGSTOP);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETPGROUP);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) exec_child(argv, fds[1], parent);
+  int fork_errno = errno;
   close(fds[1]);
-  if (rc != 0) {
+  if (pid < 0) {
     close(fds[0]);
-    return rlk_error(RLK_ERR_UNAVAILABLE, "%s: cannot run: %s", argv[0], strerror(rc));
+    return rlk_error(RLK_ERR_UNAVAILABLE, "%s: cannot run: %s", argv[0], strerror(fork_errno));
   }
+  setpgid(pid, pid); /* also from this side, so kill(-pid) works whichever runs first */
 
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
@@ -293,6 +299,45 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 
 static void remove_tree(const char *dir) {
   if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) rmdir(dir);
+}
+
+/* Compiles work in <TMPDIR>/rlk-cc-<pid>-XXXXXX. */
+#define WORK_PREFIX "rlk-cc-"
+#define WORK_MAX_AGE (24 * 3600) /* a directory this old is abandoned whatever its pid says */
+
+static const char *work_root(void) {
+  const char *tmp = getenv("TMPDIR");
+  return tmp && *tmp == '/' ? tmp : "/tmp";
+}
+
+/* Removes this user's work directories left by processes that died mid-compile (killed
+ * before they could clean up): those whose pid is gone, and any older than a day. Only
+ * directories of the work name, owned by this user and not links, are touched. */
+static void reap_abandoned_work(void) {
+  const char *root = work_root();
+  DIR *d = opendir(root);
+  if (!d) return;
+  const size_t np = strlen(WORK_PREFIX);
+  const int64_t now = rlk_unix_time();
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    const char *name = de->d_name;
+    if (strncmp(name, WORK_PREFIX, np) != 0) continue;
+    char *end = NULL;
+    long pid = strtol(name + np, &end, 10);
+    if (end == name + np || *end != '-' || strlen(end) != 7 || pid <= 0) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid())
+      continue;
+    int dead = pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (!dead && now - (int64_t)st.st_mtime < WORK_MAX_AGE) continue;
+    char path[4096];
+    if (rlk_format(path, sizeof path, "%s/%s", root, name) < 0) continue;
+    rlk_debug("host compiler: removing abandoned %s", path);
+    remove_tree(path);
+  }
+  closedir(d);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -494,13 +539,13 @@ static rlk_status hostcc_compile(rlk_compiler *self, const rlk_compile_request *
   const char *source = req->source_name && safe_relative_name(req->source_name) ? req->source_name
                                                                                  : "kernel.c";
   double start = rlk_now();
-  const char *tmp = getenv("TMPDIR");
+  const char *tmp = work_root();
   char dir[4096];
-  if (rlk_format(dir, sizeof dir, "%s/rlk-cc-XXXXXX", tmp && *tmp == '/' ? tmp : "/tmp") < 0)
+  if (rlk_format(dir, sizeof dir, "%s/" WORK_PREFIX "%ld-XXXXXX", tmp, (long)getpid()) < 0)
     return rlk_error(RLK_ERR_IO, "host compiler: TMPDIR path too long");
   if (!mkdtemp(dir))
-    return rlk_error(RLK_ERR_IO, "host compiler: cannot create a directory under %s: %s",
-                     tmp && *tmp == '/' ? tmp : "/tmp", strerror(errno));
+    return rlk_error(RLK_ERR_IO, "host compiler: cannot create a directory under %s: %s", tmp,
+                     strerror(errno));
   for (size_t i = 0; i < req->nheaders && st == RLK_OK; i++)
     st = write_file(dir, req->header_names[i], req->header_sources[i]);
   if (st == RLK_OK) st = write_file(dir, source, req->source);
@@ -547,6 +592,7 @@ rlk_status rlk_hostcc_open(rlk_compiler **out) {
     return rlk_error(RLK_ERR_UNAVAILABLE, "host compiler: no clang-14 or clang on PATH; " HOSTCC_INSTALL_HINT);
   }
 
+  reap_abandoned_work();
   char *argv[] = {impl->path, "--version", NULL};
   char *text = NULL;
   int code = -1;

@@ -215,13 +215,17 @@ static void add_seconds(atomic_uint_fast64_t *acc, double seconds) {
 
 /* Compiles the plan's kernel; on success the result owns binary and lowered names. */
 static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *res) {
-  const char *header_names[128];
-  const char *header_sources[128];
-  size_t nh = 0;
-  for (size_t i = 0; i < p->sources->count && nh < 128; i++) {
-    header_names[nh] = basename_of(p->sources->files[i].name);
-    header_sources[nh] = p->sources->files[i].text;
-    nh++;
+  size_t nh = p->sources->count;
+  const char **header_names = calloc(nh ? nh : 1, sizeof *header_names);
+  const char **header_sources = calloc(nh ? nh : 1, sizeof *header_sources);
+  if (!header_names || !header_sources) {
+    free(header_names);
+    free(header_sources);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
+  }
+  for (size_t i = 0; i < nh; i++) {
+    header_names[i] = basename_of(p->sources->files[i].name);
+    header_sources[i] = p->sources->files[i].text;
   }
   char source_name[128];
   rlk_format(source_name, sizeof source_name, "%s_%.12s", p->key.entry, p->key.hex);
@@ -240,6 +244,8 @@ static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *
   memset(res, 0, sizeof *res);
   rlk_info("compiling %s %s for %s (%s)", p->key.entry, p->key.params, jit->target, jit->compiler->id);
   rlk_status st = jit->compiler->compile(jit->compiler, &req, res);
+  free(header_names);
+  free(header_sources);
   atomic_fetch_add_explicit(&jit->compiles, 1, memory_order_relaxed);
   add_seconds(&jit->compile_ns, res->seconds);
   if (st) return rlk_error_wrap(st, "compiling %s [%s] for %s", p->key.entry, p->key.params, jit->target);
@@ -277,36 +283,43 @@ static rlk_status load_binary(rlk_jit *jit, const void *binary, size_t size, con
 }
 
 /* Tries the cache trees. Sets *found when the entry was found and, with `load`, loaded. A
- * binary the backend refuses is quarantined so the caller rebuilds it. */
+ * binary the backend refuses is put out of the way (quarantined, or passed over in a read-only
+ * tree) and the lookup goes on to the next tree, so a copy rebuilt into the writable tree is
+ * found behind a refused read-only one; with none, the caller rebuilds it. */
 static rlk_status lookup_and_load(rlk_jit *jit, const build_plan *p, int load, int *found, void **module,
                                   void **fn) {
   *found = 0;
-  rlk_cache_blob blob;
-  memset(&blob, 0, sizeof blob);
-  int hit = 0, rebuilt = 0;
-  double t0 = rlk_now();
-  rlk_status st = rlk_cache_lookup(jit->cache, &p->key, &blob, &hit, &rebuilt);
-  if (rebuilt) atomic_fetch_add_explicit(&jit->rebuilt, (uint_fast64_t)rebuilt, memory_order_relaxed);
-  if (st || !hit) return st;
-  add_seconds(&jit->load_ns, rlk_now() - t0);
-  if (blob.nnames < 1) {
-    rlk_cache_blob_free(&blob);
-    return RLK_OK;
-  }
-  if (load) {
-    st = load_binary(jit, blob.binary, blob.size, blob.lowered_names[0], module, fn);
-    if (st) {
-      rlk_warn("cached kernel %s at %s was refused (%s); rebuilding it", p->key.entry, blob.path,
-               rlk_last_error());
-      if (!blob.read_only) rlk_cache_quarantine(jit->cache, blob.path);
-      atomic_fetch_add_explicit(&jit->rebuilt, 1, memory_order_relaxed);
+  /* Each refusal removes one entry from view, and a key has one entry per tree. */
+  for (int tries = 0; tries < 64; tries++) {
+    rlk_cache_blob blob;
+    memset(&blob, 0, sizeof blob);
+    int hit = 0, rebuilt = 0;
+    double t0 = rlk_now();
+    rlk_status st = rlk_cache_lookup(jit->cache, &p->key, &blob, &hit, &rebuilt);
+    if (rebuilt) atomic_fetch_add_explicit(&jit->rebuilt, (uint_fast64_t)rebuilt, memory_order_relaxed);
+    if (st || !hit) return st;
+    add_seconds(&jit->load_ns, rlk_now() - t0);
+    if (blob.nnames < 1) {
       rlk_cache_blob_free(&blob);
       return RLK_OK;
     }
+    if (load) {
+      st = load_binary(jit, blob.binary, blob.size, blob.lowered_names[0], module, fn);
+      if (st) {
+        rlk_warn("cached kernel %s at %s was refused (%s); looking further, else rebuilding it",
+                 p->key.entry, blob.path, rlk_last_error());
+        rlk_status qs = rlk_cache_quarantine(jit->cache, blob.path);
+        atomic_fetch_add_explicit(&jit->rebuilt, 1, memory_order_relaxed);
+        rlk_cache_blob_free(&blob);
+        if (qs) return RLK_OK; /* still in the way: rebuild without looking again */
+        continue;
+      }
+    }
+    rlk_cache_blob_free(&blob);
+    *found = 1;
+    atomic_fetch_add_explicit(&jit->disk_hits, 1, memory_order_relaxed);
+    return RLK_OK;
   }
-  rlk_cache_blob_free(&blob);
-  *found = 1;
-  atomic_fetch_add_explicit(&jit->disk_hits, 1, memory_order_relaxed);
   return RLK_OK;
 }
 

@@ -2,12 +2,17 @@
  * for template development, the files under RLK_TEMPLATE_DIR (read once per process; the
  * digest is then computed from what was read, so edited templates get new cache keys). */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
+#include "core/fs.h"
 #include "jit/template.h"
 
 extern const rlk_source_file rlk_embedded_sources[];
@@ -15,11 +20,9 @@ extern const size_t rlk_embedded_source_count;
 extern const char rlk_embedded_digest_cuda[65];
 extern const char rlk_embedded_digest_host[65];
 
-#define RLK_MAX_SOURCES 128
-
 typedef struct source_slot {
   rlk_source_set set;
-  rlk_source_file files[RLK_MAX_SOURCES];
+  rlk_source_file *files; /* malloc'd; as many as the directory holds */
   rlk_status status;
   char error[512];
 } source_slot;
@@ -27,24 +30,39 @@ typedef struct source_slot {
 static source_slot slots[2]; /* cuda, host */
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
 
-static char *read_whole(const char *path, size_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t cap = 0, len = 0;
-  for (;;) {
-    if (len + 4096 + 1 > cap) {
-      size_t ncap = cap ? cap * 2 : 16384;
-      char *nb = realloc(buf, ncap);
-      if (!nb) { free(buf); fclose(f); return NULL; }
-      buf = nb;
-      cap = ncap;
-    }
-    size_t got = fread(buf + len, 1, cap - len - 1, f);
-    len += got;
-    if (got == 0) break;
+#define SOURCE_MAX_BYTES ((size_t)16 << 20) /* no template is near this */
+
+/* Reads a regular file whole (never blocking on a FIFO). NULL with errno; EINVAL: not a
+ * regular file. */
+static char *read_whole(int dirfd, const char *name, size_t *size) {
+  int fd = rlk_open_regular(dirfd, name, O_RDONLY, 0);
+  if (fd < 0) return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size > SOURCE_MAX_BYTES) {
+    close(fd);
+    errno = EFBIG;
+    return NULL;
   }
-  fclose(f);
+  size_t want = (size_t)st.st_size, len = 0;
+  char *buf = malloc(want + 1);
+  if (!buf) {
+    close(fd);
+    errno = ENOMEM;
+    return NULL;
+  }
+  while (len < want) {
+    ssize_t n = read(fd, buf + len, want - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  int e = errno;
+  close(fd);
+  if (len != want) {
+    free(buf);
+    errno = e ? e : EIO;
+    return NULL;
+  }
   buf[len] = '\0';
   *size = len;
   return buf;
@@ -54,34 +72,70 @@ static int by_name(const void *a, const void *b) {
   return strcmp(((const rlk_source_file *)a)->name, ((const rlk_source_file *)b)->name);
 }
 
+static void load_failed(source_slot *slot, rlk_status st, const char *fmt, const char *a,
+                        const char *b) {
+  slot->status = st;
+  rlk_format(slot->error, sizeof slot->error, fmt, a, b);
+}
+
+/* Every regular file of <root>/<dir> becomes a source; subdirectories are not part of a
+ * template set (templates are flat) and are passed over; anything else that cannot be read
+ * (a FIFO, a device, an unreadable file) is an error, never a silently different key. */
 static void load_from_dir(source_slot *slot, const char *root, const char *dir) {
   char path[2048];
   rlk_format(path, sizeof path, "%s/%s", root, dir);
   DIR *d = opendir(path);
   if (!d) {
-    slot->status = RLK_ERR_IO;
-    rlk_format(slot->error, sizeof slot->error, "RLK_TEMPLATE_DIR: cannot open %s", path);
+    load_failed(slot, RLK_ERR_IO, "RLK_TEMPLATE_DIR: cannot open %s: %s", path, strerror(errno));
     return;
   }
   struct dirent *e;
-  size_t n = 0;
+  size_t n = 0, cap = 0;
   while ((e = readdir(d)) != NULL) {
     if (e->d_name[0] == '.') continue;
-    if (n >= RLK_MAX_SOURCES) break;
-    char file[4096], name[512];
-    rlk_format(file, sizeof file, "%s/%s", path, e->d_name);
-    if (rlk_format(name, sizeof name, "%s/%s", dir, e->d_name) < 0) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode)) {
+      rlk_debug("RLK_TEMPLATE_DIR: passing over the subdirectory %s/%s", path, e->d_name);
+      continue;
+    }
+    if (n == cap) {
+      size_t ncap = cap ? 2 * cap : 64;
+      rlk_source_file *f = realloc(slot->files, ncap * sizeof *f);
+      if (!f) {
+        load_failed(slot, RLK_ERR_OUT_OF_MEMORY, "RLK_TEMPLATE_DIR: %s%s: out of memory", path, "");
+        break;
+      }
+      slot->files = f;
+      cap = ncap;
+    }
+    char name[512];
+    if (rlk_format(name, sizeof name, "%s/%s", dir, e->d_name) < 0) {
+      load_failed(slot, RLK_ERR_IO, "RLK_TEMPLATE_DIR: %s/%s: the name is too long", path, e->d_name);
+      break;
+    }
     size_t size = 0;
-    char *text = read_whole(file, &size);
-    if (!text) continue; /* a subdirectory or an unreadable file: templates are flat */
+    char *text = read_whole(dirfd(d), e->d_name, &size);
+    if (!text) {
+      char file[2600];
+      rlk_format(file, sizeof file, "%s/%s", path, e->d_name);
+      load_failed(slot, RLK_ERR_IO, "RLK_TEMPLATE_DIR: cannot read %s: %s", file,
+                  errno == EINVAL ? "not a regular file" : strerror(errno));
+      break;
+    }
     slot->files[n].name = rlk_strdup(name);
     slot->files[n].text = text;
     slot->files[n].size = size;
-    if (!slot->files[n].name) { free(text); continue; }
+    if (!slot->files[n].name) {
+      free(text);
+      load_failed(slot, RLK_ERR_OUT_OF_MEMORY, "RLK_TEMPLATE_DIR: %s%s: out of memory", path, "");
+      break;
+    }
     n++;
   }
   closedir(d);
-  qsort(slot->files, n, sizeof slot->files[0], by_name);
+  if (slot->status) return;
+  if (n) qsort(slot->files, n, sizeof slot->files[0], by_name);
+  slot->set.files = slot->files;
   slot->set.count = n;
   rlk_sources_digest(slot->files, n, slot->set.digest);
 }
@@ -92,7 +146,6 @@ static void load_all(void) {
   for (size_t s = 0; s < 2; s++) {
     source_slot *slot = &slots[s];
     slot->set.dir = dirs[s];
-    slot->set.files = slot->files;
     slot->status = RLK_OK;
     if (override) {
       load_from_dir(slot, override, dirs[s]);
@@ -100,11 +153,16 @@ static void load_all(void) {
         rlk_info("templates for %s read from %s (digest %.12s)", dirs[s], override, slot->set.digest);
       continue;
     }
-    size_t n = 0, dl = strlen(dirs[s]);
-    for (size_t i = 0; i < rlk_embedded_source_count && n < RLK_MAX_SOURCES; i++) {
+    /* The embedder writes each directory's files together, in name order. */
+    size_t first = rlk_embedded_source_count, n = 0, dl = strlen(dirs[s]);
+    for (size_t i = 0; i < rlk_embedded_source_count; i++) {
       const rlk_source_file *f = &rlk_embedded_sources[i];
-      if (f->name && !strncmp(f->name, dirs[s], dl) && f->name[dl] == '/') slot->files[n++] = *f;
+      if (f->name && !strncmp(f->name, dirs[s], dl) && f->name[dl] == '/') {
+        if (first == rlk_embedded_source_count) first = i;
+        n++;
+      }
     }
+    slot->set.files = n ? &rlk_embedded_sources[first] : NULL;
     slot->set.count = n;
     memcpy(slot->set.digest, s == 0 ? rlk_embedded_digest_cuda : rlk_embedded_digest_host, 65);
   }

@@ -170,10 +170,11 @@ static rlk_status mw_shape(const rlk_tensor *x, const char *what, int64_t *B, in
   return RLK_OK;
 }
 
-/* A tensor of x's layout kind, seen as [B, T]: 1-D tensors become one row. */
-static rlk_tensor mw_as_rows(const rlk_tensor *t, int64_t B, int64_t T) {
+/* A tensor of x's layout kind, seen as [B, T]: 1-D tensors become one row. A 1-D tensor keeps
+ * its own length, so one shorter or longer than x fails the row check that follows. */
+static rlk_tensor mw_as_rows(const rlk_tensor *t) {
   if (!t->data || t->ndim != 1) return *t;
-  return rlk_tensor_2d(t->data, t->dtype, B, T, T);
+  return rlk_tensor_2d(t->data, t->dtype, 1, t->shape[0], t->shape[0]);
 }
 
 static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64_t *T,
@@ -181,7 +182,7 @@ static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64
   rlk_status st;
   if ((st = mw_shape(&a->x, "x", B, T))) return st;
   if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
-  *x = mw_as_rows(&a->x, *B, *T);
+  *x = mw_as_rows(&a->x);
   if ((st = rlk_seq_check_rows(x, "x", 1, MW_DTYPES, *B, *T))) return st;
   if (a->mask.data) {
     if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
@@ -190,14 +191,14 @@ static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64
                        (int)a->x.ndim);
     if (a->mask.ndim == 1 && (st = rlk_check_contiguous(&a->mask, "mask"))) return st;
   }
-  *mask = mw_as_rows(&a->mask, *B, *T);
+  *mask = mw_as_rows(&a->mask);
   if ((st = rlk_seq_check_rows(mask, "mask", 0, MW_MASK_DTYPES, *B, *T))) return st;
   if ((st = rlk_check_tensor(&a->out, "out", 1))) return st;
   if (a->out.ndim != a->x.ndim)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "out: %d dimensions, x has %d", (int)a->out.ndim,
                      (int)a->x.ndim);
   if (a->out.ndim == 1 && (st = rlk_check_contiguous(&a->out, "out"))) return st;
-  *out = mw_as_rows(&a->out, *B, *T);
+  *out = mw_as_rows(&a->out);
   if ((st = rlk_seq_check_rows(out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), *B, *T))) return st;
   const int in_place = out->data == x->data &&
                        rlk_seq_row_stride(out, *B, *T) == rlk_seq_row_stride(x, *B, *T);

@@ -4,6 +4,7 @@
 #define RLK_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rlk.h"
 #include "runtime/context.h"
@@ -32,5 +33,15 @@ rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required)
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
 rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int ndim_min, int ndim_max);
 rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
+
+/* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
+ * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times
+ * the element size) stays exact. */
+#define RLK_TENSOR_MAX_BYTES_LOG2 56
+#define RLK_TENSOR_MAX_BYTES ((uint64_t)1 << RLK_TENSOR_MAX_BYTES_LOG2)
+
+/* Bytes from t->data to one past its last element (1 + sum (shape - 1) * stride elements);
+ * 0, or -1 when a shape or stride is negative or the span overflows 64 bits. */
+int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes);
 
 #endif

@@ -31,18 +31,19 @@ static rlk_status read_text(const char *path, char **text, size_t *len, int *exi
   *text = NULL;
   *len = 0;
   *exists = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Never blocks: a FIFO in the database's place is refused, not waited on. */
+  int fd = rlk_open_regular(AT_FDCWD, path, O_RDONLY, 0);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return RLK_OK;
-    return rlk_error(RLK_ERR_IO, "tuning database %s: cannot open: %s", path, strerror(errno));
+    *exists = 1;
+    return rlk_error(RLK_ERR_IO, "tuning database %s: %s", path,
+                     errno == EINVAL ? "not a regular file" : strerror(errno));
   }
   *exists = 1;
   struct stat st;
   const char *problem = NULL;
   if (fstat(fd, &st) != 0)
     problem = strerror(errno);
-  else if (!S_ISREG(st.st_mode))
-    problem = "not a regular file";
   else if ((size_t)st.st_size > TUNE_FILE_MAX)
     problem = "too large for a tuning database";
   if (problem) {
@@ -130,8 +131,10 @@ rlk_status rlk_tune_lock(const char *db, double timeout_s, int *fd) {
   char path[TUNE_PATH_MAX];
   rlk_status st = with_suffix(db, RLK_TUNE_LOCK_SUFFIX, path, sizeof path);
   if (st) return st;
-  int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-  if (f < 0) return rlk_error(RLK_ERR_IO, "tuning database lock %s: cannot open: %s", path, strerror(errno));
+  int f = rlk_open_regular(AT_FDCWD, path, O_RDWR | O_CREAT | O_NOFOLLOW, 0666);
+  if (f < 0)
+    return rlk_error(RLK_ERR_IO, "tuning database lock %s: cannot open: %s", path,
+                     errno == EINVAL ? "not a regular file" : strerror(errno));
   int use_flock = 0;
   double start = rlk_now();
   int rc = rlk_lock_fd(f, &use_flock, timeout_s);

@@ -22,6 +22,10 @@ static char *read_file(const char *path, size_t *size) {
   return buf;
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const rlk_source_file *)a)->name, ((const rlk_source_file *)b)->name);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s <templates-root> <out.c> <file>...\n", argv[0]);
@@ -40,6 +44,8 @@ int main(int argc, char **argv) {
     files[i].text = text;
     files[i].size = size;
   }
+  /* Name order: each directory's files then stand together, as the loader expects. */
+  qsort(files, (size_t)nfiles, sizeof *files, by_name);
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", argv[2]);
   FILE *out = fopen(tmp, "w");
@@ -60,12 +66,14 @@ int main(int argc, char **argv) {
   /* One digest per directory: every file the compiler of that directory can see. */
   static const char *const dirs[] = {"cuda", "host"};
   for (size_t d = 0; d < 2; d++) {
-    rlk_source_file sub[256];
+    rlk_source_file *sub = calloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *sub);
+    if (!sub) return 1;
     size_t n = 0, dl = strlen(dirs[d]);
-    for (int i = 0; i < nfiles && n < 256; i++)
+    for (int i = 0; i < nfiles; i++)
       if (!strncmp(files[i].name, dirs[d], dl) && files[i].name[dl] == '/') sub[n++] = files[i];
     char hex[65];
     rlk_sources_digest(sub, n, hex);
+    free(sub);
     fprintf(out, "const char rlk_embedded_digest_%s[65] = \"%s\";\n", dirs[d], hex);
   }
   if (fclose(out) != 0 || rename(tmp, argv[2]) != 0) {
