@@ -23,6 +23,10 @@
 #include "core/core.h"
 #include "ops/advantage_scan.h"
 #include "runtime/record.h"
+#include "common/advantage_scan_params.h"
+
+/* The kernel's argument (templates/common/advantage_scan_params.h). */
+RLK_PARAMS_DECLARE(as_kernel_args, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
 /* Shared checks (advantage_scan.h)                                                    */
@@ -339,23 +343,26 @@ static rlk_status as_launch(rlk_context *ctx, const as_call *k, void *stream, co
   if ((st = as_select(&ctx->target, &c, &p))) return st;
   if (rlk_record_enabled()) as_record(op, k);
   const int64_t B = k->B, T = k->T;
-  const void *x0 = k->x0->data;
-  int64_t s0 = rlk_seq_row_stride(k->x0, B, T);
-  const void *x1 = k->x1 && k->x1->data ? k->x1->data : NULL;
-  int64_t s1 = x1 ? rlk_seq_row_stride(k->x1, B, T) : 0;
-  const void *mask = k->mask->data;
-  int64_t ms = mask ? rlk_seq_row_stride(k->mask, B, T) : T;
-  int mask_kind = rlk_seq_mask_kind(k->mask);
-  void *o0 = k->o0->data;
-  int64_t os0 = rlk_seq_row_stride(k->o0, B, T);
-  void *o1 = k->o1 && k->o1->data ? k->o1->data : NULL;
-  int64_t os1 = o1 ? rlk_seq_row_stride(k->o1, B, T) : 0;
-  const void *base = k->baseline && k->baseline->data ? k->baseline->data : NULL;
-  int64_t b = B, t = T;
-  double gamma = k->gamma, gl = k->gamma_lambda;
-  int masked = k->masked;
-  void *kargs[] = {&x0, &s0,  &x1,   &s1, &mask, &ms, &mask_kind, &o0,  &os0,
-                   &o1, &os1, &base, &b,  &t,    &gamma, &gl, &masked};
+  as_kernel_args a;
+  memset(&a, 0, sizeof a);
+  a.x0 = k->x0->data;
+  a.s0 = rlk_seq_row_stride(k->x0, B, T);
+  a.x1 = k->x1 && k->x1->data ? k->x1->data : NULL;
+  a.s1 = a.x1 ? rlk_seq_row_stride(k->x1, B, T) : 0;
+  a.mask = k->mask->data;
+  a.ms = a.mask ? rlk_seq_row_stride(k->mask, B, T) : T;
+  a.mask_kind = rlk_seq_mask_kind(k->mask);
+  a.o0 = k->o0->data;
+  a.os0 = rlk_seq_row_stride(k->o0, B, T);
+  a.o1 = k->o1 && k->o1->data ? k->o1->data : NULL;
+  a.os1 = a.o1 ? rlk_seq_row_stride(k->o1, B, T) : 0;
+  a.baseline = k->baseline && k->baseline->data ? k->baseline->data : NULL;
+  a.B = B;
+  a.T = T;
+  a.gamma = k->gamma;
+  a.gamma_lambda = k->gamma_lambda;
+  a.masked = k->masked;
+  void *kargs[] = {&a};
   return rlk_context_launch(ctx, &p.spec, &p.dims, stream, kargs);
 }
 

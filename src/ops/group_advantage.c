@@ -28,6 +28,12 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
+#include "common/group_advantage_params.h"
+
+/* The kernels' arguments (templates/common/group_advantage_params.h). */
+RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -473,11 +479,15 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
 
   /* 1. row sums into advantages: a block per row, wider for long rows */
   if (p.has_rowsum) {
-    const void *rewards = args->scores.data, *mask = args->mask.data;
-    int64_t rstride = B > 1 ? args->scores.strides[0] : T;
-    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
-    int64_t b = B, t = T;
-    void *kargs[] = {&rewards, &rstride, &mask, &mstride, &adv, &b, &t};
+    ga_rowsum_args a = {0};
+    a.rewards = args->scores.data;
+    a.mask = args->mask.data;
+    a.reward_stride = B > 1 ? args->scores.strides[0] : T;
+    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
+    a.out = adv;
+    a.B = B;
+    a.T = T;
+    void *kargs[] = {&a};
     unsigned block = T >= 8192 ? 256 : (T >= 2048 ? 128 : 64);
     if (block < (unsigned)warp) block = (unsigned)warp;
     rlk_launch_dims d = host ? ga_dims(1, 1, 1) : ga_dims(ga_min_u(B, 1 << 20), 1, block);
@@ -487,14 +497,19 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   /* 2. group statistics and advantages */
   {
     const void *scores = c.scores_2d ? (const void *)adv : args->scores.data;
-    int64_t stride = c.scores_2d ? 1 : args->scores.strides[0];
-    if (B == 1) stride = 1;
-    const void *offsets = args->group_offsets.data;
-    int64_t b = B, gsize = c.group_size, ngroups = k.num_groups;
-    float eps = args->eps;
-    int unbiased = c.unbiased, singleton = c.singleton;
-    void *kargs[] = {&scores, &stride,  &adv, &b,        &gsize,
-                     &ngroups, &offsets, &eps, &unbiased, &singleton};
+    const int64_t ngroups = k.num_groups;
+    ga_group_args a = {0};
+    a.scores = scores;
+    a.score_stride = c.scores_2d || B == 1 ? 1 : args->scores.strides[0];
+    a.adv = adv;
+    a.B = B;
+    a.group_size = c.group_size;
+    a.num_groups = ngroups;
+    a.offsets = args->group_offsets.data;
+    a.eps = args->eps;
+    a.unbiased = c.unbiased;
+    a.singleton = c.singleton;
+    void *kargs[] = {&a};
     /* Batch-std blocks each compute the batch statistics from `scores` before writing their
      * groups; when scores are the advantages buffer (row sums, or an in-place call) a second
      * block would read what the first already overwrote, so those calls get one block. */
@@ -526,12 +541,15 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
 
   /* 3. broadcast over tokens */
   if (p.has_broadcast) {
-    const void *mask = args->mask.data;
-    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
-    float *out = (float *)args->token_advantages.data;
-    int64_t ostride = B > 1 ? args->token_advantages.strides[0] : T;
-    int64_t b = B, t = T;
-    void *kargs[] = {&adv, &mask, &mstride, &out, &ostride, &b, &t};
+    ga_broadcast_args a = {0};
+    a.adv = adv;
+    a.mask = args->mask.data;
+    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
+    a.out = (float *)args->token_advantages.data;
+    a.out_stride = B > 1 ? args->token_advantages.strides[0] : T;
+    a.B = B;
+    a.T = T;
+    void *kargs[] = {&a};
     /* tiles of 4 x 256 four-element chunks across a row (up to 1024), a row per grid.y */
     const unsigned block = 256;
     const int64_t tile = 4 * 4 * (int64_t)block;

@@ -5,7 +5,7 @@
  * offset and the size against the numbers the list states: no side can drift from the others
  * unnoticed (a reordered field fails to compile on every side).
  *
- * A list is a macro LIST(F, T) that calls F(T, type, name, offset) for each field in order, with
+ * A list is a macro LIST(F, S_) that calls F(S_, type, name, offset) for each field in order, with
  * types every side spells alike (long long, unsigned long long, int, float, double, pointers).
  * No includes: templates are self-contained. Shared by templates/cuda and templates/host through
  * symbolic links to templates/common. */

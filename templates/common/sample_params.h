@@ -7,28 +7,28 @@
 
 #include "rlk_params.h"
 
-#define RLK_SAMPLE_PARAMS(F, T)                     \
-  F(T, const void *, logits, 0)                     \
-  F(T, long long, row_stride, 8)                    \
-  F(T, long long, B, 16)                            \
-  F(T, long long, V, 24)                            \
-  F(T, const float *, temperatures, 32)             \
-  F(T, const int *, top_ks32, 40)                   \
-  F(T, const long long *, top_ks64, 48)             \
-  F(T, long long, top_k, 56)                        \
-  F(T, const float *, top_ps, 64)                   \
-  F(T, const float *, min_ps, 72)                   \
-  F(T, const unsigned long long *, seeds, 80)       \
-  F(T, unsigned long long, seed, 88)                \
-  F(T, const unsigned long long *, offsets, 96)     \
-  F(T, unsigned long long, offset, 104)             \
-  F(T, void *, tokens, 112)                         \
-  F(T, float *, logp, 120)                          \
-  F(T, float *, logp_filtered, 128)                 \
-  F(T, int *, status, 136)                          \
-  F(T, float, temperature, 144)                     \
-  F(T, float, top_p, 148)                           \
-  F(T, float, min_p, 152)
+#define RLK_SAMPLE_PARAMS(F, S_)                     \
+  F(S_, const void *, logits, 0)                     \
+  F(S_, long long, row_stride, 8)                    \
+  F(S_, long long, B, 16)                            \
+  F(S_, long long, V, 24)                            \
+  F(S_, const float *, temperatures, 32)             \
+  F(S_, const int *, top_ks32, 40)                   \
+  F(S_, const long long *, top_ks64, 48)             \
+  F(S_, long long, top_k, 56)                        \
+  F(S_, const float *, top_ps, 64)                   \
+  F(S_, const float *, min_ps, 72)                   \
+  F(S_, const unsigned long long *, seeds, 80)       \
+  F(S_, unsigned long long, seed, 88)                \
+  F(S_, const unsigned long long *, offsets, 96)     \
+  F(S_, unsigned long long, offset, 104)             \
+  F(S_, void *, tokens, 112)                         \
+  F(S_, float *, logp, 120)                          \
+  F(S_, float *, logp_filtered, 128)                 \
+  F(S_, int *, status, 136)                          \
+  F(S_, float, temperature, 144)                     \
+  F(S_, float, top_p, 148)                           \
+  F(S_, float, min_p, 152)
 #define RLK_SAMPLE_PARAMS_SIZE 160
 
 #endif
