@@ -108,10 +108,13 @@ $(BUILD)/bin $(BUILD)/lib $(BUILD)/gen $(BUILD)/tests:
 deps:
 	@tools/build/deps.sh
 
-# The main job: JIT-compile and run the first op on the best backend present.
+# The main job: JIT-compile and run the first op, then a whole GRPO step (sample, log-probs and
+# entropy, group advantages, policy loss and gradient, log-prob backward), on the best backend
+# present, each checked against fp64, with the cache's work and per-op times.
 demo: deps
 	$(MAKE) tools
 	$(BUILD)/bin/rlk-demo
+	$(BUILD)/bin/rlk-grpo-step
 
 # Tests run against a private cache so they never touch the user's.
 test: deps

@@ -369,6 +369,32 @@ START_TEST(recorded_configurations_precompile_what_runs) {
     ck_assert_msg(strstr(r.out, "\nok\n") != NULL, "%s", r.out);
     rlk_test_tool_free(&r);
   }
+  /* a whole GRPO step (sample, logprob forward and backward, advantages, policy loss) */
+  char rec2[1100], rec2_env[1200], tree2[1024], fresh2[1024], ro2_env[1100], fresh2_env[1100];
+  snprintf(rec2, sizeof rec2, "%s/record2.conf", user);
+  snprintf(rec2_env, sizeof rec2_env, "RLK_JIT_RECORD=%s", rec2);
+  rlk_test_mkdtemp(tree2, sizeof tree2, "recorded2");
+  rlk_test_mkdtemp(fresh2, sizeof fresh2, "record-fresh2");
+  snprintf(ro2_env, sizeof ro2_env, "RLK_CACHE_RO_DIRS=%s", tree2);
+  snprintf(fresh2_env, sizeof fresh2_env, "RLK_CACHE_DIR=%s", fresh2);
+  static const char *const step_args[] = {"--backend", "host", "--prompts", "2", "--group", "2", "--tokens", "8",
+                                          "--vocab", "64", "--seed", "5", NULL};
+  r = rlk_test_run_tool(ENV(cache_env, rec2_env), "rlk-grpo-step", step_args);
+  expect_status(r, 0, "rlk-grpo-step recording");
+  ck_assert_msg(strstr(r.out, "\nok\n") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-precompile", ARGS("--out", tree2, "--targets", "host", "--config", rec2));
+  expect_status(r, 0, "rlk-precompile --config <the step's record>");
+  ck_assert_msg(strstr(r.out, "done: 5 items, 0 failed") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(ENV("RLK_JIT=0", ro2_env, fresh2_env), "rlk-grpo-step", step_args);
+  expect_status(r, 0, "rlk-grpo-step from its recorded precompile with RLK_JIT=0");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "compiles="), 0);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "misses="), 0);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(tree2);
+  rlk_test_rmtree(fresh2);
+
   /* an unwritable record is reported, never a failure of the run */
   r = rlk_test_run_tool(ENV(cache_env, "RLK_JIT_RECORD=/nonexistent-dir/record.conf"), "rlk-demo",
                         ARGS("--backend", "host"));
