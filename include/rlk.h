@@ -764,6 +764,96 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
                                         void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: prefix-shared attention for GRPO groups                             */
+/* ------------------------------------------------------------------------ */
+
+/* The packed layout. A batch of P prompts, each stored once as [prefix | r_1 | ... | r_G] in one
+ * token stream of T tokens, described by segments in token order: segment s covers tokens
+ * [seq_offsets[s], seq_offsets[s + 1]), seq_offsets[0] = 0, seq_offsets[S] = T. Prompt p owns the
+ * segments [group_offsets[p], group_offsets[p + 1]): the first is its prefix (length >= 0), the
+ * others its G_p >= 0 responses (length >= 1 each); group_offsets[0] = 0, group_offsets[P] = S.
+ * A prefix token attends causally within its prefix; a response token attends to its whole
+ * prefix and causally within its own response, never to another response or prompt. This equals
+ * causal attention over each [prefix; r_g] on its own, the prefix stored (and its K/V read) once.
+ *
+ * The layout is given twice: as i32 device tensors that the kernels read, and as host arrays with
+ * the same values that the call validates (every error names the offending entry) and sizes its
+ * grid from; the call never reads the device copies back. On the host backend the tensors may be
+ * absent (the host arrays are used). */
+typedef struct rlk_prefix_attention_layout {
+  rlk_tensor seq_offsets;   /* i32 [S + 1], device memory, contiguous */
+  rlk_tensor group_offsets; /* i32 [P + 1], device memory, contiguous */
+  const int32_t *host_seq_offsets;   /* [num_segments + 1], host memory */
+  const int32_t *host_group_offsets; /* [num_prompts + 1], host memory */
+  int64_t num_segments; /* S = P + total responses */
+  int64_t num_prompts;  /* P >= 1 */
+} rlk_prefix_attention_layout;
+
+/* Forward: per query head h (key/value head h / (Hq / Hkv)) and query token i,
+ *   o[i, h] = sum_j softmax_j(scale q[i, h] . k[j, h']) v[j, h'],  lse[i, h] = log sum_j exp(.)
+ * over the keys j that i sees (natural log). */
+typedef struct rlk_prefix_attention_args {
+  /* q [T, Hq, D], k and v [T, Hkv, D]: bf16 or f16 (one dtype), contiguous, D 64 or 128, Hq a
+   * multiple of Hkv. Never written. */
+  rlk_tensor q;
+  rlk_tensor k;
+  rlk_tensor v;
+  rlk_prefix_attention_layout layout;
+  float scale; /* softmax scale, finite and > 0; 0 means 1 / sqrt(D) */
+  /* Outputs: out [T, Hq, D] in q's dtype, contiguous; lse f32 [T, Hq], contiguous (optional in
+   * the forward, what the backward needs). */
+  rlk_tensor out;
+  rlk_tensor lse;
+} rlk_prefix_attention_args;
+
+/* Fills `args`: scale 0 (1 / sqrt(D)), every tensor and array absent. */
+RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args);
+
+/* Prefix-shared attention on `stream`: one launch, no device memory beyond the outputs; the
+ * prefix K/V tiles of a prompt are read once per tile of stacked response queries (all the
+ * group's response rows see the same prefix keys). fp32 accumulation on a GPU, fp64 on the host.
+ * Deterministic: bitwise the same outputs for the same inputs on the same device. */
+RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *args,
+                                        void *stream);
+
+/* Backward of rlk_prefix_attention given grad_out = dL/d out: dq, dk, dv. A prefix key's dk and
+ * dv sum the contributions of its own prefix queries and of every response of its group, in a
+ * fixed order, without atomics: bitwise repeatable. */
+typedef struct rlk_prefix_attention_backward_args {
+  rlk_tensor q, k, v;  /* the forward's inputs */
+  rlk_prefix_attention_layout layout;
+  float scale;         /* the forward's scale (0: 1 / sqrt(D)) */
+  rlk_tensor out;      /* the forward's out [T, Hq, D] */
+  rlk_tensor lse;      /* the forward's lse, f32 [T, Hq]; required */
+  rlk_tensor grad_out; /* [T, Hq, D] in q's dtype, contiguous */
+  /* Outputs with q's, k's and v's shapes and dtype, contiguous, distinct from the inputs. */
+  rlk_tensor grad_q;
+  rlk_tensor grad_k;
+  rlk_tensor grad_v;
+  /* Scratch of at least rlk_prefix_attention_backward_workspace_size() bytes, 16-byte aligned
+   * (device memory; host memory on the host backend, where it holds fp64 accumulators). */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_prefix_attention_backward_args;
+
+/* Fills `args` like rlk_prefix_attention_args_init. */
+RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backward_args *args);
+
+/* Bytes of workspace rlk_prefix_attention_backward needs for these arguments (the same checks
+ * as the call; data pointers are not read). On a GPU: T x Hq x 4 (the rows' sum dO . O), plus
+ * with GQA (Hq > Hkv) 8 x T x Hq x D for the f32 partial dk, dv of each query head, summed in
+ * head order; on the host, the fp64 gradient accumulators. */
+RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
+    rlk_context *ctx, const rlk_prefix_attention_backward_args *args, size_t *bytes);
+
+/* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
+ * block per key tile and query head looping over every query that sees it, then with GQA the sum
+ * over the group's heads; dq with a block per query tile), no atomics. */
+RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
+                                                 const rlk_prefix_attention_backward_args *args,
+                                                 void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: sampling one token per row                                          */
 /* ------------------------------------------------------------------------ */
 

@@ -18,6 +18,7 @@ Suite *policy_loss_suite(void);
 Suite *advantage_scan_suite(void);
 Suite *logprob_suite(void);
 Suite *sample_suite(void);
+Suite *prefix_attention_suite(void);
 Suite *tune_suite(void);
 Suite *tools_suite(void);
 

@@ -11,10 +11,12 @@ the library's message.
     adv, ret = rlk.gae(rewards, values, mask, lam=0.95)
     lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
     tok = rlk.sample(logits, temperature=0.7, top_k=50, top_p=0.9, seed=seeds)  # tokens, logp
+    packed, layout = rlk.pack_grpo(prompts, responses)            # [prefix | r_1 .. r_G] per prompt
+    out, lse = rlk.prefix_attention(q, k, v, layout)              # prefix-shared attention
 
     from rlk.autograd import policy_loss                          # torch autograd (imports torch)
     loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
-    (rlk.autograd also has value_loss and token_logprob.)
+    (rlk.autograd also has value_loss, token_logprob and prefix_attention.)
 
 Where the library is found: see rlk._lib (RLK_LIBRARY, an installed copy, the source tree's
 build/lib, the system loader).
@@ -33,6 +35,8 @@ from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, L
 from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logprob, logprob_backward
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
+from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
+                                   prefix_attention_backward, prefix_layout, unpack_responses)
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
@@ -55,6 +59,8 @@ __all__ = [
     "logprob", "logprob_backward", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
     "SAMPLE_ROW_SPLIT_AUTO",
+    "prefix_attention", "prefix_attention_backward", "prefix_layout", "pack_grpo",
+    "unpack_responses", "PrefixLayout",
 ]
 
 

@@ -17,9 +17,10 @@ from ._tensor import is_torch
 from .errors import InvalidArgument
 from .ops import logprob as _logprob
 from .ops import losses
+from .ops import prefix_attention as _pattn
 
-__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "policy_loss", "value_loss",
-           "token_logprob"]
+__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "PrefixAttention", "policy_loss",
+           "value_loss", "token_logprob", "prefix_attention"]
 
 
 def _scaled(g, grad):
@@ -95,6 +96,25 @@ class TokenLogprob(torch.autograd.Function):
         return grad, None, None
 
 
+class PrefixAttention(torch.autograd.Function):
+    """(q, k, v, layout, scale) -> out; differentiable in q, k and v (rlk_prefix_attention and
+    its backward; lse is saved, not the attention matrix)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale):
+        out, lse = _pattn.prefix_attention(q.detach(), k.detach(), v.detach(), layout, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout, ctx.scale = layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _pattn.prefix_attention_backward(q.detach(), k.detach(), v.detach(), ctx.layout, out,
+                                                      lse, grad_out.contiguous(), scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
 def _upstream(g):
     """An upstream gradient as the f32 [N] with a positive stride the library reads."""
     if g is None:
@@ -140,3 +160,10 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
     if entropy:
         return logp.view(shape), ent.view(shape)
     return logp.view(shape)
+
+
+def prefix_attention(q, k, v, layout, *, scale=None):
+    """Prefix-shared attention over a packed GRPO batch (rlk.prefix_layout / rlk.pack_grpo),
+    differentiable in q [T, Hq, D], k and v [T, Hkv, D]. Returns out [T, Hq, D]."""
+    _require_torch("prefix_attention", q)
+    return PrefixAttention.apply(q, k, v, layout, scale)

@@ -19,6 +19,7 @@ extern const rlk_op_desc rlk_op_reverse_cumsum;
 extern const rlk_op_desc rlk_op_masked_whiten;
 extern const rlk_op_desc rlk_op_logprob;
 extern const rlk_op_desc rlk_op_sample;
+extern const rlk_op_desc rlk_op_prefix_attention;
 
 /* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows
  * of V elements, with its tuning requests `block` and `unroll` (0: the defaults): the threads per

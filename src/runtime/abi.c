@@ -30,6 +30,9 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_logprob_args),
     ABI_ROW(rlk_logprob_backward_args),
     ABI_ROW(rlk_sample_args),
+    ABI_ROW(rlk_prefix_attention_layout),
+    ABI_ROW(rlk_prefix_attention_args),
+    ABI_ROW(rlk_prefix_attention_backward_args),
     ABI_ROW(rlk_tune_timing),
     ABI_ROW(rlk_tune_record),
 };

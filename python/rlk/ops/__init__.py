@@ -1,6 +1,6 @@
 """Op families, one module each: its args struct mirror (registered for the ABI checks), its
 rlk.Op, and the functional call. Adding an op family = one module here + its lines below."""
-from . import group_advantage, logprob, losses, returns, sample
+from . import group_advantage, logprob, losses, prefix_attention, returns, sample
 
 OPS = {
     "group_advantage": group_advantage.OP,
@@ -13,4 +13,6 @@ OPS = {
     "logprob": logprob.FORWARD_OP,
     "logprob_backward": logprob.BACKWARD_OP,
     "sample": sample.OP,
+    "prefix_attention": prefix_attention.FORWARD_OP,
+    "prefix_attention_backward": prefix_attention.BACKWARD_OP,
 }

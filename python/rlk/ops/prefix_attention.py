@@ -1,0 +1,233 @@
+"""Prefix-shared attention for GRPO groups: rlk_prefix_attention and its backward.
+
+A batch of prompts is packed once as [prefix | r_1 | ... | r_G] per prompt (PrefixLayout, built
+by prefix_layout or pack_grpo): a prefix token attends causally within its prefix, a response
+token to its whole prefix and causally within its own response. q [T, Hq, D], k and v
+[T, Hkv, D] (bf16 or f16, D 64 or 128, Hq a multiple of Hkv). rlk.autograd.prefix_attention
+(and rlk.prefix_attention with a tensor that requires grad) is differentiable in q, k and v.
+"""
+import collections
+import ctypes
+
+from .. import _types as T
+from .._tensor import Binder, Op, is_torch
+
+__all__ = ["PrefixAttentionLayout", "PrefixAttentionArgs", "PrefixAttentionBackwardArgs",
+           "PrefixLayout", "prefix_layout", "pack_grpo", "unpack_responses", "prefix_attention",
+           "prefix_attention_backward", "PrefixAttentionResult"]
+
+
+@T.abi_struct("rlk_prefix_attention_layout")
+class PrefixAttentionLayout(ctypes.Structure):
+    _fields_ = [
+        ("seq_offsets", T.Tensor),
+        ("group_offsets", T.Tensor),
+        ("host_seq_offsets", ctypes.POINTER(ctypes.c_int32)),
+        ("host_group_offsets", ctypes.POINTER(ctypes.c_int32)),
+        ("num_segments", ctypes.c_int64),
+        ("num_prompts", ctypes.c_int64),
+    ]
+
+
+@T.abi_struct("rlk_prefix_attention_args")
+class PrefixAttentionArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", T.Tensor),
+        ("k", T.Tensor),
+        ("v", T.Tensor),
+        ("layout", PrefixAttentionLayout),
+        ("scale", ctypes.c_float),
+        ("out", T.Tensor),
+        ("lse", T.Tensor),
+    ]
+
+
+@T.abi_struct("rlk_prefix_attention_backward_args")
+class PrefixAttentionBackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", T.Tensor),
+        ("k", T.Tensor),
+        ("v", T.Tensor),
+        ("layout", PrefixAttentionLayout),
+        ("scale", ctypes.c_float),
+        ("out", T.Tensor),
+        ("lse", T.Tensor),
+        ("grad_out", T.Tensor),
+        ("grad_q", T.Tensor),
+        ("grad_k", T.Tensor),
+        ("grad_v", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+FORWARD_OP = Op("prefix_attention", PrefixAttentionArgs)
+BACKWARD_OP = Op("prefix_attention_backward", PrefixAttentionBackwardArgs, workspace=True)
+# The layout's device tensors, packed by Binder.set at their offsets inside the args struct.
+for _op in (FORWARD_OP, BACKWARD_OP):
+    _base = _op.args_struct.layout.offset
+    for _f in ("seq_offsets", "group_offsets"):
+        _op.offsets["layout." + _f] = _base + getattr(PrefixAttentionLayout, _f).offset
+
+PrefixAttentionResult = collections.namedtuple("PrefixAttentionResult", "out lse")
+
+_QKV = (T.DType.BF16, T.DType.F16)
+
+
+class PrefixLayout:
+    """The packed layout of a batch (see include/rlk.h): segment offsets (prefix, then responses,
+    per prompt, in token order) and each prompt's first segment. Host copies are kept for the
+    library's checks; device copies are made once per device and reused by every call."""
+
+    def __init__(self, seq_offsets, group_offsets):
+        self.seq = [int(x) for x in seq_offsets]
+        self.grp = [int(x) for x in group_offsets]
+        self._host_seq = (ctypes.c_int32 * len(self.seq))(*self.seq)
+        self._host_grp = (ctypes.c_int32 * len(self.grp))(*self.grp)
+        self._device = {}
+
+    @property
+    def tokens(self):
+        return self.seq[-1]
+
+    @property
+    def num_prompts(self):
+        return len(self.grp) - 1
+
+    def prefix_range(self, p):
+        g = self.grp[p]
+        return self.seq[g], self.seq[g + 1]
+
+    def response_ranges(self, p):
+        return [(self.seq[s], self.seq[s + 1]) for s in range(self.grp[p] + 1, self.grp[p + 1])]
+
+    def device_tensors(self, like):
+        """(seq_offsets, group_offsets) as i32 tensors where `like` lives (None on the host)."""
+        if not is_torch(like) or not like.is_cuda:
+            return None, None
+        key = like.device
+        t = self._device.get(key)
+        if t is None:
+            import torch
+            t = (torch.tensor(self.seq, dtype=torch.int32, device=key),
+                 torch.tensor(self.grp, dtype=torch.int32, device=key))
+            self._device[key] = t
+        return t
+
+    def bind(self, b, like):
+        a = b.args.layout
+        seq, grp = self.device_tensors(like)
+        if seq is not None:
+            b.set("layout.seq_offsets", seq, (T.DType.I32,))
+            b.set("layout.group_offsets", grp, (T.DType.I32,))
+        a.host_seq_offsets = ctypes.cast(self._host_seq, ctypes.POINTER(ctypes.c_int32))
+        a.host_group_offsets = ctypes.cast(self._host_grp, ctypes.POINTER(ctypes.c_int32))
+        a.num_segments = len(self.seq) - 1
+        a.num_prompts = len(self.grp) - 1
+        b.keep.append(self)
+
+    def __repr__(self):
+        return "PrefixLayout(tokens=%d, prompts=%d, segments=%d)" % (
+            self.tokens, self.num_prompts, len(self.seq) - 1)
+
+
+def prefix_layout(prefix_lens, response_lens):
+    """The layout of prompts with prefix_lens[p] tokens and responses of response_lens[p] (a list
+    of lengths per prompt), packed in order."""
+    if len(prefix_lens) != len(response_lens):
+        raise ValueError("prefix_layout: %d prefix lengths, %d response lists" % (
+            len(prefix_lens), len(response_lens)))
+    seq, grp, t = [0], [], 0
+    for lp, rs in zip(prefix_lens, response_lens):
+        grp.append(len(seq) - 1)
+        t += int(lp)
+        seq.append(t)
+        for lr in rs:
+            t += int(lr)
+            seq.append(t)
+    grp.append(len(seq) - 1)
+    return PrefixLayout(seq, grp)
+
+
+def pack_grpo(prompts, responses):
+    """Packs a GRPO batch: prompts[p] a tensor [Lp, ...] and responses[p] a list of tensors
+    [Lr, ...] (the same trailing shape). Returns (packed [T, ...], PrefixLayout)."""
+    import torch
+    parts = []
+    for pr, rs in zip(prompts, responses):
+        parts.append(pr)
+        parts.extend(rs)
+    layout = prefix_layout([pr.shape[0] for pr in prompts], [[r.shape[0] for r in rs] for rs in responses])
+    return torch.cat(parts, 0), layout
+
+
+def unpack_responses(x, layout, with_prefix=False):
+    """Per prompt, the list of its responses' rows of a packed [T, ...] tensor (views); with
+    with_prefix=True each entry is [prefix; response] (a copy), as the replicated layout has it."""
+    out = []
+    for p in range(layout.num_prompts):
+        a, b = layout.prefix_range(p)
+        rows = []
+        for s, e in layout.response_ranges(p):
+            r = x[s:e]
+            if with_prefix:
+                import torch
+                r = torch.cat([x[a:b], r], 0)
+            rows.append(r)
+        out.append(rows)
+    return out
+
+
+def _scale(scale):
+    return 0.0 if scale is None else float(scale)
+
+
+def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=None):
+    """Forward (rlk_prefix_attention): out [T, Hq, D] in q's dtype and lse f32 [T, Hq] (natural
+    log; what the backward needs). scale defaults to 1/sqrt(D). When torch autograd would track
+    q, k or v, this goes through rlk.autograd.prefix_attention instead and returns (out, None).
+    Returns PrefixAttentionResult(out, lse or None)."""
+    if is_torch(q) and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        import torch
+        if torch.is_grad_enabled():
+            from ..autograd import prefix_attention as diff
+            return PrefixAttentionResult(diff(q, k, v, layout, scale=scale), None)
+    b = Binder(FORWARD_OP)
+    dt = b.set("q", q, _QKV)
+    b.set("k", k, _QKV)
+    b.set("v", v, _QKV)
+    layout.bind(b, q)
+    b.args.scale = _scale(scale)
+    if out is None:
+        out = b.empty(tuple(q.shape), dt)
+    b.set("out", out, _QKV, output=True)
+    lse_out = b.empty((q.shape[0], q.shape[1]), T.DType.F32) if lse else None
+    b.set("lse", lse_out, (T.DType.F32,), optional=True, output=True)
+    b.run(stream)
+    return PrefixAttentionResult(out, lse_out)
+
+
+def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None, stream=None):
+    """Backward (rlk_prefix_attention_backward): (dq, dk, dv) with q's, k's and v's shapes; a
+    prefix key's dk, dv sum its prefix queries and every response of the group, in a fixed order."""
+    b = Binder(BACKWARD_OP)
+    dt = b.set("q", q, _QKV)
+    b.set("k", k, _QKV)
+    b.set("v", v, _QKV)
+    layout.bind(b, q)
+    b.args.scale = _scale(scale)
+    b.set("out", out, _QKV)
+    b.set("lse", lse, (T.DType.F32,))
+    b.set("grad_out", grad_out, _QKV)
+    dq = b.empty(tuple(q.shape), dt)
+    dk = b.empty(tuple(k.shape), dt)
+    dv = b.empty(tuple(v.shape), dt)
+    b.set("grad_q", dq, _QKV, output=True)
+    b.set("grad_k", dk, _QKV, output=True)
+    b.set("grad_v", dv, _QKV, output=True)
+    n = BACKWARD_OP.workspace_size(b.context(), b.args)
+    _, ptr = b.workspace(n)
+    b.args.workspace = ptr
+    b.args.workspace_bytes = n
+    b.run(stream)
+    return dq, dk, dv

@@ -1,0 +1,556 @@
+/* prefix_attention.c - prefix-shared attention for GRPO groups: validation of the packed layout,
+ * kernel selection, launches (forward and backward).
+ *
+ * Kernels (templates/cuda/prefix_attention.cuh, templates/host/prefix_attention_*.c):
+ *   pattn_fwd           portable: a warp per (query row, head), every CUDA arch and HIP; on the
+ *                       host, the fp64 reference path
+ *   pattn_fwd_mma       CUDA sm_80+: mma.sync m16n8k16, 64-row query tiles; the group's response
+ *                       rows are stacked so one tile of them reads each prefix K/V tile once
+ *   pattn_bwd_prep      GPU: delta[i, h] = dO[i, h] . O[i, h] into the workspace
+ *   pattn_bwd_dkdv      portable: a warp per key and key head, looping over every query (all
+ *                       query heads of the key head) that sees it: dk, dv written once
+ *   pattn_bwd_dkdv_mma  a block per key tile and query head, looping over every query tile that
+ *                       sees it; with GQA it writes f32 partials to the workspace, and
+ *   pattn_bwd_reduce    sums them over the group's query heads in order
+ *   pattn_bwd_dq(_mma)  GPU: a block per query tile (the forward's tiling): dq written once
+ *   pattn_bwd           host: the whole backward in fp64
+ * No atomics anywhere: every output element is summed by one thread in a fixed order.
+ *
+ * Grid of the tiled kernels: y = region (2p: prompt p's prefix rows, 2p + 1: its response rows,
+ * stacked), x = tile of the region (blocks past a region's end return at once), z = head. The
+ * host layout arrays give the largest region. RLK_PREFIX_ATTENTION_VARIANT=portable|mma forces
+ * a GPU path (mma needs sm_80+). */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+#include "runtime/record.h"
+
+enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
+enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2 };
+enum { PA_PASS_FWD = 0, PA_PASS_BWD = 1, PA_PASS_BOTH = 2 };
+
+static const char *const pa_dt_names[] = {"f16", "bf16", NULL};
+static const char *const pa_variant_names[] = {"auto", "portable", "mma", NULL};
+static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
+
+static const rlk_param_decl pa_params[] = {
+    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
+    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
+};
+
+#define PA_N(a) (sizeof(a) / sizeof((a)[0]))
+#define PA_CUDA "cuda/prefix_attention.cuh"
+
+static const rlk_template pa_fwd_tmpl = {"prefix_attention", "pattn_fwd", PA_CUDA,
+                                         "host/prefix_attention_fwd.c", PA_N(pa_params), pa_params};
+static const rlk_template pa_fwd_mma_tmpl = {"prefix_attention", "pattn_fwd_mma", PA_CUDA, NULL,
+                                             PA_N(pa_params), pa_params};
+static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
+                                              "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
+static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,
+                                          PA_N(pa_params), pa_params};
+static const rlk_template pa_dkdv_tmpl = {"prefix_attention", "pattn_bwd_dkdv", PA_CUDA, NULL,
+                                          PA_N(pa_params), pa_params};
+static const rlk_template pa_dq_tmpl = {"prefix_attention", "pattn_bwd_dq", PA_CUDA, NULL,
+                                        PA_N(pa_params), pa_params};
+static const rlk_template pa_dkdv_mma_tmpl = {"prefix_attention", "pattn_bwd_dkdv_mma", PA_CUDA, NULL,
+                                              PA_N(pa_params), pa_params};
+static const rlk_template pa_reduce_tmpl = {"prefix_attention", "pattn_bwd_reduce", PA_CUDA, NULL,
+                                            PA_N(pa_params), pa_params};
+static const rlk_template pa_dq_mma_tmpl = {"prefix_attention", "pattn_bwd_dq_mma", PA_CUDA, NULL,
+                                            PA_N(pa_params), pa_params};
+
+/* Tiles of the mma kernels (templates/cuda/prefix_attention.cuh: PA_BM, PA_BN, PA_THREADS). */
+#define PA_TILE 64
+#define PA_MMA_THREADS 128
+/* Shared memory of the mma kernels: 16-bit tiles of PA_TILE rows of D + 8 elements (padded
+ * rows: conflict-free fragment loads), plus per-row floats and bounds. */
+static size_t pa_tile_bytes(int D) { return (size_t)PA_TILE * (size_t)(D + 8) * 2u; }
+static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }                  /* Q, 2 x (K, V) */
+static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V, 2 x (Q dO) */
+static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
+/* Portable kernels: warps per block. */
+#define PA_PORTABLE_WARPS 4
+
+/* ---------------------------------------------------------------------------------- */
+/* Selection (shared by calls and precompiling)                                        */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct pa_config {
+  int dtype;   /* PA_DT_* */
+  int D;       /* 64 or 128 */
+  int variant; /* PA_VARIANT_* request */
+  int unaligned; /* a tensor is not 16-byte aligned: the mma kernels' 16-byte copies cannot run */
+} pa_config;
+
+typedef struct pa_plan {
+  int variant; /* what runs: PA_VARIANT_PORTABLE or _MMA (the host: PORTABLE) */
+  rlk_kernel_spec fwd, prep, dkdv, reduce, dq, bwd_host;
+} pa_plan;
+
+static atomic_int pa_env_variant = -1;
+
+static int pa_env_override(void) {
+  int v = atomic_load_explicit(&pa_env_variant, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = PA_VARIANT_AUTO;
+  const char *e = rlk_env("RLK_PREFIX_ATTENTION_VARIANT");
+  if (e) {
+    if (!strcmp(e, "portable"))
+      v = PA_VARIANT_PORTABLE;
+    else if (!strcmp(e, "mma"))
+      v = PA_VARIANT_MMA;
+    else if (strcmp(e, "auto"))
+      rlk_warn("RLK_PREFIX_ATTENTION_VARIANT='%s' is not auto, portable or mma: ignored", e);
+  }
+  atomic_store_explicit(&pa_env_variant, v, memory_order_relaxed);
+  return v;
+}
+
+static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *c) {
+  memset(s, 0, sizeof *s);
+  s->tmpl = t;
+  s->values[0] = c->dtype;
+  s->values[1] = c->D;
+}
+
+static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
+  memset(p, 0, sizeof *p);
+  int variant = c->variant ? c->variant : pa_env_override();
+  const int mma_ok = rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
+  if (ctx->kind == RLK_BACKEND_HOST)
+    variant = PA_VARIANT_PORTABLE;
+  else if (variant == PA_VARIANT_AUTO)
+    variant = mma_ok ? PA_VARIANT_MMA : PA_VARIANT_PORTABLE;
+  else if (variant == PA_VARIANT_MMA && !mma_ok) {
+    rlk_debug("prefix_attention: the mma variant needs CUDA sm_80+ and 16-byte aligned tensors; running the "
+              "portable kernels");
+    variant = PA_VARIANT_PORTABLE;
+  }
+  p->variant = variant;
+  pa_spec(&p->fwd, variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, c);
+  pa_spec(&p->prep, &pa_prep_tmpl, c);
+  pa_spec(&p->dkdv, variant == PA_VARIANT_MMA ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
+  pa_spec(&p->reduce, &pa_reduce_tmpl, c);
+  pa_spec(&p->dq, variant == PA_VARIANT_MMA ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
+  pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
+  return rlk_spec_validate(&p->fwd);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Validation                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+/* What a call's tensors and layout come to. */
+typedef struct pa_shape {
+  int64_t T, Hq, Hkv, D, P, S;
+  int64_t max_rows; /* largest region (a prompt's prefix, or all its responses) */
+  rlk_dtype dtype;
+  const int32_t *seq, *grp; /* what the kernels read */
+} pa_shape;
+
+#define PA_DTYPES (RLK_DTYPE_BIT(RLK_BF16) | RLK_DTYPE_BIT(RLK_F16))
+
+/* A [T, H, D] tensor; *H receives H (D and T checked against *D and T when non-zero). */
+static rlk_status pa_check_qkv(const rlk_tensor *t, const char *what, int64_t *T, int64_t *H, int64_t *D) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, PA_DTYPES)) ||
+      (st = rlk_check_ndim(t, what, 3, 3)) || (st = rlk_check_contiguous(t, what)))
+    return st;
+  if (*T && t->shape[0] != *T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld tokens, q has %lld", what, (long long)t->shape[0],
+                     (long long)*T);
+  if (*D && t->shape[2] != *D)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: head dim %lld, q has %lld", what, (long long)t->shape[2],
+                     (long long)*D);
+  *T = t->shape[0];
+  *H = t->shape[1];
+  *D = t->shape[2];
+  return RLK_OK;
+}
+
+/* An output or saved tensor of exactly `shape` (ndim 2 or 3) and dtype. */
+static rlk_status pa_check_like(const rlk_tensor *t, const char *what, rlk_dtype dtype, int ndim,
+                                int64_t d0, int64_t d1, int64_t d2) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(dtype))) ||
+      (st = rlk_check_ndim(t, what, ndim, ndim)) || (st = rlk_check_contiguous(t, what)))
+    return st;
+  const int64_t want[3] = {d0, d1, d2};
+  for (int i = 0; i < ndim; i++)
+    if (t->shape[i] != want[i]) {
+      if (ndim == 2)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
+                         (long long)t->shape[0], (long long)t->shape[1], (long long)d0, (long long)d1);
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]",
+                       what, (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                       (long long)d0, (long long)d1, (long long)d2);
+    }
+  return RLK_OK;
+}
+
+static rlk_status pa_check_offsets_tensor(const rlk_tensor *t, const char *what, int64_t n) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_I32))) ||
+      (st = rlk_check_ndim(t, what, 1, 1)) || (st = rlk_check_contiguous(t, what)))
+    return st;
+  if (t->shape[0] != n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld]", what,
+                     (long long)t->shape[0], (long long)n);
+  return RLK_OK;
+}
+
+/* The layout against T tokens: every offset is read from the host arrays. */
+static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_attention_layout *l, int64_t T,
+                                  pa_shape *s) {
+  const int64_t P = l->num_prompts, S = l->num_segments;
+  if (P < 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld, expected >= 1", (long long)P);
+  if (S < P || S > INT32_MAX - 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "layout.num_segments: %lld, expected from num_prompts (%lld) to 2^31 - 2", (long long)S,
+                     (long long)P);
+  const int32_t *seq = l->host_seq_offsets, *grp = l->host_group_offsets;
+  if (!seq) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.host_seq_offsets: NULL");
+  if (!grp) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.host_group_offsets: NULL");
+  if (grp[0] != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.group_offsets[0]: %d, expected 0", (int)grp[0]);
+  for (int64_t p = 0; p < P; p++)
+    if (grp[p + 1] <= grp[p])
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "layout.group_offsets[%lld]: %d is not above group_offsets[%lld] = %d (a prompt has "
+                       "at least its prefix segment)",
+                       (long long)(p + 1), (int)grp[p + 1], (long long)p, (int)grp[p]);
+  if (grp[P] != S)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.group_offsets[%lld]: %d, expected num_segments = %lld",
+                     (long long)P, (int)grp[P], (long long)S);
+  if (seq[0] != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.seq_offsets[0]: %d, expected 0", (int)seq[0]);
+  int64_t max_rows = 0;
+  for (int64_t p = 0; p < P; p++) {
+    for (int64_t sg = grp[p]; sg < grp[p + 1]; sg++) {
+      const int prefix = sg == grp[p];
+      if (seq[sg + 1] < seq[sg] || (!prefix && seq[sg + 1] == seq[sg]))
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                         "layout.seq_offsets[%lld]: %d after seq_offsets[%lld] = %d: %s of prompt %lld has a "
+                         "%s length",
+                         (long long)(sg + 1), (int)seq[sg + 1], (long long)sg, (int)seq[sg],
+                         prefix ? "the prefix" : "a response", (long long)p, prefix ? "negative" : "zero");
+    }
+    const int64_t lp = seq[grp[p] + 1] - seq[grp[p]], ls = seq[grp[p + 1]] - seq[grp[p] + 1];
+    if (lp > max_rows) max_rows = lp;
+    if (ls > max_rows) max_rows = ls;
+  }
+  if (seq[S] != T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.seq_offsets[%lld]: %d, expected T = %lld (q's tokens)",
+                     (long long)S, (int)seq[S], (long long)T);
+  rlk_status st;
+  const int host = ctx->kind == RLK_BACKEND_HOST;
+  if (!host || l->seq_offsets.data) {
+    if ((st = pa_check_offsets_tensor(&l->seq_offsets, "layout.seq_offsets", S + 1))) return st;
+  }
+  if (!host || l->group_offsets.data) {
+    if ((st = pa_check_offsets_tensor(&l->group_offsets, "layout.group_offsets", P + 1))) return st;
+  }
+  s->P = P;
+  s->S = S;
+  s->max_rows = max_rows;
+  s->seq = host ? seq : (const int32_t *)l->seq_offsets.data;
+  s->grp = host ? grp : (const int32_t *)l->group_offsets.data;
+  return RLK_OK;
+}
+
+static rlk_status pa_check_inputs(const rlk_context *ctx, const rlk_tensor *q, const rlk_tensor *k,
+                                  const rlk_tensor *v, const rlk_prefix_attention_layout *l, float scale,
+                                  pa_shape *s) {
+  memset(s, 0, sizeof *s);
+  rlk_status st;
+  int64_t T = 0, D = 0, Hk2 = 0;
+  if ((st = pa_check_qkv(q, "q", &T, &s->Hq, &D))) return st;
+  if ((st = pa_check_qkv(k, "k", &T, &s->Hkv, &D))) return st;
+  if ((st = pa_check_qkv(v, "v", &T, &Hk2, &D))) return st;
+  if (k->dtype != q->dtype || v->dtype != q->dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "k, v: dtypes %s, %s differ from q's %s", rlk_dtype_name(k->dtype),
+                     rlk_dtype_name(v->dtype), rlk_dtype_name(q->dtype));
+  if (Hk2 != s->Hkv)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "v: %lld heads, k has %lld", (long long)Hk2, (long long)s->Hkv);
+  if (D != 64 && D != 128)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "q: head dim %lld is not 64 or 128", (long long)D);
+  if (s->Hq % s->Hkv != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "q, k: %lld query heads are not a multiple of %lld key heads",
+                     (long long)s->Hq, (long long)s->Hkv);
+  if (T > INT32_MAX || s->Hq > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "q: %lld tokens x %lld heads: at most 2^31 - 1 tokens and 65535 heads",
+                     (long long)T, (long long)s->Hq);
+  if (!(scale >= 0.0f) || isinf(scale))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "scale: %g must be finite and >= 0 (0: 1/sqrt(D))", (double)scale);
+  s->T = T;
+  s->D = D;
+  s->dtype = q->dtype;
+  return pa_check_layout(ctx, l, T, s);
+}
+
+/* Byte ranges [lo, hi) of contiguous tensors overlap. */
+static int pa_overlap(const rlk_tensor *a, const rlk_tensor *b) {
+  if (!a->data || !b->data) return 0;
+  size_t na = rlk_dtype_size(a->dtype), nb = rlk_dtype_size(b->dtype);
+  for (int i = 0; i < a->ndim; i++) na *= (size_t)a->shape[i];
+  for (int i = 0; i < b->ndim; i++) nb *= (size_t)b->shape[i];
+  const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+  return a0 < b0 + nb && b0 < a0 + na;
+}
+
+static rlk_status pa_no_overlap(const rlk_tensor *out, const char *oname, const rlk_tensor *const *ins,
+                                const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (pa_overlap(out, ins[i]))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: overlaps %s", oname, names[i]);
+  return RLK_OK;
+}
+
+static rlk_launch_dims pa_dims(uint64_t gx, uint64_t gy, uint64_t gz, unsigned block, size_t smem) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(gx ? gx : 1);
+  d.grid[1] = (unsigned)(gy ? gy : 1);
+  d.grid[2] = (unsigned)(gz ? gz : 1);
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  d.shared_bytes = smem;
+  return d;
+}
+
+static int pa_unaligned(const void *const *ptrs, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((uintptr_t)ptrs[i] % 16) return 1;
+  return 0;
+}
+
+static unsigned pa_warp(const rlk_context *ctx) { return (unsigned)ctx->target.warp_size; }
+
+static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (float)(1.0 / sqrt((double)D)); }
+
+/* ---------------------------------------------------------------------------------- */
+/* The calls                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+static void pa_record(int pass, const pa_config *c, int variant);
+
+RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args) {
+  if (args) memset(args, 0, sizeof *args);
+}
+
+RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backward_args *args) {
+  if (args) memset(args, 0, sizeof *args);
+}
+
+RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *a, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention: args is NULL");
+  pa_shape s;
+  rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, &s);
+  if (st) return st;
+  if ((st = pa_check_like(&a->out, "out", s.dtype, 3, s.T, s.Hq, s.D))) return st;
+  if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s.T, s.Hq, 0))) return st;
+  const rlk_tensor *ins[] = {&a->q, &a->k, &a->v};
+  const char *const names[] = {"q", "k", "v"};
+  if ((st = pa_no_overlap(&a->out, "out", ins, names, 3)) || (st = pa_no_overlap(&a->lse, "lse", ins, names, 3)))
+    return st;
+  if (pa_overlap(&a->out, &a->lse)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "lse: overlaps out");
+  if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
+
+  const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
+  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 4)};
+  pa_plan p;
+  if ((st = pa_select(ctx, &c, &p))) return st;
+  if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, p.variant);
+  const void *q = a->q.data, *k = a->k.data, *v = a->v.data;
+  const int32_t *seq = s.seq, *grp = s.grp;
+  int64_t P = s.P, T = s.T;
+  int32_t Hq = (int32_t)s.Hq, Hkv = (int32_t)s.Hkv;
+  float scale = pa_scale(a->scale, s.D);
+  void *out = a->out.data;
+  float *lse = (float *)a->lse.data;
+  void *kargs[] = {&q, &k, &v, &seq, &grp, &P, &T, &Hq, &Hkv, &scale, &out, &lse};
+  rlk_launch_dims d;
+  if (ctx->kind == RLK_BACKEND_HOST)
+    d = pa_dims(1, 1, 1, 1, 0);
+  else if (p.variant == PA_VARIANT_MMA)
+    d = pa_dims((uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
+                PA_MMA_THREADS, pa_fwd_smem((int)s.D));
+  else
+    d = pa_dims((uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s.Hq, 1,
+                PA_PORTABLE_WARPS * pa_warp(ctx), 0);
+  if (d.grid[1] > 65535 && ctx->kind != RLK_BACKEND_HOST)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
+                     (long long)s.P);
+  return rlk_context_launch(ctx, &p.fwd, &d, stream, kargs);
+}
+
+/* Checks a backward call; writes its shape and the workspace it needs. */
+static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_attention_backward_args *a, pa_shape *s,
+                                    size_t *need) {
+  rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, s);
+  if (st) return st;
+  if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
+  if ((st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s->T, s->Hq, 0))) return st;
+  if ((st = pa_check_like(&a->grad_out, "grad_out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
+  if ((st = pa_check_like(&a->grad_q, "grad_q", s->dtype, 3, s->T, s->Hq, s->D))) return st;
+  if ((st = pa_check_like(&a->grad_k, "grad_k", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
+  if ((st = pa_check_like(&a->grad_v, "grad_v", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
+  const rlk_tensor *all[] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->grad_out, &a->grad_q, &a->grad_k};
+  const char *const names[] = {"q", "k", "v", "out", "lse", "grad_out", "grad_q", "grad_k"};
+  if ((st = pa_no_overlap(&a->grad_q, "grad_q", all, names, 6)) ||
+      (st = pa_no_overlap(&a->grad_k, "grad_k", all, names, 7)) ||
+      (st = pa_no_overlap(&a->grad_v, "grad_v", all, names, 8)))
+    return st;
+  if (ctx->kind == RLK_BACKEND_HOST)
+    *need = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
+  else /* delta, then with GQA the per-query-head f32 partial dk, dv (pa_partials in the template) */
+    *need = (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (s->Hq > s->Hkv ? 2 * s->T * s->Hq * s->D : 0)) *
+            sizeof(float);
+  return RLK_OK;
+}
+
+RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(rlk_context *ctx,
+                                                                const rlk_prefix_attention_backward_args *args,
+                                                                size_t *bytes) {
+  const char *who = "rlk_prefix_attention_backward_workspace_size";
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", who);
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", who);
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", who);
+  pa_shape s;
+  return pa_check_backward(ctx, args, &s, bytes);
+}
+
+RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_prefix_attention_backward_args *a,
+                                                 void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: ctx is NULL");
+  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: args is NULL");
+  pa_shape s;
+  size_t need = 0;
+  rlk_status st = pa_check_backward(ctx, a, &s, &need);
+  if (st) return st;
+  if (!a->workspace || a->workspace_bytes < need)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "workspace: %zu bytes at %p, %zu needed (rlk_prefix_attention_backward_workspace_size)",
+                     a->workspace_bytes, a->workspace, need);
+  if ((uintptr_t)a->workspace % 16 != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
+
+  const void *const ptrs[] = {a->q.data,      a->k.data,      a->v.data,     a->out.data,
+                               a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
+  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 8)};
+  pa_plan p;
+  if ((st = pa_select(ctx, &c, &p))) return st;
+  if (rlk_record_enabled()) pa_record(PA_PASS_BWD, &c, p.variant);
+  const void *q = a->q.data, *k = a->k.data, *v = a->v.data, *o = a->out.data, *dout = a->grad_out.data;
+  const float *lse = (const float *)a->lse.data;
+  void *work = a->workspace;
+  const int32_t *seq = s.seq, *grp = s.grp;
+  int64_t P = s.P, T = s.T;
+  int32_t Hq = (int32_t)s.Hq, Hkv = (int32_t)s.Hkv;
+  float scale = pa_scale(a->scale, s.D);
+  void *dq = a->grad_q.data, *dk = a->grad_k.data, *dv = a->grad_v.data;
+  void *kargs[] = {&q, &k, &v, &o, &dout, &lse, &work, &seq, &grp, &P, &T, &Hq, &Hkv, &scale, &dq, &dk, &dv};
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
+    return rlk_context_launch(ctx, &p.bwd_host, &d, stream, kargs);
+  }
+  if (2 * s.P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
+                     (long long)s.P);
+  const unsigned warp = pa_warp(ctx);
+  const uint64_t rows_per_block = 256 / warp; /* a warp per row */
+  rlk_launch_dims d = pa_dims((uint64_t)((s.T * s.Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
+  if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
+  if (p.variant == PA_VARIANT_MMA) {
+    const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
+    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
+    if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+    if (s.Hq > s.Hkv) {
+      d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
+      if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
+    }
+    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
+    return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
+  }
+  const uint64_t by = (uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);
+  d = pa_dims(by, (uint64_t)s.Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
+  if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+  d = pa_dims(by, (uint64_t)s.Hq, 1, PA_PORTABLE_WARPS * warp, 0);
+  return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Precompile plan                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static const char *const pa_head_dim_names[] = {"64", "128", NULL};
+
+enum { PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_NSETTINGS };
+
+static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
+    [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "prefix_attention_fwd prefix_attention_bwd",
+                                 "the kernels to build"),
+    [PA_S_DTYPE] = RLK_SET_CHOICE("dtype", pa_dt_names, PA_DT_BF16, "prefix_attention_fwd.dtype",
+                                  "of q, k, v and the outputs"),
+    [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
+    [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
+                                    "mma is CUDA sm_80+, elsewhere the portable kernels run"),
+};
+
+static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  pa_config c = {(int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, (int)s->v[PA_S_VARIANT], 0};
+  const int pass = (int)s->v[PA_S_PASS];
+  pa_plan p;
+  rlk_status st = pa_select(ctx, &c, &p);
+  if (st) return st;
+  size_t n = 0;
+  if (pass != PA_PASS_BWD) specs[n++] = p.fwd;
+  if (pass != PA_PASS_FWD) {
+    if (ctx->kind == RLK_BACKEND_HOST) {
+      specs[n++] = p.bwd_host;
+    } else {
+      specs[n++] = p.prep;
+      specs[n++] = p.dkdv;
+      if (p.variant == PA_VARIANT_MMA) specs[n++] = p.reduce;
+      specs[n++] = p.dq;
+    }
+  }
+  *nspecs = n;
+  return RLK_OK;
+}
+
+/* RLK_JIT_RECORD: a call's pass and configuration, with the variant that ran (unaligned
+ * tensors run the portable kernels whatever was asked). */
+static void pa_record(int pass, const pa_config *c, int variant) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_prefix_attention, &s);
+  rlk_op_values_set(&s, PA_S_PASS, pass);
+  rlk_op_values_set(&s, PA_S_DTYPE, c->dtype);
+  rlk_op_values_set(&s, PA_S_HEAD_DIM, c->D == 128);
+  rlk_op_values_set(&s, PA_S_VARIANT, variant);
+  rlk_record_op(&rlk_op_prefix_attention, &s);
+}
+
+static const char *const pa_samples[] = {
+    "prefix_attention pass=both dtype=bf16 head_dim=128",
+    "prefix_attention pass=both dtype=f16 head_dim=64",
+    "prefix_attention pass=both dtype=bf16 head_dim=64 variant=portable",
+    "prefix_attention pass=both dtype=f16 head_dim=128 variant=portable",
+    NULL};
+
+const rlk_op_desc rlk_op_prefix_attention = {
+    .name = "prefix_attention",
+    .settings = pa_settings,
+    .nsettings = PA_NSETTINGS,
+    .plan = pa_plan_config,
+    .samples = pa_samples,
+};

@@ -1,0 +1,92 @@
+/* prefix_attention_bwd.c - host form of the prefix-attention backward (on a GPU, the pattn_bwd_*
+ * kernels of templates/cuda/prefix_attention.cuh): for each query row and head, the softmax is
+ * recomputed in fp64 (its lse and out are not read: recomputing is exact), then
+ *   dP_ij = dO_i . v_j,  D_i = sum_j P_ij dP_ij,  dS_ij = P_ij (dP_ij - D_i),
+ *   dq_i = scale sum_j dS_ij k_j,  dk_j += scale dS_ij q_i,  dv_j += P_ij dO_i,
+ * with dk and dv accumulated in fp64 in the workspace in a fixed order (prompts, segments, rows,
+ * heads), so a prefix key's gradient sums its whole group, then rounded once. */
+#include "prefix_attention_common.h"
+
+#define D RLK_P_HEAD_DIM
+
+RLK_HOST_KERNEL rlk_pattn_bwd(void **args) {
+  const uint16_t *q = RLK_ARG(const uint16_t *, 0);
+  const uint16_t *k = RLK_ARG(const uint16_t *, 1);
+  const uint16_t *v = RLK_ARG(const uint16_t *, 2);
+  const uint16_t *dout = RLK_ARG(const uint16_t *, 4);
+  double *work = RLK_ARG(double *, 6);
+  const int32_t *seq = RLK_ARG(const int32_t *, 7);
+  const int32_t *grp = RLK_ARG(const int32_t *, 8);
+  const rlk_i64 P = RLK_ARG(rlk_i64, 9);
+  const rlk_i64 T = RLK_ARG(rlk_i64, 10);
+  const int32_t Hq = RLK_ARG(int32_t, 11), Hkv = RLK_ARG(int32_t, 12);
+  const double scale = RLK_ARG(float, 13);
+  uint16_t *dq = RLK_ARG(uint16_t *, 14);
+  uint16_t *dk = RLK_ARG(uint16_t *, 15);
+  uint16_t *dv = RLK_ARG(uint16_t *, 16);
+  const int32_t ratio = Hq / Hkv;
+  const rlk_i64 nkv = T * Hkv * D;
+  double *dk_acc = work, *dv_acc = work + nkv;
+  for (rlk_i64 e = 0; e < 2 * nkv; e++) work[e] = 0.0;
+
+  for (rlk_i64 p = 0; p < P; p++) {
+    const rlk_i64 g = grp[p];
+    for (rlk_i64 s = g; s < grp[p + 1]; s++) {
+      for (rlk_i64 i = seq[s]; i < seq[s + 1]; i++) {
+        const pa_keys ks = pa_keys_of(seq, g, s, i);
+        for (int32_t h = 0; h < Hq; h++) {
+          const int32_t hk = h / ratio;
+          const uint16_t *qi = q + (i * Hq + h) * D, *doi = dout + (i * Hq + h) * D;
+          double qd[D], dod[D], dqa[D];
+          for (int d = 0; d < D; d++) {
+            qd[d] = pa_load(qi, d);
+            dod[d] = pa_load(doi, d);
+            dqa[d] = 0.0;
+          }
+          /* pass 0: max and sum; pass 1: D_i; pass 2: the gradients */
+          double m = -INFINITY, l = 0.0, Di = 0.0;
+          for (int pass = 0; pass < 3; pass++) {
+            for (int part = 0; part < 2; part++) {
+              const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
+              for (rlk_i64 j = j0; j < j1; j++) {
+                const uint16_t *kj = k + (j * Hkv + hk) * D, *vj = v + (j * Hkv + hk) * D;
+                double sc = 0.0;
+                for (int d = 0; d < D; d++) sc += qd[d] * pa_load(kj, d);
+                sc *= scale;
+                if (pass == 0) {
+                  if (sc > m) {
+                    l = l * exp(m - sc) + 1.0;
+                    m = sc;
+                  } else {
+                    l += exp(sc - m);
+                  }
+                  continue;
+                }
+                const double pij = exp(sc - m) / l;
+                double dp = 0.0;
+                for (int d = 0; d < D; d++) dp += dod[d] * pa_load(vj, d);
+                if (pass == 1) {
+                  Di += pij * dp;
+                  continue;
+                }
+                const double ds = pij * (dp - Di);
+                double *dka = dk_acc + (j * Hkv + hk) * D, *dva = dv_acc + (j * Hkv + hk) * D;
+                for (int d = 0; d < D; d++) {
+                  dqa[d] += ds * pa_load(kj, d);
+                  dka[d] += scale * ds * qd[d];
+                  dva[d] += pij * dod[d];
+                }
+              }
+            }
+          }
+          uint16_t *dqi = dq + (i * Hq + h) * D;
+          for (int d = 0; d < D; d++) pa_store(dqi, d, scale * dqa[d]);
+        }
+      }
+    }
+  }
+  for (rlk_i64 e = 0; e < nkv; e++) {
+    pa_store(dk, e, dk_acc[e]);
+    pa_store(dv, e, dv_acc[e]);
+  }
+}

@@ -1,0 +1,45 @@
+/* prefix_attention_common.h - what the host prefix-attention kernels share: element loads and
+ * stores, and which keys a query sees in the packed [prefix | r_1 | ... | r_G] layout (see
+ * include/rlk.h). The host computes in fp64 and rounds once per output element: it is the
+ * reference path that the GPU kernels are held to. */
+#ifndef RLK_PREFIX_ATTENTION_COMMON_H
+#define RLK_PREFIX_ATTENTION_COMMON_H
+
+#include <math.h>
+
+#include "rlk_host_prelude.h"
+
+/* Element dtype codes: the indices of the op's dtype names. */
+enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
+
+static inline double pa_load(const uint16_t *p, rlk_i64 i) {
+  return RLK_P_DTYPE == PA_DT_BF16 ? (double)rlk_bf16_to_float(p[i]) : (double)rlk_f16_to_float(p[i]);
+}
+
+static inline void pa_store(uint16_t *p, rlk_i64 i, double x) {
+  /* fp64 -> fp32 -> 16 bits rounds twice; the fp32 step is exact to 2^-24, far below the
+   * 16-bit format's half ulp except at exact ties, which random data does not hit. */
+  p[i] = RLK_P_DTYPE == PA_DT_BF16 ? rlk_float_to_bf16((float)x) : rlk_float_to_f16((float)x);
+}
+
+/* The keys of query token i: [a0, a1) then [b0, b1) (either may be empty). */
+typedef struct pa_keys {
+  rlk_i64 a0, a1, b0, b1;
+} pa_keys;
+
+/* Keys of token i of segment s of a prompt whose prefix is segment g. */
+static inline pa_keys pa_keys_of(const int32_t *seq, rlk_i64 g, rlk_i64 s, rlk_i64 i) {
+  pa_keys r;
+  r.a0 = seq[g];
+  if (s == g) {
+    r.a1 = i + 1;
+    r.b0 = r.b1 = 0;
+  } else {
+    r.a1 = seq[g + 1];
+    r.b0 = seq[s];
+    r.b1 = i + 1;
+  }
+  return r;
+}
+
+#endif

@@ -1,0 +1,65 @@
+/* prefix_attention_fwd.c - host form of rlk::pattn_fwd (templates/cuda/prefix_attention.cuh):
+ * for each query row and head, two passes over its keys in fp64 (max and sum of exponentials,
+ * then the weighted values), one rounding per output. Parameters: RLK_P_DTYPE (PA_DT_*),
+ * RLK_P_HEAD_DIM; the GPU tiling parameters do not apply. */
+#include "prefix_attention_common.h"
+
+#define D RLK_P_HEAD_DIM
+
+RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
+  const uint16_t *q = RLK_ARG(const uint16_t *, 0);
+  const uint16_t *k = RLK_ARG(const uint16_t *, 1);
+  const uint16_t *v = RLK_ARG(const uint16_t *, 2);
+  const int32_t *seq = RLK_ARG(const int32_t *, 3);
+  const int32_t *grp = RLK_ARG(const int32_t *, 4);
+  const rlk_i64 P = RLK_ARG(rlk_i64, 5);
+  const int32_t Hq = RLK_ARG(int32_t, 7), Hkv = RLK_ARG(int32_t, 8);
+  const double scale = RLK_ARG(float, 9);
+  uint16_t *out = RLK_ARG(uint16_t *, 10);
+  float *lse = RLK_ARG(float *, 11);
+  const int32_t ratio = Hq / Hkv;
+
+  for (rlk_i64 p = 0; p < P; p++) {
+    const rlk_i64 g = grp[p];
+    for (rlk_i64 s = g; s < grp[p + 1]; s++) {
+      for (rlk_i64 i = seq[s]; i < seq[s + 1]; i++) {
+        const pa_keys ks = pa_keys_of(seq, g, s, i);
+        for (int32_t h = 0; h < Hq; h++) {
+          const int32_t hk = h / ratio;
+          const uint16_t *qi = q + (i * Hq + h) * D;
+          double qd[D], acc[D];
+          for (int d = 0; d < D; d++) {
+            qd[d] = pa_load(qi, d) * scale;
+            acc[d] = 0.0;
+          }
+          double m = -INFINITY, l = 0.0;
+          for (int pass = 0; pass < 2; pass++) {
+            for (int part = 0; part < 2; part++) {
+              const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
+              for (rlk_i64 j = j0; j < j1; j++) {
+                const uint16_t *kj = k + (j * Hkv + hk) * D;
+                double sc = 0.0;
+                for (int d = 0; d < D; d++) sc += qd[d] * pa_load(kj, d);
+                if (pass == 0) {
+                  if (sc > m) {
+                    l = l * exp(m - sc) + 1.0;
+                    m = sc;
+                  } else {
+                    l += exp(sc - m);
+                  }
+                } else {
+                  const double w = exp(sc - m) / l;
+                  const uint16_t *vj = v + (j * Hkv + hk) * D;
+                  for (int d = 0; d < D; d++) acc[d] += w * pa_load(vj, d);
+                }
+              }
+            }
+          }
+          uint16_t *oi = out + (i * Hq + h) * D;
+          for (int d = 0; d < D; d++) pa_store(oi, d, acc[d]);
+          if (lse) lse[i * Hq + h] = (float)(m + log(l));
+        }
+      }
+    }
+  }
+}

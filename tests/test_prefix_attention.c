@@ -1,0 +1,584 @@
+/* test_prefix_attention.c - rlk_prefix_attention and its backward against an fp64 reference on
+ * the replicated layout (tests/ref/prefix_attention_ref.c): each [prefix; r_g] run as its own
+ * causal sequence, the prefix's gradients summed over the group by the test. Host cases check the
+ * fp64 host path to one rounding; GPU cases (RLK_TEST_GPU=1) the CUDA kernels to fp32/bf16
+ * accuracy, plus bitwise repeatability. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "ref/prefix_attention_ref.h"
+#include "suites.h"
+#include "test_util.h"
+
+/* A batch: P prompts, prompt p with prefix[p] tokens and G[p] responses whose lengths are taken
+ * in order from resp[]. */
+typedef struct pa_case {
+  int P;
+  int prefix[4];
+  int G[4];
+  int resp[64];
+  int Hq, Hkv, D;
+  rlk_dtype dt;
+  float scale; /* 0: the default 1/sqrt(D) */
+} pa_case;
+
+/* Tolerance |x - r| <= atol * max|r| + rtol * |r|, per tensor. */
+typedef struct pa_tol {
+  double atol, rtol;
+} pa_tol;
+
+static double load16(const uint16_t *p, rlk_dtype dt, int64_t i) {
+  if (dt == RLK_BF16) {
+    const uint32_t w = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+  }
+  _Float16 h;
+  memcpy(&h, p + i, sizeof h);
+  return (double)h;
+}
+
+static rlk_tensor t3(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
+  rlk_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dt;
+  t.ndim = 3;
+  t.shape[0] = a;
+  t.shape[1] = b;
+  t.shape[2] = c;
+  t.strides[0] = b * c;
+  t.strides[1] = c;
+  t.strides[2] = 1;
+  return t;
+}
+
+/* Everything one case needs, host side. */
+typedef struct pa_run {
+  int64_t T, S;
+  int32_t seq[80], grp[5];
+  size_t nq, nkv;
+  uint16_t *q, *k, *v, *dout;          /* inputs as stored */
+  double *qd, *kd, *vd, *dod;          /* the same values */
+  uint16_t *out, *dq, *dk, *dv;        /* outputs read back */
+  float *lse;
+} pa_run;
+
+static void build_layout(const pa_case *c, pa_run *r) {
+  int64_t t = 0, s = 0, ri = 0;
+  for (int p = 0; p < c->P; p++) {
+    r->grp[p] = (int32_t)s;
+    r->seq[s++] = (int32_t)t;
+    t += c->prefix[p];
+    for (int g = 0; g < c->G[p]; g++) {
+      r->seq[s++] = (int32_t)t;
+      t += c->resp[ri++];
+    }
+  }
+  r->grp[c->P] = (int32_t)s;
+  r->seq[s] = (int32_t)t;
+  r->T = t;
+  r->S = s;
+}
+
+static void fill(uint16_t *x, double *xd, size_t n, rlk_dtype dt, uint64_t *rng, double sd) {
+  for (size_t i = 0; i < n; i++) xd[i] = rlk_test_store(x, dt, (int64_t)i, sd * rlk_test_rand_normal(rng));
+}
+
+static void run_alloc(const pa_case *c, pa_run *r, uint64_t *rng) {
+  memset(r, 0, sizeof *r);
+  build_layout(c, r);
+  r->nq = (size_t)(r->T * c->Hq * c->D);
+  r->nkv = (size_t)(r->T * c->Hkv * c->D);
+  r->q = malloc(r->nq * 2);
+  r->dout = malloc(r->nq * 2);
+  r->k = malloc(r->nkv * 2);
+  r->v = malloc(r->nkv * 2);
+  r->qd = malloc(r->nq * sizeof(double));
+  r->dod = malloc(r->nq * sizeof(double));
+  r->kd = malloc(r->nkv * sizeof(double));
+  r->vd = malloc(r->nkv * sizeof(double));
+  r->out = malloc(r->nq * 2);
+  r->dq = malloc(r->nq * 2);
+  r->dk = malloc(r->nkv * 2);
+  r->dv = malloc(r->nkv * 2);
+  r->lse = malloc((size_t)(r->T * c->Hq) * sizeof(float));
+  fill(r->q, r->qd, r->nq, c->dt, rng, 1.0);
+  fill(r->k, r->kd, r->nkv, c->dt, rng, 1.0);
+  fill(r->v, r->vd, r->nkv, c->dt, rng, 1.0);
+  fill(r->dout, r->dod, r->nq, c->dt, rng, 1.0);
+}
+
+static void run_free(pa_run *r) {
+  void *all[] = {r->q, r->k, r->v, r->dout, r->qd, r->kd, r->vd, r->dod, r->out, r->dq, r->dk, r->dv, r->lse};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* Runs the forward and backward on ctx; outputs into r. */
+static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
+  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
+  void *dq = rlk_test_dev_upload(ctx, r->q, r->nq * 2), *dk = rlk_test_dev_upload(ctx, r->k, r->nkv * 2);
+  void *dv = rlk_test_dev_upload(ctx, r->v, r->nkv * 2), *ddo = rlk_test_dev_upload(ctx, r->dout, r->nq * 2);
+  void *dout = rlk_test_dev_alloc(ctx, r->nq * 2), *dlse = rlk_test_dev_alloc(ctx, (size_t)(r->T * c->Hq) * 4);
+  void *gq = rlk_test_dev_alloc(ctx, r->nq * 2), *gk = rlk_test_dev_alloc(ctx, r->nkv * 2);
+  void *gv = rlk_test_dev_alloc(ctx, r->nkv * 2);
+  void *dseq = rlk_test_dev_upload(ctx, r->seq, (size_t)(r->S + 1) * 4);
+  void *dgrp = rlk_test_dev_upload(ctx, r->grp, (size_t)(c->P + 1) * 4);
+
+  rlk_prefix_attention_layout l;
+  memset(&l, 0, sizeof l);
+  if (!host) { /* the host backend reads the host arrays: its device tensors may be absent */
+    l.seq_offsets = rlk_tensor_1d(dseq, RLK_I32, r->S + 1);
+    l.group_offsets = rlk_tensor_1d(dgrp, RLK_I32, c->P + 1);
+  }
+  l.host_seq_offsets = r->seq;
+  l.host_group_offsets = r->grp;
+  l.num_segments = r->S;
+  l.num_prompts = c->P;
+
+  rlk_prefix_attention_args a;
+  rlk_prefix_attention_args_init(&a);
+  a.q = t3(dq, c->dt, r->T, c->Hq, c->D);
+  a.k = t3(dk, c->dt, r->T, c->Hkv, c->D);
+  a.v = t3(dv, c->dt, r->T, c->Hkv, c->D);
+  a.layout = l;
+  a.scale = c->scale;
+  a.out = t3(dout, c->dt, r->T, c->Hq, c->D);
+  a.lse = rlk_tensor_2d(dlse, RLK_F32, r->T, c->Hq, c->Hq);
+  ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "forward: %s", rlk_last_error());
+
+  rlk_prefix_attention_backward_args b;
+  rlk_prefix_attention_backward_args_init(&b);
+  b.q = a.q;
+  b.k = a.k;
+  b.v = a.v;
+  b.layout = l;
+  b.scale = c->scale;
+  b.out = a.out;
+  b.lse = a.lse;
+  b.grad_out = t3(ddo, c->dt, r->T, c->Hq, c->D);
+  b.grad_q = t3(gq, c->dt, r->T, c->Hq, c->D);
+  b.grad_k = t3(gk, c->dt, r->T, c->Hkv, c->D);
+  b.grad_v = t3(gv, c->dt, r->T, c->Hkv, c->D);
+  size_t ws = 0;
+  ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &b, &ws) == RLK_OK, "%s", rlk_last_error());
+  b.workspace = rlk_test_dev_alloc(ctx, ws);
+  b.workspace_bytes = ws;
+  ck_assert_msg(rlk_prefix_attention_backward(ctx, &b, NULL) == RLK_OK, "backward: %s", rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, r->out, dout, r->nq * 2), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, r->lse, dlse, (size_t)(r->T * c->Hq) * 4), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, r->dq, gq, r->nq * 2), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, r->dk, gk, r->nkv * 2), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, r->dv, gv, r->nkv * 2), RLK_OK);
+  void *all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, dseq, dgrp, b.workspace};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rlk_free(ctx, all[i]);
+}
+
+/* The reference on the replicated layout: for prompt p and each response g, the sequence
+ * [prefix; r_g] (the prefix alone when G = 0) as plain causal attention. The prefix's upstream
+ * gradient goes to replica 0 only (the other copies' prefix outputs are not part of the loss), so
+ * the shared prefix's gradients are the sums over replicas. prefix_dk1 receives replica 0's
+ * prefix dk alone. */
+typedef struct pa_refs {
+  double *out, *lse, *dq, *dk, *dv, *dk1;
+} pa_refs;
+
+static void reference(const pa_case *c, const pa_run *r, pa_refs *f) {
+  const int Hq = c->Hq, Hkv = c->Hkv, D = c->D;
+  f->out = calloc(r->nq, sizeof(double));
+  f->dq = calloc(r->nq, sizeof(double));
+  f->lse = calloc((size_t)(r->T * Hq), sizeof(double));
+  f->dk = calloc(r->nkv, sizeof(double));
+  f->dv = calloc(r->nkv, sizeof(double));
+  f->dk1 = calloc(r->nkv, sizeof(double));
+  const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)D);
+  for (int p = 0; p < c->P; p++) {
+    const int64_t s0 = r->grp[p], s1 = r->grp[p + 1];
+    const int64_t ps = r->seq[s0], Lp = r->seq[s0 + 1] - ps;
+    const int64_t reps = s1 - s0 - 1 > 0 ? s1 - s0 - 1 : 1;
+    for (int64_t g = 0; g < reps; g++) {
+      const int64_t rs = s1 - s0 > 1 ? r->seq[s0 + 1 + g] : 0, Lr = s1 - s0 > 1 ? r->seq[s0 + 2 + g] - rs : 0;
+      const int64_t L = Lp + Lr;
+      if (L == 0) continue;
+      double *buf = calloc((size_t)(L * (4 * Hq + 5 * Hkv) * D + L * Hq), sizeof(double));
+      double *q = buf, *dout = q + L * Hq * D, *out = dout + L * Hq * D, *dq = out + L * Hq * D;
+      double *k = dq + L * Hq * D, *v = k + L * Hkv * D, *dk = v + L * Hkv * D, *dv = dk + L * Hkv * D;
+      double *lse = dv + L * Hkv * D;
+      for (int64_t i = 0; i < L; i++) {
+        const int64_t src = i < Lp ? ps + i : rs + (i - Lp);
+        memcpy(q + i * Hq * D, r->qd + src * Hq * D, sizeof(double) * (size_t)(Hq * D));
+        memcpy(k + i * Hkv * D, r->kd + src * Hkv * D, sizeof(double) * (size_t)(Hkv * D));
+        memcpy(v + i * Hkv * D, r->vd + src * Hkv * D, sizeof(double) * (size_t)(Hkv * D));
+        if (i >= Lp || g == 0) memcpy(dout + i * Hq * D, r->dod + src * Hq * D, sizeof(double) * (size_t)(Hq * D));
+      }
+      pa_ref_causal(L, Hq, Hkv, D, scale, q, k, v, dout, out, lse, dq, dk, dv);
+      for (int64_t i = 0; i < L; i++) {
+        const int64_t dst = i < Lp ? ps + i : rs + (i - Lp);
+        const int shared = i < Lp;
+        if (!shared || g == 0) {
+          memcpy(f->out + dst * Hq * D, out + i * Hq * D, sizeof(double) * (size_t)(Hq * D));
+          memcpy(f->lse + dst * Hq, lse + i * Hq, sizeof(double) * (size_t)Hq);
+        }
+        for (int64_t e = 0; e < Hq * D; e++) f->dq[dst * Hq * D + e] += dq[i * Hq * D + e];
+        for (int64_t e = 0; e < Hkv * D; e++) {
+          f->dk[dst * Hkv * D + e] += dk[i * Hkv * D + e];
+          f->dv[dst * Hkv * D + e] += dv[i * Hkv * D + e];
+          if (g == 0) f->dk1[dst * Hkv * D + e] = dk[i * Hkv * D + e];
+        }
+      }
+      free(buf);
+    }
+  }
+}
+
+static void refs_free(pa_refs *f) {
+  free(f->out);
+  free(f->lse);
+  free(f->dq);
+  free(f->dk);
+  free(f->dv);
+  free(f->dk1);
+}
+
+/* Largest |x - ref| over the tolerance; the tensor's max |ref| into *mx. */
+static double check16(const char *what, const uint16_t *x, rlk_dtype dt, const double *ref, size_t n, pa_tol t,
+                      const char *label) {
+  double mx = 0, worst = 0, err = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+  for (size_t i = 0; i < n; i++) {
+    const double d = fabs(load16(x, dt, (int64_t)i) - ref[i]);
+    const double ratio = d / (t.atol * mx + t.rtol * fabs(ref[i]) + 1e-300);
+    if (!(ratio <= worst)) {
+      worst = ratio;
+      at = i;
+    }
+    err = fmax(err, d);
+  }
+  ck_assert_msg(worst <= 1.0, "%s %s: element %zu is %.6g, reference %.6g (max err %.3g, max |ref| %.3g, seed %llu)",
+                label, what, at, load16(x, dt, (int64_t)at), ref[at], err, mx, (unsigned long long)rlk_test_seed());
+  return err / (mx > 0 ? mx : 1);
+}
+
+/* Runs a case and checks every output; returns nothing, fails the test on a mismatch. */
+static void check_case(rlk_context *ctx, const pa_case *c, pa_tol t, const char *label, int repeat) {
+  uint64_t rng = rlk_test_seed() ^ (uint64_t)(c->prefix[0] * 131 + c->G[0] * 7 + c->Hq);
+  pa_run r;
+  run_alloc(c, &r, &rng);
+  run_op(ctx, c, &r);
+  pa_refs f;
+  reference(c, &r, &f);
+  double e_out = check16("out", r.out, c->dt, f.out, r.nq, t, label);
+  double e_lse = 0;
+  for (int64_t i = 0; i < r.T * c->Hq; i++) {
+    const double d = fabs(r.lse[i] - f.lse[i]);
+    ck_assert_msg(d <= 1e-4 * (1 + fabs(f.lse[i])), "%s lse[%lld]: %.7g, reference %.7g", label, (long long)i,
+                  (double)r.lse[i], f.lse[i]);
+    e_lse = fmax(e_lse, d);
+  }
+  double e_dq = check16("dq", r.dq, c->dt, f.dq, r.nq, t, label);
+  double e_dk = check16("dk", r.dk, c->dt, f.dk, r.nkv, t, label);
+  double e_dv = check16("dv", r.dv, c->dt, f.dv, r.nkv, t, label);
+  /* The prefix's dk is the sum over the group, explicitly: it matches the sum (above) and, with two
+   * or more responses, the sum differs from replica 0's share alone by a large fraction of its
+   * size (so a kernel that dropped the other responses would fail the comparison). */
+  for (int p = 0; p < c->P; p++) {
+    const int64_t s0 = r.grp[p], ps = r.seq[s0], pe = r.seq[s0 + 1];
+    if (r.grp[p + 1] - s0 < 3 || pe == ps) continue;
+    double diff = 0, mx = 0;
+    for (int64_t e = ps * c->Hkv * c->D; e < pe * c->Hkv * c->D; e++) {
+      diff = fmax(diff, fabs(f.dk[e] - f.dk1[e]));
+      mx = fmax(mx, fabs(f.dk[e]));
+    }
+    ck_assert_msg(diff > 0.1 * mx && diff > 4 * t.atol * mx,
+                  "%s: the group sum of the prefix dk is not distinguishable (%.3g of %.3g)", label, diff, mx);
+  }
+  printf("prefix_attention %s: T=%lld Hq=%d Hkv=%d D=%d %s: rel max err out %.2e dq %.2e dk %.2e dv %.2e, lse %.2e\n",
+         label, (long long)r.T, c->Hq, c->Hkv, c->D, rlk_dtype_name(c->dt), e_out, e_dq, e_dk, e_dv, e_lse);
+  if (repeat) { /* bitwise the same on a second run */
+    pa_run r2 = r;
+    r2.out = malloc(r.nq * 2);
+    r2.dq = malloc(r.nq * 2);
+    r2.dk = malloc(r.nkv * 2);
+    r2.dv = malloc(r.nkv * 2);
+    r2.lse = malloc((size_t)(r.T * c->Hq) * 4);
+    run_op(ctx, c, &r2);
+    ck_assert_msg(!memcmp(r.out, r2.out, r.nq * 2) && !memcmp(r.dq, r2.dq, r.nq * 2) &&
+                      !memcmp(r.dk, r2.dk, r.nkv * 2) && !memcmp(r.dv, r2.dv, r.nkv * 2) &&
+                      !memcmp(r.lse, r2.lse, (size_t)(r.T * c->Hq) * 4),
+                  "%s: a second run differs", label);
+    free(r2.out);
+    free(r2.dq);
+    free(r2.dk);
+    free(r2.dv);
+    free(r2.lse);
+  }
+  refs_free(&f);
+  run_free(&r);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Cases                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+/* G = 1 (plain causal), prefix 1, GQA 8, D 128, f16. */
+static const pa_case case_g1 = {1, {1}, {1}, {129}, 8, 1, 128, RLK_F16, 0.0f};
+/* G = 3, prefix 17, responses 1, 5, 129, GQA 4, D 64, bf16. */
+static const pa_case case_g3 = {1, {17}, {3}, {1, 5, 129}, 4, 1, 64, RLK_BF16, 0.0f};
+/* G = 16, prefix 333, responses cycling 1, 5, 129, GQA 1, D 64, bf16, scale 0.3. */
+static const pa_case case_g16 = {
+    1, {333}, {16}, {1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1}, 2, 2, 64, RLK_BF16, 0.3f};
+/* Several prompts in one batch: an empty prefix, a prompt with no responses, GQA 4, D 128. */
+static const pa_case case_batch = {4, {17, 0, 1, 5}, {2, 1, 3, 0}, {5, 1, 3, 129, 5, 1}, 8, 2, 128, RLK_BF16, 0.0f};
+
+static const pa_tol host_tol = {1e-6, 1.0 / 128};
+
+START_TEST(host_g1) {
+  rlk_context *ctx = rlk_test_host_context();
+  check_case(ctx, &case_g1, host_tol, "host G=1", 0);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_g3) {
+  rlk_context *ctx = rlk_test_host_context();
+  check_case(ctx, &case_g3, host_tol, "host G=3", 1);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_g16) {
+  rlk_context *ctx = rlk_test_host_context();
+  check_case(ctx, &case_g16, host_tol, "host G=16", 0);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(host_batch) {
+  rlk_context *ctx = rlk_test_host_context();
+  check_case(ctx, &case_batch, host_tol, "host batch", 0);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* Every layout and tensor error is refused with a message naming it. */
+START_TEST(bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { T = 12, H = 2, D = 64 };
+  static uint16_t q[T * H * D], k[T * H * D], v[T * H * D], o[T * H * D];
+  static float lse[T * H];
+  int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
+  rlk_prefix_attention_args a;
+  rlk_prefix_attention_args_init(&a);
+  a.q = t3(q, RLK_BF16, T, H, D);
+  a.k = t3(k, RLK_BF16, T, H, D);
+  a.v = t3(v, RLK_BF16, T, H, D);
+  a.out = t3(o, RLK_BF16, T, H, D);
+  a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
+  a.layout.host_seq_offsets = seq;
+  a.layout.host_group_offsets = grp;
+  a.layout.num_segments = 3;
+  a.layout.num_prompts = 1;
+  ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  struct {
+    int what;
+    const char *needle;
+  } bad[] = {
+      {0, "seq_offsets[2]"},  /* a response of length 0 */
+      {1, "seq_offsets[3]"},  /* does not end at T */
+      {2, "group_offsets[1]"}, /* not S */
+      {3, "num_prompts"},     {4, "head dim"},  {5, "multiple"}, {6, "scale"},
+      {7, "out: overlaps"},   {8, "dtypes"},    {9, "lse: shape"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_prefix_attention_args b = a;
+    int32_t s2[] = {0, 4, 8, 12}, g2[] = {0, 3};
+    b.layout.host_seq_offsets = s2;
+    b.layout.host_group_offsets = g2;
+    switch (bad[i].what) {
+    case 0: s2[2] = 4; s2[1] = 4; break;
+    case 1: s2[3] = 11; break;
+    case 2: g2[1] = 2; break;
+    case 3: b.layout.num_prompts = 0; break;
+    case 4: b.q = t3(q, RLK_BF16, T, H * 2, D / 2); b.k = t3(k, RLK_BF16, T, H * 2, D / 2);
+            b.v = t3(v, RLK_BF16, T, H * 2, D / 2); break;
+    case 5: b.q = t3(q, RLK_BF16, T, 1, D); break;
+    case 6: b.scale = -1.0f; break;
+    case 7: b.out = t3(q, RLK_BF16, T, H, D); break;
+    case 8: b.k.dtype = RLK_F16; break;
+    case 9: b.lse = rlk_tensor_2d(lse, RLK_F32, T, 1, 1); break;
+    }
+    rlk_status st = rlk_prefix_attention(ctx, &b, NULL);
+    ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), bad[i].needle),
+                  "case %zu: status %d, '%s' (expected '%s')", i, (int)st, rlk_last_error(), bad[i].needle);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* The backward refuses what it cannot run, naming it; its workspace size follows the backend. */
+START_TEST(bad_backward_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { T = 12, H = 2, D = 64 };
+  static uint16_t q[T * H * D], k[T * H * D], v[T * H * D], o[T * H * D], dout[T * H * D];
+  static uint16_t gq[T * H * D], gk[T * H * D], gv[T * H * D];
+  static float lse[T * H];
+  static double work[2 * T * H * D];
+  int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
+  rlk_prefix_attention_backward_args a;
+  rlk_prefix_attention_backward_args_init(&a);
+  a.q = t3(q, RLK_BF16, T, H, D);
+  a.k = t3(k, RLK_BF16, T, H, D);
+  a.v = t3(v, RLK_BF16, T, H, D);
+  a.out = t3(o, RLK_BF16, T, H, D);
+  a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
+  a.grad_out = t3(dout, RLK_BF16, T, H, D);
+  a.grad_q = t3(gq, RLK_BF16, T, H, D);
+  a.grad_k = t3(gk, RLK_BF16, T, H, D);
+  a.grad_v = t3(gv, RLK_BF16, T, H, D);
+  a.layout.host_seq_offsets = seq;
+  a.layout.host_group_offsets = grp;
+  a.layout.num_segments = 3;
+  a.layout.num_prompts = 1;
+  size_t ws = 0;
+  ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &a, &ws) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(ws, sizeof work); /* the host's fp64 dk, dv accumulators */
+  a.workspace = work;
+  a.workspace_bytes = ws;
+  ck_assert_msg(rlk_prefix_attention_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  for (int i = 0; i < 4; i++) {
+    rlk_prefix_attention_backward_args b = a;
+    const char *needle = NULL;
+    switch (i) {
+    case 0: b.lse.data = NULL; needle = "lse: data is NULL"; break;
+    case 1: b.workspace_bytes = ws - 8; needle = "workspace"; break;
+    case 2: b.grad_q = t3(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
+    case 3: b.grad_k = t3(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
+    }
+    rlk_status st = rlk_prefix_attention_backward(ctx, &b, NULL);
+    ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), needle),
+                  "case %d: status %d, '%s' (expected '%s')", i, (int)st, rlk_last_error(), needle);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* The kernels a configuration line plans: the mma family on sm_80+, the portable one when asked
+ * (and on HIP, as the sample compiles show), the host's two; bad settings are refused. */
+START_TEST(plan_per_target) {
+  static const struct {
+    const char *target, *line;
+    const char *entries[6];
+  } rows[] = {
+      {"sm_90a", "prefix_attention pass=both", {"pattn_fwd_mma", "pattn_bwd_prep", "pattn_bwd_dkdv_mma", "pattn_bwd_reduce",
+                               "pattn_bwd_dq_mma", NULL}},
+      {"sm_80", "prefix_attention pass=fwd dtype=f16 head_dim=64", {"pattn_fwd_mma", NULL}},
+      {"sm_90a", "prefix_attention pass=both variant=portable", {"pattn_fwd", "pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
+      {"sm_75", "prefix_attention pass=bwd", {"pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
+  };
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_CUDA;
+    o.compile_only = 1;
+    o.target = rows[r].target;
+    rlk_context *ctx = NULL;
+    if (rlk_context_create(&ctx, &o) != RLK_OK) {
+      printf("skip (prefix_attention plan %s): %s\n", rows[r].target, rlk_last_error());
+      continue;
+    }
+    char copy[256];
+    rlk_op_config_pair pairs[16];
+    const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);
+    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+    size_t n = 0;
+    ck_assert_msg(rlk_op_plan(&rlk_op_prefix_attention, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    size_t want = 0;
+    while (rows[r].entries[want]) want++;
+    ck_assert_uint_eq(n, want);
+    for (size_t i = 0; i < n; i++) ck_assert_str_eq(specs[i].tmpl->entry, rows[r].entries[i]);
+    static const char *const bad[] = {"prefix_attention head_dim=96", "prefix_attention dtype=f32",
+                                      "prefix_attention variant=wgmma", "prefix_attention pass=all",
+                                      "prefix_attention tokens=5"};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+      const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
+      ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+    }
+    rlk_context_destroy(ctx);
+  }
+}
+END_TEST
+
+START_TEST(samples_compile_every_target) {
+  static const rlk_op_desc *const ops[] = {&rlk_op_prefix_attention};
+  rlk_test_compile_samples("prefix_attention", ops, 1);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* CUDA (RLK_TEST_GPU=1)                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+/* fp32 accumulation with 16-bit P and dS operands: a few bf16 ulps of the largest value. */
+static const pa_tol gpu_tol = {2e-2, 1.0 / 32};
+
+static const pa_case gpu_cases[] = {
+    {1, {333}, {16}, {1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1}, 8, 1, 128, RLK_BF16, 0.0f},
+    {1, {17}, {3}, {1, 5, 129}, 4, 1, 64, RLK_F16, 0.0f},
+    {1, {1}, {1}, {129}, 4, 4, 128, RLK_BF16, 0.0f},
+    {4, {17, 0, 1, 130}, {2, 1, 3, 0}, {5, 1, 3, 129, 5, 1}, 8, 2, 128, RLK_F16, 0.25f},
+    {1, {200}, {5}, {64, 63, 65, 1, 127}, 16, 2, 64, RLK_BF16, 0.0f},
+};
+
+START_TEST(gpu_numerics) {
+  if (!rlk_test_gpu_enabled("prefix_attention")) return;
+  rlk_context *ctx = rlk_test_cuda_context("prefix_attention");
+  if (!ctx) return;
+  /* RLK_TEST_PA_CACHE: a cache tree with these kernels precompiled (rlk-precompile), so that a
+   * short GPU session spends no time compiling */
+  const char *pre = getenv("RLK_TEST_PA_CACHE");
+  if (pre && *pre) {
+    rlk_context_destroy(ctx);
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_CUDA;
+    o.cache_dir = pre;
+    ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
+  }
+  for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
+    char label[32];
+    snprintf(label, sizeof label, "gpu case %zu", i);
+    check_case(ctx, &gpu_cases[i], gpu_tol, label, 1);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *prefix_attention_suite(void) {
+  Suite *s = suite_create("prefix_attention");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, host_g1);
+  tcase_add_test(host, host_g3);
+  tcase_add_test(host, host_g16);
+  tcase_add_test(host, host_batch);
+  tcase_add_test(host, bad_arguments);
+  tcase_add_test(host, bad_backward_arguments);
+  suite_add_tcase(s, host);
+  TCase *plan = tcase_create("plan");
+  tcase_set_timeout(plan, 300);
+  tcase_add_test(plan, plan_per_target);
+  tcase_add_test(plan, samples_compile_every_target);
+  suite_add_tcase(s, plan);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 600);
+  tcase_add_test(gpu, gpu_numerics);
+  suite_add_tcase(s, gpu);
+  return s;
+}
