@@ -25,7 +25,7 @@ SANITIZE ?=
 
 OPT ?= -O2
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-missing-field-initializers
-CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -Isrc -Itemplates -D_GNU_SOURCE
 CFLAGS += -std=c11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) $(SANITIZE)
 LDFLAGS += -pthread $(SANITIZE)
 LDLIBS += -ldl -lm
@@ -34,7 +34,7 @@ LDLIBS += -ldl -lm
 CHECK_LIBS := $(shell pkg-config --libs --static check 2>/dev/null | sed 's/-lcheck_pic/-l:libcheck.a/; s/-lsubunit/-l:libsubunit.a/')
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 
-LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/ops/*.c src/tune/*.c))
+LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/runtime/*.c src/ops/*.c src/tune/*.c))
 TEMPLATES := $(sort $(wildcard templates/cuda/* templates/host/*))
 GEN_EMBED := $(BUILD)/gen/templates_embedded.c
 
@@ -52,7 +52,12 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test conformance
+.PHONY: python-test conformance check-layers
+
+# The include direction between the layers of src/ and the tools' use of the public header.
+check-layers:
+	tools/build/check_layers.sh --self-test
+	tools/build/check_layers.sh
 
 all: lib tools
 
@@ -106,13 +111,18 @@ $(BUILD)/bin $(BUILD)/lib $(BUILD)/gen $(BUILD)/tests:
 deps:
 	@tools/build/deps.sh
 
-# The main job: JIT-compile and run the first op on the best backend present.
+# The main job: JIT-compile and run the first op, then a whole GRPO step (sample, log-probs and
+# entropy, group advantages, policy loss and gradient, log-prob backward), on the best backend
+# present, each checked against fp64, with the cache's work and per-op times.
 demo: deps
 	$(MAKE) tools
 	$(BUILD)/bin/rlk-demo
+	$(BUILD)/bin/rlk-grpo-step
 
 # Tests run against a private cache so they never touch the user's.
 test: deps
+	tools/build/check_layers.sh --self-test
+	tools/build/check_layers.sh
 	$(MAKE) tests
 	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
 	$(if $(SANITIZE),,$(MAKE) python-test)

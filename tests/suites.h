@@ -12,6 +12,7 @@ Suite *compiler_suite(void);
 Suite *backend_suite(void);
 Suite *jit_suite(void);
 Suite *api_suite(void);
+Suite *ops_suite(void);
 Suite *group_advantage_suite(void);
 Suite *policy_loss_suite(void);
 Suite *advantage_scan_suite(void);

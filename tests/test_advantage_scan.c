@@ -1466,7 +1466,7 @@ START_TEST(samples_cover_every_variant) {
       const size_t np = rlk_test_split_line(my_ops[i]->samples[j], copy, sizeof copy, pairs);
       rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
       size_t ns = 0;
-      ck_assert_msg(my_ops[i]->plan(ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", my_ops[i]->samples[j],
+      ck_assert_msg(rlk_op_plan(my_ops[i], ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", my_ops[i]->samples[j],
                     rlk_last_error());
       for (size_t k = 0; k < ns; k++) {
         const int d = specs[k].values[0] == RLK_F64;
@@ -1499,7 +1499,7 @@ START_TEST(samples_cover_every_variant) {
     const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_gae.plan(ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_gae, ctx, np, pairs, specs, &ns), RLK_OK);
     if (autos[i].algo < 0) {
       ck_assert_uint_eq(ns, 2);
       ck_assert(specs[0].values[2] != specs[1].values[2]);

@@ -496,6 +496,93 @@ START_TEST(test_cuda_target_for) {
 }
 END_TEST
 
+/* The typed target: one parser for compile-only names, the device path from the same arch
+ * table, and the features and limits ops read instead of re-parsing the name. */
+START_TEST(test_target_parse) {
+  rlk_target t;
+  ck_assert_int_eq(rlk_target_parse("sm_90a", &t), RLK_OK);
+  ck_assert_int_eq(t.kind, RLK_BACKEND_CUDA);
+  ck_assert_str_eq(t.name, "sm_90a");
+  ck_assert_int_eq(t.major, 9);
+  ck_assert_int_eq(t.minor, 0);
+  ck_assert_int_eq(t.arch_specific, 1);
+  ck_assert_int_eq(t.warp_size, 32);
+  ck_assert_uint_eq(t.features, RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA | RLK_TARGET_WGMMA);
+  ck_assert_uint_eq(t.smem_per_block, 227u * 1024);
+  ck_assert_uint_eq(t.smem_per_sm, 228u * 1024);
+  ck_assert_int_eq(rlk_target_cuda_sm(&t), 90);
+
+  ck_assert_int_eq(rlk_target_parse("sm_90", &t), RLK_OK); /* no wgmma without the "a" */
+  ck_assert_uint_eq(t.features, RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA);
+  ck_assert_int_eq(rlk_target_parse("sm_80", &t), RLK_OK);
+  ck_assert_uint_eq(t.features, 0);
+  ck_assert_uint_eq(t.smem_per_block, 163u * 1024);
+  ck_assert_int_eq(rlk_target_parse("sm_120a", &t), RLK_OK);
+  ck_assert_int_eq(rlk_target_cuda_sm(&t), 120);
+  ck_assert_int_eq(t.arch_specific, 1);
+
+  ck_assert_int_eq(rlk_target_parse("gfx90a:xnack-", &t), RLK_OK);
+  ck_assert_int_eq(t.kind, RLK_BACKEND_HIP);
+  ck_assert_str_eq(t.name, "gfx90a");
+  ck_assert_int_eq(t.major, 9);
+  ck_assert_int_eq(t.warp_size, 64);
+  ck_assert_int_eq(rlk_target_cuda_sm(&t), 0);
+  ck_assert_int_eq(rlk_target_parse("gfx1100", &t), RLK_OK);
+  ck_assert_int_eq(t.major, 11);
+  ck_assert_int_eq(t.warp_size, 64); /* the templates need -mwavefrontsize64 */
+
+  ck_assert_int_eq(rlk_target_parse("host-x86_64", &t), RLK_OK);
+  ck_assert_int_eq(t.kind, RLK_BACKEND_HOST);
+  ck_assert_uint_eq(t.features, 0);
+
+  static const char *const bad[] = {"", "sm_", "sm_9", "sm_90b", "sm_90aa", "gfx", "gfx9", "host-", "x86", NULL};
+  for (int i = 0; bad[i]; i++)
+    ck_assert_msg(rlk_target_parse(bad[i], &t) == RLK_ERR_INVALID_ARGUMENT, "'%s' parsed", bad[i]);
+}
+END_TEST
+
+/* One table says which archs have an "a" variant (a compiler lists them) and which a device
+ * compiles for; the device path and the parser agree on every row. */
+START_TEST(test_target_arch_table) {
+  static const int sms[] = {75, 80, 86, 89, 90, 100, 101, 103, 110, 120, 121};
+  for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+    rlk_target dev, parsed;
+    rlk_target_for_cuda_device(sms[i] / 10, sms[i] % 10, 7, 0, 0, &dev);
+    ck_assert_int_eq(dev.multiprocessors, 7);
+    ck_assert_int_eq(rlk_target_parse(dev.name, &parsed), RLK_OK);
+    ck_assert_int_eq(parsed.major, dev.major);
+    ck_assert_int_eq(parsed.minor, dev.minor);
+    ck_assert_uint_eq(parsed.features, dev.features);
+    ck_assert_uint_eq(parsed.smem_per_block, dev.smem_per_block);
+    if (dev.arch_specific) ck_assert(rlk_target_cuda_has_arch_specific(sms[i]));
+  }
+  ck_assert(!rlk_target_cuda_has_arch_specific(80));
+  ck_assert(rlk_target_cuda_has_arch_specific(120));
+  rlk_target dev;
+  rlk_target_for_cuda_device(9, 0, 132, 200000, 210000, &dev); /* the device's own limits win */
+  ck_assert_uint_eq(dev.smem_per_block, 200000);
+  ck_assert_uint_eq(dev.smem_per_sm, 210000);
+}
+END_TEST
+
+/* RLK_ARCH replaces a device's arch but keeps its counts; another vendor's name is ignored. */
+START_TEST(test_target_env_override) {
+  rlk_target t;
+  rlk_target_for_cuda_device(9, 0, 132, 0, 0, &t);
+  setenv("RLK_ARCH", "sm_80", 1);
+  ck_assert_int_eq(rlk_target_apply_env(RLK_BACKEND_CUDA, &t), RLK_OK);
+  ck_assert_str_eq(t.name, "sm_80");
+  ck_assert_int_eq(t.multiprocessors, 132);
+  ck_assert_uint_eq(t.features, 0);
+  setenv("RLK_ARCH", "gfx90a", 1);
+  ck_assert_int_eq(rlk_target_apply_env(RLK_BACKEND_CUDA, &t), RLK_OK);
+  ck_assert_str_eq(t.name, "sm_80");
+  setenv("RLK_ARCH", "sm_9x", 1);
+  ck_assert_int_eq(rlk_target_apply_env(RLK_BACKEND_CUDA, &t), RLK_ERR_INVALID_ARGUMENT);
+  unsetenv("RLK_ARCH");
+}
+END_TEST
+
 START_TEST(test_cuda_open_here) {
   rlk_backend_impl *b = (rlk_backend_impl *)1;
   rlk_status st = rlk_cuda_backend_open(0, &b);
@@ -1675,6 +1762,9 @@ Suite *backend_suite(void) {
 
   TCase *open = tcase_create("open");
   tcase_add_test(open, test_cuda_target_for);
+  tcase_add_test(open, test_target_parse);
+  tcase_add_test(open, test_target_arch_table);
+  tcase_add_test(open, test_target_env_override);
   tcase_add_test(open, test_cuda_open_here);
   tcase_add_test(open, test_hip_open_here);
   tcase_add_test(open, test_cuda_stub_open_statuses);

@@ -17,9 +17,10 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/target.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 #include "suites.h"
 #include "test_util.h"
 

@@ -926,7 +926,7 @@ START_TEST(samples_cover_every_variant) {
     }
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_group_advantage.plan(ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_group_advantage, ctx, np, pairs, specs, &ns), RLK_OK);
     for (size_t k = 0; k < ns; k++) {
       const char *e = specs[k].tmpl->entry;
       if (strstr(e, "rowsum")) {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "core/context.h"
+#include "runtime/context.h"
 #include "ops/ops.h"
 #include "suites.h"
 #include "test_util.h"
@@ -95,7 +95,7 @@ START_TEST(compile_sm90a) {
   rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
   rlk_kernel_spec ll[RLK_OP_MAX_KERNELS];
   size_t n = 0;
-  ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, ll, &n), RLK_OK);
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, pairs, ll, &n), RLK_OK);
   ck_assert_uint_eq(n, 3);
   for (size_t i = 0; i < n; i++) ht_compile(ctx, &ll[i]);
   rlk_context_destroy(ctx);

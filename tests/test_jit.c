@@ -338,7 +338,10 @@ START_TEST(template_dir_override_changes_the_key) {
   rlk_test_mkdtemp(dir, sizeof dir, "cache");
   rlk_test_mkdtemp(copy, sizeof copy, "tpl");
   rlk_test_mkdtemp(edited, sizeof edited, "tpl-edited");
-  snprintf(cmd, sizeof cmd, "cp -R templates/cuda templates/host '%s' && cp -R templates/cuda templates/host '%s' && "
+  /* common/ too: cuda/ and host/ link the shared kernel argument lists there */
+  snprintf(cmd, sizeof cmd,
+           "cp -R templates/cuda templates/host templates/common '%s' && "
+           "cp -R templates/cuda templates/host templates/common '%s' && "
            "printf '/* edited */\\n' >> '%s/host/rlk_host_prelude.h'", copy, edited, edited);
   ck_assert_int_eq(system(cmd), 0);
   ck_assert_int_eq(child_compiles(dir, NULL), 1);   /* embedded: a cold compile */

@@ -467,20 +467,20 @@ START_TEST(plan_per_target) {
     rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, pairs, specs, &n), RLK_OK);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, pairs, specs, &n), RLK_OK);
     ck_assert_uint_eq(n, targets[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry, targets[t].first);
     /* the backward: dz, dh, dh_out, dw on a GPU; one kernel on the host; then the forward's */
     rlk_op_config_pair both[1] = {{"grad", "same"}};
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, both, specs, &n), RLK_OK);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 1, both, specs, &n), RLK_OK);
     ck_assert_uint_eq(n, targets[t].backend == RLK_BACKEND_HOST ? 2 : 4 + targets[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry,
                      targets[t].backend == RLK_BACKEND_HOST ? "linear_logprob_bwd_host" : "linear_logprob_bwd_dz");
     rlk_op_config_pair tiled[2] = {{"variant", "tiled"}, {"pass", "fwd"}};
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 2, tiled, specs, &n), RLK_OK);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, tiled, specs, &n), RLK_OK);
     if (targets[t].backend != RLK_BACKEND_HOST) ck_assert_str_eq(specs[0].tmpl->entry, "linear_logprob_fwd_tiled");
     rlk_op_config_pair badp[1] = {{"hidden", "f32"}};
-    ck_assert_int_eq(rlk_op_linear_logprob.plan(ctx, 1, badp, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 1, badp, specs, &n), RLK_ERR_INVALID_ARGUMENT);
     rlk_context_destroy(ctx);
   }
   ck_assert_ptr_nonnull(strstr(rlk_precompile_ops(), "linear_logprob"));

@@ -879,7 +879,7 @@ static rlk_status plan_line(const rlk_context *ctx, const char *settings, rlk_ke
     pairs[np].value = eq + 1;
     np++;
   }
-  return rlk_op_logprob.plan(ctx, np, pairs, specs, n);
+  return rlk_op_plan(&rlk_op_logprob, ctx, np, pairs, specs, n);
 }
 
 /* Precompiling a configuration builds exactly what the matching calls look up. */

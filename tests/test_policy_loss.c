@@ -2022,7 +2022,7 @@ static void sample_specs(rlk_context *ctx, const rlk_op_desc *op, void (*visit)(
     }
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_msg(op->plan(ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
+    ck_assert_msg(rlk_op_plan(op, ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
     for (size_t k = 0; k < ns; k++) visit(&specs[k], user);
   }
 }

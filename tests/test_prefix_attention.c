@@ -498,7 +498,7 @@ START_TEST(plan_per_target) {
     const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_msg(rlk_op_prefix_attention.plan(ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_op_plan(&rlk_op_prefix_attention, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
     size_t want = 0;
     while (rows[r].entries[want]) want++;
     ck_assert_uint_eq(n, want);
@@ -508,7 +508,7 @@ START_TEST(plan_per_target) {
                                       "prefix_attention tokens=5"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
       const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
-      ck_assert_int_eq(rlk_op_prefix_attention.plan(ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+      ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
     }
     rlk_context_destroy(ctx);
   }

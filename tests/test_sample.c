@@ -833,9 +833,9 @@ END_TEST
 START_TEST(plan_matches_call) {
   rlk_context *ctx = rlk_test_host_context();
   int n = 0;
-  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i64 filters=1 vocab=12", &n), RLK_OK);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i64 filter=1 vocab=12", &n), RLK_OK);
   ck_assert_int_eq(n, 1);
-  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i32 filters=0 vocab=12", &n), RLK_OK);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f32 tokens=i32 filter=0 vocab=12", &n), RLK_OK);
   const uint64_t before = rlk_test_compiles(ctx);
   float x[24];
   for (int i = 0; i < 24; i++) x[i] = (float)(i % 5);
@@ -852,11 +852,11 @@ START_TEST(plan_matches_call) {
   ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_OK);
   ck_assert_msg(rlk_test_compiles(ctx) == before, "a precompiled configuration compiled again");
   ck_assert_int_eq(rlk_precompile(ctx, "sample logits=f64", &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_int_eq(rlk_precompile(ctx, "sample filters=2", &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_precompile(ctx, "sample filter=2", &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_precompile(ctx, "sample vocab=0", &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_precompile(ctx, "sample colour=red", &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(rlk_precompile_ops(), "sample") != NULL);
-  ck_assert(strstr(rlk_precompile_help("sample"), "filters") != NULL);
+  ck_assert(strstr(rlk_precompile_help("sample"), "filter") != NULL);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -869,7 +869,7 @@ static const char *planned(rlk_context *ctx, const char *line, int *split, int *
   const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   size_t ns = 0;
-  ck_assert_msg(rlk_op_sample.plan(ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_msg(rlk_op_plan(&rlk_op_sample, ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
   ck_assert_uint_eq(ns, 1);
   const int is_split = !strcmp(specs[0].tmpl->entry, "sample_split");
   *split = is_split ? (int)specs[0].values[4] : 1;
@@ -884,29 +884,29 @@ START_TEST(plan_row_split) {
     const char *target, *line;
     int split, depth;
   } cases[] = {
-      {"sm_90a", "sample filters=0 rows=1 row_split=auto", 8, 8},
-      {"sm_90a", "sample filters=0 rows=16 row_split=auto", 8, 8},
-      {"sm_90a", "sample filters=0 rows=17 row_split=auto", 4, 8},
-      {"sm_90a", "sample filters=0 rows=32 row_split=auto", 4, 8},
-      {"sm_90a", "sample filters=0 rows=66 row_split=auto", 2, 8},
-      {"sm_90a", "sample filters=0 rows=67 row_split=auto", 1, 0},
-      {"sm_90a", "sample filters=0 rows=256 row_split=auto", 1, 0},
+      {"sm_90a", "sample filter=0 rows=1 row_split=auto", 8, 8},
+      {"sm_90a", "sample filter=0 rows=16 row_split=auto", 8, 8},
+      {"sm_90a", "sample filter=0 rows=17 row_split=auto", 4, 8},
+      {"sm_90a", "sample filter=0 rows=32 row_split=auto", 4, 8},
+      {"sm_90a", "sample filter=0 rows=66 row_split=auto", 2, 8},
+      {"sm_90a", "sample filter=0 rows=67 row_split=auto", 1, 0},
+      {"sm_90a", "sample filter=0 rows=256 row_split=auto", 1, 0},
       /* auto unless told: what rlk_sample_args_init's calls use */
-      {"sm_90a", "sample filters=0 rows=1", 8, 8},
-      {"sm_90a", "sample filters=0 rows=32", 4, 8},
-      {"sm_90a", "sample filters=0", 1, 0},
-      {"sm_90a", "sample filters=0 rows=1 row_split=0", 1, 0},
-      {"sm_90a", "sample filters=0 rows=1 row_split=1", 1, 0},
-      {"sm_90a", "sample filters=0 rows=4096 row_split=2", 2, 8},
-      {"sm_90a", "sample filters=1 rows=1 row_split=8", 1, 0},
+      {"sm_90a", "sample filter=0 rows=1", 8, 8},
+      {"sm_90a", "sample filter=0 rows=32", 4, 8},
+      {"sm_90a", "sample filter=0", 1, 0},
+      {"sm_90a", "sample filter=0 rows=1 row_split=0", 1, 0},
+      {"sm_90a", "sample filter=0 rows=1 row_split=1", 1, 0},
+      {"sm_90a", "sample filter=0 rows=4096 row_split=2", 2, 8},
+      {"sm_90a", "sample filter=1 rows=1 row_split=8", 1, 0},
       /* bf16 rows of V 32000 (under 64 KB) take 256 x 4: four chunks a lane */
-      {"sm_90a", "sample filters=0 vocab=32000 rows=1 row_split=8", 8, 4},
+      {"sm_90a", "sample filter=0 vocab=32000 rows=1 row_split=8", 8, 4},
       /* a 1024-thread layout split in two: 512 threads a block hold 4 chunks */
-      {"sm_90a", "sample filters=0 logprob_block=1024 logprob_unroll=2 rows=1 row_split=2", 2, 4},
+      {"sm_90a", "sample filter=0 logprob_block=1024 logprob_unroll=2 rows=1 row_split=2", 2, 4},
       /* a layout of one warp (short rows) cannot be split */
-      {"sm_90a", "sample filters=0 vocab=64 rows=1 row_split=auto", 1, 0},
-      {"sm_80", "sample filters=0 rows=1 row_split=auto", 1, 0},
-      {"sm_80", "sample filters=0 rows=1 row_split=8", 1, 0},
+      {"sm_90a", "sample filter=0 vocab=64 rows=1 row_split=auto", 1, 0},
+      {"sm_80", "sample filter=0 rows=1 row_split=auto", 1, 0},
+      {"sm_80", "sample filter=0 rows=1 row_split=8", 1, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rlk_context_options o;
@@ -927,7 +927,7 @@ START_TEST(plan_row_split) {
   }
   rlk_context *h = rlk_test_compile_only_host_context();
   int split = 0, depth = 0;
-  ck_assert_str_eq(planned(h, "sample filters=0 rows=1 row_split=auto", &split, &depth), "sample");
+  ck_assert_str_eq(planned(h, "sample filter=0 rows=1 row_split=auto", &split, &depth), "sample");
   int n = 0;
   ck_assert_int_eq(rlk_precompile(h, "sample row_split=3", &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(rlk_last_error(), "row_split") != NULL);

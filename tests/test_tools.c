@@ -318,6 +318,95 @@ START_TEST(precompile_host_serves_demo_without_jit) {
 }
 END_TEST
 
+/* RLK_JIT_RECORD: the runs append each configuration they used once; precompiling from that
+ * file serves the same runs with RLK_JIT=0 and no compile. */
+START_TEST(recorded_configurations_precompile_what_runs) {
+  char tree[1024], user[1024], fresh[1024], rec[1100];
+  rlk_test_mkdtemp(tree, sizeof tree, "recorded");
+  rlk_test_mkdtemp(user, sizeof user, "record-cache");
+  rlk_test_mkdtemp(fresh, sizeof fresh, "record-fresh");
+  snprintf(rec, sizeof rec, "%s/record.conf", user);
+  char cache_env[1100], rec_env[1200], ro_env[1100], fresh_env[1100];
+  snprintf(cache_env, sizeof cache_env, "RLK_CACHE_DIR=%s", user);
+  snprintf(rec_env, sizeof rec_env, "RLK_JIT_RECORD=%s", rec);
+  snprintf(ro_env, sizeof ro_env, "RLK_CACHE_RO_DIRS=%s", tree);
+  snprintf(fresh_env, sizeof fresh_env, "RLK_CACHE_DIR=%s", fresh);
+
+  /* two runs of one configuration and one of another: two lines */
+  static const char *const modes[] = {"grpo", "grpo", "rloo"};
+  for (int i = 0; i < 3; i++) {
+    rlk_test_tool_run r = rlk_test_run_tool(ENV(cache_env, rec_env), "rlk-demo",
+                                            ARGS("--backend", "host", "--mode", modes[i]));
+    expect_status(r, 0, "rlk-demo recording");
+    rlk_test_tool_free(&r);
+  }
+  FILE *f = fopen(rec, "r");
+  ck_assert_msg(f != NULL, "no record at %s", rec);
+  char line[1024];
+  int lines = 0, grpo = 0, rloo = 0;
+  while (fgets(line, sizeof line, f)) {
+    lines++;
+    ck_assert_msg(!strncmp(line, "group_advantage ", 16), "record line: %s", line);
+    grpo += strstr(line, "mode=grpo") != NULL;
+    rloo += strstr(line, "mode=rloo") != NULL;
+  }
+  fclose(f);
+  ck_assert_int_eq(lines, 2);
+  ck_assert_int_eq(grpo, 1);
+  ck_assert_int_eq(rloo, 1);
+
+  rlk_test_tool_run r = rlk_test_run_tool(ENV(cache_env), "rlk-precompile",
+                                          ARGS("--out", tree, "--targets", "host", "--config", rec));
+  expect_status(r, 0, "rlk-precompile --config <record>");
+  ck_assert_msg(strstr(r.out, "done: 2 items, 0 failed") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+
+  for (int i = 1; i < 3; i++) {
+    r = rlk_test_run_tool(ENV("RLK_JIT=0", ro_env, fresh_env), "rlk-demo", ARGS("--backend", "host", "--mode", modes[i]));
+    expect_status(r, 0, "rlk-demo from the recorded precompile with RLK_JIT=0");
+    ck_assert_int_eq(rlk_test_last_value(r.out, "compiles="), 0);
+    ck_assert_int_eq(rlk_test_last_value(r.out, "misses="), 0);
+    ck_assert_msg(strstr(r.out, "\nok\n") != NULL, "%s", r.out);
+    rlk_test_tool_free(&r);
+  }
+  /* a whole GRPO step (sample, logprob forward and backward, advantages, policy loss) */
+  char rec2[1100], rec2_env[1200], tree2[1024], fresh2[1024], ro2_env[1100], fresh2_env[1100];
+  snprintf(rec2, sizeof rec2, "%s/record2.conf", user);
+  snprintf(rec2_env, sizeof rec2_env, "RLK_JIT_RECORD=%s", rec2);
+  rlk_test_mkdtemp(tree2, sizeof tree2, "recorded2");
+  rlk_test_mkdtemp(fresh2, sizeof fresh2, "record-fresh2");
+  snprintf(ro2_env, sizeof ro2_env, "RLK_CACHE_RO_DIRS=%s", tree2);
+  snprintf(fresh2_env, sizeof fresh2_env, "RLK_CACHE_DIR=%s", fresh2);
+  static const char *const step_args[] = {"--backend", "host", "--prompts", "2", "--group", "2", "--tokens", "8",
+                                          "--vocab", "64", "--seed", "5", NULL};
+  r = rlk_test_run_tool(ENV(cache_env, rec2_env), "rlk-grpo-step", step_args);
+  expect_status(r, 0, "rlk-grpo-step recording");
+  ck_assert_msg(strstr(r.out, "\nok\n") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(ENV(cache_env), "rlk-precompile", ARGS("--out", tree2, "--targets", "host", "--config", rec2));
+  expect_status(r, 0, "rlk-precompile --config <the step's record>");
+  ck_assert_msg(strstr(r.out, "done: 5 items, 0 failed") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(ENV("RLK_JIT=0", ro2_env, fresh2_env), "rlk-grpo-step", step_args);
+  expect_status(r, 0, "rlk-grpo-step from its recorded precompile with RLK_JIT=0");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "compiles="), 0);
+  ck_assert_int_eq(rlk_test_last_value(r.out, "misses="), 0);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(tree2);
+  rlk_test_rmtree(fresh2);
+
+  /* an unwritable record is reported, never a failure of the run */
+  r = rlk_test_run_tool(ENV(cache_env, "RLK_JIT_RECORD=/nonexistent-dir/record.conf"), "rlk-demo",
+                        ARGS("--backend", "host"));
+  expect_status(r, 0, "rlk-demo with an unwritable record");
+  ck_assert_msg(strstr(r.out, "RLK_JIT_RECORD") != NULL, "no warning:\n%s", r.out);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(tree);
+  rlk_test_rmtree(user);
+  rlk_test_rmtree(fresh);
+}
+END_TEST
+
 START_TEST(shards_merge_to_the_full_set) {
   char full[1024], s0[1024], s1[1024], merged[1024];
   rlk_test_mkdtemp(full, sizeof full, "full");
@@ -579,6 +668,7 @@ Suite *tools_suite(void) {
   tcase_add_test(tc, help_and_usage_errors);
   tcase_add_test(tc, dry_run_expands_sweeps);
   tcase_add_test(tc, precompile_host_serves_demo_without_jit);
+  tcase_add_test(tc, recorded_configurations_precompile_what_runs);
   tcase_add_test(tc, shards_merge_to_the_full_set);
   tcase_add_test(tc, failures_are_reported);
   tcase_add_test(tc, precompile_for_a_gpu_target_without_a_gpu);

@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/context.h"
 #include "core/fs.h"
+#include "runtime/context.h"
 #include "ops/ops.h"
 #include "rlk.h"
 #include "suites.h"
@@ -934,7 +934,7 @@ static size_t plan(rlk_context *ctx, const char *settings, rlk_kernel_spec *spec
     pairs[np].value = eq + 1;
     np++;
   }
-  rlk_status st = rlk_op_logprob.plan(ctx, np, pairs, specs, &n);
+  rlk_status st = rlk_op_plan(&rlk_op_logprob, ctx, np, pairs, specs, &n);
   ck_assert_msg(st == RLK_OK, "%s: %s", settings, rlk_last_error());
   return n;
 }

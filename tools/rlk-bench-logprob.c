@@ -1,5 +1,5 @@
 /* rlk-bench-logprob - device time of rlk_logprob / rlk_logprob_backward against the floors of
- * shared/specs/performance.md (bytes moved / 4.14 TB/s).
+ * the memory (bytes moved at the H200's 4.14 TB/s).
  *
  *   rlk-bench-logprob [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma]
  *                     [--shape NxV]...
@@ -10,7 +10,7 @@
  *   bwd          dlogits in bf16 (out of place) from g_lp
  *   fwd+bwd      both calls back to back                                      [<= 4.2 ms]
  * for 16384 x 151936, 4096 x 151936 and 16384 x 128256 (--shape replaces the list). --sweep also
- * times every tuning candidate the op declares (rlk_op_logprob.candidates) on the first shape's
+ * times every tuning candidate the op declares (rlk_tune_candidates("logprob")) on the first shape's
  * fwd+entropy; tensor-map candidates only with --tma. Device events
  * around each call, 3 warm-up calls, median / min / max of --iters. The logits are far larger
  * than the L2, so no buffer rotation is needed. Extra device memory: the op allocates none; its
@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/ops.h"
 #include "rlk.h"
 
 static const char *prog = "rlk-bench-logprob";
@@ -183,7 +182,7 @@ static int bench_shape(rlk_context *ctx, int64_t N, int64_t V, int iters, int ma
          err < 1e-3 ? "" : "  <-- WRONG");
   double *v = malloc((size_t)iters * sizeof *v);
   const double bytes = (double)N * (double)V * 2.0;
-  char name[112], note[160];
+  char name[112 + 80], note[160];
   snprintf(note, sizeof note, "extra memory: none allocated; outputs %lld B (O(N))", (long long)(12 * N));
 
   if (time_calls(ctx, iters, 1, &fa, &ba, v)) return 1;
@@ -219,8 +218,13 @@ static int sweep(rlk_context *ctx, int64_t N, int64_t V, int iters, int tma) {
   if (setup(ctx, &b, N, V)) return 1;
   double *v = malloc((size_t)iters * sizeof *v);
   const double bytes = (double)N * (double)V * 2.0 + 20.0 * N;
-  for (size_t k = 0; rlk_op_logprob.candidates[k]; k++) {
-    const char *cand = rlk_op_logprob.candidates[k];
+  const char *all = rlk_tune_candidates("logprob");
+  for (const char *next = all; *next;) {
+    char cand[80];
+    const size_t len = strcspn(next, "\n");
+    snprintf(cand, sizeof cand, "%.*s", (int)len, next);
+    next += len + (next[len] == '\n');
+    if (!cand[0]) continue;
     if (strstr(cand, "variant=tma") && !tma) {
       printf("skip candidate '%s' (tensor-map variant: --tma)\n", cand);
       continue;
@@ -252,7 +256,7 @@ static int sweep(rlk_context *ctx, int64_t N, int64_t V, int iters, int tma) {
     double err = 0;
     if (spot_check(ctx, &b, &err)) return 1;
     if (time_calls(ctx, iters, 1, &a, NULL, v)) return 1;
-    char name[112], note[160];
+    char name[112 + 80], note[160];
     snprintf(name, sizeof name, "sweep fwd+entropy %s", cand);
     snprintf(note, sizeof note, "spot-check error %.2g%s", err, err < 1e-3 ? "" : " WRONG");
     bench_add(name, v, iters, bytes, 0, note);

@@ -1,5 +1,5 @@
 /* rlk-bench-sample - device time of rlk_sample against the read-once floor of
- * shared/specs/performance.md (B x V x dtype bytes / 4.14 TB/s).
+ * the memory (B x V x dtype bytes at the H200's 4.14 TB/s).
  *
  *   rlk-bench-sample [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V]
  *                    [--case NAME] [--logprob-block N] [--logprob-unroll N]

@@ -13,11 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "core/context.h"
-#include "core/core.h"
-#include "ops/ops.h"
+#include "runtime/bench_hooks.h"
 #include "rlk.h"
 
 typedef struct result {
@@ -70,25 +69,10 @@ static rlk_status make_context(rlk_backend backend, const char *cache_dir, rlk_c
   return rlk_context_create(ctx, &o);
 }
 
-static double now_ms(void) { return rlk_now() * 1e3; }
-
-/* The op's kernel specs for a configuration, through the op's own selection. */
-static int plan(rlk_context *ctx, const char *line, rlk_kernel_spec *specs, size_t *n) {
-  char buf[512];
-  snprintf(buf, sizeof buf, "%s", line);
-  rlk_op_config_pair pairs[16];
-  size_t np = 0;
-  char *save = NULL;
-  strtok_r(buf, " ", &save); /* the op name */
-  for (char *t = strtok_r(NULL, " ", &save); t && np < 16; t = strtok_r(NULL, " ", &save)) {
-    char *eq = strchr(t, '=');
-    if (!eq) return 1;
-    *eq = '\0';
-    pairs[np].name = t;
-    pairs[np].value = eq + 1;
-    np++;
-  }
-  return rlk_op_group_advantage.plan(ctx, np, pairs, specs, n) != RLK_OK;
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 typedef struct op_bufs {
@@ -237,20 +221,14 @@ int main(int argc, char **argv) {
   add("jit.cold first call (compile+publish+load)", cold, cold, cold, 1500.0, note);
 
   /* in-process hit: key build + lookup of the op's kernel */
-  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
-  size_t nspecs = 0;
-  if (plan(ctx, "group_advantage mode=grpo group_size=16", specs, &nspecs) || nspecs == 0) {
-    fprintf(stderr, "rlk-bench: could not plan the op: %s\n", rlk_last_error());
-    return 1;
-  }
-  void *fn = NULL;
-  CHECK(rlk_jit_get(ctx->jit, &specs[0], &fn));
+  const char *hit_line = "group_advantage mode=grpo group_size=16";
+  CHECK(rlk_bench_jit_lookups(ctx, hit_line, 1, NULL));
   double hv[21];
   const int reps = 100000;
   for (int r = 0; r < 21; r++) {
-    double s0 = now_ms();
-    for (int i = 0; i < reps; i++) rlk_jit_get(ctx->jit, &specs[0], &fn);
-    hv[r] = (now_ms() - s0) / reps;
+    double sec = 0;
+    CHECK(rlk_bench_jit_lookups(ctx, hit_line, reps, &sec));
+    hv[r] = sec * 1e3 / reps;
   }
   double med, mn, mx;
   stats(hv, 21, &med, &mn, &mx);

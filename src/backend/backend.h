@@ -6,9 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/target.h"
 #include "rlk.h"
 
 typedef struct rlk_backend_impl rlk_backend_impl;
+typedef struct rlk_tma_desc_request rlk_tma_desc_request;
 
 typedef struct rlk_launch_dims {
   unsigned grid[3];
@@ -28,6 +30,7 @@ struct rlk_backend_impl {
   rlk_backend kind;
   const char *name;     /* "cuda", "hip", "host" */
   rlk_device_info info; /* name, target, compute capability, multiprocessors, memory */
+  rlk_target target;    /* the device's target, typed (RLK_ARCH applied); info.target is its name */
 
   /* Loads a binary (cubin, code object, shared object) from memory. RLK_ERR_BACKEND with
    * the driver's message if it refuses the image (the JIT then rebuilds the entry). */
@@ -52,6 +55,10 @@ struct rlk_backend_impl {
   rlk_status (*event_elapsed_ms)(rlk_backend_impl *self, void *start, void *end, float *ms);
   void (*event_destroy)(rlk_backend_impl *self, void *event);
 
+  /* Encodes a 2-D tensor map (TMA) for `req` into out128 (128 bytes); NULL where the device has
+   * no tensor maps. RLK_ERR_UNSUPPORTED with the reason when it refuses the request. */
+  rlk_status (*tensor_map_encode)(rlk_backend_impl *self, const rlk_tma_desc_request *req, void *out128);
+
   void (*destroy)(rlk_backend_impl *self);
   void *impl;
 };
@@ -70,8 +77,9 @@ rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out);
 /* The host CPU: kernels are shared objects loaded with dlopen; memory is malloc. */
 rlk_status rlk_host_backend_open(rlk_backend_impl **out);
 
-/* The target a CUDA device of compute capability major.minor compiles for: "sm_90a" for 9.0
- * (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise. */
+/* The target name a CUDA device of compute capability major.minor compiles for: "sm_90a" for
+ * 9.0 (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise
+ * (rlk_target_for_cuda_device's name). */
 void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------ */
@@ -79,7 +87,7 @@ void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
 /* ------------------------------------------------------------------------ */
 
 /* A 2-D tiled tensor map request. */
-typedef struct rlk_tma_desc_request {
+struct rlk_tma_desc_request {
   const void *base;     /* global address */
   rlk_dtype dtype;
   uint64_t rows, cols;  /* global extent */
@@ -88,7 +96,7 @@ typedef struct rlk_tma_desc_request {
   /* 0: boxes land row after row; 128: the 128-byte swizzle that wgmma's descriptors read (the
    * inner box at most 128 bytes, the shared destination 1024-byte aligned) */
   uint32_t swizzle;
-} rlk_tma_desc_request;
+};
 
 /* Checks a request against the tensor-map limits on the host (16-byte aligned base and
  * stride, box dimensions 1..256, inner box bytes a multiple of 16 and at most 128 with the
@@ -97,7 +105,7 @@ typedef struct rlk_tma_desc_request {
 rlk_status rlk_tma_check(const rlk_tma_desc_request *req);
 
 /* Encodes a CUtensorMap (128 bytes, 64-byte aligned) into `out` with cuTensorMapEncodeTiled,
- * after rlk_tma_check. Only on a CUDA backend. */
+ * after rlk_tma_check. Only on a CUDA backend: the CUDA backend's tensor_map_encode. */
 rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_request *req, void *out128);
 
 #endif

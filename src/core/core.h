@@ -36,7 +36,7 @@ rlk_log_level rlk_log_get_level(void);
 #define rlk_debug(...) rlk_log(RLK_LOG_DEBUG, __VA_ARGS__)
 
 /* Environment variables the runtime reads. Every RLK_ variable goes through these so the
- * README's table can be checked against one list (src/core/env.c). */
+ * README's table can be checked against one list (util.c). */
 const char *rlk_env(const char *name);             /* NULL if unset or empty */
 int64_t rlk_env_int(const char *name, int64_t fallback); /* fallback if unset or not a number */
 

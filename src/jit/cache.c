@@ -1,5 +1,5 @@
 /* cache.c - the on-disk kernel cache: configuration, opening, lookup and publishing
- * (specs/jit-cache.md). The lock is in cache_lock.c, walking/eviction/admin in cache_admin.c.
+ * (docs/cache.md). The lock is in cache_lock.c, walking/eviction/admin in cache_admin.c.
  *
  * An entry is <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hash>/ holding
  *   kernel.<ext>  the binary, byte for byte as the compiler produced it

@@ -1,4 +1,4 @@
-/* cache.h - the on-disk kernel cache (specs/jit-cache.md).
+/* cache.h - the on-disk kernel cache (docs/cache.md).
  *
  * Layout: <root>/v<schema>/<compiler-id>/<target>/<family>/<hh>/<hash>/{kernel.<ext>, kernel.meta}
  * kernel.meta is the commit marker. Read-only trees are searched before the writable one.

@@ -65,7 +65,4 @@ rlk_status rlk_hiprtc_open(rlk_compiler **out);
  * object for the host CPU. */
 rlk_status rlk_hostcc_open(rlk_compiler **out);
 
-/* The host target string, e.g. "host-x86_64". */
-const char *rlk_host_target(void);
-
 #endif

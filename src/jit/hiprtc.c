@@ -12,7 +12,7 @@
 #include "core/core.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 /* The part of the hiprtc API used here, declared locally (no ROCm headers needed). */
 typedef int hr_result;

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/target.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
 
@@ -42,26 +43,6 @@
 typedef struct hostcc_impl {
   char path[4096]; /* the compiler executable */
 } hostcc_impl;
-
-/* ---------------------------------------------------------------------------------- */
-/* Host target                                                                          */
-/* ---------------------------------------------------------------------------------- */
-
-static pthread_once_t host_target_once = PTHREAD_ONCE_INIT;
-static char host_target[80];
-
-static void host_target_init(void) {
-  struct utsname u;
-  if (uname(&u) == 0 && u.machine[0])
-    rlk_format(host_target, sizeof host_target, "host-%s", u.machine);
-  else
-    rlk_format(host_target, sizeof host_target, "host-unknown");
-}
-
-const char *rlk_host_target(void) {
-  pthread_once(&host_target_once, host_target_init);
-  return host_target;
-}
 
 /* ---------------------------------------------------------------------------------- */
 /* Finding and running the compiler                                                     */

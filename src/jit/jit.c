@@ -44,19 +44,20 @@ struct rlk_jit {
 };
 
 rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk_cache *cache,
-                          const char *target, rlk_jit **out) {
+                          const rlk_target *target, const char *templates, rlk_jit **out) {
   *out = NULL;
-  if (!compiler || !cache || !target) return rlk_error(RLK_ERR_INTERNAL, "jit: missing compiler or cache");
+  if (!compiler || !cache || !target || !templates)
+    return rlk_error(RLK_ERR_INTERNAL, "jit: missing compiler, cache, target or template folder");
   rlk_jit *jit = calloc(1, sizeof *jit);
   if (!jit) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
   jit->backend = backend;
   jit->compiler = compiler;
   jit->cache = cache;
-  if (rlk_format(jit->target, sizeof jit->target, "%s", target) < 0) {
+  if (rlk_format(jit->target, sizeof jit->target, "%s", target->name) < 0) {
     free(jit);
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", target);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", target->name);
   }
-  jit->source_dir = strcmp(compiler->kind, "clang") == 0 ? "host" : "cuda";
+  jit->source_dir = templates;
   const char *j = rlk_env("RLK_JIT");
   jit->jit_disabled = j && strcmp(j, "0") == 0;
   pthread_mutex_init(&jit->lock, NULL);

@@ -14,10 +14,11 @@
 typedef struct rlk_jit rlk_jit;
 
 /* `backend` may be NULL (compile-only: kernels are compiled and published, never loaded).
- * `source_dir` is "cuda" for NVRTC/hiprtc and "host" for the host compiler. The JIT borrows
+ * The target's name goes into every key; `templates` is the folder of templates/ the compiler
+ * reads ("cuda" for NVRTC and hiprtc, "host" for clang: a static string). The JIT borrows
  * backend, compiler and cache; the caller keeps them alive longer. */
 rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk_cache *cache,
-                          const char *target, rlk_jit **out);
+                          const rlk_target *target, const char *templates, rlk_jit **out);
 void rlk_jit_destroy(rlk_jit *jit);
 
 /* The launchable function for a spec (compiling, publishing and loading on a miss). */

@@ -1,4 +1,4 @@
-/* key.h - the cache key of a compiled kernel (specs/jit-cache.md, "Key").
+/* key.h - the cache key of a compiled kernel (docs/cache.md, "Key").
  *
  * SHA-256 over a canonical serialization: each field as "<name>\0<decimal length>\0<bytes>"
  * in the fixed order below. Every field is kept in clear in the entry's metadata so an entry

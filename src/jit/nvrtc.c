@@ -6,9 +6,10 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/target.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 /* The part of the NVRTC API used here, declared locally (nvrtc.h is not needed to build).
  * nvrtcResult is a C enum, passed as int; a program is an opaque pointer. */
@@ -43,9 +44,6 @@ typedef struct nv_impl {
    * create/compile/read/destroy sequence in one piece and the log ordering readable. */
   pthread_mutex_t lock;
 } nv_impl;
-
-/* Architectures that also have an arch-specific ("a") variant, e.g. sm_90a. */
-static const int nv_arch_specific[] = {90, 100, 103, 110, 120, 121};
 
 static const char *nv_errstr(const nv_impl *impl, nv_result r) {
   const char *s = impl->api.GetErrorString ? impl->api.GetErrorString(r) : NULL;
@@ -103,8 +101,7 @@ static rlk_status nv_fill_targets(rlk_compiler *c, const nv_impl *impl) {
     rlk_format(word, sizeof word, "sm_%d", archs[i]);
     rlk_status st = nv_add_target(c, word);
     if (st != RLK_OK) return st;
-    for (size_t k = 0; k < sizeof nv_arch_specific / sizeof nv_arch_specific[0]; k++) {
-      if (archs[i] != nv_arch_specific[k]) continue;
+    if (rlk_target_cuda_has_arch_specific(archs[i])) {
       rlk_format(word, sizeof word, "sm_%da", archs[i]);
       if ((st = nv_add_target(c, word)) != RLK_OK) return st;
     }

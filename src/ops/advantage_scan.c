@@ -22,6 +22,11 @@
 
 #include "core/core.h"
 #include "ops/advantage_scan.h"
+#include "runtime/record.h"
+#include "common/advantage_scan_params.h"
+
+/* The kernel's argument (templates/common/advantage_scan_params.h). */
+RLK_PARAMS_DECLARE(as_kernel_args, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
 /* Shared checks (advantage_scan.h)                                                    */
@@ -124,15 +129,15 @@ typedef struct as_plan {
   rlk_launch_dims dims; /* valid when the shape is known */
 } as_plan;
 
-static int as_warp_size(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 /* The algorithm a configuration runs: forced, or by shape. The host's auto is the plain loop. */
-static int as_algo_for(rlk_backend kind, const as_config *c) {
+static int as_algo_for(const rlk_target *t, const as_config *c) {
+  const rlk_backend kind = t->kind;
   if (c->algo == RLK_SCAN_ROW_WARP) return AS_ALGO_WARP;
   if (c->algo == RLK_SCAN_ROW_BLOCK) return AS_ALGO_BLOCK;
   if (kind == RLK_BACKEND_HOST) return AS_ALGO_WARP;
   const int64_t K = 32 / (int64_t)rlk_dtype_size(c->dtype);
-  return c->T > 2 * as_warp_size(kind) * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
+  return c->T > 2 * t->warp_size * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
 }
 
 /* The one place that turns a configuration into the kernel spec and, with a shape, its launch:
@@ -140,9 +145,10 @@ static int as_algo_for(rlk_backend kind, const as_config *c) {
  *   block  a row per block; the fewest tiles of at most 1024 x K steps that cover T, and the
  *          fewest whole warps that cover one tile (T = 4096 f32: 512 threads, one tile;
  *          T = 20480: 512 threads, five tiles). */
-static rlk_status as_select(rlk_backend kind, const as_config *c, as_plan *p) {
+static rlk_status as_select(const rlk_target *t, const as_config *c, as_plan *p) {
+  const rlk_backend kind = t->kind;
   memset(p, 0, sizeof *p);
-  const int algo = as_algo_for(kind, c);
+  const int algo = as_algo_for(t, c);
   p->spec.tmpl = &as_tmpl;
   p->spec.values[0] = c->dtype;
   p->spec.values[1] = c->family;
@@ -151,7 +157,7 @@ static rlk_status as_select(rlk_backend kind, const as_config *c, as_plan *p) {
   d->grid[0] = d->grid[1] = d->grid[2] = 1;
   d->block[0] = d->block[1] = d->block[2] = 1;
   if (kind != RLK_BACKEND_HOST && c->B > 0 && c->T > 0) {
-    const int64_t W = as_warp_size(kind), K = 32 / (int64_t)rlk_dtype_size(c->dtype);
+    const int64_t W = t->warp_size, K = 32 / (int64_t)rlk_dtype_size(c->dtype);
     int64_t block, grid;
     if (algo == AS_ALGO_WARP) {
       block = AS_WARP_ROWS * W;
@@ -173,129 +179,67 @@ static rlk_status as_select(rlk_backend kind, const as_config *c, as_plan *p) {
 /* Precompile plans: gae, discounted_returns, reverse_cumsum                           */
 /* ---------------------------------------------------------------------------------- */
 
-static int as_choice(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
-}
+static const char *const as_algo_setting_names[] = {"auto", "warp", "block", NULL}; /* rlk_scan_algo order */
+static const char *const as_gae_masked_names[] = {"skip", "zero", NULL};
+static const char *const as_returns_masked_names[] = {"reset", "zero", NULL};
 
-static rlk_status as_parse_dim(const char *name, const char *value, int64_t *out) {
-  char *end = NULL;
-  long long v = strtoll(value, &end, 10);
-  if (!*value || *end || v < 1 || v > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not a positive integer", name, value);
-  *out = v;
-  return RLK_OK;
-}
+/* The settings every scan op takes, then the one run-time choice of each. */
+enum { AS_S_DTYPE, AS_S_ALGO, AS_S_B, AS_S_T, AS_S_MASK, AS_S_EXTRA, AS_NSETTINGS };
 
-/* Settings every scan op takes; `extra` names a run-time choice the op also accepts (with its
- * values), NULL if none. */
-static rlk_status as_plan_config(const char *op, int family, const char *extra,
-                                 const char *const *extra_values, const rlk_context *ctx,
-                                 size_t npairs, const rlk_op_config_pair *pairs,
+#define AS_COMMON_SETTINGS                                                                                  \
+  [AS_S_DTYPE] = RLK_SET_DTYPE("dtype", AS_DTYPES, RLK_F32, "advantage_scan.dtype", "of the values and outputs"), \
+  [AS_S_ALGO] = RLK_SET_CHOICE("algo", as_algo_setting_names, RLK_SCAN_AUTO, "advantage_scan.algo",                \
+                               "auto with B and T picks what a call of that shape runs, without them it builds "  \
+                               "every algorithm auto can pick"),                                                  \
+  [AS_S_B] = RLK_SET_INT("B", 0, 1, (int64_t)1 << 40, "advantage_scan.algo", "rows, a shape hint for algo=auto"), \
+  [AS_S_T] = RLK_SET_INT("T", 0, 1, (int64_t)1 << 40, "advantage_scan.algo", "steps per row, a shape hint for algo=auto"), \
+  [AS_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, 1, "", "the mask's dtype")
+
+static const rlk_op_setting as_gae_settings[AS_NSETTINGS] = {
+    AS_COMMON_SETTINGS,
+    [AS_S_EXTRA] = RLK_SET_CHOICE("masked", as_gae_masked_names, 0, "", "verl | OpenRLHF, TRL"),
+};
+static const rlk_op_setting as_returns_settings[AS_NSETTINGS] = {
+    AS_COMMON_SETTINGS,
+    [AS_S_EXTRA] = RLK_SET_CHOICE("masked", as_returns_masked_names, 0, "", "verl REINFORCE++ | OpenRLHF"),
+};
+static const rlk_op_setting as_cumsum_settings[AS_NSETTINGS] = {
+    AS_COMMON_SETTINGS,
+    [AS_S_EXTRA] = RLK_SET_FLAG("baseline", 0, "", "ReMax advantages as a second output"),
+};
+
+static rlk_status as_plan_family(int family, const rlk_context *ctx, const rlk_op_values *s,
                                  rlk_kernel_spec *specs, size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", op);
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: no room for the specs", op);
-  as_config c = {RLK_F32, family, RLK_SCAN_AUTO, 0, 0};
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: NULL setting", op);
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = RLK_OK;
-    if (!strcmp(n, "dtype")) {
-      if (!strcmp(v, "f32"))
-        c.dtype = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        c.dtype = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "algo")) {
-      if (!strcmp(v, "auto"))
-        c.algo = RLK_SCAN_AUTO;
-      else if (!strcmp(v, "warp"))
-        c.algo = RLK_SCAN_ROW_WARP;
-      else if (!strcmp(v, "block"))
-        c.algo = RLK_SCAN_ROW_BLOCK;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: '%s' is not auto, warp or block", v);
-    } else if (!strcmp(n, "B")) {
-      st = as_parse_dim(n, v, &c.B);
-    } else if (!strcmp(n, "T")) {
-      st = as_parse_dim(n, v, &c.T);
-    } else if (!strcmp(n, "mask")) {
-      if (as_choice(rlk_seq_mask_names, v) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-    } else if (extra && !strcmp(n, extra)) {
-      if (as_choice(extra_values, v) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not one of %s|%s", n, v,
-                         extra_values[0], extra_values[1]);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "%s: unknown setting '%s' (known: dtype algo B T mask%s%s)", op, n,
-                       extra ? " " : "", extra ? extra : "");
-    }
-    if (st) return st;
-  }
+  as_config c = {(rlk_dtype)s->v[AS_S_DTYPE], family, (rlk_scan_algo)s->v[AS_S_ALGO], s->v[AS_S_B], s->v[AS_S_T]};
   /* auto without a whole shape: every algorithm auto may pick on this backend */
   const int both = c.algo == RLK_SCAN_AUTO && (c.B == 0 || c.T == 0) && ctx->kind != RLK_BACKEND_HOST;
   as_plan p;
   rlk_status st;
   if (both) {
     c.algo = RLK_SCAN_ROW_WARP;
-    if ((st = as_select(ctx->kind, &c, &p))) return st;
+    if ((st = as_select(&ctx->target, &c, &p))) return st;
     specs[0] = p.spec;
     c.algo = RLK_SCAN_ROW_BLOCK;
-    if ((st = as_select(ctx->kind, &c, &p))) return st;
+    if ((st = as_select(&ctx->target, &c, &p))) return st;
     specs[1] = p.spec;
     *nspecs = 2;
     return RLK_OK;
   }
-  if ((st = as_select(ctx->kind, &c, &p))) return st;
+  if ((st = as_select(&ctx->target, &c, &p))) return st;
   specs[0] = p.spec;
   *nspecs = 1;
   return RLK_OK;
 }
 
-static const char *const as_gae_masked_names[] = {"skip", "zero", NULL};
-static const char *const as_returns_masked_names[] = {"reset", "zero", NULL};
-static const char *const as_flag_names[] = {"0", "1", NULL};
-
-static rlk_status as_plan_gae(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
-                              rlk_kernel_spec *specs, size_t *nspecs) {
-  return as_plan_config("gae", AS_FAMILY_GAE, "masked", as_gae_masked_names, ctx, npairs, pairs,
-                        specs, nspecs);
+static rlk_status as_plan_gae(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                              size_t *nspecs) {
+  return as_plan_family(AS_FAMILY_GAE, ctx, s, specs, nspecs);
 }
 
-static rlk_status as_plan_returns(const rlk_context *ctx, size_t npairs,
-                                  const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static rlk_status as_plan_returns(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                   size_t *nspecs) {
-  return as_plan_config("discounted_returns", AS_FAMILY_RETURNS, "masked", as_returns_masked_names,
-                        ctx, npairs, pairs, specs, nspecs);
+  return as_plan_family(AS_FAMILY_RETURNS, ctx, s, specs, nspecs);
 }
-
-static rlk_status as_plan_cumsum(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  return as_plan_config("reverse_cumsum", AS_FAMILY_RETURNS, "baseline", as_flag_names, ctx, npairs,
-                        pairs, specs, nspecs);
-}
-
-#define AS_COMMON_HELP                                                                           \
-  "dtype: f32|f64, of the values and outputs (f32)\n"                                            \
-  "algo: auto|warp|block; auto with B and T picks what a call of that shape runs, without them " \
-  "it builds every algorithm auto can pick (auto)\n"                                             \
-  "B: rows, a shape hint for algo=auto\n"                                                        \
-  "T: steps per row, a shape hint for algo=auto\n"                                               \
-  "mask: none|bool|i32|f32; a run-time value, the same kernels (bool)\n"
-
-static const char as_gae_help[] =
-    AS_COMMON_HELP "masked: skip|zero (verl | OpenRLHF, TRL); a run-time value, the same kernels (skip)\n";
-static const char as_returns_help[] =
-    AS_COMMON_HELP "masked: reset|zero (verl REINFORCE++ | OpenRLHF); a run-time value, the same kernels (reset)\n";
-static const char as_cumsum_help[] =
-    AS_COMMON_HELP "baseline: 0|1, ReMax advantages as a second output; a run-time value, the same kernels (0)\n";
 
 /* Together they reach every pair of dtype, family and algorithm of the template in four kernels
  * (f32 gae warp, f64 gae block, f32 returns block, f64 returns warp); reverse_cumsum's samples
@@ -308,11 +252,15 @@ static const char *const as_returns_samples[] = {
 static const char *const as_cumsum_samples[] = {"reverse_cumsum dtype=f32 algo=block baseline=1",
                                                 "reverse_cumsum dtype=f64 algo=warp", NULL};
 
-const rlk_op_desc rlk_op_gae = {"gae", as_gae_help, as_plan_gae, as_gae_samples};
-const rlk_op_desc rlk_op_discounted_returns = {"discounted_returns", as_returns_help,
-                                               as_plan_returns, as_returns_samples};
-const rlk_op_desc rlk_op_reverse_cumsum = {"reverse_cumsum", as_cumsum_help, as_plan_cumsum,
-                                           as_cumsum_samples};
+const rlk_op_desc rlk_op_gae = {
+    .name = "gae", .settings = as_gae_settings, .nsettings = AS_NSETTINGS, .plan = as_plan_gae,
+    .samples = as_gae_samples};
+const rlk_op_desc rlk_op_discounted_returns = {
+    .name = "discounted_returns", .settings = as_returns_settings, .nsettings = AS_NSETTINGS,
+    .plan = as_plan_returns, .samples = as_returns_samples};
+const rlk_op_desc rlk_op_reverse_cumsum = {
+    .name = "reverse_cumsum", .settings = as_cumsum_settings, .nsettings = AS_NSETTINGS,
+    .plan = as_plan_returns, .samples = as_cumsum_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The calls                                                                           */
@@ -373,30 +321,48 @@ static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t 
   return rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T);
 }
 
+/* RLK_JIT_RECORD: the line of a call (its shape makes algo=auto plan the one kernel it ran). */
+static void as_record(const char *op, const as_call *k) {
+  const rlk_op_desc *d = !strcmp(op, "rlk_gae")                  ? &rlk_op_gae
+                         : !strcmp(op, "rlk_discounted_returns") ? &rlk_op_discounted_returns
+                                                                 : &rlk_op_reverse_cumsum;
+  rlk_op_values s;
+  rlk_op_values_init(d, &s);
+  rlk_op_values_set(&s, AS_S_DTYPE, k->x0->dtype);
+  rlk_op_values_set(&s, AS_S_ALGO, k->algo);
+  rlk_op_values_set(&s, AS_S_B, k->B);
+  rlk_op_values_set(&s, AS_S_T, k->T);
+  rlk_record_op(d, &s);
+}
+
 static rlk_status as_launch(rlk_context *ctx, const as_call *k, void *stream, const char *op) {
   rlk_status st = rlk_context_require_device(ctx, op);
   if (st) return st;
   as_config c = {k->x0->dtype, k->family, k->algo, k->B, k->T};
   as_plan p;
-  if ((st = as_select(ctx->kind, &c, &p))) return st;
+  if ((st = as_select(&ctx->target, &c, &p))) return st;
+  if (rlk_record_enabled()) as_record(op, k);
   const int64_t B = k->B, T = k->T;
-  const void *x0 = k->x0->data;
-  int64_t s0 = rlk_seq_row_stride(k->x0, B, T);
-  const void *x1 = k->x1 && k->x1->data ? k->x1->data : NULL;
-  int64_t s1 = x1 ? rlk_seq_row_stride(k->x1, B, T) : 0;
-  const void *mask = k->mask->data;
-  int64_t ms = mask ? rlk_seq_row_stride(k->mask, B, T) : T;
-  int mask_kind = rlk_seq_mask_kind(k->mask);
-  void *o0 = k->o0->data;
-  int64_t os0 = rlk_seq_row_stride(k->o0, B, T);
-  void *o1 = k->o1 && k->o1->data ? k->o1->data : NULL;
-  int64_t os1 = o1 ? rlk_seq_row_stride(k->o1, B, T) : 0;
-  const void *base = k->baseline && k->baseline->data ? k->baseline->data : NULL;
-  int64_t b = B, t = T;
-  double gamma = k->gamma, gl = k->gamma_lambda;
-  int masked = k->masked;
-  void *kargs[] = {&x0, &s0,  &x1,   &s1, &mask, &ms, &mask_kind, &o0,  &os0,
-                   &o1, &os1, &base, &b,  &t,    &gamma, &gl, &masked};
+  as_kernel_args a;
+  memset(&a, 0, sizeof a);
+  a.x0 = k->x0->data;
+  a.s0 = rlk_seq_row_stride(k->x0, B, T);
+  a.x1 = k->x1 && k->x1->data ? k->x1->data : NULL;
+  a.s1 = a.x1 ? rlk_seq_row_stride(k->x1, B, T) : 0;
+  a.mask = k->mask->data;
+  a.ms = a.mask ? rlk_seq_row_stride(k->mask, B, T) : T;
+  a.mask_kind = rlk_seq_mask_kind(k->mask);
+  a.o0 = k->o0->data;
+  a.os0 = rlk_seq_row_stride(k->o0, B, T);
+  a.o1 = k->o1 && k->o1->data ? k->o1->data : NULL;
+  a.os1 = a.o1 ? rlk_seq_row_stride(k->o1, B, T) : 0;
+  a.baseline = k->baseline && k->baseline->data ? k->baseline->data : NULL;
+  a.B = B;
+  a.T = T;
+  a.gamma = k->gamma;
+  a.gamma_lambda = k->gamma_lambda;
+  a.masked = k->masked;
+  void *kargs[] = {&a};
   return rlk_context_launch(ctx, &p.spec, &p.dims, stream, kargs);
 }
 

@@ -28,6 +28,13 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
+#include "common/group_advantage_params.h"
+
+/* The kernels' arguments (templates/common/group_advantage_params.h). */
+RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -106,7 +113,6 @@ typedef struct ga_plan {
   int seg; /* threads per group in the group kernel */
 } ga_plan;
 
-static int ga_warp_size(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 static int64_t ga_next_pow2(int64_t x) {
   int64_t p = 1;
@@ -131,10 +137,11 @@ static int ga_mask_kind(rlk_dtype d) {
  *   fixed G <= 1024 is baked in (host and GPU alike); larger G and offsets are run-time values;
  *   GPU threads per group: the next power of two of G up to a warp (several groups per warp),
  *   else up to 256 threads of a block; uneven groups take a warp each; the host uses 1. */
-static rlk_status ga_select(rlk_backend kind, const ga_config *c, ga_plan *p) {
+static rlk_status ga_select(const rlk_target *t, const ga_config *c, ga_plan *p) {
+  const rlk_backend kind = t->kind;
   memset(p, 0, sizeof *p);
   const int host = kind == RLK_BACKEND_HOST;
-  const int warp = ga_warp_size(kind);
+  const int warp = t->warp_size;
   int64_t baked = 0, seg;
   if (c->group_size > 0) {
     baked = c->group_size <= GA_MAX_BAKED_GROUP ? c->group_size : 0;
@@ -178,98 +185,46 @@ static rlk_status ga_select(rlk_backend kind, const ga_config *c, ga_plan *p) {
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int ga_choice(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
-}
+enum {
+  GA_S_MODE, GA_S_GROUP_SIZE, GA_S_OFFSETS, GA_S_SCORES, GA_S_SCORES_2D, GA_S_MASK, GA_S_UNBIASED, GA_S_SINGLETON,
+  GA_S_BROADCAST, GA_NSETTINGS
+};
 
-static rlk_status ga_parse_flag(const char *name, const char *value, int *out) {
-  if (!strcmp(value, "0") || !strcmp(value, "1")) {
-    *out = value[0] == '1';
-    return RLK_OK;
-  }
-  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", name, value);
-}
+static const rlk_op_setting ga_settings[GA_NSETTINGS] = {
+    [GA_S_MODE] = RLK_SET_CHOICE("mode", ga_mode_names, RLK_ADV_GRPO, "group_advantage_group.mode", "the advantage"),
+    [GA_S_GROUP_SIZE] = RLK_SET_INT("group_size", 16, 0, (int64_t)1 << 40, "group_advantage_group.group",
+                                    "fixed group size, or 0 for uneven groups given by group_offsets"),
+    [GA_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                   "group_advantage_group.offsets",
+                                   "the group_offsets dtype; implies group_size=0"),
+    [GA_S_SCORES] = RLK_SET_DTYPE("scores", GA_SCORE_DTYPES, RLK_F32, "group_advantage_rowsum.scores",
+                                  "the scores' dtype"),
+    [GA_S_SCORES_2D] = RLK_SET_FLAG("scores_2d", 0, "group_advantage_rowsum",
+                                    "scores are [B, T] token rewards summed per row under the mask"),
+    [GA_S_MASK] = RLK_SET_CHOICE("mask", ga_mask_names, GA_MASK_NONE, "group_advantage_rowsum.mask",
+                                 "the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1"),
+    [GA_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "std with N - 1"),
+    [GA_S_SINGLETON] = RLK_SET_CHOICE("singleton", ga_singleton_names, RLK_SINGLETON_MEAN0_STD1, "",
+                                      "what a one-member group gets"),
+    [GA_S_BROADCAST] = RLK_SET_FLAG("broadcast", 0, "group_advantage_broadcast",
+                                    "also write token_advantages [B, T]"),
+};
 
-static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static rlk_status ga_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: no room for the specs");
-  ga_config c = {RLK_ADV_GRPO, 16, RLK_DTYPE_INVALID, RLK_F32, 0, GA_MASK_NONE, 1,
-                 RLK_SINGLETON_MEAN0_STD1, 0};
-  int have_group_size = 0, have_offsets = 0;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_advantage: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = RLK_OK;
-    int k;
-    if (!strcmp(n, "mode")) {
-      if ((k = ga_choice(ga_mode_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "mode: '%s' is not grpo, mean-only, rloo or batch-std", v);
-      c.mode = k;
-    } else if (!strcmp(n, "group_size")) {
-      char *end = NULL;
-      long long g = strtoll(v, &end, 10);
-      if (!*v || *end || g < 0 || g > ((int64_t)1 << 40))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "group_size: '%s' is not an integer >= 0 (0: uneven groups by offsets)", v);
-      c.group_size = g;
-      have_group_size = 1;
-    } else if (!strcmp(n, "offsets")) {
-      if (!strcmp(v, "i32"))
-        c.offsets = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        c.offsets = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
-      have_offsets = 1;
-    } else if (!strcmp(n, "scores")) {
-      if (!strcmp(v, "f32"))
-        c.scores = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        c.scores = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "scores: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "scores_2d")) {
-      st = ga_parse_flag(n, v, &c.scores_2d);
-    } else if (!strcmp(n, "mask")) {
-      if ((k = ga_choice(ga_mask_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-      c.mask = k;
-    } else if (!strcmp(n, "unbiased")) {
-      st = ga_parse_flag(n, v, &c.unbiased);
-    } else if (!strcmp(n, "singleton")) {
-      if ((k = ga_choice(ga_singleton_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: '%s' is not mean0-std1 or zero", v);
-      c.singleton = k;
-    } else if (!strcmp(n, "broadcast")) {
-      st = ga_parse_flag(n, v, &c.broadcast);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_advantage: unknown setting '%s' (known: mode group_size offsets "
-                       "scores scores_2d mask unbiased singleton broadcast)",
-                       n);
-    }
-    if (st) return st;
-  }
-  if (have_offsets && !have_group_size) c.group_size = 0;
+  ga_config c = {(int)s->v[GA_S_MODE],     s->v[GA_S_GROUP_SIZE],      (rlk_dtype)s->v[GA_S_OFFSETS],
+                 (rlk_dtype)s->v[GA_S_SCORES], (int)s->v[GA_S_SCORES_2D], (int)s->v[GA_S_MASK],
+                 (int)s->v[GA_S_UNBIASED], (int)s->v[GA_S_SINGLETON], (int)s->v[GA_S_BROADCAST]};
+  const int have_offsets = RLK_OP_GIVEN(s, GA_S_OFFSETS);
+  if (have_offsets && !RLK_OP_GIVEN(s, GA_S_GROUP_SIZE)) c.group_size = 0;
   if (have_offsets && c.group_size > 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "offsets: only with group_size=0 (groups are either fixed or by offsets)");
-  if (c.group_size == 0 && !have_offsets) c.offsets = RLK_I64;
   if (c.mask != GA_MASK_NONE && !c.scores_2d && !c.broadcast)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: needs scores_2d=1 or broadcast=1");
 
   ga_plan p;
-  rlk_status st = ga_select(ctx->kind, &c, &p);
+  rlk_status st = ga_select(&ctx->target, &c, &p);
   if (st) return st;
   size_t n = 0;
   if (p.has_rowsum) specs[n++] = p.rowsum;
@@ -278,17 +233,6 @@ static rlk_status ga_plan_config(const rlk_context *ctx, size_t npairs,
   *nspecs = n;
   return RLK_OK;
 }
-
-static const char ga_help[] =
-    "mode: grpo|mean-only|rloo|batch-std (grpo)\n"
-    "group_size: fixed group size >= 1, or 0 for uneven groups given by group_offsets (16)\n"
-    "offsets: i32|i64, the group_offsets dtype; implies group_size=0 (i64 when group_size=0)\n"
-    "scores: f32|f64 (f32)\n"
-    "scores_2d: 0|1, scores are [B, T] token rewards summed per row under the mask (0)\n"
-    "mask: none|bool|i32|f32, the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1 (none)\n"
-    "unbiased: 0|1, std with N - 1; a run-time value, the same kernels (1)\n"
-    "singleton: mean0-std1|zero, what a one-member group gets; a run-time value (mean0-std1)\n"
-    "broadcast: 0|1, also write token_advantages [B, T] (0)\n";
 
 static const char *const ga_samples[] = {
     /* the common shape: a lane segment per group, G baked; row sums and a broadcast, no mask */
@@ -304,7 +248,13 @@ static const char *const ga_samples[] = {
     "group_advantage mode=batch-std group_size=2048 scores_2d=1 mask=i32 broadcast=1",
     NULL};
 
-const rlk_op_desc rlk_op_group_advantage = {"group_advantage", ga_help, ga_plan_config, ga_samples};
+const rlk_op_desc rlk_op_group_advantage = {
+    .name = "group_advantage",
+    .settings = ga_settings,
+    .nsettings = GA_NSETTINGS,
+    .plan = ga_plan_config,
+    .samples = ga_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
@@ -515,6 +465,22 @@ RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
   return st;
 }
 
+/* RLK_JIT_RECORD: the line of a call's configuration. */
+static void ga_record(const ga_config *c) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_group_advantage, &s);
+  rlk_op_values_set(&s, GA_S_MODE, c->mode);
+  rlk_op_values_set(&s, GA_S_GROUP_SIZE, c->group_size);
+  if (c->group_size == 0) rlk_op_values_set(&s, GA_S_OFFSETS, c->offsets);
+  rlk_op_values_set(&s, GA_S_SCORES, c->scores);
+  rlk_op_values_set(&s, GA_S_SCORES_2D, c->scores_2d);
+  rlk_op_values_set(&s, GA_S_MASK, c->mask);
+  rlk_op_values_set(&s, GA_S_UNBIASED, c->unbiased);
+  rlk_op_values_set(&s, GA_S_SINGLETON, c->singleton);
+  rlk_op_values_set(&s, GA_S_BROADCAST, c->broadcast);
+  rlk_record_op(&rlk_op_group_advantage, &s);
+}
+
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
                                        void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: ctx is NULL");
@@ -538,10 +504,11 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   }
   if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
   ga_plan p;
-  if ((st = ga_select(ctx->kind, &c, &p))) return st;
+  if ((st = ga_select(&ctx->target, &c, &p))) return st;
+  if (rlk_record_enabled()) ga_record(&c);
 
   const int host = ctx->kind == RLK_BACKEND_HOST;
-  const int warp = ga_warp_size(ctx->kind);
+  const int warp = ctx->target.warp_size;
   const int64_t B = k.B, T = k.T;
   float *adv = (float *)args->advantages.data;
   /* where the row sums go: f32 into the advantages (read in place), f64 into the workspace */
@@ -549,11 +516,15 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
 
   /* 1. row sums: a block per row, wider for long rows */
   if (p.has_rowsum) {
-    const void *rewards = args->scores.data, *mask = args->mask.data;
-    int64_t rstride = B > 1 ? args->scores.strides[0] : T;
-    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
-    int64_t b = B, t = T;
-    void *kargs[] = {&rewards, &rstride, &mask, &mstride, &sums, &b, &t};
+    ga_rowsum_args a = {0};
+    a.rewards = args->scores.data;
+    a.mask = args->mask.data;
+    a.reward_stride = B > 1 ? args->scores.strides[0] : T;
+    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
+    a.out = sums;
+    a.B = B;
+    a.T = T;
+    void *kargs[] = {&a};
     unsigned block = T >= 8192 ? 256 : (T >= 2048 ? 128 : 64);
     if (block < (unsigned)warp) block = (unsigned)warp;
     rlk_launch_dims d = host ? ga_dims(1, 1, 1) : ga_dims(ga_min_u(B, 1 << 20), 1, block);
@@ -563,14 +534,19 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
   /* 2. group statistics and advantages */
   {
     const void *scores = c.scores_2d ? (const void *)sums : args->scores.data;
-    int64_t stride = c.scores_2d ? 1 : args->scores.strides[0];
-    if (B == 1) stride = 1;
-    const void *offsets = args->group_offsets.data;
-    int64_t b = B, gsize = c.group_size, ngroups = k.num_groups;
-    float eps = args->eps;
-    int unbiased = c.unbiased, singleton = c.singleton;
-    void *kargs[] = {&scores, &stride,  &adv, &b,        &gsize,
-                     &ngroups, &offsets, &eps, &unbiased, &singleton};
+    const int64_t ngroups = k.num_groups;
+    ga_group_args a = {0};
+    a.scores = scores;
+    a.score_stride = c.scores_2d || B == 1 ? 1 : args->scores.strides[0];
+    a.adv = adv;
+    a.B = B;
+    a.group_size = c.group_size;
+    a.num_groups = ngroups;
+    a.offsets = args->group_offsets.data;
+    a.eps = args->eps;
+    a.unbiased = c.unbiased;
+    a.singleton = c.singleton;
+    void *kargs[] = {&a};
     /* Batch-std blocks each compute the batch statistics from `scores` before writing their
      * groups; when scores are the advantages buffer (row sums, or an in-place call) a second
      * block would read what the first already overwrote, so those calls get one block. */
@@ -602,12 +578,15 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
 
   /* 3. broadcast over tokens */
   if (p.has_broadcast) {
-    const void *mask = args->mask.data;
-    int64_t mstride = mask && B > 1 ? args->mask.strides[0] : T;
-    float *out = (float *)args->token_advantages.data;
-    int64_t ostride = B > 1 ? args->token_advantages.strides[0] : T;
-    int64_t b = B, t = T;
-    void *kargs[] = {&adv, &mask, &mstride, &out, &ostride, &b, &t};
+    ga_broadcast_args a = {0};
+    a.adv = adv;
+    a.mask = args->mask.data;
+    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
+    a.out = (float *)args->token_advantages.data;
+    a.out_stride = B > 1 ? args->token_advantages.strides[0] : T;
+    a.B = B;
+    a.T = T;
+    void *kargs[] = {&a};
     /* tiles of 4 x 256 four-element chunks across a row (up to 1024), a row per grid.y */
     const unsigned block = 256;
     const int64_t tile = 4 * 4 * (int64_t)block;

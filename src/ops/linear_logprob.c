@@ -88,8 +88,7 @@ typedef struct ll_choice {
 
 /* sm_90a exactly: wgmma needs the arch-specific target. */
 static int ll_wgmma_target(const rlk_context *ctx) {
-  return ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) == 90 &&
-         ctx->info.target[strlen(ctx->info.target) - 1] == 'a';
+  return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
 static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choice *ch) {
@@ -251,7 +250,7 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
   }
   if ((st = ll_select(ctx, &k->c, &k->ch))) return st;
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
-  const int64_t sms = ctx->info.multiprocessors > 0 ? ctx->info.multiprocessors : 1;
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
   const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
   const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM;
   k->row_blocks = (k->N + bm - 1) / bm;
@@ -618,55 +617,35 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status ll_plan(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
-                          rlk_kernel_spec *specs, size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: ctx is NULL");
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: no room for the specs");
+static const char *const ll_pass_names[] = {"fwd", "bwd", "both", NULL};
+static const char *const ll_grad_line_names[] = {"f32", "same", NULL};
+
+enum { LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_NSETTINGS };
+
+static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
+    [LL_S_PASS] = RLK_SET_CHOICE("pass", ll_pass_names, 2, "linear_logprob_fwd_* linear_logprob_bwd_*",
+                                 "the kernels to build"),
+    [LL_S_HIDDEN] = RLK_SET_DTYPE("hidden", LL_HIDDEN_DTYPES, RLK_BF16, "linear_logprob_*.hidden",
+                                  "the dtype of hidden and weight"),
+    [LL_S_LABELS] = RLK_SET_DTYPE("labels", LL_LABEL_DTYPES, RLK_I64, "linear_logprob_*.labels", "the labels' dtype"),
+    [LL_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "linear_logprob_*.entropy",
+                                  "fwd: also the entropy; bwd: an entropy gradient"),
+    [LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_*.grad",
+                                 "the backward's grad_hidden and grad_weight dtype"),
+    [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_fwd_*",
+                                    "wgmma is the sm_90a kernel, elsewhere tiled runs"),
+};
+
+static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                          size_t *nspecs) {
   ll_config c;
   memset(&c, 0, sizeof c);
-  c.hidden = LL_DT_BF16;
-  c.labels = RLK_I64;
+  c.hidden = s->v[LL_S_HIDDEN] == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  c.labels = (rlk_dtype)s->v[LL_S_LABELS];
+  c.entropy = (int)s->v[LL_S_ENTROPY];
+  c.variant = (int)s->v[LL_S_VARIANT];
   c.tma_ok = 1;
-  int pass = 2, grad_same = 0; /* pass: 0 fwd, 1 bwd, 2 both */
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    if (!strcmp(n, "hidden")) {
-      if (strcmp(v, "bf16") && strcmp(v, "f16"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: '%s' is not bf16 or f16", v);
-      c.hidden = !strcmp(v, "f16") ? LL_DT_F16 : LL_DT_BF16;
-    } else if (!strcmp(n, "labels")) {
-      if (strcmp(v, "i32") && strcmp(v, "i64"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
-      c.labels = !strcmp(v, "i32") ? RLK_I32 : RLK_I64;
-    } else if (!strcmp(n, "entropy")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
-      c.entropy = v[0] == '1';
-    } else if (!strcmp(n, "pass")) {
-      static const char *const passes[] = {"fwd", "bwd", "both"};
-      pass = -1;
-      for (int q = 0; q < 3; q++)
-        if (!strcmp(passes[q], v)) pass = q;
-      if (pass < 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
-    } else if (!strcmp(n, "grad")) {
-      if (strcmp(v, "f32") && strcmp(v, "same"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not f32 or same", v);
-      grad_same = !strcmp(v, "same");
-    } else if (!strcmp(n, "variant")) {
-      int k = -1;
-      for (int q = 0; ll_variant_names[q]; q++)
-        if (!strcmp(ll_variant_names[q], v)) k = q;
-      if (k < 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, wgmma or tiled", v);
-      c.variant = k;
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "linear_logprob: unknown setting '%s' (known: pass hidden labels entropy grad variant)", n);
-    }
-  }
+  const int pass = (int)s->v[LL_S_PASS], grad_same = s->v[LL_S_GRAD] == 1; /* pass: 0 fwd, 1 bwd, 2 both */
   size_t n = 0;
   rlk_status st;
   if (pass != 0) {
@@ -698,14 +677,6 @@ static rlk_status ll_plan(const rlk_context *ctx, size_t npairs, const rlk_op_co
   return RLK_OK;
 }
 
-static const char ll_help[] =
-    "pass: fwd|bwd|both, the kernels to build (both)\n"
-    "hidden: bf16|f16, the dtype of hidden and weight (bf16)\n"
-    "labels: i32|i64 (i64)\n"
-    "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
-    "grad: f32|same, the backward's grad_hidden and grad_weight dtype (f32)\n"
-    "variant: auto|wgmma|tiled; wgmma is the sm_90a kernel, elsewhere tiled runs (auto)\n";
-
 static const char *const ll_samples[] = {
     "linear_logprob hidden=bf16 labels=i64 entropy=1",
     "linear_logprob pass=fwd hidden=f16 labels=i32",
@@ -713,4 +684,10 @@ static const char *const ll_samples[] = {
     "linear_logprob pass=bwd hidden=f16 labels=i64 entropy=1 grad=same",
     NULL};
 
-const rlk_op_desc rlk_op_linear_logprob = {"linear_logprob", ll_help, ll_plan, ll_samples, NULL, NULL};
+const rlk_op_desc rlk_op_linear_logprob = {
+    .name = "linear_logprob",
+    .settings = ll_settings,
+    .nsettings = LL_NSETTINGS,
+    .plan = ll_plan,
+    .samples = ll_samples,
+};

@@ -32,6 +32,7 @@
 #include "core/core.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 
@@ -131,9 +132,6 @@ static const lp_arch_default lp_hip_default = {0, RLK_LOGPROB_VARIANT_VEC, 256, 
 #define LP_WIDE_ROW (64 * 1024)
 #define LP_BLOCK_ROW (16 * 1024)
 
-/* Shared memory the sm_90 variants may use per SM and per block (H100/H200: 228 KB / 227 KB). */
-#define LP_SM90_SMEM_PER_SM (228 * 1024)
-#define LP_SM90_SMEM_PER_BLOCK (227 * 1024)
 
 /* What a sweep tool times against the default, appended to a configuration line. Valid on every
  * target: a setting a target cannot honour falls back (identical specs then time alike). */
@@ -175,11 +173,10 @@ typedef struct lp_choice {
 
 static int lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
 
-static int lp_warp(rlk_backend kind) { return kind == RLK_BACKEND_HIP ? 64 : 32; }
 
 static const lp_arch_default *lp_default(const rlk_context *ctx) {
   if (ctx->kind == RLK_BACKEND_HIP) return &lp_hip_default;
-  const int sm = rlk_op_cuda_sm(ctx);
+  const int sm = rlk_target_cuda_sm(&ctx->target);
   for (size_t i = 0; i < LP_N(lp_cuda_defaults); i++)
     if (sm >= lp_cuda_defaults[i].min_sm) return &lp_cuda_defaults[i];
   return &lp_cuda_defaults[LP_N(lp_cuda_defaults) - 1];
@@ -215,8 +212,8 @@ static int lp_env_override(void) {
 }
 
 /* Checks the tuning requests that make sense for `variant` on this backend. */
-static rlk_status lp_check_tuning(rlk_backend kind, int variant, const lp_config *c, int es) {
-  const int warp = lp_warp(kind);
+static rlk_status lp_check_tuning(const rlk_target *tg, int variant, const lp_config *c, int es) {
+  const int warp = tg->warp_size;
   if (c->unroll && !(c->unroll == 1 || c->unroll == 2 || c->unroll == 4 || c->unroll == 8))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "unroll: %d is not 0, 1, 2, 4 or 8", c->unroll);
   if (c->stages && (c->stages < 2 || c->stages > 8))
@@ -244,9 +241,9 @@ static rlk_status lp_check_tuning(rlk_backend kind, int variant, const lp_config
 }
 
 /* The vector kernel's row layout for rows of V elements: threads per block and per row. */
-static void lp_vec_shape(rlk_backend kind, const lp_arch_default *d, const lp_config *c, int *block,
+static void lp_vec_shape(const rlk_target *tg, const lp_arch_default *d, const lp_config *c, int *block,
                          int *seg) {
-  const int warp = lp_warp(kind);
+  const int warp = tg->warp_size;
   const int64_t row_bytes = c->V * lp_dt_bytes(c->logits);
   const int epv = 16 / lp_dt_bytes(c->logits);
   int b = c->block, s = c->seg;
@@ -275,7 +272,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
   int variant = c->variant ? c->variant : lp_env_override();
   if (!variant) variant = d->variant;
   lp_config t = *c;
-  const int sm90 = kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
+  const int sm90 = (ctx->target.features & RLK_TARGET_TMA) != 0; /* the bulk and tma variants */
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
       (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !c->tma_ok))) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
@@ -285,7 +282,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     t.block = t.seg = t.unroll = t.stages = 0; /* the fallback's own defaults */
   }
   if (kind == RLK_BACKEND_HOST) variant = RLK_LOGPROB_VARIANT_VEC;
-  rlk_status st = lp_check_tuning(kind, variant, &t, es);
+  rlk_status st = lp_check_tuning(&ctx->target, variant, &t, es);
   if (st) return st;
   ch->variant = variant;
   const int unroll = t.unroll ? t.unroll : d->unroll;
@@ -317,7 +314,7 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     ch->smem = (size_t)rows * 512u * (size_t)unroll * (size_t)stages;
   } else {
     int block = 1, seg = 1;
-    if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+    if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
     ch->spec.tmpl = &lp_fwd_tmpl;
     ch->spec.values[0] = c->logits;
     ch->spec.values[1] = c->labels;
@@ -328,10 +325,10 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
     ch->threads = block;
     ch->rows_per_block = block / seg;
   }
-  if (ch->smem > LP_SM90_SMEM_PER_BLOCK)
+  if (ch->smem > ctx->target.smem_per_block)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "block x unroll x stages: a %zu-byte shared-memory ring exceeds %d bytes",
-                     ch->smem, LP_SM90_SMEM_PER_BLOCK);
+                     "block x unroll x stages: a %zu-byte shared-memory ring exceeds %zu bytes",
+                     ch->smem, ctx->target.smem_per_block);
   return rlk_spec_validate(&ch->spec);
 }
 
@@ -345,10 +342,10 @@ static rlk_status lp_select_bwd_as(const rlk_context *ctx, const lp_config *c, l
   if (variant != RLK_LOGPROB_VARIANT_VEC && variant != RLK_LOGPROB_VARIANT_AUTO)
     t.block = t.seg = t.unroll = t.stages = 0; /* falls back with the vector kernel's defaults */
   t.stages = 0;
-  rlk_status st = lp_check_tuning(kind, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
+  rlk_status st = lp_check_tuning(&ctx->target, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
   if (st) return st;
   int block = 1, seg = 1;
-  if (kind != RLK_BACKEND_HOST) lp_vec_shape(kind, d, &t, &block, &seg);
+  if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
   ch->variant = RLK_LOGPROB_VARIANT_VEC;
   ch->spec.tmpl = &lp_bwd_tmpl;
   ch->spec.values[0] = c->logits;
@@ -378,7 +375,55 @@ static int lp_tune_shape(const lp_config *c, int pass, char *buf, size_t size) {
                     (long long)c->V);
 }
 
-static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v);
+/* ---- settings of a configuration line ---- */
+
+enum {
+  LP_S_PASS, LP_S_LOGITS, LP_S_LABELS, LP_S_ENTROPY, LP_S_GRAD, LP_S_VOCAB, LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG,
+  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_NSETTINGS
+};
+
+static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
+    [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
+    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, LP_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
+    [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                  "logprob_fwd.labels", "the labels' dtype"),
+    [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
+                                  "fwd: also the entropy; bwd: an entropy gradient"),
+    [LP_S_GRAD] = RLK_SET_CHOICE("grad", lp_grad_names, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
+    [LP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, (int64_t)1 << 40, "logprob_fwd.seg",
+                               "V, picks the row layout: a block per row, or rows sharing a block"),
+    [LP_S_VARIANT] = RLK_SET_CHOICE("variant", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO, "logprob_fwd",
+                                    "bulk and tma are sm_90+ forwards; elsewhere the default runs"),
+    [LP_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd.block",
+                               "threads per block, 0 for the default; bulk/tma: consumer threads"),
+    [LP_S_SEG] = RLK_SET_INT("seg", 0, 0, 1024, "logprob_fwd.seg",
+                             "threads per row of the vector kernel, 0 for the default"),
+    [LP_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd.unroll",
+                                "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
+    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd.stages",
+                                "shared-memory ring depth of bulk/tma, 0 for the default"),
+    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
+                                "N, the rows of the calls; with no tuning settings, the tuning database's winner "
+                                "for N's bucket on this context, 0 for none"),
+};
+
+/* A configuration from parsed settings; *pass receives the pass. */
+static void lp_config_of(const rlk_op_values *s, lp_config *c, int *pass) {
+  memset(c, 0, sizeof *c);
+  *pass = (int)s->v[LP_S_PASS];
+  c->logits = (int)s->v[LP_S_LOGITS];
+  c->labels = (rlk_dtype)s->v[LP_S_LABELS];
+  c->entropy = (int)s->v[LP_S_ENTROPY];
+  c->grad = (int)s->v[LP_S_GRAD];
+  c->V = s->v[LP_S_VOCAB];
+  c->variant = (int)s->v[LP_S_VARIANT];
+  c->block = (int)s->v[LP_S_BLOCK];
+  c->seg = (int)s->v[LP_S_SEG];
+  c->unroll = (int)s->v[LP_S_UNROLL];
+  c->stages = (int)s->v[LP_S_STAGES];
+  c->N = s->v[LP_S_TOKENS];
+  c->tma_ok = 1;
+}
 
 /* The order of a winner's values (rlk_tune_entry_values). */
 enum { LP_TUNE_VARIANT, LP_TUNE_BLOCK, LP_TUNE_SEG, LP_TUNE_UNROLL, LP_TUNE_STAGES };
@@ -399,10 +444,17 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
       break;
     }
     *eq = '\0';
-    static const char *const tuning[] = {"variant", "block", "seg", "unroll", "stages"};
-    int known = 0;
-    for (size_t i = 0; i < LP_N(tuning); i++) known |= !strcmp(tok, tuning[i]);
-    rc = !known || lp_apply_setting(&c, NULL, tok, eq + 1) != RLK_OK ? -1 : 0;
+    static const int tuning[] = {LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG, LP_S_UNROLL, LP_S_STAGES};
+    int k = -1;
+    for (size_t i = 0; i < LP_N(tuning); i++)
+      if (!strcmp(tok, lp_settings[tuning[i]].name)) k = tuning[i];
+    int64_t v = 0;
+    rc = k < 0 || rlk_op_setting_parse(&lp_settings[k], eq + 1, &v) != RLK_OK ? -1 : 0;
+    if (k == LP_S_VARIANT) c.variant = (int)v;
+    if (k == LP_S_BLOCK) c.block = (int)v;
+    if (k == LP_S_SEG) c.seg = (int)v;
+    if (k == LP_S_UNROLL) c.unroll = (int)v;
+    if (k == LP_S_STAGES) c.stages = (int)v;
   }
   rlk_error_clear();
   memset(values, 0, RLK_TUNE_VALUES * sizeof *values);
@@ -475,95 +527,31 @@ static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_c
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int lp_choice_index(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
+/* RLK_JIT_RECORD: the line of a call's pass, the inverse of lp_config_of. */
+static void lp_record(int pass, const lp_config *c) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_logprob, &s);
+  rlk_op_values_set(&s, LP_S_PASS, pass);
+  rlk_op_values_set(&s, LP_S_LOGITS, c->logits);
+  rlk_op_values_set(&s, LP_S_LABELS, c->labels);
+  rlk_op_values_set(&s, LP_S_ENTROPY, c->entropy);
+  if (pass == LP_PASS_BWD) rlk_op_values_set(&s, LP_S_GRAD, c->grad);
+  rlk_op_values_set(&s, LP_S_VOCAB, c->V);
+  rlk_op_values_set(&s, LP_S_VARIANT, c->variant);
+  rlk_op_values_set(&s, LP_S_BLOCK, c->block);
+  rlk_op_values_set(&s, LP_S_SEG, c->seg);
+  rlk_op_values_set(&s, LP_S_UNROLL, c->unroll);
+  rlk_op_values_set(&s, LP_S_STAGES, c->stages);
+  rlk_op_values_set(&s, LP_S_TOKENS, c->N);
+  rlk_record_op(&rlk_op_logprob, &s);
 }
 
-/* Applies one setting of a configuration line to c (and, unless pass is NULL, *pass). */
-static rlk_status lp_apply_setting(lp_config *c, int *pass, const char *n, const char *v) {
-  int k;
-  int64_t x = 0;
-  rlk_status st = RLK_OK;
-  if (!strcmp(n, "pass") && pass) {
-    if ((k = lp_choice_index(lp_pass_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
-    *pass = k;
-  } else if (!strcmp(n, "logits")) {
-    if ((k = lp_choice_index(lp_dt_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
-    c->logits = k;
-  } else if (!strcmp(n, "labels")) {
-    if (!strcmp(v, "i32"))
-      c->labels = RLK_I32;
-    else if (!strcmp(v, "i64"))
-      c->labels = RLK_I64;
-    else
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
-  } else if (!strcmp(n, "entropy")) {
-    if (strcmp(v, "0") && strcmp(v, "1"))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
-    c->entropy = v[0] == '1';
-  } else if (!strcmp(n, "grad")) {
-    if ((k = lp_choice_index(lp_grad_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad: '%s' is not same or f32", v);
-    c->grad = k;
-  } else if (!strcmp(n, "vocab")) {
-    if (!(st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c->V = x;
-  } else if (!strcmp(n, "tokens")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, (int64_t)1 << 40, &x))) c->N = x;
-  } else if (!strcmp(n, "variant")) {
-    if ((k = lp_choice_index(lp_variant_names, v)) < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, vec, bulk or tma", v);
-    c->variant = k;
-  } else if (!strcmp(n, "block")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->block = (int)x;
-  } else if (!strcmp(n, "seg")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c->seg = (int)x;
-  } else if (!strcmp(n, "unroll")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->unroll = (int)x;
-  } else if (!strcmp(n, "stages")) {
-    if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c->stages = (int)x;
-  } else {
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "logprob: unknown setting '%s' (known: pass logits labels entropy grad vocab tokens "
-                     "variant block seg unroll stages)",
-                     n);
-  }
-  return st;
-}
-
-/* A configuration from plan settings, defaults first. */
-static rlk_status lp_parse_config(size_t npairs, const rlk_op_config_pair *pairs, lp_config *c, int *pass) {
-  memset(c, 0, sizeof *c);
-  c->logits = LP_DT_BF16;
-  c->labels = RLK_I64;
-  c->grad = LP_GRAD_SAME;
-  c->V = 151936;
-  c->tma_ok = 1;
-  *pass = LP_PASS_BOTH;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = lp_apply_setting(c, pass, n, v);
-    if (st) return st;
-  }
-  return RLK_OK;
-}
-
-static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static rlk_status lp_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: ctx is NULL");
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: no room for the specs");
   lp_config c;
   int pass;
-  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
-  if (st) return st;
+  lp_config_of(s, &c, &pass);
+  rlk_status st;
   size_t n = 0;
   lp_choice ch;
   if (pass != LP_PASS_BWD) {
@@ -587,12 +575,10 @@ static rlk_status lp_plan_config(const rlk_context *ctx, size_t npairs,
 }
 
 /* The tuning database key of plan settings: one pass, tokens=, no tuning settings. */
-static rlk_status lp_tune_key(size_t npairs, const rlk_op_config_pair *pairs, char *shape, size_t size,
-                              int64_t *tokens) {
+static rlk_status lp_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
   lp_config c;
   int pass;
-  rlk_status st = lp_parse_config(npairs, pairs, &c, &pass);
-  if (st) return st;
+  lp_config_of(s, &c, &pass);
   if (pass == LP_PASS_BOTH)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
   if (c.N <= 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: a tuning key needs the token count N > 0");
@@ -604,22 +590,6 @@ static rlk_status lp_tune_key(size_t npairs, const rlk_op_config_pair *pairs, ch
   *tokens = rlk_tune_bucket(c.N);
   return RLK_OK;
 }
-
-static const char lp_help[] =
-    "pass: fwd|bwd|both, the kernels to build (both)\n"
-    "logits: bf16|f16|f32 (bf16)\n"
-    "labels: i32|i64 (i64)\n"
-    "entropy: 0|1, fwd: also the entropy; bwd: an entropy gradient (0)\n"
-    "grad: same|f32, the backward's dlogits dtype (same)\n"
-    "vocab: V, picks the row layout: a block per row, or rows sharing a block (151936)\n"
-    "variant: auto|vec|bulk|tma; bulk and tma are sm_90+ forwards; elsewhere "
-    "the default runs (auto)\n"
-    "block: threads per block, 0 for the default; bulk/tma: consumer threads (0)\n"
-    "seg: threads per row of the vector kernel, 0 for the default (0)\n"
-    "unroll: 16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default (0)\n"
-    "stages: shared-memory ring depth of bulk/tma, 0 for the default (0)\n"
-    "tokens: N, the rows of the calls; with no tuning settings, the tuning database's winner for N's "
-    "bucket on this context, 0 for none (0)\n";
 
 static const char *const lp_samples[] = {
     /* the common trainer shape: bf16 logits, i64 labels, entropy and its gradient */
@@ -636,7 +606,15 @@ static const char *const lp_samples[] = {
     "logprob pass=fwd logits=bf16 labels=i64 variant=tma entropy=1",
     NULL};
 
-const rlk_op_desc rlk_op_logprob = {"logprob", lp_help, lp_plan_config, lp_samples, lp_candidates, lp_tune_key};
+const rlk_op_desc rlk_op_logprob = {
+    .name = "logprob",
+    .settings = lp_settings,
+    .nsettings = LP_NSETTINGS,
+    .plan = lp_plan_config,
+    .samples = lp_samples,
+    .candidates = lp_candidates,
+    .tune_key = lp_tune_key,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */
@@ -715,9 +693,9 @@ static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem)
 static uint64_t lp_min_u(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Blocks of a shared-memory variant resident per SM, for a persistent grid. */
-static uint64_t lp_sm90_blocks_per_sm(const lp_choice *ch) {
+static uint64_t lp_sm90_blocks_per_sm(const rlk_target *t, const lp_choice *ch) {
   const size_t per_block = ch->smem + 2048; /* barriers, scratch and the runtime's reserve */
-  uint64_t by_smem = LP_SM90_SMEM_PER_SM / per_block;
+  uint64_t by_smem = t->smem_per_sm / per_block;
   uint64_t by_threads = 2048u / (uint64_t)ch->threads;
   uint64_t b = by_smem < by_threads ? by_smem : by_threads;
   if (b > 32) b = 32;
@@ -786,9 +764,10 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   req.box_cols = (uint32_t)(512 / es);
   /* Select as if a tensor map could describe the logits; only when the tensor-map variant is what
    * runs is that checked, and a refusal selects again without it. */
-  c.tma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 90;
+  c.tma_ok = (ctx->target.features & RLK_TARGET_TMA) != 0;
   lp_choice ch;
   if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+  if (rlk_record_enabled()) lp_record(LP_PASS_FWD, &c);
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     req.box_rows = (uint32_t)ch.rows_per_block;
     c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
@@ -807,7 +786,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   void *kargs[13] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index,
                      &logp,   &lse, &entropy, &status, NULL};
   const int host = ctx->kind == RLK_BACKEND_HOST;
-  const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+  const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
   const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
   rlk_launch_dims d;
   if (host) {
@@ -815,11 +794,12 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   } else if (ch.variant == RLK_LOGPROB_VARIANT_VEC) {
     d = lp_dims(lp_min_u(groups, 1u << 20), 1, ch.threads, 0);
   } else {
-    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ch)), 1, ch.threads, ch.smem);
+    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &ch)), 1, ch.threads, ch.smem);
   }
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     _Alignas(64) unsigned char map[128];
-    st = rlk_cuda_tma_encode(ctx->backend, &req, map);
+    st = ctx->backend->tensor_map_encode ? ctx->backend->tensor_map_encode(ctx->backend, &req, map)
+                                         : rlk_error(RLK_ERR_UNSUPPORTED, "tma: the backend has no tensor maps");
     if (st) {
       /* the driver refused what the check accepted: run the default rather than fail */
       rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
@@ -897,6 +877,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   c.N = N;
   lp_choice ch;
   if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
+  if (rlk_record_enabled()) lp_record(LP_PASS_BWD, &c);
 
   const void *logits = a->logits.data, *labels = a->labels.data;
   float temperature = a->temperature;
@@ -917,7 +898,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
     d = lp_dims(1, 1, 1, 0);
   } else {
     const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
-    const uint64_t sms = ctx->info.multiprocessors > 0 ? (uint64_t)ctx->info.multiprocessors : 1;
+    const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
     /* few rows: split each row's vectors over grid.y so that every SM has blocks */
     uint64_t splits = 1;
     const uint64_t want = sms * 4;

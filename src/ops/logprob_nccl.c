@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
 

@@ -243,61 +243,29 @@ RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combi
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int ls_index(const char *const *names, const char *v) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], v)) return i;
-  return -1;
-}
+enum { LS_S_PASS, LS_S_LOGITS, LS_S_LABELS, LS_S_ENTROPY, LS_S_VOCAB, LS_S_BLOCK, LS_S_UNROLL, LS_NSETTINGS };
 
-static rlk_status ls_plan(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
-                          rlk_kernel_spec *specs, size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: no room for the specs");
-  int pass = LS_PASS_BOTH, logits = 2, entropy = 0;
-  rlk_dtype labels = RLK_I64;
-  int64_t V = 151936 / 2, block = 0, unroll = 0;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_shard: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = RLK_OK;
-    int k;
-    if (!strcmp(n, "pass")) {
-      if ((k = ls_index(ls_pass_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, combine or both", v);
-      pass = k;
-    } else if (!strcmp(n, "logits")) {
-      if ((k = ls_index(ls_dt_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not bf16, f16 or f32", v);
-      logits = k;
-    } else if (!strcmp(n, "labels")) {
-      if (!strcmp(v, "i32"))
-        labels = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        labels = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "labels: '%s' is not i32 or i64", v);
-    } else if (!strcmp(n, "entropy")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not 0 or 1", v);
-      entropy = v[0] == '1';
-    } else if (!strcmp(n, "vocab")) {
-      st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &V);
-    } else if (!strcmp(n, "block")) {
-      st = rlk_op_parse_int(n, v, 0, 1024, &block);
-    } else if (!strcmp(n, "unroll")) {
-      st = rlk_op_parse_int(n, v, 0, 8, &unroll);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "logprob_shard: unknown setting '%s' (known: pass logits labels entropy "
-                       "vocab block unroll)",
-                       n);
-    }
-    if (st) return st;
-  }
+static const rlk_op_setting ls_settings[LS_NSETTINGS] = {
+    [LS_S_PASS] = RLK_SET_CHOICE("pass", ls_pass_names, LS_PASS_BOTH, "logprob_fwd_shard logprob_combine",
+                                 "the kernels to build: a shard's records, their combine"),
+    [LS_S_LOGITS] = RLK_SET_CHOICE("logits", ls_dt_names, 2, "logprob_fwd_shard.logits", "the logits' dtype"),
+    [LS_S_LABELS] = RLK_SET_DTYPE("labels", LS_LABEL_DTYPES, RLK_I64, "logprob_fwd_shard.labels",
+                                  "the labels' dtype"),
+    [LS_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd_shard.entropy",
+                                  "the records' entropy part and the combined entropy"),
+    [LS_S_VOCAB] = RLK_SET_INT("vocab", 151936 / 2, 1, (int64_t)1 << 40, "logprob_fwd_shard.seg",
+                               "the shard's columns V, picks the row layout"),
+    [LS_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd_shard.block",
+                               "threads per block of the shard forward, 0 for the default"),
+    [LS_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd_shard.unroll",
+                                "16-byte vectors in flight per thread, 0 for the default"),
+};
+
+static rlk_status ls_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                          size_t *nspecs) {
+  const int pass = (int)s->v[LS_S_PASS], logits = (int)s->v[LS_S_LOGITS], entropy = (int)s->v[LS_S_ENTROPY];
+  const rlk_dtype labels = (rlk_dtype)s->v[LS_S_LABELS];
+  const int64_t V = s->v[LS_S_VOCAB], block = s->v[LS_S_BLOCK], unroll = s->v[LS_S_UNROLL];
   size_t n = 0;
   rlk_status st;
   if (pass != LS_PASS_COMBINE) {
@@ -315,15 +283,6 @@ static rlk_status ls_plan(const rlk_context *ctx, size_t npairs, const rlk_op_co
   return RLK_OK;
 }
 
-static const char ls_help[] =
-    "pass: fwd|combine|both, the kernels to build: a shard's records, their combine (both)\n"
-    "logits: bf16|f16|f32 (bf16)\n"
-    "labels: i32|i64 (i64)\n"
-    "entropy: 0|1, the records' entropy part and the combined entropy (0)\n"
-    "vocab: the shard's columns V, picks the row layout (75968)\n"
-    "block: threads per block of the shard forward, 0 for the default (0)\n"
-    "unroll: 16-byte vectors in flight per thread, 0 for the default (0)\n";
-
 static const char *const ls_samples[] = {
     /* a tensor-parallel LM head of 151936 tokens over 2 ranks, with the entropy */
     "logprob_shard pass=both logits=bf16 labels=i64 vocab=75968 entropy=1",
@@ -332,4 +291,10 @@ static const char *const ls_samples[] = {
     "logprob_shard pass=both logits=f32 labels=i64 vocab=7 entropy=1",
     NULL};
 
-const rlk_op_desc rlk_op_logprob_shard = {"logprob_shard", ls_help, ls_plan, ls_samples, NULL, NULL};
+const rlk_op_desc rlk_op_logprob_shard = {
+    .name = "logprob_shard",
+    .settings = ls_settings,
+    .nsettings = LS_NSETTINGS,
+    .plan = ls_plan,
+    .samples = ls_samples,
+};

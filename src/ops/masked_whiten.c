@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "ops/advantage_scan.h"
+#include "runtime/record.h"
 
 #define MW_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define MW_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
@@ -99,48 +100,26 @@ static rlk_status mw_select(rlk_backend kind, int multiprocessors, rlk_dtype dty
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status mw_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static const char *const mw_eps_names[] = {"add", "clamp", NULL};
+static const char *const mw_masked_names[] = {"apply", "zero", NULL};
+
+enum { MW_S_DTYPE, MW_S_MASK, MW_S_UNBIASED, MW_S_EPS_MODE, MW_S_SHIFT_MEAN, MW_S_NORMALIZE_STD, MW_S_MASKED, MW_NSETTINGS };
+
+static const rlk_op_setting mw_settings[MW_NSETTINGS] = {
+    [MW_S_DTYPE] = RLK_SET_DTYPE("dtype", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64), RLK_F32,
+                                 "masked_whiten_stats.dtype masked_whiten_apply.dtype", "of x and out"),
+    [MW_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, 1, "", "the mask's dtype"),
+    [MW_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "variance with N - 1"),
+    [MW_S_EPS_MODE] = RLK_SET_CHOICE("eps_mode", mw_eps_names, 0, "", "eps added to the variance or as its floor"),
+    [MW_S_SHIFT_MEAN] = RLK_SET_FLAG("shift_mean", 1, "", "subtract the mean"),
+    [MW_S_NORMALIZE_STD] = RLK_SET_FLAG("normalize_std", 1, "", "divide by the std"),
+    [MW_S_MASKED] = RLK_SET_CHOICE("masked", mw_masked_names, 0, "", "masked outputs transformed or zeroed"),
+};
+
+static rlk_status mw_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: no room for the specs");
-  rlk_dtype dtype = RLK_F32;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked_whiten: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    if (!strcmp(n, "dtype")) {
-      if (!strcmp(v, "f32"))
-        dtype = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        dtype = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "mask")) {
-      int ok = 0;
-      for (int k = 0; rlk_seq_mask_names[k]; k++) ok |= !strcmp(rlk_seq_mask_names[k], v);
-      if (!ok) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-    } else if (!strcmp(n, "unbiased") || !strcmp(n, "shift_mean") || !strcmp(n, "normalize_std")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", n, v);
-    } else if (!strcmp(n, "eps_mode")) {
-      if (strcmp(v, "add") && strcmp(v, "clamp"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps_mode: '%s' is not add or clamp", v);
-    } else if (!strcmp(n, "masked")) {
-      if (strcmp(v, "apply") && strcmp(v, "zero"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: '%s' is not apply or zero", v);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "masked_whiten: unknown setting '%s' (known: dtype mask unbiased eps_mode "
-                       "shift_mean normalize_std masked)",
-                       n);
-    }
-  }
   mw_plan p;
-  rlk_status st = mw_select(ctx->kind, 0, dtype, 0, &p);
+  rlk_status st = mw_select(ctx->kind, 0, (rlk_dtype)s->v[MW_S_DTYPE], 0, &p);
   if (st) return st;
   size_t n = 0;
   if (p.has_stats) specs[n++] = p.stats;
@@ -149,18 +128,15 @@ static rlk_status mw_plan_config(const rlk_context *ctx, size_t npairs,
   return RLK_OK;
 }
 
-static const char mw_help[] =
-    "dtype: f32|f64, of x and out (f32)\n"
-    "mask: none|bool|i32|f32; a run-time value, the same kernels (bool)\n"
-    "unbiased: 0|1; a run-time value, the same kernels (1)\n"
-    "eps_mode: add|clamp; a run-time value, the same kernels (add)\n"
-    "shift_mean: 0|1; a run-time value, the same kernels (1)\n"
-    "normalize_std: 0|1; a run-time value, the same kernels (1)\n"
-    "masked: apply|zero; a run-time value, the same kernels (apply)\n";
-
 static const char *const mw_samples[] = {"masked_whiten dtype=f32", "masked_whiten dtype=f64", NULL};
 
-const rlk_op_desc rlk_op_masked_whiten = {"masked_whiten", mw_help, mw_plan_config, mw_samples};
+const rlk_op_desc rlk_op_masked_whiten = {
+    .name = "masked_whiten",
+    .settings = mw_settings,
+    .nsettings = MW_NSETTINGS,
+    .plan = mw_plan_config,
+    .samples = mw_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
@@ -261,7 +237,7 @@ RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
   if (st) return st;
   if ((st = rlk_check_dtype(&args->x, "x", MW_DTYPES))) return st;
   mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, args->x.dtype, B * T, &p))) return st;
+  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, args->x.dtype, B * T, &p))) return st;
   *bytes = (size_t)p.partials * 3 * sizeof(double);
   return RLK_OK;
 }
@@ -274,7 +250,13 @@ RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_a
   rlk_status st = mw_validate(a, &B, &T, &x, &mask, &out);
   if (st) return st;
   mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->info.multiprocessors, x.dtype, B * T, &p))) return st;
+  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, x.dtype, B * T, &p))) return st;
+  if (rlk_record_enabled()) {
+    rlk_op_values s;
+    rlk_op_values_init(&rlk_op_masked_whiten, &s);
+    rlk_op_values_set(&s, MW_S_DTYPE, x.dtype);
+    rlk_record_op(&rlk_op_masked_whiten, &s);
+  }
   const size_t need = (size_t)p.partials * 3 * sizeof(double);
   if (need > 0) {
     if (!a->workspace || a->workspace_bytes < need)

@@ -1,56 +1,14 @@
-/* ops.h - the op families' shared pieces: argument validation helpers and the table that
- * rlk_precompile uses to turn a configuration line into kernel specs through the same
- * variant selection a real call makes. */
+/* ops.h - what the op families share: the op descriptors (runtime/op.h has their type and the
+ * settings machinery) and argument validation helpers (checks.c). */
 #ifndef RLK_OPS_H
 #define RLK_OPS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/context.h"
-#include "jit/template.h"
 #include "rlk.h"
-
-#define RLK_OP_MAX_KERNELS 8
-
-typedef struct rlk_op_config_pair {
-  const char *name;
-  const char *value;
-} rlk_op_config_pair;
-
-typedef struct rlk_op_desc {
-  const char *name; /* "group_advantage" */
-  const char *help; /* "name: values (default)" lines */
-  /* Turns name=value pairs into the kernel specs the op would launch on `ctx`. Unknown names
-   * or values: RLK_ERR_INVALID_ARGUMENT naming them. */
-  rlk_status (*plan)(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
-                     rlk_kernel_spec *specs, size_t *nspecs);
-  /* Configuration lines that together reach every kernel variant family of the op (every
-   * entry, dtype, mode and code path); the tests compile all of them for every target. */
-  const char *const *samples;
-  /* Tuning candidates (NULL if none): settings, each appended to a configuration line, that a
-   * sweep tool times against each other on a device. Valid on every target: a setting a target
-   * cannot honour falls back to its default there (equal specs then time alike). */
-  const char *const *candidates;
-  /* The tuning database key of a configuration (NULL for an op without candidates): from
-   * settings that name one pass and tokens=, the canonical shape (rlk_tune_record.shape, the
-   * same string the op's calls look up, defaults spelled out) and the token bucket. A setting
-   * that is not part of a key (a tuning setting, pass=both) is RLK_ERR_INVALID_ARGUMENT. */
-  rlk_status (*tune_key)(size_t npairs, const rlk_op_config_pair *pairs, char *shape, size_t size,
-                         int64_t *tokens);
-} rlk_op_desc;
-
-/* Every op family that can be precompiled, NULL-terminated. */
-extern const rlk_op_desc *const rlk_op_table[];
-
-#define RLK_OP_CONFIG_MAX_PAIRS 32
-
-/* Splits a configuration line ("op name=value ...") into its op and settings. *line receives a
- * copy of the text that the pairs point into (the caller frees it, also on error). Errors are
- * RLK_ERR_INVALID_ARGUMENT messages prefixed with `who`: an empty line, an unknown op, a setting
- * that is not name=value or is given twice. */
-rlk_status rlk_op_config_parse(const char *who, const char *config, char **line, const rlk_op_desc **op,
-                               rlk_op_config_pair *pairs, size_t *npairs);
+#include "runtime/context.h"
+#include "runtime/op.h"
 
 extern const rlk_op_desc rlk_op_group_advantage;
 extern const rlk_op_desc rlk_op_policy_loss;
@@ -73,14 +31,6 @@ extern const rlk_op_desc rlk_op_prefix_attention;
 rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
                                   int unroll, int *seg, int *unroll_out);
 
-/* The CUDA compute capability x 10 of the context's compile target ("sm_90a" -> 90), 0 on other
- * backends: what an op's arch-specific kernels are chosen by, on a device or compile-only. */
-int rlk_op_cuda_sm(const rlk_context *ctx);
-
-/* A configuration line's integer setting: `value` in [lo, hi] (decimal), written to *out;
- * RLK_ERR_INVALID_ARGUMENT naming the setting otherwise. */
-rlk_status rlk_op_parse_int(const char *name, const char *value, int64_t lo, int64_t hi, int64_t *out);
-
 /* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
@@ -100,7 +50,5 @@ rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtyp
 /* Bytes from t->data to one past its last element (1 + sum (shape - 1) * stride elements);
  * 0, or -1 when a shape or stride is negative or the span overflows 64 bits. */
 int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes);
-
-#define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
 
 #endif

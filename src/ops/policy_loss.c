@@ -28,6 +28,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "ops/token_loss.h"
 
 /* ---------------------------------------------------------------------------------- */
@@ -174,104 +175,51 @@ static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: no room for the specs");
-  pl_config c = {RLK_F32, RLK_POLICY_PPO, PL_KL_NONE, 0, RLK_AGG_TOKEN_MEAN,
-                 TL_LAYOUT_PADDED, TL_MASK_BOOL, 0, PL_ENT_NONE, 0, 0};
-  int packed = 0, have_offsets = 0;
-  rlk_dtype offsets = RLK_I64;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "policy_loss: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    rlk_status st = RLK_OK;
-    int k;
-    if (!strcmp(n, "dtype")) {
-      if (!strcmp(v, "f32"))
-        c.dtype = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        c.dtype = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "mode")) {
-      if ((k = tl_choice(pl_mode_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "mode: '%s' is not ppo, gspo, cispo, sapo, reinforce or geo_mean", v);
-      c.mode = k;
-    } else if (!strcmp(n, "kl")) {
-      if ((k = tl_choice(pl_kl_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl: '%s' is not none, k1, abs, k2 or k3", v);
-      c.kl = k;
-    } else if (!strcmp(n, "kl_st")) {
-      st = tl_parse_flag(n, v, &c.kl_st);
-    } else if (!strcmp(n, "agg")) {
-      if ((k = tl_choice(tl_agg_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "agg: '%s' is not token-mean, token-sum, seq-mean-token-sum, "
-                         "seq-mean-token-mean or seq-mean-token-sum-norm",
-                         v);
-      c.agg = k;
-    } else if (!strcmp(n, "layout")) {
-      if (!strcmp(v, "padded"))
-        packed = 0;
-      else if (!strcmp(v, "packed"))
-        packed = 1;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout: '%s' is not padded or packed", v);
-    } else if (!strcmp(n, "offsets")) {
-      if (!strcmp(v, "i32"))
-        offsets = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        offsets = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
-      have_offsets = 1;
-    } else if (!strcmp(n, "mask")) {
-      if ((k = tl_choice(tl_mask_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-      c.mask = k;
-    } else if (!strcmp(n, "adv")) {
-      if (!strcmp(v, "token"))
-        c.adv_seq = 0;
-      else if (!strcmp(v, "seq"))
-        c.adv_seq = 1;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "adv: '%s' is not token or seq", v);
-    } else if (!strcmp(n, "entropy")) {
-      if ((k = tl_choice(pl_ent_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: '%s' is not none, metric or bonus", v);
-      c.ent = k;
-    } else if (!strcmp(n, "is")) {
-      st = tl_parse_flag(n, v, &c.isw);
-    } else if (!strcmp(n, "seq_grad")) {
-      if (!strcmp(v, "straight-through"))
-        c.seq_grad = 0;
-      else if (!strcmp(v, "through-mean"))
-        c.seq_grad = 1;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "seq_grad: '%s' is not straight-through or through-mean", v);
-    } else if (!strcmp(n, "normalizer")) {
-      st = tl_parse_normalizer(v, &c.count);
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "policy_loss: unknown setting '%s' (known: dtype mode kl kl_st agg layout "
-                       "offsets mask adv entropy is seq_grad normalizer)",
-                       n);
-    }
-    if (st) return st;
-  }
-  if (have_offsets && !packed)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
-  if (packed) c.layout = offsets == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
+static const char *const pl_adv_names[] = {"token", "seq", NULL};
+static const char *const pl_seq_grad_names[] = {"straight-through", "through-mean", NULL};
 
+enum {
+  PL_S_DTYPE, PL_S_MODE, PL_S_KL, PL_S_KL_ST, PL_S_AGG, PL_S_LAYOUT, PL_S_OFFSETS, PL_S_MASK, PL_S_ADV,
+  PL_S_ENTROPY, PL_S_IS, PL_S_SEQ_GRAD, PL_S_NORMALIZER, PL_NSETTINGS
+};
+
+static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
+    [PL_S_DTYPE] = RLK_SET_DTYPE("dtype", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64), RLK_F32,
+                                 "policy_loss_main.dtype", "the dtype of logp and the other float inputs"),
+    [PL_S_MODE] = RLK_SET_CHOICE("mode", pl_mode_names, RLK_POLICY_PPO, "policy_loss_main.mode", "the objective"),
+    [PL_S_KL] = RLK_SET_CHOICE("kl", pl_kl_names, PL_KL_NONE, "policy_loss_main.kl",
+                               "the KL estimator; none when there is no ref_logp"),
+    [PL_S_KL_ST] = RLK_SET_FLAG("kl_st", 0, "policy_loss_main.kl_st",
+                                "straight-through KL (the estimator's value, k2's gradient)"),
+    [PL_S_AGG] = RLK_SET_CHOICE("agg", tl_agg_names, RLK_AGG_TOKEN_MEAN, "policy_loss_main.seqmean",
+                                "the loss aggregation"),
+    [PL_S_LAYOUT] = RLK_SET_CHOICE("layout", tl_packed_names, 0, "policy_loss_main.layout",
+                                   "[B, T] + mask or [N] + seq_offsets"),
+    [PL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                   "policy_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
+    [PL_S_MASK] = RLK_SET_CHOICE("mask", tl_mask_names, TL_MASK_BOOL, "policy_loss_main.mask", "the mask's dtype"),
+    [PL_S_ADV] = RLK_SET_CHOICE("adv", pl_adv_names, 0, "policy_loss_main.adv_seq",
+                                "advantages per token or one per sequence"),
+    [PL_S_ENTROPY] = RLK_SET_CHOICE("entropy", pl_ent_names, PL_ENT_NONE, "policy_loss_main.entropy",
+                                    "no entropy input, read for its metric, or an entropy bonus with its gradient"),
+    [PL_S_IS] = RLK_SET_FLAG("is", 0, "policy_loss_main.is_weights", "rollout importance weights"),
+    [PL_S_SEQ_GRAD] = RLK_SET_CHOICE("seq_grad", pl_seq_grad_names, 0, "policy_loss_main.seq_grad",
+                                     "how gspo's sequence ratio passes its gradient"),
+    [PL_S_NORMALIZER] = RLK_SET_CHOICE("normalizer", tl_normalizer_names, TL_LINE_NORM_VALUE, "policy_loss_count",
+                                       "the token-mean divisor: a number or a device scalar (the same "
+                                       "kernels), or this call's mask count (a count pass first)"),
+};
+
+static rlk_status pl_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  pl_config c = {(rlk_dtype)s->v[PL_S_DTYPE], (int)s->v[PL_S_MODE], (int)s->v[PL_S_KL], (int)s->v[PL_S_KL_ST],
+                 (int)s->v[PL_S_AGG], TL_LAYOUT_PADDED, (int)s->v[PL_S_MASK], (int)s->v[PL_S_ADV],
+                 (int)s->v[PL_S_ENTROPY], (int)s->v[PL_S_IS], (int)s->v[PL_S_SEQ_GRAD],
+                 s->v[PL_S_NORMALIZER] == TL_LINE_NORM_COUNT};
+  const int packed = s->v[PL_S_LAYOUT] == 1;
+  if (RLK_OP_GIVEN(s, PL_S_OFFSETS) && !packed)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
+  if (packed) c.layout = s->v[PL_S_OFFSETS] == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
   pl_plan p;
   rlk_status st = pl_select(ctx->kind, &c, &p);
   if (st) return st;
@@ -282,27 +230,6 @@ static rlk_status pl_plan_config(const rlk_context *ctx, size_t npairs,
   *nspecs = n;
   return RLK_OK;
 }
-
-static const char pl_help[] =
-    "dtype: f32|f64, the dtype of logp and the other float inputs (f32)\n"
-    "mode: ppo|gspo|cispo|sapo|reinforce|geo_mean (ppo)\n"
-    "kl: none|k1|abs|k2|k3, the KL estimator; none when there is no ref_logp (none)\n"
-    "kl_st: 0|1, straight-through KL (the estimator's value, k2's gradient) (0)\n"
-    "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
-    "(token-mean)\n"
-    "layout: padded|packed, [B, T] + mask or [N] + seq_offsets (padded)\n"
-    "offsets: i32|i64, the seq_offsets dtype; with layout=packed (i64)\n"
-    "mask: none|bool|i32|f32, the mask's dtype (bool)\n"
-    "adv: token|seq, advantages per token or one per sequence (token)\n"
-    "entropy: none|metric|bonus, no entropy input, read for its metric, or an entropy bonus with "
-    "its gradient (none)\n"
-    "is: 0|1, rollout importance weights (0)\n"
-    "seq_grad: straight-through|through-mean, how gspo's sequence ratio passes its gradient "
-    "(straight-through)\n"
-    "normalizer: value|tensor|count, the token-mean divisor: a number or a device scalar (the "
-    "same kernels), or this call's mask count (a count pass first) (value)\n"
-    "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time "
-    "values: the same kernels\n";
 
 static const char *const pl_samples[] = {
     /* the benchmark: PPO with dual clip and a k3 KL, token-mean, padded with a bool mask; the
@@ -323,7 +250,15 @@ static const char *const pl_samples[] = {
     "policy_loss dtype=f64 mode=reinforce kl=k2 agg=seq-mean-token-sum-norm adv=seq",
     NULL};
 
-const rlk_op_desc rlk_op_policy_loss = {"policy_loss", pl_help, pl_plan_config, pl_samples};
+const rlk_op_desc rlk_op_policy_loss = {
+    .name = "policy_loss",
+    .settings = pl_settings,
+    .nsettings = PL_NSETTINGS,
+    .note = "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time values: the "
+            "same kernels",
+    .plan = pl_plan_config,
+    .samples = pl_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
@@ -530,7 +465,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->ent_coef = a->entropy_coef;
 
   /* geometry and workspace */
-  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, pl_whole_rows(c), &k->g);
+  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, L, pl_whole_rows(c), &k->g);
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;
@@ -562,6 +497,26 @@ RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args 
   if ((st = rlk_context_require_device(ctx, "rlk_policy_loss"))) return st;
   pl_plan p;
   if ((st = pl_select(ctx->kind, &k.c, &p))) return st;
+  if (rlk_record_enabled()) {
+    const pl_config *c = &k.c;
+    rlk_op_values s;
+    rlk_op_values_init(&rlk_op_policy_loss, &s);
+    rlk_op_values_set(&s, PL_S_DTYPE, c->dtype);
+    rlk_op_values_set(&s, PL_S_MODE, c->mode);
+    rlk_op_values_set(&s, PL_S_KL, c->kl);
+    rlk_op_values_set(&s, PL_S_KL_ST, c->kl_st);
+    rlk_op_values_set(&s, PL_S_AGG, c->agg);
+    rlk_op_values_set(&s, PL_S_LAYOUT, c->layout != TL_LAYOUT_PADDED);
+    if (c->layout != TL_LAYOUT_PADDED)
+      rlk_op_values_set(&s, PL_S_OFFSETS, c->layout == TL_LAYOUT_PACKED_I32 ? RLK_I32 : RLK_I64);
+    rlk_op_values_set(&s, PL_S_MASK, c->mask);
+    rlk_op_values_set(&s, PL_S_ADV, c->adv_seq);
+    rlk_op_values_set(&s, PL_S_ENTROPY, c->ent);
+    rlk_op_values_set(&s, PL_S_IS, c->isw);
+    rlk_op_values_set(&s, PL_S_SEQ_GRAD, c->seq_grad);
+    rlk_op_values_set(&s, PL_S_NORMALIZER, c->count ? TL_LINE_NORM_COUNT : TL_LINE_NORM_VALUE);
+    rlk_record_op(&rlk_op_policy_loss, &s);
+  }
   k.k.partials = args->workspace;
   if (k.c.count && args->workspace)
     k.k.norm.counts = (char *)args->workspace + tl_counts_offset(&k.g, PL_NACC);

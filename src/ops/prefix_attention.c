@@ -27,6 +27,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
 enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2 };
@@ -120,7 +121,7 @@ static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *
 static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
   memset(p, 0, sizeof *p);
   int variant = c->variant ? c->variant : pa_env_override();
-  const int mma_ok = ctx->kind == RLK_BACKEND_CUDA && rlk_op_cuda_sm(ctx) >= 80 && !c->unaligned;
+  const int mma_ok = rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
   if (ctx->kind == RLK_BACKEND_HOST)
     variant = PA_VARIANT_PORTABLE;
   else if (variant == PA_VARIANT_AUTO)
@@ -328,13 +329,15 @@ static int pa_unaligned(const void *const *ptrs, size_t n) {
   return 0;
 }
 
-static unsigned pa_warp(const rlk_context *ctx) { return ctx->kind == RLK_BACKEND_HIP ? 64u : 32u; }
+static unsigned pa_warp(const rlk_context *ctx) { return (unsigned)ctx->target.warp_size; }
 
 static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (float)(1.0 / sqrt((double)D)); }
 
 /* ---------------------------------------------------------------------------------- */
 /* The calls                                                                           */
 /* ---------------------------------------------------------------------------------- */
+
+static void pa_record(int pass, const pa_config *c, int variant);
 
 RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args) {
   if (args) memset(args, 0, sizeof *args);
@@ -363,6 +366,7 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 4)};
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
+  if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, p.variant);
   const void *q = a->q.data, *k = a->k.data, *v = a->v.data;
   const int32_t *seq = s.seq, *grp = s.grp;
   int64_t P = s.P, T = s.T;
@@ -444,6 +448,7 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 8)};
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
+  if (rlk_record_enabled()) pa_record(PA_PASS_BWD, &c, p.variant);
   const void *q = a->q.data, *k = a->k.data, *v = a->v.data, *o = a->out.data, *dout = a->grad_out.data;
   const float *lse = (const float *)a->lse.data;
   void *work = a->workspace;
@@ -486,44 +491,24 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static int pa_index(const char *const *names, const char *v) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], v)) return i;
-  return -1;
-}
+static const char *const pa_head_dim_names[] = {"64", "128", NULL};
 
-static rlk_status pa_plan_config(const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
-                                 rlk_kernel_spec *specs, size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: ctx is NULL");
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: no room for the specs");
-  pa_config c = {PA_DT_BF16, 128, PA_VARIANT_AUTO, 0};
-  int pass = PA_PASS_BOTH, k;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    int64_t x;
-    rlk_status st;
-    if (!strcmp(n, "pass")) {
-      if ((k = pa_index(pa_pass_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: '%s' is not fwd, bwd or both", v);
-      pass = k;
-    } else if (!strcmp(n, "dtype")) {
-      if ((k = pa_index(pa_dt_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not bf16 or f16", v);
-      c.dtype = k;
-    } else if (!strcmp(n, "head_dim")) {
-      if ((st = rlk_op_parse_int(n, v, 64, 128, &x))) return st;
-      if (x != 64 && x != 128) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "head_dim: '%s' is not 64 or 128", v);
-      c.D = (int)x;
-    } else if (!strcmp(n, "variant")) {
-      if ((k = pa_index(pa_variant_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: '%s' is not auto, portable or mma", v);
-      c.variant = k;
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "prefix_attention: unknown setting '%s' (known: pass dtype head_dim variant)", n);
-    }
-  }
+enum { PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_NSETTINGS };
+
+static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
+    [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "prefix_attention_fwd prefix_attention_bwd",
+                                 "the kernels to build"),
+    [PA_S_DTYPE] = RLK_SET_CHOICE("dtype", pa_dt_names, PA_DT_BF16, "prefix_attention_fwd.dtype",
+                                  "of q, k, v and the outputs"),
+    [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
+    [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
+                                    "mma is CUDA sm_80+, elsewhere the portable kernels run"),
+};
+
+static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                                 size_t *nspecs) {
+  pa_config c = {(int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, (int)s->v[PA_S_VARIANT], 0};
+  const int pass = (int)s->v[PA_S_PASS];
   pa_plan p;
   rlk_status st = pa_select(ctx, &c, &p);
   if (st) return st;
@@ -543,11 +528,17 @@ static rlk_status pa_plan_config(const rlk_context *ctx, size_t npairs, const rl
   return RLK_OK;
 }
 
-static const char pa_help[] =
-    "pass: fwd|bwd|both, the kernels to build (both)\n"
-    "dtype: bf16|f16, of q, k, v and the outputs (bf16)\n"
-    "head_dim: 64|128 (128)\n"
-    "variant: auto|portable|mma; mma is CUDA sm_80+, elsewhere the portable kernels run (auto)\n";
+/* RLK_JIT_RECORD: a call's pass and configuration, with the variant that ran (unaligned
+ * tensors run the portable kernels whatever was asked). */
+static void pa_record(int pass, const pa_config *c, int variant) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_prefix_attention, &s);
+  rlk_op_values_set(&s, PA_S_PASS, pass);
+  rlk_op_values_set(&s, PA_S_DTYPE, c->dtype);
+  rlk_op_values_set(&s, PA_S_HEAD_DIM, c->D == 128);
+  rlk_op_values_set(&s, PA_S_VARIANT, variant);
+  rlk_record_op(&rlk_op_prefix_attention, &s);
+}
 
 static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=bf16 head_dim=128",
@@ -556,4 +547,10 @@ static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=f16 head_dim=128 variant=portable",
     NULL};
 
-const rlk_op_desc rlk_op_prefix_attention = {"prefix_attention", pa_help, pa_plan_config, pa_samples, NULL, NULL};
+const rlk_op_desc rlk_op_prefix_attention = {
+    .name = "prefix_attention",
+    .settings = pa_settings,
+    .nsettings = PA_NSETTINGS,
+    .plan = pa_plan_config,
+    .samples = pa_samples,
+};

@@ -22,6 +22,11 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
+#include "common/sample_params.h"
+
+/* The kernels' argument (templates/common/sample_params.h). */
+RLK_PARAMS_DECLARE(smp_kernel_args, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 static const char *const smp_dt_names[] = {"f32", "f16", "bf16", NULL};
 
@@ -93,12 +98,12 @@ static int smp_row_split_ok(int v) {
  * row layout's warps, 1 where clusters are unavailable (before sm_90, HIP, the host) or filters
  * can be on (their passes work a row in one block). */
 static int smp_split_of(const rlk_context *ctx, const smp_config *c, int seg) {
-  if (rlk_op_cuda_sm(ctx) < 90 || c->filter) return 1;
+  if (!(ctx->target.features & RLK_TARGET_CLUSTERS) || c->filter) return 1;
   const int nw = seg / 32;
   int s = c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO ? 8 : c->row_split;
   if (s <= 1) return 1;
   if (c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO) {
-    const int64_t sms = ctx->info.multiprocessors > 0 ? ctx->info.multiprocessors : 132;
+    const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 132;
     while (s > 1 && c->rows * s > sms) s /= 2;
   }
   while (s > nw) s /= 2;
@@ -115,7 +120,7 @@ static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_ch
   rlk_status st = rlk_logprob_vec_layout(ctx, c->logits, c->V, c->logprob_block, c->logprob_unroll,
                                          &seg, &unroll);
   if (st) return st;
-  const int warp = ctx->kind == RLK_BACKEND_HIP ? 64 : 32;
+  const int warp = ctx->target.warp_size;
   const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
   ch->split = smp_split_of(ctx, c, seg);
   if (ch->split > 1) {
@@ -155,71 +160,59 @@ static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_ch
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
-                                  const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+static const char *const smp_row_split_names[] = {"auto", "0", "1", "2", "4", "8", NULL};
+static const int smp_row_split_values[] = {RLK_SAMPLE_ROW_SPLIT_AUTO, 0, 1, 2, 4, 8};
+
+enum {
+  SMP_S_LOGITS, SMP_S_TOKENS, SMP_S_FILTER, SMP_S_VOCAB, SMP_S_LOGPROB_BLOCK, SMP_S_LOGPROB_UNROLL, SMP_S_ROWS,
+  SMP_S_ROW_SPLIT, SMP_NSETTINGS
+};
+
+static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
+    [SMP_S_LOGITS] = RLK_SET_DTYPE("logits", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16),
+                                   RLK_BF16, "sample.logits", "the logits' dtype"),
+    [SMP_S_TOKENS] = RLK_SET_DTYPE("tokens", SMP_TOKEN_DTYPES, RLK_I64, "sample.tokens", "the token ids' dtype"),
+    [SMP_S_FILTER] = RLK_SET_FLAG("filter", 1, "sample.filter",
+                                  "whether top-k, top-p or min-p can be on (0: temperature and greedy only)"),
+    [SMP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, SMP_MAX_V, "sample.seg", "V, picks the row layout"),
+    [SMP_S_LOGPROB_BLOCK] = RLK_SET_INT("logprob_block", 0, 0, 1024, "sample.seg",
+                                        "the rlk_logprob block size logp reproduces, 0 for its default"),
+    [SMP_S_LOGPROB_UNROLL] = RLK_SET_INT("logprob_unroll", 0, 0, 8, "sample.unroll",
+                                         "the rlk_logprob unroll logp reproduces, 0 for its default"),
+    [SMP_S_ROWS] = RLK_SET_INT("rows", 256, 1, (int64_t)1 << 40, "sample_split.split", "B, with row_split"),
+    [SMP_S_ROW_SPLIT] = RLK_SET_CHOICE("row_split", smp_row_split_names, 0, "sample_split.split",
+                                       "the blocks that share a row (0: one; auto: by rows and the device's "
+                                       "multiprocessors, 132 when unknown; on sm_90 and later with filter=0)"),
+};
+
+/* RLK_JIT_RECORD: the line of a call's configuration. */
+static void smp_record(const smp_config *c) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_sample, &s);
+  rlk_op_values_set(&s, SMP_S_LOGITS, c->logits);
+  rlk_op_values_set(&s, SMP_S_TOKENS, c->tokens);
+  rlk_op_values_set(&s, SMP_S_FILTER, c->filter);
+  rlk_op_values_set(&s, SMP_S_VOCAB, c->V);
+  rlk_op_values_set(&s, SMP_S_LOGPROB_BLOCK, c->logprob_block);
+  rlk_op_values_set(&s, SMP_S_LOGPROB_UNROLL, c->logprob_unroll);
+  rlk_op_values_set(&s, SMP_S_ROWS, c->rows);
+  for (int i = 0; smp_row_split_names[i]; i++)
+    if (smp_row_split_values[i] == c->row_split) rlk_op_values_set(&s, SMP_S_ROW_SPLIT, i);
+  rlk_record_op(&rlk_op_sample, &s);
+}
+
+static rlk_status smp_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                   size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: ctx is NULL");
-  if (!specs || !nspecs) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: no room for the specs");
   smp_config c;
   memset(&c, 0, sizeof c);
-  c.logits = RLK_BF16;
-  c.tokens = RLK_I64;
-  c.V = 151936;
-  c.rows = 256;
-  c.filter = 1;
-  c.row_split = RLK_SAMPLE_ROW_SPLIT_AUTO; /* rlk_sample_args_init's */
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sample: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    int64_t x = 0;
-    rlk_status st = RLK_OK;
-    if (!strcmp(n, "logits")) {
-      if (!strcmp(v, "f32"))
-        c.logits = RLK_F32;
-      else if (!strcmp(v, "f16"))
-        c.logits = RLK_F16;
-      else if (!strcmp(v, "bf16"))
-        c.logits = RLK_BF16;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: '%s' is not f32, f16 or bf16", v);
-    } else if (!strcmp(n, "tokens")) {
-      if (!strcmp(v, "i32"))
-        c.tokens = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        c.tokens = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: '%s' is not i32 or i64", v);
-    } else if (!strcmp(n, "filters")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "filters: '%s' is not 0 or 1", v);
-      c.filter = v[0] == '1';
-    } else if (!strcmp(n, "vocab")) {
-      if (!(st = rlk_op_parse_int(n, v, 1, SMP_MAX_V, &x))) c.V = x;
-    } else if (!strcmp(n, "logprob_block")) {
-      if (!(st = rlk_op_parse_int(n, v, 0, 1024, &x))) c.logprob_block = (int)x;
-    } else if (!strcmp(n, "logprob_unroll")) {
-      if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) c.logprob_unroll = (int)x;
-    } else if (!strcmp(n, "rows")) {
-      if (!(st = rlk_op_parse_int(n, v, 1, (int64_t)1 << 40, &x))) c.rows = x;
-    } else if (!strcmp(n, "row_split")) {
-      if (!strcmp(v, "auto")) {
-        c.row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
-      } else if (!(st = rlk_op_parse_int(n, v, 0, 8, &x))) {
-        if (!smp_row_split_ok((int)x))
-          return rlk_error(RLK_ERR_INVALID_ARGUMENT, "row_split: '%s' is not auto, 0, 1, 2, 4 or 8", v);
-        c.row_split = (int)x;
-      }
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "sample: unknown setting '%s' (known: logits tokens filters vocab "
-                       "logprob_block logprob_unroll rows row_split)",
-                       n);
-    }
-    if (st) return st;
-  }
+  c.logits = (rlk_dtype)s->v[SMP_S_LOGITS];
+  c.tokens = (rlk_dtype)s->v[SMP_S_TOKENS];
+  c.filter = (int)s->v[SMP_S_FILTER];
+  c.V = s->v[SMP_S_VOCAB];
+  c.logprob_block = (int)s->v[SMP_S_LOGPROB_BLOCK];
+  c.logprob_unroll = (int)s->v[SMP_S_LOGPROB_UNROLL];
+  c.rows = s->v[SMP_S_ROWS];
+  c.row_split = smp_row_split_values[s->v[SMP_S_ROW_SPLIT]];
   smp_choice ch;
   rlk_status st = smp_select(ctx, &c, &ch);
   if (st) return st;
@@ -228,31 +221,26 @@ static rlk_status smp_plan_config(const rlk_context *ctx, size_t npairs,
   return RLK_OK;
 }
 
-static const char smp_help[] =
-    "logits: f32|f16|bf16 (bf16)\n"
-    "tokens: i32|i64, the token ids' dtype (i64)\n"
-    "filters: 0|1, whether top-k, top-p or min-p can be on (1; 0: temperature and greedy only)\n"
-    "vocab: V, picks the row layout (151936)\n"
-    "logprob_block, logprob_unroll: the rlk_logprob tuning logp reproduces, 0 for its defaults (0)\n"
-    "rows: B, with row_split (256)\n"
-    "row_split: auto|0|1|2|4|8, the blocks that share a row (0: one; auto: by rows and the device's\n"
-    "  multiprocessors, 132 when unknown; applies on sm_90 and later with filters=0) (auto, as\n"
-    "  rlk_sample_args_init)\n";
-
 static const char *const smp_samples[] = {
-    "sample logits=bf16 tokens=i64 filters=1",
-    "sample logits=f32 tokens=i32 filters=0",
-    "sample logits=f16 tokens=i64 filters=1 vocab=32000",
+    "sample logits=bf16 tokens=i64 filter=1",
+    "sample logits=f32 tokens=i32 filter=0",
+    "sample logits=f16 tokens=i64 filter=1 vocab=32000",
     /* short rows: a warp segment per row */
-    "sample logits=f32 tokens=i64 filters=1 vocab=1000",
-    "sample logits=bf16 tokens=i32 filters=0 vocab=64",
+    "sample logits=f32 tokens=i64 filter=1 vocab=1000",
+    "sample logits=bf16 tokens=i32 filter=0 vocab=64",
     /* small batches on sm_90: a row over the blocks of a cluster */
-    "sample logits=bf16 tokens=i64 filters=0 rows=1 row_split=auto",
-    "sample logits=f32 tokens=i32 filters=0 rows=32 row_split=auto",
-    "sample logits=f16 tokens=i64 filters=0 vocab=50257 rows=64 row_split=2",
+    "sample logits=bf16 tokens=i64 filter=0 rows=1 row_split=auto",
+    "sample logits=f32 tokens=i32 filter=0 rows=32 row_split=auto",
+    "sample logits=f16 tokens=i64 filter=0 vocab=50257 rows=64 row_split=2",
     NULL};
 
-const rlk_op_desc rlk_op_sample = {"sample", smp_help, smp_plan_config, smp_samples, NULL};
+const rlk_op_desc rlk_op_sample = {
+    .name = "sample",
+    .settings = smp_settings,
+    .nsettings = SMP_NSETTINGS,
+    .plan = smp_plan_config,
+    .samples = smp_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */
@@ -358,20 +346,32 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   c.row_split = a->row_split;
   smp_choice ch;
   if ((st = smp_select(ctx, &c, &ch))) return st;
+  if (rlk_record_enabled()) smp_record(&c);
 
-  const void *logits = L->data;
-  int64_t rs = row_stride, b = B, v = V, top_k = a->top_k;
-  float temperature = a->temperature, top_p = a->top_p, min_p = a->min_p;
-  uint64_t seed = a->seed, offset = a->offset;
-  const void *temperatures = a->temperatures.data, *top_ps = a->top_ps.data, *min_ps = a->min_ps.data;
-  const void *seeds = a->seeds.data, *offsets = a->offsets.data;
-  const void *top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
-  const void *top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
-  void *tokens = a->tokens.data, *logp = a->logp.data, *logp_filtered = a->logp_filtered.data;
-  void *status = a->status.data;
-  void *kargs[] = {&logits,   &rs,   &b,        &v,     &temperatures, &temperature, &top_ks32,
-                   &top_ks64, &top_k, &top_ps,  &top_p, &min_ps,       &min_p,       &seeds,
-                   &seed,     &offsets, &offset, &tokens, &logp,       &logp_filtered, &status};
+  smp_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.logits = L->data;
+  k.row_stride = row_stride;
+  k.B = B;
+  k.V = V;
+  k.temperatures = a->temperatures.data;
+  k.temperature = a->temperature;
+  k.top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
+  k.top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
+  k.top_k = a->top_k;
+  k.top_ps = a->top_ps.data;
+  k.top_p = a->top_p;
+  k.min_ps = a->min_ps.data;
+  k.min_p = a->min_p;
+  k.seeds = a->seeds.data;
+  k.seed = a->seed;
+  k.offsets = a->offsets.data;
+  k.offset = a->offset;
+  k.tokens = a->tokens.data;
+  k.logp = a->logp.data;
+  k.logp_filtered = a->logp_filtered.data;
+  k.status = a->status.data;
+  void *kargs[] = {&k};
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
   /* a block a row, or a cluster of ch.split; rows past the grid are strided over it */
@@ -385,6 +385,6 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   /* both kernels wait for the stream first where they are built for sm_90 and later; code for
    * an older target that a newer device runs (PTX it compiles) has no wait, so it launches
    * plainly */
-  if (a->pdl && rlk_op_cuda_sm(ctx) >= 90) d.flags = RLK_LAUNCH_OVERLAP;
+  if (a->pdl && (ctx->target.features & RLK_TARGET_PDL)) d.flags = RLK_LAUNCH_OVERLAP;
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }

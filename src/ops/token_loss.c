@@ -9,32 +9,12 @@
 #include "core/core.h"
 
 const char *const tl_layout_names[] = {"padded", "packed-i32", "packed-i64", NULL};
+const char *const tl_packed_names[] = {"padded", "packed", NULL};
+const char *const tl_normalizer_names[] = {"value", "tensor", "count", NULL};
 const char *const tl_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm", NULL};
-
-int tl_choice(const char *const *names, const char *value) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(names[i], value)) return i;
-  return -1;
-}
-
-rlk_status tl_parse_normalizer(const char *value, int *count) {
-  if (!strcmp(value, "value") || !strcmp(value, "tensor") || !strcmp(value, "count")) {
-    *count = !strcmp(value, "count");
-    return RLK_OK;
-  }
-  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "normalizer: '%s' is not value, tensor or count", value);
-}
-
-rlk_status tl_parse_flag(const char *name, const char *value, int *out) {
-  if (!strcmp(value, "0") || !strcmp(value, "1")) {
-    *out = value[0] == '1';
-    return RLK_OK;
-  }
-  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: '%s' is not 0 or 1", name, value);
-}
 
 /* [B, T] with contiguous rows (row stride >= T), or [N] contiguous. */
 static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const char *what,

@@ -17,6 +17,11 @@ enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
 extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
 extern const char *const tl_mask_names[];   /* "none", "bool", "i32", "f32" */
 extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
+extern const char *const tl_packed_names[]; /* "padded", "packed": a configuration line's layout */
+/* a configuration line's normalizer: a number or a device scalar (the same kernels), or the
+ * call's own mask count (a count pass first) */
+enum { TL_LINE_NORM_VALUE = 0, TL_LINE_NORM_TENSOR = 1, TL_LINE_NORM_COUNT = 2 };
+extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
 
 /* Mirrors tl::Streams<NIN, NOUT>: 8-byte fields only, so C and C++ lay it out alike. */
 #define TL_STREAMS(NIN, NOUT)        \
@@ -129,14 +134,5 @@ rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *count, const rlk_k
 
 /* Threads of the count pass (every block sums the count's partials with this many threads). */
 #define TL_COUNT_BLOCK 256
-
-/* Parses the precompile setting normalizer=value|tensor|count: *count = 1 for count. */
-rlk_status tl_parse_normalizer(const char *value, int *count);
-
-/* Parses a 0/1 precompile flag. */
-rlk_status tl_parse_flag(const char *name, const char *value, int *out);
-
-/* Index of `value` in a NULL-terminated list of names, or -1. */
-int tl_choice(const char *const *names, const char *value);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "ops/token_loss.h"
 
 #define VL_NACC 5
@@ -110,69 +111,31 @@ static rlk_status vl_select(rlk_backend kind, const vl_config *c, vl_plan *p) {
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
-                                 const rlk_op_config_pair *pairs, rlk_kernel_spec *specs,
+enum { VL_S_DTYPE, VL_S_AGG, VL_S_LAYOUT, VL_S_OFFSETS, VL_S_MASK, VL_S_NORMALIZER, VL_NSETTINGS };
+
+static const rlk_op_setting vl_settings[VL_NSETTINGS] = {
+    [VL_S_DTYPE] = RLK_SET_DTYPE("dtype", VL_DTYPES, RLK_F32, "value_loss_main.dtype",
+                                 "the dtype of the values, old values and returns"),
+    [VL_S_AGG] = RLK_SET_CHOICE("agg", tl_agg_names, RLK_AGG_TOKEN_MEAN, "value_loss_main.seqmean",
+                                "the loss aggregation"),
+    [VL_S_LAYOUT] = RLK_SET_CHOICE("layout", tl_packed_names, 0, "value_loss_main.layout",
+                                   "[B, T] + mask or [N] + seq_offsets"),
+    [VL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                   "value_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
+    [VL_S_MASK] = RLK_SET_CHOICE("mask", tl_mask_names, TL_MASK_BOOL, "value_loss_main.mask", "the mask's dtype"),
+    [VL_S_NORMALIZER] = RLK_SET_CHOICE("normalizer", tl_normalizer_names, TL_LINE_NORM_VALUE, "value_loss_count",
+                                       "the token-mean divisor: a number or a device scalar (the same "
+                                       "kernels), or this call's mask count (a count pass first)"),
+};
+
+static rlk_status vl_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  if (nspecs) *nspecs = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: ctx is NULL");
-  if (!specs || !nspecs)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: no room for the specs");
-  vl_config c = {RLK_F32, RLK_AGG_TOKEN_MEAN, TL_LAYOUT_PADDED, TL_MASK_BOOL, 0};
-  int packed = 0, have_offsets = 0;
-  rlk_dtype offsets = RLK_I64;
-  for (size_t i = 0; i < npairs; i++) {
-    const char *n = pairs[i].name, *v = pairs[i].value;
-    if (!n || !v) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "value_loss: NULL setting");
-    for (size_t j = 0; j < i; j++)
-      if (!strcmp(pairs[j].name, n))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: given twice", n);
-    int k;
-    if (!strcmp(n, "dtype")) {
-      if (!strcmp(v, "f32"))
-        c.dtype = RLK_F32;
-      else if (!strcmp(v, "f64"))
-        c.dtype = RLK_F64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "dtype: '%s' is not f32 or f64", v);
-    } else if (!strcmp(n, "agg")) {
-      if ((k = tl_choice(tl_agg_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "agg: '%s' is not token-mean, token-sum, seq-mean-token-sum, "
-                         "seq-mean-token-mean or seq-mean-token-sum-norm",
-                         v);
-      c.agg = k;
-    } else if (!strcmp(n, "layout")) {
-      if (!strcmp(v, "padded"))
-        packed = 0;
-      else if (!strcmp(v, "packed"))
-        packed = 1;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout: '%s' is not padded or packed", v);
-    } else if (!strcmp(n, "offsets")) {
-      if (!strcmp(v, "i32"))
-        offsets = RLK_I32;
-      else if (!strcmp(v, "i64"))
-        offsets = RLK_I64;
-      else
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: '%s' is not i32 or i64", v);
-      have_offsets = 1;
-    } else if (!strcmp(n, "mask")) {
-      if ((k = tl_choice(tl_mask_names, v)) < 0)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: '%s' is not none, bool, i32 or f32", v);
-      c.mask = k;
-    } else if (!strcmp(n, "normalizer")) {
-      rlk_status st = tl_parse_normalizer(v, &c.count);
-      if (st) return st;
-    } else {
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "value_loss: unknown setting '%s' (known: dtype agg layout offsets mask "
-                       "normalizer)",
-                       n);
-    }
-  }
-  if (have_offsets && !packed)
+  vl_config c = {(rlk_dtype)s->v[VL_S_DTYPE], (int)s->v[VL_S_AGG], TL_LAYOUT_PADDED, (int)s->v[VL_S_MASK],
+                 s->v[VL_S_NORMALIZER] == TL_LINE_NORM_COUNT};
+  const int packed = s->v[VL_S_LAYOUT] == 1;
+  if (RLK_OP_GIVEN(s, VL_S_OFFSETS) && !packed)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
-  if (packed) c.layout = offsets == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
+  if (packed) c.layout = s->v[VL_S_OFFSETS] == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
   vl_plan p;
   rlk_status st = vl_select(ctx->kind, &c, &p);
   if (st) return st;
@@ -184,17 +147,6 @@ static rlk_status vl_plan_config(const rlk_context *ctx, size_t npairs,
   return RLK_OK;
 }
 
-static const char vl_help[] =
-    "dtype: f32|f64, the dtype of the values, old values and returns (f32)\n"
-    "agg: token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm "
-    "(token-mean)\n"
-    "layout: padded|packed, [B, T] + mask or [N] + seq_offsets (padded)\n"
-    "offsets: i32|i64, the seq_offsets dtype; with layout=packed (i64)\n"
-    "mask: none|bool|i32|f32, the mask's dtype (bool)\n"
-    "normalizer: value|tensor|count, the token-mean divisor: a number or a device scalar (the "
-    "same kernels), or this call's mask count (a count pass first) (value)\n"
-    "the clip range and the normalizers are run-time values: the same kernels\n";
-
 static const char *const vl_samples[] = {
     /* verl's critic: token-mean, padded with a bool mask, by the call's mask count */
     "value_loss agg=token-mean mask=bool normalizer=count",
@@ -202,9 +154,20 @@ static const char *const vl_samples[] = {
     "value_loss dtype=f64 agg=seq-mean-token-mean layout=packed offsets=i32 mask=f32",
     /* the count pass on the packed layout */
     "value_loss agg=token-mean layout=packed offsets=i64 mask=f32 normalizer=count",
+    /* packed rows without a mask, i64 offsets, Dr. GRPO's normalization */
+    "value_loss agg=seq-mean-token-sum-norm layout=packed mask=none",
+    /* an i32 mask, token sums */
+    "value_loss agg=token-sum mask=i32",
     NULL};
 
-const rlk_op_desc rlk_op_value_loss = {"value_loss", vl_help, vl_plan_config, vl_samples};
+const rlk_op_desc rlk_op_value_loss = {
+    .name = "value_loss",
+    .settings = vl_settings,
+    .nsettings = VL_NSETTINGS,
+    .note = "the clip range and the normalizers are run-time values: the same kernels",
+    .plan = vl_plan_config,
+    .samples = vl_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
@@ -282,7 +245,7 @@ static rlk_status vl_validate(const rlk_context *ctx, const rlk_value_loss_args 
   p->clip = a->clip;
   p->bound_g = a->clamp_bound_grad;
 
-  tl_geometry_for(ctx->kind, ctx->info.multiprocessors, L, vl_whole_rows(c), &k->g);
+  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, L, vl_whole_rows(c), &k->g);
   p->s.tiles_per_row = k->g.tiles_per_row;
   p->s.tile = k->g.tile;
   p->num_partials = k->g.grid;
@@ -314,6 +277,18 @@ RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *a
   if ((st = rlk_context_require_device(ctx, "rlk_value_loss"))) return st;
   vl_plan p;
   if ((st = vl_select(ctx->kind, &k.c, &p))) return st;
+  if (rlk_record_enabled()) {
+    rlk_op_values s;
+    rlk_op_values_init(&rlk_op_value_loss, &s);
+    rlk_op_values_set(&s, VL_S_DTYPE, k.c.dtype);
+    rlk_op_values_set(&s, VL_S_AGG, k.c.agg);
+    rlk_op_values_set(&s, VL_S_LAYOUT, k.c.layout != TL_LAYOUT_PADDED);
+    if (k.c.layout != TL_LAYOUT_PADDED)
+      rlk_op_values_set(&s, VL_S_OFFSETS, k.c.layout == TL_LAYOUT_PACKED_I32 ? RLK_I32 : RLK_I64);
+    rlk_op_values_set(&s, VL_S_MASK, k.c.mask);
+    rlk_op_values_set(&s, VL_S_NORMALIZER, k.c.count ? TL_LINE_NORM_COUNT : TL_LINE_NORM_VALUE);
+    rlk_record_op(&rlk_op_value_loss, &s);
+  }
   k.k.partials = args->workspace;
   if (k.c.count && args->workspace)
     k.k.norm.counts = (char *)args->workspace + tl_counts_offset(&k.g, VL_NACC);

@@ -23,9 +23,12 @@
 #define RLK_ADVANTAGE_SCAN_CUH
 
 #include "advantage_scan_common.cuh"
+#include "advantage_scan_params.h"
 
 namespace rlk {
 namespace as {
+
+RLK_PARAMS_DECLARE(Params, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
 
 /* Indices of the op's choice names (src/ops/advantage_scan.c). */
 enum { FAMILY_GAE = 0, FAMILY_RETURNS = 1 };
@@ -329,11 +332,14 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
  * ALGO_WARP: blockDim.x / warp rows per block; ALGO_BLOCK: one row per block. Rows are
  * grid-strided with block-uniform (ALGO_BLOCK) or warp-uniform (ALGO_WARP) loops. */
 template <typename TS, int FAMILY, int ALGO>
-__global__ void advantage_scan(const TS *__restrict__ x0, i64 s0, const TS *__restrict__ x1, i64 s1,
-                               const void *__restrict__ mask, i64 ms, int mask_kind,
-                               TS *__restrict__ o0, i64 os0, TS *__restrict__ o1, i64 os1,
-                               const TS *__restrict__ baseline, i64 B, i64 T, double gamma,
-                               double gamma_lambda, int masked) {
+__global__ void advantage_scan(const as::Params p_) {
+  const TS *__restrict__ x0 = (const TS *)p_.x0, *__restrict__ x1 = (const TS *)p_.x1;
+  const i64 s0 = p_.s0, s1 = p_.s1, ms = p_.ms, os0 = p_.os0, os1 = p_.os1, B = p_.B, T = p_.T;
+  const void *__restrict__ mask = p_.mask;
+  const int mask_kind = p_.mask_kind, masked = p_.masked;
+  TS *__restrict__ o0 = (TS *)p_.o0, *__restrict__ o1 = (TS *)p_.o1;
+  const TS *__restrict__ baseline = (const TS *)p_.baseline;
+  const double gamma = p_.gamma, gamma_lambda = p_.gamma_lambda;
   typedef as::family<TS, FAMILY> F;
   __shared__ typename F::map wagg[RLK_MAX_WARPS];
   __shared__ typename F::state wcarry[RLK_MAX_WARPS];

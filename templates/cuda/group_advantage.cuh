@@ -16,9 +16,14 @@
 #define RLK_GROUP_ADVANTAGE_CUH
 
 #include "rlk_prelude.cuh"
+#include "group_advantage_params.h"
 
 namespace rlk {
 namespace ga {
+
+RLK_PARAMS_DECLARE(RowsumParams, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(GroupParams, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BroadcastParams, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
 
 enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3 };
 enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
@@ -130,9 +135,11 @@ template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
  * by block_sum. Aligned rows load a chunk with vector loads, others element by element, in the
  * same order: the result depends only on the values and blockDim.x. Accumulates in TS. */
 template <typename TS, int MASK>
-__global__ void group_advantage_rowsum(const TS *__restrict__ rewards, i64 reward_stride,
-                                       const void *__restrict__ mask, i64 mask_stride,
-                                       TS *__restrict__ out, i64 B, i64 T) {
+__global__ void group_advantage_rowsum(const ga::RowsumParams p_) {
+  const TS *__restrict__ rewards = (const TS *)p_.rewards;
+  const void *__restrict__ mask = p_.mask;
+  TS *__restrict__ out = (TS *)p_.out;
+  const i64 reward_stride = p_.reward_stride, mask_stride = p_.mask_stride, B = p_.B, T = p_.T;
   __shared__ TS scratch[RLK_MAX_WARPS];
   const i64 chunks = (T + 3) / 4;
   const i64 bd = blockDim.x;
@@ -186,9 +193,13 @@ __global__ void group_advantage_rowsum(const TS *__restrict__ rewards, i64 rewar
  * written by one thread only, and batch statistics are complete (barrier) before any write.
  * Batch-std: every block computes the batch mean and std itself (same order, same value). */
 template <typename TS, int MODE, int G, int SEG, int OFFSETS>
-__global__ void group_advantage_group(const TS *scores, i64 score_stride, float *adv, i64 B,
-                                      i64 group_size, i64 num_groups, const void *offsets,
-                                      float eps, int unbiased, int singleton) {
+__global__ void group_advantage_group(const ga::GroupParams p_) {
+  const TS *scores = (const TS *)p_.scores;
+  float *adv = p_.adv;
+  const i64 score_stride = p_.score_stride, B = p_.B, group_size = p_.group_size, num_groups = p_.num_groups;
+  const void *offsets = p_.offsets;
+  const float eps = p_.eps;
+  const int unbiased = p_.unbiased, singleton = p_.singleton;
   static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
   constexpr bool kWholeBlock = SEG > RLK_WARP_SIZE;
   __shared__ TS scratch[RLK_MAX_WARPS];
@@ -266,9 +277,11 @@ __global__ void group_advantage_group(const TS *scores, i64 score_stride, float 
  * 4-element chunks a blockDim.x apart (16-byte stores where the row is aligned), loading their
  * mask values first; tiles of chunks over grid.x, rows over grid.y, both strided. */
 template <int MASK>
-__global__ void group_advantage_broadcast(const float *__restrict__ adv,
-                                          const void *__restrict__ mask, i64 mask_stride,
-                                          float *__restrict__ out, i64 out_stride, i64 B, i64 T) {
+__global__ void group_advantage_broadcast(const ga::BroadcastParams p_) {
+  const float *__restrict__ adv = p_.adv;
+  const void *__restrict__ mask = p_.mask;
+  float *__restrict__ out = p_.out;
+  const i64 mask_stride = p_.mask_stride, out_stride = p_.out_stride, B = p_.B, T = p_.T;
   const i64 chunks = (T + 3) / 4;
   const i64 bd = blockDim.x;
   const i64 tile = RLK_GA_UNROLL * bd;

@@ -37,9 +37,12 @@
 
 #include "logprob_common.cuh"
 #include "rlk_philox.cuh"
+#include "sample_params.h"
 
 namespace rlk {
 namespace smp {
+
+RLK_PARAMS_DECLARE(Params, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 using namespace lp;
 
@@ -665,15 +668,29 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
 
 } /* namespace smp */
 
-/* The parameters of both sampling kernels, in the order src/ops/sample.c passes them. */
-#define RLK_SMP_KERNEL_PARAMS                                                                    \
-  const void *__restrict__ logits, i64 row_stride, i64 B, i64 V,                                 \
-      const float *__restrict__ temperatures, float temperature,                                 \
-      const i32 *__restrict__ top_ks32, const i64 *__restrict__ top_ks64, i64 top_k,             \
-      const float *__restrict__ top_ps, float top_p, const float *__restrict__ min_ps,           \
-      float min_p, const u64 *__restrict__ seeds, u64 seed, const u64 *__restrict__ offsets,     \
-      u64 offset, TOK *__restrict__ tokens, float *__restrict__ logp,                            \
-      float *__restrict__ logp_filtered, i32 *__restrict__ status
+/* The one argument of both sampling kernels (common/sample_params.h, filled by
+ * src/ops/sample.c), and its fields as the kernels' typed locals (TOK: the token type). */
+#define RLK_SMP_KERNEL_PARAMS const ::rlk::smp::Params p_
+#define RLK_SMP_UNPACK                                                   \
+  const void *__restrict__ logits = p_.logits;                           \
+  const i64 row_stride = p_.row_stride, B = p_.B, V = p_.V;              \
+  const float *__restrict__ temperatures = p_.temperatures;              \
+  const float temperature = p_.temperature;                              \
+  const i32 *__restrict__ top_ks32 = p_.top_ks32;                        \
+  const i64 *__restrict__ top_ks64 = p_.top_ks64;                        \
+  const i64 top_k = p_.top_k;                                            \
+  const float *__restrict__ top_ps = p_.top_ps;                          \
+  const float top_p = p_.top_p;                                          \
+  const float *__restrict__ min_ps = p_.min_ps;                          \
+  const float min_p = p_.min_p;                                          \
+  const u64 *__restrict__ seeds = p_.seeds;                              \
+  const u64 seed = p_.seed;                                              \
+  const u64 *__restrict__ offsets = p_.offsets;                          \
+  const u64 offset = p_.offset;                                          \
+  TOK *__restrict__ tokens = (TOK *)p_.tokens;                           \
+  float *__restrict__ logp = p_.logp;                                    \
+  float *__restrict__ logp_filtered = p_.logp_filtered;                  \
+  i32 *__restrict__ status = p_.status;
 
 /* One block per row. SEG x UNROLL is the row layout of the logprob_fwd kernel the log-probs must
  * match (SEG threads per row: a block, or a segment of a warp for short rows); the block has
@@ -684,6 +701,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
                                   SEG >= 256 ? 1024 / SEG : 1)
     sample(RLK_SMP_KERNEL_PARAMS) {
   using namespace smp;
+  RLK_SMP_UNPACK
   static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
   static_assert(CAP >= RLK_WARP_SIZE && (CAP & (CAP - 1)) == 0, "CAP: a power of two");
   constexpr int NT = SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE;

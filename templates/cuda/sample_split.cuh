@@ -38,6 +38,7 @@ template <int DT, typename TOK, int SEG, int UNROLL, int S, int DEPTH>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     sample_split(RLK_SMP_KERNEL_PARAMS) {
   using namespace smp;
+  RLK_SMP_UNPACK
   static_assert(S == 2 || S == 4 || S == 8, "S: 2, 4 or 8 blocks a row");
   static_assert((SEG & (SEG - 1)) == 0 && SEG <= RLK_MAX_BLOCK && SEG >= S * RLK_WARP_SIZE,
                 "SEG: whole warps in every block");

@@ -8,6 +8,9 @@
  *                  its own entering state, and the chunk's whole map carried into the next chunk.
  * Both give the recurrence's result; they differ in f32 rounding only. */
 #include "advantage_scan_common.h"
+#include "advantage_scan_params.h"
+
+RLK_PARAMS_DECLARE(as_params, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
 
 typedef RLK_P_DTYPE ts;
 
@@ -172,23 +175,24 @@ static inline as_map as_row_push(const as_row *w, rlk_i64 t, as_map F, const as_
 }
 
 RLK_HOST_KERNEL rlk_advantage_scan(void **args) {
-  const ts *x0 = RLK_ARG(const ts *, 0);
-  const rlk_i64 s0 = RLK_ARG(rlk_i64, 1);
-  const ts *x1 = RLK_ARG(const ts *, 2);
-  const rlk_i64 s1 = RLK_ARG(rlk_i64, 3);
-  const void *mask = RLK_ARG(const void *, 4);
-  const rlk_i64 ms = RLK_ARG(rlk_i64, 5);
-  const int kind = RLK_ARG(int, 6);
-  ts *o0 = RLK_ARG(ts *, 7);
-  const rlk_i64 os0 = RLK_ARG(rlk_i64, 8);
-  ts *o1 = RLK_ARG(ts *, 9);
-  const rlk_i64 os1 = RLK_ARG(rlk_i64, 10);
-  const ts *baseline = RLK_ARG(const ts *, 11);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 12), T = RLK_ARG(rlk_i64, 13);
+  const as_params *p_ = (const as_params *)args[0];
+  const ts *x0 = (const ts *)p_->x0;
+  const rlk_i64 s0 = p_->s0;
+  const ts *x1 = (const ts *)p_->x1;
+  const rlk_i64 s1 = p_->s1;
+  const void *mask = p_->mask;
+  const rlk_i64 ms = p_->ms;
+  const int kind = p_->mask_kind;
+  ts *o0 = (ts *)p_->o0;
+  const rlk_i64 os0 = p_->os0;
+  ts *o1 = (ts *)p_->o1;
+  const rlk_i64 os1 = p_->os1;
+  const ts *baseline = (const ts *)p_->baseline;
+  const rlk_i64 B = p_->B, T = p_->T;
   as_ctx c;
-  c.g = (ts)RLK_ARG(double, 14);
-  c.gl = (ts)RLK_ARG(double, 15);
-  c.masked = RLK_ARG(int, 16);
+  c.g = (ts)p_->gamma;
+  c.gl = (ts)p_->gamma_lambda;
+  c.masked = p_->masked;
 
   for (rlk_i64 b = 0; b < B; b++) {
     as_row w;

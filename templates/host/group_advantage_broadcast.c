@@ -3,13 +3,16 @@
  * is 0, adv[b] without a mask. Parameter: RLK_P_MASK (GA_MASK_*). */
 #include "group_advantage_common.h"
 
+RLK_PARAMS_DECLARE(ga_broadcast_params, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
+
 RLK_HOST_KERNEL rlk_group_advantage_broadcast(void **args) {
-  const float *adv = RLK_ARG(const float *, 0);
-  const void *mask = RLK_ARG(const void *, 1);
-  const rlk_i64 mask_stride = RLK_ARG(rlk_i64, 2);
-  float *out = RLK_ARG(float *, 3);
-  const rlk_i64 out_stride = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 5), T = RLK_ARG(rlk_i64, 6);
+  const ga_broadcast_params *p_ = (const ga_broadcast_params *)args[0];
+  const float *adv = p_->adv;
+  const void *mask = p_->mask;
+  const rlk_i64 mask_stride = p_->mask_stride;
+  float *out = p_->out;
+  const rlk_i64 out_stride = p_->out_stride;
+  const rlk_i64 B = p_->B, T = p_->T;
   for (rlk_i64 b = 0; b < B; b++) {
     const float a = adv[b];
     float *o = out + b * out_stride;

@@ -5,6 +5,7 @@
 #define RLK_GROUP_ADVANTAGE_COMMON_H
 
 #include "rlk_host_prelude.h"
+#include "group_advantage_params.h"
 
 enum { GA_MODE_GRPO = 0, GA_MODE_MEAN_ONLY = 1, GA_MODE_RLOO = 2, GA_MODE_BATCH_STD = 3 };
 enum { GA_SINGLETON_MEAN0_STD1 = 0, GA_SINGLETON_ZERO = 1 };

@@ -8,21 +8,24 @@
  * singleton policy are run-time arguments. */
 #include "group_advantage_common.h"
 
+RLK_PARAMS_DECLARE(ga_group_params, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
+
 typedef RLK_P_SCORES ga_score_t;
 
 static inline ga_score_t ga_sqrt(ga_score_t x) { return (ga_score_t)rlk_sqrt((double)x); }
 
 RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
-  const ga_score_t *scores = RLK_ARG(const ga_score_t *, 0);
-  const rlk_i64 stride = RLK_ARG(rlk_i64, 1);
-  float *adv = RLK_ARG(float *, 2);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 3);
-  const rlk_i64 group_size = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 num_groups = RLK_ARG(rlk_i64, 5);
-  const void *offsets = RLK_ARG(const void *, 6);
-  const ga_score_t e = (ga_score_t)RLK_ARG(float, 7);
-  const int unbiased = RLK_ARG(int, 8);
-  const int singleton = RLK_ARG(int, 9);
+  const ga_group_params *p_ = (const ga_group_params *)args[0];
+  const ga_score_t *scores = (const ga_score_t *)p_->scores;
+  const rlk_i64 stride = p_->score_stride;
+  float *adv = p_->adv;
+  const rlk_i64 B = p_->B;
+  const rlk_i64 group_size = p_->group_size;
+  const rlk_i64 num_groups = p_->num_groups;
+  const void *offsets = p_->offsets;
+  const ga_score_t e = (ga_score_t)p_->eps;
+  const int unbiased = p_->unbiased;
+  const int singleton = p_->singleton;
 
   ga_score_t batch_scale = 1;
   if (RLK_P_MODE == GA_MODE_BATCH_STD) {

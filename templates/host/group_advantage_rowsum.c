@@ -4,15 +4,18 @@
  * Parameters: RLK_P_SCORES (float or double), RLK_P_MASK (GA_MASK_*). */
 #include "group_advantage_common.h"
 
+RLK_PARAMS_DECLARE(ga_rowsum_params, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
+
 typedef RLK_P_SCORES ga_score_t;
 
 RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
-  const ga_score_t *rewards = RLK_ARG(const ga_score_t *, 0);
-  const rlk_i64 reward_stride = RLK_ARG(rlk_i64, 1);
-  const void *mask = RLK_ARG(const void *, 2);
-  const rlk_i64 mask_stride = RLK_ARG(rlk_i64, 3);
-  ga_score_t *out = RLK_ARG(ga_score_t *, 4);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 5), T = RLK_ARG(rlk_i64, 6);
+  const ga_rowsum_params *p_ = (const ga_rowsum_params *)args[0];
+  const ga_score_t *rewards = (const ga_score_t *)p_->rewards;
+  const rlk_i64 reward_stride = p_->reward_stride;
+  const void *mask = p_->mask;
+  const rlk_i64 mask_stride = p_->mask_stride;
+  ga_score_t *out = (ga_score_t *)p_->out;
+  const rlk_i64 B = p_->B, T = p_->T;
   for (rlk_i64 b = 0; b < B; b++) {
     const ga_score_t *r = rewards + b * reward_stride;
     ga_score_t acc = 0;

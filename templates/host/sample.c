@@ -10,6 +10,9 @@
  * seg, unroll and cap only shape the GPU kernel. */
 #include "logprob_common.h"
 #include "rlk_host_philox.h"
+#include "sample_params.h"
+
+RLK_PARAMS_DECLARE(smp_params, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 typedef RLK_P_TOKENS smp_token_t;
 
@@ -111,27 +114,26 @@ static uint32_t smp_select_key(const smp_row *R, int masses, uint64_t goal) {
 }
 
 RLK_HOST_KERNEL rlk_sample(void **args) {
-  const void *logits = RLK_ARG(const void *, 0);
-  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 2);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 3);
-  const float *temperatures = RLK_ARG(const float *, 4);
-  const float temperature = RLK_ARG(float, 5);
-  const int32_t *top_ks32 = RLK_ARG(const int32_t *, 6);
-  const int64_t *top_ks64 = RLK_ARG(const int64_t *, 7);
-  const rlk_i64 top_k = RLK_ARG(rlk_i64, 8);
-  const float *top_ps = RLK_ARG(const float *, 9);
-  const float top_p = RLK_ARG(float, 10);
-  const float *min_ps = RLK_ARG(const float *, 11);
-  const float min_p = RLK_ARG(float, 12);
-  const uint64_t *seeds = RLK_ARG(const uint64_t *, 13);
-  const uint64_t seed = RLK_ARG(uint64_t, 14);
-  const uint64_t *offsets = RLK_ARG(const uint64_t *, 15);
-  const uint64_t offset = RLK_ARG(uint64_t, 16);
-  smp_token_t *tokens = RLK_ARG(smp_token_t *, 17);
-  float *logp = RLK_ARG(float *, 18);
-  float *logp_filtered = RLK_ARG(float *, 19);
-  int32_t *status = RLK_ARG(int32_t *, 20);
+  const smp_params *p_ = (const smp_params *)args[0];
+  const void *logits = p_->logits;
+  const rlk_i64 row_stride = p_->row_stride, B = p_->B, V = p_->V;
+  const float *temperatures = p_->temperatures;
+  const float temperature = p_->temperature;
+  const int32_t *top_ks32 = p_->top_ks32;
+  const int64_t *top_ks64 = (const int64_t *)p_->top_ks64;
+  const rlk_i64 top_k = p_->top_k;
+  const float *top_ps = p_->top_ps;
+  const float top_p = p_->top_p;
+  const float *min_ps = p_->min_ps;
+  const float min_p = p_->min_p;
+  const uint64_t *seeds = (const uint64_t *)p_->seeds;
+  const uint64_t seed = p_->seed;
+  const uint64_t *offsets = (const uint64_t *)p_->offsets;
+  const uint64_t offset = p_->offset;
+  smp_token_t *tokens = (smp_token_t *)p_->tokens;
+  float *logp = p_->logp;
+  float *logp_filtered = p_->logp_filtered;
+  int32_t *status = p_->status;
   const int dt = RLK_P_LOGITS, filter = RLK_P_FILTER;
 
   for (rlk_i64 i = 0; i < B; i++) {

@@ -6,7 +6,9 @@
 # Logs and JSON go to a work folder that is packed into $OUT/results.tgz; a short table is
 # printed last.
 #   usage (repository root, build/ built):  REV=<git revision> tools/bench/gpu-run.sh
-#   STEPS="tests demo bench torch python tune precompile" limits what runs (default: all);
+#   STEPS="tests demo record bench torch python tune precompile" limits what runs (default: all);
+#   STEPS="redesign demo record" [BASE=<main's build/bin>] checks the declared kernel arguments
+#   and the recording on the device, with the main ops' benchmarks before and after;
 #   STEPS=sample runs only the sampler: its GPU cases, rlk-bench-sample, and the cluster split's
 #   cases at every row_split.
 set -u
@@ -17,7 +19,7 @@ export RLK_TEST_BIN_DIR=$PWD/build/bin
 export RLK_CACHE_DIR=/tmp/rlk-gpu-cache
 export PYTHONUNBUFFERED=1
 rm -rf "$RLK_CACHE_DIR"
-STEPS=${STEPS:-"tests demo bench torch python tune precompile"}
+STEPS=${STEPS:-"tests demo record bench torch python tune precompile"}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # Wheels carried in .whl/ (Liger-Kernel, an anchor of the harness) go to a private site dir.
 if ls .whl/*.whl > /dev/null 2>&1; then
@@ -75,8 +77,47 @@ fi
 
 if has demo; then
   echo "== demo"
-  { build/bin/rlk-demo; echo "demo 1 rc=$?"; build/bin/rlk-demo; echo "demo 2 rc=$?"; } > "$W/demo.log" 2>&1
-  { echo "== demo"; grep -E 'counters after call|rc=' "$W/demo.log"; } | tee -a "$summary"
+  { build/bin/rlk-demo; echo "demo 1 rc=$?"; build/bin/rlk-demo; echo "demo 2 rc=$?";
+    build/bin/rlk-grpo-step --backend cuda --prompts 8 --group 8 --tokens 256 --vocab 32000; echo "grpo-step rc=$?"; } \
+    > "$W/demo.log" 2>&1
+  { echo "== demo"; grep -E 'counters after call|rc=|^sample|^logprob|^group|^policy|bitwise' "$W/demo.log"; } | tee -a "$summary"
+fi
+
+# RLK_JIT_RECORD on the device: a GRPO step records its configurations, rlk-precompile builds
+# them for the device's target into a fresh tree, and the step reruns with RLK_JIT=0 from it.
+if has record; then
+  echo "== record"
+  R=$W/record
+  mkdir -p "$R"
+  tgt=$(build/bin/rlk-grpo-step --backend cuda --prompts 2 --group 4 --tokens 16 --vocab 32000 2>&1 | sed -n 's/.*target \([^,]*\),.*/\1/p' | head -1)
+  { RLK_CACHE_DIR=$R/c1 RLK_JIT_RECORD=$R/record.conf build/bin/rlk-grpo-step --backend cuda --prompts 2 --group 4 \
+      --tokens 16 --vocab 32000; echo "record run rc=$?"; cat "$R/record.conf";
+    build/bin/rlk-precompile --out "$R/tree" --targets "$tgt" --config "$R/record.conf" -q; echo "precompile rc=$?";
+    RLK_CACHE_DIR=$R/c2 RLK_CACHE_RO_DIRS=$R/tree RLK_JIT=0 build/bin/rlk-grpo-step --backend cuda --prompts 2 \
+      --group 4 --tokens 16 --vocab 32000; echo "RLK_JIT=0 run rc=$?"; } > "$W/record.log" 2>&1
+  { echo "== record (target $tgt)"; grep -E 'rc=|^counters|^[a-z_]+ ' "$W/record.log"; } | tee -a "$summary"
+fi
+
+# The kernels whose argument became a declared struct (sample, group_advantage, advantage_scan):
+# their GPU cases; then the three main ops' benchmarks, and with BASE=<another checkout's
+# build/bin> the same benchmarks of that build in the same run, for a before/after table.
+if has redesign; then
+  for s in sample group_advantage advantage_scan; do
+    echo "== $s: GPU cases"
+    CK_RUN_SUITE=$s CK_RUN_CASE=gpu RLK_TEST_GPU=1 timeout 500 build/tests/check_rlk > "$W/redesign-$s.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && test_rc=$rc
+    { echo "== $s GPU cases (rc=$rc)"; grep -E 'Checks|:[EF]:' "$W/redesign-$s.log"; } | tee -a "$summary"
+  done
+  for b in rlk-bench-logprob rlk-bench-policy-loss rlk-bench-sample; do
+    for side in after ${BASE:+before}; do
+      bin=build/bin/$b
+      [ "$side" = before ] && bin=$BASE/$b
+      [ -x "$bin" ] || continue
+      timeout 300 "$bin" --backend cuda --json "$W/$b-$side.json" > "$W/$b-$side.log" 2>&1
+      { echo "== $b ($side, rc=$?)"; tail -25 "$W/$b-$side.log"; } | tee -a "$summary"
+    done
+  done
 fi
 
 if has bench; then

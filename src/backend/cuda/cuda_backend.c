@@ -15,7 +15,7 @@
 #include "backend/binary_image.h"
 #include "backend/cuda/cuda_driver.h"
 #include "core/core.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 /* ---- the driver table, loaded once per process ------------------------------------ */
 
@@ -454,32 +454,15 @@ static void cuda_destroy(rlk_backend_impl *self) {
 
 void rlk_cuda_target_for(int major, int minor, char *buf, size_t size) {
   if (!buf || size == 0) return;
-  /* The arch-specific ("a") targets unlock TMA/wgmma on 9.0 and tcgen05 on 10.x; code
-   * built for them runs only on that exact major.minor, which is what a JIT wants. */
-  int arch_specific = (major == 9 && minor == 0) || major == 10;
-  rlk_format(buf, size, "sm_%d%d%s", major, minor, arch_specific ? "a" : "");
-}
-
-/* RLK_ARCH overrides the device's target (for testing a target or working around a
- * driver); a value naming another vendor's target is ignored with a warning. */
-static rlk_status apply_arch_override(rlk_device_info *info) {
-  const char *arch = rlk_env("RLK_ARCH");
-  if (!arch) return RLK_OK;
-  if (strncmp(arch, "sm_", 3) != 0 && strncmp(arch, "compute_", 8) != 0) {
-    rlk_warn("cuda: RLK_ARCH=%s is not a CUDA target; using %s", arch, info->target);
-    return RLK_OK;
-  }
-  if (strlen(arch) >= sizeof info->target)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "RLK_ARCH: '%s' is too long", arch);
-  rlk_info("cuda: RLK_ARCH=%s overrides the device target %s", arch, info->target);
-  rlk_format(info->target, sizeof info->target, "%s", arch);
-  return RLK_OK;
+  rlk_target t;
+  rlk_target_for_cuda_device(major, minor, 0, 0, 0, &t);
+  rlk_format(buf, size, "%s", t.name);
 }
 
 /* ---- opening ---------------------------------------------------------------------- */
 
 /* Reads the device description into info (device queries: no context needs to be current). */
-static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
+static rlk_status describe_device(cuda_state *s, rlk_target *target, rlk_device_info *info) {
   const rlk_cuda_driver *d = s->drv;
   CUresult r;
   char name[sizeof info->name];
@@ -500,6 +483,10 @@ static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
       optin < (int)RLK_CUDA_DEFAULT_SHARED_LIMIT)
     optin = (int)RLK_CUDA_DEFAULT_SHARED_LIMIT;
   s->max_shared_optin = optin;
+  int per_sm = 0;
+  if (d->cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, s->device) !=
+      CUDA_SUCCESS)
+    per_sm = 0;
   size_t total = 0;
   if ((r = d->cuDeviceTotalMem(&total, s->device)) != CUDA_SUCCESS)
     return rlk_cuda_fail(RLK_ERR_BACKEND, "cuDeviceTotalMem", r);
@@ -508,8 +495,10 @@ static rlk_status describe_device(cuda_state *s, rlk_device_info *info) {
   info->multiprocessors = sms;
   info->total_memory = total;
   info->compile_only = 0;
-  rlk_cuda_target_for(major, minor, info->target, sizeof info->target);
-  return apply_arch_override(info);
+  rlk_target_for_cuda_device(major, minor, sms, (size_t)optin, per_sm > 0 ? (size_t)per_sm : 0, target);
+  rlk_status st = rlk_target_apply_env(RLK_BACKEND_CUDA, target);
+  rlk_format(info->target, sizeof info->target, "%s", target->name);
+  return st;
 }
 
 /* Retains the device's primary context. RLK_ERR_UNAVAILABLE only when there is no CUDA
@@ -561,7 +550,7 @@ rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
   }
   b->impl = s;
   rlk_status st = open_device(ordinal, s);
-  if (st == RLK_OK) st = describe_device(s, &b->info);
+  if (st == RLK_OK) st = describe_device(s, &b->target, &b->info);
   if (st != RLK_OK) {
     cuda_destroy(b);
     return st;
@@ -582,6 +571,7 @@ rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
   b->event_record = cuda_event_record;
   b->event_elapsed_ms = cuda_event_elapsed_ms;
   b->event_destroy = cuda_event_destroy;
+  b->tensor_map_encode = rlk_cuda_tma_encode;
   b->destroy = cuda_destroy;
   rlk_debug("cuda: device %d: %s, cc %d.%d, %d SMs, target %s", ordinal, b->info.name,
             b->info.compute_major, b->info.compute_minor, b->info.multiprocessors,

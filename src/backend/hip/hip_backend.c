@@ -12,7 +12,7 @@
 #include "backend/binary_image.h"
 #include "backend/hip/hip_runtime.h"
 #include "core/core.h"
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 #define EM_AMDGPU_MACHINE 224
 
@@ -370,27 +370,9 @@ static int find_gfx_arch(const unsigned char *props, size_t size, char *out, siz
   return 0;
 }
 
-/* RLK_ARCH overrides the device's target; a value naming another vendor's target is
- * ignored with a warning. */
-static rlk_status apply_arch_override(rlk_device_info *info) {
-  const char *arch = rlk_env("RLK_ARCH");
-  if (!arch) return RLK_OK;
-  if (strncmp(arch, "gfx", 3) != 0) {
-    rlk_warn("hip: RLK_ARCH=%s is not an AMD GPU target; using %s", arch,
-             info->target[0] ? info->target : "the device's");
-    return RLK_OK;
-  }
-  if (strlen(arch) >= sizeof info->target)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "RLK_ARCH: '%s' is too long", arch);
-  /* Feature flags are not part of a target here: "gfx90a:xnack-" -> "gfx90a". */
-  size_t n = strcspn(arch, ":");
-  rlk_format(info->target, sizeof info->target, "%.*s", (int)n, arch);
-  return RLK_OK;
-}
-
 /* ---- opening ---------------------------------------------------------------------- */
 
-static rlk_status describe_device(hip_state *s, rlk_device_info *info) {
+static rlk_status describe_device(hip_state *s, rlk_target *target, rlk_device_info *info) {
   const rlk_hip_runtime *rt = s->rt;
   hipDevice_t dev = 0;
   hipError_t e = rt->hipDeviceGet(&dev, s->ordinal);
@@ -422,8 +404,15 @@ static rlk_status describe_device(hip_state *s, rlk_device_info *info) {
       find_gfx_arch(props, RLK_HIP_PROPS_BYTES, info->target, sizeof info->target);
     free(props);
   }
-  rlk_status st = apply_arch_override(info);
+  memset(target, 0, sizeof *target);
+  if (info->target[0]) {
+    rlk_status st = rlk_target_parse(info->target, target);
+    if (st != RLK_OK) return rlk_error_wrap(st, "hip: device %d", s->ordinal);
+  }
+  target->multiprocessors = cus;
+  rlk_status st = rlk_target_apply_env(RLK_BACKEND_HIP, target);
   if (st != RLK_OK) return st;
+  rlk_format(info->target, sizeof info->target, "%s", target->name);
   if (!info->target[0])
     return rlk_error(RLK_ERR_UNSUPPORTED,
                      "hip: cannot read the gfx architecture of device %d; set RLK_ARCH (e.g. "
@@ -478,7 +467,7 @@ rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out) {
   }
   b->impl = s;
   rlk_status st = open_device(ordinal, s);
-  if (st == RLK_OK) st = describe_device(s, &b->info);
+  if (st == RLK_OK) st = describe_device(s, &b->target, &b->info);
   if (st != RLK_OK) {
     hip_destroy(b);
     return st;

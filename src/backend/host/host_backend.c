@@ -15,7 +15,7 @@
 #include "backend/backend.h"
 #include "backend/binary_image.h"
 #include "core/core.h"
-#include "jit/compiler.h"
+#include "core/target.h"
 
 /* The ELF machine of shared objects this process can load. */
 #if defined(__x86_64__)
@@ -327,6 +327,12 @@ rlk_status rlk_host_backend_open(rlk_backend_impl **out) {
   rlk_format(b->info.target, sizeof b->info.target, "%s", rlk_host_target());
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   b->info.multiprocessors = cores > 0 ? (int)cores : 1;
+  rlk_status st = rlk_target_parse(b->info.target, &b->target);
+  if (st != RLK_OK) {
+    free(b);
+    return st;
+  }
+  b->target.multiprocessors = b->info.multiprocessors;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   b->info.total_memory = (pages > 0 && page > 0) ? (size_t)pages * (size_t)page : 0;
   b->module_load = host_module_load;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/context.h"
+#include "runtime/context.h"
 #include "core/core.h"
 
 void rlk_context_options_init(rlk_context_options *o) {
@@ -23,36 +23,53 @@ const char *rlk_backend_name(rlk_backend b) {
   return "unknown";
 }
 
+static rlk_status host_open(int ordinal, rlk_backend_impl **out) {
+  (void)ordinal;
+  return rlk_host_backend_open(out);
+}
+
+/* Every backend: how to open it, its compiler, the template folder that compiler reads and the
+ * target names that are its own. The automatic choice tries them in this order and takes the
+ * first present (the CPU last: it always is). Adding a backend is a row here. */
+typedef struct backend_row {
+  rlk_backend kind;
+  rlk_status (*open)(int ordinal, rlk_backend_impl **out);
+  rlk_status (*open_compiler)(rlk_compiler **out);
+  const char *templates;     /* "cuda" or "host": the folder of templates/ its compiler reads */
+  const char *target_prefix; /* "sm_": names of its targets */
+} backend_row;
+
+static const backend_row backend_rows[] = {
+    {RLK_BACKEND_CUDA, rlk_cuda_backend_open, rlk_nvrtc_open, "cuda", "sm_"},
+    {RLK_BACKEND_HIP, rlk_hip_backend_open, rlk_hiprtc_open, "cuda", "gfx"},
+    {RLK_BACKEND_HOST, host_open, rlk_hostcc_open, "host", "host-"},
+};
+#define NROWS (sizeof backend_rows / sizeof backend_rows[0])
+
+static const backend_row *row_of(rlk_backend kind) {
+  for (size_t i = 0; i < NROWS; i++)
+    if (backend_rows[i].kind == kind) return &backend_rows[i];
+  return NULL;
+}
+
 static rlk_backend backend_for_target(const char *target) {
-  if (!strncmp(target, "sm_", 3)) return RLK_BACKEND_CUDA;
-  if (!strncmp(target, "gfx", 3)) return RLK_BACKEND_HIP;
+  for (size_t i = 0; i < NROWS; i++)
+    if (!strncmp(target, backend_rows[i].target_prefix, strlen(backend_rows[i].target_prefix)))
+      return backend_rows[i].kind;
   return RLK_BACKEND_HOST;
 }
 
 static rlk_status open_backend(rlk_context *ctx, const rlk_context_options *o) {
-  rlk_backend want = o->backend;
-  if (want == RLK_BACKEND_CUDA) return rlk_cuda_backend_open(o->device, &ctx->backend);
-  if (want == RLK_BACKEND_HIP) return rlk_hip_backend_open(o->device, &ctx->backend);
-  if (want == RLK_BACKEND_HOST) return rlk_host_backend_open(&ctx->backend);
+  if (o->backend != RLK_BACKEND_AUTO) return row_of(o->backend)->open(o->device, &ctx->backend);
   /* auto: the first device runtime present, else the CPU. Only "not present here" falls
    * through: a bad ordinal or a failing driver is the caller's to see, since falling back
    * to the CPU would hand device pointers to host code. */
-  rlk_status st = rlk_cuda_backend_open(o->device, &ctx->backend);
-  if (st != RLK_ERR_UNAVAILABLE) return st;
-  rlk_debug("auto backend: cuda unavailable: %s", rlk_last_error());
-  st = rlk_hip_backend_open(o->device, &ctx->backend);
-  if (st != RLK_ERR_UNAVAILABLE) return st;
-  rlk_debug("auto backend: hip unavailable: %s", rlk_last_error());
-  return rlk_host_backend_open(&ctx->backend);
-}
-
-static rlk_status open_compiler(rlk_backend kind, rlk_compiler **out) {
-  switch (kind) {
-    case RLK_BACKEND_CUDA: return rlk_nvrtc_open(out);
-    case RLK_BACKEND_HIP: return rlk_hiprtc_open(out);
-    case RLK_BACKEND_HOST: return rlk_hostcc_open(out);
-    default: return rlk_error(RLK_ERR_INTERNAL, "no compiler for backend %d", (int)kind);
+  rlk_status st = RLK_ERR_UNAVAILABLE;
+  for (size_t i = 0; i < NROWS && st == RLK_ERR_UNAVAILABLE; i++) {
+    if (i) rlk_debug("auto backend: %s unavailable: %s", rlk_backend_name(backend_rows[i - 1].kind), rlk_last_error());
+    st = backend_rows[i].open(o->device, &ctx->backend);
   }
+  return st;
 }
 
 rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *options) {
@@ -74,9 +91,9 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (!ctx) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_context_create: out of memory");
   rlk_status st;
   char target[32] = "";
-  /* A device context takes its target from the device (the CUDA and HIP backends apply
-   * RLK_ARCH themselves); a compile-only context from the options, else RLK_ARCH. */
-  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_env("RLK_ARCH") : NULL);
+  /* A device context takes its target from the device (the backend applies RLK_ARCH); a
+   * compile-only context from the options, else RLK_ARCH. */
+  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_target_env() : NULL);
   if (want_target && !strcmp(want_target, "host")) want_target = rlk_host_target(); /* documented alias */
   if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
@@ -110,12 +127,24 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   }
   rlk_format(ctx->info.target, sizeof ctx->info.target, "%s", target);
 
-  st = open_compiler(ctx->kind, &ctx->compiler);
+  st = row_of(ctx->kind)->open_compiler(&ctx->compiler);
   if (st) goto fail;
   if (!ctx->compiler->supports_target(ctx->compiler, target)) {
     st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not supported by %s (it supports: %s)", target,
                    ctx->compiler->id, ctx->compiler->targets);
     goto fail;
+  }
+  /* The typed target: the device's own (its counts and limits) unless options.target names
+   * another, which is then parsed like a compile-only context's. */
+  if (ctx->backend && !strcmp(target, ctx->backend->target.name)) {
+    ctx->target = ctx->backend->target;
+  } else {
+    if ((st = rlk_target_parse(target, &ctx->target))) goto fail;
+    if (ctx->target.kind != ctx->kind) {
+      st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not a %s target", target, rlk_backend_name(ctx->kind));
+      goto fail;
+    }
+    if (ctx->backend) ctx->target.multiprocessors = ctx->backend->target.multiprocessors;
   }
   rlk_format(ctx->info.compiler, sizeof ctx->info.compiler, "%s %s", ctx->compiler->kind, ctx->compiler->version);
 
@@ -124,7 +153,7 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   if (st) goto fail;
   st = rlk_cache_open(&cfg, &ctx->cache);
   if (st) goto fail;
-  st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, target, &ctx->jit);
+  st = rlk_jit_create(ctx->backend, ctx->compiler, ctx->cache, &ctx->target, row_of(ctx->kind)->templates, &ctx->jit);
   if (st) goto fail;
   st = rlk_tune_table_create(&ctx->info, &ctx->tune);
   if (st) goto fail;

@@ -16,6 +16,7 @@ struct rlk_context {
   rlk_cache *cache;
   rlk_jit *jit;
   rlk_device_info info;
+  rlk_target target; /* typed: what compilers, keys and ops read (info.target is its name) */
   int compile_only;
   rlk_tune_table *tune; /* the tuning database as this context sees it (RLK_TUNE, RLK_TUNE_DB) */
 };

@@ -1,5 +1,5 @@
 /* dynlib.c - dlopen over a candidate list plus a symbol table (see dynlib.h). */
-#include "jit/dynlib.h"
+#include "core/dynlib.h"
 
 #include <dlfcn.h>
 #include <string.h>

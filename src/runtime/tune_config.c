@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/context.h"
+#include "runtime/context.h"
 #include "core/core.h"
-#include "ops/ops.h"
+#include "runtime/op.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 
@@ -21,7 +21,9 @@ static rlk_status line_key(const char *who, const char *config, const rlk_op_des
   if (!st && !(*op)->tune_key)
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: op %s has no tuning candidates", who, (*op)->name);
   if (!st) {
-    st = (*op)->tune_key(npairs, pairs, shape, size, tokens);
+    rlk_op_values vals;
+    st = rlk_op_values_parse(*op, npairs, pairs, &vals);
+    if (!st) st = (*op)->tune_key(&vals, shape, size, tokens);
     if (st) rlk_error_wrap(st, "%s: %s", who, (*op)->name);
   }
   free(line);

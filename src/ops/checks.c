@@ -1,0 +1,104 @@
+/* checks.c - argument validation helpers shared by the ops. */
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+
+rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required) {
+  if (!t->data) {
+    if (required) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
+    return RLK_OK;
+  }
+  if (t->ndim < 1 || t->ndim > RLK_MAX_DIMS)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside [1, %d]", what, (int)t->ndim, RLK_MAX_DIMS);
+  if (rlk_dtype_size(t->dtype) == 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %d is not an rlk_dtype", what, (int)t->dtype);
+  for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] <= 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is not positive", what, i,
+                       (long long)t->shape[i]);
+    if (t->shape[i] > ((int64_t)1 << 40))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is too large", what, i,
+                       (long long)t->shape[i]);
+    if (t->strides[i] < 0 || (t->strides[i] == 0 && t->shape[i] > 1))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is not positive", what, i,
+                       (long long)t->strides[i]);
+  }
+  if ((uintptr_t)t->data % rlk_dtype_size(t->dtype) != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is not aligned to its %zu-byte dtype", what,
+                     rlk_dtype_size(t->dtype));
+  /* The bytes the descriptor reaches must be addressable: kernels form element offsets as
+   * signed 64-bit products (row * stride) and byte offsets from them, so an overflow there
+   * would read or write far outside the tensor while the call reports success. */
+  uint64_t bytes;
+  if (rlk_tensor_span_bytes(t, &bytes) != 0 || bytes > RLK_TENSOR_MAX_BYTES ||
+      (uintptr_t)t->data > UINTPTR_MAX - (uintptr_t)bytes)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: its shape and strides reach past what can be addressed (more than 2^%d "
+                     "bytes from its data pointer)",
+                     what, RLK_TENSOR_MAX_BYTES_LOG2);
+  return RLK_OK;
+}
+
+int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes) {
+  uint64_t last = 0; /* offset of the last element, in elements */
+  for (int i = 0; i < t->ndim; i++) {
+    uint64_t step;
+    if (t->shape[i] <= 0 || t->strides[i] < 0) return -1;
+    if (__builtin_mul_overflow((uint64_t)(t->shape[i] - 1), (uint64_t)t->strides[i], &step) ||
+        __builtin_add_overflow(last, step, &last))
+      return -1;
+  }
+  uint64_t elems;
+  if (__builtin_add_overflow(last, 1, &elems) ||
+      __builtin_mul_overflow(elems, (uint64_t)rlk_dtype_size(t->dtype), bytes))
+    return -1;
+  return 0;
+}
+
+rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed) {
+  if ((int)t->dtype > 0 && (int)t->dtype < 32 && (allowed & RLK_DTYPE_BIT(t->dtype))) return RLK_OK;
+  char names[128] = "";
+  size_t len = 0;
+  for (int d = 1; d < 8; d++)
+    if (allowed & RLK_DTYPE_BIT(d)) {
+      int w = rlk_format(names + len, sizeof names - len, "%s%s", len ? ", " : "", rlk_dtype_name((rlk_dtype)d));
+      if (w > 0) len += (size_t)w;
+    }
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s is not supported (expected %s)", what,
+                   rlk_dtype_name(t->dtype), names);
+}
+
+rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int lo, int hi) {
+  if (t->ndim < lo || t->ndim > hi) {
+    if (lo == hi) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: expected %d dimensions, got %d", what, lo, (int)t->ndim);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: expected %d to %d dimensions, got %d", what, lo, hi, (int)t->ndim);
+  }
+  return RLK_OK;
+}
+
+rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                            int contiguous, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
+  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  if (t->shape[0] != N)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
+                     (long long)t->shape[0], (long long)N);
+  if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
+  if (stride) *stride = N > 1 ? t->strides[0] : 1;
+  return RLK_OK;
+}
+
+rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what) {
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] > 1 && t->strides[i] != expect)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: must be contiguous (stride[%d] = %lld, expected %lld)", what,
+                       i, (long long)t->strides[i], (long long)expect);
+    expect *= t->shape[i];
+  }
+  return RLK_OK;
+}

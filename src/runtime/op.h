@@ -1,0 +1,133 @@
+/* op.h - what the runtime knows of an op: its settings table, its plan (the kernels a
+ * configuration line needs, through the same selection a call makes), samples and tuning
+ * candidates; the generic configuration-line machinery over those tables; and the op table,
+ * which the ops layer defines (src/ops/op_table.c). */
+#ifndef RLK_RUNTIME_OP_H
+#define RLK_RUNTIME_OP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jit/template.h"
+#include "rlk.h"
+#include "runtime/context.h"
+
+#define RLK_OP_MAX_KERNELS 8
+
+#define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
+
+typedef struct rlk_op_config_pair {
+  const char *name;
+  const char *value;
+} rlk_op_config_pair;
+
+/* ---- an op's settings: declared once, in a table ---------------------------------- */
+
+typedef enum rlk_setting_kind {
+  RLK_SETTING_INT = 0,    /* a decimal integer in [min, max] */
+  RLK_SETTING_FLAG = 1,   /* 0 or 1 */
+  RLK_SETTING_CHOICE = 2, /* one of choices (NULL-terminated); the value is its index */
+  RLK_SETTING_DTYPE = 3   /* an rlk_dtype name whose bit is in dtypes; the value is the rlk_dtype */
+} rlk_setting_kind;
+
+/* One setting of an op's configuration line. The table of them is all the generic code needs
+ * to parse a line, reject what is wrong, spell it canonically and write the --help text. */
+typedef struct rlk_op_setting {
+  const char *name;
+  rlk_setting_kind kind;
+  int64_t def;                /* the value when a line does not give it; an INT default outside
+                               * [min, max] means "not given" and is never spelled */
+  int64_t min, max;           /* INT */
+  const char *const *choices; /* CHOICE */
+  uint32_t dtypes;            /* DTYPE: RLK_DTYPE_BIT()s */
+  const char *feeds;          /* the template parameter(s) it sets or selects ("entry.param"), or ""
+                               * for a run-time value (the same kernels whatever it is) */
+  const char *doc;            /* one line */
+} rlk_op_setting;
+
+#define RLK_SET_INT(n, def, lo, hi, feeds, doc) {n, RLK_SETTING_INT, def, lo, hi, NULL, 0, feeds, doc}
+#define RLK_SET_FLAG(n, def, feeds, doc) {n, RLK_SETTING_FLAG, def, 0, 1, NULL, 0, feeds, doc}
+#define RLK_SET_CHOICE(n, choices, def, feeds, doc) {n, RLK_SETTING_CHOICE, def, 0, 0, choices, 0, feeds, doc}
+#define RLK_SET_DTYPE(n, dtypes, def, feeds, doc) {n, RLK_SETTING_DTYPE, def, 0, 0, NULL, dtypes, feeds, doc}
+
+#define RLK_OP_MAX_SETTINGS 16
+
+/* A parsed configuration line: one value per setting, in the table's order. */
+typedef struct rlk_op_values {
+  int64_t v[RLK_OP_MAX_SETTINGS];
+  uint32_t given; /* bit i: setting i was on the line */
+} rlk_op_values;
+
+#define RLK_OP_GIVEN(vals, i) (((vals)->given >> (i)) & 1u)
+
+typedef struct rlk_op_desc {
+  const char *name; /* "group_advantage" */
+  const rlk_op_setting *settings;
+  size_t nsettings; /* <= RLK_OP_MAX_SETTINGS */
+  const char *note; /* a last --help line, NULL if none */
+  /* The kernel specs the op would launch on `ctx` for a parsed line (ctx, specs and nspecs are
+   * checked by the caller; at most RLK_OP_MAX_KERNELS). A combination of settings that cannot
+   * be: RLK_ERR_INVALID_ARGUMENT naming them. */
+  rlk_status (*plan)(const rlk_context *ctx, const rlk_op_values *vals, rlk_kernel_spec *specs,
+                     size_t *nspecs);
+  /* Configuration lines that together reach every kernel variant family of the op (every
+   * entry, dtype, mode and code path); the tests compile all of them for every target. */
+  const char *const *samples;
+  /* Tuning candidates (NULL if none): settings, each appended to a configuration line, that a
+   * sweep tool times against each other on a device. Valid on every target: a setting a target
+   * cannot honour falls back to its default there (equal specs then time alike). */
+  const char *const *candidates;
+  /* The tuning database key of a configuration (NULL for an op without candidates): from
+   * settings that name one pass and tokens=, the canonical shape (rlk_tune_record.shape, the
+   * same string the op's calls look up, defaults spelled out) and the token bucket. A setting
+   * that is not part of a key (a tuning setting, pass=both) is RLK_ERR_INVALID_ARGUMENT. */
+  rlk_status (*tune_key)(const rlk_op_values *vals, char *shape, size_t size, int64_t *tokens);
+} rlk_op_desc;
+
+/* Every op family that can be precompiled, NULL-terminated. */
+extern const rlk_op_desc *const rlk_op_table[];
+
+#define RLK_OP_CONFIG_MAX_PAIRS 32
+
+/* Splits a configuration line ("op name=value ...") into its op and settings. *line receives a
+ * copy of the text that the pairs point into (the caller frees it, also on error). Errors are
+ * RLK_ERR_INVALID_ARGUMENT messages prefixed with `who`: an empty line, an unknown op, a setting
+ * that is not name=value or is given twice. */
+rlk_status rlk_op_config_parse(const char *who, const char *config, char **line, const rlk_op_desc **op,
+                               rlk_op_config_pair *pairs, size_t *npairs);
+
+/* The kernel specs of op d's settings `pairs` on ctx: rlk_op_values_parse, then d->plan. */
+rlk_status rlk_op_plan(const rlk_op_desc *d, const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,
+                       rlk_kernel_spec *specs, size_t *nspecs);
+
+/* The values of `pairs` for op d, defaults first. RLK_ERR_INVALID_ARGUMENT naming the setting:
+ * unknown (the known ones listed), given twice, or a value its declaration does not allow. */
+rlk_status rlk_op_values_parse(const rlk_op_desc *d, size_t npairs, const rlk_op_config_pair *pairs,
+                               rlk_op_values *out);
+
+/* vals: every setting at its default, none given. */
+void rlk_op_values_init(const rlk_op_desc *d, rlk_op_values *vals);
+
+/* Sets setting i of vals to x and marks it given. */
+static inline void rlk_op_values_set(rlk_op_values *vals, int i, int64_t x) {
+  vals->v[i] = x;
+  vals->given |= 1u << i;
+}
+
+/* One setting's value from its text. */
+rlk_status rlk_op_setting_parse(const rlk_op_setting *s, const char *text, int64_t *value);
+
+/* The index of d's setting `name`, -1 if it has none. */
+int rlk_op_setting_index(const rlk_op_desc *d, const char *name);
+
+/* The canonical line of parsed values: "op name=value ..." with the settings that were given or
+ * differ from their defaults (an op may read "given" as a choice: offsets= implies uneven
+ * groups), in table order, each value spelled one way. It parses back to the same values and
+ * given settings. -1 if it does not fit. */
+int rlk_op_values_line(const rlk_op_desc *d, const rlk_op_values *vals, char *buf, size_t size);
+
+/* d's --help text from its table: "name: choices, doc (default)" lines, then the note. -1 if
+ * it does not fit. */
+int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size);
+
+#endif

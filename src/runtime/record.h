@@ -1,0 +1,17 @@
+/* record.h - RLK_JIT_RECORD=FILE: each op call reports its configuration, and the runtime
+ * appends its canonical line to FILE once (record.c). */
+#ifndef RLK_RECORD_H
+#define RLK_RECORD_H
+
+#include "runtime/op.h"
+
+/* Non-zero when RLK_JIT_RECORD names a file (read once per process). Ops test it before
+ * building the values of a call. */
+int rlk_record_enabled(void);
+
+/* Appends the canonical line of `vals` for op d to the record file unless the process or the
+ * file already has it. Never fails the caller: a file that cannot be written is warned about
+ * once. */
+void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals);
+
+#endif

@@ -1,0 +1,47 @@
+/* group_advantage_params.h - the arguments of the three group_advantage kernels (templates/cuda/
+ * group_advantage.cuh, templates/host/group_advantage_*.c), filled by src/ops/group_advantage.c.
+ *   rowsum:    [B, T] token rewards (row stride reward_stride) summed under the mask into out [B],
+ *              of the rewards' type (f64 rewards keep f64 sums)
+ *   group:     scores (stride score_stride) -> adv [B]; group_size > 0 fixed, else num_groups
+ *              groups by offsets (i32 or i64 as the spec says); eps, unbiased and singleton as
+ *              rlk_group_advantage_args
+ *   broadcast: out[b, t] = adv[b] x mask[b, t] */
+#ifndef RLK_GROUP_ADVANTAGE_PARAMS_H
+#define RLK_GROUP_ADVANTAGE_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_GA_ROWSUM_PARAMS(F, S_)  \
+  F(S_, const void *, rewards, 0)    \
+  F(S_, long long, reward_stride, 8) \
+  F(S_, const void *, mask, 16)      \
+  F(S_, long long, mask_stride, 24)  \
+  F(S_, void *, out, 32)             \
+  F(S_, long long, B, 40)            \
+  F(S_, long long, T, 48)
+#define RLK_GA_ROWSUM_PARAMS_SIZE 56
+
+#define RLK_GA_GROUP_PARAMS(F, S_)   \
+  F(S_, const void *, scores, 0)     \
+  F(S_, long long, score_stride, 8)  \
+  F(S_, float *, adv, 16)            \
+  F(S_, long long, B, 24)            \
+  F(S_, long long, group_size, 32)   \
+  F(S_, long long, num_groups, 40)   \
+  F(S_, const void *, offsets, 48)   \
+  F(S_, float, eps, 56)              \
+  F(S_, int, unbiased, 60)           \
+  F(S_, int, singleton, 64)
+#define RLK_GA_GROUP_PARAMS_SIZE 72
+
+#define RLK_GA_BROADCAST_PARAMS(F, S_) \
+  F(S_, const float *, adv, 0)         \
+  F(S_, const void *, mask, 8)         \
+  F(S_, long long, mask_stride, 16)    \
+  F(S_, float *, out, 24)              \
+  F(S_, long long, out_stride, 32)     \
+  F(S_, long long, B, 40)              \
+  F(S_, long long, T, 48)
+#define RLK_GA_BROADCAST_PARAMS_SIZE 56
+
+#endif

@@ -1,0 +1,34 @@
+/* sample_params.h - the argument of the sample kernels (templates/cuda/sample.cuh and
+ * sample_split.cuh, templates/host/sample.c), filled by src/ops/sample.c. Pointers to per-row
+ * settings are NULL where the scalar applies to every row; top_ks32 / top_ks64 is the one of
+ * rlk_sample_args.top_ks's dtype; tokens are of the spec's token dtype. */
+#ifndef RLK_SAMPLE_PARAMS_H
+#define RLK_SAMPLE_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_SAMPLE_PARAMS(F, S_)                     \
+  F(S_, const void *, logits, 0)                     \
+  F(S_, long long, row_stride, 8)                    \
+  F(S_, long long, B, 16)                            \
+  F(S_, long long, V, 24)                            \
+  F(S_, const float *, temperatures, 32)             \
+  F(S_, const int *, top_ks32, 40)                   \
+  F(S_, const long long *, top_ks64, 48)             \
+  F(S_, long long, top_k, 56)                        \
+  F(S_, const float *, top_ps, 64)                   \
+  F(S_, const float *, min_ps, 72)                   \
+  F(S_, const unsigned long long *, seeds, 80)       \
+  F(S_, unsigned long long, seed, 88)                \
+  F(S_, const unsigned long long *, offsets, 96)     \
+  F(S_, unsigned long long, offset, 104)             \
+  F(S_, void *, tokens, 112)                         \
+  F(S_, float *, logp, 120)                          \
+  F(S_, float *, logp_filtered, 128)                 \
+  F(S_, int *, status, 136)                          \
+  F(S_, float, temperature, 144)                     \
+  F(S_, float, top_p, 148)                           \
+  F(S_, float, min_p, 152)
+#define RLK_SAMPLE_PARAMS_SIZE 160
+
+#endif

@@ -1,0 +1,1 @@
+../common/rlk_params.h

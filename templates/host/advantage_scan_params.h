@@ -1,0 +1,1 @@
+../common/advantage_scan_params.h

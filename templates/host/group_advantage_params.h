@@ -1,0 +1,1 @@
+../common/group_advantage_params.h

@@ -1,0 +1,1 @@
+../common/sample_params.h

@@ -1,0 +1,235 @@
+/* test_ops.c - the contract every op of the table keeps, checked once over the table: its
+ * settings parse, spell and document themselves one way; wrong lines are refused naming the
+ * setting; samples plan, and plan to the same kernels through their canonical spelling; the
+ * samples reach every value of every setting that shapes a kernel. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/ops.h"
+#include "suites.h"
+#include "test_util.h"
+
+/* Parses a line's settings (after the op name) into values. */
+static rlk_status values_of(const rlk_op_desc *d, const char *line, rlk_op_values *vals) {
+  char copy[1024];
+  rlk_op_config_pair pairs[16];
+  size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
+  return rlk_op_values_parse(d, np, pairs, vals);
+}
+
+START_TEST(settings_are_well_formed) {
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    ck_assert_msg(d->nsettings > 0 && d->nsettings <= RLK_OP_MAX_SETTINGS, "%s: %zu settings", d->name, d->nsettings);
+    ck_assert_msg(d->plan && d->samples && d->samples[0], "%s: no plan or samples", d->name);
+    ck_assert_msg(!d->candidates == !d->tune_key, "%s: candidates and tune_key go together", d->name);
+    const char *help = rlk_precompile_help(d->name);
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      ck_assert_msg(s->name && s->doc && s->doc[0] && s->feeds, "%s: setting %zu is incomplete", d->name, k);
+      ck_assert_msg(rlk_op_setting_index(d, s->name) == (int)k, "%s: %s is declared twice", d->name, s->name);
+      char want[96];
+      snprintf(want, sizeof want, "%s: ", s->name);
+      ck_assert_msg(strstr(help, want) != NULL, "%s: help lacks %s", d->name, s->name);
+      if (s->kind == RLK_SETTING_CHOICE)
+        for (size_t c = 0; s->choices[c]; c++) {
+          int64_t v = -1;
+          ck_assert_int_eq(rlk_op_setting_parse(s, s->choices[c], &v), RLK_OK);
+          ck_assert_int_eq(v, (int64_t)c);
+        }
+    }
+  }
+}
+END_TEST
+
+/* The defaults spell out canonically, and the canonical line parses back to the same values. */
+START_TEST(canonical_lines_round_trip) {
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    for (size_t j = 0; d->samples[j]; j++) {
+      rlk_op_values a, b;
+      ck_assert_msg(values_of(d, d->samples[j], &a) == RLK_OK, "%s: %s", d->samples[j], rlk_last_error());
+      char line[1024], again[1024];
+      ck_assert_int_gt(rlk_op_values_line(d, &a, line, sizeof line), 0);
+      ck_assert_msg(values_of(d, line, &b) == RLK_OK, "%s: %s", line, rlk_last_error());
+      ck_assert_int_gt(rlk_op_values_line(d, &b, again, sizeof again), 0);
+      ck_assert_str_eq(line, again);
+      for (size_t k = 0; k < d->nsettings; k++)
+        ck_assert_msg(a.v[k] == b.v[k], "%s: %s changed through '%s'", d->name, d->settings[k].name, line);
+      ck_assert_msg(a.given == b.given, "%s: the given settings changed through '%s'", d->name, line);
+    }
+  }
+}
+END_TEST
+
+/* A sample and its canonical line plan the same kernels (the line a recording writes is enough
+ * to rebuild what a call ran). */
+START_TEST(canonical_lines_plan_alike) {
+  rlk_context *ctx = rlk_test_host_context();
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    for (size_t j = 0; d->samples[j]; j++) {
+      rlk_op_values a;
+      ck_assert_int_eq(values_of(d, d->samples[j], &a), RLK_OK);
+      char line[1024];
+      ck_assert_int_gt(rlk_op_values_line(d, &a, line, sizeof line), 0);
+      char k1[4096], k2[4096];
+      int n1 = 0, n2 = 0;
+      ck_assert_msg(rlk_precompile_keys(ctx, d->samples[j], k1, sizeof k1, &n1) == RLK_OK, "%s: %s", d->samples[j],
+                    rlk_last_error());
+      ck_assert_msg(rlk_precompile_keys(ctx, line, k2, sizeof k2, &n2) == RLK_OK, "%s: %s", line, rlk_last_error());
+      ck_assert_int_gt(n1, 0);
+      ck_assert_int_eq(n1, n2);
+      ck_assert_str_eq(k1, k2);
+    }
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* Wrong lines are refused, naming what is wrong. */
+START_TEST(bad_settings_are_named) {
+  rlk_context *ctx = rlk_test_compile_only_host_context();
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    char line[256];
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      snprintf(line, sizeof line, "%s %s=%s", d->name, s->name, "x!");
+      ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
+      ck_assert_msg(strstr(rlk_last_error(), s->name) != NULL, "%s: '%s'", line, rlk_last_error());
+      snprintf(line, sizeof line, "%s %s=%s %s=%s", d->name, s->name, "1", s->name, "1");
+      ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
+      if (s->kind == RLK_SETTING_INT && s->max < INT64_MAX) {
+        snprintf(line, sizeof line, "%s %s=%lld", d->name, s->name, (long long)s->max + 1);
+        ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
+      }
+    }
+    snprintf(line, sizeof line, "%s no_such_setting=1", d->name);
+    ck_assert_int_eq(rlk_precompile(ctx, line, NULL), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "no_such_setting"));
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* The kernel parameter values (entry, parameter, value) a set of specs uses. */
+typedef struct param_seen {
+  const char *entry[256];
+  int param[256];
+  int64_t value[256];
+  size_t n;
+} param_seen;
+
+static int seen_has(const param_seen *s, const char *entry, int param, int64_t value) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->param[i] == param && s->value[i] == value && !strcmp(s->entry[i], entry)) return 1;
+  return 0;
+}
+
+static void seen_add(param_seen *s, const rlk_kernel_spec *spec) {
+  for (size_t p = 0; p < spec->tmpl->nparams; p++)
+    if (!seen_has(s, spec->tmpl->entry, (int)p, spec->values[p]) && s->n < 256) {
+      s->entry[s->n] = spec->tmpl->entry;
+      s->param[s->n] = (int)p;
+      s->value[s->n] = spec->values[p];
+      s->n++;
+    }
+}
+
+/* A line's kernels on ctx; 0 when the combination is not a valid one. */
+static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char *line, rlk_kernel_spec *specs) {
+  char copy[1024];
+  rlk_op_config_pair pairs[16];
+  size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs), ns = 0;
+  return rlk_op_plan(d, ctx, np, pairs, specs, &ns) == RLK_OK ? ns : 0;
+}
+
+/* Every value of every setting that shapes a kernel (a flag, choice or dtype that feeds a
+ * template parameter), put into some sample, plans kernels each of whose parameter values some
+ * sample's kernel of that entry also has (on sm_90a, where the most variants exist): compiling
+ * the samples compiles every code path each value selects. */
+START_TEST(samples_reach_every_kernel_setting) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.compile_only = 1;
+  o.backend = RLK_BACKEND_CUDA;
+  o.target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (ops: samples reach every setting): no NVRTC: %s\n", rlk_last_error());
+    return;
+  }
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    static param_seen all;
+    memset(&all, 0, sizeof all);
+    for (size_t j = 0; d->samples[j]; j++) {
+      size_t ns = plan_line(ctx, d, d->samples[j], specs);
+      ck_assert_msg(ns > 0, "%s: %s", d->samples[j], rlk_last_error());
+      for (size_t k = 0; k < ns; k++) seen_add(&all, &specs[k]);
+    }
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      if (!s->feeds[0] || s->kind == RLK_SETTING_INT) continue;
+      for (int64_t x = 0; x < 32; x++) {
+        if (s->kind == RLK_SETTING_FLAG && x > 1) break;
+        if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
+        if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
+        int reached = 0, planned = 0;
+        for (size_t j = 0; d->samples[j] && !reached; j++) {
+          rlk_op_values v;
+          ck_assert_int_eq(values_of(d, d->samples[j], &v), RLK_OK);
+          rlk_op_values_set(&v, (int)k, x);
+          char line[1024];
+          ck_assert_int_gt(rlk_op_values_line(d, &v, line, sizeof line), 0);
+          size_t ns = plan_line(ctx, d, line, specs);
+          if (!ns) continue; /* not a valid combination */
+          planned = reached = 1;
+          for (size_t q = 0; q < ns && reached; q++)
+            for (size_t p = 0; p < specs[q].tmpl->nparams && reached; p++)
+              reached = seen_has(&all, specs[q].tmpl->entry, (int)p, specs[q].values[p]);
+        }
+        ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->name,
+                      (long long)x);
+      }
+    }
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* tools/precompile.conf, what `make precompile` ships, has a line for every op. */
+START_TEST(precompile_conf_covers_every_op) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/../../tools/precompile.conf", rlk_test_bin_dir());
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "\n%s ", rlk_op_table[i]->name);
+    ck_assert_msg(strstr(text, want) != NULL, "tools/precompile.conf has no %s line", rlk_op_table[i]->name);
+  }
+}
+END_TEST
+
+Suite *ops_suite(void) {
+  Suite *s = suite_create("ops");
+  TCase *tc = tcase_create("contract");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, settings_are_well_formed);
+  tcase_add_test(tc, canonical_lines_round_trip);
+  tcase_add_test(tc, canonical_lines_plan_alike);
+  tcase_add_test(tc, bad_settings_are_named);
+  tcase_add_test(tc, samples_reach_every_kernel_setting);
+  tcase_add_test(tc, precompile_conf_covers_every_op);
+  suite_add_tcase(s, tc);
+  return s;
+}
