@@ -251,7 +251,15 @@ typedef enum rlk_advantage_mode {
   RLK_ADV_GRPO = 0,      /* (s - mean_g) / (std_g + eps) */
   RLK_ADV_MEAN_ONLY = 1, /* s - mean_g (Dr. GRPO, REINFORCE++-baseline before whitening) */
   RLK_ADV_RLOO = 2,      /* s - mean of the other members of the group */
-  RLK_ADV_BATCH_STD = 3  /* (s - mean_g) / (std over the whole batch + eps) */
+  RLK_ADV_BATCH_STD = 3, /* (s - mean_g) / (std over the whole batch + eps) */
+  /* s - sum_g(w s) / sum_g(w) with per-member weights w (`weights`; OPO weighs each response by
+   * its length, verl's "opo") */
+  RLK_ADV_OPO = 4,
+  /* Pass@k: the group's best member (the first of equal maxima) gets (max - second max) /
+   * (std_g + eps), every other member 0 (verl's "grpo_passk") */
+  RLK_ADV_PASSK = 5,
+  /* the same without the division by std_g + eps (grpo_passk without norm_adv_by_std_in_grpo) */
+  RLK_ADV_PASSK_UNSCALED = 6
 } rlk_advantage_mode;
 
 typedef enum rlk_singleton_policy {
@@ -261,6 +269,18 @@ typedef enum rlk_singleton_policy {
   /* A one-member group gets advantage 0. */
   RLK_SINGLETON_ZERO = 1
 } rlk_singleton_policy;
+/* (opo gives a one-member group s under mean0-std1, as verl does; passk gives it 0 under either
+ * policy: there is no second member to compare with.) */
+
+typedef enum rlk_nan_scores {
+  /* NaN scores are arithmetic: a group with one gets NaN statistics. */
+  RLK_NAN_SCORES_PROPAGATE = 0,
+  /* A NaN score marks an unscorable member (TRL: every reward function returned None): it is
+   * left out of its group's statistics (and the batch's, for batch-std) and its advantage is
+   * 0; the one-member rule applies to groups with one scorable member; an advantage that comes
+   * out NaN is 0. */
+  RLK_NAN_SCORES_UNSCORABLE = 1
+} rlk_nan_scores;
 
 typedef struct rlk_group_advantage_args {
   /* Scores: [B] per-sequence scores, or [B, T] token rewards summed under `mask`
@@ -288,6 +308,10 @@ typedef struct rlk_group_advantage_args {
    * when that size is 0 (every other call). */
   void *workspace;
   size_t workspace_bytes;
+  /* opo only: weights [B] of the scores' dtype (verl: each response's token count), rows may be
+   * strided; a group whose weights sum to 0 gets NaN advantages. Absent for other modes. */
+  rlk_tensor weights;
+  rlk_nan_scores nan_scores; /* default RLK_NAN_SCORES_PROPAGATE */
 } rlk_group_advantage_args;
 
 /* Fills `args` with verl's defaults: mode grpo, eps 1e-6, unbiased, singleton mean 0 / std 1,

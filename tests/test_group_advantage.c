@@ -37,23 +37,24 @@ typedef struct ga_case {
   int broadcast;
   int64_t tok_stride;       /* 0: dense */
   int discrete;             /* scores from {0, 1}, like pass/fail rewards: many ties */
+  double nan_frac;          /* > 0: this share of the scores is NaN, unscorable members */
 } ga_case;
 
 static const char *mode_name(int m) {
-  static const char *n[] = {"grpo", "mean-only", "rloo", "batch-std"};
-  return m >= 0 && m < 4 ? n[m] : "?";
+  static const char *n[] = {"grpo", "mean-only", "rloo", "batch-std", "opo", "passk", "passk-unscaled"};
+  return m >= 0 && m < 7 ? n[m] : "?";
 }
 
 static void describe(const ga_case *c, char *buf, size_t size) {
   snprintf(buf, size,
            "B=%lld T=%lld G=%lld groups=%lld offsets=%s mode=%s unbiased=%d singleton=%d eps=%g "
-           "scores=%s%s stride=%lld mask=%s broadcast=%d discrete=%d seed=%llu",
+           "scores=%s%s stride=%lld mask=%s broadcast=%d discrete=%d nan=%g seed=%llu",
            (long long)c->B, (long long)c->T, (long long)c->group_size, (long long)c->num_groups,
            c->group_size ? "-" : rlk_dtype_name(c->offsets_dtype), mode_name(c->mode),
            c->unbiased, (int)c->singleton, (double)c->eps, rlk_dtype_name(c->scores_dtype),
            c->scores_2d ? "[B,T]" : "[B]", (long long)c->score_stride,
            c->mask_dtype ? rlk_dtype_name(c->mask_dtype) : "none", c->broadcast, c->discrete,
-           (unsigned long long)rlk_test_seed());
+           c->nan_frac, (unsigned long long)rlk_test_seed());
 }
 
 static ga_case base_case(int64_t B, int64_t G) {
@@ -169,10 +170,27 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
     for (int64_t t = 0; t < cols; t++) {
       /* a masked-out reward may be anything, NaN included: it must not count */
       const int masked_out = c->scores_2d && has_mask && mw[b * T + t] == 0.0;
-      const double v = masked_out && t % 2 ? NAN : draw_score(rng, c);
+      double v = masked_out && t % 2 ? NAN : draw_score(rng, c);
+      if (!masked_out && c->nan_frac > 0 && rlk_test_rand_uniform(rng) < c->nan_frac / (double)cols)
+        v = NAN; /* an unscorable member (one NaN reward makes its row sum NaN) */
       store(sh, c->scores_dtype, b * sstride + t, v);
       dense[b * cols + t] = load(sh, c->scores_dtype, b * sstride + t);
     }
+
+  /* opo's weights: token counts, now and then fractional */
+  void *wh = NULL, *wd = NULL;
+  double *wv = NULL;
+  if (c->mode == RLK_ADV_OPO) {
+    wh = malloc((size_t)B * sbytes);
+    wv = malloc((size_t)B * sizeof *wv);
+    for (int64_t b = 0; b < B; b++) {
+      double w = (double)(1 + rlk_test_rand_u64(rng) % 300);
+      if (b % 7 == 3) w *= rlk_test_rand_uniform(rng);
+      store(wh, c->scores_dtype, b, w);
+      wv[b] = load(wh, c->scores_dtype, b);
+    }
+    wd = rlk_test_dev_upload(ctx, wh, (size_t)B * sbytes);
+  }
 
   /* device copies; outputs poisoned with 0xff bytes (NaN) */
   void *sd = rlk_test_dev_upload(ctx, sh, (size_t)s_elems * sbytes);
@@ -209,6 +227,8 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   a.eps = c->eps;
   a.unbiased = c->unbiased;
   a.singleton = c->singleton;
+  a.nan_scores = c->nan_frac > 0 ? RLK_NAN_SCORES_UNSCORABLE : RLK_NAN_SCORES_PROPAGATE;
+  if (wd) a.weights = rlk_tensor_1d(wd, c->scores_dtype, B);
   a.advantages = rlk_tensor_1d(ad, RLK_F32, B);
   if (has_mask) a.mask = rlk_tensor_2d(md, c->mask_dtype, B, T, mstride);
   if (c->broadcast) a.token_advantages = rlk_tensor_2d(td, RLK_F32, B, T, tstride);
@@ -247,6 +267,8 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   p.eps = (double)c->eps;
   p.unbiased = c->unbiased;
   p.singleton = c->singleton;
+  p.weights = wv;
+  p.nan_unscorable = c->nan_frac > 0;
   double *rs = malloc((size_t)B * sizeof *rs), *ra = malloc((size_t)B * sizeof *ra),
          *rsc = malloc((size_t)B * sizeof *rsc);
   ga_ref_result r = {rs, ra, rsc, NULL};
@@ -260,6 +282,7 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
     const int64_t n = offs[g + 1] - offs[g];
     double mx = 0, sum = 0;
     for (int64_t i = offs[g]; i < offs[g + 1]; i++) {
+      if (isnan(rs[i])) continue; /* unscorable */
       double e = fabs(rs[i]);
       if (c->scores_2d) { /* row sum error in the reward type (f32 sums: rounded to f32) */
         double abs_sum = 0;
@@ -277,6 +300,12 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
     const double rtol = (f64_path ? 1e-6 : 1e-5) + 8 * sqrt(nstat) * ec;
     const double abs_err = 8 * sqrt((double)n) * ec * (mx + fabs(sum / (double)n));
     for (int64_t i = offs[g]; i < offs[g + 1]; i++) {
+      if (ra[i] == 0.0 && (c->nan_frac > 0 || c->mode >= RLK_ADV_PASSK)) {
+        /* unscorable, and pass@k's members that are not the best: exactly 0 */
+        ck_assert_msg((double)adv[i] == 0.0, "%s: advantages[%lld] = %.9g, expected 0 (score %.9g)",
+                      what, (long long)i, (double)adv[i], rs[i]);
+        continue;
+      }
       const double tol = rtol * fabs(ra[i]) + abs_err / rsc[i] + 1e-30;
       ck_assert_msg(fabs((double)adv[i] - ra[i]) <= tol,
                     "%s: advantages[%lld] = %.9g, reference %.9g (score %.9g, group %lld of "
@@ -324,6 +353,9 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   free(rs);
   free(ra);
   free(rsc);
+  free(wh);
+  free(wv);
+  rlk_free(ctx, wd);
 }
 
 /* Random group sizes in [1, max] (some singletons) summing to B. */
@@ -460,6 +492,66 @@ static void cases_strided_scores(rlk_context *ctx, uint64_t *rng) {
   run_case(ctx, &c, rng, NULL, NULL);
 }
 
+/* opo (length weights), pass@k and its unscaled form over fixed and uneven groups, f32 and
+ * f64, continuous and pass/fail scores (ties for the best place). */
+static void cases_outcome_modes(rlk_context *ctx, uint64_t *rng) {
+  static int64_t sizes[300];
+  static const int modes[] = {RLK_ADV_OPO, RLK_ADV_PASSK, RLK_ADV_PASSK_UNSCALED};
+  for (size_t mi = 0; mi < 3; mi++) {
+    for (size_t gi = 0; gi < N_FIXED; gi++) {
+      const int64_t G = fixed_groups[gi];
+      ga_case c = base_case(G * (1 + (int64_t)(rlk_test_rand_u64(rng) % 5)), G);
+      c.mode = modes[mi];
+      c.unbiased = (int)(gi % 2);
+      c.singleton = (int)((gi / 2) % 2);
+      c.scores_dtype = (gi + mi) % 2 ? RLK_F64 : RLK_F32;
+      c.discrete = gi % 3 == 1;
+      run_case(ctx, &c, rng, NULL, NULL);
+    }
+    ga_case c = base_case(1 + (int64_t)(rlk_test_rand_u64(rng) % 250), 0);
+    c.num_groups = random_sizes(rng, c.B, 20, sizes);
+    c.sizes = sizes;
+    c.offsets_dtype = mi % 2 ? RLK_I32 : RLK_I64;
+    c.mode = modes[mi];
+    run_case(ctx, &c, rng, NULL, NULL);
+    /* [B, T] rewards: f64 row sums (pass@k's order of the best is then exact) */
+    c = base_case(48, 16);
+    c.T = 1 + (int64_t)(rlk_test_rand_u64(rng) % 90);
+    c.scores_2d = 1;
+    c.scores_dtype = modes[mi] == RLK_ADV_OPO ? RLK_F32 : RLK_F64;
+    c.mask_dtype = RLK_BOOL;
+    c.broadcast = 1;
+    c.mode = modes[mi];
+    run_case(ctx, &c, rng, NULL, NULL);
+  }
+}
+
+/* NaN scores as unscorable members under every mode: left out of the statistics, advantage 0
+ * (TRL's settings among them: eps 1e-4, one-member groups 0). */
+static void cases_unscorable(rlk_context *ctx, uint64_t *rng) {
+  static const int64_t groups[] = {1, 4, 16, 64};
+  int k = 0;
+  for (int mode = 0; mode <= RLK_ADV_PASSK_UNSCALED; mode++)
+    for (size_t gi = 0; gi < 4; gi++, k++) {
+      const int64_t G = groups[gi];
+      ga_case c = base_case(G * (1 + (int64_t)(rlk_test_rand_u64(rng) % 4)), G);
+      c.mode = mode;
+      c.nan_frac = k % 3 == 0 ? 0.6 : 0.25;
+      c.eps = k % 2 ? 1e-4f : 1e-6f;
+      c.singleton = k % 2 ? RLK_SINGLETON_ZERO : RLK_SINGLETON_MEAN0_STD1;
+      c.scores_dtype = k % 4 == 1 ? RLK_F64 : RLK_F32;
+      c.discrete = k % 5 == 2;
+      if (k % 7 == 3) { /* token rewards whose unmasked NaN makes the row unscorable */
+        c.T = 1 + (int64_t)(rlk_test_rand_u64(rng) % 40);
+        c.scores_2d = 1;
+        c.mask_dtype = RLK_F32;
+        c.broadcast = 1;
+        if (mode >= RLK_ADV_PASSK) c.scores_dtype = RLK_F64;
+      }
+      run_case(ctx, &c, rng, NULL, NULL);
+    }
+}
+
 /* Two runs on the same inputs give bitwise the same outputs. */
 static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   static int64_t sizes[600];
@@ -515,6 +607,8 @@ HOST_CASE(broadcast)
 HOST_CASE(eps)
 HOST_CASE(strided_scores)
 HOST_CASE(deterministic)
+HOST_CASE(outcome_modes)
+HOST_CASE(unscorable)
 
 START_TEST(args_init_defaults) {
   rlk_group_advantage_args a;
@@ -998,6 +1092,8 @@ GPU_CASE(broadcast)
 GPU_CASE(eps)
 GPU_CASE(strided_scores)
 GPU_CASE(deterministic)
+GPU_CASE(outcome_modes)
+GPU_CASE(unscorable)
 
 /* Large and odd shapes: the launch-bound GRPO shape, big groups, many tokens. */
 START_TEST(gpu_large_shapes) {
@@ -1118,6 +1214,8 @@ Suite *group_advantage_suite(void) {
   tcase_add_test(host, host_eps);
   tcase_add_test(host, host_strided_scores);
   tcase_add_test(host, host_deterministic);
+  tcase_add_test(host, host_outcome_modes);
+  tcase_add_test(host, host_unscorable);
   tcase_add_test(host, host_in_place);
   tcase_add_test(host, host_f64_token_rewards);
   tcase_add_test(host, bad_arguments);
@@ -1141,6 +1239,8 @@ Suite *group_advantage_suite(void) {
   tcase_add_test(gpu, gpu_eps);
   tcase_add_test(gpu, gpu_strided_scores);
   tcase_add_test(gpu, gpu_deterministic);
+  tcase_add_test(gpu, gpu_outcome_modes);
+  tcase_add_test(gpu, gpu_unscorable);
   tcase_add_test(gpu, gpu_large_shapes);
   tcase_add_test(gpu, gpu_second_process_loads_from_disk);
   suite_add_tcase(s, gpu);

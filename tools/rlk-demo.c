@@ -97,6 +97,7 @@ static void reference(const float *scores, long batch, long g, rlk_advantage_mod
         case RLK_ADV_MEAN_ONLY: adv[i] = s - m; break;
         case RLK_ADV_RLOO: adv[i] = s - (sum - s) / (double)(g - 1); break;
         case RLK_ADV_BATCH_STD: adv[i] = (s - m) / (batch_std + eps); break;
+        default: adv[i] = NAN; break; /* modes the demo does not offer (--mode) */
       }
     }
   }

@@ -139,3 +139,70 @@ def test_patch_swaps_and_restores():
     assert ca.agg_loss is rv.agg_loss and ca.compute_value_loss is rv.compute_value_loss
     h.undo()
     assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss) == before
+
+
+# ---- outcome advantage estimators -----------------------------------------------------
+
+ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",
+              "reinforce_plus_plus_baseline")
+
+
+class AlgoConfig(dict):
+    """What verl's estimators read from their config: .get(name, default)."""
+
+
+def outcome_batch(layout, rewards, dtype, rng, singletons=True):
+    """Token rewards [B, T] with a response mask and verl's `index` (a uid per sample): groups of
+    4 in order ("fixed"), or groups of 1 to 7 members whose samples are shuffled ("shuffled").
+    rewards: "continuous", or "passfail" (0/1 outcome in the last response token: ties)."""
+    dt = np.float64 if dtype == "f64" else np.float32
+    if layout == "fixed":
+        sizes = [4] * 6
+    else:
+        sizes = list(rng.integers(2, 8, 6)) + ([1, 1] if singletons else [])
+    ids = np.concatenate([np.full(n, "uid-%d" % g, dtype=object) for g, n in enumerate(sizes)])
+    if layout == "shuffled":
+        ids = ids[rng.permutation(len(ids))]
+    Bn, Tn = len(ids), 11
+    lens = rng.integers(1, Tn + 1, Bn)
+    mask = (np.arange(Tn)[None, :] < lens[:, None])
+    if rewards == "passfail":
+        tok = np.zeros((Bn, Tn))
+        tok[np.arange(Bn), lens - 1] = rng.integers(0, 2, Bn)
+    else:
+        tok = rng.standard_normal((Bn, Tn)) * 0.5 * mask
+    return (torch.from_numpy(tok.astype(dt)), torch.from_numpy(mask.astype(dt)), ids)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rewards", ("continuous", "passfail"))
+@pytest.mark.parametrize("layout", ("fixed", "shuffled"))
+@pytest.mark.parametrize("norm", (True, False))
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_outcome_estimator(name, norm, layout, rewards, dtype, rng):
+    if not norm and name not in ("grpo", "grpo_vectorized", "grpo_passk"):
+        pytest.skip("norm_adv_by_std_in_grpo is read by grpo, grpo_vectorized and grpo_passk only")
+    # verl refuses a one-member group under pass@k
+    tok, mask, ids = outcome_batch(layout, rewards, dtype, rng, singletons=name != "grpo_passk")
+    cfg = AlgoConfig(norm_adv_by_std_in_grpo=norm)
+    kw = {"norm_adv_by_std_in_grpo": norm} if name in ("grpo", "grpo_vectorized") else {}
+    want, want_ret = ca.get_adv_estimator_fn(name)(
+        token_level_rewards=tok.clone(), response_mask=mask, index=ids, epsilon=1e-6,
+        config=cfg, **kw)
+    got, got_ret = rv.ADV_ESTIMATORS[name](
+        token_level_rewards=tok.clone(), response_mask=mask, index=ids, epsilon=1e-6,
+        config=cfg, **kw)
+    what = "%s norm=%s %s %s %s" % (name, norm, layout, rewards, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    # rlk's advantages are f32 (f64 statistics for f64 scores)
+    close(got, want, dtype, what + " advantages", rtol=2e-6)
+    close(got_ret, want_ret, dtype, what + " returns", rtol=2e-6)
+
+
+def test_patch_swaps_estimators():
+    before = dict(ca.ADV_ESTIMATOR_REGISTRY)
+    h = rv.patch()
+    for name in ESTIMATORS:
+        assert ca.get_adv_estimator_fn(name) is rv.ADV_ESTIMATORS[name], name
+    h.undo()
+    assert ca.ADV_ESTIMATOR_REGISTRY == before

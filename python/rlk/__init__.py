@@ -30,7 +30,7 @@ from .errors import (AbiMismatch, BackendError, CacheError, CompileError, Intern
                      InvalidArgument, JitDisabled, LibraryNotFound, OutOfMemory, RlkError,
                      RlkIOError, Timeout, Unavailable, Unsupported)
 from .ops import OPS
-from .ops.group_advantage import AdvantageMode, SingletonPolicy, group_advantage
+from .ops.group_advantage import AdvantageMode, NanScores, SingletonPolicy, group_advantage
 from .ops.losses import (POLICY_LOSS_METRICS, VALUE_LOSS_METRICS, KLEstimator, LossAgg,
                          PolicyLossMode, PolicyLossResult, ValueLossResult, metrics_dict,
                          policy_loss, value_loss)
@@ -57,7 +57,7 @@ __all__ = [
     "CacheError", "BackendError", "OutOfMemory", "RlkIOError", "Timeout", "InternalError",
     "LibraryNotFound", "AbiMismatch",
     # ops
-    "group_advantage", "AdvantageMode", "SingletonPolicy",
+    "group_advantage", "AdvantageMode", "SingletonPolicy", "NanScores",
     "policy_loss", "value_loss", "metrics_dict", "PolicyLossResult", "ValueLossResult",
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",

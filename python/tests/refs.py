@@ -6,35 +6,54 @@ MODES = ("grpo", "mean-only", "rloo", "batch-std")
 
 
 def group_advantage(scores, offsets, mode="grpo", eps=1e-6, unbiased=True,
-                    singleton="mean0-std1", mask=None):
-    """Advantages [B] for groups [offsets[i], offsets[i+1])."""
+                    singleton="mean0-std1", mask=None, weights=None, nan_scores="propagate"):
+    """Advantages [B] for groups [offsets[i], offsets[i+1]). With nan_scores="unscorable" a NaN
+    score is left out of every statistic and gets 0."""
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim == 2:
         m = np.ones_like(s) if mask is None else np.asarray(mask, dtype=np.float64)
-        s = (s * (m != 0)).sum(axis=1)
+        s = np.where(m != 0, s * m, 0.0).sum(axis=1)
+    skip = nan_scores == "unscorable"
+    ok = ~np.isnan(s) if skip else np.ones(s.shape, bool)
     ddof = 1 if unbiased else 0
     out = np.zeros_like(s)
-    batch_std = s.std(ddof=ddof) if s.size > ddof else 0.0
+    sb = s[ok]
+    batch_std = sb.std(ddof=ddof) if sb.size > ddof else np.nan
     for lo, hi in zip(offsets[:-1], offsets[1:]):
-        g = s[lo:hi]
-        n = hi - lo
+        idx = np.arange(lo, hi)[ok[lo:hi]]
+        g = s[idx]
+        n = idx.size
+        if mode in ("passk", "passk-unscaled"):
+            if n >= 2:
+                best = idx[int(np.argmax(g))]  # the first of equal maxima
+                second = np.max(s[idx[idx != best]])
+                div = g.std(ddof=ddof) + eps if mode == "passk" else 1.0
+                out[best] = (s[best] - second) / div
+            continue
+        if n == 0:
+            continue
         if n == 1:
             if singleton == "zero":
-                out[lo] = 0.0
+                out[idx] = 0.0
             elif mode in ("grpo", "batch-std"):
-                out[lo] = g[0] / (1.0 + eps)
+                out[idx] = g[0] / (1.0 + eps)
             else:
-                out[lo] = g[0]
+                out[idx] = g[0]
             continue
         mean = g.mean()
         if mode == "grpo":
-            out[lo:hi] = (g - mean) / (g.std(ddof=ddof) + eps)
+            out[idx] = (g - mean) / (g.std(ddof=ddof) + eps)
         elif mode == "mean-only":
-            out[lo:hi] = g - mean
+            out[idx] = g - mean
         elif mode == "rloo":
-            out[lo:hi] = g - (g.sum() - g) / (n - 1)
+            out[idx] = g - (g.sum() - g) / (n - 1)
+        elif mode == "opo":
+            w = np.asarray(weights, dtype=np.float64)[idx]
+            out[idx] = g - (w * g).sum() / w.sum()
         else:
-            out[lo:hi] = (g - mean) / (batch_std + eps)
+            out[idx] = (g - mean) / (batch_std + eps)
+    if skip:
+        out = np.nan_to_num(out, nan=0.0, posinf=np.inf, neginf=-np.inf)
     return out
 
 

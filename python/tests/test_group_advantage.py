@@ -39,6 +39,43 @@ def test_uneven_groups_with_singletons(place, rng, mode, singleton):
     close(place.back(adv), want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["opo", "passk", "passk-unscaled"])
+def test_outcome_modes(place, rng, mode, dtype):
+    B = int(rng.integers(50, 300))
+    offs = refs.random_offsets(rng, B)
+    # pass/fail scores for pass@k (ties for the best place), continuous ones otherwise
+    s = (rng.integers(0, 2, B) if mode != "opo" and B % 2 else rng.standard_normal(B)).astype(dtype)
+    w = rng.integers(1, 400, B).astype(dtype)
+    adv = rlk.group_advantage(place.to(s), group_offsets=place.to(np.array(offs, np.int64)),
+                              mode=mode, weights=place.to(w) if mode == "opo" else None)
+    close(place.back(adv), refs.group_advantage(s, offs, mode, weights=w))
+
+
+@pytest.mark.parametrize("mode", ["grpo", "mean-only", "batch-std", "opo", "passk"])
+def test_unscorable_nan_scores(place, rng, mode):
+    B, G = 8 * int(rng.integers(10, 40)), 8
+    s = rng.standard_normal(B).astype(np.float32)
+    s[rng.random(B) < 0.3] = np.nan
+    s[:G] = np.nan  # a group with no scorable member
+    s[G:2 * G - 1] = np.nan  # and one with a single one
+    w = rng.integers(1, 50, B).astype(np.float32)
+    adv = rlk.group_advantage(place.to(s), G, mode=mode, eps=1e-4, singleton="zero",
+                              nan_scores="unscorable", weights=place.to(w) if mode == "opo" else None)
+    want = refs.group_advantage(s, refs.fixed_offsets(B, G), mode, eps=1e-4, singleton="zero",
+                                weights=w, nan_scores="unscorable")
+    close(place.back(adv), want)
+    assert np.all(place.back(adv)[np.isnan(s)] == 0.0)
+
+
+def test_error_opo_weights(place, rng):
+    s = rng.standard_normal(16).astype(np.float32)
+    with pytest.raises(rlk.InvalidArgument, match="weights"):
+        rlk.group_advantage(place.to(s), 4, mode="opo")
+    with pytest.raises(rlk.InvalidArgument, match="weights"):
+        rlk.group_advantage(place.to(s), 4, mode="grpo", weights=place.to(s))
+
+
 def test_f64_scores_and_preallocated_output(place, rng):
     B, G = 96, 16
     s = rng.standard_normal(B)
@@ -165,3 +202,20 @@ def test_torch_cuda_runs_on_the_current_stream():
     v = s.double().view(-1, G)
     want = (v - v.mean(1, keepdim=True)) / (v.std(1, keepdim=True) + 1e-6)
     assert torch.allclose(adv.double(), want.view(-1), atol=1e-4)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="rlk.integrations.trl needs torch")
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_trl_group_advantages(rng, scale):
+    from rlk.integrations import trl as rt
+    B, G = 8 * int(rng.integers(4, 20)), 8
+    r = rng.standard_normal(B).astype(np.float32)
+    r[rng.random(B) < 0.25] = np.nan
+    r[G:2 * G - 1] = np.nan
+    got = rt.group_advantages(torch.from_numpy(r), G, scale)
+    mode = {"group": "grpo", "batch": "batch-std", "none": "mean-only"}[scale]
+    want = refs.group_advantage(r, refs.fixed_offsets(B, G), mode, eps=1e-4, singleton="zero",
+                                nan_scores="unscorable")
+    close(got.numpy(), want)
+    with pytest.raises(ValueError, match="scale_rewards"):
+        rt.group_advantages(torch.from_numpy(r), G, "sometimes")

@@ -41,7 +41,7 @@ RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_
 /* ---------------------------------------------------------------------------------- */
 
 /* Choice names: the index of each is the enum value the templates see. */
-static const char *const ga_mode_names[] = {"grpo", "mean-only", "rloo", "batch-std", NULL};
+static const char *const ga_mode_names[] = {"grpo", "mean-only", "rloo", "batch-std", "opo", "passk", "passk-unscaled", NULL};
 static const char *const ga_singleton_names[] = {"mean0-std1", "zero", NULL};
 static const char *const ga_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 static const char *const ga_offsets_names[] = {"fixed", "i32", "i64", NULL};
@@ -64,7 +64,7 @@ static const rlk_param_decl ga_rowsum_params[] = {
 
 static const rlk_param_decl ga_group_params[] = {
     {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mode_names},
+    {"mode", RLK_PARAM_ENUM, 0, 6, 0, 0, ga_mode_names},
     {"group", RLK_PARAM_INT, 0, GA_MAX_BAKED_GROUP, 0, 0, NULL}, /* 0: at run time */
     {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},                  /* threads per group */
     {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, ga_offsets_names},
@@ -246,6 +246,10 @@ static const char *const ga_samples[] = {
     "group_advantage mode=grpo group_size=16 scores=f64 scores_2d=1 mask=bool broadcast=1",
     /* a run-time G (> 1024): a block per group, batch statistics */
     "group_advantage mode=batch-std group_size=2048 scores_2d=1 mask=i32 broadcast=1",
+    /* length-weighted baselines; pass@k (its max reductions in a lane segment and in a block) */
+    "group_advantage mode=opo group_size=8 scores_2d=1 mask=bool broadcast=1",
+    "group_advantage mode=passk group_size=64 scores=f64",
+    "group_advantage mode=passk-unscaled offsets=i64",
     NULL};
 
 const rlk_op_desc rlk_op_group_advantage = {
@@ -333,9 +337,20 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
   }
 
   /* mode, eps, policies */
-  if ((int)a->mode < RLK_ADV_GRPO || (int)a->mode > RLK_ADV_BATCH_STD)
+  if ((int)a->mode < RLK_ADV_GRPO || (int)a->mode > RLK_ADV_PASSK_UNSCALED)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_advantage_mode",
                      (int)a->mode);
+  if ((int)a->nan_scores < RLK_NAN_SCORES_PROPAGATE || (int)a->nan_scores > RLK_NAN_SCORES_UNSCORABLE)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "nan_scores: %d is not an rlk_nan_scores",
+                     (int)a->nan_scores);
+  if (a->mode == RLK_ADV_OPO) {
+    if (!a->weights.data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: required by mode opo (each member's weight)");
+    if ((st = rlk_check_vector(&a->weights, "weights", RLK_DTYPE_BIT(a->scores.dtype), B, 0, NULL)))
+      return st;
+  } else if (a->weights.data) {
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: given, but only mode opo reads them");
+  }
   if ((int)a->singleton < RLK_SINGLETON_MEAN0_STD1 || (int)a->singleton > RLK_SINGLETON_ZERO)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: %d is not an rlk_singleton_policy",
                      (int)a->singleton);
@@ -546,6 +561,9 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
     a.eps = args->eps;
     a.unbiased = c.unbiased;
     a.singleton = c.singleton;
+    a.weights = args->weights.data;
+    a.weight_stride = B > 1 && args->weights.data ? args->weights.strides[0] : 1;
+    a.nan_unscorable = args->nan_scores == RLK_NAN_SCORES_UNSCORABLE;
     void *kargs[] = {&a};
     /* Batch-std blocks each compute the batch statistics from `scores` before writing their
      * groups; when scores are the advantages buffer (row sums, or an in-place call) a second

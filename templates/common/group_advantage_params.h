@@ -4,7 +4,8 @@
  *              of the rewards' type (f64 rewards keep f64 sums)
  *   group:     scores (stride score_stride) -> adv [B]; group_size > 0 fixed, else num_groups
  *              groups by offsets (i32 or i64 as the spec says); eps, unbiased and singleton as
- *              rlk_group_advantage_args
+ *              rlk_group_advantage_args; weights (opo, the scores' type, stride weight_stride);
+ *              nan_unscorable: RLK_NAN_SCORES_UNSCORABLE
  *   broadcast: out[b, t] = adv[b] x mask[b, t] */
 #ifndef RLK_GROUP_ADVANTAGE_PARAMS_H
 #define RLK_GROUP_ADVANTAGE_PARAMS_H
@@ -31,8 +32,11 @@
   F(S_, const void *, offsets, 48)   \
   F(S_, float, eps, 56)              \
   F(S_, int, unbiased, 60)           \
-  F(S_, int, singleton, 64)
-#define RLK_GA_GROUP_PARAMS_SIZE 72
+  F(S_, int, singleton, 64)          \
+  F(S_, const void *, weights, 72)   \
+  F(S_, long long, weight_stride, 80) \
+  F(S_, int, nan_unscorable, 88)
+#define RLK_GA_GROUP_PARAMS_SIZE 96
 
 #define RLK_GA_BROADCAST_PARAMS(F, S_) \
   F(S_, const float *, adv, 0)         \

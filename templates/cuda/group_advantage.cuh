@@ -25,7 +25,8 @@ RLK_PARAMS_DECLARE(RowsumParams, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE
 RLK_PARAMS_DECLARE(GroupParams, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BroadcastParams, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
 
-enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3 };
+enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3, MODE_OPO = 4, MODE_PASSK = 5,
+       MODE_PASSK_UNSCALED = 6 };
 enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
 enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
@@ -71,6 +72,38 @@ template <int SEG, typename T> RLK_DEVICE T group_sum(T v, T *scratch) {
     return block_sum(v, scratch);
   }
 }
+
+struct MaxOp {
+  template <typename T> RLK_DEVICE T operator()(T a, T b) const { return b > a ? b : a; }
+};
+struct MinOp {
+  template <typename T> RLK_DEVICE T operator()(T a, T b) const { return b < a ? b : a; }
+};
+
+/* A max or min over the SEG threads that share a group, like group_sum (every lane of the
+ * segment, or every thread of the block, must call it; the block form synchronizes). */
+template <int SEG, typename T, typename Op> RLK_DEVICE T group_reduce(T v, T *scratch, Op op) {
+  constexpr int W = SEG <= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+  if constexpr (SEG <= RLK_WARP_SIZE) {
+    (void)scratch;
+    return v;
+  } else {
+    const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
+    const int nwarps = (int)(blockDim.x / RLK_WARP_SIZE);
+    if (threadIdx.x % RLK_WARP_SIZE == 0) scratch[warp] = v;
+    __syncthreads();
+    T r = scratch[0];
+    for (int w = 1; w < nwarps; ++w) r = op(r, scratch[w]);
+    __syncthreads();
+    return r;
+  }
+}
+
+/* Is score s part of the statistics? With unscorable NaNs (RLK_NAN_SCORES_UNSCORABLE) a NaN
+ * is not. */
+template <typename TS> RLK_DEVICE bool scorable(TS s, bool nan_skip) { return !nan_skip || s == s; }
 
 /* Four consecutive rewards from a 16-byte aligned address. */
 RLK_DEVICE void load4(const float *p, float v[4]) {
@@ -183,43 +216,59 @@ __global__ void group_advantage_rowsum(const ga::RowsumParams p_) {
   }
 }
 
-/* Group advantages. `unbiased` (0/1) and `singleton` (SINGLETON_*) are run-time values: they
- * only change a divisor and the one-member branch, so baking them would multiply compiles for
- * nothing. SEG threads share a group: a power of two; up to a warp they are an aligned
- * lane segment (several groups per block), beyond that the whole block (blockDim.x == SEG).
- * G > 0 bakes a fixed group size in; G == 0 reads group_size (OFFSETS_FIXED) or the offsets.
- * Groups are grid-strided with a block-uniform loop, so every lane reaches every shuffle and
- * barrier. scores may be the advantages buffer itself (in place): each element is read and
- * written by one thread only, and batch statistics are complete (barrier) before any write.
- * Batch-std: every block computes the batch mean and std itself (same order, same value). */
+/* Group advantages. `unbiased` (0/1), `singleton` (SINGLETON_*) and nan_unscorable are
+ * run-time values: they only change a divisor, a count and the one-member branch, so baking
+ * them would multiply compiles for nothing. SEG threads share a group: a power of two; up to a
+ * warp they are an aligned lane segment (several groups per block), beyond that the whole
+ * block (blockDim.x == SEG). G > 0 bakes a fixed group size in; G == 0 reads group_size
+ * (OFFSETS_FIXED) or the offsets. Groups are grid-strided with a block-uniform loop, so every
+ * lane reaches every shuffle and barrier. scores may be the advantages buffer itself (in
+ * place): each element is read and written by one thread only, and a group's (and the batch's)
+ * statistics are complete (shuffle or barrier) before any of its members is written.
+ * Batch-std: every block computes the batch mean and std itself (same order, same value).
+ * With nan_unscorable a NaN score is left out of every sum and count and its advantage is 0;
+ * n is then the group's scorable members. */
 template <typename TS, int MODE, int G, int SEG, int OFFSETS>
 __global__ void group_advantage_group(const ga::GroupParams p_) {
   const TS *scores = (const TS *)p_.scores;
+  const TS *weights = (const TS *)p_.weights;
   float *adv = p_.adv;
-  const i64 score_stride = p_.score_stride, B = p_.B, group_size = p_.group_size, num_groups = p_.num_groups;
+  const i64 score_stride = p_.score_stride, weight_stride = p_.weight_stride, B = p_.B,
+            group_size = p_.group_size, num_groups = p_.num_groups;
   const void *offsets = p_.offsets;
   const float eps = p_.eps;
   const int unbiased = p_.unbiased, singleton = p_.singleton;
+  const bool nan_skip = p_.nan_unscorable != 0;
   static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
   constexpr bool kWholeBlock = SEG > RLK_WARP_SIZE;
+  constexpr bool kPassk = MODE == ga::MODE_PASSK || MODE == ga::MODE_PASSK_UNSCALED;
   __shared__ TS scratch[RLK_MAX_WARPS];
+  __shared__ i64 iscratch[kPassk ? RLK_MAX_WARPS : 1];
   const TS e = (TS)eps;
 
   TS batch_scale = TS(1);
   if (MODE == ga::MODE_BATCH_STD) {
     /* unrolled so that several loads are in flight; the additions stay in index order */
-    TS s = TS(0);
+    TS s = TS(0), cnt = TS(0);
 #pragma unroll 8
-    for (i64 i = threadIdx.x; i < B; i += blockDim.x) s += scores[i * score_stride];
-    const TS mean = block_sum(s, scratch) / (TS)B;
+    for (i64 i = threadIdx.x; i < B; i += blockDim.x) {
+      const TS x = scores[i * score_stride];
+      if (ga::scorable(x, nan_skip)) {
+        s += x;
+        cnt += TS(1);
+      }
+    }
+    const TS nb = nan_skip ? block_sum(cnt, scratch) : (TS)B;
+    const TS mean = block_sum(s, scratch) / nb;
     TS q = TS(0);
 #pragma unroll 8
     for (i64 i = threadIdx.x; i < B; i += blockDim.x) {
-      const TS d = scores[i * score_stride] - mean;
-      q += d * d;
+      const TS x = scores[i * score_stride];
+      const TS d = x - mean;
+      if (ga::scorable(x, nan_skip)) q += d * d;
     }
     q = block_sum(q, scratch);
-    batch_scale = sqrt_(q / (TS)(unbiased ? B - 1 : B)) + e;
+    batch_scale = sqrt_(q / (unbiased ? nb - TS(1) : nb)) + e;
   }
 
   const i64 segs = kWholeBlock ? 1 : (i64)(blockDim.x / SEG);
@@ -230,19 +279,26 @@ __global__ void group_advantage_group(const ga::GroupParams p_) {
     const i64 g = base + seg;
     i64 start = 0, end = 0;
     if (g < num_groups) ga::group_range<G, OFFSETS>(g, B, group_size, offsets, &start, &end);
-    const i64 n = end - start;
 
-    TS sum = TS(0);
-    for (i64 i = start + lane; i < end; i += SEG) sum += scores[i * score_stride];
+    TS sum = TS(0), cnt = TS(0);
+    for (i64 i = start + lane; i < end; i += SEG) {
+      const TS x = scores[i * score_stride];
+      if (ga::scorable(x, nan_skip)) {
+        sum += x;
+        cnt += TS(1);
+      }
+    }
     sum = ga::group_sum<SEG>(sum, scratch);
+    const i64 n = nan_skip ? (i64)ga::group_sum<SEG>(cnt, scratch) : end - start;
     const TS mean = sum / (TS)n;
 
     TS scale = TS(1);
-    if (MODE == ga::MODE_GRPO) {
+    if (MODE == ga::MODE_GRPO || MODE == ga::MODE_PASSK) {
       TS q = TS(0);
       for (i64 i = start + lane; i < end; i += SEG) {
-        const TS d = scores[i * score_stride] - mean;
-        q += d * d;
+        const TS x = scores[i * score_stride];
+        const TS d = x - mean;
+        if (ga::scorable(x, nan_skip)) q += d * d;
       }
       q = ga::group_sum<SEG>(q, scratch);
       scale = sqrt_(q / (TS)(unbiased ? n - 1 : n)) + e;
@@ -250,10 +306,56 @@ __global__ void group_advantage_group(const ga::GroupParams p_) {
       scale = batch_scale;
     }
 
+    /* opo: the weighted mean */
+    TS wmean = TS(0);
+    if (MODE == ga::MODE_OPO) {
+      TS ws = TS(0), w = TS(0);
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS x = scores[i * score_stride], wi = weights[i * weight_stride];
+        if (ga::scorable(x, nan_skip)) {
+          ws += wi * x;
+          w += wi;
+        }
+      }
+      ws = ga::group_sum<SEG>(ws, scratch);
+      w = ga::group_sum<SEG>(w, scratch);
+      wmean = ws / w;
+    }
+
+    /* passk: the best member (the first of equal maxima) and the second best score */
+    i64 best = -1;
+    TS gap = TS(0);
+    if (kPassk) {
+      const TS lowest = -limits<TS>::infinity();
+      TS m1 = lowest;
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS x = scores[i * score_stride];
+        if (ga::scorable(x, nan_skip) && x > m1) m1 = x;
+      }
+      m1 = ga::group_reduce<SEG>(m1, scratch, ga::MaxOp());
+      i64 first = (i64)0x7fffffffffffffffll;
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS x = scores[i * score_stride];
+        if (ga::scorable(x, nan_skip) && x == m1 && i < first) first = i;
+      }
+      best = ga::group_reduce<SEG>(first, iscratch, ga::MinOp());
+      TS m2 = lowest;
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS x = scores[i * score_stride];
+        if (ga::scorable(x, nan_skip) && i != best && x > m2) m2 = x;
+      }
+      m2 = ga::group_reduce<SEG>(m2, scratch, ga::MaxOp());
+      gap = MODE == ga::MODE_PASSK ? (m1 - m2) / scale : m1 - m2;
+    }
+
     for (i64 i = start + lane; i < end; i += SEG) {
       const TS s = scores[i * score_stride];
       TS a;
-      if (n == 1) {
+      if (!ga::scorable(s, nan_skip)) {
+        a = TS(0);
+      } else if (kPassk) {
+        a = n >= 2 && i == best ? gap : TS(0);
+      } else if (n == 1) {
         if (singleton == ga::SINGLETON_ZERO)
           a = TS(0);
         else if (MODE == ga::MODE_GRPO || MODE == ga::MODE_BATCH_STD)
@@ -264,9 +366,12 @@ __global__ void group_advantage_group(const ga::GroupParams p_) {
         a = s - (sum - s) / (TS)(n - 1);
       } else if (MODE == ga::MODE_MEAN_ONLY) {
         a = s - mean;
+      } else if (MODE == ga::MODE_OPO) {
+        a = s - wmean;
       } else {
         a = (s - mean) / scale;
       }
+      if (nan_skip && a != a) a = TS(0);
       adv[i] = (float)a;
     }
   }

@@ -7,7 +7,8 @@
 #include "rlk_host_prelude.h"
 #include "group_advantage_params.h"
 
-enum { GA_MODE_GRPO = 0, GA_MODE_MEAN_ONLY = 1, GA_MODE_RLOO = 2, GA_MODE_BATCH_STD = 3 };
+enum { GA_MODE_GRPO = 0, GA_MODE_MEAN_ONLY = 1, GA_MODE_RLOO = 2, GA_MODE_BATCH_STD = 3, GA_MODE_OPO = 4,
+       GA_MODE_PASSK = 5, GA_MODE_PASSK_UNSCALED = 6 };
 enum { GA_SINGLETON_MEAN0_STD1 = 0, GA_SINGLETON_ZERO = 1 };
 enum { GA_MASK_NONE = 0, GA_MASK_BOOL = 1, GA_MASK_I32 = 2, GA_MASK_F32 = 3 };
 enum { GA_OFFSETS_FIXED = 0, GA_OFFSETS_I32 = 1, GA_OFFSETS_I64 = 2 };

@@ -4,20 +4,26 @@
  * group's statistics are complete before its members are written, and the batch statistics
  * before any member is.
  * Parameters: RLK_P_SCORES (float or double), RLK_P_MODE, RLK_P_GROUP (a fixed group size, or
- * 0: read at run time), RLK_P_SEG (device only), RLK_P_OFFSETS (GA_OFFSETS_*); unbiased and the
- * singleton policy are run-time arguments. */
+ * 0: read at run time), RLK_P_SEG (device only), RLK_P_OFFSETS (GA_OFFSETS_*); unbiased, the
+ * singleton policy and unscorable NaNs are run-time arguments. */
 #include "group_advantage_common.h"
 
 RLK_PARAMS_DECLARE(ga_group_params, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
 
 typedef RLK_P_SCORES ga_score_t;
 
+#define GA_PASSK (RLK_P_MODE == GA_MODE_PASSK || RLK_P_MODE == GA_MODE_PASSK_UNSCALED)
+
 static inline ga_score_t ga_sqrt(ga_score_t x) { return (ga_score_t)rlk_sqrt((double)x); }
+
+/* Is s part of the statistics? Not a NaN when NaNs mark unscorable members. */
+static inline int ga_scorable(ga_score_t s, int nan_skip) { return !nan_skip || s == s; }
 
 RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
   const ga_group_params *p_ = (const ga_group_params *)args[0];
   const ga_score_t *scores = (const ga_score_t *)p_->scores;
-  const rlk_i64 stride = p_->score_stride;
+  const ga_score_t *weights = (const ga_score_t *)p_->weights;
+  const rlk_i64 stride = p_->score_stride, wstride = p_->weight_stride;
   float *adv = p_->adv;
   const rlk_i64 B = p_->B;
   const rlk_i64 group_size = p_->group_size;
@@ -26,17 +32,25 @@ RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
   const ga_score_t e = (ga_score_t)p_->eps;
   const int unbiased = p_->unbiased;
   const int singleton = p_->singleton;
+  const int nan_skip = p_->nan_unscorable != 0;
 
   ga_score_t batch_scale = 1;
   if (RLK_P_MODE == GA_MODE_BATCH_STD) {
-    ga_score_t s = 0, q = 0;
-    for (rlk_i64 i = 0; i < B; i++) s += scores[i * stride];
-    const ga_score_t mean = s / (ga_score_t)B;
+    ga_score_t s = 0, q = 0, nb = 0;
     for (rlk_i64 i = 0; i < B; i++) {
-      const ga_score_t d = scores[i * stride] - mean;
-      q += d * d;
+      const ga_score_t x = scores[i * stride];
+      if (ga_scorable(x, nan_skip)) {
+        s += x;
+        nb += 1;
+      }
     }
-    batch_scale = ga_sqrt(q / (ga_score_t)(unbiased ? B - 1 : B)) + e;
+    const ga_score_t mean = s / nb;
+    for (rlk_i64 i = 0; i < B; i++) {
+      const ga_score_t x = scores[i * stride];
+      const ga_score_t d = x - mean;
+      if (ga_scorable(x, nan_skip)) q += d * d;
+    }
+    batch_scale = ga_sqrt(q / (unbiased ? nb - 1 : nb)) + e;
   }
 
   for (rlk_i64 g = 0; g < num_groups; g++) {
@@ -58,29 +72,73 @@ RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
       end = end < start ? start : (end > B ? B : end);
     }
     if (end > B) end = B;
-    const rlk_i64 n = end - start;
-    if (n <= 0) continue;
+    if (end <= start) continue;
 
     ga_score_t sum = 0;
-    for (rlk_i64 i = start; i < end; i++) sum += scores[i * stride];
+    rlk_i64 n = 0;
+    for (rlk_i64 i = start; i < end; i++) {
+      const ga_score_t x = scores[i * stride];
+      if (ga_scorable(x, nan_skip)) {
+        sum += x;
+        n++;
+      }
+    }
     const ga_score_t mean = sum / (ga_score_t)n;
 
     ga_score_t scale = 1;
-    if (RLK_P_MODE == GA_MODE_GRPO && n > 1) {
+    if ((RLK_P_MODE == GA_MODE_GRPO || RLK_P_MODE == GA_MODE_PASSK) && n > 1) {
       ga_score_t q = 0;
       for (rlk_i64 i = start; i < end; i++) {
-        const ga_score_t d = scores[i * stride] - mean;
-        q += d * d;
+        const ga_score_t x = scores[i * stride];
+        const ga_score_t d = x - mean;
+        if (ga_scorable(x, nan_skip)) q += d * d;
       }
       scale = ga_sqrt(q / (ga_score_t)(unbiased ? n - 1 : n)) + e;
     } else if (RLK_P_MODE == GA_MODE_BATCH_STD) {
       scale = batch_scale;
     }
 
+    ga_score_t wmean = 0;
+    if (RLK_P_MODE == GA_MODE_OPO) {
+      ga_score_t ws = 0, w = 0;
+      for (rlk_i64 i = start; i < end; i++) {
+        const ga_score_t x = scores[i * stride], wi = weights[i * wstride];
+        if (ga_scorable(x, nan_skip)) {
+          ws += wi * x;
+          w += wi;
+        }
+      }
+      wmean = ws / w;
+    }
+
+    /* passk: the best member (the first of equal maxima) and the second best score */
+    rlk_i64 best = -1;
+    ga_score_t gap = 0;
+    if (GA_PASSK) {
+      const ga_score_t lowest = -(ga_score_t)__builtin_inf();
+      ga_score_t m1 = lowest, m2 = lowest;
+      for (rlk_i64 i = start; i < end; i++) {
+        const ga_score_t x = scores[i * stride];
+        if (ga_scorable(x, nan_skip) && (x > m1 || (best < 0 && x == m1))) {
+          m1 = x;
+          best = i;
+        }
+      }
+      for (rlk_i64 i = start; i < end; i++) {
+        const ga_score_t x = scores[i * stride];
+        if (ga_scorable(x, nan_skip) && i != best && x > m2) m2 = x;
+      }
+      gap = RLK_P_MODE == GA_MODE_PASSK ? (m1 - m2) / scale : m1 - m2;
+    }
+
     for (rlk_i64 i = start; i < end; i++) {
       const ga_score_t s = scores[i * stride];
       ga_score_t a;
-      if (n == 1) {
+      if (!ga_scorable(s, nan_skip)) {
+        a = 0;
+      } else if (GA_PASSK) {
+        a = n >= 2 && i == best ? gap : 0;
+      } else if (n == 1) {
         if (singleton == GA_SINGLETON_ZERO)
           a = 0;
         else if (RLK_P_MODE == GA_MODE_GRPO || RLK_P_MODE == GA_MODE_BATCH_STD)
@@ -91,9 +149,12 @@ RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
         a = s - (sum - s) / (ga_score_t)(n - 1);
       } else if (RLK_P_MODE == GA_MODE_MEAN_ONLY) {
         a = s - mean;
+      } else if (RLK_P_MODE == GA_MODE_OPO) {
+        a = s - wmean;
       } else {
         a = (s - mean) / scale;
       }
+      if (nan_skip && a != a) a = 0;
       adv[i] = (float)a;
     }
   }

@@ -10,6 +10,7 @@
 static double centred_divisor(const ga_ref_problem *p, double group_std, double batch_std) {
   switch (p->mode) {
   case RLK_ADV_GRPO:
+  case RLK_ADV_PASSK:
     return group_std + p->eps;
   case RLK_ADV_BATCH_STD:
     return batch_std + p->eps;
@@ -17,6 +18,9 @@ static double centred_divisor(const ga_ref_problem *p, double group_std, double 
     return 1.0;
   }
 }
+
+/* Does score s take part in the statistics? (Unscorable: a NaN does not.) */
+static int counts(const ga_ref_problem *p, double s) { return !(p->nan_unscorable && isnan(s)); }
 
 int ga_ref_compute(const ga_ref_problem *p, ga_ref_result *out) {
   const int64_t B = p->B;
@@ -33,29 +37,66 @@ int ga_ref_compute(const ga_ref_problem *p, ga_ref_result *out) {
     }
   }
 
-  /* the standard deviation of every score in the batch (batch-std) */
+  /* the standard deviation of every (scorable) score in the batch (batch-std) */
   double batch_std = 0;
   {
     double mean = 0, ss = 0;
-    for (int64_t b = 0; b < B; b++) mean += out->score[b];
-    mean /= (double)B;
-    for (int64_t b = 0; b < B; b++) ss += (out->score[b] - mean) * (out->score[b] - mean);
-    const int64_t dof = p->unbiased ? B - 1 : B;
+    int64_t nb = 0;
+    for (int64_t b = 0; b < B; b++)
+      if (counts(p, out->score[b])) {
+        mean += out->score[b];
+        nb++;
+      }
+    mean /= (double)nb;
+    for (int64_t b = 0; b < B; b++)
+      if (counts(p, out->score[b])) ss += (out->score[b] - mean) * (out->score[b] - mean);
+    const int64_t dof = p->unbiased ? nb - 1 : nb;
     batch_std = dof > 0 ? sqrt(ss / (double)dof) : NAN;
   }
 
   if (p->offsets[0] != 0 || p->offsets[p->num_groups] != B) return -1;
   for (int64_t g = 0; g < p->num_groups; g++) {
-    const int64_t lo = p->offsets[g], hi = p->offsets[g + 1], n = hi - lo;
-    if (n <= 0) return -1;
-    double sum = 0;
-    for (int64_t i = lo; i < hi; i++) sum += out->score[i];
+    const int64_t lo = p->offsets[g], hi = p->offsets[g + 1];
+    if (hi <= lo) return -1;
+    int64_t n = 0;
+    double sum = 0, wsum = 0, wssum = 0;
+    for (int64_t i = lo; i < hi; i++)
+      if (counts(p, out->score[i])) {
+        sum += out->score[i];
+        n++;
+        if (p->weights) {
+          wsum += p->weights[i];
+          wssum += p->weights[i] * out->score[i];
+        }
+      }
     const double mean = sum / (double)n;
     double ss = 0;
-    for (int64_t i = lo; i < hi; i++) ss += (out->score[i] - mean) * (out->score[i] - mean);
+    for (int64_t i = lo; i < hi; i++)
+      if (counts(p, out->score[i])) ss += (out->score[i] - mean) * (out->score[i] - mean);
     const double std = n > 1 ? sqrt(ss / (double)(p->unbiased ? n - 1 : n)) : 0.0;
+
+    if (p->mode == RLK_ADV_PASSK || p->mode == RLK_ADV_PASSK_UNSCALED) {
+      /* the first member holding the group's highest score, and the highest of the others */
+      int64_t best = -1;
+      for (int64_t i = lo; i < hi; i++)
+        if (counts(p, out->score[i]) && (best < 0 || out->score[i] > out->score[best])) best = i;
+      double second = -INFINITY;
+      for (int64_t i = lo; i < hi; i++)
+        if (counts(p, out->score[i]) && i != best && out->score[i] > second) second = out->score[i];
+      const double div = p->mode == RLK_ADV_PASSK ? std + p->eps : 1.0;
+      for (int64_t i = lo; i < hi; i++) {
+        out->scale[i] = div;
+        out->adv[i] = n >= 2 && i == best ? (out->score[best] - second) / div : 0.0;
+      }
+      continue;
+    }
     for (int64_t i = lo; i < hi; i++) {
       const double s = out->score[i];
+      if (!counts(p, s)) {
+        out->scale[i] = 1.0;
+        out->adv[i] = 0.0;
+        continue;
+      }
       if (n == 1) {
         /* mean 0 and std 1: grpo and batch-std give s / (1 + eps), the others s */
         const int divides = p->mode == RLK_ADV_GRPO || p->mode == RLK_ADV_BATCH_STD;
@@ -66,10 +107,14 @@ int ga_ref_compute(const ga_ref_problem *p, ga_ref_result *out) {
       if (p->mode == RLK_ADV_RLOO) {
         out->scale[i] = 1.0;
         out->adv[i] = s - (sum - s) / (double)(n - 1);
+      } else if (p->mode == RLK_ADV_OPO) {
+        out->scale[i] = 1.0;
+        out->adv[i] = s - wssum / wsum;
       } else {
         out->scale[i] = centred_divisor(p, std, batch_std);
         out->adv[i] = (s - mean) / out->scale[i];
       }
+      if (p->nan_unscorable && isnan(out->adv[i])) out->adv[i] = 0.0;
     }
   }
 

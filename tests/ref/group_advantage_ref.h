@@ -19,6 +19,8 @@ typedef struct ga_ref_problem {
   double eps;
   int unbiased;
   int singleton;  /* rlk_singleton_policy */
+  const double *weights; /* [B] opo's per-member weights, or NULL */
+  int nan_unscorable;    /* NaN scores are unscorable members (RLK_NAN_SCORES_UNSCORABLE) */
 } ga_ref_problem;
 
 typedef struct ga_ref_result {

@@ -3,6 +3,8 @@ TRL's semantics (tested against TRL 1.16.0).
 
     grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, loss_type="dapo", ...)
         -> (loss, metrics)              # the loss term of GRPOTrainer._compute_loss
+    group_advantages(rewards, num_generations, scale_rewards="group")
+        -> advantages                   # the advantages of GRPOTrainer's scoring step
     compute_loss(trainer, model, inputs)  # GRPOTrainer._compute_loss on rlk
     patch()                             # GRPOTrainer._compute_loss = compute_loss; undo()
 
@@ -21,11 +23,26 @@ import math
 import torch
 
 from .. import autograd as _ag
+from ..ops import group_advantage as _ga
 from ._common import Patch, as_float, mask_arg, mask_total, torch_clamp_bound_grad
 
-__all__ = ["grpo_loss", "supported", "compute_loss", "patch"]
+__all__ = ["grpo_loss", "group_advantages", "supported", "compute_loss", "patch"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
+
+
+def group_advantages(rewards, num_generations, scale_rewards="group"):
+    """The advantages GRPOTrainer computes from summed rewards [B] (multi_objective_aggregation
+    "sum_then_normalize"): consecutive groups of num_generations, the group's mean subtracted and,
+    for scale_rewards "group" / "batch", divided by the group's / the batch's std + 1e-4 ("none":
+    not divided). A NaN reward (every reward function returned None) is unscorable: left out of
+    the means and stds, advantage 0; a group with fewer than two scorable members gets 0.
+    Returns f32 advantages on the rewards' device."""
+    modes = {"group": "grpo", "batch": "batch-std", "none": "mean-only"}
+    if scale_rewards not in modes:
+        raise ValueError("scale_rewards: %r is not 'batch', 'group' or 'none'" % (scale_rewards,))
+    return _ga.group_advantage(rewards, int(num_generations), mode=modes[scale_rewards], eps=1e-4,
+                               unbiased=True, singleton="zero", nan_scores="unscorable")
 
 
 def supported(loss_type, importance_sampling_level="token", delta=None,

@@ -1,5 +1,6 @@
-"""verl (verl.trainer.ppo.core_algos) on rlk: the registered policy losses, agg_loss and
-compute_value_loss with verl's signatures and semantics (tested against verl 0.9.1).
+"""verl (verl.trainer.ppo.core_algos) on rlk: the registered policy losses, agg_loss,
+compute_value_loss and the outcome advantage estimators with verl's signatures and semantics
+(tested against verl 0.9.1).
 
     from rlk.integrations import verl as rlk_verl
     handle = rlk_verl.patch()       # verl's registry and module functions now run on rlk
@@ -16,14 +17,16 @@ left: verl divides a sequence's sum by (n + 1e-8) in seq-mean-token-mean, rlk by
 """
 import math
 
+import numpy as np
 import torch
 
 from .. import autograd as _ag
+from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
 from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
 
-__all__ = ["POLICY_LOSSES", "agg_args", "agg_loss", "compute_policy_loss", "compute_value_loss",
-           "compute_gae_advantage_return", "masked_whiten", "patch"]
+__all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
+           "compute_value_loss", "compute_gae_advantage_return", "masked_whiten", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -207,6 +210,114 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
         return masked_whiten(adv, mask), ret
 
 
+# ---- outcome advantage estimators ------------------------------------------------------
+
+def _groups(index, device):
+    """verl's `index` (a group id per sample, in any order) as rlk's contiguous groups: the
+    stable order that puts each group's members together (None when they already are), and a
+    fixed group size or the group offsets on `device`. Host work on a host array: no sync."""
+    ids = np.asarray(index)
+    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    # groups numbered by first appearance, members in their order
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    key = rank[inv.reshape(-1)]
+    order = np.argsort(key, kind="stable")
+    counts = np.bincount(key, minlength=len(first))
+    perm = None if np.array_equal(order, np.arange(len(order))) else order
+    if counts.size and np.all(counts == counts[0]):
+        return perm, {"group_size": int(counts[0])}
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return perm, {"group_offsets": torch.as_tensor(offs, device=device)}
+
+
+def _outcome(token_level_rewards, response_mask, index, mode, epsilon, singleton="mean0-std1",
+             weights=None):
+    """advantages [B, T] = per-sequence group advantages of the rows' reward sums x the mask."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        perm, grouping = _groups(index, scores.device)
+        if perm is not None:
+            p = torch.as_tensor(perm, device=scores.device)
+            scores = scores[p]
+            weights = weights[p] if weights is not None else None
+        adv = _ga.group_advantage(scores, mode=mode, eps=float(epsilon), unbiased=True,
+                                  singleton=singleton, weights=weights, **grouping)
+        if perm is not None:
+            adv = torch.empty_like(adv).index_copy_(0, p, adv)
+        out = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
+    return out, out
+
+
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, config=None):
+    """verl "grpo": (s - mean_g) / (std_g + epsilon), or s - mean_g (Dr. GRPO); a one-member
+    group uses mean 0 and std 1."""
+    mode = "grpo" if norm_adv_by_std_in_grpo else "mean-only"
+    return _outcome(token_level_rewards, response_mask, index, mode, epsilon)
+
+
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index,
+                                              epsilon=1e-6, norm_adv_by_std_in_grpo=True,
+                                              config=None):
+    """verl "grpo_vectorized": the same advantages as "grpo" (its variance floor is 0)."""
+    mode = "grpo" if norm_adv_by_std_in_grpo else "mean-only"
+    return _outcome(token_level_rewards, response_mask, index, mode, epsilon)
+
+
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   config=None, **kwargs):
+    """verl "rloo": s - mean of the other members; a one-member group keeps its score."""
+    return _outcome(token_level_rewards, response_mask, index, "rloo", epsilon)
+
+
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index,
+                                              epsilon=1e-6, config=None, **kwargs):
+    """verl "rloo_vectorized": as "rloo", but a one-member group gets 0."""
+    return _outcome(token_level_rewards, response_mask, index, "rloo", epsilon, singleton="zero")
+
+
+def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                  config=None, **kwargs):
+    """verl "opo": s - the group's length-weighted mean score (lengths: the mask's row sums)."""
+    lengths = response_mask.sum(dim=-1).to(token_level_rewards.dtype)
+    return _outcome(token_level_rewards, response_mask, index, "opo", epsilon, weights=lengths)
+
+
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                         norm_adv_by_std_in_grpo=True, config=None, **kwargs):
+    """verl "grpo_passk": the best member gets max - second max (over std + epsilon when
+    config's norm_adv_by_std_in_grpo, default True), the others 0. verl refuses a group of one
+    member (ValueError); rlk gives it 0."""
+    if config is None:
+        raise ValueError("grpo_passk: config is required (verl asserts it)")
+    scaled = config.get("norm_adv_by_std_in_grpo", True)
+    return _outcome(token_level_rewards, response_mask, index,
+                    "passk" if scaled else "passk-unscaled", epsilon)
+
+
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask,
+                                                           index, epsilon=1e-6, config=None,
+                                                           **kwargs):
+    """verl "reinforce_plus_plus_baseline": s - mean_g over the tokens, whitened over the mask."""
+    adv, _ = _outcome(token_level_rewards, response_mask, index, "mean-only", epsilon)
+    with torch.no_grad():
+        out = masked_whiten(adv, response_mask) * response_mask
+    return out, out
+
+
+ADV_ESTIMATORS = {
+    "grpo": compute_grpo_outcome_advantage,
+    "grpo_vectorized": compute_grpo_vectorized_outcome_advantage,
+    "rloo": compute_rloo_outcome_advantage,
+    "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
+    "opo": compute_opo_outcome_advantage,
+    "grpo_passk": compute_grpo_passk_outcome_advantage,
+    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+    "gae": compute_gae_advantage_return,
+}
+
+
 def patch():
     """Swaps the adapters into verl.trainer.ppo.core_algos (its policy-loss registry and module
     functions). Returns a handle whose undo() restores verl's own. Code that imported a function
@@ -218,6 +329,9 @@ def patch():
             h.set_item(ca.POLICY_LOSS_REGISTRY, name, fn)
         h.set(ca, "compute_policy_loss_" + name, fn)
     h.set(ca, "agg_loss", agg_loss)
-    h.set(ca, "compute_gae_advantage_return", compute_gae_advantage_return)
+    for name, fn in ADV_ESTIMATORS.items():
+        if name in ca.ADV_ESTIMATOR_REGISTRY:
+            h.set_item(ca.ADV_ESTIMATOR_REGISTRY, name, fn)
+        h.set(ca, fn.__name__, fn)
     h.set(ca, "compute_value_loss", compute_value_loss)
     return h

@@ -6,7 +6,7 @@ import enum
 from .. import _types as T
 from .._tensor import Binder, Op, dim
 
-__all__ = ["AdvantageMode", "SingletonPolicy", "GroupAdvantageArgs", "group_advantage"]
+__all__ = ["AdvantageMode", "SingletonPolicy", "NanScores", "GroupAdvantageArgs", "group_advantage"]
 
 
 class AdvantageMode(enum.IntEnum):
@@ -14,11 +14,19 @@ class AdvantageMode(enum.IntEnum):
     MEAN_ONLY = 1  # s - mean_g
     RLOO = 2       # s - mean of the other members
     BATCH_STD = 3  # (s - mean_g) / (std over the batch + eps)
+    OPO = 4        # s - sum_g(w s) / sum_g(w), weights w (verl opo: response lengths)
+    PASSK = 5      # the best member: (max - second max) / (std_g + eps); the others 0
+    PASSK_UNSCALED = 6  # the same without the division
 
 
 class SingletonPolicy(enum.IntEnum):
     MEAN0_STD1 = 0  # verl: a one-member group uses mean 0 and std 1
     ZERO = 1        # a one-member group gets advantage 0
+
+
+class NanScores(enum.IntEnum):
+    PROPAGATE = 0   # NaN scores are arithmetic
+    UNSCORABLE = 1  # TRL: a NaN marks an unscorable member, left out of the statistics, advantage 0
 
 
 @T.abi_struct("rlk_group_advantage_args")
@@ -36,6 +44,8 @@ class GroupAdvantageArgs(ctypes.Structure):
         ("token_advantages", T.Tensor),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("weights", T.Tensor),
+        ("nan_scores", ctypes.c_int),
     ]
 
 
@@ -46,13 +56,16 @@ _F = (T.DType.F32, T.DType.F64)
 
 def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, eps=None,
                     unbiased=None, singleton=None, mask=None, broadcast=False, advantages=None,
-                    token_advantages=None, stream=None):
+                    token_advantages=None, weights=None, nan_scores=None, stream=None):
     """Group-normalized advantages (rlk_group_advantage), on the scores' device and stream.
 
     scores: [B] per-sequence scores, or [B, T] token rewards summed per row under `mask`
         (f32 or f64). group_size: a fixed group size G dividing B (consecutive members), or
         group_offsets: [num_groups + 1] i32/i64 offsets for uneven groups (give one of them).
-    mode: "grpo" (default), "mean-only", "rloo", "batch-std" (or AdvantageMode).
+    mode: "grpo" (default), "mean-only", "rloo", "batch-std", "opo", "passk", "passk-unscaled"
+        (or AdvantageMode). opo needs weights: [B] of the scores' dtype (response lengths).
+    nan_scores: "propagate" (default) or "unscorable" (NaN scores are members with no score:
+        left out of the group statistics, advantage 0; TRL).
     eps (default 1e-6), unbiased (default True: std with N - 1), singleton: "mean0-std1"
         (default, verl) or "zero". None keeps the library's default (rlk_group_advantage_args_init).
     mask: [B, T] bool, i32 or f32. broadcast: also return token_advantages [B, T] =
@@ -75,6 +88,9 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     if singleton is not None:
         a.singleton = T.enum_value(SingletonPolicy, singleton, "group_advantage: singleton")
     b.set("mask", mask, optional=True)
+    b.set("weights", weights, _F, optional=True)
+    if nan_scores is not None:
+        a.nan_scores = T.enum_value(NanScores, nan_scores, "group_advantage: nan_scores")
     B = dim(scores, 0)
     if advantages is None:
         advantages = b.set_new("advantages", b.empty((B,), T.DType.F32), T.DType.F32, (B,))
