@@ -98,3 +98,26 @@ def test_patch_swaps_and_restores():
     assert G.GRPOTrainer._compute_loss is rt.compute_loss
     h.undo()
     assert G.GRPOTrainer.__dict__["_compute_loss"] is before
+
+
+@pytest.mark.parametrize("k", (None, 3))
+@pytest.mark.parametrize("temperature", (1.0, 0.7))
+@pytest.mark.parametrize("row_mask", (False, True))
+def test_selective_log_softmax(k, temperature, row_mask, rng):
+    from trl.trainer.utils import selective_log_softmax
+    B, Tn, V = 3, 5, 509
+    logits = torch.from_numpy((rng.standard_normal((B, Tn, V)) * 2).astype(np.float32))
+    shape = (B, Tn) if k is None else (B, Tn, k)
+    index = torch.from_numpy(rng.integers(0, V, shape))
+    rm = torch.from_numpy(rng.random(shape) < 0.7) if row_mask else None
+    if rm is not None and k is not None:
+        rm = rm[..., :1].expand(shape)  # a row is in or out as a whole
+    outs = []
+    for fn in (selective_log_softmax, rt.selective_log_softmax):
+        x = logits.clone().requires_grad_(True)
+        lp = fn(x, index, temperature=temperature, row_mask=rm)
+        (lp * torch.linspace(-1, 2, lp.numel()).view(lp.shape)).sum().backward()
+        outs.append((lp.detach(), x.grad))
+    what = "selective_log_softmax k=%s T=%s mask=%s" % (k, temperature, row_mask)
+    close(outs[1][0], outs[0][0], "f32", what + " logp")
+    close(outs[1][1], outs[0][1], "f32", what + " grad")

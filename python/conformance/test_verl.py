@@ -206,3 +206,27 @@ def test_patch_swaps_estimators():
         assert ca.get_adv_estimator_fn(name) is rv.ADV_ESTIMATORS[name], name
     h.undo()
     assert ca.ADV_ESTIMATOR_REGISTRY == before
+
+
+# ---- log-probs and entropy from logits ------------------------------------------------
+
+@pytest.mark.parametrize("shape", ((7, 257), (3, 5, 1031)))
+def test_logprobs_and_entropy_from_logits(shape, rng):
+    import verl.utils.torch_functional as vf
+    logits = torch.from_numpy((rng.standard_normal(shape) * 3).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, shape[-1], shape[:-1]))
+    g_lp = torch.from_numpy(rng.standard_normal(shape[:-1]).astype(np.float32))
+    g_ent = torch.from_numpy(rng.standard_normal(shape[:-1]).astype(np.float32))
+    outs = []
+    for fns in ((vf.logprobs_from_logits_naive, vf.entropy_from_logits),
+                (rv.logprobs_from_logits, rv.entropy_from_logits)):
+        x = logits.clone().requires_grad_(True)
+        lp = fns[0](x, labels) if fns[0] is vf.logprobs_from_logits_naive else \
+            fns[0](x, labels, inplace_backward=False)
+        ent = fns[1](x)
+        ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
+        outs.append((lp.detach(), ent.detach(), x.grad))
+    what = "logits %s" % (shape,)
+    close(outs[1][0], outs[0][0], "f32", what + " logp")
+    close(outs[1][1], outs[0][1], "f32", what + " entropy")
+    close(outs[1][2], outs[0][2], "f32", what + " grad")

@@ -5,6 +5,7 @@ TRL's semantics (tested against TRL 1.16.0).
         -> (loss, metrics)              # the loss term of GRPOTrainer._compute_loss
     group_advantages(rewards, num_generations, scale_rewards="group")
         -> advantages                   # the advantages of GRPOTrainer's scoring step
+    selective_log_softmax(logits, index, temperature=1.0, row_mask=None)
     compute_loss(trainer, model, inputs)  # GRPOTrainer._compute_loss on rlk
     patch()                             # GRPOTrainer._compute_loss = compute_loss; undo()
 
@@ -26,7 +27,8 @@ from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from ._common import Patch, as_float, mask_arg, mask_total, torch_clamp_bound_grad
 
-__all__ = ["grpo_loss", "group_advantages", "supported", "compute_loss", "patch"]
+__all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
+           "patch"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
 
@@ -43,6 +45,23 @@ def group_advantages(rewards, num_generations, scale_rewards="group"):
         raise ValueError("scale_rewards: %r is not 'batch', 'group' or 'none'" % (scale_rewards,))
     return _ga.group_advantage(rewards, int(num_generations), mode=modes[scale_rewards], eps=1e-4,
                                unbiased=True, singleton="zero", nan_scores="unscorable")
+
+
+def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
+    """trl.trainer.utils.selective_log_softmax: log_softmax(logits / temperature) gathered at
+    index (the logits' shape without the last dimension, or with K columns: K gathers), 0 where
+    row_mask is 0; differentiable, f32."""
+    if temperature <= 0:
+        raise ValueError("temperature must be positive")
+    squeeze = index.ndim == logits.ndim - 1
+    idx = index.unsqueeze(-1) if squeeze else index
+    if row_mask is not None:
+        # rows left out: ignore_index gives logp 0 and no gradient
+        idx = idx.masked_fill((row_mask == 0).reshape(idx.shape), -100)
+    cols = [_ag.token_logprob(logits, idx[..., k], temperature=float(temperature),
+                              ignore_index=-100) for k in range(idx.shape[-1])]
+    out = torch.stack(cols, dim=-1)
+    return out.squeeze(-1) if squeeze else out
 
 
 def supported(loss_type, importance_sampling_level="token", delta=None,
@@ -183,4 +202,6 @@ def patch():
     _original["_compute_loss"] = G.GRPOTrainer.__dict__["_compute_loss"]
     h = Patch()
     h.set(G.GRPOTrainer, "_compute_loss", compute_loss)
+    if hasattr(G, "selective_log_softmax"):
+        h.set(G, "selective_log_softmax", selective_log_softmax)
     return h

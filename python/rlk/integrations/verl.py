@@ -26,7 +26,8 @@ from ..ops import returns as _ret
 from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
-           "compute_value_loss", "compute_gae_advantage_return", "masked_whiten", "patch"]
+           "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
+           "logprobs_from_logits", "entropy_from_logits", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -210,6 +211,21 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
         return masked_whiten(adv, mask), ret
 
 
+# ---- log-probs and entropy from logits -------------------------------------------------
+
+def logprobs_from_logits(logits, labels, inplace_backward=True):
+    """verl_F.logprobs_from_logits: log_softmax(logits)[labels] over the last dimension,
+    differentiable; f32 (for bf16 / f16 logits too: rlk computes in fp32). inplace_backward as
+    verl's flash-attn path: the gradient is written over the logits."""
+    return _ag.token_logprob(logits, labels, inplace_backward=bool(inplace_backward))
+
+
+def entropy_from_logits(logits):
+    """verl_F.entropy_from_logits: the entropy of softmax(logits) per row, differentiable; f32."""
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+    return _ag.token_logprob(logits, labels, entropy=True)[1]
+
+
 # ---- outcome advantage estimators ------------------------------------------------------
 
 def _groups(index, device):
@@ -333,5 +349,8 @@ def patch():
         if name in ca.ADV_ESTIMATOR_REGISTRY:
             h.set_item(ca.ADV_ESTIMATOR_REGISTRY, name, fn)
         h.set(ca, fn.__name__, fn)
+    import verl.utils.torch_functional as vf
+    h.set(vf, "logprobs_from_logits", logprobs_from_logits)
+    h.set(vf, "entropy_from_logits", entropy_from_logits)
     h.set(ca, "compute_value_loss", compute_value_loss)
     return h
