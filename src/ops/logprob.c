@@ -35,6 +35,12 @@
 #include "runtime/record.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
+#include "common/logprob_params.h"
+
+/* The kernels' arguments (templates/common/logprob_params.h): the forward's (every variant's) and
+ * the backward's. */
+RLK_PARAMS_DECLARE(lp_fwd_kernel_args, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(lp_bwd_kernel_args, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -777,14 +783,21 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
     }
   }
 
-  const void *logits = a->logits.data, *labels = a->labels.data;
-  float temperature = a->temperature;
-  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride;
-  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data,
-        *entropy = (float *)a->entropy.data;
-  int32_t *status = (int32_t *)a->status.data;
-  void *kargs[13] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index,
-                     &logp,   &lse, &entropy, &status, NULL};
+  lp_fwd_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.logits = a->logits.data;
+  k.row_stride = row_stride;
+  k.labels = a->labels.data;
+  k.label_stride = label_stride;
+  k.N = N;
+  k.V = V;
+  k.ignore_index = a->ignore_index;
+  k.logp = (float *)a->logp.data;
+  k.lse = (float *)a->lse.data;
+  k.entropy = (float *)a->entropy.data;
+  k.status = (int32_t *)a->status.data;
+  k.temperature = a->temperature;
+  void *kargs[] = {&k};
   const int host = ctx->kind == RLK_BACKEND_HOST;
   const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
   const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
@@ -809,8 +822,9 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
       d = lp_dims(lp_min_u(g2, 1u << 20), 1, ch.threads, 0);
       return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
     }
-    kargs[12] = map;
-    return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+    /* the tensor map is the kernel's first parameter, by value, the struct its second */
+    void *tma_args[] = {map, &k};
+    return rlk_context_launch(ctx, &ch.spec, &d, stream, tma_args);
   }
   return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
 }
@@ -879,20 +893,30 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
   if (rlk_record_enabled()) lp_record(LP_PASS_BWD, &c);
 
-  const void *logits = a->logits.data, *labels = a->labels.data;
-  float temperature = a->temperature;
-  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride,
-          gs = grad_stride;
-  const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
-              *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
-  if (!c.entropy) ent = NULL;
-  void *grad = a->grad_logits.data;
-  int32_t *status = (int32_t *)a->status.data;
-  int64_t vocab_start = a->shard ? a->vocab_start : 0;
-  int32_t shard = a->shard != 0;
-  void *kargs[] = {&logits, &rs,    &labels, &ls,   &n,    &v,      &temperature,
-                   &ignore_index, &lse, &lse_s, &glp, &glp_s, &ent, &ent_s,
-                   &gent,   &gent_s, &grad, &gs, &status, &vocab_start, &shard};
+  lp_bwd_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.logits = a->logits.data;
+  k.row_stride = row_stride;
+  k.labels = a->labels.data;
+  k.label_stride = label_stride;
+  k.N = N;
+  k.V = V;
+  k.ignore_index = a->ignore_index;
+  k.lse = (const float *)a->lse.data;
+  k.lse_stride = lse_s;
+  k.grad_logp = (const float *)a->grad_logp.data;
+  k.grad_logp_stride = glp_s;
+  k.entropy = c.entropy ? (const float *)a->entropy.data : NULL;
+  k.entropy_stride = ent_s;
+  k.grad_entropy = (const float *)a->grad_entropy.data;
+  k.grad_entropy_stride = gent_s;
+  k.grad = a->grad_logits.data;
+  k.grad_stride = grad_stride;
+  k.status = (int32_t *)a->status.data;
+  k.vocab_start = a->shard ? a->vocab_start : 0;
+  k.temperature = a->temperature;
+  k.shard = a->shard != 0;
+  void *kargs[] = {&k};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST) {
     d = lp_dims(1, 1, 1, 0);

@@ -13,6 +13,11 @@
 #include "core/core.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
+#include "common/logprob_shard_params.h"
+
+/* The kernels' arguments (templates/common/logprob_shard_params.h). */
+RLK_PARAMS_DECLARE(ls_fwd_kernel_args, RLK_LS_FWD_PARAMS, RLK_LS_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ls_combine_kernel_args, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
 
 /* Logits dtype codes: the indices of these names, as the templates see them (logprob.c's). */
 static const char *const ls_dt_names[] = {"f32", "f16", "bf16", NULL};
@@ -145,11 +150,19 @@ rlk_status rlk_logprob_shard_launch(rlk_context *ctx, const rlk_logprob_args *a,
   rlk_status st = ls_select_fwd(ctx, a->logits.dtype, a->labels.dtype, V, a->block, a->unroll,
                                 entropy, &spec, &threads, &rpb);
   if (st) return st;
-  const void *logits = a->logits.data, *labels = a->labels.data;
-  float temperature = a->temperature;
-  int64_t ignore_index = a->ignore_index, n = N, v = V, rs = row_stride, ls = label_stride,
-          v0 = a->vocab_start;
-  void *kargs[] = {&logits, &rs, &labels, &ls, &n, &v, &temperature, &ignore_index, &v0, &partials};
+  ls_fwd_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.logits = a->logits.data;
+  k.row_stride = row_stride;
+  k.labels = a->labels.data;
+  k.label_stride = label_stride;
+  k.N = N;
+  k.V = V;
+  k.ignore_index = a->ignore_index;
+  k.vocab_start = a->vocab_start;
+  k.partials = partials;
+  k.temperature = a->temperature;
+  void *kargs[] = {&k};
   const rlk_launch_dims d = ctx->kind == RLK_BACKEND_HOST
                                 ? ls_dims(1, 1)
                                 : ls_dims((uint64_t)((N + rpb - 1) / rpb), threads);
@@ -194,9 +207,19 @@ rlk_status rlk_logprob_combine_launch(rlk_context *ctx, const float *partials, i
   rlk_kernel_spec spec;
   rlk_status st = ls_select_combine(labels_t->dtype, entropy != NULL, &spec);
   if (st) return st;
-  const void *labels = labels_t->data;
-  int64_t p = P, n = N, ls = label_stride, ii = ignore_index;
-  void *kargs[] = {&partials, &p, &n, &labels, &ls, &ii, &logp, &lse, &entropy, &status};
+  ls_combine_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.partials = partials;
+  k.P = P;
+  k.N = N;
+  k.labels = labels_t->data;
+  k.label_stride = label_stride;
+  k.ignore_index = ignore_index;
+  k.logp = logp;
+  k.lse = lse;
+  k.entropy = entropy;
+  k.status = status;
+  void *kargs[] = {&k};
   const rlk_launch_dims d =
       ctx->kind == RLK_BACKEND_HOST
           ? ls_dims(1, 1)

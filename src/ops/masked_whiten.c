@@ -19,6 +19,12 @@
 #include "core/core.h"
 #include "ops/advantage_scan.h"
 #include "runtime/record.h"
+#include "common/masked_whiten_params.h"
+
+/* The kernels' arguments (templates/common/masked_whiten_params.h); the host kernel takes the
+ * apply's. */
+RLK_PARAMS_DECLARE(mw_stats_kernel_args, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(mw_apply_kernel_args, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
 
 #define MW_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define MW_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
@@ -268,24 +274,41 @@ RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_a
   }
   if ((st = rlk_context_require_device(ctx, "rlk_masked_whiten"))) return st;
 
-  const void *xd = x.data, *md = mask.data;
-  int64_t xs = rlk_seq_row_stride(&x, B, T), ms = md ? rlk_seq_row_stride(&mask, B, T) : T;
-  int kind = rlk_seq_mask_kind(&mask);
-  void *od = out.data;
-  int64_t os = rlk_seq_row_stride(&out, B, T);
-  int64_t b = B, t = T;
+  mw_apply_kernel_args k;
+  memset(&k, 0, sizeof k);
+  k.x = x.data;
+  k.xs = rlk_seq_row_stride(&x, B, T);
+  k.mask = mask.data;
+  k.ms = k.mask ? rlk_seq_row_stride(&mask, B, T) : T;
+  k.mask_kind = rlk_seq_mask_kind(&mask);
+  k.out = out.data;
+  k.os = rlk_seq_row_stride(&out, B, T);
+  k.B = B;
+  k.T = T;
   double *partials = need ? (double *)a->workspace : NULL;
-  int nparts = (int)p.partials;
-  double eps = a->eps, count_eps = a->count_eps;
-  int flags = (a->unbiased ? MW_FLAG_UNBIASED : 0) |
-              (a->eps_mode == RLK_WHITEN_EPS_CLAMP ? MW_FLAG_EPS_CLAMP : 0) |
-              (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
-              (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
-  double *stats = (double *)a->stats.data;
+  k.partials = partials;
+  k.nparts = (int)p.partials;
+  k.eps = a->eps;
+  k.count_eps = a->count_eps;
+  k.flags = (a->unbiased ? MW_FLAG_UNBIASED : 0) |
+            (a->eps_mode == RLK_WHITEN_EPS_CLAMP ? MW_FLAG_EPS_CLAMP : 0) |
+            (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
+            (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
+  k.stats = (double *)a->stats.data;
   if (p.has_stats) {
-    void *sargs[] = {&xd, &xs, &md, &ms, &kind, &b, &t, &partials};
+    mw_stats_kernel_args s;
+    memset(&s, 0, sizeof s);
+    s.x = k.x;
+    s.xs = k.xs;
+    s.mask = k.mask;
+    s.ms = k.ms;
+    s.mask_kind = k.mask_kind;
+    s.B = B;
+    s.T = T;
+    s.partials = partials;
+    void *sargs[] = {&s};
     if ((st = rlk_context_launch(ctx, &p.stats, &p.stats_dims, stream, sargs))) return st;
   }
-  void *aargs[] = {&xd, &xs, &md, &ms, &kind, &od, &os, &b, &t, &partials, &nparts, &eps, &count_eps, &flags, &stats};
+  void *aargs[] = {&k};
   return rlk_context_launch(ctx, &p.apply, &p.apply_dims, stream, aargs);
 }

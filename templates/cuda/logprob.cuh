@@ -23,10 +23,15 @@ namespace rlk {
  * warps of a block); lane 0 of the segment writes the row. */
 template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_fwd(const void *__restrict__ logits, i64 row_stride, const L *__restrict__ labels,
-                i64 label_stride, i64 N, i64 V, float temperature, i64 ignore_index,
-                float *__restrict__ logp, float *__restrict__ lse, float *__restrict__ entropy,
-                i32 *__restrict__ status) {
+    logprob_fwd(const lp::FwdParams p_) {
+  const void *__restrict__ logits = p_.logits;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
+            ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse;
+  float *__restrict__ entropy = p_.entropy;
+  i32 *__restrict__ status = p_.status;
   using namespace lp;
   static_assert(SEG == BLOCK || (SEG >= 1 && SEG <= RLK_WARP_SIZE && (SEG & (SEG - 1)) == 0),
                 "SEG: a power of two up to a warp, or the whole block");
@@ -145,12 +150,20 @@ template <bool ENTROPY> RLK_DEVICE float grad_of(float x, float c, const bwd_row
  * labels index (the one-hot term only where the label falls in them); 0: vocab_start is 0. */
 template <int DT, int GRAD, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_bwd(const void *logits, i64 row_stride, const L *__restrict__ labels,
-                i64 label_stride, i64 N, i64 V, float temperature, i64 ignore_index,
-                const float *__restrict__ lse, i64 lse_stride, const float *__restrict__ grad_logp,
-                i64 grad_logp_stride, const float *__restrict__ entropy, i64 entropy_stride,
-                const float *__restrict__ grad_entropy, i64 grad_entropy_stride, void *grad,
-                i64 grad_stride, i32 *__restrict__ status, i64 vocab_start, i32 shard) {
+    logprob_bwd(const lp::BwdParams p_) {
+  const void *logits = p_.logits;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
+            ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  const float *__restrict__ lse = p_.lse, *__restrict__ grad_logp = p_.grad_logp;
+  const float *__restrict__ entropy = p_.entropy, *__restrict__ grad_entropy = p_.grad_entropy;
+  const i64 lse_stride = p_.lse_stride, grad_logp_stride = p_.grad_logp_stride,
+            entropy_stride = p_.entropy_stride, grad_entropy_stride = p_.grad_entropy_stride;
+  void *grad = p_.grad;
+  const i64 grad_stride = p_.grad_stride, vocab_start = p_.vocab_start;
+  i32 *__restrict__ status = p_.status;
+  const i32 shard = p_.shard;
   using namespace lp;
   static_assert(SEG == BLOCK || (SEG >= 1 && SEG <= RLK_WARP_SIZE && (SEG & (SEG - 1)) == 0),
                 "SEG: a power of two up to a warp, or the whole block");

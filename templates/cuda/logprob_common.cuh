@@ -17,9 +17,15 @@
 #define RLK_LOGPROB_COMMON_CUH
 
 #include "rlk_prelude.cuh"
+#include "logprob_params.h"
 
 namespace rlk {
 namespace lp {
+
+/* The kernels' arguments (logprob_params.h): the forward's, shared by its three variants, and
+ * the backward's. */
+RLK_PARAMS_DECLARE(FwdParams, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdParams, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 enum { GRAD_SAME = 0, GRAD_F32 = 1 };

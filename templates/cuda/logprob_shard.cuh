@@ -12,9 +12,13 @@
 #define RLK_LOGPROB_SHARD_CUH
 
 #include "logprob_common.cuh"
+#include "logprob_shard_params.h"
 
 namespace rlk {
 namespace lp {
+
+RLK_PARAMS_DECLARE(ShardParams, RLK_LS_FWD_PARAMS, RLK_LS_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(CombineParams, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
 
 enum { STATUS_LABEL_OWNERS = 2 };
 
@@ -29,9 +33,13 @@ struct alignas(16) record {
  * Ignored rows and labels outside the shard get t = +inf (absent). */
 template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_fwd_shard(const void *__restrict__ logits, i64 row_stride, const L *__restrict__ labels,
-                      i64 label_stride, i64 N, i64 V, float temperature, i64 ignore_index,
-                      i64 vocab_start, lp::record *__restrict__ partials) {
+    logprob_fwd_shard(const lp::ShardParams p_) {
+  const void *__restrict__ logits = p_.logits;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
+            ignore_index = p_.ignore_index, vocab_start = p_.vocab_start;
+  const float temperature = p_.temperature;
+  lp::record *__restrict__ partials = (lp::record *)p_.partials;
   using namespace lp;
   static_assert(SEG == BLOCK || (SEG >= 1 && SEG <= RLK_WARP_SIZE && (SEG & (SEG - 1)) == 0),
                 "SEG: a power of two up to a warp, or the whole block");
@@ -79,10 +87,13 @@ __global__ void __launch_bounds__(BLOCK)
 /* The combine: row i's records are partials[r * N + i], r = 0 .. P-1, merged in that order. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
-    logprob_combine(const lp::record *__restrict__ partials, i64 P, i64 N,
-                    const L *__restrict__ labels, i64 label_stride, i64 ignore_index,
-                    float *__restrict__ logp, float *__restrict__ lse, float *__restrict__ entropy,
-                    i32 *__restrict__ status) {
+    logprob_combine(const lp::CombineParams p_) {
+  const lp::record *__restrict__ partials = (const lp::record *)p_.partials;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 P = p_.P, N = p_.N, label_stride = p_.label_stride, ignore_index = p_.ignore_index;
+  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse;
+  float *__restrict__ entropy = p_.entropy;
+  i32 *__restrict__ status = p_.status;
   using namespace lp;
   const float inf = limits<float>::infinity();
   for (i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x; row < N;

@@ -28,11 +28,16 @@ template <int CWARPS, int UNROLL, int STAGES> struct lp_bulk_smem {
 
 template <int DT, typename L, int CWARPS, int UNROLL, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__((CWARPS + 1) * 32)
-    logprob_fwd_bulk(const void *__restrict__ logits, i64 row_stride, const L *__restrict__ labels,
-                     i64 label_stride, i64 N, i64 V, float temperature, i64 ignore_index,
-                     float *__restrict__ logp, float *__restrict__ lse,
-                     float *__restrict__ entropy, i32 *__restrict__ status) {
+    logprob_fwd_bulk(const lp::FwdParams p_) {
 #if defined(RLK_HAS_BULK_COPY)
+  const void *__restrict__ logits = p_.logits;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
+            ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse;
+  float *__restrict__ entropy = p_.entropy;
+  i32 *__restrict__ status = p_.status;
   using namespace lp;
   static_assert(CWARPS >= 1 && CWARPS <= 31 && STAGES >= 2 && STAGES <= 8, "shape");
   constexpr int B = logit_traits<DT>::bytes;
@@ -136,13 +141,21 @@ template <int ROWS, int NBOX, int STAGES> struct lp_tma_smem {
   static constexpr u32 bytes = stage * (u32)STAGES;
 };
 
+/* The tensor map stays a parameter of its own, by value and __grid_constant__, before the
+ * arguments' struct: the copy engine reads it where it lies in the parameter space, and the
+ * field lists hold only types every side spells alike (the host side has no tensor maps). */
 template <int DT, typename L, int ROWS, int NBOX, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__((ROWS + 1) * 32)
-    logprob_fwd_tma(const void *__restrict__ logits, i64 row_stride, const L *__restrict__ labels,
-                    i64 label_stride, i64 N, i64 V, float temperature, i64 ignore_index,
-                    float *__restrict__ logp, float *__restrict__ lse, float *__restrict__ entropy,
-                    i32 *__restrict__ status, const __grid_constant__ tensor_map map) {
+    logprob_fwd_tma(const __grid_constant__ tensor_map map, const lp::FwdParams p_) {
 #if defined(RLK_HAS_BULK_COPY)
+  const void *__restrict__ logits = p_.logits;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
+            ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse;
+  float *__restrict__ entropy = p_.entropy;
+  i32 *__restrict__ status = p_.status;
   using namespace lp;
   static_assert(ROWS >= 1 && ROWS <= 31 && STAGES >= 2 && STAGES <= 8 && NBOX >= 1 && NBOX <= 8,
                 "shape");

@@ -17,9 +17,13 @@
 #define RLK_MASKED_WHITEN_CUH
 
 #include "advantage_scan_common.cuh"
+#include "masked_whiten_params.h"
 
 namespace rlk {
 namespace mw {
+
+RLK_PARAMS_DECLARE(StatsParams, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ApplyParams, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
 
 /* Run-time flags (src/ops/masked_whiten.c). */
 enum {
@@ -111,9 +115,12 @@ RLK_DEVICE void finish(const stat &a, double eps, double count_eps, int flags, d
 /* Partial statistics of the valid elements: block g covers the flat chunks of blockDim.x * K
  * elements g, g + gridDim.x, ...; partials[3 g + {0, 1, 2}] = count, mean, M2. */
 template <typename TS>
-__global__ void masked_whiten_stats(const TS *__restrict__ x, i64 xs, const void *__restrict__ mask,
-                                    i64 ms, int mask_kind, i64 B, i64 T,
-                                    double *__restrict__ partials) {
+__global__ void masked_whiten_stats(const mw::StatsParams p_) {
+  const TS *__restrict__ x = (const TS *)p_.x;
+  const void *__restrict__ mask = p_.mask;
+  const i64 xs = p_.xs, ms = p_.ms, B = p_.B, T = p_.T;
+  const int mask_kind = p_.mask_kind;
+  double *__restrict__ partials = p_.partials;
   constexpr int K = seq::group<TS>::size;
   __shared__ double sh[3 * RLK_MAX_WARPS];
   const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
@@ -174,10 +181,15 @@ __global__ void masked_whiten_stats(const TS *__restrict__ x, i64 xs, const void
  * in order, then a shuffle-down tree), so every block derives bitwise the same mean and rstd;
  * block 0 writes them to `stats` (may be NULL). Flags: mw::FLAG_*. */
 template <typename TS>
-__global__ void masked_whiten_apply(const TS *x, i64 xs, const void *mask, i64 ms, int mask_kind,
-                                    TS *out, i64 os, i64 B, i64 T, const double *partials,
-                                    int nparts, double eps, double count_eps, int flags,
-                                    double *stats) {
+__global__ void masked_whiten_apply(const mw::ApplyParams p_) {
+  const TS *x = (const TS *)p_.x;
+  const void *mask = p_.mask;
+  TS *out = (TS *)p_.out;
+  const i64 xs = p_.xs, ms = p_.ms, os = p_.os, B = p_.B, T = p_.T;
+  const int mask_kind = p_.mask_kind, nparts = p_.nparts, flags = p_.flags;
+  const double *partials = p_.partials;
+  const double eps = p_.eps, count_eps = p_.count_eps;
+  double *stats = p_.stats;
   constexpr int K = seq::group<TS>::size;
   __shared__ double coef[2];
   const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);

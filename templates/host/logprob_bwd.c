@@ -5,31 +5,35 @@
  * A shard (shard != 0) has the columns [vocab_start, vocab_start + V): a label outside is no error.
  * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given). */
 #include "logprob_common.h"
+#include "logprob_params.h"
+
+RLK_PARAMS_DECLARE(lp_bwd_params, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 typedef RLK_P_LABELS lp_label_t;
 
 RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
-  const void *logits = RLK_ARG(const void *, 0);
-  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
-  const lp_label_t *labels = RLK_ARG(const lp_label_t *, 2);
-  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 3);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 5);
-  const float temperature = RLK_ARG(float, 6);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 7);
-  const float *lse = RLK_ARG(const float *, 8);
-  const rlk_i64 lse_stride = RLK_ARG(rlk_i64, 9);
-  const float *grad_logp = RLK_ARG(const float *, 10);
-  const rlk_i64 grad_logp_stride = RLK_ARG(rlk_i64, 11);
-  const float *entropy = RLK_ARG(const float *, 12);
-  const rlk_i64 entropy_stride = RLK_ARG(rlk_i64, 13);
-  const float *grad_entropy = RLK_ARG(const float *, 14);
-  const rlk_i64 grad_entropy_stride = RLK_ARG(rlk_i64, 15);
-  void *grad = RLK_ARG(void *, 16);
-  const rlk_i64 grad_stride = RLK_ARG(rlk_i64, 17);
-  int32_t *status = RLK_ARG(int32_t *, 18);
-  const rlk_i64 vocab_start = RLK_ARG(rlk_i64, 19);
-  const int32_t shard = RLK_ARG(int32_t, 20);
+  const lp_bwd_params *p_ = (const lp_bwd_params *)args[0];
+  const void *logits = p_->logits;
+  const rlk_i64 row_stride = p_->row_stride;
+  const lp_label_t *labels = (const lp_label_t *)p_->labels;
+  const rlk_i64 label_stride = p_->label_stride;
+  const rlk_i64 N = p_->N;
+  const rlk_i64 V = p_->V;
+  const float temperature = p_->temperature;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  const float *lse = p_->lse;
+  const rlk_i64 lse_stride = p_->lse_stride;
+  const float *grad_logp = p_->grad_logp;
+  const rlk_i64 grad_logp_stride = p_->grad_logp_stride;
+  const float *entropy = p_->entropy;
+  const rlk_i64 entropy_stride = p_->entropy_stride;
+  const float *grad_entropy = p_->grad_entropy;
+  const rlk_i64 grad_entropy_stride = p_->grad_entropy_stride;
+  void *grad = p_->grad;
+  const rlk_i64 grad_stride = p_->grad_stride;
+  int32_t *status = (int32_t *)p_->status;
+  const rlk_i64 vocab_start = p_->vocab_start;
+  const int32_t shard = p_->shard;
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
   const int odt = RLK_P_GRAD == LP_GRAD_F32 ? LP_DT_F32 : dt;
   const float c = LP_LOG2E / temperature;

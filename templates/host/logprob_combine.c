@@ -2,22 +2,26 @@
  * row's P gathered records merged in rank order into logp, lse and entropy.
  * Parameters: RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1: entropy written). */
 #include "logprob_common.h"
+#include "logprob_shard_params.h"
+
+RLK_PARAMS_DECLARE(ls_combine_params, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
 
 typedef RLK_P_LABELS lp_label_t;
 
 enum { LP_STATUS_LABEL_OWNERS = 2 };
 
 RLK_HOST_KERNEL rlk_logprob_combine(void **args) {
-  const float *partials = RLK_ARG(const float *, 0);
-  const rlk_i64 P = RLK_ARG(rlk_i64, 1);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 2);
-  const lp_label_t *labels = RLK_ARG(const lp_label_t *, 3);
-  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 5);
-  float *logp = RLK_ARG(float *, 6);
-  float *lse = RLK_ARG(float *, 7);
-  float *entropy = RLK_ARG(float *, 8);
-  int32_t *status = RLK_ARG(int32_t *, 9);
+  const ls_combine_params *p_ = (const ls_combine_params *)args[0];
+  const float *partials = (const float *)p_->partials;
+  const rlk_i64 P = p_->P;
+  const rlk_i64 N = p_->N;
+  const lp_label_t *labels = (const lp_label_t *)p_->labels;
+  const rlk_i64 label_stride = p_->label_stride;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  float *logp = p_->logp;
+  float *lse = p_->lse;
+  float *entropy = p_->entropy;
+  int32_t *status = (int32_t *)p_->status;
   const int ent = RLK_P_ENTROPY;
 
   for (rlk_i64 i = 0; i < N; i++) {

@@ -3,22 +3,26 @@
  * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1);
  * block, seg and unroll only shape the GPU kernels. */
 #include "logprob_common.h"
+#include "logprob_params.h"
+
+RLK_PARAMS_DECLARE(lp_fwd_params, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
 
 typedef RLK_P_LABELS lp_label_t;
 
 RLK_HOST_KERNEL rlk_logprob_fwd(void **args) {
-  const void *logits = RLK_ARG(const void *, 0);
-  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
-  const lp_label_t *labels = RLK_ARG(const lp_label_t *, 2);
-  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 3);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 5);
-  const float temperature = RLK_ARG(float, 6);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 7);
-  float *logp = RLK_ARG(float *, 8);
-  float *lse = RLK_ARG(float *, 9);
-  float *entropy = RLK_ARG(float *, 10);
-  int32_t *status = RLK_ARG(int32_t *, 11);
+  const lp_fwd_params *p_ = (const lp_fwd_params *)args[0];
+  const void *logits = p_->logits;
+  const rlk_i64 row_stride = p_->row_stride;
+  const lp_label_t *labels = (const lp_label_t *)p_->labels;
+  const rlk_i64 label_stride = p_->label_stride;
+  const rlk_i64 N = p_->N;
+  const rlk_i64 V = p_->V;
+  const float temperature = p_->temperature;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  float *logp = p_->logp;
+  float *lse = p_->lse;
+  float *entropy = p_->entropy;
+  int32_t *status = (int32_t *)p_->status;
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
   const float c = LP_LOG2E / temperature;
 

@@ -2,20 +2,24 @@
  * logprob_fwd's row pass over a vocabulary shard, then the row's record {m, s, u, t} (the format
  * is in include/rlk.h). Parameters as logprob_fwd.c's. */
 #include "logprob_common.h"
+#include "logprob_shard_params.h"
+
+RLK_PARAMS_DECLARE(ls_fwd_params, RLK_LS_FWD_PARAMS, RLK_LS_FWD_PARAMS_SIZE);
 
 typedef RLK_P_LABELS lp_label_t;
 
 RLK_HOST_KERNEL rlk_logprob_fwd_shard(void **args) {
-  const void *logits = RLK_ARG(const void *, 0);
-  const rlk_i64 row_stride = RLK_ARG(rlk_i64, 1);
-  const lp_label_t *labels = RLK_ARG(const lp_label_t *, 2);
-  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 3);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 4);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 5);
-  const float temperature = RLK_ARG(float, 6);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 7);
-  const rlk_i64 vocab_start = RLK_ARG(rlk_i64, 8);
-  float *partials = RLK_ARG(float *, 9);
+  const ls_fwd_params *p_ = (const ls_fwd_params *)args[0];
+  const void *logits = p_->logits;
+  const rlk_i64 row_stride = p_->row_stride;
+  const lp_label_t *labels = (const lp_label_t *)p_->labels;
+  const rlk_i64 label_stride = p_->label_stride;
+  const rlk_i64 N = p_->N;
+  const rlk_i64 V = p_->V;
+  const float temperature = p_->temperature;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  const rlk_i64 vocab_start = p_->vocab_start;
+  float *partials = (float *)p_->partials;
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
   const float c = LP_LOG2E / temperature;
 

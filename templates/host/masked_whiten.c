@@ -1,9 +1,13 @@
 /* masked_whiten.c - host form of the whitening op (templates/cuda/masked_whiten.cuh does it in two
  * launches on a GPU): two passes over the valid elements in fp64, row by row in t order (the sum,
  * then the squared deviations from the mean as defined), then the transform in the data type.
- * Arguments as rlk::masked_whiten_apply; the partials are not used (the whole batch is here).
+ * Arguments as rlk::masked_whiten_apply (masked_whiten_params.h); the partials are not used (the
+ * whole batch is here).
  * Parameter: RLK_P_DTYPE (float or double). Flags as MW_FLAG_* (src/ops/masked_whiten.c). */
 #include "advantage_scan_common.h"
+#include "masked_whiten_params.h"
+
+RLK_PARAMS_DECLARE(mw_apply_params, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
 
 typedef RLK_P_DTYPE ts;
 
@@ -11,18 +15,19 @@ enum { MW_FLAG_UNBIASED = 1, MW_FLAG_EPS_CLAMP = 2, MW_FLAG_KEEP_MEAN = 4, MW_FL
        MW_FLAG_MASKED_ZERO = 16 };
 
 RLK_HOST_KERNEL rlk_masked_whiten(void **args) {
-  const ts *x = RLK_ARG(const ts *, 0);
-  const rlk_i64 xs = RLK_ARG(rlk_i64, 1);
-  const void *mask = RLK_ARG(const void *, 2);
-  const rlk_i64 ms = RLK_ARG(rlk_i64, 3);
-  const int kind = RLK_ARG(int, 4);
-  ts *out = RLK_ARG(ts *, 5);
-  const rlk_i64 os = RLK_ARG(rlk_i64, 6);
-  const rlk_i64 B = RLK_ARG(rlk_i64, 7), T = RLK_ARG(rlk_i64, 8);
-  const double eps = RLK_ARG(double, 11);
-  const double count_eps = RLK_ARG(double, 12);
-  const int flags = RLK_ARG(int, 13);
-  double *stats = RLK_ARG(double *, 14);
+  const mw_apply_params *p_ = (const mw_apply_params *)args[0];
+  const ts *x = (const ts *)p_->x;
+  const rlk_i64 xs = p_->xs;
+  const void *mask = p_->mask;
+  const rlk_i64 ms = p_->ms;
+  const int kind = p_->mask_kind;
+  ts *out = (ts *)p_->out;
+  const rlk_i64 os = p_->os;
+  const rlk_i64 B = p_->B, T = p_->T;
+  const double eps = p_->eps;
+  const double count_eps = p_->count_eps;
+  const int flags = p_->flags;
+  double *stats = p_->stats;
   const double nan = __builtin_nan("");
 
   double n = 0, sum = 0;

@@ -1,0 +1,55 @@
+/* logprob_params.h - the arguments of the logprob kernels (templates/cuda/logprob.cuh and
+ * logprob_sm90.cuh, templates/host/logprob_fwd.c and logprob_bwd.c), filled by src/ops/logprob.c.
+ *   forward:  logits [N, V] (row stride in elements), labels of the spec's dtype (stride
+ *             label_stride) -> logp, lse, entropy [N] (lse and entropy may be NULL), status
+ *             (may be NULL). Shared by logprob_fwd, logprob_fwd_bulk and logprob_fwd_tma (the
+ *             last takes its tensor map as a separate parameter before this struct).
+ *   backward: the same inputs, lse, grad_logp, entropy, grad_entropy each with its stride
+ *             (grad_logp, entropy, grad_entropy may be NULL) -> grad (the logits' dtype or f32,
+ *             row stride grad_stride); shard != 0: the logits are the columns [vocab_start,
+ *             vocab_start + V) of the labels' vocabulary. */
+#ifndef RLK_LOGPROB_PARAMS_H
+#define RLK_LOGPROB_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_LP_FWD_PARAMS(F, S_)     \
+  F(S_, const void *, logits, 0)     \
+  F(S_, long long, row_stride, 8)    \
+  F(S_, const void *, labels, 16)    \
+  F(S_, long long, label_stride, 24) \
+  F(S_, long long, N, 32)            \
+  F(S_, long long, V, 40)            \
+  F(S_, long long, ignore_index, 48) \
+  F(S_, float *, logp, 56)           \
+  F(S_, float *, lse, 64)            \
+  F(S_, float *, entropy, 72)        \
+  F(S_, int *, status, 80)           \
+  F(S_, float, temperature, 88)
+#define RLK_LP_FWD_PARAMS_SIZE 96
+
+#define RLK_LP_BWD_PARAMS(F, S_)             \
+  F(S_, const void *, logits, 0)             \
+  F(S_, long long, row_stride, 8)            \
+  F(S_, const void *, labels, 16)            \
+  F(S_, long long, label_stride, 24)         \
+  F(S_, long long, N, 32)                    \
+  F(S_, long long, V, 40)                    \
+  F(S_, long long, ignore_index, 48)         \
+  F(S_, const float *, lse, 56)              \
+  F(S_, long long, lse_stride, 64)           \
+  F(S_, const float *, grad_logp, 72)        \
+  F(S_, long long, grad_logp_stride, 80)     \
+  F(S_, const float *, entropy, 88)          \
+  F(S_, long long, entropy_stride, 96)       \
+  F(S_, const float *, grad_entropy, 104)    \
+  F(S_, long long, grad_entropy_stride, 112) \
+  F(S_, void *, grad, 120)                   \
+  F(S_, long long, grad_stride, 128)         \
+  F(S_, int *, status, 136)                  \
+  F(S_, long long, vocab_start, 144)         \
+  F(S_, float, temperature, 152)             \
+  F(S_, int, shard, 156)
+#define RLK_LP_BWD_PARAMS_SIZE 160
+
+#endif

@@ -1,0 +1,42 @@
+/* masked_whiten_params.h - the arguments of the masked_whiten kernels (templates/cuda/
+ * masked_whiten.cuh, templates/host/masked_whiten.c), filled by src/ops/masked_whiten.c.
+ *   stats: x [B, T] (row stride xs), mask of kind mask_kind (seq MASK_*; NULL with none, row
+ *          stride ms) -> partials, (count, mean, M2) per block of the launch
+ *   apply: the same inputs and the nparts partials -> out (row stride os); eps, count_eps and
+ *          flags (MW_FLAG_*) as the op defines them; stats (mean, var, count) or NULL. The host
+ *          kernel takes this one too and ignores the partials. */
+#ifndef RLK_MASKED_WHITEN_PARAMS_H
+#define RLK_MASKED_WHITEN_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_MW_STATS_PARAMS(F, S_) \
+  F(S_, const void *, x, 0)        \
+  F(S_, long long, xs, 8)          \
+  F(S_, const void *, mask, 16)    \
+  F(S_, long long, ms, 24)         \
+  F(S_, long long, B, 32)          \
+  F(S_, long long, T, 40)          \
+  F(S_, double *, partials, 48)    \
+  F(S_, int, mask_kind, 56)
+#define RLK_MW_STATS_PARAMS_SIZE 64
+
+#define RLK_MW_APPLY_PARAMS(F, S_)    \
+  F(S_, const void *, x, 0)           \
+  F(S_, long long, xs, 8)             \
+  F(S_, const void *, mask, 16)       \
+  F(S_, long long, ms, 24)            \
+  F(S_, void *, out, 32)              \
+  F(S_, long long, os, 40)            \
+  F(S_, long long, B, 48)             \
+  F(S_, long long, T, 56)             \
+  F(S_, const double *, partials, 64) \
+  F(S_, double, eps, 72)              \
+  F(S_, double, count_eps, 80)        \
+  F(S_, double *, stats, 88)          \
+  F(S_, int, mask_kind, 96)           \
+  F(S_, int, nparts, 100)             \
+  F(S_, int, flags, 104)
+#define RLK_MW_APPLY_PARAMS_SIZE 112
+
+#endif

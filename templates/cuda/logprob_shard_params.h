@@ -1,0 +1,1 @@
+../common/logprob_shard_params.h

@@ -1,0 +1,1 @@
+../common/masked_whiten_params.h
