@@ -1,4 +1,6 @@
-"""Drop-in replacements for the loss functions of verl, TRL and OpenRLHF (imports torch).
+"""Drop-in replacements for the loss functions of verl, TRL and OpenRLHF (imports torch), and
+prefix-shared attention for transformers models (`transformers`: a GRPO group's prompt processed
+once).
 
 Each submodule offers functions with its trainer's own signature and semantics, computed by
 rlk's fused kernels, and a patch() that swaps them into the installed trainer (undone by the
@@ -12,4 +14,4 @@ The settings each trainer exposes map to rlk arguments as the README's table sho
 trainer's convention differs from rlk's default (clamp gradients on a bound, sequence-ratio
 gradients, normalizers) the adapter passes the trainer's.
 """
-__all__ = ["verl", "trl", "openrlhf"]
+__all__ = ["verl", "trl", "openrlhf", "transformers"]
