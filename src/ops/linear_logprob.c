@@ -20,6 +20,18 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "common/linear_logprob_params.h"
+
+/* The kernels' arguments (templates/common/linear_logprob_params.h). */
+RLK_PARAMS_DECLARE(ll_fwd_host_args, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_combine_args, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_host_args, RLK_LL_BWD_HOST_PARAMS, RLK_LL_BWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_dz_args, RLK_LL_BWD_DZ_PARAMS, RLK_LL_BWD_DZ_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
 
@@ -313,17 +325,30 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
 
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
-  float temperature = a->temperature;
-  int64_t ignore_index = a->ignore_index, N = k.N, V = k.V, H = k.H, hs = k.h_stride,
-          ws = k.w_stride, ls = k.label_stride, S = k.splits, cps = k.cols_per_split;
-  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data,
-        *entropy = (float *)a->entropy.data;
-  int32_t *status = (int32_t *)a->status.data;
+  const float temperature = a->temperature;
+  const int64_t N = k.N, V = k.V, H = k.H, S = k.splits, cps = k.cols_per_split;
+  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data, *entropy = (float *)a->entropy.data;
+  int *status = (int *)a->status.data;
   void *partials = a->workspace;
 
   if (ctx->kind == RLK_BACKEND_HOST) {
-    void *args[] = {&hidden, &hs,     &weight, &ws,  &labels, &ls,      &N,      &V,
-                    &H,      &temperature, &ignore_index, &logp, &lse, &entropy, &status};
+    ll_fwd_host_args h = {0};
+    h.hidden = hidden;
+    h.h_stride = k.h_stride;
+    h.weight = weight;
+    h.w_stride = k.w_stride;
+    h.labels = labels;
+    h.label_stride = k.label_stride;
+    h.N = N;
+    h.V = V;
+    h.H = H;
+    h.ignore_index = a->ignore_index;
+    h.logp = logp;
+    h.lse = lse;
+    h.entropy = entropy;
+    h.status = status;
+    h.temperature = temperature;
+    void *args[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args);
   }
@@ -332,18 +357,54 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     st = rlk_cuda_tma_encode(ctx->backend, &k.req_h, map_h);
     if (!st) st = rlk_cuda_tma_encode(ctx->backend, &k.req_w, map_w);
     if (st) return st;
-    void *args[] = {map_h, map_w, &labels, &ls, &N, &V, &H, &temperature, &cps, &partials};
+    ll_fwd_sm90_args g = {0};
+    g.labels = labels;
+    g.label_stride = k.label_stride;
+    g.N = N;
+    g.V = V;
+    g.H = H;
+    g.cols_per_split = cps;
+    g.partials = partials;
+    g.temperature = temperature;
+    /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
+     * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
+    void *args[] = {map_h, map_w, &g};
     const size_t smem = (size_t)LL_SM90_STAGES * LL_SM90_STAGE_BYTES + 1024u;
     rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
     if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
   } else {
-    void *args[] = {&hidden, &hs, &weight, &ws, &labels, &ls, &N, &V, &H, &temperature, &cps, &partials};
+    ll_fwd_tiled_args g = {0};
+    g.hidden = hidden;
+    g.h_stride = k.h_stride;
+    g.weight = weight;
+    g.w_stride = k.w_stride;
+    g.labels = labels;
+    g.label_stride = k.label_stride;
+    g.N = N;
+    g.V = V;
+    g.H = H;
+    g.cols_per_split = cps;
+    g.partials = partials;
+    g.temperature = temperature;
+    void *args[] = {&g};
     rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
     if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
   }
-  const void *parts = partials;
-  void *cargs[] = {&parts, &S,           &N,           &V,    &cps,  &labels,  &ls,
-                   &temperature, &ignore_index, &logp, &lse, &entropy, &status};
+  ll_combine_args c = {0};
+  c.partials = partials;
+  c.S = S;
+  c.N = N;
+  c.V = V;
+  c.cols_per_split = cps;
+  c.labels = labels;
+  c.label_stride = k.label_stride;
+  c.ignore_index = a->ignore_index;
+  c.logp = logp;
+  c.lse = lse;
+  c.entropy = entropy;
+  c.status = status;
+  c.temperature = temperature;
+  void *cargs[] = {&c};
   rlk_launch_dims d = ll_dims((uint64_t)((N + LL_COMBINE_THREADS - 1) / LL_COMBINE_THREADS), 1,
                               LL_COMBINE_THREADS, 0);
   return rlk_context_launch(ctx, &k.ch.combine, &d, stream, cargs);
@@ -558,20 +619,41 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
   if ((st = ll_bwd_specs(ctx, &k.c, specs, &nspecs))) return st;
 
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
-  float temperature = a->temperature;
-  int64_t ignore_index = a->ignore_index, N = k.N, V = k.V, H = k.H, hs = k.hs, ws = k.ws, ls = k.ls;
-  int64_t lse_s = k.lse_s, glp_s = k.glp_s, ent_s = k.ent_s, gent_s = k.gent_s, ghs = k.ghs, gws = k.gws;
+  const int64_t N = k.N, V = k.V, H = k.H;
   const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
               *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
   if (!k.c.entropy) ent = NULL;
   void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
-  int32_t accumulate = a->accumulate;
-  int32_t *status = (int32_t *)a->status.data;
+  int *status = (int *)a->status.data;
 
   if (ctx->kind == RLK_BACKEND_HOST) {
-    void *args[] = {&hidden, &hs,    &weight, &ws,    &labels, &ls,  &N,   &V,   &H,
-                    &temperature,    &ignore_index,   &lse,    &lse_s, &glp, &glp_s, &ent,
-                    &ent_s,  &gent,  &gent_s, &gh,    &ghs,    &gw,  &gws, &accumulate, &status};
+    ll_bwd_host_args h = {0};
+    h.hidden = hidden;
+    h.h_stride = k.hs;
+    h.weight = weight;
+    h.w_stride = k.ws;
+    h.labels = labels;
+    h.label_stride = k.ls;
+    h.N = N;
+    h.V = V;
+    h.H = H;
+    h.ignore_index = a->ignore_index;
+    h.lse = lse;
+    h.lse_s = k.lse_s;
+    h.g_lp = glp;
+    h.glp_s = k.glp_s;
+    h.entropy = ent;
+    h.ent_s = k.ent_s;
+    h.g_ent = gent;
+    h.gent_s = k.gent_s;
+    h.grad_hidden = gh;
+    h.gh_stride = k.ghs;
+    h.grad_weight = gw;
+    h.gw_stride = k.gws;
+    h.status = status;
+    h.temperature = a->temperature;
+    h.accumulate = a->accumulate;
+    void *args[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &specs[0], &d, stream, args);
   }
@@ -579,34 +661,82 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
   float *dz = (float *)((char *)a->workspace + k.dh_bytes);
   const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh ? &specs[2] : NULL,
                         *s_dw = gw ? &specs[gh ? 3 : 1] : NULL;
-  int64_t Vc = k.chunk;
+  const int64_t Vc = k.chunk;
   const uint64_t rb = (uint64_t)((N + LL_BWD_TILE - 1) / LL_BWD_TILE);
   const uint64_t hb = (uint64_t)((H + LL_BWD_TILE - 1) / LL_BWD_TILE);
   for (int64_t c0 = 0; c0 < V; c0 += Vc) {
-    int64_t nv = V - c0 < Vc ? V - c0 : Vc;
+    const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
     const uint64_t vb = (uint64_t)((nv + LL_BWD_TILE - 1) / LL_BWD_TILE);
-    void *zargs[] = {&hidden, &hs,     &weight, &ws,   &labels, &ls,  &N,     &V,   &H,      &temperature,
-                     &ignore_index,    &lse,    &lse_s, &glp,   &glp_s, &ent, &ent_s, &gent, &gent_s,
-                     &c0,     &Vc,     &dz,     &status};
+    ll_bwd_dz_args z = {0};
+    z.hidden = hidden;
+    z.h_stride = k.hs;
+    z.weight = weight;
+    z.w_stride = k.ws;
+    z.labels = labels;
+    z.label_stride = k.ls;
+    z.N = N;
+    z.V = V;
+    z.H = H;
+    z.ignore_index = a->ignore_index;
+    z.lse = lse;
+    z.lse_s = k.lse_s;
+    z.g_lp = glp;
+    z.glp_s = k.glp_s;
+    z.entropy = ent;
+    z.ent_s = k.ent_s;
+    z.g_ent = gent;
+    z.gent_s = k.gent_s;
+    z.c0 = c0;
+    z.Vc = Vc;
+    z.dz = dz;
+    z.status = status;
+    z.temperature = a->temperature;
+    void *zargs[] = {&z};
     rlk_launch_dims d = ll_dims(rb, vb, LL_TILED_THREADS, 0);
     if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
     if (s_dh) {
-      const float *dzc = dz;
-      float beta = c0 ? 1.0f : 0.0f;
-      void *hargs[] = {&dzc, &Vc, &nv, &weight, &ws, &c0, &N, &H, &dh, &beta};
+      ll_bwd_dh_args h = {0};
+      h.dz = dz;
+      h.Vc = Vc;
+      h.nv = nv;
+      h.weight = weight;
+      h.w_stride = k.ws;
+      h.c0 = c0;
+      h.N = N;
+      h.H = H;
+      h.dh = dh;
+      h.beta = c0 ? 1.0f : 0.0f;
+      void *hargs[] = {&h};
       d = ll_dims(rb, hb, LL_TILED_THREADS, 0);
       if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
     }
     if (s_dw) {
-      const float *dzc = dz;
-      void *wargs[] = {&dzc, &Vc, &nv, &hidden, &hs, &c0, &N, &H, &gw, &gws, &accumulate};
+      ll_bwd_dw_args w = {0};
+      w.dz = dz;
+      w.Vc = Vc;
+      w.nv = nv;
+      w.hidden = hidden;
+      w.h_stride = k.hs;
+      w.c0 = c0;
+      w.N = N;
+      w.H = H;
+      w.grad_weight = gw;
+      w.gw_stride = k.gws;
+      w.accumulate = a->accumulate;
+      void *wargs[] = {&w};
       d = ll_dims(vb, hb, LL_TILED_THREADS, 0);
       if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
     }
   }
   if (s_out) {
-    const float *dhc = dh;
-    void *oargs[] = {&dhc, &N, &H, &gh, &ghs, &accumulate};
+    ll_bwd_dh_out_args o = {0};
+    o.dh = dh;
+    o.N = N;
+    o.H = H;
+    o.grad_hidden = gh;
+    o.gh_stride = k.ghs;
+    o.accumulate = a->accumulate;
+    void *oargs[] = {&o};
     rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
     if ((st = rlk_context_launch(ctx, s_out, &d, stream, oargs))) return st;
   }

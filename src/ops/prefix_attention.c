@@ -28,6 +28,11 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
+#include "common/prefix_attention_params.h"
+
+/* The kernels' arguments, one for every kernel of a pass (templates/common/prefix_attention_params.h). */
+RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
 enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2 };
@@ -367,14 +372,20 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
   if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, p.variant);
-  const void *q = a->q.data, *k = a->k.data, *v = a->v.data;
-  const int32_t *seq = s.seq, *grp = s.grp;
-  int64_t P = s.P, T = s.T;
-  int32_t Hq = (int32_t)s.Hq, Hkv = (int32_t)s.Hkv;
-  float scale = pa_scale(a->scale, s.D);
-  void *out = a->out.data;
-  float *lse = (float *)a->lse.data;
-  void *kargs[] = {&q, &k, &v, &seq, &grp, &P, &T, &Hq, &Hkv, &scale, &out, &lse};
+  pa_fwd_args f = {0};
+  f.q = a->q.data;
+  f.k = a->k.data;
+  f.v = a->v.data;
+  f.seq = s.seq;
+  f.grp = s.grp;
+  f.P = s.P;
+  f.T = s.T;
+  f.out = a->out.data;
+  f.lse = (float *)a->lse.data;
+  f.Hq = (int32_t)s.Hq;
+  f.Hkv = (int32_t)s.Hkv;
+  f.scale = pa_scale(a->scale, s.D);
+  void *kargs[] = {&f};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
     d = pa_dims(1, 1, 1, 1, 0);
@@ -449,15 +460,25 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
   if (rlk_record_enabled()) pa_record(PA_PASS_BWD, &c, p.variant);
-  const void *q = a->q.data, *k = a->k.data, *v = a->v.data, *o = a->out.data, *dout = a->grad_out.data;
-  const float *lse = (const float *)a->lse.data;
-  void *work = a->workspace;
-  const int32_t *seq = s.seq, *grp = s.grp;
-  int64_t P = s.P, T = s.T;
-  int32_t Hq = (int32_t)s.Hq, Hkv = (int32_t)s.Hkv;
-  float scale = pa_scale(a->scale, s.D);
-  void *dq = a->grad_q.data, *dk = a->grad_k.data, *dv = a->grad_v.data;
-  void *kargs[] = {&q, &k, &v, &o, &dout, &lse, &work, &seq, &grp, &P, &T, &Hq, &Hkv, &scale, &dq, &dk, &dv};
+  pa_bwd_args b = {0};
+  b.q = a->q.data;
+  b.k = a->k.data;
+  b.v = a->v.data;
+  b.o = a->out.data;
+  b.dout = a->grad_out.data;
+  b.lse = (const float *)a->lse.data;
+  b.work = a->workspace;
+  b.seq = s.seq;
+  b.grp = s.grp;
+  b.P = s.P;
+  b.T = s.T;
+  b.dq = a->grad_q.data;
+  b.dk = a->grad_k.data;
+  b.dv = a->grad_v.data;
+  b.Hq = (int32_t)s.Hq;
+  b.Hkv = (int32_t)s.Hkv;
+  b.scale = pa_scale(a->scale, s.D);
+  void *kargs[] = {&b}; /* every kernel of the backward takes the same argument */
   if (ctx->kind == RLK_BACKEND_HOST) {
     rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
     return rlk_context_launch(ctx, &p.bwd_host, &d, stream, kargs);

@@ -53,10 +53,13 @@ RLK_DEVICE void tile_product(float (&acc)[4][4], const FA &a, const FB &b, i64 K
 
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
-    linear_logprob_fwd_tiled(const void *__restrict__ hidden, i64 h_stride,
-                             const void *__restrict__ weight, i64 w_stride,
-                             const L *__restrict__ labels, i64 label_stride, i64 N, i64 V, i64 H,
-                             float temperature, i64 cols_per_split, ll::part *__restrict__ partials) {
+    linear_logprob_fwd_tiled(RLK_PARAMS_ARG ll::FwdTiledParams p_) {
+  const void *__restrict__ hidden = p_.hidden, *__restrict__ weight = p_.weight;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 h_stride = p_.h_stride, w_stride = p_.w_stride, label_stride = p_.label_stride;
+  const i64 N = p_.N, V = p_.V, H = p_.H, cols_per_split = p_.cols_per_split;
+  const float temperature = p_.temperature;
+  ll::part *__restrict__ partials = (ll::part *)p_.partials;
   typedef typename ll::elem<DT>::type T;
   constexpr int BM = 64, BN = 64;
   __shared__ float As[32][64];

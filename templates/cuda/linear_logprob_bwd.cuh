@@ -18,12 +18,17 @@ namespace rlk {
 
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
-    linear_logprob_bwd_dz(const void *__restrict__ hidden, i64 h_stride, const void *__restrict__ weight,
-                          i64 w_stride, const L *__restrict__ labels, i64 label_stride, i64 N, i64 V,
-                          i64 H, float temperature, i64 ignore_index, const float *__restrict__ lse,
-                          i64 lse_s, const float *__restrict__ g_lp, i64 glp_s,
-                          const float *__restrict__ entropy, i64 ent_s, const float *__restrict__ g_h,
-                          i64 gh_s, i64 c0, i64 Vc, float *__restrict__ dz, i32 *__restrict__ status) {
+    linear_logprob_bwd_dz(RLK_PARAMS_ARG ll::BwdDzParams p_) {
+  const void *__restrict__ hidden = p_.hidden, *__restrict__ weight = p_.weight;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 h_stride = p_.h_stride, w_stride = p_.w_stride, label_stride = p_.label_stride;
+  const i64 N = p_.N, V = p_.V, H = p_.H, ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  const float *__restrict__ lse = p_.lse, *__restrict__ g_lp = p_.g_lp, *__restrict__ entropy = p_.entropy;
+  const float *__restrict__ g_h = p_.g_ent; /* the entropy's gradient */
+  const i64 lse_s = p_.lse_s, glp_s = p_.glp_s, ent_s = p_.ent_s, gh_s = p_.gent_s, c0 = p_.c0, Vc = p_.Vc;
+  float *__restrict__ dz = p_.dz;
+  i32 *__restrict__ status = p_.status;
   typedef typename ll::elem<DT>::type T;
   __shared__ float As[32][64];
   __shared__ float Bs[32][64];
@@ -71,8 +76,12 @@ __global__ void __launch_bounds__(256)
 
 template <int DT>
 __global__ void __launch_bounds__(256)
-    linear_logprob_bwd_dh(const float *__restrict__ dz, i64 Vc, i64 nv, const void *__restrict__ weight,
-                          i64 w_stride, i64 c0, i64 N, i64 H, float *__restrict__ dh, float beta) {
+    linear_logprob_bwd_dh(RLK_PARAMS_ARG ll::BwdDhParams p_) {
+  const float *__restrict__ dz = p_.dz;
+  const void *__restrict__ weight = p_.weight;
+  const i64 Vc = p_.Vc, nv = p_.nv, w_stride = p_.w_stride, c0 = p_.c0, N = p_.N, H = p_.H;
+  float *__restrict__ dh = p_.dh;
+  const float beta = p_.beta;
   typedef typename ll::elem<DT>::type T;
   __shared__ float As[32][64];
   __shared__ float Bs[32][64];
@@ -97,9 +106,13 @@ __global__ void __launch_bounds__(256)
 
 template <int DT, int GDT>
 __global__ void __launch_bounds__(256)
-    linear_logprob_bwd_dw(const float *__restrict__ dz, i64 Vc, i64 nv, const void *__restrict__ hidden,
-                          i64 h_stride, i64 c0, i64 N, i64 H, void *__restrict__ grad_weight, i64 gw_stride,
-                          i32 accumulate) {
+    linear_logprob_bwd_dw(RLK_PARAMS_ARG ll::BwdDwParams p_) {
+  const float *__restrict__ dz = p_.dz;
+  const void *__restrict__ hidden = p_.hidden;
+  const i64 Vc = p_.Vc, nv = p_.nv, h_stride = p_.h_stride, c0 = p_.c0, N = p_.N, H = p_.H;
+  void *__restrict__ grad_weight = p_.grad_weight;
+  const i64 gw_stride = p_.gw_stride;
+  const i32 accumulate = p_.accumulate;
   typedef typename ll::elem<DT>::type T;
   typedef typename ll::elem<GDT>::type G;
   __shared__ float As[32][64];
@@ -126,8 +139,11 @@ __global__ void __launch_bounds__(256)
 
 template <int GDT>
 __global__ void __launch_bounds__(256)
-    linear_logprob_bwd_dh_out(const float *__restrict__ dh, i64 N, i64 H, void *__restrict__ grad_hidden,
-                              i64 gh_stride, i32 accumulate) {
+    linear_logprob_bwd_dh_out(RLK_PARAMS_ARG ll::BwdDhOutParams p_) {
+  const float *__restrict__ dh = p_.dh;
+  const i64 N = p_.N, H = p_.H, gh_stride = p_.gh_stride;
+  void *__restrict__ grad_hidden = p_.grad_hidden;
+  const i32 accumulate = p_.accumulate;
   typedef typename ll::elem<GDT>::type G;
   const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= N * H) return;

@@ -12,12 +12,22 @@
 #define RLK_LINEAR_LOGPROB_COMMON_CUH
 
 #include "rlk_prelude.cuh"
+#include "linear_logprob_params.h"
 
 #define RLK_LL_LOG2E 1.4426950408889634f
 #define RLK_LL_LN2 0.69314718055994531f
 
 namespace rlk {
 namespace ll {
+
+/* The kernels' arguments (common/linear_logprob_params.h, filled by src/ops/linear_logprob.c). */
+RLK_PARAMS_DECLARE(FwdTiledParams, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(FwdSm90Params, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(CombineParams, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdDzParams, RLK_LL_BWD_DZ_PARAMS, RLK_LL_BWD_DZ_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdDhParams, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdDwParams, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdDhOutParams, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 
 enum { DT_F16 = 1, DT_BF16 = 2 }; /* the op's dtype codes (logprob's, without f32) */
 enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
@@ -124,11 +134,14 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
  * be shorter), which says which split owns the label's logit. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
-    linear_logprob_combine(const ll::part *__restrict__ partials, i64 S, i64 N, i64 V,
-                           i64 cols_per_split, const L *__restrict__ labels, i64 label_stride,
-                           float temperature, i64 ignore_index, float *__restrict__ logp,
-                           float *__restrict__ lse, float *__restrict__ entropy,
-                           i32 *__restrict__ status) {
+    linear_logprob_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
+  const ll::part *__restrict__ partials = (const ll::part *)p_.partials;
+  const i64 S = p_.S, N = p_.N, V = p_.V, cols_per_split = p_.cols_per_split;
+  const L *__restrict__ labels = (const L *)p_.labels;
+  const i64 label_stride = p_.label_stride, ignore_index = p_.ignore_index;
+  const float temperature = p_.temperature;
+  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse, *__restrict__ entropy = p_.entropy;
+  i32 *__restrict__ status = p_.status;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= N) return;
   const float c = RLK_LL_LOG2E / temperature;

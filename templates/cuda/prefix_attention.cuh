@@ -24,9 +24,15 @@
 #define RLK_PREFIX_ATTENTION_CUH
 
 #include "rlk_prelude.cuh"
+#include "prefix_attention_params.h"
 
 namespace rlk {
 namespace pa {
+
+/* The arguments of the forward and of the backward kernels (common/prefix_attention_params.h,
+ * filled by src/ops/prefix_attention.c); a kernel unpacks the fields it reads. */
+RLK_PARAMS_DECLARE(FwdParams, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdParams, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 
 enum { DT_F16 = 0, DT_BF16 = 1 };
 constexpr float LOG2E = 1.4426950408889634f;
@@ -100,9 +106,14 @@ RLK_DEVICE float warp_sum(float x) {
 /* Forward: a warp per (query row, head); one online-softmax pass over the row's keys. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_fwd(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-              const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P, i64 T, i32 Hq, i32 Hkv,
-              float scale, void *__restrict__ out, float *__restrict__ lse) {
+    pattn_fwd(RLK_PARAMS_ARG pa::FwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v;
+  float *__restrict__ lse = p_.lse;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 P = p_.P, T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ out = p_.out;
   constexpr int W = RLK_WARP_SIZE, E = D / W;
   const int lane = (int)threadIdx.x % W;
   const i64 i = (i64)blockIdx.x * pa::PW + (i64)threadIdx.x / W;
@@ -141,11 +152,11 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
 /* Backward, step 1 (every GPU path): delta[i, h] = dO[i, h] . O[i, h], a warp per (row, head). */
 template <int DT, int D>
 __global__ void __launch_bounds__(256)
-    pattn_bwd_prep(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                   const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                   void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                   i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                   void *__restrict__ dv) {
+    pattn_bwd_prep(RLK_PARAMS_ARG pa::BwdParams p_) {
+  const void *__restrict__ o = p_.o, *__restrict__ dout = p_.dout;
+  void *__restrict__ work = p_.work;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq;
   constexpr int W = RLK_WARP_SIZE, E = D / W;
   const int lane = (int)threadIdx.x % W;
   const i64 r = (i64)blockIdx.x * (256 / W) + (i64)threadIdx.x / W;
@@ -162,11 +173,15 @@ __global__ void __launch_bounds__(256)
  * heads of the group, then rows, in order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_bwd_dkdv(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                   const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                   void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                   i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                   void *__restrict__ dv) {
+    pattn_bwd_dkdv(RLK_PARAMS_ARG pa::BwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
+  const float *__restrict__ lse = p_.lse;
+  void *__restrict__ work = p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 P = p_.P, T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ dk = p_.dk, *__restrict__ dv = p_.dv;
   constexpr int W = RLK_WARP_SIZE, E = D / W;
   const int lane = (int)threadIdx.x % W;
   const i64 j = (i64)blockIdx.x * pa::PW + (i64)threadIdx.x / W;
@@ -215,11 +230,15 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
 /* Backward dq (portable): a warp per (query row, head), its keys in the forward's order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_bwd_dq(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                 const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                 void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                 i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                 void *__restrict__ dv) {
+    pattn_bwd_dq(RLK_PARAMS_ARG pa::BwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
+  const float *__restrict__ lse = p_.lse;
+  void *__restrict__ work = p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 P = p_.P, T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ dq = p_.dq;
   constexpr int W = RLK_WARP_SIZE, E = D / W;
   const int lane = (int)threadIdx.x % W;
   const i64 i = (i64)blockIdx.x * pa::PW + (i64)threadIdx.x / W;
@@ -406,9 +425,14 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
 /* Forward (sm_80+): a block per (64-row query tile of a region, query head). */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_fwd_mma(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                  const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P, i64 T, i32 Hq, i32 Hkv,
-                  float scale, void *__restrict__ out, float *__restrict__ lse) {
+    pattn_fwd_mma(RLK_PARAMS_ARG pa::FwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v;
+  float *__restrict__ lse = p_.lse;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ out = p_.out;
   using namespace pa;
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
@@ -546,11 +570,15 @@ __global__ void __launch_bounds__(pa::THREADS)
  * dP = dO V^T, dS = P (dP - delta), dq += dS K. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_bwd_dq_mma(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                     const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                     void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                     i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                     void *__restrict__ dv) {
+    pattn_bwd_dq_mma(RLK_PARAMS_ARG pa::BwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
+  const float *__restrict__ lse = p_.lse;
+  void *__restrict__ work = p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ dq = p_.dq;
   using namespace pa;
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
@@ -680,11 +708,15 @@ RLK_DEVICE float *pa_partials(void *work, i64 T, i32 Hq) {
  * query head that pattn_bwd_reduce sums over the group's heads in order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_bwd_dkdv_mma(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                       const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                       void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                       i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                       void *__restrict__ dv) {
+    pattn_bwd_dkdv_mma(RLK_PARAMS_ARG pa::BwdParams p_) {
+  const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
+  const float *__restrict__ lse = p_.lse;
+  void *__restrict__ work = p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  void *__restrict__ dk = p_.dk, *__restrict__ dv = p_.dv;
   using namespace pa;
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
@@ -821,11 +853,11 @@ __global__ void __launch_bounds__(pa::THREADS)
  * heads in order, rounded once. A thread per element. */
 template <int DT, int D>
 __global__ void __launch_bounds__(256)
-    pattn_bwd_reduce(const void *__restrict__ q, const void *__restrict__ k, const void *__restrict__ v,
-                     const void *__restrict__ o, const void *__restrict__ dout, const float *__restrict__ lse,
-                     void *__restrict__ work, const i32 *__restrict__ seq, const i32 *__restrict__ grp, i64 P,
-                     i64 T, i32 Hq, i32 Hkv, float scale, void *__restrict__ dq, void *__restrict__ dk,
-                     void *__restrict__ dv) {
+    pattn_bwd_reduce(RLK_PARAMS_ARG pa::BwdParams p_) {
+  void *__restrict__ work = p_.work;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  void *__restrict__ dk = p_.dk, *__restrict__ dv = p_.dv;
   const i64 e = (i64)blockIdx.x * 256 + threadIdx.x, n = T * Hkv * D;
   if (e >= n) return;
   const i32 ratio = Hq / Hkv;

@@ -28,6 +28,16 @@
 
 #define RLK_DEVICE __device__ __forceinline__
 
+/* A kernel's argument struct (templates/common/<op>_params.h): `RLK_PARAMS_ARG Params p_`. On
+ * CUDA it is __grid_constant__, so the fields are read from parameter space where they are used,
+ * as separate parameters are; a plain by-value struct has NVVM load them all on entry and keep
+ * them live (linear_logprob_fwd_tiled on sm_80: 80 registers became 128 and spilled). */
+#if defined(RLK_CUDA)
+#define RLK_PARAMS_ARG const __grid_constant__
+#else
+#define RLK_PARAMS_ARG const
+#endif
+
 namespace rlk {
 
 typedef signed char i8;

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 
 #include "rlk_host_prelude.h"
+#include "linear_logprob_params.h"
+
+RLK_PARAMS_DECLARE(ll_bwd_host_params, RLK_LL_BWD_HOST_PARAMS, RLK_LL_BWD_HOST_PARAMS_SIZE);
 
 typedef RLK_P_LABELS ll_label_t;
 
@@ -31,31 +34,32 @@ static void ll_put(void *p, int dt, rlk_i64 j, double v) {
 }
 
 RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
-  const uint16_t *hidden = RLK_ARG(const uint16_t *, 0);
-  const rlk_i64 hs = RLK_ARG(rlk_i64, 1);
-  const uint16_t *weight = RLK_ARG(const uint16_t *, 2);
-  const rlk_i64 ws = RLK_ARG(rlk_i64, 3);
-  const ll_label_t *labels = RLK_ARG(const ll_label_t *, 4);
-  const rlk_i64 ls = RLK_ARG(rlk_i64, 5);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 6);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 7);
-  const rlk_i64 H = RLK_ARG(rlk_i64, 8);
-  const double T = (double)RLK_ARG(float, 9);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 10);
-  const float *lse = RLK_ARG(const float *, 11);
-  const rlk_i64 lse_s = RLK_ARG(rlk_i64, 12);
-  const float *g_lp = RLK_ARG(const float *, 13);
-  const rlk_i64 glp_s = RLK_ARG(rlk_i64, 14);
-  const float *ent = RLK_ARG(const float *, 15);
-  const rlk_i64 ent_s = RLK_ARG(rlk_i64, 16);
-  const float *g_h = RLK_ARG(const float *, 17);
-  const rlk_i64 gh_s = RLK_ARG(rlk_i64, 18);
-  void *gh = RLK_ARG(void *, 19);
-  const rlk_i64 ghs = RLK_ARG(rlk_i64, 20);
-  void *gw = RLK_ARG(void *, 21);
-  const rlk_i64 gws = RLK_ARG(rlk_i64, 22);
-  const int32_t accumulate = RLK_ARG(int32_t, 23);
-  int32_t *status = RLK_ARG(int32_t *, 24);
+  const ll_bwd_host_params *p_ = (const ll_bwd_host_params *)args[0];
+  const uint16_t *hidden = (const uint16_t *)p_->hidden;
+  const rlk_i64 hs = p_->h_stride;
+  const uint16_t *weight = (const uint16_t *)p_->weight;
+  const rlk_i64 ws = p_->w_stride;
+  const ll_label_t *labels = (const ll_label_t *)p_->labels;
+  const rlk_i64 ls = p_->label_stride;
+  const rlk_i64 N = p_->N;
+  const rlk_i64 V = p_->V;
+  const rlk_i64 H = p_->H;
+  const double T = (double)p_->temperature;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  const float *lse = p_->lse;
+  const rlk_i64 lse_s = p_->lse_s;
+  const float *g_lp = p_->g_lp;
+  const rlk_i64 glp_s = p_->glp_s;
+  const float *ent = p_->entropy;
+  const rlk_i64 ent_s = p_->ent_s;
+  const float *g_h = p_->g_ent; /* the entropy's gradient */
+  const rlk_i64 gh_s = p_->gent_s;
+  void *gh = p_->grad_hidden;
+  const rlk_i64 ghs = p_->gh_stride;
+  void *gw = p_->grad_weight;
+  const rlk_i64 gws = p_->gw_stride;
+  const int32_t accumulate = p_->accumulate;
+  int32_t *status = p_->status;
 
   double *dh = gh ? calloc((size_t)(N * H), sizeof(double)) : NULL;
   double *dw = calloc((size_t)H, sizeof(double));

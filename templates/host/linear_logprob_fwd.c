@@ -6,6 +6,9 @@
 #include <math.h>
 
 #include "rlk_host_prelude.h"
+#include "linear_logprob_params.h"
+
+RLK_PARAMS_DECLARE(ll_fwd_host_params, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_PARAMS_SIZE);
 
 typedef RLK_P_LABELS ll_label_t;
 
@@ -23,21 +26,22 @@ static double ll_dot(const uint16_t *a, const uint16_t *b, rlk_i64 H) {
 }
 
 RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
-  const uint16_t *hidden = RLK_ARG(const uint16_t *, 0);
-  const rlk_i64 h_stride = RLK_ARG(rlk_i64, 1);
-  const uint16_t *weight = RLK_ARG(const uint16_t *, 2);
-  const rlk_i64 w_stride = RLK_ARG(rlk_i64, 3);
-  const ll_label_t *labels = RLK_ARG(const ll_label_t *, 4);
-  const rlk_i64 label_stride = RLK_ARG(rlk_i64, 5);
-  const rlk_i64 N = RLK_ARG(rlk_i64, 6);
-  const rlk_i64 V = RLK_ARG(rlk_i64, 7);
-  const rlk_i64 H = RLK_ARG(rlk_i64, 8);
-  const double T = (double)RLK_ARG(float, 9);
-  const rlk_i64 ignore_index = RLK_ARG(rlk_i64, 10);
-  float *logp = RLK_ARG(float *, 11);
-  float *lse = RLK_ARG(float *, 12);
-  float *entropy = RLK_ARG(float *, 13);
-  int32_t *status = RLK_ARG(int32_t *, 14);
+  const ll_fwd_host_params *p_ = (const ll_fwd_host_params *)args[0];
+  const uint16_t *hidden = (const uint16_t *)p_->hidden;
+  const rlk_i64 h_stride = p_->h_stride;
+  const uint16_t *weight = (const uint16_t *)p_->weight;
+  const rlk_i64 w_stride = p_->w_stride;
+  const ll_label_t *labels = (const ll_label_t *)p_->labels;
+  const rlk_i64 label_stride = p_->label_stride;
+  const rlk_i64 N = p_->N;
+  const rlk_i64 V = p_->V;
+  const rlk_i64 H = p_->H;
+  const double T = (double)p_->temperature;
+  const rlk_i64 ignore_index = p_->ignore_index;
+  float *logp = p_->logp;
+  float *lse = p_->lse;
+  float *entropy = p_->entropy;
+  int32_t *status = p_->status;
 
   for (rlk_i64 i = 0; i < N; i++) {
     const uint16_t *h = hidden + i * h_stride;

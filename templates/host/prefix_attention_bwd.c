@@ -9,21 +9,24 @@
 
 #define D RLK_P_HEAD_DIM
 
+RLK_PARAMS_DECLARE(pa_bwd_params, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
+
 RLK_HOST_KERNEL rlk_pattn_bwd(void **args) {
-  const uint16_t *q = RLK_ARG(const uint16_t *, 0);
-  const uint16_t *k = RLK_ARG(const uint16_t *, 1);
-  const uint16_t *v = RLK_ARG(const uint16_t *, 2);
-  const uint16_t *dout = RLK_ARG(const uint16_t *, 4);
-  double *work = RLK_ARG(double *, 6);
-  const int32_t *seq = RLK_ARG(const int32_t *, 7);
-  const int32_t *grp = RLK_ARG(const int32_t *, 8);
-  const rlk_i64 P = RLK_ARG(rlk_i64, 9);
-  const rlk_i64 T = RLK_ARG(rlk_i64, 10);
-  const int32_t Hq = RLK_ARG(int32_t, 11), Hkv = RLK_ARG(int32_t, 12);
-  const double scale = RLK_ARG(float, 13);
-  uint16_t *dq = RLK_ARG(uint16_t *, 14);
-  uint16_t *dk = RLK_ARG(uint16_t *, 15);
-  uint16_t *dv = RLK_ARG(uint16_t *, 16);
+  const pa_bwd_params *p_ = (const pa_bwd_params *)args[0];
+  const uint16_t *q = (const uint16_t *)p_->q;
+  const uint16_t *k = (const uint16_t *)p_->k;
+  const uint16_t *v = (const uint16_t *)p_->v;
+  const uint16_t *dout = (const uint16_t *)p_->dout;
+  double *work = (double *)p_->work;
+  const int32_t *seq = p_->seq;
+  const int32_t *grp = p_->grp;
+  const rlk_i64 P = p_->P;
+  const rlk_i64 T = p_->T;
+  const int32_t Hq = p_->Hq, Hkv = p_->Hkv;
+  const double scale = p_->scale;
+  uint16_t *dq = (uint16_t *)p_->dq;
+  uint16_t *dk = (uint16_t *)p_->dk;
+  uint16_t *dv = (uint16_t *)p_->dv;
   const int32_t ratio = Hq / Hkv;
   const rlk_i64 nkv = T * Hkv * D;
   double *dk_acc = work, *dv_acc = work + nkv;

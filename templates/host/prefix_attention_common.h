@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "rlk_host_prelude.h"
+#include "prefix_attention_params.h"
 
 /* Element dtype codes: the indices of the op's dtype names. */
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };

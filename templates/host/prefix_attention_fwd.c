@@ -6,17 +6,20 @@
 
 #define D RLK_P_HEAD_DIM
 
+RLK_PARAMS_DECLARE(pa_fwd_params, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
+
 RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
-  const uint16_t *q = RLK_ARG(const uint16_t *, 0);
-  const uint16_t *k = RLK_ARG(const uint16_t *, 1);
-  const uint16_t *v = RLK_ARG(const uint16_t *, 2);
-  const int32_t *seq = RLK_ARG(const int32_t *, 3);
-  const int32_t *grp = RLK_ARG(const int32_t *, 4);
-  const rlk_i64 P = RLK_ARG(rlk_i64, 5);
-  const int32_t Hq = RLK_ARG(int32_t, 7), Hkv = RLK_ARG(int32_t, 8);
-  const double scale = RLK_ARG(float, 9);
-  uint16_t *out = RLK_ARG(uint16_t *, 10);
-  float *lse = RLK_ARG(float *, 11);
+  const pa_fwd_params *p_ = (const pa_fwd_params *)args[0];
+  const uint16_t *q = (const uint16_t *)p_->q;
+  const uint16_t *k = (const uint16_t *)p_->k;
+  const uint16_t *v = (const uint16_t *)p_->v;
+  const int32_t *seq = p_->seq;
+  const int32_t *grp = p_->grp;
+  const rlk_i64 P = p_->P;
+  const int32_t Hq = p_->Hq, Hkv = p_->Hkv;
+  const double scale = p_->scale;
+  uint16_t *out = (uint16_t *)p_->out;
+  float *lse = p_->lse;
   const int32_t ratio = Hq / Hkv;
 
   for (rlk_i64 p = 0; p < P; p++) {

@@ -1,0 +1,170 @@
+/* linear_logprob_params.h - the arguments of the linear_logprob kernels (templates/cuda/
+ * linear_logprob*.cuh, templates/host/linear_logprob_*.c), filled by src/ops/linear_logprob.c.
+ * hidden [N, H] and weight [V, H] in the spec's 16-bit dtype with row strides h_stride and
+ * w_stride; labels of the spec's label dtype; status NULL or an i32 of bits; 4-byte scalars last.
+ *   fwd_host   the host forward: logp, lse, entropy per row (lse, entropy may be NULL)
+ *   fwd_tiled  the portable GEMM: a record per (split, row) into partials [splits][N]
+ *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
+ *   combine    partials [S][N] -> logp, lse, entropy
+ *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes
+ *   bwd_dz     dz [N][Vc] of columns [c0, c0 + Vc): g_lp, g_ent the logp and entropy gradients,
+ *              lse and entropy the forward's (entropy only with g_ent), each with its stride
+ *   bwd_dh     dh [N][H] (f32) = beta dh + dz [:, :nv] W[c0 : c0 + nv]
+ *   bwd_dw     grad_weight[c0 + v] (+)= dz[:, v]^T h for v < nv
+ *   bwd_dh_out grad_hidden (+)= dh */
+#ifndef RLK_LINEAR_LOGPROB_PARAMS_H
+#define RLK_LINEAR_LOGPROB_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_LL_FWD_HOST_PARAMS(F, S_) \
+  F(S_, const void *, hidden, 0)      \
+  F(S_, long long, h_stride, 8)       \
+  F(S_, const void *, weight, 16)     \
+  F(S_, long long, w_stride, 24)      \
+  F(S_, const void *, labels, 32)     \
+  F(S_, long long, label_stride, 40)  \
+  F(S_, long long, N, 48)             \
+  F(S_, long long, V, 56)             \
+  F(S_, long long, H, 64)             \
+  F(S_, long long, ignore_index, 72)  \
+  F(S_, float *, logp, 80)            \
+  F(S_, float *, lse, 88)             \
+  F(S_, float *, entropy, 96)         \
+  F(S_, int *, status, 104)           \
+  F(S_, float, temperature, 112)
+#define RLK_LL_FWD_HOST_PARAMS_SIZE 120
+
+#define RLK_LL_FWD_TILED_PARAMS(F, S_) \
+  F(S_, const void *, hidden, 0)       \
+  F(S_, long long, h_stride, 8)        \
+  F(S_, const void *, weight, 16)      \
+  F(S_, long long, w_stride, 24)       \
+  F(S_, const void *, labels, 32)      \
+  F(S_, long long, label_stride, 40)   \
+  F(S_, long long, N, 48)              \
+  F(S_, long long, V, 56)              \
+  F(S_, long long, H, 64)              \
+  F(S_, long long, cols_per_split, 72) \
+  F(S_, void *, partials, 80)          \
+  F(S_, float, temperature, 88)
+#define RLK_LL_FWD_TILED_PARAMS_SIZE 96
+
+#define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
+  F(S_, const void *, labels, 0)       \
+  F(S_, long long, label_stride, 8)    \
+  F(S_, long long, N, 16)              \
+  F(S_, long long, V, 24)              \
+  F(S_, long long, H, 32)              \
+  F(S_, long long, cols_per_split, 40) \
+  F(S_, void *, partials, 48)          \
+  F(S_, float, temperature, 56)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 64
+
+#define RLK_LL_COMBINE_PARAMS(F, S_)   \
+  F(S_, const void *, partials, 0)     \
+  F(S_, long long, S, 8)               \
+  F(S_, long long, N, 16)              \
+  F(S_, long long, V, 24)              \
+  F(S_, long long, cols_per_split, 32) \
+  F(S_, const void *, labels, 40)      \
+  F(S_, long long, label_stride, 48)   \
+  F(S_, long long, ignore_index, 56)   \
+  F(S_, float *, logp, 64)             \
+  F(S_, float *, lse, 72)              \
+  F(S_, float *, entropy, 80)          \
+  F(S_, int *, status, 88)             \
+  F(S_, float, temperature, 96)
+#define RLK_LL_COMBINE_PARAMS_SIZE 104
+
+#define RLK_LL_BWD_HOST_PARAMS(F, S_) \
+  F(S_, const void *, hidden, 0)      \
+  F(S_, long long, h_stride, 8)       \
+  F(S_, const void *, weight, 16)     \
+  F(S_, long long, w_stride, 24)      \
+  F(S_, const void *, labels, 32)     \
+  F(S_, long long, label_stride, 40)  \
+  F(S_, long long, N, 48)             \
+  F(S_, long long, V, 56)             \
+  F(S_, long long, H, 64)             \
+  F(S_, long long, ignore_index, 72)  \
+  F(S_, const float *, lse, 80)       \
+  F(S_, long long, lse_s, 88)         \
+  F(S_, const float *, g_lp, 96)      \
+  F(S_, long long, glp_s, 104)        \
+  F(S_, const float *, entropy, 112)  \
+  F(S_, long long, ent_s, 120)        \
+  F(S_, const float *, g_ent, 128)    \
+  F(S_, long long, gent_s, 136)       \
+  F(S_, void *, grad_hidden, 144)     \
+  F(S_, long long, gh_stride, 152)    \
+  F(S_, void *, grad_weight, 160)     \
+  F(S_, long long, gw_stride, 168)    \
+  F(S_, int *, status, 176)           \
+  F(S_, float, temperature, 184)      \
+  F(S_, int, accumulate, 188)
+#define RLK_LL_BWD_HOST_PARAMS_SIZE 192
+
+#define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
+  F(S_, const void *, hidden, 0)      \
+  F(S_, long long, h_stride, 8)       \
+  F(S_, const void *, weight, 16)     \
+  F(S_, long long, w_stride, 24)      \
+  F(S_, const void *, labels, 32)     \
+  F(S_, long long, label_stride, 40)  \
+  F(S_, long long, N, 48)             \
+  F(S_, long long, V, 56)             \
+  F(S_, long long, H, 64)             \
+  F(S_, long long, ignore_index, 72)  \
+  F(S_, const float *, lse, 80)       \
+  F(S_, long long, lse_s, 88)         \
+  F(S_, const float *, g_lp, 96)      \
+  F(S_, long long, glp_s, 104)        \
+  F(S_, const float *, entropy, 112)  \
+  F(S_, long long, ent_s, 120)        \
+  F(S_, const float *, g_ent, 128)    \
+  F(S_, long long, gent_s, 136)       \
+  F(S_, long long, c0, 144)           \
+  F(S_, long long, Vc, 152)           \
+  F(S_, float *, dz, 160)             \
+  F(S_, int *, status, 168)           \
+  F(S_, float, temperature, 176)
+#define RLK_LL_BWD_DZ_PARAMS_SIZE 184
+
+#define RLK_LL_BWD_DH_PARAMS(F, S_) \
+  F(S_, const float *, dz, 0)       \
+  F(S_, long long, Vc, 8)           \
+  F(S_, long long, nv, 16)          \
+  F(S_, const void *, weight, 24)   \
+  F(S_, long long, w_stride, 32)    \
+  F(S_, long long, c0, 40)          \
+  F(S_, long long, N, 48)           \
+  F(S_, long long, H, 56)           \
+  F(S_, float *, dh, 64)            \
+  F(S_, float, beta, 72)
+#define RLK_LL_BWD_DH_PARAMS_SIZE 80
+
+#define RLK_LL_BWD_DW_PARAMS(F, S_)  \
+  F(S_, const float *, dz, 0)        \
+  F(S_, long long, Vc, 8)            \
+  F(S_, long long, nv, 16)           \
+  F(S_, const void *, hidden, 24)    \
+  F(S_, long long, h_stride, 32)     \
+  F(S_, long long, c0, 40)           \
+  F(S_, long long, N, 48)            \
+  F(S_, long long, H, 56)            \
+  F(S_, void *, grad_weight, 64)     \
+  F(S_, long long, gw_stride, 72)    \
+  F(S_, int, accumulate, 80)
+#define RLK_LL_BWD_DW_PARAMS_SIZE 88
+
+#define RLK_LL_BWD_DH_OUT_PARAMS(F, S_) \
+  F(S_, const float *, dh, 0)           \
+  F(S_, long long, N, 8)                \
+  F(S_, long long, H, 16)               \
+  F(S_, void *, grad_hidden, 24)        \
+  F(S_, long long, gh_stride, 32)       \
+  F(S_, int, accumulate, 40)
+#define RLK_LL_BWD_DH_OUT_PARAMS_SIZE 48
+
+#endif

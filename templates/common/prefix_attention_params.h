@@ -1,0 +1,47 @@
+/* prefix_attention_params.h - the arguments of the prefix_attention kernels (templates/cuda/
+ * prefix_attention.cuh, templates/host/prefix_attention_*.c), filled by src/ops/prefix_attention.c.
+ * One struct per pass, shared by every kernel of the pass (portable, mma and host). q, out, dout,
+ * dq [T, Hq, D]; k, v, dk, dv [T, Hkv, D] in the spec's 16-bit dtype; lse [T, Hq] f32 (NULL: not
+ * written by the forward); seq [S + 1] and grp [P + 1] the packed layout's offsets; scale already
+ * resolved (never 0); work the backward's workspace; 4-byte scalars last. */
+#ifndef RLK_PREFIX_ATTENTION_PARAMS_H
+#define RLK_PREFIX_ATTENTION_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_PA_FWD_PARAMS(F, S_) \
+  F(S_, const void *, q, 0)      \
+  F(S_, const void *, k, 8)      \
+  F(S_, const void *, v, 16)     \
+  F(S_, const int *, seq, 24)    \
+  F(S_, const int *, grp, 32)    \
+  F(S_, long long, P, 40)        \
+  F(S_, long long, T, 48)        \
+  F(S_, void *, out, 56)         \
+  F(S_, float *, lse, 64)        \
+  F(S_, int, Hq, 72)             \
+  F(S_, int, Hkv, 76)            \
+  F(S_, float, scale, 80)
+#define RLK_PA_FWD_PARAMS_SIZE 88
+
+#define RLK_PA_BWD_PARAMS(F, S_)  \
+  F(S_, const void *, q, 0)       \
+  F(S_, const void *, k, 8)       \
+  F(S_, const void *, v, 16)      \
+  F(S_, const void *, o, 24)      \
+  F(S_, const void *, dout, 32)   \
+  F(S_, const float *, lse, 40)   \
+  F(S_, void *, work, 48)         \
+  F(S_, const int *, seq, 56)     \
+  F(S_, const int *, grp, 64)     \
+  F(S_, long long, P, 72)         \
+  F(S_, long long, T, 80)         \
+  F(S_, void *, dq, 88)           \
+  F(S_, void *, dk, 96)           \
+  F(S_, void *, dv, 104)          \
+  F(S_, int, Hq, 112)             \
+  F(S_, int, Hkv, 116)            \
+  F(S_, float, scale, 120)
+#define RLK_PA_BWD_PARAMS_SIZE 128
+
+#endif

@@ -1,0 +1,1 @@
+../common/linear_logprob_params.h

@@ -1,0 +1,1 @@
+../common/prefix_attention_params.h
