@@ -267,9 +267,9 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
     const int n = left <= 0 ? 0 : (left >= K ? K : (int)left);
     TS rv[K], vv[K];
     bool m[K];
-    seq::load_vals<TS, K>(r + (n ? t0 : 0), n, vec, rv);
+    seq::load_vals<TS, K, true>(r + (n ? t0 : 0), n, vec, rv);
     if (FAMILY == FAMILY_GAE) {
-      seq::load_vals<TS, K>(v + (n ? t0 : 0), n, vec, vv);
+      seq::load_vals<TS, K, true>(v + (n ? t0 : 0), n, vec, vv);
     } else {
 #pragma unroll
       for (int j = 0; j < K; ++j) vv[j] = TS(0);
@@ -332,7 +332,7 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
  * ALGO_WARP: blockDim.x / warp rows per block; ALGO_BLOCK: one row per block. Rows are
  * grid-strided with block-uniform (ALGO_BLOCK) or warp-uniform (ALGO_WARP) loops. */
 template <typename TS, int FAMILY, int ALGO>
-__global__ void advantage_scan(const as::Params p_) {
+__global__ void advantage_scan(RLK_PARAMS_ARG as::Params p_) {
   const TS *__restrict__ x0 = (const TS *)p_.x0, *__restrict__ x1 = (const TS *)p_.x1;
   const i64 s0 = p_.s0, s1 = p_.s1, ms = p_.ms, os0 = p_.os0, os1 = p_.os1, B = p_.B, T = p_.T;
   const void *__restrict__ mask = p_.mask;
@@ -363,7 +363,7 @@ __global__ void advantage_scan(const as::Params p_) {
     TS *out0 = o0 + row * os0;
     TS *out1 = o1 ? o1 + row * os1 : nullptr;
     const i64 m0 = row * ms;
-    const TS base = baseline ? baseline[row] : TS(0);
+    const TS base = baseline ? ld_ro(baseline + row) : TS(0);
     bool vec = is_aligned<16>(r) && is_aligned<16>(v) && is_aligned<16>(out0) &&
                (!out1 || is_aligned<16>(out1));
     if (mb) vec = vec && seq::mask_vec_ok<K>(mask, mask_kind, m0);

@@ -21,11 +21,19 @@ template <typename TS> struct group {
   static constexpr int size = 32 / (int)sizeof(TS);
 };
 
-/* Is the mask element i a valid position? */
+/* *p, through the read-only path when RO (memory no thread of the kernel writes: ld_ro). */
+template <bool RO, typename T> RLK_DEVICE T rd(const T *p) {
+  if constexpr (RO)
+    return ld_ro(p);
+  else
+    return *p;
+}
+
+/* Is the mask element i a valid position? (A mask is never written: read-only loads.) */
 RLK_DEVICE bool valid_at(const void *mask, int kind, i64 i) {
-  if (kind == MASK_BOOL) return ((const u8 *)mask)[i] != 0;
-  if (kind == MASK_I32) return ((const i32 *)mask)[i] != 0;
-  if (kind == MASK_F32) return (((const u32 *)mask)[i] << 1) != 0u;
+  if (kind == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0;
+  if (kind == MASK_I32) return ld_ro((const i32 *)mask + i) != 0;
+  if (kind == MASK_F32) return (ld_ro((const u32 *)mask + i) << 1) != 0u;
   return true;
 }
 
@@ -54,16 +62,16 @@ RLK_DEVICE void load_valid(const void *mask, int kind, i64 i, int n, bool vec, b
     if (kind == MASK_BOOL) {
       u64 q;
       if (K == 8)
-        q = *(const u64 *)((const u8 *)mask + i);
+        q = ld_ro((const u64 *)((const u8 *)mask + i));
       else
-        q = *(const u32 *)((const u8 *)mask + i);
+        q = ld_ro((const u32 *)((const u8 *)mask + i));
 #pragma unroll
       for (int j = 0; j < K; ++j) m[j] = ((q >> (8 * j)) & 0xffu) != 0;
     } else {
       const u32 shift = kind == MASK_F32 ? 1u : 0u;
 #pragma unroll
       for (int c = 0; c < K / 4; ++c) {
-        const i32x4 q = *(const i32x4 *)((const i32 *)mask + i + 4 * c);
+        const i32x4 q = ld_ro((const i32x4 *)((const i32 *)mask + i + 4 * c));
         m[4 * c + 0] = ((u32)q.x << shift) != 0u;
         m[4 * c + 1] = ((u32)q.y << shift) != 0u;
         m[4 * c + 2] = ((u32)q.z << shift) != 0u;
@@ -76,15 +84,15 @@ RLK_DEVICE void load_valid(const void *mask, int kind, i64 i, int n, bool vec, b
   for (int j = 0; j < K; ++j) m[j] = j < n ? valid_at(mask, kind, i + j) : false;
 }
 
-RLK_DEVICE void load16(const float *p, float *v) {
-  const f32x4 q = *(const f32x4 *)p;
+template <bool RO> RLK_DEVICE void load16(const float *p, float *v) {
+  const f32x4 q = rd<RO>((const f32x4 *)p);
   v[0] = q.x;
   v[1] = q.y;
   v[2] = q.z;
   v[3] = q.w;
 }
-RLK_DEVICE void load16(const double *p, double *v) {
-  const f64x2 q = *(const f64x2 *)p;
+template <bool RO> RLK_DEVICE void load16(const double *p, double *v) {
+  const f64x2 q = rd<RO>((const f64x2 *)p);
   v[0] = q.x;
   v[1] = q.y;
 }
@@ -96,15 +104,16 @@ RLK_DEVICE void store16(double *p, const double *v) {
   *(f64x2 *)p = q;
 }
 
-/* K values from p: the first n real (vector loads when `vec` and the group is whole), the rest 0. */
-template <typename TS, int K> RLK_DEVICE void load_vals(const TS *p, int n, bool vec, TS v[K]) {
+/* K values from p: the first n real (vector loads when `vec` and the group is whole), the rest 0.
+ * RO: p is read-only for the kernel (read-only loads; not where an output may alias it). */
+template <typename TS, int K, bool RO> RLK_DEVICE void load_vals(const TS *p, int n, bool vec, TS v[K]) {
   constexpr int per = 16 / (int)sizeof(TS);
   if (vec && n == K) {
 #pragma unroll
-    for (int c = 0; c < K / per; ++c) load16(p + c * per, v + c * per);
+    for (int c = 0; c < K / per; ++c) load16<RO>(p + c * per, v + c * per);
   } else {
 #pragma unroll
-    for (int j = 0; j < K; ++j) v[j] = j < n ? p[j] : TS(0);
+    for (int j = 0; j < K; ++j) v[j] = j < n ? rd<RO>(p + j) : TS(0);
   }
 }
 

@@ -33,9 +33,10 @@ enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
 
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
-  if (MASK == MASK_I32) return (float)((const i32 *)mask)[i];
-  if (MASK == MASK_F32) return ((const float *)mask)[i];
+  /* a mask is never written: read-only loads (ld_ro) */
+  if (MASK == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == MASK_F32) return ld_ro((const float *)mask + i);
   return 1.0f;
 }
 
@@ -106,15 +107,16 @@ template <int SEG, typename T, typename Op> RLK_DEVICE T group_reduce(T v, T *sc
 template <typename TS> RLK_DEVICE bool scorable(TS s, bool nan_skip) { return !nan_skip || s == s; }
 
 /* Four consecutive rewards from a 16-byte aligned address. */
+/* (Token rewards: read-only for the kernel that sums them.) */
 RLK_DEVICE void load4(const float *p, float v[4]) {
-  const f32x4 q = *(const f32x4 *)p;
+  const f32x4 q = ld_ro((const f32x4 *)p);
   v[0] = q.x;
   v[1] = q.y;
   v[2] = q.z;
   v[3] = q.w;
 }
 RLK_DEVICE void load4(const double *p, double v[4]) {
-  const f64x2 a = ((const f64x2 *)p)[0], b = ((const f64x2 *)p)[1];
+  const f64x2 a = ld_ro((const f64x2 *)p), b = ld_ro((const f64x2 *)p + 1);
   v[0] = a.x;
   v[1] = a.y;
   v[2] = b.x;
@@ -136,17 +138,17 @@ template <int MASK> RLK_DEVICE bool mask_vec_ok(const void *mask, i64 i) {
 /* Four mask weights from element i (mask_vec_ok holds). */
 template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
   if (MASK == MASK_BOOL) {
-    const u32 q = *(const u32 *)((const u8 *)mask + i);
+    const u32 q = ld_ro((const u32 *)((const u8 *)mask + i));
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
   } else if (MASK == MASK_I32) {
-    const i32x4 q = *(const i32x4 *)((const i32 *)mask + i);
+    const i32x4 q = ld_ro((const i32x4 *)((const i32 *)mask + i));
     w[0] = (float)q.x;
     w[1] = (float)q.y;
     w[2] = (float)q.z;
     w[3] = (float)q.w;
   } else if (MASK == MASK_F32) {
-    const f32x4 q = *(const f32x4 *)((const float *)mask + i);
+    const f32x4 q = ld_ro((const f32x4 *)((const float *)mask + i));
     w[0] = q.x;
     w[1] = q.y;
     w[2] = q.z;
@@ -168,7 +170,7 @@ template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
  * by block_sum. Aligned rows load a chunk with vector loads, others element by element, in the
  * same order: the result depends only on the values and blockDim.x. Accumulates in TS. */
 template <typename TS, int MASK>
-__global__ void group_advantage_rowsum(const ga::RowsumParams p_) {
+__global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga::RowsumParams p_) {
   const TS *__restrict__ rewards = (const TS *)p_.rewards;
   const void *__restrict__ mask = p_.mask;
   TS *__restrict__ out = (TS *)p_.out;
@@ -193,7 +195,7 @@ __global__ void group_advantage_rowsum(const ga::RowsumParams p_) {
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            v[u][j] = t + j < T ? r[t + j] : TS(0);
+            v[u][j] = t + j < T ? ld_ro(r + t + j) : TS(0);
             w[u][j] = t + j < T ? ga::mask_at<MASK>(mask, m0 + t + j) : 0.0f;
           }
         }
@@ -229,7 +231,7 @@ __global__ void group_advantage_rowsum(const ga::RowsumParams p_) {
  * With nan_unscorable a NaN score is left out of every sum and count and its advantage is 0;
  * n is then the group's scorable members. */
 template <typename TS, int MODE, int G, int SEG, int OFFSETS>
-__global__ void group_advantage_group(const ga::GroupParams p_) {
+__global__ void group_advantage_group(RLK_PARAMS_ARG ga::GroupParams p_) {
   const TS *scores = (const TS *)p_.scores;
   const TS *weights = (const TS *)p_.weights;
   float *adv = p_.adv;
@@ -382,7 +384,7 @@ __global__ void group_advantage_group(const ga::GroupParams p_) {
  * 4-element chunks a blockDim.x apart (16-byte stores where the row is aligned), loading their
  * mask values first; tiles of chunks over grid.x, rows over grid.y, both strided. */
 template <int MASK>
-__global__ void group_advantage_broadcast(const ga::BroadcastParams p_) {
+__global__ void group_advantage_broadcast(RLK_PARAMS_ARG ga::BroadcastParams p_) {
   const float *__restrict__ adv = p_.adv;
   const void *__restrict__ mask = p_.mask;
   float *__restrict__ out = p_.out;
@@ -391,7 +393,7 @@ __global__ void group_advantage_broadcast(const ga::BroadcastParams p_) {
   const i64 bd = blockDim.x;
   const i64 tile = RLK_GA_UNROLL * bd;
   for (i64 row = blockIdx.y; row < B; row += gridDim.y) {
-    const float a = adv[row];
+    const float a = ld_ro(adv + row);
     float *o = out + row * out_stride;
     const i64 m0 = row * mask_stride;
     const bool vec = is_aligned<16>(o) && ga::mask_vec_ok<MASK>(mask, m0);

@@ -123,8 +123,9 @@ template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, fl
   p.q = ENTROPY ? q0 + q1 : 0.0f;
 }
 
+/* (Labels are never written by these kernels: a read-only load.) */
 template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 stride) {
-  return (i64)labels[row * stride];
+  return (i64)ld_ro(labels + row * stride);
 }
 
 } /* namespace ll */

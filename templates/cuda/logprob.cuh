@@ -23,7 +23,7 @@ namespace rlk {
  * warps of a block); lane 0 of the segment writes the row. */
 template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_fwd(const lp::FwdParams p_) {
+    logprob_fwd(RLK_PARAMS_ARG lp::FwdParams p_) {
   const void *__restrict__ logits = p_.logits;
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
@@ -150,7 +150,7 @@ template <bool ENTROPY> RLK_DEVICE float grad_of(float x, float c, const bwd_row
  * labels index (the one-hot term only where the label falls in them); 0: vocab_start is 0. */
 template <int DT, int GRAD, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_bwd(const lp::BwdParams p_) {
+    logprob_bwd(RLK_PARAMS_ARG lp::BwdParams p_) {
   const void *logits = p_.logits;
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
@@ -195,14 +195,14 @@ __global__ void __launch_bounds__(BLOCK)
       k.mode = 2;
       if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
     } else {
-      const float l = lse[row * lse_stride];
-      const float gl = grad_logp ? grad_logp[row * grad_logp_stride] : 0.0f;
+      const float l = ld_ro(lse + row * lse_stride);
+      const float gl = grad_logp ? ld_ro(grad_logp + row * grad_logp_stride) : 0.0f;
       k.l2 = l * RLK_LP_LOG2E;
       k.gy = gl / temperature;
       k.a = -gl / temperature;
       if (ENTROPY) {
-        const float gh = grad_entropy[row * grad_entropy_stride];
-        const float ez = l - entropy[row * entropy_stride];
+        const float gh = ld_ro(grad_entropy + row * grad_entropy_stride);
+        const float ez = l - ld_ro(entropy + row * entropy_stride);
         k.a = (gh * ez - gl) / temperature;
         k.b = -gh / (temperature * temperature);
       }

@@ -254,8 +254,9 @@ template <int W, bool ENTROPY> RLK_DEVICE state segment_merge(state st, float c)
 }
 
 /* The label of a row as a 64-bit integer. */
+/* (Labels are never written by a log-prob kernel: a read-only load.) */
 template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 stride) {
-  return (i64)labels[row * stride];
+  return (i64)ld_ro(labels + row * stride);
 }
 
 /* A row's log-prob of label y from its merged state, `xy` the raw logit at y; ln_s = log(st.s). */

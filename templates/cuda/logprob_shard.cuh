@@ -33,7 +33,7 @@ struct alignas(16) record {
  * Ignored rows and labels outside the shard get t = +inf (absent). */
 template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
 __global__ void __launch_bounds__(BLOCK)
-    logprob_fwd_shard(const lp::ShardParams p_) {
+    logprob_fwd_shard(RLK_PARAMS_ARG lp::ShardParams p_) {
   const void *__restrict__ logits = p_.logits;
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(BLOCK)
 /* The combine: row i's records are partials[r * N + i], r = 0 .. P-1, merged in that order. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
-    logprob_combine(const lp::CombineParams p_) {
+    logprob_combine(RLK_PARAMS_ARG lp::CombineParams p_) {
   const lp::record *__restrict__ partials = (const lp::record *)p_.partials;
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 P = p_.P, N = p_.N, label_stride = p_.label_stride, ignore_index = p_.ignore_index;
@@ -99,11 +99,11 @@ __global__ void __launch_bounds__(256)
   for (i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x; row < N;
        row += (i64)gridDim.x * blockDim.x) {
     float M = -inf;
-    for (i64 r = 0; r < P; ++r) M = fmaxf(M, partials[r * N + row].m);
+    for (i64 r = 0; r < P; ++r) M = fmaxf(M, ld_ro(&partials[r * N + row].m));
     float S = 0.0f, U = 0.0f, t = 0.0f;
     int owners = 0;
     for (i64 r = 0; r < P; ++r) {
-      const record p = partials[r * N + row];
+      const record p = ld_ro(partials + r * N + row);
       if (p.s != 0.0f) { /* an empty shard adds nothing (and no -inf - -inf) */
         const float d = p.m - M;
         const float f = expf(d);

@@ -28,7 +28,7 @@ template <int CWARPS, int UNROLL, int STAGES> struct lp_bulk_smem {
 
 template <int DT, typename L, int CWARPS, int UNROLL, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__((CWARPS + 1) * 32)
-    logprob_fwd_bulk(const lp::FwdParams p_) {
+    logprob_fwd_bulk(RLK_PARAMS_ARG lp::FwdParams p_) {
 #if defined(RLK_HAS_BULK_COPY)
   const void *__restrict__ logits = p_.logits;
   const L *__restrict__ labels = (const L *)p_.labels;
@@ -146,7 +146,7 @@ template <int ROWS, int NBOX, int STAGES> struct lp_tma_smem {
  * field lists hold only types every side spells alike (the host side has no tensor maps). */
 template <int DT, typename L, int ROWS, int NBOX, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__((ROWS + 1) * 32)
-    logprob_fwd_tma(const __grid_constant__ tensor_map map, const lp::FwdParams p_) {
+    logprob_fwd_tma(const __grid_constant__ tensor_map map, RLK_PARAMS_ARG lp::FwdParams p_) {
 #if defined(RLK_HAS_BULK_COPY)
   const void *__restrict__ logits = p_.logits;
   const L *__restrict__ labels = (const L *)p_.labels;

@@ -51,8 +51,9 @@ RLK_DEVICE stat merge(const stat &a, const stat &b) {
 }
 
 /* The K elements of flat index i0 (and their valid flags: false past the end); writes the
- * row/column of the group's first element and whether it lies in one row. */
-template <typename TS, int K>
+ * row/column of the group's first element and whether it lies in one row. RO: x is read-only
+ * for the kernel (the statistics; the transform may run in place). */
+template <typename TS, int K, bool RO>
 RLK_DEVICE void load_group(const TS *x, i64 xs, const void *mask, i64 ms, int kind, i64 B, i64 T,
                            i64 i0, TS v[K], bool m[K], i64 *b0, i64 *t0, bool *one_row) {
   const i64 total = B * T;
@@ -63,7 +64,7 @@ RLK_DEVICE void load_group(const TS *x, i64 xs, const void *mask, i64 ms, int ki
   if (*one_row) {
     const TS *p = x + b * xs + t;
     const bool vec = is_aligned<16>(p) && seq::mask_vec_ok<K>(mask, kind, b * ms + t);
-    seq::load_vals<TS, K>(p, K, vec, v);
+    seq::load_vals<TS, K, RO>(p, K, vec, v);
     seq::load_valid<K>(mask, kind, b * ms + t, K, vec, m);
     return;
   }
@@ -74,7 +75,7 @@ RLK_DEVICE void load_group(const TS *x, i64 xs, const void *mask, i64 ms, int ki
         t = 0;
         ++b;
       }
-      v[j] = x[b * xs + t];
+      v[j] = seq::rd<RO>(x + b * xs + t);
       m[j] = seq::valid_at(mask, kind, b * ms + t);
       ++t;
     } else {
@@ -115,7 +116,7 @@ RLK_DEVICE void finish(const stat &a, double eps, double count_eps, int flags, d
 /* Partial statistics of the valid elements: block g covers the flat chunks of blockDim.x * K
  * elements g, g + gridDim.x, ...; partials[3 g + {0, 1, 2}] = count, mean, M2. */
 template <typename TS>
-__global__ void masked_whiten_stats(const mw::StatsParams p_) {
+__global__ void masked_whiten_stats(RLK_PARAMS_ARG mw::StatsParams p_) {
   const TS *__restrict__ x = (const TS *)p_.x;
   const void *__restrict__ mask = p_.mask;
   const i64 xs = p_.xs, ms = p_.ms, B = p_.B, T = p_.T;
@@ -134,7 +135,7 @@ __global__ void masked_whiten_stats(const mw::StatsParams p_) {
     bool m[K];
     i64 b0, t0;
     bool one_row;
-    mw::load_group<TS, K>(x, xs, mask, ms, mask_kind, B, T, c * chunk + (i64)threadIdx.x * K, v, m,
+    mw::load_group<TS, K, true>(x, xs, mask, ms, mask_kind, B, T, c * chunk + (i64)threadIdx.x * K, v, m,
                           &b0, &t0, &one_row);
     double cnt = 0.0, sum = 0.0;
 #pragma unroll
@@ -181,7 +182,7 @@ __global__ void masked_whiten_stats(const mw::StatsParams p_) {
  * in order, then a shuffle-down tree), so every block derives bitwise the same mean and rstd;
  * block 0 writes them to `stats` (may be NULL). Flags: mw::FLAG_*. */
 template <typename TS>
-__global__ void masked_whiten_apply(const mw::ApplyParams p_) {
+__global__ void masked_whiten_apply(RLK_PARAMS_ARG mw::ApplyParams p_) {
   const TS *x = (const TS *)p_.x;
   const void *mask = p_.mask;
   TS *out = (TS *)p_.out;
@@ -233,7 +234,7 @@ __global__ void masked_whiten_apply(const mw::ApplyParams p_) {
     bool m[K];
     i64 b0, t0;
     bool one_row;
-    mw::load_group<TS, K>(x, xs, mask, ms, mask_kind, B, T, i0, v, m, &b0, &t0, &one_row);
+    mw::load_group<TS, K, false>(x, xs, mask, ms, mask_kind, B, T, i0, v, m, &b0, &t0, &one_row);
 #pragma unroll
     for (int j = 0; j < K; ++j) {
       TS w = (v[j] - mean) * rstd;

@@ -382,7 +382,7 @@ struct Op {
  * number of items) is sized by the host from the device's multiprocessors. */
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, int LAYOUT, int MASK, bool ADVSEQ,
           int ENT, bool ISW, bool SEQGRAD>
-__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(const pl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(RLK_PARAMS_ARG pl::Params a) {
   typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
   __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
   __shared__ T sh2[O::NPRE * RLK_MAX_WARPS];
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_los
 
 /* The mask count pass (token-mean without a normalizer): per-block counts. */
 template <int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(const pl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(RLK_PARAMS_ARG pl::Params a) {
   __shared__ double sh[RLK_MAX_WARPS];
   tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
@@ -405,7 +405,7 @@ struct PolicyReduceKinds {
   }
 };
 
-template <typename T> __global__ void policy_loss_reduce(const pl::Params a) {
+template <typename T> __global__ void policy_loss_reduce(RLK_PARAMS_ARG pl::Params a) {
   __shared__ double sh[pl::NACC * RLK_MAX_WARPS];
   double s[pl::NACC];
   const double c = tl::grad_scale(a.norm, a.c_grad, sh);

@@ -60,6 +60,38 @@ struct alignas(16) f64x2 {
   double x, y;
 };
 
+/* A load of memory that no thread of the kernel writes, through the read-only (non-coherent)
+ * path: what a `const T *__restrict__` kernel parameter gets from the compiler, which a pointer
+ * read out of an argument struct does not (the promise is lost with the parameter). T is 1, 4,
+ * 8 or 16 bytes, naturally aligned. HIP: a plain load. */
+template <typename T> RLK_DEVICE T ld_ro(const T *p) {
+#if defined(RLK_CUDA)
+  static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "ld_ro: size");
+  union {
+    T v;
+    u32 w[sizeof(T) >= 4 ? sizeof(T) / 4 : 1];
+    u64 d;
+    u8 b;
+  } u;
+  if constexpr (sizeof(T) == 16) {
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.w[0]), "=r"(u.w[1]), "=r"(u.w[2]), "=r"(u.w[3])
+        : "l"(p));
+  } else if constexpr (sizeof(T) == 8) {
+    asm("ld.global.nc.u64 %0, [%1];" : "=l"(u.d) : "l"(p));
+  } else if constexpr (sizeof(T) == 4) {
+    asm("ld.global.nc.u32 %0, [%1];" : "=r"(u.w[0]) : "l"(p));
+  } else {
+    u32 w;
+    asm("ld.global.nc.u8 %0, [%1];" : "=r"(w) : "l"(p));
+    u.b = (u8)w;
+  }
+  return u.v;
+#else
+  return *p;
+#endif
+}
+
 /* One 16-byte store of four floats to a 16-byte aligned global address. */
 RLK_DEVICE void store4(float *p, float a, float b, float c, float d) {
 #if defined(RLK_CUDA)

@@ -670,7 +670,7 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
 
 /* The one argument of both sampling kernels (common/sample_params.h, filled by
  * src/ops/sample.c), and its fields as the kernels' typed locals (TOK: the token type). */
-#define RLK_SMP_KERNEL_PARAMS const ::rlk::smp::Params p_
+#define RLK_SMP_KERNEL_PARAMS RLK_PARAMS_ARG ::rlk::smp::Params p_
 #define RLK_SMP_UNPACK                                                   \
   const void *__restrict__ logits = p_.logits;                           \
   const i64 row_stride = p_.row_stride, B = p_.B, V = p_.V;              \

@@ -116,7 +116,7 @@ struct ReduceKinds {
 } /* namespace vl */
 
 template <typename T, bool SEQMEAN, int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(const vl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(RLK_PARAMS_ARG vl::Params a) {
   __shared__ T sh_acc[vl::NACC * RLK_MAX_WARPS];
   __shared__ T sh2[2 * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];
@@ -126,12 +126,12 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss
 
 /* The mask count pass (token-mean without a normalizer): per-block counts. */
 template <int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK) value_loss_count(const vl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK) value_loss_count(RLK_PARAMS_ARG vl::Params a) {
   __shared__ double sh[RLK_MAX_WARPS];
   tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
 
-template <typename T> __global__ void value_loss_reduce(const vl::Params a) {
+template <typename T> __global__ void value_loss_reduce(RLK_PARAMS_ARG vl::Params a) {
   __shared__ double sh[vl::NACC * RLK_MAX_WARPS];
   double s[vl::NACC];
   const double c = tl::grad_scale(a.norm, a.c_grad, sh);
