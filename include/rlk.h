@@ -1024,6 +1024,15 @@ typedef struct rlk_linear_logprob_args {
   /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
    * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
   int splits;
+  /* Shard form (a tensor-parallel LM head, see "Vocab-parallel log-probs"): when `partials` is
+   * given, weight holds the rows [vocab_start, vocab_start + V) of a larger head, labels index
+   * that vocabulary, and the call writes this shard's records, f32 [N, 4] contiguous and
+   * 16-byte aligned (the format rlk_logprob_combine merges), instead of logp, lse and entropy
+   * (which must then be absent; status is not touched: a label outside the shard is no error).
+   * partial_entropy 1 fills the records' entropy field. */
+  rlk_tensor partials;
+  int64_t vocab_start;
+  int partial_entropy;
 } rlk_linear_logprob_args;
 
 /* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, every tensor absent. */
@@ -1067,6 +1076,12 @@ typedef struct rlk_linear_logprob_backward_args {
   void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
   size_t workspace_bytes;
   int chunk;            /* vocabulary columns per chunk, a multiple of 64 (0: from N, within 256 MB) */
+  /* Shard form: shard 1 says weight holds the rows [vocab_start, vocab_start + V) of a larger
+   * head whose vocabulary labels index; lse (and entropy) are then the combined ones
+   * (rlk_logprob_combine). The gradients are this shard's: grad_hidden its part of the sum over
+   * shards, grad_weight its rows. No communication; a label outside the shard is no error. */
+  int shard;
+  int64_t vocab_start;
 } rlk_linear_logprob_backward_args;
 
 /* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */

@@ -373,6 +373,167 @@ static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
   ll_bwd_check(ctx, &e, seed + 2, 1, NULL, NULL);
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Vocab-parallel shards of the head                                                   */
+/* ---------------------------------------------------------------------------------- */
+
+/* The head's rows split into P shards at `cuts` (cuts[0] = 0, cuts[P] = V): each shard's forward
+ * writes its records (weight rows [v0, v1), vocab_start v0), the records gathered in rank order
+ * are merged by rlk_logprob_combine and compared with fp64 over the whole vocabulary; then each
+ * shard's backward (shard 1, the combined lse and entropy) gives its grad_weight rows and adds
+ * its part of grad_hidden, compared with the fp64 gradient of the whole head. Labels sit on the
+ * shard edges, some are ignored. */
+static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t *cuts, int P,
+                           int entropy, uint64_t seed) {
+  uint64_t rng = seed;
+  const int64_t V = cuts[P];
+  uint16_t *h = malloc((size_t)(N * H) * 2), *w = malloc((size_t)(V * H) * 2);
+  int64_t *lab = malloc((size_t)N * 8);
+  float *glp = malloc((size_t)N * 4), *gH = malloc((size_t)N * 4);
+  ck_assert(h && w && lab && glp && gH);
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(h, RLK_BF16, i, rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, RLK_BF16, i, 3.0 / sqrt((double)H) * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) {
+    const int p = (int)(i % P);
+    switch (i % 4) { /* a shard's first and last columns, a random one, an ignored row */
+    case 0: lab[i] = cuts[p]; break;
+    case 1: lab[i] = cuts[p + 1] - 1; break;
+    case 2: lab[i] = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V); break;
+    default: lab[i] = i % 8 == 3 ? -100 : (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V); break;
+    }
+    glp[i] = (float)rlk_test_rand_normal(&rng);
+    gH[i] = (float)rlk_test_rand_normal(&rng);
+  }
+  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
+  void *dh = ll_put(ctx, h, (size_t)(N * H) * 2), *dw = ll_put(ctx, w, (size_t)(V * H) * 2);
+  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
+  float *zero = calloc((size_t)(P * N * 4 + V * H + N * H), 4);
+  void *drec = ll_put(ctx, zero, (size_t)(P * N * 4) * 4); /* [P, N, 4] */
+  void *dlp = ll_put(ctx, zero, (size_t)N * 4), *dlse = ll_put(ctx, zero, (size_t)N * 4),
+       *dent = ll_put(ctx, zero, (size_t)N * 4), *dst = ll_put(ctx, zero, 4);
+  void *dgh = ll_put(ctx, zero, (size_t)(N * H) * 4), *dgw = ll_put(ctx, zero, (size_t)(V * H) * 4);
+  for (int p = 0; p < P; p++) {
+    const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
+    rlk_linear_logprob_args a;
+    rlk_linear_logprob_args_init(&a);
+    a.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
+    a.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
+    a.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    a.partials = rlk_tensor_2d((float *)drec + (int64_t)p * N * 4, RLK_F32, N, 4, 4);
+    a.vocab_start = v0;
+    a.partial_entropy = entropy;
+    size_t wsb = 0;
+    ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
+    void *ws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
+    a.workspace = ws;
+    a.workspace_bytes = wsb;
+    ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
+    if (ws) rlk_free(ctx, ws);
+  }
+  rlk_logprob_combine_args cb;
+  rlk_logprob_combine_args_init(&cb);
+  cb.partials = rlk_tensor_1d(drec, RLK_F32, P * N * 4);
+  cb.partials.ndim = 3;
+  cb.partials.shape[0] = P, cb.partials.shape[1] = N, cb.partials.shape[2] = 4;
+  cb.partials.strides[0] = N * 4, cb.partials.strides[1] = 4, cb.partials.strides[2] = 1;
+  cb.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  cb.logp = rlk_tensor_1d(dlp, RLK_F32, N);
+  cb.lse = rlk_tensor_1d(dlse, RLK_F32, N);
+  if (entropy) cb.entropy = rlk_tensor_1d(dent, RLK_F32, N);
+  cb.status = rlk_tensor_1d(dst, RLK_I32, 1);
+  ck_assert_msg(rlk_logprob_combine(ctx, &cb, NULL) == RLK_OK, "%s", rlk_last_error());
+  for (int p = 0; p < P; p++) {
+    const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
+    rlk_linear_logprob_backward_args b;
+    rlk_linear_logprob_backward_args_init(&b);
+    b.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
+    b.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
+    b.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    b.lse = rlk_tensor_1d(dlse, RLK_F32, N);
+    b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+    if (entropy) {
+      b.grad_entropy = rlk_tensor_1d(dgH, RLK_F32, N);
+      b.entropy = rlk_tensor_1d(dent, RLK_F32, N);
+    }
+    b.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+    b.grad_weight = rlk_tensor_2d((float *)dgw + v0 * H, RLK_F32, Vp, H, H);
+    b.accumulate = 1; /* grad_hidden: the sum over shards; grad_weight rows start at 0 */
+    b.shard = 1;
+    b.vocab_start = v0;
+    size_t bwb = 0;
+    ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
+    void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
+    b.workspace = bws;
+    b.workspace_bytes = bwb;
+    ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
+    if (bws) rlk_free(ctx, bws);
+  }
+  if (!host) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  float *lp = malloc((size_t)N * 4), *lse = malloc((size_t)N * 4), *ent = malloc((size_t)N * 4);
+  float *gh = malloc((size_t)(N * H) * 4), *gw = malloc((size_t)(V * H) * 4);
+  int32_t status = 0;
+  ll_get(ctx, lp, dlp, (size_t)N * 4);
+  ll_get(ctx, lse, dlse, (size_t)N * 4);
+  ll_get(ctx, ent, dent, (size_t)N * 4);
+  ll_get(ctx, gh, dgh, (size_t)(N * H) * 4);
+  ll_get(ctx, gw, dgw, (size_t)(V * H) * 4);
+  ll_get(ctx, &status, dst, 4);
+  ck_assert_int_eq(status, 0);
+  double *x = malloc((size_t)V * 8), *dz = malloc((size_t)V * 8);
+  double *rh = calloc((size_t)(N * H), 8), *rw = calloc((size_t)(V * H), 8);
+  double worst = 0.0;
+  for (int64_t i = 0; i < N; i++) {
+    lp_ref_row ref;
+    ll_ref_row(h, H, w, H, 0, i, V, H, 1.0, lab[i], -100, x, &ref, NULL);
+    const double got[3] = {lp[i], lse[i], ent[i]}, want[3] = {ref.logp, ref.lse, ref.entropy};
+    for (int q = 0; q < (entropy ? 3 : 2); q++) {
+      const double err = fabs(got[q] - want[q]), tol = 2e-3 + 2e-4 * fabs(want[q]);
+      worst = err > worst ? err : worst;
+      ck_assert_msg(err <= tol, "%d shards, row %lld (label %lld) output %d (logp, lse, entropy): %.7g, fp64 %.7g",
+                    P, (long long)i, (long long)lab[i], q, got[q], want[q]);
+    }
+    lp_ref_backward(x, V, 1.0, lab[i], -100, glp[i], entropy ? gH[i] : 0.0, dz);
+    for (int64_t v = 0; v < V; v++) {
+      if (dz[v] == 0.0) continue;
+      for (int64_t k = 0; k < H; k++) {
+        rh[i * H + k] += dz[v] * ll_load16(w, RLK_BF16, v * H + k);
+        rw[v * H + k] += dz[v] * ll_load16(h, RLK_BF16, i * H + k);
+      }
+    }
+  }
+  for (int q = 0; q < 2; q++) {
+    const int64_t n = q ? V * H : N * H;
+    const double *ref = q ? rw : rh;
+    const float *got = q ? gw : gh;
+    double mx = 0.0;
+    for (int64_t i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+    for (int64_t i = 0; i < n; i++)
+      ck_assert_msg(fabs(got[i] - ref[i]) <= 2e-3 * mx + 1e-7,
+                    "%d shards: %s element %lld = %.7g, fp64 %.7g (max |ref| %.3g)", P,
+                    q ? "grad_weight" : "grad_hidden", (long long)i, (double)got[i], ref[i], mx);
+  }
+  printf("linear_logprob %s %d shards N=%lld V=%lld H=%lld: combined outputs worst |err| %.3g; gradients within 2e-3 of max\n",
+         host ? "host" : "gpu", P, (long long)N, (long long)V, (long long)H, worst);
+  free(x), free(dz), free(rh), free(rw), free(lp), free(lse), free(ent), free(gh), free(gw);
+  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dglp), ll_drop(ctx, dgH), ll_drop(ctx, drec);
+  ll_drop(ctx, dlp), ll_drop(ctx, dlse), ll_drop(ctx, dent), ll_drop(ctx, dst), ll_drop(ctx, dgh), ll_drop(ctx, dgw);
+  free(h), free(w), free(lab), free(glp), free(gH), free(zero);
+}
+
+static void ll_shard_cases(rlk_context *ctx, uint64_t seed) {
+  static const int64_t two[] = {0, 150, 301};           /* uneven halves */
+  static const int64_t three[] = {0, 1, 256, 513};      /* a one-column shard, a whole tile */
+  ll_shard_check(ctx, 11, 40, two, 2, 1, seed);
+  ll_shard_check(ctx, 7, 64, three, 3, 0, seed + 1);
+}
+
+START_TEST(host_shards) {
+  rlk_context *ctx = rlk_test_host_context();
+  ll_shard_cases(ctx, rlk_test_seed());
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(host_shapes) {
   rlk_context *ctx = rlk_test_host_context();
   const uint64_t seed = rlk_test_seed();
@@ -557,6 +718,19 @@ START_TEST(gpu_backward) {
 }
 END_TEST
 
+/* The shard form on CUDA: both forward kernels (wgmma where the target has it) and the backward. */
+START_TEST(gpu_shards) {
+  if (!rlk_test_gpu_enabled("linear_logprob")) return;
+  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
+  if (!ctx) return;
+  const uint64_t seed = rlk_test_seed() ^ 0x5au;
+  ll_shard_cases(ctx, seed);
+  static const int64_t two[] = {0, 3000, 6001}; /* whole 256-column splits and a ragged end */
+  ll_shard_check(ctx, 130, 128, two, 2, 1, seed + 2);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(gpu_deterministic) {
   if (!rlk_test_gpu_enabled("linear_logprob")) return;
   rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
@@ -585,6 +759,7 @@ Suite *linear_logprob_suite(void) {
   tcase_set_timeout(host, 300);
   tcase_add_test(host, host_shapes);
   tcase_add_test(host, bad_arguments);
+  tcase_add_test(host, host_shards);
   suite_add_tcase(s, host);
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 600);
@@ -596,6 +771,7 @@ Suite *linear_logprob_suite(void) {
   tcase_add_test(gpu, gpu_shapes);
   tcase_add_test(gpu, gpu_deterministic);
   tcase_add_test(gpu, gpu_backward);
+  tcase_add_test(gpu, gpu_shards);
   suite_add_tcase(s, gpu);
   return s;
 }

@@ -74,3 +74,38 @@ def test_backward(place, rng, chunk):
     for got, want in ((gh, dz @ weight.astype(np.float64)), (gw, dz.T @ hidden.astype(np.float64))):
         got = np.asarray(place.back(got), np.float64)
         assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max() + 1e-7
+
+
+@pytest.mark.parametrize("cuts", [(0, 400, 1000), (0, 1, 300, 301, 777)])
+def test_shards_combine_to_the_whole_head(place, rng, cuts):
+    """A tensor-parallel head: each shard's records (weight rows [v0, v1)) merged in rank order
+    by rlk.logprob_combine equal the whole head's fp64 log-probs; each shard's backward (the
+    combined lse and entropy) gives its weight rows, and the shards' grad_hidden sum to the
+    whole head's."""
+    N, H, V = 9, 64, cuts[-1]
+    hidden, weight, labels = make(rng, N, V, H)
+    labels[0], labels[2] = cuts[1], cuts[1] - 1  # the first shard edge, both sides
+    xp = place
+    h, y = xp.to(hidden), xp.to(labels)
+    recs = [np.asarray(xp.back(rlk.linear_logprob_partials(h, xp.to(weight[a:b]), y, a,
+                                                            entropy=True, temperature=0.9)))
+            for a, b in zip(cuts[:-1], cuts[1:])]
+    out = rlk.logprob_combine(xp.to(np.stack(recs)), y, entropy=True)
+    logp, lse, ent, _, _ = reference(hidden, weight, labels, 0.9)
+    for got, want in ((out.logp, logp), (out.lse, lse), (out.entropy, ent)):
+        got = np.asarray(xp.back(got), np.float64)
+        assert np.abs(got - want).max() <= 2e-3 + 2e-4 * np.abs(want).max()
+    g_lp = rng.standard_normal(N).astype(np.float32)
+    g_h = rng.standard_normal(N).astype(np.float32)
+    whole = rlk.linear_logprob_backward(h, xp.to(weight), y, out.lse, xp.to(g_lp), xp.to(g_h),
+                                        out.entropy, temperature=0.9)
+    gh_sum = np.zeros((N, H))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        gh, gw = rlk.linear_logprob_backward(h, xp.to(weight[a:b]), y, out.lse, xp.to(g_lp),
+                                             xp.to(g_h), out.entropy, temperature=0.9,
+                                             shard=True, vocab_start=a)
+        gh_sum += np.asarray(xp.back(gh), np.float64)
+        want_w = np.asarray(xp.back(whole[1]), np.float64)[a:b]
+        assert np.abs(np.asarray(xp.back(gw), np.float64) - want_w).max() <= 1e-4 * (np.abs(want_w).max() + 1e-6)
+    want_h = np.asarray(xp.back(whole[0]), np.float64)
+    assert np.abs(gh_sum - want_h).max() <= 1e-4 * np.abs(want_h).max()

@@ -200,6 +200,7 @@ typedef struct ll_call {
   ll_config c;
   ll_choice ch;
   int64_t row_blocks, splits, cols_per_split;
+  int shard; /* records instead of logp, lse and entropy */
   size_t workspace;
   rlk_tma_desc_request req_h, req_w;
 } ll_call;
@@ -222,22 +223,47 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
                      (double)a->temperature);
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
-  if ((st = rlk_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
+  k->shard = a->partials.data != NULL;
+  if (k->shard) {
+    /* the shard form: records instead of the outputs */
+    if (a->logp.data || a->lse.data || a->entropy.data)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "logp, lse, entropy: absent in the shard form (partials is given)");
+    const rlk_tensor *p = &a->partials;
+    if ((st = rlk_check_tensor(p, "partials", 1))) return st;
+    if ((st = rlk_check_dtype(p, "partials", f32))) return st;
+    if ((st = rlk_check_ndim(p, "partials", 2, 2))) return st;
+    if (p->shape[0] != k->N || p->shape[1] != RLK_LOGPROB_PARTIAL_FIELDS)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: shape [%lld, %lld], expected [%lld, %d]",
+                       (long long)p->shape[0], (long long)p->shape[1], (long long)k->N,
+                       RLK_LOGPROB_PARTIAL_FIELDS);
+    if ((st = rlk_check_contiguous(p, "partials"))) return st;
+    if ((uintptr_t)p->data % 16)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
+    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
+                       (long long)a->vocab_start);
+  } else {
+    if (a->vocab_start != 0 || a->partial_entropy)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "vocab_start, partial_entropy: only in the shard form (with partials)");
+    if ((st = rlk_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
+  }
   if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", f32, k->N, 1, NULL))) return st;
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", f32, k->N, 1, NULL))) return st;
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
   }
-  if (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
-      (a->lse.data && a->lse.data == a->entropy.data))
+  if (!k->shard && (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
+                    (a->lse.data && a->lse.data == a->entropy.data)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
   if (a->splits < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is negative", a->splits);
 
   k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
   k->c.labels = a->labels.dtype;
-  k->c.entropy = a->entropy.data != NULL;
+  k->c.entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
   k->c.variant = (int)a->variant;
   /* tensor maps: h boxes of 64 x 128, W boxes of 64 x 256, both with the 128-byte swizzle */
   rlk_tma_desc_request *r[2] = {&k->req_h, &k->req_w};
@@ -328,7 +354,9 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   const float temperature = a->temperature;
   const int64_t N = k.N, V = k.V, H = k.H, S = k.splits, cps = k.cols_per_split;
   float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data, *entropy = (float *)a->entropy.data;
-  int *status = (int *)a->status.data;
+  int *status = k.shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
+  float *records = (float *)a->partials.data;
+  const int64_t vocab_start = a->vocab_start;
   void *partials = a->workspace;
 
   if (ctx->kind == RLK_BACKEND_HOST) {
@@ -347,6 +375,8 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     h.lse = lse;
     h.entropy = entropy;
     h.status = status;
+    h.records = records;
+    h.vocab_start = vocab_start;
     h.temperature = temperature;
     void *args[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
@@ -365,6 +395,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     g.H = H;
     g.cols_per_split = cps;
     g.partials = partials;
+    g.vocab_start = vocab_start;
     g.temperature = temperature;
     /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
      * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
@@ -385,6 +416,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     g.H = H;
     g.cols_per_split = cps;
     g.partials = partials;
+    g.vocab_start = vocab_start;
     g.temperature = temperature;
     void *args[] = {&g};
     rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
@@ -403,6 +435,8 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   c.lse = lse;
   c.entropy = entropy;
   c.status = status;
+  c.records = records;
+  c.vocab_start = vocab_start;
   c.temperature = temperature;
   void *cargs[] = {&c};
   rlk_launch_dims d = ll_dims((uint64_t)((N + LL_COMBINE_THREADS - 1) / LL_COMBINE_THREADS), 1,
@@ -560,6 +594,14 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   }
   if (a->accumulate != 0 && a->accumulate != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
+  if (a->shard != 0 && a->shard != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if (!a->shard && a->vocab_start != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1",
+                     (long long)a->vocab_start);
+  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
+                     (long long)a->vocab_start);
   if (a->chunk < 0 || a->chunk % LL_BWD_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
@@ -651,8 +693,10 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     h.grad_weight = gw;
     h.gw_stride = k.gws;
     h.status = status;
+    h.vocab_start = a->vocab_start;
     h.temperature = a->temperature;
     h.accumulate = a->accumulate;
+    h.shard = a->shard;
     void *args[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &specs[0], &d, stream, args);
@@ -678,6 +722,8 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     z.V = V;
     z.H = H;
     z.ignore_index = a->ignore_index;
+    z.vocab_start = a->vocab_start;
+    z.shard = a->shard;
     z.lse = lse;
     z.lse_s = k.lse_s;
     z.g_lp = glp;

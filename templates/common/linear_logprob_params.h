@@ -2,6 +2,9 @@
  * linear_logprob*.cuh, templates/host/linear_logprob_*.c), filled by src/ops/linear_logprob.c.
  * hidden [N, H] and weight [V, H] in the spec's 16-bit dtype with row strides h_stride and
  * w_stride; labels of the spec's label dtype; status NULL or an i32 of bits; 4-byte scalars last.
+ * vocab_start: the weight's rows are the columns [vocab_start, vocab_start + V) of a larger
+ * vocabulary that labels index (0 unsharded); records: the shard form's output, f32 [N][4]
+ * (rlk.h's vocab-parallel record), written instead of logp, lse and entropy when not NULL.
  *   fwd_host   the host forward: logp, lse, entropy per row (lse, entropy may be NULL)
  *   fwd_tiled  the portable GEMM: a record per (split, row) into partials [splits][N]
  *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
@@ -32,8 +35,10 @@
   F(S_, float *, lse, 88)             \
   F(S_, float *, entropy, 96)         \
   F(S_, int *, status, 104)           \
-  F(S_, float, temperature, 112)
-#define RLK_LL_FWD_HOST_PARAMS_SIZE 120
+  F(S_, float *, records, 112)        \
+  F(S_, long long, vocab_start, 120)  \
+  F(S_, float, temperature, 128)
+#define RLK_LL_FWD_HOST_PARAMS_SIZE 136
 
 #define RLK_LL_FWD_TILED_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)       \
@@ -47,8 +52,9 @@
   F(S_, long long, H, 64)              \
   F(S_, long long, cols_per_split, 72) \
   F(S_, void *, partials, 80)          \
-  F(S_, float, temperature, 88)
-#define RLK_LL_FWD_TILED_PARAMS_SIZE 96
+  F(S_, long long, vocab_start, 88)    \
+  F(S_, float, temperature, 96)
+#define RLK_LL_FWD_TILED_PARAMS_SIZE 104
 
 #define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
   F(S_, const void *, labels, 0)       \
@@ -58,8 +64,9 @@
   F(S_, long long, H, 32)              \
   F(S_, long long, cols_per_split, 40) \
   F(S_, void *, partials, 48)          \
-  F(S_, float, temperature, 56)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 64
+  F(S_, long long, vocab_start, 56)    \
+  F(S_, float, temperature, 64)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 72
 
 #define RLK_LL_COMBINE_PARAMS(F, S_)   \
   F(S_, const void *, partials, 0)     \
@@ -74,8 +81,10 @@
   F(S_, float *, lse, 72)              \
   F(S_, float *, entropy, 80)          \
   F(S_, int *, status, 88)             \
-  F(S_, float, temperature, 96)
-#define RLK_LL_COMBINE_PARAMS_SIZE 104
+  F(S_, float *, records, 96)          \
+  F(S_, long long, vocab_start, 104)   \
+  F(S_, float, temperature, 112)
+#define RLK_LL_COMBINE_PARAMS_SIZE 120
 
 #define RLK_LL_BWD_HOST_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)      \
@@ -101,9 +110,11 @@
   F(S_, void *, grad_weight, 160)     \
   F(S_, long long, gw_stride, 168)    \
   F(S_, int *, status, 176)           \
-  F(S_, float, temperature, 184)      \
-  F(S_, int, accumulate, 188)
-#define RLK_LL_BWD_HOST_PARAMS_SIZE 192
+  F(S_, long long, vocab_start, 184)  \
+  F(S_, float, temperature, 192)      \
+  F(S_, int, accumulate, 196)         \
+  F(S_, int, shard, 200)
+#define RLK_LL_BWD_HOST_PARAMS_SIZE 208
 
 #define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
   F(S_, const void *, hidden, 0)      \
@@ -128,8 +139,10 @@
   F(S_, long long, Vc, 152)           \
   F(S_, float *, dz, 160)             \
   F(S_, int *, status, 168)           \
-  F(S_, float, temperature, 176)
-#define RLK_LL_BWD_DZ_PARAMS_SIZE 184
+  F(S_, long long, vocab_start, 176)  \
+  F(S_, float, temperature, 184)      \
+  F(S_, int, shard, 188)
+#define RLK_LL_BWD_DZ_PARAMS_SIZE 192
 
 #define RLK_LL_BWD_DH_PARAMS(F, S_) \
   F(S_, const float *, dz, 0)       \

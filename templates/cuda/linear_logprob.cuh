@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(256)
       for (int cc = 0; cc < 4; ++cc)
         if ((i64)(16 * cc) >= lim) acc[r][cc] = -limits<float>::infinity();
       ll::fold<4, ENTROPY>(st[r], acc[r], c);
-      const i64 yc = y[r] - col0;
+      /* the label's column in this tile; a shard's weight starts at vocab_start (read where it is
+       * used: kept in a register through the loop it costs spills) */
+      const i64 yc = y[r] - col0 - p_.vocab_start;
       if (yc >= 0 && yc < BN && yc % 16 == tx) {
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc)

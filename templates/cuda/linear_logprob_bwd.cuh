@@ -22,8 +22,9 @@ __global__ void __launch_bounds__(256)
   const void *__restrict__ hidden = p_.hidden, *__restrict__ weight = p_.weight;
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 h_stride = p_.h_stride, w_stride = p_.w_stride, label_stride = p_.label_stride;
-  const i64 N = p_.N, V = p_.V, H = p_.H, ignore_index = p_.ignore_index;
+  const i64 N = p_.N, V = p_.V, H = p_.H, ignore_index = p_.ignore_index, vocab_start = p_.vocab_start;
   const float temperature = p_.temperature;
+  const int shard = p_.shard; /* a label outside this weight's columns is no error */
   const float *__restrict__ lse = p_.lse, *__restrict__ g_lp = p_.g_lp, *__restrict__ entropy = p_.entropy;
   const float *__restrict__ g_h = p_.g_ent; /* the entropy's gradient */
   const i64 lse_s = p_.lse_s, glp_s = p_.glp_s, ent_s = p_.ent_s, gh_s = p_.gent_s, c0 = p_.c0, Vc = p_.Vc;
@@ -46,8 +47,8 @@ __global__ void __launch_bounds__(256)
   for (int r = 0; r < 4; ++r) {
     const i64 row = row0 + ty * 4 + r;
     if (row >= N) continue;
-    const i64 y = ll::load_label(labels, row, label_stride);
-    const bool ignored = y == ignore_index, bad = !ignored && (y < 0 || y >= V);
+    const i64 yg = ll::load_label(labels, row, label_stride), y = yg - vocab_start;
+    const bool ignored = yg == ignore_index, bad = !ignored && !shard && (y < 0 || y >= V);
     if (bad && status && blockIdx.y == 0 && tx == 0 && c0 == 0) atomicOr((int *)status, (int)ll::STATUS_BAD_LABEL);
     const float l = lse[row * lse_s];
     const float gl = g_lp ? g_lp[row * glp_s] : 0.0f;

@@ -132,7 +132,10 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
 
 /* One thread per row: merges the row's S split records (partials [S][N], split-major) in split
  * order and writes its outputs. cols_per_split: the vocabulary columns of a split (the last may
- * be shorter), which says which split owns the label's logit. */
+ * be shorter), which says which split owns the label's logit. Shard form (records not NULL): the
+ * row's record over this weight's columns in rlk.h's vocab-parallel units (natural log of
+ * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf) instead of logp,
+ * lse and entropy; a label outside the shard is no error. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
     linear_logprob_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
@@ -143,6 +146,8 @@ __global__ void __launch_bounds__(256)
   const float temperature = p_.temperature;
   float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse, *__restrict__ entropy = p_.entropy;
   i32 *__restrict__ status = p_.status;
+  float *__restrict__ records = p_.records;
+  const i64 vocab_start = p_.vocab_start;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= N) return;
   const float c = RLK_LL_LOG2E / temperature;
@@ -156,7 +161,17 @@ __global__ void __launch_bounds__(256)
     s += ps;
     q += pq;
   }
-  const i64 y = ll::load_label(labels, row, label_stride);
+  const i64 yg = ll::load_label(labels, row, label_stride), y = yg - vocab_start;
+  if (records) {
+    const bool own = yg != ignore_index && y >= 0 && y < V;
+    f32x4 r;
+    r.x = M * RLK_LL_LN2; /* -inf stays -inf */
+    r.y = s;
+    r.z = ENTROPY ? RLK_LL_LN2 * q : 0.0f;
+    r.w = own ? partials[(y / cols_per_split) * N + row].t / temperature : limits<float>::infinity();
+    *(f32x4 *)(records + 4 * row) = r;
+    return;
+  }
   float lp, l, h;
   if (y != ignore_index && (y < 0 || y >= V)) {
     lp = l = h = limits<float>::quiet_nan();

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(384, 1)
 #if defined(RLK_SM90A_ASM)
   const L *__restrict__ labels = (const L *)p_.labels;
   const i64 label_stride = p_.label_stride, N = p_.N, V = p_.V, H = p_.H, cols_per_split = p_.cols_per_split;
+  const i64 vocab_start = p_.vocab_start;
   const float temperature = p_.temperature;
   ll::part *__restrict__ partials = (ll::part *)p_.partials;
   static_assert(STAGES >= 2 && STAGES <= 4, "stages: 2..4 (48 KB each)");
@@ -97,7 +98,8 @@ __global__ void __launch_bounds__(384, 1)
   for (int i = 0; i < 2; ++i) {
     st[i] = ll::empty_part();
     row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
-    y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) : -1;
+    /* the label's column in this weight (a shard's: outside [0, V) it owns no column here) */
+    y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
   }
   float acc[BN / 2];
   u32 it = 0;

@@ -60,6 +60,8 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
   const rlk_i64 gws = p_->gw_stride;
   const int32_t accumulate = p_->accumulate;
   int32_t *status = p_->status;
+  const rlk_i64 vs = p_->vocab_start; /* labels index a vocabulary whose columns [vs, vs + V) are here */
+  const int shard = p_->shard;        /* then a label outside them is no error */
 
   double *dh = gh ? calloc((size_t)(N * H), sizeof(double)) : NULL;
   double *dw = calloc((size_t)H, sizeof(double));
@@ -69,19 +71,19 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
     return; /* out of host memory: outputs untouched */
   }
   for (rlk_i64 i = 0; i < N; i++) {
-    const rlk_i64 y = (rlk_i64)labels[i * ls];
-    if (y != ignore_index && (y < 0 || y >= V) && status) *status |= LL_STATUS_BAD_LABEL;
+    const rlk_i64 yg = (rlk_i64)labels[i * ls], y = yg - vs;
+    if (!shard && yg != ignore_index && (y < 0 || y >= V) && status) *status |= LL_STATUS_BAD_LABEL;
   }
   for (rlk_i64 v = 0; v < V; v++) {
     const uint16_t *w = weight + v * ws;
     for (rlk_i64 k = 0; k < H; k++) dw[k] = 0.0;
     for (rlk_i64 i = 0; i < N; i++) {
       const uint16_t *h = hidden + i * hs;
-      const rlk_i64 y = (rlk_i64)labels[i * ls];
+      const rlk_i64 yg = (rlk_i64)labels[i * ls], y = yg - vs;
       double g;
-      if (y == ignore_index) {
+      if (yg == ignore_index) {
         continue;
-      } else if (y < 0 || y >= V) {
+      } else if (!shard && (y < 0 || y >= V)) {
         g = NAN;
       } else {
         double z = 0.0;

@@ -42,10 +42,12 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
   float *lse = p_->lse;
   float *entropy = p_->entropy;
   int32_t *status = p_->status;
+  float *records = p_->records; /* the shard form: one record per row instead of the outputs */
+  const rlk_i64 vocab_start = p_->vocab_start;
 
   for (rlk_i64 i = 0; i < N; i++) {
     const uint16_t *h = hidden + i * h_stride;
-    const rlk_i64 y = (rlk_i64)labels[i * label_stride];
+    const rlk_i64 yg = (rlk_i64)labels[i * label_stride], y = yg - vocab_start;
     double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
     for (rlk_i64 v = 0; v < V; v++) {
       const double z = ll_dot(h, weight + v * w_stride, H) / T;
@@ -59,6 +61,15 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
       const double e = exp(z - m);
       s += e;
       pz += e * z;
+    }
+    if (records) {
+      /* rlk.h's vocab-parallel record over this weight's columns */
+      const int own = yg != ignore_index && y >= 0 && y < V;
+      records[4 * i + 0] = (float)m;
+      records[4 * i + 1] = (float)s;
+      records[4 * i + 2] = RLK_P_ENTROPY && s > 0.0 ? (float)(pz - m * s) : 0.0f;
+      records[4 * i + 3] = own ? (float)zy : (float)INFINITY;
+      continue;
     }
     const double l = m + log(s);
     float lp, lf, hf;

@@ -12,7 +12,7 @@ from .._tensor import Binder, Op, dim
 from .logprob import LogprobResult
 
 __all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
-           "linear_logprob_backward"]
+           "linear_logprob_backward", "linear_logprob_partials"]
 
 
 class LinearLogprobVariant(enum.IntEnum):
@@ -37,6 +37,9 @@ class LinearLogprobArgs(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
         ("variant", ctypes.c_int),
         ("splits", ctypes.c_int),
+        ("partials", T.Tensor),
+        ("vocab_start", ctypes.c_int64),
+        ("partial_entropy", ctypes.c_int),
     ]
 
 
@@ -59,6 +62,8 @@ class LinearLogprobBackwardArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("chunk", ctypes.c_int),
+        ("shard", ctypes.c_int),
+        ("vocab_start", ctypes.c_int64),
     ]
 
 
@@ -109,15 +114,55 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     return LogprobResult(logp, lse_out, ent_out)
 
 
+def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=False, temperature=None,
+                            ignore_index=None, partials=None, variant=None, splits=None,
+                            stream=None):
+    """This shard's records (rlk_linear_logprob's shard form): weight [V_shard, H] holds the rows
+    [vocab_start, vocab_start + V_shard) of a tensor-parallel LM head, labels [N] index the whole
+    vocabulary. entropy=True fills the records' entropy part. partials: an optional f32 [N, 4]
+    output (contiguous, 16-byte aligned), e.g. this rank's slice of an all-gather buffer. The
+    records merge with rlk.logprob_combine (in rank order) into logp, lse and entropy; the
+    backward is linear_logprob_backward(..., vocab_start=..., shard=True) with the combined lse.
+    Returns the f32 [N, 4] records."""
+    b = Binder(OP)
+    a = b.args
+    b.set("hidden", hidden, _HIDDEN)
+    b.set("weight", weight, _HIDDEN)
+    b.set("labels", labels, _LABELS)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    if ignore_index is not None:
+        a.ignore_index = int(ignore_index)
+    if variant is not None:
+        a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_logprob: variant")
+    if splits is not None:
+        a.splits = int(splits)
+    a.vocab_start = int(vocab_start)
+    a.partial_entropy = 1 if entropy else 0
+    if partials is None:
+        partials = b.empty((dim(hidden, 0), 4), T.DType.F32)
+    b.set("partials", partials, _F32, output=True)
+    nbytes = OP.workspace_size(b.context(), a)
+    if nbytes:
+        _, ptr = b.workspace(nbytes)
+        a.workspace = ptr
+        a.workspace_bytes = nbytes
+    b.run(stream)
+    return partials
+
+
 def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
-                            grad_dtype="f32", status=None, chunk=None, stream=None):
+                            grad_dtype="f32", status=None, chunk=None, shard=False, vocab_start=0,
+                            stream=None):
     """grad_hidden = dz @ weight and grad_weight = dz.T @ hidden with
     dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / temperature, the logits recomputed chunk by chunk
     (rlk_linear_logprob_backward). lse (and entropy, with grad_entropy) from the forward.
     grad_hidden / grad_weight: given tensors (written, or added to with accumulate=True), else new
-    ones of grad_dtype ("f32" or "same"). Returns (grad_hidden or None, grad_weight or None)."""
+    ones of grad_dtype ("f32" or "same"). shard=True: weight is the rows [vocab_start, ...) of a
+    tensor-parallel head and lse / entropy the combined ones; the gradients are this shard's.
+    Returns (grad_hidden or None, grad_weight or None)."""
     b = Binder(BACKWARD_OP)
     a = b.args
     dt = b.set("hidden", hidden, _HIDDEN)
@@ -142,6 +187,8 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if chunk is not None:
         a.chunk = int(chunk)
+    a.shard = 1 if shard else 0
+    a.vocab_start = int(vocab_start)
     nbytes = BACKWARD_OP.workspace_size(b.context(), a)
     if nbytes:
         _, ptr = b.workspace(nbytes)
