@@ -367,7 +367,8 @@ typedef struct rlk_token_baseline_args {
   double epsilon;       /* default 1e-8; >= 0; used in the inputs' dtype */
   int handle_zero_tail; /* default 1 */
   int compact;          /* 0 (default): timesteps are columns; 1: valid-token indices */
-  /* Outputs [B, T] of the inputs' dtype, row strides >= T, not overlapping each other. */
+  /* Outputs [B, T] of the inputs' dtype, row strides >= T, overlapping neither each other nor
+   * an input. */
   rlk_tensor advantages;
   rlk_tensor returns;
   /* Scratch: device memory of at least rlk_token_baseline_workspace_size() bytes, 8-byte

@@ -15,7 +15,9 @@
  * chunks is added. The team is 32 lanes on every target (two teams per 64-lane wavefront), and
  * the host kernel replays the same lanes: the rounding depends on the values only. Masked
  * elements (mask 0) contribute exactly 0 whatever their values are. Bad group offsets are
- * clamped into [0, B]. The enum values are the indices of the op's choice names. */
+ * clamped into [0, B]. Inputs, and what the scan left for the baseline kernel, are never written
+ * by the kernel that reads them (outputs overlap no input): read-only loads (ld_ro). The enum
+ * values are the indices of the op's choice names. */
 #ifndef RLK_TOKEN_BASELINE_CUH
 #define RLK_TOKEN_BASELINE_CUH
 
@@ -36,9 +38,10 @@ constexpr int TEAM = 32;
 
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
-  if (MASK == MASK_I32) return (float)((const i32 *)mask)[i];
-  if (MASK == MASK_F32) return ((const float *)mask)[i];
+  /* a mask is never written: read-only loads (ld_ro) */
+  if (MASK == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == MASK_F32) return ld_ro((const float *)mask + i);
   return 1.0f;
 }
 
@@ -103,7 +106,7 @@ RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i
  * valid tokens, whose index is count - (valid tokens from here to the end), and 0 advantages
  * where masked). */
 template <typename TS, int MASK, bool COMPACT, bool ISW>
-__global__ void token_baseline_scan(const tb::ScanParams p_) {
+__global__ void token_baseline_scan(RLK_PARAMS_ARG tb::ScanParams p_) {
   const TS *__restrict__ rewards = (const TS *)p_.rewards;
   const TS *__restrict__ old_logp = (const TS *)p_.old_logp;
   const TS *__restrict__ sum_pi_sq = (const TS *)p_.sum_pi_sq;
@@ -129,10 +132,10 @@ __global__ void token_baseline_scan(const tb::ScanParams p_) {
       const float m = t < T ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
       TS w = TS(0);
       if (m != 0.0f) {
-        const TS pi = tb::exp_(old_logp[row * logp_stride + t]);
-        w = (TS(1) - TS(2) * pi) + sum_pi_sq[row * sps_stride + t];
+        const TS pi = tb::exp_(ld_ro(old_logp + row * logp_stride + t));
+        w = (TS(1) - TS(2) * pi) + ld_ro(sum_pi_sq + row * sps_stride + t);
         if (ISW) {
-          const TS r = isw[row * isw_stride + t];
+          const TS r = ld_ro(isw + row * isw_stride + t);
           w = w * (r * r);
         }
         w = w * (TS)m;
@@ -158,7 +161,7 @@ __global__ void token_baseline_scan(const tb::ScanParams p_) {
     for (i64 c0 = 0; c0 < T; c0 += tb::TEAM) {
       const i64 t = T - 1 - (c0 + lane);
       const float m = t >= 0 ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
-      const TS r = m != 0.0f ? rewards[row * reward_stride + t] * (TS)m : TS(0);
+      const TS r = m != 0.0f ? ld_ro(rewards + row * reward_stride + t) * (TS)m : TS(0);
       const TS x = tb::team_scan(r, lane);
       const i32 k = tb::team_scan((i32)(m != 0.0f), lane);
       const TS g = carry + x;
@@ -182,7 +185,7 @@ __global__ void token_baseline_scan(const tb::ScanParams p_) {
  * member, whether it is unique, the second-longest length), then sums over the members in
  * order. A group of fewer than two members (compact: with a valid token) has baseline 0. */
 template <typename TS, int MASK, bool COMPACT, int OFFSETS>
-__global__ void token_baseline_baseline(const tb::BaselineParams p_) {
+__global__ void token_baseline_baseline(RLK_PARAMS_ARG tb::BaselineParams p_) {
   const TS *__restrict__ returns = (const TS *)p_.returns;
   const void *__restrict__ mask = p_.mask;
   const TS *__restrict__ w_buf = (const TS *)p_.w_buf;
@@ -202,7 +205,7 @@ __global__ void token_baseline_baseline(const tb::BaselineParams p_) {
     i32 lmax = -1, lsecond = -1, nmax = 0;
     i64 imax = -1, n = 0;
     for (i64 i = start; i < end; ++i) {
-      const i32 L = len[i];
+      const i32 L = ld_ro(len + i);
       if (COMPACT && L == 0) continue; /* no valid token: not a member of the group */
       ++n;
       if (L > lmax) {
@@ -225,16 +228,16 @@ __global__ void token_baseline_baseline(const tb::BaselineParams p_) {
         TS num = TS(0), den = TS(0);
         for (i64 i = start; i < end; ++i) {
           if (COMPACT) {
-            if (t < len[i]) {
-              const TS w = w_buf[i * T + t];
-              num = num + g_buf[i * T + t] * w;
+            if (t < ld_ro(len + i)) {
+              const TS w = ld_ro(w_buf + i * T + t);
+              num = num + ld_ro(g_buf + i * T + t) * w;
               den = den + w;
             }
           } else {
             const float m = tb::mask_at<MASK>(mask, i * mask_stride + t);
             if (m != 0.0f) {
-              const TS w = w_buf[i * T + t];
-              num = num + (returns[i * returns_stride + t] * w) * (TS)m;
+              const TS w = ld_ro(w_buf + i * T + t);
+              num = num + (ld_ro(returns + i * returns_stride + t) * w) * (TS)m;
               den = den + w * (TS)m;
             }
           }
@@ -244,14 +247,14 @@ __global__ void token_baseline_baseline(const tb::BaselineParams p_) {
       for (i64 i = start; i < end; ++i) {
         const TS bi = tail && i == imax && t >= lsecond ? TS(0) : b;
         if (COMPACT) {
-          if (t < len[i]) {
-            const i64 col = pos[i * T + t];
+          if (t < ld_ro(len + i)) {
+            const i64 col = ld_ro(pos + i * T + t);
             const float m = tb::mask_at<MASK>(mask, i * mask_stride + col);
-            adv[i * adv_stride + col] = (g_buf[i * T + t] - bi) * (TS)m;
+            adv[i * adv_stride + col] = (ld_ro(g_buf + i * T + t) - bi) * (TS)m;
           }
         } else {
           const float m = tb::mask_at<MASK>(mask, i * mask_stride + t);
-          adv[i * adv_stride + t] = m != 0.0f ? (returns[i * returns_stride + t] - bi) * (TS)m : TS(0);
+          adv[i * adv_stride + t] = m != 0.0f ? (ld_ro(returns + i * returns_stride + t) - bi) * (TS)m : TS(0);
         }
       }
     }
