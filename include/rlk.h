@@ -334,6 +334,67 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
                                        void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: optimal token baseline (per-timestep group baselines)               */
+/* ------------------------------------------------------------------------ */
+
+/* Advantages with a baseline per group and timestep, weighted by each member's cumulative path
+ * variance (verl's "optimal_token_baseline", and "tir_optimal_token_baseline" with compact = 1).
+ * With m the mask and G, W per row:
+ *   returns[b, t] = sum_{u >= t} rewards[b, u] m[b, u]           (every column)
+ *   w[b, t] = 1 - 2 exp(old_logp[b, t]) + sum_pi_squared[b, t]   (x rollout_is_weights[b, t]^2)
+ *   W[b, t] = sum_{u <= t} w[b, u] m[b, u]
+ *   baseline[g, t] = sum_i G W m / (sum_i W m + epsilon) over the members i of group g
+ *   advantages[b, t] = (returns[b, t] - baseline[g, t]) m[b, t], exactly 0 where m is 0.
+ * compact = 1: timestep k is each row's k-th valid token (m != 0): the baseline at k sums over
+ * the members that have a k-th valid token, with their G and W there (m = 1 in the sums), and a
+ * row's advantage at its k-th valid token uses the baseline at k; rows with no valid token are
+ * left out of their group. A group of one member (compact: one with a valid token) has baseline
+ * 0. handle_zero_tail: when a group's longest member (length: its valid-token count, the row sum
+ * of a 0/1 mask) is the only one of that length, its baseline is 0 from the second-longest
+ * length on (a column index, compact: a valid-token index). Masked elements count as exactly 0
+ * whatever their values. */
+typedef struct rlk_token_baseline_args {
+  /* Inputs [B, T], f32 or f64, all of one dtype; rows contiguous, row strides >= T. */
+  rlk_tensor rewards;
+  rlk_tensor old_logp;
+  rlk_tensor sum_pi_squared;     /* sum over the vocabulary of pi^2 at each token */
+  rlk_tensor rollout_is_weights; /* optional: w is scaled by its square */
+  rlk_tensor mask;               /* optional [B, T] bool, i32 or f32: absent = all valid */
+  /* Groups: a fixed group_size G (B % G == 0, consecutive members), or group_offsets
+   * [num_groups + 1] (i32 or i64, first 0, last B, each group non-empty) with group_size 0. */
+  int64_t group_size;
+  rlk_tensor group_offsets;
+  double epsilon;       /* default 1e-8; >= 0; used in the inputs' dtype */
+  int handle_zero_tail; /* default 1 */
+  int compact;          /* 0 (default): timesteps are columns; 1: valid-token indices */
+  /* Outputs [B, T] of the inputs' dtype, row strides >= T, overlapping neither each other nor
+   * an input. */
+  rlk_tensor advantages;
+  rlk_tensor returns;
+  /* Scratch: device memory of at least rlk_token_baseline_workspace_size() bytes, 8-byte
+   * aligned. */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_token_baseline_args;
+
+/* Fills `args` with verl's defaults: epsilon 1e-8, handle_zero_tail 1, compact 0, every tensor
+ * absent. */
+RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args);
+
+/* Bytes of workspace a call with these arguments needs (the same checks as the call; data
+ * pointers are not read): B T (size of the dtype) + 4 B, and compact mode B T (size of the
+ * dtype + 4) more. */
+RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
+                                                     size_t *bytes);
+
+/* Computes the advantages and returns on `stream`. Deterministic: sums over a group's members
+ * run in member order, scans in fixed 32-element chunks; the same inputs give bitwise the same
+ * outputs on the same device. group_offsets values are checked in full on the host backend; on
+ * a GPU only their shape (bad values never cause an out-of-bounds access; rows no group covers
+ * are then left unwritten). Never synchronizes, never allocates device memory, capturable. */
+RLK_API rlk_status rlk_token_baseline(rlk_context *ctx, const rlk_token_baseline_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: policy loss and value loss (PPO / GRPO family), fused fwd + bwd      */
 /* ------------------------------------------------------------------------ */
 

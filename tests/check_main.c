@@ -16,7 +16,7 @@ int main(void) {
   } all[] = {
       {"sha256", sha256_suite},     {"key", key_suite},         {"cache", cache_suite},
       {"template", template_suite}, {"compiler", compiler_suite}, {"backend", backend_suite},
-      {"jit", jit_suite},           {"api", api_suite},         {"ops", ops_suite},         {"group_advantage", group_advantage_suite}, {"policy_loss", policy_loss_suite}, {"advantage_scan", advantage_scan_suite}, {"logprob", logprob_suite}, {"logprob_shard", logprob_shard_suite}, {"sample", sample_suite}, {"prefix_attention", prefix_attention_suite}, {"hopper", hopper_suite}, {"linear_logprob", linear_logprob_suite},
+      {"jit", jit_suite},           {"api", api_suite},         {"ops", ops_suite},         {"group_advantage", group_advantage_suite}, {"policy_loss", policy_loss_suite}, {"advantage_scan", advantage_scan_suite}, {"logprob", logprob_suite}, {"logprob_shard", logprob_shard_suite}, {"sample", sample_suite}, {"prefix_attention", prefix_attention_suite}, {"hopper", hopper_suite}, {"linear_logprob", linear_logprob_suite}, {"token_baseline", token_baseline_suite},
       {"tune", tune_suite},         {"tools", tools_suite},
   };
   if (rlk_test_setup_env() != 0) return 2;

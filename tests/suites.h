@@ -24,5 +24,6 @@ Suite *tune_suite(void);
 Suite *tools_suite(void);
 Suite *hopper_suite(void);
 Suite *linear_logprob_suite(void);
+Suite *token_baseline_suite(void);
 
 #endif

@@ -230,3 +230,64 @@ def test_logprobs_and_entropy_from_logits(shape, rng):
     close(outs[1][0], outs[0][0], "f32", what + " logp")
     close(outs[1][1], outs[0][1], "f32", what + " entropy")
     close(outs[1][2], outs[0][2], "f32", what + " grad")
+
+
+# ---- optimal token baseline ---------------------------------------------------------------
+
+OTB = {"optimal_token_baseline": "compute_optimal_token_baseline_advantage",
+       "tir_optimal_token_baseline": "compute_multi_turn_optimal_token_baseline_advantage"}
+
+
+def otb_batch(layout, dtype, rng):
+    """verl's inputs of the token-baseline estimators: groups of 4 in order ("fixed") or of 1 to
+    7 members shuffled ("shuffled"); response masks with holes (multi-turn), an empty row, and
+    rows copied within a group (tied longest members); old log-probs and sum pi^2 of real
+    distributions (w = 1 - 2 pi + sum pi^2 > 0); rollout importance weights."""
+    dt = np.float64 if dtype == "f64" else np.float32
+    sizes = [4] * 6 if layout == "fixed" else list(rng.integers(2, 8, 6)) + [1, 1]
+    group = np.concatenate([np.full(n, g) for g, n in enumerate(sizes)])
+    Bn, Tn = len(group), 23
+    lens = rng.integers(1, Tn + 1, Bn)
+    mask = (np.arange(Tn)[None, :] < lens[:, None]) & (rng.random((Bn, Tn)) > 0.2)
+    mask[rng.integers(0, Bn)] = False
+    for b in range(1, Bn):
+        if group[b] == group[b - 1] and rng.random() < 0.2:
+            mask[b] = mask[b - 1]
+    ids = np.array(["uid-%d" % g for g in group], dtype=object)
+    if layout == "shuffled":
+        order = rng.permutation(Bn)
+        ids, mask = ids[order], mask[order]
+    pi = 0.02 + 0.96 * rng.random((Bn, Tn))
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a).astype(dt))  # noqa: E731
+    return dict(token_level_rewards=t(rng.standard_normal((Bn, Tn)) * 0.5 * mask),
+                response_mask=t(mask), index=ids, old_log_probs=t(np.log(pi)),
+                sum_pi_squared=t(pi * pi + rng.random((Bn, Tn)) * (1 - pi) ** 2),
+                rollout_is_weights=t(0.5 + rng.random((Bn, Tn))))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_tail", (True, False))
+@pytest.mark.parametrize("isw", (True, False))
+@pytest.mark.parametrize("layout", ("fixed", "shuffled"))
+@pytest.mark.parametrize("name", sorted(OTB))
+def test_token_baseline_estimator(name, layout, isw, zero_tail, dtype, rng):
+    kw = otb_batch(layout, dtype, rng)
+    if not isw:
+        kw["rollout_is_weights"] = None
+    want, want_ret = getattr(ca, OTB[name])(handle_zero_tail=zero_tail, **kw)
+    got, got_ret = rv.ADV_ESTIMATORS[name](handle_zero_tail=zero_tail, **kw)
+    what = "%s %s isw=%s zero_tail=%s %s" % (name, layout, isw, zero_tail, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    close(got, want, dtype, what + " advantages")
+    close(got_ret, want_ret, dtype, what + " returns")
+
+
+def test_patch_swaps_token_baseline_estimators():
+    h = rv.patch()
+    try:
+        for name, fn_name in OTB.items():
+            assert ca.get_adv_estimator_fn(name) is rv.ADV_ESTIMATORS[name], name
+            assert getattr(ca, fn_name) is rv.ADV_ESTIMATORS[name], fn_name
+    finally:
+        h.undo()
+    assert ca.get_adv_estimator_fn("optimal_token_baseline").__module__ == ca.__name__

@@ -88,6 +88,8 @@ def every_op(x, c):
     rlk.discounted_returns(adv, mask)
     rlk.reverse_cumsum(adv, mask, baseline=c["baseline"])
     rlk.masked_whiten(adv, mask, stats=True)
+    rlk.token_baseline(adv, old, (lp * lp).exp(), G, mask=mask, rollout_is_weights=lp.exp())
+    rlk.token_baseline(adv, old, (lp * lp).exp(), group_offsets=c["groups"], mask=mask, compact=True)
     out = rlk.logprob(x["logits"], x["labels"], entropy=True)
     rlk.logprob_backward(x["logits"], x["labels"], out.lse, grad_logp=torch.ones(B * T, device="cuda"))
     rlk.sample(x["logits"][:B], temperature=0.7, top_k=20, seed=1)

@@ -23,6 +23,7 @@ import torch
 from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
+from ..ops import token_baseline as _tb
 from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
@@ -322,6 +323,55 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
     return out, out
 
 
+def _token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                    rollout_is_weights, handle_zero_tail, epsilon, compact):
+    """(advantages, returns) of rlk.token_baseline on verl's groups: rows gathered into
+    contiguous groups (members in batch order) when `index` does not already give them, the
+    results scattered back. Computes in the rewards' dtype (f32 for other float dtypes)."""
+    with torch.no_grad():
+        out_dt = token_level_rewards.dtype
+        dt = out_dt if out_dt in (torch.float32, torch.float64) else torch.float32
+        xs = [None if x is None else x.to(dt)
+              for x in (token_level_rewards, old_log_probs, sum_pi_squared, rollout_is_weights)]
+        mask = mask_arg(response_mask)
+        perm, grouping = _groups(index, token_level_rewards.device)
+        if perm is not None:
+            p = torch.as_tensor(perm, device=token_level_rewards.device)
+            xs = [None if x is None else x[p] for x in xs]
+            mask = mask[p]
+        adv, ret = _tb.token_baseline(xs[0], xs[1], xs[2], mask=mask, rollout_is_weights=xs[3],
+                                      epsilon=float(epsilon), compact=compact,
+                                      handle_zero_tail=bool(handle_zero_tail), **grouping)
+        if perm is not None:
+            adv = torch.empty_like(adv).index_copy_(0, p, adv)
+            ret = torch.empty_like(ret).index_copy_(0, p, ret)
+    return adv.to(out_dt), ret.to(out_dt)
+
+
+def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index,
+                                             old_log_probs, sum_pi_squared,
+                                             rollout_is_weights=None, handle_zero_tail=True,
+                                             epsilon=1e-8, **kwargs):
+    """verl "optimal_token_baseline": per group and column t, the baseline
+    sum(G W m) / (sum(W m) + epsilon) with W the cumulative 1 - 2 pi + sum pi^2 (x the rollout
+    weights squared) under the mask; a one-member group has none; handle_zero_tail zeroes the
+    unique longest member's baseline past the second-longest length. Masked rewards count as 0."""
+    return _token_baseline(token_level_rewards, response_mask, index, old_log_probs,
+                           sum_pi_squared, rollout_is_weights, handle_zero_tail, epsilon, False)
+
+
+def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, response_mask, index,
+                                                        old_log_probs, sum_pi_squared,
+                                                        rollout_is_weights=None,
+                                                        handle_zero_tail=True, epsilon=1e-8,
+                                                        **kwargs):
+    """verl "tir_optimal_token_baseline": the same over each row's valid tokens in order (the
+    k-th valid token of every member shares a baseline); rows with no valid token are left out
+    of their group."""
+    return _token_baseline(token_level_rewards, response_mask, index, old_log_probs,
+                           sum_pi_squared, rollout_is_weights, handle_zero_tail, epsilon, True)
+
+
 ADV_ESTIMATORS = {
     "grpo": compute_grpo_outcome_advantage,
     "grpo_vectorized": compute_grpo_vectorized_outcome_advantage,
@@ -331,6 +381,8 @@ ADV_ESTIMATORS = {
     "grpo_passk": compute_grpo_passk_outcome_advantage,
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
     "gae": compute_gae_advantage_return,
+    "optimal_token_baseline": compute_optimal_token_baseline_advantage,
+    "tir_optimal_token_baseline": compute_multi_turn_optimal_token_baseline_advantage,
 }
 
 

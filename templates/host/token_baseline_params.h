@@ -1,0 +1,1 @@
+../common/token_baseline_params.h
