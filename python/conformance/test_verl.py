@@ -65,6 +65,35 @@ def test_policy_loss(mode, agg, case_name, dtype, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("mode", ("clip_cov", "kl_cov"))
+def test_cov_policy_losses(mode, agg, case_name, dtype, rng):
+    """clip_cov and kl_cov with shares large enough to pick tokens in these small batches (verl's
+    defaults pick one token or none here); torch's generator seeded alike before each side, so
+    clip_cov's random draw is the same."""
+    from verl.workers.config.actor import PolicyLossConfig
+    case = make(case_name, dtype, rng)
+    nan = case.get("nan", False)
+    pl = PolicyLossConfig(loss_mode=mode, clip_cov_ratio=0.2, clip_cov_lb=0.02, clip_cov_ub=5.0,
+                          kl_cov_ratio=0.25, ppo_kl_coef=0.7)
+    seed = int(rng.integers(1 << 30))
+    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
+                        "loss_scale_factor": 13.0}):
+        cfg = config(case, info, policy_loss=pl)
+        torch.manual_seed(seed)
+        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False)
+        torch.manual_seed(seed)
+        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan)
+        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
+        close(got[0], want[0], dtype, what + " loss")
+        close(got[1], want[1], dtype, what + " grad")
+        assert set(got[2]) == set(want[2]), what
+        for k in want[2]:
+            close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo"))
 def test_policy_loss_rollout_is_weights(mode, case_name, dtype, rng):
     case = make(case_name, dtype, rng)

@@ -158,6 +158,96 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
                   "actor/pg_clipfrac_lower": _m(m, 1)}
 
 
+def _masked_mean(values, mask):
+    """verl_F.masked_mean: the mask-weighted mean, 1e-8 added to the divisor."""
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum() / (mask.sum() + 1e-8)
+
+
+def _policy_settings(config, name, default):
+    v = getattr(config.policy_loss, name, None)
+    return default if v is None else v
+
+
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask,
+                                 loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "clip_cov": PPO clip (no dual clip, no log-ratio clamp) in which some unclipped tokens
+    whose covariance (A - mean A)(logp - mean logp) lies in (clip_cov_lb, clip_cov_ub) lose their
+    term and its gradient: at most clip_cov_ratio of the valid tokens, drawn with torch.randperm as
+    verl draws them (the same generator state gives the same tokens). The selection runs in torch
+    and reads the valid-token count back, as verl's does; the loss and its gradient are rlk's,
+    with the dropped tokens given weight 0."""
+    if config is None:
+        raise ValueError("config is required")
+    ratio_c = _policy_settings(config, "clip_cov_ratio", 0.0002)
+    ub = _policy_settings(config, "clip_cov_ub", 5.0)
+    lb = _policy_settings(config, "clip_cov_lb", 1.0)
+    if not ratio_c > 0:
+        raise ValueError("clip_cov_ratio should be larger than 0")
+    lo, hi = _clip(config)
+    with torch.no_grad():
+        mask = response_mask
+        lp = log_prob.detach()
+        r = torch.exp(lp - old_log_prob)
+        l1 = -advantages * r
+        l2 = -advantages * torch.clamp(r, 1 - lo, 1 + hi)
+        clipped = (l2 > l1) & (mask > 0)
+        cov = (advantages - _masked_mean(advantages, mask)) * (lp - _masked_mean(lp, mask))
+        cov[mask == 0] = -torch.inf
+        cov[clipped] = -torch.inf
+        n = max(int(ratio_c * mask.sum().item()), 1)
+        idx = torch.nonzero((cov < ub) & (cov > lb) & (mask > 0))
+        if len(idx) > 0:
+            idx = idx[torch.randperm(len(idx))[:min(n, len(idx))]]
+        corr = torch.ones_like(advantages)
+        corr[idx[:, 0], idx[:, 1]] = 0
+        weights = corr if rollout_is_weights is None else corr * rollout_is_weights
+    loss, m = _run("ppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                   weights, clip_low=lo, clip_high=hi, dual_clip=0.0, log_ratio_min=-math.inf,
+                   log_ratio_max=math.inf)
+    return loss, {"actor/pg_clipfrac": _masked_mean((corr == 0).float(), mask).item(),
+                  "actor/ppo_kl": _m(m, 13)}
+
+
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask,
+                               loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "kl_cov": the unclipped ratio objective -A r, plus ppo_kl_coef |log r| on the
+    kl_cov_ratio share of the valid tokens with the largest covariance (A - mean A)(logp - mean
+    logp) (at least one; chosen in torch on the host, as verl does). rlk's k-abs KL term against
+    a reference that is the old log-prob on the chosen tokens and the current one (|0|, gradient
+    0) elsewhere."""
+    if config is None:
+        raise ValueError("config is required")
+    if rollout_is_weights is not None:
+        raise NotImplementedError("rlk: kl_cov with rollout_is_weights is not expressed (verl "
+                                  "weights the KL term too; rlk's weights the policy term)")
+    ratio_k = _policy_settings(config, "kl_cov_ratio", 0.0002)
+    coef = _policy_settings(config, "ppo_kl_coef", 1.0)
+    if not ratio_k > 0:
+        raise ValueError("kl_cov_ratio should be larger than 0")
+    with torch.no_grad():
+        lp = log_prob.detach()
+        valid = response_mask > 0
+        chosen = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+        where = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+        a = advantages[valid].detach().reshape(-1).cpu()
+        x = lp[valid].reshape(-1).cpu()
+        if min(ratio_k, len(a)) != 0:
+            cov = (a - a.mean()) * (x - x.mean())
+            k = max(1, int(len(cov) * ratio_k))
+            top = torch.topk(cov, k, largest=True).indices
+            if len(top) != 0:
+                chosen[where[top.to(where.device)]] = True
+        ref = torch.where(chosen.view(valid.shape), old_log_prob, lp)
+    loss, _ = _run("ppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                   None, clip_low=math.inf, clip_high=math.inf, dual_clip=0.0,
+                   log_ratio_min=-math.inf, log_ratio_max=math.inf, ref_logp=ref,
+                   kl_estimator="abs", kl_coef=float(coef), kl_input_clamp=math.inf,
+                   kl_output_clamp=math.inf)
+    with torch.no_grad():
+        ppo_kl = _masked_mean((lp - old_log_prob).abs(), response_mask)
+    return loss, {"actor/ppo_kl": ppo_kl.item()}
+
+
 POLICY_LOSSES = {
     "vanilla": compute_policy_loss_vanilla,
     "gspo": compute_policy_loss_gspo,
@@ -165,6 +255,8 @@ POLICY_LOSSES = {
     "cispo": compute_policy_loss_cispo,
     "gpg": compute_policy_loss_gpg,
     "geo_mean": compute_policy_loss_geo_mean,
+    "clip_cov": compute_policy_loss_clip_cov,
+    "kl_cov": compute_policy_loss_kl_cov,
 }
 
 
