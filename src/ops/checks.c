@@ -92,6 +92,81 @@ rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtyp
   return RLK_OK;
 }
 
+rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {
+  rlk_status st = rlk_check_ndim(t, what, 2, 2);
+  if (st) return st;
+  if (t->shape[0] != B || t->shape[1] != T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
+                     (long long)t->shape[0], (long long)t->shape[1], (long long)B, (long long)T);
+  if (T > 1 && t->strides[1] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
+                     (long long)t->strides[1]);
+  if (B > 1 && t->strides[0] < T)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
+                     what, (long long)t->strides[0], (long long)T);
+  return RLK_OK;
+}
+
+/* Host offsets in full: first 0, last B, every group non-empty. */
+static rlk_status check_offset_values(const rlk_tensor *o, int64_t num_groups, int64_t B) {
+  int64_t prev = 0;
+  for (int64_t g = 0; g <= num_groups; g++) {
+    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[g * o->strides[0]]
+                                          : ((const int64_t *)o->data)[g * o->strides[0]];
+    if (g == 0 && v != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: first offset is %lld, not 0", (long long)v);
+    if (g > 0 && v <= prev)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "group_offsets: offset[%lld] = %lld after %lld (groups must be non-empty and "
+                       "offsets increasing)",
+                       (long long)g, (long long)v, (long long)prev);
+    prev = v;
+  }
+  if (prev != B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: last offset is %lld, not B = %lld",
+                     (long long)prev, (long long)B);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *o, int64_t B, int host_values,
+                            int64_t *num_groups, rlk_dtype *offsets) {
+  rlk_status st;
+  *num_groups = 0;
+  *offsets = RLK_DTYPE_INVALID;
+  if (group_size < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld is negative", (long long)group_size);
+  if ((group_size > 0) == (o->data != NULL))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "group_size and group_offsets: give exactly one (group_size is %lld and "
+                     "group_offsets is %s)",
+                     (long long)group_size, o->data ? "present" : "absent");
+  if (group_size > 0) {
+    if (B % group_size != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld does not divide B = %lld",
+                       (long long)group_size, (long long)B);
+    *num_groups = B / group_size;
+    return RLK_OK;
+  }
+  if ((st = rlk_check_tensor(o, "group_offsets", 1))) return st;
+  if ((st = rlk_check_dtype(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64)))) return st;
+  if ((st = rlk_check_ndim(o, "group_offsets", 1, 1))) return st;
+  if ((st = rlk_check_contiguous(o, "group_offsets"))) return st;
+  if (o->shape[0] < 2)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: %lld entries, need num_groups + 1 >= 2",
+                     (long long)o->shape[0]);
+  const int64_t n = o->shape[0] - 1;
+  if (n > B)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "group_offsets: %lld groups for B = %lld sequences (groups must be non-empty)",
+                     (long long)n, (long long)B);
+  if (o->dtype == RLK_I32 && B > INT32_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: i32 cannot index B = %lld", (long long)B);
+  if (host_values && (st = check_offset_values(o, n, B))) return st;
+  *num_groups = n;
+  *offsets = o->dtype;
+  return RLK_OK;
+}
+
 rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what) {
   int64_t expect = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {

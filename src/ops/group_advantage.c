@@ -274,45 +274,6 @@ RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args) {
   args->singleton = RLK_SINGLETON_MEAN0_STD1;
 }
 
-/* A [B, T] tensor whose rows are contiguous (row stride >= T, or any when B == 1). */
-static rlk_status ga_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {
-  rlk_status st = rlk_check_ndim(t, what, 2, 2);
-  if (st) return st;
-  if (t->shape[0] != B || t->shape[1] != T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
-                     what, (long long)t->shape[0], (long long)t->shape[1], (long long)B,
-                     (long long)T);
-  if (T > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if (B > 1 && t->strides[0] < T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)T);
-  return RLK_OK;
-}
-
-/* Full checks of host-resident offsets: first 0, last B, every group non-empty. */
-static rlk_status ga_check_offsets_values(const rlk_tensor *o, int64_t num_groups, int64_t B) {
-  int64_t prev = 0;
-  for (int64_t g = 0; g <= num_groups; g++) {
-    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[g * o->strides[0]]
-                                          : ((const int64_t *)o->data)[g * o->strides[0]];
-    if (g == 0 && v != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: first offset is %lld, not 0",
-                       (long long)v);
-    if (g > 0 && v <= prev)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: offset[%lld] = %lld after %lld (groups must be non-empty "
-                       "and offsets increasing)",
-                       (long long)g, (long long)v, (long long)prev);
-    prev = v;
-  }
-  if (prev != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: last offset is %lld, not B = %lld",
-                     (long long)prev, (long long)B);
-  return RLK_OK;
-}
-
 /* Sizes and pointers of a validated call. */
 typedef struct ga_call {
   int64_t B, T, num_groups;
@@ -333,7 +294,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
   c->scores_2d = a->scores.ndim == 2;
   if (c->scores_2d) {
     T = a->scores.shape[1];
-    if ((st = ga_check_rows(&a->scores, "scores", B, T))) return st;
+    if ((st = rlk_check_rows(&a->scores, "scores", B, T))) return st;
   }
 
   /* mode, eps, policies */
@@ -361,48 +322,12 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
   c->unbiased = a->unbiased != 0;
 
   /* groups */
-  if (a->group_size < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld is negative",
-                     (long long)a->group_size);
-  if (a->group_size > 0 && a->group_offsets.data)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "group_size and group_offsets: give exactly one (group_size is %lld and "
-                     "group_offsets is present)",
-                     (long long)a->group_size);
-  if (a->group_size == 0 && !a->group_offsets.data)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "group_size and group_offsets: give exactly one (group_size is 0 and "
-                     "group_offsets is absent)");
   c->group_size = a->group_size;
-  if (a->group_size > 0) {
-    if (B % a->group_size != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld does not divide B = %lld",
-                       (long long)a->group_size, (long long)B);
-    k->num_groups = B / a->group_size;
-  } else {
-    const rlk_tensor *o = &a->group_offsets;
-    if ((st = rlk_check_tensor(o, "group_offsets", 1))) return st;
-    if ((st = rlk_check_dtype(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))))
-      return st;
-    if ((st = rlk_check_ndim(o, "group_offsets", 1, 1))) return st;
-    if ((st = rlk_check_contiguous(o, "group_offsets"))) return st;
-    if (o->shape[0] < 2)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: %lld entries, need num_groups + 1 >= 2",
-                       (long long)o->shape[0]);
-    k->num_groups = o->shape[0] - 1;
-    if (k->num_groups > B)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: %lld groups for B = %lld sequences (groups must be "
-                       "non-empty)",
-                       (long long)k->num_groups, (long long)B);
-    if (o->dtype == RLK_I32 && B > INT32_MAX)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: i32 cannot index B = %lld",
-                       (long long)B);
-    if (ctx->kind == RLK_BACKEND_HOST && (st = ga_check_offsets_values(o, k->num_groups, B)))
-      return st;
-    c->offsets = o->dtype;
-  }
+  rlk_dtype offsets;
+  if ((st = rlk_check_groups(a->group_size, &a->group_offsets, B, ctx->kind == RLK_BACKEND_HOST,
+                             &k->num_groups, &offsets)))
+    return st;
+  if (offsets != RLK_DTYPE_INVALID) c->offsets = offsets;
 
   /* advantages */
   if ((st = rlk_check_tensor(&a->advantages, "advantages", 1))) return st;
@@ -425,7 +350,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
                        "token_advantages: %lld columns, but scores has T = %lld",
                        (long long)t->shape[1], (long long)T);
     if (!c->scores_2d) T = t->shape[1];
-    if ((st = ga_check_rows(t, "token_advantages", B, T))) return st;
+    if ((st = rlk_check_rows(t, "token_advantages", B, T))) return st;
     c->broadcast = 1;
   }
   if (has_mask) {
@@ -437,7 +362,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
                               RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) |
                                   RLK_DTYPE_BIT(RLK_F32))))
       return st;
-    if ((st = ga_check_rows(&a->mask, "mask", B, T))) return st;
+    if ((st = rlk_check_rows(&a->mask, "mask", B, T))) return st;
     c->mask = ga_mask_kind(a->mask.dtype);
   }
   k->B = B;

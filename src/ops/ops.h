@@ -41,6 +41,17 @@ rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
                             int contiguous, int64_t *stride);
+/* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
+ * stride[1] 1 and a row stride >= T (any when B == 1). */
+rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
+
+/* The groups of B sequences (the GRPO-family ops' group_size / group_offsets pair): exactly one
+ * of a fixed size dividing B or offsets [num_groups + 1] (i32 or i64, contiguous, 1 <= num_groups
+ * <= B). Offsets on the host (`host_values`) are read and checked in full: first 0, last B,
+ * every group non-empty; device offsets cannot be read without a synchronization, and the
+ * kernels clamp them. Writes *num_groups and *offsets (RLK_DTYPE_INVALID for a fixed size). */
+rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *group_offsets, int64_t B,
+                            int host_values, int64_t *num_groups, rlk_dtype *offsets);
 
 /* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
  * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times

@@ -170,49 +170,17 @@ RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args) {
   args->handle_zero_tail = 1;
 }
 
-/* A [B, T] tensor of an allowed dtype whose rows are contiguous (row stride >= T, any when
- * B == 1). */
+/* A [B, T] tensor of an allowed dtype whose rows are contiguous. */
 static rlk_status tb_check_rows(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t B,
                                 int64_t T) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
-  if (t->shape[0] != B || t->shape[1] != T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
-                     (long long)t->shape[0], (long long)t->shape[1], (long long)B, (long long)T);
-  if (T > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if (B > 1 && t->strides[0] < T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)T);
-  return RLK_OK;
+  return rlk_check_rows(t, what, B, T);
 }
 
 static int64_t tb_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
   return t->data && B > 1 ? t->strides[0] : T;
-}
-
-/* Full checks of host-resident offsets: first 0, last B, every group non-empty. */
-static rlk_status tb_check_offsets_values(const rlk_tensor *o, int64_t num_groups, int64_t B) {
-  int64_t prev = 0;
-  for (int64_t g = 0; g <= num_groups; g++) {
-    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[g * o->strides[0]]
-                                          : ((const int64_t *)o->data)[g * o->strides[0]];
-    if (g == 0 && v != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: first offset is %lld, not 0", (long long)v);
-    if (g > 0 && v <= prev)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: offset[%lld] = %lld after %lld (groups must be non-empty and "
-                       "offsets increasing)",
-                       (long long)g, (long long)v, (long long)prev);
-    prev = v;
-  }
-  if (prev != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: last offset is %lld, not B = %lld",
-                     (long long)prev, (long long)B);
-  return RLK_OK;
 }
 
 /* Sizes of a validated call. */
@@ -256,36 +224,11 @@ static rlk_status tb_validate(const rlk_context *ctx, const rlk_token_baseline_a
   c->compact = a->compact;
 
   /* groups */
-  if (a->group_size < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld is negative", (long long)a->group_size);
-  if ((a->group_size > 0) == (a->group_offsets.data != NULL))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "group_size and group_offsets: give exactly one (group_size is %lld and "
-                     "group_offsets is %s)",
-                     (long long)a->group_size, a->group_offsets.data ? "present" : "absent");
-  if (a->group_size > 0) {
-    if (B % a->group_size != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_size: %lld does not divide B = %lld",
-                       (long long)a->group_size, (long long)B);
-    k->num_groups = B / a->group_size;
-    c->offsets = TB_OFFSETS_FIXED;
-  } else {
-    const rlk_tensor *o = &a->group_offsets;
-    if ((st = rlk_check_tensor(o, "group_offsets", 1))) return st;
-    if ((st = rlk_check_dtype(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64)))) return st;
-    if ((st = rlk_check_ndim(o, "group_offsets", 1, 1))) return st;
-    if ((st = rlk_check_contiguous(o, "group_offsets"))) return st;
-    if (o->shape[0] < 2)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: %lld entries, need num_groups + 1 >= 2",
-                       (long long)o->shape[0]);
-    k->num_groups = o->shape[0] - 1;
-    if (k->num_groups > B)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: %lld groups for B = %lld sequences (groups must be non-empty)",
-                       (long long)k->num_groups, (long long)B);
-    if (ctx->kind == RLK_BACKEND_HOST && (st = tb_check_offsets_values(o, k->num_groups, B))) return st;
-    c->offsets = o->dtype == RLK_I32 ? TB_OFFSETS_I32 : TB_OFFSETS_I64;
-  }
+  rlk_dtype offsets;
+  if ((st = rlk_check_groups(a->group_size, &a->group_offsets, B, ctx->kind == RLK_BACKEND_HOST,
+                             &k->num_groups, &offsets)))
+    return st;
+  c->offsets = offsets == RLK_I32 ? TB_OFFSETS_I32 : offsets == RLK_I64 ? TB_OFFSETS_I64 : TB_OFFSETS_FIXED;
 
   /* outputs */
   if ((st = tb_check_rows(&a->advantages, "advantages", same, B, T))) return st;
