@@ -120,11 +120,13 @@ demo: deps
 	$(BUILD)/bin/rlk-grpo-step
 
 # Tests run against a private cache so they never touch the user's.
+# The build and the suites use every CPU (TEST_JOBS; the suites, one per process, longest first).
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	tools/build/check_layers.sh --self-test
 	tools/build/check_layers.sh
-	$(MAKE) tests
-	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
+	$(MAKE) -j$(TEST_JOBS) tests
+	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
 	$(if $(SANITIZE),,$(MAKE) python-test)
 
 # The Python package (python/rlk) against the library just built: numpy on the host backend;
@@ -145,7 +147,7 @@ conformance: lib
 	  $(CONF_VENV)/bin/python -m pytest -q -c python/conformance/pytest.ini python/conformance
 
 test-gpu: deps
-	$(MAKE) tests
+	$(MAKE) -j$(TEST_JOBS) tests
 	RLK_TEST_GPU=1 RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) $(TEST_BIN)
 
 sanitize:

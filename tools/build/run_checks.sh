@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# run_checks.sh - runs the Check suites of TEST_BIN in JOBS parallel processes (default: the
+# CPUs), one suite per process, the longest first (`TEST_BIN --list`), each with its own private
+# cache root; prints every suite's output in list order and a summary. Exits non-zero when a
+# suite fails or crashes. Environment (RLK_TEST_GPU, CK_*, RLK_TEST_BIN_DIR) passes through.
+#   tools/build/run_checks.sh build/tests/check_rlk [JOBS]
+set -u
+bin=${1:?usage: run_checks.sh TEST_BIN [JOBS]}
+jobs=${2:-$(nproc 2>/dev/null || echo 2)}
+logs=$(mktemp -d "${TMPDIR:-/tmp}/rlk-checks-XXXXXX") || exit 2
+trap 'rm -rf "$logs"' EXIT
+suites=$("$bin" --list) || exit 2
+start=$(date +%s)
+printf '%s\n' $suites | xargs -P "$jobs" -I{} sh -c \
+  'RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; echo $? > "$3/$1.rc"' _ {} "$bin" "$logs"
+failed=""
+for s in $suites; do
+  cat "$logs/$s.log"
+  rc=$(cat "$logs/$s.rc" 2>/dev/null || echo missing)
+  [ "$rc" = 0 ] || failed="$failed $s($rc)"
+done
+echo "check suites: $(printf '%s\n' $suites | wc -l) run in $(( $(date +%s) - start )) s, $jobs at a time"
+if [ -n "$failed" ]; then
+  echo "FAILED suites:$failed"
+  exit 1
+fi
