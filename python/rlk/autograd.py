@@ -15,13 +15,15 @@ import torch
 
 from ._tensor import is_torch
 from .errors import InvalidArgument
+from .ops import linear_logprob as _linear
 from .ops import logprob as _logprob
 from .ops import vocab_parallel as _vocab_parallel
 from .ops import losses
 from .ops import prefix_attention as _pattn
 
-__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "VocabParallelTokenLogprob", "PrefixAttention",
-           "policy_loss", "value_loss", "token_logprob", "vocab_parallel_token_logprob",
+__all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
+           "VocabParallelTokenLogprob", "PrefixAttention", "policy_loss", "value_loss",
+           "token_logprob", "linear_token_logprob", "vocab_parallel_token_logprob",
            "prefix_attention"]
 
 
@@ -95,6 +97,39 @@ class TokenLogprob(torch.autograd.Function):
                                          grad_entropy=g_h, entropy=entropy if g_h is not None else None,
                                          inplace=ctx.inplace, **ctx.kw)
         return grad, None, None
+
+
+class LinearTokenLogprob(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H], labels [N], keyword dict) -> (logp [N], entropy [N] or None),
+    f32, for logits = hidden @ weight.T never stored (rlk_linear_logprob); differentiable in hidden
+    and weight through rlk_linear_logprob_backward (the logits recomputed chunk by chunk).
+    Gradients come in the inputs' dtype, accumulated in f32 inside the kernels."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, kwargs):
+        kw = dict(kwargs)
+        want_entropy = kw.pop("entropy", False)
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index") if k in kw}
+        ctx.chunk = kw.pop("chunk", None)
+        out = _linear.linear_logprob(hidden.detach(), weight.detach(), labels, entropy=want_entropy,
+                                     lse=True, **kw)
+        ctx.save_for_backward(hidden, weight, labels, out.lse, out.entropy)
+        if not want_entropy:
+            return out.logp, None
+        return out.logp, out.entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None
+        g_lp = _upstream(grad_logp)
+        g_h = _upstream(grad_entropy) if entropy is not None else None
+        gh, gw = _linear.linear_logprob_backward(
+            hidden.detach(), weight.detach(), labels, lse, g_lp, g_h,
+            entropy if g_h is not None else None, want_hidden=ctx.needs_input_grad[0],
+            want_weight=ctx.needs_input_grad[1], grad_dtype="same", chunk=ctx.chunk, **ctx.kw)
+        return gh, gw, None, None
 
 
 class VocabParallelTokenLogprob(torch.autograd.Function):
@@ -211,6 +246,24 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
     flat = logits.reshape(-1, logits.shape[-1])
     kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
     logp, ent = TokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    if entropy:
+        return logp.view(shape), ent.view(shape)
+    return logp.view(shape)
+
+
+def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
+    """Token log-probs (and the entropy) of logits = hidden @ weight.T without storing them:
+    hidden [..., H] and weight [V, H] (bf16 or f16, an LM head's layout), labels [...];
+    differentiable in hidden and weight. Returns logp (labels' shape, f32), or (logp, entropy)
+    with entropy=True. Keywords: temperature, ignore_index, variant, splits (rlk.linear_logprob)
+    and chunk (the backward's vocabulary chunk)."""
+    _require_torch("linear_token_logprob", hidden)
+    shape = tuple(labels.shape)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    kwargs.update(entropy=entropy)
+    logp, ent = LinearTokenLogprob.apply(flat, weight, labels.reshape(-1), kwargs)
     if entropy:
         return logp.view(shape), ent.view(shape)
     return logp.view(shape)

@@ -1,6 +1,9 @@
-"""transformers on rlk: a causal LM runs a GRPO group with its prompt processed once.
+"""transformers on rlk: a causal LM runs a GRPO group with its prompt processed once, and its LM
+head fused with the log-softmax (the logits never stored).
 
     from rlk.integrations import transformers as rlk_tf
+    logp = rlk_tf.token_logprobs(model, input_ids)   # lm_head + log-softmax fused, differentiable
+
     rlk_tf.register()                          # attention "rlk_prefix" in transformers' registry
     model.set_attn_implementation("rlk_prefix")
     logps = rlk_tf.response_logprobs(model, prompts, responses)
@@ -23,7 +26,7 @@ import torch
 from .. import autograd as _ag
 from ..ops import prefix_attention as _pa
 
-__all__ = ["NAME", "register", "packed_inputs", "response_logprobs"]
+__all__ = ["NAME", "register", "packed_inputs", "response_logprobs", "token_logprobs"]
 
 NAME = "rlk_prefix"
 
@@ -115,3 +118,25 @@ def response_logprobs(model, prompts, responses, **model_kwargs):
             k += 1
         out.append(group)
     return out
+
+
+def token_logprobs(model, input_ids, attention_mask=None, *, labels_mask=None, temperature=1.0,
+                   entropy=False, **model_kwargs):
+    """The log-probs of input_ids[:, 1:] under a transformers causal LM with its LM head fused
+    with the log-softmax (rlk.autograd.linear_token_logprob against model.lm_head.weight): the
+    model's body gives the hidden states, and the [B, T - 1, V] logits are never stored, in the
+    forward or the backward. labels_mask [B, T - 1] (optional): 0 where a token is not scored
+    (its log-prob 0, no gradient), e.g. the prompt. Returns logp [B, T - 1] f32 (and the entropy
+    with entropy=True), differentiable in the model's parameters."""
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("token_logprobs: an LM head with a bias is not fused")
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                  **model_kwargs).last_hidden_state
+    labels = input_ids[:, 1:]
+    if labels_mask is not None:
+        labels = labels.masked_fill(labels_mask == 0, -100)
+    return _ag.linear_token_logprob(hidden[:, :-1], head.weight, labels,
+                                    temperature=float(temperature), ignore_index=-100,
+                                    entropy=entropy)
