@@ -20,10 +20,11 @@ AGGS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
 
 def config(case, global_info=None, **kw):
     over = case["over"]
-    c = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=4,
-                    use_dynamic_bsz=False, rollout_n=1, clip_ratio=0.2, clip_ratio_low=0.2,
-                    clip_ratio_high=over.get("clip_high", 0.28),
-                    clip_ratio_c=over.get("dual_clip", 3.0), **kw)
+    args = dict(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=4,
+                use_dynamic_bsz=False, rollout_n=1, clip_ratio=0.2, clip_ratio_low=0.2,
+                clip_ratio_high=over.get("clip_high", 0.28), clip_ratio_c=over.get("dual_clip", 3.0))
+    args.update(kw)
+    c = ActorConfig(**args)
     if global_info:
         c.global_batch_info.update(global_info)
     return c
@@ -84,6 +85,34 @@ def test_cov_policy_losses(mode, agg, case_name, dtype, rng):
         want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False)
         torch.manual_seed(seed)
         got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan)
+        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
+        close(got[0], want[0], dtype, what + " loss")
+        close(got[1], want[1], dtype, what + " grad")
+        assert set(got[2]) == set(want[2]), what
+        for k in want[2]:
+            close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("mode", ("dppo_tv", "dppo_kl", "dro"))
+def test_dppo_dro_policy_losses(mode, agg, case_name, dtype, rng):
+    """The DPPO trust regions at bounds the data reaches on both sides (0.02 on p - p_old, 0.01
+    on the binary KL), DRO with beta 0.3; with rollout weights for the DPPO pair."""
+    from verl.workers.config.actor import PolicyLossConfig
+    case = make(case_name, dtype, rng)
+    nan = case.get("nan", False)
+    pl = PolicyLossConfig(loss_mode=mode, dro_beta=0.3)
+    bound = 0.01 if mode == "dppo_kl" else 0.02
+    isw = None
+    if mode != "dro":
+        isw = torch.from_numpy((rng.random(case["lp"].shape) + 0.5).astype(case["lp"].dtype))
+    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
+                        "loss_scale_factor": 13.0}):
+        cfg = config(case, info, policy_loss=pl, clip_ratio_low=bound, clip_ratio_high=bound)
+        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False, isw)
+        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan, isw)
         what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
         close(got[0], want[0], dtype, what + " loss")
         close(got[1], want[1], dtype, what + " grad")

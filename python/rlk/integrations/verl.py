@@ -248,6 +248,72 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
     return loss, {"actor/ppo_kl": ppo_kl.item()}
 
 
+def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+          rollout_is_weights, kl):
+    """verl's DPPO losses: -A sg(min(r, clip_ratio_c)) logp on the tokens inside the trust region
+    (by the probabilities' difference, or their binary KL), as rlk's REINFORCE term weighted per
+    token (the weights computed here, elementwise, detached as verl detaches them)."""
+    if config is None:
+        raise ValueError("config is required")
+    lo, hi = _clip(config)
+    c = config.get("clip_ratio_c", 20.0)
+    with torch.no_grad():
+        lp = log_prob.detach()
+        d = torch.clamp(lp - old_log_prob, min=-20.0, max=20.0)
+        r = torch.exp(d)
+        prob, old_prob = torch.exp(lp), torch.exp(old_log_prob)
+        if kl:
+            bkl = old_prob * (old_log_prob - lp) + (1 - old_prob) * torch.log(
+                (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+            pos, neg = (bkl <= hi) | (prob <= old_prob), (bkl <= lo) | (prob >= old_prob)
+        else:
+            pos, neg = (prob - old_prob) <= hi, (prob - old_prob) >= -lo
+        valid = torch.where(advantages > 0, pos, neg).float()
+        w = torch.clamp(r, max=c) * valid
+        if rollout_is_weights is not None:
+            w = w * rollout_is_weights
+    loss, m = _run("reinforce", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                   config, w, log_ratio_min=-20.0, log_ratio_max=20.0)
+    with torch.no_grad():
+        clipfrac = _masked_mean(1.0 - valid, response_mask)
+        lower = _masked_mean((r > c).float() * valid, response_mask)
+    return loss, {"actor/pg_clipfrac": clipfrac.item(), "actor/ppo_kl": _m(m, 4),
+                  "actor/pg_clipfrac_lower": lower.item()}
+
+
+def compute_policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask,
+                                loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "dppo_tv": DPPO with the trust region on p - p_old (clip_ratio_low / high)."""
+    return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                 rollout_is_weights, kl=False)
+
+
+def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask,
+                                loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "dppo_kl": DPPO with the trust region on the binary KL of p_old and p."""
+    return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                 rollout_is_weights, kl=True)
+
+
+def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask,
+                            loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    """verl "dro": -(A logp - dro_beta / 2 (logp - logp_old)^2): rlk's REINFORCE term plus the k2
+    KL term against the old log-probs (kl_coef = dro_beta, no clamps). With rollout weights verl
+    weights the penalty too, which rlk's weights (the policy term's) do not express."""
+    if config is None:
+        raise ValueError("config is required")
+    beta = config.policy_loss.dro_beta
+    if beta is None or beta <= 0:
+        raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
+    if rollout_is_weights is not None:
+        raise NotImplementedError("rlk: dro with rollout_is_weights is not expressed")
+    loss, m = _run("reinforce", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                   config, None, ref_logp=old_log_prob, kl_estimator="k2", kl_coef=float(beta),
+                   kl_input_clamp=math.inf, kl_output_clamp=math.inf, log_ratio_min=-math.inf,
+                   log_ratio_max=math.inf)
+    return loss, {"actor/ppo_kl": _m(m, 13)}
+
+
 POLICY_LOSSES = {
     "vanilla": compute_policy_loss_vanilla,
     "gspo": compute_policy_loss_gspo,
@@ -257,6 +323,9 @@ POLICY_LOSSES = {
     "geo_mean": compute_policy_loss_geo_mean,
     "clip_cov": compute_policy_loss_clip_cov,
     "kl_cov": compute_policy_loss_kl_cov,
+    "dppo_tv": compute_policy_loss_dppo_tv,
+    "dppo_kl": compute_policy_loss_dppo_kl,
+    "dro": compute_policy_loss_dro,
 }
 
 
