@@ -202,7 +202,7 @@ def test_patch_swaps_and_restores():
 # ---- outcome advantage estimators -----------------------------------------------------
 
 ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",
-              "reinforce_plus_plus_baseline")
+              "reinforce_plus_plus_baseline")  # (gpg and remax take other arguments: below)
 
 
 class AlgoConfig(dict):
@@ -255,6 +255,24 @@ def test_outcome_estimator(name, norm, layout, rewards, dtype, rng):
     # rlk's advantages are f32 (f64 statistics for f64 scores)
     close(got, want, dtype, what + " advantages", rtol=2e-6)
     close(got_ret, want_ret, dtype, what + " returns", rtol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ("fixed", "shuffled"))
+def test_gpg_and_remax(layout, dtype, rng):
+    tok, mask, ids = outcome_batch(layout, "continuous", dtype, rng)
+    tok[0] = 0.0  # a zero score (gpg counts the non-zero ones)
+    for name, kw in (("gpg", dict(index=ids, epsilon=1e-6, f_norm=1.7)),
+                     ("remax", dict(reward_baselines=torch.from_numpy(
+                         rng.standard_normal(tok.shape[0]).astype(tok.numpy().dtype))))):
+        want = ca.get_adv_estimator_fn(name)(token_level_rewards=tok.clone(), response_mask=mask,
+                                             config=AlgoConfig(), **kw)
+        got = rv.ADV_ESTIMATORS[name](token_level_rewards=tok.clone(), response_mask=mask,
+                                      config=AlgoConfig(), **kw)
+        what = "%s %s %s" % (name, layout, dtype)
+        for g, w, part in zip(got, want, ("advantages", "returns")):
+            assert g.dtype == w.dtype and g.shape == w.shape, what
+            close(g, w, dtype, what + " " + part, rtol=2e-6 if name == "gpg" else None)
 
 
 def test_patch_swaps_estimators():

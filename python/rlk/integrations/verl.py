@@ -533,6 +533,28 @@ def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, res
                            sum_pi_squared, rollout_is_weights, handle_zero_tail, epsilon, True)
 
 
+def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask,
+                                    config=None, **kwargs):
+    """verl "remax": returns = the reverse cumulative sums of rewards x mask, advantages =
+    returns - the greedy rollout's reward x mask (rlk_reverse_cumsum with a baseline)."""
+    with torch.no_grad():
+        returns, adv = _ret.reverse_cumsum(token_level_rewards, mask_arg(response_mask),
+                                           baseline=reward_baselines.to(token_level_rewards.dtype))
+    return adv, returns
+
+
+def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                  f_norm=1.0, alpha=1.0, config=None, **kwargs):
+    """verl "gpg": (s - mean_g) x B / (the count of non-zero scores) / f_norm; a one-member group
+    keeps its score (mean-only group advantages, the factor formed on the device)."""
+    adv, _ = _outcome(token_level_rewards, response_mask, index, "mean-only", epsilon)
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        factor = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1) / f_norm
+        out = adv * factor.to(adv.dtype)
+    return out, out
+
+
 ADV_ESTIMATORS = {
     "grpo": compute_grpo_outcome_advantage,
     "grpo_vectorized": compute_grpo_vectorized_outcome_advantage,
@@ -541,6 +563,8 @@ ADV_ESTIMATORS = {
     "opo": compute_opo_outcome_advantage,
     "grpo_passk": compute_grpo_passk_outcome_advantage,
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+    "remax": compute_remax_outcome_advantage,
+    "gpg": compute_gpg_outcome_advantage,
     "gae": compute_gae_advantage_return,
     "optimal_token_baseline": compute_optimal_token_baseline_advantage,
     "tir_optimal_token_baseline": compute_multi_turn_optimal_token_baseline_advantage,
