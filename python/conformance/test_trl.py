@@ -39,7 +39,7 @@ class OneProcess:
         return x
 
 
-def trainer(loss_type, level, beta, case, logp, ent):
+def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0):
     t = object.__new__(G.GRPOTrainer)
     over = case["over"]
     t.__dict__.update(
@@ -47,7 +47,8 @@ def trainer(loss_type, level, beta, case, logp, ent):
         epsilon_high=(5.0 if loss_type == "cispo" else over.get("clip_high", 0.28)),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
         vllm_importance_sampling_correction=False, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=3,
+        _entropy_bonus_enabled=ent_coef != 0.0, entropy_coef=ent_coef, use_adaptive_entropy=False,
+        current_gradient_accumulation_steps=3,
         max_completion_length=logp.shape[1] + 2, model=types.SimpleNamespace(training=True),
         accelerator=OneProcess(),
         _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
@@ -58,8 +59,8 @@ def trainer(loss_type, level, beta, case, logp, ent):
     return t
 
 
-def run(fn, loss_type, level, beta, case, nan):
-    x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp",))
+def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0):
+    x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp", "ent"))
     B, T = case["lp"].shape
     inputs = {"prompt_ids": torch.zeros((B, 0), dtype=torch.long),
               "prompt_mask": torch.zeros((B, 0), dtype=torch.long),
@@ -68,11 +69,14 @@ def run(fn, loss_type, level, beta, case, nan):
               "advantages": torch.from_numpy(case["adv_seq"]),
               "old_per_token_logps": x["old"], "ref_per_token_logps": x["ref"],
               "num_items_in_batch": torch.tensor(float(case["mask"].sum() * 2 + 3))}
-    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"])
+    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef)
     loss = fn(tr, None, inputs)
     loss.backward()
     metrics = {k: v[-1] for k, v in tr._metrics["train"].items() if k not in NOT_EXPRESSED}
-    return loss.detach(), x["lp"].grad, metrics
+    grad_ent = x["ent"].grad
+    if grad_ent is not None:
+        grad_ent = torch.where(torch.from_numpy(case["mask"]), grad_ent, 0.0)
+    return loss.detach(), x["lp"].grad, metrics, grad_ent
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -87,6 +91,25 @@ def test_grpo_loss(level, loss_type, beta, case_name, dtype, rng):
     what = "%s %s beta=%s %s %s" % (level, loss_type, beta, case_name, dtype)
     close(got[0], want[0], dtype, what + " loss")
     close(got[1], want[1], dtype, what + " grad")
+    assert set(got[2]) == set(want[2]), what
+    for k in want[2]:
+        close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("beta", (0.0, 0.04))
+@pytest.mark.parametrize("loss_type", rt.LOSS_TYPES)
+def test_grpo_loss_entropy_bonus(loss_type, beta, case_name, dtype, rng):
+    """TRL's static entropy bonus (a mean over the scored tokens, divided by the accumulation
+    steps only): loss, both gradients and every metric, "policy_loss" included."""
+    case = make(case_name, dtype, rng)
+    want = run(G.GRPOTrainer._compute_loss, loss_type, "token", beta, case, False, ent_coef=0.05)
+    got = run(rt.compute_loss, loss_type, "token", beta, case, case.get("nan", False), ent_coef=0.05)
+    what = "entropy bonus %s beta=%s %s %s" % (loss_type, beta, case_name, dtype)
+    close(got[0], want[0], dtype, what + " loss")
+    close(got[1], want[1], dtype, what + " grad")
+    close(got[3], want[3], dtype, what + " entropy grad")
     assert set(got[2]) == set(want[2]), what
     for k in want[2]:
         close(got[2][k], want[2][k], dtype, what + " " + k)

@@ -17,7 +17,7 @@ gradient accumulation steps in training, sequence-level importance sampling diff
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
 gradient on a bound as the installed torch gives it. Where a setting is not expressed (delta,
 vespo, sequence-level sapo or cispo, use_bias_correction_kl, off-policy masks, entropy masks,
-vLLM importance correction, an entropy bonus), compute_loss runs TRL's own code.
+vLLM importance correction, the adaptive entropy bonus), compute_loss runs TRL's own code.
 """
 import math
 
@@ -162,7 +162,8 @@ def compute_loss(self, model, inputs):
              and getattr(self, "off_policy_mask_threshold", None) is None
              and not (getattr(self, "use_vllm", False)
                       and getattr(self, "vllm_importance_sampling_correction", False))
-             and not getattr(self, "_entropy_bonus_enabled", False)
+             and not (getattr(self, "_entropy_bonus_enabled", False)
+                      and getattr(self, "use_adaptive_entropy", False))
              and not getattr(self, "aux_loss_enabled", False))
     if not plain:
         return _original["_compute_loss"](self, model, inputs)
@@ -192,6 +193,20 @@ def compute_loss(self, model, inputs):
         entropies=entropies)
     for name, (mean, count) in metrics.items():
         self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
+    if getattr(self, "_entropy_bonus_enabled", False):
+        # TRL's static entropy bonus: the mean entropy over the scored tokens, divided only by the
+        # accumulation steps whatever the loss type's normalizer (a torch term beside rlk's loss;
+        # the entropies carry the model's gradient). "policy_loss" is the loss before that division
+        # (dapo and cispo divide inside their normalizer).
+        acc = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        # (masked tokens may hold anything, NaN included: they count as 0, as in rlk's kernels)
+        bonus = (torch.where(mask.bool(), entropies, 0.0) * mask).sum() / mask.sum().clamp(min=1.0) / acc
+        policy_loss = loss.detach() * (1.0 if self.loss_type in ("dapo", "cispo") else acc)
+        loss = loss - self.entropy_coef * bonus
+        self._metrics[mode]["policy_loss"].append(
+            self.accelerator.gather(policy_loss).nanmean().item())
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
     return loss
 
 
