@@ -39,7 +39,7 @@ class OneProcess:
         return x
 
 
-def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0):
+def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False):
     t = object.__new__(G.GRPOTrainer)
     over = case["over"]
     t.__dict__.update(
@@ -52,14 +52,14 @@ def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0):
         max_completion_length=logp.shape[1] + 2, model=types.SimpleNamespace(training=True),
         accelerator=OneProcess(),
         _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
-        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
+        args=types.SimpleNamespace(use_bias_correction_kl=bias_kl, delta=None,
                                    sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
                                    steps_per_generation=2))
     t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
     return t
 
 
-def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0):
+def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False):
     x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp", "ent"))
     B, T = case["lp"].shape
     inputs = {"prompt_ids": torch.zeros((B, 0), dtype=torch.long),
@@ -69,7 +69,7 @@ def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0):
               "advantages": torch.from_numpy(case["adv_seq"]),
               "old_per_token_logps": x["old"], "ref_per_token_logps": x["ref"],
               "num_items_in_batch": torch.tensor(float(case["mask"].sum() * 2 + 3))}
-    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef)
+    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef, bias_kl)
     loss = fn(tr, None, inputs)
     loss.backward()
     metrics = {k: v[-1] for k, v in tr._metrics["train"].items() if k not in NOT_EXPRESSED}
@@ -110,6 +110,23 @@ def test_grpo_loss_entropy_bonus(loss_type, beta, case_name, dtype, rng):
     close(got[0], want[0], dtype, what + " loss")
     close(got[1], want[1], dtype, what + " grad")
     close(got[3], want[3], dtype, what + " entropy grad")
+    assert set(got[2]) == set(want[2]), what
+    for k in want[2]:
+        close(got[2][k], want[2][k], dtype, what + " " + k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("level,loss_type", [("token", lt) for lt in rt.LOSS_TYPES] +
+                         [("sequence", lt) for lt in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")])
+def test_grpo_loss_bias_corrected_kl(level, loss_type, case_name, dtype, rng):
+    """use_bias_correction_kl: the k3 term times the importance ratio, with its gradient."""
+    case = make(case_name, dtype, rng)
+    want = run(G.GRPOTrainer._compute_loss, loss_type, level, 0.04, case, False, bias_kl=True)
+    got = run(rt.compute_loss, loss_type, level, 0.04, case, case.get("nan", False), bias_kl=True)
+    what = "bias-corrected kl %s %s %s %s" % (level, loss_type, case_name, dtype)
+    close(got[0], want[0], dtype, what + " loss")
+    close(got[1], want[1], dtype, what + " grad")
     assert set(got[2]) == set(want[2]), what
     for k in want[2]:
         close(got[2][k], want[2][k], dtype, what + " " + k)

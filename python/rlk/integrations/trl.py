@@ -16,7 +16,7 @@ and accumulation window; luspo: mean over sequences of the token sums), the divi
 gradient accumulation steps in training, sequence-level importance sampling differentiated
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
 gradient on a bound as the installed torch gives it. Where a setting is not expressed (delta,
-vespo, sequence-level sapo or cispo, use_bias_correction_kl, off-policy masks, entropy masks,
+vespo, sequence-level sapo or cispo, off-policy masks, entropy masks,
 vLLM importance correction, the adaptive entropy bonus), compute_loss runs TRL's own code.
 """
 import math
@@ -67,7 +67,7 @@ def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
 def supported(loss_type, importance_sampling_level="token", delta=None,
               use_bias_correction_kl=False):
     """Whether grpo_loss expresses these settings."""
-    if loss_type not in LOSS_TYPES or delta is not None or use_bias_correction_kl:
+    if loss_type not in LOSS_TYPES or delta is not None:
         return False
     return importance_sampling_level == "token" or loss_type in ("grpo", "bnpo", "dr_grpo", "dapo",
                                                                   "luspo")
@@ -78,10 +78,12 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
               importance_sampling_level="token", sapo_temperature_pos=1.0,
               sapo_temperature_neg=1.05, num_items_in_batch=None, num_processes=1,
               gradient_accumulation_steps=1, steps_per_generation=1, max_completion_length=None,
-              training=True, entropies=None):
+              training=True, entropies=None, use_bias_correction_kl=False):
     """The policy (+ beta KL) loss of GRPOTrainer._compute_loss and its local metrics
     ({name: (mean, count)}: TRL reduces sum and count across processes; "entropy" when
-    entropies are given)."""
+    entropies are given). use_bias_correction_kl: TRL's KL term times the importance ratio
+    (token or sequence), its gradient included: a torch term aggregated by rlk with the policy
+    term's normalizers."""
     if not supported(loss_type, importance_sampling_level):
         raise NotImplementedError("rlk: loss_type=%r at importance_sampling_level=%r"
                                   % (loss_type, importance_sampling_level))
@@ -115,7 +117,10 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         kw.update(mode="sapo",
                   sapo_tau_pos=float(torch.tensor(float(sapo_temperature_pos), dtype=f32)),
                   sapo_tau_neg=float(torch.tensor(float(sapo_temperature_neg), dtype=f32)))
-    if beta != 0.0:
+    agg_kw = {k: kw[k] for k in ("agg", "seq_normalizer", "token_normalizer", "norm_scale",
+                                 "loss_scale") if k in kw}
+    corrected = beta != 0.0 and use_bias_correction_kl
+    if beta != 0.0 and not corrected:
         kw.update(ref_logp=ref_per_token_logps, kl_estimator="k3", kl_coef=float(beta),
                   kl_input_clamp=math.inf, kl_output_clamp=math.inf)
     adv = advantages
@@ -126,7 +131,22 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
     loss, m = _ag.policy_loss(per_token_logps, old_per_token_logps, adv, mask_arg(mask), **kw)
     n_tok = m[12].item()
     metrics = {}
-    if beta != 0.0:
+    if corrected:
+        # k3 times the importance ratio of the token (or its sequence), differentiated through
+        # both; aggregated like the policy term (a REINFORCE term of advantage -1 is its input)
+        valid = mask.bool()
+        d = torch.where(valid, ref_per_token_logps - per_token_logps, 0.0)
+        kl = torch.exp(d) - d - 1
+        lr = torch.where(valid, per_token_logps - old_per_token_logps, 0.0)
+        if seq:
+            lr = ((lr * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        kl = kl * torch.exp(lr)
+        term = float(beta) * kl
+        loss_kl, _ = _ag.policy_loss(term, term.detach(), torch.full_like(term, -1.0),
+                                     mask_arg(mask), mode="reinforce", **agg_kw)
+        loss = loss + loss_kl
+        metrics["kl"] = (((kl * mask).sum() / mask.sum().clamp(min=1.0)).item(), n_tok)
+    elif beta != 0.0:
         metrics["kl"] = (m[5].item(), n_tok)
     if entropies is not None:
         metrics["entropy"] = (m[6].item(), n_tok)
@@ -190,7 +210,7 @@ def compute_loss(self, model, inputs):
         gradient_accumulation_steps=self.current_gradient_accumulation_steps,
         steps_per_generation=getattr(args, "steps_per_generation", 1),
         max_completion_length=self.max_completion_length, training=mode == "train",
-        entropies=entropies)
+        entropies=entropies, use_bias_correction_kl=getattr(args, "use_bias_correction_kl", False))
     for name, (mean, count) in metrics.items():
         self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
     if getattr(self, "_entropy_bonus_enabled", False):
