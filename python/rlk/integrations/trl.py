@@ -16,7 +16,7 @@ and accumulation window; luspo: mean over sequences of the token sums), the divi
 gradient accumulation steps in training, sequence-level importance sampling differentiated
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
 gradient on a bound as the installed torch gives it. Where a setting is not expressed (delta,
-vespo, sequence-level sapo or cispo, off-policy masks, entropy masks,
+vespo, off-policy masks, entropy masks,
 vLLM importance correction, the adaptive entropy bonus), compute_loss runs TRL's own code.
 """
 import math
@@ -67,10 +67,8 @@ def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
 def supported(loss_type, importance_sampling_level="token", delta=None,
               use_bias_correction_kl=False):
     """Whether grpo_loss expresses these settings."""
-    if loss_type not in LOSS_TYPES or delta is not None:
-        return False
-    return importance_sampling_level == "token" or loss_type in ("grpo", "bnpo", "dr_grpo", "dapo",
-                                                                  "luspo")
+    return loss_type in LOSS_TYPES and delta is None and importance_sampling_level in ("token",
+                                                                                    "sequence")
 
 
 def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_type="dapo",
@@ -128,7 +126,48 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         adv = adv[:, 0]
     if entropies is not None:
         kw["entropy"] = entropies.detach()
-    loss, m = _ag.policy_loss(per_token_logps, old_per_token_logps, adv, mask_arg(mask), **kw)
+    seq_clipped = None
+    if seq and loss_type in ("cispo", "sapo"):
+        # the sequence's ratio: exp of the masked mean log-ratio (the mean over max(n, 1) tokens)
+        valid = mask.bool()
+        lr = torch.where(valid, per_token_logps - old_per_token_logps, 0.0)
+        s_ratio = torch.exp((lr * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        A = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+        if loss_type == "cispo":
+            # -sg(min(s, epsilon_high)) A logp: REINFORCE weighted per token by the clamped ratio
+            w = torch.clamp(s_ratio.detach(), max=float(epsilon_high)).expand_as(per_token_logps)
+            kw.update(mode="reinforce", rollout_is_weights=w.contiguous())
+            seq_clipped = ((s_ratio.detach() > float(epsilon_high)) & (A > 0)).float()
+        else:
+            # SAPO's soft gate of the sequence ratio, differentiated through its mean: the term is
+            # formed in torch and aggregated by rlk (a REINFORCE term of advantage -1 is its input)
+            f32 = torch.get_default_dtype()
+            tau = torch.where(A > 0, torch.tensor(float(sapo_temperature_pos), dtype=f32),
+                              torch.tensor(float(sapo_temperature_neg), dtype=f32)).to(A.dtype)
+            term = (-(torch.sigmoid(tau * (s_ratio - 1)) * 4 / tau) * A).expand_as(per_token_logps)
+            term = term.contiguous()
+            for k in ("mode", "clip_low", "clip_high", "dual_clip", "sapo_tau_pos", "sapo_tau_neg",
+                      "seq_ratio_grad"):
+                kw.pop(k, None)
+            kw.update(mode="reinforce")
+            loss_pg, m = _ag.policy_loss(term, term.detach(), torch.full_like(term, -1.0),
+                                         mask_arg(mask), **{k: v for k, v in kw.items()
+                                                            if k not in ("ref_logp", "kl_estimator",
+                                                                         "kl_coef", "kl_input_clamp",
+                                                                         "kl_output_clamp")})
+    if seq and loss_type == "sapo":
+        loss = loss_pg
+        if beta != 0.0 and not corrected:
+            # the KL term rlk's own (k3 against the reference, beta), aggregated alike
+            loss_kl, mk = _ag.policy_loss(per_token_logps, per_token_logps.detach(),
+                                          torch.zeros_like(per_token_logps), mask_arg(mask),
+                                          mode="reinforce", ref_logp=ref_per_token_logps,
+                                          kl_estimator="k3", kl_coef=float(beta),
+                                          kl_input_clamp=math.inf, kl_output_clamp=math.inf,
+                                          **agg_kw)
+            loss = loss + loss_kl
+    else:
+        loss, m = _ag.policy_loss(per_token_logps, old_per_token_logps, adv, mask_arg(mask), **kw)
     n_tok = m[12].item()
     metrics = {}
     if corrected:
@@ -147,10 +186,12 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         loss = loss + loss_kl
         metrics["kl"] = (((kl * mask).sum() / mask.sum().clamp(min=1.0)).item(), n_tok)
     elif beta != 0.0:
-        metrics["kl"] = (m[5].item(), n_tok)
+        metrics["kl"] = ((mk if seq and loss_type == "sapo" else m)[5].item(), n_tok)
     if entropies is not None:
         metrics["entropy"] = (m[6].item(), n_tok)
-    if loss_type == "cispo":
+    if loss_type == "cispo" and seq_clipped is not None:
+        metrics["cispo_clip_ratio"] = (seq_clipped.mean().item(), float(B))
+    elif loss_type == "cispo":
         metrics["cispo_clip_ratio"] = (m[3].item(), n_tok)
     elif loss_type != "sapo":
         if seq:
