@@ -12,14 +12,16 @@ trap 'rm -rf "$logs"' EXIT
 suites=$("$bin" --list) || exit 2
 start=$(date +%s)
 printf '%s\n' $suites | xargs -P "$jobs" -I{} sh -c \
-  'RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; echo $? > "$3/$1.rc"' _ {} "$bin" "$logs"
+  't=$(date +%s); RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; echo $? > "$3/$1.rc";
+   echo $(( $(date +%s) - t )) > "$3/$1.s"' _ {} "$bin" "$logs"
 failed=""
 for s in $suites; do
   cat "$logs/$s.log"
   rc=$(cat "$logs/$s.rc" 2>/dev/null || echo missing)
   [ "$rc" = 0 ] || failed="$failed $s($rc)"
 done
-echo "check suites: $(printf '%s\n' $suites | wc -l) run in $(( $(date +%s) - start )) s, $jobs at a time"
+echo "check suites: $(printf '%s\n' $suites | wc -l) run in $(( $(date +%s) - start )) s, $jobs at a time;" \
+  "seconds each: $(for s in $suites; do printf '%s %s, ' "$s" "$(cat "$logs/$s.s" 2>/dev/null)"; done)"
 if [ -n "$failed" ]; then
   echo "FAILED suites:$failed"
   exit 1
