@@ -71,39 +71,6 @@ static ga_case base_case(int64_t B, int64_t G) {
   return c;
 }
 
-static void store(void *base, rlk_dtype d, int64_t i, double v) {
-  switch (d) {
-  case RLK_F32:
-    ((float *)base)[i] = (float)v;
-    break;
-  case RLK_F64:
-    ((double *)base)[i] = v;
-    break;
-  case RLK_I32:
-    ((int32_t *)base)[i] = (int32_t)v;
-    break;
-  case RLK_BOOL:
-    ((uint8_t *)base)[i] = (uint8_t)(v != 0);
-    break;
-  default:
-    ck_abort_msg("store: dtype %d", (int)d);
-  }
-}
-
-static double load(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32:
-    return ((const float *)base)[i];
-  case RLK_F64:
-    return ((const double *)base)[i];
-  case RLK_I32:
-    return ((const int32_t *)base)[i];
-  case RLK_BOOL:
-    return ((const uint8_t *)base)[i] != 0;
-  default:
-    return NAN;
-  }
-}
 
 /* A fresh score: continuous (normal, shifted and scaled per call) or pass/fail. */
 static double draw_score(uint64_t *rng, const ga_case *c) {
@@ -146,7 +113,7 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   const size_t sbytes = rlk_dtype_size(c->scores_dtype);
   const int64_t s_elems = (B - 1) * sstride + cols;
   void *sh = malloc((size_t)s_elems * sbytes);
-  for (int64_t i = 0; i < s_elems; i++) store(sh, c->scores_dtype, i, NAN);
+  for (int64_t i = 0; i < s_elems; i++) rlk_test_store(sh, c->scores_dtype, i, NAN);
   double *dense = malloc((size_t)(B * cols) * sizeof *dense);
 
   /* mask */
@@ -157,13 +124,13 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   if (has_mask) {
     const int64_t m_elems = (B - 1) * mstride + T;
     mh = malloc((size_t)m_elems * rlk_dtype_size(c->mask_dtype));
-    for (int64_t i = 0; i < m_elems; i++) store(mh, c->mask_dtype, i, 7);
+    for (int64_t i = 0; i < m_elems; i++) rlk_test_store(mh, c->mask_dtype, i, 7);
     mw = malloc((size_t)(B * T) * sizeof *mw);
     for (int64_t b = 0; b < B; b++)
       for (int64_t t = 0; t < T; t++) {
         const double w = draw_mask(rng, c->mask_dtype);
-        store(mh, c->mask_dtype, b * mstride + t, w);
-        mw[b * T + t] = load(mh, c->mask_dtype, b * mstride + t);
+        rlk_test_store(mh, c->mask_dtype, b * mstride + t, w);
+        mw[b * T + t] = rlk_test_load(mh, c->mask_dtype, b * mstride + t);
       }
   }
   for (int64_t b = 0; b < B; b++)
@@ -173,8 +140,8 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
       double v = masked_out && t % 2 ? NAN : draw_score(rng, c);
       if (!masked_out && c->nan_frac > 0 && rlk_test_rand_uniform(rng) < c->nan_frac / (double)cols)
         v = NAN; /* an unscorable member (one NaN reward makes its row sum NaN) */
-      store(sh, c->scores_dtype, b * sstride + t, v);
-      dense[b * cols + t] = load(sh, c->scores_dtype, b * sstride + t);
+      rlk_test_store(sh, c->scores_dtype, b * sstride + t, v);
+      dense[b * cols + t] = rlk_test_load(sh, c->scores_dtype, b * sstride + t);
     }
 
   /* opo's weights: token counts, now and then fractional */
@@ -186,8 +153,8 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
     for (int64_t b = 0; b < B; b++) {
       double w = (double)(1 + rlk_test_rand_u64(rng) % 300);
       if (b % 7 == 3) w *= rlk_test_rand_uniform(rng);
-      store(wh, c->scores_dtype, b, w);
-      wv[b] = load(wh, c->scores_dtype, b);
+      rlk_test_store(wh, c->scores_dtype, b, w);
+      wv[b] = rlk_test_load(wh, c->scores_dtype, b);
     }
     wd = rlk_test_dev_upload(ctx, wh, (size_t)B * sbytes);
   }

@@ -57,39 +57,6 @@ static tb_case base_case(int64_t B, int64_t T, int64_t G) {
   return c;
 }
 
-static double load(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32:
-    return ((const float *)base)[i];
-  case RLK_F64:
-    return ((const double *)base)[i];
-  case RLK_I32:
-    return ((const int32_t *)base)[i];
-  case RLK_BOOL:
-    return ((const uint8_t *)base)[i] != 0;
-  default:
-    return NAN;
-  }
-}
-
-static void store(void *base, rlk_dtype d, int64_t i, double v) {
-  switch (d) {
-  case RLK_F32:
-    ((float *)base)[i] = (float)v;
-    break;
-  case RLK_F64:
-    ((double *)base)[i] = v;
-    break;
-  case RLK_I32:
-    ((int32_t *)base)[i] = (int32_t)v;
-    break;
-  case RLK_BOOL:
-    ((uint8_t *)base)[i] = (uint8_t)(v != 0);
-    break;
-  default:
-    ck_abort_msg("store: dtype %d", (int)d);
-  }
-}
 
 /* A valid token's mask value (never 0). */
 static double mask_value(uint64_t *rng, rlk_dtype d) {
@@ -141,11 +108,11 @@ static void *upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, in
                          double *dense) {
   const size_t es = rlk_dtype_size(d), elems = (size_t)((B - 1) * S + T);
   void *h = malloc(elems * es);
-  for (size_t i = 0; i < elems; i++) store(h, d, (int64_t)i, fill);
+  for (size_t i = 0; i < elems; i++) rlk_test_store(h, d, (int64_t)i, fill);
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
-      store(h, d, b * S + t, dense[b * T + t]);
-      dense[b * T + t] = load(h, d, b * S + t);
+      rlk_test_store(h, d, b * S + t, dense[b * T + t]);
+      dense[b * T + t] = rlk_test_load(h, d, b * S + t);
     }
   void *p = rlk_test_dev_upload(ctx, h, elems * es);
   free(h);
@@ -244,7 +211,7 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
     for (int64_t t = T - 1; t >= 0; t--) {
       const int64_t i = b * T + t;
       gabs += fabs(r[i] * mw[i]);
-      const double got_r = load(ret, c->dtype, b * S + t), got_a = load(adv, c->dtype, b * S + t);
+      const double got_r = rlk_test_load(ret, c->dtype, b * S + t), got_a = rlk_test_load(adv, c->dtype, b * S + t);
       const double tol_r = k * u * gabs + 1e-300;
       ck_assert_msg(fabs(got_r - rr[i]) <= tol_r, "%s: returns[%lld, %lld] = %.17g, reference %.17g (tolerance %.3g)",
                     what, (long long)b, (long long)t, got_r, rr[i], tol_r);
@@ -268,9 +235,9 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
       }
   }
   if (adv_out)
-    for (int64_t i = 0; i < n; i++) adv_out[i] = load(adv, c->dtype, (i / T) * S + i % T);
+    for (int64_t i = 0; i < n; i++) adv_out[i] = rlk_test_load(adv, c->dtype, (i / T) * S + i % T);
   if (ret_out)
-    for (int64_t i = 0; i < n; i++) ret_out[i] = load(ret, c->dtype, (i / T) * S + i % T);
+    for (int64_t i = 0; i < n; i++) ret_out[i] = rlk_test_load(ret, c->dtype, (i / T) * S + i % T);
 
   rlk_free(ctx, rd);
   rlk_free(ctx, ld);

@@ -385,6 +385,18 @@ void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
 }
 
 double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
+  if (d == RLK_F64) {
+    ((double *)base)[i] = v;
+    return v;
+  }
+  if (d == RLK_I32) {
+    ((int32_t *)base)[i] = (int32_t)v;
+    return (double)(int32_t)v;
+  }
+  if (d == RLK_BOOL) {
+    ((uint8_t *)base)[i] = (uint8_t)(v != 0);
+    return v != 0 ? 1.0 : 0.0;
+  }
   const float f = (float)v;
   if (d == RLK_F32) {
     ((float *)base)[i] = f;
@@ -407,4 +419,31 @@ double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
   const _Float16 h = (_Float16)f;
   memcpy((uint16_t *)base + i, &h, sizeof h);
   return (double)h;
+}
+
+double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
+  switch (d) {
+  case RLK_F64:
+    return ((const double *)base)[i];
+  case RLK_F32:
+    return ((const float *)base)[i];
+  case RLK_I32:
+    return ((const int32_t *)base)[i];
+  case RLK_BOOL:
+    return ((const uint8_t *)base)[i] != 0;
+  case RLK_BF16: {
+    const uint32_t w = (uint32_t)((const uint16_t *)base)[i] << 16;
+    float g;
+    memcpy(&g, &w, sizeof g);
+    return g;
+  }
+  case RLK_F16: {
+    _Float16 h;
+    memcpy(&h, (const uint16_t *)base + i, sizeof h);
+    return (double)h;
+  }
+  default:
+    ck_abort_msg("rlk_test_load: dtype %d", (int)d);
+    return NAN;
+  }
 }

@@ -96,3 +96,13 @@ def close(got, want, dtype, what, rtol=None):
     err = float((g - w).abs().max()) if w.numel() else 0.0
     assert err <= rtol * scale, "%s: max error %.3g (scale %.3g)\n rlk   %s\n train %s" % (
         what, err, scale, g, w)
+
+
+def close_loss(got, want, dtype, what):
+    """(loss, gradient, {metric: value}) of an adapter against the trainer's: each value, and the
+    same metric names."""
+    close(got[0], want[0], dtype, what + " loss")
+    close(got[1], want[1], dtype, what + " grad")
+    assert set(got[2]) == set(want[2]), "%s: metrics %s vs %s" % (what, sorted(got[2]), sorted(want[2]))
+    for k in want[2]:
+        close(got[2][k], want[2][k], dtype, what + " " + k)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trainers  # noqa: F401
-from cases import CASES, close, make, torch_inputs
+from cases import CASES, close, close_loss, make, torch_inputs
 
 ca = pytest.importorskip("verl.trainer.ppo.core_algos")
 from verl.workers.config import ActorConfig  # noqa: E402
@@ -44,24 +44,35 @@ def rng():
     return np.random.default_rng(int.from_bytes(__import__("os").urandom(4), "little"))
 
 
+GLOBAL_INFOS = (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
+                       "loss_scale_factor": 13.0})
+
+
+def compare_policy(mode, agg, case_name, dtype, rng, isw=None, seed=None, **cfg_kw):
+    """verl's registered loss `mode` and the adapter on one case, local and with global batch
+    info: loss, gradient and every metric. seed: torch's generator seeded alike before each side
+    (a loss that draws at random)."""
+    case = make(case_name, dtype, rng)
+    nan = case.get("nan", False)
+    w = isw(case) if callable(isw) else isw
+    for info in GLOBAL_INFOS:
+        cfg = config(case, info, **cfg_kw)
+        if seed is not None:
+            torch.manual_seed(seed)
+        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False, w)
+        if seed is not None:
+            torch.manual_seed(seed)
+        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan, w)
+        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
+        close_loss(got, want, dtype, what)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("mode", ("vanilla", "gspo", "sapo", "cispo", "gpg", "geo_mean"))
 def test_policy_loss(mode, agg, case_name, dtype, rng):
-    case = make(case_name, dtype, rng)
-    nan = case.get("nan", False)
-    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
-                        "loss_scale_factor": 13.0}):
-        cfg = config(case, info)
-        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False)
-        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan)
-        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
-        close(got[0], want[0], dtype, what + " loss")
-        close(got[1], want[1], dtype, what + " grad")
-        assert set(got[2]) == set(want[2]), what
-        for k in want[2]:
-            close(got[2][k], want[2][k], dtype, what + " " + k)
+    compare_policy(mode, agg, case_name, dtype, rng)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -73,24 +84,9 @@ def test_cov_policy_losses(mode, agg, case_name, dtype, rng):
     defaults pick one token or none here); torch's generator seeded alike before each side, so
     clip_cov's random draw is the same."""
     from verl.workers.config.actor import PolicyLossConfig
-    case = make(case_name, dtype, rng)
-    nan = case.get("nan", False)
     pl = PolicyLossConfig(loss_mode=mode, clip_cov_ratio=0.2, clip_cov_lb=0.02, clip_cov_ub=5.0,
                           kl_cov_ratio=0.25, ppo_kl_coef=0.7)
-    seed = int(rng.integers(1 << 30))
-    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
-                        "loss_scale_factor": 13.0}):
-        cfg = config(case, info, policy_loss=pl)
-        torch.manual_seed(seed)
-        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False)
-        torch.manual_seed(seed)
-        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan)
-        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
-        close(got[0], want[0], dtype, what + " loss")
-        close(got[1], want[1], dtype, what + " grad")
-        assert set(got[2]) == set(want[2]), what
-        for k in want[2]:
-            close(got[2][k], want[2][k], dtype, what + " " + k)
+    compare_policy(mode, agg, case_name, dtype, rng, seed=int(rng.integers(1 << 30)), policy_loss=pl)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -101,24 +97,14 @@ def test_dppo_dro_policy_losses(mode, agg, case_name, dtype, rng):
     """The DPPO trust regions at bounds the data reaches on both sides (0.02 on p - p_old, 0.01
     on the binary KL), DRO with beta 0.3; with rollout weights for the DPPO pair."""
     from verl.workers.config.actor import PolicyLossConfig
-    case = make(case_name, dtype, rng)
-    nan = case.get("nan", False)
-    pl = PolicyLossConfig(loss_mode=mode, dro_beta=0.3)
     bound = 0.01 if mode == "dppo_kl" else 0.02
     isw = None
     if mode != "dro":
-        isw = torch.from_numpy((rng.random(case["lp"].shape) + 0.5).astype(case["lp"].dtype))
-    for info in (None, {"dp_size": 2, "batch_num_tokens": 31.0, "global_batch_size": 5.0,
-                        "loss_scale_factor": 13.0}):
-        cfg = config(case, info, policy_loss=pl, clip_ratio_low=bound, clip_ratio_high=bound)
-        want = run_policy(ca.get_policy_loss_fn(mode), case, agg, cfg, False, isw)
-        got = run_policy(rv.compute_policy_loss(mode), case, agg, cfg, nan, isw)
-        what = "%s %s %s %s %s" % (mode, agg, case_name, dtype, "dp" if info else "local")
-        close(got[0], want[0], dtype, what + " loss")
-        close(got[1], want[1], dtype, what + " grad")
-        assert set(got[2]) == set(want[2]), what
-        for k in want[2]:
-            close(got[2][k], want[2][k], dtype, what + " " + k)
+        isw = lambda case: torch.from_numpy(  # noqa: E731
+            (rng.random(case["lp"].shape) + 0.5).astype(case["lp"].dtype))
+    compare_policy(mode, agg, case_name, dtype, rng, isw=isw,
+                   policy_loss=PolicyLossConfig(loss_mode=mode, dro_beta=0.3),
+                   clip_ratio_low=bound, clip_ratio_high=bound)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
