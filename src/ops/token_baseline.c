@@ -142,13 +142,9 @@ static const char *const tb_samples[] = {
     "token_baseline dtype=f32 mask=bool offsets=fixed",
     /* with rollout importance weights, f64, uneven groups */
     "token_baseline dtype=f64 mask=i32 offsets=i64 isw=1",
-    /* tir_optimal_token_baseline (compact timesteps), both dtypes, every mask and offset kind */
+    /* tir_optimal_token_baseline (compact timesteps), with and without weights and a mask */
     "token_baseline dtype=f32 mask=f32 offsets=i32 compact=1 isw=1",
-    "token_baseline dtype=f64 mask=bool offsets=fixed compact=1",
-    "token_baseline dtype=f32 mask=none offsets=i64 compact=1",
-    "token_baseline dtype=f64 mask=none offsets=i32 isw=1",
-    "token_baseline dtype=f32 mask=i32 offsets=fixed compact=1 isw=1",
-    "token_baseline dtype=f64 mask=f32 offsets=fixed",
+    "token_baseline dtype=f64 mask=none offsets=fixed compact=1",
     NULL};
 
 const rlk_op_desc rlk_op_token_baseline = {
