@@ -323,6 +323,7 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   free(wh);
   free(wv);
   rlk_free(ctx, wd);
+  rlk_free(ctx, a.workspace);
 }
 
 /* Random group sizes in [1, max] (some singletons) summing to B. */
@@ -967,7 +968,7 @@ END_TEST
 /* The samples reach every entry, every mode, both score dtypes, every mask and offset kind. */
 START_TEST(samples_cover_every_variant) {
   rlk_context *ctx = rlk_test_host_context();
-  int entries[3] = {0, 0, 0}, modes[4] = {0}, score_dtypes[8] = {0}, masks[4] = {0},
+  int entries[3] = {0, 0, 0}, modes[RLK_ADV_PASSK_UNSCALED + 1] = {0}, score_dtypes[8] = {0}, masks[4] = {0},
       offsets[3] = {0}, baked = 0, runtime_g = 0;
   for (size_t i = 0; rlk_op_group_advantage.samples[i]; i++) {
     const char *line = rlk_op_group_advantage.samples[i];
@@ -1010,7 +1011,7 @@ START_TEST(samples_cover_every_variant) {
     }
   }
   for (int i = 0; i < 3; i++) ck_assert_int_gt(entries[i], 0);
-  for (int i = 0; i < 4; i++) ck_assert_int_gt(modes[i], 0);
+  for (int i = 0; i <= RLK_ADV_PASSK_UNSCALED; i++) ck_assert_msg(modes[i] > 0, "no sample of mode %d", i);
   for (int i = 0; i < 4; i++) ck_assert_int_gt(masks[i], 0);
   for (int i = 0; i < 3; i++) ck_assert_int_gt(offsets[i], 0);
   ck_assert_int_gt(score_dtypes[RLK_F32], 0);
