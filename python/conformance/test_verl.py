@@ -261,6 +261,32 @@ def test_gpg_and_remax(layout, dtype, rng):
             close(g, w, dtype, what + " " + part, rtol=2e-6 if name == "gpg" else None)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ("fixed", "shuffled"))
+@pytest.mark.parametrize("weights", (None, [1.0, 0.3]))
+def test_gdpo(weights, layout, dtype, rng):
+    """Two reward components on each response's last token, grouped and normalized apart, summed
+    with weights, whitened; and the plain form (the token rewards as the one component)."""
+    tok, mask, ids = outcome_batch(layout, "continuous", dtype, rng)
+    B, Tn, P = tok.shape[0], tok.shape[1], 3
+    lens = mask.sum(-1).long()
+    batch = {"prompts": torch.zeros((B, P), dtype=torch.long),
+             "attention_mask": torch.cat([torch.ones((B, P), dtype=torch.long), mask.long()], dim=1)}
+    extra = {"fmt": list(rng.integers(0, 2, B).astype(float)), "acc": list(rng.standard_normal(B))}
+    cfg = AlgoConfig(gdpo_reward_keys=["fmt", "acc"], norm_adv_by_std_in_grpo=True)
+    if weights is not None:
+        cfg["gdpo_reward_weights"] = weights
+    for kw in (dict(non_tensor_batch=extra, batch=batch), {}):
+        want = ca.get_adv_estimator_fn("gdpo")(token_level_rewards=tok.clone(), response_mask=mask,
+                                                index=ids, epsilon=1e-6, config=cfg, **kw)
+        got = rv.ADV_ESTIMATORS["gdpo"](token_level_rewards=tok.clone(), response_mask=mask,
+                                        index=ids, epsilon=1e-6, config=cfg, **kw)
+        what = "gdpo %s %s %s %s" % (weights, layout, dtype, "components" if kw else "plain")
+        assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape, what
+        close(got[0], want[0], dtype, what, rtol=2e-5)
+    assert int(lens.min()) >= 1
+
+
 def test_patch_swaps_estimators():
     before = dict(ca.ADV_ESTIMATOR_REGISTRY)
     h = rv.patch()

@@ -533,6 +533,43 @@ def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, res
                            sum_pi_squared, rollout_is_weights, handle_zero_tail, epsilon, True)
 
 
+def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, config=None, non_tensor_batch=None,
+                                   batch=None, **kwargs):
+    """verl "gdpo": each reward component (config's gdpo_reward_keys, read from non_tensor_batch and
+    placed on each response's last token) normalized within its group as "grpo" does, the weighted
+    sum (gdpo_reward_weights, as f32 like verl's) whitened over the mask; without the batches, the
+    token rewards as the one component."""
+    components, weights = [token_level_rewards], None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = config.get("gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("gdpo: config's gdpo_reward_keys must list the reward components")
+        device = token_level_rewards.device
+        last = batch["attention_mask"][:, batch["prompts"].size(1):].sum(dim=1) - 1
+        rows = torch.arange(response_mask.size(0), device=device)
+        components = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError("gdpo: reward key %r is not in non_tensor_batch" % (key,))
+            r = torch.zeros_like(response_mask, dtype=torch.float32)
+            r[rows, last] = torch.tensor(np.asarray(non_tensor_batch[key], dtype=np.float32),
+                                         device=device)
+            components.append(r)
+        w = config.get("gdpo_reward_weights", None)
+        if w is not None:
+            weights = [float(x) for x in torch.tensor(list(w), dtype=torch.float32)]
+    total = None
+    for i, r in enumerate(components):
+        adv, _ = compute_grpo_outcome_advantage(r, response_mask, index, epsilon,
+                                                norm_adv_by_std_in_grpo, config)
+        term = adv * (weights[i] if weights else 1.0)
+        total = term if total is None else total + term
+    with torch.no_grad():
+        out = masked_whiten(total, response_mask) * response_mask
+    return out, out
+
+
 def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask,
                                     config=None, **kwargs):
     """verl "remax": returns = the reverse cumulative sums of rewards x mask, advantages =
@@ -564,6 +601,7 @@ ADV_ESTIMATORS = {
     "grpo_passk": compute_grpo_passk_outcome_advantage,
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
     "remax": compute_remax_outcome_advantage,
+    "gdpo": compute_gdpo_outcome_advantage,
     "gpg": compute_gpg_outcome_advantage,
     "gae": compute_gae_advantage_return,
     "optimal_token_baseline": compute_optimal_token_baseline_advantage,
