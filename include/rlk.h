@@ -736,7 +736,11 @@ typedef enum rlk_returns_masked {
    * its own r_t; what it gets there does not flow into earlier positions). */
   RLK_RETURNS_MASKED_RESET = 0,
   /* OpenRLHF: rewards are zeroed at masked positions, R_t = r_t m_t + gamma R_{t+1}. */
-  RLK_RETURNS_MASKED_ZERO = 1
+  RLK_RETURNS_MASKED_ZERO = 1,
+  /* verl REINFORCE++ since multi-turn rollouts (observation tokens masked): the running return
+   * is carried through masked positions unchanged, C_t = r_t + gamma C_{t+1} where valid and
+   * C_t = C_{t+1} where masked; R_t = C_t where valid, 0 where masked. */
+  RLK_RETURNS_MASKED_CARRY = 2
 } rlk_returns_masked;
 
 typedef struct rlk_discounted_returns_args {

@@ -289,7 +289,13 @@ static void returns_bound(const seq_data *d, double g, rlk_returns_masked masked
       const int valid = d->m[i] != 0.0;
       const double r = (valid || masked == RLK_RETURNS_MASKED_RESET) ? fabs(d->r[i]) : 0.0;
       const double S = fabs(g) * carry + r + fabs(ret[i]);
-      carry = (valid || masked == RLK_RETURNS_MASKED_ZERO) ? S : 0.0;
+      /* carry: a masked step passes the running value on (its own output is 0) */
+      if (masked == RLK_RETURNS_MASKED_CARRY && !valid) {
+        tol[i] = tiny;
+        if (tol_adv) tol_adv[i] = tol[i] + 2.0 * eps * (fabs(ret[i]) + fabs(d->base[b]));
+        continue;
+      }
+      carry = (valid || masked != RLK_RETURNS_MASKED_RESET) ? S : 0.0;
       tol[i] = SCAN_ULPS * eps * S + tiny;
       if (tol_adv) tol_adv[i] = tol[i] + 2.0 * eps * (fabs(ret[i]) + fabs(d->base[b]));
     }
@@ -497,12 +503,15 @@ static void returns_case(rlk_context *ctx, const seq_case *c, double gamma,
   run_returns(ctx, c, &d, gamma, masked, rng, got);
   if (masked == RLK_RETURNS_MASKED_RESET)
     as_ref_returns_reinforce_pp(c->B, c->T, d.r, d.m, gamma, want);
+  else if (masked == RLK_RETURNS_MASKED_CARRY)
+    as_ref_returns_reinforce_pp_carry(c->B, c->T, d.r, d.m, gamma, want);
   else
     as_ref_returns_openrlhf(c->B, c->T, d.r, d.m, gamma, want);
   returns_bound(&d, gamma, masked, want, c->dtype, tol, NULL);
   char what[600], desc[512];
-  describe(c, masked == RLK_RETURNS_MASKED_RESET ? "returns reset (verl REINFORCE++)" : "returns zero (OpenRLHF)",
-           desc, sizeof desc);
+  static const char *const names[] = {"returns reset (verl REINFORCE++)", "returns zero (OpenRLHF)",
+                                      "returns carry (verl REINFORCE++, multi-turn)"};
+  describe(c, names[masked], desc, sizeof desc);
   snprintf(what, sizeof what, "%s gamma=%g", desc, gamma);
   check_close(what, "returns", c, got, want, tol);
   free(got);
@@ -515,7 +524,7 @@ static void cases_returns(rlk_context *ctx, uint64_t *rng) {
   static const int64_t shapes[][2] = {{1, 1}, {3, 33}, {257, 33}, {1, 4097}, {3, 2}, {8, 20480}};
   static const double gammas[] = {1.0, 0.96875, 0.99};
   int k = 0;
-  for (int masked = 0; masked < 2; masked++)
+  for (int masked = 0; masked <= RLK_RETURNS_MASKED_CARRY; masked++)
     for (int dt = 0; dt < 2; dt++)
       for (size_t ai = 0; ai < 3; ai++, k++) {
         const int64_t *sh = shapes[(size_t)k % (sizeof shapes / sizeof shapes[0])];

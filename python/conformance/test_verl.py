@@ -109,6 +109,21 @@ def test_dppo_dro_policy_losses(mode, agg, case_name, dtype, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("agg", ("token-mean", "seq-mean-token-mean"))
+@pytest.mark.parametrize("rc", ({"loss_type": "reinforce", "rollout_is": "token"},
+                                {"loss_type": "reinforce", "rollout_is": "sequence"},
+                                {"loss_type": "ppo_clip", "rollout_is": "token"}))
+def test_bypass_mode(rc, agg, case_name, dtype, rng):
+    """bypass_mode with verl's rollout correction (token or sequence IS weights, threshold 1.5)."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config.actor import PolicyLossConfig
+    pl = PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(
+        rollout_is_threshold=1.5, **rc))
+    compare_policy("bypass_mode", agg, case_name, dtype, rng, policy_loss=pl)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo"))
 def test_policy_loss_rollout_is_weights(mode, case_name, dtype, rng):
     case = make(case_name, dtype, rng)
@@ -285,6 +300,30 @@ def test_gdpo(weights, layout, dtype, rng):
         assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape, what
         close(got[0], want[0], dtype, what, rtol=2e-5)
     assert int(lens.min()) >= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gamma", (1.0, 0.97))
+def test_reinforce_plus_plus(gamma, dtype, rng):
+    """Token rewards with observation tokens masked inside the responses (multi-turn): the
+    running return carried through them."""
+    import types
+    dt = np.float64 if dtype == "f64" else np.float32
+    B, Tn = 7, 23
+    lens = rng.integers(1, Tn + 1, B)
+    mask = np.arange(Tn)[None, :] < lens[:, None]
+    mask &= ~(rng.random((B, Tn)) < 0.3)  # observation spans
+    mask[:, 0] = True
+    tok = torch.from_numpy((rng.standard_normal((B, Tn)) * 0.5).astype(dt))
+    m = torch.from_numpy(mask.astype(dt))
+    cfg = types.SimpleNamespace(gamma=gamma)
+    want = ca.get_adv_estimator_fn("reinforce_plus_plus")(token_level_rewards=tok.clone(),
+                                                          response_mask=m, config=cfg)
+    got = rv.ADV_ESTIMATORS["reinforce_plus_plus"](token_level_rewards=tok.clone(), response_mask=m,
+                                                   config=cfg)
+    what = "reinforce_plus_plus gamma=%s %s" % (gamma, dtype)
+    close(got[1], want[1], dtype, what + " returns")
+    close(got[0], want[0], dtype, what + " advantages")
 
 
 def test_patch_swaps_estimators():

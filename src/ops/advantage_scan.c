@@ -181,7 +181,7 @@ static rlk_status as_select(const rlk_target *t, const as_config *c, as_plan *p)
 
 static const char *const as_algo_setting_names[] = {"auto", "warp", "block", NULL}; /* rlk_scan_algo order */
 static const char *const as_gae_masked_names[] = {"skip", "zero", NULL};
-static const char *const as_returns_masked_names[] = {"reset", "zero", NULL};
+static const char *const as_returns_masked_names[] = {"reset", "zero", "carry", NULL};
 
 /* The settings every scan op takes, then the one run-time choice of each. */
 enum { AS_S_DTYPE, AS_S_ALGO, AS_S_B, AS_S_T, AS_S_MASK, AS_S_EXTRA, AS_NSETTINGS };
@@ -420,7 +420,7 @@ RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
   if ((st = as_check_scalar("gamma", a->gamma))) return st;
-  if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_ZERO)
+  if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
                      (int)a->masked);
   if ((st = as_check_algo(a->algo))) return st;

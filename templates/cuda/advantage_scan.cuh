@@ -36,7 +36,7 @@ enum { ALGO_WARP = 0, ALGO_BLOCK = 1 };
 /* Run-time masked-position semantics: GAE skip (verl) / zero (OpenRLHF); returns reset (verl
  * REINFORCE++) / zero (OpenRLHF, reverse cumulative sums). */
 enum { GAE_SKIP = 0, GAE_ZERO = 1 };
-enum { RETURNS_RESET = 0, RETURNS_ZERO = 1 };
+enum { RETURNS_RESET = 0, RETURNS_ZERO = 1, RETURNS_CARRY = 2 };
 
 template <typename TS> struct gae_map {
   TS p, q, u, s, v;
@@ -146,7 +146,8 @@ template <typename TS> struct family<TS, FAMILY_GAE> {
 };
 
 /* Discounted returns. reset: R_t = g x + r_t is written at every step, and the state carried to
- * t - 1 is R_t where valid, 0 where masked. zero: x' = g x + (valid ? r : 0), written as is. */
+ * t - 1 is R_t where valid, 0 where masked. zero: x' = g x + (valid ? r : 0), written as is.
+ * carry: x' = g x + r where valid (written), x' = x where masked (0 written). */
 template <typename TS> struct family<TS, FAMILY_RETURNS> {
   typedef ret_map<TS> map;
   typedef ret_state<TS> state;
@@ -180,6 +181,8 @@ template <typename TS> struct family<TS, FAMILY_RETURNS> {
     if (!valid && masked == RETURNS_RESET) {
       m.a = TS(0);
       m.b = TS(0);
+    } else if (!valid && masked == RETURNS_CARRY) {
+      m = F;
     } else {
       m.a = g * F.a;
       m.b = g * F.b + (valid ? r : TS(0));
@@ -196,6 +199,9 @@ template <typename TS> struct family<TS, FAMILY_RETURNS> {
     if (masked == RETURNS_RESET) {
       out = g * x.x + r;
       y.x = valid ? out : TS(0);
+    } else if (masked == RETURNS_CARRY) {
+      out = valid ? g * x.x + r : TS(0);
+      y.x = valid ? out : x.x;
     } else {
       out = g * x.x + (valid ? r : TS(0));
       y.x = out;

@@ -17,7 +17,7 @@ typedef RLK_P_DTYPE ts;
 enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
 enum { AS_ALGO_WARP = 0, AS_ALGO_BLOCK = 1 };
 enum { AS_GAE_SKIP = 0, AS_GAE_ZERO = 1 };
-enum { AS_RETURNS_RESET = 0, AS_RETURNS_ZERO = 1 };
+enum { AS_RETURNS_RESET = 0, AS_RETURNS_ZERO = 1, AS_RETURNS_CARRY = 2 };
 
 #define AS_LANES 32
 #define AS_K ((int)(32 / sizeof(ts)))
@@ -123,6 +123,8 @@ static inline as_map as_push(as_map F, int valid, ts r, ts v, const as_ctx *c) {
   if (!valid && c->masked == AS_RETURNS_RESET) {
     m.a = 0;
     m.b = 0;
+  } else if (!valid && c->masked == AS_RETURNS_CARRY) {
+    m = F;
   } else {
     m.a = c->g * F.a;
     m.b = c->g * F.b + (valid ? r : 0);
@@ -136,6 +138,9 @@ static inline as_state as_step(as_state x, int valid, ts r, ts v, const as_ctx *
   if (c->masked == AS_RETURNS_RESET) {
     out = c->g * x.x + r;
     y.x = valid ? out : 0;
+  } else if (c->masked == AS_RETURNS_CARRY) {
+    out = valid ? c->g * x.x + r : 0;
+    y.x = valid ? out : x.x;
   } else {
     out = c->g * x.x + (valid ? r : 0);
     y.x = out;

@@ -62,6 +62,19 @@ void as_ref_returns_reinforce_pp(int64_t B, int64_t T, const double *rewards, co
   free(running);
 }
 
+void as_ref_returns_reinforce_pp_carry(int64_t B, int64_t T, const double *rewards, const double *mask,
+                                       double gamma, double *ret) {
+  double *running = calloc((size_t)B, sizeof *running);
+  for (int64_t t = T - 1; t >= 0; t--) {
+    for (int64_t b = 0; b < B; b++) {
+      const double m = mask_at(mask, b * T + t), next = rewards[b * T + t] + gamma * running[b];
+      ret[b * T + t] = next * m;
+      running[b] = next * m + running[b] * (1.0 - m);
+    }
+  }
+  free(running);
+}
+
 void as_ref_returns_openrlhf(int64_t B, int64_t T, const double *rewards, const double *mask,
                              double gamma, double *ret) {
   double *cumulative = calloc((size_t)B, sizeof *cumulative);

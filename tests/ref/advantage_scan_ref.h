@@ -24,6 +24,11 @@ void as_ref_gae_openrlhf(int64_t B, int64_t T, const double *rewards, const doub
 void as_ref_returns_reinforce_pp(int64_t B, int64_t T, const double *rewards, const double *mask,
                                  double gamma, double *ret);
 
+/* verl REINFORCE++ with observation tokens: new = r_t + gamma running; returns_t = new * mask_t;
+ * running = new where valid, unchanged where masked. */
+void as_ref_returns_reinforce_pp_carry(int64_t B, int64_t T, const double *rewards, const double *mask,
+                                       double gamma, double *ret);
+
 /* OpenRLHF get_cumulative_returns: rewards multiplied by the mask, cumulative = r_t + gamma cum. */
 void as_ref_returns_openrlhf(int64_t B, int64_t T, const double *rewards, const double *mask,
                              double gamma, double *ret);

@@ -314,6 +314,42 @@ def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask,
     return loss, {"actor/ppo_kl": _m(m, 13)}
 
 
+def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask,
+                                    loss_agg_mode="token-mean", config=None,
+                                    rollout_is_weights=None):
+    """verl "bypass_mode" (old log-probs are the rollout's): verl's own rollout correction (its
+    IS weights and rejection mask, host logic in verl.trainer.ppo.rollout_corr_helper) around
+    rlk's loss: REINFORCE weighted by the IS weights over the kept tokens, or the vanilla PPO clip
+    (no IS weights: the ratio already is one)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+    if config is None:
+        raise ValueError("config is required for bypass_mode loss")
+    rc = config.policy_loss.get("rollout_correction", None) if hasattr(config, "policy_loss") else None
+    if rc is None:
+        raise ValueError("rollout_correction config not found in policy_loss")
+    loss_type = rc.get("loss_type", "ppo_clip")
+    with torch.no_grad():
+        proto, mask, metrics = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=log_prob, rollout_log_prob=old_log_prob, response_mask=response_mask,
+            rollout_is=rc.get("rollout_is", None),
+            rollout_is_threshold=rc.get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=rc.get("rollout_is_batch_normalize", False),
+            rollout_rs=rc.get("rollout_rs", None),
+            rollout_rs_threshold=rc.get("rollout_rs_threshold", None))
+    w = proto.batch["rollout_is_weights"] if proto else None
+    if loss_type == "reinforce":
+        loss, m = _run("reinforce", old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
+                       w)
+        out = {"actor/ppo_kl": _m(m, 13)}
+    elif loss_type == "ppo_clip":
+        loss, out = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask,
+                                                loss_agg_mode, config, None)
+    else:
+        raise ValueError("Invalid loss_type: %s. Must be 'reinforce' or 'ppo_clip'." % loss_type)
+    out.update(metrics)
+    return loss, out
+
+
 POLICY_LOSSES = {
     "vanilla": compute_policy_loss_vanilla,
     "gspo": compute_policy_loss_gspo,
@@ -326,6 +362,7 @@ POLICY_LOSSES = {
     "dppo_tv": compute_policy_loss_dppo_tv,
     "dppo_kl": compute_policy_loss_dppo_kl,
     "dro": compute_policy_loss_dro,
+    "bypass_mode": compute_policy_loss_bypass_mode,
 }
 
 
@@ -570,6 +607,19 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     return out, out
 
 
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None,
+                                                  **kwargs):
+    """verl "reinforce_plus_plus": discounted returns (config.gamma) carried through masked
+    observation tokens (RLK_RETURNS_MASKED_CARRY), whitened over the mask."""
+    if config is None:
+        raise ValueError("reinforce_plus_plus: config is required")
+    with torch.no_grad():
+        returns = _ret.discounted_returns(token_level_rewards, mask_arg(response_mask),
+                                          gamma=float(config.gamma), masked="carry")
+        adv = masked_whiten(returns, response_mask) * response_mask
+    return adv, returns
+
+
 def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask,
                                     config=None, **kwargs):
     """verl "remax": returns = the reverse cumulative sums of rewards x mask, advantages =
@@ -600,6 +650,7 @@ ADV_ESTIMATORS = {
     "opo": compute_opo_outcome_advantage,
     "grpo_passk": compute_grpo_passk_outcome_advantage,
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
     "remax": compute_remax_outcome_advantage,
     "gdpo": compute_gdpo_outcome_advantage,
     "gpg": compute_gpg_outcome_advantage,

@@ -27,8 +27,9 @@ class GaeMasked(enum.IntEnum):
 
 
 class ReturnsMasked(enum.IntEnum):
-    RESET = 0  # verl REINFORCE++
+    RESET = 0  # verl REINFORCE++ (single-turn)
     ZERO = 1   # OpenRLHF
+    CARRY = 2  # verl REINFORCE++ (multi-turn): the running return carried through masked steps
 
 
 class WhitenEps(enum.IntEnum):
@@ -151,7 +152,8 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
 def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None, returns=None,
                        stream=None):
     """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
-    masked: "reset" (verl REINFORCE++, default) or "zero" (OpenRLHF). Returns [B, T]."""
+    masked: "reset" (verl REINFORCE++ single-turn, default), "zero" (OpenRLHF) or "carry" (verl's
+    current REINFORCE++: carried through masked observation tokens). Returns [B, T]."""
     b = Binder(RETURNS_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
