@@ -39,7 +39,7 @@ class OneProcess:
         return x
 
 
-def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False):
+def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False, delta=None):
     t = object.__new__(G.GRPOTrainer)
     over = case["over"]
     t.__dict__.update(
@@ -52,14 +52,14 @@ def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False
         max_completion_length=logp.shape[1] + 2, model=types.SimpleNamespace(training=True),
         accelerator=OneProcess(),
         _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
-        args=types.SimpleNamespace(use_bias_correction_kl=bias_kl, delta=None,
+        args=types.SimpleNamespace(use_bias_correction_kl=bias_kl, delta=delta,
                                    sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
                                    steps_per_generation=2))
     t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
     return t
 
 
-def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False):
+def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False, delta=None):
     x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp", "ent"))
     B, T = case["lp"].shape
     inputs = {"prompt_ids": torch.zeros((B, 0), dtype=torch.long),
@@ -69,7 +69,7 @@ def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False):
               "advantages": torch.from_numpy(case["adv_seq"]),
               "old_per_token_logps": x["old"], "ref_per_token_logps": x["ref"],
               "num_items_in_batch": torch.tensor(float(case["mask"].sum() * 2 + 3))}
-    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef, bias_kl)
+    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef, bias_kl, delta)
     loss = fn(tr, None, inputs)
     loss.backward()
     metrics = {k: v[-1] for k, v in tr._metrics["train"].items() if k not in NOT_EXPRESSED}
@@ -122,6 +122,18 @@ def test_grpo_loss_bias_corrected_kl(level, loss_type, case_name, dtype, rng):
     got = run(rt.compute_loss, loss_type, level, 0.04, case, case.get("nan", False), bias_kl=True)
     what = "bias-corrected kl %s %s %s %s" % (level, loss_type, case_name, dtype)
     close_loss(got, want, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("level,loss_type", [(lv, lt) for lv in ("token", "sequence")
+                                              for lt in rt.DELTA_TYPES])
+def test_grpo_loss_delta(level, loss_type, case_name, dtype, rng):
+    """Two-sided clipping (delta 1.6, above 1 + epsilon_high; ratios reach it on both sides)."""
+    case = make(case_name, dtype, rng)
+    want = run(G.GRPOTrainer._compute_loss, loss_type, level, 0.04, case, False, delta=1.6)
+    got = run(rt.compute_loss, loss_type, level, 0.04, case, case.get("nan", False), delta=1.6)
+    close_loss(got, want, dtype, "delta %s %s %s %s" % (level, loss_type, case_name, dtype))
 
 
 def test_patch_swaps_and_restores():

@@ -15,8 +15,8 @@ local mask sum; dr_grpo: B * max_completion_length; dapo/cispo: num_items_in_bat
 and accumulation window; luspo: mean over sequences of the token sums), the division by the
 gradient accumulation steps in training, sequence-level importance sampling differentiated
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
-gradient on a bound as the installed torch gives it. Where a setting is not expressed (delta,
-vespo, off-policy masks, entropy masks,
+gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip.
+Where a setting is not expressed (delta inside the clip range, vespo, off-policy masks, entropy masks,
 vLLM importance correction, the adaptive entropy bonus), compute_loss runs TRL's own code.
 """
 import math
@@ -64,11 +64,21 @@ def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
     return out.squeeze(-1) if squeeze else out
 
 
+# The loss types whose clipped term TRL's delta caps (two-sided clipping).
+DELTA_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
 def supported(loss_type, importance_sampling_level="token", delta=None,
-              use_bias_correction_kl=False):
-    """Whether grpo_loss expresses these settings."""
-    return loss_type in LOSS_TYPES and delta is None and importance_sampling_level in ("token",
-                                                                                    "sequence")
+              use_bias_correction_kl=False, epsilon_high=None):
+    """Whether grpo_loss expresses these settings. delta (two-sided clipping) is rlk's dual clip
+    when it lies above the clip range, 1 + epsilon_high (what TRL recommends); below it the two
+    differ and TRL's own code runs."""
+    if loss_type not in LOSS_TYPES or importance_sampling_level not in ("token", "sequence"):
+        return False
+    if delta is None:
+        return True
+    return (loss_type in DELTA_TYPES and epsilon_high is not None
+            and float(delta) > 1.0 + float(epsilon_high))
 
 
 def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_type="dapo",
@@ -76,19 +86,22 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
               importance_sampling_level="token", sapo_temperature_pos=1.0,
               sapo_temperature_neg=1.05, num_items_in_batch=None, num_processes=1,
               gradient_accumulation_steps=1, steps_per_generation=1, max_completion_length=None,
-              training=True, entropies=None, use_bias_correction_kl=False):
+              training=True, entropies=None, use_bias_correction_kl=False, delta=None):
     """The policy (+ beta KL) loss of GRPOTrainer._compute_loss and its local metrics
     ({name: (mean, count)}: TRL reduces sum and count across processes; "entropy" when
     entropies are given). use_bias_correction_kl: TRL's KL term times the importance ratio
     (token or sequence), its gradient included: a torch term aggregated by rlk with the policy
     term's normalizers."""
-    if not supported(loss_type, importance_sampling_level):
-        raise NotImplementedError("rlk: loss_type=%r at importance_sampling_level=%r"
-                                  % (loss_type, importance_sampling_level))
+    if not supported(loss_type, importance_sampling_level, delta, epsilon_high=epsilon_high):
+        raise NotImplementedError("rlk: loss_type=%r at importance_sampling_level=%r, delta=%r"
+                                  % (loss_type, importance_sampling_level, delta))
     B = per_token_logps.shape[0]
     ga = float(gradient_accumulation_steps) if training else 1.0
     seq = importance_sampling_level == "sequence"
-    kw = {"clip_low": float(epsilon_low), "clip_high": float(epsilon_high), "dual_clip": 0.0,
+    # delta caps the ratio of the unclipped term: with delta above the clip range that is the dual
+    # clip at delta for negative advantages and changes nothing for positive ones
+    kw = {"clip_low": float(epsilon_low), "clip_high": float(epsilon_high),
+          "dual_clip": float(delta) if delta is not None else 0.0,
           "log_ratio_min": -math.inf, "log_ratio_max": math.inf,
           "clamp_bound_grad": torch_clamp_bound_grad(),
           "mode": "gspo" if seq else "ppo", "seq_ratio_grad": "through_mean"}
@@ -218,7 +231,7 @@ def compute_loss(self, model, inputs):
     not expressed)."""
     args = self.args
     plain = (supported(self.loss_type, self.importance_sampling_level, getattr(args, "delta", None),
-                       getattr(args, "use_bias_correction_kl", False))
+                       getattr(args, "use_bias_correction_kl", False), self.epsilon_high)
              and getattr(self, "top_entropy_quantile", 1.0) >= 1.0
              and getattr(self, "off_policy_mask_threshold", None) is None
              and not (getattr(self, "use_vllm", False)
@@ -251,7 +264,8 @@ def compute_loss(self, model, inputs):
         gradient_accumulation_steps=self.current_gradient_accumulation_steps,
         steps_per_generation=getattr(args, "steps_per_generation", 1),
         max_completion_length=self.max_completion_length, training=mode == "train",
-        entropies=entropies, use_bias_correction_kl=getattr(args, "use_bias_correction_kl", False))
+        entropies=entropies, use_bias_correction_kl=getattr(args, "use_bias_correction_kl", False),
+        delta=getattr(args, "delta", None))
     for name, (mean, count) in metrics.items():
         self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
     if getattr(self, "_entropy_bonus_enabled", False):
