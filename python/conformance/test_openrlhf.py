@@ -53,6 +53,42 @@ def test_policy_loss(kind, dual, token_level, case_name, dtype, rng):
             close(got[3], want[3], dtype, what + " ppo_kl")
 
 
+CORRECTIONS = (
+    {"is_correction_level": "token", "is_correction_mode": "mask", "is_correction_threshold": (0.8, 1.25)},
+    {"is_correction_level": "token", "is_correction_mode": "clip", "is_correction_threshold": (0.8, 1.25)},
+    {"is_correction_level": "seq", "is_correction_mode": "mask", "is_correction_threshold": (0.9, 1.1)},
+    {"is_correction_level": "token", "is_correction_gating": "binary_kl", "is_correction_threshold": (0.0, 0.01)},
+    {"is_correction_level": "seq", "is_correction_gating": "tv", "is_correction_threshold": (0.0, 0.03)},
+)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("corr", range(len(CORRECTIONS)))
+@pytest.mark.parametrize("kind", ("ppo", "gspo"))
+def test_policy_loss_is_correction(kind, corr, case_name, dtype, rng):
+    """The train/rollout mismatch correction (rollout log-probs 0.2-scale noise off the old ones;
+    bands the data crosses): loss, gradient and all four metrics."""
+    case = make(case_name, dtype, rng)
+    roll = case["old"] + (rng.standard_normal(case["old"].shape) * 0.2).astype(case["old"].dtype)
+    ctor = dict(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=3.0, policy_loss_type=kind,
+                **CORRECTIONS[corr])
+    outs = []
+    for cls, nan in ((L.PolicyLoss, False), (ro.PolicyLoss, case.get("nan", False))):
+        t = torch_inputs(case, ["lp", "old", "adv"], nan=nan, requires_grad=("lp",))
+        r = torch.from_numpy(np.where(case["mask"], roll, np.nan if nan else 0.0))
+        mask = torch.from_numpy(case["mask"]).float()
+        res = cls(**ctor)(t["lp"], t["old"], t["adv"], mask, rollout_log_probs=r)
+        res[0].backward()
+        outs.append((res[0].detach(), t["lp"].grad) + tuple(res[1:]))
+    what = "%s %s %s %s" % (kind, CORRECTIONS[corr], case_name, dtype)
+    for i, name in enumerate(("loss", "grad", "clip_ratio", "ppo_kl", "vllm_kl", "is_filter_ratio")):
+        if outs[1][i] is None or outs[0][i] is None:
+            assert outs[1][i] is None and outs[0][i] is None, what + " " + name
+            continue
+        close(outs[1][i], outs[0][i], dtype, what + " " + name)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("token_level", (True, False))

@@ -9,8 +9,9 @@ Conventions reproduced: ppo's log-ratio clamp [-20, 20]; gspo without one, its g
 the sequence's masked mean and dual clip applied; token-level loss over the global token count
 (or the local mask sum) times dp_size; sequence-level over the non-empty sequences (or the
 global count); ppo_kl of the unclamped log-ratio; torch.clamp's gradient on a bound as the
-installed torch gives it. Not expressed: the train/rollout mismatch correction
-(is_correction_level != "off") raises NotImplementedError.
+installed torch gives it; the train/rollout mismatch correction (is_correction_*): for ppo the
+gate's per-token weights as rlk's rollout weights, for gspo the sequence ratio against the
+rollout log-probs.
 """
 import math
 
@@ -22,6 +23,12 @@ from ..ops import returns as _ret
 from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
 
 __all__ = ["PolicyLoss", "ValueLoss", "get_advantages_and_returns", "patch"]
+
+
+def _masked_mean(x, mask, dim=None):
+    """openrlhf.models.utils.masked_mean (masked entries may hold anything, NaN included: they
+    count as 0, as in rlk's kernels)."""
+    return (torch.where(mask.bool(), x, 0.0) * mask).sum(dim=dim) / mask.sum(dim=dim)
 
 
 def _agg(token_level_loss, action_mask, dp_size, batch_num_tokens, global_batch_size):
@@ -43,9 +50,17 @@ class PolicyLoss(nn.Module):
                  policy_loss_type="ppo", is_correction_level="off", is_correction_mode="mask",
                  is_correction_gating="ratio", is_correction_threshold=(0.5, 5.0)):
         super().__init__()
-        if is_correction_level != "off":
-            raise NotImplementedError("rlk: is_correction_level=%r is not expressed"
-                                      % is_correction_level)
+        if is_correction_level not in {"off", "token", "seq"}:
+            raise ValueError(f"is_correction_level must be off/token/seq, got {is_correction_level}")
+        if is_correction_mode not in {"mask", "clip"}:
+            raise ValueError(f"is_correction_mode must be mask/clip, got {is_correction_mode}")
+        if is_correction_gating not in {"ratio", "binary_kl", "tv"}:
+            raise ValueError(f"is_correction_gating must be ratio/binary_kl/tv, got {is_correction_gating}")
+        if is_correction_mode == "clip" and (is_correction_level == "seq" or is_correction_gating != "ratio"):
+            raise ValueError("is_correction_mode=clip requires is_correction_level=token and "
+                             "is_correction_gating=ratio")
+        if is_correction_gating != "ratio" and is_correction_level != "off" and is_correction_threshold[0] > 0:
+            raise ValueError(f"is_correction_gating={is_correction_gating} takes an upper bound only (a single delta)")
         if policy_loss_type not in ("ppo", "gspo"):
             raise ValueError("Invalid policy loss type: %s" % policy_loss_type)
         if dual_clip is not None:
@@ -56,6 +71,39 @@ class PolicyLoss(nn.Module):
         self.policy_loss_type = policy_loss_type
         self.token_level_loss = token_level_loss and policy_loss_type != "gspo"
         self.is_correction_level = is_correction_level
+        self.is_correction_mode = is_correction_mode
+        self.is_correction_gating = is_correction_gating
+        self.is_correction_threshold = is_correction_threshold
+
+    def _is_correction(self, old_log_probs, rollout_log_probs, action_mask):
+        """OpenRLHF's train/rollout correction of a ppo loss: the per-token weights (detached)
+        and its metrics (vllm_kl, is_filter_ratio)."""
+        low, high = self.is_correction_threshold
+        seq = self.is_correction_level == "seq"
+        with torch.no_grad():
+            lr = (old_log_probs - rollout_log_probs).detach()
+            token_is = lr.exp()
+            if self.is_correction_gating == "ratio":
+                stat = (_masked_mean(lr, action_mask, -1).unsqueeze(-1) if seq else lr).exp()
+            else:
+                p = rollout_log_probs.exp().clamp(1e-6, 1 - 1e-6)
+                q = old_log_probs.exp().clamp(1e-6, 1 - 1e-6)
+                if self.is_correction_gating == "binary_kl":
+                    stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+                else:
+                    stat = (p - q).abs()
+                if seq:
+                    stat = _masked_mean(stat, action_mask, -1).unsqueeze(-1)
+            if self.is_correction_mode == "clip":
+                coef = stat.clamp(min=low, max=high)
+                filtered = (stat < low) | (stat > high)
+            else:
+                keep = (stat >= low) & (stat <= high)
+                coef = torch.where(keep, token_is, 0.0)
+                filtered = ~keep
+            ratio = filtered.float().mean() if seq else _masked_mean(filtered.float(), action_mask)
+            vllm_kl = _masked_mean(rollout_log_probs - old_log_probs, action_mask)
+        return coef.expand_as(old_log_probs).contiguous(), vllm_kl, ratio
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
                 rollout_log_probs=None, dp_size=1, batch_num_tokens=None, global_batch_size=None):
@@ -65,14 +113,26 @@ class PolicyLoss(nn.Module):
         kw = _agg(self.token_level_loss, action_mask, dp_size, batch_num_tokens,
                   global_batch_size)
         lr = math.inf if gspo else 20.0
+        correct = self.is_correction_level != "off"
+        isw = vllm_kl = is_filter_ratio = None
+        ref = old_log_probs
+        if correct and gspo:
+            ref = rollout_log_probs  # the sequence ratio against the rollout policy
+        elif correct:
+            isw, vllm_kl, is_filter_ratio = self._is_correction(old_log_probs, rollout_log_probs,
+                                                                action_mask)
         loss, m = _ag.policy_loss(
-            log_probs, old_log_probs, advantages, mask_arg(action_mask),
+            log_probs, ref, advantages, mask_arg(action_mask), rollout_is_weights=isw,
             mode="gspo" if gspo else "ppo", clip_low=self.clip_eps_low,
             clip_high=self.clip_eps_high,
             dual_clip=0.0 if self.dual_clip is None else float(self.dual_clip),
             log_ratio_min=-lr, log_ratio_max=lr, seq_ratio_grad="through_mean",
             clamp_bound_grad=torch_clamp_bound_grad(), **kw)
-        return loss, m[0], m[13], None, None
+        ppo_kl = m[13]
+        if correct and gspo:
+            with torch.no_grad():
+                ppo_kl = _masked_mean(-(log_probs - old_log_probs).detach(), action_mask)
+        return loss, m[0], ppo_kl, vllm_kl, is_filter_ratio
 
 
 class ValueLoss(nn.Module):
