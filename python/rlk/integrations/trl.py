@@ -217,6 +217,38 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
     return loss, metrics
 
 
+def _nan_extreme(x, fn):
+    """trl's nanmin / nanmax: NaN when every value is NaN."""
+    keep = ~torch.isnan(x)
+    return fn(x[keep]) if bool(keep.any()) else torch.tensor(float("nan"))
+
+
+def _clip_extremes(self, mode, logp, old, advantages, mask):
+    """TRL's clip_ratio/low_min and high_max: the sequences' (masked) means of the clip flags of
+    the ratio (the sequence's at sequence level, capped at delta), gathered, then their smallest
+    low and largest high fraction."""
+    with torch.no_grad():
+        lr = torch.where(mask.bool(), logp.detach() - old, 0.0)
+        if self.importance_sampling_level == "sequence":
+            coef = torch.exp((lr * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        else:
+            coef = torch.exp(lr)
+        delta = getattr(self.args, "delta", None)
+        if delta is not None:
+            coef = torch.clamp(coef, max=delta)
+        A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        low = ((coef < 1 - self.epsilon_low) & (A < 0)).float()
+        high = ((coef > 1 + self.epsilon_high) & (A > 0)).float()
+
+        def seq_mean(x):
+            return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+        lo = self.accelerator.gather(seq_mean(low))
+        hi = self.accelerator.gather(seq_mean(high))
+    self._metrics[mode]["clip_ratio/low_min"].append(_nan_extreme(lo, torch.min).item())
+    self._metrics[mode]["clip_ratio/high_max"].append(_nan_extreme(hi, torch.max).item())
+
+
 def _reduce(accelerator, mean, count):
     t = torch.tensor([mean * count, count], dtype=torch.float64)
     tot = accelerator.reduce(t, reduction="sum")
@@ -268,6 +300,8 @@ def compute_loss(self, model, inputs):
         delta=getattr(args, "delta", None))
     for name, (mean, count) in metrics.items():
         self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
+    if self.loss_type in DELTA_TYPES:
+        _clip_extremes(self, mode, per_token_logps, old, inputs["advantages"], mask)
     if getattr(self, "_entropy_bonus_enabled", False):
         # TRL's static entropy bonus: the mean entropy over the scored tokens, divided only by the
         # accumulation steps whatever the loss type's normalizer (a torch term beside rlk's loss;
