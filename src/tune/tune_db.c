@@ -139,9 +139,11 @@ rlk_status rlk_tune_check_record(const rlk_tune_record *r, rlk_tune_file_kind ki
 
 /* ---- parsing ------------------------------------------------------------------------ */
 
+/* A text field; a line break inside one (a carriage return that is not the line's last byte)
+ * makes the line damaged: kept, it would move to a line's end on rewriting and be stripped there. */
 static int set_text(char *dst, size_t size, const char *v) {
   size_t n = strlen(v);
-  if (n >= size) return -1;
+  if (n >= size || strpbrk(v, "\r\n")) return -1;
   memcpy(dst, v, n + 1);
   return 0;
 }
