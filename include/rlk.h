@@ -670,6 +670,55 @@ RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_val
 RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: token KL estimates (a reference KL per token, and its gradient)     */
+/* ------------------------------------------------------------------------ */
+
+/* Per token, with e = logp - ref_logp and ec = clamp(e, input_min, input_max):
+ *   kl = m * clamp(f(ec), output_min, output_max)        f of rlk_kl_estimator
+ *   grad_logp = m * g * (d kl / d logp)                  g = grad_kl, or 1 without it
+ * d kl / d logp is, without straight_through, f'(ec) passed by both clamps (1 inside, 0
+ * outside, clamp_bound_grad on a bound); with straight_through it is w e, k2's gradient of the
+ * unclamped e whatever the estimator (verl's "k3+", OpenRLHF's unbiased_gradient), with
+ * w = min(exp(logp - old_logp), is_weight_max) taken as a constant (1 without old_logp).
+ * d kl / d ref_logp is the negation of d kl / d logp. m is the mask's value (1 without a mask);
+ * where it is 0 both outputs are exactly 0, whatever the inputs hold there.
+ * verl kl_penalty: "kl"/"k1", "abs", "mse"/"k2" with no clamps; "low_var_kl"/"k3" with the
+ * input clamped to [-20, 20] and the output to [-10, 10]; a "+" suffix sets straight_through.
+ * OpenRLHF compute_approx_kl: the output clamped to [-10, 10] for every estimator, k3's input
+ * to [-10, INFINITY); unbiased_gradient sets straight_through, old_logp and is_weight_max 10. */
+typedef struct rlk_token_kl_args {
+  /* logp (the differentiable input) and ref_logp: [B, T] with contiguous rows (each tensor its
+   * own row stride >= T) or [N] contiguous; f32 or f64. old_logp and grad_kl (optional) alike;
+   * every float tensor of a call, the outputs included, has one dtype. */
+  rlk_tensor logp;
+  rlk_tensor ref_logp;
+  rlk_tensor old_logp;
+  rlk_tensor grad_kl;
+  rlk_tensor mask; /* optional: bool, i32 or f32, logp's shape */
+  rlk_kl_estimator estimator;
+  double input_min, input_max;   /* input_min <= input_max; +-INFINITY: no bound */
+  double output_min, output_max; /* likewise */
+  int straight_through;          /* 0 or 1 */
+  double is_weight_max;          /* > 0; INFINITY: no bound; with straight_through and old_logp */
+  double clamp_bound_grad;       /* in [0, 1], as rlk_policy_loss_args's */
+  /* Outputs, logp's shape and dtype (their own row strides), at least one of them; they must
+   * not overlap the inputs. */
+  rlk_tensor kl;
+  rlk_tensor grad_logp;
+} rlk_token_kl_args;
+
+/* Fills `args` with verl's low_var_kl: k3, input clamped to [-20, 20], output to [-10, 10], no
+ * straight-through, is_weight_max INFINITY, clamp_bound_grad 1, every tensor absent. */
+RLK_API void rlk_token_kl_args_init(rlk_token_kl_args *args);
+
+/* The KL estimates and/or their gradient in one elementwise pass on `stream`: one launch, no
+ * workspace; per-token arithmetic in the inputs' dtype, so results are bitwise reproducible.
+ * Never synchronizes, never allocates device memory, never reads device data on the host: a
+ * call can be captured in a CUDA graph once one call of the same configuration (or
+ * rlk_precompile) has loaded its kernel. */
+RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: advantages and returns over time (GAE, discounted returns, reverse  */
 /* cumulative sums) and masked whitening                                    */
 /* ------------------------------------------------------------------------ */

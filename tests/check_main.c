@@ -22,6 +22,7 @@ int main(int argc, char **argv) {
       {"group_advantage", group_advantage_suite},
       {"linear_logprob", linear_logprob_suite},
       {"token_baseline", token_baseline_suite},
+      {"token_kl", token_kl_suite},
       {"prefix_attention", prefix_attention_suite},
       {"logprob", logprob_suite},
       {"advantage_scan", advantage_scan_suite},

@@ -25,5 +25,6 @@ Suite *tools_suite(void);
 Suite *hopper_suite(void);
 Suite *linear_logprob_suite(void);
 Suite *token_baseline_suite(void);
+Suite *token_kl_suite(void);
 
 #endif

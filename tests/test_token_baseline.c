@@ -102,23 +102,6 @@ static void mask_rows(uint64_t *rng, const tb_case *c, int64_t start, int64_t en
   }
 }
 
-/* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
- * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
-static void *upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
-                         double *dense) {
-  const size_t es = rlk_dtype_size(d), elems = (size_t)((B - 1) * S + T);
-  void *h = malloc(elems * es);
-  for (size_t i = 0; i < elems; i++) rlk_test_store(h, d, (int64_t)i, fill);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < T; t++) {
-      rlk_test_store(h, d, b * S + t, dense[b * T + t]);
-      dense[b * T + t] = rlk_test_load(h, d, b * S + t);
-    }
-  void *p = rlk_test_dev_upload(ctx, h, elems * es);
-  free(h);
-  return p;
-}
-
 /* Runs one call on ctx with fresh data and poisoned outputs, checks everything against the
  * reference, and copies the outputs (dense, as doubles) to adv_out / ret_out when given. */
 static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *adv_out, double *ret_out) {
@@ -145,11 +128,11 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
     iw[i] = 0.5 + rlk_test_rand_uniform(rng);
   }
   const int has_mask = c->mask_dtype != RLK_DTYPE_INVALID;
-  void *rd = upload_rows(ctx, c->dtype, B, T, S, NAN, r);
-  void *ld = upload_rows(ctx, c->dtype, B, T, S, NAN, lp);
-  void *sd = upload_rows(ctx, c->dtype, B, T, S, NAN, sp);
-  void *id = c->isw ? upload_rows(ctx, c->dtype, B, T, S, NAN, iw) : NULL;
-  void *md = has_mask ? upload_rows(ctx, c->mask_dtype, B, T, S, 7, mw) : NULL;
+  void *rd = rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, r);
+  void *ld = rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, lp);
+  void *sd = rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, sp);
+  void *id = c->isw ? rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, iw) : NULL;
+  void *md = has_mask ? rlk_test_upload_rows(ctx, c->mask_dtype, B, T, S, 7, mw) : NULL;
   void *od = NULL;
   if (c->group_size == 0) {
     if (c->offsets_dtype == RLK_I32) {

@@ -384,6 +384,23 @@ void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
   return p;
 }
 
+/* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
+ * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
+void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
+                           double *dense) {
+  const size_t es = rlk_dtype_size(d), elems = (size_t)((B - 1) * S + T);
+  void *h = malloc(elems * es);
+  for (size_t i = 0; i < elems; i++) rlk_test_store(h, d, (int64_t)i, fill);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      rlk_test_store(h, d, b * S + t, dense[b * T + t]);
+      dense[b * T + t] = rlk_test_load(h, d, b * S + t);
+    }
+  void *p = rlk_test_dev_upload(ctx, h, elems * es);
+  free(h);
+  return p;
+}
+
 double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
   if (d == RLK_F64) {
     ((double *)base)[i] = v;

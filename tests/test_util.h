@@ -69,6 +69,11 @@ void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
 /* rlk_test_dev_alloc, then a copy of `bytes` from the host. */
 void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes);
 
+/* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
+ * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
+void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
+                           double *dense);
+
 /* A CUDA context for a GPU case, or NULL (printing "skip (<what> gpu): ..." with the reason) when
  * none can be created here. */
 rlk_context *rlk_test_cuda_context(const char *what);

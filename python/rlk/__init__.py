@@ -45,6 +45,7 @@ from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_
 from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
                                    prefix_attention_backward, prefix_layout, unpack_responses)
 from .ops.token_baseline import token_baseline
+from .ops.token_kl import token_kl
 from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenMasked,
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
@@ -60,7 +61,7 @@ __all__ = [
     "LibraryNotFound", "AbiMismatch",
     # ops
     "group_advantage", "AdvantageMode", "SingletonPolicy", "NanScores", "token_baseline",
-    "policy_loss", "value_loss", "metrics_dict", "PolicyLossResult", "ValueLossResult",
+    "token_kl", "policy_loss", "value_loss", "metrics_dict", "PolicyLossResult", "ValueLossResult",
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
     "ReturnsMasked", "WhitenEps", "WhitenMasked",

@@ -20,11 +20,12 @@ from .ops import logprob as _logprob
 from .ops import vocab_parallel as _vocab_parallel
 from .ops import losses
 from .ops import prefix_attention as _pattn
+from .ops import token_kl as _token_kl
 
 __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
-           "VocabParallelTokenLogprob", "PrefixAttention", "policy_loss", "value_loss",
+           "VocabParallelTokenLogprob", "PrefixAttention", "TokenKL", "policy_loss", "value_loss",
            "token_logprob", "linear_token_logprob", "vocab_parallel_token_logprob",
-           "prefix_attention"]
+           "prefix_attention", "token_kl"]
 
 
 def _scaled(g, grad):
@@ -202,6 +203,32 @@ class PrefixAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+class TokenKL(torch.autograd.Function):
+    """(logp, ref_logp, keyword dict) -> kl; differentiable in logp and ref_logp (the negated
+    gradient) through a second rlk_token_kl call with the incoming gradient (nothing of the
+    forward is kept but its inputs)."""
+
+    @staticmethod
+    def forward(ctx, logp, ref_logp, kwargs):
+        ctx.kw = kwargs
+        ctx.save_for_backward(logp, ref_logp)
+        # the value alone: what shapes only the gradient waits for the backward
+        value_kw = {k: v for k, v in kwargs.items() if k not in ("straight_through", "old_logp", "is_weight_max")}
+        return _token_kl.token_kl(logp.detach(), ref_logp.detach(), outputs="kl", **value_kw)
+
+    @staticmethod
+    def backward(ctx, grad_kl):
+        logp, ref_logp = ctx.saved_tensors
+        if grad_kl is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return None, None, None
+        g = grad_kl if grad_kl.dtype is logp.dtype else grad_kl.to(logp.dtype)
+        if not g.is_contiguous():  # e.g. the expanded ones of kl.sum().backward()
+            g = g.contiguous()
+        grad = _token_kl.token_kl(logp.detach(), ref_logp.detach(), outputs="grad", grad_kl=g, **ctx.kw)
+        return (grad if ctx.needs_input_grad[0] else None,
+                -grad if ctx.needs_input_grad[1] else None, None)
+
+
 def _upstream(g):
     """An upstream gradient as the f32 [N] with a positive stride the library reads."""
     if g is None:
@@ -274,3 +301,15 @@ def prefix_attention(q, k, v, layout, *, scale=None):
     differentiable in q [T, Hq, D], k and v [T, Hkv, D]. Returns out [T, Hq, D]."""
     _require_torch("prefix_attention", q)
     return PrefixAttention.apply(q, k, v, layout, scale)
+
+
+def token_kl(logp, ref_logp, estimator="k3", **kwargs):
+    """Per-token KL estimates (rlk.token_kl's keywords, outputs aside) as a differentiable torch
+    tensor of logp's shape: the gradient in logp is the op's (straight-through when asked), in
+    ref_logp its negation; mask, old_logp and the importance weight are constants."""
+    _require_torch("token_kl", logp)
+    for k in ("outputs", "grad_kl", "kl", "grad_logp"):
+        if k in kwargs:
+            raise InvalidArgument("rlk.autograd.token_kl: %s is not a keyword here" % k)
+    kwargs["estimator"] = estimator
+    return TokenKL.apply(logp, ref_logp, kwargs)

@@ -1,5 +1,5 @@
 /* advantage_scan.h - argument checks shared by the per-token sequence ops (advantage_scan.c:
- * GAE, discounted returns, reverse cumulative sums; masked_whiten.c). */
+ * GAE, discounted returns, reverse cumulative sums; masked_whiten.c; token_kl.c). */
 #ifndef RLK_OPS_ADVANTAGE_SCAN_H
 #define RLK_OPS_ADVANTAGE_SCAN_H
 

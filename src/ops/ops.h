@@ -23,6 +23,7 @@ extern const rlk_op_desc rlk_op_sample;
 extern const rlk_op_desc rlk_op_linear_logprob;
 extern const rlk_op_desc rlk_op_prefix_attention;
 extern const rlk_op_desc rlk_op_token_baseline;
+extern const rlk_op_desc rlk_op_token_kl;
 
 /* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows
  * of V elements, with its tuning requests `block` and `unroll` (0: the defaults): the threads per

@@ -22,6 +22,7 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_cache_entry),
     ABI_ROW(rlk_group_advantage_args),
     ABI_ROW(rlk_token_baseline_args),
+    ABI_ROW(rlk_token_kl_args),
     ABI_ROW(rlk_policy_loss_args),
     ABI_ROW(rlk_value_loss_args),
     ABI_ROW(rlk_gae_args),

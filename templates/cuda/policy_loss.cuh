@@ -16,6 +16,7 @@
 #ifndef RLK_POLICY_LOSS_CUH
 #define RLK_POLICY_LOSS_CUH
 
+#include "kl_estimator.cuh"
 #include "token_loss.cuh"
 
 namespace rlk {
@@ -23,7 +24,7 @@ namespace pl {
 
 enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
        MODE_GEO_MEAN = 5 };
-enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
+enum { KL_NONE = 0 }; /* else 1 + rlk_kl_estimator */
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 
 /* Streams (token_loss Streams<6, 2>). */
@@ -73,17 +74,6 @@ static_assert(sizeof(Params) == 440, "Params: 55 8-byte fields, mirrored by the 
 template <typename T> RLK_DEVICE T exp_(T x);
 template <> RLK_DEVICE float exp_(float x) { return expf(x); }
 template <> RLK_DEVICE double exp_(double x) { return exp(x); }
-template <typename T> RLK_DEVICE T expm1_(T x);
-/* e^x - 1 in f32: the Taylor series through x^8 where |x| <= 0.5 (error below 2e-8 relative, no
- * cancellation), expf(x) - 1 elsewhere (|e^x - 1| >= 0.39 there: no cancellation either). Fewer
- * instructions than expm1f, as accurate for the KL terms. */
-template <> RLK_DEVICE float expm1_(float x) {
-  const float p =
-      x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (1.0f / 120 +
-          x * (1.0f / 720 + x * (1.0f / 5040 + x * (1.0f / 40320))))))));
-  return fabsf(x) <= 0.5f ? p : expf(x) - 1.0f;
-}
-template <> RLK_DEVICE double expm1_(double x) { return expm1(x); }
 
 /* The PPO clip (and dual clip) at ratio r: the term and its derivative in r. */
 template <typename T> struct Clip {
@@ -318,30 +308,7 @@ struct Op {
 
     T kv = T(0), gk = T(0);
     if (KL != KL_NONE) {
-      const T e = lp - x[IN_REF];
-      const T ec = tl::clampv(e, -kl_in, kl_in);
-      T v, gv;
-      if (KL == KL_K1) {
-        v = ec;
-        gv = T(1);
-      } else if (KL == KL_ABS) {
-        v = ec < T(0) ? -ec : ec;
-        gv = ec > T(0) ? T(1) : (ec < T(0) ? T(-1) : T(0));
-      } else if (KL == KL_K2) {
-        v = T(0.5) * ec * ec;
-        gv = ec;
-      } else { /* k3 = exp(-e) + e - 1 = expm1(-e) + e, accurate near 0 */
-        const T em = expm1_(-ec);
-        v = em + ec;
-        gv = -em;
-      }
-      kv = tl::clampv(v, -kl_out, kl_out);
-      if (ST) {
-        gk = e;
-      } else {
-        const T gg = tl::gate(e, -kl_in, kl_in, bg) * tl::gate(v, -kl_out, kl_out, bg);
-        gk = gg != T(0) ? gg * gv : T(0);
-      }
+      kv = kl::estimate<KL - 1, ST>(lp - x[IN_REF], -kl_in, kl_in, -kl_out, kl_out, bg, &gk);
     }
     const T ent = ENT != ENT_NONE ? x[IN_ENT] : T(0);
 

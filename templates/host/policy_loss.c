@@ -6,16 +6,16 @@
  * field of pl_params. */
 #include <math.h>
 
+#include "kl_estimator.h"
 #include "token_loss_host.h"
 
 typedef RLK_P_DTYPE T;
 
 #define T_EXP(x) _Generic((x), float: expf, default: exp)(x)
-#define T_EXPM1(x) _Generic((x), float: expm1f, default: expm1)(x)
 
 enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
        MODE_GEO_MEAN = 5 };
-enum { KL_NONE = 0, KL_K1 = 1, KL_ABS = 2, KL_K2 = 3, KL_K3 = 4 };
+enum { KL_NONE = 0 }; /* else 1 + rlk_kl_estimator */
 enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
 enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
 enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
@@ -145,30 +145,8 @@ static void pl_token(const pl_ctx *c, const T *x, float mf, double *acc, T *y) {
 
   T kv = 0, gk = 0;
   if (a->kl != KL_NONE) {
-    const T e = lp - x[IN_REF];
-    const T ec = clampv(e, -c->kl_in, c->kl_in);
-    T v, gv;
-    if (a->kl == KL_K1) {
-      v = ec;
-      gv = 1;
-    } else if (a->kl == KL_ABS) {
-      v = ec < 0 ? -ec : ec;
-      gv = ec > 0 ? (T)1 : (ec < 0 ? (T)-1 : (T)0);
-    } else if (a->kl == KL_K2) {
-      v = (T)0.5 * ec * ec;
-      gv = ec;
-    } else {
-      const T em = T_EXPM1(-ec);
-      v = em + ec;
-      gv = -em;
-    }
-    kv = clampv(v, -c->kl_out, c->kl_out);
-    if (a->kl_st)
-      gk = e;
-    else {
-      const T gg = gate(e, -c->kl_in, c->kl_in, c->bg) * gate(v, -c->kl_out, c->kl_out, c->bg);
-      gk = gg != 0 ? gg * gv : (T)0;
-    }
+    kv = kl_estimate(a->kl - 1, a->kl_st != 0, lp - x[IN_REF], -c->kl_in, c->kl_in, -c->kl_out,
+                     c->kl_out, c->bg, &gk);
   }
   const T ent = a->ent != ENT_NONE ? x[IN_ENT] : (T)0;
 

@@ -1,7 +1,7 @@
 """Op families, one module each: its args struct mirror (registered for the ABI checks), its
 rlk.Op, and the functional call. Adding an op family = one module here + its lines below."""
 from . import (group_advantage, linear_logprob, logprob, losses, prefix_attention, returns, sample,
-               token_baseline, vocab_parallel)
+               token_baseline, token_kl, vocab_parallel)
 
 OPS = {
     "group_advantage": group_advantage.OP,
@@ -20,4 +20,5 @@ OPS = {
     "prefix_attention": prefix_attention.FORWARD_OP,
     "prefix_attention_backward": prefix_attention.BACKWARD_OP,
     "token_baseline": token_baseline.OP,
+    "token_kl": token_kl.OP,
 }

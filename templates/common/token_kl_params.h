@@ -1,0 +1,37 @@
+/* token_kl_params.h - the argument of the token_kl kernel (templates/cuda/token_kl.cuh,
+ * templates/host/token_kl.c), filled by src/ops/token_kl.c. Every per-token tensor is [B, T]
+ * with its own row stride (a 1-D [N] call is B = 1, T = N); inputs have the spec's dtype and
+ * the optional ones (old_logp, grad_kl, mask, kl, grad) are NULL where the spec says absent.
+ * The clamps and is_weight_max are run-time values (+-INFINITY: no bound); bound_g is the
+ * gradient a clamp passes on its bound. */
+#ifndef RLK_TOKEN_KL_PARAMS_H
+#define RLK_TOKEN_KL_PARAMS_H
+
+#include "rlk_params.h"
+
+#define RLK_TK_PARAMS(F, S_)            \
+  F(S_, const void *, logp, 0)          \
+  F(S_, long long, logp_stride, 8)      \
+  F(S_, const void *, ref, 16)          \
+  F(S_, long long, ref_stride, 24)      \
+  F(S_, const void *, old, 32)          \
+  F(S_, long long, old_stride, 40)      \
+  F(S_, const void *, grad_kl, 48)      \
+  F(S_, long long, grad_kl_stride, 56)  \
+  F(S_, const void *, mask, 64)         \
+  F(S_, long long, mask_stride, 72)     \
+  F(S_, void *, kl, 80)                 \
+  F(S_, long long, kl_stride, 88)       \
+  F(S_, void *, grad, 96)               \
+  F(S_, long long, grad_stride, 104)    \
+  F(S_, long long, B, 112)              \
+  F(S_, long long, T, 120)              \
+  F(S_, double, in_lo, 128)             \
+  F(S_, double, in_hi, 136)             \
+  F(S_, double, out_lo, 144)            \
+  F(S_, double, out_hi, 152)            \
+  F(S_, double, w_max, 160)             \
+  F(S_, double, bound_g, 168)
+#define RLK_TK_PARAMS_SIZE 176
+
+#endif

@@ -1,0 +1,72 @@
+/* token_kl.cuh - per-token KL estimates against a reference policy and their gradient
+ * (rlk_token_kl): one elementwise pass, a grid-stride loop over each row's tokens with rows
+ * spread over the grid's y dimension.
+ *
+ * Per token (kl_estimator.cuh): the estimate of e = logp - ref and its derivative in logp
+ * (straight-through: e times w = min(exp(logp - old), w_max), a constant), times the upstream
+ * gradient when given and the mask's weight; where the mask is 0 both outputs are 0 whatever
+ * the inputs hold. Arithmetic in the inputs' dtype. Template values, in the op's schema order:
+ * the dtype, the estimator (rlk_kl_estimator), the mask kind (tl::MASK_*), straight-through,
+ * old_logp present, grad_kl present, and which outputs are written (OUT_*). Inputs are never
+ * written by the kernel (outputs overlap none): read-only loads. */
+#ifndef RLK_TOKEN_KL_CUH
+#define RLK_TOKEN_KL_CUH
+
+#include "kl_estimator.cuh"
+#include "token_kl_params.h"
+
+namespace rlk {
+namespace tk {
+
+RLK_PARAMS_DECLARE(Params, RLK_TK_PARAMS, RLK_TK_PARAMS_SIZE);
+
+enum { OUT_KL = 0, OUT_GRAD = 1, OUT_BOTH = 2 };
+
+template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
+  if (MASK == tl::MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == tl::MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == tl::MASK_F32) return ld_ro((const float *)mask + i);
+  return 1.0f;
+}
+
+RLK_DEVICE float exp_(float x) { return expf(x); }
+RLK_DEVICE double exp_(double x) { return exp(x); }
+
+} /* namespace tk */
+
+template <typename T, int EST, int MASK, bool ST, bool OLD, bool GIN, int OUT>
+__global__ void token_kl(RLK_PARAMS_ARG tk::Params p_) {
+  const T *logp = (const T *)p_.logp, *ref = (const T *)p_.ref, *old = (const T *)p_.old;
+  const T *gin = (const T *)p_.grad_kl;
+  T *kl = (T *)p_.kl, *grad = (T *)p_.grad;
+  const T in_lo = (T)p_.in_lo, in_hi = (T)p_.in_hi, out_lo = (T)p_.out_lo, out_hi = (T)p_.out_hi;
+  const T w_max = (T)p_.w_max, bg = (T)p_.bound_g;
+  const i64 B = p_.B, T_ = p_.T;
+  const i64 stride = (i64)gridDim.x * blockDim.x;
+  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {
+    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < T_; t += stride) {
+      const float m = tk::mask_at<MASK>(p_.mask, b * p_.mask_stride + t);
+      T v = T(0), g = T(0);
+      if (m != 0.0f) {
+        const T lp = ld_ro(logp + b * p_.logp_stride + t);
+        v = kl::estimate<EST, ST>(lp - ld_ro(ref + b * p_.ref_stride + t), in_lo, in_hi, out_lo, out_hi,
+                                  bg, &g);
+        if (ST && OLD) {
+          const T w = tk::exp_(lp - ld_ro(old + b * p_.old_stride + t));
+          g = g * (w < w_max ? w : w_max);
+        }
+        if (GIN) g = g * ld_ro(gin + b * p_.grad_kl_stride + t);
+        if (MASK != tl::MASK_NONE) {
+          v = v * (T)m;
+          g = g * (T)m;
+        }
+      }
+      if (OUT != tk::OUT_GRAD) kl[b * p_.kl_stride + t] = v;
+      if (OUT != tk::OUT_KL) grad[b * p_.grad_stride + t] = g;
+    }
+  }
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_TOKEN_KL_CUH */

@@ -1,0 +1,1 @@
+../common/token_kl_params.h
