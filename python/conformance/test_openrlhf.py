@@ -8,6 +8,7 @@ import trainers  # noqa: F401
 from cases import CASES, close, make, torch_inputs
 
 L = pytest.importorskip("openrlhf.models.loss")
+import openrlhf.models.utils as U  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
 
 from rlk.integrations import openrlhf as ro  # noqa: E402
@@ -122,10 +123,39 @@ def test_gae(case_name, dtype, rng):
     close(got[1], want[1], dtype, "returns")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("estimator", ("k1", "k2", "k3"))
+@pytest.mark.parametrize("grad", ("pathwise", "unbiased", "unbiased-no-old"))
+def test_compute_approx_kl(grad, estimator, case_name, dtype, rng):
+    """compute_approx_kl: the value and the gradients in both log-probs under a random upstream
+    gradient; the cases' old log-probs as the base (log-ratios past +-20 and on 20), the
+    reference's as the rollout policy of the unbiased gradient's weight (some above the clip)."""
+    case = make(case_name, dtype, rng)
+    up = torch.from_numpy(rng.standard_normal(case["lp"].shape).astype(np.float32))
+    unbiased = grad != "pathwise"
+    outs = []
+    for fn in (U.compute_approx_kl, ro.compute_approx_kl):
+        t = torch_inputs(case, ["lp", "old", "ref"], requires_grad=("lp", "old"))
+        old = 4.0 * t["ref"] - 3.0 * t["lp"].detach() if grad == "unbiased" else None
+        kl = fn(t["lp"], t["old"], log_probs_old=old, kl_estimator=estimator, unbiased_gradient=unbiased)
+        (kl * up).sum().backward()
+        outs.append((kl.detach(), t["lp"].grad, t["old"].grad))
+    for k, part in enumerate(("kl", "grad log_probs", "grad log_probs_base")):
+        assert outs[1][k].dtype == outs[0][k].dtype
+        # OpenRLHF computes in f32 whatever the inputs: compare at f32's tolerance
+        close(outs[1][k], outs[0][k], "f32", "compute_approx_kl %s %s %s %s %s" % (
+            estimator, grad, case_name, dtype, part))
+    with pytest.raises(ValueError):
+        ro.compute_approx_kl(t["lp"], t["old"], kl_estimator="k4")
+
+
 def test_patch_swaps_and_restores():
     import openrlhf.models as M
-    before = (L.PolicyLoss, L.ValueLoss, M.PolicyLoss)
+    import openrlhf.trainer.ppo_utils.experience_maker as E
+    before = (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl, E.compute_approx_kl)
     h = ro.patch()
     assert L.PolicyLoss is ro.PolicyLoss and M.ValueLoss is ro.ValueLoss
+    assert U.compute_approx_kl is ro.compute_approx_kl and E.compute_approx_kl is ro.compute_approx_kl
     h.undo()
-    assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss) == before
+    assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl, E.compute_approx_kl) == before

@@ -191,12 +191,43 @@ def test_gae_and_whiten(case_name, dtype, rng):
           dtype, "masked_whiten")
 
 
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("name", KL_PENALTIES + tuple(n + "+" for n in KL_PENALTIES))
+def test_kl_penalty(name, case_name, dtype, rng):
+    """core_algos.kl_penalty: the value and both gradients under a random upstream gradient; the
+    cases' old log-probs as the reference (log-ratios past +-20 and exactly on 20)."""
+    case = make(case_name, dtype, rng)
+    up = torch.from_numpy(rng.standard_normal(case["lp"].shape).astype(case["lp"].dtype))
+    outs = []
+    for fn in (ca.kl_penalty, rv.kl_penalty):
+        t = torch_inputs(case, ["lp", "old"], requires_grad=("lp", "old"))
+        kl = fn(t["lp"], t["old"], name)
+        (kl * up).sum().backward()
+        outs.append((kl.detach(), t["lp"].grad, t["old"].grad))
+    for k, part in enumerate(("kl", "grad logprob", "grad ref_logprob")):
+        assert outs[1][k].dtype == outs[0][k].dtype
+        close(outs[1][k], outs[0][k], dtype, "kl_penalty %s %s %s %s" % (name, case_name, dtype, part))
+
+
+def test_kl_penalty_full_raises():
+    x = torch.zeros(2, 3)
+    for fn in (ca.kl_penalty, rv.kl_penalty):
+        with pytest.raises(NotImplementedError):
+            fn(x, x, "full")
+
+
 def test_patch_swaps_and_restores():
     before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss)
     h = rv.patch()
     assert ca.get_policy_loss_fn("vanilla") is rv.compute_policy_loss_vanilla
     assert ca.agg_loss is rv.agg_loss and ca.compute_value_loss is rv.compute_value_loss
+    assert ca.kl_penalty is rv.kl_penalty
     h.undo()
+    assert ca.kl_penalty is not rv.kl_penalty
     assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss) == before
 
 

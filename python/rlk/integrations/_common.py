@@ -82,3 +82,8 @@ _MISSING = object()
 class _Item:
     def __init__(self, mapping):
         self.mapping = mapping
+
+
+def float_pair(a, b, dtype):
+    """a and b as `dtype` (f32 or f64, what the kernels read) with contiguous rows."""
+    return tuple((x if x.dtype is dtype else x.to(dtype)).contiguous() for x in (a, b))

@@ -1,5 +1,6 @@
-"""OpenRLHF (openrlhf.models.loss, openrlhf.trainer.ppo_utils) on rlk: PolicyLoss, ValueLoss and
-GAE with OpenRLHF's signatures and semantics (tested against OpenRLHF 0.11.2).
+"""OpenRLHF (openrlhf.models.loss, openrlhf.models.utils, openrlhf.trainer.ppo_utils) on rlk:
+PolicyLoss, ValueLoss, compute_approx_kl and GAE with OpenRLHF's signatures and semantics
+(tested against OpenRLHF 0.11.2).
 
     from rlk.integrations import openrlhf as rlk_openrlhf
     with rlk_openrlhf.patch():      # openrlhf.models.loss.PolicyLoss / ValueLoss are rlk's
@@ -20,9 +21,13 @@ from torch import nn
 
 from .. import autograd as _ag
 from ..ops import returns as _ret
-from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
+from ._common import (Patch, as_float, float_pair, mask_arg, mask_total, nonempty_rows,
+                      torch_clamp_bound_grad)
 
-__all__ = ["PolicyLoss", "ValueLoss", "get_advantages_and_returns", "patch"]
+__all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns", "patch"]
+
+# openrlhf.models.utils.KL_IS_WEIGHT_CLIP: the bound of the unbiased KL gradient's weight
+KL_IS_WEIGHT_CLIP = 10.0
 
 
 def _masked_mean(x, mask, dim=None):
@@ -155,6 +160,25 @@ class ValueLoss(nn.Module):
         return loss
 
 
+def compute_approx_kl(log_probs, log_probs_base, log_probs_old=None, kl_estimator="k1",
+                      unbiased_gradient=False):
+    """openrlhf.models.utils.compute_approx_kl on rlk_token_kl: k1, k2 or k3 of the f32
+    log-ratio (k3's clamped below at -10), every value clamped to [-10, 10]; unbiased_gradient:
+    the value with the straight-through gradient w (log_probs - log_probs_base), w =
+    min(exp(log_probs - log_probs_old), KL_IS_WEIGHT_CLIP) (1 without log_probs_old).
+    Differentiable in log_probs and log_probs_base; f32 as OpenRLHF's."""
+    if kl_estimator not in ("k1", "k2", "k3"):
+        raise ValueError(f"Unknown kl_estimator: {kl_estimator}")
+    lp, base = float_pair(log_probs, log_probs_base, torch.float32)
+    kw = {}
+    if unbiased_gradient:
+        kw = dict(straight_through=True, is_weight_max=KL_IS_WEIGHT_CLIP)
+        if log_probs_old is not None:
+            kw["old_logp"] = log_probs_old.detach().float().contiguous()
+    return _ag.token_kl(lp, base, kl_estimator, input_clamp=(-10.0, None) if kl_estimator == "k3" else None,
+                        output_clamp=(-10.0, 10.0), clamp_bound_grad=torch_clamp_bound_grad(), **kw)
+
+
 def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
     """OpenRLHF's GAE (rewards and values zeroed where the mask is 0, no masked carry):
     (advantages, returns)."""
@@ -164,16 +188,28 @@ def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
 
 
 def patch():
-    """Swaps PolicyLoss and ValueLoss into openrlhf.models.loss (and openrlhf.models). Returns a
-    handle whose undo() restores OpenRLHF's own."""
+    """Swaps PolicyLoss and ValueLoss into openrlhf.models.loss (and openrlhf.models), and
+    compute_approx_kl into openrlhf.models.utils and the trainer modules that imported it by
+    name (the actor and the experience maker). Returns a handle whose undo() restores
+    OpenRLHF's own."""
     import openrlhf.models.loss as L
+    import openrlhf.models.utils as U
     h = Patch()
     h.set(L, "PolicyLoss", PolicyLoss)
     h.set(L, "ValueLoss", ValueLoss)
+    own_kl = U.compute_approx_kl
+    h.set(U, "compute_approx_kl", compute_approx_kl)
     try:
         import openrlhf.models as M
         h.set(M, "PolicyLoss", PolicyLoss)
         h.set(M, "ValueLoss", ValueLoss)
     except Exception:
         pass
+    for name in ("openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_utils.experience_maker"):
+        try:
+            mod = __import__(name, fromlist=["compute_approx_kl"])
+        except Exception:  # a trainer module whose own imports (ray, deepspeed) are missing here
+            continue
+        if getattr(mod, "compute_approx_kl", None) is own_kl:
+            h.set(mod, "compute_approx_kl", compute_approx_kl)
     return h

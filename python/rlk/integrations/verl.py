@@ -24,11 +24,12 @@ from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
 from ..ops import token_baseline as _tb
-from ._common import Patch, as_float, mask_arg, mask_total, nonempty_rows, torch_clamp_bound_grad
+from ._common import (Patch, as_float, float_pair, mask_arg, mask_total, nonempty_rows,
+                      torch_clamp_bound_grad)
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
            "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
-           "logprobs_from_logits", "entropy_from_logits", "patch"]
+           "logprobs_from_logits", "entropy_from_logits", "kl_penalty", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -410,6 +411,31 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
         return masked_whiten(adv, mask), ret
 
 
+# ---- KL penalty ------------------------------------------------------------------------
+
+_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3",
+                  "k3": "k3"}
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty):
+    """core_algos.kl_penalty on rlk_token_kl: "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"
+    (its log-ratio clamped to [-20, 20], its value to [-10, 10]), a "+" suffix for k2's
+    straight-through gradient; differentiable in both log-probs, in their dtype (bf16 and f16
+    computed in f32). "full" raises NotImplementedError as verl does."""
+    st = kl_penalty.endswith("+")
+    est = _KL_ESTIMATORS.get(kl_penalty[:-1] if st else kl_penalty)
+    if est is None:
+        raise NotImplementedError("rlk: kl_penalty %r is not expressed (verl has no such estimator "
+                                  "either, or needs the full logits)" % (kl_penalty,))
+    dtype = torch.promote_types(logprob.dtype, ref_logprob.dtype)
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    lp, ref = float_pair(logprob, ref_logprob, work)
+    clamps = ((-20.0, 20.0), (-10.0, 10.0)) if est == "k3" else (None, None)
+    kl = _ag.token_kl(lp, ref, est, input_clamp=clamps[0], output_clamp=clamps[1],
+                      straight_through=st and est != "k2", clamp_bound_grad=torch_clamp_bound_grad())
+    return kl if kl.dtype is dtype else kl.to(dtype)
+
+
 # ---- log-probs and entropy from logits -------------------------------------------------
 
 def logprobs_from_logits(logits, labels, inplace_backward=True):
@@ -679,4 +705,5 @@ def patch():
     h.set(vf, "logprobs_from_logits", logprobs_from_logits)
     h.set(vf, "entropy_from_logits", entropy_from_logits)
     h.set(ca, "compute_value_loss", compute_value_loss)
+    h.set(ca, "kl_penalty", kl_penalty)
     return h
