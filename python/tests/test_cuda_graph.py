@@ -90,6 +90,8 @@ def every_op(x, c):
     rlk.masked_whiten(adv, mask, stats=True)
     rlk.token_baseline(adv, old, (lp * lp).exp(), G, mask=mask, rollout_is_weights=lp.exp())
     rlk.token_baseline(adv, old, (lp * lp).exp(), group_offsets=c["groups"], mask=mask, compact=True)
+    rlk.token_kl(old, ref, "k3", mask=mask, outputs="both")
+    rlk.token_kl(old, ref, "k1", outputs="grad", grad_kl=adv, straight_through=True, old_logp=lp)
     out = rlk.logprob(x["logits"], x["labels"], entropy=True)
     rlk.logprob_backward(x["logits"], x["labels"], out.lse, grad_logp=torch.ones(B * T, device="cuda"))
     rlk.sample(x["logits"][:B], temperature=0.7, top_k=20, seed=1)
@@ -100,10 +102,13 @@ def every_op(x, c):
     vleaf = lp.clone().requires_grad_(True)
     vloss, _ = A.value_loss(vleaf, old, adv, mask)
     vloss.backward()
+    kleaf = lp.clone().requires_grad_(True)
+    A.token_kl(kleaf, ref, "k3", mask=mask).sum().backward()
     logits = x["logits"].clone().requires_grad_(True)
     logp, ent = A.token_logprob(logits, x["labels"], entropy=True)
     (logp.sum() + ent.sum()).backward()
     assert leaf.grad is not None and vleaf.grad is not None and logits.grad is not None
+    assert kleaf.grad is not None
     if rlk.OPS.get("prefix_attention") is not None and rlk.OPS["prefix_attention"].available():
         # a fresh layout: its device copy is made on first use, without waiting either
         lay = rlk.prefix_layout([37], [[1, 20, 30]])
