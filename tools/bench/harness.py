@@ -279,6 +279,57 @@ def value_loss_cases(dev, quick):
 
 
 # ---------------------------------------------------------------------------------------------
+# Token KL estimates
+# ---------------------------------------------------------------------------------------------
+
+def _torch_low_var_kl(lp, ref):
+    """verl's low_var_kl formulas in torch: exp(ref - lp) - (ref - lp) - 1, clamped."""
+    kl = torch.clamp(ref - lp, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def _kl_inputs(B, T, dev):
+    lp = (torch.randn(B, T, device=dev) * 0.5 - 2.0).requires_grad_(True)
+    return {"lp": lp, "ref": lp.detach() + torch.randn(B, T, device=dev) * 0.3,
+            "mask": _padded(B, T, dev)}
+
+
+def _torch_kl_loss(x):
+    x["lp"].grad = None
+    kl = _torch_low_var_kl(x["lp"], x["ref"]) * x["mask"]
+    kl.backward(torch.ones_like(kl))
+    return kl.detach(), x["lp"].grad
+
+
+def _rlk_kl_loss(x):
+    from rlk.autograd import token_kl
+    x["lp"].grad = None
+    kl = token_kl(x["lp"], x["ref"], "k3", mask=x["mask"])
+    kl.backward(torch.ones_like(kl))
+    return kl.detach(), x["lp"].grad
+
+
+@family("token_kl", "Token KL (verl low_var_kl), f32: the rewards' KL, and a KL term fwd+bwd")
+def token_kl_cases(dev, quick):
+    if not rlk_has("token_kl"):
+        raise rlk.Unavailable("the loaded librlk has no rlk_token_kl")
+    cases = []
+    for B, T in [(S(1024), S(4096))] if quick else [(S(256), S(2048)), (S(1024), S(4096))]:
+        impls = [Impl("torch (verl formulas)", "torch",
+                      lambda x: _torch_low_var_kl(x["lp"].detach(), x["ref"])),
+                 Impl("rlk", "rlk", lambda x: rlk.token_kl(x["lp"].detach(), x["ref"], "k3"), tol=1e-5)]
+        # lp, ref read, kl written (f32)
+        cases.append(Case("rewards B=%d T=%d" % (B, T), B * T * 12,
+                          lambda B=B, T=T: _kl_inputs(B, T, dev), impls))
+        impls = [Impl("torch (verl formulas)", "torch", _torch_kl_loss),
+                 Impl("rlk autograd", "rlk", _rlk_kl_loss, tol=1e-5)]
+        # forward: lp, ref, mask read, kl written; backward: lp, ref, mask, grad_kl read, grad written
+        cases.append(Case("loss fwd+bwd B=%d T=%d" % (B, T), B * T * (9 + 4 + 13 + 4),
+                          lambda B=B, T=T: _kl_inputs(B, T, dev), impls))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 # Advantages and returns over time
 # ---------------------------------------------------------------------------------------------
 
