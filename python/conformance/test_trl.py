@@ -18,6 +18,10 @@ from rlk.integrations import trl as rt  # noqa: E402
 
 DTYPES = ("f32", "f64")
 NOT_EXPRESSED = ()
+# every loss type at both levels (vespo at token level only: TRL's sequence-level vespo mixes the
+# two levels and runs TRL's own code)
+LEVELS_TYPES = [(lv, lt) for lv in ("token", "sequence") for lt in rt.LOSS_TYPES
+                if lv == "token" or lt != "vespo"]
 
 
 @pytest.fixture
@@ -38,15 +42,20 @@ class OneProcess:
     def reduce(self, x, reduction="sum"):
         return x
 
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
 
-def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False, delta=None):
+
+def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False, delta=None,
+            quantile=1.0, off_policy=None, vllm=False):
     t = object.__new__(G.GRPOTrainer)
     over = case["over"]
     t.__dict__.update(
         loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2,
         epsilon_high=(5.0 if loss_type == "cispo" else over.get("clip_high", 0.28)),
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
-        vllm_importance_sampling_correction=False, aux_loss_enabled=False,
+        top_entropy_quantile=quantile, off_policy_mask_threshold=off_policy, use_vllm=vllm,
+        vllm_importance_sampling_correction=vllm, vllm_importance_sampling_mode="token_truncate",
+        aux_loss_enabled=False,
         _entropy_bonus_enabled=ent_coef != 0.0, entropy_coef=ent_coef, use_adaptive_entropy=False,
         current_gradient_accumulation_steps=3,
         max_completion_length=logp.shape[1] + 2, model=types.SimpleNamespace(training=True),
@@ -54,12 +63,13 @@ def trainer(loss_type, level, beta, case, logp, ent, ent_coef=0.0, bias_kl=False
         _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
         args=types.SimpleNamespace(use_bias_correction_kl=bias_kl, delta=delta,
                                    sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                                   steps_per_generation=2))
+                                   steps_per_generation=2, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
+                                   vespo_k_neg=3.0, vespo_lambda_neg=2.0))
     t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
     return t
 
 
-def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False, delta=None):
+def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False, delta=None, **weights):
     x = torch_inputs(case, ["lp", "old", "ref", "ent"], nan=nan, requires_grad=("lp", "ent"))
     B, T = case["lp"].shape
     inputs = {"prompt_ids": torch.zeros((B, 0), dtype=torch.long),
@@ -69,7 +79,9 @@ def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False, delt
               "advantages": torch.from_numpy(case["adv_seq"]),
               "old_per_token_logps": x["old"], "ref_per_token_logps": x["ref"],
               "num_items_in_batch": torch.tensor(float(case["mask"].sum() * 2 + 3))}
-    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef, bias_kl, delta)
+    if weights.get("vllm"):
+        inputs["importance_sampling_ratio"] = torch.from_numpy(case["is_ratio"])
+    tr = trainer(loss_type, level, beta, case, x["lp"], x["ent"], ent_coef, bias_kl, delta, **weights)
     loss = fn(tr, None, inputs)
     loss.backward()
     metrics = {k: v[-1] for k, v in tr._metrics["train"].items() if k not in NOT_EXPRESSED}
@@ -82,8 +94,7 @@ def run(fn, loss_type, level, beta, case, nan, ent_coef=0.0, bias_kl=False, delt
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("beta", (0.0, 0.04))
-@pytest.mark.parametrize("level,loss_type", [(lv, lt) for lv in ("token", "sequence")
-                                              for lt in rt.LOSS_TYPES])
+@pytest.mark.parametrize("level,loss_type", LEVELS_TYPES)
 def test_grpo_loss(level, loss_type, beta, case_name, dtype, rng):
     case = make(case_name, dtype, rng)
     want = run(G.GRPOTrainer._compute_loss, loss_type, level, beta, case, False)
@@ -113,8 +124,7 @@ def test_grpo_loss_entropy_bonus(loss_type, beta, case_name, dtype, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
-@pytest.mark.parametrize("level,loss_type", [(lv, lt) for lv in ("token", "sequence")
-                                              for lt in rt.LOSS_TYPES])
+@pytest.mark.parametrize("level,loss_type", LEVELS_TYPES)
 def test_grpo_loss_bias_corrected_kl(level, loss_type, case_name, dtype, rng):
     """use_bias_correction_kl: the k3 term times the importance ratio, with its gradient."""
     case = make(case_name, dtype, rng)
@@ -134,6 +144,31 @@ def test_grpo_loss_delta(level, loss_type, case_name, dtype, rng):
     want = run(G.GRPOTrainer._compute_loss, loss_type, level, 0.04, case, False, delta=1.6)
     got = run(rt.compute_loss, loss_type, level, 0.04, case, case.get("nan", False), delta=1.6)
     close_loss(got, want, dtype, "delta %s %s %s %s" % (level, loss_type, case_name, dtype))
+
+
+WEIGHTS = ({"quantile": 0.6}, {"off_policy": 0.02}, {"vllm": True},
+           {"quantile": 0.5, "off_policy": 0.02, "vllm": True})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("weights", WEIGHTS, ids=lambda w: "+".join(sorted(w)))
+@pytest.mark.parametrize("level,loss_type", LEVELS_TYPES)
+def test_grpo_loss_policy_weights(level, loss_type, weights, case_name, dtype, rng):
+    """The high-entropy token mask (top_entropy_quantile, with the entropy bonus on the same
+    tokens), the off-policy sequence mask and the vLLM importance ratio (vespo: inside its gamma
+    weights), alone and together, with a KL term."""
+    case = make(case_name, dtype, rng)
+    case["is_ratio"] = np.exp(0.3 * rng.standard_normal(case["lp"].shape)).astype(case["lp"].dtype)
+    want = run(G.GRPOTrainer._compute_loss, loss_type, level, 0.04, case, False, ent_coef=0.05, **weights)
+    got = run(rt.compute_loss, loss_type, level, 0.04, case, case.get("nan", False), ent_coef=0.05, **weights)
+    what = "weights %s %s %s %s %s" % (sorted(weights), level, loss_type, case_name, dtype)
+    close(got[0], want[0], dtype, what + " loss")
+    close(got[1], want[1], dtype, what + " grad")
+    close(got[3], want[3], dtype, what + " entropy grad")
+    assert set(got[2]) == set(want[2]), what
+    for k in want[2]:
+        close(got[2][k], want[2][k], dtype, what + " " + k)
 
 
 def test_patch_swaps_and_restores():

@@ -15,9 +15,12 @@ local mask sum; dr_grpo: B * max_completion_length; dapo/cispo: num_items_in_bat
 and accumulation window; luspo: mean over sequences of the token sums), the division by the
 gradient accumulation steps in training, sequence-level importance sampling differentiated
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
-gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip.
-Where a setting is not expressed (delta inside the clip range, vespo, off-policy masks, entropy masks,
-vLLM importance correction, the adaptive entropy bonus), compute_loss runs TRL's own code.
+gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip;
+vespo as REINFORCE weighted by TRL's gamma weights of the sequence; the off-policy sequence mask,
+the high-entropy token mask and the vLLM importance ratio as detached weights of the policy term
+(the masks from TRL's own get_off_policy_mask / get_high_entropy_mask). Where a setting is not
+expressed (delta inside the clip range, the adaptive entropy bonus, auxiliary router losses),
+compute_loss runs TRL's own code.
 """
 import math
 
@@ -30,7 +33,7 @@ from ._common import Patch, as_float, mask_arg, mask_total, torch_clamp_bound_gr
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
            "patch"]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
 
 def group_advantages(rewards, num_generations, scale_rewards="group"):
@@ -75,6 +78,8 @@ def supported(loss_type, importance_sampling_level="token", delta=None,
     differ and TRL's own code runs."""
     if loss_type not in LOSS_TYPES or importance_sampling_level not in ("token", "sequence"):
         return False
+    if loss_type == "vespo" and importance_sampling_level != "token":
+        return False  # (TRL warns; its sequence-level vespo mixes both levels)
     if delta is None:
         return True
     return (loss_type in DELTA_TYPES and epsilon_high is not None
@@ -86,12 +91,16 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
               importance_sampling_level="token", sapo_temperature_pos=1.0,
               sapo_temperature_neg=1.05, num_items_in_batch=None, num_processes=1,
               gradient_accumulation_steps=1, steps_per_generation=1, max_completion_length=None,
-              training=True, entropies=None, use_bias_correction_kl=False, delta=None):
+              training=True, entropies=None, use_bias_correction_kl=False, delta=None,
+              policy_weights=None, vespo_weights=None):
     """The policy (+ beta KL) loss of GRPOTrainer._compute_loss and its local metrics
     ({name: (mean, count)}: TRL reduces sum and count across processes; "entropy" when
     entropies are given). use_bias_correction_kl: TRL's KL term times the importance ratio
     (token or sequence), its gradient included: a torch term aggregated by rlk with the policy
-    term's normalizers."""
+    term's normalizers. policy_weights ([B, T] or [B, 1], no gradient): what multiplies the
+    policy term and not the KL term (TRL's off-policy mask, entropy mask and vLLM importance
+    ratio, multiplied). vespo_weights ([B, 1]): vespo's gamma weights of the sequences
+    (GRPOTrainer.get_gamma_weights), required with loss_type "vespo"."""
     if not supported(loss_type, importance_sampling_level, delta, epsilon_high=epsilon_high):
         raise NotImplementedError("rlk: loss_type=%r at importance_sampling_level=%r, delta=%r"
                                   % (loss_type, importance_sampling_level, delta))
@@ -114,11 +123,19 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
                   norm_scale=float(max_completion_length), loss_scale=1.0 / ga)
     elif loss_type == "luspo":
         kw.update(agg="seq-mean-token-sum", seq_normalizer=float(B), loss_scale=1.0 / ga)
-    else:  # dapo, cispo
+    else:  # dapo, cispo, vespo
         n = max(as_float(num_items_in_batch), 1.0) / num_processes
         if training:
             n = n * gradient_accumulation_steps / steps_per_generation
         kw.update(agg="token-mean", token_normalizer=n)
+    weights = None if policy_weights is None else policy_weights.detach().to(per_token_logps.dtype)
+    if loss_type == "vespo":
+        # -phi A logp with phi detached: REINFORCE weighted per token by its sequence's phi
+        if vespo_weights is None:
+            raise ValueError("rlk: loss_type 'vespo' needs vespo_weights (GRPOTrainer.get_gamma_weights)")
+        phi = vespo_weights.detach().to(per_token_logps.dtype)
+        weights = phi if weights is None else phi * weights
+        kw.update(mode="reinforce")
     if loss_type == "cispo":
         kw.update(mode="cispo", clip_low=math.inf, clip_high=float(epsilon_high) - 1.0)
     elif loss_type == "sapo":
@@ -148,8 +165,9 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         A = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
         if loss_type == "cispo":
             # -sg(min(s, epsilon_high)) A logp: REINFORCE weighted per token by the clamped ratio
-            w = torch.clamp(s_ratio.detach(), max=float(epsilon_high)).expand_as(per_token_logps)
-            kw.update(mode="reinforce", rollout_is_weights=w.contiguous())
+            w = torch.clamp(s_ratio.detach(), max=float(epsilon_high))
+            weights = w if weights is None else w * weights
+            kw.update(mode="reinforce")
             seq_clipped = ((s_ratio.detach() > float(epsilon_high)) & (A > 0)).float()
         else:
             # SAPO's soft gate of the sequence ratio, differentiated through its mean: the term is
@@ -158,6 +176,9 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
             tau = torch.where(A > 0, torch.tensor(float(sapo_temperature_pos), dtype=f32),
                               torch.tensor(float(sapo_temperature_neg), dtype=f32)).to(A.dtype)
             term = (-(torch.sigmoid(tau * (s_ratio - 1)) * 4 / tau) * A).expand_as(per_token_logps)
+            if weights is not None:
+                term = term * weights
+                weights = None
             term = term.contiguous()
             for k in ("mode", "clip_low", "clip_high", "dual_clip", "sapo_tau_pos", "sapo_tau_neg",
                       "seq_ratio_grad"):
@@ -168,6 +189,8 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
                                                             if k not in ("ref_logp", "kl_estimator",
                                                                          "kl_coef", "kl_input_clamp",
                                                                          "kl_output_clamp")})
+    if weights is not None:
+        kw["rollout_is_weights"] = weights.expand_as(per_token_logps).contiguous()
     if seq and loss_type == "sapo":
         loss = loss_pg
         if beta != 0.0 and not corrected:
@@ -202,11 +225,13 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         metrics["kl"] = ((mk if seq and loss_type == "sapo" else m)[5].item(), n_tok)
     if entropies is not None:
         metrics["entropy"] = (m[6].item(), n_tok)
-    if loss_type == "cispo" and seq_clipped is not None:
+    if loss_type == "vespo":
+        metrics["vespo/phi_seq_mean"] = (phi.mean().item(), float(B))
+    elif loss_type == "cispo" and seq_clipped is not None:
         metrics["cispo_clip_ratio"] = (seq_clipped.mean().item(), float(B))
     elif loss_type == "cispo":
         metrics["cispo_clip_ratio"] = (m[3].item(), n_tok)
-    elif loss_type != "sapo":
+    elif loss_type not in ("sapo", "vespo"):
         if seq:
             low, high, count = m[14].item(), m[15].item(), float(B)
         else:
@@ -264,15 +289,15 @@ def compute_loss(self, model, inputs):
     args = self.args
     plain = (supported(self.loss_type, self.importance_sampling_level, getattr(args, "delta", None),
                        getattr(args, "use_bias_correction_kl", False), self.epsilon_high)
-             and getattr(self, "top_entropy_quantile", 1.0) >= 1.0
-             and getattr(self, "off_policy_mask_threshold", None) is None
-             and not (getattr(self, "use_vllm", False)
-                      and getattr(self, "vllm_importance_sampling_correction", False))
              and not (getattr(self, "_entropy_bonus_enabled", False)
                       and getattr(self, "use_adaptive_entropy", False))
              and not getattr(self, "aux_loss_enabled", False))
     if not plain:
-        return _original["_compute_loss"](self, model, inputs)
+        own = _original.get("_compute_loss")
+        if own is None:  # not patched: the class still has TRL's
+            from trl.trainer import grpo_trainer as G
+            own = G.GRPOTrainer.__dict__["_compute_loss"]
+        return own(self, model, inputs)
     prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
     completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -284,6 +309,33 @@ def compute_loss(self, model, inputs):
     old = inputs.get("old_per_token_logps")
     old = per_token_logps.detach() if old is None else old
     mode = "train" if self.model.training else "eval"
+    advantages = inputs["advantages"]
+    adv2 = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    # the policy term's weights, from TRL's own helpers
+    weights, entropy_mask = None, None
+    q = getattr(self, "top_entropy_quantile", 1.0)
+    if q < 1.0:
+        entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - q)
+        weights = entropy_mask.to(per_token_logps.dtype)
+    threshold = getattr(self, "off_policy_mask_threshold", None)
+    if threshold is not None:
+        off = self.get_off_policy_mask(advantages=adv2, per_token_logps=per_token_logps,
+                                       sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+                                       mask=mask, off_policy_threshold=threshold)
+        weights = off if weights is None else weights * off
+    is_ratio = inputs.get("importance_sampling_ratio")
+    if (getattr(self, "use_vllm", False) and getattr(self, "vllm_importance_sampling_correction", False)
+            and self.loss_type != "vespo"):
+        weights = is_ratio if weights is None else weights * is_ratio
+    phi = None
+    if self.loss_type == "vespo":
+        # (masked tokens may hold anything, NaN included: their log-ratio enters as 0, as TRL's
+        # product with the mask makes it for finite values)
+        log_ratio = torch.where(mask.bool(), per_token_logps - old, 0.0)
+        phi = self.get_gamma_weights(advantages=adv2, log_ratio_per_token=log_ratio, mask=mask,
+                                     importance_sampling_ratio=is_ratio, k_pos=args.vespo_k_pos,
+                                     lambda_pos=args.vespo_lambda_pos, k_neg=args.vespo_k_neg,
+                                     lambda_neg=args.vespo_lambda_neg)
     loss, metrics = grpo_loss(
         per_token_logps, old, inputs["advantages"], mask, loss_type=self.loss_type,
         epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta=self.beta,
@@ -297,7 +349,7 @@ def compute_loss(self, model, inputs):
         steps_per_generation=getattr(args, "steps_per_generation", 1),
         max_completion_length=self.max_completion_length, training=mode == "train",
         entropies=entropies, use_bias_correction_kl=getattr(args, "use_bias_correction_kl", False),
-        delta=getattr(args, "delta", None))
+        delta=getattr(args, "delta", None), policy_weights=weights, vespo_weights=phi)
     for name, (mean, count) in metrics.items():
         self._metrics[mode][name].append(_reduce(self.accelerator, mean, count))
     if self.loss_type in DELTA_TYPES:
@@ -309,8 +361,9 @@ def compute_loss(self, model, inputs):
         # (dapo and cispo divide inside their normalizer).
         acc = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         # (masked tokens may hold anything, NaN included: they count as 0, as in rlk's kernels)
-        bonus = (torch.where(mask.bool(), entropies, 0.0) * mask).sum() / mask.sum().clamp(min=1.0) / acc
-        policy_loss = loss.detach() * (1.0 if self.loss_type in ("dapo", "cispo") else acc)
+        eff = mask if entropy_mask is None else mask * entropy_mask
+        bonus = (torch.where(eff.bool(), entropies, 0.0) * eff).sum() / eff.sum().clamp(min=1.0) / acc
+        policy_loss = loss.detach() * (1.0 if self.loss_type in ("dapo", "cispo", "vespo") else acc)
         loss = loss - self.entropy_coef * bonus
         self._metrics[mode]["policy_loss"].append(
             self.accelerator.gather(policy_loss).nanmean().item())
