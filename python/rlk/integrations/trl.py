@@ -15,11 +15,15 @@ local mask sum; dr_grpo: B * max_completion_length; dapo/cispo: num_items_in_bat
 and accumulation window; luspo: mean over sequences of the token sums), the division by the
 gradient accumulation steps in training, sequence-level importance sampling differentiated
 through the masked mean, the clip metrics (per sequence at sequence level), torch.clamp's
-gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip;
+gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip,
+inside it as the upper clip bound with the dual clip at 1 + epsilon_high (one tie differs: a ratio
+exactly 1 + epsilon_high under a negative advantage splits its gradient where TRL's clamp passes
+clamp_bound_grad);
 vespo as REINFORCE weighted by TRL's gamma weights of the sequence; the off-policy sequence mask,
 the high-entropy token mask and the vLLM importance ratio as detached weights of the policy term
 (the masks from TRL's own get_off_policy_mask / get_high_entropy_mask). Where a setting is not
-expressed (delta inside the clip range, the adaptive entropy bonus, auxiliary router losses),
+expressed (delta below 1, sequence-level vespo, the adaptive entropy bonus, auxiliary router
+losses),
 compute_loss runs TRL's own code.
 """
 import math
@@ -73,17 +77,16 @@ DELTA_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 def supported(loss_type, importance_sampling_level="token", delta=None,
               use_bias_correction_kl=False, epsilon_high=None):
-    """Whether grpo_loss expresses these settings. delta (two-sided clipping) is rlk's dual clip
-    when it lies above the clip range, 1 + epsilon_high (what TRL recommends); below it the two
-    differ and TRL's own code runs."""
+    """Whether grpo_loss expresses these settings. delta (two-sided clipping, >= 1) is rlk's dual
+    clip when it lies above the clip range, 1 + epsilon_high (what TRL recommends); at or below
+    it, the upper clip bound with the dual clip at 1 + epsilon_high."""
     if loss_type not in LOSS_TYPES or importance_sampling_level not in ("token", "sequence"):
         return False
     if loss_type == "vespo" and importance_sampling_level != "token":
         return False  # (TRL warns; its sequence-level vespo mixes both levels)
     if delta is None:
         return True
-    return (loss_type in DELTA_TYPES and epsilon_high is not None
-            and float(delta) > 1.0 + float(epsilon_high))
+    return loss_type in DELTA_TYPES and epsilon_high is not None and float(delta) >= 1.0
 
 
 def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_type="dapo",
@@ -107,10 +110,16 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
     B = per_token_logps.shape[0]
     ga = float(gradient_accumulation_steps) if training else 1.0
     seq = importance_sampling_level == "sequence"
-    # delta caps the ratio of the unclipped term: with delta above the clip range that is the dual
-    # clip at delta for negative advantages and changes nothing for positive ones
-    kw = {"clip_low": float(epsilon_low), "clip_high": float(epsilon_high),
-          "dual_clip": float(delta) if delta is not None else 0.0,
+    # delta caps the ratio of the unclipped term. Above the clip range that is the dual clip at
+    # delta for negative advantages and changes nothing for positive ones. At or below 1 +
+    # epsilon_high it is the upper clip bound for positive advantages, while negative ones keep
+    # min(r, 1 + epsilon_high): the dual clip there (-min(min(r, delta) A, clamp(r) A) written out
+    # per sign of A).
+    delta_inside = delta is not None and float(delta) <= 1.0 + float(epsilon_high)
+    kw = {"clip_low": float(epsilon_low),
+          "clip_high": float(delta) - 1.0 if delta_inside else float(epsilon_high),
+          "dual_clip": (1.0 + float(epsilon_high) if delta_inside
+                        else float(delta) if delta is not None else 0.0),
           "log_ratio_min": -math.inf, "log_ratio_max": math.inf,
           "clamp_bound_grad": torch_clamp_bound_grad(),
           "mode": "gspo" if seq else "ppo", "seq_ratio_grad": "through_mean"}
@@ -236,6 +245,8 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
             low, high, count = m[14].item(), m[15].item(), float(B)
         else:
             low, high, count = m[2].item(), m[3].item(), n_tok
+        if delta_inside:  # TRL flags the capped ratio, never above 1 + epsilon_high
+            high = 0.0
         metrics["clip_ratio/low_mean"] = (low, count)
         metrics["clip_ratio/high_mean"] = (high, count)
         metrics["clip_ratio/region_mean"] = (low + high, count)
