@@ -18,13 +18,11 @@ through the masked mean, the clip metrics (per sequence at sequence level), torc
 gradient on a bound as the installed torch gives it; delta above the clip range as the dual clip,
 inside it as the upper clip bound with the dual clip at 1 + epsilon_high (one tie differs: a ratio
 exactly 1 + epsilon_high under a negative advantage splits its gradient where TRL's clamp passes
-clamp_bound_grad);
-vespo as REINFORCE weighted by TRL's gamma weights of the sequence; the off-policy sequence mask,
-the high-entropy token mask and the vLLM importance ratio as detached weights of the policy term
-(the masks from TRL's own get_off_policy_mask / get_high_entropy_mask). Where a setting is not
-expressed (delta below 1, sequence-level vespo, the adaptive entropy bonus, auxiliary router
-losses),
-compute_loss runs TRL's own code.
+clamp_bound_grad); vespo as REINFORCE weighted by TRL's gamma weights of the sequence; the
+off-policy sequence mask, the high-entropy token mask and the vLLM importance ratio as detached
+weights of the policy term (the masks from TRL's own get_off_policy_mask / get_high_entropy_mask).
+Where a setting is not expressed (delta below 1, sequence-level vespo, the adaptive entropy
+bonus, auxiliary router losses), compute_loss runs TRL's own code.
 """
 import math
 
