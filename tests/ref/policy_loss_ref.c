@@ -86,9 +86,12 @@ static dd rlk_kl(const plref_params *p, dd e) {
   case 2: /* k2 */
     f = dd_mul(dd_c(0.5), dd_mul(ec, ec));
     break;
-  default: /* k3 */
-    f = dd_sub(dd_add(dd_exp(dd_neg(ec)), ec), dd_c(1.0));
+  default: { /* k3 = exp(-e) + e - 1, formed as expm1(-e) + e: exp(-e) - 1 + e loses all but a
+              * few digits of a value near e^2 / 2 to cancellation where e is small */
+    const double em = expm1(-ec.v);
+    f = (dd){em + ec.v, -em * ec.g};
     break;
+  }
   }
   f = dd_clamp_bg(f, -p->kl_out, p->kl_out, p->bound_g);
   if (p->kl_st) f.g = e.g * e.v; /* k2's gradient: d(e^2/2) = e */
