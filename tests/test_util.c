@@ -161,16 +161,40 @@ size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_con
 
 
 /* The targets every op's samples compile for: the host, CUDA sm_80 (fallback paths) and
- * sm_90a (Hopper), HIP gfx90a and gfx1030 (RDNA, in wave64 mode). */
+ * sm_90a (Hopper), HIP gfx90a and gfx1030 (RDNA, in wave64 mode). `make test` takes the first
+ * four (`in_default`); RLK_TEST_TARGETS names others ("all", or a comma list of names:
+ * `make test-targets` runs gfx1030 alone). */
 static const struct {
   rlk_backend backend;
   const char *target;
-} sample_targets[] = {{RLK_BACKEND_HOST, NULL},
-                      {RLK_BACKEND_CUDA, "sm_80"},
-                      {RLK_BACKEND_CUDA, "sm_90a"},
-                      {RLK_BACKEND_HIP, "gfx90a"},
-                      {RLK_BACKEND_HIP, "gfx1030"}};
+  int in_default;
+} sample_targets[] = {{RLK_BACKEND_HOST, NULL, 1},
+                      {RLK_BACKEND_CUDA, "sm_80", 1},
+                      {RLK_BACKEND_CUDA, "sm_90a", 1},
+                      {RLK_BACKEND_HIP, "gfx90a", 1},
+                      {RLK_BACKEND_HIP, "gfx1030", 0}};
 enum { N_SAMPLE_TARGETS = sizeof sample_targets / sizeof sample_targets[0] };
+
+/* Whether RLK_TEST_TARGETS (or the default set) selects target i; an unknown name fails. */
+static int sample_target_selected(int i) {
+  const char *sel = getenv("RLK_TEST_TARGETS");
+  if (!sel || !*sel) return sample_targets[i].in_default;
+  if (!strcmp(sel, "all")) return 1;
+  int hit = 0;
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", sel);
+  char *save = NULL;
+  for (char *w = strtok_r(copy, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+    int known = 0;
+    for (int k = 0; k < N_SAMPLE_TARGETS; k++) {
+      const char *name = sample_targets[k].target ? sample_targets[k].target : "host";
+      known |= !strcmp(w, name);
+      hit |= k == i && !strcmp(w, name);
+    }
+    ck_assert_msg(known, "RLK_TEST_TARGETS: unknown target '%s' (host, sm_80, sm_90a, gfx90a, gfx1030, all)", w);
+  }
+  return hit;
+}
 
 /* One target, in a child process (no Check assertions here): writes "ok ...", "skip ..." or
  * "fail ..." into msg. */
@@ -215,6 +239,8 @@ void rlk_test_compile_samples(const char *label, const rlk_op_desc *const *ops, 
   pid_t pids[N_SAMPLE_TARGETS];
   int fds[N_SAMPLE_TARGETS];
   for (int i = 0; i < N_SAMPLE_TARGETS; i++) {
+    pids[i] = -1;
+    if (!sample_target_selected(i)) continue;
     int p[2];
     ck_assert_int_eq(pipe(p), 0);
     pids[i] = fork();
@@ -231,6 +257,7 @@ void rlk_test_compile_samples(const char *label, const rlk_op_desc *const *ops, 
     fds[i] = p[0];
   }
   for (int i = 0; i < N_SAMPLE_TARGETS; i++) {
+    if (pids[i] < 0) continue;
     char msg[2048];
     size_t len = 0;
     ssize_t r;

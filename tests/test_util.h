@@ -37,10 +37,11 @@ const char *rlk_test_bin_dir(void);
 
 struct rlk_op_desc;
 
-/* Compiles every sample configuration of `ops` for the host, sm_80, sm_90a, gfx90a and gfx1030,
- * one child process per target (each compiler serializes inside a process); a target whose
- * compiler is missing is skipped with a printed reason, the host never. Fails the test on any
- * compile error. `label` names the ops in messages. */
+/* Compiles every sample configuration of `ops` for the host, sm_80, sm_90a and gfx90a (and
+ * gfx1030, or another set, as RLK_TEST_TARGETS says: "all" or a comma list), one child process
+ * per target (each compiler serializes inside a process); a target whose compiler is missing is
+ * skipped with a printed reason, the host never. Fails the test on any compile error. `label`
+ * names the ops in messages. */
 void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
 
 struct rlk_op_config_pair;
