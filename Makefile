@@ -120,15 +120,14 @@ demo: deps
 	$(BUILD)/bin/rlk-grpo-step
 
 # Tests run against a private cache so they never touch the user's.
-# The build and the suites use every CPU (TEST_JOBS; the suites, one per process, longest first,
-# with the Python tests beside them).
+# The build and the suites use every CPU (TEST_JOBS; the suites, one per process, longest first).
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	tools/build/check_layers.sh --self-test
 	tools/build/check_layers.sh
-	$(MAKE) -j$(TEST_JOBS) tests $(if $(SANITIZE),,lib)
-	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS) \
-	  $(if $(SANITIZE),,$(MAKE) --no-print-directory python-test)
+	$(MAKE) -j$(TEST_JOBS) tests
+	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
+	$(if $(SANITIZE),,$(MAKE) python-test)
 
 # The samples of every op compiled for the targets `make test` leaves out (gfx1030, RDNA in
 # wave64 mode; RLK_TEST_TARGETS=all for every target): the suites' plan cases alone.

@@ -1,26 +1,16 @@
 #!/usr/bin/env bash
 # run_checks.sh - runs the Check suites of TEST_BIN in JOBS parallel processes (default: the
 # CPUs), one suite per process, the longest first (`TEST_BIN --list`), each with its own private
-# cache root; prints every suite's output in list order and a summary. A command given after the
-# two arguments runs beside the suites (`make test`: the Python tests, mostly one core waiting on
-# its host compiler while the suites fill the others), its output printed after theirs. Exits
-# non-zero when a suite or the command fails or crashes. Environment (RLK_TEST_GPU, CK_*,
-# RLK_TEST_BIN_DIR) passes through.
-#   tools/build/run_checks.sh build/tests/check_rlk [JOBS [COMMAND...]]
+# cache root; prints every suite's output in list order and a summary. Exits non-zero when a
+# suite fails or crashes. Environment (RLK_TEST_GPU, CK_*, RLK_TEST_BIN_DIR) passes through.
+#   tools/build/run_checks.sh build/tests/check_rlk [JOBS]
 set -u
-bin=${1:?usage: run_checks.sh TEST_BIN [JOBS [COMMAND...]]}
+bin=${1:?usage: run_checks.sh TEST_BIN [JOBS]}
 jobs=${2:-$(nproc 2>/dev/null || echo 2)}
-shift $(( $# < 2 ? $# : 2 ))
 logs=$(mktemp -d "${TMPDIR:-/tmp}/rlk-checks-XXXXXX") || exit 2
 trap 'rm -rf "$logs"' EXIT
 suites=$("$bin" --list) || exit 2
 start=$(date +%s)
-side=""
-if [ $# -gt 0 ]; then
-  ( t=$(date +%s); "$@" > "$logs/side.log" 2>&1; echo $? > "$logs/side.rc"
-    echo $(( $(date +%s) - t )) > "$logs/side.s" ) &
-  side=$!
-fi
 printf '%s\n' $suites | xargs -P "$jobs" -I{} sh -c \
   't=$(date +%s); RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; echo $? > "$3/$1.rc";
    echo $(( $(date +%s) - t )) > "$3/$1.s"' _ {} "$bin" "$logs"
@@ -32,14 +22,7 @@ for s in $suites; do
 done
 echo "check suites: $(printf '%s\n' $suites | wc -l) run in $(( $(date +%s) - start )) s, $jobs at a time;" \
   "seconds each: $(for s in $suites; do printf '%s %s, ' "$s" "$(cat "$logs/$s.s" 2>/dev/null)"; done)"
-if [ -n "$side" ]; then
-  wait "$side"
-  cat "$logs/side.log"
-  rc=$(cat "$logs/side.rc" 2>/dev/null || echo missing)
-  echo "beside the suites: '$*' in $(cat "$logs/side.s" 2>/dev/null) s, all done in $(( $(date +%s) - start )) s"
-  [ "$rc" = 0 ] || failed="$failed '$*'($rc)"
-fi
 if [ -n "$failed" ]; then
-  echo "FAILED:$failed"
+  echo "FAILED suites:$failed"
   exit 1
 fi
