@@ -11,12 +11,25 @@ if HAVE_TORCH:
     import torch
 
 
-def close(got, want, tol=2e-5):
+def close(got, want, tol=2e-5, cond=0.0):
+    """cond: how much the inputs' rounding is magnified (per element, or one number)."""
     got = np.asarray(got, dtype=np.float64)
     assert got.shape == want.shape
-    err = np.abs(got - want) / (1.0 + np.abs(want))
+    err = np.abs(got - want) / (1.0 + np.abs(want) + cond)
     assert np.all(np.isfinite(got)), "non-finite outputs"
     assert err.max() <= tol, "max scaled error %g at %d" % (err.max(), err.argmax())
+
+
+def group_conditioning(s, offs, eps, unbiased):
+    """Per member: its group's largest |score| over (std + eps). f32 rounds the scores, the mean
+    and the std by about eps_f32 of that largest score, and the division by a std near zero (two
+    close members) magnifies it: a tolerance relative to the advantage alone fails there."""
+    out = np.zeros(len(s))
+    for a, b in zip(offs[:-1], offs[1:]):
+        g = np.asarray(s[a:b], np.float64)
+        std = g.std(ddof=1 if unbiased and len(g) > 1 else 0) if len(g) > 1 else 1.0
+        out[a:b] = np.abs(g).max() / (std + eps)
+    return out
 
 
 @pytest.mark.parametrize("mode", refs.MODES)
@@ -36,7 +49,7 @@ def test_uneven_groups_with_singletons(place, rng, mode, singleton):
     adv = rlk.group_advantage(place.to(s), group_offsets=place.to(np.array(offs, np.int32)),
                               mode=mode, singleton=singleton, eps=1e-4, unbiased=False)
     want = refs.group_advantage(s, offs, mode, eps=1e-4, unbiased=False, singleton=singleton)
-    close(place.back(adv), want)
+    close(place.back(adv), want, cond=group_conditioning(s, offs, 1e-4, False))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
