@@ -524,15 +524,8 @@ START_TEST(plan_matches_call) {
       {"token_baseline mask=none offsets=i64 compact=1",
        {.B = 24, .T = 3, .group_size = 0, .offsets_dtype = RLK_I64, .dtype = RLK_F32, .compact = 1, .eps = 1e-6}},
   };
-  char dir[1024];
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_test_mkdtemp(dir, sizeof dir, "plan");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = dir;
-    rlk_context *ctx = NULL;
-    ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+    rlk_context *ctx = rlk_test_fresh_host_context();
     int n = 0;
     ck_assert_msg(rlk_precompile(ctx, rows[i].line, &n) == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
     ck_assert_int_eq(n, 2);
@@ -553,20 +546,12 @@ START_TEST(plan_matches_call) {
 END_TEST
 
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"token_baseline dtype=bf16", "dtype"},     {"token_baseline mask=f64", "mask"},
       {"token_baseline offsets=i16", "offsets"},  {"token_baseline compact=2", "compact"},
       {"token_baseline isw=yes", "isw"},          {"token_baseline colour=blue", "colour"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
-  rlk_context_destroy(ctx);
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
 }
 END_TEST
 

@@ -442,15 +442,8 @@ START_TEST(plan_matches_call) {
        RLK_KL_K2, 1, 1, 1, OUT_BOTH, RLK_F64, RLK_I32},
       {"token_kl estimator=abs mask=bool outputs=grad", RLK_KL_ABS, 0, 0, 0, OUT_GRAD, RLK_F32, RLK_BOOL},
   };
-  char dir[1024];
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_test_mkdtemp(dir, sizeof dir, "plan");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = dir;
-    rlk_context *ctx = NULL;
-    ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+    rlk_context *ctx = rlk_test_fresh_host_context();
     int n = 0;
     ck_assert_msg(rlk_precompile(ctx, rows[i].line, &n) == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
     ck_assert_int_eq(n, 1);
@@ -475,20 +468,12 @@ END_TEST
 /* The combinations a call refuses are refused by a precompile line too (tests/test_ops.c checks
  * the settings' own values for every op). */
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"token_kl old_logp=1 outputs=grad", "old_logp"},
       {"token_kl grad_kl=1", "grad_kl"},
       {"token_kl straight_through=1", "straight_through"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
-  rlk_context_destroy(ctx);
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
 }
 END_TEST
 

@@ -141,6 +141,29 @@ rlk_context *rlk_test_host_context(void) {
   return ctx;
 }
 
+rlk_context *rlk_test_fresh_host_context(void) {
+  char dir[1100]; /* the scratch root and "/plan-XXXXXX" */
+  rlk_test_mkdtemp(dir, sizeof dir, "plan");
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.cache_dir = dir;
+  rlk_context *ctx = NULL;
+  rlk_status st = rlk_context_create(&ctx, &o);
+  ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
+  return ctx;
+}
+
+void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n) {
+  rlk_context *ctx = rlk_test_host_context();
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_msg(rlk_precompile(ctx, bad[i][0], NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i][0]);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i][1]) != NULL, "%s: '%s' does not name %s", bad[i][0],
+                  rlk_last_error(), bad[i][1]);
+  }
+  rlk_context_destroy(ctx);
+}
+
 size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_config_pair *pairs) {
   const char *sp = strchr(line, ' ');
   snprintf(copy, size, "%s", sp ? sp + 1 : "");

@@ -82,6 +82,12 @@ rlk_context *rlk_test_cuda_context(const char *what);
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
+/* A host-backend context over a fresh empty cache (to count what a precompile compiles). */
+rlk_context *rlk_test_fresh_host_context(void);
+
+/* Each bad[i][0] precompile line is refused with an error that names bad[i][1]. */
+void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n);
+
 /* ---- running the built tools ---------------------------------------------------------- */
 
 typedef struct rlk_test_tool_run {
