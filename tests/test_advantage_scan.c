@@ -1053,26 +1053,17 @@ static void cases_pipeline(rlk_context *ctx, uint64_t *rng) {
 /* Host backend                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-#define HOST_CASE(name)                         \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    cases_##name(ctx, &rng);                    \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
-
-HOST_CASE(gae)
-HOST_CASE(gae_long)
-HOST_CASE(returns)
-HOST_CASE(cumsum)
-HOST_CASE(scan_edges)
-HOST_CASE(mask_robustness)
-HOST_CASE(scan_deterministic)
-HOST_CASE(whiten)
-HOST_CASE(whiten_edges)
-HOST_CASE(whiten_deterministic)
-HOST_CASE(pipeline)
+RLK_HOST_CASE(gae)
+RLK_HOST_CASE(gae_long)
+RLK_HOST_CASE(returns)
+RLK_HOST_CASE(cumsum)
+RLK_HOST_CASE(scan_edges)
+RLK_HOST_CASE(mask_robustness)
+RLK_HOST_CASE(scan_deterministic)
+RLK_HOST_CASE(whiten)
+RLK_HOST_CASE(whiten_edges)
+RLK_HOST_CASE(whiten_deterministic)
+RLK_HOST_CASE(pipeline)
 
 START_TEST(args_init_defaults) {
   rlk_gae_args g;

@@ -558,25 +558,16 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
 /* Host backend                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-#define HOST_CASE(name)                              \
-  START_TEST(host_##name) {                          \
-    rlk_context *ctx = rlk_test_host_context();      \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;       \
-    cases_##name(ctx, &rng);                         \
-    rlk_context_destroy(ctx);                        \
-  }                                                  \
-  END_TEST
-
-HOST_CASE(fixed_groups)
-HOST_CASE(uneven_groups)
-HOST_CASE(odd_batches)
-HOST_CASE(token_rewards)
-HOST_CASE(broadcast)
-HOST_CASE(eps)
-HOST_CASE(strided_scores)
-HOST_CASE(deterministic)
-HOST_CASE(outcome_modes)
-HOST_CASE(unscorable)
+RLK_HOST_CASE(fixed_groups)
+RLK_HOST_CASE(uneven_groups)
+RLK_HOST_CASE(odd_batches)
+RLK_HOST_CASE(token_rewards)
+RLK_HOST_CASE(broadcast)
+RLK_HOST_CASE(eps)
+RLK_HOST_CASE(strided_scores)
+RLK_HOST_CASE(deterministic)
+RLK_HOST_CASE(outcome_modes)
+RLK_HOST_CASE(unscorable)
 
 START_TEST(args_init_defaults) {
   rlk_group_advantage_args a;

@@ -1639,25 +1639,16 @@ static void cases_value_fd_repeat(rlk_context *ctx, uint64_t *rng) {
 /* Host backend                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-#define HOST_CASE(name)                         \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    cases_##name(ctx, &rng);                    \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
-
-HOST_CASE(modes)
-HOST_CASE(kl)
-HOST_CASE(agg_layouts)
-HOST_CASE(edges)
-HOST_CASE(repeat)
-HOST_CASE(finite_differences)
-HOST_CASE(value)
-HOST_CASE(normalizers)
-HOST_CASE(value_trainers)
-HOST_CASE(value_fd_repeat)
+RLK_HOST_CASE(modes)
+RLK_HOST_CASE(kl)
+RLK_HOST_CASE(agg_layouts)
+RLK_HOST_CASE(edges)
+RLK_HOST_CASE(repeat)
+RLK_HOST_CASE(finite_differences)
+RLK_HOST_CASE(value)
+RLK_HOST_CASE(normalizers)
+RLK_HOST_CASE(value_trainers)
+RLK_HOST_CASE(value_fd_repeat)
 
 /* The trainers in fp64 (the real host kernel in f64) and in f32. */
 #define HOST_TRAINER(name)                      \

@@ -368,20 +368,11 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   }
 }
 
-#define HOST_CASE(name)                                  \
-  START_TEST(host_##name) {                              \
-    rlk_context *ctx = rlk_test_host_context();          \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
-
-HOST_CASE(variants)
-HOST_CASE(shapes)
-HOST_CASE(strided)
-HOST_CASE(tails)
-HOST_CASE(deterministic)
+RLK_HOST_CASE(variants)
+RLK_HOST_CASE(shapes)
+RLK_HOST_CASE(strided)
+RLK_HOST_CASE(tails)
+RLK_HOST_CASE(deterministic)
 
 START_TEST(args_init_defaults) {
   rlk_token_baseline_args a;
@@ -598,22 +589,11 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-#define GPU_CASE(name)                                               \
-  START_TEST(gpu_##name) {                                           \
-    if (!rlk_test_gpu_enabled("token_baseline")) return;             \
-    rlk_context *ctx = rlk_test_cuda_context("token_baseline");      \
-    if (!ctx) return;                                                \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u);             \
-    cases_##name(ctx, &rng);                                         \
-    rlk_context_destroy(ctx);                                        \
-  }                                                                  \
-  END_TEST
-
-GPU_CASE(variants)
-GPU_CASE(shapes)
-GPU_CASE(strided)
-GPU_CASE(tails)
-GPU_CASE(deterministic)
+RLK_GPU_CASE("token_baseline", variants)
+RLK_GPU_CASE("token_baseline", shapes)
+RLK_GPU_CASE("token_baseline", strided)
+RLK_GPU_CASE("token_baseline", tails)
+RLK_GPU_CASE("token_baseline", deterministic)
 
 /* A training-sized batch: many groups, long responses, both modes. */
 START_TEST(gpu_large) {

@@ -301,19 +301,10 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   free(g2);
 }
 
-#define HOST_CASE(name)                          \
-  START_TEST(host_##name) {                      \
-    rlk_context *ctx = rlk_test_host_context();  \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;   \
-    cases_##name(ctx, &rng);                     \
-    rlk_context_destroy(ctx);                    \
-  }                                              \
-  END_TEST
-
-HOST_CASE(variants)
-HOST_CASE(shapes)
-HOST_CASE(ties)
-HOST_CASE(deterministic)
+RLK_HOST_CASE(variants)
+RLK_HOST_CASE(shapes)
+RLK_HOST_CASE(ties)
+RLK_HOST_CASE(deterministic)
 
 START_TEST(args_init_defaults) {
   rlk_token_kl_args a;
@@ -489,21 +480,10 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-#define GPU_CASE(name)                                         \
-  START_TEST(gpu_##name) {                                     \
-    if (!rlk_test_gpu_enabled("token_kl")) return;             \
-    rlk_context *ctx = rlk_test_cuda_context("token_kl");      \
-    if (!ctx) return;                                          \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u);       \
-    cases_##name(ctx, &rng);                                   \
-    rlk_context_destroy(ctx);                                  \
-  }                                                            \
-  END_TEST
-
-GPU_CASE(variants)
-GPU_CASE(shapes)
-GPU_CASE(ties)
-GPU_CASE(deterministic)
+RLK_GPU_CASE("token_kl", variants)
+RLK_GPU_CASE("token_kl", shapes)
+RLK_GPU_CASE("token_kl", ties)
+RLK_GPU_CASE("token_kl", deterministic)
 
 /* A training-sized batch beyond one grid row of blocks. */
 START_TEST(gpu_large) {

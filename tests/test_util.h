@@ -82,6 +82,28 @@ rlk_context *rlk_test_cuda_context(const char *what);
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
+/* Check tests (check.h included first) that run a file's case set `cases_<name>(ctx, &rng)` with
+ * a fresh seed: host_<name> on a host context; gpu_<name> on CUDA when RLK_TEST_GPU=1, skipped
+ * with the reason otherwise (`suite` names it). */
+#define RLK_HOST_CASE(name)                              \
+  START_TEST(host_##name) {                              \
+    rlk_context *ctx = rlk_test_host_context();          \
+    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
+    cases_##name(ctx, &rng);                             \
+    rlk_context_destroy(ctx);                            \
+  }                                                      \
+  END_TEST
+#define RLK_GPU_CASE(suite, name)                        \
+  START_TEST(gpu_##name) {                               \
+    if (!rlk_test_gpu_enabled(suite)) return;            \
+    rlk_context *ctx = rlk_test_cuda_context(suite);     \
+    if (!ctx) return;                                    \
+    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
+    cases_##name(ctx, &rng);                             \
+    rlk_context_destroy(ctx);                            \
+  }                                                      \
+  END_TEST
+
 /* A host-backend context over a fresh empty cache (to count what a precompile compiles). */
 rlk_context *rlk_test_fresh_host_context(void);
 
