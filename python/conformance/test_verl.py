@@ -79,14 +79,20 @@ def test_policy_loss(mode, agg, case_name, dtype, rng):
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("mode", ("clip_cov", "kl_cov"))
-def test_cov_policy_losses(mode, agg, case_name, dtype, rng):
+@pytest.mark.parametrize("weighted", (False, True))
+def test_cov_policy_losses(mode, agg, weighted, case_name, dtype, rng):
     """clip_cov and kl_cov with shares large enough to pick tokens in these small batches (verl's
     defaults pick one token or none here); torch's generator seeded alike before each side, so
-    clip_cov's random draw is the same."""
+    clip_cov's random draw is the same; with and without rollout weights."""
     from verl.workers.config.actor import PolicyLossConfig
     pl = PolicyLossConfig(loss_mode=mode, clip_cov_ratio=0.2, clip_cov_lb=0.02, clip_cov_ub=5.0,
                           kl_cov_ratio=0.25, ppo_kl_coef=0.7)
-    compare_policy(mode, agg, case_name, dtype, rng, seed=int(rng.integers(1 << 30)), policy_loss=pl)
+    isw = None
+    if weighted:
+        isw = lambda case: torch.from_numpy(  # noqa: E731
+            (rng.random(case["lp"].shape) + 0.5).astype(case["lp"].dtype))
+    compare_policy(mode, agg, case_name, dtype, rng, isw=isw, seed=int(rng.integers(1 << 30)),
+                   policy_loss=pl)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -124,11 +130,12 @@ def test_bypass_mode(rc, agg, case_name, dtype, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
-@pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo"))
+@pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo", "geo_mean", "dro"))
 def test_policy_loss_rollout_is_weights(mode, case_name, dtype, rng):
+    from verl.workers.config.actor import PolicyLossConfig
     case = make(case_name, dtype, rng)
     isw = torch.from_numpy((rng.random((case["lp"].shape)) + 0.5).astype(case["lp"].dtype))
-    cfg = config(case)
+    cfg = config(case, policy_loss=PolicyLossConfig(loss_mode=mode, dro_beta=0.3))
     want = run_policy(ca.get_policy_loss_fn(mode), case, "token-mean", cfg, False, isw)
     got = run_policy(rv.compute_policy_loss(mode), case, "token-mean", cfg, case.get("nan", False),
                      isw)

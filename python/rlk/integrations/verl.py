@@ -146,10 +146,16 @@ def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask,
 def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask,
                                  loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
     """verl "geo_mean" (GMPO): the mean over the sequences of -mean(A) exp(mean clipped
-    log-ratio); loss_agg_mode and the global batch settings are ignored, as verl does."""
-    if rollout_is_weights is not None:
-        raise NotImplementedError("rlk: geo_mean with rollout_is_weights is not expressed")
+    log-ratio); loss_agg_mode and the global batch settings are ignored, as verl does. Rollout
+    weights: verl multiplies each sequence's term by the geometric mean of its tokens' weights, a
+    positive constant: the sequence's advantages scaled by it (their signs, which choose the clip
+    side, unchanged)."""
     lo, hi = _clip(config)
+    if rollout_is_weights is not None:
+        valid = response_mask.bool()
+        logw = torch.where(valid, torch.log(rollout_is_weights.detach() + 1e-10), 0.0)
+        seq_w = torch.exp((logw * response_mask).sum(-1) / (response_mask.sum(-1) + 1e-8))
+        advantages = advantages * seq_w.unsqueeze(-1).to(advantages.dtype)
     loss, m = _ag.policy_loss(
         log_prob, old_log_prob, advantages, mask_arg(response_mask), mode="geo_mean",
         clip_low=lo, clip_high=hi, log_ratio_min=-math.inf, log_ratio_max=math.inf,
@@ -215,12 +221,11 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
     kl_cov_ratio share of the valid tokens with the largest covariance (A - mean A)(logp - mean
     logp) (at least one; chosen in torch on the host, as verl does). rlk's k-abs KL term against
     a reference that is the old log-prob on the chosen tokens and the current one (|0|, gradient
-    0) elsewhere."""
+    0) elsewhere. With rollout weights verl weights the KL part too: the policy term takes them
+    as rlk's weights, and the weighted KL part (rlk_token_kl's abs times the coefficient and the
+    weights) is aggregated alike."""
     if config is None:
         raise ValueError("config is required")
-    if rollout_is_weights is not None:
-        raise NotImplementedError("rlk: kl_cov with rollout_is_weights is not expressed (verl "
-                                  "weights the KL term too; rlk's weights the policy term)")
     ratio_k = _policy_settings(config, "kl_cov_ratio", 0.0002)
     coef = _policy_settings(config, "ppo_kl_coef", 1.0)
     if not ratio_k > 0:
@@ -239,11 +244,22 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
             if len(top) != 0:
                 chosen[where[top.to(where.device)]] = True
         ref = torch.where(chosen.view(valid.shape), old_log_prob, lp)
-    loss, _ = _run("ppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                   None, clip_low=math.inf, clip_high=math.inf, dual_clip=0.0,
-                   log_ratio_min=-math.inf, log_ratio_max=math.inf, ref_logp=ref,
-                   kl_estimator="abs", kl_coef=float(coef), kl_input_clamp=math.inf,
-                   kl_output_clamp=math.inf)
+    unclipped = dict(clip_low=math.inf, clip_high=math.inf, dual_clip=0.0, log_ratio_min=-math.inf,
+                     log_ratio_max=math.inf)
+    if rollout_is_weights is None:
+        loss, _ = _run("ppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                       config, None, ref_logp=ref, kl_estimator="abs", kl_coef=float(coef),
+                       kl_input_clamp=math.inf, kl_output_clamp=math.inf, **unclipped)
+    else:
+        loss, _ = _run("ppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                       config, rollout_is_weights, **unclipped)
+        # coef w |logp - ref| per token, a REINFORCE term of advantage -1 aggregated like the first
+        pen = _ag.token_kl(log_prob, ref, "abs", mask=mask_arg(response_mask), input_clamp=None,
+                           output_clamp=None, clamp_bound_grad=torch_clamp_bound_grad())
+        pen = pen * (float(coef) * rollout_is_weights.detach().to(pen.dtype))
+        loss_kl, _ = _run("reinforce", pen.detach(), pen, torch.full_like(pen, -1.0), response_mask,
+                          loss_agg_mode, config, None, log_ratio_min=-math.inf, log_ratio_max=math.inf)
+        loss = loss + loss_kl
     with torch.no_grad():
         ppo_kl = _masked_mean((lp - old_log_prob).abs(), response_mask)
     return loss, {"actor/ppo_kl": ppo_kl.item()}
@@ -300,19 +316,28 @@ def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask,
                             loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
     """verl "dro": -(A logp - dro_beta / 2 (logp - logp_old)^2): rlk's REINFORCE term plus the k2
     KL term against the old log-probs (kl_coef = dro_beta, no clamps). With rollout weights verl
-    weights the penalty too, which rlk's weights (the policy term's) do not express."""
+    weights the penalty too: the REINFORCE term takes them as rlk's (policy-term) weights, and the
+    weighted penalty (rlk_token_kl's k2 times dro_beta and the weights) is aggregated alike."""
     if config is None:
         raise ValueError("config is required")
     beta = config.policy_loss.dro_beta
     if beta is None or beta <= 0:
         raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
-    if rollout_is_weights is not None:
-        raise NotImplementedError("rlk: dro with rollout_is_weights is not expressed")
+    unbounded = dict(log_ratio_min=-math.inf, log_ratio_max=math.inf)
+    if rollout_is_weights is None:
+        loss, m = _run("reinforce", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                       config, None, ref_logp=old_log_prob, kl_estimator="k2", kl_coef=float(beta),
+                       kl_input_clamp=math.inf, kl_output_clamp=math.inf, **unbounded)
+        return loss, {"actor/ppo_kl": _m(m, 13)}
     loss, m = _run("reinforce", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-                   config, None, ref_logp=old_log_prob, kl_estimator="k2", kl_coef=float(beta),
-                   kl_input_clamp=math.inf, kl_output_clamp=math.inf, log_ratio_min=-math.inf,
-                   log_ratio_max=math.inf)
-    return loss, {"actor/ppo_kl": _m(m, 13)}
+                   config, rollout_is_weights, **unbounded)
+    # beta w (logp - old)^2 / 2 per token, a REINFORCE term of advantage -1 aggregated like the first
+    pen = _ag.token_kl(log_prob, old_log_prob.detach(), "k2", mask=mask_arg(response_mask),
+                       input_clamp=None, output_clamp=None)
+    pen = pen * (float(beta) * rollout_is_weights.detach().to(pen.dtype))
+    loss_kl, _ = _run("reinforce", pen.detach(), pen, torch.full_like(pen, -1.0), response_mask,
+                      loss_agg_mode, config, None, **unbounded)
+    return loss + loss_kl, {"actor/ppo_kl": _m(m, 13)}
 
 
 def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask,
