@@ -277,10 +277,15 @@ RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args,
   memset(&d, 0, sizeof d);
   d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
   if (ctx->kind != RLK_BACKEND_HOST) {
-    const int64_t gx = (T + TK_BLOCK - 1) / TK_BLOCK;
+    /* rows shorter than the block share it: bx threads along a row (a power of two, at least a
+     * warp), TK_BLOCK / bx rows per block */
+    int64_t bx = 32;
+    while (bx < TK_BLOCK && bx < T) bx *= 2;
+    const int64_t by = TK_BLOCK / bx, gx = (T + bx - 1) / bx, gy = (B + by - 1) / by;
     d.grid[0] = (unsigned)(gx < (1 << 16) ? gx : (1 << 16));
-    d.grid[1] = (unsigned)(B < 65535 ? B : 65535);
-    d.block[0] = TK_BLOCK;
+    d.grid[1] = (unsigned)(gy < 65535 ? gy : 65535);
+    d.block[0] = (unsigned)bx;
+    d.block[1] = (unsigned)by;
   }
   return rlk_context_launch(ctx, &spec, &d, stream, kargs);
 }

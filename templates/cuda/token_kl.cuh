@@ -1,6 +1,6 @@
 /* token_kl.cuh - per-token KL estimates against a reference policy and their gradient
- * (rlk_token_kl): one elementwise pass, a grid-stride loop over each row's tokens with rows
- * spread over the grid's y dimension.
+ * (rlk_token_kl): one elementwise pass, grid-stride loops over rows (the grid's and block's y
+ * dimension: short rows share a block) and over each row's tokens (x).
  *
  * Per token (kl_estimator.cuh): the estimate of e = logp - ref and its derivative in logp
  * (straight-through: e times w = min(exp(logp - old), w_max), a constant), times the upstream
@@ -42,8 +42,8 @@ __global__ void token_kl(RLK_PARAMS_ARG tk::Params p_) {
   const T in_lo = (T)p_.in_lo, in_hi = (T)p_.in_hi, out_lo = (T)p_.out_lo, out_hi = (T)p_.out_hi;
   const T w_max = (T)p_.w_max, bg = (T)p_.bound_g;
   const i64 B = p_.B, T_ = p_.T;
-  const i64 stride = (i64)gridDim.x * blockDim.x;
-  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {
+  const i64 stride = (i64)gridDim.x * blockDim.x, row_stride = (i64)gridDim.y * blockDim.y;
+  for (i64 b = (i64)blockIdx.y * blockDim.y + threadIdx.y; b < B; b += row_stride) {
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < T_; t += stride) {
       const float m = tk::mask_at<MASK>(p_.mask, b * p_.mask_stride + t);
       T v = T(0), g = T(0);
