@@ -21,8 +21,8 @@ exactly 1 + epsilon_high under a negative advantage splits its gradient where TR
 clamp_bound_grad); vespo as REINFORCE weighted by TRL's gamma weights of the sequence; the
 off-policy sequence mask, the high-entropy token mask and the vLLM importance ratio as detached
 weights of the policy term (the masks from TRL's own get_off_policy_mask / get_high_entropy_mask).
-Where a setting is not expressed (delta below 1, sequence-level vespo, the adaptive entropy
-bonus, auxiliary router losses), compute_loss runs TRL's own code.
+Where a setting is not expressed (delta below 1, the adaptive entropy bonus, auxiliary router
+losses), compute_loss runs TRL's own code.
 """
 import math
 
@@ -80,8 +80,6 @@ def supported(loss_type, importance_sampling_level="token", delta=None,
     it, the upper clip bound with the dual clip at 1 + epsilon_high."""
     if loss_type not in LOSS_TYPES or importance_sampling_level not in ("token", "sequence"):
         return False
-    if loss_type == "vespo" and importance_sampling_level != "token":
-        return False  # (TRL warns; its sequence-level vespo mixes both levels)
     if delta is None:
         return True
     return loss_type in DELTA_TYPES and epsilon_high is not None and float(delta) >= 1.0
