@@ -1513,7 +1513,8 @@ START_TEST(samples_cover_every_variant) {
 END_TEST
 
 /* Every sample configuration compiles for every target whose compiler is here (the host,
- * sm_80, sm_90a, gfx90a and gfx1030). */
+ * sm_80, sm_90a, gfx90a; gfx1030 with
+ * make test-targets). */
 START_TEST(samples_compile_every_target) {
   rlk_test_compile_samples("advantage_scan", my_ops, N_MY_OPS);
 }

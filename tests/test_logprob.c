@@ -1010,7 +1010,8 @@ START_TEST(plan_variants_per_target) {
 END_TEST
 
 /* Every sample configuration compiles for every target whose compiler is here (the host,
- * sm_80, sm_90a, gfx90a and gfx1030). */
+ * sm_80, sm_90a, gfx90a; gfx1030 with
+ * make test-targets). */
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_logprob};
   rlk_test_compile_samples("logprob", ops, 1);

@@ -469,7 +469,8 @@ START_TEST(plan_rejects_bad_settings) {
 END_TEST
 
 /* Every sample compiles for every target whose compiler is here (the host, sm_80, sm_90a,
- * gfx90a and gfx1030). */
+ * gfx90a; gfx1030 with
+ * make test-targets). */
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_token_kl};
   rlk_test_compile_samples("token_kl", ops, 1);
