@@ -72,7 +72,7 @@ enum { TK_S_DTYPE, TK_S_ESTIMATOR, TK_S_MASK, TK_S_ST, TK_S_OLD, TK_S_GIN, TK_S_
 static const rlk_op_setting tk_settings[TK_NSETTINGS] = {
     [TK_S_DTYPE] = RLK_SET_DTYPE("dtype", TK_DTYPES, RLK_F32, "token_kl.dtype",
                                  "the dtype of the log-probs and the outputs"),
-    [TK_S_ESTIMATOR] = RLK_SET_CHOICE("estimator", tk_estimator_names, 3, "token_kl.est",
+    [TK_S_ESTIMATOR] = RLK_SET_CHOICE("estimator", tk_estimator_names, RLK_KL_K3, "token_kl.est",
                                       "the KL estimator (rlk_kl_estimator)"),
     [TK_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_NONE, "token_kl.mask",
                                  "the mask's dtype (none: no mask)"),
@@ -85,7 +85,8 @@ static const rlk_op_setting tk_settings[TK_NSETTINGS] = {
                                 "what the call writes: kl, grad_logp or both"),
 };
 
-/* The combinations a call accepts (the call's own checks say the same in its words). */
+/* Combinations refused by a call and by a precompile line alike: an input the kernel would
+ * ignore, or an output-less setting. */
 static rlk_status tk_check_config(const tk_config *c) {
   if (c->old && !c->st)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "old_logp: it weights only the straight-through gradient");
@@ -149,9 +150,7 @@ static rlk_status tk_view(const rlk_tensor *t, const char *what, int required, u
   *view = *t;
   if (!t->data && !required) return rlk_check_tensor(t, what, 0);
   if (ndim == 1) {
-    rlk_status st = rlk_check_tensor(t, what, required);
-    if (!st) st = rlk_check_dtype(t, what, dtypes);
-    if (!st) st = rlk_check_vector(t, what, dtypes, T, 1, NULL);
+    rlk_status st = rlk_check_vector(t, what, dtypes, T, 1, NULL);
     if (st) return st;
     *view = rlk_tensor_2d(t->data, t->dtype, 1, T, T);
     return RLK_OK;
