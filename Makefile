@@ -137,9 +137,11 @@ test-targets: deps
 	  tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
 
 # The Python package (python/rlk) against the library just built: numpy on the host backend;
-# torch and GPU cases skip with a reason where torch or a device is missing.
+# torch and GPU cases skip with a reason where torch or a device is missing. With pytest-xdist
+# the files spread over TEST_JOBS workers.
+PYTEST_JOBS ?= $(shell python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n $(TEST_JOBS) --dist loadfile")
 python-test: lib
-	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) python3 -m pytest -q python/tests
+	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) python3 -m pytest -q $(PYTEST_JOBS) python/tests
 
 # Conformance with the trainers: installs torch and the pinned verl, TRL and OpenRLHF (their
 # loss and advantage modules, --no-deps) into a virtual environment, then runs their functions

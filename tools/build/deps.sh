@@ -4,6 +4,7 @@
 #   needed:   gcc make pkg-config check            (build, tests)
 #             clang                                (the host backend's kernel compiler)
 #             python3 with numpy and pytest        (the Python package's tests; pip)
+#   optional: pytest-xdist                         (the Python tests on every CPU; pip, as root)
 #   fuzz:     clang and its libFuzzer runtime        (`deps.sh fuzz`, what `make fuzz` needs:
 #             Debian's libclang-rt-<N>-dev)
 #   optional: libamdhip64-dev                      (hiprtc: HIP kernels compiled without an AMD GPU)
@@ -81,6 +82,13 @@ else
       echo "rlk: install them with: python3 -m pip install --user ${py_missing[*]}" >&2
       exit 1
     fi
+  fi
+  # optional: pytest-xdist runs the Python tests on every CPU (make python-test uses it when present)
+  if ! python3 -c 'import xdist' >/dev/null 2>&1 && [ "$(id -u)" = 0 ] &&
+      python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m pip install -q pytest-xdist >/dev/null 2>&1 ||
+      python3 -m pip install -q --break-system-packages pytest-xdist >/dev/null 2>&1 ||
+      echo "rlk: pytest-xdist not installed: the Python tests run on one CPU" >&2
   fi
 fi
 
