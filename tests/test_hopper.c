@@ -24,6 +24,7 @@ static const rlk_param_decl ht_params[] = {
 };
 static const rlk_template ht_ss = {"hopper_selftest", "hopper_tile_ss", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
 static const rlk_template ht_rs = {"hopper_selftest", "hopper_tile_rs", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
+static const rlk_template ht_mn = {"hopper_selftest", "hopper_tile_mn", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
 static const rlk_param_decl ht_check_params[] = {{"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL}};
 static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cuda/hopper_selftest.cuh", NULL, 1,
                                       ht_check_params};
@@ -79,8 +80,9 @@ START_TEST(compile_sm90a) {
     printf("skip (hopper compile): no NVRTC: %s\n", rlk_last_error());
     return;
   }
-  const rlk_kernel_spec specs[] = {ht_spec(&ht_ss, 0, 256, 128), ht_spec(&ht_rs, 1, 64, 64)};
-  for (size_t i = 0; i < 2; i++) ht_compile(ctx, &specs[i]);
+  const rlk_kernel_spec specs[] = {ht_spec(&ht_ss, 0, 256, 128), ht_spec(&ht_rs, 1, 64, 64),
+                                   ht_spec(&ht_mn, 0, 256, 128)};
+  for (size_t i = 0; i < 3; i++) ht_compile(ctx, &specs[i]);
   /* every wrapper of the headers through the assembler, every wgmma width and form */
   static const int widths[] = {16, 32, 64, 128, 192, 256};
   for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
@@ -98,6 +100,16 @@ START_TEST(compile_sm90a) {
   ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, pairs, ll, &n), RLK_OK);
   ck_assert_uint_eq(n, 3);
   for (size_t i = 0; i < n; i++) ht_compile(ctx, &ll[i]);
+  /* and its sm_90a backward: the three kinds of linear_logprob_bwd_sm90 */
+  rlk_op_config_pair bwd[3] = {{"entropy", "1"}, {"pass", "bwd"}, {"grad", "f32"}};
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 3, bwd, ll, &n), RLK_OK);
+  int kinds = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(ll[i].tmpl->entry, "linear_logprob_bwd_sm90")) {
+      ht_compile(ctx, &ll[i]);
+      kinds++;
+    }
+  ck_assert_int_eq(kinds, 3);
   rlk_context_destroy(ctx);
   rlk_test_rmtree(dir);
 }
@@ -116,8 +128,10 @@ static double ht_value(const uint16_t *p, int64_t i, int f16) {
   return (double)f;
 }
 
-/* One tile through the kernel against fp64. */
+/* One tile through the kernel against fp64. K-major kernels: D = A B^T with A [64][K], B [N][K];
+ * hopper_tile_mn: D = A^T B with A [K][64], B [K][N] (MN contiguous). */
 static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int K, uint64_t *rng) {
+  const int mn = t == &ht_mn;
   const rlk_dtype dt = f16 ? RLK_F16 : RLK_BF16;
   uint16_t *a = calloc((size_t)64 * K, 2), *b = calloc((size_t)N * K, 2);
   float *d = malloc((size_t)64 * N * sizeof(float));
@@ -130,6 +144,12 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
   ck_assert_int_eq(rlk_memset(ctx, dd, 0xff, (size_t)64 * N * sizeof(float)), RLK_OK);
   rlk_tma_desc_request ra = {da, dt, 64, (uint64_t)K, (uint64_t)K, 64, 64, 128};
   rlk_tma_desc_request rb = {db, dt, (uint64_t)N, (uint64_t)K, (uint64_t)K, (uint32_t)N, 64, 128};
+  if (mn) {
+    const rlk_tma_desc_request ma_ = {da, dt, (uint64_t)K, 64, 64, 64, 64, 128};
+    const rlk_tma_desc_request mb_ = {db, dt, (uint64_t)K, (uint64_t)N, (uint64_t)N, 64, 64, 128};
+    ra = ma_;
+    rb = mb_;
+  }
   _Alignas(64) unsigned char ma[128], mb[128];
   ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &ra, ma) == RLK_OK, "%s", rlk_last_error());
   ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &rb, mb) == RLK_OK, "%s", rlk_last_error());
@@ -149,7 +169,9 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
     for (int j = 0; j < N; j++) {
       double ref = 0.0, mag = 0.0;
       for (int k = 0; k < K; k++) {
-        const double p = ht_value(a, (int64_t)i * K + k, f16) * ht_value(b, (int64_t)j * K + k, f16);
+        const int64_t ia = mn ? (int64_t)k * 64 + i : (int64_t)i * K + k;
+        const int64_t ib = mn ? (int64_t)k * N + j : (int64_t)j * K + k;
+        const double p = ht_value(a, ia, f16) * ht_value(b, ib, f16);
         ref += p;
         mag += fabs(p);
       }
@@ -184,6 +206,8 @@ START_TEST(gpu_wgmma_tile) {
   ht_tile(ctx, &ht_ss, 1, 64, 192, &rng);
   ht_tile(ctx, &ht_rs, 0, 128, 64, &rng);
   ht_tile(ctx, &ht_rs, 1, 64, 64, &rng);
+  ht_tile(ctx, &ht_mn, 0, 256, 128, &rng);
+  ht_tile(ctx, &ht_mn, 1, 64, 64, &rng);
   rlk_context_destroy(ctx);
 }
 END_TEST

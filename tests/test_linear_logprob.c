@@ -631,12 +631,22 @@ START_TEST(plan_per_target) {
     ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, pairs, specs, &n), RLK_OK);
     ck_assert_uint_eq(n, targets[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry, targets[t].first);
-    /* the backward: dz, dh, dh_out, dw on a GPU; one kernel on the host; then the forward's */
+    /* the backward: dz, dh, dh_out, dw on a GPU (sm_90a: the wgmma kinds, then the portable
+     * fallback's four); one kernel on the host; then the forward's */
     rlk_op_config_pair both[1] = {{"grad", "same"}};
     ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 1, both, specs, &n), RLK_OK);
-    ck_assert_uint_eq(n, targets[t].backend == RLK_BACKEND_HOST ? 2 : 4 + targets[t].n);
-    ck_assert_str_eq(specs[0].tmpl->entry,
-                     targets[t].backend == RLK_BACKEND_HOST ? "linear_logprob_bwd_host" : "linear_logprob_bwd_dz");
+    const int sm90 = targets[t].n == 3;
+    ck_assert_uint_eq(n, targets[t].backend == RLK_BACKEND_HOST ? 2 : (sm90 ? 8 : 4) + targets[t].n);
+    ck_assert_str_eq(specs[0].tmpl->entry, targets[t].backend == RLK_BACKEND_HOST ? "linear_logprob_bwd_host"
+                                           : sm90                                  ? "linear_logprob_bwd_sm90"
+                                                                                   : "linear_logprob_bwd_dz");
+    if (sm90) {
+      ck_assert_str_eq(specs[1].tmpl->entry, "linear_logprob_bwd_sm90");
+      ck_assert_str_eq(specs[2].tmpl->entry, "linear_logprob_bwd_dh_out");
+      ck_assert_str_eq(specs[3].tmpl->entry, "linear_logprob_bwd_sm90");
+      ck_assert_str_eq(specs[4].tmpl->entry, "linear_logprob_bwd_dz");
+      for (int kind = 0; kind < 3; kind++) ck_assert_int_eq(specs[kind == 2 ? 3 : kind].values[0], kind);
+    }
     rlk_op_config_pair tiled[2] = {{"variant", "tiled"}, {"pass", "fwd"}};
     ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 2, tiled, specs, &n), RLK_OK);
     if (targets[t].backend != RLK_BACKEND_HOST) ck_assert_str_eq(specs[0].tmpl->entry, "linear_logprob_fwd_tiled");
@@ -706,6 +716,14 @@ START_TEST(gpu_backward) {
   ll_bwd_cases(ctx, seed);
   ll_bcase c = {300, 3001, 256, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 1024, 1, 1.0f};
   ll_bwd_check(ctx, &c, seed + 5, 1, NULL, NULL);
+  /* sm_90a: several 128 x 256 tiles each way, five chunks, ragged ends, accumulating bf16 grads */
+  ll_bcase m = {257, 4099, 328, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 1, 1024, 1, 0.8f};
+  ll_bwd_check(ctx, &m, seed + 7, 1, NULL, NULL);
+  ll_bcase f = {130, 2100, 520, RLK_F16, RLK_F32, 1, 0, 1, 1, 0, 0, 0, 1.0f};
+  ll_bwd_check(ctx, &f, seed + 8, 1, NULL, NULL);
+  /* rows of 36 elements (72 bytes) have no tensor map: the portable kernels everywhere */
+  ll_bcase p = {33, 1500, 36, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
+  ll_bwd_check(ctx, &p, seed + 9, 1, NULL, NULL);
   /* bitwise repeatable */
   ll_bcase r = {129, 5000, 200, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 0, 0, 0, 1.0f};
   void *h1, *w1, *h2, *w2;

@@ -219,7 +219,7 @@ def test_torch_cuda_runs_on_the_current_stream():
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="rlk.integrations.trl needs torch")
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_trl_group_advantages(rng, scale):
+def test_trl_group_advantages(host, rng, scale):
     from rlk.integrations import trl as rt
     B, G = 8 * int(rng.integers(4, 20)), 8
     r = rng.standard_normal(B).astype(np.float32)

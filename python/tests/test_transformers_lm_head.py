@@ -4,7 +4,7 @@ logits never stored) and agrees with the plain model (lm_head, then log_softmax 
 log-probs and in every parameter's gradient, within bf16 rounding; prompt tokens masked out."""
 import pytest
 
-from conftest import HAVE_CUDA, HAVE_TORCH
+from conftest import HAVE_CUDA, HAVE_TORCH, require_host
 
 if not HAVE_TORCH:
     pytest.skip("needs torch", allow_module_level=True)
@@ -37,6 +37,8 @@ def plain_logprobs(model, ids, labels_mask):
 def test_fused_head_matches_the_plain_model(device, tied):
     if not rlk.OPS["linear_logprob"].available():
         pytest.skip("the loaded librlk has no rlk_linear_logprob")
+    if device == "cpu":
+        require_host()
     model = tiny_qwen2(device, tied)
     g = torch.Generator().manual_seed(9)
     ids = torch.randint(0, 509, (3, 21), generator=g).to(device)
@@ -60,7 +62,7 @@ def test_fused_head_matches_the_plain_model(device, tied):
     assert rel < 0.03, "parameter gradients differ by %g (relative norm)" % rel
 
 
-def test_entropy_and_temperature():
+def test_entropy_and_temperature(host):
     if not rlk.OPS["linear_logprob"].available():
         pytest.skip("the loaded librlk has no rlk_linear_logprob")
     model = tiny_qwen2("cpu", False)

@@ -4,7 +4,7 @@ group) and agrees with the replicated batch ([prompt; response] each, SDPA) in l
 the parameters' gradients, within bf16 rounding."""
 import pytest
 
-from conftest import HAVE_CUDA, HAVE_TORCH
+from conftest import HAVE_CUDA, HAVE_TORCH, require_host
 
 if not HAVE_TORCH:
     pytest.skip("needs torch", allow_module_level=True)
@@ -51,6 +51,8 @@ PLACES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
 def test_shared_prefix_matches_replicated(device):
     if not rlk.OPS["prefix_attention"].available():
         pytest.skip("the loaded librlk has no rlk_prefix_attention")
+    if device == "cpu":
+        require_host()
     rtf.register()
     model = tiny_qwen2(device)
     prompts, responses = batch(device, torch.Generator().manual_seed(7))

@@ -13,7 +13,10 @@
  * Backward kernels (templates/cuda/linear_logprob_bwd.cuh, templates/host/linear_logprob_bwd.c):
  * per vocabulary chunk, in order, linear_logprob_bwd_dz (recomputed logits -> dz in the
  * workspace), _dh (the f32 grad_hidden sum in the workspace) and _dw (grad_weight rows of the
- * chunk); then _dh_out writes grad_hidden. The host runs linear_logprob_bwd_host (fp64). */
+ * chunk); then _dh_out writes grad_hidden. On sm_90a, when tensor maps can describe hidden and
+ * weight, linear_logprob_bwd_sm90 (templates/cuda/linear_logprob_bwd_sm90.cuh) runs the same
+ * three products per chunk by TMA + wgmma, dz in the inputs' 16-bit dtype. The host runs
+ * linear_logprob_bwd_host (fp64). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -32,6 +35,7 @@ RLK_PARAMS_DECLARE(ll_bwd_dz_args, RLK_LL_BWD_DZ_PARAMS, RLK_LL_BWD_DZ_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
 
@@ -486,24 +490,57 @@ static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_
                                               "host/linear_logprob_bwd.c", LL_N(ll_bwd_host_params),
                                               ll_bwd_host_params};
 
+/* sm_90a: one kernel, the product chosen by kind (LL_BWD_DZ / DH / DW); the settings a kind does
+ * not read are given as labels=i32, entropy=0, gw=f32, so that each kind has one spelling. */
+enum { LL_BWD_DZ = 0, LL_BWD_DH = 1, LL_BWD_DW = 2 };
+static const rlk_param_decl ll_bwd_sm90_params[] = {
+    {"kind", RLK_PARAM_INT, 0, 2, 0, 0, NULL},
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+};
+static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_bwd_sm90",
+                                              "cuda/linear_logprob_bwd_sm90.cuh", NULL,
+                                              LL_N(ll_bwd_sm90_params), ll_bwd_sm90_params};
+#define LL_BWD_SM90_BM 128
+#define LL_BWD_SM90_BN 256
+#define LL_BWD_SM90_THREADS 384
+#define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u) /* 4 stages of 48 KB, 1024-byte alignment */
+
 #define LL_BWD_TILE 64
 #define LL_BWD_DZ_BYTES ((int64_t)256 << 20) /* a chunk's dz at most (auto chunk) */
 
-/* What selects the backward's kernels: gh / gw are -1 for an absent gradient. */
+/* What selects the backward's kernels: gh / gw are -1 for an absent gradient; sm90: the wgmma
+ * kernels (an sm_90a target, tensor maps for hidden and weight). */
 typedef struct ll_bwd_config {
   int hidden;
   rlk_dtype labels;
   int entropy;
   int gh, gw;
+  int sm90;
 } ll_bwd_config;
 
-/* The backward's specs: [dz, dh, dw, dh_out] on a GPU (absent gradients' kernels left out),
- * the one host kernel on the host. */
+/* The backward's specs: [dz, dh, dh_out, dw] on a GPU (absent gradients' kernels left out;
+ * sm90: dz, dh, dw are linear_logprob_bwd_sm90 kinds), the one host kernel on the host. */
 static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, rlk_kernel_spec *specs,
                                size_t *n) {
   *n = 0;
   rlk_status st;
-  if (ctx->kind == RLK_BACKEND_HOST) {
+  if (ctx->kind != RLK_BACKEND_HOST && c->sm90) {
+    rlk_kernel_spec dz = {&ll_bwd_sm90_tmpl, {LL_BWD_DZ, c->hidden, c->labels, c->entropy, 0}};
+    specs[(*n)++] = dz;
+    if (c->gh >= 0) {
+      rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c->hidden, RLK_I32, 0, 0}},
+                      out = {&ll_dh_out_tmpl, {c->gh}};
+      specs[(*n)++] = dh;
+      specs[(*n)++] = out;
+    }
+    if (c->gw >= 0) {
+      rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c->hidden, RLK_I32, 0, c->gw}};
+      specs[(*n)++] = dw;
+    }
+  } else if (ctx->kind == RLK_BACKEND_HOST) {
     rlk_kernel_spec s = {&ll_bwd_host_tmpl, {c->hidden, c->labels, c->gh < 0 ? 0 : c->gh, c->gw < 0 ? 0 : c->gw, c->entropy}};
     specs[(*n)++] = s;
   } else {
@@ -529,6 +566,41 @@ typedef struct ll_bwd_call {
   ll_bwd_config c;
   size_t dh_bytes, dz_bytes, workspace;
 } ll_bwd_call;
+
+/* A 128-byte-swizzled tensor map request over a 16-bit [rows, cols] matrix. */
+static rlk_tma_desc_request ll_tma_req(const void *base, rlk_dtype dt, int64_t rows, int64_t cols,
+                                       int64_t stride, uint32_t box_rows) {
+  rlk_tma_desc_request r;
+  memset(&r, 0, sizeof r);
+  r.base = base;
+  r.dtype = dt;
+  r.rows = (uint64_t)rows;
+  r.cols = (uint64_t)cols;
+  r.row_stride = (uint64_t)stride;
+  r.box_rows = box_rows;
+  r.box_cols = 64;
+  r.swizzle = 128;
+  return r;
+}
+
+/* Whether the sm_90a backward can run: the target, and tensor maps for hidden and weight in the
+ * boxes it reads (K-major and MN-major). */
+static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k) {
+  if (!ll_wgmma_target(ctx)) return 0;
+  const rlk_tma_desc_request r[4] = {
+      ll_tma_req(a->hidden.data, a->hidden.dtype, k->N, k->H, k->hs, LL_BWD_SM90_BM),
+      ll_tma_req(a->hidden.data, a->hidden.dtype, k->N, k->H, k->hs, 64),
+      ll_tma_req(a->weight.data, a->weight.dtype, k->V, k->H, k->ws, LL_BWD_SM90_BN),
+      ll_tma_req(a->weight.data, a->weight.dtype, k->V, k->H, k->ws, 64)};
+  for (int i = 0; i < 4; i++)
+    if (rlk_tma_check(&r[i]) != RLK_OK) {
+      rlk_debug("linear_logprob backward: no tensor map for %s (%s); the portable kernels run",
+                i < 2 ? "hidden" : "weight", rlk_last_error());
+      rlk_error_clear();
+      return 0;
+    }
+  return 1;
+}
 
 static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
@@ -608,16 +680,19 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   k->c.labels = a->labels.dtype;
   k->c.entropy = a->grad_entropy.data != NULL;
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
-  const int64_t vpad = (k->V + LL_BWD_TILE - 1) / LL_BWD_TILE * LL_BWD_TILE;
-  int64_t chunk = a->chunk;
+  /* sm_90a: dz in 16 bits, chunks of whole 256-column tiles (the dz tile's width) */
+  k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
+  const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
+  const int64_t vpad = (k->V + tile - 1) / tile * tile;
+  int64_t chunk = (a->chunk + tile - 1) / tile * tile;
   if (!chunk) {
-    chunk = LL_BWD_DZ_BYTES / (4 * k->N) / LL_BWD_TILE * LL_BWD_TILE;
-    if (chunk < LL_BWD_TILE) chunk = LL_BWD_TILE;
+    chunk = LL_BWD_DZ_BYTES / (dzs * k->N) / tile * tile;
+    if (chunk < tile) chunk = tile;
   }
   if (chunk > vpad) chunk = vpad;
   k->chunk = chunk;
   k->dh_bytes = a->grad_hidden.data ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
-  k->dz_bytes = ll_align256((size_t)(k->N * chunk) * 4u);
+  k->dz_bytes = ll_align256((size_t)(k->N * chunk * dzs));
   k->workspace = k->dh_bytes + k->dz_bytes;
   return RLK_OK;
 }
@@ -639,6 +714,21 @@ RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
   rlk_status st = ll_bwd_prepare(ctx, args, &k);
   if (!st) *bytes = k.workspace;
   return st;
+}
+
+/* grad_hidden (+)= the f32 sum dh of the workspace. */
+static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, const float *dh, int64_t N,
+                                int64_t H, void *gh, int64_t ghs, int accumulate, void *stream) {
+  ll_bwd_dh_out_args o = {0};
+  o.dh = dh;
+  o.N = N;
+  o.H = H;
+  o.grad_hidden = gh;
+  o.gh_stride = ghs;
+  o.accumulate = accumulate;
+  void *oargs[] = {&o};
+  rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
+  return rlk_context_launch(ctx, spec, &d, stream, oargs);
 }
 
 RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
@@ -706,6 +796,67 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
   const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh ? &specs[2] : NULL,
                         *s_dw = gw ? &specs[gh ? 3 : 1] : NULL;
   const int64_t Vc = k.chunk;
+  if (k.c.sm90) {
+    const rlk_dtype dt = a->hidden.dtype;
+    _Alignas(64) unsigned char m_hk[128], m_wk[128], m_wmn[128], m_hmn[128], m_zk[128], m_zmn[128];
+    const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k.hs, LL_BWD_SM90_BM),
+                               r_wk = ll_tma_req(weight, dt, V, H, k.ws, LL_BWD_SM90_BN),
+                               r_wmn = ll_tma_req(weight, dt, V, H, k.ws, 64),
+                               r_hmn = ll_tma_req(hidden, dt, N, H, k.hs, 64);
+    if ((st = rlk_cuda_tma_encode(ctx->backend, &r_hk, m_hk)) ||
+        (st = rlk_cuda_tma_encode(ctx->backend, &r_wk, m_wk)) ||
+        (s_dh && (st = rlk_cuda_tma_encode(ctx->backend, &r_wmn, m_wmn))) ||
+        (s_dw && (st = rlk_cuda_tma_encode(ctx->backend, &r_hmn, m_hmn))))
+      return st;
+    ll_bwd_sm90_args g = {0};
+    g.labels = labels;
+    g.label_stride = k.ls;
+    g.V = V;
+    g.ignore_index = a->ignore_index;
+    g.lse = lse;
+    g.lse_s = k.lse_s;
+    g.g_lp = glp;
+    g.glp_s = k.glp_s;
+    g.entropy = ent;
+    g.ent_s = k.ent_s;
+    g.g_ent = gent;
+    g.gent_s = k.gent_s;
+    g.status = status;
+    g.vocab_start = a->vocab_start;
+    g.temperature = a->temperature;
+    g.shard = a->shard;
+    const int64_t BM = LL_BWD_SM90_BM, BN = LL_BWD_SM90_BN;
+    for (int64_t c0 = 0; c0 < V; c0 += Vc) {
+      const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
+      g.c0 = c0;
+      /* dz [N][nv] of this chunk (pitch Vc), as the next products' A operand both ways */
+      const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_BWD_SM90_BM),
+                                 r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
+      if ((s_dh && (st = rlk_cuda_tma_encode(ctx->backend, &r_zk, m_zk))) ||
+          (s_dw && (st = rlk_cuda_tma_encode(ctx->backend, &r_zmn, m_zmn))))
+        return st;
+      g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0;
+      g.tiles_m = (int)((N + BM - 1) / BM), g.tiles_n = (int)((nv + BN - 1) / BN);
+      void *zargs[] = {m_hk, m_wk, &g};
+      rlk_launch_dims d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
+      if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
+      if (s_dh) {
+        g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = H, g.accumulate = c0 > 0;
+        g.tiles_m = (int)((N + BM - 1) / BM), g.tiles_n = (int)((H + BN - 1) / BN);
+        void *hargs[] = {m_zk, m_wmn, &g};
+        d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
+        if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
+      }
+      if (s_dw) {
+        g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
+        g.tiles_m = (int)((nv + BM - 1) / BM), g.tiles_n = (int)((H + BN - 1) / BN);
+        void *wargs[] = {m_zmn, m_hmn, &g};
+        d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
+        if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
+      }
+    }
+    return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;
+  }
   const uint64_t rb = (uint64_t)((N + LL_BWD_TILE - 1) / LL_BWD_TILE);
   const uint64_t hb = (uint64_t)((H + LL_BWD_TILE - 1) / LL_BWD_TILE);
   for (int64_t c0 = 0; c0 < V; c0 += Vc) {
@@ -774,19 +925,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
     }
   }
-  if (s_out) {
-    ll_bwd_dh_out_args o = {0};
-    o.dh = dh;
-    o.N = N;
-    o.H = H;
-    o.grad_hidden = gh;
-    o.gh_stride = k.ghs;
-    o.accumulate = a->accumulate;
-    void *oargs[] = {&o};
-    rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
-    if ((st = rlk_context_launch(ctx, s_out, &d, stream, oargs))) return st;
-  }
-  return RLK_OK;
+  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -808,8 +947,8 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
                                   "fwd: also the entropy; bwd: an entropy gradient"),
     [LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_*.grad",
                                  "the backward's grad_hidden and grad_weight dtype"),
-    [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_fwd_*",
-                                    "wgmma is the sm_90a kernel, elsewhere tiled runs"),
+    [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_*",
+                                    "wgmma: the sm_90a kernels (elsewhere tiled runs); tiled: the portable ones only"),
 };
 
 static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
@@ -826,10 +965,17 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   rlk_status st;
   if (pass != 0) {
     const int g = grad_same ? c.hidden : 0;
-    ll_bwd_config b = {c.hidden, c.labels, c.entropy, g, g};
+    /* sm_90a: the wgmma kernels, then the portable ones that a call without tensor maps runs */
+    const int sm90 = ll_wgmma_target(ctx) && c.variant != RLK_LINEAR_LOGPROB_TILED;
+    ll_bwd_config b = {c.hidden, c.labels, c.entropy, g, g, sm90};
     size_t nb = 0;
     if ((st = ll_bwd_specs(ctx, &b, specs, &nb))) return st;
     n = nb;
+    if (sm90) {
+      b.sm90 = 0;
+      if ((st = ll_bwd_specs(ctx, &b, specs + n, &nb))) return st;
+      n += nb;
+    }
     if (pass == 1) {
       *nspecs = n;
       return RLK_OK;

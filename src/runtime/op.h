@@ -12,7 +12,7 @@
 #include "rlk.h"
 #include "runtime/context.h"
 
-#define RLK_OP_MAX_KERNELS 8
+#define RLK_OP_MAX_KERNELS 16
 
 #define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
 

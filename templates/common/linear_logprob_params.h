@@ -14,7 +14,11 @@
  *              lse and entropy the forward's (entropy only with g_ent), each with its stride
  *   bwd_dh     dh [N][H] (f32) = beta dh + dz [:, :nv] W[c0 : c0 + nv]
  *   bwd_dw     grad_weight[c0 + v] (+)= dz[:, v]^T h for v < nv
- *   bwd_dh_out grad_hidden (+)= dh */
+ *   bwd_dh_out grad_hidden (+)= dh
+ *   bwd_sm90   the sm_90a backward GEMMs (templates/cuda/linear_logprob_bwd_sm90.cuh): an output
+ *              of M x Nn over K, tiles_m x tiles_n tiles of 128 x 256; out with row pitch
+ *              out_stride is dz (16-bit), dh (f32) or grad_weight (rows from c0), by kind;
+ *              accumulate: add to what out holds; the rest as bwd_dz */
 #ifndef RLK_LINEAR_LOGPROB_PARAMS_H
 #define RLK_LINEAR_LOGPROB_PARAMS_H
 
@@ -179,5 +183,33 @@
   F(S_, long long, gh_stride, 32)       \
   F(S_, int, accumulate, 40)
 #define RLK_LL_BWD_DH_OUT_PARAMS_SIZE 48
+
+#define RLK_LL_BWD_SM90_PARAMS(F, S_)  \
+  F(S_, const void *, labels, 0)       \
+  F(S_, long long, label_stride, 8)    \
+  F(S_, long long, M, 16)              \
+  F(S_, long long, Nn, 24)             \
+  F(S_, long long, K, 32)              \
+  F(S_, long long, V, 40)              \
+  F(S_, long long, ignore_index, 48)   \
+  F(S_, const float *, lse, 56)        \
+  F(S_, long long, lse_s, 64)          \
+  F(S_, const float *, g_lp, 72)       \
+  F(S_, long long, glp_s, 80)          \
+  F(S_, const float *, entropy, 88)    \
+  F(S_, long long, ent_s, 96)          \
+  F(S_, const float *, g_ent, 104)     \
+  F(S_, long long, gent_s, 112)        \
+  F(S_, long long, c0, 120)            \
+  F(S_, void *, out, 128)              \
+  F(S_, long long, out_stride, 136)    \
+  F(S_, int *, status, 144)            \
+  F(S_, long long, vocab_start, 152)   \
+  F(S_, float, temperature, 160)       \
+  F(S_, int, shard, 164)               \
+  F(S_, int, accumulate, 168)          \
+  F(S_, int, tiles_m, 172)             \
+  F(S_, int, tiles_n, 176)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 184
 
 #endif

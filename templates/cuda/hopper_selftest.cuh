@@ -6,6 +6,8 @@
  *                             D [64 x N] f32 row-major: one warpgroup, K / 64 stages
  *   hopper_tile_rs<AB, N, K>  the same with A read from shared memory into registers first
  *                             (the register-A form: a[i + 2 h] pairs, as hopper_wgmma.cuh says)
+ *   hopper_tile_mn<AB, N, K>  D [64 x N] = A^T B with A stored [K][64] and B [K][N] (MN-major
+ *                             operands: wgmma's transposed forms), by boxes of 64 x 64
  *   hopper_ptx_check<N>       compiled, never launched: calls every wrapper of the Hopper headers
  *                             once, so that ptxas checks each instruction's spelling (an inline
  *                             function nobody calls is never assembled) */
@@ -102,6 +104,61 @@ __global__ void __launch_bounds__(128)
     hopper_tile_rs(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
                    float *D) {
   hopper_tile<AB, N, K, true>(&map_a, &map_b, D);
+}
+
+template <int AB, int N, int K>
+__global__ void __launch_bounds__(128)
+    hopper_tile_mn(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
+                   float *D) {
+#if defined(RLK_SM90A_ASM)
+  static_assert(K % 64 == 0 && K <= 128 && N % 64 == 0, "K: 64 or 128; N: a multiple of 64");
+  constexpr int KB = K / 64;
+  constexpr u32 BOX = 64u * 128u, STAGE = BOX * (1u + (u32)N / 64u);
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  u8 *smem = (u8 *)(((u64)smem_raw + 1023u) & ~(u64)1023u);
+  __shared__ alignas(8) u64 full;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&full, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbar_arrive_expect_tx(&full, (u32)KB * STAGE);
+    for (int kb = 0; kb < KB; ++kb) {
+      sm90::tma_load_2d(smem + kb * STAGE, &map_a, 0, kb * 64, &full);
+      for (int j = 0; j < N / 64; ++j)
+        sm90::tma_load_2d(smem + kb * STAGE + BOX * (1u + (u32)j), &map_b, 64 * j, kb * 64, &full);
+    }
+  }
+  sm90::mbar_wait(&full, 0);
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
+  sm90::wgmma_fence_operands(d);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb) {
+    const u64 da = sm90::smem_desc_mn(smem + kb * STAGE, BOX);
+    const u64 db = sm90::smem_desc_mn(smem + kb * STAGE + BOX, BOX);
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      sm90::wgmma<N>::template ss<AB, 1, 1>(d, sm90::desc_advance(da, 2048u * s),
+                                            sm90::desc_advance(db, 2048u * s), (kb > 0 || s > 0) ? 1u : 0u);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(d);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        D[(16 * w + l / 4 + 8 * i) * N + 8 * j + 2 * (l % 4) + e] = d[4 * j + 2 * i + e];
+#else
+  (void)map_a, (void)map_b, (void)D;
+#endif
 }
 
 /* Every wrapper once (N: the wgmma width whose SS and RS forms are assembled). Launching it would

@@ -30,6 +30,12 @@
  * 8-row groups 1024 bytes apart, the tile 1024-byte aligned:
  *   desc = smem_desc(tile, SWIZZLE_128B, 0, 1024);   rows 64 r.. of the tile: tile + 8192 r
  *   k-slice s (columns 16 s .. 16 s + 15): desc_advance(desc, 32 * s)
+ * MN-major (TA / TB = 1: A stored [K][M], B stored [K][N], MN contiguous), the 128-byte
+ * swizzle: TMA boxes of 64 MN columns x BK K rows (box_cols 64, box_rows BK), one box per 64-wide
+ * MN block, `box_bytes` (= 128 BK) apart. A swizzle atom is 8 K rows x 64 MN elements (1024
+ * bytes); the leading offset steps between MN blocks (box_bytes), the stride offset between
+ * 8-row K groups (1024):
+ *   desc = smem_desc_mn(tile, box_bytes);   k-slice s (K rows 16 s ..): desc_advance(desc, 2048 s)
  * For other layouts pass the offsets of the PTX ISA's canonical layouts ("Matrix Descriptor
  * Format", "Strides"): leading = between core matrices along the leading dimension, stride =
  * between 8-row groups along the strided one. */
@@ -57,6 +63,11 @@ RLK_DEVICE u64 smem_desc(const void *start, u32 swizzle, u32 leading_bytes, u32 
   d |= (u64)((stride_bytes >> 4) & 0x3FFFu) << 32;
   d |= (u64)(swizzle & 3u) << 62;
   return d;
+}
+
+/* An MN-major 128-byte-swizzled operand of TMA boxes 64 MN wide, box_bytes apart (above). */
+RLK_DEVICE u64 smem_desc_mn(const void *tile, u32 box_bytes) {
+  return smem_desc(tile, SWIZZLE_128B, box_bytes, 1024);
 }
 
 /* The descriptor of the matrix `bytes` further on (a multiple of 16; within 256 KB). */

@@ -689,10 +689,6 @@ __global__ void __launch_bounds__(pa::THREADS)
   }
 }
 
-struct alignas(8) f32x2 {
-  float x, y;
-};
-
 /* The workspace of the mma backward: delta [T, Hq] f32, then (GQA) the per-query-head partial
  * dk and dv, f32 [2][ratio][T][Hkv][D], at a 16-byte boundary. */
 RLK_DEVICE float *pa_partials(void *work, i64 T, i32 Hq) {

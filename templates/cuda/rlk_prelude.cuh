@@ -53,6 +53,9 @@ typedef unsigned long long u64;
 struct alignas(16) f32x4 {
   float x, y, z, w;
 };
+struct alignas(8) f32x2 { /* 8 bytes: one load or store where 8-byte aligned */
+  float x, y;
+};
 struct alignas(16) i32x4 {
   i32 x, y, z, w;
 };

@@ -11,9 +11,12 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/rlk-checks-XXXXXX") || exit 2
 trap 'rm -rf "$logs"' EXIT
 suites=$("$bin" --list) || exit 2
 start=$(date +%s)
+# Each suite's verdict is printed as it finishes (what ran still shows when a caller's time limit
+# cuts the run short); the whole logs follow in list order.
 printf '%s\n' $suites | xargs -P "$jobs" -I{} sh -c \
-  't=$(date +%s); RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; echo $? > "$3/$1.rc";
-   echo $(( $(date +%s) - t )) > "$3/$1.s"' _ {} "$bin" "$logs"
+  't=$(date +%s); RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; rc=$?; echo $rc > "$3/$1.rc";
+   s=$(( $(date +%s) - t )); echo $s > "$3/$1.s";
+   echo "suite $1 done: rc=$rc ${s}s $(grep -E "^[0-9]+%: Checks" "$3/$1.log" | tail -1)"' _ {} "$bin" "$logs"
 failed=""
 for s in $suites; do
   cat "$logs/$s.log"
