@@ -16,7 +16,8 @@ start=$(date +%s)
 printf '%s\n' $suites | xargs -P "$jobs" -I{} sh -c \
   't=$(date +%s); RLK_TEST_SUITE="$1" "$2" > "$3/$1.log" 2>&1; rc=$?; echo $rc > "$3/$1.rc";
    s=$(( $(date +%s) - t )); echo $s > "$3/$1.s";
-   echo "suite $1 done: rc=$rc ${s}s $(grep -E "^[0-9]+%: Checks" "$3/$1.log" | tail -1)"' _ {} "$bin" "$logs"
+   echo "suite $1 done: rc=$rc ${s}s $(grep -E "^[0-9]+%: Checks" "$3/$1.log" | tail -1)";
+   [ $rc = 0 ] || grep -E ":[EF]:" "$3/$1.log" | head -5' _ {} "$bin" "$logs"
 failed=""
 for s in $suites; do
   cat "$logs/$s.log"
