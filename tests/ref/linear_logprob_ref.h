@@ -7,6 +7,10 @@
 
 #include "logprob_ref.h"
 
+/* A stored 16-bit value (f16 when is_f16, else bf16) as a double, exactly; f16 through a table
+ * (the compiler's software conversion costs ~10 ns, and the references convert billions). */
+double ll_ref_half(uint16_t b, int is_f16);
+
 /* One row i of hidden [N, H] (row stride hs) against weight [V, H] (row stride ws), 16-bit
  * storage (f16 when is_f16, else bf16). `x` is scratch of V doubles. */
 void ll_ref_row(const uint16_t *hidden, int64_t hs, const uint16_t *weight, int64_t ws, int is_f16,
