@@ -1189,7 +1189,8 @@ typedef struct rlk_linear_logprob_backward_args {
   rlk_tensor status;    /* as in rlk_logprob_args */
   void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
   size_t workspace_bytes;
-  int chunk;            /* vocabulary columns per chunk, a multiple of 64 (0: from N, within 256 MB) */
+  int chunk;            /* vocabulary columns per chunk, a multiple of 64, rounded up to 256 on
+                         * sm_90a (0: from N, dz within 256 MB) */
   /* Shard form: shard 1 says weight holds the rows [vocab_start, vocab_start + V) of a larger
    * head whose vocabulary labels index; lse (and entropy) are then the combined ones
    * (rlk_logprob_combine). The gradients are this shard's: grad_hidden its part of the sum over
@@ -1201,8 +1202,8 @@ typedef struct rlk_linear_logprob_backward_args {
 /* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
 
-/* Bytes of workspace the backward needs (dz of one chunk and the f32 grad_hidden sum on a GPU; 0 on
- * the host backend). */
+/* Bytes of workspace the backward needs (dz of one chunk, f32 or on sm_90a the inputs' 16-bit
+ * dtype, and the f32 grad_hidden sum on a GPU; 0 on the host backend). */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);
