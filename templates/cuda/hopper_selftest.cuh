@@ -26,6 +26,18 @@ RLK_DEVICE u32 sw128_offset(u32 r, u32 c) {
   return r * 128u + ((chunk ^ (r % 8u)) * 16u) + within;
 }
 
+/* The accumulators of a 64 x N tile to D, row-major (hopper_wgmma.cuh's layout). */
+template <int N> RLK_DEVICE void tile_store(const float (&d)[N / 2], float *D) {
+  const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        D[(16 * w + l / 4 + 8 * i) * N + 8 * j + 2 * (l % 4) + e] = d[4 * j + 2 * i + e];
+}
+
 template <int AB, int N, int K, bool RS>
 RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, float *D) {
 #if defined(RLK_SM90A_ASM)
@@ -80,13 +92,7 @@ RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, fl
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::wgmma_fence_operands(d);
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        D[(16 * w + l / 4 + 8 * i) * N + 8 * j + 2 * (l % 4) + e] = d[4 * j + 2 * i + e];
+  tile_store<N>(d, D);
 #else
   (void)map_a, (void)map_b, (void)D;
 #endif
@@ -134,7 +140,6 @@ __global__ void __launch_bounds__(128)
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
-  const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
   sm90::wgmma_fence_operands(d);
   sm90::wgmma_fence();
 #pragma unroll
@@ -149,13 +154,7 @@ __global__ void __launch_bounds__(128)
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::wgmma_fence_operands(d);
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        D[(16 * w + l / 4 + 8 * i) * N + 8 * j + 2 * (l % 4) + e] = d[4 * j + 2 * i + e];
+  tile_store<N>(d, D);
 #else
   (void)map_a, (void)map_b, (void)D;
 #endif

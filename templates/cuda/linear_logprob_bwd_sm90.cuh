@@ -194,24 +194,10 @@ __global__ void __launch_bounds__(384, 1)
         }
         ll_store_pair<T>(out + col, g[0], g[1], n0 + col + 1 < NC, vec);
       }
-    } else if (KIND == C::DH) {
-      float *out = (float *)p_.out + r * ostride + n0;
-      const bool add = p_.accumulate != 0, vec = (ostride % 2) == 0; /* the workspace: pitch H */
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = 8 * j + 2 * (l % 4);
-        if (n0 + col >= NC) continue;
-        const bool both = n0 + col + 1 < NC;
-        float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
-        if (add) {
-          a0 += out[col];
-          if (both) a1 += out[col + 1];
-        }
-        ll_store_pair<float>(out + col, a0, a1, both, vec);
-      }
     } else {
+      /* dh (GDT 0: f32, the workspace) or grad_weight's rows from c0 */
       typedef typename ll::elem<GDT>::type G;
-      G *out = (G *)p_.out + (p_.c0 + r) * ostride + n0;
+      G *out = (G *)p_.out + (KIND == C::DW ? p_.c0 + r : r) * ostride + n0;
       const bool add = p_.accumulate != 0;
       /* pairs as one store where the row stride and base keep them aligned */
       const bool vec = (ostride % 2) == 0 && ((u64)p_.out % (2 * sizeof(G))) == 0;
