@@ -716,6 +716,17 @@ RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
   return st;
 }
 
+/* The per-row inputs every backward kernel's arguments share (the host kernel, the portable dz,
+ * linear_logprob_bwd_sm90), set from rlk_linear_logprob_backward's locals in one place. */
+#define LL_BWD_ROW_INPUTS(x)                                                                    \
+  do {                                                                                          \
+    (x).labels = labels, (x).label_stride = k.ls, (x).V = V, (x).ignore_index = a->ignore_index; \
+    (x).lse = lse, (x).lse_s = k.lse_s, (x).g_lp = glp, (x).glp_s = k.glp_s;                    \
+    (x).entropy = ent, (x).ent_s = k.ent_s, (x).g_ent = gent, (x).gent_s = k.gent_s;            \
+    (x).status = status, (x).vocab_start = a->vocab_start;                                      \
+    (x).temperature = a->temperature, (x).shard = a->shard;                                     \
+  } while (0)
+
 /* grad_hidden (+)= the f32 sum dh of the workspace. */
 static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, const float *dh, int64_t N,
                                 int64_t H, void *gh, int64_t ghs, int accumulate, void *stream) {
@@ -760,33 +771,18 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
 
   if (ctx->kind == RLK_BACKEND_HOST) {
     ll_bwd_host_args h = {0};
+    LL_BWD_ROW_INPUTS(h);
     h.hidden = hidden;
     h.h_stride = k.hs;
     h.weight = weight;
     h.w_stride = k.ws;
-    h.labels = labels;
-    h.label_stride = k.ls;
     h.N = N;
-    h.V = V;
     h.H = H;
-    h.ignore_index = a->ignore_index;
-    h.lse = lse;
-    h.lse_s = k.lse_s;
-    h.g_lp = glp;
-    h.glp_s = k.glp_s;
-    h.entropy = ent;
-    h.ent_s = k.ent_s;
-    h.g_ent = gent;
-    h.gent_s = k.gent_s;
     h.grad_hidden = gh;
     h.gh_stride = k.ghs;
     h.grad_weight = gw;
     h.gw_stride = k.gws;
-    h.status = status;
-    h.vocab_start = a->vocab_start;
-    h.temperature = a->temperature;
     h.accumulate = a->accumulate;
-    h.shard = a->shard;
     void *args[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &specs[0], &d, stream, args);
@@ -809,22 +805,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
         (s_dw && (st = rlk_cuda_tma_encode(ctx->backend, &r_hmn, m_hmn))))
       return st;
     ll_bwd_sm90_args g = {0};
-    g.labels = labels;
-    g.label_stride = k.ls;
-    g.V = V;
-    g.ignore_index = a->ignore_index;
-    g.lse = lse;
-    g.lse_s = k.lse_s;
-    g.g_lp = glp;
-    g.glp_s = k.glp_s;
-    g.entropy = ent;
-    g.ent_s = k.ent_s;
-    g.g_ent = gent;
-    g.gent_s = k.gent_s;
-    g.status = status;
-    g.vocab_start = a->vocab_start;
-    g.temperature = a->temperature;
-    g.shard = a->shard;
+    LL_BWD_ROW_INPUTS(g);
     const int64_t BM = LL_BWD_SM90_BM, BN = LL_BWD_SM90_BN;
     for (int64_t c0 = 0; c0 < V; c0 += Vc) {
       const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
@@ -863,31 +844,16 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
     const uint64_t vb = (uint64_t)((nv + LL_BWD_TILE - 1) / LL_BWD_TILE);
     ll_bwd_dz_args z = {0};
+    LL_BWD_ROW_INPUTS(z);
     z.hidden = hidden;
     z.h_stride = k.hs;
     z.weight = weight;
     z.w_stride = k.ws;
-    z.labels = labels;
-    z.label_stride = k.ls;
     z.N = N;
-    z.V = V;
     z.H = H;
-    z.ignore_index = a->ignore_index;
-    z.vocab_start = a->vocab_start;
-    z.shard = a->shard;
-    z.lse = lse;
-    z.lse_s = k.lse_s;
-    z.g_lp = glp;
-    z.glp_s = k.glp_s;
-    z.entropy = ent;
-    z.ent_s = k.ent_s;
-    z.g_ent = gent;
-    z.gent_s = k.gent_s;
     z.c0 = c0;
     z.Vc = Vc;
     z.dz = dz;
-    z.status = status;
-    z.temperature = a->temperature;
     void *zargs[] = {&z};
     rlk_launch_dims d = ll_dims(rb, vb, LL_TILED_THREADS, 0);
     if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
