@@ -129,11 +129,13 @@ test: deps
 	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
 	$(if $(SANITIZE),,$(MAKE) python-test)
 
-# The samples of every op compiled for the targets `make test` leaves out (gfx1030, RDNA in
-# wave64 mode; RLK_TEST_TARGETS=all for every target): the suites' plan cases alone.
+# The samples of every op compiled for the targets `make test` leaves out (it takes the host and
+# sm_90a): the sm_80 fallbacks, HIP gfx90a and gfx1030 (RDNA in wave64 mode); the suites' plan
+# cases alone. RLK_TEST_TARGETS=all for every target.
+TEST_TARGETS_OTHER := sm_80,gfx90a,gfx1030
 test-targets: deps
 	$(MAKE) -j$(TEST_JOBS) tests
-	RLK_TEST_TARGETS=$(or $(RLK_TEST_TARGETS),gfx1030) CK_RUN_CASE=plan RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) \
+	RLK_TEST_TARGETS=$(or $(RLK_TEST_TARGETS),$(TEST_TARGETS_OTHER)) CK_RUN_CASE=plan RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) \
 	  tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
 
 # The Python package (python/rlk) against the library just built: numpy on the host backend;

@@ -1512,9 +1512,8 @@ START_TEST(samples_cover_every_variant) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here (the host,
- * sm_80, sm_90a, gfx90a; gfx1030 with
- * make test-targets). */
+/* Every sample configuration compiles for every target whose compiler is here
+ * (rlk_test_compile_samples says which: make test and make test-targets share them). */
 START_TEST(samples_compile_every_target) {
   rlk_test_compile_samples("advantage_scan", my_ops, N_MY_OPS);
 }

@@ -1009,9 +1009,8 @@ START_TEST(plan_variants_per_target) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here (the host,
- * sm_80, sm_90a, gfx90a; gfx1030 with
- * make test-targets). */
+/* Every sample configuration compiles for every target whose compiler is here
+ * (rlk_test_compile_samples says which: make test and make test-targets share them). */
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_logprob};
   rlk_test_compile_samples("logprob", ops, 1);

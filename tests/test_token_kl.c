@@ -468,9 +468,8 @@ START_TEST(plan_rejects_bad_settings) {
 }
 END_TEST
 
-/* Every sample compiles for every target whose compiler is here (the host, sm_80, sm_90a,
- * gfx90a; gfx1030 with
- * make test-targets). */
+/* Every sample configuration compiles for every target whose compiler is here
+ * (rlk_test_compile_samples says which: make test and make test-targets share them). */
 START_TEST(samples_compile_every_target) {
   static const rlk_op_desc *const ops[] = {&rlk_op_token_kl};
   rlk_test_compile_samples("token_kl", ops, 1);

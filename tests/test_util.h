@@ -37,8 +37,8 @@ const char *rlk_test_bin_dir(void);
 
 struct rlk_op_desc;
 
-/* Compiles every sample configuration of `ops` for the host, sm_80, sm_90a and gfx90a (and
- * gfx1030, or another set, as RLK_TEST_TARGETS says: "all" or a comma list), one child process
+/* Compiles every sample configuration of `ops` for the host and sm_90a (or another set, as
+ * RLK_TEST_TARGETS says: "all" or a comma list of host, sm_80, sm_90a, gfx90a, gfx1030), one child process
  * per target (each compiler serializes inside a process); a target whose compiler is missing is
  * skipped with a printed reason, the host never. Fails the test on any compile error. `label`
  * names the ops in messages. */
