@@ -562,6 +562,29 @@ START_TEST(host_shapes) {
 }
 END_TEST
 
+/* RLK_JIT_RECORD: the forward, the backward (one line per gradient dtype) and the shard form's
+ * combine each leave a line that precompiles. */
+START_TEST(host_records_its_configurations) {
+  char rec[1100];
+  if (!rlk_test_record_start(rec, sizeof rec)) return;
+  rlk_context *ctx = rlk_test_host_context();
+  const uint64_t seed = rlk_test_seed() ^ 0x4ecu;
+  ll_case c = ll_base(3, 300, 40);
+  c.dt = RLK_F16;
+  c.ldt = RLK_I32;
+  ll_check(ctx, &c, seed);
+  ll_bcase b = {5, 333, 40, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
+  ll_bwd_check(ctx, &b, seed + 1, 1, NULL, NULL);
+  static const int64_t two[] = {0, 150, 301};
+  ll_shard_check(ctx, 3, 40, two, 2, 1, seed + 2);
+  static const char *const want[] = {"linear_logprob pass=fwd hidden=f16 labels=i32 entropy=1",
+                                     "linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=f32",
+                                     "logprob_shard pass=combine", NULL};
+  rlk_test_record_expect(ctx, rec, want);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
   uint16_t h[4 * 8], w[5 * 8];
@@ -781,6 +804,7 @@ Suite *linear_logprob_suite(void) {
   tcase_add_test(host, host_shapes);
   tcase_add_test(host, bad_arguments);
   tcase_add_test(host, host_shards);
+  tcase_add_test(host, host_records_its_configurations);
   suite_add_tcase(s, host);
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 600);

@@ -396,6 +396,19 @@ START_TEST(host_simulated) {
 }
 END_TEST
 
+/* RLK_JIT_RECORD: a shard's forward and the combine each leave a line that precompiles. */
+START_TEST(host_records_its_configurations) {
+  char rec[1100];
+  if (!rlk_test_record_start(rec, sizeof rec)) return;
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x4ecu;
+  case_single_shard(ctx, &rng, 517);
+  static const char *const want[] = {"logprob_shard pass=fwd", "logprob_shard pass=combine", NULL};
+  rlk_test_record_expect(ctx, rec, want);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
   float logits[4 * 8] = {0}, rec[4 * F + 4], out[4];
@@ -610,6 +623,7 @@ Suite *logprob_shard_suite(void) {
   tcase_set_timeout(host, 300);
   tcase_add_test(host, host_simulated);
   tcase_add_test(host, bad_arguments);
+  tcase_add_test(host, host_records_its_configurations);
   tcase_add_test(host, nccl_missing_library);
   tcase_add_test(host, nccl_system_library);
   suite_add_tcase(s, host);

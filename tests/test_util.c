@@ -534,3 +534,37 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
     return NAN;
   }
 }
+
+/* ---- RLK_JIT_RECORD ----------------------------------------------------------------- */
+
+int rlk_test_record_start(char *path, size_t size) {
+  const char *fork_env = getenv("CK_FORK");
+  if (fork_env && !strcmp(fork_env, "no")) {
+    printf("skip (record): RLK_JIT_RECORD is read once a process; CK_FORK=no shares it between tests\n");
+    fflush(stdout);
+    return 0;
+  }
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "record");
+  snprintf(path, size, "%s/record.conf", dir);
+  setenv("RLK_JIT_RECORD", path, 1);
+  return 1;
+}
+
+void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes) {
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "no record at %s", path);
+  char line[1024];
+  int found[16] = {0}, n = 0;
+  while (prefixes[n]) n++;
+  ck_assert_int_le(n, 16);
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    for (int i = 0; i < n; i++) found[i] |= !strncmp(line, prefixes[i], strlen(prefixes[i]));
+    int kernels = 0;
+    ck_assert_msg(rlk_precompile(ctx, line, &kernels) == RLK_OK && kernels > 0, "recorded line '%s': %s", line,
+                  rlk_last_error());
+  }
+  fclose(f);
+  for (int i = 0; i < n; i++) ck_assert_msg(found[i], "%s: no line starts with '%s'", path, prefixes[i]);
+}

@@ -44,6 +44,15 @@ struct rlk_op_desc;
  * names the ops in messages. */
 void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
 
+/* RLK_JIT_RECORD for the rest of this test's process: a fresh file under the scratch root, its
+ * path in `path`. Returns 0 (after printing why) when the test shares its process with others
+ * (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
+int rlk_test_record_start(char *path, size_t size);
+
+/* The record at `path` has a line starting with each of `prefixes` (NULL-terminated), and every
+ * line it holds precompiles on ctx. */
+void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes);
+
 struct rlk_op_config_pair;
 
 /* Splits a configuration line "op a=b c=d" into its settings, pointing into `copy` (`size` bytes);

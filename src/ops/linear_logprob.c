@@ -23,6 +23,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "common/linear_logprob_params.h"
 
 /* The kernels' arguments (templates/common/linear_logprob_params.h). */
@@ -95,6 +96,9 @@ typedef struct ll_config {
   int variant;      /* rlk_linear_logprob_variant asked for */
   int tma_ok;       /* hidden and weight can be described by 128-byte-swizzled tensor maps */
 } ll_config;
+
+/* RLK_JIT_RECORD: a call's precompile line (pass 0 fwd, 1 bwd; grad 0 f32, 1 the hidden dtype). */
+static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant);
 
 typedef struct ll_choice {
   int variant; /* what runs: WGMMA or TILED on a GPU; AUTO on the host */
@@ -353,6 +357,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   }
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
+  if (rlk_record_enabled()) ll_record(0, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, k.c.variant);
 
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
   const float temperature = a->temperature;
@@ -757,6 +762,12 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     if ((uintptr_t)a->workspace % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   }
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob_backward"))) return st;
+  if (rlk_record_enabled()) {
+    /* one line per gradient dtype the call writes (grad_hidden and grad_weight may differ) */
+    const int f32 = k.c.gh == 0 || k.c.gw == 0, same = k.c.gh > 0 || k.c.gw > 0;
+    if (f32) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, RLK_LINEAR_LOGPROB_AUTO);
+    if (same) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 1, RLK_LINEAR_LOGPROB_AUTO);
+  }
   rlk_kernel_spec specs[4];
   size_t nspecs = 0;
   if ((st = ll_bwd_specs(ctx, &k.c, specs, &nspecs))) return st;
@@ -916,6 +927,18 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
     [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_*",
                                     "wgmma: the sm_90a kernels (elsewhere tiled runs); tiled: the portable ones only"),
 };
+
+static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_linear_logprob, &s);
+  rlk_op_values_set(&s, LL_S_PASS, pass);
+  rlk_op_values_set(&s, LL_S_HIDDEN, hidden);
+  rlk_op_values_set(&s, LL_S_LABELS, labels);
+  rlk_op_values_set(&s, LL_S_ENTROPY, entropy);
+  rlk_op_values_set(&s, LL_S_GRAD, grad);
+  rlk_op_values_set(&s, LL_S_VARIANT, variant);
+  rlk_record_op(&rlk_op_linear_logprob, &s);
+}
 
 static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                           size_t *nspecs) {

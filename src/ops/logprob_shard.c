@@ -13,6 +13,7 @@
 #include "core/core.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
+#include "runtime/record.h"
 #include "common/logprob_shard_params.h"
 
 /* The kernels' arguments (templates/common/logprob_shard_params.h). */
@@ -53,6 +54,10 @@ static const rlk_template ls_combine_tmpl = {"logprob", "logprob_combine", "cuda
 static int ls_dt_code(rlk_dtype d) { return d == RLK_F32 ? 0 : (d == RLK_F16 ? 1 : 2); }
 
 static rlk_dtype ls_dt_of_code(int k) { return k == 0 ? RLK_F32 : (k == 1 ? RLK_F16 : RLK_BF16); }
+static int ls_code_of_dt(rlk_dtype d) { return d == RLK_F32 ? 0 : (d == RLK_F16 ? 1 : 2); }
+
+static void ls_record(int pass, rlk_dtype logits, rlk_dtype labels, int entropy, int64_t V, int block,
+                      int unroll);
 
 /* ---------------------------------------------------------------------------------- */
 /* Selection (shared by the calls and the precompile plan)                             */
@@ -150,6 +155,8 @@ rlk_status rlk_logprob_shard_launch(rlk_context *ctx, const rlk_logprob_args *a,
   rlk_status st = ls_select_fwd(ctx, a->logits.dtype, a->labels.dtype, V, a->block, a->unroll,
                                 entropy, &spec, &threads, &rpb);
   if (st) return st;
+  if (rlk_record_enabled())
+    ls_record(LS_PASS_FWD, a->logits.dtype, a->labels.dtype, entropy, V, a->block, a->unroll);
   ls_fwd_kernel_args k;
   memset(&k, 0, sizeof k);
   k.logits = a->logits.data;
@@ -207,6 +214,7 @@ rlk_status rlk_logprob_combine_launch(rlk_context *ctx, const float *partials, i
   rlk_kernel_spec spec;
   rlk_status st = ls_select_combine(labels_t->dtype, entropy != NULL, &spec);
   if (st) return st;
+  if (rlk_record_enabled()) ls_record(LS_PASS_COMBINE, RLK_BF16, labels_t->dtype, entropy != NULL, 1, 0, 0);
   ls_combine_kernel_args k;
   memset(&k, 0, sizeof k);
   k.partials = partials;
@@ -283,6 +291,23 @@ static const rlk_op_setting ls_settings[LS_NSETTINGS] = {
     [LS_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd_shard.unroll",
                                 "16-byte vectors in flight per thread, 0 for the default"),
 };
+
+/* RLK_JIT_RECORD: the line of one pass (the combine's ignores logits, vocab, block, unroll). */
+static void ls_record(int pass, rlk_dtype logits, rlk_dtype labels, int entropy, int64_t V, int block,
+                      int unroll) {
+  rlk_op_values s;
+  rlk_op_values_init(&rlk_op_logprob_shard, &s);
+  rlk_op_values_set(&s, LS_S_PASS, pass);
+  rlk_op_values_set(&s, LS_S_LABELS, labels);
+  rlk_op_values_set(&s, LS_S_ENTROPY, entropy);
+  if (pass == LS_PASS_FWD) {
+    rlk_op_values_set(&s, LS_S_LOGITS, ls_code_of_dt(logits));
+    rlk_op_values_set(&s, LS_S_VOCAB, V);
+    rlk_op_values_set(&s, LS_S_BLOCK, block);
+    rlk_op_values_set(&s, LS_S_UNROLL, unroll);
+  }
+  rlk_record_op(&rlk_op_logprob_shard, &s);
+}
 
 static rlk_status ls_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                           size_t *nspecs) {
