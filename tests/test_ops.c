@@ -220,6 +220,33 @@ START_TEST(precompile_conf_covers_every_op) {
 }
 END_TEST
 
+/* tests/gpu-kernels.conf, what make test-gpu precompiles first, still parses: every line names an
+ * op and settings it has (a line that stopped parsing would fail make test-gpu's first step). */
+START_TEST(gpu_kernel_list_parses) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/../../tests/gpu-kernels.conf", rlk_test_bin_dir());
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  char line[1024];
+  int lines = 0;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (!line[0] || line[0] == '#') continue;
+    const rlk_op_desc *d = NULL;
+    for (size_t i = 0; rlk_op_table[i] && !d; i++) {
+      const size_t n = strlen(rlk_op_table[i]->name);
+      if (!strncmp(line, rlk_op_table[i]->name, n) && line[n] == ' ') d = rlk_op_table[i];
+    }
+    ck_assert_msg(d != NULL, "%s: no op for '%s'", path, line);
+    rlk_op_values v;
+    ck_assert_msg(values_of(d, line, &v) == RLK_OK, "%s: '%s': %s", path, line, rlk_last_error());
+    lines++;
+  }
+  fclose(f);
+  ck_assert_int_gt(lines, 100);
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("contract");
@@ -230,6 +257,7 @@ Suite *ops_suite(void) {
   tcase_add_test(tc, bad_settings_are_named);
   tcase_add_test(tc, samples_reach_every_kernel_setting);
   tcase_add_test(tc, precompile_conf_covers_every_op);
+  tcase_add_test(tc, gpu_kernel_list_parses);
   suite_add_tcase(s, tc);
   return s;
 }

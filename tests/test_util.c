@@ -34,7 +34,12 @@ int rlk_test_setup_env(void) {
   snprintf(path, sizeof path, "%s/locks", tmp_root);
   mkdir(path, 0700);
   setenv("RLK_LOCK_DIR", path, 1);
-  unsetenv("RLK_CACHE_RO_DIRS");
+  /* RLK_TEST_RO_CACHE: kernels precompiled for this run with workers (make test-gpu) */
+  const char *ro = getenv("RLK_TEST_RO_CACHE");
+  if (ro && *ro)
+    setenv("RLK_CACHE_RO_DIRS", ro, 1);
+  else
+    unsetenv("RLK_CACHE_RO_DIRS");
   unsetenv("RLK_JIT");
   unsetenv("RLK_CACHE_MODE");
   unsetenv("RLK_CACHE_MAX_BYTES");
