@@ -116,7 +116,11 @@ def dim(x, i):
 _CONTIG = {}  # shape -> its contiguous strides (elements)
 
 
-def _contiguous_strides(shape):
+def contiguous_strides(shape):
+    """The strides (elements) of a contiguous array of `shape` (a tuple), cached per shape."""
+    strides = _CONTIG.get(shape)
+    if strides is not None:
+        return strides
     strides, acc = [], 1
     for d in reversed(tuple(shape)):
         strides.append(acc)
@@ -269,13 +273,18 @@ class Binder:
     def set_new(self, name, x, dtype, shape):
         """Binds output `name` to x, an array this call just made with `empty` (contiguous,
         `shape`, rlk dtype `dtype`, in the call's place): only its pointer is asked for."""
+        ptr = x.data_ptr() if self.place.framework == "torch" else x.ctypes.data
+        self.set_at(name, ptr, dtype, shape)
+        return x
+
+    def set_at(self, name, ptr, dtype, shape):
+        """Binds output `name` to contiguous memory of `shape` (a tuple) at address `ptr`, part
+        of an array this call made."""
         strides = _CONTIG.get(shape)
         if strides is None:
-            strides = _contiguous_strides(shape)
-        ptr = x.data_ptr() if self.place.framework == "torch" else x.ctypes.data
+            strides = contiguous_strides(shape)
         _DESC[len(shape)].pack_into(self.args, self.op.offsets[name], ptr, dtype, len(shape),
                                     *shape, *strides)
-        return x
 
     def empty(self, shape, dtype):
         """A new uninitialized array of rlk dtype `dtype` in the call's place."""

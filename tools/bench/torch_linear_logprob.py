@@ -1,7 +1,11 @@
 """Anchors for rlk_linear_logprob on the same GPU: cuBLAS h @ W^T alone (bf16 out), the backward's
 two other GEMMs (dZ @ W, dZ^T @ h: with a recompute of h @ W^T, the 4-GEMM floor of a forward +
-backward), and torch's matmul + fp32 logsumexp + gather (+ entropy), forward only. Median of --iters CUDA-event timings
-after 3 warm-up calls. Usage: python3 torch_linear_logprob.py [N H V] [--iters K]"""
+backward), and torch's matmul + fp32 logsumexp + gather (+ entropy), forward only. With --anchors,
+forward + backward of what trainers use in the same run: torch autograd, Liger-Kernel's
+fused_linear_cross_entropy, cut-cross-entropy (its default gradient filtering, and exact), and rlk
+through Python (rlk.autograd.linear_token_logprob). Median of --iters CUDA-event timings after 3
+warm-up calls. Usage: python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors]"""
+import os
 import sys
 
 import torch
@@ -24,6 +28,7 @@ def timed(fn, iters):
 
 
 def main():
+    anchors = "--anchors" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     iters = 10
     if "--iters" in sys.argv:
@@ -64,6 +69,63 @@ def main():
         extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
         print(f"{label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, max {hi:.3f}), "
               f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
+    if anchors:
+        del dz
+        torch.cuda.empty_cache()
+        fwd_bwd_anchors(h, w, y, iters, name)
+
+
+def fwd_bwd_anchors(h, w, y, iters, name):
+    """Forward + backward (gradients of hidden and weight) of each anchor that is installed."""
+    N, H = h.shape
+    V = w.shape[0]
+    hr = h.detach().clone().requires_grad_(True)
+    wr = w.detach().clone().requires_grad_(True)
+
+    def step(loss_fn):
+        def run():
+            hr.grad = None
+            wr.grad = None
+            loss_fn().backward()
+        return run
+
+    def torch_loss():
+        z = (hr @ wr.t()).float()
+        return -(z.gather(1, y[:, None])[:, 0] - torch.logsumexp(z, -1)).sum()
+
+    cases = [("torch autograd (matmul + logsumexp)", torch_loss)]
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+        cases.append(("Liger fused_linear_cross_entropy",
+                      lambda: liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum")))
+    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
+        print("Liger-Kernel unavailable:", repr(e)[:200])
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+        cases.append(("cut-cross-entropy (default filtering)",
+                      lambda: linear_cross_entropy(hr, wr, y, reduction="sum")))
+        cases.append(("cut-cross-entropy (exact: filter_eps=None)",
+                      lambda: linear_cross_entropy(hr, wr, y, reduction="sum", filter_eps=None)))
+    except Exception as e:  # noqa: BLE001
+        print("cut-cross-entropy unavailable:", repr(e)[:200])
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+        import rlk.autograd as ra
+        cases.append(("rlk linear_token_logprob (Python autograd)",
+                      lambda: -ra.linear_token_logprob(hr, wr, y).sum()))
+    except Exception as e:  # noqa: BLE001
+        print("rlk unavailable:", repr(e)[:200])
+    for label, fn in cases:
+        try:
+            run = step(fn)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            med, lo, hi = timed(run, iters)
+            extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+            print(f"fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, "
+                  f"max {hi:.3f}), peak extra {extra:.2f} GiB")
+        except Exception as e:  # noqa: BLE001
+            print(f"fwd+bwd {label}: failed: {e!r}"[:300])
 
 
 if __name__ == "__main__":
