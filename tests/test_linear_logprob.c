@@ -52,6 +52,7 @@ typedef struct ll_out {
 /* Runs a case on ctx; fills *o (caller frees) and checks against fp64 when `check`. */
 static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check, ll_out *o) {
   uint64_t rng = seed;
+  const double t0 = rlk_test_now();
   const int64_t hs = c->H + c->hpad, ws = c->H + c->wpad, ls = c->lstride ? c->lstride : 1;
   const size_t hbytes = (size_t)(c->N * hs) * 2, wbytes = (size_t)(c->V * ws) * 2;
   uint16_t *h = malloc(hbytes), *w = malloc(wbytes);
@@ -64,7 +65,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
   const double wsd = c->scale / sqrt((double)c->H);
   for (int64_t v = 0; v < c->V; v++)
     for (int64_t k = 0; k < c->H; k++)
-      rlk_test_store(w, c->dt, v * ws + k, wsd * rlk_test_rand_normal(&rng));
+      rlk_test_store(w, c->dt, v * ws + k, wsd * rlk_test_rand_unit(&rng));
   for (int64_t i = 0; i < c->N; i++) {
     int64_t y = (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)c->V);
     if (i == c->N - 1 && c->N > 1) y = c->V - 1; /* the last column (a partial tile) */
@@ -126,6 +127,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
   if (wsb) wsp = rlk_test_dev_alloc(ctx, wsb);
   a.workspace = wsp;
   a.workspace_bytes = wsb;
+  const double t1 = rlk_test_now();
   rlk_status st = rlk_linear_logprob(ctx, &a, NULL);
   ck_assert_msg(st == RLK_OK, "N=%lld V=%lld H=%lld: %s", (long long)c->N, (long long)c->V,
                 (long long)c->H, rlk_last_error());
@@ -148,6 +150,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
     rlk_free(ctx, dlse), rlk_free(ctx, dent), rlk_free(ctx, dst);
     if (wsp) rlk_free(ctx, wsp);
   }
+  const double t2 = rlk_test_now();
   if (check) {
     double *x = malloc((size_t)c->V * sizeof(double));
     int any_bad = 0;
@@ -177,9 +180,10 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
     for (int64_t i = 0; i < c->N; i++) /* rows not compared count too */
       if (lab[i * ls] != -100 && (lab[i * ls] < 0 || lab[i * ls] >= c->V)) any_bad = 1;
     ck_assert_int_eq(o->status != 0, any_bad);
-    printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d: %lld rows vs fp64, worst |err| %.3g\n",
+    printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d: %lld rows vs fp64, worst |err| %.3g "
+           "(inputs %.1f s, call %.1f s, reference %.1f s)\n",
            host ? "host" : "gpu", (long long)c->N, (long long)c->V, (long long)c->H, rlk_dtype_name(c->dt),
-           (int)c->variant, (long long)nrows, worst);
+           (int)c->variant, (long long)nrows, worst, t1 - t0, t2 - t1, rlk_test_now() - t2);
     free(x);
   }
   free(h), free(w), free(lab), free(lab32);

@@ -114,6 +114,14 @@ double rlk_test_rand_normal(uint64_t *s) {
   return __builtin_sqrt(-2.0 * __builtin_log(u1)) * __builtin_cos(6.283185307179586 * u2);
 }
 
+double rlk_test_rand_unit(uint64_t *s) { return 1.7320508075688772 * (2.0 * rlk_test_rand_uniform(s) - 1.0); }
+
+double rlk_test_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 const char *rlk_test_bin_dir(void) {
   const char *d = getenv("RLK_TEST_BIN_DIR");
   return d && *d ? d : "build/bin";

@@ -31,6 +31,11 @@ uint64_t rlk_test_seed(void);
 uint64_t rlk_test_rand_u64(uint64_t *state);
 double rlk_test_rand_uniform(uint64_t *state);           /* [0, 1) */
 double rlk_test_rand_normal(uint64_t *state);
+/* Uniform on [-sqrt 3, sqrt 3]: mean 0, variance 1, a tenth of rlk_test_rand_normal's cost (for
+ * tensors of hundreds of millions of elements). */
+double rlk_test_rand_unit(uint64_t *s);
+/* Seconds on a monotonic clock (phase timings in test output). */
+double rlk_test_now(void);
 
 /* Directory of the built tools (RLK_TEST_BIN_DIR). */
 const char *rlk_test_bin_dir(void);
