@@ -61,7 +61,8 @@ void rlk_test_teardown_env(void) {
 const char *rlk_test_tmpdir(void) { return tmp_root; }
 
 void rlk_test_mkdtemp(char *buf, size_t size, const char *stem) {
-  snprintf(buf, size, "%s/%s-XXXXXX", tmp_root, stem ? stem : "d");
+  const int n = snprintf(buf, size, "%s/%s-XXXXXX", tmp_root, stem ? stem : "d");
+  ck_assert_msg(n > 0 && (size_t)n < size, "rlk_test_mkdtemp: a %zu-byte buffer is too small", size);
   ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
 }
 
