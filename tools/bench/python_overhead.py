@@ -3,7 +3,7 @@
 inputs, split into the library call and what the package adds around it.
 
     python3 tools/bench/python_overhead.py [--device cpu|cuda] [--frameworks numpy,torch]
-                                           [--ops a,b] [--calls N] [--json FILE]
+                                           [--ops a,b] [--calls N] [--json FILE] [--floors]
 
 For each op and framework: the host wall time of one call (time.perf_counter around each of
 --calls calls after warm-up, median), and the median time of the same library calls replayed
@@ -136,6 +136,41 @@ def autograd_calls():
     return calls
 
 
+def torch_floors(dev):
+    """What torch itself costs per call on `dev` (no rlk): the building blocks a binding needs
+    (an allocation, a view, the attribute reads of one tensor argument) and an autograd step of
+    the shape the loss wrappers take (a Function, or one elementwise op, then backward())."""
+    x = torch.randn(B, T, device=dev)
+    leaf = x.clone().requires_grad_(True)
+
+    class Scalar(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a.new_zeros(())
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.expand(B, T)
+
+    def function_step():
+        leaf.grad = None
+        Scalar.apply(leaf).backward()
+
+    def elementwise_step():
+        leaf.grad = None
+        (leaf * 2).sum().backward()
+
+    return [
+        ("floor: torch.empty", lambda: torch.empty(B, T, device=dev)),
+        ("floor: a view (x[0:1])", lambda: x[0:1]),
+        ("floor: one argument's reads", lambda: (x.get_device(), x.dtype, x.shape, x.stride(),
+                                                 x.data_ptr())),
+        ("floor: an elementwise op (x * 2)", lambda: x * 2),
+        ("floor: Function fwd+bwd", function_step),
+        ("floor: (x * 2).sum().backward()", elementwise_step),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +259,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=2000, help="timed calls per op (default 2000)")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--json", help="also write the rows and the machine here")
+    ap.add_argument("--floors", action="store_true",
+                    help="also time torch's own per-call costs (allocation, view, an autograd step)")
     args = ap.parse_args(argv)
 
     if args.device == "cuda":
@@ -257,6 +294,11 @@ def main(argv=None):
             rows.append(r)
             print(line % (r["op"], fw, "%.1f" % r["call_us"], "%.1f" % r["library_us"],
                           "%.1f" % r["python_us"]), flush=True)
+    if args.floors and torch is not None:
+        for name, fn in torch_floors(dev):
+            us = median_us(lambda: fn(), args.calls, sync)
+            rows.append({"op": name, "framework": "torch", "call_us": round(us, 2), "calls": args.calls})
+            print(line % (name, "torch", "%.1f" % us, "-", "-"), flush=True)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
               "revision": git_revision(), "machine": machine(dev), "rows": rows}
     if args.json:
