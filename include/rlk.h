@@ -1213,6 +1213,50 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
                                                const rlk_linear_logprob_backward_args *args,
                                                void *stream);
 
+/* The policy loss from the LM head's inputs, forward and backward in one call: rlk_linear_logprob
+ * (the log-probs, and the entropy when the loss has an entropy bonus), rlk_policy_loss on them,
+ * and rlk_linear_logprob_backward of the loss's gradients to grad_hidden and grad_weight. The
+ * logits are never stored (the backward recomputes them a vocabulary chunk at a time); the
+ * log-probs, the entropy and their gradients live in the workspace unless the caller asks for the
+ * forward's outputs. Token i of the loss's layout is row i of hidden: [B, T] tensors (B T = N) are
+ * read in row-major order, packed [N] ones as they are. No call synchronizes or allocates; the
+ * four to six launches are capturable in a CUDA graph. */
+typedef struct rlk_linear_policy_loss_args {
+  /* hidden [N, H], weight [V, H], labels [N], temperature, ignore_index, variant and splits as
+   * in rlk_linear_logprob_args. Its logp, lse and entropy are optional outputs (absent: kept in
+   * the workspace); partials must be absent (no shard form). status as in rlk_logprob_args. */
+  rlk_linear_logprob_args head;
+  /* Every input and setting of rlk_policy_loss, f32, with N tokens: old_logp, advantages, mask,
+   * seq_offsets, ref_logp, rollout_is_weights, the mode, clipping, KL, entropy_coef, aggregation
+   * and normalizers; its outputs loss and metrics. logp, entropy, grad_logp and grad_entropy
+   * must be absent: the head gives the first two, the gradients stay in the workspace. logp
+   * takes old_logp's shape (contiguous). Rows whose label is ignore_index get logp 0 and no
+   * gradient: the mask should leave them out of the loss. */
+  rlk_policy_loss_args loss;
+  /* As in rlk_linear_logprob_backward_args: each optional, at least one; overwritten or added
+   * to (accumulate 1); chunk 0 chooses. */
+  rlk_tensor grad_hidden;
+  rlk_tensor grad_weight;
+  int accumulate;
+  int chunk;
+  /* Device scratch of rlk_linear_policy_loss_workspace_size() bytes, 16-byte aligned. */
+  void *workspace;
+  size_t workspace_bytes;
+} rlk_linear_policy_loss_args;
+
+/* The head's, the loss's and the backward's defaults (each _args_init), every tensor absent. */
+RLK_API void rlk_linear_policy_loss_args_init(rlk_linear_policy_loss_args *args);
+
+/* Bytes of workspace a call needs: the three calls' own and the per-token buffers they share.
+ * Checks the arguments like the call. */
+RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx,
+                                                         const rlk_linear_policy_loss_args *args,
+                                                         size_t *bytes);
+
+/* The forward, the loss and the backward on `stream`, in that order. */
+RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
+                                          void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Ops: prefix-shared attention for GRPO groups                             */
 /* ------------------------------------------------------------------------ */

@@ -13,6 +13,7 @@
 
 #include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
+#include "ref/policy_loss_ref.h"
 #include "suites.h"
 #include "test_util.h"
 
@@ -241,6 +242,74 @@ static double ll_load_g(const void *p, rlk_dtype d, int64_t i) {
   return d == RLK_F32 ? (double)((const float *)p)[i] : ll_load16(p, d, i);
 }
 
+/* The head's gradients against fp64 for upstream gradients g_lp, g_H (doubles, [N]): got_h / got_w
+ * (NULL: not checked) hold grad_hidden / grad_weight in gdt, old_h / old_w what they held before an
+ * accumulating call. */
+typedef struct ll_gradref {
+  const uint16_t *h, *w;
+  rlk_dtype dt;
+  const int64_t *lab;
+  int64_t N, V, H;
+  float T;
+  const double *g_lp, *g_H;
+  rlk_dtype gdt;
+  const void *got_h, *got_w, *old_h, *old_w;
+  int accumulate;
+} ll_gradref;
+
+static void ll_check_grads(rlk_context *ctx, const ll_gradref *c) {
+  const int64_t N = c->N, V = c->V, H = c->H;
+  const uint16_t *h = c->h, *w = c->w;
+  double *x = malloc((size_t)V * 8), *dz = malloc((size_t)V * 8);
+  double *rh = calloc((size_t)(N * H), 8), *rw = calloc((size_t)(V * H), 8);
+  double *mh = calloc((size_t)(N * H), 8), *mw = calloc((size_t)(V * H), 8); /* sums of |terms| */
+  ck_assert(x && dz && rh && rw && mh && mw);
+  for (int64_t i = 0; i < N; i++) {
+    lp_ref_row row;
+    ll_ref_row(h, H, w, H, c->dt == RLK_F16, i, V, H, c->T, c->lab[i], -100, x, &row, NULL);
+    lp_ref_backward(x, V, c->T, c->lab[i], -100, c->g_lp[i], c->g_H[i], dz);
+    for (int64_t v = 0; v < V; v++) {
+      if (dz[v] == 0.0) continue;
+      for (int64_t k = 0; k < H; k++) {
+        const double th = dz[v] * ll_load16(w, c->dt, v * H + k), tw = dz[v] * ll_load16(h, c->dt, i * H + k);
+        rh[i * H + k] += th;
+        rw[v * H + k] += tw;
+        mh[i * H + k] += fabs(th);
+        mw[v * H + k] += fabs(tw);
+      }
+    }
+  }
+  const double rel = c->gdt == RLK_F32 ? 2e-3 : 1e-2;
+  /* The sm_90a kernels (sm_90, rows that tensor maps describe) multiply dz rounded to the inputs'
+   * 16-bit dtype: each term of a gradient's sum carries up to half an ulp of that rounding
+   * (2^-9 bf16, 2^-12 f16), bounded here with twice that over the sum of |terms|. */
+  rlk_device_info info;
+  const int dz16 = rlk_context_backend(ctx) == RLK_BACKEND_CUDA && rlk_context_device_info(ctx, &info) == RLK_OK &&
+                   info.compute_major == 9 && (H * 2) % 16 == 0;
+  const double u_dz = !dz16 ? 0.0 : c->dt == RLK_BF16 ? 1.0 / 256.0 : 1.0 / 2048.0;
+  for (int q = 0; q < 2; q++) {
+    const void *got = q == 0 ? c->got_h : c->got_w, *old = q == 0 ? c->old_h : c->old_w;
+    if (!got) continue;
+    const int64_t n = q == 0 ? N * H : V * H;
+    const double *ref = q == 0 ? rh : rw, *mag = q == 0 ? mh : mw;
+    double mx = 0.0, worst = 0.0;
+    for (int64_t i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+    for (int64_t i = 0; i < n; i++) {
+      const double want = ref[i] + (c->accumulate ? ll_load_g(old, c->gdt, i) : 0.0);
+      const double err = fabs(ll_load_g(got, c->gdt, i) - want);
+      const double tol = rel * mx + u_dz * mag[i] + (c->accumulate ? 1e-2 * fabs(want) : 0.0) + 1e-7;
+      worst = err > worst ? err : worst;
+      ck_assert_msg(err <= tol, "%s N=%lld V=%lld H=%lld grad=%s acc=%d: element %lld = %.7g, fp64 %.7g (max |ref| %.3g)",
+                    q ? "grad_weight" : "grad_hidden", (long long)N, (long long)V, (long long)H,
+                    rlk_dtype_name(c->gdt), c->accumulate, (long long)i, ll_load_g(got, c->gdt, i), want, mx);
+    }
+    printf("linear_logprob backward %s %s N=%lld V=%lld H=%lld grad=%s: worst |err| %.3g (max |ref| %.3g)\n",
+           rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", q ? "grad_weight" : "grad_hidden",
+           (long long)N, (long long)V, (long long)H, rlk_dtype_name(c->gdt), worst, mx);
+  }
+  free(x), free(dz), free(rh), free(rw), free(mh), free(mw);
+}
+
 /* Forward then backward on ctx; gradients against fp64 (lp_ref_backward's dz, summed in fp64). */
 static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int check, void **out_gh,
                          void **out_gw) {
@@ -313,54 +382,16 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   ll_get(ctx, got_h, dgh, (size_t)(N * H) * gs);
   ll_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
   if (check) {
-    double *x = malloc((size_t)V * 8), *dz = malloc((size_t)V * 8);
-    double *rh = calloc((size_t)(N * H), 8), *rw = calloc((size_t)(V * H), 8);
-    double *mh = calloc((size_t)(N * H), 8), *mw = calloc((size_t)(V * H), 8); /* sums of |terms| */
-    ck_assert(x && dz && rh && rw && mh && mw);
+    double *g1 = malloc((size_t)N * 8), *g2 = malloc((size_t)N * 8);
+    ck_assert(g1 && g2);
     for (int64_t i = 0; i < N; i++) {
-      lp_ref_row row;
-      ll_ref_row(h, H, w, H, c->dt == RLK_F16, i, V, H, c->T, lab[i], -100, x, &row, NULL);
-      lp_ref_backward(x, V, c->T, lab[i], -100, c->g_lp ? glp[i] : 0.0, c->g_h ? gH[i] : 0.0, dz);
-      for (int64_t v = 0; v < V; v++) {
-        if (dz[v] == 0.0) continue;
-        for (int64_t k = 0; k < H; k++) {
-          const double th = dz[v] * ll_load16(w, c->dt, v * H + k), tw = dz[v] * ll_load16(h, c->dt, i * H + k);
-          rh[i * H + k] += th;
-          rw[v * H + k] += tw;
-          mh[i * H + k] += fabs(th);
-          mw[v * H + k] += fabs(tw);
-        }
-      }
+      g1[i] = c->g_lp ? glp[i] : 0.0;
+      g2[i] = c->g_h ? gH[i] : 0.0;
     }
-    const double rel = c->gdt == RLK_F32 ? 2e-3 : 1e-2;
-    /* The sm_90a kernels (sm_90, rows that tensor maps describe) multiply dz rounded to the inputs'
-     * 16-bit dtype: each term of a gradient's sum carries up to half an ulp of that rounding
-     * (2^-9 bf16, 2^-12 f16), bounded here with twice that over the sum of |terms|. */
-    rlk_device_info info;
-    const int dz16 = rlk_context_backend(ctx) == RLK_BACKEND_CUDA && rlk_context_device_info(ctx, &info) == RLK_OK &&
-                     info.compute_major == 9 && (H * 2) % 16 == 0;
-    const double u_dz = !dz16 ? 0.0 : c->dt == RLK_BF16 ? 1.0 / 256.0 : 1.0 / 2048.0;
-    for (int q = 0; q < 2; q++) {
-      if (q == 0 ? !c->want_gh : !c->want_gw) continue;
-      const int64_t n = q == 0 ? N * H : V * H;
-      const double *ref = q == 0 ? rh : rw, *mag = q == 0 ? mh : mw;
-      const void *got = q == 0 ? got_h : got_w, *old = q == 0 ? gh0 : gw0;
-      double mx = 0.0, worst = 0.0;
-      for (int64_t i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
-      for (int64_t i = 0; i < n; i++) {
-        const double want = ref[i] + (c->accumulate ? ll_load_g(old, c->gdt, i) : 0.0);
-        const double err = fabs(ll_load_g(got, c->gdt, i) - want);
-        const double tol = rel * mx + u_dz * mag[i] + (c->accumulate ? 1e-2 * fabs(want) : 0.0) + 1e-7;
-        worst = err > worst ? err : worst;
-        ck_assert_msg(err <= tol, "%s N=%lld V=%lld H=%lld grad=%s acc=%d: element %lld = %.7g, fp64 %.7g (max |ref| %.3g)",
-                      q ? "grad_weight" : "grad_hidden", (long long)N, (long long)V, (long long)H,
-                      rlk_dtype_name(c->gdt), c->accumulate, (long long)i, ll_load_g(got, c->gdt, i), want, mx);
-      }
-      printf("linear_logprob backward %s %s N=%lld V=%lld H=%lld grad=%s: worst |err| %.3g (max |ref| %.3g)\n",
-             rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", q ? "grad_weight" : "grad_hidden",
-             (long long)N, (long long)V, (long long)H, rlk_dtype_name(c->gdt), worst, mx);
-    }
-    free(x), free(dz), free(rh), free(rw), free(mh), free(mw);
+    const ll_gradref r = {h, w, c->dt, lab, N, V, H, c->T, g1, g2, c->gdt, c->want_gh ? got_h : NULL,
+                          c->want_gw ? got_w : NULL, gh0, gw0, c->accumulate};
+    ll_check_grads(ctx, &r);
+    free(g1), free(g2);
   }
   if (out_gh) *out_gh = got_h; else free(got_h);
   if (out_gw) *out_gw = got_w; else free(got_w);
@@ -695,6 +726,170 @@ START_TEST(samples_compile_every_target) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------------------------- */
+/* rlk_linear_policy_loss                                                              */
+/* ---------------------------------------------------------------------------------- */
+
+/* The PPO loss (clip 0.2 / 0.28, dual clip 3, k3 KL, an entropy bonus) of B x T tokens straight from
+ * hidden states, against an fp64 chain built from the references alone: the head's log-probs and
+ * entropy (ll_ref_row), the loss and its gradients (plref_rlk), the head's gradients
+ * (ll_check_grads). Ignored labels are masked out. */
+static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, int64_t H, rlk_dtype dt,
+                            float temp, uint64_t seed) {
+  uint64_t rng = seed;
+  const int64_t N = B * T;
+  uint16_t *h = malloc((size_t)(N * H) * 2), *w = malloc((size_t)(V * H) * 2);
+  int64_t *lab = malloc((size_t)N * 8);
+  double *lp = calloc((size_t)N, 8), *ent = calloc((size_t)N, 8), *old = calloc((size_t)N, 8);
+  double *adv = calloc((size_t)N, 8), *ref = calloc((size_t)N, 8), *mask = calloc((size_t)N, 8);
+  double *glp = calloc((size_t)N, 8), *gent = calloc((size_t)N, 8), *x = malloc((size_t)V * 8);
+  float *f_old = malloc((size_t)N * 4), *f_adv = malloc((size_t)N * 4), *f_ref = malloc((size_t)N * 4);
+  uint8_t *m8 = malloc((size_t)N);
+  ck_assert(h && w && lab && lp && ent && old && adv && ref && mask && glp && gent && x && f_old && f_adv && f_ref && m8);
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(h, dt, i, rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, dt, i, 2.0 / sqrt((double)H) * rlk_test_rand_normal(&rng));
+  for (int64_t i = 0; i < N; i++) {
+    lab[i] = i % 7 == 3 ? -100 : (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
+    lp_ref_row r;
+    ll_ref_row(h, H, w, H, dt == RLK_F16, i, V, H, temp, lab[i], -100, x, &r, NULL);
+    lp[i] = r.logp;
+    ent[i] = r.entropy;
+    mask[i] = lab[i] == -100 || rlk_test_rand_uniform(&rng) < 0.15 ? 0.0 : 1.0;
+    /* old log-probs that put ratios on both sides of the clip range, never within 1e-3 of a kink
+     * (the f32 and fp64 decisions would differ there) */
+    double r_old;
+    do {
+      old[i] = (double)(float)(lp[i] + 0.4 * rlk_test_rand_normal(&rng));
+      r_old = exp(lp[i] - old[i]);
+    } while (fabs(r_old - 0.8) < 1e-3 || fabs(r_old - 1.28) < 1e-3 || fabs(r_old - 3.0) < 1e-3);
+    adv[i] = (double)(float)rlk_test_rand_normal(&rng);
+    ref[i] = (double)(float)(lp[i] + 0.2 * rlk_test_rand_normal(&rng));
+    f_old[i] = (float)old[i], f_adv[i] = (float)adv[i], f_ref[i] = (float)ref[i];
+    m8[i] = (uint8_t)mask[i];
+  }
+  const double norm = 9.0, kl_coef = 0.05, ent_coef = 0.01;
+  plref_batch pb = {B, T, lp, old, adv, 0, mask, ref, ent, NULL};
+  plref_params pp;
+  memset(&pp, 0, sizeof pp);
+  pp.mode = RLK_POLICY_PPO;
+  pp.clip_low = 0.2, pp.clip_high = 0.28, pp.dual_clip = 3.0, pp.lr_min = -20, pp.lr_max = 20;
+  pp.kl = RLK_KL_K3, pp.kl_coef = kl_coef, pp.kl_in = 20, pp.kl_out = 10, pp.ent_coef = ent_coef;
+  pp.agg = RLK_AGG_TOKEN_MEAN, pp.token_norm = norm, pp.loss_scale = 1, pp.bound_g = 1;
+  plref_out po;
+  memset(&po, 0, sizeof po);
+  po.grad_lp = glp;
+  po.grad_ent = gent;
+  ck_assert_int_eq(plref_rlk(&pb, &pp, &po), 0);
+
+  void *dh = ll_put(ctx, h, (size_t)(N * H) * 2), *dw = ll_put(ctx, w, (size_t)(V * H) * 2);
+  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dold = ll_put(ctx, f_old, (size_t)N * 4);
+  void *dadv = ll_put(ctx, f_adv, (size_t)N * 4), *dref = ll_put(ctx, f_ref, (size_t)N * 4);
+  void *dm = ll_put(ctx, m8, (size_t)N);
+  float *zero = calloc((size_t)(V * H > 32 ? V * H : 32), 4);
+  void *dloss = ll_put(ctx, zero, 4 * (1 + RLK_POLICY_LOSS_METRICS)), *dgh = ll_put(ctx, zero, (size_t)(N * H) * 4);
+  void *dgw = ll_put(ctx, zero, (size_t)(V * H) * 4), *dlogp = ll_put(ctx, zero, (size_t)N * 4);
+  rlk_linear_policy_loss_args a;
+  rlk_linear_policy_loss_args_init(&a);
+  a.head.hidden = rlk_tensor_2d(dh, dt, N, H, H);
+  a.head.weight = rlk_tensor_2d(dw, dt, V, H, H);
+  a.head.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  a.head.temperature = temp;
+  a.head.logp = rlk_tensor_1d(dlogp, RLK_F32, N); /* asked for: written on the way */
+  a.loss.old_logp = rlk_tensor_2d(dold, RLK_F32, B, T, T);
+  a.loss.advantages = rlk_tensor_2d(dadv, RLK_F32, B, T, T);
+  a.loss.ref_logp = rlk_tensor_2d(dref, RLK_F32, B, T, T);
+  a.loss.mask = rlk_tensor_2d(dm, RLK_BOOL, B, T, T);
+  a.loss.clip_low = 0.2, a.loss.clip_high = 0.28, a.loss.dual_clip = 3.0;
+  a.loss.kl_estimator = RLK_KL_K3, a.loss.kl_coef = kl_coef, a.loss.entropy_coef = ent_coef;
+  a.loss.agg = RLK_AGG_TOKEN_MEAN, a.loss.token_normalizer = norm;
+  a.loss.loss = rlk_tensor_1d(dloss, RLK_F32, 1);
+  a.loss.metrics = rlk_tensor_1d((float *)dloss + 1, RLK_F32, RLK_POLICY_LOSS_METRICS);
+  a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+  a.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
+  size_t wsb = 0;
+  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
+  void *ws = rlk_test_dev_alloc(ctx, wsb);
+  a.workspace = ws;
+  a.workspace_bytes = wsb - 1;
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* short */
+  a.workspace_bytes = wsb;
+  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  float got_loss[1 + RLK_POLICY_LOSS_METRICS], *got_lp = malloc((size_t)N * 4);
+  float *got_h = malloc((size_t)(N * H) * 4), *got_w = malloc((size_t)(V * H) * 4);
+  ll_get(ctx, got_loss, dloss, sizeof got_loss);
+  ll_get(ctx, got_lp, dlogp, (size_t)N * 4);
+  ll_get(ctx, got_h, dgh, (size_t)(N * H) * 4);
+  ll_get(ctx, got_w, dgw, (size_t)(V * H) * 4);
+  for (int64_t i = 0; i < N; i++)
+    ck_assert_msg(fabs(got_lp[i] - lp[i]) <= 2e-3 + 2e-4 * fabs(lp[i]), "logp[%lld] %.7g, fp64 %.7g", (long long)i,
+                  (double)got_lp[i], lp[i]);
+  ck_assert_msg(fabs(got_loss[0] - po.loss) <= 1e-3 * (fabs(po.loss) + po.loss_abs) + 1e-6, "loss %.7g, fp64 %.7g",
+                (double)got_loss[0], po.loss);
+  ck_assert_msg(fabs(got_loss[1 + RLK_PL_METRIC_CLIPFRAC] - po.metrics[RLK_PL_METRIC_CLIPFRAC]) <= 1e-6,
+                "clipfrac %.7g, fp64 %.7g", (double)got_loss[1 + RLK_PL_METRIC_CLIPFRAC], po.metrics[RLK_PL_METRIC_CLIPFRAC]);
+  const ll_gradref r = {h, w, dt, lab, N, V, H, temp, glp, gent, RLK_F32, got_h, got_w, NULL, NULL, 0};
+  ll_check_grads(ctx, &r);
+  printf("linear_policy_loss %s B=%lld T=%lld V=%lld H=%lld %s: loss %.6g (fp64 %.6g), workspace %zu B\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)B, (long long)T, (long long)V,
+         (long long)H, rlk_dtype_name(dt), (double)got_loss[0], po.loss, wsb);
+  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dold), ll_drop(ctx, dadv), ll_drop(ctx, dref);
+  ll_drop(ctx, dm), ll_drop(ctx, dloss), ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlogp);
+  rlk_free(ctx, ws);
+  free(h), free(w), free(lab), free(lp), free(ent), free(old), free(adv), free(ref), free(mask), free(glp), free(gent);
+  free(x), free(f_old), free(f_adv), free(f_ref), free(m8), free(zero), free(got_lp), free(got_h), free(got_w);
+}
+
+START_TEST(host_policy_loss) {
+  rlk_context *ctx = rlk_test_host_context();
+  ll_policy_check(ctx, 3, 5, 301, 40, RLK_BF16, 0.8f, rlk_test_seed() ^ 0x71u);
+  ll_policy_check(ctx, 2, 7, 128, 64, RLK_F16, 1.0f, rlk_test_seed() ^ 0x72u);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* What the fused call checks itself; the rest is the three calls' own checks. */
+START_TEST(policy_loss_bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  static uint16_t h[4 * 8], w[16 * 8];
+  static int64_t lab[4];
+  static float old[4], adv[4], loss[1];
+  rlk_linear_policy_loss_args a;
+  rlk_linear_policy_loss_args_init(&a);
+  a.head.hidden = rlk_tensor_2d(h, RLK_BF16, 4, 8, 8);
+  a.head.weight = rlk_tensor_2d(w, RLK_BF16, 16, 8, 8);
+  a.head.labels = rlk_tensor_1d(lab, RLK_I64, 4);
+  a.loss.old_logp = rlk_tensor_2d(old, RLK_F32, 2, 2, 2);
+  a.loss.advantages = rlk_tensor_2d(adv, RLK_F32, 2, 2, 2);
+  a.loss.loss = rlk_tensor_1d(loss, RLK_F32, 1);
+  a.grad_hidden = rlk_tensor_2d(h, RLK_BF16, 4, 8, 8);
+  size_t n = 0;
+  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &n) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_gt(n, 0);
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* no workspace */
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
+  rlk_linear_policy_loss_args b = a;
+  b.loss.old_logp = rlk_tensor_2d(old, RLK_F32, 1, 3, 3); /* 3 tokens, 4 rows */
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "4 rows"));
+  b = a;
+  b.loss.logp = a.loss.old_logp;
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "loss.logp"));
+  b = a;
+  b.loss.grad_logp = a.loss.old_logp;
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.head.partials = rlk_tensor_2d(old, RLK_F32, 1, 4, 4);
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "partials"));
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(NULL, &a, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------- */
 /* CUDA                                                                                */
 /* ---------------------------------------------------------------------------------- */
@@ -762,6 +957,8 @@ START_TEST(gpu_backward) {
   ck_assert(memcmp(h1, h2, 129 * 200 * 2) == 0);
   ck_assert(memcmp(w1, w2, 5000 * 200 * 2) == 0);
   free(h1), free(w1), free(h2), free(w2);
+  /* the whole policy loss from hidden states: the wgmma kernels (rows of 128 bytes and more) */
+  ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 11);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -809,6 +1006,8 @@ Suite *linear_logprob_suite(void) {
   tcase_add_test(host, bad_arguments);
   tcase_add_test(host, host_shards);
   tcase_add_test(host, host_records_its_configurations);
+  tcase_add_test(host, host_policy_loss);
+  tcase_add_test(host, policy_loss_bad_arguments);
   suite_add_tcase(s, host);
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 600);

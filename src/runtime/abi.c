@@ -36,6 +36,7 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_sample_args),
     ABI_ROW(rlk_linear_logprob_args),
     ABI_ROW(rlk_linear_logprob_backward_args),
+    ABI_ROW(rlk_linear_policy_loss_args),
     ABI_ROW(rlk_prefix_attention_layout),
     ABI_ROW(rlk_prefix_attention_args),
     ABI_ROW(rlk_prefix_attention_backward_args),
