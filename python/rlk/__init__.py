@@ -38,8 +38,9 @@ from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logpro
 from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_combine,
                                  logprob_partials, nccl_comm_of, nccl_version,
                                  vocab_parallel_logprob, vocab_parallel_logprob_nccl)
-from .ops.linear_logprob import (LinearLogprobVariant, linear_logprob, linear_logprob_backward,
-                                 linear_logprob_partials)
+from .ops.linear_logprob import (LinearLogprobVariant, LinearPolicyLossResult, linear_logprob,
+                                 linear_logprob_backward, linear_logprob_partials,
+                                 linear_policy_loss)
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
 from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
@@ -65,7 +66,7 @@ __all__ = [
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
-    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "linear_logprob_partials", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "linear_logprob_partials", "linear_policy_loss", "LinearPolicyLossResult", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
     "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",

@@ -375,8 +375,15 @@ class Op:
         self.name = name
         self.args_struct = args_struct
         self.has_workspace = workspace
-        # field name -> byte offset, where Binder.set packs a descriptor
-        self.offsets = {f[0]: getattr(args_struct, f[0]).offset for f in args_struct._fields_}
+        # field name -> byte offset, where Binder.set packs a descriptor; the fields of an
+        # embedded args struct as "outer.inner"
+        self.offsets = {}
+        for name, ftype in args_struct._fields_:
+            off = getattr(args_struct, name).offset
+            self.offsets[name] = off
+            if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure) and ftype is not T.Tensor:
+                for sub, _ in ftype._fields_:
+                    self.offsets[name + "." + sub] = off + getattr(ftype, sub).offset
         self._defaults = None
         self._run = self._workspace_size = None
         self.sizes = {}  # workspace bytes by the key an op family derives from a call

@@ -109,3 +109,33 @@ def test_shards_combine_to_the_whole_head(place, rng, cuts):
         assert np.abs(np.asarray(xp.back(gw), np.float64) - want_w).max() <= 1e-4 * (np.abs(want_w).max() + 1e-6)
     want_h = np.asarray(xp.back(whole[0]), np.float64)
     assert np.abs(gh_sum - want_h).max() <= 1e-4 * np.abs(want_h).max()
+
+
+@pytest.mark.skipif(not rlk.OPS["linear_policy_loss"].available(),
+                    reason="the loaded librlk has no rlk_linear_policy_loss")
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_policy_loss_is_the_three_calls(place, rng, entropy_coef):
+    """rlk.linear_policy_loss equals rlk.linear_logprob, rlk.policy_loss and
+    rlk.linear_logprob_backward run one after the other (the C op is checked against fp64 in
+    tests/test_linear_logprob.c): the same kernels, so bitwise on one device."""
+    B, T, V, H = 3, 7, 1000, 96
+    hidden, weight, labels = make(rng, B * T, V, H)
+    old = (rng.standard_normal((B, T)) * 0.3 - 6.5).astype(np.float32)
+    adv = rng.standard_normal((B, T)).astype(np.float32)
+    ref = (rng.standard_normal((B, T)) * 0.3 - 6.5).astype(np.float32)
+    mask = (labels.reshape(B, T) != -100) & (rng.random((B, T)) > 0.2)
+    h, w, y, o, a, r, m = (place.to(x) for x in (hidden, weight, labels, old, adv, ref, mask))
+    kw = dict(ref_logp=r, kl_coef=0.05, kl_estimator="k3", clip_high=0.28, entropy_coef=entropy_coef)
+    got = rlk.linear_policy_loss(h, w, y, o, a, m, temperature=0.9, logp=True, **kw)
+    lp = rlk.linear_logprob(h, w, y, entropy=entropy_coef != 0, temperature=0.9)
+    pl = rlk.policy_loss(lp.logp.reshape(B, T), o, a, m,
+                         entropy=lp.entropy.reshape(B, T) if entropy_coef else None, **kw)
+    gh, gw = rlk.linear_logprob_backward(
+        h, w, y, lp.lse, pl.grad_logp.reshape(-1),
+        pl.grad_entropy.reshape(-1) if entropy_coef else None,
+        lp.entropy if entropy_coef else None, temperature=0.9)
+    for x, want in ((got.loss, pl.loss), (got.metrics, pl.metrics), (got.logp, lp.logp),
+                    (got.grad_hidden, gh), (got.grad_weight, gw)):
+        assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))
+    with pytest.raises(rlk.InvalidArgument, match="tokens"):
+        rlk.linear_policy_loss(h, w, y, o[:2], a[:2], m[:2])

@@ -17,6 +17,7 @@ OPS = {
     "sample": sample.OP,
     "linear_logprob": linear_logprob.OP,
     "linear_logprob_backward": linear_logprob.BACKWARD_OP,
+    "linear_policy_loss": linear_logprob.POLICY_OP,
     "prefix_attention": prefix_attention.FORWARD_OP,
     "prefix_attention_backward": prefix_attention.BACKWARD_OP,
     "token_baseline": token_baseline.OP,

@@ -4,15 +4,18 @@ hidden [N, H] and weight [V, H] (bf16 or f16, the same dtype; rows contiguous, a
 labels [N] (i32 or i64). Returns rlk.logprob's result for logits = hidden @ weight.T without ever
 storing those logits: logp, lse and entropy f32 [N].
 """
+import collections
 import ctypes
 import enum
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim
+from . import losses as _losses
 from .logprob import LogprobResult
 
 __all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
-           "linear_logprob_backward", "linear_logprob_partials"]
+           "linear_logprob_backward", "linear_logprob_partials", "LinearPolicyLossArgs",
+           "LinearPolicyLossResult", "linear_policy_loss"]
 
 
 class LinearLogprobVariant(enum.IntEnum):
@@ -196,3 +199,94 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
         a.workspace_bytes = nbytes
     b.run(stream)
     return grad_hidden, grad_weight
+
+
+@T.abi_struct("rlk_linear_policy_loss_args")
+class LinearPolicyLossArgs(ctypes.Structure):
+    _fields_ = [
+        ("head", LinearLogprobArgs),
+        ("loss", _losses.PolicyLossArgs),
+        ("grad_hidden", T.Tensor),
+        ("grad_weight", T.Tensor),
+        ("accumulate", ctypes.c_int),
+        ("chunk", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+POLICY_OP = Op("linear_policy_loss", LinearPolicyLossArgs, workspace=True)
+
+LinearPolicyLossResult = collections.namedtuple(
+    "LinearPolicyLossResult", "loss grad_hidden grad_weight metrics logp")
+
+
+def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, *, temperature=None,
+                       ignore_index=None, variant=None, splits=None, grad_hidden=None,
+                       grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
+                       grad_dtype="f32", chunk=None, logp=False, status=None, metrics=True,
+                       seq_offsets=None, ref_logp=None, rollout_is_weights=None,
+                       seq_advantages=None, mode=None, clip_low=None, clip_high=None,
+                       dual_clip=None, log_ratio_min=None, log_ratio_max=None, sapo_tau_pos=None,
+                       sapo_tau_neg=None, seq_ratio_grad=None, clamp_bound_grad=None,
+                       kl_estimator=None, kl_coef=None, kl_input_clamp=None, kl_output_clamp=None,
+                       kl_straight_through=None, entropy_coef=None, agg=None, token_normalizer=None,
+                       seq_normalizer=None, norm_scale=None, loss_scale=None, stream=None):
+    """The policy loss of the log-probs of logits = hidden @ weight.T / temperature and its
+    gradients with respect to hidden and weight, in one call (rlk_linear_policy_loss): the head's
+    forward, rlk.policy_loss on its log-probs (and entropy, with entropy_coef), the head's backward;
+    the logits are never stored. hidden [N, H], weight [V, H] (bf16 or f16), labels [N]; the loss
+    tensors (old_logp, advantages, mask, ref_logp, ...) are f32 with N tokens, [B, T] (row-major
+    over hidden's rows) or [N] packed; every loss keyword is rlk.policy_loss's. grad_hidden /
+    grad_weight: given tensors (written, or added to with accumulate=True), else new ones of
+    grad_dtype ("f32" or "same") unless want_hidden / want_weight is False. logp=True also returns
+    the head's f32 [N] log-probs. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
+    grad_weight or None, metrics or None, logp or None); nothing is read back."""
+    b = Binder(POLICY_OP)
+    a = b.args
+    dt = b.set("head.hidden", hidden, _HIDDEN)
+    b.set("head.weight", weight, _HIDDEN)
+    b.set("head.labels", labels, _LABELS)
+    head, loss = a.head, a.loss
+    if temperature is not None:
+        head.temperature = float(temperature)
+    if ignore_index is not None:
+        head.ignore_index = int(ignore_index)
+    if variant is not None:
+        head.variant = T.enum_value(LinearLogprobVariant, variant, "linear_policy_loss: variant")
+    if splits is not None:
+        head.splits = int(splits)
+    b.set("head.status", status, (T.DType.I32,), optional=True, output=True)
+    n, h = dim(hidden, 0), dim(hidden, 1)
+    logp_out = b.empty((n,), T.DType.F32) if logp else None
+    b.set("head.logp", logp_out, _F32, optional=True, output=True)
+    _losses.policy_settings(b, loss, "loss.", old_logp.ndim, dim(old_logp, 0), old_logp, advantages,
+                            mask, seq_offsets, ref_logp, rollout_is_weights, seq_advantages, mode,
+                            clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
+                            sapo_tau_pos, sapo_tau_neg, seq_ratio_grad, clamp_bound_grad,
+                            kl_estimator, kl_coef, kl_input_clamp, kl_output_clamp,
+                            kl_straight_through, entropy_coef, agg, token_normalizer,
+                            seq_normalizer, norm_scale, loss_scale)
+    out = b.empty((1 + (len(_losses.POLICY_LOSS_METRICS) if metrics else 0),), T.DType.F32)
+    b.set_at("loss.loss", out.data_ptr() if b.place.framework == "torch" else out.ctypes.data,
+             T.DType.F32, (1,))
+    out_metrics = None
+    if metrics:
+        out_metrics = out[1:]
+        b.set("loss.metrics", out_metrics, _F32, output=True)
+    gdt = T.DType.F32 if grad_dtype == "f32" else dt
+    if grad_hidden is None and want_hidden:
+        grad_hidden = b.empty((n, h), gdt)
+    if grad_weight is None and want_weight:
+        grad_weight = b.empty((dim(weight, 0), h), gdt)
+    b.set("grad_hidden", grad_hidden, optional=True, output=True)
+    b.set("grad_weight", grad_weight, optional=True, output=True)
+    a.accumulate = 1 if accumulate else 0
+    if chunk is not None:
+        a.chunk = int(chunk)
+    nbytes = POLICY_OP.workspace_size(b.context(), a)
+    _, ptr = b.workspace(nbytes)
+    a.workspace = ptr
+    a.workspace_bytes = nbytes
+    b.run(stream)
+    return LinearPolicyLossResult(out[0:1], grad_hidden, grad_weight, out_metrics, logp_out)

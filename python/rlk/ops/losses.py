@@ -150,25 +150,26 @@ def metrics_dict(metrics, names=POLICY_LOSS_METRICS):
     return {n: float(v) for n, v in zip(names, vals)}
 
 
-def _normalizer(b, name, v):
-    """A normalizer: a number into the args field `name`, an array into `name`_tensor."""
+def _normalizer(b, a, prefix, name, v):
+    """A normalizer: a number into the field `name` of a (the struct at args field `prefix`), an
+    array into `name`_tensor."""
     cls = v.__class__
     if cls is float or cls is int:
-        setattr(b.args, name, float(v))
+        setattr(a, name, float(v))
     elif (_KIND.get(cls) or _kind(v)) is not None:
-        b.set(name + "_tensor", v, _F)
+        b.set(prefix + name + "_tensor", v, _F)
     else:
-        setattr(b.args, name, float(v))
+        setattr(a, name, float(v))
 
 
-def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale):
-    a = b.args
+def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a=None, prefix=""):
+    a = b.args if a is None else a
     if agg is not None:
         a.agg = T.enum_value(LossAgg, agg, "%s: agg" % b.name)
     if token_normalizer is not None:
-        _normalizer(b, "token_normalizer", token_normalizer)
+        _normalizer(b, a, prefix, "token_normalizer", token_normalizer)
     if seq_normalizer is not None:
-        _normalizer(b, "seq_normalizer", seq_normalizer)
+        _normalizer(b, a, prefix, "seq_normalizer", seq_normalizer)
     if norm_scale is not None:
         a.norm_scale = float(norm_scale)
     if loss_scale is not None:
@@ -247,6 +248,44 @@ _PL_FLOATS = ("clip_low", "clip_high", "dual_clip", "log_ratio_min", "log_ratio_
               "kl_output_clamp", "entropy_coef")
 
 
+def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_offsets, ref_logp,
+                    rollout_is_weights, seq_advantages, mode, clip_low, clip_high, dual_clip,
+                    log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg, seq_ratio_grad,
+                    clamp_bound_grad, kl_estimator, kl_coef, kl_input_clamp, kl_output_clamp,
+                    kl_straight_through, entropy_coef, agg, token_normalizer, seq_normalizer,
+                    norm_scale, loss_scale):
+    """Every input and setting of rlk_policy_loss_args but logp, entropy and the outputs, into a
+    (the struct at args field `prefix`, "" for the call's own) of Binder b; ndim and rows are
+    logp's (its layout, [B, T] or [N])."""
+    b.set(prefix + "old_logp", old_logp, _F)
+    b.set(prefix + "advantages", advantages, _F)
+    if seq_advantages is None:
+        # per sequence when the shape says so: [B] beside [B, T], or [S] beside [N] with S != N
+        if ndim == 2:
+            seq_advantages = advantages.ndim == 1
+        else:
+            seq_advantages = seq_offsets is not None and dim(advantages, 0) != rows
+    a.seq_advantages = 1 if seq_advantages else 0
+    b.set(prefix + "mask", mask, optional=True)
+    b.set(prefix + "seq_offsets", seq_offsets, _I, optional=True)
+    b.set(prefix + "ref_logp", ref_logp, _F, optional=True)
+    b.set(prefix + "rollout_is_weights", rollout_is_weights, _F, optional=True)
+    if mode is not None:
+        a.mode = T.enum_value(PolicyLossMode, mode, "%s: mode" % b.name)
+    if seq_ratio_grad is not None:
+        a.seq_ratio_grad = T.enum_value(SeqRatioGrad, seq_ratio_grad, "%s: seq_ratio_grad" % b.name)
+    if kl_estimator is not None:
+        a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "%s: kl_estimator" % b.name)
+    for name, v in zip(_PL_FLOATS, (clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
+                                    sapo_tau_pos, sapo_tau_neg, clamp_bound_grad, kl_coef,
+                                    kl_input_clamp, kl_output_clamp, entropy_coef)):
+        if v is not None:
+            setattr(a, name, float(v))
+    if kl_straight_through is not None:
+        a.kl_straight_through = 1 if kl_straight_through else 0
+    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a, prefix)
+
+
 def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
                 entropy=None, rollout_is_weights=None, seq_advantages=None, mode=None,
                 clip_low=None, clip_high=None, dual_clip=None, log_ratio_min=None,
@@ -274,34 +313,13 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     b = Binder(POLICY_OP)
     a = b.args
     dt = b.set("logp", logp, _F)
-    b.set("old_logp", old_logp, _F)
-    b.set("advantages", advantages, _F)
-    if seq_advantages is None:
-        # per sequence when the shape says so: [B] beside [B, T], or [S] beside [N] with S != N
-        if logp.ndim == 2:
-            seq_advantages = advantages.ndim == 1
-        else:
-            seq_advantages = seq_offsets is not None and dim(advantages, 0) != dim(logp, 0)
-    a.seq_advantages = 1 if seq_advantages else 0
-    b.set("mask", mask, optional=True)
-    b.set("seq_offsets", seq_offsets, _I, optional=True)
-    b.set("ref_logp", ref_logp, _F, optional=True)
     b.set("entropy", entropy, _F, optional=True)
-    b.set("rollout_is_weights", rollout_is_weights, _F, optional=True)
-    if mode is not None:
-        a.mode = T.enum_value(PolicyLossMode, mode, "policy_loss: mode")
-    if seq_ratio_grad is not None:
-        a.seq_ratio_grad = T.enum_value(SeqRatioGrad, seq_ratio_grad, "policy_loss: seq_ratio_grad")
-    if kl_estimator is not None:
-        a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "policy_loss: kl_estimator")
-    for name, v in zip(_PL_FLOATS, (clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
-                                    sapo_tau_pos, sapo_tau_neg, clamp_bound_grad, kl_coef,
-                                    kl_input_clamp, kl_output_clamp, entropy_coef)):
-        if v is not None:
-            setattr(a, name, float(v))
-    if kl_straight_through is not None:
-        a.kl_straight_through = 1 if kl_straight_through else 0
-    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    policy_settings(b, a, "", logp.ndim, dim(logp, 0), old_logp, advantages, mask, seq_offsets,
+                    ref_logp, rollout_is_weights, seq_advantages, mode, clip_low, clip_high,
+                    dual_clip, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg,
+                    seq_ratio_grad, clamp_bound_grad, kl_estimator, kl_coef, kl_input_clamp,
+                    kl_output_clamp, kl_straight_through, entropy_coef, agg, token_normalizer,
+                    seq_normalizer, norm_scale, loss_scale)
     shape = tuple(logp.shape)
     grads = _PL_GRADS[entropy is not None and a.entropy_coef != 0]
     outs, loss, out_metrics = _outputs(
