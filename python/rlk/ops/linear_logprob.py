@@ -78,6 +78,23 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
+def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits):
+    """The head's inputs and settings into a (the rlk_linear_logprob_args at args field `prefix`,
+    "" for the call's own); returns hidden's rlk dtype."""
+    dt = b.set(prefix + "hidden", hidden, _HIDDEN)
+    b.set(prefix + "weight", weight, _HIDDEN)
+    b.set(prefix + "labels", labels, _LABELS)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    if ignore_index is not None:
+        a.ignore_index = int(ignore_index)
+    if variant is not None:
+        a.variant = T.enum_value(LinearLogprobVariant, variant, "%s: variant" % b.name)
+    if splits is not None:
+        a.splits = int(splits)
+    return dt
+
+
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
                    lse=True, status=None, variant=None, splits=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
@@ -89,18 +106,8 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     (0: chosen). Returns LogprobResult(logp, lse or None, entropy or None)."""
     b = Binder(OP)
     a = b.args
-    b.set("hidden", hidden, _HIDDEN)
-    b.set("weight", weight, _HIDDEN)
-    b.set("labels", labels, _LABELS)
-    if temperature is not None:
-        a.temperature = float(temperature)
-    if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
-    if variant is not None:
-        a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_logprob: variant")
-    if splits is not None:
-        a.splits = int(splits)
     n = dim(hidden, 0)
     logp = b.empty((n,), T.DType.F32)
     b.set("logp", logp, _F32, output=True)
@@ -129,17 +136,7 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     Returns the f32 [N, 4] records."""
     b = Binder(OP)
     a = b.args
-    b.set("hidden", hidden, _HIDDEN)
-    b.set("weight", weight, _HIDDEN)
-    b.set("labels", labels, _LABELS)
-    if temperature is not None:
-        a.temperature = float(temperature)
-    if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
-    if variant is not None:
-        a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_logprob: variant")
-    if splits is not None:
-        a.splits = int(splits)
+    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
     a.vocab_start = int(vocab_start)
     a.partial_entropy = 1 if entropy else 0
     if partials is None:
@@ -244,18 +241,8 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     grad_weight or None, metrics or None, logp or None); nothing is read back."""
     b = Binder(POLICY_OP)
     a = b.args
-    dt = b.set("head.hidden", hidden, _HIDDEN)
-    b.set("head.weight", weight, _HIDDEN)
-    b.set("head.labels", labels, _LABELS)
-    head, loss = a.head, a.loss
-    if temperature is not None:
-        head.temperature = float(temperature)
-    if ignore_index is not None:
-        head.ignore_index = int(ignore_index)
-    if variant is not None:
-        head.variant = T.enum_value(LinearLogprobVariant, variant, "linear_policy_loss: variant")
-    if splits is not None:
-        head.splits = int(splits)
+    loss = a.loss
+    dt = _head(b, a.head, "head.", hidden, weight, labels, temperature, ignore_index, variant, splits)
     b.set("head.status", status, (T.DType.I32,), optional=True, output=True)
     n, h = dim(hidden, 0), dim(hidden, 1)
     logp_out = b.empty((n,), T.DType.F32) if logp else None
