@@ -1351,8 +1351,8 @@ END_TEST
 /* Precompile plans                                                                    */
 /* ---------------------------------------------------------------------------------- */
 
-static const rlk_op_desc *const my_ops[] = {&rlk_op_gae, &rlk_op_discounted_returns,
-                                            &rlk_op_reverse_cumsum, &rlk_op_masked_whiten};
+#define MY_OPS &rlk_op_gae, &rlk_op_discounted_returns, &rlk_op_reverse_cumsum, &rlk_op_masked_whiten
+static const rlk_op_desc *const my_ops[] = {MY_OPS};
 #define N_MY_OPS (sizeof my_ops / sizeof my_ops[0])
 
 /* Precompiling a configuration builds exactly what the matching call looks up. */
@@ -1512,12 +1512,7 @@ START_TEST(samples_cover_every_variant) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  rlk_test_compile_samples("advantage_scan", my_ops, N_MY_OPS);
-}
-END_TEST
+RLK_SAMPLES_CASE("advantage_scan", MY_OPS)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA (RLK_TEST_GPU=1)                                                               */

@@ -948,13 +948,7 @@ START_TEST(plan_rejects_bad_settings) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_group_advantage};
-  rlk_test_compile_samples("group_advantage", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("group_advantage", &rlk_op_group_advantage)
 
 /* The samples reach every entry, every mode, both score dtypes, every mask and offset kind. */
 START_TEST(samples_cover_every_variant) {

@@ -720,11 +720,7 @@ START_TEST(plan_per_target) {
 }
 END_TEST
 
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_linear_logprob};
-  rlk_test_compile_samples("linear_logprob", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("linear_logprob", &rlk_op_linear_logprob)
 
 
 /* ---------------------------------------------------------------------------------- */

@@ -1009,13 +1009,7 @@ START_TEST(plan_variants_per_target) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_logprob};
-  rlk_test_compile_samples("logprob", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("logprob", &rlk_op_logprob)
 
 /* The samples reach every entry, logits dtype, label dtype, gradient dtype and entropy flag
  * (planned for sm_90a, where every entry exists). */

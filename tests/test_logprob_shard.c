@@ -504,11 +504,7 @@ START_TEST(nccl_system_library) {
 }
 END_TEST
 
-START_TEST(samples_compile_every_target) {
-  const rlk_op_desc *ops[] = {&rlk_op_logprob_shard};
-  rlk_test_compile_samples("logprob_shard", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("logprob_shard", &rlk_op_logprob_shard)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA                                                                                */

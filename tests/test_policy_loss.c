@@ -2075,13 +2075,7 @@ START_TEST(samples_cover_every_variant) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_policy_loss, &rlk_op_value_loss};
-  rlk_test_compile_samples("policy_loss/value_loss", ops, 2);
-}
-END_TEST
+RLK_SAMPLES_CASE("policy_loss/value_loss", &rlk_op_policy_loss, &rlk_op_value_loss)
 
 /* ---------------------------------------------------------------------------------- */
 /* Trainer conventions, each on a problem small enough to work out by hand               */

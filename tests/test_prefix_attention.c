@@ -515,11 +515,7 @@ START_TEST(plan_per_target) {
 }
 END_TEST
 
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_prefix_attention};
-  rlk_test_compile_samples("prefix_attention", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("prefix_attention", &rlk_op_prefix_attention)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA (RLK_TEST_GPU=1)                                                               */

@@ -937,11 +937,7 @@ START_TEST(plan_row_split) {
 }
 END_TEST
 
-START_TEST(samples_compile_every_target) {
-  const rlk_op_desc *ops[] = {&rlk_op_sample};
-  rlk_test_compile_samples("sample", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("sample", &rlk_op_sample)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA (RLK_TEST_GPU=1)                                                               */

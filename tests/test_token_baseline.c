@@ -577,13 +577,7 @@ START_TEST(samples_cover_every_variant) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_token_baseline};
-  rlk_test_compile_samples("token_baseline", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("token_baseline", &rlk_op_token_baseline)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA (RLK_TEST_GPU=1)                                                               */

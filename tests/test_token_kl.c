@@ -468,13 +468,7 @@ START_TEST(plan_rejects_bad_settings) {
 }
 END_TEST
 
-/* Every sample configuration compiles for every target whose compiler is here
- * (rlk_test_compile_samples says which: make test and make test-targets share them). */
-START_TEST(samples_compile_every_target) {
-  static const rlk_op_desc *const ops[] = {&rlk_op_token_kl};
-  rlk_test_compile_samples("token_kl", ops, 1);
-}
-END_TEST
+RLK_SAMPLES_CASE("token_kl", &rlk_op_token_kl)
 
 /* ---------------------------------------------------------------------------------- */
 /* CUDA (RLK_TEST_GPU=1)                                                               */

@@ -59,6 +59,16 @@ struct rlk_op_desc;
  * names the ops in messages. */
 void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const *ops, size_t nops);
 
+/* The case every op suite has: `label`'s ops (the rlk_op_desc pointers that follow) compile every
+ * sample configuration for every target whose compiler is here (rlk_test_compile_samples says
+ * which: make test and make test-targets share the case). */
+#define RLK_SAMPLES_CASE(label, ...)                                                  \
+  START_TEST(samples_compile_every_target) {                                          \
+    static const struct rlk_op_desc *const samples_ops_[] = {__VA_ARGS__};            \
+    rlk_test_compile_samples(label, samples_ops_, sizeof samples_ops_ / sizeof samples_ops_[0]); \
+  }                                                                                   \
+  END_TEST
+
 /* RLK_JIT_RECORD for the rest of this test's process: a fresh file under the scratch root, its
  * path in `path`. Returns 0 (after printing why) when the test shares its process with others
  * (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
