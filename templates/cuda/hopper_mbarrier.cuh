@@ -6,7 +6,7 @@
  * pipeline stage used for the k-th time waits for parity (k & 1).
  *
  * Usage of a copy pipeline (one producer thread, consumers that release stages):
- *   init:      mbar_init(&full[s], 1); mbar_init(&empty[s], consumers); mbar_init_fence(); sync
+ *   init:      ring_init<STAGES>(full, empty, consumers) (thread 0 of the block), then __syncthreads
  *   producer:  mbar_wait(&empty[s], phase ^ 1) (not on the first round), mbar_arrive_expect_tx(
  *              &full[s], bytes), then the copies that complete on &full[s]
  *   consumer:  mbar_wait(&full[s], phase); read; mbar_arrive(&empty[s])
@@ -43,6 +43,18 @@ RLK_DEVICE void mbar_init_fence() {
 #if defined(RLK_SM90_ASM)
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
+}
+
+/* A copy ring of STAGES stages: full[s] completes when the producer's copies land (one arrival
+ * and their bytes), empty[s] when `consumers` arrivals release the stage. Called by one thread;
+ * a block barrier must follow before the ring is used. */
+template <int STAGES> RLK_DEVICE void ring_init(u64 *full, u64 *empty, u32 consumers) {
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], consumers);
+  }
+  mbar_init_fence();
 }
 
 /* One arrival (release semantics: the caller's earlier shared-memory accesses happen before the

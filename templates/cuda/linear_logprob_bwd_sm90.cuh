@@ -81,14 +81,7 @@ __global__ void __launch_bounds__(384, 1)
   const int tm = first + (bid % per_group) % gsize, tn = (bid % per_group) / gsize;
   const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN;
   const int kblocks = (int)((p_.K + BK - 1) / BK);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], CONSUMER_WARPS);
-    }
-    sm90::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {

@@ -58,14 +58,7 @@ __global__ void __launch_bounds__(384, 1)
   const i64 v_end = min_(V, v_begin + cols_per_split);
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
   const int kblocks = (int)((H + BK - 1) / BK);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], CONSUMER_WARPS);
-    }
-    sm90::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {
