@@ -469,16 +469,19 @@ START_TEST(bad_backward_arguments) {
 }
 END_TEST
 
-/* The kernels a configuration line plans: the mma family on sm_80+, the portable one when asked
- * (and on HIP, as the sample compiles show), the host's two; bad settings are refused. */
+/* The kernels a configuration line plans: the wgmma forward with the mma backward on sm_90a, the
+ * mma family on sm_80+ (wgmma asked for there falls back to it), the portable one when asked (and
+ * on HIP, as the sample compiles show), the host's two; bad settings are refused. */
 START_TEST(plan_per_target) {
   static const struct {
     const char *target, *line;
     const char *entries[6];
   } rows[] = {
-      {"sm_90a", "prefix_attention pass=both", {"pattn_fwd_mma", "pattn_bwd_prep", "pattn_bwd_dkdv_mma", "pattn_bwd_reduce",
+      {"sm_90a", "prefix_attention pass=both", {"pattn_fwd_sm90", "pattn_bwd_prep", "pattn_bwd_dkdv_mma", "pattn_bwd_reduce",
                                "pattn_bwd_dq_mma", NULL}},
+      {"sm_90a", "prefix_attention pass=fwd variant=mma", {"pattn_fwd_mma", NULL}},
       {"sm_80", "prefix_attention pass=fwd dtype=f16 head_dim=64", {"pattn_fwd_mma", NULL}},
+      {"sm_80", "prefix_attention pass=fwd variant=wgmma", {"pattn_fwd_mma", NULL}},
       {"sm_90a", "prefix_attention pass=both variant=portable", {"pattn_fwd", "pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
       {"sm_75", "prefix_attention pass=bwd", {"pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
   };
@@ -504,7 +507,7 @@ START_TEST(plan_per_target) {
     ck_assert_uint_eq(n, want);
     for (size_t i = 0; i < n; i++) ck_assert_str_eq(specs[i].tmpl->entry, rows[r].entries[i]);
     static const char *const bad[] = {"prefix_attention head_dim=96", "prefix_attention dtype=f32",
-                                      "prefix_attention variant=wgmma", "prefix_attention pass=all",
+                                      "prefix_attention variant=tensor", "prefix_attention pass=all",
                                       "prefix_attention tokens=5"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
       const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
@@ -532,8 +535,20 @@ static const pa_case gpu_cases[] = {
     {1, {200}, {5}, {64, 63, 65, 1, 127}, 16, 2, 64, RLK_BF16, 0.0f},
 };
 
-START_TEST(gpu_numerics) {
+/* The cases on the forward the device selects (sm_90a: wgmma; sm_80+: mma) or, with `variant`
+ * (RLK_PREFIX_ATTENTION_VARIANT, read once per process), on that one. */
+static void gpu_cases_run(const char *variant) {
   if (!rlk_test_gpu_enabled("prefix_attention")) return;
+  if (variant) {
+    const char *fork_mode = getenv("CK_FORK");
+    if (fork_mode && !strcmp(fork_mode, "no")) {
+      printf("skip (prefix_attention gpu, variant %s): the variant is read once per process; needs a forked "
+             "test process (CK_FORK=no)\n",
+             variant);
+      return;
+    }
+    setenv("RLK_PREFIX_ATTENTION_VARIANT", variant, 1);
+  }
   rlk_context *ctx = rlk_test_cuda_context("prefix_attention");
   if (!ctx) return;
   /* RLK_TEST_PA_CACHE: a cache tree with these kernels precompiled (rlk-precompile), so that a
@@ -548,12 +563,17 @@ START_TEST(gpu_numerics) {
     ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
   }
   for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
-    char label[32];
-    snprintf(label, sizeof label, "gpu case %zu", i);
+    char label[48];
+    snprintf(label, sizeof label, "gpu case %zu (%s)", i, variant ? variant : "auto");
     check_case(ctx, &gpu_cases[i], gpu_tol, label, 1);
   }
   rlk_context_destroy(ctx);
 }
+
+START_TEST(gpu_numerics) { gpu_cases_run(NULL); }
+END_TEST
+
+START_TEST(gpu_numerics_mma) { gpu_cases_run("mma"); }
 END_TEST
 
 Suite *prefix_attention_suite(void) {
@@ -575,6 +595,7 @@ Suite *prefix_attention_suite(void) {
   TCase *gpu = tcase_create("gpu");
   tcase_set_timeout(gpu, 600);
   tcase_add_test(gpu, gpu_numerics);
+  tcase_add_test(gpu, gpu_numerics_mma);
   suite_add_tcase(s, gpu);
   return s;
 }

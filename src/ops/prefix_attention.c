@@ -6,6 +6,8 @@
  *                       host, the fp64 reference path
  *   pattn_fwd_mma       CUDA sm_80+: mma.sync m16n8k16, 64-row query tiles; the group's response
  *                       rows are stacked so one tile of them reads each prefix K/V tile once
+ *   pattn_fwd_sm90      CUDA sm_90a: the same tiling with 128-row query tiles, TMA copies and
+ *                       wgmma (templates/cuda/prefix_attention_sm90.cuh); its backward is the mma one
  *   pattn_bwd_prep      GPU: delta[i, h] = dO[i, h] . O[i, h] into the workspace
  *   pattn_bwd_dkdv      portable: a warp per key and key head, looping over every query (all
  *                       query heads of the key head) that sees it: dk, dv written once
@@ -18,8 +20,8 @@
  *
  * Grid of the tiled kernels: y = region (2p: prompt p's prefix rows, 2p + 1: its response rows,
  * stacked), x = tile of the region (blocks past a region's end return at once), z = head. The
- * host layout arrays give the largest region. RLK_PREFIX_ATTENTION_VARIANT=portable|mma forces
- * a GPU path (mma needs sm_80+). */
+ * host layout arrays give the largest region. RLK_PREFIX_ATTENTION_VARIANT=portable|mma|wgmma
+ * forces a GPU path (mma needs sm_80+, wgmma sm_90a; each falls back to the next one down). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -35,11 +37,11 @@ RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
-enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2 };
+enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2, PA_VARIANT_WGMMA = 3 };
 enum { PA_PASS_FWD = 0, PA_PASS_BWD = 1, PA_PASS_BOTH = 2 };
 
 static const char *const pa_dt_names[] = {"f16", "bf16", NULL};
-static const char *const pa_variant_names[] = {"auto", "portable", "mma", NULL};
+static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL};
 static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
 
 static const rlk_param_decl pa_params[] = {
@@ -54,6 +56,8 @@ static const rlk_template pa_fwd_tmpl = {"prefix_attention", "pattn_fwd", PA_CUD
                                          "host/prefix_attention_fwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_fwd_mma_tmpl = {"prefix_attention", "pattn_fwd_mma", PA_CUDA, NULL,
                                              PA_N(pa_params), pa_params};
+static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm90",
+                                              "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
 static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
                                               "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,
@@ -78,6 +82,16 @@ static size_t pa_tile_bytes(int D) { return (size_t)PA_TILE * (size_t)(D + 8) * 
 static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }                  /* Q, 2 x (K, V) */
 static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V, 2 x (Q dO) */
 static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
+/* The sm_90a forward (templates/cuda/prefix_attention_sm90.cuh: pa_sm90): 128-row query tiles,
+ * 128-key tiles, TMA boxes of 64 head-dim columns (64 rows of Q, 128 of K and V), two stages of K
+ * and V, plus 1024 bytes to align the tiles. */
+#define PA_SM90_BM 128
+#define PA_SM90_BN 128
+#define PA_SM90_THREADS 384
+#define PA_SM90_STAGES 2
+static size_t pa_sm90_smem(int D) {
+  return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
+}
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
 
@@ -93,7 +107,8 @@ typedef struct pa_config {
 } pa_config;
 
 typedef struct pa_plan {
-  int variant; /* what runs: PA_VARIANT_PORTABLE or _MMA (the host: PORTABLE) */
+  int variant; /* the forward that runs: PA_VARIANT_PORTABLE, _MMA or _WGMMA (the host: PORTABLE) */
+  int tiled;   /* the backward runs the mma kernels (variant MMA or WGMMA) */
   rlk_kernel_spec fwd, prep, dkdv, reduce, dq, bwd_host;
 } pa_plan;
 
@@ -109,8 +124,10 @@ static int pa_env_override(void) {
       v = PA_VARIANT_PORTABLE;
     else if (!strcmp(e, "mma"))
       v = PA_VARIANT_MMA;
+    else if (!strcmp(e, "wgmma"))
+      v = PA_VARIANT_WGMMA;
     else if (strcmp(e, "auto"))
-      rlk_warn("RLK_PREFIX_ATTENTION_VARIANT='%s' is not auto, portable or mma: ignored", e);
+      rlk_warn("RLK_PREFIX_ATTENTION_VARIANT='%s' is not auto, portable, mma or wgmma: ignored", e);
   }
   atomic_store_explicit(&pa_env_variant, v, memory_order_relaxed);
   return v;
@@ -126,22 +143,32 @@ static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *
 static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
   memset(p, 0, sizeof *p);
   int variant = c->variant ? c->variant : pa_env_override();
-  const int mma_ok = rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
+  /* 16-byte aligned tensors: the mma kernels' 16-byte copies, the tensor maps of wgmma's */
+  const int mma_ok = ctx->kind != RLK_BACKEND_HOST && rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
+  const int wgmma_ok = mma_ok && ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
   if (ctx->kind == RLK_BACKEND_HOST)
     variant = PA_VARIANT_PORTABLE;
   else if (variant == PA_VARIANT_AUTO)
-    variant = mma_ok ? PA_VARIANT_MMA : PA_VARIANT_PORTABLE;
-  else if (variant == PA_VARIANT_MMA && !mma_ok) {
+    variant = wgmma_ok ? PA_VARIANT_WGMMA : mma_ok ? PA_VARIANT_MMA : PA_VARIANT_PORTABLE;
+  if (variant == PA_VARIANT_WGMMA && !wgmma_ok) {
+    rlk_debug("prefix_attention: the wgmma variant needs CUDA sm_90a and 16-byte aligned tensors; trying mma");
+    variant = PA_VARIANT_MMA;
+  }
+  if (variant == PA_VARIANT_MMA && !mma_ok) {
     rlk_debug("prefix_attention: the mma variant needs CUDA sm_80+ and 16-byte aligned tensors; running the "
               "portable kernels");
     variant = PA_VARIANT_PORTABLE;
   }
   p->variant = variant;
-  pa_spec(&p->fwd, variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, c);
+  p->tiled = variant != PA_VARIANT_PORTABLE;
+  pa_spec(&p->fwd, variant == PA_VARIANT_WGMMA ? &pa_fwd_sm90_tmpl
+                   : variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl
+                                               : &pa_fwd_tmpl,
+          c);
   pa_spec(&p->prep, &pa_prep_tmpl, c);
-  pa_spec(&p->dkdv, variant == PA_VARIANT_MMA ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
+  pa_spec(&p->dkdv, p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
   pa_spec(&p->reduce, &pa_reduce_tmpl, c);
-  pa_spec(&p->dq, variant == PA_VARIANT_MMA ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
+  pa_spec(&p->dq, p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
   pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
   return rlk_spec_validate(&p->fwd);
 }
@@ -385,6 +412,28 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   f.Hq = (int32_t)s.Hq;
   f.Hkv = (int32_t)s.Hkv;
   f.scale = pa_scale(a->scale, s.D);
+  if (p.tiled && 2 * s.P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
+                     (long long)s.P);
+  if (p.variant == PA_VARIANT_WGMMA) {
+    /* Q, K, V as [T, H * D] matrices, boxes of 64 columns (one head's 64-column block) */
+    const rlk_tma_desc_request rq = {a->q.data, s.dtype, (uint64_t)s.T, (uint64_t)(s.Hq * s.D),
+                                     (uint64_t)(s.Hq * s.D), 64, 64, 128};
+    rlk_tma_desc_request rk = {a->k.data, s.dtype, (uint64_t)s.T, (uint64_t)(s.Hkv * s.D),
+                               (uint64_t)(s.Hkv * s.D), PA_SM90_BN, 64, 128};
+    rlk_tma_desc_request rv = rk;
+    rv.base = a->v.data;
+    _Alignas(64) unsigned char map_q[128], map_k[128], map_v[128];
+    if ((st = rlk_cuda_tma_encode(ctx->backend, &rq, map_q)) || (st = rlk_cuda_tma_encode(ctx->backend, &rk, map_k)) ||
+        (st = rlk_cuda_tma_encode(ctx->backend, &rv, map_v)))
+      return st;
+    /* the tensor maps are parameters of their own ahead of the struct (read by TMA where they
+     * lie in parameter space) */
+    void *margs[] = {map_q, map_k, map_v, &f};
+    rlk_launch_dims d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BM - 1) / PA_SM90_BM), (uint64_t)(2 * s.P),
+                                (uint64_t)s.Hq, PA_SM90_THREADS, pa_sm90_smem((int)s.D));
+    return rlk_context_launch(ctx, &p.fwd, &d, stream, margs);
+  }
   void *kargs[] = {&f};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
@@ -395,9 +444,6 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   else
     d = pa_dims((uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s.Hq, 1,
                 PA_PORTABLE_WARPS * pa_warp(ctx), 0);
-  if (d.grid[1] > 65535 && ctx->kind != RLK_BACKEND_HOST)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
-                     (long long)s.P);
   return rlk_context_launch(ctx, &p.fwd, &d, stream, kargs);
 }
 
@@ -490,7 +536,7 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   const uint64_t rows_per_block = 256 / warp; /* a warp per row */
   rlk_launch_dims d = pa_dims((uint64_t)((s.T * s.Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
   if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
-  if (p.variant == PA_VARIANT_MMA) {
+  if (p.tiled) {
     const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
     d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
     if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
@@ -523,7 +569,8 @@ static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
                                   "of q, k, v and the outputs"),
     [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
     [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
-                                    "mma is CUDA sm_80+, elsewhere the portable kernels run"),
+                                    "mma is CUDA sm_80+, wgmma sm_90a (its backward is mma's); elsewhere the "
+                                    "portable kernels run"),
 };
 
 static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
@@ -541,7 +588,7 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
     } else {
       specs[n++] = p.prep;
       specs[n++] = p.dkdv;
-      if (p.variant == PA_VARIANT_MMA) specs[n++] = p.reduce;
+      if (p.tiled) specs[n++] = p.reduce;
       specs[n++] = p.dq;
     }
   }
@@ -563,7 +610,7 @@ static void pa_record(int pass, const pa_config *c, int variant) {
 
 static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=bf16 head_dim=128",
-    "prefix_attention pass=both dtype=f16 head_dim=64",
+    "prefix_attention pass=both dtype=f16 head_dim=64 variant=mma",
     "prefix_attention pass=both dtype=bf16 head_dim=64 variant=portable",
     "prefix_attention pass=both dtype=f16 head_dim=128 variant=portable",
     NULL};

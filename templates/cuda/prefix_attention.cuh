@@ -406,17 +406,19 @@ RLK_DEVICE i64 row_lo(const region &rg, const i32 *seq, i64 i) {
  * responses from the first row's response start b0. */
 struct kv_tiles {
   i64 ps, b0;
-  int na, n;
-  RLK_DEVICE i64 start(int t) const { return t < na ? ps + (i64)t * TILE : b0 + (i64)(t - na) * TILE; }
+  int na, n, tile;
+  RLK_DEVICE i64 start(int t) const { return t < na ? ps + (i64)t * tile : b0 + (i64)(t - na) * tile; }
 };
 
-RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qend) {
+/* `tile` keys a tile (TILE for the mma kernels). */
+RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qend, int tile = TILE) {
   kv_tiles r;
   const i64 a_end = rg.resp ? rg.pe : qend;
   r.ps = rg.ps;
   r.b0 = rg.resp ? row_lo(rg, seq, q0) : 0;
-  r.na = (int)((a_end - rg.ps + TILE - 1) / TILE);
-  r.n = r.na + (rg.resp ? (int)((qend - r.b0 + TILE - 1) / TILE) : 0);
+  r.tile = tile;
+  r.na = (int)((a_end - rg.ps + tile - 1) / tile);
+  r.n = r.na + (rg.resp ? (int)((qend - r.b0 + tile - 1) / tile) : 0);
   return r;
 }
 

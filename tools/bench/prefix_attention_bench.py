@@ -22,6 +22,8 @@ from rlk.autograd import prefix_attention as rlk_attention  # noqa: E402
 
 dev = "cuda"
 ROWS = []
+# RLK_PREFIX_ATTENTION_VARIANT (auto, mma, wgmma, portable) picks rlk's forward; rows name it
+RLK_IMPL = "rlk prefix_attention [%s]" % os.environ.get("RLK_PREFIX_ATTENTION_VARIANT", "auto")
 
 
 def bench(fn, iters=10, warm=3):
@@ -98,10 +100,10 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10)
     rlk_f()
     torch.cuda.synchronize()
     t = bench(rlk_f, iters)
-    row(case + " fwd", "rlk prefix_attention", t, "%.0f TFLOP/s useful (first call %.2f s)" % (
+    row(case + " fwd", RLK_IMPL, t, "%.0f TFLOP/s useful (first call %.2f s)" % (
         fl_sh / t / 1e9, time.time() - t0))
     t = bench(rlk_fb, max(3, iters // 2))
-    row(case + " fwd+bwd", "rlk prefix_attention", t, "%.0f TFLOP/s useful" % (3.5 * fl_sh / t / 1e9))
+    row(case + " fwd+bwd", RLK_IMPL, t, "%.0f TFLOP/s useful" % (3.5 * fl_sh / t / 1e9))
 
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
