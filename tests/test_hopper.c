@@ -1,6 +1,6 @@
 /* test_hopper.c - the Hopper building blocks (templates/cuda/hopper_*.cuh): the kernels of
- * hopper_selftest.cuh and rlk_linear_logprob's sm_90a kernels compile for sm_90a through NVRTC
- * within a cold-compile budget of CPU time (no GPU needed), and with RLK_TEST_GPU=1 on an sm_90
+ * hopper_selftest.cuh and the sm_90a kernels of rlk_linear_logprob and rlk_prefix_attention
+ * compile for sm_90a through NVRTC within a cold-compile budget of CPU time (no GPU needed), and with RLK_TEST_GPU=1 on an sm_90
  * device one output tile D = A B^T through TMA (128-byte swizzle), mbarriers and wgmma (A in
  * shared memory and in registers; bf16 and f16) matches an fp64 product of the stored inputs. */
 #include <check.h>
@@ -110,6 +110,12 @@ START_TEST(compile_sm90a) {
       kinds++;
     }
   ck_assert_int_eq(kinds, 3);
+  /* prefix attention's sm_90a forward */
+  rlk_op_config_pair pa[2] = {{"pass", "fwd"}, {"dtype", "bf16"}};
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, 2, pa, ll, &n), RLK_OK);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_str_eq(ll[0].tmpl->entry, "pattn_fwd_sm90");
+  ht_compile(ctx, &ll[0]);
   rlk_context_destroy(ctx);
   rlk_test_rmtree(dir);
 }

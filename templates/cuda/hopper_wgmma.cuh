@@ -95,6 +95,13 @@ template <int R> RLK_DEVICE void wgmma_fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+/* The same for A fragments in registers (rs): kept intact until the products reading them end. */
+template <int R, int C> RLK_DEVICE void wgmma_fence_operands(u32 (&a)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 
 /* The register lists of the instructions: d's N / 2 accumulators first, then the operands (the
  * strings are spelled out: PTX names registers by position). */

@@ -7,13 +7,17 @@
  * Warpgroup 0 is the producer: one thread loads the block's Q once, then K and V tiles into two
  * rings of STAGES stages (TMA boxes of 64 head-dim columns, 128-byte swizzle), full/empty mbarriers
  * between it and the consumers; K and V have barriers of their own so that S = Q K^T starts before
- * V has landed. Warpgroups 1 and 2 are the consumers, 64 query rows each: per key tile,
+ * V has landed. Warpgroups 1 and 2 are the consumers, 64 query rows each: per key tile t,
  *   S [64 x 128] = Q K^T       wgmma m64n128k16, both operands K-major in shared memory
- *   mask, online softmax       the mma kernel's per-row bounds; P rounded to the 16-bit dtype
- *   O [64 x D] += P V          wgmma m64nDk16, P from registers (the accumulator layout is the
- *                              A-fragment layout), V MN-major in shared memory
- * then O / l and the log-sum-exp go straight from registers to global memory. Registers move from
- * the producer (40) to the consumers (232) with setmaxnreg.
+ *   mask, online softmax       the mma kernel's per-row bounds, exp2 by ex2.approx
+ *   O [64 x D] += P V          wgmma m64nDk16, P rounded to the 16-bit dtype in registers (the
+ *                              accumulator layout is the A-fragment layout), V MN-major in shared
+ *                              memory
+ * pipelined within the warpgroup: S of tile t is issued together with P V of tile t - 1, so t's
+ * softmax runs while the tensor cores do t - 1's P V (two products in flight, P held as packed
+ * fragments until its product ends). A prefix's causal tiles start heaviest first. At the end
+ * O / l and the log-sum-exp go straight from registers to global memory. Registers move from the
+ * producer (40) to the consumers (232) with setmaxnreg.
  *
  * Needs: q, k, v 16-byte aligned (tensor maps over [T, H * D], rows H * D elements apart); the
  * host runs the mma kernel otherwise. Every output is written once after a fixed sequence of
@@ -55,8 +59,11 @@ __global__ void __launch_bounds__(384, 1)
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   void *__restrict__ out = p_.out;
   const region rg = region_of(seq, grp);
-  const i64 q0 = rg.r0 + (i64)blockIdx.x * C::BM;
-  if (q0 >= rg.r1) return;
+  const i64 ntiles = (rg.r1 - rg.r0 + C::BM - 1) / C::BM;
+  if ((i64)blockIdx.x >= ntiles) return;
+  /* a prefix's causal tiles heaviest first (blocks start in x order), so that the short ones
+   * fill the end of the wave */
+  const i64 q0 = rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * C::BM;
   const i64 qend = min_(q0 + C::BM, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
@@ -117,20 +124,22 @@ __global__ void __launch_bounds__(384, 1)
   /* a phase-A tile needs no mask when it ends at or below every row's a1 */
   const i64 a1_min = rg.resp ? rg.pe : q0 + 64 * cw + 1;
   const float c = p_.scale * LOG2E;
-  float o[D / 2], sacc[BN / 2], m[2], lsum[2];
+  /* o: the output rows; sacc: S of the current tile, then its exponentials; pf: P of the previous
+   * tile as A fragments (k-step ks, keys 16 ks ..: pf[ks][r + 2 hh] = accumulator columns
+   * 8 (2 ks + hh) + 2 t4 + {0, 1} of row r) */
+  float o[D / 2], sacc[BN / 2], m[2], lsum[2], cf[2];
+  u32 pf[BN / 16][4];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   m[0] = m[1] = -limits<float>::infinity();
   lsum[0] = lsum[1] = 0.0f;
   const u8 *qw = sQ + cw * NB * C::QBOX;
-  sm90::mbar_wait(&q_full, 0);
 
-  for (int t = 0; t < kt.n; ++t) {
-    const u32 s = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
-    const i64 kv0 = kt.start(t);
-    /* S = Q K^T over the head dim: k-step kk reads 16 columns of box kk / 4 */
-    sm90::mbar_wait(&k_full[s], ph);
-    const u8 *kb = sK + s * C::KVBYTES;
+  /* S = Q K_t^T over the head dim (k-step kk reads 16 columns of box kk / 4); one commit group */
+  auto issue_s = [&](int t) {
+    const u32 st = (u32)t % STAGES;
+    sm90::mbar_wait(&k_full[st], ((u32)t / STAGES) & 1u);
+    const u8 *kb = sK + st * C::KVBYTES;
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -140,45 +149,61 @@ __global__ void __launch_bounds__(384, 1)
       sm90::wgmma<BN>::template ss<AB, 0, 0>(sacc, da, db, kk > 0 ? 1u : 0u);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::wgmma_fence_operands(sacc);
-    if (l == 0) sm90::mbar_arrive(&k_empty[s]);
-
+  };
+  /* O += P_t V_t (pf) over the tile's keys, V MN-major; one commit group */
+  auto issue_pv = [&](int t) {
+    const u32 st = (u32)t % STAGES;
+    sm90::mbar_wait(&v_full[st], ((u32)t / STAGES) & 1u);
+    const u64 dv = sm90::smem_desc_mn(sV + st * C::KVBYTES, C::KVBOX);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) sm90::wgmma<D>::template rs<AB, 1>(o, pf[ks], sm90::desc_advance(dv, 2048u * ks), 1u);
+    sm90::wgmma_commit();
+  };
+  /* Tile t's S (complete) to exponentials in place, the running max and sum, and cf: the factor
+   * for what O holds so far. */
+  auto softmax = [&](int t) {
+    const i64 kv0 = kt.start(t);
     const bool phase_a = t < kt.na;
     const bool masked = !phase_a || kv0 + BN > a1_min;
-    float cf[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-      /* visible key offsets within the tile: [lo, hi] */
-      const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), BN);
+      float mx = -limits<float>::infinity();
+      if (masked) {
+        /* visible key offsets within the tile: [lo, hi] */
+        const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
+        const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), BN);
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = sacc[4 * j + 2 * r + e] * c;
-          const int off = 8 * j + 2 * t4 + e;
-          if (masked && (off < lo || off > hi)) x = -limits<float>::infinity();
-          sacc[4 * j + 2 * r + e] = x;
-          mx = fmaxf(mx, x);
-        }
+          for (int e = 0; e < 2; ++e) {
+            const int off = 8 * j + 2 * t4 + e;
+            if (off < lo || off > hi) sacc[4 * j + 2 * r + e] = -limits<float>::infinity();
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * r], sacc[4 * j + 2 * r + 1]));
       mx = fmaxf(mx, shfl_xor(mx, 1));
       mx = fmaxf(mx, shfl_xor(mx, 2));
-      const float mu = mx == -limits<float>::infinity() ? 0.0f : mx;
-      cf[r] = exp2f(m[r] - mu);
+      /* in the exp2 domain: x c; a row with nothing visible yet keeps m = -inf and adds zeros */
+      const float mn = fmaxf(m[r], mx * c);
+      const float mu = mn == -limits<float>::infinity() ? 0.0f : mn;
+      cf[r] = exp2_approx(m[r] - mu);
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pj = exp2f(sacc[4 * j + 2 * r + e] - mu);
+          const float pj = exp2_approx(fmaf(sacc[4 * j + 2 * r + e], c, -mu));
           sacc[4 * j + 2 * r + e] = pj;
           sum += pj;
         }
       lsum[r] = lsum[r] * cf[r] + sum;
-      m[r] = mx;
+      m[r] = mn;
     }
+  };
+  /* O *= cf, then the exponentials to pf (after the previous P V has finished reading pf) */
+  auto rescale_pack = [&]() {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll
@@ -186,30 +211,45 @@ __global__ void __launch_bounds__(384, 1)
         o[4 * j + 2 * r] *= cf[r];
         o[4 * j + 2 * r + 1] *= cf[r];
       }
-
-    /* O += P V over the tile's keys: k-step ks takes keys 16 ks .. 16 ks + 15, P's accumulator
-     * columns 8 (2 ks + hh) + .. as the A fragment a[r + 2 hh] */
-    sm90::mbar_wait(&v_full[s], ph);
-    const u64 dv = sm90::smem_desc_mn(sV + s * C::KVBYTES, C::KVBOX);
-    sm90::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      u32 a[4];
+    for (int ks = 0; ks < BN / 16; ++ks)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i0 = 4 * (2 * ks + hh) + 2 * r;
-          a[r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(sacc[i0], sacc[i0 + 1])
-                                        : sm90::pack_f16x2(sacc[i0], sacc[i0 + 1]);
+          pf[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(sacc[i0], sacc[i0 + 1])
+                                             : sm90::pack_f16x2(sacc[i0], sacc[i0 + 1]);
         }
-      sm90::wgmma<D>::template rs<AB, 1>(o, a, sm90::desc_advance(dv, 2048u * ks), 1u);
-    }
-    sm90::wgmma_commit();
+  };
+
+  /* The pipeline within the warpgroup: S of tile t is issued with P V of tile t - 1 behind it, so
+   * that t's softmax runs while the tensor cores do t - 1's P V. */
+  sm90::mbar_wait(&q_full, 0);
+  issue_s(0);
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(sacc);
+  if (l == 0) sm90::mbar_arrive(&k_empty[0]);
+  softmax(0);
+  rescale_pack();
+  for (int t = 1; t < kt.n; ++t) {
+    issue_s(t);
+    issue_pv(t - 1);
+    sm90::wgmma_wait<1>(); /* S_t done, P V of t - 1 may still run */
+    sm90::wgmma_fence_operands(sacc);
+    if (l == 0) sm90::mbar_arrive(&k_empty[(u32)t % STAGES]);
+    softmax(t);
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(o);
-    if (l == 0) sm90::mbar_arrive(&v_empty[s]);
+    sm90::wgmma_fence_operands(pf);
+    if (l == 0) sm90::mbar_arrive(&v_empty[(u32)(t - 1) % STAGES]);
+    rescale_pack();
   }
+  issue_pv(kt.n - 1);
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(o);
+  sm90::wgmma_fence_operands(pf);
+  if (l == 0) sm90::mbar_arrive(&v_empty[(u32)(kt.n - 1) % STAGES]);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
