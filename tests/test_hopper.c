@@ -1,8 +1,9 @@
 /* test_hopper.c - the Hopper building blocks (templates/cuda/hopper_*.cuh): the kernels of
  * hopper_selftest.cuh and the sm_90a kernels of rlk_linear_logprob and rlk_prefix_attention
  * compile for sm_90a through NVRTC within a cold-compile budget of CPU time (no GPU needed), and
- * with RLK_TEST_GPU=1 on an sm_90 device one output tile D = A B^T through TMA (128-byte swizzle), mbarriers and wgmma (A in
- * shared memory and in registers; bf16 and f16) matches an fp64 product of the stored inputs. */
+ * with RLK_TEST_GPU=1 on an sm_90 device one output tile D = A B^T through TMA (128-byte
+ * swizzle), mbarriers and wgmma (A in shared memory and in registers; bf16 and f16) matches an
+ * fp64 product of the stored inputs. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
