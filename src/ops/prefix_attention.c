@@ -7,12 +7,13 @@
  *   pattn_fwd_mma       CUDA sm_80+: mma.sync m16n8k16, 64-row query tiles; the group's response
  *                       rows are stacked so one tile of them reads each prefix K/V tile once
  *   pattn_fwd_sm90      CUDA sm_90a: the same tiling with 128-row query tiles, TMA copies and
- *                       wgmma (templates/cuda/prefix_attention_sm90.cuh); its backward is the mma one
+ *                       wgmma (templates/cuda/prefix_attention_sm90.cuh)
  *   pattn_bwd_prep      GPU: delta[i, h] = dO[i, h] . O[i, h] into the workspace
  *   pattn_bwd_dkdv      portable: a warp per key and key head, looping over every query (all
  *                       query heads of the key head) that sees it: dk, dv written once
  *   pattn_bwd_dkdv_mma  a block per key tile and query head, looping over every query tile that
  *                       sees it; with GQA it writes f32 partials to the workspace, and
+ *   pattn_bwd_dkdv_sm90 sm_90a: the same with 128-key tiles, TMA and wgmma
  *   pattn_bwd_reduce    sums them over the group's query heads in order
  *   pattn_bwd_dq(_mma)  GPU: a block per query tile (the forward's tiling): dq written once
  *   pattn_bwd           host: the whole backward in fp64
@@ -58,6 +59,8 @@ static const rlk_template pa_fwd_mma_tmpl = {"prefix_attention", "pattn_fwd_mma"
                                              PA_N(pa_params), pa_params};
 static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm90",
                                               "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
+static const rlk_template pa_dkdv_sm90_tmpl = {"prefix_attention", "pattn_bwd_dkdv_sm90",
+                                               "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
 static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
                                               "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,
@@ -91,6 +94,12 @@ static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                
 #define PA_SM90_STAGES 2
 static size_t pa_sm90_smem(int D) {
   return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
+}
+/* Its dk, dv kernel (pa_sm90_bwd): 128-key tiles (K and V), 64-row query tiles (Q and dO) in two
+ * stages. */
+#define PA_SM90_BQ 64
+static size_t pa_sm90_dkdv_smem(int D) {
+  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * PA_SM90_STAGES * PA_SM90_BQ) + 1024u;
 }
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
@@ -166,7 +175,7 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
                                                : &pa_fwd_tmpl,
           c);
   pa_spec(&p->prep, &pa_prep_tmpl, c);
-  pa_spec(&p->dkdv, p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
+  pa_spec(&p->dkdv, variant == PA_VARIANT_WGMMA ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
   pa_spec(&p->reduce, &pa_reduce_tmpl, c);
   pa_spec(&p->dq, p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
   pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
@@ -371,6 +380,23 @@ static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (f
 
 static void pa_record(int pass, const pa_config *c, int variant);
 
+/* The tensor maps of the sm_90a kernels: q (and grad_out when given) as [T, Hq * D] in boxes of
+ * 64 rows, k and v as [T, Hkv * D] in boxes of 128 rows; boxes 64 columns wide (a 64-column block
+ * of one head), 128-byte swizzle. maps[0..3]: q, k, v, grad_out. */
+static rlk_status pa_sm90_maps(const rlk_context *ctx, const pa_shape *s, const void *q, const void *k,
+                               const void *v, const void *dout, unsigned char (*maps)[128]) {
+  const uint64_t T = (uint64_t)s->T, cq = (uint64_t)(s->Hq * s->D), ckv = (uint64_t)(s->Hkv * s->D);
+  const rlk_tma_desc_request req[4] = {{q, s->dtype, T, cq, cq, 64, 64, 128},
+                                       {k, s->dtype, T, ckv, ckv, PA_SM90_BN, 64, 128},
+                                       {v, s->dtype, T, ckv, ckv, PA_SM90_BN, 64, 128},
+                                       {dout, s->dtype, T, cq, cq, 64, 64, 128}};
+  for (int i = 0; i < (dout ? 4 : 3); i++) {
+    rlk_status st = rlk_cuda_tma_encode(ctx->backend, &req[i], maps[i]);
+    if (st) return st;
+  }
+  return RLK_OK;
+}
+
 RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args) {
   if (args) memset(args, 0, sizeof *args);
 }
@@ -416,20 +442,11 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
                      (long long)s.P);
   if (p.variant == PA_VARIANT_WGMMA) {
-    /* Q, K, V as [T, H * D] matrices, boxes of 64 columns (one head's 64-column block) */
-    const rlk_tma_desc_request rq = {a->q.data, s.dtype, (uint64_t)s.T, (uint64_t)(s.Hq * s.D),
-                                     (uint64_t)(s.Hq * s.D), 64, 64, 128};
-    rlk_tma_desc_request rk = {a->k.data, s.dtype, (uint64_t)s.T, (uint64_t)(s.Hkv * s.D),
-                               (uint64_t)(s.Hkv * s.D), PA_SM90_BN, 64, 128};
-    rlk_tma_desc_request rv = rk;
-    rv.base = a->v.data;
-    _Alignas(64) unsigned char map_q[128], map_k[128], map_v[128];
-    if ((st = rlk_cuda_tma_encode(ctx->backend, &rq, map_q)) || (st = rlk_cuda_tma_encode(ctx->backend, &rk, map_k)) ||
-        (st = rlk_cuda_tma_encode(ctx->backend, &rv, map_v)))
-      return st;
+    _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
+    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, NULL, maps))) return st;
     /* the tensor maps are parameters of their own ahead of the struct (read by TMA where they
      * lie in parameter space) */
-    void *margs[] = {map_q, map_k, map_v, &f};
+    void *margs[] = {maps[0], maps[1], maps[2], &f};
     rlk_launch_dims d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BM - 1) / PA_SM90_BM), (uint64_t)(2 * s.P),
                                 (uint64_t)s.Hq, PA_SM90_THREADS, pa_sm90_smem((int)s.D));
     return rlk_context_launch(ctx, &p.fwd, &d, stream, margs);
@@ -538,8 +555,17 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
   if (p.tiled) {
     const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
-    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
-    if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+    if (p.variant == PA_VARIANT_WGMMA) {
+      _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
+      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, maps))) return st;
+      void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
+      d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
+                  PA_SM90_THREADS, pa_sm90_dkdv_smem((int)s.D));
+      if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
+    } else {
+      d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
+      if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+    }
     if (s.Hq > s.Hkv) {
       d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
       if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;

@@ -269,6 +269,229 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, two
+ * stages of Q and dO (the host's launch shape and boxes mirror these: PA_SM90_*). */
+template <int D> struct pa_sm90_bwd {
+  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = 2;
+  static constexpr int NB = D / 64;
+  static constexpr u32 KVBOX = (u32)BN * 128u;            /* 128 keys x 64 columns */
+  static constexpr u32 QBOX = (u32)BQ * 128u;             /* 64 rows x 64 columns */
+  static constexpr u32 KVBYTES = NB * KVBOX, QBYTES = NB * QBOX;
+  static constexpr u32 SMEM = 2u * KVBYTES + 2u * STAGES * QBYTES; /* plus 1024 for the alignment */
+  static constexpr int AUX = 64;                          /* producer threads staging per-row data */
+};
+
+/* Backward dk, dv on sm_90a: a block per (128-key tile of a region, query head), the mma kernel's
+ * decomposition (pattn_bwd_dkdv_mma: the same query tiles in the same order, f32 partials per
+ * query head with GQA that pattn_bwd_reduce sums). Warpgroup 0 produces: one thread loads K and V
+ * once and then each 64-row query tile's Q and dO by TMA into a two-stage ring; 64 of its threads
+ * stage the tile's per-row lse (log2 units), delta and first visible key. Consumers 1 and 2 own 64
+ * keys each; per query tile
+ *   S^T = K Q^T, dP^T = V dO^T         wgmma m64n64k16, K-major operands in shared memory
+ *   P^T = exp2(S^T c - lse), dS^T = P^T (dP^T - delta)     masked, in registers
+ *   dV += P^T dO, dK += dS^T Q         wgmma m64nDk16, P^T and dS^T from registers, dO and Q
+ *                                       MN-major from the same shared tiles
+ * and at the end dK (times the scale) and dV leave from registers. */
+template <int DT, int D>
+__global__ void __launch_bounds__(384, 1)
+    pattn_bwd_dkdv_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
+                        const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
+                        RLK_PARAMS_ARG pa::BwdParams p_) {
+#if defined(RLK_SM90A_ASM)
+  using namespace pa;
+  using C = pa_sm90_bwd<D>;
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  constexpr int BN = C::BN, BQ = C::BQ, NB = C::NB, STAGES = C::STAGES;
+  constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr u32 CONSUMER_WARPS = 8;
+  const float *__restrict__ lse = p_.lse;
+  void *__restrict__ work = p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i64 T = p_.T;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  const region rg = region_of(seq, grp);
+  const i64 k0 = rg.r0 + (i64)blockIdx.x * BN;
+  if (k0 >= rg.r1) return;
+  const i64 kend = min_(k0 + BN, rg.r1);
+  const i32 h = (i32)blockIdx.z, ratio = Hq / Hkv, hk = h / ratio;
+  /* the queries that see these keys: from k0 to the prompt's end (prefix keys) or to the end of
+   * the response holding the last key */
+  const i64 qlast = rg.resp ? seq[last_le(seq, rg.rs0, rg.rs1, kend - 1) + 1] : rg.pend;
+  const int nq = (int)((qlast - k0 + BQ - 1) / BQ);
+
+  extern __shared__ __align__(1024) u8 pa_sm90_raw[];
+  u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+  u8 *sK = smem, *sV = sK + C::KVBYTES, *sQ = sV + C::KVBYTES, *sO = sQ + STAGES * C::QBYTES;
+  __shared__ float sL[STAGES][BQ], sD[STAGES][BQ];
+  __shared__ i32 sLo[STAGES][BQ];
+  __shared__ alignas(8) u64 kv_full, q_full[STAGES], q_empty[STAGES], aux_full[STAGES];
+  const int wg = (int)(threadIdx.x / 128);
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&kv_full, 1);
+    sm90::ring_init<STAGES>(q_full, q_empty, CONSUMER_WARPS);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) sm90::mbar_init(&aux_full[st], C::AUX);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      /* the copies */
+      sm90::tma_prefetch_map(&map_q);
+      sm90::tma_prefetch_map(&map_do);
+      sm90::mbar_arrive_expect_tx(&kv_full, 2u * C::KVBYTES);
+      for (int b = 0; b < NB; ++b) {
+        sm90::tma_load_2d(sK + b * C::KVBOX, &map_k, hk * D + 64 * b, (i32)k0, &kv_full);
+        sm90::tma_load_2d(sV + b * C::KVBOX, &map_v, hk * D + 64 * b, (i32)k0, &kv_full);
+      }
+      for (int t = 0; t < nq; ++t) {
+        const u32 st = (u32)t % STAGES;
+        const i32 q0 = (i32)(k0 + (i64)t * BQ);
+        if (t >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)t / STAGES - 1u) & 1u);
+        sm90::mbar_arrive_expect_tx(&q_full[st], 2u * C::QBYTES);
+        for (int b = 0; b < NB; ++b) {
+          sm90::tma_load_2d(sQ + st * C::QBYTES + b * C::QBOX, &map_q, h * D + 64 * b, q0, &q_full[st]);
+          sm90::tma_load_2d(sO + st * C::QBYTES + b * C::QBOX, &map_do, h * D + 64 * b, q0, &q_full[st]);
+        }
+      }
+    } else if (threadIdx.x >= 128 - C::AUX) {
+      /* a query row's lse (log2 units), delta and first visible key offset (past the tile: none) */
+      const int rr = (int)threadIdx.x - (128 - C::AUX);
+      const float *delta = (const float *)work;
+      for (int t = 0; t < nq; ++t) {
+        const u32 st = (u32)t % STAGES;
+        if (t >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)t / STAGES - 1u) & 1u);
+        const i64 i = k0 + (i64)t * BQ + rr;
+        const bool ok = i < qlast;
+        sL[st][rr] = ok ? lse[i * Hq + h] * LOG2E : 0.0f;
+        sD[st][rr] = ok ? delta[i * Hq + h] : 0.0f;
+        sLo[st][rr] = ok ? (rg.resp ? (i32)max_<i64>(row_lo(rg, seq, i) - k0, -1) : -1) : BN;
+        sm90::mbar_arrive(&aux_full[st]);
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, t4 = l % 4;
+  const int kn = (int)(kend - k0);
+  /* this thread's keys (accumulator rows 16 w + l / 4 + 8 r of the warpgroup's 64) */
+  int kr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) kr[r] = 64 * cw + 16 * w + l / 4 + 8 * r;
+  const float c = scale * LOG2E;
+  float gk[D / 2], gv[D / 2], st_[BQ / 2], dp[BQ / 2];
+  u32 pf[BQ / 16][4], df[BQ / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
+  const u8 *kw = sK + cw * 64 * 128, *vw = sV + cw * 64 * 128;
+  sm90::mbar_wait(&kv_full, 0);
+
+  for (int t = 0; t < nq; ++t) {
+    const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
+    const u8 *qb = sQ + st * C::QBYTES, *ob = sO + st * C::QBYTES;
+    sm90::mbar_wait(&q_full[st], ph);
+    /* (zeroed although the first product overwrites them: without it the compiler copies the
+     * accumulators between the products, and ptxas serializes them) */
+#pragma unroll
+    for (int i = 0; i < BQ / 2; ++i) st_[i] = dp[i] = 0.0f;
+    /* S^T = K Q^T and dP^T = V dO^T over the head dim (k-step kk: 16 columns of box kk / 4) */
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 off = 32u * (u32)(kk % 4);
+      const u64 dk_ = sm90::smem_desc(kw + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 dq_ = sm90::smem_desc(qb + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma<BQ>::template ss<AB, 0, 0>(st_, dk_, dq_, kk > 0 ? 1u : 0u);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 off = 32u * (u32)(kk % 4);
+      const u64 dv_ = sm90::smem_desc(vw + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 do_ = sm90::smem_desc(ob + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma<BQ>::template ss<AB, 0, 0>(dp, dv_, do_, kk > 0 ? 1u : 0u);
+    }
+    sm90::wgmma_commit();
+    sm90::mbar_wait(&aux_full[st], ph);
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_fence_operands(st_);
+    sm90::wgmma_fence_operands(dp);
+    /* element (key kr[r], query 8 j + 2 t4 + e of the tile) */
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * t4 + e;
+        const float Lc = sL[st][col], Dc = sD[st][col];
+        const int lo = sLo[st][col];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const bool vis = kr[r] < kn && kr[r] <= t * BQ + col && kr[r] >= lo;
+          const int i = 4 * j + 2 * r + e;
+          const float pj = vis ? exp2_approx(fmaf(st_[i], c, -Lc)) : 0.0f;
+          st_[i] = pj;
+          dp[i] = pj * (dp[i] - Dc);
+        }
+      }
+#pragma unroll
+    for (int ks = 0; ks < BQ / 16; ++ks)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i0 = 4 * (2 * ks + hh) + 2 * r;
+          pf[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(st_[i0], st_[i0 + 1])
+                                             : sm90::pack_f16x2(st_[i0], st_[i0 + 1]);
+          df[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(dp[i0], dp[i0 + 1])
+                                             : sm90::pack_f16x2(dp[i0], dp[i0 + 1]);
+        }
+    /* dV += P^T dO, dK += dS^T Q: k-step ks takes query rows 16 ks .. of the MN-major tiles */
+    const u64 dmo = sm90::smem_desc_mn(ob, C::QBOX), dmq = sm90::smem_desc_mn(qb, C::QBOX);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BQ / 16; ++ks) {
+      sm90::wgmma<D>::template rs<AB, 1>(gv, pf[ks], sm90::desc_advance(dmo, 2048u * ks), 1u);
+      sm90::wgmma<D>::template rs<AB, 1>(gk, df[ks], sm90::desc_advance(dmq, 2048u * ks), 1u);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_fence_operands(gv);
+    sm90::wgmma_fence_operands(gk);
+    sm90::wgmma_fence_operands(pf);
+    sm90::wgmma_fence_operands(df);
+    if (l == 0) sm90::mbar_arrive(&q_empty[st]);
+  }
+
+  float *part = ratio > 1 ? pa_partials(work, T, Hq) : nullptr;
+  const i64 nkv = T * Hkv * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (kr[r] >= kn) continue;
+    const i64 at = ((k0 + kr[r]) * Hkv + hk) * D;
+    if (part) {
+      float *pk = part + (i64)(h % ratio) * nkv + at, *pv = pk + (i64)ratio * nkv;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *(f32x2 *)(pk + 8 * j + 2 * t4) = f32x2{gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale};
+        *(f32x2 *)(pv + 8 * j + 2 * t4) = f32x2{gv[4 * j + 2 * r], gv[4 * j + 2 * r + 1]};
+      }
+    } else {
+      u32 *gkp = (u32 *)((u16 *)p_.dk + at), *gvp = (u32 *)((u16 *)p_.dv + at);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        gkp[4 * j + t4] = pack<DT>(gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale);
+        gvp[4 * j + t4] = pack<DT>(gv[4 * j + 2 * r], gv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+#else
+  (void)map_q, (void)map_k, (void)map_v, (void)map_do, (void)p_;
+#endif
+}
+
 } /* namespace rlk */
 #endif /* RLK_CUDA */
 
