@@ -111,7 +111,7 @@ START_TEST(compile_sm90a) {
       kinds++;
     }
   ck_assert_int_eq(kinds, 3);
-  /* prefix attention's sm_90a forward and dk, dv */
+  /* prefix attention's sm_90a forward, dk/dv and dq */
   rlk_op_config_pair pa[2] = {{"pass", "both"}, {"dtype", "bf16"}};
   ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, 2, pa, ll, &n), RLK_OK);
   kinds = 0;
@@ -120,7 +120,7 @@ START_TEST(compile_sm90a) {
       ht_compile(ctx, &ll[i]);
       kinds++;
     }
-  ck_assert_int_eq(kinds, 2);
+  ck_assert_int_eq(kinds, 3);
   rlk_context_destroy(ctx);
   rlk_test_rmtree(dir);
 }

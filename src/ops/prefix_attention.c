@@ -16,6 +16,7 @@
  *   pattn_bwd_dkdv_sm90 sm_90a: the same with 128-key tiles, TMA and wgmma
  *   pattn_bwd_reduce    sums them over the group's query heads in order
  *   pattn_bwd_dq(_mma)  GPU: a block per query tile (the forward's tiling): dq written once
+ *   pattn_bwd_dq_sm90   sm_90a: the same with 128-row query tiles, 64-key tiles, TMA and wgmma
  *   pattn_bwd           host: the whole backward in fp64
  * No atomics anywhere: every output element is summed by one thread in a fixed order.
  *
@@ -61,6 +62,8 @@ static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm9
                                               "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
 static const rlk_template pa_dkdv_sm90_tmpl = {"prefix_attention", "pattn_bwd_dkdv_sm90",
                                                "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
+static const rlk_template pa_dq_sm90_tmpl = {"prefix_attention", "pattn_bwd_dq_sm90",
+                                             "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
 static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
                                               "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,
@@ -100,6 +103,11 @@ static size_t pa_sm90_smem(int D) {
 #define PA_SM90_BQ 64
 static size_t pa_sm90_dkdv_smem(int D) {
   return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * PA_SM90_STAGES * PA_SM90_BQ) + 1024u;
+}
+/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in two stages. */
+#define PA_SM90_DQ_BN 64
+static size_t pa_sm90_dq_smem(int D) {
+  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_DQ_BN) + 1024u;
 }
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
@@ -177,7 +185,7 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
   pa_spec(&p->prep, &pa_prep_tmpl, c);
   pa_spec(&p->dkdv, variant == PA_VARIANT_WGMMA ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
   pa_spec(&p->reduce, &pa_reduce_tmpl, c);
-  pa_spec(&p->dq, p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
+  pa_spec(&p->dq, variant == PA_VARIANT_WGMMA ? &pa_dq_sm90_tmpl : p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
   pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
   return rlk_spec_validate(&p->fwd);
 }
@@ -381,14 +389,14 @@ static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (f
 static void pa_record(int pass, const pa_config *c, int variant);
 
 /* The tensor maps of the sm_90a kernels: q (and grad_out when given) as [T, Hq * D] in boxes of
- * 64 rows, k and v as [T, Hkv * D] in boxes of 128 rows; boxes 64 columns wide (a 64-column block
- * of one head), 128-byte swizzle. maps[0..3]: q, k, v, grad_out. */
+ * 64 rows, k and v as [T, Hkv * D] in boxes of kv_rows rows (the kernel's key tile); boxes 64
+ * columns wide (a 64-column block of one head), 128-byte swizzle. maps[0..3]: q, k, v, grad_out. */
 static rlk_status pa_sm90_maps(const rlk_context *ctx, const pa_shape *s, const void *q, const void *k,
-                               const void *v, const void *dout, unsigned char (*maps)[128]) {
+                               const void *v, const void *dout, uint32_t kv_rows, unsigned char (*maps)[128]) {
   const uint64_t T = (uint64_t)s->T, cq = (uint64_t)(s->Hq * s->D), ckv = (uint64_t)(s->Hkv * s->D);
   const rlk_tma_desc_request req[4] = {{q, s->dtype, T, cq, cq, 64, 64, 128},
-                                       {k, s->dtype, T, ckv, ckv, PA_SM90_BN, 64, 128},
-                                       {v, s->dtype, T, ckv, ckv, PA_SM90_BN, 64, 128},
+                                       {k, s->dtype, T, ckv, ckv, kv_rows, 64, 128},
+                                       {v, s->dtype, T, ckv, ckv, kv_rows, 64, 128},
                                        {dout, s->dtype, T, cq, cq, 64, 64, 128}};
   for (int i = 0; i < (dout ? 4 : 3); i++) {
     rlk_status st = rlk_cuda_tma_encode(ctx->backend, &req[i], maps[i]);
@@ -443,7 +451,7 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
                      (long long)s.P);
   if (p.variant == PA_VARIANT_WGMMA) {
     _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
-    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, NULL, maps))) return st;
+    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, NULL, PA_SM90_BN, maps))) return st;
     /* the tensor maps are parameters of their own ahead of the struct (read by TMA where they
      * lie in parameter space) */
     void *margs[] = {maps[0], maps[1], maps[2], &f};
@@ -557,7 +565,7 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
     const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
     if (p.variant == PA_VARIANT_WGMMA) {
       _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
-      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, maps))) return st;
+      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
       d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
                   PA_SM90_THREADS, pa_sm90_dkdv_smem((int)s.D));
@@ -569,6 +577,15 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
     if (s.Hq > s.Hkv) {
       d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
       if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
+    }
+    if (p.variant == PA_VARIANT_WGMMA) {
+      _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
+      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
+        return st;
+      void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
+      d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BM - 1) / PA_SM90_BM), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
+                  PA_SM90_THREADS, pa_sm90_dq_smem((int)s.D));
+      return rlk_context_launch(ctx, &p.dq, &d, stream, margs);
     }
     d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
     return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);

@@ -492,6 +492,188 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/* The backward's dq kernel (pattn_bwd_dq_sm90): the forward's 128-row query tiles with 64-key
+ * tiles (three accumulator tiles a thread: S, dP and dq). */
+template <int D> struct pa_sm90_dq {
+  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = 2;
+  static constexpr int NB = D / 64;
+  static constexpr u32 QBOX = 64u * 128u, KVBOX = (u32)BN * 128u;
+  static constexpr u32 QBYTES = 2u * NB * QBOX, KVBYTES = NB * KVBOX;
+  static constexpr u32 SMEM = 2u * QBYTES + 2u * STAGES * KVBYTES; /* plus 1024 for the alignment */
+};
+
+/* Backward dq on sm_90a: a block per (128-row query tile of a region, query head), the forward's
+ * tiling, key tiles and masks. The producer loads Q and dO once and the key tiles' K and V into
+ * two rings; consumers 1 and 2 own 64 rows each; per key tile
+ *   S = Q K^T, dP = dO V^T              wgmma m64n64k16, K-major operands in shared memory
+ *   P = exp2(S c - lse), dS = P (dP - delta)      masked, in registers
+ *   dQ += dS K                          wgmma m64nDk16, dS from registers, K MN-major
+ * and dq (times the scale) leaves from registers: written once, no atomics. */
+template <int DT, int D>
+__global__ void __launch_bounds__(384, 1)
+    pattn_bwd_dq_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
+                      const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
+                      RLK_PARAMS_ARG pa::BwdParams p_) {
+#if defined(RLK_SM90A_ASM)
+  using namespace pa;
+  using C = pa_sm90_dq<D>;
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
+  constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr u32 CONSUMER_WARPS = 8;
+  const float *__restrict__ lse = p_.lse;
+  const float *__restrict__ delta = (const float *)p_.work;
+  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
+  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
+  const float scale = p_.scale;
+  const region rg = region_of(seq, grp);
+  const i64 ntiles = (rg.r1 - rg.r0 + C::BM - 1) / C::BM;
+  if ((i64)blockIdx.x >= ntiles) return;
+  const i64 q0 = rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * C::BM;
+  const i64 qend = min_(q0 + C::BM, rg.r1);
+  const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
+  const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
+
+  extern __shared__ __align__(1024) u8 pa_sm90_raw[];
+  u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+  u8 *sQ = smem, *sO = sQ + C::QBYTES, *sK = sO + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
+  __shared__ alignas(8) u64 q_full;
+  __shared__ alignas(8) u64 k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES];
+  const int wg = (int)(threadIdx.x / 128);
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&q_full, 1);
+    sm90::ring_init<STAGES>(k_full, k_empty, CONSUMER_WARPS);
+    sm90::ring_init<STAGES>(v_full, v_empty, CONSUMER_WARPS);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_map(&map_k);
+      sm90::tma_prefetch_map(&map_v);
+      sm90::mbar_arrive_expect_tx(&q_full, 2u * C::QBYTES);
+      for (int half = 0; half < 2; ++half)
+        for (int b = 0; b < NB; ++b) {
+          const u32 at = (u32)(half * NB + b) * C::QBOX;
+          sm90::tma_load_2d(sQ + at, &map_q, h * D + 64 * b, (i32)(q0 + 64 * half), &q_full);
+          sm90::tma_load_2d(sO + at, &map_do, h * D + 64 * b, (i32)(q0 + 64 * half), &q_full);
+        }
+      for (int t = 0; t < kt.n; ++t) {
+        const u32 st = (u32)t % STAGES, use = (u32)t / STAGES;
+        const i32 kv0 = (i32)kt.start(t);
+        if (t >= STAGES) sm90::mbar_wait(&k_empty[st], (use - 1u) & 1u);
+        sm90::mbar_arrive_expect_tx(&k_full[st], C::KVBYTES);
+        for (int b = 0; b < NB; ++b)
+          sm90::tma_load_2d(sK + st * C::KVBYTES + b * C::KVBOX, &map_k, hk * D + 64 * b, kv0, &k_full[st]);
+        if (t >= STAGES) sm90::mbar_wait(&v_empty[st], (use - 1u) & 1u);
+        sm90::mbar_arrive_expect_tx(&v_full[st], C::KVBYTES);
+        for (int b = 0; b < NB; ++b)
+          sm90::tma_load_2d(sV + st * C::KVBYTES + b * C::KVBOX, &map_v, hk * D + 64 * b, kv0, &v_full[st]);
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, t4 = l % 4;
+  /* this thread's two rows, what they see (the forward's bounds), their lse (log2 units) and
+   * delta; rows past the tile see nothing */
+  i64 rows[2], a1[2], b0r[2];
+  float L[2], Dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rows[r] = q0 + 64 * cw + 16 * w + l / 4 + 8 * r;
+    const i64 ri = min_(rows[r], qend - 1);
+    a1[r] = rows[r] < qend ? (rg.resp ? rg.pe : rows[r] + 1) : 0;
+    b0r[r] = rg.resp ? row_lo(rg, seq, ri) : 0;
+    L[r] = lse[ri * Hq + h] * LOG2E;
+    Dl[r] = delta[ri * Hq + h];
+  }
+  const float c = scale * LOG2E;
+  float acc[D / 2], s_[BN / 2], dp[BN / 2];
+  u32 df[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  const u8 *qw = sQ + cw * NB * C::QBOX, *ow = sO + cw * NB * C::QBOX;
+  sm90::mbar_wait(&q_full, 0);
+
+  for (int t = 0; t < kt.n; ++t) {
+    const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
+    const i64 kv0 = kt.start(t);
+    const u8 *kb = sK + st * C::KVBYTES, *vb = sV + st * C::KVBYTES;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s_[i] = dp[i] = 0.0f; /* see pattn_bwd_dkdv_sm90 */
+    sm90::mbar_wait(&k_full[st], ph);
+    sm90::mbar_wait(&v_full[st], ph);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 off = 32u * (u32)(kk % 4);
+      const u64 da = sm90::smem_desc(qw + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 db = sm90::smem_desc(kb + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma<BN>::template ss<AB, 0, 0>(s_, da, db, kk > 0 ? 1u : 0u);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 off = 32u * (u32)(kk % 4);
+      const u64 da = sm90::smem_desc(ow + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 db = sm90::smem_desc(vb + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma<BN>::template ss<AB, 0, 0>(dp, da, db, kk > 0 ? 1u : 0u);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_fence_operands(s_);
+    sm90::wgmma_fence_operands(dp);
+    if (l == 0) sm90::mbar_arrive(&v_empty[st]);
+
+    const bool phase_a = t < kt.na;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      /* visible key offsets within the tile: [lo, hi] */
+      const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
+      const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : (rows[r] < qend ? rows[r] : -1)) - kv0, -1), BN);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * r + e, off = 8 * j + 2 * t4 + e;
+          const float pj = off < lo || off > hi ? 0.0f : exp2_approx(fmaf(s_[i], c, -L[r]));
+          s_[i] = pj * (dp[i] - Dl[r]);
+        }
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i0 = 4 * (2 * ks + hh) + 2 * r;
+          df[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(s_[i0], s_[i0 + 1]) : sm90::pack_f16x2(s_[i0], s_[i0 + 1]);
+        }
+    /* dQ += dS K: k-step ks takes keys 16 ks .. of the MN-major K tile */
+    const u64 dk_ = sm90::smem_desc_mn(kb, C::KVBOX);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) sm90::wgmma<D>::template rs<AB, 1>(acc, df[ks], sm90::desc_advance(dk_, 2048u * ks), 1u);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_fence_operands(acc);
+    sm90::wgmma_fence_operands(df);
+    if (l == 0) sm90::mbar_arrive(&k_empty[st]);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= qend) continue;
+    u32 *g = (u32 *)((u16 *)p_.dq + (rows[r] * Hq + h) * D);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) g[4 * j + t4] = pack<DT>(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+  }
+#else
+  (void)map_q, (void)map_k, (void)map_v, (void)map_do, (void)p_;
+#endif
+}
+
 } /* namespace rlk */
 #endif /* RLK_CUDA */
 
