@@ -32,6 +32,121 @@
 #if defined(RLK_CUDA)
 namespace rlk {
 
+namespace pa {
+
+/* The first row of this block's query tile (BM rows of the region) or -1 past the region's end; a
+ * prefix's causal tiles heaviest first (blocks start in x order), so that the short ones fill the
+ * end of the wave. */
+template <int BM> RLK_DEVICE i64 sm90_query_tile(const region &rg) {
+  const i64 ntiles = (rg.r1 - rg.r0 + BM - 1) / BM;
+  if ((i64)blockIdx.x >= ntiles) return -1;
+  return rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * BM;
+}
+
+/* Loads rows [row0, row0 + box rows) of one head (its D columns from col0) as D / 64 boxes of 64
+ * columns, box_bytes apart at dst, completing on bar. */
+template <int D>
+RLK_DEVICE void sm90_load_head(u8 *dst, u32 box_bytes, const tensor_map *map, i32 col0, i32 row0, u64 *bar) {
+#pragma unroll
+  for (int b = 0; b < D / 64; ++b) sm90::tma_load_2d(dst + b * box_bytes, map, col0 + 64 * b, row0, bar);
+}
+
+/* The barriers of a kernel that loads its query tile once and streams key tiles: q_full, and the
+ * K and V rings (full: the copies landed; empty: `consumers` arrivals released the stage). */
+template <int STAGES> struct sm90_kv_bars {
+  u64 q_full, k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES];
+  /* by one thread; a block barrier follows */
+  RLK_DEVICE void init(u32 consumers) {
+    sm90::mbar_init(&q_full, 1);
+    sm90::ring_init<STAGES>(k_full, k_empty, consumers);
+    sm90::ring_init<STAGES>(v_full, v_empty, consumers);
+  }
+};
+
+/* The producer's key tiles: K and V of tile t into stage t % STAGES of their rings (KVBOX bytes a
+ * box), each after the consumers released the stage's previous use. */
+template <int D, int STAGES, u32 KVBOX>
+RLK_DEVICE void sm90_load_kv(u8 *sK, u8 *sV, const tensor_map *map_k, const tensor_map *map_v, const kv_tiles &kt,
+                             i32 hk, sm90_kv_bars<STAGES> &bar) {
+  u64 *k_full = bar.k_full, *k_empty = bar.k_empty, *v_full = bar.v_full, *v_empty = bar.v_empty;
+  constexpr u32 BYTES = (D / 64) * KVBOX;
+  for (int t = 0; t < kt.n; ++t) {
+    const u32 s = (u32)t % STAGES, use = (u32)t / STAGES;
+    const i32 kv0 = (i32)kt.start(t);
+    if (t >= STAGES) sm90::mbar_wait(&k_empty[s], (use - 1u) & 1u);
+    sm90::mbar_arrive_expect_tx(&k_full[s], BYTES);
+    sm90_load_head<D>(sK + s * BYTES, KVBOX, map_k, hk * D, kv0, &k_full[s]);
+    if (t >= STAGES) sm90::mbar_wait(&v_empty[s], (use - 1u) & 1u);
+    sm90::mbar_arrive_expect_tx(&v_full[s], BYTES);
+    sm90_load_head<D>(sV + s * BYTES, KVBOX, map_v, hk * D, kv0, &v_full[s]);
+  }
+}
+
+/* acc [64 x N] (=) A B^T over the head dim, both K-major in boxes of 64 columns (ABOX / BBOX bytes
+ * apart): k-step kk reads 16 columns of box kk / 4. Issued, not committed. */
+template <int D, int N, int AB, u32 ABOX, u32 BBOX>
+RLK_DEVICE void sm90_ss_head(float (&acc)[N / 2], const u8 *a, const u8 *b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const u32 off = 32u * (u32)(kk % 4);
+    const u64 da = sm90::smem_desc(a + (kk / 4) * ABOX + off, sm90::SWIZZLE_128B, 0, 1024);
+    const u64 db = sm90::smem_desc(b + (kk / 4) * BBOX + off, sm90::SWIZZLE_128B, 0, 1024);
+    sm90::wgmma<N>::template ss<AB, 0, 0>(acc, da, db, kk > 0 ? 1u : 0u);
+  }
+}
+
+/* An accumulator [64 x N] in the 16-bit dtype as the A fragments of the next product: k-step ks
+ * (columns 16 ks ..), f[ks][r + 2 hh] = columns 8 (2 ks + hh) + 2 t4 + {0, 1} of row r. */
+template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], u32 (&f)[N / 16][4]) {
+#pragma unroll
+  for (int ks = 0; ks < N / 16; ++ks)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i0 = 4 * (2 * ks + hh) + 2 * r;
+        f[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1]) : sm90::pack_f16x2(acc[i0], acc[i0 + 1]);
+      }
+}
+
+/* A consumer thread's two query rows (accumulator rows 16 w + l / 4 + 8 r of its warpgroup's 64)
+ * and what they see: phase-A keys below a1, phase-B keys in [b0, row]; rows past the tile see
+ * nothing. */
+struct sm90_rows {
+  i64 row[2], a1[2], b0[2];
+  RLK_DEVICE sm90_rows(const region &rg, const i32 *seq, i64 r0, i64 qend) {
+    const int tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[r] = r0 + 16 * w + l / 4 + 8 * r;
+      a1[r] = row[r] < qend ? (rg.resp ? rg.pe : row[r] + 1) : 0;
+      b0[r] = rg.resp ? row_lo(rg, seq, min_(row[r], qend - 1)) : 0;
+    }
+  }
+  /* the visible key offsets [lo, hi] of row r in the key tile at kv0 (BN keys) */
+  template <int BN> RLK_DEVICE void bounds(int r, bool phase_a, i64 kv0, int &lo, int &hi) const {
+    lo = phase_a ? 0 : (int)max_<i64>(b0[r] - kv0, -1);
+    hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : (a1[r] ? row[r] : -1)) - kv0, -1), BN);
+  }
+};
+
+/* Rows [16 w + l / 4 + 8 r] of acc [64 x D] times mul[r] to out [T, H, D] (head h), the rows below
+ * qend. */
+template <int DT, int D>
+RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H, i32 h, const float (&acc)[D / 2],
+                                const float (&mul)[2]) {
+  const int t4 = (int)(threadIdx.x % 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rs.row[r] >= qend) continue;
+    u32 *g = (u32 *)((u16 *)out + (rs.row[r] * H + h) * D);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) g[4 * j + t4] = pack<DT>(acc[4 * j + 2 * r] * mul[r], acc[4 * j + 2 * r + 1] * mul[r]);
+  }
+}
+
+} // namespace pa
+
 /* Tile shape and rings (the host's launch shape and tensor-map boxes mirror these:
  * src/ops/prefix_attention.c, PA_SM90_*). */
 template <int D> struct pa_sm90 {
@@ -59,11 +174,8 @@ __global__ void __launch_bounds__(384, 1)
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   void *__restrict__ out = p_.out;
   const region rg = region_of(seq, grp);
-  const i64 ntiles = (rg.r1 - rg.r0 + C::BM - 1) / C::BM;
-  if ((i64)blockIdx.x >= ntiles) return;
-  /* a prefix's causal tiles heaviest first (blocks start in x order), so that the short ones
-   * fill the end of the wave */
-  const i64 q0 = rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * C::BM;
+  const i64 q0 = sm90_query_tile<C::BM>(rg);
+  if (q0 < 0) return;
   const i64 qend = min_(q0 + C::BM, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
@@ -71,14 +183,9 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ __align__(1024) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
   u8 *sQ = smem, *sK = sQ + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
-  __shared__ alignas(8) u64 q_full;
-  __shared__ alignas(8) u64 k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES];
+  __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
   const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&q_full, 1);
-    sm90::ring_init<STAGES>(k_full, k_empty, CONSUMER_WARPS);
-    sm90::ring_init<STAGES>(v_full, v_empty, CONSUMER_WARPS);
-  }
+  if (threadIdx.x == 0) bar.init(CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {
@@ -88,40 +195,20 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&map_q);
       sm90::tma_prefetch_map(&map_k);
       sm90::tma_prefetch_map(&map_v);
-      sm90::mbar_arrive_expect_tx(&q_full, C::QBYTES);
+      sm90::mbar_arrive_expect_tx(&bar.q_full, C::QBYTES);
       for (int half = 0; half < 2; ++half)
-        for (int b = 0; b < NB; ++b)
-          sm90::tma_load_2d(sQ + (half * NB + b) * C::QBOX, &map_q, h * D + 64 * b, (i32)(q0 + 64 * half), &q_full);
-      for (int t = 0; t < kt.n; ++t) {
-        const u32 s = (u32)t % STAGES, use = (u32)t / STAGES;
-        const i32 kv0 = (i32)kt.start(t);
-        if (t >= STAGES) sm90::mbar_wait(&k_empty[s], (use - 1u) & 1u);
-        sm90::mbar_arrive_expect_tx(&k_full[s], C::KVBYTES);
-        for (int b = 0; b < NB; ++b)
-          sm90::tma_load_2d(sK + s * C::KVBYTES + b * C::KVBOX, &map_k, hk * D + 64 * b, kv0, &k_full[s]);
-        if (t >= STAGES) sm90::mbar_wait(&v_empty[s], (use - 1u) & 1u);
-        sm90::mbar_arrive_expect_tx(&v_full[s], C::KVBYTES);
-        for (int b = 0; b < NB; ++b)
-          sm90::tma_load_2d(sV + s * C::KVBYTES + b * C::KVBOX, &map_v, hk * D + 64 * b, kv0, &v_full[s]);
-      }
+        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
+      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &map_k, &map_v, kt, hk, bar);
     }
     return;
   }
 
   /* consumers: warpgroup cw owns query rows q0 + 64 cw .. + 63 */
   sm90::setmaxnreg_inc<232>();
-  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, t4 = l % 4;
-  /* this thread's two rows (accumulator rows 16 w + l / 4 + 8 r) and what they see: phase A keys
-   * < a1, phase B keys in [b0r, row] */
-  i64 rows[2], a1[2], b0r[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    rows[r] = q0 + 64 * cw + 16 * w + l / 4 + 8 * r;
-    const i64 ri = min_(rows[r], qend - 1);
-    a1[r] = rg.resp ? rg.pe : rows[r] + 1;
-    b0r[r] = rg.resp ? row_lo(rg, seq, ri) : 0;
-  }
-  /* a phase-A tile needs no mask when it ends at or below every row's a1 */
+  const int cw = wg - 1, l = (int)(threadIdx.x % 32), t4 = l % 4;
+  const sm90_rows rs(rg, seq, q0 + 64 * cw, qend);
+  /* a phase-A tile needs no mask when it ends at or below every row's a1 (rows past the tile
+   * are not stored) */
   const i64 a1_min = rg.resp ? rg.pe : q0 + 64 * cw + 1;
   const float c = p_.scale * LOG2E;
   /* o: the output rows; sacc: S of the current tile, then its exponentials; pf: P of the previous
@@ -138,22 +225,15 @@ __global__ void __launch_bounds__(384, 1)
   /* S = Q K_t^T over the head dim (k-step kk reads 16 columns of box kk / 4); one commit group */
   auto issue_s = [&](int t) {
     const u32 st = (u32)t % STAGES;
-    sm90::mbar_wait(&k_full[st], ((u32)t / STAGES) & 1u);
-    const u8 *kb = sK + st * C::KVBYTES;
+    sm90::mbar_wait(&bar.k_full[st], ((u32)t / STAGES) & 1u);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = 32u * (u32)(kk % 4);
-      const u64 da = sm90::smem_desc(qw + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 db = sm90::smem_desc(kb + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BN>::template ss<AB, 0, 0>(sacc, da, db, kk > 0 ? 1u : 0u);
-    }
+    sm90_ss_head<D, BN, AB, C::QBOX, C::KVBOX>(sacc, qw, sK + st * C::KVBYTES);
     sm90::wgmma_commit();
   };
   /* O += P_t V_t (pf) over the tile's keys, V MN-major; one commit group */
   auto issue_pv = [&](int t) {
     const u32 st = (u32)t % STAGES;
-    sm90::mbar_wait(&v_full[st], ((u32)t / STAGES) & 1u);
+    sm90::mbar_wait(&bar.v_full[st], ((u32)t / STAGES) & 1u);
     const u64 dv = sm90::smem_desc_mn(sV + st * C::KVBYTES, C::KVBOX);
     sm90::wgmma_fence();
 #pragma unroll
@@ -170,9 +250,8 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0; r < 2; ++r) {
       float mx = -limits<float>::infinity();
       if (masked) {
-        /* visible key offsets within the tile: [lo, hi] */
-        const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-        const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), BN);
+        int lo, hi;
+        rs.bounds<BN>(r, phase_a, kv0, lo, hi);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -211,25 +290,16 @@ __global__ void __launch_bounds__(384, 1)
         o[4 * j + 2 * r] *= cf[r];
         o[4 * j + 2 * r + 1] *= cf[r];
       }
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i0 = 4 * (2 * ks + hh) + 2 * r;
-          pf[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(sacc[i0], sacc[i0 + 1])
-                                             : sm90::pack_f16x2(sacc[i0], sacc[i0 + 1]);
-        }
+    sm90_pack_a<DT, BN>(sacc, pf);
   };
 
   /* The pipeline within the warpgroup: S of tile t is issued with P V of tile t - 1 behind it, so
    * that t's softmax runs while the tensor cores do t - 1's P V. */
-  sm90::mbar_wait(&q_full, 0);
+  sm90::mbar_wait(&bar.q_full, 0);
   issue_s(0);
   sm90::wgmma_wait<0>();
   sm90::wgmma_fence_operands(sacc);
-  if (l == 0) sm90::mbar_arrive(&k_empty[0]);
+  if (l == 0) sm90::mbar_arrive(&bar.k_empty[0]);
   softmax(0);
   rescale_pack();
   for (int t = 1; t < kt.n; ++t) {
@@ -237,33 +307,30 @@ __global__ void __launch_bounds__(384, 1)
     issue_pv(t - 1);
     sm90::wgmma_wait<1>(); /* S_t done, P V of t - 1 may still run */
     sm90::wgmma_fence_operands(sacc);
-    if (l == 0) sm90::mbar_arrive(&k_empty[(u32)t % STAGES]);
+    if (l == 0) sm90::mbar_arrive(&bar.k_empty[(u32)t % STAGES]);
     softmax(t);
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(o);
     sm90::wgmma_fence_operands(pf);
-    if (l == 0) sm90::mbar_arrive(&v_empty[(u32)(t - 1) % STAGES]);
+    if (l == 0) sm90::mbar_arrive(&bar.v_empty[(u32)(t - 1) % STAGES]);
     rescale_pack();
   }
   issue_pv(kt.n - 1);
   sm90::wgmma_wait<0>();
   sm90::wgmma_fence_operands(o);
   sm90::wgmma_fence_operands(pf);
-  if (l == 0) sm90::mbar_arrive(&v_empty[(u32)(kt.n - 1) % STAGES]);
+  if (l == 0) sm90::mbar_arrive(&bar.v_empty[(u32)(kt.n - 1) % STAGES]);
 
+  float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = lsum[r];
     sum += shfl_xor(sum, 1);
     sum += shfl_xor(sum, 2);
-    if (rows[r] >= qend) continue;
-    const float inv = 1.0f / sum;
-    u32 *orow = (u32 *)((u16 *)out + (rows[r] * Hq + h) * D);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      orow[4 * j + t4] = pack<DT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-    if (lse && t4 == 0) lse[rows[r] * Hq + h] = (m[r] + log2f(sum)) * LN2;
+    inv[r] = 1.0f / sum;
+    if (lse && t4 == 0 && rs.row[r] < qend) lse[rs.row[r] * Hq + h] = (m[r] + log2f(sum)) * LN2;
   }
+  sm90_store_rows<DT, D>(out, rs, qend, Hq, h, o, inv);
 #else
   (void)map_q, (void)map_k, (void)map_v, (void)p_;
 #endif
@@ -301,7 +368,7 @@ __global__ void __launch_bounds__(384, 1)
   using namespace pa;
   using C = pa_sm90_bwd<D>;
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
-  constexpr int BN = C::BN, BQ = C::BQ, NB = C::NB, STAGES = C::STAGES;
+  constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   const float *__restrict__ lse = p_.lse;
@@ -343,19 +410,15 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&map_q);
       sm90::tma_prefetch_map(&map_do);
       sm90::mbar_arrive_expect_tx(&kv_full, 2u * C::KVBYTES);
-      for (int b = 0; b < NB; ++b) {
-        sm90::tma_load_2d(sK + b * C::KVBOX, &map_k, hk * D + 64 * b, (i32)k0, &kv_full);
-        sm90::tma_load_2d(sV + b * C::KVBOX, &map_v, hk * D + 64 * b, (i32)k0, &kv_full);
-      }
+      sm90_load_head<D>(sK, C::KVBOX, &map_k, hk * D, (i32)k0, &kv_full);
+      sm90_load_head<D>(sV, C::KVBOX, &map_v, hk * D, (i32)k0, &kv_full);
       for (int t = 0; t < nq; ++t) {
         const u32 st = (u32)t % STAGES;
         const i32 q0 = (i32)(k0 + (i64)t * BQ);
         if (t >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)t / STAGES - 1u) & 1u);
         sm90::mbar_arrive_expect_tx(&q_full[st], 2u * C::QBYTES);
-        for (int b = 0; b < NB; ++b) {
-          sm90::tma_load_2d(sQ + st * C::QBYTES + b * C::QBOX, &map_q, h * D + 64 * b, q0, &q_full[st]);
-          sm90::tma_load_2d(sO + st * C::QBYTES + b * C::QBOX, &map_do, h * D + 64 * b, q0, &q_full[st]);
-        }
+        sm90_load_head<D>(sQ + st * C::QBYTES, C::QBOX, &map_q, h * D, q0, &q_full[st]);
+        sm90_load_head<D>(sO + st * C::QBYTES, C::QBOX, &map_do, h * D, q0, &q_full[st]);
       }
     } else if (threadIdx.x >= 128 - C::AUX) {
       /* a query row's lse (log2 units), delta and first visible key offset (past the tile: none) */
@@ -400,20 +463,8 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < BQ / 2; ++i) st_[i] = dp[i] = 0.0f;
     /* S^T = K Q^T and dP^T = V dO^T over the head dim (k-step kk: 16 columns of box kk / 4) */
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = 32u * (u32)(kk % 4);
-      const u64 dk_ = sm90::smem_desc(kw + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 dq_ = sm90::smem_desc(qb + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BQ>::template ss<AB, 0, 0>(st_, dk_, dq_, kk > 0 ? 1u : 0u);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = 32u * (u32)(kk % 4);
-      const u64 dv_ = sm90::smem_desc(vw + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 do_ = sm90::smem_desc(ob + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BQ>::template ss<AB, 0, 0>(dp, dv_, do_, kk > 0 ? 1u : 0u);
-    }
+    sm90_ss_head<D, BQ, AB, C::KVBOX, C::QBOX>(st_, kw, qb);
+    sm90_ss_head<D, BQ, AB, C::KVBOX, C::QBOX>(dp, vw, ob);
     sm90::wgmma_commit();
     sm90::mbar_wait(&aux_full[st], ph);
     sm90::wgmma_wait<0>();
@@ -436,18 +487,8 @@ __global__ void __launch_bounds__(384, 1)
           dp[i] = pj * (dp[i] - Dc);
         }
       }
-#pragma unroll
-    for (int ks = 0; ks < BQ / 16; ++ks)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i0 = 4 * (2 * ks + hh) + 2 * r;
-          pf[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(st_[i0], st_[i0 + 1])
-                                             : sm90::pack_f16x2(st_[i0], st_[i0 + 1]);
-          df[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(dp[i0], dp[i0 + 1])
-                                             : sm90::pack_f16x2(dp[i0], dp[i0 + 1]);
-        }
+    sm90_pack_a<DT, BQ>(st_, pf);
+    sm90_pack_a<DT, BQ>(dp, df);
     /* dV += P^T dO, dK += dS^T Q: k-step ks takes query rows 16 ks .. of the MN-major tiles */
     const u64 dmo = sm90::smem_desc_mn(ob, C::QBOX), dmq = sm90::smem_desc_mn(qb, C::QBOX);
     sm90::wgmma_fence();
@@ -527,9 +568,8 @@ __global__ void __launch_bounds__(384, 1)
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
   const region rg = region_of(seq, grp);
-  const i64 ntiles = (rg.r1 - rg.r0 + C::BM - 1) / C::BM;
-  if ((i64)blockIdx.x >= ntiles) return;
-  const i64 q0 = rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * C::BM;
+  const i64 q0 = sm90_query_tile<C::BM>(rg);
+  if (q0 < 0) return;
   const i64 qend = min_(q0 + C::BM, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
@@ -537,14 +577,9 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ __align__(1024) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
   u8 *sQ = smem, *sO = sQ + C::QBYTES, *sK = sO + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
-  __shared__ alignas(8) u64 q_full;
-  __shared__ alignas(8) u64 k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES];
+  __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
   const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&q_full, 1);
-    sm90::ring_init<STAGES>(k_full, k_empty, CONSUMER_WARPS);
-    sm90::ring_init<STAGES>(v_full, v_empty, CONSUMER_WARPS);
-  }
+  if (threadIdx.x == 0) bar.init(CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {
@@ -552,41 +587,25 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_map(&map_k);
       sm90::tma_prefetch_map(&map_v);
-      sm90::mbar_arrive_expect_tx(&q_full, 2u * C::QBYTES);
-      for (int half = 0; half < 2; ++half)
-        for (int b = 0; b < NB; ++b) {
-          const u32 at = (u32)(half * NB + b) * C::QBOX;
-          sm90::tma_load_2d(sQ + at, &map_q, h * D + 64 * b, (i32)(q0 + 64 * half), &q_full);
-          sm90::tma_load_2d(sO + at, &map_do, h * D + 64 * b, (i32)(q0 + 64 * half), &q_full);
-        }
-      for (int t = 0; t < kt.n; ++t) {
-        const u32 st = (u32)t % STAGES, use = (u32)t / STAGES;
-        const i32 kv0 = (i32)kt.start(t);
-        if (t >= STAGES) sm90::mbar_wait(&k_empty[st], (use - 1u) & 1u);
-        sm90::mbar_arrive_expect_tx(&k_full[st], C::KVBYTES);
-        for (int b = 0; b < NB; ++b)
-          sm90::tma_load_2d(sK + st * C::KVBYTES + b * C::KVBOX, &map_k, hk * D + 64 * b, kv0, &k_full[st]);
-        if (t >= STAGES) sm90::mbar_wait(&v_empty[st], (use - 1u) & 1u);
-        sm90::mbar_arrive_expect_tx(&v_full[st], C::KVBYTES);
-        for (int b = 0; b < NB; ++b)
-          sm90::tma_load_2d(sV + st * C::KVBYTES + b * C::KVBOX, &map_v, hk * D + 64 * b, kv0, &v_full[st]);
+      sm90::mbar_arrive_expect_tx(&bar.q_full, 2u * C::QBYTES);
+      for (int half = 0; half < 2; ++half) {
+        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
+        sm90_load_head<D>(sO + half * NB * C::QBOX, C::QBOX, &map_do, h * D, (i32)(q0 + 64 * half), &bar.q_full);
       }
+      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &map_k, &map_v, kt, hk, bar);
     }
     return;
   }
 
   sm90::setmaxnreg_inc<232>();
-  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, t4 = l % 4;
+  const int cw = wg - 1, l = (int)(threadIdx.x % 32), t4 = l % 4;
   /* this thread's two rows, what they see (the forward's bounds), their lse (log2 units) and
-   * delta; rows past the tile see nothing */
-  i64 rows[2], a1[2], b0r[2];
+   * delta */
+  const sm90_rows rs(rg, seq, q0 + 64 * cw, qend);
   float L[2], Dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    rows[r] = q0 + 64 * cw + 16 * w + l / 4 + 8 * r;
-    const i64 ri = min_(rows[r], qend - 1);
-    a1[r] = rows[r] < qend ? (rg.resp ? rg.pe : rows[r] + 1) : 0;
-    b0r[r] = rg.resp ? row_lo(rg, seq, ri) : 0;
+    const i64 ri = min_(rs.row[r], qend - 1);
     L[r] = lse[ri * Hq + h] * LOG2E;
     Dl[r] = delta[ri * Hq + h];
   }
@@ -596,7 +615,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
   const u8 *qw = sQ + cw * NB * C::QBOX, *ow = sO + cw * NB * C::QBOX;
-  sm90::mbar_wait(&q_full, 0);
+  sm90::mbar_wait(&bar.q_full, 0);
 
   for (int t = 0; t < kt.n; ++t) {
     const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
@@ -604,35 +623,22 @@ __global__ void __launch_bounds__(384, 1)
     const u8 *kb = sK + st * C::KVBYTES, *vb = sV + st * C::KVBYTES;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s_[i] = dp[i] = 0.0f; /* see pattn_bwd_dkdv_sm90 */
-    sm90::mbar_wait(&k_full[st], ph);
-    sm90::mbar_wait(&v_full[st], ph);
+    sm90::mbar_wait(&bar.k_full[st], ph);
+    sm90::mbar_wait(&bar.v_full[st], ph);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = 32u * (u32)(kk % 4);
-      const u64 da = sm90::smem_desc(qw + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 db = sm90::smem_desc(kb + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BN>::template ss<AB, 0, 0>(s_, da, db, kk > 0 ? 1u : 0u);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = 32u * (u32)(kk % 4);
-      const u64 da = sm90::smem_desc(ow + (kk / 4) * C::QBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 db = sm90::smem_desc(vb + (kk / 4) * C::KVBOX + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BN>::template ss<AB, 0, 0>(dp, da, db, kk > 0 ? 1u : 0u);
-    }
+    sm90_ss_head<D, BN, AB, C::QBOX, C::KVBOX>(s_, qw, kb);
+    sm90_ss_head<D, BN, AB, C::QBOX, C::KVBOX>(dp, ow, vb);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(s_);
     sm90::wgmma_fence_operands(dp);
-    if (l == 0) sm90::mbar_arrive(&v_empty[st]);
+    if (l == 0) sm90::mbar_arrive(&bar.v_empty[st]);
 
     const bool phase_a = t < kt.na;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      /* visible key offsets within the tile: [lo, hi] */
-      const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : (rows[r] < qend ? rows[r] : -1)) - kv0, -1), BN);
+      int lo, hi;
+      rs.bounds<BN>(r, phase_a, kv0, lo, hi);
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -642,15 +648,7 @@ __global__ void __launch_bounds__(384, 1)
           s_[i] = pj * (dp[i] - Dl[r]);
         }
     }
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i0 = 4 * (2 * ks + hh) + 2 * r;
-          df[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(s_[i0], s_[i0 + 1]) : sm90::pack_f16x2(s_[i0], s_[i0 + 1]);
-        }
+    sm90_pack_a<DT, BN>(s_, df);
     /* dQ += dS K: k-step ks takes keys 16 ks .. of the MN-major K tile */
     const u64 dk_ = sm90::smem_desc_mn(kb, C::KVBOX);
     sm90::wgmma_fence();
@@ -660,15 +658,10 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(acc);
     sm90::wgmma_fence_operands(df);
-    if (l == 0) sm90::mbar_arrive(&k_empty[st]);
+    if (l == 0) sm90::mbar_arrive(&bar.k_empty[st]);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= qend) continue;
-    u32 *g = (u32 *)((u16 *)p_.dq + (rows[r] * Hq + h) * D);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) g[4 * j + t4] = pack<DT>(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
-  }
+  const float mul[2] = {scale, scale};
+  sm90_store_rows<DT, D>(p_.dq, rs, qend, Hq, h, acc, mul);
 #else
   (void)map_q, (void)map_k, (void)map_v, (void)map_do, (void)p_;
 #endif
