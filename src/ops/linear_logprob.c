@@ -393,8 +393,8 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   }
   if (k.ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
     _Alignas(64) unsigned char map_h[128], map_w[128];
-    st = rlk_cuda_tma_encode(ctx->backend, &k.req_h, map_h);
-    if (!st) st = rlk_cuda_tma_encode(ctx->backend, &k.req_w, map_w);
+    st = rlk_context_tensor_map(ctx, &k.req_h, map_h);
+    if (!st) st = rlk_context_tensor_map(ctx, &k.req_w, map_w);
     if (st) return st;
     ll_fwd_sm90_args g = {0};
     g.labels = labels;
@@ -810,10 +810,10 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
                                r_wk = ll_tma_req(weight, dt, V, H, k.ws, LL_BWD_SM90_BN),
                                r_wmn = ll_tma_req(weight, dt, V, H, k.ws, 64),
                                r_hmn = ll_tma_req(hidden, dt, N, H, k.hs, 64);
-    if ((st = rlk_cuda_tma_encode(ctx->backend, &r_hk, m_hk)) ||
-        (st = rlk_cuda_tma_encode(ctx->backend, &r_wk, m_wk)) ||
-        (s_dh && (st = rlk_cuda_tma_encode(ctx->backend, &r_wmn, m_wmn))) ||
-        (s_dw && (st = rlk_cuda_tma_encode(ctx->backend, &r_hmn, m_hmn))))
+    if ((st = rlk_context_tensor_map(ctx, &r_hk, m_hk)) ||
+        (st = rlk_context_tensor_map(ctx, &r_wk, m_wk)) ||
+        (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, m_wmn))) ||
+        (s_dw && (st = rlk_context_tensor_map(ctx, &r_hmn, m_hmn))))
       return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
@@ -824,8 +824,8 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       /* dz [N][nv] of this chunk (pitch Vc), as the next products' A operand both ways */
       const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_BWD_SM90_BM),
                                  r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
-      if ((s_dh && (st = rlk_cuda_tma_encode(ctx->backend, &r_zk, m_zk))) ||
-          (s_dw && (st = rlk_cuda_tma_encode(ctx->backend, &r_zmn, m_zmn))))
+      if ((s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))) ||
+          (s_dw && (st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn))))
         return st;
       g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0;
       g.tiles_m = (int)((N + BM - 1) / BM), g.tiles_n = (int)((nv + BN - 1) / BN);

@@ -811,8 +811,7 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
   }
   if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     _Alignas(64) unsigned char map[128];
-    st = ctx->backend->tensor_map_encode ? ctx->backend->tensor_map_encode(ctx->backend, &req, map)
-                                         : rlk_error(RLK_ERR_UNSUPPORTED, "tma: the backend has no tensor maps");
+    st = rlk_context_tensor_map(ctx, &req, map);
     if (st) {
       /* the driver refused what the check accepted: run the default rather than fail */
       rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());

@@ -399,7 +399,7 @@ static rlk_status pa_sm90_maps(const rlk_context *ctx, const pa_shape *s, const 
                                        {v, s->dtype, T, ckv, ckv, kv_rows, 64, 128},
                                        {dout, s->dtype, T, cq, cq, 64, 64, 128}};
   for (int i = 0; i < (dout ? 4 : 3); i++) {
-    rlk_status st = rlk_cuda_tma_encode(ctx->backend, &req[i], maps[i]);
+    rlk_status st = rlk_context_tensor_map(ctx, &req[i], maps[i]);
     if (st) return st;
   }
   return RLK_OK;

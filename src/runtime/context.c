@@ -207,6 +207,12 @@ rlk_status rlk_context_require_device(const rlk_context *ctx, const char *what) 
   return RLK_OK;
 }
 
+rlk_status rlk_context_tensor_map(const rlk_context *ctx, const rlk_tma_desc_request *req, void *out128) {
+  if (!ctx->backend || !ctx->backend->tensor_map_encode)
+    return rlk_error(RLK_ERR_UNSUPPORTED, "tma: the backend has no tensor maps");
+  return ctx->backend->tensor_map_encode(ctx->backend, req, out128);
+}
+
 rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
                               void *stream, void **args) {
   void *fn = NULL;
