@@ -470,15 +470,16 @@ START_TEST(bad_backward_arguments) {
 END_TEST
 
 /* The kernels a configuration line plans: the wgmma family on sm_90a (the backward's prep and
- * reduce shared with mma), the mma family on sm_80+ (wgmma asked for there falls back to it), the portable one when asked (and
- * on HIP, as the sample compiles show), the host's two; bad settings are refused. */
+ * reduce shared with mma), the mma family on sm_80+ (wgmma asked for there falls back to it),
+ * the portable one when asked (and on HIP, as the sample compiles show), the host's two; bad
+ * settings are refused. */
 START_TEST(plan_per_target) {
   static const struct {
     const char *target, *line;
     const char *entries[6];
   } rows[] = {
-      {"sm_90a", "prefix_attention pass=both", {"pattn_fwd_sm90", "pattn_bwd_prep", "pattn_bwd_dkdv_sm90", "pattn_bwd_reduce",
-                               "pattn_bwd_dq_sm90", NULL}},
+      {"sm_90a", "prefix_attention pass=both",
+       {"pattn_fwd_sm90", "pattn_bwd_prep", "pattn_bwd_dkdv_sm90", "pattn_bwd_reduce", "pattn_bwd_dq_sm90", NULL}},
       {"sm_90a", "prefix_attention pass=fwd variant=mma", {"pattn_fwd_mma", NULL}},
       {"sm_80", "prefix_attention pass=fwd dtype=f16 head_dim=64", {"pattn_fwd_mma", NULL}},
       {"sm_80", "prefix_attention pass=fwd variant=wgmma", {"pattn_fwd_mma", NULL}},

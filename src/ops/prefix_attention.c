@@ -125,7 +125,8 @@ typedef struct pa_config {
 
 typedef struct pa_plan {
   int variant; /* the forward that runs: PA_VARIANT_PORTABLE, _MMA or _WGMMA (the host: PORTABLE) */
-  int tiled;   /* the backward runs the mma kernels (variant MMA or WGMMA) */
+  int tiled;   /* the backward runs the tiled kernels (prep, dk/dv, reduce with GQA, dq): mma's, or
+                * for WGMMA the sm_90a dk/dv and dq */
   rlk_kernel_spec fwd, prep, dkdv, reduce, dq, bwd_host;
 } pa_plan;
 
@@ -612,8 +613,7 @@ static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
                                   "of q, k, v and the outputs"),
     [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
     [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
-                                    "mma is CUDA sm_80+, wgmma sm_90a (its backward is mma's); elsewhere the "
-                                    "portable kernels run"),
+                                    "mma is CUDA sm_80+, wgmma sm_90a; elsewhere the portable kernels run"),
 };
 
 static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,

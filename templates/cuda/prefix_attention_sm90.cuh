@@ -105,7 +105,8 @@ template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], 
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i0 = 4 * (2 * ks + hh) + 2 * r;
-        f[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1]) : sm90::pack_f16x2(acc[i0], acc[i0 + 1]);
+        f[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1])
+                                          : sm90::pack_f16x2(acc[i0], acc[i0 + 1]);
       }
 }
 
@@ -141,7 +142,8 @@ RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H,
     if (rs.row[r] >= qend) continue;
     u32 *g = (u32 *)((u16 *)out + (rs.row[r] * H + h) * D);
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) g[4 * j + t4] = pack<DT>(acc[4 * j + 2 * r] * mul[r], acc[4 * j + 2 * r + 1] * mul[r]);
+    for (int j = 0; j < D / 8; ++j)
+      g[4 * j + t4] = pack<DT>(acc[4 * j + 2 * r] * mul[r], acc[4 * j + 2 * r + 1] * mul[r]);
   }
 }
 
@@ -237,7 +239,8 @@ __global__ void __launch_bounds__(384, 1)
     const u64 dv = sm90::smem_desc_mn(sV + st * C::KVBYTES, C::KVBOX);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) sm90::wgmma<D>::template rs<AB, 1>(o, pf[ks], sm90::desc_advance(dv, 2048u * ks), 1u);
+    for (int ks = 0; ks < BN / 16; ++ks)
+      sm90::wgmma<D>::template rs<AB, 1>(o, pf[ks], sm90::desc_advance(dv, 2048u * ks), 1u);
     sm90::wgmma_commit();
   };
   /* Tile t's S (complete) to exponentials in place, the running max and sum, and cf: the factor
@@ -653,7 +656,8 @@ __global__ void __launch_bounds__(384, 1)
     const u64 dk_ = sm90::smem_desc_mn(kb, C::KVBOX);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) sm90::wgmma<D>::template rs<AB, 1>(acc, df[ks], sm90::desc_advance(dk_, 2048u * ks), 1u);
+    for (int ks = 0; ks < BN / 16; ++ks)
+      sm90::wgmma<D>::template rs<AB, 1>(acc, df[ks], sm90::desc_advance(dk_, 2048u * ks), 1u);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(acc);
