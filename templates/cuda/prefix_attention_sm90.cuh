@@ -1,5 +1,9 @@
-/* prefix_attention_sm90.cuh - rlk_prefix_attention's forward on sm_90a: S = Q K^T and O += P V by
- * wgmma from TMA-filled shared memory, the online softmax in registers (flash-attention style).
+/* prefix_attention_sm90.cuh - rlk_prefix_attention's kernels on sm_90a, TMA copies and wgmma:
+ * pattn_fwd_sm90 (described here), and the backward's pattn_bwd_dkdv_sm90 and pattn_bwd_dq_sm90
+ * (described where they are defined), with the steps they share as pa::sm90_* helpers.
+ *
+ * The forward: S = Q K^T and O += P V by wgmma from TMA-filled shared memory, the online softmax
+ * in registers (flash-attention style).
  *
  * The tiling is the mma kernel's (prefix_attention.cuh: a block per query tile of a region and
  * query head, the region's key tiles in order, the response rows stacked so that a tile of them
@@ -19,9 +23,9 @@
  * O / l and the log-sum-exp go straight from registers to global memory. Registers move from the
  * producer (40) to the consumers (232) with setmaxnreg.
  *
- * Needs: q, k, v 16-byte aligned (tensor maps over [T, H * D], rows H * D elements apart); the
- * host runs the mma kernel otherwise. Every output is written once after a fixed sequence of
- * operations: bitwise repeatable. */
+ * Needs: q, k, v (and for the backward every other tensor) 16-byte aligned: tensor maps over
+ * [T, H * D], rows H * D elements apart; otherwise the host runs the portable kernels. Every output
+ * is written once after a fixed sequence of operations: bitwise repeatable. */
 #ifndef RLK_PREFIX_ATTENTION_SM90_CUH
 #define RLK_PREFIX_ATTENTION_SM90_CUH
 
