@@ -27,6 +27,14 @@ def timed(fn, iters):
     return ts[len(ts) // 2], ts[0], ts[-1]
 
 
+def timed_memory(fn, iters):
+    """timed(), and the peak memory the calls allocated beyond what was held before, GiB."""
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    med, lo, hi = timed(fn, iters)
+    return med, lo, hi, (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+
+
 def main():
     anchors = "--anchors" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -63,10 +71,7 @@ def main():
     name = torch.cuda.get_device_name()
     for label, fn in (("cuBLAS h @ W^T (bf16 out)", gemm), ("cuBLAS dZ @ W (dH)", dh_gemm),
                       ("cuBLAS dZ^T @ h (dW)", dw_gemm), ("torch matmul + logsumexp + entropy", lse_path)):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        med, lo, hi = timed(fn, iters)
-        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        med, lo, hi, extra = timed_memory(fn, iters)
         print(f"{label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, max {hi:.3f}), "
               f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
     if anchors:
@@ -117,11 +122,7 @@ def fwd_bwd_anchors(h, w, y, iters, name):
         print("rlk unavailable:", repr(e)[:200])
     for label, fn in cases:
         try:
-            run = step(fn)
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            med, lo, hi = timed(run, iters)
-            extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+            med, lo, hi, extra = timed_memory(step(fn), iters)
             print(f"fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, "
                   f"max {hi:.3f}), peak extra {extra:.2f} GiB")
         except Exception as e:  # noqa: BLE001

@@ -63,11 +63,8 @@ class PrefixAttentionBackwardArgs(ctypes.Structure):
 
 FORWARD_OP = Op("prefix_attention", PrefixAttentionArgs)
 BACKWARD_OP = Op("prefix_attention_backward", PrefixAttentionBackwardArgs, workspace=True)
-# The layout's device tensors, packed by Binder.set at their offsets inside the args struct.
-for _op in (FORWARD_OP, BACKWARD_OP):
-    _base = _op.args_struct.layout.offset
-    for _f in ("seq_offsets", "group_offsets"):
-        _op.offsets["layout." + _f] = _base + getattr(PrefixAttentionLayout, _f).offset
+# (the layout's device tensors bind as "layout.seq_offsets" / "layout.group_offsets": Op
+# flattens embedded structs)
 
 PrefixAttentionResult = collections.namedtuple("PrefixAttentionResult", "out lse")
 

@@ -51,10 +51,8 @@ class LogprobVocabParallelArgs(ctypes.Structure):
     ]
 
 
+# the nested forward's tensors bind as "fwd.<field>" (Op flattens embedded structs)
 NCCL_OP = Op("logprob_vocab_parallel", LogprobVocabParallelArgs, workspace=True)
-# the nested forward's tensors, settable as "fwd.<field>"
-NCCL_OP.offsets.update({"fwd." + n: LogprobVocabParallelArgs.fwd.offset + getattr(LogprobArgs, n).offset
-                        for n, _ in LogprobArgs._fields_})
 
 _LOGITS = (T.DType.BF16, T.DType.F16, T.DType.F32)
 _LABELS = (T.DType.I32, T.DType.I64)
