@@ -1335,15 +1335,18 @@ typedef struct rlk_prefix_attention_backward_args {
 RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backward_args *args);
 
 /* Bytes of workspace rlk_prefix_attention_backward needs for these arguments (the same checks
- * as the call; data pointers are not read). On a GPU: T x Hq x 4 (the rows' sum dO . O), plus
- * with GQA (Hq > Hkv) 8 x T x Hq x D for the f32 partial dk, dv of each query head, summed in
- * head order; on the host, the fp64 gradient accumulators. */
+ * as the call; data pointers are only tested for 16-byte alignment, which picks the kernels). On
+ * a GPU: T x Hq x 4 (the rows' sum dO . O), plus with GQA (Hq > Hkv) on the sm_80 kernels
+ * 8 x T x Hq x D for the f32 partial dk, dv of each query head, summed in head order (the sm_90a
+ * kernels sum a group's heads in registers and need none); on the host, the fp64 gradient
+ * accumulators. */
 RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(
     rlk_context *ctx, const rlk_prefix_attention_backward_args *args, size_t *bytes);
 
 /* dq, dk, dv on `stream`: on a GPU three or four launches (the rows' dO . O; dk and dv with a
  * block per key tile and query head looping over every query that sees it, then with GQA the sum
- * over the group's heads; dq with a block per query tile), no atomics.
+ * over the group's heads; on sm_90a a block per key tile and key head loops over the group's
+ * query heads itself; dq with a block per query tile), no atomics.
  * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
                                                  const rlk_prefix_attention_backward_args *args,

@@ -473,9 +473,9 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   return rlk_context_launch(ctx, &p.fwd, &d, stream, kargs);
 }
 
-/* Checks a backward call; writes its shape and the workspace it needs. */
+/* Checks a backward call; writes its shape, the kernels that run it and the workspace they need. */
 static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_attention_backward_args *a, pa_shape *s,
-                                    size_t *need) {
+                                    pa_plan *p, size_t *need) {
   rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, s);
   if (st) return st;
   if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
@@ -490,11 +490,25 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
       (st = pa_no_overlap(&a->grad_k, "grad_k", all, names, 7)) ||
       (st = pa_no_overlap(&a->grad_v, "grad_v", all, names, 8)))
     return st;
-  if (ctx->kind == RLK_BACKEND_HOST)
+  const void *const ptrs[] = {a->q.data,        a->k.data,      a->v.data,      a->out.data,
+                               a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
+  const pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, PA_VARIANT_AUTO,
+                       pa_unaligned(ptrs, 8)};
+  if ((st = pa_select(ctx, &c, p))) return st;
+  if (p->variant == PA_VARIANT_WGMMA && (s->max_rows + PA_SM90_BN - 1) / PA_SM90_BN > 65535) {
+    /* the sm_90a dk/dv grid has key tiles in z (65535 at most); the mma kernels have them in x */
+    pa_config m = c;
+    m.variant = PA_VARIANT_MMA;
+    if ((st = pa_select(ctx, &m, p))) return st;
+  }
+  if (ctx->kind == RLK_BACKEND_HOST) {
     *need = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
-  else /* delta, then with GQA the per-query-head f32 partial dk, dv (pa_partials in the template) */
-    *need = (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (s->Hq > s->Hkv ? 2 * s->T * s->Hq * s->D : 0)) *
-            sizeof(float);
+  } else {
+    /* delta, then with GQA the mma and portable kernels' per-query-head f32 partial dk, dv
+     * (pa_partials in the template; the sm_90a dk/dv kernel sums the group's heads itself) */
+    const int partials = s->Hq > s->Hkv && p->variant != PA_VARIANT_WGMMA;
+    *need = (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
+  }
   return RLK_OK;
 }
 
@@ -507,7 +521,8 @@ RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(rlk_context *ctx
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", who);
   if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", who);
   pa_shape s;
-  return pa_check_backward(ctx, args, &s, bytes);
+  pa_plan p;
+  return pa_check_backward(ctx, args, &s, &p, bytes);
 }
 
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_prefix_attention_backward_args *a,
@@ -515,8 +530,9 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: ctx is NULL");
   if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: args is NULL");
   pa_shape s;
+  pa_plan p;
   size_t need = 0;
-  rlk_status st = pa_check_backward(ctx, a, &s, &need);
+  rlk_status st = pa_check_backward(ctx, a, &s, &p, &need);
   if (st) return st;
   if (!a->workspace || a->workspace_bytes < need)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -525,13 +541,10 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   if ((uintptr_t)a->workspace % 16 != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
-
-  const void *const ptrs[] = {a->q.data,      a->k.data,      a->v.data,     a->out.data,
-                               a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
-  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 8)};
-  pa_plan p;
-  if ((st = pa_select(ctx, &c, &p))) return st;
-  if (rlk_record_enabled()) pa_record(PA_PASS_BWD, &c, p.variant);
+  if (rlk_record_enabled()) {
+    const pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, 0};
+    pa_record(PA_PASS_BWD, &c, p.variant);
+  }
   pa_bwd_args b = {0};
   b.q = a->q.data;
   b.k = a->k.data;
@@ -568,16 +581,18 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
       _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
       if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
+      /* a block per (key head, region, key tile): key tiles slowest, the heaviest first (at most
+       * 65535 of them: pa_check_backward) */
+      d = pa_dims((uint64_t)s.Hkv, (uint64_t)(2 * s.P), (uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN),
                   PA_SM90_THREADS, pa_sm90_dkdv_smem((int)s.D));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
     } else {
       d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
-    }
-    if (s.Hq > s.Hkv) {
-      d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
-      if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
+      if (s.Hq > s.Hkv) {
+        d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
+        if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
+      }
     }
     if (p.variant == PA_VARIANT_WGMMA) {
       _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
@@ -631,7 +646,7 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
     } else {
       specs[n++] = p.prep;
       specs[n++] = p.dkdv;
-      if (p.tiled) specs[n++] = p.reduce;
+      if (p.tiled && p.variant != PA_VARIANT_WGMMA) specs[n++] = p.reduce; /* sm_90a sums GQA heads itself */
       specs[n++] = p.dq;
     }
   }

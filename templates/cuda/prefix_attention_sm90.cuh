@@ -355,16 +355,18 @@ template <int D> struct pa_sm90_bwd {
   static constexpr int AUX = 64;                          /* producer threads staging per-row data */
 };
 
-/* Backward dk, dv on sm_90a: a block per (128-key tile of a region, query head), the mma kernel's
- * decomposition (pattn_bwd_dkdv_mma: the same query tiles in the same order, f32 partials per
- * query head with GQA that pattn_bwd_reduce sums). Warpgroup 0 produces: one thread loads K and V
- * once and then each 64-row query tile's Q and dO by TMA into a two-stage ring; 64 of its threads
- * stage the tile's per-row lse (log2 units), delta and first visible key. Consumers 1 and 2 own 64
- * keys each; per query tile
+/* Backward dk, dv on sm_90a: a block per (key head, region, 128-key tile), key tiles slowest so
+ * that the heaviest (a prefix's first) start first. The block walks the query tiles that see its
+ * keys (the mma kernel's, in the same order) for each query head of its GQA group in turn,
+ * summing the group in its accumulators: no partials, no reduce pass. Warpgroup 0 produces: one
+ * thread loads K and V once and then each (head, 64-row query tile)'s Q and dO by TMA into a
+ * two-stage ring; 64 of its threads stage the tile's per-row lse (log2 units), delta and first
+ * visible key. Consumers 1 and 2 own 64 keys each; per query tile
  *   S^T = K Q^T, dP^T = V dO^T         wgmma m64n64k16, K-major operands in shared memory
- *   P^T = exp2(S^T c - lse), dS^T = P^T (dP^T - delta)     masked, in registers
- *   dV += P^T dO, dK += dS^T Q         wgmma m64nDk16, P^T and dS^T from registers, dO and Q
- *                                       MN-major from the same shared tiles
+ *   P^T = exp2(S^T c - lse)            masked, in registers
+ *   dV += P^T dO                       wgmma m64nDk16, P^T from registers, dO MN-major from the
+ *                                       same shared tile; issued before dS^T is computed
+ *   dS^T = P^T (dP^T - delta), dK += dS^T Q     likewise
  * and at the end dK (times the scale) and dV leave from registers. */
 template <int DT, int D>
 __global__ void __launch_bounds__(384, 1)
@@ -381,18 +383,19 @@ __global__ void __launch_bounds__(384, 1)
   const float *__restrict__ lse = p_.lse;
   void *__restrict__ work = p_.work;
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
-  const i64 T = p_.T;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
   const region rg = region_of(seq, grp);
-  const i64 k0 = rg.r0 + (i64)blockIdx.x * BN;
+  const i64 k0 = rg.r0 + (i64)blockIdx.z * BN;
   if (k0 >= rg.r1) return;
   const i64 kend = min_(k0 + BN, rg.r1);
-  const i32 h = (i32)blockIdx.z, ratio = Hq / Hkv, hk = h / ratio;
+  const i32 ratio = Hq / Hkv, hk = (i32)blockIdx.x;
   /* the queries that see these keys: from k0 to the prompt's end (prefix keys) or to the end of
    * the response holding the last key */
   const i64 qlast = rg.resp ? seq[last_le(seq, rg.rs0, rg.rs1, kend - 1) + 1] : rg.pend;
   const int nq = (int)((qlast - k0 + BQ - 1) / BQ);
+  /* step u: query head hk ratio + u / nq, query tile u % nq */
+  const int nu = ratio * nq;
 
   extern __shared__ __align__(1024) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
@@ -419,10 +422,10 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_arrive_expect_tx(&kv_full, 2u * C::KVBYTES);
       sm90_load_head<D>(sK, C::KVBOX, &map_k, hk * D, (i32)k0, &kv_full);
       sm90_load_head<D>(sV, C::KVBOX, &map_v, hk * D, (i32)k0, &kv_full);
-      for (int t = 0; t < nq; ++t) {
-        const u32 st = (u32)t % STAGES;
-        const i32 q0 = (i32)(k0 + (i64)t * BQ);
-        if (t >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)t / STAGES - 1u) & 1u);
+      for (int u = 0; u < nu; ++u) {
+        const u32 st = (u32)u % STAGES;
+        const i32 h = hk * ratio + u / nq, q0 = (i32)(k0 + (i64)(u % nq) * BQ);
+        if (u >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)u / STAGES - 1u) & 1u);
         sm90::mbar_arrive_expect_tx(&q_full[st], 2u * C::QBYTES);
         sm90_load_head<D>(sQ + st * C::QBYTES, C::QBOX, &map_q, h * D, q0, &q_full[st]);
         sm90_load_head<D>(sO + st * C::QBYTES, C::QBOX, &map_do, h * D, q0, &q_full[st]);
@@ -431,10 +434,11 @@ __global__ void __launch_bounds__(384, 1)
       /* a query row's lse (log2 units), delta and first visible key offset (past the tile: none) */
       const int rr = (int)threadIdx.x - (128 - C::AUX);
       const float *delta = (const float *)work;
-      for (int t = 0; t < nq; ++t) {
-        const u32 st = (u32)t % STAGES;
-        if (t >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)t / STAGES - 1u) & 1u);
-        const i64 i = k0 + (i64)t * BQ + rr;
+      for (int u = 0; u < nu; ++u) {
+        const u32 st = (u32)u % STAGES;
+        const i32 h = hk * ratio + u / nq;
+        if (u >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)u / STAGES - 1u) & 1u);
+        const i64 i = k0 + (i64)(u % nq) * BQ + rr;
         const bool ok = i < qlast;
         sL[st][rr] = ok ? lse[i * Hq + h] * LOG2E : 0.0f;
         sD[st][rr] = ok ? delta[i * Hq + h] : 0.0f;
@@ -460,8 +464,9 @@ __global__ void __launch_bounds__(384, 1)
   const u8 *kw = sK + cw * 64 * 128, *vw = sV + cw * 64 * 128;
   sm90::mbar_wait(&kv_full, 0);
 
-  for (int t = 0; t < nq; ++t) {
-    const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
+  for (int u = 0; u < nu; ++u) {
+    const int t = u % nq;
+    const u32 st = (u32)u % STAGES, ph = ((u32)u / STAGES) & 1u;
     const u8 *qb = sQ + st * C::QBYTES, *ob = sO + st * C::QBYTES;
     sm90::mbar_wait(&q_full[st], ph);
     /* (zeroed although the first product overwrites them: without it the compiler copies the
@@ -477,33 +482,43 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(st_);
     sm90::wgmma_fence_operands(dp);
-    /* element (key kr[r], query 8 j + 2 t4 + e of the tile) */
+    /* P^T: element (key kr[r], query 8 j + 2 t4 + e of the tile) */
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = 8 * j + 2 * t4 + e;
-        const float Lc = sL[st][col], Dc = sD[st][col];
+        const float Lc = sL[st][col];
         const int lo = sLo[st][col];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const bool vis = kr[r] < kn && kr[r] <= t * BQ + col && kr[r] >= lo;
           const int i = 4 * j + 2 * r + e;
-          const float pj = vis ? exp2_approx(fmaf(st_[i], c, -Lc)) : 0.0f;
-          st_[i] = pj;
-          dp[i] = pj * (dp[i] - Dc);
+          st_[i] = vis ? exp2_approx(fmaf(st_[i], c, -Lc)) : 0.0f;
         }
       }
     sm90_pack_a<DT, BQ>(st_, pf);
-    sm90_pack_a<DT, BQ>(dp, df);
-    /* dV += P^T dO, dK += dS^T Q: k-step ks takes query rows 16 ks .. of the MN-major tiles */
+    /* dV += P^T dO, issued before dS^T is computed so that the two overlap; then dK += dS^T Q.
+     * k-step ks takes query rows 16 ks .. of the MN-major tiles. */
     const u64 dmo = sm90::smem_desc_mn(ob, C::QBOX), dmq = sm90::smem_desc_mn(qb, C::QBOX);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BQ / 16; ++ks) {
+    for (int ks = 0; ks < BQ / 16; ++ks)
       sm90::wgmma<D>::template rs<AB, 1>(gv, pf[ks], sm90::desc_advance(dmo, 2048u * ks), 1u);
+    sm90::wgmma_commit();
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float Dc = sD[st][8 * j + 2 * t4 + e];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) dp[4 * j + 2 * r + e] = st_[4 * j + 2 * r + e] * (dp[4 * j + 2 * r + e] - Dc);
+      }
+    sm90_pack_a<DT, BQ>(dp, df);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BQ / 16; ++ks)
       sm90::wgmma<D>::template rs<AB, 1>(gk, df[ks], sm90::desc_advance(dmq, 2048u * ks), 1u);
-    }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(gv);
@@ -513,26 +528,15 @@ __global__ void __launch_bounds__(384, 1)
     if (l == 0) sm90::mbar_arrive(&q_empty[st]);
   }
 
-  float *part = ratio > 1 ? pa_partials(work, T, Hq) : nullptr;
-  const i64 nkv = T * Hkv * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (kr[r] >= kn) continue;
     const i64 at = ((k0 + kr[r]) * Hkv + hk) * D;
-    if (part) {
-      float *pk = part + (i64)(h % ratio) * nkv + at, *pv = pk + (i64)ratio * nkv;
+    u32 *gkp = (u32 *)((u16 *)p_.dk + at), *gvp = (u32 *)((u16 *)p_.dv + at);
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *(f32x2 *)(pk + 8 * j + 2 * t4) = f32x2{gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale};
-        *(f32x2 *)(pv + 8 * j + 2 * t4) = f32x2{gv[4 * j + 2 * r], gv[4 * j + 2 * r + 1]};
-      }
-    } else {
-      u32 *gkp = (u32 *)((u16 *)p_.dk + at), *gvp = (u32 *)((u16 *)p_.dv + at);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        gkp[4 * j + t4] = pack<DT>(gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale);
-        gvp[4 * j + t4] = pack<DT>(gv[4 * j + 2 * r], gv[4 * j + 2 * r + 1]);
-      }
+    for (int j = 0; j < D / 8; ++j) {
+      gkp[4 * j + t4] = pack<DT>(gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale);
+      gvp[4 * j + t4] = pack<DT>(gv[4 * j + 2 * r], gv[4 * j + 2 * r + 1]);
     }
   }
 #else
