@@ -4,9 +4,11 @@ with a shared-prefix block mask (the anchors of /work/shared/anchors/wave2_ancho
 timing method: median of CUDA-event times after warm-up). Also: rlk against SDPA on the same data
 (outputs and gradients mapped back to the packed layout), and bitwise repeatability.
 
-    PYTHONPATH=python python3 tools/bench/prefix_attention_bench.py [--no-flex] [--quick]
+    PYTHONPATH=python python3 tools/bench/prefix_attention_bench.py [--no-flex] [--quick] [--kernels]
 
-Prints one line per row and a table; JSON to $OUT/prefix_attention.json when OUT is set."""
+Prints one line per row and a table; JSON to $OUT/prefix_attention.json when OUT is set. With
+--kernels, each case's rlk forward + backward is also split into its kernels' CUDA times (torch
+profiler, five calls back to back)."""
 import argparse
 import json
 import os
@@ -54,7 +56,26 @@ def flops(G, Lp, Lr, Hq, D):
     return rep, sh
 
 
-def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10):
+def kernel_times(case, fn, calls=5):
+    """Rows of each kernel's mean CUDA time per call of fn (calls back to back, after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in sorted(p.key_averages(), key=lambda e: -e.device_time_total):
+        if e.device_time_total <= 0:
+            continue
+        ms = e.device_time_total / calls / 1e3
+        total += ms
+        row(case + " kernels", "  " + e.key.split("(")[0][-34:], ms, "%d launches a call" % (e.count // calls))
+    row(case + " kernels", "  sum of the kernels", total)
+
+
+def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False):
     case = "attn G%d (%d+%d)x%d Hq%d Hkv%d D%d" % (G, Lp, Lr, prompts, Hq, Hkv, D)
     lay = rlk.prefix_layout([Lp] * prompts, [[Lr] * G] * prompts)
     T = lay.tokens
@@ -104,6 +125,8 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10)
         fl_sh / t / 1e9, time.time() - t0))
     t = bench(rlk_fb, max(3, iters // 2))
     row(case + " fwd+bwd", RLK_IMPL, t, "%.0f TFLOP/s useful" % (3.5 * fl_sh / t / 1e9))
+    if kernels:
+        kernel_times(case + " fwd+bwd", rlk_fb)
 
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -177,14 +200,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--quick", action="store_true", help="the main case only")
+    ap.add_argument("--kernels", action="store_true", help="rlk's kernel times per case (torch profiler)")
     a = ap.parse_args()
     print("GPU %s, torch %s, rlk %s" % (torch.cuda.get_device_name(), torch.__version__, rlk.version_string()))
     # numerics and repeatability on an odd case small enough for fp32 SDPA, then the timings
     run_case(5, 333, 129, 16, 4, 128, flex=False, check=True, iters=3)
-    run_case(16, 4096, 512, 32, 8, 128, flex=not a.no_flex)
+    run_case(16, 4096, 512, 32, 8, 128, flex=not a.no_flex, kernels=a.kernels)
     if not a.quick:
-        run_case(8, 1024, 1024, 32, 8, 128, flex=False)
-        run_case(1, 4096, 512, 32, 8, 128, prompts=16, flex=False, iters=5)
+        run_case(8, 1024, 1024, 32, 8, 128, flex=False, kernels=a.kernels)
+        run_case(1, 4096, 512, 32, 8, 128, prompts=16, flex=False, iters=5, kernels=a.kernels)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "prefix_attention.json"), "w") as f:
