@@ -114,6 +114,20 @@ template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], 
       }
 }
 
+/* A warpgroup's 64 rows x D of a 16-bit tile in shared memory (boxes of 64 columns, box_bytes
+ * apart, 128-byte swizzle: the TMA layout) as the A fragments of its products: k-step ks (columns
+ * 16 ks ..), f[ks][r + 2 hh] = columns 16 ks + 8 hh + 2 t4 + {0, 1} of row 16 w + l / 4 + 8 r, the
+ * layout sm90_pack_a writes. One ldmatrix.x4 a k-step: lane l addresses row 16 w + l % 16 of the
+ * column half l / 16. */
+template <int D> RLK_DEVICE void sm90_load_a(u32 (&f)[D / 16][4], const u8 *tile, u32 box_bytes) {
+  const int tw = (int)(threadIdx.x % 128), row = 16 * (tw / 32) + tw % 16, half = (tw % 32) / 16;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int cg = 2 * ks + half; /* 16-byte chunk across the head dim */
+    ldsm4(f[ks], tile + (cg / 8) * box_bytes + row * 128 + (((cg % 8) ^ (row % 8)) << 4));
+  }
+}
+
 /* A consumer thread's two query rows (accumulator rows 16 w + l / 4 + 8 r of its warpgroup's 64)
  * and what they see: phase-A keys below a1, phase-B keys in [b0, row]; rows past the tile see
  * nothing. */
@@ -545,7 +559,7 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 /* The backward's dq kernel (pattn_bwd_dq_sm90): the forward's 128-row query tiles with 64-key
- * tiles (three accumulator tiles a thread: S, dP and dq). */
+ * tiles (three accumulator tiles a thread: S, dP and dq; Q and dO as A fragments). */
 template <int D> struct pa_sm90_dq {
   static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = 2;
   static constexpr int NB = D / 64;
@@ -556,8 +570,11 @@ template <int D> struct pa_sm90_dq {
 
 /* Backward dq on sm_90a: a block per (128-row query tile of a region, query head), the forward's
  * tiling, key tiles and masks. The producer loads Q and dO once and the key tiles' K and V into
- * two rings; consumers 1 and 2 own 64 rows each; per key tile
- *   S = Q K^T, dP = dO V^T              wgmma m64n64k16, K-major operands in shared memory
+ * two rings; consumers 1 and 2 own 64 rows each, their Q and dO read into registers once; per key
+ * tile
+ *   S = Q K^T, dP = dO V^T              wgmma m64n64k16, Q and dO from registers, K and V K-major
+ *                                       in shared memory (an SS product of this shape would read
+ *                                       shared memory as fast as it can deliver)
  *   P = exp2(S c - lse), dS = P (dP - delta)      masked, in registers
  *   dQ += dS K                          wgmma m64nDk16, dS from registers, K MN-major
  * and dq (times the scale) leaves from registers: written once, no atomics. */
@@ -594,7 +611,7 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   if (wg == 0) {
-    sm90::setmaxnreg_dec<40>();
+    sm90::setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_map(&map_k);
       sm90::tma_prefetch_map(&map_v);
@@ -608,7 +625,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  sm90::setmaxnreg_inc<232>();
+  sm90::setmaxnreg_inc<240>(); /* the Q and dO fragments take 64 registers a thread */
   const int cw = wg - 1, l = (int)(threadIdx.x % 32), t4 = l % 4;
   /* this thread's two rows, what they see (the forward's bounds), their lse (log2 units) and
    * delta */
@@ -622,11 +639,12 @@ __global__ void __launch_bounds__(384, 1)
   }
   const float c = scale * LOG2E;
   float acc[D / 2], s_[BN / 2], dp[BN / 2];
-  u32 df[BN / 16][4];
+  u32 df[BN / 16][4], qf[D / 16][4], of[D / 16][4];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
-  const u8 *qw = sQ + cw * NB * C::QBOX, *ow = sO + cw * NB * C::QBOX;
   sm90::mbar_wait(&bar.q_full, 0);
+  sm90_load_a<D>(qf, sQ + cw * NB * C::QBOX, C::QBOX);
+  sm90_load_a<D>(of, sO + cw * NB * C::QBOX, C::QBOX);
 
   for (int t = 0; t < kt.n; ++t) {
     const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
@@ -637,12 +655,20 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(&bar.k_full[st], ph);
     sm90::mbar_wait(&bar.v_full[st], ph);
     sm90::wgmma_fence();
-    sm90_ss_head<D, BN, AB, C::QBOX, C::KVBOX>(s_, qw, kb);
-    sm90_ss_head<D, BN, AB, C::QBOX, C::KVBOX>(dp, ow, vb);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 off = (kk / 4) * C::KVBOX + 32u * (u32)(kk % 4); /* 16 columns of box kk / 4 */
+      const u64 dk_ = sm90::smem_desc(kb + off, sm90::SWIZZLE_128B, 0, 1024);
+      const u64 dv_ = sm90::smem_desc(vb + off, sm90::SWIZZLE_128B, 0, 1024);
+      sm90::wgmma<BN>::template rs<AB, 0>(s_, qf[kk], dk_, kk > 0 ? 1u : 0u);
+      sm90::wgmma<BN>::template rs<AB, 0>(dp, of[kk], dv_, kk > 0 ? 1u : 0u);
+    }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(s_);
     sm90::wgmma_fence_operands(dp);
+    sm90::wgmma_fence_operands(qf);
+    sm90::wgmma_fence_operands(of);
     if (l == 0) sm90::mbar_arrive(&bar.v_empty[st]);
 
     const bool phase_a = t < kt.na;
