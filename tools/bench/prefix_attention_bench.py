@@ -4,11 +4,13 @@ with a shared-prefix block mask (the anchors of /work/shared/anchors/wave2_ancho
 timing method: median of CUDA-event times after warm-up). Also: rlk against SDPA on the same data
 (outputs and gradients mapped back to the packed layout), and bitwise repeatability.
 
-    PYTHONPATH=python python3 tools/bench/prefix_attention_bench.py [--no-flex] [--quick] [--kernels]
+    PYTHONPATH=python python3 tools/bench/prefix_attention_bench.py [--no-flex] [--quick] [--kernels] [--b2b]
 
-Prints one line per row and a table; JSON to $OUT/prefix_attention.json when OUT is set. With
---kernels, each case's rlk forward + backward is also split into its kernels' CUDA times (torch
-profiler, five calls back to back)."""
+Prints one line per row and a table; JSON to $OUT/prefix_attention.json when OUT is set. Each call
+is timed alone (the anchors' method: the device waits for the host's work before the first
+launch). With --b2b, forward + backward is also timed over ten calls queued back to back, per
+call (the host's time hidden, as in a training step); with --kernels, rlk's forward + backward is
+split into its kernels' CUDA times (torch profiler, five calls back to back)."""
 import argparse
 import json
 import os
@@ -45,6 +47,27 @@ def bench(fn, iters=10, warm=3):
     return ts[len(ts) // 2]
 
 
+def bench_b2b(fn, calls=10, reps=3, warm=2):
+    """Per-call time of `calls` calls queued back to back (events around the batch, median of reps
+    batches): what a training step that launches one after another sees, the host's time per call
+    hidden behind the device's."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e) / calls)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 def row(case, impl, ms, note=""):
     ROWS.append(dict(case=case, impl=impl, ms=ms, note=note))
     print("%-46s %-36s %9.3f ms  %s" % (case, impl, ms, note), flush=True)
@@ -75,7 +98,7 @@ def kernel_times(case, fn, calls=5):
     row(case + " kernels", "  sum of the kernels", total)
 
 
-def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False):
+def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False, b2b=False):
     case = "attn G%d (%d+%d)x%d Hq%d Hkv%d D%d" % (G, Lp, Lr, prompts, Hq, Hkv, D)
     lay = rlk.prefix_layout([Lp] * prompts, [[Lr] * G] * prompts)
     T = lay.tokens
@@ -117,6 +140,8 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10,
     row(case + " fwd", "SDPA replicated prefix", t, "%.0f TFLOP/s eff" % (fl_rep / t / 1e9))
     t = bench(sdpa_fb, max(3, iters // 2))
     row(case + " fwd+bwd", "SDPA replicated prefix", t, "%.0f TFLOP/s eff" % (3.5 * fl_rep / t / 1e9))
+    if b2b:
+        row(case + " fwd+bwd b2b", "SDPA replicated prefix", bench_b2b(sdpa_fb), "back to back, per call")
     t0 = time.time()
     rlk_f()
     torch.cuda.synchronize()
@@ -125,6 +150,8 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10,
         fl_sh / t / 1e9, time.time() - t0))
     t = bench(rlk_fb, max(3, iters // 2))
     row(case + " fwd+bwd", RLK_IMPL, t, "%.0f TFLOP/s useful" % (3.5 * fl_sh / t / 1e9))
+    if b2b:
+        row(case + " fwd+bwd b2b", RLK_IMPL, bench_b2b(rlk_fb), "back to back, per call")
     if kernels:
         kernel_times(case + " fwd+bwd", rlk_fb)
 
@@ -160,6 +187,9 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10,
         t = bench(flex_fb, max(3, iters // 2))
         row(case + " fwd+bwd", "flex_attention shared-prefix mask", t, "%.0f TFLOP/s useful" % (
             3.5 * fl_sh / t / 1e9))
+        if b2b:
+            row(case + " fwd+bwd b2b", "flex_attention shared-prefix mask", bench_b2b(flex_fb),
+                "back to back, per call")
 
     if check:
         # rlk vs SDPA in fp32 on the replicated layout (the prefix's upstream gradient on replica 0)
@@ -201,14 +231,16 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--quick", action="store_true", help="the main case only")
     ap.add_argument("--kernels", action="store_true", help="rlk's kernel times per case (torch profiler)")
+    ap.add_argument("--b2b", action="store_true", help="also fwd+bwd timed over 10 calls back to back")
     a = ap.parse_args()
     print("GPU %s, torch %s, rlk %s" % (torch.cuda.get_device_name(), torch.__version__, rlk.version_string()))
     # numerics and repeatability on an odd case small enough for fp32 SDPA, then the timings
     run_case(5, 333, 129, 16, 4, 128, flex=False, check=True, iters=3)
-    run_case(16, 4096, 512, 32, 8, 128, flex=not a.no_flex, kernels=a.kernels)
+    opts = dict(kernels=a.kernels, b2b=a.b2b)
+    run_case(16, 4096, 512, 32, 8, 128, flex=not a.no_flex, **opts)
     if not a.quick:
-        run_case(8, 1024, 1024, 32, 8, 128, flex=False, kernels=a.kernels)
-        run_case(1, 4096, 512, 32, 8, 128, prompts=16, flex=False, iters=5, kernels=a.kernels)
+        run_case(8, 1024, 1024, 32, 8, 128, flex=False, **opts)
+        run_case(1, 4096, 512, 32, 8, 128, prompts=16, flex=False, iters=5, **opts)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "prefix_attention.json"), "w") as f:
