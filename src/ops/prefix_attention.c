@@ -98,16 +98,18 @@ static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                
 static size_t pa_sm90_smem(int D) {
   return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
 }
-/* Its dk, dv kernel (pa_sm90_bwd): 128-key tiles (K and V), 64-row query tiles (Q and dO) in two
+/* Its dk, dv kernel (pa_sm90_bwd): 128-key tiles (K and V), 64-row query tiles (Q and dO) in four
  * stages. */
 #define PA_SM90_BQ 64
+#define PA_SM90_DKDV_STAGES 4
 static size_t pa_sm90_dkdv_smem(int D) {
-  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * PA_SM90_STAGES * PA_SM90_BQ) + 1024u;
+  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * PA_SM90_DKDV_STAGES * PA_SM90_BQ) + 1024u;
 }
-/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in two stages. */
+/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in three stages. */
 #define PA_SM90_DQ_BN 64
+#define PA_SM90_DQ_STAGES 3
 static size_t pa_sm90_dq_smem(int D) {
-  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_DQ_BN) + 1024u;
+  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * PA_SM90_DQ_STAGES * PA_SM90_DQ_BN) + 1024u;
 }
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
@@ -496,7 +498,7 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
                        pa_unaligned(ptrs, 8)};
   if ((st = pa_select(ctx, &c, p))) return st;
   if (p->variant == PA_VARIANT_WGMMA && (s->max_rows + PA_SM90_BN - 1) / PA_SM90_BN > 65535) {
-    /* the sm_90a dk/dv grid has key tiles in z (65535 at most); the mma kernels have them in x */
+    /* the sm_90a dk/dv grid has key tiles in y (65535 at most); the mma kernels have them in x */
     pa_config m = c;
     m.variant = PA_VARIANT_MMA;
     if ((st = pa_select(ctx, &m, p))) return st;
@@ -581,9 +583,9 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
       _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
       if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      /* a block per (key head, region, key tile): key tiles slowest, the heaviest first (at most
-       * 65535 of them: pa_check_backward) */
-      d = pa_dims((uint64_t)s.Hkv, (uint64_t)(2 * s.P), (uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN),
+      /* a block per (key head, key tile, region): regions slowest, then key tiles, a prompt's
+       * heaviest first (at most 65535 key tiles: pa_check_backward) */
+      d = pa_dims((uint64_t)s.Hkv, (uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN), (uint64_t)(2 * s.P),
                   PA_SM90_THREADS, pa_sm90_dkdv_smem((int)s.D));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
     } else {

@@ -372,18 +372,18 @@ template <int D> RLK_DEVICE void frag_bt(u32 r[4], const u16 *s, int k0, int n0)
   ldsm4t(r, s + (k0 + (mat % 2) * 8 + lane % 8) * tile<D>::LD + n0 + (mat / 2) * 8);
 }
 
-/* The tile's region: rows [r0, r1) of prompt p (its prefix for even y, its stacked responses for
- * odd y) and the prompt's bounds. */
+/* The tile's region: rows [r0, r1) of prompt p = y / 2 (its prefix for even y, its stacked
+ * responses for odd y; y the block's grid row unless given) and the prompt's bounds. */
 struct region {
   i64 ps, pe, pend, r0, r1;
   i32 rs0, rs1; /* the prompt's response segments [rs0, rs1) */
   int resp;
 };
 
-RLK_DEVICE region region_of(const i32 *seq, const i32 *grp) {
+RLK_DEVICE region region_of(const i32 *seq, const i32 *grp, i32 y = (i32)blockIdx.y) {
   region r;
-  const i32 p = (i32)(blockIdx.y >> 1), g = grp[p];
-  r.resp = (int)(blockIdx.y & 1);
+  const i32 p = y >> 1, g = grp[p];
+  r.resp = y & 1;
   r.ps = seq[g];
   r.pe = seq[g + 1];
   r.pend = seq[grp[p + 1]];

@@ -357,10 +357,10 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, two
+/* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, four
  * stages of Q and dO (the host's launch shape and boxes mirror these: PA_SM90_*). */
 template <int D> struct pa_sm90_bwd {
-  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = 2;
+  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = 4;
   static constexpr int NB = D / 64;
   static constexpr u32 KVBOX = (u32)BN * 128u;            /* 128 keys x 64 columns */
   static constexpr u32 QBOX = (u32)BQ * 128u;             /* 64 rows x 64 columns */
@@ -369,12 +369,13 @@ template <int D> struct pa_sm90_bwd {
   static constexpr int AUX = 64;                          /* producer threads staging per-row data */
 };
 
-/* Backward dk, dv on sm_90a: a block per (key head, region, 128-key tile), key tiles slowest so
- * that the heaviest (a prefix's first) start first. The block walks the query tiles that see its
+/* Backward dk, dv on sm_90a: a block per (key head, 128-key tile, region), regions slowest (the
+ * blocks that run together read one prompt's Q and dO), then key tiles, so that a prompt's
+ * heaviest (its prefix's first) start first. The block walks the query tiles that see its
  * keys (the mma kernel's, in the same order) for each query head of its GQA group in turn,
  * summing the group in its accumulators: no partials, no reduce pass. Warpgroup 0 produces: one
  * thread loads K and V once and then each (head, 64-row query tile)'s Q and dO by TMA into a
- * two-stage ring; 64 of its threads stage the tile's per-row lse (log2 units), delta and first
+ * four-stage ring; 64 of its threads stage the tile's per-row lse (log2 units), delta and first
  * visible key. Consumers 1 and 2 own 64 keys each; per query tile
  *   S^T = K Q^T, dP^T = V dO^T         wgmma m64n64k16, K-major operands in shared memory
  *   P^T = exp2(S^T c - lse)            masked, in registers
@@ -399,8 +400,8 @@ __global__ void __launch_bounds__(384, 1)
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
-  const region rg = region_of(seq, grp);
-  const i64 k0 = rg.r0 + (i64)blockIdx.z * BN;
+  const region rg = region_of(seq, grp, (i32)blockIdx.z);
+  const i64 k0 = rg.r0 + (i64)blockIdx.y * BN;
   if (k0 >= rg.r1) return;
   const i64 kend = min_(k0 + BN, rg.r1);
   const i32 ratio = Hq / Hkv, hk = (i32)blockIdx.x;
@@ -561,7 +562,7 @@ __global__ void __launch_bounds__(384, 1)
 /* The backward's dq kernel (pattn_bwd_dq_sm90): the forward's 128-row query tiles with 64-key
  * tiles (three accumulator tiles a thread: S, dP and dq; Q and dO as A fragments). */
 template <int D> struct pa_sm90_dq {
-  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = 2;
+  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = 3;
   static constexpr int NB = D / 64;
   static constexpr u32 QBOX = 64u * 128u, KVBOX = (u32)BN * 128u;
   static constexpr u32 QBYTES = 2u * NB * QBOX, KVBYTES = NB * KVBOX;
