@@ -30,42 +30,36 @@ ROWS = []
 RLK_IMPL = "rlk prefix_attention [%s]" % os.environ.get("RLK_PREFIX_ATTENTION_VARIANT", "auto")
 
 
-def bench(fn, iters=10, warm=3):
+def timed(fn, calls=1):
+    """Per-call device time of `calls` calls of fn queued one after another (events around them)."""
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / calls
+
+
+def median_of(fn, reps, warm, calls=1):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
+    ts = sorted(timed(fn, calls) for _ in range(reps))
     return ts[len(ts) // 2]
+
+
+def bench(fn, iters=10, warm=3):
+    """Median of `iters` calls timed one at a time (the device idle before each)."""
+    return median_of(fn, iters, warm)
 
 
 def bench_b2b(fn, calls=10, reps=3, warm=2):
-    """Per-call time of `calls` calls queued back to back (events around the batch, median of reps
-    batches): what a training step that launches one after another sees, the host's time per call
-    hidden behind the device's."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / calls)
-    ts.sort()
-    return ts[len(ts) // 2]
+    """Per-call time of `calls` calls queued back to back (median of reps batches): what a training
+    step that launches one after another sees, the host's time per call hidden behind the
+    device's."""
+    return median_of(fn, reps, warm, calls)
 
 
 def row(case, impl, ms, note=""):
