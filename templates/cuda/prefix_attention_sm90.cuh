@@ -170,7 +170,7 @@ RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H,
 /* Tile shape and rings (the host's launch shape and tensor-map boxes mirror these:
  * src/ops/prefix_attention.c, PA_SM90_*). */
 template <int D> struct pa_sm90 {
-  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 2;
+  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 3;
   static constexpr int NB = D / 64;                        /* 64-column boxes across the head dim */
   static constexpr u32 QBOX = 64u * 128u;                  /* 64 rows x 64 columns of a Q box */
   static constexpr u32 KVBOX = (u32)BN * 128u;             /* BN rows x 64 columns of a K or V box */
