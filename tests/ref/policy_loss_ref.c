@@ -167,7 +167,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       const dd lp = dd_var(b->lp[i]);
       const dd lr = dd_clamp_bg(dd_sub(lp, dd_c(b->old[i])), p->lr_min, p->lr_max, p->bound_g);
       dd l;
-      double ratio;
+      double ratio, l_g_abs = -1; /* |d l / d lp| for the tolerance when not |l.g| */
       int is_clip = 0, is_dual = 0;
       if (p->mode == 0 || p->mode == 1) {
         const dd rr = p->mode == 1 ? (dd){s, s * s_gate} : dd_exp(lr);
@@ -189,7 +189,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         is_clip = ratio < lo || ratio > hi;
       } else if (p->mode == 5) {
         /* GMPO: the sequence's term -Abar exp(mean clipped d), differentiated in this token */
-        double sd = 0, sa = 0;
+        double sd = 0, sa = 0, sa_abs = 0;
         dd mine = dd_c(0);
         for (int64_t u = 0; u < T; u++) {
           const int64_t k = r * T + u;
@@ -203,6 +203,7 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
           if (u == t) mine = mn;
           sd += b->mask[k] * mn.v;
           sa += b->mask[k] * Ak;
+          sa_abs += fabs(b->mask[k] * Ak);
         }
         const dd sr = dd_exp((dd){sd / n, b->mask[i] * mine.g / n});
         ratio = sr.v;
@@ -210,6 +211,8 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
         /* the aggregation weighs the sequence's term once per token (W = n rowfac): the
          * derivative of the whole sum is carried by each token's own share */
         l.g = l.g * n / b->mask[i];
+        /* the mean advantage's terms may cancel: rounding is relative to their magnitudes */
+        l_g_abs = sa_abs / n * fabs(sr.g) * n / fabs(b->mask[i]);
         const double di = b->lp[i] - b->old[i];
         const int cl = di < -p->clip_low || di > p->clip_high;
         is_clip = cl && A > 0;
@@ -255,7 +258,9 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
       if (ratio < rmin) rmin = ratio;
       const double gpg = p->mode == 1 && p->seq_grad ? m * row_g : w * l.g;
       o->grad_lp[i] = K * (gpg + w * p->kl_coef * kl.g);
-      const double gpg_abs = p->mode == 1 && p->seq_grad ? fabs(m) * row_g_abs : fabs(gpg);
+      const double gpg_abs = p->mode == 1 && p->seq_grad ? fabs(m) * row_g_abs
+                             : l_g_abs >= 0                 ? fabs(w) * l_g_abs
+                                                            : fabs(gpg);
       if (o->grad_abs) o->grad_abs[i] = fabs(K) * (gpg_abs + fabs(w * p->kl_coef * kl.g));
       if (o->grad_ent) o->grad_ent[i] = -p->ent_coef * K * w;
     }
