@@ -89,12 +89,12 @@ static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }               
 static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V, 2 x (Q dO) */
 static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
 /* The sm_90a forward (templates/cuda/prefix_attention_sm90.cuh: pa_sm90): 128-row query tiles,
- * 128-key tiles, TMA boxes of 64 head-dim columns (64 rows of Q, 128 of K and V), three stages of
- * K and V, plus 1024 bytes to align the tiles. */
+ * 128-key tiles, TMA boxes of 64 head-dim columns (64 rows of Q, 128 of K and V), two stages of K
+ * and V, plus 1024 bytes to align the tiles. */
 #define PA_SM90_BM 128
 #define PA_SM90_BN 128
 #define PA_SM90_THREADS 384
-#define PA_SM90_STAGES 3
+#define PA_SM90_STAGES 2
 static size_t pa_sm90_smem(int D) {
   return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
 }

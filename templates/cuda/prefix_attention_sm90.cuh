@@ -99,6 +99,17 @@ RLK_DEVICE void sm90_ss_head(float (&acc)[N / 2], const u8 *a, const u8 *b) {
   }
 }
 
+/* The same with A from registers (sm90_load_a's fragments, k-step kk: columns 16 kk ..). Issued,
+ * not committed. */
+template <int D, int N, int AB, u32 BBOX>
+RLK_DEVICE void sm90_rs_head(float (&acc)[N / 2], const u32 (&a)[D / 16][4], const u8 *b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const u64 db = sm90::smem_desc(b + (kk / 4) * BBOX + 32u * (u32)(kk % 4), sm90::SWIZZLE_128B, 0, 1024);
+    sm90::wgmma<N>::template rs<AB, 0>(acc, a[kk], db, kk > 0 ? 1u : 0u);
+  }
+}
+
 /* An accumulator [64 x N] in the 16-bit dtype as the A fragments of the next product: k-step ks
  * (columns 16 ks ..), f[ks][r + 2 hh] = columns 8 (2 ks + hh) + 2 t4 + {0, 1} of row r. */
 template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], u32 (&f)[N / 16][4]) {
@@ -170,7 +181,7 @@ RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H,
 /* Tile shape and rings (the host's launch shape and tensor-map boxes mirror these:
  * src/ops/prefix_attention.c, PA_SM90_*). */
 template <int D> struct pa_sm90 {
-  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 3;
+  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 2;
   static constexpr int NB = D / 64;                        /* 64-column boxes across the head dim */
   static constexpr u32 QBOX = 64u * 128u;                  /* 64 rows x 64 columns of a Q box */
   static constexpr u32 KVBOX = (u32)BN * 128u;             /* BN rows x 64 columns of a K or V box */
@@ -656,14 +667,8 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(&bar.k_full[st], ph);
     sm90::mbar_wait(&bar.v_full[st], ph);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const u32 off = (kk / 4) * C::KVBOX + 32u * (u32)(kk % 4); /* 16 columns of box kk / 4 */
-      const u64 dk_ = sm90::smem_desc(kb + off, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 dv_ = sm90::smem_desc(vb + off, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma<BN>::template rs<AB, 0>(s_, qf[kk], dk_, kk > 0 ? 1u : 0u);
-      sm90::wgmma<BN>::template rs<AB, 0>(dp, of[kk], dv_, kk > 0 ? 1u : 0u);
-    }
+    sm90_rs_head<D, BN, AB, C::KVBOX>(s_, qf, kb);
+    sm90_rs_head<D, BN, AB, C::KVBOX>(dp, of, vb);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(s_);
