@@ -20,10 +20,11 @@
  *   pattn_bwd           host: the whole backward in fp64
  * No atomics anywhere: every output element is summed by one thread in a fixed order.
  *
- * Grid of the tiled kernels: y = region (2p: prompt p's prefix rows, 2p + 1: its response rows,
- * stacked), x = tile of the region (blocks past a region's end return at once), z = head. The
- * host layout arrays give the largest region. RLK_PREFIX_ATTENTION_VARIANT=portable|mma|wgmma
- * forces a GPU path (mma needs sm_80+, wgmma sm_90a; each falls back to the next one down). */
+ * Grid of the tiled kernels: y = prompt, x = tile of the prompt (its prefix's and its stacked
+ * response rows' tiles in one index, heaviest first: prompt_tile in the template; blocks past a
+ * prompt's tiles return at once), z = head; the sm_90a dk/dv kernel has key heads in x, tiles in
+ * y and prompts in z. The host layout arrays give the most tiles a prompt has.
+ * RLK_PREFIX_ATTENTION_VARIANT=portable|mma|wgmma forces a GPU path (mma needs sm_80+, wgmma sm_90a; each falls back to the next one down). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -95,6 +96,9 @@ static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                
 #define PA_SM90_BN 128
 #define PA_SM90_THREADS 384
 #define PA_SM90_STAGES 2
+/* the backward's key tiles are the forward's query tiles in size: one count of a prompt's tiles
+ * (pa_shape.tiles[1]) sizes every sm_90a grid */
+_Static_assert(PA_SM90_BM == PA_SM90_BN, "sm_90a query and key tiles of one size");
 static size_t pa_sm90_smem(int D) {
   return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
 }
@@ -200,7 +204,11 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
 /* What a call's tensors and layout come to. */
 typedef struct pa_shape {
   int64_t T, Hq, Hkv, D, P, S;
-  int64_t max_rows; /* largest region (a prompt's prefix, or all its responses) */
+  /* the most tiles of a prompt (its prefix's plus its responses' rows, each part in whole tiles):
+   * tiles[0] of PA_TILE rows (the mma kernels), tiles[1] of PA_SM90_BM = PA_SM90_BN (sm_90a); a
+   * grid's x (sm_90a dk/dv: y) spans them, the prompts in the next dimension (prompt_tile in the
+   * templates) */
+  int64_t tiles[2];
   rlk_dtype dtype;
   const int32_t *seq, *grp; /* what the kernels read */
 } pa_shape;
@@ -281,7 +289,7 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
                      (long long)P, (int)grp[P], (long long)S);
   if (seq[0] != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.seq_offsets[0]: %d, expected 0", (int)seq[0]);
-  int64_t max_rows = 0;
+  int64_t tiles[2] = {0, 0};
   for (int64_t p = 0; p < P; p++) {
     for (int64_t sg = grp[p]; sg < grp[p + 1]; sg++) {
       const int prefix = sg == grp[p];
@@ -293,8 +301,10 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
                          prefix ? "the prefix" : "a response", (long long)p, prefix ? "negative" : "zero");
     }
     const int64_t lp = seq[grp[p] + 1] - seq[grp[p]], ls = seq[grp[p + 1]] - seq[grp[p] + 1];
-    if (lp > max_rows) max_rows = lp;
-    if (ls > max_rows) max_rows = ls;
+    for (int i = 0; i < 2; i++) {
+      const int64_t tile = i ? PA_SM90_BM : PA_TILE, n = (lp + tile - 1) / tile + (ls + tile - 1) / tile;
+      if (n > tiles[i]) tiles[i] = n;
+    }
   }
   if (seq[S] != T)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.seq_offsets[%lld]: %d, expected T = %lld (q's tokens)",
@@ -309,7 +319,8 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
   }
   s->P = P;
   s->S = S;
-  s->max_rows = max_rows;
+  s->tiles[0] = tiles[0];
+  s->tiles[1] = tiles[1];
   s->seq = host ? seq : (const int32_t *)l->seq_offsets.data;
   s->grp = host ? grp : (const int32_t *)l->group_offsets.data;
   return RLK_OK;
@@ -449,8 +460,8 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   f.Hq = (int32_t)s.Hq;
   f.Hkv = (int32_t)s.Hkv;
   f.scale = pa_scale(a->scale, s.D);
-  if (p.tiled && 2 * s.P > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
+  if (p.tiled && s.P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
                      (long long)s.P);
   if (p.variant == PA_VARIANT_WGMMA) {
     _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
@@ -458,8 +469,8 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
     /* the tensor maps are parameters of their own ahead of the struct (read by TMA where they
      * lie in parameter space) */
     void *margs[] = {maps[0], maps[1], maps[2], &f};
-    rlk_launch_dims d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BM - 1) / PA_SM90_BM), (uint64_t)(2 * s.P),
-                                (uint64_t)s.Hq, PA_SM90_THREADS, pa_sm90_smem((int)s.D));
+    rlk_launch_dims d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
+                                pa_sm90_smem((int)s.D));
     return rlk_context_launch(ctx, &p.fwd, &d, stream, margs);
   }
   void *kargs[] = {&f};
@@ -467,7 +478,7 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   if (ctx->kind == RLK_BACKEND_HOST)
     d = pa_dims(1, 1, 1, 1, 0);
   else if (p.variant == PA_VARIANT_MMA)
-    d = pa_dims((uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
+    d = pa_dims((uint64_t)s.tiles[0], (uint64_t)s.P, (uint64_t)s.Hq,
                 PA_MMA_THREADS, pa_fwd_smem((int)s.D));
   else
     d = pa_dims((uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s.Hq, 1,
@@ -497,7 +508,7 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
   const pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, PA_VARIANT_AUTO,
                        pa_unaligned(ptrs, 8)};
   if ((st = pa_select(ctx, &c, p))) return st;
-  if (p->variant == PA_VARIANT_WGMMA && (s->max_rows + PA_SM90_BN - 1) / PA_SM90_BN > 65535) {
+  if (p->variant == PA_VARIANT_WGMMA && s->tiles[1] > 65535) {
     /* the sm_90a dk/dv grid has key tiles in y (65535 at most); the mma kernels have them in x */
     pa_config m = c;
     m.variant = PA_VARIANT_MMA;
@@ -570,26 +581,26 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
     rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
     return rlk_context_launch(ctx, &p.bwd_host, &d, stream, kargs);
   }
-  if (2 * s.P > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 32767",
+  if (s.P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
                      (long long)s.P);
   const unsigned warp = pa_warp(ctx);
   const uint64_t rows_per_block = 256 / warp; /* a warp per row */
   rlk_launch_dims d = pa_dims((uint64_t)((s.T * s.Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
   if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
   if (p.tiled) {
-    const uint64_t tiles = (uint64_t)((s.max_rows + PA_TILE - 1) / PA_TILE);
+    const uint64_t tiles = (uint64_t)s.tiles[0];
     if (p.variant == PA_VARIANT_WGMMA) {
       _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
       if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      /* a block per (key head, key tile, region): regions slowest, then key tiles, a prompt's
+      /* a block per (key head, key tile, prompt): prompts slowest, then key tiles, a prompt's
        * heaviest first (at most 65535 key tiles: pa_check_backward) */
-      d = pa_dims((uint64_t)s.Hkv, (uint64_t)((s.max_rows + PA_SM90_BN - 1) / PA_SM90_BN), (uint64_t)(2 * s.P),
-                  PA_SM90_THREADS, pa_sm90_dkdv_smem((int)s.D));
+      d = pa_dims((uint64_t)s.Hkv, (uint64_t)s.tiles[1], (uint64_t)s.P, PA_SM90_THREADS,
+                  pa_sm90_dkdv_smem((int)s.D));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
     } else {
-      d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
+      d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
       if (s.Hq > s.Hkv) {
         d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
@@ -601,11 +612,10 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
       if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
         return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      d = pa_dims((uint64_t)((s.max_rows + PA_SM90_BM - 1) / PA_SM90_BM), (uint64_t)(2 * s.P), (uint64_t)s.Hq,
-                  PA_SM90_THREADS, pa_sm90_dq_smem((int)s.D));
+      d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS, pa_sm90_dq_smem((int)s.D));
       return rlk_context_launch(ctx, &p.dq, &d, stream, margs);
     }
-    d = pa_dims(tiles, (uint64_t)(2 * s.P), (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
+    d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
     return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
   }
   const uint64_t by = (uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);

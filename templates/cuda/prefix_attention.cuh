@@ -372,15 +372,15 @@ template <int D> RLK_DEVICE void frag_bt(u32 r[4], const u16 *s, int k0, int n0)
   ldsm4t(r, s + (k0 + (mat % 2) * 8 + lane % 8) * tile<D>::LD + n0 + (mat / 2) * 8);
 }
 
-/* The tile's region: rows [r0, r1) of prompt p = y / 2 (its prefix for even y, its stacked
- * responses for odd y; y the block's grid row unless given) and the prompt's bounds. */
+/* A tile's region: rows [r0, r1) of prompt p = y / 2 (its prefix for even y, its stacked
+ * responses for odd y) and the prompt's bounds. */
 struct region {
   i64 ps, pe, pend, r0, r1;
   i32 rs0, rs1; /* the prompt's response segments [rs0, rs1) */
   int resp;
 };
 
-RLK_DEVICE region region_of(const i32 *seq, const i32 *grp, i32 y = (i32)blockIdx.y) {
+RLK_DEVICE region region_of(const i32 *seq, const i32 *grp, i32 y) {
   region r;
   const i32 p = y >> 1, g = grp[p];
   r.resp = y & 1;
@@ -392,6 +392,27 @@ RLK_DEVICE region region_of(const i32 *seq, const i32 *grp, i32 y = (i32)blockId
   r.r0 = r.resp ? r.pe : r.ps;
   r.r1 = r.resp ? r.pend : r.pe;
   return r;
+}
+
+/* A prompt's tiles of `tile` rows as one grid index x, heaviest first, so that a grid over
+ * prompts has no blocks that find nothing to do where prefixes and response groups differ in
+ * length. Query tiles (keys false): its stacked response rows' tiles (each sees the whole
+ * prefix), then its prefix's from the last (which sees the most keys); key tiles (keys true): its
+ * prefix's from the first (seen by the most rows), then its response keys'. Sets rg to the tile's
+ * region of prompt p and returns the tile's first row, or -1 past the prompt's tiles (the host
+ * sizes x for the prompt with the most: pa_shape.tiles in src/ops/prefix_attention.c). */
+RLK_DEVICE i64 prompt_tile(const i32 *seq, const i32 *grp, i32 p, i64 x, int tile, bool keys, region &rg) {
+  rg = region_of(seq, grp, 2 * p + 1);
+  const i64 nr = (rg.pend - rg.pe + tile - 1) / tile, np = (rg.pe - rg.ps + tile - 1) / tile;
+  const bool resp = keys ? x >= np : x < nr;
+  const i64 i = keys ? (resp ? x - np : x) : (resp ? x : np - 1 - (x - nr));
+  if (i < 0 || i >= (resp ? nr : np)) return -1;
+  if (!resp) {
+    rg.resp = 0;
+    rg.r0 = rg.ps;
+    rg.r1 = rg.pe;
+  }
+  return rg.r0 + i * tile;
 }
 
 /* The first key a row may see in its own segment: its response's start (rows of a response
@@ -424,7 +445,8 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
 
 } // namespace pa
 
-/* Forward (sm_80+): a block per (64-row query tile of a region, query head). */
+/* Forward (sm_80+): a block per (64-row query tile of a prompt, prompt, query head), the prompt's
+ * tiles heaviest first (prompt_tile). */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
     pattn_fwd_mma(RLK_PARAMS_ARG pa::FwdParams p_) {
@@ -439,9 +461,9 @@ __global__ void __launch_bounds__(pa::THREADS)
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sQ = pa_smem, *sK = sQ + tile<D>::ELEMS, *sV = sK + 2 * tile<D>::ELEMS;
-  const region rg = region_of(seq, grp);
-  const i64 q0 = rg.r0 + (i64)blockIdx.x * TILE;
-  if (q0 >= rg.r1) return;
+  region rg;
+  const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, TILE, false, rg);
+  if (q0 < 0) return;
   const i64 qend = min_(q0 + TILE, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
@@ -585,9 +607,9 @@ __global__ void __launch_bounds__(pa::THREADS)
   constexpr int ND = D / 8, KD = D / 16;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sQ = pa_smem, *sO = sQ + tile<D>::ELEMS, *sK = sO + tile<D>::ELEMS, *sV = sK + 2 * tile<D>::ELEMS;
-  const region rg = region_of(seq, grp);
-  const i64 q0 = rg.r0 + (i64)blockIdx.x * TILE;
-  if (q0 >= rg.r1) return;
+  region rg;
+  const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, TILE, false, rg);
+  if (q0 < 0) return;
   const i64 qend = min_(q0 + TILE, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
@@ -697,7 +719,7 @@ RLK_DEVICE float *pa_partials(void *work, i64 T, i32 Hq) {
   return (float *)work + ((T * Hq + 3) & ~(i64)3);
 }
 
-/* Backward dk, dv (sm_80+): a block per (64-key tile of a region, query head). Each warp owns 16
+/* Backward dk, dv (sm_80+): a block per (64-key tile of a prompt, prompt, query head). Each warp owns 16
  * keys and walks every 64-row query tile that sees them (a prefix tile: its own prefix rows from
  * the tile on, then every response row of the prompt; a response tile: rows from the tile to the
  * end of the response holding its last key), the next tile streaming in meanwhile:
@@ -721,9 +743,9 @@ __global__ void __launch_bounds__(pa::THREADS)
   u16 *sK = pa_smem, *sV = sK + tile<D>::ELEMS, *sQ = sV + tile<D>::ELEMS, *sO = sQ + 2 * tile<D>::ELEMS;
   float *sL = (float *)(sO + 2 * tile<D>::ELEMS), *sD = sL + 2 * TILE; /* [2][TILE] each */
   i32 *sLo = (i32 *)(sD + 2 * TILE);
-  const region rg = region_of(seq, grp);
-  const i64 k0 = rg.r0 + (i64)blockIdx.x * TILE;
-  if (k0 >= rg.r1) return;
+  region rg;
+  const i64 k0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, TILE, true, rg);
+  if (k0 < 0) return;
   const i64 kend = min_(k0 + TILE, rg.r1);
   const i32 h = (i32)blockIdx.z, ratio = Hq / Hkv, hk = h / ratio;
   const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;

@@ -5,9 +5,10 @@
  * The forward: S = Q K^T and O += P V by wgmma from TMA-filled shared memory, the online softmax
  * in registers (flash-attention style).
  *
- * The tiling is the mma kernel's (prefix_attention.cuh: a block per query tile of a region and
- * query head, the region's key tiles in order, the response rows stacked so that a tile of them
- * reads each prefix K/V tile once), with 128-row query tiles and 128-key tiles.
+ * The tiling is the mma kernel's (prefix_attention.cuh: a block per query tile of a prompt, the
+ * prompt's tiles heaviest first, and query head; the tile's key tiles in order; the response rows
+ * stacked so that a tile of them reads each prefix K/V tile once), with 128-row query tiles and
+ * 128-key tiles.
  * Warpgroup 0 is the producer: one thread loads the block's Q once, then K and V tiles into two
  * rings of STAGES stages (TMA boxes of 64 head-dim columns, 128-byte swizzle), full/empty mbarriers
  * between it and the consumers; K and V have barriers of their own so that S = Q K^T starts before
@@ -37,15 +38,6 @@
 namespace rlk {
 
 namespace pa {
-
-/* The first row of this block's query tile (BM rows of the region) or -1 past the region's end; a
- * prefix's causal tiles heaviest first (blocks start in x order), so that the short ones fill the
- * end of the wave. */
-template <int BM> RLK_DEVICE i64 sm90_query_tile(const region &rg) {
-  const i64 ntiles = (rg.r1 - rg.r0 + BM - 1) / BM;
-  if ((i64)blockIdx.x >= ntiles) return -1;
-  return rg.r0 + (rg.resp ? (i64)blockIdx.x : ntiles - 1 - (i64)blockIdx.x) * BM;
-}
 
 /* Loads rows [row0, row0 + box rows) of one head (its D columns from col0) as D / 64 boxes of 64
  * columns, box_bytes apart at dst, completing on bar. */
@@ -204,8 +196,8 @@ __global__ void __launch_bounds__(384, 1)
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   void *__restrict__ out = p_.out;
-  const region rg = region_of(seq, grp);
-  const i64 q0 = sm90_query_tile<C::BM>(rg);
+  region rg;
+  const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, C::BM, false, rg);
   if (q0 < 0) return;
   const i64 qend = min_(q0 + C::BM, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
@@ -380,9 +372,9 @@ template <int D> struct pa_sm90_bwd {
   static constexpr int AUX = 64;                          /* producer threads staging per-row data */
 };
 
-/* Backward dk, dv on sm_90a: a block per (key head, 128-key tile, region), regions slowest (the
- * blocks that run together read one prompt's Q and dO), then key tiles, so that a prompt's
- * heaviest (its prefix's first) start first. The block walks the query tiles that see its
+/* Backward dk, dv on sm_90a: a block per (key head, 128-key tile of a prompt, prompt), prompts
+ * slowest (the blocks that run together read one prompt's Q and dO), then key tiles, a prompt's
+ * heaviest (its prefix's first) first. The block walks the query tiles that see its
  * keys (the mma kernel's, in the same order) for each query head of its GQA group in turn,
  * summing the group in its accumulators: no partials, no reduce pass. Warpgroup 0 produces: one
  * thread loads K and V once and then each (head, 64-row query tile)'s Q and dO by TMA into a
@@ -411,9 +403,9 @@ __global__ void __launch_bounds__(384, 1)
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
-  const region rg = region_of(seq, grp, (i32)blockIdx.z);
-  const i64 k0 = rg.r0 + (i64)blockIdx.y * BN;
-  if (k0 >= rg.r1) return;
+  region rg;
+  const i64 k0 = prompt_tile(seq, grp, (i32)blockIdx.z, (i64)blockIdx.y, BN, true, rg);
+  if (k0 < 0) return;
   const i64 kend = min_(k0 + BN, rg.r1);
   const i32 ratio = Hq / Hkv, hk = (i32)blockIdx.x;
   /* the queries that see these keys: from k0 to the prompt's end (prefix keys) or to the end of
@@ -580,10 +572,10 @@ template <int D> struct pa_sm90_dq {
   static constexpr u32 SMEM = 2u * QBYTES + 2u * STAGES * KVBYTES; /* plus 1024 for the alignment */
 };
 
-/* Backward dq on sm_90a: a block per (128-row query tile of a region, query head), the forward's
- * tiling, key tiles and masks. The producer loads Q and dO once and the key tiles' K and V into
- * two rings; consumers 1 and 2 own 64 rows each, their Q and dO read into registers once; per key
- * tile
+/* Backward dq on sm_90a: a block per (128-row query tile of a prompt, prompt, query head), the
+ * forward's tiling, key tiles and masks. The producer loads Q and dO once and the key tiles' K
+ * and V into two rings; consumers 1 and 2 own 64 rows each, their Q and dO read into registers
+ * once; per key tile
  *   S = Q K^T, dP = dO V^T              wgmma m64n64k16, Q and dO from registers, K and V K-major
  *                                       in shared memory (an SS product of this shape would read
  *                                       shared memory as fast as it can deliver)
@@ -607,8 +599,8 @@ __global__ void __launch_bounds__(384, 1)
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
-  const region rg = region_of(seq, grp);
-  const i64 q0 = sm90_query_tile<C::BM>(rg);
+  region rg;
+  const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, C::BM, false, rg);
   if (q0 < 0) return;
   const i64 qend = min_(q0 + C::BM, rg.r1);
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
