@@ -431,45 +431,14 @@ static void lp_config_of(const rlk_op_values *s, lp_config *c, int *pass) {
   c->tma_ok = 1;
 }
 
-/* The order of a winner's values (rlk_tune_entry_values). */
-enum { LP_TUNE_VARIANT, LP_TUNE_BLOCK, LP_TUNE_SEG, LP_TUNE_UNROLL, LP_TUNE_STAGES };
+/* The tuning settings, in the order of a winner's values (rlk_tune_entry_values). */
+enum { LP_TUNE_VARIANT, LP_TUNE_BLOCK, LP_TUNE_SEG, LP_TUNE_UNROLL, LP_TUNE_STAGES, LP_NTUNE };
+static const int lp_tuning[LP_NTUNE] = {LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG, LP_S_UNROLL, LP_S_STAGES};
 
 /* A winner's settings ("variant=bulk block=256 unroll=4 stages=3", "" for the default) as tuning
  * values; -1 for anything but tuning settings. */
 static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]) {
-  char buf[256];
-  if (rlk_format(buf, sizeof buf, "%s", settings) < 0) return -1;
-  lp_config c;
-  memset(&c, 0, sizeof c);
-  int rc = 0;
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save)) {
-    char *eq = strchr(tok, '=');
-    if (!eq) {
-      rc = -1;
-      break;
-    }
-    *eq = '\0';
-    static const int tuning[] = {LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG, LP_S_UNROLL, LP_S_STAGES};
-    int k = -1;
-    for (size_t i = 0; i < LP_N(tuning); i++)
-      if (!strcmp(tok, lp_settings[tuning[i]].name)) k = tuning[i];
-    int64_t v = 0;
-    rc = k < 0 || rlk_op_setting_parse(&lp_settings[k], eq + 1, &v) != RLK_OK ? -1 : 0;
-    if (k == LP_S_VARIANT) c.variant = (int)v;
-    if (k == LP_S_BLOCK) c.block = (int)v;
-    if (k == LP_S_SEG) c.seg = (int)v;
-    if (k == LP_S_UNROLL) c.unroll = (int)v;
-    if (k == LP_S_STAGES) c.stages = (int)v;
-  }
-  rlk_error_clear();
-  memset(values, 0, RLK_TUNE_VALUES * sizeof *values);
-  values[LP_TUNE_VARIANT] = c.variant;
-  values[LP_TUNE_BLOCK] = c.block;
-  values[LP_TUNE_SEG] = c.seg;
-  values[LP_TUNE_UNROLL] = c.unroll;
-  values[LP_TUNE_STAGES] = c.stages;
-  return rc;
+  return rlk_op_tuning_values(&rlk_op_logprob, lp_tuning, LP_NTUNE, settings, values);
 }
 
 /* *t = *c with the tuning database's winner for `pass` applied; the entry, or NULL (then *t is

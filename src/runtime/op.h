@@ -11,6 +11,7 @@
 #include "jit/template.h"
 #include "rlk.h"
 #include "runtime/context.h"
+#include "tune/tune_table.h"
 
 #define RLK_OP_MAX_KERNELS 16
 
@@ -125,6 +126,13 @@ int rlk_op_setting_index(const rlk_op_desc *d, const char *name);
  * groups), in table order, each value spelled one way. It parses back to the same values and
  * given settings. -1 if it does not fit. */
 int rlk_op_values_line(const rlk_op_desc *d, const rlk_op_values *vals, char *buf, size_t size);
+
+/* A tuning database winner's settings ("name=value ...", "" for the default) as the values of d's
+ * settings tuning[0..n) in that order, each at its default unless given: 0, or -1 when the text
+ * names another setting or a value its declaration does not allow. What an op's
+ * rlk_tune_parse_fn calls. */
+int rlk_op_tuning_values(const rlk_op_desc *d, const int *tuning, size_t n, const char *settings,
+                         int64_t values[RLK_TUNE_VALUES]);
 
 /* d's --help text from its table: "name: choices, doc (default)" lines, then the note. -1 if
  * it does not fit. */

@@ -167,3 +167,27 @@ int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size) {
   }
   return (int)len;
 }
+
+int rlk_op_tuning_values(const rlk_op_desc *d, const int *tuning, size_t n, const char *settings,
+                         int64_t values[RLK_TUNE_VALUES]) {
+  char buf[256];
+  if (n > RLK_TUNE_VALUES || rlk_format(buf, sizeof buf, "%s", settings ? settings : "") < 0) return -1;
+  memset(values, 0, RLK_TUNE_VALUES * sizeof *values);
+  for (size_t i = 0; i < n; i++) values[i] = d->settings[tuning[i]].def;
+  int rc = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(tok, '=');
+    if (!eq) {
+      rc = -1;
+      break;
+    }
+    *eq = '\0';
+    size_t k = n;
+    for (size_t i = 0; i < n && k == n; i++)
+      if (!strcmp(tok, d->settings[tuning[i]].name)) k = i;
+    rc = k == n || rlk_op_setting_parse(&d->settings[tuning[k]], eq + 1, &values[k]) != RLK_OK ? -1 : 0;
+  }
+  rlk_error_clear();
+  return rc;
+}
