@@ -1283,6 +1283,26 @@ typedef struct rlk_prefix_attention_layout {
   int64_t num_prompts;  /* P >= 1 */
 } rlk_prefix_attention_layout;
 
+/* The kernels of a call. Every field 0 (the default) lets the call choose: the tuning database's
+ * winner for its shape (see "Tuning database"), else the guaranteed default. A choice the device
+ * cannot honour falls back: wgmma needs CUDA sm_90a, mma sm_80+ (each falls back to the next one
+ * down), and a ring depth whose stages do not fit in shared memory runs the default depth. The
+ * depths apply to the sm_90a (wgmma) kernels only. */
+typedef enum rlk_prefix_attention_variant {
+  RLK_PREFIX_ATTENTION_VARIANT_AUTO = 0,     /* wgmma, else mma, else portable;
+                                              * RLK_PREFIX_ATTENTION_VARIANT overrides */
+  RLK_PREFIX_ATTENTION_VARIANT_PORTABLE = 1, /* a warp per row (every GPU) */
+  RLK_PREFIX_ATTENTION_VARIANT_MMA = 2,      /* mma.sync tiles, CUDA sm_80+ */
+  RLK_PREFIX_ATTENTION_VARIANT_WGMMA = 3     /* TMA + wgmma tiles, CUDA sm_90a */
+} rlk_prefix_attention_variant;
+
+typedef struct rlk_prefix_attention_tuning {
+  rlk_prefix_attention_variant variant;
+  int fwd_stages;  /* the forward's K/V ring: 2 to 4 stages (0: 2) */
+  int dkdv_stages; /* the backward's dk/dv kernel's Q/dO ring: 2 to 4 (0: 4) */
+  int dq_stages;   /* the backward's dq kernel's K/V ring: 2 to 4 (0: 3) */
+} rlk_prefix_attention_tuning;
+
 /* Forward: per query head h (key/value head h / (Hq / Hkv)) and query token i,
  *   o[i, h] = sum_j softmax_j(scale q[i, h] . k[j, h']) v[j, h'],  lse[i, h] = log sum_j exp(.)
  * over the keys j that i sees (natural log). */
@@ -1298,9 +1318,10 @@ typedef struct rlk_prefix_attention_args {
    * the forward, what the backward needs). */
   rlk_tensor out;
   rlk_tensor lse;
+  rlk_prefix_attention_tuning tuning; /* all 0: the call chooses */
 } rlk_prefix_attention_args;
 
-/* Fills `args`: scale 0 (1 / sqrt(D)), every tensor and array absent. */
+/* Fills `args`: scale 0 (1 / sqrt(D)), every tensor and array absent, tuning all 0. */
 RLK_API void rlk_prefix_attention_args_init(rlk_prefix_attention_args *args);
 
 /* Prefix-shared attention on `stream`: one launch, no device memory beyond the outputs; the
@@ -1329,6 +1350,7 @@ typedef struct rlk_prefix_attention_backward_args {
    * (device memory; host memory on the host backend, where it holds fp64 accumulators). */
   void *workspace;
   size_t workspace_bytes;
+  rlk_prefix_attention_tuning tuning; /* all 0: the call chooses (the workspace size follows it) */
 } rlk_prefix_attention_backward_args;
 
 /* Fills `args` like rlk_prefix_attention_args_init. */
@@ -1483,14 +1505,19 @@ RLK_API rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, cha
 /* Tuning database (what tools/rlk-tune writes and the ops consult)          */
 /* ------------------------------------------------------------------------ */
 
-/* Ops with tuning candidates (logprob today) take their kernels' tuning settings from a database
- * of measured winners when a call leaves every tuning field at 0 / AUTO (and, for logprob,
- * RLK_LOGPROB_VARIANT is unset); without a record they run their guaranteed default.
+/* Ops with tuning candidates (logprob, prefix_attention) take their kernels' tuning settings
+ * from a database of measured winners when a call leaves every tuning field at 0 / AUTO (and
+ * RLK_LOGPROB_VARIANT, RLK_PREFIX_ATTENTION_VARIANT are unset); without a record they run their
+ * guaranteed default.
  *
  * A record is keyed by
  *   op        the op family: "logprob"
  *   shape     the settings that shape its kernels, spelled canonically with every default filled
- *             in: "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936" (precompile syntax)
+ *             in: "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936" (precompile syntax);
+ *             prefix_attention's also holds the call's heads and its layout's means, the means
+ *             bucketed like tokens: "pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8
+ *             group=16 prefix=4096 response=512" (responses per prompt, prefix tokens per
+ *             prompt, tokens per response)
  *   tokens    the token-count bucket: N rows fall into the power of two nearest N on a log scale,
  *             2^round(log2 N), so N in [2^(k - 1/2), 2^(k + 1/2)) shares 2^k
  *             (11586..23170 rows -> 16384)

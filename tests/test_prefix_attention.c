@@ -511,7 +511,8 @@ START_TEST(plan_per_target) {
     for (size_t i = 0; i < n; i++) ck_assert_str_eq(specs[i].tmpl->entry, rows[r].entries[i]);
     static const char *const bad[] = {"prefix_attention head_dim=96", "prefix_attention dtype=f32",
                                       "prefix_attention variant=tensor", "prefix_attention pass=all",
-                                      "prefix_attention tokens=5"};
+                                      "prefix_attention vocab=5", "prefix_attention fwd_stages=5",
+                                      "prefix_attention q_heads=0"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
       const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
       ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);

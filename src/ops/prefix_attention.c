@@ -33,6 +33,8 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
+#include "tune/tune_db.h"
+#include "tune/tune_table.h"
 #include "common/prefix_attention_params.h"
 
 /* The kernels' arguments, one for every kernel of a pass (templates/common/prefix_attention_params.h). */
@@ -40,16 +42,27 @@ RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
-enum { PA_VARIANT_AUTO = 0, PA_VARIANT_PORTABLE = 1, PA_VARIANT_MMA = 2, PA_VARIANT_WGMMA = 3 };
+enum {
+  PA_VARIANT_AUTO = RLK_PREFIX_ATTENTION_VARIANT_AUTO,
+  PA_VARIANT_PORTABLE = RLK_PREFIX_ATTENTION_VARIANT_PORTABLE,
+  PA_VARIANT_MMA = RLK_PREFIX_ATTENTION_VARIANT_MMA,
+  PA_VARIANT_WGMMA = RLK_PREFIX_ATTENTION_VARIANT_WGMMA
+};
 enum { PA_PASS_FWD = 0, PA_PASS_BWD = 1, PA_PASS_BOTH = 2 };
 
 static const char *const pa_dt_names[] = {"f16", "bf16", NULL};
-static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL};
+static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL}; /* by PA_VARIANT_* */
 static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
 
 static const rlk_param_decl pa_params[] = {
     {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
     {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
+};
+/* The sm_90a kernels': also their ring's depth. */
+static const rlk_param_decl pa_sm90_params[] = {
+    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
+    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
+    {"stages", RLK_PARAM_INT, 2, 4, 0, 0, NULL},
 };
 
 #define PA_N(a) (sizeof(a) / sizeof((a)[0]))
@@ -59,12 +72,13 @@ static const rlk_template pa_fwd_tmpl = {"prefix_attention", "pattn_fwd", PA_CUD
                                          "host/prefix_attention_fwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_fwd_mma_tmpl = {"prefix_attention", "pattn_fwd_mma", PA_CUDA, NULL,
                                              PA_N(pa_params), pa_params};
-static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm90",
-                                              "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
+static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm90", "cuda/prefix_attention_sm90.cuh",
+                                              NULL, PA_N(pa_sm90_params), pa_sm90_params};
 static const rlk_template pa_dkdv_sm90_tmpl = {"prefix_attention", "pattn_bwd_dkdv_sm90",
-                                               "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
-static const rlk_template pa_dq_sm90_tmpl = {"prefix_attention", "pattn_bwd_dq_sm90",
-                                             "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_params), pa_params};
+                                               "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_sm90_params),
+                                               pa_sm90_params};
+static const rlk_template pa_dq_sm90_tmpl = {"prefix_attention", "pattn_bwd_dq_sm90", "cuda/prefix_attention_sm90.cuh",
+                                             NULL, PA_N(pa_sm90_params), pa_sm90_params};
 static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
                                               "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,
@@ -91,29 +105,34 @@ static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u;
 static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
 /* The sm_90a forward (templates/cuda/prefix_attention_sm90.cuh: pa_sm90): 128-row query tiles,
  * 128-key tiles, TMA boxes of 64 head-dim columns (64 rows of Q, 128 of K and V), two stages of K
- * and V, plus 1024 bytes to align the tiles. */
+ * and V by default (the fwd_stages setting), plus 1024 bytes to align the tiles. */
 #define PA_SM90_BM 128
 #define PA_SM90_BN 128
 #define PA_SM90_THREADS 384
 #define PA_SM90_STAGES 2
+/* Dynamic shared memory a block of the sm_90a kernels may ask for: an SM's 227 KB less 1 KB for
+ * the static barriers (the dk/dv kernel's per-row arrays take 3 KB more at four stages, where its
+ * dynamic part stays under 200 KB). */
+#define PA_SM90_SMEM_MAX ((size_t)232448 - 1024)
 /* the backward's key tiles are the forward's query tiles in size: one count of a prompt's tiles
  * (pa_shape.tiles[1]) sizes every sm_90a grid */
 _Static_assert(PA_SM90_BM == PA_SM90_BN, "sm_90a query and key tiles of one size");
-static size_t pa_sm90_smem(int D) {
-  return (size_t)D * 2u * (PA_SM90_BM + 2u * PA_SM90_STAGES * PA_SM90_BN) + 1024u;
+static size_t pa_sm90_smem(int D, int stages) {
+  return (size_t)D * 2u * (PA_SM90_BM + 2u * (size_t)stages * PA_SM90_BN) + 1024u;
 }
 /* Its dk, dv kernel (pa_sm90_bwd): 128-key tiles (K and V), 64-row query tiles (Q and dO) in four
- * stages. */
+ * stages by default (dkdv_stages). */
 #define PA_SM90_BQ 64
 #define PA_SM90_DKDV_STAGES 4
-static size_t pa_sm90_dkdv_smem(int D) {
-  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * PA_SM90_DKDV_STAGES * PA_SM90_BQ) + 1024u;
+static size_t pa_sm90_dkdv_smem(int D, int stages) {
+  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * (size_t)stages * PA_SM90_BQ) + 1024u;
 }
-/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in three stages. */
+/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in three stages by
+ * default (dq_stages). */
 #define PA_SM90_DQ_BN 64
 #define PA_SM90_DQ_STAGES 3
-static size_t pa_sm90_dq_smem(int D) {
-  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * PA_SM90_DQ_STAGES * PA_SM90_DQ_BN) + 1024u;
+static size_t pa_sm90_dq_smem(int D, int stages) {
+  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * (size_t)stages * PA_SM90_DQ_BN) + 1024u;
 }
 /* Portable kernels: warps per block. */
 #define PA_PORTABLE_WARPS 4
@@ -125,14 +144,15 @@ static size_t pa_sm90_dq_smem(int D) {
 typedef struct pa_config {
   int dtype;   /* PA_DT_* */
   int D;       /* 64 or 128 */
-  int variant; /* PA_VARIANT_* request */
   int unaligned; /* a tensor is not 16-byte aligned: the mma kernels' 16-byte copies cannot run */
+  rlk_prefix_attention_tuning tuning; /* what is asked for (0: the default) */
 } pa_config;
 
 typedef struct pa_plan {
   int variant; /* the forward that runs: PA_VARIANT_PORTABLE, _MMA or _WGMMA (the host: PORTABLE) */
   int tiled;   /* the backward runs the tiled kernels (prep, dk/dv, reduce with GQA, dq): mma's, or
                 * for WGMMA the sm_90a dk/dv and dq */
+  int fwd_stages, dkdv_stages, dq_stages; /* the sm_90a kernels' ring depths (WGMMA) */
   rlk_kernel_spec fwd, prep, dkdv, reduce, dq, bwd_host;
 } pa_plan;
 
@@ -157,16 +177,22 @@ static int pa_env_override(void) {
   return v;
 }
 
-static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *c) {
+static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *c, int stages) {
   memset(s, 0, sizeof *s);
   s->tmpl = t;
   s->values[0] = c->dtype;
   s->values[1] = c->D;
+  if (t->nparams > 2) s->values[2] = stages; /* the sm_90a kernels' ring (pa_sm90_params) */
+}
+
+/* An sm_90a ring's depth: the one asked for when it is 2..4 and fits, else the default. */
+static int pa_stages(int asked, int def, int D, size_t (*smem)(int D, int stages)) {
+  return asked >= 2 && asked <= 4 && smem(D, asked) <= PA_SM90_SMEM_MAX ? asked : def;
 }
 
 static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
   memset(p, 0, sizeof *p);
-  int variant = c->variant ? c->variant : pa_env_override();
+  int variant = c->tuning.variant ? (int)c->tuning.variant : pa_env_override();
   /* 16-byte aligned tensors: the mma kernels' 16-byte copies, the tensor maps of wgmma's */
   const int mma_ok = ctx->kind != RLK_BACKEND_HOST && rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
   const int wgmma_ok = mma_ok && ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
@@ -185,15 +211,19 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
   }
   p->variant = variant;
   p->tiled = variant != PA_VARIANT_PORTABLE;
-  pa_spec(&p->fwd, variant == PA_VARIANT_WGMMA ? &pa_fwd_sm90_tmpl
-                   : variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl
-                                               : &pa_fwd_tmpl,
-          c);
-  pa_spec(&p->prep, &pa_prep_tmpl, c);
-  pa_spec(&p->dkdv, variant == PA_VARIANT_WGMMA ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c);
-  pa_spec(&p->reduce, &pa_reduce_tmpl, c);
-  pa_spec(&p->dq, variant == PA_VARIANT_WGMMA ? &pa_dq_sm90_tmpl : p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c);
-  pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c);
+  if (variant == PA_VARIANT_WGMMA) {
+    p->fwd_stages = pa_stages(c->tuning.fwd_stages, PA_SM90_STAGES, c->D, pa_sm90_smem);
+    p->dkdv_stages = pa_stages(c->tuning.dkdv_stages, PA_SM90_DKDV_STAGES, c->D, pa_sm90_dkdv_smem);
+    p->dq_stages = pa_stages(c->tuning.dq_stages, PA_SM90_DQ_STAGES, c->D, pa_sm90_dq_smem);
+  }
+  const int wg = variant == PA_VARIANT_WGMMA;
+  pa_spec(&p->fwd, wg ? &pa_fwd_sm90_tmpl : variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, c,
+          p->fwd_stages);
+  pa_spec(&p->prep, &pa_prep_tmpl, c, 0);
+  pa_spec(&p->dkdv, wg ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c, p->dkdv_stages);
+  pa_spec(&p->reduce, &pa_reduce_tmpl, c, 0);
+  pa_spec(&p->dq, wg ? &pa_dq_sm90_tmpl : p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c, p->dq_stages);
+  pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c, 0);
   return rlk_spec_validate(&p->fwd);
 }
 
@@ -209,9 +239,16 @@ typedef struct pa_shape {
    * grid's x (sm_90a dk/dv: y) spans them, the prompts in the next dimension (prompt_tile in the
    * templates) */
   int64_t tiles[2];
+  int64_t prefix_tokens; /* the prompts' prefixes together (the rest are response tokens) */
   rlk_dtype dtype;
   const int32_t *seq, *grp; /* what the kernels read */
 } pa_shape;
+
+/* What a tuning record's key says of a call: its heads and its layout's means (bucketed in the
+ * key), and T. */
+typedef struct pa_tune_problem {
+  int64_t Hq, Hkv, group, prefix, response, T;
+} pa_tune_problem;
 
 #define PA_DTYPES (RLK_DTYPE_BIT(RLK_BF16) | RLK_DTYPE_BIT(RLK_F16))
 
@@ -289,7 +326,7 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
                      (long long)P, (int)grp[P], (long long)S);
   if (seq[0] != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.seq_offsets[0]: %d, expected 0", (int)seq[0]);
-  int64_t tiles[2] = {0, 0};
+  int64_t tiles[2] = {0, 0}, prefix_tokens = 0;
   for (int64_t p = 0; p < P; p++) {
     for (int64_t sg = grp[p]; sg < grp[p + 1]; sg++) {
       const int prefix = sg == grp[p];
@@ -301,6 +338,7 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
                          prefix ? "the prefix" : "a response", (long long)p, prefix ? "negative" : "zero");
     }
     const int64_t lp = seq[grp[p] + 1] - seq[grp[p]], ls = seq[grp[p + 1]] - seq[grp[p] + 1];
+    prefix_tokens += lp;
     for (int i = 0; i < 2; i++) {
       const int64_t tile = i ? PA_SM90_BM : PA_TILE, n = (lp + tile - 1) / tile + (ls + tile - 1) / tile;
       if (n > tiles[i]) tiles[i] = n;
@@ -321,6 +359,7 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
   s->S = S;
   s->tiles[0] = tiles[0];
   s->tiles[1] = tiles[1];
+  s->prefix_tokens = prefix_tokens;
   s->seq = host ? seq : (const int32_t *)l->seq_offsets.data;
   s->grp = host ? grp : (const int32_t *)l->group_offsets.data;
   return RLK_OK;
@@ -400,7 +439,9 @@ static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (f
 /* The calls                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static void pa_record(int pass, const pa_config *c, int variant);
+static void pa_record(int pass, const pa_config *c, const pa_plan *p);
+static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, pa_config *c);
+static pa_tune_problem pa_call_problem(const pa_shape *s);
 
 /* The tensor maps of the sm_90a kernels: q (and grad_out when given) as [T, Hq * D] in boxes of
  * 64 rows, k and v as [T, Hkv * D] in boxes of kv_rows rows (the kernel's key tile); boxes 64
@@ -443,10 +484,12 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
 
   const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
-  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, pa_unaligned(ptrs, 4)};
+  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, pa_unaligned(ptrs, 4), a->tuning};
+  const pa_tune_problem t = pa_call_problem(&s);
+  pa_tuned(ctx, PA_PASS_FWD, &t, &c);
   pa_plan p;
   if ((st = pa_select(ctx, &c, &p))) return st;
-  if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, p.variant);
+  if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, &p);
   pa_fwd_args f = {0};
   f.q = a->q.data;
   f.k = a->k.data;
@@ -470,7 +513,7 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
      * lie in parameter space) */
     void *margs[] = {maps[0], maps[1], maps[2], &f};
     rlk_launch_dims d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
-                                pa_sm90_smem((int)s.D));
+                                pa_sm90_smem((int)s.D, p.fwd_stages));
     return rlk_context_launch(ctx, &p.fwd, &d, stream, margs);
   }
   void *kargs[] = {&f};
@@ -505,13 +548,14 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
     return st;
   const void *const ptrs[] = {a->q.data,        a->k.data,      a->v.data,      a->out.data,
                                a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
-  const pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, PA_VARIANT_AUTO,
-                       pa_unaligned(ptrs, 8)};
+  pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, pa_unaligned(ptrs, 8), a->tuning};
+  const pa_tune_problem t = pa_call_problem(s);
+  pa_tuned(ctx, PA_PASS_BWD, &t, &c);
   if ((st = pa_select(ctx, &c, p))) return st;
   if (p->variant == PA_VARIANT_WGMMA && s->tiles[1] > 65535) {
     /* the sm_90a dk/dv grid has key tiles in y (65535 at most); the mma kernels have them in x */
     pa_config m = c;
-    m.variant = PA_VARIANT_MMA;
+    m.tuning.variant = RLK_PREFIX_ATTENTION_VARIANT_MMA;
     if ((st = pa_select(ctx, &m, p))) return st;
   }
   if (ctx->kind == RLK_BACKEND_HOST) {
@@ -555,8 +599,8 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
   if (rlk_record_enabled()) {
-    const pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, PA_VARIANT_AUTO, 0};
-    pa_record(PA_PASS_BWD, &c, p.variant);
+    const pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, 0, {0}};
+    pa_record(PA_PASS_BWD, &c, &p);
   }
   pa_bwd_args b = {0};
   b.q = a->q.data;
@@ -597,7 +641,7 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
       /* a block per (key head, key tile, prompt): prompts slowest, then key tiles, a prompt's
        * heaviest first (at most 65535 key tiles: pa_check_backward) */
       d = pa_dims((uint64_t)s.Hkv, (uint64_t)s.tiles[1], (uint64_t)s.P, PA_SM90_THREADS,
-                  pa_sm90_dkdv_smem((int)s.D));
+                  pa_sm90_dkdv_smem((int)s.D, p.dkdv_stages));
       if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
     } else {
       d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
@@ -612,7 +656,8 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
       if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
         return st;
       void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS, pa_sm90_dq_smem((int)s.D));
+      d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
+                  pa_sm90_dq_smem((int)s.D, p.dq_stages));
       return rlk_context_launch(ctx, &p.dq, &d, stream, margs);
     }
     d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
@@ -631,7 +676,12 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
 
 static const char *const pa_head_dim_names[] = {"64", "128", NULL};
 
-enum { PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_NSETTINGS };
+enum {
+  PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_S_FWD_STAGES, PA_S_DKDV_STAGES, PA_S_DQ_STAGES,
+  PA_S_Q_HEADS, PA_S_KV_HEADS, PA_S_GROUP, PA_S_PREFIX, PA_S_RESPONSE, PA_S_TOKENS, PA_NSETTINGS
+};
+
+#define PA_KEY_DOC "a tuning key's (with q_heads, kv_heads, group, prefix, response and tokens)"
 
 static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
     [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "prefix_attention_fwd prefix_attention_bwd",
@@ -641,12 +691,127 @@ static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
     [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
     [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
                                     "mma is CUDA sm_80+, wgmma sm_90a; elsewhere the portable kernels run"),
+    [PA_S_FWD_STAGES] = RLK_SET_INT("fwd_stages", 0, 0, 4, "pattn_fwd_sm90.stages",
+                                    "wgmma forward's K/V stages, 0 for the default (2); a depth that does not fit "
+                                    "runs the default"),
+    [PA_S_DKDV_STAGES] = RLK_SET_INT("dkdv_stages", 0, 0, 4, "pattn_bwd_dkdv_sm90.stages",
+                                     "wgmma dk/dv kernel's Q/dO stages, 0 for the default (4)"),
+    [PA_S_DQ_STAGES] = RLK_SET_INT("dq_stages", 0, 0, 4, "pattn_bwd_dq_sm90.stages",
+                                   "wgmma dq kernel's K/V stages, 0 for the default (3)"),
+    [PA_S_Q_HEADS] = RLK_SET_INT("q_heads", 0, 1, 65535, "", "Hq, " PA_KEY_DOC),
+    [PA_S_KV_HEADS] = RLK_SET_INT("kv_heads", 0, 1, 65535, "", "Hkv, " PA_KEY_DOC),
+    [PA_S_GROUP] = RLK_SET_INT("group", -1, 0, INT32_MAX, "", "responses per prompt, " PA_KEY_DOC),
+    [PA_S_PREFIX] = RLK_SET_INT("prefix", -1, 0, INT32_MAX, "", "prefix tokens per prompt, " PA_KEY_DOC),
+    [PA_S_RESPONSE] = RLK_SET_INT("response", 0, 1, INT32_MAX, "", "tokens per response, " PA_KEY_DOC),
+    [PA_S_TOKENS] = RLK_SET_INT("tokens", 0, 1, INT32_MAX, "",
+                                "T, " PA_KEY_DOC "; with all of them and no tuning settings, the plan is the "
+                                "tuning database's winner for them on this context"),
 };
+
+/* ---- tuning ---- */
+
+/* The tuning settings, in the order of a winner's values (rlk_tune_entry_values). */
+enum { PA_TUNE_VARIANT, PA_TUNE_FWD_STAGES, PA_TUNE_DKDV_STAGES, PA_TUNE_DQ_STAGES, PA_NTUNE };
+static const int pa_tuning[PA_NTUNE] = {PA_S_VARIANT, PA_S_FWD_STAGES, PA_S_DKDV_STAGES, PA_S_DQ_STAGES};
+
+/* What a sweep tool times against the default (each valid on every target: a setting a target
+ * cannot honour falls back, and identical kernels time alike). */
+static const char *const pa_candidates[] = {"variant=mma",   "fwd_stages=3", "fwd_stages=4", "dkdv_stages=2",
+                                            "dkdv_stages=3", "dq_stages=2",  "dq_stages=4",  NULL};
+
+static int pa_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]) {
+  return rlk_op_tuning_values(&rlk_op_prefix_attention, pa_tuning, PA_NTUNE, settings, values);
+}
+
+static int pa_tuning_given(const rlk_prefix_attention_tuning *t) {
+  return t->variant || t->fwd_stages || t->dkdv_stages || t->dq_stages;
+}
+
+static int pa_tune_shape(int pass, int dtype, int D, const pa_tune_problem *t, char *buf, size_t size) {
+  return rlk_format(buf, size, "pass=%s dtype=%s head_dim=%d q_heads=%lld kv_heads=%lld group=%lld prefix=%lld "
+                    "response=%lld", pa_pass_names[pass], pa_dt_names[dtype], D, (long long)t->Hq,
+                    (long long)t->Hkv, (long long)rlk_tune_bucket(t->group), (long long)rlk_tune_bucket(t->prefix),
+                    (long long)rlk_tune_bucket(t->response));
+}
+
+/* c->tuning from the tuning database's winner for this problem, when the caller asked for none
+ * (and RLK_PREFIX_ATTENTION_VARIANT is unset); a winner that does not parse is warned about once
+ * and the default runs. */
+static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, pa_config *c) {
+  if (pa_tuning_given(&c->tuning) || !rlk_tune_table_wanted(ctx->tune) || pa_env_override() != PA_VARIANT_AUTO)
+    return;
+  char shape[256];
+  if (pa_tune_shape(pass, c->dtype, c->D, t, shape, sizeof shape) < 0) return;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "prefix_attention", shape, rlk_tune_bucket(t->T));
+  if (!e) return;
+  int64_t v[RLK_TUNE_VALUES];
+  if (rlk_tune_entry_values(ctx->tune, e, pa_parse_tuning, v) != 0) {
+    if (rlk_tune_entry_first_warning(e))
+      rlk_warn("prefix_attention: the tuning database's winner '%s' for %s is not prefix_attention tuning; "
+               "running the default", rlk_tune_entry_settings(e), shape);
+    return;
+  }
+  c->tuning.variant = (rlk_prefix_attention_variant)v[PA_TUNE_VARIANT];
+  c->tuning.fwd_stages = (int)v[PA_TUNE_FWD_STAGES];
+  c->tuning.dkdv_stages = (int)v[PA_TUNE_DKDV_STAGES];
+  c->tuning.dq_stages = (int)v[PA_TUNE_DQ_STAGES];
+}
+
+/* A call's problem as its tuning key sees it. */
+static pa_tune_problem pa_call_problem(const pa_shape *s) {
+  const int64_t responses = s->S - s->P, rtokens = s->T - s->prefix_tokens;
+  pa_tune_problem t = {s->Hq, s->Hkv, (responses + s->P / 2) / s->P, (s->prefix_tokens + s->P / 2) / s->P,
+                       responses ? (rtokens + responses / 2) / responses : 0, s->T};
+  return t;
+}
+
+/* A configuration line's problem: 1 when it names all of it. */
+static int pa_line_problem(const rlk_op_values *s, pa_tune_problem *t) {
+  for (int k = PA_S_Q_HEADS; k <= PA_S_TOKENS; k++)
+    if (!RLK_OP_GIVEN(s, k)) return 0;
+  pa_tune_problem p = {s->v[PA_S_Q_HEADS], s->v[PA_S_KV_HEADS], s->v[PA_S_GROUP],
+                       s->v[PA_S_PREFIX], s->v[PA_S_RESPONSE], s->v[PA_S_TOKENS]};
+  *t = p;
+  return 1;
+}
+
+static pa_config pa_line_config(const rlk_op_values *s) {
+  pa_config c = {(int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, 0, {0}};
+  c.tuning.variant = (rlk_prefix_attention_variant)s->v[PA_S_VARIANT];
+  c.tuning.fwd_stages = (int)s->v[PA_S_FWD_STAGES];
+  c.tuning.dkdv_stages = (int)s->v[PA_S_DKDV_STAGES];
+  c.tuning.dq_stages = (int)s->v[PA_S_DQ_STAGES];
+  return c;
+}
+
+/* The tuning database key of plan settings: one pass, the whole problem, no tuning settings. */
+static rlk_status pa_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
+  const int pass = (int)s->v[PA_S_PASS];
+  if (pass == PA_PASS_BOTH)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
+  pa_tune_problem t;
+  if (!pa_line_problem(s, &t))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "q_heads, kv_heads, group, prefix, response, tokens: a tuning key needs all of them");
+  if (t.Hq % t.Hkv)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "q_heads: %lld is not a multiple of kv_heads %lld", (long long)t.Hq,
+                     (long long)t.Hkv);
+  const pa_config c = pa_line_config(s);
+  if (pa_tuning_given(&c.tuning))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "variant, fwd_stages, dkdv_stages, dq_stages: a tuning key holds no tuning settings");
+  if (pa_tune_shape(pass, c.dtype, c.D, &t, shape, size) < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: the shape does not fit %zu bytes", size);
+  *tokens = rlk_tune_bucket(t.T);
+  return RLK_OK;
+}
 
 static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                                  size_t *nspecs) {
-  pa_config c = {(int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, (int)s->v[PA_S_VARIANT], 0};
+  pa_config c = pa_line_config(s);
   const int pass = (int)s->v[PA_S_PASS];
+  pa_tune_problem t;
+  if (pass != PA_PASS_BOTH && pa_line_problem(s, &t)) pa_tuned(ctx, pass, &t, &c);
   pa_plan p;
   rlk_status st = pa_select(ctx, &c, &p);
   if (st) return st;
@@ -666,15 +831,21 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
   return RLK_OK;
 }
 
-/* RLK_JIT_RECORD: a call's pass and configuration, with the variant that ran (unaligned
- * tensors run the portable kernels whatever was asked). */
-static void pa_record(int pass, const pa_config *c, int variant) {
+/* RLK_JIT_RECORD: a call's pass and configuration, with the kernels that ran (unaligned tensors
+ * run the portable kernels whatever was asked; a tuned call, its winner's). */
+static void pa_record(int pass, const pa_config *c, const pa_plan *p) {
   rlk_op_values s;
   rlk_op_values_init(&rlk_op_prefix_attention, &s);
   rlk_op_values_set(&s, PA_S_PASS, pass);
   rlk_op_values_set(&s, PA_S_DTYPE, c->dtype);
   rlk_op_values_set(&s, PA_S_HEAD_DIM, c->D == 128);
-  rlk_op_values_set(&s, PA_S_VARIANT, variant);
+  rlk_op_values_set(&s, PA_S_VARIANT, p->variant);
+  if (p->variant == PA_VARIANT_WGMMA) {
+    if (pass == PA_PASS_FWD && p->fwd_stages != PA_SM90_STAGES) rlk_op_values_set(&s, PA_S_FWD_STAGES, p->fwd_stages);
+    if (pass == PA_PASS_BWD && p->dkdv_stages != PA_SM90_DKDV_STAGES)
+      rlk_op_values_set(&s, PA_S_DKDV_STAGES, p->dkdv_stages);
+    if (pass == PA_PASS_BWD && p->dq_stages != PA_SM90_DQ_STAGES) rlk_op_values_set(&s, PA_S_DQ_STAGES, p->dq_stages);
+  }
   rlk_record_op(&rlk_op_prefix_attention, &s);
 }
 
@@ -683,6 +854,9 @@ static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=f16 head_dim=64 variant=mma",
     "prefix_attention pass=both dtype=bf16 head_dim=64 variant=portable",
     "prefix_attention pass=both dtype=f16 head_dim=128 variant=portable",
+    /* the wgmma kernels' other ring depths (elsewhere the default kernels above) */
+    "prefix_attention pass=both dtype=bf16 head_dim=64 fwd_stages=4 dkdv_stages=2 dq_stages=4",
+    "prefix_attention pass=both dtype=f16 head_dim=128 fwd_stages=3 dkdv_stages=3 dq_stages=2",
     NULL};
 
 const rlk_op_desc rlk_op_prefix_attention = {
@@ -691,4 +865,6 @@ const rlk_op_desc rlk_op_prefix_attention = {
     .nsettings = PA_NSETTINGS,
     .plan = pa_plan_config,
     .samples = pa_samples,
+    .candidates = pa_candidates,
+    .tune_key = pa_tune_key,
 };

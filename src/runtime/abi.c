@@ -38,6 +38,7 @@ static const abi_row abi_rows[] = {
     ABI_ROW(rlk_linear_logprob_backward_args),
     ABI_ROW(rlk_linear_policy_loss_args),
     ABI_ROW(rlk_prefix_attention_layout),
+    ABI_ROW(rlk_prefix_attention_tuning),
     ABI_ROW(rlk_prefix_attention_args),
     ABI_ROW(rlk_prefix_attention_backward_args),
     ABI_ROW(rlk_tune_timing),

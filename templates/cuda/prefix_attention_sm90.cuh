@@ -171,9 +171,9 @@ RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H,
 } // namespace pa
 
 /* Tile shape and rings (the host's launch shape and tensor-map boxes mirror these:
- * src/ops/prefix_attention.c, PA_SM90_*). */
-template <int D> struct pa_sm90 {
-  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = 2;
+ * src/ops/prefix_attention.c, PA_SM90_*); STAGES_ K/V stages (the fwd_stages setting). */
+template <int D, int STAGES_> struct pa_sm90 {
+  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = STAGES_;
   static constexpr int NB = D / 64;                        /* 64-column boxes across the head dim */
   static constexpr u32 QBOX = 64u * 128u;                  /* 64 rows x 64 columns of a Q box */
   static constexpr u32 KVBOX = (u32)BN * 128u;             /* BN rows x 64 columns of a K or V box */
@@ -181,13 +181,14 @@ template <int D> struct pa_sm90 {
   static constexpr u32 SMEM = QBYTES + 2u * STAGES * KVBYTES; /* plus 1024 for the alignment */
 };
 
-template <int DT, int D>
+template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_fwd_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
                    const __grid_constant__ tensor_map map_v, RLK_PARAMS_ARG pa::FwdParams p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
-  using C = pa_sm90<D>;
+  using C = pa_sm90<D, STAGES_>;
+  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
@@ -360,10 +361,11 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, four
- * stages of Q and dO (the host's launch shape and boxes mirror these: PA_SM90_*). */
-template <int D> struct pa_sm90_bwd {
-  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = 4;
+/* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, STAGES_
+ * stages of Q and dO (the dkdv_stages setting; the host's launch shape and boxes mirror these:
+ * PA_SM90_*). */
+template <int D, int STAGES_> struct pa_sm90_bwd {
+  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = STAGES_;
   static constexpr int NB = D / 64;
   static constexpr u32 KVBOX = (u32)BN * 128u;            /* 128 keys x 64 columns */
   static constexpr u32 QBOX = (u32)BQ * 128u;             /* 64 rows x 64 columns */
@@ -386,14 +388,15 @@ template <int D> struct pa_sm90_bwd {
  *                                       same shared tile; issued before dS^T is computed
  *   dS^T = P^T (dP^T - delta), dK += dS^T Q     likewise
  * and at the end dK (times the scale) and dV leave from registers. */
-template <int DT, int D>
+template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_bwd_dkdv_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
                         const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
                         RLK_PARAMS_ARG pa::BwdParams p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
-  using C = pa_sm90_bwd<D>;
+  using C = pa_sm90_bwd<D, STAGES_>;
+  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
@@ -563,9 +566,10 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 /* The backward's dq kernel (pattn_bwd_dq_sm90): the forward's 128-row query tiles with 64-key
- * tiles (three accumulator tiles a thread: S, dP and dq; Q and dO as A fragments). */
-template <int D> struct pa_sm90_dq {
-  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = 3;
+ * tiles in STAGES_ stages (the dq_stages setting; three accumulator tiles a thread: S, dP and dq;
+ * Q and dO as A fragments). */
+template <int D, int STAGES_> struct pa_sm90_dq {
+  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = STAGES_;
   static constexpr int NB = D / 64;
   static constexpr u32 QBOX = 64u * 128u, KVBOX = (u32)BN * 128u;
   static constexpr u32 QBYTES = 2u * NB * QBOX, KVBYTES = NB * KVBOX;
@@ -582,14 +586,15 @@ template <int D> struct pa_sm90_dq {
  *   P = exp2(S c - lse), dS = P (dP - delta)      masked, in registers
  *   dQ += dS K                          wgmma m64nDk16, dS from registers, K MN-major
  * and dq (times the scale) leaves from registers: written once, no atomics. */
-template <int DT, int D>
+template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_bwd_dq_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
                       const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
                       RLK_PARAMS_ARG pa::BwdParams p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
-  using C = pa_sm90_dq<D>;
+  using C = pa_sm90_dq<D, STAGES_>;
+  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;

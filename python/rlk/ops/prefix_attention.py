@@ -12,7 +12,8 @@ import ctypes
 from .. import _types as T
 from .._tensor import Binder, Op, is_torch
 
-__all__ = ["PrefixAttentionLayout", "PrefixAttentionArgs", "PrefixAttentionBackwardArgs",
+__all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArgs",
+           "PrefixAttentionBackwardArgs",
            "PrefixLayout", "prefix_layout", "pack_grpo", "unpack_responses", "prefix_attention",
            "prefix_attention_backward", "PrefixAttentionResult"]
 
@@ -29,6 +30,16 @@ class PrefixAttentionLayout(ctypes.Structure):
     ]
 
 
+@T.abi_struct("rlk_prefix_attention_tuning")
+class PrefixAttentionTuning(ctypes.Structure):
+    _fields_ = [
+        ("variant", ctypes.c_int),
+        ("fwd_stages", ctypes.c_int),
+        ("dkdv_stages", ctypes.c_int),
+        ("dq_stages", ctypes.c_int),
+    ]
+
+
 @T.abi_struct("rlk_prefix_attention_args")
 class PrefixAttentionArgs(ctypes.Structure):
     _fields_ = [
@@ -39,6 +50,7 @@ class PrefixAttentionArgs(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("out", T.Tensor),
         ("lse", T.Tensor),
+        ("tuning", PrefixAttentionTuning),
     ]
 
 
@@ -58,6 +70,7 @@ class PrefixAttentionBackwardArgs(ctypes.Structure):
         ("grad_v", T.Tensor),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("tuning", PrefixAttentionTuning),
     ]
 
 
