@@ -951,7 +951,7 @@ START_TEST(unusable_winner_warns_once_and_runs_the_default) {
 END_TEST
 
 /* The kernels a plan line builds, through the op's own plan (the selection a call makes). */
-static size_t plan(rlk_context *ctx, const char *settings, rlk_kernel_spec *specs) {
+static size_t plan_op(const rlk_op_desc *d, rlk_context *ctx, const char *settings, rlk_kernel_spec *specs) {
   char buf[512];
   snprintf(buf, sizeof buf, "%s", settings);
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
@@ -965,9 +965,13 @@ static size_t plan(rlk_context *ctx, const char *settings, rlk_kernel_spec *spec
     pairs[np].value = eq + 1;
     np++;
   }
-  rlk_status st = rlk_op_plan(&rlk_op_logprob, ctx, np, pairs, specs, &n);
+  rlk_status st = rlk_op_plan(d, ctx, np, pairs, specs, &n);
   ck_assert_msg(st == RLK_OK, "%s: %s", settings, rlk_last_error());
   return n;
+}
+
+static size_t plan(rlk_context *ctx, const char *settings, rlk_kernel_spec *specs) {
+  return plan_op(&rlk_op_logprob, ctx, settings, specs);
 }
 
 static void keys_of(rlk_context *ctx, const char *line, char *keys, size_t size) {
@@ -1042,6 +1046,88 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
 END_TEST
 
 
+/* prefix_attention's keys (its heads and the layout's bucketed means) and, on sm_90a, a
+ * record's winner as the plan of a line naming the whole key: the variant and the ring depths
+ * that fit, for its bucket only. */
+START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
+  const char *key = "prefix_attention pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8 group=16 prefix=4096 "
+                    "response=512";
+  rlk_tune_record a;
+  rlk_tune_record_init(&a);
+  ck_assert_int_eq(rlk_tune_record_set_key(&a, "prefix_attention response=500 prefix=3000 group=13 kv_heads=8 "
+                                               "q_heads=32 tokens=70000 pass=fwd"),
+                   RLK_OK);
+  ck_assert_str_eq(a.op, "prefix_attention");
+  ck_assert_str_eq(a.shape, key + strlen("prefix_attention "));
+  ck_assert_int_eq(a.tokens, 65536);
+  static const struct {
+    const char *line, *names;
+  } bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
+             {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 tokens=2", "response"},
+             {"prefix_attention pass=fwd q_heads=8 kv_heads=3 group=1 prefix=1 response=1 tokens=2", "multiple"},
+             {"prefix_attention pass=bwd q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2 dq_stages=2",
+              "tuning"},
+             {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2 variant=mma",
+              "tuning"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
+                  bad[i].line);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
+                  rlk_last_error(), bad[i].names);
+  }
+  ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "stages="), 4);
+
+  rlk_context_options o;
+  rlk_device_info info;
+  if (!sm90a_options(&o, &info, "prefix_attention selection on sm_90a")) return;
+  char db[1100], line[512];
+  fresh_db(db, sizeof db, "tune-pa-sm90");
+  rlk_tune_record r[2];
+  snprintf(line, sizeof line, "%s tokens=65536", key);
+  r[0] = make_record(line, &info, "fwd_stages=3", 1.4, 1.3);
+  snprintf(line, sizeof line, "prefix_attention pass=bwd dtype=bf16 head_dim=64 q_heads=32 kv_heads=8 group=16 "
+                              "prefix=4096 response=512 tokens=65536");
+  r[1] = make_record(line, &info, "dkdv_stages=2 dq_stages=4", 5.0, 4.8);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
+  rlk_context *ctx = NULL;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  const char *problem = "q_heads=32 kv_heads=8 group=16 prefix=4096 response=512";
+  /* the default: two K/V stages; the winner for the bucket: three */
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, "pass=fwd", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "pattn_fwd_sm90");
+  ck_assert_int_eq(specs[0].values[2], 2);
+  snprintf(line, sizeof line, "pass=fwd %s tokens=60000", problem);
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 3);
+  snprintf(line, sizeof line, "pass=fwd %s tokens=16384", problem); /* another bucket */
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 2);
+  /* a line's own tuning wins over the database; a depth that does not fit runs the default */
+  snprintf(line, sizeof line, "pass=fwd %s tokens=65536 fwd_stages=4", problem);
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 2); /* 4 x 64 KB of K/V and the Q tile: over 227 KB at D 128 */
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, "pass=fwd head_dim=64 fwd_stages=4", specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 4);
+  snprintf(line, sizeof line, "pass=fwd %s tokens=65536 variant=mma", problem);
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, line, specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "pattn_fwd_mma");
+  /* the backward's winner: dk/dv with two Q/dO stages, dq with four */
+  snprintf(line, sizeof line, "pass=bwd head_dim=64 %s tokens=65536", problem);
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, line, specs), 3);
+  ck_assert_str_eq(specs[1].tmpl->entry, "pattn_bwd_dkdv_sm90");
+  ck_assert_int_eq(specs[1].values[2], 2);
+  ck_assert_str_eq(specs[2].tmpl->entry, "pattn_bwd_dq_sm90");
+  ck_assert_int_eq(specs[2].values[2], 4);
+  ck_assert_uint_eq(plan_op(&rlk_op_prefix_attention, ctx, "pass=bwd head_dim=64", specs), 3);
+  ck_assert_int_eq(specs[1].values[2], 4);
+  ck_assert_int_eq(specs[2].values[2], 3);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 /* ---- the tools: rlk-tune, and rlk-precompile --tune-db -------------------------------- */
 
 static int count_entry(const rlk_cache_entry *e, void *user) {
@@ -1095,7 +1181,8 @@ START_TEST(rlk_tune_usage_and_dry_run) {
   rlk_test_tool_free(&r);
   r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--list-candidates"));
   expect_status(r, 0, "rlk-tune --list-candidates");
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "variant="), rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "variant="), rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant=") +
+                                                                rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "variant="));
   rlk_test_tool_free(&r);
 
   /* a dry run on the host: 2 vocabularies x 2 buckets (64 and 70 rows share one) x 2 entropy x 2
@@ -1306,6 +1393,104 @@ static int find_entry(const rlk_cache_entry *e, void *user) {
 
 /* A cluster ships tuned kernels: precompiled from the database for sm_90a, the winner a plan (a
  * call) takes is in the tree and is found with RLK_JIT=0. */
+/* rlk-tune times prefix_attention's candidates through its own inputs (on the host every one is
+ * the default's kernel), and a call whose layout buckets to the record's key takes the record. */
+START_TEST(rlk_tune_host_run_of_prefix_attention) {
+  char dir[1024], db[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-pa");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  const int ncand = rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "=");
+  rlk_test_tool_run r = rlk_test_run_tool(
+      NULL, "rlk-tune",
+      ARGS("--backend", "host", "--sweep",
+           "prefix_attention pass=fwd,bwd dtype=bf16 head_dim=64 q_heads=4 kv_heads=2 group=3 prefix=33 response=9 "
+           "tokens=120",
+           "--iters", "3", "--warmup", "1", "-j", "2", "--db", db, "--time-duplicates"));
+  expect_status(r, 0, "rlk-tune of prefix_attention on the host");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
+  rlk_test_tool_free(&r);
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, 2);
+  for (int i = 0; i < 2; i++) {
+    const rlk_tune_record *g = &c->v[i];
+    ck_assert_str_eq(g->op, "prefix_attention");
+    ck_assert_ptr_nonnull(strstr(g->shape, "q_heads=4 kv_heads=2 group=4 prefix=32 response=8"));
+    ck_assert_int_eq(g->tokens, 128);
+    ck_assert_int_eq(g->ntimings, ncand);
+    ck_assert_str_eq(g->winner, "");
+    for (int k = 0; k < g->ntimings; k++) ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
+  }
+  free(c);
+
+  /* 2 prompts of 30 prefix tokens and 4 responses of 9: the same buckets, 2 hits */
+  setenv("RLK_TUNE_DB", db, 1);
+  rlk_context *ctx = rlk_test_host_context();
+  enum { P = 2, G = 4, LP = 30, LR = 9, T = P * (LP + G * LR), HQ = 4, HKV = 2, D = 64 };
+  int32_t seq[P * (G + 1) + 1], grp[P + 1];
+  int n = 0, tok = 0;
+  seq[0] = 0;
+  for (int p = 0; p < P; p++) {
+    grp[p] = n;
+    for (int g = 0; g <= G; g++) seq[++n] = tok += g ? LR : LP;
+  }
+  grp[P] = n;
+  uint16_t *buf = calloc((size_t)T * (4 * HQ + 4 * HKV) * D, 2); /* q k v out dout dq dk dv */
+  ck_assert_ptr_nonnull(buf);
+  for (size_t i = 0; i < (size_t)T * (HQ + 2 * HKV) * D; i++) buf[i] = (uint16_t)(0x3c00 + (i * 2654435761u) % 512);
+  uint16_t *q = buf, *k = q + T * HQ * D, *v = k + T * HKV * D, *out = v + T * HKV * D, *dout = out + T * HQ * D;
+  uint16_t *dq = dout + T * HQ * D, *dk = dq + T * HQ * D, *dv = dk + T * HKV * D;
+  for (size_t i = 0; i < (size_t)T * HQ * D; i++) dout[i] = q[i];
+  float lse[T * HQ];
+  rlk_prefix_attention_layout l;
+  memset(&l, 0, sizeof l);
+  l.host_seq_offsets = seq;
+  l.host_group_offsets = grp;
+  l.num_segments = n;
+  l.num_prompts = P;
+  rlk_prefix_attention_args a;
+  rlk_prefix_attention_args_init(&a);
+  int64_t sq[3] = {T, HQ, D}, skv[3] = {T, HKV, D};
+#define PA_T3(t, ptr, s)                                                                  \
+  do {                                                                                    \
+    (t).data = (ptr);                                                                     \
+    (t).dtype = RLK_BF16;                                                                 \
+    (t).ndim = 3;                                                                         \
+    for (int d_ = 0; d_ < 3; d_++) (t).shape[d_] = (s)[d_];                               \
+    (t).strides[2] = 1, (t).strides[1] = (s)[2], (t).strides[0] = (s)[1] * (s)[2];        \
+  } while (0)
+  PA_T3(a.q, q, sq);
+  PA_T3(a.k, k, skv);
+  PA_T3(a.v, v, skv);
+  PA_T3(a.out, out, sq);
+  a.lse = rlk_tensor_2d(lse, RLK_F32, T, HQ, HQ);
+  a.layout = l;
+  ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  rlk_prefix_attention_backward_args b;
+  rlk_prefix_attention_backward_args_init(&b);
+  b.q = a.q, b.k = a.k, b.v = a.v, b.out = a.out, b.lse = a.lse, b.layout = l;
+  PA_T3(b.grad_out, dout, sq);
+  PA_T3(b.grad_q, dq, sq);
+  PA_T3(b.grad_k, dk, skv);
+  PA_T3(b.grad_v, dv, skv);
+#undef PA_T3
+  size_t need = 0;
+  ck_assert_int_eq(rlk_prefix_attention_backward_workspace_size(ctx, &b, &need), RLK_OK);
+  b.workspace = malloc(need);
+  b.workspace_bytes = need;
+  ck_assert_msg(rlk_prefix_attention_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  uint64_t hits = 0, misses = 0;
+  tune_counts(ctx, &hits, &misses);
+  ck_assert_uint_eq(hits, 3); /* the forward, the workspace size and the backward */
+  ck_assert_uint_eq(misses, 0);
+  rlk_context_destroy(ctx);
+  unsetenv("RLK_TUNE_DB");
+  free(b.workspace);
+  free(buf);
+}
+END_TEST
+
 START_TEST(precompile_from_the_database_for_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
@@ -1411,6 +1596,7 @@ Suite *tune_suite(void) {
   tcase_add_test(sel, variant_override_skips_the_database);
   tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
   tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
+  tcase_add_test(sel, prefix_attention_keys_and_selection_on_sm90a);
   suite_add_tcase(s, sel);
   TCase *tools = tcase_create("tools");
   /* these run the tools, and compilers, in child processes */
@@ -1418,6 +1604,7 @@ Suite *tune_suite(void) {
   tcase_add_test(tools, rlk_tune_usage_and_dry_run);
   tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
   tcase_add_test(tools, precompile_from_the_database_for_sm90a);
+  tcase_add_test(tools, rlk_tune_host_run_of_prefix_attention);
   suite_add_tcase(s, tools);
   return s;
 }

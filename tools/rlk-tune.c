@@ -11,7 +11,9 @@
  * A sweep line is a configuration line of rlk-precompile (comma lists expand to their cross
  * product) that also names the token count: "logprob pass=fwd,bwd logits=bf16 entropy=0,1
  * vocab=151936 tokens=4096,16384". Each expanded line with one pass is one configuration (pass
- * both, or none, stands for fwd and bwd).
+ * both, or none, stands for fwd and bwd). The ops it can time are those with an implementation of
+ * tune_op.h (inputs, calls and output checks through the public API): logprob
+ * (tune_logprob.h) and prefix_attention (tune_prefix_attention.h).
  *
  * How a run goes:
  *   1. a child process opens the device (so that this process never initializes a GPU runtime
@@ -58,11 +60,9 @@ static const char *prog = "rlk-tune";
 #include "tool_util.h"
 #include "tool_config.h"
 #include "tool_pool.h"
+#include "tune_op.h"
 
-#define MAX_ROTATE 64          /* input sets at the most */
-#define MAX_CHECK_ROWS 64      /* rows of a backward's gradient compared with the default's */
-#define MAX_RESTARTS 64        /* timing processes started after failures */
-#define RANDOM_CHUNK ((size_t)1 << 24) /* random values generated per set, then tiled */
+#define MAX_RESTARTS 64 /* timing processes started after failures */
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -77,7 +77,7 @@ static void usage(FILE *out) {
           "(RLK_TUNE=use, the default).\n"
           "\n"
           "what to sweep (combinable; every LIST is comma-separated):\n"
-          "  --op OP           the op (%s has candidates: see --list-candidates)\n"
+          "  --op OP           an op with tuning candidates (see --list-candidates)\n"
           "  --vocab, --tokens, --dtype (the logits), --labels, --entropy, --pass, --grad\n"
           "                    logprob's settings: vocab=, tokens= (N, required), logits=, labels=,\n"
           "                    entropy=, pass= (fwd, bwd; default both), grad=\n"
@@ -113,7 +113,7 @@ static void usage(FILE *out) {
           "  -h, --help        this help\n"
           "\n"
           "exit status: 0 success, 1 a configuration failed, 2 usage error\n",
-          prog, prog, prog, prog, "logprob");
+          prog, prog, prog, prog);
 }
 
 /* ---- the command line ---------------------------------------------------------------- */
@@ -147,19 +147,14 @@ typedef struct tune_variant {
   char *note;
 } tune_variant;
 
-/* What a logprob configuration is, from its canonical shape. */
-typedef struct lp_problem {
-  int bwd, entropy;
-  rlk_dtype logits, labels, grad;
-  int64_t N, V;
-} lp_problem;
-
 typedef struct config {
   char *line;        /* one pass, tokens=N */
   char *kernel_line; /* the line without tokens= (what the kernels depend on) */
-  char *input_line, *input_keys; /* a backward's: the default forward that makes its lse and entropy */
+  char *input_line, *input_keys; /* a backward's: the default forward that makes its inputs */
   rlk_tune_record key;
-  lp_problem prob;
+  int64_t tokens; /* the line's token count (its bucket is in key) */
+  const tune_op *op;
+  void *prob; /* op->problem_size bytes */
   tune_variant *v;        /* v[0]: the default */
   int nv;
   int failed, finished, recorded;
@@ -170,7 +165,6 @@ typedef struct config {
 
 static config *cfgs;
 static size_t ncfgs;
-static strlist candidates; /* of the op, after --exclude */
 static rlk_device_info info;
 static char db_path[4096];
 static char cache_dir[4096];
@@ -189,20 +183,6 @@ static char *xasprintf(const char *fmt, ...) {
   return s;
 }
 
-static const char *setting_of(const char *line, const char *name, char *buf, size_t size) {
-  size_t n = strlen(name);
-  for (const char *p = strchr(line, ' '); p; p = strchr(p + 1, ' '))
-    if (!strncmp(p + 1, name, n) && p[1 + n] == '=') {
-      const char *v = p + 2 + n, *e = strchr(v, ' ');
-      size_t len = e ? (size_t)(e - v) : strlen(v);
-      if (len >= size) len = size - 1;
-      memcpy(buf, v, len);
-      buf[len] = '\0';
-      return buf;
-    }
-  return NULL;
-}
-
 /* The line without its `name=` setting. */
 static char *without_setting(const char *line, const char *name) {
   strlist w = {0};
@@ -219,39 +199,24 @@ static char *without_setting(const char *line, const char *name) {
   return out;
 }
 
-static rlk_dtype dtype_named(const char *s) {
-  static const rlk_dtype all[] = {RLK_F32, RLK_F16, RLK_BF16, RLK_F64, RLK_I32, RLK_I64};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!strcmp(rlk_dtype_name(all[i]), s)) return all[i];
-  return RLK_DTYPE_INVALID;
-}
+#include "tune_logprob.h"
+#include "tune_prefix_attention.h"
 
-/* A logprob problem from a record's canonical shape and N. 0, or -1 with why. */
-static int lp_problem_of(const rlk_tune_record *key, int64_t N, lp_problem *p, char *why, size_t size) {
-  char v[64];
-  memset(p, 0, sizeof *p);
-  char line[300];
-  snprintf(line, sizeof line, "logprob %s", key->shape);
-  p->bwd = setting_of(line, "pass", v, sizeof v) && !strcmp(v, "bwd");
-  p->entropy = setting_of(line, "entropy", v, sizeof v) && !strcmp(v, "1");
-  p->logits = setting_of(line, "logits", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
-  p->labels = setting_of(line, "labels", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
-  p->grad = p->logits;
-  if (setting_of(line, "grad", v, sizeof v) && !strcmp(v, "f32")) p->grad = RLK_F32;
-  p->V = setting_of(line, "vocab", v, sizeof v) ? strtoll(v, NULL, 10) : 0;
-  p->N = N;
-  if (!p->logits || !p->labels || p->V <= 0 || N <= 0) {
-    snprintf(why, size, "cannot read the problem from '%s'", key->shape);
-    return -1;
-  }
-  return 0;
+/* The ops rlk-tune can time, NULL-terminated. */
+static const tune_op *const tune_ops[] = {&tune_op_logprob, &tune_op_prefix_attention, NULL};
+
+static const tune_op *tune_op_named(const char *name) {
+  for (size_t i = 0; tune_ops[i]; i++)
+    if (!strcmp(tune_ops[i]->name, name)) return tune_ops[i];
+  return NULL;
 }
 
 /* Adds one expanded line (one pass, or both: then one configuration per pass). */
 static int add_line(const char *line, strlist *lines) {
-  char v[32];
+  char v[32], op[64];
   const char *pass = setting_of(line, "pass", v, sizeof v);
-  if (strncmp(line, "logprob ", 8) && strcmp(line, "logprob")) {
+  snprintf(op, sizeof op, "%.*s", (int)strcspn(line, " "), line);
+  if (!tune_op_named(op)) {
     strlist_push(lines, xstrdup(line)); /* other ops are refused when their key is made */
     return 0;
   }
@@ -363,10 +328,7 @@ static int plan_configs(rlk_context *ctx) {
       }
       free(line);
     }
-    if (c->prob.bwd) {
-      c->input_line = xasprintf("logprob pass=fwd logits=%s labels=%s entropy=%d vocab=%" PRId64,
-                                rlk_dtype_name(c->prob.logits), rlk_dtype_name(c->prob.labels), c->prob.entropy,
-                                c->prob.V);
+    if ((c->input_line = c->op->input_line(c->prob))) {
       char keys[65 * 8 + 1];
       if (rlk_precompile_keys(ctx, c->input_line, keys, sizeof keys, NULL) == RLK_OK) c->input_keys = xstrdup(keys);
     }
@@ -509,307 +471,6 @@ static void apply_compile_failures(void) {
   }
 }
 
-/* ---- inputs and calls of logprob (in the timing process) ------------------------------ */
-
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static double uniform(uint64_t *s) { return (double)(splitmix(s) >> 11) * 0x1.0p-53; }
-
-static uint16_t bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static double value_at(const void *base, rlk_dtype d, size_t i) {
-  if (d == RLK_F32) return ((const float *)base)[i];
-  if (d == RLK_BF16) {
-    uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  _Float16 h;
-  memcpy(&h, (const uint16_t *)base + i, sizeof h);
-  return (double)h;
-}
-
-/* Stores a non-zero value (zero becomes 0.25) at element i. */
-static void store_nonzero(void *base, rlk_dtype d, size_t i, double x) {
-  for (int k = 0; k < 2; k++) {
-    if (d == RLK_F32) {
-      ((float *)base)[i] = (float)x;
-    } else if (d == RLK_BF16) {
-      ((uint16_t *)base)[i] = bf16_bits((float)x);
-    } else {
-      _Float16 h = (_Float16)x;
-      memcpy((uint16_t *)base + i, &h, sizeof h);
-    }
-    if (value_at(base, d, i) != 0.0) return;
-    x = 0.25;
-  }
-}
-
-typedef struct lp_set {
-  void *logits, *labels, *grad;
-  float *logp, *lse, *ent, *glp, *gent;
-} lp_set;
-
-typedef struct lp_bench {
-  rlk_context *ctx;
-  lp_problem p;
-  size_t es, ges, ls;
-  int nsets;
-  lp_set set[MAX_ROTATE];
-  int32_t *status;
-  /* the default's outputs on set 0 */
-  float *ref[3];            /* fwd: logp, lse, entropy */
-  int64_t rows[MAX_CHECK_ROWS];
-  int nrows;
-  void *ref_grad, *got_grad; /* bwd: the checked rows */
-  float *got[3];
-} lp_bench;
-
-static void lp_bench_free(lp_bench *b) {
-  for (int s = 0; s < b->nsets; s++) {
-    lp_set *t = &b->set[s];
-    rlk_free(b->ctx, t->logits);
-    rlk_free(b->ctx, t->labels);
-    rlk_free(b->ctx, t->grad);
-    rlk_free(b->ctx, t->logp);
-    rlk_free(b->ctx, t->lse);
-    rlk_free(b->ctx, t->ent);
-    rlk_free(b->ctx, t->glp);
-    rlk_free(b->ctx, t->gent);
-  }
-  rlk_free(b->ctx, b->status);
-  for (int k = 0; k < 3; k++) {
-    free(b->ref[k]);
-    free(b->got[k]);
-  }
-  free(b->ref_grad);
-  free(b->got_grad);
-  memset(b, 0, sizeof *b);
-}
-
-/* Parses candidate settings into the args' tuning fields. */
-static void lp_tuning_of(const char *settings, rlk_logprob_variant *variant, int *block, int *unroll, int *stages) {
-  *variant = RLK_LOGPROB_VARIANT_AUTO;
-  *block = *unroll = *stages = 0;
-  strlist w = {0};
-  split_words(settings, 0, &w);
-  for (size_t i = 0; i < w.n; i++) {
-    char *eq = strchr(w.v[i], '=');
-    if (!eq) continue;
-    *eq = '\0';
-    const char *v = eq + 1;
-    if (!strcmp(w.v[i], "variant"))
-      *variant = !strcmp(v, "vec")    ? RLK_LOGPROB_VARIANT_VEC
-                 : !strcmp(v, "bulk") ? RLK_LOGPROB_VARIANT_BULK
-                 : !strcmp(v, "tma")  ? RLK_LOGPROB_VARIANT_TMA
-                                      : RLK_LOGPROB_VARIANT_AUTO;
-    else if (!strcmp(w.v[i], "block"))
-      *block = atoi(v);
-    else if (!strcmp(w.v[i], "unroll"))
-      *unroll = atoi(v);
-    else if (!strcmp(w.v[i], "stages"))
-      *stages = atoi(v);
-  }
-  strlist_free(&w);
-}
-
-/* One call on input set s with the given tuning settings ("" for the default). */
-static rlk_status lp_call(lp_bench *b, int s, const char *settings, int forward_for_bwd) {
-  const lp_problem *p = &b->p;
-  lp_set *t = &b->set[s];
-  rlk_logprob_variant variant;
-  int block, unroll, stages;
-  lp_tuning_of(settings, &variant, &block, &unroll, &stages);
-  if (!p->bwd || forward_for_bwd) {
-    rlk_logprob_args a;
-    rlk_logprob_args_init(&a);
-    a.logits = rlk_tensor_2d(t->logits, p->logits, p->N, p->V, p->V);
-    a.labels = rlk_tensor_1d(t->labels, p->labels, p->N);
-    a.logp = rlk_tensor_1d(t->logp, RLK_F32, p->N);
-    a.lse = rlk_tensor_1d(t->lse, RLK_F32, p->N);
-    if (p->entropy) a.entropy = rlk_tensor_1d(t->ent, RLK_F32, p->N);
-    a.status = rlk_tensor_1d(b->status, RLK_I32, 1);
-    a.variant = variant;
-    a.block = block;
-    a.unroll = unroll;
-    a.stages = stages;
-    return rlk_logprob(b->ctx, &a, NULL);
-  }
-  rlk_logprob_backward_args a;
-  rlk_logprob_backward_args_init(&a);
-  a.logits = rlk_tensor_2d(t->logits, p->logits, p->N, p->V, p->V);
-  a.labels = rlk_tensor_1d(t->labels, p->labels, p->N);
-  a.lse = rlk_tensor_1d(t->lse, RLK_F32, p->N);
-  a.grad_logp = rlk_tensor_1d(t->glp, RLK_F32, p->N);
-  if (p->entropy) {
-    a.grad_entropy = rlk_tensor_1d(t->gent, RLK_F32, p->N);
-    a.entropy = rlk_tensor_1d(t->ent, RLK_F32, p->N);
-  }
-  a.grad_logits = rlk_tensor_2d(t->grad, p->grad, p->N, p->V, p->V);
-  a.status = rlk_tensor_1d(b->status, RLK_I32, 1);
-  a.variant = variant;
-  a.block = block;
-  a.unroll = unroll;
-  a.stages = stages;
-  return rlk_logprob_backward(b->ctx, &a, NULL);
-}
-
-/* Returns a failed call's status, with "<what>: <status>: <detail>" in why. */
-#define TRY(what, call)                                                                        \
-  do {                                                                                         \
-    rlk_status st_ = (call);                                                                   \
-    if (st_ != RLK_OK) {                                                                       \
-      snprintf(why, whysize, "%s: %s: %s", what, rlk_status_string(st_), rlk_last_error());    \
-      return st_;                                                                              \
-    }                                                                                          \
-  } while (0)
-
-static rlk_status alloc_dev(rlk_context *ctx, size_t bytes, void **p, char *why, size_t whysize) {
-  TRY("allocating device memory", rlk_malloc(ctx, bytes, p));
-  return RLK_OK;
-}
-
-/* Random vector of n f32 values in [lo, hi), none of them zero. */
-static rlk_status upload_floats(rlk_context *ctx, float **dst, size_t n, uint64_t *rng, double lo, double hi,
-                                char *why, size_t whysize) {
-  rlk_status st = alloc_dev(ctx, n * 4, (void **)dst, why, whysize);
-  if (st) return st;
-  float *h = xrealloc(NULL, n * 4);
-  for (size_t i = 0; i < n; i++) store_nonzero(h, RLK_F32, i, lo + (hi - lo) * uniform(rng));
-  st = rlk_memcpy_to_device(ctx, *dst, h, n * 4);
-  free(h);
-  if (st) snprintf(why, whysize, "uploading inputs: %s", rlk_last_error());
-  return st;
-}
-
-/* Fresh random inputs: nsets sets (several, rotated, when one fits in the L2), and for a
- * backward the forward's lse and entropy of each set. */
-static rlk_status lp_bench_setup(rlk_context *ctx, const lp_problem *p, uint64_t seed, lp_bench *b, char *why,
-                                 size_t whysize) {
-  memset(b, 0, sizeof *b);
-  b->ctx = ctx;
-  b->p = *p;
-  b->es = rlk_dtype_size(p->logits);
-  b->ges = rlk_dtype_size(p->grad);
-  b->ls = rlk_dtype_size(p->labels);
-  const size_t elems = (size_t)p->N * (size_t)p->V;
-  const double set_bytes = (double)elems * (double)(b->es + (p->bwd ? b->ges : 0)) + (double)p->N * 24.0;
-  const double l2 = (double)opt.l2_mb * 1048576.0;
-  b->nsets = set_bytes <= l2 ? (int)fmin(MAX_ROTATE, ceil(2.0 * l2 / set_bytes)) : 1;
-  if (b->nsets < 1) b->nsets = 1;
-  uint64_t rng = seed;
-  TRY("allocating device memory", rlk_malloc(ctx, 4, (void **)&b->status));
-  const size_t chunk = elems < RANDOM_CHUNK ? elems : RANDOM_CHUNK + 7; /* not a whole number of rows */
-  void *h = xrealloc(NULL, chunk * b->es);
-  int64_t *labels = xrealloc(NULL, (size_t)p->N * sizeof *labels);
-  int32_t *labels32 = xrealloc(NULL, (size_t)p->N * sizeof *labels32);
-  rlk_status st = RLK_OK;
-  for (int s = 0; s < b->nsets && !st; s++) {
-    lp_set *t = &b->set[s];
-    for (size_t i = 0; i < chunk; i++) {
-      double u = 0;
-      for (int k = 0; k < 4; k++) u += uniform(&rng);
-      store_nonzero(h, p->logits, i, (u - 2.0) * 3.0);
-    }
-    if ((st = alloc_dev(ctx, elems * b->es, &t->logits, why, whysize))) break;
-    for (size_t off = 0; off < elems && !st; off += chunk) {
-      const size_t n = elems - off < chunk ? elems - off : chunk;
-      st = rlk_memcpy_to_device(ctx, (char *)t->logits + off * b->es, h, n * b->es);
-      if (st) snprintf(why, whysize, "uploading the logits: %s", rlk_last_error());
-    }
-    for (int64_t i = 0; i < p->N; i++) {
-      labels[i] = (int64_t)(splitmix(&rng) % (uint64_t)p->V);
-      labels32[i] = (int32_t)labels[i];
-    }
-    if (!st) st = alloc_dev(ctx, (size_t)p->N * b->ls, &t->labels, why, whysize);
-    if (!st && rlk_memcpy_to_device(ctx, t->labels, p->labels == RLK_I64 ? (void *)labels : (void *)labels32,
-                                    (size_t)p->N * b->ls)) {
-      st = RLK_ERR_BACKEND;
-      snprintf(why, whysize, "uploading the labels: %s", rlk_last_error());
-    }
-    if (!st) st = alloc_dev(ctx, (size_t)p->N * 4, (void **)&t->logp, why, whysize);
-    if (!st) st = alloc_dev(ctx, (size_t)p->N * 4, (void **)&t->lse, why, whysize);
-    if (!st) st = alloc_dev(ctx, (size_t)p->N * 4, (void **)&t->ent, why, whysize);
-    if (!st && p->bwd) {
-      st = upload_floats(ctx, &t->glp, (size_t)p->N, &rng, 0.5, 1.5, why, whysize);
-      if (!st) st = upload_floats(ctx, &t->gent, (size_t)p->N, &rng, -1.0, 1.0, why, whysize);
-      if (!st) st = alloc_dev(ctx, elems * b->ges, &t->grad, why, whysize);
-    }
-  }
-  free(h);
-  free(labels);
-  free(labels32);
-  if (st) return st;
-  TRY("clearing the status word", rlk_memset(ctx, b->status, 0, 4));
-  if (p->bwd) /* the backward's lse and entropy come from the default forward of each set */
-    for (int s = 0; s < b->nsets; s++) TRY("the default forward (the backward's lse)", lp_call(b, s, "", 1));
-  TRY("synchronizing", rlk_stream_synchronize(ctx, NULL));
-  b->nrows = p->N < MAX_CHECK_ROWS ? (int)p->N : MAX_CHECK_ROWS;
-  for (int r = 0; r < b->nrows; r++)
-    b->rows[r] = b->nrows == 1 ? 0 : (int64_t)((double)r * (double)(p->N - 1) / (double)(b->nrows - 1));
-  return RLK_OK;
-}
-
-/* Poisons set 0's outputs, runs one call there and fetches what is compared. */
-static rlk_status lp_checked_call(lp_bench *b, const char *settings, float **out, void *grad_rows, char *why,
-                                  size_t whysize) {
-  const lp_problem *p = &b->p;
-  lp_set *t = &b->set[0];
-  if (!p->bwd) {
-    TRY("poisoning the outputs", rlk_memset(b->ctx, t->logp, 0xff, (size_t)p->N * 4));
-    TRY("poisoning the outputs", rlk_memset(b->ctx, t->lse, 0xff, (size_t)p->N * 4));
-    TRY("poisoning the outputs", rlk_memset(b->ctx, t->ent, 0xff, (size_t)p->N * 4));
-  } else {
-    TRY("poisoning the outputs", rlk_memset(b->ctx, t->grad, 0xff, (size_t)p->N * (size_t)p->V * b->ges));
-  }
-  TRY("the checked call", lp_call(b, 0, settings, 0));
-  TRY("synchronizing after the checked call", rlk_stream_synchronize(b->ctx, NULL));
-  if (!p->bwd) {
-    float *src[3] = {t->logp, t->lse, t->ent};
-    for (int k = 0; k < (p->entropy ? 3 : 2); k++)
-      TRY("reading the outputs", rlk_memcpy_to_host(b->ctx, out[k], src[k], (size_t)p->N * 4));
-  } else {
-    const size_t row = (size_t)p->V * b->ges;
-    for (int r = 0; r < b->nrows; r++)
-      TRY("reading the gradient", rlk_memcpy_to_host(b->ctx, (char *)grad_rows + (size_t)r * row, (char *)t->grad + (size_t)b->rows[r] * row,
-                             row));
-  }
-  return RLK_OK;
-}
-
-/* Largest error of got against ref relative to the tolerance (<= 1 agrees), and a description. */
-static double compare(const void *got, const void *ref, rlk_dtype d, size_t n, double rtol, char *where,
-                      size_t size, const char *what) {
-  double scale = 0, worst = 0;
-  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(value_at(ref, d, i)));
-  for (size_t i = 0; i < n; i++) {
-    const double a = value_at(got, d, i), e = value_at(ref, d, i);
-    double err;
-    if (isnan(a) || isnan(e))
-      err = isnan(a) && isnan(e) ? 0 : INFINITY;
-    else
-      err = fabs(a - e) / (rtol * (fabs(e) + 1e-3 * scale) + 1e-30);
-    if (err > worst) {
-      worst = err;
-      snprintf(where, size, "%s[%zu] = %.9g, the default's %.9g", what, i, a, e);
-    }
-  }
-  return worst;
-}
-
-static double rtol_of(rlk_dtype d) { return d == RLK_BF16 ? 1.0 / 64 : d == RLK_F16 ? 1.0 / 256 : 1e-4; }
-
 /* ---- the timing process --------------------------------------------------------------- */
 
 /* What the timing process says; TM_PROGRESS only shows that the device is making progress (the
@@ -858,30 +519,31 @@ static void summarize(double *samples, long n, double *t) {
  * rounds, each calling every variant once (input sets rotated) between its own events, so that
  * clock or thermal drift over the round touches every variant alike. t[3 * j] = {median, min,
  * max} of run[j]. */
-static rlk_status time_round(lp_bench *b, const config *c, const int *run, int nrun, double *t, int fd, char *why,
-                             size_t whysize) {
+static rlk_status time_round(rlk_context *ctx, void *b, const config *c, const int *run, int nrun, double *t, int fd,
+                             char *why, size_t whysize) {
   const long iters = opt.iters;
+  const int nsets = c->op->nsets(b);
   rlk_event **ev = xrealloc(NULL, (size_t)nrun * 2 * (size_t)iters * sizeof *ev);
   double *samples = xrealloc(NULL, (size_t)iters * sizeof *samples);
   long made = 0;
   rlk_status st = RLK_OK;
-  for (; made < (long)nrun * 2 * iters && !st; made++) st = rlk_event_create(b->ctx, &ev[made]);
+  for (; made < (long)nrun * 2 * iters && !st; made++) st = rlk_event_create(ctx, &ev[made]);
   if (st) {
     made--;
     snprintf(why, whysize, "creating events: %s: %s", rlk_status_string(st), rlk_last_error());
   }
   int s = 0;
   for (long i = 0; !st && i < opt.warmup; i++)
-    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % b->nsets)
-      if ((st = lp_call(b, s, c->v[run[j]].settings, 0)))
+    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % nsets)
+      if ((st = c->op->call(b, s, c->v[run[j]].settings)))
         snprintf(why, whysize, "a warm-up call of %s: %s", run[j] ? c->v[run[j]].settings : "the default",
                  rlk_last_error());
   for (long i = 0; !st && i < iters; i++) {
     if (i % 16 == 0) send_msg(fd, TM_PROGRESS, 0, 0, 0, NULL, 0, NULL); /* the launches go on */
-    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % b->nsets) {
+    for (int j = 0; j < nrun && !st; j++, s = (s + 1) % nsets) {
       rlk_event **e = &ev[((size_t)j * (size_t)iters + (size_t)i) * 2];
       st = rlk_event_record(e[0], NULL);
-      if (!st) st = lp_call(b, s, c->v[run[j]].settings, 0);
+      if (!st) st = c->op->call(b, s, c->v[run[j]].settings);
       if (!st) st = rlk_event_record(e[1], NULL);
       if (st)
         snprintf(why, whysize, "a timed call of %s: %s", run[j] ? c->v[run[j]].settings : "the default",
@@ -906,53 +568,26 @@ static rlk_status time_round(lp_bench *b, const config *c, const int *run, int n
   return st;
 }
 
-/* Checks one candidate's outputs against the reference; its error relative to the tolerance. */
-static double check_outputs(lp_bench *b, char *where, size_t size) {
-  const lp_problem *p = &b->p;
-  double err = 0;
-  if (p->bwd)
-    return compare(b->got_grad, b->ref_grad, p->grad, (size_t)b->nrows * (size_t)p->V, rtol_of(p->grad), where, size,
-                   "grad_logits (checked rows)");
-  static const char *const names[3] = {"logp", "lse", "entropy"};
-  for (int o = 0; o < (p->entropy ? 3 : 2); o++) {
-    char w[256];
-    double e = compare(b->got[o], b->ref[o], RLK_F32, (size_t)p->N, rtol_of(RLK_F32), w, sizeof w, names[o]);
-    if (e > err) {
-      err = e;
-      snprintf(where, size, "%s", w);
-    }
-  }
-  return err;
-}
-
 /* Times one configuration's undone variants: the default's outputs as the reference, one checked
  * call per candidate (a failure ends the process: 3), then one timing round of all that passed.
  * Returns 0 to go on, 3 when the context may be unusable. */
 static int time_config(rlk_context *ctx, size_t ci, int fd) {
   config *c = &cfgs[ci];
+  const tune_op *op = c->op;
   char why[2048] = "";
   send_msg(fd, TM_SETUP, ci, 0, 0, NULL, 0, NULL);
-  lp_bench b;
-  rlk_status st = lp_bench_setup(ctx, &c->prob, opt.seed + 0x9e3779b97f4a7c15ull * (ci + 1), &b, why, sizeof why);
+  void *b = NULL;
+  rlk_status st = op->setup(ctx, c->prob, opt.seed + 0x9e3779b97f4a7c15ull * (ci + 1), (double)opt.l2_mb * 1048576.0,
+                            &b, why, sizeof why);
   if (st) {
     send_msg(fd, TM_CONFIG_FAILED, ci, 0, 0, NULL, 0, why);
-    lp_bench_free(&b);
+    op->destroy(b);
     return st == RLK_ERR_OUT_OF_MEMORY || st == RLK_ERR_INVALID_ARGUMENT ? 0 : 3;
   }
-  const lp_problem *p = &c->prob;
-  const size_t grad_bytes = (size_t)b.nrows * (size_t)p->V * b.ges;
-  for (int k = 0; k < 3; k++) {
-    b.ref[k] = xrealloc(NULL, (size_t)p->N * 4);
-    b.got[k] = xrealloc(NULL, (size_t)p->N * 4);
-  }
-  if (p->bwd) {
-    b.ref_grad = xrealloc(NULL, grad_bytes);
-    b.got_grad = xrealloc(NULL, grad_bytes);
-  }
   /* the reference: the default's outputs */
-  if ((st = lp_checked_call(&b, "", b.ref, b.ref_grad, why, sizeof why))) {
+  if ((st = op->checked_call(b, "", 1, why, sizeof why))) {
     send_msg(fd, TM_CONFIG_FAILED, ci, 0, 0, NULL, 0, why);
-    lp_bench_free(&b);
+    op->destroy(b);
     return 3;
   }
   int *run = xrealloc(NULL, (size_t)c->nv * sizeof *run);
@@ -964,15 +599,15 @@ static int time_config(rlk_context *ctx, size_t ci, int fd) {
     double e = 0;
     if (k > 0) {
       send_msg(fd, TM_START, ci, k, 0, NULL, 0, NULL);
-      if ((st = lp_checked_call(&b, v->settings, b.got, b.got_grad, why, sizeof why))) {
+      if ((st = op->checked_call(b, v->settings, 0, why, sizeof why))) {
         send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_FAILED, NULL, 0, why);
-        lp_bench_free(&b);
+        op->destroy(b);
         free(run);
         free(err);
         return 3;
       }
       char where[256] = "";
-      e = check_outputs(&b, where, sizeof where);
+      e = op->check(b, where, sizeof where);
       if (!(e <= 1.0)) {
         snprintf(why, sizeof why, "its outputs disagree with the default's: %s (%.3g x the tolerance)", where, e);
         send_msg(fd, TM_RESULT, ci, k, RLK_TUNE_REJECTED, NULL, e, why);
@@ -985,16 +620,17 @@ static int time_config(rlk_context *ctx, size_t ci, int fd) {
   /* the timing round: a failure there is the configuration's (variant -1) */
   send_msg(fd, TM_START, ci, -1, 0, NULL, 0, NULL);
   double *t = xrealloc(NULL, (size_t)(nrun ? nrun : 1) * 3 * sizeof *t);
-  st = time_round(&b, c, run, nrun, t, fd, why, sizeof why);
+  st = time_round(ctx, b, c, run, nrun, t, fd, why, sizeof why);
   if (st) {
     send_msg(fd, TM_CONFIG_FAILED, ci, 0, 0, NULL, 0, why);
   } else {
     char note[96];
-    snprintf(note, sizeof note, "%d input set%s, timed in rounds with %d variant%s", b.nsets, b.nsets == 1 ? "" : "s",
+    const int nsets = op->nsets(b);
+    snprintf(note, sizeof note, "%d input set%s, timed in rounds with %d variant%s", nsets, nsets == 1 ? "" : "s",
              nrun, nrun == 1 ? "" : "s");
     for (int j = 0; j < nrun; j++) send_msg(fd, TM_RESULT, ci, run[j], RLK_TUNE_TIMED, &t[3 * j], err[j], note);
   }
-  lp_bench_free(&b);
+  op->destroy(b);
   free(run);
   free(err);
   free(t);
@@ -1354,7 +990,7 @@ static int write_json(const char *path) {
     json_string(f, c->key.op);
     fprintf(f, ", \"shape\": ");
     json_string(f, c->key.shape);
-    fprintf(f, ", \"tokens\": %" PRId64 ", \"rows\": %" PRId64 ", \"status\": \"%s\"", c->key.tokens, c->prob.N,
+    fprintf(f, ", \"tokens\": %" PRId64 ", \"rows\": %" PRId64 ", \"status\": \"%s\"", c->key.tokens, c->tokens,
             c->failed ? "failed" : "ok");
     if (c->failed) {
       fprintf(f, ", \"error\": ");
@@ -1395,14 +1031,14 @@ static int write_json(const char *path) {
 static void print_table(void) {
   int w = 6;
   for (size_t i = 0; i < ncfgs; i++) {
-    int n = (int)strlen(cfgs[i].key.shape) + 2 + snprintf(NULL, 0, "N=%" PRId64, cfgs[i].prob.N);
+    int n = (int)strlen(cfgs[i].key.shape) + 2 + snprintf(NULL, 0, "N=%" PRId64, cfgs[i].tokens);
     if (n > w) w = n;
   }
   printf("\n%-*s  %10s  %10s  %7s  %s\n", w, "config", "default ms", "best ms", "speedup", "winner");
   for (size_t i = 0; i < ncfgs; i++) {
     const config *c = &cfgs[i];
     char name[400];
-    snprintf(name, sizeof name, "%s  N=%" PRId64, c->key.shape, c->prob.N);
+    snprintf(name, sizeof name, "%s  N=%" PRId64, c->key.shape, c->tokens);
     if (c->failed)
       printf("%-*s  %10s  %10s  %7s  FAILED: %s\n", w, name, "-", "-", "-", c->error ? c->error : "");
     else
@@ -1514,6 +1150,35 @@ static int pending_visit(const rlk_tune_record *r, void *user) {
   return 0;
 }
 
+static strlist excluded_told; /* "op candidate" lines printed */
+
+/* The candidates op declares, less those --exclude names (each printed once). */
+static void op_candidates(const char *op, strlist *out) {
+  strlist *told = &excluded_told;
+  const char *src = rlk_tune_candidates(op);
+  for (const char *p = src; *p;) {
+    const size_t n = strcspn(p, "\n");
+    char *c = xrealloc(NULL, n + 1);
+    memcpy(c, p, n);
+    c[n] = '\0';
+    p += n + (p[n] == '\n');
+    int excluded = 0;
+    for (size_t k = 0; k < opt.excludes.n && !excluded; k++) excluded = strstr(c, opt.excludes.v[k]) != NULL;
+    if (!excluded) {
+      strlist_push(out, c);
+      continue;
+    }
+    char *note = xasprintf("%s %s", op, c);
+    if (!strlist_has(told, note)) {
+      printf("candidate excluded: %s\n", note);
+      strlist_push(told, note);
+    } else {
+      free(note);
+    }
+    free(c);
+  }
+}
+
 /* Turns the expanded lines into configurations; 0, or 2 on a line that is not a key. */
 static int build_configs(const strlist *lines) {
   cfgs = xrealloc(NULL, (lines->n ? lines->n : 1) * sizeof *cfgs);
@@ -1528,21 +1193,32 @@ static int build_configs(const strlist *lines) {
       dup = cfgs[j].key.tokens == c.key.tokens && !strcmp(cfgs[j].key.op, c.key.op) &&
             !strcmp(cfgs[j].key.shape, c.key.shape);
     if (dup) continue; /* the same key (e.g. N in one bucket): the first line stands */
-    if (strcmp(c.key.op, "logprob"))
-      return usage_error("'%s': only logprob has tuning candidates and inputs here", lines->v[i]);
+    if (!(c.op = tune_op_named(c.key.op)))
+      return usage_error("'%s': rlk-tune has no inputs for %s", lines->v[i], c.key.op);
     char n[32], why[512];
     setting_of(lines->v[i], "tokens", n, sizeof n);
-    if (lp_problem_of(&c.key, strtoll(n, NULL, 10), &c.prob, why, sizeof why)) return usage_error("%s", why);
-    c.line = xasprintf("%s %s tokens=%s", c.key.op, c.key.shape, n);
-    c.kernel_line = xasprintf("%s %s", c.key.op, c.key.shape);
-    c.nv = 1 + (int)candidates.n;
-    c.v = xrealloc(NULL, (size_t)c.nv * sizeof *c.v);
-    memset(c.v, 0, (size_t)c.nv * sizeof *c.v);
-    for (int k = 0; k < c.nv; k++) {
-      c.v[k].settings = xstrdup(k ? candidates.v[k - 1] : "");
-      c.v[k].same_as = -1;
+    c.prob = xrealloc(NULL, c.op->problem_size);
+    memset(c.prob, 0, c.op->problem_size);
+    cfgs[ncfgs++] = c; /* freed with the others from here on */
+    config *cp = &cfgs[ncfgs - 1];
+    cp->tokens = strtoll(n, NULL, 10);
+    if (c.op->problem_of(&c.key, cp->tokens, cp->prob, why, sizeof why)) return usage_error("%s", why);
+    strlist cands = {0};
+    op_candidates(c.key.op, &cands);
+    if (cands.n >= RLK_TUNE_MAX_TIMINGS) {
+      strlist_free(&cands);
+      return usage_error("%s: more than %d candidates", c.key.op, RLK_TUNE_MAX_TIMINGS - 1);
     }
-    cfgs[ncfgs++] = c;
+    cp->line = xasprintf("%s %s tokens=%s", c.key.op, c.key.shape, n);
+    cp->kernel_line = xasprintf("%s %s", c.key.op, c.key.shape);
+    cp->nv = 1 + (int)cands.n;
+    cp->v = xrealloc(NULL, (size_t)cp->nv * sizeof *cp->v);
+    memset(cp->v, 0, (size_t)cp->nv * sizeof *cp->v);
+    for (int k = 0; k < cp->nv; k++) {
+      cp->v[k].settings = xstrdup(k ? cands.v[k - 1] : "");
+      cp->v[k].same_as = -1;
+    }
+    strlist_free(&cands);
   }
   return 0;
 }
@@ -1560,6 +1236,7 @@ static void free_all(void) {
     free(cfgs[i].input_line);
     free(cfgs[i].input_keys);
     free(cfgs[i].error);
+    free(cfgs[i].prob);
   }
   free(cfgs);
   for (size_t i = 0; i < ncitems; i++) {
@@ -1567,7 +1244,7 @@ static void free_all(void) {
     free(citems[i].message);
   }
   free(citems);
-  strlist_free(&candidates);
+  strlist_free(&excluded_told);
   strlist_free(&opt.sets);
   strlist_free(&opt.config_files);
   strlist_free(&opt.sweeps);
@@ -1757,29 +1434,6 @@ int main(int argc, char **argv) {
   strlist_free(&ops);
   strlist_free(&expanded);
 
-  /* the candidates */
-  if (!rc) {
-    strlist all = {0};
-    const char *src = rlk_tune_candidates("logprob");
-    for (const char *p = src; *p;) {
-      const char *nl = strchr(p, '\n');
-      size_t n = nl ? (size_t)(nl - p) : strlen(p);
-      char *c = xrealloc(NULL, n + 1);
-      memcpy(c, p, n);
-      c[n] = '\0';
-      strlist_push(&all, c);
-      p += n + (nl ? 1 : 0);
-    }
-    for (size_t i = 0; i < all.n; i++) {
-      int excluded = 0;
-      for (size_t k = 0; k < opt.excludes.n && !excluded; k++) excluded = strstr(all.v[i], opt.excludes.v[k]) != NULL;
-      if (excluded) printf("candidate excluded: %s\n", all.v[i]);
-      else strlist_push(&candidates, xstrdup(all.v[i]));
-    }
-    strlist_free(&all);
-    if (candidates.n >= RLK_TUNE_MAX_TIMINGS) rc = usage_error("more than %d candidates", RLK_TUNE_MAX_TIMINGS - 1);
-  }
-
   /* the device */
   probe_result pr;
   memset(&pr, 0, sizeof pr);
@@ -1849,10 +1503,12 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!rc) {
-    printf("%s on %s (%s, %s, %d multiprocessors): %zu configuration%s x %zu candidates; warm-up %ld, %ld timed "
-           "calls each; seed %" PRIu64 "; database %s\n",
-           prog, info.name, info.target, info.compiler, info.multiprocessors, ncfgs, ncfgs == 1 ? "" : "s",
-           candidates.n, opt.warmup, opt.iters, opt.seed, db_path);
+    size_t ncand = 0;
+    for (size_t i = 0; i < ncfgs; i++) ncand += (size_t)cfgs[i].nv - 1;
+    printf("%s on %s (%s, %s, %d multiprocessors): %zu configuration%s, %zu candidates in all; warm-up %ld, %ld "
+           "timed calls each; seed %" PRIu64 "; database %s\n",
+           prog, info.name, info.target, info.compiler, info.multiprocessors, ncfgs, ncfgs == 1 ? "" : "s", ncand,
+           opt.warmup, opt.iters, opt.seed, db_path);
     fflush(stdout);
     /* compile first, in worker processes */
     if (!cache_dir[0]) {
