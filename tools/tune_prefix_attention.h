@@ -173,13 +173,15 @@ static void pa_forward_args(const pa_bench *b, const pa_set *t, rlk_prefix_atten
 static void pa_backward_args(const pa_bench *b, const pa_set *t, const char *settings,
                              rlk_prefix_attention_backward_args *a) {
   const pa_problem *p = &b->p;
+  rlk_prefix_attention_args f; /* the forward's q, k, v, layout, out and lse */
+  pa_forward_args(b, t, &f);
   rlk_prefix_attention_backward_args_init(a);
-  a->q = pa_heads(t->q, p->dtype, p->T, p->Hq, p->D);
-  a->k = pa_heads(t->k, p->dtype, p->T, p->Hkv, p->D);
-  a->v = pa_heads(t->v, p->dtype, p->T, p->Hkv, p->D);
-  a->layout = pa_layout(b);
-  a->out = pa_heads(t->out, p->dtype, p->T, p->Hq, p->D);
-  a->lse = rlk_tensor_2d(t->lse, RLK_F32, p->T, p->Hq, p->Hq);
+  a->q = f.q;
+  a->k = f.k;
+  a->v = f.v;
+  a->layout = f.layout;
+  a->out = f.out;
+  a->lse = f.lse;
   a->grad_out = pa_heads(t->dout, p->dtype, p->T, p->Hq, p->D);
   a->grad_q = pa_heads(t->dq, p->dtype, p->T, p->Hq, p->D);
   a->grad_k = pa_heads(t->dk, p->dtype, p->T, p->Hkv, p->D);
