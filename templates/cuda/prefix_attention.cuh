@@ -394,18 +394,18 @@ RLK_DEVICE region region_of(const i32 *seq, const i32 *grp, i32 y) {
   return r;
 }
 
-/* A prompt's tiles of `tile` rows as one grid index x, heaviest first, so that a grid over
- * prompts has no blocks that find nothing to do where prefixes and response groups differ in
- * length. Query tiles (keys false): its stacked response rows' tiles (each sees the whole
- * prefix), then its prefix's from the last (which sees the most keys); key tiles (keys true): its
- * prefix's from the first (seen by the most rows), then its response keys'. Sets rg to the tile's
- * region of prompt p and returns the tile's first row, or -1 past the prompt's tiles (the host
- * sizes x for the prompt with the most: pa_shape.tiles in src/ops/prefix_attention.c). */
+/* A prompt's tiles of `tile` rows as one grid index x, so that a grid over prompts has no blocks
+ * that find nothing to do where prefixes and response groups differ in length. Query tiles (keys
+ * false): its prefix's from the last (which sees the most keys), then its stacked response rows'
+ * (the order of the grid of regions this replaced); key tiles (keys true): its prefix's from the first (seen by the most rows), then its
+ * response keys'. Sets rg to the tile's region of prompt p and returns the tile's first row, or -1
+ * past the prompt's tiles (the host sizes x for the prompt with the most: pa_shape.tiles in
+ * src/ops/prefix_attention.c). */
 RLK_DEVICE i64 prompt_tile(const i32 *seq, const i32 *grp, i32 p, i64 x, int tile, bool keys, region &rg) {
   rg = region_of(seq, grp, 2 * p + 1);
   const i64 nr = (rg.pend - rg.pe + tile - 1) / tile, np = (rg.pe - rg.ps + tile - 1) / tile;
-  const bool resp = keys ? x >= np : x < nr;
-  const i64 i = keys ? (resp ? x - np : x) : (resp ? x : np - 1 - (x - nr));
+  const bool resp = x >= np;
+  const i64 i = resp ? x - np : keys ? x : np - 1 - x;
   if (i < 0 || i >= (resp ? nr : np)) return -1;
   if (!resp) {
     rg.resp = 0;
@@ -446,7 +446,7 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
 } // namespace pa
 
 /* Forward (sm_80+): a block per (64-row query tile of a prompt, prompt, query head), the prompt's
- * tiles heaviest first (prompt_tile). */
+ * tiles in prompt_tile's order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
     pattn_fwd_mma(RLK_PARAMS_ARG pa::FwdParams p_) {

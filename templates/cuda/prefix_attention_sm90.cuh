@@ -5,8 +5,8 @@
  * The forward: S = Q K^T and O += P V by wgmma from TMA-filled shared memory, the online softmax
  * in registers (flash-attention style).
  *
- * The tiling is the mma kernel's (prefix_attention.cuh: a block per query tile of a prompt, the
- * prompt's tiles heaviest first, and query head; the tile's key tiles in order; the response rows
+ * The tiling is the mma kernel's (prefix_attention.cuh: a block per query tile of a prompt, in
+ * prompt_tile's order, and query head; the tile's key tiles in order; the response rows
  * stacked so that a tile of them reads each prefix K/V tile once), with 128-row query tiles and
  * 128-key tiles.
  * Warpgroup 0 is the producer: one thread loads the block's Q once, then K and V tiles into two
