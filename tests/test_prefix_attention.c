@@ -395,6 +395,7 @@ START_TEST(bad_arguments) {
       {2, "group_offsets[1]"}, /* not S */
       {3, "num_prompts"},     {4, "head dim"},  {5, "multiple"}, {6, "scale"},
       {7, "out: overlaps"},   {8, "dtypes"},    {9, "lse: shape"},
+      {10, "tuning.variant"}, {11, "tuning.dq_stages"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rlk_prefix_attention_args b = a;
@@ -413,6 +414,8 @@ START_TEST(bad_arguments) {
     case 7: b.out = t3(q, RLK_BF16, T, H, D); break;
     case 8: b.k.dtype = RLK_F16; break;
     case 9: b.lse = rlk_tensor_2d(lse, RLK_F32, T, 1, 1); break;
+    case 10: b.tuning.variant = (rlk_prefix_attention_variant)7; break;
+    case 11: b.tuning.dq_stages = 1; break;
     }
     rlk_status st = rlk_prefix_attention(ctx, &b, NULL);
     ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), bad[i].needle),
@@ -452,7 +455,7 @@ START_TEST(bad_backward_arguments) {
   a.workspace = work;
   a.workspace_bytes = ws;
   ck_assert_msg(rlk_prefix_attention_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     rlk_prefix_attention_backward_args b = a;
     const char *needle = NULL;
     switch (i) {
@@ -460,6 +463,7 @@ START_TEST(bad_backward_arguments) {
     case 1: b.workspace_bytes = ws - 8; needle = "workspace"; break;
     case 2: b.grad_q = t3(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
     case 3: b.grad_k = t3(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
+    case 4: b.tuning.fwd_stages = 5; needle = "tuning.fwd_stages"; break;
     }
     rlk_status st = rlk_prefix_attention_backward(ctx, &b, NULL);
     ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), needle),

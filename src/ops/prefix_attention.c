@@ -21,10 +21,11 @@
  * No atomics anywhere: every output element is summed by one thread in a fixed order.
  *
  * Grid of the tiled kernels: y = prompt, x = tile of the prompt (its prefix's and its stacked
- * response rows' tiles in one index: prompt_tile in the template; blocks past a
- * prompt's tiles return at once), z = head; the sm_90a dk/dv kernel has key heads in x, tiles in
- * y and prompts in z. The host layout arrays give the most tiles a prompt has.
- * RLK_PREFIX_ATTENTION_VARIANT=portable|mma|wgmma forces a GPU path (mma needs sm_80+, wgmma sm_90a; each falls back to the next one down). */
+ * response rows' tiles in one index: prompt_tile in the template; blocks past a prompt's tiles
+ * return at once), z = head; the sm_90a dk/dv kernel has key heads in x, tiles in y and prompts
+ * in z. The host layout arrays give the most tiles a prompt has.
+ * RLK_PREFIX_ATTENTION_VARIANT=portable|mma|wgmma forces a GPU path (mma needs sm_80+, wgmma
+ * sm_90a; each falls back to the next one down), as does the call's tuning.variant. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -425,6 +426,20 @@ static rlk_launch_dims pa_dims(uint64_t gx, uint64_t gy, uint64_t gz, unsigned b
   return d;
 }
 
+/* A call's tuning fields: each 0 or in its range. */
+static rlk_status pa_check_tuning(const rlk_prefix_attention_tuning *t) {
+  if ((int)t->variant < PA_VARIANT_AUTO || (int)t->variant > PA_VARIANT_WGMMA)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tuning.variant: %d is not an rlk_prefix_attention_variant",
+                     (int)t->variant);
+  const int depth[3] = {t->fwd_stages, t->dkdv_stages, t->dq_stages};
+  static const char *const names[3] = {"fwd_stages", "dkdv_stages", "dq_stages"};
+  for (int i = 0; i < 3; i++)
+    if (depth[i] && (depth[i] < 2 || depth[i] > 4))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tuning.%s: %d is not 0 (the default) or 2 to 4", names[i],
+                       depth[i]);
+  return RLK_OK;
+}
+
 static int pa_unaligned(const void *const *ptrs, size_t n) {
   for (size_t i = 0; i < n; i++)
     if ((uintptr_t)ptrs[i] % 16) return 1;
@@ -484,6 +499,7 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
 
   const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
+  if ((st = pa_check_tuning(&a->tuning))) return st;
   pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, pa_unaligned(ptrs, 4), a->tuning};
   const pa_tune_problem t = pa_call_problem(&s);
   pa_tuned(ctx, PA_PASS_FWD, &t, &c);
@@ -548,6 +564,7 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
     return st;
   const void *const ptrs[] = {a->q.data,        a->k.data,      a->v.data,      a->out.data,
                                a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
+  if ((st = pa_check_tuning(&a->tuning))) return st;
   pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, pa_unaligned(ptrs, 8), a->tuning};
   const pa_tune_problem t = pa_call_problem(s);
   pa_tuned(ctx, PA_PASS_BWD, &t, &c);
