@@ -12,7 +12,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import prefix_attention_bench as pb  # noqa: E402
 import rlk  # noqa: E402
-from rlk.autograd import prefix_attention as rlk_attention  # noqa: E402
 
 
 def main():
@@ -25,14 +24,7 @@ def main():
         torch.manual_seed(1)
         q, k, v = (torch.randn(T, h, D, device="cuda", dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
         do = torch.randn(T, Hq, D, device="cuda", dtype=torch.bfloat16)
-        qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
-
-        def f():
-            return rlk.prefix_attention(q, k, v, lay, lse=False).out
-
-        def fb():
-            qa.grad = ka.grad = va.grad = None
-            rlk_attention(qa, ka, va, lay).backward(do)
+        f, fb, _ = pb.rlk_calls(q, k, v, do, lay)
         f()
         fb()
         torch.cuda.synchronize()

@@ -92,6 +92,20 @@ def kernel_times(case, fn, calls=5):
     row(case + " kernels", "  sum of the kernels", total)
 
 
+def rlk_calls(q, k, v, do, lay):
+    """rlk's forward (no grad, no lse) and forward + backward on copies of q, k, v that take the
+    gradients, and those copies."""
+    qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
+
+    def f():
+        return rlk.prefix_attention(q, k, v, lay, lse=False).out
+
+    def fb():
+        qa.grad = ka.grad = va.grad = None
+        rlk_attention(qa, ka, va, lay).backward(do)
+    return f, fb, (qa, ka, va)
+
+
 def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False, b2b=False):
     case = "attn G%d (%d+%d)x%d Hq%d Hkv%d D%d" % (G, Lp, Lr, prompts, Hq, Hkv, D)
     lay = rlk.prefix_layout([Lp] * prompts, [[Lr] * G] * prompts)
@@ -121,14 +135,7 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10,
             x.grad = None
         F.scaled_dot_product_attention(rep[0], rep[1], rep[2], is_causal=True, enable_gqa=True).backward(do_rep)
 
-    qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
-
-    def rlk_f():
-        return rlk.prefix_attention(q, k, v, lay, lse=False).out
-
-    def rlk_fb():
-        qa.grad = ka.grad = va.grad = None
-        rlk_attention(qa, ka, va, lay).backward(do)
+    rlk_f, rlk_fb, (qa, ka, va) = rlk_calls(q, k, v, do, lay)
 
     t = bench(sdpa_f, iters)
     row(case + " fwd", "SDPA replicated prefix", t, "%.0f TFLOP/s eff" % (fl_rep / t / 1e9))
