@@ -930,6 +930,12 @@ START_TEST(gpu_backward) {
   ll_bwd_check(ctx, &m, seed + 7, 1, NULL, NULL);
   ll_bcase f = {130, 2100, 520, RLK_F16, RLK_F32, 1, 0, 1, 1, 0, 0, 0, 1.0f};
   ll_bwd_check(ctx, &f, seed + 8, 1, NULL, NULL);
+  /* sm_90a: more tiles than multiprocessors, so that a persistent block walks several (the ring
+   * running on across them, K tails of 8 and 12): dz and grad_weight here, dh in the next */
+  ll_bcase wide = {300, 20000, 136, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 0, 0, 1, 1.0f};
+  ll_bwd_check(ctx, &wide, seed + 12, 1, NULL, NULL);
+  ll_bcase tall = {2200, 300, 2060, RLK_F16, RLK_F32, 1, 0, 1, 1, 1, 0, 0, 0.9f};
+  ll_bwd_check(ctx, &tall, seed + 13, 1, NULL, NULL);
   /* rows of 36 elements (72 bytes) have no tensor map: the portable kernels everywhere */
   ll_bcase p = {33, 1500, 36, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
   ll_bwd_check(ctx, &p, seed + 9, 1, NULL, NULL);

@@ -511,7 +511,10 @@ static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_
 #define LL_BWD_SM90_BM 128
 #define LL_BWD_SM90_BN 256
 #define LL_BWD_SM90_THREADS 384
-#define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u) /* 4 stages of 48 KB, 1024-byte alignment */
+/* shared memory (templates/cuda/linear_logprob_bwd_sm90.cuh's ll_bwd_sm90): 4 stages of 48 KB, dz
+ * 32 KB more of staging for its stores, 1024 bytes for the alignment */
+#define LL_BWD_SM90_SMEM_DZ (4u * 48u * 1024u + 32u * 1024u + 1024u)
+#define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u)
 
 #define LL_BWD_TILE 64
 #define LL_BWD_DZ_BYTES ((int64_t)256 << 20) /* a chunk's dz at most (auto chunk) */
@@ -747,6 +750,20 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
   return rlk_context_launch(ctx, spec, &d, stream, oargs);
 }
 
+/* One linear_logprob_bwd_sm90 product of g.M x g.Nn over g.K: tiles of 128 x 256, persistent
+ * blocks (one a multiprocessor, none more than tiles) that walk them. */
+static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
+                                     void **args, size_t smem, void *stream) {
+  const int64_t tm = (g->M + LL_BWD_SM90_BM - 1) / LL_BWD_SM90_BM, tn = (g->Nn + LL_BWD_SM90_BN - 1) / LL_BWD_SM90_BN;
+  if (tm * tn > INT32_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob_backward: %lld x %lld output tiles are too many",
+                     (long long)tm, (long long)tn);
+  g->tiles_m = (int)tm, g->tiles_n = (int)tn;
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+  const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_BWD_SM90_THREADS, smem);
+  return rlk_context_launch(ctx, spec, &d, stream, args);
+}
+
 RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
                                                void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: ctx is NULL");
@@ -817,34 +834,27 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
-    const int64_t BM = LL_BWD_SM90_BM, BN = LL_BWD_SM90_BN;
     for (int64_t c0 = 0; c0 < V; c0 += Vc) {
       const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
       g.c0 = c0;
       /* dz [N][nv] of this chunk (pitch Vc), as the next products' A operand both ways */
       const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_BWD_SM90_BM),
                                  r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
-      if ((s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))) ||
-          (s_dw && (st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn))))
+      if ((st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn)) || (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))))
         return st;
+      /* the third map is dz's stores' (64 x 64 boxes); dh and dw do not read theirs */
       g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0;
-      g.tiles_m = (int)((N + BM - 1) / BM), g.tiles_n = (int)((nv + BN - 1) / BN);
-      void *zargs[] = {m_hk, m_wk, &g};
-      rlk_launch_dims d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
-      if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
+      void *zargs[] = {m_hk, m_wk, m_zmn, &g};
+      if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_DZ, stream))) return st;
       if (s_dh) {
         g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = H, g.accumulate = c0 > 0;
-        g.tiles_m = (int)((N + BM - 1) / BM), g.tiles_n = (int)((H + BN - 1) / BN);
-        void *hargs[] = {m_zk, m_wmn, &g};
-        d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
-        if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
+        void *hargs[] = {m_zk, m_wmn, m_zmn, &g};
+        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, LL_BWD_SM90_SMEM, stream))) return st;
       }
       if (s_dw) {
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
-        g.tiles_m = (int)((nv + BM - 1) / BM), g.tiles_n = (int)((H + BN - 1) / BN);
-        void *wargs[] = {m_zmn, m_hmn, &g};
-        d = ll_dims((uint64_t)g.tiles_m * (uint64_t)g.tiles_n, 1, LL_BWD_SM90_THREADS, LL_BWD_SM90_SMEM);
-        if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
+        void *wargs[] = {m_zmn, m_hmn, m_zmn, &g};
+        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, LL_BWD_SM90_SMEM, stream))) return st;
       }
     }
     return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;

@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(128, 1)
   sm90::tma_store_2d(&map, tile, 0, 0);
   sm90::tma_store_commit();
   sm90::tma_store_wait<0>();
+  sm90::tma_store_drain<0>();
   if (threadIdx.x < 32) sm90::setmaxnreg_dec<40>();
   else sm90::setmaxnreg_inc<232>();
   const bool one = sm90::elect_one();

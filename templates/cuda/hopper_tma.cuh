@@ -102,6 +102,13 @@ template <int N> RLK_DEVICE void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 #endif
 }
+/* Waits until at most N committed store groups are still incomplete (their writes to global
+ * memory done, not only their reads of shared memory): before the block's shared memory goes. */
+template <int N> RLK_DEVICE void tma_store_drain() {
+#if defined(RLK_SM90_ASM)
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
 
 } /* namespace sm90 */
 } /* namespace rlk */

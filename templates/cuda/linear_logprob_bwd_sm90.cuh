@@ -9,13 +9,25 @@
  *   KIND 2, dw   grad_weight[c0 + v] (+)= dz[:, v]^T h: A = dz^T and B = h, both MN-major
  *                (K = N, the tokens)
  *
- * A block owns one 128 x 256 output tile (tiles in groups of 8 rows of tiles, so that the blocks
- * resident together share their operand panels in L2) and walks K in steps of 64 through a ring
- * of STAGES stages of 48 KB. Warpgroup 0 is the producer (one thread issues the TMA copies);
- * warpgroups 1 and 2 each multiply 64 rows by the 256 columns (m64n256k16, 128 f32 accumulators
- * a thread), then write their rows. K-major operands arrive as one box (64 K columns x rows),
- * MN-major ones as boxes of 64 MN columns x 64 K rows (hopper_wgmma.cuh's smem_desc_mn). Parts
- * of a box past a tensor's end are zero-filled, so K tails add nothing.
+ * The blocks are persistent (one per multiprocessor at most): block b computes the 128 x 256
+ * output tiles b, b + gridDim.x, ... (tiles in groups of 8 rows of tiles, so that the blocks
+ * resident together share their operand panels in L2), walking K in steps of 64 through a ring of
+ * 48 KB stages that runs on from one tile to the next: the producer loads the next tile's first
+ * stages while the consumers write the last one. Warpgroup 0 is the producer (one thread issues
+ * the TMA copies); warpgroups 1 and 2 each multiply 64 rows by the 256 columns (m64n256k16, 128
+ * f32 accumulators a thread), then write their rows. K-major operands arrive as one box (64 K
+ * columns x rows), MN-major ones as boxes of 64 MN columns x 64 K rows (hopper_wgmma.cuh's
+ * smem_desc_mn). Parts of a box past a tensor's end are zero-filled, so K tails add nothing.
+ *
+ * dz's epilogue is the long one (an exponential an element, and the whole tile stored in 16
+ * bits): each consumer writes its 64 x 256 gradients into a staging area of shared memory in the
+ * 128-byte-swizzled layout of four 64 x 64 boxes, and one thread hands them to TMA stores
+ * (map_c: dz), which clip at the chunk's edges and drain while the next tile's products run. The
+ * area holds half a tile (32 KB, beside the four 48 KB stages: a third stage would leave the
+ * products waiting on their operands), so each consumer writes its columns in two halves; the row
+ * inputs (label, lse, upstream gradients) are read before a tile's products, not after. dh and dw write their f32 or
+ * 16-bit tiles from registers (their K is the chunk or the tokens, so the epilogue is a small
+ * share of a tile).
  *
  * Every output element is written by one block, its K sum in a fixed order, and the host walks
  * the chunks in order: the gradients are bitwise the same run after run. */
@@ -33,10 +45,13 @@ namespace ll {
 RLK_PARAMS_DECLARE(BwdSm90Params, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 }
 
+/* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
 struct ll_bwd_sm90 {
-  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384, STAGES = 4, GROUP = 8;
+  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384, GROUP = 8;
   static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, BOX = 64u * 128u;
   static constexpr u32 STAGE = ABYTES + BBYTES;
+  static constexpr int STAGES = 4;
+  static constexpr u32 STAGING = 2u * 2u * BOX; /* dz: two consumers x two 64 x 64 16-bit boxes */
   enum { DZ = 0, DH = 1, DW = 2 };
 };
 
@@ -58,10 +73,148 @@ template <typename T> RLK_DEVICE void ll_store_pair(T *p, float a, float b, bool
   }
 }
 
+/* Tile `tile` of tiles_m x tiles_n: groups of GROUP tile rows, column-major inside a group, so
+ * that consecutive tiles (the blocks resident together) share their operand panels in L2. */
+RLK_DEVICE void ll_bwd_tile(int tile, int tiles_m, int tiles_n, int *tm, int *tn) {
+  const int per_group = ll_bwd_sm90::GROUP * tiles_n, first = tile / per_group * ll_bwd_sm90::GROUP;
+  const int gsize = min_(tiles_m - first, ll_bwd_sm90::GROUP);
+  *tm = first + (tile % per_group) % gsize;
+  *tn = (tile % per_group) / gsize;
+}
+
+/* What dz's epilogue needs of a row, read before the tile's products. */
+struct ll_dz_row {
+  float lse2, gl, gh, E; /* lse in base 2; the upstream gradients; lse - entropy */
+  i64 y;                 /* the label's column in the chunk */
+  bool ignored, bad;
+};
+
+template <typename L, bool ENTROPY>
+RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
+  ll_dz_row d;
+  d.lse2 = d.gl = d.gh = d.E = 0.0f;
+  d.y = -1;
+  d.ignored = true;
+  d.bad = false;
+  if (r >= p_.M) return d;
+  const i64 yg = ll::load_label((const L *)p_.labels, r, p_.label_stride), y = yg - p_.vocab_start;
+  d.ignored = yg == p_.ignore_index;
+  d.bad = !d.ignored && !p_.shard && (y < 0 || y >= p_.V);
+  d.y = y - p_.c0;
+  const float lse = p_.lse[r * p_.lse_s];
+  d.lse2 = lse * RLK_LL_LOG2E;
+  d.gl = p_.g_lp ? p_.g_lp[r * p_.glp_s] : 0.0f;
+  if (ENTROPY && p_.g_ent) {
+    d.gh = p_.g_ent[r * p_.gent_s];
+    d.E = lse - p_.entropy[r * p_.ent_s];
+  }
+  return d;
+}
+
+/* dz's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows (r0 + 8 i,
+ * i = 0, 1 for this thread; acc[4 j + 2 i + e] is column n0 + 8 j + 2 (l % 4) + e): into `stage`
+ * as two 64 x 64 boxes of 128-byte rows with the 128-byte swizzle (16-byte chunk c of row r at
+ * c ^ (r % 8): the eight rows a warp writes at once land on distinct banks), then TMA stores at
+ * (n0 + 128 HALF + 64 b, m0w) by thread 0 of the consumer. */
+template <int HALF, int DT, bool ENTROPY>
+RLK_DEVICE void ll_dz_half(const tensor_map *map_c, const float (&acc)[ll_bwd_sm90::BN / 2], const ll_dz_row (&row)[2],
+                           float c, float inv_t, u8 *stage, i64 m0w, i64 n0, int rl, int tw, u32 barrier) {
+  constexpr int J = ll_bwd_sm90::BN / 16; /* 8-column groups a half */
+  const int l = tw % 32;
+  /* the last stores have read the staging before it is written again */
+  if (tw == 0) sm90::tma_store_wait<0>();
+  sm90::bar_sync(barrier, 128);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const ll_dz_row &d = row[i];
+    const int rr = rl + 8 * i; /* the row in the consumer's 64 */
+    const i64 yc = d.y - n0;   /* the label's column in this tile */
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      const int j = HALF * J + jj, col = 8 * j + 2 * (l % 4);
+      float g[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = acc[4 * j + 2 * i + e];
+        if (d.ignored) {
+          g[e] = 0.0f;
+        } else if (d.bad) {
+          g[e] = limits<float>::quiet_nan();
+        } else {
+          const float p = exp2_approx(fmaf(x, c, -d.lse2));
+          float v = d.gl * (((i64)(col + e) == yc ? 1.0f : 0.0f) - p);
+          if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
+          g[e] = v * inv_t;
+        }
+      }
+      const u32 packed = DT == ll::DT_BF16 ? sm90::pack_bf16x2(g[0], g[1]) : sm90::pack_f16x2(g[0], g[1]);
+      const u32 chunk = (u32)(jj % 8) ^ (u32)(rr % 8);
+      *(u32 *)(stage + (u32)(jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u) = packed;
+    }
+  }
+  sm90::fence_proxy_async();
+  sm90::bar_sync(barrier, 128);
+  if (tw == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+      sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, (i32)(n0 + 128 * HALF + 64 * b), (i32)m0w);
+    sm90::tma_store_commit();
+  }
+}
+
+/* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread), in two halves through a
+ * 16 KB staging area (ll_dz_half). */
+template <int DT, bool ENTROPY>
+RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
+                               const float (&acc)[ll_bwd_sm90::BN / 2], const ll_dz_row (&row)[2], u8 *stage,
+                               i64 m0w, i64 n0, int tn, int rl, int tw, u32 barrier) {
+  const float inv_t = 1.0f / p_.temperature, c = RLK_LL_LOG2E / p_.temperature;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    if (row[i].bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
+      atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+  ll_dz_half<0, DT, ENTROPY>(map_c, acc, row, c, inv_t, stage, m0w, n0, rl, tw, barrier);
+  ll_dz_half<1, DT, ENTROPY>(map_c, acc, row, c, inv_t, stage, m0w, n0, rl, tw, barrier);
+}
+
+/* dh's or dw's epilogue: a consumer thread's rows r0 and r0 + 8 from its accumulators
+ * (acc[4 j + 2 i + e] is row r0 + 8 i, column n0 + 8 j + 2 (l % 4) + e), added to what is there
+ * when accumulating. */
+template <int KIND, int GDT>
+RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_bwd_sm90::BN / 2], i64 r0, i64 n0,
+                             int l) {
+  constexpr int BN = ll_bwd_sm90::BN;
+  typedef typename ll::elem<GDT>::type G;
+  const i64 M = p_.M, NC = p_.Nn, ostride = p_.out_stride;
+  const bool add = p_.accumulate != 0;
+  /* pairs as one store where the row stride and base keep them aligned */
+  const bool vec = (ostride % 2) == 0 && ((u64)p_.out % (2 * sizeof(G))) == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const i64 r = r0 + 8 * i;
+    if (r >= M) continue;
+    /* dh (GDT 0: f32, the workspace) or grad_weight's rows from c0 */
+    G *out = (G *)p_.out + (KIND == ll_bwd_sm90::DW ? p_.c0 + r : r) * ostride + n0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = 8 * j + 2 * (l % 4);
+      if (n0 + col >= NC) continue;
+      const bool both = n0 + col + 1 < NC;
+      float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
+      if (add) {
+        a0 += to_float(out[col]);
+        if (both) a1 += to_float(out[col + 1]);
+      }
+      ll_store_pair<G>(out + col, a0, a1, both, vec);
+    }
+  }
+}
+
+/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), any map otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
 __global__ void __launch_bounds__(384, 1)
-    linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a,
-                            const __grid_constant__ tensor_map map_b, RLK_PARAMS_ARG ll::BwdSm90Params p_) {
+    linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
+                            const __grid_constant__ tensor_map map_c, RLK_PARAMS_ARG ll::BwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   typedef ll_bwd_sm90 C;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, STAGES = C::STAGES;
@@ -74,40 +227,43 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ alignas(8) u64 full[STAGES];
   __shared__ alignas(8) u64 empty[STAGES];
   const int wg = (int)(threadIdx.x / 128);
-  /* the tile: groups of GROUP tile rows, column-major inside a group */
-  const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, bid = (int)blockIdx.x;
-  const int per_group = C::GROUP * tiles_n, first = bid / per_group * C::GROUP;
-  const int gsize = min_(tiles_m - first, C::GROUP);
-  const int tm = first + (bid % per_group) % gsize, tn = (bid % per_group) / gsize;
-  const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN;
+  const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, ntiles = tiles_m * tiles_n;
   const int kblocks = (int)((p_.K + BK - 1) / BK);
   if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {
-    /* producer: A then B of each K step; dh reads W's rows from c0, dz W's columns from c0 */
+    /* producer: A then B of each K step, tile after tile, the ring running on across tiles; dh
+     * reads W's rows from c0, dz W's columns from c0 */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_map(&map_a);
       sm90::tma_prefetch_map(&map_b);
-      const i32 b_k0 = KIND == C::DH ? (i32)p_.c0 : 0, b_n0 = (i32)(n0 + (KIND == C::DZ ? p_.c0 : 0));
-      for (int kb = 0; kb < kblocks; ++kb) {
-        const u32 s = (u32)kb % STAGES;
-        if (kb >= STAGES) sm90::mbar_wait(&empty[s], (((u32)kb / STAGES) - 1u) & 1u);
-        sm90::mbar_arrive_expect_tx(&full[s], STAGE);
-        u8 *a = smem + s * STAGE, *b = a + ABYTES;
-        if (TA == 0) {
-          sm90::tma_load_2d(a, &map_a, kb * BK, (i32)m0, &full[s]);
-        } else {
-          sm90::tma_load_2d(a, &map_a, (i32)m0, kb * BK, &full[s]);
-          sm90::tma_load_2d(a + BOX, &map_a, (i32)m0 + 64, kb * BK, &full[s]);
-        }
-        if (TB == 0) {
-          sm90::tma_load_2d(b, &map_b, kb * BK, b_n0, &full[s]);
-        } else {
+      if (KIND == C::DZ) sm90::tma_prefetch_map(&map_c);
+      u32 it = 0;
+      for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
+        int tm, tn;
+        ll_bwd_tile(tile, tiles_m, tiles_n, &tm, &tn);
+        const i32 m0 = tm * BM;
+        const i32 b_k0 = KIND == C::DH ? (i32)p_.c0 : 0, b_n0 = (i32)((i64)tn * BN + (KIND == C::DZ ? p_.c0 : 0));
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const u32 s = it % STAGES;
+          if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
+          sm90::mbar_arrive_expect_tx(&full[s], STAGE);
+          u8 *a = smem + s * STAGE, *b = a + ABYTES;
+          if (TA == 0) {
+            sm90::tma_load_2d(a, &map_a, kb * BK, m0, &full[s]);
+          } else {
+            sm90::tma_load_2d(a, &map_a, m0, kb * BK, &full[s]);
+            sm90::tma_load_2d(a + BOX, &map_a, m0 + 64, kb * BK, &full[s]);
+          }
+          if (TB == 0) {
+            sm90::tma_load_2d(b, &map_b, kb * BK, b_n0, &full[s]);
+          } else {
 #pragma unroll
-          for (int j = 0; j < BN / 64; ++j)
-            sm90::tma_load_2d(b + BOX * (u32)j, &map_b, b_n0 + 64 * j, b_k0 + kb * BK, &full[s]);
+            for (int j = 0; j < BN / 64; ++j)
+              sm90::tma_load_2d(b + BOX * (u32)j, &map_b, b_n0 + 64 * j, b_k0 + kb * BK, &full[s]);
+          }
         }
       }
     }
@@ -117,99 +273,53 @@ __global__ void __launch_bounds__(384, 1)
   /* consumers */
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32;
+  u8 *stage = smem + (u32)STAGES * STAGE + (u32)cw * (C::STAGING / 2u);
   float acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-  sm90::wgmma_fence_operands(acc);
-  for (int kb = 0; kb < kblocks; ++kb) {
-    const u32 s = (u32)kb % STAGES;
-    sm90::mbar_wait(&full[s], ((u32)kb / STAGES) & 1u);
-    const u8 *a = smem + s * STAGE, *b = a + ABYTES;
-    const u64 da = TA == 0 ? sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024)
-                           : sm90::smem_desc_mn(a + cw * BOX, BOX);
-    const u64 db = TB == 0 ? sm90::smem_desc(b, sm90::SWIZZLE_128B, 0, 1024) : sm90::smem_desc_mn(b, BOX);
-    constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < BK / 16; ++k)
-      sm90::wgmma<BN>::template ss<AB, TA, TB>(acc, sm90::desc_advance(da, ASTEP * k),
-                                               sm90::desc_advance(db, BSTEP * k), (kb > 0 || k > 0) ? 1u : 0u);
-    sm90::wgmma_commit();
-    if (kb > 0) {
-      /* the previous stage's products are done: hand it back */
-      sm90::wgmma_wait<1>();
-      if (l == 0) sm90::mbar_arrive(&empty[(u32)(kb - 1) % STAGES]);
-    }
-  }
-  sm90::wgmma_wait<0>();
-  sm90::wgmma_fence_operands(acc);
-
-  /* epilogue: acc[4 j + 2 i + e] is row 16 w + l / 4 + 8 i, column 8 j + 2 (l % 4) + e */
-  const i64 M = p_.M, NC = p_.Nn, ostride = p_.out_stride;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const i64 r = m0 + cw * 64 + 16 * w + l / 4 + 8 * i;
-    if (r >= M) continue;
+  u32 it = 0;
+  for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
+    int tm, tn;
+    ll_bwd_tile(tile, tiles_m, tiles_n, &tm, &tn);
+    const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN, r0 = m0 + cw * 64 + 16 * w + l / 4;
+    ll_dz_row row[2];
     if (KIND == C::DZ) {
-      typedef typename ll::elem<DT>::type T;
-      const L *__restrict__ labels = (const L *)p_.labels;
-      const i64 yg = ll::load_label(labels, r, p_.label_stride), y = yg - p_.vocab_start;
-      const bool ignored = yg == p_.ignore_index;
-      const bool bad = !ignored && !p_.shard && (y < 0 || y >= p_.V);
-      if (bad && p_.status && p_.c0 == 0 && tn == 0 && (l & 3) == 0)
-        atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
-      const float temperature = p_.temperature, inv_t = 1.0f / temperature, c = RLK_LL_LOG2E / temperature;
-      const float lse2 = p_.lse[r * p_.lse_s] * RLK_LL_LOG2E;
-      const float gl = p_.g_lp ? p_.g_lp[r * p_.glp_s] : 0.0f;
-      const float gh = ENTROPY && p_.g_ent ? p_.g_ent[r * p_.gent_s] : 0.0f;
-      const float E = ENTROPY && p_.g_ent ? p_.lse[r * p_.lse_s] - p_.entropy[r * p_.ent_s] : 0.0f;
-      const i64 yc = y - p_.c0 - n0; /* the label's column in this tile */
-      T *out = (T *)p_.out + r * ostride + n0;
-      const bool vec = true; /* dz: the workspace, pitch a multiple of 256 */
+      /* the row inputs load while the products run */
+      row[0] = ll_dz_row_inputs<L, ENTROPY>(p_, r0);
+      row[1] = ll_dz_row_inputs<L, ENTROPY>(p_, r0 + 8);
+    }
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const u32 s = it % STAGES;
+      sm90::mbar_wait(&full[s], (it / STAGES) & 1u);
+      const u8 *a = smem + s * STAGE, *b = a + ABYTES;
+      const u64 da = TA == 0 ? sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024)
+                             : sm90::smem_desc_mn(a + cw * BOX, BOX);
+      const u64 db = TB == 0 ? sm90::smem_desc(b, sm90::SWIZZLE_128B, 0, 1024) : sm90::smem_desc_mn(b, BOX);
+      constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
+      sm90::wgmma_fence();
+      /* the tile's first product overwrites acc (scale-d 0): no zeroing between tiles */
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = 8 * j + 2 * (l % 4);
-        if (n0 + col >= NC) continue;
-        float g[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float x = acc[4 * j + 2 * i + e];
-          if (ignored) {
-            g[e] = 0.0f;
-          } else if (bad) {
-            g[e] = limits<float>::quiet_nan();
-          } else {
-            const float p = exp2_approx(fmaf(x, c, -lse2));
-            float v = gl * (((i64)(col + e) == yc ? 1.0f : 0.0f) - p);
-            if (ENTROPY) v -= gh * p * (x * inv_t - E);
-            g[e] = v * inv_t;
-          }
-        }
-        ll_store_pair<T>(out + col, g[0], g[1], n0 + col + 1 < NC, vec);
-      }
-    } else {
-      /* dh (GDT 0: f32, the workspace) or grad_weight's rows from c0 */
-      typedef typename ll::elem<GDT>::type G;
-      G *out = (G *)p_.out + (KIND == C::DW ? p_.c0 + r : r) * ostride + n0;
-      const bool add = p_.accumulate != 0;
-      /* pairs as one store where the row stride and base keep them aligned */
-      const bool vec = (ostride % 2) == 0 && ((u64)p_.out % (2 * sizeof(G))) == 0;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = 8 * j + 2 * (l % 4);
-        if (n0 + col >= NC) continue;
-        const bool both = n0 + col + 1 < NC;
-        float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
-        if (add) {
-          a0 += to_float(out[col]);
-          if (both) a1 += to_float(out[col + 1]);
-        }
-        ll_store_pair<G>(out + col, a0, a1, both, vec);
+      for (int k = 0; k < BK / 16; ++k)
+        sm90::wgmma<BN>::template ss<AB, TA, TB>(acc, sm90::desc_advance(da, ASTEP * k),
+                                                 sm90::desc_advance(db, BSTEP * k), (kb > 0 || k > 0) ? 1u : 0u);
+      sm90::wgmma_commit();
+      if (kb > 0) {
+        /* the previous stage's products are done: hand it back */
+        sm90::wgmma_wait<1>();
+        if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
       }
     }
+    sm90::wgmma_wait<0>();
+    if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+    sm90::wgmma_fence_operands(acc);
+    if (KIND == C::DZ)
+      ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
+                                     1u + (u32)cw);
+    else
+      ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
   }
+  /* the stores are done before the block (and its staging) goes */
+  if (KIND == C::DZ && tw == 0) sm90::tma_store_drain<0>();
 #else
-  (void)map_a, (void)map_b, (void)p_;
+  (void)map_a, (void)map_b, (void)map_c, (void)p_;
 #endif
 }
 

@@ -4,7 +4,10 @@ backward), and torch's matmul + fp32 logsumexp + gather (+ entropy), forward onl
 forward + backward of what trainers use in the same run: torch autograd, Liger-Kernel's
 fused_linear_cross_entropy, cut-cross-entropy (its default gradient filtering, and exact), and rlk
 through Python (rlk.autograd.linear_token_logprob). Median of --iters CUDA-event timings after 3
-warm-up calls. Usage: python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors]"""
+warm-up calls. With --kernels, rlk's forward and backward (bf16 gradients) split into their
+kernels' CUDA times (torch profiler), the backward at each vocabulary chunk of --chunks A,B,...
+(0: the call's own choice). Usage:
+python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors] [--kernels] [--chunks A,B,...]"""
 import os
 import sys
 
@@ -37,11 +40,17 @@ def timed_memory(fn, iters):
 
 def main():
     anchors = "--anchors" in sys.argv
+    kernels = "--kernels" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     iters = 10
+    chunks = [0]
     if "--iters" in sys.argv:
         iters = int(sys.argv[sys.argv.index("--iters") + 1])
-        args = [a for a in args if a != str(iters)]
+        args.remove(str(iters))
+    if "--chunks" in sys.argv:
+        spec = sys.argv[sys.argv.index("--chunks") + 1]
+        chunks = [int(c) for c in spec.split(",")]
+        args.remove(spec)
     N, H, V = (int(x) for x in args[:3]) if len(args) >= 3 else (8192, 4096, 151936)
     g = torch.Generator(device="cuda").manual_seed(0)
     h = (torch.rand(N, H, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
@@ -74,10 +83,64 @@ def main():
         med, lo, hi, extra = timed_memory(fn, iters)
         print(f"{label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, max {hi:.3f}), "
               f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
-    if anchors:
+    if anchors or kernels:
         del dz
         torch.cuda.empty_cache()
+    if kernels:
+        rlk_kernels(h, w, y, iters, chunks, name)
+    if anchors:
         fwd_bwd_anchors(h, w, y, iters, name)
+
+
+def profile_kernels(label, fn, calls=3):
+    """Each kernel's mean CUDA time per call of fn (calls back to back after a warm-up), and the sum."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in sorted(p.key_averages(), key=lambda e: -e.device_time_total):
+        if e.device_time_total <= 0:
+            continue
+        ms = e.device_time_total / calls / 1e3
+        total += ms
+        print(f"  {label} kernel {e.key.split('(')[0][-60:]}: {ms:.3f} ms, {e.count // calls} launches a call")
+    print(f"  {label} kernels: sum {total:.3f} ms")
+
+
+def rlk_kernels(h, w, y, iters, chunks, name):
+    """rlk's forward and backward (grad_logp and grad_entropy given, bf16 gradients): event-timed
+    medians and kernel splits, the backward once per vocabulary chunk asked for."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import rlk
+    N, H = h.shape
+    V = w.shape[0]
+    r = rlk.linear_logprob(h, w, y, entropy=True)
+    logp, lse, ent = r.logp, r.lse, r.entropy
+    g = torch.Generator(device="cuda").manual_seed(1)
+    g_lp = torch.rand(N, device="cuda", generator=g) - 0.5
+    g_ent = (torch.rand(N, device="cuda", generator=g) - 0.5) * 0.1
+    gh = torch.empty_like(h)
+    gw = torch.empty_like(w)
+
+    def fwd():
+        rlk.linear_logprob(h, w, y, entropy=True)
+    med, lo, hi = timed(fwd, iters)
+    print(f"rlk linear_logprob fwd + entropy N={N} H={H} V={V} on {name}: median {med:.3f} ms "
+          f"(min {lo:.3f}, max {hi:.3f})")
+    profile_kernels("fwd", fwd)
+    for chunk in chunks:
+        def bwd():
+            rlk.linear_logprob_backward(h, w, y, lse, g_lp, g_ent, ent, grad_hidden=gh, grad_weight=gw,
+                                        chunk=chunk or None)
+        med, lo, hi = timed(bwd, iters)
+        print(f"rlk linear_logprob_backward chunk={chunk} bf16 grads N={N} H={H} V={V} on {name}: "
+              f"median {med:.3f} ms (min {lo:.3f}, max {hi:.3f})")
+        profile_kernels(f"bwd chunk={chunk}", bwd)
+    del logp
 
 
 def fwd_bwd_anchors(h, w, y, iters, name):
