@@ -1138,6 +1138,9 @@ typedef struct rlk_linear_logprob_args {
   /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
    * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
   int splits;
+  /* sm_90a kernel's ring of operand stages, 48 KB each: 2 to 4 (0: 4, or the tuning database's
+   * winner for the call's key when splits is 0 as well). */
+  int stages;
   /* Shard form (a tensor-parallel LM head, see "Vocab-parallel log-probs"): when `partials` is
    * given, weight holds the rows [vocab_start, vocab_start + V) of a larger head, labels index
    * that vocabulary, and the call writes this shard's records, f32 [N, 4] contiguous and
@@ -1149,7 +1152,8 @@ typedef struct rlk_linear_logprob_args {
   int partial_entropy;
 } rlk_linear_logprob_args;
 
-/* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, every tensor absent. */
+/* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, stages 0, every tensor
+ * absent. */
 RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
 
 /* Bytes of workspace a call with these arguments needs (16 bytes per row and split on a GPU, 0 on
@@ -1191,6 +1195,10 @@ typedef struct rlk_linear_logprob_backward_args {
   size_t workspace_bytes;
   int chunk;            /* vocabulary columns per chunk, a multiple of 64, rounded up to 256 on
                          * sm_90a (0: from N, dz within 256 MB) */
+  /* sm_90a kernels' tile order: output tiles go in groups of `group` rows of tiles, column by
+   * column inside a group, so that the blocks running together share operands in L2: 1 to 64
+   * (0: 8). With chunk and group both 0, the tuning database's winner for the call's key. */
+  int group;
   /* Shard form: shard 1 says weight holds the rows [vocab_start, vocab_start + V) of a larger
    * head whose vocabulary labels index; lse (and entropy) are then the combined ones
    * (rlk_logprob_combine). The gradients are this shard's: grad_hidden its part of the sum over
@@ -1199,7 +1207,7 @@ typedef struct rlk_linear_logprob_backward_args {
   int64_t vocab_start;
 } rlk_linear_logprob_backward_args;
 
-/* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, every tensor absent. */
+/* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, group 0, every tensor absent. */
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
 
 /* Bytes of workspace the backward needs (dz of one chunk, f32 or on sm_90a the inputs' 16-bit
@@ -1234,11 +1242,12 @@ typedef struct rlk_linear_policy_loss_args {
    * gradient: the mask should leave them out of the loss. */
   rlk_policy_loss_args loss;
   /* As in rlk_linear_logprob_backward_args: each optional, at least one; overwritten or added
-   * to (accumulate 1); chunk 0 chooses. */
+   * to (accumulate 1); chunk and group 0 choose. */
   rlk_tensor grad_hidden;
   rlk_tensor grad_weight;
   int accumulate;
   int chunk;
+  int group;
   /* Device scratch of rlk_linear_policy_loss_workspace_size() bytes, 16-byte aligned. */
   void *workspace;
   size_t workspace_bytes;

@@ -628,7 +628,8 @@ START_TEST(bad_arguments) {
     int what;
     const char *needle;
   } bad[] = {{0, "weight"}, {1, "weight"}, {2, "temperature"}, {3, "labels"}, {4, "logp"},
-             {5, "outputs must be distinct"}, {6, "hidden"}, {7, "splits"}, {8, "variant"}};
+             {5, "outputs must be distinct"}, {6, "hidden"}, {7, "splits"}, {8, "variant"},
+             {9, "stages"}, {10, "stages"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rlk_linear_logprob_args b = a;
     switch (bad[i].what) {
@@ -641,11 +642,42 @@ START_TEST(bad_arguments) {
     case 6: b.hidden = rlk_tensor_2d(h, RLK_F32, 4, 8, 8); break;
     case 7: b.splits = -1; break;
     case 8: b.variant = (rlk_linear_logprob_variant)7; break;
+    case 9: b.stages = 1; break;
+    case 10: b.stages = 5; break;
     }
     ck_assert_msg(rlk_linear_logprob(ctx, &b, NULL) == RLK_ERR_INVALID_ARGUMENT, "case %zu accepted", i);
     ck_assert_msg(strstr(rlk_last_error(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
                   rlk_last_error(), bad[i].needle);
   }
+  a.stages = 3; /* in range: the host has no stages, and runs */
+  ck_assert_int_eq(rlk_linear_logprob(ctx, &a, NULL), RLK_OK);
+  /* the backward's chunk and tile order */
+  float g[4] = {1, 2, 3, 4}, gh[4 * 8];
+  rlk_linear_logprob_backward_args w0;
+  rlk_linear_logprob_backward_args_init(&w0);
+  w0.hidden = a.hidden;
+  w0.weight = a.weight;
+  w0.labels = a.labels;
+  w0.lse = a.lse;
+  w0.grad_logp = rlk_tensor_1d(g, RLK_F32, 4);
+  w0.grad_hidden = rlk_tensor_2d(gh, RLK_F32, 4, 8, 8);
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &w0, NULL), RLK_OK);
+  static const struct {
+    int chunk, group;
+    const char *needle;
+  } bwd[] = {{3, 0, "chunk"}, {-64, 0, "chunk"}, {0, -1, "group"}, {0, 65, "group"}};
+  for (size_t i = 0; i < sizeof bwd / sizeof bwd[0]; i++) {
+    rlk_linear_logprob_backward_args b = w0;
+    b.chunk = bwd[i].chunk;
+    b.group = bwd[i].group;
+    ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_ERR_INVALID_ARGUMENT, "backward case %zu accepted",
+                  i);
+    ck_assert_msg(strstr(rlk_last_error(), bwd[i].needle) != NULL, "backward case %zu: '%s' lacks '%s'", i,
+                  rlk_last_error(), bwd[i].needle);
+  }
+  w0.chunk = 128;
+  w0.group = 64;
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &w0, NULL), RLK_OK);
   rlk_context_destroy(ctx);
 }
 END_TEST

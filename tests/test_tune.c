@@ -1128,6 +1128,106 @@ START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
 }
 END_TEST
 
+/* linear_logprob's keys (dtypes, H and V; the backward's gradient dtype) and, on sm_90a, a
+ * record's winner: the forward's ring depth as the plan of a line naming the whole key, the
+ * backward's chunk in the workspace a call asks for, for the record's bucket only. */
+START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
+  const char *fkey = "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 hidden_size=4096 vocab=151936";
+  rlk_tune_record a;
+  rlk_tune_record_init(&a);
+  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 "
+                                               "pass=fwd"),
+                   RLK_OK);
+  ck_assert_str_eq(a.op, "linear_logprob");
+  ck_assert_str_eq(a.shape, fkey + strlen("linear_logprob "));
+  ck_assert_int_eq(a.tokens, 8192);
+  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 "
+                                               "tokens=4096"),
+                   RLK_OK);
+  ck_assert_str_eq(a.shape, "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000");
+  static const struct {
+    const char *line, *names;
+  } bad[] = {{"linear_logprob pass=both hidden_size=8 vocab=9 tokens=2", "pass"},
+             {"linear_logprob pass=fwd hidden_size=8 tokens=2", "vocab"},
+             {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 stages=3", "tuning"},
+             {"linear_logprob pass=bwd hidden_size=8 vocab=9 tokens=2 group=4", "tuning"},
+             {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 variant=tiled", "variant"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
+                  bad[i].line);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
+                  rlk_last_error(), bad[i].names);
+  }
+  ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "stages="), 2);
+  ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "group="), 2);
+
+  rlk_context_options o;
+  rlk_device_info info;
+  if (!sm90a_options(&o, &info, "linear_logprob selection on sm_90a")) return;
+  char db[1100], line[512];
+  fresh_db(db, sizeof db, "tune-ll-sm90");
+  rlk_tune_record r[2];
+  snprintf(line, sizeof line, "%s tokens=8192", fkey);
+  r[0] = make_record(line, &info, "stages=3", 14.0, 13.5);
+  r[1] = make_record("linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=same hidden_size=4096 "
+                     "vocab=151936 tokens=8192",
+                     &info, "chunk=8192 group=16", 50.0, 48.0);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
+  rlk_context *ctx = NULL;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  /* the forward: four stages by default, the winner's three for the key's bucket */
+  ck_assert_uint_ge(plan_op(&rlk_op_linear_logprob, ctx, "pass=fwd entropy=1", specs), 1);
+  ck_assert_str_eq(specs[0].tmpl->entry, "linear_logprob_fwd_sm90");
+  ck_assert_int_eq(specs[0].values[2], 4);
+  const char *problem = "hidden_size=4096 vocab=151936";
+  snprintf(line, sizeof line, "pass=fwd entropy=1 %s tokens=8000", problem);
+  ck_assert_uint_ge(plan_op(&rlk_op_linear_logprob, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 3);
+  snprintf(line, sizeof line, "pass=fwd entropy=1 %s tokens=1024", problem); /* another bucket */
+  ck_assert_uint_ge(plan_op(&rlk_op_linear_logprob, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 4);
+  snprintf(line, sizeof line, "pass=fwd entropy=1 %s tokens=8192 stages=2", problem); /* the line's own */
+  ck_assert_uint_ge(plan_op(&rlk_op_linear_logprob, ctx, line, specs), 1);
+  ck_assert_int_eq(specs[0].values[2], 2);
+
+  /* the backward: the winner's chunk sizes the workspace (dz of 8192 columns, 16-bit, and the
+   * f32 grad_hidden sum), a call's own chunk wins, another bucket has the default's */
+  static _Alignas(256) unsigned char fake[256];
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  const int64_t N = 8192, H = 4096, V = 151936;
+  b.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H);
+  b.weight = rlk_tensor_2d(fake, RLK_BF16, V, H, H);
+  b.labels = rlk_tensor_1d(fake, RLK_I64, N);
+  b.lse = rlk_tensor_1d(fake, RLK_F32, N);
+  b.grad_logp = rlk_tensor_1d(fake, RLK_F32, N);
+  b.grad_entropy = rlk_tensor_1d(fake, RLK_F32, N);
+  b.entropy = rlk_tensor_1d(fake, RLK_F32, N);
+  b.grad_hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H);
+  b.grad_weight = rlk_tensor_2d(fake, RLK_BF16, V, H, H);
+  size_t bytes = 0;
+  const size_t dh = (size_t)(N * H) * 4;
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
+  ck_assert_uint_eq(bytes, dh + (size_t)(N * 8192) * 2);
+  b.chunk = 1024;
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
+  ck_assert_uint_eq(bytes, dh + (size_t)(N * 1024) * 2);
+  b.chunk = 0;
+  b.group = 4; /* a setting of the call's own: no database */
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
+  ck_assert_uint_eq(bytes, dh + (size_t)(N * 16384) * 2); /* dz within 256 MB */
+  b.group = 0;
+  b.hidden.shape[0] = b.labels.shape[0] = b.lse.shape[0] = b.grad_logp.shape[0] = 2048;
+  b.grad_entropy.shape[0] = b.entropy.shape[0] = b.grad_hidden.shape[0] = 2048;
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
+  ck_assert_uint_eq(bytes, (size_t)(2048 * H) * 4 + (size_t)2048 * 65536 * 2);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 /* ---- the tools: rlk-tune, and rlk-precompile --tune-db -------------------------------- */
 
 static int count_entry(const rlk_cache_entry *e, void *user) {
@@ -1393,6 +1493,39 @@ static int find_entry(const rlk_cache_entry *e, void *user) {
 
 /* A cluster ships tuned kernels: precompiled from the database for sm_90a, the winner a plan (a
  * call) takes is in the tree and is found with RLK_JIT=0. */
+/* rlk-tune times linear_logprob's candidates through its own inputs, both passes (on the host
+ * every candidate runs the default's kernel, and every one agrees with it). */
+START_TEST(rlk_tune_host_run_of_linear_logprob) {
+  char dir[1024], db[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-ll");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  const int ncand = rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "=");
+  rlk_test_tool_run r = rlk_test_run_tool(
+      NULL, "rlk-tune",
+      ARGS("--backend", "host", "--sweep",
+           "linear_logprob pass=fwd,bwd hidden=bf16 labels=i32 entropy=1 grad=same hidden_size=40 vocab=301 tokens=70",
+           "--iters", "2", "--warmup", "1", "-j", "2", "--db", db, "--time-duplicates"));
+  expect_status(r, 0, "rlk-tune of linear_logprob on the host");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
+  rlk_test_tool_free(&r);
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, 2);
+  for (int i = 0; i < 2; i++) {
+    const rlk_tune_record *g = &c->v[i];
+    ck_assert_str_eq(g->op, "linear_logprob");
+    ck_assert_ptr_nonnull(strstr(g->shape, "hidden=bf16 labels=i32 entropy=1"));
+    ck_assert_ptr_nonnull(strstr(g->shape, "hidden_size=40 vocab=301"));
+    ck_assert_int_eq(g->tokens, 64);
+    ck_assert_int_eq(g->ntimings, ncand);
+    ck_assert_str_eq(g->winner, "");
+    for (int k = 0; k < g->ntimings; k++) ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
+  }
+  free(c);
+}
+END_TEST
+
 /* rlk-tune times prefix_attention's candidates through its own inputs (on the host every one is
  * the default's kernel), and a call whose layout buckets to the record's key takes the record. */
 START_TEST(rlk_tune_host_run_of_prefix_attention) {
@@ -1597,6 +1730,7 @@ Suite *tune_suite(void) {
   tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
   tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
   tcase_add_test(sel, prefix_attention_keys_and_selection_on_sm90a);
+  tcase_add_test(sel, linear_logprob_keys_and_selection_on_sm90a);
   suite_add_tcase(s, sel);
   TCase *tools = tcase_create("tools");
   /* these run the tools, and compilers, in child processes */
@@ -1605,6 +1739,7 @@ Suite *tune_suite(void) {
   tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
   tcase_add_test(tools, precompile_from_the_database_for_sm90a);
   tcase_add_test(tools, rlk_tune_host_run_of_prefix_attention);
+  tcase_add_test(tools, rlk_tune_host_run_of_linear_logprob);
   suite_add_tcase(s, tools);
   return s;
 }

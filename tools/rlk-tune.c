@@ -202,11 +202,12 @@ static char *without_setting(const char *line, const char *name) {
   return out;
 }
 
+#include "tune_linear_logprob.h"
 #include "tune_logprob.h"
 #include "tune_prefix_attention.h"
 
 /* The ops rlk-tune can time, NULL-terminated. */
-static const tune_op *const tune_ops[] = {&tune_op_logprob, &tune_op_prefix_attention, NULL};
+static const tune_op *const tune_ops[] = {&tune_op_logprob, &tune_op_prefix_attention, &tune_op_linear_logprob, NULL};
 
 static const tune_op *tune_op_named(const char *name) {
   for (size_t i = 0; tune_ops[i]; i++)

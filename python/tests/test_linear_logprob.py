@@ -56,8 +56,8 @@ def test_cuda_matches_logprob(rng, variant):
 
 @pytest.mark.skipif(not rlk.OPS["linear_logprob_backward"].available(),
                     reason="the loaded librlk has no rlk_linear_logprob_backward")
-@pytest.mark.parametrize("chunk", [0, 128])
-def test_backward(place, rng, chunk):
+@pytest.mark.parametrize("chunk, group", [(0, None), (128, 3)])
+def test_backward(place, rng, chunk, group):
     """Gradients against fp64: dz = (g_lp (onehot - p) - g_H p (z - E)) / T on rows that are not
     ignored (an ignored row gets no gradient at all, as in rlk.logprob_backward)."""
     N, V, H = 9, 500, 48
@@ -68,12 +68,26 @@ def test_backward(place, rng, chunk):
     h, w, y = place.to(hidden), place.to(weight), place.to(labels)
     out = rlk.linear_logprob(h, w, y, entropy=True, temperature=T)
     gh, gw = rlk.linear_logprob_backward(h, w, y, out.lse, place.to(g_lp), place.to(g_h), out.entropy,
-                                         temperature=T, chunk=chunk)
+                                         temperature=T, chunk=chunk, group=group)
     z = hidden.astype(np.float64) @ weight.astype(np.float64).T
     dz = refs.logprob_grad(z, labels, g_lp, g_h, T)
     for got, want in ((gh, dz @ weight.astype(np.float64)), (gw, dz.T @ hidden.astype(np.float64))):
         got = np.asarray(place.back(got), np.float64)
         assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max() + 1e-7
+
+
+def test_tuning_keywords_are_checked(place, rng):
+    """stages (the forward's) and group (the backward's) reach the call, which refuses values
+    out of range and runs those in it."""
+    hidden, weight, labels = make(rng, 5, 300, 32)
+    h, w, y = place.to(hidden), place.to(weight), place.to(labels)
+    out = rlk.linear_logprob(h, w, y, stages=3)
+    with pytest.raises(rlk.InvalidArgument, match="stages"):
+        rlk.linear_logprob(h, w, y, stages=5)
+    g = place.to(np.ones(5, np.float32))
+    with pytest.raises(rlk.InvalidArgument, match="group"):
+        rlk.linear_logprob_backward(h, w, y, out.lse, g, group=65)
+    rlk.linear_logprob_backward(h, w, y, out.lse, g, group=64, want_weight=False)
 
 
 @pytest.mark.parametrize("cuts", [(0, 400, 1000), (0, 1, 300, 301, 777)])

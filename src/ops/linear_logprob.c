@@ -24,6 +24,8 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
+#include "tune/tune_db.h"
+#include "tune/tune_table.h"
 #include "common/linear_logprob_params.h"
 
 /* The kernels' arguments (templates/common/linear_logprob_params.h). */
@@ -95,10 +97,18 @@ typedef struct ll_config {
   int entropy;
   int variant;      /* rlk_linear_logprob_variant asked for */
   int tma_ok;       /* hidden and weight can be described by 128-byte-swizzled tensor maps */
+  int stages;       /* the sm_90a kernel's ring depth asked for (0: LL_SM90_STAGES) */
 } ll_config;
 
+/* The tuning database's winner for a call's key (ll_tuned_fwd / ll_tuned_bwd below): its
+ * settings into *stages and *splits, or *chunk and *group; untouched without a usable record. */
+static void ll_tuned_fwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int64_t H, int64_t V,
+                         int64_t N, int *stages, int *splits);
+static void ll_tuned_bwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int64_t H,
+                         int64_t V, int64_t N, int *chunk, int *group);
+
 /* RLK_JIT_RECORD: a call's precompile line (pass 0 fwd, 1 bwd; grad 0 f32, 1 the hidden dtype). */
-static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant);
+static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant, int stages);
 
 typedef struct ll_choice {
   int variant; /* what runs: WGMMA or TILED on a GPU; AUTO on the host */
@@ -135,7 +145,7 @@ static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choic
     ch->gemm.tmpl = &ll_sm90_tmpl;
     ch->gemm.values[0] = c->hidden;
     ch->gemm.values[1] = c->labels;
-    ch->gemm.values[2] = LL_SM90_STAGES;
+    ch->gemm.values[2] = c->stages ? c->stages : LL_SM90_STAGES;
     ch->gemm.values[3] = c->entropy;
   } else {
     ch->gemm.tmpl = &ll_tiled_tmpl;
@@ -268,11 +278,18 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
   if (a->splits < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is negative", a->splits);
+  if (a->stages != 0 && (a->stages < 2 || a->stages > LL_SM90_STAGES))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 (the default) or 2 to %d", a->stages,
+                     LL_SM90_STAGES);
 
   k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
   k->c.labels = a->labels.dtype;
   k->c.entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
   k->c.variant = (int)a->variant;
+  k->c.stages = a->stages;
+  int splits = a->splits;
+  if (!a->stages && !splits)
+    ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, k->H, k->V, k->N, &k->c.stages, &splits);
   /* tensor maps: h boxes of 64 x 128, W boxes of 64 x 256, both with the 128-byte swizzle */
   rlk_tma_desc_request *r[2] = {&k->req_h, &k->req_w};
   const rlk_tensor *t[2] = {&a->hidden, &a->weight};
@@ -302,7 +319,7 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
   k->row_blocks = (k->N + bm - 1) / bm;
   if (k->row_blocks > 65535 * 1024)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)k->N);
-  ll_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, a->splits, &k->splits, &k->cols_per_split);
+  ll_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
   if (k->splits > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %lld exceeds 65535", (long long)k->splits);
   k->workspace = (size_t)k->splits * (size_t)k->N * LL_RECORD_BYTES;
@@ -357,7 +374,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   }
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
-  if (rlk_record_enabled()) ll_record(0, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, k.c.variant);
+  if (rlk_record_enabled()) ll_record(0, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, k.c.variant, k.c.stages);
 
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
   const float temperature = a->temperature;
@@ -409,7 +426,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
      * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
     void *args[] = {map_h, map_w, &g};
-    const size_t smem = (size_t)LL_SM90_STAGES * LL_SM90_STAGE_BYTES + 1024u;
+    const size_t smem = (size_t)k.ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
     rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
     if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
   } else {
@@ -516,6 +533,8 @@ static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_
 #define LL_BWD_SM90_SMEM_DZ (4u * 48u * 1024u + 32u * 1024u + 1024u)
 #define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u)
 
+#define LL_BWD_GROUP 8      /* the sm_90a tile order's default rows of tiles */
+#define LL_BWD_GROUP_MAX 64
 #define LL_BWD_TILE 64
 #define LL_BWD_DZ_BYTES ((int64_t)256 << 20) /* a chunk's dz at most (auto chunk) */
 
@@ -571,6 +590,7 @@ static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, r
 
 typedef struct ll_bwd_call {
   int64_t N, H, V, hs, ws, ls, lse_s, glp_s, ent_s, gent_s, ghs, gws, chunk;
+  int group; /* the sm_90a tile order's rows of tiles */
   ll_bwd_config c;
   size_t dh_bytes, dz_bytes, workspace;
 } ll_bwd_call;
@@ -613,6 +633,9 @@ static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backw
 static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
 static int ll_grad_code(rlk_dtype d) { return d == RLK_F32 ? 0 : d == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
+
+/* A backward's `grad` setting (0 f32, 1 the inputs' dtype): grad_weight's, else grad_hidden's. */
+static int ll_bwd_grad_line(const ll_bwd_config *c) { return (c->gw >= 0 ? c->gw : c->gh) > 0; }
 
 static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
                                  ll_bwd_call *k) {
@@ -684,15 +707,23 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
                      (long long)a->vocab_start);
   if (a->chunk < 0 || a->chunk % LL_BWD_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
+  if (a->group < 0 || a->group > LL_BWD_GROUP_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group: %d is not 0 (the default) or 1 to %d", a->group,
+                     LL_BWD_GROUP_MAX);
   k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
   k->c.labels = a->labels.dtype;
   k->c.entropy = a->grad_entropy.data != NULL;
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  int asked_chunk = a->chunk, group = a->group;
+  if (!asked_chunk && !group)
+    ll_tuned_bwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, ll_bwd_grad_line(&k->c), k->H, k->V, k->N,
+                 &asked_chunk, &group);
+  k->group = group ? group : LL_BWD_GROUP;
   /* sm_90a: dz in 16 bits, chunks of whole 256-column tiles (the dz tile's width) */
   k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
   const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
   const int64_t vpad = (k->V + tile - 1) / tile * tile;
-  int64_t chunk = (a->chunk + tile - 1) / tile * tile;
+  int64_t chunk = (asked_chunk + tile - 1) / tile * tile;
   if (!chunk) {
     chunk = LL_BWD_DZ_BYTES / (dzs * k->N) / tile * tile;
     if (chunk < tile) chunk = tile;
@@ -782,8 +813,8 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
   if (rlk_record_enabled()) {
     /* one line per gradient dtype the call writes (grad_hidden and grad_weight may differ) */
     const int f32 = k.c.gh == 0 || k.c.gw == 0, same = k.c.gh > 0 || k.c.gw > 0;
-    if (f32) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, RLK_LINEAR_LOGPROB_AUTO);
-    if (same) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 1, RLK_LINEAR_LOGPROB_AUTO);
+    if (f32) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, RLK_LINEAR_LOGPROB_AUTO, 0);
+    if (same) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 1, RLK_LINEAR_LOGPROB_AUTO, 0);
   }
   rlk_kernel_spec specs[4];
   size_t nspecs = 0;
@@ -834,6 +865,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
+    g.group = k.group;
     for (int64_t c0 = 0; c0 < V; c0 += Vc) {
       const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
       g.c0 = c0;
@@ -922,7 +954,12 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
 static const char *const ll_pass_names[] = {"fwd", "bwd", "both", NULL};
 static const char *const ll_grad_line_names[] = {"f32", "same", NULL};
 
-enum { LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_NSETTINGS };
+enum {
+  LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK,
+  LL_S_GROUP, LL_S_HIDDEN_SIZE, LL_S_VOCAB, LL_S_TOKENS, LL_NSETTINGS
+};
+
+#define LL_KEY_DOC "a tuning key's (with hidden_size, vocab and tokens)"
 
 static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
     [LL_S_PASS] = RLK_SET_CHOICE("pass", ll_pass_names, 2, "linear_logprob_fwd_* linear_logprob_bwd_*",
@@ -936,9 +973,21 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
                                  "the backward's grad_hidden and grad_weight dtype"),
     [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_*",
                                     "wgmma: the sm_90a kernels (elsewhere tiled runs); tiled: the portable ones only"),
+    [LL_S_STAGES] = RLK_SET_INT("stages", 0, 0, LL_SM90_STAGES, "linear_logprob_fwd_sm90.stages",
+                                "the sm_90a forward's operand stages, 2 to 4 (0: 4)"),
+    [LL_S_SPLITS] = RLK_SET_INT("splits", 0, 0, 65535, "", "the forward's vocabulary splits (0: chosen); no kernel"),
+    [LL_S_CHUNK] = RLK_SET_INT("chunk", 0, 0, INT32_MAX, "",
+                               "the backward's vocabulary columns a chunk, a multiple of 64 (0: chosen); no kernel"),
+    [LL_S_GROUP] = RLK_SET_INT("group", 0, 0, LL_BWD_GROUP_MAX, "",
+                               "the sm_90a backward's tile order, rows of tiles a group (0: 8); no kernel"),
+    [LL_S_HIDDEN_SIZE] = RLK_SET_INT("hidden_size", 0, 1, INT32_MAX, "", "H, " LL_KEY_DOC),
+    [LL_S_VOCAB] = RLK_SET_INT("vocab", 0, 1, INT32_MAX, "", "V, " LL_KEY_DOC),
+    [LL_S_TOKENS] = RLK_SET_INT("tokens", 0, 1, INT32_MAX, "",
+                                "N, " LL_KEY_DOC "; with all of them and no tuning settings, a fwd line plans the "
+                                "tuning database's winner for them on this context"),
 };
 
-static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant) {
+static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant, int stages) {
   rlk_op_values s;
   rlk_op_values_init(&rlk_op_linear_logprob, &s);
   rlk_op_values_set(&s, LL_S_PASS, pass);
@@ -947,7 +996,96 @@ static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy,
   rlk_op_values_set(&s, LL_S_ENTROPY, entropy);
   rlk_op_values_set(&s, LL_S_GRAD, grad);
   rlk_op_values_set(&s, LL_S_VARIANT, variant);
+  if (stages && stages != LL_SM90_STAGES) rlk_op_values_set(&s, LL_S_STAGES, stages);
   rlk_record_op(&rlk_op_linear_logprob, &s);
+}
+
+/* ---- tuning ---- */
+
+/* The tuning settings, in the order of a winner's values (rlk_tune_entry_values). */
+enum { LL_TUNE_STAGES, LL_TUNE_SPLITS, LL_TUNE_CHUNK, LL_TUNE_GROUP, LL_NTUNE };
+static const int ll_tuning[LL_NTUNE] = {LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK, LL_S_GROUP};
+
+/* What a sweep tool times against the default (valid on every target: elsewhere than sm_90a the
+ * forward's depths and the backward's tile order change nothing). A smaller backward chunk, not
+ * a larger one: the default keeps dz within 256 MB. */
+static const char *const ll_candidates[] = {"stages=2", "stages=3", "group=4", "group=16", "group=64", "chunk=8192",
+                                            NULL};
+
+static int ll_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]) {
+  return rlk_op_tuning_values(&rlk_op_linear_logprob, ll_tuning, LL_NTUNE, settings, values);
+}
+
+/* A configuration's shape in the tuning database for one pass (plan syntax): the settings its
+ * kernels depend on and the problem's H and V; the backward adds its gradients' dtype. */
+static int ll_tune_shape(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int64_t H, int64_t V,
+                         char *buf, size_t size) {
+  char g[16] = "";
+  if (pass == 1) rlk_format(g, sizeof g, " grad=%s", ll_grad_line_names[grad]);
+  return rlk_format(buf, size, "pass=%s hidden=%s labels=%s entropy=%d%s hidden_size=%lld vocab=%lld",
+                    ll_pass_names[pass], rlk_dtype_name(hidden), rlk_dtype_name(labels), entropy, g, (long long)H,
+                    (long long)V);
+}
+
+/* The winner of `pass` for a key as tuning values, or NULL (no database, no record, or a winner
+ * that does not parse: warned about once, and the default runs). */
+static int ll_tuned(const rlk_context *ctx, int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad,
+                    int64_t H, int64_t V, int64_t N, int64_t v[RLK_TUNE_VALUES]) {
+  if (!rlk_tune_table_wanted(ctx->tune)) return 0;
+  char shape[256];
+  if (ll_tune_shape(pass, hidden, labels, entropy, grad, H, V, shape, sizeof shape) < 0) return 0;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "linear_logprob", shape, rlk_tune_bucket(N));
+  if (!e) return 0;
+  if (rlk_tune_entry_values(ctx->tune, e, ll_parse_tuning, v) != 0) {
+    if (rlk_tune_entry_first_warning(e))
+      rlk_warn("linear_logprob: the tuning database's winner '%s' for %s is not linear_logprob tuning; running the "
+               "default", rlk_tune_entry_settings(e), shape);
+    return 0;
+  }
+  return 1;
+}
+
+static void ll_tuned_fwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int64_t H, int64_t V,
+                         int64_t N, int *stages, int *splits) {
+  int64_t v[RLK_TUNE_VALUES];
+  if (!ll_tuned(ctx, 0, hidden, labels, entropy, 0, H, V, N, v)) return;
+  *stages = (int)v[LL_TUNE_STAGES];
+  *splits = (int)v[LL_TUNE_SPLITS];
+}
+
+static void ll_tuned_bwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int64_t H,
+                         int64_t V, int64_t N, int *chunk, int *group) {
+  int64_t v[RLK_TUNE_VALUES];
+  if (!ll_tuned(ctx, 1, hidden, labels, entropy, grad, H, V, N, v)) return;
+  /* a chunk that is no multiple of 64 would make the call refuse what it did not ask for */
+  if (v[LL_TUNE_CHUNK] % LL_BWD_TILE == 0) *chunk = (int)v[LL_TUNE_CHUNK];
+  *group = (int)v[LL_TUNE_GROUP];
+}
+
+static int ll_line_key(const rlk_op_values *s) {
+  return RLK_OP_GIVEN(s, LL_S_HIDDEN_SIZE) && RLK_OP_GIVEN(s, LL_S_VOCAB) && RLK_OP_GIVEN(s, LL_S_TOKENS);
+}
+
+static int ll_line_tuning_given(const rlk_op_values *s) {
+  return s->v[LL_S_STAGES] || s->v[LL_S_SPLITS] || s->v[LL_S_CHUNK] || s->v[LL_S_GROUP];
+}
+
+/* The tuning database key of plan settings: one pass, hidden_size, vocab and tokens, no tuning
+ * settings, the automatic variant. */
+static rlk_status ll_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
+  const int pass = (int)s->v[LL_S_PASS];
+  if (pass == 2) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
+  if (!ll_line_key(s))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden_size, vocab, tokens: a tuning key needs all of them");
+  if (ll_line_tuning_given(s))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages, splits, chunk, group: a tuning key holds no tuning settings");
+  if (s->v[LL_S_VARIANT] != RLK_LINEAR_LOGPROB_AUTO)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: a tuning key is the automatic variant's");
+  if (ll_tune_shape(pass, (rlk_dtype)s->v[LL_S_HIDDEN], (rlk_dtype)s->v[LL_S_LABELS], (int)s->v[LL_S_ENTROPY],
+                    (int)s->v[LL_S_GRAD], s->v[LL_S_HIDDEN_SIZE], s->v[LL_S_VOCAB], shape, size) < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: the shape does not fit %zu bytes", size);
+  *tokens = rlk_tune_bucket(s->v[LL_S_TOKENS]);
+  return RLK_OK;
 }
 
 static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
@@ -959,6 +1097,12 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   c.entropy = (int)s->v[LL_S_ENTROPY];
   c.variant = (int)s->v[LL_S_VARIANT];
   c.tma_ok = 1;
+  c.stages = (int)s->v[LL_S_STAGES];
+  if (ll_line_key(s) && !ll_line_tuning_given(s) && s->v[LL_S_PASS] == 0) {
+    int splits = 0;
+    ll_tuned_fwd(ctx, (rlk_dtype)s->v[LL_S_HIDDEN], c.labels, c.entropy, s->v[LL_S_HIDDEN_SIZE], s->v[LL_S_VOCAB],
+                 s->v[LL_S_TOKENS], &c.stages, &splits);
+  }
   const int pass = (int)s->v[LL_S_PASS], grad_same = s->v[LL_S_GRAD] == 1; /* pass: 0 fwd, 1 bwd, 2 both */
   size_t n = 0;
   rlk_status st;
@@ -1003,6 +1147,9 @@ static const char *const ll_samples[] = {
     "linear_logprob pass=fwd hidden=f16 labels=i32",
     "linear_logprob pass=both hidden=bf16 labels=i32 variant=tiled grad=same",
     "linear_logprob pass=bwd hidden=f16 labels=i64 entropy=1 grad=same",
+    /* the sm_90a forward's other ring depths (elsewhere the default kernels above) */
+    "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 stages=2",
+    "linear_logprob pass=fwd hidden=f16 labels=i32 stages=3",
     NULL};
 
 const rlk_op_desc rlk_op_linear_logprob = {
@@ -1011,4 +1158,6 @@ const rlk_op_desc rlk_op_linear_logprob = {
     .nsettings = LL_NSETTINGS,
     .plan = ll_plan,
     .samples = ll_samples,
+    .candidates = ll_candidates,
+    .tune_key = ll_tune_key,
 };

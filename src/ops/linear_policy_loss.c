@@ -98,6 +98,7 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   b->grad_weight = a->grad_weight;
   b->accumulate = a->accumulate;
   b->chunk = a->chunk;
+  b->group = a->group;
   b->status = h->status;
 
   size_t hb = 0, lb = 0, bb = 0;

@@ -209,7 +209,8 @@
   F(S_, int, shard, 164)               \
   F(S_, int, accumulate, 168)          \
   F(S_, int, tiles_m, 172)             \
-  F(S_, int, tiles_n, 176)
+  F(S_, int, tiles_n, 176)             \
+  F(S_, int, group, 180)
 #define RLK_LL_BWD_SM90_PARAMS_SIZE 184
 
 #endif

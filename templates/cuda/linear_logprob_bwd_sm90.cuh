@@ -75,9 +75,9 @@ template <typename T> RLK_DEVICE void ll_store_pair(T *p, float a, float b, bool
 
 /* Tile `tile` of tiles_m x tiles_n: groups of GROUP tile rows, column-major inside a group, so
  * that consecutive tiles (the blocks resident together) share their operand panels in L2. */
-RLK_DEVICE void ll_bwd_tile(int tile, int tiles_m, int tiles_n, int *tm, int *tn) {
-  const int per_group = ll_bwd_sm90::GROUP * tiles_n, first = tile / per_group * ll_bwd_sm90::GROUP;
-  const int gsize = min_(tiles_m - first, ll_bwd_sm90::GROUP);
+RLK_DEVICE void ll_bwd_tile(int tile, int tiles_m, int tiles_n, int group, int *tm, int *tn) {
+  const int per_group = group * tiles_n, first = tile / per_group * group;
+  const int gsize = min_(tiles_m - first, group);
   *tm = first + (tile % per_group) % gsize;
   *tn = (tile % per_group) / gsize;
 }
@@ -202,8 +202,21 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
       const bool both = n0 + col + 1 < NC;
       float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
       if (add) {
-        a0 += to_float(out[col]);
-        if (both) a1 += to_float(out[col + 1]);
+        float o0, o1 = 0.0f;
+        if constexpr (sizeof(G) == 4) {
+          if (both && vec) {
+            const f32x2 o = *(const f32x2 *)(out + col); /* the pair in one 8-byte load */
+            o0 = o.x, o1 = o.y;
+          } else {
+            o0 = out[col];
+            if (both) o1 = out[col + 1];
+          }
+        } else {
+          o0 = to_float(out[col]);
+          if (both) o1 = to_float(out[col + 1]);
+        }
+        a0 += o0;
+        a1 += o1;
       }
       ll_store_pair<G>(out + col, a0, a1, both, vec);
     }
@@ -243,7 +256,7 @@ __global__ void __launch_bounds__(384, 1)
       u32 it = 0;
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
-        ll_bwd_tile(tile, tiles_m, tiles_n, &tm, &tn);
+        ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
         const i32 m0 = tm * BM;
         const i32 b_k0 = KIND == C::DH ? (i32)p_.c0 : 0, b_n0 = (i32)((i64)tn * BN + (KIND == C::DZ ? p_.c0 : 0));
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -278,7 +291,7 @@ __global__ void __launch_bounds__(384, 1)
   u32 it = 0;
   for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
     int tm, tn;
-    ll_bwd_tile(tile, tiles_m, tiles_n, &tm, &tn);
+    ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
     const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN, r0 = m0 + cw * 64 + 16 * w + l / 4;
     ll_dz_row row[2];
     if (KIND == C::DZ) {

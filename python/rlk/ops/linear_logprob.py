@@ -40,6 +40,7 @@ class LinearLogprobArgs(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
         ("variant", ctypes.c_int),
         ("splits", ctypes.c_int),
+        ("stages", ctypes.c_int),
         ("partials", T.Tensor),
         ("vocab_start", ctypes.c_int64),
         ("partial_entropy", ctypes.c_int),
@@ -65,6 +66,7 @@ class LinearLogprobBackwardArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("chunk", ctypes.c_int),
+        ("group", ctypes.c_int),
         ("shard", ctypes.c_int),
         ("vocab_start", ctypes.c_int64),
     ]
@@ -78,7 +80,7 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
-def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits):
+def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits, stages=None):
     """The head's inputs and settings into a (the rlk_linear_logprob_args at args field `prefix`,
     "" for the call's own); returns hidden's rlk dtype."""
     dt = b.set(prefix + "hidden", hidden, _HIDDEN)
@@ -92,21 +94,24 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
         a.variant = T.enum_value(LinearLogprobVariant, variant, "%s: variant" % b.name)
     if splits is not None:
         a.splits = int(splits)
+    if stages is not None:
+        a.stages = int(stages)
     return dt
 
 
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
-                   lse=True, status=None, variant=None, splits=None, stream=None):
+                   lse=True, status=None, variant=None, splits=None, stages=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
     a GPU (fp64 on the host), never materialized (rlk_linear_logprob).
 
     temperature (default 1), ignore_index (default -100: logp 0). entropy=True also computes the
     entropy in the same pass. status: an optional zeroed i32 [1] that gets STATUS_BAD_LABEL for a
     label outside [0, V). variant: "auto", "wgmma" (sm_90a) or "tiled"; splits: vocabulary splits
-    (0: chosen). Returns LogprobResult(logp, lse or None, entropy or None)."""
+    (0: chosen); stages: the sm_90a kernel's operand stages, 2 to 4 (0: 4; with splits 0 too, the
+    tuning database's winner). Returns LogprobResult(logp, lse or None, entropy or None)."""
     b = Binder(OP)
     a = b.args
-    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
+    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     n = dim(hidden, 0)
     logp = b.empty((n,), T.DType.F32)
@@ -154,14 +159,16 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
 def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
-                            grad_dtype="f32", status=None, chunk=None, shard=False, vocab_start=0,
-                            stream=None):
+                            grad_dtype="f32", status=None, chunk=None, group=None, shard=False,
+                            vocab_start=0, stream=None):
     """grad_hidden = dz @ weight and grad_weight = dz.T @ hidden with
     dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / temperature, the logits recomputed chunk by chunk
     (rlk_linear_logprob_backward). lse (and entropy, with grad_entropy) from the forward.
     grad_hidden / grad_weight: given tensors (written, or added to with accumulate=True), else new
     ones of grad_dtype ("f32" or "same"). shard=True: weight is the rows [vocab_start, ...) of a
     tensor-parallel head and lse / entropy the combined ones; the gradients are this shard's.
+    chunk (vocabulary columns at a time) and group (the sm_90a tile order's rows of tiles, 1 to
+    64): 0 or None choose (with both unset, the tuning database's winner).
     Returns (grad_hidden or None, grad_weight or None)."""
     b = Binder(BACKWARD_OP)
     a = b.args
@@ -187,6 +194,8 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if chunk is not None:
         a.chunk = int(chunk)
+    if group is not None:
+        a.group = int(group)
     a.shard = 1 if shard else 0
     a.vocab_start = int(vocab_start)
     nbytes = BACKWARD_OP.workspace_size(b.context(), a)
@@ -207,6 +216,7 @@ class LinearPolicyLossArgs(ctypes.Structure):
         ("grad_weight", T.Tensor),
         ("accumulate", ctypes.c_int),
         ("chunk", ctypes.c_int),
+        ("group", ctypes.c_int),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
     ]
@@ -221,7 +231,7 @@ LinearPolicyLossResult = collections.namedtuple(
 def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, *, temperature=None,
                        ignore_index=None, variant=None, splits=None, grad_hidden=None,
                        grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
-                       grad_dtype="f32", chunk=None, logp=False, status=None, metrics=True,
+                       grad_dtype="f32", chunk=None, group=None, logp=False, status=None, metrics=True,
                        seq_offsets=None, ref_logp=None, rollout_is_weights=None,
                        seq_advantages=None, mode=None, clip_low=None, clip_high=None,
                        dual_clip=None, log_ratio_min=None, log_ratio_max=None, sapo_tau_pos=None,
@@ -271,6 +281,8 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     a.accumulate = 1 if accumulate else 0
     if chunk is not None:
         a.chunk = int(chunk)
+    if group is not None:
+        a.group = int(group)
     nbytes = POLICY_OP.workspace_size(b.context(), a)
     _, ptr = b.workspace(nbytes)
     a.workspace = ptr
