@@ -1493,19 +1493,18 @@ static int find_entry(const rlk_cache_entry *e, void *user) {
 
 /* A cluster ships tuned kernels: precompiled from the database for sm_90a, the winner a plan (a
  * call) takes is in the tree and is found with RLK_JIT=0. */
-/* rlk-tune times linear_logprob's candidates through its own inputs, both passes (on the host
- * every candidate runs the default's kernel, and every one agrees with it). */
-START_TEST(rlk_tune_host_run_of_linear_logprob) {
-  char dir[1024], db[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "tune-ll");
-  snprintf(db, sizeof db, "%s/tune.db", dir);
-  const int ncand = rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "=");
-  rlk_test_tool_run r = rlk_test_run_tool(
-      NULL, "rlk-tune",
-      ARGS("--backend", "host", "--sweep",
-           "linear_logprob pass=fwd,bwd hidden=bf16 labels=i32 entropy=1 grad=same hidden_size=40 vocab=301 tokens=70",
-           "--iters", "2", "--warmup", "1", "-j", "2", "--db", db, "--time-duplicates"));
-  expect_status(r, 0, "rlk-tune of linear_logprob on the host");
+/* rlk-tune --sweep of `line` (both passes of one problem) on the host into a fresh database
+ * (written to db): two records of `op` whose shapes hold `shape` at `tokens`, every candidate
+ * timed, none a winner (on the host every candidate runs the default's kernel). */
+static void host_sweep(const char *op, const char *line, const char *shape, int64_t tokens, char *db, size_t size) {
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-sweep");
+  snprintf(db, size, "%s/tune.db", dir);
+  const int ncand = rlk_test_count_lines(rlk_tune_candidates(op), "=");
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-tune",
+                                          ARGS("--backend", "host", "--sweep", line, "--iters", "2", "--warmup", "1",
+                                               "-j", "2", "--db", db, "--time-duplicates"));
+  expect_status(r, 0, line);
   ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
   rlk_test_tool_free(&r);
   size_t bad = 1;
@@ -1514,48 +1513,24 @@ START_TEST(rlk_tune_host_run_of_linear_logprob) {
   ck_assert_int_eq(c->n, 2);
   for (int i = 0; i < 2; i++) {
     const rlk_tune_record *g = &c->v[i];
-    ck_assert_str_eq(g->op, "linear_logprob");
-    ck_assert_ptr_nonnull(strstr(g->shape, "hidden=bf16 labels=i32 entropy=1"));
-    ck_assert_ptr_nonnull(strstr(g->shape, "hidden_size=40 vocab=301"));
-    ck_assert_int_eq(g->tokens, 64);
+    ck_assert_str_eq(g->op, op);
+    ck_assert_msg(strstr(g->shape, shape) != NULL, "'%s' lacks '%s'", g->shape, shape);
+    ck_assert_int_eq(g->tokens, tokens);
     ck_assert_int_eq(g->ntimings, ncand);
     ck_assert_str_eq(g->winner, "");
     for (int k = 0; k < g->ntimings; k++) ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
   }
   free(c);
 }
-END_TEST
 
 /* rlk-tune times prefix_attention's candidates through its own inputs (on the host every one is
  * the default's kernel), and a call whose layout buckets to the record's key takes the record. */
 START_TEST(rlk_tune_host_run_of_prefix_attention) {
-  char dir[1024], db[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "tune-pa");
-  snprintf(db, sizeof db, "%s/tune.db", dir);
-  const int ncand = rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "=");
-  rlk_test_tool_run r = rlk_test_run_tool(
-      NULL, "rlk-tune",
-      ARGS("--backend", "host", "--sweep",
-           "prefix_attention pass=fwd,bwd dtype=bf16 head_dim=64 q_heads=4 kv_heads=2 group=3 prefix=33 response=9 "
-           "tokens=120",
-           "--iters", "3", "--warmup", "1", "-j", "2", "--db", db, "--time-duplicates"));
-  expect_status(r, 0, "rlk-tune of prefix_attention on the host");
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
-  rlk_test_tool_free(&r);
-  size_t bad = 1;
-  collected *c = walk_db(db, &bad);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_int_eq(c->n, 2);
-  for (int i = 0; i < 2; i++) {
-    const rlk_tune_record *g = &c->v[i];
-    ck_assert_str_eq(g->op, "prefix_attention");
-    ck_assert_ptr_nonnull(strstr(g->shape, "q_heads=4 kv_heads=2 group=4 prefix=32 response=8"));
-    ck_assert_int_eq(g->tokens, 128);
-    ck_assert_int_eq(g->ntimings, ncand);
-    ck_assert_str_eq(g->winner, "");
-    for (int k = 0; k < g->ntimings; k++) ck_assert_int_eq(g->timings[k].result, RLK_TUNE_TIMED);
-  }
-  free(c);
+  char db[1100];
+  host_sweep("prefix_attention",
+             "prefix_attention pass=fwd,bwd dtype=bf16 head_dim=64 q_heads=4 kv_heads=2 group=3 prefix=33 response=9 "
+             "tokens=120",
+             "q_heads=4 kv_heads=2 group=4 prefix=32 response=8", 128, db, sizeof db);
 
   /* 2 prompts of 30 prefix tokens and 4 responses of 9: the same buckets, 2 hits */
   setenv("RLK_TUNE_DB", db, 1);
@@ -1706,6 +1681,15 @@ START_TEST(db_fifo_never_blocks) {
   ck_assert_int_ne(rlk_tune_db_record(db, &r, 1), RLK_OK);
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "not a regular file"));
   alarm(0);
+}
+END_TEST
+
+/* rlk-tune times linear_logprob's candidates through its own inputs, both passes. */
+START_TEST(rlk_tune_host_run_of_linear_logprob) {
+  char db[1100];
+  host_sweep("linear_logprob",
+             "linear_logprob pass=fwd,bwd hidden=bf16 labels=i32 entropy=1 grad=same hidden_size=40 vocab=301 tokens=70",
+             "hidden=bf16 labels=i32 entropy=1", 64, db, sizeof db);
 }
 END_TEST
 

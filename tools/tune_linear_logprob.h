@@ -145,24 +145,6 @@ static rlk_status ll_workspace(ll_bench *b, const char *settings, char *why, siz
   return RLK_OK;
 }
 
-/* n random 16-bit values uniform in [lo, hi), none zero, a chunk of them tiled (not a whole
- * number of rows, so that rows differ). */
-static rlk_status ll_upload16(rlk_context *ctx, void **dst, rlk_dtype d, size_t n, uint64_t *rng, double lo, double hi,
-                              char *why, size_t whysize) {
-  rlk_status st = alloc_dev(ctx, n * 2, dst, why, whysize);
-  if (st) return st;
-  const size_t chunk = n < RANDOM_CHUNK ? n : RANDOM_CHUNK + 7;
-  uint16_t *h = xrealloc(NULL, chunk * 2);
-  for (size_t i = 0; i < chunk; i++) store_nonzero(h, d, i, lo + (hi - lo) * uniform(rng));
-  for (size_t off = 0; off < n && !st; off += chunk) {
-    const size_t m = n - off < chunk ? n - off : chunk;
-    if ((st = rlk_memcpy_to_device(ctx, (uint16_t *)*dst + off, h, m * 2)))
-      snprintf(why, whysize, "uploading inputs: %s", rlk_last_error());
-  }
-  free(h);
-  return st;
-}
-
 static int ll_nout(const ll_problem *p) { return p->bwd ? 2 : p->entropy ? 3 : 2; }
 
 /* Elements and dtype of each kept output. */
@@ -190,8 +172,8 @@ static rlk_status ll_setup(rlk_context *ctx, const void *problem, uint64_t seed,
   rlk_status st;
   /* logits of std ~1: hidden in [-1, 1), weight in [-1, 1) 3 / sqrt(H) */
   const double ws = 3.0 / sqrt((double)p->H);
-  if ((st = ll_upload16(ctx, &b->h, p->hidden, (size_t)(p->N * p->H), &rng, -1.0, 1.0, why, whysize))) return st;
-  if ((st = ll_upload16(ctx, &b->w, p->hidden, (size_t)(p->V * p->H), &rng, -ws, ws, why, whysize))) return st;
+  if ((st = upload_random16(ctx, &b->h, p->hidden, (size_t)(p->N * p->H), &rng, -1.0, 1.0, why, whysize))) return st;
+  if ((st = upload_random16(ctx, &b->w, p->hidden, (size_t)(p->V * p->H), &rng, -ws, ws, why, whysize))) return st;
   const size_t ls = rlk_dtype_size(p->labels);
   void *y = xrealloc(NULL, (size_t)p->N * ls);
   for (int64_t i = 0; i < p->N; i++) {

@@ -120,6 +120,24 @@ static rlk_status upload_floats(rlk_context *ctx, float **dst, size_t n, uint64_
   return st;
 }
 
+/* n random 16-bit values of dtype d, uniform in [lo, hi), none zero: a chunk of them tiled (not a
+ * whole number of rows, so that rows differ). */
+static rlk_status upload_random16(rlk_context *ctx, void **dst, rlk_dtype d, size_t n, uint64_t *rng, double lo,
+                                  double hi, char *why, size_t whysize) {
+  rlk_status st = alloc_dev(ctx, n * 2, dst, why, whysize);
+  if (st) return st;
+  const size_t chunk = n < RANDOM_CHUNK ? n : RANDOM_CHUNK + 7;
+  uint16_t *h = xrealloc(NULL, chunk * 2);
+  for (size_t i = 0; i < chunk; i++) store_nonzero(h, d, i, lo + (hi - lo) * uniform(rng));
+  for (size_t off = 0; off < n && !st; off += chunk) {
+    const size_t m = n - off < chunk ? n - off : chunk;
+    if ((st = rlk_memcpy_to_device(ctx, (uint16_t *)*dst + off, h, m * 2)))
+      snprintf(why, whysize, "uploading inputs: %s", rlk_last_error());
+  }
+  free(h);
+  return st;
+}
+
 /* ---- reading a key ---- */
 
 static const char *setting_of(const char *line, const char *name, char *buf, size_t size) {

@@ -205,24 +205,6 @@ static rlk_status pa_call(void *bench, int s, const char *settings) {
   return rlk_prefix_attention(b->ctx, &a, NULL);
 }
 
-/* n random 16-bit values in [-1, 1), none zero: a chunk of them tiled (not a whole number of
- * rows, so that rows differ). */
-static rlk_status pa_upload_random(rlk_context *ctx, void **dst, rlk_dtype d, size_t n, uint64_t *rng, char *why,
-                                   size_t whysize) {
-  rlk_status st = alloc_dev(ctx, n * 2, dst, why, whysize);
-  if (st) return st;
-  const size_t chunk = n < RANDOM_CHUNK ? n : RANDOM_CHUNK + 7;
-  uint16_t *h = xrealloc(NULL, chunk * 2);
-  for (size_t i = 0; i < chunk; i++) store_nonzero(h, d, i, 2.0 * uniform(rng) - 1.0);
-  for (size_t off = 0; off < n && !st; off += chunk) {
-    const size_t m = n - off < chunk ? n - off : chunk;
-    if ((st = rlk_memcpy_to_device(ctx, (uint16_t *)*dst + off, h, m * 2)))
-      snprintf(why, whysize, "uploading inputs: %s", rlk_last_error());
-  }
-  free(h);
-  return st;
-}
-
 static rlk_status pa_setup(rlk_context *ctx, const void *problem, uint64_t seed, double l2, void **bench, char *why,
                            size_t whysize) {
   pa_bench *b = xrealloc(NULL, sizeof *b);
@@ -257,13 +239,13 @@ static rlk_status pa_setup(rlk_context *ctx, const void *problem, uint64_t seed,
   rlk_status st = RLK_OK;
   for (int s = 0; s < b->nsets && !st; s++) {
     pa_set *t = &b->set[s];
-    if (!st) st = pa_upload_random(ctx, &t->q, p->dtype, nq, &rng, why, whysize);
-    if (!st) st = pa_upload_random(ctx, &t->k, p->dtype, nkv, &rng, why, whysize);
-    if (!st) st = pa_upload_random(ctx, &t->v, p->dtype, nkv, &rng, why, whysize);
+    if (!st) st = upload_random16(ctx, &t->q, p->dtype, nq, &rng, -1.0, 1.0, why, whysize);
+    if (!st) st = upload_random16(ctx, &t->k, p->dtype, nkv, &rng, -1.0, 1.0, why, whysize);
+    if (!st) st = upload_random16(ctx, &t->v, p->dtype, nkv, &rng, -1.0, 1.0, why, whysize);
     if (!st) st = alloc_dev(ctx, nq * 2, &t->out, why, whysize);
     if (!st) st = alloc_dev(ctx, (size_t)(p->T * p->Hq) * 4, (void **)&t->lse, why, whysize);
     if (!st && p->bwd) {
-      st = pa_upload_random(ctx, &t->dout, p->dtype, nq, &rng, why, whysize);
+      st = upload_random16(ctx, &t->dout, p->dtype, nq, &rng, -1.0, 1.0, why, whysize);
       if (!st) st = alloc_dev(ctx, nq * 2, &t->dq, why, whysize);
       if (!st) st = alloc_dev(ctx, nkv * 2, &t->dk, why, whysize);
       if (!st) st = alloc_dev(ctx, nkv * 2, &t->dv, why, whysize);

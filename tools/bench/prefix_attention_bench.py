@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import rlk  # noqa: E402
 from rlk.autograd import prefix_attention as rlk_attention  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_split import kernel_split  # noqa: E402
+
 dev = "cuda"
 ROWS = []
 # RLK_PREFIX_ATTENTION_VARIANT (auto, mma, wgmma, portable) picks rlk's forward; rows name it
@@ -75,20 +78,10 @@ def flops(G, Lp, Lr, Hq, D):
 
 def kernel_times(case, fn, calls=5):
     """Rows of each kernel's mean CUDA time per call of fn (calls back to back, after a warm-up)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
     total = 0.0
-    for e in sorted(p.key_averages(), key=lambda e: -e.device_time_total):
-        if e.device_time_total <= 0:
-            continue
-        ms = e.device_time_total / calls / 1e3
+    for name, ms, launches in kernel_split(fn, calls):
         total += ms
-        row(case + " kernels", "  " + e.key.split("(")[0][-34:], ms, "%d launches a call" % (e.count // calls))
+        row(case + " kernels", "  " + name[-34:], ms, "%d launches a call" % launches)
     row(case + " kernels", "  sum of the kernels", total)
 
 

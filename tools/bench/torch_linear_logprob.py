@@ -93,21 +93,13 @@ def main():
 
 
 def profile_kernels(label, fn, calls=3):
-    """Each kernel's mean CUDA time per call of fn (calls back to back after a warm-up), and the sum."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+    """Each kernel's mean CUDA time per call of fn, and the sum."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernel_split import kernel_split
     total = 0.0
-    for e in sorted(p.key_averages(), key=lambda e: -e.device_time_total):
-        if e.device_time_total <= 0:
-            continue
-        ms = e.device_time_total / calls / 1e3
+    for name, ms, launches in kernel_split(fn, calls):
         total += ms
-        print(f"  {label} kernel {e.key.split('(')[0][-60:]}: {ms:.3f} ms, {e.count // calls} launches a call")
+        print(f"  {label} kernel {name[-60:]}: {ms:.3f} ms, {launches} launches a call")
     print(f"  {label} kernels: sum {total:.3f} ms")
 
 
