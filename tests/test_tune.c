@@ -301,6 +301,13 @@ START_TEST(buckets_and_keys) {
   ck_assert_str_eq(rlk_tune_candidates("group_advantage"), "");
   ck_assert_str_eq(rlk_tune_candidates("no_such_op"), "");
   ck_assert_str_eq(rlk_tune_candidates(NULL), "");
+  /* what changes calls but not kernels */
+  ck_assert_str_eq(rlk_tune_runtime_settings("linear_logprob pass=bwd hidden=f16"), "chunk group");
+  ck_assert_str_eq(rlk_tune_runtime_settings("linear_logprob pass=fwd"), "splits");
+  ck_assert_str_eq(rlk_tune_runtime_settings("logprob pass=fwd vocab=1000"), "");
+  ck_assert_str_eq(rlk_tune_runtime_settings("linear_logprob pass=sideways"), "");
+  ck_assert_str_eq(rlk_tune_runtime_settings("no_such_op"), "");
+  ck_assert_str_eq(rlk_tune_runtime_settings(NULL), "");
 }
 END_TEST
 
@@ -1684,12 +1691,24 @@ START_TEST(db_fifo_never_blocks) {
 }
 END_TEST
 
-/* rlk-tune times linear_logprob's candidates through its own inputs, both passes. */
+/* rlk-tune times linear_logprob's candidates through its own inputs, both passes; without
+ * --time-duplicates the backward's chunk and tile order are still timed (they change its calls,
+ * not its kernels), its ring depths not (on the host they plan to the default's kernels). */
 START_TEST(rlk_tune_host_run_of_linear_logprob) {
-  char db[1100];
+  char db[1100], dir[1024], db2[1100];
   host_sweep("linear_logprob",
              "linear_logprob pass=fwd,bwd hidden=bf16 labels=i32 entropy=1 grad=same hidden_size=40 vocab=301 tokens=70",
              "hidden=bf16 labels=i32 entropy=1", 64, db, sizeof db);
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-ll-runtime");
+  snprintf(db2, sizeof db2, "%s/tune.db", dir);
+  rlk_test_tool_run r = rlk_test_run_tool(
+      NULL, "rlk-tune",
+      ARGS("--backend", "host", "--sweep", "linear_logprob pass=bwd hidden_size=40 vocab=301 tokens=70", "--iters", "2",
+           "--warmup", "1", "--db", db2));
+  expect_status(r, 0, "rlk-tune of linear_logprob's backward on the host");
+  /* group=4, group=16, group=64 and chunk=8192 timed; stages=2 and stages=3 the default's kernels */
+  ck_assert_msg(strstr(r.out, "4 timed, 2 same kernels") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
 }
 END_TEST
 

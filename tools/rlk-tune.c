@@ -19,7 +19,8 @@
  *   1. a child process opens the device (so that this process never initializes a GPU runtime
  *      before it forks) and reports what it is;
  *   2. each configuration's default and candidates are planned to their kernels' cache keys
- *      (rlk_precompile_keys): candidates with the same kernels as an earlier one are timed once;
+ *      (rlk_precompile_keys): candidates with the same kernels as an earlier one are timed once
+ *      (unless they set what changes calls but not kernels: rlk_tune_runtime_settings);
  *   3. every distinct kernel set is compiled into the kernel cache by worker processes (-j);
  *   4. a timing process takes the configurations in turn: fresh random non-zero inputs (several
  *      sets, rotated, when one fits in the L2), the default's outputs as the reference, then per
@@ -306,6 +307,22 @@ static rlk_status planning_context(rlk_backend backend, const char *target, rlk_
 
 /* ---- planning ------------------------------------------------------------------------- */
 
+/* Whether settings ("group=16 chunk=8192") set any of the space-separated names. */
+static int names_any(const char *settings, const char *names) {
+  strlist w = {0}, n = {0};
+  split_words(settings, 0, &w);
+  split_words(names, 0, &n);
+  int any = 0;
+  for (size_t i = 0; i < w.n && !any; i++) {
+    char *eq = strchr(w.v[i], '=');
+    if (eq) *eq = '\0';
+    for (size_t j = 0; j < n.n && !any; j++) any = !strcmp(w.v[i], n.v[j]);
+  }
+  strlist_free(&w);
+  strlist_free(&n);
+  return any;
+}
+
 static int plan_configs(rlk_context *ctx) {
   int rc = 0;
   for (size_t i = 0; i < ncfgs; i++) {
@@ -327,7 +344,9 @@ static int plan_configs(rlk_context *ctx) {
         v->note = xasprintf("cannot be planned: %s", rlk_last_error());
       } else {
         v->keys = xstrdup(keys);
-        for (int j = 0; j < k && v->same_as < 0; j++)
+        /* a candidate that sets what changes calls but not kernels is its own, whatever its keys */
+        const int runtime = k > 0 && names_any(v->settings, rlk_tune_runtime_settings(c->kernel_line));
+        for (int j = 0; j < k && v->same_as < 0 && !runtime; j++)
           if (c->v[j].keys && !strcmp(c->v[j].keys, keys)) v->same_as = c->v[j].same_as >= 0 ? c->v[j].same_as : j;
       }
       free(line);

@@ -1152,6 +1152,13 @@ static const char *const ll_samples[] = {
     "linear_logprob pass=fwd hidden=f16 labels=i32 stages=3",
     NULL};
 
+/* The forward's vocabulary split and the backward's chunk and tile order change a call, not its
+ * kernels. */
+static const char *ll_runtime_tuning(const rlk_op_values *s) {
+  const int64_t pass = s->v[LL_S_PASS];
+  return pass == 0 ? "splits" : pass == 1 ? "chunk group" : "splits chunk group";
+}
+
 const rlk_op_desc rlk_op_linear_logprob = {
     .name = "linear_logprob",
     .settings = ll_settings,
@@ -1160,4 +1167,5 @@ const rlk_op_desc rlk_op_linear_logprob = {
     .samples = ll_samples,
     .candidates = ll_candidates,
     .tune_key = ll_tune_key,
+    .runtime_tuning = ll_runtime_tuning,
 };

@@ -92,3 +92,21 @@ const char *rlk_tune_candidates(const char *op) {
     if (!strcmp(rlk_op_table[i]->name, op)) return candidate_lists[i] ? candidate_lists[i] : "";
   return "";
 }
+
+const char *rlk_tune_runtime_settings(const char *config) {
+  if (!config) return "";
+  rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
+  size_t npairs = 0;
+  char *line = NULL;
+  const rlk_op_desc *op = NULL;
+  const char *names = "";
+  rlk_op_values vals;
+  if (rlk_op_config_parse("rlk_tune_runtime_settings", config, &line, &op, pairs, &npairs) == RLK_OK &&
+      op->runtime_tuning && rlk_op_values_parse(op, npairs, pairs, &vals) == RLK_OK) {
+    const char *r = op->runtime_tuning(&vals);
+    if (r) names = r;
+  }
+  free(line);
+  rlk_error_clear();
+  return names;
+}
