@@ -16,7 +16,10 @@
  * chunk); then _dh_out writes grad_hidden. On sm_90a, when tensor maps can describe hidden and
  * weight, linear_logprob_bwd_sm90 (templates/cuda/linear_logprob_bwd_sm90.cuh) runs the same
  * three products per chunk by TMA + wgmma, dz in the inputs' 16-bit dtype. The host runs
- * linear_logprob_bwd_host (fp64). */
+ * linear_logprob_bwd_host (fp64).
+ *
+ * Tuning: the forward's ring depth (stages) and split, the backward's chunk and tile order
+ * (group); a call that asks for none takes the tuning database's winner for its key (ll_tuned). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -1027,8 +1030,8 @@ static int ll_tune_shape(int pass, rlk_dtype hidden, rlk_dtype labels, int entro
                     (long long)V);
 }
 
-/* The winner of `pass` for a key as tuning values, or NULL (no database, no record, or a winner
- * that does not parse: warned about once, and the default runs). */
+/* 1 with the winner of `pass` for a key in v (its tuning values), or 0: no database, no record,
+ * or a winner that does not parse (warned about once; the default runs). */
 static int ll_tuned(const rlk_context *ctx, int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad,
                     int64_t H, int64_t V, int64_t N, int64_t v[RLK_TUNE_VALUES]) {
   if (!rlk_tune_table_wanted(ctx->tune)) return 0;
