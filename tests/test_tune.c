@@ -69,6 +69,22 @@ static void fresh_host_db(char *path, size_t size, const char *stem, rlk_device_
   host_info(info);
 }
 
+/* A configuration line that is no tuning key, and the names its refusal must give. */
+typedef struct refused_key {
+  const char *line, *names;
+} refused_key;
+
+static void expect_refused_keys(const refused_key *bad, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
+                  bad[i].line);
+    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
+                  rlk_last_error(), bad[i].names);
+  }
+}
+
 /* A logprob record for `config` in environment `info` with the given winner and times. */
 static rlk_tune_record make_record(const char *config, const rlk_device_info *info, const char *winner,
                                    double default_ms, double best_ms) {
@@ -273,9 +289,7 @@ START_TEST(buckets_and_keys) {
   ck_assert_str_eq(c.shape, "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936");
   ck_assert_int_eq(c.tokens, 8);
   /* lines that are not a key */
-  static const struct {
-    const char *line, *names;
-  } bad[] = {{"logprob pass=both tokens=64", "pass"},
+  static const refused_key bad[] = {{"logprob pass=both tokens=64", "pass"},
              {"logprob tokens=64", "pass"},
              {"logprob pass=fwd", "tokens"},
              {"logprob pass=fwd tokens=0", "tokens"},
@@ -285,14 +299,7 @@ START_TEST(buckets_and_keys) {
              {"group_advantage mode=grpo tokens=64", "no tuning candidates"},
              {"no_such_op tokens=64", "unknown op"},
              {"", "empty"}};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rlk_tune_record r;
-    rlk_tune_record_init(&r);
-    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
+  expect_refused_keys(bad, sizeof bad / sizeof bad[0]);
   ck_assert_int_eq(rlk_tune_record_set_key(NULL, "logprob pass=fwd tokens=1"), RLK_ERR_INVALID_ARGUMENT);
   /* the candidates an op declares */
   const char *cands = rlk_tune_candidates("logprob");
@@ -1067,23 +1074,14 @@ START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   ck_assert_str_eq(a.op, "prefix_attention");
   ck_assert_str_eq(a.shape, key + strlen("prefix_attention "));
   ck_assert_int_eq(a.tokens, 65536);
-  static const struct {
-    const char *line, *names;
-  } bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
+  static const refused_key bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 tokens=2", "response"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=3 group=1 prefix=1 response=1 tokens=2", "multiple"},
              {"prefix_attention pass=bwd q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2 dq_stages=2",
               "tuning"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2 variant=mma",
               "tuning"}};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rlk_tune_record r;
-    rlk_tune_record_init(&r);
-    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
+  expect_refused_keys(bad, sizeof bad / sizeof bad[0]);
   ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "stages="), 4);
 
   rlk_context_options o;
@@ -1152,21 +1150,12 @@ START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
                                                "tokens=4096"),
                    RLK_OK);
   ck_assert_str_eq(a.shape, "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000");
-  static const struct {
-    const char *line, *names;
-  } bad[] = {{"linear_logprob pass=both hidden_size=8 vocab=9 tokens=2", "pass"},
+  static const refused_key bad[] = {{"linear_logprob pass=both hidden_size=8 vocab=9 tokens=2", "pass"},
              {"linear_logprob pass=fwd hidden_size=8 tokens=2", "vocab"},
              {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 stages=3", "tuning"},
              {"linear_logprob pass=bwd hidden_size=8 vocab=9 tokens=2 group=4", "tuning"},
              {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 variant=tiled", "variant"}};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rlk_tune_record r;
-    rlk_tune_record_init(&r);
-    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
+  expect_refused_keys(bad, sizeof bad / sizeof bad[0]);
   ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "stages="), 2);
   ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "group="), 2);
 
