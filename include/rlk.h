@@ -1514,8 +1514,8 @@ RLK_API rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, cha
 /* Tuning database (what tools/rlk-tune writes and the ops consult)          */
 /* ------------------------------------------------------------------------ */
 
-/* Ops with tuning candidates (logprob, prefix_attention) take their kernels' tuning settings
- * from a database of measured winners when a call leaves every tuning field at 0 / AUTO (and
+/* Ops with tuning candidates (logprob, prefix_attention, linear_logprob) take their tuning
+ * settings from a database of measured winners when a call leaves every tuning field at 0 / AUTO (and
  * RLK_LOGPROB_VARIANT, RLK_PREFIX_ATTENTION_VARIANT are unset); without a record they run their
  * guaranteed default.
  *
