@@ -1647,11 +1647,12 @@ RLK_API rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *s
  * unknown one. Valid on every target: a setting a target cannot honour falls back there. */
 RLK_API const char *rlk_tune_candidates(const char *op);
 
-/* The tuning settings that change the calls of a configuration line without changing its
- * kernels (linear_logprob's backward: "chunk group"), space-separated; "" when there are none or
- * the line does not parse. Two candidates with the same kernels (rlk_precompile_keys) time alike
- * only when they agree on these. The string is static. */
-RLK_API const char *rlk_tune_runtime_settings(const char *config);
+/* The tuning settings that change the calls of a configuration line on ctx without changing its
+ * kernels (linear_logprob's backward on sm_90a: "chunk group"), space-separated; "" when there
+ * are none (the host backend ignores them all), ctx is NULL or the line does not parse. Two
+ * candidates with the same kernels (rlk_precompile_keys) time alike only when they agree on
+ * these. The string is static. */
+RLK_API const char *rlk_tune_runtime_settings(rlk_context *ctx, const char *config);
 
 /* ------------------------------------------------------------------------ */
 /* Cache management (what tools/rlk-cache uses)                             */

@@ -345,7 +345,7 @@ static int plan_configs(rlk_context *ctx) {
       } else {
         v->keys = xstrdup(keys);
         /* a candidate that sets what changes calls but not kernels is its own, whatever its keys */
-        const int runtime = k > 0 && names_any(v->settings, rlk_tune_runtime_settings(c->kernel_line));
+        const int runtime = k > 0 && names_any(v->settings, rlk_tune_runtime_settings(ctx, c->kernel_line));
         for (int j = 0; j < k && v->same_as < 0 && !runtime; j++)
           if (c->v[j].keys && !strcmp(c->v[j].keys, keys)) v->same_as = c->v[j].same_as >= 0 ? c->v[j].same_as : j;
       }

@@ -1155,11 +1155,17 @@ static const char *const ll_samples[] = {
     "linear_logprob pass=fwd hidden=f16 labels=i32 stages=3",
     NULL};
 
-/* The forward's vocabulary split and the backward's chunk and tile order change a call, not its
- * kernels. */
-static const char *ll_runtime_tuning(const rlk_op_values *s) {
-  const int64_t pass = s->v[LL_S_PASS];
-  return pass == 0 ? "splits" : pass == 1 ? "chunk group" : "splits chunk group";
+/* What changes a call, not its kernels: on a GPU the forward's vocabulary split and the
+ * backward's chunk, on sm_90a (the wgmma kernels) also its tile order; nothing on the host, whose
+ * one fp64 kernel a call runs whole. */
+static const char *ll_runtime_tuning(const rlk_context *ctx, const rlk_op_values *s) {
+  if (ctx->kind == RLK_BACKEND_HOST) return NULL;
+  const int sm90 = ll_wgmma_target(ctx) && s->v[LL_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED;
+  switch (s->v[LL_S_PASS]) {
+  case 0: return "splits";
+  case 1: return sm90 ? "chunk group" : "chunk";
+  default: return sm90 ? "splits chunk group" : "splits chunk";
+  }
 }
 
 const rlk_op_desc rlk_op_linear_logprob = {

@@ -83,10 +83,10 @@ typedef struct rlk_op_desc {
    * same string the op's calls look up, defaults spelled out) and the token bucket. A setting
    * that is not part of a key (a tuning setting, pass=both) is RLK_ERR_INVALID_ARGUMENT. */
   rlk_status (*tune_key)(const rlk_op_values *vals, char *shape, size_t size, int64_t *tokens);
-  /* The tuning settings that change a configuration's calls but not its kernels (a vocabulary
-   * split, a tile order), space-separated, a string literal; NULL when the op has none. A sweep
-   * times a candidate that names one even when it plans to the default's kernels. */
-  const char *(*runtime_tuning)(const rlk_op_values *vals);
+  /* The tuning settings that change a configuration's calls on `ctx` but not its kernels (a
+   * vocabulary split, a tile order), space-separated, a string literal; NULL when there are none.
+   * A sweep times a candidate that names one even when it plans to the default's kernels. */
+  const char *(*runtime_tuning)(const rlk_context *ctx, const rlk_op_values *vals);
 } rlk_op_desc;
 
 /* Every op family that can be precompiled, NULL-terminated. */

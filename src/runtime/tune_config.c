@@ -93,8 +93,8 @@ const char *rlk_tune_candidates(const char *op) {
   return "";
 }
 
-const char *rlk_tune_runtime_settings(const char *config) {
-  if (!config) return "";
+const char *rlk_tune_runtime_settings(rlk_context *ctx, const char *config) {
+  if (!ctx || !config) return "";
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
   size_t npairs = 0;
   char *line = NULL;
@@ -103,7 +103,7 @@ const char *rlk_tune_runtime_settings(const char *config) {
   rlk_op_values vals;
   if (rlk_op_config_parse("rlk_tune_runtime_settings", config, &line, &op, pairs, &npairs) == RLK_OK &&
       op->runtime_tuning && rlk_op_values_parse(op, npairs, pairs, &vals) == RLK_OK) {
-    const char *r = op->runtime_tuning(&vals);
+    const char *r = op->runtime_tuning(ctx, &vals);
     if (r) names = r;
   }
   free(line);
