@@ -327,6 +327,9 @@ static int plan_configs(rlk_context *ctx) {
   int rc = 0;
   for (size_t i = 0; i < ncfgs; i++) {
     config *c = &cfgs[i];
+    /* what changes this configuration's calls but not its kernels: a candidate that sets it is
+     * its own, whatever its keys */
+    const char *runtime_names = rlk_tune_runtime_settings(ctx, c->kernel_line);
     for (int k = 0; k < c->nv; k++) {
       tune_variant *v = &c->v[k];
       char *line = *v->settings ? xasprintf("%s %s", c->kernel_line, v->settings) : xstrdup(c->kernel_line);
@@ -344,8 +347,7 @@ static int plan_configs(rlk_context *ctx) {
         v->note = xasprintf("cannot be planned: %s", rlk_last_error());
       } else {
         v->keys = xstrdup(keys);
-        /* a candidate that sets what changes calls but not kernels is its own, whatever its keys */
-        const int runtime = k > 0 && names_any(v->settings, rlk_tune_runtime_settings(ctx, c->kernel_line));
+        const int runtime = k > 0 && names_any(v->settings, runtime_names);
         for (int j = 0; j < k && v->same_as < 0 && !runtime; j++)
           if (c->v[j].keys && !strcmp(c->v[j].keys, keys)) v->same_as = c->v[j].same_as >= 0 ? c->v[j].same_as : j;
       }
@@ -540,8 +542,8 @@ static void summarize(double *samples, long n, double *t) {
 
 /* The timing round of the variants that passed their check: --warmup rounds, then --iters
  * rounds, each calling every variant once (input sets rotated) between its own events, so that
- * clock or thermal drift over the round touches every variant alike; round i starts at variant i. t[3 * j] = {median, min,
- * max} of run[j]. */
+ * clock or thermal drift over the round touches every variant alike; round i starts at variant
+ * i. t[3 * j] = {median, min, max} of run[j]. */
 static rlk_status time_round(rlk_context *ctx, void *b, const config *c, const int *run, int nrun, double *t, int fd,
                              char *why, size_t whysize) {
   const long iters = opt.iters;

@@ -2,8 +2,8 @@
  * (tune_op.h). A record's key gives the pass, the dtypes, H and V; the problem is N = the line's
  * tokens rows. Random hidden, weight and labels (and upstream gradients); the backward's lse and
  * entropy come from the default forward. Compared with the default's: logp, lse (and entropy) of
- * every row, or sampled rows of grad_hidden and of grad_weight. One input set: the weight alone is
- * larger than any cache. */
+ * every row, or sampled rows of grad_hidden and of grad_weight. One input set, not rotated: an LM
+ * head's weight alone is larger than any cache. */
 #ifndef RLK_TUNE_LINEAR_LOGPROB_H
 #define RLK_TUNE_LINEAR_LOGPROB_H
 
@@ -56,25 +56,8 @@ typedef struct ll_bench {
   void *kept[2][3];
 } ll_bench;
 
-/* A candidate's settings ("stages=3", "group=16 chunk=8192", "" for the default) into the
- * forward's or the backward's arguments. */
-static void ll_tuning_of(const char *settings, int *stages, int *splits, int *chunk, int *group) {
-  strlist w = {0};
-  split_words(settings, 0, &w);
-  for (size_t i = 0; i < w.n; i++) {
-    char *eq = strchr(w.v[i], '=');
-    if (!eq) continue;
-    *eq = '\0';
-    int *dst = !strcmp(w.v[i], "stages")   ? stages
-               : !strcmp(w.v[i], "splits") ? splits
-               : !strcmp(w.v[i], "chunk")  ? chunk
-               : !strcmp(w.v[i], "group")  ? group
-                                           : NULL;
-    if (dst) *dst = atoi(eq + 1);
-  }
-  strlist_free(&w);
-}
-
+/* The forward's or the backward's arguments, with a candidate's settings ("stages=3",
+ * "group=16", "" for the default). */
 static void ll_forward_args(const ll_bench *b, const char *settings, rlk_linear_logprob_args *a) {
   const ll_problem *p = &b->p;
   rlk_linear_logprob_args_init(a);
@@ -86,8 +69,8 @@ static void ll_forward_args(const ll_bench *b, const char *settings, rlk_linear_
   if (p->entropy) a->entropy = rlk_tensor_1d(b->ent, RLK_F32, p->N);
   a->workspace = b->work;
   a->workspace_bytes = b->work_bytes;
-  int chunk = 0, group = 0;
-  ll_tuning_of(settings, &a->stages, &a->splits, &chunk, &group);
+  setting_int(settings, "stages", &a->stages);
+  setting_int(settings, "splits", &a->splits);
 }
 
 static void ll_backward_args(const ll_bench *b, const char *settings, rlk_linear_logprob_backward_args *a) {
@@ -106,8 +89,8 @@ static void ll_backward_args(const ll_bench *b, const char *settings, rlk_linear
   a->grad_weight = rlk_tensor_2d(b->gw, p->grad, p->V, p->H, p->H);
   a->workspace = b->work;
   a->workspace_bytes = b->work_bytes;
-  int stages = 0, splits = 0;
-  ll_tuning_of(settings, &stages, &splits, &a->chunk, &a->group);
+  setting_int(settings, "chunk", &a->chunk);
+  setting_int(settings, "group", &a->group);
 }
 
 static rlk_status ll_call(void *bench, int set, const char *settings) {

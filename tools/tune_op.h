@@ -154,6 +154,14 @@ static const char *setting_of(const char *line, const char *name, char *buf, siz
   return NULL;
 }
 
+/* The integer value of `name` in a candidate's settings ("group=16 chunk=8192") into *dst; *dst
+ * is left alone when the settings do not name it. */
+static void setting_int(const char *settings, const char *name, int *dst) {
+  char line[512], v[64];
+  snprintf(line, sizeof line, " %s", settings);
+  if (setting_of(line, name, v, sizeof v)) *dst = atoi(v);
+}
+
 static rlk_dtype dtype_named(const char *s) {
   static const rlk_dtype all[] = {RLK_F32, RLK_F16, RLK_BF16, RLK_F64, RLK_I32, RLK_I64};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -110,26 +110,16 @@ static void pa_bench_free(pa_bench *b) {
 static rlk_prefix_attention_tuning pa_tuning_of(const char *settings) {
   rlk_prefix_attention_tuning t;
   memset(&t, 0, sizeof t);
-  strlist w = {0};
-  split_words(settings, 0, &w);
-  for (size_t i = 0; i < w.n; i++) {
-    char *eq = strchr(w.v[i], '=');
-    if (!eq) continue;
-    *eq = '\0';
-    const char *v = eq + 1;
-    if (!strcmp(w.v[i], "variant"))
-      t.variant = !strcmp(v, "portable") ? RLK_PREFIX_ATTENTION_VARIANT_PORTABLE
-                  : !strcmp(v, "mma")    ? RLK_PREFIX_ATTENTION_VARIANT_MMA
-                  : !strcmp(v, "wgmma")  ? RLK_PREFIX_ATTENTION_VARIANT_WGMMA
-                                         : RLK_PREFIX_ATTENTION_VARIANT_AUTO;
-    else if (!strcmp(w.v[i], "fwd_stages"))
-      t.fwd_stages = atoi(v);
-    else if (!strcmp(w.v[i], "dkdv_stages"))
-      t.dkdv_stages = atoi(v);
-    else if (!strcmp(w.v[i], "dq_stages"))
-      t.dq_stages = atoi(v);
-  }
-  strlist_free(&w);
+  char line[512], v[64];
+  snprintf(line, sizeof line, " %s", settings);
+  if (setting_of(line, "variant", v, sizeof v))
+    t.variant = !strcmp(v, "portable") ? RLK_PREFIX_ATTENTION_VARIANT_PORTABLE
+                : !strcmp(v, "mma")    ? RLK_PREFIX_ATTENTION_VARIANT_MMA
+                : !strcmp(v, "wgmma")  ? RLK_PREFIX_ATTENTION_VARIANT_WGMMA
+                                       : RLK_PREFIX_ATTENTION_VARIANT_AUTO;
+  setting_int(settings, "fwd_stages", &t.fwd_stages);
+  setting_int(settings, "dkdv_stages", &t.dkdv_stages);
+  setting_int(settings, "dq_stages", &t.dq_stages);
   return t;
 }
 
