@@ -1194,7 +1194,8 @@ typedef struct rlk_linear_logprob_backward_args {
   void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
   size_t workspace_bytes;
   int chunk;            /* vocabulary columns per chunk, a multiple of 64, rounded up to 256 on
-                         * sm_90a (0: from N, dz within 256 MB) */
+                         * sm_90a (0: the fewest chunks, of even widths, that keep the workspace
+                         * within 288 MiB) */
   /* sm_90a kernels' tile order: output tiles go in groups of `group` rows of tiles, column by
    * column inside a group, so that the blocks running together share operands in L2: 1 to 64
    * (0: 8). With chunk and group both 0, the tuning database's winner for the call's key. */
@@ -1211,7 +1212,8 @@ typedef struct rlk_linear_logprob_backward_args {
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
 
 /* Bytes of workspace the backward needs (dz of one chunk, f32 or on sm_90a the inputs' 16-bit
- * dtype, and the f32 grad_hidden sum on a GPU; 0 on the host backend). */
+ * dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU; an f32 grad_hidden holds its own sum;
+ * 0 on the host backend). */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);

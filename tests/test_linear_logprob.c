@@ -209,6 +209,7 @@ typedef struct ll_bcase {
   int want_gh, want_gw;
   int accumulate, chunk, ignored;
   float T;
+  int64_t gh_pad; /* grad_hidden's row stride is H + gh_pad (the padding must stay untouched) */
 } ll_bcase;
 
 static void *ll_put(rlk_context *ctx, const void *src, size_t bytes) {
@@ -335,7 +336,13 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   memset(gw0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(V * H) * gs);
   void *dh = ll_put(ctx, h, (size_t)(N * H) * es), *dw = ll_put(ctx, w, (size_t)(V * H) * es);
   void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
-  void *dgh = ll_put(ctx, gh0, (size_t)(N * H) * gs), *dgw = ll_put(ctx, gw0, (size_t)(V * H) * gs);
+  /* grad_hidden in rows of H + gh_pad, the padding a pattern no write leaves behind */
+  const int64_t ghs = H + c->gh_pad;
+  unsigned char *gh_rows = malloc((size_t)(N * ghs) * gs);
+  ck_assert(gh_rows);
+  memset(gh_rows, 0x5a, (size_t)(N * ghs) * gs);
+  for (int64_t i = 0; i < N; i++) memcpy(gh_rows + (size_t)(i * ghs) * gs, (char *)gh0 + (size_t)(i * H) * gs, (size_t)H * gs);
+  void *dgh = ll_put(ctx, gh_rows, (size_t)(N * ghs) * gs), *dgw = ll_put(ctx, gw0, (size_t)(V * H) * gs);
   float *zeros = calloc((size_t)N, 4);
   void *dlp = ll_put(ctx, zeros, (size_t)N * 4), *dlse = ll_put(ctx, zeros, (size_t)N * 4),
        *dent = ll_put(ctx, zeros, (size_t)N * 4);
@@ -367,7 +374,7 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
     b.grad_entropy = rlk_tensor_1d(dgH, RLK_F32, N);
     b.entropy = f.entropy;
   }
-  if (c->want_gh) b.grad_hidden = rlk_tensor_2d(dgh, c->gdt, N, H, H);
+  if (c->want_gh) b.grad_hidden = rlk_tensor_2d(dgh, c->gdt, N, H, ghs);
   if (c->want_gw) b.grad_weight = rlk_tensor_2d(dgw, c->gdt, V, H, H);
   b.accumulate = c->accumulate;
   b.chunk = c->chunk;
@@ -379,7 +386,16 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
-  ll_get(ctx, got_h, dgh, (size_t)(N * H) * gs);
+  unsigned char *got_rows = malloc((size_t)(N * ghs) * gs);
+  ck_assert(got_h && got_w && got_rows);
+  ll_get(ctx, got_rows, dgh, (size_t)(N * ghs) * gs);
+  for (int64_t i = 0; i < N; i++) {
+    const unsigned char *row = got_rows + (size_t)(i * ghs) * gs;
+    memcpy((char *)got_h + (size_t)(i * H) * gs, row, (size_t)H * gs);
+    for (size_t b0 = (size_t)H * gs; b0 < (size_t)ghs * gs; b0++)
+      ck_assert_msg(row[b0] == 0x5a, "grad_hidden: row %lld's padding written", (long long)i);
+  }
+  free(gh_rows), free(got_rows);
   ll_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
   if (check) {
     double *g1 = malloc((size_t)N * 8), *g2 = malloc((size_t)N * 8);
@@ -409,6 +425,9 @@ static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
   ll_bwd_check(ctx, &d, seed + 1, 1, NULL, NULL);
   ll_bcase e = {70, 257, 64, RLK_BF16, RLK_F32, 0, 1, 0, 1, 0, 64, 1, 1.3f}; /* grad_weight only, g_H only */
   ll_bwd_check(ctx, &e, seed + 2, 1, NULL, NULL);
+  /* f32 grad_hidden in rows of H + 8, three chunks, accumulating (on a GPU the sum itself) */
+  ll_bcase f = {9, 300, 40, RLK_BF16, RLK_F32, 1, 1, 1, 0, 1, 128, 0, 1.0f, 8};
+  ll_bwd_check(ctx, &f, seed + 3, 1, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -966,8 +985,13 @@ START_TEST(gpu_backward) {
    * running on across them, K tails of 8 and 12): dz and grad_weight here, dh in the next */
   ll_bcase wide = {300, 20000, 136, RLK_BF16, RLK_BF16, 1, 1, 1, 1, 0, 0, 1, 1.0f};
   ll_bwd_check(ctx, &wide, seed + 12, 1, NULL, NULL);
-  ll_bcase tall = {2200, 300, 2060, RLK_F16, RLK_F32, 1, 0, 1, 1, 1, 0, 0, 0.9f};
+  ll_bcase tall = {2200, 300, 2060, RLK_F16, RLK_F32, 1, 0, 1, 1, 1, 0, 0, 0.9f, 0};
   ll_bwd_check(ctx, &tall, seed + 13, 1, NULL, NULL);
+  /* an f32 grad_hidden is its own sum: rows of H + 24, three chunks, added to and overwritten */
+  ll_bcase pad = {200, 1800, 264, RLK_BF16, RLK_F32, 1, 1, 1, 0, 1, 768, 1, 1.0f, 24};
+  ll_bwd_check(ctx, &pad, seed + 14, 1, NULL, NULL);
+  pad.accumulate = 0;
+  ll_bwd_check(ctx, &pad, seed + 15, 1, NULL, NULL);
   /* rows of 36 elements (72 bytes) have no tensor map: the portable kernels everywhere */
   ll_bcase p = {33, 1500, 36, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 0, 1, 1.0f};
   ll_bwd_check(ctx, &p, seed + 9, 1, NULL, NULL);

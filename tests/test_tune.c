@@ -1220,12 +1220,20 @@ START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   b.chunk = 0;
   b.group = 4; /* a setting of the call's own: no database */
   ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
-  ck_assert_uint_eq(bytes, dh + (size_t)(N * 16384) * 2); /* dz within 256 MB */
+  /* the call's choice: the sum and dz within 288 MiB, 15 chunks of 10240 columns */
+  ck_assert_uint_eq(bytes, dh + (size_t)(N * 10240) * 2);
+  ck_assert_uint_eq(bytes, (size_t)288 << 20);
+  /* an f32 grad_hidden holds its own sum: dz alone, 9 chunks of 16896 (not 8 of 18432 and a
+   * short one) */
+  b.grad_hidden.dtype = RLK_F32;
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
+  ck_assert_uint_eq(bytes, (size_t)(N * 16896) * 2);
+  b.grad_hidden.dtype = RLK_BF16;
   b.group = 0;
   b.hidden.shape[0] = b.labels.shape[0] = b.lse.shape[0] = b.grad_logp.shape[0] = 2048;
   b.grad_entropy.shape[0] = b.entropy.shape[0] = b.grad_hidden.shape[0] = 2048;
   ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes), RLK_OK);
-  ck_assert_uint_eq(bytes, (size_t)(2048 * H) * 4 + (size_t)2048 * 65536 * 2);
+  ck_assert_uint_eq(bytes, (size_t)(2048 * H) * 4 + (size_t)2048 * 50688 * 2); /* 3 chunks */
   rlk_context_destroy(ctx);
 }
 END_TEST

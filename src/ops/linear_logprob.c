@@ -12,8 +12,9 @@
  *
  * Backward kernels (templates/cuda/linear_logprob_bwd.cuh, templates/host/linear_logprob_bwd.c):
  * per vocabulary chunk, in order, linear_logprob_bwd_dz (recomputed logits -> dz in the
- * workspace), _dh (the f32 grad_hidden sum in the workspace) and _dw (grad_weight rows of the
- * chunk); then _dh_out writes grad_hidden. On sm_90a, when tensor maps can describe hidden and
+ * workspace), _dh (the f32 grad_hidden sum: grad_hidden itself when that is f32, else in the
+ * workspace) and _dw (grad_weight rows of the chunk); then, for a 16-bit grad_hidden, _dh_out
+ * writes it from the sum. On sm_90a, when tensor maps can describe hidden and
  * weight, linear_logprob_bwd_sm90 (templates/cuda/linear_logprob_bwd_sm90.cuh) runs the same
  * three products per chunk by TMA + wgmma, dz in the inputs' 16-bit dtype. The host runs
  * linear_logprob_bwd_host (fp64).
@@ -532,14 +533,18 @@ static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_
 #define LL_BWD_SM90_BN 256
 #define LL_BWD_SM90_THREADS 384
 /* shared memory (templates/cuda/linear_logprob_bwd_sm90.cuh's ll_bwd_sm90): 4 stages of 48 KB, dz
- * 32 KB more of staging for its stores, 1024 bytes for the alignment */
+ * (and dh, dw when their f32 outputs go by TMA) 32 KB more of staging for its stores, 1024 bytes
+ * for the alignment */
 #define LL_BWD_SM90_SMEM_DZ (4u * 48u * 1024u + 32u * 1024u + 1024u)
 #define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u)
 
 #define LL_BWD_GROUP 8      /* the sm_90a tile order's default rows of tiles */
 #define LL_BWD_GROUP_MAX 64
 #define LL_BWD_TILE 64
-#define LL_BWD_DZ_BYTES ((int64_t)256 << 20) /* a chunk's dz at most (auto chunk) */
+/* The backward's workspace at most when the call chooses the chunk: dz of a chunk, and the f32
+ * grad_hidden sum for a 16-bit grad_hidden (0.28 GiB, under the 0.3 GiB a trainer budgets beside
+ * its activations). */
+#define LL_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
 
 /* What selects the backward's kernels: gh / gw are -1 for an absent gradient; sm90: the wgmma
  * kernels (an sm_90a target, tensor maps for hidden and weight). */
@@ -551,8 +556,9 @@ typedef struct ll_bwd_config {
   int sm90;
 } ll_bwd_config;
 
-/* The backward's specs: [dz, dh, dh_out, dw] on a GPU (absent gradients' kernels left out;
- * sm90: dz, dh, dw are linear_logprob_bwd_sm90 kinds), the one host kernel on the host. */
+/* The backward's specs: [dz, dh, dh_out, dw] on a GPU (absent gradients' kernels left out, and
+ * dh_out for an f32 grad_hidden, which dh sums into; sm90: dz, dh, dw are linear_logprob_bwd_sm90
+ * kinds), the one host kernel on the host. */
 static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, rlk_kernel_spec *specs,
                                size_t *n) {
   *n = 0;
@@ -564,7 +570,7 @@ static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, r
       rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c->hidden, RLK_I32, 0, 0}},
                       out = {&ll_dh_out_tmpl, {c->gh}};
       specs[(*n)++] = dh;
-      specs[(*n)++] = out;
+      if (c->gh > 0) specs[(*n)++] = out;
     }
     if (c->gw >= 0) {
       rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c->hidden, RLK_I32, 0, c->gw}};
@@ -579,7 +585,7 @@ static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, r
     if (c->gh >= 0) {
       rlk_kernel_spec dh = {&ll_dh_tmpl, {c->hidden}}, out = {&ll_dh_out_tmpl, {c->gh}};
       specs[(*n)++] = dh;
-      specs[(*n)++] = out;
+      if (c->gh > 0) specs[(*n)++] = out;
     }
     if (c->gw >= 0) {
       rlk_kernel_spec dw = {&ll_dw_tmpl, {c->hidden, c->gw}};
@@ -612,6 +618,21 @@ static rlk_tma_desc_request ll_tma_req(const void *base, rlk_dtype dt, int64_t r
   r.box_cols = 64;
   r.swizzle = 128;
   return r;
+}
+
+/* The map of an f32 output that dh and dw store through shared staging: boxes of 64 rows x 32
+ * columns (128 bytes, the swizzle's span). */
+static rlk_tma_desc_request ll_tma_req_f32(void *base, int64_t rows, int64_t cols, int64_t stride) {
+  rlk_tma_desc_request r = ll_tma_req(base, RLK_F32, rows, cols, stride, 64);
+  r.box_cols = 32;
+  return r;
+}
+
+/* Whether a tensor map can describe an f32 output (else its kernel writes from registers). */
+static int ll_tma_ok(const rlk_tma_desc_request *r) {
+  if (rlk_tma_check(r) == RLK_OK) return 1;
+  rlk_error_clear();
+  return 0;
 }
 
 /* Whether the sm_90a backward can run: the target, and tensor maps for hidden and weight in the
@@ -726,14 +747,19 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
   const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
   const int64_t vpad = (k->V + tile - 1) / tile * tile;
+  /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */
+  k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
   int64_t chunk = (asked_chunk + tile - 1) / tile * tile;
   if (!chunk) {
-    chunk = LL_BWD_DZ_BYTES / (dzs * k->N) / tile * tile;
-    if (chunk < tile) chunk = tile;
+    /* the fewest chunks whose dz fits beside the sum, then cut evenly (no short last chunk) */
+    const int64_t room = LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes;
+    int64_t most = room > 0 ? room / (dzs * k->N) / tile * tile : 0;
+    if (most < tile) most = tile;
+    const int64_t chunks = (vpad + most - 1) / most;
+    chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
   }
   if (chunk > vpad) chunk = vpad;
   k->chunk = chunk;
-  k->dh_bytes = a->grad_hidden.data ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
   k->dz_bytes = ll_align256((size_t)(k->N * chunk * dzs));
   k->workspace = k->dh_bytes + k->dz_bytes;
   return RLK_OK;
@@ -849,14 +875,20 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &specs[0], &d, stream, args);
   }
-  float *dh = gh ? (float *)a->workspace : NULL;
+  /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
+   * when accumulating), or the workspace's (rows of H, converted by dh_out at the end) */
+  const int dh_direct = k.c.gh == 0;
+  float *dh = !gh ? NULL : dh_direct ? (float *)gh : (float *)a->workspace;
+  const int64_t dhs = dh_direct ? k.ghs : H;
+  const int dh_add_first = dh_direct && a->accumulate;
   float *dz = (float *)((char *)a->workspace + k.dh_bytes);
-  const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh ? &specs[2] : NULL,
-                        *s_dw = gw ? &specs[gh ? 3 : 1] : NULL;
+  const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh && !dh_direct ? &specs[2] : NULL,
+                        *s_dw = gw ? &specs[nspecs - 1] : NULL;
   const int64_t Vc = k.chunk;
   if (k.c.sm90) {
     const rlk_dtype dt = a->hidden.dtype;
-    _Alignas(64) unsigned char m_hk[128], m_wk[128], m_wmn[128], m_hmn[128], m_zk[128], m_zmn[128];
+    _Alignas(64) unsigned char m_hk[128], m_wk[128], m_wmn[128], m_hmn[128], m_zk[128], m_zmn[128], m_dh[128],
+        m_gw[128];
     const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k.hs, LL_BWD_SM90_BM),
                                r_wk = ll_tma_req(weight, dt, V, H, k.ws, LL_BWD_SM90_BN),
                                r_wmn = ll_tma_req(weight, dt, V, H, k.ws, 64),
@@ -866,6 +898,10 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
         (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, m_wmn))) ||
         (s_dw && (st = rlk_context_tensor_map(ctx, &r_hmn, m_hmn))))
       return st;
+    /* f32 sums and gradients leave through shared staging and TMA where a map describes them */
+    const rlk_tma_desc_request r_dh = ll_tma_req_f32(dh, N, H, dhs);
+    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && k.c.gw == 0;
+    if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, m_dh))) return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
     g.group = k.group;
@@ -878,18 +914,28 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       if ((st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn)) || (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))))
         return st;
       /* the third map is dz's stores' (64 x 64 boxes); dh and dw do not read theirs */
-      g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0;
+      g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0, g.staged = 0;
       void *zargs[] = {m_hk, m_wk, m_zmn, &g};
       if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_DZ, stream))) return st;
       if (s_dh) {
-        g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = H, g.accumulate = c0 > 0;
-        void *hargs[] = {m_zk, m_wmn, m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, LL_BWD_SM90_SMEM, stream))) return st;
+        g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = dhs, g.accumulate = c0 > 0 || dh_add_first;
+        g.staged = dh_staged;
+        void *hargs[] = {m_zk, m_wmn, dh_staged ? m_dh : m_zmn, &g};
+        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, dh_staged ? LL_BWD_SM90_SMEM_DZ : LL_BWD_SM90_SMEM,
+                                     stream)))
+          return st;
       }
       if (s_dw) {
+        /* this chunk's rows of an f32 grad_weight: a map of their own */
+        float *gw_rows = gw_staged ? (float *)gw + c0 * k.gws : NULL;
+        const rlk_tma_desc_request r_gw = ll_tma_req_f32(gw_rows, nv, H, k.gws);
+        g.staged = gw_staged && ll_tma_ok(&r_gw);
+        if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
-        void *wargs[] = {m_zmn, m_hmn, m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, LL_BWD_SM90_SMEM, stream))) return st;
+        void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, &g};
+        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_DZ : LL_BWD_SM90_SMEM,
+                                     stream)))
+          return st;
       }
     }
     return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;
@@ -924,7 +970,8 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       h.N = N;
       h.H = H;
       h.dh = dh;
-      h.beta = c0 ? 1.0f : 0.0f;
+      h.dh_stride = dhs;
+      h.beta = c0 || dh_add_first ? 1.0f : 0.0f;
       void *hargs[] = {&h};
       d = ll_dims(rb, hb, LL_TILED_THREADS, 0);
       if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
@@ -1011,7 +1058,7 @@ static const int ll_tuning[LL_NTUNE] = {LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK, LL
 
 /* What a sweep tool times against the default (valid on every target: elsewhere than sm_90a the
  * forward's depths and the backward's tile order change nothing). A smaller backward chunk, not
- * a larger one: the default keeps dz within 256 MB. */
+ * a larger one: the default's workspace is at the 0.28 GiB budget already. */
 static const char *const ll_candidates[] = {"stages=2", "stages=3", "group=4", "group=16", "group=64", "chunk=8192",
                                             NULL};
 

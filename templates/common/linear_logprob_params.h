@@ -158,8 +158,9 @@
   F(S_, long long, N, 48)           \
   F(S_, long long, H, 56)           \
   F(S_, float *, dh, 64)            \
-  F(S_, float, beta, 72)
-#define RLK_LL_BWD_DH_PARAMS_SIZE 80
+  F(S_, float, beta, 72)            \
+  F(S_, long long, dh_stride, 80)
+#define RLK_LL_BWD_DH_PARAMS_SIZE 88
 
 #define RLK_LL_BWD_DW_PARAMS(F, S_)  \
   F(S_, const float *, dz, 0)        \
@@ -210,7 +211,8 @@
   F(S_, int, accumulate, 168)          \
   F(S_, int, tiles_m, 172)             \
   F(S_, int, tiles_n, 176)             \
-  F(S_, int, group, 180)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 184
+  F(S_, int, group, 180)               \
+  F(S_, int, staged, 184)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 192
 
 #endif

@@ -91,6 +91,16 @@ RLK_DEVICE void tma_store_2d(const tensor_map *map, const void *src, i32 c0, i32
                : "memory");
 #endif
 }
+/* Adds the box at `src` (f32, f16 or bf16 as the map says) to global memory at (c0, c1), the sum
+ * done in L2; otherwise as tma_store_2d (same commit and wait). */
+RLK_DEVICE void tma_reduce_add_2d(const tensor_map *map, const void *src, i32 c0, i32 c1) {
+#if defined(RLK_SM90_ASM)
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                   map),
+               "r"(c0), "r"(c1), "r"(smem_addr(src))
+               : "memory");
+#endif
+}
 RLK_DEVICE void tma_store_commit() {
 #if defined(RLK_SM90_ASM)
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");

@@ -4,11 +4,13 @@
  *   linear_logprob_bwd_dz  recomputes the chunk's logits z = h W_c^T / T (64 x 64 f32 tiles) and
  *                          writes dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / T, f32 [N][Vc], with
  *                          p = exp(z - lse) and E = lse - entropy from the forward
- *   linear_logprob_bwd_dh  dH (f32 [N][H], workspace) = beta dH + dz W_c (beta 0 on the first chunk)
+ *   linear_logprob_bwd_dh  dH = beta dH + dz W_c, dH f32 [N][H] (row stride dh_stride): the
+ *                          workspace, or grad_hidden itself when that is f32 (beta 0 on the first
+ *                          chunk, unless that adds to the caller's gradient)
  *   linear_logprob_bwd_dw  grad_weight[c0 + v] = dz[:, v]^T h (+ the old value when accumulating):
  *                          each element written once, by one thread
- * and at the end linear_logprob_bwd_dh_out writes grad_hidden from dH (+ the old value when
- * accumulating). Fixed chunk order and no atomics: bitwise repeatable. */
+ * and at the end, for 16-bit gradients, linear_logprob_bwd_dh_out writes grad_hidden from dH (+ the
+ * old value when accumulating). Fixed chunk order and no atomics: bitwise repeatable. */
 #ifndef RLK_LINEAR_LOGPROB_BWD_CUH
 #define RLK_LINEAR_LOGPROB_BWD_CUH
 
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__(256)
   const i64 Vc = p_.Vc, nv = p_.nv, w_stride = p_.w_stride, c0 = p_.c0, N = p_.N, H = p_.H;
   float *__restrict__ dh = p_.dh;
   const float beta = p_.beta;
+  const i64 dh_stride = p_.dh_stride;
   typedef typename ll::elem<DT>::type T;
   __shared__ float As[32][64];
   __shared__ float Bs[32][64];
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(256)
     for (int cc = 0; cc < 4; ++cc) {
       const i64 row = row0 + ty * 4 + r, col = h0 + tx + 16 * cc;
       if (row < N && col < H) {
-        float *o = dh + row * H + col;
+        float *o = dh + row * dh_stride + col;
         *o = beta != 0.0f ? *o + acc[r][cc] : acc[r][cc];
       }
     }

@@ -25,9 +25,14 @@
  * (map_c: dz), which clip at the chunk's edges and drain while the next tile's products run. The
  * area holds half a tile (32 KB, beside the four 48 KB stages: a third stage would leave the
  * products waiting on their operands), so each consumer writes its columns in two halves; the row
- * inputs (label, lse, upstream gradients) are read before a tile's products, not after. dh and dw write their f32 or
- * 16-bit tiles from registers (their K is the chunk or the tokens, so the epilogue is a small
- * share of a tile).
+ * inputs (label, lse, upstream gradients) are read before a tile's products, not after.
+ *
+ * dh and dw with an f32 output that a tensor map describes (p_.staged, map_c: the output in
+ * boxes of 64 rows x 32 columns) leave the same way, a quarter of a consumer's columns at a time,
+ * by TMA stores, or by TMA reduce-adds when adding to the output (dh's sum over the chunks): the
+ * sum is done in L2 while the next tile's products run, where a read-modify-write from registers
+ * left the tensor cores waiting on global memory at every tile's end. Other outputs (16-bit,
+ * unaligned) are written from registers.
  *
  * Every output element is written by one block, its K sum in a fixed order, and the host walks
  * the chunks in order: the gradients are bitwise the same run after run. */
@@ -177,6 +182,46 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
   ll_dz_half<1, DT, ENTROPY>(map_c, acc, row, c, inv_t, stage, m0w, n0, rl, tw, barrier);
 }
 
+/* An f32 output's epilogue for one consumer, columns [64 Q, 64 Q + 64) of its rows (r0 + 8 i,
+ * i = 0, 1 for this thread; acc[4 j + 2 i + e] is column n0 + 8 j + 2 (l % 4) + e): into `stage`
+ * as two boxes of 64 rows x 32 f32 columns (128-byte rows, the 128-byte swizzle: 16-byte chunk c
+ * of row r at c ^ (r % 8)), then TMA stores or reduce-adds at (n0 + 64 Q + 32 b, m0w) by thread 0
+ * of the consumer. */
+template <int Q>
+RLK_DEVICE void ll_f32_quarter(const tensor_map *map_c, const float (&acc)[ll_bwd_sm90::BN / 2], u8 *stage, i64 m0w,
+                               i64 n0, int rl, int tw, u32 barrier, bool add) {
+  const int l = tw % 32;
+  /* the last stores have read the staging before it is written again */
+  if (tw == 0) sm90::tma_store_wait<0>();
+  sm90::bar_sync(barrier, 128);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rr = rl + 8 * i;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int j = 8 * Q + jj;
+      const u32 chunk = (u32)(2 * (jj % 4) + (l % 4) / 2) ^ (u32)(rr % 8);
+      f32x2 v;
+      v.x = acc[4 * j + 2 * i];
+      v.y = acc[4 * j + 2 * i + 1];
+      *(f32x2 *)(stage + (u32)(jj / 4) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 2) * 8u) = v;
+    }
+  }
+  sm90::fence_proxy_async();
+  sm90::bar_sync(barrier, 128);
+  if (tw == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const i32 c0 = (i32)(n0 + 64 * Q + 32 * b), c1 = (i32)m0w;
+      if (add)
+        sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+      else
+        sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+    }
+    sm90::tma_store_commit();
+  }
+}
+
 /* dh's or dw's epilogue: a consumer thread's rows r0 and r0 + 8 from its accumulators
  * (acc[4 j + 2 i + e] is row r0 + 8 i, column n0 + 8 j + 2 (l % 4) + e), added to what is there
  * when accumulating. */
@@ -223,7 +268,8 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
   }
 }
 
-/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), any map otherwise. */
+/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), the f32 output in
+ * 64 x 32 boxes when p_.staged, any map otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
 __global__ void __launch_bounds__(384, 1)
     linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
@@ -252,7 +298,7 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_map(&map_a);
       sm90::tma_prefetch_map(&map_b);
-      if (KIND == C::DZ) sm90::tma_prefetch_map(&map_c);
+      if (KIND == C::DZ || p_.staged) sm90::tma_prefetch_map(&map_c);
       u32 it = 0;
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
@@ -323,14 +369,27 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_wait<0>();
     if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
     sm90::wgmma_fence_operands(acc);
-    if (KIND == C::DZ)
+    if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
-    else
+    } else if constexpr (GDT == 0) {
+      if (p_.staged) {
+        const bool add = p_.accumulate != 0;
+        const i64 m0w = m0 + cw * 64;
+        const int rl = 16 * w + l / 4;
+        ll_f32_quarter<0>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<1>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<2>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<3>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+      } else {
+        ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
+      }
+    } else {
       ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
+    }
   }
   /* the stores are done before the block (and its staging) goes */
-  if (KIND == C::DZ && tw == 0) sm90::tma_store_drain<0>();
+  if ((KIND == C::DZ || (GDT == 0 && p_.staged)) && tw == 0) sm90::tma_store_drain<0>();
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)p_;
 #endif

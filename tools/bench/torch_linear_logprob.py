@@ -6,8 +6,12 @@ fused_linear_cross_entropy, cut-cross-entropy (its default gradient filtering, a
 through Python (rlk.autograd.linear_token_logprob). Median of --iters CUDA-event timings after 3
 warm-up calls. With --kernels, rlk's forward and backward (bf16 gradients) split into their
 kernels' CUDA times (torch profiler), the backward at each vocabulary chunk of --chunks A,B,...
-(0: the call's own choice). Usage:
-python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors] [--kernels] [--chunks A,B,...]"""
+(0: the call's own choice). With --rounds R, forward + backward of the four cuBLAS GEMMs, rlk (f32
+and bf16 gradients) and Liger in R rounds, each round timing every case once in a rotated order
+with the device kept busy while the host queues the call: the ratios of one run, free of the
+drift as the GPU warms and of the host's per-call time. Usage:
+python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors] [--kernels] [--chunks A,B,...]
+                                [--rounds R]"""
 import os
 import sys
 
@@ -44,6 +48,10 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     iters = 10
     chunks = [0]
+    rounds = 0
+    if "--rounds" in sys.argv:
+        rounds = int(sys.argv[sys.argv.index("--rounds") + 1])
+        args.remove(str(rounds))
     if "--iters" in sys.argv:
         iters = int(sys.argv[sys.argv.index("--iters") + 1])
         args.remove(str(iters))
@@ -83,6 +91,8 @@ def main():
         med, lo, hi, extra = timed_memory(fn, iters)
         print(f"{label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, max {hi:.3f}), "
               f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
+    if rounds:
+        fwd_bwd_rounds(h, w, y, dz, rounds, name)
     if anchors or kernels:
         del dz
         torch.cuda.empty_cache()
@@ -133,6 +143,78 @@ def rlk_kernels(h, w, y, iters, chunks, name):
               f"median {med:.3f} ms (min {lo:.3f}, max {hi:.3f})")
         profile_kernels(f"bwd chunk={chunk}", bwd)
     del logp
+
+
+def fwd_bwd_rounds(h, w, y, dz, rounds, name):
+    """Forward + backward in rotated rounds (see the module's doc): each case's median, its ratio
+    to the four GEMMs', and the peak memory one call adds beyond the outputs (gradients and logp)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import rlk
+    import rlk.autograd as ra
+    N, H = h.shape
+    V = w.shape[0]
+    g = torch.Generator(device="cuda").manual_seed(2)
+    g_lp = torch.rand(N, device="cuda", generator=g) - 0.5
+    gh32 = torch.empty(N, H, device="cuda")
+    gw32 = torch.empty(V, H, device="cuda")
+    hr = h.detach().clone().requires_grad_(True)
+    wr = w.detach().clone().requires_grad_(True)
+    hr.grad = torch.zeros_like(h)
+    wr.grad = torch.zeros_like(w)
+
+    def gemms():
+        h @ w.t()
+        h @ w.t()
+        dz @ w
+        dz.t() @ h
+
+    def rlk_f32():
+        r = rlk.linear_logprob(h, w, y)
+        rlk.linear_logprob_backward(h, w, y, r.lse, g_lp, grad_hidden=gh32, grad_weight=gw32)
+
+    def autograd(fn):
+        def run():
+            hr.grad = None
+            wr.grad = None
+            fn().backward()
+        return run
+
+    cases = [("four cuBLAS GEMMs (fwd, recompute, dH, dW)", gemms),
+             ("rlk forward + backward, f32 gradients (C calls through Python)", rlk_f32),
+             ("rlk linear_token_logprob, autograd, bf16 gradients",
+              autograd(lambda: -ra.linear_token_logprob(hr, wr, y).sum()))]
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+        cases.append(("Liger fused_linear_cross_entropy",
+                      autograd(lambda: liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum"))))
+    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
+        print("Liger-Kernel unavailable:", repr(e)[:200])
+    for _, fn in cases:
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in cases]
+    for r in range(rounds):
+        for j in range(len(cases)):
+            i = (r + j) % len(cases)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(2_000_000)  # about a millisecond of device work while the host queues
+            a.record()
+            cases[i][1]()
+            b.record()
+            b.synchronize()
+            times[i].append(a.elapsed_time(b))
+    meds = [sorted(t)[len(t) // 2] for t in times]
+    for (label, fn), t, med in zip(cases, times, meds):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms "
+              f"(min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), {med / meds[0]:.3f}x the four GEMMs, "
+              f"peak extra {extra:.3f} GiB")
 
 
 def fwd_bwd_anchors(h, w, y, iters, name):
