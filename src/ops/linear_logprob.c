@@ -898,9 +898,10 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
         (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, m_wmn))) ||
         (s_dw && (st = rlk_context_tensor_map(ctx, &r_hmn, m_hmn))))
       return st;
-    /* f32 sums and gradients leave through shared staging and TMA where a map describes them */
+    /* dh's sum and grad_weight leave through shared staging and TMA where a map describes them */
     const rlk_tma_desc_request r_dh = ll_tma_req_f32(dh, N, H, dhs);
-    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && k.c.gw == 0;
+    /* a 16-bit grad_weight that is added to keeps the register path */
+    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k.c.gw == 0 || !a->accumulate);
     if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, m_dh))) return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
@@ -926,9 +927,10 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
           return st;
       }
       if (s_dw) {
-        /* this chunk's rows of an f32 grad_weight: a map of their own */
-        float *gw_rows = gw_staged ? (float *)gw + c0 * k.gws : NULL;
-        const rlk_tma_desc_request r_gw = ll_tma_req_f32(gw_rows, nv, H, k.gws);
+        /* this chunk's rows of grad_weight: a map of their own */
+        const rlk_tma_desc_request r_gw =
+            k.c.gw == 0 ? ll_tma_req_f32((float *)gw + c0 * k.gws, nv, H, k.gws)
+                        : ll_tma_req((uint16_t *)gw + c0 * k.gws, a->grad_weight.dtype, nv, H, k.gws, 64);
         g.staged = gw_staged && ll_tma_ok(&r_gw);
         if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;

@@ -27,12 +27,12 @@
  * products waiting on their operands), so each consumer writes its columns in two halves; the row
  * inputs (label, lse, upstream gradients) are read before a tile's products, not after.
  *
- * dh and dw with an f32 output that a tensor map describes (p_.staged, map_c: the output in
- * boxes of 64 rows x 32 columns) leave the same way, a quarter of a consumer's columns at a time,
- * by TMA stores, or by TMA reduce-adds when adding to the output (dh's sum over the chunks): the
- * sum is done in L2 while the next tile's products run, where a read-modify-write from registers
- * left the tensor cores waiting on global memory at every tile's end. Other outputs (16-bit,
- * unaligned) are written from registers.
+ * dh's f32 sum and grad_weight, where a tensor map describes them (p_.staged; map_c: the output
+ * in boxes of 64 rows x 32 f32 or 64 16-bit columns), leave the same way (a quarter of a
+ * consumer's f32 columns, or half of its 16-bit ones, at a time) by TMA stores, or by TMA
+ * reduce-adds when adding to the output (dh's sum over the chunks): the sum is done in L2 while
+ * the next tile's products run, where a read-modify-write from registers left the tensor cores
+ * waiting on global memory at every tile's end. Other outputs are written from registers.
  *
  * Every output element is written by one block, its K sum in a fixed order, and the host walks
  * the chunks in order: the gradients are bitwise the same run after run. */
@@ -116,70 +116,79 @@ RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
   return d;
 }
 
-/* dz's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows (r0 + 8 i,
- * i = 0, 1 for this thread; acc[4 j + 2 i + e] is column n0 + 8 j + 2 (l % 4) + e): into `stage`
- * as two 64 x 64 boxes of 128-byte rows with the 128-byte swizzle (16-byte chunk c of row r at
- * c ^ (r % 8): the eight rows a warp writes at once land on distinct banks), then TMA stores at
- * (n0 + 128 HALF + 64 b, m0w) by thread 0 of the consumer. */
-template <int HALF, int DT, bool ENTROPY>
-RLK_DEVICE void ll_dz_half(const tensor_map *map_c, const float (&acc)[ll_bwd_sm90::BN / 2], const ll_dz_row (&row)[2],
-                           float c, float inv_t, u8 *stage, i64 m0w, i64 n0, int rl, int tw, u32 barrier) {
+/* A 16-bit output's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows
+ * (r0 + 8 i, i = 0, 1 for this thread): value(i, j, e) is the element at row i, column
+ * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]). The half is computed and packed into
+ * registers first, so that the previous half's stores read the staging meanwhile; then it goes
+ * into `stage` as two 64 x 64 boxes of 128-byte rows with the 128-byte swizzle (16-byte chunk c of
+ * row r at c ^ (r % 8): the eight rows a warp writes at once land on distinct banks), and thread 0
+ * of the consumer hands them to TMA stores (reduce-adds when `add`) at (n0 + 128 HALF + 64 b, m0w). */
+template <int HALF, int DT, typename F>
+RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, i64 m0w, i64 n0, int rl, int tw,
+                            u32 barrier, bool add) {
   constexpr int J = ll_bwd_sm90::BN / 16; /* 8-column groups a half */
   const int l = tw % 32;
+  u32 packed[2][J];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      const int j = HALF * J + jj;
+      const float a = value(i, j, 0), b = value(i, j, 1);
+      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
+    }
   /* the last stores have read the staging before it is written again */
   if (tw == 0) sm90::tma_store_wait<0>();
   sm90::bar_sync(barrier, 128);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const ll_dz_row &d = row[i];
     const int rr = rl + 8 * i; /* the row in the consumer's 64 */
-    const i64 yc = d.y - n0;   /* the label's column in this tile */
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
-      const int j = HALF * J + jj, col = 8 * j + 2 * (l % 4);
-      float g[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float x = acc[4 * j + 2 * i + e];
-        if (d.ignored) {
-          g[e] = 0.0f;
-        } else if (d.bad) {
-          g[e] = limits<float>::quiet_nan();
-        } else {
-          const float p = exp2_approx(fmaf(x, c, -d.lse2));
-          float v = d.gl * (((i64)(col + e) == yc ? 1.0f : 0.0f) - p);
-          if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
-          g[e] = v * inv_t;
-        }
-      }
-      const u32 packed = DT == ll::DT_BF16 ? sm90::pack_bf16x2(g[0], g[1]) : sm90::pack_f16x2(g[0], g[1]);
       const u32 chunk = (u32)(jj % 8) ^ (u32)(rr % 8);
-      *(u32 *)(stage + (u32)(jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u) = packed;
+      *(u32 *)(stage + (u32)(jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u) =
+          packed[i][jj];
     }
   }
   sm90::fence_proxy_async();
   sm90::bar_sync(barrier, 128);
   if (tw == 0) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-      sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, (i32)(n0 + 128 * HALF + 64 * b), (i32)m0w);
+    for (int b = 0; b < 2; ++b) {
+      const i32 c0 = (i32)(n0 + 128 * HALF + 64 * b), c1 = (i32)m0w;
+      if (add)
+        sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+      else
+        sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+    }
     sm90::tma_store_commit();
   }
 }
 
-/* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread), in two halves through a
- * 16 KB staging area (ll_dz_half). */
+/* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread): each logit turned into its
+ * gradient, in two halves through a 16 KB staging area (ll_b16_half). */
 template <int DT, bool ENTROPY>
 RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
                                const float (&acc)[ll_bwd_sm90::BN / 2], const ll_dz_row (&row)[2], u8 *stage,
                                i64 m0w, i64 n0, int tn, int rl, int tw, u32 barrier) {
   const float inv_t = 1.0f / p_.temperature, c = RLK_LL_LOG2E / p_.temperature;
+  const int l = tw % 32;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
     if (row[i].bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
       atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
-  ll_dz_half<0, DT, ENTROPY>(map_c, acc, row, c, inv_t, stage, m0w, n0, rl, tw, barrier);
-  ll_dz_half<1, DT, ENTROPY>(map_c, acc, row, c, inv_t, stage, m0w, n0, rl, tw, barrier);
+  const auto grad = [&](int i, int j, int e) {
+    const ll_dz_row &d = row[i];
+    const float x = acc[4 * j + 2 * i + e];
+    if (d.ignored) return 0.0f;
+    if (d.bad) return limits<float>::quiet_nan();
+    const float p = exp2_approx(fmaf(x, c, -d.lse2));
+    float v = d.gl * (((i64)(8 * j + 2 * (l % 4) + e) == d.y - n0 ? 1.0f : 0.0f) - p);
+    if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
+    return v * inv_t;
+  };
+  ll_b16_half<0, DT>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false);
+  ll_b16_half<1, DT>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false);
 }
 
 /* An f32 output's epilogue for one consumer, columns [64 Q, 64 Q + 64) of its rows (r0 + 8 i,
@@ -268,8 +277,8 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
   }
 }
 
-/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), the f32 output in
- * 64 x 32 boxes when p_.staged, any map otherwise. */
+/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), the output (64 x 32
+ * f32 or 64 x 64 16-bit boxes) when p_.staged, any map otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
 __global__ void __launch_bounds__(384, 1)
     linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
@@ -372,24 +381,26 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
-    } else if constexpr (GDT == 0) {
-      if (p_.staged) {
-        const bool add = p_.accumulate != 0;
-        const i64 m0w = m0 + cw * 64;
-        const int rl = 16 * w + l / 4;
+    } else if (p_.staged) {
+      const bool add = p_.accumulate != 0;
+      const i64 m0w = m0 + cw * 64;
+      const int rl = 16 * w + l / 4;
+      if constexpr (GDT == 0) {
         ll_f32_quarter<0>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
         ll_f32_quarter<1>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
         ll_f32_quarter<2>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
         ll_f32_quarter<3>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
       } else {
-        ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
+        const auto out = [&](int i, int j, int e) { return acc[4 * j + 2 * i + e]; };
+        ll_b16_half<0, GDT>(&map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_b16_half<1, GDT>(&map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
       }
     } else {
       ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
     }
   }
   /* the stores are done before the block (and its staging) goes */
-  if ((KIND == C::DZ || (GDT == 0 && p_.staged)) && tw == 0) sm90::tma_store_drain<0>();
+  if ((KIND == C::DZ || p_.staged) && tw == 0) sm90::tma_store_drain<0>();
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)p_;
 #endif
