@@ -5,12 +5,16 @@ timing method: median of CUDA-event times after warm-up). Also: rlk against SDPA
 (outputs and gradients mapped back to the packed layout), and bitwise repeatability.
 
     PYTHONPATH=python python3 tools/bench/prefix_attention_bench.py [--no-flex] [--quick] [--kernels] [--b2b]
+        [--rounds R]
 
 Prints one line per row and a table; JSON to $OUT/prefix_attention.json when OUT is set. Each call
 is timed alone (the anchors' method: the device waits for the host's work before the first
 launch). With --b2b, forward + backward is also timed over ten calls queued back to back, per
 call (the host's time hidden, as in a training step); with --kernels, rlk's forward + backward is
-split into its kernels' CUDA times (torch profiler, five calls back to back)."""
+split into its kernels' CUDA times (torch profiler, five calls back to back); with --rounds R, every
+implementation's forward and forward + backward are timed again in R rotated rounds (rounds.py:
+no implementation always runs right after another's heat, the host's queueing time hidden), with
+their ratios to SDPA."""
 import argparse
 import json
 import os
@@ -26,6 +30,7 @@ from rlk.autograd import prefix_attention as rlk_attention  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_split import kernel_split  # noqa: E402
+from rounds import median, rotated_rounds  # noqa: E402
 
 dev = "cuda"
 ROWS = []
@@ -99,7 +104,8 @@ def rlk_calls(q, k, v, do, lay):
     return f, fb, (qa, ka, va)
 
 
-def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False, b2b=False):
+def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10, kernels=False, b2b=False,
+             rounds=0):
     case = "attn G%d (%d+%d)x%d Hq%d Hkv%d D%d" % (G, Lp, Lr, prompts, Hq, Hkv, D)
     lay = rlk.prefix_layout([Lp] * prompts, [[Lr] * G] * prompts)
     T = lay.tokens
@@ -185,6 +191,19 @@ def run_case(G, Lp, Lr, Hq, Hkv, D, prompts=1, flex=True, check=False, iters=10,
             row(case + " fwd+bwd b2b", "flex_attention shared-prefix mask", bench_b2b(flex_fb),
                 "back to back, per call")
 
+    if rounds:
+        # the same calls again, in rotated rounds (rounds.py): ratios free of the order they ran in
+        rc = [("fwd", "SDPA replicated prefix", sdpa_f), ("fwd+bwd", "SDPA replicated prefix", sdpa_fb),
+              ("fwd", RLK_IMPL, rlk_f), ("fwd+bwd", RLK_IMPL, rlk_fb)]
+        if flex:
+            rc += [("fwd", "flex_attention shared-prefix mask", flex_f),
+                   ("fwd+bwd", "flex_attention shared-prefix mask", flex_fb)]
+        times = rotated_rounds([fn for _, _, fn in rc], rounds)
+        sdpa = {p: median(t) for (p, impl, _), t in zip(rc, times) if impl.startswith("SDPA")}
+        for (p, impl, _), t in zip(rc, times):
+            row(case + " " + p + " rounds", impl, median(t), "median of %d rotated rounds (min %.3f), %.3fx SDPA" % (
+                rounds, min(t), median(t) / sdpa[p]))
+
     if check:
         # rlk vs SDPA in fp32 on the replicated layout (the prefix's upstream gradient on replica 0)
         repf = [x.detach().float().requires_grad_(True) for x in rep]
@@ -226,11 +245,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the main case only")
     ap.add_argument("--kernels", action="store_true", help="rlk's kernel times per case (torch profiler)")
     ap.add_argument("--b2b", action="store_true", help="also fwd+bwd timed over 10 calls back to back")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="also every implementation's calls in R rotated rounds (rounds.py)")
     a = ap.parse_args()
     print("GPU %s, torch %s, rlk %s" % (torch.cuda.get_device_name(), torch.__version__, rlk.version_string()))
     # numerics and repeatability on an odd case small enough for fp32 SDPA, then the timings
     run_case(5, 333, 129, 16, 4, 128, flex=False, check=True, iters=3)
-    opts = dict(kernels=a.kernels, b2b=a.b2b)
+    opts = dict(kernels=a.kernels, b2b=a.b2b, rounds=a.rounds)
     run_case(16, 4096, 512, 32, 8, 128, flex=not a.no_flex, **opts)
     if not a.quick:
         run_case(8, 1024, 1024, 32, 8, 128, flex=False, **opts)

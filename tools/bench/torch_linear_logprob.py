@@ -189,22 +189,10 @@ def fwd_bwd_rounds(h, w, y, dz, rounds, name):
                       autograd(lambda: liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum"))))
     except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
         print("Liger-Kernel unavailable:", repr(e)[:200])
-    for _, fn in cases:
-        for _ in range(2):
-            fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in cases]
-    for r in range(rounds):
-        for j in range(len(cases)):
-            i = (r + j) % len(cases)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(2_000_000)  # about a millisecond of device work while the host queues
-            a.record()
-            cases[i][1]()
-            b.record()
-            b.synchronize()
-            times[i].append(a.elapsed_time(b))
-    meds = [sorted(t)[len(t) // 2] for t in times]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rounds import median, rotated_rounds
+    times = rotated_rounds([fn for _, fn in cases], rounds)
+    meds = [median(t) for t in times]
     for (label, fn), t, med in zip(cases, times, meds):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
