@@ -1194,8 +1194,9 @@ typedef struct rlk_linear_logprob_backward_args {
   void *workspace;      /* rlk_linear_logprob_backward_workspace_size() bytes, 16-byte aligned */
   size_t workspace_bytes;
   int chunk;            /* vocabulary columns per chunk, a multiple of 64, rounded up to 256 on
-                         * sm_90a (0: the fewest chunks, of even widths, that keep the workspace
-                         * within 288 MiB) */
+                         * sm_90a (0: chosen with the workspace within 288 MiB: on sm_90a the
+                         * width whose tiles best fill the multiprocessors, elsewhere the fewest
+                         * chunks, of even widths) */
   /* sm_90a kernels' tile order: output tiles go in groups of `group` rows of tiles, column by
    * column inside a group, so that the blocks running together share operands in L2: 1 to 64
    * (0: 8). With chunk and group both 0, the tuning database's winner for the call's key. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/linear_logprob_chunk.h"
 #include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
 #include "ref/policy_loss_ref.h"
@@ -703,6 +704,35 @@ END_TEST
 
 /* The plan of each target: sm_90a gets the wgmma kernel, its tiled fallback and the combine;
  * other GPU targets the tiled kernel and the combine; the host its one fp64 kernel. */
+/* The sm_90a backward's chunk width: the cost model picks widths whose dz and dw tiles fill whole
+ * waves of the multiprocessors (what an H200 measured fastest), within [widest / 2, widest]. */
+START_TEST(sm90_chunk_model) {
+  rlk_ll_chunk_problem p = {8192, 4096, 151936, 1, 1, 132, 10240}; /* bf16 gradients: the sum's room */
+  const int64_t w = rlk_ll_bwd_sm90_chunk(&p);
+  ck_assert_int_eq(w, 8448);
+  ck_assert_int_eq((8192 / 128) * (w / 256) % 132, 0); /* dz: 2112 tiles, 16 waves */
+  ck_assert_int_eq((w / 128) * (4096 / 256) % 132, 0);  /* dw: 1056 tiles, 8 waves */
+  p.widest = 18432; /* f32 gradients: dz alone */
+  ck_assert_int_eq(rlk_ll_bwd_sm90_chunk(&p), 16896);
+  for (int sms = 1; sms <= 160; sms += 13) {
+    for (int64_t widest = 256; widest <= 40000; widest = widest * 3 + 256) {
+      const rlk_ll_chunk_problem q = {1000 + sms, 1000, 50001, sms % 2, 1, sms, widest};
+      const int64_t c = rlk_ll_bwd_sm90_chunk(&q);
+      const int64_t top = widest < 50176 ? widest : 50176; /* V rounded up to 256 */
+      ck_assert_int_eq(c % 256, 0);
+      ck_assert_int_ge(2 * c, top);
+      ck_assert_int_le(c, top);
+    }
+  }
+  /* no multiprocessor count (a compile-only context): the fewest chunks, even widths */
+  p.multiprocessors = 0;
+  p.widest = 10240;
+  ck_assert_int_eq(rlk_ll_bwd_sm90_chunk(&p), 10240); /* 15 chunks of 10129 columns, whole tiles */
+  p.widest = 18432;
+  ck_assert_int_eq(rlk_ll_bwd_sm90_chunk(&p), 16896);
+}
+END_TEST
+
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -1058,6 +1088,7 @@ Suite *linear_logprob_suite(void) {
   TCase *plan = tcase_create("plan");
   tcase_set_timeout(plan, 600);
   tcase_add_test(plan, plan_per_target);
+  tcase_add_test(plan, sm90_chunk_model);
   tcase_add_test(plan, samples_compile_every_target);
   suite_add_tcase(s, plan);
   TCase *gpu = tcase_create("gpu");

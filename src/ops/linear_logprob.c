@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/linear_logprob_chunk.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
 #include "tune/tune_db.h"
@@ -751,12 +752,19 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
   int64_t chunk = (asked_chunk + tile - 1) / tile * tile;
   if (!chunk) {
-    /* the fewest chunks whose dz fits beside the sum, then cut evenly (no short last chunk) */
+    /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost
+     * model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
     const int64_t room = LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes;
     int64_t most = room > 0 ? room / (dzs * k->N) / tile * tile : 0;
     if (most < tile) most = tile;
-    const int64_t chunks = (vpad + most - 1) / most;
-    chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
+    if (k->c.sm90) {
+      const rlk_ll_chunk_problem cp = {k->N, k->H, k->V, k->c.gh >= 0, k->c.gw >= 0,
+                                       ctx->target.multiprocessors, most};
+      chunk = rlk_ll_bwd_sm90_chunk(&cp);
+    } else {
+      const int64_t chunks = (vpad + most - 1) / most;
+      chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
+    }
   }
   if (chunk > vpad) chunk = vpad;
   k->chunk = chunk;
