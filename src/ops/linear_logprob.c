@@ -533,10 +533,10 @@ static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_
 #define LL_BWD_SM90_BM 128
 #define LL_BWD_SM90_BN 256
 #define LL_BWD_SM90_THREADS 384
-/* shared memory (templates/cuda/linear_logprob_bwd_sm90.cuh's ll_bwd_sm90): 4 stages of 48 KB, dz
- * (and dh, dw when their f32 outputs go by TMA) 32 KB more of staging for its stores, 1024 bytes
- * for the alignment */
-#define LL_BWD_SM90_SMEM_DZ (4u * 48u * 1024u + 32u * 1024u + 1024u)
+/* shared memory (templates/cuda/linear_logprob_bwd_sm90.cuh's ll_bwd_sm90): 4 stages of 48 KB; 32 KB
+ * more of staging for the kernels whose outputs leave by TMA (dz always, dh and dw where a map
+ * describes theirs); 1024 bytes for the alignment */
+#define LL_BWD_SM90_SMEM_STAGED (4u * 48u * 1024u + 32u * 1024u + 1024u)
 #define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u)
 
 #define LL_BWD_GROUP 8      /* the sm_90a tile order's default rows of tiles */
@@ -922,15 +922,16 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
                                  r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
       if ((st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn)) || (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))))
         return st;
-      /* the third map is dz's stores' (64 x 64 boxes); dh and dw do not read theirs */
+      /* the third map is the output's: dz's (64 x 64 boxes), dh's or grad_weight's when staged (any
+       * map otherwise, unread) */
       g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0, g.staged = 0;
       void *zargs[] = {m_hk, m_wk, m_zmn, &g};
-      if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_DZ, stream))) return st;
+      if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
       if (s_dh) {
         g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = dhs, g.accumulate = c0 > 0 || dh_add_first;
         g.staged = dh_staged;
         void *hargs[] = {m_zk, m_wmn, dh_staged ? m_dh : m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, dh_staged ? LL_BWD_SM90_SMEM_DZ : LL_BWD_SM90_SMEM,
+        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, dh_staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
                                      stream)))
           return st;
       }
@@ -943,7 +944,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
         if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
         void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_DZ : LL_BWD_SM90_SMEM,
+        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
                                      stream)))
           return st;
       }

@@ -116,6 +116,31 @@ RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
   return d;
 }
 
+/* The staging's two hands. ll_stage_take: the consumer's last stores have read its staging, which
+ * its 128 threads may write again. ll_stage_give: the written staging (two boxes) goes to TMA
+ * stores, or reduce-adds when `add`, at columns col0 and col0 + step of rows from m0w, issued by
+ * thread 0 of the consumer. */
+RLK_DEVICE void ll_stage_take(int tw, u32 barrier) {
+  if (tw == 0) sm90::tma_store_wait<0>();
+  sm90::bar_sync(barrier, 128);
+}
+RLK_DEVICE void ll_stage_give(const tensor_map *map_c, u8 *stage, i64 col0, i64 step, i64 m0w, int tw, u32 barrier,
+                              bool add) {
+  sm90::fence_proxy_async();
+  sm90::bar_sync(barrier, 128);
+  if (tw == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const i32 c0 = (i32)(col0 + step * b), c1 = (i32)m0w;
+      if (add)
+        sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+      else
+        sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
+    }
+    sm90::tma_store_commit();
+  }
+}
+
 /* A 16-bit output's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows
  * (r0 + 8 i, i = 0, 1 for this thread): value(i, j, e) is the element at row i, column
  * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]). The half is computed and packed into
@@ -137,9 +162,7 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
       const float a = value(i, j, 0), b = value(i, j, 1);
       packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
     }
-  /* the last stores have read the staging before it is written again */
-  if (tw == 0) sm90::tma_store_wait<0>();
-  sm90::bar_sync(barrier, 128);
+  ll_stage_take(tw, barrier);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rr = rl + 8 * i; /* the row in the consumer's 64 */
@@ -150,19 +173,7 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
           packed[i][jj];
     }
   }
-  sm90::fence_proxy_async();
-  sm90::bar_sync(barrier, 128);
-  if (tw == 0) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const i32 c0 = (i32)(n0 + 128 * HALF + 64 * b), c1 = (i32)m0w;
-      if (add)
-        sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
-      else
-        sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
-    }
-    sm90::tma_store_commit();
-  }
+  ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, tw, barrier, add);
 }
 
 /* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread): each logit turned into its
@@ -200,9 +211,7 @@ template <int Q>
 RLK_DEVICE void ll_f32_quarter(const tensor_map *map_c, const float (&acc)[ll_bwd_sm90::BN / 2], u8 *stage, i64 m0w,
                                i64 n0, int rl, int tw, u32 barrier, bool add) {
   const int l = tw % 32;
-  /* the last stores have read the staging before it is written again */
-  if (tw == 0) sm90::tma_store_wait<0>();
-  sm90::bar_sync(barrier, 128);
+  ll_stage_take(tw, barrier);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rr = rl + 8 * i;
@@ -216,19 +225,7 @@ RLK_DEVICE void ll_f32_quarter(const tensor_map *map_c, const float (&acc)[ll_bw
       *(f32x2 *)(stage + (u32)(jj / 4) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 2) * 8u) = v;
     }
   }
-  sm90::fence_proxy_async();
-  sm90::bar_sync(barrier, 128);
-  if (tw == 0) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const i32 c0 = (i32)(n0 + 64 * Q + 32 * b), c1 = (i32)m0w;
-      if (add)
-        sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
-      else
-        sm90::tma_store_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
-    }
-    sm90::tma_store_commit();
-  }
+  ll_stage_give(map_c, stage, n0 + 64 * Q, 32, m0w, tw, barrier, add);
 }
 
 /* dh's or dw's epilogue: a consumer thread's rows r0 and r0 + 8 from its accumulators
