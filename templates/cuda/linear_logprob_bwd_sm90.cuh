@@ -40,8 +40,8 @@
 #define RLK_LINEAR_LOGPROB_BWD_SM90_CUH
 
 #include "hopper_tma.cuh"
-#include "hopper_wgmma.cuh"
 #include "linear_logprob_common.cuh"
+#include "linear_logprob_sm90_tile.cuh"
 
 #if defined(RLK_CUDA)
 namespace rlk {
@@ -51,10 +51,8 @@ RLK_PARAMS_DECLARE(BwdSm90Params, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS
 }
 
 /* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
-struct ll_bwd_sm90 {
-  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384, GROUP = 8;
-  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, BOX = 64u * 128u;
-  static constexpr u32 STAGE = ABYTES + BBYTES;
+struct ll_bwd_sm90 : ll_sm90 {
+  static constexpr int GROUP = 8;
   static constexpr int STAGES = 4;
   static constexpr u32 STAGING = 2u * 2u * BOX; /* dz: two consumers x two 64 x 64 16-bit boxes */
   enum { DZ = 0, DH = 1, DW = 2 };
@@ -351,30 +349,7 @@ __global__ void __launch_bounds__(384, 1)
       row[0] = ll_dz_row_inputs<L, ENTROPY>(p_, r0);
       row[1] = ll_dz_row_inputs<L, ENTROPY>(p_, r0 + 8);
     }
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const u32 s = it % STAGES;
-      sm90::mbar_wait(&full[s], (it / STAGES) & 1u);
-      const u8 *a = smem + s * STAGE, *b = a + ABYTES;
-      const u64 da = TA == 0 ? sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024)
-                             : sm90::smem_desc_mn(a + cw * BOX, BOX);
-      const u64 db = TB == 0 ? sm90::smem_desc(b, sm90::SWIZZLE_128B, 0, 1024) : sm90::smem_desc_mn(b, BOX);
-      constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
-      sm90::wgmma_fence();
-      /* the tile's first product overwrites acc (scale-d 0): no zeroing between tiles */
-#pragma unroll
-      for (int k = 0; k < BK / 16; ++k)
-        sm90::wgmma<BN>::template ss<AB, TA, TB>(acc, sm90::desc_advance(da, ASTEP * k),
-                                                 sm90::desc_advance(db, BSTEP * k), (kb > 0 || k > 0) ? 1u : 0u);
-      sm90::wgmma_commit();
-      if (kb > 0) {
-        /* the previous stage's products are done: hand it back */
-        sm90::wgmma_wait<1>();
-        if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
-      }
-    }
-    sm90::wgmma_wait<0>();
-    if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
-    sm90::wgmma_fence_operands(acc);
+    ll_sm90_tile_products<STAGES, AB, TA, TB>(acc, full, empty, smem, cw, l, kblocks, it);
     if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);

@@ -17,18 +17,11 @@
 #define RLK_LINEAR_LOGPROB_SM90_CUH
 
 #include "hopper_tma.cuh"
-#include "hopper_wgmma.cuh"
 #include "linear_logprob_common.cuh"
+#include "linear_logprob_sm90_tile.cuh"
 
 #if defined(RLK_CUDA)
 namespace rlk {
-
-/* Tile shape and ring (the host's launch shape mirrors these: src/ops/linear_logprob.c). */
-struct ll_sm90 {
-  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
-  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2;
-  static constexpr u32 STAGE = ABYTES + BBYTES;
-};
 
 /* The tensor maps stay parameters of their own, ahead of the struct: 128 opaque bytes, 64-byte
  * aligned, that the driver encodes (no type a field list spells on every side), and
@@ -98,28 +91,7 @@ __global__ void __launch_bounds__(384, 1)
   u32 it = 0;
   for (int t = 0; t < ntiles; ++t) {
     const i64 col0 = v_begin + (i64)t * BN;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const u32 s = it % STAGES;
-      sm90::mbar_wait(&full[s], (it / STAGES) & 1u);
-      const u8 *a = smem + s * STAGE;
-      const u64 da = sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024);
-      const u64 db = sm90::smem_desc(a + ABYTES, sm90::SWIZZLE_128B, 0, 1024);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < BK / 16; ++k)
-        sm90::wgmma<BN>::template ss<AB, 0, 0>(acc, sm90::desc_advance(da, 32u * k),
-                                               sm90::desc_advance(db, 32u * k),
-                                               (kb > 0 || k > 0) ? 1u : 0u);
-      sm90::wgmma_commit();
-      if (kb > 0) {
-        /* the previous stage's products are done: hand it back */
-        sm90::wgmma_wait<1>();
-        if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
-      }
-    }
-    sm90::wgmma_wait<0>();
-    if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
-    sm90::wgmma_fence_operands(acc);
+    ll_sm90_tile_products<STAGES, AB, 0, 0>(acc, full, empty, smem, cw, l, kblocks, it);
 
     if (col0 + BN > V) {
       /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten

@@ -1,0 +1,62 @@
+/* linear_logprob_sm90_tile.cuh - what rlk_linear_logprob's sm_90a kernels (the forward and the
+ * backward's three products) share: the 128 x 256 tile and its ring of 48 KB stages, and a consumer
+ * warpgroup's walk down a tile's K.
+ *
+ * A stage holds A's box (128 rows x 64 K, 16 KB) and then B's (256 x 64, 32 KB); an operand is
+ * K-major (one box, 128-byte swizzle) or MN-major (boxes of 64 MN columns x 64 K rows,
+ * hopper_wgmma.cuh's smem_desc_mn). Consumer warpgroup cw multiplies A's rows [64 cw, 64 cw + 64)
+ * by B's 256 columns (wgmma m64n256k16, 128 f32 accumulators a thread). */
+#ifndef RLK_LINEAR_LOGPROB_SM90_TILE_CUH
+#define RLK_LINEAR_LOGPROB_SM90_TILE_CUH
+
+#include "hopper_mbarrier.cuh"
+#include "hopper_wgmma.cuh"
+
+#if defined(RLK_CUDA)
+namespace rlk {
+
+/* Tile shape and ring (src/ops/linear_logprob.c mirrors the launch shapes and shared memory). */
+struct ll_sm90 {
+  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
+  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, BOX = 64u * 128u;
+  static constexpr u32 STAGE = ABYTES + BBYTES;
+};
+
+/* One tile's products for consumer warpgroup cw (lane l of its warp): the K steps [0, kblocks)
+ * from ring positions it, it + 1, ... (it advances past them; the ring runs on across tiles). The
+ * tile's first product overwrites acc (scale-d 0): no zeroing between tiles. Each stage goes back
+ * to the producer (empty) once the products reading it are done; at the end acc is complete. TA,
+ * TB: 0 K-major, 1 MN-major; AB: the wgmma input type. */
+template <int STAGES, int AB, int TA, int TB>
+RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, u64 *empty, const u8 *smem, int cw,
+                                      int l, int kblocks, u32 &it) {
+  typedef ll_sm90 C;
+  constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
+  for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    const u32 s = it % STAGES;
+    sm90::mbar_wait(&full[s], (it / STAGES) & 1u);
+    const u8 *a = smem + s * C::STAGE, *b = a + C::ABYTES;
+    const u64 da = TA == 0 ? sm90::smem_desc(a + cw * 64 * 128, sm90::SWIZZLE_128B, 0, 1024)
+                           : sm90::smem_desc_mn(a + cw * C::BOX, C::BOX);
+    const u64 db = TB == 0 ? sm90::smem_desc(b, sm90::SWIZZLE_128B, 0, 1024) : sm90::smem_desc_mn(b, C::BOX);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < C::BK / 16; ++k)
+      sm90::wgmma<C::BN>::template ss<AB, TA, TB>(acc, sm90::desc_advance(da, ASTEP * k),
+                                                  sm90::desc_advance(db, BSTEP * k), (kb > 0 || k > 0) ? 1u : 0u);
+    sm90::wgmma_commit();
+    if (kb > 0) {
+      /* the previous stage's products are done: hand it back */
+      sm90::wgmma_wait<1>();
+      if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+    }
+  }
+  sm90::wgmma_wait<0>();
+  if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+  sm90::wgmma_fence_operands(acc);
+}
+
+} /* namespace rlk */
+#endif /* RLK_CUDA */
+
+#endif /* RLK_LINEAR_LOGPROB_SM90_TILE_CUH */
