@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/linear_logprob_chunk.h"
+#include "ops/linear_logprob_plan.h"
 #include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
 #include "ref/policy_loss_ref.h"

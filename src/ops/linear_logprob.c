@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "ops/linear_logprob_chunk.h"
+#include "ops/linear_logprob_plan.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
 #include "tune/tune_db.h"
@@ -63,7 +63,6 @@ static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 #define LL_TILED_BM 64
 #define LL_TILED_THREADS 256
 #define LL_COMBINE_THREADS 256
-#define LL_SPLIT_COLS 256 /* a split covers a multiple of this many columns */
 #define LL_RECORD_BYTES 16
 
 static const rlk_param_decl ll_sm90_params[] = {
@@ -163,31 +162,6 @@ static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choic
   ch->combine.values[1] = c->entropy;
   rlk_status st = rlk_spec_validate(&ch->gemm);
   return st ? st : rlk_spec_validate(&ch->combine);
-}
-
-/* The vocabulary split: the fewest splits that reach the least (waves x tiles per split) for
- * `row_blocks` blocks of rows on `slots` concurrently resident blocks. */
-static void ll_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
-                      int64_t *cols_per_split) {
-  const int64_t tiles = (V + LL_SPLIT_COLS - 1) / LL_SPLIT_COLS;
-  int64_t best = 1;
-  if (asked > 0) {
-    best = asked < tiles ? asked : tiles;
-  } else {
-    int64_t best_cost = -1;
-    for (int64_t s = 1; s <= tiles && s <= 4096; s++) {
-      const int64_t per = (tiles + s - 1) / s;
-      const int64_t waves = (row_blocks * s + slots - 1) / slots;
-      const int64_t cost = waves * per;
-      if (best_cost < 0 || cost < best_cost) {
-        best_cost = cost;
-        best = s;
-      }
-    }
-  }
-  const int64_t per = (tiles + best - 1) / best;
-  *cols_per_split = per * LL_SPLIT_COLS;
-  *splits = (tiles + per - 1) / per;
 }
 
 /* [rows, cols] with contiguous rows; writes the row stride. */
@@ -324,7 +298,7 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
   k->row_blocks = (k->N + bm - 1) / bm;
   if (k->row_blocks > 65535 * 1024)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)k->N);
-  ll_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
+  rlk_ll_fwd_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
   if (k->splits > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %lld exceeds 65535", (long long)k->splits);
   k->workspace = (size_t)k->splits * (size_t)k->N * LL_RECORD_BYTES;

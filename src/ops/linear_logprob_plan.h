@@ -1,9 +1,18 @@
-/* linear_logprob_chunk.h - how wide a vocabulary chunk rlk_linear_logprob_backward's sm_90a kernels
- * take when the call leaves it to them. */
-#ifndef RLK_LINEAR_LOGPROB_CHUNK_H
-#define RLK_LINEAR_LOGPROB_CHUNK_H
+/* linear_logprob_plan.h - how rlk_linear_logprob cuts its work when the call leaves it to it: the
+ * forward's vocabulary splits and the backward's sm_90a chunk width, both from the whole waves of
+ * blocks a launch takes. */
+#ifndef RLK_LINEAR_LOGPROB_PLAN_H
+#define RLK_LINEAR_LOGPROB_PLAN_H
 
 #include <stdint.h>
+
+#define RLK_LL_SPLIT_COLS 256 /* a forward split covers a multiple of this many columns */
+
+/* The forward's vocabulary split: `asked` splits (capped at the 256-column tiles), or with 0 the
+ * fewest splits that reach the least (waves x tiles per split) for `row_blocks` blocks of rows on
+ * `slots` concurrently resident blocks. Writes the splits and the columns each covers. */
+void rlk_ll_fwd_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
+                       int64_t *cols_per_split);
 
 /* The backward's shape as the chunk choice sees it: N tokens, H hidden, V vocabulary; which
  * gradients are asked for; the device's multiprocessors (one persistent block each); the widest
