@@ -1224,14 +1224,35 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
                                                const rlk_linear_logprob_backward_args *args,
                                                void *stream);
 
-/* The policy loss from the LM head's inputs, forward and backward in one call: rlk_linear_logprob
- * (the log-probs, and the entropy when the loss has an entropy bonus), rlk_policy_loss on them,
- * and rlk_linear_logprob_backward of the loss's gradients to grad_hidden and grad_weight. The
- * logits are never stored (the backward recomputes them a vocabulary chunk at a time); the
- * log-probs, the entropy and their gradients live in the workspace unless the caller asks for the
- * forward's outputs. Token i of the loss's layout is row i of hidden: [B, T] tensors (B T = N) are
- * read in row-major order, packed [N] ones as they are. No call synchronizes or allocates; the
- * four to six launches are capturable in a CUDA graph. */
+/* The policy loss from the LM head's inputs, forward and backward in one call, by one of two
+ * paths (rlk_linear_policy_loss_path):
+ *   RECOMPUTE     rlk_linear_logprob (the log-probs, and the entropy when the loss has an entropy
+ *                 bonus), rlk_policy_loss on them, and rlk_linear_logprob_backward of the loss's
+ *                 gradients, which recomputes the logits a vocabulary chunk at a time: four
+ *                 products of the head's size.
+ *   TOKEN_CHUNKS  (sm_90a) token chunks of chunk_tokens rows, in order: the chunk's logits over
+ *                 the whole vocabulary stored once in the inputs' 16-bit dtype (within the same
+ *                 288 MiB the backward's chunk takes), its log-probs, its tokens' loss gradients
+ *                 (rlk_policy_loss on the chunk with the call's normalizers), the logits turned
+ *                 into their gradient in place, then the chunk's grad_hidden rows and its part of
+ *                 grad_weight: three products. loss and metrics come from one rlk_policy_loss
+ *                 over all tokens at the end (and, for token-mean with a mask and no normalizer,
+ *                 one before the chunks for the mask count). It takes: grad_weight absent or f32;
+ *                 a per-token loss (ppo, cispo, sapo, reinforce; not seq-mean-token-mean, not
+ *                 per-sequence advantages); the loss's per-token tensors contiguous over the N
+ *                 tokens; tensor maps for hidden and weight.
+ *   AUTO          TOKEN_CHUNKS where it runs and H >= 4096 (narrower heads leave multiprocessors
+ *                 idle in a chunk's dh), else RECOMPUTE.
+ * The log-probs, the entropy and their gradients live in the workspace unless the caller asks for
+ * the forward's outputs. Token i of the loss's layout is row i of hidden: [B, T] tensors (B T = N)
+ * are read in row-major order, packed [N] ones as they are. No call synchronizes or allocates;
+ * the launches are capturable in a CUDA graph. */
+typedef enum rlk_linear_policy_loss_path {
+  RLK_LPL_AUTO = 0,
+  RLK_LPL_RECOMPUTE = 1,
+  RLK_LPL_TOKEN_CHUNKS = 2
+} rlk_linear_policy_loss_path;
+
 typedef struct rlk_linear_policy_loss_args {
   /* hidden [N, H], weight [V, H], labels [N], temperature, ignore_index, variant and splits as
    * in rlk_linear_logprob_args. Its logp, lse and entropy are optional outputs (absent: kept in
@@ -1251,6 +1272,10 @@ typedef struct rlk_linear_policy_loss_args {
   int accumulate;
   int chunk;
   int group;
+  /* The path (AUTO chooses; TOKEN_CHUNKS where it cannot run is an error saying why) and the
+   * token chunks' rows (0 chooses; else a multiple of 64, within the 288 MiB of stored logits). */
+  rlk_linear_policy_loss_path path;
+  int chunk_tokens;
   /* Device scratch of rlk_linear_policy_loss_workspace_size() bytes, 16-byte aligned. */
   void *workspace;
   size_t workspace_bytes;

@@ -733,6 +733,29 @@ START_TEST(sm90_chunk_model) {
 }
 END_TEST
 
+/* The token chunks' rows: whole multiples of 64 between half the widest and the widest (or all
+ * rows, rounded up), the most the budget allows where dw's read-modify-write of grad_weight is
+ * what a chunk costs; without a multiprocessor count, the widest cut evenly. */
+START_TEST(token_chunk_model) {
+  /* H200, N 8192, H 4096, V 151936: dw's 5 GB read-modify-write a chunk makes fewer chunks pay */
+  const int64_t r = rlk_ll_token_chunk(8192, 4096, 151936, 1, 1, 132, 960);
+  ck_assert_int_eq(r % 64, 0);
+  ck_assert_int_ge(r, 896);
+  ck_assert_int_le(r, 960);
+  for (int sms = 1; sms <= 160; sms += 13)
+    for (int64_t widest = 64; widest <= 5000; widest = widest * 3 + 64)
+      for (int64_t n = 1; n <= 9000; n = n * 4 + 3) {
+        const int64_t c = rlk_ll_token_chunk(n, 1000 + sms, 50001, sms % 2, 1, sms, widest);
+        const int64_t npad = (n + 63) / 64 * 64, top = widest < npad ? widest : npad;
+        ck_assert_int_eq(c % 64, 0);
+        ck_assert_int_ge(2 * c, top);
+        ck_assert_int_le(c, top);
+      }
+  ck_assert_int_eq(rlk_ll_token_chunk(8192, 4096, 151936, 1, 1, 0, 960), 960); /* 9 chunks, the last of 512 */
+  ck_assert_int_eq(rlk_ll_token_chunk(100, 4096, 151936, 1, 1, 0, 960), 128);
+}
+END_TEST
+
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -799,9 +822,11 @@ RLK_SAMPLES_CASE("linear_logprob", &rlk_op_linear_logprob)
 /* The PPO loss (clip 0.2 / 0.28, dual clip 3, k3 KL, an entropy bonus) of B x T tokens straight from
  * hidden states, against an fp64 chain built from the references alone: the head's log-probs and
  * entropy (ll_ref_row), the loss and its gradients (plref_rlk), the head's gradients
- * (ll_check_grads). Ignored labels are masked out. */
+ * (ll_check_grads). Ignored labels are masked out. path and chunk_tokens as the call's; count: the
+ * token-mean normalizer left to the call (the mask's count), else 9. */
 static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, int64_t H, rlk_dtype dt,
-                            float temp, uint64_t seed) {
+                            float temp, uint64_t seed, rlk_linear_policy_loss_path path, int chunk_tokens,
+                            int count) {
   uint64_t rng = seed;
   const int64_t N = B * T;
   uint16_t *h = malloc((size_t)(N * H) * 2), *w = malloc((size_t)(V * H) * 2);
@@ -833,7 +858,12 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
     f_old[i] = (float)old[i], f_adv[i] = (float)adv[i], f_ref[i] = (float)ref[i];
     m8[i] = (uint8_t)mask[i];
   }
-  const double norm = 9.0, kl_coef = 0.05, ent_coef = 0.01;
+  double norm = 9.0;
+  const double kl_coef = 0.05, ent_coef = 0.01;
+  if (count) {
+    norm = 0.0;
+    for (int64_t i = 0; i < N; i++) norm += mask[i];
+  }
   plref_batch pb = {B, T, lp, old, adv, 0, mask, ref, ent, NULL};
   plref_params pp;
   memset(&pp, 0, sizeof pp);
@@ -867,8 +897,10 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   a.loss.mask = rlk_tensor_2d(dm, RLK_BOOL, B, T, T);
   a.loss.clip_low = 0.2, a.loss.clip_high = 0.28, a.loss.dual_clip = 3.0;
   a.loss.kl_estimator = RLK_KL_K3, a.loss.kl_coef = kl_coef, a.loss.entropy_coef = ent_coef;
-  a.loss.agg = RLK_AGG_TOKEN_MEAN, a.loss.token_normalizer = norm;
+  a.loss.agg = RLK_AGG_TOKEN_MEAN, a.loss.token_normalizer = count ? 0.0 : norm;
   a.loss.loss = rlk_tensor_1d(dloss, RLK_F32, 1);
+  a.path = path;
+  a.chunk_tokens = chunk_tokens;
   a.loss.metrics = rlk_tensor_1d((float *)dloss + 1, RLK_F32, RLK_POLICY_LOSS_METRICS);
   a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
   a.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
@@ -896,9 +928,11 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
                 "clipfrac %.7g, fp64 %.7g", (double)got_loss[1 + RLK_PL_METRIC_CLIPFRAC], po.metrics[RLK_PL_METRIC_CLIPFRAC]);
   const ll_gradref r = {h, w, dt, lab, N, V, H, temp, glp, gent, RLK_F32, got_h, got_w, NULL, NULL, 0};
   ll_check_grads(ctx, &r);
-  printf("linear_policy_loss %s B=%lld T=%lld V=%lld H=%lld %s: loss %.6g (fp64 %.6g), workspace %zu B\n",
+  printf("linear_policy_loss %s B=%lld T=%lld V=%lld H=%lld %s path %d chunk_tokens %d%s: loss %.6g (fp64 %.6g), "
+         "workspace %zu B\n",
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)B, (long long)T, (long long)V,
-         (long long)H, rlk_dtype_name(dt), (double)got_loss[0], po.loss, wsb);
+         (long long)H, rlk_dtype_name(dt), (int)path, chunk_tokens, count ? " (mask count)" : "", (double)got_loss[0],
+         po.loss, wsb);
   ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dold), ll_drop(ctx, dadv), ll_drop(ctx, dref);
   ll_drop(ctx, dm), ll_drop(ctx, dloss), ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlogp);
   rlk_free(ctx, ws);
@@ -908,8 +942,8 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
 
 START_TEST(host_policy_loss) {
   rlk_context *ctx = rlk_test_host_context();
-  ll_policy_check(ctx, 3, 5, 301, 40, RLK_BF16, 0.8f, rlk_test_seed() ^ 0x71u);
-  ll_policy_check(ctx, 2, 7, 128, 64, RLK_F16, 1.0f, rlk_test_seed() ^ 0x72u);
+  ll_policy_check(ctx, 3, 5, 301, 40, RLK_BF16, 0.8f, rlk_test_seed() ^ 0x71u, RLK_LPL_AUTO, 0, 0);
+  ll_policy_check(ctx, 2, 7, 128, 64, RLK_F16, 1.0f, rlk_test_seed() ^ 0x72u, RLK_LPL_AUTO, 0, 1);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -949,6 +983,18 @@ START_TEST(policy_loss_bad_arguments) {
   b.head.partials = rlk_tensor_2d(old, RLK_F32, 1, 4, 4);
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "partials"));
+  b = a;
+  b.path = (rlk_linear_policy_loss_path)7;
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "path"));
+  b = a;
+  b.chunk_tokens = 100;
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "chunk_tokens"));
+  b = a;
+  b.path = RLK_LPL_TOKEN_CHUNKS; /* the host has no token chunks */
+  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "token chunks"));
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(NULL, &a, &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_linear_policy_loss(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
   rlk_context_destroy(ctx);
@@ -1033,8 +1079,18 @@ START_TEST(gpu_backward) {
   ck_assert(memcmp(h1, h2, 129 * 200 * 2) == 0);
   ck_assert(memcmp(w1, w2, 5000 * 200 * 2) == 0);
   free(h1), free(w1), free(h2), free(w2);
-  /* the whole policy loss from hidden states: the wgmma kernels (rows of 128 bytes and more) */
-  ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 11);
+  /* the whole policy loss from hidden states: the wgmma kernels (rows of 128 bytes and more),
+   * recomputing the logits; then the token chunks on sm_90a (three chunks, the last of 4 rows;
+   * then V and H off every tile, chunks of 256, 256 and 88 rows; then the call's own rows, one
+   * chunk, the mask's count) */
+  ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 11, RLK_LPL_RECOMPUTE, 0, 0);
+  if (ctx->target.features & RLK_TARGET_WGMMA) {
+    ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 16, RLK_LPL_TOKEN_CHUNKS, 64, 1);
+    ll_policy_check(ctx, 3, 200, 4099, 328, RLK_F16, 1.0f, seed + 17, RLK_LPL_TOKEN_CHUNKS, 256, 0);
+    ll_policy_check(ctx, 2, 300, 2999, 2048, RLK_BF16, 0.8f, seed + 18, RLK_LPL_TOKEN_CHUNKS, 0, 1);
+  } else {
+    printf("linear_policy_loss token chunks: skipped (needs sm_90a)\n");
+  }
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1089,6 +1145,7 @@ Suite *linear_logprob_suite(void) {
   tcase_set_timeout(plan, 600);
   tcase_add_test(plan, plan_per_target);
   tcase_add_test(plan, sm90_chunk_model);
+  tcase_add_test(plan, token_chunk_model);
   tcase_add_test(plan, samples_compile_every_target);
   suite_add_tcase(s, plan);
   TCase *gpu = tcase_create("gpu");

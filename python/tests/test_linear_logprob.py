@@ -153,3 +153,29 @@ def test_policy_loss_is_the_three_calls(place, rng, entropy_coef):
         assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))
     with pytest.raises(rlk.InvalidArgument, match="tokens"):
         rlk.linear_policy_loss(h, w, y, o[:2], a[:2], m[:2])
+
+
+@pytest.mark.skipif(not rlk.OPS["linear_policy_loss"].available(),
+                    reason="the loaded librlk has no rlk_linear_policy_loss")
+def test_policy_loss_token_chunks(place, rng):
+    """The token chunks (sm_90a) give the recompute path's loss, log-probs and gradients within
+    16-bit rounding of the logits' gradient; elsewhere asking for them is refused with the reason."""
+    B, T, V, H = 2, 100, 1500, 128
+    hidden, weight, labels = make(rng, B * T, V, H)
+    old = (rng.standard_normal((B, T)) * 0.3 - 6.5).astype(np.float32)
+    adv = rng.standard_normal((B, T)).astype(np.float32)
+    mask = (labels.reshape(B, T) != -100) & (rng.random((B, T)) > 0.2)
+    h, w, y, o, a, m = (place.to(x) for x in (hidden, weight, labels, old, adv, mask))
+    with pytest.raises(ValueError, match="path"):
+        rlk.linear_policy_loss(h, w, y, o, a, m, path="stored")
+    want = rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="recompute")
+    try:
+        got = rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="token_chunks", chunk_tokens=64)
+    except rlk.InvalidArgument as e:
+        assert "token chunks" in str(e)
+        pytest.skip(f"no token chunks here: {e}")
+    for x, ref, tol in ((got.loss, want.loss, 1e-5), (got.logp, want.logp, 1e-5),
+                        (got.grad_hidden, want.grad_hidden, 1e-2), (got.grad_weight, want.grad_weight, 1e-2)):
+        g = np.asarray(place.back(x), np.float64)
+        r = np.asarray(place.back(ref), np.float64)
+        assert np.abs(g - r).max() <= tol * (np.abs(r).max() + 1e-12)

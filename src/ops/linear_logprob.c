@@ -27,6 +27,7 @@
 
 #include "core/core.h"
 #include "ops/linear_logprob_plan.h"
+#include "ops/linear_logprob_stored.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
 #include "tune/tune_db.h"
@@ -44,6 +45,7 @@ RLK_PARAMS_DECLARE(ll_bwd_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
 
@@ -491,11 +493,12 @@ static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_
                                               "host/linear_logprob_bwd.c", LL_N(ll_bwd_host_params),
                                               ll_bwd_host_params};
 
-/* sm_90a: one kernel, the product chosen by kind (LL_BWD_DZ / DH / DW); the settings a kind does
- * not read are given as labels=i32, entropy=0, gw=f32, so that each kind has one spelling. */
-enum { LL_BWD_DZ = 0, LL_BWD_DH = 1, LL_BWD_DW = 2 };
+/* sm_90a: one kernel, the product chosen by kind (LL_BWD_DZ / DH / DW, and LL_BWD_LOGITS for the
+ * token chunks); the settings a kind does not read are given as labels=i32, entropy=0, gw=f32,
+ * so that each kind has one spelling (gw: the output's dtype, dh's too in the token chunks). */
+enum { LL_BWD_DZ = 0, LL_BWD_DH = 1, LL_BWD_DW = 2, LL_BWD_LOGITS = 3 };
 static const rlk_param_decl ll_bwd_sm90_params[] = {
-    {"kind", RLK_PARAM_INT, 0, 2, 0, 0, NULL},
+    {"kind", RLK_PARAM_INT, 0, 3, 0, 0, NULL},
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
     {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
     {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -504,6 +507,23 @@ static const rlk_param_decl ll_bwd_sm90_params[] = {
 static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_bwd_sm90",
                                               "cuda/linear_logprob_bwd_sm90.cuh", NULL,
                                               LL_N(ll_bwd_sm90_params), ll_bwd_sm90_params};
+/* the token chunks' u -> dz (templates/cuda/linear_logprob_stored.cuh) */
+static const rlk_param_decl ll_stored_dz_params[] = {
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob_stored_dz",
+                                               "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
+                                               ll_stored_dz_params};
+/* ... and their records' combine, a warp a row (the combine's schema) */
+static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_logprob_stored_combine",
+                                                    "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_combine_params),
+                                                    ll_combine_params};
+#define LL_STORED_VEC 8    /* columns a thread (RLK_LL_STORED_VEC) */
+#define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
+#define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
+
 #define LL_BWD_SM90_BM 128
 #define LL_BWD_SM90_BN 256
 #define LL_BWD_SM90_THREADS 384
@@ -983,10 +1003,182 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* Token chunks (linear_logprob_stored.h)                                              */
+/* ---------------------------------------------------------------------------------- */
+
+int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk_tensor *weight, const char **why) {
+  if (!ll_wgmma_target(ctx)) {
+    *why = "needs an sm_90a target";
+    return 0;
+  }
+  int64_t N, H, V, hs, ws, wH;
+  if (ll_check_matrix(hidden, "hidden", &N, &H, &hs) || ll_check_matrix(weight, "weight", &V, &wH, &ws)) {
+    rlk_error_clear();
+    *why = "hidden or weight is no matrix the kernels take";
+    return 0;
+  }
+  const rlk_tma_desc_request r[4] = {ll_tma_req(hidden->data, hidden->dtype, N, H, hs, LL_BWD_SM90_BM),
+                                     ll_tma_req(hidden->data, hidden->dtype, N, H, hs, 64),
+                                     ll_tma_req(weight->data, weight->dtype, V, H, ws, LL_BWD_SM90_BN),
+                                     ll_tma_req(weight->data, weight->dtype, V, H, ws, 64)};
+  for (int i = 0; i < 4; i++)
+    if (rlk_tma_check(&r[i]) != RLK_OK) {
+      rlk_error_clear();
+      *why = i < 2 ? "no tensor map for hidden" : "no tensor map for weight";
+      return 0;
+    }
+  return 1;
+}
+
+static int64_t ll_stored_pitch(int64_t V) { return (V + LL_STORED_PITCH - 1) / LL_STORED_PITCH * LL_STORED_PITCH; }
+
+size_t rlk_ll_stored_workspace(int64_t rows, int64_t V) {
+  const int64_t tiles = (V + LL_STORED_TILE - 1) / LL_STORED_TILE;
+  return ll_align256((size_t)(rows * ll_stored_pitch(V) * 2)) + ll_align256((size_t)(tiles * rows) * LL_RECORD_BYTES);
+}
+
+/* The chunk's pieces: u, the records, and hidden / labels from row r0. */
+typedef struct ll_stored_chunk {
+  int64_t N, H, V, hs, ws, ls, pitch;
+  void *u, *records;
+  const void *hidden, *labels;
+} ll_stored_chunk;
+
+static void ll_stored_chunk_of(const rlk_ll_stored *s, int64_t r0, ll_stored_chunk *c) {
+  int64_t wH;
+  ll_check_matrix(&s->hidden, "hidden", &c->N, &c->H, &c->hs); /* checked by rlk_ll_stored_ok */
+  ll_check_matrix(&s->weight, "weight", &c->V, &wH, &c->ws);
+  c->ls = s->labels.ndim == 1 ? s->labels.strides[0] : 1;
+  c->pitch = ll_stored_pitch(c->V);
+  c->u = s->workspace;
+  c->records = (char *)s->workspace + ll_align256((size_t)(s->rows * c->pitch * 2));
+  c->hidden = (const char *)s->hidden.data + (size_t)(r0 * c->hs) * 2u;
+  c->labels = (const char *)s->labels.data + (size_t)(r0 * c->ls) * rlk_dtype_size(s->labels.dtype);
+}
+
+rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, void *stream) {
+  ll_stored_chunk c;
+  ll_stored_chunk_of(s, r0, &c);
+  if (r0 == 0 && rlk_record_enabled())
+    ll_record(3, s->hidden.dtype, s->labels.dtype, s->entropy,
+              s->grad_hidden.data && s->grad_hidden.dtype != RLK_F32, RLK_LINEAR_LOGPROB_AUTO, 0);
+  const rlk_dtype dt = s->hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, hd, s->labels.dtype, s->entropy, 0}},
+                        cb = {&ll_stored_combine_tmpl, {s->labels.dtype, s->entropy}};
+  rlk_status st;
+  if ((st = rlk_spec_validate(&lg)) || (st = rlk_spec_validate(&cb))) return st;
+  _Alignas(64) unsigned char m_h[128], m_w[128], m_u[128];
+  const rlk_tma_desc_request r_h = ll_tma_req(c.hidden, dt, n, c.H, c.hs, LL_BWD_SM90_BM),
+                             r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_BWD_SM90_BN),
+                             r_u = ll_tma_req(c.u, dt, n, c.V, c.pitch, 64);
+  if ((st = rlk_context_tensor_map(ctx, &r_h, m_h)) || (st = rlk_context_tensor_map(ctx, &r_w, m_w)) ||
+      (st = rlk_context_tensor_map(ctx, &r_u, m_u)))
+    return st;
+  ll_bwd_sm90_args g = {0};
+  g.labels = c.labels, g.label_stride = c.ls, g.V = c.V, g.ignore_index = s->ignore_index;
+  g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
+  g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records;
+  void *largs[] = {m_h, m_w, m_u, &g};
+  if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, largs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
+  ll_combine_args k = {0};
+  k.partials = c.records;
+  k.S = g.tiles_n;
+  k.N = n;
+  k.V = c.V;
+  k.cols_per_split = LL_STORED_TILE;
+  k.labels = c.labels;
+  k.label_stride = c.ls;
+  k.ignore_index = s->ignore_index;
+  k.logp = s->logp + r0;
+  k.lse = s->lse + r0;
+  k.entropy = s->entropy ? s->ent + r0 : NULL;
+  k.status = s->status;
+  k.temperature = s->temperature;
+  void *kargs[] = {&k};
+  const rlk_launch_dims d = ll_dims((uint64_t)((n + 7) / 8), 1, 256, 0); /* a warp a row */
+  return rlk_context_launch(ctx, &cb, &d, stream, kargs);
+}
+
+rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
+                               void *stream) {
+  ll_stored_chunk c;
+  ll_stored_chunk_of(s, r0, &c);
+  const rlk_dtype dt = s->hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  rlk_status st;
+  const rlk_kernel_spec fx = {&ll_stored_dz_tmpl, {hd, s->labels.dtype, s->entropy}};
+  if ((st = rlk_spec_validate(&fx))) return st;
+  ll_stored_dz_args z = {0};
+  z.u = c.u;
+  z.u_stride = c.pitch;
+  z.partials = c.records;
+  z.M = n;
+  z.V = c.V;
+  z.labels = c.labels;
+  z.label_stride = c.ls;
+  z.ignore_index = s->ignore_index;
+  z.lse = s->lse + r0;
+  z.g_lp = s->g_lp + r0;
+  z.entropy = s->entropy ? s->ent + r0 : NULL;
+  z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
+  z.temperature = s->temperature;
+  void *zargs[] = {&z};
+  const int64_t per_block = 256 * LL_STORED_VEC;
+  rlk_launch_dims d = ll_dims((uint64_t)((c.V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
+  if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
+
+  ll_bwd_sm90_args g = {0};
+  g.V = c.V, g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
+  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
+  if (s->grad_hidden.data) {
+    /* dh = dz W over the whole vocabulary: each element of the rows' grad_hidden written once */
+    const rlk_dtype gd = s->grad_hidden.dtype;
+    const int64_t ghs = s->grad_hidden.strides[0];
+    void *gh = (char *)s->grad_hidden.data + (size_t)(r0 * ghs) * rlk_dtype_size(gd);
+    const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
+    if ((st = rlk_spec_validate(&dh))) return st;
+    const rlk_tma_desc_request r_a = ll_tma_req(c.u, dt, n, c.V, c.pitch, LL_BWD_SM90_BM),
+                               r_b = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, 64),
+                               r_c = gd == RLK_F32 ? ll_tma_req_f32(gh, n, c.H, ghs) : ll_tma_req(gh, gd, n, c.H, ghs, 64);
+    /* a 16-bit grad_hidden that is added to keeps the register path */
+    g.staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
+    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+      return st;
+    g.M = n, g.Nn = c.H, g.K = c.V, g.c0 = 0, g.out = gh, g.out_stride = ghs, g.accumulate = s->accumulate;
+    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, &g};
+    if ((st = ll_bwd_sm90_launch(ctx, &dh, &g, hargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
+      return st;
+  }
+  if (s->grad_weight.data) {
+    /* dw = dz^T h over the chunk's rows, added to the chunks before it */
+    const int64_t gws = s->grad_weight.strides[0];
+    const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
+    if ((st = rlk_spec_validate(&dw))) return st;
+    const rlk_tma_desc_request r_a = ll_tma_req(c.u, dt, n, c.V, c.pitch, 64),
+                               r_b = ll_tma_req(c.hidden, dt, n, c.H, c.hs, 64),
+                               r_c = ll_tma_req_f32(s->grad_weight.data, c.V, c.H, gws);
+    g.staged = ll_tma_ok(&r_c);
+    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+      return st;
+    g.M = c.V, g.Nn = c.H, g.K = n, g.c0 = 0, g.out = s->grad_weight.data, g.out_stride = gws;
+    g.accumulate = !first || s->accumulate;
+    void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, &g};
+    if ((st = ll_bwd_sm90_launch(ctx, &dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
+      return st;
+  }
+  return RLK_OK;
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const ll_pass_names[] = {"fwd", "bwd", "both", NULL};
+/* chunks: rlk_linear_policy_loss's token chunks (sm_90a; elsewhere the kernels of both passes,
+ * which that call runs there) */
+static const char *const ll_pass_names[] = {"fwd", "bwd", "both", "chunks", NULL};
 static const char *const ll_grad_line_names[] = {"f32", "same", NULL};
 
 enum {
@@ -997,7 +1189,8 @@ enum {
 #define LL_KEY_DOC "a tuning key's (with hidden_size, vocab and tokens)"
 
 static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
-    [LL_S_PASS] = RLK_SET_CHOICE("pass", ll_pass_names, 2, "linear_logprob_fwd_* linear_logprob_bwd_*",
+    [LL_S_PASS] = RLK_SET_CHOICE("pass", ll_pass_names, 2,
+                                 "linear_logprob_fwd_* linear_logprob_bwd_* linear_logprob_stored_dz",
                                  "the kernels to build"),
     [LL_S_HIDDEN] = RLK_SET_DTYPE("hidden", LL_HIDDEN_DTYPES, RLK_BF16, "linear_logprob_*.hidden",
                                   "the dtype of hidden and weight"),
@@ -1109,7 +1302,7 @@ static int ll_line_tuning_given(const rlk_op_values *s) {
  * settings, the automatic variant. */
 static rlk_status ll_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
   const int pass = (int)s->v[LL_S_PASS];
-  if (pass == 2) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
+  if (pass >= 2) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
   if (!ll_line_key(s))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden_size, vocab, tokens: a tuning key needs all of them");
   if (ll_line_tuning_given(s))
@@ -1138,9 +1331,28 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     ll_tuned_fwd(ctx, (rlk_dtype)s->v[LL_S_HIDDEN], c.labels, c.entropy, s->v[LL_S_HIDDEN_SIZE], s->v[LL_S_VOCAB],
                  s->v[LL_S_TOKENS], &c.stages, &splits);
   }
-  const int pass = (int)s->v[LL_S_PASS], grad_same = s->v[LL_S_GRAD] == 1; /* pass: 0 fwd, 1 bwd, 2 both */
+  int pass = (int)s->v[LL_S_PASS]; /* 0 fwd, 1 bwd, 2 both, 3 chunks */
+  const int grad_same = s->v[LL_S_GRAD] == 1;
   size_t n = 0;
   rlk_status st;
+  if (pass == 3) {
+    if (ll_wgmma_target(ctx) && c.variant != RLK_LINEAR_LOGPROB_TILED) {
+      /* rlk_ll_stored_logits's and _grads's: grad names grad_hidden's dtype (grad_weight is f32) */
+      const rlk_kernel_spec k[5] = {
+          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, c.hidden, c.labels, c.entropy, 0}},
+          {&ll_stored_combine_tmpl, {c.labels, c.entropy}},
+          {&ll_stored_dz_tmpl, {c.hidden, c.labels, c.entropy}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c.hidden, RLK_I32, 0, grad_same ? c.hidden : 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c.hidden, RLK_I32, 0, 0}}};
+      for (size_t i = 0; i < 5; i++) {
+        if ((st = rlk_spec_validate(&k[i]))) return st;
+        specs[i] = k[i];
+      }
+      *nspecs = 5;
+      return RLK_OK;
+    }
+    pass = 2;
+  }
   if (pass != 0) {
     const int g = grad_same ? c.hidden : 0;
     /* sm_90a: the wgmma kernels, then the portable ones that a call without tensor maps runs */
@@ -1185,6 +1397,9 @@ static const char *const ll_samples[] = {
     /* the sm_90a forward's other ring depths (elsewhere the default kernels above) */
     "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 stages=2",
     "linear_logprob pass=fwd hidden=f16 labels=i32 stages=3",
+    /* rlk_linear_policy_loss's token chunks (sm_90a; elsewhere both passes' kernels) */
+    "linear_logprob pass=chunks hidden=bf16 labels=i64 entropy=1",
+    "linear_logprob pass=chunks hidden=f16 labels=i32 grad=same",
     NULL};
 
 /* What changes a call, not its kernels: on a GPU the forward's vocabulary split and the
@@ -1196,6 +1411,7 @@ static const char *ll_runtime_tuning(const rlk_context *ctx, const rlk_op_values
   switch (s->v[LL_S_PASS]) {
   case 0: return "splits";
   case 1: return sm90 ? "chunk group" : "chunk";
+  case 3: return sm90 ? "group" : "splits chunk";
   default: return sm90 ? "splits chunk group" : "splits chunk";
   }
 }

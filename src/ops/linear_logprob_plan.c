@@ -1,5 +1,5 @@
-/* linear_logprob_plan.c - the forward's splits and the backward's chunk width
- * (linear_logprob_plan.h). */
+/* linear_logprob_plan.c - the forward's splits, the backward's chunk width and the token chunks'
+ * rows (linear_logprob_plan.h). */
 #include "ops/linear_logprob_plan.h"
 
 #define LLP_BM 128 /* the kernels' tile: 128 rows x 256 columns, K in steps of 64 */
@@ -61,6 +61,43 @@ int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p) {
     const int64_t full = p->V / w, rest = p->V - full * w;
     const int64_t cost = full * llp_chunk_cost(p, w, sms) + (rest ? llp_chunk_cost(p, rest, sms) : 0);
     if (best_cost < 0 || cost < best_cost) best = w, best_cost = cost;
+  }
+  return best;
+}
+
+/* Bytes of grad_weight's read-modify-write that take as long as a tile's K step (H200: 3.6 TB/s
+ * against about 0.8 us a step). */
+#define LLP_RMW_BYTES_A_STEP ((int64_t)2850000)
+#define LLP_ROWS 64
+
+static int64_t llp_token_chunk_cost(int64_t n, int64_t H, int64_t V, int gh, int gw, int64_t sms) {
+  const int64_t mt = llp_ceil(n, LLP_BM), ht = llp_ceil(H, LLP_BN);
+  int64_t c = llp_launch(mt * llp_ceil(V, LLP_BN), llp_ceil(H, LLP_BK), sms);
+  if (gh) c += llp_launch(mt * ht, llp_ceil(V, LLP_BK), sms);
+  if (gw) {
+    const int64_t work = llp_launch(llp_ceil(V, LLP_BM) * ht, llp_ceil(n, LLP_BK), sms);
+    const int64_t rmw = V * H * 8 / LLP_RMW_BYTES_A_STEP + LLP_LAUNCH_STEPS;
+    c += work > rmw ? work : rmw;
+  }
+  return c;
+}
+
+int64_t rlk_ll_token_chunk(int64_t N, int64_t H, int64_t V, int grad_hidden, int grad_weight, int multiprocessors,
+                           int64_t widest) {
+  const int64_t npad = llp_ceil(N > 0 ? N : 1, LLP_ROWS) * LLP_ROWS;
+  if (widest > npad) widest = npad;
+  widest = widest / LLP_ROWS * LLP_ROWS;
+  if (widest < LLP_ROWS) widest = LLP_ROWS;
+  if (multiprocessors <= 0) {
+    const int64_t chunks = llp_ceil(npad, widest);
+    return llp_ceil(llp_ceil(npad, chunks), LLP_ROWS) * LLP_ROWS;
+  }
+  int64_t best = widest, best_cost = -1;
+  for (int64_t n = widest; n >= LLP_ROWS && 2 * n >= widest; n -= LLP_ROWS) {
+    const int64_t full = N / n, rest = N - full * n;
+    const int64_t cost = full * llp_token_chunk_cost(n, H, V, grad_hidden, grad_weight, multiprocessors) +
+                         (rest ? llp_token_chunk_cost(rest, H, V, grad_hidden, grad_weight, multiprocessors) : 0);
+    if (best_cost < 0 || cost < best_cost) best = n, best_cost = cost;
   }
   return best;
 }

@@ -34,4 +34,13 @@ typedef struct rlk_ll_chunk_problem {
  * widest cut evenly: the fewest chunks, of even widths. */
 int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p);
 
+/* rlk_linear_policy_loss's token chunks (sm_90a): the rows of a chunk (a multiple of 64, from
+ * half of `widest` to `widest`, at most N rounded up to 64) that minimize the same model over the
+ * chunk's three launches: the logits (rows x V, K = H), dh (rows x H, K = V) and dw (V x H,
+ * K = rows), dw at least as long as its read-modify-write of an f32 grad_weight (8 bytes an
+ * element each chunk, at about 2.8 MB a tile's K step). With no multiprocessor count known, the
+ * widest cut evenly. */
+int64_t rlk_ll_token_chunk(int64_t N, int64_t H, int64_t V, int grad_hidden, int grad_weight, int multiprocessors,
+                           int64_t widest);
+
 #endif

@@ -18,7 +18,11 @@
  *   bwd_sm90   the sm_90a backward GEMMs (templates/cuda/linear_logprob_bwd_sm90.cuh): an output
  *              of M x Nn over K, tiles_m x tiles_n tiles of 128 x 256; out with row pitch
  *              out_stride is dz (16-bit), dh (f32) or grad_weight (rows from c0), by kind;
- *              accumulate: add to what out holds; the rest as bwd_dz */
+ *              accumulate: add to what out holds; out_aux: the logits kind's records
+ *              [tiles_n][M]; the rest as bwd_dz
+ *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
+ *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
+ *              g_lp, entropy, g_ent contiguous from there) */
 #ifndef RLK_LINEAR_LOGPROB_PARAMS_H
 #define RLK_LINEAR_LOGPROB_PARAMS_H
 
@@ -212,7 +216,24 @@
   F(S_, int, tiles_m, 172)             \
   F(S_, int, tiles_n, 176)             \
   F(S_, int, group, 180)               \
-  F(S_, int, staged, 184)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 192
+  F(S_, int, staged, 184)            \
+  F(S_, void *, out_aux, 192)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 200
+
+#define RLK_LL_STORED_DZ_PARAMS(F, S_) \
+  F(S_, void *, u, 0)                  \
+  F(S_, long long, u_stride, 8)        \
+  F(S_, const void *, partials, 16)    \
+  F(S_, long long, M, 24)              \
+  F(S_, long long, V, 32)              \
+  F(S_, const void *, labels, 40)      \
+  F(S_, long long, label_stride, 48)   \
+  F(S_, long long, ignore_index, 56)   \
+  F(S_, const float *, lse, 64)        \
+  F(S_, const float *, g_lp, 72)       \
+  F(S_, const float *, entropy, 80)    \
+  F(S_, const float *, g_ent, 88)      \
+  F(S_, float, temperature, 96)
+#define RLK_LL_STORED_DZ_PARAMS_SIZE 104
 
 #endif

@@ -8,6 +8,11 @@
  *                B = W_c stored [nv][H] (MN-major)
  *   KIND 2, dw   grad_weight[c0 + v] (+)= dz[:, v]^T h: A = dz^T and B = h, both MN-major
  *                (K = N, the tokens)
+ *   KIND 3, logits  (rlk_linear_policy_loss's token chunks, every column: c0 = 0, Nn = V) as dz,
+ *                but the epilogue stores u = 2^(x c - m) in 16 bits, m the row's maximum x c over
+ *                the tile, and the tile's record (m, sum u, sum u (x c - m), the label's x) into
+ *                partials [tiles_n][M]: the forward's records, one split a tile (ll::part).
+ *                linear_logprob_stored.cuh turns u into dz once the loss has its gradient.
  *
  * The blocks are persistent (one per multiprocessor at most): block b computes the 128 x 256
  * output tiles b, b + gridDim.x, ... (tiles in groups of 8 rows of tiles, so that the blocks
@@ -55,7 +60,7 @@ struct ll_bwd_sm90 : ll_sm90 {
   static constexpr int GROUP = 8;
   static constexpr int STAGES = 4;
   static constexpr u32 STAGING = 2u * 2u * BOX; /* dz: two consumers x two 64 x 64 16-bit boxes */
-  enum { DZ = 0, DH = 1, DW = 2 };
+  enum { DZ = 0, DH = 1, DW = 2, LOGITS = 3 };
 };
 
 /* Stores a pair of adjacent f32 values as T (both, or only the first when `both` is false). */
@@ -174,6 +179,64 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
   ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, tw, barrier, add);
 }
 
+/* The logits kind's epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
+ * labels' columns, -1 for none): each row's tile record into partials, then u in place of acc,
+ * stored in two halves (ll_b16_half). Columns past V count as -inf; the sums run in a fixed order
+ * (a lane's columns, then the four lanes of a row by butterfly). */
+template <int DT, bool ENTROPY>
+RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
+                                   float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], u8 *stage, i64 m0w, i64 n0,
+                                   int tn, int rl, int tw, u32 barrier) {
+  constexpr int BN = ll_bwd_sm90::BN;
+  const float c = RLK_LL_LOG2E / p_.temperature;
+  const int l = tw % 32;
+  const i64 lim = p_.Nn - n0 - 2 * (l % 4);
+  ll::part *__restrict__ partials = (ll::part *)p_.out_aux;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -limits<float>::infinity();
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if ((i64)(8 * j + e) >= lim) acc[4 * j + 2 * i + e] = -limits<float>::infinity();
+        mx = fmaxf(mx, acc[4 * j + 2 * i + e]);
+      }
+    mx = fmaxf(mx, shfl_xor(mx, 1));
+    mx = fmaxf(mx, shfl_xor(mx, 2));
+    const float M = mx * c;
+    const i64 yc = y[i] - n0 - 2 * (l % 4);
+    float s = 0.0f, q = 0.0f, t = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = acc[4 * j + 2 * i + e];
+        if ((i64)(8 * j + e) == yc) t = x;
+        /* a column past V: its exponent clamped, so that it adds exactly 0 to both sums */
+        const float d = fmaxf(fmaf(x, c, -M), -256.0f), u = exp2_approx(d);
+        s += u;
+        if (ENTROPY) q = fmaf(u, d, q);
+        acc[4 * j + 2 * i + e] = u;
+      }
+    s += shfl_xor(s, 1);
+    s += shfl_xor(s, 2);
+    q += shfl_xor(q, 1);
+    q += shfl_xor(q, 2);
+    t += shfl_xor(t, 1);
+    t += shfl_xor(t, 2);
+    const i64 r = m0w + rl + 8 * i;
+    if ((l & 3) == 0 && r < p_.M) {
+      ll::part rec;
+      rec.m = M, rec.s = s, rec.q = ENTROPY ? q : 0.0f, rec.t = t;
+      partials[(i64)tn * p_.M + r] = rec;
+    }
+  }
+  const auto u = [&](int i, int j, int e) { return acc[4 * j + 2 * i + e]; };
+  ll_b16_half<0, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
+  ll_b16_half<1, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
+}
+
 /* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread): each logit turned into its
  * gradient, in two halves through a 16 KB staging area (ll_b16_half). */
 template <int DT, bool ENTROPY>
@@ -282,7 +345,8 @@ __global__ void __launch_bounds__(384, 1)
   typedef ll_bwd_sm90 C;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, STAGES = C::STAGES;
   constexpr u32 ABYTES = C::ABYTES, STAGE = C::STAGE, BOX = C::BOX;
-  constexpr int TA = KIND == C::DW ? 1 : 0, TB = KIND == C::DZ ? 0 : 1;
+  constexpr int TA = KIND == C::DW ? 1 : 0, TB = KIND == C::DZ || KIND == C::LOGITS ? 0 : 1;
+  constexpr bool STORE16 = KIND == C::DZ || KIND == C::LOGITS; /* a 16-bit output through the staging */
   constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   extern __shared__ __align__(1024) u8 llb_smem_raw[];
@@ -302,7 +366,7 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_map(&map_a);
       sm90::tma_prefetch_map(&map_b);
-      if (KIND == C::DZ || p_.staged) sm90::tma_prefetch_map(&map_c);
+      if (STORE16 || p_.staged) sm90::tma_prefetch_map(&map_c);
       u32 it = 0;
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
@@ -344,15 +408,24 @@ __global__ void __launch_bounds__(384, 1)
     ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
     const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN, r0 = m0 + cw * 64 + 16 * w + l / 4;
     ll_dz_row row[2];
+    i64 y[2];
     if (KIND == C::DZ) {
       /* the row inputs load while the products run */
       row[0] = ll_dz_row_inputs<L, ENTROPY>(p_, r0);
       row[1] = ll_dz_row_inputs<L, ENTROPY>(p_, r0 + 8);
+    } else if (KIND == C::LOGITS) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        y[i] = r0 + 8 * i < p_.M ? ll::load_label((const L *)p_.labels, r0 + 8 * i, p_.label_stride) - p_.vocab_start
+                                 : (i64)-1;
     }
     ll_sm90_tile_products<STAGES, AB, TA, TB>(acc, full, empty, smem, cw, l, kblocks, it);
     if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
+    } else if constexpr (KIND == C::LOGITS) {
+      ll_logits_epilogue<DT, ENTROPY>(p_, &map_c, acc, y, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
+                                      1u + (u32)cw);
     } else if (p_.staged) {
       const bool add = p_.accumulate != 0;
       const i64 m0w = m0 + cw * 64;
@@ -372,7 +445,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
   /* the stores are done before the block (and its staging) goes */
-  if ((KIND == C::DZ || p_.staged) && tw == 0) sm90::tma_store_drain<0>();
+  if ((STORE16 || p_.staged) && tw == 0) sm90::tma_store_drain<0>();
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)p_;
 #endif

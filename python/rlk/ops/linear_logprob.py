@@ -217,10 +217,15 @@ class LinearPolicyLossArgs(ctypes.Structure):
         ("accumulate", ctypes.c_int),
         ("chunk", ctypes.c_int),
         ("group", ctypes.c_int),
+        ("path", ctypes.c_int),
+        ("chunk_tokens", ctypes.c_int),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
     ]
 
+
+# rlk_linear_policy_loss_path
+POLICY_PATHS = {"auto": 0, "recompute": 1, "token_chunks": 2}
 
 POLICY_OP = Op("linear_policy_loss", LinearPolicyLossArgs, workspace=True)
 
@@ -238,11 +243,14 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
                        sapo_tau_neg=None, seq_ratio_grad=None, clamp_bound_grad=None,
                        kl_estimator=None, kl_coef=None, kl_input_clamp=None, kl_output_clamp=None,
                        kl_straight_through=None, entropy_coef=None, agg=None, token_normalizer=None,
-                       seq_normalizer=None, norm_scale=None, loss_scale=None, stream=None):
+                       seq_normalizer=None, norm_scale=None, loss_scale=None, path=None,
+                       chunk_tokens=None, stream=None):
     """The policy loss of the log-probs of logits = hidden @ weight.T / temperature and its
     gradients with respect to hidden and weight, in one call (rlk_linear_policy_loss): the head's
-    forward, rlk.policy_loss on its log-probs (and entropy, with entropy_coef), the head's backward;
-    the logits are never stored. hidden [N, H], weight [V, H] (bf16 or f16), labels [N]; the loss
+    forward, rlk.policy_loss on its log-probs (and entropy, with entropy_coef), the head's backward.
+    path: "recompute" (the backward recomputes the logits a vocabulary chunk at a time),
+    "token_chunks" (sm_90a: each chunk of chunk_tokens rows stores its logits once, three products
+    instead of four; see rlk.h for what it takes) or "auto" (None). hidden [N, H], weight [V, H] (bf16 or f16), labels [N]; the loss
     tensors (old_logp, advantages, mask, ref_logp, ...) are f32 with N tokens, [B, T] (row-major
     over hidden's rows) or [N] packed; every loss keyword is rlk.policy_loss's. grad_hidden /
     grad_weight: given tensors (written, or added to with accumulate=True), else new ones of
@@ -283,6 +291,12 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
         a.chunk = int(chunk)
     if group is not None:
         a.group = int(group)
+    if path is not None:
+        if path not in POLICY_PATHS:
+            raise ValueError(f"path: {path!r} is not one of {sorted(POLICY_PATHS)}")
+        a.path = POLICY_PATHS[path]
+    if chunk_tokens is not None:
+        a.chunk_tokens = int(chunk_tokens)
     nbytes = POLICY_OP.workspace_size(b.context(), a)
     _, ptr = b.workspace(nbytes)
     a.workspace = ptr

@@ -1,0 +1,52 @@
+/* linear_logprob_stored.h - the LM head's token chunks for rlk_linear_policy_loss on sm_90a
+ * (implemented in linear_logprob.c beside the kernels they launch).
+ *
+ * The forward's logits of a chunk of rows are stored once, in 16 bits, and turned into their
+ * gradient in place once the loss has the rows' gradients: three products per chunk (the logits,
+ * dh, dw) where rlk_linear_logprob + rlk_linear_logprob_backward take four (the backward
+ * recomputes the logits). A chunk's steps, in order on one stream:
+ *   rlk_ll_stored_logits  the logits kind (u = 2^(x c - m) and a record per 256-column tile),
+ *                         then the forward's combine: logp, lse (and entropy) of the rows;
+ *   (the caller's loss: the rows' g_lp, g_ent)
+ *   rlk_ll_stored_grads   u -> dz in place, then dh into the rows of grad_hidden (K = V, each
+ *                         element written once) and dw added into an f32 grad_weight (K = the
+ *                         rows; TMA reduce-adds in chunk order: bitwise repeatable). */
+#ifndef RLK_LINEAR_LOGPROB_STORED_H
+#define RLK_LINEAR_LOGPROB_STORED_H
+
+#include "core/core.h"
+
+typedef struct rlk_ll_stored {
+  /* the whole call's tensors: hidden [N, H], weight [V, H] (one 16-bit dtype), labels [N] */
+  rlk_tensor hidden, weight, labels;
+  float temperature;
+  int64_t ignore_index;
+  int entropy;                 /* the records' entropy sums, and the entropy's gradient */
+  float *logp, *lse, *ent;     /* [N] outputs, contiguous (ent with entropy) */
+  const float *g_lp, *g_ent;   /* [N] the loss's gradients (g_ent with entropy) */
+  rlk_tensor grad_hidden;      /* optional: [N, H], f32 or hidden's dtype */
+  rlk_tensor grad_weight;      /* optional: [V, H] f32 */
+  int accumulate;              /* add to what the gradients hold (grad_weight: the first chunk) */
+  int group;                   /* the tile order's rows of tiles; 0: the default */
+  int *status;                 /* optional i32: the bad-label bit */
+  int64_t rows;                /* the chunk's rows at most */
+  void *workspace;             /* rlk_ll_stored_workspace(rows, V) bytes, 256-byte aligned */
+} rlk_ll_stored;
+
+/* Whether the token chunks can run here: an sm_90a target and tensor maps for hidden and weight
+ * (else a reason in *why). */
+int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk_tensor *weight, const char **why);
+
+/* Bytes of workspace for chunks of `rows` rows over V columns: u (rows x V rounded up to 64, 16
+ * bits) and the records (one a 256-column tile and row, 16 bytes). */
+size_t rlk_ll_stored_workspace(int64_t rows, int64_t V);
+
+/* The chunk of `n` rows from r0 (n <= s->rows): logits, records, logp / lse / entropy. */
+rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, void *stream);
+
+/* The same chunk's gradients, after its g_lp (and g_ent) are written; first: the first chunk
+ * (grad_weight overwritten unless accumulating). */
+rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
+                               void *stream);
+
+#endif

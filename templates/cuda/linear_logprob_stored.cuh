@@ -1,0 +1,124 @@
+/* linear_logprob_stored.cuh - rlk_linear_policy_loss's token chunks on sm_90a: the logits of a
+ * chunk were stored once by linear_logprob_bwd_sm90's logits kind as u = 2^(x c - m) in 16 bits
+ * (x = h . w_v, c = log2(e) / T, m the row's maximum x c over the 256-column tile), beside the
+ * tile's record; once the loss has given each row's gradients, linear_logprob_stored_dz turns u
+ * into the logits' gradient in place,
+ *
+ *   dz = (g_lp (onehot(y) - p) - g_H p (x / T - E)) / T,  p = u 2^(m - lse log2(e)),
+ *   x / T = (log2 u + m) ln 2,  E = lse - entropy,
+ *
+ * the dz kind's formula, so that the dh and dw kinds take it as they take dz. u in [0, 1] keeps
+ * 16-bit p within the relative rounding of the stored dz. Ignored rows get 0, rows with a bad
+ * label NaN (the combine sets the status bit). Each element is read and written by one thread:
+ * bitwise repeatable. linear_logprob_stored_combine gives the rows' logp, lse and entropy from the
+ * records before that. */
+#ifndef RLK_LINEAR_LOGPROB_STORED_CUH
+#define RLK_LINEAR_LOGPROB_STORED_CUH
+
+#include "linear_logprob_common.cuh"
+
+namespace rlk {
+
+namespace ll {
+RLK_PARAMS_DECLARE(StoredDzParams, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
+}
+
+/* Columns of a tile record; 8 columns (16 bytes) a thread, blocks of 256 threads along a row:
+ * grid (ceil(V / 2048), M). */
+#define RLK_LL_STORED_TILE 256
+#define RLK_LL_STORED_VEC 8
+
+template <int DT, typename L, bool ENTROPY>
+__global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG ll::StoredDzParams p_) {
+  typedef typename ll::elem<DT>::type T;
+  const i64 row = (i64)blockIdx.y, M = p_.M, V = p_.V;
+  const i64 v0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * RLK_LL_STORED_VEC;
+  if (v0 >= V) return;
+  const i64 yg = ll::load_label((const L *)p_.labels, row, p_.label_stride);
+  const bool ignored = yg == p_.ignore_index, bad = !ignored && (yg < 0 || yg >= V);
+  const float inv_t = 1.0f / p_.temperature;
+  const float lse = ld_ro(p_.lse + row), gl = p_.g_lp ? ld_ro(p_.g_lp + row) : 0.0f;
+  const float gh = ENTROPY && p_.g_ent ? ld_ro(p_.g_ent + row) : 0.0f;
+  const float E = ENTROPY && p_.g_ent ? lse - ld_ro(p_.entropy + row) : 0.0f;
+  const float m = ld_ro(&((const ll::part *)p_.partials)[(v0 / RLK_LL_STORED_TILE) * M + row].m);
+  const float scale = exp2_approx(m - lse * RLK_LL_LOG2E); /* p = u scale */
+  T *u = (T *)p_.u + row * p_.u_stride + v0;
+  const bool whole = v0 + RLK_LL_STORED_VEC <= V;
+  u32 w[RLK_LL_STORED_VEC / 2];
+  if (whole) {
+    const i32x4 v = *(const i32x4 *)u;
+    w[0] = (u32)v.x, w[1] = (u32)v.y, w[2] = (u32)v.z, w[3] = (u32)v.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < RLK_LL_STORED_VEC / 2; ++k) w[k] = 0;
+    for (int k = 0; k < RLK_LL_STORED_VEC && v0 + k < V; ++k)
+      w[k / 2] |= (u32)u[k].bits << (16 * (k % 2));
+  }
+#pragma unroll
+  for (int k = 0; k < RLK_LL_STORED_VEC; ++k) {
+    T e;
+    e.bits = (u16)(w[k / 2] >> (16 * (k % 2)));
+    const float uk = to_float(e), p = uk * scale;
+    float g;
+    if (ignored) {
+      g = 0.0f;
+    } else if (bad) {
+      g = limits<float>::quiet_nan();
+    } else {
+      g = gl * ((v0 + k == yg ? 1.0f : 0.0f) - p);
+      /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
+      if (ENTROPY && uk > 0.0f) g -= gh * p * ((log2f(uk) + m) * RLK_LL_LN2 - E);
+      g *= inv_t;
+    }
+    const T o = store_as<T>::from(g);
+    w[k / 2] = (w[k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
+  }
+  if (whole) {
+    i32x4 v;
+    v.x = (i32)w[0], v.y = (i32)w[1], v.z = (i32)w[2], v.w = (i32)w[3];
+    *(i32x4 *)u = v;
+  } else {
+    for (int k = 0; k < RLK_LL_STORED_VEC && v0 + k < V; ++k) u[k].bits = (u16)(w[k / 2] >> (16 * (k % 2)));
+  }
+}
+
+/* The chunk's rows' records (one a 256-column tile: hundreds a row) to logp, lse and entropy, as
+ * linear_logprob_combine but a warp a row: lane k merges the tiles k, k + 32, ... in order, then
+ * the lanes merge by a fixed butterfly (bitwise repeatable). Launched with 256 threads a block
+ * (eight rows); the combine's thread a row would walk the records one after another. */
+template <typename L, bool ENTROPY>
+__global__ void __launch_bounds__(256) linear_logprob_stored_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
+  const ll::part *__restrict__ partials = (const ll::part *)p_.partials;
+  const i64 S = p_.S, N = p_.N, V = p_.V;
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = (int)(threadIdx.x % 32);
+  if (row >= N) return;
+  ll::part acc = ll::empty_part();
+  for (i64 sp = lane; sp < S; sp += 32) acc = ll::merge<ENTROPY>(acc, partials[sp * N + row]);
+  acc = ll::lane_merge<32, ENTROPY>(acc);
+  if (lane != 0) return;
+  const i64 y = ll::load_label((const L *)p_.labels, row, p_.label_stride);
+  float lp, l, h;
+  if (y != p_.ignore_index && (y < 0 || y >= V)) {
+    lp = l = h = limits<float>::quiet_nan();
+    if (p_.status) atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+  } else {
+    const float ln_s = logf(acc.s);
+    l = acc.m * RLK_LL_LN2 + ln_s;
+    h = ENTROPY ? ln_s - RLK_LL_LN2 * (acc.q / acc.s) : 0.0f;
+    if (y == p_.ignore_index) {
+      lp = 0.0f;
+    } else {
+      const float c = RLK_LL_LOG2E / p_.temperature;
+      const float t = partials[(y / p_.cols_per_split) * N + row].t;
+      lp = fmaf(t, c, -acc.m) * RLK_LL_LN2 - ln_s;
+    }
+  }
+  p_.logp[row] = lp;
+  if (p_.lse) p_.lse[row] = l;
+  if (ENTROPY && p_.entropy) p_.entropy[row] = h;
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_LINEAR_LOGPROB_STORED_CUH */
