@@ -9,9 +9,13 @@ kernels' CUDA times (torch profiler), the backward at each vocabulary chunk of -
 (0: the call's own choice). With --rounds R, forward + backward of the four cuBLAS GEMMs, rlk (f32
 and bf16 gradients) and Liger in R rounds, each round timing every case once in a rotated order
 with the device kept busy while the host queues the call: the ratios of one run, free of the
-drift as the GPU warms and of the host's per-call time. Usage:
+drift as the GPU warms and of the host's per-call time. With --loss-rounds R, the same for the
+policy loss straight from hidden states: the three cuBLAS GEMMs (fwd, dH, dW) and the four,
+rlk.linear_policy_loss by both paths (recompute; token chunks: three products) with f32
+gradients, and Liger's fused_linear_cross_entropy; then how far the two paths' gradients are
+apart. Usage:
 python3 torch_linear_logprob.py [N H V] [--iters K] [--anchors] [--kernels] [--chunks A,B,...]
-                                [--rounds R]"""
+                                [--rounds R] [--loss-rounds R]"""
 import os
 import sys
 
@@ -48,7 +52,10 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     iters = 10
     chunks = [0]
-    rounds = 0
+    rounds = loss_rounds = 0
+    if "--loss-rounds" in sys.argv:
+        loss_rounds = int(sys.argv[sys.argv.index("--loss-rounds") + 1])
+        args.remove(str(loss_rounds))
     if "--rounds" in sys.argv:
         rounds = int(sys.argv[sys.argv.index("--rounds") + 1])
         args.remove(str(rounds))
@@ -93,6 +100,8 @@ def main():
               f"{flop / (med * 1e-3) / 1e12:.0f} TFLOP/s, peak extra {extra:.2f} GiB")
     if rounds:
         fwd_bwd_rounds(h, w, y, dz, rounds, name)
+    if loss_rounds:
+        loss_rounds_run(h, w, y, dz, loss_rounds, name)
     if anchors or kernels:
         del dz
         torch.cuda.empty_cache()
@@ -203,6 +212,71 @@ def fwd_bwd_rounds(h, w, y, dz, rounds, name):
         print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms "
               f"(min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), {med / meds[0]:.3f}x the four GEMMs, "
               f"peak extra {extra:.3f} GiB")
+
+
+def loss_rounds_run(h, w, y, dz, rounds, name):
+    """The policy loss from hidden states in rotated rounds (see the module's doc): PPO, token-mean
+    over a mask, tokens as [8, N / 8]."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import rlk
+    N, H = h.shape
+    V = w.shape[0]
+    B = 8 if N % 8 == 0 else 1
+    g = torch.Generator(device="cuda").manual_seed(3)
+    old = -5 * torch.rand(B, N // B, device="cuda", generator=g)
+    adv = torch.randn(B, N // B, device="cuda", generator=g)
+    mask = torch.rand(B, N // B, device="cuda", generator=g) > 0.1
+    grads = {p: (torch.empty(N, H, device="cuda"), torch.empty(V, H, device="cuda"))
+             for p in ("recompute", "token_chunks")}
+    hr = h.detach().clone().requires_grad_(True)
+    wr = w.detach().clone().requires_grad_(True)
+
+    def policy(path):
+        gh, gw = grads[path]
+        return lambda: rlk.linear_policy_loss(h, w, y, old, adv, mask, grad_hidden=gh, grad_weight=gw,
+                                              metrics=False, path=path)
+
+    def three():
+        h @ w.t()
+        dz @ w
+        dz.t() @ h
+
+    def four():
+        h @ w.t()
+        three()
+
+    cases = [("three cuBLAS GEMMs (fwd, dH, dW)", three), ("four cuBLAS GEMMs", four),
+             ("rlk linear_policy_loss, recompute, f32 gradients", policy("recompute")),
+             ("rlk linear_policy_loss, token chunks, f32 gradients", policy("token_chunks"))]
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def liger():
+            hr.grad = None
+            wr.grad = None
+            liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum").backward()
+        cases.append(("Liger fused_linear_cross_entropy (scalar CE)", liger))
+    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
+        print("Liger-Kernel unavailable:", repr(e)[:200])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rounds import median, rotated_rounds
+    times = rotated_rounds([fn for _, fn in cases], rounds)
+    meds = [median(t) for t in times]
+    for (label, fn), t, med in zip(cases, times, meds):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        print(f"rounds loss {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms "
+              f"(min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), {med / meds[0]:.3f}x the three GEMMs, "
+              f"{med / meds[1]:.3f}x the four, peak extra {extra:.3f} GiB")
+    (rh, rw), (ch, cw) = grads["recompute"], grads["token_chunks"]
+    for label, a, b in (("grad_hidden", rh, ch), ("grad_weight", rw, cw)):
+        d = (a - b).abs().max().item()
+        print(f"paths apart: {label} max |recompute - token chunks| {d:.3e} (max |recompute| "
+              f"{a.abs().max().item():.3e})")
 
 
 def fwd_bwd_anchors(h, w, y, iters, name):
