@@ -154,6 +154,23 @@ def rlk_kernels(h, w, y, iters, chunks, name):
     del logp
 
 
+def report_rounds(cases, times, median, ratios):
+    """Each case's line from its round times: median, range, ratios(median, all medians), and the
+    peak memory one more call adds beyond what is allocated."""
+    meds = [median(t) for t in times]
+    lines = []
+    for (label, fn), t, med in zip(cases, times, meds):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        lines.append(f"median {med:.3f} ms (min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), "
+                     f"{ratios(med, meds)}, peak extra {extra:.3f} GiB")
+    return lines
+
+
 def fwd_bwd_rounds(h, w, y, dz, rounds, name):
     """Forward + backward in rotated rounds (see the module's doc): each case's median, its ratio
     to the four GEMMs', and the peak memory one call adds beyond the outputs (gradients and logp)."""
@@ -200,18 +217,10 @@ def fwd_bwd_rounds(h, w, y, dz, rounds, name):
         print("Liger-Kernel unavailable:", repr(e)[:200])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from rounds import median, rotated_rounds
-    times = rotated_rounds([fn for _, fn in cases], rounds)
-    meds = [median(t) for t in times]
-    for (label, fn), t, med in zip(cases, times, meds):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-        print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms "
-              f"(min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), {med / meds[0]:.3f}x the four GEMMs, "
-              f"peak extra {extra:.3f} GiB")
+    meds = report_rounds(cases, rotated_rounds([fn for _, fn in cases], rounds), median,
+                         lambda med, m: f"{med / m[0]:.3f}x the four GEMMs")
+    for (label, _), med in zip(cases, meds):
+        print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: {med}")
 
 
 def loss_rounds_run(h, w, y, dz, rounds, name):
@@ -260,18 +269,10 @@ def loss_rounds_run(h, w, y, dz, rounds, name):
         print("Liger-Kernel unavailable:", repr(e)[:200])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from rounds import median, rotated_rounds
-    times = rotated_rounds([fn for _, fn in cases], rounds)
-    meds = [median(t) for t in times]
-    for (label, fn), t, med in zip(cases, times, meds):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-        print(f"rounds loss {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms "
-              f"(min {min(t):.3f}, max {max(t):.3f}, {len(t)} rounds), {med / meds[0]:.3f}x the three GEMMs, "
-              f"{med / meds[1]:.3f}x the four, peak extra {extra:.3f} GiB")
+    meds = report_rounds(cases, rotated_rounds([fn for _, fn in cases], rounds), median,
+                         lambda med, m: f"{med / m[0]:.3f}x the three GEMMs, {med / m[1]:.3f}x the four")
+    for (label, _), med in zip(cases, meds):
+        print(f"rounds loss {label} N={N} H={H} V={V} on {name}: {med}")
     (rh, rw), (ch, cw) = grads["recompute"], grads["token_chunks"]
     for label, a, b in (("grad_hidden", rh, ch), ("grad_weight", rw, cw)):
         d = (a - b).abs().max().item()
