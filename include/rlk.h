@@ -1266,7 +1266,8 @@ typedef struct rlk_linear_policy_loss_args {
    * gradient: the mask should leave them out of the loss. */
   rlk_policy_loss_args loss;
   /* As in rlk_linear_logprob_backward_args: each optional, at least one; overwritten or added
-   * to (accumulate 1); chunk and group 0 choose. */
+   * to (accumulate 1); chunk and group 0 choose (chunk: the recompute path's vocabulary chunk;
+   * group: both paths' tile order). */
   rlk_tensor grad_hidden;
   rlk_tensor grad_weight;
   int accumulate;
