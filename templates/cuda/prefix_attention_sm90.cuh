@@ -387,7 +387,8 @@ template <int D, int STAGES_> struct pa_sm90_bwd {
  *   dV += P^T dO                       wgmma m64nDk16, P^T from registers, dO MN-major from the
  *                                       same shared tile; issued before dS^T is computed
  *   dS^T = P^T (dP^T - delta), dK += dS^T Q     likewise
- * and at the end dK (times the scale) and dV leave from registers. */
+ * with the next tile's S^T and dP^T issued while dK's product still runs; at the end dK (times
+ * the scale) and dV leave from registers. */
 template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_bwd_dkdv_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
@@ -435,7 +436,7 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   if (wg == 0) {
-    sm90::setmaxnreg_dec<40>();
+    sm90::setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
       /* the copies */
       sm90::tma_prefetch_map(&map_q);
@@ -470,7 +471,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  sm90::setmaxnreg_inc<232>();
+  sm90::setmaxnreg_inc<240>(); /* the next step's S^T and dP^T beside this one's dS^T fragments */
   const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, t4 = l % 4;
   const int kn = (int)(kend - k0);
   /* this thread's keys (accumulator rows 16 w + l / 4 + 8 r of the warpgroup's 64) */
@@ -485,15 +486,20 @@ __global__ void __launch_bounds__(384, 1)
   const u8 *kw = sK + cw * 64 * 128, *vw = sV + cw * 64 * 128;
   sm90::mbar_wait(&kv_full, 0);
 
+  /* Pipelined: S^T and dP^T of step u are issued right behind dK of step u - 1, whose stage is
+   * released once the wait below has seen it done. */
   for (int u = 0; u < nu; ++u) {
     const int t = u % nq;
     const u32 st = (u32)u % STAGES, ph = ((u32)u / STAGES) & 1u;
     const u8 *qb = sQ + st * C::QBYTES, *ob = sO + st * C::QBYTES;
-    sm90::mbar_wait(&q_full[st], ph);
     /* (zeroed although the first product overwrites them: without it the compiler copies the
-     * accumulators between the products, and ptxas serializes them) */
+     * accumulators between the products, and ptxas serializes them; pinned here, so that the
+     * zeros are not sunk past the fence) */
 #pragma unroll
     for (int i = 0; i < BQ / 2; ++i) st_[i] = dp[i] = 0.0f;
+    sm90::wgmma_fence_operands(st_);
+    sm90::wgmma_fence_operands(dp);
+    sm90::mbar_wait(&q_full[st], ph);
     /* S^T = K Q^T and dP^T = V dO^T over the head dim (k-step kk: 16 columns of box kk / 4) */
     sm90::wgmma_fence();
     sm90_ss_head<D, BQ, AB, C::KVBOX, C::QBOX>(st_, kw, qb);
@@ -503,6 +509,9 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(st_);
     sm90::wgmma_fence_operands(dp);
+    sm90::wgmma_fence_operands(gk);
+    sm90::wgmma_fence_operands(df);
+    if (u > 0 && l == 0) sm90::mbar_arrive(&q_empty[(u32)(u - 1) % STAGES]);
     /* P^T: element (key kr[r], query 8 j + 2 t4 + e of the tile) */
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j)
@@ -541,13 +550,14 @@ __global__ void __launch_bounds__(384, 1)
     for (int ks = 0; ks < BQ / 16; ++ks)
       sm90::wgmma<D>::template rs<AB, 1>(gk, df[ks], sm90::desc_advance(dmq, 2048u * ks), 1u);
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    /* dV done (P^T's registers free for the next step's products); dK may still run */
+    sm90::wgmma_wait<1>();
     sm90::wgmma_fence_operands(gv);
-    sm90::wgmma_fence_operands(gk);
     sm90::wgmma_fence_operands(pf);
-    sm90::wgmma_fence_operands(df);
-    if (l == 0) sm90::mbar_arrive(&q_empty[st]);
   }
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(gv);
+  sm90::wgmma_fence_operands(gk);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
