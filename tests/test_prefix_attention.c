@@ -473,8 +473,9 @@ START_TEST(bad_backward_arguments) {
 }
 END_TEST
 
-/* The kernels a configuration line plans: the wgmma family on sm_90a (the backward's prep
- * shared with mma; its dk/dv kernel sums the GQA heads, so no reduce), the mma family on sm_80+ (wgmma asked for there falls back to it),
+/* The kernels a configuration line plans: the wgmma family on sm_90a (its dq kernel computes
+ * delta and runs first, so no prep; its dk/dv kernel sums the GQA heads, so no reduce), the mma
+ * family on sm_80+ (wgmma asked for there falls back to it),
  * the portable one when asked (and on HIP, as the sample compiles show), the host's two; bad
  * settings are refused. */
 START_TEST(plan_per_target) {
@@ -483,7 +484,7 @@ START_TEST(plan_per_target) {
     const char *entries[6];
   } rows[] = {
       {"sm_90a", "prefix_attention pass=both",
-       {"pattn_fwd_sm90", "pattn_bwd_prep", "pattn_bwd_dkdv_sm90", "pattn_bwd_dq_sm90", NULL}},
+       {"pattn_fwd_sm90", "pattn_bwd_dq_sm90", "pattn_bwd_dkdv_sm90", NULL}},
       {"sm_90a", "prefix_attention pass=fwd variant=mma", {"pattn_fwd_mma", NULL}},
       {"sm_90a", "prefix_attention pass=bwd variant=mma",
        {"pattn_bwd_prep", "pattn_bwd_dkdv_mma", "pattn_bwd_reduce", "pattn_bwd_dq_mma", NULL}},

@@ -8,7 +8,7 @@
  *                       rows are stacked so one tile of them reads each prefix K/V tile once
  *   pattn_fwd_sm90      CUDA sm_90a: the same tiling with 128-row query tiles, TMA copies and
  *                       wgmma (templates/cuda/prefix_attention_sm90.cuh)
- *   pattn_bwd_prep      GPU: delta[i, h] = dO[i, h] . O[i, h] into the workspace
+ *   pattn_bwd_prep      GPU (but sm_90a): delta[i, h] = dO[i, h] . O[i, h] into the workspace
  *   pattn_bwd_dkdv      portable: a warp per key and key head, looping over every query (all
  *                       query heads of the key head) that sees it: dk, dv written once
  *   pattn_bwd_dkdv_mma  a block per key tile and query head, looping over every query tile that
@@ -16,7 +16,9 @@
  *   pattn_bwd_dkdv_sm90 sm_90a: the same with 128-key tiles, TMA and wgmma
  *   pattn_bwd_reduce    sums them over the group's query heads in order
  *   pattn_bwd_dq(_mma)  GPU: a block per query tile (the forward's tiling): dq written once
- *   pattn_bwd_dq_sm90   sm_90a: the same with 128-row query tiles, 64-key tiles, TMA and wgmma
+ *   pattn_bwd_dq_sm90   sm_90a: the same with 128-row query tiles, 64-key tiles, TMA and wgmma;
+ *                       it computes delta itself and writes it for pattn_bwd_dkdv_sm90, which runs
+ *                       after it (the sm_90a backward has no prep pass)
  *   pattn_bwd           host: the whole backward in fp64
  * No atomics anywhere: every output element is summed by one thread in a fixed order.
  *
@@ -645,37 +647,33 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
   if (s.P > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
                      (long long)s.P);
+  if (p.variant == PA_VARIANT_WGMMA) {
+    /* dq first: it computes each row's delta on the way and writes it for dk/dv (no prep pass) */
+    _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
+    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
+      return st;
+    void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
+    rlk_launch_dims d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
+                                pa_sm90_dq_smem((int)s.D, p.dq_stages));
+    if ((st = rlk_context_launch(ctx, &p.dq, &d, stream, margs))) return st;
+    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
+    /* a block per (key head, key tile, prompt): prompts slowest, then key tiles, a prompt's
+     * heaviest first (at most 65535 key tiles: pa_check_backward) */
+    d = pa_dims((uint64_t)s.Hkv, (uint64_t)s.tiles[1], (uint64_t)s.P, PA_SM90_THREADS,
+                pa_sm90_dkdv_smem((int)s.D, p.dkdv_stages));
+    return rlk_context_launch(ctx, &p.dkdv, &d, stream, margs);
+  }
   const unsigned warp = pa_warp(ctx);
   const uint64_t rows_per_block = 256 / warp; /* a warp per row */
   rlk_launch_dims d = pa_dims((uint64_t)((s.T * s.Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
   if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
   if (p.tiled) {
     const uint64_t tiles = (uint64_t)s.tiles[0];
-    if (p.variant == PA_VARIANT_WGMMA) {
-      _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
-      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
-      void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      /* a block per (key head, key tile, prompt): prompts slowest, then key tiles, a prompt's
-       * heaviest first (at most 65535 key tiles: pa_check_backward) */
-      d = pa_dims((uint64_t)s.Hkv, (uint64_t)s.tiles[1], (uint64_t)s.P, PA_SM90_THREADS,
-                  pa_sm90_dkdv_smem((int)s.D, p.dkdv_stages));
-      if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, margs))) return st;
-    } else {
-      d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
-      if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
-      if (s.Hq > s.Hkv) {
-        d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
-        if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
-      }
-    }
-    if (p.variant == PA_VARIANT_WGMMA) {
-      _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
-      if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
-        return st;
-      void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-      d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
-                  pa_sm90_dq_smem((int)s.D, p.dq_stages));
-      return rlk_context_launch(ctx, &p.dq, &d, stream, margs);
+    d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
+    if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
+    if (s.Hq > s.Hkv) {
+      d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
+      if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
     }
     d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
     return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
@@ -839,10 +837,15 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
     if (ctx->kind == RLK_BACKEND_HOST) {
       specs[n++] = p.bwd_host;
     } else {
-      specs[n++] = p.prep;
-      specs[n++] = p.dkdv;
-      if (p.tiled && p.variant != PA_VARIANT_WGMMA) specs[n++] = p.reduce; /* sm_90a sums GQA heads itself */
-      specs[n++] = p.dq;
+      if (p.variant == PA_VARIANT_WGMMA) { /* dq computes delta and sums the GQA heads itself */
+        specs[n++] = p.dq;
+        specs[n++] = p.dkdv;
+      } else {
+        specs[n++] = p.prep;
+        specs[n++] = p.dkdv;
+        if (p.tiled) specs[n++] = p.reduce;
+        specs[n++] = p.dq;
+      }
     }
   }
   *nspecs = n;

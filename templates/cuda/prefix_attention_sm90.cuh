@@ -117,6 +117,14 @@ template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], 
       }
 }
 
+/* The dot product of two pairs of 16-bit values packed in u32s (element 0 in the low half). */
+template <int DT> RLK_DEVICE float dot2(u32 a, u32 b) {
+  if (DT == DT_BF16) return bits_as_float(a << 16) * bits_as_float(b << 16) +
+                            bits_as_float(a & 0xffff0000u) * bits_as_float(b & 0xffff0000u);
+  const f16 a0 = {(u16)a}, a1 = {(u16)(a >> 16)}, b0 = {(u16)b}, b1 = {(u16)(b >> 16)};
+  return to_float(a0) * to_float(b0) + to_float(a1) * to_float(b1);
+}
+
 /* A warpgroup's 64 rows x D of a 16-bit tile in shared memory (boxes of 64 columns, box_bytes
  * apart, 128-byte swizzle: the TMA layout) as the A fragments of its products: k-step ks (columns
  * 16 ks ..), f[ks][r + 2 hh] = columns 16 ks + 8 hh + 2 t4 + {0, 1} of row 16 w + l / 4 + 8 r, the
@@ -587,7 +595,9 @@ template <int D, int STAGES_> struct pa_sm90_dq {
 };
 
 /* Backward dq on sm_90a: a block per (128-row query tile of a prompt, prompt, query head), the
- * forward's tiling, key tiles and masks. The producer loads Q and dO once and the key tiles' K
+ * forward's tiling, key tiles and masks. It runs first: its rows' delta = dO . O (O read in the
+ * dO fragments' layout while the copies land) goes to the workspace for the dk/dv kernel, which
+ * would otherwise need a pass of its own. The producer loads Q and dO once and the key tiles' K
  * and V into two rings; consumers 1 and 2 own 64 rows each, their Q and dO read into registers
  * once; per key tile
  *   S = Q K^T, dP = dO V^T              wgmma m64n64k16, Q and dO from registers, K and V K-major
@@ -610,7 +620,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   const float *__restrict__ lse = p_.lse;
-  const float *__restrict__ delta = (const float *)p_.work;
+  float *__restrict__ delta = (float *)p_.work;
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;
   const float scale = p_.scale;
@@ -647,14 +657,18 @@ __global__ void __launch_bounds__(384, 1)
   sm90::setmaxnreg_inc<240>(); /* the Q and dO fragments take 64 registers a thread */
   const int cw = wg - 1, l = (int)(threadIdx.x % 32), t4 = l % 4;
   /* this thread's two rows, what they see (the forward's bounds), their lse (log2 units) and
-   * delta */
+   * their O in the dO fragments' layout (u32 4 j + t4 of a row: columns 8 j + 2 t4, + 1), loaded
+   * while the tile's copies land */
   const sm90_rows rs(rg, seq, q0 + 64 * cw, qend);
   float L[2], Dl[2];
+  u32 ov[2][D / 8];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const i64 ri = min_(rs.row[r], qend - 1);
     L[r] = lse[ri * Hq + h] * LOG2E;
-    Dl[r] = delta[ri * Hq + h];
+    const u32 *__restrict__ orow = (const u32 *)((const u16 *)p_.o + (ri * Hq + h) * D);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) ov[r][j] = orow[4 * j + t4];
   }
   const float c = scale * LOG2E;
   float acc[D / 2], s_[BN / 2], dp[BN / 2];
@@ -664,6 +678,18 @@ __global__ void __launch_bounds__(384, 1)
   sm90::mbar_wait(&bar.q_full, 0);
   sm90_load_a<D>(qf, sQ + cw * NB * C::QBOX, C::QBOX);
   sm90_load_a<D>(of, sO + cw * NB * C::QBOX, C::QBOX);
+  /* delta = dO . O of each row (what pattn_bwd_prep computes on the other paths), summed over the
+   * row's quad, written once for pattn_bwd_dkdv_sm90, which runs next */
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) sum += dot2<DT>(of[j / 2][r + 2 * (j % 2)], ov[r][j]);
+    sum += shfl_xor(sum, 1);
+    sum += shfl_xor(sum, 2);
+    Dl[r] = sum;
+    if (t4 == 0 && rs.row[r] < qend) delta[rs.row[r] * Hq + h] = sum;
+  }
 
   for (int t = 0; t < kt.n; ++t) {
     const u32 st = (u32)t % STAGES, ph = ((u32)t / STAGES) & 1u;
