@@ -223,6 +223,20 @@ def fwd_bwd_rounds(h, w, y, dz, rounds, name):
         print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: {med}")
 
 
+def loss_gemms(h, w, dz):
+    """The cuBLAS floors of the policy loss from hidden states: three GEMMs (fwd, dH, dW) and four
+    (with the recompute), as two functions."""
+    def three():
+        h @ w.t()
+        dz @ w
+        dz.t() @ h
+
+    def four():
+        h @ w.t()
+        three()
+    return three, four
+
+
 def loss_rounds_run(h, w, y, dz, rounds, name):
     """The policy loss from hidden states in rotated rounds (see the module's doc): PPO, token-mean
     over a mask, tokens as [8, N / 8]."""
@@ -245,15 +259,7 @@ def loss_rounds_run(h, w, y, dz, rounds, name):
         return lambda: rlk.linear_policy_loss(h, w, y, old, adv, mask, grad_hidden=gh, grad_weight=gw,
                                               metrics=False, path=path)
 
-    def three():
-        h @ w.t()
-        dz @ w
-        dz.t() @ h
-
-    def four():
-        h @ w.t()
-        three()
-
+    three, four = loss_gemms(h, w, dz)
     cases = [("three cuBLAS GEMMs (fwd, dH, dW)", three), ("four cuBLAS GEMMs", four),
              ("rlk linear_policy_loss, recompute, f32 gradients", policy("recompute")),
              ("rlk linear_policy_loss, token chunks, f32 gradients", policy("token_chunks"))]
