@@ -837,7 +837,7 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
     if (ctx->kind == RLK_BACKEND_HOST) {
       specs[n++] = p.bwd_host;
     } else {
-      if (p.variant == PA_VARIANT_WGMMA) { /* dq computes delta and sums the GQA heads itself */
+      if (p.variant == PA_VARIANT_WGMMA) { /* dq computes delta (no prep); dk/dv sums the GQA heads (no reduce) */
         specs[n++] = p.dq;
         specs[n++] = p.dkdv;
       } else {
