@@ -171,6 +171,36 @@ def report_rounds(cases, times, median, ratios):
     return lines
 
 
+def backward_of(loss_fn, *leaves):
+    """A case that clears the leaves' gradients and backpropagates loss_fn()."""
+    def run():
+        for t in leaves:
+            t.grad = None
+        loss_fn().backward()
+    return run
+
+
+def liger_case(label, hr, wr, y):
+    """[(label, Liger's fused_linear_cross_entropy forward + backward)], or [] when it is not
+    installed (reported, not fatal)."""
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except Exception as e:  # noqa: BLE001
+        print("Liger-Kernel unavailable:", repr(e)[:200])
+        return []
+    return [(label, backward_of(lambda: liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum"), hr, wr))]
+
+
+def print_rounds(kind, cases, rounds, ratios, h, w, name):
+    """The cases in rotated rounds (rounds.py), one line each (report_rounds)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rounds import median, rotated_rounds
+    meds = report_rounds(cases, rotated_rounds([fn for _, fn in cases], rounds), median, ratios)
+    (N, H), V = h.shape, w.shape[0]
+    for (label, _), med in zip(cases, meds):
+        print(f"rounds {kind} {label} N={N} H={H} V={V} on {name}: {med}")
+
+
 def fwd_bwd_rounds(h, w, y, dz, rounds, name):
     """Forward + backward in rotated rounds (see the module's doc): each case's median, its ratio
     to the four GEMMs', and the peak memory one call adds beyond the outputs (gradients and logp)."""
@@ -185,42 +215,17 @@ def fwd_bwd_rounds(h, w, y, dz, rounds, name):
     gw32 = torch.empty(V, H, device="cuda")
     hr = h.detach().clone().requires_grad_(True)
     wr = w.detach().clone().requires_grad_(True)
-    hr.grad = torch.zeros_like(h)
-    wr.grad = torch.zeros_like(w)
-
-    def gemms():
-        h @ w.t()
-        h @ w.t()
-        dz @ w
-        dz.t() @ h
 
     def rlk_f32():
         r = rlk.linear_logprob(h, w, y)
         rlk.linear_logprob_backward(h, w, y, r.lse, g_lp, grad_hidden=gh32, grad_weight=gw32)
 
-    def autograd(fn):
-        def run():
-            hr.grad = None
-            wr.grad = None
-            fn().backward()
-        return run
-
-    cases = [("four cuBLAS GEMMs (fwd, recompute, dH, dW)", gemms),
+    cases = [("four cuBLAS GEMMs (fwd, recompute, dH, dW)", loss_gemms(h, w, dz)[1]),
              ("rlk forward + backward, f32 gradients (C calls through Python)", rlk_f32),
              ("rlk linear_token_logprob, autograd, bf16 gradients",
-              autograd(lambda: -ra.linear_token_logprob(hr, wr, y).sum()))]
-    try:
-        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-        cases.append(("Liger fused_linear_cross_entropy",
-                      autograd(lambda: liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum"))))
-    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
-        print("Liger-Kernel unavailable:", repr(e)[:200])
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from rounds import median, rotated_rounds
-    meds = report_rounds(cases, rotated_rounds([fn for _, fn in cases], rounds), median,
-                         lambda med, m: f"{med / m[0]:.3f}x the four GEMMs")
-    for (label, _), med in zip(cases, meds):
-        print(f"rounds fwd+bwd {label} N={N} H={H} V={V} on {name}: {med}")
+              backward_of(lambda: -ra.linear_token_logprob(hr, wr, y).sum(), hr, wr))]
+    cases += liger_case("Liger fused_linear_cross_entropy", hr, wr, y)
+    print_rounds("fwd+bwd", cases, rounds, lambda med, m: f"{med / m[0]:.3f}x the four GEMMs", h, w, name)
 
 
 def loss_gemms(h, w, dz):
@@ -263,22 +268,9 @@ def loss_rounds_run(h, w, y, dz, rounds, name):
     cases = [("three cuBLAS GEMMs (fwd, dH, dW)", three), ("four cuBLAS GEMMs", four),
              ("rlk linear_policy_loss, recompute, f32 gradients", policy("recompute")),
              ("rlk linear_policy_loss, token chunks, f32 gradients", policy("token_chunks"))]
-    try:
-        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-        def liger():
-            hr.grad = None
-            wr.grad = None
-            liger_fused_linear_cross_entropy(hr, wr, y, reduction="sum").backward()
-        cases.append(("Liger fused_linear_cross_entropy (scalar CE)", liger))
-    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is reported, not fatal
-        print("Liger-Kernel unavailable:", repr(e)[:200])
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from rounds import median, rotated_rounds
-    meds = report_rounds(cases, rotated_rounds([fn for _, fn in cases], rounds), median,
-                         lambda med, m: f"{med / m[0]:.3f}x the three GEMMs, {med / m[1]:.3f}x the four")
-    for (label, _), med in zip(cases, meds):
-        print(f"rounds loss {label} N={N} H={H} V={V} on {name}: {med}")
+    cases += liger_case("Liger fused_linear_cross_entropy (scalar CE)", hr, wr, y)
+    print_rounds("loss", cases, rounds,
+                 lambda med, m: f"{med / m[0]:.3f}x the three GEMMs, {med / m[1]:.3f}x the four", h, w, name)
     (rh, rw), (ch, cw) = grads["recompute"], grads["token_chunks"]
     for label, a, b in (("grad_hidden", rh, ch), ("grad_weight", rw, cw)):
         d = (a - b).abs().max().item()
@@ -292,13 +284,6 @@ def fwd_bwd_anchors(h, w, y, iters, name):
     V = w.shape[0]
     hr = h.detach().clone().requires_grad_(True)
     wr = w.detach().clone().requires_grad_(True)
-
-    def step(loss_fn):
-        def run():
-            hr.grad = None
-            wr.grad = None
-            loss_fn().backward()
-        return run
 
     def torch_loss():
         z = (hr @ wr.t()).float()
@@ -328,7 +313,7 @@ def fwd_bwd_anchors(h, w, y, iters, name):
         print("rlk unavailable:", repr(e)[:200])
     for label, fn in cases:
         try:
-            med, lo, hi, extra = timed_memory(step(fn), iters)
+            med, lo, hi, extra = timed_memory(backward_of(fn, hr, wr), iters)
             print(f"fwd+bwd {label} N={N} H={H} V={V} on {name}: median {med:.3f} ms (min {lo:.3f}, "
                   f"max {hi:.3f}), peak extra {extra:.2f} GiB")
         except Exception as e:  # noqa: BLE001
