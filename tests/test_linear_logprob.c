@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ops/linear_logprob_plan.h"
+#include "ops/linear_logprob_stored.h"
 #include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
 #include "ref/policy_loss_ref.h"
@@ -756,6 +757,50 @@ START_TEST(token_chunk_model) {
 }
 END_TEST
 
+/* rlk_linear_policy_loss's workspace on sm_90a (the size query reads shapes only): the token
+ * chunks take the rows that fit in 0.3 GiB with the rest of the call's workspace, 1024 at
+ * N 8192, V 151936 (eight chunks of whole 128-row tiles). */
+START_TEST(policy_loss_chunk_budget) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_CUDA;
+  o.compile_only = 1;
+  o.target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (policy_loss_chunk_budget): %s\n", rlk_last_error());
+    return;
+  }
+  const int64_t N = 8192, H = 4096, V = 151936, B = 8, T = N / B;
+  char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
+  rlk_linear_policy_loss_args a;
+  rlk_linear_policy_loss_args_init(&a);
+  a.head.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H);
+  a.head.weight = rlk_tensor_2d(fake + (1 << 30), RLK_BF16, V, H, H);
+  a.head.labels = rlk_tensor_1d(fake, RLK_I64, N);
+  a.loss.old_logp = rlk_tensor_2d(fake, RLK_F32, B, T, T);
+  a.loss.advantages = rlk_tensor_2d(fake, RLK_F32, B, T, T);
+  a.loss.mask = rlk_tensor_2d(fake, RLK_BOOL, B, T, T);
+  a.loss.loss = rlk_tensor_1d(fake, RLK_F32, 1);
+  a.grad_hidden = rlk_tensor_2d(fake, RLK_F32, N, H, H);
+  a.grad_weight = rlk_tensor_2d(fake, RLK_F32, V, H, H);
+  for (int entropy = 0; entropy < 2; entropy++) {
+    a.loss.entropy_coef = entropy ? 0.01 : 0.0;
+    size_t auto_bytes = 0, chunk_bytes = 0;
+    ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &auto_bytes) == RLK_OK, "%s", rlk_last_error());
+    a.chunk_tokens = 1024;
+    ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &chunk_bytes) == RLK_OK, "%s", rlk_last_error());
+    a.chunk_tokens = 0;
+    printf("linear_policy_loss sm_90a N %lld H %lld V %lld entropy %d: workspace %zu B\n", (long long)N,
+           (long long)H, (long long)V, entropy, auto_bytes);
+    ck_assert_uint_le(auto_bytes, (size_t)3 * ((size_t)1 << 30) / 10);
+    ck_assert_uint_eq(auto_bytes, chunk_bytes);
+    ck_assert_uint_ge(auto_bytes, rlk_ll_stored_workspace(1024, V));
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -1146,6 +1191,7 @@ Suite *linear_logprob_suite(void) {
   tcase_add_test(plan, plan_per_target);
   tcase_add_test(plan, sm90_chunk_model);
   tcase_add_test(plan, token_chunk_model);
+  tcase_add_test(plan, policy_loss_chunk_budget);
   tcase_add_test(plan, samples_compile_every_target);
   suite_add_tcase(s, plan);
   TCase *gpu = tcase_create("gpu");

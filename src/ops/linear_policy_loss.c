@@ -19,8 +19,11 @@
  * read shapes, not data). */
 #define LPL_SIZE_BASE ((uint8_t *)(uintptr_t)0x100000)
 
-/* The stored logits' budget: the backward's (linear_logprob.c, LL_BWD_WORKSPACE_BYTES). */
-#define LPL_STORED_BYTES ((int64_t)288 << 20)
+/* The call's workspace at most when it chooses the token chunks' rows: the 0.3 GiB a trainer
+ * budgets beside its activations. The stored logits get what the per-token buffers and the loss's
+ * workspace leave (at N = 8192, V = 151936: 1024 rows, eight whole 128-row tiles). */
+#define LPL_WORKSPACE_BYTES ((int64_t)3 * ((int64_t)1 << 30) / 10)
+#define LPL_SCRATCH_BYTES ((1 + RLK_POLICY_LOSS_METRICS) * sizeof(float)) /* loss and metrics */
 #define LPL_ROWS 64          /* chunk_tokens: a multiple of this */
 /* AUTO: the token chunks from this hidden size (measured faster at 4096 on an H200; a narrower
  * head gives a chunk's dh half the multiprocessors' tiles or fewer) */
@@ -190,7 +193,11 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   const int64_t per_row = (int64_t)rlk_ll_stored_workspace(LPL_ROWS, V) / LPL_ROWS;
   int64_t rows = a->chunk_tokens;
   if (!rows) {
-    const int64_t widest = LPL_STORED_BYTES / per_row / LPL_ROWS * LPL_ROWS;
+    size_t rest = off; /* what the stored logits leave: the loss's scratch and workspace */
+    lpl_take(&rest, LPL_SCRATCH_BYTES);
+    lpl_take(&rest, lb);
+    const int64_t room = LPL_WORKSPACE_BYTES - (int64_t)rest;
+    const int64_t widest = room > 0 ? room / per_row / LPL_ROWS * LPL_ROWS : 0;
     rows = rlk_ll_token_chunk(N, H, V, a->grad_hidden.data != NULL, a->grad_weight.data != NULL,
                               ctx->target.multiprocessors, widest > LPL_ROWS ? widest : LPL_ROWS);
   }
@@ -216,7 +223,7 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   sd->rows = rows;
   sd->workspace = base + lpl_take(&off, rlk_ll_stored_workspace(rows, V));
   /* loss [1] and the metrics of the calls whose loss is not the caller's */
-  float *scratch = (float *)(base + lpl_take(&off, (1 + RLK_POLICY_LOSS_METRICS) * sizeof(float)));
+  float *scratch = (float *)(base + lpl_take(&off, LPL_SCRATCH_BYTES));
 
   /* A chunk's loss: the same settings, its tokens as one padded row, the call's normalizers. */
   rlk_policy_loss_args *c = &p->chunk_loss;
