@@ -1231,8 +1231,8 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
  *                 gradients, which recomputes the logits a vocabulary chunk at a time: four
  *                 products of the head's size.
  *   TOKEN_CHUNKS  (sm_90a) token chunks of chunk_tokens rows, in order: the chunk's logits over
- *                 the whole vocabulary stored once in the inputs' 16-bit dtype (within the same
- *                 288 MiB the backward's chunk takes), its log-probs, its tokens' loss gradients
+ *                 the whole vocabulary stored once in the inputs' 16-bit dtype (chosen rows: the
+ *                 call's whole workspace within 0.3 GiB), its log-probs, its tokens' loss gradients
  *                 (rlk_policy_loss on the chunk with the call's normalizers), the logits turned
  *                 into their gradient in place, then the chunk's grad_hidden rows and its part of
  *                 grad_weight: three products. loss and metrics come from one rlk_policy_loss
@@ -1274,7 +1274,8 @@ typedef struct rlk_linear_policy_loss_args {
   int chunk;
   int group;
   /* The path (AUTO chooses; TOKEN_CHUNKS where it cannot run is an error saying why) and the
-   * token chunks' rows (0 chooses; else a multiple of 64, within the 288 MiB of stored logits). */
+   * token chunks' rows (0 chooses them with the whole workspace within 0.3 GiB; else a multiple
+   * of 64, the stored logits taking about 2.06 V bytes a row). */
   rlk_linear_policy_loss_path path;
   int chunk_tokens;
   /* Device scratch of rlk_linear_policy_loss_workspace_size() bytes, 16-byte aligned. */

@@ -5,8 +5,12 @@ PPO token-mean over a mask, f32 gradients given):
            the device timeline of one call (kernels over 0.5 ms and every gap over 30 us);
   --busy   rotated rounds (rounds.py) with the device kept busy 1 ms and then 40 ms before each
            timed call: the three and four cuBLAS GEMMs, rlk's forward + backward (f32 gradients)
-           and rlk.linear_policy_loss by both paths, with their ratios.
-Usage: python3 linear_policy_loss_timing.py [N H V] [--host] [--busy] [--rounds R]"""
+           and rlk.linear_policy_loss by both paths, with their ratios;
+  --rows A,B,... / --groups A,B,...
+           rotated rounds (busy 40 ms) of the token chunks at each chunk_tokens (0: the call's
+           choice) and each tile-order group (0: the default), beside the three cuBLAS GEMMs.
+Usage: python3 linear_policy_loss_timing.py [N H V] [--host] [--busy] [--rounds R]
+                                            [--rows A,B,...] [--groups A,B,...]"""
 import argparse
 import os
 import sys
@@ -38,10 +42,10 @@ class Problem:
         self.gh = torch.empty(N, H, device="cuda")
         self.gw = torch.empty(V, H, device="cuda")
 
-    def policy(self, path):
+    def policy(self, path, rows=None, group=None):
         return lambda: rlk.linear_policy_loss(self.h, self.w, self.y, self.old, self.adv, self.mask,
                                               grad_hidden=self.gh, grad_weight=self.gw, metrics=False,
-                                              path=path)
+                                              path=path, chunk_tokens=rows or None, group=group or None)
 
 
 def event_ms(fn, busy_ms, n=5):
@@ -97,11 +101,14 @@ def host(pb):
         timeline(path, fn)
 
 
+def gemms(pb):
+    dz = (torch.randn(pb.h.shape[0], pb.w.shape[0], device="cuda") * 1e-3).bfloat16()
+    return loss_gemms(pb.h, pb.w, dz)
+
+
 def busy_rounds(pb, rounds):
     h, w, y, g_lp, gh, gw = pb.h, pb.w, pb.y, pb.g_lp, pb.gh, pb.gw
-    dz = (torch.randn(h.shape[0], w.shape[0], device="cuda") * 1e-3).bfloat16()
-
-    three, four = loss_gemms(h, w, dz)
+    three, four = gemms(pb)
 
     def fwd_bwd():
         r = rlk.linear_logprob(h, w, y)
@@ -117,12 +124,27 @@ def busy_rounds(pb, rounds):
                   f"{mm / m[0]:.3f}x three  {mm / m[1]:.3f}x four")
 
 
+def chunk_sweep(pb, rows, groups, rounds):
+    three, _ = gemms(pb)
+    cases = [("three GEMMs", three)]
+    cases += [(f"token chunks rows {r or 'auto'}", pb.policy("token_chunks", rows=r)) for r in rows]
+    cases += [(f"token chunks group {g or 'default'}", pb.policy("token_chunks", group=g)) for g in groups]
+    t = rotated_rounds([f for _, f in cases], rounds, busy_cycles=40 * CYCLES_A_MS)
+    m = [median(x) for x in t]
+    for (label, _), x, mm in zip(cases, t, m):
+        print(f"busy 40 ms  {label:28s} median {mm:7.3f} ms (min {min(x):7.3f} max {max(x):7.3f})  "
+              f"{mm / m[0]:.3f}x three")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", nargs="*", type=int, default=[8192, 4096, 151936])
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--busy", action="store_true")
     ap.add_argument("--rounds", type=int, default=6)
+    ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
+    ap.add_argument("--rows", type=ints, default=[])
+    ap.add_argument("--groups", type=ints, default=[])
     a = ap.parse_args()
     pb = Problem(*a.shape)
     print(f"GPU {torch.cuda.get_device_name()}, N H V = {a.shape}")
@@ -130,6 +152,8 @@ def main():
         host(pb)
     if a.busy:
         busy_rounds(pb, a.rounds)
+    if a.rows or a.groups:
+        chunk_sweep(pb, a.rows, a.groups, a.rounds)
 
 
 if __name__ == "__main__":
