@@ -1448,16 +1448,8 @@ END_TEST
 /* On a GPU target the samples reach every dtype x family and family x algorithm pair of the scan
  * template and both whitening entries in both dtypes; auto selection picks by shape. */
 START_TEST(samples_cover_every_variant) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (advantage_scan samples coverage): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "advantage_scan samples coverage");
+  if (!ctx) return;
   int pairs_df[2][2] = {{0}}, pairs_fa[2][2] = {{0}}, pairs_da[2][2] = {{0}}, whiten[2][2] = {{0}};
   for (size_t i = 0; i < N_MY_OPS; i++)
     for (size_t j = 0; my_ops[i]->samples[j]; j++) {

@@ -761,16 +761,8 @@ END_TEST
  * chunks take the rows that fit in 0.3 GiB with the rest of the call's workspace, 1024 at
  * N 8192, V 151936 (eight chunks of whole 128-row tiles). */
 START_TEST(policy_loss_chunk_budget) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (policy_loss_chunk_budget): %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "linear_policy_loss chunk budget");
+  if (!ctx) return;
   const int64_t N = 8192, H = 4096, V = 151936, B = 8, T = N / B;
   char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
   rlk_linear_policy_loss_args a;

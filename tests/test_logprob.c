@@ -1014,16 +1014,8 @@ RLK_SAMPLES_CASE("logprob", &rlk_op_logprob)
 /* The samples reach every entry, logits dtype, label dtype, gradient dtype and entropy flag
  * (planned for sm_90a, where every entry exists). */
 START_TEST(samples_cover_every_variant) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (logprob sample coverage): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "logprob sample coverage");
+  if (!ctx) return;
   int entries[4] = {0}, dts[3] = {0}, labels[8] = {0}, grads[2] = {0}, ent[2] = {0}, shared = 0;
   for (size_t i = 0; rlk_op_logprob.samples[i]; i++) {
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];

@@ -2050,16 +2050,8 @@ static void cover(const rlk_kernel_spec *s, void *user) {
 
 /* The samples reach every mode, estimator, layout, mask kind, dtype and optional stream. */
 START_TEST(samples_cover_every_variant) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.compile_only = 1;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (policy_loss samples coverage): no CUDA compile-only context: %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "policy_loss samples coverage");
+  if (!ctx) return;
   coverage c;
   memset(&c, 0, sizeof c);
   sample_specs(ctx, &rlk_op_policy_loss, cover, &c);

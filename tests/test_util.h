@@ -90,6 +90,9 @@ uint64_t rlk_test_compiles(rlk_context *ctx);
 /* A compile-only host context (checks arguments and compiles, never launches); fails the test
  * on error. */
 rlk_context *rlk_test_compile_only_host_context(void);
+/* A compile-only CUDA context for `target` (plans and compiles without a GPU), or NULL after
+ * printing why `what` is skipped (no NVRTC here). */
+rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what);
 
 /* Stores v at element i of a buffer of dtype d (f64, f32, bf16 or f16, rounded to nearest even,
  * NaN stays NaN; i32 truncated; bool: v != 0) and returns the value as stored. */
