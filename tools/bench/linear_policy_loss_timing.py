@@ -106,6 +106,18 @@ def gemms(pb):
     return loss_gemms(pb.h, pb.w, dz)
 
 
+def report_rounds(cases, rounds, busy_ms, floors):
+    """The cases in rotated rounds, busy_ms of device work before each timed call: a line each with
+    the median, the spread and the ratio to each of the first len(floors) cases (named floors)."""
+    t = rotated_rounds([f for _, f in cases], rounds, busy_cycles=busy_ms * CYCLES_A_MS)
+    m = [median(x) for x in t]
+    width = max(len(label) for label, _ in cases)
+    for (label, _), x, mm in zip(cases, t, m):
+        ratios = "  ".join(f"{mm / m[i]:.3f}x {f}" for i, f in enumerate(floors))
+        print(f"busy {busy_ms:2d} ms  {label:{width}s} median {mm:7.3f} ms (min {min(x):7.3f} max {max(x):7.3f})  "
+              f"{ratios}")
+
+
 def busy_rounds(pb, rounds):
     h, w, y, g_lp, gh, gw = pb.h, pb.w, pb.y, pb.g_lp, pb.gh, pb.gw
     three, four = gemms(pb)
@@ -117,11 +129,7 @@ def busy_rounds(pb, rounds):
     cases = [("three GEMMs", three), ("four GEMMs", four), ("rlk fwd+bwd f32", fwd_bwd),
              ("rlk loss recompute", pb.policy("recompute")), ("rlk loss token chunks", pb.policy("token_chunks"))]
     for busy_ms in (1, 40):
-        t = rotated_rounds([f for _, f in cases], rounds, busy_cycles=busy_ms * CYCLES_A_MS)
-        m = [median(x) for x in t]
-        for (label, _), x, mm in zip(cases, t, m):
-            print(f"busy {busy_ms:2d} ms  {label:24s} median {mm:7.3f} ms (min {min(x):7.3f} max {max(x):7.3f})  "
-                  f"{mm / m[0]:.3f}x three  {mm / m[1]:.3f}x four")
+        report_rounds(cases, rounds, busy_ms, ("three", "four"))
 
 
 def chunk_sweep(pb, rows, groups, rounds):
@@ -129,11 +137,7 @@ def chunk_sweep(pb, rows, groups, rounds):
     cases = [("three GEMMs", three)]
     cases += [(f"token chunks rows {r or 'auto'}", pb.policy("token_chunks", rows=r)) for r in rows]
     cases += [(f"token chunks group {g or 'default'}", pb.policy("token_chunks", group=g)) for g in groups]
-    t = rotated_rounds([f for _, f in cases], rounds, busy_cycles=40 * CYCLES_A_MS)
-    m = [median(x) for x in t]
-    for (label, _), x, mm in zip(cases, t, m):
-        print(f"busy 40 ms  {label:28s} median {mm:7.3f} ms (min {min(x):7.3f} max {max(x):7.3f})  "
-              f"{mm / m[0]:.3f}x three")
+    report_rounds(cases, rounds, 40, ("three",))
 
 
 def main():
