@@ -860,10 +860,11 @@ RLK_SAMPLES_CASE("linear_logprob", &rlk_op_linear_logprob)
  * hidden states, against an fp64 chain built from the references alone: the head's log-probs and
  * entropy (ll_ref_row), the loss and its gradients (plref_rlk), the head's gradients
  * (ll_check_grads). Ignored labels are masked out. path and chunk_tokens as the call's; count: the
- * token-mean normalizer left to the call (the mask's count), else 9. */
+ * token-mean normalizer left to the call (the mask's count), else 9; gw_pad: f32 elements between
+ * grad_weight's rows (1: rows no tensor map can describe). */
 static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, int64_t H, rlk_dtype dt,
                             float temp, uint64_t seed, rlk_linear_policy_loss_path path, int chunk_tokens,
-                            int count) {
+                            int count, int64_t gw_pad) {
   uint64_t rng = seed;
   const int64_t N = B * T;
   uint16_t *h = malloc((size_t)(N * H) * 2), *w = malloc((size_t)(V * H) * 2);
@@ -918,9 +919,10 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   void *dl = ll_put(ctx, lab, (size_t)N * 8), *dold = ll_put(ctx, f_old, (size_t)N * 4);
   void *dadv = ll_put(ctx, f_adv, (size_t)N * 4), *dref = ll_put(ctx, f_ref, (size_t)N * 4);
   void *dm = ll_put(ctx, m8, (size_t)N);
-  float *zero = calloc((size_t)(V * H > 32 ? V * H : 32), 4);
+  const int64_t gws = H + gw_pad;
+  float *zero = calloc((size_t)(V * gws > 32 ? V * gws : 32), 4);
   void *dloss = ll_put(ctx, zero, 4 * (1 + RLK_POLICY_LOSS_METRICS)), *dgh = ll_put(ctx, zero, (size_t)(N * H) * 4);
-  void *dgw = ll_put(ctx, zero, (size_t)(V * H) * 4), *dlogp = ll_put(ctx, zero, (size_t)N * 4);
+  void *dgw = ll_put(ctx, zero, (size_t)(V * gws) * 4), *dlogp = ll_put(ctx, zero, (size_t)N * 4);
   rlk_linear_policy_loss_args a;
   rlk_linear_policy_loss_args_init(&a);
   a.head.hidden = rlk_tensor_2d(dh, dt, N, H, H);
@@ -940,7 +942,7 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   a.chunk_tokens = chunk_tokens;
   a.loss.metrics = rlk_tensor_1d((float *)dloss + 1, RLK_F32, RLK_POLICY_LOSS_METRICS);
   a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
-  a.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
+  a.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, gws);
   size_t wsb = 0;
   ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
   void *ws = rlk_test_dev_alloc(ctx, wsb);
@@ -951,11 +953,12 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   float got_loss[1 + RLK_POLICY_LOSS_METRICS], *got_lp = malloc((size_t)N * 4);
-  float *got_h = malloc((size_t)(N * H) * 4), *got_w = malloc((size_t)(V * H) * 4);
+  float *got_h = malloc((size_t)(N * H) * 4), *got_w = malloc((size_t)(V * gws) * 4);
   ll_get(ctx, got_loss, dloss, sizeof got_loss);
   ll_get(ctx, got_lp, dlogp, (size_t)N * 4);
   ll_get(ctx, got_h, dgh, (size_t)(N * H) * 4);
-  ll_get(ctx, got_w, dgw, (size_t)(V * H) * 4);
+  ll_get(ctx, got_w, dgw, (size_t)(V * gws) * 4);
+  for (int64_t v = 1; v < V && gw_pad; v++) memmove(got_w + v * H, got_w + v * gws, (size_t)H * 4); /* rows packed */
   for (int64_t i = 0; i < N; i++)
     ck_assert_msg(fabs(got_lp[i] - lp[i]) <= 2e-3 + 2e-4 * fabs(lp[i]), "logp[%lld] %.7g, fp64 %.7g", (long long)i,
                   (double)got_lp[i], lp[i]);
@@ -965,10 +968,11 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
                 "clipfrac %.7g, fp64 %.7g", (double)got_loss[1 + RLK_PL_METRIC_CLIPFRAC], po.metrics[RLK_PL_METRIC_CLIPFRAC]);
   const ll_gradref r = {h, w, dt, lab, N, V, H, temp, glp, gent, RLK_F32, got_h, got_w, NULL, NULL, 0};
   ll_check_grads(ctx, &r);
-  printf("linear_policy_loss %s B=%lld T=%lld V=%lld H=%lld %s path %d chunk_tokens %d%s: loss %.6g (fp64 %.6g), "
+  printf("linear_policy_loss %s B=%lld T=%lld V=%lld H=%lld %s path %d chunk_tokens %d%s%s: loss %.6g (fp64 %.6g), "
          "workspace %zu B\n",
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)B, (long long)T, (long long)V,
-         (long long)H, rlk_dtype_name(dt), (int)path, chunk_tokens, count ? " (mask count)" : "", (double)got_loss[0],
+         (long long)H, rlk_dtype_name(dt), (int)path, chunk_tokens, count ? " (mask count)" : "",
+         gw_pad ? " (grad_weight rows padded)" : "", (double)got_loss[0],
          po.loss, wsb);
   ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dold), ll_drop(ctx, dadv), ll_drop(ctx, dref);
   ll_drop(ctx, dm), ll_drop(ctx, dloss), ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlogp);
@@ -979,8 +983,8 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
 
 START_TEST(host_policy_loss) {
   rlk_context *ctx = rlk_test_host_context();
-  ll_policy_check(ctx, 3, 5, 301, 40, RLK_BF16, 0.8f, rlk_test_seed() ^ 0x71u, RLK_LPL_AUTO, 0, 0);
-  ll_policy_check(ctx, 2, 7, 128, 64, RLK_F16, 1.0f, rlk_test_seed() ^ 0x72u, RLK_LPL_AUTO, 0, 1);
+  ll_policy_check(ctx, 3, 5, 301, 40, RLK_BF16, 0.8f, rlk_test_seed() ^ 0x71u, RLK_LPL_AUTO, 0, 0, 0);
+  ll_policy_check(ctx, 2, 7, 128, 64, RLK_F16, 1.0f, rlk_test_seed() ^ 0x72u, RLK_LPL_AUTO, 0, 1, 3);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1120,11 +1124,13 @@ START_TEST(gpu_backward) {
    * recomputing the logits; then the token chunks on sm_90a (three chunks, the last of 4 rows;
    * then V and H off every tile, chunks of 256, 256 and 88 rows; then the call's own rows, one
    * chunk, the mask's count) */
-  ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 11, RLK_LPL_RECOMPUTE, 0, 0);
+  ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 11, RLK_LPL_RECOMPUTE, 0, 0, 0);
   if (ctx->target.features & RLK_TARGET_WGMMA) {
-    ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 16, RLK_LPL_TOKEN_CHUNKS, 64, 1);
-    ll_policy_check(ctx, 3, 200, 4099, 328, RLK_F16, 1.0f, seed + 17, RLK_LPL_TOKEN_CHUNKS, 256, 0);
-    ll_policy_check(ctx, 2, 300, 2999, 2048, RLK_BF16, 0.8f, seed + 18, RLK_LPL_TOKEN_CHUNKS, 0, 1);
+    ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 16, RLK_LPL_TOKEN_CHUNKS, 64, 1, 0);
+    ll_policy_check(ctx, 3, 200, 4099, 328, RLK_F16, 1.0f, seed + 17, RLK_LPL_TOKEN_CHUNKS, 256, 0, 0);
+    ll_policy_check(ctx, 2, 300, 2999, 2048, RLK_BF16, 0.8f, seed + 18, RLK_LPL_TOKEN_CHUNKS, 0, 1, 0);
+    /* grad_weight's rows 4 H + 4 bytes apart: dw from registers, two chunks of 128 rows */
+    ll_policy_check(ctx, 2, 128, 2999, 256, RLK_BF16, 1.0f, seed + 19, RLK_LPL_TOKEN_CHUNKS, 128, 0, 1);
   } else {
     printf("linear_policy_loss token chunks: skipped (needs sm_90a)\n");
   }
