@@ -2,7 +2,8 @@
 PPO token-mean over a mask, f32 gradients given):
   --host   for each path (recompute, token chunks): the host's time to queue one call with the
            device busy, the event time of a call after 1 ms and after 75 ms of device work, and
-           the device timeline of one call (kernels over 0.5 ms and every gap over 30 us);
+           the device timeline of one call (kernels over 0.5 ms and every gap over 30 us, then
+           each kernel's total time and count);
   --busy   rotated rounds (rounds.py) with the device kept busy 1 ms and then 40 ms before each
            timed call: the three and four cuBLAS GEMMs, rlk's forward + backward (f32 gradients)
            and rlk.linear_policy_loss by both paths, with their ratios;
@@ -81,6 +82,19 @@ def timeline(path, fn):
         prev = e.time_range.end
     print(f"  timeline {path}: span {(ks[-1].time_range.end - t0) / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, "
           f"{len(ks)} device events")
+    for name, (n, total) in kernel_totals(ks):
+        print(f"  {total / 1e3:8.3f} ms in {n:3d} x {name[:90]}")
+
+
+def kernel_totals(events):
+    """(name, (count, total us)) of each kernel name (template arguments kept, parameters dropped:
+    one line per linear_logprob_bwd_sm90 kind), the largest total first."""
+    totals = {}
+    for e in events:
+        name = e.name.split("(")[0]
+        n, t = totals.get(name, (0, 0.0))
+        totals[name] = (n + 1, t + e.time_range.end - e.time_range.start)
+    return sorted(totals.items(), key=lambda kv: -kv[1][1])
 
 
 def host(pb):
