@@ -958,7 +958,12 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   ll_get(ctx, got_lp, dlogp, (size_t)N * 4);
   ll_get(ctx, got_h, dgh, (size_t)(N * H) * 4);
   ll_get(ctx, got_w, dgw, (size_t)(V * gws) * 4);
-  for (int64_t v = 1; v < V && gw_pad; v++) memmove(got_w + v * H, got_w + v * gws, (size_t)H * 4); /* rows packed */
+  for (int64_t v = 0; v < V && gw_pad; v++) {
+    for (int64_t j = H; j < gws; j++) /* nothing written between the rows */
+      ck_assert_msg(got_w[v * gws + j] == 0.0f, "grad_weight row %lld: padding %lld written", (long long)v,
+                    (long long)(j - H));
+    memmove(got_w + v * H, got_w + v * gws, (size_t)H * 4); /* rows packed */
+  }
   for (int64_t i = 0; i < N; i++)
     ck_assert_msg(fabs(got_lp[i] - lp[i]) <= 2e-3 + 2e-4 * fabs(lp[i]), "logp[%lld] %.7g, fp64 %.7g", (long long)i,
                   (double)got_lp[i], lp[i]);
