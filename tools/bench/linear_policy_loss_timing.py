@@ -2,8 +2,8 @@
 PPO token-mean over a mask, f32 gradients given):
   --host   for each path (recompute, token chunks): the host's time to queue one call with the
            device busy, the event time of a call after 1 ms and after 75 ms of device work, and
-           the device timeline of one call (kernels over 0.5 ms and every gap over 30 us, then
-           each kernel's total time and count);
+           the device timeline of one call (kernels over 0.5 ms and every gap over 30 us), then
+           each kernel's time and launches a call;
   --busy   rotated rounds (rounds.py) with the device kept busy 1 ms and then 40 ms before each
            timed call: the three and four cuBLAS GEMMs, rlk's forward + backward (f32 gradients)
            and rlk.linear_policy_loss by both paths, with their ratios;
@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, HERE)
 import rlk  # noqa: E402
+from kernel_split import kernel_split  # noqa: E402
 from rounds import median, rotated_rounds  # noqa: E402
 from torch_linear_logprob import loss_gemms  # noqa: E402
 
@@ -82,19 +83,6 @@ def timeline(path, fn):
         prev = e.time_range.end
     print(f"  timeline {path}: span {(ks[-1].time_range.end - t0) / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, "
           f"{len(ks)} device events")
-    for name, (n, total) in kernel_totals(ks):
-        print(f"  {total / 1e3:8.3f} ms in {n:3d} x {name[:90]}")
-
-
-def kernel_totals(events):
-    """(name, (count, total us)) of each kernel name (template arguments kept, parameters dropped:
-    one line per linear_logprob_bwd_sm90 kind), the largest total first."""
-    totals = {}
-    for e in events:
-        name = e.name.split("(")[0]
-        n, t = totals.get(name, (0, 0.0))
-        totals[name] = (n + 1, t + e.time_range.end - e.time_range.start)
-    return sorted(totals.items(), key=lambda kv: -kv[1][1])
 
 
 def host(pb):
@@ -113,6 +101,9 @@ def host(pb):
         print(f"host {path}: enqueue ms {median(hs):.3f} (all {[round(x, 3) for x in hs]})")
         print(f"events {path}: busy 1 ms -> {event_ms(fn, 1):.3f} ms, busy 75 ms -> {event_ms(fn, 75):.3f} ms")
         timeline(path, fn)
+        # each kernel's time a call (kernel_split.py: one line per linear_logprob_bwd_sm90 kind)
+        for name, ms, launches in kernel_split(fn, calls=3):
+            print(f"  {ms:8.3f} ms in {launches:3d} x {name[:90]}")
 
 
 def gemms(pb):
