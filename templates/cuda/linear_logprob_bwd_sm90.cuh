@@ -144,16 +144,40 @@ RLK_DEVICE void ll_stage_give(const tensor_map *map_c, u8 *stage, i64 col0, i64 
   }
 }
 
+/* The one element of a consumer thread's 64 a row (q = 2 j + e: column 8 j + 2 (l % 4) + e of
+ * the tile) that the generic formula of a 16-bit epilogue does not give: the label's column, whose
+ * value the thread that owns it works out on its own (q < 0: none here). */
+struct ll_patch {
+  int q[2];
+  float v[2];
+};
+
+/* The element index q of the tile-local column yc in the accumulators of the thread at lane l, or
+ * -1 where yc is outside the tile or belongs to another lane. */
+RLK_DEVICE int ll_owned_q(i64 yc, int l) {
+  return yc >= 0 && yc < ll_bwd_sm90::BN && (int)((yc >> 1) & 3) == (l & 3) ? (int)(((yc >> 3) << 1) | (yc & 1)) : -1;
+}
+
+/* x[q] for a run-time q, kept in registers: a select a column, for the rare thread that needs it. */
+RLK_DEVICE float ll_pick(const float (&acc)[ll_bwd_sm90::BN / 2], int i, int q) {
+  float x = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ll_bwd_sm90::BN / 4; ++k) x = k == q ? acc[4 * (k >> 1) + 2 * i + (k & 1)] : x;
+  return x;
+}
+
 /* A 16-bit output's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows
  * (r0 + 8 i, i = 0, 1 for this thread): value(i, j, e) is the element at row i, column
- * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]). The half is computed and packed into
- * registers first, so that the previous half's stores read the staging meanwhile; then it goes
- * into `stage` as two 64 x 64 boxes of 128-byte rows with the 128-byte swizzle (16-byte chunk c of
- * row r at c ^ (r % 8): the eight rows a warp writes at once land on distinct banks), and thread 0
- * of the consumer hands them to TMA stores (reduce-adds when `add`) at (n0 + 128 HALF + 64 b, m0w). */
-template <int HALF, int DT, typename F>
+ * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]), and where PATCH the elements that `patch`
+ * names take its values instead (a branch on the rare threads that own one, so that the formula
+ * costs no compare an element). The half is computed and packed into registers first, so that the
+ * previous half's stores read the staging meanwhile; then it goes into `stage` as two 64 x 64
+ * boxes of 128-byte rows with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): the
+ * eight rows a warp writes at once land on distinct banks), and thread 0 of the consumer hands them
+ * to TMA stores (reduce-adds when `add`) at (n0 + 128 HALF + 64 b, m0w). */
+template <int HALF, int DT, bool PATCH = false, typename F>
 RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, i64 m0w, i64 n0, int rl, int tw,
-                            u32 barrier, bool add) {
+                            u32 barrier, bool add, const ll_patch *patch = nullptr) {
   constexpr int J = ll_bwd_sm90::BN / 16; /* 8-column groups a half */
   const int l = tw % 32;
   u32 packed[2][J];
@@ -176,13 +200,42 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
           packed[i][jj];
     }
   }
+  if constexpr (PATCH) {
+    /* over the element in the staging (a register array indexed at run time would go to local
+     * memory); the same thread wrote it just before */
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int q = patch->q[i], rr = rl + 8 * i;
+      if (q >= 0 && (q >> 5) == HALF) {
+        const u32 jj = (u32)(q >> 1) & (J - 1), chunk = (jj % 8) ^ (u32)(rr % 8);
+        const u32 v = DT == ll::DT_BF16 ? sm90::pack_bf16x2(patch->v[i], patch->v[i])
+                                        : sm90::pack_f16x2(patch->v[i], patch->v[i]);
+        *(u16 *)(stage + (jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u +
+                 (u32)(q & 1) * 2u) = (u16)v;
+      }
+    }
+  }
   ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, tw, barrier, add);
+}
+
+/* Columns past the output's last (Nn) count as -inf: only the tile that crosses it pays the
+ * compares. */
+RLK_DEVICE void ll_mask_past(float (&acc)[ll_bwd_sm90::BN / 2], i64 Nn, i64 n0, int l) {
+  constexpr int BN = ll_bwd_sm90::BN;
+  if (n0 + BN <= Nn) return;
+  const int lim = (int)(Nn - n0) - 2 * (l % 4);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (8 * j + e >= lim) acc[4 * j + e] = acc[4 * j + 2 + e] = -limits<float>::infinity();
 }
 
 /* The logits kind's epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
  * labels' columns, -1 for none): each row's tile record into partials, then u in place of acc,
- * stored in two halves (ll_b16_half). Columns past V count as -inf; the sums run in a fixed order
- * (a lane's columns, then the four lanes of a row by butterfly). */
+ * stored in two halves (ll_b16_half). Columns past V count as -inf (their u is 0); the sums run
+ * in a fixed order (a lane's columns in two alternating partial sums, then the four lanes of a row
+ * by butterfly). The label's logit is picked by the one thread that holds it. */
 template <int DT, bool ENTROPY>
 RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
                                    float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], u8 *stage, i64 m0w, i64 n0,
@@ -190,39 +243,43 @@ RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map
   constexpr int BN = ll_bwd_sm90::BN;
   const float c = RLK_LL_LOG2E / p_.temperature;
   const int l = tw % 32;
-  const i64 lim = p_.Nn - n0 - 2 * (l % 4);
   ll::part *__restrict__ partials = (ll::part *)p_.out_aux;
+  ll_mask_past(acc, p_.Nn, n0, l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = -limits<float>::infinity();
+    float m0 = -limits<float>::infinity(), m1 = m0;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if ((i64)(8 * j + e) >= lim) acc[4 * j + 2 * i + e] = -limits<float>::infinity();
-        mx = fmaxf(mx, acc[4 * j + 2 * i + e]);
-      }
+    for (int j = 0; j < BN / 8; ++j) {
+      m0 = fmaxf(m0, acc[4 * j + 2 * i]);
+      m1 = fmaxf(m1, acc[4 * j + 2 * i + 1]);
+    }
+    float mx = fmaxf(m0, m1);
     mx = fmaxf(mx, shfl_xor(mx, 1));
     mx = fmaxf(mx, shfl_xor(mx, 2));
     const float M = mx * c;
-    const i64 yc = y[i] - n0 - 2 * (l % 4);
-    float s = 0.0f, q = 0.0f, t = 0.0f;
+    float t = 0.0f;
+    const int qy = ll_owned_q(y[i] - n0, l);
+    if (qy >= 0) t = ll_pick(acc, i, qy);
+    float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float x = acc[4 * j + 2 * i + e];
-        if ((i64)(8 * j + e) == yc) t = x;
-        /* a column past V: its exponent clamped, so that it adds exactly 0 to both sums */
-        const float d = fmaxf(fmaf(x, c, -M), -256.0f), u = exp2_approx(d);
-        s += u;
-        if (ENTROPY) q = fmaf(u, d, q);
-        acc[4 * j + 2 * i + e] = u;
+        float &x = acc[4 * j + 2 * i + e];
+        /* with the entropy a column past V has its exponent clamped, so that it adds exactly 0 to
+         * q as to s (-inf times 0 would not) */
+        const float d = ENTROPY ? fmaxf(fmaf(x, c, -M), -256.0f) : fmaf(x, c, -M), u = exp2_approx(d);
+        (e ? s1 : s0) += u;
+        if (ENTROPY) (e ? q1 : q0) = fmaf(u, d, e ? q1 : q0);
+        x = u;
       }
+    float s = s0 + s1, q = q0 + q1;
     s += shfl_xor(s, 1);
     s += shfl_xor(s, 2);
-    q += shfl_xor(q, 1);
-    q += shfl_xor(q, 2);
+    if (ENTROPY) {
+      q += shfl_xor(q, 1);
+      q += shfl_xor(q, 2);
+    }
     t += shfl_xor(t, 1);
     t += shfl_xor(t, 2);
     const i64 r = m0w + rl + 8 * i;
@@ -238,29 +295,42 @@ RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map
 }
 
 /* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread): each logit turned into its
- * gradient, in two halves through a 16 KB staging area (ll_b16_half). */
+ * gradient, in two halves through a 16 KB staging area (ll_b16_half). A row's terms fold into two
+ * coefficients, dz = p (b + k x) with p = 2^(x c - lse2), b = (g_H E - g_lp) / T, k = -g_H / T^2
+ * (k = 0 without the entropy): an ignored row takes lse2 = +inf (p = 0), a bad one b = NaN. The
+ * label's column adds g_lp / T: its owner works that element out on its own (ll_patch), from the
+ * unfolded formula, where 1 - p keeps its precision. */
 template <int DT, bool ENTROPY>
 RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
                                const float (&acc)[ll_bwd_sm90::BN / 2], const ll_dz_row (&row)[2], u8 *stage,
                                i64 m0w, i64 n0, int tn, int rl, int tw, u32 barrier) {
   const float inv_t = 1.0f / p_.temperature, c = RLK_LL_LOG2E / p_.temperature;
   const int l = tw % 32;
+  float lse2[2], cb[2], ck[2];
+  ll_patch fix;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-    if (row[i].bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
-      atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
-  const auto grad = [&](int i, int j, int e) {
+  for (int i = 0; i < 2; ++i) {
     const ll_dz_row &d = row[i];
-    const float x = acc[4 * j + 2 * i + e];
-    if (d.ignored) return 0.0f;
-    if (d.bad) return limits<float>::quiet_nan();
-    const float p = exp2_approx(fmaf(x, c, -d.lse2));
-    float v = d.gl * (((i64)(8 * j + 2 * (l % 4) + e) == d.y - n0 ? 1.0f : 0.0f) - p);
-    if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
-    return v * inv_t;
+    if (d.bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
+      atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+    lse2[i] = d.ignored ? limits<float>::infinity() : d.lse2;
+    cb[i] = d.ignored ? 0.0f : d.bad ? limits<float>::quiet_nan() : (ENTROPY ? d.gh * d.E - d.gl : -d.gl) * inv_t;
+    ck[i] = ENTROPY && !d.ignored ? -d.gh * inv_t * inv_t : 0.0f;
+    fix.q[i] = d.ignored || d.bad ? -1 : ll_owned_q(d.y - n0, l);
+    fix.v[i] = 0.0f;
+    if (fix.q[i] >= 0) {
+      const float x = ll_pick(acc, i, fix.q[i]), p = exp2_approx(fmaf(x, c, -d.lse2));
+      float v = d.gl * (1.0f - p);
+      if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
+      fix.v[i] = v * inv_t;
+    }
+  }
+  const auto grad = [&](int i, int j, int e) {
+    const float x = acc[4 * j + 2 * i + e], p = exp2_approx(fmaf(x, c, -lse2[i]));
+    return ENTROPY ? p * fmaf(ck[i], x, cb[i]) : p * cb[i];
   };
-  ll_b16_half<0, DT>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false);
-  ll_b16_half<1, DT>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false);
+  ll_b16_half<0, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
+  ll_b16_half<1, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
 }
 
 /* An f32 output's epilogue for one consumer, columns [64 Q, 64 Q + 64) of its rows (r0 + 8 i,

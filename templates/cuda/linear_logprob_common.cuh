@@ -95,8 +95,9 @@ template <int W, bool ENTROPY> RLK_DEVICE part lane_merge(part p) {
 }
 
 /* Folds NV values x[] (raw dot products) of one row into p. A column outside the vocabulary is
- * given as -inf: it moves no maximum, and its exponent is clamped so that it adds exactly 0 to
- * both sums (an exponent below -126 adds 0 anyway: ex2.approx flushes to zero). */
+ * given as -inf: it moves no maximum, and 2^-inf adds exactly 0 to s; with the entropy its
+ * exponent is clamped, so that it adds 0 to q too (-inf times 0 would not; an exponent below -126
+ * adds 0 anyway: ex2.approx flushes to zero). */
 template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, float c) {
   float mx = -limits<float>::infinity();
 #pragma unroll
@@ -108,7 +109,7 @@ template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, fl
   float s1 = 0.0f, q1 = 0.0f;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
-    const float d = fmaxf(fmaf(x[k], c, -M), -256.0f);
+    const float d = ENTROPY ? fmaxf(fmaf(x[k], c, -M), -256.0f) : fmaf(x[k], c, -M);
     const float e = exp2_approx(d);
     if (k & 1) {
       s1 += e;
