@@ -520,7 +520,8 @@ static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob
 static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_logprob_stored_combine",
                                                     "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_combine_params),
                                                     ll_combine_params};
-#define LL_STORED_VEC 8    /* columns a thread (RLK_LL_STORED_VEC) */
+#define LL_STORED_VEC 8    /* columns a vector (RLK_LL_STORED_VEC) */
+#define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
 #define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
 
@@ -1124,7 +1125,7 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
   void *zargs[] = {&z};
-  const int64_t per_block = 256 * LL_STORED_VEC;
+  const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
   rlk_launch_dims d = ll_dims((uint64_t)((c.V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
   if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
 

@@ -23,62 +23,81 @@ namespace ll {
 RLK_PARAMS_DECLARE(StoredDzParams, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 }
 
-/* Columns of a tile record; 8 columns (16 bytes) a thread, blocks of 256 threads along a row:
- * grid (ceil(V / 2048), M). */
+/* Columns of a tile record; 8 columns (16 bytes) a vector and RLK_LL_STORED_VECS vectors a thread,
+ * 2048 columns apart, blocks of 256 threads along a row: grid (ceil(V / 8192), M). A thread's
+ * loads all go out before its first store (bytes in flight: the pass is a stream of u in and dz
+ * out), and its row's inputs are read once for its four vectors. */
 #define RLK_LL_STORED_TILE 256
 #define RLK_LL_STORED_VEC 8
+#define RLK_LL_STORED_VECS 4
+
+/* Element k of a vector of u (eight 16-bit values in four words), as a float. */
+template <typename T> RLK_DEVICE float ll_stored_elem(const u32 (&w)[RLK_LL_STORED_VEC / 2], int k) {
+  T e;
+  e.bits = (u16)(w[k / 2] >> (16 * (k % 2)));
+  return to_float(e);
+}
 
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
+  constexpr int VEC = RLK_LL_STORED_VEC, VECS = RLK_LL_STORED_VECS, STEP = 256 * VEC;
   const i64 row = (i64)blockIdx.y, M = p_.M, V = p_.V;
-  const i64 v0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * RLK_LL_STORED_VEC;
-  if (v0 >= V) return;
+  const i64 first = (i64)blockIdx.x * STEP * VECS + (i64)threadIdx.x * VEC;
+  if (first >= V) return;
+  T *u = (T *)p_.u + row * p_.u_stride;
+  const ll::part *partials = (const ll::part *)p_.partials;
+  u32 w[VECS][VEC / 2];
+  float m[VECS];
+#pragma unroll
+  for (int v = 0; v < VECS; ++v) {
+    const i64 v0 = first + (i64)v * STEP;
+    m[v] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k) w[v][k] = 0;
+    if (v0 + VEC <= V) {
+      const i32x4 x = *(const i32x4 *)(u + v0);
+      w[v][0] = (u32)x.x, w[v][1] = (u32)x.y, w[v][2] = (u32)x.z, w[v][3] = (u32)x.w;
+    } else {
+      for (int k = 0; k < VEC && v0 + k < V; ++k) w[v][k / 2] |= (u32)u[v0 + k].bits << (16 * (k % 2));
+    }
+    if (v0 < V) m[v] = ld_ro(&partials[(v0 / RLK_LL_STORED_TILE) * M + row].m);
+  }
   const i64 yg = ll::load_label((const L *)p_.labels, row, p_.label_stride);
   const bool ignored = yg == p_.ignore_index, bad = !ignored && (yg < 0 || yg >= V);
   const float inv_t = 1.0f / p_.temperature;
-  const float lse = ld_ro(p_.lse + row), gl = p_.g_lp ? ld_ro(p_.g_lp + row) : 0.0f;
+  const float lse2 = ld_ro(p_.lse + row) * RLK_LL_LOG2E, gl = p_.g_lp ? ld_ro(p_.g_lp + row) : 0.0f;
   const float gh = ENTROPY && p_.g_ent ? ld_ro(p_.g_ent + row) : 0.0f;
-  const float E = ENTROPY && p_.g_ent ? lse - ld_ro(p_.entropy + row) : 0.0f;
-  const float m = ld_ro(&((const ll::part *)p_.partials)[(v0 / RLK_LL_STORED_TILE) * M + row].m);
-  const float scale = exp2_approx(m - lse * RLK_LL_LOG2E); /* p = u scale */
-  T *u = (T *)p_.u + row * p_.u_stride + v0;
-  const bool whole = v0 + RLK_LL_STORED_VEC <= V;
-  u32 w[RLK_LL_STORED_VEC / 2];
-  if (whole) {
-    const i32x4 v = *(const i32x4 *)u;
-    w[0] = (u32)v.x, w[1] = (u32)v.y, w[2] = (u32)v.z, w[3] = (u32)v.w;
-  } else {
+  const float E = ENTROPY && p_.g_ent ? ld_ro(p_.lse + row) - ld_ro(p_.entropy + row) : 0.0f;
 #pragma unroll
-    for (int k = 0; k < RLK_LL_STORED_VEC / 2; ++k) w[k] = 0;
-    for (int k = 0; k < RLK_LL_STORED_VEC && v0 + k < V; ++k)
-      w[k / 2] |= (u32)u[k].bits << (16 * (k % 2));
-  }
+  for (int v = 0; v < VECS; ++v) {
+    const i64 v0 = first + (i64)v * STEP;
+    if (v0 >= V) break;
+    const float scale = exp2_approx(m[v] - lse2); /* p = u scale */
 #pragma unroll
-  for (int k = 0; k < RLK_LL_STORED_VEC; ++k) {
-    T e;
-    e.bits = (u16)(w[k / 2] >> (16 * (k % 2)));
-    const float uk = to_float(e), p = uk * scale;
-    float g;
-    if (ignored) {
-      g = 0.0f;
-    } else if (bad) {
-      g = limits<float>::quiet_nan();
-    } else {
-      g = gl * ((v0 + k == yg ? 1.0f : 0.0f) - p);
-      /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
-      if (ENTROPY && uk > 0.0f) g -= gh * p * ((log2f(uk) + m) * RLK_LL_LN2 - E);
-      g *= inv_t;
+    for (int k = 0; k < VEC; ++k) {
+      const float uk = ll_stored_elem<T>(w[v], k), p = uk * scale;
+      float g;
+      if (ignored) {
+        g = 0.0f;
+      } else if (bad) {
+        g = limits<float>::quiet_nan();
+      } else {
+        g = gl * ((v0 + k == yg ? 1.0f : 0.0f) - p);
+        /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
+        if (ENTROPY && uk > 0.0f) g -= gh * p * ((log2f(uk) + m[v]) * RLK_LL_LN2 - E);
+        g *= inv_t;
+      }
+      const T o = store_as<T>::from(g);
+      w[v][k / 2] = (w[v][k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
     }
-    const T o = store_as<T>::from(g);
-    w[k / 2] = (w[k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
-  }
-  if (whole) {
-    i32x4 v;
-    v.x = (i32)w[0], v.y = (i32)w[1], v.z = (i32)w[2], v.w = (i32)w[3];
-    *(i32x4 *)u = v;
-  } else {
-    for (int k = 0; k < RLK_LL_STORED_VEC && v0 + k < V; ++k) u[k].bits = (u16)(w[k / 2] >> (16 * (k % 2)));
+    if (v0 + VEC <= V) {
+      i32x4 x;
+      x.x = (i32)w[v][0], x.y = (i32)w[v][1], x.z = (i32)w[v][2], x.w = (i32)w[v][3];
+      *(i32x4 *)(u + v0) = x;
+    } else {
+      for (int k = 0; k < VEC && v0 + k < V; ++k) u[v0 + k].bits = (u16)(w[v][k / 2] >> (16 * (k % 2)));
+    }
   }
 }
 
