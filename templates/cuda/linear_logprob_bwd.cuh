@@ -60,19 +60,9 @@ __global__ void __launch_bounds__(256)
     for (int cc = 0; cc < 4; ++cc) {
       const i64 v = v0 + tx + 16 * cc;
       if (v >= v_end) continue;
-      float g;
-      if (ignored) {
-        g = 0.0f;
-      } else if (bad) {
-        g = limits<float>::quiet_nan();
-      } else {
-        const float z = acc[r][cc] * inv_t;
-        const float p = exp2_approx(fmaf(acc[r][cc], c, -l * RLK_LL_LOG2E));
-        g = gl * ((v == y ? 1.0f : 0.0f) - p);
-        if (ENTROPY) g -= gh * p * (z - E);
-        g *= inv_t;
-      }
-      dz[row * Vc + (v - c0)] = g;
+      const float p = exp2_approx(fmaf(acc[r][cc], c, -l * RLK_LL_LOG2E));
+      dz[row * Vc + (v - c0)] =
+          ll::dz_of<ENTROPY>(ignored, bad, gl, gh, E, v == y ? 1.0f : 0.0f, p, acc[r][cc] * inv_t, true, inv_t);
     }
   }
 }

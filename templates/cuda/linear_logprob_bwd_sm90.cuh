@@ -320,9 +320,7 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
     fix.v[i] = 0.0f;
     if (fix.q[i] >= 0) {
       const float x = ll_pick(acc, i, fix.q[i]), p = exp2_approx(fmaf(x, c, -d.lse2));
-      float v = d.gl * (1.0f - p);
-      if (ENTROPY) v -= d.gh * p * (x * inv_t - d.E);
-      fix.v[i] = v * inv_t;
+      fix.v[i] = ll::dz_of<ENTROPY>(false, false, d.gl, d.gh, d.E, 1.0f, p, x * inv_t, true, inv_t);
     }
   }
   const auto grad = [&](int i, int j, int e) {

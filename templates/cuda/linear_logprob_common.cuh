@@ -124,6 +124,19 @@ template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, fl
   p.q = ENTROPY ? q0 + q1 : 0.0f;
 }
 
+/* The logits' gradient at one column of a row, dz = (g_lp (onehot - p) - g_H p (x / T - E)) / T
+ * with E = lse - entropy (0 where the row is ignored, NaN where its label is bad); xt = x / T, read
+ * only where entropy_term holds. */
+template <bool ENTROPY>
+RLK_DEVICE float dz_of(bool ignored, bool bad, float gl, float gh, float E, float onehot, float p, float xt,
+                       bool entropy_term, float inv_t) {
+  if (ignored) return 0.0f;
+  if (bad) return limits<float>::quiet_nan();
+  float g = gl * (onehot - p);
+  if (ENTROPY && entropy_term) g -= gh * p * (xt - E);
+  return g * inv_t;
+}
+
 /* (Labels are never written by these kernels: a read-only load.) */
 template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 stride) {
   return (i64)ld_ro(labels + row * stride);

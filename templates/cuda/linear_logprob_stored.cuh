@@ -77,17 +77,9 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float uk = ll_stored_elem<T>(w[v], k), p = uk * scale;
-      float g;
-      if (ignored) {
-        g = 0.0f;
-      } else if (bad) {
-        g = limits<float>::quiet_nan();
-      } else {
-        g = gl * ((v0 + k == yg ? 1.0f : 0.0f) - p);
-        /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
-        if (ENTROPY && uk > 0.0f) g -= gh * p * ((log2f(uk) + m[v]) * RLK_LL_LN2 - E);
-        g *= inv_t;
-      }
+      /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
+      const float xt = ENTROPY ? (log2f(uk) + m[v]) * RLK_LL_LN2 : 0.0f;
+      const float g = ll::dz_of<ENTROPY>(ignored, bad, gl, gh, E, v0 + k == yg ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
       const T o = store_as<T>::from(g);
       w[v][k / 2] = (w[v][k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
     }
