@@ -494,16 +494,8 @@ START_TEST(plan_per_target) {
       {"sm_75", "prefix_attention pass=bwd", {"pattn_bwd_prep", "pattn_bwd_dkdv", "pattn_bwd_dq", NULL}},
   };
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_CUDA;
-    o.compile_only = 1;
-    o.target = rows[r].target;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK) {
-      printf("skip (prefix_attention plan %s): %s\n", rows[r].target, rlk_last_error());
-      continue;
-    }
+    rlk_context *ctx = rlk_test_compile_only_cuda_context(rows[r].target, "prefix_attention plan");
+    if (!ctx) continue;
     char copy[256];
     rlk_op_config_pair pairs[16];
     const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);

@@ -909,16 +909,8 @@ START_TEST(plan_row_split) {
       {"sm_80", "sample filter=0 rows=1 row_split=8", 1, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_CUDA;
-    o.compile_only = 1;
-    o.target = cases[i].target;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK) {
-      printf("skip (sample row_split plans): no NVRTC: %s\n", rlk_last_error());
-      return;
-    }
+    rlk_context *ctx = rlk_test_compile_only_cuda_context(cases[i].target, "sample row_split plans");
+    if (!ctx) return;
     int split = 0, depth = 0;
     const char *entry = planned(ctx, cases[i].line, &split, &depth);
     ck_assert_msg(split == cases[i].split && depth == cases[i].depth, "%s %s: %s split %d depth %d, expected %d, %d",

@@ -152,20 +152,6 @@ struct ll_patch {
   float v[2];
 };
 
-/* The element index q of the tile-local column yc in the accumulators of the thread at lane l, or
- * -1 where yc is outside the tile or belongs to another lane. */
-RLK_DEVICE int ll_owned_q(i64 yc, int l) {
-  return yc >= 0 && yc < ll_bwd_sm90::BN && (int)((yc >> 1) & 3) == (l & 3) ? (int)(((yc >> 3) << 1) | (yc & 1)) : -1;
-}
-
-/* x[q] for a run-time q, kept in registers: a select a column, for the rare thread that needs it. */
-RLK_DEVICE float ll_pick(const float (&acc)[ll_bwd_sm90::BN / 2], int i, int q) {
-  float x = 0.0f;
-#pragma unroll
-  for (int k = 0; k < ll_bwd_sm90::BN / 4; ++k) x = k == q ? acc[4 * (k >> 1) + 2 * i + (k & 1)] : x;
-  return x;
-}
-
 /* A 16-bit output's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows
  * (r0 + 8 i, i = 0, 1 for this thread): value(i, j, e) is the element at row i, column
  * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]), and where PATCH the elements that `patch`
@@ -218,19 +204,6 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
   ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, tw, barrier, add);
 }
 
-/* Columns past the output's last (Nn) count as -inf: only the tile that crosses it pays the
- * compares. */
-RLK_DEVICE void ll_mask_past(float (&acc)[ll_bwd_sm90::BN / 2], i64 Nn, i64 n0, int l) {
-  constexpr int BN = ll_bwd_sm90::BN;
-  if (n0 + BN <= Nn) return;
-  const int lim = (int)(Nn - n0) - 2 * (l % 4);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if (8 * j + e >= lim) acc[4 * j + e] = acc[4 * j + 2 + e] = -limits<float>::infinity();
-}
-
 /* The logits kind's epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
  * labels' columns, -1 for none): each row's tile record into partials, then u in place of acc,
  * stored in two halves (ll_b16_half). Columns past V count as -inf (their u is 0); the sums run
@@ -258,7 +231,7 @@ RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map
     mx = fmaxf(mx, shfl_xor(mx, 2));
     const float M = mx * c;
     float t = 0.0f;
-    const int qy = ll_owned_q(y[i] - n0, l);
+    const int qy = ll_owned_q(y[i] - n0, p_.Nn - n0, l);
     if (qy >= 0) t = ll_pick(acc, i, qy);
     float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
 #pragma unroll
@@ -316,7 +289,7 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
     lse2[i] = d.ignored ? limits<float>::infinity() : d.lse2;
     cb[i] = d.ignored ? 0.0f : d.bad ? limits<float>::quiet_nan() : (ENTROPY ? d.gh * d.E - d.gl : -d.gl) * inv_t;
     ck[i] = ENTROPY && !d.ignored ? -d.gh * inv_t * inv_t : 0.0f;
-    fix.q[i] = d.ignored || d.bad ? -1 : ll_owned_q(d.y - n0, l);
+    fix.q[i] = d.ignored || d.bad ? -1 : ll_owned_q(d.y - n0, p_.Nn - n0, l);
     fix.v[i] = 0.0f;
     if (fix.q[i] >= 0) {
       const float x = ll_pick(acc, i, fix.q[i]), p = exp2_approx(fmaf(x, c, -d.lse2));

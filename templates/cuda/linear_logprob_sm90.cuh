@@ -93,16 +93,9 @@ __global__ void __launch_bounds__(384, 1)
     const i64 col0 = v_begin + (i64)t * BN;
     ll_sm90_tile_products<STAGES, AB, 0, 0>(acc, full, empty, smem, cw, l, kblocks, it);
 
-    if (col0 + BN > V) {
-      /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten
-       * by the next tile's first product */
-      const i64 lim = V - col0 - 2 * (l % 4);
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if ((i64)(8 * j + e) >= lim) acc[4 * j + e] = acc[4 * j + 2 + e] = -limits<float>::infinity();
-    }
+    /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten by
+     * the next tile's first product */
+    ll_mask_past(acc, V, col0, l);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       /* x[2 j + e] is column 8 j + 2 (l % 4) + e of the tile */
@@ -112,16 +105,10 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) x[2 * j + e] = acc[4 * j + 2 * i + e];
       ll::fold<BN / 4, ENTROPY>(st[i], x, c);
-      const i64 yc = y[i] - col0;
-      if (yc >= 0 && yc < BN && (int)((yc >> 1) & 3) == (l & 3)) {
-        /* a sum of masked terms, not x[index]: an indexed read would put x in local memory; the
-         * clamp keeps a -inf (a column past V) times 0 from making a NaN */
-        const int kt = (int)(((yc >> 3) << 1) | (yc & 1));
-        float t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < BN / 4; ++k) t = fmaf(fmaxf(x[k], -limits<float>::max()), k == kt ? 1.0f : 0.0f, t);
-        st[i].t = t;
-      }
+      /* the label's logit, where it is a column of this tile inside the vocabulary (a shard's
+       * label past its end is not) */
+      const int qy = ll_owned_q(y[i] - col0, V - col0, l);
+      if (qy >= 0) st[i].t = ll_pick(acc, i, qy);
     }
   }
 #pragma unroll

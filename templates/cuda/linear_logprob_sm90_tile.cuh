@@ -56,6 +56,39 @@ RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, 
   sm90::wgmma_fence_operands(acc);
 }
 
+/* A consumer thread's accumulators hold, for its rows i = 0, 1, the columns 8 j + 2 (l % 4) + e of
+ * the tile in acc[4 j + 2 i + e]; q = 2 j + e numbers a row's 64. */
+
+/* Columns past the output's last (Nn, from the tile's first n0) count as -inf: only the tile that
+ * crosses it pays the compares. */
+RLK_DEVICE void ll_mask_past(float (&acc)[ll_sm90::BN / 2], i64 Nn, i64 n0, int l) {
+  constexpr int BN = ll_sm90::BN;
+  if (n0 + BN <= Nn) return;
+  const int lim = (int)(Nn - n0) - 2 * (l % 4);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (8 * j + e >= lim) acc[4 * j + e] = acc[4 * j + 2 + e] = -limits<float>::infinity();
+}
+
+/* q of the tile-local column yc for the thread at lane l, or -1 where yc is not one of the tile's
+ * `left` columns inside the output or belongs to another lane. */
+RLK_DEVICE int ll_owned_q(i64 yc, i64 left, int l) {
+  return yc >= 0 && yc < ll_sm90::BN && yc < left && (int)((yc >> 1) & 3) == (l & 3)
+             ? (int)(((yc >> 3) << 1) | (yc & 1))
+             : -1;
+}
+
+/* Row i's value q for a run-time q, kept in registers (an indexed read would put acc in local
+ * memory): a select a column, for the rare thread that needs it. */
+RLK_DEVICE float ll_pick(const float (&acc)[ll_sm90::BN / 2], int i, int q) {
+  float x = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ll_sm90::BN / 4; ++k) x = k == q ? acc[4 * (k >> 1) + 2 * i + (k & 1)] : x;
+  return x;
+}
+
 } /* namespace rlk */
 #endif /* RLK_CUDA */
 
