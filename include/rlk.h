@@ -1237,10 +1237,16 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
  *                 into their gradient in place, then the chunk's grad_hidden rows and its part of
  *                 grad_weight: three products. loss and metrics come from one rlk_policy_loss
  *                 over all tokens at the end (and, for token-mean with a mask and no normalizer,
- *                 one before the chunks for the mask count). It takes: grad_weight absent or f32;
- *                 a per-token loss (ppo, cispo, sapo, reinforce; not seq-mean-token-mean, not
- *                 per-sequence advantages); the loss's per-token tensors contiguous over the N
- *                 tokens; tensor maps for hidden and weight.
+ *                 one before the chunks for the mask count). With chunk_tokens 0, an f32
+ *                 grad_weight that is overwritten (accumulate 0), N <= 2 H and rows 16-byte
+ *                 aligned: one chunk of all N tokens, its logits stored transposed, the first
+ *                 vocabulary lines in the workspace and the rest in grad_weight's own memory
+ *                 (free until the call writes it; never the padding between its rows), then
+ *                 grad_weight written once in slices from the last: no read-modify-write passes
+ *                 over it. Otherwise grad_weight takes a pass per chunk. It takes: grad_weight
+ *                 absent or f32; a per-token loss (ppo, cispo, sapo, reinforce; not
+ *                 seq-mean-token-mean, not per-sequence advantages); the loss's per-token tensors
+ *                 contiguous over the N tokens; tensor maps for hidden and weight.
  *   AUTO          TOKEN_CHUNKS where it runs and H >= 4096 (narrower heads leave multiprocessors
  *                 idle in a chunk's dh), else RECOMPUTE.
  * The log-probs, the entropy and their gradients live in the workspace unless the caller asks for
@@ -1274,8 +1280,9 @@ typedef struct rlk_linear_policy_loss_args {
   int chunk;
   int group;
   /* The path (AUTO chooses; TOKEN_CHUNKS where it cannot run is an error saying why) and the
-   * token chunks' rows (0 chooses them with the whole workspace within 0.3 GiB; else a multiple
-   * of 64, the stored logits taking about 2.06 V bytes a row). */
+   * token chunks' rows (0 chooses them with the whole workspace within 0.3 GiB, all N over
+   * grad_weight where it can take them; else a multiple of 64, the stored logits taking about
+   * 2.06 V bytes a row). */
   rlk_linear_policy_loss_path path;
   int chunk_tokens;
   /* Device scratch of rlk_linear_policy_loss_workspace_size() bytes, 16-byte aligned. */

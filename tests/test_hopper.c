@@ -116,17 +116,25 @@ START_TEST(compile_sm90a) {
       kinds++;
     }
   ck_assert_int_eq(kinds, 3);
-  /* and the token chunks' own kind, the stored logits (their dh and dw are the backward's,
-   * compiled above) */
+  /* and the token chunks' own kinds: the stored logits, row-major and transposed, and dh from
+   * the transposed (their other products are the backward's, compiled above), with the
+   * transposed stored pass */
   rlk_op_config_pair ch[1] = {{"pass", "chunks"}};
   ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, ctx, 1, ch, ll, &n), RLK_OK);
   kinds = 0;
-  for (size_t i = 0; i < n; i++)
+  int passes = 0;
+  for (size_t i = 0; i < n; i++) {
     if (!strcmp(ll[i].tmpl->entry, "linear_logprob_bwd_sm90") && ll[i].values[0] >= 3) {
       ht_compile(ctx, &ll[i]);
       kinds++;
     }
-  ck_assert_int_eq(kinds, 1);
+    if (!strcmp(ll[i].tmpl->entry, "linear_logprob_stored_dz_t")) {
+      ht_compile(ctx, &ll[i]);
+      passes++;
+    }
+  }
+  ck_assert_int_eq(kinds, 3);
+  ck_assert_int_eq(passes, 1);
   /* prefix attention's sm_90a forward, dk/dv and dq */
   rlk_op_config_pair pa[2] = {{"pass", "both"}, {"dtype", "bf16"}};
   ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, 2, pa, ll, &n), RLK_OK);

@@ -786,9 +786,26 @@ START_TEST(policy_loss_chunk_budget) {
     printf("linear_policy_loss sm_90a N %lld H %lld V %lld entropy %d: workspace %zu B\n", (long long)N,
            (long long)H, (long long)V, entropy, auto_bytes);
     ck_assert_uint_le(auto_bytes, (size_t)3 * ((size_t)1 << 30) / 10);
+    ck_assert_uint_le(chunk_bytes, (size_t)3 * ((size_t)1 << 30) / 10);
+    ck_assert_uint_ge(chunk_bytes, rlk_ll_stored_workspace(1024, V, 0));
+    /* the call overwrites grad_weight: every row in one chunk over it, the workspace holding u^T's
+     * first lines (a multiple of 256) */
+    const int64_t ks = rlk_ll_stored_ksplit(N, H, V, (int64_t)auto_bytes, 132);
+    ck_assert_int_ge(ks, 7424);
+    ck_assert_uint_ge(auto_bytes, rlk_ll_stored_workspace(N, V, ks));
+    ck_assert(rlk_ll_stored_over_weight_ok(&a.grad_weight, N, V, ks));
+    /* added to, it takes the row-major chunks' 1024 rows */
+    a.accumulate = 1;
+    ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &auto_bytes) == RLK_OK, "%s", rlk_last_error());
+    a.accumulate = 0;
     ck_assert_uint_eq(auto_bytes, chunk_bytes);
-    ck_assert_uint_ge(auto_bytes, rlk_ll_stored_workspace(1024, V));
   }
+  /* rows past 2 H: no line of u^T fits in a row of grad_weight */
+  ck_assert(!rlk_ll_stored_over_weight_ok(&a.grad_weight, 2 * H + 64, V, 16384));
+  ck_assert(rlk_ll_stored_over_weight_ok(&a.grad_weight, 2 * H, V, 16384));
+  const rlk_tensor padded = rlk_tensor_2d(fake, RLK_F32, V, H, H + 8); /* padding is not its memory */
+  ck_assert(!rlk_ll_stored_over_weight_ok(&padded, 2 * H + 8, V, 16384));
+  ck_assert(!rlk_ll_stored_over_weight_ok(&a.grad_weight, N, V, 1000)); /* not a multiple of 256 */
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1134,6 +1151,15 @@ START_TEST(gpu_backward) {
     ll_policy_check(ctx, 4, 33, 3001, 256, RLK_BF16, 0.9f, seed + 16, RLK_LPL_TOKEN_CHUNKS, 64, 1, 0);
     ll_policy_check(ctx, 3, 200, 4099, 328, RLK_F16, 1.0f, seed + 17, RLK_LPL_TOKEN_CHUNKS, 256, 0, 0);
     ll_policy_check(ctx, 2, 300, 2999, 2048, RLK_BF16, 0.8f, seed + 18, RLK_LPL_TOKEN_CHUNKS, 0, 1, 0);
+    /* the logits over grad_weight with budgets that leave the workspace 1024 of u^T's lines (600
+     * rows: 1280 bytes a line; 111 rows: 256), the rest in grad_weight's memory, its slices
+     * written last first (three; then five, the last of 3 lines, with vectors cut at the rows'
+     * end) */
+    rlk_lpl_set_budget(1536 << 10);
+    ll_policy_check(ctx, 2, 300, 2999, 2048, RLK_BF16, 0.8f, seed + 20, RLK_LPL_TOKEN_CHUNKS, 0, 1, 0);
+    rlk_lpl_set_budget(300 << 10);
+    ll_policy_check(ctx, 3, 37, 4099, 328, RLK_F16, 1.0f, seed + 21, RLK_LPL_TOKEN_CHUNKS, 0, 0, 0);
+    rlk_lpl_set_budget(0);
     /* grad_weight's rows 4 H + 4 bytes apart: dw from registers, two chunks of 128 rows */
     ll_policy_check(ctx, 2, 128, 2999, 256, RLK_BF16, 1.0f, seed + 19, RLK_LPL_TOKEN_CHUNKS, 128, 0, 1);
   } else {

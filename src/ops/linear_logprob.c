@@ -46,6 +46,7 @@ RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_stored_dz_t_args, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_T_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
 
@@ -493,12 +494,13 @@ static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_
                                               "host/linear_logprob_bwd.c", LL_N(ll_bwd_host_params),
                                               ll_bwd_host_params};
 
-/* sm_90a: one kernel, the product chosen by kind (LL_BWD_DZ / DH / DW, and LL_BWD_LOGITS for the
- * token chunks); the settings a kind does not read are given as labels=i32, entropy=0, gw=f32,
- * so that each kind has one spelling (gw: the output's dtype, dh's too in the token chunks). */
-enum { LL_BWD_DZ = 0, LL_BWD_DH = 1, LL_BWD_DW = 2, LL_BWD_LOGITS = 3 };
+/* sm_90a: one kernel, the product chosen by kind (LL_BWD_DZ / DH / DW, and LL_BWD_LOGITS /
+ * LOGITS_T / DH_T for the token chunks); the settings a kind does not read are given as
+ * labels=i32, entropy=0, gw=f32, so that each kind has one spelling (gw: the output's dtype, dh's
+ * too in the token chunks). */
+enum { LL_BWD_DZ = 0, LL_BWD_DH = 1, LL_BWD_DW = 2, LL_BWD_LOGITS = 3, LL_BWD_LOGITS_T = 4, LL_BWD_DH_T = 5 };
 static const rlk_param_decl ll_bwd_sm90_params[] = {
-    {"kind", RLK_PARAM_INT, 0, 3, 0, 0, NULL},
+    {"kind", RLK_PARAM_INT, 0, 5, 0, 0, NULL},
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
     {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LL_LABEL_DTYPES, NULL},
     {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -516,6 +518,10 @@ static const rlk_param_decl ll_stored_dz_params[] = {
 static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob_stored_dz",
                                                "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                                ll_stored_dz_params};
+/* ... and over u^T (the stored logits over grad_weight) */
+static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logprob_stored_dz_t",
+                                                 "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
+                                                 ll_stored_dz_params};
 /* ... and their records' combine, a warp a row (the combine's schema) */
 static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_logprob_stored_combine",
                                                     "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_combine_params),
@@ -524,6 +530,7 @@ static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_lo
 #define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
 #define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
+#define LL_STORED_T_ROWS 64 /* u^T: the dz pass's block, 64 rows x a record's columns */
 
 #define LL_BWD_SM90_BM 128
 #define LL_BWD_SM90_BN 256
@@ -920,12 +927,12 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       /* the third map is the output's: dz's (64 x 64 boxes), dh's or grad_weight's when staged (any
        * map otherwise, unread) */
       g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0, g.staged = 0;
-      void *zargs[] = {m_hk, m_wk, m_zmn, &g};
+      void *zargs[] = {m_hk, m_wk, m_zmn, m_zmn, &g};
       if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
       if (s_dh) {
         g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = dhs, g.accumulate = c0 > 0 || dh_add_first;
         g.staged = dh_staged;
-        void *hargs[] = {m_zk, m_wmn, dh_staged ? m_dh : m_zmn, &g};
+        void *hargs[] = {m_zk, m_wmn, dh_staged ? m_dh : m_zmn, m_zmn, &g};
         if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, dh_staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
                                      stream)))
           return st;
@@ -938,7 +945,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
         g.staged = gw_staged && ll_tma_ok(&r_gw);
         if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
-        void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, &g};
+        void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, m_zmn, &g};
         if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
                                      stream)))
           return st;
@@ -1033,15 +1040,67 @@ int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk
 
 static int64_t ll_stored_pitch(int64_t V) { return (V + LL_STORED_PITCH - 1) / LL_STORED_PITCH * LL_STORED_PITCH; }
 
-size_t rlk_ll_stored_workspace(int64_t rows, int64_t V) {
-  const int64_t tiles = (V + LL_STORED_TILE - 1) / LL_STORED_TILE;
-  return ll_align256((size_t)(rows * ll_stored_pitch(V) * 2)) + ll_align256((size_t)(tiles * rows) * LL_RECORD_BYTES);
+/* u's bytes in the workspace: rows x V, or (ksplit > 0) the lines [0, min(ksplit, V)) of u^T */
+static size_t ll_stored_u_bytes(int64_t rows, int64_t V, int64_t ksplit) {
+  return ll_align256(ksplit ? (size_t)((ksplit < V ? ksplit : V) * ll_stored_pitch(rows) * 2)
+                            : (size_t)(rows * ll_stored_pitch(V) * 2));
 }
 
-/* The chunk's pieces: u, the records, and hidden / labels from row r0. */
+size_t rlk_ll_stored_workspace(int64_t rows, int64_t V, int64_t ksplit) {
+  const int64_t tiles = (V + LL_STORED_TILE - 1) / LL_STORED_TILE;
+  return ll_stored_u_bytes(rows, V, ksplit) + ll_align256((size_t)(tiles * rows) * LL_RECORD_BYTES);
+}
+
+/* The rounds of persistent blocks grad_weight's slices of ks lines take (each slice a launch
+ * of 128 x 256 tiles over `sms` blocks). */
+static int64_t ll_slice_rounds(int64_t V, int64_t H, int64_t ks, int64_t sms) {
+  const int64_t tn = (H + LL_BWD_SM90_BN - 1) / LL_BWD_SM90_BN;
+  int64_t rounds = 0;
+  for (int64_t v0 = 0; v0 < V; v0 += ks) {
+    const int64_t lines = V - v0 < ks ? V - v0 : ks, tiles = (lines + LL_BWD_SM90_BM - 1) / LL_BWD_SM90_BM * tn;
+    rounds += (tiles + sms - 1) / sms;
+  }
+  return rounds;
+}
+
+int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int sms) {
+  const int64_t line = ll_stored_pitch(N) * 2, most = (V + LL_STORED_TILE - 1) / LL_STORED_TILE * LL_STORED_TILE;
+  const int64_t records = (int64_t)(rlk_ll_stored_workspace(N, V, 0) - ll_stored_u_bytes(N, V, 0));
+  const int64_t left = room - records;
+  int64_t k = left > 0 ? left / line / LL_STORED_TILE * LL_STORED_TILE : 0;
+  if (k > most) k = most;
+  if (k < most && sms > 0) {
+    /* the fewest rounds among the sizes down to half: a slice's last round of tiles, part of the
+     * blocks busy, is paid once a launch */
+    int64_t best = k, least = ll_slice_rounds(V, H, k, sms);
+    for (int64_t c = k - LL_STORED_TILE; c >= k / 2 && c > 0; c -= LL_STORED_TILE) {
+      const int64_t r = ll_slice_rounds(V, H, c, sms);
+      if (r < least) best = c, least = r;
+    }
+    k = best;
+  }
+  return k;
+}
+
+int rlk_ll_stored_over_weight_ok(const rlk_tensor *grad_weight, int64_t N, int64_t V, int64_t ksplit) {
+  if (!grad_weight->data || grad_weight->dtype != RLK_F32 || grad_weight->ndim != 2 || ksplit <= 0 ||
+      ksplit % LL_STORED_TILE)
+    return 0;
+  const int64_t gws = grad_weight->strides[0];
+  if (grad_weight->strides[1] != 1 || gws % 4 || (uintptr_t)grad_weight->data % 16) return 0;
+  if (ksplit >= V) return 1; /* all of u^T in the workspace */
+  /* a line of u^T (N 16-bit values) within a row's own H values, never in the padding between
+   * rows, which may be another tensor's */
+  if (N > 2 * grad_weight->shape[1]) return 0;
+  const rlk_tma_desc_request r = ll_tma_req(grad_weight->data, RLK_BF16, V - ksplit, N, 2 * gws, 64);
+  return ll_tma_ok(&r);
+}
+
+/* The chunk's pieces: u (u^T's two parts when transposed), the records, and hidden / labels from
+ * row r0. */
 typedef struct ll_stored_chunk {
-  int64_t N, H, V, hs, ws, ls, pitch;
-  void *u, *records;
+  int64_t N, H, V, hs, ws, ls, pitch, gws;
+  void *u, *u2, *records; /* u2: u^T's lines from ksplit, 16-bit in grad_weight's memory */
   const void *hidden, *labels;
 } ll_stored_chunk;
 
@@ -1050,11 +1109,37 @@ static void ll_stored_chunk_of(const rlk_ll_stored *s, int64_t r0, ll_stored_chu
   ll_check_matrix(&s->hidden, "hidden", &c->N, &c->H, &c->hs); /* checked by rlk_ll_stored_ok */
   ll_check_matrix(&s->weight, "weight", &c->V, &wH, &c->ws);
   c->ls = s->labels.ndim == 1 ? s->labels.strides[0] : 1;
-  c->pitch = ll_stored_pitch(c->V);
+  c->pitch = ll_stored_pitch(s->ksplit ? s->rows : c->V);
+  c->gws = s->grad_weight.data ? s->grad_weight.strides[0] : 0;
   c->u = s->workspace;
-  c->records = (char *)s->workspace + ll_align256((size_t)(s->rows * c->pitch * 2));
+  c->u2 = s->grad_weight.data;
+  c->records = (char *)s->workspace + ll_stored_u_bytes(s->rows, c->V, s->ksplit);
   c->hidden = (const char *)s->hidden.data + (size_t)(r0 * c->hs) * 2u;
   c->labels = (const char *)s->labels.data + (size_t)(r0 * c->ls) * rlk_dtype_size(s->labels.dtype);
+}
+
+/* The maps of u: row-major [n][V] (64 x 64 boxes) into m_u; or, transposed, u^T's lines [0, ksplit)
+ * in the workspace into m_u and [ksplit, V) in grad_weight into m_u2 (m_u again where u^T has no
+ * such lines), boxes of box_lines lines x 64 rows. */
+static rlk_status ll_stored_u_maps(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
+                                   uint32_t box_lines, void *m_u, void *m_u2) {
+  const rlk_dtype dt = s->hidden.dtype;
+  rlk_status st;
+  if (!s->ksplit) {
+    const rlk_tma_desc_request r = ll_tma_req(c->u, dt, n, c->V, c->pitch, 64);
+    if ((st = rlk_context_tensor_map(ctx, &r, m_u))) return st;
+    memcpy(m_u2, m_u, 128);
+    return RLK_OK;
+  }
+  const int64_t lo = s->ksplit < c->V ? s->ksplit : c->V;
+  const rlk_tma_desc_request r = ll_tma_req(c->u, dt, lo, n, c->pitch, box_lines);
+  if ((st = rlk_context_tensor_map(ctx, &r, m_u))) return st;
+  if (lo == c->V) {
+    memcpy(m_u2, m_u, 128);
+    return RLK_OK;
+  }
+  const rlk_tma_desc_request r2 = ll_tma_req(c->u2, dt, c->V - lo, n, 2 * c->gws, box_lines);
+  return rlk_context_tensor_map(ctx, &r2, m_u2);
 }
 
 rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, void *stream) {
@@ -1065,22 +1150,23 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
               s->grad_hidden.data && s->grad_hidden.dtype != RLK_F32, RLK_LINEAR_LOGPROB_AUTO, 0);
   const rlk_dtype dt = s->hidden.dtype;
   const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
-  const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, hd, s->labels.dtype, s->entropy, 0}},
+  const int tr = s->ksplit > 0;
+  const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {tr ? LL_BWD_LOGITS_T : LL_BWD_LOGITS, hd, s->labels.dtype,
+                                                  s->entropy, 0}},
                         cb = {&ll_stored_combine_tmpl, {s->labels.dtype, s->entropy}};
   rlk_status st;
   if ((st = rlk_spec_validate(&lg)) || (st = rlk_spec_validate(&cb))) return st;
-  _Alignas(64) unsigned char m_h[128], m_w[128], m_u[128];
+  _Alignas(64) unsigned char m_h[128], m_w[128], m_u[128], m_u2[128];
   const rlk_tma_desc_request r_h = ll_tma_req(c.hidden, dt, n, c.H, c.hs, LL_BWD_SM90_BM),
-                             r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_BWD_SM90_BN),
-                             r_u = ll_tma_req(c.u, dt, n, c.V, c.pitch, 64);
+                             r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_BWD_SM90_BN);
   if ((st = rlk_context_tensor_map(ctx, &r_h, m_h)) || (st = rlk_context_tensor_map(ctx, &r_w, m_w)) ||
-      (st = rlk_context_tensor_map(ctx, &r_u, m_u)))
+      (st = ll_stored_u_maps(ctx, s, &c, n, 64, m_u, m_u2)))
     return st;
   ll_bwd_sm90_args g = {0};
   g.labels = c.labels, g.label_stride = c.ls, g.V = c.V, g.ignore_index = s->ignore_index;
   g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
-  g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records;
-  void *largs[] = {m_h, m_w, m_u, &g};
+  g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records, g.ksplit = s->ksplit;
+  void *largs[] = {m_h, m_w, m_u, m_u2, &g};
   if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, largs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
   ll_combine_args k = {0};
   k.partials = c.records;
@@ -1101,10 +1187,96 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   return rlk_context_launch(ctx, &cb, &d, stream, kargs);
 }
 
+/* rlk_ll_stored_grads over u^T (one chunk of every row): u^T -> dz^T in place, dh from it (K rows
+ * split between the workspace and grad_weight), then grad_weight in slices of ksplit lines from
+ * the last: slice j (lines [j ksplit, (j + 1) ksplit)) reads dz^T's lines from the workspace
+ * (j = 0) or from grad_weight's rows [(j - 1) ksplit, j ksplit), and writes grad_weight's rows
+ * [j ksplit, ...), which held slice j + 1's, read by the launch before. */
+static rlk_status ll_stored_grads_t(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
+                                    void *stream) {
+  const rlk_dtype dt = s->hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int64_t ks = s->ksplit, V = c->V;
+  rlk_status st;
+  const rlk_kernel_spec fx = {&ll_stored_dz_t_tmpl, {hd, s->labels.dtype, s->entropy}};
+  if ((st = rlk_spec_validate(&fx))) return st;
+  ll_stored_dz_t_args z = {0};
+  z.u = c->u;
+  z.u_stride = c->pitch;
+  z.u2 = c->u2;
+  z.u2_stride = 2 * c->gws;
+  z.ksplit = ks;
+  z.partials = c->records;
+  z.M = n;
+  z.V = V;
+  z.labels = c->labels;
+  z.label_stride = c->ls;
+  z.ignore_index = s->ignore_index;
+  z.lse = s->lse;
+  z.g_lp = s->g_lp;
+  z.entropy = s->entropy ? s->ent : NULL;
+  z.g_ent = s->entropy && s->g_ent ? s->g_ent : NULL;
+  z.temperature = s->temperature;
+  void *zargs[] = {&z};
+  const rlk_launch_dims d = ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
+                                    (uint64_t)((V + LL_STORED_TILE - 1) / LL_STORED_TILE), 256, 0);
+  if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
+
+  ll_bwd_sm90_args g = {0};
+  g.V = V, g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
+  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128], m_d[128];
+  if (s->grad_hidden.data) {
+    /* dh = dz W: A = dz MN-major, read from u^T's two parts */
+    const rlk_dtype gd = s->grad_hidden.dtype;
+    const int64_t ghs = s->grad_hidden.strides[0];
+    const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH_T, hd, RLK_I32, 0, ll_grad_code(gd)}};
+    if ((st = rlk_spec_validate(&dh))) return st;
+    const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, V, c->H, c->ws, 64),
+                               r_c = gd == RLK_F32 ? ll_tma_req_f32(s->grad_hidden.data, n, c->H, ghs)
+                                                   : ll_tma_req(s->grad_hidden.data, gd, n, c->H, ghs, 64);
+    g.staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
+    if ((st = ll_stored_u_maps(ctx, s, c, n, 64, m_a, m_d)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+      return st;
+    g.M = n, g.Nn = c->H, g.K = V, g.c0 = 0, g.ksplit = ks, g.out = s->grad_hidden.data, g.out_stride = ghs;
+    g.accumulate = s->accumulate;
+    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_d, &g};
+    if ((st = ll_bwd_sm90_launch(ctx, &dh, &g, hargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
+      return st;
+  }
+  if (s->grad_weight.data) {
+    /* grad_weight's slices, last first: each a dh-kind product, A = its dz^T lines (K-major over
+     * the rows), B = h, written once (never added: this layout needs an overwritten grad_weight) */
+    const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
+    if ((st = rlk_spec_validate(&dw))) return st;
+    const rlk_tma_desc_request r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64);
+    if ((st = rlk_context_tensor_map(ctx, &r_b, m_b))) return st;
+    const int64_t slices = (V + ks - 1) / ks;
+    for (int64_t j = slices - 1; j >= 0; j--) {
+      const int64_t v0 = j * ks, lines = V - v0 < ks ? V - v0 : ks;
+      const void *src = j == 0 ? c->u : (const char *)c->u2 + (size_t)((j - 1) * ks * c->gws) * 4u;
+      float *out = (float *)s->grad_weight.data + v0 * c->gws;
+      const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_BWD_SM90_BM),
+                                 r_c = ll_tma_req_f32(out, lines, c->H, c->gws);
+      g.staged = ll_tma_ok(&r_c);
+      if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+        return st;
+      g.M = lines, g.Nn = c->H, g.K = n, g.c0 = 0, g.ksplit = 0, g.out = out, g.out_stride = c->gws;
+      g.accumulate = 0;
+      void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
+      if ((st = ll_bwd_sm90_launch(ctx, &dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
+                                   stream)))
+        return st;
+    }
+  }
+  return RLK_OK;
+}
+
 rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
                                void *stream) {
   ll_stored_chunk c;
   ll_stored_chunk_of(s, r0, &c);
+  if (s->ksplit) return ll_stored_grads_t(ctx, s, &c, n, stream);
   const rlk_dtype dt = s->hidden.dtype;
   const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
   rlk_status st;
@@ -1148,7 +1320,7 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
         (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
       return st;
     g.M = n, g.Nn = c.H, g.K = c.V, g.c0 = 0, g.out = gh, g.out_stride = ghs, g.accumulate = s->accumulate;
-    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, &g};
+    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
     if ((st = ll_bwd_sm90_launch(ctx, &dh, &g, hargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
       return st;
   }
@@ -1166,7 +1338,7 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
       return st;
     g.M = c.V, g.Nn = c.H, g.K = n, g.c0 = 0, g.out = s->grad_weight.data, g.out_stride = gws;
     g.accumulate = !first || s->accumulate;
-    void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, &g};
+    void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
     if ((st = ll_bwd_sm90_launch(ctx, &dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
       return st;
   }
@@ -1338,18 +1510,24 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   rlk_status st;
   if (pass == 3) {
     if (ll_wgmma_target(ctx) && c.variant != RLK_LINEAR_LOGPROB_TILED) {
-      /* rlk_ll_stored_logits's and _grads's: grad names grad_hidden's dtype (grad_weight is f32) */
-      const rlk_kernel_spec k[5] = {
+      /* rlk_ll_stored_logits's and _grads's, row-major chunks and u^T over grad_weight: grad
+       * names grad_hidden's dtype (grad_weight is f32, its slices dh-kind products) */
+      const rlk_kernel_spec k[9] = {
           {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, c.hidden, c.labels, c.entropy, 0}},
           {&ll_stored_combine_tmpl, {c.labels, c.entropy}},
           {&ll_stored_dz_tmpl, {c.hidden, c.labels, c.entropy}},
           {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c.hidden, RLK_I32, 0, grad_same ? c.hidden : 0}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c.hidden, RLK_I32, 0, 0}}};
-      for (size_t i = 0; i < 5; i++) {
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c.hidden, RLK_I32, 0, 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS_T, c.hidden, c.labels, c.entropy, 0}},
+          {&ll_stored_dz_t_tmpl, {c.hidden, c.labels, c.entropy}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH_T, c.hidden, RLK_I32, 0, grad_same ? c.hidden : 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c.hidden, RLK_I32, 0, 0}}};
+      const size_t nk = grad_same ? 9 : 8; /* f32 dh is the slices' kernel already */
+      for (size_t i = 0; i < nk; i++) {
         if ((st = rlk_spec_validate(&k[i]))) return st;
         specs[i] = k[i];
       }
-      *nspecs = 5;
+      *nspecs = nk;
       return RLK_OK;
     }
     pass = 2;

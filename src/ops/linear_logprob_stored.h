@@ -10,7 +10,13 @@
  *   (the caller's loss: the rows' g_lp, g_ent)
  *   rlk_ll_stored_grads   u -> dz in place, then dh into the rows of grad_hidden (K = V, each
  *                         element written once) and dw added into an f32 grad_weight (K = the
- *                         rows; TMA reduce-adds in chunk order: bitwise repeatable). */
+ *                         rows; TMA reduce-adds in chunk order: bitwise repeatable).
+ *
+ * Over grad_weight (ksplit > 0): one chunk of every row, u stored transposed (u^T [V][rows]), its
+ * lines [0, ksplit) in the workspace and the rest in the memory of an f32 grad_weight that the
+ * call overwrites (a line of rows 16-bit values in a row's H f32 ones: rows <= 2 H), which is
+ * free until its first write. grad_weight is then written in slices of ksplit lines from the
+ * last, each once (K = every row): no read-modify-write passes over it, whatever the rows. */
 #ifndef RLK_LINEAR_LOGPROB_STORED_H
 #define RLK_LINEAR_LOGPROB_STORED_H
 
@@ -30,7 +36,8 @@ typedef struct rlk_ll_stored {
   int group;                   /* the tile order's rows of tiles; 0: the default */
   int *status;                 /* optional i32: the bad-label bit */
   int64_t rows;                /* the chunk's rows at most */
-  void *workspace;             /* rlk_ll_stored_workspace(rows, V) bytes, 256-byte aligned */
+  int64_t ksplit;              /* > 0: over grad_weight (rlk_ll_stored_over_weight_ok), rows = N */
+  void *workspace;             /* rlk_ll_stored_workspace(rows, V, ksplit) bytes, 256-byte aligned */
 } rlk_ll_stored;
 
 /* Whether the token chunks can run here: an sm_90a target and tensor maps for hidden and weight
@@ -38,8 +45,20 @@ typedef struct rlk_ll_stored {
 int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk_tensor *weight, const char **why);
 
 /* Bytes of workspace for chunks of `rows` rows over V columns: u (rows x V rounded up to 64, 16
- * bits) and the records (one a 256-column tile and row, 16 bytes). */
-size_t rlk_ll_stored_workspace(int64_t rows, int64_t V);
+ * bits; over grad_weight, u^T's first min(ksplit, V) lines of rows rounded up to 64) and the
+ * records (one a 256-column tile and row, 16 bytes). */
+size_t rlk_ll_stored_workspace(int64_t rows, int64_t V, int64_t ksplit);
+
+/* ksplit for N rows over grad_weight [V, H]: a multiple of 256 (at most V rounded up to 256)
+ * whose workspace fits in `room` bytes, 0 if none; among the sizes from the largest down to half
+ * of it, the one whose slices take the fewest rounds of `sms` persistent blocks. */
+int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int sms);
+
+/* Whether u^T of N rows can lie over grad_weight from line ksplit (a multiple of 256): an f32
+ * [V, H] matrix with unit column stride, N <= 2 H, a row stride that is a multiple of 4, 16-byte
+ * aligned, that a tensor map describes as 16-bit lines (all of u^T in the workspace when ksplit
+ * >= V). The caller also needs grad_weight overwritten, not added to. */
+int rlk_ll_stored_over_weight_ok(const rlk_tensor *grad_weight, int64_t N, int64_t V, int64_t ksplit);
 
 /* The chunk of `n` rows from r0 (n <= s->rows): logits, records, logp / lse / entropy. */
 rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, void *stream);
@@ -48,5 +67,10 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
  * (grad_weight overwritten unless accumulating). */
 rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
                                void *stream);
+
+/* rlk_linear_policy_loss's budget for the workspace it sizes itself (0.3 GiB); `bytes` > 0 sets
+ * another for the calls that follow in this process (the tests' small shapes reach the layouts a
+ * large call takes), 0 restores it. Not thread-safe: tests only. */
+void rlk_lpl_set_budget(int64_t bytes);
 
 #endif

@@ -23,6 +23,9 @@
  * budgets beside its activations. The stored logits get what the per-token buffers and the loss's
  * workspace leave (at N = 8192, V = 151936: 1024 rows, eight whole 128-row tiles). */
 #define LPL_WORKSPACE_BYTES ((int64_t)3 * ((int64_t)1 << 30) / 10)
+static int64_t lpl_budget = LPL_WORKSPACE_BYTES;
+
+void rlk_lpl_set_budget(int64_t bytes) { lpl_budget = bytes > 0 ? bytes : LPL_WORKSPACE_BYTES; }
 #define LPL_SCRATCH_BYTES ((1 + RLK_POLICY_LOSS_METRICS) * sizeof(float)) /* loss and metrics */
 #define LPL_ROWS 64          /* chunk_tokens: a multiple of this */
 /* AUTO: the token chunks from this hidden size (measured faster at 4096 on an H200; a narrower
@@ -190,13 +193,22 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   /* The token chunks: rows within the stored logits' budget, chosen by the cost model unless
    * asked for. */
   const int64_t H = h->hidden.shape[1], V = h->weight.shape[0];
-  const int64_t per_row = (int64_t)rlk_ll_stored_workspace(LPL_ROWS, V) / LPL_ROWS;
-  int64_t rows = a->chunk_tokens;
+  const int64_t per_row = (int64_t)rlk_ll_stored_workspace(LPL_ROWS, V, 0) / LPL_ROWS;
+  int64_t rows = a->chunk_tokens, ksplit = 0;
+  size_t rest = off; /* what the stored logits leave: the loss's scratch and workspace */
+  lpl_take(&rest, LPL_SCRATCH_BYTES);
+  lpl_take(&rest, lb);
+  const int64_t room = lpl_budget - (int64_t)rest;
+  if (!rows && a->grad_weight.data && !a->accumulate) {
+    /* every token in one chunk, u^T over the grad_weight the call overwrites: its lines from
+     * ksplit there, the first ksplit in the room the records leave */
+    ksplit = rlk_ll_stored_ksplit(N, H, V, room, ctx->target.multiprocessors);
+    if (ksplit && rlk_ll_stored_over_weight_ok(&a->grad_weight, N, V, ksplit))
+      rows = N;
+    else
+      ksplit = 0;
+  }
   if (!rows) {
-    size_t rest = off; /* what the stored logits leave: the loss's scratch and workspace */
-    lpl_take(&rest, LPL_SCRATCH_BYTES);
-    lpl_take(&rest, lb);
-    const int64_t room = LPL_WORKSPACE_BYTES - (int64_t)rest;
     const int64_t widest = room > 0 ? room / per_row / LPL_ROWS * LPL_ROWS : 0;
     rows = rlk_ll_token_chunk(N, H, V, a->grad_hidden.data != NULL, a->grad_weight.data != NULL,
                               ctx->target.multiprocessors, widest > LPL_ROWS ? widest : LPL_ROWS);
@@ -221,7 +233,8 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   sd->group = a->group;
   sd->status = (int *)h->status.data;
   sd->rows = rows;
-  sd->workspace = base + lpl_take(&off, rlk_ll_stored_workspace(rows, V));
+  sd->ksplit = ksplit;
+  sd->workspace = base + lpl_take(&off, rlk_ll_stored_workspace(rows, V, ksplit));
   /* loss [1] and the metrics of the calls whose loss is not the caller's */
   float *scratch = (float *)(base + lpl_take(&off, LPL_SCRATCH_BYTES));
 

@@ -13,6 +13,14 @@
  *                the tile, and the tile's record (m, sum u, sum u (x c - m), the label's x) into
  *                partials [tiles_n][M]: the forward's records, one split a tile (ll::part).
  *                linear_logprob_stored.cuh turns u into dz once the loss has its gradient.
+ *   KIND 4, logits_t  the logits kind over all of a call's tokens, u stored transposed, u^T [V][M]:
+ *                columns [0, ksplit) into map_c (the workspace), the rest into map_d at row
+ *                v - ksplit (grad_weight's memory, free until its first write; ksplit a multiple
+ *                of 256, so that a tile goes to one map). The 16-bit tile leaves through stmatrix
+ *                .trans into boxes of 64 columns x 64 tokens.
+ *   KIND 5, dh_t  dh as KIND 1 from that u^T (once dz): A = dz MN-major, its K rows [0, ksplit)
+ *                from map_a and the rest from map_d. grad_weight's slices are KIND 1 products
+ *                too (A = a slice of dz^T, K-major over the tokens; B = h).
  *
  * The blocks are persistent (one per multiprocessor at most): block b computes the 128 x 256
  * output tiles b, b + gridDim.x, ... (tiles in groups of 8 rows of tiles, so that the blocks
@@ -60,7 +68,7 @@ struct ll_bwd_sm90 : ll_sm90 {
   static constexpr int GROUP = 8;
   static constexpr int STAGES = 4;
   static constexpr u32 STAGING = 2u * 2u * BOX; /* dz: two consumers x two 64 x 64 16-bit boxes */
-  enum { DZ = 0, DH = 1, DW = 2, LOGITS = 3 };
+  enum { DZ = 0, DH = 1, DW = 2, LOGITS = 3, LOGITS_T = 4, DH_T = 5 };
 };
 
 /* Stores a pair of adjacent f32 values as T (both, or only the first when `both` is false). */
@@ -121,20 +129,20 @@ RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
 
 /* The staging's two hands. ll_stage_take: the consumer's last stores have read its staging, which
  * its 128 threads may write again. ll_stage_give: the written staging (two boxes) goes to TMA
- * stores, or reduce-adds when `add`, at columns col0 and col0 + step of rows from m0w, issued by
- * thread 0 of the consumer. */
+ * stores, or reduce-adds when `add`, box b at coordinates (x0 + dx b, y0 + dy b) (inner, outer),
+ * issued by thread 0 of the consumer. */
 RLK_DEVICE void ll_stage_take(int tw, u32 barrier) {
   if (tw == 0) sm90::tma_store_wait<0>();
   sm90::bar_sync(barrier, 128);
 }
-RLK_DEVICE void ll_stage_give(const tensor_map *map_c, u8 *stage, i64 col0, i64 step, i64 m0w, int tw, u32 barrier,
-                              bool add) {
+RLK_DEVICE void ll_stage_give(const tensor_map *map_c, u8 *stage, i64 x0, i64 dx, i64 y0, i64 dy, int tw,
+                              u32 barrier, bool add) {
   sm90::fence_proxy_async();
   sm90::bar_sync(barrier, 128);
   if (tw == 0) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
-      const i32 c0 = (i32)(col0 + step * b), c1 = (i32)m0w;
+      const i32 c0 = (i32)(x0 + dx * b), c1 = (i32)(y0 + dy * b);
       if (add)
         sm90::tma_reduce_add_2d(map_c, stage + (u32)b * ll_bwd_sm90::BOX, c0, c1);
       else
@@ -201,16 +209,48 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
       }
     }
   }
-  ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, tw, barrier, add);
+  ll_stage_give(map_c, stage, n0 + 128 * HALF, 64, m0w, 0, tw, barrier, add);
 }
 
-/* The logits kind's epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
+/* ll_b16_half's transposed twin (the logits_t kind): the half's 128 columns x the consumer's 64
+ * rows go into `stage` as two boxes of 64 columns x 64 rows (a 128-byte line a column, the
+ * 128-byte swizzle) by stmatrix .trans, whose 8 x 8 blocks are the accumulator's (rows 16 w + 8 i
+ * + l / 4, columns 8 j + 2 (l % 4) + e): block (i, j) lands as 8 lines (its columns) of one
+ * 16-byte chunk (its rows). Thread 0 of the consumer stores them at (m0w, v0 + 128 HALF + 64 b). */
+template <int HALF, int DT, typename F>
+RLK_DEVICE void ll_b16_half_t(const tensor_map *map, const F &value, u8 *stage, i64 m0w, i64 v0, int w, int tw,
+                              u32 barrier) {
+  constexpr int J = ll_bwd_sm90::BN / 16;
+  const int l = tw % 32, mi = (l / 8) & 1, mj = (l / 8) >> 1, r = l % 8;
+  u32 packed[2][J];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      const int j = HALF * J + jj;
+      const float a = value(i, j, 0), b = value(i, j, 1);
+      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
+    }
+  ll_stage_take(tw, barrier);
+#pragma unroll
+  for (int g = 0; g < J / 2; ++g) {
+    /* matrices (i, jj): (0, 2g), (1, 2g), (0, 2g + 1), (1, 2g + 1); this lane's line: column
+     * 8 (2g + mj) + r of the half, chunk 2 w + mi */
+    const u32 vr = (u32)(8 * (2 * g + mj) + r), chunk = (u32)(2 * w + mi) ^ (vr % 8);
+    sm90::stmatrix_x4<true>(stage + (vr / 64) * ll_bwd_sm90::BOX + (vr % 64) * 128u + chunk * 16u, packed[0][2 * g],
+                            packed[1][2 * g], packed[0][2 * g + 1], packed[1][2 * g + 1]);
+  }
+  ll_stage_give(map, stage, m0w, 0, v0 + 128 * HALF, 64, tw, barrier, false);
+}
+
+/* The logits kinds' epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
  * labels' columns, -1 for none): each row's tile record into partials, then u in place of acc,
- * stored in two halves (ll_b16_half). Columns past V count as -inf (their u is 0); the sums run
- * in a fixed order (a lane's columns in two alternating partial sums, then the four lanes of a row
- * by butterfly). The label's logit is picked by the one thread that holds it. */
-template <int DT, bool ENTROPY>
-RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c,
+ * stored in two halves (ll_b16_half, or ll_b16_half_t into map_c / map_d when TRANS). Columns past
+ * V count as -inf (their u is 0); the sums run in a fixed order (a lane's columns in two
+ * alternating partial sums, then the four lanes of a row by butterfly). The label's logit is
+ * picked by the one thread that holds it. */
+template <int DT, bool ENTROPY, bool TRANS>
+RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c, const tensor_map *map_d,
                                    float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], u8 *stage, i64 m0w, i64 n0,
                                    int tn, int rl, int tw, u32 barrier) {
   constexpr int BN = ll_bwd_sm90::BN;
@@ -263,8 +303,16 @@ RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map
     }
   }
   const auto u = [&](int i, int j, int e) { return acc[4 * j + 2 * i + e]; };
-  ll_b16_half<0, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
-  ll_b16_half<1, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
+  if constexpr (TRANS) {
+    const bool lo = n0 < p_.ksplit;
+    const tensor_map *map = lo ? map_c : map_d;
+    const i64 v0 = lo ? n0 : n0 - p_.ksplit;
+    ll_b16_half_t<0, DT>(map, u, stage, m0w, v0, tw / 32, tw, barrier);
+    ll_b16_half_t<1, DT>(map, u, stage, m0w, v0, tw / 32, tw, barrier);
+  } else {
+    ll_b16_half<0, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
+    ll_b16_half<1, DT>(map_c, u, stage, m0w, n0, rl, tw, barrier, false);
+  }
 }
 
 /* dz's epilogue for one consumer (rows m0w + rl, + 8 of this thread): each logit turned into its
@@ -327,7 +375,7 @@ RLK_DEVICE void ll_f32_quarter(const tensor_map *map_c, const float (&acc)[ll_bw
       *(f32x2 *)(stage + (u32)(jj / 4) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 2) * 8u) = v;
     }
   }
-  ll_stage_give(map_c, stage, n0 + 64 * Q, 32, m0w, tw, barrier, add);
+  ll_stage_give(map_c, stage, n0 + 64 * Q, 32, m0w, 0, tw, barrier, add);
 }
 
 /* dh's or dw's epilogue: a consumer thread's rows r0 and r0 + 8 from its accumulators
@@ -377,17 +425,20 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
 }
 
 /* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), the output (64 x 32
- * f32 or 64 x 64 16-bit boxes) when p_.staged, any map otherwise. */
+ * f32 or 64 x 64 16-bit boxes) when p_.staged, any map otherwise; map_d: the second half of u^T
+ * (KIND 4's output from column ksplit, KIND 5's A from K row ksplit), any map otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
 __global__ void __launch_bounds__(384, 1)
     linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
-                            const __grid_constant__ tensor_map map_c, RLK_PARAMS_ARG ll::BwdSm90Params p_) {
+                            const __grid_constant__ tensor_map map_c, const __grid_constant__ tensor_map map_d,
+                            RLK_PARAMS_ARG ll::BwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   typedef ll_bwd_sm90 C;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, STAGES = C::STAGES;
   constexpr u32 ABYTES = C::ABYTES, STAGE = C::STAGE, BOX = C::BOX;
-  constexpr int TA = KIND == C::DW ? 1 : 0, TB = KIND == C::DZ || KIND == C::LOGITS ? 0 : 1;
-  constexpr bool STORE16 = KIND == C::DZ || KIND == C::LOGITS; /* a 16-bit output through the staging */
+  constexpr bool LOGITS = KIND == C::LOGITS || KIND == C::LOGITS_T, SPLIT = KIND == C::LOGITS_T || KIND == C::DH_T;
+  constexpr int TA = KIND == C::DW || KIND == C::DH_T ? 1 : 0, TB = KIND == C::DZ || LOGITS ? 0 : 1;
+  constexpr bool STORE16 = KIND == C::DZ || LOGITS; /* a 16-bit output through the staging */
   constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   extern __shared__ __align__(1024) u8 llb_smem_raw[];
@@ -408,12 +459,14 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&map_a);
       sm90::tma_prefetch_map(&map_b);
       if (STORE16 || p_.staged) sm90::tma_prefetch_map(&map_c);
+      if (SPLIT) sm90::tma_prefetch_map(&map_d);
       u32 it = 0;
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
         ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
         const i32 m0 = tm * BM;
-        const i32 b_k0 = KIND == C::DH ? (i32)p_.c0 : 0, b_n0 = (i32)((i64)tn * BN + (KIND == C::DZ ? p_.c0 : 0));
+        const i32 b_k0 = KIND == C::DH || KIND == C::DH_T ? (i32)p_.c0 : 0,
+                  b_n0 = (i32)((i64)tn * BN + (KIND == C::DZ ? p_.c0 : 0));
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const u32 s = it % STAGES;
           if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
@@ -422,8 +475,12 @@ __global__ void __launch_bounds__(384, 1)
           if (TA == 0) {
             sm90::tma_load_2d(a, &map_a, kb * BK, m0, &full[s]);
           } else {
-            sm90::tma_load_2d(a, &map_a, m0, kb * BK, &full[s]);
-            sm90::tma_load_2d(a + BOX, &map_a, m0 + 64, kb * BK, &full[s]);
+            /* dh_t: K rows from ksplit on are map_d's (a K step never straddles it) */
+            const bool hi = KIND == C::DH_T && kb * BK >= p_.ksplit;
+            const tensor_map *ma = hi ? &map_d : &map_a;
+            const i32 kr = kb * BK - (hi ? (i32)p_.ksplit : 0);
+            sm90::tma_load_2d(a, ma, m0, kr, &full[s]);
+            sm90::tma_load_2d(a + BOX, ma, m0 + 64, kr, &full[s]);
           }
           if (TB == 0) {
             sm90::tma_load_2d(b, &map_b, kb * BK, b_n0, &full[s]);
@@ -454,7 +511,7 @@ __global__ void __launch_bounds__(384, 1)
       /* the row inputs load while the products run */
       row[0] = ll_dz_row_inputs<L, ENTROPY>(p_, r0);
       row[1] = ll_dz_row_inputs<L, ENTROPY>(p_, r0 + 8);
-    } else if (KIND == C::LOGITS) {
+    } else if (LOGITS) {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         y[i] = r0 + 8 * i < p_.M ? ll::load_label((const L *)p_.labels, r0 + 8 * i, p_.label_stride) - p_.vocab_start
@@ -464,9 +521,9 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
-    } else if constexpr (KIND == C::LOGITS) {
-      ll_logits_epilogue<DT, ENTROPY>(p_, &map_c, acc, y, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
-                                      1u + (u32)cw);
+    } else if constexpr (LOGITS) {
+      ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &map_c, &map_d, acc, y, stage, m0 + cw * 64, n0, tn,
+                                                           16 * w + l / 4, tw, 1u + (u32)cw);
     } else if (p_.staged) {
       const bool add = p_.accumulate != 0;
       const i64 m0w = m0 + cw * 64;
@@ -488,7 +545,7 @@ __global__ void __launch_bounds__(384, 1)
   /* the stores are done before the block (and its staging) goes */
   if ((STORE16 || p_.staged) && tw == 0) sm90::tma_store_drain<0>();
 #else
-  (void)map_a, (void)map_b, (void)map_c, (void)p_;
+  (void)map_a, (void)map_b, (void)map_c, (void)map_d, (void)p_;
 #endif
 }
 

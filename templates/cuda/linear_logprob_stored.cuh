@@ -93,6 +93,92 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
   }
 }
 
+namespace ll {
+RLK_PARAMS_DECLARE(StoredDzTParams, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_T_PARAMS_SIZE);
+}
+
+/* linear_logprob_stored_dz over u^T [V][M] (the logits_t kind's layout: column v of the rows in
+ * line v, from u below ksplit and from u2 at line v - ksplit above): a block takes 64 rows x one
+ * record's 256 columns, a thread 8 rows (a 16-byte vector) of eight columns 32 apart. Its loads
+ * go out first; the rows' inputs and records meanwhile go into shared memory, once a block. Grid
+ * (ceil(M / 64), ceil(V / 256)), 256 threads. The element's formula is the row-major pass's. */
+template <int DT, typename L, bool ENTROPY>
+__global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzTParams p_) {
+  typedef typename ll::elem<DT>::type T;
+  constexpr int VEC = RLK_LL_STORED_VEC, LINES = RLK_LL_STORED_TILE / 32;
+  __shared__ float s_scale[64], s_m[64], s_gl[64], s_gh[64], s_E[64];
+  __shared__ i64 s_y[64];
+  __shared__ u8 s_state[64]; /* 1 ignored, 2 bad */
+  const i64 M = p_.M, V = p_.V, r0 = (i64)blockIdx.x * 64, c0 = (i64)blockIdx.y * RLK_LL_STORED_TILE;
+  const int tx = (int)threadIdx.x, rb = 8 * (tx % 8); /* the thread's rows r0 + rb + e */
+  const i64 rfirst = r0 + rb;
+  const bool mine = rfirst < M, whole = rfirst + VEC <= M;
+  T *line[LINES];
+  u32 w[LINES][VEC / 2];
+#pragma unroll
+  for (int k = 0; k < LINES; ++k) {
+    const i64 v = c0 + tx / 8 + 32 * k;
+    line[k] = nullptr;
+#pragma unroll
+    for (int e = 0; e < VEC / 2; ++e) w[k][e] = 0;
+    if (!mine || v >= V) continue;
+    line[k] = (v < p_.ksplit ? (T *)p_.u + v * p_.u_stride : (T *)p_.u2 + (v - p_.ksplit) * p_.u2_stride) + rfirst;
+    if (whole) {
+      const i32x4 x = *(const i32x4 *)line[k];
+      w[k][0] = (u32)x.x, w[k][1] = (u32)x.y, w[k][2] = (u32)x.z, w[k][3] = (u32)x.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (rfirst + e < M) w[k][e / 2] |= (u32)line[k][e].bits << (16 * (e % 2));
+    }
+  }
+  if (tx < 64) {
+    const i64 r = r0 + tx;
+    u8 st = 1;
+    float m = 0.0f, lse2 = 0.0f, gl = 0.0f, gh = 0.0f, E = 0.0f;
+    i64 yg = -1;
+    if (r < M) {
+      yg = ll::load_label((const L *)p_.labels, r, p_.label_stride);
+      st = yg == p_.ignore_index ? 1 : (yg < 0 || yg >= V) ? 2 : 0;
+      m = ld_ro(&((const ll::part *)p_.partials)[(c0 / RLK_LL_STORED_TILE) * M + r].m);
+      lse2 = ld_ro(p_.lse + r) * RLK_LL_LOG2E;
+      gl = p_.g_lp ? ld_ro(p_.g_lp + r) : 0.0f;
+      if (ENTROPY && p_.g_ent) {
+        gh = ld_ro(p_.g_ent + r);
+        E = ld_ro(p_.lse + r) - ld_ro(p_.entropy + r);
+      }
+    }
+    s_scale[tx] = exp2_approx(m - lse2); /* p = u scale */
+    s_m[tx] = m, s_gl[tx] = gl, s_gh[tx] = gh, s_E[tx] = E, s_y[tx] = yg, s_state[tx] = st;
+  }
+  __syncthreads();
+  const float inv_t = 1.0f / p_.temperature;
+#pragma unroll
+  for (int k = 0; k < LINES; ++k) {
+    if (!line[k]) continue;
+    const i64 v = c0 + tx / 8 + 32 * k;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int q = rb + e;
+      const float uk = ll_stored_elem<T>(w[k], e), p = uk * s_scale[q];
+      const float xt = ENTROPY ? (log2f(uk) + s_m[q]) * RLK_LL_LN2 : 0.0f;
+      const float g = ll::dz_of<ENTROPY>(s_state[q] & 1, s_state[q] >> 1, s_gl[q], s_gh[q], s_E[q],
+                                         v == s_y[q] ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
+      const T o = store_as<T>::from(g);
+      w[k][e / 2] = (w[k][e / 2] & ~(0xffffu << (16 * (e % 2)))) | ((u32)o.bits << (16 * (e % 2)));
+    }
+    if (whole) {
+      i32x4 x;
+      x.x = (i32)w[k][0], x.y = (i32)w[k][1], x.z = (i32)w[k][2], x.w = (i32)w[k][3];
+      *(i32x4 *)line[k] = x;
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (rfirst + e < M) line[k][e].bits = (u16)(w[k][e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
 /* The chunk's rows' records (one a 256-column tile: hundreds a row) to logp, lse and entropy, as
  * linear_logprob_combine but a warp a row: lane k merges the tiles k, k + 32, ... in order, then
  * the lanes merge by a fixed butterfly (bitwise repeatable). Launched with 256 threads a block
