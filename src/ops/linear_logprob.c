@@ -530,7 +530,8 @@ static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_lo
 #define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
 #define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
-#define LL_STORED_T_ROWS 64 /* u^T: the dz pass's block, 64 rows x a record's columns */
+#define LL_STORED_T_ROWS 256 /* u^T: the dz pass's block, 256 rows x 64 columns */
+#define LL_STORED_T_COLS 64
 
 #define LL_BWD_SM90_BM 128
 #define LL_BWD_SM90_BN 256
@@ -1219,7 +1220,7 @@ static rlk_status ll_stored_grads_t(rlk_context *ctx, const rlk_ll_stored *s, co
   z.temperature = s->temperature;
   void *zargs[] = {&z};
   const rlk_launch_dims d = ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
-                                    (uint64_t)((V + LL_STORED_TILE - 1) / LL_STORED_TILE), 256, 0);
+                                    (uint64_t)((V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0);
   if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
 
   ll_bwd_sm90_args g = {0};

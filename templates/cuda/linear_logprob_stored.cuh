@@ -98,26 +98,28 @@ RLK_PARAMS_DECLARE(StoredDzTParams, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_
 }
 
 /* linear_logprob_stored_dz over u^T [V][M] (the logits_t kind's layout: column v of the rows in
- * line v, from u below ksplit and from u2 at line v - ksplit above): a block takes 64 rows x one
- * record's 256 columns, a thread 8 rows (a 16-byte vector) of eight columns 32 apart. Its loads
- * go out first; the rows' inputs and records meanwhile go into shared memory, once a block. Grid
- * (ceil(M / 64), ceil(V / 256)), 256 threads. The element's formula is the row-major pass's. */
+ * line v, from u below ksplit and from u2 at line v - ksplit above): a block takes 256 rows x 64
+ * columns (inside one record's 256), a warp 512 contiguous bytes of a line at a time (a thread 8
+ * rows, a 16-byte vector) over eight lines 8 apart. Its loads go out first; the rows' inputs and
+ * records meanwhile go into shared memory, a thread a row, row rb + e at e 32 + rb / 8 (a warp's
+ * reads of its element e fall on 32 banks). Grid (ceil(M / 256), ceil(V / 64)), 256 threads. The
+ * element's formula is the row-major pass's. */
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzTParams p_) {
   typedef typename ll::elem<DT>::type T;
-  constexpr int VEC = RLK_LL_STORED_VEC, LINES = RLK_LL_STORED_TILE / 32;
-  __shared__ float s_scale[64], s_m[64], s_gl[64], s_gh[64], s_E[64];
-  __shared__ i64 s_y[64];
-  __shared__ u8 s_state[64]; /* 1 ignored, 2 bad */
-  const i64 M = p_.M, V = p_.V, r0 = (i64)blockIdx.x * 64, c0 = (i64)blockIdx.y * RLK_LL_STORED_TILE;
-  const int tx = (int)threadIdx.x, rb = 8 * (tx % 8); /* the thread's rows r0 + rb + e */
+  constexpr int VEC = RLK_LL_STORED_VEC, LINES = 8, ROWS = 256;
+  __shared__ float s_scale[ROWS], s_m[ROWS], s_gl[ROWS], s_gh[ROWS], s_E[ROWS];
+  __shared__ i64 s_y[ROWS];
+  __shared__ u8 s_state[ROWS]; /* 1 ignored, 2 bad */
+  const i64 M = p_.M, V = p_.V, r0 = (i64)blockIdx.x * ROWS, c0 = (i64)blockIdx.y * (8 * LINES);
+  const int tx = (int)threadIdx.x, rb = VEC * (tx % 32); /* the thread's rows r0 + rb + e */
   const i64 rfirst = r0 + rb;
   const bool mine = rfirst < M, whole = rfirst + VEC <= M;
   T *line[LINES];
   u32 w[LINES][VEC / 2];
 #pragma unroll
   for (int k = 0; k < LINES; ++k) {
-    const i64 v = c0 + tx / 8 + 32 * k;
+    const i64 v = c0 + tx / 32 + 8 * k;
     line[k] = nullptr;
 #pragma unroll
     for (int e = 0; e < VEC / 2; ++e) w[k][e] = 0;
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
         if (rfirst + e < M) w[k][e / 2] |= (u32)line[k][e].bits << (16 * (e % 2));
     }
   }
-  if (tx < 64) {
+  {
     const i64 r = r0 + tx;
     u8 st = 1;
     float m = 0.0f, lse2 = 0.0f, gl = 0.0f, gh = 0.0f, E = 0.0f;
@@ -148,18 +150,19 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
         E = ld_ro(p_.lse + r) - ld_ro(p_.entropy + r);
       }
     }
-    s_scale[tx] = exp2_approx(m - lse2); /* p = u scale */
-    s_m[tx] = m, s_gl[tx] = gl, s_gh[tx] = gh, s_E[tx] = E, s_y[tx] = yg, s_state[tx] = st;
+    const int at = (tx % VEC) * 32 + tx / VEC;
+    s_scale[at] = exp2_approx(m - lse2); /* p = u scale */
+    s_m[at] = m, s_gl[at] = gl, s_gh[at] = gh, s_E[at] = E, s_y[at] = yg, s_state[at] = st;
   }
   __syncthreads();
   const float inv_t = 1.0f / p_.temperature;
 #pragma unroll
   for (int k = 0; k < LINES; ++k) {
     if (!line[k]) continue;
-    const i64 v = c0 + tx / 8 + 32 * k;
+    const i64 v = c0 + tx / 32 + 8 * k;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      const int q = rb + e;
+      const int q = e * 32 + tx % 32;
       const float uk = ll_stored_elem<T>(w[k], e), p = uk * s_scale[q];
       const float xt = ENTROPY ? (log2f(uk) + s_m[q]) * RLK_LL_LN2 : 0.0f;
       const float g = ll::dz_of<ENTROPY>(s_state[q] & 1, s_state[q] >> 1, s_gl[q], s_gh[q], s_E[q],
