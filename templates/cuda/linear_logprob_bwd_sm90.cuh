@@ -160,6 +160,22 @@ struct ll_patch {
   float v[2];
 };
 
+/* A consumer thread's values of columns [128 HALF, 128 HALF + 128) packed in 16-bit pairs:
+ * packed[i][jj] holds value(i, j, 0) and value(i, j, 1), j = 16 HALF + jj. Computed before the
+ * staging is waited for, so that the previous half's stores drain meanwhile. */
+template <int HALF, int DT, typename F>
+RLK_DEVICE void ll_pack_half(const F &value, u32 (&packed)[2][ll_bwd_sm90::BN / 16]) {
+  constexpr int J = ll_bwd_sm90::BN / 16;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      const int j = HALF * J + jj;
+      const float a = value(i, j, 0), b = value(i, j, 1);
+      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
+    }
+}
+
 /* A 16-bit output's epilogue for one consumer, columns [128 HALF, 128 HALF + 128) of its rows
  * (r0 + 8 i, i = 0, 1 for this thread): value(i, j, e) is the element at row i, column
  * n0 + 8 j + 2 (l % 4) + e (from acc[4 j + 2 i + e]), and where PATCH the elements that `patch`
@@ -175,14 +191,7 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
   constexpr int J = ll_bwd_sm90::BN / 16; /* 8-column groups a half */
   const int l = tw % 32;
   u32 packed[2][J];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      const int j = HALF * J + jj;
-      const float a = value(i, j, 0), b = value(i, j, 1);
-      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
-    }
+  ll_pack_half<HALF, DT>(value, packed);
   ll_stage_take(tw, barrier);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -223,14 +232,7 @@ RLK_DEVICE void ll_b16_half_t(const tensor_map *map, const F &value, u8 *stage, 
   constexpr int J = ll_bwd_sm90::BN / 16;
   const int l = tw % 32, mi = (l / 8) & 1, mj = (l / 8) >> 1, r = l % 8;
   u32 packed[2][J];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      const int j = HALF * J + jj;
-      const float a = value(i, j, 0), b = value(i, j, 1);
-      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
-    }
+  ll_pack_half<HALF, DT>(value, packed);
   ll_stage_take(tw, barrier);
 #pragma unroll
   for (int g = 0; g < J / 2; ++g) {
