@@ -21,11 +21,13 @@
 
 /* The call's workspace at most when it chooses the token chunks' rows: the 0.3 GiB a trainer
  * budgets beside its activations. The stored logits get what the per-token buffers and the loss's
- * workspace leave (at N = 8192, V = 151936: 1024 rows, eight whole 128-row tiles). */
+ * workspace leave (at N = 8192, V = 151936: over an overwritten grad_weight, the first 8448 of
+ * u^T's lines; row-major, 1024 rows, eight whole 128-row tiles). */
 #define LPL_WORKSPACE_BYTES ((int64_t)3 * ((int64_t)1 << 30) / 10)
-static int64_t lpl_budget = LPL_WORKSPACE_BYTES;
+static int64_t lpl_budget = LPL_WORKSPACE_BYTES; /* rlk_lpl_set_budget */
 
 void rlk_lpl_set_budget(int64_t bytes) { lpl_budget = bytes > 0 ? bytes : LPL_WORKSPACE_BYTES; }
+
 #define LPL_SCRATCH_BYTES ((1 + RLK_POLICY_LOSS_METRICS) * sizeof(float)) /* loss and metrics */
 #define LPL_ROWS 64          /* chunk_tokens: a multiple of this */
 /* AUTO: the token chunks from this hidden size (measured faster at 4096 on an H200; a narrower
