@@ -46,7 +46,6 @@ RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ll_stored_dz_t_args, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_T_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
 
@@ -1188,109 +1187,26 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   return rlk_context_launch(ctx, &cb, &d, stream, kargs);
 }
 
-/* rlk_ll_stored_grads over u^T (one chunk of every row): u^T -> dz^T in place, dh from it (K rows
- * split between the workspace and grad_weight), then grad_weight in slices of ksplit lines from
- * the last: slice j (lines [j ksplit, (j + 1) ksplit)) reads dz^T's lines from the workspace
- * (j = 0) or from grad_weight's rows [(j - 1) ksplit, j ksplit), and writes grad_weight's rows
- * [j ksplit, ...), which held slice j + 1's, read by the launch before. */
-static rlk_status ll_stored_grads_t(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
-                                    void *stream) {
-  const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
-  const int64_t ks = s->ksplit, V = c->V;
+/* u -> dz in place: the row-major pass over the chunk's rows, or the transposed one over u^T's
+ * two parts. */
+static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
+                               int64_t n, void *stream) {
+  const int hd = s->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const rlk_kernel_spec fx = {s->ksplit ? &ll_stored_dz_t_tmpl : &ll_stored_dz_tmpl,
+                              {hd, s->labels.dtype, s->entropy}};
   rlk_status st;
-  const rlk_kernel_spec fx = {&ll_stored_dz_t_tmpl, {hd, s->labels.dtype, s->entropy}};
   if ((st = rlk_spec_validate(&fx))) return st;
-  ll_stored_dz_t_args z = {0};
+  ll_stored_dz_args z = {0};
   z.u = c->u;
   z.u_stride = c->pitch;
   z.u2 = c->u2;
   z.u2_stride = 2 * c->gws;
-  z.ksplit = ks;
+  z.ksplit = s->ksplit;
   z.partials = c->records;
   z.M = n;
-  z.V = V;
+  z.V = c->V;
   z.labels = c->labels;
   z.label_stride = c->ls;
-  z.ignore_index = s->ignore_index;
-  z.lse = s->lse;
-  z.g_lp = s->g_lp;
-  z.entropy = s->entropy ? s->ent : NULL;
-  z.g_ent = s->entropy && s->g_ent ? s->g_ent : NULL;
-  z.temperature = s->temperature;
-  void *zargs[] = {&z};
-  const rlk_launch_dims d = ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
-                                    (uint64_t)((V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0);
-  if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
-
-  ll_bwd_sm90_args g = {0};
-  g.V = V, g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
-  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128], m_d[128];
-  if (s->grad_hidden.data) {
-    /* dh = dz W: A = dz MN-major, read from u^T's two parts */
-    const rlk_dtype gd = s->grad_hidden.dtype;
-    const int64_t ghs = s->grad_hidden.strides[0];
-    const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH_T, hd, RLK_I32, 0, ll_grad_code(gd)}};
-    if ((st = rlk_spec_validate(&dh))) return st;
-    const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, V, c->H, c->ws, 64),
-                               r_c = gd == RLK_F32 ? ll_tma_req_f32(s->grad_hidden.data, n, c->H, ghs)
-                                                   : ll_tma_req(s->grad_hidden.data, gd, n, c->H, ghs, 64);
-    g.staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
-    if ((st = ll_stored_u_maps(ctx, s, c, n, 64, m_a, m_d)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
-        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
-      return st;
-    g.M = n, g.Nn = c->H, g.K = V, g.c0 = 0, g.ksplit = ks, g.out = s->grad_hidden.data, g.out_stride = ghs;
-    g.accumulate = s->accumulate;
-    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_d, &g};
-    if ((st = ll_bwd_sm90_launch(ctx, &dh, &g, hargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
-      return st;
-  }
-  if (s->grad_weight.data) {
-    /* grad_weight's slices, last first: each a dh-kind product, A = its dz^T lines (K-major over
-     * the rows), B = h, written once (never added: this layout needs an overwritten grad_weight) */
-    const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
-    if ((st = rlk_spec_validate(&dw))) return st;
-    const rlk_tma_desc_request r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64);
-    if ((st = rlk_context_tensor_map(ctx, &r_b, m_b))) return st;
-    const int64_t slices = (V + ks - 1) / ks;
-    for (int64_t j = slices - 1; j >= 0; j--) {
-      const int64_t v0 = j * ks, lines = V - v0 < ks ? V - v0 : ks;
-      const void *src = j == 0 ? c->u : (const char *)c->u2 + (size_t)((j - 1) * ks * c->gws) * 4u;
-      float *out = (float *)s->grad_weight.data + v0 * c->gws;
-      const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_BWD_SM90_BM),
-                                 r_c = ll_tma_req_f32(out, lines, c->H, c->gws);
-      g.staged = ll_tma_ok(&r_c);
-      if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
-        return st;
-      g.M = lines, g.Nn = c->H, g.K = n, g.c0 = 0, g.ksplit = 0, g.out = out, g.out_stride = c->gws;
-      g.accumulate = 0;
-      void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
-      if ((st = ll_bwd_sm90_launch(ctx, &dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
-                                   stream)))
-        return st;
-    }
-  }
-  return RLK_OK;
-}
-
-rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
-                               void *stream) {
-  ll_stored_chunk c;
-  ll_stored_chunk_of(s, r0, &c);
-  if (s->ksplit) return ll_stored_grads_t(ctx, s, &c, n, stream);
-  const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
-  rlk_status st;
-  const rlk_kernel_spec fx = {&ll_stored_dz_tmpl, {hd, s->labels.dtype, s->entropy}};
-  if ((st = rlk_spec_validate(&fx))) return st;
-  ll_stored_dz_args z = {0};
-  z.u = c.u;
-  z.u_stride = c.pitch;
-  z.partials = c.records;
-  z.M = n;
-  z.V = c.V;
-  z.labels = c.labels;
-  z.label_stride = c.ls;
   z.ignore_index = s->ignore_index;
   z.lse = s->lse + r0;
   z.g_lp = s->g_lp + r0;
@@ -1299,51 +1215,112 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
   z.temperature = s->temperature;
   void *zargs[] = {&z};
   const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
-  rlk_launch_dims d = ll_dims((uint64_t)((c.V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
-  if ((st = rlk_context_launch(ctx, &fx, &d, stream, zargs))) return st;
+  const rlk_launch_dims d =
+      s->ksplit ? ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
+                          (uint64_t)((c->V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0)
+                : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
+  return rlk_context_launch(ctx, &fx, &d, stream, zargs);
+}
 
-  ll_bwd_sm90_args g = {0};
-  g.V = c.V, g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
-  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
-  if (s->grad_hidden.data) {
-    /* dh = dz W over the whole vocabulary: each element of the rows' grad_hidden written once */
-    const rlk_dtype gd = s->grad_hidden.dtype;
-    const int64_t ghs = s->grad_hidden.strides[0];
-    void *gh = (char *)s->grad_hidden.data + (size_t)(r0 * ghs) * rlk_dtype_size(gd);
-    const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
-    if ((st = rlk_spec_validate(&dh))) return st;
-    const rlk_tma_desc_request r_a = ll_tma_req(c.u, dt, n, c.V, c.pitch, LL_BWD_SM90_BM),
-                               r_b = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, 64),
-                               r_c = gd == RLK_F32 ? ll_tma_req_f32(gh, n, c.H, ghs) : ll_tma_req(gh, gd, n, c.H, ghs, 64);
-    /* a 16-bit grad_hidden that is added to keeps the register path */
-    g.staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
-    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
-        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
-      return st;
-    g.M = n, g.Nn = c.H, g.K = c.V, g.c0 = 0, g.out = gh, g.out_stride = ghs, g.accumulate = s->accumulate;
-    void *hargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
-    if ((st = ll_bwd_sm90_launch(ctx, &dh, &g, hargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
-      return st;
+/* dh = dz W over the whole vocabulary into the chunk's rows of grad_hidden, each element written
+ * once: A = dz K-major (row-major u), or MN-major from u^T's two parts (the dh_t kind). */
+static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
+                               int64_t n, ll_bwd_sm90_args *g, void *stream) {
+  const rlk_dtype dt = s->hidden.dtype, gd = s->grad_hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int64_t ghs = s->grad_hidden.strides[0];
+  void *gh = (char *)s->grad_hidden.data + (size_t)(r0 * ghs) * rlk_dtype_size(gd);
+  const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
+  rlk_status st;
+  if ((st = rlk_spec_validate(&dh))) return st;
+  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128], m_d[128];
+  const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, c->V, c->H, c->ws, 64),
+                             r_c = gd == RLK_F32 ? ll_tma_req_f32(gh, n, c->H, ghs) : ll_tma_req(gh, gd, n, c->H, ghs, 64);
+  /* a 16-bit grad_hidden that is added to keeps the register path */
+  g->staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
+  if (s->ksplit) {
+    st = ll_stored_u_maps(ctx, s, c, n, 64, m_a, m_d);
+  } else {
+    const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, LL_BWD_SM90_BM);
+    if (!(st = rlk_context_tensor_map(ctx, &r_a, m_a))) memcpy(m_d, m_a, sizeof m_d);
   }
-  if (s->grad_weight.data) {
-    /* dw = dz^T h over the chunk's rows, added to the chunks before it */
-    const int64_t gws = s->grad_weight.strides[0];
-    const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
-    if ((st = rlk_spec_validate(&dw))) return st;
-    const rlk_tma_desc_request r_a = ll_tma_req(c.u, dt, n, c.V, c.pitch, 64),
-                               r_b = ll_tma_req(c.hidden, dt, n, c.H, c.hs, 64),
-                               r_c = ll_tma_req_f32(s->grad_weight.data, c.V, c.H, gws);
-    g.staged = ll_tma_ok(&r_c);
-    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
-        (g.staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+  if (st || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) || (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+    return st;
+  g->M = n, g->Nn = c->H, g->K = c->V, g->c0 = 0, g->ksplit = s->ksplit, g->out = gh, g->out_stride = ghs;
+  g->accumulate = s->accumulate;
+  void *hargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_d, g};
+  return ll_bwd_sm90_launch(ctx, &dh, g, hargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
+}
+
+/* grad_weight from row-major chunks: dz^T h over the chunk's rows, added to the chunks before it
+ * (first: the first chunk, which writes unless accumulating). */
+static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
+                               int first, ll_bwd_sm90_args *g, void *stream) {
+  const rlk_dtype dt = s->hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
+  rlk_status st;
+  if ((st = rlk_spec_validate(&dw))) return st;
+  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
+  const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, 64),
+                             r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64),
+                             r_c = ll_tma_req_f32(s->grad_weight.data, c->V, c->H, c->gws);
+  g->staged = ll_tma_ok(&r_c);
+  if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
+      (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+    return st;
+  g->M = c->V, g->Nn = c->H, g->K = n, g->c0 = 0, g->ksplit = 0, g->out = s->grad_weight.data, g->out_stride = c->gws;
+  g->accumulate = !first || s->accumulate;
+  void *wargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_a, g};
+  return ll_bwd_sm90_launch(ctx, &dw, g, wargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
+}
+
+/* grad_weight over u^T, in slices of ksplit lines from the last: slice j (lines [j ksplit,
+ * (j + 1) ksplit)) reads dz^T's lines from the workspace (j = 0) or from grad_weight's rows
+ * [(j - 1) ksplit, j ksplit), and writes grad_weight's rows [j ksplit, ...), which held slice
+ * j + 1's, read by the launch before. Each slice is a dh-kind product (A = its dz^T lines,
+ * K-major over the rows; B = h), written once: this layout needs an overwritten grad_weight. */
+static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
+                                      ll_bwd_sm90_args *g, void *stream) {
+  const rlk_dtype dt = s->hidden.dtype;
+  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int64_t ks = s->ksplit, V = c->V;
+  const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
+  rlk_status st;
+  if ((st = rlk_spec_validate(&dw))) return st;
+  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
+  const rlk_tma_desc_request r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64);
+  if ((st = rlk_context_tensor_map(ctx, &r_b, m_b))) return st;
+  for (int64_t j = (V + ks - 1) / ks - 1; j >= 0; j--) {
+    const int64_t v0 = j * ks, lines = V - v0 < ks ? V - v0 : ks;
+    const void *src = j == 0 ? c->u : (const char *)c->u2 + (size_t)((j - 1) * ks * c->gws) * 4u;
+    float *out = (float *)s->grad_weight.data + v0 * c->gws;
+    const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_BWD_SM90_BM),
+                               r_c = ll_tma_req_f32(out, lines, c->H, c->gws);
+    g->staged = ll_tma_ok(&r_c);
+    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
       return st;
-    g.M = c.V, g.Nn = c.H, g.K = n, g.c0 = 0, g.out = s->grad_weight.data, g.out_stride = gws;
-    g.accumulate = !first || s->accumulate;
-    void *wargs[] = {m_a, m_b, g.staged ? m_c : m_a, m_a, &g};
-    if ((st = ll_bwd_sm90_launch(ctx, &dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
+    g->M = lines, g->Nn = c->H, g->K = n, g->c0 = 0, g->ksplit = 0, g->out = out, g->out_stride = c->gws;
+    g->accumulate = 0;
+    void *wargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_a, g};
+    if ((st = ll_bwd_sm90_launch(ctx, &dw, g, wargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
+                                 stream)))
       return st;
   }
   return RLK_OK;
+}
+
+rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, int first,
+                               void *stream) {
+  ll_stored_chunk c;
+  ll_stored_chunk_of(s, r0, &c);
+  rlk_status st;
+  if ((st = ll_stored_dz(ctx, s, &c, r0, n, stream))) return st;
+  ll_bwd_sm90_args g = {0};
+  g.V = c.V, g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
+  if (s->grad_hidden.data && (st = ll_stored_dh(ctx, s, &c, r0, n, &g, stream))) return st;
+  if (!s->grad_weight.data) return RLK_OK;
+  return s->ksplit ? ll_stored_dw_slices(ctx, s, &c, n, &g, stream) : ll_stored_dw(ctx, s, &c, n, first, &g, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -221,6 +221,8 @@
   F(S_, long long, ksplit, 200)
 #define RLK_LL_BWD_SM90_PARAMS_SIZE 208
 
+/* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
+ * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */
 #define RLK_LL_STORED_DZ_PARAMS(F, S_) \
   F(S_, void *, u, 0)                  \
   F(S_, long long, u_stride, 8)        \
@@ -234,28 +236,10 @@
   F(S_, const float *, g_lp, 72)       \
   F(S_, const float *, entropy, 80)    \
   F(S_, const float *, g_ent, 88)      \
-  F(S_, float, temperature, 96)
-#define RLK_LL_STORED_DZ_PARAMS_SIZE 104
-
-/* u^T [V][M] (rlk_linear_policy_loss over grad_weight): columns [0, ksplit) from u, the rest
- * from u2 at row v - ksplit; strides in elements */
-#define RLK_LL_STORED_DZ_T_PARAMS(F, S_) \
-  F(S_, void *, u, 0)                    \
-  F(S_, long long, u_stride, 8)          \
-  F(S_, void *, u2, 16)                  \
-  F(S_, long long, u2_stride, 24)        \
-  F(S_, long long, ksplit, 32)           \
-  F(S_, const void *, partials, 40)      \
-  F(S_, long long, M, 48)                \
-  F(S_, long long, V, 56)                \
-  F(S_, const void *, labels, 64)        \
-  F(S_, long long, label_stride, 72)     \
-  F(S_, long long, ignore_index, 80)     \
-  F(S_, const float *, lse, 88)          \
-  F(S_, const float *, g_lp, 96)         \
-  F(S_, const float *, entropy, 104)     \
-  F(S_, const float *, g_ent, 112)       \
-  F(S_, float, temperature, 120)
-#define RLK_LL_STORED_DZ_T_PARAMS_SIZE 128
+  F(S_, float, temperature, 96)        \
+  F(S_, void *, u2, 104)               \
+  F(S_, long long, u2_stride, 112)     \
+  F(S_, long long, ksplit, 120)
+#define RLK_LL_STORED_DZ_PARAMS_SIZE 128
 
 #endif

@@ -38,6 +38,44 @@ template <typename T> RLK_DEVICE float ll_stored_elem(const u32 (&w)[RLK_LL_STOR
   return to_float(e);
 }
 
+/* A row's inputs to its logits' gradient (the row's lse, upstream gradients and label); a row past
+ * M counts as ignored. */
+struct ll_stored_row {
+  float lse2, gl, gh, E; /* lse in base 2; g_lp, g_ent; lse - entropy */
+  i64 y;
+  u8 state; /* 1 ignored, 2 bad label */
+};
+
+template <typename L, bool ENTROPY> RLK_DEVICE ll_stored_row ll_stored_row_of(const ll::StoredDzParams &p_, i64 row) {
+  ll_stored_row r;
+  r.lse2 = r.gl = r.gh = r.E = 0.0f;
+  r.y = -1;
+  r.state = 1;
+  if (row >= p_.M) return r;
+  r.y = ll::load_label((const L *)p_.labels, row, p_.label_stride);
+  r.state = r.y == p_.ignore_index ? 1 : (r.y < 0 || r.y >= p_.V) ? 2 : 0;
+  r.lse2 = ld_ro(p_.lse + row) * RLK_LL_LOG2E;
+  r.gl = p_.g_lp ? ld_ro(p_.g_lp + row) : 0.0f;
+  if (ENTROPY && p_.g_ent) {
+    r.gh = ld_ro(p_.g_ent + row);
+    r.E = ld_ro(p_.lse + row) - ld_ro(p_.entropy + row);
+  }
+  return r;
+}
+
+/* Element k of a vector of u turned into its gradient in place: p = u scale (scale = 2^(m -
+ * lse2)), the row's inputs as ll_stored_row's, `label` where the element is the row's label. */
+template <typename T, bool ENTROPY>
+RLK_DEVICE void ll_stored_dz_elem(u32 (&w)[RLK_LL_STORED_VEC / 2], int k, float scale, float m, u8 state, float gl,
+                                  float gh, float E, bool label, float inv_t) {
+  const float uk = ll_stored_elem<T>(w, k), p = uk * scale;
+  /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
+  const float xt = ENTROPY ? (log2f(uk) + m) * RLK_LL_LN2 : 0.0f;
+  const float g = ll::dz_of<ENTROPY>(state & 1, state >> 1, gl, gh, E, label ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
+  const T o = store_as<T>::from(g);
+  w[k / 2] = (w[k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
+}
+
 template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
@@ -63,26 +101,16 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
     }
     if (v0 < V) m[v] = ld_ro(&partials[(v0 / RLK_LL_STORED_TILE) * M + row].m);
   }
-  const i64 yg = ll::load_label((const L *)p_.labels, row, p_.label_stride);
-  const bool ignored = yg == p_.ignore_index, bad = !ignored && (yg < 0 || yg >= V);
+  const ll_stored_row r = ll_stored_row_of<L, ENTROPY>(p_, row);
   const float inv_t = 1.0f / p_.temperature;
-  const float lse2 = ld_ro(p_.lse + row) * RLK_LL_LOG2E, gl = p_.g_lp ? ld_ro(p_.g_lp + row) : 0.0f;
-  const float gh = ENTROPY && p_.g_ent ? ld_ro(p_.g_ent + row) : 0.0f;
-  const float E = ENTROPY && p_.g_ent ? ld_ro(p_.lse + row) - ld_ro(p_.entropy + row) : 0.0f;
 #pragma unroll
   for (int v = 0; v < VECS; ++v) {
     const i64 v0 = first + (i64)v * STEP;
     if (v0 >= V) break;
-    const float scale = exp2_approx(m[v] - lse2); /* p = u scale */
+    const float scale = exp2_approx(m[v] - r.lse2); /* p = u scale */
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float uk = ll_stored_elem<T>(w[v], k), p = uk * scale;
-      /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
-      const float xt = ENTROPY ? (log2f(uk) + m[v]) * RLK_LL_LN2 : 0.0f;
-      const float g = ll::dz_of<ENTROPY>(ignored, bad, gl, gh, E, v0 + k == yg ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
-      const T o = store_as<T>::from(g);
-      w[v][k / 2] = (w[v][k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
-    }
+    for (int k = 0; k < VEC; ++k)
+      ll_stored_dz_elem<T, ENTROPY>(w[v], k, scale, m[v], r.state, r.gl, r.gh, r.E, v0 + k == r.y, inv_t);
     if (v0 + VEC <= V) {
       i32x4 x;
       x.x = (i32)w[v][0], x.y = (i32)w[v][1], x.z = (i32)w[v][2], x.w = (i32)w[v][3];
@@ -93,10 +121,6 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
   }
 }
 
-namespace ll {
-RLK_PARAMS_DECLARE(StoredDzTParams, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_T_PARAMS_SIZE);
-}
-
 /* linear_logprob_stored_dz over u^T [V][M] (the logits_t kind's layout: column v of the rows in
  * line v, from u below ksplit and from u2 at line v - ksplit above): a block takes 256 rows x 64
  * columns (inside one record's 256), a warp 512 contiguous bytes of a line at a time (a thread 8
@@ -105,7 +129,7 @@ RLK_PARAMS_DECLARE(StoredDzTParams, RLK_LL_STORED_DZ_T_PARAMS, RLK_LL_STORED_DZ_
  * reads of its element e fall on 32 banks). Grid (ceil(M / 256), ceil(V / 64)), 256 threads. The
  * element's formula is the row-major pass's. */
 template <int DT, typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzTParams p_) {
+__global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
   constexpr int VEC = RLK_LL_STORED_VEC, LINES = 8, ROWS = 256;
   __shared__ float s_scale[ROWS], s_m[ROWS], s_gl[ROWS], s_gh[ROWS], s_E[ROWS];
@@ -135,24 +159,12 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
     }
   }
   {
-    const i64 r = r0 + tx;
-    u8 st = 1;
-    float m = 0.0f, lse2 = 0.0f, gl = 0.0f, gh = 0.0f, E = 0.0f;
-    i64 yg = -1;
-    if (r < M) {
-      yg = ll::load_label((const L *)p_.labels, r, p_.label_stride);
-      st = yg == p_.ignore_index ? 1 : (yg < 0 || yg >= V) ? 2 : 0;
-      m = ld_ro(&((const ll::part *)p_.partials)[(c0 / RLK_LL_STORED_TILE) * M + r].m);
-      lse2 = ld_ro(p_.lse + r) * RLK_LL_LOG2E;
-      gl = p_.g_lp ? ld_ro(p_.g_lp + r) : 0.0f;
-      if (ENTROPY && p_.g_ent) {
-        gh = ld_ro(p_.g_ent + r);
-        E = ld_ro(p_.lse + r) - ld_ro(p_.entropy + r);
-      }
-    }
+    const i64 row = r0 + tx;
+    const ll_stored_row r = ll_stored_row_of<L, ENTROPY>(p_, row);
+    const float m = row < M ? ld_ro(&((const ll::part *)p_.partials)[(c0 / RLK_LL_STORED_TILE) * M + row].m) : 0.0f;
     const int at = (tx % VEC) * 32 + tx / VEC;
-    s_scale[at] = exp2_approx(m - lse2); /* p = u scale */
-    s_m[at] = m, s_gl[at] = gl, s_gh[at] = gh, s_E[at] = E, s_y[at] = yg, s_state[at] = st;
+    s_scale[at] = exp2_approx(m - r.lse2); /* p = u scale */
+    s_m[at] = m, s_gl[at] = r.gl, s_gh[at] = r.gh, s_E[at] = r.E, s_y[at] = r.y, s_state[at] = r.state;
   }
   __syncthreads();
   const float inv_t = 1.0f / p_.temperature;
@@ -163,12 +175,8 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const int q = e * 32 + tx % 32;
-      const float uk = ll_stored_elem<T>(w[k], e), p = uk * s_scale[q];
-      const float xt = ENTROPY ? (log2f(uk) + s_m[q]) * RLK_LL_LN2 : 0.0f;
-      const float g = ll::dz_of<ENTROPY>(s_state[q] & 1, s_state[q] >> 1, s_gl[q], s_gh[q], s_E[q],
-                                         v == s_y[q] ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
-      const T o = store_as<T>::from(g);
-      w[k][e / 2] = (w[k][e / 2] & ~(0xffffu << (16 * (e % 2)))) | ((u32)o.bits << (16 * (e % 2)));
+      ll_stored_dz_elem<T, ENTROPY>(w[k], e, s_scale[q], s_m[q], s_state[q], s_gl[q], s_gh[q], s_E[q], v == s_y[q],
+                                    inv_t);
     }
     if (whole) {
       i32x4 x;
