@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
       {"tune", tune_suite},
       {"logprob_shard", logprob_shard_suite},
       {"cache", cache_suite},
+      {"record", record_suite},
       {"hopper", hopper_suite},
       {"ops", ops_suite},
       {"api", api_suite},

@@ -26,5 +26,6 @@ Suite *hopper_suite(void);
 Suite *linear_logprob_suite(void);
 Suite *token_baseline_suite(void);
 Suite *token_kl_suite(void);
+Suite *record_suite(void);
 
 #endif

@@ -43,6 +43,117 @@ int rlk_mkdirs(const char *path, mode_t mode) {
   return 0;
 }
 
+const char *rlk_fs_untrusted(const struct stat *st, char *buf, size_t size) {
+  const uid_t me = geteuid();
+  if (st->st_uid != me && st->st_uid != 0) {
+    rlk_format(buf, size, "it is owned by uid %ld, neither this user (uid %ld) nor root",
+               (long)st->st_uid, (long)me);
+    return buf;
+  }
+  /* The sticky bit does not help: anyone could still create names in the directory. */
+  if (st->st_mode & S_IWOTH) return "it is world-writable";
+  /* Group write is trusted only for this user's own group (user-private groups) and root's. */
+  if ((st->st_mode & S_IWGRP) && st->st_gid != getegid() && st->st_gid != 0) {
+    rlk_format(buf, size, "it is writable by group %ld", (long)st->st_gid);
+    return buf;
+  }
+  return NULL;
+}
+
+/* The directory `name` under dirfd as an O_PATH descriptor: never through a link, except one
+ * that this user or root owns (a link another user owns could point anywhere). */
+static int open_dir_step(int dirfd, const char *name, const char *path, char *why, size_t whysize) {
+  int fd = openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) return fd;
+  int e = errno;
+  struct stat st;
+  if ((e == ELOOP || e == ENOTDIR) && fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISLNK(st.st_mode)) {
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+      rlk_format(why, whysize, "%s: the link '%s' on its way is owned by uid %ld, neither this user nor root",
+                 path, name, (long)st.st_uid);
+      errno = EPERM;
+      return -1;
+    }
+    fd = openat(dirfd, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) return fd;
+    e = errno;
+  }
+  rlk_format(why, whysize, "%s: %s", path, strerror(e));
+  errno = e;
+  return -1;
+}
+
+int rlk_open_owned_file(const char *path, mode_t mode, char *why, size_t whysize) {
+  char buf[4096];
+  if (!path || !path[0] || rlk_format(buf, sizeof buf, "%s", path) < 0) {
+    rlk_format(why, whysize, "the path is empty or too long");
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  char *base = strrchr(buf, '/');
+  int dirfd = AT_FDCWD;
+  if (base) {
+    *base++ = '\0';
+    dirfd = open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0) {
+      rlk_format(why, whysize, "%s: %s", path, strerror(errno));
+      return -1;
+    }
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+      int next = open_dir_step(dirfd, part, path, why, whysize);
+      int e = errno;
+      close(dirfd);
+      if (next < 0) {
+        errno = e;
+        return -1;
+      }
+      dirfd = next;
+    }
+  } else {
+    base = buf;
+  }
+  int fd = -1, e = 0;
+  struct stat st;
+  const char *bad = NULL;
+  char reason[160];
+  if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {
+    bad = "it names a directory";
+    e = EISDIR;
+  } else if (fstatat(dirfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+    /* Refused before it is opened: opening a device or a FIFO can itself have effects. */
+    bad = S_ISLNK(st.st_mode) ? "it is a symbolic link" : "it is not a regular file";
+    e = S_ISLNK(st.st_mode) ? ELOOP : EINVAL;
+  } else {
+    fd = openat(dirfd, base, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+                mode);
+    if (fd < 0) {
+      e = errno;
+      bad = e == ELOOP ? "it is a symbolic link" : strerror(e);
+    } else if (fstat(fd, &st) != 0) {
+      e = errno;
+      bad = strerror(e);
+    } else if (!S_ISREG(st.st_mode)) {
+      bad = "it is not a regular file";
+      e = EINVAL;
+    } else if ((bad = rlk_fs_untrusted(&st, reason, sizeof reason)) != NULL) {
+      e = EPERM;
+    } else if (st.st_nlink != 1) {
+      rlk_format(reason, sizeof reason, "it has %lu names (a hard link could lead the writes elsewhere)",
+                 (unsigned long)st.st_nlink);
+      bad = reason;
+      e = EPERM;
+    }
+  }
+  if (dirfd != AT_FDCWD) close(dirfd);
+  if (!bad) return fd;
+  rlk_format(why, whysize, "%s: %s", path, bad);
+  if (fd >= 0) close(fd);
+  errno = e;
+  return -1;
+}
+
 int rlk_open_regular(int dirfd, const char *name, int flags, mode_t mode) {
   int fd = openat(dirfd, name, flags | O_NONBLOCK | O_CLOEXEC, mode);
   if (fd < 0) return -1;

@@ -4,6 +4,7 @@
 #define RLK_FS_H
 
 #include <stddef.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* mkdir -p; new directories get `mode` (under the umask). 0, or -1 with errno (ENOTDIR when a
@@ -16,6 +17,20 @@ int rlk_mkdirs(const char *path, mode_t mode);
  * flags (O_CLOEXEC is added; add O_NOFOLLOW to refuse links). The descriptor is blocking again
  * when returned. fd, or -1 with errno. */
 int rlk_open_regular(int dirfd, const char *name, int flags, mode_t mode);
+
+/* Why a file or directory described by `st` is not to be trusted with code or with what this
+ * process writes: owned by neither this user nor root, world-writable, or writable by a group
+ * other than this user's own or root's. NULL when it is trusted; otherwise the reason, which may
+ * be formatted into buf. */
+const char *rlk_fs_untrusted(const struct stat *st, char *buf, size_t size);
+
+/* Opens the regular file at `path` for appending (O_RDWR | O_APPEND, created with `mode` when
+ * missing) the way the runtime opens a file it writes on a user's say-so, so that another user
+ * cannot redirect the writes: the last component is never a symbolic link, a link among the
+ * directories is followed only when this user or root owns it, and the file must be a regular
+ * file with one name (a hard link would redirect the writes) that passes rlk_fs_untrusted. The
+ * descriptor is non-blocking. fd, or -1 with errno and the reason in why. */
+int rlk_open_owned_file(const char *path, mode_t mode, char *why, size_t whysize);
 
 /* Writes all of data, retrying short writes and EINTR. 0, or -1 with errno. */
 int rlk_write_all(int fd, const void *data, size_t size);

@@ -693,7 +693,7 @@ int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expec
       rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, read_problem(errno));
     return -1;
   }
-  if (trusted_only && (bad = rlk_cache_untrusted(&st, buf, sizeof buf)) != NULL) {
+  if (trusted_only && (bad = rlk_fs_untrusted(&st, buf, sizeof buf)) != NULL) {
     rlk_format(why, whysize, "%s: %s", RLK_CACHE_META_NAME, bad);
     free(text);
     return -1;
@@ -736,7 +736,7 @@ int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expec
     rlk_format(why, whysize, "cannot read %s: %s", meta->binary, read_problem(errno));
     goto fail;
   }
-  if (trusted_only && (bad = rlk_cache_untrusted(&st, buf, sizeof buf)) != NULL) {
+  if (trusted_only && (bad = rlk_fs_untrusted(&st, buf, sizeof buf)) != NULL) {
     rlk_format(why, whysize, "%s: %s", meta->binary, bad);
     goto fail;
   }
@@ -1148,7 +1148,7 @@ static int committed_entry(const char *path) {
   if (fd < 0) return 0;
   struct stat st;
   int ok = fstatat(fd, RLK_CACHE_META_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
-           !rlk_cache_untrusted(&st, why, sizeof why);
+           !rlk_fs_untrusted(&st, why, sizeof why);
   close(fd);
   return ok;
 }

@@ -61,7 +61,7 @@ void rlk_cache_blob_free(rlk_cache_blob *blob);
 
 /* Looks the key up in the read-only trees, then the writable tree. Sets *found. Every
  * directory from a tree's root to the entry, and the entry's files, must be trusted
- * (cache_internal.h: rlk_cache_untrusted; never a link below the root); an untrusted path is
+ * (cache_internal.h: rlk_fs_untrusted; never a link below the root); an untrusted path is
  * passed over with one warning. An entry whose metadata does not match the key, or whose
  * binary fails its checksum or is truncated, is quarantined (writable tree) or passed over
  * from then on (read-only tree), with one warning, and *rebuilt is incremented once (may be

@@ -68,7 +68,7 @@ int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize
 /* Checks the entry directory open as `dfd`, named `hash`: its metadata parses, the recorded
  * key fields hash to `hash` (and equal `expect`'s when given), and the binary has the recorded
  * size and SHA-256. Its files must be regular files (never links, FIFOs or devices); with
- * `trusted_only` they must also pass rlk_cache_untrusted. On success fills `meta` (caller
+ * `trusted_only` they must also pass rlk_fs_untrusted. On success fills `meta` (caller
  * frees) and, when `binary` is not NULL, hands over the bytes. Returns 0, or -1 with the
  * reason in `why` (meta then holds nothing). */
 int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
@@ -76,10 +76,8 @@ int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expec
 
 /* ---- trust (cache_trust.c) ---- */
 
-/* Why a directory or file of a cache tree must not be trusted to hold code this process runs,
- * or NULL: it must be owned by this user or root and writable by no other user (group write
- * only for this user's effective group or root's). The reason is written to buf or static. */
-const char *rlk_cache_untrusted(const struct stat *st, char *buf, size_t size);
+/* A directory or file of a cache tree is trusted to hold code this process runs when it passes
+ * rlk_fs_untrusted (core/fs.h). */
 
 /* Opens a tree's root (links in the given path are followed: the user named it) and checks it
  * is trusted. fd, or -1 with the reason in `why` (errno ENOENT when it does not exist). */

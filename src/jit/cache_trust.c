@@ -24,29 +24,11 @@
 #define MARKER_SIGNATURE "Signature: 8a477f597d28d172789f06886806bc55"
 #define MARKER_TEXT MARKER_SIGNATURE "\n# This directory is an rlk kernel cache (" RLK_CACHE_MARKER_ID ").\n"
 
-const char *rlk_cache_untrusted(const struct stat *st, char *buf, size_t size) {
-  const uid_t me = geteuid();
-  if (st->st_uid != me && st->st_uid != 0) {
-    rlk_format(buf, size, "it is owned by uid %ld, neither this user (uid %ld) nor root",
-               (long)st->st_uid, (long)me);
-    return buf;
-  }
-  /* The sticky bit does not help: anyone could still create names in the directory. */
-  if (st->st_mode & S_IWOTH) return "it is world-writable, so anyone could plant code in it";
-  /* Group write is trusted only for this user's own group (user-private groups) and root's. */
-  if ((st->st_mode & S_IWGRP) && st->st_gid != getegid() && st->st_gid != 0) {
-    rlk_format(buf, size, "it is writable by group %ld, so its members could plant code in it",
-               (long)st->st_gid);
-    return buf;
-  }
-  return NULL;
-}
-
 /* fd when the directory open as fd is trusted; else closes it, says why and returns -1 (EPERM). */
 static int trusted_or_closed(int fd, const char *shown, char *why, size_t whysize) {
   struct stat st;
   char buf[160];
-  const char *bad = fstat(fd, &st) != 0 ? "it cannot be read" : rlk_cache_untrusted(&st, buf, sizeof buf);
+  const char *bad = fstat(fd, &st) != 0 ? "it cannot be read" : rlk_fs_untrusted(&st, buf, sizeof buf);
   if (!bad) return fd;
   rlk_format(why, whysize, "%s: %s", shown, bad);
   close(fd);
@@ -160,7 +142,7 @@ int rlk_cache_open_own_subdir(int rootfd, const char *name, int create) {
     if (fd >= 0) {
       struct stat st;
       char buf[160];
-      if (fstat(fd, &st) == 0 && !rlk_cache_untrusted(&st, buf, sizeof buf)) return fd;
+      if (fstat(fd, &st) == 0 && !rlk_fs_untrusted(&st, buf, sizeof buf)) return fd;
       close(fd);
       errno = EPERM;
       return -1;
