@@ -699,6 +699,23 @@ START_TEST(bad_arguments) {
   w0.chunk = 128;
   w0.group = 64;
   ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &w0, NULL), RLK_OK);
+  /* f32 gradients are checked as f32: 4-byte alignment, and their span in 4-byte elements (a
+   * [4, 8] f32 matrix of row stride 8 needs 128 bytes; 64 would do for 16-bit ones) */
+  static float gbuf[4 * 8 + 1];
+  rlk_linear_logprob_backward_args b = w0;
+  b.grad_hidden = rlk_tensor_2d((char *)gbuf + 2, RLK_F32, 4, 8, 8);
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "grad_hidden") && strstr(rlk_last_error(), "aligned"), "%s", rlk_last_error());
+  b = w0;
+  b.grad_hidden.data = NULL;
+  b.grad_weight = rlk_tensor_2d((char *)gbuf + 2, RLK_F32, 5, 8, 8);
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "grad_weight") && strstr(rlk_last_error(), "aligned"), "%s", rlk_last_error());
+  /* A row stride whose f32 span reaches past what can be addressed: a 16-bit count passes. */
+  b = w0;
+  b.grad_hidden = rlk_tensor_2d(gbuf, RLK_F32, 4, 8, ((int64_t)1 << 56) / 9); /* 2^56 bytes lie between */
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "grad_hidden"), "%s", rlk_last_error());
   rlk_context_destroy(ctx);
 }
 END_TEST

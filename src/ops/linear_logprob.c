@@ -167,11 +167,13 @@ static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choic
 }
 
 /* [rows, cols] with contiguous rows; writes the row stride. */
-static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t *rows,
-                                  int64_t *cols, int64_t *stride) {
+/* A [rows, cols] matrix of one of `dtypes` with contiguous rows (its alignment and span checked
+ * for its own dtype). */
+static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t *rows,
+                                     int64_t *cols, int64_t *stride) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, LL_HIDDEN_DTYPES))) return st;
+  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
   if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
   const int64_t n = t->shape[0], h = t->shape[1];
   if (n < 1 || h < 1)
@@ -191,6 +193,11 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
   *cols = h;
   *stride = s;
   return RLK_OK;
+}
+
+static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t *rows, int64_t *cols,
+                                  int64_t *stride) {
+  return ll_check_matrix_of(t, what, LL_HIDDEN_DTYPES, rows, cols, stride);
 }
 
 /* Everything a launch needs, from validated arguments. */
@@ -698,10 +705,7 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   k->c.gh = k->c.gw = -1;
   if (a->grad_hidden.data) {
     int64_t r, cols;
-    if ((st = rlk_check_dtype(&a->grad_hidden, "grad_hidden", gdt))) return st;
-    rlk_tensor t = a->grad_hidden;
-    t.dtype = a->hidden.dtype; /* the shape checks of a matrix */
-    if ((st = ll_check_matrix(&t, "grad_hidden", &r, &cols, &k->ghs))) return st;
+    if ((st = ll_check_matrix_of(&a->grad_hidden, "grad_hidden", gdt, &r, &cols, &k->ghs))) return st;
     if (r != k->N || cols != k->H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->N, (long long)k->H);
@@ -709,10 +713,7 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   }
   if (a->grad_weight.data) {
     int64_t r, cols;
-    if ((st = rlk_check_dtype(&a->grad_weight, "grad_weight", gdt))) return st;
-    rlk_tensor t = a->grad_weight;
-    t.dtype = a->hidden.dtype;
-    if ((st = ll_check_matrix(&t, "grad_weight", &r, &cols, &k->gws))) return st;
+    if ((st = ll_check_matrix_of(&a->grad_weight, "grad_weight", gdt, &r, &cols, &k->gws))) return st;
     if (r != k->V || cols != k->H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->V, (long long)k->H);
