@@ -1719,13 +1719,21 @@ RLK_API rlk_status rlk_cache_walk(const char *root, rlk_cache_visit_fn visit, vo
 RLK_API rlk_status rlk_cache_verify(const char *root, int repair, uint64_t *entries,
                                     uint64_t *bad);
 
+/* Creates a cache tree at `root` (NULL: the default writable root) for a tool that writes
+ * entries into it without a context, e.g. a merge of precompiled shards: the directory is made
+ * (0700) when missing and, when empty, marked as the cache's own (CACHEDIR.TAG). A root that
+ * already carries the marker is fine as it is. RLK_ERR_IO, naming why, for a root that cannot be
+ * made, is not trusted (another user's, writable by others), or is not empty and unmarked. */
+RLK_API rlk_status rlk_cache_create_root(const char *root);
+
 /* Removes entries, oldest last-use first, until the tree is at most `max_bytes` (0: no size
  * limit), and every entry not used for `max_age_seconds` (0: no age limit). Writes the
  * number of entries and bytes removed (either may be NULL). Only a tree that is the cache's
- * own is touched (it carries the CACHEDIR.TAG marker the cache writes, or holds nothing but
- * the cache's own names); any other is RLK_ERR_INVALID_ARGUMENT and loses nothing. Only names
- * the cache creates are removed, and never through a link. RLK_ERR_IO when some entries could
- * not be removed (the counts say what was). */
+ * own is touched: it carries the CACHEDIR.TAG marker the cache writes when it creates a root
+ * (or first uses an empty one); names that merely look like the cache's are no proof. Any
+ * other is RLK_ERR_INVALID_ARGUMENT and loses nothing. Only names the cache creates are
+ * removed, and never through a link. RLK_ERR_IO when some entries could not be removed (the
+ * counts say what was). */
 RLK_API rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age_seconds,
                                    uint64_t *removed_entries, uint64_t *removed_bytes);
 

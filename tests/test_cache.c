@@ -681,12 +681,22 @@ START_TEST(test_root_that_cannot_be_created) {
 }
 END_TEST
 
+/* An empty directory made the cache's own (its marker written), as the cache makes a root it
+ * creates; nothing else left in it. */
+static void mark_as_cache_root(const char *root) {
+  ck_assert_int_eq(rlk_cache_create_root(root), RLK_OK);
+  char tmp[1100];
+  FMT(tmp, "%s/tmp", root);
+  ck_assert_int_eq(rmdir(tmp), 0);
+}
+
 START_TEST(test_root_with_debris_at_tmp_is_repaired) {
   uint64_t rng = rng_for(8);
   char root[1024], tmp[1100];
-  /* <root>/tmp taken by a file (a root that holds only the cache's own names is the cache's):
-   * the file is debris, replaced by the staging directory, and publishing works. */
+  /* <root>/tmp of the cache's own root taken by a file: the file is debris, replaced by the
+   * staging directory, and publishing works. */
   rlk_test_mkdtemp(root, sizeof root, "nowrite");
+  mark_as_cache_root(root);
   FMT(tmp, "%s/tmp", root);
   rewrite_file(tmp, "x", 1);
   rlk_cache_config cfg;
@@ -1312,6 +1322,7 @@ END_TEST
 START_TEST(test_open_sweeps_abandoned_staging_and_quarantine) {
   char root[1024], p[1300];
   rlk_test_mkdtemp(root, sizeof root, "sweep");
+  mark_as_cache_root(root);
   int64_t now = rlk_unix_time();
   const char *old_stage = "hostA-123-abcdef", *new_stage = "hostA-124-abcdeg";
   char old_q[128], new_q[128];
@@ -1596,6 +1607,40 @@ START_TEST(test_foreign_owner_below_a_tree_is_refused) {
 }
 END_TEST
 
+/* A user's directory holding only names that look like the cache's (tmp/<host>-<pid>-<6>,
+ * quarantine/<64 hex>.<time>.<pid>) is not the cache's: no marker says the cache made it. Opening
+ * a cache there, pruning and clearing it delete nothing. */
+START_TEST(test_lookalike_names_are_no_proof) {
+  int64_t now = rlk_unix_time();
+  char dir[1024], p[1300], staged[1300], quarantined[1300];
+  rlk_test_mkdtemp(dir, sizeof dir, "lookalike");
+  FMT(p, "%s/tmp", dir);
+  ck_assert_int_eq(mkdir(p, 0700), 0);
+  FMT(p, "%s/quarantine", dir);
+  ck_assert_int_eq(mkdir(p, 0700), 0);
+  FMT(staged, "%s/tmp/host-123-abcdef", dir);
+  rewrite_file(staged, "keep", 4);
+  set_mtime(staged, now - 5 * 86400);
+  FMT(quarantined, "%s/quarantine/%064d.1.2", dir, 0);
+  rewrite_file(quarantined, "keep", 4);
+  rlk_cache_config cfg;
+  test_cfg(&cfg, dir);
+  capture cap;
+  capture_begin(&cap);
+  rlk_cache *c = open_cache(&cfg);
+  capture_end(&cap, "no CACHEDIR.TAG marker");
+  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_MEMORY);
+  rlk_cache_close(c);
+  ck_assert_int_eq(rlk_cache_prune(dir, 1, 1, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_cache_clear(dir), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "marker"));
+  ck_assert(exists(staged) && exists(quarantined));
+  /* nor is it made the cache's by rlk_cache_create_root */
+  ck_assert_int_eq(rlk_cache_create_root(dir), RLK_ERR_IO);
+  ck_assert(exists(staged) && exists(quarantined));
+}
+END_TEST
+
 /* A root that is not the cache's (no marker, other files in it, as RLK_CACHE_DIR=$HOME would
  * be) is never written or swept; the cache's own tmp/ and quarantine/ lose only names the
  * cache creates, and never through a link. */
@@ -1630,6 +1675,7 @@ START_TEST(test_sweeping_deletes_only_own_names_never_through_links) {
   /* The cache's own root with tmp/ and quarantine/ as links to another directory. */
   char root[1024];
   rlk_test_mkdtemp(root, sizeof root, "linked");
+  mark_as_cache_root(root);
   rlk_test_mkdtemp(outside, sizeof outside, "outside");
   const char *names[] = {"hostA-1-abcdef", "0000000000000000000000000000000000000000000000000000000000000000.1.2",
                          "unrelated"};
@@ -1842,6 +1888,7 @@ Suite *cache_suite(void) {
   tcase_add_test(trust, test_untrusted_directory_below_a_tree_is_refused);
   tcase_add_test(trust, test_foreign_owner_below_a_tree_is_refused);
   tcase_add_test(trust, test_sweeping_deletes_only_own_names_never_through_links);
+  tcase_add_test(trust, test_lookalike_names_are_no_proof);
   tcase_add_test(trust, test_fifo_in_an_entry_never_blocks);
   tcase_add_test(trust, test_debris_in_the_layout_is_repaired);
   tcase_add_test(trust, test_refused_read_only_entry_does_not_shadow_the_rebuilt_copy);

@@ -407,8 +407,10 @@ static int cmd_merge(int argc, char **argv) {
 
   int rc = 0;
   char out_rp[PATH_MAX];
-  if (mkdir_p(out, 0777) != 0 || !realpath(out, out_rp)) {
-    fprintf(stderr, "%s: cannot create %s: %s\n", prog, out, strerror(errno));
+  rlk_status made = rlk_cache_create_root(out);
+  if (made != RLK_OK || !realpath(out, out_rp)) {
+    if (made != RLK_OK) lib_error("creating the output tree", made);
+    else fprintf(stderr, "%s: %s: %s\n", prog, out, strerror(errno));
     strlist_free(&shards);
     return 1;
   }

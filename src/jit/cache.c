@@ -768,11 +768,7 @@ fail:
 /* Opening                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Creates the root (RW) and checks it can be trusted and, when writable, that it is the
- * cache's own (its marker, written into a new or legacy root) and can be written. Executable
- * code is loaded from it: anyone who can write there can run code in this process. On failure
- * writes why. */
-static int prepare_root(const char *root, int writable, char *why, size_t whysize) {
+int rlk_cache_prepare_root(const char *root, int writable, char *why, size_t whysize) {
   struct stat st;
   char buf[512];
   if (writable && rlk_mkdirs(root, 0700) != 0) {
@@ -887,7 +883,7 @@ rlk_status rlk_cache_open(const rlk_cache_config *cfg, rlk_cache **out) {
       rlk_warn("kernel cache: no cache directory (HOME is not set); compiled kernels stay in "
                "memory. Set RLK_CACHE_DIR to keep them.");
       c->mode = RLK_CACHE_MODE_MEMORY;
-    } else if (prepare_root(cfg->root, writable, why, sizeof why) != 0) {
+    } else if (rlk_cache_prepare_root(cfg->root, writable, why, sizeof why) != 0) {
       rlk_warn("kernel cache: not using %s: %s; compiled kernels stay in memory. Set "
                "RLK_CACHE_DIR to a private writable directory (or RLK_CACHE_MODE=memory to "
                "silence this).",

@@ -467,6 +467,15 @@ static void remove_empty_dirs(const char *path, int depth) {
   rmdir(path);
 }
 
+rlk_status rlk_cache_create_root(const char *root) {
+  char dir[RLK_CACHE_PATH_MAX], why[512];
+  rlk_status st = resolve_root(root, dir, sizeof dir);
+  if (st != RLK_OK) return st;
+  if (rlk_cache_prepare_root(dir, 1, why, sizeof why) != 0)
+    return rlk_error(RLK_ERR_IO, "rlk_cache_create_root: %s: %s", dir, why);
+  return RLK_OK;
+}
+
 rlk_status rlk_cache_clear(const char *root) {
   char dir[RLK_CACHE_PATH_MAX];
   rlk_status st = resolve_root(root, dir, sizeof dir);

@@ -74,6 +74,12 @@ int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize
 int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
                           rlk_cache_meta *meta, void **binary, char *why, size_t whysize);
 
+/* Creates the root (when writable) and checks it can be trusted and, when writable, that it is
+ * the cache's own (its marker, written into a new or empty root) and can be written. Executable
+ * code is loaded from it: anyone who can write there can run code in this process. 0, or -1
+ * with why. */
+int rlk_cache_prepare_root(const char *root, int writable, char *why, size_t whysize);
+
 /* ---- trust (cache_trust.c) ---- */
 
 /* A directory or file of a cache tree is trusted to hold code this process runs when it passes
@@ -89,9 +95,10 @@ int rlk_cache_open_tree(const char *root, char *why, size_t whysize);
 int rlk_cache_open_dir_at(int parent, const char *name, const char *shown, char *why,
                           size_t whysize);
 
-/* 1 if the root open as `rootfd` is the cache's own: it carries the marker, or holds nothing
- * but names the cache creates (then, with `claim`, the marker is written). 0 otherwise, with
- * why. Nothing is ever deleted from a root that is not the cache's own. */
+/* 1 if the root open as `rootfd` is the cache's own: it carries the marker (written when the
+ * cache first used the root, empty), or it is empty (then, with `claim`, the marker is written).
+ * 0 otherwise, with why: names that merely look like the cache's are no proof. Nothing is ever
+ * deleted from, or published into, a root that is not the cache's own. */
 int rlk_cache_root_is_own(int rootfd, int claim, char *why, size_t whysize);
 
 /* Opens (with `create`, making it 0700 first; a file or link in its way is removed) one of

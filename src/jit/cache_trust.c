@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -75,16 +76,50 @@ static int is_own_root_name(const char *s) {
          strcmp(s, RLK_CACHE_MARKER_NAME) == 0 || strncmp(s, "tune.db", 7) == 0;
 }
 
-static int has_marker(int rootfd) {
-  int fd = rlk_open_regular(rootfd, RLK_CACHE_MARKER_NAME, O_RDONLY | O_NOFOLLOW, 0);
+/* 1 if the directory open as rootfd holds no name at all. */
+static int is_empty(int rootfd) {
+  int fd = dup(rootfd);
   if (fd < 0) return 0;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return 0;
+  }
+  rewinddir(d);
+  int empty = 1;
+  struct dirent *de;
+  while (empty && (de = readdir(d)) != NULL)
+    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+  closedir(d);
+  return empty;
+}
+
+/* 1 the root carries the marker, 0 it does not, -1 a marker file whose text is not (yet) the
+ * marker's. */
+static int read_marker(int rootfd) {
+  int fd = rlk_open_regular(rootfd, RLK_CACHE_MARKER_NAME, O_RDONLY | O_NOFOLLOW, 0);
+  if (fd < 0) return errno == ENOENT ? 0 : -1;
   char buf[256];
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return -1;
   buf[n] = '\0';
   return strncmp(buf, MARKER_SIGNATURE "\n", sizeof MARKER_SIGNATURE) == 0 &&
-         strstr(buf, "(" RLK_CACHE_MARKER_ID ")") != NULL;
+                 strstr(buf, "(" RLK_CACHE_MARKER_ID ")") != NULL
+             ? 1
+             : -1;
+}
+
+/* A marker another process has just created may not hold its text yet (it is written right after
+ * the create): an unfinished one is read again for a little while. */
+static int has_marker(int rootfd) {
+  for (int i = 0; i < 50; i++) {
+    int m = read_marker(rootfd);
+    if (m >= 0) return m;
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
 }
 
 /* 1 if every name in the directory is one the runtime creates (an empty directory too). The
@@ -123,7 +158,19 @@ int rlk_cache_root_is_own(int rootfd, int claim, char *why, size_t whysize) {
                RLK_CACHE_MARKER_NAME, stranger);
     return 0;
   }
-  /* Empty, or a tree written before roots were marked: it is ours. */
+  /* Not empty and no marker when first looked at: another process may have marked it since. */
+  if (!is_empty(rootfd) && !has_marker(rootfd)) {
+    /* Names that look like the cache's are not proof: a user's own directory may hold a tmp/
+     * or a v1/. Only a root the cache created (and marked then) is its own. */
+    rlk_format(why, whysize,
+               "it has no %s marker, so the kernel cache did not create it, although its names look "
+               "like a cache's (nothing in it is deleted or written; to use it as a cache, empty it "
+               "or point the cache at a new directory)",
+               RLK_CACHE_MARKER_NAME);
+    return 0;
+  }
+  /* Empty: a root the cache is about to use (it has just created it, or was pointed at an
+   * empty directory). With `claim`, it is marked as the cache's own. */
   if (claim) {
     int fd = openat(rootfd, RLK_CACHE_MARKER_NAME,
                     O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
