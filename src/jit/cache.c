@@ -1023,7 +1023,14 @@ static int lookup_tree(rlk_cache *c, const char *tree, int writable, const rlk_k
       if (refuse(c, path))
         rlk_warn("kernel cache: not reading %s: %s; the kernel will be %s", path, why,
                  writable ? "compiled and kept in memory" : "looked up elsewhere or rebuilt");
-    } else if (errno != ENOENT && errno != ENOTDIR) {
+    } else if (errno == ENOTDIR) {
+      /* A file or a link where the entry or a directory above it belongs: debris. The writable
+       * tree's is replaced when the rebuilt kernel is published. */
+      if (rebuilt) (*rebuilt)++;
+      if (refuse(c, path))
+        rlk_warn("kernel cache: %s: %s; the kernel will be %s", path, why,
+                 writable ? "rebuilt and the debris replaced" : "looked up elsewhere or rebuilt");
+    } else if (errno != ENOENT) {
       rlk_debug("kernel cache: cannot open %s: %s", path, why);
     }
     return 0;

@@ -203,6 +203,9 @@ int rlk_cache_open_own_subdir(int rootfd, const char *name, int create) {
     /* A file or a link stands where the runtime keeps its own directory: debris. Removing
      * the name never touches what a link points to. */
     if (unlinkat(rootfd, name, 0) != 0 && errno != ENOENT) return -1;
+    rlk_warn("kernel cache: removed a file or link named '%s' where the cache keeps its directory "
+             "of that name",
+             name);
   }
   errno = ENOTDIR;
   return -1;

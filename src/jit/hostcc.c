@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,12 +74,10 @@ static int find_program(const char *name, char *out, size_t size) {
   return 0;
 }
 
-/* The child's side of run_program, between fork and exec: only async-signal-safe calls. It
- * gets its own process group (a timeout kills the linker it starts too), dies with the thread
- * that started it (PR_SET_PDEATHSIG: a parent killed with SIGKILL leaves no compiler behind),
- * and none of the caller's blocked or ignored signals. */
-static void exec_child(char *const argv[], int out_fd, pid_t parent) {
-  setpgid(0, 0);
+/* The compiler's side of run_program, between fork and exec: only async-signal-safe calls. It
+ * dies with the process that started it (PR_SET_PDEATHSIG: a parent killed with SIGKILL leaves
+ * no compiler behind) and gets none of the caller's blocked or ignored signals. */
+static void exec_program(char *const argv[], int out_fd, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127); /* the parent died before the line above */
   int in = open("/dev/null", O_RDONLY);
@@ -95,10 +94,97 @@ static void exec_child(char *const argv[], int out_fd, pid_t parent) {
   _exit(127);
 }
 
+/* Removes `name` under dirfd and everything below it with system calls alone (no allocation,
+ * no stdio), as a forked child of a threaded process may. Entries removed while a directory is
+ * read may shift the rest: it is read from its start until it is empty. */
+struct raw_dirent64 {
+  uint64_t ino;
+  int64_t off;
+  unsigned short reclen;
+  unsigned char type;
+  char name[];
+};
+
+static void raw_remove_tree(int dirfd, const char *name, int depth) {
+  if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT || depth > 16) return;
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[4096] __attribute__((aligned(8)));
+  for (int pass = 0; pass < 64; pass++) {
+    int removed = 0;
+    lseek(fd, 0, SEEK_SET);
+    for (;;) {
+      long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long off = 0; off < n;) {
+        const struct raw_dirent64 *d = (const struct raw_dirent64 *)(buf + off);
+        off += d->reclen;
+        if (d->name[0] == '.' && (!d->name[1] || (d->name[1] == '.' && !d->name[2]))) continue;
+        raw_remove_tree(fd, d->name, depth + 1);
+        removed = 1;
+      }
+    }
+    if (!removed) break;
+  }
+  close(fd);
+  unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+/* The child's side of run_program. With a work directory, the child stays between the caller
+ * and the compiler as its guard: when the caller dies (even by SIGKILL) the guard gets SIGTERM
+ * (PR_SET_PDEATHSIG), kills the compiler's process group and removes the directory; otherwise
+ * it exits as the compiler did. A run_program timeout sends the guard SIGTERM too. */
+static void run_child(char *const argv[], int out_fd, pid_t parent, const char *work_dir) {
+  setpgid(0, 0); /* a timeout kills what the compiler starts too */
+  if (!work_dir) exec_program(argv, out_fd, parent);
+  sigset_t wait_for;
+  sigemptyset(&wait_for);
+  sigaddset(&wait_for, SIGTERM);
+  sigaddset(&wait_for, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &wait_for, NULL);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  const pid_t guard = getpid();
+  pid_t pid = getppid() == parent ? fork() : -1;
+  if (pid == 0) {
+    setpgid(0, 0);
+    exec_program(argv, out_fd, guard);
+  }
+  close(out_fd);
+  for (;;) {
+    siginfo_t si;
+    int sig = pid > 0 ? sigwaitinfo(&wait_for, &si) : SIGTERM;
+    if (sig == SIGCHLD) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) != pid) continue;
+      if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+      /* died from a signal: so does the guard, for the caller to see */
+      const int with = WTERMSIG(status);
+      signal(with, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, with);
+      sigprocmask(SIG_UNBLOCK, &one, NULL);
+      kill(guard, with);
+      _exit(128 + with);
+    }
+    if (sig == SIGTERM) {
+      if (pid > 0) {
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+      }
+      raw_remove_tree(AT_FDCWD, work_dir, 0);
+      _exit(128 + SIGTERM);
+    }
+  }
+}
+
 /* Runs argv[0] (a path) with stdin from /dev/null and stdout + stderr captured into a
- * malloc'd *output (see exec_child for how it is started). *exit_code is the exit status, or
+ * malloc'd *output (see run_child for how it is started). *exit_code is the exit status, or
  * -1 when the child died from a signal. */
-static rlk_status run_program(char *const argv[], double timeout_s, char **output, int *exit_code) {
+static rlk_status run_program(char *const argv[], double timeout_s, const char *work_dir, char **output,
+                              int *exit_code) {
   *output = NULL;
   *exit_code = -1;
   int fds[2];
@@ -106,7 +192,7 @@ static rlk_status run_program(char *const argv[], double timeout_s, char **outpu
     return rlk_error(RLK_ERR_IO, "%s: cannot create a pipe: %s", argv[0], strerror(errno));
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid == 0) exec_child(argv, fds[1], parent);
+  if (pid == 0) run_child(argv, fds[1], parent, work_dir);
   int fork_errno = errno;
   close(fds[1]);
   if (pid < 0) {
@@ -161,6 +247,10 @@ static rlk_status run_program(char *const argv[], double timeout_s, char **outpu
     usleep(2000);
   }
   if (timed_out) {
+    if (work_dir) {
+      kill(pid, SIGTERM); /* the guard kills the compiler and removes the work directory */
+      for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(10000);
+    }
     kill(-pid, SIGKILL);
     kill(pid, SIGKILL);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -489,7 +579,7 @@ static rlk_status hostcc_build(rlk_compiler *self, const rlk_compile_request *re
 
   char *log = NULL;
   int code = -1;
-  rlk_status st = run_program(argv, HOSTCC_COMPILE_TIMEOUT_S, &log, &code);
+  rlk_status st = run_program(argv, HOSTCC_COMPILE_TIMEOUT_S, dir, &log, &code);
   free(argv);
   if (log) strip_prefix(log, dir);
   char why[512];
@@ -596,7 +686,7 @@ rlk_status rlk_hostcc_open(rlk_compiler **out) {
   char *argv[] = {impl->path, "--version", NULL};
   char *text = NULL;
   int code = -1;
-  rlk_status st = run_program(argv, HOSTCC_VERSION_TIMEOUT_S, &text, &code);
+  rlk_status st = run_program(argv, HOSTCC_VERSION_TIMEOUT_S, NULL, &text, &code);
   if (st != RLK_OK) {
     hostcc_destroy(c);
     return rlk_error_wrap(RLK_ERR_UNAVAILABLE, "host compiler");
