@@ -15,6 +15,12 @@
  *     each configuration once (or rlk_precompile it and call it once) before capturing; scratch
  *     memory is the caller's workspace argument.
  *   - One context may be used from several threads at once.
+ *   - What a call writes (its outputs and its workspace) shares no byte with any other argument
+ *     of the call, element by element (two interleaved views of one buffer that share no byte
+ *     are fine), except in the in-place forms an op documents (rlk_masked_whiten's out = x,
+ *     rlk_logprob_backward's grad_logits = logits, rlk_group_advantage's advantages = scores:
+ *     the very same tensor); an output needs a place of its own for each element. Anything else
+ *     is RLK_ERR_INVALID_ARGUMENT naming both arguments.
  *
  * C11. The ABI is versioned by the library soname (librlk.so.RLK_VERSION_MAJOR).
  */
@@ -295,7 +301,8 @@ typedef struct rlk_group_advantage_args {
   float eps;                   /* verl 1e-6, TRL 1e-4, OpenRLHF 1e-9; >= 0 */
   int unbiased;                /* 1: std with N - 1 (torch.std); 0: with N */
   rlk_singleton_policy singleton;
-  /* Output: [B] f32 per-sequence advantages (contiguous). */
+  /* Output: [B] f32 per-sequence advantages (contiguous); may be f32 [B] scores itself (in
+   * place). */
   rlk_tensor advantages;
   /* Optional: mask [B, T] (bool, i32 or f32) and token_advantages [B, T] f32 output,
    * token_advantages[b, t] = advantages[b] * mask[b, t] (advantages[b] where mask is absent).

@@ -1077,6 +1077,30 @@ START_TEST(policy_loss_bad_arguments) {
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "token chunks"));
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(NULL, &a, &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_linear_policy_loss(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  /* What the call writes shares memory with nothing it reads: a grad_weight that holds old_logp
+   * (the stored-logits layout writes grad_weight before the loss reads its inputs), a
+   * grad_hidden over the hidden states, a workspace over grad_weight. */
+  static float gw[16 * 8], gh[4 * 8];
+  static uint8_t ws[1 << 16] __attribute__((aligned(16)));
+  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &n) == RLK_OK && n <= sizeof ws, "%zu", n);
+  a.grad_hidden = rlk_tensor_2d(gh, RLK_F32, 4, 8, 8);
+  a.grad_weight = rlk_tensor_2d(gw, RLK_F32, 16, 8, 8);
+  a.workspace = ws;
+  a.workspace_bytes = sizeof ws;
+  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  b = a;
+  b.loss.old_logp = rlk_tensor_2d(gw + 37, RLK_F32, 2, 2, 2);
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "grad_weight: overlaps loss.old_logp"), "%s", rlk_last_error());
+  b = a;
+  b.grad_hidden = rlk_tensor_2d(h, RLK_BF16, 4, 8, 8);
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "grad_hidden: overlaps head.hidden"), "%s", rlk_last_error());
+  b = a;
+  b.workspace = (uint8_t *)gw;
+  b.workspace_bytes = n;
+  ck_assert_int_eq(rlk_linear_policy_loss(ctx, &b, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "workspace") && strstr(rlk_last_error(), "overlaps"), "%s", rlk_last_error());
   rlk_context_destroy(ctx);
 }
 END_TEST

@@ -3,6 +3,7 @@
  * setting; samples plan, and plan to the same kernels through their canonical spelling; the
  * samples reach every value of every setting that shapes a kernel. */
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -247,6 +248,100 @@ START_TEST(gpu_kernel_list_parses) {
 }
 END_TEST
 
+/* ---- argument overlap ---------------------------------------------------------------- */
+
+/* The bytes a tensor covers, marked in a map of the buffer it lies in (the reference). */
+static void mark_bytes(const rlk_tensor *t, const uint8_t *buf, uint8_t *map) {
+  const size_t es = rlk_dtype_size(t->dtype);
+  int64_t idx[RLK_MAX_DIMS] = {0};
+  for (;;) {
+    int64_t off = 0;
+    for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
+    memset(map + ((const uint8_t *)t->data - buf) + off * (int64_t)es, 1, es);
+    int i = t->ndim - 1;
+    while (i >= 0 && ++idx[i] == t->shape[i]) idx[i--] = 0;
+    if (i < 0) break;
+  }
+}
+
+static int64_t rand_in(uint64_t *rng, int64_t lo, int64_t hi) {
+  return lo + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)(hi - lo + 1));
+}
+
+/* A random tensor inside buf (offset, dtype, 1 to 3 dimensions, strides from 0 up, in any
+ * order), that fits. */
+static rlk_tensor random_view(uint64_t *rng, uint8_t *buf, size_t size) {
+  static const rlk_dtype dts[] = {RLK_BOOL, RLK_BF16, RLK_F32, RLK_F64};
+  for (;;) {
+    rlk_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dts[rlk_test_rand_u64(rng) % 4];
+    t.ndim = (int32_t)rand_in(rng, 1, 3);
+    int64_t last = 0;
+    for (int i = 0; i < t.ndim; i++) {
+      t.shape[i] = rand_in(rng, 1, 6);
+      t.strides[i] = rlk_test_rand_u64(rng) % 5 == 0 ? 0 : rand_in(rng, 1, 24);
+      last += (t.shape[i] - 1) * t.strides[i];
+    }
+    const size_t es = rlk_dtype_size(t.dtype);
+    const size_t span = (size_t)(last + 1) * es;
+    if (span > size) continue;
+    const size_t at = (size_t)rand_in(rng, 0, (int64_t)((size - span) / es)) * es;
+    t.data = buf + at;
+    return t;
+  }
+}
+
+/* rlk_tensors_overlap says what the byte maps of the two tensors say, for any strides; two columns
+ * of one matrix, or a matrix and a vector in its padding, share no byte. */
+START_TEST(overlap_is_exact) {
+  static uint8_t buf[512] __attribute__((aligned(16)));
+  static uint8_t ma[512], mb[512];
+  uint64_t rng = rlk_test_seed();
+  int met = 0;
+  for (int trial = 0; trial < 20000; trial++) {
+    rlk_tensor a = random_view(&rng, buf, sizeof buf), b = random_view(&rng, buf, sizeof buf);
+    memset(ma, 0, sizeof ma);
+    memset(mb, 0, sizeof mb);
+    mark_bytes(&a, buf, ma);
+    mark_bytes(&b, buf, mb);
+    int want = 0;
+    for (size_t i = 0; i < sizeof buf && !want; i++) want = ma[i] && mb[i];
+    met += want;
+    ck_assert_msg(rlk_tensors_overlap(&a, &b) == want && rlk_tensors_overlap(&b, &a) == want,
+                  "trial %d: overlap %d, the bytes say %d", trial, rlk_tensors_overlap(&a, &b), want);
+  }
+  ck_assert_int_gt(met, 1000);
+  ck_assert_int_lt(met, 19000);
+  /* columns 0 and 1 of a [4, 2] f32 matrix; a [3, 4] matrix of row stride 6 and a vector in
+   * the padding after each row */
+  float m[4 * 6];
+  rlk_tensor c0 = rlk_tensor_2d(m, RLK_F32, 4, 1, 2), c1 = rlk_tensor_2d(m + 1, RLK_F32, 4, 1, 2);
+  ck_assert_int_eq(rlk_tensors_overlap(&c0, &c1), 0);
+  rlk_tensor rows = rlk_tensor_2d(m, RLK_F32, 3, 4, 6), pad = rlk_tensor_2d(m + 4, RLK_F32, 3, 2, 6);
+  ck_assert_int_eq(rlk_tensors_overlap(&rows, &pad), 0);
+  pad.data = m + 3;
+  ck_assert_int_eq(rlk_tensors_overlap(&rows, &pad), 1);
+  /* a written tensor needs its own place per element; inputs may repeat (a broadcast view) */
+  rlk_tensor bc = rlk_tensor_2d(m, RLK_F32, 4, 3, 0);
+  rlk_arg_ref in = {&bc, "in", 0, NULL}, out = {&c1, "out", 1, NULL};
+  rlk_arg_ref ok[] = {in, out};
+  ck_assert_int_eq(rlk_check_no_overlap(ok, 1), RLK_OK);
+  ck_assert_int_eq(rlk_check_no_overlap(ok, 2), RLK_ERR_INVALID_ARGUMENT); /* c1 is in bc's bytes */
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "out: overlaps in"));
+  rlk_arg_ref self[] = {{&bc, "bcast", 1, NULL}};
+  ck_assert_int_eq(rlk_check_no_overlap(self, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "bcast"));
+  /* a documented in-place pair passes only as the very same tensor */
+  rlk_arg_ref same[] = {{&rows, "x", 0, NULL}, {&rows, "out", 1, &rows}};
+  ck_assert_int_eq(rlk_check_no_overlap(same, 2), RLK_OK);
+  rlk_tensor shifted = rows;
+  shifted.data = m + 1;
+  rlk_arg_ref moved[] = {{&rows, "x", 0, NULL}, {&shifted, "out", 1, &rows}};
+  ck_assert_int_eq(rlk_check_no_overlap(moved, 2), RLK_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("contract");
@@ -258,6 +353,7 @@ Suite *ops_suite(void) {
   tcase_add_test(tc, samples_reach_every_kernel_setting);
   tcase_add_test(tc, precompile_conf_covers_every_op);
   tcase_add_test(tc, gpu_kernel_list_parses);
+  tcase_add_test(tc, overlap_is_exact);
   suite_add_tcase(s, tc);
   return s;
 }

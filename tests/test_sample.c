@@ -803,7 +803,7 @@ START_TEST(bad_arguments) {
   BAD(a.offsets = rlk_tensor_1d(seeds, RLK_I32, 3), "offsets");
   BAD(a.top_ks = rlk_tensor_1d(temps, RLK_F32, 3), "top_ks");
   BAD(a.logp = rlk_tensor_1d(tok, RLK_I64, 3), "logp");
-  BAD(a.logp = rlk_tensor_1d(tok, RLK_F32, 3), "distinct");
+  BAD(a.logp = rlk_tensor_1d(tok, RLK_F32, 3), "overlaps");
   BAD(a.status = rlk_tensor_1d(lp, RLK_F32, 1), "status");
   BAD(a.logprob_block = 100, "block");
   BAD(a.row_split = 3, "row_split");

@@ -376,7 +376,7 @@ START_TEST(bad_arguments) {
   a = good, a.kl.data = lp;
   expect_bad(ctx, &a, "overlaps logp");
   a = good, a.grad_logp.data = kl;
-  expect_bad(ctx, &a, "overlaps kl");
+  expect_bad(ctx, &a, "overlaps");
   a = good, a.grad_logp.data = m;
   expect_bad(ctx, &a, "overlaps mask");
   a = good, a.estimator = (rlk_kl_estimator)4;

@@ -72,18 +72,6 @@ int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
   return B > 1 ? t->strides[0] : T;
 }
 
-rlk_status rlk_seq_check_disjoint(const rlk_tensor *a, const char *a_name, const rlk_tensor *b,
-                                  const char *b_name, int64_t B, int64_t T) {
-  if (!a->data || !b->data) return RLK_OK;
-  const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-  const uintptr_t a1 = a0 + (uintptr_t)((B - 1) * rlk_seq_row_stride(a, B, T) + T) * rlk_dtype_size(a->dtype);
-  const uintptr_t b1 = b0 + (uintptr_t)((B - 1) * rlk_seq_row_stride(b, B, T) + T) * rlk_dtype_size(b->dtype);
-  if (a0 < b1 && b0 < a1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: overlaps %s (outputs must not overlap inputs)",
-                     a_name, b_name);
-  return RLK_OK;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* The template                                                                        */
 /* ---------------------------------------------------------------------------------- */
@@ -94,6 +82,7 @@ static const char *const as_algo_names[] = {"warp", "block", NULL};
 enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
 enum { AS_ALGO_WARP = 0, AS_ALGO_BLOCK = 1 };
 
+#define AS_N(a) (sizeof(a) / sizeof((a)[0]))
 #define AS_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define AS_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
 /* Threads of a row-per-block launch. The scan kernels hold 70-80 registers a thread in f32
@@ -384,14 +373,10 @@ RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream
   if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
   if ((st = as_check_algo(a->algo))) return st;
-  const rlk_tensor *outs[] = {&a->advantages, &a->returns};
-  const char *out_names[] = {"advantages", "returns"};
-  const rlk_tensor *ins[] = {&a->rewards, &a->values, &a->mask, &a->returns};
-  const char *in_names[] = {"rewards", "values", "mask", "returns"};
-  for (int o = 0; o < 2; o++)
-    for (int i = 0; i < 4; i++)
-      if (outs[o] != ins[i] && (st = rlk_seq_check_disjoint(outs[o], out_names[o], ins[i], in_names[i], B, T)))
-        return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_gae_args, rewards), RLK_ARG_IN(rlk_gae_args, values), RLK_ARG_IN(rlk_gae_args, mask),
+      RLK_ARG_OUT(rlk_gae_args, advantages), RLK_ARG_OUT(rlk_gae_args, returns)};
+  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
   k.family = AS_FAMILY_GAE;
   k.x0 = &a->rewards;
   k.x1 = &a->values;
@@ -424,9 +409,10 @@ RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
                      (int)a->masked);
   if ((st = as_check_algo(a->algo))) return st;
-  if ((st = rlk_seq_check_disjoint(&a->returns, "returns", &a->rewards, "rewards", B, T)) ||
-      (st = rlk_seq_check_disjoint(&a->returns, "returns", &a->mask, "mask", B, T)))
-    return st;
+  static const rlk_arg_field fields[] = {RLK_ARG_IN(rlk_discounted_returns_args, rewards),
+                                         RLK_ARG_IN(rlk_discounted_returns_args, mask),
+                                         RLK_ARG_OUT(rlk_discounted_returns_args, returns)};
+  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
   static const rlk_tensor absent;
   k.family = AS_FAMILY_RETURNS;
   k.x0 = &a->rewards;
@@ -471,28 +457,11 @@ RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum
     if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   }
   if ((st = as_check_algo(a->algo))) return st;
-  const rlk_tensor *outs[] = {&a->out, &a->advantages};
-  const char *out_names[] = {"out", "advantages"};
-  const rlk_tensor *ins[] = {&a->values, &a->mask, &a->advantages};
-  const char *in_names[] = {"values", "mask", "advantages"};
-  for (int o = 0; o < 2; o++)
-    for (int i = 0; i < 3; i++)
-      if (outs[o] != ins[i] && (st = rlk_seq_check_disjoint(outs[o], out_names[o], ins[i], in_names[i], B, T)))
-        return st;
-  if (a->baseline.data) {
-    /* the baseline is [B]: compare it as one row of B elements */
-    rlk_tensor row = a->baseline;
-    const rlk_tensor *others[] = {&a->out, &a->advantages};
-    for (int o = 0; o < 2; o++) {
-      const uintptr_t b0 = (uintptr_t)row.data, b1 = b0 + (uintptr_t)B * rlk_dtype_size(dtype);
-      const uintptr_t o0 = (uintptr_t)others[o]->data;
-      const uintptr_t o1 =
-          o0 + (uintptr_t)((B - 1) * rlk_seq_row_stride(others[o], B, T) + T) * rlk_dtype_size(dtype);
-      if (b0 < o1 && o0 < b1)
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: overlaps baseline (outputs must not overlap inputs)",
-                         out_names[o]);
-    }
-  }
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_reverse_cumsum_args, values), RLK_ARG_IN(rlk_reverse_cumsum_args, mask),
+      RLK_ARG_IN(rlk_reverse_cumsum_args, baseline), RLK_ARG_OUT(rlk_reverse_cumsum_args, out),
+      RLK_ARG_OUT(rlk_reverse_cumsum_args, advantages)};
+  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
   static const rlk_tensor absent;
   k.family = AS_FAMILY_RETURNS;
   k.x0 = &a->values;

@@ -24,9 +24,4 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
 /* The row stride to pass to a kernel (T when B == 1: the stride is then arbitrary). */
 int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T);
 
-/* RLK_ERR_INVALID_ARGUMENT when the memory of [B, T] tensors a and b (rows of their strides)
- * overlap; absent tensors never do. */
-rlk_status rlk_seq_check_disjoint(const rlk_tensor *a, const char *a_name, const rlk_tensor *b,
-                                  const char *b_name, int64_t B, int64_t T);
-
 #endif

@@ -442,6 +442,13 @@ RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advanta
     if ((uintptr_t)args->workspace % 8 != 0)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
   }
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_group_advantage_args, scores),           RLK_ARG_IN(rlk_group_advantage_args, group_offsets),
+      RLK_ARG_IN(rlk_group_advantage_args, mask),             RLK_ARG_IN(rlk_group_advantage_args, weights),
+      RLK_ARG_INPLACE(rlk_group_advantage_args, advantages, "scores"),
+      RLK_ARG_OUT(rlk_group_advantage_args, token_advantages)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, ws_need ? args->workspace_bytes : 0)))
+    return st;
   if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
   ga_plan p;
   if ((st = ga_select(&ctx->target, &c, &p))) return st;

@@ -361,6 +361,12 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     if ((uintptr_t)a->workspace % 16)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   }
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_linear_logprob_args, hidden),   RLK_ARG_IN(rlk_linear_logprob_args, weight),
+      RLK_ARG_IN(rlk_linear_logprob_args, labels),   RLK_ARG_OUT(rlk_linear_logprob_args, logp),
+      RLK_ARG_OUT(rlk_linear_logprob_args, lse),     RLK_ARG_OUT(rlk_linear_logprob_args, entropy),
+      RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, k.workspace ? a->workspace_bytes : 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
   if (rlk_record_enabled()) ll_record(0, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, k.c.variant, k.c.stages);
 
@@ -849,6 +855,13 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
                        a->workspace ? a->workspace_bytes : (size_t)0, k.workspace);
     if ((uintptr_t)a->workspace % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
   }
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_linear_logprob_backward_args, hidden),       RLK_ARG_IN(rlk_linear_logprob_backward_args, weight),
+      RLK_ARG_IN(rlk_linear_logprob_backward_args, labels),       RLK_ARG_IN(rlk_linear_logprob_backward_args, lse),
+      RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_logp),    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_entropy),
+      RLK_ARG_IN(rlk_linear_logprob_backward_args, entropy),      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_hidden),
+      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, k.workspace ? a->workspace_bytes : 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob_backward"))) return st;
   if (rlk_record_enabled()) {
     /* one line per gradient dtype the call writes (grad_hidden and grad_weight may differ) */

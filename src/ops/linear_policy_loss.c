@@ -353,6 +353,29 @@ RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_pol
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "workspace: %zu bytes given, rlk_linear_policy_loss_workspace_size says %zu",
                      args->workspace_bytes, p.total);
+  /* What the sub-calls cannot see: grad_weight and grad_hidden (written from the first kernel of
+   * the token chunks on) against the loss's inputs, and everything against the workspace. */
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_linear_policy_loss_args, head.hidden),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, head.weight),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, head.labels),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.logp),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.lse),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.entropy),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.status),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.old_logp),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.advantages),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.mask),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_offsets),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.ref_logp),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.rollout_is_weights),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.token_normalizer_tensor),
+      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_normalizer_tensor),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.loss),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.metrics),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_hidden),
+      RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_weight)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, p.total))) return st;
   if (p.chunks) return lpl_run_chunks(ctx, &p, stream);
   if ((st = rlk_linear_logprob(ctx, &p.head, stream))) return st;
   if ((st = rlk_policy_loss(ctx, &p.loss, stream))) return st;

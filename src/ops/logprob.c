@@ -645,14 +645,6 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
   return RLK_OK;
 }
 
-/* Byte range [lo, hi) a row-major [N, V] tensor spans. */
-static void lp_span(const rlk_tensor *t, int64_t N, int64_t V, int64_t stride, uintptr_t *lo,
-                    uintptr_t *hi) {
-  const size_t es = rlk_dtype_size(t->dtype);
-  *lo = (uintptr_t)t->data;
-  *hi = *lo + (size_t)((N - 1) * stride + V) * es;
-}
-
 static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem) {
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
@@ -712,9 +704,11 @@ RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void
       (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
   if ((st = lp_check_status(&a->status))) return st;
-  if (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
-      (a->lse.data && a->lse.data == a->entropy.data))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
+      RLK_ARG_OUT(rlk_logprob_args, logp),  RLK_ARG_OUT(rlk_logprob_args, lse),
+      RLK_ARG_OUT(rlk_logprob_args, entropy), RLK_ARG_OUT(rlk_logprob_args, status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
 
   lp_config c;
@@ -826,19 +820,18 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
   if (gN != N || gV != V)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logits: shape [%lld, %lld], expected [%lld, %lld]",
                      (long long)gN, (long long)gV, (long long)N, (long long)V);
-  if (a->grad_logits.data == a->logits.data) {
-    if (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != row_stride))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "grad_logits: in place over the logits needs the same dtype and row stride");
-  } else {
-    uintptr_t l0, l1, g0, g1;
-    lp_span(&a->logits, N, V, row_stride, &l0, &l1);
-    lp_span(&a->grad_logits, N, V, grad_stride, &g0, &g1);
-    if (g0 < l1 && l0 < g1)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "grad_logits: overlaps the logits without being the same tensor");
-  }
+  if (a->grad_logits.data == a->logits.data &&
+      (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != row_stride)))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = lp_check_status(&a->status))) return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_logprob_backward_args, logits),       RLK_ARG_IN(rlk_logprob_backward_args, labels),
+      RLK_ARG_IN(rlk_logprob_backward_args, lse),          RLK_ARG_IN(rlk_logprob_backward_args, grad_logp),
+      RLK_ARG_IN(rlk_logprob_backward_args, grad_entropy), RLK_ARG_IN(rlk_logprob_backward_args, entropy),
+      RLK_ARG_INPLACE(rlk_logprob_backward_args, grad_logits, "logits"),
+      RLK_ARG_OUT(rlk_logprob_backward_args, status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if (a->shard != 0 && a->shard != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
   if (a->shard && a->vocab_start < 0)

@@ -175,6 +175,11 @@ RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
                      a->workspace_bytes, a->workspace, need);
   if ((uintptr_t)a->workspace % 16u)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.logits),  RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.labels),
+      RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.logp),   RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.lse),
+      RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.entropy), RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, need))) return st;
   float *all = (float *)a->workspace, *mine = all + (size_t)rank * slot;
 
   /* the shard's records into this rank's slot (rlk_logprob checks the logits and labels) */

@@ -192,6 +192,9 @@ rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a
   if (a->partial_entropy != 0 && a->partial_entropy != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
                      a->partial_entropy);
+  static const rlk_arg_field fields[] = {RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
+                                         RLK_ARG_OUT(rlk_logprob_args, partials)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
   return rlk_logprob_shard_launch(ctx, a, N, V, row_stride, label_stride, a->partial_entropy,
                                   (float *)a->partials.data, stream);
@@ -262,6 +265,11 @@ RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combi
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
   if ((st = rlk_logprob_combine_check_outputs(&a->logp, &a->lse, &a->entropy, &a->status, N)))
     return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_logprob_combine_args, partials), RLK_ARG_IN(rlk_logprob_combine_args, labels),
+      RLK_ARG_OUT(rlk_logprob_combine_args, logp),    RLK_ARG_OUT(rlk_logprob_combine_args, lse),
+      RLK_ARG_OUT(rlk_logprob_combine_args, entropy), RLK_ARG_OUT(rlk_logprob_combine_args, status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_logprob_combine"))) return st;
   const int64_t label_stride = N > 1 ? a->labels.strides[0] : 1;
   return rlk_logprob_combine_launch(ctx, (const float *)a->partials.data, P, N, &a->labels,

@@ -206,10 +206,11 @@ static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64
   if (a->out.ndim == 1 && (st = rlk_check_contiguous(&a->out, "out"))) return st;
   *out = mw_as_rows(&a->out);
   if ((st = rlk_seq_check_rows(out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), *B, *T))) return st;
-  const int in_place = out->data == x->data &&
-                       rlk_seq_row_stride(out, *B, *T) == rlk_seq_row_stride(x, *B, *T);
-  if (!in_place && (st = rlk_seq_check_disjoint(out, "out", x, "x", *B, *T))) return st;
-  if ((st = rlk_seq_check_disjoint(out, "out", mask, "mask", *B, *T))) return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_masked_whiten_args, x), RLK_ARG_IN(rlk_masked_whiten_args, mask),
+      RLK_ARG_INPLACE(rlk_masked_whiten_args, out, "x"), RLK_ARG_OUT(rlk_masked_whiten_args, stats)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, a->workspace_bytes)))
+    return st;
   if (!(a->eps >= 0.0) || !isfinite(a->eps))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", a->eps);
   if (!(a->count_eps >= 0.0) || !isfinite(a->count_eps))

@@ -494,6 +494,23 @@ RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args 
   if (st) return st;
   if ((st = tl_workspace_check(args->workspace, args->workspace_bytes, k.workspace, "policy_loss")))
     return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_policy_loss_args, logp),
+      RLK_ARG_IN(rlk_policy_loss_args, old_logp),
+      RLK_ARG_IN(rlk_policy_loss_args, advantages),
+      RLK_ARG_IN(rlk_policy_loss_args, mask),
+      RLK_ARG_IN(rlk_policy_loss_args, seq_offsets),
+      RLK_ARG_IN(rlk_policy_loss_args, ref_logp),
+      RLK_ARG_IN(rlk_policy_loss_args, entropy),
+      RLK_ARG_IN(rlk_policy_loss_args, rollout_is_weights),
+      RLK_ARG_IN(rlk_policy_loss_args, token_normalizer_tensor),
+      RLK_ARG_IN(rlk_policy_loss_args, seq_normalizer_tensor),
+      RLK_ARG_OUT(rlk_policy_loss_args, loss),
+      RLK_ARG_OUT(rlk_policy_loss_args, grad_logp),
+      RLK_ARG_OUT(rlk_policy_loss_args, grad_entropy),
+      RLK_ARG_OUT(rlk_policy_loss_args, metrics)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, k.workspace ? args->workspace_bytes : 0)))
+    return st;
   if ((st = rlk_context_require_device(ctx, "rlk_policy_loss"))) return st;
   pl_plan p;
   if ((st = pl_select(ctx->kind, &k.c, &p))) return st;

@@ -398,24 +398,6 @@ static rlk_status pa_check_inputs(const rlk_context *ctx, const rlk_tensor *q, c
   return pa_check_layout(ctx, l, T, s);
 }
 
-/* Byte ranges [lo, hi) of contiguous tensors overlap. */
-static int pa_overlap(const rlk_tensor *a, const rlk_tensor *b) {
-  if (!a->data || !b->data) return 0;
-  size_t na = rlk_dtype_size(a->dtype), nb = rlk_dtype_size(b->dtype);
-  for (int i = 0; i < a->ndim; i++) na *= (size_t)a->shape[i];
-  for (int i = 0; i < b->ndim; i++) nb *= (size_t)b->shape[i];
-  const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-  return a0 < b0 + nb && b0 < a0 + na;
-}
-
-static rlk_status pa_no_overlap(const rlk_tensor *out, const char *oname, const rlk_tensor *const *ins,
-                                const char *const *names, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (pa_overlap(out, ins[i]))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: overlaps %s", oname, names[i]);
-  return RLK_OK;
-}
-
 static rlk_launch_dims pa_dims(uint64_t gx, uint64_t gy, uint64_t gz, unsigned block, size_t smem) {
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
@@ -493,11 +475,11 @@ RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_atten
   if (st) return st;
   if ((st = pa_check_like(&a->out, "out", s.dtype, 3, s.T, s.Hq, s.D))) return st;
   if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s.T, s.Hq, 0))) return st;
-  const rlk_tensor *ins[] = {&a->q, &a->k, &a->v};
-  const char *const names[] = {"q", "k", "v"};
-  if ((st = pa_no_overlap(&a->out, "out", ins, names, 3)) || (st = pa_no_overlap(&a->lse, "lse", ins, names, 3)))
-    return st;
-  if (pa_overlap(&a->out, &a->lse)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "lse: overlaps out");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_prefix_attention_args, q), RLK_ARG_IN(rlk_prefix_attention_args, k),
+      RLK_ARG_IN(rlk_prefix_attention_args, v), RLK_ARG_OUT(rlk_prefix_attention_args, out),
+      RLK_ARG_OUT(rlk_prefix_attention_args, lse)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
 
   const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
@@ -558,12 +540,6 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
   if ((st = pa_check_like(&a->grad_q, "grad_q", s->dtype, 3, s->T, s->Hq, s->D))) return st;
   if ((st = pa_check_like(&a->grad_k, "grad_k", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
   if ((st = pa_check_like(&a->grad_v, "grad_v", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
-  const rlk_tensor *all[] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->grad_out, &a->grad_q, &a->grad_k};
-  const char *const names[] = {"q", "k", "v", "out", "lse", "grad_out", "grad_q", "grad_k"};
-  if ((st = pa_no_overlap(&a->grad_q, "grad_q", all, names, 6)) ||
-      (st = pa_no_overlap(&a->grad_k, "grad_k", all, names, 7)) ||
-      (st = pa_no_overlap(&a->grad_v, "grad_v", all, names, 8)))
-    return st;
   const void *const ptrs[] = {a->q.data,        a->k.data,      a->v.data,      a->out.data,
                                a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
   if ((st = pa_check_tuning(&a->tuning))) return st;
@@ -616,6 +592,13 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
                      a->workspace_bytes, a->workspace, need);
   if ((uintptr_t)a->workspace % 16 != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_prefix_attention_backward_args, q),        RLK_ARG_IN(rlk_prefix_attention_backward_args, k),
+      RLK_ARG_IN(rlk_prefix_attention_backward_args, v),        RLK_ARG_IN(rlk_prefix_attention_backward_args, out),
+      RLK_ARG_IN(rlk_prefix_attention_backward_args, lse),      RLK_ARG_IN(rlk_prefix_attention_backward_args, grad_out),
+      RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_q), RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_k),
+      RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_v)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, need))) return st;
   if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
   if (rlk_record_enabled()) {
     const pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, 0, {0}};

@@ -319,12 +319,14 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
     if ((st = rlk_check_ndim(&a->status, "status", 1, 1))) return st;
   }
-  const void *outs[4] = {a->tokens.data, a->logp.data, a->logp_filtered.data, a->status.data};
-  for (int i = 0; i < 4; i++)
-    for (int j = i + 1; j < 4; j++)
-      if (outs[i] && outs[i] == outs[j])
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                         "tokens, logp, logp_filtered, status: outputs must be distinct");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_sample_args, logits),       RLK_ARG_IN(rlk_sample_args, temperatures),
+      RLK_ARG_IN(rlk_sample_args, top_ks),       RLK_ARG_IN(rlk_sample_args, top_ps),
+      RLK_ARG_IN(rlk_sample_args, min_ps),       RLK_ARG_IN(rlk_sample_args, seeds),
+      RLK_ARG_IN(rlk_sample_args, offsets),      RLK_ARG_OUT(rlk_sample_args, tokens),
+      RLK_ARG_OUT(rlk_sample_args, logp),        RLK_ARG_OUT(rlk_sample_args, logp_filtered),
+      RLK_ARG_OUT(rlk_sample_args, status)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
   if (!smp_row_split_ok(a->row_split))

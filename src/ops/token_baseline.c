@@ -229,8 +229,6 @@ static rlk_status tb_validate(const rlk_context *ctx, const rlk_token_baseline_a
   /* outputs */
   if ((st = tb_check_rows(&a->advantages, "advantages", same, B, T))) return st;
   if ((st = tb_check_rows(&a->returns, "returns", same, B, T))) return st;
-  if (a->advantages.data == a->returns.data)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "advantages and returns: the same memory (they must not overlap)");
   k->B = B;
   k->T = T;
   return RLK_OK;
@@ -308,6 +306,13 @@ RLK_API rlk_status rlk_token_baseline(rlk_context *ctx, const rlk_token_baseline
                      args->workspace_bytes, l.total);
   if ((uintptr_t)args->workspace % 8 != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_token_baseline_args, rewards),        RLK_ARG_IN(rlk_token_baseline_args, old_logp),
+      RLK_ARG_IN(rlk_token_baseline_args, sum_pi_squared), RLK_ARG_IN(rlk_token_baseline_args, rollout_is_weights),
+      RLK_ARG_IN(rlk_token_baseline_args, mask),           RLK_ARG_IN(rlk_token_baseline_args, group_offsets),
+      RLK_ARG_OUT(rlk_token_baseline_args, advantages),    RLK_ARG_OUT(rlk_token_baseline_args, returns)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, args->workspace_bytes)))
+    return st;
   if ((st = rlk_context_require_device(ctx, "rlk_token_baseline"))) return st;
   tb_plan p;
   if ((st = tb_select(&c, &p))) return st;

@@ -207,14 +207,12 @@ static rlk_status tk_validate(const rlk_token_kl_args *a, tk_config *c, tk_call 
   c->gin = a->grad_kl.data != NULL;
   c->out = a->kl.data && a->grad_logp.data ? TK_OUT_BOTH : a->kl.data ? TK_OUT_KL : TK_OUT_GRAD;
   if ((st = tk_check_config(c))) return st;
-  /* outputs overlap no input and not each other */
-  const rlk_tensor *ins[] = {&k->logp, &k->ref, &k->old, &k->gin, &k->mask};
-  static const char *const in_names[] = {"logp", "ref_logp", "old_logp", "grad_kl", "mask"};
-  for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) {
-    if ((st = rlk_seq_check_disjoint(&k->kl, "kl", ins[i], in_names[i], B, T))) return st;
-    if ((st = rlk_seq_check_disjoint(&k->grad, "grad_logp", ins[i], in_names[i], B, T))) return st;
-  }
-  if ((st = rlk_seq_check_disjoint(&k->grad, "grad_logp", &k->kl, "kl", B, T))) return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_token_kl_args, logp),     RLK_ARG_IN(rlk_token_kl_args, ref_logp),
+      RLK_ARG_IN(rlk_token_kl_args, old_logp), RLK_ARG_IN(rlk_token_kl_args, grad_kl),
+      RLK_ARG_IN(rlk_token_kl_args, mask),     RLK_ARG_OUT(rlk_token_kl_args, kl),
+      RLK_ARG_OUT(rlk_token_kl_args, grad_logp)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   k->B = B;
   k->T = T;
   return RLK_OK;

@@ -274,6 +274,19 @@ RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *a
   if (st) return st;
   if ((st = tl_workspace_check(args->workspace, args->workspace_bytes, k.workspace, "value_loss")))
     return st;
+  static const rlk_arg_field fields[] = {
+      RLK_ARG_IN(rlk_value_loss_args, values),
+      RLK_ARG_IN(rlk_value_loss_args, old_values),
+      RLK_ARG_IN(rlk_value_loss_args, returns),
+      RLK_ARG_IN(rlk_value_loss_args, mask),
+      RLK_ARG_IN(rlk_value_loss_args, seq_offsets),
+      RLK_ARG_IN(rlk_value_loss_args, token_normalizer_tensor),
+      RLK_ARG_IN(rlk_value_loss_args, seq_normalizer_tensor),
+      RLK_ARG_OUT(rlk_value_loss_args, loss),
+      RLK_ARG_OUT(rlk_value_loss_args, grad_values),
+      RLK_ARG_OUT(rlk_value_loss_args, metrics)};
+  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, k.workspace ? args->workspace_bytes : 0)))
+    return st;
   if ((st = rlk_context_require_device(ctx, "rlk_value_loss"))) return st;
   vl_plan p;
   if ((st = vl_select(ctx->kind, &k.c, &p))) return st;
