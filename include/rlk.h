@@ -196,7 +196,11 @@ typedef enum rlk_dtype {
 
 /* A tensor descriptor, like DLPack's: the data pointer (device memory on the CUDA and
  * HIP backends, host memory on the host backend), element type, shape and strides in
- * elements. A tensor with data == NULL is "absent" where an argument is optional. */
+ * elements. A tensor with data == NULL is "absent" where an argument is optional.
+ * Strides are >= 0. What a call reads may repeat elements with a stride of 0 (a broadcast
+ * view): a row shared by every row (row stride 0) is accepted wherever rows are; within a row,
+ * elements must be contiguous where an op says so (rlk_policy_loss also takes advantages of one
+ * value per sequence broadcast over its tokens, [B, T] with strides {1, 0}). */
 typedef struct rlk_tensor {
   void *data;
   rlk_dtype dtype;
@@ -540,7 +544,9 @@ typedef struct rlk_policy_loss_args {
    * old_logp, advantages and the optional tensors have logp's layout and dtype. */
   rlk_tensor logp;
   rlk_tensor old_logp;
-  rlk_tensor advantages;  /* per token; or per sequence [B] / [S] when seq_advantages = 1 */
+  rlk_tensor advantages;  /* per token; or per sequence [B] / [S] when seq_advantages = 1; or a
+                           * [B] broadcast over the tokens ([B, T], strides {1, 0}), which is the
+                           * per-sequence form */
   int seq_advantages;     /* 1: one advantage per sequence, broadcast over its tokens */
   rlk_tensor mask;        /* optional: bool, i32 or f32, logp's layout */
   rlk_tensor seq_offsets; /* packed layout only: [S + 1] i32 or i64 */

@@ -2326,11 +2326,56 @@ START_TEST(gpu_large) {
 }
 END_TEST
 
+/* Read-only inputs may be broadcast views (a stride of 0): advantages [B] expanded over the
+ * tokens (verl passes A[:, None].expand(B, T)) and a mask row shared by every sequence give
+ * what their materialized copies give, bit for bit (the same per-token arithmetic); an output
+ * with a stride of 0 is refused. */
+START_TEST(broadcast_inputs) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { B = 3, T = 5 };
+  uint64_t rng = rlk_test_seed();
+  float lp[B * T], old[B * T], A[B], Afull[B * T], m[T], mfull[B * T];
+  for (int i = 0; i < B * T; i++) {
+    lp[i] = (float)(-2.0 * rlk_test_rand_uniform(&rng));
+    old[i] = lp[i] + (float)(0.4 * (rlk_test_rand_uniform(&rng) - 0.5));
+  }
+  for (int b = 0; b < B; b++) A[b] = (float)rlk_test_rand_normal(&rng);
+  for (int t = 0; t < T; t++) m[t] = t < 4 ? 1.0f : 0.0f;
+  for (int i = 0; i < B * T; i++) Afull[i] = A[i / T], mfull[i] = m[i % T];
+  float loss[2], g[2][B * T];
+  static uint8_t ws[1 << 16] __attribute__((aligned(16)));
+  for (int form = 0; form < 2; form++) {
+    rlk_policy_loss_args a;
+    rlk_policy_loss_args_init(&a);
+    a.logp = rlk_tensor_2d(lp, RLK_F32, B, T, T);
+    a.old_logp = rlk_tensor_2d(old, RLK_F32, B, T, T);
+    a.advantages = form ? rlk_tensor_2d(A, RLK_F32, B, T, 1) : rlk_tensor_2d(Afull, RLK_F32, B, T, T);
+    if (form) a.advantages.strides[1] = 0;
+    a.mask = form ? rlk_tensor_2d(m, RLK_F32, B, T, 0) : rlk_tensor_2d(mfull, RLK_F32, B, T, T);
+    a.loss = rlk_tensor_1d(&loss[form], RLK_F32, 1);
+    a.grad_logp = rlk_tensor_2d(g[form], RLK_F32, B, T, T);
+    a.workspace = ws;
+    a.workspace_bytes = sizeof ws;
+    ck_assert_msg(rlk_policy_loss(ctx, &a, NULL) == RLK_OK, "form %d: %s", form, rlk_last_error());
+    if (form) {
+      rlk_policy_loss_args bad = a;
+      bad.grad_logp = rlk_tensor_2d(g[1], RLK_F32, B, T, 0);
+      ck_assert_int_eq(rlk_policy_loss(ctx, &bad, NULL), RLK_ERR_INVALID_ARGUMENT);
+      ck_assert_ptr_nonnull(strstr(rlk_last_error(), "grad_logp"));
+    }
+  }
+  ck_assert_msg(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0, "loss %.9g vs %.9g", loss[0], loss[1]);
+  ck_assert_msg(memcmp(g[0], g[1], sizeof g[0]) == 0, "grad_logp differs");
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *policy_loss_suite(void) {
   Suite *s = suite_create("policy_loss");
   TCase *host = tcase_create("host");
   tcase_set_timeout(host, 120);
   tcase_add_test(host, args_init_defaults);
+  tcase_add_test(host, broadcast_inputs);
   tcase_add_test(host, host_modes);
   tcase_add_test(host, host_kl);
   tcase_add_test(host, host_agg_layouts);

@@ -62,9 +62,7 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
   if (T > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if (B > 1 && t->strides[0] < T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)T);
+  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
   return RLK_OK;
 }
 

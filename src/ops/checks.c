@@ -21,8 +21,10 @@ rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required)
     if (t->shape[i] > ((int64_t)1 << 40))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is too large", what, i,
                        (long long)t->shape[i]);
-    if (t->strides[i] < 0 || (t->strides[i] == 0 && t->shape[i] > 1))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is not positive", what, i,
+    /* A stride of 0 repeats an element (a broadcast view): fine for what a call reads;
+     * rlk_check_no_overlap refuses it for what a call writes. */
+    if (t->strides[i] < 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is negative", what, i,
                        (long long)t->strides[i]);
   }
   if ((uintptr_t)t->data % rlk_dtype_size(t->dtype) != 0)
@@ -101,9 +103,7 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
   if (T > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if (B > 1 && t->strides[0] < T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)T);
+  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
   return RLK_OK;
 }
 
@@ -164,6 +164,14 @@ rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *o, int64_t B, 
   if (host_values && (st = check_offset_values(o, n, B))) return st;
   *num_groups = n;
   *offsets = o->dtype;
+  return RLK_OK;
+}
+
+rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, int64_t len) {
+  if (rows > 1 && stride != 0 && stride < len)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: row stride %lld is less than the row length %lld (and not 0, one row broadcast)", what,
+                     (long long)stride, (long long)len);
   return RLK_OK;
 }
 

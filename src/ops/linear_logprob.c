@@ -182,9 +182,7 @@ static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint
   if (h > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if (n > 1 && t->strides[0] < h)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)h);
+  if ((st = rlk_check_row_stride(what, n, t->strides[0], h))) return st;
   const int64_t s = n > 1 ? t->strides[0] : h;
   if (n > INT32_MAX || h > INT32_MAX || s > ((int64_t)1 << 56) / n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,

@@ -610,9 +610,7 @@ static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_
   if (v > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if (n > 1 && t->strides[0] < v)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: row stride %lld is less than the row length %lld",
-                     what, (long long)t->strides[0], (long long)v);
+  if ((st = rlk_check_row_stride(what, n, t->strides[0], v))) return st;
   const int64_t s = n > 1 ? t->strides[0] : v;
   /* the last element's byte offset must fit comfortably in 63 bits */
   if (s > ((int64_t)1 << 56) / n)

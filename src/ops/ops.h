@@ -38,6 +38,11 @@ rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required)
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
 rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int ndim_min, int ndim_max);
 rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
+/* RLK_ERR_INVALID_ARGUMENT unless rows of `len` contiguous elements `stride` apart are a valid
+ * row layout: rows that do not overlap (stride >= len), or one row repeated (stride 0, a
+ * broadcast over rows, for inputs; outputs are refused by rlk_check_no_overlap). */
+rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, int64_t len);
+
 /* A required 1-D [N] tensor of an allowed dtype (contiguous when asked); writes its stride (may
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,

@@ -339,9 +339,22 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->s.in[PL_IN_OLD] = a->old_logp.data;
   p->s.in_stride[PL_IN_OLD] = stride;
   c->adv_seq = a->seq_advantages != 0;
+  rlk_tensor adv = a->advantages;
+  if (!c->adv_seq && adv.data && adv.ndim == 2 && adv.shape[1] > 1 && adv.strides[1] == 0 &&
+      adv.shape[1] == L->cols && L->layout == TL_LAYOUT_PADDED) {
+    /* one value per sequence broadcast over its tokens (A[:, None].expand(B, T), as verl passes
+     * them): the per-sequence form, which reads each value once */
+    adv = rlk_tensor_1d(adv.data, adv.dtype, adv.shape[0]);
+    if (adv.shape[0] > 1 && a->advantages.strides[0] != 1)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "advantages: a per-sequence value broadcast over the tokens (stride[1] 0) needs the "
+                       "values 1 apart (stride[0] is %lld)",
+                       (long long)a->advantages.strides[0]);
+    c->adv_seq = 1;
+  }
   if (c->adv_seq) {
-    if ((st = tl_seq_check(L, &a->advantages, "advantages"))) return st;
-    p->adv_seq = a->advantages.data;
+    if ((st = tl_seq_check(L, &adv, "advantages"))) return st;
+    p->adv_seq = adv.data;
   } else {
     if ((st = tl_stream_check(L, &a->advantages, "advantages", 1, &stride))) return st;
     p->s.in[PL_IN_ADV] = a->advantages.data;

@@ -281,9 +281,7 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
   if (V > 1 && L->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: stride[1] = %lld, rows must be contiguous",
                      (long long)L->strides[1]);
-  if (B > 1 && L->strides[0] < V)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: row stride %lld is less than the row length %lld",
-                     (long long)L->strides[0], (long long)V);
+  if ((st = rlk_check_row_stride("logits", B, L->strides[0], V))) return st;
   if (V > SMP_MAX_V)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: V = %lld, at most %lld", (long long)V,
                      (long long)SMP_MAX_V);

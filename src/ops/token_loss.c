@@ -29,10 +29,8 @@ static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const 
     if (L->cols > 1 && t->strides[1] != 1)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous",
                        what, (long long)t->strides[1]);
-    if (L->rows > 1 && t->strides[0] < L->cols)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "%s: row stride %lld is less than the row length %lld", what,
-                       (long long)t->strides[0], (long long)L->cols);
+    rlk_status rs = rlk_check_row_stride(what, L->rows, t->strides[0], L->cols);
+    if (rs) return rs;
     *stride = L->rows > 1 ? t->strides[0] : L->cols;
     return RLK_OK;
   }
