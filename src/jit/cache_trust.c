@@ -94,20 +94,21 @@ static int is_empty(int rootfd) {
   return empty;
 }
 
-/* 1 the root carries the marker, 0 it does not, -1 a marker file whose text is not (yet) the
- * marker's. */
+/* 1 the root carries the marker, 0 it does not, -1 a marker file made in the last seconds whose
+ * text is not (yet) the marker's. */
 static int read_marker(int rootfd) {
   int fd = rlk_open_regular(rootfd, RLK_CACHE_MARKER_NAME, O_RDONLY | O_NOFOLLOW, 0);
   if (fd < 0) return errno == ENOENT ? 0 : -1;
   char buf[256];
   ssize_t n = read(fd, buf, sizeof buf - 1);
+  struct stat st;
+  const int fresh = fstat(fd, &st) == 0 && rlk_unix_time() - (int64_t)st.st_mtime < 2;
   close(fd);
-  if (n <= 0) return -1;
-  buf[n] = '\0';
-  return strncmp(buf, MARKER_SIGNATURE "\n", sizeof MARKER_SIGNATURE) == 0 &&
-                 strstr(buf, "(" RLK_CACHE_MARKER_ID ")") != NULL
-             ? 1
-             : -1;
+  buf[n > 0 ? n : 0] = '\0';
+  if (strncmp(buf, MARKER_SIGNATURE "\n", sizeof MARKER_SIGNATURE) == 0 &&
+      strstr(buf, "(" RLK_CACHE_MARKER_ID ")") != NULL)
+    return 1;
+  return fresh ? -1 : 0; /* an old one with other text is another tool's, or debris */
 }
 
 /* A marker another process has just created may not hold its text yet (it is written right after

@@ -113,8 +113,9 @@ int rlk_record_enabled(void) {
 }
 
 /* Reads the file's lines from rec_read on into rec_file_lines (from 0 when the file is another
- * one than last time, or shorter). Sets *ends_in_newline. 0, or -1 (errno). */
-static int read_new_lines(int fd, int *ends_in_newline) {
+ * one than last time, or shorter). Sets *ends_in_newline, and *tail to the hash of a last line
+ * without its newline (a writer that died mid-line), 0 when there is none. 0, or -1 (errno). */
+static int read_new_lines(int fd, int *ends_in_newline, uint64_t *tail) {
   struct stat st;
   if (fstat(fd, &st) != 0) return -1;
   if (st.st_dev != rec_dev || st.st_ino != rec_ino || st.st_size < rec_read) {
@@ -124,6 +125,7 @@ static int read_new_lines(int fd, int *ends_in_newline) {
     rec_read = 0;
   }
   *ends_in_newline = 1;
+  *tail = 0;
   if (st.st_size == 0) return 0;
   char last;
   if (pread(fd, &last, 1, st.st_size - 1) == 1) *ends_in_newline = last == '\n';
@@ -165,6 +167,7 @@ static int read_new_lines(int fd, int *ends_in_newline) {
       have = 0;
     }
   }
+  if (have && !skipping) *tail = fnv1a(buf, have);
   free(buf);
   return 0;
 }
@@ -192,12 +195,14 @@ static int flush_queue(double wait_s) {
     return -1;
   }
   int rc = 0, ends_in_newline = 1;
-  if (read_new_lines(fd, &ends_in_newline) != 0) {
+  uint64_t tail = 0;
+  if (read_new_lines(fd, &ends_in_newline, &tail) != 0) {
     rlk_error(RLK_ERR_IO, "RLK_JIT_RECORD=%s: read: %s", rec_path, strerror(errno));
     rc = -1;
   }
   /* The queue without the lines the file already holds, after a newline if a writer that died
-   * left a partial last line (so the first new line does not join it). */
+   * left a partial last line (so the first new line does not join it; a partial line that is a
+   * queued line whole is that line, and the newline completes it). */
   char *text = rc ? NULL : malloc(rec_queue_len + 1);
   size_t out = 0;
   if (!rc && !text) {
@@ -206,16 +211,20 @@ static int flush_queue(double wait_s) {
   }
   if (text && !ends_in_newline) text[out++] = '\n';
   const size_t lead = out;
+  int completes = 0;
   for (size_t at = 0; text && at < rec_queue_len;) {
     const char *nl = memchr(rec_queue + at, '\n', rec_queue_len - at);
     const size_t n = (size_t)(nl - (rec_queue + at));
-    if (!set_has(&rec_file_lines, fnv1a(rec_queue + at, n))) {
+    const uint64_t h = fnv1a(rec_queue + at, n);
+    if (lead && h == tail) {
+      completes = 1;
+    } else if (!set_has(&rec_file_lines, h)) {
       memcpy(text + out, rec_queue + at, n + 1);
       out += n + 1;
     }
     at += n + 1;
   }
-  if (text && out > lead) {
+  if (text && (out > lead || completes)) {
     ssize_t w = write(fd, text, out);
     if (w != (ssize_t)out) {
       /* A regular file takes the whole write or fails it (disk full, quota); a short one
@@ -286,6 +295,23 @@ void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals) {
   }
   if (saved[0]) rlk_error(RLK_ERR_INTERNAL, "%s", saved);
   else rlk_error_clear();
+  pthread_mutex_unlock(&rec_lock);
+}
+
+void rlk_record_reset(const char *path) {
+  pthread_once(&rec_once, rec_init);
+  pthread_mutex_lock(&rec_lock);
+  set_clear(&rec_known);
+  set_clear(&rec_file_lines);
+  rec_dev = 0;
+  rec_ino = 0;
+  rec_read = 0;
+  rec_queue_len = 0;
+  atomic_store(&rec_queued, 0);
+  rec_warned = rec_refused = 0;
+  rec_next_try = 0;
+  int on = path && rlk_format(rec_path, sizeof rec_path, "%s", path) >= 0;
+  atomic_store(&rec_on, on);
   pthread_mutex_unlock(&rec_lock);
 }
 

@@ -14,4 +14,9 @@ int rlk_record_enabled(void);
  * once. */
 void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals);
 
+/* Points recording at `path` (NULL: off) as if RLK_JIT_RECORD had said so, forgetting what the
+ * process recorded before and dropping queued lines: for tests and fuzzing, which need more than
+ * one record path in a process. */
+void rlk_record_reset(const char *path);
+
 #endif
