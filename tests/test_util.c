@@ -457,15 +457,16 @@ long rlk_test_last_value(const char *out, const char *name) {
 }
 
 rlk_context *rlk_test_cuda_context(const char *what) {
+  if (!rlk_test_gpu_enabled(what)) return NULL;
   rlk_context_options o;
   rlk_context_options_init(&o);
   o.backend = RLK_BACKEND_CUDA;
   rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (%s gpu): no CUDA context: %s\n", what, rlk_last_error());
-    fflush(stdout);
-    return NULL;
-  }
+  /* RLK_TEST_GPU=1 says a device is here: a context that cannot be made is a failure, never a
+   * skip (a skip would let every GPU case pass on a machine whose driver is broken) */
+  const rlk_status st = rlk_context_create(&ctx, &o);
+  ck_assert_msg(st == RLK_OK, "%s: RLK_TEST_GPU=1 but no CUDA context: %s: %s", what, rlk_status_string(st),
+                rlk_last_error());
   return ctx;
 }
 

@@ -112,8 +112,8 @@ void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes);
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
                            double *dense);
 
-/* A CUDA context for a GPU case, or NULL (printing "skip (<what> gpu): ..." with the reason) when
- * none can be created here. */
+/* A CUDA context for a GPU case. Without RLK_TEST_GPU=1 it prints why the case is skipped and
+ * returns NULL; with it, a context that cannot be created fails the test. */
 rlk_context *rlk_test_cuda_context(const char *what);
 
 /* A host-backend context with the run's cache; fails the test on error. */
