@@ -1,6 +1,8 @@
 """On CUDA: no call synchronizes (every op and autograd wrapper under
-torch.cuda.set_sync_debug_mode("error")), and a whole GRPO loss step and a sampling step
-captured with torch.cuda.graph replay on new inputs to bitwise the eager results."""
+torch.cuda.set_sync_debug_mode("error"), the fused LM head's included), and a whole GRPO loss
+step, a sampling step and the fused LM head's calls (forward, backward, the policy loss from
+hidden states by each path this device runs, the autograd wrapper) captured with
+torch.cuda.graph replay on new inputs to bitwise the eager results."""
 import numpy as np
 import pytest
 
@@ -57,6 +59,49 @@ def sample_inputs(seed):
 def sample_step(x, pdl):
     return rlk.sample(x["logits"], temperature=x["temps"], top_p=0.9, top_k=50, seed=x["seeds"],
                       offset=x["offsets"], logp_filtered=True, pdl=pdl)
+
+
+HN, HH, HV = B * T, 128, 1000  # the fused LM head's tokens, hidden size and vocabulary
+
+
+def head_inputs(seed):
+    """A head's inputs on the GPU: hidden [HN, HH] and weight [HV, HH] in bf16, labels, and the
+    policy loss's old log-probs, advantages and mask over [B, T] (B T = HN)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = {"hidden": torch.randn(HN, HH, generator=g).bfloat16(),
+         "weight": (torch.randn(HV, HH, generator=g) * 0.1).bfloat16(),
+         "labels": torch.randint(0, HV, (HN,), generator=g),
+         "old": torch.randn(B, T, generator=g) * 0.1 - 6.9,
+         "adv": torch.randn(B, T, generator=g),
+         "mask": torch.rand(B, T, generator=g) > 0.1}
+    return {k: v.cuda() for k, v in x.items()}
+
+
+def head_paths():
+    """rlk.linear_policy_loss's paths this device runs (the token chunks need sm_90)."""
+    return ["recompute"] + (["token_chunks"] if torch.cuda.get_device_capability() == (9, 0) else [])
+
+
+HEAD_OUTPUTS = ("logp", "lse", "entropy", "grad_hidden", "grad_weight", "loss", "metrics", "loss logp",
+                "loss grad_hidden", "loss grad_weight", "autograd logp", "autograd entropy",
+                "autograd grad_hidden", "autograd grad_weight")
+
+
+def head_step(x, path):
+    """The fused LM head as a trainer launches it: rlk.linear_logprob and its backward, the policy
+    loss from hidden states (rlk.linear_policy_loss by `path`), and
+    rlk.autograd.linear_token_logprob forward and backward."""
+    h, w, y = x["hidden"], x["weight"], x["labels"]
+    out = rlk.linear_logprob(h, w, y, entropy=True)
+    gh, gw = rlk.linear_logprob_backward(h, w, y, out.lse, x["adv"].reshape(-1), x["old"].reshape(-1) * 0.01,
+                                         out.entropy)
+    pl = rlk.linear_policy_loss(h, w, y, x["old"], x["adv"], x["mask"], clip_high=0.28, entropy_coef=0.01,
+                                logp=True, path=path)
+    hl, wl = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    lp, ent = A.linear_token_logprob(hl, wl, y, entropy=True)
+    ghl, gwl = torch.autograd.grad((lp * x["adv"].reshape(-1)).sum() + 0.01 * ent.sum(), (hl, wl))
+    return (out.logp, out.lse, out.entropy, gh, gw, pl.loss, pl.metrics, pl.logp, pl.grad_hidden,
+            pl.grad_weight, lp, ent, ghl, gwl)
 
 
 def constants():
@@ -121,12 +166,17 @@ def every_op(x, c):
 def test_no_op_synchronizes():
     x = grpo_inputs(1)
     c = constants()
+    hx = head_inputs(1)
     every_op(x, c)  # compiles or loads the kernels
+    for path in head_paths():
+        head_step(hx, path)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         every_op(x, c)
         grpo_step(x)
+        for path in head_paths():
+            head_step(hx, path)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -173,6 +223,25 @@ def test_grpo_loss_step_graph_replays_bitwise():
         for name, got, w in zip(("loss", "metrics", "grad_logits", "advantages"), out, want):
             same_bits(got, w, name)
         assert torch.isfinite(want[0]) and want[2].abs().sum() > 0  # a real step, not zeros
+
+
+@pytest.mark.parametrize("path", ["recompute", "token_chunks"])
+def test_fused_head_graph_replays_bitwise(path):
+    if path not in head_paths():
+        pytest.skip("the token chunks need sm_90; this device is sm_%d%d" % torch.cuda.get_device_capability())
+    static = head_inputs(11)
+    g, out = capture(lambda x: head_step(x, path), static)
+    for seed in (12, 13):
+        fresh = head_inputs(seed)
+        for k, v in fresh.items():
+            static[k].copy_(v)
+        g.replay()
+        want = head_step(fresh, path)
+        torch.cuda.synchronize()
+        for name, got, w in zip(HEAD_OUTPUTS, out, want):
+            same_bits(got, w, name)
+        # a real step, not zeros
+        assert torch.isfinite(want[5]) and want[4].abs().sum() > 0 and want[9].abs().sum() > 0
 
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
