@@ -1,5 +1,7 @@
-"""What the trainer adapters share: torch's clamp convention, normalizers, patching."""
+"""What the trainer adapters share: torch's clamp convention, normalizers, patching, the
+trainer-version check."""
 import importlib
+import importlib.metadata
 
 import torch
 
@@ -39,11 +41,38 @@ def mask_total(mask):
     return float(mask.sum(dtype=torch.float64).item())
 
 
+class UntestedVersion(RuntimeError):
+    """The installed trainer is not a version the adapter was tested with."""
+
+
+def check_version(package, tested, force=False):
+    """The installed version of `package` (its distribution name); raises UntestedVersion when it
+    is not one of `tested`, unless force (then the version is returned all the same)."""
+    try:
+        have = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise UntestedVersion("rlk: %s is not installed" % package) from None
+    if have not in tested and not force:
+        raise UntestedVersion(
+            "rlk: %s %s is installed; this adapter was tested with %s. Its seams may have moved: "
+            "pass force=True to patch it anyway" % (package, have, ", ".join(sorted(tested))))
+    return have
+
+
 class Patch:
-    """Attributes set on modules or classes, restored by undo() (also a context manager)."""
+    """Attributes set on modules or classes, restored by undo() (also a context manager).
+    report: what a trainer's patch() swapped ("swapped": names) and what it left to the trainer
+    ("left": {name: why}); "version": the trainer's version."""
 
     def __init__(self):
         self._saved = []
+        self.report = {"version": None, "swapped": [], "left": {}}
+
+    def swapped(self, name):
+        self.report["swapped"].append(name)
+
+    def left(self, name, why):
+        self.report["left"][name] = why
 
     def set(self, target, name, value):
         if isinstance(target, str):

@@ -7,7 +7,7 @@ TRL's semantics (tested against TRL 1.16.0).
         -> advantages                   # the advantages of GRPOTrainer's scoring step
     selective_log_softmax(logits, index, temperature=1.0, row_mask=None)
     compute_loss(trainer, model, inputs)  # GRPOTrainer._compute_loss on rlk
-    patch()                             # GRPOTrainer._compute_loss = compute_loss; undo()
+    patch()         # GRPOTrainer's loss and its log-prob passes' LM head on rlk; undo(), .report
 
 Conventions reproduced: no log-ratio clamp, k3 KL without clamps, each loss_type's normalizer
 (grpo/sapo: mean over sequences of the per-sequence token means, empty ones counted; bnpo: the
@@ -24,15 +24,20 @@ weights of the policy term (the masks from TRL's own get_off_policy_mask / get_h
 Where a setting is not expressed (delta below 1, the adaptive entropy bonus, auxiliary router
 losses), compute_loss runs TRL's own code.
 """
+import collections
+import functools
 import math
+import threading
 
 import torch
 
 from .. import autograd as _ag
 from ..ops import group_advantage as _ga
-from ._common import Patch, as_float, mask_arg, mask_total, torch_clamp_bound_grad
+from . import _head
+from ._common import Patch, as_float, check_version, mask_arg, mask_total, torch_clamp_bound_grad
 
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
+           "ChunkedHead", "head_calls", "TESTED",
            "patch"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -379,13 +384,115 @@ def compute_loss(self, model, inputs):
     return loss
 
 
-def patch():
-    """GRPOTrainer._compute_loss = compute_loss (TRL's own where a setting is not expressed).
-    Returns a handle whose undo() restores TRL's."""
+TESTED = ("1.16.0",)
+
+# TRL's per-token fields other than log_probs and entropy: computed by TRL's own function
+_RLK_OUTPUTS = ("log_probs", "entropy")
+
+# log-prob calls of the patched head, by who computed them ("rlk", or "trl: <why>")
+head_calls = collections.Counter()
+_scope = threading.local()
+
+
+def _head_in_scope():
+    """The GRPOTrainer whose log-prob pass is running (None outside one)."""
+    return getattr(_scope, "trainer", None)
+
+
+def _unfused(trainer, hidden, weight, bias, softcap, logit_scale, outputs):
+    """Why the head's call stays TRL's (None: rlk computes it), and else the operands' dtype."""
+    if trainer is None:
+        return "not a GRPOTrainer log-prob pass", None
+    if bias is not None or softcap is not None:
+        return "an LM head with a bias or a logit softcap", None
+    if not logit_scale > 0:
+        return "logit_scale %r" % (logit_scale,), None
+    if any(o not in _RLK_OUTPUTS for o in outputs):
+        return "outputs %r" % (tuple(outputs),), None
+    if hidden.shape[0] == 0:
+        return "no scored token", None
+    dt = _head.operand_dtype(hidden, weight)
+    if dt is None and getattr(trainer.args, "cast_lm_head_to_fp32", False):
+        # TRL's f32 head over a 16-bit model: the model's dtype for the kernels' operands
+        emb = trainer.model.get_input_embeddings().weight.dtype
+        dt = emb if emb in _head.LOW else torch.bfloat16
+    if dt is None:
+        return "an f32 head without autocast", None
+    return None, dt
+
+
+class ChunkedHead:
+    """Stands where trl.trainer.utils imported TRL's ChunkedLogProbFunction: inside a
+    GRPOTrainer log-prob pass, the log-probs and entropy of the scored rows come from rlk's fused
+    head (logit_scale folded into the temperature); every other call is TRL's own."""
+    own = None
+
+    @classmethod
+    def apply(cls, hidden, weight, bias, targets, temperature, chunk_size,
+              final_logit_softcapping=None, logit_scale=1.0, outputs=("log_probs",)):
+        why, dt = _unfused(_head_in_scope(), hidden, weight, bias, final_logit_softcapping,
+                           logit_scale, outputs)
+        if why is not None:
+            head_calls["trl: " + why] += 1
+            return cls.own.apply(hidden, weight, bias, targets, temperature, chunk_size,
+                                 final_logit_softcapping, logit_scale, outputs)
+        head_calls["rlk"] += 1
+        logp, ent = _head.head_logprobs(hidden, weight, targets,
+                                        temperature=float(temperature) / float(logit_scale),
+                                        entropy="entropy" in outputs, dtype=dt)
+        return logp, ent, None, None, None
+
+
+def _compact(own):
+    """trl.trainer.utils._use_triton while patched: True inside a GRPOTrainer log-prob pass, so
+    only the rows with a label (the completion tokens) reach the head on every device."""
+    def use_compact(device):
+        return True if _head_in_scope() is not None else own(device)
+    return use_compact
+
+
+def _in_scope(own):
+    """GRPOTrainer._get_per_token_logps_and_entropies marking its pass for ChunkedHead (the
+    policy's, the old policy's and the reference model's passes all run through it)."""
+    @functools.wraps(own)
+    def logps_and_entropies(self, *args, **kwargs):
+        prev = getattr(_scope, "trainer", None)
+        _scope.trainer = self
+        try:
+            return own(self, *args, **kwargs)
+        finally:
+            _scope.trainer = prev
+    return logps_and_entropies
+
+
+def patch(*, loss=True, head=True, force=False):
+    """Swaps rlk into TRL's GRPOTrainer. head: the per-token log-probs and entropy of its
+    log-prob passes (policy, old policy, reference) through rlk's fused LM head, behind TRL's own
+    fused-head seam (trl.trainer.utils' ChunkedLogProbFunction, within GRPOTrainer's passes
+    only). loss: GRPOTrainer._compute_loss = compute_loss (TRL's own where a setting is not
+    expressed). Refuses a TRL other than TESTED unless force. Returns a handle: undo() restores
+    TRL's; .report says what was swapped and what was left, and why."""
     from trl.trainer import grpo_trainer as G
-    _original["_compute_loss"] = G.GRPOTrainer.__dict__["_compute_loss"]
+    from trl.trainer import utils as U
     h = Patch()
-    h.set(G.GRPOTrainer, "_compute_loss", compute_loss)
-    if hasattr(G, "selective_log_softmax"):
-        h.set(G, "selective_log_softmax", selective_log_softmax)
+    h.report["version"] = check_version("trl", TESTED, force)
+    if loss:
+        _original["_compute_loss"] = G.GRPOTrainer.__dict__["_compute_loss"]
+        h.set(G.GRPOTrainer, "_compute_loss", compute_loss)
+        h.swapped("GRPOTrainer._compute_loss")
+    else:
+        h.left("GRPOTrainer._compute_loss", "loss=False")
+    if head:
+        ChunkedHead.own = U._ChunkedLogProbFunction
+        h.set(U, "_ChunkedLogProbFunction", ChunkedHead)
+        h.set(U, "_use_triton", _compact(U._use_triton))
+        own = G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+        h.set(G.GRPOTrainer, "_get_per_token_logps_and_entropies", _in_scope(own))
+        h.swapped("GRPOTrainer log-probs and entropy (fused LM head)")
+        h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
+        h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
+               "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
+    else:
+        h.left("GRPOTrainer log-probs and entropy", "head=False")
+    h.left("generation", "the model's own forward and lm_head")
     return h
