@@ -76,6 +76,26 @@ def test_policy_loss(mode, agg, case_name, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ("vanilla", "gspo", "cispo", "geo_mean"))
+def test_policy_loss_broadcast_advantages(mode, dtype, rng):
+    """Advantages as verl's outcome estimators leave them: one per sequence, expanded over the
+    tokens (a stride-0 view, read as it is)."""
+    case = make(CASES[0], dtype, rng)
+    cfg = config(case)
+    mask = torch.from_numpy(case["mask"]).float()
+    out = []
+    for fn in (ca.get_policy_loss_fn(mode), rv.compute_policy_loss(mode)):
+        t = torch_inputs(case, ["lp", "old", "adv"], requires_grad=("lp",))
+        adv = t["adv"][:, :1].expand_as(t["adv"])
+        assert adv.stride(1) == 0
+        loss, metrics = fn(old_log_prob=t["old"], log_prob=t["lp"], advantages=adv,
+                           response_mask=mask, loss_agg_mode="token-mean", config=cfg)
+        loss.backward()
+        out.append((loss.detach(), t["lp"].grad, metrics))
+    close_loss(out[1], out[0], dtype, "%s broadcast advantages %s" % (mode, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case_name", CASES)
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("mode", ("clip_cov", "kl_cov"))
@@ -228,14 +248,17 @@ def test_kl_penalty_full_raises():
 
 
 def test_patch_swaps_and_restores():
-    before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss)
+    # (the PPO path's modules that import agg_loss by name need verl's whole dependency set:
+    # python/trainers/test_verl.py checks them swapped)
+    before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss, ca.kl_penalty)
     h = rv.patch()
     assert ca.get_policy_loss_fn("vanilla") is rv.compute_policy_loss_vanilla
-    assert ca.agg_loss is rv.agg_loss and ca.compute_value_loss is rv.compute_value_loss
-    assert ca.kl_penalty is rv.kl_penalty
+    # core_algos' own functions keep verl's aggregation
+    assert (ca.agg_loss, ca.compute_value_loss, ca.kl_penalty) == before[1:]
+    assert h.report["version"] == "0.9.1" and "core_algos.agg_loss" in h.report["left"]
     h.undo()
-    assert ca.kl_penalty is not rv.kl_penalty
-    assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss) == before
+    assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.agg_loss, ca.compute_value_loss,
+            ca.kl_penalty) == before
 
 
 # ---- outcome advantage estimators -----------------------------------------------------

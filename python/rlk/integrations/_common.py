@@ -18,10 +18,36 @@ def torch_clamp_bound_grad():
     return _bound_grad["v"]
 
 
+_stride0 = {}
+
+
+def _library_reads_stride0():
+    """Whether the loaded library reads a broadcast (stride-0) input (probed once on a tiny
+    policy loss)."""
+    if "v" not in _stride0:
+        from ..errors import InvalidArgument
+        from ..ops import losses
+        x = torch.zeros(2, 2)
+        try:
+            losses.policy_loss(x, old_logp=x, advantages=torch.zeros(2, 1).expand(2, 2))
+            _stride0["v"] = True
+        except InvalidArgument:
+            _stride0["v"] = False
+    return _stride0["v"]
+
+
+def dense(x):
+    """x as the library reads it: a broadcast view (a stride 0, e.g. verl's advantages expanded
+    over the tokens) as it is where the library reads those, else materialized."""
+    if not torch.is_tensor(x) or all(s != 0 or n == 1 for s, n in zip(x.stride(), x.shape)):
+        return x
+    return x if _library_reads_stride0() else x.contiguous()
+
+
 def mask_arg(mask):
     """A mask in a dtype the kernels read (bool, i32 or f32)."""
     if mask is None or mask.dtype in (torch.bool, torch.int32, torch.float32):
-        return mask
+        return dense(mask)
     if mask.dtype.is_floating_point:
         return mask.float()
     return mask.to(torch.int32)

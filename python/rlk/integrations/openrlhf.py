@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import autograd as _ag
 from ..ops import returns as _ret
-from ._common import (Patch, as_float, float_pair, mask_arg, mask_total, nonempty_rows,
+from ._common import (Patch, as_float, dense, float_pair, mask_arg, mask_total, nonempty_rows,
                       torch_clamp_bound_grad)
 
 __all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns", "patch"]
@@ -127,7 +127,8 @@ class PolicyLoss(nn.Module):
             isw, vllm_kl, is_filter_ratio = self._is_correction(old_log_probs, rollout_log_probs,
                                                                 action_mask)
         loss, m = _ag.policy_loss(
-            log_probs, ref, advantages, mask_arg(action_mask), rollout_is_weights=isw,
+            log_probs, dense(ref), dense(advantages), mask_arg(action_mask),
+            rollout_is_weights=dense(isw),
             mode="gspo" if gspo else "ppo", clip_low=self.clip_eps_low,
             clip_high=self.clip_eps_high,
             dual_clip=0.0 if self.dual_clip is None else float(self.dual_clip),

@@ -34,7 +34,8 @@ import torch
 from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from . import _head
-from ._common import Patch, as_float, check_version, mask_arg, mask_total, torch_clamp_bound_grad
+from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total,
+                      torch_clamp_bound_grad)
 
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
            "ChunkedHead", "head_calls", "TESTED",
@@ -213,7 +214,8 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
                                           **agg_kw)
             loss = loss + loss_kl
     else:
-        loss, m = _ag.policy_loss(per_token_logps, old_per_token_logps, adv, mask_arg(mask), **kw)
+        loss, m = _ag.policy_loss(per_token_logps, dense(old_per_token_logps), dense(adv),
+                                  mask_arg(mask), **kw)
     n_tok = m[12].item()
     metrics = {}
     if corrected:

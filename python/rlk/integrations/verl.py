@@ -24,12 +24,14 @@ from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
 from ..ops import token_baseline as _tb
-from ._common import (Patch, as_float, float_pair, mask_arg, mask_total, nonempty_rows,
-                      torch_clamp_bound_grad)
+from . import _head
+from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
+                      nonempty_rows, torch_clamp_bound_grad)
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
            "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
-           "logprobs_from_logits", "entropy_from_logits", "kl_penalty", "patch"]
+           "logprobs_from_logits", "entropy_from_logits", "kl_penalty", "FusedLinearForPPO",
+           "TESTED", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -79,8 +81,8 @@ def _run(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
     agg = agg_args(loss_agg_mode, response_mask, **_global_info(config))
     kw.setdefault("clamp_bound_grad", torch_clamp_bound_grad())
     kw.update(agg)
-    return _ag.policy_loss(log_prob, old_log_prob, advantages, mask, mode=mode,
-                           rollout_is_weights=rollout_is_weights, **kw)
+    return _ag.policy_loss(log_prob, dense(old_log_prob), dense(advantages), mask, mode=mode,
+                           rollout_is_weights=dense(rollout_is_weights), **kw)
 
 
 def _m(metrics, i):
@@ -157,7 +159,7 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
         seq_w = torch.exp((logw * response_mask).sum(-1) / (response_mask.sum(-1) + 1e-8))
         advantages = advantages * seq_w.unsqueeze(-1).to(advantages.dtype)
     loss, m = _ag.policy_loss(
-        log_prob, old_log_prob, advantages, mask_arg(response_mask), mode="geo_mean",
+        log_prob, dense(old_log_prob), dense(advantages), mask_arg(response_mask), mode="geo_mean",
         clip_low=lo, clip_high=hi, log_ratio_min=-math.inf, log_ratio_max=math.inf,
         clamp_bound_grad=torch_clamp_bound_grad(), agg="seq-mean-token-mean",
         seq_normalizer=float(response_mask.shape[0]))
@@ -711,24 +713,96 @@ ADV_ESTIMATORS = {
 }
 
 
-def patch():
-    """Swaps the adapters into verl.trainer.ppo.core_algos (its policy-loss registry and module
-    functions). Returns a handle whose undo() restores verl's own. Code that imported a function
-    by name before patch() keeps verl's."""
+TESTED = ("0.9.1",)
+
+
+class FusedLinearForPPO(torch.nn.Module):
+    """verl.utils.experimental.torch_functional.FusedLinearForPPO on rlk's fused head: the
+    log-probs and entropy of logits = hidden_states @ vocab_weights.T / temperature for every
+    row (verl's rolled labels), the logits never stored, differentiable in both. verl's
+    signature and output dtypes (log-probs f32, entropy in the hidden states' dtype); the
+    kernels accumulate in f32. impl_backend: "rlk", or verl's "torch" / "liger" as the model's
+    patched forward asks for (computed by rlk all the same once patched). f32 operands without
+    autocast are computed by verl's own torch backend."""
+
+    def __init__(self, chunk_size=512, impl_backend="rlk"):
+        super().__init__()
+        if impl_backend not in ("rlk", "torch", "liger"):
+            raise ValueError("Unsupported FusedLinearForPPO backend: %s. Choose 'rlk', 'torch' "
+                             "or 'liger'." % impl_backend)
+        self.chunk_size = chunk_size
+        self.impl_backend = impl_backend
+
+    def forward(self, hidden_states, vocab_weights, input_ids, temperature=1.0):
+        if _head.operand_dtype(hidden_states, vocab_weights) is None:
+            from verl.utils.experimental.torch_functional import FusedLinearForPPOFunction
+            return FusedLinearForPPOFunction.apply(hidden_states, vocab_weights,
+                                                   input_ids.to(torch.int64), temperature,
+                                                   self.chunk_size)
+        if input_ids.shape != hidden_states.shape[:-1]:
+            raise ValueError("input_ids shape %s must match hidden_states shape %s"
+                             % (tuple(input_ids.shape), tuple(hidden_states.shape[:-1])))
+        logp, ent = _head.head_logprobs(hidden_states, vocab_weights, input_ids,
+                                        temperature=float(temperature), entropy=True)
+        return logp, ent.to(hidden_states.dtype)
+
+
+# The modules of verl's PPO path that imported agg_loss, compute_value_loss or kl_penalty by
+# name: patched there (core_algos' own functions keep verl's).
+_IMPORTERS = ("verl.workers.utils.losses", "verl.trainer.ppo.ray_trainer",
+              "verl.trainer.ppo.v1.trainer_base")
+
+
+def patch(*, force=False, fused_head=True):
+    """Swaps the adapters into verl: the policy-loss and advantage-estimator registries (and
+    core_algos' estimator functions, which verl's trainer also calls by module attribute),
+    agg_loss / compute_value_loss / kl_penalty where verl's PPO path imported them, the
+    log-probs and entropy from logits (verl.utils.torch_functional), and with fused_head the
+    fused LM head of use_fused_kernels (FusedLinearForPPO). Refuses a verl other than TESTED
+    unless force. Returns a handle: undo() restores verl's own; .report says what was swapped
+    and what was left. Code that imported a function by name before patch() keeps verl's,
+    except in the modules listed in _IMPORTERS."""
+    import importlib
+
     import verl.trainer.ppo.core_algos as ca
     h = Patch()
+    h.report["version"] = check_version("verl", TESTED, force)
     for name, fn in POLICY_LOSSES.items():
         if name in ca.POLICY_LOSS_REGISTRY:
             h.set_item(ca.POLICY_LOSS_REGISTRY, name, fn)
-        h.set(ca, "compute_policy_loss_" + name, fn)
-    h.set(ca, "agg_loss", agg_loss)
+            h.swapped("policy loss %r" % name)
+    for name in ca.POLICY_LOSS_REGISTRY:
+        if name not in POLICY_LOSSES:
+            h.left("policy loss %r" % name, "not expressed by rlk")
     for name, fn in ADV_ESTIMATORS.items():
         if name in ca.ADV_ESTIMATOR_REGISTRY:
             h.set_item(ca.ADV_ESTIMATOR_REGISTRY, name, fn)
         h.set(ca, fn.__name__, fn)
+        h.swapped("advantage estimator %r" % name)
+    own = {"agg_loss": ca.agg_loss, "compute_value_loss": ca.compute_value_loss,
+           "kl_penalty": ca.kl_penalty}
+    mine = {"agg_loss": agg_loss, "compute_value_loss": compute_value_loss,
+            "kl_penalty": kl_penalty}
+    for modname in _IMPORTERS:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # a module whose own imports are missing here
+            h.left(modname, "not importable: %s" % type(e).__name__)
+            continue
+        for name, fn in mine.items():
+            if getattr(mod, name, None) is own[name]:
+                h.set(mod, name, fn)
+                h.swapped("%s.%s" % (modname, name))
+    h.left("core_algos.agg_loss", "verl's own functions keep verl's aggregation")
     import verl.utils.torch_functional as vf
     h.set(vf, "logprobs_from_logits", logprobs_from_logits)
     h.set(vf, "entropy_from_logits", entropy_from_logits)
-    h.set(ca, "compute_value_loss", compute_value_loss)
-    h.set(ca, "kl_penalty", kl_penalty)
+    h.swapped("torch_functional.logprobs_from_logits / entropy_from_logits")
+    if fused_head:
+        import verl.utils.experimental.torch_functional as xf
+        h.set(xf, "FusedLinearForPPO", FusedLinearForPPO)
+        h.swapped("FusedLinearForPPO (use_fused_kernels, torch and liger backends)")
+        h.left("use_fused_kernels with the triton backend", "verl's own kernels")
+    else:
+        h.left("FusedLinearForPPO", "fused_head=False")
     return h
