@@ -1,0 +1,136 @@
+"""verl's use_fused_kernels path (the pinned release) on the tiny Qwen2 model: verl's own model
+forward (verl.models.transformers.dense_common.forward_with_torch_backend, what
+apply_monkey_patch installs) computes the log-probs and entropy from the hidden states through
+FusedLinearForPPO, verl's torch backend beside rlk's, padded and remove-padding (packed, with
+verl's shift_labels); and verl.patch() swaps agg_loss where verl's PPO path imported it."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (make trainer-test installs it)")
+verl = pytest.importorskip("verl", reason="needs verl (make trainer-test installs it)")
+
+import rlk  # noqa: E402
+from rlk.integrations import verl as rv  # noqa: E402
+
+import tiny  # noqa: E402
+
+U = 2.0 ** -9
+
+if not rlk.OPS["linear_logprob"].available():
+    pytest.skip("the loaded librlk has no rlk_linear_logprob", allow_module_level=True)
+
+
+def run(model, backend, ids, T, shift_labels=None, position_ids=None):
+    """verl's fused forward with FusedLinearForPPO of `backend` ("torch": verl's own class,
+    "rlk": patched in); returns (log_probs, entropy, parameter gradients) of a weighted sum."""
+    from verl.models.transformers.dense_common import forward_with_torch_backend
+    import verl.utils.experimental.torch_functional as xf
+    h = rv.patch() if backend == "rlk" else None
+    try:
+        assert (xf.FusedLinearForPPO is rv.FusedLinearForPPO) == (backend == "rlk")
+        model.zero_grad()
+        out = forward_with_torch_backend(model, input_ids=ids, position_ids=position_ids,
+                                         return_dict=True, temperature=T,
+                                         shift_labels=shift_labels)
+    finally:
+        if h is not None:
+            h.undo()
+    lp, ent = out.log_probs, out.entropy
+    w = torch.linspace(-1, 1, lp.numel()).view(lp.shape)
+    ((lp * w).sum() + 0.3 * (ent.float() * w.flip(-1)).sum()).backward()
+    grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return lp.detach().float(), ent.detach().float(), ent.dtype, grads
+
+
+def bounds(model, T):
+    """(logp, entropy, gradient) tolerances between verl's torch backend and rlk.
+    verl forms the logits in the model's dtype: z = h . W_v rounded to bf16, then z / T rounded
+    again: |d(z/T)| <= 2 u zmax / T + u^2 ... = zeta with zmax <= sqrt(H) max|gamma| max ||W_v||
+    (the final RMSNorm's output has 2-norm sqrt(H) times at most max|gamma|). rlk's are exact to
+    f32/fp64. logp = z_y/T - lse(z/T), lse 1-Lipschitz in the max norm: |dlogp| <= 2 zeta. The
+    entropy H = lse - sum p z/T moves by at most sum_v p_v |z_v/T - E[z/T]| |d z_v/T| <=
+    2 (zmax / T) zeta, and both sides round it to bf16 (verl's dtype): + 2 u |H|, H <= ln V.
+    The gradient: verl rounds dz to bf16 (u), the probabilities move by a factor e^(2 zeta),
+    then the backbone's backward (in the model's bf16) may round each of its D = 9 L + 2
+    roundings on the path the other way (u each): eps = 2 zeta + u + D u (first order, relative,
+    without cancellation)."""
+    cfg = model.config
+    head, gamma = model.lm_head.weight.float(), model.model.norm.weight.float()
+    zmax = math.sqrt(cfg.hidden_size) * gamma.abs().max().item() * head.norm(dim=1).max().item()
+    zeta = 2 * U * zmax / T + U * U * zmax / T
+    lp_tol = 2 * zeta
+    ent_tol = 2 * (zmax / T) * zeta + 2 * U * math.log(cfg.vocab_size)
+    eps = 2 * zeta + U + (9 * cfg.num_hidden_layers + 2) * U
+    return lp_tol, ent_tol, eps
+
+
+def check(a, b, tols):
+    lp_tol, ent_tol, eps = tols
+    assert (a[0] - b[0]).abs().max().item() <= lp_tol
+    assert (a[1] - b[1]).abs().max().item() <= ent_tol
+    assert a[2] == b[2]  # verl's entropy dtype (the hidden states')
+    assert a[3].keys() == b[3].keys()
+    for n in a[3]:
+        d = (a[3][n] - b[3][n]).norm().item()
+        assert d <= eps * a[3][n].norm().item() + 1e-30, "%s: %g vs %g" % (n, d, a[3][n].norm())
+
+
+@pytest.mark.parametrize("T", [1.0, 0.7])
+def test_padded_batch(T):
+    model = tiny.model(dtype=torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(2))
+    a = run(model, "torch", ids, T)
+    b = run(model, "rlk", ids, T)
+    assert a[0].shape == b[0].shape == ids.shape
+    check(a, b, bounds(model, T))
+
+
+def test_remove_padding():
+    """The remove-padding layout: sequences packed into one row [1, nnz], positions restarting
+    per sequence, labels rolled by verl (shift_labels)."""
+    model = tiny.model(dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    lens = [7, 11, 4]
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in lens]
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    shift = torch.roll(ids, shifts=-1, dims=-1)
+    a = run(model, "torch", ids, 0.8, shift_labels=shift, position_ids=pos)
+    b = run(model, "rlk", ids, 0.8, shift_labels=shift, position_ids=pos)
+    assert b[0].shape == (1, sum(lens))
+    check(a, b, bounds(model, 0.8))
+
+
+def test_patch_swaps_agg_loss_on_the_ppo_path_only():
+    import verl.trainer.ppo.core_algos as ca
+    import verl.workers.utils.losses as vl
+    own = vl.agg_loss
+    h = rv.patch()
+    try:
+        assert vl.agg_loss is rv.agg_loss and vl.kl_penalty is rv.kl_penalty
+        assert ca.agg_loss is own  # verl's own functions keep verl's
+        assert "FusedLinearForPPO (use_fused_kernels, torch and liger backends)" in h.report["swapped"]
+        assert h.report["version"] == "0.9.1"
+    finally:
+        h.undo()
+    assert vl.agg_loss is own
+
+
+def test_version_refused(monkeypatch):
+    from rlk.integrations._common import UntestedVersion
+    monkeypatch.setattr(rv, "TESTED", ("0.0.1",))
+    with pytest.raises(UntestedVersion):
+        rv.patch()
+    rv.patch(force=True).undo()
+
+
+def test_f32_operands_keep_verls_backend():
+    """f32 hidden states and head without autocast: verl's own torch backend computes them."""
+    g = torch.Generator().manual_seed(1)
+    hs = torch.randn(2, 5, 16, generator=g, requires_grad=True)
+    w = torch.randn(40, 16, generator=g)
+    ids = torch.randint(0, 40, (2, 5), generator=g)
+    lp, ent = rv.FusedLinearForPPO()(hs, w, ids)
+    z = torch.log_softmax(hs.double() @ w.double().T, -1)
+    assert (lp.double() - z.gather(-1, ids[..., None])[..., 0]).abs().max() < 1e-5
