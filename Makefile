@@ -52,7 +52,7 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-targets test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test conformance check-layers
+.PHONY: python-test conformance trainer-test check-layers
 
 # The include direction between the layers of src/ and the tools' use of the public header.
 check-layers:
@@ -156,6 +156,18 @@ conformance: lib
 	$(CONF_VENV)/bin/pip install -q --no-deps -r python/conformance/requirements.txt
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) RLK_CONFORMANCE_REPORT=$(abspath $(CONF_REPORT)) \
 	  $(CONF_VENV)/bin/python -m pytest -q -c python/conformance/pytest.ini python/conformance
+
+# The trainers running with rlk patched in (python/trainers): TRL's GRPOTrainer on a tiny random
+# Qwen2 model (5 steps, beside TRL's own: plain, gradient accumulation, two DDP processes, LoRA,
+# gradient checkpointing, an f32 head), verl's fused forward, a local Ray cluster's workers.
+# Installs the pinned trainers and what they need into TRAINER_VENV; a few minutes on two cores.
+TRAINER_VENV ?= $(BUILD)/trainer-venv
+trainer-test: lib
+	@test -x $(TRAINER_VENV)/bin/python || python3 -m venv $(TRAINER_VENV)
+	$(TRAINER_VENV)/bin/pip install -q -r python/trainers/requirements.txt
+	$(TRAINER_VENV)/bin/pip install -q --no-deps -r python/trainers/requirements-nodeps.txt
+	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
+	  $(TRAINER_VENV)/bin/python -m pytest -q -c python/trainers/pytest.ini python/trainers
 
 # The GPU cases compile about 600 kernels; tests/gpu-kernels.conf lists their configurations
 # (recorded with RLK_JIT_RECORD over a run of these cases), so they are compiled first with every
