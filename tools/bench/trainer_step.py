@@ -1,0 +1,292 @@
+"""One GRPO training step of a real trainer, timed, with its peak memory: TRL's GRPOTrainer as
+shipped and with rlk.integrations.trl.patch() (rlk's fused LM head), and verl's use_fused_kernels
+forward (verl.models.transformers.dense_common.forward_with_torch_backend) with its
+FusedLinearForPPO on verl's torch backend, Liger and rlk.
+
+A step: the old policy's and the reference model's log-prob passes (no gradient), then the policy
+update (forward, the trainer's loss, backward, optimizer step) over one GRPO group of G responses
+to one prompt. TRL's step goes through GRPOTrainer's own _get_per_token_logps_and_entropies and
+compute_loss; verl's through its fused model forward and its registered "vanilla" policy loss
+(verl 0.9.1's FSDP engine is not constructed: the forward and loss it calls are).
+
+Models: the Qwen2.5-0.5B and Qwen2.5-1.5B architectures with random weights (nothing downloaded),
+bf16. Writes trainer_step.json and trainer_step.png (step time and peak memory per
+configuration) to --out-dir (default $OUT, else build/trainer-step/).
+
+    python3 tools/bench/trainer_step.py                       # the full sweep (a GPU)
+    python3 tools/bench/trainer_step.py --tiny --device cpu   # a smoke run on the CPU
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+ARCHS = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         tie_word_embeddings=True),
+    "tiny": dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True),
+}
+VARIANTS = ("trl", "trl+rlk", "trl+rlk+prefix", "verl-torch", "verl-liger", "verl-rlk")
+BETA = 0.04
+
+
+def model_dir(arch, work):
+    """The architecture with random weights, saved (TRL loads its reference model by path)."""
+    import transformers
+    path = os.path.join(work, arch)
+    if not os.path.isdir(path):
+        cfg = transformers.Qwen2Config(max_position_embeddings=8192, **ARCHS[arch])
+        torch.manual_seed(0)
+        transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def batch(vocab, G, prompt, response, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.randint(0, vocab, (1, prompt), generator=g).expand(G, prompt)
+    c = torch.randint(0, vocab, (G, response), generator=g)
+    cmask = torch.ones(G, response, dtype=torch.int64)
+    for i in range(G):  # responses of different lengths
+        cmask[i, response - (i * response) // (2 * G):] = 0
+    adv = torch.randn(G, generator=g)
+    return {k: v.to(device) for k, v in dict(prompt_ids=p.contiguous(), prompt_mask=torch.ones_like(p),
+                                             completion_ids=c, completion_mask=cmask,
+                                             advantages=adv).items()}
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_reset(device):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak(device):
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+
+
+class _NoReward:
+    __name__ = "none"
+
+    def __call__(self, completions, **kw):
+        return [0.0] * len(completions)
+
+
+def trl_step(variant, path, b, device, checkpointing):
+    """A GRPOTrainer on the model; returns a function running one step."""
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+    handle = None
+    if variant != "trl":
+        from rlk.integrations import trl as rtrl
+        handle = rtrl.patch()
+    G, R = b["completion_ids"].shape
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=G,
+                      num_generations=G, max_completion_length=R, beta=BETA, bf16=device == "cuda",
+                      use_cpu=device == "cpu", report_to="none", gradient_checkpointing=checkpointing,
+                      learning_rate=1e-6, logging_steps=1, save_strategy="no")
+    trainer = GRPOTrainer(model=path, reward_funcs=_NoReward(), args=args,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": ["x"] * G}))
+    model = trainer.model
+    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    am = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+
+    def step():
+        inputs = dict(b)
+        with torch.no_grad():
+            inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
+                model, ids, am, R)
+            inputs["ref_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.ref_model, ids, am, R)
+        inputs["num_items_in_batch"] = b["completion_mask"].sum()
+        model.train()
+        loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step, handle
+
+
+def verl_step(variant, path, b, device, checkpointing):
+    """verl's fused forward (FusedLinearForPPO of the variant's backend) and its vanilla loss."""
+    import transformers
+    import verl.utils.experimental.torch_functional as xf
+    from omegaconf import OmegaConf
+    from verl.models.transformers.dense_common import forward_with_torch_backend
+    from verl.trainer.ppo import core_algos as ca
+    handle = None
+    if variant == "verl-liger":
+        if xf._LIGER_FUSED_LINEAR_SCALED_CROSS_ENTROPY is None:
+            raise RuntimeError("liger_kernel is not installed")
+        backend = "liger"
+    elif variant == "verl-rlk":
+        from rlk.integrations import verl as rv
+        handle = rv.patch()
+        backend = "rlk"
+    else:
+        backend = "torch"
+    load = dict(dtype=torch.bfloat16)
+    policy = transformers.AutoModelForCausalLM.from_pretrained(path, **load).to(device)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, **load).to(device)
+    for m in (policy, ref):
+        m._verl_fused_kernels_backend = "torch" if backend == "rlk" else backend
+    if checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    G, R = b["completion_ids"].shape
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    am = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+                            "clip_ratio_c": 3.0, "global_batch_info": {}})
+    loss_fn = ca.get_policy_loss_fn("vanilla")
+    rmask = b["completion_mask"].float()
+    adv = b["advantages"][:, None].expand(G, R)
+
+    def logps(model):
+        out = forward_with_torch_backend(model, input_ids=ids, attention_mask=am, position_ids=pos,
+                                         return_dict=True, temperature=1.0)
+        return out.log_probs[:, -R - 1:-1], out.entropy[:, -R - 1:-1]
+
+    def step():
+        with torch.no_grad():
+            old, _ = logps(policy)
+            ref_lp, _ = logps(ref)
+        policy.train()
+        lp, ent = logps(policy)
+        pg, _ = loss_fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=rmask,
+                        loss_agg_mode="token-mean", config=cfg)
+        kl = ca.kl_penalty(lp, ref_lp, "low_var_kl")
+        loss = pg + BETA * ca.agg_loss(kl, rmask, "token-mean")
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step, handle
+
+
+def measure(variant, arch, G, prompt, response, device, reps, work, checkpointing):
+    if variant == "trl+rlk+prefix":
+        raise RuntimeError("prefix sharing in GRPOTrainer is not implemented")
+    path = model_dir(arch, work)
+    b = batch(ARCHS[arch]["vocab_size"], G, prompt, response, device)
+    build = trl_step if variant.startswith("trl") else verl_step
+    step, handle = build(variant, path, b, device, checkpointing)
+    try:
+        step()  # warm-up (rlk's kernels compile or load)
+        sync(device)
+        peak_reset(device)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            loss = step()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        return {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
+                "peak_gib": peak(device), "loss": float(loss)}
+    finally:
+        if handle is not None:
+            handle.undo()
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing: no plot")
+        return
+    ok = [r for r in rows if "step_s" in r]
+    if not ok:
+        return
+    shapes = sorted({(r["arch"], r["G"], r["prompt"], r["response"]) for r in ok})
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(shapes) * 2), 8))
+    width = 0.8 / len(VARIANTS)
+    for k, v in enumerate(VARIANTS):
+        xs, t, m = [], [], []
+        for i, s in enumerate(shapes):
+            r = [r for r in ok if r["variant"] == v and (r["arch"], r["G"], r["prompt"], r["response"]) == s]
+            if r:
+                xs.append(i + k * width)
+                t.append(r[0]["step_s"])
+                m.append(r[0]["peak_gib"] or 0.0)
+        axes[0].bar(xs, t, width, label=v)
+        axes[1].bar(xs, m, width, label=v)
+    labels = ["%s\nG%d p%d r%d" % s for s in shapes]
+    for ax, name in zip(axes, ("step time (s)", "peak memory (GiB)")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel(name)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="the tiny architecture at tiny sizes")
+    ap.add_argument("--archs", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    ap.add_argument("--groups", default="8,16")
+    ap.add_argument("--prompts", default="512,2048,4096")
+    ap.add_argument("--responses", default="512,1024")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-checkpointing", action="store_true")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(HERE, "..", "..", "build", "trainer-step"))
+    a = ap.parse_args()
+    if a.tiny:
+        a.archs, a.groups, a.prompts, a.responses, a.reps = "tiny", "4", "16", "8", 1
+    os.makedirs(a.out_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="rlk-trainer-step-")
+    rows = []
+    for arch in a.archs.split(","):
+        for G in map(int, a.groups.split(",")):
+            for p in map(int, a.prompts.split(",")):
+                for r in map(int, a.responses.split(",")):
+                    for v in a.variants.split(","):
+                        row = dict(arch=arch, G=G, prompt=p, response=r, variant=v)
+                        try:
+                            row.update(measure(v, arch, G, p, r, a.device, a.reps, work,
+                                               not a.no_checkpointing))
+                        except Exception as e:  # noqa: BLE001 (recorded, the sweep goes on)
+                            row["error"] = "%s: %s" % (type(e).__name__, e)
+                        if a.device == "cuda":
+                            torch.cuda.empty_cache()
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    meta = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+            "torch": torch.__version__, "checkpointing": not a.no_checkpointing, "reps": a.reps}
+    for pkg in ("trl", "verl", "transformers"):
+        try:
+            meta[pkg] = __import__(pkg).__version__
+        except Exception:
+            meta[pkg] = None
+    with open(os.path.join(a.out_dir, "trainer_step.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    plot(rows, os.path.join(a.out_dir, "trainer_step.png"))
+    print("wrote", a.out_dir)
+
+
+if __name__ == "__main__":
+    main()
