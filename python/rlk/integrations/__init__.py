@@ -13,5 +13,10 @@ returned handle's undo(), or use it as a context manager):
 The settings each trainer exposes map to rlk arguments as the README's table shows; where a
 trainer's convention differs from rlk's default (clamp gradients on a bound, sequence-ratio
 gradients, normalizers) the adapter passes the trainer's.
+
+patch() checks the trainer's version (UntestedVersion unless force=True) and its handle's
+report says what it swapped and what it left. TRL's and verl's also route the trainer's
+log-probs and entropy from hidden states through rlk's fused LM head (_head). `workers` patches
+every process of a Ray-based trainer (runtime_env's worker_process_setup_hook).
 """
-__all__ = ["verl", "trl", "openrlhf", "transformers"]
+__all__ = ["verl", "trl", "openrlhf", "transformers", "workers"]
