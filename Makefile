@@ -50,6 +50,9 @@ SONAME := librlk.so.$(VERSION_MAJOR)
 SHLIB := $(BUILD)/lib/librlk.so.$(VERSION)
 STLIB := $(BUILD)/lib/librlk.a
 
+# `make` alone builds the library and the tools (the first rule below is not that).
+.DEFAULT_GOAL := all
+
 .PHONY: all lib tools tests test test-targets test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
 .PHONY: python-test conformance trainer-test check-layers
