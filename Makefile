@@ -55,7 +55,8 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-targets test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test conformance trainer-test check-layers
+.PHONY: python-test conformance conformance-venv trainer-test check-layers wheel sdist package-test
+.PHONY: python-test-torch
 
 # The include direction between the layers of src/ and the tools' use of the public header.
 check-layers:
@@ -153,9 +154,11 @@ python-test: lib
 # unchanged beside rlk (python/conformance). Needs PyPI; about 6 GB and 10 minutes the first time.
 CONF_VENV ?= $(BUILD)/conformance-venv
 CONF_REPORT ?= python/conformance/RESULTS.md
-conformance: lib
+conformance-venv:
 	@test -x $(CONF_VENV)/bin/python || python3 -m venv $(CONF_VENV)
 	$(CONF_VENV)/bin/pip install -q -r python/conformance/requirements-deps.txt
+
+conformance: lib conformance-venv
 	$(CONF_VENV)/bin/pip install -q --no-deps -r python/conformance/requirements.txt
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) RLK_CONFORMANCE_REPORT=$(abspath $(CONF_REPORT)) \
 	  $(CONF_VENV)/bin/python -m pytest -q -c python/conformance/pytest.ini python/conformance
@@ -171,6 +174,33 @@ trainer-test: lib
 	$(TRAINER_VENV)/bin/pip install -q --no-deps -r python/trainers/requirements-nodeps.txt
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
 	  $(TRAINER_VENV)/bin/python -m pytest -q -c python/trainers/pytest.ini python/trainers
+
+# The Python tests again with torch (the conformance environment's): the torch CPU cases, the
+# torch.library ops (opcheck, torch.compile with fullgraph=True) and the nn / sampling front-ends.
+python-test-torch: lib conformance-venv
+	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) $(CONF_VENV)/bin/python -m pytest -q python/tests
+
+# ---- the Python package ------------------------------------------------------------
+# wheel: rlk-<version>-py3-none-manylinux_2_<glibc>_<arch>.whl, librlk.so.0 and every subpackage
+# inside; sdist: the package and the C sources it builds librlk from. Both under $(DIST).
+# package-test installs each into a fresh virtual environment away from the source tree and
+# runs the examples against it (tools/build/package_test.sh).
+DIST ?= $(BUILD)/dist
+PKG_VENV := $(BUILD)/pkg-venv
+wheel: lib
+	rm -f $(DIST)/rlk-*.whl
+	python3 -m pip wheel -q --no-deps -w $(DIST) ./python
+
+$(PKG_VENV)/bin/pyproject-build:
+	python3 -m venv $(PKG_VENV)
+	$(PKG_VENV)/bin/pip install -q build
+
+sdist: $(PKG_VENV)/bin/pyproject-build
+	rm -f $(DIST)/rlk-*.tar.gz
+	$(PKG_VENV)/bin/pyproject-build -q --sdist --outdir $(DIST) python
+
+package-test: wheel sdist conformance-venv
+	tools/build/package_test.sh $(DIST) $(CONF_VENV)
 
 # The GPU cases compile about 600 kernels; tests/gpu-kernels.conf lists their configurations
 # (recorded with RLK_JIT_RECORD over a run of these cases), so they are compiled first with every

@@ -20,8 +20,9 @@ the library's message.
     loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
     (rlk.autograd also has value_loss, token_logprob and prefix_attention.)
 
-Where the library is found: see rlk._lib (RLK_LIBRARY, an installed copy, the source tree's
-build/lib, the system loader).
+Where the library is found: see rlk._lib (RLK_LIBRARY, the copy inside the package, the source
+tree's build/lib, the system loader). Importing rlk loads it: a missing or unloadable library is
+an ImportError (rlk.LibraryNotFound) that names every place tried.
 """
 from ._context import Context, configure, context, release_contexts
 from ._lib import library, library_path, version_string
@@ -51,6 +52,8 @@ from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenM
                           discounted_returns, gae, masked_whiten, reverse_cumsum)
 
 __version__ = "0.1.0"
+
+library()  # here, not at the first call: a package without its library fails to import
 
 __all__ = [
     # runtime

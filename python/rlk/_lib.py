@@ -2,11 +2,11 @@
 
 Where the library is looked for, first found wins:
   1. RLK_LIBRARY: a path to librlk.so (a set but unloadable path is an error, never skipped);
-  2. a copy installed inside the package (rlk/_lib/librlk.so.0, put there by `pip install`
-     when the source tree had been built);
+  2. the copy inside the package (rlk/_lib/librlk.so.0: every wheel carries one);
   3. the source tree the package sits in: ../build/lib/librlk.so.0 beside python/;
   4. the system loader: ctypes.util.find_library("rlk"), then "librlk.so.0" (LD_LIBRARY_PATH).
-The library is loaded once, on first use, and its major version must be this package's.
+`import rlk` loads it (once) and fails with LibraryNotFound, an ImportError, that lists every
+place tried and why each failed. Its major version must be this package's.
 """
 import ctypes
 import ctypes.util
@@ -123,7 +123,8 @@ def library():
             _lib = lib
             return lib
         raise LibraryNotFound(
-            "librlk not found; build it with `make lib` or set RLK_LIBRARY. Tried:\n  "
+            "librlk could not be loaded; install the rlk wheel (it carries the library), build "
+            "it with `make lib` in the source tree, or set RLK_LIBRARY. Tried:\n  "
             + "\n  ".join(tried))
 
 

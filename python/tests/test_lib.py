@@ -2,6 +2,7 @@
 import ctypes
 import ctypes.util
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,28 +32,39 @@ def test_loaded_library_matches_the_package():
     assert os.path.exists(rlk.library_path()) or rlk.library_path().startswith("librlk")
 
 
-def test_rlk_library_wins_and_a_bad_one_is_an_error(tmp_path):
+def test_rlk_library_wins_and_a_bad_one_is_an_import_error(tmp_path):
     r = run_python("import rlk; print(rlk.library_path())", RLK_LIBRARY=rlk.library_path())
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == rlk.library_path()
+    catch = "try:\n import rlk\nexcept ImportError as e:\n print(type(e).__name__, e)"
     missing = str(tmp_path / "nope.so")
-    r = run_python("import rlk\ntry:\n rlk.library()\nexcept rlk.LibraryNotFound as e:\n print(e)",
-                   RLK_LIBRARY=missing)
+    r = run_python(catch, RLK_LIBRARY=missing)
     assert r.returncode == 0, r.stderr
-    assert "RLK_LIBRARY=%s: no such file" % missing in r.stdout
+    assert "LibraryNotFound RLK_LIBRARY=%s: no such file" % missing in r.stdout
     # a loadable library that is not librlk
     libm = ctypes.util.find_library("m")
     if libm:
-        r = run_python("import rlk\ntry:\n rlk.library()\nexcept rlk.LibraryNotFound as e:\n print(e)",
-                       RLK_LIBRARY="/lib/x86_64-linux-gnu/" + libm)
+        r = run_python(catch, RLK_LIBRARY="/lib/x86_64-linux-gnu/" + libm)
         if "no such file" not in r.stdout:
             assert "is not librlk" in r.stdout, r.stdout + r.stderr
 
 
-def test_import_does_not_load_the_library():
-    r = run_python("import rlk, rlk._lib as L; print(L._lib is None)",
-                   RLK_LIBRARY="/nonexistent/librlk.so.0")
-    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+def test_import_without_a_library_names_every_place_tried(tmp_path):
+    """A package copied away from its library (no RLK_LIBRARY, no rlk/_lib, no build/ beside
+    it, nothing on the loader's path) fails to import, listing where it looked."""
+    pkg = tmp_path / "site"
+    shutil.copytree(os.path.join(PYTHON_DIR, "rlk"), pkg / "rlk",
+                    ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RLK_LIBRARY", "LD_LIBRARY_PATH")}
+    env["PYTHONPATH"] = str(pkg)
+    r = subprocess.run([sys.executable, "-c", "import rlk"], env=env, capture_output=True,
+                       text=True, timeout=60, cwd=str(tmp_path))
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()
+    assert any("rlk.errors.LibraryNotFound: librlk could not be loaded" in l for l in last), r.stderr
+    assert str(pkg / "rlk" / "_lib" / "librlk.so.0") + " (absent)" in r.stderr
+    assert str(tmp_path / "build" / "lib" / "librlk.so.0") + " (absent)" in r.stderr
+    assert "system loader: librlk.so.0" in r.stderr
 
 
 def test_errors_map_statuses():

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The Python package as a user installs it: each of the wheel and the sdist goes into a fresh
+# virtual environment, away from the source tree (no PYTHONPATH, no RLK_LIBRARY, run from an
+# empty directory); every module of the package is imported, the library must be the one the
+# wheel carries, and the examples run against the installed package.
+#
+#   tools/build/package_test.sh DIST_DIR [TORCH_VENV]
+#
+# DIST_DIR holds one rlk-*.whl and one rlk-*.tar.gz. TORCH_VENV: a virtual environment with torch
+# and transformers (the conformance one); its site-packages is put on the fresh environments'
+# path (a .pth file) so the examples and the integrations can run without a second torch install.
+# Without it the torch examples and the integrations are skipped, and say so.
+set -euo pipefail
+
+dist=$(cd "$1" && pwd)
+torch_venv=${2:-}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d -t rlk-package-test-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+unset PYTHONPATH RLK_LIBRARY
+export RLK_CACHE_DIR="$work/cache"
+
+wheel=$(ls "$dist"/rlk-*.whl)
+sdist=$(ls "$dist"/rlk-*.tar.gz)
+arch=$(uname -m)
+case "$(basename "$wheel")" in
+  rlk-*-py3-none-manylinux_2_*_"$arch".whl) ;;
+  *) echo "package_test: $(basename "$wheel") is not a py3-none-manylinux_2_N_$arch wheel" >&2; exit 1 ;;
+esac
+
+torch_site=
+if [ -n "$torch_venv" ] && [ -x "$torch_venv/bin/python" ]; then
+  torch_site=$("$torch_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+fi
+
+fresh_venv() {  # fresh_venv DIR: a new environment, with the torch one's packages when given
+  python3 -m venv "$1"
+  if [ -n "$torch_site" ]; then
+    echo "$torch_site" > "$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch-env.pth"
+  fi
+}
+
+check_installed() {  # check_installed VENV WHAT
+  local py="$1/bin/python"
+  (cd "$work/run" && "$py" - "$2" <<'EOF'
+import importlib, os, pkgutil, sys
+import rlk
+what = sys.argv[1]
+here = os.path.dirname(rlk.__file__)
+assert "site-packages" in here, "rlk imported from %s, not the installed package" % here
+lib = os.path.realpath(rlk.library_path())
+assert lib == os.path.realpath(os.path.join(here, "_lib", "librlk.so.0")), lib
+have_torch = importlib.util.find_spec("torch") is not None
+imported, skipped = [], []
+for m in pkgutil.walk_packages(rlk.__path__, "rlk."):
+    try:
+        importlib.import_module(m.name)
+    except ModuleNotFoundError as e:  # a torch module, where torch is not installed
+        if have_torch or e.name != "torch":
+            raise
+        skipped.append(m.name)
+        continue
+    imported.append(m.name)
+ops = rlk.available_ops()
+assert "policy_loss" in ops and "group_advantage" in ops, ops
+print("%s: rlk %s from %s, library %s; %d modules imported%s; ops: %s" % (
+    what, rlk.__version__, here, lib, len(imported),
+    " (skipped without torch: %s)" % ", ".join(skipped) if skipped else "", ", ".join(ops)))
+EOF
+  )
+}
+
+run_examples() {  # run_examples VENV: the examples, copied away from the source tree
+  local py="$1/bin/python"
+  cp "$repo"/examples/*.py "$work/run/"
+  (cd "$work/run" && "$py" grpo_step.py --numpy --prompts 4 --group 4 --tokens 64 | tail -1)
+  if "$py" -c 'import torch, transformers' 2>/dev/null; then
+    (cd "$work/run" && "$py" grpo_step.py --cpu --prompts 4 --group 4 --tokens 64 | tail -1)
+    (cd "$work/run" && "$py" fused_lm_head_transformers.py --device cpu --iters 1 | tail -1)
+    (cd "$work/run" && "$py" grpo_prefix_transformers.py --device cpu --iters 1 | tail -1)
+  else
+    echo "package_test: torch or transformers missing: the torch examples did not run"
+  fi
+}
+
+mkdir -p "$work/run"
+echo "== wheel $(basename "$wheel")"
+fresh_venv "$work/wheel-venv"
+"$work/wheel-venv/bin/pip" install -q --no-deps "$wheel"
+check_installed "$work/wheel-venv" wheel
+run_examples "$work/wheel-venv"
+
+echo "== sdist $(basename "$sdist") (builds librlk from its C sources)"
+fresh_venv "$work/sdist-venv"
+"$work/sdist-venv/bin/pip" install -q --no-deps "$sdist"
+check_installed "$work/sdist-venv" sdist
+echo "package_test: ok"
