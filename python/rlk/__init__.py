@@ -24,6 +24,8 @@ Where the library is found: see rlk._lib (RLK_LIBRARY, the copy inside the packa
 tree's build/lib, the system loader). Importing rlk loads it: a missing or unloadable library is
 an ImportError (rlk.LibraryNotFound) that names every place tried.
 """
+import sys
+
 from ._context import Context, configure, context, release_contexts
 from ._lib import library, library_path, version_string
 from ._types import Backend, DType, LogLevel
@@ -54,6 +56,9 @@ from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenM
 __version__ = "0.1.0"
 
 library()  # here, not at the first call: a package without its library fails to import
+
+if "torch" in sys.modules:  # torch.ops.rlk.*; otherwise on first use (rlk.autograd, a compile)
+    from . import torch_ops  # noqa: F401
 
 __all__ = [
     # runtime

@@ -15,6 +15,7 @@ Neither torch nor numpy is imported here: an argument can only be a torch tensor
 caller imported torch, so sys.modules tells (once per argument type).
 """
 import ctypes
+import functools
 import struct
 import sys
 
@@ -92,6 +93,22 @@ def _kind(x):
             return None
         _KIND[cls] = kind
     return kind
+
+
+def traced_by_torch(fn):
+    """fn's calls made while torch.compile traces them go to rlk.torch_ops.<fn's name> (the same
+    arguments, the same results) instead: a torch.library operator the graph holds, where the
+    library cannot be called through ctypes. Eager calls cost one dictionary lookup more."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        t = sys.modules.get("torch")
+        if t is not None and t.compiler.is_compiling():
+            from . import torch_ops
+            return getattr(torch_ops, name)(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return call
 
 
 def is_torch(x):

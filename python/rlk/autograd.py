@@ -10,9 +10,14 @@ The forward runs the fused forward + backward kernel once and keeps the gradient
 scales it by the incoming gradient (one elementwise multiply, no second pass over the inputs).
 Keyword arguments are those of rlk.policy_loss / rlk.value_loss. Tensors other than the
 differentiable ones are constants of the loss (as the advantages and old log-probs are).
+
+Under torch.compile each wrapper calls its torch.library operator instead (rlk.torch_ops: the
+same kernels, their gradients registered with torch.library), so a compiled step has no graph
+break; eager calls go through the autograd.Functions below, which cost less per call.
 """
 import torch
 
+from . import torch_ops as _traced
 from ._tensor import is_torch
 from .errors import InvalidArgument
 from .ops import linear_logprob as _linear
@@ -229,6 +234,9 @@ class TokenKL(torch.autograd.Function):
                 -grad if ctx.needs_input_grad[1] else None, None)
 
 
+_compiling = torch.compiler.is_compiling
+
+
 def _upstream(g):
     """An upstream gradient as the f32 [N] with a positive stride the library reads."""
     if g is None:
@@ -246,9 +254,13 @@ def _require_torch(op, x):
 def policy_loss(logp, old_logp, advantages, mask=None, *, entropy=None, **kwargs):
     """The policy loss as a differentiable torch scalar. Returns (loss, metrics): metrics is a
     tensor in the order of rlk.POLICY_LOSS_METRICS (rlk.metrics_dict names them)."""
-    _require_torch("policy_loss", logp)
     kwargs.pop("metrics", None)
     kwargs.pop("scalar_loss", None)
+    if _compiling():
+        out = _traced.policy_loss(logp, old_logp, advantages, mask, entropy=entropy,
+                                  scalar_loss=True, **kwargs)
+        return out.loss, out.metrics
+    _require_torch("policy_loss", logp)
     kwargs.update(old_logp=old_logp, advantages=advantages, mask=mask)
     return PolicyLoss.apply(logp, entropy, kwargs)
 
@@ -256,9 +268,12 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, entropy=None, **kwargs
 def value_loss(values, old_values, returns, mask=None, **kwargs):
     """The clipped value loss as a differentiable torch scalar. Returns (loss, metrics), metrics
     in the order of rlk.VALUE_LOSS_METRICS."""
-    _require_torch("value_loss", values)
     kwargs.pop("metrics", None)
     kwargs.pop("scalar_loss", None)
+    if _compiling():
+        out = _traced.value_loss(values, old_values, returns, mask, scalar_loss=True, **kwargs)
+        return out.loss, out.metrics
+    _require_torch("value_loss", values)
     kwargs.update(old_values=old_values, returns=returns, mask=mask)
     return ValueLoss.apply(values, kwargs)
 
@@ -268,11 +283,15 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
     the logits. Returns logp (labels' shape, f32), or (logp, entropy) with entropy=True.
     inplace_backward=True writes the gradient over the logits (saves [N, V] of memory; the
     logits must not be needed afterwards). Keywords: those of rlk.logprob."""
-    _require_torch("token_logprob", logits)
     shape = tuple(labels.shape)
     flat = logits.reshape(-1, logits.shape[-1])
-    kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
-    logp, ent = TokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    if _compiling():  # the gradient is written apart from the logits there
+        out = _traced.logprob(flat, labels.reshape(-1), entropy=entropy, **kwargs)
+        logp, ent = out.logp, out.entropy
+    else:
+        _require_torch("token_logprob", logits)
+        kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
+        logp, ent = TokenLogprob.apply(flat, labels.reshape(-1), kwargs)
     if entropy:
         return logp.view(shape), ent.view(shape)
     return logp.view(shape)
@@ -284,13 +303,20 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
     differentiable in hidden and weight. Returns logp (labels' shape, f32), or (logp, entropy)
     with entropy=True. Keywords: temperature, ignore_index, variant, splits (rlk.linear_logprob)
     and chunk (the backward's vocabulary chunk)."""
-    _require_torch("linear_token_logprob", hidden)
     shape = tuple(labels.shape)
     flat = hidden.reshape(-1, hidden.shape[-1])
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    kwargs.update(entropy=entropy)
-    logp, ent = LinearTokenLogprob.apply(flat, weight, labels.reshape(-1), kwargs)
+    if _compiling():
+        chunk = kwargs.pop("chunk", None)
+        if chunk is not None:
+            raise InvalidArgument("rlk.autograd.linear_token_logprob: chunk= is eager-only")
+        out = _traced.linear_logprob(flat, weight, labels.reshape(-1), entropy=entropy, **kwargs)
+        logp, ent = out.logp, out.entropy
+    else:
+        _require_torch("linear_token_logprob", hidden)
+        kwargs.update(entropy=entropy)
+        logp, ent = LinearTokenLogprob.apply(flat, weight, labels.reshape(-1), kwargs)
     if entropy:
         return logp.view(shape), ent.view(shape)
     return logp.view(shape)
@@ -299,6 +325,8 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
 def prefix_attention(q, k, v, layout, *, scale=None):
     """Prefix-shared attention over a packed GRPO batch (rlk.prefix_layout / rlk.pack_grpo),
     differentiable in q [T, Hq, D], k and v [T, Hkv, D]. Returns out [T, Hq, D]."""
+    if _compiling():
+        return _traced.prefix_attention(q, k, v, layout, scale=scale).out
     _require_torch("prefix_attention", q)
     return PrefixAttention.apply(q, k, v, layout, scale)
 
@@ -307,9 +335,11 @@ def token_kl(logp, ref_logp, estimator="k3", **kwargs):
     """Per-token KL estimates (rlk.token_kl's keywords, outputs aside) as a differentiable torch
     tensor of logp's shape: the gradient in logp is the op's (straight-through when asked), in
     ref_logp its negation; mask, old_logp and the importance weight are constants."""
-    _require_torch("token_kl", logp)
     for k in ("outputs", "grad_kl", "kl", "grad_logp"):
         if k in kwargs:
             raise InvalidArgument("rlk.autograd.token_kl: %s is not a keyword here" % k)
+    if _compiling():
+        return _traced.token_kl(logp, ref_logp, estimator, **kwargs)
+    _require_torch("token_kl", logp)
     kwargs["estimator"] = estimator
     return TokenKL.apply(logp, ref_logp, kwargs)

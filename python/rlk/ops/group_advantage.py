@@ -4,7 +4,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 
 __all__ = ["AdvantageMode", "SingletonPolicy", "NanScores", "GroupAdvantageArgs", "group_advantage"]
 
@@ -54,6 +54,7 @@ OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)
 _F = (T.DType.F32, T.DType.F64)
 
 
+@traced_by_torch
 def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, eps=None,
                     unbiased=None, singleton=None, mask=None, broadcast=False, advantages=None,
                     token_advantages=None, weights=None, nan_scores=None, stream=None):

@@ -9,7 +9,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 from . import losses as _losses
 from .logprob import LogprobResult
 
@@ -99,6 +99,7 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
     return dt
 
 
+@traced_by_torch
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
                    lse=True, status=None, variant=None, splits=None, stages=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
@@ -156,6 +157,7 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     return partials
 
 
+@traced_by_torch
 def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
@@ -233,6 +235,7 @@ LinearPolicyLossResult = collections.namedtuple(
     "LinearPolicyLossResult", "loss grad_hidden grad_weight metrics logp")
 
 
+@traced_by_torch
 def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, *, temperature=None,
                        ignore_index=None, variant=None, splits=None, grad_hidden=None,
                        grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,

@@ -9,7 +9,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
@@ -100,6 +100,7 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
     return dt
 
 
+@traced_by_torch
 def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=False, lse=True,
             logp=None, status=None, variant=None, block=None, unroll=None, stages=None,
             stream=None):
@@ -123,6 +124,7 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     return LogprobResult(logp, lse_out, ent_out)
 
 
+@traced_by_torch
 def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
                      temperature=None, ignore_index=None, grad_logits=None, grad_dtype=None,
                      inplace=False, status=None, variant=None, block=None, unroll=None,

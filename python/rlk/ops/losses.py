@@ -17,7 +17,8 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import _KIND, Binder, Op, _kind, contiguous_strides, dim
+from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim,
+                       traced_by_torch)
 
 __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
@@ -179,13 +180,15 @@ def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a
 _ESIZE = {T.DType.F32: 4, T.DType.F64: 8}
 
 
-def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss):
+def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss, apart=False):
     """Every output of a loss call in one allocation (one allocator call instead of two or
     three: on CUDA each costs about 5 us): the gradients `grads` (args field names, each of
     `shape`) first, then the loss [1] (or 0-d with scalar_loss), the metrics (nmetrics > 0) and
     the workspace, each 16-byte aligned. The workspace size is asked of the library once per
     key: everything it depends on (place, shapes, mode, aggregation, how the normalizer is
-    given). Returns (the gradients' arrays, loss, metrics)."""
+    given). apart=True: each output its own array and the workspace another (what a torch
+    operator returns: outputs that share no memory). Returns (the gradients' arrays, loss,
+    metrics)."""
     op = b.op
     ws = op.sizes.get(key)
     if ws is None:
@@ -195,6 +198,8 @@ def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss):
         b.set_at("loss", 16, dt, (1,))
         ws = op.workspace_size(b.context(), b.args)
         op.sizes[key] = ws
+    if apart:
+        return _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss)
     es = _ESIZE[dt]
     n = 1
     for d in shape:
@@ -230,6 +235,17 @@ def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss):
         metrics = buf[head + 1:head + 1 + nmetrics]
         b.set_at("metrics", ptr + (head + 1) * es, dt, (nmetrics,))
     b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
+    return outs, loss, metrics
+
+
+def _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss):
+    a = b.args
+    if ws:
+        _, a.workspace = b.workspace(ws)
+        a.workspace_bytes = ws
+    outs = [b.set_new(name, b.empty(shape, dt), dt, shape) for name in grads]
+    loss = b.set_new("loss", b.empty(() if scalar_loss else (1,), dt), dt, (1,))
+    metrics = b.set_new("metrics", b.empty((nmetrics,), dt), dt, (nmetrics,)) if nmetrics else None
     return outs, loss, metrics
 
 
@@ -286,6 +302,7 @@ def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_of
     _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a, prefix)
 
 
+@traced_by_torch
 def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
                 entropy=None, rollout_is_weights=None, seq_advantages=None, mode=None,
                 clip_low=None, clip_high=None, dual_clip=None, log_ratio_min=None,
@@ -293,7 +310,8 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
                 clamp_bound_grad=None, kl_estimator=None,
                 kl_coef=None, kl_input_clamp=None, kl_output_clamp=None, kl_straight_through=None,
                 entropy_coef=None, agg=None, token_normalizer=None, seq_normalizer=None,
-                norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
+                norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False,
+                apart=False):
     """The policy loss forward and backward in one pass (rlk_policy_loss).
 
     logp, old_logp, advantages: [B, T] (padded) or [N] (packed, with seq_offsets), f32 or f64,
@@ -307,8 +325,9 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     value (verl's actor defaults). token_normalizer / seq_normalizer: a number, a device
     scalar tensor, or None (this call's counts; see the module's doc).
     Returns PolicyLossResult(loss [1] (0-d with scalar_loss=True), grad_logp (logp's shape),
-    grad_entropy (or None), metrics [13] or None): metrics_dict() names them. Nothing is read
-    back: the call never synchronizes its stream.
+    grad_entropy (or None), metrics [16] or None): metrics_dict() names them. Nothing is read
+    back: the call never synchronizes its stream. The outputs are views of one allocation unless
+    apart=True.
     """
     b = Binder(POLICY_OP)
     a = b.args
@@ -325,14 +344,16 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     outs, loss, out_metrics = _outputs(
         b, dt, grads, shape, _PL_NMETRICS if metrics else 0,
         (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
-         a.mode, a.agg, _norm_key(a, token_normalizer)), scalar_loss)
+         a.mode, a.agg, _norm_key(a, token_normalizer)), scalar_loss, apart)
     b.run(stream)
     return PolicyLossResult(loss, outs[0], outs[1] if len(outs) > 1 else None, out_metrics)
 
 
+@traced_by_torch
 def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None,
                clamp_bound_grad=None, agg=None, token_normalizer=None, seq_normalizer=None,
-               norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False):
+               norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False,
+               apart=False):
     """The clipped value loss forward and backward in one pass (rlk_value_loss).
 
     values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
@@ -354,6 +375,6 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     outs, loss, out_metrics = _outputs(
         b, dt, ("grad_values",), shape, _VL_NMETRICS if metrics else 0,
         (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
-         b.args.agg, _norm_key(b.args, token_normalizer)), scalar_loss)
+         b.args.agg, _norm_key(b.args, token_normalizer)), scalar_loss, apart)
     b.run(stream)
     return ValueLossResult(loss, outs[0], out_metrics)

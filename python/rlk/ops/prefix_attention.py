@@ -10,7 +10,7 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, is_torch
+from .._tensor import Binder, Op, is_torch, traced_by_torch
 
 __all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArgs",
            "PrefixAttentionBackwardArgs",
@@ -194,6 +194,7 @@ def _scale(scale):
     return 0.0 if scale is None else float(scale)
 
 
+@traced_by_torch
 def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=None):
     """Forward (rlk_prefix_attention): out [T, Hq, D] in q's dtype and lse f32 [T, Hq] (natural
     log; what the backward needs). scale defaults to 1/sqrt(D). When torch autograd would track
@@ -219,6 +220,7 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
     return PrefixAttentionResult(out, lse_out)
 
 
+@traced_by_torch
 def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None, stream=None):
     """Backward (rlk_prefix_attention_backward): (dq, dk, dv) with q's, k's and v's shapes; a
     prefix key's dk, dv sum its prefix queries and every response of the group, in a fixed order."""

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op
+from .._tensor import Binder, Op, traced_by_torch
 
 __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked", "GaeArgs",
            "DiscountedReturnsArgs", "ReverseCumsumArgs", "MaskedWhitenArgs", "gae",
@@ -121,6 +121,7 @@ def _out(b, name, given, dtype, shape):
     return given
 
 
+@traced_by_torch
 def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=None,
         advantages=None, returns=None, compute_returns=True, stream=None):
     """Generalized advantage estimation per row (rlk_gae).
@@ -149,6 +150,7 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     return (advantages, returns) if want_returns else advantages
 
 
+@traced_by_torch
 def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None, returns=None,
                        stream=None):
     """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
@@ -168,6 +170,7 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
     return returns
 
 
+@traced_by_torch
 def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, advantages=None,
                    stream=None):
     """Reverse cumulative sums of values * mask per row (rlk_reverse_cumsum). With a baseline
@@ -185,6 +188,7 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
     return (out, advantages) if baseline is not None else out
 
 
+@traced_by_torch
 def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count_eps=None,
                   shift_mean=None, normalize_std=None, masked=None, out=None, inplace=False,
                   stats=False, stream=None):

@@ -10,7 +10,7 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
            "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
@@ -76,6 +76,7 @@ def _u64(x):
     return int(x) & 0xFFFFFFFFFFFFFFFF
 
 
+@traced_by_torch
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
            tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
            logprob_block=None, logprob_unroll=None, row_split=None, pdl=None, stream=None):

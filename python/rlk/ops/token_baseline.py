@@ -3,7 +3,7 @@ of the loss)."""
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 
 __all__ = ["TokenBaselineArgs", "token_baseline"]
 
@@ -33,6 +33,7 @@ OP = Op("token_baseline", TokenBaselineArgs, workspace=True)
 _F = (T.DType.F32, T.DType.F64)
 
 
+@traced_by_torch
 def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_offsets=None,
                    mask=None, rollout_is_weights=None, epsilon=None, handle_zero_tail=None,
                    compact=False, advantages=None, returns=None, stream=None):

@@ -3,7 +3,7 @@ import ctypes
 import math
 
 from .. import _types as T
-from .._tensor import Binder, Op
+from .._tensor import Binder, Op, traced_by_torch
 from ..errors import InvalidArgument
 from .losses import KLEstimator
 
@@ -43,6 +43,7 @@ def _range(r):
     return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
 
 
+@traced_by_torch
 def token_kl(logp, ref_logp, estimator="k3", *, mask=None, input_clamp=(-20.0, 20.0),
              output_clamp=(-10.0, 10.0), outputs="kl", grad_kl=None, straight_through=False,
              old_logp=None, is_weight_max=None, clamp_bound_grad=None, kl=None, grad_logp=None,

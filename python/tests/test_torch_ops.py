@@ -1,0 +1,218 @@
+"""rlk's torch.library operators (rlk.torch_ops): torch.library.opcheck of each (schema, fake
+kernel against the real one, autograd registration, AOT dispatch with dynamic shapes), and
+torch.compile(fullgraph=True) of GRPO loss steps with no graph break and the eager results
+bitwise (the compiled graph calls the same kernels on the same inputs)."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+import rlk  # noqa: E402
+from rlk import autograd as A  # noqa: E402
+from rlk import torch_ops  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("host")
+
+B, T, G, V, H = 8, 16, 4, 64, 32
+
+
+def _losses_inputs(gen):
+    logp = (torch.randn(B, T, generator=gen) * 0.3 - 2.0)
+    old = logp + torch.randn(B, T, generator=gen) * 0.1
+    adv = torch.randn(B, T, generator=gen)
+    mask = torch.rand(B, T, generator=gen) > 0.2
+    return logp, old, adv, mask
+
+
+def _cases():
+    """(name, op, args, kwargs) per registered operator: small inputs of each layout it takes."""
+    gen = torch.Generator().manual_seed(1)
+    logp, old, adv, mask = _losses_inputs(gen)
+    req = logp.clone().requires_grad_(True)
+    ent = torch.rand(B, T, generator=gen).requires_grad_(True)
+    scores = torch.randn(B, generator=gen)
+    logits = torch.randn(B, V, generator=gen)
+    labels = torch.randint(0, V, (B,), generator=gen)
+    lse = rlk.logprob(logits, labels).lse
+    hidden = torch.randn(B, H, generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(V, H, generator=gen) * 0.2).to(torch.bfloat16)
+    lin = rlk.linear_logprob(hidden, weight, labels, entropy=True)
+    q = (torch.randn(20, 2, 64, generator=gen) * 0.5).to(torch.bfloat16)
+    k = (torch.randn(20, 1, 64, generator=gen) * 0.5).to(torch.bfloat16)
+    v = torch.randn(20, 1, 64, generator=gen).to(torch.bfloat16)
+    layout = rlk.prefix_layout([6], [[8, 6]])
+    pa = rlk.prefix_attention(q, k, v, layout)
+    ops = torch.ops.rlk
+    return [
+        ("group_advantage", ops.group_advantage, (scores, G), {}),
+        ("group_advantage broadcast", ops.group_advantage, (scores, G),
+         {"mask": mask, "broadcast": True, "mode": int(rlk.AdvantageMode.RLOO)}),
+        ("policy_loss", ops.policy_loss, (req, old, adv, None, mask),
+         {"ref_logp": old, "kl_coef": 1e-3, "clip_high": 0.28, "token_normalizer": 90.0}),
+        ("policy_loss entropy", ops.policy_loss, (req, old, adv, ent, mask),
+         {"entropy_coef": 0.01, "agg": int(rlk.LossAgg.SEQ_MEAN_TOKEN_MEAN)}),
+        ("policy_loss normalizer tensor", ops.policy_loss, (req, old, adv, None, mask),
+         {"token_normalizer_tensor": torch.tensor([77.0])}),
+        ("value_loss", ops.value_loss, (req, old, adv, mask), {"clip": 0.2}),
+        ("gae", ops.gae, (adv, old, mask), {"lam": 0.95}),
+        ("discounted_returns", ops.discounted_returns, (adv, mask), {"gamma": 0.99}),
+        ("reverse_cumsum", ops.reverse_cumsum, (adv, mask), {"baseline": scores}),
+        ("masked_whiten", ops.masked_whiten, (adv, mask), {"stats": True}),
+        ("token_baseline", ops.token_baseline, (adv, old, torch.rand(B, T, generator=gen), G),
+         {"mask": mask}),
+        ("token_kl", ops.token_kl, (req, old), {"mask": mask}),
+        ("logprob", ops.logprob, (logits.clone().requires_grad_(True), labels), {"entropy": True}),
+        ("logprob_backward", ops.logprob_backward, (logits, labels, lse, torch.randn(B, generator=gen)), {}),
+        ("linear_logprob", ops.linear_logprob,
+         (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels),
+         {"entropy": True}),
+        ("linear_logprob_backward", ops.linear_logprob_backward,
+         (hidden, weight, labels, lin.lse, torch.randn(B, generator=gen), torch.randn(B, generator=gen),
+          lin.entropy), {}),
+        ("linear_policy_loss", ops.linear_policy_loss,
+         (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels,
+          old[0, :B].reshape(2, B // 2).contiguous(), adv[0, :B].reshape(2, B // 2).contiguous()),
+         {"logp": True}),
+        ("sample", ops.sample, (logits,), {"temperature": 0.7, "top_k": 10, "seed": 5,
+                                           "logp_filtered": True}),
+        ("prefix_attention", ops.prefix_attention,
+         (q.clone().requires_grad_(True), k.clone().requires_grad_(True),
+          v.clone().requires_grad_(True), layout.seq, layout.grp), {}),
+        ("prefix_attention_backward", ops.prefix_attention_backward,
+         (q, k, v, layout.seq, layout.grp, pa.out, pa.lse, torch.randn_like(q)), {}),
+    ]
+
+
+CASES = _cases() if rlk.OPS["policy_loss"].available() else []
+
+
+@pytest.mark.skipif(not CASES, reason="the loaded librlk has no rlk_policy_loss")
+def test_every_operator_has_a_case():
+    covered = {str(op) for _, op, _, _ in CASES}
+    names = {str(op) for op in torch_ops.OPS.values()}
+    assert names <= covered, names - covered
+
+
+@pytest.mark.parametrize("name,op,args,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_opcheck(name, op, args, kwargs):
+    torch.library.opcheck(op, args, kwargs)
+
+
+def _grpo_step_linear(hidden, weight, labels, scores, mask, old):
+    adv = rlk.group_advantage(scores, G)
+    logp = A.linear_token_logprob(hidden, weight, labels).view(B, T)
+    return A.policy_loss(logp, old, adv, mask, clip_high=0.28, ref_logp=old, kl_coef=1e-3)
+
+
+def _grpo_step_logits(logits, labels, scores, mask, old):
+    adv = rlk.group_advantage(scores, G, mode="rloo")
+    logp, ent = A.token_logprob(logits, labels, entropy=True)
+    return A.policy_loss(logp, old, adv, mask, entropy=ent, entropy_coef=0.01,
+                         agg="seq-mean-token-mean")
+
+
+def _run(fn, leaves, *args):
+    for x in leaves:
+        x.grad = None
+    loss, metrics = fn(*leaves, *args)
+    loss.backward()
+    return [loss.detach(), metrics] + [x.grad.clone() for x in leaves]
+
+
+def _graph_breaks(fn, *args):
+    expl = torch._dynamo.explain(fn)(*args)
+    return expl.graph_count, expl.graph_break_count, [str(r.reason)[:300] for r in expl.break_reasons]
+
+
+@pytest.mark.skipif(not CASES, reason="the loaded librlk has no rlk_policy_loss")
+def test_compiled_grpo_step_fused_head_has_no_graph_break_and_equal_results():
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(B * T, H, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(V, H, generator=gen) * 0.2).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, V, (B * T,), generator=gen)
+    scores = torch.randn(B, generator=gen)
+    _, old, _, mask = _losses_inputs(gen)
+    torch._dynamo.reset()
+    graphs, breaks, reasons = _graph_breaks(_grpo_step_linear, hidden, weight, labels, scores,
+                                            mask, old)
+    assert (graphs, breaks) == (1, 0), reasons
+    eager = _run(_grpo_step_linear, [hidden, weight], labels, scores, mask, old)
+    compiled = _run(torch.compile(_grpo_step_linear, fullgraph=True), [hidden, weight], labels,
+                    scores, mask, old)
+    for e, c in zip(eager, compiled):  # the same kernels on the same inputs: the same bits
+        assert torch.equal(e, c)
+
+
+@pytest.mark.skipif(not CASES, reason="the loaded librlk has no rlk_policy_loss")
+def test_compiled_grpo_step_logits_has_no_graph_break_and_equal_results():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(B, T, V, generator=gen).requires_grad_(True)
+    labels = torch.randint(0, V, (B, T), generator=gen)
+    scores = torch.randn(B, generator=gen)
+    _, old, _, mask = _losses_inputs(gen)
+    torch._dynamo.reset()
+    graphs, breaks, reasons = _graph_breaks(_grpo_step_logits, logits, labels, scores, mask, old)
+    assert (graphs, breaks) == (1, 0), reasons
+    eager = _run(_grpo_step_logits, [logits], labels, scores, mask, old)
+    compiled = _run(torch.compile(_grpo_step_logits, fullgraph=True), [logits], labels, scores,
+                    mask, old)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+@pytest.mark.skipif(not CASES, reason="the loaded librlk has no rlk_policy_loss")
+def test_compiled_functional_calls_match_eager():
+    """The functional API (not only rlk.autograd) traces into the operators: advantages,
+    returns, whitening, KL and sampling in one graph."""
+    gen = torch.Generator().manual_seed(4)
+    logp, old, adv, mask = _losses_inputs(gen)
+    logits = torch.randn(B, V, generator=gen)
+
+    def fn(logp, old, rewards, mask, logits):
+        a, tok = rlk.group_advantage(rewards[:, 0].contiguous(), G, mask=mask, broadcast=True)
+        gae_adv, ret = rlk.gae(rewards, old, mask, lam=0.95)
+        white = rlk.masked_whiten(gae_adv, mask)
+        kl = rlk.token_kl(logp, old, "k3", mask=mask)
+        cums = rlk.reverse_cumsum(rewards, mask)
+        disc = rlk.discounted_returns(rewards, mask, gamma=0.9)
+        s = rlk.sample(logits, temperature=0.8, top_p=0.9, seed=11)
+        out = rlk.policy_loss(logp, old, tok, mask)
+        return a, tok, ret, white, kl, cums, disc, s.tokens, s.logp, out.loss, out.grad_logp
+
+    torch._dynamo.reset()
+    graphs, breaks, reasons = _graph_breaks(fn, logp, old, adv, mask, logits)
+    assert (graphs, breaks) == (1, 0), reasons
+    eager = fn(logp, old, adv, mask, logits)
+    compiled = torch.compile(fn, fullgraph=True)(logp, old, adv, mask, logits)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+@pytest.mark.skipif(not CASES, reason="the loaded librlk has no rlk_policy_loss")
+def test_stream_is_refused_under_compile():
+    logp, old, adv, mask = _losses_inputs(torch.Generator().manual_seed(5))
+
+    def fn(logp):
+        return rlk.policy_loss(logp, old, adv, mask, stream=0).loss
+
+    with pytest.raises(Exception, match="stream= is not supported under torch.compile"):
+        torch.compile(fn, fullgraph=True)(logp)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CUDA graphs need one")
+def test_reduce_overhead_replays_bitwise():
+    """mode="reduce-overhead": the step is captured in a CUDA graph and replayed; each replay
+    gives the eager bits (no Python runs inside the graph)."""
+    dev = "cuda"
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(B * T, 64, generator=gen).to(dev, torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(256, 64, generator=gen) * 0.2).to(dev, torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, 256, (B * T,), generator=gen).to(dev)
+    scores = torch.randn(B, generator=gen).to(dev)
+    _, old, _, mask = (x.to(dev) for x in _losses_inputs(gen))
+    eager = _run(_grpo_step_linear, [hidden, weight], labels, scores, mask, old)
+    step = torch.compile(_grpo_step_linear, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, then replays
+        got = _run(step, [hidden, weight], labels, scores, mask, old)
+        torch.cuda.synchronize()
+        for e, c in zip(eager, got):
+            assert torch.equal(e, c)
