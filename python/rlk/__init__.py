@@ -60,6 +60,14 @@ library()  # here, not at the first call: a package without its library fails to
 if "torch" in sys.modules:  # torch.ops.rlk.*; otherwise on first use (rlk.autograd, a compile)
     from . import torch_ops  # noqa: F401
 
+
+def __getattr__(name):
+    """rlk.autograd, rlk.nn, rlk.sampling and rlk.torch_ops import torch: loaded on first use."""
+    if name in ("autograd", "nn", "sampling", "torch_ops"):
+        import importlib
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module 'rlk' has no attribute %r" % name)
+
 __all__ = [
     # runtime
     "Context", "configure", "context", "release_contexts", "library", "library_path",

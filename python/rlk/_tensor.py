@@ -206,7 +206,7 @@ class Binder:
     """The args struct and the arrays of one call of `op` (an Op); op.name names the call in
     error messages. `args` starts as rlk_<op>_args_init left it."""
 
-    __slots__ = ("op", "name", "args", "place", "ctx", "keep")
+    __slots__ = ("op", "name", "args", "place", "ctx", "keep", "made", "no_rows")
 
     def __init__(self, op):
         self.op = op
@@ -215,6 +215,8 @@ class Binder:
         self.place = None
         self.ctx = None
         self.keep = []  # scratch allocated here, alive until the launch is queued
+        self.made = []  # every array allocated here (zeroed instead of a launch: see run)
+        self.no_rows = False  # a required input has no rows: an empty batch
 
     def _fail(self, name, msg):
         return InvalidArgument("%s: %s: %s" % (self.name, name, msg))
@@ -281,6 +283,8 @@ class Binder:
             raise self._fail(name, "dtype %s is not supported (expected %s)" % (
                 dt.name.lower(), _dtype_names(dtypes)))
         n = len(shape)
+        if n and not shape[0] and not (optional or output):
+            self.no_rows = True
         if n > T.MAX_DIMS:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
                 n, T.MAX_DIMS))
@@ -318,14 +322,24 @@ class Binder:
             if not shape:  # sizes as separate arguments (quicker) need at least one
                 shape = ((),)
             if p.backend == T.Backend.HOST:
-                return make(*shape, dtype=td)
-            return make(*shape, dtype=td, device=p.torch_device)
-        nd = _NUMPY_OF.get(dtype)
-        if nd is None:
-            raise InvalidArgument("%s: %s outputs need torch (numpy has no such dtype)" % (
-                self.name, T.DType(dtype).name.lower()))
-        np = sys.modules["numpy"]
-        return (np.zeros if zero else np.empty)(tuple(shape), dtype=nd)
+                a = make(*shape, dtype=td)
+            else:
+                a = make(*shape, dtype=td, device=p.torch_device)
+        else:
+            nd = _NUMPY_OF.get(dtype)
+            if nd is None:
+                raise InvalidArgument("%s: %s outputs need torch (numpy has no such dtype)" % (
+                    self.name, T.DType(dtype).name.lower()))
+            np = sys.modules["numpy"]
+            a = (np.zeros if zero else np.empty)(tuple(shape), dtype=nd)
+        self.made.append(a)
+        return a
+
+    def workspace_size(self):
+        """The op's scratch bytes for the args bound so far (none for an empty batch)."""
+        if self.no_rows:
+            return 0
+        return self.op.workspace_size(self.context(), self.args)
 
     def workspace(self, nbytes):
         """A scratch buffer of `nbytes` (at least 1) in the call's place, kept alive here;
@@ -366,7 +380,17 @@ class Binder:
             self.name, type(stream).__name__))
 
     def run(self, stream=None):
-        """Launches the op with the args built here on this call's context and stream."""
+        """Launches the op with the args built here on this call's context and stream. An empty
+        batch (a required input with no rows) launches nothing: what this call allocated is
+        zeroed (a loss over no token is 0, a weight's gradient from no row is 0), as torch's
+        sums over nothing are."""
+        if self.no_rows:
+            for a in self.made:
+                if self.place.framework == "torch":
+                    a.zero_()
+                else:
+                    a.fill(0)
+            return self.context()
         ctx = self.context()
         raw = self.stream(stream)
         self.op.launch(ctx, self.args, raw)

@@ -26,6 +26,7 @@ class Backend(enum.IntEnum):
     CUDA = 1
     HIP = 2
     HOST = 3
+    CPU = 3  # the host backend under the name torch gives its device
 
 
 class LogLevel(enum.IntEnum):
@@ -114,8 +115,8 @@ _ENUM_KEYS = {}  # enum class -> {member, its value, its spellings: int}
 
 def _enum_keys(enum_cls):
     keys = {}
-    for m in enum_cls:
-        for k in (m.value, m.name, m.name.lower(), m.name.lower().replace("_", "-")):
+    for name, m in enum_cls.__members__.items():  # aliases too (Backend.CPU)
+        for k in (m.value, name, name.lower(), name.lower().replace("_", "-")):
             keys[k] = int(m.value)
     _ENUM_KEYS[enum_cls] = keys
     return keys

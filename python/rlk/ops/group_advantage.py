@@ -110,7 +110,7 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
                                          T.DType.F32, (B, cols))
         else:
             b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
-    n = b.op.workspace_size(b.context(), b.args)  # f64 [B, T] scores: their f64 row sums
+    n = b.workspace_size()  # f64 [B, T] scores: their f64 row sums
     if n:
         _, ptr = b.workspace(n)
         a.workspace = ptr

@@ -121,7 +121,7 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     ent_out = b.empty((n,), T.DType.F32) if entropy else None
     b.set("lse", lse_out, _F32, optional=True, output=True)
     b.set("entropy", ent_out, _F32, optional=True, output=True)
-    nbytes = OP.workspace_size(b.context(), a)
+    nbytes = b.workspace_size()
     if nbytes:
         _, ptr = b.workspace(nbytes)
         a.workspace = ptr
@@ -148,7 +148,7 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     if partials is None:
         partials = b.empty((dim(hidden, 0), 4), T.DType.F32)
     b.set("partials", partials, _F32, output=True)
-    nbytes = OP.workspace_size(b.context(), a)
+    nbytes = b.workspace_size()
     if nbytes:
         _, ptr = b.workspace(nbytes)
         a.workspace = ptr
@@ -200,7 +200,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
         a.group = int(group)
     a.shard = 1 if shard else 0
     a.vocab_start = int(vocab_start)
-    nbytes = BACKWARD_OP.workspace_size(b.context(), a)
+    nbytes = b.workspace_size()
     if nbytes:
         _, ptr = b.workspace(nbytes)
         a.workspace = ptr
@@ -300,7 +300,7 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
         a.path = POLICY_PATHS[path]
     if chunk_tokens is not None:
         a.chunk_tokens = int(chunk_tokens)
-    nbytes = POLICY_OP.workspace_size(b.context(), a)
+    nbytes = b.workspace_size()
     _, ptr = b.workspace(nbytes)
     a.workspace = ptr
     a.workspace_bytes = nbytes

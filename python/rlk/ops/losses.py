@@ -196,7 +196,7 @@ def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss, apart=False):
         for name in grads:
             b.set_at(name, 16, dt, shape)
         b.set_at("loss", 16, dt, (1,))
-        ws = op.workspace_size(b.context(), b.args)
+        ws = b.workspace_size()
         op.sizes[key] = ws
     if apart:
         return _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss)

@@ -224,7 +224,7 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     key = (b.place.key, x.shape, mask is None, dt)
     n = WHITEN_OP.sizes.get(key)
     if n is None:
-        n = WHITEN_OP.sizes[key] = WHITEN_OP.workspace_size(b.context(), a)
+        n = WHITEN_OP.sizes[key] = b.workspace_size()
     if n:
         _, a.workspace = b.workspace(n)
         a.workspace_bytes = n

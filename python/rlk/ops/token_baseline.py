@@ -74,7 +74,7 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
             advantages = out
         else:
             returns = out
-    n = b.op.workspace_size(b.context(), b.args)
+    n = b.workspace_size()
     _, ptr = b.workspace(n)
     a.workspace = ptr
     a.workspace_bytes = n

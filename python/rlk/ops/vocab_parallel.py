@@ -206,7 +206,7 @@ def vocab_parallel_logprob_nccl(logits, labels, vocab_start, nccl_comm, *, tempe
     b.set("fwd.lse", lse_out, _F32, optional=True, output=True)
     b.set("fwd.entropy", ent_out, _F32, optional=True, output=True)
     a.nccl_comm = int(nccl_comm)
-    nbytes = b.op.workspace_size(b.context(), a)
+    nbytes = b.workspace_size()
     _, ptr = b.workspace(nbytes + 16)
     a.workspace = (ptr + 15) // 16 * 16
     a.workspace_bytes = nbytes
