@@ -1,0 +1,239 @@
+"""The front-ends users know: "cpu" as the host backend's name, empty batches as no-ops, the
+nn.Module wrappers (rlk.nn) and the FlashInfer-style sampling functions (rlk.sampling)."""
+import numpy as np
+import pytest
+
+import rlk
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+need_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+pytestmark = pytest.mark.usefixtures("host")
+
+
+def test_cpu_names_the_host_backend():
+    assert rlk.context("cpu") is rlk.context("host")
+    assert rlk.Backend.CPU is rlk.Backend.HOST
+    assert rlk.context("cpu").backend == rlk.Backend.HOST
+
+
+def _empty_calls(z, m, logits, labels):
+    """Every functional op on a batch with no rows."""
+    return {
+        "group_advantage": lambda: rlk.group_advantage(z[:, 0], 4, mask=m, broadcast=True),
+        "policy_loss": lambda: rlk.policy_loss(z, z, z, m),
+        "value_loss": lambda: rlk.value_loss(z, z, z, m),
+        "gae": lambda: rlk.gae(z, z, m),
+        "discounted_returns": lambda: rlk.discounted_returns(z, m),
+        "reverse_cumsum": lambda: rlk.reverse_cumsum(z, m),
+        "masked_whiten": lambda: rlk.masked_whiten(z, m),
+        "token_kl": lambda: rlk.token_kl(z, z, "k3", mask=m),
+        "token_baseline": lambda: rlk.token_baseline(z, z, z, 4, mask=m),
+        "logprob": lambda: rlk.logprob(logits, labels, entropy=True),
+        "sample": lambda: rlk.sample(logits, top_k=5),
+    }
+
+
+def test_empty_batches_are_no_ops_numpy():
+    z = np.zeros((0, 8), np.float32)
+    m = np.zeros((0, 8), bool)
+    logits, labels = np.zeros((0, 16), np.float32), np.zeros(0, np.int64)
+    ctx = rlk.context("host")
+    before = ctx.counters()["calls"]
+    out = {name: fn() for name, fn in _empty_calls(z, m, logits, labels).items()}
+    assert ctx.counters()["calls"] == before  # no kernel was looked up, none launched
+    pl = out["policy_loss"]
+    assert pl.loss.shape == (1,) and pl.loss[0] == 0 and pl.grad_logp.shape == (0, 8)
+    assert not pl.metrics.any()
+    assert out["value_loss"].loss[0] == 0
+    adv, tok = out["group_advantage"]
+    assert adv.shape == (0,) and tok.shape == (0, 8)
+    assert out["logprob"].logp.shape == (0,) and out["logprob"].entropy.shape == (0,)
+    assert out["sample"].tokens.shape == (0,)
+
+
+@need_torch
+def test_empty_batches_are_no_ops_torch_and_autograd():
+    z = torch.zeros(0, 8)
+    m = torch.zeros(0, 8, dtype=torch.bool)
+    logits, labels = torch.zeros(0, 16), torch.zeros(0, dtype=torch.int64)
+    ctx = rlk.context("cpu")
+    before = ctx.counters()["calls"]
+    for fn in _empty_calls(z, m, logits, labels).values():
+        fn()
+    logp = z.clone().requires_grad_(True)
+    loss, metrics = rlk.autograd.policy_loss(logp, z, z, m)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and logp.grad.shape == (0, 8)
+    hidden = torch.zeros(0, 4, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.ones(16, 4, dtype=torch.bfloat16, requires_grad=True)
+    lp = rlk.autograd.linear_token_logprob(hidden, weight, labels)
+    lp.sum().backward()
+    assert lp.shape == (0,)
+    assert torch.equal(weight.grad, torch.zeros_like(weight))  # no row: a zero gradient
+    assert ctx.counters()["calls"] == before
+
+
+# ---- rlk.nn -------------------------------------------------------------------------------
+
+N, H, V = 24, 32, 96
+
+
+def _head(gen):
+    hidden = torch.randn(4, N // 4, H, generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(V, H, generator=gen) * 0.3).to(torch.bfloat16)
+    labels = torch.randint(0, V, (4, N // 4), generator=gen)
+    labels[0, :2] = -100
+    return hidden, weight, labels
+
+
+@need_torch
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_fused_linear_cross_entropy_matches_fp64(reduction):
+    gen = torch.Generator().manual_seed(7)
+    hidden, weight, labels = _head(gen)
+    h = hidden.detach().clone().requires_grad_(True)
+    w = weight.detach().clone().requires_grad_(True)
+    loss = rlk.nn.FusedLinearCrossEntropyLoss(reduction=reduction)(w, h, labels)
+    # fp64 reference from the same bf16 values (their products are exact in fp64)
+    h64 = hidden.double().requires_grad_(True)
+    w64 = weight.double().requires_grad_(True)
+    z = h64.reshape(-1, H) @ w64.T
+    ref = torch.nn.functional.cross_entropy(z, labels.reshape(-1), reduction=reduction,
+                                            ignore_index=-100)
+    # rlk's per-token logp is f32: within 4 ulp of f32 of |lse| + |z_y| (the two terms it is
+    # the difference of, each rounded to f32 once and the result once more)
+    lse = torch.logsumexp(z, -1)
+    zy = z.gather(1, labels.reshape(-1, 1).clamp(min=0))[:, 0]
+    tok_tol = 4 * 2.0 ** -24 * (lse.abs() + zy.abs() + 1)
+    tok_tol = torch.where(labels.reshape(-1) == -100, torch.zeros_like(tok_tol), tok_tol)
+    if reduction == "none":
+        assert loss.shape == labels.shape
+        err = (loss.double().reshape(-1) - ref).abs()
+        assert (err <= tok_tol).all(), (err - tok_tol).max()
+    else:
+        # a sum of f32 terms adds one f32 rounding per term of the running sum
+        tol = tok_tol.sum() + tok_tol.numel() * 2.0 ** -24 * ref.abs() * (
+            1 if reduction == "sum" else (labels != -100).sum())
+        if reduction == "mean":
+            tol = tol / (labels != -100).sum()
+        assert abs(float(loss) - float(ref)) <= float(tol)
+    (loss.sum() if reduction == "none" else loss).backward()
+    (ref.sum() if reduction == "none" else ref).backward()
+    # gradients come back bf16: rounded once (2^-8 of each value) after an f32 accumulation over
+    # the rows (or vocabulary) whose error is at most (terms) * 2^-24 * sum |terms| (bounded here
+    # by |dz| @ |h| and |dz| @ |w| in fp64)
+    p = torch.softmax(z, -1)
+    onehot = torch.zeros_like(p)
+    valid = labels.reshape(-1) != -100
+    onehot[valid, labels.reshape(-1)[valid]] = 1
+    scale = (1.0 / valid.sum()) if reduction == "mean" else 1.0
+    dz = ((p - onehot) * valid[:, None] * scale).abs()
+    for got, want, bound, terms in ((w.grad, w64.grad, dz.T @ h64.detach().reshape(-1, H).abs(), N),
+                                    (h.grad.reshape(-1, H), h64.grad.reshape(-1, H),
+                                     dz @ w64.detach().abs(), V)):
+        tol = 2.0 ** -8 * want.abs() + terms * 2.0 ** -24 * bound * (1 + 2.0 ** -8)
+        err = (got.double() - want).abs()
+        assert (err <= tol + 1e-300).all(), (err - tol).max()
+
+
+@need_torch
+def test_policy_loss_modules_are_the_autograd_calls():
+    gen = torch.Generator().manual_seed(8)
+    hidden, weight, labels = _head(gen)
+    old = torch.randn(4, N // 4, generator=gen) * 0.1 - 4
+    adv = torch.randn(4, generator=gen)
+    mask = torch.rand(4, N // 4, generator=gen) > 0.2
+    settings = dict(clip_high=0.28, kl_coef=1e-3, entropy_coef=0.01)
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    mod = rlk.nn.FusedLinearPolicyLoss(**settings)
+    loss1, m1 = mod(w1, h1, labels, old, adv, mask, ref_logp=old)
+    loss1.backward()
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logp, ent = rlk.autograd.linear_token_logprob(h2, w2, labels, entropy=True)
+    loss2, m2 = rlk.autograd.policy_loss(logp, old, adv, mask, entropy=ent, ref_logp=old,
+                                         **settings)
+    loss2.backward()
+    for a, b in ((loss1, loss2), (m1, m2), (h1.grad, h2.grad), (w1.grad, w2.grad)):
+        assert torch.equal(a, b)
+    lp = logp.detach().clone().requires_grad_(True)
+    loss3, _ = rlk.nn.PolicyLoss(clip_high=0.28)(lp, old, adv, mask)
+    loss4, _ = rlk.autograd.policy_loss(logp.detach(), old, adv, mask, clip_high=0.28)
+    assert torch.equal(loss3, loss4)
+    with pytest.raises(rlk.InvalidArgument, match="bias"):
+        mod(w1, h1, labels, old, adv, mask, bias=torch.zeros(V))
+
+
+@need_torch
+def test_fused_linear_cross_entropy_compiles_without_graph_break():
+    gen = torch.Generator().manual_seed(9)
+    hidden, weight, labels = _head(gen)
+    per_token = rlk.nn.FusedLinearCrossEntropyLoss(reduction="none")
+    expl = torch._dynamo.explain(per_token)(weight, hidden, labels)
+    assert expl.graph_break_count == 0, expl.break_reasons
+    # the operator's own results: bitwise
+    assert torch.equal(torch.compile(per_token, fullgraph=True)(weight, hidden, labels),
+                       per_token(weight, hidden, labels))
+    # the mean is torch's sum, which the compiled graph may add in another order: n f32
+    # additions differ by at most n * 2^-24 * sum |terms|
+    mean = rlk.nn.FusedLinearCrossEntropyLoss()
+    terms = per_token(weight, hidden, labels)
+    tol = terms.numel() * 2.0 ** -24 * float(terms.abs().sum()) / float((labels != -100).sum())
+    got = torch.compile(mean, fullgraph=True)(weight, hidden, labels)
+    assert abs(float(got) - float(mean(weight, hidden, labels))) <= tol
+
+
+# ---- rlk.sampling -------------------------------------------------------------------------
+
+@need_torch
+def test_flashinfer_style_sampling_is_rlk_sample():
+    gen = torch.Generator().manual_seed(10)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    probs = torch.softmax(logits, -1)
+    top_k = torch.tensor([1, 5, 10, 50, 3, 7], dtype=torch.int32)
+    ids = rlk.sampling.top_k_top_p_sampling_from_logits(logits, top_k, 0.9, seed=123)
+    assert ids.dtype == torch.int32 and ids.shape == (6,)
+    same = rlk.sample(logits, top_k=top_k, top_p=0.9, seed=123, offset=0).tokens
+    assert torch.equal(ids.long(), same)
+    assert ids[0] == logits[0].argmax()  # top_k 1 is greedy
+    # probabilities are sampled through their logarithm: the rows' distributions are the same
+    via_probs = rlk.sampling.top_k_top_p_sampling_from_probs(probs, top_k, 0.9, seed=123)
+    assert torch.equal(via_probs.long(), rlk.sample(torch.log(probs), top_k=top_k, top_p=0.9,
+                                                    seed=123, offset=0).tokens)
+    for fn, arg in ((rlk.sampling.top_k_sampling_from_probs, 3),
+                    (rlk.sampling.top_p_sampling_from_probs, 0.5),
+                    (rlk.sampling.min_p_sampling_from_probs, 0.2)):
+        got = fn(probs, arg, seed=5)
+        keep = {rlk.sampling.top_k_sampling_from_probs: lambda p: p >= p.topk(3, -1).values[:, -1:],
+                rlk.sampling.min_p_sampling_from_probs: lambda p: p >= 0.2 * p.max(-1, keepdim=True).values}
+        if fn in keep:  # the token drawn is one the filter keeps
+            assert keep[fn](probs).gather(1, got.long()[:, None]).all()
+    assert rlk.sampling.sampling_from_logits(logits, seed=1).dtype == torch.int32
+
+
+@need_torch
+def test_sampling_seeds_come_from_torch_generators():
+    logits = torch.randn(4, 32, generator=torch.Generator().manual_seed(11))
+    torch.manual_seed(3)
+    a = rlk.sampling.sampling_from_logits(logits)
+    torch.manual_seed(3)
+    b = rlk.sampling.sampling_from_logits(logits)
+    assert torch.equal(a, b)
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    assert torch.equal(rlk.sampling.sampling_from_logits(logits, generator=g1),
+                       rlk.sampling.sampling_from_logits(logits, generator=g2))
+
+
+@need_torch
+def test_sampling_checks():
+    logits = torch.randn(2, 8)
+    logits[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="contains NaN"):
+        rlk.sampling.sampling_from_logits(logits, check_nan=True)
+    with pytest.raises(rlk.Unsupported, match="top_k_first"):
+        rlk.sampling.top_k_top_p_sampling_from_logits(torch.randn(2, 8), 2, 0.5,
+                                                      filter_apply_order="joint")
+    assert rlk.sampling.top_k_top_p_sampling_from_logits(torch.zeros(0, 8), 2, 0.5).shape == (0,)
