@@ -105,6 +105,15 @@ typedef enum rlk_log_level {
   RLK_LOG_DEBUG = 3
 } rlk_log_level;
 
+/* Where log messages go. By default each is one line on stderr, "rlk <level>: <message>", for the
+ * levels the process asked for (RLK_LOG, else warn; a context may raise it). With a callback set,
+ * every message goes to it instead (none to stderr): those up to that level or `level`, whichever
+ * is higher (so a binding can forward info messages, e.g. each kernel compile, to its own
+ * logging without RLK_LOG). The callback runs on the thread that logs, possibly several at
+ * once, and must not call rlk; `message` lives until it returns. NULL restores stderr. */
+typedef void (*rlk_log_callback)(rlk_log_level level, const char *message, void *user);
+RLK_API void rlk_set_log_callback(rlk_log_callback callback, rlk_log_level level, void *user);
+
 typedef struct rlk_context rlk_context;
 
 typedef struct rlk_context_options {

@@ -1,5 +1,5 @@
-/* log.c - leveled logging to stderr. The level comes from RLK_LOG, raised by contexts that
- * ask for more detail. */
+/* log.c - leveled logging to stderr, or to a callback the caller set. The level comes from
+ * RLK_LOG, raised by contexts that ask for more detail and by the callback's own level. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,13 +32,43 @@ void rlk_log_set_level(rlk_log_level level) {
   atomic_store(&log_level, (int)level);
 }
 
+/* The callback and its argument travel together: one pointer swapped atomically. */
+typedef struct log_sink {
+  rlk_log_callback callback;
+  void *user;
+  int level;
+} log_sink;
+
+static log_sink sinks[2];
+static _Atomic(log_sink *) sink = NULL;
+static atomic_int sink_slot;
+
+void rlk_set_log_callback(rlk_log_callback callback, rlk_log_level level, void *user) {
+  if (!callback) {
+    atomic_store(&sink, NULL);
+    return;
+  }
+  /* Two slots: a logging thread may still read the one replaced by the previous call. */
+  log_sink *s = &sinks[atomic_fetch_add(&sink_slot, 1) & 1];
+  s->callback = callback;
+  s->user = user;
+  s->level = (int)level;
+  atomic_store(&sink, s);
+}
+
 void rlk_log(rlk_log_level level, const char *fmt, ...) {
-  if ((int)level > (int)rlk_log_get_level()) return;
+  log_sink *s = atomic_load(&sink);
+  int limit = (int)rlk_log_get_level();
+  if (s && s->level > limit) limit = s->level;
+  if ((int)level > limit) return;
   static const char *const names[] = {"error", "warn", "info", "debug"};
   char msg[4096];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "rlk %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
+  if (s)
+    s->callback(level, msg, s->user);
+  else
+    fprintf(stderr, "rlk %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
 }
