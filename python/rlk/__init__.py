@@ -26,7 +26,7 @@ an ImportError (rlk.LibraryNotFound) that names every place tried.
 """
 import sys
 
-from ._context import Context, configure, context, release_contexts
+from ._context import Context, configure, context, jit_summary, release_contexts
 from ._lib import library, library_path, version_string
 from ._types import Backend, DType, LogLevel
 from .errors import (AbiMismatch, BackendError, CacheError, CompileError, InternalError,
@@ -70,7 +70,7 @@ def __getattr__(name):
 
 __all__ = [
     # runtime
-    "Context", "configure", "context", "release_contexts", "library", "library_path",
+    "Context", "configure", "context", "jit_summary", "release_contexts", "library", "library_path",
     "version_string", "available_ops", "Backend", "DType", "LogLevel", "OPS",
     # errors
     "RlkError", "InvalidArgument", "Unsupported", "Unavailable", "CompileError", "JitDisabled",

@@ -8,6 +8,7 @@ import ctypes
 import threading
 
 from . import _lib
+from . import _log
 from . import _types as T
 from .errors import InvalidArgument
 
@@ -95,7 +96,9 @@ class Context:
     def precompile(self, config):
         """rlk_precompile: compiles what one op configuration line needs; returns the kernel count."""
         n = ctypes.c_int(0)
-        _lib.check(self._lib.rlk_precompile(self.handle, str(config).encode(), ctypes.byref(n)))
+        status = self._lib.rlk_precompile(self.handle, str(config).encode(), ctypes.byref(n))
+        _log.flush()
+        _lib.check(status)
         return n.value
 
     def synchronize(self, stream=None):
@@ -127,6 +130,13 @@ def shared(key):
     call, so the common case is one dict lookup."""
     ctx = _contexts.get(key)
     return ctx if ctx is not None else context(*key)
+
+
+def jit_summary():
+    """One line on the kernels of the contexts in use: how many were compiled and in how long,
+    loaded from the kernel cache, looked up; returned and logged at INFO on the "rlk" logger
+    (each compile is logged there as it happens)."""
+    return _log.summary(_contexts)
 
 
 def release_contexts():

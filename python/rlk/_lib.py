@@ -14,6 +14,7 @@ import os
 import threading
 from pathlib import Path
 
+from . import _log
 from . import _types as T
 from .errors import AbiMismatch, LibraryNotFound, Unavailable, error_for_status
 
@@ -120,6 +121,8 @@ def library():
                 tried.append("%s: %s (%s)" % (how, where, e))
                 continue
             _path = getattr(lib, "_name", where)
+            if hasattr(lib, "rlk_set_log_callback"):  # older libraries log to stderr
+                _log.install(lib)
             _lib = lib
             return lib
         raise LibraryNotFound(

@@ -21,6 +21,7 @@ import sys
 
 from . import _context
 from . import _lib
+from . import _log
 from . import _types as T
 from .errors import InvalidArgument
 
@@ -464,6 +465,8 @@ class Op:
     def workspace_size(self, ctx, args):
         n = ctypes.c_size_t(0)
         status = self._workspace_size(ctx.handle, args, ctypes.byref(n))
+        if _log.pending:
+            _log.flush()
         if status:
             _lib.check(status, self.name)
         return n.value
@@ -471,5 +474,7 @@ class Op:
     def launch(self, ctx, args, stream):
         # ctypes passes args by reference (the argtype is a pointer to its struct)
         status = self._run(ctx.handle, args, stream)
+        if _log.pending:  # a kernel compiled on this call's first use: logged with its time
+            _log.flush()
         if status:
             _lib.check(status, self.name)
