@@ -660,6 +660,66 @@ START_TEST(prune_that_cannot_delete_fails) {
 }
 END_TEST
 
+/* out is one JSON object: it starts with '{', ends with "}\n", and nothing else was printed. */
+static void expect_json_document(const char *out, const char *what) {
+  size_t n = strlen(out);
+  ck_assert_msg(n > 2 && out[0] == '{' && out[n - 2] == '}' && out[n - 1] == '\n',
+                "%s: not one JSON document:\n%s", what, out);
+}
+
+START_TEST(json_outputs) {
+  char dir[1024], tree[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "json");
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
+                                          ARGS("--targets", "host", "--sweep", SMALL_SWEEP, "--out", tree,
+                                               "-j", "2", "--json"));
+  expect_status(r, 0, "rlk-precompile --json");
+  expect_json_document(r.out, "rlk-precompile --json");
+  ck_assert_msg(strstr(r.out, "\"items\": 4, \"failed\": 0, \"kernels\": 4, \"compiled\": 4, \"cached\": 0")
+                    != NULL, "%s", r.out);
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "{\"index\": "), 4);
+  ck_assert_msg(strstr(r.out, "\"configuration\": \"group_advantage group_size=8 mode=rloo scores=f32\"") != NULL,
+                "%s", r.out);
+  rlk_test_tool_free(&r);
+  /* a second run finds every kernel in the tree */
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
+                        ARGS("--targets", "host", "--sweep", SMALL_SWEEP, "--out", tree, "--json"));
+  expect_status(r, 0, "rlk-precompile --json again");
+  ck_assert_msg(strstr(r.out, "\"compiled\": 0, \"cached\": 4") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile",
+                        ARGS("--targets", "host", "--sweep", SMALL_SWEEP, "--dry-run", "--json"));
+  expect_status(r, 0, "rlk-precompile --dry-run --json");
+  expect_json_document(r.out, "rlk-precompile --dry-run --json");
+  ck_assert_msg(strstr(r.out, "\"count\": 4") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("list", "--root", tree, "--json"));
+  expect_status(r, 0, "rlk-cache list --json");
+  expect_json_document(r.out, "rlk-cache list --json");
+  ck_assert_int_eq(rlk_test_count_lines(r.out, "  {\"key\": "), 4);
+  ck_assert_msg(strstr(r.out, "\"count\": 4") != NULL && strstr(r.out, "\"family\": \"group_advantage\"") != NULL,
+                "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--json", "--root", tree, "sizes"));
+  expect_status(r, 0, "rlk-cache sizes --json");
+  expect_json_document(r.out, "rlk-cache sizes --json");
+  ck_assert_msg(strstr(r.out, "\"by_family\": {\"group_advantage\": {\"entries\": 4") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify", "--json"));
+  expect_status(r, 0, "rlk-cache verify --json");
+  expect_json_document(r.out, "rlk-cache verify --json");
+  ck_assert_msg(strstr(r.out, "\"entries\": 4, \"bad\": 0") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "clear", "--yes", "--json"));
+  expect_status(r, 0, "rlk-cache clear --json");
+  ck_assert_msg(strstr(r.out, "\"cleared\": true") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
 Suite *tools_suite(void) {
   Suite *s = suite_create("tools");
   TCase *tc = tcase_create("tools");
@@ -674,6 +734,7 @@ Suite *tools_suite(void) {
   tcase_add_test(tc, precompile_for_a_gpu_target_without_a_gpu);
   tcase_add_test(tc, config_lines_are_bounded_and_whole);
   tcase_add_test(tc, prune_that_cannot_delete_fails);
+  tcase_add_test(tc, json_outputs);
   suite_add_tcase(s, tc);
   return s;
 }

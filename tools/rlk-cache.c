@@ -7,6 +7,8 @@
  *   rlk-cache [--root DIR] prune [--max-size SIZE] [--max-age AGE]
  *   rlk-cache [--root DIR] clear --yes
  *
+ * --json writes one JSON document to standard output instead of the tables and lines.
+ *
  * Built only on the public API (include/rlk.h). Exit status: 0 success, 1 a library
  * failure (or bad entries left by verify), 2 a usage error.
  */
@@ -45,6 +47,7 @@ static void usage(FILE *out) {
           "options:\n"
           "  --root DIR           the cache tree (default: RLK_CACHE_DIR, $XDG_CACHE_HOME/rlk,\n"
           "                       ~/.cache/rlk)\n"
+          "  --json               one JSON document on standard output instead of the text\n"
           "  -h, --help           this help\n"
           "\n"
           "exit status: 0 success, 1 failure, 2 usage error\n",
@@ -210,10 +213,36 @@ static void format_time(int64_t t, char *buf, size_t size) {
 
 /* ---- commands ---------------------------------------------------------------------- */
 
-static int cmd_list(const char *root, int keys_only) {
+static int cmd_list(const char *root, int keys_only, int json) {
   entry_list l = {0};
   int rc = load_entries(root, &l);
   if (rc) return rc;
+  if (json) {
+    uint64_t bytes = 0;
+    printf("{\"root\": ");
+    json_string(stdout, root);
+    printf(", \"entries\": [");
+    for (size_t i = 0; i < l.n; i++) {
+      const entry *e = &l.v[i];
+      printf("%s\n  {\"key\": ", i ? "," : "");
+      json_string(stdout, e->key);
+      if (!keys_only) {
+        const char *names[] = {"family", "target", "compiler", "params", "path"};
+        const char *values[] = {e->family, e->target, e->compiler, e->params, e->path};
+        for (int k = 0; k < 5; k++) {
+          printf(", \"%s\": ", names[k]);
+          json_string(stdout, values[k]);
+        }
+        printf(", \"bytes\": %" PRIu64 ", \"created\": %" PRId64 ", \"last_used\": %" PRId64,
+               e->bytes, e->created, e->last_used);
+      }
+      printf("}");
+      bytes += e->bytes;
+    }
+    printf("%s], \"count\": %zu, \"bytes\": %" PRIu64 "}\n", l.n ? "\n" : "", l.n, bytes);
+    entries_free(&l);
+    return 0;
+  }
   if (keys_only) {
     for (size_t i = 0; i < l.n; i++) printf("%s\n", l.v[i].key);
     entries_free(&l);
@@ -272,8 +301,18 @@ static int by_bytes_desc(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-static void print_totals(const char *title, total *v, size_t n) {
+static void print_totals(const char *title, total *v, size_t n, int json) {
   if (n > 1) qsort(v, n, sizeof *v, by_bytes_desc);
+  if (json) {
+    printf(", \"by_%s\": {", title);
+    for (size_t i = 0; i < n; i++) {
+      printf("%s", i ? ", " : "");
+      json_string(stdout, v[i].name);
+      printf(": {\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 "}", v[i].entries, v[i].bytes);
+    }
+    printf("}");
+    return;
+  }
   printf("by %s:\n", title);
   for (size_t i = 0; i < n; i++) {
     char h[32];
@@ -283,7 +322,7 @@ static void print_totals(const char *title, total *v, size_t n) {
   }
 }
 
-static int cmd_sizes(const char *root) {
+static int cmd_sizes(const char *root, int json) {
   entry_list l = {0};
   int rc = load_entries(root, &l);
   if (rc) return rc;
@@ -299,12 +338,20 @@ static int cmd_sizes(const char *root) {
     }
     bytes += l.v[i].bytes;
   }
-  printf("cache: %s\n", root);
-  print_totals("family", fam, nfam);
-  print_totals("target", tgt, ntgt);
+  if (json) {
+    printf("{\"root\": ");
+    json_string(stdout, root);
+  } else {
+    printf("cache: %s\n", root);
+  }
+  print_totals("family", fam, nfam, json);
+  print_totals("target", tgt, ntgt, json);
   char h[32];
   human_bytes(bytes, h, sizeof h);
-  printf("total: %zu entries, %" PRIu64 " bytes (%s)\n", l.n, bytes, h);
+  if (json)
+    printf(", \"entries\": %zu, \"bytes\": %" PRIu64 "}\n", l.n, bytes);
+  else
+    printf("total: %zu entries, %" PRIu64 " bytes (%s)\n", l.n, bytes, h);
 done:
   free(fam);
   free(tgt);
@@ -312,7 +359,7 @@ done:
   return rc;
 }
 
-static int cmd_verify(const char *root, int repair) {
+static int cmd_verify(const char *root, int repair, int json) {
   uint64_t entries = 0, bad = 0;
   rlk_status st = rlk_cache_verify(root, repair, &entries, &bad);
   if (st != RLK_OK) return lib_error("verifying the cache", st);
@@ -321,9 +368,17 @@ static int cmd_verify(const char *root, int repair) {
     uint64_t entries2 = 0;
     st = rlk_cache_verify(root, 0, &entries2, &left);
     if (st != RLK_OK) return lib_error("re-verifying the cache", st);
+  }
+  uint64_t quarantined = repair ? bad - (left < bad ? left : bad) : 0;
+  if (json) {
+    printf("{\"root\": ");
+    json_string(stdout, root);
+    printf(", \"entries\": %" PRIu64 ", \"bad\": %" PRIu64 ", \"quarantined\": %" PRIu64
+           ", \"bad_left\": %" PRIu64 "}\n", entries, bad, quarantined, left);
+  } else if (repair && bad) {
     printf("verify: %" PRIu64 " entries, %" PRIu64 " bad, %" PRIu64 " quarantined, %" PRIu64
            " bad left\n",
-           entries, bad, bad - (left < bad ? left : bad), left);
+           entries, bad, quarantined, left);
   } else {
     printf("verify: %" PRIu64 " entries, %" PRIu64 " bad\n", entries, bad);
   }
@@ -335,10 +390,16 @@ static int cmd_verify(const char *root, int repair) {
   return 0;
 }
 
-static int cmd_prune(const char *root, uint64_t max_bytes, int64_t max_age) {
+static int cmd_prune(const char *root, uint64_t max_bytes, int64_t max_age, int json) {
   uint64_t n = 0, bytes = 0;
   rlk_status st = rlk_cache_prune(root, max_bytes, max_age, &n, &bytes);
   if (st != RLK_OK) return lib_error("pruning the cache", st);
+  if (json) {
+    printf("{\"root\": ");
+    json_string(stdout, root);
+    printf(", \"removed\": %" PRIu64 ", \"bytes\": %" PRIu64 "}\n", n, bytes);
+    return 0;
+  }
   char h[32];
   human_bytes(bytes, h, sizeof h);
   printf("prune: removed %" PRIu64 " entr%s, %" PRIu64 " bytes (%s)\n", n, n == 1 ? "y" : "ies",
@@ -346,55 +407,53 @@ static int cmd_prune(const char *root, uint64_t max_bytes, int64_t max_age) {
   return 0;
 }
 
-static int cmd_clear(const char *root) {
+static int cmd_clear(const char *root, int json) {
   rlk_status st = rlk_cache_clear(root);
   if (st != RLK_OK) return lib_error("clearing the cache", st);
-  printf("clear: removed every entry of %s\n", root);
+  if (json) {
+    printf("{\"root\": ");
+    json_string(stdout, root);
+    printf(", \"cleared\": true}\n");
+  } else {
+    printf("clear: removed every entry of %s\n", root);
+  }
   return 0;
 }
 
 int main(int argc, char **argv) {
   const char *root_arg = NULL, *command = NULL;
   const char *max_size = NULL, *max_age = NULL;
-  int keys_only = 0, repair = 0, yes = 0;
+  int keys_only = 0, repair = 0, yes = 0, json = 0;
+  static const struct option longopts[] = {
+      {"help", no_argument, NULL, 'h'},           {"root", required_argument, NULL, 'r'},
+      {"keys", no_argument, NULL, 'k'},           {"repair", no_argument, NULL, 'R'},
+      {"yes", no_argument, NULL, 'y'},            {"max-size", required_argument, NULL, 'S'},
+      {"max-age", required_argument, NULL, 'A'},  {"json", no_argument, NULL, 'J'},
+      {NULL, 0, NULL, 0}};
 
-  /* Options may come before or after the command; each command accepts only its own. */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return 0;
-    } else if (!strcmp(a, "--root") || !strncmp(a, "--root=", 7)) {
-      if (a[6] == '=') {
-        root_arg = a + 7;
-      } else {
-        if (i + 1 >= argc) return usage_error("--root needs a directory", NULL);
-        root_arg = argv[++i];
-      }
-      if (!*root_arg) return usage_error("--root needs a directory", NULL);
-    } else if (!strcmp(a, "--keys")) {
-      keys_only = 1;
-    } else if (!strcmp(a, "--repair")) {
-      repair = 1;
-    } else if (!strcmp(a, "--yes") || !strcmp(a, "-y")) {
-      yes = 1;
-    } else if (!strcmp(a, "--max-size") || !strcmp(a, "--max-age")) {
-      if (i + 1 >= argc) return usage_error("%s needs a value", a);
-      if (a[6] == 's')
-        max_size = argv[++i];
-      else
-        max_age = argv[++i];
-    } else if (!strncmp(a, "--max-size=", 11)) {
-      max_size = a + 11;
-    } else if (!strncmp(a, "--max-age=", 10)) {
-      max_age = a + 10;
-    } else if (a[0] == '-') {
-      return usage_error("unknown option '%s'", a);
-    } else if (!command) {
-      command = a;
-    } else {
-      return usage_error("unexpected argument '%s'", a);
+  /* Options may come before or after the command (getopt_long permutes); each command accepts
+   * only its own. */
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":hy", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'h': usage(stdout); return 0;
+      case 'r':
+        if (!*optarg) return usage_error("--root needs a directory", NULL);
+        root_arg = optarg;
+        break;
+      case 'k': keys_only = 1; break;
+      case 'R': repair = 1; break;
+      case 'y': yes = 1; break;
+      case 'S': max_size = optarg; break;
+      case 'A': max_age = optarg; break;
+      case 'J': json = 1; break;
+      default: return getopt_error(c, argv);
     }
+  }
+  for (int i = optind; i < argc; i++) {
+    if (command) return usage_error("unexpected argument '%s'", argv[i]);
+    command = argv[i];
   }
   if (!command) return usage_error("a command is required (list, sizes, verify, prune, clear)", NULL);
 
@@ -440,9 +499,9 @@ int main(int argc, char **argv) {
   else if (!S_ISDIR(sb.st_mode))
     return usage_error("'%s' is not a directory", root);
 
-  if (is_list) return cmd_list(root, keys_only);
-  if (is_sizes) return cmd_sizes(root);
-  if (is_verify) return cmd_verify(root, repair);
-  if (is_prune) return cmd_prune(root, max_bytes, max_age_s);
-  return cmd_clear(root);
+  if (is_list) return cmd_list(root, keys_only, json);
+  if (is_sizes) return cmd_sizes(root, json);
+  if (is_verify) return cmd_verify(root, repair, json);
+  if (is_prune) return cmd_prune(root, max_bytes, max_age_s, json);
+  return cmd_clear(root, json);
 }

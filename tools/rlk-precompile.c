@@ -4,7 +4,7 @@
  * plus RLK_JIT=0 to catch gaps).
  *
  *   rlk-precompile --out DIR --targets "sm_80 sm_90a" --config FILE [--sweep LINE]... [-j N]
- *                  [--shard i/n] [--dry-run] [--manifest FILE]
+ *                  [--shard i/n] [--dry-run] [--manifest FILE] [--json]
  *   rlk-precompile merge --out DIR SHARD...
  *   rlk-precompile --list-ops
  *
@@ -12,7 +12,8 @@
  * stands for the cross product of its lists. The manifest is every configuration times
  * every target. Compiles run in worker processes (one compiler runs at a time inside a
  * process, so processes are what scale); --shard keeps the items whose index % n == i so a
- * cluster launcher can split the work, and 'merge' joins the shard trees.
+ * cluster launcher can split the work, and 'merge' joins the shard trees. On a terminal a
+ * status line shows how far the run is; --json writes one JSON document instead of the lines.
  *
  * Built only on the public API (include/rlk.h). Exit status: 0 success, 1 a failure, 2 a
  * usage error.
@@ -70,7 +71,9 @@ static void usage(FILE *out) {
           "                    --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT\n"
           "  -n, --dry-run     list the expanded items, compile nothing\n"
           "  --manifest FILE   write one line per item: target, configuration, kernels, result\n"
-          "  -q, --quiet       no per-item progress lines\n"
+          "  -q, --quiet       no per-item lines (a terminal still shows the status line)\n"
+          "  --json            one JSON document on standard output: the totals and every\n"
+          "                    item's result (with --dry-run: the items)\n"
           "  --list-ops        the ops and the parameters each configuration accepts\n"
           "  -h, --help        this help\n"
           "\n"
@@ -191,6 +194,7 @@ typedef struct run_state {
   int quiet;
   int width;
   const char *out;
+  progress bar;
 } run_state;
 
 static void *worker_open(void *user) {
@@ -240,24 +244,31 @@ static void record(void *user, const pool_report *r, const char *msg) {
   it->seconds = r->seconds;
   it->message = r->status != RLK_OK ? xstrdup(msg) : NULL;
   s->finished++;
+  progress_clear(&s->bar);
   if (r->status != RLK_OK) {
     s->failed++;
-    printf("[%*zu/%zu] %-8s %s  FAILED (%.2f s)\n", s->width, s->finished, s->nitems, it->target,
-           it->config, it->seconds);
-    fflush(stdout);
+    if (!s->quiet) {
+      printf("[%*zu/%zu] %-8s %s  FAILED (%.2f s)\n", s->width, s->finished, s->nitems, it->target,
+             it->config, it->seconds);
+      fflush(stdout);
+    }
     fprintf(stderr, "%s: %s %s: %s: %s\n", prog, it->target, it->config,
             rlk_status_string((rlk_status)r->status), msg);
     fflush(stderr);
-    return;
+  } else {
+    s->kernels += r->count[0];
+    s->compiles += r->count[1];
+    if (!s->quiet) {
+      printf("[%*zu/%zu] %-8s %s  %d kernel%s, %d compiled  %.2f s\n", s->width, s->finished,
+             s->nitems, it->target, it->config, r->count[0], r->count[0] == 1 ? "" : "s", r->count[1],
+             it->seconds);
+      fflush(stdout);
+    }
   }
-  s->kernels += r->count[0];
-  s->compiles += r->count[1];
-  if (!s->quiet) {
-    printf("[%*zu/%zu] %-8s %s  %d kernel%s, %d compiled  %.2f s\n", s->width, s->finished,
-           s->nitems, it->target, it->config, r->count[0], r->count[0] == 1 ? "" : "s", r->count[1],
-           it->seconds);
-    fflush(stdout);
-  }
+  char detail[96];
+  snprintf(detail, sizeof detail, "%ld kernels, %ld compiled%s", s->kernels, s->compiles,
+           s->failed ? ", some failed" : "");
+  progress_show(&s->bar, s->finished, detail);
 }
 
 /* ---- files -------------------------------------------------------------------------- */
@@ -381,24 +392,22 @@ static int collect_path(const rlk_cache_entry *e, void *user) {
 static int cmd_merge(int argc, char **argv) {
   const char *out = NULL;
   strlist shards = {0};
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  static const struct option longopts[] = {
+      {"help", no_argument, NULL, 'h'}, {"out", required_argument, NULL, 'o'}, {NULL, 0, NULL, 0}};
+  opterr = 0; /* argv[0] is "merge", as a program's name is to getopt */
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    if (c == 'h') {
       usage(stdout);
-      strlist_free(&shards);
       return 0;
-    } else if (!strcmp(a, "--out")) {
-      if (i + 1 >= argc || !*argv[i + 1]) return usage_error("--out needs a directory");
-      out = argv[++i];
-    } else if (!strncmp(a, "--out=", 6) && a[6]) {
-      out = a + 6;
-    } else if (a[0] == '-') {
-      strlist_free(&shards);
-      return usage_error("merge: unknown option '%s'", a);
+    } else if (c == 'o') {
+      if (!*optarg) return usage_error("--out needs a directory");
+      out = optarg;
     } else {
-      strlist_push(&shards, xstrdup(a));
+      return getopt_error(c, argv);
     }
   }
+  for (int i = optind; i < argc; i++) strlist_push(&shards, xstrdup(argv[i]));
   if (!out) {
     strlist_free(&shards);
     return usage_error("merge needs --out DIR");
@@ -611,67 +620,79 @@ static int take_record(const rlk_tune_record *r, void *user) {
 
 static int precompile_main(int argc, char **argv) {
   const char *out_arg = NULL, *manifest = NULL, *tune_db = NULL;
-  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0;
+  int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0, json = 0;
   long jobs = 0, shard_i = 0, shard_n = 1;
 
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *val = NULL;
-#define TAKE(opt)                                                                              \
-  (!strcmp(a, opt) ? (i + 1 < argc ? (val = argv[++i], 1) : -1)                               \
-                   : (!strncmp(a, opt "=", sizeof(opt)) ? (val = a + sizeof(opt), 1) : 0))
-    int t;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return 0;
-    } else if (!strcmp(a, "--dry-run") || !strcmp(a, "-n")) {
-      dry_run = 1;
-    } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-      quiet = 1;
-    } else if (!strcmp(a, "--list-ops")) {
-      want_list_ops = 1;
-    } else if (!strcmp(a, "--tune-all-envs")) {
-      tune_all_envs = 1;
-    } else if ((t = TAKE("--tune-db")) != 0) {
-      if (t < 0 || !*val) return usage_error("--tune-db needs a tuning database file");
-      tune_db = val;
-    } else if ((t = TAKE("--config")) != 0) {
-      if (t < 0 || !*val) return usage_error("--config needs a file");
-      strlist_push(&g.config_files, xstrdup(val));
-    } else if ((t = TAKE("--sweep")) != 0) {
-      if (t < 0) return usage_error("--sweep needs a configuration line");
-      strlist_push(&g.sweeps, xstrdup(val));
-    } else if ((t = TAKE("--targets")) != 0) {
-      if (t < 0) return usage_error("--targets needs a list");
-      split_words(val, 1, &g.target_words);
-      have_targets = 1;
-    } else if ((t = TAKE("--out")) != 0) {
-      if (t < 0 || !*val) return usage_error("--out needs a directory");
-      out_arg = val;
-    } else if ((t = TAKE("--manifest")) != 0) {
-      if (t < 0 || !*val) return usage_error("--manifest needs a file");
-      manifest = val;
-    } else if ((t = TAKE("--jobs")) != 0 || (t = TAKE("-j")) != 0 ||
-               (!strncmp(a, "-j", 2) && a[2] && (val = a + 2, t = 1))) {
-      if (t < 0 || parse_int(val, 1, 1024, &jobs))
-        return usage_error("-j needs a number of workers from 1 to 1024");
-    } else if ((t = TAKE("--shard")) != 0) {
-      const char *slash = t > 0 ? strchr(val, '/') : NULL;
-      char num[32];
-      if (!slash || (size_t)(slash - val) >= sizeof num)
-        return usage_error("--shard needs i/n, e.g. --shard 0/4");
-      memcpy(num, val, (size_t)(slash - val));
-      num[slash - val] = '\0';
-      if (parse_int(num, 0, LONG_MAX, &shard_i) || parse_int(slash + 1, 1, LONG_MAX, &shard_n) ||
-          shard_i >= shard_n)
-        return usage_error("bad --shard '%s': needs i/n with 0 <= i < n", val);
-    } else if (a[0] == '-') {
-      return usage_error("unknown option '%s'", a);
-    } else {
-      return usage_error("unexpected argument '%s' (configuration lines go in --sweep)", a);
+  enum { OPT_LIST_OPS = 256, OPT_TUNE_ALL_ENVS, OPT_TUNE_DB, OPT_CONFIG, OPT_SWEEP, OPT_TARGETS, OPT_OUT,
+         OPT_MANIFEST, OPT_SHARD, OPT_JSON };
+  static const struct option longopts[] = {
+      {"help", no_argument, NULL, 'h'},
+      {"dry-run", no_argument, NULL, 'n'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"jobs", required_argument, NULL, 'j'},
+      {"list-ops", no_argument, NULL, OPT_LIST_OPS},
+      {"tune-all-envs", no_argument, NULL, OPT_TUNE_ALL_ENVS},
+      {"tune-db", required_argument, NULL, OPT_TUNE_DB},
+      {"config", required_argument, NULL, OPT_CONFIG},
+      {"sweep", required_argument, NULL, OPT_SWEEP},
+      {"targets", required_argument, NULL, OPT_TARGETS},
+      {"out", required_argument, NULL, OPT_OUT},
+      {"manifest", required_argument, NULL, OPT_MANIFEST},
+      {"shard", required_argument, NULL, OPT_SHARD},
+      {"json", no_argument, NULL, OPT_JSON},
+      {NULL, 0, NULL, 0}};
+  opterr = 0;
+  int opt;
+  while ((opt = getopt_long(argc, argv, ":hnqj:", longopts, NULL)) != -1) {
+    const char *val = optarg;
+    switch (opt) {
+      case 'h': usage(stdout); return 0;
+      case 'n': dry_run = 1; break;
+      case 'q': quiet = 1; break;
+      case OPT_LIST_OPS: want_list_ops = 1; break;
+      case OPT_TUNE_ALL_ENVS: tune_all_envs = 1; break;
+      case OPT_JSON: json = 1; break;
+      case OPT_TUNE_DB:
+        if (!*val) return usage_error("--tune-db needs a tuning database file");
+        tune_db = val;
+        break;
+      case OPT_CONFIG:
+        if (!*val) return usage_error("--config needs a file");
+        strlist_push(&g.config_files, xstrdup(val));
+        break;
+      case OPT_SWEEP: strlist_push(&g.sweeps, xstrdup(val)); break;
+      case OPT_TARGETS:
+        split_words(val, 1, &g.target_words);
+        have_targets = 1;
+        break;
+      case OPT_OUT:
+        if (!*val) return usage_error("--out needs a directory");
+        out_arg = val;
+        break;
+      case OPT_MANIFEST:
+        if (!*val) return usage_error("--manifest needs a file");
+        manifest = val;
+        break;
+      case 'j':
+        if (parse_int(val, 1, 1024, &jobs)) return usage_error("-j needs a number of workers from 1 to 1024");
+        break;
+      case OPT_SHARD: {
+        const char *slash = strchr(val, '/');
+        char num[32];
+        if (!slash || (size_t)(slash - val) >= sizeof num)
+          return usage_error("--shard needs i/n, e.g. --shard 0/4");
+        memcpy(num, val, (size_t)(slash - val));
+        num[slash - val] = '\0';
+        if (parse_int(num, 0, LONG_MAX, &shard_i) || parse_int(slash + 1, 1, LONG_MAX, &shard_n) ||
+            shard_i >= shard_n)
+          return usage_error("bad --shard '%s': needs i/n with 0 <= i < n", val);
+        break;
+      }
+      default: return getopt_error(opt, argv);
     }
-#undef TAKE
   }
+  if (optind < argc)
+    return usage_error("unexpected argument '%s' (configuration lines go in --sweep)", argv[optind]);
 
   if (want_list_ops) return list_ops();
   if (g.config_files.n == 0 && g.sweeps.n == 0 && !tune_db)
@@ -708,7 +729,8 @@ static int precompile_main(int argc, char **argv) {
     size_t bad = 0;
     rlk_status st = rlk_tune_db_walk(tune_db, take_record, &tw, &bad);
     if (st != RLK_OK) return lib_error("reading the tuning database", st);
-    printf("tuning database %s: %zu record%s taken (%zu kernel line%s), %zu of other environments left out%s\n",
+    if (!json)
+      printf("tuning database %s: %zu record%s taken (%zu kernel line%s), %zu of other environments left out%s\n",
            tune_db, tw.taken, tw.taken == 1 ? "" : "s", g.tuned_configs.n, g.tuned_configs.n == 1 ? "" : "s",
            tw.skipped, tune_all_envs || !tw.skipped ? "" : " (--tune-all-envs takes them)");
     if (bad) fprintf(stderr, "%s: %s: %zu line%s skipped\n", prog, tune_db, bad, bad == 1 ? "" : "s");
@@ -750,6 +772,19 @@ static int precompile_main(int argc, char **argv) {
   int width = 1, rc = 0;
   for (size_t n = total; n >= 10; n /= 10) width++;
 
+  if (dry_run && json) {
+    printf("{\"dry_run\": true, \"items\": [");
+    for (size_t i = 0; i < nitems; i++) {
+      printf("%s\n  {\"index\": %zu, \"target\": ", i ? "," : "", g.items[i].index);
+      json_string(stdout, g.items[i].target);
+      printf(", \"configuration\": ");
+      json_string(stdout, g.items[i].config);
+      printf("}");
+    }
+    printf("%s], \"count\": %zu, \"configurations\": %zu, \"targets\": %zu, \"total\": %zu}\n",
+           nitems ? "\n" : "", nitems, g.configs.n, g.targets.n, total);
+    goto cleanup;
+  }
   if (dry_run) {
     for (size_t i = 0; i < nitems; i++)
       printf("%*zu  %-8s %s\n", width, g.items[i].index, g.items[i].target, g.items[i].config);
@@ -789,16 +824,21 @@ static int precompile_main(int argc, char **argv) {
   }
   if ((size_t)jobs > nitems) jobs = (long)(nitems ? nitems : 1);
 
-  printf("precompiling %zu items (%zu configuration%s x %zu target%s%s%s) into %s with %ld "
-         "worker%s\n",
-         nitems, g.configs.n, g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s",
-         tuned_note, shard_note, out, jobs, jobs == 1 ? "" : "s");
-  fflush(stdout);
+  if (!json) {
+    printf("precompiling %zu items (%zu configuration%s x %zu target%s%s%s) into %s with %ld "
+           "worker%s\n",
+           nitems, g.configs.n, g.configs.n == 1 ? "" : "s", g.targets.n, g.targets.n == 1 ? "" : "s",
+           tuned_note, shard_note, out, jobs, jobs == 1 ? "" : "s");
+    fflush(stdout);
+  }
 
-  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet, width, out};
+  run_state s = {g.items, nitems, 0, 0, 0, 0, quiet || json, width, out, {0}};
   const pool_ops ops = {&s, worker_open, run_item, worker_end, record};
   double t0 = now_s();
+  progress_start(&s.bar, nitems);
+  progress_show(&s.bar, 0, "");
   pool_run(nitems, (int)jobs, &ops);
+  progress_clear(&s.bar);
   double wall = now_s() - t0;
 
   uint64_t nent = 0, bad = 0;
@@ -822,12 +862,37 @@ static int precompile_main(int argc, char **argv) {
     }
   }
 
-  printf("done: %zu items, %zu failed, %ld kernels (%ld compiled, %ld already cached) in %.2f s, "
-         "%.1f kernels/s\n",
-         nitems, s.failed, s.kernels, s.compiles, s.kernels - s.compiles, wall,
-         wall > 0 ? (double)s.kernels / wall : 0.0);
-  if (vst == RLK_OK)
-    printf("cache: %s: %" PRIu64 " entries, %" PRIu64 " bad\n", out, nent, bad);
+  if (json) {
+    printf("{\"out\": ");
+    json_string(stdout, out);
+    printf(", \"items\": %zu, \"failed\": %zu, \"kernels\": %ld, \"compiled\": %ld, "
+           "\"cached\": %ld, \"seconds\": %.3f, \"workers\": %ld, \"entries\": %" PRIu64
+           ", \"bad\": %" PRIu64 ", \"verified\": %s, \"results\": [",
+           nitems, s.failed, s.kernels, s.compiles, s.kernels - s.compiles, wall, jobs, nent, bad,
+           vst == RLK_OK ? "true" : "false");
+    for (size_t i = 0; i < nitems; i++) {
+      const item *it = &g.items[i];
+      printf("%s\n  {\"index\": %zu, \"target\": ", i ? "," : "", it->index);
+      json_string(stdout, it->target);
+      printf(", \"configuration\": ");
+      json_string(stdout, it->config);
+      printf(", \"ok\": %s, \"kernels\": %d, \"compiled\": %d, \"seconds\": %.3f",
+             it->status == RLK_OK ? "true" : "false", it->kernels, it->compiles, it->seconds);
+      if (it->message) {
+        printf(", \"message\": ");
+        json_string(stdout, it->message);
+      }
+      printf("}");
+    }
+    printf("%s]}\n", nitems ? "\n" : "");
+  } else {
+    printf("done: %zu items, %zu failed, %ld kernels (%ld compiled, %ld already cached) in %.2f s, "
+           "%.1f kernels/s\n",
+           nitems, s.failed, s.kernels, s.compiles, s.kernels - s.compiles, wall,
+           wall > 0 ? (double)s.kernels / wall : 0.0);
+    if (vst == RLK_OK)
+      printf("cache: %s: %" PRIu64 " entries, %" PRIu64 " bad\n", out, nent, bad);
+  }
   if (s.failed) {
     fprintf(stderr, "%s: %zu of %zu items failed:\n", prog, s.failed, nitems);
     for (size_t i = 0; i < nitems; i++)
@@ -843,7 +908,7 @@ cleanup:
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1 && !strcmp(argv[1], "merge")) return cmd_merge(argc - 2, argv + 2);
+  if (argc > 1 && !strcmp(argv[1], "merge")) return cmd_merge(argc - 1, argv + 1);
   int rc = precompile_main(argc, argv);
   for (size_t i = 0; i < g.nitems; i++) free(g.items[i].message);
   free(g.items);

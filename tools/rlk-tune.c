@@ -978,19 +978,6 @@ static void run_timing(void) {
 
 /* ---- output ------------------------------------------------------------------------- */
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p < 0x20)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
-  }
-  fputc('"', f);
-}
-
 static const char *result_name(const tune_variant *v) {
   if (v->same_as >= 0 && !opt.time_duplicates) return "same";
   return v->result == RLK_TUNE_TIMED ? "timed" : v->result == RLK_TUNE_REJECTED ? "rejected" : "failed";

@@ -5,6 +5,7 @@
 #define RLK_TOOL_UTIL_H
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,31 @@ TOOL_UNUSED static int usage_error(const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "\nTry '%s --help'.\n", prog);
   return 2;
+}
+
+/* The usage error for what getopt_long returned as '?' (an unknown option) or ':' (a missing
+ * value), with opterr = 0 and an optstring that starts with ':'. */
+TOOL_UNUSED static int getopt_error(int c, char **argv) {
+  const char *a = argv[optind - 1];
+  if (c == ':') return usage_error("%s needs a value", a);
+  if (optopt) return usage_error("unknown option '-%c'", optopt);
+  return usage_error("unknown option '%s'", a);
+}
+
+/* Writes s as a JSON string (quoted, escaped). */
+TOOL_UNUSED static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p == '\n')
+      fputs("\\n", f);
+    else if (*p < 0x20)
+      fprintf(f, "\\u%04x", *p);
+    else
+      fputc(*p, f);
+  }
+  fputc('"', f);
 }
 
 /* Prints a failed library call with its status and rlk_last_error(); returns 1. */
@@ -59,6 +85,38 @@ TOOL_UNUSED static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A status line while a long run goes on: "[done/total] pct%, elapsed, about ETA left", redrawn
+ * in place on stderr when stderr is a terminal (nothing otherwise, so logs and pipes stay clean).
+ * Lines printed meanwhile go after progress_clear and before the next progress_show. */
+typedef struct progress {
+  int on;
+  size_t total;
+  double t0;
+} progress;
+
+TOOL_UNUSED static void progress_start(progress *p, size_t total) {
+  p->on = total > 0 && isatty(STDERR_FILENO);
+  p->total = total;
+  p->t0 = now_s();
+}
+
+TOOL_UNUSED static void progress_clear(const progress *p) {
+  if (!p->on) return;
+  fputs("\r\033[K", stderr);
+  fflush(stderr);
+}
+
+TOOL_UNUSED static void progress_show(const progress *p, size_t done, const char *detail) {
+  if (!p->on) return;
+  double el = now_s() - p->t0;
+  fprintf(stderr, "\r\033[K[%zu/%zu] %3.0f%%  %.1f s", done, p->total,
+          100.0 * (double)done / (double)p->total, el);
+  if (done > 0 && done < p->total)
+    fprintf(stderr, ", about %.0f s left", el / (double)done * (double)(p->total - done));
+  if (detail && *detail) fprintf(stderr, "  %s", detail);
+  fflush(stderr);
 }
 
 /* A decimal integer in [lo, hi]: 0, or -1 when s is not one. */
