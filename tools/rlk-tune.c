@@ -427,8 +427,12 @@ static void compile_run(void *user, void *state, size_t i, pool_report *r, char 
   if (st) snprintf(msg, POOL_MAX_MSG, "%s", rlk_last_error());
 }
 
+/* The status line on a terminal: the compile phase's items, then the configurations timed. */
+static progress bar;
+
 static void compile_done(void *user, const pool_report *r, const char *msg) {
   (void)user;
+  progress_clear(&bar);
   compile_item *it = &citems[r->item];
   it->status = r->status;
   it->kernels = r->count[0];
@@ -444,6 +448,7 @@ static void compile_done(void *user, const pool_report *r, const char *msg) {
            r->count[0] == 1 ? "" : "s", r->count[1], r->seconds);
   }
   fflush(stdout);
+  progress_show(&bar, cdone, "compiling");
 }
 
 /* The distinct kernel sets of every configuration, one compile item each. */
@@ -722,10 +727,12 @@ static void finish_config(size_t ci) {
   }
   size_t done = 0;
   for (size_t i = 0; i < ncfgs; i++) done += cfgs[i].finished;
+  progress_clear(&bar);
   if (c->failed) {
     printf("[%zu/%zu] %s  FAILED: %s\n", done, ncfgs, c->line, c->error ? c->error : "");
     fflush(stdout);
     record_failures++;
+    progress_show(&bar, done, "timing");
     return;
   }
   c->default_ms = c->v[0].median_ms;
@@ -781,6 +788,7 @@ static void finish_config(size_t ci) {
     lib_error("recording the result", st);
     record_failures++;
   }
+  progress_show(&bar, done, "timing");
 }
 
 /* Finishes every configuration whose variants are all done. */
@@ -1541,7 +1549,9 @@ int main(int argc, char **argv) {
       if ((size_t)jobs > ncitems) jobs = (long)(ncitems ? ncitems : 1);
       double t0 = now_s();
       const pool_ops ops_ = {NULL, compile_worker_open, compile_run, compile_worker_close, compile_done};
+      progress_start(&bar, ncitems);
       pool_run(ncitems, (int)jobs, &ops_);
+      progress_clear(&bar);
       printf("compiled: %zu item%s, %ld kernel%s compiled (the rest cached), %zu failed, in %.1f s with %ld "
              "worker%s\n",
              ncitems, ncitems == 1 ? "" : "s", ccompiled, ccompiled == 1 ? "" : "s", cfailed, now_s() - t0, jobs,
@@ -1550,8 +1560,10 @@ int main(int argc, char **argv) {
       apply_compile_failures();
     }
     /* then time, configuration by configuration */
+    progress_start(&bar, ncfgs);
     finish_ready();
     run_timing();
+    progress_clear(&bar);
     print_table();
     if (opt.json && write_json(opt.json)) rc = 1;
     if (record_failures) rc = 1;
