@@ -33,8 +33,14 @@ __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
            "prefix_attention", "token_kl"]
 
 
+# The functional calls without their torch.compile dispatch: a Function's forward runs eagerly.
+_policy_loss = losses.policy_loss.__wrapped__
+_value_loss = losses.value_loss.__wrapped__
+
+
 def _scaled(g, grad):
-    if grad is None:
+    """The kept gradient `grad` times the incoming one `g` (None: no gradient reached the loss)."""
+    if grad is None or g is None:
         return None
     return grad * (g if g.dtype is grad.dtype else g.to(grad.dtype))
 
@@ -45,9 +51,12 @@ class PolicyLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logp, entropy, kwargs):
-        # kwargs: the caller's keywords, "metrics" and "scalar_loss" already taken out
-        out = losses.policy_loss(logp.detach(), entropy=None if entropy is None else entropy.detach(),
-                                 metrics=True, scalar_loss=True, **kwargs)
+        # kwargs: the caller's keywords, "metrics" and "scalar_loss" already taken out. Outputs
+        # apart: autograd's bookkeeping for outputs that are views of one buffer costs more
+        # than the allocations saved; and no zero gradient is made for the metrics.
+        ctx.set_materialize_grads(False)
+        out = _policy_loss(logp.detach(), entropy=None if entropy is None else entropy.detach(),
+                           metrics=True, scalar_loss=True, apart=True, **kwargs)
         ctx.save_for_backward(out.grad_logp, out.grad_entropy)
         ctx.mark_non_differentiable(out.metrics)
         return out.loss, out.metrics
@@ -64,7 +73,8 @@ class ValueLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, kwargs):
-        out = losses.value_loss(values.detach(), metrics=True, scalar_loss=True, **kwargs)
+        ctx.set_materialize_grads(False)
+        out = _value_loss(values.detach(), metrics=True, scalar_loss=True, apart=True, **kwargs)
         ctx.save_for_backward(out.grad_values)
         ctx.mark_non_differentiable(out.metrics)
         return out.loss, out.metrics

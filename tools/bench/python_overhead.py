@@ -5,6 +5,10 @@ inputs, split into the library call and what the package adds around it.
     python3 tools/bench/python_overhead.py [--device cpu|cuda] [--frameworks numpy,torch]
                                            [--ops a,b] [--calls N] [--json FILE] [--floors]
 
+--floors also times torch's own costs in the same run (an empty torch.library custom op with
+1..5 tensor arguments, an empty autograd.Function's forward + backward, ...) and prints each
+torch call's ratio to its floor.
+
 For each op and framework: the host wall time of one call (time.perf_counter around each of
 --calls calls after warm-up, median), and the median time of the same library calls replayed
 through their ctypes function pointers with the args structs the package built (inside one
@@ -74,6 +78,13 @@ def inputs(fw, dev):
     return x
 
 
+# The tensor arguments each functional case passes: its floor is an empty torch.library custom
+# op taking as many tensors.
+TENSORS = {"group_advantage": 1, "group_advantage broadcast": 2, "policy_loss": 5,
+           "policy_loss normalizer=None": 5, "value_loss": 4, "gae": 3, "discounted_returns": 2,
+           "reverse_cumsum": 2, "masked_whiten": 2, "logprob": 2, "logprob_backward": 4}
+
+
 def functional_calls():
     """(op, fn(x)) for every functional op the loaded library has."""
     have = set(rlk.available_ops())
@@ -99,7 +110,21 @@ def functional_calls():
         ("logprob_backward", "logprob_backward",
          lambda x: rlk.logprob_backward(x["logits"], x["labels"], x["lse"], grad_logp=x["grad"])),
     ]
+    assert {name for name, _, _ in calls} == set(TENSORS)
     return [(name, fn) for name, op, fn in calls if op in have]
+
+
+def empty_custom_ops(counts):
+    """torch.ops.rlkbench.empty<n>: a torch.library custom op taking n tensors that does nothing
+    (returns nothing), the dispatcher's own cost per call."""
+    ops = {}
+    for n in sorted(set(counts)):
+        schema = "(%s) -> ()" % ", ".join("Tensor t%d" % i for i in range(n))
+        op = torch.library.custom_op("rlkbench::empty%d" % n, lambda *ts: None, mutates_args=(),
+                                     schema=schema)
+        op.register_fake(lambda *ts: None)
+        ops[n] = getattr(torch.ops.rlkbench, "empty%d" % n)
+    return ops
 
 
 def autograd_calls():
@@ -160,7 +185,11 @@ def torch_floors(dev):
         leaf.grad = None
         (leaf * 2).sum().backward()
 
-    return [
+    tensors = [torch.randn(B, T, device=dev) for _ in range(max(TENSORS.values()))]
+    customs = [("floor: custom op, %d tensor%s" % (n, "" if n == 1 else "s"),
+                (lambda op, ts: lambda: op(*ts))(op, tensors[:n]))
+               for n, op in empty_custom_ops(TENSORS.values()).items()]
+    return customs + [
         ("floor: torch.empty", lambda: torch.empty(B, T, device=dev)),
         ("floor: a view (x[0:1])", lambda: x[0:1]),
         ("floor: one argument's reads", lambda: (x.get_device(), x.dtype, x.shape, x.stride(),
@@ -222,6 +251,29 @@ def measure(name, fw, fn, x, calls, warmup, sync):
     return {"op": name, "framework": fw, "call_us": round(call, 2),
             "library_us": round(sum(lib), 2), "python_us": round(call - sum(lib), 2),
             "launches": len(lib), "calls": calls}
+
+
+def goal_ratios(rows):
+    """Each torch call over its floor measured in the same run: a functional call over the empty
+    custom op with as many tensors (goal 1.5x), an autograd forward + backward over an empty
+    autograd.Function's (goal 1.3x)."""
+    floors = {r["op"]: r["call_us"] for r in rows if r["op"].startswith("floor: ")}
+    out = []
+    for r in rows:
+        if r["framework"] != "torch" or r["op"].startswith("floor: "):
+            continue
+        if r["op"] in TENSORS:
+            n = TENSORS[r["op"]]
+            floor, goal = "floor: custom op, %d tensor%s" % (n, "" if n == 1 else "s"), 1.5
+        elif r["op"].endswith("fwd+bwd"):
+            floor, goal = "floor: Function fwd+bwd", 1.3
+        else:
+            continue
+        if floor in floors:
+            out.append({"op": r["op"], "call_us": r["call_us"], "floor": floor,
+                        "floor_us": floors[floor], "ratio": round(r["call_us"] / floors[floor], 2),
+                        "goal": goal})
+    return out
 
 
 def git_revision():
@@ -299,8 +351,16 @@ def main(argv=None):
             us = median_us(lambda: fn(), args.calls, sync)
             rows.append({"op": name, "framework": "torch", "call_us": round(us, 2), "calls": args.calls})
             print(line % (name, "torch", "%.1f" % us, "-", "-"), flush=True)
+    goals = goal_ratios(rows)
+    if goals:
+        print("\nbeside torch's floors in this run (goals: functional <= 1.5x, autograd fwd+bwd "
+              "<= 1.3x):")
+        for g in goals:
+            print("  %-34s %7.1f us / %-28s %7.1f us = %.2fx %s" % (
+                g["op"], g["call_us"], g["floor"], g["floor_us"], g["ratio"],
+                "ok" if g["ratio"] <= g["goal"] else "over %.1fx" % g["goal"]))
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
-              "revision": git_revision(), "machine": machine(dev), "rows": rows}
+              "revision": git_revision(), "machine": machine(dev), "rows": rows, "goals": goals}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
