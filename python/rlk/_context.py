@@ -9,6 +9,7 @@ import threading
 
 from . import _lib
 from . import _log
+from . import kernel_trees
 from . import _types as T
 from .errors import InvalidArgument
 
@@ -33,6 +34,7 @@ class Context:
     def __init__(self, backend=T.Backend.AUTO, device=0, cache_dir=None, log_level=None,
                  compile_only=False, target=None):
         lib = _lib.library()
+        kernel_trees.use_installed()  # installed rlk_kernels_* trees, read-only, before the cache opens
         opt = T.ContextOptions()
         lib.rlk_context_options_init(ctypes.byref(opt))
         opt.backend = T.enum_value(T.Backend, backend, "backend")
