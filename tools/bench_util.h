@@ -76,14 +76,6 @@ TOOL_UNUSED static const bench_result *bench_add(const char *name, const double 
   return r;
 }
 
-/* "cuda" / "hip" / "host" / anything else: auto. */
-TOOL_UNUSED static rlk_backend bench_backend(const char *name) {
-  return !strcmp(name, "cuda") ? RLK_BACKEND_CUDA
-         : !strcmp(name, "hip") ? RLK_BACKEND_HIP
-         : !strcmp(name, "host") ? RLK_BACKEND_HOST
-                                 : RLK_BACKEND_AUTO;
-}
-
 /* Writes every recorded case as JSON; returns 0, or 2 when the file cannot be written. */
 TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
   FILE *f = fopen(path, "w");

@@ -17,6 +17,10 @@
 
 #include "rlk.h"
 
+static const char *prog = "rlk-bench-linear-logprob";
+
+#include "tool_util.h"
+
 static int fail(const char *what) {
   fprintf(stderr, "rlk-bench-linear-logprob: %s: %s\n", what, rlk_last_error());
   return 1;
@@ -186,28 +190,42 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
 int main(int argc, char **argv) {
   int64_t shapes[8][3];
   int nshapes = 0, iters = 10, variant = 0, backward = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--shape") && i + 1 < argc && nshapes < 8) {
-      long long n, h, v;
-      if (sscanf(argv[++i], "%lld,%lld,%lld", &n, &h, &v) != 3 || n < 1 || h < 1 || v < 1) {
-        fprintf(stderr, "rlk-bench-linear-logprob: --shape N,H,V\n");
-        return 2;
+  static const struct option longopts[] = {{"shape", required_argument, NULL, 's'},
+                                           {"iters", required_argument, NULL, 'i'},
+                                           {"backward", no_argument, NULL, 'B'},
+                                           {"variant", required_argument, NULL, 'v'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  opterr = 0;
+  long num = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    switch (c) {
+      case 's': {
+        long long n, h, v;
+        if (nshapes >= 8) return usage_error("at most 8 --shape");
+        if (sscanf(optarg, "%lld,%lld,%lld", &n, &h, &v) != 3 || n < 1 || h < 1 || v < 1)
+          return usage_error("--shape: '%s' is not N,H,V", optarg);
+        shapes[nshapes][0] = n, shapes[nshapes][1] = h, shapes[nshapes][2] = v;
+        nshapes++;
+        break;
       }
-      shapes[nshapes][0] = n, shapes[nshapes][1] = h, shapes[nshapes][2] = v;
-      nshapes++;
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--backward")) {
-      backward = 1;
-    } else if (!strcmp(argv[i], "--variant") && i + 1 < argc) {
-      const char *v = argv[++i];
-      variant = !strcmp(v, "wgmma") ? 1 : !strcmp(v, "tiled") ? 2 : 0;
-    } else {
-      printf("usage: rlk-bench-linear-logprob [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled] "
-             "[--backward]\n");
-      return !strcmp(argv[i], "--help") ? 0 : 2;
+      case 'i':
+        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
+        iters = (int)num;
+        break;
+      case 'B': backward = 1; break;
+      case 'v':
+        if (strcmp(optarg, "auto") && strcmp(optarg, "wgmma") && strcmp(optarg, "tiled"))
+          return usage_error("--variant: '%s' is not auto, wgmma or tiled", optarg);
+        variant = !strcmp(optarg, "wgmma") ? 1 : !strcmp(optarg, "tiled") ? 2 : 0;
+        break;
+      case 'h':
+        printf("usage: %s [--shape N,H,V]... [--iters K] [--variant auto|wgmma|tiled] [--backward]\n", prog);
+        return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 1) iters = 1;
   if (!nshapes) {
     shapes[0][0] = 8192, shapes[0][1] = 4096, shapes[0][2] = 151936;

@@ -272,33 +272,44 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   int64_t shapes[8][2];
   int nshapes = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-      backend = bench_backend(argv[++i]);
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-      json = argv[++i];
-    } else if (!strcmp(argv[i], "--sweep")) {
-      do_sweep = 1;
-    } else if (!strcmp(argv[i], "--tma")) {
-      tma = 1;
-    } else if (!strcmp(argv[i], "--shape") && i + 1 < argc && nshapes < 8) {
-      long long n = 0, v = 0;
-      if (sscanf(argv[++i], "%lldx%lld", &n, &v) != 2 || n <= 0 || v <= 0)
-        return usage_error("--shape: '%s' is not NxV", argv[i]);
-      shapes[nshapes][0] = n;
-      shapes[nshapes][1] = v;
-      nshapes++;
-    } else if (!strcmp(argv[i], "--help")) {
-      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma] "
-             "[--shape NxV]...\n",
-             prog);
-      return 0;
-    } else {
-      return usage_error("unknown argument '%s'", argv[i]);
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, 'b'}, {"iters", required_argument, NULL, 'i'},
+      {"json", required_argument, NULL, 'J'},    {"sweep", no_argument, NULL, 'S'},
+      {"tma", no_argument, NULL, 'T'},           {"shape", required_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  opterr = 0;
+  long num = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    switch (c) {
+      case 'b':
+        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+        break;
+      case 'i':
+        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
+        iters = (int)num;
+        break;
+      case 'J': json = optarg; break;
+      case 'S': do_sweep = 1; break;
+      case 'T': tma = 1; break;
+      case 's': {
+        long long rows = 0, v = 0;
+        if (nshapes >= 8) return usage_error("at most 8 --shape");
+        if (sscanf(optarg, "%lldx%lld", &rows, &v) != 2 || rows <= 0 || v <= 0)
+          return usage_error("--shape: '%s' is not NxV", optarg);
+        shapes[nshapes][0] = rows;
+        shapes[nshapes][1] = v;
+        nshapes++;
+        break;
+      }
+      case 'h':
+        printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma] "
+               "[--shape NxV]...\n",
+               prog);
+        return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 3) iters = 3;
   rlk_context *ctx = NULL;
   rlk_context_options o;

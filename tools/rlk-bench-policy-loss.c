@@ -363,30 +363,28 @@ int main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   int iters = 200;
   const char *json = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-      const char *b = argv[++i];
-      if (!strcmp(b, "cuda"))
-        backend = RLK_BACKEND_CUDA;
-      else if (!strcmp(b, "hip"))
-        backend = RLK_BACKEND_HIP;
-      else if (!strcmp(b, "host"))
-        backend = RLK_BACKEND_HOST;
-      else if (!strcmp(b, "auto"))
-        backend = RLK_BACKEND_AUTO;
-      else
-        return usage_error("unknown backend '%s'", b);
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-      json = argv[++i];
-    } else if (!strcmp(argv[i], "--help")) {
-      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", prog);
-      return 0;
-    } else {
-      return usage_error("unknown argument '%s'", argv[i]);
+  static const struct option longopts[] = {{"backend", required_argument, NULL, 'b'},
+                                           {"iters", required_argument, NULL, 'i'},
+                                           {"json", required_argument, NULL, 'J'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  opterr = 0;
+  long num = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    switch (c) {
+      case 'b':
+        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+        break;
+      case 'i':
+        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
+        iters = (int)num;
+        break;
+      case 'J': json = optarg; break;
+      case 'h': printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", prog); return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 5) iters = 5;
   rlk_context_options o;
   rlk_context_options_init(&o);

@@ -227,46 +227,66 @@ int main(int argc, char **argv) {
   int iters = 50;
   int64_t V = 151936;
   const char *json = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-      backend = bench_backend(argv[++i]);
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) {
-      V = atoll(argv[++i]);
-      if (V <= 0) return usage_error("--vocab: '%s' is not a positive integer", argv[i]);
-    } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
-      only_case = argv[++i];
-      int known = 0;
-      for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) known |= !strcmp(cases[c].name, only_case);
-      if (!known)
-        return usage_error("--case: '%s' is not a case (plain plain-split topk+topp topk topp minp greedy "
-                           "greedy-split)",
-                           only_case);
-    } else if (!strcmp(argv[i], "--row-split") && i + 1 < argc) {
-      const char *v = argv[++i];
-      row_split = !strcmp(v, "auto") ? RLK_SAMPLE_ROW_SPLIT_AUTO : atoi(v);
-      if (strcmp(v, "auto") && row_split != 1 && row_split != 2 && row_split != 4 && row_split != 8)
-        return usage_error("--row-split: '%s' is not auto, 1, 2, 4 or 8", v);
-    } else if (!strcmp(argv[i], "--pdl") && i + 1 < argc) {
-      const char *v = argv[++i];
-      if (strcmp(v, "0") && strcmp(v, "1")) return usage_error("--pdl: '%s' is not 0 or 1", v);
-      pdl = atoi(v);
-    } else if (!strcmp(argv[i], "--logprob-block") && i + 1 < argc) {
-      lp_block = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--logprob-unroll") && i + 1 < argc) {
-      lp_unroll = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-      json = argv[++i];
-    } else if (!strcmp(argv[i], "--help")) {
-      printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
-             "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
-             prog);
-      return 0;
-    } else {
-      return usage_error("unknown argument '%s'", argv[i]);
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, 'b'},        {"iters", required_argument, NULL, 'i'},
+      {"vocab", required_argument, NULL, 'V'},          {"case", required_argument, NULL, 'C'},
+      {"row-split", required_argument, NULL, 'r'},      {"pdl", required_argument, NULL, 'p'},
+      {"logprob-block", required_argument, NULL, 'B'},  {"logprob-unroll", required_argument, NULL, 'U'},
+      {"json", required_argument, NULL, 'J'},           {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  opterr = 0;
+  long num = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    const char *v = optarg;
+    switch (c) {
+      case 'b':
+        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+        break;
+      case 'i':
+        if (parse_int(v, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
+        iters = (int)num;
+        break;
+      case 'V':
+        if (parse_int(v, 1, 1L << 23, &num)) return usage_error("--vocab: '%s' is not a positive integer", v);
+        V = num;
+        break;
+      case 'C': {
+        only_case = v;
+        int known = 0;
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) known |= !strcmp(cases[k].name, only_case);
+        if (!known)
+          return usage_error("--case: '%s' is not a case (plain plain-split topk+topp topk topp minp greedy "
+                             "greedy-split)",
+                             only_case);
+        break;
+      }
+      case 'r':
+        row_split = !strcmp(v, "auto") ? RLK_SAMPLE_ROW_SPLIT_AUTO : atoi(v);
+        if (strcmp(v, "auto") && row_split != 1 && row_split != 2 && row_split != 4 && row_split != 8)
+          return usage_error("--row-split: '%s' is not auto, 1, 2, 4 or 8", v);
+        break;
+      case 'p':
+        if (strcmp(v, "0") && strcmp(v, "1")) return usage_error("--pdl: '%s' is not 0 or 1", v);
+        pdl = atoi(v);
+        break;
+      case 'B':
+        if (parse_int(v, 0, 1024, &num)) return usage_error("--logprob-block needs 0 to 1024");
+        lp_block = (int)num;
+        break;
+      case 'U':
+        if (parse_int(v, 0, 8, &num)) return usage_error("--logprob-unroll needs 0 to 8");
+        lp_unroll = (int)num;
+        break;
+      case 'J': json = v; break;
+      case 'h':
+        printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
+               "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
+               prog);
+        return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 3) iters = 3;
   rlk_context *ctx = NULL;
   rlk_context_options o;

@@ -19,6 +19,10 @@
 #include "runtime/bench_hooks.h"
 #include "rlk.h"
 
+static const char *prog = "rlk-bench";
+
+#include "tool_util.h"
+
 typedef struct result {
   char name[96];
   double median_ms, min_ms, max_ms;
@@ -177,22 +181,28 @@ int main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   int iters = 200;
   const char *json = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-      const char *b = argv[++i];
-      backend = !strcmp(b, "cuda") ? RLK_BACKEND_CUDA
-              : !strcmp(b, "hip")  ? RLK_BACKEND_HIP
-              : !strcmp(b, "host") ? RLK_BACKEND_HOST
-                                   : RLK_BACKEND_AUTO;
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-      json = argv[++i];
-    } else {
-      fprintf(stderr, "usage: rlk-bench [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n");
-      return 2;
+  static const struct option longopts[] = {{"backend", required_argument, NULL, 'b'},
+                                           {"iters", required_argument, NULL, 'i'},
+                                           {"json", required_argument, NULL, 'J'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  opterr = 0;
+  long num = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    switch (c) {
+      case 'b':
+        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+        break;
+      case 'i':
+        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
+        iters = (int)num;
+        break;
+      case 'J': json = optarg; break;
+      case 'h': printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", prog); return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 5) iters = 5;
 
   /* a private cache so cold and disk figures are real */

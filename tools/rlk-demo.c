@@ -51,15 +51,6 @@ static void usage(FILE *out) {
           prog);
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
 /* splitmix64: a small generator, good enough for demo data. */
 static uint64_t rng_next(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -148,44 +139,47 @@ int main(int argc, char **argv) {
   rlk_advantage_mode mode = RLK_ADV_GRPO;
   uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return 0;
-    }
-    int takes = !strcmp(a, "--backend") || !strcmp(a, "--prompts") ||
-                !strcmp(a, "--group-size") || !strcmp(a, "--tokens") || !strcmp(a, "--mode") ||
-                !strcmp(a, "--seed");
-    if (!takes) return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'", a);
-    if (i + 1 >= argc) return usage_error("%s needs a value", a);
-    const char *v = argv[++i];
-    if (!strcmp(a, "--backend")) {
-      if (!strcmp(v, "auto")) backend = RLK_BACKEND_AUTO;
-      else if (!strcmp(v, "cuda")) backend = RLK_BACKEND_CUDA;
-      else if (!strcmp(v, "hip")) backend = RLK_BACKEND_HIP;
-      else if (!strcmp(v, "host") || !strcmp(v, "cpu")) backend = RLK_BACKEND_HOST;
-      else return usage_error("unknown backend '%s' (auto, cuda, hip, host)", v);
-    } else if (!strcmp(a, "--prompts")) {
-      if (parse_long(v, 1, 1 << 16, &prompts)) return usage_error("bad --prompts '%s'", v);
-    } else if (!strcmp(a, "--group-size")) {
-      if (parse_long(v, 2, 1 << 12, &gsize)) return usage_error("bad --group-size '%s' (>= 2)", v);
-    } else if (!strcmp(a, "--tokens")) {
-      if (parse_long(v, 1, 1 << 16, &tokens)) return usage_error("bad --tokens '%s'", v);
-    } else if (!strcmp(a, "--mode")) {
-      if (!strcmp(v, "grpo")) mode = RLK_ADV_GRPO;
-      else if (!strcmp(v, "mean-only") || !strcmp(v, "mean_only")) mode = RLK_ADV_MEAN_ONLY;
-      else if (!strcmp(v, "rloo")) mode = RLK_ADV_RLOO;
-      else if (!strcmp(v, "batch-std") || !strcmp(v, "batch_std")) mode = RLK_ADV_BATCH_STD;
-      else return usage_error("unknown mode '%s' (grpo, mean-only, rloo, batch-std)", v);
-    } else {
-      char *end = NULL;
-      errno = 0;
-      unsigned long long s = strtoull(v, &end, 0);
-      if (errno || end == v || *end) return usage_error("bad --seed '%s'", v);
-      seed = (uint64_t)s;
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, 'b'}, {"prompts", required_argument, NULL, 'P'},
+      {"group-size", required_argument, NULL, 'G'}, {"tokens", required_argument, NULL, 'T'},
+      {"mode", required_argument, NULL, 'm'},    {"seed", required_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    const char *v = optarg;
+    switch (c) {
+      case 'b':
+        if (parse_backend(v, &backend)) return usage_error("unknown backend '%s' (auto, cuda, hip, host)", v);
+        break;
+      case 'P':
+        if (parse_int(v, 1, 1 << 16, &prompts)) return usage_error("bad --prompts '%s'", v);
+        break;
+      case 'G':
+        if (parse_int(v, 2, 1 << 12, &gsize)) return usage_error("bad --group-size '%s' (>= 2)", v);
+        break;
+      case 'T':
+        if (parse_int(v, 1, 1 << 16, &tokens)) return usage_error("bad --tokens '%s'", v);
+        break;
+      case 'm':
+        if (!strcmp(v, "grpo")) mode = RLK_ADV_GRPO;
+        else if (!strcmp(v, "mean-only") || !strcmp(v, "mean_only")) mode = RLK_ADV_MEAN_ONLY;
+        else if (!strcmp(v, "rloo")) mode = RLK_ADV_RLOO;
+        else if (!strcmp(v, "batch-std") || !strcmp(v, "batch_std")) mode = RLK_ADV_BATCH_STD;
+        else return usage_error("unknown mode '%s' (grpo, mean-only, rloo, batch-std)", v);
+        break;
+      case 's': {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 0);
+        if (errno || end == v || *end) return usage_error("bad --seed '%s'", v);
+        seed = (uint64_t)x;
+        break;
+      }
+      case 'h': usage(stdout); return 0;
+      default: return getopt_error(c, argv);
     }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   const long batch = prompts * gsize;
   if ((long long)batch * tokens > (1ll << 28)) return usage_error("batch too large%s", "");
 

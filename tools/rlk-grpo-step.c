@@ -106,41 +106,47 @@ static void *dalloc(rlk_context *ctx, size_t bytes) {
   return p;
 }
 
-static int parse_arg(const char *v, long lo, long hi, long *out) {
-  char *end = NULL;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) return -1;
-  *out = x;
-  return 0;
-}
-
 int main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   long P = 4, G = 4, T = 32, V = 1000;
   uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) return usage_error("'%s' needs a value or is unknown", a);
-    const char *v = argv[++i];
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, 'b'}, {"prompts", required_argument, NULL, 'P'},
+      {"group", required_argument, NULL, 'G'},   {"tokens", required_argument, NULL, 'T'},
+      {"vocab", required_argument, NULL, 'V'},   {"seed", required_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
     long x = 0;
-    if (!strcmp(a, "--backend")) {
-      if (!strcmp(v, "auto")) backend = RLK_BACKEND_AUTO;
-      else if (!strcmp(v, "cuda")) backend = RLK_BACKEND_CUDA;
-      else if (!strcmp(v, "hip")) backend = RLK_BACKEND_HIP;
-      else if (!strcmp(v, "host") || !strcmp(v, "cpu")) backend = RLK_BACKEND_HOST;
-      else return usage_error("unknown backend '%s'", v);
-    } else if (!strcmp(a, "--prompts") && !parse_arg(v, 1, 1024, &x)) P = x;
-    else if (!strcmp(a, "--group") && !parse_arg(v, 2, 256, &x)) G = x;
-    else if (!strcmp(a, "--tokens") && !parse_arg(v, 1, 4096, &x)) T = x;
-    else if (!strcmp(a, "--vocab") && !parse_arg(v, 2, 1 << 18, &x)) V = x;
-    else if (!strcmp(a, "--seed") && !parse_arg(v, 0, LONG_MAX, &x)) seed = (uint64_t)x;
-    else return usage_error("bad option or value: %s %s", a, v);
+    switch (c) {
+      case 'b':
+        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+        break;
+      case 'P':
+        if (parse_int(optarg, 1, 1024, &x)) return usage_error("bad --prompts '%s' (1 to 1024)", optarg);
+        P = x;
+        break;
+      case 'G':
+        if (parse_int(optarg, 2, 256, &x)) return usage_error("bad --group '%s' (2 to 256)", optarg);
+        G = x;
+        break;
+      case 'T':
+        if (parse_int(optarg, 1, 4096, &x)) return usage_error("bad --tokens '%s' (1 to 4096)", optarg);
+        T = x;
+        break;
+      case 'V':
+        if (parse_int(optarg, 2, 1 << 18, &x)) return usage_error("bad --vocab '%s' (2 to 262144)", optarg);
+        V = x;
+        break;
+      case 's':
+        if (parse_int(optarg, 0, LONG_MAX, &x)) return usage_error("bad --seed '%s'", optarg);
+        seed = (uint64_t)x;
+        break;
+      case 'h': usage(stdout); return 0;
+      default: return getopt_error(c, argv);
+    }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   const long B = P * G, N = B * T;
   if ((long long)N * V > (1ll << 28)) return usage_error("N x V = %ld x %ld is too large for a demo", N, V);
 

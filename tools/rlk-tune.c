@@ -1286,109 +1286,132 @@ static int parse_args(int argc, char **argv) {
   opt.l2_mb = 60;
   opt.timeout = 120;
   opt.min_gain = 1.0;
-  static const struct {
-    const char *flag, *name;
-  } shorthands[] = {{"--vocab", "vocab"},   {"--tokens", "tokens"}, {"--dtype", "logits"}, {"--labels", "labels"},
-                    {"--entropy", "entropy"}, {"--pass", "pass"},  {"--grad", "grad"}};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *val = NULL;
-#define TAKE(o) \
-  (!strcmp(a, o) ? (i + 1 < argc ? (val = argv[++i], 1) : -1) : (!strncmp(a, o "=", sizeof(o)) ? (val = a + sizeof(o), 1) : 0))
-    int t, matched = 0;
-    for (size_t k = 0; k < sizeof shorthands / sizeof shorthands[0] && !matched; k++) {
-      const char *f = shorthands[k].flag;
-      const size_t fl = strlen(f);
-      if (!strcmp(a, f)) {
-        if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a comma list", f);
-        val = argv[++i];
-      } else if (!strncmp(a, f, fl) && a[fl] == '=' && a[fl + 1]) {
-        val = a + fl + 1;
-      } else {
-        continue;
-      }
-      strlist_push(&opt.sets, xasprintf("%s=%s", shorthands[k].name, val));
-      matched = 1;
-    }
+  /* the shorthands for --set NAME=LIST, in the order of `shorthands` (option values 300 + k) */
+  static const char *const shorthands[] = {"vocab", "tokens", "logits", "labels", "entropy", "pass", "grad"};
+  enum { OPT_SHORT = 300, OPT_TIME_DUPLICATES = 256, OPT_PENDING, OPT_LIST, OPT_LIST_CANDIDATES, OPT_OP, OPT_SET,
+         OPT_CONFIG, OPT_SWEEP, OPT_MERGE, OPT_EXCLUDE, OPT_DB, OPT_JSON, OPT_TARGET, OPT_BACKEND, OPT_DEVICE,
+         OPT_WARMUP, OPT_ITERS, OPT_L2_MB, OPT_TIMEOUT, OPT_MIN_GAIN, OPT_SEED };
+  static const struct option longopts[] = {
+      {"help", no_argument, NULL, 'h'},
+      {"dry-run", no_argument, NULL, 'n'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"jobs", required_argument, NULL, 'j'},
+      {"time-duplicates", no_argument, NULL, OPT_TIME_DUPLICATES},
+      {"pending", no_argument, NULL, OPT_PENDING},
+      {"list", no_argument, NULL, OPT_LIST},
+      {"list-candidates", no_argument, NULL, OPT_LIST_CANDIDATES},
+      {"op", required_argument, NULL, OPT_OP},
+      {"set", required_argument, NULL, OPT_SET},
+      {"config", required_argument, NULL, OPT_CONFIG},
+      {"sweep", required_argument, NULL, OPT_SWEEP},
+      {"merge", required_argument, NULL, OPT_MERGE},
+      {"exclude", required_argument, NULL, OPT_EXCLUDE},
+      {"db", required_argument, NULL, OPT_DB},
+      {"json", required_argument, NULL, OPT_JSON},
+      {"target", required_argument, NULL, OPT_TARGET},
+      {"backend", required_argument, NULL, OPT_BACKEND},
+      {"device", required_argument, NULL, OPT_DEVICE},
+      {"warmup", required_argument, NULL, OPT_WARMUP},
+      {"iters", required_argument, NULL, OPT_ITERS},
+      {"l2-mb", required_argument, NULL, OPT_L2_MB},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"min-gain", required_argument, NULL, OPT_MIN_GAIN},
+      {"seed", required_argument, NULL, OPT_SEED},
+      {"vocab", required_argument, NULL, OPT_SHORT + 0},
+      {"tokens", required_argument, NULL, OPT_SHORT + 1},
+      {"dtype", required_argument, NULL, OPT_SHORT + 2},
+      {"labels", required_argument, NULL, OPT_SHORT + 3},
+      {"entropy", required_argument, NULL, OPT_SHORT + 4},
+      {"pass", required_argument, NULL, OPT_SHORT + 5},
+      {"grad", required_argument, NULL, OPT_SHORT + 6},
+      {NULL, 0, NULL, 0}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, ":hnqj:", longopts, NULL)) != -1;) {
+    const char *val = optarg;
     long x = 0;
-    if (matched) {
-    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return -1;
-    } else if (!strcmp(a, "-n") || !strcmp(a, "--dry-run")) {
-      opt.dry_run = 1;
-    } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-      opt.quiet = 1;
-    } else if (!strcmp(a, "--time-duplicates")) {
-      opt.time_duplicates = 1;
-    } else if (!strcmp(a, "--pending")) {
-      opt.pending = 1;
-    } else if (!strcmp(a, "--list")) {
-      opt.list = 1;
-    } else if (!strcmp(a, "--list-candidates")) {
-      opt.list_candidates = 1;
-    } else if ((t = TAKE("--op")) != 0) {
-      if (t < 0 || !*val) return usage_error("--op needs an op name");
-      opt.op = val;
-    } else if ((t = TAKE("--set")) != 0) {
-      if (t < 0 || !strchr(val, '=') || val[0] == '=') return usage_error("--set needs NAME=LIST");
-      strlist_push(&opt.sets, xstrdup(val));
-    } else if ((t = TAKE("--config")) != 0) {
-      if (t < 0 || !*val) return usage_error("--config needs a file");
-      strlist_push(&opt.config_files, xstrdup(val));
-    } else if ((t = TAKE("--sweep")) != 0) {
-      if (t < 0) return usage_error("--sweep needs a line");
-      strlist_push(&opt.sweeps, xstrdup(val));
-    } else if ((t = TAKE("--merge")) != 0) {
-      if (t < 0 || !*val) return usage_error("--merge needs a database file");
-      strlist_push(&opt.merges, xstrdup(val));
-    } else if ((t = TAKE("--exclude")) != 0) {
-      if (t < 0 || !*val) return usage_error("--exclude needs some text");
-      strlist_push(&opt.excludes, xstrdup(val));
-    } else if ((t = TAKE("--db")) != 0) {
-      if (t < 0 || !*val) return usage_error("--db needs a file");
-      opt.db_arg = val;
-    } else if ((t = TAKE("--json")) != 0) {
-      if (t < 0 || !*val) return usage_error("--json needs a file");
-      opt.json = val;
-    } else if ((t = TAKE("--target")) != 0) {
-      if (t < 0 || !*val) return usage_error("--target needs a target (sm_90a, gfx90a)");
-      opt.target = val;
-    } else if ((t = TAKE("--backend")) != 0) {
-      if (t < 0) return usage_error("--backend needs auto, cuda, hip or host");
-      if (!strcmp(val, "auto")) opt.backend = RLK_BACKEND_AUTO;
-      else if (!strcmp(val, "cuda")) opt.backend = RLK_BACKEND_CUDA;
-      else if (!strcmp(val, "hip")) opt.backend = RLK_BACKEND_HIP;
-      else if (!strcmp(val, "host")) opt.backend = RLK_BACKEND_HOST;
-      else return usage_error("--backend: '%s' is not auto, cuda, hip or host", val);
-    } else if ((t = TAKE("--device")) != 0) {
-      if (t < 0 || parse_int(val, 0, 1024, &opt.device)) return usage_error("--device needs an ordinal");
-    } else if ((t = TAKE("--jobs")) != 0 || (t = TAKE("-j")) != 0 || (!strncmp(a, "-j", 2) && a[2] && (val = a + 2, t = 1))) {
-      if (t < 0 || parse_int(val, 1, 1024, &opt.jobs)) return usage_error("-j needs a number of workers from 1 to 1024");
-    } else if ((t = TAKE("--warmup")) != 0) {
-      if (t < 0 || parse_int(val, 0, 100000, &opt.warmup)) return usage_error("--warmup needs a count from 0");
-    } else if ((t = TAKE("--iters")) != 0) {
-      if (t < 0 || parse_int(val, 1, 100000, &opt.iters)) return usage_error("--iters needs a count from 1");
-    } else if ((t = TAKE("--l2-mb")) != 0) {
-      if (t < 0 || parse_int(val, 0, 1 << 20, &opt.l2_mb)) return usage_error("--l2-mb needs megabytes");
-    } else if ((t = TAKE("--timeout")) != 0) {
-      if (t < 0 || parse_int(val, 1, 86400, &opt.timeout)) return usage_error("--timeout needs seconds from 1");
-    } else if ((t = TAKE("--min-gain")) != 0) {
-      char *end = NULL;
-      opt.min_gain = t > 0 ? strtod(val, &end) : -1;
-      if (t < 0 || !end || *end || !(opt.min_gain >= 0 && opt.min_gain < 100))
-        return usage_error("--min-gain needs a percentage in [0, 100)");
-    } else if ((t = TAKE("--seed")) != 0) {
-      if (t < 0 || parse_int(val, 0, LONG_MAX, &x)) return usage_error("--seed needs a non-negative integer");
-      opt.seed = (uint64_t)x;
-      opt.seed_given = 1;
-    } else if (a[0] == '-') {
-      return usage_error("unknown option '%s'", a);
-    } else {
-      return usage_error("unexpected argument '%s' (sweep lines go in --sweep)", a);
+    if (c >= OPT_SHORT && c < OPT_SHORT + (int)(sizeof shorthands / sizeof shorthands[0])) {
+      if (!*val) return usage_error("%s needs a comma list", argv[optind - 1]);
+      strlist_push(&opt.sets, xasprintf("%s=%s", shorthands[c - OPT_SHORT], val));
+      continue;
     }
-#undef TAKE
+    switch (c) {
+      case 'h': usage(stdout); return -1;
+      case 'n': opt.dry_run = 1; break;
+      case 'q': opt.quiet = 1; break;
+      case OPT_TIME_DUPLICATES: opt.time_duplicates = 1; break;
+      case OPT_PENDING: opt.pending = 1; break;
+      case OPT_LIST: opt.list = 1; break;
+      case OPT_LIST_CANDIDATES: opt.list_candidates = 1; break;
+      case OPT_OP:
+        if (!*val) return usage_error("--op needs an op name");
+        opt.op = val;
+        break;
+      case OPT_SET:
+        if (!strchr(val, '=') || val[0] == '=') return usage_error("--set needs NAME=LIST");
+        strlist_push(&opt.sets, xstrdup(val));
+        break;
+      case OPT_CONFIG:
+        if (!*val) return usage_error("--config needs a file");
+        strlist_push(&opt.config_files, xstrdup(val));
+        break;
+      case OPT_SWEEP: strlist_push(&opt.sweeps, xstrdup(val)); break;
+      case OPT_MERGE:
+        if (!*val) return usage_error("--merge needs a database file");
+        strlist_push(&opt.merges, xstrdup(val));
+        break;
+      case OPT_EXCLUDE:
+        if (!*val) return usage_error("--exclude needs some text");
+        strlist_push(&opt.excludes, xstrdup(val));
+        break;
+      case OPT_DB:
+        if (!*val) return usage_error("--db needs a file");
+        opt.db_arg = val;
+        break;
+      case OPT_JSON:
+        if (!*val) return usage_error("--json needs a file");
+        opt.json = val;
+        break;
+      case OPT_TARGET:
+        if (!*val) return usage_error("--target needs a target (sm_90a, gfx90a)");
+        opt.target = val;
+        break;
+      case OPT_BACKEND:
+        if (parse_backend(val, &opt.backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", val);
+        break;
+      case OPT_DEVICE:
+        if (parse_int(val, 0, 1024, &opt.device)) return usage_error("--device needs an ordinal");
+        break;
+      case 'j':
+        if (parse_int(val, 1, 1024, &opt.jobs)) return usage_error("-j needs a number of workers from 1 to 1024");
+        break;
+      case OPT_WARMUP:
+        if (parse_int(val, 0, 100000, &opt.warmup)) return usage_error("--warmup needs a count from 0");
+        break;
+      case OPT_ITERS:
+        if (parse_int(val, 1, 100000, &opt.iters)) return usage_error("--iters needs a count from 1");
+        break;
+      case OPT_L2_MB:
+        if (parse_int(val, 0, 1 << 20, &opt.l2_mb)) return usage_error("--l2-mb needs megabytes");
+        break;
+      case OPT_TIMEOUT:
+        if (parse_int(val, 1, 86400, &opt.timeout)) return usage_error("--timeout needs seconds from 1");
+        break;
+      case OPT_MIN_GAIN: {
+        char *end = NULL;
+        opt.min_gain = strtod(val, &end);
+        if (!end || *end || !(opt.min_gain >= 0 && opt.min_gain < 100))
+          return usage_error("--min-gain needs a percentage in [0, 100)");
+        break;
+      }
+      case OPT_SEED:
+        if (parse_int(val, 0, LONG_MAX, &x)) return usage_error("--seed needs a non-negative integer");
+        opt.seed = (uint64_t)x;
+        opt.seed_given = 1;
+        break;
+      default: return getopt_error(c, argv);
+    }
   }
+  if (optind < argc) return usage_error("unexpected argument '%s' (sweep lines go in --sweep)", argv[optind]);
   if (opt.sets.n && !opt.op) return usage_error("--vocab, --tokens, ... and --set need --op");
   return 0;
 }

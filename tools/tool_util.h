@@ -119,6 +119,21 @@ TOOL_UNUSED static void progress_show(const progress *p, size_t done, const char
   fflush(stderr);
 }
 
+/* A backend by name: auto, cuda, hip, host (or cpu, its other name); 0, or -1 for another. */
+TOOL_UNUSED static int parse_backend(const char *s, rlk_backend *out) {
+  static const struct {
+    const char *name;
+    rlk_backend backend;
+  } names[] = {{"auto", RLK_BACKEND_AUTO}, {"cuda", RLK_BACKEND_CUDA}, {"hip", RLK_BACKEND_HIP},
+               {"host", RLK_BACKEND_HOST}, {"cpu", RLK_BACKEND_HOST}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(s, names[i].name)) {
+      *out = names[i].backend;
+      return 0;
+    }
+  return -1;
+}
+
 /* A decimal integer in [lo, hi]: 0, or -1 when s is not one. */
 TOOL_UNUSED static int parse_int(const char *s, long lo, long hi, long *out) {
   char *end = NULL;
