@@ -272,23 +272,18 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   int64_t shapes[8][2];
   int nshapes = 0;
-  static const struct option longopts[] = {
-      {"backend", required_argument, NULL, 'b'}, {"iters", required_argument, NULL, 'i'},
-      {"json", required_argument, NULL, 'J'},    {"sweep", no_argument, NULL, 'S'},
-      {"tma", no_argument, NULL, 'T'},           {"shape", required_argument, NULL, 's'},
-      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {BENCH_LONGOPTS,
+                                           {"sweep", no_argument, NULL, 'S'},
+                                           {"tma", no_argument, NULL, 'T'},
+                                           {"shape", required_argument, NULL, 's'},
+                                           {NULL, 0, NULL, 0}};
   opterr = 0;
-  long num = 0;
   for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    int r = bench_option(c, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma] "
+                            "[--shape NxV]...\n", &backend, &iters, &json);
+    if (r == 1) continue;
+    if (r) return r < 0 ? 0 : r;
     switch (c) {
-      case 'b':
-        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
-        break;
-      case 'i':
-        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
-        iters = (int)num;
-        break;
-      case 'J': json = optarg; break;
       case 'S': do_sweep = 1; break;
       case 'T': tma = 1; break;
       case 's': {
@@ -301,11 +296,6 @@ int main(int argc, char **argv) {
         nshapes++;
         break;
       }
-      case 'h':
-        printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma] "
-               "[--shape NxV]...\n",
-               prog);
-        return 0;
       default: return getopt_error(c, argv);
     }
   }

@@ -228,24 +228,21 @@ int main(int argc, char **argv) {
   int64_t V = 151936;
   const char *json = NULL;
   static const struct option longopts[] = {
-      {"backend", required_argument, NULL, 'b'},        {"iters", required_argument, NULL, 'i'},
+      BENCH_LONGOPTS,
       {"vocab", required_argument, NULL, 'V'},          {"case", required_argument, NULL, 'C'},
       {"row-split", required_argument, NULL, 'r'},      {"pdl", required_argument, NULL, 'p'},
       {"logprob-block", required_argument, NULL, 'B'},  {"logprob-unroll", required_argument, NULL, 'U'},
-      {"json", required_argument, NULL, 'J'},           {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   opterr = 0;
   long num = 0;
   for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
     const char *v = optarg;
+    int r = bench_option(c, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
+                            "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
+                         &backend, &iters, &json);
+    if (r == 1) continue;
+    if (r) return r < 0 ? 0 : r;
     switch (c) {
-      case 'b':
-        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
-        break;
-      case 'i':
-        if (parse_int(v, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
-        iters = (int)num;
-        break;
       case 'V':
         if (parse_int(v, 1, 1L << 23, &num)) return usage_error("--vocab: '%s' is not a positive integer", v);
         V = num;
@@ -277,12 +274,6 @@ int main(int argc, char **argv) {
         if (parse_int(v, 0, 8, &num)) return usage_error("--logprob-unroll needs 0 to 8");
         lp_unroll = (int)num;
         break;
-      case 'J': json = v; break;
-      case 'h':
-        printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
-               "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
-               prog);
-        return 0;
       default: return getopt_error(c, argv);
     }
   }

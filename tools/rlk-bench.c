@@ -181,28 +181,8 @@ int main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   int iters = 200;
   const char *json = NULL;
-  static const struct option longopts[] = {{"backend", required_argument, NULL, 'b'},
-                                           {"iters", required_argument, NULL, 'i'},
-                                           {"json", required_argument, NULL, 'J'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
-  opterr = 0;
-  long num = 0;
-  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
-    switch (c) {
-      case 'b':
-        if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
-        break;
-      case 'i':
-        if (parse_int(optarg, 1, 1000000, &num)) return usage_error("--iters needs a count from 1");
-        iters = (int)num;
-        break;
-      case 'J': json = optarg; break;
-      case 'h': printf("usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", prog); return 0;
-      default: return getopt_error(c, argv);
-    }
-  }
-  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+  int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
+  if (rc) return rc < 0 ? 0 : rc;
   if (iters < 5) iters = 5;
 
   /* a private cache so cold and disk figures are real */

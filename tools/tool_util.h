@@ -144,6 +144,47 @@ TOOL_UNUSED static int parse_int(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
+/* The options the benchmarks share, as getopt_long entries: --backend NAME, --iters N,
+ * --json FILE and --help (values 'b', 'i', 'J', 'h'). A tool with more options lists them
+ * after BENCH_LONGOPTS and hands these four to bench_option. */
+#define BENCH_LONGOPTS                                                                           \
+  {"backend", required_argument, NULL, 'b'}, {"iters", required_argument, NULL, 'i'},             \
+      {"json", required_argument, NULL, 'J'}, {"help", no_argument, NULL, 'h'}
+
+/* Applies one of the shared options (c from getopt_long): 1 applied, 0 not one of them, 2 a
+ * usage error (printed). --help prints `usage_line` (a format taking prog) and returns -1. */
+TOOL_UNUSED static int bench_option(int c, const char *usage_line, rlk_backend *backend, int *iters,
+                                    const char **json) {
+  long n = 0;
+  switch (c) {
+    case 'b':
+      if (parse_backend(optarg, backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
+      return 1;
+    case 'i':
+      if (parse_int(optarg, 1, 1000000, &n)) return usage_error("--iters needs a count from 1");
+      *iters = (int)n;
+      return 1;
+    case 'J': *json = optarg; return 1;
+    case 'h': printf(usage_line, prog); return -1;
+    default: return 0;
+  }
+}
+
+/* The whole command line of a benchmark that takes only the shared options: 0 to run, -1 after
+ * --help, 2 a usage error. */
+TOOL_UNUSED static int bench_options(int argc, char **argv, const char *usage_line, rlk_backend *backend,
+                                     int *iters, const char **json) {
+  static const struct option longopts[] = {BENCH_LONGOPTS, {NULL, 0, NULL, 0}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+    int r = bench_option(c, usage_line, backend, iters, json);
+    if (r == 0) return getopt_error(c, argv);
+    if (r != 1) return r;
+  }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+  return 0;
+}
+
 /* Writes all of buf, retrying short writes; 0 or -1 (errno). */
 TOOL_UNUSED static int write_all(int fd, const void *buf, size_t n) {
   const char *p = buf;
