@@ -7,6 +7,7 @@ took (until the next compile of that call, or the call's end: compiling and load
 logging configured, Python shows warnings and errors on stderr as before; logging.basicConfig(
 level=logging.INFO) shows every first compile. summary() is the one-line account on demand.
 """
+import atexit
 import ctypes
 import logging
 import threading
@@ -47,6 +48,8 @@ def install(lib):
     lib.rlk_set_log_callback.argtypes = [CALLBACK, ctypes.c_int, ctypes.c_void_p]
     level = T.LogLevel.DEBUG if logger.isEnabledFor(logging.DEBUG) else T.LogLevel.INFO
     lib.rlk_set_log_callback(_callback, int(level), None)
+    # messages logged while the interpreter shuts down go to stderr, not into Python
+    atexit.register(lib.rlk_set_log_callback, None, 0, None)
 
 
 def flush():

@@ -99,7 +99,8 @@ def _kind(x):
 def traced_by_torch(fn):
     """fn's calls made while torch.compile traces them go to rlk.torch_ops.<fn's name> (the same
     arguments, the same results) instead: a torch.library operator the graph holds, where the
-    library cannot be called through ctypes. Eager calls cost one dictionary lookup more."""
+    library cannot be called through ctypes. An eager call costs a look at sys.modules and
+    torch.compiler.is_compiling() more (about 0.3 us)."""
     name = fn.__name__
 
     @functools.wraps(fn)

@@ -359,7 +359,8 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     values, old_values, returns: [B, T] or [N] (with seq_offsets), f32 or f64. clip: the value
     clip range (default 0.5; float("inf") turns clipping off). agg and the normalizers as for
     policy_loss; clamp_bound_grad: the clip's gradient where v - v_old is exactly +-clip
-    (default 0.5, verl's). Returns ValueLossResult(loss [1], grad_values, metrics [4] or None)."""
+    (default 0.5, verl's). Returns ValueLossResult(loss [1], grad_values, metrics [4] or None);
+    the outputs are views of one allocation unless apart=True."""
     b = Binder(VALUE_OP)
     dt = b.set("values", values, _F)
     b.set("old_values", old_values, _F)
