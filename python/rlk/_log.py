@@ -49,7 +49,7 @@ def install(lib):
     level = T.LogLevel.DEBUG if logger.isEnabledFor(logging.DEBUG) else T.LogLevel.INFO
     lib.rlk_set_log_callback(_callback, int(level), None)
     # messages logged while the interpreter shuts down go to stderr, not into Python
-    atexit.register(lib.rlk_set_log_callback, None, 0, None)
+    atexit.register(lib.rlk_set_log_callback, CALLBACK(), 0, None)  # a NULL callback
 
 
 def flush():
