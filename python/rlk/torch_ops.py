@@ -18,7 +18,9 @@ outputs; the status=, inplace and preallocated-output keywords are eager-only. E
 travel as their integer values and normalizers as a number or a tensor (two schema arguments).
 Differentiable: policy_loss (logp, entropy), value_loss (values), logprob (logits),
 linear_logprob (hidden, weight), linear_policy_loss (hidden, weight), token_kl (logp,
-ref_logp), prefix_attention (q, k, v).
+ref_logp), prefix_attention (q, k, v). The vocabulary-parallel pieces are operators too
+(logprob_partials, linear_logprob_partials, logprob_combine); the all-gather between them is the
+caller's collective (rlk.vocab_parallel_logprob and its NCCL form stay eager).
 """
 import torch
 
@@ -33,6 +35,7 @@ from .ops import returns as _ret
 from .ops import sample as _sample
 from .ops import token_baseline as _tb
 from .ops import token_kl as _kl
+from .ops import vocab_parallel as _vp
 
 # The functional calls themselves, not their torch.compile dispatch (the kernels below run
 # outside any trace; calling the undecorated function skips a check).
@@ -43,7 +46,9 @@ _raw = {name: getattr(mod, name).__wrapped__ if hasattr(getattr(mod, name), "__w
             (_ret, "masked_whiten"), (_lp, "logprob"), (_lp, "logprob_backward"),
             (_linear, "linear_logprob"), (_linear, "linear_logprob_backward"),
             (_linear, "linear_policy_loss"), (_sample, "sample"), (_pa, "prefix_attention"),
-            (_pa, "prefix_attention_backward"), (_tb, "token_baseline"), (_kl, "token_kl"))}
+            (_pa, "prefix_attention_backward"), (_tb, "token_baseline"), (_kl, "token_kl"),
+            (_vp, "logprob_partials"), (_vp, "logprob_combine"),
+            (_linear, "linear_logprob_partials"))}
 
 _F32 = torch.float32
 _EMPTY = (0,)
@@ -378,6 +383,71 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     _enum(kw, "variant", _lp.LogprobVariant)
     return _logprob_backward_op(logits, labels, lse, grad_logp, grad_entropy, entropy,
                                 grad_f32=grad_dtype in ("f32", T.DType.F32), **kw)
+
+
+# ---- vocabulary shards (tensor-parallel heads): records and their combine ---------------------
+
+def _partials(rows_of):
+    """The fake kernel of a shard's records: f32 [N, 4], N the rows of argument `rows_of`."""
+    def fake(**kw):
+        x = kw[rows_of]
+        return x.new_empty((x.shape[0], _vp.PARTIAL_FIELDS), dtype=_F32)
+    return fake
+
+
+@_define("logprob_partials",
+         "(Tensor logits, Tensor labels, int vocab_start, *, float? temperature=None, "
+         "int? ignore_index=None, bool entropy=False, int? block=None, int? unroll=None) -> Tensor",
+         _partials("logits"))
+def _logprob_partials_op(logits, labels, vocab_start, **kw):
+    return _raw["logprob_partials"](logits, labels, vocab_start, **kw)
+
+
+def logprob_partials(logits, labels, vocab_start, *, partials=None, stream=None, **kw):
+    """rlk.logprob_partials under torch.compile."""
+    _no_stream("logprob_partials", stream)
+    _eager_only("logprob_partials", {"partials": partials}, ("partials",))
+    return _logprob_partials_op(logits, labels, int(vocab_start), **kw)
+
+
+def _combine_fake(partials, labels, *, entropy=False, **_):
+    n = labels.shape[0]
+    return (partials.new_empty((n,)), partials.new_empty((n,)),
+            partials.new_empty((n if entropy else 0,)))
+
+
+@_define("logprob_combine",
+         "(Tensor partials, Tensor labels, *, int? ignore_index=None, bool entropy=False) "
+         "-> (Tensor, Tensor, Tensor)", _combine_fake)
+def _logprob_combine_op(partials, labels, *, entropy=False, **kw):
+    out = _raw["logprob_combine"](partials, labels, entropy=entropy, lse=True, **kw)
+    return out.logp, out.lse, _or_empty(out.entropy, out.logp)
+
+
+def logprob_combine(partials, labels, *, entropy=False, lse=True, logp=None, status=None,
+                    stream=None, **kw):
+    """rlk.logprob_combine under torch.compile."""
+    _no_stream("logprob_combine", stream)
+    _eager_only("logprob_combine", {"logp": logp, "status": status}, ("logp", "status"))
+    lp, out_lse, ent = _logprob_combine_op(partials, labels, entropy=bool(entropy), **kw)
+    return _lp.LogprobResult(lp, out_lse if lse else None, ent if entropy else None)
+
+
+@_define("linear_logprob_partials",
+         "(Tensor hidden, Tensor weight, Tensor labels, int vocab_start, *, bool entropy=False, "
+         "float? temperature=None, int? ignore_index=None, int? variant=None, int? splits=None) "
+         "-> Tensor", _partials("hidden"))
+def _linear_logprob_partials_op(hidden, weight, labels, vocab_start, **kw):
+    return _raw["linear_logprob_partials"](hidden, weight, labels, vocab_start, **kw)
+
+
+def linear_logprob_partials(hidden, weight, labels, vocab_start, *, partials=None, stream=None,
+                            **kw):
+    """rlk.linear_logprob_partials under torch.compile."""
+    _no_stream("linear_logprob_partials", stream)
+    _eager_only("linear_logprob_partials", {"partials": partials}, ("partials",))
+    _enum(kw, "variant", _linear.LinearLogprobVariant)
+    return _linear_logprob_partials_op(hidden, weight, labels, int(vocab_start), **kw)
 
 
 # ---- the fused LM head ---------------------------------------------------------------------

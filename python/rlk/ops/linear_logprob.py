@@ -130,6 +130,7 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     return LogprobResult(logp, lse_out, ent_out)
 
 
+@traced_by_torch
 def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=False, temperature=None,
                             ignore_index=None, partials=None, variant=None, splits=None,
                             stream=None):

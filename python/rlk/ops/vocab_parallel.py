@@ -14,7 +14,7 @@ import ctypes
 
 from .. import _lib
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, traced_by_torch
 from .logprob import FORWARD_OP, LogprobArgs, LogprobResult
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
@@ -59,6 +59,7 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
+@traced_by_torch
 def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_index=None,
                      entropy=False, partials=None, block=None, unroll=None, stream=None):
     """This shard's records (rlk_logprob's shard form): logits [N, V_shard] are the vocabulary
@@ -87,6 +88,7 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
     return partials
 
 
+@traced_by_torch
 def logprob_combine(partials, labels, *, ignore_index=None, entropy=False, lse=True, logp=None,
                     status=None, stream=None):
     """Merges gathered records [P, N, 4] (rank order) into logp, lse and entropy
