@@ -20,6 +20,12 @@ the library's message.
     loss, metrics = policy_loss(logp, old_logp, adv, mask); loss.backward()
     (rlk.autograd also has value_loss, token_logprob and prefix_attention.)
 
+Under torch.compile every op is a torch.library operator (rlk.torch_ops, torch.ops.rlk.*): a
+compiled step has no graph break. rlk.nn has modules shaped like Liger's fused losses,
+rlk.sampling FlashInfer's sampling functions; the library's messages go to the "rlk" logger
+(rlk.jit_summary() sums up the kernels compiled); rlk.kernel_trees makes precompiled trees into
+wheels the package finds by itself.
+
 Where the library is found: see rlk._lib (RLK_LIBRARY, the copy inside the package, the source
 tree's build/lib, the system loader). Importing rlk loads it: a missing or unloadable library is
 an ImportError (rlk.LibraryNotFound) that names every place tried.
