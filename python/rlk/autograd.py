@@ -36,6 +36,10 @@ __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
 # The functional calls without their torch.compile dispatch: a Function's forward runs eagerly.
 _policy_loss = losses.policy_loss.__wrapped__
 _value_loss = losses.value_loss.__wrapped__
+_logprob_fwd = _logprob.logprob.__wrapped__
+_logprob_bwd = _logprob.logprob_backward.__wrapped__
+_linear_fwd = _linear.linear_logprob.__wrapped__
+_linear_bwd = _linear.linear_logprob_backward.__wrapped__
 
 
 def _scaled(g, grad):
@@ -103,12 +107,13 @@ class TokenLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, kwargs):
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         kw = dict(kwargs)
         want_entropy = kw.pop("entropy", False)
         ctx.inplace = kw.pop("inplace_backward", False)
         ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "status", "variant", "block",
                                      "unroll", "stages") if k in kw}
-        out = _logprob.logprob(logits.detach(), labels, entropy=want_entropy, lse=True, **kw)
+        out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
         ctx.save_for_backward(logits, labels, out.lse, out.entropy)
         if not want_entropy:
             return out.logp, None
@@ -121,9 +126,9 @@ class TokenLogprob(torch.autograd.Function):
             return None, None, None
         g_lp = _upstream(grad_logp)
         g_h = _upstream(grad_entropy) if entropy is not None else None
-        grad = _logprob.logprob_backward(logits.detach(), labels, lse, grad_logp=g_lp,
-                                         grad_entropy=g_h, entropy=entropy if g_h is not None else None,
-                                         inplace=ctx.inplace, **ctx.kw)
+        grad = _logprob_bwd(logits, labels, lse, grad_logp=g_lp, grad_entropy=g_h,
+                            entropy=entropy if g_h is not None else None, inplace=ctx.inplace,
+                            **ctx.kw)
         return grad, None, None
 
 
@@ -135,12 +140,12 @@ class LinearTokenLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, kwargs):
+        ctx.set_materialize_grads(False)
         kw = dict(kwargs)
         want_entropy = kw.pop("entropy", False)
         ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index") if k in kw}
         ctx.chunk = kw.pop("chunk", None)
-        out = _linear.linear_logprob(hidden.detach(), weight.detach(), labels, entropy=want_entropy,
-                                     lse=True, **kw)
+        out = _linear_fwd(hidden, weight, labels, entropy=want_entropy, lse=True, **kw)
         ctx.save_for_backward(hidden, weight, labels, out.lse, out.entropy)
         if not want_entropy:
             return out.logp, None
@@ -153,8 +158,8 @@ class LinearTokenLogprob(torch.autograd.Function):
             return None, None, None, None
         g_lp = _upstream(grad_logp)
         g_h = _upstream(grad_entropy) if entropy is not None else None
-        gh, gw = _linear.linear_logprob_backward(
-            hidden.detach(), weight.detach(), labels, lse, g_lp, g_h,
+        gh, gw = _linear_bwd(
+            hidden, weight, labels, lse, g_lp, g_h,
             entropy if g_h is not None else None, want_hidden=ctx.needs_input_grad[0],
             want_weight=ctx.needs_input_grad[1], grad_dtype="same", chunk=ctx.chunk, **ctx.kw)
         return gh, gw, None, None
@@ -203,12 +208,12 @@ def vocab_parallel_token_logprob(logits, labels, *, entropy=False, **kwargs):
     entropy) with entropy=True, in the labels' shape."""
     _require_torch("vocab_parallel_token_logprob", logits)
     shape = tuple(labels.shape)
-    flat = logits.reshape(-1, logits.shape[-1])
+    flat = _rows(logits)
     kwargs.update(entropy=entropy)
-    logp, ent = VocabParallelTokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+    logp, ent = VocabParallelTokenLogprob.apply(flat, _flat(labels), kwargs)
     if entropy:
-        return logp.view(shape), ent.view(shape)
-    return logp.view(shape)
+        return _shaped(logp, shape), _shaped(ent, shape)
+    return _shaped(logp, shape)
 
 
 class PrefixAttention(torch.autograd.Function):
@@ -257,6 +262,20 @@ class TokenKL(torch.autograd.Function):
 
 
 _compiling = torch.compiler.is_compiling
+
+
+# Reshapes only where the shape changes: each view is one more node the backward walks.
+def _rows(x):
+    """x [..., C] as [N, C]."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _flat(x):
+    return x if x.dim() == 1 else x.reshape(-1)
+
+
+def _shaped(x, shape):
+    return x if x.shape == shape else x.view(shape)
 
 
 def _upstream(g):
@@ -310,17 +329,17 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
     inplace_backward=True writes the gradient over the logits (saves [N, V] of memory; the
     logits must not be needed afterwards). Keywords: those of rlk.logprob."""
     shape = tuple(labels.shape)
-    flat = logits.reshape(-1, logits.shape[-1])
+    flat = _rows(logits)
     if _compiling():  # the gradient is written apart from the logits there
-        out = _traced.logprob(flat, labels.reshape(-1), entropy=entropy, **kwargs)
+        out = _traced.logprob(flat, _flat(labels), entropy=entropy, **kwargs)
         logp, ent = out.logp, out.entropy
     else:
         _require_torch("token_logprob", logits)
         kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
-        logp, ent = TokenLogprob.apply(flat, labels.reshape(-1), kwargs)
+        logp, ent = TokenLogprob.apply(flat, _flat(labels), kwargs)
     if entropy:
-        return logp.view(shape), ent.view(shape)
-    return logp.view(shape)
+        return _shaped(logp, shape), _shaped(ent, shape)
+    return _shaped(logp, shape)
 
 
 def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
@@ -330,22 +349,22 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
     with entropy=True. Keywords: temperature, ignore_index, variant, splits (rlk.linear_logprob)
     and chunk (the backward's vocabulary chunk)."""
     shape = tuple(labels.shape)
-    flat = hidden.reshape(-1, hidden.shape[-1])
+    flat = _rows(hidden)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     if _compiling():
         chunk = kwargs.pop("chunk", None)
         if chunk is not None:
             raise InvalidArgument("rlk.autograd.linear_token_logprob: chunk= is eager-only")
-        out = _traced.linear_logprob(flat, weight, labels.reshape(-1), entropy=entropy, **kwargs)
+        out = _traced.linear_logprob(flat, weight, _flat(labels), entropy=entropy, **kwargs)
         logp, ent = out.logp, out.entropy
     else:
         _require_torch("linear_token_logprob", hidden)
         kwargs.update(entropy=entropy)
-        logp, ent = LinearTokenLogprob.apply(flat, weight, labels.reshape(-1), kwargs)
+        logp, ent = LinearTokenLogprob.apply(flat, weight, _flat(labels), kwargs)
     if entropy:
-        return logp.view(shape), ent.view(shape)
-    return logp.view(shape)
+        return _shaped(logp, shape), _shaped(ent, shape)
+    return _shaped(logp, shape)
 
 
 def prefix_attention(q, k, v, layout, *, scale=None):
