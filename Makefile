@@ -188,7 +188,7 @@ python-test-torch: lib conformance-venv
 DIST ?= $(BUILD)/dist
 PKG_VENV := $(BUILD)/pkg-venv
 wheel: lib
-	rm -f $(DIST)/rlk-*.whl
+	rm -rf $(DIST)/rlk-*.whl python/build  # setuptools' staging keeps modules since removed
 	python3 -m pip wheel -q --no-deps -w $(DIST) ./python
 
 $(PKG_VENV)/bin/pyproject-build:
