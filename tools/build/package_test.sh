@@ -2,7 +2,8 @@
 # The Python package as a user installs it: each of the wheel and the sdist goes into a fresh
 # virtual environment, away from the source tree (no PYTHONPATH, no RLK_LIBRARY, run from an
 # empty directory); every module of the package is imported, the library must be the one the
-# wheel carries, and the examples run against the installed package.
+# wheel carries, and the examples run against the installed package. auditwheel checks the
+# wheel's manylinux tag against the library's symbol versions.
 #
 #   tools/build/package_test.sh DIST_DIR [TORCH_VENV]
 #
@@ -27,6 +28,18 @@ case "$(basename "$wheel")" in
   rlk-*-py3-none-manylinux_2_*_"$arch".whl) ;;
   *) echo "package_test: $(basename "$wheel") is not a py3-none-manylinux_2_N_$arch wheel" >&2; exit 1 ;;
 esac
+
+# The tag claims what auditwheel (PyPA's own checker) finds in the library's symbol versions.
+tag=$(basename "$wheel" .whl | sed 's/.*-py3-none-//')
+python3 -m venv "$work/auditwheel"
+"$work/auditwheel/bin/pip" install -q auditwheel
+"$work/auditwheel/bin/auditwheel" show "$wheel" > "$work/auditwheel.txt"
+if ! tr '\n' ' ' < "$work/auditwheel.txt" | grep -q "consistent with the following platform tag: \"$tag\""; then
+  echo "package_test: auditwheel does not find $(basename "$wheel") consistent with $tag:" >&2
+  cat "$work/auditwheel.txt" >&2
+  exit 1
+fi
+echo "auditwheel: consistent with $tag"
 
 torch_site=
 if [ -n "$torch_venv" ] && [ -x "$torch_venv/bin/python" ]; then
