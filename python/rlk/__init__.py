@@ -34,6 +34,7 @@ import sys
 
 from ._context import Context, configure, context, jit_summary, release_contexts
 from ._lib import library, library_path, version_string
+from ._status import BadInput, check_status, checks, set_checks, status
 from ._types import Backend, DType, LogLevel
 from .errors import (AbiMismatch, BackendError, CacheError, CompileError, InternalError,
                      InvalidArgument, JitDisabled, LibraryNotFound, OutOfMemory, RlkError,
@@ -82,6 +83,8 @@ __all__ = [
     "RlkError", "InvalidArgument", "Unsupported", "Unavailable", "CompileError", "JitDisabled",
     "CacheError", "BackendError", "OutOfMemory", "RlkIOError", "Timeout", "InternalError",
     "LibraryNotFound", "AbiMismatch",
+    # bad input only the device sees
+    "BadInput", "check_status", "status", "set_checks", "checks",
     # ops
     "group_advantage", "AdvantageMode", "SingletonPolicy", "NanScores", "token_baseline",
     "token_kl", "policy_loss", "value_loss", "metrics_dict", "PolicyLossResult", "ValueLossResult",

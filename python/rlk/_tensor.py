@@ -22,6 +22,7 @@ import sys
 from . import _context
 from . import _lib
 from . import _log
+from . import _status
 from . import _types as T
 from .errors import InvalidArgument
 
@@ -395,7 +396,15 @@ class Binder:
             return self.context()
         ctx = self.context()
         raw = self.stream(stream)
+        word = None
+        field = self.op.status_field
+        if field is not None and not _status.field_given(self, field):
+            # the package's own status word for a call that brought none (_status.py)
+            word = _status.word_for(self)
+            self.set_new(field, word, T.DType.I32, (1,))
         self.op.launch(ctx, self.args, raw)
+        if _status._state["check"]:
+            _status.after_call(self, word, stream)
         if stream is not None and self.keep and self.place.framework == "torch" \
                 and self.place.backend != T.Backend.HOST:
             # Scratch allocated on the current stream but used on another: tell the caching
@@ -427,6 +436,8 @@ class Op:
             if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure) and ftype is not T.Tensor:
                 for sub, _ in ftype._fields_:
                     self.offsets[name + "." + sub] = off + getattr(ftype, sub).offset
+        # the status word field (an i32 [1] the call ORs bad-input bits into), if the op has one
+        self.status_field = next((f for f in ("status", "head.status", "fwd.status") if f in self.offsets), None)
         self._defaults = None
         self._run = self._workspace_size = None
         self.sizes = {}  # workspace bytes by the key an op family derives from a call

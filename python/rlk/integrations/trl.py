@@ -39,6 +39,7 @@ import threading
 import torch
 
 from .. import autograd as _ag
+from .._status import check_status as rlk_check_status
 from ..ops import group_advantage as _ga
 from . import _head
 from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total,
@@ -224,6 +225,7 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
         loss, m = _ag.policy_loss(per_token_logps, dense(old_per_token_logps), dense(adv),
                                   mask_arg(mask), **kw)
     n_tok = m[12].item()
+    rlk_check_status()  # the loop has just synchronized: bad labels seen on the device raise here
     metrics = {}
     if corrected:
         # k3 times the importance ratio of the token (or its sequence), differentiated through

@@ -258,7 +258,10 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     tensors (old_logp, advantages, mask, ref_logp, ...) are f32 with N tokens, [B, T] (row-major
     over hidden's rows) or [N] packed; every loss keyword is rlk.policy_loss's. grad_hidden /
     grad_weight: given tensors (written, or added to with accumulate=True), else new ones of
-    grad_dtype ("f32" or "same") unless want_hidden / want_weight is False. logp=True also returns
+    grad_dtype ("f32" or "same") unless want_hidden / want_weight is False. A given grad_weight is
+    scratch while the call runs: on sm_90a the token chunks store the logits in its memory before
+    writing the gradient over them, so no other stream may read it (weight.grad) until the call is
+    done, and it may share memory with no other argument (refused). logp=True also returns
     the head's f32 [N] log-probs. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
     grad_weight or None, metrics or None, logp or None); nothing is read back."""
     b = Binder(POLICY_OP)
