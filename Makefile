@@ -41,6 +41,8 @@ GEN_EMBED := $(BUILD)/gen/templates_embedded.c
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates_embedded.o
 TOOLS := $(patsubst tools/%.c,%,$(sort $(wildcard tools/rlk-*.c)))
 TOOL_BINS := $(TOOLS:%=$(BUILD)/bin/%)
+TOOL_OBJS := $(TOOLS:%=$(BUILD)/obj/tools/%.o)
+.SECONDARY: $(TOOL_OBJS)
 
 TEST_SRCS := $(sort $(wildcard tests/*.c tests/ref/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -58,12 +60,12 @@ STLIB := $(BUILD)/lib/librlk.a
 .PHONY: python-test conformance conformance-venv trainer-test check-layers wheel sdist package-test
 .PHONY: python-test-torch
 
+all: lib tools
+
 # The include direction between the layers of src/ and the tools' use of the public header.
 check-layers:
 	tools/build/check_layers.sh --self-test
 	tools/build/check_layers.sh
-
-all: lib tools
 
 lib: $(SHLIB) $(STLIB)
 tools: $(TOOL_BINS)
@@ -95,9 +97,10 @@ $(STLIB): $(LIB_OBJS) | $(BUILD)/lib
 	ar rcs $@ $^
 
 # Tools and tests link the static library: one self-contained binary each, which is also
-# what travels to the GPU machine.
-$(BUILD)/bin/%: tools/%.c $(wildcard tools/*.h) $(STLIB) | $(BUILD)/bin
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(STLIB) $(LDFLAGS) $(LDLIBS)
+# what travels to the GPU machine. A tool's object stays under $(BUILD)/obj/tools, where the
+# link check reads what it calls.
+$(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(STLIB) | $(BUILD)/bin
+	$(CC) -o $@ $< $(STLIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
