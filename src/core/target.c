@@ -31,6 +31,16 @@ static const cuda_arch_row *cuda_arch(int sm) {
   return NULL;
 }
 
+const char *rlk_backend_name(rlk_backend b) {
+  switch (b) {
+    case RLK_BACKEND_AUTO: return "auto";
+    case RLK_BACKEND_CUDA: return "cuda";
+    case RLK_BACKEND_HIP: return "hip";
+    case RLK_BACKEND_HOST: return "host";
+  }
+  return "unknown";
+}
+
 int rlk_target_cuda_has_arch_specific(int sm) {
   const cuda_arch_row *r = cuda_arch(sm);
   return r && r->has_a;

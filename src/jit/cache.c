@@ -30,30 +30,6 @@
 /* Configuration                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-rlk_status rlk_cache_root_from_env(char *buf, size_t size) {
-  const char *dir = rlk_env("RLK_CACHE_DIR");
-  int n;
-  if (dir) {
-    n = rlk_format(buf, size, "%s", dir);
-  } else {
-    /* XDG_CACHE_HOME and HOME are not the runtime's variables: read as the system sets them.
-     * The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored. */
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    if (xdg && xdg[0] == '/')
-      n = rlk_format(buf, size, "%s/rlk", xdg);
-    else if (home && home[0] == '/')
-      n = rlk_format(buf, size, "%s/.cache/rlk", home);
-    else
-      return rlk_error(RLK_ERR_CACHE,
-                       "kernel cache: no root (HOME is not set); set RLK_CACHE_DIR");
-  }
-  if (n < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache: root path longer than %zu bytes",
-                     size ? size - 1 : 0);
-  return RLK_OK;
-}
-
 /* "123", "64K", "512M", "10G", "1T", optionally followed by "B" or "iB" (powers of 1024). */
 static int parse_bytes(const char *s, uint64_t *out) {
   const char *p = s;
@@ -114,7 +90,7 @@ rlk_status rlk_cache_config_from_env(rlk_cache_config *cfg, const char *root_ove
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cache_dir: longer than %zu bytes",
                        sizeof cfg->root - 1);
   } else {
-    rlk_status st = rlk_cache_root_from_env(cfg->root, sizeof cfg->root);
+    rlk_status st = rlk_cache_default_root(cfg->root, sizeof cfg->root);
     if (st == RLK_ERR_CACHE) {
       /* No home directory: the cache still works from the read-only trees; rlk_cache_open
        * says so once. */

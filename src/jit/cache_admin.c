@@ -128,7 +128,7 @@ static rlk_status resolve_root(const char *root, char *buf, size_t size) {
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache: root path too long");
     return RLK_OK;
   }
-  return rlk_cache_root_from_env(buf, size);
+  return rlk_cache_default_root(buf, size);
 }
 
 /* Opens a root that something will be deleted from: it must be the cache's own
@@ -507,11 +507,4 @@ rlk_status rlk_cache_clear(const char *root) {
     return rlk_error(RLK_ERR_IO, "kernel cache: some entries under %s could not be removed",
                      dir);
   return RLK_OK;
-}
-
-rlk_status rlk_cache_default_root(char *buf, size_t size) {
-  if (!buf || size == 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_cache_default_root: no buffer");
-  buf[0] = '\0';
-  return rlk_cache_root_from_env(buf, size);
 }

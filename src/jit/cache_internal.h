@@ -151,7 +151,4 @@ rlk_status rlk_cache_evict_keep(const char *root, uint64_t max_bytes, int64_t gr
                                 const char *keep, uint64_t *removed_entries,
                                 uint64_t *removed_bytes);
 
-/* The default writable root from the environment; RLK_ERR_CACHE if there is none. */
-rlk_status rlk_cache_root_from_env(char *buf, size_t size);
-
 #endif

@@ -13,16 +13,6 @@ void rlk_context_options_init(rlk_context_options *o) {
   o->log_level = RLK_LOG_DEFAULT;
 }
 
-const char *rlk_backend_name(rlk_backend b) {
-  switch (b) {
-    case RLK_BACKEND_AUTO: return "auto";
-    case RLK_BACKEND_CUDA: return "cuda";
-    case RLK_BACKEND_HIP: return "hip";
-    case RLK_BACKEND_HOST: return "host";
-  }
-  return "unknown";
-}
-
 static rlk_status host_open(int ordinal, rlk_backend_impl **out) {
   (void)ordinal;
   return rlk_host_backend_open(out);
