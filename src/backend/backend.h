@@ -7,10 +7,10 @@
 #include <stdint.h>
 
 #include "core/target.h"
+#include "core/tma.h"
 #include "rlk.h"
 
 typedef struct rlk_backend_impl rlk_backend_impl;
-typedef struct rlk_tma_desc_request rlk_tma_desc_request;
 
 typedef struct rlk_launch_dims {
   unsigned grid[3];
@@ -82,30 +82,8 @@ rlk_status rlk_host_backend_open(rlk_backend_impl **out);
  * (rlk_target_for_cuda_device's name). */
 void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
 
-/* ------------------------------------------------------------------------ */
-/* TMA (sm_90+ bulk tensor copies)                                           */
-/* ------------------------------------------------------------------------ */
-
-/* A 2-D tiled tensor map request. */
-struct rlk_tma_desc_request {
-  const void *base;     /* global address */
-  rlk_dtype dtype;
-  uint64_t rows, cols;  /* global extent */
-  uint64_t row_stride;  /* elements */
-  uint32_t box_rows, box_cols;
-  /* 0: boxes land row after row; 128: the 128-byte swizzle that wgmma's descriptors read (the
-   * inner box at most 128 bytes, the shared destination 1024-byte aligned) */
-  uint32_t swizzle;
-};
-
-/* Checks a request against the tensor-map limits on the host (16-byte aligned base and
- * stride, box dimensions 1..256, inner box bytes a multiple of 16 and at most 128 with the
- * swizzle, extents within 2^32, supported dtype). RLK_OK or RLK_ERR_UNSUPPORTED with the reason: the caller then takes
- * a non-TMA path instead of faulting on the device. */
-rlk_status rlk_tma_check(const rlk_tma_desc_request *req);
-
 /* Encodes a CUtensorMap (128 bytes, 64-byte aligned) into `out` with cuTensorMapEncodeTiled,
- * after rlk_tma_check. Only on a CUDA backend: the CUDA backend's tensor_map_encode. */
+ * after rlk_tma_check (core/tma.h). Only on a CUDA backend: the CUDA backend's tensor_map_encode. */
 rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_request *req, void *out128);
 
 #endif
