@@ -25,6 +25,10 @@ extern const rlk_op_desc rlk_op_prefix_attention;
 extern const rlk_op_desc rlk_op_token_baseline;
 extern const rlk_op_desc rlk_op_token_kl;
 
+/* Every op family that can be precompiled, NULL-terminated (op_table.c, which also hands it down
+ * to the runtime's calls over configuration lines). */
+extern const rlk_op_desc *const rlk_op_table[];
+
 /* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows
  * of V elements, with its tuning requests `block` and `unroll` (0: the defaults): the threads per
  * row and the vectors per chunk that fix how a row's sums are rounded. A kernel that computes a

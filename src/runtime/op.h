@@ -1,7 +1,7 @@
 /* op.h - what the runtime knows of an op: its settings table, its plan (the kernels a
  * configuration line needs, through the same selection a call makes), samples and tuning
- * candidates; the generic configuration-line machinery over those tables; and the op table,
- * which the ops layer defines (src/ops/op_table.c). */
+ * candidates; and the generic configuration-line machinery over those tables (the op table
+ * itself comes down from the ops layer: runtime/catalog.h). */
 #ifndef RLK_RUNTIME_OP_H
 #define RLK_RUNTIME_OP_H
 
@@ -89,17 +89,7 @@ typedef struct rlk_op_desc {
   const char *(*runtime_tuning)(const rlk_context *ctx, const rlk_op_values *vals);
 } rlk_op_desc;
 
-/* Every op family that can be precompiled, NULL-terminated. */
-extern const rlk_op_desc *const rlk_op_table[];
-
 #define RLK_OP_CONFIG_MAX_PAIRS 32
-
-/* Splits a configuration line ("op name=value ...") into its op and settings. *line receives a
- * copy of the text that the pairs point into (the caller frees it, also on error). Errors are
- * RLK_ERR_INVALID_ARGUMENT messages prefixed with `who`: an empty line, an unknown op, a setting
- * that is not name=value or is given twice. */
-rlk_status rlk_op_config_parse(const char *who, const char *config, char **line, const rlk_op_desc **op,
-                               rlk_op_config_pair *pairs, size_t *npairs);
 
 /* The kernel specs of op d's settings `pairs` on ctx: rlk_op_values_parse, then d->plan. */
 rlk_status rlk_op_plan(const rlk_op_desc *d, const rlk_context *ctx, size_t npairs, const rlk_op_config_pair *pairs,

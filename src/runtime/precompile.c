@@ -1,59 +1,17 @@
-/* precompile.c - rlk_precompile and its queries: a configuration line goes through the op's
- * settings table and its own variant selection, and each resulting kernel is compiled or found. */
-#include <ctype.h>
-#include <pthread.h>
+/* precompile.c - rlk_precompile and its keys: a configuration line goes through the op's settings
+ * table (its op found in the catalog the ops layer hands down) and the op's own variant
+ * selection, and each resulting kernel is compiled or found. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "jit/jit.h"
+#include "runtime/catalog.h"
 #include "runtime/op.h"
 
 
-static const rlk_op_desc *find_op(const char *name) {
-  for (size_t i = 0; rlk_op_table[i]; i++)
-    if (!strcmp(rlk_op_table[i]->name, name)) return rlk_op_table[i];
-  return NULL;
-}
-
-static char op_names[512];
-static pthread_once_t op_names_once = PTHREAD_ONCE_INIT;
-
-static void fill_op_names(void) {
-  size_t len = 0;
-  for (size_t i = 0; rlk_op_table[i]; i++) {
-    int w = rlk_format(op_names + len, sizeof op_names - len, "%s%s", i ? " " : "", rlk_op_table[i]->name);
-    if (w < 0) break;
-    len += (size_t)w;
-  }
-}
-
-const char *rlk_precompile_ops(void) {
-  pthread_once(&op_names_once, fill_op_names);
-  return op_names;
-}
-
-/* Each op's --help text, written once from its settings table. */
-#define HELP_BYTES 4096
-#define HELP_OPS 64
-static char op_help[HELP_OPS][HELP_BYTES];
-static pthread_once_t op_help_once = PTHREAD_ONCE_INIT;
-
-static void fill_op_help(void) {
-  for (size_t i = 0; rlk_op_table[i] && i < HELP_OPS; i++)
-    if (rlk_op_help_text(rlk_op_table[i], op_help[i], HELP_BYTES) < 0) op_help[i][0] = '\0';
-}
-
-const char *rlk_precompile_help(const char *op) {
-  if (!op) return "";
-  pthread_once(&op_help_once, fill_op_help);
-  for (size_t i = 0; rlk_op_table[i] && i < HELP_OPS; i++)
-    if (!strcmp(rlk_op_table[i]->name, op)) return op_help[i];
-  return "";
-}
-
-rlk_status rlk_op_config_parse(const char *who, const char *config, char **linep, const rlk_op_desc **opp,
-                               rlk_op_config_pair *pairs, size_t *npairs) {
+rlk_status rlk_op_config_parse(const char *who, rlk_op_catalog *catalog, const char *config, char **linep,
+                               const rlk_op_desc **opp, rlk_op_config_pair *pairs, size_t *npairs) {
   *linep = NULL;
   *opp = NULL;
   *npairs = 0;
@@ -84,9 +42,10 @@ rlk_status rlk_op_config_parse(const char *who, const char *config, char **linep
     n++;
   }
   if (!op) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: empty configuration", who);
-  const rlk_op_desc *d = find_op(op);
+  const rlk_op_desc *d = rlk_catalog_find(catalog, op);
   if (!d)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: unknown op '%s' (known: %s)", who, op, rlk_precompile_ops());
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: unknown op '%s' (known: %s)", who, op,
+                     rlk_catalog_names(catalog));
   *opp = d;
   *npairs = n;
   return RLK_OK;
@@ -105,26 +64,26 @@ rlk_status rlk_op_plan(const rlk_op_desc *d, const rlk_context *ctx, size_t npai
 }
 
 /* The kernel specs of a configuration line on ctx. *line is freed by the caller. */
-static rlk_status plan_line(const char *who, rlk_context *ctx, const char *config, char **line,
-                            rlk_kernel_spec *specs, size_t *nspecs) {
+static rlk_status plan_line(const char *who, rlk_op_catalog *catalog, rlk_context *ctx, const char *config,
+                            char **line, rlk_kernel_spec *specs, size_t *nspecs) {
   *nspecs = 0;
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", who);
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
   size_t npairs = 0;
   const rlk_op_desc *d = NULL;
-  rlk_status st = rlk_op_config_parse(who, config, line, &d, pairs, &npairs);
+  rlk_status st = rlk_op_config_parse(who, catalog, config, line, &d, pairs, &npairs);
   if (st) return st;
   st = rlk_op_plan(d, ctx, npairs, pairs, specs, nspecs);
   if (st) return rlk_error_wrap(st, "%s: %s", who, d->name);
   return RLK_OK;
 }
 
-rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
+rlk_status rlk_catalog_precompile(rlk_op_catalog *catalog, rlk_context *ctx, const char *config, int *kernels) {
   if (kernels) *kernels = 0;
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   size_t nspecs = 0;
   char *line = NULL;
-  rlk_status st = plan_line("rlk_precompile", ctx, config, &line, specs, &nspecs);
+  rlk_status st = plan_line("rlk_precompile", catalog, ctx, config, &line, specs, &nspecs);
   free(line);
   if (st) return st;
   /* A compile-only context exists to fill a cache: with nothing to write to, the work would be
@@ -142,14 +101,15 @@ rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels) {
   return RLK_OK;
 }
 
-rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, char *buf, size_t size, int *kernels) {
+rlk_status rlk_catalog_precompile_keys(rlk_op_catalog *catalog, rlk_context *ctx, const char *config, char *buf,
+                                       size_t size, int *kernels) {
   if (kernels) *kernels = 0;
   if (!buf || size == 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_precompile_keys: buf is NULL or empty");
   buf[0] = '\0';
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   size_t nspecs = 0, len = 0;
   char *line = NULL;
-  rlk_status st = plan_line("rlk_precompile_keys", ctx, config, &line, specs, &nspecs);
+  rlk_status st = plan_line("rlk_precompile_keys", catalog, ctx, config, &line, specs, &nspecs);
   free(line);
   for (size_t i = 0; !st && i < nspecs; i++) {
     rlk_kernel_key key;

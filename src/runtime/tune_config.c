@@ -1,23 +1,23 @@
 /* tune_config.c - configuration lines and the tuning database: a line's record key (through the
  * op's own canonical spelling, the one its calls look up), what a context's database gives a
- * line, and the candidates an op declares for a sweep. */
-#include <pthread.h>
+ * line, and the settings that change a line's calls but not its kernels. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/context.h"
 #include "core/core.h"
+#include "runtime/catalog.h"
 #include "runtime/op.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 
 /* The op, shape and bucket of a configuration line. */
-static rlk_status line_key(const char *who, const char *config, const rlk_op_desc **op, char *shape,
-                           size_t size, int64_t *tokens) {
+static rlk_status line_key(const char *who, rlk_op_catalog *catalog, const char *config, const rlk_op_desc **op,
+                           char *shape, size_t size, int64_t *tokens) {
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
   size_t npairs = 0;
   char *line = NULL;
-  rlk_status st = rlk_op_config_parse(who, config, &line, op, pairs, &npairs);
+  rlk_status st = rlk_op_config_parse(who, catalog, config, &line, op, pairs, &npairs);
   if (!st && !(*op)->tune_key)
     st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: op %s has no tuning candidates", who, (*op)->name);
   if (!st) {
@@ -30,12 +30,12 @@ static rlk_status line_key(const char *who, const char *config, const rlk_op_des
   return st;
 }
 
-rlk_status rlk_tune_record_set_key(rlk_tune_record *record, const char *config) {
+rlk_status rlk_catalog_tune_record_set_key(rlk_op_catalog *catalog, rlk_tune_record *record, const char *config) {
   if (!record) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_record_set_key: record is NULL");
   const rlk_op_desc *op = NULL;
   char shape[sizeof record->shape];
   int64_t tokens = 0;
-  rlk_status st = line_key("rlk_tune_record_set_key", config, &op, shape, sizeof shape, &tokens);
+  rlk_status st = line_key("rlk_tune_record_set_key", catalog, config, &op, shape, sizeof shape, &tokens);
   if (st) return st;
   rlk_format(record->op, sizeof record->op, "%s", op->name);
   memcpy(record->shape, shape, sizeof record->shape);
@@ -43,7 +43,8 @@ rlk_status rlk_tune_record_set_key(rlk_tune_record *record, const char *config) 
   return RLK_OK;
 }
 
-rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings, size_t size, int *found) {
+rlk_status rlk_catalog_tune_lookup(rlk_op_catalog *catalog, rlk_context *ctx, const char *config, char *settings,
+                                   size_t size, int *found) {
   if (found) *found = 0;
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: ctx is NULL");
   if (!found) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_tune_lookup: found is NULL");
@@ -52,7 +53,7 @@ rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings,
   const rlk_op_desc *op = NULL;
   char shape[256];
   int64_t tokens = 0;
-  rlk_status st = line_key("rlk_tune_lookup", config, &op, shape, sizeof shape, &tokens);
+  rlk_status st = line_key("rlk_tune_lookup", catalog, config, &op, shape, sizeof shape, &tokens);
   if (st) return st;
   const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, op->name, shape, tokens);
   if (!e) return RLK_OK;
@@ -62,38 +63,7 @@ rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings,
   return RLK_OK;
 }
 
-/* ---- candidates --------------------------------------------------------------------- */
-
-static char *candidate_lists[16];
-static pthread_once_t candidates_once = PTHREAD_ONCE_INIT;
-
-static void join_candidates(void) {
-  for (size_t i = 0; rlk_op_table[i] && i < sizeof candidate_lists / sizeof candidate_lists[0]; i++) {
-    const char *const *c = rlk_op_table[i]->candidates;
-    size_t len = 1;
-    for (size_t k = 0; c && c[k]; k++) len += strlen(c[k]) + 1;
-    char *s = malloc(len), *o = s;
-    if (!s) continue;
-    for (size_t k = 0; c && c[k]; k++) {
-      size_t n = strlen(c[k]);
-      memcpy(o, c[k], n);
-      o[n] = '\n';
-      o += n + 1;
-    }
-    *o = '\0';
-    candidate_lists[i] = s;
-  }
-}
-
-const char *rlk_tune_candidates(const char *op) {
-  if (!op) return "";
-  pthread_once(&candidates_once, join_candidates);
-  for (size_t i = 0; rlk_op_table[i] && i < sizeof candidate_lists / sizeof candidate_lists[0]; i++)
-    if (!strcmp(rlk_op_table[i]->name, op)) return candidate_lists[i] ? candidate_lists[i] : "";
-  return "";
-}
-
-const char *rlk_tune_runtime_settings(rlk_context *ctx, const char *config) {
+const char *rlk_catalog_tune_runtime_settings(rlk_op_catalog *catalog, rlk_context *ctx, const char *config) {
   if (!ctx || !config) return "";
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
   size_t npairs = 0;
@@ -101,7 +71,7 @@ const char *rlk_tune_runtime_settings(rlk_context *ctx, const char *config) {
   const rlk_op_desc *op = NULL;
   const char *names = "";
   rlk_op_values vals;
-  if (rlk_op_config_parse("rlk_tune_runtime_settings", config, &line, &op, pairs, &npairs) == RLK_OK &&
+  if (rlk_op_config_parse("rlk_tune_runtime_settings", catalog, config, &line, &op, pairs, &npairs) == RLK_OK &&
       op->runtime_tuning && rlk_op_values_parse(op, npairs, pairs, &vals) == RLK_OK) {
     const char *r = op->runtime_tuning(ctx, &vals);
     if (r) names = r;

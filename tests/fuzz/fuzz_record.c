@@ -20,6 +20,8 @@
 #include "core/core.h"
 #include "fuzz.h"
 #include "rlk.h"
+#include "ops/ops.h"
+#include "runtime/catalog.h"
 #include "runtime/op.h"
 #include "runtime/record.h"
 
@@ -67,6 +69,8 @@ static int count_line(const char *text, size_t n, const char *line, int tail) {
   return count;
 }
 
+static rlk_op_catalog catalog = RLK_OP_CATALOG_INIT(rlk_op_table);
+
 /* A sample configuration line of some op, parsed into values. */
 static int pick_line(uint8_t choice, const rlk_op_desc **d, rlk_op_values *vals, char *line, size_t size) {
   size_t nops = 0;
@@ -81,7 +85,7 @@ static int pick_line(uint8_t choice, const rlk_op_desc **d, rlk_op_values *vals,
   rlk_op_config_pair pairs[RLK_OP_CONFIG_MAX_PAIRS];
   size_t npairs = 0;
   int rc = -1;
-  if (rlk_op_config_parse("fuzz", sample, &copy, &op, pairs, &npairs) == RLK_OK && op == *d &&
+  if (rlk_op_config_parse("fuzz", &catalog, sample, &copy, &op, pairs, &npairs) == RLK_OK && op == *d &&
       rlk_op_values_parse(op, npairs, pairs, vals) == RLK_OK && rlk_op_values_line(op, vals, line, size) >= 0)
     rc = 0;
   free(copy);
