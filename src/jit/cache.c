@@ -1,10 +1,9 @@
-/* cache.c - the on-disk kernel cache: configuration, opening, lookup and publishing
- * (docs/cache.md). The lock is in cache_lock.c, walking/eviction/admin in cache_admin.c.
+/* cache.c - the kernel cache as a context opens it (docs/cache.md): configuration, opening,
+ * lookup and publishing. The store's other files: cache_entry.c (an entry's format and check),
+ * cache_tree.c (changing a tree's files), cache_scan.c (its entries, eviction), cache_trust.c
+ * (what it trusts), cache_lock.c (the per-key lock). The administration of a whole tree (walk,
+ * verify, prune, clear) sits above the store, in runtime/cache_admin.c.
  *
- * An entry is <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hash>/ holding
- *   kernel.<ext>  the binary, byte for byte as the compiler produced it
- *   kernel.meta   "name=value" lines, the commit marker (written last, renamed in with the rest)
- *   last_used     empty; its mtime is the entry's recency for eviction
  * Entries appear and disappear only by rename() of the whole directory, so a reader sees a
  * complete entry or none; every read is still checked, since disks, copies and people are not. */
 #include <dirent.h>
@@ -132,666 +131,6 @@ rlk_status rlk_cache_config_from_env(rlk_cache_config *cfg, const char *root_ove
     cfg->lock_timeout_s = t;
   }
   return RLK_OK;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* File-system helpers                                                                      */
-/* ---------------------------------------------------------------------------------------- */
-
-int rlk_cache_is_hash(const char *s) {
-  size_t i = 0;
-  for (; s[i]; i++)
-    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
-  return i == 64;
-}
-
-/* Errors that mean "someone else removed it first" or an NFS client still holding a file:
- * none of them makes a tree removal fail. */
-static int benign_remove_error(int e) {
-  return e == ENOENT || e == ESTALE || e == EBUSY || e == ENOTEMPTY || e == EEXIST;
-}
-
-static int rmtree_at(int parent, const char *name, int depth) {
-  if (unlinkat(parent, name, 0) == 0) return 0;
-  if (errno != EISDIR && errno != EPERM) return benign_remove_error(errno) ? 0 : -1;
-  if (depth > 32) return -1; /* deeper than anything the cache writes */
-  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return benign_remove_error(errno) ? 0 : -1;
-  DIR *dir = fdopendir(fd);
-  if (!dir) {
-    close(fd);
-    return -1;
-  }
-  int rc = 0;
-  struct dirent *de;
-  while ((de = readdir(dir)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-    if (rmtree_at(dirfd(dir), de->d_name, depth + 1) != 0) rc = -1;
-  }
-  closedir(dir);
-  if (unlinkat(parent, name, AT_REMOVEDIR) != 0 && !benign_remove_error(errno)) rc = -1;
-  return rc;
-}
-
-int rlk_cache_rmtree(const char *path) { return rmtree_at(AT_FDCWD, path, 0); }
-
-int rlk_cache_rmtree_at(int dirfd, const char *name) { return rmtree_at(dirfd, name, 0); }
-
-static void sanitize_component(char *dst, size_t size, const char *src) {
-  size_t j = 0;
-  for (size_t i = 0; src[i] && j + 1 < size; i++) {
-    char c = src[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-             c == '.' || c == '-' || c == '_' || c == '+';
-    dst[j++] = ok ? c : '_';
-  }
-  dst[j] = '\0';
-  /* Never "", ".", ".." or a hidden name: the prefix is for people, the hash decides. */
-  if (j == 0 || dst[0] == '.') {
-    if (j == 0) dst[j++] = '_';
-    dst[0] = '_';
-    dst[j] = '\0';
-  }
-}
-
-int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf, size_t size) {
-  char compiler[65], target[33], family[65];
-  sanitize_component(compiler, sizeof compiler, key->compiler);
-  sanitize_component(target, sizeof target, key->target);
-  sanitize_component(family, sizeof family, key->family);
-  return rlk_format(buf, size, "%s/v%d/%s/%s/%s/%.2s/%s", root, key->schema, compiler, target,
-                    family, key->hex, key->hex) < 0
-             ? -1
-             : 0;
-}
-
-/* Makes sure <root>/name is a real, trusted directory of the cache's own (a link or file in
- * its place is removed, never followed). 0 or -1 with errno. */
-static int ensure_own_subdir(const char *root, const char *name) {
-  int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (rootfd < 0) return -1;
-  int fd = rlk_cache_open_own_subdir(rootfd, name, 1);
-  int e = errno;
-  close(rootfd);
-  if (fd < 0) {
-    errno = e;
-    return -1;
-  }
-  close(fd);
-  return 0;
-}
-
-/* A unique staging directory (0700) under <root>/tmp; 0 or -1 with errno. */
-static int make_staging(const char *root, char *buf, size_t size) {
-  char tmp[RLK_CACHE_PATH_MAX], host[64] = "host";
-  if (rlk_format(tmp, sizeof tmp, "%s/%s", root, RLK_CACHE_TMP_DIR) < 0) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  if (ensure_own_subdir(root, RLK_CACHE_TMP_DIR) != 0) return -1;
-  if (gethostname(host, sizeof host) != 0) strcpy(host, "host");
-  host[sizeof host - 1] = '\0';
-  char clean[33];
-  sanitize_component(clean, sizeof clean, host);
-  if (rlk_format(buf, size, "%s/%s-%ld-XXXXXX", tmp, clean, (long)getpid()) < 0) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  return mkdtemp(buf) ? 0 : -1;
-}
-
-int rlk_cache_retire(const char *root, const char *entry_path) {
-  char stage[RLK_CACHE_PATH_MAX], moved[RLK_CACHE_PATH_MAX];
-  if (make_staging(root, stage, sizeof stage) == 0 &&
-      rlk_format(moved, sizeof moved, "%s/e", stage) >= 0) {
-    if (rename(entry_path, moved) == 0 || errno == ENOENT) return rlk_cache_rmtree(stage);
-    rlk_cache_rmtree(stage);
-  }
-  return rlk_cache_rmtree(entry_path);
-}
-
-int rlk_cache_quarantine_path(const char *root, const char *entry_path) {
-  char qdir[RLK_CACHE_PATH_MAX], dst[RLK_CACHE_PATH_MAX];
-  const char *slash = strrchr(entry_path, '/');
-  const char *hash = slash ? slash + 1 : entry_path;
-  if (rlk_format(qdir, sizeof qdir, "%s/%s", root, RLK_CACHE_QUARANTINE_DIR) >= 0 &&
-      ensure_own_subdir(root, RLK_CACHE_QUARANTINE_DIR) == 0 &&
-      rlk_format(dst, sizeof dst, "%s/%.64s.%lld.%ld", qdir, hash, (long long)rlk_unix_time(),
-                 (long)getpid()) >= 0) {
-    if (rename(entry_path, dst) == 0 || errno == ENOENT) return 0;
-  }
-  /* No quarantine possible (name taken this second, other file system): just remove it. */
-  rlk_cache_retire(root, entry_path);
-  struct stat st;
-  return lstat(entry_path, &st) == 0 ? -1 : 0;
-}
-
-/* Removes what is older than max_age in the cache's own directory `sub` of the root, among
- * the names `own` accepts; max_age < 0 removes all of them. Nothing is followed through a link:
- * the directory is opened without following one and every removal is relative to it. */
-void rlk_cache_sweep_own(int rootfd, const char *root, const char *sub, int64_t max_age,
-                         int (*own)(const char *)) {
-  int fd = rlk_cache_open_own_subdir(rootfd, sub, 0);
-  if (fd < 0) return;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return;
-  }
-  int64_t now = rlk_unix_time();
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (!own(de->d_name)) continue;
-    int64_t when = -1;
-    if (own == rlk_cache_is_quarantine_name) when = strtoll(de->d_name + 65, NULL, 10);
-    struct stat st;
-    if (when <= 0) {
-      if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-      when = (int64_t)st.st_mtime;
-    }
-    if (max_age >= 0 && now - when < max_age) continue;
-    rlk_debug("kernel cache: removing %s/%s/%s", root, sub, de->d_name);
-    rlk_cache_rmtree_at(dirfd(d), de->d_name);
-  }
-  closedir(d);
-  /* Clearing takes the emptied directory too; a sweep leaves it, since another process may be
-   * about to stage in it. */
-  if (max_age < 0) unlinkat(rootfd, sub, AT_REMOVEDIR);
-}
-
-void rlk_cache_sweep(const char *root) {
-  char why[512];
-  int rootfd = rlk_cache_open_tree(root, why, sizeof why);
-  if (rootfd < 0) return;
-  if (rlk_cache_root_is_own(rootfd, 0, why, sizeof why)) {
-    rlk_cache_sweep_own(rootfd, root, RLK_CACHE_TMP_DIR, RLK_CACHE_STAGING_MAX_AGE,
-                        rlk_cache_is_staging_name);
-    rlk_cache_sweep_own(rootfd, root, RLK_CACHE_QUARANTINE_DIR, RLK_CACHE_QUARANTINE_MAX_AGE,
-                        rlk_cache_is_quarantine_name);
-  }
-  close(rootfd);
-}
-
-int64_t rlk_cache_entry_last_used(int dfd) {
-  struct stat st;
-  if (fstatat(dfd, RLK_CACHE_LAST_USED_NAME, &st, 0) == 0) return (int64_t)st.st_mtime;
-  if (fstatat(dfd, RLK_CACHE_META_NAME, &st, 0) == 0) return (int64_t)st.st_mtime;
-  if (fstat(dfd, &st) == 0) return (int64_t)st.st_mtime;
-  return 0;
-}
-
-/* Writes a new file in dfd and fsyncs it. 0 or -1 with errno. */
-static int write_file_at(int dfd, const char *name, const void *data, size_t size) {
-  int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return -1;
-  if (rlk_write_all(fd, data, size) != 0 || fsync(fd) != 0) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return close(fd);
-}
-
-/* Reads a whole file of dfd (at most `limit` bytes, else EFBIG), NUL-terminated for text. */
-static int read_file_at(int dfd, const char *name, size_t limit, char **data, size_t *size,
-                        struct stat *st_out) {
-  int fd = rlk_open_regular(dfd, name, O_RDONLY | O_NOFOLLOW, 0);
-  if (fd < 0) {
-    if (errno == ELOOP) errno = EINVAL; /* a link */
-    return -1;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return -1;
-  }
-  if ((uint64_t)st.st_size > limit) {
-    close(fd);
-    errno = EFBIG;
-    return -1;
-  }
-  size_t want = (size_t)st.st_size;
-  char *buf = malloc(want + 1);
-  if (!buf) {
-    close(fd);
-    errno = ENOMEM;
-    return -1;
-  }
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = read(fd, buf + got, want - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  if (got < want) {
-    int e = errno;
-    free(buf);
-    close(fd);
-    errno = e ? e : EIO;
-    return -1;
-  }
-  close(fd);
-  buf[got] = '\0';
-  *data = buf;
-  *size = got;
-  if (st_out) *st_out = st;
-  return 0;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Metadata                                                                                 */
-/* ---------------------------------------------------------------------------------------- */
-
-typedef struct strbuf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} strbuf;
-
-static void sb_put(strbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-      b->oom = 1;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
-
-static void sb_puts(strbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-/* Values are escaped so that a line is always one record: backslash, newline, carriage
- * return and other control bytes become \\, \n, \r, \xHH. */
-static void sb_escaped(strbuf *b, const char *s, size_t n) {
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    char e[4];
-    if (c == '\\') {
-      sb_put(b, "\\\\", 2);
-    } else if (c == '\n') {
-      sb_put(b, "\\n", 2);
-    } else if (c == '\r') {
-      sb_put(b, "\\r", 2);
-    } else if (c < 0x20 || c == 0x7f) {
-      e[0] = '\\';
-      e[1] = 'x';
-      e[2] = hex[c >> 4];
-      e[3] = hex[c & 15];
-      sb_put(b, e, 4);
-    } else {
-      sb_put(b, (const char *)&s[i], 1);
-    }
-  }
-}
-
-static void sb_field(strbuf *b, const char *name, const char *value) {
-  sb_puts(b, name);
-  sb_put(b, "=", 1);
-  sb_escaped(b, value, strlen(value));
-  sb_put(b, "\n", 1);
-}
-
-static void sb_fmt(strbuf *b, const char *name, const char *fmt, ...) RLK_PRINTF(3, 4);
-static void sb_fmt(strbuf *b, const char *name, const char *fmt, ...) {
-  char v[128];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(v, sizeof v, fmt, ap);
-  va_end(ap);
-  sb_field(b, name, v);
-}
-
-static int unhex(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-/* Unescapes in place; -1 on a malformed escape or an escaped NUL. */
-static int unescape(char *s) {
-  char *w = s;
-  for (const char *r = s; *r; r++) {
-    if (*r != '\\') {
-      *w++ = *r;
-      continue;
-    }
-    r++;
-    if (*r == '\\')
-      *w++ = '\\';
-    else if (*r == 'n')
-      *w++ = '\n';
-    else if (*r == 'r')
-      *w++ = '\r';
-    else if (*r == 'x' && unhex(r[1]) >= 0 && unhex(r[2]) >= 0) {
-      int v = unhex(r[1]) * 16 + unhex(r[2]);
-      if (v == 0) return -1;
-      *w++ = (char)v;
-      r += 2;
-    } else
-      return -1;
-  }
-  *w = '\0';
-  return 0;
-}
-
-void rlk_cache_meta_free(rlk_cache_meta *meta) {
-  if (!meta) return;
-  for (size_t i = 0; i < meta->nlowered; i++) free(meta->lowered[i]);
-  free(meta->lowered);
-  memset(meta, 0, sizeof *meta);
-}
-
-#define META_MAX_LOWERED 65536
-
-int rlk_cache_meta_parse(char *text, size_t len, rlk_cache_meta *m, char *why, size_t whysize) {
-  memset(m, 0, sizeof *m);
-  unsigned have_fields = 0;
-  int have_key = 0, have_binary = 0, have_size = 0, have_sha = 0, have_count = 0, ended = 0;
-  size_t lineno = 0;
-  char *p = text, *end = text + len;
-  if (memchr(text, '\0', len)) {
-    rlk_format(why, whysize, "kernel.meta holds a NUL byte");
-    goto fail;
-  }
-  while (p < end) {
-    char *nl = memchr(p, '\n', (size_t)(end - p));
-    if (!nl) {
-      rlk_format(why, whysize, "kernel.meta is truncated (no newline after line %zu)",
-                 lineno + 1);
-      goto fail;
-    }
-    *nl = '\0';
-    char *line = p;
-    p = nl + 1;
-    lineno++;
-    if (ended) {
-      rlk_format(why, whysize, "kernel.meta has data after its end line");
-      goto fail;
-    }
-    if (lineno == 1) {
-      if (strcmp(line, "format=" RLK_CACHE_META_FORMAT) != 0) {
-        rlk_format(why, whysize, "kernel.meta: first line is not format=%s",
-                   RLK_CACHE_META_FORMAT);
-        goto fail;
-      }
-      continue;
-    }
-    char *eq = strchr(line, '=');
-    if (!eq) {
-      rlk_format(why, whysize, "kernel.meta line %zu has no '='", lineno);
-      goto fail;
-    }
-    *eq = '\0';
-    char *name = line, *value = eq + 1;
-    if (unescape(value) != 0) {
-      rlk_format(why, whysize, "kernel.meta line %zu: bad escape", lineno);
-      goto fail;
-    }
-    int matched = 0;
-    for (int i = 0; i < RLK_KEY_NFIELDS; i++) {
-      if (strcmp(name, rlk_key_field_names[i]) != 0) continue;
-      if (rlk_key_set_field(&m->key, i, value) != RLK_OK) {
-        rlk_format(why, whysize, "kernel.meta: field %s does not parse", name);
-        goto fail;
-      }
-      have_fields |= 1u << i;
-      matched = 1;
-    }
-    if (matched) continue;
-    if (strcmp(name, "key") == 0) {
-      have_key = rlk_format(m->recorded_hex, sizeof m->recorded_hex, "%s", value) >= 0;
-    } else if (strcmp(name, "binary") == 0) {
-      have_binary = rlk_format(m->binary, sizeof m->binary, "%s", value) >= 0;
-    } else if (strcmp(name, "binary_size") == 0) {
-      char *e = NULL;
-      errno = 0;
-      unsigned long long v = strtoull(value, &e, 10);
-      have_size = value[0] >= '0' && value[0] <= '9' && *e == '\0' && errno == 0;
-      m->binary_size = v;
-    } else if (strcmp(name, "binary_sha256") == 0) {
-      have_sha = rlk_format(m->binary_sha256, sizeof m->binary_sha256, "%s", value) >= 0;
-    } else if (strcmp(name, "lowered.count") == 0) {
-      char *e = NULL;
-      unsigned long v = strtoul(value, &e, 10);
-      if (have_count || *e != '\0' || value[0] < '0' || value[0] > '9' ||
-          v > META_MAX_LOWERED) {
-        rlk_format(why, whysize, "kernel.meta: bad lowered.count");
-        goto fail;
-      }
-      if (v) {
-        m->lowered = calloc(v, sizeof *m->lowered);
-        if (!m->lowered) {
-          rlk_format(why, whysize, "out of memory");
-          goto fail;
-        }
-      }
-      m->nlowered = v;
-      have_count = 1;
-    } else if (strncmp(name, "lowered.", 8) == 0) {
-      char *e = NULL;
-      unsigned long i = strtoul(name + 8, &e, 10);
-      if (!have_count || *e != '\0' || i >= m->nlowered || m->lowered[i]) {
-        rlk_format(why, whysize, "kernel.meta: unexpected %s", name);
-        goto fail;
-      }
-      m->lowered[i] = rlk_strdup(value);
-      if (!m->lowered[i]) {
-        rlk_format(why, whysize, "out of memory");
-        goto fail;
-      }
-    } else if (strcmp(name, "compile_seconds") == 0) {
-      m->compile_seconds = strtod(value, NULL);
-    } else if (strcmp(name, "created_by.time") == 0) {
-      m->created = strtoll(value, NULL, 10);
-    } else if (strcmp(name, "end") == 0) {
-      ended = 1;
-    }
-    /* Other names are informative (log head, host, pid) or from a later writer: ignored. */
-  }
-  if (!ended) {
-    rlk_format(why, whysize, "kernel.meta is truncated (no end line)");
-    goto fail;
-  }
-  if (have_fields != (1u << RLK_KEY_NFIELDS) - 1 || !have_key || !have_binary || !have_size ||
-      !have_sha || !have_count) {
-    rlk_format(why, whysize, "kernel.meta lacks a required field");
-    goto fail;
-  }
-  for (size_t i = 0; i < m->nlowered; i++)
-    if (!m->lowered[i]) {
-      rlk_format(why, whysize, "kernel.meta lacks lowered.%zu", i);
-      goto fail;
-    }
-  rlk_key_finish(&m->key);
-  return 0;
-fail:
-  rlk_cache_meta_free(m);
-  return -1;
-}
-
-/* Why a file of an entry could not be read, from read_file_at's errno. */
-static const char *read_problem(int e) {
-  return e == EINVAL ? "it is not a regular file (a link, FIFO, device or directory)" : strerror(e);
-}
-
-int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize) {
-  char *text = NULL;
-  size_t len = 0;
-  memset(meta, 0, sizeof *meta);
-  if (read_file_at(dfd, RLK_CACHE_META_NAME, (size_t)16 << 20, &text, &len, NULL) != 0) {
-    rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, read_problem(errno));
-    return -1;
-  }
-  int rc = rlk_cache_meta_parse(text, len, meta, why, whysize);
-  free(text);
-  return rc;
-}
-
-/* A binary's file name: a plain name in the entry, never one of the entry's own files. */
-static int valid_binary_name(const char *s) {
-  size_t n = strlen(s);
-  if (n == 0 || n >= 64 || s[0] == '.') return 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '.' || c == '-' || c == '_'))
-      return 0;
-  }
-  return strcmp(s, RLK_CACHE_META_NAME) != 0 && strcmp(s, RLK_CACHE_LAST_USED_NAME) != 0;
-}
-
-#define BINARY_MAX ((size_t)1 << 30)
-
-int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
-                          rlk_cache_meta *meta, void **binary, char *why, size_t whysize) {
-  char *text = NULL, *bin = NULL, buf[160];
-  const char *bad;
-  size_t len = 0, size = 0;
-  struct stat st;
-  memset(meta, 0, sizeof *meta);
-  if (binary) *binary = NULL;
-  if (read_file_at(dfd, RLK_CACHE_META_NAME, (size_t)16 << 20, &text, &len, &st) != 0) {
-    if (errno == ENOENT)
-      rlk_format(why, whysize, "no %s (an uncommitted or damaged entry)", RLK_CACHE_META_NAME);
-    else
-      rlk_format(why, whysize, "cannot read %s: %s", RLK_CACHE_META_NAME, read_problem(errno));
-    return -1;
-  }
-  if (trusted_only && (bad = rlk_fs_untrusted(&st, buf, sizeof buf)) != NULL) {
-    rlk_format(why, whysize, "%s: %s", RLK_CACHE_META_NAME, bad);
-    free(text);
-    return -1;
-  }
-  int rc = rlk_cache_meta_parse(text, len, meta, why, whysize);
-  free(text);
-  if (rc != 0) return -1;
-
-  if (strcmp(meta->key.hex, hash) != 0) {
-    rlk_format(why, whysize, "its key fields hash to %.16s..., not to its directory name",
-               meta->key.hex);
-    goto fail;
-  }
-  if (strcmp(meta->recorded_hex, hash) != 0) {
-    rlk_format(why, whysize, "its recorded key is not its directory name");
-    goto fail;
-  }
-  if (expect) {
-    char a[1100], b[1100];
-    for (int i = 0; i < RLK_KEY_NFIELDS; i++) {
-      rlk_key_field(&meta->key, i, a, sizeof a);
-      rlk_key_field(expect, i, b, sizeof b);
-      if (strcmp(a, b) != 0) {
-        rlk_format(why, whysize, "field %s is '%.60s', expected '%.60s'",
-                   rlk_key_field_names[i], a, b);
-        goto fail;
-      }
-    }
-  }
-  if (!valid_binary_name(meta->binary)) {
-    rlk_format(why, whysize, "bad binary name '%.64s'", meta->binary);
-    goto fail;
-  }
-  if (meta->binary_size > BINARY_MAX) {
-    rlk_format(why, whysize, "recorded binary size %llu is implausible",
-               (unsigned long long)meta->binary_size);
-    goto fail;
-  }
-  if (read_file_at(dfd, meta->binary, BINARY_MAX, &bin, &size, &st) != 0) {
-    rlk_format(why, whysize, "cannot read %s: %s", meta->binary, read_problem(errno));
-    goto fail;
-  }
-  if (trusted_only && (bad = rlk_fs_untrusted(&st, buf, sizeof buf)) != NULL) {
-    rlk_format(why, whysize, "%s: %s", meta->binary, bad);
-    goto fail;
-  }
-  if ((uint64_t)size != meta->binary_size) {
-    rlk_format(why, whysize, "%s has %zu bytes, %llu recorded (truncated or replaced)",
-               meta->binary, size, (unsigned long long)meta->binary_size);
-    goto fail;
-  }
-  uint8_t digest[32];
-  char hex[65];
-  rlk_sha256_digest(bin, size, digest);
-  rlk_sha256_hex(digest, hex);
-  if (strcmp(hex, meta->binary_sha256) != 0) {
-    rlk_format(why, whysize, "%s fails its SHA-256 check", meta->binary);
-    goto fail;
-  }
-  if (binary)
-    *binary = bin;
-  else
-    free(bin);
-  return 0;
-fail:
-  free(bin);
-  rlk_cache_meta_free(meta);
-  return -1;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Opening                                                                                  */
-/* ---------------------------------------------------------------------------------------- */
-
-int rlk_cache_prepare_root(const char *root, int writable, char *why, size_t whysize) {
-  struct stat st;
-  char buf[512];
-  if (writable && rlk_mkdirs(root, 0700) != 0) {
-    rlk_format(why, whysize, "it cannot be created (%s)", strerror(errno));
-    return -1;
-  }
-  int rootfd = rlk_cache_open_tree(root, buf, sizeof buf);
-  if (rootfd < 0) {
-    if (!writable && errno == ENOENT) return 0; /* nothing to read yet */
-    const char *colon = strstr(buf, ": ");
-    rlk_format(why, whysize, "%s", colon ? colon + 2 : buf);
-    return -1;
-  }
-  int own = 1;
-  if (writable) {
-    /* Only this user publishes into its writable tree. */
-    if (fstat(rootfd, &st) == 0 && st.st_uid != geteuid()) {
-      rlk_format(why, whysize, "it is owned by uid %ld, not by this user (uid %ld)",
-                 (long)st.st_uid, (long)geteuid());
-      own = 0;
-    } else {
-      own = rlk_cache_root_is_own(rootfd, 1, why, whysize);
-    }
-  }
-  close(rootfd);
-  if (!own) return -1;
-  if (!writable) return 0;
-  /* Prove it is writable the way publishing writes: a file under <root>/tmp. access() is
-   * not enough (root ignores modes; read-only mounts and quotas say nothing to it). */
-  char tmp[RLK_CACHE_PATH_MAX], probe[RLK_CACHE_PATH_MAX];
-  if (rlk_format(tmp, sizeof tmp, "%s/%s", root, RLK_CACHE_TMP_DIR) < 0 ||
-      rlk_format(probe, sizeof probe, "%s/probe-XXXXXX", tmp) < 0) {
-    rlk_format(why, whysize, "its path is too long");
-    return -1;
-  }
-  if (ensure_own_subdir(root, RLK_CACHE_TMP_DIR) != 0) {
-    rlk_format(why, whysize, "it is not writable (%s)", strerror(errno));
-    return -1;
-  }
-  int fd = mkstemp(probe);
-  if (fd < 0) {
-    rlk_format(why, whysize, "it is not writable (%s)", strerror(errno));
-    return -1;
-  }
-  close(fd);
-  unlink(probe);
-  return 0;
 }
 
 static rlk_status split_ro_dirs(rlk_cache *c, const char *list) {
@@ -1081,45 +420,6 @@ rlk_status rlk_cache_lookup(rlk_cache *cache, const rlk_kernel_key *key, rlk_cac
 /* Publishing                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-static void build_meta(strbuf *b, const rlk_kernel_key *k, const char *binary_name,
-                       const void *binary, size_t size, char *const *names, size_t nnames,
-                       const rlk_cache_publish_info *info) {
-  char text[1100];
-  uint8_t digest[32];
-  char hex[65], host[256] = "";
-  sb_puts(b, "format=" RLK_CACHE_META_FORMAT "\n");
-  for (int i = 0; i < RLK_KEY_NFIELDS; i++) {
-    rlk_key_field(k, i, text, sizeof text);
-    sb_field(b, rlk_key_field_names[i], text);
-  }
-  sb_field(b, "key", k->hex);
-  sb_field(b, "binary", binary_name);
-  sb_fmt(b, "binary_size", "%zu", size);
-  rlk_sha256_digest(binary, size, digest);
-  rlk_sha256_hex(digest, hex);
-  sb_field(b, "binary_sha256", hex);
-  sb_fmt(b, "lowered.count", "%zu", nnames);
-  for (size_t i = 0; i < nnames; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "lowered.%zu", i);
-    sb_field(b, name, names[i] ? names[i] : "");
-  }
-  sb_fmt(b, "compile_seconds", "%.6f", info ? info->compile_seconds : 0.0);
-  if (info && info->log && info->log[0]) {
-    size_t n = strlen(info->log);
-    sb_fmt(b, "log_bytes", "%zu", n);
-    sb_puts(b, "log_head=");
-    sb_escaped(b, info->log, n < RLK_CACHE_LOG_HEAD ? n : RLK_CACHE_LOG_HEAD);
-    sb_puts(b, "\n");
-  }
-  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
-  host[sizeof host - 1] = '\0';
-  sb_field(b, "created_by.host", host);
-  sb_fmt(b, "created_by.pid", "%ld", (long)getpid());
-  sb_fmt(b, "created_by.time", "%lld", (long long)rlk_unix_time());
-  sb_puts(b, "end=1\n");
-}
-
 /* 1 if `path` is a trusted entry directory (not a link) holding its commit marker. */
 static int committed_entry(const char *path) {
   char why[256];
@@ -1194,11 +494,11 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   if (!cache || !key || (!binary && size) || (!lowered_names && nnames))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache publish: NULL argument");
   const char *binary_name = info && info->binary_name ? info->binary_name : "kernel.bin";
-  if (!valid_binary_name(binary_name))
+  if (!rlk_cache_valid_binary_name(binary_name))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "kernel cache publish: '%.64s' is not a valid binary file name",
                      binary_name);
-  if (size > BINARY_MAX)
+  if (size > RLK_CACHE_BINARY_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache publish: %zu-byte binary", size);
   if (cache->mode != RLK_CACHE_MODE_RW) return RLK_OK;
 
@@ -1212,16 +512,14 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   memcpy(parent, final, sizeof parent);
   *strrchr(parent, '/') = '\0';
 
-  strbuf meta = {0};
-  build_meta(&meta, &k, binary_name, binary ? binary : "", size, lowered_names, nnames, info);
-  if (meta.oom) {
-    free(meta.p);
-    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache publish: out of memory");
-  }
+  size_t meta_len = 0;
+  char *meta = rlk_cache_meta_text(&k, binary_name, binary ? binary : "", size, lowered_names, nnames, info,
+                                   &meta_len);
+  if (!meta) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache publish: out of memory");
 
   const char *step = "create staging directory";
   int dfd = -1, staged = 0;
-  if (make_staging(cache->root, stage, sizeof stage) != 0) goto io_fail;
+  if (rlk_cache_make_staging(cache->root, stage, sizeof stage) != 0) goto io_fail;
   staged = 1;
   /* The entry is built in a subdirectory: the 0700 staging dir keeps it private while it is
    * incomplete, and the entry itself gets ordinary permissions under the user's umask. */
@@ -1234,11 +532,11 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
   dfd = open(entry, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) goto io_fail;
   step = "write the binary";
-  if (write_file_at(dfd, binary_name, binary ? binary : "", size) != 0) goto io_fail;
+  if (rlk_cache_write_file_at(dfd, binary_name, binary ? binary : "", size) != 0) goto io_fail;
   step = "write last_used";
-  if (write_file_at(dfd, RLK_CACHE_LAST_USED_NAME, "", 0) != 0) goto io_fail;
+  if (rlk_cache_write_file_at(dfd, RLK_CACHE_LAST_USED_NAME, "", 0) != 0) goto io_fail;
   step = "write kernel.meta";
-  if (write_file_at(dfd, RLK_CACHE_META_NAME, meta.p, meta.len) != 0) goto io_fail;
+  if (rlk_cache_write_file_at(dfd, RLK_CACHE_META_NAME, meta, meta_len) != 0) goto io_fail;
   step = "sync the entry";
   if (fsync(dfd) != 0 && errno != EINVAL) goto io_fail;
   close(dfd);
@@ -1274,7 +572,7 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
     rlk_cache_quarantine_path(cache->root, final);
   }
   rlk_cache_rmtree(stage);
-  free(meta.p);
+  free(meta);
 
   if (cache->cfg.max_bytes > 0) {
     /* Entries used or published in the last RLK_CACHE_PUBLISH_GRACE seconds are spared
@@ -1282,9 +580,9 @@ rlk_status rlk_cache_publish(rlk_cache *cache, const rlk_kernel_key *key, const 
      * between looking an entry up and reading it, and a cap smaller than the working set
      * would otherwise have concurrent writers evict each other's fresh kernels in turn. The
      * cap may therefore be exceeded for up to a minute; rlk-cache prune enforces it exactly. */
-    uint64_t n = 0, bytes = 0;
-    if (rlk_cache_evict_keep(cache->root, cache->cfg.max_bytes, RLK_CACHE_PUBLISH_GRACE, final,
-                             &n, &bytes) != RLK_OK)
+    uint64_t n = 0, bytes = 0, failed = 0;
+    if (rlk_cache_evict_tree(cache->root, cache->cfg.max_bytes, 0, RLK_CACHE_PUBLISH_GRACE, final, &n, &bytes,
+                             &failed) != RLK_OK)
       rlk_warn("kernel cache: eviction under %s failed: %s", cache->root, rlk_last_error());
     else if (n)
       rlk_debug("kernel cache: evicted %llu entries (%llu bytes)", (unsigned long long)n,
@@ -1296,7 +594,7 @@ io_fail: {
   int e = errno;
   if (dfd >= 0) close(dfd);
   if (staged) rlk_cache_rmtree(stage);
-  free(meta.p);
+  free(meta);
   return rlk_error(RLK_ERR_IO, "kernel cache: publishing %s: cannot %s: %s", final, step,
                    strerror(e));
 }

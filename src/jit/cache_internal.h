@@ -1,6 +1,8 @@
-/* cache_internal.h - what the cache's own files share (cache.c, cache_lock.c, cache_admin.c):
- * the cache handle, the metadata format, entry checks and tolerant file-system helpers.
- * Nothing outside src/jit/cache*.c includes this. */
+/* cache_internal.h - what the files of the cache's store share (cache.c, cache_entry.c,
+ * cache_tree.c, cache_scan.c, cache_trust.c, cache_lock.c), and the tree operations the
+ * administration above the store uses (runtime/cache_admin.c): the cache handle, an entry's
+ * format and check, and tolerant, link-safe operations on a tree. Nothing else includes this
+ * (tests and fuzzers aside). */
 #ifndef RLK_CACHE_INTERNAL_H
 #define RLK_CACHE_INTERNAL_H
 
@@ -25,6 +27,7 @@
 #define RLK_CACHE_QUARANTINE_MAX_AGE 86400    /* quarantined entries are kept this long (s) */
 #define RLK_CACHE_PUBLISH_GRACE 60            /* see rlk_cache_publish's eviction (s) */
 #define RLK_CACHE_PATH_MAX 4096
+#define RLK_CACHE_BINARY_MAX ((size_t)1 << 30) /* the largest binary an entry may hold */
 #define RLK_CACHE_MARKER_NAME "CACHEDIR.TAG"      /* marks a writable root as the cache's own */
 #define RLK_CACHE_MARKER_ID "rlk-cache-root 1"
 
@@ -44,6 +47,8 @@ struct rlk_cache {
   size_t nrefused, refused_cap;
 };
 
+/* ---- an entry (cache_entry.c) ---- */
+
 /* The parsed kernel.meta of an entry. */
 typedef struct rlk_cache_meta {
   rlk_kernel_key key;     /* the recorded fields; hash/hex recomputed from them */
@@ -62,6 +67,12 @@ void rlk_cache_meta_free(rlk_cache_meta *meta);
 /* Parses kernel.meta text (modified in place). Returns 0, or -1 with the reason in `why`. */
 int rlk_cache_meta_parse(char *text, size_t len, rlk_cache_meta *meta, char *why, size_t whysize);
 
+/* The kernel.meta text of an entry of key `key` (finished) holding `binary` under the file name
+ * `binary_name`: every key field, the binary's size and SHA-256, the lowered names, the head of
+ * the compiler log and who created it. malloc'd, its length in *len; NULL when out of memory. */
+char *rlk_cache_meta_text(const rlk_kernel_key *key, const char *binary_name, const void *binary, size_t size,
+                          char *const *names, size_t nnames, const rlk_cache_publish_info *info, size_t *len);
+
 /* Reads and parses the kernel.meta of the entry open as `dfd` (no binary check). 0 or -1. */
 int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize);
 
@@ -74,11 +85,22 @@ int rlk_cache_read_meta(int dfd, rlk_cache_meta *meta, char *why, size_t whysize
 int rlk_cache_entry_check(int dfd, const char *hash, const rlk_kernel_key *expect, int trusted_only,
                           rlk_cache_meta *meta, void **binary, char *why, size_t whysize);
 
-/* Creates the root (when writable) and checks it can be trusted and, when writable, that it is
- * the cache's own (its marker, written into a new or empty root) and can be written. Executable
- * code is loaded from it: anyone who can write there can run code in this process. 0, or -1
- * with why. */
-int rlk_cache_prepare_root(const char *root, int writable, char *why, size_t whysize);
+/* 1 if s can name an entry's binary: a plain file name, never one of the entry's own files. */
+int rlk_cache_valid_binary_name(const char *s);
+
+/* <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hex> of a finished key; -1 if too long. */
+int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf, size_t size);
+
+/* src as one path component of the layout: characters other than letters, digits and ".-_+"
+ * become '_', and never "", "." or a hidden name (the prefix is for people, the hash decides). */
+void rlk_cache_name_component(char *dst, size_t size, const char *src);
+
+/* Recency of an entry: mtime of last_used, else of kernel.meta, else of the directory. */
+int64_t rlk_cache_entry_last_used(int dfd);
+
+/* Writes a new file `name` in the directory open as dfd (never through a link) and fsyncs it.
+ * 0 or -1 with errno. */
+int rlk_cache_write_file_at(int dfd, const char *name, const void *data, size_t size);
 
 /* ---- trust (cache_trust.c) ---- */
 
@@ -110,11 +132,16 @@ int rlk_cache_open_own_subdir(int rootfd, const char *name, int create);
 int rlk_cache_is_staging_name(const char *s);
 int rlk_cache_is_quarantine_name(const char *s);
 
-/* <root>/v<schema>/<compiler>/<target>/<family>/<hh>/<hex> of a finished key; -1 if too long. */
-int rlk_cache_entry_path(const char *root, const rlk_kernel_key *key, char *buf, size_t size);
-
 /* 1 if s is 64 lower-case hex digits. */
 int rlk_cache_is_hash(const char *s);
+
+/* ---- changing a tree (cache_tree.c) ---- */
+
+/* Creates the root (when writable) and checks it can be trusted and, when writable, that it is
+ * the cache's own (its marker, written into a new or empty root) and can be written. Executable
+ * code is loaded from it: anyone who can write there can run code in this process. 0, or -1
+ * with why. */
+int rlk_cache_prepare_root(const char *root, int writable, char *why, size_t whysize);
 
 /* Removes a tree without following links; vanished files, busy NFS files and directories
  * refilled meanwhile are not errors. 0, or -1 if something could not be removed. */
@@ -122,6 +149,9 @@ int rlk_cache_rmtree(const char *path);
 
 /* rlk_cache_rmtree of `name` relative to the directory open as dirfd. */
 int rlk_cache_rmtree_at(int dirfd, const char *name);
+
+/* A unique staging directory (0700) under <root>/tmp, its path in buf; 0 or -1 with errno. */
+int rlk_cache_make_staging(const char *root, char *buf, size_t size);
 
 /* Removes what is older than max_age seconds (all of it when max_age < 0) among the names
  * `own` accepts in the cache's own directory `sub` (tmp or quarantine) of the root open as
@@ -143,12 +173,34 @@ int rlk_cache_quarantine_path(const char *root, const char *entry_path);
  * only at a root that is the cache's own (rlk_cache_root_is_own). */
 void rlk_cache_sweep(const char *root);
 
-/* Recency of an entry: mtime of last_used, else of kernel.meta, else of the directory. */
-int64_t rlk_cache_entry_last_used(int dfd);
+/* ---- a tree's entries (cache_scan.c) ---- */
 
-/* rlk_cache_evict that never removes `keep` (an entry path, may be NULL). */
-rlk_status rlk_cache_evict_keep(const char *root, uint64_t max_bytes, int64_t grace_seconds,
-                                const char *keep, uint64_t *removed_entries,
-                                uint64_t *removed_bytes);
+/* Where an entry directory was found: its path and the layout components leading to it. */
+typedef struct rlk_cache_scan_pos {
+  char path[RLK_CACHE_PATH_MAX];
+  const char *part[7]; /* v<n>, compiler, target, family, hh, hash (pointers into path) */
+} rlk_cache_scan_pos;
+
+/* Return non-zero to stop the scan. */
+typedef int (*rlk_cache_scan_fn)(const rlk_cache_scan_pos *pos, void *user);
+
+/* Visits every <hash> directory of the layout under root (schema < 0: of every schema
+ * directory), never through a link. RLK_OK also when the root does not exist. */
+rlk_status rlk_cache_scan(const char *root, int schema, rlk_cache_scan_fn fn, void *user);
+
+/* Size (regular files, apparent bytes), recency and commit state of an entry directory. 0 or -1. */
+int rlk_cache_entry_stats(const char *path, uint64_t *bytes, int64_t *last_used, int *committed);
+
+/* Removes entries of a tree (every schema), least recently used first: each unused for more than
+ * max_age seconds (0: none by age), then more while the tree holds over max_bytes (0: no cap),
+ * sparing entries used within `grace` seconds and `keep` (an entry path; may be NULL). Counts
+ * what it removed, and in *failed (may be NULL) the entries that could not be removed. */
+rlk_status rlk_cache_evict_tree(const char *root, uint64_t max_bytes, int64_t max_age, int64_t grace,
+                                const char *keep, uint64_t *removed_entries, uint64_t *removed_bytes,
+                                uint64_t *failed);
+
+/* Removes the empty directories of the layout (v<n>/... down to <hh>) under root, bottom up;
+ * a directory that still holds anything stays. */
+void rlk_cache_remove_empty_layout(const char *root);
 
 #endif

@@ -214,6 +214,13 @@ int rlk_cache_open_own_subdir(int rootfd, const char *name, int create) {
 
 /* ---- names the runtime creates ---------------------------------------------------------- */
 
+int rlk_cache_is_hash(const char *s) {
+  size_t i = 0;
+  for (; s[i]; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return i == 64;
+}
+
 static int is_digits(const char *s, size_t n) {
   if (n == 0) return 0;
   for (size_t i = 0; i < n; i++)
