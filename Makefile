@@ -62,10 +62,13 @@ STLIB := $(BUILD)/lib/librlk.a
 
 all: lib tools
 
-# The include direction between the layers of src/ and the tools' use of the public header.
-check-layers:
-	tools/build/check_layers.sh --self-test
+# The layers of src/ at the include level (the source) and the link level (the objects: each
+# layer calls only its own and lower ones), the tools' use of the public header, the templates'
+# includes.
+check-layers: $(STLIB) $(TOOL_OBJS)
+	CC="$(CC)" tools/build/check_layers.sh --self-test
 	tools/build/check_layers.sh
+	tools/build/check_layers.sh --links $(BUILD)/obj
 
 lib: $(SHLIB) $(STLIB)
 tools: $(TOOL_BINS)
@@ -130,9 +133,10 @@ demo: deps
 # The build and the suites use every CPU (TEST_JOBS; the suites, one per process, longest first).
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	tools/build/check_layers.sh --self-test
+	CC="$(CC)" tools/build/check_layers.sh --self-test
 	tools/build/check_layers.sh
 	$(MAKE) -j$(TEST_JOBS) tests
+	tools/build/check_layers.sh --links $(BUILD)/obj
 	RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) tools/build/run_checks.sh $(TEST_BIN) $(TEST_JOBS)
 	$(if $(SANITIZE),,$(MAKE) python-test)
 
