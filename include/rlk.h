@@ -126,8 +126,13 @@ typedef struct rlk_context_options {
   /* Compile-only contexts need no device: kernels are compiled and published to the
    * cache but cannot be launched. Used to precompile for a target on a CPU-only host. */
   int compile_only;
-  /* Target to compile for ("sm_90a", "sm_80", "gfx90a", "host"); NULL: from the device
-   * (or RLK_ARCH). Required for compile-only CUDA and HIP contexts. */
+  /* Target to compile for; NULL: from the device (or RLK_ARCH). Required for compile-only CUDA
+   * and HIP contexts, whose backend (with RLK_BACKEND_AUTO) it names. Spellings: sm_<cc> (a cubin
+   * for compute capability cc/10), sm_<cc>a and sm_<cc>f where the arch has them (its
+   * arch-specific and family features: sm_90a, sm_100a, sm_100f, sm_103a, sm_120a, sm_121a),
+   * compute_<cc>[a|f] (PTX the driver compiles at load time, for that compute capability or
+   * newer), gfx<id>[:sramecc+/-][:xnack+/-] (AMD; the features are dropped), host-<machine> and
+   * host (this CPU). */
   const char *target;
 } rlk_context_options;
 
@@ -147,6 +152,12 @@ RLK_API rlk_backend rlk_context_backend(const rlk_context *ctx);
 
 /* "cuda", "hip" or "host". */
 RLK_API const char *rlk_backend_name(rlk_backend backend);
+
+/* The backend a target name belongs to, from the table a context parses targets with:
+ * RLK_BACKEND_CUDA for sm_<cc>[a|f] and compute_<cc>[a|f], RLK_BACKEND_HIP for gfx<id>[:features],
+ * RLK_BACKEND_HOST for host and host-<machine>; RLK_BACKEND_AUTO when it names no target (then
+ * rlk_last_error() says why). */
+RLK_API rlk_backend rlk_target_backend(const char *target);
 
 typedef struct rlk_device_info {
   char name[128];          /* "NVIDIA H200", or the CPU model on the host */

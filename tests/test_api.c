@@ -146,8 +146,93 @@ START_TEST(rlk_arch_overrides_only_device_targets) {
     ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
     ck_assert_str_eq(info.target, "sm_80");
     rlk_context_destroy(ctx);
+    /* RLK_ARCH alone names the backend of a compile-only context left at AUTO */
+    setenv("RLK_ARCH", "compute_90", 1);
+    o.backend = RLK_BACKEND_AUTO;
+    ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_int_eq(rlk_context_backend(ctx), RLK_BACKEND_CUDA);
+    ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+    ck_assert_str_eq(info.target, "compute_90");
+    rlk_context_destroy(ctx);
   }
   unsetenv("RLK_ARCH");
+}
+END_TEST
+
+/* A compile-only context's target names its backend, in every documented spelling; the name it
+ * reports is the canonical one, and every target keys its kernels apart from every other. */
+START_TEST(compile_only_targets_route_by_name) {
+  static const char *const cuda[] = {"sm_80",   "sm_90",   "sm_90a",  "compute_90", "compute_90a",
+                                     "sm_100a", "sm_100f", "sm_103a", "sm_120a",    "sm_121a"};
+  enum { N = sizeof cuda / sizeof cuda[0] };
+  char keys[N][80];
+  for (size_t i = 0; i < N; i++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o); /* backend AUTO */
+    o.compile_only = 1;
+    o.target = cuda[i];
+    rlk_context *ctx = NULL;
+    rlk_status st = rlk_context_create(&ctx, &o);
+    if (st == RLK_ERR_UNAVAILABLE) {
+      /* no NVRTC: the message is NVRTC's, never the host backend's */
+      ck_assert_msg(strstr(rlk_last_error(), "nvrtc") != NULL, "%s: %s", cuda[i], rlk_last_error());
+      printf("skip (api: %s compile-only): %s\n", cuda[i], rlk_last_error());
+      fflush(stdout);
+      keys[i][0] = '\0';
+      continue;
+    }
+    ck_assert_msg(st == RLK_OK, "%s: %s", cuda[i], rlk_last_error());
+    ck_assert_int_eq(rlk_context_backend(ctx), RLK_BACKEND_CUDA);
+    rlk_device_info info;
+    ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+    ck_assert_str_eq(info.target, cuda[i]);
+    int n = 0;
+    ck_assert_msg(rlk_precompile_keys(ctx, "token_kl", keys[i], sizeof keys[i], &n) == RLK_OK, "%s: %s", cuda[i],
+                  rlk_last_error());
+    ck_assert_int_eq(n, 1);
+    for (size_t j = 0; j < i; j++) ck_assert_msg(strcmp(keys[i], keys[j]) != 0, "%s and %s share a key", cuda[i], cuda[j]);
+    rlk_context_destroy(ctx);
+  }
+  /* the AMD and host spellings route to their backends (hiprtc may be missing: then it says so) */
+  static const struct {
+    const char *target, *canonical, *compiler;
+    rlk_backend backend;
+  } others[] = {{"gfx90a:sramecc+:xnack-", "gfx90a", "hiprtc", RLK_BACKEND_HIP},
+                {"host", NULL, "clang", RLK_BACKEND_HOST}};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.compile_only = 1;
+    o.target = others[i].target;
+    rlk_context *ctx = NULL;
+    rlk_status st = rlk_context_create(&ctx, &o);
+    if (st == RLK_ERR_UNAVAILABLE) {
+      ck_assert_msg(strstr(rlk_last_error(), others[i].compiler) != NULL, "%s: %s", others[i].target, rlk_last_error());
+      printf("skip (api: %s compile-only): %s\n", others[i].target, rlk_last_error());
+      fflush(stdout);
+      continue;
+    }
+    ck_assert_msg(st == RLK_OK, "%s: %s", others[i].target, rlk_last_error());
+    ck_assert_int_eq(rlk_context_backend(ctx), others[i].backend);
+    rlk_device_info info;
+    ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+    if (others[i].canonical) ck_assert_str_eq(info.target, others[i].canonical);
+    rlk_context_destroy(ctx);
+  }
+  /* a target of another backend than the one asked for, and a name of none, say so */
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.compile_only = 1;
+  o.backend = RLK_BACKEND_CUDA;
+  o.target = "gfx90a";
+  rlk_context *ctx = NULL;
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(rlk_last_error(), "gfx90a is a hip target") != NULL, "%s", rlk_last_error());
+  o.backend = RLK_BACKEND_AUTO;
+  o.target = "compute_9x";
+  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "options.target") && strstr(rlk_last_error(), "compute_9x"), "%s",
+                rlk_last_error());
 }
 END_TEST
 
@@ -215,6 +300,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, host_context_basics);
   tcase_add_test(tc, precompile_rejects_bad_lines);
   tcase_add_test(tc, rlk_arch_overrides_only_device_targets);
+  tcase_add_test(tc, compile_only_targets_route_by_name);
   tcase_add_test(tc, descriptors_out_of_bounds_are_refused);
   suite_add_tcase(s, tc);
   return s;

@@ -475,7 +475,9 @@ END_TEST
 
 /* ---- CUDA targets and opening ----------------------------------------------------- */
 
-START_TEST(test_cuda_target_for) {
+/* A CUDA device compiles for its arch's "a" form where a JIT wants it (Hopper's TMA and wgmma,
+ * datacenter Blackwell's tcgen05), for the plain form elsewhere (consumer Blackwell). */
+START_TEST(test_cuda_device_targets) {
   static const struct {
     int major, minor;
     const char *want;
@@ -485,14 +487,10 @@ START_TEST(test_cuda_target_for) {
       {12, 0, "sm_120"}, {12, 1, "sm_121"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char buf[32];
-    memset(buf, 'x', sizeof buf);
-    rlk_cuda_target_for(cases[i].major, cases[i].minor, buf, sizeof buf);
-    ck_assert_str_eq(buf, cases[i].want);
+    rlk_target t;
+    rlk_target_for_cuda_device(cases[i].major, cases[i].minor, 0, 0, 0, &t);
+    ck_assert_str_eq(t.name, cases[i].want);
   }
-  char tiny[4];
-  rlk_cuda_target_for(9, 0, tiny, sizeof tiny);
-  ck_assert_int_eq(tiny[3], '\0'); /* truncated, still terminated */
 }
 END_TEST
 
@@ -505,7 +503,8 @@ START_TEST(test_target_parse) {
   ck_assert_str_eq(t.name, "sm_90a");
   ck_assert_int_eq(t.major, 9);
   ck_assert_int_eq(t.minor, 0);
-  ck_assert_int_eq(t.arch_specific, 1);
+  ck_assert_int_eq(t.variant, 'a');
+  ck_assert_int_eq(t.ptx, 0);
   ck_assert_int_eq(t.warp_size, 32);
   ck_assert_uint_eq(t.features, RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA | RLK_TARGET_WGMMA);
   ck_assert_uint_eq(t.smem_per_block, 227u * 1024);
@@ -517,16 +516,53 @@ START_TEST(test_target_parse) {
   ck_assert_int_eq(rlk_target_parse("sm_80", &t), RLK_OK);
   ck_assert_uint_eq(t.features, 0);
   ck_assert_uint_eq(t.smem_per_block, 163u * 1024);
-  ck_assert_int_eq(rlk_target_parse("sm_120a", &t), RLK_OK);
-  ck_assert_int_eq(rlk_target_cuda_sm(&t), 120);
-  ck_assert_int_eq(t.arch_specific, 1);
+
+  /* compute_<cc>: PTX for that compute capability and newer, the same features as sm_<cc> */
+  ck_assert_int_eq(rlk_target_parse("compute_90", &t), RLK_OK);
+  ck_assert_int_eq(t.kind, RLK_BACKEND_CUDA);
+  ck_assert_str_eq(t.name, "compute_90");
+  ck_assert_int_eq(t.ptx, 1);
+  ck_assert_int_eq(rlk_target_cuda_sm(&t), 90);
+  ck_assert_uint_eq(t.features, RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA);
+  ck_assert_int_eq(rlk_target_parse("compute_90a", &t), RLK_OK);
+  ck_assert_uint_eq(t.features & RLK_TARGET_WGMMA, RLK_TARGET_WGMMA);
+  ck_assert_int_eq(rlk_target_parse("compute_80", &t), RLK_OK);
+  ck_assert_uint_eq(t.features, 0);
+
+  /* Blackwell: datacenter (10.x) has tcgen05 through its "a" and "f" forms and no wgmma;
+   * consumer (12.x) has neither. A newer arch is no superset of an older one. */
+  static const struct {
+    const char *name;
+    int sm;
+    char variant;
+    unsigned features;
+    unsigned smem_kib;
+  } blackwell[] = {
+      {"sm_100a", 100, 'a', RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA | RLK_TARGET_TCGEN05, 227},
+      {"sm_100f", 100, 'f', RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA | RLK_TARGET_TCGEN05, 227},
+      {"sm_100", 100, 0, RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA, 227},
+      {"sm_103a", 103, 'a', RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA | RLK_TARGET_TCGEN05, 227},
+      {"sm_120a", 120, 'a', RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA, 99},
+      {"sm_121a", 121, 'a', RLK_TARGET_CLUSTERS | RLK_TARGET_PDL | RLK_TARGET_TMA, 99},
+  };
+  for (size_t i = 0; i < sizeof blackwell / sizeof blackwell[0]; i++) {
+    ck_assert_int_eq(rlk_target_parse(blackwell[i].name, &t), RLK_OK);
+    ck_assert_str_eq(t.name, blackwell[i].name);
+    ck_assert_int_eq(rlk_target_cuda_sm(&t), blackwell[i].sm);
+    ck_assert_int_eq(t.variant, blackwell[i].variant);
+    ck_assert_uint_eq(t.features, blackwell[i].features);
+    ck_assert_uint_eq(t.smem_per_block, blackwell[i].smem_kib * 1024u);
+  }
 
   ck_assert_int_eq(rlk_target_parse("gfx90a:xnack-", &t), RLK_OK);
   ck_assert_int_eq(t.kind, RLK_BACKEND_HIP);
   ck_assert_str_eq(t.name, "gfx90a");
   ck_assert_int_eq(t.major, 9);
+  ck_assert_int_eq(t.stepping, 10);
   ck_assert_int_eq(t.warp_size, 64);
   ck_assert_int_eq(rlk_target_cuda_sm(&t), 0);
+  ck_assert_int_eq(rlk_target_parse("gfx90a:sramecc+:xnack-", &t), RLK_OK);
+  ck_assert_str_eq(t.name, "gfx90a");
   ck_assert_int_eq(rlk_target_parse("gfx1100", &t), RLK_OK);
   ck_assert_int_eq(t.major, 11);
   ck_assert_int_eq(t.warp_size, 64); /* the templates need -mwavefrontsize64 */
@@ -534,14 +570,52 @@ START_TEST(test_target_parse) {
   ck_assert_int_eq(rlk_target_parse("host-x86_64", &t), RLK_OK);
   ck_assert_int_eq(t.kind, RLK_BACKEND_HOST);
   ck_assert_uint_eq(t.features, 0);
+  ck_assert_int_eq(rlk_target_parse("host", &t), RLK_OK); /* this machine's */
+  ck_assert_str_eq(t.name, rlk_host_target());
 
-  static const char *const bad[] = {"", "sm_", "sm_9", "sm_90b", "sm_90aa", "gfx", "gfx9", "host-", "x86", NULL};
+  static const char *const bad[] = {"",        "sm_",         "sm_9",    "sm_90b",      "sm_90aa", "sm_090",
+                                    "sm_80a",  "sm_90f",      "sm_89a",  "compute_",    "comp_90", "gfx",
+                                    "gfx9",    "gfx90a:bogus+", "gfx90a:xnack", "gfx9g0", "host-",  "host-a/b",
+                                    "x86",     NULL};
   for (int i = 0; bad[i]; i++)
     ck_assert_msg(rlk_target_parse(bad[i], &t) == RLK_ERR_INVALID_ARGUMENT, "'%s' parsed", bad[i]);
 }
 END_TEST
 
-/* One table says which archs have an "a" variant (a compiler lists them) and which a device
+/* Every spelling of a target gives one name, and every target its own: the name is the key's
+ * target, so two names for one code would split the cache, and one name for two codes mix it. */
+START_TEST(test_target_names) {
+  static const char *const same[][2] = {{"gfx90a:sramecc-:xnack+", "gfx90a"}, {"gfx942:xnack-", "gfx942"}};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    rlk_target t;
+    ck_assert_int_eq(rlk_target_parse(same[i][0], &t), RLK_OK);
+    ck_assert_str_eq(t.name, same[i][1]);
+  }
+  static const char *const distinct[] = {"sm_90",      "sm_90a",      "compute_90", "compute_90a", "sm_100",
+                                         "sm_100a",    "sm_100f",     "sm_103a",    "sm_103f",     "sm_110a",
+                                         "sm_120",     "sm_120a",     "sm_120f",    "sm_121a",     "compute_100f",
+                                         "gfx90a",     "gfx942",      "gfx1100",    "host-x86_64", "host-aarch64"};
+  const size_t n = sizeof distinct / sizeof distinct[0];
+  for (size_t i = 0; i < n; i++) {
+    rlk_target t;
+    char again[32];
+    ck_assert_msg(rlk_target_parse(distinct[i], &t) == RLK_OK, "%s: %s", distinct[i], rlk_last_error());
+    ck_assert_str_eq(t.name, distinct[i]); /* canonical spellings stay as they are */
+    ck_assert_int_ge(rlk_target_name(&t, again, sizeof again), 0);
+    ck_assert_str_eq(again, t.name);
+    for (size_t j = 0; j < i; j++) ck_assert_str_ne(distinct[j], t.name);
+  }
+  ck_assert_int_eq(rlk_target_backend("compute_90"), RLK_BACKEND_CUDA);
+  ck_assert_int_eq(rlk_target_backend("sm_100f"), RLK_BACKEND_CUDA);
+  ck_assert_int_eq(rlk_target_backend("gfx90a:xnack-"), RLK_BACKEND_HIP);
+  ck_assert_int_eq(rlk_target_backend("host"), RLK_BACKEND_HOST);
+  ck_assert_int_eq(rlk_target_backend("host-x86_64"), RLK_BACKEND_HOST);
+  ck_assert_int_eq(rlk_target_backend("sm_9x"), RLK_BACKEND_AUTO);
+  ck_assert_int_eq(rlk_target_backend(NULL), RLK_BACKEND_AUTO);
+}
+END_TEST
+
+/* One table says which archs have an "a" or "f" form (a compiler lists them) and which a device
  * compiles for; the device path and the parser agree on every row. */
 START_TEST(test_target_arch_table) {
   static const int sms[] = {75, 80, 86, 89, 90, 100, 101, 103, 110, 120, 121};
@@ -554,10 +628,12 @@ START_TEST(test_target_arch_table) {
     ck_assert_int_eq(parsed.minor, dev.minor);
     ck_assert_uint_eq(parsed.features, dev.features);
     ck_assert_uint_eq(parsed.smem_per_block, dev.smem_per_block);
-    if (dev.arch_specific) ck_assert(rlk_target_cuda_has_arch_specific(sms[i]));
+    if (dev.variant) ck_assert(rlk_target_cuda_has_variant(sms[i], dev.variant));
   }
-  ck_assert(!rlk_target_cuda_has_arch_specific(80));
-  ck_assert(rlk_target_cuda_has_arch_specific(120));
+  ck_assert(!rlk_target_cuda_has_variant(80, 'a'));
+  ck_assert(rlk_target_cuda_has_variant(120, 'a'));
+  ck_assert(!rlk_target_cuda_has_variant(90, 'f'));
+  ck_assert(rlk_target_cuda_has_variant(100, 'f'));
   rlk_target dev;
   rlk_target_for_cuda_device(9, 0, 132, 200000, 210000, &dev); /* the device's own limits win */
   ck_assert_uint_eq(dev.smem_per_block, 200000);
@@ -1216,11 +1292,13 @@ static int compile_for_target(const char *target, const char *source, const char
     printf("skip (backend: cuda kernels): NVRTC unavailable: %s\n", rlk_last_error());
     return 0;
   }
+  rlk_target t;
+  ck_assert_msg(rlk_target_parse(target, &t) == RLK_OK, "%s", rlk_last_error());
   rlk_compile_request req;
   memset(&req, 0, sizeof req);
   req.source = source;
   req.source_name = "rlk_test_backend.cu";
-  req.target = target;
+  req.target = &t;
   req.nnames = nnames;
   req.names = names;
   st = out->nvrtc->compile(out->nvrtc, &req, &out->result);
@@ -1770,8 +1848,9 @@ Suite *backend_suite(void) {
   suite_add_tcase(s, tma);
 
   TCase *open = tcase_create("open");
-  tcase_add_test(open, test_cuda_target_for);
+  tcase_add_test(open, test_cuda_device_targets);
   tcase_add_test(open, test_target_parse);
+  tcase_add_test(open, test_target_names);
   tcase_add_test(open, test_target_arch_table);
   tcase_add_test(open, test_target_env_override);
   tcase_add_test(open, test_cuda_open_here);

@@ -44,6 +44,16 @@ static int has_option(const rlk_compiler *c, const char *option) {
   return 0;
 }
 
+/* The typed target of a name (a compiler takes nothing else); the test fails if it does not parse.
+ * Kept in a ring of slots, so a few may be used at once. */
+static const rlk_target *T(const char *name) {
+  static rlk_target ring[8];
+  static unsigned next;
+  rlk_target *t = &ring[next++ % 8];
+  ck_assert_msg(rlk_target_parse(name, t) == RLK_OK, "%s: %s", name, rlk_last_error());
+  return t;
+}
+
 static int is_elf(const rlk_compile_result *r) {
   return r->binary && r->size > 64 && memcmp(r->binary, "\x7f" "ELF", 4) == 0;
 }
@@ -84,7 +94,7 @@ static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
                              .nheaders = 1,
                              .header_names = dev_header_names,
                              .header_sources = dev_header_sources,
-                             .target = target,
+                             .target = T(target),
                              .noptions = 1,
                              .options = options,
                              .nnames = 1,
@@ -93,6 +103,7 @@ static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
   rlk_status st = c->compile(c, &req, &r);
   ck_assert_msg(st == RLK_OK, "%s for %s: %s", c->id, target, rlk_last_error());
   ck_assert_msg(is_elf(&r), "%s for %s: %zu bytes, not ELF", c->id, target, r.size);
+  ck_assert_ptr_nonnull(r.binary_name);
   ck_assert_uint_eq(r.nnames, 1);
   ck_assert_ptr_nonnull(r.lowered_names);
   /* Itanium mangling: the template argument appears as "Li<N>E". */
@@ -110,7 +121,7 @@ static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
 static void compile_broken(rlk_compiler *c, const char *target) {
   static const char *broken =
       "__global__ void broken(float *x) { x[0] = rlk_undefined_thing + ; }\n";
-  rlk_compile_request req = {.source = broken, .source_name = "broken.cu", .target = target};
+  rlk_compile_request req = {.source = broken, .source_name = "broken.cu", .target = T(target)};
   rlk_compile_result r;
   ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_COMPILE);
   const char *msg = rlk_last_error();
@@ -132,15 +143,25 @@ START_TEST(nvrtc_opens) {
   ck_assert_str_eq(c->id, id);
   ck_assert_msg(strncmp(c->version, "12.", 3) == 0 || strncmp(c->version, "13.", 3) == 0, "%s",
                 c->version);
-  ck_assert_str_eq(c->binary_name, "kernel.cubin");
-  ck_assert(c->supports_target(c, "sm_80"));
-  ck_assert(c->supports_target(c, "sm_90"));
-  ck_assert(c->supports_target(c, "sm_90a"));
+  ck_assert(c->supports_target(c, T("sm_80")));
+  ck_assert(c->supports_target(c, T("sm_90")));
+  ck_assert(c->supports_target(c, T("sm_90a")));
+  ck_assert(c->supports_target(c, T("compute_90")));
   ck_assert_ptr_nonnull(strstr(c->targets, "sm_80 "));
-  ck_assert_ptr_nonnull(strstr(c->targets, "sm_90a"));
-  ck_assert(!c->supports_target(c, "sm_89a")); /* no arch-specific form of 8.9 */
-  ck_assert(!c->supports_target(c, "sm_9"));
-  ck_assert(!c->supports_target(c, "gfx90a"));
+  ck_assert_ptr_nonnull(strstr(c->targets, "sm_90a "));
+  ck_assert_ptr_nonnull(strstr(c->targets, "compute_90 "));
+  ck_assert(!c->supports_target(c, T("sm_13"))); /* an arch it does not list */
+  ck_assert(!c->supports_target(c, T("gfx90a")));
+  ck_assert(!c->supports_target(c, T("host")));
+  /* Blackwell by name, where this NVRTC knows it (13.0 does) */
+  if (strstr(c->targets, "sm_100 ")) {
+    ck_assert(c->supports_target(c, T("sm_100a")));
+    ck_assert(c->supports_target(c, T("sm_120a")));
+    ck_assert_ptr_nonnull(strstr(c->targets, "sm_100a "));
+    ck_assert_ptr_nonnull(strstr(c->targets, "sm_120a "));
+    const int family = atoi(c->version) > 12 || atof(c->version) >= 12.9;
+    ck_assert_int_eq(c->supports_target(c, T("sm_100f")), family);
+  }
   ck_assert(has_option(c, "-DRLK_NVRTC=1"));
   ck_assert(has_option(c, "--std=c++17"));
   c->destroy(c);
@@ -157,12 +178,48 @@ START_TEST(nvrtc_compiles_templates) {
 }
 END_TEST
 
+/* A virtual target gives PTX (text the driver reads as a C string, so NUL-terminated) for its
+ * compute capability, under its own file name in the cache; a real one a cubin. */
+START_TEST(nvrtc_compiles_ptx_for_compute_targets) {
+  rlk_compiler *c = open_or_skip(rlk_nvrtc_open, "nvrtc");
+  if (!c) return;
+  const char *names[] = {"rlk_test::scale<float, 7>"};
+  const char *options[] = {"-DRLK_TEST_FACTOR=3"};
+  rlk_compile_request req = {.source = dev_source,
+                             .source_name = "scale.cu",
+                             .nheaders = 1,
+                             .header_names = dev_header_names,
+                             .header_sources = dev_header_sources,
+                             .target = T("compute_90"),
+                             .noptions = 1,
+                             .options = options,
+                             .nnames = 1,
+                             .names = names};
+  rlk_compile_result r;
+  ck_assert_msg(c->compile(c, &req, &r) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_str_eq(r.binary_name, "kernel.ptx");
+  ck_assert(!is_elf(&r));
+  ck_assert_uint_gt(r.size, 1);
+  ck_assert_int_eq(((const char *)r.binary)[r.size - 1], '\0');
+  ck_assert_uint_eq(strlen(r.binary), r.size - 1);
+  ck_assert_msg(strstr(r.binary, ".target sm_90") != NULL, "PTX without its target:\n%.300s", (const char *)r.binary);
+  ck_assert_msg(strstr(r.binary, r.lowered_names[0]) != NULL, "PTX without %s", r.lowered_names[0]);
+  rlk_compile_result_free(&r);
+  req.target = T("sm_90");
+  ck_assert_msg(c->compile(c, &req, &r) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_str_eq(r.binary_name, "kernel.cubin");
+  ck_assert(is_elf(&r));
+  rlk_compile_result_free(&r);
+  c->destroy(c);
+}
+END_TEST
+
 START_TEST(nvrtc_reports_errors) {
   rlk_compiler *c = open_or_skip(rlk_nvrtc_open, "nvrtc");
   if (!c) return;
   compile_broken(c, "sm_80");
   /* A target it does not know is refused before compiling. */
-  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = "sm_13"};
+  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = T("sm_13")};
   rlk_compile_result r;
   ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "sm_13"));
@@ -174,7 +231,7 @@ START_TEST(nvrtc_reports_errors) {
                              .nheaders = 1,
                              .header_names = dev_header_names,
                              .header_sources = dev_header_sources,
-                             .target = "sm_80",
+                             .target = T("sm_80"),
                              .noptions = 1,
                              .options = options,
                              .nnames = 1,
@@ -206,13 +263,11 @@ START_TEST(hiprtc_compiles) {
   rlk_compiler *c = open_or_skip(rlk_hiprtc_open, "hiprtc");
   if (!c) return;
   ck_assert_str_eq(c->kind, "hiprtc");
-  ck_assert_str_eq(c->binary_name, "kernel.hsaco");
   ck_assert_int_eq(strncmp(c->id, "hiprtc-", 7), 0);
   ck_assert(has_option(c, "-DRLK_HIPRTC=1"));
-  ck_assert(c->supports_target(c, "gfx90a"));
-  ck_assert(c->supports_target(c, "gfx90a:sramecc+:xnack-"));
-  ck_assert(!c->supports_target(c, "gfx90a:bogus+"));
-  ck_assert(!c->supports_target(c, "sm_90a"));
+  ck_assert(c->supports_target(c, T("gfx90a")));
+  ck_assert(c->supports_target(c, T("gfx90a:sramecc+:xnack-"))); /* the features are dropped */
+  ck_assert(!c->supports_target(c, T("sm_90a")));
   uint64_t rng = rlk_test_seed() ^ 0x686970727463ull;
   compile_scale(c, "gfx90a", &rng);
   c->destroy(c);
@@ -222,17 +277,17 @@ END_TEST
 START_TEST(hiprtc_refuses_unknown_targets) {
   rlk_compiler *c = open_or_skip(rlk_hiprtc_open, "hiprtc");
   if (!c) return;
-  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = "gfx942"};
+  rlk_compile_request req = {.source = dev_source, .source_name = "scale.cu", .target = T("gfx942")};
   rlk_compile_result r;
   if (atoi(c->version) < 6) {
     /* ROCm 5.x crashes compiling gfx942: refused before hiprtc is called. */
-    ck_assert(!c->supports_target(c, "gfx942"));
+    ck_assert(!c->supports_target(c, T("gfx942")));
     ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(rlk_last_error(), "gfx942"));
   } else {
-    ck_assert(c->supports_target(c, "gfx942"));
+    ck_assert(c->supports_target(c, T("gfx942")));
   }
-  req.target = "gfx9999";
+  req.target = T("gfx9999");
   ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_UNSUPPORTED);
   compile_broken(c, "gfx90a");
   c->destroy(c);
@@ -261,7 +316,7 @@ static rlk_compile_request host_request(const char *target, const char *define, 
                              .nheaders = 1,
                              .header_names = host_header_names,
                              .header_sources = host_header_sources,
-                             .target = target,
+                             .target = T(target),
                              .noptions = 1,
                              .options = options,
                              .nnames = nnames,
@@ -275,9 +330,9 @@ START_TEST(host_compiles_and_runs) {
   const char *target = rlk_host_target();
   ck_assert_int_eq(strncmp(target, "host-", 5), 0);
   ck_assert_str_eq(c->targets, target);
-  ck_assert(c->supports_target(c, target));
-  ck_assert(!c->supports_target(c, "sm_80"));
-  ck_assert_str_eq(c->binary_name, "kernel.so");
+  ck_assert(c->supports_target(c, T(target)));
+  ck_assert(c->supports_target(c, T("host")));
+  ck_assert(!c->supports_target(c, T("sm_80")));
   ck_assert_str_eq(c->kind, "clang");
   ck_assert_msg(strncmp(c->id, "clang-", 6) == 0 && strcmp(c->id + 6, c->version) == 0, "%s", c->id);
   ck_assert(has_option(c, "-ffp-contract=off"));
@@ -335,7 +390,7 @@ START_TEST(host_reports_errors) {
   if (!c) return;
   const char *target = rlk_host_target();
   static const char *broken = "int broken(void) { return rlk_undefined_thing + ; }\n";
-  rlk_compile_request req = {.source = broken, .source_name = "broken.c", .target = target};
+  rlk_compile_request req = {.source = broken, .source_name = "broken.c", .target = T(target)};
   rlk_compile_result r;
   ck_assert_int_eq(c->compile(c, &req, &r), RLK_ERR_COMPILE);
   const char *msg = rlk_last_error();
@@ -543,7 +598,7 @@ START_TEST(long_logs_are_cut_to_their_head) {
   memcpy(log, "first error", 11);
   log[len] = '\0';
   rlk_compiler fake = {.kind = "nvrtc"};
-  rlk_compile_request req = {.source = "", .source_name = "x.cu", .target = "sm_80"};
+  rlk_compile_request req = {.source = "", .source_name = "x.cu", .target = T("sm_80")};
   ck_assert_int_eq(rlk_compile_error(&fake, &req, NULL, log), RLK_ERR_COMPILE);
   const char *msg = rlk_last_error();
   ck_assert_msg(strncmp(msg, "nvrtc: x.cu for sm_80: first error", 34) == 0, "%.80s", msg);
@@ -567,6 +622,7 @@ Suite *compiler_suite(void) {
   tcase_add_test(tc, long_logs_are_cut_to_their_head);
   tcase_add_test(tc, nvrtc_opens);
   tcase_add_test(tc, nvrtc_compiles_templates);
+  tcase_add_test(tc, nvrtc_compiles_ptx_for_compute_targets);
   tcase_add_test(tc, nvrtc_reports_errors);
   tcase_add_test(tc, nvrtc_explicit_library_must_exist);
   tcase_add_test(tc, hiprtc_compiles);

@@ -51,8 +51,9 @@ static void usage(FILE *out) {
           "RLK_CACHE_RO_DIRS=DIR, and run with RLK_JIT=0 to catch anything missing.\n"
           "\n"
           "options:\n"
-          "  --targets \"LIST\"  targets, separated by spaces or commas: sm_XX[a] (NVRTC),\n"
-          "                    gfxNNN (hiprtc), host (the CPU compiler). No GPU is needed.\n"
+          "  --targets \"LIST\"  targets, separated by spaces or commas: sm_XX, sm_XXa, sm_XXf,\n"
+          "                    compute_XX (NVRTC), gfxNNN (hiprtc), host (the CPU compiler).\n"
+          "                    No GPU is needed.\n"
           "  --config FILE     configuration lines, one per line; '#' starts a comment\n"
           "                    (repeatable; - reads standard input)\n"
           "  --sweep \"LINE\"    one configuration line (repeatable)\n"
@@ -83,21 +84,6 @@ static void usage(FILE *out) {
           "\n"
           "exit status: 0 success, 1 failure (any item failed), 2 usage error\n",
           prog, prog, prog, prog);
-}
-
-/* ---- targets ------------------------------------------------------------------------ */
-
-static int target_backend(const char *t, rlk_backend *out) {
-  if (!strncmp(t, "sm_", 3) && t[3] >= '0' && t[3] <= '9') {
-    *out = RLK_BACKEND_CUDA;
-  } else if (!strncmp(t, "gfx", 3) && t[3]) {
-    *out = RLK_BACKEND_HIP;
-  } else if (!strcmp(t, "host") || !strncmp(t, "host-", 5)) {
-    *out = RLK_BACKEND_HOST;
-  } else {
-    return -1;
-  }
-  return 0;
 }
 
 /* ---- the work ---------------------------------------------------------------------- */
@@ -144,7 +130,7 @@ static target_ctx *worker_context(worker *w, const char *target) {
   t->target = target;
   rlk_context_options o;
   rlk_context_options_init(&o);
-  if (target_backend(target, &o.backend) != 0) o.backend = RLK_BACKEND_HOST;
+  o.backend = rlk_target_backend(target); /* AUTO for a name no backend has: the context says why */
   /* The host backend needs no device, so a host context can compile and also run. */
   o.compile_only = o.backend != RLK_BACKEND_HOST;
   /* "host" is this machine's CPU target (the library names it, e.g. host-x86_64). */
@@ -600,8 +586,7 @@ static int take_record(const rlk_tune_record *r, void *user) {
     ok = 0;
     for (size_t i = 0; i < g.targets.n && !ok; i++) ok = target_matches(g.targets.v[i], r->target);
   }
-  rlk_backend b;
-  if (!ok || target_backend(r->target, &b) != 0) {
+  if (!ok || rlk_target_backend(r->target) == RLK_BACKEND_AUTO) {
     w->skipped++;
     return 0;
   }
@@ -702,9 +687,8 @@ static int precompile_main(int argc, char **argv) {
     return usage_error("--targets is required, e.g. --targets \"sm_80 sm_90a host\"");
 
   for (size_t i = 0; i < g.target_words.n; i++) {
-    rlk_backend b;
-    if (target_backend(g.target_words.v[i], &b) != 0)
-      return usage_error("unknown target '%s' (sm_XX[a], gfxNNN or host)", g.target_words.v[i]);
+    if (rlk_target_backend(g.target_words.v[i]) == RLK_BACKEND_AUTO)
+      return usage_error("--targets: %s", rlk_last_error());
     if (!strlist_has(&g.targets, g.target_words.v[i]))
       strlist_push(&g.targets, xstrdup(g.target_words.v[i]));
   }

@@ -1501,7 +1501,10 @@ int main(int argc, char **argv) {
                   rlk_backend_name(opt.backend), pr.error);
           rc = 2;
         } else {
-          pr.backend = opt.backend == RLK_BACKEND_AUTO ? RLK_BACKEND_HOST : opt.backend;
+          /* with no backend named, the target's own (the host's when there is none) */
+          pr.backend = opt.backend != RLK_BACKEND_AUTO ? opt.backend
+                       : target                    ? rlk_target_backend(target)
+                                                   : RLK_BACKEND_HOST;
           rlk_context *ctx = NULL;
           if ((st = planning_context(pr.backend, target, &ctx))) {
             rc = lib_error("creating a compile-only context", st);

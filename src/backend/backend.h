@@ -77,11 +77,6 @@ rlk_status rlk_hip_backend_open(int ordinal, rlk_backend_impl **out);
 /* The host CPU: kernels are shared objects loaded with dlopen; memory is malloc. */
 rlk_status rlk_host_backend_open(rlk_backend_impl **out);
 
-/* The target name a CUDA device of compute capability major.minor compiles for: "sm_90a" for
- * 9.0 (the arch-specific features: TMA, wgmma), "sm_100a" for 10.0, "sm_<mm>" otherwise
- * (rlk_target_for_cuda_device's name). */
-void rlk_cuda_target_for(int major, int minor, char *buf, size_t size);
-
 /* Encodes a CUtensorMap (128 bytes, 64-byte aligned) into `out` with cuTensorMapEncodeTiled,
  * after rlk_tma_check (core/tma.h). Only on a CUDA backend: the CUDA backend's tensor_map_encode. */
 rlk_status rlk_cuda_tma_encode(rlk_backend_impl *cuda, const rlk_tma_desc_request *req, void *out128);

@@ -43,7 +43,7 @@ rlk_status rlk_compile_request_check(const rlk_compiler *compiler, const rlk_com
   const char *kind = compiler && compiler->kind ? compiler->kind : "compiler";
   if (!compiler || !req) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: NULL argument", kind);
   if (!req->source) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: request has no source", kind);
-  if (!req->target || !*req->target)
+  if (!req->target || !req->target->name[0])
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: request has no target", kind);
   rlk_status st;
   if ((st = check_strings(kind, "header_names", req->header_names, req->nheaders)) != RLK_OK ||
@@ -53,7 +53,7 @@ rlk_status rlk_compile_request_check(const rlk_compiler *compiler, const rlk_com
     return st;
   if (!compiler->supports_target || !compiler->supports_target(compiler, req->target))
     return rlk_error(RLK_ERR_UNSUPPORTED, "%s: cannot compile for target '%s' (it builds for: %s)",
-                     compiler->id, req->target, compiler->targets);
+                     compiler->id, req->target->name, compiler->targets);
   return RLK_OK;
 }
 
@@ -61,7 +61,7 @@ rlk_status rlk_compile_error(const rlk_compiler *compiler, const rlk_compile_req
                              const char *detail, const char *log) {
   const char *kind = compiler && compiler->kind ? compiler->kind : "compiler";
   const char *source = req && req->source_name ? req->source_name : "<source>";
-  const char *target = req && req->target ? req->target : "?";
+  const char *target = req && req->target ? req->target->name : "?";
   size_t len = log ? strlen(log) : 0;
   while (len && (log[len - 1] == '\n' || log[len - 1] == ' ' || log[len - 1] == '\r')) len--;
   int shown = len > RLK_COMPILE_LOG_EXCERPT ? RLK_COMPILE_LOG_EXCERPT : (int)len;

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "core/target.h"
 #include "rlk.h"
 
 typedef struct rlk_compile_request {
@@ -14,7 +15,8 @@ typedef struct rlk_compile_request {
   size_t nheaders;         /* in-memory headers, included by exactly these names */
   const char *const *header_names;
   const char *const *header_sources;
-  const char *target;      /* "sm_90a", "gfx90a", "host-x86_64" */
+  const rlk_target *target; /* typed; its name ("sm_90a", "gfx90a", "host-x86_64") is what the
+                            * compiler's architecture option gets */
   size_t noptions;         /* extra options, already normalized (sorted -D defines, ...) */
   const char *const *options;
   size_t nnames;           /* CUDA/HIP: name expressions to instantiate; host: symbols */
@@ -22,8 +24,10 @@ typedef struct rlk_compile_request {
 } rlk_compile_request;
 
 typedef struct rlk_compile_result {
-  void *binary;           /* cubin, code object or shared object; malloc'd */
+  void *binary;           /* cubin, PTX, code object or shared object; malloc'd */
   size_t size;
+  const char *binary_name; /* its file name in a cache entry ("kernel.cubin", "kernel.ptx",
+                            * "kernel.hsaco", "kernel.so"): a static string */
   char **lowered_names;   /* one per request name; malloc'd */
   size_t nnames;
   char *log;              /* compiler log, possibly empty; malloc'd */
@@ -38,8 +42,7 @@ struct rlk_compiler {
   const char *kind;        /* "nvrtc", "hiprtc", "clang" */
   char id[64];             /* kind-version, goes into the key and the cache path: "nvrtc-13.0" */
   char version[32];        /* "13.0" */
-  char targets[512];       /* space-separated targets it accepts */
-  const char *binary_name; /* "kernel.cubin", "kernel.hsaco", "kernel.so" */
+  char targets[1024];      /* space-separated names of the targets it accepts (for messages) */
   /* The options every compile passes (normalized, in the key). */
   size_t nbase_options;
   const char *base_options[16];
@@ -48,7 +51,7 @@ struct rlk_compiler {
   rlk_status (*compile)(rlk_compiler *self, const rlk_compile_request *req,
                         rlk_compile_result *out);
   /* Is `target` one this compiler can build for? */
-  int (*supports_target)(const rlk_compiler *self, const char *target);
+  int (*supports_target)(const rlk_compiler *self, const rlk_target *target);
   void (*destroy)(rlk_compiler *self);
   void *impl;
 };

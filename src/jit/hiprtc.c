@@ -59,28 +59,9 @@ static const char *hr_errstr(const hr_impl *impl, hr_result r) {
   return s ? s : "hiprtc error";
 }
 
-/* A target is a known architecture, optionally followed by target features as the HIP
- * runtime reports them ("gfx90a:sramecc+:xnack-"). */
-static int hr_supports_target(const rlk_compiler *self, const char *target) {
-  if (!target) return 0;
-  const char *colon = strchr(target, ':');
-  if (!colon) return rlk_target_list_has(self->targets, target);
-  char base[32];
-  size_t len = (size_t)(colon - target);
-  if (len == 0 || len >= sizeof base) return 0;
-  memcpy(base, target, len);
-  base[len] = '\0';
-  if (!rlk_target_list_has(self->targets, base)) return 0;
-  for (const char *p = colon; *p;) {
-    p++; /* past ':' */
-    const char *end = strchr(p, ':');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    int ok = (n == 8 && (strncmp(p, "sramecc", 7) == 0) && (p[7] == '+' || p[7] == '-')) ||
-             (n == 6 && (strncmp(p, "xnack", 5) == 0) && (p[5] == '+' || p[5] == '-'));
-    if (!ok) return 0;
-    p += n;
-  }
-  return 1;
+/* A known architecture of this ROCm (the parser has dropped the features a device reports). */
+static int hr_supports_target(const rlk_compiler *self, const rlk_target *target) {
+  return target && target->kind == RLK_BACKEND_HIP && rlk_target_list_has(self->targets, target->name);
 }
 
 static void hr_destroy(rlk_compiler *self) {
@@ -117,6 +98,7 @@ static rlk_status hr_collect(rlk_compiler *self, const rlk_compile_request *req,
   if ((r = impl->api.GetCode(prog, out->binary)) != HR_SUCCESS)
     return rlk_compile_error(self, req, hr_errstr(impl, r), log);
   out->size = size;
+  out->binary_name = "kernel.hsaco";
   out->lowered_names = calloc(req->nnames ? req->nnames : 1, sizeof *out->lowered_names);
   if (!out->lowered_names) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "hiprtc: lowered names");
   out->nnames = req->nnames;
@@ -164,7 +146,7 @@ static rlk_status hr_compile_locked(rlk_compiler *self, const rlk_compile_reques
     for (size_t i = 0; i < self->nbase_options; i++) opts[k++] = self->base_options[i];
     for (size_t i = 0; i < req->noptions; i++) opts[k++] = req->options[i];
     /* Compulsory: without it hiprtc asks the (absent) device for its architecture. */
-    rlk_format(arch, sizeof arch, "--gpu-architecture=%s", req->target);
+    rlk_format(arch, sizeof arch, "--gpu-architecture=%s", req->target->name);
     opts[k++] = arch;
     r = impl->api.CompileProgram(prog, (int)k, opts);
     log = hr_read_log(impl, prog);
@@ -205,7 +187,7 @@ static rlk_status hr_compile(rlk_compiler *self, const rlk_compile_request *req,
   }
   out->seconds = rlk_now() - start;
   rlk_debug("hiprtc: %s for %s: %zu-byte code object in %.3f s",
-            req->source_name ? req->source_name : "kernel.hip", req->target, out->size, out->seconds);
+            req->source_name ? req->source_name : "kernel.hip", req->target->name, out->size, out->seconds);
   return RLK_OK;
 }
 
@@ -317,7 +299,6 @@ rlk_status rlk_hiprtc_open(rlk_compiler **out) {
              impl->major, impl->minor, hr_known[pick].major);
 
   c->kind = "hiprtc";
-  c->binary_name = "kernel.hsaco";
   rlk_format(c->version, sizeof c->version, "%d.%d", impl->major, impl->minor);
   rlk_format(c->id, sizeof c->id, "hiprtc-%d.%d", impl->major, impl->minor);
   rlk_format(c->targets, sizeof c->targets, "%s", hr_known[pick].targets);

@@ -489,9 +489,9 @@ static const char *elf_missing_export(const unsigned char *data, size_t size,
 /* Compiling                                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-static int hostcc_supports_target(const rlk_compiler *self, const char *target) {
+static int hostcc_supports_target(const rlk_compiler *self, const rlk_target *target) {
   (void)self;
-  return target && strcmp(target, rlk_host_target()) == 0;
+  return target && target->kind == RLK_BACKEND_HOST && strcmp(target->name, rlk_host_target()) == 0;
 }
 
 static int is_identifier(const char *s) {
@@ -600,6 +600,7 @@ static rlk_status hostcc_build(rlk_compiler *self, const rlk_compile_request *re
     free(log);
     return st;
   }
+  out->binary_name = "kernel.so";
   const char *missing = elf_missing_export(out->binary, out->size, req->names, req->nnames);
   if (missing) {
     char detail[400];
@@ -704,7 +705,6 @@ rlk_status rlk_hostcc_open(rlk_compiler **out) {
   free(text);
 
   c->kind = "clang";
-  c->binary_name = "kernel.so";
   rlk_format(c->version, sizeof c->version, "%s", version);
   rlk_format(c->id, sizeof c->id, "clang-%s", version);
   rlk_format(c->targets, sizeof c->targets, "%s", rlk_host_target());

@@ -30,7 +30,7 @@ struct rlk_jit {
   rlk_backend_impl *backend;
   rlk_compiler *compiler;
   rlk_cache *cache;
-  char target[32];
+  rlk_target target;
   const char *source_dir;
   int jit_disabled;
 
@@ -53,10 +53,7 @@ rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk
   jit->backend = backend;
   jit->compiler = compiler;
   jit->cache = cache;
-  if (rlk_format(jit->target, sizeof jit->target, "%s", target->name) < 0) {
-    free(jit);
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", target->name);
-  }
+  jit->target = *target;
   jit->source_dir = templates;
   const char *j = rlk_env("RLK_JIT");
   jit->jit_disabled = j && strcmp(j, "0") == 0;
@@ -158,11 +155,19 @@ static rlk_status make_plan(rlk_jit *jit, const rlk_kernel_spec *spec, build_pla
   const rlk_template *t = spec->tmpl;
   rlk_status st = rlk_spec_validate(spec);
   if (st) return st;
+  const unsigned missing = t->requires & ~jit->target.features;
+  if (missing) {
+    char need[64], has[64];
+    rlk_target_features_text(missing, need, sizeof need);
+    rlk_target_features_text(jit->target.features, has, sizeof has);
+    return rlk_error(RLK_ERR_UNSUPPORTED, "%s: the kernel needs %s, which target %s does not have (it has: %s)",
+                     t->entry, need, jit->target.name, has[0] ? has : "none of the optional features");
+  }
   int host = strcmp(jit->source_dir, "host") == 0;
   p->source_file = host ? t->host_source : t->cuda_source;
   if (!p->source_file)
     return rlk_error(RLK_ERR_UNSUPPORTED, "%s: no %s template for target %s", t->entry, jit->source_dir,
-                     jit->target);
+                     jit->target.name);
   st = rlk_sources_get(jit->source_dir, &p->sources);
   if (st) return st;
   if (!rlk_sources_find(p->sources, p->source_file))
@@ -189,7 +194,8 @@ static rlk_status make_plan(rlk_jit *jit, const rlk_kernel_spec *spec, build_pla
   st = rlk_spec_params_text(spec, k->params, sizeof k->params);
   if (st) return st;
   rlk_format(k->names, sizeof k->names, "%s", p->name);
-  rlk_format(k->target, sizeof k->target, "%s", jit->target);
+  if (rlk_target_name(&jit->target, k->target, sizeof k->target) < 0)
+    return rlk_error(RLK_ERR_INTERNAL, "%s: the target's name does not fit a key", t->entry);
   rlk_format(k->compiler, sizeof k->compiler, "%s", jit->compiler->id);
   char base[512], extra[1024];
   join(base, sizeof base, jit->compiler->nbase_options, jit->compiler->base_options, " ");
@@ -235,23 +241,24 @@ static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *
       .nheaders = nh,
       .header_names = header_names,
       .header_sources = header_sources,
-      .target = jit->target,
+      .target = &jit->target,
       .noptions = p->noptions,
       .options = p->options,
       .nnames = 1,
       .names = p->names,
   };
   memset(res, 0, sizeof *res);
-  rlk_info("compiling %s %s for %s (%s)", p->key.entry, p->key.params, jit->target, jit->compiler->id);
+  rlk_info("compiling %s %s for %s (%s)", p->key.entry, p->key.params, jit->target.name, jit->compiler->id);
   rlk_status st = jit->compiler->compile(jit->compiler, &req, res);
   free(header_names);
   free(header_sources);
   atomic_fetch_add_explicit(&jit->compiles, 1, memory_order_relaxed);
   add_seconds(&jit->compile_ns, res->seconds);
-  if (st) return rlk_error_wrap(st, "compiling %s [%s] for %s", p->key.entry, p->key.params, jit->target);
-  if (!res->binary || res->size == 0 || res->nnames != 1 || !res->lowered_names || !res->lowered_names[0]) {
+  if (st) return rlk_error_wrap(st, "compiling %s [%s] for %s", p->key.entry, p->key.params, jit->target.name);
+  if (!res->binary || res->size == 0 || !res->binary_name || res->nnames != 1 || !res->lowered_names ||
+      !res->lowered_names[0]) {
     rlk_compile_result_free(res);
-    return rlk_error(RLK_ERR_COMPILE, "compiling %s for %s produced no binary", p->key.entry, jit->target);
+    return rlk_error(RLK_ERR_COMPILE, "compiling %s for %s produced no binary", p->key.entry, jit->target.name);
   }
   return RLK_OK;
 }
@@ -260,7 +267,7 @@ static rlk_status jit_disabled_error(rlk_jit *jit, const build_plan *p) {
   return rlk_error(RLK_ERR_JIT_DISABLED,
                    "RLK_JIT=0 and no cache holds the kernel: family=%s entry=%s params=[%s] target=%s "
                    "compiler=%s key=%s (precompile this configuration, or add its tree to RLK_CACHE_RO_DIRS)",
-                   p->key.family, p->key.entry, p->key.params, jit->target, jit->compiler->id, p->key.hex);
+                   p->key.family, p->key.entry, p->key.params, jit->target.name, jit->compiler->id, p->key.hex);
 }
 
 /* Loads binary into the backend (when there is one) and finds the kernel. */
@@ -347,10 +354,10 @@ static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, v
   /* Load before publishing: a binary the driver refuses is never committed to the cache. */
   if (load) {
     st = load_binary(jit, res.binary, res.size, res.lowered_names[0], module, fn);
-    if (st) rlk_error_wrap(st, "loading freshly compiled %s for %s", p->key.entry, jit->target);
+    if (st) rlk_error_wrap(st, "loading freshly compiled %s for %s", p->key.entry, jit->target.name);
   }
   if (!st) {
-    rlk_cache_publish_info info = {.binary_name = jit->compiler->binary_name, .compile_seconds = res.seconds,
+    rlk_cache_publish_info info = {.binary_name = res.binary_name, .compile_seconds = res.seconds,
                                    .log = res.log};
     if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info))
       rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());

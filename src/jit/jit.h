@@ -14,9 +14,11 @@
 typedef struct rlk_jit rlk_jit;
 
 /* `backend` may be NULL (compile-only: kernels are compiled and published, never loaded).
- * The target's name goes into every key; `templates` is the folder of templates/ the compiler
- * reads ("cuda" for NVRTC and hiprtc, "host" for clang: a static string). The JIT borrows
- * backend, compiler and cache; the caller keeps them alive longer. */
+ * The JIT keeps a copy of the typed target: its features decide which templates it builds, its
+ * name (rlk_target_name) goes into every key, and the compiler gets it as it is. `templates` is
+ * the folder of templates/ the compiler reads ("cuda" for NVRTC and hiprtc, "host" for clang: a
+ * static string). The JIT borrows backend, compiler and cache; the caller keeps them alive
+ * longer. */
 rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk_cache *cache,
                           const rlk_target *target, const char *templates, rlk_jit **out);
 void rlk_jit_destroy(rlk_jit *jit);

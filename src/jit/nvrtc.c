@@ -1,6 +1,7 @@
 /* nvrtc.c - the CUDA compiler: NVRTC 12 or 13, opened with dlopen so the library builds and
  * runs without the CUDA toolkit. Templates are instantiated through name expressions and
- * compiled straight to a CUBIN for one real architecture (sm_XX or sm_XXa). */
+ * compiled straight to a CUBIN for one real architecture (sm_XX, sm_XXa, sm_XXf), or to PTX for
+ * a virtual one (compute_XX[a|f]), which the driver compiles when it loads it. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@ typedef struct nv_api {
   nv_result (*CompileProgram)(nv_program, int, const char *const *);
   nv_result (*GetCUBINSize)(nv_program, size_t *);
   nv_result (*GetCUBIN)(nv_program, char *);
+  nv_result (*GetPTXSize)(nv_program, size_t *);
+  nv_result (*GetPTX)(nv_program, char *);
   nv_result (*GetProgramLogSize)(nv_program, size_t *);
   nv_result (*GetProgramLog)(nv_program, char *);
   nv_result (*AddNameExpression)(nv_program, const char *);
@@ -40,6 +43,9 @@ typedef struct nv_impl {
   rlk_dynlib lib;
   nv_api api;
   int major, minor;
+  int archs[256]; /* the compute capabilities x 10 it compiles for */
+  int narchs;
+  int family;     /* it knows the family forms (sm_100f: NVRTC 12.9 and later) */
   /* NVRTC serializes compiles inside a process anyway; the lock keeps each program's
    * create/compile/read/destroy sequence in one piece and the log ordering readable. */
   pthread_mutex_t lock;
@@ -84,33 +90,46 @@ static rlk_status nv_add_target(rlk_compiler *c, const char *word) {
   return RLK_OK;
 }
 
-static rlk_status nv_fill_targets(rlk_compiler *c, const nv_impl *impl) {
+static int nv_supports_target(const rlk_compiler *self, const rlk_target *t) {
+  const nv_impl *impl = self->impl;
+  if (!t || t->kind != RLK_BACKEND_CUDA) return 0;
+  const int sm = rlk_target_cuda_sm(t);
+  int listed = 0;
+  for (int i = 0; i < impl->narchs; i++) listed |= impl->archs[i] == sm;
+  return listed && rlk_target_cuda_has_variant(sm, t->variant) && (t->variant != 'f' || impl->family);
+}
+
+/* The archs NVRTC lists, and every target of them it takes (named by rlk_target_name). */
+static rlk_status nv_fill_targets(rlk_compiler *c, nv_impl *impl) {
   int n = 0;
   nv_result r = impl->api.GetNumSupportedArchs(&n);
   if (r != NV_SUCCESS || n <= 0 || n > 256)
     return rlk_error(RLK_ERR_UNAVAILABLE, "nvrtc: cannot list supported architectures (%s)",
                      nv_errstr(impl, r));
-  int archs[256];
-  r = impl->api.GetSupportedArchs(archs);
+  r = impl->api.GetSupportedArchs(impl->archs);
   if (r != NV_SUCCESS)
     return rlk_error(RLK_ERR_UNAVAILABLE, "nvrtc: cannot list supported architectures (%s)",
                      nv_errstr(impl, r));
+  impl->narchs = n;
+  impl->family = impl->major > 12 || (impl->major == 12 && impl->minor >= 9);
   c->targets[0] = '\0';
-  for (int i = 0; i < n; i++) {
-    char word[16];
-    rlk_format(word, sizeof word, "sm_%d", archs[i]);
-    rlk_status st = nv_add_target(c, word);
-    if (st != RLK_OK) return st;
-    if (rlk_target_cuda_has_arch_specific(archs[i])) {
-      rlk_format(word, sizeof word, "sm_%da", archs[i]);
-      if ((st = nv_add_target(c, word)) != RLK_OK) return st;
-    }
-  }
+  static const char variants[] = {0, 'a', 'f'};
+  for (int i = 0; i < n; i++)
+    for (int ptx = 0; ptx < 2; ptx++)
+      for (size_t v = 0; v < sizeof variants; v++) {
+        rlk_target t;
+        memset(&t, 0, sizeof t);
+        t.kind = RLK_BACKEND_CUDA;
+        t.major = impl->archs[i] / 10;
+        t.minor = impl->archs[i] % 10;
+        t.variant = variants[v];
+        t.ptx = ptx;
+        char word[32];
+        if (!nv_supports_target(c, &t) || rlk_target_name(&t, word, sizeof word) < 0) continue;
+        rlk_status st = nv_add_target(c, word);
+        if (st != RLK_OK) return st;
+      }
   return RLK_OK;
-}
-
-static int nv_supports_target(const rlk_compiler *self, const char *target) {
-  return rlk_target_list_has(self->targets, target);
 }
 
 static void nv_destroy(rlk_compiler *self) {
@@ -128,16 +147,19 @@ static void nv_destroy(rlk_compiler *self) {
 static rlk_status nv_collect(rlk_compiler *self, const rlk_compile_request *req, nv_program prog,
                              rlk_compile_result *out, const char *log) {
   nv_impl *impl = self->impl;
+  /* A virtual target's code is PTX (NUL-terminated text, as the driver reads it); a real one's
+   * a CUBIN. */
+  const int ptx = req->target->ptx;
   size_t size = 0;
-  nv_result r = impl->api.GetCUBINSize(prog, &size);
+  nv_result r = ptx ? impl->api.GetPTXSize(prog, &size) : impl->api.GetCUBINSize(prog, &size);
   if (r != NV_SUCCESS) return rlk_compile_error(self, req, nv_errstr(impl, r), log);
-  if (size == 0)
-    return rlk_compile_error(self, req, "NVRTC produced no CUBIN (is the target a real sm_ architecture?)", log);
+  if (size == 0) return rlk_compile_error(self, req, ptx ? "NVRTC produced no PTX" : "NVRTC produced no CUBIN", log);
   out->binary = malloc(size);
-  if (!out->binary) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "nvrtc: %zu-byte cubin", size);
-  if ((r = impl->api.GetCUBIN(prog, out->binary)) != NV_SUCCESS)
+  if (!out->binary) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "nvrtc: %zu-byte %s", size, ptx ? "PTX" : "cubin");
+  if ((r = ptx ? impl->api.GetPTX(prog, out->binary) : impl->api.GetCUBIN(prog, out->binary)) != NV_SUCCESS)
     return rlk_compile_error(self, req, nv_errstr(impl, r), log);
   out->size = size;
+  out->binary_name = ptx ? "kernel.ptx" : "kernel.cubin";
   out->lowered_names = calloc(req->nnames ? req->nnames : 1, sizeof *out->lowered_names);
   if (!out->lowered_names) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "nvrtc: lowered names");
   out->nnames = req->nnames;
@@ -186,7 +208,7 @@ static rlk_status nv_compile_locked(rlk_compiler *self, const rlk_compile_reques
     size_t k = 0;
     for (size_t i = 0; i < self->nbase_options; i++) opts[k++] = self->base_options[i];
     for (size_t i = 0; i < req->noptions; i++) opts[k++] = req->options[i];
-    rlk_format(arch, sizeof arch, "-arch=%s", req->target);
+    rlk_format(arch, sizeof arch, "-arch=%s", req->target->name);
     opts[k++] = arch;
     r = impl->api.CompileProgram(prog, (int)k, opts);
     /* The log is read whatever the outcome: warnings matter on success too. */
@@ -231,7 +253,7 @@ static rlk_status nv_compile(rlk_compiler *self, const rlk_compile_request *req,
   }
   out->seconds = rlk_now() - start;
   rlk_debug("nvrtc: %s for %s: %zu-byte cubin in %.3f s", req->source_name ? req->source_name : "kernel.cu",
-            req->target, out->size, out->seconds);
+            req->target->name, out->size, out->seconds);
   return RLK_OK;
 }
 
@@ -290,6 +312,8 @@ rlk_status rlk_nvrtc_open(rlk_compiler **out) {
       {"nvrtcCompileProgram", &a->CompileProgram, 0},
       {"nvrtcGetCUBINSize", &a->GetCUBINSize, 0},
       {"nvrtcGetCUBIN", &a->GetCUBIN, 0},
+      {"nvrtcGetPTXSize", &a->GetPTXSize, 0},
+      {"nvrtcGetPTX", &a->GetPTX, 0},
       {"nvrtcGetProgramLogSize", &a->GetProgramLogSize, 0},
       {"nvrtcGetProgramLog", &a->GetProgramLog, 0},
       {"nvrtcAddNameExpression", &a->AddNameExpression, 0},
@@ -318,7 +342,6 @@ rlk_status rlk_nvrtc_open(rlk_compiler **out) {
     return st;
   }
   c->kind = "nvrtc";
-  c->binary_name = "kernel.cubin";
   rlk_format(c->version, sizeof c->version, "%d.%d", impl->major, impl->minor);
   rlk_format(c->id, sizeof c->id, "nvrtc-%d.%d", impl->major, impl->minor);
   c->compile = nv_compile;

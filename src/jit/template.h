@@ -38,6 +38,10 @@ typedef struct rlk_template {
   const char *host_source; /* file under templates/, NULL if there is none */
   size_t nparams;          /* <= RLK_MAX_PARAMS */
   const rlk_param_decl *params; /* in template-argument order */
+  /* The RLK_TARGET_* features its code needs (core/target.h; 0: none). The JIT refuses it, with
+   * the reason, for a target without them (a wgmma kernel for sm_100a), so it is never compiled
+   * to nothing or into an error deep in the compiler. */
+  unsigned requires;
 } rlk_template;
 
 /* A template specialized: one value per parameter, in the schema's order. */

@@ -18,21 +18,20 @@ static rlk_status host_open(int ordinal, rlk_backend_impl **out) {
   return rlk_host_backend_open(out);
 }
 
-/* Every backend: how to open it, its compiler, the template folder that compiler reads and the
- * target names that are its own. The automatic choice tries them in this order and takes the
- * first present (the CPU last: it always is). Adding a backend is a row here. */
+/* Every backend: how to open it, its compiler and the template folder that compiler reads (which
+ * target names are whose is core/target.c's). The automatic choice tries them in this order and
+ * takes the first present (the CPU last: it always is). Adding a backend is a row here. */
 typedef struct backend_row {
   rlk_backend kind;
   rlk_status (*open)(int ordinal, rlk_backend_impl **out);
   rlk_status (*open_compiler)(rlk_compiler **out);
-  const char *templates;     /* "cuda" or "host": the folder of templates/ its compiler reads */
-  const char *target_prefix; /* "sm_": names of its targets */
+  const char *templates; /* "cuda" or "host": the folder of templates/ its compiler reads */
 } backend_row;
 
 static const backend_row backend_rows[] = {
-    {RLK_BACKEND_CUDA, rlk_cuda_backend_open, rlk_nvrtc_open, "cuda", "sm_"},
-    {RLK_BACKEND_HIP, rlk_hip_backend_open, rlk_hiprtc_open, "cuda", "gfx"},
-    {RLK_BACKEND_HOST, host_open, rlk_hostcc_open, "host", "host-"},
+    {RLK_BACKEND_CUDA, rlk_cuda_backend_open, rlk_nvrtc_open, "cuda"},
+    {RLK_BACKEND_HIP, rlk_hip_backend_open, rlk_hiprtc_open, "cuda"},
+    {RLK_BACKEND_HOST, host_open, rlk_hostcc_open, "host"},
 };
 #define NROWS (sizeof backend_rows / sizeof backend_rows[0])
 
@@ -40,13 +39,6 @@ static const backend_row *row_of(rlk_backend kind) {
   for (size_t i = 0; i < NROWS; i++)
     if (backend_rows[i].kind == kind) return &backend_rows[i];
   return NULL;
-}
-
-static rlk_backend backend_for_target(const char *target) {
-  for (size_t i = 0; i < NROWS; i++)
-    if (!strncmp(target, backend_rows[i].target_prefix, strlen(backend_rows[i].target_prefix)))
-      return backend_rows[i].kind;
-  return RLK_BACKEND_HOST;
 }
 
 static rlk_status open_backend(rlk_context *ctx, const rlk_context_options *o) {
@@ -80,27 +72,26 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   rlk_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_context_create: out of memory");
   rlk_status st;
-  char target[32] = "";
   /* A device context takes its target from the device (the backend applies RLK_ARCH); a
-   * compile-only context from the options, else RLK_ARCH. */
-  const char *want_target = o.target ? o.target : (o.compile_only ? rlk_target_env() : NULL);
-  if (want_target && !strcmp(want_target, "host")) want_target = rlk_host_target(); /* documented alias */
-  if (want_target && rlk_format(target, sizeof target, "%s", want_target) < 0) {
-    st = rlk_error(RLK_ERR_INVALID_ARGUMENT, "target '%s' is too long", want_target);
+   * compile-only context from the options, else RLK_ARCH. The target's kind names the backend of
+   * a compile-only context left at RLK_BACKEND_AUTO. */
+  const char *want = o.target ? o.target : (o.compile_only ? rlk_target_env() : NULL);
+  rlk_target target;
+  if (want && (st = rlk_target_parse(want, &target))) {
+    rlk_error_wrap(st, o.target ? "options.target" : "RLK_ARCH");
     goto fail;
   }
 
   if (o.compile_only) {
     ctx->compile_only = 1;
-    ctx->kind = o.backend;
-    if (ctx->kind == RLK_BACKEND_AUTO) ctx->kind = target[0] ? backend_for_target(target) : RLK_BACKEND_HOST;
-    if (ctx->kind != RLK_BACKEND_HOST && !target[0]) {
+    ctx->kind = o.backend != RLK_BACKEND_AUTO ? o.backend : want ? target.kind : RLK_BACKEND_HOST;
+    if (!want && ctx->kind != RLK_BACKEND_HOST) {
       st = rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "options.target: a compile-only %s context needs a target (e.g. sm_90a, gfx90a)",
                      rlk_backend_name(ctx->kind));
       goto fail;
     }
-    if (ctx->kind == RLK_BACKEND_HOST && !target[0]) rlk_format(target, sizeof target, "%s", rlk_host_target());
+    if (!want && (st = rlk_target_parse("host", &target))) goto fail;
     rlk_format(ctx->info.name, sizeof ctx->info.name, "(compile-only)");
     ctx->info.compile_only = 1;
   } else {
@@ -108,33 +99,32 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
     if (st) goto fail;
     ctx->kind = ctx->backend->kind;
     ctx->info = ctx->backend->info;
-    if (!target[0]) rlk_format(target, sizeof target, "%s", ctx->backend->info.target);
+    /* The device's own target (its counts and limits) unless options.target names another, which
+     * keeps the device's multiprocessors. */
+    if (!want || !strcmp(target.name, ctx->backend->target.name))
+      target = ctx->backend->target;
+    else
+      target.multiprocessors = ctx->backend->target.multiprocessors;
   }
-  if (ctx->kind == RLK_BACKEND_HOST && strcmp(target, rlk_host_target()) != 0) {
-    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s: the host backend compiles only for %s", target,
+  if (target.kind != ctx->kind) {
+    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is a %s target, not one of the %s backend", target.name,
+                   rlk_backend_name(target.kind), rlk_backend_name(ctx->kind));
+    goto fail;
+  }
+  if (ctx->kind == RLK_BACKEND_HOST && strcmp(target.name, rlk_host_target()) != 0) {
+    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s: the host backend compiles only for %s", target.name,
                    rlk_host_target());
     goto fail;
   }
-  rlk_format(ctx->info.target, sizeof ctx->info.target, "%s", target);
+  ctx->target = target;
+  rlk_format(ctx->info.target, sizeof ctx->info.target, "%s", target.name);
 
   st = row_of(ctx->kind)->open_compiler(&ctx->compiler);
   if (st) goto fail;
-  if (!ctx->compiler->supports_target(ctx->compiler, target)) {
-    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not supported by %s (it supports: %s)", target,
+  if (!ctx->compiler->supports_target(ctx->compiler, &ctx->target)) {
+    st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not supported by %s (it supports: %s)", target.name,
                    ctx->compiler->id, ctx->compiler->targets);
     goto fail;
-  }
-  /* The typed target: the device's own (its counts and limits) unless options.target names
-   * another, which is then parsed like a compile-only context's. */
-  if (ctx->backend && !strcmp(target, ctx->backend->target.name)) {
-    ctx->target = ctx->backend->target;
-  } else {
-    if ((st = rlk_target_parse(target, &ctx->target))) goto fail;
-    if (ctx->target.kind != ctx->kind) {
-      st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is not a %s target", target, rlk_backend_name(ctx->kind));
-      goto fail;
-    }
-    if (ctx->backend) ctx->target.multiprocessors = ctx->backend->target.multiprocessors;
   }
   rlk_format(ctx->info.compiler, sizeof ctx->info.compiler, "%s %s", ctx->compiler->kind, ctx->compiler->version);
 
@@ -148,7 +138,7 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
   st = rlk_tune_table_create(&ctx->info, &ctx->tune);
   if (st) goto fail;
   rlk_info("context: backend %s, device %s, target %s, %s, cache %s", rlk_backend_name(ctx->kind), ctx->info.name,
-           target, ctx->info.compiler, rlk_cache_root(ctx->cache)[0] ? rlk_cache_root(ctx->cache) : "(memory)");
+           ctx->target.name, ctx->info.compiler, rlk_cache_root(ctx->cache)[0] ? rlk_cache_root(ctx->cache) : "(memory)");
   *out = ctx;
   return RLK_OK;
 fail:

@@ -450,15 +450,6 @@ static void cuda_destroy(rlk_backend_impl *self) {
   free(self);
 }
 
-/* ---- targets ---------------------------------------------------------------------- */
-
-void rlk_cuda_target_for(int major, int minor, char *buf, size_t size) {
-  if (!buf || size == 0) return;
-  rlk_target t;
-  rlk_target_for_cuda_device(major, minor, 0, 0, 0, &t);
-  rlk_format(buf, size, "%s", t.name);
-}
-
 /* ---- opening ---------------------------------------------------------------------- */
 
 /* Reads the device description into info (device queries: no context needs to be current). */
