@@ -23,12 +23,16 @@ static const rlk_param_decl ht_params[] = {
     {"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL},
     {"k", RLK_PARAM_INT, 64, 256, 0, 0, NULL},
 };
-static const rlk_template ht_ss = {"hopper_selftest", "hopper_tile_ss", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
-static const rlk_template ht_rs = {"hopper_selftest", "hopper_tile_rs", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
-static const rlk_template ht_mn = {"hopper_selftest", "hopper_tile_mn", "cuda/hopper_selftest.cuh", NULL, 3, ht_params};
+#define HT_NEEDS (RLK_TARGET_WGMMA | RLK_TARGET_TMA)
+static const rlk_template ht_ss = {"hopper_selftest", "hopper_tile_ss", "cuda/hopper_selftest.cuh", NULL, 3, ht_params,
+                                   HT_NEEDS};
+static const rlk_template ht_rs = {"hopper_selftest", "hopper_tile_rs", "cuda/hopper_selftest.cuh", NULL, 3, ht_params,
+                                   HT_NEEDS};
+static const rlk_template ht_mn = {"hopper_selftest", "hopper_tile_mn", "cuda/hopper_selftest.cuh", NULL, 3, ht_params,
+                                   HT_NEEDS};
 static const rlk_param_decl ht_check_params[] = {{"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL}};
 static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cuda/hopper_selftest.cuh", NULL, 1,
-                                      ht_check_params};
+                                      ht_check_params, HT_NEEDS};
 
 /* Cold compile of each kernel, CPU seconds of this process (NVRTC and its PTX compiler run in
  * process; CPU time, unlike wall time, does not grow when other programs load the machine): the
@@ -150,6 +154,78 @@ START_TEST(compile_sm90a) {
 }
 END_TEST
 
+/* wgmma is Hopper's alone: datacenter Blackwell (sm_100a, sm_100f, sm_103a) has tcgen05 instead,
+ * consumer Blackwell (sm_120a, sm_121a) neither. On those targets the JIT refuses every template
+ * that needs wgmma, naming the feature and the target, before any compiler sees it; and no op's
+ * sample configuration plans one there (their portable kernels take its place: the plan cases
+ * of `make test-targets` compile them for sm_100a and sm_120a). */
+START_TEST(wgmma_refused_on_blackwell) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.compile_only = 1;
+  o.target = "sm_90a";
+  rlk_context *hopper = NULL;
+  if (rlk_context_create(&hopper, &o) != RLK_OK) {
+    printf("skip (hopper on blackwell): no NVRTC: %s\n", rlk_last_error());
+    fflush(stdout);
+    return;
+  }
+  /* the Hopper kernels of the ops as sm_90a plans them, and the self-test's */
+  rlk_kernel_spec wg[2 * RLK_OP_MAX_KERNELS + 1];
+  size_t nwg = 0, n = 0;
+  rlk_kernel_spec planned[RLK_OP_MAX_KERNELS];
+  rlk_op_config_pair ll[1] = {{"pass", "both"}};
+  rlk_op_config_pair pa[1] = {{"pass", "both"}};
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_logprob, hopper, 1, ll, planned, &n), RLK_OK);
+  for (size_t i = 0; i < n; i++)
+    if (planned[i].tmpl->requires & RLK_TARGET_WGMMA) wg[nwg++] = planned[i];
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, hopper, 1, pa, planned, &n), RLK_OK);
+  for (size_t i = 0; i < n; i++)
+    if (planned[i].tmpl->requires & RLK_TARGET_WGMMA) wg[nwg++] = planned[i];
+  wg[nwg++] = ht_spec(&ht_ss, 0, 256, 128);
+  ck_assert_uint_ge(nwg, 6); /* linear_logprob's forward and backward, prefix attention's three */
+  rlk_context_destroy(hopper);
+
+  static const char *const blackwell[] = {"sm_100a", "sm_100f", "sm_103a", "sm_120a", "sm_121a"};
+  for (size_t b = 0; b < sizeof blackwell / sizeof blackwell[0]; b++) {
+    char dir[1024];
+    rlk_test_mkdtemp(dir, sizeof dir, "blackwell");
+    o.target = blackwell[b];
+    o.cache_dir = dir;
+    rlk_context *ctx = NULL;
+    rlk_status st = rlk_context_create(&ctx, &o);
+    if (st == RLK_ERR_UNSUPPORTED) { /* an NVRTC older than the arch */
+      printf("skip (hopper on %s): %s\n", blackwell[b], rlk_last_error());
+      fflush(stdout);
+      rlk_test_rmtree(dir);
+      continue;
+    }
+    ck_assert_msg(st == RLK_OK, "%s: %s", blackwell[b], rlk_last_error());
+    ck_assert_uint_eq(ctx->target.features & RLK_TARGET_WGMMA, 0);
+    for (size_t i = 0; i < nwg; i++) {
+      ck_assert_int_eq(rlk_jit_prepare(ctx->jit, &wg[i]), RLK_ERR_UNSUPPORTED);
+      const char *msg = rlk_last_error();
+      ck_assert_msg(strstr(msg, wg[i].tmpl->entry) && strstr(msg, "needs") && strstr(msg, "wgmma") &&
+                        strstr(msg, blackwell[b]),
+                    "%s on %s: %s", wg[i].tmpl->entry, blackwell[b], msg);
+    }
+    rlk_counters c;
+    ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
+    ck_assert_uint_eq(c.compiles, 0); /* refused before compiling */
+    /* every sample line plans kernels the target can build (keys only: nothing compiles) */
+    for (size_t k = 0; rlk_op_table[k]; k++)
+      for (size_t i = 0; rlk_op_table[k]->samples && rlk_op_table[k]->samples[i]; i++) {
+        char keys[RLK_OP_MAX_KERNELS * 66];
+        int nk = 0;
+        st = rlk_precompile_keys(ctx, rlk_op_table[k]->samples[i], keys, sizeof keys, &nk);
+        ck_assert_msg(st == RLK_OK, "%s on %s: %s", rlk_op_table[k]->samples[i], blackwell[b], rlk_last_error());
+      }
+    rlk_context_destroy(ctx);
+    rlk_test_rmtree(dir);
+  }
+}
+END_TEST
+
 static double ht_value(const uint16_t *p, int64_t i, int f16) {
   uint16_t b = p[i];
   if (f16) {
@@ -252,6 +328,7 @@ Suite *hopper_suite(void) {
   TCase *ci = tcase_create("compile");
   tcase_set_timeout(ci, 120);
   tcase_add_test(ci, compile_sm90a);
+  tcase_add_test(ci, wgmma_refused_on_blackwell);
   suite_add_tcase(s, ci);
   TCase *gpu = tcase_create("gpu");
   tcase_set_timeout(gpu, 300);

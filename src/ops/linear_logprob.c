@@ -85,7 +85,7 @@ static const rlk_param_decl ll_combine_params[] = {
 
 static const rlk_template ll_sm90_tmpl = {"linear_logprob", "linear_logprob_fwd_sm90",
                                           "cuda/linear_logprob_sm90.cuh", NULL,
-                                          LL_N(ll_sm90_params), ll_sm90_params};
+                                          LL_N(ll_sm90_params), ll_sm90_params, RLK_TARGET_WGMMA | RLK_TARGET_TMA};
 static const rlk_template ll_tiled_tmpl = {"linear_logprob", "linear_logprob_fwd_tiled",
                                            "cuda/linear_logprob.cuh", NULL, LL_N(ll_tiled_params),
                                            ll_tiled_params};
@@ -518,7 +518,8 @@ static const rlk_param_decl ll_bwd_sm90_params[] = {
 };
 static const rlk_template ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_bwd_sm90",
                                               "cuda/linear_logprob_bwd_sm90.cuh", NULL,
-                                              LL_N(ll_bwd_sm90_params), ll_bwd_sm90_params};
+                                              LL_N(ll_bwd_sm90_params), ll_bwd_sm90_params,
+                                              RLK_TARGET_WGMMA | RLK_TARGET_TMA};
 /* the token chunks' u -> dz (templates/cuda/linear_logprob_stored.cuh) */
 static const rlk_param_decl ll_stored_dz_params[] = {
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},

@@ -103,9 +103,9 @@ static const rlk_template lp_fwd_tmpl = {"logprob", "logprob_fwd", "cuda/logprob
 static const rlk_template lp_bwd_tmpl = {"logprob", "logprob_bwd", "cuda/logprob.cuh",
                                          "host/logprob_bwd.c", LP_N(lp_bwd_params), lp_bwd_params};
 static const rlk_template lp_bulk_tmpl = {"logprob", "logprob_fwd_bulk", "cuda/logprob_sm90.cuh",
-                                          NULL, LP_N(lp_bulk_params), lp_bulk_params};
+                                          NULL, LP_N(lp_bulk_params), lp_bulk_params, RLK_TARGET_TMA};
 static const rlk_template lp_tma_tmpl = {"logprob", "logprob_fwd_tma", "cuda/logprob_sm90.cuh",
-                                         NULL, LP_N(lp_tma_params), lp_tma_params};
+                                         NULL, LP_N(lp_tma_params), lp_tma_params, RLK_TARGET_TMA};
 
 /* ---------------------------------------------------------------------------------- */
 /* Defaults and tuning candidates                                                      */

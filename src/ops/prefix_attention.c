@@ -76,12 +76,12 @@ static const rlk_template pa_fwd_tmpl = {"prefix_attention", "pattn_fwd", PA_CUD
 static const rlk_template pa_fwd_mma_tmpl = {"prefix_attention", "pattn_fwd_mma", PA_CUDA, NULL,
                                              PA_N(pa_params), pa_params};
 static const rlk_template pa_fwd_sm90_tmpl = {"prefix_attention", "pattn_fwd_sm90", "cuda/prefix_attention_sm90.cuh",
-                                              NULL, PA_N(pa_sm90_params), pa_sm90_params};
+                                              NULL, PA_N(pa_sm90_params), pa_sm90_params, RLK_TARGET_WGMMA | RLK_TARGET_TMA};
 static const rlk_template pa_dkdv_sm90_tmpl = {"prefix_attention", "pattn_bwd_dkdv_sm90",
                                                "cuda/prefix_attention_sm90.cuh", NULL, PA_N(pa_sm90_params),
-                                               pa_sm90_params};
+                                               pa_sm90_params, RLK_TARGET_WGMMA | RLK_TARGET_TMA};
 static const rlk_template pa_dq_sm90_tmpl = {"prefix_attention", "pattn_bwd_dq_sm90", "cuda/prefix_attention_sm90.cuh",
-                                             NULL, PA_N(pa_sm90_params), pa_sm90_params};
+                                             NULL, PA_N(pa_sm90_params), pa_sm90_params, RLK_TARGET_WGMMA | RLK_TARGET_TMA};
 static const rlk_template pa_bwd_host_tmpl = {"prefix_attention", "pattn_bwd", NULL,
                                               "host/prefix_attention_bwd.c", PA_N(pa_params), pa_params};
 static const rlk_template pa_prep_tmpl = {"prefix_attention", "pattn_bwd_prep", PA_CUDA, NULL,

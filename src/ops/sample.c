@@ -62,7 +62,7 @@ static const rlk_param_decl smp_split_params[] = {
 
 static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/sample_split.cuh", NULL,
                                             sizeof smp_split_params / sizeof smp_split_params[0],
-                                            smp_split_params};
+                                            smp_split_params, RLK_TARGET_CLUSTERS};
 
 /* Candidates in shared memory and the filtered kernel's dynamic shared memory (the larger of a
  * 2048-bin histogram of counts and masses, 24 KB, and CAP candidates of 16 bytes). */
