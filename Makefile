@@ -141,9 +141,10 @@ test: deps
 	$(if $(SANITIZE),,$(MAKE) python-test)
 
 # The samples of every op compiled for the targets `make test` leaves out (it takes the host and
-# sm_90a): the sm_80 fallbacks, HIP gfx90a and gfx1030 (RDNA in wave64 mode); the suites' plan
-# cases alone. RLK_TEST_TARGETS=all for every target.
-TEST_TARGETS_OTHER := sm_80,gfx90a,gfx1030
+# sm_90a): the sm_80 fallbacks, datacenter and consumer Blackwell (sm_100a, sm_120a: no wgmma, so
+# the fallbacks again, which NVRTC must accept for them), HIP gfx90a and gfx1030 (RDNA in wave64
+# mode); the suites' plan cases alone. RLK_TEST_TARGETS=all for every target.
+TEST_TARGETS_OTHER := sm_80,sm_100a,sm_120a,gfx90a,gfx1030
 test-targets: deps
 	$(MAKE) -j$(TEST_JOBS) tests
 	RLK_TEST_TARGETS=$(or $(RLK_TEST_TARGETS),$(TEST_TARGETS_OTHER)) CK_RUN_CASE=plan RLK_TEST_BIN_DIR=$(abspath $(BUILD)/bin) \

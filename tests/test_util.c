@@ -212,10 +212,12 @@ size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_con
 
 
 /* The targets every op's samples compile for: the host, CUDA sm_80 (fallback paths) and
- * sm_90a (Hopper), HIP gfx90a and gfx1030 (RDNA, in wave64 mode). `make test` takes the host
- * and sm_90a (`in_default`: the compiler the developer loop needs and the arch with the most
- * kernels), so it stays quick on two cores; RLK_TEST_TARGETS names others ("all", or a comma
- * list of names: `make test-targets`, which CI also runs, takes sm_80, gfx90a and gfx1030). */
+ * sm_90a (Hopper), sm_100a and sm_120a (datacenter and consumer Blackwell: no wgmma, so the
+ * kernels they get are the fallbacks, which NVRTC must accept for them), HIP gfx90a and gfx1030
+ * (RDNA, in wave64 mode). `make test` takes the host and sm_90a (`in_default`: the compiler the
+ * developer loop needs and the arch with the most kernels), so it stays quick on two cores;
+ * RLK_TEST_TARGETS names others ("all", or a comma list of names: `make test-targets`, which CI
+ * also runs, takes sm_80, sm_100a, sm_120a, gfx90a and gfx1030). */
 static const struct {
   rlk_backend backend;
   const char *target;
@@ -223,6 +225,8 @@ static const struct {
 } sample_targets[] = {{RLK_BACKEND_HOST, NULL, 1},
                       {RLK_BACKEND_CUDA, "sm_80", 0},
                       {RLK_BACKEND_CUDA, "sm_90a", 1},
+                      {RLK_BACKEND_CUDA, "sm_100a", 0},
+                      {RLK_BACKEND_CUDA, "sm_120a", 0},
                       {RLK_BACKEND_HIP, "gfx90a", 0},
                       {RLK_BACKEND_HIP, "gfx1030", 0}};
 enum { N_SAMPLE_TARGETS = sizeof sample_targets / sizeof sample_targets[0] };
@@ -243,7 +247,8 @@ static int sample_target_selected(int i) {
       known |= !strcmp(w, name);
       hit |= k == i && !strcmp(w, name);
     }
-    ck_assert_msg(known, "RLK_TEST_TARGETS: unknown target '%s' (host, sm_80, sm_90a, gfx90a, gfx1030, all)", w);
+    ck_assert_msg(known, "RLK_TEST_TARGETS: unknown target '%s' (host, sm_80, sm_90a, sm_100a, sm_120a, gfx90a, gfx1030, all)",
+                  w);
   }
   return hit;
 }

@@ -53,7 +53,7 @@ const char *rlk_test_bin_dir(void);
 struct rlk_op_desc;
 
 /* Compiles every sample configuration of `ops` for the host and sm_90a (or another set, as
- * RLK_TEST_TARGETS says: "all" or a comma list of host, sm_80, sm_90a, gfx90a, gfx1030), one child process
+ * RLK_TEST_TARGETS says: "all" or a comma list of host, sm_80, sm_90a, sm_100a, sm_120a, gfx90a, gfx1030), one child process
  * per target (each compiler serializes inside a process); a target whose compiler is missing is
  * skipped with a printed reason, the host never. Fails the test on any compile error. `label`
  * names the ops in messages. */
