@@ -45,8 +45,10 @@
 #include "hopper_warpgroup.cuh"
 
 #if defined(RLK_CUDA)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && \
-    (defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FEAT_SM90A))
+/* sm_90a exactly: Blackwell's "a" targets set __CUDA_ARCH_SPECIFIC__ too (1000, 1200) and have no
+ * wgmma (the JIT refuses the templates that need it there: rlk_template.requires). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && \
+    (defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900))
 #define RLK_SM90A_ASM 1
 #endif
 
