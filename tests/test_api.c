@@ -159,6 +159,17 @@ START_TEST(rlk_arch_overrides_only_device_targets) {
 }
 END_TEST
 
+/* A compile-only context for `target` on `backend`. */
+static rlk_status compile_only_context(rlk_backend backend, const char *target, rlk_context **ctx) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = backend;
+  o.compile_only = 1;
+  o.target = target;
+  *ctx = NULL;
+  return rlk_context_create(ctx, &o);
+}
+
 /* A compile-only context's target names its backend, in every documented spelling; the name it
  * reports is the canonical one, and every target keys its kernels apart from every other. */
 START_TEST(compile_only_targets_route_by_name) {
@@ -167,12 +178,8 @@ START_TEST(compile_only_targets_route_by_name) {
   enum { N = sizeof cuda / sizeof cuda[0] };
   char keys[N][80];
   for (size_t i = 0; i < N; i++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o); /* backend AUTO */
-    o.compile_only = 1;
-    o.target = cuda[i];
     rlk_context *ctx = NULL;
-    rlk_status st = rlk_context_create(&ctx, &o);
+    rlk_status st = compile_only_context(RLK_BACKEND_AUTO, cuda[i], &ctx);
     if (st == RLK_ERR_UNAVAILABLE) {
       /* no NVRTC: the message is NVRTC's, never the host backend's */
       ck_assert_msg(strstr(rlk_last_error(), "nvrtc") != NULL, "%s: %s", cuda[i], rlk_last_error());
@@ -200,12 +207,8 @@ START_TEST(compile_only_targets_route_by_name) {
   } others[] = {{"gfx90a:sramecc+:xnack-", "gfx90a", "hiprtc", RLK_BACKEND_HIP},
                 {"host", NULL, "clang", RLK_BACKEND_HOST}};
   for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.compile_only = 1;
-    o.target = others[i].target;
     rlk_context *ctx = NULL;
-    rlk_status st = rlk_context_create(&ctx, &o);
+    rlk_status st = compile_only_context(RLK_BACKEND_AUTO, others[i].target, &ctx);
     if (st == RLK_ERR_UNAVAILABLE) {
       ck_assert_msg(strstr(rlk_last_error(), others[i].compiler) != NULL, "%s: %s", others[i].target, rlk_last_error());
       printf("skip (api: %s compile-only): %s\n", others[i].target, rlk_last_error());
@@ -220,17 +223,10 @@ START_TEST(compile_only_targets_route_by_name) {
     rlk_context_destroy(ctx);
   }
   /* a target of another backend than the one asked for, and a name of none, say so */
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.compile_only = 1;
-  o.backend = RLK_BACKEND_CUDA;
-  o.target = "gfx90a";
   rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_UNSUPPORTED);
+  ck_assert_int_eq(compile_only_context(RLK_BACKEND_CUDA, "gfx90a", &ctx), RLK_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(rlk_last_error(), "gfx90a is a hip target") != NULL, "%s", rlk_last_error());
-  o.backend = RLK_BACKEND_AUTO;
-  o.target = "compute_9x";
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(compile_only_context(RLK_BACKEND_AUTO, "compute_9x", &ctx), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(rlk_last_error(), "options.target") && strstr(rlk_last_error(), "compute_9x"), "%s",
                 rlk_last_error());
 }

@@ -81,6 +81,22 @@ static const char *dev_source =
     "}\n"
     "}\n";
 
+/* A request for dev_source with its header, one name expression and one option. */
+static rlk_compile_request scale_request(const rlk_target *target, const char *const *names,
+                                         const char *const *options) {
+  rlk_compile_request req = {.source = dev_source,
+                             .source_name = "scale.cu",
+                             .nheaders = 1,
+                             .header_names = dev_header_names,
+                             .header_sources = dev_header_sources,
+                             .target = target,
+                             .noptions = 1,
+                             .options = options,
+                             .nnames = 1,
+                             .names = names};
+  return req;
+}
+
 /* Compiles dev_source for `target` with a fresh N and checks the binary and lowered name. */
 static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
   int n = 1 + (int)(rlk_test_rand_u64(rng) % 100000);
@@ -89,16 +105,7 @@ static void compile_scale(rlk_compiler *c, const char *target, uint64_t *rng) {
   snprintf(define, sizeof define, "-DRLK_TEST_FACTOR=%d", 2 + (int)(rlk_test_rand_u64(rng) % 7));
   const char *names[] = {name};
   const char *options[] = {define};
-  rlk_compile_request req = {.source = dev_source,
-                             .source_name = "scale.cu",
-                             .nheaders = 1,
-                             .header_names = dev_header_names,
-                             .header_sources = dev_header_sources,
-                             .target = T(target),
-                             .noptions = 1,
-                             .options = options,
-                             .nnames = 1,
-                             .names = names};
+  rlk_compile_request req = scale_request(T(target), names, options);
   rlk_compile_result r;
   rlk_status st = c->compile(c, &req, &r);
   ck_assert_msg(st == RLK_OK, "%s for %s: %s", c->id, target, rlk_last_error());
@@ -185,16 +192,7 @@ START_TEST(nvrtc_compiles_ptx_for_compute_targets) {
   if (!c) return;
   const char *names[] = {"rlk_test::scale<float, 7>"};
   const char *options[] = {"-DRLK_TEST_FACTOR=3"};
-  rlk_compile_request req = {.source = dev_source,
-                             .source_name = "scale.cu",
-                             .nheaders = 1,
-                             .header_names = dev_header_names,
-                             .header_sources = dev_header_sources,
-                             .target = T("compute_90"),
-                             .noptions = 1,
-                             .options = options,
-                             .nnames = 1,
-                             .names = names};
+  rlk_compile_request req = scale_request(T("compute_90"), names, options);
   rlk_compile_result r;
   ck_assert_msg(c->compile(c, &req, &r) == RLK_OK, "%s", rlk_last_error());
   ck_assert_str_eq(r.binary_name, "kernel.ptx");
@@ -226,16 +224,7 @@ START_TEST(nvrtc_reports_errors) {
   /* A name expression that names nothing is a compile error, not a crash. */
   const char *names[] = {"rlk_test::no_such_kernel<float>"};
   const char *options[] = {"-DRLK_TEST_FACTOR=2"};
-  rlk_compile_request bad = {.source = dev_source,
-                             .source_name = "scale.cu",
-                             .nheaders = 1,
-                             .header_names = dev_header_names,
-                             .header_sources = dev_header_sources,
-                             .target = T("sm_80"),
-                             .noptions = 1,
-                             .options = options,
-                             .nnames = 1,
-                             .names = names};
+  rlk_compile_request bad = scale_request(T("sm_80"), names, options);
   ck_assert_int_eq(c->compile(c, &bad, &r), RLK_ERR_COMPILE);
   /* A missing in-memory header is a compile error naming it. */
   rlk_compile_request nohdr = bad;
