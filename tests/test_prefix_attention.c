@@ -1,8 +1,9 @@
 /* test_prefix_attention.c - rlk_prefix_attention and its backward against an fp64 reference on
  * the replicated layout (tests/ref/prefix_attention_ref.c): each [prefix; r_g] run as its own
- * causal sequence, the prefix's gradients summed over the group by the test. Host cases check the
- * fp64 host path to one rounding; GPU cases (RLK_TEST_GPU=1) the CUDA kernels to fp32/bf16
- * accuracy, plus bitwise repeatability. */
+ * causal sequence, the prefix's gradients summed over the group by the test. Every element is
+ * checked against a bound the reference derives from the arithmetic of the kernels that made it:
+ * the fp64 host path (one rounding per output) on the host, the CUDA kernels (f32 sums, P and dS
+ * in 16 bits) with RLK_TEST_GPU=1, plus bitwise repeatability. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,23 +26,6 @@ typedef struct pa_case {
   rlk_dtype dt;
   float scale; /* 0: the default 1/sqrt(D) */
 } pa_case;
-
-/* Tolerance |x - r| <= atol * max|r| + rtol * |r|, per tensor. */
-typedef struct pa_tol {
-  double atol, rtol;
-} pa_tol;
-
-static double load16(const uint16_t *p, rlk_dtype dt, int64_t i) {
-  if (dt == RLK_BF16) {
-    const uint32_t w = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &w, sizeof f);
-    return f;
-  }
-  _Float16 h;
-  memcpy(&h, p + i, sizeof h);
-  return (double)h;
-}
 
 static rlk_tensor t3(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
   rlk_tensor t;
@@ -86,8 +70,14 @@ static void build_layout(const pa_case *c, pa_run *r) {
   r->S = s;
 }
 
-static void fill(uint16_t *x, double *xd, size_t n, rlk_dtype dt, uint64_t *rng, double sd) {
-  for (size_t i = 0; i < n; i++) xd[i] = rlk_test_store(x, dt, (int64_t)i, sd * rlk_test_rand_normal(rng));
+/* Inputs on a grid: a / 4 with a uniform on the integers -7..7 (deviation 1.08), exact in both
+ * 16-bit dtypes. Every product of two is a multiple of 1/16 and a dot product over D < 21399 stays
+ * a multiple of 1/16 below 2^20 / 16 in magnitude, which f32 holds exactly in any order and under
+ * any truncation (the tensor cores keep 23 bits below the largest term): the kernels' q . k and
+ * dO . v are exact, as the reference's bounds take them. */
+static void fill(uint16_t *x, double *xd, size_t n, rlk_dtype dt, uint64_t *rng) {
+  for (size_t i = 0; i < n; i++)
+    xd[i] = rlk_test_store(x, dt, (int64_t)i, (double)((int)(rlk_test_rand_u64(rng) % 15u) - 7) / 4.0);
 }
 
 static void run_alloc(const pa_case *c, pa_run *r, uint64_t *rng) {
@@ -108,10 +98,11 @@ static void run_alloc(const pa_case *c, pa_run *r, uint64_t *rng) {
   r->dk = malloc(r->nkv * 2);
   r->dv = malloc(r->nkv * 2);
   r->lse = malloc((size_t)(r->T * c->Hq) * sizeof(float));
-  fill(r->q, r->qd, r->nq, c->dt, rng, 1.0);
-  fill(r->k, r->kd, r->nkv, c->dt, rng, 1.0);
-  fill(r->v, r->vd, r->nkv, c->dt, rng, 1.0);
-  fill(r->dout, r->dod, r->nq, c->dt, rng, 1.0);
+  ck_assert_int_lt(c->D, 21399);
+  fill(r->q, r->qd, r->nq, c->dt, rng);
+  fill(r->k, r->kd, r->nkv, c->dt, rng);
+  fill(r->v, r->vd, r->nkv, c->dt, rng);
+  fill(r->dout, r->dod, r->nq, c->dt, rng);
 }
 
 static void run_free(pa_run *r) {
@@ -180,23 +171,99 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rlk_free(ctx, all[i]);
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* The reference and what the arithmetic allows                                        */
+/* ---------------------------------------------------------------------------------- */
+
+/* The arithmetic of the kernels that ran (pa_ref_arith): the host's fp64 (exp within an ulp; its
+ * dot products of D terms within 3 D u: a product and an addition each), or the GPU's f32 sums
+ * and operations (its dot products exact on the grid) with exponentials within 8 u (exp2f: 2 ulp;
+ * ex2.approx: about 2^-22) and, where `tiles16` (sm_80+: the mma and wgmma kernels), P and dS rounded to the
+ * 16-bit dtype before the second products and 64-key tiles or larger, at most T / 64 + 2 of them
+ * for a row (its keys lie in [0, T) in at most two runs); the portable kernels (older devices)
+ * keep P and dS in f32 and rescale at every key. The outputs are rounded to the 16-bit dtype:
+ * half an ulp, 2^-8 (bf16) or 2^-11 (f16) of the value, or below the normal range (2^-126,
+ * 2^-14) half the subnormals' spacing (2^-134, 2^-25). */
+static pa_ref_arith pa_arith(rlk_dtype dt, int D, int gpu, int tiles16, int64_t T) {
+  const int f16 = dt == RLK_F16;
+  pa_ref_arith a;
+  memset(&a, 0, sizeof a);
+  a.o16 = f16 ? 0x1p-11 : 0x1p-8;
+  a.ao16 = a.a16 = f16 ? 0x1p-25 : 0x1p-134;
+  a.min16 = f16 ? 0x1p-14 : 0x1p-126;
+  a.u = gpu ? 0x1p-24 : 0x1p-53;
+  a.dot = gpu ? 0.0 : 3.0 * D * a.u;
+  a.ex = gpu ? 8 * a.u : 0x1p-52;
+  a.r16 = gpu && tiles16 ? a.o16 : 0.0;
+  a.tiles = gpu && tiles16 ? T / 64 + 2 : T + 2;
+  a.delta_from_out = gpu;
+  return a;
+}
+
+/* The arithmetic of ctx's kernels (the GPU's family by its compute capability). */
+static pa_ref_arith pa_arith_of(rlk_context *ctx, rlk_dtype dt, int D, int64_t T) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) return pa_arith(dt, D, 0, 0, T);
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  return pa_arith(dt, D, 1, info.compute_major >= 8, T);
+}
+
+/* Where packed token t lies: its prompt's prefix [ps, pe), the prompt's end, its segment
+ * [s0, s1); resp is 0 for a prefix token. */
+typedef struct pa_where {
+  int64_t ps, pe, pend, s0, s1;
+  int resp;
+} pa_where;
+
+static pa_where pa_where_of(const pa_case *c, const pa_run *r, int64_t t) {
+  pa_where w;
+  memset(&w, 0, sizeof w);
+  for (int p = 0; p < c->P; p++) {
+    const int64_t g = r->grp[p];
+    if (t >= r->seq[r->grp[p + 1]]) continue;
+    w.ps = r->seq[g], w.pe = r->seq[g + 1], w.pend = r->seq[r->grp[p + 1]];
+    for (int64_t s = g; s < r->grp[p + 1]; s++)
+      if (t < r->seq[s + 1]) {
+        w.s0 = r->seq[s], w.s1 = r->seq[s + 1], w.resp = s != g;
+        break;
+      }
+    break;
+  }
+  return w;
+}
+
+/* The keys packed query row i sees: [ps, a1) then [b0, b1). */
+static void pa_keys(const pa_where *w, int64_t i, int64_t *a1, int64_t *b0, int64_t *b1) {
+  *a1 = w->resp ? w->pe : i + 1;
+  *b0 = w->resp ? w->s0 : 0;
+  *b1 = w->resp ? i + 1 : 0;
+}
+
 /* The reference on the replicated layout: for prompt p and each response g, the sequence
  * [prefix; r_g] (the prefix alone when G = 0) as plain causal attention. The prefix's upstream
  * gradient goes to replica 0 only (the other copies' prefix outputs are not part of the loss), so
- * the shared prefix's gradients are the sums over replicas. prefix_dk1 receives replica 0's
- * prefix dk alone. */
+ * the shared prefix's gradients are the sums over replicas. dk1 receives replica 0's prefix dk
+ * alone. b*: each element's bound under the arithmetic given; the packed kernels sum dq over the
+ * row's keys, dk and dv over the query rows that see the key and the GQA group's heads (with the
+ * mma path's per-head partials and their sum: ratio + 2 more terms). */
 typedef struct pa_refs {
   double *out, *lse, *dq, *dk, *dv, *dk1;
+  double *bout, *blse, *bdq, *bdk, *bdv;
 } pa_refs;
 
-static void reference(const pa_case *c, const pa_run *r, pa_refs *f) {
-  const int Hq = c->Hq, Hkv = c->Hkv, D = c->D;
-  f->out = calloc(r->nq, sizeof(double));
-  f->dq = calloc(r->nq, sizeof(double));
-  f->lse = calloc((size_t)(r->T * Hq), sizeof(double));
-  f->dk = calloc(r->nkv, sizeof(double));
-  f->dv = calloc(r->nkv, sizeof(double));
-  f->dk1 = calloc(r->nkv, sizeof(double));
+static void reference(const pa_case *c, const pa_run *r, const pa_ref_arith *ar, pa_refs *f) {
+  const int Hq = c->Hq, Hkv = c->Hkv, D = c->D, ratio = Hq / Hkv;
+  double **all[] = {&f->out, &f->dq, &f->lse, &f->dk, &f->dv, &f->dk1, &f->bout, &f->bdq, &f->blse, &f->bdk, &f->bdv};
+  const size_t len[] = {r->nq, r->nq, (size_t)(r->T * Hq), r->nkv, r->nkv, r->nkv, r->nq, r->nq, (size_t)(r->T * Hq),
+                        r->nkv, r->nkv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    *all[i] = calloc(len[i], sizeof(double));
+    ck_assert(*all[i]);
+  }
+  double *em = calloc(2 * (r->nq + 2 * r->nkv), sizeof(double)); /* dq, dk, dv: e then m */
+  ck_assert(em);
+  double *dq_e = em, *dq_m = dq_e + r->nq, *dk_e = dq_m + r->nq, *dk_m = dk_e + r->nkv, *dv_e = dk_m + r->nkv;
+  double *dv_m = dv_e + r->nkv;
   const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)D);
   for (int p = 0; p < c->P; p++) {
     const int64_t s0 = r->grp[p], s1 = r->grp[p + 1];
@@ -204,12 +271,14 @@ static void reference(const pa_case *c, const pa_run *r, pa_refs *f) {
     const int64_t reps = s1 - s0 - 1 > 0 ? s1 - s0 - 1 : 1;
     for (int64_t g = 0; g < reps; g++) {
       const int64_t rs = s1 - s0 > 1 ? r->seq[s0 + 1 + g] : 0, Lr = s1 - s0 > 1 ? r->seq[s0 + 2 + g] - rs : 0;
-      const int64_t L = Lp + Lr;
+      const int64_t L = Lp + Lr, nq = L * Hq * D, nkv = L * Hkv * D;
       if (L == 0) continue;
-      double *buf = calloc((size_t)(L * (4 * Hq + 5 * Hkv) * D + L * Hq), sizeof(double));
-      double *q = buf, *dout = q + L * Hq * D, *out = dout + L * Hq * D, *dq = out + L * Hq * D;
-      double *k = dq + L * Hq * D, *v = k + L * Hkv * D, *dk = v + L * Hkv * D, *dv = dk + L * Hkv * D;
-      double *lse = dv + L * Hkv * D;
+      double *buf = calloc((size_t)(7 * nq + 8 * nkv + 2 * L * Hq), sizeof(double));
+      ck_assert(buf);
+      double *q = buf, *dout = q + nq, *out = dout + nq, *dq = out + nq, *k = dq + nq, *v = k + nkv;
+      double *dk = v + nkv, *dv = dk + nkv, *lse = dv + nkv, *bo = lse + L * Hq, *bl = bo + nq;
+      pa_ref_bounds b = {bo, bl, bl + L * Hq, bl + L * Hq + nq, NULL, NULL, NULL, NULL};
+      b.dk_e = b.dq_m + nq, b.dk_m = b.dk_e + nkv, b.dv_e = b.dk_m + nkv, b.dv_m = b.dv_e + nkv;
       for (int64_t i = 0; i < L; i++) {
         const int64_t src = i < Lp ? ps + i : rs + (i - Lp);
         memcpy(q + i * Hq * D, r->qd + src * Hq * D, sizeof(double) * (size_t)(Hq * D));
@@ -217,90 +286,101 @@ static void reference(const pa_case *c, const pa_run *r, pa_refs *f) {
         memcpy(v + i * Hkv * D, r->vd + src * Hkv * D, sizeof(double) * (size_t)(Hkv * D));
         if (i >= Lp || g == 0) memcpy(dout + i * Hq * D, r->dod + src * Hq * D, sizeof(double) * (size_t)(Hq * D));
       }
-      pa_ref_causal(L, Hq, Hkv, D, scale, q, k, v, dout, out, lse, dq, dk, dv);
+      pa_ref_causal(L, Hq, Hkv, D, scale, q, k, v, dout, out, lse, dq, dk, dv, ar, &b);
       for (int64_t i = 0; i < L; i++) {
         const int64_t dst = i < Lp ? ps + i : rs + (i - Lp);
         const int shared = i < Lp;
         if (!shared || g == 0) {
           memcpy(f->out + dst * Hq * D, out + i * Hq * D, sizeof(double) * (size_t)(Hq * D));
           memcpy(f->lse + dst * Hq, lse + i * Hq, sizeof(double) * (size_t)Hq);
+          memcpy(f->bout + dst * Hq * D, bo + i * Hq * D, sizeof(double) * (size_t)(Hq * D));
+          memcpy(f->blse + dst * Hq, bl + i * Hq, sizeof(double) * (size_t)Hq);
         }
-        for (int64_t e = 0; e < Hq * D; e++) f->dq[dst * Hq * D + e] += dq[i * Hq * D + e];
+        for (int64_t e = 0; e < Hq * D; e++) {
+          f->dq[dst * Hq * D + e] += dq[i * Hq * D + e];
+          dq_e[dst * Hq * D + e] += b.dq_e[i * Hq * D + e];
+          dq_m[dst * Hq * D + e] += b.dq_m[i * Hq * D + e];
+        }
         for (int64_t e = 0; e < Hkv * D; e++) {
-          f->dk[dst * Hkv * D + e] += dk[i * Hkv * D + e];
-          f->dv[dst * Hkv * D + e] += dv[i * Hkv * D + e];
-          if (g == 0) f->dk1[dst * Hkv * D + e] = dk[i * Hkv * D + e];
+          const int64_t at = dst * Hkv * D + e, from = i * Hkv * D + e;
+          f->dk[at] += dk[from];
+          f->dv[at] += dv[from];
+          dk_e[at] += b.dk_e[from], dk_m[at] += b.dk_m[from];
+          dv_e[at] += b.dv_e[from], dv_m[at] += b.dv_m[from];
+          if (g == 0) f->dk1[at] = dk[from];
         }
       }
       free(buf);
     }
   }
+  for (int64_t t = 0; t < r->T; t++) {
+    const pa_where w = pa_where_of(c, r, t);
+    int64_t a1, b0, b1;
+    pa_keys(&w, t, &a1, &b0, &b1);
+    const int64_t keys = a1 - w.ps + b1 - b0, rows = w.resp ? w.s1 - t : w.pend - t;
+    for (int64_t e = t * Hq * D; e < (t + 1) * Hq * D; e++)
+      f->bdq[e] = pa_ref_bound(ar, dq_e[e], dq_m[e], f->dq[e], keys);
+    for (int64_t e = t * Hkv * D; e < (t + 1) * Hkv * D; e++) {
+      f->bdk[e] = pa_ref_bound(ar, dk_e[e], dk_m[e], f->dk[e], ratio * (rows + 1) + 2);
+      f->bdv[e] = pa_ref_bound(ar, dv_e[e], dv_m[e], f->dv[e], ratio * (rows + 1) + 2);
+    }
+  }
+  free(em);
 }
 
 static void refs_free(pa_refs *f) {
-  free(f->out);
-  free(f->lse);
-  free(f->dq);
-  free(f->dk);
-  free(f->dv);
-  free(f->dk1);
+  double *all[] = {f->out, f->lse, f->dq, f->dk, f->dv, f->dk1, f->bout, f->blse, f->bdq, f->bdk, f->bdv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
-/* Largest |x - ref| over the tolerance; the tensor's max |ref| into *mx. */
-static double check16(const char *what, const uint16_t *x, rlk_dtype dt, const double *ref, size_t n, pa_tol t,
-                      const char *label) {
-  double mx = 0, worst = 0, err = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+/* Each element within its bound; returns the largest |x - ref| / bound. x: 16-bit (dt) or, with
+ * lse, f32. */
+static double check_bounded(const char *what, const void *x, rlk_dtype dt, const double *ref, const double *bound,
+                            size_t n, const char *label) {
+  double worst = 0;
   for (size_t i = 0; i < n; i++) {
-    const double d = fabs(load16(x, dt, (int64_t)i) - ref[i]);
-    const double ratio = d / (t.atol * mx + t.rtol * fabs(ref[i]) + 1e-300);
-    if (!(ratio <= worst)) {
-      worst = ratio;
-      at = i;
-    }
-    err = fmax(err, d);
+    const double got = rlk_test_load(x, dt, (int64_t)i), err = fabs(got - ref[i]);
+    ck_assert_msg(err <= bound[i], "%s %s: element %zu is %.9g, fp64 %.9g, bound %.3g (seed %llu)", label, what, i,
+                  got, ref[i], bound[i], (unsigned long long)rlk_test_seed());
+    worst = fmax(worst, err / bound[i]);
   }
-  ck_assert_msg(worst <= 1.0, "%s %s: element %zu is %.6g, reference %.6g (max err %.3g, max |ref| %.3g, seed %llu)",
-                label, what, at, load16(x, dt, (int64_t)at), ref[at], err, mx, (unsigned long long)rlk_test_seed());
-  return err / (mx > 0 ? mx : 1);
+  return worst;
 }
 
-/* Runs a case and checks every output; returns nothing, fails the test on a mismatch. */
-static void check_case(rlk_context *ctx, const pa_case *c, pa_tol t, const char *label, int repeat) {
-  uint64_t rng = rlk_test_seed() ^ (uint64_t)(c->prefix[0] * 131 + c->G[0] * 7 + c->Hq);
+/* The seed of a case's inputs. */
+static uint64_t pa_case_seed(const pa_case *c) {
+  return rlk_test_seed() ^ (uint64_t)(c->prefix[0] * 131 + c->G[0] * 7 + c->Hq);
+}
+
+/* Runs a case on ctx and checks every output against its bound; `repeat`: and bitwise the same
+ * on a second run. */
+static void check_case(rlk_context *ctx, const pa_case *c, const char *label, int repeat) {
+  uint64_t rng = pa_case_seed(c);
   pa_run r;
   run_alloc(c, &r, &rng);
   run_op(ctx, c, &r);
+  const pa_ref_arith ar = pa_arith_of(ctx, c->dt, c->D, r.T);
   pa_refs f;
-  reference(c, &r, &f);
-  double e_out = check16("out", r.out, c->dt, f.out, r.nq, t, label);
-  double e_lse = 0;
-  for (int64_t i = 0; i < r.T * c->Hq; i++) {
-    const double d = fabs(r.lse[i] - f.lse[i]);
-    ck_assert_msg(d <= 1e-4 * (1 + fabs(f.lse[i])), "%s lse[%lld]: %.7g, reference %.7g", label, (long long)i,
-                  (double)r.lse[i], f.lse[i]);
-    e_lse = fmax(e_lse, d);
-  }
-  double e_dq = check16("dq", r.dq, c->dt, f.dq, r.nq, t, label);
-  double e_dk = check16("dk", r.dk, c->dt, f.dk, r.nkv, t, label);
-  double e_dv = check16("dv", r.dv, c->dt, f.dv, r.nkv, t, label);
-  /* The prefix's dk is the sum over the group, explicitly: it matches the sum (above) and, with two
-   * or more responses, the sum differs from replica 0's share alone by a large fraction of its
-   * size (so a kernel that dropped the other responses would fail the comparison). */
+  reference(c, &r, &ar, &f);
+  const double w_out = check_bounded("out", r.out, c->dt, f.out, f.bout, r.nq, label);
+  const double w_lse = check_bounded("lse", r.lse, RLK_F32, f.lse, f.blse, (size_t)(r.T * c->Hq), label);
+  const double w_dq = check_bounded("dq", r.dq, c->dt, f.dq, f.bdq, r.nq, label);
+  const double w_dk = check_bounded("dk", r.dk, c->dt, f.dk, f.bdk, r.nkv, label);
+  const double w_dv = check_bounded("dv", r.dv, c->dt, f.dv, f.bdv, r.nkv, label);
+  printf("prefix_attention %s: T=%lld Hq=%d Hkv=%d D=%d %s: the worst error over its bound: out %.2f lse %.2f dq %.2f "
+         "dk %.2f dv %.2f\n",
+         label, (long long)r.T, c->Hq, c->Hkv, c->D, rlk_dtype_name(c->dt), w_out, w_lse, w_dq, w_dk, w_dv);
+  /* The prefix's dk is the group's sum: with two or more responses it differs from replica 0's
+   * share alone by more than twice its bound somewhere (a kernel that dropped the other responses
+   * would fail). */
   for (int p = 0; p < c->P; p++) {
     const int64_t s0 = r.grp[p], ps = r.seq[s0], pe = r.seq[s0 + 1];
     if (r.grp[p + 1] - s0 < 3 || pe == ps) continue;
-    double diff = 0, mx = 0;
-    for (int64_t e = ps * c->Hkv * c->D; e < pe * c->Hkv * c->D; e++) {
-      diff = fmax(diff, fabs(f.dk[e] - f.dk1[e]));
-      mx = fmax(mx, fabs(f.dk[e]));
-    }
-    ck_assert_msg(diff > 0.1 * mx && diff > 4 * t.atol * mx,
-                  "%s: the group sum of the prefix dk is not distinguishable (%.3g of %.3g)", label, diff, mx);
+    const int64_t n = (pe - ps) * c->Hkv * c->D, at = ps * c->Hkv * c->D;
+    double m = 0;
+    for (int64_t e = at; e < at + n; e++) m = fmax(m, fabs(f.dk[e] - f.dk1[e]) / f.bdk[e]);
+    ck_assert_msg(m > 2, "%s: the prefix dk of one response is within the bounds of the group's sum (%.3g)", label, m);
   }
-  printf("prefix_attention %s: T=%lld Hq=%d Hkv=%d D=%d %s: rel max err out %.2e dq %.2e dk %.2e dv %.2e, lse %.2e\n",
-         label, (long long)r.T, c->Hq, c->Hkv, c->D, rlk_dtype_name(c->dt), e_out, e_dq, e_dk, e_dv, e_lse);
   if (repeat) { /* bitwise the same on a second run */
     pa_run r2 = r;
     r2.out = malloc(r.nq * 2);
@@ -337,32 +417,30 @@ static const pa_case case_g16 = {
 /* Several prompts in one batch: an empty prefix, a prompt with no responses, GQA 4, D 128. */
 static const pa_case case_batch = {4, {17, 0, 1, 5}, {2, 1, 3, 0}, {5, 1, 3, 129, 5, 1}, 8, 2, 128, RLK_BF16, 0.0f};
 
-static const pa_tol host_tol = {1e-6, 1.0 / 128};
-
 START_TEST(host_g1) {
   rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g1, host_tol, "host G=1", 0);
+  check_case(ctx, &case_g1, "host G=1", 0);
   rlk_context_destroy(ctx);
 }
 END_TEST
 
 START_TEST(host_g3) {
   rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g3, host_tol, "host G=3", 1);
+  check_case(ctx, &case_g3, "host G=3", 1);
   rlk_context_destroy(ctx);
 }
 END_TEST
 
 START_TEST(host_g16) {
   rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g16, host_tol, "host G=16", 0);
+  check_case(ctx, &case_g16, "host G=16", 0);
   rlk_context_destroy(ctx);
 }
 END_TEST
 
 START_TEST(host_batch) {
   rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_batch, host_tol, "host batch", 0);
+  check_case(ctx, &case_batch, "host batch", 0);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -525,9 +603,6 @@ RLK_SAMPLES_CASE("prefix_attention", &rlk_op_prefix_attention)
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-/* fp32 accumulation with 16-bit P and dS operands: a few bf16 ulps of the largest value. */
-static const pa_tol gpu_tol = {2e-2, 1.0 / 32};
-
 static const pa_case gpu_cases[] = {
     {1, {333}, {16}, {1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1, 5, 129, 1}, 8, 1, 128, RLK_BF16, 0.0f},
     {1, {17}, {3}, {1, 5, 129}, 4, 1, 64, RLK_F16, 0.0f},
@@ -566,7 +641,7 @@ static void gpu_cases_run(const char *variant) {
   for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
     char label[48];
     snprintf(label, sizeof label, "gpu case %zu (%s)", i, variant ? variant : "auto");
-    check_case(ctx, &gpu_cases[i], gpu_tol, label, 1);
+    check_case(ctx, &gpu_cases[i], label, 1);
   }
   rlk_context_destroy(ctx);
 }
