@@ -160,31 +160,143 @@ def test_policy_loss_is_the_three_calls(place, rng, entropy_coef):
         rlk.linear_policy_loss(h, w, y, o[:2], a[:2], m[:2])
 
 
+# What the arithmetic allows: the model of tests/test_linear_logprob.c (ll_grid_step, ll_fold_eps,
+# ll_fwd_bound, ll_check_grads), where each step is derived.
+U = 2.0 ** -24  # f32's unit roundoff
+
+
+def make_grid(rng, N, V, H, scale=3.0):
+    """make()'s f16 inputs on a grid whose logits the kernels compute exactly: h = a / 4 (|a| <= 7),
+    w = b step (|b| <= 63, step a power of two), so every product and partial sum of a logit is
+    a multiple of step / 4 below 441 H step / 4, which f32 holds exactly while 441 H < 2^20, in
+    any order and under any truncation; step puts the logits' spread near scale."""
+    assert 441 * H < 2 ** 20
+    step = 2.0 ** np.round(np.log2(scale / (np.sqrt(H) * 1.08 * 36.7)))
+    hidden = (rng.integers(-7, 8, (N, H)) / 4.0).astype(np.float16)
+    weight = (rng.integers(-63, 64, (V, H)) * step).astype(np.float16)
+    labels = rng.integers(0, V, N).astype(np.int64)
+    labels[1::5] = -100
+    return hidden, weight, labels
+
+
+def fold_eps(V):
+    """The relative error of a row's sum of exponentials over V columns cut into any number of
+    splits (ll_fold_eps_any): per 256 columns a thread folds 56 u, per merge of two records 11 u
+    (five lane levels and the splits), once per term 44 u."""
+    tiles = -(-V // 256)
+
+    def eps(S):
+        return (56 * -(-tiles // S) + 11 * (S + 5) + 44) * U
+    return max(eps(1), eps(tiles))
+
+
+def sum_eps(K):
+    """f32 sums of K products on any path (wgmma's truncations and the chunks' additions):
+    4 (K + 64) u of the sum of |terms| (ll_sum_eps)."""
+    return 4.0 * (K + 64) * U
+
+
+def head_grad_bounds(hidden, weight, z, labels, g_lp, dg_lp, lse_tol, dz16, stored):
+    """The head's gradients from upstream g_lp (within dg_lp) against fp64, and each element's
+    bound (ll_check_grads, no entropy term, temperature 1): dz = g_lp (onehot - p) from
+    p = 2^(x c - lse log2 e) with exact x within p (lse_tol + 8 u (|z| + |lse| + 1)) (stored:
+    u kept in 16 bits, half an ulp more and 2^-25 absolute for f16), g_lp within dg_lp, dz's own
+    operations 4 u |dz| (a p below 2^-120 may flush to 0: all of its dz); dz rounded to 16 bits
+    where dz16 (half an ulp, 2^-11 for f16, or below f16's normals at most 2^-25 and at most
+    itself); times the other operand's |value|, summed in f32 (sum_eps of the sum of |terms|),
+    stored in f32 (u of it; twice the subnormals' half spacing). Returns (ref_h, tol_h, ref_w,
+    tol_w)."""
+    h, w = hidden.astype(np.float64), weight.astype(np.float64)
+    _, lse, _, p, _ = refs.logprob(z, labels)
+    dz = refs.logprob_grad(z, labels, g_lp, None)
+    ok = (labels != -100)[:, None]
+    onehot = np.zeros_like(p)
+    onehot[np.arange(len(labels))[labels != -100], labels[labels != -100]] = 1.0
+    u_dz = 2.0 ** -11 if dz16 else 0.0
+    ep = lse_tol[:, None] + 8 * U * (np.abs(z) + np.abs(lse)[:, None] + 1)
+    ep = ep + (u_dz if stored else 0.0)
+    pabs = 2.0 ** -25 if stored else 0.0
+    gl, dgl = np.abs(g_lp)[:, None], dg_lp[:, None]
+    e = (gl + dgl) * (p * ep + pabs) + dgl * np.abs(onehot - p) + 4 * U * np.abs(dz)
+    e = e + np.where(p < 2.0 ** -120, np.abs(dz), 0.0)
+    before = np.abs(dz) + e  # dz's size before its rounding
+    bz = np.where(ok, e + u_dz * before + (np.minimum(2.0 ** -25, before) if dz16 else 0.0), 0.0)
+    out = []
+    size = np.abs(dz) + bz
+    for ref, prop, mag, K in ((dz @ w, bz @ np.abs(w), size @ np.abs(w), z.shape[1]),
+                              (dz.T @ h, bz.T @ np.abs(h), size.T @ np.abs(h), z.shape[0])):
+        tol = prop + sum_eps(K) * mag
+        out += [ref, tol + U * (np.abs(ref) + tol) + 2.0 ** -149]
+    return out
+
+
 @pytest.mark.skipif(not rlk.OPS["linear_policy_loss"].available(),
                     reason="the loaded librlk has no rlk_linear_policy_loss")
 def test_policy_loss_token_chunks(place, rng):
-    """The token chunks (sm_90a) give the recompute path's loss, log-probs and gradients within
-    16-bit rounding of the logits' gradient; elsewhere (the host, a device that is not sm_90)
-    asking for them is refused with the reason. On sm_90 a refusal fails."""
+    """The token chunks (sm_90a) and the recompute path each give the loss, log-probs and
+    gradients of the fp64 chain (refs.logprob, refs.policy_loss, refs.logprob_grad) within bounds
+    of their arithmetic (above), so they agree within the sum of the two: the chunks keep the
+    logits as u = 2^(x c - m) in 16 bits, and on sm_90 both keep dz in 16 bits. Elsewhere (the
+    host, a device that is not sm_90) asking for the chunks is refused with the reason; the host's
+    recompute path is held to its bounds. On sm_90 a refusal fails."""
     B, T, V, H = 2, 100, 1500, 128
-    hidden, weight, labels = make(rng, B * T, V, H)
-    old = (rng.standard_normal((B, T)) * 0.3 - 6.5).astype(np.float32)
+    N = B * T
+    hidden, weight, labels = make_grid(rng, N, V, H)
+    z = hidden.astype(np.float64) @ weight.astype(np.float64).T
+    lp, lse, ent, _, _ = refs.logprob(z, labels)
+    # each row's logp and lse within eps + a of the fold (ll_fwd_bound); an ignored row's logp is 0
+    ops = 16 * U * (np.abs(z).max(1) + np.abs(lse) + np.abs(lp) + np.abs(ent) + 1)
+    lse_tol = fold_eps(V) + ops
+    lp_tol = np.where(labels != -100, lse_tol, 0.0)
+    # old log-probs that put ratios on both sides of the clip range, never within 1e-3 of a kink
+    # (0.8, 1.28, 3: the f32 and fp64 branches would differ there; lp_tol is far below)
+    assert lp_tol.max() < 1e-4
+    old = np.empty(N)
+    for i in range(N):
+        while True:
+            old[i] = np.float32(lp[i] + 0.4 * rng.standard_normal())
+            if min(abs(np.exp(lp[i] - old[i]) - x) for x in (0.8, 1.28, 3.0)) >= 1e-3:
+                break
+    old = old.astype(np.float32).reshape(B, T)
     adv = rng.standard_normal((B, T)).astype(np.float32)
     mask = (labels.reshape(B, T) != -100) & (rng.random((B, T)) > 0.2)
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    loss, g, _, _ = refs.policy_loss(lp.reshape(B, T), old, adv, mask, **kw)
+    g = g.reshape(-1)
+    # The call's loss gradient comes from its own log-probs: the policy part scales with the
+    # ratio, twice the first order of lp_tol, and 16 u of its f32 evaluation. The loss moves by
+    # at most |g| lp_tol twice over, and its f32 sum over the tokens (sum_eps) and their
+    # evaluation (16 u) of the sum of |c_t l_t|, each l_t within 3 |A_t| (the dual clip caps it).
+    dg = 2 * lp_tol * np.abs(g) + 16 * U * np.abs(g)
+    c = mask.reshape(-1) / mask.sum()
+    loss_tol = (sum_eps(N) + 16 * U) * (c * 3 * np.abs(adv.reshape(-1))).sum()
+    loss_tol += 2 * (np.abs(g) * lp_tol).sum()
     h, w, y, o, a, m = (place.to(x) for x in (hidden, weight, labels, old, adv, mask))
     with pytest.raises(ValueError, match="path"):
         rlk.linear_policy_loss(h, w, y, o, a, m, path="stored")
-    want = rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="recompute")
     sm90 = place.cuda and torch_capability() == (9, 0)
+
+    def check(res, stored):
+        got_loss = float(np.asarray(place.back(res.loss), np.float64)[0])
+        assert abs(got_loss - loss) <= loss_tol, (got_loss, loss, loss_tol)
+        got_lp = np.asarray(place.back(res.logp), np.float64)
+        assert np.all(np.abs(got_lp - lp) <= lp_tol), np.abs(got_lp - lp).max()
+        ref_h, tol_h, ref_w, tol_w = head_grad_bounds(hidden, weight, z, labels, g, dg, lse_tol,
+                                                      stored or sm90, stored)
+        for name, x, ref, tol in (("grad_hidden", res.grad_hidden, ref_h, tol_h),
+                                  ("grad_weight", res.grad_weight, ref_w, tol_w)):
+            err = np.abs(np.asarray(place.back(x), np.float64) - ref)
+            at = np.unravel_index(np.argmax(err / tol), err.shape)
+            assert np.all(err <= tol), "%s%s: off by %.3g, bound %.3g" % (
+                name, at, err[at], tol[at])
+
+    check(rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="recompute", **kw), False)
     if not sm90:
         with pytest.raises(rlk.InvalidArgument, match="token chunks"):
-            rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="token_chunks", chunk_tokens=64)
+            rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="token_chunks",
+                                   chunk_tokens=64, **kw)
         if place.cuda:
             pytest.skip("the token chunks need sm_90; this device is sm_%d%d" % torch_capability())
         return
-    got = rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="token_chunks", chunk_tokens=64)
-    for x, ref, tol in ((got.loss, want.loss, 1e-5), (got.logp, want.logp, 1e-5),
-                        (got.grad_hidden, want.grad_hidden, 1e-2), (got.grad_weight, want.grad_weight, 1e-2)):
-        g = np.asarray(place.back(x), np.float64)
-        r = np.asarray(place.back(ref), np.float64)
-        assert np.abs(g - r).max() <= tol * (np.abs(r).max() + 1e-12)
+    check(rlk.linear_policy_loss(h, w, y, o, a, m, logp=True, path="token_chunks", chunk_tokens=64,
+                                 **kw), True)
