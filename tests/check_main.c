@@ -18,12 +18,12 @@ int main(int argc, char **argv) {
     suite_fn fn;
   } all[] = {
       {"sample", sample_suite},
+      {"prefix_attention", prefix_attention_suite},
       {"policy_loss", policy_loss_suite},
       {"group_advantage", group_advantage_suite},
       {"linear_logprob", linear_logprob_suite},
       {"token_baseline", token_baseline_suite},
       {"token_kl", token_kl_suite},
-      {"prefix_attention", prefix_attention_suite},
       {"logprob", logprob_suite},
       {"advantage_scan", advantage_scan_suite},
       {"tools", tools_suite},
