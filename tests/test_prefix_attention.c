@@ -73,10 +73,10 @@ static void build_layout(const pa_case *c, pa_run *r) {
 }
 
 /* Inputs on a grid: a / 4 with a uniform on the integers -7..7 (deviation 1.08), exact in both
- * 16-bit dtypes. Every product of two is a multiple of 1/16 and a dot product over D < 21399 stays
- * a multiple of 1/16 below 2^20 / 16 in magnitude, which f32 holds exactly in any order and under
- * any truncation (the tensor cores keep 23 bits below the largest term): the kernels' q . k and
- * dO . v are exact, as the reference's bounds take them. */
+ * 16-bit dtypes. Every product of two is a multiple of 1/16 and every partial sum of a dot product
+ * over D < 21399 one below 49 D / 16 < 2^16: 20 significant bits, which f32 holds exactly in any
+ * order and under any truncation (four bits to spare for an accumulator that keeps fewer than
+ * 24): the kernels' q . k and dO . v are exact, as the reference's bounds take them. */
 static void fill(uint16_t *x, double *xd, size_t n, rlk_dtype dt, uint64_t *rng) {
   for (size_t i = 0; i < n; i++)
     xd[i] = rlk_test_store(x, dt, (int64_t)i, (double)((int)(rlk_test_rand_u64(rng) % 15u) - 7) / 4.0);

@@ -3,8 +3,9 @@
 every element within a bound derived from the arithmetic of the kernels that made it (the model
 of tests/ref/prefix_attention_ref.c, where each step is derived); on a GPU,
 rlk.autograd.prefix_attention the same way. The inputs lie on a grid (a / 4, a an integer in
--7..7): every product is a multiple of 1/16 and a dot product over D < 21399 stays one below
-2^20 / 16, which f32 holds exactly in any order, so the GPU's q . k and dO . v are exact."""
+-7..7): every product is a multiple of 1/16 and every partial sum of a dot product over D < 21399
+one below 2^16, 20 significant bits, which f32 holds exactly in any order and under any
+truncation (four bits to spare), so the GPU's q . k and dO . v are exact."""
 from dataclasses import dataclass
 
 import numpy as np
