@@ -71,13 +71,21 @@ def head_logprobs(hidden, weight, labels, *, temperature=1.0, entropy=False, dty
     """Token log-probs (and the entropy) of logits = hidden @ weight.T / temperature over the
     rows of hidden [..., H] (labels [...]; -100: log-prob 0, no gradient), rounded to `dtype`
     (default: operand_dtype) for the kernels. Returns (logp, entropy or None), f32, the labels'
-    shape."""
+    shape; differentiable when grad mode is on and hidden or weight requires grad, else computed
+    forward only (no lse, no saved state)."""
     dt = dtype or operand_dtype(hidden, weight)
     if dt is None:
         raise ValueError("rlk fused head: %s hidden and %s weight without autocast; pass dtype"
                          % (hidden.dtype, weight.dtype))
     shape = tuple(labels.shape)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    logp, ent = HeadLogprob.apply(flat, weight, labels.reshape(-1), dt, float(temperature),
-                                  bool(entropy))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        logp, ent = HeadLogprob.apply(flat, weight, labels.reshape(-1), dt, float(temperature),
+                                      bool(entropy))
+    else:
+        # forward only (the old policy's and the reference's passes): no lse, nothing kept
+        out = _linear.linear_logprob(flat.detach().to(dt).contiguous(), weight.detach().to(dt),
+                                     labels.reshape(-1), entropy=bool(entropy), lse=False,
+                                     temperature=float(temperature), ignore_index=-100)
+        logp, ent = out.logp, out.entropy
     return logp.view(shape), None if ent is None else ent.view(shape)
