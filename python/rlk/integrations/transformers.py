@@ -17,16 +17,27 @@ The prompt's keys and values are computed once per group instead of G times, and
 gradients are summed over the group by the attention's backward.
 
 What the "rlk_prefix" attention needs from a model: one packed sequence (batch 1), no cache,
-no dropout, no attention mask (the layout is the mask; register() makes transformers build
-none), q/k/v in bf16 or f16 with a head dim of 64 or 128, and the layout passed as the forward's
-`rlk_layout` keyword (transformers hands unknown keywords down to the attention function).
+no dropout, no sliding window, no attention mask (the layout is the mask; register() makes
+transformers build none), q/k/v in bf16 or f16 (or any dtype under autocast, which rounds them
+to its 16-bit dtype as it does for SDPA) with a head dim of 64 or 128, and the layout passed as
+the forward's `rlk_layout` keyword (transformers hands unknown keywords down to the attention
+function).
+
+A trainer's model also generates and runs unpacked batches: share(model) gives it the attention
+"rlk_prefix_or_<impl>" (<impl> its own, e.g. sdpa), which is "rlk_prefix" in a forward that
+carries `rlk_layout` and the model's own attention and masks in every other. The choice is made
+per call from the call's own keywords, so a gradient-checkpointed layer recomputed in the
+backward takes the same path as in its forward.
 """
+import sys
+
 import torch
 
 from .. import autograd as _ag
 from ..ops import prefix_attention as _pa
 
-__all__ = ["NAME", "register", "packed_inputs", "response_logprobs", "token_logprobs"]
+__all__ = ["NAME", "register", "share", "shared_name", "packed_inputs", "response_logprobs",
+           "token_logprobs"]
 
 NAME = "rlk_prefix"
 
@@ -52,14 +63,87 @@ def prefix_attention_forward(module, query, key, value, attention_mask, scaling=
     if query.shape[2] != layout.tokens or key.shape[2] != layout.tokens:
         raise ValueError("attention %r: %d query and %d key tokens, the layout has %d (no cache)"
                          % (NAME, query.shape[2], key.shape[2], layout.tokens))
-    q = query[0].transpose(0, 1).contiguous()
-    k = key[0].transpose(0, 1).contiguous()
-    v = value[0].transpose(0, 1).contiguous()
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("attention %r: no sliding window (got %r)" % (NAME, kwargs["sliding_window"]))
+    dt = _operand_dtype(query, key, value)
+    q = query[0].transpose(0, 1).to(dt).contiguous()
+    k = key[0].transpose(0, 1).to(dt).contiguous()
+    v = value[0].transpose(0, 1).to(dt).contiguous()
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
         out = _ag.prefix_attention(q, k, v, layout, scale=scaling)
     else:
         out = _pa.prefix_attention(q, k, v, layout, scale=scaling, lse=False).out
     return out.unsqueeze(0), None
+
+
+def _operand_dtype(query, key, value):
+    """The 16-bit dtype the kernels read q, k and v in: theirs when they share one; under
+    autocast its dtype (autocast rounds SDPA's operands so: q and k leave the rotary embedding
+    in f32 when its cos/sin are f32)."""
+    low = (torch.bfloat16, torch.float16)
+    if query.dtype in low and key.dtype is query.dtype and value.dtype is query.dtype:
+        return query.dtype
+    kind = query.device.type
+    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) in low:
+        return torch.get_autocast_dtype(kind)
+    raise ValueError("attention %r: q, k, v in %s, %s, %s without autocast; the kernels read "
+                     "bf16 or f16" % (NAME, query.dtype, key.dtype, value.dtype))
+
+
+def shared_name(impl):
+    """The attention name share() gives a model whose own attention is `impl`."""
+    return "%s_or_%s" % (NAME, impl)
+
+
+def _own_attention(impl, module):
+    """The attention function `impl` names for this attention module (eager: its model file's
+    own eager_attention_forward, as the module's lookup falls back to)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    if impl in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[impl]
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if impl == "eager" and eager is not None:
+        return eager
+    raise ValueError("attention %r: %r is not a registered attention" % (shared_name(impl), impl))
+
+
+def _register_shared(impl):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if kwargs.get("rlk_layout") is not None:
+            return prefix_attention_forward(module, query, key, value, None, **kwargs)
+        return _own_attention(impl, module)(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(shared_name(impl), attention)
+    AttentionMaskInterface.register(shared_name(impl), ALL_MASK_ATTENTION_FUNCTIONS[impl])
+
+
+def share(model):
+    """Gives the transformers model inside `model` (a DDP or PEFT wrapper, or the model) the
+    attention shared_name(its own): "rlk_prefix" where a forward passes rlk_layout, its own
+    elsewhere. Idempotent. Returns None, or why the model cannot take it (then nothing is
+    changed)."""
+    from transformers import PreTrainedModel
+    top = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    if top is None:
+        return "not a transformers model"
+    impl = top.config._attn_implementation
+    if impl.startswith(NAME):
+        return None
+    if not top._can_set_attn_implementation():
+        return "%s does not take a registered attention" % type(top).__name__
+    text = top.config.get_text_config()
+    if getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True) \
+            and "sliding_attention" in (getattr(text, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    D = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if D not in (64, 128):
+        return "head dim %d (the kernels take 64 or 128)" % D
+    _register_shared(impl)
+    top.set_attn_implementation(shared_name(impl))
+    return None
 
 
 def register():
