@@ -41,12 +41,12 @@ import torch
 from .. import autograd as _ag
 from .._status import check_status as rlk_check_status
 from ..ops import group_advantage as _ga
-from . import _head
+from . import _head, _prefix
 from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total,
                       torch_clamp_bound_grad)
 
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
-           "ChunkedHead", "head_calls", "TESTED",
+           "ChunkedHead", "head_calls", "prefix_calls", "TESTED",
            "patch"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -476,13 +476,145 @@ def _in_scope(own):
     return logps_and_entropies
 
 
-def patch(*, loss=True, head=True, force=False):
+# log-prob passes of patch(prefix=True), by who ran them ("packed", or "trl: <why>")
+prefix_calls = collections.Counter()
+
+# the attention masks the packed forward passes: none (the layout is the mask), and no mask built
+_NO_MASK = {"full_attention": None, "sliding_attention": None}
+
+
+def _prompt_groups(ids, mask, P):
+    """The rows of a [B, P + C] batch (host copies) as prompt groups: rows whose prompts (the
+    first P columns, left-padded) hold the same tokens. Returns (groups [(rows, prompt_len)],
+    the completion lengths [B], None) or (None, None, why): a prompt or completion mask that is
+    not TRL's (left-padded prompt, right-padded completion), or an empty prompt."""
+    lens = mask[:, P:].sum(-1)
+    plen = mask[:, :P].sum(-1)
+    cols = torch.arange(mask.shape[1])
+    want = ((cols >= P - plen[:, None]) & (cols < P + lens[:, None])).to(mask.dtype)
+    if not torch.equal(mask, want):
+        return None, None, "a mask other than a left-padded prompt and a right-padded completion"
+    if int(plen.min()) == 0:
+        return None, None, "an empty prompt"
+    groups = {}
+    for i in range(ids.shape[0]):
+        if int(lens[i]) > 0:
+            key = ids[i, P - int(plen[i]):P].numpy().tobytes()
+            groups.setdefault(key, ([], int(plen[i])))[0].append(i)
+    return list(groups.values()), [int(n) for n in lens], None
+
+
+def _unpacked(self, model, kwargs):
+    """Why a log-prob pass stays TRL's replicated one (None: it is packed)."""
+    if kwargs.get("compute_aux_loss"):
+        return "a MoE auxiliary loss"
+    for k, v in kwargs.items():
+        # token types of text alone (all 0, e.g. a tokenizer's token_type_ids) say nothing
+        if v is None or k == "compute_aux_loss" or (
+                k in ("token_type_ids", "mm_token_type_ids") and not bool(v.any())):
+            continue
+        return "multimodal inputs (%s)" % k
+    from . import transformers as rtf
+    why = rtf.share(model)
+    if why is not None:
+        return why
+    dev = self.accelerator.device.type
+    emb = self.accelerator.unwrap_model(model).get_input_embeddings().weight.dtype
+    with self.accelerator.autocast():
+        if emb not in _head.LOW and not (torch.is_autocast_enabled(dev)
+                                         and torch.get_autocast_dtype(dev) in _head.LOW):
+            return "%s attention without 16-bit autocast" % emb
+    return None
+
+
+def _packed(own):
+    """GRPOTrainer._get_per_token_logps_and_entropies with each prompt group packed: per chunk
+    of batch_size rows, the rows sharing a prompt run as one sequence [prompt[:-1] | p r_1 |
+    ... | p r_G] (p the prompt's last token, r_i the completion without its last token: what
+    scores the completion's tokens) through the model's own fused forward (shift_labels) with
+    the "rlk_prefix" attention, every token at its column's position (the replicated forward's
+    arange). The log-probs and entropy go back to TRL's [B, C] layout."""
+    @functools.wraps(own)
+    def logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                            batch_size=None, compute_entropy=False, **kwargs):
+        why = _unpacked(self, model, kwargs)
+        ids = input_ids.cpu()
+        mask = attention_mask.cpu()
+        C = int(logits_to_keep)
+        P = ids.shape[1] - C
+        if why is None:
+            groups, lens, why = _prompt_groups(ids, mask, P)
+        if why is None and not groups:
+            why = "no completion token"
+        if why is not None:
+            prefix_calls["trl: " + why] += 1
+            return own(self, model, input_ids, attention_mask, logits_to_keep,
+                       batch_size=batch_size, compute_entropy=compute_entropy, **kwargs)
+        B = ids.shape[0]
+        batch_size = batch_size or B
+        logps, ents = [], []
+        for start in range(0, B, batch_size):
+            end = min(start + batch_size, B)
+            lp, ent = _packed_chunk(self, model, ids, lens, groups, P, C, start, end,
+                                    compute_entropy, input_ids.device)
+            logps.append(lp)
+            ents.append(ent)
+        prefix_calls["packed"] += 1
+        return (torch.cat(logps), torch.cat(ents) if compute_entropy else None, None)
+    return logps_and_entropies
+
+
+def _packed_chunk(self, model, ids, lens, groups, P, C, start, end, compute_entropy, device):
+    """The [end - start, C] log-probs (and entropy) of rows start..end-1, their groups packed."""
+    chunk = []
+    for rows, plen in groups:
+        rows = [i for i in rows if start <= i < end]
+        if rows:
+            chunk.append((rows, plen))
+    n = end - start
+    if not chunk:  # no completion token here: zeros as TRL's masked_scatter gives
+        z = torch.zeros(n, C, device=device)
+        return z, z if compute_entropy else None
+    seqs, firsts, spec = {}, {}, []
+    for rows, plen in chunk:
+        for i in rows:
+            seqs[i] = ids[i, P - plen:P + lens[i] - 1]
+            firsts[i] = P - plen
+        spec.append((rows, plen - 1))
+    order = [i for rows, _ in chunk for i in rows]
+    index = {i: k for k, i in enumerate(order)}
+    packed = _prefix.pack([seqs[i] for i in order], [firsts[i] for i in order],
+                          [([index[i] for i in rows], L) for rows, L in spec])
+    labels = torch.full_like(packed.ids, -100)
+    src, dest = [], []
+    for (rows, L) in spec:
+        for i in rows:
+            own = packed.rows[index[i]][L:]  # p, r_1 .. r_{n-1}: they score r_1 .. r_n
+            labels[own] = ids[i, P:P + lens[i]]
+            src.append(own)
+            dest.append((i - start) * C + torch.arange(lens[i]))
+    src, dest = torch.cat(src).to(device), torch.cat(dest).to(device)
+    with self.accelerator.autocast():
+        out = model(input_ids=packed.ids.to(device)[None], position_ids=packed.positions.to(device)[None],
+                    attention_mask=_NO_MASK, shift_labels=labels.to(device)[None], fused_lm_head=True,
+                    rlk_layout=packed.layout)
+
+    def unpack(x):
+        x = x[0].index_select(0, src)
+        return x.new_zeros(n * C).index_copy(0, dest, x).view(n, C)
+    return unpack(out.log_probs), unpack(out.entropy) if compute_entropy else None
+
+
+def patch(*, loss=True, head=True, prefix=False, force=False):
     """Swaps rlk into TRL's GRPOTrainer. head: the per-token log-probs and entropy of its
     log-prob passes (policy, old policy, reference) through rlk's fused LM head, behind TRL's own
     fused-head seam (trl.trainer.utils' ChunkedLogProbFunction, within GRPOTrainer's passes
     only). loss: GRPOTrainer._compute_loss = compute_loss (TRL's own where a setting is not
-    expressed). Refuses a TRL other than TESTED unless force. Returns a handle: undo() restores
-    TRL's; .report says what was swapped and what was left, and why."""
+    expressed). prefix (opt-in): the log-prob passes run each prompt group packed once with
+    rlk's prefix-shared attention (_packed; the model gets share()'s attention on its first
+    packed pass and keeps it); a pass it does not fit stays TRL's (prefix_calls counts both).
+    Refuses a TRL other than TESTED unless force. Returns a handle: undo() restores TRL's;
+    .report says what was swapped and what was left, and why."""
     from trl.trainer import grpo_trainer as G
     from trl.trainer import utils as U
     h = Patch()
@@ -497,13 +629,21 @@ def patch(*, loss=True, head=True, force=False):
         ChunkedHead.own = U._ChunkedLogProbFunction
         h.set(U, "_ChunkedLogProbFunction", ChunkedHead)
         h.set(U, "_use_triton", _compact(U._use_triton))
-        own = G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
-        h.set(G.GRPOTrainer, "_get_per_token_logps_and_entropies", _in_scope(own))
         h.swapped("GRPOTrainer log-probs and entropy (fused LM head)")
         h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
         h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
                "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
     else:
         h.left("GRPOTrainer log-probs and entropy", "head=False")
+    own = G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+    if prefix:
+        own = _packed(own)
+        h.swapped("GRPOTrainer log-prob passes packed per prompt (prefix-shared attention)")
+        h.left("log-prob passes with multimodal inputs, a MoE auxiliary loss, or a model the "
+               "attention does not fit", "TRL's replicated pass (prefix_calls counts them)")
+    else:
+        h.left("GRPOTrainer log-prob passes, one row per completion", "prefix=False")
+    if head or prefix:
+        h.set(G.GRPOTrainer, "_get_per_token_logps_and_entropies", _in_scope(own) if head else own)
     h.left("generation", "the model's own forward and lm_head")
     return h
