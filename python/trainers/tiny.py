@@ -18,13 +18,24 @@ def tokenizer():
                                                 padding_side="left")
 
 
-def config(vocab_size=len(SPECIAL) + len(WORDS), hidden=64, layers=2, tied=False):
+# The model the prefix-sharing tests train: rlk's prefix-shared attention takes head dims 64 and
+# 128. SENSITIVE on top: with weights this large and a rotary base this small a token's log-prob
+# moves with the positions and the tokens it attends to by several times the bf16 rounding noise
+# (at the defaults it moves by less: a layout mistake would hide in that noise).
+PREFIX_MODEL = dict(head_dim=64)
+SENSITIVE = dict(init=0.08, rope_theta=50.0)
+
+
+def config(vocab_size=len(SPECIAL) + len(WORDS), hidden=64, layers=2, tied=False, head_dim=None,
+           init=0.02, rope_theta=10000.0):
+    """head_dim: hidden / 2 by default; init: the weights' standard deviation."""
     return transformers.Qwen2Config(vocab_size=vocab_size, hidden_size=hidden,
                                     intermediate_size=2 * hidden, num_hidden_layers=layers,
                                     num_attention_heads=2, num_key_value_heads=1,
-                                    head_dim=hidden // 2, tie_word_embeddings=tied,
+                                    head_dim=head_dim or hidden // 2, tie_word_embeddings=tied,
                                     max_position_embeddings=256, bos_token_id=None,
-                                    eos_token_id=1, pad_token_id=0)
+                                    eos_token_id=1, pad_token_id=0, initializer_range=init,
+                                    rope_theta=rope_theta)
 
 
 def model(seed=1234, dtype=torch.float32, **kw):
