@@ -20,10 +20,9 @@ from rlk.integrations import trl as rtrl  # noqa: E402
 
 import grpo_run  # noqa: E402
 import tiny  # noqa: E402
+from reference import U, U32 as F32  # noqa: E402  (bf16's and f32's unit roundoffs)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-U = 2.0 ** -9  # bf16's unit roundoff (8 significant bits, round to nearest)
-F32 = 2.0 ** -24
 
 if not rlk.OPS["linear_logprob"].available():
     pytest.skip("the loaded librlk has no rlk_linear_logprob", allow_module_level=True)
@@ -65,13 +64,13 @@ def tolerances(weights, H, layers):
     A probability p_v = exp(logp_v) then differs by at most a factor exp(delta) - 1 ~ delta, and
     the logits' gradient g (onehot - p) and the entropy's by 2 delta relative. That gradient
     enters the backbone's backward, which runs in bf16 under autocast: each of its roundings on
-    the path from the head to a parameter may round the other way when its input moved, one more
-    u each. The path is at most 9 roundings a layer (o_proj, the attention's two products and its
+    the path from the head to a parameter may round to the other neighbour when its input moved,
+    one ulp (2u relative) more each. The path is at most 9 roundings a layer (o_proj, the attention's two products and its
     softmax, v/k/q, the MLP's down, up and gate projections) plus the final norm and the
-    embedding: D = 9 L + 2. First order, without cancellation: eps = 2 delta + D u."""
+    embedding: D = 9 L + 2. First order, without cancellation: eps = 2 delta + 2 D u."""
     zmax = logit_bound(weights)
     delta = 2.0 * (U + H * F32) * zmax / grpo_run.TEMPERATURE
-    return delta, 2.0 * delta + (9 * layers + 2) * U
+    return delta, 2.0 * delta + 2.0 * (9 * layers + 2) * U
 
 
 def compare(a, b, trainable_only=True):

@@ -14,8 +14,7 @@ import rlk  # noqa: E402
 from rlk.integrations import verl as rv  # noqa: E402
 
 import tiny  # noqa: E402
-
-U = 2.0 ** -9
+from reference import U  # noqa: E402  (bf16's unit roundoff)
 
 if not rlk.OPS["linear_logprob"].available():
     pytest.skip("the loaded librlk has no rlk_linear_logprob", allow_module_level=True)
@@ -53,15 +52,15 @@ def bounds(model, T):
     2 (zmax / T) zeta, and both sides round it to bf16 (verl's dtype): + 2 u |H|, H <= ln V.
     The gradient: verl rounds dz to bf16 (u), the probabilities move by a factor e^(2 zeta),
     then the backbone's backward (in the model's bf16) may round each of its D = 9 L + 2
-    roundings on the path the other way (u each): eps = 2 zeta + u + D u (first order, relative,
-    without cancellation)."""
+    roundings on the path to the other neighbour (one ulp, 2u, each): eps = 2 zeta + u + 2 D u
+    (first order, relative, without cancellation)."""
     cfg = model.config
     head, gamma = model.lm_head.weight.float(), model.model.norm.weight.float()
     zmax = math.sqrt(cfg.hidden_size) * gamma.abs().max().item() * head.norm(dim=1).max().item()
     zeta = 2 * U * zmax / T + U * U * zmax / T
     lp_tol = 2 * zeta
     ent_tol = 2 * (zmax / T) * zeta + 2 * U * math.log(cfg.vocab_size)
-    eps = 2 * zeta + U + (9 * cfg.num_hidden_layers + 2) * U
+    eps = 2 * zeta + U + 2 * (9 * cfg.num_hidden_layers + 2) * U
     return lp_tol, ent_tol, eps
 
 
