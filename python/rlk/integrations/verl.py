@@ -15,6 +15,8 @@ out of the sequence count), the metrics verl logs (ppo_kl of gspo unclamped). On
 left: verl divides a sequence's sum by (n + 1e-8) in seq-mean-token-mean, rlk by n (relative
 1e-8 / n).
 """
+import collections
+import functools
 import math
 
 import numpy as np
@@ -24,14 +26,14 @@ from .. import autograd as _ag
 from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
 from ..ops import token_baseline as _tb
-from . import _head
+from . import _head, _prefix
 from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
                       nonempty_rows, torch_clamp_bound_grad)
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
            "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
            "logprobs_from_logits", "entropy_from_logits", "kl_penalty", "FusedLinearForPPO",
-           "TESTED", "patch"]
+           "prefix_calls", "TESTED", "patch"]
 
 
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
@@ -747,21 +749,102 @@ class FusedLinearForPPO(torch.nn.Module):
         return logp, ent.to(hidden_states.dtype)
 
 
+# backbone calls of patch(prefix=True), by who ran them ("packed", or "verl: <why>")
+prefix_calls = collections.Counter()
+
+# the attention masks the packed forward passes: none (the layout is the mask), and no mask built
+_NO_MASK = {"full_attention": None, "sliding_attention": None}
+
+
+def _sequences(ids, pos):
+    """The sequences of verl's remove-padding row (host copies of input_ids [nnz] and
+    position_ids [nnz]): where the positions stop counting up by one a sequence starts, as
+    transformers' packed-sequence mask and flash-attention's varlen split them. Returns (the
+    token tensors, their first positions)."""
+    starts = [0] + [int(t) for t in ((pos[1:] - pos[:-1]) != 1).nonzero()[:, 0] + 1] + [len(ids)]
+    return ([ids[a:b] for a, b in zip(starts, starts[1:])],
+            [int(pos[a]) for a in starts[:-1]])
+
+
+def _unshared(model, input_ids, attention_mask, position_ids, extra):
+    """Why a backbone call stays verl's (None: it is packed)."""
+    if input_ids is None or extra.get("inputs_embeds") is not None:
+        return "inputs_embeds"
+    if attention_mask is not None or input_ids.shape[0] != 1:
+        return "a padded batch (use_remove_padding off)"
+    if position_ids is None or position_ids.dim() != 2:
+        return "position ids other than one row (multimodal rotary positions)"
+    if extra.get("past_key_values") is not None or extra.get("use_cache"):
+        return "a cache"
+    if extra.get("output_attentions") or extra.get("output_hidden_states"):
+        return "attention or hidden-state outputs"
+    try:
+        from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size
+        if get_ulysses_sequence_parallel_world_size() > 1:
+            return "Ulysses sequence parallelism (a rank holds a slice of the sequences)"
+    except ImportError:
+        pass
+    from . import transformers as rtf
+    why = rtf.share(model)
+    if why is not None:
+        return why
+    emb = model.get_input_embeddings().weight.dtype
+    kind = input_ids.device.type
+    if emb not in _head.LOW and not (torch.is_autocast_enabled(kind)
+                                     and torch.get_autocast_dtype(kind) in _head.LOW):
+        return "%s attention without 16-bit autocast" % emb
+    return None
+
+
+def _shared_backbone(own):
+    """verl.models.transformers.dense_common.forward_base_model (the backbone call of verl's
+    use_fused_kernels forward) computing a remove-padding row's sequences with their shared
+    prefixes once: consecutive sequences that start alike (a GRPO group: one prompt, its
+    responses) are packed as [common prefix | rest_1 | ... | rest_G] (_prefix.consecutive_groups)
+    and run with the prefix-shared attention; each token's hidden state is gathered back to its
+    place in the row, so verl's head and everything after see the row they asked for."""
+    @functools.wraps(own)
+    def forward_base_model(self, input_ids=None, attention_mask=None, position_ids=None, **extra):
+        why = _unshared(self, input_ids, attention_mask, position_ids, extra)
+        if why is None:
+            seqs, firsts = _sequences(input_ids[0].cpu(), position_ids[0].cpu())
+            groups = _prefix.consecutive_groups(seqs, firsts)
+            if all(L == 0 or len(m) == 1 for m, L in groups):
+                why = "no sequences share a prefix"
+        if why is not None:
+            prefix_calls["verl: " + why] += 1
+            return own(self, input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids, **extra)
+        packed = _prefix.pack(seqs, firsts, groups)
+        dev = input_ids.device
+        out = self.model(input_ids=packed.ids.to(dev)[None],
+                         position_ids=packed.positions.to(dev)[None], attention_mask=_NO_MASK,
+                         use_cache=False, rlk_layout=packed.layout)
+        rows = torch.cat(packed.rows).to(dev)
+        prefix_calls["packed"] += 1
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+        return BaseModelOutputWithPast(last_hidden_state=out.last_hidden_state[0].index_select(0, rows)[None])
+    return forward_base_model
+
+
 # The modules of verl's PPO path that imported agg_loss, compute_value_loss or kl_penalty by
 # name: patched there (core_algos' own functions keep verl's).
 _IMPORTERS = ("verl.workers.utils.losses", "verl.trainer.ppo.ray_trainer",
               "verl.trainer.ppo.v1.trainer_base")
 
 
-def patch(*, force=False, fused_head=True):
+def patch(*, force=False, fused_head=True, prefix=False):
     """Swaps the adapters into verl: the policy-loss and advantage-estimator registries (and
     core_algos' estimator functions, which verl's trainer also calls by module attribute),
     agg_loss / compute_value_loss / kl_penalty where verl's PPO path imported them, the
     log-probs and entropy from logits (verl.utils.torch_functional), and with fused_head the
     fused LM head of use_fused_kernels (FusedLinearForPPO). Refuses a verl other than TESTED
-    unless force. Returns a handle: undo() restores verl's own; .report says what was swapped
-    and what was left. Code that imported a function by name before patch() keeps verl's,
-    except in the modules listed in _IMPORTERS."""
+    unless force. prefix (opt-in): the backbone of the use_fused_kernels forward computes a
+    remove-padding row's shared prefixes once (_shared_backbone; the model gets the shared
+    attention on its first packed call and keeps it); calls it does not fit stay verl's
+    (prefix_calls counts both). Returns a handle: undo() restores verl's own; .report says what
+    was swapped and what was left. Code that imported a function by name before patch() keeps
+    verl's, except in the modules listed in _IMPORTERS."""
     import importlib
 
     import verl.trainer.ppo.core_algos as ca
@@ -805,4 +888,13 @@ def patch(*, force=False, fused_head=True):
         h.left("use_fused_kernels with the triton backend", "verl's own kernels")
     else:
         h.left("FusedLinearForPPO", "fused_head=False")
+    if prefix:
+        import verl.models.transformers.dense_common as dc
+        h.set(dc, "forward_base_model", _shared_backbone(dc.forward_base_model))
+        h.swapped("use_fused_kernels backbone: remove-padding rows' shared prefixes once "
+                  "(prefix-shared attention)")
+        h.left("padded batches, Ulysses sequence parallelism, multimodal positions",
+               "verl's own backbone call (prefix_calls counts them)")
+    else:
+        h.left("use_fused_kernels backbone, every sequence whole", "prefix=False")
     return h
