@@ -20,18 +20,22 @@ if not rlk.OPS["linear_logprob"].available():
     pytest.skip("the loaded librlk has no rlk_linear_logprob", allow_module_level=True)
 
 
-def run(model, backend, ids, T, shift_labels=None, position_ids=None):
+def run(model, backend, ids, T, shift_labels=None, position_ids=None, prefix=False, autocast=False):
     """verl's fused forward with FusedLinearForPPO of `backend` ("torch": verl's own class,
-    "rlk": patched in); returns (log_probs, entropy, parameter gradients) of a weighted sum."""
+    "rlk": patched in, with prefix sharing when `prefix`), under bf16 autocast when `autocast`;
+    returns (log_probs, entropy, parameter gradients) of a weighted sum."""
     from verl.models.transformers.dense_common import forward_with_torch_backend
     import verl.utils.experimental.torch_functional as xf
-    h = rv.patch() if backend == "rlk" else None
+    h = rv.patch(prefix=prefix) if backend == "rlk" else None
     try:
         assert (xf.FusedLinearForPPO is rv.FusedLinearForPPO) == (backend == "rlk")
         model.zero_grad()
-        out = forward_with_torch_backend(model, input_ids=ids, position_ids=position_ids,
-                                         return_dict=True, temperature=T,
-                                         shift_labels=shift_labels)
+        # use_cache=False as verl's engine passes it: with a cache transformers builds no
+        # packed-sequence mask, and a remove-padding row's sequences would attend to each other
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = forward_with_torch_backend(model, input_ids=ids, position_ids=position_ids,
+                                             return_dict=True, temperature=T, use_cache=False,
+                                             shift_labels=shift_labels)
     finally:
         if h is not None:
             h.undo()
@@ -133,3 +137,74 @@ def test_f32_operands_keep_verls_backend():
     lp, ent = rv.FusedLinearForPPO()(hs, w, ids)
     z = torch.log_softmax(hs.double() @ w.double().T, -1)
     assert (lp.double() - z.gather(-1, ids[..., None])[..., 0]).abs().max() < 1e-5
+
+
+def _grpo_row(g):
+    """verl's remove-padding row of a GRPO batch: groups of one prompt and its responses, each
+    sequence's positions from 0; two responses of a group start alike (their common prefix runs
+    past the prompt), a one-token prompt, a group of one."""
+    V = tiny.config().vocab_size
+    groups = [(5, [4, 9, 1]), (1, [6, 3]), (7, [5])]
+    seqs = []
+    for plen, lens in groups:
+        prompt = torch.randint(3, V, (plen,), generator=g)
+        for k, n in enumerate(lens):
+            resp = torch.randint(3, V, (n,), generator=g)
+            if k == 1:
+                resp[:2] = seqs[-1][plen:plen + 2]
+            seqs.append(torch.cat([prompt, resp]))
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(len(x)) for x in seqs])[None]
+    return seqs, ids, pos
+
+
+def test_prefix_sharing_in_the_remove_padding_row():
+    """verl's fused forward over a remove-padding row of GRPO groups with patch(prefix=True): the
+    groups' prefixes computed once (the packed backbone) beside every sequence whole (both on
+    rlk's head, under bf16 autocast as verl's actor runs): per token the log-prob and entropy
+    within the rounding tolerance of the fp64 reference (reference.py; test_trl_prefix.py derives
+    it: LAMBDA ||c||_2 each), the parameters' gradients within the first-order relative bound
+    2 max dp + 2 D u (dp: the largest token's log-prob tolerance of the two, D = 9 L + 2 bf16
+    roundings on a path, each to the other neighbour at most)."""
+    import reference
+    from test_trl_prefix import LAMBDA
+    model = tiny.model(**tiny.PREFIX_MODEL, **tiny.SENSITIVE)
+    seqs, ids, pos = _grpo_row(torch.Generator().manual_seed(11))
+    T = 0.8
+    before = dict(rv.prefix_calls)
+    a = run(model, "rlk", ids, T, position_ids=pos, autocast=True)
+    b = run(model, "rlk", ids, T, position_ids=pos, prefix=True, autocast=True)
+    assert rv.prefix_calls["packed"] == before.get("packed", 0) + 1
+    ref = reference.Qwen2({n: p.detach() for n, p in model.named_parameters()}, model.config)
+    rolled = torch.roll(ids[0], -1)
+    dp, start = 0.0, 0
+    with reference.one_thread():
+        for x in seqs:
+            n = len(x)
+            r = ref.forward(x, torch.arange(n), rolled[start:start + n], T)
+            b_lp, b_ent = r.bounds("logp")[:, 1], r.bounds("entropy")[:, 1]
+            for got in (a, b):
+                assert ((got[0][0, start:start + n].double() - r.logp).abs() <= LAMBDA * b_lp).all()
+                assert ((got[1][0, start:start + n].double() - r.entropy).abs() <= LAMBDA * b_ent).all()
+            dp = max(dp, float(2 * LAMBDA * b_lp.max()))
+            start += n
+    eps = 2 * dp + 2 * (9 * model.config.num_hidden_layers + 2) * U
+    for n in a[3]:
+        d = (a[3][n] - b[3][n]).norm().item()
+        assert d <= eps * a[3][n].norm().item() + 1e-30, "%s: %g vs %g" % (n, d, a[3][n].norm())
+
+
+def test_prefix_groups_of_a_row():
+    """The row's sequences split where the positions restart, grouped to save the most tokens:
+    two prompts under a common system prompt are two groups (4 tokens shared twice), not one (2
+    tokens shared three times); a lone sequence and one that only starts alike stay apart."""
+    from rlk.integrations import _prefix
+    t = lambda *x: torch.tensor(x)  # noqa: E731
+    seqs = [t(1, 1, 2, 2, 7), t(1, 1, 2, 2, 8, 9), t(1, 1, 3, 3, 4), t(1, 1, 3, 3, 5), t(6, 6), t(6, 5)]
+    ids = torch.cat(seqs)
+    pos = torch.cat([torch.arange(len(x)) for x in seqs])
+    got, firsts = rv._sequences(ids, pos)
+    assert [x.tolist() for x in got] == [x.tolist() for x in seqs] and firsts == [0] * 6
+    assert _prefix.consecutive_groups(got, firsts) == [([0, 1], 4), ([2, 3], 4), ([4, 5], 1)]
+    # a sequence starting at another position shares nothing with its neighbour
+    assert _prefix.consecutive_groups(got[:2], [0, 3]) == [([0], 0), ([1], 0)]
