@@ -13,7 +13,19 @@ global count); ppo_kl of the unclamped log-ratio; torch.clamp's gradient on a bo
 installed torch gives it; the train/rollout mismatch correction (is_correction_*): for ppo the
 gate's per-token weights as rlk's rollout weights, for gspo the sequence ratio against the
 rollout log-probs.
+
+The fused head (patch(head=True)): openrlhf.models.actor.Actor.forward = actor_forward. Where the
+actor is asked for its action log-probs (the policy update, the old policy's and the reference's
+passes), the model's body gives the hidden states (padded, or packed by OpenRLHF's own
+unpad_and_slice_tensor with packing_samples) and only the rows that score an action (action_mask
+1) go through rlk's fused head (_head), the logits never formed; with return_entropy the
+entropy of those rows comes from the same pass. The output it returns holds no logits: its
+entropy is the actions' (0 elsewhere, where OpenRLHF's PPO actor never reads it). Every other
+call (no action mask, return_logprobs over all tokens, ring attention, multimodal inputs, a MoE
+router loss, an LM head with a bias or a softcap, f32 without autocast) is OpenRLHF's own
+forward; head_calls counts both.
 """
+import collections
 import math
 
 import torch
@@ -21,10 +33,14 @@ from torch import nn
 
 from .. import autograd as _ag
 from ..ops import returns as _ret
-from ._common import (Patch, as_float, dense, float_pair, mask_arg, mask_total, nonempty_rows,
-                      torch_clamp_bound_grad)
+from . import _head
+from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
+                      nonempty_rows, torch_clamp_bound_grad)
 
-__all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns", "patch"]
+__all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns",
+           "actor_forward", "head_calls", "TESTED", "patch"]
+
+TESTED = ("0.11.2",)
 
 # openrlhf.models.utils.KL_IS_WEIGHT_CLIP: the bound of the unbiased KL gradient's weight
 KL_IS_WEIGHT_CLIP = 10.0
@@ -188,29 +204,130 @@ def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
     return adv, ret
 
 
-def patch():
+# Actor.forward calls of the patched actor, by who computed them ("rlk", or "openrlhf: <why>")
+head_calls = collections.Counter()
+_own = {}
+
+
+def _unfused(actor, action_mask, return_logprobs, allgather_logits, ring_attn_group, mm_inputs):
+    """Why an Actor.forward call stays OpenRLHF's (None: rlk's head computes it)."""
+    if action_mask is None or return_logprobs:
+        return "log-probs of every token or the logits asked for"
+    if allgather_logits:
+        return "allgather_logits"
+    if ring_attn_group is not None:
+        return "ring attention"
+    if mm_inputs or getattr(actor, "is_vlm", False):
+        return "multimodal inputs"
+    hf = _causal_lm(actor.model)
+    cfg = hf.config.get_text_config()
+    if getattr(cfg, "output_router_logits", False):
+        return "a MoE router loss"
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        return "a logit softcap"
+    head = hf.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        return "an LM head with a bias"
+    if _head.operand_dtype(head.weight, head.weight) is None:
+        return "an f32 head without autocast"
+    return None
+
+
+def _causal_lm(model):
+    """The transformers causal LM inside OpenRLHF's actor model (under a PEFT wrapper)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def actor_forward(self, sequences, action_mask=None, attention_mask=None, return_output=False,
+                  allgather_logits=False, return_logprobs=False, ring_attn_group=None,
+                  packed_seq_lens=None, return_entropy=False, **mm_inputs):
+    """openrlhf.models.actor.Actor.forward with the action log-probs (and entropy) from the
+    model's hidden states through rlk's fused head, only the action rows: OpenRLHF's signature,
+    positions (padded: the mask's cumulative sum; packed: OpenRLHF's unpad_and_slice_tensor) and
+    outputs (action log-probs [B, A] in f32, 0 where action_mask is 0; with return_output, an
+    output whose entropy [B, S - 1] holds the action rows' entropy)."""
+    why = _unfused(self, action_mask, return_logprobs, allgather_logits, ring_attn_group, mm_inputs)
+    if why is not None:
+        head_calls["openrlhf: " + why] += 1
+        return _own["forward"](self, sequences, action_mask, attention_mask, return_output,
+                               allgather_logits, return_logprobs, ring_attn_group, packed_seq_lens,
+                               return_entropy, **mm_inputs)
+    B, S = sequences.shape
+    A = action_mask.shape[1]
+    hf = _causal_lm(self.model)
+    body = hf.get_decoder()
+    b, j = action_mask.bool().nonzero(as_tuple=True)
+    cols = S - 1 - A + j  # the row that predicts action j: OpenRLHF's log_probs[:, :-1][:, -A:]
+    labels = sequences[b, cols + 1]
+    if self.packing_samples:
+        from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
+        packed, position_ids, _, _, indices = unpad_and_slice_tensor(sequences, attention_mask, None)
+        hidden = body(input_ids=packed, attention_mask=None, position_ids=position_ids,
+                      use_cache=False).last_hidden_state[0]
+        where = torch.full((B * S,), -1, dtype=torch.long, device=sequences.device)
+        where[indices] = torch.arange(len(indices), device=sequences.device)
+        rows = hidden.index_select(0, where[b * S + cols])
+    else:
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        position_ids.masked_fill_(attention_mask == 0, 1)
+        hidden = body(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state
+        rows = hidden[b, cols]
+    head_calls["rlk"] += 1
+    logp, ent = _head.head_logprobs(rows, hf.get_output_embeddings().weight, labels,
+                                    temperature=float(self.temperature), entropy=return_entropy)
+    action_log_probs = logp.new_zeros(B, A).index_put((b, j), logp)
+    if not return_output:
+        return action_log_probs
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    output = CausalLMOutputWithPast()
+    if return_entropy:
+        setattr(output, "entropy", ent.new_zeros(B, S - 1).index_put((b, cols), ent))
+    return action_log_probs, output
+
+
+def patch(*, head=True, force=False):
     """Swaps PolicyLoss and ValueLoss into openrlhf.models.loss (and openrlhf.models), and
     compute_approx_kl into openrlhf.models.utils and the trainer modules that imported it by
-    name (the actor and the experience maker). Returns a handle whose undo() restores
-    OpenRLHF's own."""
+    name (the actor and the experience maker); with head, Actor.forward = actor_forward (the
+    action log-probs and entropy through rlk's fused head). Refuses an OpenRLHF other than
+    TESTED unless force. Returns a handle whose undo() restores OpenRLHF's own; .report says what
+    was swapped and what was left."""
     import openrlhf.models.loss as L
     import openrlhf.models.utils as U
     h = Patch()
+    h.report["version"] = check_version("openrlhf", TESTED, force)
     h.set(L, "PolicyLoss", PolicyLoss)
     h.set(L, "ValueLoss", ValueLoss)
+    h.swapped("PolicyLoss, ValueLoss")
     own_kl = U.compute_approx_kl
     h.set(U, "compute_approx_kl", compute_approx_kl)
+    h.swapped("compute_approx_kl")
     try:
         import openrlhf.models as M
         h.set(M, "PolicyLoss", PolicyLoss)
         h.set(M, "ValueLoss", ValueLoss)
-    except Exception:
-        pass
+    except Exception as e:  # openrlhf.models imports the actor (flash_attn, deepspeed)
+        h.left("openrlhf.models", "not importable: %s" % type(e).__name__)
     for name in ("openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_utils.experience_maker"):
         try:
             mod = __import__(name, fromlist=["compute_approx_kl"])
-        except Exception:  # a trainer module whose own imports (ray, deepspeed) are missing here
+        except Exception as e:  # a trainer module whose own imports (ray, deepspeed) are missing
+            h.left(name, "not importable: %s" % type(e).__name__)
             continue
         if getattr(mod, "compute_approx_kl", None) is own_kl:
             h.set(mod, "compute_approx_kl", compute_approx_kl)
+    if head:
+        try:
+            import openrlhf.models.actor as actor
+        except Exception as e:
+            h.left("Actor.forward", "openrlhf.models.actor not importable: %s" % type(e).__name__)
+        else:
+            _own["forward"] = actor.Actor.__dict__["forward"]
+            h.set(actor.Actor, "forward", actor_forward)
+            h.swapped("Actor.forward action log-probs and entropy (fused LM head)")
+            h.left("Actor.forward without an action mask, ring attention, multimodal, MoE",
+                   "OpenRLHF's own forward (head_calls counts them)")
+    else:
+        h.left("Actor.forward", "head=False")
     return h
