@@ -57,8 +57,8 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-targets test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test conformance conformance-venv trainer-test check-layers wheel sdist package-test
-.PHONY: python-test-torch
+.PHONY: python-test conformance conformance-venv trainer-test trainer-test-openrlhf check-layers wheel sdist
+.PHONY: package-test python-test-torch
 
 all: lib tools
 
@@ -173,7 +173,8 @@ conformance: lib conformance-venv
 
 # The trainers running with rlk patched in (python/trainers): TRL's GRPOTrainer on a tiny random
 # Qwen2 model (5 steps, beside TRL's own: plain, gradient accumulation, two DDP processes, LoRA,
-# gradient checkpointing, an f32 head), verl's fused forward, a local Ray cluster's workers.
+# gradient checkpointing, an f32 head; with prefix sharing beside one row per completion), verl's
+# fused forward (and its remove-padding row with prefix sharing), a local Ray cluster's workers.
 # Installs the pinned trainers and what they need into TRAINER_VENV; a few minutes on two cores.
 TRAINER_VENV ?= $(BUILD)/trainer-venv
 trainer-test: lib
@@ -181,7 +182,20 @@ trainer-test: lib
 	$(TRAINER_VENV)/bin/pip install -q -r python/trainers/requirements.txt
 	$(TRAINER_VENV)/bin/pip install -q --no-deps -r python/trainers/requirements-nodeps.txt
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
-	  $(TRAINER_VENV)/bin/python -m pytest -q -c python/trainers/pytest.ini python/trainers
+	  $(TRAINER_VENV)/bin/python -m pytest -q -c python/trainers/pytest.ini python/trainers \
+	  --ignore=python/trainers/openrlhf_actor
+
+# OpenRLHF's actor with rlk's fused head, beside its own (python/trainers/openrlhf_actor): its own
+# venv, as OpenRLHF pins transformers 5.15.0 (the other trainers need < 5.11); flash_attn, which
+# needs CUDA, is answered by an import stand-in for its padding helpers (standin/README.md).
+OPENRLHF_VENV ?= $(BUILD)/openrlhf-venv
+trainer-test-openrlhf: lib
+	@test -x $(OPENRLHF_VENV)/bin/python || python3 -m venv $(OPENRLHF_VENV)
+	$(OPENRLHF_VENV)/bin/pip install -q -r python/trainers/openrlhf_actor/requirements.txt
+	$(OPENRLHF_VENV)/bin/pip install -q --no-deps -r python/trainers/openrlhf_actor/requirements-nodeps.txt
+	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
+	  $(OPENRLHF_VENV)/bin/python -m pytest -q -c python/trainers/openrlhf_actor/pytest.ini \
+	  python/trainers/openrlhf_actor
 
 # The Python tests again with torch (the conformance environment's): the torch CPU cases, the
 # torch.library ops (opcheck, torch.compile with fullgraph=True) and the nn / sampling front-ends.
