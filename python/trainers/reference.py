@@ -104,16 +104,22 @@ def _rotate_half(x):
 
 class Qwen2:
     """The fp64 reference of a Qwen2ForCausalLM's weights (a {name: tensor} of the model) and its
-    config: linear weights and biases rounded to bf16 as autocast reads them, the embedding and
-    the norms as they are."""
+    config. params "f32" (an f32 model under bf16 autocast): linear weights and biases rounded to
+    bf16 as autocast reads them, the embedding and the norms as they are, the residual stream,
+    the norms and the rotary embedding in f32. params "bf16" (bf16 parameters, e.g. FSDP's mixed
+    precision, under autocast or not): every weight in bf16, the residual stream in bf16 (each
+    addition rounded), a norm's f32 result rounded to bf16 and then multiplied by its bf16 weight
+    (rounded again), the rotary embedding's cos and sin in bf16 and its two products and their sum
+    each rounded."""
 
-    def __init__(self, weights, cfg):
+    def __init__(self, weights, cfg, params="f32"):
         self.cfg = cfg
+        self.bf16 = params == "bf16"
         self.w = {}
         for n, t in weights.items():
             n = n.replace("base_model.model.", "")
             linear = n.endswith("_proj.weight") or n.endswith("_proj.bias") or n == "lm_head.weight"
-            self.w[n] = _bf16(t) if linear else t.double()
+            self.w[n] = _bf16(t) if linear or self.bf16 else t.double()
         if "lm_head.weight" not in self.w:  # tied
             self.w["lm_head.weight"] = _bf16(self.w["model.embed_tokens.weight"])
 
@@ -138,16 +144,30 @@ class Qwen2:
         ang = positions.double()[:, None] * inv[None]
         cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]
         sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+        if self.bf16:  # the model's cos and sin, in the hidden states' dtype
+            cos, sin = _bf16(cos), _bf16(sin)
         causal = torch.ones(n, n, dtype=torch.bool).tril()
+        residual = U if self.bf16 else U32
+
+        def norm(x, name):
+            if self.bf16:
+                return pt.round(w[name] * pt.round(_rmsnorm(x, 1.0, eps), NORM))
+            return pt.round(_rmsnorm(x, w[name], eps), NORM)
+
+        def rotary(x):
+            if self.bf16:
+                return pt.round(pt.round(x * cos) + pt.round(_rotate_half(x) * sin))
+            return pt.round(x * cos + _rotate_half(x) * sin)
+
         x = w["model.embed_tokens.weight"][tokens]
         for layer in range(cfg.num_hidden_layers):
             p = "model.layers.%d." % layer
-            h = pt.round(_rmsnorm(x, w[p + "input_layernorm.weight"], eps), NORM)
+            h = norm(x, p + "input_layernorm.weight")
             q = self._linear(pt, h, p + "self_attn.q_proj").view(n, Hq, D)
             k = self._linear(pt, h, p + "self_attn.k_proj").view(n, Hkv, D)
             v = self._linear(pt, h, p + "self_attn.v_proj").view(n, Hkv, D)
-            q = pt.round(q * cos + _rotate_half(q) * sin)
-            k = pt.round(k * cos + _rotate_half(k) * sin)
+            q = rotary(q)
+            k = rotary(k)
             k = k.repeat_interleave(Hq // Hkv, 1)
             v = v.repeat_interleave(Hq // Hkv, 1)
             s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
@@ -156,13 +176,13 @@ class Qwen2:
             prob = pt.round(torch.softmax(s, -1))
             o = torch.einsum("hqk,khd->qhd", prob, v)
             o = pt.round(pt.accumulate(o, torch.einsum("hqk,khd->qhd", prob.abs(), v.abs()), n))
-            x = pt.round(x + self._linear(pt, o.reshape(n, Hq * D), p + "self_attn.o_proj"), U32)
-            h = pt.round(_rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps), NORM)
+            x = pt.round(x + self._linear(pt, o.reshape(n, Hq * D), p + "self_attn.o_proj"), residual)
+            h = norm(x, p + "post_attention_layernorm.weight")
             g = self._linear(pt, h, p + "mlp.gate_proj")
             up = self._linear(pt, h, p + "mlp.up_proj")
             m = pt.round(pt.round(torch.nn.functional.silu(g)) * up)
-            x = pt.round(x + self._linear(pt, m, p + "mlp.down_proj"), U32)
-        hf = pt.round(_rmsnorm(x, w["model.norm.weight"], eps), NORM)
+            x = pt.round(x + self._linear(pt, m, p + "mlp.down_proj"), residual)
+        hf = norm(x, "model.norm.weight")
         Wh = w["lm_head.weight"]
         z = pt.accumulate(hf @ Wh.T, hf.abs() @ Wh.abs().T, H) / temperature
         rows = (labels != -100).nonzero()[:, 0]
