@@ -1,7 +1,10 @@
 """One GRPO training step of a real trainer, timed, with its peak memory: TRL's GRPOTrainer as
-shipped and with rlk.integrations.trl.patch() (rlk's fused LM head), and verl's use_fused_kernels
+shipped, with rlk.integrations.trl.patch() (rlk's fused LM head) and with patch(prefix=True) (the
+group's prompt processed once: rlk's prefix-shared attention), and verl's use_fused_kernels
 forward (verl.models.transformers.dense_common.forward_with_torch_backend) with its
-FusedLinearForPPO on verl's torch backend, Liger and rlk.
+FusedLinearForPPO on verl's torch backend, Liger and rlk, padded, and in the remove-padding layout
+(one row, the model's own attention over it: with SDPA a packed mask) without and with
+patch(prefix=True).
 
 A step: the old policy's and the reference model's log-prob passes (no gradient), then the policy
 update (forward, the trainer's loss, backward, optimizer step) over one GRPO group of G responses
@@ -10,8 +13,10 @@ compute_loss; verl's through its fused model forward and its registered "vanilla
 (verl 0.9.1's FSDP engine is not constructed: the forward and loss it calls are).
 
 Models: the Qwen2.5-0.5B and Qwen2.5-1.5B architectures with random weights (nothing downloaded),
-bf16. Writes trainer_step.json and trainer_step.png (step time and peak memory per
-configuration) to --out-dir (default $OUT, else build/trainer-step/).
+bf16 (TRL under bf16 autocast, on the CPU too). A prefix variant's row records which of its passes
+ran packed (prefix_calls: "packed", or the reason a pass fell back to the replicated one).
+Writes trainer_step.json and trainer_step.png (step time and peak memory per configuration) to
+--out-dir (default $OUT, else build/trainer-step/).
 
     python3 tools/bench/trainer_step.py                       # the full sweep (a GPU)
     python3 tools/bench/trainer_step.py --tiny --device cpu   # a smoke run on the CPU
@@ -38,7 +43,8 @@ ARCHS = {
     "tiny": dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True),
 }
-VARIANTS = ("trl", "trl+rlk", "trl+rlk+prefix", "verl-torch", "verl-liger", "verl-rlk")
+VARIANTS = ("trl", "trl+rlk", "trl+rlk+prefix", "verl-torch", "verl-liger", "verl-rlk",
+            "verl-rlk-rmpad", "verl-rlk-rmpad+prefix")
 BETA = 0.04
 
 
@@ -95,10 +101,10 @@ def trl_step(variant, path, b, device, checkpointing):
     handle = None
     if variant != "trl":
         from rlk.integrations import trl as rtrl
-        handle = rtrl.patch()
+        handle = rtrl.patch(prefix=variant.endswith("+prefix"))
     G, R = b["completion_ids"].shape
     args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=G,
-                      num_generations=G, max_completion_length=R, beta=BETA, bf16=device == "cuda",
+                      num_generations=G, max_completion_length=R, beta=BETA, bf16=True,
                       use_cpu=device == "cpu", report_to="none", gradient_checkpointing=checkpointing,
                       learning_rate=1e-6, logging_steps=1, save_strategy="no")
     trainer = GRPOTrainer(model=path, reward_funcs=_NoReward(), args=args,
@@ -138,9 +144,9 @@ def verl_step(variant, path, b, device, checkpointing):
         if xf._LIGER_FUSED_LINEAR_SCALED_CROSS_ENTROPY is None:
             raise RuntimeError("liger_kernel is not installed")
         backend = "liger"
-    elif variant == "verl-rlk":
+    elif variant.startswith("verl-rlk"):
         from rlk.integrations import verl as rv
-        handle = rv.patch()
+        handle = rv.patch(prefix=variant.endswith("+prefix"))
         backend = "rlk"
     else:
         backend = "torch"
@@ -162,9 +168,21 @@ def verl_step(variant, path, b, device, checkpointing):
     rmask = b["completion_mask"].float()
     adv = b["advantages"][:, None].expand(G, R)
 
+    rmpad = "rmpad" in variant
+    if rmpad:  # verl's remove-padding row: the kept tokens back to back, positions from 0 each
+        keep = am.bool()
+        flat_ids, flat_pos = ids[keep][None], pos[keep][None]
+        # the row position that scores response token j of sequence i (its previous token)
+        at = torch.zeros_like(am).masked_scatter(keep, torch.arange(int(keep.sum()), device=device))
+        resp_rows = at[:, -R - 1:-1]
+
     def logps(model):
+        if rmpad:
+            out = forward_with_torch_backend(model, input_ids=flat_ids, position_ids=flat_pos,
+                                             return_dict=True, temperature=1.0, use_cache=False)
+            return out.log_probs[0][resp_rows], out.entropy[0][resp_rows]
         out = forward_with_torch_backend(model, input_ids=ids, attention_mask=am, position_ids=pos,
-                                         return_dict=True, temperature=1.0)
+                                         return_dict=True, temperature=1.0, use_cache=False)
         return out.log_probs[:, -R - 1:-1], out.entropy[:, -R - 1:-1]
 
     def step():
@@ -185,12 +203,15 @@ def verl_step(variant, path, b, device, checkpointing):
 
 
 def measure(variant, arch, G, prompt, response, device, reps, work, checkpointing):
-    if variant == "trl+rlk+prefix":
-        raise RuntimeError("prefix sharing in GRPOTrainer is not implemented")
     path = model_dir(arch, work)
     b = batch(ARCHS[arch]["vocab_size"], G, prompt, response, device)
     build = trl_step if variant.startswith("trl") else verl_step
     step, handle = build(variant, path, b, device, checkpointing)
+    calls = None
+    if variant.endswith("+prefix"):  # the passes that ran packed, and those that fell back (why)
+        from rlk.integrations import trl as rtrl, verl as rv
+        calls = rtrl.prefix_calls if variant.startswith("trl") else rv.prefix_calls
+        before = calls.copy()
     try:
         step()  # warm-up (rlk's kernels compile or load)
         sync(device)
@@ -201,8 +222,11 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             loss = step()
             sync(device)
             times.append(time.perf_counter() - t0)
-        return {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
-                "peak_gib": peak(device), "loss": float(loss)}
+        row = {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
+               "peak_gib": peak(device), "loss": float(loss)}
+        if calls is not None:
+            row["prefix_calls"] = dict(calls - before)
+        return row
     finally:
         if handle is not None:
             handle.undo()
