@@ -15,8 +15,10 @@ trainer's convention differs from rlk's default (clamp gradients on a bound, seq
 gradients, normalizers) the adapter passes the trainer's.
 
 patch() checks the trainer's version (UntestedVersion unless force=True) and its handle's
-report says what it swapped and what it left. TRL's and verl's also route the trainer's
-log-probs and entropy from hidden states through rlk's fused LM head (_head). `workers` patches
-every process of a Ray-based trainer (runtime_env's worker_process_setup_hook).
+report says what it swapped and what it left. TRL's, verl's and OpenRLHF's also route the
+trainer's log-probs and entropy from hidden states through rlk's fused LM head (_head); TRL's
+and verl's patch(prefix=True) run each GRPO group's shared prompt once with the prefix-shared
+attention (_prefix, transformers.share). `workers` patches every process of a Ray-based trainer
+(runtime_env's worker_process_setup_hook).
 """
 __all__ = ["verl", "trl", "openrlhf", "transformers", "workers"]
