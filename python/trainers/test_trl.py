@@ -223,6 +223,25 @@ def test_head_outside_a_grpo_pass_is_trls():
         h.undo()
 
 
+def test_head_of_zero3_is_trls():
+    """A DeepSpeed ZeRO-3 head (its weight marked by a ds_id: TRL gathers it for its own head's
+    forward, rlk's backward would read it partitioned) keeps TRL's function."""
+    h = rtrl.patch()
+    try:
+        hidden, weight, labels = _head_inputs()
+        weight = torch.nn.Parameter(weight)
+        weight.ds_id = 0
+        before = rtrl.head_calls.copy()
+        rtrl._scope.trainer = _Trainer(False)
+        try:
+            rtrl.ChunkedHead.apply(hidden, weight, None, labels, 1.0, 64, None, 1.0, ("log_probs",))
+        finally:
+            rtrl._scope.trainer = None
+        assert rtrl.head_calls - before == {"trl: DeepSpeed ZeRO-3 (the head's weight partitioned)": 1}
+    finally:
+        h.undo()
+
+
 @pytest.mark.parametrize("cast", [False, True])
 def test_head_against_fp64(cast):
     """ChunkedHead in a GRPOTrainer pass against fp64, with temperature and logit_scale, bf16

@@ -25,6 +25,13 @@ def operand_dtype(hidden, weight):
     return None
 
 
+def partitioned(weight):
+    """Whether weight is a DeepSpeed ZeRO-3 parameter: partitioned outside its own module's
+    forward, so the fused head, which reads it directly in the forward and again in the backward,
+    cannot take it."""
+    return hasattr(weight, "ds_id")
+
+
 class HeadLogprob(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], labels [N], compute dtype, temperature, entropy?) ->
     (logp [N], entropy [N] or None), f32, differentiable in hidden, weight and (with entropy) in

@@ -22,8 +22,9 @@ unpad_and_slice_tensor with packing_samples) and only the rows that score an act
 entropy of those rows comes from the same pass. The output it returns holds no logits: its
 entropy is the actions' (0 elsewhere, where OpenRLHF's PPO actor never reads it). Every other
 call (no action mask, return_logprobs over all tokens, ring attention, multimodal inputs, a MoE
-router loss, an LM head with a bias or a softcap, f32 without autocast) is OpenRLHF's own
-forward; head_calls counts both.
+router loss, an LM head with a bias or a softcap, f32 without autocast, DeepSpeed ZeRO-3, which
+keeps the head's weight partitioned outside its own forward) is OpenRLHF's own forward;
+head_calls counts both.
 """
 import collections
 import math
@@ -228,6 +229,8 @@ def _unfused(actor, action_mask, return_logprobs, allgather_logits, ring_attn_gr
     head = hf.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         return "an LM head with a bias"
+    if _head.partitioned(head.weight):
+        return "DeepSpeed ZeRO-3 (the head's weight partitioned)"
     if _head.operand_dtype(head.weight, head.weight) is None:
         return "an f32 head without autocast"
     return None

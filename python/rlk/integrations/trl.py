@@ -422,6 +422,9 @@ def _unfused(trainer, hidden, weight, bias, softcap, logit_scale, outputs):
         return "outputs %r" % (tuple(outputs),), None
     if hidden.shape[0] == 0:
         return "no scored token", None
+    if _head.partitioned(weight):
+        # TRL gathers it for its own head's forward; rlk's backward would read it partitioned
+        return "DeepSpeed ZeRO-3 (the head's weight partitioned)", None
     dt = _head.operand_dtype(hidden, weight)
     if dt is None and getattr(trainer.args, "cast_lm_head_to_fp32", False):
         # TRL's f32 head over a 16-bit model: the model's dtype for the kernels' operands

@@ -138,17 +138,24 @@ def test_actor_forward_beside_openrlhfs(model_path, packing):
 
 
 def test_calls_rlk_does_not_fuse_stay_openrlhfs(model_path):
-    """Without an action mask (the logits asked for) the actor is OpenRLHF's own."""
+    """Without an action mask (the logits asked for) the actor is OpenRLHF's own, and so it is
+    when the head's weight is a DeepSpeed ZeRO-3 parameter (marked by its ds_id: partitioned
+    outside lm_head's own forward, which the fused head never calls)."""
     a = actor(model_path, False)
-    seq, att, _ = batch()
+    seq, att, amask = batch()
     h = ro.patch()
     try:
         before = ro.head_calls.copy()
         out = a(seq, None, attention_mask=att, return_output=True)
         assert out["logits"].shape == (seq.shape[0], seq.shape[1], a.model.config.vocab_size)
         assert ro.head_calls - before == {"openrlhf: log-probs of every token or the logits asked for": 1}
+        a.model.lm_head.weight.ds_id = 0
+        before = ro.head_calls.copy()
+        a(seq, amask, attention_mask=att)
+        assert ro.head_calls - before == {"openrlhf: DeepSpeed ZeRO-3 (the head's weight partitioned)": 1}
     finally:
         h.undo()
+        a.model.lm_head.weight.__dict__.pop("ds_id", None)
 
 
 def test_patch_reports_and_checks_the_version(monkeypatch):
