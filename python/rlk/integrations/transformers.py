@@ -135,8 +135,7 @@ def share(model):
     if not top._can_set_attn_implementation():
         return "%s does not take a registered attention" % type(top).__name__
     text = top.config.get_text_config()
-    if getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True) \
-            and "sliding_attention" in (getattr(text, "layer_types", None) or ()):
+    if "sliding_attention" in (getattr(text, "layer_types", None) or ()):
         return "sliding-window attention layers"
     D = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     if D not in (64, 128):

@@ -598,8 +598,9 @@ def _packed_chunk(self, model, ids, lens, groups, P, C, start, end, compute_entr
             dest.append((i - start) * C + torch.arange(lens[i]))
     src, dest = torch.cat(src).to(device), torch.cat(dest).to(device)
     with self.accelerator.autocast():
-        out = model(input_ids=packed.ids.to(device)[None], position_ids=packed.positions.to(device)[None],
-                    attention_mask=_NO_MASK, shift_labels=labels.to(device)[None], fused_lm_head=True,
+        out = model(input_ids=packed.ids.to(device)[None],
+                    position_ids=packed.positions.to(device)[None], attention_mask=_NO_MASK,
+                    shift_labels=labels.to(device)[None], fused_lm_head=True,
                     rlk_layout=packed.layout)
 
     def unpack(x):

@@ -823,7 +823,8 @@ def _shared_backbone(own):
         rows = torch.cat(packed.rows).to(dev)
         prefix_calls["packed"] += 1
         from transformers.modeling_outputs import BaseModelOutputWithPast
-        return BaseModelOutputWithPast(last_hidden_state=out.last_hidden_state[0].index_select(0, rows)[None])
+        hidden = out.last_hidden_state[0].index_select(0, rows)[None]
+        return BaseModelOutputWithPast(last_hidden_state=hidden)
     return forward_base_model
 
 
