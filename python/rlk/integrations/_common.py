@@ -18,30 +18,20 @@ def torch_clamp_bound_grad():
     return _bound_grad["v"]
 
 
-_stride0 = {}
-
-
-def _library_reads_stride0():
-    """Whether the loaded library reads a broadcast (stride-0) input (probed once on a tiny
-    policy loss)."""
-    if "v" not in _stride0:
-        from ..errors import InvalidArgument
-        from ..ops import losses
-        x = torch.zeros(2, 2)
-        try:
-            losses.policy_loss(x, old_logp=x, advantages=torch.zeros(2, 1).expand(2, 2))
-            _stride0["v"] = True
-        except InvalidArgument:
-            _stride0["v"] = False
-    return _stride0["v"]
-
-
-def dense(x):
-    """x as the library reads it: a broadcast view (a stride 0, e.g. verl's advantages expanded
-    over the tokens) as it is where the library reads those, else materialized."""
+def dense(x, per_sequence=False):
+    """x as the library reads it. A broadcast view (a stride of 0) goes as it is where the library
+    reads it: one row shared by every row ([B, T] with row stride 0, its row contiguous), and with
+    per_sequence (advantages) one value per sequence expanded over the tokens ([B, T] with
+    strides {1, 0}: the policy loss's per-sequence form). Any other is materialized."""
     if not torch.is_tensor(x) or all(s != 0 or n == 1 for s, n in zip(x.stride(), x.shape)):
         return x
-    return x if _library_reads_stride0() else x.contiguous()
+    if x.dim() == 2:
+        (B, T), (s0, s1) = x.shape, x.stride()
+        if s0 == 0 and (T == 1 or s1 == 1):
+            return x
+        if per_sequence and s1 == 0 and (B == 1 or s0 == 1):
+            return x
+    return x.contiguous()
 
 
 def mask_arg(mask):

@@ -144,7 +144,7 @@ class PolicyLoss(nn.Module):
             isw, vllm_kl, is_filter_ratio = self._is_correction(old_log_probs, rollout_log_probs,
                                                                 action_mask)
         loss, m = _ag.policy_loss(
-            log_probs, dense(ref), dense(advantages), mask_arg(action_mask),
+            log_probs, dense(ref), dense(advantages, per_sequence=True), mask_arg(action_mask),
             rollout_is_weights=dense(isw),
             mode="gspo" if gspo else "ppo", clip_low=self.clip_eps_low,
             clip_high=self.clip_eps_high,

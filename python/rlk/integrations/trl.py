@@ -222,7 +222,8 @@ def grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_ty
                                           **agg_kw)
             loss = loss + loss_kl
     else:
-        loss, m = _ag.policy_loss(per_token_logps, dense(old_per_token_logps), dense(adv),
+        loss, m = _ag.policy_loss(per_token_logps, dense(old_per_token_logps),
+                                  dense(adv, per_sequence=True),
                                   mask_arg(mask), **kw)
     n_tok = m[12].item()
     rlk_check_status()  # the loop has just synchronized: bad labels seen on the device raise here

@@ -83,7 +83,8 @@ def _run(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
     agg = agg_args(loss_agg_mode, response_mask, **_global_info(config))
     kw.setdefault("clamp_bound_grad", torch_clamp_bound_grad())
     kw.update(agg)
-    return _ag.policy_loss(log_prob, dense(old_log_prob), dense(advantages), mask, mode=mode,
+    return _ag.policy_loss(log_prob, dense(old_log_prob), dense(advantages, per_sequence=True), mask,
+                           mode=mode,
                            rollout_is_weights=dense(rollout_is_weights), **kw)
 
 
@@ -161,7 +162,8 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
         seq_w = torch.exp((logw * response_mask).sum(-1) / (response_mask.sum(-1) + 1e-8))
         advantages = advantages * seq_w.unsqueeze(-1).to(advantages.dtype)
     loss, m = _ag.policy_loss(
-        log_prob, dense(old_log_prob), dense(advantages), mask_arg(response_mask), mode="geo_mean",
+        log_prob, dense(old_log_prob), dense(advantages, per_sequence=True), mask_arg(response_mask),
+        mode="geo_mean",
         clip_low=lo, clip_high=hi, log_ratio_min=-math.inf, log_ratio_max=math.inf,
         clamp_bound_grad=torch_clamp_bound_grad(), agg="seq-mean-token-mean",
         seq_normalizer=float(response_mask.shape[0]))
