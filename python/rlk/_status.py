@@ -16,7 +16,6 @@ never cleared by the calls, so a bad row anywhere since the last look stays flag
                        for NaN in the outputs of the ops that have no status word (a NaN score,
                        advantages of an undefined std, a whitening with no valid element)
 """
-import ctypes
 import os
 import threading
 
@@ -117,11 +116,6 @@ def check_status():
     if found:
         raise BadInput("rlk: bad input seen on the device: " + "; ".join(describe(o, b) for o, b in found.items()),
                        found)
-
-
-def field_given(binder, field):
-    """Whether the caller bound the status field (its data pointer is set)."""
-    return bool(ctypes.c_void_p.from_buffer(binder.args, binder.op.offsets[field]).value)
 
 
 def after_call(binder, word, stream):

@@ -28,6 +28,7 @@ from .errors import InvalidArgument
 
 # rlk_tensor as one struct.pack_into writes it, one format per ndim n: data, dtype, ndim,
 # shape[n], zeros, strides[n], zeros (pack_into zeroes the "x" pad bytes: unused dimensions).
+_PTR = struct.Struct("=Q")  # a descriptor's data pointer (its first field)
 _DESC = tuple(struct.Struct("=Qii%dq%dx%dq%dx" % (n, 8 * (T.MAX_DIMS - n), n,
                                                   8 * (T.MAX_DIMS - n)))
               for n in range(T.MAX_DIMS + 1))
@@ -100,18 +101,36 @@ def _kind(x):
 def traced_by_torch(fn):
     """fn's calls made while torch.compile traces them go to rlk.torch_ops.<fn's name> (the same
     arguments, the same results) instead: a torch.library operator the graph holds, where the
-    library cannot be called through ctypes. An eager call costs a look at sys.modules and
-    torch.compiler.is_compiling() more (about 0.3 us)."""
+    library cannot be called through ctypes. An eager call costs one call of
+    torch.compiler.is_compiling more (about 0.15 us; nothing before torch is imported)."""
     name = fn.__name__
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        t = sys.modules.get("torch")
-        if t is not None and t.compiler.is_compiling():
+        compiling = _is_compiling or _find_is_compiling()
+        if compiling():
             from . import torch_ops
             return getattr(torch_ops, name)(*args, **kwargs)
         return fn(*args, **kwargs)
     return call
+
+
+_is_compiling = None  # torch.compiler.is_compiling, once torch is imported
+
+
+def _not_compiling():
+    return False
+
+
+def _find_is_compiling():
+    """torch.compiler.is_compiling when torch is imported (kept from then on), else a stand-in
+    that says no (torch cannot be tracing a call when it is not even imported)."""
+    global _is_compiling
+    t = sys.modules.get("torch")
+    if t is None:
+        return _not_compiling
+    _is_compiling = t.compiler.is_compiling
+    return _is_compiling
 
 
 def is_torch(x):
@@ -155,7 +174,8 @@ class Place:
     """Where an op call runs: the backend, the device ordinal and the framework its outputs
     are allocated with ("torch" or "numpy"). One object per place, made once."""
 
-    __slots__ = ("backend", "device", "framework", "torch_device", "key")
+    __slots__ = ("backend", "device", "framework", "torch_device", "key", "torch", "host",
+                 "alloc_kw")
 
     def __init__(self, backend, device, framework, torch_device=None):
         self.backend = backend
@@ -163,6 +183,10 @@ class Place:
         self.framework = framework
         self.torch_device = torch_device
         self.key = (backend, device)  # the shared context's key
+        # what the hot path asks, answered once
+        self.torch = framework == "torch"
+        self.host = backend == T.Backend.HOST
+        self.alloc_kw = {} if self.host else {"device": torch_device}  # torch.empty's
 
     def same_memory(self, other):
         return self.key == other.key
@@ -209,12 +233,14 @@ class Binder:
     """The args struct and the arrays of one call of `op` (an Op); op.name names the call in
     error messages. `args` starts as rlk_<op>_args_init left it."""
 
-    __slots__ = ("op", "name", "args", "place", "ctx", "keep", "made", "no_rows")
+    __slots__ = ("op", "name", "args", "offsets", "place", "ctx", "keep", "made", "no_rows")
 
     def __init__(self, op):
         self.op = op
         self.name = op.name
-        self.args = op.new_args()
+        defaults = op._defaults
+        self.args = op.new_args() if defaults is None else op.args_struct.from_buffer_copy(defaults)
+        self.offsets = op.offsets
         self.place = None
         self.ctx = None
         self.keep = []  # scratch allocated here, alive until the launch is queued
@@ -244,21 +270,15 @@ class Binder:
             raise self._fail(name, "is required")
         kind = _KIND.get(type(x)) or _kind(x)
         if kind == _TORCH:
+            # the common case in as few steps as it takes; anything unusual goes to _torch_refused
             dev = x.get_device()  # -1 for host memory: one query for the place
-            if dev >= 0 and x.is_cuda:
-                p = _CUDA_PLACES.get(dev) or _cuda_place(x)
-            elif x.is_cpu:
-                p = _HOST_TORCH
+            if dev < 0:
+                p = _HOST_TORCH if x.is_cpu else None
             else:
-                raise self._fail(name, "tensors on %s are not supported (cpu or cuda)" % x.device)
-            if self.place is not p:
-                self._join(name, p)
+                p = (_CUDA_PLACES.get(dev) or _cuda_place(x)) if x.is_cuda else None
             dt = _TORCH_DT.get(x.dtype)
-            if dt is None:
-                hint = " (use .bool() or .float() for a mask)" if str(x.dtype) == "torch.uint8" else ""
-                raise self._fail(name, "dtype %s has no rlk equivalent%s" % (x.dtype, hint))
-            if output and x.requires_grad and x.is_leaf:
-                raise self._fail(name, "is an output but requires grad")
+            if p is not self.place or p is None or dt is None or output:
+                self._torch_checks(name, x, p, dt, output)
             try:  # a tensor without strides (sparse, nested) raises here
                 shape, strides, ptr = x.shape, x.stride(), x.data_ptr()
             except RuntimeError:
@@ -291,43 +311,63 @@ class Binder:
         if n > T.MAX_DIMS:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
                 n, T.MAX_DIMS))
-        _DESC[n].pack_into(self.args, self.op.offsets[name], ptr, dt, n, *shape, *strides)
+        _DESC[n].pack_into(self.args, self.offsets[name], ptr, dt, n, *shape, *strides)
         return dt
+
+    def _torch_checks(self, name, x, p, dt, output):
+        """Binds the call to torch tensor x's place p and checks what set's common case leaves
+        out: an unsupported device (p None), a dtype with no rlk equivalent (dt None), an
+        output that requires grad."""
+        if p is None:
+            raise self._fail(name, "tensors on %s are not supported (cpu or cuda)" % x.device)
+        if p is not self.place:
+            self._join(name, p)
+        if dt is None:
+            hint = " (use .bool() or .float() for a mask)" if str(x.dtype) == "torch.uint8" else ""
+            raise self._fail(name, "dtype %s has no rlk equivalent%s" % (x.dtype, hint))
+        if output and x.requires_grad and x.is_leaf:
+            raise self._fail(name, "is an output but requires grad")
+
+    def output(self, name, dtype, shape):
+        """A new contiguous array of rlk dtype `dtype` and `shape` (a tuple) in the call's
+        place, bound to output `name`: what an op allocates for an output not given."""
+        a = self._alloc(shape, dtype, False)
+        ptr = a.data_ptr() if self.place.torch else a.ctypes.data
+        strides = _CONTIG.get(shape) or contiguous_strides(shape)
+        n = len(shape)
+        _DESC[n].pack_into(self.args, self.offsets[name], ptr, dtype, n, *shape, *strides)
+        return a
 
     def set_new(self, name, x, dtype, shape):
         """Binds output `name` to x, an array this call just made with `empty` (contiguous,
         `shape`, rlk dtype `dtype`, in the call's place): only its pointer is asked for."""
-        ptr = x.data_ptr() if self.place.framework == "torch" else x.ctypes.data
+        ptr = x.data_ptr() if self.place.torch else x.ctypes.data
         self.set_at(name, ptr, dtype, shape)
         return x
 
     def set_at(self, name, ptr, dtype, shape):
         """Binds output `name` to contiguous memory of `shape` (a tuple) at address `ptr`, part
         of an array this call made."""
-        strides = _CONTIG.get(shape)
-        if strides is None:
-            strides = contiguous_strides(shape)
-        _DESC[len(shape)].pack_into(self.args, self.op.offsets[name], ptr, dtype, len(shape),
-                                    *shape, *strides)
+        strides = _CONTIG.get(shape) or contiguous_strides(shape)
+        n = len(shape)
+        _DESC[n].pack_into(self.args, self.offsets[name], ptr, dtype, n, *shape, *strides)
 
     def empty(self, shape, dtype):
         """A new uninitialized array of rlk dtype `dtype` in the call's place."""
-        return self._alloc(shape, dtype, zero=False)
+        return self._alloc(shape, dtype, False)
 
     def zeros(self, shape, dtype):
-        return self._alloc(shape, dtype, zero=True)
+        return self._alloc(shape, dtype, True)
 
     def _alloc(self, shape, dtype, zero):
-        p = self.require_place()
-        if p.framework == "torch":
-            make = _torch.zeros if zero else _torch.empty
-            td = _TORCH_OF[dtype]
+        p = self.place
+        if p is None:
+            p = self.require_place()
+        if p.torch:
             if not shape:  # sizes as separate arguments (quicker) need at least one
                 shape = ((),)
-            if p.backend == T.Backend.HOST:
-                a = make(*shape, dtype=td)
-            else:
-                a = make(*shape, dtype=td, device=p.torch_device)
+            a = (_torch.zeros if zero else _torch.empty)(*shape, dtype=_TORCH_OF[dtype],
+                                                        **p.alloc_kw)
         else:
             nd = _NUMPY_OF.get(dtype)
             if nd is None:
@@ -349,7 +389,7 @@ class Binder:
         returns (array, pointer)."""
         a = self._alloc((max(int(nbytes), 1),), T.DType.BOOL, zero=False)
         self.keep.append(a)
-        ptr = a.data_ptr() if self.place.framework == "torch" else a.ctypes.data
+        ptr = a.data_ptr() if self.place.torch else a.ctypes.data
         return a, ptr
 
     def require_place(self):
@@ -371,7 +411,7 @@ class Binder:
         with .cuda_stream, or an int), else the current torch stream of the device; None on
         the host."""
         p = self.require_place()
-        if p.backend == T.Backend.HOST:
+        if p.host:
             return None
         if stream is None:
             return _raw_stream(p.device) or None
@@ -387,26 +427,28 @@ class Binder:
         batch (a required input with no rows) launches nothing: what this call allocated is
         zeroed (a loss over no token is 0, a weight's gradient from no row is 0), as torch's
         sums over nothing are."""
+        p = self.place
         if self.no_rows:
             for a in self.made:
-                if self.place.framework == "torch":
+                if p.torch:
                     a.zero_()
                 else:
                     a.fill(0)
             return self.context()
-        ctx = self.context()
-        raw = self.stream(stream)
+        ctx = self.ctx
+        if ctx is None:
+            ctx = self.context()
+        raw = None if stream is None and p.host else self.stream(stream)
         word = None
-        field = self.op.status_field
-        if field is not None and not _status.field_given(self, field):
+        op = self.op
+        if op.status_offset is not None and not _PTR.unpack_from(self.args, op.status_offset)[0]:
             # the package's own status word for a call that brought none (_status.py)
             word = _status.word_for(self)
-            self.set_new(field, word, T.DType.I32, (1,))
-        self.op.launch(ctx, self.args, raw)
+            self.set_new(op.status_field, word, T.DType.I32, (1,))
+        op.launch(ctx, self.args, raw)
         if _status._state["check"]:
             _status.after_call(self, word, stream)
-        if stream is not None and self.keep and self.place.framework == "torch" \
-                and self.place.backend != T.Backend.HOST:
+        if stream is not None and self.keep and p.torch and not p.host:
             # Scratch allocated on the current stream but used on another: tell the caching
             # allocator, so the memory is not reused before that stream is done with it.
             t = _torch
@@ -438,6 +480,7 @@ class Op:
                     self.offsets[name + "." + sub] = off + getattr(ftype, sub).offset
         # the status word field (an i32 [1] the call ORs bad-input bits into), if the op has one
         self.status_field = next((f for f in ("status", "head.status", "fwd.status") if f in self.offsets), None)
+        self.status_offset = None if self.status_field is None else self.offsets[self.status_field]
         self._defaults = None
         self._run = self._workspace_size = None
         self.sizes = {}  # workspace bytes by the key an op family derives from a call
