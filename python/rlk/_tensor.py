@@ -15,7 +15,6 @@ Neither torch nor numpy is imported here: an argument can only be a torch tensor
 caller imported torch, so sys.modules tells (once per argument type).
 """
 import ctypes
-import functools
 import struct
 import sys
 
@@ -98,21 +97,23 @@ def _kind(x):
     return kind
 
 
-def traced_by_torch(fn):
-    """fn's calls made while torch.compile traces them go to rlk.torch_ops.<fn's name> (the same
-    arguments, the same results) instead: a torch.library operator the graph holds, where the
-    library cannot be called through ctypes. An eager call costs one call of
-    torch.compiler.is_compiling more (about 0.15 us; nothing before torch is imported)."""
-    name = fn.__name__
+def compiling():
+    """Whether torch.compile is tracing the caller. Every op that has a torch.library operator
+    starts with `if compiling(): return traced("<op>", locals())`: a call made while torch.compile
+    traces it goes to that operator (rlk.torch_ops.<op>, the same arguments and results), which
+    the graph holds where the library cannot be called through ctypes. An eager call pays one
+    torch.compiler.is_compiling() (about 0.1 us; nothing before torch is imported)."""
+    f = _is_compiling
+    if f is None:
+        f = _find_is_compiling()
+    return f()
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        compiling = _is_compiling or _find_is_compiling()
-        if compiling():
-            from . import torch_ops
-            return getattr(torch_ops, name)(*args, **kwargs)
-        return fn(*args, **kwargs)
-    return call
+
+def traced(name, args):
+    """rlk.torch_ops.<name> called with `args`, the locals() an op's function starts with (its
+    parameters, by name)."""
+    from . import torch_ops
+    return getattr(torch_ops, name)(**args)
 
 
 _is_compiling = None  # torch.compiler.is_compiling, once torch is imported

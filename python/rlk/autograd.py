@@ -33,13 +33,14 @@ __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
            "prefix_attention", "token_kl"]
 
 
-# The functional calls without their torch.compile dispatch: a Function's forward runs eagerly.
-_policy_loss = losses.policy_loss.__wrapped__
-_value_loss = losses.value_loss.__wrapped__
-_logprob_fwd = _logprob.logprob.__wrapped__
-_logprob_bwd = _logprob.logprob_backward.__wrapped__
-_linear_fwd = _linear.linear_logprob.__wrapped__
-_linear_bwd = _linear.linear_logprob_backward.__wrapped__
+# The functional calls a Function's forward and backward make (eagerly: torch.compile traces the
+# operators of rlk.torch_ops instead, see the wrappers below).
+_policy_loss = losses.policy_loss
+_value_loss = losses.value_loss
+_logprob_fwd = _logprob.logprob
+_logprob_bwd = _logprob.logprob_backward
+_linear_fwd = _linear.linear_logprob
+_linear_bwd = _linear.linear_logprob_backward
 
 
 def _scaled(g, grad):
@@ -63,15 +64,20 @@ class PolicyLoss(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         out = _policy_loss(logp, entropy=entropy, metrics=True, scalar_loss=True, apart=True,
                            **kwargs)
-        ctx.save_for_backward(out.grad_logp, out.grad_entropy)
-        ctx.tail = (None, None) if metrics is not None else (None,)
+        # the fused gradients are neither inputs nor outputs: kept on ctx, not packed as saved
+        # variables (backward lets go of them)
+        if out.grad_entropy is None:
+            ctx.save_for_backward(out.grad_logp)
+        else:
+            ctx.save_for_backward(out.grad_logp, out.grad_entropy)
         return _one_or_both(ctx, out.loss, out.metrics, metrics)
 
     @staticmethod
     def backward(ctx, grad_loss, *grad_metrics):
-        grad_logp, grad_entropy = ctx.saved_tensors
-        ge = _scaled(grad_loss, grad_entropy) if ctx.needs_input_grad[1] else None
-        return (_scaled(grad_loss, grad_logp), ge) + ctx.tail
+        grads = ctx.saved_tensors
+        if len(grads) == 1:
+            return _scaled(grad_loss, grads[0]), None, None, None
+        return _scaled(grad_loss, grads[0]), _scaled(grad_loss, grads[1]), None, None
 
 
 class ValueLoss(torch.autograd.Function):
@@ -82,14 +88,12 @@ class ValueLoss(torch.autograd.Function):
     def forward(ctx, values, kwargs, metrics=None):
         ctx.set_materialize_grads(False)
         out = _value_loss(values, metrics=True, scalar_loss=True, apart=True, **kwargs)
-        ctx.save_for_backward(out.grad_values)
-        ctx.tail = (None, None) if metrics is not None else (None,)
+        ctx.grad = out.grad_values
         return _one_or_both(ctx, out.loss, out.metrics, metrics)
 
     @staticmethod
     def backward(ctx, grad_loss, *grad_metrics):
-        (grad_values,) = ctx.saved_tensors
-        return (_scaled(grad_loss, grad_values),) + ctx.tail
+        return _scaled(grad_loss, ctx.grad), None, None
 
 
 def _one_or_both(ctx, loss, metrics, box):

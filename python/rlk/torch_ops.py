@@ -37,18 +37,17 @@ from .ops import token_baseline as _tb
 from .ops import token_kl as _kl
 from .ops import vocab_parallel as _vp
 
-# The functional calls themselves, not their torch.compile dispatch (the kernels below run
-# outside any trace; calling the undecorated function skips a check).
-_raw = {name: getattr(mod, name).__wrapped__ if hasattr(getattr(mod, name), "__wrapped__")
-        else getattr(mod, name) for mod, name in (
-            (_ga, "group_advantage"), (_losses, "policy_loss"), (_losses, "value_loss"),
-            (_ret, "gae"), (_ret, "discounted_returns"), (_ret, "reverse_cumsum"),
-            (_ret, "masked_whiten"), (_lp, "logprob"), (_lp, "logprob_backward"),
-            (_linear, "linear_logprob"), (_linear, "linear_logprob_backward"),
-            (_linear, "linear_policy_loss"), (_sample, "sample"), (_pa, "prefix_attention"),
-            (_pa, "prefix_attention_backward"), (_tb, "token_baseline"), (_kl, "token_kl"),
-            (_vp, "logprob_partials"), (_vp, "logprob_combine"),
-            (_linear, "linear_logprob_partials"))}
+# The functional calls the kernels below make (they run outside any trace, so each call's look at
+# torch.compiler.is_compiling() says no).
+_raw = {name: getattr(mod, name) for mod, name in (
+    (_ga, "group_advantage"), (_losses, "policy_loss"), (_losses, "value_loss"),
+    (_ret, "gae"), (_ret, "discounted_returns"), (_ret, "reverse_cumsum"),
+    (_ret, "masked_whiten"), (_lp, "logprob"), (_lp, "logprob_backward"),
+    (_linear, "linear_logprob"), (_linear, "linear_logprob_backward"),
+    (_linear, "linear_policy_loss"), (_sample, "sample"), (_pa, "prefix_attention"),
+    (_pa, "prefix_attention_backward"), (_tb, "token_baseline"), (_kl, "token_kl"),
+    (_vp, "logprob_partials"), (_vp, "logprob_combine"),
+    (_linear, "linear_logprob_partials"))}
 
 _F32 = torch.float32
 _EMPTY = (0,)

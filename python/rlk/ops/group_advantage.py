@@ -4,7 +4,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 
 __all__ = ["AdvantageMode", "SingletonPolicy", "NanScores", "GroupAdvantageArgs", "group_advantage"]
 
@@ -54,7 +54,6 @@ OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)
 _F = (T.DType.F32, T.DType.F64)
 
 
-@traced_by_torch
 def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, eps=None,
                     unbiased=None, singleton=None, mask=None, broadcast=False, advantages=None,
                     token_advantages=None, weights=None, nan_scores=None, stream=None):
@@ -74,6 +73,8 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     advantages / token_advantages: optional preallocated f32 outputs.
     Returns advantages [B] f32, or (advantages, token_advantages) when broadcasting.
     """
+    if compiling():
+        return traced("group_advantage", locals())
     b = Binder(OP)
     a = b.args
     b.set("scores", scores, _F)
@@ -94,7 +95,7 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
         a.nan_scores = T.enum_value(NanScores, nan_scores, "group_advantage: nan_scores")
     B = dim(scores, 0)
     if advantages is None:
-        advantages = b.set_new("advantages", b.empty((B,), T.DType.F32), T.DType.F32, (B,))
+        advantages = b.output("advantages", T.DType.F32, (B,))
     else:
         b.set("advantages", advantages, (T.DType.F32,), output=True)
     broadcast = broadcast or token_advantages is not None
@@ -106,8 +107,7 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
                 cols = dim(scores, 1)
             else:
                 raise b._fail("broadcast", "needs a [B, T] mask or [B, T] scores to know T")
-            token_advantages = b.set_new("token_advantages", b.empty((B, cols), T.DType.F32),
-                                         T.DType.F32, (B, cols))
+            token_advantages = b.output("token_advantages", T.DType.F32, (B, cols))
         else:
             b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
     n = b.workspace_size()  # f64 [B, T] scores: their f64 row sums

@@ -9,7 +9,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 from . import losses as _losses
 from .logprob import LogprobResult
 
@@ -99,7 +99,6 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
     return dt
 
 
-@traced_by_torch
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
                    lse=True, status=None, variant=None, splits=None, stages=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
@@ -110,6 +109,8 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     label outside [0, V). variant: "auto", "wgmma" (sm_90a) or "tiled"; splits: vocabulary splits
     (0: chosen); stages: the sm_90a kernel's operand stages, 2 to 4 (0: 4; with splits 0 too, the
     tuning database's winner). Returns LogprobResult(logp, lse or None, entropy or None)."""
+    if compiling():
+        return traced("linear_logprob", locals())
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages)
@@ -130,7 +131,6 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     return LogprobResult(logp, lse_out, ent_out)
 
 
-@traced_by_torch
 def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=False, temperature=None,
                             ignore_index=None, partials=None, variant=None, splits=None,
                             stream=None):
@@ -141,6 +141,8 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     records merge with rlk.logprob_combine (in rank order) into logp, lse and entropy; the
     backward is linear_logprob_backward(..., vocab_start=..., shard=True) with the combined lse.
     Returns the f32 [N, 4] records."""
+    if compiling():
+        return traced("linear_logprob_partials", locals())
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
@@ -158,7 +160,6 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     return partials
 
 
-@traced_by_torch
 def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
@@ -173,6 +174,8 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     chunk (vocabulary columns at a time) and group (the sm_90a tile order's rows of tiles, 1 to
     64): 0 or None choose (with both unset, the tuning database's winner).
     Returns (grad_hidden or None, grad_weight or None)."""
+    if compiling():
+        return traced("linear_logprob_backward", locals())
     b = Binder(BACKWARD_OP)
     a = b.args
     dt = b.set("hidden", hidden, _HIDDEN)
@@ -236,7 +239,6 @@ LinearPolicyLossResult = collections.namedtuple(
     "LinearPolicyLossResult", "loss grad_hidden grad_weight metrics logp")
 
 
-@traced_by_torch
 def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, *, temperature=None,
                        ignore_index=None, variant=None, splits=None, grad_hidden=None,
                        grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
@@ -264,6 +266,8 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     done, and it may share memory with no other argument (refused). logp=True also returns
     the head's f32 [N] log-probs. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
     grad_weight or None, metrics or None, logp or None); nothing is read back."""
+    if compiling():
+        return traced("linear_policy_loss", locals())
     b = Binder(POLICY_OP)
     a = b.args
     loss = a.loss

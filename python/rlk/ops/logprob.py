@@ -9,7 +9,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
@@ -100,7 +100,6 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
     return dt
 
 
-@traced_by_torch
 def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=False, lse=True,
             logp=None, status=None, variant=None, block=None, unroll=None, stages=None,
             stream=None):
@@ -110,21 +109,22 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     also computes the entropy (same pass); lse=True keeps lse (what the backward needs).
     status: an optional zeroed i32 [1] the call ORs STATUS_BAD_LABEL into for a label outside
     [0, V). Returns LogprobResult(logp, lse or None, entropy or None), f32 [N]."""
+    if compiling():
+        return traced("logprob", locals())
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     n = dim(logits, 0)
     f32, shape = T.DType.F32, (n,)
     if logp is None:
-        logp = b.set_new("logp", b.empty(shape, f32), f32, shape)
+        logp = b.output("logp", f32, shape)
     else:
         b.set("logp", logp, _F32, output=True)
-    lse_out = b.set_new("lse", b.empty(shape, f32), f32, shape) if lse else None
-    ent_out = b.set_new("entropy", b.empty(shape, f32), f32, shape) if entropy else None
+    lse_out = b.output("lse", f32, shape) if lse else None
+    ent_out = b.output("entropy", f32, shape) if entropy else None
     b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
 
 
-@traced_by_torch
 def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
                      temperature=None, ignore_index=None, grad_logits=None, grad_dtype=None,
                      inplace=False, status=None, variant=None, block=None, unroll=None,
@@ -136,6 +136,8 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     vocab_start (shard form): the logits are the vocabulary columns [vocab_start, vocab_start +
     V) and lse / entropy the combined ones (rlk.logprob_combine); labels outside the shard are
     other shards'. Returns grad_logits [N, V]."""
+    if compiling():
+        return traced("logprob_backward", locals())
     b = Binder(BACKWARD_OP)
     dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     if vocab_start is not None:
@@ -151,7 +153,7 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
         if grad_dtype is not None:
             dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
         shape = (dim(logits, 0), dim(logits, 1))
-        grad_logits = b.set_new("grad_logits", b.empty(shape, dt), dt, shape)
+        grad_logits = b.output("grad_logits", dt, shape)
     else:
         b.set("grad_logits", grad_logits, output=True)
     b.run(stream)

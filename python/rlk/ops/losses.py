@@ -18,7 +18,7 @@ import enum
 
 from .. import _types as T
 from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim,
-                       traced_by_torch)
+                       compiling, traced)
 
 __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
@@ -180,61 +180,84 @@ def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a
 _ESIZE = {T.DType.F32: 4, T.DType.F64: 8}
 
 
+class _Layout:
+    """Where a loss call's outputs lie in its one allocation, and the workspace bytes the library
+    asked for: worked out once per key (see _outputs)."""
+
+    __slots__ = ("ws", "total", "n", "grad_offsets", "head", "ws_offset", "strides", "es")
+
+    def __init__(self, dt, ngrads, shape, nmetrics, ws):
+        es = _ESIZE[dt]
+        n = 1
+        for d in shape:
+            n *= d
+        k = 16 // es
+        stride = (n + k - 1) // k * k  # elements from one gradient to the next: 16-byte aligned
+        self.es = es
+        self.n = n
+        self.ws = ws
+        self.grad_offsets = tuple(i * stride for i in range(ngrads))
+        self.strides = contiguous_strides(shape)
+        self.head = ngrads * stride  # the loss's element, the metrics after it
+        total = self.head + 1 + nmetrics
+        self.ws_offset = 0
+        if ws:
+            self.ws_offset = (total * es + 15) & ~15  # bytes
+            total = (self.ws_offset + ws + es - 1) // es
+        self.total = total
+
+
+def _layout(b, dt, grads, shape, nmetrics, key):
+    """The _Layout of key: everything the workspace size depends on (place, shapes, mode,
+    aggregation, how the normalizer is given) and the outputs' (dtype, gradients, metrics);
+    the library is asked for the size the first time a key is seen."""
+    # the size query reads no data pointer: the outputs are bound once allocated
+    for name in grads:
+        b.set_at(name, 16, dt, shape)
+    b.set_at("loss", 16, dt, (1,))
+    lay = _Layout(dt, len(grads), shape, nmetrics, b.workspace_size())
+    sizes = b.op.sizes
+    if len(sizes) >= 4096:  # a bound on what a run of ever-new shapes can keep
+        sizes.clear()
+    sizes[key] = lay
+    return lay
+
+
 def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss, apart=False):
     """Every output of a loss call in one allocation (one allocator call instead of two or
     three: on CUDA each costs about 5 us): the gradients `grads` (args field names, each of
     `shape`) first, then the loss [1] (or 0-d with scalar_loss), the metrics (nmetrics > 0) and
     the workspace, each 16-byte aligned. The workspace size is asked of the library once per
-    key: everything it depends on (place, shapes, mode, aggregation, how the normalizer is
-    given). apart=True: each output its own array and the workspace another (what a torch
-    operator returns: outputs that share no memory). Returns (the gradients' arrays, loss,
-    metrics)."""
-    op = b.op
-    ws = op.sizes.get(key)
-    if ws is None:
-        # the size query reads no data pointer: the outputs are bound below, once allocated
-        for name in grads:
-            b.set_at(name, 16, dt, shape)
-        b.set_at("loss", 16, dt, (1,))
-        ws = b.workspace_size()
-        op.sizes[key] = ws
+    key (see _layout). apart=True: each output its own array and the workspace another (what a
+    torch operator returns: outputs that share no memory). Returns (the gradients' arrays,
+    loss, metrics)."""
+    lay = b.op.sizes.get(key) or _layout(b, dt, grads, shape, nmetrics, key)
     if apart:
-        return _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss)
-    es = _ESIZE[dt]
-    n = 1
-    for d in shape:
-        n *= d
-    k = 16 // es
-    stride = (n + k - 1) // k * k  # elements from one gradient to the next: 16-byte aligned
-    head = len(grads) * stride               # the loss's element
-    total = head + 1 + nmetrics
-    if ws:
-        off = (total * es + 15) & ~15
-        total = (off + ws + es - 1) // es
-    buf = b.empty((total,), dt)
-    torch_out = b.place.framework == "torch"
+        return _outputs_apart(b, dt, grads, shape, nmetrics, lay.ws, scalar_loss)
+    buf = b.empty((lay.total,), dt)
+    b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
+    torch_out = b.place.torch
     ptr = buf.data_ptr() if torch_out else buf.ctypes.data
-    a = b.args
-    if ws:
-        a.workspace = ptr + off
-        a.workspace_bytes = ws
+    es, head, a = lay.es, lay.head, b.args
+    if lay.ws:
+        a.workspace = ptr + lay.ws_offset
+        a.workspace_bytes = lay.ws
     outs = []
-    for i, name in enumerate(grads):
+    for name, off in zip(grads, lay.grad_offsets):
+        b.set_at(name, ptr + off * es, dt, shape)
         if torch_out:
-            g = buf.as_strided(shape, contiguous_strides(shape), i * stride)
+            outs.append(buf.as_strided(shape, lay.strides, off))
         else:
-            g = buf[i * stride:i * stride + n].reshape(shape)
-        b.set_at(name, ptr + i * stride * es, dt, shape)
-        outs.append(g)
+            outs.append(buf[off:off + lay.n].reshape(shape))
     b.set_at("loss", ptr + head * es, dt, (1,))
-    loss = buf[head:head + 1]
     if scalar_loss:  # torch: a 0-d view; numpy: buf[head] would be a copy
-        loss = buf[head] if torch_out else loss.reshape(())
+        loss = buf[head] if torch_out else buf[head:head + 1].reshape(())
+    else:
+        loss = buf[head:head + 1]
     metrics = None
     if nmetrics:
         metrics = buf[head + 1:head + 1 + nmetrics]
         b.set_at("metrics", ptr + (head + 1) * es, dt, (nmetrics,))
-    b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
     return outs, loss, metrics
 
 
@@ -243,9 +266,9 @@ def _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss):
     if ws:
         _, a.workspace = b.workspace(ws)
         a.workspace_bytes = ws
-    outs = [b.set_new(name, b.empty(shape, dt), dt, shape) for name in grads]
+    outs = [b.output(name, dt, shape) for name in grads]
     loss = b.set_new("loss", b.empty(() if scalar_loss else (1,), dt), dt, (1,))
-    metrics = b.set_new("metrics", b.empty((nmetrics,), dt), dt, (nmetrics,)) if nmetrics else None
+    metrics = b.output("metrics", dt, (nmetrics,)) if nmetrics else None
     return outs, loss, metrics
 
 
@@ -257,11 +280,7 @@ def _norm_key(a, tn):
 
 
 _PL_GRADS = (("grad_logp",), ("grad_logp", "grad_entropy"))  # without / with the entropy's gradient
-
-# The float fields of rlk_policy_loss_args that policy_loss passes through as given.
-_PL_FLOATS = ("clip_low", "clip_high", "dual_clip", "log_ratio_min", "log_ratio_max",
-              "sapo_tau_pos", "sapo_tau_neg", "clamp_bound_grad", "kl_coef", "kl_input_clamp",
-              "kl_output_clamp", "entropy_coef")
+_VL_GRADS = ("grad_values",)
 
 
 def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_offsets, ref_logp,
@@ -282,27 +301,52 @@ def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_of
         else:
             seq_advantages = seq_offsets is not None and dim(advantages, 0) != rows
     a.seq_advantages = 1 if seq_advantages else 0
-    b.set(prefix + "mask", mask, optional=True)
-    b.set(prefix + "seq_offsets", seq_offsets, _I, optional=True)
-    b.set(prefix + "ref_logp", ref_logp, _F, optional=True)
-    b.set(prefix + "rollout_is_weights", rollout_is_weights, _F, optional=True)
+    if mask is not None:
+        b.set(prefix + "mask", mask, optional=True)
+    if seq_offsets is not None:
+        b.set(prefix + "seq_offsets", seq_offsets, _I, optional=True)
+    if ref_logp is not None:
+        b.set(prefix + "ref_logp", ref_logp, _F, optional=True)
+    if rollout_is_weights is not None:
+        b.set(prefix + "rollout_is_weights", rollout_is_weights, _F, optional=True)
     if mode is not None:
         a.mode = T.enum_value(PolicyLossMode, mode, "%s: mode" % b.name)
     if seq_ratio_grad is not None:
         a.seq_ratio_grad = T.enum_value(SeqRatioGrad, seq_ratio_grad, "%s: seq_ratio_grad" % b.name)
     if kl_estimator is not None:
         a.kl_estimator = T.enum_value(KLEstimator, kl_estimator, "%s: kl_estimator" % b.name)
-    for name, v in zip(_PL_FLOATS, (clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max,
-                                    sapo_tau_pos, sapo_tau_neg, clamp_bound_grad, kl_coef,
-                                    kl_input_clamp, kl_output_clamp, entropy_coef)):
-        if v is not None:
-            setattr(a, name, float(v))
+    # one test per setting: a loop over the twelve costs four times as much
+    if clip_low is not None:
+        a.clip_low = float(clip_low)
+    if clip_high is not None:
+        a.clip_high = float(clip_high)
+    if dual_clip is not None:
+        a.dual_clip = float(dual_clip)
+    if log_ratio_min is not None:
+        a.log_ratio_min = float(log_ratio_min)
+    if log_ratio_max is not None:
+        a.log_ratio_max = float(log_ratio_max)
+    if sapo_tau_pos is not None:
+        a.sapo_tau_pos = float(sapo_tau_pos)
+    if sapo_tau_neg is not None:
+        a.sapo_tau_neg = float(sapo_tau_neg)
+    if clamp_bound_grad is not None:
+        a.clamp_bound_grad = float(clamp_bound_grad)
+    if kl_coef is not None:
+        a.kl_coef = float(kl_coef)
+    if kl_input_clamp is not None:
+        a.kl_input_clamp = float(kl_input_clamp)
+    if kl_output_clamp is not None:
+        a.kl_output_clamp = float(kl_output_clamp)
+    if entropy_coef is not None:
+        a.entropy_coef = float(entropy_coef)
     if kl_straight_through is not None:
         a.kl_straight_through = 1 if kl_straight_through else 0
-    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a, prefix)
+    if agg is not None or token_normalizer is not None or seq_normalizer is not None \
+            or norm_scale is not None or loss_scale is not None:
+        _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a, prefix)
 
 
-@traced_by_torch
 def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_logp=None,
                 entropy=None, rollout_is_weights=None, seq_advantages=None, mode=None,
                 clip_low=None, clip_high=None, dual_clip=None, log_ratio_min=None,
@@ -329,27 +373,30 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     back: the call never synchronizes its stream. The outputs are views of one allocation unless
     apart=True.
     """
+    if compiling():
+        return traced("policy_loss", locals())
     b = Binder(POLICY_OP)
     a = b.args
     dt = b.set("logp", logp, _F)
-    b.set("entropy", entropy, _F, optional=True)
+    if entropy is not None:
+        b.set("entropy", entropy, _F)
     policy_settings(b, a, "", logp.ndim, dim(logp, 0), old_logp, advantages, mask, seq_offsets,
                     ref_logp, rollout_is_weights, seq_advantages, mode, clip_low, clip_high,
                     dual_clip, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg,
                     seq_ratio_grad, clamp_bound_grad, kl_estimator, kl_coef, kl_input_clamp,
                     kl_output_clamp, kl_straight_through, entropy_coef, agg, token_normalizer,
                     seq_normalizer, norm_scale, loss_scale)
-    shape = tuple(logp.shape)
+    shape = logp.shape
     grads = _PL_GRADS[entropy is not None and a.entropy_coef != 0]
+    nmetrics = _PL_NMETRICS if metrics else 0
     outs, loss, out_metrics = _outputs(
-        b, dt, grads, shape, _PL_NMETRICS if metrics else 0,
-        (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
-         a.mode, a.agg, _norm_key(a, token_normalizer)), scalar_loss, apart)
+        b, dt, grads, shape, nmetrics,
+        (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
+         a.mode, a.agg, _norm_key(a, token_normalizer), dt, grads, nmetrics), scalar_loss, apart)
     b.run(stream)
     return PolicyLossResult(loss, outs[0], outs[1] if len(outs) > 1 else None, out_metrics)
 
 
-@traced_by_torch
 def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip=None,
                clamp_bound_grad=None, agg=None, token_normalizer=None, seq_normalizer=None,
                norm_scale=None, loss_scale=None, metrics=True, stream=None, scalar_loss=False,
@@ -361,21 +408,29 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     policy_loss; clamp_bound_grad: the clip's gradient where v - v_old is exactly +-clip
     (default 0.5, verl's). Returns ValueLossResult(loss [1], grad_values, metrics [4] or None);
     the outputs are views of one allocation unless apart=True."""
+    if compiling():
+        return traced("value_loss", locals())
     b = Binder(VALUE_OP)
+    a = b.args
     dt = b.set("values", values, _F)
     b.set("old_values", old_values, _F)
     b.set("returns", returns, _F)
-    b.set("mask", mask, optional=True)
-    b.set("seq_offsets", seq_offsets, _I, optional=True)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
+    if seq_offsets is not None:
+        b.set("seq_offsets", seq_offsets, _I, optional=True)
     if clip is not None:
-        b.args.clip = float(clip)
+        a.clip = float(clip)
     if clamp_bound_grad is not None:
-        b.args.clamp_bound_grad = float(clamp_bound_grad)
-    _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
-    shape = tuple(values.shape)
+        a.clamp_bound_grad = float(clamp_bound_grad)
+    if agg is not None or token_normalizer is not None or seq_normalizer is not None \
+            or norm_scale is not None or loss_scale is not None:
+        _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    shape = values.shape
+    nmetrics = _VL_NMETRICS if metrics else 0
     outs, loss, out_metrics = _outputs(
-        b, dt, ("grad_values",), shape, _VL_NMETRICS if metrics else 0,
-        (b.place.key, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
-         b.args.agg, _norm_key(b.args, token_normalizer)), scalar_loss, apart)
+        b, dt, _VL_GRADS, shape, nmetrics,
+        (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
+         a.agg, _norm_key(a, token_normalizer), dt, nmetrics), scalar_loss, apart)
     b.run(stream)
     return ValueLossResult(loss, outs[0], out_metrics)

@@ -10,7 +10,7 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, is_torch, traced_by_torch
+from .._tensor import Binder, Op, is_torch, compiling, traced
 
 __all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArgs",
            "PrefixAttentionBackwardArgs",
@@ -194,12 +194,13 @@ def _scale(scale):
     return 0.0 if scale is None else float(scale)
 
 
-@traced_by_torch
 def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=None):
     """Forward (rlk_prefix_attention): out [T, Hq, D] in q's dtype and lse f32 [T, Hq] (natural
     log; what the backward needs). scale defaults to 1/sqrt(D). When torch autograd would track
     q, k or v, this goes through rlk.autograd.prefix_attention instead and returns (out, None).
     Returns PrefixAttentionResult(out, lse or None)."""
+    if compiling():
+        return traced("prefix_attention", locals())
     if is_torch(q) and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         import torch
         if torch.is_grad_enabled():
@@ -220,10 +221,11 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
     return PrefixAttentionResult(out, lse_out)
 
 
-@traced_by_torch
 def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None, stream=None):
     """Backward (rlk_prefix_attention_backward): (dq, dk, dv) with q's, k's and v's shapes; a
     prefix key's dk, dv sum its prefix queries and every response of the group, in a fixed order."""
+    if compiling():
+        return traced("prefix_attention_backward", locals())
     b = Binder(BACKWARD_OP)
     dt = b.set("q", q, _QKV)
     b.set("k", k, _QKV)

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, traced_by_torch
+from .._tensor import Binder, Op, compiling, traced
 
 __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked", "GaeArgs",
            "DiscountedReturnsArgs", "ReverseCumsumArgs", "MaskedWhitenArgs", "gae",
@@ -116,12 +116,11 @@ def _algo(b, algo):
 def _out(b, name, given, dtype, shape):
     """The output `name`: the caller's array, or a new one of the input's dtype and shape."""
     if given is None:
-        return b.set_new(name, b.empty(shape, dtype), dtype, shape)
+        return b.output(name, dtype, shape)
     b.set(name, given, _F, output=True)
     return given
 
 
-@traced_by_torch
 def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=None,
         advantages=None, returns=None, compute_returns=True, stream=None):
     """Generalized advantage estimation per row (rlk_gae).
@@ -130,6 +129,8 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     GAE lambda, default 1), masked: "skip" (verl, default) or "zero" (OpenRLHF, TRL).
     Returns (advantages, returns), or advantages alone with compute_returns=False.
     advantages / returns: optional preallocated outputs."""
+    if compiling():
+        return traced("gae", locals())
     b = Binder(GAE_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -150,12 +151,13 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     return (advantages, returns) if want_returns else advantages
 
 
-@traced_by_torch
 def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None, returns=None,
                        stream=None):
     """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
     masked: "reset" (verl REINFORCE++ single-turn, default), "zero" (OpenRLHF) or "carry" (verl's
     current REINFORCE++: carried through masked observation tokens). Returns [B, T]."""
+    if compiling():
+        return traced("discounted_returns", locals())
     b = Binder(RETURNS_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -170,12 +172,13 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
     return returns
 
 
-@traced_by_torch
 def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, advantages=None,
                    stream=None):
     """Reverse cumulative sums of values * mask per row (rlk_reverse_cumsum). With a baseline
     [B] (ReMax: the greedy rollout's reward) also the advantages out_t - baseline_b m_t.
     Returns out, or (out, advantages) with a baseline."""
+    if compiling():
+        return traced("reverse_cumsum", locals())
     b = Binder(CUMSUM_OP)
     dt = b.set("values", values, _F)
     b.set("mask", mask, optional=True)
@@ -188,7 +191,6 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
     return (out, advantages) if baseline is not None else out
 
 
-@traced_by_torch
 def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count_eps=None,
                   shift_mean=None, normalize_std=None, masked=None, out=None, inplace=False,
                   stats=False, stream=None):
@@ -197,6 +199,8 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     Defaults are verl's masked_whiten (eps 1e-8 added, unbiased, count_eps 1e-8). eps_mode
     "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x.
     Returns out, or (out, stats) with stats=True: f64 [3] {mean, var, N}."""
+    if compiling():
+        return traced("masked_whiten", locals())
     b = Binder(WHITEN_OP)
     a = b.args
     dt = b.set("x", x, _F)
@@ -220,7 +224,7 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     out = _out(b, "out", out, dt, x.shape)
     st = None
     if stats:
-        st = b.set_new("stats", b.empty((3,), T.DType.F64), T.DType.F64, (3,))
+        st = b.output("stats", T.DType.F64, (3,))
     key = (b.place.key, x.shape, mask is None, dt)
     n = WHITEN_OP.sizes.get(key)
     if n is None:

@@ -10,7 +10,7 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
            "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
@@ -76,7 +76,6 @@ def _u64(x):
     return int(x) & 0xFFFFFFFFFFFFFFFF
 
 
-@traced_by_torch
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
            tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
            logprob_block=None, logprob_unroll=None, row_split=None, pdl=None, stream=None):
@@ -94,6 +93,8 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     value. pdl: True (the default) lets the kernel start while the stream's previous kernel ends
     (CUDA sm_90+; it waits for that kernel's results), False launches it plainly.
     Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
+    if compiling():
+        return traced("sample", locals())
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
     _setting(b, "temperature", "temperatures", temperature, _F32, float)
@@ -113,12 +114,12 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     else:
         b.set("tokens", tokens, _TOKENS, output=True)
     if logp is True:
-        lp = b.set_new("logp", b.empty(shape, f32), f32, shape)
+        lp = b.output("logp", f32, shape)
     else:
         lp = None if logp is False else logp
         b.set("logp", lp, _F32, optional=True, output=True)
     if logp_filtered is True:
-        lpf = b.set_new("logp_filtered", b.empty(shape, f32), f32, shape)
+        lpf = b.output("logp_filtered", f32, shape)
     else:
         lpf = None if logp_filtered is False else logp_filtered
         b.set("logp_filtered", lpf, _F32, optional=True, output=True)

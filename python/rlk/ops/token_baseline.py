@@ -3,7 +3,7 @@ of the loss)."""
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 
 __all__ = ["TokenBaselineArgs", "token_baseline"]
 
@@ -33,7 +33,6 @@ OP = Op("token_baseline", TokenBaselineArgs, workspace=True)
 _F = (T.DType.F32, T.DType.F64)
 
 
-@traced_by_torch
 def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_offsets=None,
                    mask=None, rollout_is_weights=None, epsilon=None, handle_zero_tail=None,
                    compact=False, advantages=None, returns=None, stream=None):
@@ -49,6 +48,8 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
     advantages / returns: optional preallocated [B, T] outputs of the inputs' dtype.
     Returns (advantages, returns).
     """
+    if compiling():
+        return traced("token_baseline", locals())
     b = Binder(OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -67,7 +68,7 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
     shape = (dim(rewards, 0), dim(rewards, 1))
     for name, out in (("advantages", advantages), ("returns", returns)):
         if out is None:
-            out = b.set_new(name, b.empty(shape, dt), dt, shape)
+            out = b.output(name, dt, shape)
         else:
             b.set(name, out, (dt,), output=True)
         if name == "advantages":

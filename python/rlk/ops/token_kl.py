@@ -3,7 +3,7 @@ import ctypes
 import math
 
 from .. import _types as T
-from .._tensor import Binder, Op, traced_by_torch
+from .._tensor import Binder, Op, compiling, traced
 from ..errors import InvalidArgument
 from .losses import KLEstimator
 
@@ -43,7 +43,6 @@ def _range(r):
     return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
 
 
-@traced_by_torch
 def token_kl(logp, ref_logp, estimator="k3", *, mask=None, input_clamp=(-20.0, 20.0),
              output_clamp=(-10.0, 10.0), outputs="kl", grad_kl=None, straight_through=False,
              old_logp=None, is_weight_max=None, clamp_bound_grad=None, kl=None, grad_logp=None,
@@ -63,6 +62,8 @@ def token_kl(logp, ref_logp, estimator="k3", *, mask=None, input_clamp=(-20.0, 2
     kl / grad_logp: optional preallocated outputs of the inputs' shape and dtype.
     Returns kl, grad_logp or (kl, grad_logp) as `outputs` says.
     """
+    if compiling():
+        return traced("token_kl", locals())
     if outputs not in _OUTPUTS:
         raise InvalidArgument("token_kl: outputs must be one of %s, got %r" % (", ".join(_OUTPUTS), outputs))
     b = Binder(OP)
@@ -86,7 +87,7 @@ def token_kl(logp, ref_logp, estimator="k3", *, mask=None, input_clamp=(-20.0, 2
         if not want:
             continue
         if out is None:
-            out = b.set_new(name, b.empty(shape, dt), dt, shape)
+            out = b.output(name, dt, shape)
         else:
             b.set(name, out, (dt,), output=True)
         res.append(out)

@@ -14,7 +14,7 @@ import ctypes
 
 from .. import _lib
 from .. import _types as T
-from .._tensor import Binder, Op, dim, traced_by_torch
+from .._tensor import Binder, Op, dim, compiling, traced
 from .logprob import FORWARD_OP, LogprobArgs, LogprobResult
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
@@ -59,7 +59,6 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
-@traced_by_torch
 def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_index=None,
                      entropy=False, partials=None, block=None, unroll=None, stream=None):
     """This shard's records (rlk_logprob's shard form): logits [N, V_shard] are the vocabulary
@@ -67,6 +66,8 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
     entropy=True fills the records' entropy part. partials: an optional f32 [N, 4] output
     (contiguous, 16-byte aligned), e.g. this rank's slice of an all-gather buffer.
     Returns the f32 [N, 4] records."""
+    if compiling():
+        return traced("logprob_partials", locals())
     b = Binder(FORWARD_OP)
     a = b.args
     b.set("logits", logits, _LOGITS)
@@ -88,13 +89,14 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
     return partials
 
 
-@traced_by_torch
 def logprob_combine(partials, labels, *, ignore_index=None, entropy=False, lse=True, logp=None,
                     status=None, stream=None):
     """Merges gathered records [P, N, 4] (rank order) into logp, lse and entropy
     (rlk_logprob_combine). entropy=True needs records made with entropy=True. status: an
     optional zeroed i32 [1] that gets STATUS_BAD_LABEL (a label no shard owns) or
     STATUS_LABEL_OWNERS (two shards own it); those rows are NaN. Returns LogprobResult."""
+    if compiling():
+        return traced("logprob_combine", locals())
     b = Binder(COMBINE_OP)
     a = b.args
     b.set("partials", partials, _F32)
