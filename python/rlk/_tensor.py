@@ -28,6 +28,7 @@ from .errors import InvalidArgument
 # rlk_tensor as one struct.pack_into writes it, one format per ndim n: data, dtype, ndim,
 # shape[n], zeros, strides[n], zeros (pack_into zeroes the "x" pad bytes: unused dimensions).
 _PTR = struct.Struct("=Q")  # a descriptor's data pointer (its first field)
+_I32 = T.DType.I32
 _DESC = tuple(struct.Struct("=Qii%dq%dx%dq%dx" % (n, 8 * (T.MAX_DIMS - n), n,
                                                   8 * (T.MAX_DIMS - n)))
               for n in range(T.MAX_DIMS + 1))
@@ -364,10 +365,8 @@ class Binder:
         p = self.place
         if p is None:
             p = self.require_place()
-        if p.torch:
-            if not shape:  # sizes as separate arguments (quicker) need at least one
-                shape = ((),)
-            a = (_torch.zeros if zero else _torch.empty)(*shape, dtype=_TORCH_OF[dtype],
+        if p.torch:  # size= by name: as quick as separate sizes, and 0-d too
+            a = (_torch.zeros if zero else _torch.empty)(size=shape, dtype=_TORCH_OF[dtype],
                                                         **p.alloc_kw)
         else:
             nd = _NUMPY_OF.get(dtype)
@@ -384,6 +383,22 @@ class Binder:
         if self.no_rows:
             return 0
         return self.op.workspace_size(self.context(), self.args)
+
+    def scratch(self, key):
+        """Binds the op's workspace (its `workspace` and `workspace_bytes` fields) for the args
+        bound so far, the size asked of the library once per key: everything the size depends
+        on (place, shapes, dtypes, the settings that shape the call)."""
+        sizes = self.op.sizes
+        n = sizes.get(key)
+        if n is None:
+            n = self.workspace_size()
+            if len(sizes) >= 4096:  # a bound on what a run of ever-new shapes can keep
+                sizes.clear()
+            sizes[key] = n
+        if n:
+            a = self.args
+            _, a.workspace = self.workspace(n)
+            a.workspace_bytes = n
 
     def workspace(self, nbytes):
         """A scratch buffer of `nbytes` (at least 1) in the call's place, kept alive here;
@@ -423,6 +438,14 @@ class Binder:
         raise InvalidArgument("%s: stream: expected a torch.cuda.Stream or an int, got %s" % (
             self.name, type(stream).__name__))
 
+    def _status_word(self):
+        """(the package's status word of this call's op and place, its data pointer), kept on
+        the op for the next call in this place."""
+        word = _status.word_for(self)
+        got = self.op.status_words[self.place] = (word, word.data_ptr() if self.place.torch
+                                                  else word.ctypes.data)
+        return got
+
     def run(self, stream=None):
         """Launches the op with the args built here on this call's context and stream. An empty
         batch (a required input with no rows) launches nothing: what this call allocated is
@@ -444,8 +467,8 @@ class Binder:
         op = self.op
         if op.status_offset is not None and not _PTR.unpack_from(self.args, op.status_offset)[0]:
             # the package's own status word for a call that brought none (_status.py)
-            word = _status.word_for(self)
-            self.set_new(op.status_field, word, T.DType.I32, (1,))
+            word, ptr = op.status_words.get(p) or self._status_word()
+            _DESC[1].pack_into(self.args, op.status_offset, ptr, _I32, 1, 1, 1)
         op.launch(ctx, self.args, raw)
         if _status._state["check"]:
             _status.after_call(self, word, stream)
@@ -482,6 +505,7 @@ class Op:
         # the status word field (an i32 [1] the call ORs bad-input bits into), if the op has one
         self.status_field = next((f for f in ("status", "head.status", "fwd.status") if f in self.offsets), None)
         self.status_offset = None if self.status_field is None else self.offsets[self.status_field]
+        self.status_words = {}  # Place -> (its status word, the word's data pointer)
         self._defaults = None
         self._run = self._workspace_size = None
         self.sizes = {}  # workspace bytes by the key an op family derives from a call

@@ -52,6 +52,9 @@ class GroupAdvantageArgs(ctypes.Structure):
 OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)
 
 _F = (T.DType.F32, T.DType.F64)
+_I = (T.DType.I32, T.DType.I64)
+_F32 = T.DType.F32
+_F32S = (_F32,)
 
 
 def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, eps=None,
@@ -77,10 +80,11 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
         return traced("group_advantage", locals())
     b = Binder(OP)
     a = b.args
-    b.set("scores", scores, _F)
+    dt = b.set("scores", scores, _F)
     if group_size is not None:
         a.group_size = int(group_size)
-    b.set("group_offsets", group_offsets, (T.DType.I32, T.DType.I64), optional=True)
+    if group_offsets is not None:
+        b.set("group_offsets", group_offsets, _I, optional=True)
     if mode is not None:
         a.mode = T.enum_value(AdvantageMode, mode, "group_advantage: mode")
     if eps is not None:
@@ -89,15 +93,17 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
         a.unbiased = 1 if unbiased else 0
     if singleton is not None:
         a.singleton = T.enum_value(SingletonPolicy, singleton, "group_advantage: singleton")
-    b.set("mask", mask, optional=True)
-    b.set("weights", weights, _F, optional=True)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
+    if weights is not None:
+        b.set("weights", weights, _F, optional=True)
     if nan_scores is not None:
         a.nan_scores = T.enum_value(NanScores, nan_scores, "group_advantage: nan_scores")
     B = dim(scores, 0)
     if advantages is None:
-        advantages = b.output("advantages", T.DType.F32, (B,))
+        advantages = b.output("advantages", _F32, (B,))
     else:
-        b.set("advantages", advantages, (T.DType.F32,), output=True)
+        b.set("advantages", advantages, _F32S, output=True)
     broadcast = broadcast or token_advantages is not None
     if broadcast:
         if token_advantages is None:
@@ -107,13 +113,11 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
                 cols = dim(scores, 1)
             else:
                 raise b._fail("broadcast", "needs a [B, T] mask or [B, T] scores to know T")
-            token_advantages = b.output("token_advantages", T.DType.F32, (B, cols))
+            token_advantages = b.output("token_advantages", _F32, (B, cols))
         else:
-            b.set("token_advantages", token_advantages, (T.DType.F32,), output=True)
-    n = b.workspace_size()  # f64 [B, T] scores: their f64 row sums
-    if n:
-        _, ptr = b.workspace(n)
-        a.workspace = ptr
-        a.workspace_bytes = n
+            b.set("token_advantages", token_advantages, _F32S, output=True)
+    # scratch: f64 [B, T] scores' f64 row sums
+    b.scratch((b.place, scores.shape, dt, a.mode, group_offsets is None, mask is None,
+               weights is None, broadcast))
     b.run(stream)
     return (advantages, token_advantages) if broadcast else advantages

@@ -77,6 +77,8 @@ LogprobResult = collections.namedtuple("LogprobResult", "logp lse entropy")
 _LOGITS = (T.DType.BF16, T.DType.F16, T.DType.F32)
 _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
+_F32D = T.DType.F32
+_I32 = (T.DType.I32,)
 
 
 def _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages):
@@ -88,7 +90,8 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
         a.temperature = float(temperature)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
-    b.set("status", status, (T.DType.I32,), optional=True, output=True)
+    if status is not None:
+        b.set("status", status, _I32, optional=True, output=True)
     if variant is not None:
         a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.name)
     if block is not None:
@@ -114,7 +117,7 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     n = dim(logits, 0)
-    f32, shape = T.DType.F32, (n,)
+    f32, shape = _F32D, (n,)
     if logp is None:
         logp = b.output("logp", f32, shape)
     else:
@@ -144,9 +147,12 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
         b.args.shard = 1
         b.args.vocab_start = int(vocab_start)
     b.set("lse", lse, _F32)
-    b.set("grad_logp", grad_logp, _F32, optional=True)
-    b.set("grad_entropy", grad_entropy, _F32, optional=True)
-    b.set("entropy", entropy, _F32, optional=True)
+    if grad_logp is not None:
+        b.set("grad_logp", grad_logp, _F32, optional=True)
+    if grad_entropy is not None:
+        b.set("grad_entropy", grad_entropy, _F32, optional=True)
+    if entropy is not None:
+        b.set("entropy", entropy, _F32, optional=True)
     if inplace:
         grad_logits = logits
     if grad_logits is None:

@@ -109,8 +109,7 @@ _F = (T.DType.F32, T.DType.F64)
 
 
 def _algo(b, algo):
-    if algo is not None:
-        b.args.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.name)
+    b.args.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.name)
 
 
 def _out(b, name, given, dtype, shape):
@@ -135,14 +134,16 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     a = b.args
     dt = b.set("rewards", rewards, _F)
     b.set("values", values, _F)
-    b.set("mask", mask, optional=True)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
     if gamma is not None:
         a.gamma = float(gamma)
     if lam is not None:
         setattr(a, "lambda", float(lam))
     if masked is not None:
         a.masked = T.enum_value(GaeMasked, masked, "gae: masked")
-    _algo(b, algo)
+    if algo is not None:
+        _algo(b, algo)
     advantages = _out(b, "advantages", advantages, dt, rewards.shape)
     want_returns = compute_returns or returns is not None
     if want_returns:
@@ -161,12 +162,14 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
     b = Binder(RETURNS_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
-    b.set("mask", mask, optional=True)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
     if gamma is not None:
         a.gamma = float(gamma)
     if masked is not None:
         a.masked = T.enum_value(ReturnsMasked, masked, "discounted_returns: masked")
-    _algo(b, algo)
+    if algo is not None:
+        _algo(b, algo)
     returns = _out(b, "returns", returns, dt, rewards.shape)
     b.run(stream)
     return returns
@@ -181,8 +184,10 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
         return traced("reverse_cumsum", locals())
     b = Binder(CUMSUM_OP)
     dt = b.set("values", values, _F)
-    b.set("mask", mask, optional=True)
-    _algo(b, algo)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
+    if algo is not None:
+        _algo(b, algo)
     out = _out(b, "out", out, dt, values.shape)
     if baseline is not None or advantages is not None:
         b.set("baseline", baseline, _F)
@@ -204,7 +209,8 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     b = Binder(WHITEN_OP)
     a = b.args
     dt = b.set("x", x, _F)
-    b.set("mask", mask, optional=True)
+    if mask is not None:
+        b.set("mask", mask, optional=True)
     if eps is not None:
         a.eps = float(eps)
     if count_eps is not None:
@@ -225,12 +231,6 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     st = None
     if stats:
         st = b.output("stats", T.DType.F64, (3,))
-    key = (b.place.key, x.shape, mask is None, dt)
-    n = WHITEN_OP.sizes.get(key)
-    if n is None:
-        n = WHITEN_OP.sizes[key] = b.workspace_size()
-    if n:
-        _, a.workspace = b.workspace(n)
-        a.workspace_bytes = n
+    b.scratch((b.place, x.shape, mask is None, dt))
     b.run(stream)
     return (out, st) if stats else out
