@@ -29,6 +29,7 @@ from .errors import InvalidArgument
 # shape[n], zeros, strides[n], zeros (pack_into zeroes the "x" pad bytes: unused dimensions).
 _PTR = struct.Struct("=Q")  # a descriptor's data pointer (its first field)
 _I32 = T.DType.I32
+_MAX_DIMS = T.MAX_DIMS
 _DESC = tuple(struct.Struct("=Qii%dq%dx%dq%dx" % (n, 8 * (T.MAX_DIMS - n), n,
                                                   8 * (T.MAX_DIMS - n)))
               for n in range(T.MAX_DIMS + 1))
@@ -310,9 +311,9 @@ class Binder:
         n = len(shape)
         if n and not shape[0] and not (optional or output):
             self.no_rows = True
-        if n > T.MAX_DIMS:
+        if n > _MAX_DIMS:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
-                n, T.MAX_DIMS))
+                n, _MAX_DIMS))
         _DESC[n].pack_into(self.args, self.offsets[name], ptr, dt, n, *shape, *strides)
         return dt
 

@@ -266,6 +266,7 @@ class TokenKL(torch.autograd.Function):
 
 
 _compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
 
 
 # Reshapes only where the shape changes: each view is one more node the backward walks.
@@ -291,7 +292,7 @@ def _upstream(g):
 
 
 def _require_torch(op, x):
-    if not is_torch(x):
+    if not isinstance(x, _Tensor) and not is_torch(x):
         raise InvalidArgument("rlk.autograd.%s: expects torch tensors (use rlk.%s for numpy)" % (
             op, op))
 

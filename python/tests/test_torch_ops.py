@@ -207,9 +207,10 @@ def test_stream_is_refused_under_compile():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CUDA graphs need one")
-def test_reduce_overhead_replays_bitwise():
+def test_reduce_overhead_replays_bitwise(monkeypatch):
     """mode="reduce-overhead": the step is captured in a CUDA graph and replayed; each replay
-    gives the eager bits (no Python runs inside the graph)."""
+    gives the eager bits, and once the graphs are recorded a replay calls no op of the package:
+    no rlk Binder is made (every op call makes one, in any thread: the backward's too)."""
     dev = "cuda"
     gen = torch.Generator().manual_seed(6)
     hidden = torch.randn(B * T, 64, generator=gen).to(dev, torch.bfloat16).requires_grad_(True)
@@ -218,9 +219,22 @@ def test_reduce_overhead_replays_bitwise():
     scores = torch.randn(B, generator=gen).to(dev)
     _, old, _, mask = (x.to(dev) for x in _losses_inputs(gen))
     eager = _run(_grpo_step_linear, [hidden, weight], labels, scores, mask, old)
+    calls = []
+    made = rlk._tensor.Binder.__init__
+
+    def counted(self, op):
+        calls.append(op.name)
+        made(self, op)
+
+    monkeypatch.setattr(rlk._tensor.Binder, "__init__", counted)
     step = torch.compile(_grpo_step_linear, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, then replays
+    per_step = []
+    for _ in range(6):  # warm-up, record, then replays
+        before = len(calls)
         got = _run(step, [hidden, weight], labels, scores, mask, old)
         torch.cuda.synchronize()
+        per_step.append(calls[before:])
         for e, c in zip(eager, got):
             assert torch.equal(e, c)
+    assert per_step[0], "the warm-up runs the ops through the package: the count must see them"
+    assert per_step[-3:] == [[], [], []], per_step
