@@ -1,7 +1,7 @@
 /* check_main.c - runs every suite. RLK_TEST_SUITE=name runs one; RLK_TEST_GPU=1 enables the
  * GPU cases (they print why they skip otherwise). Each run uses a fresh private cache root.
- * `check_rlk --list` prints the suite names, the longest-running first (what
- * tools/build/run_checks.sh hands out to parallel runs). */
+ * `check_rlk --list` prints the suite names in the order of suites.h, the longest-running first
+ * (what tools/build/run_checks.sh hands out to parallel runs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,35 +12,13 @@
 typedef Suite *(*suite_fn)(void);
 
 int main(int argc, char **argv) {
-  /* longest first (the compile-every-target cases dominate), so parallel runs finish together */
+  /* the op suites first (they compile every target), so parallel runs finish together */
+#define SUITE_ROW(name) {#name, name##_suite},
   static const struct {
     const char *name;
     suite_fn fn;
-  } all[] = {
-      {"sample", sample_suite},
-      {"prefix_attention", prefix_attention_suite},
-      {"policy_loss", policy_loss_suite},
-      {"group_advantage", group_advantage_suite},
-      {"linear_logprob", linear_logprob_suite},
-      {"token_baseline", token_baseline_suite},
-      {"token_kl", token_kl_suite},
-      {"logprob", logprob_suite},
-      {"advantage_scan", advantage_scan_suite},
-      {"tools", tools_suite},
-      {"jit", jit_suite},
-      {"tune", tune_suite},
-      {"logprob_shard", logprob_shard_suite},
-      {"cache", cache_suite},
-      {"record", record_suite},
-      {"hopper", hopper_suite},
-      {"ops", ops_suite},
-      {"api", api_suite},
-      {"compiler", compiler_suite},
-      {"backend", backend_suite},
-      {"template", template_suite},
-      {"key", key_suite},
-      {"sha256", sha256_suite},
-  };
+  } all[] = {RLK_TEST_SUITES(SUITE_ROW)};
+#undef SUITE_ROW
   if (argc == 2 && strcmp(argv[1], "--list") == 0) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) printf("%s\n", all[i].name);
     return 0;

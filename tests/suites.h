@@ -1,31 +1,22 @@
-/* suites.h - every Check suite of the test binary. Each tests/test_*.c defines one. */
+/* suites.h - every Check suite of the test binary: the ops' (one per row of runtime/op_list.h
+ * that names one), then the other parts', the longest first. Each tests/test_*.c defines one. */
 #ifndef RLK_TEST_SUITES_H
 #define RLK_TEST_SUITES_H
 
 #include <check.h>
 
-Suite *sha256_suite(void);
-Suite *key_suite(void);
-Suite *cache_suite(void);
-Suite *template_suite(void);
-Suite *compiler_suite(void);
-Suite *backend_suite(void);
-Suite *jit_suite(void);
-Suite *api_suite(void);
-Suite *ops_suite(void);
-Suite *group_advantage_suite(void);
-Suite *policy_loss_suite(void);
-Suite *advantage_scan_suite(void);
-Suite *logprob_suite(void);
-Suite *logprob_shard_suite(void);
-Suite *sample_suite(void);
-Suite *prefix_attention_suite(void);
-Suite *tune_suite(void);
-Suite *tools_suite(void);
-Suite *hopper_suite(void);
-Suite *linear_logprob_suite(void);
-Suite *token_baseline_suite(void);
-Suite *token_kl_suite(void);
-Suite *record_suite(void);
+#include "runtime/op_list.h"
+
+#define RLK_TEST_OTHER_SUITES(SUITE)                                                                  \
+  SUITE(tools) SUITE(jit) SUITE(tune) SUITE(cache) SUITE(record) SUITE(hopper) SUITE(ops) SUITE(api) \
+  SUITE(compiler) SUITE(backend) SUITE(template) SUITE(key) SUITE(sha256)
+
+/* SUITE(name) for every suite, in the order they run. */
+#define RLK_TEST_SUITES(SUITE) \
+  RLK_OP_LIST(RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP, SUITE) RLK_TEST_OTHER_SUITES(SUITE)
+
+#define RLK_TEST_SUITE_DECL(name) Suite *name##_suite(void);
+RLK_TEST_SUITES(RLK_TEST_SUITE_DECL)
+#undef RLK_TEST_SUITE_DECL
 
 #endif

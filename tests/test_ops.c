@@ -1,8 +1,9 @@
 /* test_ops.c - the contract every op of the table keeps, checked once over the table: its
  * settings parse, spell and document themselves one way; wrong lines are refused naming the
  * setting; samples plan, and plan to the same kernels through their canonical spelling; the
- * samples reach every value of every setting that shapes a kernel. */
+ * samples reach every value of every setting that shapes a kernel; the op list counts every op. */
 #include <check.h>
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -248,6 +249,81 @@ START_TEST(gpu_kernel_list_parses) {
 }
 END_TEST
 
+/* ---- the op list ---------------------------------------------------------------------- */
+
+/* The identifiers that stand between `before` and `after` in the source files under `dir` (of
+ * the source tree) whose names start with `stem` and end with `ext`, each followed by a space. */
+static void names_in(const char *dir, const char *stem, const char *ext, const char *before, const char *after,
+                     char *out, size_t size) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/../../%s", rlk_test_bin_dir(), dir);
+  DIR *d = opendir(path);
+  ck_assert_msg(d != NULL, "cannot open %s", path);
+  size_t len = 0;
+  out[0] = '\0';
+  static char text[1 << 20];
+  for (struct dirent *e; (e = readdir(d));) {
+    const size_t n = strlen(e->d_name);
+    if (strncmp(e->d_name, stem, strlen(stem)) || n < strlen(ext) || strcmp(e->d_name + n - strlen(ext), ext)) continue;
+    snprintf(path, sizeof path, "%s/../../%s/%s", rlk_test_bin_dir(), dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    for (const char *p = strstr(text, before); p; p = strstr(p + 1, before)) {
+      const char *id = p + strlen(before), *q = id;
+      while (*q == '_' || (*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9')) q++;
+      if (q == id || strncmp(q, after, strlen(after))) continue;
+      const int w = snprintf(out + len, size - len, "%.*s ", (int)(q - id), id);
+      ck_assert_int_lt(w, (int)(size - len));
+      len += (size_t)w;
+    }
+  }
+  closedir(d);
+}
+
+static size_t words(const char *s) {
+  size_t n = 0;
+  for (; *s; s++) n += *s == ' ';
+  return n;
+}
+
+/* runtime/op_list.h is complete: the tree defines as many op descriptors and op suites as it lists
+ * (a file whose row is missing would be neither precompiled nor tested), each one listed, and
+ * every public struct has an ABI row. */
+START_TEST(op_list_counts_what_the_tree_defines) {
+  static char descs[4096], suites[4096], structs[8192];
+  names_in("src/ops", "", ".c", "const rlk_op_desc rlk_op_", " = {", descs, sizeof descs);
+  ck_assert_msg(words(descs) == RLK_OP_COUNT, "src/ops defines %zu op descriptors (%s), the op list has %d",
+                words(descs), descs, (int)RLK_OP_COUNT);
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "%s ", rlk_op_table[i]->name);
+    ck_assert_msg(strstr(descs, want) != NULL, "%s: listed, but src/ops defines no rlk_op_%s", want,
+                  rlk_op_table[i]->name);
+  }
+  names_in("tests", "test_", ".c", "Suite *", "(void) {", suites, sizeof suites);
+#define LISTED(name) " " #name "_suite"
+  static const char listed[] = RLK_TEST_SUITES(LISTED) " ";
+#undef LISTED
+  size_t n = 0;
+  for (const char *p = suites; *p; p = strchr(p, ' ') + 1, n++) {
+    const int len = (int)(strchr(p, ' ') - p);
+    char want[96];
+    snprintf(want, sizeof want, " %.*s ", len, p);
+    ck_assert_msg(strstr(listed, want) != NULL, "%.*s: defined in tests/, registered nowhere (suites.h)", len, p);
+  }
+  ck_assert_msg(n == words(listed) - 1, "tests/ defines %zu suites, suites.h registers %zu", n, words(listed) - 1);
+  names_in("include", "rlk", ".h", "typedef struct ", " {", structs, sizeof structs);
+  ck_assert_int_gt(words(structs), 20);
+  for (const char *p = structs; *p; p = strchr(p, ' ') + 1) {
+    char name[96];
+    snprintf(name, sizeof name, "%.*s", (int)(strchr(p, ' ') - p), p);
+    ck_assert_msg(rlk_abi_struct_size(name) > 0, "%s: a public struct without an ABI row", name);
+  }
+}
+END_TEST
+
 /* ---- argument overlap ---------------------------------------------------------------- */
 
 /* The bytes a tensor covers, marked in a map of the buffer it lies in (the reference). */
@@ -353,6 +429,7 @@ Suite *ops_suite(void) {
   tcase_add_test(tc, samples_reach_every_kernel_setting);
   tcase_add_test(tc, precompile_conf_covers_every_op);
   tcase_add_test(tc, gpu_kernel_list_parses);
+  tcase_add_test(tc, op_list_counts_what_the_tree_defines);
   tcase_add_test(tc, overlap_is_exact);
   suite_add_tcase(s, tc);
   return s;

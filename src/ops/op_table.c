@@ -1,17 +1,17 @@
-/* op_table.c - every op family, for the runtime's precompile, help and recording: adding an
- * op is one line here (and its extern in ops.h). The public calls that name an op by a
- * configuration line are defined here too: each hands the table down (as a catalog) to the
- * runtime's machinery, which never reaches up for it. */
+/* op_table.c - every op family, in the order of runtime/op_list.h, for the runtime's precompile,
+ * help and recording. The public calls that name an op by a configuration line are defined here
+ * too: each hands the table down (as a catalog) to the runtime's machinery, which never reaches up
+ * for it. */
 #include <stddef.h>
 
 #include "ops/ops.h"
 #include "runtime/bench_hooks.h"
 #include "runtime/catalog.h"
 
-const rlk_op_desc *const rlk_op_table[] = {&rlk_op_group_advantage, &rlk_op_policy_loss, &rlk_op_value_loss, &rlk_op_gae, &rlk_op_discounted_returns, &rlk_op_reverse_cumsum,
-                                           &rlk_op_masked_whiten, &rlk_op_logprob, &rlk_op_logprob_shard, &rlk_op_sample, &rlk_op_prefix_attention,
-                                           &rlk_op_linear_logprob, &rlk_op_token_baseline,
-                                           &rlk_op_token_kl, NULL};
+#define RLK_OP_TABLE_ROW(name) &rlk_op_##name,
+const rlk_op_desc *const rlk_op_table[] = {RLK_OP_LIST(RLK_OP_TABLE_ROW, RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP) NULL};
+
+_Static_assert(RLK_OP_COUNT <= RLK_CATALOG_MAX_OPS, "the op list outgrows the catalog's texts");
 
 static rlk_op_catalog catalog = RLK_OP_CATALOG_INIT(rlk_op_table);
 

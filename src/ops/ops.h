@@ -1,5 +1,5 @@
 /* ops.h - what the op families share: the op descriptors (runtime/op.h has their type and the
- * settings machinery) and argument validation helpers (checks.c). */
+ * settings machinery, runtime/op_list.h their list) and argument validation helpers (checks.c). */
 #ifndef RLK_OPS_H
 #define RLK_OPS_H
 
@@ -9,21 +9,12 @@
 #include "rlk.h"
 #include "runtime/context.h"
 #include "runtime/op.h"
+#include "runtime/op_list.h"
 
-extern const rlk_op_desc rlk_op_group_advantage;
-extern const rlk_op_desc rlk_op_policy_loss;
-extern const rlk_op_desc rlk_op_value_loss;
-extern const rlk_op_desc rlk_op_gae;
-extern const rlk_op_desc rlk_op_discounted_returns;
-extern const rlk_op_desc rlk_op_reverse_cumsum;
-extern const rlk_op_desc rlk_op_masked_whiten;
-extern const rlk_op_desc rlk_op_logprob;
-extern const rlk_op_desc rlk_op_logprob_shard;
-extern const rlk_op_desc rlk_op_sample;
-extern const rlk_op_desc rlk_op_linear_logprob;
-extern const rlk_op_desc rlk_op_prefix_attention;
-extern const rlk_op_desc rlk_op_token_baseline;
-extern const rlk_op_desc rlk_op_token_kl;
+/* The op families' descriptors (runtime/op_list.h), each defined in its src/ops/ file. */
+#define RLK_OP_DESC_EXTERN(name) extern const rlk_op_desc rlk_op_##name;
+RLK_OP_LIST(RLK_OP_DESC_EXTERN, RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP)
+#undef RLK_OP_DESC_EXTERN
 
 /* Every op family that can be precompiled, NULL-terminated (op_table.c, which also hands it down
  * to the runtime's calls over configuration lines). */
