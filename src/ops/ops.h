@@ -9,6 +9,7 @@
 #include "rlk.h"
 #include "runtime/context.h"
 #include "runtime/op.h"
+#include "runtime/op_call.h"
 #include "runtime/op_list.h"
 
 /* The op families' descriptors (runtime/op_list.h), each defined in its src/ops/ file. */
@@ -53,51 +54,6 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
  * kernels clamp them. Writes *num_groups and *offsets (RLK_DTYPE_INVALID for a fixed size). */
 rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *group_offsets, int64_t B,
                             int host_values, int64_t *num_groups, rlk_dtype *offsets);
-
-/* One tensor argument of a call, for rlk_check_no_overlap. */
-typedef struct rlk_arg_ref {
-  const rlk_tensor *t;        /* absent (NULL, or data NULL): skipped */
-  const char *name;
-  int written;                /* an output, or scratch the call writes (a workspace) */
-  const rlk_tensor *in_place; /* an argument this one may be exactly (same data, dtype, shape and
-                               * strides: a documented in-place form), or NULL */
-} rlk_arg_ref;
-
-/* What a call writes shares memory with no other argument: every written tensor's elements have
- * places of their own (no stride 0), and no two arguments of which one is written overlap, by
- * their elements' bytes (interleaved views of one buffer that share none are fine), except as a
- * documented in-place pair. RLK_ERR_INVALID_ARGUMENT naming both. Read-only inputs may overlap
- * each other and repeat elements (a broadcast view). */
-rlk_status rlk_check_no_overlap(const rlk_arg_ref *args, size_t n);
-
-/* Whether two tensors share any byte (absent ones share none). Exact for any strides; a layout
- * too costly to tell apart counts as overlapping. */
-int rlk_tensors_overlap(const rlk_tensor *a, const rlk_tensor *b);
-
-/* An args struct's tensor field, declared once per op in a table that rlk_check_arg_fields reads:
- * RLK_ARG_IN(rlk_policy_loss_args, logp), RLK_ARG_OUT(..., grad_logp),
- * RLK_ARG_INPLACE(rlk_masked_whiten_args, out, "x") (written, and may be exactly x). */
-typedef struct rlk_arg_field {
-  size_t offset;
-  const char *name;
-  int written;
-  const char *in_place_of; /* the name of the field it may be exactly, or NULL */
-} rlk_arg_field;
-
-#define RLK_ARG_FIELDS_MAX 24
-#define RLK_ARG_IN(type, field) {offsetof(type, field), #field, 0, NULL}
-#define RLK_ARG_OUT(type, field) {offsetof(type, field), #field, 1, NULL}
-#define RLK_ARG_INPLACE(type, field, of) {offsetof(type, field), #field, 1, of}
-
-/* rlk_check_no_overlap over the fields of `args` and the call's workspace (written). */
-rlk_status rlk_check_arg_fields(const rlk_arg_field *fields, size_t n, const void *args, const void *workspace,
-                                size_t workspace_bytes);
-
-/* A workspace of `bytes` bytes as a tensor, for rlk_check_no_overlap. */
-static inline rlk_tensor rlk_workspace_tensor(void *data, size_t bytes) {
-  rlk_tensor t = rlk_tensor_1d(bytes ? data : NULL, RLK_BOOL, (int64_t)bytes);
-  return t;
-}
 
 /* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
  * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times

@@ -3,8 +3,8 @@
  *
  * One elementwise kernel (templates/cuda/token_kl.cuh, templates/host/token_kl.c) whose
  * estimator, mask kind, gradient form, optional inputs and outputs are template values; the
- * clamps are run-time numbers. A 1-D [N] call runs as one row of N. tk_select is the single
- * function both a call and rlk_precompile (the op's `plan`) go through. */
+ * clamps are run-time numbers. A 1-D [N] call runs as one row of N. tk_plan is the single
+ * function both a call (over the call's settings) and rlk_precompile go through. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -12,7 +12,6 @@
 #include "core/core.h"
 #include "ops/advantage_scan.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "common/token_kl_params.h"
 
 /* The kernel's argument (templates/common/token_kl_params.h). */
@@ -46,25 +45,7 @@ static const rlk_template tk_tmpl = {"token_kl", "token_kl", "cuda/token_kl.cuh"
                                      sizeof tk_params / sizeof tk_params[0], tk_params};
 
 /* ---------------------------------------------------------------------------------- */
-/* Selection (shared by calls and precompiling)                                        */
-/* ---------------------------------------------------------------------------------- */
-
-/* What selects the kernel: everything about a call except sizes, pointers and numbers. */
-typedef struct tk_config {
-  rlk_dtype dtype;
-  int estimator, mask, st, old, gin, out;
-} tk_config;
-
-static rlk_status tk_select(const tk_config *c, rlk_kernel_spec *spec) {
-  memset(spec, 0, sizeof *spec);
-  spec->tmpl = &tk_tmpl;
-  const int64_t v[] = {c->dtype, c->estimator, c->mask, c->st, c->old, c->gin, c->out};
-  memcpy(spec->values, v, sizeof v);
-  return rlk_spec_validate(spec);
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
+/* The settings and the plan (shared by calls and precompiling)                        */
 /* ---------------------------------------------------------------------------------- */
 
 enum { TK_S_DTYPE, TK_S_ESTIMATOR, TK_S_MASK, TK_S_ST, TK_S_OLD, TK_S_GIN, TK_S_OUT, TK_NSETTINGS };
@@ -85,27 +66,22 @@ static const rlk_op_setting tk_settings[TK_NSETTINGS] = {
                                 "what the call writes: kl, grad_logp or both"),
 };
 
-/* Combinations refused by a call and by a precompile line alike: an input the kernel would
- * ignore, or an output-less setting. */
-static rlk_status tk_check_config(const tk_config *c) {
-  if (c->old && !c->st)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "old_logp: it weights only the straight-through gradient");
-  if (c->gin && c->out == TK_OUT_KL)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_kl: given, but grad_logp is not written");
-  if (c->st && c->out == TK_OUT_KL)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "straight_through: only the gradient has it, and it is not written");
-  return RLK_OK;
-}
-
-static rlk_status tk_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
+/* The kernel of a configuration, for calls and precompile lines alike. Refused: an input the
+ * kernel would ignore, or an output-less setting. */
+static rlk_status tk_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
   (void)ctx;
-  const tk_config c = {(rlk_dtype)s->v[TK_S_DTYPE], (int)s->v[TK_S_ESTIMATOR], (int)s->v[TK_S_MASK],
-                       (int)s->v[TK_S_ST], (int)s->v[TK_S_OLD], (int)s->v[TK_S_GIN], (int)s->v[TK_S_OUT]};
-  rlk_status st = tk_check_config(&c);
-  if (!st) st = tk_select(&c, &specs[0]);
-  if (!st) *nspecs = 1;
-  return st;
+  const int64_t *v = s->v;
+  if (v[TK_S_OLD] && !v[TK_S_ST])
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "old_logp: it weights only the straight-through gradient");
+  if (v[TK_S_GIN] && v[TK_S_OUT] == TK_OUT_KL)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_kl: given, but grad_logp is not written");
+  if (v[TK_S_ST] && v[TK_S_OUT] == TK_OUT_KL)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "straight_through: only the gradient has it, and it is not written");
+  memset(&specs[0], 0, sizeof specs[0]);
+  specs[0].tmpl = &tk_tmpl;
+  memcpy(specs[0].values, v, TK_NSETTINGS * sizeof *v); /* the settings are the parameters, in order */
+  *nspecs = 1;
+  return rlk_spec_validate(&specs[0]);
 }
 
 static const char *const tk_samples[] = {
@@ -124,7 +100,7 @@ const rlk_op_desc rlk_op_token_kl = {
     .name = "token_kl",
     .settings = tk_settings,
     .nsettings = TK_NSETTINGS,
-    .plan = tk_plan_config,
+    .plan = tk_plan,
     .samples = tk_samples,
 };
 
@@ -164,15 +140,16 @@ static rlk_status tk_bound_pair(double lo, double hi, const char *what) {
   return RLK_OK;
 }
 
-/* Validated views of a call's tensors. */
+/* A call: the kernel's argument. */
 typedef struct tk_call {
-  rlk_tensor logp, ref, old, gin, mask, kl, grad;
-  int64_t B, T;
+  rlk_op_call op;
+  tk_args k;
 } tk_call;
 
-static rlk_status tk_validate(const rlk_token_kl_args *a, tk_config *c, tk_call *k) {
-  memset(c, 0, sizeof *c);
-  memset(k, 0, sizeof *k);
+static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_token_kl_args *a = args;
+  tk_args *k = &((tk_call *)call)->k;
   rlk_status st;
   if ((st = rlk_check_tensor(&a->logp, "logp", 1))) return st;
   if ((st = rlk_check_dtype(&a->logp, "logp", TK_DTYPES))) return st;
@@ -180,14 +157,14 @@ static rlk_status tk_validate(const rlk_token_kl_args *a, tk_config *c, tk_call 
   const int nd = a->logp.ndim;
   const int64_t B = nd == 2 ? a->logp.shape[0] : 1, T = a->logp.shape[nd - 1];
   const uint32_t same = RLK_DTYPE_BIT(a->logp.dtype);
-  c->dtype = a->logp.dtype;
-  if ((st = tk_view(&a->logp, "logp", 1, same, nd, B, T, &k->logp))) return st;
-  if ((st = tk_view(&a->ref_logp, "ref_logp", 1, same, nd, B, T, &k->ref))) return st;
-  if ((st = tk_view(&a->old_logp, "old_logp", 0, same, nd, B, T, &k->old))) return st;
-  if ((st = tk_view(&a->grad_kl, "grad_kl", 0, same, nd, B, T, &k->gin))) return st;
-  if ((st = tk_view(&a->mask, "mask", 0, TK_MASK_DTYPES, nd, B, T, &k->mask))) return st;
-  if ((st = tk_view(&a->kl, "kl", 0, same, nd, B, T, &k->kl))) return st;
-  if ((st = tk_view(&a->grad_logp, "grad_logp", 0, same, nd, B, T, &k->grad))) return st;
+  rlk_tensor logp, ref, old, gin, mask, kl, grad;
+  if ((st = tk_view(&a->logp, "logp", 1, same, nd, B, T, &logp))) return st;
+  if ((st = tk_view(&a->ref_logp, "ref_logp", 1, same, nd, B, T, &ref))) return st;
+  if ((st = tk_view(&a->old_logp, "old_logp", 0, same, nd, B, T, &old))) return st;
+  if ((st = tk_view(&a->grad_kl, "grad_kl", 0, same, nd, B, T, &gin))) return st;
+  if ((st = tk_view(&a->mask, "mask", 0, TK_MASK_DTYPES, nd, B, T, &mask))) return st;
+  if ((st = tk_view(&a->kl, "kl", 0, same, nd, B, T, &kl))) return st;
+  if ((st = tk_view(&a->grad_logp, "grad_logp", 0, same, nd, B, T, &grad))) return st;
   if (!a->kl.data && !a->grad_logp.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl and grad_logp: both absent, the call would write nothing");
   if ((int)a->estimator < RLK_KL_K1 || (int)a->estimator > RLK_KL_K3)
@@ -200,89 +177,70 @@ static rlk_status tk_validate(const rlk_token_kl_args *a, tk_config *c, tk_call 
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "is_weight_max: %g is not > 0", a->is_weight_max);
   if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]", a->clamp_bound_grad);
-  c->estimator = (int)a->estimator;
-  c->mask = rlk_seq_mask_kind(&a->mask);
-  c->st = a->straight_through;
-  c->old = a->old_logp.data != NULL;
-  c->gin = a->grad_kl.data != NULL;
-  c->out = a->kl.data && a->grad_logp.data ? TK_OUT_BOTH : a->kl.data ? TK_OUT_KL : TK_OUT_GRAD;
-  if ((st = tk_check_config(c))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_token_kl_args, logp),     RLK_ARG_IN(rlk_token_kl_args, ref_logp),
-      RLK_ARG_IN(rlk_token_kl_args, old_logp), RLK_ARG_IN(rlk_token_kl_args, grad_kl),
-      RLK_ARG_IN(rlk_token_kl_args, mask),     RLK_ARG_OUT(rlk_token_kl_args, kl),
-      RLK_ARG_OUT(rlk_token_kl_args, grad_logp)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, TK_S_DTYPE, a->logp.dtype);
+  rlk_op_values_set(v, TK_S_ESTIMATOR, a->estimator);
+  rlk_op_values_set(v, TK_S_MASK, rlk_seq_mask_kind(&a->mask));
+  rlk_op_values_set(v, TK_S_ST, a->straight_through);
+  rlk_op_values_set(v, TK_S_OLD, a->old_logp.data != NULL);
+  rlk_op_values_set(v, TK_S_GIN, a->grad_kl.data != NULL);
+  rlk_op_values_set(v, TK_S_OUT, a->kl.data && a->grad_logp.data ? TK_OUT_BOTH : a->kl.data ? TK_OUT_KL : TK_OUT_GRAD);
+  k->logp = logp.data;
+  k->logp_stride = rlk_seq_row_stride(&logp, B, T);
+  k->ref = ref.data;
+  k->ref_stride = rlk_seq_row_stride(&ref, B, T);
+  k->old = old.data;
+  k->old_stride = rlk_seq_row_stride(&old, B, T);
+  k->grad_kl = gin.data;
+  k->grad_kl_stride = rlk_seq_row_stride(&gin, B, T);
+  k->mask = mask.data;
+  k->mask_stride = rlk_seq_row_stride(&mask, B, T);
+  k->kl = kl.data;
+  k->kl_stride = rlk_seq_row_stride(&kl, B, T);
+  k->grad = grad.data;
+  k->grad_stride = rlk_seq_row_stride(&grad, B, T);
   k->B = B;
   k->T = T;
-  return RLK_OK;
+  k->in_lo = a->input_min;
+  k->in_hi = a->input_max;
+  k->out_lo = a->output_min;
+  k->out_hi = a->output_max;
+  k->w_max = a->is_weight_max;
+  k->bound_g = a->clamp_bound_grad;
+  return tk_plan(ctx, v, call->specs, &call->nspecs); /* what it refuses, refused before the call goes on */
 }
 
-/* RLK_JIT_RECORD: the line of a call's configuration. */
-static void tk_record(const tk_config *c) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_token_kl, &s);
-  rlk_op_values_set(&s, TK_S_DTYPE, c->dtype);
-  rlk_op_values_set(&s, TK_S_ESTIMATOR, c->estimator);
-  rlk_op_values_set(&s, TK_S_MASK, c->mask);
-  rlk_op_values_set(&s, TK_S_ST, c->st);
-  rlk_op_values_set(&s, TK_S_OLD, c->old);
-  rlk_op_values_set(&s, TK_S_GIN, c->gin);
-  rlk_op_values_set(&s, TK_S_OUT, c->out);
-  rlk_record_op(&rlk_op_token_kl, &s);
+static void tk_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((tk_call *)call)->k;
 }
+
+/* Rows shorter than the block share it: bx threads along a row (a power of two, at least a
+ * warp), TK_BLOCK / bx rows per block. */
+static void tk_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  (void)i;
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const tk_args *k = &((const tk_call *)call)->k;
+  int64_t bx = 32;
+  while (bx < TK_BLOCK && bx < k->T) bx *= 2;
+  const int64_t by = TK_BLOCK / bx, gx = (k->T + bx - 1) / bx, gy = (k->B + by - 1) / by;
+  d->grid[0] = (unsigned)(gx < (1 << 16) ? gx : (1 << 16));
+  d->grid[1] = (unsigned)(gy < 65535 ? gy : 65535);
+  d->block[0] = (unsigned)bx;
+  d->block[1] = (unsigned)by;
+}
+
+static const rlk_arg_field tk_fields[] = {
+    RLK_ARG_IN(rlk_token_kl_args, logp),     RLK_ARG_IN(rlk_token_kl_args, ref_logp),
+    RLK_ARG_IN(rlk_token_kl_args, old_logp), RLK_ARG_IN(rlk_token_kl_args, grad_kl),
+    RLK_ARG_IN(rlk_token_kl_args, mask),     RLK_ARG_OUT(rlk_token_kl_args, kl),
+    RLK_ARG_OUT(rlk_token_kl_args, grad_logp)};
+
+static const rlk_op_entry tk_entry = {
+    .name = "rlk_token_kl", .op = &rlk_op_token_kl, RLK_OP_FIELDS(tk_fields),
+    .validate = tk_validate, .fill = tk_fill, .dims = tk_dims};
 
 RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_kl: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_kl: args is NULL");
-  tk_config c;
   tk_call k;
-  rlk_status st = tk_validate(args, &c, &k);
-  if (st) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_token_kl"))) return st;
-  rlk_kernel_spec spec;
-  if ((st = tk_select(&c, &spec))) return st;
-  if (rlk_record_enabled()) tk_record(&c);
-
-  const int64_t B = k.B, T = k.T;
-  tk_args a;
-  memset(&a, 0, sizeof a);
-  a.logp = k.logp.data;
-  a.logp_stride = rlk_seq_row_stride(&k.logp, B, T);
-  a.ref = k.ref.data;
-  a.ref_stride = rlk_seq_row_stride(&k.ref, B, T);
-  a.old = k.old.data;
-  a.old_stride = rlk_seq_row_stride(&k.old, B, T);
-  a.grad_kl = k.gin.data;
-  a.grad_kl_stride = rlk_seq_row_stride(&k.gin, B, T);
-  a.mask = k.mask.data;
-  a.mask_stride = rlk_seq_row_stride(&k.mask, B, T);
-  a.kl = k.kl.data;
-  a.kl_stride = rlk_seq_row_stride(&k.kl, B, T);
-  a.grad = k.grad.data;
-  a.grad_stride = rlk_seq_row_stride(&k.grad, B, T);
-  a.B = B;
-  a.T = T;
-  a.in_lo = args->input_min;
-  a.in_hi = args->input_max;
-  a.out_lo = args->output_min;
-  a.out_hi = args->output_max;
-  a.w_max = args->is_weight_max;
-  a.bound_g = args->clamp_bound_grad;
-  void *kargs[] = {&a};
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
-  if (ctx->kind != RLK_BACKEND_HOST) {
-    /* rows shorter than the block share it: bx threads along a row (a power of two, at least a
-     * warp), TK_BLOCK / bx rows per block */
-    int64_t bx = 32;
-    while (bx < TK_BLOCK && bx < T) bx *= 2;
-    const int64_t by = TK_BLOCK / bx, gx = (T + bx - 1) / bx, gy = (B + by - 1) / by;
-    d.grid[0] = (unsigned)(gx < (1 << 16) ? gx : (1 << 16));
-    d.grid[1] = (unsigned)(gy < 65535 ? gy : 65535);
-    d.block[0] = (unsigned)bx;
-    d.block[1] = (unsigned)by;
-  }
-  return rlk_context_launch(ctx, &spec, &d, stream, kargs);
+  return rlk_op_run(&tk_entry, ctx, args, &k.op, stream);
 }

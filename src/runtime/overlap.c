@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "ops/ops.h"
+#include "runtime/overlap.h"
 
 /* Steps of the exact comparison before it gives up and calls a pair overlapping. */
 #define OVERLAP_WORK_MAX ((uint64_t)1 << 22)

@@ -1,0 +1,71 @@
+/* op_call.c - the generic call driver: the part of every op call that is the same for all (see
+ * op_call.h). */
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "runtime/op_call.h"
+#include "runtime/record.h"
+
+static rlk_status validate(const rlk_op_entry *e, const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  memset(call, 0, sizeof *call);
+  if (e->op) rlk_op_values_init(e->op, &call->vals);
+  return e->validate(ctx, args, call);
+}
+
+rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call,
+                                 size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: ctx is NULL", e->name);
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: args is NULL", e->name);
+  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: bytes is NULL", e->name);
+  rlk_status st = validate(e, ctx, args, call);
+  if (!st) *bytes = call->workspace;
+  return st;
+}
+
+/* The caller's workspace against what the call needs. */
+static rlk_status check_workspace(const rlk_op_entry *e, const void *workspace, size_t bytes, size_t need) {
+  if (!need) return RLK_OK;
+  if (!workspace)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: NULL, the call needs %zu bytes (%s_workspace_size)", need,
+                     e->name);
+  if (bytes < need)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: %zu bytes, the call needs %zu (%s_workspace_size)", bytes,
+                     need, e->name);
+  if ((uintptr_t)workspace % e->workspace.align)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not %zu-byte aligned", e->workspace.align);
+  return RLK_OK;
+}
+
+rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", e->name);
+  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", e->name);
+  rlk_status st = validate(e, ctx, args, call);
+  if (st) return st;
+  const void *workspace = NULL;
+  size_t bytes = 0;
+  if (e->workspace.align) {
+    memcpy(&workspace, (const char *)args + e->workspace.data, sizeof workspace);
+    memcpy(&bytes, (const char *)args + e->workspace.bytes, sizeof bytes);
+  }
+  if ((st = check_workspace(e, workspace, bytes, call->workspace))) return st;
+  if ((st = rlk_check_arg_fields(e->fields, e->nfields, args, workspace, call->workspace ? bytes : 0))) return st;
+  if ((st = rlk_context_require_device(ctx, e->name))) return st;
+  if (!call->nspecs) {
+    st = e->select ? e->select(ctx, args, call) : e->op->plan(ctx, &call->vals, call->specs, &call->nspecs);
+    if (st) return st;
+  }
+  if (e->op && rlk_record_enabled()) rlk_record_op(e->op, &call->vals);
+  if (e->launch) return e->launch(ctx, args, call, stream);
+  for (size_t i = 0; i < call->nspecs; i++) {
+    void *params[4] = {NULL, NULL, NULL, NULL};
+    rlk_launch_dims d;
+    memset(&d, 0, sizeof d);
+    d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
+    e->fill(ctx, args, call, i, params);
+    e->dims(ctx, call, i, &d);
+    if ((st = rlk_context_launch(ctx, &call->specs[i], &d, stream, params))) return st;
+  }
+  return RLK_OK;
+}

@@ -1,0 +1,69 @@
+/* op_call.h - the generic call driver (op_call.c): what every public op entry does, once.
+ *
+ * An op's entry (rlk_token_kl, rlk_logprob_backward, ...) is an rlk_op_entry: its name, its
+ * configuration-line family, its args struct's tensor fields and workspace, and three functions
+ * of the op: validate (every argument; the call's configuration values, sizes and workspace),
+ * fill (a kernel's argument struct) and dims (its launch shape). The driver does the rest: the
+ * NULL checks, the workspace checks, the overlap check over the fields, the device check, the
+ * kernels from the op's plan over the call's values (the function rlk_precompile goes through,
+ * so a recorded line builds what the call ran), RLK_JIT_RECORD, and the launches. */
+#ifndef RLK_RUNTIME_OP_CALL_H
+#define RLK_RUNTIME_OP_CALL_H
+
+#include <stddef.h>
+
+#include "rlk.h"
+#include "runtime/context.h"
+#include "runtime/op.h"
+#include "runtime/overlap.h"
+
+/* A call being made: what the driver and the op share. The op keeps its own state in a struct
+ * whose first member is this one, which its functions reach by a cast. */
+typedef struct rlk_op_call {
+  rlk_op_values vals; /* the call's configuration (validate sets every setting a recording spells) */
+  size_t workspace;   /* the workspace bytes the call needs (validate; 0: none) */
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS]; /* the kernels, in launch order */
+  size_t nspecs;
+} rlk_op_call;
+
+/* Where an args struct keeps its workspace (void *workspace; size_t workspace_bytes) and the
+ * alignment a call needs of it; align 0: the struct has none. */
+typedef struct rlk_op_workspace {
+  size_t data, bytes, align;
+} rlk_op_workspace;
+
+#define RLK_OP_WORKSPACE(type, alignment) {offsetof(type, workspace), offsetof(type, workspace_bytes), alignment}
+
+/* An entry's tensor fields: a table of RLK_ARG_IN / RLK_ARG_OUT / RLK_ARG_INPLACE rows. */
+#define RLK_OP_FIELDS(table) .fields = (table), .nfields = sizeof(table) / sizeof((table)[0])
+
+typedef struct rlk_op_entry {
+  const char *name;       /* the public function, "rlk_token_kl": the prefix of its messages */
+  const rlk_op_desc *op;  /* the configuration-line family of its calls (plan, RLK_JIT_RECORD) */
+  const rlk_arg_field *fields;
+  size_t nfields;
+  rlk_op_workspace workspace;
+  /* Checks every argument and fills the call: vals (rlk_op_values_set for every setting the
+   * configuration has), workspace, and the op's own state. It may choose the kernels itself
+   * (specs, nspecs) when the call's sizes depend on them. */
+  rlk_status (*validate)(const rlk_context *ctx, const void *args, rlk_op_call *call);
+  /* The kernels when validate has not chosen them; NULL: op->plan over call->vals. */
+  rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
+  /* Kernel i's parameter list for rlk_context_launch (params[0] its argument struct, kept in the
+   * op's state; a tensor map goes first, by value). */
+  void (*fill)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params);
+  /* Kernel i's launch shape; d arrives as one thread of one block. */
+  void (*dims)(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
+  /* Instead of fill and dims, for an op whose launches are more than one per kernel: runs them. */
+  rlk_status (*launch)(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream);
+} rlk_op_entry;
+
+/* The call of entry e on `args`; `call` is the op's state (an rlk_op_call first). */
+rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call, void *stream);
+
+/* <entry>_workspace_size: the bytes of workspace the call of `args` needs (validate's), 0 on an
+ * error. */
+rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call,
+                                 size_t *bytes);
+
+#endif
