@@ -18,17 +18,17 @@
  * checked; the kernel clamps every offset into [0, B], so bad offsets cannot make it access
  * memory out of bounds (members no group covers are then left unwritten).
  *
- * The variant selection (ga_select) is the single function both a real call and rlk_precompile
- * (the op's `plan`) go through, so precompiling a configuration builds exactly what the call
- * will look up. */
+ * The plan (ga_plan) is the single function both a real call (over the call's settings) and
+ * rlk_precompile go through, so precompiling a configuration builds exactly what the call will
+ * look up. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/advantage_scan.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "common/group_advantage_params.h"
 
 /* The kernels' arguments (templates/common/group_advantage_params.h). */
@@ -43,10 +43,8 @@ RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_
 /* Choice names: the index of each is the enum value the templates see. */
 static const char *const ga_mode_names[] = {"grpo", "mean-only", "rloo", "batch-std", "opo", "passk", "passk-unscaled", NULL};
 static const char *const ga_singleton_names[] = {"mean0-std1", "zero", NULL};
-static const char *const ga_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 static const char *const ga_offsets_names[] = {"fixed", "i32", "i64", NULL};
 
-enum { GA_MASK_NONE = 0, GA_MASK_BOOL = 1, GA_MASK_I32 = 2, GA_MASK_F32 = 3 };
 enum { GA_OFFSETS_FIXED = 0, GA_OFFSETS_I32 = 1, GA_OFFSETS_I64 = 2 };
 
 /* Fixed group sizes up to this are baked into the kernel (unrolled, constant bounds); larger
@@ -59,7 +57,7 @@ enum { GA_OFFSETS_FIXED = 0, GA_OFFSETS_I32 = 1, GA_OFFSETS_I64 = 2 };
 
 static const rlk_param_decl ga_rowsum_params[] = {
     {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
 };
 
 static const rlk_param_decl ga_group_params[] = {
@@ -71,7 +69,7 @@ static const rlk_param_decl ga_group_params[] = {
 };
 
 static const rlk_param_decl ga_broadcast_params[] = {
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, ga_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
 };
 
 static const rlk_template ga_rowsum_tmpl = {
@@ -90,99 +88,7 @@ static const rlk_template ga_broadcast_tmpl = {
     ga_broadcast_params};
 
 /* ---------------------------------------------------------------------------------- */
-/* Variant selection (shared by calls and precompiling)                                */
-/* ---------------------------------------------------------------------------------- */
-
-/* What selects the kernels: everything about a call except sizes and pointers. */
-typedef struct ga_config {
-  int mode;           /* rlk_advantage_mode */
-  int64_t group_size; /* > 0 fixed, 0 with offsets */
-  rlk_dtype offsets;  /* RLK_I32 / RLK_I64 when group_size == 0 */
-  rlk_dtype scores;   /* RLK_F32 / RLK_F64 */
-  int scores_2d;
-  int mask; /* GA_MASK_* */
-  int unbiased;
-  int singleton; /* rlk_singleton_policy */
-  int broadcast;
-} ga_config;
-
-/* The kernels of one call, in launch order. */
-typedef struct ga_plan {
-  rlk_kernel_spec rowsum, group, broadcast;
-  int has_rowsum, has_broadcast;
-  int seg; /* threads per group in the group kernel */
-} ga_plan;
-
-
-static int64_t ga_next_pow2(int64_t x) {
-  int64_t p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
-
-static int ga_mask_kind(rlk_dtype d) {
-  switch (d) {
-  case RLK_BOOL:
-    return GA_MASK_BOOL;
-  case RLK_I32:
-    return GA_MASK_I32;
-  case RLK_F32:
-    return GA_MASK_F32;
-  default:
-    return GA_MASK_NONE;
-  }
-}
-
-/* The one place that turns a configuration into kernel specs for a backend.
- *   fixed G <= 1024 is baked in (host and GPU alike); larger G and offsets are run-time values;
- *   GPU threads per group: the next power of two of G up to a warp (several groups per warp),
- *   else up to 256 threads of a block; uneven groups take a warp each; the host uses 1. */
-static rlk_status ga_select(const rlk_target *t, const ga_config *c, ga_plan *p) {
-  const rlk_backend kind = t->kind;
-  memset(p, 0, sizeof *p);
-  const int host = kind == RLK_BACKEND_HOST;
-  const int warp = t->warp_size;
-  int64_t baked = 0, seg;
-  if (c->group_size > 0) {
-    baked = c->group_size <= GA_MAX_BAKED_GROUP ? c->group_size : 0;
-    if (host)
-      seg = 1;
-    else if (c->group_size <= warp)
-      seg = ga_next_pow2(c->group_size);
-    else
-      seg = c->group_size >= GA_MAX_SEG ? GA_MAX_SEG : ga_next_pow2(c->group_size);
-  } else {
-    seg = host ? 1 : warp;
-  }
-  int offsets = GA_OFFSETS_FIXED;
-  if (c->group_size == 0) offsets = c->offsets == RLK_I32 ? GA_OFFSETS_I32 : GA_OFFSETS_I64;
-
-  if (c->scores_2d) {
-    p->has_rowsum = 1;
-    p->rowsum.tmpl = &ga_rowsum_tmpl;
-    p->rowsum.values[0] = c->scores;
-    p->rowsum.values[1] = c->mask;
-  }
-  p->group.tmpl = &ga_group_tmpl;
-  p->group.values[0] = c->scores; /* the row sums keep the scores' type */
-  p->group.values[1] = c->mode;
-  p->group.values[2] = baked;
-  p->group.values[3] = seg;
-  p->group.values[4] = offsets;
-  p->seg = (int)seg;
-  if (c->broadcast) {
-    p->has_broadcast = 1;
-    p->broadcast.tmpl = &ga_broadcast_tmpl;
-    p->broadcast.values[0] = c->mask;
-  }
-  rlk_status st = p->has_rowsum ? rlk_spec_validate(&p->rowsum) : RLK_OK;
-  if (!st) st = rlk_spec_validate(&p->group);
-  if (!st && p->has_broadcast) st = rlk_spec_validate(&p->broadcast);
-  return st;
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
+/* The settings and the plan (shared by calls and precompiling)                        */
 /* ---------------------------------------------------------------------------------- */
 
 enum {
@@ -201,7 +107,7 @@ static const rlk_op_setting ga_settings[GA_NSETTINGS] = {
                                   "the scores' dtype"),
     [GA_S_SCORES_2D] = RLK_SET_FLAG("scores_2d", 0, "group_advantage_rowsum",
                                     "scores are [B, T] token rewards summed per row under the mask"),
-    [GA_S_MASK] = RLK_SET_CHOICE("mask", ga_mask_names, GA_MASK_NONE, "group_advantage_rowsum.mask",
+    [GA_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_NONE, "group_advantage_rowsum.mask",
                                  "the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1"),
     [GA_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "std with N - 1"),
     [GA_S_SINGLETON] = RLK_SET_CHOICE("singleton", ga_singleton_names, RLK_SINGLETON_MEAN0_STD1, "",
@@ -210,27 +116,42 @@ static const rlk_op_setting ga_settings[GA_NSETTINGS] = {
                                     "also write token_advantages [B, T]"),
 };
 
-static rlk_status ga_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  ga_config c = {(int)s->v[GA_S_MODE],     s->v[GA_S_GROUP_SIZE],      (rlk_dtype)s->v[GA_S_OFFSETS],
-                 (rlk_dtype)s->v[GA_S_SCORES], (int)s->v[GA_S_SCORES_2D], (int)s->v[GA_S_MASK],
-                 (int)s->v[GA_S_UNBIASED], (int)s->v[GA_S_SINGLETON], (int)s->v[GA_S_BROADCAST]};
+static int64_t ga_next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+/* The kernels of a configuration on ctx's target, in launch order: the row sums for [B, T]
+ * scores, the group kernel, the broadcast when token advantages are written.
+ *   fixed G <= 1024 is baked in (host and GPU alike); larger G and offsets are run-time values;
+ *   GPU threads per group: the next power of two of G up to a warp (several groups per warp),
+ *   else up to 256 threads of a block; uneven groups take a warp each; the host uses 1. */
+static rlk_status ga_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t *v = s->v;
   const int have_offsets = RLK_OP_GIVEN(s, GA_S_OFFSETS);
-  if (have_offsets && !RLK_OP_GIVEN(s, GA_S_GROUP_SIZE)) c.group_size = 0;
-  if (have_offsets && c.group_size > 0)
+  const int64_t G = have_offsets && !RLK_OP_GIVEN(s, GA_S_GROUP_SIZE) ? 0 : v[GA_S_GROUP_SIZE];
+  if (have_offsets && G > 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "offsets: only with group_size=0 (groups are either fixed or by offsets)");
-  if (c.mask != GA_MASK_NONE && !c.scores_2d && !c.broadcast)
+  if (v[GA_S_MASK] != RLK_SEQ_MASK_NONE && !v[GA_S_SCORES_2D] && !v[GA_S_BROADCAST])
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: needs scores_2d=1 or broadcast=1");
-
-  ga_plan p;
-  rlk_status st = ga_select(&ctx->target, &c, &p);
-  if (st) return st;
+  const int host = ctx->kind == RLK_BACKEND_HOST, warp = ctx->target.warp_size;
+  int64_t seg = host ? 1 : warp;
+  if (G > 0 && !host) seg = G >= GA_MAX_SEG ? GA_MAX_SEG : ga_next_pow2(G);
   size_t n = 0;
-  if (p.has_rowsum) specs[n++] = p.rowsum;
-  specs[n++] = p.group;
-  if (p.has_broadcast) specs[n++] = p.broadcast;
+  memset(specs, 0, 3 * sizeof *specs);
+  if (v[GA_S_SCORES_2D]) specs[n++] = (rlk_kernel_spec){&ga_rowsum_tmpl, {v[GA_S_SCORES], v[GA_S_MASK]}};
+  /* the row sums keep the scores' type */
+  specs[n++] = (rlk_kernel_spec){&ga_group_tmpl,
+                                 {v[GA_S_SCORES], v[GA_S_MODE], G <= GA_MAX_BAKED_GROUP ? G : 0, seg,
+                                  G > 0 ? GA_OFFSETS_FIXED : v[GA_S_OFFSETS] == RLK_I32 ? GA_OFFSETS_I32 : GA_OFFSETS_I64}};
+  if (v[GA_S_BROADCAST]) specs[n++] = (rlk_kernel_spec){&ga_broadcast_tmpl, {v[GA_S_MASK]}};
   *nspecs = n;
+  for (size_t i = 0; i < n; i++) {
+    rlk_status st = rlk_spec_validate(&specs[i]);
+    if (st) return st;
+  }
   return RLK_OK;
 }
 
@@ -256,7 +177,7 @@ const rlk_op_desc rlk_op_group_advantage = {
     .name = "group_advantage",
     .settings = ga_settings,
     .nsettings = GA_NSETTINGS,
-    .plan = ga_plan_config,
+    .plan = ga_plan,
     .samples = ga_samples,
 };
 
@@ -274,15 +195,19 @@ RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args) {
   args->singleton = RLK_SINGLETON_MEAN0_STD1;
 }
 
-/* Sizes and pointers of a validated call. */
+/* A call: its sizes and the kernels' arguments. */
 typedef struct ga_call {
+  rlk_op_call op;
   int64_t B, T, num_groups;
+  ga_rowsum_args rowsum;
+  ga_group_args group;
+  ga_broadcast_args broadcast;
 } ga_call;
 
-static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_args *a,
-                              ga_config *c, ga_call *k) {
-  memset(c, 0, sizeof *c);
-  memset(k, 0, sizeof *k);
+static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_group_advantage_args *a = args;
+  ga_call *k = (ga_call *)call;
+  rlk_op_values *v = &call->vals;
   rlk_status st;
   /* scores */
   if ((st = rlk_check_tensor(&a->scores, "scores", 1))) return st;
@@ -290,9 +215,8 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
   if ((st = rlk_check_ndim(&a->scores, "scores", 1, 2))) return st;
   const int64_t B = a->scores.shape[0];
   int64_t T = 0;
-  c->scores = a->scores.dtype;
-  c->scores_2d = a->scores.ndim == 2;
-  if (c->scores_2d) {
+  const int scores_2d = a->scores.ndim == 2;
+  if (scores_2d) {
     T = a->scores.shape[1];
     if ((st = rlk_check_rows(&a->scores, "scores", B, T))) return st;
   }
@@ -317,17 +241,12 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
                      (int)a->singleton);
   if (!(a->eps >= 0.0f) || isinf(a->eps))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", (double)a->eps);
-  c->mode = (int)a->mode;
-  c->singleton = (int)a->singleton;
-  c->unbiased = a->unbiased != 0;
 
   /* groups */
-  c->group_size = a->group_size;
   rlk_dtype offsets;
   if ((st = rlk_check_groups(a->group_size, &a->group_offsets, B, ctx->kind == RLK_BACKEND_HOST,
                              &k->num_groups, &offsets)))
     return st;
-  if (offsets != RLK_DTYPE_INVALID) c->offsets = offsets;
 
   /* advantages */
   if ((st = rlk_check_tensor(&a->advantages, "advantages", 1))) return st;
@@ -345,16 +264,15 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
     if ((st = rlk_check_tensor(t, "token_advantages", 1))) return st;
     if ((st = rlk_check_dtype(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
     if ((st = rlk_check_ndim(t, "token_advantages", 2, 2))) return st;
-    if (c->scores_2d && t->shape[1] != T)
+    if (scores_2d && t->shape[1] != T)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "token_advantages: %lld columns, but scores has T = %lld",
                        (long long)t->shape[1], (long long)T);
-    if (!c->scores_2d) T = t->shape[1];
+    if (!scores_2d) T = t->shape[1];
     if ((st = rlk_check_rows(t, "token_advantages", B, T))) return st;
-    c->broadcast = 1;
   }
   if (has_mask) {
-    if (!c->scores_2d && !has_tok)
+    if (!scores_2d && !has_tok)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "mask: given, but scores are 1-D and token_advantages is absent");
     if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
@@ -363,187 +281,135 @@ static rlk_status ga_validate(const rlk_context *ctx, const rlk_group_advantage_
                                   RLK_DTYPE_BIT(RLK_F32))))
       return st;
     if ((st = rlk_check_rows(&a->mask, "mask", B, T))) return st;
-    c->mask = ga_mask_kind(a->mask.dtype);
   }
+  rlk_op_values_set(v, GA_S_MODE, a->mode);
+  rlk_op_values_set(v, GA_S_GROUP_SIZE, a->group_size);
+  if (a->group_size == 0) rlk_op_values_set(v, GA_S_OFFSETS, offsets);
+  rlk_op_values_set(v, GA_S_SCORES, a->scores.dtype);
+  rlk_op_values_set(v, GA_S_SCORES_2D, scores_2d);
+  rlk_op_values_set(v, GA_S_MASK, rlk_seq_mask_kind(&a->mask));
+  rlk_op_values_set(v, GA_S_UNBIASED, a->unbiased != 0);
+  rlk_op_values_set(v, GA_S_SINGLETON, a->singleton);
+  rlk_op_values_set(v, GA_S_BROADCAST, has_tok);
   k->B = B;
   k->T = T;
+  /* f64 [B, T] scores keep their row sums in f64: B doubles of scratch */
+  call->workspace = scores_2d && a->scores.dtype == RLK_F64 ? (size_t)B * sizeof(double) : 0;
   return RLK_OK;
 }
 
 static unsigned ga_min_u(int64_t a, int64_t b) { return (unsigned)(a < b ? a : b); }
 
-static rlk_launch_dims ga_dims(unsigned gx, unsigned gy, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = gx ? gx : 1;
-  d.grid[1] = gy ? gy : 1;
-  d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = 1;
-  d.block[2] = 1;
-  return d;
-}
-
-/* f64 [B, T] scores keep their row sums in f64: B doubles of scratch. */
-static size_t ga_workspace_bytes(const ga_config *c, const ga_call *k) {
-  return c->scores_2d && c->scores == RLK_F64 ? (size_t)k->B * sizeof(double) : 0;
-}
-
-RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx,
-                                                      const rlk_group_advantage_args *args,
-                                                      size_t *bytes) {
-  if (bytes) *bytes = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: ctx is NULL");
-  if (!args)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: args is NULL");
-  if (!bytes)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage_workspace_size: bytes is NULL");
-  ga_config c;
-  ga_call k;
-  rlk_status st = ga_validate(ctx, args, &c, &k);
-  if (!st) *bytes = ga_workspace_bytes(&c, &k);
-  return st;
-}
-
-/* RLK_JIT_RECORD: the line of a call's configuration. */
-static void ga_record(const ga_config *c) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_group_advantage, &s);
-  rlk_op_values_set(&s, GA_S_MODE, c->mode);
-  rlk_op_values_set(&s, GA_S_GROUP_SIZE, c->group_size);
-  if (c->group_size == 0) rlk_op_values_set(&s, GA_S_OFFSETS, c->offsets);
-  rlk_op_values_set(&s, GA_S_SCORES, c->scores);
-  rlk_op_values_set(&s, GA_S_SCORES_2D, c->scores_2d);
-  rlk_op_values_set(&s, GA_S_MASK, c->mask);
-  rlk_op_values_set(&s, GA_S_UNBIASED, c->unbiased);
-  rlk_op_values_set(&s, GA_S_SINGLETON, c->singleton);
-  rlk_op_values_set(&s, GA_S_BROADCAST, c->broadcast);
-  rlk_record_op(&rlk_op_group_advantage, &s);
-}
-
-RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args,
-                                       void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_group_advantage: args is NULL");
-  ga_config c;
-  ga_call k;
-  rlk_status st = ga_validate(ctx, args, &c, &k);
-  if (st) return st;
-  const size_t ws_need = ga_workspace_bytes(&c, &k);
-  if (ws_need) {
-    if (!args->workspace)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "workspace: NULL, f64 [B, T] scores need %zu bytes "
-                       "(rlk_group_advantage_workspace_size)", ws_need);
-    if (args->workspace_bytes < ws_need)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "workspace: %zu bytes, f64 [B, T] scores need %zu "
-                       "(rlk_group_advantage_workspace_size)", args->workspace_bytes, ws_need);
-    if ((uintptr_t)args->workspace % 8 != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
-  }
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_group_advantage_args, scores),           RLK_ARG_IN(rlk_group_advantage_args, group_offsets),
-      RLK_ARG_IN(rlk_group_advantage_args, mask),             RLK_ARG_IN(rlk_group_advantage_args, weights),
-      RLK_ARG_INPLACE(rlk_group_advantage_args, advantages, "scores"),
-      RLK_ARG_OUT(rlk_group_advantage_args, token_advantages)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, ws_need ? args->workspace_bytes : 0)))
-    return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_group_advantage"))) return st;
-  ga_plan p;
-  if ((st = ga_select(&ctx->target, &c, &p))) return st;
-  if (rlk_record_enabled()) ga_record(&c);
-
-  const int host = ctx->kind == RLK_BACKEND_HOST;
-  const int warp = ctx->target.warp_size;
-  const int64_t B = k.B, T = k.T;
-  float *adv = (float *)args->advantages.data;
+static void ga_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx;
+  const rlk_group_advantage_args *a = args;
+  ga_call *k = (ga_call *)call;
+  const int64_t B = k->B, T = k->T;
+  const int scores_2d = (int)call->vals.v[GA_S_SCORES_2D];
+  float *adv = (float *)a->advantages.data;
   /* where the row sums go: f32 into the advantages (read in place), f64 into the workspace */
-  void *sums = c.scores == RLK_F64 ? args->workspace : (void *)adv;
-
-  /* 1. row sums: a block per row, wider for long rows */
-  if (p.has_rowsum) {
-    ga_rowsum_args a = {0};
-    a.rewards = args->scores.data;
-    a.mask = args->mask.data;
-    a.reward_stride = B > 1 ? args->scores.strides[0] : T;
-    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
-    a.out = sums;
-    a.B = B;
-    a.T = T;
-    void *kargs[] = {&a};
-    unsigned block = T >= 8192 ? 256 : (T >= 2048 ? 128 : 64);
-    if (block < (unsigned)warp) block = (unsigned)warp;
-    rlk_launch_dims d = host ? ga_dims(1, 1, 1) : ga_dims(ga_min_u(B, 1 << 20), 1, block);
-    if ((st = rlk_context_launch(ctx, &p.rowsum, &d, stream, kargs))) return st;
+  void *sums = call->vals.v[GA_S_SCORES] == RLK_F64 ? a->workspace : (void *)adv;
+  const rlk_template *t = call->specs[i].tmpl;
+  if (t == &ga_rowsum_tmpl) {
+    ga_rowsum_args *r = &k->rowsum;
+    r->rewards = a->scores.data;
+    r->mask = a->mask.data;
+    r->reward_stride = B > 1 ? a->scores.strides[0] : T;
+    r->mask_stride = r->mask && B > 1 ? a->mask.strides[0] : T;
+    r->out = sums;
+    r->B = B;
+    r->T = T;
+    params[0] = r;
+  } else if (t == &ga_group_tmpl) {
+    ga_group_args *g = &k->group;
+    g->scores = scores_2d ? (const void *)sums : a->scores.data;
+    g->score_stride = scores_2d || B == 1 ? 1 : a->scores.strides[0];
+    g->adv = adv;
+    g->B = B;
+    g->group_size = a->group_size;
+    g->num_groups = k->num_groups;
+    g->offsets = a->group_offsets.data;
+    g->eps = a->eps;
+    g->unbiased = a->unbiased != 0;
+    g->singleton = a->singleton;
+    g->weights = a->weights.data;
+    g->weight_stride = B > 1 && a->weights.data ? a->weights.strides[0] : 1;
+    g->nan_unscorable = a->nan_scores == RLK_NAN_SCORES_UNSCORABLE;
+    params[0] = g;
+  } else {
+    ga_broadcast_args *b = &k->broadcast;
+    b->adv = adv;
+    b->mask = a->mask.data;
+    b->mask_stride = b->mask && B > 1 ? a->mask.strides[0] : T;
+    b->out = (float *)a->token_advantages.data;
+    b->out_stride = B > 1 ? a->token_advantages.strides[0] : T;
+    b->B = B;
+    b->T = T;
+    params[0] = b;
   }
+}
 
-  /* 2. group statistics and advantages */
-  {
-    const void *scores = c.scores_2d ? (const void *)sums : args->scores.data;
-    const int64_t ngroups = k.num_groups;
-    ga_group_args a = {0};
-    a.scores = scores;
-    a.score_stride = c.scores_2d || B == 1 ? 1 : args->scores.strides[0];
-    a.adv = adv;
-    a.B = B;
-    a.group_size = c.group_size;
-    a.num_groups = ngroups;
-    a.offsets = args->group_offsets.data;
-    a.eps = args->eps;
-    a.unbiased = c.unbiased;
-    a.singleton = c.singleton;
-    a.weights = args->weights.data;
-    a.weight_stride = B > 1 && args->weights.data ? args->weights.strides[0] : 1;
-    a.nan_unscorable = args->nan_scores == RLK_NAN_SCORES_UNSCORABLE;
-    void *kargs[] = {&a};
+static void ga_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const ga_call *k = (const ga_call *)call;
+  const int warp = ctx->target.warp_size;
+  const rlk_template *t = call->specs[i].tmpl;
+  if (t == &ga_rowsum_tmpl) {
+    /* a block per row, wider for long rows */
+    unsigned block = k->T >= 8192 ? 256 : (k->T >= 2048 ? 128 : 64);
+    d->grid[0] = ga_min_u(k->B, 1 << 20);
+    d->block[0] = block < (unsigned)warp ? (unsigned)warp : block;
+  } else if (t == &ga_group_tmpl) {
+    const int batch_std = call->vals.v[GA_S_MODE] == RLK_ADV_BATCH_STD;
+    const int64_t seg = call->specs[i].values[3], ngroups = k->num_groups;
     /* Batch-std blocks each compute the batch statistics from `scores` before writing their
      * groups; when scores are the advantages buffer (row sums, or an in-place call) a second
      * block would read what the first already overwrote, so those calls get one block. */
-    const int aliased = scores == (const void *)adv;
-    const int64_t batch_cap = aliased ? 1 : 64;
-    rlk_launch_dims d;
-    if (host) {
-      d = ga_dims(1, 1, 1);
-    } else if (p.seg > warp) {
+    const int64_t cap = !batch_std ? 65535 : k->group.scores == (const void *)k->group.adv ? 1 : 64;
+    if (seg > warp) {
       /* a block per group; batch-std blocks each recompute the batch statistics, so few */
-      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? batch_cap : 65535;
-      d = ga_dims(ga_min_u(ngroups, cap), 1, (unsigned)p.seg);
+      d->grid[0] = ga_min_u(ngroups, cap);
+      d->block[0] = (unsigned)seg;
     } else {
       /* several groups per block: 4 warps (128 threads, 256 on HIP), or 1024 threads for
        * batch-std (fewer blocks redo the batch statistics) */
-      unsigned block = c.mode == RLK_ADV_BATCH_STD ? 1024 : (unsigned)(4 * warp);
-      const int64_t per_block = block / p.seg;
-      const int64_t cap = c.mode == RLK_ADV_BATCH_STD ? batch_cap : 65535;
-      int64_t blocks = (ngroups + per_block - 1) / per_block;
-      if (c.mode != RLK_ADV_BATCH_STD) {
-        /* shrink a lone block to what it needs (whole warps) */
-        const int64_t need = ngroups * p.seg;
-        if (blocks == 1 && need < block) block = (unsigned)(((need + warp - 1) / warp) * warp);
-      }
-      d = ga_dims(ga_min_u(blocks, cap), 1, block);
+      unsigned block = batch_std ? 1024 : (unsigned)(4 * warp);
+      const int64_t per_block = block / seg, blocks = (ngroups + per_block - 1) / per_block;
+      /* shrink a lone block to what it needs (whole warps) */
+      if (!batch_std && blocks == 1 && ngroups * seg < block)
+        block = (unsigned)(((ngroups * seg + warp - 1) / warp) * warp);
+      d->grid[0] = ga_min_u(blocks, cap);
+      d->block[0] = block;
     }
-    if ((st = rlk_context_launch(ctx, &p.group, &d, stream, kargs))) return st;
-  }
-
-  /* 3. broadcast over tokens */
-  if (p.has_broadcast) {
-    ga_broadcast_args a = {0};
-    a.adv = adv;
-    a.mask = args->mask.data;
-    a.mask_stride = a.mask && B > 1 ? args->mask.strides[0] : T;
-    a.out = (float *)args->token_advantages.data;
-    a.out_stride = B > 1 ? args->token_advantages.strides[0] : T;
-    a.B = B;
-    a.T = T;
-    void *kargs[] = {&a};
+  } else {
     /* tiles of 4 x 256 four-element chunks across a row (up to 1024), a row per grid.y */
-    const unsigned block = 256;
-    const int64_t tile = 4 * 4 * (int64_t)block;
-    rlk_launch_dims d = host ? ga_dims(1, 1, 1)
-                             : ga_dims(ga_min_u((T + tile - 1) / tile, 1024),
-                                       ga_min_u(B, 65535), block);
-    if ((st = rlk_context_launch(ctx, &p.broadcast, &d, stream, kargs))) return st;
+    const int64_t tile = 4 * 4 * 256;
+    d->grid[0] = ga_min_u((k->T + tile - 1) / tile, 1024);
+    d->grid[1] = ga_min_u(k->B, 65535);
+    d->block[0] = 256;
   }
-  return RLK_OK;
+  if (!d->grid[0]) d->grid[0] = 1;
+  if (!d->grid[1]) d->grid[1] = 1;
+}
+
+static const rlk_arg_field ga_fields[] = {
+    RLK_ARG_IN(rlk_group_advantage_args, scores),           RLK_ARG_IN(rlk_group_advantage_args, group_offsets),
+    RLK_ARG_IN(rlk_group_advantage_args, mask),             RLK_ARG_IN(rlk_group_advantage_args, weights),
+    RLK_ARG_INPLACE(rlk_group_advantage_args, advantages, "scores"),
+    RLK_ARG_OUT(rlk_group_advantage_args, token_advantages)};
+
+static const rlk_op_entry ga_entry = {
+    .name = "rlk_group_advantage", .op = &rlk_op_group_advantage, RLK_OP_FIELDS(ga_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_group_advantage_args, 8), .validate = ga_validate, .fill = ga_fill,
+    .dims = ga_dims};
+
+RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx, const rlk_group_advantage_args *args,
+                                                      size_t *bytes) {
+  ga_call k;
+  return rlk_op_workspace_size(&ga_entry, ctx, args, &k.op, bytes);
+}
+
+RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args, void *stream) {
+  ga_call k;
+  return rlk_op_run(&ga_entry, ctx, args, &k.op, stream);
 }
