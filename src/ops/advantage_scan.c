@@ -10,7 +10,7 @@
  * The mask kind and the masked-position semantics are run-time values (they only change a
  * branch), so one kernel per dtype x family x algorithm serves every call.
  *
- * Algorithms (as_select, the one place that decides, for calls and rlk_precompile alike):
+ * Algorithms (as_algo_for, the one place that decides, for calls and rlk_precompile alike):
  *   warp   a warp per row, tiles of warp x K steps carried left; best for short rows, many rows
  *   block  a block per row, tiles of up to 1024 x K steps, block-wide scans; long rows, few rows
  * K = 32 bytes of each input per thread (8 f32, 4 f64). Auto picks block when a row is longer
@@ -22,7 +22,6 @@
 
 #include "core/core.h"
 #include "ops/advantage_scan.h"
-#include "runtime/record.h"
 #include "common/advantage_scan_params.h"
 
 /* The kernel's argument (templates/common/advantage_scan_params.h). */
@@ -80,7 +79,6 @@ static const char *const as_algo_names[] = {"warp", "block", NULL};
 enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
 enum { AS_ALGO_WARP = 0, AS_ALGO_BLOCK = 1 };
 
-#define AS_N(a) (sizeof(a) / sizeof((a)[0]))
 #define AS_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define AS_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
 /* Threads of a row-per-block launch. The scan kernels hold 70-80 registers a thread in f32
@@ -101,65 +99,40 @@ static const rlk_template as_tmpl = {"advantage_scan", "advantage_scan", "cuda/a
                                      sizeof as_params / sizeof as_params[0], as_params};
 
 /* ---------------------------------------------------------------------------------- */
-/* Variant selection (shared by calls and precompiling)                                */
+/* The algorithm and the launch (shared by calls and precompiling)                     */
 /* ---------------------------------------------------------------------------------- */
 
-typedef struct as_config {
-  rlk_dtype dtype;    /* RLK_F32 / RLK_F64 */
-  int family;         /* AS_FAMILY_* */
-  rlk_scan_algo algo; /* what the caller asked for */
-  int64_t B, T;       /* the shape; 0 where unknown (precompiling) */
-} as_config;
-
-typedef struct as_plan {
-  rlk_kernel_spec spec;
-  rlk_launch_dims dims; /* valid when the shape is known */
-} as_plan;
-
-
-/* The algorithm a configuration runs: forced, or by shape. The host's auto is the plain loop. */
-static int as_algo_for(const rlk_target *t, const as_config *c) {
-  const rlk_backend kind = t->kind;
-  if (c->algo == RLK_SCAN_ROW_WARP) return AS_ALGO_WARP;
-  if (c->algo == RLK_SCAN_ROW_BLOCK) return AS_ALGO_BLOCK;
-  if (kind == RLK_BACKEND_HOST) return AS_ALGO_WARP;
-  const int64_t K = 32 / (int64_t)rlk_dtype_size(c->dtype);
-  return c->T > 2 * t->warp_size * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
+/* The algorithm a configuration runs: forced, or by shape (T; 0 where unknown). The host's auto
+ * is the plain loop. */
+static int as_algo_for(const rlk_target *t, rlk_dtype dtype, rlk_scan_algo algo, int64_t T) {
+  if (algo == RLK_SCAN_ROW_WARP) return AS_ALGO_WARP;
+  if (algo == RLK_SCAN_ROW_BLOCK) return AS_ALGO_BLOCK;
+  if (t->kind == RLK_BACKEND_HOST) return AS_ALGO_WARP;
+  const int64_t K = 32 / (int64_t)rlk_dtype_size(dtype);
+  return T > 2 * t->warp_size * K ? AS_ALGO_BLOCK : AS_ALGO_WARP;
 }
 
-/* The one place that turns a configuration into the kernel spec and, with a shape, its launch:
+/* The launch of an algorithm over [B, T] on a GPU:
  *   warp   AS_WARP_ROWS warps per block, a row each;
  *   block  a row per block; the fewest tiles of at most 1024 x K steps that cover T, and the
  *          fewest whole warps that cover one tile (T = 4096 f32: 512 threads, one tile;
  *          T = 20480: 512 threads, five tiles). */
-static rlk_status as_select(const rlk_target *t, const as_config *c, as_plan *p) {
-  const rlk_backend kind = t->kind;
-  memset(p, 0, sizeof *p);
-  const int algo = as_algo_for(t, c);
-  p->spec.tmpl = &as_tmpl;
-  p->spec.values[0] = c->dtype;
-  p->spec.values[1] = c->family;
-  p->spec.values[2] = algo;
-  rlk_launch_dims *d = &p->dims;
-  d->grid[0] = d->grid[1] = d->grid[2] = 1;
-  d->block[0] = d->block[1] = d->block[2] = 1;
-  if (kind != RLK_BACKEND_HOST && c->B > 0 && c->T > 0) {
-    const int64_t W = t->warp_size, K = 32 / (int64_t)rlk_dtype_size(c->dtype);
-    int64_t block, grid;
-    if (algo == AS_ALGO_WARP) {
-      block = AS_WARP_ROWS * W;
-      grid = (c->B + AS_WARP_ROWS - 1) / AS_WARP_ROWS;
-    } else {
-      const int64_t tiles = (c->T + AS_MAX_BLOCK * K - 1) / (AS_MAX_BLOCK * K);
-      const int64_t per_tile = (c->T + tiles * K - 1) / (tiles * K); /* threads */
-      block = (per_tile + W - 1) / W * W;
-      if (block > AS_MAX_BLOCK) block = AS_MAX_BLOCK;
-      grid = c->B;
-    }
-    d->block[0] = (unsigned)block;
-    d->grid[0] = (unsigned)(grid < (int64_t)AS_MAX_GRID ? grid : (int64_t)AS_MAX_GRID);
+static void as_dims(const rlk_target *t, rlk_dtype dtype, int algo, int64_t B, int64_t T, rlk_launch_dims *d) {
+  if (t->kind == RLK_BACKEND_HOST || B <= 0 || T <= 0) return;
+  const int64_t W = t->warp_size, K = 32 / (int64_t)rlk_dtype_size(dtype);
+  int64_t block, grid;
+  if (algo == AS_ALGO_WARP) {
+    block = AS_WARP_ROWS * W;
+    grid = (B + AS_WARP_ROWS - 1) / AS_WARP_ROWS;
+  } else {
+    const int64_t tiles = (T + AS_MAX_BLOCK * K - 1) / (AS_MAX_BLOCK * K);
+    const int64_t per_tile = (T + tiles * K - 1) / (tiles * K); /* threads */
+    block = (per_tile + W - 1) / W * W;
+    if (block > AS_MAX_BLOCK) block = AS_MAX_BLOCK;
+    grid = B;
   }
-  return rlk_spec_validate(&p->spec);
+  d->block[0] = (unsigned)block;
+  d->grid[0] = (unsigned)(grid < (int64_t)AS_MAX_GRID ? grid : (int64_t)AS_MAX_GRID);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -195,26 +168,21 @@ static const rlk_op_setting as_cumsum_settings[AS_NSETTINGS] = {
     [AS_S_EXTRA] = RLK_SET_FLAG("baseline", 0, "", "ReMax advantages as a second output"),
 };
 
+/* The kernel of a configuration: auto with a whole shape (a call's, or B= and T=) picks one;
+ * without one, every algorithm auto may pick on this backend. */
 static rlk_status as_plan_family(int family, const rlk_context *ctx, const rlk_op_values *s,
                                  rlk_kernel_spec *specs, size_t *nspecs) {
-  as_config c = {(rlk_dtype)s->v[AS_S_DTYPE], family, (rlk_scan_algo)s->v[AS_S_ALGO], s->v[AS_S_B], s->v[AS_S_T]};
-  /* auto without a whole shape: every algorithm auto may pick on this backend */
-  const int both = c.algo == RLK_SCAN_AUTO && (c.B == 0 || c.T == 0) && ctx->kind != RLK_BACKEND_HOST;
-  as_plan p;
-  rlk_status st;
-  if (both) {
-    c.algo = RLK_SCAN_ROW_WARP;
-    if ((st = as_select(&ctx->target, &c, &p))) return st;
-    specs[0] = p.spec;
-    c.algo = RLK_SCAN_ROW_BLOCK;
-    if ((st = as_select(&ctx->target, &c, &p))) return st;
-    specs[1] = p.spec;
-    *nspecs = 2;
-    return RLK_OK;
+  const rlk_dtype dtype = (rlk_dtype)s->v[AS_S_DTYPE];
+  const rlk_scan_algo algo = (rlk_scan_algo)s->v[AS_S_ALGO];
+  const int both =
+      algo == RLK_SCAN_AUTO && (s->v[AS_S_B] <= 0 || s->v[AS_S_T] <= 0) && ctx->kind != RLK_BACKEND_HOST;
+  *nspecs = both ? 2 : 1;
+  for (size_t i = 0; i < *nspecs; i++) {
+    const int a = both ? (int)i : as_algo_for(&ctx->target, dtype, algo, s->v[AS_S_T]);
+    specs[i] = (rlk_kernel_spec){&as_tmpl, {dtype, family, a}};
+    rlk_status st = rlk_spec_validate(&specs[i]);
+    if (st) return st;
   }
-  if ((st = as_select(&ctx->target, &c, &p))) return st;
-  specs[0] = p.spec;
-  *nspecs = 1;
   return RLK_OK;
 }
 
@@ -276,24 +244,14 @@ RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args) {
   args->algo = RLK_SCAN_AUTO;
 }
 
-/* One validated scan call. */
+/* A call: the kernel's argument. */
 typedef struct as_call {
-  int family;
-  const rlk_tensor *x0, *x1, *mask, *o0, *o1, *baseline; /* x1, o1, baseline may be absent */
-  double gamma, gamma_lambda;
-  int masked;
-  rlk_scan_algo algo;
-  int64_t B, T;
+  rlk_op_call op;
+  as_kernel_args k;
 } as_call;
 
 static rlk_status as_check_scalar(const char *what, double v) {
   if (!isfinite(v)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, v);
-  return RLK_OK;
-}
-
-static rlk_status as_check_algo(rlk_scan_algo algo) {
-  if ((int)algo < RLK_SCAN_AUTO || (int)algo > RLK_SCAN_ROW_BLOCK)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: %d is not an rlk_scan_algo", (int)algo);
   return RLK_OK;
 }
 
@@ -308,56 +266,37 @@ static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t 
   return rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T);
 }
 
-/* RLK_JIT_RECORD: the line of a call (its shape makes algo=auto plan the one kernel it ran). */
-static void as_record(const char *op, const as_call *k) {
-  const rlk_op_desc *d = !strcmp(op, "rlk_gae")                  ? &rlk_op_gae
-                         : !strcmp(op, "rlk_discounted_returns") ? &rlk_op_discounted_returns
-                                                                 : &rlk_op_reverse_cumsum;
-  rlk_op_values s;
-  rlk_op_values_init(d, &s);
-  rlk_op_values_set(&s, AS_S_DTYPE, k->x0->dtype);
-  rlk_op_values_set(&s, AS_S_ALGO, k->algo);
-  rlk_op_values_set(&s, AS_S_B, k->B);
-  rlk_op_values_set(&s, AS_S_T, k->T);
-  rlk_record_op(d, &s);
+/* What the three calls share once checked: the algorithm, the configuration (its shape makes
+ * algo=auto plan the one kernel it runs) and the kernel's tensors (x1, o1 may be absent). */
+static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_tensor *x0, const rlk_tensor *x1,
+                            const rlk_tensor *mask, const rlk_tensor *o0, const rlk_tensor *o1) {
+  if ((int)algo < RLK_SCAN_AUTO || (int)algo > RLK_SCAN_ROW_BLOCK)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: %d is not an rlk_scan_algo", (int)algo);
+  as_kernel_args *k = &((as_call *)call)->k;
+  const int64_t B = x0->shape[0], T = x0->shape[1];
+  rlk_op_values_set(&call->vals, AS_S_DTYPE, x0->dtype);
+  rlk_op_values_set(&call->vals, AS_S_ALGO, algo);
+  rlk_op_values_set(&call->vals, AS_S_B, B);
+  rlk_op_values_set(&call->vals, AS_S_T, T);
+  k->x0 = x0->data;
+  k->s0 = rlk_seq_row_stride(x0, B, T);
+  k->x1 = x1 ? x1->data : NULL;
+  k->s1 = k->x1 ? rlk_seq_row_stride(x1, B, T) : 0;
+  k->mask = mask->data;
+  k->ms = k->mask ? rlk_seq_row_stride(mask, B, T) : T;
+  k->mask_kind = rlk_seq_mask_kind(mask);
+  k->o0 = o0->data;
+  k->os0 = rlk_seq_row_stride(o0, B, T);
+  k->o1 = o1 ? o1->data : NULL;
+  k->os1 = k->o1 ? rlk_seq_row_stride(o1, B, T) : 0;
+  k->B = B;
+  k->T = T;
+  return RLK_OK;
 }
 
-static rlk_status as_launch(rlk_context *ctx, const as_call *k, void *stream, const char *op) {
-  rlk_status st = rlk_context_require_device(ctx, op);
-  if (st) return st;
-  as_config c = {k->x0->dtype, k->family, k->algo, k->B, k->T};
-  as_plan p;
-  if ((st = as_select(&ctx->target, &c, &p))) return st;
-  if (rlk_record_enabled()) as_record(op, k);
-  const int64_t B = k->B, T = k->T;
-  as_kernel_args a;
-  memset(&a, 0, sizeof a);
-  a.x0 = k->x0->data;
-  a.s0 = rlk_seq_row_stride(k->x0, B, T);
-  a.x1 = k->x1 && k->x1->data ? k->x1->data : NULL;
-  a.s1 = a.x1 ? rlk_seq_row_stride(k->x1, B, T) : 0;
-  a.mask = k->mask->data;
-  a.ms = a.mask ? rlk_seq_row_stride(k->mask, B, T) : T;
-  a.mask_kind = rlk_seq_mask_kind(k->mask);
-  a.o0 = k->o0->data;
-  a.os0 = rlk_seq_row_stride(k->o0, B, T);
-  a.o1 = k->o1 && k->o1->data ? k->o1->data : NULL;
-  a.os1 = a.o1 ? rlk_seq_row_stride(k->o1, B, T) : 0;
-  a.baseline = k->baseline && k->baseline->data ? k->baseline->data : NULL;
-  a.B = B;
-  a.T = T;
-  a.gamma = k->gamma;
-  a.gamma_lambda = k->gamma_lambda;
-  a.masked = k->masked;
-  void *kargs[] = {&a};
-  return rlk_context_launch(ctx, &p.spec, &p.dims, stream, kargs);
-}
-
-RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_gae: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_gae: args is NULL");
-  as_call k;
-  memset(&k, 0, sizeof k);
+static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_gae_args *a = args;
   rlk_status st;
   int64_t B, T;
   if ((st = as_check_input(&a->rewards, "rewards", &B, &T))) return st;
@@ -370,32 +309,16 @@ RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream
     return st;
   if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
-  if ((st = as_check_algo(a->algo))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_gae_args, rewards), RLK_ARG_IN(rlk_gae_args, values), RLK_ARG_IN(rlk_gae_args, mask),
-      RLK_ARG_OUT(rlk_gae_args, advantages), RLK_ARG_OUT(rlk_gae_args, returns)};
-  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
-  k.family = AS_FAMILY_GAE;
-  k.x0 = &a->rewards;
-  k.x1 = &a->values;
-  k.mask = &a->mask;
-  k.o0 = &a->advantages;
-  k.o1 = &a->returns;
-  k.gamma = a->gamma;
-  k.gamma_lambda = a->gamma * a->lambda;
-  k.masked = (int)a->masked;
-  k.algo = a->algo;
-  k.B = B;
-  k.T = T;
-  return as_launch(ctx, &k, stream, "rlk_gae");
+  as_kernel_args *k = &((as_call *)call)->k;
+  k->gamma = a->gamma;
+  k->gamma_lambda = a->gamma * a->lambda;
+  k->masked = (int)a->masked;
+  return as_finish(call, a->algo, &a->rewards, &a->values, &a->mask, &a->advantages, &a->returns);
 }
 
-RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *a,
-                                          void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_discounted_returns: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_discounted_returns: args is NULL");
-  as_call k;
-  memset(&k, 0, sizeof k);
+static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_discounted_returns_args *a = args;
   rlk_status st;
   int64_t B, T;
   if ((st = as_check_input(&a->rewards, "rewards", &B, &T))) return st;
@@ -406,38 +329,19 @@ RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted
   if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
                      (int)a->masked);
-  if ((st = as_check_algo(a->algo))) return st;
-  static const rlk_arg_field fields[] = {RLK_ARG_IN(rlk_discounted_returns_args, rewards),
-                                         RLK_ARG_IN(rlk_discounted_returns_args, mask),
-                                         RLK_ARG_OUT(rlk_discounted_returns_args, returns)};
-  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
-  static const rlk_tensor absent;
-  k.family = AS_FAMILY_RETURNS;
-  k.x0 = &a->rewards;
-  k.x1 = &absent;
-  k.mask = &a->mask;
-  k.o0 = &a->returns;
-  k.o1 = &absent;
-  k.baseline = &absent;
-  k.gamma = a->gamma;
-  k.masked = (int)a->masked;
-  k.algo = a->algo;
-  k.B = B;
-  k.T = T;
-  return as_launch(ctx, &k, stream, "rlk_discounted_returns");
+  as_kernel_args *k = &((as_call *)call)->k;
+  k->gamma = a->gamma;
+  k->masked = (int)a->masked;
+  return as_finish(call, a->algo, &a->rewards, NULL, &a->mask, &a->returns, NULL);
 }
 
-RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *a,
-                                      void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_reverse_cumsum: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_reverse_cumsum: args is NULL");
-  as_call k;
-  memset(&k, 0, sizeof k);
+static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_reverse_cumsum_args *a = args;
   rlk_status st;
   int64_t B, T;
   if ((st = as_check_input(&a->values, "values", &B, &T))) return st;
-  const rlk_dtype dtype = a->values.dtype;
-  const uint32_t dt = RLK_DTYPE_BIT(dtype);
+  const uint32_t dt = RLK_DTYPE_BIT(a->values.dtype);
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->out, "out", 1, dt, B, T))) return st;
   if (!a->baseline.data != !a->advantages.data)
@@ -454,24 +358,57 @@ RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum
                        (long long)bl->shape[0], (long long)B);
     if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   }
-  if ((st = as_check_algo(a->algo))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_reverse_cumsum_args, values), RLK_ARG_IN(rlk_reverse_cumsum_args, mask),
-      RLK_ARG_IN(rlk_reverse_cumsum_args, baseline), RLK_ARG_OUT(rlk_reverse_cumsum_args, out),
-      RLK_ARG_OUT(rlk_reverse_cumsum_args, advantages)};
-  if ((st = rlk_check_arg_fields(fields, AS_N(fields), a, NULL, 0))) return st;
-  static const rlk_tensor absent;
-  k.family = AS_FAMILY_RETURNS;
-  k.x0 = &a->values;
-  k.x1 = &absent;
-  k.mask = &a->mask;
-  k.o0 = &a->out;
-  k.o1 = &a->advantages;
-  k.baseline = &a->baseline;
-  k.gamma = 1.0;
-  k.masked = 1; /* zero: values * mask */
-  k.algo = a->algo;
-  k.B = B;
-  k.T = T;
-  return as_launch(ctx, &k, stream, "rlk_reverse_cumsum");
+  as_kernel_args *k = &((as_call *)call)->k;
+  k->baseline = a->baseline.data;
+  k->gamma = 1.0;
+  k->masked = 1; /* zero: values * mask */
+  return as_finish(call, a->algo, &a->values, NULL, &a->mask, &a->out, a->advantages.data ? &a->advantages : NULL);
+}
+
+static void as_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((as_call *)call)->k;
+}
+
+static void as_launch_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  const as_kernel_args *k = &((const as_call *)call)->k;
+  as_dims(&ctx->target, (rlk_dtype)call->specs[i].values[0], (int)call->specs[i].values[2], k->B, k->T, d);
+}
+
+static const rlk_arg_field as_gae_fields[] = {
+    RLK_ARG_IN(rlk_gae_args, rewards), RLK_ARG_IN(rlk_gae_args, values), RLK_ARG_IN(rlk_gae_args, mask),
+    RLK_ARG_OUT(rlk_gae_args, advantages), RLK_ARG_OUT(rlk_gae_args, returns)};
+static const rlk_arg_field as_returns_fields[] = {RLK_ARG_IN(rlk_discounted_returns_args, rewards),
+                                                  RLK_ARG_IN(rlk_discounted_returns_args, mask),
+                                                  RLK_ARG_OUT(rlk_discounted_returns_args, returns)};
+static const rlk_arg_field as_cumsum_fields[] = {
+    RLK_ARG_IN(rlk_reverse_cumsum_args, values), RLK_ARG_IN(rlk_reverse_cumsum_args, mask),
+    RLK_ARG_IN(rlk_reverse_cumsum_args, baseline), RLK_ARG_OUT(rlk_reverse_cumsum_args, out),
+    RLK_ARG_OUT(rlk_reverse_cumsum_args, advantages)};
+
+static const rlk_op_entry as_gae_entry = {
+    .name = "rlk_gae", .op = &rlk_op_gae, .call_size = sizeof(as_call), RLK_OP_FIELDS(as_gae_fields),
+    .validate = as_gae_validate, .fill = as_fill, .dims = as_launch_dims};
+
+static const rlk_op_entry as_returns_entry = {
+    .name = "rlk_discounted_returns", .op = &rlk_op_discounted_returns, .call_size = sizeof(as_call),
+    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .fill = as_fill, .dims = as_launch_dims};
+
+static const rlk_op_entry as_cumsum_entry = {
+    .name = "rlk_reverse_cumsum", .op = &rlk_op_reverse_cumsum, .call_size = sizeof(as_call),
+    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .fill = as_fill, .dims = as_launch_dims};
+
+RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
+  as_call k;
+  return rlk_op_run(&as_gae_entry, ctx, a, &k.op, stream);
+}
+
+RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *a, void *stream) {
+  as_call k;
+  return rlk_op_run(&as_returns_entry, ctx, a, &k.op, stream);
+}
+
+RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *a, void *stream) {
+  as_call k;
+  return rlk_op_run(&as_cumsum_entry, ctx, a, &k.op, stream);
 }

@@ -399,9 +399,9 @@ static const rlk_arg_field ga_fields[] = {
     RLK_ARG_OUT(rlk_group_advantage_args, token_advantages)};
 
 static const rlk_op_entry ga_entry = {
-    .name = "rlk_group_advantage", .op = &rlk_op_group_advantage, RLK_OP_FIELDS(ga_fields),
-    .workspace = RLK_OP_WORKSPACE(rlk_group_advantage_args, 8), .validate = ga_validate, .fill = ga_fill,
-    .dims = ga_dims};
+    .name = "rlk_group_advantage", .op = &rlk_op_group_advantage, .call_size = sizeof(ga_call),
+    RLK_OP_FIELDS(ga_fields), .workspace = RLK_OP_WORKSPACE(rlk_group_advantage_args, 8), .validate = ga_validate,
+    .fill = ga_fill, .dims = ga_dims};
 
 RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx, const rlk_group_advantage_args *args,
                                                       size_t *bytes) {

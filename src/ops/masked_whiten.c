@@ -18,7 +18,6 @@
 
 #include "core/core.h"
 #include "ops/advantage_scan.h"
-#include "runtime/record.h"
 #include "common/masked_whiten_params.h"
 
 /* The kernels' arguments (templates/common/masked_whiten_params.h); the host kernel takes the
@@ -48,58 +47,27 @@ static const rlk_template mw_host_tmpl = {"masked_whiten", "masked_whiten", NULL
                                           "host/masked_whiten.c", 1, mw_params};
 
 /* ---------------------------------------------------------------------------------- */
-/* Variant selection (shared by calls, the workspace query and precompiling)           */
+/* The launch (shared by calls and the workspace query)                                */
 /* ---------------------------------------------------------------------------------- */
 
-typedef struct mw_plan {
-  rlk_kernel_spec stats, apply; /* the host runs `apply` alone (the whole-batch kernel) */
-  int has_stats;
-  int64_t partials;              /* stats blocks = partials in the workspace (GPU) */
-  rlk_launch_dims stats_dims, apply_dims;
-} mw_plan;
-
-static void mw_dims(rlk_launch_dims *d, int64_t grid, unsigned block) {
-  memset(d, 0, sizeof *d);
-  d->grid[0] = (unsigned)(grid > 0 ? grid : 1);
-  d->grid[1] = d->grid[2] = 1;
-  d->block[0] = block;
-  d->block[1] = d->block[2] = 1;
-}
-
 /* GPU: stats over min(chunks, 4 x SMs, 1024) blocks of 512 threads (chunks of 512 x K flat
- * elements, K = 32 bytes / element), apply over min(chunks, 8 x SMs); host: one kernel. With an
- * unknown shape (n == 0) only the specs are filled. */
-static rlk_status mw_select(rlk_backend kind, int multiprocessors, rlk_dtype dtype, int64_t n,
-                            mw_plan *p) {
-  memset(p, 0, sizeof *p);
-  rlk_status st;
-  if (kind == RLK_BACKEND_HOST) {
-    p->apply.tmpl = &mw_host_tmpl;
-    p->apply.values[0] = dtype;
-    mw_dims(&p->apply_dims, 1, 1);
-    return rlk_spec_validate(&p->apply);
-  }
-  p->has_stats = 1;
-  p->stats.tmpl = &mw_stats_tmpl;
-  p->stats.values[0] = dtype;
-  p->apply.tmpl = &mw_apply_tmpl;
-  p->apply.values[0] = dtype;
-  if (n > 0) {
-    const int64_t K = 32 / (int64_t)rlk_dtype_size(dtype);
-    const int64_t chunks = (n + MW_BLOCK * K - 1) / (MW_BLOCK * K);
-    const int64_t sms = multiprocessors > 0 ? multiprocessors : 1;
-    int64_t parts = sms * MW_BLOCKS_PER_SM;
-    if (parts > MW_MAX_PARTIALS) parts = MW_MAX_PARTIALS;
-    if (parts > chunks) parts = chunks;
-    int64_t apply = 2 * sms * MW_BLOCKS_PER_SM;
-    if (apply > chunks) apply = chunks;
-    if (apply > 65535) apply = 65535;
-    p->partials = parts;
-    mw_dims(&p->stats_dims, parts, MW_BLOCK);
-    mw_dims(&p->apply_dims, apply, MW_BLOCK);
-  }
-  if ((st = rlk_spec_validate(&p->stats))) return st;
-  return rlk_spec_validate(&p->apply);
+ * elements, K = 32 bytes / element), apply over min(chunks, 8 x SMs); host: one kernel. The
+ * partials (stats blocks, f64 triples in the workspace) depend only on the shape and the device. */
+static void mw_blocks(const rlk_context *ctx, rlk_dtype dtype, int64_t n, int64_t *partials, int64_t *apply) {
+  *partials = 0;
+  *apply = 1;
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const int64_t K = 32 / (int64_t)rlk_dtype_size(dtype);
+  const int64_t chunks = (n + MW_BLOCK * K - 1) / (MW_BLOCK * K);
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+  int64_t parts = sms * MW_BLOCKS_PER_SM;
+  if (parts > MW_MAX_PARTIALS) parts = MW_MAX_PARTIALS;
+  if (parts > chunks) parts = chunks;
+  int64_t blocks = 2 * sms * MW_BLOCKS_PER_SM;
+  if (blocks > chunks) blocks = chunks;
+  if (blocks > 65535) blocks = 65535;
+  *partials = parts;
+  *apply = blocks;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -122,15 +90,22 @@ static const rlk_op_setting mw_settings[MW_NSETTINGS] = {
     [MW_S_MASKED] = RLK_SET_CHOICE("masked", mw_masked_names, 0, "", "masked outputs transformed or zeroed"),
 };
 
-static rlk_status mw_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  mw_plan p;
-  rlk_status st = mw_select(ctx->kind, 0, (rlk_dtype)s->v[MW_S_DTYPE], 0, &p);
-  if (st) return st;
+/* The kernels: on a GPU the partial statistics, then the merge and transform; on the host the
+ * whole-batch kernel. */
+static rlk_status mw_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t dtype = s->v[MW_S_DTYPE];
   size_t n = 0;
-  if (p.has_stats) specs[n++] = p.stats;
-  specs[n++] = p.apply;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    specs[n++] = (rlk_kernel_spec){&mw_host_tmpl, {dtype}};
+  } else {
+    specs[n++] = (rlk_kernel_spec){&mw_stats_tmpl, {dtype}};
+    specs[n++] = (rlk_kernel_spec){&mw_apply_tmpl, {dtype}};
+  }
   *nspecs = n;
+  for (size_t i = 0; i < n; i++) {
+    rlk_status st = rlk_spec_validate(&specs[i]);
+    if (st) return st;
+  }
   return RLK_OK;
 }
 
@@ -140,7 +115,7 @@ const rlk_op_desc rlk_op_masked_whiten = {
     .name = "masked_whiten",
     .settings = mw_settings,
     .nsettings = MW_NSETTINGS,
-    .plan = mw_plan_config,
+    .plan = mw_plan,
     .samples = mw_samples,
 };
 
@@ -183,13 +158,23 @@ static rlk_tensor mw_as_rows(const rlk_tensor *t) {
   return rlk_tensor_2d(t->data, t->dtype, 1, t->shape[0], t->shape[0]);
 }
 
-static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64_t *T,
-                              rlk_tensor *x, rlk_tensor *mask, rlk_tensor *out) {
+/* A call: its launch and the kernels' arguments (the host kernel takes the apply's). */
+typedef struct mw_call {
+  rlk_op_call op;
+  int64_t partials, apply_blocks;
+  mw_stats_kernel_args stats;
+  mw_apply_kernel_args apply;
+} mw_call;
+
+static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_masked_whiten_args *a = args;
+  mw_call *c = (mw_call *)call;
   rlk_status st;
-  if ((st = mw_shape(&a->x, "x", B, T))) return st;
+  int64_t B, T;
+  if ((st = mw_shape(&a->x, "x", &B, &T))) return st;
   if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
-  *x = mw_as_rows(&a->x);
-  if ((st = rlk_seq_check_rows(x, "x", 1, MW_DTYPES, *B, *T))) return st;
+  const rlk_tensor x = mw_as_rows(&a->x);
+  if ((st = rlk_seq_check_rows(&x, "x", 1, MW_DTYPES, B, T))) return st;
   if (a->mask.data) {
     if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
     if (a->mask.ndim != a->x.ndim)
@@ -197,20 +182,15 @@ static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64
                        (int)a->x.ndim);
     if (a->mask.ndim == 1 && (st = rlk_check_contiguous(&a->mask, "mask"))) return st;
   }
-  *mask = mw_as_rows(&a->mask);
-  if ((st = rlk_seq_check_rows(mask, "mask", 0, MW_MASK_DTYPES, *B, *T))) return st;
+  const rlk_tensor mask = mw_as_rows(&a->mask);
+  if ((st = rlk_seq_check_rows(&mask, "mask", 0, MW_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_check_tensor(&a->out, "out", 1))) return st;
   if (a->out.ndim != a->x.ndim)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "out: %d dimensions, x has %d", (int)a->out.ndim,
                      (int)a->x.ndim);
   if (a->out.ndim == 1 && (st = rlk_check_contiguous(&a->out, "out"))) return st;
-  *out = mw_as_rows(&a->out);
-  if ((st = rlk_seq_check_rows(out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), *B, *T))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_masked_whiten_args, x), RLK_ARG_IN(rlk_masked_whiten_args, mask),
-      RLK_ARG_INPLACE(rlk_masked_whiten_args, out, "x"), RLK_ARG_OUT(rlk_masked_whiten_args, stats)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, a->workspace_bytes)))
-    return st;
+  const rlk_tensor out = mw_as_rows(&a->out);
+  if ((st = rlk_seq_check_rows(&out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), B, T))) return st;
   if (!(a->eps >= 0.0) || !isfinite(a->eps))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", a->eps);
   if (!(a->count_eps >= 0.0) || !isfinite(a->count_eps))
@@ -229,87 +209,79 @@ static rlk_status mw_validate(const rlk_masked_whiten_args *a, int64_t *B, int64
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stats: shape [%lld], expected [3]",
                        (long long)s->shape[0]);
   }
+  rlk_op_values_set(&call->vals, MW_S_DTYPE, x.dtype);
+  mw_blocks(ctx, x.dtype, B * T, &c->partials, &c->apply_blocks);
+  call->workspace = (size_t)c->partials * 3 * sizeof(double);
+  mw_apply_kernel_args *k = &c->apply;
+  k->x = x.data;
+  k->xs = rlk_seq_row_stride(&x, B, T);
+  k->mask = mask.data;
+  k->ms = k->mask ? rlk_seq_row_stride(&mask, B, T) : T;
+  k->mask_kind = rlk_seq_mask_kind(&mask);
+  k->out = out.data;
+  k->os = rlk_seq_row_stride(&out, B, T);
+  k->B = B;
+  k->T = T;
+  k->partials = call->workspace ? (double *)a->workspace : NULL;
+  k->nparts = (int)c->partials;
+  k->eps = a->eps;
+  k->count_eps = a->count_eps;
+  k->flags = (a->unbiased ? MW_FLAG_UNBIASED : 0) | (a->eps_mode == RLK_WHITEN_EPS_CLAMP ? MW_FLAG_EPS_CLAMP : 0) |
+             (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
+             (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
+  k->stats = (double *)a->stats.data;
+  mw_stats_kernel_args *s = &c->stats;
+  s->x = k->x;
+  s->xs = k->xs;
+  s->mask = k->mask;
+  s->ms = k->ms;
+  s->mask_kind = k->mask_kind;
+  s->B = B;
+  s->T = T;
+  s->partials = call->workspace ? (double *)a->workspace : NULL;
   return RLK_OK;
 }
 
-RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
-                                                    const rlk_masked_whiten_args *args,
-                                                    size_t *bytes) {
-  if (bytes) *bytes = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: args is NULL");
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten_workspace_size: bytes is NULL");
-  int64_t B, T;
-  rlk_status st = mw_shape(&args->x, "x", &B, &T);
+static rlk_status mw_size(const rlk_context *ctx, const void *args, size_t *bytes) {
+  const rlk_masked_whiten_args *a = args;
+  int64_t B, T, partials, apply;
+  rlk_status st = mw_shape(&a->x, "x", &B, &T);
   if (st) return st;
-  if ((st = rlk_check_dtype(&args->x, "x", MW_DTYPES))) return st;
-  mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, args->x.dtype, B * T, &p))) return st;
-  *bytes = (size_t)p.partials * 3 * sizeof(double);
+  if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
+  mw_blocks(ctx, a->x.dtype, B * T, &partials, &apply);
+  *bytes = (size_t)partials * 3 * sizeof(double);
   return RLK_OK;
+}
+
+static void mw_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args;
+  mw_call *c = (mw_call *)call;
+  params[0] = call->specs[i].tmpl == &mw_stats_tmpl ? (void *)&c->stats : (void *)&c->apply;
+}
+
+static void mw_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const mw_call *c = (const mw_call *)call;
+  d->grid[0] = (unsigned)(call->specs[i].tmpl == &mw_stats_tmpl ? c->partials : c->apply_blocks);
+  d->block[0] = MW_BLOCK;
+}
+
+static const rlk_arg_field mw_fields[] = {
+    RLK_ARG_IN(rlk_masked_whiten_args, x), RLK_ARG_IN(rlk_masked_whiten_args, mask),
+    RLK_ARG_INPLACE(rlk_masked_whiten_args, out, "x"), RLK_ARG_OUT(rlk_masked_whiten_args, stats)};
+
+static const rlk_op_entry mw_entry = {
+    .name = "rlk_masked_whiten", .op = &rlk_op_masked_whiten, .call_size = sizeof(mw_call), RLK_OP_FIELDS(mw_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_masked_whiten_args, 8), .validate = mw_validate, .size = mw_size,
+    .fill = mw_fill, .dims = mw_dims};
+
+RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx, const rlk_masked_whiten_args *args,
+                                                    size_t *bytes) {
+  mw_call c;
+  return rlk_op_workspace_size(&mw_entry, ctx, args, &c.op, bytes);
 }
 
 RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *a, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_masked_whiten: args is NULL");
-  int64_t B, T;
-  rlk_tensor x, mask, out;
-  rlk_status st = mw_validate(a, &B, &T, &x, &mask, &out);
-  if (st) return st;
-  mw_plan p;
-  if ((st = mw_select(ctx->kind, ctx->target.multiprocessors, x.dtype, B * T, &p))) return st;
-  if (rlk_record_enabled()) {
-    rlk_op_values s;
-    rlk_op_values_init(&rlk_op_masked_whiten, &s);
-    rlk_op_values_set(&s, MW_S_DTYPE, x.dtype);
-    rlk_record_op(&rlk_op_masked_whiten, &s);
-  }
-  const size_t need = (size_t)p.partials * 3 * sizeof(double);
-  if (need > 0) {
-    if (!a->workspace || a->workspace_bytes < need)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "workspace: %zu bytes at %p, %zu needed (rlk_masked_whiten_workspace_size)",
-                       a->workspace_bytes, a->workspace, need);
-    if ((uintptr_t)a->workspace % 8 != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
-  }
-  if ((st = rlk_context_require_device(ctx, "rlk_masked_whiten"))) return st;
-
-  mw_apply_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.x = x.data;
-  k.xs = rlk_seq_row_stride(&x, B, T);
-  k.mask = mask.data;
-  k.ms = k.mask ? rlk_seq_row_stride(&mask, B, T) : T;
-  k.mask_kind = rlk_seq_mask_kind(&mask);
-  k.out = out.data;
-  k.os = rlk_seq_row_stride(&out, B, T);
-  k.B = B;
-  k.T = T;
-  double *partials = need ? (double *)a->workspace : NULL;
-  k.partials = partials;
-  k.nparts = (int)p.partials;
-  k.eps = a->eps;
-  k.count_eps = a->count_eps;
-  k.flags = (a->unbiased ? MW_FLAG_UNBIASED : 0) |
-            (a->eps_mode == RLK_WHITEN_EPS_CLAMP ? MW_FLAG_EPS_CLAMP : 0) |
-            (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
-            (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
-  k.stats = (double *)a->stats.data;
-  if (p.has_stats) {
-    mw_stats_kernel_args s;
-    memset(&s, 0, sizeof s);
-    s.x = k.x;
-    s.xs = k.xs;
-    s.mask = k.mask;
-    s.ms = k.ms;
-    s.mask_kind = k.mask_kind;
-    s.B = B;
-    s.T = T;
-    s.partials = partials;
-    void *sargs[] = {&s};
-    if ((st = rlk_context_launch(ctx, &p.stats, &p.stats_dims, stream, sargs))) return st;
-  }
-  void *aargs[] = {&k};
-  return rlk_context_launch(ctx, &p.apply, &p.apply_dims, stream, aargs);
+  mw_call c;
+  return rlk_op_run(&mw_entry, ctx, a, &c.op, stream);
 }

@@ -237,7 +237,7 @@ static const rlk_arg_field tk_fields[] = {
     RLK_ARG_OUT(rlk_token_kl_args, grad_logp)};
 
 static const rlk_op_entry tk_entry = {
-    .name = "rlk_token_kl", .op = &rlk_op_token_kl, RLK_OP_FIELDS(tk_fields),
+    .name = "rlk_token_kl", .op = &rlk_op_token_kl, .call_size = sizeof(tk_call), RLK_OP_FIELDS(tk_fields),
     .validate = tk_validate, .fill = tk_fill, .dims = tk_dims};
 
 RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {

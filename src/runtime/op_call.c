@@ -8,7 +8,7 @@
 #include "runtime/record.h"
 
 static rlk_status validate(const rlk_op_entry *e, const rlk_context *ctx, const void *args, rlk_op_call *call) {
-  memset(call, 0, sizeof *call);
+  memset(call, 0, e->call_size);
   if (e->op) rlk_op_values_init(e->op, &call->vals);
   return e->validate(ctx, args, call);
 }
@@ -19,6 +19,11 @@ rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const 
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: ctx is NULL", e->name);
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: args is NULL", e->name);
   if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: bytes is NULL", e->name);
+  if (e->size) {
+    rlk_status st = e->size(ctx, args, bytes);
+    if (st) *bytes = 0;
+    return st;
+  }
   rlk_status st = validate(e, ctx, args, call);
   if (!st) *bytes = call->workspace;
   return st;

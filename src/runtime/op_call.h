@@ -40,6 +40,7 @@ typedef struct rlk_op_workspace {
 typedef struct rlk_op_entry {
   const char *name;       /* the public function, "rlk_token_kl": the prefix of its messages */
   const rlk_op_desc *op;  /* the configuration-line family of its calls (plan, RLK_JIT_RECORD) */
+  size_t call_size;       /* sizeof the op's call struct (zeroed before validate) */
   const rlk_arg_field *fields;
   size_t nfields;
   rlk_op_workspace workspace;
@@ -47,6 +48,9 @@ typedef struct rlk_op_entry {
    * configuration has), workspace, and the op's own state. It may choose the kernels itself
    * (specs, nspecs) when the call's sizes depend on them. */
   rlk_status (*validate)(const rlk_context *ctx, const void *args, rlk_op_call *call);
+  /* The workspace bytes from what they depend on alone (the shape), for an op whose
+   * <entry>_workspace_size is documented to need less than a whole call; NULL: validate's. */
+  rlk_status (*size)(const rlk_context *ctx, const void *args, size_t *bytes);
   /* The kernels when validate has not chosen them; NULL: op->plan over call->vals. */
   rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
   /* Kernel i's parameter list for rlk_context_launch (params[0] its argument struct, kept in the
