@@ -22,7 +22,6 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "common/sample_params.h"
 
 /* The kernels' argument (templates/common/sample_params.h). */
@@ -71,93 +70,8 @@ static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/samp
 #define SMP_HIST_BYTES (2048u * (4u + 8u))
 #define SMP_CAND_BYTES 16u
 
-/* What selects the kernel. */
-typedef struct smp_config {
-  rlk_dtype logits;
-  rlk_dtype tokens;
-  int64_t V;
-  int64_t rows;  /* B */
-  int filter;
-  int logprob_block, logprob_unroll;
-  int row_split; /* rlk_sample_args.row_split */
-} smp_config;
-
-typedef struct smp_choice {
-  rlk_kernel_spec spec;
-  int threads;
-  int split; /* blocks a row: 1, or the cluster size of sample_split */
-  size_t smem;
-} smp_choice;
-
-static int smp_row_split_ok(int v) {
-  return v == RLK_SAMPLE_ROW_SPLIT_AUTO || v == 0 || v == 1 || v == 2 || v == 4 || v == 8;
-}
-
-/* Blocks that share a row: the caller's count, or by the batch, as many as keep every block on
- * its own multiprocessor (a split block's lanes hold up to 8 chunks in registers); at most the
- * row layout's warps, 1 where clusters are unavailable (before sm_90, HIP, the host) or filters
- * can be on (their passes work a row in one block). */
-static int smp_split_of(const rlk_context *ctx, const smp_config *c, int seg) {
-  if (!(ctx->target.features & RLK_TARGET_CLUSTERS) || c->filter) return 1;
-  const int nw = seg / 32;
-  int s = c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO ? 8 : c->row_split;
-  if (s <= 1) return 1;
-  if (c->row_split == RLK_SAMPLE_ROW_SPLIT_AUTO) {
-    const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 132;
-    while (s > 1 && c->rows * s > sms) s /= 2;
-  }
-  while (s > nw) s /= 2;
-  return s >= 2 ? s : 1;
-}
-
-static int smp_dt_code(rlk_dtype d) {
-  return d == RLK_F32 ? SMP_DT_F32 : (d == RLK_F16 ? SMP_DT_F16 : SMP_DT_BF16);
-}
-
-static rlk_status smp_select(const rlk_context *ctx, const smp_config *c, smp_choice *ch) {
-  memset(ch, 0, sizeof *ch);
-  int seg = 1, unroll = 1;
-  rlk_status st = rlk_logprob_vec_layout(ctx, c->logits, c->V, c->logprob_block, c->logprob_unroll,
-                                         &seg, &unroll);
-  if (st) return st;
-  const int warp = ctx->target.warp_size;
-  const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
-  ch->split = smp_split_of(ctx, c, seg);
-  if (ch->split > 1) {
-    /* chunks a lane has in an aligned row, up to what its registers hold: 8 below 512 threads a
-     * block (255 registers a thread), 4 at 512 */
-    const int64_t epv = 16 / (int64_t)rlk_dtype_size(c->logits);
-    const int64_t chunks = ((c->V / epv + seg - 1) / seg) / unroll;
-    const int most = seg / ch->split >= 512 ? 4 : 8;
-    int depth = 1;
-    while (depth < most && depth < chunks) depth *= 2;
-    ch->spec.tmpl = &smp_split_tmpl;
-    ch->spec.values[0] = smp_dt_code(c->logits);
-    ch->spec.values[1] = c->tokens;
-    ch->spec.values[2] = seg;
-    ch->spec.values[3] = unroll;
-    ch->spec.values[4] = ch->split;
-    ch->spec.values[5] = depth;
-    ch->threads = seg / ch->split;
-    return rlk_spec_validate(&ch->spec);
-  }
-  ch->spec.tmpl = &smp_tmpl;
-  ch->spec.values[0] = smp_dt_code(c->logits);
-  ch->spec.values[1] = c->tokens;
-  ch->spec.values[2] = seg;
-  ch->spec.values[3] = unroll;
-  ch->spec.values[4] = c->filter ? 1 : 0;
-  ch->spec.values[5] = cap;
-  ch->threads = seg > warp ? seg : warp;
-  if (c->filter) {
-    const size_t cand = (size_t)cap * SMP_CAND_BYTES;
-    ch->smem = cand > SMP_HIST_BYTES ? cand : SMP_HIST_BYTES;
-  }
-  return rlk_spec_validate(&ch->spec);
-}
-
 /* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
+/* The settings and the plan (shared by calls and precompiling)                        */
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const smp_row_split_names[] = {"auto", "0", "1", "2", "4", "8", NULL};
@@ -185,40 +99,53 @@ static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
                                        "multiprocessors, 132 when unknown; on sm_90 and later with filter=0)"),
 };
 
-/* RLK_JIT_RECORD: the line of a call's configuration. */
-static void smp_record(const smp_config *c) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_sample, &s);
-  rlk_op_values_set(&s, SMP_S_LOGITS, c->logits);
-  rlk_op_values_set(&s, SMP_S_TOKENS, c->tokens);
-  rlk_op_values_set(&s, SMP_S_FILTER, c->filter);
-  rlk_op_values_set(&s, SMP_S_VOCAB, c->V);
-  rlk_op_values_set(&s, SMP_S_LOGPROB_BLOCK, c->logprob_block);
-  rlk_op_values_set(&s, SMP_S_LOGPROB_UNROLL, c->logprob_unroll);
-  rlk_op_values_set(&s, SMP_S_ROWS, c->rows);
-  for (int i = 0; smp_row_split_names[i]; i++)
-    if (smp_row_split_values[i] == c->row_split) rlk_op_values_set(&s, SMP_S_ROW_SPLIT, i);
-  rlk_record_op(&rlk_op_sample, &s);
+/* Blocks that share a row: the caller's count, or by the batch, as many as keep every block on
+ * its own multiprocessor (a split block's lanes hold up to 8 chunks in registers); at most the
+ * row layout's warps, 1 where clusters are unavailable (before sm_90, HIP, the host) or filters
+ * can be on (their passes work a row in one block). */
+static int smp_split_of(const rlk_context *ctx, const rlk_op_values *s, int seg) {
+  const int row_split = smp_row_split_values[s->v[SMP_S_ROW_SPLIT]];
+  if (!(ctx->target.features & RLK_TARGET_CLUSTERS) || s->v[SMP_S_FILTER]) return 1;
+  const int nw = seg / 32;
+  int split = row_split == RLK_SAMPLE_ROW_SPLIT_AUTO ? 8 : row_split;
+  if (split <= 1) return 1;
+  if (row_split == RLK_SAMPLE_ROW_SPLIT_AUTO) {
+    const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 132;
+    while (split > 1 && s->v[SMP_S_ROWS] * split > sms) split /= 2;
+  }
+  while (split > nw) split /= 2;
+  return split >= 2 ? split : 1;
 }
 
-static rlk_status smp_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                  size_t *nspecs) {
-  smp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = (rlk_dtype)s->v[SMP_S_LOGITS];
-  c.tokens = (rlk_dtype)s->v[SMP_S_TOKENS];
-  c.filter = (int)s->v[SMP_S_FILTER];
-  c.V = s->v[SMP_S_VOCAB];
-  c.logprob_block = (int)s->v[SMP_S_LOGPROB_BLOCK];
-  c.logprob_unroll = (int)s->v[SMP_S_LOGPROB_UNROLL];
-  c.rows = s->v[SMP_S_ROWS];
-  c.row_split = smp_row_split_values[s->v[SMP_S_ROW_SPLIT]];
-  smp_choice ch;
-  rlk_status st = smp_select(ctx, &c, &ch);
+static int smp_dt_code(rlk_dtype d) {
+  return d == RLK_F32 ? SMP_DT_F32 : (d == RLK_F16 ? SMP_DT_F16 : SMP_DT_BF16);
+}
+
+/* The kernel of a configuration: the row layout is rlk_logprob's vector forward's for the same
+ * V, block and unroll; a row over a cluster's blocks (sample_split) or a block a row (sample). */
+static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t *v = s->v;
+  const rlk_dtype logits = (rlk_dtype)v[SMP_S_LOGITS];
+  int seg = 1, unroll = 1;
+  rlk_status st = rlk_logprob_vec_layout(ctx, logits, v[SMP_S_VOCAB], (int)v[SMP_S_LOGPROB_BLOCK],
+                                         (int)v[SMP_S_LOGPROB_UNROLL], &seg, &unroll);
   if (st) return st;
-  specs[0] = ch.spec;
+  const int split = smp_split_of(ctx, s, seg);
+  if (split > 1) {
+    /* chunks a lane has in an aligned row, up to what its registers hold: 8 below 512 threads a
+     * block (255 registers a thread), 4 at 512 */
+    const int64_t epv = 16 / (int64_t)rlk_dtype_size(logits);
+    const int64_t chunks = ((v[SMP_S_VOCAB] / epv + seg - 1) / seg) / unroll;
+    const int most = seg / split >= 512 ? 4 : 8;
+    int depth = 1;
+    while (depth < most && depth < chunks) depth *= 2;
+    specs[0] = (rlk_kernel_spec){&smp_split_tmpl, {smp_dt_code(logits), v[SMP_S_TOKENS], seg, unroll, split, depth}};
+  } else {
+    const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
+    specs[0] = (rlk_kernel_spec){&smp_tmpl, {smp_dt_code(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap}};
+  }
   *nspecs = 1;
-  return RLK_OK;
+  return rlk_spec_validate(&specs[0]);
 }
 
 static const char *const smp_samples[] = {
@@ -238,7 +165,7 @@ const rlk_op_desc rlk_op_sample = {
     .name = "sample",
     .settings = smp_settings,
     .nsettings = SMP_NSETTINGS,
-    .plan = smp_plan_config,
+    .plan = smp_plan,
     .samples = smp_samples,
 };
 
@@ -269,9 +196,16 @@ RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
   args->pdl = 1;
 }
 
-RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_sample: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_sample: args is NULL");
+/* A call: the kernel's argument. */
+typedef struct smp_call {
+  rlk_op_call op;
+  smp_kernel_args k;
+  int pdl; /* may overlap the previous kernel's tail */
+} smp_call;
+
+static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_sample_args *a = args;
   rlk_status st;
   const rlk_tensor *L = &a->logits;
   if ((st = rlk_check_tensor(L, "logits", 1))) return st;
@@ -317,74 +251,93 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
     if ((st = rlk_check_ndim(&a->status, "status", 1, 1))) return st;
   }
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_sample_args, logits),       RLK_ARG_IN(rlk_sample_args, temperatures),
-      RLK_ARG_IN(rlk_sample_args, top_ks),       RLK_ARG_IN(rlk_sample_args, top_ps),
-      RLK_ARG_IN(rlk_sample_args, min_ps),       RLK_ARG_IN(rlk_sample_args, seeds),
-      RLK_ARG_IN(rlk_sample_args, offsets),      RLK_ARG_OUT(rlk_sample_args, tokens),
-      RLK_ARG_OUT(rlk_sample_args, logp),        RLK_ARG_OUT(rlk_sample_args, logp_filtered),
-      RLK_ARG_OUT(rlk_sample_args, status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
-  if (!smp_row_split_ok(a->row_split))
+  int row_split = -1;
+  for (int i = 0; smp_row_split_names[i]; i++)
+    if (smp_row_split_values[i] == a->row_split) row_split = i;
+  if (row_split < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "row_split: %d is not 0, 1, 2, 4, 8 or RLK_SAMPLE_ROW_SPLIT_AUTO (-1)", a->row_split);
-  if ((st = rlk_context_require_device(ctx, "rlk_sample"))) return st;
-
-  smp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = L->dtype;
-  c.tokens = a->tokens.dtype;
-  c.V = V;
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, SMP_S_LOGITS, L->dtype);
+  rlk_op_values_set(v, SMP_S_TOKENS, a->tokens.dtype);
   /* the filter code is in when a filter can be on in some row */
-  c.filter = a->top_ks.data || a->top_ps.data || a->min_ps.data || (a->top_k > 0 && a->top_k < V) ||
-             a->top_p < 1.0f || a->min_p > 0.0f;
-  c.logprob_block = a->logprob_block;
-  c.logprob_unroll = a->logprob_unroll;
-  c.rows = B;
-  c.row_split = a->row_split;
-  smp_choice ch;
-  if ((st = smp_select(ctx, &c, &ch))) return st;
-  if (rlk_record_enabled()) smp_record(&c);
+  rlk_op_values_set(v, SMP_S_FILTER, a->top_ks.data || a->top_ps.data || a->min_ps.data ||
+                                         (a->top_k > 0 && a->top_k < V) || a->top_p < 1.0f || a->min_p > 0.0f);
+  rlk_op_values_set(v, SMP_S_VOCAB, V);
+  rlk_op_values_set(v, SMP_S_LOGPROB_BLOCK, a->logprob_block);
+  rlk_op_values_set(v, SMP_S_LOGPROB_UNROLL, a->logprob_unroll);
+  rlk_op_values_set(v, SMP_S_ROWS, B);
+  rlk_op_values_set(v, SMP_S_ROW_SPLIT, row_split);
 
-  smp_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.logits = L->data;
-  k.row_stride = row_stride;
-  k.B = B;
-  k.V = V;
-  k.temperatures = a->temperatures.data;
-  k.temperature = a->temperature;
-  k.top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
-  k.top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
-  k.top_k = a->top_k;
-  k.top_ps = a->top_ps.data;
-  k.top_p = a->top_p;
-  k.min_ps = a->min_ps.data;
-  k.min_p = a->min_p;
-  k.seeds = a->seeds.data;
-  k.seed = a->seed;
-  k.offsets = a->offsets.data;
-  k.offset = a->offset;
-  k.tokens = a->tokens.data;
-  k.logp = a->logp.data;
-  k.logp_filtered = a->logp_filtered.data;
-  k.status = a->status.data;
-  void *kargs[] = {&k};
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  /* a block a row, or a cluster of ch.split; rows past the grid are strided over it */
-  const int64_t groups = B < ((int64_t)1 << 20) / ch.split ? B : ((int64_t)1 << 20) / ch.split;
-  d.grid[0] = (unsigned)(groups * ch.split);
-  d.grid[1] = d.grid[2] = 1;
-  d.block[0] = ctx->kind == RLK_BACKEND_HOST ? 1u : (unsigned)ch.threads;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = ctx->kind == RLK_BACKEND_HOST ? 0 : ch.smem;
-  if (ctx->kind == RLK_BACKEND_HOST) d.grid[0] = 1;
-  /* both kernels wait for the stream first where they are built for sm_90 and later; code for
-   * an older target that a newer device runs (PTX it compiles) has no wait, so it launches
-   * plainly */
-  if (a->pdl && (ctx->target.features & RLK_TARGET_PDL)) d.flags = RLK_LAUNCH_OVERLAP;
-  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+  ((smp_call *)call)->pdl = a->pdl;
+  smp_kernel_args *k = &((smp_call *)call)->k;
+  k->logits = L->data;
+  k->row_stride = row_stride;
+  k->B = B;
+  k->V = V;
+  k->temperatures = a->temperatures.data;
+  k->temperature = a->temperature;
+  k->top_ks32 = a->top_ks.dtype == RLK_I32 ? a->top_ks.data : NULL;
+  k->top_ks64 = a->top_ks.dtype == RLK_I64 ? a->top_ks.data : NULL;
+  k->top_k = a->top_k;
+  k->top_ps = a->top_ps.data;
+  k->top_p = a->top_p;
+  k->min_ps = a->min_ps.data;
+  k->min_p = a->min_p;
+  k->seeds = a->seeds.data;
+  k->seed = a->seed;
+  k->offsets = a->offsets.data;
+  k->offset = a->offset;
+  k->tokens = a->tokens.data;
+  k->logp = a->logp.data;
+  k->logp_filtered = a->logp_filtered.data;
+  k->status = a->status.data;
+  return RLK_OK;
+}
+
+static void smp_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((smp_call *)call)->k;
+}
+
+/* A block a row, or a cluster of `split` blocks a row; rows past the grid are strided over it.
+ * Both kernels wait for the stream first where they are built for sm_90 and later; code for an
+ * older target that a newer device runs (PTX it compiles) has no wait, so it launches plainly. */
+static void smp_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  const rlk_kernel_spec *spec = &call->specs[i];
+  const int pdl = ((const smp_call *)call)->pdl;
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const int64_t B = call->vals.v[SMP_S_ROWS], seg = spec->values[2];
+  const int64_t split = spec->tmpl == &smp_split_tmpl ? spec->values[4] : 1;
+  const int64_t groups = B < ((int64_t)1 << 20) / split ? B : ((int64_t)1 << 20) / split;
+  d->grid[0] = (unsigned)(groups * split);
+  if (split > 1) {
+    d->block[0] = (unsigned)(seg / split);
+  } else {
+    d->block[0] = (unsigned)(seg > ctx->target.warp_size ? seg : ctx->target.warp_size);
+    if (spec->values[4]) { /* the filters' shared memory: a histogram, or the candidates */
+      const size_t cand = (size_t)spec->values[5] * SMP_CAND_BYTES;
+      d->shared_bytes = cand > SMP_HIST_BYTES ? cand : SMP_HIST_BYTES;
+    }
+  }
+  if (pdl && (ctx->target.features & RLK_TARGET_PDL)) d->flags = RLK_LAUNCH_OVERLAP;
+}
+
+static const rlk_arg_field smp_fields[] = {
+    RLK_ARG_IN(rlk_sample_args, logits),  RLK_ARG_IN(rlk_sample_args, temperatures),
+    RLK_ARG_IN(rlk_sample_args, top_ks),  RLK_ARG_IN(rlk_sample_args, top_ps),
+    RLK_ARG_IN(rlk_sample_args, min_ps),  RLK_ARG_IN(rlk_sample_args, seeds),
+    RLK_ARG_IN(rlk_sample_args, offsets), RLK_ARG_OUT(rlk_sample_args, tokens),
+    RLK_ARG_OUT(rlk_sample_args, logp),   RLK_ARG_OUT(rlk_sample_args, logp_filtered),
+    RLK_ARG_OUT(rlk_sample_args, status)};
+
+static const rlk_op_entry smp_entry = {
+    .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),
+    .validate = smp_validate, .fill = smp_fill, .dims = smp_dims};
+
+RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
+  smp_call k;
+  return rlk_op_run(&smp_entry, ctx, a, &k.op, stream);
 }

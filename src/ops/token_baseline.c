@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/advantage_scan.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "common/token_baseline_params.h"
 
 /* The kernels' arguments (templates/common/token_baseline_params.h). */
@@ -35,10 +35,8 @@ RLK_PARAMS_DECLARE(tb_baseline_args, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PAR
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const tb_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 static const char *const tb_offsets_names[] = {"fixed", "i32", "i64", NULL};
 
-enum { TB_MASK_NONE = 0, TB_MASK_BOOL = 1, TB_MASK_I32 = 2, TB_MASK_F32 = 3 };
 enum { TB_OFFSETS_FIXED = 0, TB_OFFSETS_I32 = 1, TB_OFFSETS_I64 = 2 };
 
 #define TB_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
@@ -49,14 +47,14 @@ enum { TB_OFFSETS_FIXED = 0, TB_OFFSETS_I32 = 1, TB_OFFSETS_I64 = 2 };
 
 static const rlk_param_decl tb_scan_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tb_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
     {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"isw", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_param_decl tb_baseline_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tb_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
     {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, tb_offsets_names},
 };
@@ -71,41 +69,7 @@ static const rlk_template tb_baseline_tmpl = {
     tb_baseline_params};
 
 /* ---------------------------------------------------------------------------------- */
-/* Variant selection (shared by calls and precompiling)                                */
-/* ---------------------------------------------------------------------------------- */
-
-/* What selects the kernels: everything about a call except sizes, pointers and numbers. */
-typedef struct tb_config {
-  rlk_dtype dtype; /* RLK_F32 / RLK_F64 */
-  int mask;        /* TB_MASK_* */
-  int offsets;     /* TB_OFFSETS_* */
-  int compact;
-  int isw;
-} tb_config;
-
-typedef struct tb_plan {
-  rlk_kernel_spec scan, baseline;
-} tb_plan;
-
-static rlk_status tb_select(const tb_config *c, tb_plan *p) {
-  memset(p, 0, sizeof *p);
-  p->scan.tmpl = &tb_scan_tmpl;
-  p->scan.values[0] = c->dtype;
-  p->scan.values[1] = c->mask;
-  p->scan.values[2] = c->compact;
-  p->scan.values[3] = c->isw;
-  p->baseline.tmpl = &tb_baseline_tmpl;
-  p->baseline.values[0] = c->dtype;
-  p->baseline.values[1] = c->mask;
-  p->baseline.values[2] = c->compact;
-  p->baseline.values[3] = c->offsets;
-  rlk_status st = rlk_spec_validate(&p->scan);
-  if (!st) st = rlk_spec_validate(&p->baseline);
-  return st;
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
+/* The settings and the plan (shared by calls and precompiling)                        */
 /* ---------------------------------------------------------------------------------- */
 
 enum { TB_S_DTYPE, TB_S_MASK, TB_S_OFFSETS, TB_S_COMPACT, TB_S_ISW, TB_NSETTINGS };
@@ -113,7 +77,7 @@ enum { TB_S_DTYPE, TB_S_MASK, TB_S_OFFSETS, TB_S_COMPACT, TB_S_ISW, TB_NSETTINGS
 static const rlk_op_setting tb_settings[TB_NSETTINGS] = {
     [TB_S_DTYPE] = RLK_SET_DTYPE("dtype", TB_DTYPES, RLK_F32, "token_baseline_scan.dtype",
                                  "the dtype of rewards, old_logp, sum_pi_squared and the outputs"),
-    [TB_S_MASK] = RLK_SET_CHOICE("mask", tb_mask_names, TB_MASK_BOOL, "token_baseline_scan.mask",
+    [TB_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "token_baseline_scan.mask",
                                  "the [B, T] mask's dtype (none: every token valid)"),
     [TB_S_OFFSETS] = RLK_SET_CHOICE("offsets", tb_offsets_names, TB_OFFSETS_FIXED,
                                     "token_baseline_baseline.offsets",
@@ -123,18 +87,15 @@ static const rlk_op_setting tb_settings[TB_NSETTINGS] = {
     [TB_S_ISW] = RLK_SET_FLAG("isw", 0, "token_baseline_scan.isw", "rollout_is_weights are given"),
 };
 
-static rlk_status tb_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
+/* The two kernels: the per-row scan, then the per-group baseline. */
+static rlk_status tb_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
   (void)ctx;
-  const tb_config c = {(rlk_dtype)s->v[TB_S_DTYPE], (int)s->v[TB_S_MASK], (int)s->v[TB_S_OFFSETS],
-                       (int)s->v[TB_S_COMPACT], (int)s->v[TB_S_ISW]};
-  tb_plan p;
-  rlk_status st = tb_select(&c, &p);
-  if (st) return st;
-  specs[0] = p.scan;
-  specs[1] = p.baseline;
+  const int64_t *v = s->v;
+  specs[0] = (rlk_kernel_spec){&tb_scan_tmpl, {v[TB_S_DTYPE], v[TB_S_MASK], v[TB_S_COMPACT], v[TB_S_ISW]}};
+  specs[1] = (rlk_kernel_spec){&tb_baseline_tmpl, {v[TB_S_DTYPE], v[TB_S_MASK], v[TB_S_COMPACT], v[TB_S_OFFSETS]}};
   *nspecs = 2;
-  return RLK_OK;
+  rlk_status st = rlk_spec_validate(&specs[0]);
+  return st ? st : rlk_spec_validate(&specs[1]);
 }
 
 static const char *const tb_samples[] = {
@@ -151,7 +112,7 @@ const rlk_op_desc rlk_op_token_baseline = {
     .name = "token_baseline",
     .settings = tb_settings,
     .nsettings = TB_NSETTINGS,
-    .plan = tb_plan_config,
+    .plan = tb_plan,
     .samples = tb_samples,
 };
 
@@ -179,19 +140,33 @@ static int64_t tb_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
   return t->data && B > 1 ? t->strides[0] : T;
 }
 
-/* Sizes of a validated call. */
-typedef struct tb_call {
-  int64_t B, T, num_groups;
-} tb_call;
+/* Workspace layout: byte offsets of W, the packed returns, the columns and the counts. */
+typedef struct tb_layout {
+  size_t w, g, pos, len, total;
+} tb_layout;
 
-static int tb_mask_kind(rlk_dtype d) {
-  return d == RLK_BOOL ? TB_MASK_BOOL : d == RLK_I32 ? TB_MASK_I32 : TB_MASK_F32;
+static tb_layout tb_workspace_layout(rlk_dtype dtype, int compact, int64_t B, int64_t T) {
+  tb_layout l;
+  const size_t n = (size_t)B * (size_t)T, es = rlk_dtype_size(dtype);
+  l.w = 0;
+  l.g = n * es;
+  l.pos = compact ? l.g + n * es : l.g;
+  l.len = compact ? l.pos + n * sizeof(int32_t) : l.pos;
+  l.total = l.len + (size_t)B * sizeof(int32_t);
+  return l;
 }
 
-static rlk_status tb_validate(const rlk_context *ctx, const rlk_token_baseline_args *a, tb_config *c,
-                              tb_call *k) {
-  memset(c, 0, sizeof *c);
-  memset(k, 0, sizeof *k);
+/* A call: its sizes and the kernels' arguments. */
+typedef struct tb_call {
+  rlk_op_call op;
+  int64_t B, T, num_groups;
+  tb_scan_args scan;
+  tb_baseline_args baseline;
+} tb_call;
+
+static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_token_baseline_args *a = args;
+  tb_call *k = (tb_call *)call;
   rlk_status st;
   if ((st = rlk_check_tensor(&a->rewards, "rewards", 1))) return st;
   if ((st = rlk_check_dtype(&a->rewards, "rewards", TB_DTYPES))) return st;
@@ -202,185 +177,130 @@ static rlk_status tb_validate(const rlk_context *ctx, const rlk_token_baseline_a
   if (T > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rewards: T = %lld is beyond the i32 token index",
                      (long long)T);
-  c->dtype = a->rewards.dtype;
   if ((st = tb_check_rows(&a->old_logp, "old_logp", same, B, T))) return st;
   if ((st = tb_check_rows(&a->sum_pi_squared, "sum_pi_squared", same, B, T))) return st;
-  if (a->rollout_is_weights.data) {
-    if ((st = tb_check_rows(&a->rollout_is_weights, "rollout_is_weights", same, B, T))) return st;
-    c->isw = 1;
-  }
-  if (a->mask.data) {
-    if ((st = tb_check_rows(&a->mask, "mask", TB_MASK_DTYPES, B, T))) return st;
-    c->mask = tb_mask_kind(a->mask.dtype);
-  }
+  if (a->rollout_is_weights.data &&
+      (st = tb_check_rows(&a->rollout_is_weights, "rollout_is_weights", same, B, T)))
+    return st;
+  if (a->mask.data && (st = tb_check_rows(&a->mask, "mask", TB_MASK_DTYPES, B, T))) return st;
   if (!(a->epsilon >= 0.0) || isinf(a->epsilon))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "epsilon: %g must be finite and >= 0", a->epsilon);
   if (a->compact != 0 && a->compact != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "compact: %d is not 0 or 1", a->compact);
-  c->compact = a->compact;
 
   /* groups */
   rlk_dtype offsets;
   if ((st = rlk_check_groups(a->group_size, &a->group_offsets, B, ctx->kind == RLK_BACKEND_HOST,
                              &k->num_groups, &offsets)))
     return st;
-  c->offsets = offsets == RLK_I32 ? TB_OFFSETS_I32 : offsets == RLK_I64 ? TB_OFFSETS_I64 : TB_OFFSETS_FIXED;
 
   /* outputs */
   if ((st = tb_check_rows(&a->advantages, "advantages", same, B, T))) return st;
   if ((st = tb_check_rows(&a->returns, "returns", same, B, T))) return st;
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, TB_S_DTYPE, a->rewards.dtype);
+  rlk_op_values_set(v, TB_S_MASK, rlk_seq_mask_kind(&a->mask));
+  rlk_op_values_set(v, TB_S_OFFSETS,
+                    offsets == RLK_I32 ? TB_OFFSETS_I32 : offsets == RLK_I64 ? TB_OFFSETS_I64 : TB_OFFSETS_FIXED);
+  rlk_op_values_set(v, TB_S_COMPACT, a->compact);
+  rlk_op_values_set(v, TB_S_ISW, a->rollout_is_weights.data != NULL);
   k->B = B;
   k->T = T;
+  call->workspace = tb_workspace_layout(a->rewards.dtype, a->compact, B, T).total;
   return RLK_OK;
 }
 
-/* Workspace layout: byte offsets of W, the packed returns, the columns and the counts. */
-typedef struct tb_layout {
-  size_t w, g, pos, len, total;
-} tb_layout;
-
-static tb_layout tb_workspace_layout(const tb_config *c, const tb_call *k) {
-  tb_layout l;
-  const size_t n = (size_t)k->B * (size_t)k->T, es = rlk_dtype_size(c->dtype);
-  l.w = 0;
-  l.g = n * es;
-  l.pos = c->compact ? l.g + n * es : l.g;
-  l.len = c->compact ? l.pos + n * sizeof(int32_t) : l.pos;
-  l.total = l.len + (size_t)k->B * sizeof(int32_t);
-  return l;
+static void tb_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx;
+  const rlk_token_baseline_args *a = args;
+  tb_call *k = (tb_call *)call;
+  const int64_t B = k->B, T = k->T;
+  const tb_layout l = tb_workspace_layout(a->rewards.dtype, a->compact, B, T);
+  char *ws = (char *)a->workspace;
+  void *w_buf = ws + l.w, *g_buf = a->compact ? (void *)(ws + l.g) : NULL;
+  int32_t *pos = a->compact ? (int32_t *)(ws + l.pos) : NULL, *len = (int32_t *)(ws + l.len);
+  if (i == 0) {
+    /* 1. a 32-lane team per row */
+    tb_scan_args *s = &k->scan;
+    s->rewards = a->rewards.data;
+    s->reward_stride = tb_row_stride(&a->rewards, B, T);
+    s->mask = a->mask.data;
+    s->mask_stride = tb_row_stride(&a->mask, B, T);
+    s->old_logp = a->old_logp.data;
+    s->logp_stride = tb_row_stride(&a->old_logp, B, T);
+    s->sum_pi_sq = a->sum_pi_squared.data;
+    s->sps_stride = tb_row_stride(&a->sum_pi_squared, B, T);
+    s->isw = a->rollout_is_weights.data;
+    s->isw_stride = tb_row_stride(&a->rollout_is_weights, B, T);
+    s->returns = a->returns.data;
+    s->returns_stride = tb_row_stride(&a->returns, B, T);
+    s->adv = a->advantages.data;
+    s->adv_stride = tb_row_stride(&a->advantages, B, T);
+    s->w_buf = w_buf;
+    s->g_buf = g_buf;
+    s->pos = pos;
+    s->len = len;
+    s->B = B;
+    s->T = T;
+    params[0] = s;
+  } else {
+    /* 2. column tiles x groups */
+    tb_baseline_args *b = &k->baseline;
+    b->returns = a->returns.data;
+    b->returns_stride = tb_row_stride(&a->returns, B, T);
+    b->mask = a->mask.data;
+    b->mask_stride = tb_row_stride(&a->mask, B, T);
+    b->w_buf = w_buf;
+    b->g_buf = g_buf;
+    b->pos = pos;
+    b->len = len;
+    b->adv = a->advantages.data;
+    b->adv_stride = tb_row_stride(&a->advantages, B, T);
+    b->B = B;
+    b->T = T;
+    b->group_size = a->group_size;
+    b->num_groups = k->num_groups;
+    b->offsets = a->group_offsets.data;
+    b->eps = a->epsilon;
+    b->zero_tail = a->handle_zero_tail != 0;
+    params[0] = b;
+  }
 }
+
+/* n blocks of a grid dimension, at least one and at most `most`. */
+static unsigned tb_grid(int64_t n, int64_t most) { return (unsigned)(n > 1 ? (n < most ? n : most) : 1); }
+
+static void tb_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const tb_call *k = (const tb_call *)call;
+  const int64_t teams = TB_BLOCK / TB_TEAM;
+  d->block[0] = TB_BLOCK;
+  if (i == 0) {
+    d->grid[0] = tb_grid((k->B + teams - 1) / teams, 1 << 20);
+  } else {
+    d->grid[0] = tb_grid((k->T + TB_BLOCK - 1) / TB_BLOCK, 1 << 16);
+    d->grid[1] = tb_grid(k->num_groups, 65535);
+  }
+}
+
+static const rlk_arg_field tb_fields[] = {
+    RLK_ARG_IN(rlk_token_baseline_args, rewards),        RLK_ARG_IN(rlk_token_baseline_args, old_logp),
+    RLK_ARG_IN(rlk_token_baseline_args, sum_pi_squared), RLK_ARG_IN(rlk_token_baseline_args, rollout_is_weights),
+    RLK_ARG_IN(rlk_token_baseline_args, mask),           RLK_ARG_IN(rlk_token_baseline_args, group_offsets),
+    RLK_ARG_OUT(rlk_token_baseline_args, advantages),    RLK_ARG_OUT(rlk_token_baseline_args, returns)};
+
+static const rlk_op_entry tb_entry = {
+    .name = "rlk_token_baseline", .op = &rlk_op_token_baseline, .call_size = sizeof(tb_call),
+    RLK_OP_FIELDS(tb_fields), .workspace = RLK_OP_WORKSPACE(rlk_token_baseline_args, 8), .validate = tb_validate,
+    .fill = tb_fill, .dims = tb_dims};
 
 RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
                                                      size_t *bytes) {
-  if (bytes) *bytes = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_baseline_workspace_size: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_baseline_workspace_size: args is NULL");
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_baseline_workspace_size: bytes is NULL");
-  tb_config c;
   tb_call k;
-  rlk_status st = tb_validate(ctx, args, &c, &k);
-  if (!st) *bytes = tb_workspace_layout(&c, &k).total;
-  return st;
-}
-
-/* RLK_JIT_RECORD: the line of a call's configuration. */
-static void tb_record(const tb_config *c) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_token_baseline, &s);
-  rlk_op_values_set(&s, TB_S_DTYPE, c->dtype);
-  rlk_op_values_set(&s, TB_S_MASK, c->mask);
-  rlk_op_values_set(&s, TB_S_OFFSETS, c->offsets);
-  rlk_op_values_set(&s, TB_S_COMPACT, c->compact);
-  rlk_op_values_set(&s, TB_S_ISW, c->isw);
-  rlk_record_op(&rlk_op_token_baseline, &s);
-}
-
-static unsigned tb_min_u(int64_t a, int64_t b) { return (unsigned)(a < b ? a : b); }
-
-static rlk_launch_dims tb_dims(unsigned gx, unsigned gy, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = gx ? gx : 1;
-  d.grid[1] = gy ? gy : 1;
-  d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = 1;
-  d.block[2] = 1;
-  return d;
+  return rlk_op_workspace_size(&tb_entry, ctx, args, &k.op, bytes);
 }
 
 RLK_API rlk_status rlk_token_baseline(rlk_context *ctx, const rlk_token_baseline_args *args, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_baseline: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_token_baseline: args is NULL");
-  tb_config c;
   tb_call k;
-  rlk_status st = tb_validate(ctx, args, &c, &k);
-  if (st) return st;
-  const tb_layout l = tb_workspace_layout(&c, &k);
-  if (!args->workspace)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: NULL, the call needs %zu bytes (rlk_token_baseline_workspace_size)",
-                     l.total);
-  if (args->workspace_bytes < l.total)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "workspace: %zu bytes, the call needs %zu (rlk_token_baseline_workspace_size)",
-                     args->workspace_bytes, l.total);
-  if ((uintptr_t)args->workspace % 8 != 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 8-byte aligned");
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_token_baseline_args, rewards),        RLK_ARG_IN(rlk_token_baseline_args, old_logp),
-      RLK_ARG_IN(rlk_token_baseline_args, sum_pi_squared), RLK_ARG_IN(rlk_token_baseline_args, rollout_is_weights),
-      RLK_ARG_IN(rlk_token_baseline_args, mask),           RLK_ARG_IN(rlk_token_baseline_args, group_offsets),
-      RLK_ARG_OUT(rlk_token_baseline_args, advantages),    RLK_ARG_OUT(rlk_token_baseline_args, returns)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, args->workspace_bytes)))
-    return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_token_baseline"))) return st;
-  tb_plan p;
-  if ((st = tb_select(&c, &p))) return st;
-  if (rlk_record_enabled()) tb_record(&c);
-
-  const int host = ctx->kind == RLK_BACKEND_HOST;
-  const int64_t B = k.B, T = k.T;
-  char *ws = (char *)args->workspace;
-  void *w_buf = ws + l.w, *g_buf = c.compact ? (void *)(ws + l.g) : NULL;
-  int32_t *pos = c.compact ? (int32_t *)(ws + l.pos) : NULL, *len = (int32_t *)(ws + l.len);
-  const int64_t returns_stride = tb_row_stride(&args->returns, B, T);
-  const int64_t adv_stride = tb_row_stride(&args->advantages, B, T);
-  const int64_t mask_stride = tb_row_stride(&args->mask, B, T);
-
-  /* 1. a 32-lane team per row */
-  {
-    tb_scan_args a = {0};
-    a.rewards = args->rewards.data;
-    a.reward_stride = tb_row_stride(&args->rewards, B, T);
-    a.mask = args->mask.data;
-    a.mask_stride = mask_stride;
-    a.old_logp = args->old_logp.data;
-    a.logp_stride = tb_row_stride(&args->old_logp, B, T);
-    a.sum_pi_sq = args->sum_pi_squared.data;
-    a.sps_stride = tb_row_stride(&args->sum_pi_squared, B, T);
-    a.isw = args->rollout_is_weights.data;
-    a.isw_stride = tb_row_stride(&args->rollout_is_weights, B, T);
-    a.returns = args->returns.data;
-    a.returns_stride = returns_stride;
-    a.adv = args->advantages.data;
-    a.adv_stride = adv_stride;
-    a.w_buf = w_buf;
-    a.g_buf = g_buf;
-    a.pos = pos;
-    a.len = len;
-    a.B = B;
-    a.T = T;
-    void *kargs[] = {&a};
-    const int64_t teams = TB_BLOCK / TB_TEAM;
-    rlk_launch_dims d = host ? tb_dims(1, 1, 1) : tb_dims(tb_min_u((B + teams - 1) / teams, 1 << 20), 1, TB_BLOCK);
-    if ((st = rlk_context_launch(ctx, &p.scan, &d, stream, kargs))) return st;
-  }
-
-  /* 2. column tiles x groups */
-  {
-    tb_baseline_args a = {0};
-    a.returns = args->returns.data;
-    a.returns_stride = returns_stride;
-    a.mask = args->mask.data;
-    a.mask_stride = mask_stride;
-    a.w_buf = w_buf;
-    a.g_buf = g_buf;
-    a.pos = pos;
-    a.len = len;
-    a.adv = args->advantages.data;
-    a.adv_stride = adv_stride;
-    a.B = B;
-    a.T = T;
-    a.group_size = args->group_size;
-    a.num_groups = k.num_groups;
-    a.offsets = args->group_offsets.data;
-    a.eps = args->epsilon;
-    a.zero_tail = args->handle_zero_tail != 0;
-    void *kargs[] = {&a};
-    rlk_launch_dims d = host ? tb_dims(1, 1, 1)
-                             : tb_dims(tb_min_u((T + TB_BLOCK - 1) / TB_BLOCK, 1 << 16),
-                                       tb_min_u(k.num_groups, 65535), TB_BLOCK);
-    if ((st = rlk_context_launch(ctx, &p.baseline, &d, stream, kargs))) return st;
-  }
-  return RLK_OK;
+  return rlk_op_run(&tb_entry, ctx, args, &k.op, stream);
 }
