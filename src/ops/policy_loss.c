@@ -28,7 +28,6 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "ops/token_loss.h"
 
 /* ---------------------------------------------------------------------------------- */
@@ -96,7 +95,7 @@ typedef struct pl_params {
   int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
   double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
   double c_grad, kl_coef, ent_coef, bound_g;
-  TL_NORM norm;
+  tl_norm norm;
 } pl_params;
 
 _Static_assert(sizeof(pl_params) == 440, "pl_params mirrors rlk::pl::Params: 55 8-byte fields");
@@ -105,74 +104,7 @@ enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 
 enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
 
 /* ---------------------------------------------------------------------------------- */
-/* Variant selection (shared by calls and precompiling)                                */
-/* ---------------------------------------------------------------------------------- */
-
-/* What selects the kernels: everything about a call except sizes, pointers and numbers. */
-typedef struct pl_config {
-  rlk_dtype dtype;
-  int mode;   /* rlk_policy_loss_mode */
-  int kl;     /* PL_KL_NONE, or rlk_kl_estimator + 1 */
-  int kl_st;
-  int agg;    /* rlk_loss_agg */
-  int layout; /* TL_LAYOUT_* */
-  int mask;   /* TL_MASK_* */
-  int adv_seq;
-  int ent;    /* PL_ENT_* */
-  int isw;
-  int seq_grad; /* gspo differentiated through the sequence mean */
-  int count;  /* token-mean by this call's mask count: the count pass runs first */
-} pl_config;
-
-typedef struct pl_plan {
-  rlk_kernel_spec count, main, reduce; /* GPU: main and reduce (count too when counting);
-                                        * host: main is the host kernel */
-  int has_count, has_reduce;
-  int whole_rows; /* the work item is a whole sequence (per-row sums first) */
-} pl_plan;
-
-static int pl_whole_rows(const pl_config *c) {
-  return c->mode == RLK_POLICY_GSPO || c->mode == RLK_POLICY_GEO_MEAN ||
-         (c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && c->mask != TL_MASK_NONE);
-}
-
-static rlk_status pl_select(rlk_backend kind, const pl_config *c, pl_plan *p) {
-  memset(p, 0, sizeof *p);
-  p->whole_rows = pl_whole_rows(c);
-  if (kind == RLK_BACKEND_HOST) {
-    p->main.tmpl = &pl_host_tmpl;
-    p->main.values[0] = c->dtype;
-    return rlk_spec_validate(&p->main);
-  }
-  p->main.tmpl = &pl_main_tmpl;
-  p->main.values[0] = c->dtype;
-  p->main.values[1] = c->mode;
-  p->main.values[2] = c->kl;
-  p->main.values[3] = c->kl != PL_KL_NONE && c->kl_st; /* meaningless without a KL term */
-  p->main.values[4] = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
-  p->main.values[5] = c->layout;
-  p->main.values[6] = c->mask;
-  p->main.values[7] = c->adv_seq;
-  p->main.values[8] = c->ent;
-  p->main.values[9] = c->isw;
-  p->main.values[10] = c->mode == RLK_POLICY_GSPO && c->seq_grad; /* gspo's choice only */
-  p->has_reduce = 1;
-  p->reduce.tmpl = &pl_reduce_tmpl;
-  p->reduce.values[0] = c->dtype;
-  rlk_status st = rlk_spec_validate(&p->main);
-  if (!st) st = rlk_spec_validate(&p->reduce);
-  if (!st && c->count && c->mask != TL_MASK_NONE) {
-    p->has_count = 1;
-    p->count.tmpl = &pl_count_tmpl;
-    p->count.values[0] = c->layout;
-    p->count.values[1] = c->mask;
-    st = rlk_spec_validate(&p->count);
-  }
-  return st;
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
+/* The settings and the plan (shared by calls and precompiling)                        */
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const pl_adv_names[] = {"token", "seq", NULL};
@@ -182,6 +114,9 @@ enum {
   PL_S_DTYPE, PL_S_MODE, PL_S_KL, PL_S_KL_ST, PL_S_AGG, PL_S_LAYOUT, PL_S_OFFSETS, PL_S_MASK, PL_S_ADV,
   PL_S_ENTROPY, PL_S_IS, PL_S_SEQ_GRAD, PL_S_NORMALIZER, PL_NSETTINGS
 };
+
+static const tl_line pl_line = {PL_S_DTYPE, PL_S_AGG, PL_S_LAYOUT, PL_S_OFFSETS, PL_S_MASK, PL_S_NORMALIZER};
+static const tl_templates pl_templates = {&pl_count_tmpl, &pl_main_tmpl, &pl_reduce_tmpl, &pl_host_tmpl};
 
 static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
     [PL_S_DTYPE] = RLK_SET_DTYPE("dtype", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64), RLK_F32,
@@ -210,25 +145,25 @@ static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
                                        "kernels), or this call's mask count (a count pass first)"),
 };
 
-static rlk_status pl_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  pl_config c = {(rlk_dtype)s->v[PL_S_DTYPE], (int)s->v[PL_S_MODE], (int)s->v[PL_S_KL], (int)s->v[PL_S_KL_ST],
-                 (int)s->v[PL_S_AGG], TL_LAYOUT_PADDED, (int)s->v[PL_S_MASK], (int)s->v[PL_S_ADV],
-                 (int)s->v[PL_S_ENTROPY], (int)s->v[PL_S_IS], (int)s->v[PL_S_SEQ_GRAD],
-                 s->v[PL_S_NORMALIZER] == TL_LINE_NORM_COUNT};
-  const int packed = s->v[PL_S_LAYOUT] == 1;
-  if (RLK_OP_GIVEN(s, PL_S_OFFSETS) && !packed)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
-  if (packed) c.layout = s->v[PL_S_OFFSETS] == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
-  pl_plan p;
-  rlk_status st = pl_select(ctx->kind, &c, &p);
+/* Whether the work item is a whole sequence (per-row sums first). */
+static int pl_whole_rows(int64_t mode, int64_t agg, int64_t mask) {
+  return mode == RLK_POLICY_GSPO || mode == RLK_POLICY_GEO_MEAN ||
+         (agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && mask != TL_MASK_NONE);
+}
+
+/* The kernels: the token-loss passes (tl_plan), every code path of the main pass a parameter. */
+static rlk_status pl_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t *v = s->v;
+  int layout = TL_LAYOUT_PADDED;
+  rlk_status st = tl_line_layout(s, &pl_line, &layout);
   if (st) return st;
-  size_t n = 0;
-  if (p.has_count) specs[n++] = p.count;
-  specs[n++] = p.main;
-  if (p.has_reduce) specs[n++] = p.reduce;
-  *nspecs = n;
-  return RLK_OK;
+  const rlk_kernel_spec main_pass = {&pl_main_tmpl,
+                                     {v[PL_S_DTYPE], v[PL_S_MODE], v[PL_S_KL],
+                                      v[PL_S_KL] != PL_KL_NONE && v[PL_S_KL_ST], /* meaningless without a KL term */
+                                      v[PL_S_AGG] == RLK_AGG_SEQ_MEAN_TOKEN_MEAN, layout, v[PL_S_MASK], v[PL_S_ADV],
+                                      v[PL_S_ENTROPY], v[PL_S_IS],
+                                      v[PL_S_MODE] == RLK_POLICY_GSPO && v[PL_S_SEQ_GRAD]}}; /* gspo's choice only */
+  return tl_plan(ctx, &pl_templates, &pl_line, s, &main_pass, specs, nspecs);
 }
 
 static const char *const pl_samples[] = {
@@ -256,7 +191,7 @@ const rlk_op_desc rlk_op_policy_loss = {
     .nsettings = PL_NSETTINGS,
     .note = "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time values: the "
             "same kernels",
-    .plan = pl_plan_config,
+    .plan = pl_plan,
     .samples = pl_samples,
 };
 
@@ -287,13 +222,10 @@ RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
   args->loss_scale = 1.0;
 }
 
-/* A validated call: its configuration, layout, geometry and the kernels' argument. */
+/* A call: the token-loss state, then the kernels' argument. */
 typedef struct pl_call {
-  pl_config c;
-  tl_layout L;
-  tl_geometry g;
+  tl_call tl;
   pl_params k;
-  size_t workspace;
 } pl_call;
 
 static rlk_status pl_check_nonneg(double x, const char *what) {
@@ -313,19 +245,17 @@ static rlk_status pl_check_finite(double x, const char *what) {
   return RLK_OK;
 }
 
-static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args *a, pl_call *k) {
-  memset(k, 0, sizeof *k);
-  pl_config *c = &k->c;
-  tl_layout *L = &k->L;
+static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_policy_loss_args *a = args;
+  pl_call *k = (pl_call *)call;
+  tl_layout *L = &k->tl.L;
   pl_params *p = &k->k;
+  rlk_op_values *v = &call->vals;
   rlk_status st;
   int64_t stride;
 
   /* layout, from logp */
   if ((st = tl_layout_check(ctx, &a->logp, "logp", &a->seq_offsets, &a->mask, L, &stride))) return st;
-  c->dtype = L->dtype;
-  c->layout = L->layout;
-  c->mask = L->mask;
   p->s.in[PL_IN_LOGP] = a->logp.data;
   p->s.in_stride[PL_IN_LOGP] = stride;
   p->s.mask = a->mask.data;
@@ -338,9 +268,9 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   if ((st = tl_stream_check(L, &a->old_logp, "old_logp", 1, &stride))) return st;
   p->s.in[PL_IN_OLD] = a->old_logp.data;
   p->s.in_stride[PL_IN_OLD] = stride;
-  c->adv_seq = a->seq_advantages != 0;
+  int adv_seq = a->seq_advantages != 0;
   rlk_tensor adv = a->advantages;
-  if (!c->adv_seq && adv.data && adv.ndim == 2 && adv.shape[1] > 1 && adv.strides[1] == 0 &&
+  if (!adv_seq && adv.data && adv.ndim == 2 && adv.shape[1] > 1 && adv.strides[1] == 0 &&
       adv.shape[1] == L->cols && L->layout == TL_LAYOUT_PADDED) {
     /* one value per sequence broadcast over its tokens (A[:, None].expand(B, T), as verl passes
      * them): the per-sequence form, which reads each value once */
@@ -350,9 +280,9 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
                        "advantages: a per-sequence value broadcast over the tokens (stride[1] 0) needs the "
                        "values 1 apart (stride[0] is %lld)",
                        (long long)a->advantages.strides[0]);
-    c->adv_seq = 1;
+    adv_seq = 1;
   }
-  if (c->adv_seq) {
+  if (adv_seq) {
     if ((st = tl_seq_check(L, &adv, "advantages"))) return st;
     p->adv_seq = adv.data;
   } else {
@@ -369,12 +299,10 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   if ((st = tl_stream_check(L, &a->rollout_is_weights, "rollout_is_weights", 0, &stride))) return st;
   p->s.in[PL_IN_ISW] = a->rollout_is_weights.data;
   p->s.in_stride[PL_IN_ISW] = stride;
-  c->isw = a->rollout_is_weights.data != NULL;
 
   /* mode and its numbers */
   if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_GEO_MEAN)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_policy_loss_mode", (int)a->mode);
-  c->mode = (int)a->mode;
   if ((st = pl_check_nonneg(a->clip_low, "clip_low"))) return st;
   if ((st = pl_check_nonneg(a->clip_high, "clip_high"))) return st;
   if (isnan(a->dual_clip))
@@ -383,21 +311,22 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "log_ratio_min/log_ratio_max: [%g, %g] is not a range (+-INFINITY: no clamp)",
                      a->log_ratio_min, a->log_ratio_max);
-  if (c->mode == RLK_POLICY_GEO_MEAN && a->rollout_is_weights.data)
+  const int mode = (int)a->mode;
+  if (mode == RLK_POLICY_GEO_MEAN && a->rollout_is_weights.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "rollout_is_weights: geo_mean does not take importance weights");
-  if (c->mode == RLK_POLICY_GEO_MEAN && !(isfinite(a->clip_low) && isfinite(a->clip_high)))
+  if (mode == RLK_POLICY_GEO_MEAN && !(isfinite(a->clip_low) && isfinite(a->clip_high)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "clip_low/clip_high: geo_mean's log-space bounds must be finite");
   if ((int)a->seq_ratio_grad < RLK_SEQ_RATIO_STRAIGHT_THROUGH ||
       (int)a->seq_ratio_grad > RLK_SEQ_RATIO_THROUGH_MEAN)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
                      (int)a->seq_ratio_grad);
-  c->seq_grad = c->mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
+  const int seq_grad = mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
   if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
                      a->clamp_bound_grad);
-  if (c->mode == RLK_POLICY_SAPO) {
+  if (mode == RLK_POLICY_SAPO) {
     if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
                        a->sapo_tau_pos);
@@ -416,8 +345,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   if (a->kl_coef != 0.0 && !a->ref_logp.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "ref_logp: required when kl_coef (%g) != 0",
                      a->kl_coef);
-  c->kl = a->ref_logp.data ? (int)a->kl_estimator + 1 : PL_KL_NONE;
-  c->kl_st = a->kl_straight_through != 0;
+  const int kl = a->ref_logp.data ? (int)a->kl_estimator + 1 : PL_KL_NONE;
 
   /* entropy */
   if ((st = pl_check_finite(a->entropy_coef, "entropy_coef"))) return st;
@@ -428,21 +356,22 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
     if ((st = tl_stream_check(L, &a->grad_entropy, "grad_entropy", 1, &stride))) return st;
     p->s.out[PL_OUT_GENT] = a->grad_entropy.data;
     p->s.out_stride[PL_OUT_GENT] = stride;
-    c->ent = PL_ENT_GRAD;
-  } else {
-    c->ent = a->entropy.data ? PL_ENT_READ : PL_ENT_NONE;
   }
+  const int ent = a->entropy_coef != 0.0 ? PL_ENT_GRAD : a->entropy.data ? PL_ENT_READ : PL_ENT_NONE;
 
-  /* aggregation */
-  if ((int)a->agg < RLK_AGG_TOKEN_MEAN || (int)a->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)a->agg);
-  c->agg = (int)a->agg;
-  const tl_norm_args na = {c->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
+  /* aggregation, the configuration, the geometry */
+  const tl_norm_args na = {(int)a->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
                            a->loss_scale, &a->token_normalizer_tensor, &a->seq_normalizer_tensor};
-  int nkind;
-  if ((st = tl_norm_resolve(L, &na, &p->c_grad, &nkind, &p->norm.value))) return st;
-  p->norm.kind = nkind;
-  c->count = nkind == TL_NORM_COUNT;
+  if ((st = tl_call_finish(ctx, &k->tl, &pl_line, &na, pl_whole_rows(mode, a->agg, L->mask), PL_NACC, &p->c_grad,
+                           &p->norm)))
+    return st;
+  rlk_op_values_set(v, PL_S_MODE, mode);
+  rlk_op_values_set(v, PL_S_KL, kl);
+  rlk_op_values_set(v, PL_S_KL_ST, a->kl_straight_through != 0);
+  rlk_op_values_set(v, PL_S_ADV, adv_seq);
+  rlk_op_values_set(v, PL_S_ENTROPY, ent);
+  rlk_op_values_set(v, PL_S_IS, a->rollout_is_weights.data != NULL);
+  rlk_op_values_set(v, PL_S_SEQ_GRAD, seq_grad);
 
   /* outputs */
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
@@ -454,16 +383,16 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->metrics = a->metrics.data;
 
   /* numbers */
-  p->mode = c->mode;
-  p->kl = c->kl;
-  p->kl_st = c->kl_st;
-  p->seqmean = c->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
-  p->layout = c->layout;
-  p->mask_kind = c->mask;
-  p->adv_per_seq = c->adv_seq;
-  p->ent = c->ent;
-  p->isw = c->isw;
-  p->seq_grad = c->seq_grad;
+  p->mode = mode;
+  p->kl = kl;
+  p->kl_st = a->kl_straight_through != 0;
+  p->seqmean = a->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+  p->layout = L->layout;
+  p->mask_kind = L->mask;
+  p->adv_per_seq = adv_seq;
+  p->ent = ent;
+  p->isw = a->rollout_is_weights.data != NULL;
+  p->seq_grad = seq_grad;
   p->bound_g = a->clamp_bound_grad;
   p->clip_lo = 1.0 - a->clip_low;
   p->clip_hi = 1.0 + a->clip_high;
@@ -476,80 +405,50 @@ static rlk_status pl_validate(const rlk_context *ctx, const rlk_policy_loss_args
   p->kl_out = a->kl_output_clamp;
   p->kl_coef = a->kl_coef;
   p->ent_coef = a->entropy_coef;
-
-  /* geometry and workspace */
-  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, L, pl_whole_rows(c), &k->g);
-  p->s.tiles_per_row = k->g.tiles_per_row;
-  p->s.tile = k->g.tile;
-  p->num_partials = k->g.grid;
-  p->norm.num_counts = c->count ? k->g.grid : 0;
-  k->workspace = tl_workspace_bytes(ctx->kind, &k->g, PL_NACC, c->count);
+  p->s.tiles_per_row = k->tl.g.tiles_per_row;
+  p->s.tile = k->tl.g.tile;
+  p->num_partials = k->tl.g.grid;
   return RLK_OK;
 }
 
-RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
-                                                  size_t *bytes) {
-  if (bytes) *bytes = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: args is NULL");
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss_workspace_size: bytes is NULL");
+/* Every kernel takes the one argument; the partials and the count pass's counts are in the
+ * workspace. */
+static void pl_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)i;
+  const rlk_policy_loss_args *a = args;
+  pl_call *k = (pl_call *)call;
+  k->k.partials = a->workspace;
+  if (k->tl.count && a->workspace) k->k.norm.counts = (char *)a->workspace + tl_counts_offset(&k->tl.g, PL_NACC);
+  params[0] = &k->k;
+}
+
+static const rlk_arg_field pl_fields[] = {
+    RLK_ARG_IN(rlk_policy_loss_args, logp),
+    RLK_ARG_IN(rlk_policy_loss_args, old_logp),
+    RLK_ARG_IN(rlk_policy_loss_args, advantages),
+    RLK_ARG_IN(rlk_policy_loss_args, mask),
+    RLK_ARG_IN(rlk_policy_loss_args, seq_offsets),
+    RLK_ARG_IN(rlk_policy_loss_args, ref_logp),
+    RLK_ARG_IN(rlk_policy_loss_args, entropy),
+    RLK_ARG_IN(rlk_policy_loss_args, rollout_is_weights),
+    RLK_ARG_IN(rlk_policy_loss_args, token_normalizer_tensor),
+    RLK_ARG_IN(rlk_policy_loss_args, seq_normalizer_tensor),
+    RLK_ARG_OUT(rlk_policy_loss_args, loss),
+    RLK_ARG_OUT(rlk_policy_loss_args, grad_logp),
+    RLK_ARG_OUT(rlk_policy_loss_args, grad_entropy),
+    RLK_ARG_OUT(rlk_policy_loss_args, metrics)};
+
+static const rlk_op_entry pl_entry = {
+    .name = "rlk_policy_loss", .op = &rlk_op_policy_loss, .call_size = sizeof(pl_call), RLK_OP_FIELDS(pl_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_policy_loss_args, 16), .validate = pl_validate, .fill = pl_fill,
+    .dims = tl_dims};
+
+RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args, size_t *bytes) {
   pl_call k;
-  rlk_status st = pl_validate(ctx, args, &k);
-  if (!st) *bytes = k.workspace;
-  return st;
+  return rlk_op_workspace_size(&pl_entry, ctx, args, &k.tl.op, bytes);
 }
 
 RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_policy_loss: args is NULL");
   pl_call k;
-  rlk_status st = pl_validate(ctx, args, &k);
-  if (st) return st;
-  if ((st = tl_workspace_check(args->workspace, args->workspace_bytes, k.workspace, "policy_loss")))
-    return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_policy_loss_args, logp),
-      RLK_ARG_IN(rlk_policy_loss_args, old_logp),
-      RLK_ARG_IN(rlk_policy_loss_args, advantages),
-      RLK_ARG_IN(rlk_policy_loss_args, mask),
-      RLK_ARG_IN(rlk_policy_loss_args, seq_offsets),
-      RLK_ARG_IN(rlk_policy_loss_args, ref_logp),
-      RLK_ARG_IN(rlk_policy_loss_args, entropy),
-      RLK_ARG_IN(rlk_policy_loss_args, rollout_is_weights),
-      RLK_ARG_IN(rlk_policy_loss_args, token_normalizer_tensor),
-      RLK_ARG_IN(rlk_policy_loss_args, seq_normalizer_tensor),
-      RLK_ARG_OUT(rlk_policy_loss_args, loss),
-      RLK_ARG_OUT(rlk_policy_loss_args, grad_logp),
-      RLK_ARG_OUT(rlk_policy_loss_args, grad_entropy),
-      RLK_ARG_OUT(rlk_policy_loss_args, metrics)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, k.workspace ? args->workspace_bytes : 0)))
-    return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_policy_loss"))) return st;
-  pl_plan p;
-  if ((st = pl_select(ctx->kind, &k.c, &p))) return st;
-  if (rlk_record_enabled()) {
-    const pl_config *c = &k.c;
-    rlk_op_values s;
-    rlk_op_values_init(&rlk_op_policy_loss, &s);
-    rlk_op_values_set(&s, PL_S_DTYPE, c->dtype);
-    rlk_op_values_set(&s, PL_S_MODE, c->mode);
-    rlk_op_values_set(&s, PL_S_KL, c->kl);
-    rlk_op_values_set(&s, PL_S_KL_ST, c->kl_st);
-    rlk_op_values_set(&s, PL_S_AGG, c->agg);
-    rlk_op_values_set(&s, PL_S_LAYOUT, c->layout != TL_LAYOUT_PADDED);
-    if (c->layout != TL_LAYOUT_PADDED)
-      rlk_op_values_set(&s, PL_S_OFFSETS, c->layout == TL_LAYOUT_PACKED_I32 ? RLK_I32 : RLK_I64);
-    rlk_op_values_set(&s, PL_S_MASK, c->mask);
-    rlk_op_values_set(&s, PL_S_ADV, c->adv_seq);
-    rlk_op_values_set(&s, PL_S_ENTROPY, c->ent);
-    rlk_op_values_set(&s, PL_S_IS, c->isw);
-    rlk_op_values_set(&s, PL_S_SEQ_GRAD, c->seq_grad);
-    rlk_op_values_set(&s, PL_S_NORMALIZER, c->count ? TL_LINE_NORM_COUNT : TL_LINE_NORM_VALUE);
-    rlk_record_op(&rlk_op_policy_loss, &s);
-  }
-  k.k.partials = args->workspace;
-  if (k.c.count && args->workspace)
-    k.k.norm.counts = (char *)args->workspace + tl_counts_offset(&k.g, PL_NACC);
-  void *kargs[] = {&k.k};
-  return tl_launch(ctx, p.has_count ? &p.count : NULL, &p.main, &p.reduce, &k.g, stream, kargs);
+  return rlk_op_run(&pl_entry, ctx, args, &k.tl.op, stream);
 }

@@ -291,45 +291,61 @@ size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc, int 
   return tl_counts_offset(g, nacc) + (size_t)g->grid * sizeof(double);
 }
 
-rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op) {
-  if (need == 0) return RLK_OK;
-  if (!workspace)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "workspace: NULL, %s needs %zu bytes (rlk_%s_workspace_size)", op, need, op);
-  if (bytes < need)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "workspace: %zu bytes, %s needs %zu (rlk_%s_workspace_size)", bytes, op, need,
-                     op);
-  if ((uintptr_t)workspace % 16 != 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+rlk_status tl_line_layout(const rlk_op_values *s, const tl_line *line, int *layout) {
+  const int packed = s->v[line->layout] == 1;
+  if (RLK_OP_GIVEN(s, line->offsets) && !packed)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "offsets: only with layout=packed");
+  *layout = !packed ? TL_LAYOUT_PADDED : s->v[line->offsets] == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
   return RLK_OK;
 }
 
-static rlk_launch_dims tl_dims(unsigned grid, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = grid ? grid : 1;
-  d.grid[1] = d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  return d;
+rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line *line, const rlk_op_values *s,
+                   const rlk_kernel_spec *main_pass, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t dtype = s->v[line->dtype], mask = s->v[line->mask];
+  int layout = TL_LAYOUT_PADDED;
+  rlk_status st = tl_line_layout(s, line, &layout);
+  if (st) return st;
+  size_t n = 0;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    specs[n++] = (rlk_kernel_spec){t->host, {dtype}};
+  } else {
+    if (s->v[line->normalizer] == TL_LINE_NORM_COUNT && mask != TL_MASK_NONE)
+      specs[n++] = (rlk_kernel_spec){t->count, {layout, mask}};
+    specs[n++] = *main_pass;
+    specs[n++] = (rlk_kernel_spec){t->reduce, {dtype}};
+  }
+  *nspecs = n;
+  for (size_t i = 0; i < n && !st; i++) st = rlk_spec_validate(&specs[i]);
+  return st;
 }
 
-rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *count, const rlk_kernel_spec *main_pass,
-                     const rlk_kernel_spec *reduce, const tl_geometry *g, void *stream, void **kargs) {
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    rlk_launch_dims d = tl_dims(1, 1);
-    return rlk_context_launch(ctx, main_pass, &d, stream, kargs);
-  }
-  rlk_launch_dims d;
-  rlk_status st;
-  if (count) {
-    d = tl_dims(g->grid, TL_COUNT_BLOCK);
-    if ((st = rlk_context_launch(ctx, count, &d, stream, kargs))) return st;
-  }
-  d = tl_dims(g->grid, TL_BLOCK);
-  st = rlk_context_launch(ctx, main_pass, &d, stream, kargs);
+rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,
+                          int whole_rows, int nacc, double *c_grad, tl_norm *norm) {
+  if ((int)n->agg < RLK_AGG_TOKEN_MEAN || (int)n->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)n->agg);
+  int kind;
+  rlk_status st = tl_norm_resolve(&c->L, n, c_grad, &kind, &norm->value);
   if (st) return st;
-  d = tl_dims(1, TL_REDUCE_BLOCK);
-  return rlk_context_launch(ctx, reduce, &d, stream, kargs);
+  norm->kind = kind;
+  c->count = kind == TL_NORM_COUNT;
+  rlk_op_values *v = &c->op.vals;
+  rlk_op_values_set(v, line->dtype, c->L.dtype);
+  rlk_op_values_set(v, line->agg, n->agg);
+  rlk_op_values_set(v, line->layout, c->L.layout != TL_LAYOUT_PADDED);
+  if (c->L.layout != TL_LAYOUT_PADDED)
+    rlk_op_values_set(v, line->offsets, c->L.layout == TL_LAYOUT_PACKED_I32 ? RLK_I32 : RLK_I64);
+  rlk_op_values_set(v, line->mask, c->L.mask);
+  rlk_op_values_set(v, line->normalizer, c->count ? TL_LINE_NORM_COUNT : TL_LINE_NORM_VALUE);
+  tl_geometry_for(ctx->kind, ctx->target.multiprocessors, &c->L, whole_rows, &c->g);
+  norm->num_counts = c->count ? c->g.grid : 0;
+  c->op.workspace = tl_workspace_bytes(ctx->kind, &c->g, nacc, c->count);
+  return RLK_OK;
+}
+
+void tl_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return; /* one kernel does the whole problem */
+  const tl_call *c = (const tl_call *)call;
+  const size_t n = call->nspecs;
+  d->grid[0] = i + 1 == n ? 1 : c->g.grid ? c->g.grid : 1;
+  d->block[0] = i + 1 == n ? TL_REDUCE_BLOCK : i + 2 == n ? TL_BLOCK : TL_COUNT_BLOCK;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ops/ops.h"
+#include "runtime/op_call.h"
 
 /* Choice indices, as the templates' enums. */
 enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
@@ -41,14 +42,13 @@ extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
  * count of the mask counted by a pre-pass (tl_count) into the workspace. */
 enum { TL_NORM_VALUE = 0, TL_NORM_F32 = 1, TL_NORM_F64 = 2, TL_NORM_COUNT = 3 };
 
-/* Mirrors tl::Norm: with NORM_VALUE the kernels use c_grad as it is; otherwise c_grad is the
+/* Mirrors tl::Norm (8-byte fields): with NORM_VALUE the kernels use c_grad as it is; otherwise c_grad is the
  * numerator and the kernels divide it by the device scalar or the count. */
-#define TL_NORM                      \
-  struct {                           \
-    const void *value;               \
-    void *counts;                    \
-    int64_t kind, num_counts;        \
-  }
+typedef struct tl_norm {
+  const void *value;
+  void *counts;
+  int64_t kind, num_counts;
+} tl_norm;
 
 /* Threads per block, chunk unroll (f32) and blocks per multiprocessor of the token pass:
  * RLK_TL_BLOCK, RLK_TL_UNROLL and RLK_TL_BLOCKS_PER_SM of token_loss.cuh. */
@@ -122,15 +122,45 @@ size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc, int 
 /* Where the count pass's partials start in the workspace. */
 size_t tl_counts_offset(const tl_geometry *g, int nacc);
 
-/* Checks the caller's workspace against `need`. */
-rlk_status tl_workspace_check(void *workspace, size_t bytes, size_t need, const char *op);
+/* ---- what the ops' configuration lines and calls share ---- */
 
-/* Launches a token-loss op: on a GPU the mask count pass when `count` is given (g->grid
- * blocks), the main pass over g->grid blocks, then the one-block reduce of its partials; on the
- * host the main kernel alone (it does the whole problem). `kargs` is the one-argument parameter
- * list every kernel takes. */
-rlk_status tl_launch(rlk_context *ctx, const rlk_kernel_spec *count, const rlk_kernel_spec *main_pass,
-                     const rlk_kernel_spec *reduce, const tl_geometry *g, void *stream, void **kargs);
+/* The indexes, in an op's settings table, of the settings every token-loss op has. */
+typedef struct tl_line {
+  int dtype, agg, layout, offsets, mask, normalizer;
+} tl_line;
+
+/* A token-loss op's templates: on a GPU the count pass, the main pass and the reduce, which take
+ * one argument struct; on the host one kernel of the dtype that does the whole call. */
+typedef struct tl_templates {
+  const rlk_template *count, *main, *reduce, *host;
+} tl_templates;
+
+/* The layout (TL_LAYOUT_*) a line's layout and offsets settings name; offsets without
+ * layout=packed is refused. */
+rlk_status tl_line_layout(const rlk_op_values *s, const tl_line *line, int *layout);
+
+/* The kernels of a token-loss op, in launch order: on a GPU [count,] main, reduce (the count pass
+ * when the normalizer is this call's mask count and there is a mask), the main pass's spec the
+ * op's; on the host the one kernel. */
+rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line *line, const rlk_op_values *s,
+                   const rlk_kernel_spec *main_pass, rlk_kernel_spec *specs, size_t *nspecs);
+
+/* A token-loss call (the op's kernel argument follows it in the op's call struct). */
+typedef struct tl_call {
+  rlk_op_call op;
+  tl_layout L;
+  tl_geometry g;
+  int count; /* token-mean by this call's mask count: the count pass runs first */
+} tl_call;
+
+/* Checks the aggregation and its normalizers (tl_norm_resolve) into *c_grad and `norm`, then sets
+ * the call's line settings (dtype, agg, layout, offsets, mask, normalizer), its geometry (whole
+ * rows: the op needs per-row sums first) and its workspace (nacc partials per block). */
+rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,
+                          int whole_rows, int nacc, double *c_grad, tl_norm *norm);
+
+/* The launch shape of kernel i of a token-loss call planned by tl_plan (an entry's dims). */
+void tl_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
 
 /* Threads of the count pass (every block sums the count's partials with this many threads). */
 #define TL_COUNT_BLOCK 256
