@@ -32,7 +32,6 @@
 #include "core/core.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 #include "common/logprob_params.h"
@@ -155,18 +154,37 @@ static const char *const lp_candidates[] = {
 /* Variant selection (shared by calls and precompiling)                                */
 /* ---------------------------------------------------------------------------------- */
 
-/* What selects the kernels: everything about a call except sizes and pointers (V only picks
- * the row layout). */
-typedef struct lp_config {
-  int logits;       /* LP_DT_* */
-  rlk_dtype labels; /* RLK_I32 / RLK_I64 */
-  int entropy;      /* fwd: entropy output; bwd: an entropy gradient */
-  int grad;         /* bwd: LP_GRAD_* */
-  int64_t V;
-  int variant, block, seg, unroll, stages; /* requests; 0: the default */
-  int tma_ok;       /* the logits can be described by a tensor map */
-  int64_t N;        /* rows (tokens); with no requests, its bucket's tuning DB record applies (0: none) */
-} lp_config;
+/* The settings of a configuration line: what every selection below reads. */
+
+enum {
+  LP_S_PASS, LP_S_LOGITS, LP_S_LABELS, LP_S_ENTROPY, LP_S_GRAD, LP_S_VOCAB, LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG,
+  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_NSETTINGS
+};
+
+static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
+    [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
+    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, LP_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
+    [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
+                                  "logprob_fwd.labels", "the labels' dtype"),
+    [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
+                                  "fwd: also the entropy; bwd: an entropy gradient"),
+    [LP_S_GRAD] = RLK_SET_CHOICE("grad", lp_grad_names, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
+    [LP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, (int64_t)1 << 40, "logprob_fwd.seg",
+                               "V, picks the row layout: a block per row, or rows sharing a block"),
+    [LP_S_VARIANT] = RLK_SET_CHOICE("variant", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO, "logprob_fwd",
+                                    "bulk and tma are sm_90+ forwards; elsewhere the default runs"),
+    [LP_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd.block",
+                               "threads per block, 0 for the default; bulk/tma: consumer threads"),
+    [LP_S_SEG] = RLK_SET_INT("seg", 0, 0, 1024, "logprob_fwd.seg",
+                             "threads per row of the vector kernel, 0 for the default"),
+    [LP_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd.unroll",
+                                "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
+    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd.stages",
+                                "shared-memory ring depth of bulk/tma, 0 for the default"),
+    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
+                                "N, the rows of the calls; with no tuning settings, the tuning database's winner "
+                                "for N's bucket on this context, 0 for none"),
+};
 
 /* One kernel of a call and its launch shape. */
 typedef struct lp_choice {
@@ -217,48 +235,45 @@ static int lp_env_override(void) {
   return v;
 }
 
-/* Checks the tuning requests that make sense for `variant` on this backend. */
-static rlk_status lp_check_tuning(const rlk_target *tg, int variant, const lp_config *c, int es) {
+/* Checks the tuning requests (settings) that make sense for `variant` on this backend. */
+static rlk_status lp_check_tuning(const rlk_target *tg, int variant, const int64_t *v) {
   const int warp = tg->warp_size;
-  if (c->unroll && !(c->unroll == 1 || c->unroll == 2 || c->unroll == 4 || c->unroll == 8))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "unroll: %d is not 0, 1, 2, 4 or 8", c->unroll);
-  if (c->stages && (c->stages < 2 || c->stages > 8))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 or 2..8", c->stages);
-  if (c->block < 0 || c->block > 1024)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "block: %d is outside [0, 1024]", c->block);
+  const int block = (int)v[LP_S_BLOCK], seg = (int)v[LP_S_SEG], unroll = (int)v[LP_S_UNROLL];
+  if (unroll && !(unroll == 1 || unroll == 2 || unroll == 4 || unroll == 8))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "unroll: %d is not 0, 1, 2, 4 or 8", unroll);
+  if (v[LP_S_STAGES] && (v[LP_S_STAGES] < 2 || v[LP_S_STAGES] > 8))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 or 2..8", (int)v[LP_S_STAGES]);
+  if (block < 0 || block > 1024)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "block: %d is outside [0, 1024]", block);
   if (variant == RLK_LOGPROB_VARIANT_VEC) {
-    if (c->block && (!lp_is_pow2(c->block) || c->block < warp))
+    if (block && (!lp_is_pow2(block) || block < warp))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "block: %d is not a power of two from %d to 1024 (the vector variant)",
-                       c->block, warp);
-    if (c->seg && !lp_is_pow2(c->seg))
+                       "block: %d is not a power of two from %d to 1024 (the vector variant)", block, warp);
+    if (seg && !lp_is_pow2(seg))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "seg: %d is not a power of two (up to %d, or the whole block)", c->seg, warp);
+                       "seg: %d is not a power of two (up to %d, or the whole block)", seg, warp);
   } else {
-    if (c->block && (c->block % 32 || c->block > 992))
+    if (block && (block % 32 || block > 992))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "block: %d consumer threads is not a multiple of 32 up to 992 (%s)", c->block,
+                       "block: %d consumer threads is not a multiple of 32 up to 992 (%s)", block,
                        lp_variant_names[variant]);
-    if (c->seg)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seg: only the vector variant has row segments");
+    if (seg) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seg: only the vector variant has row segments");
   }
-  (void)es;
   return RLK_OK;
 }
 
 /* The vector kernel's row layout for rows of V elements: threads per block and per row. */
-static void lp_vec_shape(const rlk_target *tg, const lp_arch_default *d, const lp_config *c, int *block,
-                         int *seg) {
+static void lp_vec_shape(const rlk_target *tg, const lp_arch_default *d, const int64_t *v, int *block, int *seg) {
   const int warp = tg->warp_size;
-  const int64_t row_bytes = c->V * lp_dt_bytes(c->logits);
-  const int epv = 16 / lp_dt_bytes(c->logits);
-  int b = c->block, s = c->seg;
+  const int64_t V = v[LP_S_VOCAB], row_bytes = V * lp_dt_bytes((int)v[LP_S_LOGITS]);
+  const int epv = 16 / lp_dt_bytes((int)v[LP_S_LOGITS]);
+  int b = (int)v[LP_S_BLOCK], s = (int)v[LP_S_SEG];
   if (row_bytes >= LP_BLOCK_ROW) {
     if (!b) b = row_bytes >= LP_WIDE_ROW ? d->block : (d->block < 256 ? d->block : 256);
     if (!s) s = b;
   } else {
     if (!s) {
-      int64_t want = lp_next_pow2((c->V + 2 * epv - 1) / (2 * epv));
+      int64_t want = lp_next_pow2((V + 2 * epv - 1) / (2 * epv));
       s = (int)(want > warp ? warp : want);
     }
     if (!b) b = 4 * warp;
@@ -269,67 +284,54 @@ static void lp_vec_shape(const rlk_target *tg, const lp_arch_default *d, const l
   *seg = s;
 }
 
-/* The forward kernel of a configuration as it asks (no tuning database). */
-static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+/* The tuning requests cleared: a fallback takes its own defaults. */
+static void lp_untuned(int64_t *v) { v[LP_S_BLOCK] = v[LP_S_SEG] = v[LP_S_UNROLL] = v[LP_S_STAGES] = 0; }
+
+/* The forward kernel of a configuration as it asks (no tuning database); tma_ok: a tensor map
+ * can describe the logits. */
+static rlk_status lp_select_fwd_as(const rlk_context *ctx, const rlk_op_values *s, int tma_ok, lp_choice *ch) {
   memset(ch, 0, sizeof *ch);
   const rlk_backend kind = ctx->kind;
   const lp_arch_default *d = lp_default(ctx);
-  const int es = lp_dt_bytes(c->logits);
-  int variant = c->variant ? c->variant : lp_env_override();
+  int variant = s->v[LP_S_VARIANT] ? (int)s->v[LP_S_VARIANT] : lp_env_override();
   if (!variant) variant = d->variant;
-  lp_config t = *c;
+  int64_t t[LP_NSETTINGS];
+  memcpy(t, s->v, sizeof t);
   const int sm90 = (ctx->target.features & RLK_TARGET_TMA) != 0; /* the bulk and tma variants */
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
-      (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !c->tma_ok))) {
+      (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !tma_ok))) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
               !sm90 ? "needs sm_90+" : "the logits cannot be described by a tensor map",
               lp_variant_names[d->variant]);
     variant = d->variant;
-    t.block = t.seg = t.unroll = t.stages = 0; /* the fallback's own defaults */
+    lp_untuned(t);
   }
   if (kind == RLK_BACKEND_HOST) variant = RLK_LOGPROB_VARIANT_VEC;
-  rlk_status st = lp_check_tuning(&ctx->target, variant, &t, es);
+  rlk_status st = lp_check_tuning(&ctx->target, variant, t);
   if (st) return st;
   ch->variant = variant;
-  const int unroll = t.unroll ? t.unroll : d->unroll;
-  const int stages = t.stages ? t.stages : d->stages;
-
+  const int64_t logits = t[LP_S_LOGITS], labels = t[LP_S_LABELS], entropy = t[LP_S_ENTROPY];
+  const int unroll = t[LP_S_UNROLL] ? (int)t[LP_S_UNROLL] : d->unroll;
+  const int stages = t[LP_S_STAGES] ? (int)t[LP_S_STAGES] : d->stages;
+  const int block = (int)t[LP_S_BLOCK];
   if (variant == RLK_LOGPROB_VARIANT_BULK) {
-    const int cwarps = (t.block ? t.block : LP_BULK_BLOCK) / 32;
-    ch->spec.tmpl = &lp_bulk_tmpl;
-    ch->spec.values[0] = c->logits;
-    ch->spec.values[1] = c->labels;
-    ch->spec.values[2] = cwarps;
-    ch->spec.values[3] = unroll;
-    ch->spec.values[4] = stages;
-    ch->spec.values[5] = c->entropy;
+    const int cwarps = (block ? block : LP_BULK_BLOCK) / 32;
+    ch->spec = (rlk_kernel_spec){&lp_bulk_tmpl, {logits, labels, cwarps, unroll, stages, entropy}};
     ch->threads = (cwarps + 1) * 32;
     ch->rows_per_block = 1;
     ch->smem = (size_t)cwarps * 32u * 16u * (size_t)unroll * (size_t)stages;
   } else if (variant == RLK_LOGPROB_VARIANT_TMA) {
-    const int rows = (t.block ? t.block : LP_TMA_BLOCK) / 32;
-    ch->spec.tmpl = &lp_tma_tmpl;
-    ch->spec.values[0] = c->logits;
-    ch->spec.values[1] = c->labels;
-    ch->spec.values[2] = rows;
-    ch->spec.values[3] = unroll;
-    ch->spec.values[4] = stages;
-    ch->spec.values[5] = c->entropy;
+    const int rows = (block ? block : LP_TMA_BLOCK) / 32;
+    ch->spec = (rlk_kernel_spec){&lp_tma_tmpl, {logits, labels, rows, unroll, stages, entropy}};
     ch->threads = (rows + 1) * 32;
     ch->rows_per_block = rows;
     ch->smem = (size_t)rows * 512u * (size_t)unroll * (size_t)stages;
   } else {
-    int block = 1, seg = 1;
-    if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
-    ch->spec.tmpl = &lp_fwd_tmpl;
-    ch->spec.values[0] = c->logits;
-    ch->spec.values[1] = c->labels;
-    ch->spec.values[2] = block;
-    ch->spec.values[3] = seg;
-    ch->spec.values[4] = kind == RLK_BACKEND_HOST ? 1 : unroll;
-    ch->spec.values[5] = c->entropy;
-    ch->threads = block;
-    ch->rows_per_block = block / seg;
+    int b = 1, seg = 1;
+    if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, t, &b, &seg);
+    ch->spec = (rlk_kernel_spec){&lp_fwd_tmpl, {logits, labels, b, seg, kind == RLK_BACKEND_HOST ? 1 : unroll, entropy}};
+    ch->threads = b;
+    ch->rows_per_block = b / seg;
   }
   if (ch->smem > ctx->target.smem_per_block)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -339,28 +341,26 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const lp_config *c, l
 }
 
 /* The backward kernel of a configuration as it asks (the vector kernel on every target). */
-static rlk_status lp_select_bwd_as(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
+static rlk_status lp_select_bwd_as(const rlk_context *ctx, const rlk_op_values *s, int tma_ok, lp_choice *ch) {
+  (void)tma_ok;
   memset(ch, 0, sizeof *ch);
   const rlk_backend kind = ctx->kind;
   const lp_arch_default *d = lp_default(ctx);
-  lp_config t = *c;
-  int variant = c->variant ? c->variant : lp_env_override();
+  int64_t t[LP_NSETTINGS];
+  memcpy(t, s->v, sizeof t);
+  const int variant = s->v[LP_S_VARIANT] ? (int)s->v[LP_S_VARIANT] : lp_env_override();
   if (variant != RLK_LOGPROB_VARIANT_VEC && variant != RLK_LOGPROB_VARIANT_AUTO)
-    t.block = t.seg = t.unroll = t.stages = 0; /* falls back with the vector kernel's defaults */
-  t.stages = 0;
-  rlk_status st = lp_check_tuning(&ctx->target, RLK_LOGPROB_VARIANT_VEC, &t, lp_dt_bytes(c->logits));
+    lp_untuned(t); /* falls back with the vector kernel's defaults */
+  t[LP_S_STAGES] = 0;
+  rlk_status st = lp_check_tuning(&ctx->target, RLK_LOGPROB_VARIANT_VEC, t);
   if (st) return st;
   int block = 1, seg = 1;
-  if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, &t, &block, &seg);
+  if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, t, &block, &seg);
   ch->variant = RLK_LOGPROB_VARIANT_VEC;
-  ch->spec.tmpl = &lp_bwd_tmpl;
-  ch->spec.values[0] = c->logits;
-  ch->spec.values[1] = c->grad;
-  ch->spec.values[2] = c->labels;
-  ch->spec.values[3] = block;
-  ch->spec.values[4] = seg;
-  ch->spec.values[5] = kind == RLK_BACKEND_HOST ? 1 : (t.unroll ? t.unroll : d->unroll);
-  ch->spec.values[6] = c->entropy;
+  ch->spec = (rlk_kernel_spec){&lp_bwd_tmpl,
+                               {t[LP_S_LOGITS], t[LP_S_GRAD], t[LP_S_LABELS], block, seg,
+                                kind == RLK_BACKEND_HOST ? 1 : (t[LP_S_UNROLL] ? t[LP_S_UNROLL] : d->unroll),
+                                t[LP_S_ENTROPY]}};
   ch->threads = block;
   ch->rows_per_block = block / seg;
   return rlk_spec_validate(&ch->spec);
@@ -372,63 +372,18 @@ static rlk_status lp_select_bwd_as(const rlk_context *ctx, const lp_config *c, l
 
 /* A configuration's shape in the tuning database for one pass: the settings its kernels depend
  * on, every default spelled out, in plan syntax (what rlk_tune_record.shape holds). */
-static int lp_tune_shape(const lp_config *c, int pass, char *buf, size_t size) {
+static int lp_tune_shape(const int64_t *v, int pass, char *buf, size_t size) {
+  const char *logits = lp_dt_names[v[LP_S_LOGITS]], *labels = rlk_dtype_name((rlk_dtype)v[LP_S_LABELS]);
   if (pass == LP_PASS_FWD)
-    return rlk_format(buf, size, "pass=fwd logits=%s labels=%s entropy=%d vocab=%lld", lp_dt_names[c->logits],
-                      rlk_dtype_name(c->labels), c->entropy, (long long)c->V);
-  return rlk_format(buf, size, "pass=bwd logits=%s labels=%s entropy=%d grad=%s vocab=%lld",
-                    lp_dt_names[c->logits], rlk_dtype_name(c->labels), c->entropy, lp_grad_names[c->grad],
-                    (long long)c->V);
+    return rlk_format(buf, size, "pass=fwd logits=%s labels=%s entropy=%d vocab=%lld", logits, labels,
+                      (int)v[LP_S_ENTROPY], (long long)v[LP_S_VOCAB]);
+  return rlk_format(buf, size, "pass=bwd logits=%s labels=%s entropy=%d grad=%s vocab=%lld", logits, labels,
+                    (int)v[LP_S_ENTROPY], lp_grad_names[v[LP_S_GRAD]], (long long)v[LP_S_VOCAB]);
 }
 
-/* ---- settings of a configuration line ---- */
-
-enum {
-  LP_S_PASS, LP_S_LOGITS, LP_S_LABELS, LP_S_ENTROPY, LP_S_GRAD, LP_S_VOCAB, LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG,
-  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_NSETTINGS
-};
-
-static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
-    [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
-    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, LP_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
-    [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
-                                  "logprob_fwd.labels", "the labels' dtype"),
-    [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
-                                  "fwd: also the entropy; bwd: an entropy gradient"),
-    [LP_S_GRAD] = RLK_SET_CHOICE("grad", lp_grad_names, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
-    [LP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, (int64_t)1 << 40, "logprob_fwd.seg",
-                               "V, picks the row layout: a block per row, or rows sharing a block"),
-    [LP_S_VARIANT] = RLK_SET_CHOICE("variant", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO, "logprob_fwd",
-                                    "bulk and tma are sm_90+ forwards; elsewhere the default runs"),
-    [LP_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd.block",
-                               "threads per block, 0 for the default; bulk/tma: consumer threads"),
-    [LP_S_SEG] = RLK_SET_INT("seg", 0, 0, 1024, "logprob_fwd.seg",
-                             "threads per row of the vector kernel, 0 for the default"),
-    [LP_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd.unroll",
-                                "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
-    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd.stages",
-                                "shared-memory ring depth of bulk/tma, 0 for the default"),
-    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
-                                "N, the rows of the calls; with no tuning settings, the tuning database's winner "
-                                "for N's bucket on this context, 0 for none"),
-};
-
-/* A configuration from parsed settings; *pass receives the pass. */
-static void lp_config_of(const rlk_op_values *s, lp_config *c, int *pass) {
-  memset(c, 0, sizeof *c);
-  *pass = (int)s->v[LP_S_PASS];
-  c->logits = (int)s->v[LP_S_LOGITS];
-  c->labels = (rlk_dtype)s->v[LP_S_LABELS];
-  c->entropy = (int)s->v[LP_S_ENTROPY];
-  c->grad = (int)s->v[LP_S_GRAD];
-  c->V = s->v[LP_S_VOCAB];
-  c->variant = (int)s->v[LP_S_VARIANT];
-  c->block = (int)s->v[LP_S_BLOCK];
-  c->seg = (int)s->v[LP_S_SEG];
-  c->unroll = (int)s->v[LP_S_UNROLL];
-  c->stages = (int)s->v[LP_S_STAGES];
-  c->N = s->v[LP_S_TOKENS];
-  c->tma_ok = 1;
+/* Whether a configuration asks for tuning of its own. */
+static int lp_tuning_asked(const int64_t *v) {
+  return v[LP_S_VARIANT] || v[LP_S_BLOCK] || v[LP_S_SEG] || v[LP_S_UNROLL] || v[LP_S_STAGES];
 }
 
 /* The tuning settings, in the order of a winner's values (rlk_tune_entry_values). */
@@ -441,108 +396,73 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
   return rlk_op_tuning_values(&rlk_op_logprob, lp_tuning, LP_NTUNE, settings, values);
 }
 
-/* *t = *c with the tuning database's winner for `pass` applied; the entry, or NULL (then *t is
- * *c) when the call asks for tuning of its own, N is unknown, or there is no usable record. */
-static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const lp_config *c, lp_config *t) {
-  *t = *c;
-  if (c->N <= 0 || c->variant || c->block || c->seg || c->unroll || c->stages) return NULL;
+/* *t = *s with the tuning database's winner for `pass` applied; the entry, or NULL (then *t is
+ * *s) when the configuration asks for tuning of its own, N is unknown, or there is no usable
+ * record. */
+static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const rlk_op_values *s, rlk_op_values *t) {
+  *t = *s;
+  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v)) return NULL;
   if (!rlk_tune_table_wanted(ctx->tune) || lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
   char shape[192];
-  if (lp_tune_shape(c, pass, shape, sizeof shape) < 0) return NULL;
-  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "logprob", shape, rlk_tune_bucket(c->N));
+  if (lp_tune_shape(s->v, pass, shape, sizeof shape) < 0) return NULL;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "logprob", shape, rlk_tune_bucket(s->v[LP_S_TOKENS]));
   if (!e) return NULL;
-  int64_t v[RLK_TUNE_VALUES];
-  if (rlk_tune_entry_values(ctx->tune, e, lp_parse_tuning, v) != 0) {
+  int64_t w[RLK_TUNE_VALUES];
+  if (rlk_tune_entry_values(ctx->tune, e, lp_parse_tuning, w) != 0) {
     if (rlk_tune_entry_first_warning(e))
       rlk_warn("logprob: the tuning database's winner '%s' for %s is not logprob tuning; running the default",
                rlk_tune_entry_settings(e), shape);
     return NULL;
   }
-  t->variant = (int)v[LP_TUNE_VARIANT];
-  t->block = (int)v[LP_TUNE_BLOCK];
-  t->seg = (int)v[LP_TUNE_SEG];
-  t->unroll = (int)v[LP_TUNE_UNROLL];
-  t->stages = (int)v[LP_TUNE_STAGES];
+  for (int i = 0; i < LP_NTUNE; i++) t->v[lp_tuning[i]] = w[i];
   return e;
 }
 
 /* A winner the selection refused on this context: one warning per record, then the default. */
-static void lp_tuning_refused(const rlk_tune_entry *e, int pass, const lp_config *c) {
+static void lp_tuning_refused(const rlk_tune_entry *e, int pass, const rlk_op_values *s) {
   if (rlk_tune_entry_first_warning(e)) {
     char shape[192];
-    lp_tune_shape(c, pass, shape, sizeof shape);
+    lp_tune_shape(s->v, pass, shape, sizeof shape);
     rlk_warn("logprob: the tuning database's winner '%s' for %s cannot run here (%s); running the default",
              rlk_tune_entry_settings(e), shape, rlk_last_error());
   }
   rlk_error_clear();
 }
 
-typedef rlk_status (*lp_select_fn)(const rlk_context *ctx, const lp_config *c, lp_choice *ch);
+typedef rlk_status (*lp_select_fn)(const rlk_context *ctx, const rlk_op_values *s, int tma_ok, lp_choice *ch);
 
 /* A pass's kernel: the tuning database's winner, else the configuration as it asks. */
-static rlk_status lp_select(const rlk_context *ctx, int pass, lp_select_fn as, const lp_config *c, lp_choice *ch) {
-  lp_config t;
-  const rlk_tune_entry *e = lp_tuned(ctx, pass, c, &t);
+static rlk_status lp_select(const rlk_context *ctx, int pass, const rlk_op_values *s, int tma_ok, lp_choice *ch) {
+  const lp_select_fn as = pass == LP_PASS_FWD ? lp_select_fwd_as : lp_select_bwd_as;
+  rlk_op_values t;
+  const rlk_tune_entry *e = lp_tuned(ctx, pass, s, &t);
   if (e) {
-    if (as(ctx, &t, ch) == RLK_OK) return RLK_OK;
-    lp_tuning_refused(e, pass, c);
+    if (as(ctx, &t, tma_ok, ch) == RLK_OK) return RLK_OK;
+    lp_tuning_refused(e, pass, s);
   }
-  return as(ctx, c, ch);
-}
-
-static rlk_status lp_select_fwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
-  return lp_select(ctx, LP_PASS_FWD, lp_select_fwd_as, c, ch);
-}
-
-static rlk_status lp_select_bwd(const rlk_context *ctx, const lp_config *c, lp_choice *ch) {
-  return lp_select(ctx, LP_PASS_BWD, lp_select_bwd_as, c, ch);
+  return as(ctx, s, tma_ok, ch);
 }
 
 /* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-/* RLK_JIT_RECORD: the line of a call's pass, the inverse of lp_config_of. */
-static void lp_record(int pass, const lp_config *c) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_logprob, &s);
-  rlk_op_values_set(&s, LP_S_PASS, pass);
-  rlk_op_values_set(&s, LP_S_LOGITS, c->logits);
-  rlk_op_values_set(&s, LP_S_LABELS, c->labels);
-  rlk_op_values_set(&s, LP_S_ENTROPY, c->entropy);
-  if (pass == LP_PASS_BWD) rlk_op_values_set(&s, LP_S_GRAD, c->grad);
-  rlk_op_values_set(&s, LP_S_VOCAB, c->V);
-  rlk_op_values_set(&s, LP_S_VARIANT, c->variant);
-  rlk_op_values_set(&s, LP_S_BLOCK, c->block);
-  rlk_op_values_set(&s, LP_S_SEG, c->seg);
-  rlk_op_values_set(&s, LP_S_UNROLL, c->unroll);
-  rlk_op_values_set(&s, LP_S_STAGES, c->stages);
-  rlk_op_values_set(&s, LP_S_TOKENS, c->N);
-  rlk_record_op(&rlk_op_logprob, &s);
-}
-
-static rlk_status lp_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  lp_config c;
-  int pass;
-  lp_config_of(s, &c, &pass);
+static rlk_status lp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int pass = (int)s->v[LP_S_PASS];
   rlk_status st;
   size_t n = 0;
   lp_choice ch;
   if (pass != LP_PASS_BWD) {
-    if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
+    if ((st = lp_select(ctx, LP_PASS_FWD, s, 1, &ch))) return st;
     specs[n++] = ch.spec;
     if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
       /* a call whose logits the tensor map cannot describe runs the default instead */
-      lp_config f = c;
-      f.tma_ok = 0;
-      lp_choice fb;
-      if ((st = lp_select_fwd(ctx, &f, &fb))) return st;
-      specs[n++] = fb.spec;
+      if ((st = lp_select(ctx, LP_PASS_FWD, s, 0, &ch))) return st;
+      specs[n++] = ch.spec;
     }
   }
   if (pass != LP_PASS_FWD) {
-    if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
+    if ((st = lp_select(ctx, LP_PASS_BWD, s, 1, &ch))) return st;
     specs[n++] = ch.spec;
   }
   *nspecs = n;
@@ -551,18 +471,17 @@ static rlk_status lp_plan_config(const rlk_context *ctx, const rlk_op_values *s,
 
 /* The tuning database key of plan settings: one pass, tokens=, no tuning settings. */
 static rlk_status lp_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
-  lp_config c;
-  int pass;
-  lp_config_of(s, &c, &pass);
+  const int pass = (int)s->v[LP_S_PASS];
   if (pass == LP_PASS_BOTH)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "pass: a tuning key names one pass, fwd or bwd");
-  if (c.N <= 0) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: a tuning key needs the token count N > 0");
-  if (c.variant || c.block || c.seg || c.unroll || c.stages)
+  if (s->v[LP_S_TOKENS] <= 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: a tuning key needs the token count N > 0");
+  if (lp_tuning_asked(s->v))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "variant, block, seg, unroll, stages: a tuning key holds no tuning settings");
-  if (lp_tune_shape(&c, pass, shape, size) < 0)
+  if (lp_tune_shape(s->v, pass, shape, size) < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: the shape does not fit %zu bytes", size);
-  *tokens = rlk_tune_bucket(c.N);
+  *tokens = rlk_tune_bucket(s->v[LP_S_TOKENS]);
   return RLK_OK;
 }
 
@@ -585,7 +504,7 @@ const rlk_op_desc rlk_op_logprob = {
     .name = "logprob",
     .settings = lp_settings,
     .nsettings = LP_NSETTINGS,
-    .plan = lp_plan_config,
+    .plan = lp_plan,
     .samples = lp_samples,
     .candidates = lp_candidates,
     .tune_key = lp_tune_key,
@@ -643,6 +562,118 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
   return RLK_OK;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* The calls                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_logprob_args_init(rlk_logprob_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+}
+
+RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->temperature = 1.0f;
+  args->ignore_index = -100;
+  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+}
+
+/* The inputs both passes and the shard form share: logits [N, V], labels [N], temperature and
+ * variant (logprob_shard.h). */
+rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *labels, float temperature,
+                                    int variant, int64_t *N, int64_t *V, int64_t *row_stride,
+                                    int64_t *label_stride) {
+  rlk_status st;
+  if ((st = lp_check_matrix(logits, "logits", LP_LOGIT_DTYPES, N, V, row_stride))) return st;
+  return lp_check_common(labels, temperature, variant, *N, label_stride);
+}
+
+/* The common settings of a call's pass. */
+static void lp_set_values(rlk_op_values *v, int pass, const rlk_tensor *logits, const rlk_tensor *labels, int entropy,
+                          int64_t N, int64_t V, int variant, int block, int unroll, int stages) {
+  rlk_op_values_set(v, LP_S_PASS, pass);
+  rlk_op_values_set(v, LP_S_LOGITS, lp_dt_of(logits->dtype));
+  rlk_op_values_set(v, LP_S_LABELS, labels->dtype);
+  rlk_op_values_set(v, LP_S_ENTROPY, entropy);
+  rlk_op_values_set(v, LP_S_VOCAB, V);
+  rlk_op_values_set(v, LP_S_VARIANT, variant);
+  rlk_op_values_set(v, LP_S_BLOCK, block);
+  rlk_op_values_set(v, LP_S_SEG, 0);
+  rlk_op_values_set(v, LP_S_UNROLL, unroll);
+  rlk_op_values_set(v, LP_S_STAGES, stages);
+  rlk_op_values_set(v, LP_S_TOKENS, N);
+}
+
+/* A forward call: the kernel's argument, the kernel that runs and the logits' tensor map. */
+typedef struct lp_fwd_call {
+  rlk_op_call op;
+  lp_fwd_kernel_args k;
+  lp_choice ch;
+  rlk_tma_desc_request req;
+} lp_fwd_call;
+
+static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_logprob_args *a = args;
+  lp_fwd_call *c = (lp_fwd_call *)call;
+  rlk_status st;
+  int64_t N, V, row_stride, label_stride;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
+                                     &label_stride)))
+    return st;
+  if ((st = rlk_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
+  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
+  if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+    return st;
+  if ((st = lp_check_status(&a->status))) return st;
+  lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
+                a->block, a->unroll, a->stages);
+  lp_fwd_kernel_args *k = &c->k;
+  k->logits = a->logits.data;
+  k->row_stride = row_stride;
+  k->labels = a->labels.data;
+  k->label_stride = label_stride;
+  k->N = N;
+  k->V = V;
+  k->ignore_index = a->ignore_index;
+  k->logp = (float *)a->logp.data;
+  k->lse = (float *)a->lse.data;
+  k->entropy = (float *)a->entropy.data;
+  k->status = (int32_t *)a->status.data;
+  k->temperature = a->temperature;
+  rlk_tma_desc_request *r = &c->req;
+  r->base = a->logits.data;
+  r->dtype = a->logits.dtype;
+  r->rows = (uint64_t)N;
+  r->cols = (uint64_t)V;
+  r->row_stride = (uint64_t)row_stride;
+  r->box_cols = (uint32_t)(512 / lp_dt_bytes(lp_dt_of(a->logits.dtype)));
+  return RLK_OK;
+}
+
+/* Selects as if a tensor map could describe the logits; only when the tensor-map variant is what
+ * runs is that checked, and a refusal selects again without it. */
+static rlk_status lp_fwd_select(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)args;
+  lp_fwd_call *c = (lp_fwd_call *)call;
+  rlk_status st = lp_select(ctx, LP_PASS_FWD, &call->vals, (ctx->target.features & RLK_TARGET_TMA) != 0, &c->ch);
+  if (st) return st;
+  if (c->ch.variant == RLK_LOGPROB_VARIANT_TMA) {
+    c->req.box_rows = (uint32_t)c->ch.rows_per_block;
+    if (c->k.N > INT32_MAX || c->k.V > INT32_MAX || rlk_tma_check(&c->req) != RLK_OK) {
+      rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
+      if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
+    }
+  }
+  call->specs[0] = c->ch.spec;
+  call->nspecs = 1;
+  return RLK_OK;
+}
+
 static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem) {
   rlk_launch_dims d;
   memset(&d, 0, sizeof d);
@@ -667,136 +698,65 @@ static uint64_t lp_sm90_blocks_per_sm(const rlk_target *t, const lp_choice *ch) 
   return b ? b : 1;
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* The calls                                                                           */
-/* ---------------------------------------------------------------------------------- */
-
-RLK_API void rlk_logprob_args_init(rlk_logprob_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+/* The vector kernel: a block per group of rows; the shared-memory variants: persistent blocks.
+ * The tensor-map variant takes the map first, by value, the struct second; a map the driver
+ * refuses (what the check accepted) runs the default rather than fail. */
+static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  (void)args;
+  lp_fwd_call *c = (lp_fwd_call *)call;
+  void *kargs[] = {&c->k};
+  const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
+  const uint64_t groups = (uint64_t)((c->k.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
+  rlk_launch_dims d;
+  if (ctx->kind == RLK_BACKEND_HOST)
+    d = lp_dims(1, 1, 1, 0);
+  else if (c->ch.variant == RLK_LOGPROB_VARIANT_VEC)
+    d = lp_dims(lp_min_u(groups, 1u << 20), 1, c->ch.threads, 0);
+  else
+    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, c->ch.threads, c->ch.smem);
+  if (c->ch.variant != RLK_LOGPROB_VARIANT_TMA) return rlk_context_launch(ctx, &c->ch.spec, &d, stream, kargs);
+  _Alignas(64) unsigned char map[128];
+  rlk_status st = rlk_context_tensor_map(ctx, &c->req, map);
+  if (!st) {
+    void *tma_args[] = {map, &c->k};
+    return rlk_context_launch(ctx, &c->ch.spec, &d, stream, tma_args);
+  }
+  rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
+  if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
+  const uint64_t g2 = (uint64_t)((c->k.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
+  d = lp_dims(lp_min_u(g2, 1u << 20), 1, c->ch.threads, 0);
+  return rlk_context_launch(ctx, &c->ch.spec, &d, stream, kargs);
 }
 
-RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
-}
+static const rlk_arg_field lp_fwd_fields[] = {
+    RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
+    RLK_ARG_OUT(rlk_logprob_args, logp),  RLK_ARG_OUT(rlk_logprob_args, lse),
+    RLK_ARG_OUT(rlk_logprob_args, entropy), RLK_ARG_OUT(rlk_logprob_args, status)};
+
+static const rlk_op_entry lp_fwd_entry = {
+    .name = "rlk_logprob", .op = &rlk_op_logprob, .call_size = sizeof(lp_fwd_call), RLK_OP_FIELDS(lp_fwd_fields),
+    .validate = lp_fwd_validate, .select = lp_fwd_select, .launch = lp_fwd_launch};
 
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob: args is NULL");
-  rlk_status st;
-  int64_t N, V, row_stride, label_stride;
-  if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
-  if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
-  if (a->partials.data) return rlk_logprob_shard_forward(ctx, a, N, V, row_stride, label_stride, stream);
-  if ((st = rlk_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
-  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
-    return st;
-  if (a->entropy.data &&
-      (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
-    return st;
-  if ((st = lp_check_status(&a->status))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
-      RLK_ARG_OUT(rlk_logprob_args, logp),  RLK_ARG_OUT(rlk_logprob_args, lse),
-      RLK_ARG_OUT(rlk_logprob_args, entropy), RLK_ARG_OUT(rlk_logprob_args, status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
-
-  lp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = lp_dt_of(a->logits.dtype);
-  c.labels = a->labels.dtype;
-  c.entropy = a->entropy.data != NULL;
-  c.V = V;
-  c.variant = (int)a->variant;
-  c.block = a->block;
-  c.unroll = a->unroll;
-  c.stages = a->stages;
-  c.N = N;
-  const int es = lp_dt_bytes(c.logits);
-  rlk_tma_desc_request req;
-  memset(&req, 0, sizeof req);
-  req.base = a->logits.data;
-  req.dtype = a->logits.dtype;
-  req.rows = (uint64_t)N;
-  req.cols = (uint64_t)V;
-  req.row_stride = (uint64_t)row_stride;
-  req.box_cols = (uint32_t)(512 / es);
-  /* Select as if a tensor map could describe the logits; only when the tensor-map variant is what
-   * runs is that checked, and a refusal selects again without it. */
-  c.tma_ok = (ctx->target.features & RLK_TARGET_TMA) != 0;
-  lp_choice ch;
-  if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
-  if (rlk_record_enabled()) lp_record(LP_PASS_FWD, &c);
-  if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
-    req.box_rows = (uint32_t)ch.rows_per_block;
-    c.tma_ok = N <= INT32_MAX && V <= INT32_MAX && rlk_tma_check(&req) == RLK_OK;
-    if (!c.tma_ok) {
-      rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
-      if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
-    }
-  }
-
-  lp_fwd_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.logits = a->logits.data;
-  k.row_stride = row_stride;
-  k.labels = a->labels.data;
-  k.label_stride = label_stride;
-  k.N = N;
-  k.V = V;
-  k.ignore_index = a->ignore_index;
-  k.logp = (float *)a->logp.data;
-  k.lse = (float *)a->lse.data;
-  k.entropy = (float *)a->entropy.data;
-  k.status = (int32_t *)a->status.data;
-  k.temperature = a->temperature;
-  void *kargs[] = {&k};
-  const int host = ctx->kind == RLK_BACKEND_HOST;
-  const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
-  const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
-  rlk_launch_dims d;
-  if (host) {
-    d = lp_dims(1, 1, 1, 0);
-  } else if (ch.variant == RLK_LOGPROB_VARIANT_VEC) {
-    d = lp_dims(lp_min_u(groups, 1u << 20), 1, ch.threads, 0);
-  } else {
-    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &ch)), 1, ch.threads, ch.smem);
-  }
-  if (ch.variant == RLK_LOGPROB_VARIANT_TMA) {
-    _Alignas(64) unsigned char map[128];
-    st = rlk_context_tensor_map(ctx, &req, map);
-    if (st) {
-      /* the driver refused what the check accepted: run the default rather than fail */
-      rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
-      c.tma_ok = 0;
-      if ((st = lp_select_fwd(ctx, &c, &ch))) return st;
-      const uint64_t g2 = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
-      d = lp_dims(lp_min_u(g2, 1u << 20), 1, ch.threads, 0);
-      return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
-    }
-    /* the tensor map is the kernel's first parameter, by value, the struct its second */
-    void *tma_args[] = {map, &k};
-    return rlk_context_launch(ctx, &ch.spec, &d, stream, tma_args);
-  }
-  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+  if (a && a->partials.data) return rlk_logprob_shard_forward(ctx, a, stream);
+  lp_fwd_call c;
+  return rlk_op_run(&lp_fwd_entry, ctx, a, &c.op, stream);
 }
 
-RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a,
-                                        void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_backward: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_backward: args is NULL");
+/* A backward call: the kernel's argument. */
+typedef struct lp_bwd_call {
+  rlk_op_call op;
+  lp_bwd_kernel_args k;
+} lp_bwd_call;
+
+static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_logprob_backward_args *a = args;
   rlk_status st;
   int64_t N, V, row_stride, label_stride;
-  if ((st = lp_check_matrix(&a->logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride))) return st;
-  if ((st = lp_check_common(&a->labels, a->temperature, (int)a->variant, N, &label_stride))) return st;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
+                                     &label_stride)))
+    return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   int64_t lse_s = 1, glp_s = 1, ent_s = 1, gent_s = 1;
   if ((st = rlk_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
@@ -823,96 +783,100 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = lp_check_status(&a->status))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_logprob_backward_args, logits),       RLK_ARG_IN(rlk_logprob_backward_args, labels),
-      RLK_ARG_IN(rlk_logprob_backward_args, lse),          RLK_ARG_IN(rlk_logprob_backward_args, grad_logp),
-      RLK_ARG_IN(rlk_logprob_backward_args, grad_entropy), RLK_ARG_IN(rlk_logprob_backward_args, entropy),
-      RLK_ARG_INPLACE(rlk_logprob_backward_args, grad_logits, "logits"),
-      RLK_ARG_OUT(rlk_logprob_backward_args, status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
   if (a->shard != 0 && a->shard != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
   if (a->shard && a->vocab_start < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
                      (long long)a->vocab_start);
-  if ((st = rlk_context_require_device(ctx, "rlk_logprob_backward"))) return st;
+  lp_set_values(&call->vals, LP_PASS_BWD, &a->logits, &a->labels, a->grad_entropy.data != NULL, N, V,
+                (int)a->variant, a->block, a->unroll, 0);
+  rlk_op_values_set(&call->vals, LP_S_GRAD, a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32);
+  lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
+  k->logits = a->logits.data;
+  k->row_stride = row_stride;
+  k->labels = a->labels.data;
+  k->label_stride = label_stride;
+  k->N = N;
+  k->V = V;
+  k->ignore_index = a->ignore_index;
+  k->lse = (const float *)a->lse.data;
+  k->lse_stride = lse_s;
+  k->grad_logp = (const float *)a->grad_logp.data;
+  k->grad_logp_stride = glp_s;
+  k->entropy = a->grad_entropy.data ? (const float *)a->entropy.data : NULL;
+  k->entropy_stride = ent_s;
+  k->grad_entropy = (const float *)a->grad_entropy.data;
+  k->grad_entropy_stride = gent_s;
+  k->grad = a->grad_logits.data;
+  k->grad_stride = grad_stride;
+  k->status = (int32_t *)a->status.data;
+  k->vocab_start = a->shard ? a->vocab_start : 0;
+  k->temperature = a->temperature;
+  k->shard = a->shard != 0;
+  return RLK_OK;
+}
 
-  lp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = lp_dt_of(a->logits.dtype);
-  c.labels = a->labels.dtype;
-  c.entropy = a->grad_entropy.data != NULL;
-  c.grad = a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32;
-  c.V = V;
-  c.variant = (int)a->variant;
-  c.block = a->block;
-  c.unroll = a->unroll;
-  c.N = N;
-  lp_choice ch;
-  if ((st = lp_select_bwd(ctx, &c, &ch))) return st;
-  if (rlk_record_enabled()) lp_record(LP_PASS_BWD, &c);
+static void lp_bwd_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((lp_bwd_call *)call)->k;
+}
 
-  lp_bwd_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.logits = a->logits.data;
-  k.row_stride = row_stride;
-  k.labels = a->labels.data;
-  k.label_stride = label_stride;
-  k.N = N;
-  k.V = V;
-  k.ignore_index = a->ignore_index;
-  k.lse = (const float *)a->lse.data;
-  k.lse_stride = lse_s;
-  k.grad_logp = (const float *)a->grad_logp.data;
-  k.grad_logp_stride = glp_s;
-  k.entropy = c.entropy ? (const float *)a->entropy.data : NULL;
-  k.entropy_stride = ent_s;
-  k.grad_entropy = (const float *)a->grad_entropy.data;
-  k.grad_entropy_stride = gent_s;
-  k.grad = a->grad_logits.data;
-  k.grad_stride = grad_stride;
-  k.status = (int32_t *)a->status.data;
-  k.vocab_start = a->shard ? a->vocab_start : 0;
-  k.temperature = a->temperature;
-  k.shard = a->shard != 0;
-  void *kargs[] = {&k};
-  rlk_launch_dims d;
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    d = lp_dims(1, 1, 1, 0);
-  } else {
-    const uint64_t groups = (uint64_t)((N + ch.rows_per_block - 1) / ch.rows_per_block);
-    const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
-    /* few rows: split each row's vectors over grid.y so that every SM has blocks */
-    uint64_t splits = 1;
-    const uint64_t want = sms * 4;
-    if (ch.rows_per_block == 1 && groups < want) {
-      const uint64_t per_block = (uint64_t)ch.threads * 4u * 16u; /* bytes worth one block */
-      const uint64_t most = (uint64_t)(V * lp_dt_bytes(c.logits)) / per_block;
-      splits = (want + groups - 1) / groups;
-      if (splits > most) splits = most ? most : 1;
-      if (splits > 65535) splits = 65535;
-    }
-    d = lp_dims(lp_min_u(groups, 1u << 20), splits, ch.threads, 0);
+/* A block per group of rows (the forward's layout); few rows: each row's vectors split over
+ * grid.y so that every SM has blocks. */
+static void lp_bwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const lp_bwd_kernel_args *k = &((const lp_bwd_call *)call)->k;
+  const int64_t threads = call->specs[i].values[3], rows_per_block = threads / call->specs[i].values[4];
+  const uint64_t groups = (uint64_t)((k->N + rows_per_block - 1) / rows_per_block);
+  const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
+  uint64_t splits = 1;
+  const uint64_t want = sms * 4;
+  if (rows_per_block == 1 && groups < want) {
+    const uint64_t per_block = (uint64_t)threads * 4u * 16u; /* bytes worth one block */
+    const uint64_t most = (uint64_t)(k->V * lp_dt_bytes((int)call->vals.v[LP_S_LOGITS])) / per_block;
+    splits = (want + groups - 1) / groups;
+    if (splits > most) splits = most ? most : 1;
+    if (splits > 65535) splits = 65535;
   }
-  return rlk_context_launch(ctx, &ch.spec, &d, stream, kargs);
+  *d = lp_dims(lp_min_u(groups, 1u << 20), splits, (int)threads, 0);
+}
+
+static const rlk_arg_field lp_bwd_fields[] = {
+    RLK_ARG_IN(rlk_logprob_backward_args, logits),       RLK_ARG_IN(rlk_logprob_backward_args, labels),
+    RLK_ARG_IN(rlk_logprob_backward_args, lse),          RLK_ARG_IN(rlk_logprob_backward_args, grad_logp),
+    RLK_ARG_IN(rlk_logprob_backward_args, grad_entropy), RLK_ARG_IN(rlk_logprob_backward_args, entropy),
+    RLK_ARG_INPLACE(rlk_logprob_backward_args, grad_logits, "logits"),
+    RLK_ARG_OUT(rlk_logprob_backward_args, status)};
+
+static const rlk_op_entry lp_bwd_entry = {
+    .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),
+    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .fill = lp_bwd_fill, .dims = lp_bwd_dims};
+
+RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
+  lp_bwd_call c;
+  return rlk_op_run(&lp_bwd_entry, ctx, a, &c.op, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
 /* The forward's row layout, for kernels that must agree with it bitwise               */
 /* ---------------------------------------------------------------------------------- */
 
+/* The vector forward's configuration for logits of that dtype, rows of V and the tuning requests. */
+static void lp_vec_values(rlk_dtype logits, int64_t V, int block, int unroll, rlk_op_values *s) {
+  rlk_op_values_init(&rlk_op_logprob, s);
+  s->v[LP_S_LOGITS] = lp_dt_of(logits);
+  s->v[LP_S_VOCAB] = V;
+  s->v[LP_S_VARIANT] = RLK_LOGPROB_VARIANT_VEC;
+  s->v[LP_S_BLOCK] = block;
+  s->v[LP_S_UNROLL] = unroll;
+}
+
 rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
                                   int unroll, int *seg, int *unroll_out) {
-  lp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = lp_dt_of(logits);
-  c.labels = RLK_I64;
-  c.V = V;
-  c.variant = RLK_LOGPROB_VARIANT_VEC;
-  c.block = block;
-  c.unroll = unroll;
+  rlk_op_values s;
+  lp_vec_values(logits, V, block, unroll, &s);
   lp_choice ch;
-  rlk_status st = lp_select_fwd(ctx, &c, &ch);
+  rlk_status st = lp_select(ctx, LP_PASS_FWD, &s, 1, &ch);
   if (st) return st;
   *seg = (int)ch.spec.values[3];
   *unroll_out = (int)ch.spec.values[4];
@@ -921,16 +885,10 @@ rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int6
 
 rlk_status rlk_logprob_vec_shape(const rlk_context *ctx, rlk_dtype logits, int64_t V, int block,
                                  int unroll, int *block_out, int *seg, int *unroll_out) {
-  lp_config c;
-  memset(&c, 0, sizeof c);
-  c.logits = lp_dt_of(logits);
-  c.labels = RLK_I64;
-  c.V = V;
-  c.variant = RLK_LOGPROB_VARIANT_VEC;
-  c.block = block;
-  c.unroll = unroll;
+  rlk_op_values s;
+  lp_vec_values(logits, V, block, unroll, &s);
   lp_choice ch;
-  rlk_status st = lp_select_fwd_as(ctx, &c, &ch);
+  rlk_status st = lp_select_fwd_as(ctx, &s, 1, &ch);
   if (st) return st;
   *block_out = (int)ch.spec.values[2];
   *seg = (int)ch.spec.values[3];

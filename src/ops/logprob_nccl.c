@@ -194,10 +194,14 @@ RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
     return rlk_error(RLK_ERR_BACKEND, "nccl: ncclAllGather of %zu floats per rank: %s", slot,
                      api->get_error_string(r));
 
-  const rlk_tensor *labels = &a->fwd.labels;
-  const int64_t label_stride = N > 1 ? labels->strides[0] : 1;
-  return rlk_logprob_combine_launch(ctx, all, P, N, labels, label_stride, a->fwd.ignore_index,
-                                    (float *)a->fwd.logp.data, (float *)a->fwd.lse.data,
-                                    (float *)a->fwd.entropy.data, (int32_t *)a->fwd.status.data,
-                                    stream);
+  rlk_logprob_combine_args ca;
+  rlk_logprob_combine_args_init(&ca);
+  ca.partials = (rlk_tensor){all, RLK_F32, 3, {P, N, RLK_LOGPROB_PARTIAL_FIELDS}, {(int64_t)slot, RLK_LOGPROB_PARTIAL_FIELDS, 1}};
+  ca.labels = a->fwd.labels;
+  ca.ignore_index = a->fwd.ignore_index;
+  ca.logp = a->fwd.logp;
+  ca.lse = a->fwd.lse;
+  ca.entropy = a->fwd.entropy;
+  ca.status = a->fwd.status;
+  return rlk_logprob_combine(ctx, &ca, stream);
 }

@@ -13,7 +13,6 @@
 #include "core/core.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "common/logprob_shard_params.h"
 
 /* The kernels' arguments (templates/common/logprob_shard_params.h). */
@@ -53,53 +52,67 @@ static const rlk_template ls_combine_tmpl = {"logprob", "logprob_combine", "cuda
 
 static int ls_dt_code(rlk_dtype d) { return d == RLK_F32 ? 0 : (d == RLK_F16 ? 1 : 2); }
 
-static rlk_dtype ls_dt_of_code(int k) { return k == 0 ? RLK_F32 : (k == 1 ? RLK_F16 : RLK_BF16); }
-static int ls_code_of_dt(rlk_dtype d) { return d == RLK_F32 ? 0 : (d == RLK_F16 ? 1 : 2); }
-
-static void ls_record(int pass, rlk_dtype logits, rlk_dtype labels, int entropy, int64_t V, int block,
-                      int unroll);
+static rlk_dtype ls_dt_of_code(int64_t k) { return k == 0 ? RLK_F32 : (k == 1 ? RLK_F16 : RLK_BF16); }
 
 /* ---------------------------------------------------------------------------------- */
-/* Selection (shared by the calls and the precompile plan)                             */
+/* The settings and the plan (shared by the calls and precompiling)                   */
 /* ---------------------------------------------------------------------------------- */
 
-/* The shard forward's spec and threads per block / rows per block. */
-static rlk_status ls_select_fwd(const rlk_context *ctx, rlk_dtype logits, rlk_dtype labels,
-                                int64_t V, int block, int unroll, int entropy,
-                                rlk_kernel_spec *spec, int *threads, int *rows_per_block) {
-  int b, seg, u;
-  rlk_status st = rlk_logprob_vec_shape(ctx, logits, V, block, unroll, &b, &seg, &u);
-  if (st) return st;
-  memset(spec, 0, sizeof *spec);
-  spec->tmpl = &ls_fwd_tmpl;
-  spec->values[0] = ls_dt_code(logits);
-  spec->values[1] = labels;
-  spec->values[2] = b;
-  spec->values[3] = seg;
-  spec->values[4] = u;
-  spec->values[5] = entropy != 0;
-  *threads = b;
-  *rows_per_block = b / seg;
-  return rlk_spec_validate(spec);
+enum { LS_S_PASS, LS_S_LOGITS, LS_S_LABELS, LS_S_ENTROPY, LS_S_VOCAB, LS_S_BLOCK, LS_S_UNROLL, LS_NSETTINGS };
+
+static const rlk_op_setting ls_settings[LS_NSETTINGS] = {
+    [LS_S_PASS] = RLK_SET_CHOICE("pass", ls_pass_names, LS_PASS_BOTH, "logprob_fwd_shard logprob_combine",
+                                 "the kernels to build: a shard's records, their combine"),
+    [LS_S_LOGITS] = RLK_SET_CHOICE("logits", ls_dt_names, 2, "logprob_fwd_shard.logits", "the logits' dtype"),
+    [LS_S_LABELS] = RLK_SET_DTYPE("labels", LS_LABEL_DTYPES, RLK_I64, "logprob_fwd_shard.labels",
+                                  "the labels' dtype"),
+    [LS_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd_shard.entropy",
+                                  "the records' entropy part and the combined entropy"),
+    [LS_S_VOCAB] = RLK_SET_INT("vocab", 151936 / 2, 1, (int64_t)1 << 40, "logprob_fwd_shard.seg",
+                               "the shard's columns V, picks the row layout"),
+    [LS_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd_shard.block",
+                               "threads per block of the shard forward, 0 for the default"),
+    [LS_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd_shard.unroll",
+                                "16-byte vectors in flight per thread, 0 for the default"),
+};
+
+/* The kernels of the passes a line names: the shard forward (rlk_logprob's vector row layout
+ * over the shard, rlk_logprob_vec_shape), the combine. */
+static rlk_status ls_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                          size_t *nspecs) {
+  const int64_t *v = s->v;
+  size_t n = 0;
+  rlk_status st;
+  if (v[LS_S_PASS] != LS_PASS_COMBINE) {
+    int b, seg, u;
+    if ((st = rlk_logprob_vec_shape(ctx, ls_dt_of_code(v[LS_S_LOGITS]), v[LS_S_VOCAB], (int)v[LS_S_BLOCK],
+                                    (int)v[LS_S_UNROLL], &b, &seg, &u)))
+      return st;
+    specs[n++] = (rlk_kernel_spec){&ls_fwd_tmpl, {v[LS_S_LOGITS], v[LS_S_LABELS], b, seg, u, v[LS_S_ENTROPY]}};
+  }
+  if (v[LS_S_PASS] != LS_PASS_FWD)
+    specs[n++] = (rlk_kernel_spec){&ls_combine_tmpl, {v[LS_S_LABELS], v[LS_S_ENTROPY]}};
+  *nspecs = n;
+  for (size_t i = 0; i < n; i++)
+    if ((st = rlk_spec_validate(&specs[i]))) return st;
+  return RLK_OK;
 }
 
-static rlk_status ls_select_combine(rlk_dtype labels, int entropy, rlk_kernel_spec *spec) {
-  memset(spec, 0, sizeof *spec);
-  spec->tmpl = &ls_combine_tmpl;
-  spec->values[0] = labels;
-  spec->values[1] = entropy != 0;
-  return rlk_spec_validate(spec);
-}
+static const char *const ls_samples[] = {
+    /* a tensor-parallel LM head of 151936 tokens over 2 ranks, with the entropy */
+    "logprob_shard pass=both logits=bf16 labels=i64 vocab=75968 entropy=1",
+    /* f16 / f32 shards, i32 labels; a tiny shard (rows share a block) */
+    "logprob_shard pass=both logits=f16 labels=i32 vocab=18992",
+    "logprob_shard pass=both logits=f32 labels=i64 vocab=7 entropy=1",
+    NULL};
 
-static rlk_launch_dims ls_dims(uint64_t blocks, int threads) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(blocks ? (blocks < (1u << 20) ? blocks : (1u << 20)) : 1);
-  d.grid[1] = d.grid[2] = 1;
-  d.block[0] = (unsigned)threads;
-  d.block[1] = d.block[2] = 1;
-  return d;
-}
+const rlk_op_desc rlk_op_logprob_shard = {
+    .name = "logprob_shard",
+    .settings = ls_settings,
+    .nsettings = LS_NSETTINGS,
+    .plan = ls_plan,
+    .samples = ls_samples,
+};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */
@@ -147,40 +160,23 @@ static rlk_status ls_check_status(const rlk_tensor *t) {
 /* The shard forward                                                                   */
 /* ---------------------------------------------------------------------------------- */
 
-rlk_status rlk_logprob_shard_launch(rlk_context *ctx, const rlk_logprob_args *a, int64_t N,
-                                    int64_t V, int64_t row_stride, int64_t label_stride,
-                                    int entropy, float *partials, void *stream) {
-  rlk_kernel_spec spec;
-  int threads, rpb;
-  rlk_status st = ls_select_fwd(ctx, a->logits.dtype, a->labels.dtype, V, a->block, a->unroll,
-                                entropy, &spec, &threads, &rpb);
-  if (st) return st;
-  if (rlk_record_enabled())
-    ls_record(LS_PASS_FWD, a->logits.dtype, a->labels.dtype, entropy, V, a->block, a->unroll);
-  ls_fwd_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.logits = a->logits.data;
-  k.row_stride = row_stride;
-  k.labels = a->labels.data;
-  k.label_stride = label_stride;
-  k.N = N;
-  k.V = V;
-  k.ignore_index = a->ignore_index;
-  k.vocab_start = a->vocab_start;
-  k.partials = partials;
-  k.temperature = a->temperature;
-  void *kargs[] = {&k};
-  const rlk_launch_dims d = ctx->kind == RLK_BACKEND_HOST
-                                ? ls_dims(1, 1)
-                                : ls_dims((uint64_t)((N + rpb - 1) / rpb), threads);
-  return rlk_context_launch(ctx, &spec, &d, stream, kargs);
-}
+/* A call of either pass: its kernel's argument. */
+typedef struct ls_call {
+  rlk_op_call op;
+  union {
+    ls_fwd_kernel_args fwd;
+    ls_combine_kernel_args combine;
+  } k;
+} ls_call;
 
-rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, int64_t N,
-                                     int64_t V, int64_t row_stride, int64_t label_stride,
-                                     void *stream) {
+static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_logprob_args *a = args;
   rlk_status st;
-  int64_t P = -1;
+  int64_t N, V, row_stride, label_stride, P = -1;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
+                                     &label_stride)))
+    return st;
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
   if (a->logp.data || a->lse.data || a->entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -192,12 +188,53 @@ rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a
   if (a->partial_entropy != 0 && a->partial_entropy != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
                      a->partial_entropy);
-  static const rlk_arg_field fields[] = {RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
-                                         RLK_ARG_OUT(rlk_logprob_args, partials)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_logprob"))) return st;
-  return rlk_logprob_shard_launch(ctx, a, N, V, row_stride, label_stride, a->partial_entropy,
-                                  (float *)a->partials.data, stream);
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, LS_S_PASS, LS_PASS_FWD);
+  rlk_op_values_set(v, LS_S_LOGITS, ls_dt_code(a->logits.dtype));
+  rlk_op_values_set(v, LS_S_LABELS, a->labels.dtype);
+  rlk_op_values_set(v, LS_S_ENTROPY, a->partial_entropy);
+  rlk_op_values_set(v, LS_S_VOCAB, V);
+  rlk_op_values_set(v, LS_S_BLOCK, a->block);
+  rlk_op_values_set(v, LS_S_UNROLL, a->unroll);
+  ls_fwd_kernel_args *k = &((ls_call *)call)->k.fwd;
+  k->logits = a->logits.data;
+  k->row_stride = row_stride;
+  k->labels = a->labels.data;
+  k->label_stride = label_stride;
+  k->N = N;
+  k->V = V;
+  k->ignore_index = a->ignore_index;
+  k->vocab_start = a->vocab_start;
+  k->partials = a->partials.data;
+  k->temperature = a->temperature;
+  return RLK_OK;
+}
+
+static void ls_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((ls_call *)call)->k;
+}
+
+/* The shard forward: rlk_logprob's vector layout, a block per group of rows. */
+static void ls_fwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const int64_t threads = call->specs[i].values[2], rows = threads / call->specs[i].values[3];
+  const uint64_t blocks = (uint64_t)((((ls_call *)call)->k.fwd.N + rows - 1) / rows);
+  d->grid[0] = (unsigned)(blocks ? (blocks < (1u << 20) ? blocks : (1u << 20)) : 1);
+  d->block[0] = (unsigned)threads;
+}
+
+static const rlk_arg_field ls_fwd_fields[] = {RLK_ARG_IN(rlk_logprob_args, logits),
+                                              RLK_ARG_IN(rlk_logprob_args, labels),
+                                              RLK_ARG_OUT(rlk_logprob_args, partials)};
+
+static const rlk_op_entry ls_fwd_entry = {
+    .name = "rlk_logprob", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call), RLK_OP_FIELDS(ls_fwd_fields),
+    .validate = ls_fwd_validate, .fill = ls_fill, .dims = ls_fwd_dims};
+
+rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
+  ls_call c;
+  return rlk_op_run(&ls_fwd_entry, ctx, a, &c.op, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -208,34 +245,6 @@ RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args) {
   if (!args) return;
   memset(args, 0, sizeof *args);
   args->ignore_index = -100;
-}
-
-rlk_status rlk_logprob_combine_launch(rlk_context *ctx, const float *partials, int64_t P, int64_t N,
-                                      const rlk_tensor *labels_t, int64_t label_stride,
-                                      int64_t ignore_index, float *logp, float *lse, float *entropy,
-                                      int32_t *status, void *stream) {
-  rlk_kernel_spec spec;
-  rlk_status st = ls_select_combine(labels_t->dtype, entropy != NULL, &spec);
-  if (st) return st;
-  if (rlk_record_enabled()) ls_record(LS_PASS_COMBINE, RLK_BF16, labels_t->dtype, entropy != NULL, 1, 0, 0);
-  ls_combine_kernel_args k;
-  memset(&k, 0, sizeof k);
-  k.partials = partials;
-  k.P = P;
-  k.N = N;
-  k.labels = labels_t->data;
-  k.label_stride = label_stride;
-  k.ignore_index = ignore_index;
-  k.logp = logp;
-  k.lse = lse;
-  k.entropy = entropy;
-  k.status = status;
-  void *kargs[] = {&k};
-  const rlk_launch_dims d =
-      ctx->kind == RLK_BACKEND_HOST
-          ? ls_dims(1, 1)
-          : ls_dims((uint64_t)((N + LS_COMBINE_BLOCK - 1) / LS_COMBINE_BLOCK), LS_COMBINE_BLOCK);
-  return rlk_context_launch(ctx, &spec, &d, stream, kargs);
 }
 
 rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,
@@ -252,10 +261,9 @@ rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_t
   return RLK_OK;
 }
 
-RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a,
-                                       void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_combine: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_combine: args is NULL");
+static rlk_status ls_combine_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_logprob_combine_args *a = args;
   rlk_status st;
   if ((st = rlk_check_tensor(&a->labels, "labels", 1))) return st;
   if ((st = rlk_check_dtype(&a->labels, "labels", LS_LABEL_DTYPES))) return st;
@@ -265,92 +273,43 @@ RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combi
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
   if ((st = rlk_logprob_combine_check_outputs(&a->logp, &a->lse, &a->entropy, &a->status, N)))
     return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_logprob_combine_args, partials), RLK_ARG_IN(rlk_logprob_combine_args, labels),
-      RLK_ARG_OUT(rlk_logprob_combine_args, logp),    RLK_ARG_OUT(rlk_logprob_combine_args, lse),
-      RLK_ARG_OUT(rlk_logprob_combine_args, entropy), RLK_ARG_OUT(rlk_logprob_combine_args, status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_logprob_combine"))) return st;
-  const int64_t label_stride = N > 1 ? a->labels.strides[0] : 1;
-  return rlk_logprob_combine_launch(ctx, (const float *)a->partials.data, P, N, &a->labels,
-                                    label_stride, a->ignore_index, (float *)a->logp.data,
-                                    (float *)a->lse.data, (float *)a->entropy.data,
-                                    (int32_t *)a->status.data, stream);
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Precompile plan                                                                     */
-/* ---------------------------------------------------------------------------------- */
-
-enum { LS_S_PASS, LS_S_LOGITS, LS_S_LABELS, LS_S_ENTROPY, LS_S_VOCAB, LS_S_BLOCK, LS_S_UNROLL, LS_NSETTINGS };
-
-static const rlk_op_setting ls_settings[LS_NSETTINGS] = {
-    [LS_S_PASS] = RLK_SET_CHOICE("pass", ls_pass_names, LS_PASS_BOTH, "logprob_fwd_shard logprob_combine",
-                                 "the kernels to build: a shard's records, their combine"),
-    [LS_S_LOGITS] = RLK_SET_CHOICE("logits", ls_dt_names, 2, "logprob_fwd_shard.logits", "the logits' dtype"),
-    [LS_S_LABELS] = RLK_SET_DTYPE("labels", LS_LABEL_DTYPES, RLK_I64, "logprob_fwd_shard.labels",
-                                  "the labels' dtype"),
-    [LS_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd_shard.entropy",
-                                  "the records' entropy part and the combined entropy"),
-    [LS_S_VOCAB] = RLK_SET_INT("vocab", 151936 / 2, 1, (int64_t)1 << 40, "logprob_fwd_shard.seg",
-                               "the shard's columns V, picks the row layout"),
-    [LS_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd_shard.block",
-                               "threads per block of the shard forward, 0 for the default"),
-    [LS_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd_shard.unroll",
-                                "16-byte vectors in flight per thread, 0 for the default"),
-};
-
-/* RLK_JIT_RECORD: the line of one pass (the combine's ignores logits, vocab, block, unroll). */
-static void ls_record(int pass, rlk_dtype logits, rlk_dtype labels, int entropy, int64_t V, int block,
-                      int unroll) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_logprob_shard, &s);
-  rlk_op_values_set(&s, LS_S_PASS, pass);
-  rlk_op_values_set(&s, LS_S_LABELS, labels);
-  rlk_op_values_set(&s, LS_S_ENTROPY, entropy);
-  if (pass == LS_PASS_FWD) {
-    rlk_op_values_set(&s, LS_S_LOGITS, ls_code_of_dt(logits));
-    rlk_op_values_set(&s, LS_S_VOCAB, V);
-    rlk_op_values_set(&s, LS_S_BLOCK, block);
-    rlk_op_values_set(&s, LS_S_UNROLL, unroll);
-  }
-  rlk_record_op(&rlk_op_logprob_shard, &s);
-}
-
-static rlk_status ls_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                          size_t *nspecs) {
-  const int pass = (int)s->v[LS_S_PASS], logits = (int)s->v[LS_S_LOGITS], entropy = (int)s->v[LS_S_ENTROPY];
-  const rlk_dtype labels = (rlk_dtype)s->v[LS_S_LABELS];
-  const int64_t V = s->v[LS_S_VOCAB], block = s->v[LS_S_BLOCK], unroll = s->v[LS_S_UNROLL];
-  size_t n = 0;
-  rlk_status st;
-  if (pass != LS_PASS_COMBINE) {
-    int threads, rpb;
-    if ((st = ls_select_fwd(ctx, ls_dt_of_code(logits), labels, V, (int)block, (int)unroll,
-                            entropy, &specs[n], &threads, &rpb)))
-      return st;
-    n++;
-  }
-  if (pass != LS_PASS_FWD) {
-    if ((st = ls_select_combine(labels, entropy, &specs[n]))) return st;
-    n++;
-  }
-  *nspecs = n;
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, LS_S_PASS, LS_PASS_COMBINE);
+  rlk_op_values_set(v, LS_S_LABELS, a->labels.dtype);
+  rlk_op_values_set(v, LS_S_ENTROPY, a->entropy.data != NULL);
+  ls_combine_kernel_args *k = &((ls_call *)call)->k.combine;
+  k->partials = a->partials.data;
+  k->P = P;
+  k->N = N;
+  k->labels = a->labels.data;
+  k->label_stride = N > 1 ? a->labels.strides[0] : 1;
+  k->ignore_index = a->ignore_index;
+  k->logp = a->logp.data;
+  k->lse = a->lse.data;
+  k->entropy = a->entropy.data;
+  k->status = a->status.data;
   return RLK_OK;
 }
 
-static const char *const ls_samples[] = {
-    /* a tensor-parallel LM head of 151936 tokens over 2 ranks, with the entropy */
-    "logprob_shard pass=both logits=bf16 labels=i64 vocab=75968 entropy=1",
-    /* f16 / f32 shards, i32 labels; a tiny shard (rows share a block) */
-    "logprob_shard pass=both logits=f16 labels=i32 vocab=18992",
-    "logprob_shard pass=both logits=f32 labels=i64 vocab=7 entropy=1",
-    NULL};
+/* A thread per row. */
+static void ls_combine_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  (void)i;
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  const uint64_t blocks = (uint64_t)((((ls_call *)call)->k.combine.N + LS_COMBINE_BLOCK - 1) / LS_COMBINE_BLOCK);
+  d->grid[0] = (unsigned)(blocks ? (blocks < (1u << 20) ? blocks : (1u << 20)) : 1);
+  d->block[0] = LS_COMBINE_BLOCK;
+}
 
-const rlk_op_desc rlk_op_logprob_shard = {
-    .name = "logprob_shard",
-    .settings = ls_settings,
-    .nsettings = LS_NSETTINGS,
-    .plan = ls_plan,
-    .samples = ls_samples,
-};
+static const rlk_arg_field ls_combine_fields[] = {
+    RLK_ARG_IN(rlk_logprob_combine_args, partials), RLK_ARG_IN(rlk_logprob_combine_args, labels),
+    RLK_ARG_OUT(rlk_logprob_combine_args, logp),    RLK_ARG_OUT(rlk_logprob_combine_args, lse),
+    RLK_ARG_OUT(rlk_logprob_combine_args, entropy), RLK_ARG_OUT(rlk_logprob_combine_args, status)};
+
+static const rlk_op_entry ls_combine_entry = {
+    .name = "rlk_logprob_combine", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call),
+    RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .fill = ls_fill, .dims = ls_combine_dims};
+
+RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a, void *stream) {
+  ls_call c;
+  return rlk_op_run(&ls_combine_entry, ctx, a, &c.op, stream);
+}

@@ -1,4 +1,4 @@
-/* logprob_shard.h - the vocab-parallel pieces of the logprob family that other op files call. */
+/* logprob_shard.h - the vocab-parallel pieces of the logprob family that its files share. */
 #ifndef RLK_LOGPROB_SHARD_H
 #define RLK_LOGPROB_SHARD_H
 
@@ -6,23 +6,15 @@
 
 #include "rlk.h"
 
-/* rlk_logprob's shard form (args->partials given), after rlk_logprob checked the logits
- * ([N, V], row stride) and the labels (label stride), the temperature and the variant. */
-rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *args, int64_t N,
-                                     int64_t V, int64_t row_stride, int64_t label_stride,
-                                     void *stream);
+/* rlk_logprob's shard form (args->partials given): its records of a vocabulary shard
+ * (logprob_shard.c). */
+rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
-/* Launches the shard forward writing its records at `partials` (f32 [N, 4], 16-byte aligned). */
-rlk_status rlk_logprob_shard_launch(rlk_context *ctx, const rlk_logprob_args *args, int64_t N,
-                                    int64_t V, int64_t row_stride, int64_t label_stride,
-                                    int entropy, float *partials, void *stream);
-
-/* Launches the combine of P gathered records (f32 [P, N, 4]) into args' outputs; the arguments
- * are checked by the caller. */
-rlk_status rlk_logprob_combine_launch(rlk_context *ctx, const float *partials, int64_t P, int64_t N,
-                                      const rlk_tensor *labels, int64_t label_stride,
-                                      int64_t ignore_index, float *logp, float *lse, float *entropy,
-                                      int32_t *status, void *stream);
+/* The inputs every logprob call checks alike (logprob.c): logits [N, V] with contiguous rows,
+ * labels [N], a finite temperature > 0 and an rlk_logprob_variant. */
+rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *labels, float temperature,
+                                    int variant, int64_t *N, int64_t *V, int64_t *row_stride,
+                                    int64_t *label_stride);
 
 /* The combine's outputs as rlk_logprob_combine checks them, for N rows. */
 rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,
