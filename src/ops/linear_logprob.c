@@ -96,15 +96,11 @@ static const rlk_template ll_host_tmpl = {"linear_logprob", "linear_logprob_fwd_
                                           "host/linear_logprob_fwd.c", LL_N(ll_tiled_params),
                                           ll_tiled_params};
 
-/* What selects the kernels of a call. */
-typedef struct ll_config {
-  int hidden;       /* LL_DT_* */
-  rlk_dtype labels; /* RLK_I32 / RLK_I64 */
-  int entropy;
-  int variant;      /* rlk_linear_logprob_variant asked for */
-  int tma_ok;       /* hidden and weight can be described by 128-byte-swizzled tensor maps */
-  int stages;       /* the sm_90a kernel's ring depth asked for (0: LL_SM90_STAGES) */
-} ll_config;
+/* The settings of a configuration line (the table is with the plan, below). */
+enum {
+  LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK,
+  LL_S_GROUP, LL_S_HIDDEN_SIZE, LL_S_VOCAB, LL_S_TOKENS, LL_NSETTINGS
+};
 
 /* The tuning database's winner for a call's key (ll_tuned_fwd / ll_tuned_bwd below): its
  * settings into *stages and *splits, or *chunk and *group; untouched without a usable record. */
@@ -113,13 +109,14 @@ static void ll_tuned_fwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype lab
 static void ll_tuned_bwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int64_t H,
                          int64_t V, int64_t N, int *chunk, int *group);
 
-/* RLK_JIT_RECORD: a call's precompile line (pass 0 fwd, 1 bwd; grad 0 f32, 1 the hidden dtype). */
-static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant, int stages);
+/* A call's configuration line (pass 0 fwd, 1 bwd, 3 chunks; grad 0 f32, 1 the hidden dtype): the
+ * settings its kernels depend on, the sm_90a forward's stages when not the default. */
+static void ll_line(rlk_op_values *v, int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad,
+                    int variant, int stages);
 
 typedef struct ll_choice {
   int variant; /* what runs: WGMMA or TILED on a GPU; AUTO on the host */
   rlk_kernel_spec gemm, combine;
-  int ngemm_specs; /* 1, or 2 when the host has no combine */
 } ll_choice;
 
 /* sm_90a exactly: wgmma needs the arch-specific target. */
@@ -127,48 +124,38 @@ static int ll_wgmma_target(const rlk_context *ctx) {
   return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
-static rlk_status ll_select(const rlk_context *ctx, const ll_config *c, ll_choice *ch) {
+static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
+
+/* The forward's kernels of a configuration (hidden, labels, entropy, variant, stages); tma_ok:
+ * hidden and weight can be described by 128-byte-swizzled tensor maps. */
+static rlk_status ll_select(const rlk_context *ctx, const rlk_op_values *s, int tma_ok, ll_choice *ch) {
   memset(ch, 0, sizeof *ch);
-  if (c->variant < RLK_LINEAR_LOGPROB_AUTO || c->variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant",
-                     c->variant);
+  const int64_t hidden = ll_dt_code(s->v[LL_S_HIDDEN]), labels = s->v[LL_S_LABELS], entropy = s->v[LL_S_ENTROPY];
+  const int variant = (int)s->v[LL_S_VARIANT];
   if (ctx->kind == RLK_BACKEND_HOST) {
     ch->variant = RLK_LINEAR_LOGPROB_AUTO;
-    ch->gemm.tmpl = &ll_host_tmpl;
-    ch->gemm.values[0] = c->hidden;
-    ch->gemm.values[1] = c->labels;
-    ch->gemm.values[2] = c->entropy;
+    ch->gemm = (rlk_kernel_spec){&ll_host_tmpl, {hidden, labels, entropy}};
     return rlk_spec_validate(&ch->gemm);
   }
-  int v = c->variant;
+  int v = variant;
   if (v != RLK_LINEAR_LOGPROB_TILED)
-    v = ll_wgmma_target(ctx) && c->tma_ok ? RLK_LINEAR_LOGPROB_WGMMA : RLK_LINEAR_LOGPROB_TILED;
-  if (c->variant == RLK_LINEAR_LOGPROB_WGMMA && v != RLK_LINEAR_LOGPROB_WGMMA)
+    v = ll_wgmma_target(ctx) && tma_ok ? RLK_LINEAR_LOGPROB_WGMMA : RLK_LINEAR_LOGPROB_TILED;
+  if (variant == RLK_LINEAR_LOGPROB_WGMMA && v != RLK_LINEAR_LOGPROB_WGMMA)
     rlk_debug("linear_logprob: wgmma is not available here (%s); using the tiled kernel",
               ll_wgmma_target(ctx) ? "no tensor map" : "needs sm_90a");
   ch->variant = v;
-  if (v == RLK_LINEAR_LOGPROB_WGMMA) {
-    ch->gemm.tmpl = &ll_sm90_tmpl;
-    ch->gemm.values[0] = c->hidden;
-    ch->gemm.values[1] = c->labels;
-    ch->gemm.values[2] = c->stages ? c->stages : LL_SM90_STAGES;
-    ch->gemm.values[3] = c->entropy;
-  } else {
-    ch->gemm.tmpl = &ll_tiled_tmpl;
-    ch->gemm.values[0] = c->hidden;
-    ch->gemm.values[1] = c->labels;
-    ch->gemm.values[2] = c->entropy;
-  }
-  ch->combine.tmpl = &ll_combine_tmpl;
-  ch->combine.values[0] = c->labels;
-  ch->combine.values[1] = c->entropy;
+  if (v == RLK_LINEAR_LOGPROB_WGMMA)
+    ch->gemm = (rlk_kernel_spec){
+        &ll_sm90_tmpl, {hidden, labels, s->v[LL_S_STAGES] ? s->v[LL_S_STAGES] : LL_SM90_STAGES, entropy}};
+  else
+    ch->gemm = (rlk_kernel_spec){&ll_tiled_tmpl, {hidden, labels, entropy}};
+  ch->combine = (rlk_kernel_spec){&ll_combine_tmpl, {labels, entropy}};
   rlk_status st = rlk_spec_validate(&ch->gemm);
   return st ? st : rlk_spec_validate(&ch->combine);
 }
 
-/* [rows, cols] with contiguous rows; writes the row stride. */
 /* A [rows, cols] matrix of one of `dtypes` with contiguous rows (its alignment and span checked
- * for its own dtype). */
+ * for its own dtype); writes the row stride. */
 static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t *rows,
                                      int64_t *cols, int64_t *stride) {
   rlk_status st;
@@ -198,34 +185,46 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
   return ll_check_matrix_of(t, what, LL_HIDDEN_DTYPES, rows, cols, stride);
 }
 
-/* Everything a launch needs, from validated arguments. */
+/* The sizes of the head both passes check alike: hidden [N, H] and weight [V, H] of one 16-bit
+ * dtype, labels [N], a finite temperature > 0. */
+typedef struct ll_head {
+  int64_t N, H, V, hs, ws, ls;
+} ll_head;
+
+static rlk_status ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
+                                float temperature, ll_head *h) {
+  rlk_status st;
+  int64_t wH;
+  if ((st = ll_check_matrix(hidden, "hidden", &h->N, &h->H, &h->hs))) return st;
+  if ((st = ll_check_matrix(weight, "weight", &h->V, &wH, &h->ws))) return st;
+  if (wH != h->H)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: %lld columns, hidden has H = %lld", (long long)wH,
+                     (long long)h->H);
+  if (weight->dtype != hidden->dtype)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
+                     rlk_dtype_name(weight->dtype), rlk_dtype_name(hidden->dtype));
+  if ((st = rlk_check_vector(labels, "labels", LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
+  if (!(temperature > 0.0f) || isinf(temperature))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)temperature);
+  return RLK_OK;
+}
+
+/* A forward call: the head, the kernels that run, the vocabulary split and the tensor maps. */
 typedef struct ll_call {
-  int64_t N, H, V, h_stride, w_stride, label_stride;
-  ll_config c;
+  rlk_op_call op;
+  ll_head h;
   ll_choice ch;
   int64_t row_blocks, splits, cols_per_split;
   int shard; /* records instead of logp, lse and entropy */
-  size_t workspace;
   rlk_tma_desc_request req_h, req_w;
 } ll_call;
 
-static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a, ll_call *k) {
-  memset(k, 0, sizeof *k);
+static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_linear_logprob_args *a = args;
+  ll_call *k = (ll_call *)call;
   rlk_status st;
-  int64_t wH;
-  if ((st = ll_check_matrix(&a->hidden, "hidden", &k->N, &k->H, &k->h_stride))) return st;
-  if ((st = ll_check_matrix(&a->weight, "weight", &k->V, &wH, &k->w_stride))) return st;
-  if (wH != k->H)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: %lld columns, hidden has H = %lld",
-                     (long long)wH, (long long)k->H);
-  if (a->weight.dtype != a->hidden.dtype)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
-                     rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
-  if ((st = rlk_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->label_stride)))
-    return st;
-  if (!(a->temperature > 0.0f) || isinf(a->temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
-                     (double)a->temperature);
+  if ((st = ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
+  const int64_t N = k->h.N;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   k->shard = a->partials.data != NULL;
   if (k->shard) {
@@ -237,9 +236,9 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
     if ((st = rlk_check_tensor(p, "partials", 1))) return st;
     if ((st = rlk_check_dtype(p, "partials", f32))) return st;
     if ((st = rlk_check_ndim(p, "partials", 2, 2))) return st;
-    if (p->shape[0] != k->N || p->shape[1] != RLK_LOGPROB_PARTIAL_FIELDS)
+    if (p->shape[0] != N || p->shape[1] != RLK_LOGPROB_PARTIAL_FIELDS)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: shape [%lld, %lld], expected [%lld, %d]",
-                       (long long)p->shape[0], (long long)p->shape[1], (long long)k->N,
+                       (long long)p->shape[0], (long long)p->shape[1], (long long)N,
                        RLK_LOGPROB_PARTIAL_FIELDS);
     if ((st = rlk_check_contiguous(p, "partials"))) return st;
     if ((uintptr_t)p->data % 16)
@@ -251,10 +250,10 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
     if (a->vocab_start != 0 || a->partial_entropy)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "vocab_start, partial_entropy: only in the shard form (with partials)");
-    if ((st = rlk_check_vector(&a->logp, "logp", f32, k->N, 1, NULL))) return st;
+    if ((st = rlk_check_vector(&a->logp, "logp", f32, N, 1, NULL))) return st;
   }
-  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", f32, k->N, 1, NULL))) return st;
-  if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", f32, k->N, 1, NULL))) return st;
+  if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", f32, N, 1, NULL))) return st;
+  if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", f32, N, 1, NULL))) return st;
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
@@ -267,26 +266,26 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
   if (a->stages != 0 && (a->stages < 2 || a->stages > LL_SM90_STAGES))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 (the default) or 2 to %d", a->stages,
                      LL_SM90_STAGES);
+  if ((int)a->variant < RLK_LINEAR_LOGPROB_AUTO || (int)a->variant > RLK_LINEAR_LOGPROB_TILED)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant",
+                     (int)a->variant);
 
-  k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
-  k->c.labels = a->labels.dtype;
-  k->c.entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
-  k->c.variant = (int)a->variant;
-  k->c.stages = a->stages;
-  int splits = a->splits;
+  const int entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
+  int stages = a->stages, splits = a->splits;
   if (!a->stages && !splits)
-    ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, k->H, k->V, k->N, &k->c.stages, &splits);
+    ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, entropy, k->h.H, k->h.V, N, &stages, &splits);
+  ll_line(&call->vals, 0, a->hidden.dtype, a->labels.dtype, entropy, 0, (int)a->variant, stages);
   /* tensor maps: h boxes of 64 x 128, W boxes of 64 x 256, both with the 128-byte swizzle */
   rlk_tma_desc_request *r[2] = {&k->req_h, &k->req_w};
   const rlk_tensor *t[2] = {&a->hidden, &a->weight};
-  const int64_t rows[2] = {k->N, k->V}, strides[2] = {k->h_stride, k->w_stride};
+  const int64_t rows[2] = {N, k->h.V}, strides[2] = {k->h.hs, k->h.ws};
   const uint32_t box_rows[2] = {LL_SM90_BM, LL_SM90_BN};
-  k->c.tma_ok = 1;
+  int tma_ok = 1;
   for (int i = 0; i < 2; i++) {
     r[i]->base = t[i]->data;
     r[i]->dtype = t[i]->dtype;
     r[i]->rows = (uint64_t)rows[i];
-    r[i]->cols = (uint64_t)k->H;
+    r[i]->cols = (uint64_t)k->h.H;
     r[i]->row_stride = (uint64_t)strides[i];
     r[i]->box_rows = box_rows[i];
     r[i]->box_cols = 64;
@@ -294,21 +293,23 @@ static rlk_status ll_prepare(rlk_context *ctx, const rlk_linear_logprob_args *a,
     if (rlk_tma_check(r[i]) != RLK_OK) {
       rlk_debug("linear_logprob: no tensor map for %s (%s)", i ? "weight" : "hidden", rlk_last_error());
       rlk_error_clear();
-      k->c.tma_ok = 0;
+      tma_ok = 0;
     }
   }
-  if ((st = ll_select(ctx, &k->c, &k->ch))) return st;
+  if ((st = ll_select(ctx, &call->vals, tma_ok, &k->ch))) return st;
+  call->specs[call->nspecs++] = k->ch.gemm;
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  call->specs[call->nspecs++] = k->ch.combine;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
   const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
   const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM;
-  k->row_blocks = (k->N + bm - 1) / bm;
+  k->row_blocks = (N + bm - 1) / bm;
   if (k->row_blocks > 65535 * 1024)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)k->N);
-  rlk_ll_fwd_splits(k->V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)N);
+  rlk_ll_fwd_splits(k->h.V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
   if (k->splits > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %lld exceeds 65535", (long long)k->splits);
-  k->workspace = (size_t)k->splits * (size_t)k->N * LL_RECORD_BYTES;
+  call->workspace = (size_t)k->splits * (size_t)N * LL_RECORD_BYTES;
   return RLK_OK;
 }
 
@@ -318,18 +319,6 @@ RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args) {
   args->temperature = 1.0f;
   args->ignore_index = -100;
   args->variant = RLK_LINEAR_LOGPROB_AUTO;
-}
-
-RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
-                                                     const rlk_linear_logprob_args *args,
-                                                     size_t *bytes) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: args is NULL");
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_workspace_size: bytes is NULL");
-  ll_call k;
-  rlk_status st = ll_prepare(ctx, args, &k);
-  if (!st) *bytes = k.workspace;
-  return st;
 }
 
 static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t smem) {
@@ -344,35 +333,18 @@ static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t 
   return d;
 }
 
-RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *a,
-                                      void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob: args is NULL");
-  ll_call k;
-  rlk_status st = ll_prepare(ctx, a, &k);
-  if (st) return st;
-  if (k.workspace) {
-    if (!a->workspace || a->workspace_bytes < k.workspace)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "workspace: %zu bytes given, rlk_linear_logprob_workspace_size says %zu",
-                       a->workspace ? a->workspace_bytes : (size_t)0, k.workspace);
-    if ((uintptr_t)a->workspace % 16)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
-  }
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_linear_logprob_args, hidden),   RLK_ARG_IN(rlk_linear_logprob_args, weight),
-      RLK_ARG_IN(rlk_linear_logprob_args, labels),   RLK_ARG_OUT(rlk_linear_logprob_args, logp),
-      RLK_ARG_OUT(rlk_linear_logprob_args, lse),     RLK_ARG_OUT(rlk_linear_logprob_args, entropy),
-      RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, k.workspace ? a->workspace_bytes : 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob"))) return st;
-  if (rlk_record_enabled()) ll_record(0, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, k.c.variant, k.c.stages);
-
+/* The GEMM over (row blocks, splits) writing [splits][N] records into the workspace, then their
+ * combine; the host's one fp64 kernel. The sm_90a GEMM takes its tensor maps as parameters of
+ * their own, ahead of the struct. */
+static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_linear_logprob_args *a = args;
+  const ll_call *k = (const ll_call *)call;
+  rlk_status st;
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
   const float temperature = a->temperature;
-  const int64_t N = k.N, V = k.V, H = k.H, S = k.splits, cps = k.cols_per_split;
+  const int64_t N = k->h.N, V = k->h.V, H = k->h.H, S = k->splits, cps = k->cols_per_split;
   float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data, *entropy = (float *)a->entropy.data;
-  int *status = k.shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
+  int *status = k->shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
   float *records = (float *)a->partials.data;
   const int64_t vocab_start = a->vocab_start;
   void *partials = a->workspace;
@@ -380,11 +352,11 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   if (ctx->kind == RLK_BACKEND_HOST) {
     ll_fwd_host_args h = {0};
     h.hidden = hidden;
-    h.h_stride = k.h_stride;
+    h.h_stride = k->h.hs;
     h.weight = weight;
-    h.w_stride = k.w_stride;
+    h.w_stride = k->h.ws;
     h.labels = labels;
-    h.label_stride = k.label_stride;
+    h.label_stride = k->h.ls;
     h.N = N;
     h.V = V;
     h.H = H;
@@ -396,18 +368,18 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     h.records = records;
     h.vocab_start = vocab_start;
     h.temperature = temperature;
-    void *args[] = {&h};
+    void *params[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
-    return rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args);
+    return rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params);
   }
-  if (k.ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
+  if (k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
     _Alignas(64) unsigned char map_h[128], map_w[128];
-    st = rlk_context_tensor_map(ctx, &k.req_h, map_h);
-    if (!st) st = rlk_context_tensor_map(ctx, &k.req_w, map_w);
+    st = rlk_context_tensor_map(ctx, &k->req_h, map_h);
+    if (!st) st = rlk_context_tensor_map(ctx, &k->req_w, map_w);
     if (st) return st;
     ll_fwd_sm90_args g = {0};
     g.labels = labels;
-    g.label_stride = k.label_stride;
+    g.label_stride = k->h.ls;
     g.N = N;
     g.V = V;
     g.H = H;
@@ -417,18 +389,18 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     g.temperature = temperature;
     /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
      * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
-    void *args[] = {map_h, map_w, &g};
-    const size_t smem = (size_t)k.ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
-    rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
-    if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
+    void *params[] = {map_h, map_w, &g};
+    const size_t smem = (size_t)k->ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
+    rlk_launch_dims d = ll_dims((uint64_t)k->row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
   } else {
     ll_fwd_tiled_args g = {0};
     g.hidden = hidden;
-    g.h_stride = k.h_stride;
+    g.h_stride = k->h.hs;
     g.weight = weight;
-    g.w_stride = k.w_stride;
+    g.w_stride = k->h.ws;
     g.labels = labels;
-    g.label_stride = k.label_stride;
+    g.label_stride = k->h.ls;
     g.N = N;
     g.V = V;
     g.H = H;
@@ -436,9 +408,9 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
     g.partials = partials;
     g.vocab_start = vocab_start;
     g.temperature = temperature;
-    void *args[] = {&g};
-    rlk_launch_dims d = ll_dims((uint64_t)k.row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
-    if ((st = rlk_context_launch(ctx, &k.ch.gemm, &d, stream, args))) return st;
+    void *params[] = {&g};
+    rlk_launch_dims d = ll_dims((uint64_t)k->row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
+    if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
   }
   ll_combine_args c = {0};
   c.partials = partials;
@@ -447,7 +419,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   c.V = V;
   c.cols_per_split = cps;
   c.labels = labels;
-  c.label_stride = k.label_stride;
+  c.label_stride = k->h.ls;
   c.ignore_index = a->ignore_index;
   c.logp = logp;
   c.lse = lse;
@@ -459,7 +431,28 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
   void *cargs[] = {&c};
   rlk_launch_dims d = ll_dims((uint64_t)((N + LL_COMBINE_THREADS - 1) / LL_COMBINE_THREADS), 1,
                               LL_COMBINE_THREADS, 0);
-  return rlk_context_launch(ctx, &k.ch.combine, &d, stream, cargs);
+  return rlk_context_launch(ctx, &k->ch.combine, &d, stream, cargs);
+}
+
+static const rlk_arg_field ll_fields[] = {
+    RLK_ARG_IN(rlk_linear_logprob_args, hidden),   RLK_ARG_IN(rlk_linear_logprob_args, weight),
+    RLK_ARG_IN(rlk_linear_logprob_args, labels),   RLK_ARG_OUT(rlk_linear_logprob_args, logp),
+    RLK_ARG_OUT(rlk_linear_logprob_args, lse),     RLK_ARG_OUT(rlk_linear_logprob_args, entropy),
+    RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials)};
+
+static const rlk_op_entry ll_entry = {
+    .name = "rlk_linear_logprob", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_call), RLK_OP_FIELDS(ll_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_linear_logprob_args, 16), .validate = ll_validate, .launch = ll_launch};
+
+RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx, const rlk_linear_logprob_args *args,
+                                                     size_t *bytes) {
+  ll_call k;
+  return rlk_op_workspace_size(&ll_entry, ctx, args, &k.op, bytes);
+}
+
+RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *a, void *stream) {
+  ll_call k;
+  return rlk_op_run(&ll_entry, ctx, a, &k.op, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -612,11 +605,14 @@ static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, r
   return RLK_OK;
 }
 
+/* A backward call: the head, the gradients' strides, the kernels' configuration, the chunk. */
 typedef struct ll_bwd_call {
-  int64_t N, H, V, hs, ws, ls, lse_s, glp_s, ent_s, gent_s, ghs, gws, chunk;
+  rlk_op_call op;
+  ll_head h;
+  int64_t lse_s, glp_s, ent_s, gent_s, ghs, gws, chunk;
   int group; /* the sm_90a tile order's rows of tiles */
   ll_bwd_config c;
-  size_t dh_bytes, dz_bytes, workspace;
+  size_t dh_bytes, dz_bytes;
 } ll_bwd_call;
 
 /* A 128-byte-swizzled tensor map request over a 16-bit [rows, cols] matrix. */
@@ -655,10 +651,10 @@ static int ll_tma_ok(const rlk_tma_desc_request *r) {
 static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k) {
   if (!ll_wgmma_target(ctx)) return 0;
   const rlk_tma_desc_request r[4] = {
-      ll_tma_req(a->hidden.data, a->hidden.dtype, k->N, k->H, k->hs, LL_BWD_SM90_BM),
-      ll_tma_req(a->hidden.data, a->hidden.dtype, k->N, k->H, k->hs, 64),
-      ll_tma_req(a->weight.data, a->weight.dtype, k->V, k->H, k->ws, LL_BWD_SM90_BN),
-      ll_tma_req(a->weight.data, a->weight.dtype, k->V, k->H, k->ws, 64)};
+      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, LL_BWD_SM90_BM),
+      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, 64),
+      ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, LL_BWD_SM90_BN),
+      ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, 64)};
   for (int i = 0; i < 4; i++)
     if (rlk_tma_check(&r[i]) != RLK_OK) {
       rlk_debug("linear_logprob backward: no tensor map for %s (%s); the portable kernels run",
@@ -676,31 +672,20 @@ static int ll_grad_code(rlk_dtype d) { return d == RLK_F32 ? 0 : d == RLK_F16 ? 
 /* A backward's `grad` setting (0 f32, 1 the inputs' dtype): grad_weight's, else grad_hidden's. */
 static int ll_bwd_grad_line(const ll_bwd_config *c) { return (c->gw >= 0 ? c->gw : c->gh) > 0; }
 
-static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
-                                 ll_bwd_call *k) {
-  memset(k, 0, sizeof *k);
+static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_linear_logprob_backward_args *a = args;
+  ll_bwd_call *k = (ll_bwd_call *)call;
   rlk_status st;
-  int64_t wH;
-  if ((st = ll_check_matrix(&a->hidden, "hidden", &k->N, &k->H, &k->hs))) return st;
-  if ((st = ll_check_matrix(&a->weight, "weight", &k->V, &wH, &k->ws))) return st;
-  if (wH != k->H)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: %lld columns, hidden has H = %lld", (long long)wH,
-                     (long long)k->H);
-  if (a->weight.dtype != a->hidden.dtype)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
-                     rlk_dtype_name(a->weight.dtype), rlk_dtype_name(a->hidden.dtype));
-  if ((st = rlk_check_vector(&a->labels, "labels", LL_LABEL_DTYPES, k->N, 0, &k->ls))) return st;
-  if (!(a->temperature > 0.0f) || isinf(a->temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)a->temperature);
+  if ((st = ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
-  if ((st = rlk_check_vector(&a->lse, "lse", f32, k->N, 0, &k->lse_s))) return st;
-  if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, k->N, 0, &k->glp_s)))
+  if ((st = rlk_check_vector(&a->lse, "lse", f32, k->h.N, 0, &k->lse_s))) return st;
+  if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, k->h.N, 0, &k->glp_s)))
     return st;
   if (a->grad_entropy.data) {
-    if ((st = rlk_check_vector(&a->grad_entropy, "grad_entropy", f32, k->N, 0, &k->gent_s))) return st;
+    if ((st = rlk_check_vector(&a->grad_entropy, "grad_entropy", f32, k->h.N, 0, &k->gent_s))) return st;
     if (!a->entropy.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required with grad_entropy (E_p[z] = lse - entropy)");
-    if ((st = rlk_check_vector(&a->entropy, "entropy", f32, k->N, 0, &k->ent_s))) return st;
+    if ((st = rlk_check_vector(&a->entropy, "entropy", f32, k->h.N, 0, &k->ent_s))) return st;
   }
   if (!a->grad_logp.data && !a->grad_entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logp and grad_entropy: give at least one");
@@ -711,17 +696,17 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   if (a->grad_hidden.data) {
     int64_t r, cols;
     if ((st = ll_check_matrix_of(&a->grad_hidden, "grad_hidden", gdt, &r, &cols, &k->ghs))) return st;
-    if (r != k->N || cols != k->H)
+    if (r != k->h.N || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
-                       (long long)r, (long long)cols, (long long)k->N, (long long)k->H);
+                       (long long)r, (long long)cols, (long long)k->h.N, (long long)k->h.H);
     k->c.gh = ll_grad_code(a->grad_hidden.dtype);
   }
   if (a->grad_weight.data) {
     int64_t r, cols;
     if ((st = ll_check_matrix_of(&a->grad_weight, "grad_weight", gdt, &r, &cols, &k->gws))) return st;
-    if (r != k->V || cols != k->H)
+    if (r != k->h.V || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
-                       (long long)r, (long long)cols, (long long)k->V, (long long)k->H);
+                       (long long)r, (long long)cols, (long long)k->h.V, (long long)k->h.H);
     k->c.gw = ll_grad_code(a->grad_weight.dtype);
   }
   if (a->status.data) {
@@ -743,30 +728,34 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   if (a->group < 0 || a->group > LL_BWD_GROUP_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group: %d is not 0 (the default) or 1 to %d", a->group,
                      LL_BWD_GROUP_MAX);
-  k->c.hidden = a->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  k->c.hidden = ll_dt_code(a->hidden.dtype);
   k->c.labels = a->labels.dtype;
   k->c.entropy = a->grad_entropy.data != NULL;
-  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  /* one line per gradient dtype the call writes (grad_hidden and grad_weight may differ): the f32
+   * one here, the other recorded by the launch */
+  ll_line(&call->vals, 1, a->hidden.dtype, a->labels.dtype, k->c.entropy, !(k->c.gh == 0 || k->c.gw == 0),
+          RLK_LINEAR_LOGPROB_AUTO, 0);
+  if (ctx->kind == RLK_BACKEND_HOST) return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
   int asked_chunk = a->chunk, group = a->group;
   if (!asked_chunk && !group)
-    ll_tuned_bwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, ll_bwd_grad_line(&k->c), k->H, k->V, k->N,
+    ll_tuned_bwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, ll_bwd_grad_line(&k->c), k->h.H, k->h.V, k->h.N,
                  &asked_chunk, &group);
   k->group = group ? group : LL_BWD_GROUP;
   /* sm_90a: dz in 16 bits, chunks of whole 256-column tiles (the dz tile's width) */
   k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
   const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
-  const int64_t vpad = (k->V + tile - 1) / tile * tile;
+  const int64_t vpad = (k->h.V + tile - 1) / tile * tile;
   /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */
-  k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->N * k->H) * 4u) : 0;
+  k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
   int64_t chunk = (asked_chunk + tile - 1) / tile * tile;
   if (!chunk) {
     /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost
      * model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
     const int64_t room = LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes;
-    int64_t most = room > 0 ? room / (dzs * k->N) / tile * tile : 0;
+    int64_t most = room > 0 ? room / (dzs * k->h.N) / tile * tile : 0;
     if (most < tile) most = tile;
     if (k->c.sm90) {
-      const rlk_ll_chunk_problem cp = {k->N, k->H, k->V, k->c.gh >= 0, k->c.gw >= 0,
+      const rlk_ll_chunk_problem cp = {k->h.N, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0,
                                        ctx->target.multiprocessors, most};
       chunk = rlk_ll_bwd_sm90_chunk(&cp);
     } else {
@@ -776,9 +765,9 @@ static rlk_status ll_bwd_prepare(const rlk_context *ctx, const rlk_linear_logpro
   }
   if (chunk > vpad) chunk = vpad;
   k->chunk = chunk;
-  k->dz_bytes = ll_align256((size_t)(k->N * chunk * dzs));
-  k->workspace = k->dh_bytes + k->dz_bytes;
-  return RLK_OK;
+  k->dz_bytes = ll_align256((size_t)(k->h.N * chunk * dzs));
+  call->workspace = k->dh_bytes + k->dz_bytes;
+  return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
 }
 
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args) {
@@ -788,27 +777,15 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
   args->ignore_index = -100;
 }
 
-RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
-                                                              const rlk_linear_logprob_backward_args *args,
-                                                              size_t *bytes) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: args is NULL");
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward_workspace_size: bytes is NULL");
-  ll_bwd_call k;
-  rlk_status st = ll_bwd_prepare(ctx, args, &k);
-  if (!st) *bytes = k.workspace;
-  return st;
-}
-
 /* The per-row inputs every backward kernel's arguments share (the host kernel, the portable dz,
  * linear_logprob_bwd_sm90), set from rlk_linear_logprob_backward's locals in one place. */
-#define LL_BWD_ROW_INPUTS(x)                                                                    \
-  do {                                                                                          \
-    (x).labels = labels, (x).label_stride = k.ls, (x).V = V, (x).ignore_index = a->ignore_index; \
-    (x).lse = lse, (x).lse_s = k.lse_s, (x).g_lp = glp, (x).glp_s = k.glp_s;                    \
-    (x).entropy = ent, (x).ent_s = k.ent_s, (x).g_ent = gent, (x).gent_s = k.gent_s;            \
-    (x).status = status, (x).vocab_start = a->vocab_start;                                      \
-    (x).temperature = a->temperature, (x).shard = a->shard;                                     \
+#define LL_BWD_ROW_INPUTS(x)                                                                         \
+  do {                                                                                               \
+    (x).labels = labels, (x).label_stride = k->h.ls, (x).V = V, (x).ignore_index = a->ignore_index;  \
+    (x).lse = lse, (x).lse_s = k->lse_s, (x).g_lp = glp, (x).glp_s = k->glp_s;                       \
+    (x).entropy = ent, (x).ent_s = k->ent_s, (x).g_ent = gent, (x).gent_s = k->gent_s;               \
+    (x).status = status, (x).vocab_start = a->vocab_start;                                           \
+    (x).temperature = a->temperature, (x).shard = a->shard;                                          \
   } while (0)
 
 /* grad_hidden (+)= the f32 sum dh of the workspace. */
@@ -840,43 +817,25 @@ static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *sp
   return rlk_context_launch(ctx, spec, &d, stream, args);
 }
 
-RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
-                                               void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: args is NULL");
-  ll_bwd_call k;
-  rlk_status st = ll_bwd_prepare(ctx, a, &k);
-  if (st) return st;
-  if (k.workspace) {
-    if (!a->workspace || a->workspace_bytes < k.workspace)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "workspace: %zu bytes given, rlk_linear_logprob_backward_workspace_size says %zu",
-                       a->workspace ? a->workspace_bytes : (size_t)0, k.workspace);
-    if ((uintptr_t)a->workspace % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
+/* The chunks of the vocabulary in order: dz of the chunk (recomputed logits), the f32 sum of
+ * grad_hidden, grad_weight's rows of the chunk; then a 16-bit grad_hidden from its sum. The host's
+ * one fp64 kernel. */
+static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_linear_logprob_backward_args *a = args;
+  const ll_bwd_call *k = (const ll_bwd_call *)call;
+  rlk_status st;
+  if (rlk_record_enabled() && (k->c.gh == 0 || k->c.gw == 0) && (k->c.gh > 0 || k->c.gw > 0)) {
+    rlk_op_values same = call->vals;
+    same.v[LL_S_GRAD] = 1;
+    rlk_record_op(&rlk_op_linear_logprob, &same);
   }
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_linear_logprob_backward_args, hidden),       RLK_ARG_IN(rlk_linear_logprob_backward_args, weight),
-      RLK_ARG_IN(rlk_linear_logprob_backward_args, labels),       RLK_ARG_IN(rlk_linear_logprob_backward_args, lse),
-      RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_logp),    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_entropy),
-      RLK_ARG_IN(rlk_linear_logprob_backward_args, entropy),      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_hidden),
-      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, k.workspace ? a->workspace_bytes : 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_linear_logprob_backward"))) return st;
-  if (rlk_record_enabled()) {
-    /* one line per gradient dtype the call writes (grad_hidden and grad_weight may differ) */
-    const int f32 = k.c.gh == 0 || k.c.gw == 0, same = k.c.gh > 0 || k.c.gw > 0;
-    if (f32) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 0, RLK_LINEAR_LOGPROB_AUTO, 0);
-    if (same) ll_record(1, a->hidden.dtype, a->labels.dtype, k.c.entropy, 1, RLK_LINEAR_LOGPROB_AUTO, 0);
-  }
-  rlk_kernel_spec specs[4];
-  size_t nspecs = 0;
-  if ((st = ll_bwd_specs(ctx, &k.c, specs, &nspecs))) return st;
-
+  const rlk_kernel_spec *specs = call->specs;
+  const size_t nspecs = call->nspecs;
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
-  const int64_t N = k.N, V = k.V, H = k.H;
+  const int64_t N = k->h.N, V = k->h.V, H = k->h.H;
   const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
               *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
-  if (!k.c.entropy) ent = NULL;
+  if (!k->c.entropy) ent = NULL;
   void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
   int *status = (int *)a->status.data;
 
@@ -884,38 +843,38 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     ll_bwd_host_args h = {0};
     LL_BWD_ROW_INPUTS(h);
     h.hidden = hidden;
-    h.h_stride = k.hs;
+    h.h_stride = k->h.hs;
     h.weight = weight;
-    h.w_stride = k.ws;
+    h.w_stride = k->h.ws;
     h.N = N;
     h.H = H;
     h.grad_hidden = gh;
-    h.gh_stride = k.ghs;
+    h.gh_stride = k->ghs;
     h.grad_weight = gw;
-    h.gw_stride = k.gws;
+    h.gw_stride = k->gws;
     h.accumulate = a->accumulate;
-    void *args[] = {&h};
+    void *params[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
-    return rlk_context_launch(ctx, &specs[0], &d, stream, args);
+    return rlk_context_launch(ctx, &specs[0], &d, stream, params);
   }
   /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
    * when accumulating), or the workspace's (rows of H, converted by dh_out at the end) */
-  const int dh_direct = k.c.gh == 0;
+  const int dh_direct = k->c.gh == 0;
   float *dh = !gh ? NULL : dh_direct ? (float *)gh : (float *)a->workspace;
-  const int64_t dhs = dh_direct ? k.ghs : H;
+  const int64_t dhs = dh_direct ? k->ghs : H;
   const int dh_add_first = dh_direct && a->accumulate;
-  float *dz = (float *)((char *)a->workspace + k.dh_bytes);
+  float *dz = (float *)((char *)a->workspace + k->dh_bytes);
   const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh && !dh_direct ? &specs[2] : NULL,
                         *s_dw = gw ? &specs[nspecs - 1] : NULL;
-  const int64_t Vc = k.chunk;
-  if (k.c.sm90) {
+  const int64_t Vc = k->chunk;
+  if (k->c.sm90) {
     const rlk_dtype dt = a->hidden.dtype;
     _Alignas(64) unsigned char m_hk[128], m_wk[128], m_wmn[128], m_hmn[128], m_zk[128], m_zmn[128], m_dh[128],
         m_gw[128];
-    const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k.hs, LL_BWD_SM90_BM),
-                               r_wk = ll_tma_req(weight, dt, V, H, k.ws, LL_BWD_SM90_BN),
-                               r_wmn = ll_tma_req(weight, dt, V, H, k.ws, 64),
-                               r_hmn = ll_tma_req(hidden, dt, N, H, k.hs, 64);
+    const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k->h.hs, LL_BWD_SM90_BM),
+                               r_wk = ll_tma_req(weight, dt, V, H, k->h.ws, LL_BWD_SM90_BN),
+                               r_wmn = ll_tma_req(weight, dt, V, H, k->h.ws, 64),
+                               r_hmn = ll_tma_req(hidden, dt, N, H, k->h.hs, 64);
     if ((st = rlk_context_tensor_map(ctx, &r_hk, m_hk)) ||
         (st = rlk_context_tensor_map(ctx, &r_wk, m_wk)) ||
         (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, m_wmn))) ||
@@ -924,11 +883,11 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     /* dh's sum and grad_weight leave through shared staging and TMA where a map describes them */
     const rlk_tma_desc_request r_dh = ll_tma_req_f32(dh, N, H, dhs);
     /* a 16-bit grad_weight that is added to keeps the register path */
-    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k.c.gw == 0 || !a->accumulate);
+    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k->c.gw == 0 || !a->accumulate);
     if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, m_dh))) return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
-    g.group = k.group;
+    g.group = k->group;
     for (int64_t c0 = 0; c0 < V; c0 += Vc) {
       const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
       g.c0 = c0;
@@ -953,18 +912,18 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       if (s_dw) {
         /* this chunk's rows of grad_weight: a map of their own */
         const rlk_tma_desc_request r_gw =
-            k.c.gw == 0 ? ll_tma_req_f32((float *)gw + c0 * k.gws, nv, H, k.gws)
-                        : ll_tma_req((uint16_t *)gw + c0 * k.gws, a->grad_weight.dtype, nv, H, k.gws, 64);
+            k->c.gw == 0 ? ll_tma_req_f32((float *)gw + c0 * k->gws, nv, H, k->gws)
+                        : ll_tma_req((uint16_t *)gw + c0 * k->gws, a->grad_weight.dtype, nv, H, k->gws, 64);
         g.staged = gw_staged && ll_tma_ok(&r_gw);
         if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
-        g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k.gws, g.accumulate = a->accumulate;
+        g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k->gws, g.accumulate = a->accumulate;
         void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, m_zmn, &g};
         if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
                                      stream)))
           return st;
       }
     }
-    return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;
+    return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
   }
   const uint64_t rb = (uint64_t)((N + LL_BWD_TILE - 1) / LL_BWD_TILE);
   const uint64_t hb = (uint64_t)((H + LL_BWD_TILE - 1) / LL_BWD_TILE);
@@ -974,9 +933,9 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
     ll_bwd_dz_args z = {0};
     LL_BWD_ROW_INPUTS(z);
     z.hidden = hidden;
-    z.h_stride = k.hs;
+    z.h_stride = k->h.hs;
     z.weight = weight;
-    z.w_stride = k.ws;
+    z.w_stride = k->h.ws;
     z.N = N;
     z.H = H;
     z.c0 = c0;
@@ -991,7 +950,7 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       h.Vc = Vc;
       h.nv = nv;
       h.weight = weight;
-      h.w_stride = k.ws;
+      h.w_stride = k->h.ws;
       h.c0 = c0;
       h.N = N;
       h.H = H;
@@ -1008,19 +967,44 @@ RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linea
       w.Vc = Vc;
       w.nv = nv;
       w.hidden = hidden;
-      w.h_stride = k.hs;
+      w.h_stride = k->h.hs;
       w.c0 = c0;
       w.N = N;
       w.H = H;
       w.grad_weight = gw;
-      w.gw_stride = k.gws;
+      w.gw_stride = k->gws;
       w.accumulate = a->accumulate;
       void *wargs[] = {&w};
       d = ll_dims(vb, hb, LL_TILED_THREADS, 0);
       if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
     }
   }
-  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k.ghs, a->accumulate, stream) : RLK_OK;
+  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
+}
+
+static const rlk_arg_field ll_bwd_fields[] = {
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, hidden),       RLK_ARG_IN(rlk_linear_logprob_backward_args, weight),
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, labels),       RLK_ARG_IN(rlk_linear_logprob_backward_args, lse),
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_logp),    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_entropy),
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, entropy),      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_hidden),
+    RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status)};
+
+static const rlk_op_entry ll_bwd_entry = {
+    .name = "rlk_linear_logprob_backward", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_bwd_call),
+    RLK_OP_FIELDS(ll_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_logprob_backward_args, 16),
+    .validate = ll_bwd_validate, .launch = ll_bwd_launch};
+
+RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
+                                                              const rlk_linear_logprob_backward_args *args,
+                                                              size_t *bytes) {
+  ll_bwd_call k;
+  return rlk_op_workspace_size(&ll_bwd_entry, ctx, args, &k.op, bytes);
+}
+
+RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
+                                               void *stream) {
+  ll_bwd_call k;
+  return rlk_op_run(&ll_bwd_entry, ctx, a, &k.op, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -1158,9 +1142,13 @@ static rlk_status ll_stored_u_maps(rlk_context *ctx, const rlk_ll_stored *s, con
 rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_t r0, int64_t n, void *stream) {
   ll_stored_chunk c;
   ll_stored_chunk_of(s, r0, &c);
-  if (r0 == 0 && rlk_record_enabled())
-    ll_record(3, s->hidden.dtype, s->labels.dtype, s->entropy,
-              s->grad_hidden.data && s->grad_hidden.dtype != RLK_F32, RLK_LINEAR_LOGPROB_AUTO, 0);
+  if (r0 == 0 && rlk_record_enabled()) {
+    rlk_op_values line;
+    rlk_op_values_init(&rlk_op_linear_logprob, &line);
+    ll_line(&line, 3, s->hidden.dtype, s->labels.dtype, s->entropy,
+            s->grad_hidden.data && s->grad_hidden.dtype != RLK_F32, RLK_LINEAR_LOGPROB_AUTO, 0);
+    rlk_record_op(&rlk_op_linear_logprob, &line);
+  }
   const rlk_dtype dt = s->hidden.dtype;
   const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
   const int tr = s->ksplit > 0;
@@ -1345,10 +1333,6 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
 static const char *const ll_pass_names[] = {"fwd", "bwd", "both", "chunks", NULL};
 static const char *const ll_grad_line_names[] = {"f32", "same", NULL};
 
-enum {
-  LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK,
-  LL_S_GROUP, LL_S_HIDDEN_SIZE, LL_S_VOCAB, LL_S_TOKENS, LL_NSETTINGS
-};
 
 #define LL_KEY_DOC "a tuning key's (with hidden_size, vocab and tokens)"
 
@@ -1379,17 +1363,15 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
                                 "tuning database's winner for them on this context"),
 };
 
-static void ll_record(int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad, int variant, int stages) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_linear_logprob, &s);
-  rlk_op_values_set(&s, LL_S_PASS, pass);
-  rlk_op_values_set(&s, LL_S_HIDDEN, hidden);
-  rlk_op_values_set(&s, LL_S_LABELS, labels);
-  rlk_op_values_set(&s, LL_S_ENTROPY, entropy);
-  rlk_op_values_set(&s, LL_S_GRAD, grad);
-  rlk_op_values_set(&s, LL_S_VARIANT, variant);
-  if (stages && stages != LL_SM90_STAGES) rlk_op_values_set(&s, LL_S_STAGES, stages);
-  rlk_record_op(&rlk_op_linear_logprob, &s);
+static void ll_line(rlk_op_values *v, int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad,
+                    int variant, int stages) {
+  rlk_op_values_set(v, LL_S_PASS, pass);
+  rlk_op_values_set(v, LL_S_HIDDEN, hidden);
+  rlk_op_values_set(v, LL_S_LABELS, labels);
+  rlk_op_values_set(v, LL_S_ENTROPY, entropy);
+  rlk_op_values_set(v, LL_S_GRAD, grad);
+  rlk_op_values_set(v, LL_S_VARIANT, variant);
+  if (stages && stages != LL_SM90_STAGES) rlk_op_values_set(v, LL_S_STAGES, stages);
 }
 
 /* ---- tuning ---- */
@@ -1482,37 +1464,33 @@ static rlk_status ll_tune_key(const rlk_op_values *s, char *shape, size_t size, 
 
 static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                           size_t *nspecs) {
-  ll_config c;
-  memset(&c, 0, sizeof c);
-  c.hidden = s->v[LL_S_HIDDEN] == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
-  c.labels = (rlk_dtype)s->v[LL_S_LABELS];
-  c.entropy = (int)s->v[LL_S_ENTROPY];
-  c.variant = (int)s->v[LL_S_VARIANT];
-  c.tma_ok = 1;
-  c.stages = (int)s->v[LL_S_STAGES];
+  const int64_t hidden = ll_dt_code(s->v[LL_S_HIDDEN]), labels = s->v[LL_S_LABELS], entropy = s->v[LL_S_ENTROPY];
+  const int tiled = s->v[LL_S_VARIANT] == RLK_LINEAR_LOGPROB_TILED;
+  rlk_op_values f = *s; /* the forward's configuration: with a key and no tuning, the winner's stages */
   if (ll_line_key(s) && !ll_line_tuning_given(s) && s->v[LL_S_PASS] == 0) {
-    int splits = 0;
-    ll_tuned_fwd(ctx, (rlk_dtype)s->v[LL_S_HIDDEN], c.labels, c.entropy, s->v[LL_S_HIDDEN_SIZE], s->v[LL_S_VOCAB],
-                 s->v[LL_S_TOKENS], &c.stages, &splits);
+    int stages = 0, splits = 0;
+    ll_tuned_fwd(ctx, (rlk_dtype)s->v[LL_S_HIDDEN], (rlk_dtype)labels, (int)entropy, s->v[LL_S_HIDDEN_SIZE],
+                 s->v[LL_S_VOCAB], s->v[LL_S_TOKENS], &stages, &splits);
+    f.v[LL_S_STAGES] = stages;
   }
   int pass = (int)s->v[LL_S_PASS]; /* 0 fwd, 1 bwd, 2 both, 3 chunks */
   const int grad_same = s->v[LL_S_GRAD] == 1;
   size_t n = 0;
   rlk_status st;
   if (pass == 3) {
-    if (ll_wgmma_target(ctx) && c.variant != RLK_LINEAR_LOGPROB_TILED) {
+    if (ll_wgmma_target(ctx) && !tiled) {
       /* rlk_ll_stored_logits's and _grads's, row-major chunks and u^T over grad_weight: grad
        * names grad_hidden's dtype (grad_weight is f32, its slices dh-kind products) */
       const rlk_kernel_spec k[9] = {
-          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, c.hidden, c.labels, c.entropy, 0}},
-          {&ll_stored_combine_tmpl, {c.labels, c.entropy}},
-          {&ll_stored_dz_tmpl, {c.hidden, c.labels, c.entropy}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c.hidden, RLK_I32, 0, grad_same ? c.hidden : 0}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_DW, c.hidden, RLK_I32, 0, 0}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS_T, c.hidden, c.labels, c.entropy, 0}},
-          {&ll_stored_dz_t_tmpl, {c.hidden, c.labels, c.entropy}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_DH_T, c.hidden, RLK_I32, 0, grad_same ? c.hidden : 0}},
-          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, c.hidden, RLK_I32, 0, 0}}};
+          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, hidden, labels, entropy, 0}},
+          {&ll_stored_combine_tmpl, {labels, entropy}},
+          {&ll_stored_dz_tmpl, {hidden, labels, entropy}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hidden, RLK_I32, 0, grad_same ? hidden : 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hidden, RLK_I32, 0, 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS_T, hidden, labels, entropy, 0}},
+          {&ll_stored_dz_t_tmpl, {hidden, labels, entropy}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH_T, hidden, RLK_I32, 0, grad_same ? hidden : 0}},
+          {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hidden, RLK_I32, 0, 0}}};
       const size_t nk = grad_same ? 9 : 8; /* f32 dh is the slices' kernel already */
       for (size_t i = 0; i < nk; i++) {
         if ((st = rlk_spec_validate(&k[i]))) return st;
@@ -1524,10 +1502,10 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     pass = 2;
   }
   if (pass != 0) {
-    const int g = grad_same ? c.hidden : 0;
+    const int g = grad_same ? (int)hidden : 0;
     /* sm_90a: the wgmma kernels, then the portable ones that a call without tensor maps runs */
-    const int sm90 = ll_wgmma_target(ctx) && c.variant != RLK_LINEAR_LOGPROB_TILED;
-    ll_bwd_config b = {c.hidden, c.labels, c.entropy, g, g, sm90};
+    const int sm90 = ll_wgmma_target(ctx) && !tiled;
+    ll_bwd_config b = {(int)hidden, (rlk_dtype)labels, (int)entropy, g, g, sm90};
     size_t nb = 0;
     if ((st = ll_bwd_specs(ctx, &b, specs, &nb))) return st;
     n = nb;
@@ -1542,15 +1520,13 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     }
   }
   ll_choice ch;
-  if ((st = ll_select(ctx, &c, &ch))) return st;
+  if ((st = ll_select(ctx, &f, 1, &ch))) return st;
   specs[n++] = ch.gemm;
   if (ctx->kind != RLK_BACKEND_HOST) {
     if (ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
       /* a call whose tensors no tensor map can describe runs the tiled kernel */
-      ll_config f = c;
-      f.tma_ok = 0;
       ll_choice fb;
-      if ((st = ll_select(ctx, &f, &fb))) return st;
+      if ((st = ll_select(ctx, &f, 0, &fb))) return st;
       specs[n++] = fb.gemm;
     }
     specs[n++] = ch.combine;

@@ -35,7 +35,6 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
-#include "runtime/record.h"
 #include "tune/tune_db.h"
 #include "tune/tune_table.h"
 #include "common/prefix_attention_params.h"
@@ -144,12 +143,12 @@ static size_t pa_sm90_dq_smem(int D, int stages) {
 /* Selection (shared by calls and precompiling)                                        */
 /* ---------------------------------------------------------------------------------- */
 
-typedef struct pa_config {
-  int dtype;   /* PA_DT_* */
-  int D;       /* 64 or 128 */
-  int unaligned; /* a tensor is not 16-byte aligned: the mma kernels' 16-byte copies cannot run */
-  rlk_prefix_attention_tuning tuning; /* what is asked for (0: the default) */
-} pa_config;
+/* The settings of a configuration line (the table is with the plan, below): what the selection
+ * reads. */
+enum {
+  PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_S_FWD_STAGES, PA_S_DKDV_STAGES, PA_S_DQ_STAGES,
+  PA_S_Q_HEADS, PA_S_KV_HEADS, PA_S_GROUP, PA_S_PREFIX, PA_S_RESPONSE, PA_S_TOKENS, PA_NSETTINGS
+};
 
 typedef struct pa_plan {
   int variant; /* the forward that runs: PA_VARIANT_PORTABLE, _MMA or _WGMMA (the host: PORTABLE) */
@@ -180,24 +179,27 @@ static int pa_env_override(void) {
   return v;
 }
 
-static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, const pa_config *c, int stages) {
+static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, int64_t dtype, int64_t D, int stages) {
   memset(s, 0, sizeof *s);
   s->tmpl = t;
-  s->values[0] = c->dtype;
-  s->values[1] = c->D;
+  s->values[0] = dtype;
+  s->values[1] = D;
   if (t->nparams > 2) s->values[2] = stages; /* the sm_90a kernels' ring (pa_sm90_params) */
 }
 
 /* An sm_90a ring's depth: the one asked for when it is 2..4 and fits, else the default. */
-static int pa_stages(int asked, int def, int D, size_t (*smem)(int D, int stages)) {
-  return asked >= 2 && asked <= 4 && smem(D, asked) <= PA_SM90_SMEM_MAX ? asked : def;
+static int pa_stages(int64_t asked, int def, int D, size_t (*smem)(int D, int stages)) {
+  return asked >= 2 && asked <= 4 && smem(D, (int)asked) <= PA_SM90_SMEM_MAX ? (int)asked : def;
 }
 
-static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan *p) {
+/* The kernels of a configuration (dtype, head_dim, variant and ring depths asked for; unaligned:
+ * a tensor is not 16-byte aligned, so the mma kernels' 16-byte copies cannot run). */
+static rlk_status pa_select(const rlk_context *ctx, const rlk_op_values *s, int unaligned, pa_plan *p) {
   memset(p, 0, sizeof *p);
-  int variant = c->tuning.variant ? (int)c->tuning.variant : pa_env_override();
+  const int64_t dtype = s->v[PA_S_DTYPE], D = s->v[PA_S_HEAD_DIM] ? 128 : 64;
+  int variant = s->v[PA_S_VARIANT] ? (int)s->v[PA_S_VARIANT] : pa_env_override();
   /* 16-byte aligned tensors: the mma kernels' 16-byte copies, the tensor maps of wgmma's */
-  const int mma_ok = ctx->kind != RLK_BACKEND_HOST && rlk_target_cuda_sm(&ctx->target) >= 80 && !c->unaligned;
+  const int mma_ok = ctx->kind != RLK_BACKEND_HOST && rlk_target_cuda_sm(&ctx->target) >= 80 && !unaligned;
   const int wgmma_ok = mma_ok && ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
   if (ctx->kind == RLK_BACKEND_HOST)
     variant = PA_VARIANT_PORTABLE;
@@ -215,18 +217,19 @@ static rlk_status pa_select(const rlk_context *ctx, const pa_config *c, pa_plan 
   p->variant = variant;
   p->tiled = variant != PA_VARIANT_PORTABLE;
   if (variant == PA_VARIANT_WGMMA) {
-    p->fwd_stages = pa_stages(c->tuning.fwd_stages, PA_SM90_STAGES, c->D, pa_sm90_smem);
-    p->dkdv_stages = pa_stages(c->tuning.dkdv_stages, PA_SM90_DKDV_STAGES, c->D, pa_sm90_dkdv_smem);
-    p->dq_stages = pa_stages(c->tuning.dq_stages, PA_SM90_DQ_STAGES, c->D, pa_sm90_dq_smem);
+    p->fwd_stages = pa_stages(s->v[PA_S_FWD_STAGES], PA_SM90_STAGES, (int)D, pa_sm90_smem);
+    p->dkdv_stages = pa_stages(s->v[PA_S_DKDV_STAGES], PA_SM90_DKDV_STAGES, (int)D, pa_sm90_dkdv_smem);
+    p->dq_stages = pa_stages(s->v[PA_S_DQ_STAGES], PA_SM90_DQ_STAGES, (int)D, pa_sm90_dq_smem);
   }
   const int wg = variant == PA_VARIANT_WGMMA;
-  pa_spec(&p->fwd, wg ? &pa_fwd_sm90_tmpl : variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, c,
+  pa_spec(&p->fwd, wg ? &pa_fwd_sm90_tmpl : variant == PA_VARIANT_MMA ? &pa_fwd_mma_tmpl : &pa_fwd_tmpl, dtype, D,
           p->fwd_stages);
-  pa_spec(&p->prep, &pa_prep_tmpl, c, 0);
-  pa_spec(&p->dkdv, wg ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, c, p->dkdv_stages);
-  pa_spec(&p->reduce, &pa_reduce_tmpl, c, 0);
-  pa_spec(&p->dq, wg ? &pa_dq_sm90_tmpl : p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, c, p->dq_stages);
-  pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, c, 0);
+  pa_spec(&p->prep, &pa_prep_tmpl, dtype, D, 0);
+  pa_spec(&p->dkdv, wg ? &pa_dkdv_sm90_tmpl : p->tiled ? &pa_dkdv_mma_tmpl : &pa_dkdv_tmpl, dtype, D,
+          p->dkdv_stages);
+  pa_spec(&p->reduce, &pa_reduce_tmpl, dtype, D, 0);
+  pa_spec(&p->dq, wg ? &pa_dq_sm90_tmpl : p->tiled ? &pa_dq_mma_tmpl : &pa_dq_tmpl, dtype, D, p->dq_stages);
+  pa_spec(&p->bwd_host, &pa_bwd_host_tmpl, dtype, D, 0);
   return rlk_spec_validate(&p->fwd);
 }
 
@@ -438,8 +441,7 @@ static float pa_scale(float scale, int64_t D) { return scale > 0.0f ? scale : (f
 /* The calls                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static void pa_record(int pass, const pa_config *c, const pa_plan *p);
-static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, pa_config *c);
+static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, rlk_op_values *s);
 static pa_tune_problem pa_call_problem(const pa_shape *s);
 
 /* The tensor maps of the sm_90a kernels: q (and grad_out when given) as [T, Hq * D] in boxes of
@@ -467,71 +469,147 @@ RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backwa
   if (args) memset(args, 0, sizeof *args);
 }
 
-RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *a, void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention: args is NULL");
+/* A call of either pass: its shape, its kernels and the argument every one of them takes. */
+typedef struct pa_call {
+  rlk_op_call op;
   pa_shape s;
-  rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, &s);
-  if (st) return st;
-  if ((st = pa_check_like(&a->out, "out", s.dtype, 3, s.T, s.Hq, s.D))) return st;
-  if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s.T, s.Hq, 0))) return st;
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_prefix_attention_args, q), RLK_ARG_IN(rlk_prefix_attention_args, k),
-      RLK_ARG_IN(rlk_prefix_attention_args, v), RLK_ARG_OUT(rlk_prefix_attention_args, out),
-      RLK_ARG_OUT(rlk_prefix_attention_args, lse)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, NULL, 0))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention"))) return st;
-
-  const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
-  if ((st = pa_check_tuning(&a->tuning))) return st;
-  pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, pa_unaligned(ptrs, 4), a->tuning};
-  const pa_tune_problem t = pa_call_problem(&s);
-  pa_tuned(ctx, PA_PASS_FWD, &t, &c);
   pa_plan p;
-  if ((st = pa_select(ctx, &c, &p))) return st;
-  if (rlk_record_enabled()) pa_record(PA_PASS_FWD, &c, &p);
-  pa_fwd_args f = {0};
-  f.q = a->q.data;
-  f.k = a->k.data;
-  f.v = a->v.data;
-  f.seq = s.seq;
-  f.grp = s.grp;
-  f.P = s.P;
-  f.T = s.T;
-  f.out = a->out.data;
-  f.lse = (float *)a->lse.data;
-  f.Hq = (int32_t)s.Hq;
-  f.Hkv = (int32_t)s.Hkv;
-  f.scale = pa_scale(a->scale, s.D);
-  if (p.tiled && s.P > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
-                     (long long)s.P);
-  if (p.variant == PA_VARIANT_WGMMA) {
-    _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
-    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, NULL, PA_SM90_BN, maps))) return st;
-    /* the tensor maps are parameters of their own ahead of the struct (read by TMA where they
-     * lie in parameter space) */
-    void *margs[] = {maps[0], maps[1], maps[2], &f};
-    rlk_launch_dims d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
-                                pa_sm90_smem((int)s.D, p.fwd_stages));
-    return rlk_context_launch(ctx, &p.fwd, &d, stream, margs);
+  union {
+    pa_fwd_args f;
+    pa_bwd_args b;
+  } k;
+} pa_call;
+
+/* The kernels of a call's pass: the configuration asked for (call->vals; with none, the tuning
+ * database's winner for the call's problem), then as the line of what runs (the variant, a ring
+ * depth that is not the default): unaligned tensors run the portable kernels whatever was asked. */
+static rlk_status pa_choose(const rlk_context *ctx, pa_call *c, int pass, int unaligned) {
+  rlk_op_values asked = c->op.vals;
+  const pa_tune_problem t = pa_call_problem(&c->s);
+  pa_tuned(ctx, pass, &t, &asked);
+  rlk_status st = pa_select(ctx, &asked, unaligned, &c->p);
+  if (!st && pass == PA_PASS_BWD && c->p.variant == PA_VARIANT_WGMMA && c->s.tiles[1] > 65535) {
+    /* the sm_90a dk/dv grid has key tiles in y (65535 at most); the mma kernels have them in x */
+    asked.v[PA_S_VARIANT] = PA_VARIANT_MMA;
+    st = pa_select(ctx, &asked, unaligned, &c->p);
   }
-  void *kargs[] = {&f};
+  if (st) return st;
+  rlk_op_values *v = &c->op.vals;
+  rlk_op_values_init(&rlk_op_prefix_attention, v);
+  rlk_op_values_set(v, PA_S_PASS, pass);
+  rlk_op_values_set(v, PA_S_DTYPE, asked.v[PA_S_DTYPE]);
+  rlk_op_values_set(v, PA_S_HEAD_DIM, asked.v[PA_S_HEAD_DIM]);
+  rlk_op_values_set(v, PA_S_VARIANT, c->p.variant);
+  if (c->p.variant == PA_VARIANT_WGMMA) {
+    if (pass == PA_PASS_FWD && c->p.fwd_stages != PA_SM90_STAGES) rlk_op_values_set(v, PA_S_FWD_STAGES, c->p.fwd_stages);
+    if (pass == PA_PASS_BWD && c->p.dkdv_stages != PA_SM90_DKDV_STAGES)
+      rlk_op_values_set(v, PA_S_DKDV_STAGES, c->p.dkdv_stages);
+    if (pass == PA_PASS_BWD && c->p.dq_stages != PA_SM90_DQ_STAGES) rlk_op_values_set(v, PA_S_DQ_STAGES, c->p.dq_stages);
+  }
+  return RLK_OK;
+}
+
+/* The configuration a call asks for: its dtype, head dim and tuning (checked first). */
+static rlk_status pa_asked(rlk_op_values *v, int pass, const pa_shape *s, const rlk_prefix_attention_tuning *t) {
+  rlk_status st = pa_check_tuning(t);
+  if (st) return st;
+  rlk_op_values_set(v, PA_S_PASS, pass);
+  rlk_op_values_set(v, PA_S_DTYPE, s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16);
+  rlk_op_values_set(v, PA_S_HEAD_DIM, s->D == 128);
+  rlk_op_values_set(v, PA_S_VARIANT, t->variant);
+  rlk_op_values_set(v, PA_S_FWD_STAGES, t->fwd_stages);
+  rlk_op_values_set(v, PA_S_DKDV_STAGES, t->dkdv_stages);
+  rlk_op_values_set(v, PA_S_DQ_STAGES, t->dq_stages);
+  return RLK_OK;
+}
+
+static rlk_status pa_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_prefix_attention_args *a = args;
+  pa_call *c = (pa_call *)call;
+  pa_shape *s = &c->s;
+  rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, s);
+  if (st) return st;
+  if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
+  if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s->T, s->Hq, 0))) return st;
+  if ((st = pa_asked(&call->vals, PA_PASS_FWD, s, &a->tuning))) return st;
+  pa_fwd_args *f = &c->k.f;
+  f->q = a->q.data;
+  f->k = a->k.data;
+  f->v = a->v.data;
+  f->seq = s->seq;
+  f->grp = s->grp;
+  f->P = s->P;
+  f->T = s->T;
+  f->out = a->out.data;
+  f->lse = (float *)a->lse.data;
+  f->Hq = (int32_t)s->Hq;
+  f->Hkv = (int32_t)s->Hkv;
+  f->scale = pa_scale(a->scale, s->D);
+  return RLK_OK;
+}
+
+static rlk_status pa_fwd_select(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_prefix_attention_args *a = args;
+  const void *const ptrs[] = {a->q.data, a->k.data, a->v.data, a->out.data};
+  pa_call *c = (pa_call *)call;
+  rlk_status st = pa_choose(ctx, c, PA_PASS_FWD, pa_unaligned(ptrs, 4));
+  if (st) return st;
+  if (c->p.tiled && c->s.P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
+                     (long long)c->s.P);
+  call->specs[0] = c->p.fwd;
+  call->nspecs = 1;
+  return RLK_OK;
+}
+
+/* The sm_90a forward takes its tensor maps as parameters of their own ahead of the struct (read
+ * by TMA where they lie in parameter space). */
+static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_prefix_attention_args *a = args;
+  pa_call *c = (pa_call *)call;
+  const pa_shape *s = &c->s;
+  const pa_plan *p = &c->p;
+  rlk_status st;
+  if (p->variant == PA_VARIANT_WGMMA) {
+    _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
+    if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, NULL, PA_SM90_BN, maps))) return st;
+    void *margs[] = {maps[0], maps[1], maps[2], &c->k.f};
+    rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
+                                pa_sm90_smem((int)s->D, p->fwd_stages));
+    return rlk_context_launch(ctx, &p->fwd, &d, stream, margs);
+  }
+  void *kargs[] = {&c->k.f};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
     d = pa_dims(1, 1, 1, 1, 0);
-  else if (p.variant == PA_VARIANT_MMA)
-    d = pa_dims((uint64_t)s.tiles[0], (uint64_t)s.P, (uint64_t)s.Hq,
-                PA_MMA_THREADS, pa_fwd_smem((int)s.D));
+  else if (p->variant == PA_VARIANT_MMA)
+    d = pa_dims((uint64_t)s->tiles[0], (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_fwd_smem((int)s->D));
   else
-    d = pa_dims((uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s.Hq, 1,
+    d = pa_dims((uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s->Hq, 1,
                 PA_PORTABLE_WARPS * pa_warp(ctx), 0);
-  return rlk_context_launch(ctx, &p.fwd, &d, stream, kargs);
+  return rlk_context_launch(ctx, &p->fwd, &d, stream, kargs);
 }
 
-/* Checks a backward call; writes its shape, the kernels that run it and the workspace they need. */
-static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_attention_backward_args *a, pa_shape *s,
-                                    pa_plan *p, size_t *need) {
+static const rlk_arg_field pa_fwd_fields[] = {
+    RLK_ARG_IN(rlk_prefix_attention_args, q), RLK_ARG_IN(rlk_prefix_attention_args, k),
+    RLK_ARG_IN(rlk_prefix_attention_args, v), RLK_ARG_OUT(rlk_prefix_attention_args, out),
+    RLK_ARG_OUT(rlk_prefix_attention_args, lse)};
+
+static const rlk_op_entry pa_fwd_entry = {
+    .name = "rlk_prefix_attention", .op = &rlk_op_prefix_attention, .call_size = sizeof(pa_call),
+    RLK_OP_FIELDS(pa_fwd_fields), .validate = pa_fwd_validate, .select = pa_fwd_select, .launch = pa_fwd_launch};
+
+RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *a, void *stream) {
+  pa_call c;
+  return rlk_op_run(&pa_fwd_entry, ctx, a, &c.op, stream);
+}
+
+/* A backward call: its shape, the kernels that run it (they size the workspace) and their
+ * argument. */
+static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_prefix_attention_backward_args *a = args;
+  pa_call *c = (pa_call *)call;
+  pa_shape *s = &c->s;
   rlk_status st = pa_check_inputs(ctx, &a->q, &a->k, &a->v, &a->layout, a->scale, s);
   if (st) return st;
   if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
@@ -541,131 +619,117 @@ static rlk_status pa_check_backward(const rlk_context *ctx, const rlk_prefix_att
   if ((st = pa_check_like(&a->grad_k, "grad_k", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
   if ((st = pa_check_like(&a->grad_v, "grad_v", s->dtype, 3, s->T, s->Hkv, s->D))) return st;
   const void *const ptrs[] = {a->q.data,        a->k.data,      a->v.data,      a->out.data,
-                               a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
-  if ((st = pa_check_tuning(&a->tuning))) return st;
-  pa_config c = {s->dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s->D, pa_unaligned(ptrs, 8), a->tuning};
-  const pa_tune_problem t = pa_call_problem(s);
-  pa_tuned(ctx, PA_PASS_BWD, &t, &c);
-  if ((st = pa_select(ctx, &c, p))) return st;
-  if (p->variant == PA_VARIANT_WGMMA && s->tiles[1] > 65535) {
-    /* the sm_90a dk/dv grid has key tiles in y (65535 at most); the mma kernels have them in x */
-    pa_config m = c;
-    m.tuning.variant = RLK_PREFIX_ATTENTION_VARIANT_MMA;
-    if ((st = pa_select(ctx, &m, p))) return st;
-  }
+                              a->grad_out.data, a->grad_q.data, a->grad_k.data, a->grad_v.data};
+  if ((st = pa_asked(&call->vals, PA_PASS_BWD, s, &a->tuning))) return st;
+  if ((st = pa_choose(ctx, c, PA_PASS_BWD, pa_unaligned(ptrs, 8)))) return st;
+  const pa_plan *p = &c->p;
   if (ctx->kind == RLK_BACKEND_HOST) {
-    *need = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
+    call->workspace = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
+    call->specs[call->nspecs++] = p->bwd_host;
   } else {
     /* delta, then with GQA the mma and portable kernels' per-query-head f32 partial dk, dv
      * (pa_partials in the template; the sm_90a dk/dv kernel sums the group's heads itself) */
     const int partials = s->Hq > s->Hkv && p->variant != PA_VARIANT_WGMMA;
-    *need = (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
+    call->workspace =
+        (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
   }
+  pa_bwd_args *b = &c->k.b;
+  b->q = a->q.data;
+  b->k = a->k.data;
+  b->v = a->v.data;
+  b->o = a->out.data;
+  b->dout = a->grad_out.data;
+  b->lse = (const float *)a->lse.data;
+  b->work = a->workspace;
+  b->seq = s->seq;
+  b->grp = s->grp;
+  b->P = s->P;
+  b->T = s->T;
+  b->dq = a->grad_q.data;
+  b->dk = a->grad_k.data;
+  b->dv = a->grad_v.data;
+  b->Hq = (int32_t)s->Hq;
+  b->Hkv = (int32_t)s->Hkv;
+  b->scale = pa_scale(a->scale, s->D);
   return RLK_OK;
 }
+
+/* Every kernel of the backward takes the same argument. The sm_90a one: dq first (it computes
+ * each row's delta on the way and writes it for dk/dv: no prep pass), then dk/dv, a block per
+ * (key head, key tile, prompt); the mma kernels: prep, dk/dv, the GQA reduce, dq. */
+static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_prefix_attention_backward_args *a = args;
+  pa_call *c = (pa_call *)call;
+  const pa_shape *s = &c->s;
+  const pa_plan *p = &c->p;
+  rlk_status st;
+  void *kargs[] = {&c->k.b};
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
+    return rlk_context_launch(ctx, &p->bwd_host, &d, stream, kargs);
+  }
+  if (s->P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
+                     (long long)s->P);
+  if (p->variant == PA_VARIANT_WGMMA) {
+    _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
+    if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
+      return st;
+    void *margs[] = {maps[0], maps[1], maps[2], maps[3], &c->k.b};
+    rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
+                                pa_sm90_dq_smem((int)s->D, p->dq_stages));
+    if ((st = rlk_context_launch(ctx, &p->dq, &d, stream, margs))) return st;
+    if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
+    /* prompts slowest, then key tiles, a prompt's heaviest first (at most 65535 key tiles: pa_choose) */
+    d = pa_dims((uint64_t)s->Hkv, (uint64_t)s->tiles[1], (uint64_t)s->P, PA_SM90_THREADS,
+                pa_sm90_dkdv_smem((int)s->D, p->dkdv_stages));
+    return rlk_context_launch(ctx, &p->dkdv, &d, stream, margs);
+  }
+  const unsigned warp = pa_warp(ctx);
+  const uint64_t rows_per_block = 256 / warp; /* a warp per row */
+  rlk_launch_dims d = pa_dims((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
+  if ((st = rlk_context_launch(ctx, &p->prep, &d, stream, kargs))) return st;
+  if (p->tiled) {
+    const uint64_t tiles = (uint64_t)s->tiles[0];
+    d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s->D));
+    if ((st = rlk_context_launch(ctx, &p->dkdv, &d, stream, kargs))) return st;
+    if (s->Hq > s->Hkv) {
+      d = pa_dims((uint64_t)((s->T * s->Hkv * s->D + 255) / 256), 1, 1, 256, 0);
+      if ((st = rlk_context_launch(ctx, &p->reduce, &d, stream, kargs))) return st;
+    }
+    d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dq_smem((int)s->D));
+    return rlk_context_launch(ctx, &p->dq, &d, stream, kargs);
+  }
+  const uint64_t by = (uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);
+  d = pa_dims(by, (uint64_t)s->Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
+  if ((st = rlk_context_launch(ctx, &p->dkdv, &d, stream, kargs))) return st;
+  d = pa_dims(by, (uint64_t)s->Hq, 1, PA_PORTABLE_WARPS * warp, 0);
+  return rlk_context_launch(ctx, &p->dq, &d, stream, kargs);
+}
+
+static const rlk_arg_field pa_bwd_fields[] = {
+    RLK_ARG_IN(rlk_prefix_attention_backward_args, q),        RLK_ARG_IN(rlk_prefix_attention_backward_args, k),
+    RLK_ARG_IN(rlk_prefix_attention_backward_args, v),        RLK_ARG_IN(rlk_prefix_attention_backward_args, out),
+    RLK_ARG_IN(rlk_prefix_attention_backward_args, lse),      RLK_ARG_IN(rlk_prefix_attention_backward_args, grad_out),
+    RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_q), RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_k),
+    RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_v)};
+
+static const rlk_op_entry pa_bwd_entry = {
+    .name = "rlk_prefix_attention_backward", .op = &rlk_op_prefix_attention, .call_size = sizeof(pa_call),
+    RLK_OP_FIELDS(pa_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_prefix_attention_backward_args, 16),
+    .validate = pa_bwd_validate, .launch = pa_bwd_launch};
 
 RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(rlk_context *ctx,
                                                                 const rlk_prefix_attention_backward_args *args,
                                                                 size_t *bytes) {
-  const char *who = "rlk_prefix_attention_backward_workspace_size";
-  if (bytes) *bytes = 0;
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", who);
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", who);
-  if (!bytes) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", who);
-  pa_shape s;
-  pa_plan p;
-  return pa_check_backward(ctx, args, &s, &p, bytes);
+  pa_call c;
+  return rlk_op_workspace_size(&pa_bwd_entry, ctx, args, &c.op, bytes);
 }
 
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_prefix_attention_backward_args *a,
                                                  void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_prefix_attention_backward: args is NULL");
-  pa_shape s;
-  pa_plan p;
-  size_t need = 0;
-  rlk_status st = pa_check_backward(ctx, a, &s, &p, &need);
-  if (st) return st;
-  if (!a->workspace || a->workspace_bytes < need)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "workspace: %zu bytes at %p, %zu needed (rlk_prefix_attention_backward_workspace_size)",
-                     a->workspace_bytes, a->workspace, need);
-  if ((uintptr_t)a->workspace % 16 != 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_prefix_attention_backward_args, q),        RLK_ARG_IN(rlk_prefix_attention_backward_args, k),
-      RLK_ARG_IN(rlk_prefix_attention_backward_args, v),        RLK_ARG_IN(rlk_prefix_attention_backward_args, out),
-      RLK_ARG_IN(rlk_prefix_attention_backward_args, lse),      RLK_ARG_IN(rlk_prefix_attention_backward_args, grad_out),
-      RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_q), RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_k),
-      RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_v)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, need))) return st;
-  if ((st = rlk_context_require_device(ctx, "rlk_prefix_attention_backward"))) return st;
-  if (rlk_record_enabled()) {
-    const pa_config c = {s.dtype == RLK_BF16 ? PA_DT_BF16 : PA_DT_F16, (int)s.D, 0, {0}};
-    pa_record(PA_PASS_BWD, &c, &p);
-  }
-  pa_bwd_args b = {0};
-  b.q = a->q.data;
-  b.k = a->k.data;
-  b.v = a->v.data;
-  b.o = a->out.data;
-  b.dout = a->grad_out.data;
-  b.lse = (const float *)a->lse.data;
-  b.work = a->workspace;
-  b.seq = s.seq;
-  b.grp = s.grp;
-  b.P = s.P;
-  b.T = s.T;
-  b.dq = a->grad_q.data;
-  b.dk = a->grad_k.data;
-  b.dv = a->grad_v.data;
-  b.Hq = (int32_t)s.Hq;
-  b.Hkv = (int32_t)s.Hkv;
-  b.scale = pa_scale(a->scale, s.D);
-  void *kargs[] = {&b}; /* every kernel of the backward takes the same argument */
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
-    return rlk_context_launch(ctx, &p.bwd_host, &d, stream, kargs);
-  }
-  if (s.P > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
-                     (long long)s.P);
-  if (p.variant == PA_VARIANT_WGMMA) {
-    /* dq first: it computes each row's delta on the way and writes it for dk/dv (no prep pass) */
-    _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
-    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
-      return st;
-    void *margs[] = {maps[0], maps[1], maps[2], maps[3], &b};
-    rlk_launch_dims d = pa_dims((uint64_t)s.tiles[1], (uint64_t)s.P, (uint64_t)s.Hq, PA_SM90_THREADS,
-                                pa_sm90_dq_smem((int)s.D, p.dq_stages));
-    if ((st = rlk_context_launch(ctx, &p.dq, &d, stream, margs))) return st;
-    if ((st = pa_sm90_maps(ctx, &s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
-    /* a block per (key head, key tile, prompt): prompts slowest, then key tiles, a prompt's
-     * heaviest first (at most 65535 key tiles: pa_check_backward) */
-    d = pa_dims((uint64_t)s.Hkv, (uint64_t)s.tiles[1], (uint64_t)s.P, PA_SM90_THREADS,
-                pa_sm90_dkdv_smem((int)s.D, p.dkdv_stages));
-    return rlk_context_launch(ctx, &p.dkdv, &d, stream, margs);
-  }
-  const unsigned warp = pa_warp(ctx);
-  const uint64_t rows_per_block = 256 / warp; /* a warp per row */
-  rlk_launch_dims d = pa_dims((uint64_t)((s.T * s.Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
-  if ((st = rlk_context_launch(ctx, &p.prep, &d, stream, kargs))) return st;
-  if (p.tiled) {
-    const uint64_t tiles = (uint64_t)s.tiles[0];
-    d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s.D));
-    if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
-    if (s.Hq > s.Hkv) {
-      d = pa_dims((uint64_t)((s.T * s.Hkv * s.D + 255) / 256), 1, 1, 256, 0);
-      if ((st = rlk_context_launch(ctx, &p.reduce, &d, stream, kargs))) return st;
-    }
-    d = pa_dims(tiles, (uint64_t)s.P, (uint64_t)s.Hq, PA_MMA_THREADS, pa_dq_smem((int)s.D));
-    return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
-  }
-  const uint64_t by = (uint64_t)((s.T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);
-  d = pa_dims(by, (uint64_t)s.Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
-  if ((st = rlk_context_launch(ctx, &p.dkdv, &d, stream, kargs))) return st;
-  d = pa_dims(by, (uint64_t)s.Hq, 1, PA_PORTABLE_WARPS * warp, 0);
-  return rlk_context_launch(ctx, &p.dq, &d, stream, kargs);
+  pa_call c;
+  return rlk_op_run(&pa_bwd_entry, ctx, a, &c.op, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -674,10 +738,6 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
 
 static const char *const pa_head_dim_names[] = {"64", "128", NULL};
 
-enum {
-  PA_S_PASS, PA_S_DTYPE, PA_S_HEAD_DIM, PA_S_VARIANT, PA_S_FWD_STAGES, PA_S_DKDV_STAGES, PA_S_DQ_STAGES,
-  PA_S_Q_HEADS, PA_S_KV_HEADS, PA_S_GROUP, PA_S_PREFIX, PA_S_RESPONSE, PA_S_TOKENS, PA_NSETTINGS
-};
 
 #define PA_KEY_DOC "a tuning key's (with q_heads, kv_heads, group, prefix, response and tokens)"
 
@@ -722,8 +782,8 @@ static int pa_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
   return rlk_op_tuning_values(&rlk_op_prefix_attention, pa_tuning, PA_NTUNE, settings, values);
 }
 
-static int pa_tuning_given(const rlk_prefix_attention_tuning *t) {
-  return t->variant || t->fwd_stages || t->dkdv_stages || t->dq_stages;
+static int pa_tuning_given(const rlk_op_values *s) {
+  return s->v[PA_S_VARIANT] || s->v[PA_S_FWD_STAGES] || s->v[PA_S_DKDV_STAGES] || s->v[PA_S_DQ_STAGES];
 }
 
 static int pa_tune_shape(int pass, int dtype, int D, const pa_tune_problem *t, char *buf, size_t size) {
@@ -733,14 +793,13 @@ static int pa_tune_shape(int pass, int dtype, int D, const pa_tune_problem *t, c
                     (long long)rlk_tune_bucket(t->response));
 }
 
-/* c->tuning from the tuning database's winner for this problem, when the caller asked for none
- * (and RLK_PREFIX_ATTENTION_VARIANT is unset); a winner that does not parse is warned about once
- * and the default runs. */
-static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, pa_config *c) {
-  if (pa_tuning_given(&c->tuning) || !rlk_tune_table_wanted(ctx->tune) || pa_env_override() != PA_VARIANT_AUTO)
-    return;
+/* The tuning settings of s from the tuning database's winner for this problem, when s asks for
+ * none (and RLK_PREFIX_ATTENTION_VARIANT is unset); a winner that does not parse is warned about
+ * once and the default runs. */
+static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, rlk_op_values *s) {
+  if (pa_tuning_given(s) || !rlk_tune_table_wanted(ctx->tune) || pa_env_override() != PA_VARIANT_AUTO) return;
   char shape[256];
-  if (pa_tune_shape(pass, c->dtype, c->D, t, shape, sizeof shape) < 0) return;
+  if (pa_tune_shape(pass, (int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, t, shape, sizeof shape) < 0) return;
   const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "prefix_attention", shape, rlk_tune_bucket(t->T));
   if (!e) return;
   int64_t v[RLK_TUNE_VALUES];
@@ -750,10 +809,7 @@ static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t,
                "running the default", rlk_tune_entry_settings(e), shape);
     return;
   }
-  c->tuning.variant = (rlk_prefix_attention_variant)v[PA_TUNE_VARIANT];
-  c->tuning.fwd_stages = (int)v[PA_TUNE_FWD_STAGES];
-  c->tuning.dkdv_stages = (int)v[PA_TUNE_DKDV_STAGES];
-  c->tuning.dq_stages = (int)v[PA_TUNE_DQ_STAGES];
+  for (int i = 0; i < PA_NTUNE; i++) s->v[pa_tuning[i]] = v[i];
 }
 
 /* A call's problem as its tuning key sees it. */
@@ -774,15 +830,6 @@ static int pa_line_problem(const rlk_op_values *s, pa_tune_problem *t) {
   return 1;
 }
 
-static pa_config pa_line_config(const rlk_op_values *s) {
-  pa_config c = {(int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, 0, {0}};
-  c.tuning.variant = (rlk_prefix_attention_variant)s->v[PA_S_VARIANT];
-  c.tuning.fwd_stages = (int)s->v[PA_S_FWD_STAGES];
-  c.tuning.dkdv_stages = (int)s->v[PA_S_DKDV_STAGES];
-  c.tuning.dq_stages = (int)s->v[PA_S_DQ_STAGES];
-  return c;
-}
-
 /* The tuning database key of plan settings: one pass, the whole problem, no tuning settings. */
 static rlk_status pa_tune_key(const rlk_op_values *s, char *shape, size_t size, int64_t *tokens) {
   const int pass = (int)s->v[PA_S_PASS];
@@ -795,24 +842,23 @@ static rlk_status pa_tune_key(const rlk_op_values *s, char *shape, size_t size, 
   if (t.Hq % t.Hkv)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "q_heads: %lld is not a multiple of kv_heads %lld", (long long)t.Hq,
                      (long long)t.Hkv);
-  const pa_config c = pa_line_config(s);
-  if (pa_tuning_given(&c.tuning))
+  if (pa_tuning_given(s))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "variant, fwd_stages, dkdv_stages, dq_stages: a tuning key holds no tuning settings");
-  if (pa_tune_shape(pass, c.dtype, c.D, &t, shape, size) < 0)
+  if (pa_tune_shape(pass, (int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, &t, shape, size) < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "prefix_attention: the shape does not fit %zu bytes", size);
   *tokens = rlk_tune_bucket(t.T);
   return RLK_OK;
 }
 
-static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
-                                 size_t *nspecs) {
-  pa_config c = pa_line_config(s);
+static rlk_status pa_plan_line(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
+                               size_t *nspecs) {
+  rlk_op_values asked = *s;
   const int pass = (int)s->v[PA_S_PASS];
   pa_tune_problem t;
-  if (pass != PA_PASS_BOTH && pa_line_problem(s, &t)) pa_tuned(ctx, pass, &t, &c);
+  if (pass != PA_PASS_BOTH && pa_line_problem(s, &t)) pa_tuned(ctx, pass, &t, &asked);
   pa_plan p;
-  rlk_status st = pa_select(ctx, &c, &p);
+  rlk_status st = pa_select(ctx, &asked, 0, &p);
   if (st) return st;
   size_t n = 0;
   if (pass != PA_PASS_BWD) specs[n++] = p.fwd;
@@ -835,24 +881,6 @@ static rlk_status pa_plan_config(const rlk_context *ctx, const rlk_op_values *s,
   return RLK_OK;
 }
 
-/* RLK_JIT_RECORD: a call's pass and configuration, with the kernels that ran (unaligned tensors
- * run the portable kernels whatever was asked; a tuned call, its winner's). */
-static void pa_record(int pass, const pa_config *c, const pa_plan *p) {
-  rlk_op_values s;
-  rlk_op_values_init(&rlk_op_prefix_attention, &s);
-  rlk_op_values_set(&s, PA_S_PASS, pass);
-  rlk_op_values_set(&s, PA_S_DTYPE, c->dtype);
-  rlk_op_values_set(&s, PA_S_HEAD_DIM, c->D == 128);
-  rlk_op_values_set(&s, PA_S_VARIANT, p->variant);
-  if (p->variant == PA_VARIANT_WGMMA) {
-    if (pass == PA_PASS_FWD && p->fwd_stages != PA_SM90_STAGES) rlk_op_values_set(&s, PA_S_FWD_STAGES, p->fwd_stages);
-    if (pass == PA_PASS_BWD && p->dkdv_stages != PA_SM90_DKDV_STAGES)
-      rlk_op_values_set(&s, PA_S_DKDV_STAGES, p->dkdv_stages);
-    if (pass == PA_PASS_BWD && p->dq_stages != PA_SM90_DQ_STAGES) rlk_op_values_set(&s, PA_S_DQ_STAGES, p->dq_stages);
-  }
-  rlk_record_op(&rlk_op_prefix_attention, &s);
-}
-
 static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=bf16 head_dim=128",
     "prefix_attention pass=both dtype=f16 head_dim=64 variant=mma",
@@ -867,7 +895,7 @@ const rlk_op_desc rlk_op_prefix_attention = {
     .name = "prefix_attention",
     .settings = pa_settings,
     .nsettings = PA_NSETTINGS,
-    .plan = pa_plan_config,
+    .plan = pa_plan_line,
     .samples = pa_samples,
     .candidates = pa_candidates,
     .tune_key = pa_tune_key,
