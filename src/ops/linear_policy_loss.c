@@ -326,58 +326,68 @@ RLK_API void rlk_linear_policy_loss_args_init(rlk_linear_policy_loss_args *args)
   rlk_policy_loss_args_init(&args->loss);
 }
 
-RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx,
-                                                         const rlk_linear_policy_loss_args *args,
-                                                         size_t *bytes) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_policy_loss_workspace_size: ctx is NULL");
-  if (!args || !bytes)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_policy_loss_workspace_size: args or bytes is NULL");
+/* A call: the three calls' arguments and the token chunks. */
+typedef struct lpl_call {
+  rlk_op_call op;
   lpl_plan p;
-  rlk_status st = lpl_prepare(ctx, args, LPL_SIZE_BASE, &p);
-  if (st) return st;
-  *bytes = p.total;
-  return RLK_OK;
+} lpl_call;
+
+/* The layout from the caller's workspace, or (the size query, a call without one) from a stand-in
+ * base the checks that follow never read. */
+static rlk_status lpl_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_linear_policy_loss_args *a = args;
+  lpl_plan *p = &((lpl_call *)call)->p;
+  uint8_t *base = a->workspace ? (uint8_t *)a->workspace : LPL_SIZE_BASE;
+  rlk_status st = lpl_prepare((rlk_context *)ctx, a, base, p);
+  if (!st) call->workspace = p->total;
+  return st;
 }
 
-RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
-                                          void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_policy_loss: ctx is NULL");
-  if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_policy_loss: args is NULL");
-  if (!args->workspace || (uintptr_t)args->workspace % 16)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: %s",
-                     args->workspace ? "not 16-byte aligned" : "required (rlk_linear_policy_loss_workspace_size)");
-  lpl_plan p;
-  rlk_status st = lpl_prepare(ctx, args, (uint8_t *)args->workspace, &p);
-  if (st) return st;
-  if (args->workspace_bytes < p.total)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "workspace: %zu bytes given, rlk_linear_policy_loss_workspace_size says %zu",
-                     args->workspace_bytes, p.total);
-  /* What the sub-calls cannot see: grad_weight and grad_hidden (written from the first kernel of
-   * the token chunks on) against the loss's inputs, and everything against the workspace. */
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_linear_policy_loss_args, head.hidden),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, head.weight),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, head.labels),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.logp),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.lse),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.entropy),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, head.status),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.old_logp),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.advantages),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.mask),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_offsets),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.ref_logp),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.rollout_is_weights),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.token_normalizer_tensor),
-      RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_normalizer_tensor),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.loss),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.metrics),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_hidden),
-      RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_weight)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], args, args->workspace, p.total))) return st;
-  if (p.chunks) return lpl_run_chunks(ctx, &p, stream);
-  if ((st = rlk_linear_logprob(ctx, &p.head, stream))) return st;
-  if ((st = rlk_policy_loss(ctx, &p.loss, stream))) return st;
-  return rlk_linear_logprob_backward(ctx, &p.bwd, stream);
+static rlk_status lpl_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  (void)args;
+  const lpl_plan *p = &((lpl_call *)call)->p;
+  rlk_status st;
+  if (p->chunks) return lpl_run_chunks(ctx, p, stream);
+  if ((st = rlk_linear_logprob(ctx, &p->head, stream))) return st;
+  if ((st = rlk_policy_loss(ctx, &p->loss, stream))) return st;
+  return rlk_linear_logprob_backward(ctx, &p->bwd, stream);
+}
+
+/* What the sub-calls cannot see: grad_weight and grad_hidden (written from the first kernel of the
+ * token chunks on) against the loss's inputs, and everything against the workspace. */
+static const rlk_arg_field lpl_fields[] = {
+    RLK_ARG_IN(rlk_linear_policy_loss_args, head.hidden),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, head.weight),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, head.labels),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, head.logp),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, head.lse),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, head.entropy),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, head.status),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.old_logp),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.advantages),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.mask),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_offsets),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.ref_logp),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.rollout_is_weights),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.token_normalizer_tensor),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, loss.seq_normalizer_tensor),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.loss),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, loss.metrics),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_hidden),
+    RLK_ARG_OUT(rlk_linear_policy_loss_args, grad_weight)};
+
+/* No configuration line of its own: the three calls it makes record theirs. */
+static const rlk_op_entry lpl_entry = {
+    .name = "rlk_linear_policy_loss", .call_size = sizeof(lpl_call), RLK_OP_FIELDS(lpl_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_linear_policy_loss_args, 16), .validate = lpl_validate, .launch = lpl_launch};
+
+RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
+                                                         size_t *bytes) {
+  lpl_call c;
+  return rlk_op_workspace_size(&lpl_entry, ctx, args, &c.op, bytes);
+}
+
+RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args, void *stream) {
+  lpl_call c;
+  return rlk_op_run(&lpl_entry, ctx, args, &c.op, stream);
 }

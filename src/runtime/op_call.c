@@ -57,10 +57,11 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
   if ((st = check_workspace(e, workspace, bytes, call->workspace))) return st;
   if ((st = rlk_check_arg_fields(e->fields, e->nfields, args, workspace, call->workspace ? bytes : 0))) return st;
   if ((st = rlk_context_require_device(ctx, e->name))) return st;
-  if (!call->nspecs) {
-    st = e->select ? e->select(ctx, args, call) : e->op->plan(ctx, &call->vals, call->specs, &call->nspecs);
-    if (st) return st;
-  }
+  if (e->select)
+    st = e->select(ctx, args, call);
+  else if (!call->nspecs && e->op)
+    st = e->op->plan(ctx, &call->vals, call->specs, &call->nspecs);
+  if (st) return st;
   if (e->op && rlk_record_enabled()) rlk_record_op(e->op, &call->vals);
   if (e->launch) return e->launch(ctx, args, call, stream);
   for (size_t i = 0; i < call->nspecs; i++) {

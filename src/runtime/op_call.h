@@ -39,7 +39,8 @@ typedef struct rlk_op_workspace {
 
 typedef struct rlk_op_entry {
   const char *name;       /* the public function, "rlk_token_kl": the prefix of its messages */
-  const rlk_op_desc *op;  /* the configuration-line family of its calls (plan, RLK_JIT_RECORD) */
+  const rlk_op_desc *op;  /* the configuration-line family of its calls (plan, RLK_JIT_RECORD); NULL
+                           * for a call made of other calls, which record their own */
   size_t call_size;       /* sizeof the op's call struct (zeroed before validate) */
   const rlk_arg_field *fields;
   size_t nfields;
@@ -51,7 +52,7 @@ typedef struct rlk_op_entry {
   /* The workspace bytes from what they depend on alone (the shape), for an op whose
    * <entry>_workspace_size is documented to need less than a whole call; NULL: validate's. */
   rlk_status (*size)(const rlk_context *ctx, const void *args, size_t *bytes);
-  /* The kernels when validate has not chosen them; NULL: op->plan over call->vals. */
+  /* The kernels (NULL: op->plan over call->vals, unless validate chose them). */
   rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
   /* Kernel i's parameter list for rlk_context_launch (params[0] its argument struct, kept in the
    * op's state; a tensor map goes first, by value). */
