@@ -13,7 +13,8 @@
  *     synchronize, never allocate device memory and never read device data back to the host,
  *     so they can be captured in a CUDA graph. A capture cannot compile or load a kernel: call
  *     each configuration once (or rlk_precompile it and call it once) before capturing; scratch
- *     memory is the caller's workspace argument.
+ *     memory is the caller's workspace argument. An op's rlk_<op>_workspace_size() makes the
+ *     call's checks (unless it documents fewer) and sets *bytes to 0 when it fails.
  *   - One context may be used from several threads at once.
  *   - What a call writes (its outputs and its workspace) shares no byte with any other argument
  *     of the call, element by element (two interleaved views of one buffer that share no byte

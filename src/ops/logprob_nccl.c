@@ -132,71 +132,53 @@ static rlk_status vp_require_cuda(const rlk_context *ctx) {
                    "rlk_logprob's shard records yourself and call rlk_logprob_combine)");
 }
 
-RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
-                                                             const rlk_logprob_vocab_parallel_args *a,
-                                                             size_t *bytes) {
-  if (!ctx || !a || !bytes)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_vocab_parallel_workspace_size: NULL argument");
-  int64_t N;
-  rlk_status st = vp_rows(a, &N);
-  if (st) return st;
-  if ((st = vp_require_cuda(ctx))) return st;
+/* A call: the communicator's ranks. */
+typedef struct vp_call {
+  rlk_op_call op;
   const nccl_api *api;
-  if ((st = nccl_load(&api))) return st;
-  int P;
-  if ((st = nccl_ranks(api, a->nccl_comm, &P, NULL))) return st;
-  *bytes = (size_t)P * (size_t)N * RLK_LOGPROB_PARTIAL_FIELDS * sizeof(float);
-  return RLK_OK;
-}
-
-RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
-                                              const rlk_logprob_vocab_parallel_args *a,
-                                              void *stream) {
-  if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_vocab_parallel: ctx is NULL");
-  if (!a) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_logprob_vocab_parallel: args is NULL");
+  int P, rank;
   int64_t N;
-  rlk_status st = vp_rows(a, &N);
+} vp_call;
+
+static rlk_status vp_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_logprob_vocab_parallel_args *a = args;
+  vp_call *c = (vp_call *)call;
+  rlk_status st = vp_rows(a, &c->N);
   if (st) return st;
   if (a->fwd.partials.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "fwd.partials: absent (the records live in the workspace)");
-  if ((st = rlk_logprob_combine_check_outputs(&a->fwd.logp, &a->fwd.lse, &a->fwd.entropy,
-                                              &a->fwd.status, N)))
+  if ((st = rlk_logprob_combine_check_outputs(&a->fwd.logp, &a->fwd.lse, &a->fwd.entropy, &a->fwd.status, c->N)))
     return st;
   if ((st = vp_require_cuda(ctx))) return st;
-  const nccl_api *api;
-  if ((st = nccl_load(&api))) return st;
-  int P, rank;
-  if ((st = nccl_ranks(api, a->nccl_comm, &P, &rank))) return st;
-  const size_t slot = (size_t)N * RLK_LOGPROB_PARTIAL_FIELDS; /* floats per rank */
-  const size_t need = (size_t)P * slot * sizeof(float);
-  if (!a->workspace || a->workspace_bytes < need)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: %zu bytes at %p, %zu needed (16 P N)",
-                     a->workspace_bytes, a->workspace, need);
-  if ((uintptr_t)a->workspace % 16u)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not 16-byte aligned");
-  static const rlk_arg_field fields[] = {
-      RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.logits),  RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.labels),
-      RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.logp),   RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.lse),
-      RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.entropy), RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.status)};
-  if ((st = rlk_check_arg_fields(fields, sizeof fields / sizeof fields[0], a, a->workspace, need))) return st;
-  float *all = (float *)a->workspace, *mine = all + (size_t)rank * slot;
+  if ((st = nccl_load(&c->api))) return st;
+  if ((st = nccl_ranks(c->api, a->nccl_comm, &c->P, &c->rank))) return st;
+  call->workspace = (size_t)c->P * (size_t)c->N * RLK_LOGPROB_PARTIAL_FIELDS * sizeof(float);
+  return RLK_OK;
+}
 
-  /* the shard's records into this rank's slot (rlk_logprob checks the logits and labels) */
+/* The shard's records into this rank's slot of the workspace (rlk_logprob checks the logits and
+ * labels), one in-place all-gather on the stream, then the combine. */
+static rlk_status vp_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_logprob_vocab_parallel_args *a = args;
+  const vp_call *c = (const vp_call *)call;
+  const int64_t N = c->N;
+  const size_t slot = (size_t)N * RLK_LOGPROB_PARTIAL_FIELDS; /* floats per rank */
+  float *all = (float *)a->workspace, *mine = all + (size_t)c->rank * slot;
   rlk_logprob_args sa = a->fwd;
   sa.logp = sa.lse = sa.entropy = sa.status = (rlk_tensor){0};
   sa.partials = rlk_tensor_2d(mine, RLK_F32, N, RLK_LOGPROB_PARTIAL_FIELDS, RLK_LOGPROB_PARTIAL_FIELDS);
   sa.partial_entropy = a->fwd.entropy.data != NULL;
-  if ((st = rlk_logprob(ctx, &sa, stream))) return st;
-
-  const nccl_result r = api->all_gather(mine, all, slot, NCCL_FLOAT32, a->nccl_comm, stream);
+  rlk_status st = rlk_logprob(ctx, &sa, stream);
+  if (st) return st;
+  const nccl_result r = c->api->all_gather(mine, all, slot, NCCL_FLOAT32, a->nccl_comm, stream);
   if (r != 0)
     return rlk_error(RLK_ERR_BACKEND, "nccl: ncclAllGather of %zu floats per rank: %s", slot,
-                     api->get_error_string(r));
-
+                     c->api->get_error_string(r));
   rlk_logprob_combine_args ca;
   rlk_logprob_combine_args_init(&ca);
-  ca.partials = (rlk_tensor){all, RLK_F32, 3, {P, N, RLK_LOGPROB_PARTIAL_FIELDS}, {(int64_t)slot, RLK_LOGPROB_PARTIAL_FIELDS, 1}};
+  ca.partials = (rlk_tensor){all, RLK_F32, 3, {c->P, N, RLK_LOGPROB_PARTIAL_FIELDS},
+                             {(int64_t)slot, RLK_LOGPROB_PARTIAL_FIELDS, 1}};
   ca.labels = a->fwd.labels;
   ca.ignore_index = a->fwd.ignore_index;
   ca.logp = a->fwd.logp;
@@ -204,4 +186,27 @@ RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx,
   ca.entropy = a->fwd.entropy;
   ca.status = a->fwd.status;
   return rlk_logprob_combine(ctx, &ca, stream);
+}
+
+static const rlk_arg_field vp_fields[] = {
+    RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.logits),  RLK_ARG_IN(rlk_logprob_vocab_parallel_args, fwd.labels),
+    RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.logp),   RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.lse),
+    RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.entropy), RLK_ARG_OUT(rlk_logprob_vocab_parallel_args, fwd.status)};
+
+/* No configuration line of its own: the shard forward and the combine record theirs. */
+static const rlk_op_entry vp_entry = {
+    .name = "rlk_logprob_vocab_parallel", .call_size = sizeof(vp_call), RLK_OP_FIELDS(vp_fields),
+    .workspace = RLK_OP_WORKSPACE(rlk_logprob_vocab_parallel_args, 16), .validate = vp_validate, .launch = vp_launch};
+
+RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
+                                                             const rlk_logprob_vocab_parallel_args *a,
+                                                             size_t *bytes) {
+  vp_call c;
+  return rlk_op_workspace_size(&vp_entry, ctx, a, &c.op, bytes);
+}
+
+RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx, const rlk_logprob_vocab_parallel_args *a,
+                                              void *stream) {
+  vp_call c;
+  return rlk_op_run(&vp_entry, ctx, a, &c.op, stream);
 }
