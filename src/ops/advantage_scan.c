@@ -176,14 +176,12 @@ static rlk_status as_plan_family(int family, const rlk_context *ctx, const rlk_o
   const rlk_scan_algo algo = (rlk_scan_algo)s->v[AS_S_ALGO];
   const int both =
       algo == RLK_SCAN_AUTO && (s->v[AS_S_B] <= 0 || s->v[AS_S_T] <= 0) && ctx->kind != RLK_BACKEND_HOST;
-  *nspecs = both ? 2 : 1;
-  for (size_t i = 0; i < *nspecs; i++) {
+  const size_t n = both ? 2 : 1;
+  for (size_t i = 0; i < n; i++) {
     const int a = both ? (int)i : as_algo_for(&ctx->target, dtype, algo, s->v[AS_S_T]);
     specs[i] = (rlk_kernel_spec){&as_tmpl, {dtype, family, a}};
-    rlk_status st = rlk_spec_validate(&specs[i]);
-    if (st) return st;
   }
-  return RLK_OK;
+  return rlk_op_planned(specs, n, nspecs);
 }
 
 static rlk_status as_plan_gae(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,

@@ -147,12 +147,7 @@ static rlk_status ga_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
                                  {v[GA_S_SCORES], v[GA_S_MODE], G <= GA_MAX_BAKED_GROUP ? G : 0, seg,
                                   G > 0 ? GA_OFFSETS_FIXED : v[GA_S_OFFSETS] == RLK_I32 ? GA_OFFSETS_I32 : GA_OFFSETS_I64}};
   if (v[GA_S_BROADCAST]) specs[n++] = (rlk_kernel_spec){&ga_broadcast_tmpl, {v[GA_S_MASK]}};
-  *nspecs = n;
-  for (size_t i = 0; i < n; i++) {
-    rlk_status st = rlk_spec_validate(&specs[i]);
-    if (st) return st;
-  }
-  return RLK_OK;
+  return rlk_op_planned(specs, n, nspecs);
 }
 
 static const char *const ga_samples[] = {

@@ -1405,18 +1405,9 @@ static int ll_tune_shape(int pass, rlk_dtype hidden, rlk_dtype labels, int entro
  * or a winner that does not parse (warned about once; the default runs). */
 static int ll_tuned(const rlk_context *ctx, int pass, rlk_dtype hidden, rlk_dtype labels, int entropy, int grad,
                     int64_t H, int64_t V, int64_t N, int64_t v[RLK_TUNE_VALUES]) {
-  if (!rlk_tune_table_wanted(ctx->tune)) return 0;
   char shape[256];
-  if (ll_tune_shape(pass, hidden, labels, entropy, grad, H, V, shape, sizeof shape) < 0) return 0;
-  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "linear_logprob", shape, rlk_tune_bucket(N));
-  if (!e) return 0;
-  if (rlk_tune_entry_values(ctx->tune, e, ll_parse_tuning, v) != 0) {
-    if (rlk_tune_entry_first_warning(e))
-      rlk_warn("linear_logprob: the tuning database's winner '%s' for %s is not linear_logprob tuning; running the "
-               "default", rlk_tune_entry_settings(e), shape);
-    return 0;
-  }
-  return 1;
+  return ll_tune_shape(pass, hidden, labels, entropy, grad, H, V, shape, sizeof shape) >= 0 &&
+         rlk_op_tuned(ctx, &rlk_op_linear_logprob, shape, N, ll_parse_tuning, v);
 }
 
 static void ll_tuned_fwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype labels, int entropy, int64_t H, int64_t V,

@@ -402,18 +402,13 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
 static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const rlk_op_values *s, rlk_op_values *t) {
   *t = *s;
   if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v)) return NULL;
-  if (!rlk_tune_table_wanted(ctx->tune) || lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
+  if (lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
   char shape[192];
-  if (lp_tune_shape(s->v, pass, shape, sizeof shape) < 0) return NULL;
-  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "logprob", shape, rlk_tune_bucket(s->v[LP_S_TOKENS]));
-  if (!e) return NULL;
   int64_t w[RLK_TUNE_VALUES];
-  if (rlk_tune_entry_values(ctx->tune, e, lp_parse_tuning, w) != 0) {
-    if (rlk_tune_entry_first_warning(e))
-      rlk_warn("logprob: the tuning database's winner '%s' for %s is not logprob tuning; running the default",
-               rlk_tune_entry_settings(e), shape);
+  const rlk_tune_entry *e;
+  if (lp_tune_shape(s->v, pass, shape, sizeof shape) < 0 ||
+      !(e = rlk_op_tuned(ctx, &rlk_op_logprob, shape, s->v[LP_S_TOKENS], lp_parse_tuning, w)))
     return NULL;
-  }
   for (int i = 0; i < LP_NTUNE; i++) t->v[lp_tuning[i]] = w[i];
   return e;
 }

@@ -92,10 +92,7 @@ static rlk_status ls_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   }
   if (v[LS_S_PASS] != LS_PASS_FWD)
     specs[n++] = (rlk_kernel_spec){&ls_combine_tmpl, {v[LS_S_LABELS], v[LS_S_ENTROPY]}};
-  *nspecs = n;
-  for (size_t i = 0; i < n; i++)
-    if ((st = rlk_spec_validate(&specs[i]))) return st;
-  return RLK_OK;
+  return rlk_op_planned(specs, n, nspecs);
 }
 
 static const char *const ls_samples[] = {

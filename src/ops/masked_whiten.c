@@ -101,12 +101,7 @@ static rlk_status mw_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     specs[n++] = (rlk_kernel_spec){&mw_stats_tmpl, {dtype}};
     specs[n++] = (rlk_kernel_spec){&mw_apply_tmpl, {dtype}};
   }
-  *nspecs = n;
-  for (size_t i = 0; i < n; i++) {
-    rlk_status st = rlk_spec_validate(&specs[i]);
-    if (st) return st;
-  }
-  return RLK_OK;
+  return rlk_op_planned(specs, n, nspecs);
 }
 
 static const char *const mw_samples[] = {"masked_whiten dtype=f32", "masked_whiten dtype=f64", NULL};

@@ -797,18 +797,12 @@ static int pa_tune_shape(int pass, int dtype, int D, const pa_tune_problem *t, c
  * none (and RLK_PREFIX_ATTENTION_VARIANT is unset); a winner that does not parse is warned about
  * once and the default runs. */
 static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, rlk_op_values *s) {
-  if (pa_tuning_given(s) || !rlk_tune_table_wanted(ctx->tune) || pa_env_override() != PA_VARIANT_AUTO) return;
+  if (pa_tuning_given(s) || pa_env_override() != PA_VARIANT_AUTO) return;
   char shape[256];
-  if (pa_tune_shape(pass, (int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, t, shape, sizeof shape) < 0) return;
-  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, "prefix_attention", shape, rlk_tune_bucket(t->T));
-  if (!e) return;
   int64_t v[RLK_TUNE_VALUES];
-  if (rlk_tune_entry_values(ctx->tune, e, pa_parse_tuning, v) != 0) {
-    if (rlk_tune_entry_first_warning(e))
-      rlk_warn("prefix_attention: the tuning database's winner '%s' for %s is not prefix_attention tuning; "
-               "running the default", rlk_tune_entry_settings(e), shape);
+  if (pa_tune_shape(pass, (int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, t, shape, sizeof shape) < 0 ||
+      !rlk_op_tuned(ctx, &rlk_op_prefix_attention, shape, t->T, pa_parse_tuning, v))
     return;
-  }
   for (int i = 0; i < PA_NTUNE; i++) s->v[pa_tuning[i]] = v[i];
 }
 

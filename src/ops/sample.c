@@ -144,8 +144,7 @@ static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_k
     const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
     specs[0] = (rlk_kernel_spec){&smp_tmpl, {smp_dt_code(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap}};
   }
-  *nspecs = 1;
-  return rlk_spec_validate(&specs[0]);
+  return rlk_op_planned(specs, 1, nspecs);
 }
 
 static const char *const smp_samples[] = {

@@ -93,9 +93,7 @@ static rlk_status tb_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   const int64_t *v = s->v;
   specs[0] = (rlk_kernel_spec){&tb_scan_tmpl, {v[TB_S_DTYPE], v[TB_S_MASK], v[TB_S_COMPACT], v[TB_S_ISW]}};
   specs[1] = (rlk_kernel_spec){&tb_baseline_tmpl, {v[TB_S_DTYPE], v[TB_S_MASK], v[TB_S_COMPACT], v[TB_S_OFFSETS]}};
-  *nspecs = 2;
-  rlk_status st = rlk_spec_validate(&specs[0]);
-  return st ? st : rlk_spec_validate(&specs[1]);
+  return rlk_op_planned(specs, 2, nspecs);
 }
 
 static const char *const tb_samples[] = {

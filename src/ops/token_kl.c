@@ -80,8 +80,7 @@ static rlk_status tk_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   memset(&specs[0], 0, sizeof specs[0]);
   specs[0].tmpl = &tk_tmpl;
   memcpy(specs[0].values, v, TK_NSETTINGS * sizeof *v); /* the settings are the parameters, in order */
-  *nspecs = 1;
-  return rlk_spec_validate(&specs[0]);
+  return rlk_op_planned(specs, 1, nspecs);
 }
 
 static const char *const tk_samples[] = {

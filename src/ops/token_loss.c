@@ -314,9 +314,7 @@ rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line 
     specs[n++] = *main_pass;
     specs[n++] = (rlk_kernel_spec){t->reduce, {dtype}};
   }
-  *nspecs = n;
-  for (size_t i = 0; i < n && !st; i++) st = rlk_spec_validate(&specs[i]);
-  return st;
+  return rlk_op_planned(specs, n, nspecs);
 }
 
 rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,

@@ -128,6 +128,17 @@ int rlk_op_values_line(const rlk_op_desc *d, const rlk_op_values *vals, char *bu
 int rlk_op_tuning_values(const rlk_op_desc *d, const int *tuning, size_t n, const char *settings,
                          int64_t values[RLK_TUNE_VALUES]);
 
+/* A plan's or a selection's last step: *nspecs = n and every spec checked against its template's
+ * schema. */
+rlk_status rlk_op_planned(const rlk_kernel_spec *specs, size_t n, size_t *nspecs);
+
+/* The tuning database's winner on ctx for op d's configuration shape and token count (bucketed):
+ * its settings as values (parse: the op's, rlk_op_tuning_values over its tuning settings) and
+ * the entry; NULL without a database, a record, or with a winner that is not d's tuning (warned
+ * about once: the default runs). */
+const rlk_tune_entry *rlk_op_tuned(const rlk_context *ctx, const rlk_op_desc *d, const char *shape, int64_t tokens,
+                                   rlk_tune_parse_fn parse, int64_t values[RLK_TUNE_VALUES]);
+
 /* d's --help text from its table: "name: choices, doc (default)" lines, then the note. -1 if
  * it does not fit. */
 int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size);

@@ -6,6 +6,8 @@
 
 #include "core/core.h"
 #include "runtime/op.h"
+#include "tune/tune_db.h"
+#include "tune/tune_table.h"
 
 int rlk_op_setting_index(const rlk_op_desc *d, const char *name) {
   for (size_t i = 0; i < d->nsettings; i++)
@@ -190,4 +192,27 @@ int rlk_op_tuning_values(const rlk_op_desc *d, const int *tuning, size_t n, cons
   }
   rlk_error_clear();
   return rc;
+}
+
+rlk_status rlk_op_planned(const rlk_kernel_spec *specs, size_t n, size_t *nspecs) {
+  *nspecs = n;
+  for (size_t i = 0; i < n; i++) {
+    rlk_status st = rlk_spec_validate(&specs[i]);
+    if (st) return st;
+  }
+  return RLK_OK;
+}
+
+const rlk_tune_entry *rlk_op_tuned(const rlk_context *ctx, const rlk_op_desc *d, const char *shape, int64_t tokens,
+                                   rlk_tune_parse_fn parse, int64_t values[RLK_TUNE_VALUES]) {
+  if (!rlk_tune_table_wanted(ctx->tune)) return NULL;
+  const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, d->name, shape, rlk_tune_bucket(tokens));
+  if (!e) return NULL;
+  if (rlk_tune_entry_values(ctx->tune, e, parse, values) != 0) {
+    if (rlk_tune_entry_first_warning(e))
+      rlk_warn("%s: the tuning database's winner '%s' for %s is not %s tuning; running the default", d->name,
+               rlk_tune_entry_settings(e), shape, d->name);
+    return NULL;
+  }
+  return e;
 }
