@@ -1357,24 +1357,12 @@ static const rlk_op_desc *const my_ops[] = {MY_OPS};
 
 /* Precompiling a configuration builds exactly what the matching call looks up. */
 START_TEST(plan_matches_call) {
-  char dir[1024];
   for (int row = 0; row < 3; row++) {
     static const char *lines[] = {"gae dtype=f64 masked=zero mask=i32", "reverse_cumsum dtype=f32 algo=block baseline=1",
                                   "masked_whiten dtype=f32 mask=f32"};
     static const int kernels[] = {1, 1, 1};
-    rlk_test_mkdtemp(dir, sizeof dir, "plan");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = dir;
-    rlk_context *ctx = NULL;
-    ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
-    int n = 0;
-    rlk_status st = rlk_precompile(ctx, lines[row], &n);
-    ck_assert_msg(st == RLK_OK, "%s: %s", lines[row], rlk_last_error());
-    ck_assert_int_eq(n, kernels[row]);
+    rlk_context *ctx = rlk_test_precompiled_host_context(lines[row], kernels[row]);
     const uint64_t before = rlk_test_compiles(ctx);
-    ck_assert_uint_eq(before, (uint64_t)kernels[row]);
     uint64_t rng = rlk_test_seed() + (uint64_t)row;
     if (row == 0) {
       seq_case c = base_case(3, 40, RLK_F64);
@@ -1397,18 +1385,13 @@ START_TEST(plan_matches_call) {
       free(x);
       free(m);
     }
-    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", lines[row],
-                  (unsigned long long)(rlk_test_compiles(ctx) - before));
-    rlk_context_destroy(ctx);
+    rlk_test_expect_compiled_none(ctx, before, lines[row]);
   }
 }
 END_TEST
 
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"gae dtype=bf16", "dtype"},
       {"gae algo=thread", "algo"},
       {"gae B=0", "B"},
@@ -1425,11 +1408,7 @@ START_TEST(plan_rejects_bad_settings) {
       {"masked_whiten masked=keep", "masked"},
       {"masked_whiten algo=warp", "algo"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
   /* every op is listed, and its help names its settings */
   const char *ops = rlk_precompile_ops();
   for (size_t i = 0; i < N_MY_OPS; i++) {
@@ -1441,7 +1420,6 @@ START_TEST(plan_rejects_bad_settings) {
   ck_assert_ptr_nonnull(strstr(rlk_precompile_help("gae"), "algo"));
   ck_assert_ptr_nonnull(strstr(rlk_precompile_help("reverse_cumsum"), "baseline"));
   ck_assert_ptr_nonnull(strstr(rlk_precompile_help("masked_whiten"), "eps_mode"));
-  rlk_context_destroy(ctx);
 }
 END_TEST
 

@@ -883,22 +883,10 @@ START_TEST(plan_matches_call) {
        {.B = 4000, .T = 3, .group_size = 2000, .mode = RLK_ADV_MEAN_ONLY, .unbiased = 1,
         .eps = 1e-6f, .scores_dtype = RLK_F32, .broadcast = 1}},
   };
-  char dir[1024];
   static int64_t sizes[24] = {5, 1, 10, 8};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_test_mkdtemp(dir, sizeof dir, "plan");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = dir;
-    rlk_context *ctx = NULL;
-    ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
-    int n = 0;
-    rlk_status st = rlk_precompile(ctx, rows[i].line, &n);
-    ck_assert_msg(st == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
-    ck_assert_int_eq(n, rows[i].kernels);
+    rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, rows[i].kernels);
     const uint64_t before = rlk_test_compiles(ctx);
-    ck_assert_uint_eq(before, (uint64_t)rows[i].kernels);
     ga_case c = rows[i].c;
     if (c.group_size == 0) {
       c.sizes = sizes;
@@ -906,18 +894,13 @@ START_TEST(plan_matches_call) {
     }
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL, NULL);
-    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", rows[i].line,
-                  (unsigned long long)(rlk_test_compiles(ctx) - before));
-    rlk_context_destroy(ctx);
+    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
   }
 }
 END_TEST
 
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"group_advantage mode=ppo", "mode"},
       {"group_advantage group_size=-1", "group_size"},
       {"group_advantage group_size=4x", "group_size"},
@@ -932,19 +915,13 @@ START_TEST(plan_rejects_bad_settings) {
       {"group_advantage broadcast=true", "broadcast"},
       {"group_advantage colour=blue", "colour"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s",
-                  bad[i].line, rlk_last_error(), bad[i].names);
-  }
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
   /* every setting the help names is accepted */
   const char *help = rlk_precompile_help("group_advantage");
   static const char *names[] = {"mode", "group_size", "offsets", "scores", "scores_2d", "mask",
                                 "unbiased", "singleton", "broadcast"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     ck_assert_msg(strstr(help, names[i]) != NULL, "help lacks %s", names[i]);
-  rlk_context_destroy(ctx);
 }
 END_TEST
 
@@ -956,21 +933,9 @@ START_TEST(samples_cover_every_variant) {
   int entries[3] = {0, 0, 0}, modes[RLK_ADV_PASSK_UNSCALED + 1] = {0}, score_dtypes[8] = {0}, masks[4] = {0},
       offsets[3] = {0}, baked = 0, runtime_g = 0;
   for (size_t i = 0; rlk_op_group_advantage.samples[i]; i++) {
-    const char *line = rlk_op_group_advantage.samples[i];
-    const char *sp = strchr(line, ' ');
     rlk_op_config_pair pairs[16];
     char copy[512];
-    snprintf(copy, sizeof copy, "%s", sp ? sp + 1 : "");
-    size_t np = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-      char *eq = strchr(tok, '=');
-      ck_assert_ptr_nonnull(eq);
-      *eq = '\0';
-      pairs[np].name = tok;
-      pairs[np].value = eq + 1;
-      np++;
-    }
+    const size_t np = rlk_test_split_line(rlk_op_group_advantage.samples[i], copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
     ck_assert_int_eq(rlk_op_plan(&rlk_op_group_advantage, ctx, np, pairs, specs, &ns), RLK_OK);

@@ -862,23 +862,12 @@ END_TEST
 /* Precompile plan                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-/* Plans a configuration line (without the op name) on ctx. */
-static rlk_status plan_line(const rlk_context *ctx, const char *settings, rlk_kernel_spec *specs,
-                            size_t *n) {
-  char copy[512];
-  snprintf(copy, sizeof copy, "%s", settings);
+/* Plans logprob settings ("pass=fwd ...", or a whole line) on ctx. */
+static rlk_status plan_line(const rlk_context *ctx, const char *settings, rlk_kernel_spec *specs, size_t *n) {
+  char line[512], copy[512];
+  snprintf(line, sizeof line, "%s%s", strncmp(settings, "logprob ", 8) ? "logprob " : "", settings);
   rlk_op_config_pair pairs[16];
-  size_t np = 0;
-  char *save = NULL;
-  for (char *tok = strtok_r(copy, " ", &save); tok && np < 16; tok = strtok_r(NULL, " ", &save)) {
-    if (!strcmp(tok, "logprob")) continue;
-    char *eq = strchr(tok, '=');
-    ck_assert_ptr_nonnull(eq);
-    *eq = '\0';
-    pairs[np].name = tok;
-    pairs[np].value = eq + 1;
-    np++;
-  }
+  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
   return rlk_op_plan(&rlk_op_logprob, ctx, np, pairs, specs, n);
 }
 
@@ -895,21 +884,9 @@ START_TEST(plan_matches_call) {
       {"logprob logits=f16 labels=i32 grad=f32 vocab=20", 2, 20, RLK_F16, RLK_I32, RLK_F32, 0},
       {"logprob pass=fwd logits=f32 vocab=100", 1, 100, RLK_F32, RLK_I64, RLK_F32, 0},
   };
-  char dir[1024];
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_test_mkdtemp(dir, sizeof dir, "lp-plan");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = dir;
-    rlk_context *ctx = NULL;
-    ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
-    int n = 0;
-    rlk_status st = rlk_precompile(ctx, rows[i].line, &n);
-    ck_assert_msg(st == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
-    ck_assert_int_eq(n, rows[i].kernels);
+    rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, rows[i].kernels);
     const uint64_t before = rlk_test_compiles(ctx);
-    ck_assert_uint_eq(before, (uint64_t)rows[i].kernels);
     lp_case c = base_case(3, rows[i].V, rows[i].dt);
     c.label_dtype = rows[i].labels;
     c.entropy = rows[i].entropy;
@@ -918,18 +895,13 @@ START_TEST(plan_matches_call) {
     c.g_H = rows[i].entropy;
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL);
-    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the calls compiled %llu more kernels",
-                  rows[i].line, (unsigned long long)(rlk_test_compiles(ctx) - before));
-    rlk_context_destroy(ctx);
+    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
   }
 }
 END_TEST
 
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"logprob pass=all", "pass"},        {"logprob logits=f64", "logits"},
       {"logprob labels=u8", "labels"},     {"logprob entropy=yes", "entropy"},
       {"logprob grad=bf16", "grad"},       {"logprob vocab=0", "vocab"},
@@ -938,19 +910,13 @@ START_TEST(plan_rejects_bad_settings) {
       {"logprob unroll=3", "unroll"},      {"logprob stages=9", "stages"},
       {"logprob seg=3", "seg"},            {"logprob colour=blue", "colour"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s",
-                  bad[i].line, rlk_last_error(), bad[i].names);
-  }
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
   const char *help = rlk_precompile_help("logprob");
   static const char *names[] = {"pass", "logits", "labels", "entropy", "grad", "vocab",
                                 "variant", "block", "seg", "unroll", "stages"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     ck_assert_msg(strstr(help, names[i]) != NULL, "help lacks %s", names[i]);
   ck_assert_ptr_nonnull(strstr(rlk_precompile_ops(), "logprob"));
-  rlk_context_destroy(ctx);
 }
 END_TEST
 

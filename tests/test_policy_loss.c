@@ -1964,10 +1964,7 @@ START_TEST(plan_matches_call) {
 END_TEST
 
 START_TEST(plan_rejects_bad_settings) {
-  rlk_context *ctx = rlk_test_host_context();
-  static const struct {
-    const char *line, *names;
-  } bad[] = {
+  static const char *const bad[][2] = {
       {"policy_loss mode=grpo", "mode"},         {"policy_loss kl=k4", "kl"},
       {"policy_loss kl_st=2", "kl_st"},          {"policy_loss agg=mean", "agg"},
       {"policy_loss layout=ragged", "layout"},   {"policy_loss offsets=i32", "offsets"},
@@ -1977,18 +1974,13 @@ START_TEST(plan_rejects_bad_settings) {
       {"value_loss agg=sum", "agg"},             {"value_loss dtype=f16", "dtype"},
       {"value_loss offsets=i64", "offsets"},     {"value_loss clip=0.2", "clip"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i].line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "%s: '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
-  }
+  rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
   static const char *pnames[] = {"dtype", "mode", "kl", "kl_st", "agg", "layout", "offsets", "mask", "adv", "entropy", "is"};
   for (size_t i = 0; i < sizeof pnames / sizeof pnames[0]; i++)
     ck_assert_msg(strstr(rlk_precompile_help("policy_loss"), pnames[i]) != NULL, "help lacks %s", pnames[i]);
   static const char *vnames[] = {"dtype", "agg", "layout", "offsets", "mask"};
   for (size_t i = 0; i < sizeof vnames / sizeof vnames[0]; i++)
     ck_assert_msg(strstr(rlk_precompile_help("value_loss"), vnames[i]) != NULL, "help lacks %s", vnames[i]);
-  rlk_context_destroy(ctx);
 }
 END_TEST
 
@@ -1997,20 +1989,9 @@ static void sample_specs(rlk_context *ctx, const rlk_op_desc *op, void (*visit)(
                          void *user) {
   for (size_t i = 0; op->samples[i]; i++) {
     const char *line = op->samples[i];
-    const char *sp = strchr(line, ' ');
     rlk_op_config_pair pairs[16];
     char copy[512];
-    snprintf(copy, sizeof copy, "%s", sp ? sp + 1 : "");
-    size_t np = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-      char *eq = strchr(tok, '=');
-      ck_assert_ptr_nonnull(eq);
-      *eq = '\0';
-      pairs[np].name = tok;
-      pairs[np].value = eq + 1;
-      np++;
-    }
+    const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
     ck_assert_msg(rlk_op_plan(op, ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());

@@ -516,12 +516,8 @@ START_TEST(plan_matches_call) {
        {.B = 24, .T = 3, .group_size = 0, .offsets_dtype = RLK_I64, .dtype = RLK_F32, .compact = 1, .eps = 1e-6}},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_context *ctx = rlk_test_fresh_host_context();
-    int n = 0;
-    ck_assert_msg(rlk_precompile(ctx, rows[i].line, &n) == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
-    ck_assert_int_eq(n, 2);
+    rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, 2);
     const uint64_t before = rlk_test_compiles(ctx);
-    ck_assert_uint_eq(before, 2);
     tb_case c = rows[i].c;
     if (c.group_size == 0) {
       c.sizes = sizes;
@@ -529,9 +525,7 @@ START_TEST(plan_matches_call) {
     }
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL, NULL);
-    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", rows[i].line,
-                  (unsigned long long)(rlk_test_compiles(ctx) - before));
-    rlk_context_destroy(ctx);
+    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
   }
 }
 END_TEST

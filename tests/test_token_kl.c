@@ -434,10 +434,7 @@ START_TEST(plan_matches_call) {
       {"token_kl estimator=abs mask=bool outputs=grad", RLK_KL_ABS, 0, 0, 0, OUT_GRAD, RLK_F32, RLK_BOOL},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    rlk_context *ctx = rlk_test_fresh_host_context();
-    int n = 0;
-    ck_assert_msg(rlk_precompile(ctx, rows[i].line, &n) == RLK_OK, "%s: %s", rows[i].line, rlk_last_error());
-    ck_assert_int_eq(n, 1);
+    rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, 1);
     const uint64_t before = rlk_test_compiles(ctx);
     tk_case c = base_case(4, 33);
     c.estimator = rows[i].estimator;
@@ -449,9 +446,7 @@ START_TEST(plan_matches_call) {
     c.mask_dtype = rows[i].mask;
     uint64_t rng = rlk_test_seed() + i;
     run_case(ctx, &c, &rng, NULL, NULL);
-    ck_assert_msg(rlk_test_compiles(ctx) == before, "%s: the call compiled %llu more kernels", rows[i].line,
-                  (unsigned long long)(rlk_test_compiles(ctx) - before));
-    rlk_context_destroy(ctx);
+    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
   }
 }
 END_TEST

@@ -182,6 +182,21 @@ rlk_context *rlk_test_fresh_host_context(void) {
   return ctx;
 }
 
+rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels) {
+  rlk_context *ctx = rlk_test_fresh_host_context();
+  int n = 0;
+  ck_assert_msg(rlk_precompile(ctx, line, &n) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_int_eq(n, kernels);
+  ck_assert_uint_eq(rlk_test_compiles(ctx), (uint64_t)kernels);
+  return ctx;
+}
+
+void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what) {
+  const uint64_t after = rlk_test_compiles(ctx);
+  ck_assert_msg(after == before, "%s: the calls compiled %llu more kernels", what, (unsigned long long)(after - before));
+  rlk_context_destroy(ctx);
+}
+
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n) {
   rlk_context *ctx = rlk_test_host_context();
   for (size_t i = 0; i < n; i++) {

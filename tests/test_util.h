@@ -144,6 +144,13 @@ rlk_context *rlk_test_host_context(void);
 /* A host-backend context over a fresh empty cache (to count what a precompile compiles). */
 rlk_context *rlk_test_fresh_host_context(void);
 
+/* A fresh host-backend context that has precompiled `line`: `kernels` kernels, each compiled. */
+rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
+
+/* Fails when ctx compiled more than `before` kernels (what: the calls that should have found
+ * every kernel their precompiled line built), then destroys ctx. */
+void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
+
 /* Each bad[i][0] precompile line is refused with an error that names bad[i][1]. */
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n);
 
