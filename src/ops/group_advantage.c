@@ -169,12 +169,8 @@ static const char *const ga_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_group_advantage = {
-    .name = "group_advantage",
-    .settings = ga_settings,
-    .nsettings = GA_NSETTINGS,
-    .plan = ga_plan,
-    .samples = ga_samples,
-};
+    .name = "group_advantage", .settings = ga_settings, .nsettings = GA_NSETTINGS, .plan = ga_plan,
+    .samples = ga_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */

@@ -1554,12 +1554,5 @@ static const char *ll_runtime_tuning(const rlk_context *ctx, const rlk_op_values
 }
 
 const rlk_op_desc rlk_op_linear_logprob = {
-    .name = "linear_logprob",
-    .settings = ll_settings,
-    .nsettings = LL_NSETTINGS,
-    .plan = ll_plan,
-    .samples = ll_samples,
-    .candidates = ll_candidates,
-    .tune_key = ll_tune_key,
-    .runtime_tuning = ll_runtime_tuning,
-};
+    .name = "linear_logprob", .settings = ll_settings, .nsettings = LL_NSETTINGS, .plan = ll_plan,
+    .samples = ll_samples, .candidates = ll_candidates, .tune_key = ll_tune_key, .runtime_tuning = ll_runtime_tuning};

@@ -496,14 +496,8 @@ static const char *const lp_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_logprob = {
-    .name = "logprob",
-    .settings = lp_settings,
-    .nsettings = LP_NSETTINGS,
-    .plan = lp_plan,
-    .samples = lp_samples,
-    .candidates = lp_candidates,
-    .tune_key = lp_tune_key,
-};
+    .name = "logprob", .settings = lp_settings, .nsettings = LP_NSETTINGS, .plan = lp_plan, .samples = lp_samples,
+    .candidates = lp_candidates, .tune_key = lp_tune_key};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */

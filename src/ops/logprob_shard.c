@@ -104,12 +104,8 @@ static const char *const ls_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_logprob_shard = {
-    .name = "logprob_shard",
-    .settings = ls_settings,
-    .nsettings = LS_NSETTINGS,
-    .plan = ls_plan,
-    .samples = ls_samples,
-};
+    .name = "logprob_shard", .settings = ls_settings, .nsettings = LS_NSETTINGS, .plan = ls_plan,
+    .samples = ls_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */

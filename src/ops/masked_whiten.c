@@ -107,12 +107,8 @@ static rlk_status mw_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
 static const char *const mw_samples[] = {"masked_whiten dtype=f32", "masked_whiten dtype=f64", NULL};
 
 const rlk_op_desc rlk_op_masked_whiten = {
-    .name = "masked_whiten",
-    .settings = mw_settings,
-    .nsettings = MW_NSETTINGS,
-    .plan = mw_plan,
-    .samples = mw_samples,
-};
+    .name = "masked_whiten", .settings = mw_settings, .nsettings = MW_NSETTINGS, .plan = mw_plan,
+    .samples = mw_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */

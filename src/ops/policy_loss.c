@@ -186,14 +186,9 @@ static const char *const pl_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_policy_loss = {
-    .name = "policy_loss",
-    .settings = pl_settings,
-    .nsettings = PL_NSETTINGS,
+    .name = "policy_loss", .settings = pl_settings, .nsettings = PL_NSETTINGS, .plan = pl_plan, .samples = pl_samples,
     .note = "numbers (clip bounds, dual clip, clamps, coefficients, taus, normalizers) are run-time values: the "
-            "same kernels",
-    .plan = pl_plan,
-    .samples = pl_samples,
-};
+            "same kernels"};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */

@@ -886,11 +886,5 @@ static const char *const pa_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_prefix_attention = {
-    .name = "prefix_attention",
-    .settings = pa_settings,
-    .nsettings = PA_NSETTINGS,
-    .plan = pa_plan_line,
-    .samples = pa_samples,
-    .candidates = pa_candidates,
-    .tune_key = pa_tune_key,
-};
+    .name = "prefix_attention", .settings = pa_settings, .nsettings = PA_NSETTINGS, .plan = pa_plan_line,
+    .samples = pa_samples, .candidates = pa_candidates, .tune_key = pa_tune_key};

@@ -161,12 +161,7 @@ static const char *const smp_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_sample = {
-    .name = "sample",
-    .settings = smp_settings,
-    .nsettings = SMP_NSETTINGS,
-    .plan = smp_plan,
-    .samples = smp_samples,
-};
+    .name = "sample", .settings = smp_settings, .nsettings = SMP_NSETTINGS, .plan = smp_plan, .samples = smp_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */

@@ -107,12 +107,8 @@ static const char *const tb_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_token_baseline = {
-    .name = "token_baseline",
-    .settings = tb_settings,
-    .nsettings = TB_NSETTINGS,
-    .plan = tb_plan,
-    .samples = tb_samples,
-};
+    .name = "token_baseline", .settings = tb_settings, .nsettings = TB_NSETTINGS, .plan = tb_plan,
+    .samples = tb_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */

@@ -96,12 +96,7 @@ static const char *const tk_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_token_kl = {
-    .name = "token_kl",
-    .settings = tk_settings,
-    .nsettings = TK_NSETTINGS,
-    .plan = tk_plan,
-    .samples = tk_samples,
-};
+    .name = "token_kl", .settings = tk_settings, .nsettings = TK_NSETTINGS, .plan = tk_plan, .samples = tk_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */

@@ -110,13 +110,9 @@ static const char *const vl_samples[] = {
     NULL};
 
 const rlk_op_desc rlk_op_value_loss = {
-    .name = "value_loss",
-    .settings = vl_settings,
-    .nsettings = VL_NSETTINGS,
-    .note = "the clip range and the normalizers are run-time values: the same kernels",
-    .plan = vl_plan,
-    .samples = vl_samples,
-};
+    .name = "value_loss", .settings = vl_settings, .nsettings = VL_NSETTINGS,
+    .note = "the clip range and the normalizers are run-time values: the same kernels", .plan = vl_plan,
+    .samples = vl_samples};
 
 /* ---------------------------------------------------------------------------------- */
 /* The call                                                                            */
