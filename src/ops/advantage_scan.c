@@ -397,16 +397,13 @@ static const rlk_op_entry as_cumsum_entry = {
     RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .fill = as_fill, .dims = as_launch_dims};
 
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
-  as_call k;
-  return rlk_op_run(&as_gae_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&as_gae_entry, ctx, a, stream);
 }
 
 RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *a, void *stream) {
-  as_call k;
-  return rlk_op_run(&as_returns_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&as_returns_entry, ctx, a, stream);
 }
 
 RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *a, void *stream) {
-  as_call k;
-  return rlk_op_run(&as_cumsum_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&as_cumsum_entry, ctx, a, stream);
 }

@@ -396,11 +396,9 @@ static const rlk_op_entry ga_entry = {
 
 RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx, const rlk_group_advantage_args *args,
                                                       size_t *bytes) {
-  ga_call k;
-  return rlk_op_workspace_size(&ga_entry, ctx, args, &k.op, bytes);
+  return rlk_op_workspace_size(&ga_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args, void *stream) {
-  ga_call k;
-  return rlk_op_run(&ga_entry, ctx, args, &k.op, stream);
+  return rlk_op_run(&ga_entry, ctx, args, stream);
 }

@@ -446,13 +446,11 @@ static const rlk_op_entry ll_entry = {
 
 RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx, const rlk_linear_logprob_args *args,
                                                      size_t *bytes) {
-  ll_call k;
-  return rlk_op_workspace_size(&ll_entry, ctx, args, &k.op, bytes);
+  return rlk_op_workspace_size(&ll_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *a, void *stream) {
-  ll_call k;
-  return rlk_op_run(&ll_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&ll_entry, ctx, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -997,14 +995,12 @@ static const rlk_op_entry ll_bwd_entry = {
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes) {
-  ll_bwd_call k;
-  return rlk_op_workspace_size(&ll_bwd_entry, ctx, args, &k.op, bytes);
+  return rlk_op_workspace_size(&ll_bwd_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
                                                void *stream) {
-  ll_bwd_call k;
-  return rlk_op_run(&ll_bwd_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&ll_bwd_entry, ctx, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */

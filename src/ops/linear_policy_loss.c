@@ -383,11 +383,9 @@ static const rlk_op_entry lpl_entry = {
 
 RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
                                                          size_t *bytes) {
-  lpl_call c;
-  return rlk_op_workspace_size(&lpl_entry, ctx, args, &c.op, bytes);
+  return rlk_op_workspace_size(&lpl_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args, void *stream) {
-  lpl_call c;
-  return rlk_op_run(&lpl_entry, ctx, args, &c.op, stream);
+  return rlk_op_run(&lpl_entry, ctx, args, stream);
 }

@@ -728,8 +728,7 @@ static const rlk_op_entry lp_fwd_entry = {
 
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
   if (a && a->partials.data) return rlk_logprob_shard_forward(ctx, a, stream);
-  lp_fwd_call c;
-  return rlk_op_run(&lp_fwd_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&lp_fwd_entry, ctx, a, stream);
 }
 
 /* A backward call: the kernel's argument. */
@@ -842,8 +841,7 @@ static const rlk_op_entry lp_bwd_entry = {
     RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .fill = lp_bwd_fill, .dims = lp_bwd_dims};
 
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
-  lp_bwd_call c;
-  return rlk_op_run(&lp_bwd_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&lp_bwd_entry, ctx, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -201,12 +201,10 @@ static const rlk_op_entry vp_entry = {
 RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
                                                              const rlk_logprob_vocab_parallel_args *a,
                                                              size_t *bytes) {
-  vp_call c;
-  return rlk_op_workspace_size(&vp_entry, ctx, a, &c.op, bytes);
+  return rlk_op_workspace_size(&vp_entry, ctx, a, bytes);
 }
 
 RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx, const rlk_logprob_vocab_parallel_args *a,
                                               void *stream) {
-  vp_call c;
-  return rlk_op_run(&vp_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&vp_entry, ctx, a, stream);
 }

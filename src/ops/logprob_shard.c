@@ -226,8 +226,7 @@ static const rlk_op_entry ls_fwd_entry = {
     .validate = ls_fwd_validate, .fill = ls_fill, .dims = ls_fwd_dims};
 
 rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
-  ls_call c;
-  return rlk_op_run(&ls_fwd_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&ls_fwd_entry, ctx, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -303,6 +302,5 @@ static const rlk_op_entry ls_combine_entry = {
     RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .fill = ls_fill, .dims = ls_combine_dims};
 
 RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a, void *stream) {
-  ls_call c;
-  return rlk_op_run(&ls_combine_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&ls_combine_entry, ctx, a, stream);
 }

@@ -268,11 +268,9 @@ static const rlk_op_entry mw_entry = {
 
 RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx, const rlk_masked_whiten_args *args,
                                                     size_t *bytes) {
-  mw_call c;
-  return rlk_op_workspace_size(&mw_entry, ctx, args, &c.op, bytes);
+  return rlk_op_workspace_size(&mw_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *a, void *stream) {
-  mw_call c;
-  return rlk_op_run(&mw_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&mw_entry, ctx, a, stream);
 }

@@ -439,11 +439,9 @@ static const rlk_op_entry pl_entry = {
     .dims = tl_dims};
 
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args, size_t *bytes) {
-  pl_call k;
-  return rlk_op_workspace_size(&pl_entry, ctx, args, &k.tl.op, bytes);
+  return rlk_op_workspace_size(&pl_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream) {
-  pl_call k;
-  return rlk_op_run(&pl_entry, ctx, args, &k.tl.op, stream);
+  return rlk_op_run(&pl_entry, ctx, args, stream);
 }

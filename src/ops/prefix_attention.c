@@ -600,8 +600,7 @@ static const rlk_op_entry pa_fwd_entry = {
     RLK_OP_FIELDS(pa_fwd_fields), .validate = pa_fwd_validate, .select = pa_fwd_select, .launch = pa_fwd_launch};
 
 RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *a, void *stream) {
-  pa_call c;
-  return rlk_op_run(&pa_fwd_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&pa_fwd_entry, ctx, a, stream);
 }
 
 /* A backward call: its shape, the kernels that run it (they size the workspace) and their
@@ -722,14 +721,12 @@ static const rlk_op_entry pa_bwd_entry = {
 RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(rlk_context *ctx,
                                                                 const rlk_prefix_attention_backward_args *args,
                                                                 size_t *bytes) {
-  pa_call c;
-  return rlk_op_workspace_size(&pa_bwd_entry, ctx, args, &c.op, bytes);
+  return rlk_op_workspace_size(&pa_bwd_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_prefix_attention_backward_args *a,
                                                  void *stream) {
-  pa_call c;
-  return rlk_op_run(&pa_bwd_entry, ctx, a, &c.op, stream);
+  return rlk_op_run(&pa_bwd_entry, ctx, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------- */

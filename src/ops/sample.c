@@ -332,6 +332,5 @@ static const rlk_op_entry smp_entry = {
     .validate = smp_validate, .fill = smp_fill, .dims = smp_dims};
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
-  smp_call k;
-  return rlk_op_run(&smp_entry, ctx, a, &k.op, stream);
+  return rlk_op_run(&smp_entry, ctx, a, stream);
 }

@@ -290,11 +290,9 @@ static const rlk_op_entry tb_entry = {
 
 RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
                                                      size_t *bytes) {
-  tb_call k;
-  return rlk_op_workspace_size(&tb_entry, ctx, args, &k.op, bytes);
+  return rlk_op_workspace_size(&tb_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_token_baseline(rlk_context *ctx, const rlk_token_baseline_args *args, void *stream) {
-  tb_call k;
-  return rlk_op_run(&tb_entry, ctx, args, &k.op, stream);
+  return rlk_op_run(&tb_entry, ctx, args, stream);
 }

@@ -235,6 +235,5 @@ static const rlk_op_entry tk_entry = {
     .validate = tk_validate, .fill = tk_fill, .dims = tk_dims};
 
 RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {
-  tk_call k;
-  return rlk_op_run(&tk_entry, ctx, args, &k.op, stream);
+  return rlk_op_run(&tk_entry, ctx, args, stream);
 }

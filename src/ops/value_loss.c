@@ -213,11 +213,9 @@ static const rlk_op_entry vl_entry = {
     .workspace = RLK_OP_WORKSPACE(rlk_value_loss_args, 16), .validate = vl_validate, .fill = vl_fill, .dims = tl_dims};
 
 RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args, size_t *bytes) {
-  vl_call k;
-  return rlk_op_workspace_size(&vl_entry, ctx, args, &k.tl.op, bytes);
+  return rlk_op_workspace_size(&vl_entry, ctx, args, bytes);
 }
 
 RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream) {
-  vl_call k;
-  return rlk_op_run(&vl_entry, ctx, args, &k.tl.op, stream);
+  return rlk_op_run(&vl_entry, ctx, args, stream);
 }

@@ -1,5 +1,6 @@
 /* op_call.c - the generic call driver: the part of every op call that is the same for all (see
  * op_call.h). */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -7,14 +8,23 @@
 #include "runtime/op_call.h"
 #include "runtime/record.h"
 
+/* The op's call state, held by the driver. */
+typedef union call_state {
+  rlk_op_call call;
+  max_align_t align;
+  unsigned char bytes[RLK_OP_CALL_BYTES];
+} call_state;
+
 static rlk_status validate(const rlk_op_entry *e, const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  if (e->call_size > RLK_OP_CALL_BYTES)
+    return rlk_error(RLK_ERR_INTERNAL, "%s: a call's state of %zu bytes exceeds %d", e->name, e->call_size,
+                     RLK_OP_CALL_BYTES);
   memset(call, 0, e->call_size);
   if (e->op) rlk_op_values_init(e->op, &call->vals);
   return e->validate(ctx, args, call);
 }
 
-rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call,
-                                 size_t *bytes) {
+rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, size_t *bytes) {
   if (bytes) *bytes = 0;
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: ctx is NULL", e->name);
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s_workspace_size: args is NULL", e->name);
@@ -24,8 +34,9 @@ rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const 
     if (st) *bytes = 0;
     return st;
   }
-  rlk_status st = validate(e, ctx, args, call);
-  if (!st) *bytes = call->workspace;
+  call_state state;
+  rlk_status st = validate(e, ctx, args, &state.call);
+  if (!st) *bytes = state.call.workspace;
   return st;
 }
 
@@ -43,9 +54,11 @@ static rlk_status check_workspace(const rlk_op_entry *e, const void *workspace, 
   return RLK_OK;
 }
 
-rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", e->name);
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", e->name);
+  call_state state;
+  rlk_op_call *call = &state.call;
   rlk_status st = validate(e, ctx, args, call);
   if (st) return st;
   const void *workspace = NULL;

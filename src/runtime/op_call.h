@@ -18,7 +18,10 @@
 #include "runtime/overlap.h"
 
 /* A call being made: what the driver and the op share. The op keeps its own state in a struct
- * whose first member is this one, which its functions reach by a cast. */
+ * whose first member is this one (the driver holds it: at most RLK_OP_CALL_BYTES), which its
+ * functions reach by a cast. */
+#define RLK_OP_CALL_BYTES 16384
+
 typedef struct rlk_op_call {
   rlk_op_values vals; /* the call's configuration (validate sets every setting a recording spells) */
   size_t workspace;   /* the workspace bytes the call needs (validate; 0: none) */
@@ -41,7 +44,8 @@ typedef struct rlk_op_entry {
   const char *name;       /* the public function, "rlk_token_kl": the prefix of its messages */
   const rlk_op_desc *op;  /* the configuration-line family of its calls (plan, RLK_JIT_RECORD); NULL
                            * for a call made of other calls, which record their own */
-  size_t call_size;       /* sizeof the op's call struct (zeroed before validate) */
+  size_t call_size;       /* sizeof the op's call struct (zeroed before validate; at most
+                           * RLK_OP_CALL_BYTES) */
   const rlk_arg_field *fields;
   size_t nfields;
   rlk_op_workspace workspace;
@@ -63,12 +67,11 @@ typedef struct rlk_op_entry {
   rlk_status (*launch)(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream);
 } rlk_op_entry;
 
-/* The call of entry e on `args`; `call` is the op's state (an rlk_op_call first). */
-rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call, void *stream);
+/* The call of entry e on `args`. */
+rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, void *stream);
 
 /* <entry>_workspace_size: the bytes of workspace the call of `args` needs (validate's), 0 on an
  * error. */
-rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, rlk_op_call *call,
-                                 size_t *bytes);
+rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, size_t *bytes);
 
 #endif
