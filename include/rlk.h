@@ -1338,6 +1338,208 @@ RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_pol
                                           void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Ops: divergences between two LM heads (on-policy distillation)          */
+/* ------------------------------------------------------------------------ */
+
+/* The divergence of a student's next-token distribution from a teacher's, per token, from both
+ * models' hidden states and LM heads, neither head's [N, V] logits ever stored. Per row i, with
+ *   z_s = student_hidden[i] student_weight^T / T_s,   z_t = teacher_hidden[i] teacher_weight^T / T_t,
+ *   lse = log sum_v exp z,  log p = z - lse  (each side over the same V columns):
+ *   FORWARD_KL  D = KL(p_t || p_s) = sum_v p_t (log p_t - log p_s)
+ *   REVERSE_KL  D = KL(p_s || p_t) = sum_v p_s (log p_s - log p_t)
+ *   JSD         D = beta KL(p_t || m) + (1 - beta) KL(p_s || m),  m = (1 - beta) p_s + beta p_t,
+ *               0 < beta < 1 (TRL's generalized JSD: its beta 0 and 1 are the two KLs above)
+ * and, with top_k = k > 0 (FORWARD_KL only), the teacher's top-k approximation over the set K of
+ * the k columns of largest z_t (ties: the lower column first), with both distributions over the
+ * whole vocabulary (verl's top-k forward KL): D = sum_{v in K} p_t (log p_t - log p_s).
+ *
+ * What one pass over the vocabulary must gather (each side's running maximum m and sum of
+ * exp(z - m), merged across column splits by rescaling to the larger maximum):
+ *   FORWARD_KL  D = sum_v p_t (z_t - z_s) - lse_t + lse_s, where sum_v p_t (z_t - z_s) =
+ *               G_t / S_t with G_t = sum_v e^(z_t - m_t) (z_t - z_s): one pass.
+ *   REVERSE_KL  the mirror image, G_s = sum_v e^(z_s - m_s) (z_s - z_t): one pass.
+ *   JSD         log m = log((1 - beta) e^(z_s - lse_s) + beta e^(z_t - lse_t)) weighs the two sides
+ *               by their normalizers inside a logarithm, per column: no set of per-side sums
+ *               gives it, so a first pass finds lse_s and lse_t and a second pass over the
+ *               vocabulary (the logits recomputed) sums D, A = KL(p_s || m) and B = KL(p_t || m).
+ *   top-k       each split keeps its k largest teacher logits (value, column); the splits' lists
+ *               merge into K, where the student's logits are taken once more (k dot products a
+ *               row): D = sum_K p_t (z_t - z_s) - P (lse_t - lse_s), P = sum_K p_t. One pass.
+ * The student's entropy lse_s - sum_v p_s z_s comes from the same first pass.
+ *
+ * The gradients (g = the upstream gradient of D[i]; dD / dz per column, recomputed in the
+ * backward from the logits and the saved per-row stats, as the fused head's backward does):
+ *   FORWARD_KL  dz_s = p_s - p_t                       dz_t = p_t (log p_t - log p_s - D)
+ *   REVERSE_KL  dz_s = p_s (log p_s - log p_t - D)     dz_t = p_t - p_s
+ *   JSD         dz_s = (1 - beta) p_s (log p_s - log m - A)   dz_t = beta p_t (log p_t - log m - B)
+ *   top-k       dz_s = P p_s - [v in K] p_t            dz_t = p_t ([v in K] (log p_t - log p_s + 1) - D - P)
+ * then grad_hidden = (g dz / T) weight and grad_weight = (g dz / T)^T hidden on each side.
+ *
+ * The per-row stats the forward saves for the backward, f32 [N, RLK_LINEAR_DIVERGENCE_STATS]:
+ *   [0] lse_s  [1] lse_t  [2] D
+ *   [3] JSD: A = KL(p_s || m); top-k: P = sum_K p_t; else 0
+ *   [4] JSD: B = KL(p_t || m); top-k: the k-th largest z_t; else 0
+ *   [5] top-k: the column of the k-th largest z_t (the set's last member; the backward tells
+ *       membership by comparing each column's recomputed teacher logit with that column's);
+ *       else 0
+ * A row whose label is ignore_index gets D = 0 (its lse's and entropy are still computed) and no
+ * gradient. Dot products accumulate in f32 on a GPU (fp64 on the host); no [N, V] buffer exists;
+ * results are bitwise repeatable (splits merged in order, no float atomics). */
+typedef enum rlk_divergence_mode {
+  RLK_DIVERGENCE_FORWARD_KL = 0, /* KL(teacher || student) */
+  RLK_DIVERGENCE_REVERSE_KL = 1, /* KL(student || teacher) */
+  RLK_DIVERGENCE_JSD = 2         /* generalized Jensen-Shannon, mixture weight beta */
+} rlk_divergence_mode;
+
+#define RLK_LINEAR_DIVERGENCE_STATS 6
+#define RLK_LINEAR_DIVERGENCE_TOP_K_MAX 32
+
+/* The vocab-parallel record of one shard (FORWARD_KL and REVERSE_KL), f32 per row, in natural-log
+ * units of z over the shard's columns: [0] m_s, [1] sum e^(z_s - m_s), [2] sum e^(z_s - m_s)
+ * (z_s - m_s) (the entropy's part), [3] m_t, [4] sum e^(z_t - m_t), [5] G_t = sum e^(z_t - m_t)
+ * (z_t - z_s), [6] G_s = sum e^(z_s - m_s) (z_s - z_t), [7] 0. A shard with no column has m = -inf
+ * and zero sums. rlk_linear_divergence_combine merges the gathered records of the P shards in rank
+ * order: M = max_r m_r, every sum rescaled by e^(m_r - M) (the entropy's part plus (m_r - M) times
+ * the shard's sum), then lse = M + ln S and D as above. */
+#define RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS 8
+
+typedef struct rlk_linear_divergence_args {
+  /* The two heads: [N, H_s] / [V, H_s] and [N, H_t] / [V, H_t], bf16 or f16 (a head's hidden and
+   * weight share a dtype; the two heads need not), rows contiguous, row strides >= H. */
+  rlk_tensor student_hidden;
+  rlk_tensor student_weight;
+  rlk_tensor teacher_hidden;
+  rlk_tensor teacher_weight;
+  float student_temperature;   /* T_s > 0 and finite */
+  float teacher_temperature;   /* T_t > 0 and finite */
+  rlk_divergence_mode mode;
+  double beta;                 /* JSD: in (0, 1) */
+  int top_k;                   /* 0: the whole vocabulary; 1 to RLK_LINEAR_DIVERGENCE_TOP_K_MAX
+                                * (and <= V, V + vocab_start <= 2^24): FORWARD_KL over the
+                                * teacher's top k */
+  rlk_tensor labels;           /* optional [N] i32 or i64, any positive stride: only compared
+                                * with ignore_index (the student's sampled tokens, -100 where no
+                                * token counts) */
+  int64_t ignore_index;
+  /* Outputs: f32 [N] contiguous D (required), f32 [N, RLK_LINEAR_DIVERGENCE_STATS] contiguous
+   * (required: the backward's input), the student's entropy f32 [N] contiguous (optional). */
+  rlk_tensor divergence;
+  rlk_tensor stats;
+  rlk_tensor entropy;
+  /* Optional: the loss over the tokens, loss = loss_scale agg(D) as rlk_policy_loss aggregates a
+   * term (each mode, normalizer and layout of rlk_loss_agg; the call runs rlk_policy_loss on D),
+   * f32 [1], and grad_divergence = d loss / d D, f32 [N] contiguous (the backward's input).
+   * Token i of the loss's layout is row i: mask [B, T] (B T = N, bool, i32 or f32, rows
+   * contiguous) reads the tokens as B rows of T; else they are packed [N], one sequence or
+   * seq_offsets' [S + 1] (i32 or i64). Ignored rows should be masked out (their D is 0). */
+  rlk_tensor loss;
+  rlk_tensor grad_divergence;
+  rlk_tensor mask;
+  rlk_tensor seq_offsets;
+  rlk_loss_agg agg;
+  double token_normalizer, seq_normalizer, norm_scale, loss_scale; /* as in rlk_policy_loss_args */
+  rlk_tensor token_normalizer_tensor;
+  rlk_tensor seq_normalizer_tensor;
+  /* Device scratch of rlk_linear_divergence_workspace_size() bytes, 16-byte aligned. */
+  void *workspace;
+  size_t workspace_bytes;
+  rlk_linear_logprob_variant variant; /* AUTO or TILED (WGMMA: not yet; runs TILED) */
+  int splits;                  /* vocabulary splits of a GPU call (0: chosen) */
+  /* Shard form (FORWARD_KL, REVERSE_KL): when `partials` is given, the weights hold the rows
+   * [vocab_start, vocab_start + V) of both heads, and the call writes this shard's records, f32
+   * [N, RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS] contiguous and 16-byte aligned, instead of its
+   * outputs (divergence, stats, entropy and the loss must then be absent). */
+  rlk_tensor partials;
+  int64_t vocab_start;
+} rlk_linear_divergence_args;
+
+/* Defaults: forward KL, both temperatures 1, beta 0.5 (used by JSD only), top_k 0, ignore_index
+ * -100, token-mean, loss_scale 1, the normalizers 0 (this call's counts), variant auto, splits 0,
+ * every tensor absent. */
+RLK_API void rlk_linear_divergence_args_init(rlk_linear_divergence_args *args);
+
+/* Bytes of workspace a call needs (the split records, top-k lists, the loss's workspace; the
+ * host backend needs only the loss's). Checks the arguments like the call. */
+RLK_API rlk_status rlk_linear_divergence_workspace_size(rlk_context *ctx,
+                                                        const rlk_linear_divergence_args *args,
+                                                        size_t *bytes);
+
+/* The forward on `stream`: a GEMM launch over (row blocks, vocabulary splits) and a merge of the
+ * splits (JSD: twice; top-k: then a launch a row for the set), then the loss's launches. */
+RLK_API rlk_status rlk_linear_divergence(rlk_context *ctx, const rlk_linear_divergence_args *args,
+                                         void *stream);
+
+typedef struct rlk_linear_divergence_backward_args {
+  /* As in the forward's arguments (the same tensors and settings). */
+  rlk_tensor student_hidden;
+  rlk_tensor student_weight;
+  rlk_tensor teacher_hidden;
+  rlk_tensor teacher_weight;
+  float student_temperature;
+  float teacher_temperature;
+  rlk_divergence_mode mode;
+  double beta;
+  int top_k;
+  rlk_tensor labels;
+  int64_t ignore_index;
+  rlk_tensor stats;            /* the forward's f32 [N, 6] (any row stride >= 6) */
+  rlk_tensor grad_divergence;  /* f32 [N], any positive stride: the upstream gradient of D */
+  /* Outputs, each optional (at least one): the student's [N, H_s] and [V, H_s], the teacher's
+   * [N, H_t] and [V, H_t]; f32 or that head's dtype, rows contiguous, row stride >= H.
+   * Overwritten, or added to when `accumulate` is 1. */
+  rlk_tensor grad_student_hidden;
+  rlk_tensor grad_student_weight;
+  rlk_tensor grad_teacher_hidden;
+  rlk_tensor grad_teacher_weight;
+  int accumulate;
+  void *workspace;             /* rlk_linear_divergence_backward_workspace_size() bytes */
+  size_t workspace_bytes;
+  int chunk;                   /* vocabulary columns a chunk, a multiple of 64 (0: chosen with the
+                                * workspace within 288 MiB) */
+  /* Shard form: shard 1, the weights the rows [vocab_start, vocab_start + V) of both heads and
+   * stats the combined ones (rlk_linear_divergence_combine): this shard's gradients (its part of
+   * the hidden states' sums, its rows of the weights). No communication. */
+  int shard;
+  int64_t vocab_start;
+} rlk_linear_divergence_backward_args;
+
+/* Defaults as rlk_linear_divergence_args_init's, overwrite, chunk 0, every tensor absent. */
+RLK_API void rlk_linear_divergence_backward_args_init(rlk_linear_divergence_backward_args *args);
+
+/* Bytes of workspace the backward needs on a GPU: each chunk's f32 dz (both sides' when a teacher
+ * gradient is asked for) and, for a 16-bit grad_hidden, its f32 sum (an f32 one is its own); 0 on
+ * the host backend. */
+RLK_API rlk_status rlk_linear_divergence_backward_workspace_size(rlk_context *ctx,
+                                                                 const rlk_linear_divergence_backward_args *args,
+                                                                 size_t *bytes);
+
+/* The backward on `stream`: per vocabulary chunk, in order, a launch that recomputes both heads'
+ * logits into dz, then the products into the gradients asked for; every output element written by
+ * one thread, no atomics. */
+RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx,
+                                                  const rlk_linear_divergence_backward_args *args,
+                                                  void *stream);
+
+/* Merges gathered shard records (rlk_linear_divergence's shard form) in rank order. */
+typedef struct rlk_linear_divergence_combine_args {
+  /* f32 [P, N, RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS] contiguous, 16-byte aligned, rank order */
+  rlk_tensor partials;
+  rlk_divergence_mode mode;    /* FORWARD_KL or REVERSE_KL */
+  rlk_tensor labels;           /* optional, as in the forward */
+  int64_t ignore_index;
+  rlk_tensor divergence;       /* as in the forward: required */
+  rlk_tensor stats;            /* required */
+  rlk_tensor entropy;          /* optional */
+} rlk_linear_divergence_combine_args;
+
+/* Defaults: forward KL, ignore_index -100, every tensor absent. */
+RLK_API void rlk_linear_divergence_combine_args_init(rlk_linear_divergence_combine_args *args);
+
+/* One launch, a thread a row; every rank combining the same bytes gets the same bits. */
+RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *args,
+                                                 void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Ops: prefix-shared attention for GRPO groups                             */
 /* ------------------------------------------------------------------------ */
 

@@ -12,6 +12,7 @@ the library's message.
     lp = rlk.logprob(logits, labels, entropy=True)                # logp, lse, entropy
     lp = rlk.vocab_parallel_logprob(shard_logits, labels, group=tp_group)  # tensor-parallel
     lp = rlk.linear_logprob(hidden, lm_head_weight, labels)       # the same, logits never stored
+    d = rlk.linear_divergence(h_s, w_s, h_t, w_t, mode="jsd")     # distillation, two heads
     tok = rlk.sample(logits, temperature=0.7, top_k=50, top_p=0.9, seed=seeds)  # tokens, logp
     packed, layout = rlk.pack_grpo(prompts, responses)            # [prefix | r_1 .. r_G] per prompt
     out, lse = rlk.prefix_attention(q, k, v, layout)              # prefix-shared attention
@@ -48,6 +49,9 @@ from .ops.logprob import STATUS_BAD_LABEL, LogprobResult, LogprobVariant, logpro
 from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_combine,
                                  logprob_partials, nccl_comm_of, nccl_version,
                                  vocab_parallel_logprob, vocab_parallel_logprob_nccl)
+from .ops.linear_divergence import (DivergenceMode, LinearDivergenceResult, linear_divergence,
+                                    linear_divergence_backward, linear_divergence_combine,
+                                    linear_divergence_partials)
 from .ops.linear_logprob import (LinearLogprobVariant, LinearPolicyLossResult, linear_logprob,
                                  linear_logprob_backward, linear_logprob_partials,
                                  linear_policy_loss)
@@ -91,6 +95,8 @@ __all__ = [
     "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS", "PolicyLossMode", "KLEstimator", "LossAgg",
     "gae", "discounted_returns", "reverse_cumsum", "masked_whiten", "ScanAlgo", "GaeMasked",
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
+    "linear_divergence", "linear_divergence_backward", "linear_divergence_partials",
+    "linear_divergence_combine", "LinearDivergenceResult", "DivergenceMode",
     "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "linear_logprob_partials", "linear_policy_loss", "LinearPolicyLossResult", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
     "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
     "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",

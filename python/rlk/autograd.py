@@ -20,6 +20,7 @@ import torch
 from . import torch_ops as _traced
 from ._tensor import is_torch
 from .errors import InvalidArgument
+from .ops import linear_divergence as _divergence
 from .ops import linear_logprob as _linear
 from .ops import logprob as _logprob
 from .ops import vocab_parallel as _vocab_parallel
@@ -30,7 +31,8 @@ from .ops import token_kl as _token_kl
 __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
            "VocabParallelTokenLogprob", "PrefixAttention", "TokenKL", "policy_loss", "value_loss",
            "token_logprob", "linear_token_logprob", "vocab_parallel_token_logprob",
-           "prefix_attention", "token_kl"]
+           "prefix_attention", "token_kl", "LinearDivergence", "linear_divergence",
+           "linear_divergence_loss"]
 
 
 # The functional calls a Function's forward and backward make (eagerly: torch.compile traces the
@@ -393,3 +395,94 @@ def token_kl(logp, ref_logp, estimator="k3", **kwargs):
     _require_torch("token_kl", logp)
     kwargs["estimator"] = estimator
     return TokenKL.apply(logp, ref_logp, kwargs)
+
+
+# ---- two heads: on-policy distillation ----
+
+_div_fwd = _divergence.linear_divergence
+_div_bwd = _divergence.linear_divergence_backward
+# the forward's keywords that the backward takes too (the divergence's settings)
+_DIV_SETTINGS = ("mode", "beta", "top_k", "temperature", "student_temperature",
+                 "teacher_temperature", "labels", "ignore_index")
+
+
+def _div_grads(ctx, heads, stats, g):
+    """The backward of sum_i g_i D_i into new gradients of the heads that need them, each in its
+    own dtype (accumulated in f32 inside the kernels)."""
+    need = ctx.needs_input_grad[:4]
+    if g is None or not any(need):
+        return (None,) * 4
+    grads = [torch.empty(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device) if n else None
+             for x, n in zip(heads, need)]
+    _div_bwd(*heads, stats, g, student=False, teacher=False, grad_student_hidden=grads[0],
+             grad_student_weight=grads[1], grad_teacher_hidden=grads[2],
+             grad_teacher_weight=grads[3], chunk=ctx.chunk, **ctx.kw)
+    return tuple(grads)
+
+
+class LinearDivergence(torch.autograd.Function):
+    """(student_hidden [N, H_s], student_weight [V, H_s], teacher_hidden [N, H_t], teacher_weight
+    [V, H_t], keyword dict) -> (divergence [N], entropy [N] or None), f32, neither head's logits
+    stored (rlk_linear_divergence); differentiable in each head's tensors that require grad
+    (a frozen teacher's get none), through rlk_linear_divergence_backward. The entropy (the
+    student's) has no gradient. With the dict's "loss" true, the first output is instead the
+    aggregated loss [] (rlk.linear_divergence's loss keywords)."""
+
+    @staticmethod
+    def forward(ctx, student_hidden, student_weight, teacher_hidden, teacher_weight, kwargs):
+        ctx.set_materialize_grads(False)
+        kw = dict(kwargs)
+        ctx.chunk = kw.pop("chunk", None)
+        want_loss = bool(kw.get("loss", False))
+        ctx.kw = {k: kw[k] for k in _DIV_SETTINGS if k in kw}
+        out = _div_fwd(student_hidden, student_weight, teacher_hidden, teacher_weight, **kw)
+        ctx.save_for_backward(student_hidden, student_weight, teacher_hidden, teacher_weight,
+                              out.stats, out.grad_divergence)
+        if out.entropy is not None:
+            ctx.mark_non_differentiable(out.entropy)
+        return (out.loss.view(()) if want_loss else out.divergence), out.entropy
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_entropy):
+        sh, sw, th, tw, stats, weights = ctx.saved_tensors
+        if grad_out is None:
+            return (None,) * 5
+        # the loss's gradient per token is its aggregation weight times the incoming gradient
+        g = _upstream(grad_out) if weights is None else weights * grad_out.float()
+        return (*_div_grads(ctx, (sh, sw, th, tw), stats, g), None)
+
+
+@torch.compiler.disable
+def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_weight, *,
+                      entropy=False, **kwargs):
+    """The per-token divergence of the student's next-token distribution from the teacher's
+    (rlk.linear_divergence's keywords: mode, beta, top_k, temperature, student_temperature,
+    teacher_temperature, labels, ignore_index, variant, splits; and chunk, the backward's
+    vocabulary chunk), from student_hidden [..., H_s] / student_weight [V, H_s] and
+    teacher_hidden [..., H_t] / teacher_weight [V, H_t], differentiable in the tensors that
+    require grad (a frozen teacher: none of its). Returns the divergence (the rows' leading
+    shape, f32), or (divergence, the student's entropy) with entropy=True. torch.compile runs it
+    eagerly (a graph break)."""
+    _require_torch("linear_divergence", student_hidden)
+    shape = tuple(student_hidden.shape[:-1])
+    sh, th = _rows(student_hidden), _rows(teacher_hidden)
+    kwargs.update(entropy=entropy, loss=False)
+    div, ent = LinearDivergence.apply(sh, student_weight, th, teacher_weight, kwargs)
+    if entropy:
+        return _shaped(div, shape), _shaped(ent, shape)
+    return _shaped(div, shape)
+
+
+@torch.compiler.disable
+def linear_divergence_loss(student_hidden, student_weight, teacher_hidden, teacher_weight,
+                           mask=None, *, entropy=False, **kwargs):
+    """The loss over the tokens, loss_scale * agg(divergence), as a differentiable scalar: the
+    divergence as rlk.autograd.linear_divergence computes it (its keywords), aggregated as
+    rlk.policy_loss aggregates a term (agg, mask [B, T] over the rows or [N], seq_offsets,
+    token_normalizer, seq_normalizer, norm_scale, loss_scale; default token-mean). Returns the
+    loss, or (loss, the student's entropy [N]) with entropy=True."""
+    _require_torch("linear_divergence_loss", student_hidden)
+    sh, th = _rows(student_hidden), _rows(teacher_hidden)
+    kwargs.update(entropy=entropy, loss=True, mask=mask)
+    loss, ent = LinearDivergence.apply(sh, student_weight, th, teacher_weight, kwargs)
+    return (loss, ent) if entropy else loss

@@ -27,6 +27,9 @@
   OP(linear_logprob)     ARGS(rlk_linear_logprob_args)         SUITE(linear_logprob)                     \
                          ARGS(rlk_linear_logprob_backward_args)                                          \
                          ARGS(rlk_linear_policy_loss_args)                                               \
+  OP(linear_divergence)  ARGS(rlk_linear_divergence_args)      SUITE(linear_divergence)                  \
+                         ARGS(rlk_linear_divergence_backward_args)                                       \
+                         ARGS(rlk_linear_divergence_combine_args)                                        \
   OP(token_baseline)     ARGS(rlk_token_baseline_args)         SUITE(token_baseline)                     \
   OP(token_kl)           ARGS(rlk_token_kl_args)               SUITE(token_kl)                           \
   OP(logprob)            ARGS(rlk_logprob_args)                SUITE(logprob)                            \

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "rlk_host_grad.h"
 #include "rlk_host_prelude.h"
 #include "linear_logprob_params.h"
 
@@ -17,20 +18,6 @@ enum { LL_STATUS_BAD_LABEL = 1 };
 
 static inline double ll_val(const uint16_t *p, rlk_i64 j) {
   return RLK_P_HIDDEN == 1 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
-}
-
-static double ll_get(const void *p, int dt, rlk_i64 j) {
-  if (dt == 0) return ((const float *)p)[j];
-  return dt == 1 ? rlk_f16_to_float(((const uint16_t *)p)[j]) : rlk_bf16_to_float(((const uint16_t *)p)[j]);
-}
-
-static void ll_put(void *p, int dt, rlk_i64 j, double v) {
-  if (dt == 0)
-    ((float *)p)[j] = (float)v;
-  else if (dt == 1)
-    ((uint16_t *)p)[j] = rlk_float_to_f16((float)v);
-  else
-    ((uint16_t *)p)[j] = rlk_float_to_bf16((float)v);
 }
 
 RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
@@ -101,14 +88,14 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
     if (gw)
       for (rlk_i64 k = 0; k < H; k++) {
         const rlk_i64 j = v * gws + k;
-        ll_put(gw, RLK_P_GW, j, (accumulate ? ll_get(gw, RLK_P_GW, j) : 0.0) + dw[k]);
+        rlk_grad_put(gw, RLK_P_GW, j, (accumulate ? rlk_grad_get(gw, RLK_P_GW, j) : 0.0) + dw[k]);
       }
   }
   if (gh)
     for (rlk_i64 i = 0; i < N; i++)
       for (rlk_i64 k = 0; k < H; k++) {
         const rlk_i64 j = i * ghs + k;
-        ll_put(gh, RLK_P_GH, j, (accumulate ? ll_get(gh, RLK_P_GH, j) : 0.0) + dh[i * H + k]);
+        rlk_grad_put(gh, RLK_P_GH, j, (accumulate ? rlk_grad_get(gh, RLK_P_GH, j) : 0.0) + dh[i * H + k]);
       }
   free(dh);
   free(dw);

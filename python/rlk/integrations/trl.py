@@ -42,6 +42,7 @@ from .. import autograd as _ag
 from .._status import check_status as rlk_check_status
 from ..ops import group_advantage as _ga
 from . import _head, _prefix
+from .trl_distill import patch as patch_distillation  # noqa: F401  (DistillationTrainer)
 from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total,
                       torch_clamp_bound_grad)
 

@@ -1,0 +1,988 @@
+/* linear_divergence.c - the divergence of a student's next-token distribution from a teacher's,
+ * from both models' hidden states and LM heads (rlk_linear_divergence), its backward and the
+ * vocab-parallel combine: validation, the kernels' selection, the vocabulary split and chunks,
+ * launches. The math, the stats the forward saves and the record format are in include/rlk.h.
+ *
+ * Forward kernels (templates/cuda/linear_divergence.cuh, templates/host/linear_divergence_fwd.c):
+ *   linear_divergence_fwd_tiled     every GPU target: both heads' 64 x 64 f32 logit tiles folded
+ *                                   into per-(split, row) records in the workspace (top-k: and
+ *                                   each split's list of its largest teacher logits)
+ *   linear_divergence_combine       the records of a row in split order: lse's, the entropy, D
+ *   linear_divergence_fwd_tiled     (kind 2) JSD's second pass, then linear_divergence_jsd_combine
+ *   linear_divergence_topk          top-k: the set, the student's logits there, D
+ *   linear_divergence_fwd_host      the host backend: fp64 throughout
+ * then, when a loss is asked for, rlk_policy_loss on D (see ld_loss_args).
+ *
+ * Backward kernels (templates/cuda/linear_divergence_bwd.cuh, templates/host/linear_divergence_bwd.c):
+ * per vocabulary chunk, in order, linear_divergence_bwd_dz (both heads' logits recomputed, dz of
+ * each side asked for into the workspace), then per side the fused head's products over dz
+ * (linear_logprob_bwd_dh, _dw; _dh_out at the end for a 16-bit grad_hidden). The host runs
+ * linear_divergence_bwd_host (fp64).
+ *
+ * ld_plan turns a configuration (the settings of a precompile line, or those a call sets from
+ * its arguments) into the kernels: calls and lines go through the one function. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ops/linear_logprob_plan.h"
+#include "ops/ops.h"
+#include "runtime/op_call.h"
+#include "runtime/record.h"
+#include "common/linear_divergence_params.h"
+#include "common/linear_logprob_params.h"
+
+/* The kernels' arguments (templates/common/linear_divergence_params.h; the fused head's products
+ * from templates/common/linear_logprob_params.h). */
+RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
+
+#define LD_N(a) (sizeof(a) / sizeof((a)[0]))
+#define LD_HEAD_DTYPES (RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
+#define LD_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
+#define LD_F32 RLK_DTYPE_BIT(RLK_F32)
+
+#define LD_TILE 64        /* the portable kernels' tiles (rows, columns) */
+#define LD_THREADS 256
+#define LD_RECORD 8       /* floats a record (RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS) */
+#define LD_STATS 6        /* RLK_LINEAR_DIVERGENCE_STATS */
+#define LD_TOPK_SPLITS 8  /* top-k: at most this many splits, and splits x k <= 256 (the set's block) */
+#define LD_TOPK_CANDS 256
+#define LD_INDEX_MAX ((int64_t)1 << 24) /* top-k: columns kept as f32 in the stats */
+/* The backward's workspace at most when the call chooses the chunk (as the fused head's). */
+#define LD_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
+
+/* The kernels' codes: dtypes (the fused head's: f32 for gradients only), labels, modes. */
+enum { LD_DT_F32 = 0, LD_DT_F16 = 1, LD_DT_BF16 = 2 };
+enum { LD_LAB_NONE = 0, LD_LAB_I32 = 1, LD_LAB_I64 = 2 };
+enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
+enum { LD_KIND_STATS = 0, LD_KIND_TOPK = 1, LD_KIND_JSD = 2 };
+
+static const char *const ld_dt_names[] = {"f32", "f16", "bf16", NULL};
+static const char *const ld_label_names[] = {"none", "i32", "i64", NULL};
+static const char *const ld_kmode_names[] = {"forward-kl", "reverse-kl", "jsd", "topk", NULL};
+
+/* ---------------------------------------------------------------------------------- */
+/* The templates                                                                       */
+/* ---------------------------------------------------------------------------------- */
+
+#define LD_FWD_CUDA "cuda/linear_divergence.cuh"
+#define LD_BWD_CUDA "cuda/linear_divergence_bwd.cuh"
+
+static const rlk_param_decl ld_host_params[] = {
+    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
+};
+static const rlk_param_decl ld_tiled_params[] = {
+    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"kind", RLK_PARAM_INT, 0, 2, 0, 0, NULL},
+};
+static const rlk_param_decl ld_combine_params[] = {
+    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
+};
+static const rlk_param_decl ld_labels_params[] = {
+    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+};
+static const rlk_param_decl ld_topk_params[] = {
+    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+};
+static const rlk_param_decl ld_dz_params[] = {
+    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},   {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names}, {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
+    {"student", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},       {"teacher", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+};
+/* the fused head's products over dz, instantiated from this op's source */
+static const rlk_param_decl ld_dh_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names}};
+static const rlk_param_decl ld_dw_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+                                              {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
+static const rlk_param_decl ld_dh_out_params[] = {{"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
+
+static const rlk_template ld_fwd_host_tmpl = {"linear_divergence", "linear_divergence_fwd_host", NULL,
+                                              "host/linear_divergence_fwd.c", LD_N(ld_host_params), ld_host_params};
+static const rlk_template ld_bwd_host_tmpl = {"linear_divergence", "linear_divergence_bwd_host", NULL,
+                                              "host/linear_divergence_bwd.c", LD_N(ld_host_params), ld_host_params};
+static const rlk_template ld_combine_host_tmpl = {"linear_divergence", "linear_divergence_combine_host", NULL,
+                                                  "host/linear_divergence_combine.c", LD_N(ld_combine_params),
+                                                  ld_combine_params};
+static const rlk_template ld_tiled_tmpl = {"linear_divergence", "linear_divergence_fwd_tiled", LD_FWD_CUDA, NULL,
+                                           LD_N(ld_tiled_params), ld_tiled_params};
+static const rlk_template ld_combine_tmpl = {"linear_divergence", "linear_divergence_combine", LD_FWD_CUDA, NULL,
+                                             LD_N(ld_combine_params), ld_combine_params};
+static const rlk_template ld_jsd_combine_tmpl = {"linear_divergence", "linear_divergence_jsd_combine", LD_FWD_CUDA,
+                                                 NULL, LD_N(ld_labels_params), ld_labels_params};
+static const rlk_template ld_topk_tmpl = {"linear_divergence", "linear_divergence_topk", LD_FWD_CUDA, NULL,
+                                          LD_N(ld_topk_params), ld_topk_params};
+static const rlk_template ld_dz_tmpl = {"linear_divergence", "linear_divergence_bwd_dz", LD_BWD_CUDA, NULL,
+                                        LD_N(ld_dz_params), ld_dz_params};
+static const rlk_template ld_dh_tmpl = {"linear_divergence", "linear_logprob_bwd_dh", LD_BWD_CUDA, NULL,
+                                        LD_N(ld_dh_params), ld_dh_params};
+static const rlk_template ld_dw_tmpl = {"linear_divergence", "linear_logprob_bwd_dw", LD_BWD_CUDA, NULL,
+                                        LD_N(ld_dw_params), ld_dw_params};
+static const rlk_template ld_dh_out_tmpl = {"linear_divergence", "linear_logprob_bwd_dh_out", LD_BWD_CUDA, NULL,
+                                            LD_N(ld_dh_out_params), ld_dh_out_params};
+
+/* ---------------------------------------------------------------------------------- */
+/* The settings and the plan (shared by calls and precompiling)                        */
+/* ---------------------------------------------------------------------------------- */
+
+static const char *const ld_pass_names[] = {"fwd", "bwd", "both", "combine", NULL};
+static const char *const ld_mode_names[] = {"forward-kl", "reverse-kl", "jsd", NULL};
+static const char *const ld_grad_names[] = {"none", "f32", "same", NULL};
+enum { LD_PASS_FWD = 0, LD_PASS_BWD = 1, LD_PASS_BOTH = 2, LD_PASS_COMBINE = 3 };
+enum { LD_GRAD_NONE = 0, LD_GRAD_F32 = 1, LD_GRAD_SAME = 2 };
+
+enum {
+  LD_S_PASS, LD_S_STUDENT, LD_S_TEACHER, LD_S_LABELS, LD_S_MODE, LD_S_TOPK, LD_S_SHARD, LD_S_GRAD,
+  LD_S_TEACHER_GRAD, LD_NSETTINGS
+};
+
+static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
+    [LD_S_PASS] = RLK_SET_CHOICE("pass", ld_pass_names, LD_PASS_BOTH, "linear_divergence_*",
+                                 "the kernels to build (combine: rlk_linear_divergence_combine's)"),
+    [LD_S_STUDENT] = RLK_SET_DTYPE("student", LD_HEAD_DTYPES, RLK_BF16, "linear_divergence_*.sdt",
+                                   "the student head's dtype"),
+    [LD_S_TEACHER] = RLK_SET_DTYPE("teacher", LD_HEAD_DTYPES, RLK_BF16, "linear_divergence_*.tdt",
+                                   "the teacher head's dtype"),
+    [LD_S_LABELS] = RLK_SET_CHOICE("labels", ld_label_names, LD_LAB_NONE, "linear_divergence_*.labels",
+                                   "the labels' dtype (none: no ignored rows)"),
+    [LD_S_MODE] = RLK_SET_CHOICE("mode", ld_mode_names, LD_FKL, "linear_divergence_*.mode",
+                                 "the divergence (rlk_divergence_mode)"),
+    [LD_S_TOPK] = RLK_SET_FLAG("topk", 0, "linear_divergence_*.mode linear_divergence_fwd_tiled.kind",
+                               "the teacher's top-k approximation (forward-kl)"),
+    [LD_S_SHARD] = RLK_SET_FLAG("shard", 0, "", "the forward's shard form (a record a row); no other kernel"),
+    [LD_S_GRAD] = RLK_SET_CHOICE("grad", ld_grad_names, LD_GRAD_F32, "linear_divergence_bwd_dz.student linear_logprob_bwd_*",
+                                 "the student's gradients' dtype (same: its head's)"),
+    [LD_S_TEACHER_GRAD] = RLK_SET_CHOICE("teacher_grad", ld_grad_names, LD_GRAD_NONE,
+                                         "linear_divergence_bwd_dz.teacher linear_logprob_bwd_*",
+                                         "the teacher's gradients' dtype (none: a frozen teacher)"),
+};
+
+static int ld_code(int64_t dtype) { return dtype == RLK_F16 ? LD_DT_F16 : LD_DT_BF16; }
+
+/* The fused head's products for one side's gradients (grad: LD_GRAD_*; head: its dtype code). */
+static void ld_side_specs(int head, int grad, rlk_kernel_spec *specs, size_t *n) {
+  const rlk_kernel_spec dh = {&ld_dh_tmpl, {head}}, dw = {&ld_dw_tmpl, {head, grad == LD_GRAD_SAME ? head : 0}},
+                        out = {&ld_dh_out_tmpl, {head}};
+  specs[(*n)++] = dh;
+  if (grad == LD_GRAD_SAME) specs[(*n)++] = out;
+  specs[(*n)++] = dw;
+}
+
+static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  const int64_t *v = s->v;
+  const int pass = (int)v[LD_S_PASS], sdt = ld_code(v[LD_S_STUDENT]), tdt = ld_code(v[LD_S_TEACHER]);
+  const int lab = (int)v[LD_S_LABELS], topk = (int)v[LD_S_TOPK], kmode = topk ? LD_TOPK : (int)v[LD_S_MODE];
+  const int host = ctx->kind == RLK_BACKEND_HOST;
+  size_t n = 0;
+  if (topk && v[LD_S_MODE] != LD_FKL)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "topk: the teacher's top-k approximation is a forward KL");
+  if ((v[LD_S_SHARD] || pass == LD_PASS_COMBINE) && (topk || v[LD_S_MODE] == LD_JSD))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard, combine: the vocab-parallel form takes forward-kl or reverse-kl");
+  if (pass == LD_PASS_COMBINE) {
+    const rlk_kernel_spec c = {host ? &ld_combine_host_tmpl : &ld_combine_tmpl, {lab, kmode}};
+    specs[n++] = c;
+  }
+  if (pass == LD_PASS_FWD || pass == LD_PASS_BOTH) {
+    if (host) {
+      const rlk_kernel_spec f = {&ld_fwd_host_tmpl, {sdt, tdt, lab, kmode}};
+      specs[n++] = f;
+    } else {
+      const rlk_kernel_spec g = {&ld_tiled_tmpl, {sdt, tdt, topk ? LD_KIND_TOPK : LD_KIND_STATS}},
+                            c = {&ld_combine_tmpl, {lab, kmode}};
+      specs[n++] = g;
+      specs[n++] = c;
+      if (kmode == LD_JSD) {
+        const rlk_kernel_spec g2 = {&ld_tiled_tmpl, {sdt, tdt, LD_KIND_JSD}}, c2 = {&ld_jsd_combine_tmpl, {lab}};
+        specs[n++] = g2;
+        specs[n++] = c2;
+      } else if (kmode == LD_TOPK) {
+        const rlk_kernel_spec t = {&ld_topk_tmpl, {sdt, lab}};
+        specs[n++] = t;
+      }
+    }
+  }
+  if (pass == LD_PASS_BWD || pass == LD_PASS_BOTH) {
+    const int gs = (int)v[LD_S_GRAD], gt = (int)v[LD_S_TEACHER_GRAD];
+    if (gs == LD_GRAD_NONE && gt == LD_GRAD_NONE)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad, teacher_grad: both none, the backward would write nothing");
+    if (host) {
+      const rlk_kernel_spec b = {&ld_bwd_host_tmpl, {sdt, tdt, lab, kmode}};
+      specs[n++] = b;
+    } else {
+      const rlk_kernel_spec dz = {&ld_dz_tmpl, {sdt, tdt, lab, kmode, gs != LD_GRAD_NONE, gt != LD_GRAD_NONE}};
+      specs[n++] = dz;
+      if (gs != LD_GRAD_NONE) ld_side_specs(sdt, gs, specs, &n);
+      if (gt != LD_GRAD_NONE) ld_side_specs(tdt, gt, specs, &n);
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    rlk_status st = rlk_spec_validate(&specs[i]);
+    if (st) return st;
+  }
+  *nspecs = n;
+  return RLK_OK;
+}
+
+static const char *const ld_samples[] = {
+    "linear_divergence student=bf16 teacher=bf16 mode=forward-kl",
+    "linear_divergence student=f16 teacher=bf16 labels=i64 mode=reverse-kl grad=same teacher_grad=f32",
+    "linear_divergence student=bf16 teacher=f16 labels=i32 mode=jsd grad=f32 teacher_grad=same",
+    "linear_divergence student=bf16 teacher=bf16 labels=i64 mode=forward-kl topk=1 grad=same",
+    "linear_divergence pass=bwd student=f16 teacher=f16 mode=jsd grad=none teacher_grad=f32",
+    "linear_divergence pass=fwd student=bf16 teacher=bf16 labels=i64 mode=reverse-kl shard=1",
+    "linear_divergence pass=combine labels=i64 mode=forward-kl",
+    "linear_divergence pass=combine mode=reverse-kl",
+    NULL};
+
+const rlk_op_desc rlk_op_linear_divergence = {
+    .name = "linear_divergence",
+    .settings = ld_settings,
+    .nsettings = LD_NSETTINGS,
+    .note = "The loss's kernels are policy_loss's: a line mode=reinforce with entropy=bonus and the call's layout.",
+    .plan = ld_plan,
+    .samples = ld_samples,
+};
+
+/* ---------------------------------------------------------------------------------- */
+/* Argument checks                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+/* A [rows, cols] matrix of one of `dtypes` with contiguous rows; rows / cols < 0: any. Writes the
+ * shape and the row stride. */
+static rlk_status ld_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t rows, int64_t cols,
+                                  int64_t *r, int64_t *c, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, dtypes)) ||
+      (st = rlk_check_ndim(t, what, 2, 2)))
+    return st;
+  const int64_t n = t->shape[0], h = t->shape[1];
+  if (n < 1 || h < 1 || n > INT32_MAX || h > INT32_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] is empty or too large", what, (long long)n,
+                     (long long)h);
+  if ((st = rlk_check_rows(t, what, rows < 0 ? n : rows, cols < 0 ? h : cols))) return st;
+  *r = n, *c = h;
+  *stride = n > 1 ? t->strides[0] : h;
+  return RLK_OK;
+}
+
+/* The two heads of a call: [N, H] hidden and [V, H] weight each, a head's two in one dtype. */
+typedef struct ld_heads {
+  int64_t N, V, Hs, Ht, shs, sws, ths, tws, ls;
+  int sdt, tdt, lab; /* codes */
+} ld_heads;
+
+static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th, const rlk_tensor *tw,
+                                 const rlk_tensor *labels, float Ts, float Tt, ld_heads *h) {
+  memset(h, 0, sizeof *h);
+  rlk_status st;
+  int64_t n, v, c;
+  if ((st = ld_check_matrix(sh, "student_hidden", LD_HEAD_DTYPES, -1, -1, &h->N, &h->Hs, &h->shs)) ||
+      (st = ld_check_matrix(sw, "student_weight", RLK_DTYPE_BIT(sh->dtype), -1, h->Hs, &h->V, &c, &h->sws)) ||
+      (st = ld_check_matrix(th, "teacher_hidden", LD_HEAD_DTYPES, h->N, -1, &n, &h->Ht, &h->ths)) ||
+      (st = ld_check_matrix(tw, "teacher_weight", RLK_DTYPE_BIT(th->dtype), h->V, h->Ht, &v, &c, &h->tws)))
+    return st;
+  if (labels->data && (st = rlk_check_vector(labels, "labels", LD_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
+  if (!(Ts > 0.0f) || isinf(Ts))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_temperature: %g must be finite and > 0", (double)Ts);
+  if (!(Tt > 0.0f) || isinf(Tt))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "teacher_temperature: %g must be finite and > 0", (double)Tt);
+  h->sdt = ld_code(sh->dtype);
+  h->tdt = ld_code(th->dtype);
+  h->lab = !labels->data ? LD_LAB_NONE : labels->dtype == RLK_I32 ? LD_LAB_I32 : LD_LAB_I64;
+  return RLK_OK;
+}
+
+/* The divergence's settings: mode, beta, top_k (vocab_start: where the weights' rows start). */
+static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k, int64_t V, int64_t vocab_start) {
+  if ((int)mode < RLK_DIVERGENCE_FORWARD_KL || (int)mode > RLK_DIVERGENCE_JSD)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_divergence_mode", (int)mode);
+  if (mode == RLK_DIVERGENCE_JSD && !(beta > 0.0 && beta < 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "beta: %g is not in (0, 1) (JSD's mixture weight; its ends are the KLs)",
+                     beta);
+  if (top_k < 0 || top_k > RLK_LINEAR_DIVERGENCE_TOP_K_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: %d is not 0 or 1 to %d", top_k, RLK_LINEAR_DIVERGENCE_TOP_K_MAX);
+  if (top_k && mode != RLK_DIVERGENCE_FORWARD_KL)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: the teacher's top-k approximation is a forward KL");
+  if (top_k > V) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: %d exceeds V = %lld", top_k, (long long)V);
+  if (top_k && V + vocab_start > LD_INDEX_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: columns up to %lld do not fit the stats' f32 (2^24 at most)",
+                     (long long)(V + vocab_start));
+  return RLK_OK;
+}
+
+/* The heads' fields every kernel argument that reads them starts with (RLK_LD_HEADS), from the
+ * call's arguments `a` and their checked layout `h`. */
+#define LD_SET_HEADS(x, a, h)                                                                   \
+  do {                                                                                          \
+    (x).s_hidden = (a)->student_hidden.data, (x).s_h_stride = (h)->shs;                         \
+    (x).s_weight = (a)->student_weight.data, (x).s_w_stride = (h)->sws;                         \
+    (x).t_hidden = (a)->teacher_hidden.data, (x).t_h_stride = (h)->ths;                         \
+    (x).t_weight = (a)->teacher_weight.data, (x).t_w_stride = (h)->tws;                         \
+    (x).s_temperature = (a)->student_temperature, (x).t_temperature = (a)->teacher_temperature; \
+  } while (0)
+
+static size_t ld_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
+
+static rlk_launch_dims ld_dims(uint64_t gx, uint64_t gy, unsigned block) {
+  rlk_launch_dims d;
+  memset(&d, 0, sizeof d);
+  d.grid[0] = (unsigned)(gx ? gx : 1);
+  d.grid[1] = (unsigned)(gy ? gy : 1);
+  d.grid[2] = 1;
+  d.block[0] = block;
+  d.block[1] = d.block[2] = 1;
+  return d;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The forward                                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+/* The divergence's defaults, alike in the forward's and the backward's arguments. */
+#define LD_INIT_SETTINGS(args)                                     \
+  do {                                                             \
+    memset((args), 0, sizeof *(args));                             \
+    (args)->student_temperature = (args)->teacher_temperature = 1.0f; \
+    (args)->mode = RLK_DIVERGENCE_FORWARD_KL;                      \
+    (args)->beta = 0.5;                                            \
+    (args)->ignore_index = -100;                                   \
+  } while (0)
+
+RLK_API void rlk_linear_divergence_args_init(rlk_linear_divergence_args *args) {
+  if (!args) return;
+  LD_INIT_SETTINGS(args);
+  args->agg = RLK_AGG_TOKEN_MEAN;
+  args->loss_scale = 1.0;
+  args->variant = RLK_LINEAR_LOGPROB_AUTO;
+}
+
+/* A forward call: its configuration, kernels, cut and workspace. */
+typedef struct ld_fwd_call {
+  rlk_op_call op; /* the driver's: configuration, kernels, workspace bytes */
+  ld_heads h;
+  int kmode, shard, loss;
+  int64_t splits, cols_per_split, row_blocks;
+  /* workspace offsets: split records, top-k lists, the loss's zeros and scratch, rlk_policy_loss's */
+  size_t off_lists, off_zeros, off_glp, off_gent, off_pl;
+} ld_fwd_call;
+
+/* The loss: rlk_policy_loss with D as its entropy term (entropy_coef -1: loss += agg(D),
+ * grad_entropy = d loss / d D) beside a REINFORCE term of zero advantages, which adds 0 to the
+ * loss and the gradient. Every aggregation, normalizer form and layout of rlk_loss_agg comes with
+ * it. The tokens: [B, T] by a 2-D mask, packed [N] with seq_offsets, else one row of N. */
+static void ld_loss_args(const rlk_linear_divergence_args *a, const ld_fwd_call *k, char *ws, rlk_policy_loss_args *pl) {
+  rlk_policy_loss_args_init(pl);
+  const int64_t N = k->h.N;
+  int64_t B = 1, T = N;
+  if (!a->seq_offsets.data && a->mask.data && a->mask.ndim == 2) B = a->mask.shape[0], T = a->mask.shape[1];
+  const int packed = a->seq_offsets.data != NULL;
+#define LD_VIEW(p) (packed ? rlk_tensor_1d((p), RLK_F32, N) : rlk_tensor_2d((p), RLK_F32, B, T, T))
+  pl->logp = pl->old_logp = pl->entropy = LD_VIEW(a->divergence.data);
+  pl->advantages = LD_VIEW(ws + k->off_zeros);
+  pl->grad_logp = LD_VIEW(ws + k->off_glp);
+  pl->grad_entropy = LD_VIEW(a->grad_divergence.data ? a->grad_divergence.data : ws + k->off_gent);
+#undef LD_VIEW
+  pl->mask = a->mask;
+  if (!packed && a->mask.data && a->mask.ndim == 1) pl->mask = rlk_tensor_2d(a->mask.data, a->mask.dtype, 1, N, N);
+  pl->seq_offsets = a->seq_offsets;
+  pl->mode = RLK_POLICY_REINFORCE;
+  pl->entropy_coef = -1.0;
+  pl->agg = a->agg;
+  pl->token_normalizer = a->token_normalizer;
+  pl->seq_normalizer = a->seq_normalizer;
+  pl->norm_scale = a->norm_scale;
+  pl->loss_scale = a->loss_scale;
+  pl->token_normalizer_tensor = a->token_normalizer_tensor;
+  pl->seq_normalizer_tensor = a->seq_normalizer_tensor;
+  pl->loss = a->loss;
+  pl->workspace = ws + k->off_pl;
+  pl->workspace_bytes = a->workspace_bytes > k->off_pl ? a->workspace_bytes - k->off_pl : 0;
+}
+
+/* Where a size query without a workspace places the loss's pieces: an address that is never
+ * dereferenced (rlk_policy_loss_workspace_size reads no data). */
+#define LD_NO_WORKSPACE ((char *)(uintptr_t)4096)
+
+/* A failure of the loss's rlk_policy_loss, said as this call's. */
+static rlk_status ld_loss_error(rlk_status st) {
+  char msg[512];
+  rlk_format(msg, sizeof msg, "%s", rlk_last_error());
+  return rlk_error(st, "the loss (rlk_policy_loss of the divergence as its entropy term): %s", msg);
+}
+
+static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_linear_divergence_args *a = args;
+  ld_fwd_call *k = (ld_fwd_call *)call;
+  rlk_status st;
+  ld_heads *h = &k->h;
+  if ((st = ld_check_heads(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, &a->labels,
+                           a->student_temperature, a->teacher_temperature, h)))
+    return st;
+  if ((st = ld_check_mode(a->mode, a->beta, a->top_k, h->V, a->vocab_start))) return st;
+  if ((int)a->variant < RLK_LINEAR_LOGPROB_AUTO || (int)a->variant > RLK_LINEAR_LOGPROB_TILED)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", (int)a->variant);
+  if (a->splits < 0 || a->splits > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is not 0 (chosen) or 1 to 65535", a->splits);
+  k->kmode = a->top_k ? LD_TOPK : (int)a->mode;
+  k->shard = a->partials.data != NULL;
+  k->loss = a->loss.data != NULL;
+  const int64_t N = h->N;
+  if (k->shard) {
+    if (a->mode == RLK_DIVERGENCE_JSD || a->top_k)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: the shard form takes the forward or reverse KL");
+    if (a->divergence.data || a->stats.data || a->entropy.data || k->loss)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "divergence, stats, entropy, loss: absent in the shard form (partials is given)");
+    int64_t r, c, s;
+    if ((st = ld_check_matrix(&a->partials, "partials", LD_F32, N, LD_RECORD, &r, &c, &s)) ||
+        (st = rlk_check_contiguous(&a->partials, "partials")))
+      return st;
+    if ((uintptr_t)a->partials.data % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
+    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+  } else {
+    if (a->vocab_start != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: only in the shard form (with partials)");
+    int64_t r, c, s;
+    if ((st = rlk_check_vector(&a->divergence, "divergence", LD_F32, N, 1, NULL)) ||
+        (st = ld_check_matrix(&a->stats, "stats", LD_F32, N, LD_STATS, &r, &c, &s)) ||
+        (st = rlk_check_contiguous(&a->stats, "stats")) ||
+        (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", LD_F32, N, 1, NULL))))
+      return st;
+  }
+  if (!k->loss && (a->grad_divergence.data || a->mask.data || a->seq_offsets.data || a->token_normalizer_tensor.data ||
+                   a->seq_normalizer_tensor.data))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_divergence, mask, seq_offsets, normalizer tensors: the loss's, "
+                                               "given without loss");
+  if (a->grad_divergence.data && (st = rlk_check_vector(&a->grad_divergence, "grad_divergence", LD_F32, N, 1, NULL)))
+    return st;
+  /* the loss's tokens are the rows: a [B, T] mask with B T = N, or [N] */
+  if (a->mask.data && (a->mask.ndim < 1 || a->mask.ndim > 2 ||
+                       (a->mask.ndim == 1 ? a->mask.shape[0] : a->mask.shape[0] * a->mask.shape[1]) != N))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: %d-D with %lld tokens; the loss's tokens are the N = %lld rows",
+                     a->mask.ndim, (long long)(a->mask.ndim == 2 ? a->mask.shape[0] * a->mask.shape[1] : a->mask.shape[0]),
+                     (long long)N);
+
+  /* the configuration, and its kernels */
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, LD_S_PASS, LD_PASS_FWD);
+  rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
+  rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
+  rlk_op_values_set(v, LD_S_LABELS, h->lab);
+  rlk_op_values_set(v, LD_S_MODE, a->mode);
+  rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+  rlk_op_values_set(v, LD_S_SHARD, k->shard);
+  if ((st = ld_plan(ctx, v, call->specs, &call->nspecs))) return st;
+
+  /* the cut: 64-row blocks x vocabulary splits (top-k: few enough for the set's block) */
+  size_t off = 0;
+  if (ctx->kind != RLK_BACKEND_HOST) {
+    const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+    k->row_blocks = (N + LD_TILE - 1) / LD_TILE;
+    int asked = a->splits;
+    if (a->top_k) {
+      int64_t most = LD_TOPK_CANDS / a->top_k;
+      if (most > LD_TOPK_SPLITS) most = LD_TOPK_SPLITS;
+      if (!asked || asked > most) asked = (int)most;
+    }
+    rlk_ll_fwd_splits(h->V, k->row_blocks, 4 * sms, asked, &k->splits, &k->cols_per_split);
+    if (k->row_blocks > INT32_MAX || k->splits > 65535)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_hidden: N = %lld rows is too many", (long long)N);
+    off = ld_align256((size_t)(k->splits * N) * LD_RECORD * 4u);
+    k->off_lists = off;
+    if (a->top_k) off += ld_align256((size_t)(k->splits * N * a->top_k) * 8u);
+  }
+  if (k->loss) {
+    k->off_zeros = off;
+    off += ld_align256((size_t)N * 4u);
+    k->off_glp = off;
+    off += ld_align256((size_t)N * 4u);
+    if (!a->grad_divergence.data) {
+      k->off_gent = off;
+      off += ld_align256((size_t)N * 4u);
+    }
+    k->off_pl = off;
+    rlk_policy_loss_args pl;
+    ld_loss_args(a, k, a->workspace ? (char *)a->workspace : LD_NO_WORKSPACE, &pl);
+    size_t pl_bytes = 0;
+    if ((st = rlk_policy_loss_workspace_size((rlk_context *)ctx, &pl, &pl_bytes))) return ld_loss_error(st);
+    off += pl_bytes;
+  }
+  call->workspace = off;
+  return RLK_OK;
+}
+
+static const rlk_arg_field ld_fwd_fields[] = {
+    RLK_ARG_IN(rlk_linear_divergence_args, student_hidden),
+    RLK_ARG_IN(rlk_linear_divergence_args, student_weight),
+    RLK_ARG_IN(rlk_linear_divergence_args, teacher_hidden),
+    RLK_ARG_IN(rlk_linear_divergence_args, teacher_weight),
+    RLK_ARG_IN(rlk_linear_divergence_args, labels),
+    RLK_ARG_IN(rlk_linear_divergence_args, mask),
+    RLK_ARG_IN(rlk_linear_divergence_args, seq_offsets),
+    RLK_ARG_IN(rlk_linear_divergence_args, token_normalizer_tensor),
+    RLK_ARG_IN(rlk_linear_divergence_args, seq_normalizer_tensor),
+    RLK_ARG_OUT(rlk_linear_divergence_args, divergence),
+    RLK_ARG_OUT(rlk_linear_divergence_args, stats),
+    RLK_ARG_OUT(rlk_linear_divergence_args, entropy),
+    RLK_ARG_OUT(rlk_linear_divergence_args, loss),
+    RLK_ARG_OUT(rlk_linear_divergence_args, grad_divergence),
+    RLK_ARG_OUT(rlk_linear_divergence_args, partials)};
+
+/* The GPU forward's launches: the GEMM over (row blocks, splits), the combine, and JSD's second
+ * pass or top-k's set. */
+static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args *a, const ld_fwd_call *k, void *stream) {
+  const ld_heads *h = &k->h;
+  char *ws = (char *)a->workspace;
+  rlk_status st;
+  ld_fwd_tiled_args g = {0};
+  LD_SET_HEADS(g, a, h);
+  g.N = h->N, g.V = h->V, g.Hs = h->Hs, g.Ht = h->Ht;
+  g.cols_per_split = k->cols_per_split, g.partials = ws, g.lists = ws + k->off_lists, g.top_k = a->top_k;
+  g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
+  void *gargs[] = {&g};
+  const rlk_launch_dims dg = ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
+  if ((st = rlk_context_launch(ctx, &k->op.specs[0], &dg, stream, gargs))) return st;
+  ld_combine_args c = {0};
+  c.records = ws, c.S = k->splits, c.N = h->N, c.labels = a->labels.data, c.label_stride = h->ls;
+  c.ignore_index = a->ignore_index, c.divergence = (float *)a->divergence.data, c.stats = (float *)a->stats.data;
+  c.entropy = (float *)a->entropy.data, c.zeros = k->loss ? (float *)(ws + k->off_zeros) : NULL;
+  c.merged = (float *)a->partials.data;
+  void *cargs[] = {&c};
+  const rlk_launch_dims dr = ld_dims((uint64_t)((h->N + LD_THREADS - 1) / LD_THREADS), 1, LD_THREADS);
+  if ((st = rlk_context_launch(ctx, &k->op.specs[1], &dr, stream, cargs))) return st;
+  if (k->kmode == LD_JSD) {
+    /* the second pass over the vocabulary, the lse's in stats; its sums where the records were */
+    void *g2args[] = {&g};
+    if ((st = rlk_context_launch(ctx, &k->op.specs[2], &dg, stream, g2args))) return st;
+    ld_jsd_combine_args j = {0};
+    j.records = ws, j.S = k->splits, j.N = h->N, j.labels = a->labels.data, j.label_stride = h->ls;
+    j.ignore_index = a->ignore_index, j.divergence = c.divergence, j.stats = c.stats, j.beta = a->beta;
+    void *jargs[] = {&j};
+    return rlk_context_launch(ctx, &k->op.specs[3], &dr, stream, jargs);
+  }
+  if (k->kmode == LD_TOPK) {
+    ld_topk_args t = {0};
+    t.lists = ws + k->off_lists, t.S = k->splits, t.N = h->N, t.top_k = a->top_k;
+    t.s_hidden = a->student_hidden.data, t.s_h_stride = h->shs, t.s_weight = a->student_weight.data;
+    t.s_w_stride = h->sws, t.Hs = h->Hs, t.labels = a->labels.data, t.label_stride = h->ls;
+    t.ignore_index = a->ignore_index, t.divergence = c.divergence, t.stats = c.stats;
+    t.s_temperature = a->student_temperature, t.t_temperature = a->teacher_temperature;
+    void *targs[] = {&t};
+    const rlk_launch_dims dt = ld_dims((uint64_t)h->N, 1, LD_THREADS);
+    return rlk_context_launch(ctx, &k->op.specs[2], &dt, stream, targs);
+  }
+  return RLK_OK;
+}
+
+/* The call's launches (after the driver's checks): the host's one kernel or the GPU's, then the
+ * loss's rlk_policy_loss. */
+static rlk_status ld_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_linear_divergence_args *a = args;
+  const ld_fwd_call *k = (const ld_fwd_call *)call;
+  rlk_status st;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    const ld_heads *h = &k->h;
+    ld_fwd_host_args f = {0};
+    LD_SET_HEADS(f, a, h);
+    f.labels = a->labels.data, f.label_stride = h->ls;
+    f.N = h->N, f.V = h->V, f.Hs = h->Hs, f.Ht = h->Ht, f.ignore_index = a->ignore_index;
+    f.divergence = (float *)a->divergence.data, f.stats = (float *)a->stats.data, f.entropy = (float *)a->entropy.data;
+    f.zeros = k->loss ? (float *)((char *)a->workspace + k->off_zeros) : NULL;
+    f.records = (float *)a->partials.data, f.vocab_start = a->vocab_start, f.top_k = a->top_k, f.beta = a->beta;
+    void *fargs[] = {&f};
+    const rlk_launch_dims d = ld_dims(1, 1, 1);
+    st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, fargs);
+  } else {
+    st = ld_fwd_gpu(ctx, a, k, stream);
+  }
+  if (st || !k->loss) return st;
+  rlk_policy_loss_args pl;
+  ld_loss_args(a, k, (char *)a->workspace, &pl);
+  if ((st = rlk_policy_loss(ctx, &pl, stream))) return ld_loss_error(st);
+  return RLK_OK;
+}
+
+static const rlk_op_entry ld_fwd_entry = {
+    .name = "rlk_linear_divergence", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_fwd_call),
+    RLK_OP_FIELDS(ld_fwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_divergence_args, 16),
+    .validate = ld_fwd_validate, .launch = ld_fwd_launch};
+
+RLK_API rlk_status rlk_linear_divergence_workspace_size(rlk_context *ctx, const rlk_linear_divergence_args *args,
+                                                        size_t *bytes) {
+  return rlk_op_workspace_size(&ld_fwd_entry, ctx, args, bytes);
+}
+
+RLK_API rlk_status rlk_linear_divergence(rlk_context *ctx, const rlk_linear_divergence_args *a, void *stream) {
+  return rlk_op_run(&ld_fwd_entry, ctx, a, stream);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The backward                                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_linear_divergence_backward_args_init(rlk_linear_divergence_backward_args *args) {
+  if (!args) return;
+  LD_INIT_SETTINGS(args);
+}
+
+/* One side's gradients: their codes (-1 absent), strides, and the f32 sum of grad_hidden (itself
+ * when f32, else the workspace's at dh_off). */
+typedef struct ld_side {
+  int gh, gw;
+  int64_t ghs, gws;
+  size_t dh_off, dz_off;
+} ld_side;
+
+typedef struct ld_bwd_call {
+  rlk_op_call op;        /* the driver's: the first configuration (f32 gradients where they mix), the
+                          * kernels of both, workspace bytes */
+  rlk_op_values second;  /* the heads' dtype's configuration where a side mixes (nvals 2) */
+  int nvals;
+  ld_heads h;
+  int kmode;
+  int64_t stats_stride, g_stride, chunk;
+  ld_side s, t;
+} ld_bwd_call;
+
+/* The line code of a side's gradients (LD_GRAD_*): none, f32 or its head's dtype; -1 when its
+ * hidden and weight gradients differ (two lines). */
+static int ld_grad_line(const ld_side *x) {
+  const int h = x->gh, w = x->gw;
+  if (h < 0 && w < 0) return LD_GRAD_NONE;
+  const int a = h >= 0 ? h : w, b = w >= 0 ? w : h;
+  if ((a == 0) != (b == 0)) return -1;
+  return a == 0 ? LD_GRAD_F32 : LD_GRAD_SAME;
+}
+
+static rlk_status ld_check_grad(const rlk_tensor *t, const char *what, rlk_dtype head, int64_t rows, int64_t cols,
+                                int *code, int64_t *stride) {
+  *code = -1;
+  if (!t->data) return rlk_check_tensor(t, what, 0);
+  int64_t r, c;
+  rlk_status st = ld_check_matrix(t, what, LD_F32 | RLK_DTYPE_BIT(head), rows, cols, &r, &c, stride);
+  if (st) return st;
+  *code = t->dtype == RLK_F32 ? LD_DT_F32 : ld_code(t->dtype);
+  return RLK_OK;
+}
+
+static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  const rlk_linear_divergence_backward_args *a = args;
+  ld_bwd_call *k = (ld_bwd_call *)call;
+  rlk_status st;
+  ld_heads *h = &k->h;
+  if ((st = ld_check_heads(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, &a->labels,
+                           a->student_temperature, a->teacher_temperature, h)))
+    return st;
+  if ((st = ld_check_mode(a->mode, a->beta, a->top_k, h->V, a->vocab_start))) return st;
+  int64_t r, c;
+  if ((st = ld_check_matrix(&a->stats, "stats", LD_F32, h->N, LD_STATS, &r, &c, &k->stats_stride)) ||
+      (st = rlk_check_vector(&a->grad_divergence, "grad_divergence", LD_F32, h->N, 0, &k->g_stride)))
+    return st;
+  if ((st = ld_check_grad(&a->grad_student_hidden, "grad_student_hidden", a->student_hidden.dtype, h->N, h->Hs,
+                          &k->s.gh, &k->s.ghs)) ||
+      (st = ld_check_grad(&a->grad_student_weight, "grad_student_weight", a->student_hidden.dtype, h->V, h->Hs,
+                          &k->s.gw, &k->s.gws)) ||
+      (st = ld_check_grad(&a->grad_teacher_hidden, "grad_teacher_hidden", a->teacher_hidden.dtype, h->N, h->Ht,
+                          &k->t.gh, &k->t.ghs)) ||
+      (st = ld_check_grad(&a->grad_teacher_weight, "grad_teacher_weight", a->teacher_hidden.dtype, h->V, h->Ht,
+                          &k->t.gw, &k->t.gws)))
+    return st;
+  if (k->s.gh < 0 && k->s.gw < 0 && k->t.gh < 0 && k->t.gw < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_student_hidden, grad_student_weight, grad_teacher_hidden, "
+                                               "grad_teacher_weight: give at least one");
+  if (a->accumulate != 0 && a->accumulate != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
+  if (a->shard != 0 && a->shard != 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if (!a->shard && a->vocab_start != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1", (long long)a->vocab_start);
+  if (a->shard && (a->mode == RLK_DIVERGENCE_JSD || a->top_k))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: the shard form takes the forward or reverse KL");
+  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+  if (a->chunk < 0 || a->chunk % LD_TILE)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
+  k->kmode = a->top_k ? LD_TOPK : (int)a->mode;
+
+  /* the configurations: one line, or two when a side's gradients mix f32 and 16 bits */
+  const int ls = ld_grad_line(&k->s), lt = ld_grad_line(&k->t);
+  k->nvals = ls < 0 || lt < 0 ? 2 : 1;
+  for (int i = 0; i < k->nvals; i++) {
+    rlk_op_values *v = i ? &k->second : &call->vals;
+    if (i) rlk_op_values_init(&rlk_op_linear_divergence, v);
+    rlk_op_values_set(v, LD_S_PASS, LD_PASS_BWD);
+    rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
+    rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
+    rlk_op_values_set(v, LD_S_LABELS, h->lab);
+    rlk_op_values_set(v, LD_S_MODE, a->mode);
+    rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+    rlk_op_values_set(v, LD_S_GRAD, ls >= 0 ? ls : i ? LD_GRAD_SAME : LD_GRAD_F32);
+    rlk_op_values_set(v, LD_S_TEACHER_GRAD, lt >= 0 ? lt : i ? LD_GRAD_SAME : LD_GRAD_F32);
+  }
+  /* the kernels: the lines' plans, each kernel once */
+  for (int i = 0; i < k->nvals; i++) {
+    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+    size_t n = 0;
+    if ((st = ld_plan(ctx, i ? &k->second : &call->vals, specs, &n))) return st;
+    for (size_t j = 0; j < n; j++) {
+      size_t m = 0;
+      while (m < call->nspecs && memcmp(&call->specs[m], &specs[j], sizeof specs[j])) m++;
+      if (m == call->nspecs) call->specs[call->nspecs++] = specs[j];
+    }
+  }
+  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+
+  /* GPU: the chunk, and the workspace: the 16-bit grad_hidden sums, then each side's dz */
+  const int64_t sides = (k->s.gh >= 0 || k->s.gw >= 0) + (k->t.gh >= 0 || k->t.gw >= 0);
+  size_t off = 0;
+  if (k->s.gh > 0) k->s.dh_off = off, off += ld_align256((size_t)(h->N * h->Hs) * 4u);
+  if (k->t.gh > 0) k->t.dh_off = off, off += ld_align256((size_t)(h->N * h->Ht) * 4u);
+  const int64_t vpad = (h->V + LD_TILE - 1) / LD_TILE * LD_TILE;
+  int64_t chunk = a->chunk;
+  if (!chunk) {
+    /* dz within what the sums leave of the budget: the fewest chunks, cut evenly */
+    const int64_t room = LD_BWD_WORKSPACE_BYTES - (int64_t)off;
+    int64_t most = room > 0 ? room / (4 * sides * h->N) / LD_TILE * LD_TILE : 0;
+    if (most < LD_TILE) most = LD_TILE;
+    const int64_t chunks = (vpad + most - 1) / most;
+    chunk = ((vpad + chunks - 1) / chunks + LD_TILE - 1) / LD_TILE * LD_TILE;
+  }
+  if (chunk > vpad) chunk = vpad;
+  k->chunk = chunk;
+  const size_t dz_bytes = ld_align256((size_t)(h->N * chunk) * 4u);
+  if (k->s.gh >= 0 || k->s.gw >= 0) k->s.dz_off = off, off += dz_bytes;
+  if (k->t.gh >= 0 || k->t.gw >= 0) k->t.dz_off = off, off += dz_bytes;
+  call->workspace = off;
+  return RLK_OK;
+}
+
+/* The backward's per-row fields after the heads (RLK_LD_BWD_ROWS). */
+#define LD_SET_BWD_ROWS(x, a, k)                                                                      \
+  do {                                                                                                \
+    (x).labels = (a)->labels.data, (x).label_stride = (k)->h.ls, (x).N = (k)->h.N, (x).V = (k)->h.V; \
+    (x).Hs = (k)->h.Hs, (x).Ht = (k)->h.Ht, (x).ignore_index = (a)->ignore_index;                    \
+    (x).stats = (const float *)(a)->stats.data, (x).stats_stride = (k)->stats_stride;                \
+    (x).g = (const float *)(a)->grad_divergence.data, (x).g_stride = (k)->g_stride;                  \
+  } while (0)
+
+static const rlk_arg_field ld_bwd_fields[] = {
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, student_hidden),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, student_weight),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, teacher_hidden),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, teacher_weight),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, labels),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, stats),
+    RLK_ARG_IN(rlk_linear_divergence_backward_args, grad_divergence),
+    RLK_ARG_OUT(rlk_linear_divergence_backward_args, grad_student_hidden),
+    RLK_ARG_OUT(rlk_linear_divergence_backward_args, grad_student_weight),
+    RLK_ARG_OUT(rlk_linear_divergence_backward_args, grad_teacher_hidden),
+    RLK_ARG_OUT(rlk_linear_divergence_backward_args, grad_teacher_weight)};
+
+/* The kernel of a spec list whose template is `t` for a side (the first from `from`). */
+static const rlk_kernel_spec *ld_find(const ld_bwd_call *k, size_t from, const rlk_template *t, int64_t v0) {
+  for (size_t i = from; i < k->op.nspecs; i++)
+    if (k->op.specs[i].tmpl == t && k->op.specs[i].values[0] == v0) return &k->op.specs[i];
+  return NULL;
+}
+
+/* One side's products of a chunk: dh (+)= dz W_c, grad_weight rows = dz^T h. */
+static rlk_status ld_side_chunk(rlk_context *ctx, const ld_bwd_call *k, const ld_side *x, int dt, const void *hidden,
+                                int64_t hs, const void *weight, int64_t wsd, int64_t H, void *gh, void *gw,
+                                char *wsp, int accumulate, int64_t c0, int64_t nv, void *stream) {
+  const int64_t N = k->h.N, Vc = k->chunk;
+  const float *dz = (const float *)(wsp + x->dz_off);
+  const uint64_t rb = (uint64_t)((N + LD_TILE - 1) / LD_TILE), hb = (uint64_t)((H + LD_TILE - 1) / LD_TILE);
+  const uint64_t vb = (uint64_t)((nv + LD_TILE - 1) / LD_TILE);
+  rlk_status st;
+  if (x->gh >= 0) {
+    /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */
+    const int direct = x->gh == LD_DT_F32;
+    ld_dh_args d = {0};
+    d.dz = dz, d.Vc = Vc, d.nv = nv, d.weight = weight, d.w_stride = wsd, d.c0 = c0, d.N = N, d.H = H;
+    d.dh = direct ? (float *)gh : (float *)(wsp + x->dh_off);
+    d.dh_stride = direct ? x->ghs : H;
+    d.beta = c0 > 0 || (direct && accumulate) ? 1.0f : 0.0f;
+    void *dargs[] = {&d};
+    const rlk_launch_dims dd = ld_dims(rb, hb, LD_THREADS);
+    if ((st = rlk_context_launch(ctx, ld_find(k, 1, &ld_dh_tmpl, dt), &dd, stream, dargs))) return st;
+  }
+  if (x->gw >= 0) {
+    ld_dw_args w = {0};
+    w.dz = dz, w.Vc = Vc, w.nv = nv, w.hidden = hidden, w.h_stride = hs, w.c0 = c0, w.N = N, w.H = H;
+    w.grad_weight = gw, w.gw_stride = x->gws, w.accumulate = accumulate;
+    void *wargs[] = {&w};
+    const rlk_launch_dims dw = ld_dims(vb, hb, LD_THREADS);
+    const rlk_kernel_spec *s = NULL;
+    for (size_t i = 1; i < k->op.nspecs && !s; i++)
+      if (k->op.specs[i].tmpl == &ld_dw_tmpl && k->op.specs[i].values[0] == dt && k->op.specs[i].values[1] == x->gw)
+        s = &k->op.specs[i];
+    if ((st = rlk_context_launch(ctx, s, &dw, stream, wargs))) return st;
+  }
+  return RLK_OK;
+}
+
+/* A 16-bit grad_hidden (+)= its f32 sum. */
+static rlk_status ld_side_out(rlk_context *ctx, const ld_bwd_call *k, const ld_side *x, int64_t H, void *gh,
+                              char *wsp, int accumulate, void *stream) {
+  if (x->gh <= 0) return RLK_OK;
+  ld_dh_out_args o = {0};
+  o.dh = (const float *)(wsp + x->dh_off), o.N = k->h.N, o.H = H, o.grad_hidden = gh, o.gh_stride = x->ghs;
+  o.accumulate = accumulate;
+  void *oargs[] = {&o};
+  const rlk_launch_dims d = ld_dims((uint64_t)((k->h.N * H + 255) / 256), 1, 256);
+  return rlk_context_launch(ctx, ld_find(k, 1, &ld_dh_out_tmpl, x->gh), &d, stream, oargs);
+}
+
+/* The backward's launches (after the driver's checks; it recorded the first configuration). */
+static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_linear_divergence_backward_args *a = args;
+  const ld_bwd_call *k = (const ld_bwd_call *)call;
+  rlk_status st;
+  if (k->nvals == 2 && rlk_record_enabled()) rlk_record_op(&rlk_op_linear_divergence, &k->second);
+  const ld_heads *h = &k->h;
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    ld_bwd_host_args b = {0};
+    LD_SET_HEADS(b, a, h);
+    LD_SET_BWD_ROWS(b, a, k);
+    b.gsh = a->grad_student_hidden.data, b.gsh_stride = k->s.ghs, b.gsh_dt = k->s.gh;
+    b.gsw = a->grad_student_weight.data, b.gsw_stride = k->s.gws, b.gsw_dt = k->s.gw;
+    b.gth = a->grad_teacher_hidden.data, b.gth_stride = k->t.ghs, b.gth_dt = k->t.gh;
+    b.gtw = a->grad_teacher_weight.data, b.gtw_stride = k->t.gws, b.gtw_dt = k->t.gw;
+    b.accumulate = a->accumulate, b.vocab_start = a->vocab_start, b.beta = a->beta;
+    void *bargs[] = {&b};
+    const rlk_launch_dims d = ld_dims(1, 1, 1);
+    return rlk_context_launch(ctx, &k->op.specs[0], &d, stream, bargs);
+  }
+  char *wsp = (char *)a->workspace;
+  const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
+  ld_bwd_dz_args z = {0};
+  LD_SET_HEADS(z, a, h);
+  LD_SET_BWD_ROWS(z, a, k);
+  z.Vc = k->chunk;
+  z.dz_s = student ? (float *)(wsp + k->s.dz_off) : NULL, z.dz_t = teacher ? (float *)(wsp + k->t.dz_off) : NULL;
+  z.vocab_start = a->vocab_start, z.beta = a->beta;
+  const uint64_t rb = (uint64_t)((h->N + LD_TILE - 1) / LD_TILE);
+  for (int64_t c0 = 0; c0 < h->V; c0 += k->chunk) {
+    const int64_t nv = h->V - c0 < k->chunk ? h->V - c0 : k->chunk;
+    z.c0 = c0;
+    void *zargs[] = {&z};
+    const rlk_launch_dims d = ld_dims(rb, (uint64_t)((nv + LD_TILE - 1) / LD_TILE), LD_THREADS);
+    if ((st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, zargs))) return st;
+    if (student && (st = ld_side_chunk(ctx, k, &k->s, h->sdt, a->student_hidden.data, h->shs, a->student_weight.data,
+                                       h->sws, h->Hs, a->grad_student_hidden.data, a->grad_student_weight.data, wsp,
+                                       a->accumulate, c0, nv, stream)))
+      return st;
+    if (teacher && (st = ld_side_chunk(ctx, k, &k->t, h->tdt, a->teacher_hidden.data, h->ths, a->teacher_weight.data,
+                                       h->tws, h->Ht, a->grad_teacher_hidden.data, a->grad_teacher_weight.data, wsp,
+                                       a->accumulate, c0, nv, stream)))
+      return st;
+  }
+  if ((st = ld_side_out(ctx, k, &k->s, h->Hs, a->grad_student_hidden.data, wsp, a->accumulate, stream))) return st;
+  return ld_side_out(ctx, k, &k->t, h->Ht, a->grad_teacher_hidden.data, wsp, a->accumulate, stream);
+}
+
+static const rlk_op_entry ld_bwd_entry = {
+    .name = "rlk_linear_divergence_backward", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_bwd_call),
+    RLK_OP_FIELDS(ld_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_divergence_backward_args, 16),
+    .validate = ld_bwd_validate, .launch = ld_bwd_launch};
+
+RLK_API rlk_status rlk_linear_divergence_backward_workspace_size(rlk_context *ctx,
+                                                                 const rlk_linear_divergence_backward_args *args,
+                                                                 size_t *bytes) {
+  return rlk_op_workspace_size(&ld_bwd_entry, ctx, args, bytes);
+}
+
+RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx, const rlk_linear_divergence_backward_args *a,
+                                                  void *stream) {
+  return rlk_op_run(&ld_bwd_entry, ctx, a, stream);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The vocab-parallel combine                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+RLK_API void rlk_linear_divergence_combine_args_init(rlk_linear_divergence_combine_args *args) {
+  if (!args) return;
+  memset(args, 0, sizeof *args);
+  args->mode = RLK_DIVERGENCE_FORWARD_KL;
+  args->ignore_index = -100;
+}
+
+static const rlk_arg_field ld_combine_fields[] = {
+    RLK_ARG_IN(rlk_linear_divergence_combine_args, partials), RLK_ARG_IN(rlk_linear_divergence_combine_args, labels),
+    RLK_ARG_OUT(rlk_linear_divergence_combine_args, divergence), RLK_ARG_OUT(rlk_linear_divergence_combine_args, stats),
+    RLK_ARG_OUT(rlk_linear_divergence_combine_args, entropy)};
+
+typedef struct ld_combine_call {
+  rlk_op_call op;
+  ld_combine_args k;
+} ld_combine_call;
+
+static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
+  (void)ctx;
+  const rlk_linear_divergence_combine_args *a = args;
+  rlk_status st;
+  const rlk_tensor *p = &a->partials;
+  if ((st = rlk_check_tensor(p, "partials", 1)) || (st = rlk_check_dtype(p, "partials", LD_F32)) ||
+      (st = rlk_check_ndim(p, "partials", 3, 3)) || (st = rlk_check_contiguous(p, "partials")))
+    return st;
+  const int64_t P = p->shape[0], N = p->shape[1];
+  if (P < 1 || N < 1 || p->shape[2] != LD_RECORD)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: shape [%lld, %lld, %lld], expected [P >= 1, N >= 1, %d]",
+                     (long long)P, (long long)N, (long long)p->shape[2], LD_RECORD);
+  if ((uintptr_t)p->data % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
+  if (a->mode != RLK_DIVERGENCE_FORWARD_KL && a->mode != RLK_DIVERGENCE_REVERSE_KL)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d; the shard form takes the forward or reverse KL", (int)a->mode);
+  int64_t ls = 0, r, c, s;
+  if ((a->labels.data && (st = rlk_check_vector(&a->labels, "labels", LD_LABEL_DTYPES, N, 0, &ls))) ||
+      (st = rlk_check_vector(&a->divergence, "divergence", LD_F32, N, 1, NULL)) ||
+      (st = ld_check_matrix(&a->stats, "stats", LD_F32, N, LD_STATS, &r, &c, &s)) ||
+      (st = rlk_check_contiguous(&a->stats, "stats")) ||
+      (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", LD_F32, N, 1, NULL))))
+    return st;
+  rlk_op_values *v = &call->vals;
+  rlk_op_values_set(v, LD_S_PASS, LD_PASS_COMBINE);
+  rlk_op_values_set(v, LD_S_LABELS, !a->labels.data ? LD_LAB_NONE : a->labels.dtype == RLK_I32 ? LD_LAB_I32 : LD_LAB_I64);
+  rlk_op_values_set(v, LD_S_MODE, a->mode);
+  ld_combine_args *k = &((ld_combine_call *)call)->k;
+  k->records = p->data, k->S = P, k->N = N, k->labels = a->labels.data, k->label_stride = ls;
+  k->ignore_index = a->ignore_index, k->divergence = (float *)a->divergence.data, k->stats = (float *)a->stats.data;
+  k->entropy = (float *)a->entropy.data;
+  return RLK_OK;
+}
+
+static void ld_combine_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+  (void)ctx, (void)args, (void)i;
+  params[0] = &((ld_combine_call *)call)->k;
+}
+
+/* A thread a row (the host: its one call). */
+static void ld_combine_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
+  (void)i;
+  if (ctx->kind == RLK_BACKEND_HOST) return;
+  *d = ld_dims((uint64_t)((((const ld_combine_call *)call)->k.N + LD_THREADS - 1) / LD_THREADS), 1, LD_THREADS);
+}
+
+static const rlk_op_entry ld_combine_entry = {
+    .name = "rlk_linear_divergence_combine", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_combine_call),
+    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .fill = ld_combine_fill,
+    .dims = ld_combine_dims};
+
+RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *a,
+                                                 void *stream) {
+  return rlk_op_run(&ld_combine_entry, ctx, a, stream);
+}

@@ -1,0 +1,170 @@
+/* linear_divergence_params.h - the arguments of the linear_divergence kernels (templates/cuda/
+ * linear_divergence*.cuh, templates/host/linear_divergence_*.c), filled by
+ * src/ops/linear_divergence.c. Each head: hidden [N, H] and weight [V, H] in its spec dtype with
+ * row strides; s_* the student's, t_* the teacher's. labels NULL or of the spec's label dtype
+ * (compared with ignore_index only); stats f32 [N][6] of row stride stats_stride (rlk.h's layout);
+ * records f32 [.][N][8] in rlk.h's vocab-parallel units (natural log of z). vocab_start: the
+ * weights' rows are the columns [vocab_start, vocab_start + V). zeros: NULL, or N f32 the call
+ * sets to 0 (the zero advantages of the loss's rlk_policy_loss call). 8-byte fields first.
+ *   fwd_host   the host forward: divergence, stats, entropy per row, or (records) the shard's
+ *              record per row
+ *   fwd_tiled  the portable GEMM over (64-row blocks, splits): kind 0 a record per (split, row)
+ *              into partials [splits][N]; kind 1 also each split's top_k largest teacher logits
+ *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
+ *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
+ *   combine    records [S][N] -> the outputs (mode's: JSD and top-k leave D, [3..5] to the next
+ *              launch), or (merged not NULL) one merged record per row; S = the shards in
+ *              rlk_linear_divergence_combine
+ *   jsd_combine  the second pass's records [S][N] {A, B} -> D, stats [3], [4]
+ *   topk       a block a row: the splits' lists merged into the top_k set, the student's logits
+ *              there, D and stats [3..5]
+ *   bwd_host   the host backward: the four gradients (each NULL or of its dtype code, 0 f32,
+ *              1 f16, 2 bf16)
+ *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T */
+#ifndef RLK_LINEAR_DIVERGENCE_PARAMS_H
+#define RLK_LINEAR_DIVERGENCE_PARAMS_H
+
+#include "rlk_params.h"
+
+/* The two heads, first in every list that reads them (bytes 0 to 63). */
+#define RLK_LD_HEADS(F, S_)          \
+  F(S_, const void *, s_hidden, 0)   \
+  F(S_, long long, s_h_stride, 8)    \
+  F(S_, const void *, s_weight, 16)  \
+  F(S_, long long, s_w_stride, 24)   \
+  F(S_, const void *, t_hidden, 32)  \
+  F(S_, long long, t_h_stride, 40)   \
+  F(S_, const void *, t_weight, 48)  \
+  F(S_, long long, t_w_stride, 56)
+
+/* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
+#define RLK_LD_BWD_ROWS(F, S_)            \
+  F(S_, const void *, labels, 64)         \
+  F(S_, long long, label_stride, 72)      \
+  F(S_, long long, N, 80)                 \
+  F(S_, long long, V, 88)                 \
+  F(S_, long long, Hs, 96)                \
+  F(S_, long long, Ht, 104)               \
+  F(S_, long long, ignore_index, 112)     \
+  F(S_, const float *, stats, 120)        \
+  F(S_, long long, stats_stride, 128)     \
+  F(S_, const float *, g, 136)            \
+  F(S_, long long, g_stride, 144)
+
+#define RLK_LD_FWD_HOST_PARAMS(F, S_) \
+  RLK_LD_HEADS(F, S_)                 \
+  F(S_, const void *, labels, 64)     \
+  F(S_, long long, label_stride, 72)  \
+  F(S_, long long, N, 80)             \
+  F(S_, long long, V, 88)             \
+  F(S_, long long, Hs, 96)            \
+  F(S_, long long, Ht, 104)           \
+  F(S_, long long, ignore_index, 112) \
+  F(S_, float *, divergence, 120)     \
+  F(S_, float *, stats, 128)          \
+  F(S_, float *, entropy, 136)        \
+  F(S_, float *, zeros, 144)          \
+  F(S_, float *, records, 152)        \
+  F(S_, long long, vocab_start, 160)  \
+  F(S_, long long, top_k, 168)        \
+  F(S_, double, beta, 176)            \
+  F(S_, float, s_temperature, 184)    \
+  F(S_, float, t_temperature, 188)
+#define RLK_LD_FWD_HOST_PARAMS_SIZE 192
+
+#define RLK_LD_FWD_TILED_PARAMS(F, S_)  \
+  RLK_LD_HEADS(F, S_)                 \
+  F(S_, long long, N, 64)               \
+  F(S_, long long, V, 72)               \
+  F(S_, long long, Hs, 80)              \
+  F(S_, long long, Ht, 88)              \
+  F(S_, long long, cols_per_split, 96)  \
+  F(S_, void *, partials, 104)          \
+  F(S_, void *, lists, 112)             \
+  F(S_, long long, top_k, 120)          \
+  F(S_, const float *, stats, 128)      \
+  F(S_, long long, vocab_start, 136)    \
+  F(S_, double, beta, 144)              \
+  F(S_, float, s_temperature, 152)      \
+  F(S_, float, t_temperature, 156)
+#define RLK_LD_FWD_TILED_PARAMS_SIZE 160
+
+/* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
+ * to 63). */
+#define RLK_LD_MERGE(F, S_)                 \
+  F(S_, const void *, records, 0)           \
+  F(S_, long long, S, 8)                    \
+  F(S_, long long, N, 16)                   \
+  F(S_, const void *, labels, 24)           \
+  F(S_, long long, label_stride, 32)        \
+  F(S_, long long, ignore_index, 40)        \
+  F(S_, float *, divergence, 48)            \
+  F(S_, float *, stats, 56)
+
+#define RLK_LD_COMBINE_PARAMS(F, S_)   \
+  RLK_LD_MERGE(F, S_)                  \
+  F(S_, float *, entropy, 64)          \
+  F(S_, float *, zeros, 72)            \
+  F(S_, float *, merged, 80)
+#define RLK_LD_COMBINE_PARAMS_SIZE 88
+
+#define RLK_LD_JSD_COMBINE_PARAMS(F, S_) \
+  RLK_LD_MERGE(F, S_)                    \
+  F(S_, double, beta, 64)
+#define RLK_LD_JSD_COMBINE_PARAMS_SIZE 72
+
+#define RLK_LD_TOPK_PARAMS(F, S_)      \
+  F(S_, const void *, lists, 0)        \
+  F(S_, long long, S, 8)               \
+  F(S_, long long, N, 16)              \
+  F(S_, long long, top_k, 24)          \
+  F(S_, const void *, s_hidden, 32)    \
+  F(S_, long long, s_h_stride, 40)     \
+  F(S_, const void *, s_weight, 48)    \
+  F(S_, long long, s_w_stride, 56)     \
+  F(S_, long long, Hs, 64)             \
+  F(S_, const void *, labels, 72)      \
+  F(S_, long long, label_stride, 80)   \
+  F(S_, long long, ignore_index, 88)   \
+  F(S_, float *, divergence, 96)       \
+  F(S_, float *, stats, 104)           \
+  F(S_, float, s_temperature, 112)     \
+  F(S_, float, t_temperature, 116)
+#define RLK_LD_TOPK_PARAMS_SIZE 120
+
+#define RLK_LD_BWD_HOST_PARAMS(F, S_)  \
+  RLK_LD_HEADS(F, S_)                 \
+  RLK_LD_BWD_ROWS(F, S_)              \
+  F(S_, void *, gsh, 152)              \
+  F(S_, long long, gsh_stride, 160)    \
+  F(S_, void *, gsw, 168)              \
+  F(S_, long long, gsw_stride, 176)    \
+  F(S_, void *, gth, 184)              \
+  F(S_, long long, gth_stride, 192)    \
+  F(S_, void *, gtw, 200)              \
+  F(S_, long long, gtw_stride, 208)    \
+  F(S_, long long, gsh_dt, 216)        \
+  F(S_, long long, gsw_dt, 224)        \
+  F(S_, long long, gth_dt, 232)        \
+  F(S_, long long, gtw_dt, 240)        \
+  F(S_, long long, accumulate, 248)    \
+  F(S_, long long, vocab_start, 256)   \
+  F(S_, double, beta, 264)             \
+  F(S_, float, s_temperature, 272)     \
+  F(S_, float, t_temperature, 276)
+#define RLK_LD_BWD_HOST_PARAMS_SIZE 280
+
+#define RLK_LD_BWD_DZ_PARAMS(F, S_)    \
+  RLK_LD_HEADS(F, S_)                 \
+  RLK_LD_BWD_ROWS(F, S_)              \
+  F(S_, long long, c0, 152)            \
+  F(S_, long long, Vc, 160)            \
+  F(S_, float *, dz_s, 168)            \
+  F(S_, float *, dz_t, 176)            \
+  F(S_, long long, vocab_start, 184)   \
+  F(S_, double, beta, 192)             \
+  F(S_, float, s_temperature, 200)     \
+  F(S_, float, t_temperature, 204)
+#define RLK_LD_BWD_DZ_PARAMS_SIZE 208
+
+#endif

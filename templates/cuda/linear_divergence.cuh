@@ -1,0 +1,314 @@
+/* linear_divergence.cuh - rlk_linear_divergence's portable forward kernels (every CUDA target and
+ * HIP), launched in this order by src/ops/linear_divergence.c:
+ *
+ *   linear_divergence_fwd_tiled  a block per (64-row block, vocabulary split): 64 x 64 tiles of both
+ *                                heads' logits from shared memory in f32 (the fused head's
+ *                                tile_product, K = H_s and K = H_t), folded into the row's state
+ *                                (linear_divergence_common.cuh); the logits never leave the block.
+ *                                KIND 1 also keeps, per row, the split's TOPK_MAX-bounded list of
+ *                                its largest teacher logits in shared memory; KIND 2 is JSD's second
+ *                                pass (the lse's from stats): per (split, row) {A, B} sums
+ *   linear_divergence_combine    a thread a row: the records in split order -> lse's, entropy,
+ *                                and the forward or reverse KL (or one merged record: the shard form)
+ *   linear_divergence_jsd_combine  JSD: the second pass's sums in split order -> D, A, B
+ *   linear_divergence_topk       top-k: a block a row merges the splits' lists into the set K, takes
+ *                                the student's logits there (k dot products) -> D, P, the last member
+ * Fixed orders everywhere (splits, lanes by butterfly, lists by a total order): bitwise repeatable. */
+#ifndef RLK_LINEAR_DIVERGENCE_CUH
+#define RLK_LINEAR_DIVERGENCE_CUH
+
+#include "linear_divergence_common.cuh"
+
+namespace rlk {
+namespace ld {
+
+/* A teacher logit of a split's top-k list: value and column (-1: none). */
+struct alignas(8) cand {
+  float x;
+  i32 col;
+};
+
+/* The top-k order: a before b when its value is larger, or equal at a lower column. */
+RLK_DEVICE bool before(float xa, i32 ca, float xb, i32 cb) { return xa > xb || (xa == xb && ca < cb); }
+
+enum { KIND_STATS = 0, KIND_TOPK = 1, KIND_JSD = 2 };
+
+} /* namespace ld */
+
+template <int SDT, int TDT, int KIND>
+__global__ void __launch_bounds__(256)
+    linear_divergence_fwd_tiled(RLK_PARAMS_ARG ld::FwdTiledParams p_) {
+  typedef typename ll::elem<SDT>::type TS;
+  typedef typename ll::elem<TDT>::type TT;
+  const TS *sh = (const TS *)p_.s_hidden, *sw = (const TS *)p_.s_weight;
+  const TT *th = (const TT *)p_.t_hidden, *tw = (const TT *)p_.t_weight;
+  const i64 shs = p_.s_h_stride, sws = p_.s_w_stride, ths = p_.t_h_stride, tws = p_.t_w_stride;
+  const i64 N = p_.N, V = p_.V, Hs = p_.Hs, Ht = p_.Ht, cols_per_split = p_.cols_per_split;
+  constexpr int BM = 64, BN = 64;
+  /* the tile products' operands; between tiles (KIND 1) the teacher tile, column-major */
+  __shared__ float buf[2][32][64];
+  __shared__ float list_x[KIND == ld::KIND_TOPK ? ld::TOPK_MAX : 1][64];
+  __shared__ i32 list_c[KIND == ld::KIND_TOPK ? ld::TOPK_MAX : 1][64];
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const i64 row0 = (i64)blockIdx.x * BM;
+  const i64 v_begin = (i64)blockIdx.y * cols_per_split;
+  const i64 v_end = min_(V, v_begin + cols_per_split);
+  const float cs = RLK_LL_LOG2E / p_.s_temperature, ct = RLK_LL_LOG2E / p_.t_temperature;
+  const i64 k = p_.top_k;
+  ld::state st[4];
+  float A[4], B[4], Ls[4], Lt[4];
+  /* JSD: log2(1 - beta) and log2(beta), the mixture's weights */
+  const float la = KIND == ld::KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = KIND == ld::KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    st[r] = ld::empty_state();
+    A[r] = B[r] = Ls[r] = Lt[r] = 0.0f;
+  }
+  if (KIND == ld::KIND_TOPK && tid < BM)
+    for (i64 j = 0; j < k; ++j) {
+      list_x[j][tid] = -limits<float>::infinity();
+      list_c[j][tid] = -1;
+    }
+  for (i64 col0 = v_begin; col0 < v_end; col0 += BN) {
+    float as_[4][4], at_[4][4];
+    const auto hsa = [&](int r, i64 kk) { return row0 + r < N ? to_float(sh[(row0 + r) * shs + kk]) : 0.0f; };
+    const auto wsb = [&](int r, i64 kk) { return col0 + r < v_end ? to_float(sw[(col0 + r) * sws + kk]) : 0.0f; };
+    const auto hta = [&](int r, i64 kk) { return row0 + r < N ? to_float(th[(row0 + r) * ths + kk]) : 0.0f; };
+    const auto wtb = [&](int r, i64 kk) { return col0 + r < v_end ? to_float(tw[(col0 + r) * tws + kk]) : 0.0f; };
+    tile_product(as_, hsa, wsb, Hs, buf[0], buf[1]);
+    tile_product(at_, hta, wtb, Ht, buf[0], buf[1]);
+    const i64 lim = v_end - col0 - tx; /* as_[r][cc] is column tx + 16 cc of the tile */
+    bool ok[4];
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) ok[cc] = (i64)(16 * cc) < lim;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float ys[4], yt[4];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        ys[cc] = as_[r][cc] * cs;
+        yt[cc] = at_[r][cc] * ct;
+      }
+      if (KIND != ld::KIND_JSD) {
+        ld::fold<4>(st[r], ys, yt, ok);
+      } else {
+        const i64 row = row0 + ty * 4 + r;
+        if (row < N && col0 == v_begin) {
+          Ls[r] = p_.stats[row * 6 + 0] * RLK_LL_LOG2E;
+          Lt[r] = p_.stats[row * 6 + 1] * RLK_LL_LOG2E;
+        }
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+          if (ok[cc]) {
+            const float a = ys[cc] - Ls[r], b = yt[cc] - Lt[r], lm = ld::log2_mix(a, b, la, lb);
+            A[r] = fmaf(exp2_approx(a), a - lm, A[r]);
+            B[r] = fmaf(exp2_approx(b), b - lm, B[r]);
+          }
+      }
+    }
+    if (KIND == ld::KIND_TOPK) {
+      /* the teacher tile into shared memory (free after the products), column-major, then a
+       * thread a row merges its 64 values into the row's list */
+      float *tile = &buf[0][0][0];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+          tile[(tx + 16 * cc) * 64 + ty * 4 + r] = ok[cc] ? at_[r][cc] : -limits<float>::infinity();
+      __syncthreads();
+      if (tid < BM) {
+        for (int c = 0; c < BN; ++c) {
+          const float x = tile[c * 64 + tid];
+          const i32 col = (i32)(col0 + c);
+          if (x == -limits<float>::infinity() || !ld::before(x, col, list_x[k - 1][tid], list_c[k - 1][tid])) continue;
+          i64 j = k - 1;
+          for (; j > 0 && ld::before(x, col, list_x[j - 1][tid], list_c[j - 1][tid]); --j) {
+            list_x[j][tid] = list_x[j - 1][tid];
+            list_c[j][tid] = list_c[j - 1][tid];
+          }
+          list_x[j][tid] = x;
+          list_c[j][tid] = col;
+        }
+      }
+      __syncthreads(); /* before the next products overwrite the tile */
+    }
+  }
+  if (KIND == ld::KIND_JSD) {
+    f32x4 *out = (f32x4 *)p_.partials;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float a = segment_sum<16>(A[r]), b = segment_sum<16>(B[r]);
+      const i64 row = row0 + ty * 4 + r;
+      if (tx == 0 && row < N) {
+        f32x4 o;
+        o.x = a * RLK_LL_LN2;
+        o.y = b * RLK_LL_LN2;
+        o.z = o.w = 0.0f;
+        out[(i64)blockIdx.y * N + row] = o;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const ld::state s = ld::lane_merge<16>(st[r]);
+    const i64 row = row0 + ty * 4 + r;
+    if (tx == 0 && row < N) ld::store_record((float *)p_.partials + ((i64)blockIdx.y * N + row) * 8, s);
+  }
+  if (KIND == ld::KIND_TOPK && tid < BM && row0 + tid < N) {
+    ld::cand *out = (ld::cand *)p_.lists + ((i64)blockIdx.y * N + row0 + tid) * k;
+    for (i64 j = 0; j < k; ++j) {
+      ld::cand c;
+      c.x = list_x[j][tid];
+      c.col = list_c[j][tid];
+      out[j] = c;
+    }
+  }
+}
+
+/* One thread a row: the row's S records (records [S][N][8], rlk.h's units) merged in split
+ * order. FKL / RKL: lse's, entropy, D and the stats; JSD / TOPK: lse's and entropy (the next
+ * launch writes D and the rest). merged != NULL: the merged record instead (the shard form). */
+template <int LAB, int MODE>
+__global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG ld::CombineParams p_) {
+  const float *__restrict__ rec = (const float *)p_.records;
+  const i64 S = p_.S, N = p_.N;
+  const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  float Ms = -limits<float>::infinity(), Mt = -limits<float>::infinity();
+  for (i64 r = 0; r < S; ++r) {
+    Ms = fmaxf(Ms, rec[(r * N + row) * 8 + 0]);
+    Mt = fmaxf(Mt, rec[(r * N + row) * 8 + 3]);
+  }
+  float ss = 0.0f, us = 0.0f, gs = 0.0f, st = 0.0f, gt = 0.0f;
+  for (i64 r = 0; r < S; ++r) {
+    const f32x4 a = *(const f32x4 *)(rec + (r * N + row) * 8), b = *(const f32x4 *)(rec + (r * N + row) * 8 + 4);
+    if (a.y > 0.0f) {
+      const float d = a.x - Ms, f = exp2_approx(d * RLK_LL_LOG2E);
+      ss = fmaf(f, a.y, ss);
+      us = fmaf(f, fmaf(d, a.y, a.z), us);
+      gs = fmaf(f, b.z, gs);
+    }
+    if (b.x > 0.0f) {
+      const float f = exp2_approx((a.w - Mt) * RLK_LL_LOG2E);
+      st = fmaf(f, b.x, st);
+      gt = fmaf(f, b.y, gt);
+    }
+  }
+  if (p_.merged) {
+    f32x4 a, b;
+    a.x = Ms, a.y = ss, a.z = us, a.w = Mt;
+    b.x = st, b.y = gt, b.z = gs, b.w = 0.0f;
+    *(f32x4 *)(p_.merged + row * 8) = a;
+    *(f32x4 *)(p_.merged + row * 8 + 4) = b;
+    return;
+  }
+  const float ln_ss = logf(ss), ln_st = logf(st);
+  float *o = p_.stats + row * 6;
+  o[0] = Ms + ln_ss;
+  o[1] = Mt + ln_st;
+  if (p_.entropy) p_.entropy[row] = ln_ss - us / ss;
+  if (p_.zeros) p_.zeros[row] = 0.0f;
+  if (MODE == ld::FKL || MODE == ld::RKL) {
+    const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
+    /* FKL: sum p_t (z_t - z_s) - lse_t + lse_s, with the maxima and logarithms paired */
+    const float D = ign ? 0.0f
+                    : MODE == ld::FKL ? (gt / st + (Ms - Mt)) + (ln_ss - ln_st)
+                                      : (gs / ss + (Mt - Ms)) + (ln_st - ln_ss);
+    p_.divergence[row] = D;
+    o[2] = D;
+    o[3] = o[4] = o[5] = 0.0f;
+  }
+}
+
+/* JSD: one thread a row sums the second pass's {A, B} (records [S][N], natural log) in split
+ * order: D = beta B + (1 - beta) A. */
+template <int LAB>
+__global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_ARG ld::JsdCombineParams p_) {
+  const f32x4 *__restrict__ part = (const f32x4 *)p_.records;
+  const i64 S = p_.S, N = p_.N;
+  const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  float A = 0.0f, B = 0.0f;
+  for (i64 r = 0; r < S; ++r) {
+    const f32x4 x = part[r * N + row];
+    A += x.x;
+    B += x.y;
+  }
+  const float beta = (float)p_.beta;
+  const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
+  const float D = ign ? 0.0f : fmaf(beta, B, (1.0f - beta) * A);
+  p_.divergence[row] = D;
+  float *o = p_.stats + row * 6;
+  o[2] = D;
+  o[3] = ign ? 0.0f : A;
+  o[4] = ign ? 0.0f : B;
+  o[5] = 0.0f;
+}
+
+/* Top-k: a block of 256 threads a row. The S lists of k (lists [S][N][k]) hold every candidate
+ * (each column in one split); a candidate's rank is the number of candidates before it in the
+ * top-k order, so the set is the ranks below k, in order, whatever order the lists came in. Then
+ * the student's logit at each member (a dot product by 8 threads, in a fixed order), and
+ *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order. */
+template <int SDT, int LAB>
+__global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld::TopkParams p_) {
+  typedef typename ll::elem<SDT>::type TS;
+  const i64 S = p_.S, N = p_.N, k = p_.top_k, Hs = p_.Hs;
+  const i64 row = (i64)blockIdx.x;
+  const int tid = (int)threadIdx.x;
+  __shared__ float cx[256];
+  __shared__ i32 cc_[256];
+  __shared__ float kx[ld::TOPK_MAX], kxs[ld::TOPK_MAX];
+  __shared__ i32 kc[ld::TOPK_MAX];
+  const i64 n = S * k; /* <= 256: the op caps S k */
+  if (tid < n) {
+    const ld::cand c = ((const ld::cand *)p_.lists)[((i64)(tid / k) * N + row) * k + tid % k];
+    cx[tid] = c.x;
+    cc_[tid] = c.col;
+  }
+  __syncthreads();
+  if (tid < n && cc_[tid] >= 0) {
+    const float x = cx[tid];
+    const i32 c = cc_[tid];
+    int rank = 0;
+    for (int j = 0; j < n; ++j)
+      if (cc_[j] >= 0 && ld::before(cx[j], cc_[j], x, c)) ++rank;
+    if (rank < k) {
+      kx[rank] = x;
+      kc[rank] = c;
+    }
+  }
+  __syncthreads();
+  /* the student's logit at member j = tid / 8, lanes tid % 8 over H */
+  const int j = tid / 8, lane = tid % 8;
+  float acc = 0.0f;
+  if (j < k) {
+    const TS *h = (const TS *)p_.s_hidden + row * p_.s_h_stride;
+    const TS *w = (const TS *)p_.s_weight + (i64)kc[j] * p_.s_w_stride;
+    for (i64 c = lane; c < Hs; c += 8) acc = fmaf(to_float(h[c]), to_float(w[c]), acc);
+  }
+  acc = segment_sum<8>(acc);
+  if (j < k && lane == 0) kxs[j] = acc;
+  __syncthreads();
+  if (tid != 0) return;
+  float *o = p_.stats + row * 6;
+  const float ls = o[0], lt = o[1], is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature;
+  float P = 0.0f, D = 0.0f;
+  for (int m = 0; m < k; ++m) {
+    const float lpt = fmaf(kx[m], it, -lt), lps = fmaf(kxs[m], is, -ls), pt = exp2_approx(lpt * RLK_LL_LOG2E);
+    P += pt;
+    D = fmaf(pt, lpt - lps, D);
+  }
+  const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
+  p_.divergence[row] = ign ? 0.0f : D;
+  o[2] = ign ? 0.0f : D;
+  o[3] = ign ? 0.0f : P;
+  o[4] = kx[k - 1] * it;
+  o[5] = (float)kc[k - 1];
+}
+
+} /* namespace rlk */
+
+#endif /* RLK_LINEAR_DIVERGENCE_CUH */

@@ -1,0 +1,180 @@
+/* linear_divergence_common.cuh - what the kernels of rlk_linear_divergence share: the per-row
+ * state of one pass over some vocabulary columns of both heads, its fold and merge, the labels,
+ * and the per-column forms of rlk.h (log m, the dz of each divergence).
+ *
+ * Units: a GEMM kernel folds raw dot products x = h . w; with c = log2(e) / T per side,
+ * y = x c (z = y ln 2) and the state holds, over its columns,
+ *   ms = max y_s, ss = sum 2^(y_s - ms), qs = sum 2^(y_s - ms) (y_s - ms),
+ *   mt = max y_t, st = sum 2^(y_t - mt), gt = sum 2^(y_t - mt) (y_t - y_s), gs = sum 2^(y_s - ms) (y_s - y_t).
+ * A split's state leaves its kernel as rlk.h's vocab-parallel record (natural log: m, q and g
+ * times ln 2), the one format the combine merges, whether the records are a call's splits or
+ * gathered shards. */
+#ifndef RLK_LINEAR_DIVERGENCE_COMMON_CUH
+#define RLK_LINEAR_DIVERGENCE_COMMON_CUH
+
+#include "linear_logprob.cuh"
+#include "linear_divergence_params.h"
+
+namespace rlk {
+namespace ld {
+
+/* The kernels' arguments (common/linear_divergence_params.h, filled by src/ops/linear_divergence.c). */
+RLK_PARAMS_DECLARE(FwdTiledParams, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(CombineParams, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(JsdCombineParams, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(TopkParams, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(BwdDzParams, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
+
+enum { FKL = 0, RKL = 1, JSD = 2, TOPK = 3 };     /* the op's modes (top-k: forward KL over K) */
+enum { LAB_NONE = 0, LAB_I32 = 1, LAB_I64 = 2 };  /* the labels' codes */
+enum { TOPK_MAX = 32 };                            /* RLK_LINEAR_DIVERGENCE_TOP_K_MAX */
+
+/* Whether row `row`'s label is ignore_index (never without labels). Labels are never written. */
+template <int LAB> RLK_DEVICE bool ignored(const void *labels, i64 stride, i64 row, i64 ignore_index) {
+  if (LAB == LAB_NONE || !labels) return false;
+  const i64 y = LAB == LAB_I32 ? (i64)ld_ro((const i32 *)labels + row * stride)
+                               : (i64)ld_ro((const i64 *)labels + row * stride);
+  return y == ignore_index;
+}
+
+/* log2 with the hardware approximation (CUDA: lg2.approx.ftz, about 2^-22 absolute for an
+ * argument in [1, 2]; HIP: log2f). */
+RLK_DEVICE float log2_approx(float x) {
+#if defined(RLK_CUDA)
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return log2f(x);
+#endif
+}
+
+/* log2 m = log2((1 - beta) 2^a + beta 2^b) for a = log2 p_s, b = log2 p_t, with la = log2(1 - beta)
+ * and lb = log2(beta). */
+RLK_DEVICE float log2_mix(float a, float b, float la, float lb) {
+  const float x = a + la, y = b + lb, hi = fmaxf(x, y), lo = fminf(x, y);
+  return hi + log2_approx(1.0f + exp2_approx(lo - hi));
+}
+
+/* One row's state over some columns (or a split's). */
+struct alignas(16) state {
+  float ms, ss, qs, mt, st, gt, gs, pad;
+};
+
+RLK_DEVICE state empty_state() {
+  state p;
+  p.ms = p.mt = -limits<float>::infinity();
+  p.ss = p.qs = p.st = p.gt = p.gs = p.pad = 0.0f;
+  return p;
+}
+
+/* 2^(m - M) for a side holding s (0 for an empty side, whose m is -inf). */
+RLK_DEVICE float factor(float m, float s, float M) { return s > 0.0f ? exp2_approx(m - M) : 0.0f; }
+
+/* a and b merged (commutative bit for bit: either order gives the same floats). */
+RLK_DEVICE state merge(const state &a, const state &b) {
+  state r;
+  r.ms = fmaxf(a.ms, b.ms);
+  r.mt = fmaxf(a.mt, b.mt);
+  float sa, qa, sb, qb;
+  ll::rebase(a.ms, a.ss, a.qs, r.ms, &sa, &qa);
+  ll::rebase(b.ms, b.ss, b.qs, r.ms, &sb, &qb);
+  r.ss = sa + sb;
+  r.qs = qa + qb;
+  const float fa = factor(a.ms, a.ss, r.ms), fb = factor(b.ms, b.ss, r.ms);
+  r.gs = fa * a.gs + fb * b.gs;
+  const float ta = factor(a.mt, a.st, r.mt), tb = factor(b.mt, b.st, r.mt);
+  r.st = ta * a.st + tb * b.st;
+  r.gt = ta * a.gt + tb * b.gt;
+  r.pad = 0.0f;
+  return r;
+}
+
+/* Merge over aligned groups of W lanes (butterfly; every lane ends with the same bits). */
+template <int W> RLK_DEVICE state lane_merge(state p) {
+#pragma unroll
+  for (int o = 1; o < W; o <<= 1) {
+    state q;
+    q.ms = shfl_xor(p.ms, o);
+    q.ss = shfl_xor(p.ss, o);
+    q.qs = shfl_xor(p.qs, o);
+    q.mt = shfl_xor(p.mt, o);
+    q.st = shfl_xor(p.st, o);
+    q.gt = shfl_xor(p.gt, o);
+    q.gs = shfl_xor(p.gs, o);
+    q.pad = 0.0f;
+    p = merge(p, q);
+  }
+  return p;
+}
+
+/* Folds NV columns of one row (y_s, y_t: the scaled logits; ok: inside the vocabulary) into p. */
+template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *yt, const bool *ok) {
+  float mxs = -limits<float>::infinity(), mxt = -limits<float>::infinity();
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (ok[k]) {
+      mxs = fmaxf(mxs, ys[k]);
+      mxt = fmaxf(mxt, yt[k]);
+    }
+  const float Ms = fmaxf(p.ms, mxs), Mt = fmaxf(p.mt, mxt);
+  if (Ms == -limits<float>::infinity()) return; /* nothing inside yet */
+  const float fs = factor(p.ms, p.ss, Ms), ft = factor(p.mt, p.st, Mt);
+  float ss, qs;
+  ll::rebase(p.ms, p.ss, p.qs, Ms, &ss, &qs);
+  float gs = fs * p.gs, st = ft * p.st, gt = ft * p.gt;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (ok[k]) {
+      const float ds = ys[k] - Ms, es = exp2_approx(ds), et = exp2_approx(yt[k] - Mt), gap = yt[k] - ys[k];
+      ss += es;
+      qs = fmaf(es, ds, qs);
+      st += et;
+      gt = fmaf(et, gap, gt);
+      gs = fmaf(-es, gap, gs);
+    }
+  p.ms = Ms, p.ss = ss, p.qs = qs, p.mt = Mt, p.st = st, p.gt = gt, p.gs = gs;
+}
+
+/* A state as rlk.h's record (natural log units). */
+RLK_DEVICE void store_record(float *r, const state &p) {
+  f32x4 a, b;
+  a.x = p.ms * RLK_LL_LN2; /* -inf stays -inf */
+  a.y = p.ss;
+  a.z = p.qs * RLK_LL_LN2;
+  a.w = p.mt * RLK_LL_LN2;
+  b.x = p.st;
+  b.y = p.gt * RLK_LL_LN2;
+  b.z = p.gs * RLK_LL_LN2;
+  b.w = 0.0f;
+  *(f32x4 *)r = a;
+  *(f32x4 *)(r + 4) = b;
+}
+
+/* A column's dD/dz for the student (gs) and the teacher (gt), rlk.h's forms; lps, lpt the
+ * natural log-probs, D and a1, a2 the row's stats [2..4], in_k: the column is in the top-k set,
+ * la, lb: log2(1 - beta), log2(beta). */
+template <int MODE>
+RLK_DEVICE void dz_of(float lps, float lpt, float D, float a1, float a2, bool in_k, float beta, float la, float lb,
+                      float *gs, float *gt) {
+  const float ps = exp2_approx(lps * RLK_LL_LOG2E), pt = exp2_approx(lpt * RLK_LL_LOG2E);
+  if (MODE == FKL) {
+    *gs = ps - pt;
+    *gt = pt * (lpt - lps - D);
+  } else if (MODE == RKL) {
+    *gs = ps * (lps - lpt - D);
+    *gt = pt - ps;
+  } else if (MODE == JSD) {
+    const float lm = RLK_LL_LN2 * log2_mix(lps * RLK_LL_LOG2E, lpt * RLK_LL_LOG2E, la, lb);
+    *gs = (1.0f - beta) * ps * (lps - lm - a1);
+    *gt = beta * pt * (lpt - lm - a2);
+  } else {
+    *gs = a1 * ps - (in_k ? pt : 0.0f);
+    *gt = pt * ((in_k ? lpt - lps + 1.0f : 0.0f) - D - a1);
+  }
+}
+
+} /* namespace ld */
+} /* namespace rlk */
+
+#endif /* RLK_LINEAR_DIVERGENCE_COMMON_CUH */

@@ -1,0 +1,1 @@
+../common/linear_divergence_params.h
