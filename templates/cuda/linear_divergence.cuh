@@ -98,13 +98,7 @@ __global__ void __launch_bounds__(256)
           Ls[r] = p_.stats[row * 6 + 0] * RLK_LL_LOG2E;
           Lt[r] = p_.stats[row * 6 + 1] * RLK_LL_LOG2E;
         }
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-          if (ok[cc]) {
-            const float a = ys[cc] - Ls[r], b = yt[cc] - Lt[r], lm = ld::log2_mix(a, b, la, lb);
-            A[r] = fmaf(exp2_approx(a), a - lm, A[r]);
-            B[r] = fmaf(exp2_approx(b), b - lm, B[r]);
-          }
+        ld::jsd_fold<4>(&A[r], &B[r], ys, yt, ok, Ls[r], Lt[r], la, lb);
       }
     }
     if (KIND == ld::KIND_TOPK) {

@@ -108,7 +108,9 @@ template <int W> RLK_DEVICE state lane_merge(state p) {
   return p;
 }
 
-/* Folds NV columns of one row (y_s, y_t: the scaled logits; ok: inside the vocabulary) into p. */
+/* Folds NV columns of one row (y_s, y_t: the scaled logits; ok: inside the vocabulary) into p: the
+ * columns' own sums first, relative to the new maxima, then the state before rescaled to them and
+ * added (each of a fold's additions rounds relative to its columns' part, not to the whole row's). */
 template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *yt, const bool *ok) {
   float mxs = -limits<float>::infinity(), mxt = -limits<float>::infinity();
 #pragma unroll
@@ -119,10 +121,7 @@ template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *y
     }
   const float Ms = fmaxf(p.ms, mxs), Mt = fmaxf(p.mt, mxt);
   if (Ms == -limits<float>::infinity()) return; /* nothing inside yet */
-  const float fs = factor(p.ms, p.ss, Ms), ft = factor(p.mt, p.st, Mt);
-  float ss, qs;
-  ll::rebase(p.ms, p.ss, p.qs, Ms, &ss, &qs);
-  float gs = fs * p.gs, st = ft * p.st, gt = ft * p.gt;
+  float ss = 0.0f, qs = 0.0f, st = 0.0f, gt = 0.0f, gs = 0.0f;
 #pragma unroll
   for (int k = 0; k < NV; ++k)
     if (ok[k]) {
@@ -133,7 +132,30 @@ template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *y
       gt = fmaf(et, gap, gt);
       gs = fmaf(-es, gap, gs);
     }
-  p.ms = Ms, p.ss = ss, p.qs = qs, p.mt = Mt, p.st = st, p.gt = gt, p.gs = gs;
+  const float fs = factor(p.ms, p.ss, Ms), ft = factor(p.mt, p.st, Mt);
+  float s0, q0;
+  ll::rebase(p.ms, p.ss, p.qs, Ms, &s0, &q0);
+  p.ss = s0 + ss, p.qs = q0 + qs;
+  p.st = fmaf(ft, p.st, st), p.gt = fmaf(ft, p.gt, gt), p.gs = fmaf(fs, p.gs, gs);
+  p.ms = Ms, p.mt = Mt;
+}
+
+/* JSD's second pass over NV columns of one row (y_s, y_t scaled logits, Ls, Lt the row's lse's in
+ * log2 units, la, lb log2(1 - beta), log2(beta)): adds sum p_s (log2 p_s - log2 m) to *A and
+ * sum p_t (log2 p_t - log2 m) to *B, the columns' own sums first. */
+template <int NV>
+RLK_DEVICE void jsd_fold(float *A, float *B, const float *ys, const float *yt, const bool *ok, float Ls, float Lt,
+                         float la, float lb) {
+  float a_ = 0.0f, b_ = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (ok[k]) {
+      const float a = ys[k] - Ls, b = yt[k] - Lt, lm = log2_mix(a, b, la, lb);
+      a_ = fmaf(exp2_approx(a), a - lm, a_);
+      b_ = fmaf(exp2_approx(b), b - lm, b_);
+    }
+  *A += a_;
+  *B += b_;
 }
 
 /* A state as rlk.h's record (natural log units). */
