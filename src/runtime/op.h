@@ -13,7 +13,7 @@
 #include "runtime/context.h"
 #include "tune/tune_table.h"
 
-#define RLK_OP_MAX_KERNELS 16
+#define RLK_OP_MAX_KERNELS 24
 
 #define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
 
