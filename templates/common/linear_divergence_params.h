@@ -12,6 +12,9 @@
  *              into partials [splits][N]; kind 1 also each split's top_k largest teacher logits
  *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
  *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
+ *   fwd_sm90   the sm_90a GEMM (kinds 0 and 2 of fwd_tiled's, the same records), the heads reached
+ *              through tensor maps: the fwd_tiled list (its pointers to the heads unread) and the
+ *              launch's cut, row_blocks x splits blocks in groups of `group` row blocks
  *   combine    records [S][N] -> the outputs (mode's: JSD and top-k leave D, [3..5] to the next
  *              launch), or (merged not NULL) one merged record per row; S = the shards in
  *              rlk_linear_divergence_combine
@@ -20,7 +23,10 @@
  *              there, D and stats [3..5]
  *   bwd_host   the host backward: the four gradients (each NULL or of its dtype code, 0 f32,
  *              1 f16, 2 bf16)
- *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T */
+ *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T
+ *   bwd_dz_sm90  the same on sm_90a into 16-bit dz (each head's dtype) through tensor maps (the
+ *              list's pointers to the heads and dz unread): tiles_m x tiles_n tiles of 128 x 128
+ *              walked by persistent blocks, in groups of `group` rows of tiles */
 #ifndef RLK_LINEAR_DIVERGENCE_PARAMS_H
 #define RLK_LINEAR_DIVERGENCE_PARAMS_H
 
@@ -88,6 +94,13 @@
   F(S_, float, s_temperature, 152)      \
   F(S_, float, t_temperature, 156)
 #define RLK_LD_FWD_TILED_PARAMS_SIZE 160
+
+#define RLK_LD_FWD_SM90_PARAMS(F, S_) \
+  RLK_LD_FWD_TILED_PARAMS(F, S_)       \
+  F(S_, int, row_blocks, 160)          \
+  F(S_, int, splits, 164)              \
+  F(S_, int, group, 168)
+#define RLK_LD_FWD_SM90_PARAMS_SIZE 176
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
  * to 63). */
@@ -166,5 +179,12 @@
   F(S_, float, s_temperature, 200)     \
   F(S_, float, t_temperature, 204)
 #define RLK_LD_BWD_DZ_PARAMS_SIZE 208
+
+#define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
+  RLK_LD_BWD_DZ_PARAMS(F, S_)             \
+  F(S_, int, tiles_m, 208)                \
+  F(S_, int, tiles_n, 212)                \
+  F(S_, int, group, 216)
+#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 224
 
 #endif

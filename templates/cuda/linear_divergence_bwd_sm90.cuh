@@ -1,0 +1,150 @@
+/* linear_divergence_bwd_sm90.cuh - rlk_linear_divergence_backward on sm_90a. The host walks the
+ * vocabulary in chunks of Vc columns (a multiple of 256), in order; for each chunk:
+ *
+ *   linear_divergence_bwd_dz_sm90  both heads' logits of the chunk recomputed by the forward's
+ *                     tiles (linear_divergence_sm90_tile.cuh: 128 x 128 a head, TMA + wgmma), each
+ *                     element's dz of the sides asked for (rlk.h's forms from the forward's stats,
+ *                     ld::dz_of, times g / T), written in the head's 16-bit dtype: a consumer's
+ *                     64 x 128 tile of a side goes through 16 KB of shared staging as two 64 x 64
+ *                     boxes and leaves by TMA stores (the fused head's ll_b16_half), which drain
+ *                     while the next tile's products run. Blocks are persistent (one a
+ *                     multiprocessor): block b computes tiles b, b + gridDim.x, ... of the chunk's
+ *                     tiles_m x tiles_n, in groups of `group` rows of tiles (ll_bwd_tile), the ring
+ *                     running on from tile to tile. The rows' inputs (stats, g, the label) are
+ *                     read before a tile's products.
+ *
+ * then, per side, the fused head's sm_90a products over dz (linear_logprob_bwd_sm90.cuh,
+ * instantiated from this source): its dh kind (the f32 grad_hidden sum (+)= dz W_c) and dw kind
+ * (grad_weight's rows of the chunk = dz^T h), and for a 16-bit grad_hidden at the end
+ * linear_logprob_bwd_dh_out. dz in 16 bits is what a bf16 autograd graph keeps of the logits'
+ * gradient (the fused head's sm_90a backward does the same): each term of a gradient's sum carries
+ * that rounding, at most half an ulp of dz. Every output element is written by one block, its K
+ * sum in a fixed order, the chunks in order: bitwise repeatable. Top-k stays with the portable
+ * kernels (its set's membership compares recomputed teacher logits with the forward's, which only
+ * the same arithmetic reproduces). */
+#ifndef RLK_LINEAR_DIVERGENCE_BWD_SM90_CUH
+#define RLK_LINEAR_DIVERGENCE_BWD_SM90_CUH
+
+#include "linear_divergence_sm90_tile.cuh"
+
+#if defined(RLK_CUDA)
+namespace rlk {
+
+/* What dz's epilogue needs of a row, read before the tile's products. */
+struct ld_dz_row {
+  float ls, lt, D, a1, a2; /* the stats: lse's, D and the mode's auxiliaries */
+  float ks, kt;            /* g / T of each side */
+  bool ign;                /* ignored, or past the last row: dz 0 */
+};
+
+template <int LAB> RLK_DEVICE ld_dz_row ld_dz_row_inputs(const ld::BwdDzSm90Params &p_, i64 r) {
+  ld_dz_row d;
+  d.ls = d.lt = d.D = d.a1 = d.a2 = d.ks = d.kt = 0.0f;
+  d.ign = true;
+  if (r >= p_.N) return d;
+  d.ign = ld::ignored<LAB>(p_.labels, p_.label_stride, r, p_.ignore_index);
+  const float *s = p_.stats + r * p_.stats_stride;
+  d.ls = s[0], d.lt = s[1], d.D = s[2], d.a1 = s[3], d.a2 = s[4];
+  const float g = p_.g[r * p_.g_stride];
+  d.ks = g * (1.0f / p_.s_temperature);
+  d.kt = g * (1.0f / p_.t_temperature);
+  return d;
+}
+
+/* map_hs, map_ws, map_ht, map_wt: the heads (64 x 128 boxes); map_zs, map_zt: dz_s and dz_t
+ * [N][nv] of pitch Vc (64 x 64 boxes), each any map where its side is not asked for. */
+template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
+__global__ void __launch_bounds__(384, 1)
+    linear_divergence_bwd_dz_sm90(const __grid_constant__ tensor_map map_hs, const __grid_constant__ tensor_map map_ws,
+                                  const __grid_constant__ tensor_map map_ht, const __grid_constant__ tensor_map map_wt,
+                                  const __grid_constant__ tensor_map map_zs, const __grid_constant__ tensor_map map_zt,
+                                  RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
+#if defined(RLK_SM90A_ASM)
+  static_assert(MODE == ld::FKL || MODE == ld::RKL || MODE == ld::JSD, "bwd_dz_sm90: top-k is the portable kernels'");
+  static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
+  typedef ld_sm90 C;
+  constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
+  constexpr u32 CONSUMER_WARPS = 8;
+  extern __shared__ __align__(1024) u8 ld_smem_raw[];
+  u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
+  __shared__ alignas(8) u64 full[C::STAGES];
+  __shared__ alignas(8) u64 empty[C::STAGES];
+  const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, ntiles = tiles_m * tiles_n;
+  const int kbs = (int)((p_.Hs + BK - 1) / BK), kbt = (int)((p_.Ht + BK - 1) / BK);
+  const int wg = (int)(threadIdx.x / 128);
+  if (threadIdx.x == 0) sm90::ring_init<C::STAGES>(full, empty, CONSUMER_WARPS);
+  __syncthreads();
+
+  if (wg == 0) {
+    /* producer: the chunk's columns are the weights' rows from c0 */
+    sm90::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_map(&map_hs);
+      sm90::tma_prefetch_map(&map_ws);
+      sm90::tma_prefetch_map(&map_ht);
+      sm90::tma_prefetch_map(&map_wt);
+      if (STUDENT) sm90::tma_prefetch_map(&map_zs);
+      if (TEACHER) sm90::tma_prefetch_map(&map_zt);
+      u32 it = 0;
+#pragma unroll 1
+      for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
+        int tm, tn;
+        ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
+        ld_sm90_load_tile(&map_hs, &map_ws, &map_ht, &map_wt, full, empty, smem, tm * BM,
+                          (i32)(p_.c0 + (i64)tn * BN), kbs, kbt, it);
+      }
+    }
+    return;
+  }
+
+  /* consumers */
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, rl = 16 * w + l / 4;
+  u8 *stage = smem + (u32)C::STAGES * C::STAGE + (u32)cw * (C::STAGING / 2u);
+  const float is = 1.0f / p_.s_temperature, it_ = 1.0f / p_.t_temperature, beta = (float)p_.beta;
+  const float la = MODE == ld::JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = MODE == ld::JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+  float acc_s[C::ACC], acc_t[C::ACC];
+  u32 it = 0;
+#pragma unroll 1
+  for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
+    int tm, tn;
+    ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
+    const i64 m0w = (i64)tm * BM + cw * 64, n0 = (i64)tn * BN;
+    /* the rows' inputs load while the products run */
+    const ld_dz_row row[2] = {ld_dz_row_inputs<LAB>(p_, m0w + rl), ld_dz_row_inputs<LAB>(p_, m0w + rl + 8)};
+    ld_sm90_tile_products<SDT, TDT>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
+    /* each logit pair becomes its dz pair in place */
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int q = 0; q < C::ACC / 2; ++q) {
+        const int k = ld_sm90_acc(i, q);
+        float gs, gt;
+        ld::dz_of<MODE>(fmaf(acc_s[k], is, -row[i].ls), fmaf(acc_t[k], it_, -row[i].lt), row[i].D, row[i].a1,
+                        row[i].a2, false, beta, la, lb, &gs, &gt);
+        acc_s[k] = row[i].ign ? 0.0f : gs * row[i].ks;
+        acc_t[k] = row[i].ign ? 0.0f : gt * row[i].kt;
+      }
+    /* the consumer's 64 x 128 of each side through its staging (columns past the chunk and rows
+     * past N are clipped by the stores) */
+    if (STUDENT) {
+      const auto dz = [&](int i, int j, int e) { return acc_s[4 * j + 2 * i + e]; };
+      ll_b16_half<0, SDT>(&map_zs, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
+    }
+    if (TEACHER) {
+      const auto dz = [&](int i, int j, int e) { return acc_t[4 * j + 2 * i + e]; };
+      ll_b16_half<0, TDT>(&map_zt, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
+    }
+  }
+  /* the stores are done before the block (and its staging) goes */
+  if (tw == 0) sm90::tma_store_drain<0>();
+#else
+  (void)map_hs, (void)map_ws, (void)map_ht, (void)map_wt, (void)map_zs, (void)map_zt, (void)p_;
+#endif
+}
+
+} /* namespace rlk */
+#endif /* RLK_CUDA */
+
+#endif /* RLK_LINEAR_DIVERGENCE_BWD_SM90_CUH */

@@ -1,0 +1,153 @@
+/* linear_divergence_sm90.cuh - rlk_linear_divergence's forward on sm_90a: both heads' logit tiles
+ * by TMA + wgmma (linear_divergence_sm90_tile.cuh), folded in registers into the records of
+ * linear_divergence_fwd_tiled (the same layout: the combines of linear_divergence.cuh merge them).
+ *
+ *   KIND 0  a row's state over a split (ld::fold: both maxima and sums of exponentials, the
+ *           student's sum of p z, the cross sums G_t and G_s), written as rlk.h's record
+ *           [splits][N][8]
+ *   KIND 2  JSD's second pass (the lse's from stats): a row's {A, B} over the split, [splits][N]
+ *
+ * A block owns 128 rows and one vocabulary split (cols_per_split columns, a multiple of 256) and
+ * walks the split's 128-column tiles; the blocks' index is mapped to (row block, split) in groups
+ * of `group` row blocks, split-major inside a group, so that the blocks resident together share
+ * their h panels and W tiles in L2 (at N 8192, H 4096, 33 splits and a group of 8: the 132 blocks
+ * of a wave read 8 row blocks' h and 17 splits' W, about 49 MB, where the plain order would read
+ * all 64 row blocks' h for two splits, 132 MB, each tile's time over). A consumer thread keeps
+ * its two rows' state (or A and B) across the tiles; at the split's end the four lanes of a row
+ * merge by a fixed butterfly and one writes the record. Bitwise repeatable: fixed orders
+ * everywhere, the splits merged in order by the combine.
+ *
+ * Needs: each head's hidden and weight 16-byte aligned with row strides a multiple of 8 elements
+ * (tensor maps of 64 x 128 boxes, the 128-byte swizzle); the op falls back to
+ * linear_divergence_fwd_tiled otherwise. The top-k kind stays with the portable kernels. */
+#ifndef RLK_LINEAR_DIVERGENCE_SM90_CUH
+#define RLK_LINEAR_DIVERGENCE_SM90_CUH
+
+#include "linear_divergence.cuh"
+#include "linear_divergence_sm90_tile.cuh"
+
+#if defined(RLK_CUDA)
+namespace rlk {
+
+/* A consumer thread's fold of one tile into its two rows' state (KIND 0) or sums (KIND 2); WHOLE:
+ * every column of the tile is inside the split. */
+template <int KIND, bool WHOLE>
+RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&acc_t)[ld_sm90::ACC],
+                             ld::state (&st)[2], float (&A)[2], float (&B)[2], const float (&Ls)[2],
+                             const float (&Lt)[2], float cs, float ct, float la, float lb, i64 left, int l) {
+  constexpr int NV = ld_sm90::ACC / 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float ys[NV], yt[NV];
+    bool ok[NV];
+    ld_sm90_row<WHOLE>(acc_s, acc_t, i, cs, ct, left, l, ys, yt, ok);
+    if (KIND == ld::KIND_JSD)
+      ld::jsd_fold<NV>(&A[i], &B[i], ys, yt, ok, Ls[i], Lt[i], la, lb);
+    else
+      ld::fold<NV>(st[i], ys, yt, ok);
+  }
+}
+
+/* The tensor maps stay parameters of their own, ahead of the struct (by value, __grid_constant__:
+ * TMA reads them in parameter space). */
+template <int SDT, int TDT, int KIND>
+__global__ void __launch_bounds__(384, 1)
+    linear_divergence_fwd_sm90(const __grid_constant__ tensor_map map_hs, const __grid_constant__ tensor_map map_ws,
+                               const __grid_constant__ tensor_map map_ht, const __grid_constant__ tensor_map map_wt,
+                               RLK_PARAMS_ARG ld::FwdSm90Params p_) {
+#if defined(RLK_SM90A_ASM)
+  static_assert(KIND == ld::KIND_STATS || KIND == ld::KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
+  typedef ld_sm90 C;
+  constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
+  constexpr u32 CONSUMER_WARPS = 8;
+  extern __shared__ __align__(1024) u8 ld_smem_raw[];
+  u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
+  __shared__ alignas(8) u64 full[C::STAGES];
+  __shared__ alignas(8) u64 empty[C::STAGES];
+  const i64 N = p_.N, V = p_.V, cols_per_split = p_.cols_per_split;
+  int rb, sp;
+  ll_bwd_tile((int)blockIdx.x, p_.row_blocks, p_.splits, p_.group, &rb, &sp);
+  const i64 row0 = (i64)rb * BM, v_begin = (i64)sp * cols_per_split, v_end = min_(V, v_begin + cols_per_split);
+  const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
+  const int kbs = (int)((p_.Hs + BK - 1) / BK), kbt = (int)((p_.Ht + BK - 1) / BK);
+  const int wg = (int)(threadIdx.x / 128);
+  if (threadIdx.x == 0) sm90::ring_init<C::STAGES>(full, empty, CONSUMER_WARPS);
+  __syncthreads();
+
+  if (wg == 0) {
+    /* producer */
+    sm90::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_map(&map_hs);
+      sm90::tma_prefetch_map(&map_ws);
+      sm90::tma_prefetch_map(&map_ht);
+      sm90::tma_prefetch_map(&map_wt);
+      u32 it = 0;
+#pragma unroll 1
+      for (int t = 0; t < ntiles; ++t)
+        ld_sm90_load_tile(&map_hs, &map_ws, &map_ht, &map_wt, full, empty, smem, (i32)row0,
+                          (i32)(v_begin + (i64)t * BN), kbs, kbt, it);
+    }
+    return;
+  }
+
+  /* consumers */
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32;
+  const float cs = RLK_LL_LOG2E / p_.s_temperature, ct = RLK_LL_LOG2E / p_.t_temperature;
+  ld::state st[2];
+  float A[2], B[2], Ls[2], Lt[2];
+  i64 row[2];
+  /* JSD: log2(1 - beta) and log2(beta), the mixture's weights, and the row's lse's (log2 units) */
+  const float la = KIND == ld::KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = KIND == ld::KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    st[i] = ld::empty_state();
+    A[i] = B[i] = Ls[i] = Lt[i] = 0.0f;
+    row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
+    if (KIND == ld::KIND_JSD && row[i] < N) {
+      Ls[i] = p_.stats[row[i] * 6 + 0] * RLK_LL_LOG2E;
+      Lt[i] = p_.stats[row[i] * 6 + 1] * RLK_LL_LOG2E;
+    }
+  }
+  float acc_s[C::ACC], acc_t[C::ACC];
+  u32 it = 0;
+#pragma unroll 1
+  for (int t = 0; t < ntiles; ++t) {
+    const i64 col0 = v_begin + (i64)t * BN, left = v_end - col0;
+    ld_sm90_tile_products<SDT, TDT>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
+    if (col0 + BN <= v_end)
+      ld_sm90_fold<KIND, true>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
+    else
+      ld_sm90_fold<KIND, false>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (KIND == ld::KIND_JSD) {
+      float a = A[i], b = B[i];
+      a += shfl_xor(a, 1);
+      b += shfl_xor(b, 1);
+      a += shfl_xor(a, 2);
+      b += shfl_xor(b, 2);
+      if ((l & 3) == 0 && row[i] < N) {
+        f32x4 o;
+        o.x = a * RLK_LL_LN2;
+        o.y = b * RLK_LL_LN2;
+        o.z = o.w = 0.0f;
+        ((f32x4 *)p_.partials)[(i64)sp * N + row[i]] = o;
+      }
+    } else {
+      const ld::state s = ld::lane_merge<4>(st[i]);
+      if ((l & 3) == 0 && row[i] < N) ld::store_record((float *)p_.partials + ((i64)sp * N + row[i]) * 8, s);
+    }
+  }
+#else
+  (void)map_hs, (void)map_ws, (void)map_ht, (void)map_wt, (void)p_;
+#endif
+}
+
+} /* namespace rlk */
+#endif /* RLK_CUDA */
+
+#endif /* RLK_LINEAR_DIVERGENCE_SM90_CUH */
