@@ -866,7 +866,10 @@ START_TEST(host_records_its_configurations) {
 END_TEST
 
 /* Each target's plan: the host's one fp64 kernel a pass; a GPU's tiled GEMM and combine, JSD's
- * second pass and its combine, top-k's set; the backward's dz and the fused head's products. */
+ * second pass and its combine, top-k's set; the backward's dz and the fused head's products. On
+ * sm_90a the wgmma kernels first (the forward's two passes; dz, and per gradient dtype the fused
+ * head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; top-k and the
+ * tiled variant plan the portable ones alone. */
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -876,9 +879,14 @@ START_TEST(plan_per_target) {
     size_t n;
   } cases[] = {
       {RLK_BACKEND_HOST, NULL, "linear_divergence mode=jsd", "linear_divergence_fwd_host", 2},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_tiled", 4},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 6},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd variant=tiled", "linear_divergence_fwd_tiled", 4},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_tiled", 3},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd grad=same teacher_grad=f32",
+       "linear_divergence_bwd_dz_sm90", 9},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd topk=1 grad=f32", "linear_divergence_bwd_dz", 3},
       {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_tiled", 3},
-      {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=bwd grad=same teacher_grad=f32", "linear_divergence_bwd_dz", 6},
+      {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=bwd grad=same teacher_grad=f32", "linear_divergence_bwd_dz", 5},
       {RLK_BACKEND_HIP, "gfx90a", "linear_divergence pass=combine mode=reverse-kl", "linear_divergence_combine", 1},
   };
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {

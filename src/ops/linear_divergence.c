@@ -3,7 +3,10 @@
  * vocab-parallel combine: validation, the kernels' selection, the vocabulary split and chunks,
  * launches. The math, the stats the forward saves and the record format are in include/rlk.h.
  *
- * Forward kernels (templates/cuda/linear_divergence.cuh, templates/host/linear_divergence_fwd.c):
+ * Forward kernels (templates/cuda/linear_divergence*.cuh, templates/host/linear_divergence_fwd.c):
+ *   linear_divergence_fwd_sm90      sm_90a, heads that tensor maps describe, every mode but top-k:
+ *                                   both heads' 128 x 128 logit tiles by TMA + wgmma folded into
+ *                                   the same records (kind 2: JSD's second pass)
  *   linear_divergence_fwd_tiled     every GPU target: both heads' 64 x 64 f32 logit tiles folded
  *                                   into per-(split, row) records in the workspace (top-k: and
  *                                   each split's list of its largest teacher logits)
@@ -16,8 +19,10 @@
  * Backward kernels (templates/cuda/linear_divergence_bwd.cuh, templates/host/linear_divergence_bwd.c):
  * per vocabulary chunk, in order, linear_divergence_bwd_dz (both heads' logits recomputed, dz of
  * each side asked for into the workspace), then per side the fused head's products over dz
- * (linear_logprob_bwd_dh, _dw; _dh_out at the end for a 16-bit grad_hidden). The host runs
- * linear_divergence_bwd_host (fp64).
+ * (linear_logprob_bwd_dh, _dw; _dh_out at the end for a 16-bit grad_hidden). On sm_90a, where the
+ * forward's does, linear_divergence_bwd_dz_sm90 writes dz in each head's 16-bit dtype and the
+ * fused head's sm_90a products (linear_logprob_bwd_sm90's dh and dw kinds) follow
+ * (templates/cuda/linear_divergence_bwd_sm90.cuh). The host runs linear_divergence_bwd_host (fp64).
  *
  * ld_plan turns a configuration (the settings of a precompile line, or those a call sets from
  * its arguments) into the kernels: calls and lines go through the one function. */
@@ -36,7 +41,9 @@
 /* The kernels' arguments (templates/common/linear_divergence_params.h; the fused head's products
  * from templates/common/linear_logprob_params.h). */
 RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_products_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
@@ -53,6 +60,21 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 
 #define LD_TILE 64        /* the portable kernels' tiles (rows, columns) */
 #define LD_THREADS 256
+/* The sm_90a kernels (templates/cuda/linear_divergence_sm90_tile.cuh's ld_sm90): tiles of 128 rows x
+ * 128 columns a head, 384 threads, a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
+ * for the alignment. The fused head's sm_90a products (its ll_bwd_sm90): 128 x 256 tiles, 4 stages
+ * of 48 KB, 32 KB of staging where an output leaves by TMA. */
+#define LD_SM90_BM 128
+#define LD_SM90_BN 128
+#define LD_SM90_THREADS 384
+#define LD_SM90_FWD_SMEM (6u * 32u * 1024u + 1024u)
+#define LD_SM90_DZ_SMEM (6u * 32u * 1024u + 32u * 1024u + 1024u)
+#define LD_LL_SM90_BM 128
+#define LD_LL_SM90_BN 256
+#define LD_LL_SM90_SMEM (4u * 48u * 1024u + 1024u)
+#define LD_LL_SM90_SMEM_STAGED (4u * 48u * 1024u + 32u * 1024u + 1024u)
+#define LD_GROUP 8        /* the sm_90a tile orders' rows of tiles a group */
+#define LD_CHUNK_SM90 256 /* the sm_90a backward's chunks: whole tiles of its products */
 #define LD_RECORD 8       /* floats a record (RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS) */
 #define LD_STATS 6        /* RLK_LINEAR_DIVERGENCE_STATS */
 #define LD_TOPK_SPLITS 8  /* top-k: at most this many splits, and splits x k <= 256 (the set's block) */
@@ -66,6 +88,7 @@ enum { LD_DT_F32 = 0, LD_DT_F16 = 1, LD_DT_BF16 = 2 };
 enum { LD_LAB_NONE = 0, LD_LAB_I32 = 1, LD_LAB_I64 = 2 };
 enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
 enum { LD_KIND_STATS = 0, LD_KIND_TOPK = 1, LD_KIND_JSD = 2 };
+enum { LD_LL_DH = 1, LD_LL_DW = 2 }; /* the fused head's sm_90a product kinds (its LL_BWD_DH, _DW) */
 
 static const char *const ld_dt_names[] = {"f32", "f16", "bf16", NULL};
 static const char *const ld_label_names[] = {"none", "i32", "i64", NULL};
@@ -77,6 +100,9 @@ static const char *const ld_kmode_names[] = {"forward-kl", "reverse-kl", "jsd", 
 
 #define LD_FWD_CUDA "cuda/linear_divergence.cuh"
 #define LD_BWD_CUDA "cuda/linear_divergence_bwd.cuh"
+#define LD_FWD_SM90_CUDA "cuda/linear_divergence_sm90.cuh"
+#define LD_BWD_SM90_CUDA "cuda/linear_divergence_bwd_sm90.cuh"
+#define LD_SM90_NEEDS (RLK_TARGET_WGMMA | RLK_TARGET_TMA)
 
 static const rlk_param_decl ld_host_params[] = {
     {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
@@ -110,6 +136,15 @@ static const rlk_param_decl ld_dh_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0
 static const rlk_param_decl ld_dw_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
                                               {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
 static const rlk_param_decl ld_dh_out_params[] = {{"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
+/* ... and its sm_90a products (linear_logprob_bwd_sm90's schema: the dh and dw kinds, which read no
+ * labels or entropy) */
+static const rlk_param_decl ld_products_sm90_params[] = {
+    {"kind", RLK_PARAM_INT, LD_LL_DH, LD_LL_DW, 0, 0, NULL},
+    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
+    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_DTYPE_BIT(RLK_I32), NULL},
+    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names},
+};
 
 static const rlk_template ld_fwd_host_tmpl = {"linear_divergence", "linear_divergence_fwd_host", NULL,
                                               "host/linear_divergence_fwd.c", LD_N(ld_host_params), ld_host_params};
@@ -134,6 +169,15 @@ static const rlk_template ld_dw_tmpl = {"linear_divergence", "linear_logprob_bwd
                                         LD_N(ld_dw_params), ld_dw_params};
 static const rlk_template ld_dh_out_tmpl = {"linear_divergence", "linear_logprob_bwd_dh_out", LD_BWD_CUDA, NULL,
                                             LD_N(ld_dh_out_params), ld_dh_out_params};
+/* sm_90a: the forward's kinds 0 and 2 (the tiled kernel's schema), dz (the portable dz's schema; no
+ * top-k), the fused head's products */
+static const rlk_template ld_fwd_sm90_tmpl = {"linear_divergence", "linear_divergence_fwd_sm90", LD_FWD_SM90_CUDA,
+                                              NULL, LD_N(ld_tiled_params), ld_tiled_params, LD_SM90_NEEDS};
+static const rlk_template ld_dz_sm90_tmpl = {"linear_divergence", "linear_divergence_bwd_dz_sm90", LD_BWD_SM90_CUDA,
+                                             NULL, LD_N(ld_dz_params), ld_dz_params, LD_SM90_NEEDS};
+static const rlk_template ld_products_sm90_tmpl = {"linear_divergence", "linear_logprob_bwd_sm90", LD_BWD_SM90_CUDA,
+                                                   NULL, LD_N(ld_products_sm90_params), ld_products_sm90_params,
+                                                   LD_SM90_NEEDS};
 
 /* ---------------------------------------------------------------------------------- */
 /* The settings and the plan (shared by calls and precompiling)                        */
@@ -142,12 +186,13 @@ static const rlk_template ld_dh_out_tmpl = {"linear_divergence", "linear_logprob
 static const char *const ld_pass_names[] = {"fwd", "bwd", "both", "combine", NULL};
 static const char *const ld_mode_names[] = {"forward-kl", "reverse-kl", "jsd", NULL};
 static const char *const ld_grad_names[] = {"none", "f32", "same", NULL};
+static const char *const ld_variant_names[] = {"auto", "wgmma", "tiled", NULL}; /* rlk_linear_logprob_variant */
 enum { LD_PASS_FWD = 0, LD_PASS_BWD = 1, LD_PASS_BOTH = 2, LD_PASS_COMBINE = 3 };
 enum { LD_GRAD_NONE = 0, LD_GRAD_F32 = 1, LD_GRAD_SAME = 2 };
 
 enum {
   LD_S_PASS, LD_S_STUDENT, LD_S_TEACHER, LD_S_LABELS, LD_S_MODE, LD_S_TOPK, LD_S_SHARD, LD_S_GRAD,
-  LD_S_TEACHER_GRAD, LD_NSETTINGS
+  LD_S_TEACHER_GRAD, LD_S_VARIANT, LD_NSETTINGS
 };
 
 static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
@@ -164,25 +209,81 @@ static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
     [LD_S_TOPK] = RLK_SET_FLAG("topk", 0, "linear_divergence_*.mode linear_divergence_fwd_tiled.kind",
                                "the teacher's top-k approximation (forward-kl)"),
     [LD_S_SHARD] = RLK_SET_FLAG("shard", 0, "", "the forward's shard form (a record a row); no other kernel"),
-    [LD_S_GRAD] = RLK_SET_CHOICE("grad", ld_grad_names, LD_GRAD_F32, "linear_divergence_bwd_dz.student linear_logprob_bwd_*",
+    [LD_S_GRAD] = RLK_SET_CHOICE("grad", ld_grad_names, LD_GRAD_F32, "linear_divergence_bwd_dz*.student linear_logprob_bwd_*",
                                  "the student's gradients' dtype (same: its head's)"),
     [LD_S_TEACHER_GRAD] = RLK_SET_CHOICE("teacher_grad", ld_grad_names, LD_GRAD_NONE,
-                                         "linear_divergence_bwd_dz.teacher linear_logprob_bwd_*",
+                                         "linear_divergence_bwd_dz*.teacher linear_logprob_bwd_*",
                                          "the teacher's gradients' dtype (none: a frozen teacher)"),
+    [LD_S_VARIANT] = RLK_SET_CHOICE("variant", ld_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_divergence_*",
+                                    "wgmma: the sm_90a kernels (elsewhere, and for top-k, the portable ones run); "
+                                    "tiled: the portable ones only"),
 };
 
 static int ld_code(int64_t dtype) { return dtype == RLK_F16 ? LD_DT_F16 : LD_DT_BF16; }
 
-/* The fused head's products for one side's gradients (grad: LD_GRAD_*; head: its dtype code). */
-static void ld_side_specs(int head, int grad, rlk_kernel_spec *specs, size_t *n) {
-  const rlk_kernel_spec dh = {&ld_dh_tmpl, {head}}, dw = {&ld_dw_tmpl, {head, grad == LD_GRAD_SAME ? head : 0}},
-                        out = {&ld_dh_out_tmpl, {head}};
-  specs[(*n)++] = dh;
-  if (grad == LD_GRAD_SAME) specs[(*n)++] = out;
-  specs[(*n)++] = dw;
+/* sm_90a exactly: wgmma needs the arch-specific target. */
+static int ld_wgmma_target(const rlk_context *ctx) {
+  return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
-static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+/* Whether a configuration has sm_90a kernels here: the target, not the tiled variant, no top-k. A
+ * call runs them where tensor maps also describe its heads. */
+static int ld_sm90_line(const rlk_context *ctx, const rlk_op_values *s) {
+  return ld_wgmma_target(ctx) && s->v[LD_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED && !s->v[LD_S_TOPK];
+}
+
+/* The GPU forward's kernels in launch order: the GEMM and the combine, then JSD's second pass and
+ * its combine, or top-k's set; sm90: the wgmma GEMMs. */
+static void ld_fwd_specs(int sdt, int tdt, int lab, int kmode, int sm90, rlk_kernel_spec *specs, size_t *n) {
+  const rlk_template *gemm = sm90 ? &ld_fwd_sm90_tmpl : &ld_tiled_tmpl;
+  const rlk_kernel_spec g = {gemm, {sdt, tdt, kmode == LD_TOPK ? LD_KIND_TOPK : LD_KIND_STATS}},
+                        c = {&ld_combine_tmpl, {lab, kmode}}, g2 = {gemm, {sdt, tdt, LD_KIND_JSD}},
+                        c2 = {&ld_jsd_combine_tmpl, {lab}}, t = {&ld_topk_tmpl, {sdt, lab}};
+  specs[(*n)++] = g;
+  specs[(*n)++] = c;
+  if (kmode == LD_JSD) {
+    specs[(*n)++] = g2;
+    specs[(*n)++] = c2;
+  } else if (kmode == LD_TOPK) {
+    specs[(*n)++] = t;
+  }
+}
+
+/* The fused head's products for one side's gradients (grad: LD_GRAD_*; head: its dtype code):
+ * dh, dh_out for a 16-bit grad_hidden, dw; sm90: its sm_90a dh and dw kinds. */
+static void ld_side_specs(int head, int grad, int sm90, rlk_kernel_spec *specs, size_t *n) {
+  const int gw = grad == LD_GRAD_SAME ? head : 0;
+  const rlk_kernel_spec dh = {&ld_dh_tmpl, {head}}, dw = {&ld_dw_tmpl, {head, gw}}, out = {&ld_dh_out_tmpl, {head}},
+                        dh90 = {&ld_products_sm90_tmpl, {LD_LL_DH, head, RLK_I32, 0, 0}},
+                        dw90 = {&ld_products_sm90_tmpl, {LD_LL_DW, head, RLK_I32, 0, gw}};
+  specs[(*n)++] = sm90 ? dh90 : dh;
+  if (grad == LD_GRAD_SAME) specs[(*n)++] = out;
+  specs[(*n)++] = sm90 ? dw90 : dw;
+}
+
+/* The GPU backward's: dz of the sides asked for, then each side's products. */
+static void ld_bwd_specs(int sdt, int tdt, int lab, int kmode, int gs, int gt, int sm90, rlk_kernel_spec *specs,
+                         size_t *n) {
+  const rlk_kernel_spec dz = {sm90 ? &ld_dz_sm90_tmpl : &ld_dz_tmpl,
+                              {sdt, tdt, lab, kmode, gs != LD_GRAD_NONE, gt != LD_GRAD_NONE}};
+  specs[(*n)++] = dz;
+  if (gs != LD_GRAD_NONE) ld_side_specs(sdt, gs, sm90, specs, n);
+  if (gt != LD_GRAD_NONE) ld_side_specs(tdt, gt, sm90, specs, n);
+}
+
+/* Appends the specs of `add` that the list does not hold yet. */
+static void ld_add_specs(rlk_kernel_spec *specs, size_t *n, const rlk_kernel_spec *add, size_t m) {
+  for (size_t j = 0; j < m; j++) {
+    size_t i = 0;
+    while (i < *n && memcmp(&specs[i], &add[j], sizeof add[j])) i++;
+    if (i == *n) specs[(*n)++] = add[j];
+  }
+}
+
+/* A configuration's kernels in launch order; sm90: the sm_90a ones where the configuration has
+ * them (ld_sm90_line). */
+static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int sm90, rlk_kernel_spec *specs,
+                             size_t *nspecs) {
   const int64_t *v = s->v;
   const int pass = (int)v[LD_S_PASS], sdt = ld_code(v[LD_S_STUDENT]), tdt = ld_code(v[LD_S_TEACHER]);
   const int lab = (int)v[LD_S_LABELS], topk = (int)v[LD_S_TOPK], kmode = topk ? LD_TOPK : (int)v[LD_S_MODE];
@@ -192,6 +293,7 @@ static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "topk: the teacher's top-k approximation is a forward KL");
   if ((v[LD_S_SHARD] || pass == LD_PASS_COMBINE) && (topk || v[LD_S_MODE] == LD_JSD))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard, combine: the vocab-parallel form takes forward-kl or reverse-kl");
+  sm90 = sm90 && ld_sm90_line(ctx, s);
   if (pass == LD_PASS_COMBINE) {
     const rlk_kernel_spec c = {host ? &ld_combine_host_tmpl : &ld_combine_tmpl, {lab, kmode}};
     specs[n++] = c;
@@ -201,18 +303,7 @@ static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
       const rlk_kernel_spec f = {&ld_fwd_host_tmpl, {sdt, tdt, lab, kmode}};
       specs[n++] = f;
     } else {
-      const rlk_kernel_spec g = {&ld_tiled_tmpl, {sdt, tdt, topk ? LD_KIND_TOPK : LD_KIND_STATS}},
-                            c = {&ld_combine_tmpl, {lab, kmode}};
-      specs[n++] = g;
-      specs[n++] = c;
-      if (kmode == LD_JSD) {
-        const rlk_kernel_spec g2 = {&ld_tiled_tmpl, {sdt, tdt, LD_KIND_JSD}}, c2 = {&ld_jsd_combine_tmpl, {lab}};
-        specs[n++] = g2;
-        specs[n++] = c2;
-      } else if (kmode == LD_TOPK) {
-        const rlk_kernel_spec t = {&ld_topk_tmpl, {sdt, lab}};
-        specs[n++] = t;
-      }
+      ld_fwd_specs(sdt, tdt, lab, kmode, sm90, specs, &n);
     }
   }
   if (pass == LD_PASS_BWD || pass == LD_PASS_BOTH) {
@@ -223,17 +314,28 @@ static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
       const rlk_kernel_spec b = {&ld_bwd_host_tmpl, {sdt, tdt, lab, kmode}};
       specs[n++] = b;
     } else {
-      const rlk_kernel_spec dz = {&ld_dz_tmpl, {sdt, tdt, lab, kmode, gs != LD_GRAD_NONE, gt != LD_GRAD_NONE}};
-      specs[n++] = dz;
-      if (gs != LD_GRAD_NONE) ld_side_specs(sdt, gs, specs, &n);
-      if (gt != LD_GRAD_NONE) ld_side_specs(tdt, gt, specs, &n);
+      ld_bwd_specs(sdt, tdt, lab, kmode, gs, gt, sm90, specs, &n);
     }
   }
   for (size_t i = 0; i < n; i++) {
     rlk_status st = rlk_spec_validate(&specs[i]);
     if (st) return st;
   }
-  *nspecs = n;
+  /* each kernel once (a side's products are the other's when the heads share a dtype) */
+  *nspecs = 0;
+  ld_add_specs(specs, nspecs, specs, n);
+  return RLK_OK;
+}
+
+/* A line's kernels: the sm_90a ones where it has them, and then the portable ones that a call whose
+ * heads no tensor map describes runs. */
+static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
+  rlk_status st = ld_kernels(ctx, s, 1, specs, nspecs);
+  if (st || !ld_sm90_line(ctx, s)) return st;
+  rlk_kernel_spec portable[RLK_OP_MAX_KERNELS];
+  size_t m = 0;
+  if ((st = ld_kernels(ctx, s, 0, portable, &m))) return st;
+  ld_add_specs(specs, nspecs, portable, m);
   return RLK_OK;
 }
 
@@ -348,6 +450,57 @@ static rlk_launch_dims ld_dims(uint64_t gx, uint64_t gy, unsigned block) {
   return d;
 }
 
+/* A 128-byte-swizzled tensor map request over a [rows, cols] matrix, in boxes of box_rows rows by
+ * 128 bytes (64 16-bit or 32 f32 columns). */
+static rlk_tma_desc_request ld_tma(const void *base, rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride,
+                                   uint32_t box_rows) {
+  rlk_tma_desc_request r;
+  memset(&r, 0, sizeof r);
+  r.base = base, r.dtype = dt, r.rows = (uint64_t)rows, r.cols = (uint64_t)cols, r.row_stride = (uint64_t)stride;
+  r.box_rows = box_rows, r.box_cols = dt == RLK_F32 ? 32 : 64, r.swizzle = 128;
+  return r;
+}
+
+/* Whether a tensor map can describe a request (else the caller takes its other path). */
+static int ld_tma_ok(const rlk_tma_desc_request *r) {
+  if (rlk_tma_check(r) == RLK_OK) return 1;
+  rlk_error_clear();
+  return 0;
+}
+
+/* Whether tensor maps describe both heads in the boxes the sm_90a kernels read: 128 rows (the
+ * logits' operands) and 64 (the backward's products; the same conditions of alignment). */
+static int ld_heads_tma_ok(const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th, const rlk_tensor *tw,
+                           const ld_heads *h) {
+  const rlk_tensor *t[4] = {sh, sw, th, tw};
+  const int64_t rows[4] = {h->N, h->V, h->N, h->V}, cols[4] = {h->Hs, h->Hs, h->Ht, h->Ht};
+  const int64_t strides[4] = {h->shs, h->sws, h->ths, h->tws};
+  static const char *const names[4] = {"student_hidden", "student_weight", "teacher_hidden", "teacher_weight"};
+  for (int i = 0; i < 4; i++)
+    for (uint32_t box = 64; box <= LD_SM90_BM; box *= 2) {
+      const rlk_tma_desc_request r = ld_tma(t[i]->data, t[i]->dtype, rows[i], cols[i], strides[i], box);
+      if (rlk_tma_check(&r) != RLK_OK) {
+        rlk_debug("linear_divergence: no tensor map for %s (%s); the portable kernels run", names[i],
+                  rlk_last_error());
+        rlk_error_clear();
+        return 0;
+      }
+    }
+  return 1;
+}
+
+/* The encoded maps of both heads in 128-row boxes (the sm_90a logits' operands). */
+static rlk_status ld_head_maps(rlk_context *ctx, const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th,
+                               const rlk_tensor *tw, const ld_heads *h, unsigned char (*maps)[128]) {
+  const rlk_tma_desc_request r[4] = {ld_tma(sh->data, sh->dtype, h->N, h->Hs, h->shs, LD_SM90_BM),
+                                     ld_tma(sw->data, sw->dtype, h->V, h->Hs, h->sws, LD_SM90_BN),
+                                     ld_tma(th->data, th->dtype, h->N, h->Ht, h->ths, LD_SM90_BM),
+                                     ld_tma(tw->data, tw->dtype, h->V, h->Ht, h->tws, LD_SM90_BN)};
+  rlk_status st = RLK_OK;
+  for (int i = 0; i < 4 && !st; i++) st = rlk_context_tensor_map(ctx, &r[i], maps[i]);
+  return st;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* The forward                                                                         */
 /* ---------------------------------------------------------------------------------- */
@@ -375,6 +528,7 @@ typedef struct ld_fwd_call {
   rlk_op_call op; /* the driver's: configuration, kernels, workspace bytes */
   ld_heads h;
   int kmode, shard, loss;
+  int sm90; /* the wgmma GEMMs run */
   int64_t splits, cols_per_split, row_blocks;
   /* workspace offsets: split records, top-k lists, the loss's zeros and scratch, rlk_policy_loss's */
   size_t off_lists, off_zeros, off_glp, off_gent, off_pl;
@@ -486,21 +640,30 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   rlk_op_values_set(v, LD_S_MODE, a->mode);
   rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
   rlk_op_values_set(v, LD_S_SHARD, k->shard);
-  if ((st = ld_plan(ctx, v, call->specs, &call->nspecs))) return st;
+  if (a->variant != RLK_LINEAR_LOGPROB_AUTO) rlk_op_values_set(v, LD_S_VARIANT, a->variant);
+  /* sm_90a: the wgmma GEMMs where tensor maps describe the heads */
+  k->sm90 = ld_sm90_line(ctx, v) &&
+            ld_heads_tma_ok(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h);
+  if (a->variant == RLK_LINEAR_LOGPROB_WGMMA && !k->sm90 && ctx->kind != RLK_BACKEND_HOST)
+    rlk_debug("linear_divergence: the wgmma kernels do not run here (%s); the portable ones do",
+              !ld_wgmma_target(ctx) ? "needs sm_90a" : a->top_k ? "top-k" : "no tensor map");
+  if ((st = ld_kernels(ctx, v, k->sm90, call->specs, &call->nspecs))) return st;
 
-  /* the cut: 64-row blocks x vocabulary splits (top-k: few enough for the set's block) */
+  /* the cut: blocks of 64 rows (sm_90a: 128, one block a multiprocessor) x vocabulary splits
+   * (top-k: few enough for the set's block) */
   size_t off = 0;
   if (ctx->kind != RLK_BACKEND_HOST) {
     const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-    k->row_blocks = (N + LD_TILE - 1) / LD_TILE;
+    const int64_t bm = k->sm90 ? LD_SM90_BM : LD_TILE;
+    k->row_blocks = (N + bm - 1) / bm;
     int asked = a->splits;
     if (a->top_k) {
       int64_t most = LD_TOPK_CANDS / a->top_k;
       if (most > LD_TOPK_SPLITS) most = LD_TOPK_SPLITS;
       if (!asked || asked > most) asked = (int)most;
     }
-    rlk_ll_fwd_splits(h->V, k->row_blocks, 4 * sms, asked, &k->splits, &k->cols_per_split);
-    if (k->row_blocks > INT32_MAX || k->splits > 65535)
+    rlk_ll_fwd_splits(h->V, k->row_blocks, k->sm90 ? sms : 4 * sms, asked, &k->splits, &k->cols_per_split);
+    if (k->row_blocks > INT32_MAX || k->splits > 65535 || (k->sm90 && k->row_blocks * k->splits > INT32_MAX))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_hidden: N = %lld rows is too many", (long long)N);
     off = ld_align256((size_t)(k->splits * N) * LD_RECORD * 4u);
     k->off_lists = off;
@@ -544,19 +707,31 @@ static const rlk_arg_field ld_fwd_fields[] = {
     RLK_ARG_OUT(rlk_linear_divergence_args, partials)};
 
 /* The GPU forward's launches: the GEMM over (row blocks, splits), the combine, and JSD's second
- * pass or top-k's set. */
+ * pass or top-k's set. The sm_90a GEMM is one launch of row_blocks x splits blocks (the kernel
+ * maps a block to its row block and split), its tensor maps parameters of their own ahead of the
+ * struct. */
 static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args *a, const ld_fwd_call *k, void *stream) {
   const ld_heads *h = &k->h;
   char *ws = (char *)a->workspace;
   rlk_status st;
-  ld_fwd_tiled_args g = {0};
+  ld_fwd_sm90_args g = {0};
   LD_SET_HEADS(g, a, h);
   g.N = h->N, g.V = h->V, g.Hs = h->Hs, g.Ht = h->Ht;
   g.cols_per_split = k->cols_per_split, g.partials = ws, g.lists = ws + k->off_lists, g.top_k = a->top_k;
   g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
-  void *gargs[] = {&g};
-  const rlk_launch_dims dg = ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
-  if ((st = rlk_context_launch(ctx, &k->op.specs[0], &dg, stream, gargs))) return st;
+  g.row_blocks = (int)k->row_blocks, g.splits = (int)k->splits, g.group = LD_GROUP;
+  _Alignas(64) unsigned char maps[4][128];
+  if (k->sm90 && (st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden,
+                                    &a->teacher_weight, h, maps)))
+    return st;
+  /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
+  void *gargs90[] = {maps[0], maps[1], maps[2], maps[3], &g}, *gargs[] = {&g};
+  const rlk_launch_dims dg =
+      k->sm90 ? ld_dims((uint64_t)(k->row_blocks * k->splits), 1, LD_SM90_THREADS)
+              : ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
+  rlk_launch_dims dg_smem = dg;
+  if (k->sm90) dg_smem.shared_bytes = LD_SM90_FWD_SMEM;
+  if ((st = rlk_context_launch(ctx, &k->op.specs[0], &dg_smem, stream, k->sm90 ? gargs90 : gargs))) return st;
   ld_combine_args c = {0};
   c.records = ws, c.S = k->splits, c.N = h->N, c.labels = a->labels.data, c.label_stride = h->ls;
   c.ignore_index = a->ignore_index, c.divergence = (float *)a->divergence.data, c.stats = (float *)a->stats.data;
@@ -567,8 +742,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   if ((st = rlk_context_launch(ctx, &k->op.specs[1], &dr, stream, cargs))) return st;
   if (k->kmode == LD_JSD) {
     /* the second pass over the vocabulary, the lse's in stats; its sums where the records were */
-    void *g2args[] = {&g};
-    if ((st = rlk_context_launch(ctx, &k->op.specs[2], &dg, stream, g2args))) return st;
+    if ((st = rlk_context_launch(ctx, &k->op.specs[2], &dg_smem, stream, k->sm90 ? gargs90 : gargs))) return st;
     ld_jsd_combine_args j = {0};
     j.records = ws, j.S = k->splits, j.N = h->N, j.labels = a->labels.data, j.label_stride = h->ls;
     j.ignore_index = a->ignore_index, j.divergence = c.divergence, j.stats = c.stats, j.beta = a->beta;
@@ -655,6 +829,7 @@ typedef struct ld_bwd_call {
   int nvals;
   ld_heads h;
   int kmode;
+  int sm90; /* the wgmma kernels run */
   int64_t stats_stride, g_stride, chunk;
   ld_side s, t;
 } ld_bwd_call;
@@ -733,37 +908,47 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     rlk_op_values_set(v, LD_S_GRAD, ls >= 0 ? ls : i ? LD_GRAD_SAME : LD_GRAD_F32);
     rlk_op_values_set(v, LD_S_TEACHER_GRAD, lt >= 0 ? lt : i ? LD_GRAD_SAME : LD_GRAD_F32);
   }
-  /* the kernels: the lines' plans, each kernel once */
+  /* sm_90a: the wgmma kernels where tensor maps describe the heads */
+  k->sm90 = ld_sm90_line(ctx, &call->vals) &&
+            ld_heads_tma_ok(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h);
+  /* the kernels: the lines', each kernel once */
   for (int i = 0; i < k->nvals; i++) {
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    if ((st = ld_plan(ctx, i ? &k->second : &call->vals, specs, &n))) return st;
-    for (size_t j = 0; j < n; j++) {
-      size_t m = 0;
-      while (m < call->nspecs && memcmp(&call->specs[m], &specs[j], sizeof specs[j])) m++;
-      if (m == call->nspecs) call->specs[call->nspecs++] = specs[j];
-    }
+    if ((st = ld_kernels(ctx, i ? &k->second : &call->vals, k->sm90, specs, &n))) return st;
+    ld_add_specs(call->specs, &call->nspecs, specs, n);
   }
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
 
-  /* GPU: the chunk, and the workspace: the 16-bit grad_hidden sums, then each side's dz */
-  const int64_t sides = (k->s.gh >= 0 || k->s.gw >= 0) + (k->t.gh >= 0 || k->t.gw >= 0);
+  /* GPU: the chunk, and the workspace: the 16-bit grad_hidden sums, then each side's dz (f32; on
+   * sm_90a the head's 16-bit dtype, in chunks of whole 256-column tiles of its products) */
+  const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
+  const int64_t sides = student + teacher, tile = k->sm90 ? LD_CHUNK_SM90 : LD_TILE, dzs = k->sm90 ? 2 : 4;
   size_t off = 0;
   if (k->s.gh > 0) k->s.dh_off = off, off += ld_align256((size_t)(h->N * h->Hs) * 4u);
   if (k->t.gh > 0) k->t.dh_off = off, off += ld_align256((size_t)(h->N * h->Ht) * 4u);
-  const int64_t vpad = (h->V + LD_TILE - 1) / LD_TILE * LD_TILE;
-  int64_t chunk = a->chunk;
+  const int64_t vpad = (h->V + tile - 1) / tile * tile;
+  int64_t chunk = (a->chunk + tile - 1) / tile * tile;
   if (!chunk) {
-    /* dz within what the sums leave of the budget: the fewest chunks, cut evenly */
+    /* dz within what the sums leave of the budget: the fewest chunks cut evenly, or on sm_90a the
+     * width whose products fill whole waves of the multiprocessors (the fused head's model, over
+     * the larger side's products) */
     const int64_t room = LD_BWD_WORKSPACE_BYTES - (int64_t)off;
-    int64_t most = room > 0 ? room / (4 * sides * h->N) / LD_TILE * LD_TILE : 0;
-    if (most < LD_TILE) most = LD_TILE;
-    const int64_t chunks = (vpad + most - 1) / most;
-    chunk = ((vpad + chunks - 1) / chunks + LD_TILE - 1) / LD_TILE * LD_TILE;
+    int64_t most = room > 0 ? room / (dzs * sides * h->N) / tile * tile : 0;
+    if (most < tile) most = tile;
+    if (k->sm90) {
+      const ld_side *x = student ? &k->s : &k->t;
+      const rlk_ll_chunk_problem cp = {h->N, student ? h->Hs : h->Ht, h->V, x->gh >= 0, x->gw >= 0,
+                                       ctx->target.multiprocessors, most};
+      chunk = rlk_ll_bwd_sm90_chunk(&cp);
+    } else {
+      const int64_t chunks = (vpad + most - 1) / most;
+      chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
+    }
   }
   if (chunk > vpad) chunk = vpad;
   k->chunk = chunk;
-  const size_t dz_bytes = ld_align256((size_t)(h->N * chunk) * 4u);
+  const size_t dz_bytes = ld_align256((size_t)(h->N * chunk * dzs));
   if (k->s.gh >= 0 || k->s.gw >= 0) k->s.dz_off = off, off += dz_bytes;
   if (k->t.gh >= 0 || k->t.gw >= 0) k->t.dz_off = off, off += dz_bytes;
   call->workspace = off;
@@ -847,6 +1032,125 @@ static rlk_status ld_side_out(rlk_context *ctx, const ld_bwd_call *k, const ld_s
   return rlk_context_launch(ctx, ld_find(k, 1, &ld_dh_out_tmpl, x->gh), &d, stream, oargs);
 }
 
+/* The call's kernel that is `want`, NULL if none. */
+static const rlk_kernel_spec *ld_spec(const ld_bwd_call *k, const rlk_kernel_spec *want) {
+  for (size_t i = 0; i < k->op.nspecs; i++)
+    if (!memcmp(&k->op.specs[i], want, sizeof *want)) return &k->op.specs[i];
+  return NULL;
+}
+
+/* A persistent launch over an M x Nn output of bm x bn tiles: a block a multiprocessor at most. */
+static rlk_launch_dims ld_persistent(const rlk_context *ctx, int64_t tiles, size_t smem) {
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+  rlk_launch_dims d = ld_dims((uint64_t)(tiles < sms ? tiles : sms), 1, LD_SM90_THREADS);
+  d.shared_bytes = smem;
+  return d;
+}
+
+/* One of the fused head's sm_90a products (g's M x Nn over K; maps: A, B and the output's, this
+ * where g->staged), in 128 x 256 tiles. */
+static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ld_products_sm90_args *g,
+                                  unsigned char (*maps)[128], void *stream) {
+  const int64_t tm = (g->M + LD_LL_SM90_BM - 1) / LD_LL_SM90_BM, tn = (g->Nn + LD_LL_SM90_BN - 1) / LD_LL_SM90_BN;
+  if (!spec) return rlk_error(RLK_ERR_INTERNAL, "linear_divergence_backward: a product's kernel was not planned");
+  if (tm * tn > INT32_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld output tiles are too many",
+                     (long long)tm, (long long)tn);
+  g->tiles_m = (int)tm, g->tiles_n = (int)tn, g->group = LD_GROUP;
+  void *args[] = {maps[0], maps[1], g->staged ? maps[2] : maps[0], maps[0], g};
+  const rlk_launch_dims d = ld_persistent(ctx, tm * tn, g->staged ? LD_LL_SM90_SMEM_STAGED : LD_LL_SM90_SMEM);
+  return rlk_context_launch(ctx, spec, &d, stream, args);
+}
+
+/* One side's sm_90a products of a chunk over its 16-bit dz: the f32 grad_hidden sum (+)= dz W_c
+ * (A = dz K-major, B = W's rows from c0 MN-major) and grad_weight's rows of the chunk = dz^T h (A =
+ * dz MN-major, B = h MN-major), each output leaving by TMA where a map describes it (a 16-bit
+ * grad_weight that is added to from registers). */
+static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, const ld_side *x, const rlk_tensor *hid,
+                                     int64_t hs, const rlk_tensor *wt, int64_t wsd, int64_t H, const rlk_tensor *gh,
+                                     const rlk_tensor *gw, char *wsp, int accumulate, int64_t c0, int64_t nv,
+                                     void *stream) {
+  const int64_t N = k->h.N, Vc = k->chunk;
+  const rlk_dtype dt = hid->dtype;
+  const int code = ld_code(dt);
+  const void *dz = wsp + x->dz_off;
+  _Alignas(64) unsigned char maps[3][128];
+  ld_products_sm90_args g = {0};
+  rlk_status st;
+  if (x->gh >= 0) {
+    /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */
+    const int direct = x->gh == LD_DT_F32;
+    float *dh = direct ? (float *)gh->data : (float *)(wsp + x->dh_off);
+    const int64_t dhs = direct ? x->ghs : H;
+    const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, LD_LL_SM90_BM), rb = ld_tma(wt->data, dt, k->h.V, H, wsd, 64),
+                               rc = ld_tma(dh, RLK_F32, N, H, dhs, 64);
+    g.staged = ld_tma_ok(&rc);
+    if ((st = rlk_context_tensor_map(ctx, &ra, maps[0])) || (st = rlk_context_tensor_map(ctx, &rb, maps[1])) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, maps[2]))))
+      return st;
+    g.M = N, g.Nn = H, g.K = nv, g.c0 = c0, g.out = dh, g.out_stride = dhs;
+    g.accumulate = c0 > 0 || (direct && accumulate);
+    const rlk_kernel_spec want = {&ld_products_sm90_tmpl, {LD_LL_DH, code, RLK_I32, 0, 0}};
+    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, maps, stream))) return st;
+  }
+  if (x->gw >= 0) {
+    /* this chunk's rows of grad_weight: a map of their own */
+    char *rows = (char *)gw->data + (size_t)(c0 * x->gws) * rlk_dtype_size(gw->dtype);
+    const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, 64), rb = ld_tma(hid->data, dt, N, H, hs, 64),
+                               rc = ld_tma(rows, gw->dtype, nv, H, x->gws, 64);
+    g.staged = (x->gw == LD_DT_F32 || !accumulate) && ld_tma_ok(&rc);
+    if ((st = rlk_context_tensor_map(ctx, &ra, maps[0])) || (st = rlk_context_tensor_map(ctx, &rb, maps[1])) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, maps[2]))))
+      return st;
+    g.M = nv, g.Nn = H, g.K = N, g.c0 = c0, g.out = gw->data, g.out_stride = x->gws, g.accumulate = accumulate;
+    const rlk_kernel_spec want = {&ld_products_sm90_tmpl, {LD_LL_DW, code, RLK_I32, 0, x->gw}};
+    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, maps, stream))) return st;
+  }
+  return RLK_OK;
+}
+
+/* The sm_90a backward's chunks in order: dz of both sides asked for (16-bit, the workspace), then
+ * each side's products; at the end a 16-bit grad_hidden from its sum. */
+static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_backward_args *a, const ld_bwd_call *k,
+                              void *stream) {
+  const ld_heads *h = &k->h;
+  char *wsp = (char *)a->workspace;
+  const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
+  rlk_status st;
+  _Alignas(64) unsigned char maps[6][128];
+  if ((st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h,
+                         maps)))
+    return st;
+  ld_bwd_dz_sm90_args z = {0};
+  LD_SET_HEADS(z, a, h);
+  LD_SET_BWD_ROWS(z, a, k);
+  z.Vc = k->chunk, z.vocab_start = a->vocab_start, z.beta = a->beta, z.group = LD_GROUP;
+  for (int64_t c0 = 0; c0 < h->V; c0 += k->chunk) {
+    const int64_t nv = h->V - c0 < k->chunk ? h->V - c0 : k->chunk;
+    /* dz [N][nv] of pitch chunk, each side's in its head's dtype (an unread map for a side not asked) */
+    const rlk_tma_desc_request rs = ld_tma(wsp + k->s.dz_off, a->student_hidden.dtype, h->N, nv, k->chunk, 64),
+                               rt = ld_tma(wsp + k->t.dz_off, a->teacher_hidden.dtype, h->N, nv, k->chunk, 64);
+    if ((st = rlk_context_tensor_map(ctx, student ? &rs : &rt, maps[4])) ||
+        (st = rlk_context_tensor_map(ctx, teacher ? &rt : &rs, maps[5])))
+      return st;
+    z.c0 = c0;
+    z.tiles_m = (int)((h->N + LD_SM90_BM - 1) / LD_SM90_BM), z.tiles_n = (int)((nv + LD_SM90_BN - 1) / LD_SM90_BN);
+    void *zargs[] = {maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], &z};
+    const rlk_launch_dims d = ld_persistent(ctx, (int64_t)z.tiles_m * z.tiles_n, LD_SM90_DZ_SMEM);
+    if ((st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, zargs))) return st;
+    if (student && (st = ld_side_chunk_sm90(ctx, k, &k->s, &a->student_hidden, h->shs, &a->student_weight, h->sws,
+                                            h->Hs, &a->grad_student_hidden, &a->grad_student_weight, wsp,
+                                            a->accumulate, c0, nv, stream)))
+      return st;
+    if (teacher && (st = ld_side_chunk_sm90(ctx, k, &k->t, &a->teacher_hidden, h->ths, &a->teacher_weight, h->tws,
+                                            h->Ht, &a->grad_teacher_hidden, &a->grad_teacher_weight, wsp,
+                                            a->accumulate, c0, nv, stream)))
+      return st;
+  }
+  if ((st = ld_side_out(ctx, k, &k->s, h->Hs, a->grad_student_hidden.data, wsp, a->accumulate, stream))) return st;
+  return ld_side_out(ctx, k, &k->t, h->Ht, a->grad_teacher_hidden.data, wsp, a->accumulate, stream);
+}
+
 /* The backward's launches (after the driver's checks; it recorded the first configuration). */
 static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   const rlk_linear_divergence_backward_args *a = args;
@@ -867,6 +1171,7 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     const rlk_launch_dims d = ld_dims(1, 1, 1);
     return rlk_context_launch(ctx, &k->op.specs[0], &d, stream, bargs);
   }
+  if (k->sm90) return ld_bwd_sm90(ctx, a, k, stream);
   char *wsp = (char *)a->workspace;
   const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
   ld_bwd_dz_args z = {0};
