@@ -1,9 +1,9 @@
 /* test_hopper.c - the Hopper building blocks (templates/cuda/hopper_*.cuh): the kernels of
- * hopper_selftest.cuh and the sm_90a kernels of rlk_linear_logprob and rlk_prefix_attention
- * compile for sm_90a through NVRTC within a cold-compile budget of CPU time (no GPU needed), and
- * with RLK_TEST_GPU=1 on an sm_90 device one output tile D = A B^T through TMA (128-byte
- * swizzle), mbarriers and wgmma (A in shared memory and in registers; bf16 and f16) matches an
- * fp64 product of the stored inputs. */
+ * hopper_selftest.cuh and the sm_90a kernels of rlk_linear_logprob, rlk_prefix_attention and
+ * rlk_linear_divergence compile for sm_90a through NVRTC within a cold-compile budget of CPU time
+ * (no GPU needed), and with RLK_TEST_GPU=1 on an sm_90 device one output tile D = A B^T through
+ * TMA (128-byte swizzle), mbarriers and wgmma (A in shared memory and in registers; bf16 and f16)
+ * matches an fp64 product of the stored inputs. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +149,17 @@ START_TEST(compile_sm90a) {
       kinds++;
     }
   ck_assert_int_eq(kinds, 3);
+  /* the distillation divergence's sm_90a forward passes (the stats, JSD's second), its dz and the
+   * fused head's two products instantiated from its source */
+  rlk_op_config_pair ld[2] = {{"mode", "jsd"}, {"grad", "f32"}};
+  ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_divergence, ctx, 2, ld, ll, &n), RLK_OK);
+  kinds = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strstr(ll[i].tmpl->entry, "_sm90")) {
+      ht_compile(ctx, &ll[i]);
+      kinds++;
+    }
+  ck_assert_int_eq(kinds, 5);
   rlk_context_destroy(ctx);
   rlk_test_rmtree(dir);
 }

@@ -5,8 +5,12 @@
  * 16-bit, overwritten and accumulated) against the reference, whose own gradients are checked by
  * finite differences; the loss through rlk_policy_loss's aggregations; the shard form against the
  * whole head; argument checks; the precompile plan and samples on every target; and with
- * RLK_TEST_GPU=1 the portable CUDA kernels against fp64. Outputs are poisoned before each call and
- * every element is checked against a bound derived from the arithmetic that produced it. */
+ * RLK_TEST_GPU=1 the GPU kernels against fp64: on an sm_90 device the wgmma kernels wherever tensor
+ * maps describe the heads and the portable ones beside them (the tiled variant, and heads whose
+ * rows no tensor map takes). The GPU cases' inputs lie on a grid whose products sum exactly in f32
+ * on either path, so that what their bounds leave room for is the fold of exponentials, dz and
+ * the gradients' sums. Outputs are poisoned before each call and every element is checked against
+ * a bound derived from the arithmetic that produced it. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +36,9 @@ typedef struct ld_case {
   int64_t lstride;
   int ignored;     /* every fifth row's label is ignore_index */
   double scale;    /* the logits' spread */
+  int grid;        /* inputs on ld_grid_step's grid: every logit exact in f32 */
+  int splits;      /* the forward's vocabulary splits (0: the call's choice) */
+  rlk_linear_logprob_variant variant;
 } ld_case;
 
 static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
@@ -107,15 +114,50 @@ static void ld_fill(rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride, do
       (*dense)[r * cols + c] = rlk_test_store(*buf, dt, r * stride + c, sd * rlk_test_rand_normal(rng));
 }
 
+/* The grid: hidden a / 4 and weight b step (a, b integers, |a| <= 7, |b| <= 63, step a power of
+ * two), so that every product of a logit is a multiple of step / 4 of at most 441 step / 4 and
+ * every partial sum one below 441 H step / 4: f32 holds them exactly while 441 H < 2^20 (four bits
+ * to spare below 2^24 for an accumulator that aligns its addends and keeps fewer), in any order
+ * and under any truncation, on the CUDA cores and the tensor cores alike. step puts the logits'
+ * spread near `scale` (a / 4's deviation 1.08, b's 36.7); both are 16-bit values (b step is a
+ * normal f16 number for these H). */
+static double ld_grid_step(int64_t H, double scale) {
+  ck_assert_msg(441 * H < (1 << 20), "H %lld: the grid's sums would not stay exact", (long long)H);
+  return exp2(round(log2(scale / (sqrt((double)H) * 1.08 * 36.7))));
+}
+
+/* A grid matrix as ld_fill makes a Gaussian one: weights (step > 0) b step, hidden (step 0) a / 4. */
+static void ld_fill_grid(rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride, double step, uint64_t *rng,
+                         uint16_t **buf, double **dense) {
+  *buf = malloc((size_t)(rows * stride) * 2);
+  *dense = malloc((size_t)(rows * cols) * sizeof(double));
+  ck_assert(*buf && *dense);
+  memset(*buf, 0x7f, (size_t)(rows * stride) * 2);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      const double v = step > 0 ? (double)((int)(rlk_test_rand_u64(rng) % 127u) - 63) * step
+                                : (double)((int)(rlk_test_rand_u64(rng) % 15u) - 7) / 4.0;
+      (*dense)[r * cols + c] = rlk_test_store(*buf, dt, r * stride + c, v);
+      ck_assert((*dense)[r * cols + c] == v);
+    }
+}
+
 static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_data *d) {
   memset(d, 0, sizeof *d);
   uint64_t rng = seed;
   d->shs = c->Hs + c->pad, d->sws = c->Hs + c->pad, d->ths = c->Ht + c->pad, d->tws = c->Ht + c->pad;
-  /* hidden ~ N(0, 1), weight ~ N(0, scale^2 / H): logits of spread `scale` */
-  ld_fill(c->sdt, c->N, c->Hs, d->shs, 1.0, &rng, &d->sh, &d->hs);
-  ld_fill(c->sdt, c->V, c->Hs, d->sws, c->scale / sqrt((double)c->Hs), &rng, &d->sw, &d->ws);
-  ld_fill(c->tdt, c->N, c->Ht, d->ths, 1.0, &rng, &d->th, &d->ht);
-  ld_fill(c->tdt, c->V, c->Ht, d->tws, c->scale / sqrt((double)c->Ht), &rng, &d->tw, &d->wt);
+  if (c->grid) {
+    ld_fill_grid(c->sdt, c->N, c->Hs, d->shs, 0.0, &rng, &d->sh, &d->hs);
+    ld_fill_grid(c->sdt, c->V, c->Hs, d->sws, ld_grid_step(c->Hs, c->scale), &rng, &d->sw, &d->ws);
+    ld_fill_grid(c->tdt, c->N, c->Ht, d->ths, 0.0, &rng, &d->th, &d->ht);
+    ld_fill_grid(c->tdt, c->V, c->Ht, d->tws, ld_grid_step(c->Ht, c->scale), &rng, &d->tw, &d->wt);
+  } else {
+    /* hidden ~ N(0, 1), weight ~ N(0, scale^2 / H): logits of spread `scale` */
+    ld_fill(c->sdt, c->N, c->Hs, d->shs, 1.0, &rng, &d->sh, &d->hs);
+    ld_fill(c->sdt, c->V, c->Hs, d->sws, c->scale / sqrt((double)c->Hs), &rng, &d->sw, &d->ws);
+    ld_fill(c->tdt, c->N, c->Ht, d->ths, 1.0, &rng, &d->th, &d->ht);
+    ld_fill(c->tdt, c->V, c->Ht, d->tws, c->scale / sqrt((double)c->Ht), &rng, &d->tw, &d->wt);
+  }
   d->ignored = calloc((size_t)c->N, sizeof(int));
   ck_assert(d->ignored);
   d->ls = c->lstride ? c->lstride : 1;
@@ -166,6 +208,8 @@ static void ld_fwd_args(const ld_case *c, const ld_data *d, rlk_linear_divergenc
   a->mode = (rlk_divergence_mode)c->mode;
   a->beta = c->beta;
   a->top_k = c->top_k;
+  a->splits = c->splits;
+  a->variant = c->variant;
   if (d->d_lab) {
     a->labels = rlk_tensor_1d(d->d_lab, c->ldt, c->N);
     a->labels.strides[0] = d->ls;
@@ -209,23 +253,31 @@ static double ld_host_bound(const ld_case *c, const ld_ref_row *r, double y) {
   return LD_U * fabs(y) + n * 0x1p-53 * ld_row_scale(r) * 0x1p8;
 }
 
-/* A logit's error on a GPU (z units): the portable kernels' f32 dot products are sequential fused
- * multiply-adds of exact 16-bit products (gamma_H of sum |h w|; gamma_n <= 1.01 n u here), then
- * the scaling by log2(e) / T (its rounding and the product's: 2 u |z|). */
+/* A logit's error on a GPU (z units): the scaling by log2(e) / T (its rounding and the product's:
+ * 2 u |z|) after a dot product of exact 16-bit products in f32, exact on the grid (ld_grid_step).
+ * Off the grid, on either path: the portable kernels' sequential fused multiply-adds round to
+ * nearest (gamma_H of sum |h w|, gamma_n <= 1.01 n u here); the tensor cores add a block of k >= 2
+ * products and the accumulator aligned to the largest and truncated (each at most an ulp of the
+ * largest, 2 u of it, and the sum truncated once: (k + 2) 2 u sum |h w| a block), 2 (1 + 2 / k) H u
+ * sum |h w| <= 4 H u sum |h w| over the H / k blocks. */
 static double ld_logit_error(const ld_case *c, const ld_ref_row *r) {
   const int64_t H = c->Hs > c->Ht ? c->Hs : c->Ht;
-  return 1.01 * (double)H * LD_U * r->abs_dot + 2.0 * LD_U * r->max_abs_z;
+  return (c->grid ? 0.0 : 4.0 * (double)H * LD_U * r->abs_dot) + 2.0 * LD_U * r->max_abs_z;
 }
 
-/* The relative error of a folded sum on a GPU (s, q, G of a record, at any split count): per 256
- * columns a thread folds 16 values in four folds (4 additions into its chain, a rebase: a
- * multiply and ex2.approx's 8 u when the maximum moved): 4 (4 + 1 + 1 + 8) = 56 u, and the
- * record's mixed-sign G as much relative to its terms' absolute sum; the lane merges (4 levels)
- * and the splits' merge in order (S): a rebase and an addition each, 11 u; the conversion to
- * natural units and the combine's rescaling (ex2.approx of d log2(e)): 16 u; each term's
- * ex2.approx and the rounding of its exponent: 8 u + 2 u |y - m| (p-weighted: within the
- * row's scale, counted by the caller). Over S from 1 to the tiles, at most
- * 56 tiles + 11 (tiles + 5) + 24 u: 64 tiles + 128 u bounds them. */
+/* The relative error of a folded sum on a GPU (s, q, G of a record, JSD's A and B, at any split
+ * count; the mixed-sign ones relative to their terms' absolute sum). A fold sums its columns on
+ * their own (their additions round relative to the columns' part, and the parts of all folds add
+ * up to at most the sum: a chain of n columns costs (n - 1) u of the sum once), then adds them to
+ * the rescaled state (an addition, and a rebase: a multiply and ex2.approx's 8 u when the maximum
+ * moved: 10 u a fold). The portable kernel: per 256 columns a thread's four folds of 4 values,
+ * 40 u, and 3 u once; the lane merges (4 levels). The sm_90a kernel: per 256 columns two folds of
+ * 32 values, 20 u, and 31 u once; the lane merges (2 levels). Then the splits' merge in order (S)
+ * and the lane merges: a rebase and an addition each, 11 u; the conversion to natural units and
+ * the combine's rescaling (ex2.approx of d log2(e)): 16 u; each term's ex2.approx and the
+ * rounding of its exponent: 8 u + 2 u |y - m| (p-weighted: within the row's scale, counted by
+ * the caller). Over S from 1 to the tiles, at most 40 tiles + 31 + 11 (tiles + 4) + 24 u:
+ * 64 tiles + 128 u bounds them. */
 static double ld_fold_eps(int64_t V) {
   const int64_t tiles = (V + 255) / 256;
   return (64.0 * (double)tiles + 128.0) * LD_U;
@@ -332,6 +384,9 @@ START_TEST(host_forward) {
   ld_check_fwd(ctx, &c, seed + 21);
   c = ld_base(3, 1, 8, 8, RLK_DIVERGENCE_REVERSE_KL); /* one column: every divergence 0 */
   ld_check_fwd(ctx, &c, seed + 22);
+  c = ld_base(4, 70, 200, 96, RLK_DIVERGENCE_JSD); /* the GPU cases' grid inputs, f16 among them */
+  c.grid = 1, c.sdt = RLK_F16;
+  ld_check_fwd(ctx, &c, seed + 23);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -345,21 +400,22 @@ typedef struct ld_bcase {
   rlk_dtype gs, gt;  /* the gradients' dtypes: f32 or the head's; RLK_DTYPE_INVALID: not asked */
   int accumulate;
   int chunk;
+  int gpad;          /* the gradients' row padding (0: 1), checked untouched */
 } ld_bcase;
 
 static double ld_unit(rlk_dtype d) { return d == RLK_F32 ? LD_U : d == RLK_BF16 ? 0x1p-8 : 0x1p-11; }
 
-/* A gradient [rows, cols] (row stride cols + 1: the padding must stay untouched) against fp64:
+/* A gradient [rows, cols] (row stride cols + pad: the padding must stay untouched) against fp64:
  * got = round(old + sum), so |got - (old + ref)| <= bound + u |old + ref| (+ f16's subnormal
  * spacing / 2 = 2^-25), with `bound` ld_ref_backward's per-element bound of the stats' rounding
  * (the fp64 arithmetic of both sides, at most 2^-45 |dz| a term, is inside it: each e(i, v) is at
  * least 4.2 delta (p_s + p_t) |g| L >= 2^-22 |dz| / (2 + |log p_s| + |log p_t| + L)). */
 static double ld_check_grad(const char *what, rlk_dtype dt, const void *got, const double *old, const double *ref,
-                            const double *bnd, int64_t rows, int64_t cols) {
+                            const double *bnd, int64_t rows, int64_t cols, int64_t pad) {
   double worst = 0.0;
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t k = 0; k < cols; k++) {
-      const int64_t j = r * (cols + 1) + k;
+      const int64_t j = r * (cols + pad) + k;
       const double want = (old ? old[r * cols + k] : 0.0) + ref[r * cols + k];
       const double g = rlk_test_load(got, dt, j);
       const double tol = bnd[r * cols + k] + ld_unit(dt) * fabs(want) + (dt == RLK_F16 ? 0x1p-25 : 0.0) + 1e-300;
@@ -368,30 +424,42 @@ static double ld_check_grad(const char *what, rlk_dtype dt, const void *got, con
       ck_assert_msg(err <= tol, "%s [%lld, %lld]: %.9g, fp64 %.9g, bound %.3g", what, (long long)r, (long long)k, g,
                     want, tol);
     }
-    const double pad = rlk_test_load(got, dt, r * (cols + 1) + cols);
-    ck_assert_msg(pad == 0.25, "%s row %lld: the padding changed to %g", what, (long long)r, pad);
+    for (int64_t k = cols; k < cols + pad; k++) {
+      const double v = rlk_test_load(got, dt, r * (cols + pad) + k);
+      ck_assert_msg(v == 0.25, "%s row %lld: the padding changed to %g", what, (long long)r, v);
+    }
   }
   return worst;
 }
 
-/* A gradient buffer [rows, cols + 1] of dtype dt: 0.25 in the padding, random old values where the
- * call accumulates (kept in *old), poison where it overwrites. */
-static void *ld_grad_buf(rlk_context *ctx, rlk_dtype dt, int64_t rows, int64_t cols, int accumulate, uint64_t *rng,
-                         double **old) {
-  const size_t es = rlk_dtype_size(dt), bytes = (size_t)(rows * (cols + 1)) * es;
+/* A gradient buffer [rows, cols + pad] of dtype dt: 0.25 in the padding, random old values where
+ * the call accumulates (kept in *old), poison where it overwrites. */
+static void *ld_grad_buf(rlk_context *ctx, rlk_dtype dt, int64_t rows, int64_t cols, int64_t pad, int accumulate,
+                         uint64_t *rng, double **old) {
+  const size_t es = rlk_dtype_size(dt), bytes = (size_t)(rows * (cols + pad)) * es;
   void *h = malloc(bytes);
   ck_assert(h);
   memset(h, 0xff, bytes);
   *old = accumulate ? malloc((size_t)(rows * cols) * sizeof(double)) : NULL;
   for (int64_t r = 0; r < rows; r++) {
-    rlk_test_store(h, dt, r * (cols + 1) + cols, 0.25);
+    for (int64_t k = cols; k < cols + pad; k++) rlk_test_store(h, dt, r * (cols + pad) + k, 0.25);
     if (accumulate)
       for (int64_t k = 0; k < cols; k++)
-        (*old)[r * cols + k] = rlk_test_store(h, dt, r * (cols + 1) + k, 0.01 * rlk_test_rand_normal(rng));
+        (*old)[r * cols + k] = rlk_test_store(h, dt, r * (cols + pad) + k, 0.01 * rlk_test_rand_normal(rng));
   }
   void *p = ld_put(ctx, h, bytes);
   free(h);
   return p;
+}
+
+/* Whether a GPU backward of this case runs the sm_90a kernels: an sm_90 device (the op's target is
+ * sm_90a there), no top-k, and every head's rows 16-byte aligned (the buffers are). */
+static int ld_sm90_runs(rlk_context *ctx, const ld_case *c, const ld_data *d) {
+  rlk_device_info info;
+  if (rlk_context_backend(ctx) != RLK_BACKEND_CUDA || rlk_context_device_info(ctx, &info) != RLK_OK ||
+      info.compute_major != 9 || c->top_k)
+    return 0;
+  return (d->shs * 2) % 16 == 0 && (d->sws * 2) % 16 == 0 && (d->ths * 2) % 16 == 0 && (d->tws * 2) % 16 == 0;
 }
 
 /* The forward's stats and the backward of sum_i g_i D_i on ctx, every gradient asked for checked;
@@ -399,16 +467,22 @@ static void *ld_grad_buf(rlk_context *ctx, rlk_dtype dt, int64_t rows, int64_t c
  * computed here from the forward's bound (gpu). */
 static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, double delta, int gpu) {
   const ld_case *c = &b->c;
+  const int64_t gpad = b->gpad ? b->gpad : 1;
   ld_data d;
   ld_data_make(ctx, c, seed, &d);
   ld_fwd_out o;
   ld_run_fwd(ctx, c, &d, &o, gpu ? ld_gpu_bound : NULL);
-  double dz_rel = 0.0;
+  const int sm90 = gpu && ld_sm90_runs(ctx, c, &d);
+  double dz_rel = 0.0, u16 = 0.0;
   if (gpu) {
     /* the stats within the forward's bound (absolute; ld_ref_backward takes it relative to the row's
      * L >= 1 + |lse_s| + |lse_t| + |D|: the bound over that), the backward's own logits within
-     * ld_logit_error and its ex2.approx within 8 u of each probability; dz stored in f32 (u) and
-     * summed by f32 products over at most N + V terms (gamma) */
+     * ld_logit_error and its ex2.approx within 8 u of each probability. The portable kernels store
+     * dz in f32 (u) and sum its exact products with f32 fused multiply-adds over at most N + V
+     * terms (gamma); the sm_90a ones round dz to its head's 16 bits (u16 of the stored value, whose
+     * own error the (1 + u16) on delta covers) and sum its exact 16-bit products on the tensor cores
+     * (4 n u of the terms' absolute sum, ld_logit_error's argument) and each chunk's part into the
+     * f32 sum (an addition a chunk, fewer than V) */
     for (int64_t i = 0; i < c->N; i++) {
       ld_ref_row r;
       ld_ref_forward_row(&d.p, i, &r);
@@ -416,7 +490,9 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
       const double x = (ld_gpu_bound(c, &r, ld_row_scale(&r)) + ld_logit_error(c, &r) + 8.0 * LD_U) / L;
       delta = x > delta ? x : delta;
     }
-    dz_rel = 1.01 * (double)(c->N + c->V + 2) * LD_U;
+    u16 = !sm90 ? 0.0 : c->sdt == RLK_BF16 || c->tdt == RLK_BF16 ? 0x1p-8 : 0x1p-11;
+    delta *= 1.0 + u16;
+    dz_rel = sm90 ? u16 + 4.04 * (double)(c->N + c->V + 2) * LD_U : 1.01 * (double)(c->N + c->V + 2) * LD_U;
   }
   uint64_t rng = seed ^ 0xbadu;
   double *g = malloc((size_t)c->N * sizeof(double));
@@ -447,8 +523,8 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
   rlk_tensor *out[4] = {&a.grad_student_hidden, &a.grad_student_weight, &a.grad_teacher_hidden, &a.grad_teacher_weight};
   for (int q = 0; q < 4; q++) {
     if (gdt[q] == RLK_DTYPE_INVALID) continue;
-    buf[q] = ld_grad_buf(ctx, gdt[q], rows[q], cols[q], b->accumulate, &rng, &old[q]);
-    *out[q] = rlk_tensor_2d(buf[q], gdt[q], rows[q], cols[q], cols[q] + 1);
+    buf[q] = ld_grad_buf(ctx, gdt[q], rows[q], cols[q], gpad, b->accumulate, &rng, &old[q]);
+    *out[q] = rlk_tensor_2d(buf[q], gdt[q], rows[q], cols[q], cols[q] + gpad);
   }
   size_t wsb = 0;
   ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
@@ -462,22 +538,39 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     bnd[q] = calloc((size_t)(rows[q] * cols[q]), sizeof(double));
   }
   ld_ref_backward(&d.p, g, ref[0], ref[1], ref[2], ref[3], delta, dz_rel, bnd[0], bnd[1], bnd[2], bnd[3]);
+  if (sm90) {
+    /* an f16 dz below f16's normal range rounds to its subnormals' spacing: 2^-25 absolute an element
+     * (ignored rows' dz is exactly 0), through |w| into grad_hidden and |h| into grad_weight */
+    const int f16[2] = {c->sdt == RLK_F16, c->tdt == RLK_F16};
+    const double *hh[2] = {d.hs, d.ht}, *ww[2] = {d.ws, d.wt};
+    for (int side = 0; side < 2; side++) {
+      if (!f16[side]) continue;
+      const int64_t H = side ? c->Ht : c->Hs;
+      for (int64_t k = 0; k < H; k++) {
+        double sw = 0.0, sh = 0.0;
+        for (int64_t v = 0; v < c->V; v++) sw += fabs(ww[side][v * H + k]);
+        for (int64_t i = 0; i < c->N; i++) sh += d.ignored[i] ? 0.0 : fabs(hh[side][i * H + k]);
+        for (int64_t i = 0; i < c->N; i++) bnd[2 * side][i * H + k] += 0x1p-25 * sw;
+        for (int64_t v = 0; v < c->V; v++) bnd[2 * side + 1][v * H + k] += 0x1p-25 * sh;
+      }
+    }
+  }
   static const char *const names[4] = {"grad_student_hidden", "grad_student_weight", "grad_teacher_hidden",
                                        "grad_teacher_weight"};
   double worst = 0.0;
   for (int q = 0; q < 4; q++) {
     if (!buf[q]) continue;
-    const size_t bytes = (size_t)(rows[q] * (cols[q] + 1)) * rlk_dtype_size(gdt[q]);
+    const size_t bytes = (size_t)(rows[q] * (cols[q] + gpad)) * rlk_dtype_size(gdt[q]);
     void *h = malloc(bytes);
     ld_get(ctx, h, buf[q], bytes);
-    const double w = ld_check_grad(names[q], gdt[q], h, old[q], ref[q], bnd[q], rows[q], cols[q]);
+    const double w = ld_check_grad(names[q], gdt[q], h, old[q], ref[q], bnd[q], rows[q], cols[q], gpad);
     worst = w > worst ? w : worst;
     free(h);
     ld_drop(ctx, buf[q]);
   }
   printf("linear_divergence %s backward mode %d top_k %d N=%lld V=%lld: worst err %.2g of its bound\n",
-         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", c->mode, c->top_k, (long long)c->N,
-         (long long)c->V, worst);
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : sm90 ? "gpu sm_90a" : "gpu portable", c->mode,
+         c->top_k, (long long)c->N, (long long)c->V, worst);
   for (int q = 0; q < 4; q++) free(ref[q]), free(bnd[q]), free(old[q]);
   if (ws) ld_drop(ctx, ws);
   ld_drop(ctx, dS), ld_drop(ctx, dG);
@@ -979,54 +1072,114 @@ RLK_SAMPLES_CASE("linear_divergence", &rlk_op_linear_divergence)
 /* GPU                                                                                 */
 /* ---------------------------------------------------------------------------------- */
 
-/* Every divergence at odd shapes (a partial tile of rows and columns, heads of different widths,
- * both temperatures, ignored rows), top-k at k 32, and the model's vocabulary (151937: one more
- * than a whole number of tiles) on a few rows. */
-static void cases_forward(rlk_context *ctx, uint64_t *rng) {
-  for (int mode = 0; mode < 3; mode++) {
-    ld_case c = ld_base(300, 1009, 256, 384, mode);
-    c.beta = 0.3, c.Ts = 0.8f, c.Tt = 1.2f, c.ldt = RLK_I64, c.ignored = 1, c.pad = 8;
-    ld_data d;
-    ld_data_make(ctx, &c, rlk_test_rand_u64(rng), &d);
-    ld_fwd_out o;
-    const double w = ld_run_fwd(ctx, &c, &d, &o, ld_gpu_bound);
-    printf("linear_divergence gpu mode %d N=%lld V=%lld: worst err %.2g of its bound\n", mode, (long long)c.N,
-           (long long)c.V, w);
-    ld_free_fwd(&o);
-    ld_data_free(ctx, &d);
-  }
-  ld_case c = ld_base(200, 4099, 128, 128, RLK_DIVERGENCE_FORWARD_KL);
-  c.top_k = 32, c.sdt = RLK_F16, c.ldt = RLK_I32, c.ignored = 1;
+/* One forward case on the GPU against fp64 (ld_gpu_bound), its worst error printed. */
+static void ld_gpu_fwd_case(rlk_context *ctx, const ld_case *c, uint64_t seed, const char *what) {
   ld_data d;
-  ld_data_make(ctx, &c, rlk_test_rand_u64(rng), &d);
+  ld_data_make(ctx, c, seed, &d);
   ld_fwd_out o;
-  printf("linear_divergence gpu top-k 32: worst err %.2g of its bound\n", ld_run_fwd(ctx, &c, &d, &o, ld_gpu_bound));
-  ld_free_fwd(&o);
-  ld_data_free(ctx, &d);
-  c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
-  ld_data_make(ctx, &c, rlk_test_rand_u64(rng), &d);
-  printf("linear_divergence gpu V=151937: worst err %.2g of its bound\n", ld_run_fwd(ctx, &c, &d, &o, ld_gpu_bound));
+  const double w = ld_run_fwd(ctx, c, &d, &o, ld_gpu_bound);
+  printf("linear_divergence gpu %s mode %d top_k %d N=%lld V=%lld Hs=%lld Ht=%lld variant %d: worst err %.2g of its "
+         "bound\n", what, c->mode, c->top_k, (long long)c->N, (long long)c->V, (long long)c->Hs, (long long)c->Ht,
+         (int)c->variant, w);
   ld_free_fwd(&o);
   ld_data_free(ctx, &d);
 }
+
+/* Every divergence at odd shapes (a partial tile of rows and columns, heads of different widths
+ * with K tails, both temperatures, ignored rows), each by the automatic variant (on an sm_90
+ * device the wgmma kernels) and the tiled one; the wgmma kernels' ring over many tiles in one
+ * split and over many splits, mixed dtypes; top-k at k 32 (the portable kernels on every device),
+ * and the model's vocabulary (151937: one more than a whole number of tiles) on a few rows. */
+static void cases_forward(rlk_context *ctx, uint64_t *rng) {
+  for (int mode = 0; mode < 3; mode++)
+    for (int tiled = 0; tiled < 2; tiled++) {
+      ld_case c = ld_base(300, 1009, 256, 200, mode);
+      c.beta = 0.3, c.Ts = 0.8f, c.Tt = 1.2f, c.ldt = RLK_I64, c.ignored = 1, c.pad = 8, c.grid = 1;
+      c.variant = tiled ? RLK_LINEAR_LOGPROB_TILED : RLK_LINEAR_LOGPROB_AUTO;
+      ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "odd shapes");
+    }
+  ld_case c = ld_base(257, 2000, 128, 320, RLK_DIVERGENCE_JSD);
+  c.sdt = RLK_F16, c.beta = 0.7, c.grid = 1, c.splits = 1; /* one split of 16 tiles */
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "one split");
+  c.mode = RLK_DIVERGENCE_FORWARD_KL, c.tdt = RLK_F16, c.sdt = RLK_BF16, c.splits = 7; /* splits of 2 and 3 tiles */
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "seven splits");
+  c = ld_base(200, 4099, 128, 128, RLK_DIVERGENCE_FORWARD_KL);
+  c.top_k = 32, c.sdt = RLK_F16, c.ldt = RLK_I32, c.ignored = 1, c.grid = 1;
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 32");
+  c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
+  c.grid = 1;
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "V=151937");
+}
 RLK_GPU_CASE("linear_divergence", forward)
 
-/* Both heads' gradients, f32 and 16-bit, overwritten and accumulated, in several chunks. */
+/* Both heads' gradients, f32 and 16-bit, overwritten and accumulated, in several chunks; on an
+ * sm_90 device by the wgmma kernels: gradients written from registers (rows of H + 1) and through
+ * TMA (rows of H + 8), the teacher's alone in f16; and the portable kernels beside them (heads whose
+ * rows of H + 3 no tensor map takes), and top-k. */
 static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++) {
-    ld_bcase b = {ld_base(130, 517, 96, 160, mode), RLK_F32, RLK_F32, 0, 128};
-    b.c.beta = 0.6, b.c.Ts = 1.1f, b.c.ldt = RLK_I64, b.c.ignored = 1;
+    ld_bcase b = {ld_base(130, 517, 96, 160, mode), RLK_F32, RLK_F32, 0, 128, 0};
+    b.c.beta = 0.6, b.c.Ts = 1.1f, b.c.ldt = RLK_I64, b.c.ignored = 1, b.c.grid = 1;
     ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
     b.gs = RLK_BF16, b.gt = RLK_DTYPE_INVALID, b.accumulate = 1, b.chunk = 0;
     ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+    b.gs = RLK_F32, b.gt = RLK_BF16, b.accumulate = 0, b.gpad = 8, b.chunk = 256;
+    ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+    b.gs = RLK_F32, b.gt = RLK_DTYPE_INVALID, b.accumulate = 1, b.gpad = 8, b.chunk = 0;
+    ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
   }
-  ld_bcase b = {ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192};
-  b.c.top_k = 16, b.c.tdt = RLK_F16;
+  ld_bcase b = {ld_base(200, 700, 64, 136, RLK_DIVERGENCE_JSD), RLK_DTYPE_INVALID, RLK_F16, 0, 0, 8};
+  b.c.tdt = RLK_F16, b.c.grid = 1, b.c.Tt = 0.9f; /* the teacher's gradients alone, f16 */
+  ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+  b = (ld_bcase){ld_base(70, 333, 64, 96, RLK_DIVERGENCE_REVERSE_KL), RLK_BF16, RLK_F32, 1, 128, 0};
+  b.c.pad = 3, b.c.grid = 1; /* rows of H + 3: the portable kernels */
+  ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+  b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192, 0};
+  b.c.top_k = 16, b.c.tdt = RLK_F16, b.c.grid = 1;
   ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
 }
 RLK_GPU_CASE("linear_divergence", backward)
 
-/* The same call twice gives the same bits (splits merged in order, no atomics). */
+/* A backward call's gradients (f32, the student's and the teacher's) and its forward's stats as
+ * host copies, for comparing two runs bit for bit. */
+static void ld_bwd_bits(rlk_context *ctx, const ld_case *c, const ld_data *d, const float *stats, float **grads) {
+  const size_t nb = (size_t)c->N * 4;
+  void *dS = ld_put(ctx, stats, nb * 6), *dG = NULL;
+  float *g = malloc(nb);
+  for (int64_t i = 0; i < c->N; i++) g[i] = 0.5f + (float)(i % 7) * 0.125f;
+  dG = ld_put(ctx, g, nb);
+  rlk_linear_divergence_args f;
+  ld_fwd_args(c, d, &f);
+  rlk_linear_divergence_backward_args a;
+  rlk_linear_divergence_backward_args_init(&a);
+  a.student_hidden = f.student_hidden, a.student_weight = f.student_weight;
+  a.teacher_hidden = f.teacher_hidden, a.teacher_weight = f.teacher_weight, a.mode = f.mode, a.beta = c->beta;
+  a.stats = rlk_tensor_2d(dS, RLK_F32, c->N, 6, 6), a.grad_divergence = rlk_tensor_1d(dG, RLK_F32, c->N);
+  const int64_t rows[4] = {c->N, c->V, c->N, c->V}, cols[4] = {c->Hs, c->Hs, c->Ht, c->Ht};
+  rlk_tensor *out[4] = {&a.grad_student_hidden, &a.grad_student_weight, &a.grad_teacher_hidden, &a.grad_teacher_weight};
+  void *buf[4];
+  for (int q = 0; q < 4; q++) {
+    buf[q] = ld_poisoned(ctx, (size_t)(rows[q] * cols[q]) * 4);
+    *out[q] = rlk_tensor_2d(buf[q], RLK_F32, rows[q], cols[q], cols[q]);
+  }
+  size_t wsb = 0;
+  ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
+  void *ws = wsb ? ld_poisoned(ctx, wsb) : NULL;
+  a.workspace = ws, a.workspace_bytes = wsb, a.chunk = 512;
+  ck_assert_msg(rlk_linear_divergence_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  for (int q = 0; q < 4; q++) {
+    grads[q] = malloc((size_t)(rows[q] * cols[q]) * 4);
+    ld_get(ctx, grads[q], buf[q], (size_t)(rows[q] * cols[q]) * 4);
+    ld_drop(ctx, buf[q]);
+  }
+  if (ws) ld_drop(ctx, ws);
+  ld_drop(ctx, dS), ld_drop(ctx, dG);
+  free(g);
+}
+
+/* The same call twice gives the same bits (splits merged in order, no atomics; the backward's
+ * chunks in order, each gradient element written by one block a launch). */
 static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++) {
     ld_case c = ld_base(777, 50257, 128, 96, mode);
@@ -1048,6 +1201,20 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
     }
     ck_assert_msg(!memcmp(out[0][0], out[1][0], nb) && !memcmp(out[0][1], out[1][1], sb),
                   "mode %d: two calls differ", mode);
+    if (mode == 2) {
+      /* JSD's backward, both heads' gradients, twice, over the first 3001 columns (small gradients;
+       * the whole vocabulary's stats serve a repeat as well as any finite ones) */
+      c.V = 3001;
+      float *g[2][4];
+      for (int run = 0; run < 2; run++) ld_bwd_bits(ctx, &c, &d, out[0][1], g[run]);
+      const size_t bytes[4] = {(size_t)(c.N * c.Hs) * 4, (size_t)(c.V * c.Hs) * 4, (size_t)(c.N * c.Ht) * 4,
+                               (size_t)(c.V * c.Ht) * 4};
+      for (int q = 0; q < 4; q++) {
+        ck_assert_msg(!memcmp(g[0][q], g[1][q], bytes[q]), "backward gradient %d: two calls differ", q);
+        free(g[0][q]), free(g[1][q]);
+      }
+      c.V = 50257;
+    }
     for (int run = 0; run < 2; run++) free(out[run][0]), free(out[run][1]);
     ld_data_free(ctx, &d);
   }

@@ -1133,8 +1133,11 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
     if ((st = rlk_context_tensor_map(ctx, student ? &rs : &rt, maps[4])) ||
         (st = rlk_context_tensor_map(ctx, teacher ? &rt : &rs, maps[5])))
       return st;
-    z.c0 = c0;
-    z.tiles_m = (int)((h->N + LD_SM90_BM - 1) / LD_SM90_BM), z.tiles_n = (int)((nv + LD_SM90_BN - 1) / LD_SM90_BN);
+    const int64_t tm = (h->N + LD_SM90_BM - 1) / LD_SM90_BM, tn = (nv + LD_SM90_BN - 1) / LD_SM90_BN;
+    if (tm * tn > INT32_MAX)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld dz tiles are too many",
+                       (long long)tm, (long long)tn);
+    z.c0 = c0, z.tiles_m = (int)tm, z.tiles_n = (int)tn;
     void *zargs[] = {maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], &z};
     const rlk_launch_dims d = ld_persistent(ctx, (int64_t)z.tiles_m * z.tiles_n, LD_SM90_DZ_SMEM);
     if ((st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, zargs))) return st;
