@@ -2,14 +2,17 @@
 trainers' own: rlk.linear_divergence (forward; forward + backward through rlk.autograd), TRL's
 ChunkedDivergenceFunction (trl.kernels.chunked_divergence, installed), verl's top-k forward KL
 (verl.trainer.distillation.fsdp.losses.compute_forward_kl_topk, which takes the student's
-materialized logits: the logits' GEMM is timed with it) and cuBLAS's GEMMs of the same shapes (the
-floor: two for the forward, six for forward + backward: both heads' logits twice, grad_hidden and
-grad_weight). Each implementation's peak memory beyond its inputs and gradients is measured beside
+materialized logits: the logits' GEMM is timed with it) and cuBLAS's GEMMs of the same shapes, the
+floors: two for the forward (both heads' logits); for forward + backward with a frozen teacher,
+four (the logits once, then the student's grad_hidden and grad_weight: what a path that kept the
+logits would multiply) and six (the logits recomputed in the backward, as rlk does within its
+0.3 GiB). Each implementation's peak memory beyond its inputs and gradients is measured beside
 its time; every output is checked against rlk's before timing (same divergence, same gradients to
-the bf16 rounding of TRL's logits' gradient).
+the bf16 rounding of TRL's logits' gradient). --variant picks rlk's forward kernels (auto: the
+sm_90a wgmma kernels on an H100 / H200, where the backward's run too; tiled: the portable ones).
 
     python tools/bench/linear_divergence_bench.py [--shape N,H,V] [--modes fkl,rkl,jsd,topk]
-        [--rounds 20] [--json FILE] [--device cuda|cpu]
+        [--variant auto|tiled] [--rounds 20] [--json FILE] [--device cuda|cpu]
 
 On a GPU: the issue's shape, N 8192, H 4096 both heads, V 151936, bf16 (the default). On the CPU
 (--device cpu) a small shape runs the same comparison against the host backend (an fp64
@@ -31,6 +34,7 @@ sys.path.insert(0, HERE)
 import rlk  # noqa: E402
 import rlk.autograd as ag  # noqa: E402
 
+VARIANTS = {"auto": 0, "wgmma": 1, "tiled": 2}
 MODES = {"fkl": (0.0, "forward_kl", 0), "rkl": (1.0, "reverse_kl", 0), "jsd": (0.5, "jsd", 0),
          "topk": (0.0, "forward_kl", 32)}
 
@@ -97,6 +101,8 @@ def main():
     ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
     ap.add_argument("--modes", default="fkl,rkl,jsd,topk")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--variant", default="auto", choices=sorted(VARIANTS),
+                    help="rlk's forward kernels (rlk_linear_logprob_variant)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -115,20 +121,25 @@ def main():
     CDF = trl_divergence()
     verl_fn, verl_cfg = verl_topk()
     results = {"shape": [N, H, V], "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-               "rlk": rlk.version_string(), "modes": {}}
+               "rlk": rlk.version_string(), "variant": a.variant, "modes": {}}
 
     def gemm(x, w):
         return torch.mm(x, w.t())
 
-    # the floor: the forward's two logits GEMMs; forward + backward adds both again, dz @ W and dz^T @ h
+    # the floors: the forward's two logits GEMMs; forward + backward adds dz @ W and dz^T @ h (four),
+    # and with the logits recomputed both heads' again (six); each GEMM writes a bf16 output
     dz = rand(N, V, sd=1e-3) if dev == "cuda" else None
-    floor_fwd = run([lambda: (gemm(sh, sw), gemm(th, tw))])[0] if dev == "cuda" else None
-    floor_fb = run([lambda: (gemm(sh, sw), gemm(th, tw), gemm(sh, sw), gemm(th, tw), torch.mm(dz, sw),
-                             torch.mm(dz.t(), sh))])[0] if dev == "cuda" else None
+    floors = [None, None, None]
+    if dev == "cuda":
+        floors = run([lambda: (gemm(sh, sw), gemm(th, tw)),
+                      lambda: (gemm(sh, sw), gemm(th, tw), torch.mm(dz, sw), torch.mm(dz.t(), sh)),
+                      lambda: (gemm(sh, sw), gemm(th, tw), gemm(sh, sw), gemm(th, tw), torch.mm(dz, sw),
+                               torch.mm(dz.t(), sh))])
+    floor_fwd, floor_four, floor_fb = floors
     del dz
     for name in a.modes.split(","):
         beta, mode, top_k = MODES[name]
-        kw = dict(mode=mode, beta=0.5 if mode != "jsd" else beta, top_k=top_k)
+        kw = dict(mode=mode, beta=0.5 if mode != "jsd" else beta, top_k=top_k, variant=VARIANTS[a.variant])
         fwd = lambda: rlk.linear_divergence(sh, sw, th, tw, **kw)  # noqa: E731
         s_w = sw.detach().requires_grad_(True)
         s_h = sh.detach().requires_grad_(True)
@@ -177,12 +188,13 @@ def main():
             row[n_ + " peak bytes"] = peak_beyond(dev, f_)
         if floor_fwd:
             row["fwd / two GEMMs"] = row["rlk fwd ms"] / floor_fwd
+            row["fwd+bwd / four GEMMs"] = row["rlk fwd+bwd ms"] / floor_four
             row["fwd+bwd / six GEMMs"] = row["rlk fwd+bwd ms"] / floor_fb
         if "TRL fwd+bwd ms" in row:
             row["TRL / rlk fwd+bwd"] = row["TRL fwd+bwd ms"] / row["rlk fwd+bwd ms"]
         results["modes"][name] = row
         print(name, json.dumps(row, indent=1))
-    results["two GEMMs ms"], results["six GEMMs ms"] = floor_fwd, floor_fb
+    results["two GEMMs ms"], results["four GEMMs ms"], results["six GEMMs ms"] = floor_fwd, floor_four, floor_fb
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
