@@ -1443,7 +1443,9 @@ typedef struct rlk_linear_divergence_args {
   /* Device scratch of rlk_linear_divergence_workspace_size() bytes, 16-byte aligned. */
   void *workspace;
   size_t workspace_bytes;
-  rlk_linear_logprob_variant variant; /* AUTO or TILED (WGMMA: not yet; runs TILED) */
+  rlk_linear_logprob_variant variant; /* AUTO: on sm_90a the wgmma kernels where tensor maps describe
+                                       * both heads (not top-k); TILED: the portable ones; WGMMA: as
+                                       * AUTO */
   int splits;                  /* vocabulary splits of a GPU call (0: chosen) */
   /* Shard form (FORWARD_KL, REVERSE_KL): when `partials` is given, the weights hold the rows
    * [vocab_start, vocab_start + V) of both heads, and the call writes this shard's records, f32
@@ -1494,8 +1496,8 @@ typedef struct rlk_linear_divergence_backward_args {
   int accumulate;
   void *workspace;             /* rlk_linear_divergence_backward_workspace_size() bytes */
   size_t workspace_bytes;
-  int chunk;                   /* vocabulary columns a chunk, a multiple of 64 (0: chosen with the
-                                * workspace within 288 MiB) */
+  int chunk;                   /* vocabulary columns a chunk, a multiple of 64 (sm_90a: rounded up
+                                * to 256; 0: chosen with the workspace within 288 MiB) */
   /* Shard form: shard 1, the weights the rows [vocab_start, vocab_start + V) of both heads and
    * stats the combined ones (rlk_linear_divergence_combine): this shard's gradients (its part of
    * the hidden states' sums, its rows of the weights). No communication. */
@@ -1506,16 +1508,17 @@ typedef struct rlk_linear_divergence_backward_args {
 /* Defaults as rlk_linear_divergence_args_init's, overwrite, chunk 0, every tensor absent. */
 RLK_API void rlk_linear_divergence_backward_args_init(rlk_linear_divergence_backward_args *args);
 
-/* Bytes of workspace the backward needs on a GPU: each chunk's f32 dz (both sides' when a teacher
- * gradient is asked for) and, for a 16-bit grad_hidden, its f32 sum (an f32 one is its own); 0 on
- * the host backend. */
+/* Bytes of workspace the backward needs on a GPU: each chunk's dz (both sides' when a teacher
+ * gradient is asked for; f32, or on sm_90a each head's 16-bit dtype) and, for a 16-bit
+ * grad_hidden, its f32 sum (an f32 one is its own); 0 on the host backend. */
 RLK_API rlk_status rlk_linear_divergence_backward_workspace_size(rlk_context *ctx,
                                                                  const rlk_linear_divergence_backward_args *args,
                                                                  size_t *bytes);
 
 /* The backward on `stream`: per vocabulary chunk, in order, a launch that recomputes both heads'
  * logits into dz, then the products into the gradients asked for; every output element written by
- * one thread, no atomics. */
+ * one thread (on sm_90a by one block, the grad_hidden sum's chunks added by TMA reduce-adds in
+ * chunk order), no float atomics: bitwise repeatable. */
 RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx,
                                                   const rlk_linear_divergence_backward_args *args,
                                                   void *stream);
