@@ -719,7 +719,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   g.N = h->N, g.V = h->V, g.Hs = h->Hs, g.Ht = h->Ht;
   g.cols_per_split = k->cols_per_split, g.partials = ws, g.lists = ws + k->off_lists, g.top_k = a->top_k;
   g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
-  g.row_blocks = (int)k->row_blocks, g.splits = (int)k->splits, g.group = LD_GROUP;
+  g.tiles_m = (int)k->row_blocks, g.tiles_n = (int)k->splits, g.group = LD_GROUP;
   _Alignas(64) unsigned char maps[4][128];
   if (k->sm90 && (st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden,
                                     &a->teacher_weight, h, maps)))

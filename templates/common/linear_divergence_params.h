@@ -14,7 +14,7 @@
  *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
  *   fwd_sm90   the sm_90a GEMM (kinds 0 and 2 of fwd_tiled's, the same records), the heads reached
  *              through tensor maps: the fwd_tiled list (its pointers to the heads unread) and the
- *              launch's cut, row_blocks x splits blocks in groups of `group` row blocks
+ *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks
  *   combine    records [S][N] -> the outputs (mode's: JSD and top-k leave D, [3..5] to the next
  *              launch), or (merged not NULL) one merged record per row; S = the shards in
  *              rlk_linear_divergence_combine
@@ -95,11 +95,16 @@
   F(S_, float, t_temperature, 156)
 #define RLK_LD_FWD_TILED_PARAMS_SIZE 160
 
+/* The sm_90a kernels' walk over tiles_m x tiles_n (the forward: row blocks x splits), in groups of
+ * `group` rows of them, from byte o. */
+#define RLK_LD_SM90_TILES(F, S_, o) \
+  F(S_, int, tiles_m, (o))          \
+  F(S_, int, tiles_n, (o) + 4)      \
+  F(S_, int, group, (o) + 8)
+
 #define RLK_LD_FWD_SM90_PARAMS(F, S_) \
   RLK_LD_FWD_TILED_PARAMS(F, S_)       \
-  F(S_, int, row_blocks, 160)          \
-  F(S_, int, splits, 164)              \
-  F(S_, int, group, 168)
+  RLK_LD_SM90_TILES(F, S_, 160)
 #define RLK_LD_FWD_SM90_PARAMS_SIZE 176
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
@@ -182,9 +187,7 @@
 
 #define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
   RLK_LD_BWD_DZ_PARAMS(F, S_)             \
-  F(S_, int, tiles_m, 208)                \
-  F(S_, int, tiles_n, 212)                \
-  F(S_, int, group, 216)
+  RLK_LD_SM90_TILES(F, S_, 208)
 #define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 224
 
 #endif

@@ -79,10 +79,7 @@ __global__ void __launch_bounds__(384, 1)
     /* producer: the chunk's columns are the weights' rows from c0 */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_hs);
-      sm90::tma_prefetch_map(&map_ws);
-      sm90::tma_prefetch_map(&map_ht);
-      sm90::tma_prefetch_map(&map_wt);
+      ld_sm90_prefetch_heads(&map_hs, &map_ws, &map_ht, &map_wt);
       if (STUDENT) sm90::tma_prefetch_map(&map_zs);
       if (TEACHER) sm90::tma_prefetch_map(&map_zt);
       u32 it = 0;

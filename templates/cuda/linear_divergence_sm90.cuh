@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ alignas(8) u64 empty[C::STAGES];
   const i64 N = p_.N, V = p_.V, cols_per_split = p_.cols_per_split;
   int rb, sp;
-  ll_bwd_tile((int)blockIdx.x, p_.row_blocks, p_.splits, p_.group, &rb, &sp);
+  ll_bwd_tile((int)blockIdx.x, p_.tiles_m, p_.tiles_n, p_.group, &rb, &sp);
   const i64 row0 = (i64)rb * BM, v_begin = (i64)sp * cols_per_split, v_end = min_(V, v_begin + cols_per_split);
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
   const int kbs = (int)((p_.Hs + BK - 1) / BK), kbt = (int)((p_.Ht + BK - 1) / BK);
@@ -78,10 +78,7 @@ __global__ void __launch_bounds__(384, 1)
     /* producer */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_hs);
-      sm90::tma_prefetch_map(&map_ws);
-      sm90::tma_prefetch_map(&map_ht);
-      sm90::tma_prefetch_map(&map_wt);
+      ld_sm90_prefetch_heads(&map_hs, &map_ws, &map_ht, &map_wt);
       u32 it = 0;
 #pragma unroll 1
       for (int t = 0; t < ntiles; ++t)

@@ -59,6 +59,15 @@ template <int DT> struct ld_wgmma_type {
   static constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
 };
 
+/* The heads' tensor maps into the copy engine's descriptor cache (the producer's thread, once). */
+RLK_DEVICE void ld_sm90_prefetch_heads(const tensor_map *hs, const tensor_map *ws, const tensor_map *ht,
+                                       const tensor_map *wt) {
+  sm90::tma_prefetch_map(hs);
+  sm90::tma_prefetch_map(ws);
+  sm90::tma_prefetch_map(ht);
+  sm90::tma_prefetch_map(wt);
+}
+
 /* The producer's copies of one tile: the student's K steps (h_s rows from m0, W_s rows from n0),
  * then the teacher's, each a stage (A's box, then B's) at ring positions it, it + 1, ... */
 RLK_DEVICE void ld_sm90_load_tile(const tensor_map *hs, const tensor_map *ws, const tensor_map *ht,

@@ -14,7 +14,7 @@ sm_90a wgmma kernels on an H100 / H200, where the backward's run too; tiled: the
     python tools/bench/linear_divergence_bench.py [--shape N,H,V] [--modes fkl,rkl,jsd,topk]
         [--variant auto|tiled] [--rounds 20] [--json FILE] [--device cuda|cpu]
 
-On a GPU: the issue's shape, N 8192, H 4096 both heads, V 151936, bf16 (the default). On the CPU
+On a GPU: N 8192, H 4096 both heads, V 151936, bf16 (the default). On the CPU
 (--device cpu) a small shape runs the same comparison against the host backend (an fp64
 reference path: correctness, not speed). Timing by tools/bench/rounds.py on a GPU (rotated rounds,
 device events); by wall clock on the CPU."""
