@@ -63,17 +63,14 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(MODE == ld::FKL || MODE == ld::RKL || MODE == ld::JSD, "bwd_dz_sm90: top-k is the portable kernels'");
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
   typedef ld_sm90 C;
-  constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
-  constexpr u32 CONSUMER_WARPS = 8;
+  constexpr int BM = C::BM, BN = C::BN;
   extern __shared__ __align__(1024) u8 ld_smem_raw[];
   u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[C::STAGES];
   __shared__ alignas(8) u64 empty[C::STAGES];
   const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, ntiles = tiles_m * tiles_n;
-  const int kbs = (int)((p_.Hs + BK - 1) / BK), kbt = (int)((p_.Ht + BK - 1) / BK);
-  const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) sm90::ring_init<C::STAGES>(full, empty, CONSUMER_WARPS);
-  __syncthreads();
+  const int kbs = ld_sm90_ksteps(p_.Hs), kbt = ld_sm90_ksteps(p_.Ht), wg = (int)(threadIdx.x / 128);
+  ld_sm90_ring_start(full, empty);
 
   if (wg == 0) {
     /* producer: the chunk's columns are the weights' rows from c0 */

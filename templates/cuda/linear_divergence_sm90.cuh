@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(384, 1)
 #if defined(RLK_SM90A_ASM)
   static_assert(KIND == ld::KIND_STATS || KIND == ld::KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
   typedef ld_sm90 C;
-  constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
-  constexpr u32 CONSUMER_WARPS = 8;
+  constexpr int BM = C::BM, BN = C::BN;
   extern __shared__ __align__(1024) u8 ld_smem_raw[];
   u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[C::STAGES];
@@ -69,10 +68,8 @@ __global__ void __launch_bounds__(384, 1)
   ll_bwd_tile((int)blockIdx.x, p_.tiles_m, p_.tiles_n, p_.group, &rb, &sp);
   const i64 row0 = (i64)rb * BM, v_begin = (i64)sp * cols_per_split, v_end = min_(V, v_begin + cols_per_split);
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
-  const int kbs = (int)((p_.Hs + BK - 1) / BK), kbt = (int)((p_.Ht + BK - 1) / BK);
-  const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) sm90::ring_init<C::STAGES>(full, empty, CONSUMER_WARPS);
-  __syncthreads();
+  const int kbs = ld_sm90_ksteps(p_.Hs), kbt = ld_sm90_ksteps(p_.Ht), wg = (int)(threadIdx.x / 128);
+  ld_sm90_ring_start(full, empty);
 
   if (wg == 0) {
     /* producer */

@@ -59,6 +59,16 @@ template <int DT> struct ld_wgmma_type {
   static constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
 };
 
+/* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps), ready
+ * for every thread. */
+RLK_DEVICE void ld_sm90_ring_start(u64 *full, u64 *empty) {
+  if (threadIdx.x == 0) sm90::ring_init<ld_sm90::STAGES>(full, empty, 8);
+  __syncthreads();
+}
+
+/* The K steps of a head of width H. */
+RLK_DEVICE int ld_sm90_ksteps(i64 H) { return (int)((H + ld_sm90::BK - 1) / ld_sm90::BK); }
+
 /* The heads' tensor maps into the copy engine's descriptor cache (the producer's thread, once). */
 RLK_DEVICE void ld_sm90_prefetch_heads(const tensor_map *hs, const tensor_map *ws, const tensor_map *ht,
                                        const tensor_map *wt) {
