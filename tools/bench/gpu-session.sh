@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# gpu-session.sh - one device call: the GPU test suite (gpu-tests.sh), then the benchmarks that
+# need a GPU (the distillation divergence, the heads' accuracy against fp64, a trainer's GRPO
+# step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
+# .whl/ (a trainer the image lacks) go to a private site directory first.
+#   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
+#   STEPS="tests divergence accuracy step" limits what runs; DEADLINE_S (570).
+# $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
+set -u
+OUT=${OUT:-gpu-out}
+B=/tmp/rlk-gpu-bench
+rm -rf "$B" && mkdir -p "$B" "$OUT"
+start=$(date +%s)
+deadline=$(( start + ${DEADLINE_S:-570} ))
+STEPS=${STEPS:-"tests divergence accuracy step"}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python RLK_LIBRARY=$PWD/build/lib/librlk.so.0
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl > "$B/wheels.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
+rc=0
+if has tests; then
+  C_SECONDS=${C_SECONDS:-200} PY_SECONDS=${PY_SECONDS:-110} tools/bench/gpu-tests.sh
+  rc=$?
+fi
+line() { echo "$*" | tee -a "$OUT/summary.txt"; }
+# bench NAME CAP_S COMMAND...: runs COMMAND for at most CAP_S seconds and whatever is left
+bench() {
+  local name=$1 cap=$2 left s r
+  shift 2
+  left=$(( deadline - $(date +%s) ))
+  [ "$left" -lt "$cap" ] && cap=$left
+  [ "$cap" -lt 15 ] && { line "bench $name: not run ($left s left)"; return; }
+  s=$(date +%s)
+  timeout "$cap" "$@" > "$B/$name.log" 2>&1
+  r=$?
+  line "bench $name: rc=$r $(( $(date +%s) - s )) s (limit $cap s)"
+}
+has divergence && bench divergence 110 python3 tools/bench/linear_divergence_bench.py --modes fkl,jsd,topk \
+  --rounds 5 --json "$B/linear_divergence.json"
+has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$B/head_accuracy.json"
+has step && bench step 150 python3 tools/bench/trainer_step.py --archs qwen2.5-0.5b --groups 8 \
+  --prompts 512 --responses 512 --variants trl,trl+rlk,trl+rlk+prefix --reps 2 --out-dir "$B/step"
+tar czf "$OUT/bench.tgz" -C "$B" . 2>/dev/null
+for f in "$B"/*.log; do [ -e "$f" ] && { echo "== $(basename "$f")"; tail -25 "$f"; }; done
+line "session total $(( $(date +%s) - start )) s, tests rc=$rc"
+exit $rc
