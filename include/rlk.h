@@ -1382,8 +1382,8 @@ RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_pol
  *   [5] top-k: the column of the k-th largest z_t (the set's last member; the backward tells
  *       membership by comparing each column's recomputed teacher logit with that column's);
  *       else 0
- * A row whose label is ignore_index gets D = 0 (its lse's and entropy are still computed) and no
- * gradient. Dot products accumulate in f32 on a GPU (fp64 on the host); no [N, V] buffer exists;
+ * A row whose label is ignore_index gets D = 0 and stats [2] to [5] 0 (its lse's and entropy are
+ * still computed) and no gradient. Dot products accumulate in f32 on a GPU (fp64 on the host); no [N, V] buffer exists;
  * results are bitwise repeatable (splits merged in order, no float atomics). */
 typedef enum rlk_divergence_mode {
   RLK_DIVERGENCE_FORWARD_KL = 0, /* KL(teacher || student) */

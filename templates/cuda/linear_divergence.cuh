@@ -299,8 +299,9 @@ __global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld:
   p_.divergence[row] = ign ? 0.0f : D;
   o[2] = ign ? 0.0f : D;
   o[3] = ign ? 0.0f : P;
-  o[4] = kx[k - 1] * it;
-  o[5] = (float)kc[k - 1];
+  /* the set's boundary (threshold, last column) only where the row counts, as on the host */
+  o[4] = ign ? 0.0f : kx[k - 1] * it;
+  o[5] = ign ? 0.0f : (float)kc[k - 1];
 }
 
 } /* namespace rlk */
