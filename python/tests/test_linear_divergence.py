@@ -129,7 +129,7 @@ def test_shards(place, rng):
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 @pytest.mark.parametrize("mode,beta,top_k", CASES)
-def test_autograd(rng, mode, beta, top_k):
+def test_autograd(host, rng, mode, beta, top_k):
     """rlk.autograd.linear_divergence beside torch autograd of the definitions in fp64 on the same
     bf16 values (host backend). The gradients come back in bf16: half an ulp (2^-8 relative) of
     their value, beside what the f32 stats the backward reads move (each within u of its value:

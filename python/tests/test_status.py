@@ -9,6 +9,10 @@ torch = pytest.importorskip("torch", reason="the status words are checked throug
                             "these cases use torch tensors")
 
 
+# the cases run on the host backend (torch CPU tensors)
+pytestmark = pytest.mark.usefixtures("host")
+
+
 @pytest.fixture(autouse=True)
 def clean():
     rlk.set_checks(False)
