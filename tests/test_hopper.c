@@ -34,6 +34,11 @@ static const rlk_param_decl ht_check_params[] = {{"n", RLK_PARAM_INT, 16, 256, 0
 static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cuda/hopper_selftest.cuh", NULL, 1,
                                       ht_check_params, HT_NEEDS};
 
+static const rlk_param_decl ht_box_params[] = {{"rows", RLK_PARAM_INT, 1, 256, 0, 0, NULL},
+                                                {"cols", RLK_PARAM_INT, 4, 32, 0, 0, NULL}};
+static const rlk_template ht_box = {"hopper_selftest", "hopper_tma_box", "cuda/hopper_selftest.cuh", NULL, 2,
+                                    ht_box_params, RLK_TARGET_TMA};
+
 /* Cold compile of each kernel, CPU seconds of this process (NVRTC and its PTX compiler run in
  * process; CPU time, unlike wall time, does not grow when other programs load the machine): the
  * budget a first call may spend on one Hopper kernel, 0.6 s on the 2-core build machine, with
@@ -103,6 +108,13 @@ START_TEST(compile_sm90a) {
     rlk_status st = rlk_jit_prepare(ctx->jit, &c);
     ck_assert_msg(st == RLK_OK, "hopper_ptx_check<%d>: %s", widths[i], rlk_last_error());
   }
+  /* the f32 box copy the GPU case runs */
+  rlk_kernel_spec box;
+  memset(&box, 0, sizeof box);
+  box.tmpl = &ht_box;
+  box.values[0] = 16;
+  box.values[1] = 32;
+  ck_assert_msg(rlk_jit_prepare(ctx->jit, &box) == RLK_OK, "hopper_tma_box: %s", rlk_last_error());
   /* the fused LM head's kernels: the sm_90a GEMM, its tiled fallback and the combine */
   rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
   rlk_kernel_spec ll[RLK_OP_MAX_KERNELS];
@@ -312,6 +324,60 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
   free(d);
 }
 
+/* One f32 box through a map rlk_cuda_tma_encode wrote (no swizzle, rows of a stride past the
+ * columns): inside the tensor, and hanging over its bottom-right corner, where TMA fills zeros.
+ * Element for element against the host's copy: a wrong stride, extent, box or element type in the
+ * map moves or drops values. */
+static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
+  enum { BOX_ROWS = 16, BOX_COLS = 32 };
+  const uint64_t rows = 100 + rlk_test_rand_u64(rng) % 400, cols = 40 + rlk_test_rand_u64(rng) % 200;
+  const uint64_t stride = (cols + 3) / 4 * 4 + 4 * (rlk_test_rand_u64(rng) % 3); /* 16-byte rows */
+  const size_t bytes = (size_t)(rows * stride * sizeof(float));
+  float *h = malloc(bytes), out[BOX_ROWS * BOX_COLS];
+  ck_assert_ptr_nonnull(h);
+  for (uint64_t i = 0; i < rows * stride; i++) h[i] = (float)rlk_test_rand_normal(rng);
+  void *d = rlk_test_dev_upload(ctx, h, bytes), *dout = rlk_test_dev_alloc(ctx, sizeof out);
+  const rlk_tma_desc_request req = {d, RLK_F32, rows, cols, stride, BOX_ROWS, BOX_COLS, 0};
+  _Alignas(64) unsigned char map[128];
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &req, map) == RLK_OK, "%s", rlk_last_error());
+  rlk_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = &ht_box;
+  s.values[0] = BOX_ROWS;
+  s.values[1] = BOX_COLS;
+  const int origins[2][2] = {{(int)(rlk_test_rand_u64(rng) % (rows - BOX_ROWS)), (int)(rlk_test_rand_u64(rng) % (cols - BOX_COLS))},
+                             {(int)rows - BOX_ROWS / 2, (int)cols - BOX_COLS / 4}};
+  for (int k = 0; k < 2; k++) {
+    int row0 = origins[k][0], col0 = origins[k][1];
+    ck_assert_int_eq(rlk_memset(ctx, dout, 0xff, sizeof out), RLK_OK);
+    rlk_launch_dims dims;
+    memset(&dims, 0, sizeof dims);
+    dims.grid[0] = dims.grid[1] = dims.grid[2] = 1;
+    dims.block[0] = 128;
+    dims.block[1] = dims.block[2] = 1;
+    dims.shared_bytes = sizeof out + 128; /* the box and its alignment slack */
+    void *args[] = {map, &dout, &row0, &col0};
+    ck_assert_msg(rlk_context_launch(ctx, &s, &dims, NULL, args) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_stream_synchronize(ctx, NULL) == RLK_OK, "tma box at (%d, %d): %s", row0, col0, rlk_last_error());
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, out, dout, sizeof out), RLK_OK);
+    for (int r = 0; r < BOX_ROWS; r++)
+      for (int c = 0; c < BOX_COLS; c++) {
+        const uint64_t gr = (uint64_t)(row0 + r), gc = (uint64_t)(col0 + c);
+        const float want = gr < rows && gc < cols ? h[gr * stride + gc] : 0.0f;
+        ck_assert_msg(out[r * BOX_COLS + c] == want,
+                      "box (%d,%d) at (%d,%d): %.9g, want %.9g (rows %llu cols %llu stride %llu)", r, c, row0,
+                      col0, (double)out[r * BOX_COLS + c], (double)want, (unsigned long long)rows,
+                      (unsigned long long)cols, (unsigned long long)stride);
+      }
+  }
+  printf("hopper gpu hopper_tma_box: f32 %llu x %llu (stride %llu), boxes at (%d, %d) and over the corner\n",
+         (unsigned long long)rows, (unsigned long long)cols, (unsigned long long)stride, origins[0][0],
+         origins[0][1]);
+  rlk_free(ctx, d);
+  rlk_free(ctx, dout);
+  free(h);
+}
+
 START_TEST(gpu_wgmma_tile) {
   if (!rlk_test_gpu_enabled("hopper")) return;
   rlk_context *ctx = rlk_test_cuda_context("hopper");
@@ -330,6 +396,7 @@ START_TEST(gpu_wgmma_tile) {
   ht_tile(ctx, &ht_rs, 1, 64, 64, &rng);
   ht_tile(ctx, &ht_mn, 0, 256, 128, &rng);
   ht_tile(ctx, &ht_mn, 1, 64, 64, &rng);
+  ht_box_copy(ctx, &rng);
   rlk_context_destroy(ctx);
 }
 END_TEST

@@ -8,6 +8,9 @@
  *                             (the register-A form: a[i + 2 h] pairs, as hopper_wgmma.cuh says)
  *   hopper_tile_mn<AB, N, K>  D [64 x N] = A^T B with A stored [K][64] and B [K][N] (MN-major
  *                             operands: wgmma's transposed forms), by boxes of 64 x 64
+ *   hopper_tma_box<R, C>      one R x C box of f32 through a tensor map (no swizzle) to out,
+ *                             row-major: the map's encoding checked element by element, a box
+ *                             hanging over the tensor's edge arriving zero-filled
  *   hopper_ptx_check<N>       compiled, never launched: calls every wrapper of the Hopper headers
  *                             once, so that ptxas checks each instruction's spelling (an inline
  *                             function nobody calls is never assembled) */
@@ -157,6 +160,29 @@ __global__ void __launch_bounds__(128)
   tile_store<N>(d, D);
 #else
   (void)map_a, (void)map_b, (void)D;
+#endif
+}
+
+template <int R, int C>
+__global__ void __launch_bounds__(128) hopper_tma_box(const __grid_constant__ tensor_map map, float *out, i32 row0,
+                                                      i32 col0) {
+#if defined(RLK_SM90_ASM)
+  extern __shared__ __align__(128) u8 box_raw[];
+  float *box = (float *)(((u64)box_raw + 127u) & ~(u64)127u);
+  __shared__ alignas(8) u64 full;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&full, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbar_arrive_expect_tx(&full, (u32)(R * C * 4));
+    sm90::tma_load_2d(box, &map, col0, row0, &full);
+  }
+  sm90::mbar_wait(&full, 0);
+  for (int i = (int)threadIdx.x; i < R * C; i += (int)blockDim.x) out[i] = box[i];
+#else
+  (void)map, (void)out, (void)row0, (void)col0;
 #endif
 }
 
