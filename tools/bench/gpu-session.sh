@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # gpu-session.sh - one device call: the GPU test suite (gpu-tests.sh), then the benchmarks that
-# need a GPU (the distillation divergence, the heads' accuracy against fp64, a trainer's GRPO
-# step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
+# need a GPU (the fused head beside cuBLAS, its memory beside TRL's head, the distillation
+# divergence, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
 # .whl/ (a trainer the image lacks) go to a private site directory first.
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
-#   STEPS="tests divergence accuracy step" limits what runs; DEADLINE_S (570).
+#   STEPS="tests head memory divergence accuracy step" limits what runs (default: tests divergence
+#   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
 # $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
 set -u
 OUT=${OUT:-gpu-out}
@@ -38,11 +39,14 @@ bench() {
   r=$?
   line "bench $name: rc=$r $(( $(date +%s) - s )) s (limit $cap s)"
 }
+has head && bench head 100 python3 tools/bench/torch_linear_logprob.py 8192 4096 151936 --rounds 5
+has memory && bench memory 45 python3 tools/bench/head_memory.py --json "$B/head_memory.json"
 has divergence && bench divergence 110 python3 tools/bench/linear_divergence_bench.py --modes fkl,jsd,topk \
   --rounds 5 --json "$B/linear_divergence.json"
 has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$B/head_accuracy.json"
-has step && bench step 150 python3 tools/bench/trainer_step.py --archs qwen2.5-0.5b --groups 8 \
-  --prompts 512 --responses 512 --variants trl,trl+rlk,trl+rlk+prefix --reps 2 --out-dir "$B/step"
+has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --archs "${ARCHS:-qwen2.5-0.5b}" \
+  --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" --responses "${RESPONSES:-512}" \
+  --variants trl,trl+rlk,trl+rlk+prefix --reps 2 --out-dir "$B/step"
 tar czf "$OUT/bench.tgz" -C "$B" . 2>/dev/null
 for f in "$B"/*.log; do [ -e "$f" ] && { echo "== $(basename "$f")"; tail -25 "$f"; }; done
 line "session total $(( $(date +%s) - start )) s, tests rc=$rc"
