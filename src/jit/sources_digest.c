@@ -8,26 +8,30 @@
 #include "jit/sha256.h"
 #include "jit/template.h"
 
+/* Is file a before file b in the digest's order (by name, then by index)? */
+static int digest_before(const rlk_source_file *files, size_t a, size_t b) {
+  const int c = strcmp(files[a].name, files[b].name);
+  return c < 0 || (c == 0 && a < b);
+}
+
 void rlk_sources_digest(const rlk_source_file *files, size_t count, char hex[65]) {
-  /* Sort indices by name so the digest does not depend on directory order. */
-  size_t order[256];
-  size_t n = count < 256 ? count : 256;
-  for (size_t i = 0; i < n; i++) order[i] = i;
-  for (size_t i = 1; i < n; i++)
-    for (size_t j = i; j > 0 && strcmp(files[order[j - 1]].name, files[order[j]].name) > 0; j--) {
-      size_t x = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = x;
-    }
+  /* Files in name order, so the digest does not depend on directory order: each step takes the
+   * first file after the previous one (no table: a set may hold any number of files). */
   rlk_sha256 h;
   rlk_sha256_init(&h);
-  for (size_t k = 0; k < n; k++) {
-    const rlk_source_file *f = &files[order[k]];
+  size_t prev = count;
+  for (size_t k = 0; k < count; k++) {
+    size_t next = count;
+    for (size_t i = 0; i < count; i++)
+      if ((prev == count || digest_before(files, prev, i)) && (next == count || digest_before(files, i, next)))
+        next = i;
+    const rlk_source_file *f = &files[next];
     char len[32];
     int m = snprintf(len, sizeof len, "%zu", f->size);
     rlk_sha256_update(&h, f->name, strlen(f->name) + 1);
     rlk_sha256_update(&h, len, (size_t)m + 1);
     rlk_sha256_update(&h, f->text, f->size);
+    prev = next;
   }
   uint8_t d[32];
   rlk_sha256_final(&h, d);
