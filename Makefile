@@ -35,7 +35,7 @@ CHECK_LIBS := $(shell pkg-config --libs --static check 2>/dev/null | sed 's/-lch
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 
 LIB_SRCS := $(sort $(wildcard src/core/*.c src/jit/*.c src/backend/*/*.c src/backend/*.c src/runtime/*.c src/ops/*.c src/tune/*.c))
-TEMPLATES := $(sort $(wildcard templates/cuda/* templates/host/*))
+TEMPLATES := $(sort $(wildcard templates/common/* templates/cuda/* templates/host/*))
 GEN_EMBED := $(BUILD)/gen/templates_embedded.c
 
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates_embedded.o

@@ -338,7 +338,7 @@ START_TEST(template_dir_override_changes_the_key) {
   rlk_test_mkdtemp(dir, sizeof dir, "cache");
   rlk_test_mkdtemp(copy, sizeof copy, "tpl");
   rlk_test_mkdtemp(edited, sizeof edited, "tpl-edited");
-  /* common/ too: cuda/ and host/ link the shared kernel argument lists there */
+  /* common/ too: both source sets hold it */
   snprintf(cmd, sizeof cmd,
            "cp -R templates/cuda templates/host templates/common '%s' && "
            "cp -R templates/cuda templates/host templates/common '%s' && "

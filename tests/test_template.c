@@ -106,6 +106,15 @@ START_TEST(embedded_sources) {
   ck_assert_str_ne(cuda->digest, host->digest);
   ck_assert_ptr_nonnull(rlk_sources_find(cuda, "cuda/rlk_prelude.cuh"));
   ck_assert_ptr_null(rlk_sources_find(cuda, "cuda/nope.cuh"));
+  ck_assert_ptr_null(rlk_sources_find(host, "cuda/rlk_prelude.cuh"));
+  /* both sets hold templates/common, and every file of a set has a name of its own */
+  ck_assert_ptr_nonnull(rlk_sources_find(cuda, "common/rlk_params.h"));
+  ck_assert_ptr_nonnull(rlk_sources_find(host, "common/rlk_params.h"));
+  for (size_t i = 0; i < cuda->count; i++) {
+    ck_assert_msg(rlk_sources_in_set(cuda->files[i].name, "cuda"), "%s in the cuda set", cuda->files[i].name);
+    for (size_t k = 0; k < i; k++)
+      ck_assert_str_ne(rlk_sources_basename(cuda->files[i].name), rlk_sources_basename(cuda->files[k].name));
+  }
   ck_assert_int_eq(rlk_sources_get("nope", &cuda), RLK_ERR_INTERNAL);
   /* a changed file changes the digest */
   rlk_source_file copy[128];
@@ -127,20 +136,24 @@ static void put_file(const char *dir, const char *name, const char *text) {
   fclose(f);
 }
 
-/* RLK_TEMPLATE_DIR: every file counts however many there are, a subdirectory is no file (the
- * key does not change because of one), and a file that cannot be read is an error. Sources are
- * read once per process, so each case runs in a child. */
-static int template_dir_child(const char *root, int nfiles, int with_fifo) {
+/* RLK_TEMPLATE_DIR: every file of the folder and of common/ counts however many there are, a
+ * subdirectory is no file (the key does not change because of one), and a file that cannot be
+ * read, or one whose name another file of the set has, is an error. Sources are read once per
+ * process, so each case runs in a child. */
+enum { TDIR_PLAIN, TDIR_FIFO, TDIR_SAME_NAME };
+static int template_dir_child(const char *root, int nfiles, int fault) {
   setenv("RLK_TEMPLATE_DIR", root, 1);
   const rlk_source_set *host = NULL;
   rlk_status st = rlk_sources_get("host", &host);
-  if (with_fifo) return st == RLK_ERR_IO && strstr(rlk_last_error(), "not a regular file") ? 0 : 10;
-  if (st != RLK_OK || host->count != (size_t)nfiles) return 11;
+  if (fault == TDIR_FIFO) return st == RLK_ERR_IO && strstr(rlk_last_error(), "not a regular file") ? 0 : 10;
+  if (fault == TDIR_SAME_NAME) return st == RLK_ERR_IO && strstr(rlk_last_error(), "share a name") ? 0 : 15;
+  if (st != RLK_OK || host->count != (size_t)nfiles + 1) return 11;
   char name[64];
   snprintf(name, sizeof name, "host/f%03d.h", nfiles - 1);
   if (!rlk_sources_find(host, name) || rlk_sources_find(host, "host/sub")) return 12;
+  if (!rlk_sources_find(host, "common/shared.h")) return 16;
   /* The digest is that of the files alone. */
-  rlk_source_file *files = calloc((size_t)nfiles, sizeof *files);
+  rlk_source_file *files = calloc((size_t)nfiles + 1, sizeof *files);
   char (*names)[32] = calloc((size_t)nfiles, sizeof *names);
   if (!files || !names) return 13;
   for (int i = 0; i < nfiles; i++) {
@@ -149,20 +162,26 @@ static int template_dir_child(const char *root, int nfiles, int with_fifo) {
     files[i].text = "int x;\n";
     files[i].size = 7;
   }
+  files[nfiles].name = "common/shared.h";
+  files[nfiles].text = "int s;\n";
+  files[nfiles].size = 7;
   char hex[65];
-  rlk_sources_digest(files, (size_t)nfiles, hex);
+  rlk_sources_digest(files, (size_t)nfiles + 1, hex);
   return strcmp(hex, host->digest) == 0 ? 0 : 14;
 }
 
 START_TEST(template_dir_reads_every_file) {
-  for (int c = 0; c < 2; c++) {
+  for (int c = TDIR_PLAIN; c <= TDIR_SAME_NAME; c++) {
     char root[1024], dir[1100], sub[1200];
     rlk_test_mkdtemp(root, sizeof root, "tdir");
-    snprintf(dir, sizeof dir, "%s/host", root);
-    ck_assert_int_eq(mkdir(dir, 0700), 0);
     snprintf(dir, sizeof dir, "%s/cuda", root);
     ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(dir, sizeof dir, "%s/common", root);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    put_file(dir, "shared.h", "int s;\n");
+    if (c == TDIR_SAME_NAME) put_file(dir, "f007.h", "int x;\n");
     snprintf(dir, sizeof dir, "%s/host", root);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
     const int nfiles = 300; /* well past any fixed table */
     for (int i = 0; i < nfiles; i++) {
       char name[32];
@@ -172,7 +191,7 @@ START_TEST(template_dir_reads_every_file) {
     snprintf(sub, sizeof sub, "%s/sub", dir);
     ck_assert_int_eq(mkdir(sub, 0700), 0);
     put_file(sub, "inner.h", "int y;\n");
-    if (c == 1) {
+    if (c == TDIR_FIFO) {
       snprintf(sub, sizeof sub, "%s/pipe.h", dir);
       ck_assert_int_eq(mkfifo(sub, 0600), 0);
     }
@@ -181,7 +200,7 @@ START_TEST(template_dir_reads_every_file) {
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
       alarm(20);
-      _exit(template_dir_child(root, nfiles, c == 1));
+      _exit(template_dir_child(root, nfiles, c));
     }
     int status = 0;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);

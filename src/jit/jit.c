@@ -132,11 +132,6 @@ static void join(char *buf, size_t size, size_t n, const char *const *items, con
   }
 }
 
-static const char *basename_of(const char *path) {
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
 /* Everything a compile needs, derived from a spec; the key is computed from the same fields. */
 typedef struct build_plan {
   rlk_kernel_key key;
@@ -172,7 +167,7 @@ static rlk_status make_plan(rlk_jit *jit, const rlk_kernel_spec *spec, build_pla
   if (st) return st;
   if (!rlk_sources_find(p->sources, p->source_file))
     return rlk_error(RLK_ERR_INTERNAL, "%s: template source %s is missing", t->entry, p->source_file);
-  rlk_format(p->tu, sizeof p->tu, "#include \"%s\"\n", basename_of(p->source_file));
+  rlk_format(p->tu, sizeof p->tu, "#include \"%s\"\n", rlk_sources_basename(p->source_file));
   if (host) {
     rlk_format(p->name, sizeof p->name, "rlk_%s", t->entry);
     st = rlk_spec_host_defines(spec, p->defines, &p->noptions);
@@ -230,7 +225,7 @@ static rlk_status compile_plan(rlk_jit *jit, build_plan *p, rlk_compile_result *
     return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
   }
   for (size_t i = 0; i < nh; i++) {
-    header_names[i] = basename_of(p->sources->files[i].name);
+    header_names[i] = rlk_sources_basename(p->sources->files[i].name);
     header_sources[i] = p->sources->files[i].text;
   }
   char source_name[128];

@@ -1,6 +1,7 @@
-/* sources.c - the template sources a compiler sees: the copies embedded at build time, or,
- * for template development, the files under RLK_TEMPLATE_DIR (read once per process; the
- * digest is then computed from what was read, so edited templates get new cache keys). */
+/* sources.c - the template sources a compiler sees: the sets embedded at build time, or, for
+ * template development, the files under RLK_TEMPLATE_DIR (a set's folder and common/, read once
+ * per process; the digest is then computed from what was read, so edited templates get new cache
+ * keys). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,19 +16,17 @@
 #include "core/fs.h"
 #include "jit/template.h"
 
-extern const rlk_source_file rlk_embedded_sources[];
-extern const size_t rlk_embedded_source_count;
-extern const char rlk_embedded_digest_cuda[65];
-extern const char rlk_embedded_digest_host[65];
+extern const rlk_source_set rlk_embedded_source_sets[2]; /* cuda, host */
 
 typedef struct source_slot {
   rlk_source_set set;
-  rlk_source_file *files; /* malloc'd; as many as the directory holds */
+  rlk_source_file *files; /* malloc'd; as many as the directories hold */
+  size_t nfiles, cap;
   rlk_status status;
   char error[512];
 } source_slot;
 
-static source_slot slots[2]; /* cuda, host */
+static source_slot slots[2]; /* as rlk_embedded_source_sets */
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
 
 #define SOURCE_MAX_BYTES ((size_t)16 << 20) /* no template is near this */
@@ -78,9 +77,9 @@ static void load_failed(source_slot *slot, rlk_status st, const char *fmt, const
   rlk_format(slot->error, sizeof slot->error, fmt, a, b);
 }
 
-/* Every regular file of <root>/<dir> becomes a source; subdirectories are not part of a
- * template set (templates are flat) and are passed over; anything else that cannot be read
- * (a FIFO, a device, an unreadable file) is an error, never a silently different key. */
+/* Every regular file of <root>/<dir> joins the slot's sources; subdirectories are not part of
+ * a template set (templates are flat) and are passed over; anything else that cannot be read (a
+ * FIFO, a device, an unreadable file) is an error, never a silently different key. */
 static void load_from_dir(source_slot *slot, const char *root, const char *dir) {
   char path[2048];
   rlk_format(path, sizeof path, "%s/%s", root, dir);
@@ -90,7 +89,6 @@ static void load_from_dir(source_slot *slot, const char *root, const char *dir) 
     return;
   }
   struct dirent *e;
-  size_t n = 0, cap = 0;
   while ((e = readdir(d)) != NULL) {
     if (e->d_name[0] == '.') continue;
     struct stat st;
@@ -98,15 +96,15 @@ static void load_from_dir(source_slot *slot, const char *root, const char *dir) 
       rlk_debug("RLK_TEMPLATE_DIR: passing over the subdirectory %s/%s", path, e->d_name);
       continue;
     }
-    if (n == cap) {
-      size_t ncap = cap ? 2 * cap : 64;
+    if (slot->nfiles == slot->cap) {
+      size_t ncap = slot->cap ? 2 * slot->cap : 64;
       rlk_source_file *f = realloc(slot->files, ncap * sizeof *f);
       if (!f) {
         load_failed(slot, RLK_ERR_OUT_OF_MEMORY, "RLK_TEMPLATE_DIR: %s%s: out of memory", path, "");
         break;
       }
       slot->files = f;
-      cap = ncap;
+      slot->cap = ncap;
     }
     char name[512];
     if (rlk_format(name, sizeof name, "%s/%s", dir, e->d_name) < 0) {
@@ -122,61 +120,58 @@ static void load_from_dir(source_slot *slot, const char *root, const char *dir) 
                   errno == EINVAL ? "not a regular file" : strerror(errno));
       break;
     }
-    slot->files[n].name = rlk_strdup(name);
-    slot->files[n].text = text;
-    slot->files[n].size = size;
-    if (!slot->files[n].name) {
+    rlk_source_file *f = &slot->files[slot->nfiles];
+    f->name = rlk_strdup(name);
+    f->text = text;
+    f->size = size;
+    if (!f->name) {
       free(text);
       load_failed(slot, RLK_ERR_OUT_OF_MEMORY, "RLK_TEMPLATE_DIR: %s%s: out of memory", path, "");
       break;
     }
-    n++;
+    slot->nfiles++;
   }
   closedir(d);
+}
+
+/* The set of `dir` under root: its folder and the shared one, in name order, no two files of one
+ * name (a compiler sees them by name). */
+static void load_set(source_slot *slot, const char *root, const char *dir) {
+  load_from_dir(slot, root, dir);
+  if (!slot->status) load_from_dir(slot, root, RLK_SOURCES_SHARED);
   if (slot->status) return;
+  const size_t n = slot->nfiles;
   if (n) qsort(slot->files, n, sizeof slot->files[0], by_name);
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < i; k++)
+      if (!strcmp(rlk_sources_basename(slot->files[i].name), rlk_sources_basename(slot->files[k].name))) {
+        load_failed(slot, RLK_ERR_IO, "RLK_TEMPLATE_DIR: %s and %s share a name (a compiler sees them by name)",
+                    slot->files[k].name, slot->files[i].name);
+        return;
+      }
   slot->set.files = slot->files;
   slot->set.count = n;
   rlk_sources_digest(slot->files, n, slot->set.digest);
 }
 
 static void load_all(void) {
-  static const char *const dirs[] = {"cuda", "host"};
   const char *override = rlk_env("RLK_TEMPLATE_DIR");
   for (size_t s = 0; s < 2; s++) {
     source_slot *slot = &slots[s];
-    slot->set.dir = dirs[s];
+    slot->set = rlk_embedded_source_sets[s];
     slot->status = RLK_OK;
-    if (override) {
-      load_from_dir(slot, override, dirs[s]);
-      if (slot->status == RLK_OK)
-        rlk_info("templates for %s read from %s (digest %.12s)", dirs[s], override, slot->set.digest);
-      continue;
-    }
-    /* The embedder writes each directory's files together, in name order. */
-    size_t first = rlk_embedded_source_count, n = 0, dl = strlen(dirs[s]);
-    for (size_t i = 0; i < rlk_embedded_source_count; i++) {
-      const rlk_source_file *f = &rlk_embedded_sources[i];
-      if (f->name && !strncmp(f->name, dirs[s], dl) && f->name[dl] == '/') {
-        if (first == rlk_embedded_source_count) first = i;
-        n++;
-      }
-    }
-    slot->set.files = n ? &rlk_embedded_sources[first] : NULL;
-    slot->set.count = n;
-    memcpy(slot->set.digest, s == 0 ? rlk_embedded_digest_cuda : rlk_embedded_digest_host, 65);
+    if (!override) continue;
+    load_set(slot, override, rlk_embedded_source_sets[s].dir);
+    if (slot->status == RLK_OK)
+      rlk_info("templates for %s read from %s (digest %.12s)", slot->set.dir, override, slot->set.digest);
   }
 }
 
 rlk_status rlk_sources_get(const char *dir, const rlk_source_set **out) {
   pthread_once(&slots_once, load_all);
-  size_t s;
-  if (!strcmp(dir, "cuda"))
-    s = 0;
-  else if (!strcmp(dir, "host"))
-    s = 1;
-  else
-    return rlk_error(RLK_ERR_INTERNAL, "no template directory named '%s'", dir);
+  size_t s = 0;
+  while (s < 2 && strcmp(dir, slots[s].set.dir)) s++;
+  if (s == 2) return rlk_error(RLK_ERR_INTERNAL, "no template directory named '%s'", dir);
   if (slots[s].status) return rlk_error(slots[s].status, "%s", slots[s].error);
   *out = &slots[s].set;
   return RLK_OK;

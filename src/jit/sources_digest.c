@@ -1,6 +1,6 @@
-/* sources_digest.c - the digest of a template source set. Linked into the library and into
- * the build-time embedder, so the digest baked into the library and the one computed for
- * RLK_TEMPLATE_DIR are the same function. No dependency beyond sha256.c. */
+/* sources_digest.c - what a template source set is (its files, its digest). Linked into the
+ * library and into the build-time embedder, so the sets and digests baked into the library and
+ * those read from RLK_TEMPLATE_DIR come from the same functions. No dependency beyond sha256.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,4 +36,18 @@ void rlk_sources_digest(const rlk_source_file *files, size_t count, char hex[65]
   uint8_t d[32];
   rlk_sha256_final(&h, d);
   rlk_sha256_hex(d, hex);
+}
+
+int rlk_sources_in_set(const char *name, const char *dir) {
+  const char *const folders[2] = {dir, RLK_SOURCES_SHARED};
+  for (int i = 0; i < 2; i++) {
+    const size_t n = strlen(folders[i]);
+    if (!strncmp(name, folders[i], n) && name[n] == '/') return 1;
+  }
+  return 0;
+}
+
+const char *rlk_sources_basename(const char *name) {
+  const char *s = strrchr(name, '/');
+  return s ? s + 1 : name;
 }

@@ -86,8 +86,10 @@ typedef struct rlk_source_file {
 } rlk_source_file;
 
 /* The set of files a compiler sees for one source directory ("cuda" or "host"): the
- * template sources and every header they can include, with one digest over all of them
- * (SHA-256 over the length-prefixed names and contents, sorted by name). */
+ * template sources and every header they can include, those of the directory and of
+ * templates/common (the kernels' argument lists and template values, shared by both), with one
+ * digest over all of them (SHA-256 over the length-prefixed names and contents, sorted by name).
+ * A compiler sees each file by its name alone, so no two files of a set share one. */
 typedef struct rlk_source_set {
   const char *dir;
   size_t count;
@@ -95,8 +97,12 @@ typedef struct rlk_source_set {
   char digest[65];
 } rlk_source_set;
 
+/* The folder of templates/ that both source sets hold. */
+#define RLK_SOURCES_SHARED "common"
+
 /* The source set for `dir`: embedded in the library at build time, or read from
- * RLK_TEMPLATE_DIR/<dir> when that variable is set (loaded once per process). */
+ * RLK_TEMPLATE_DIR/<dir> and RLK_TEMPLATE_DIR/common when that variable is set (loaded once per
+ * process). */
 rlk_status rlk_sources_get(const char *dir, const rlk_source_set **out);
 
 /* A file of a set by name, or NULL. */
@@ -105,5 +111,11 @@ const rlk_source_file *rlk_sources_find(const rlk_source_set *set, const char *n
 /* Digest of a list of files, as defined above; `hex` holds 65 bytes. Shared by the build-time
  * embedder and the RLK_TEMPLATE_DIR loader so both agree. */
 void rlk_sources_digest(const rlk_source_file *files, size_t count, char hex[65]);
+
+/* Whether the file `name` ("cuda/x.cuh", "common/y.h") belongs to the source set of `dir`. */
+int rlk_sources_in_set(const char *name, const char *dir);
+
+/* The name a compiler sees a file by: `name` without its folder. */
+const char *rlk_sources_basename(const char *name);
 
 #endif

@@ -7,8 +7,8 @@
  *
  * A list is a macro LIST(F, S_) that calls F(S_, type, name, offset) for each field in order, with
  * types every side spells alike (long long, unsigned long long, int, float, double, pointers).
- * No includes: templates are self-contained. Shared by templates/cuda and templates/host through
- * symbolic links to templates/common. */
+ * No includes: templates are self-contained. Both source sets (templates/cuda, templates/host)
+ * hold templates/common. */
 #ifndef RLK_PARAMS_H
 #define RLK_PARAMS_H
 

@@ -1,6 +1,8 @@
 /* embed_templates.c - build helper: turns templates/ into a C file that holds every template
- * source as a byte array, plus one digest per source directory, so the library carries its
- * kernels with it and nothing on disk can change behind a cache key.
+ * source as a byte array and the two source sets a compiler sees (rlk_source_set: cuda/ or host/,
+ * each with common/, and their digests), so the library carries its kernels with it and nothing
+ * on disk can change behind a cache key. A set in which two files share a name (the compilers
+ * see headers by name) fails the build.
  *
  *   rlk-embed-templates <templates-root> <out.c> <relative file>...   (files sorted) */
 #include <stdio.h>
@@ -44,7 +46,7 @@ int main(int argc, char **argv) {
     files[i].text = text;
     files[i].size = size;
   }
-  /* Name order: each directory's files then stand together, as the loader expects. */
+  /* Name order: a set lists its files in it, as the loader does. */
   qsort(files, (size_t)nfiles, sizeof *files, by_name);
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", argv[2]);
@@ -58,24 +60,36 @@ int main(int argc, char **argv) {
       fprintf(out, "%s%d,", (j % 24) ? "" : "\n  ", (int)(signed char)files[i].text[j]);
     fprintf(out, "\n  0};\n");
   }
-  fprintf(out, "\nconst rlk_source_file rlk_embedded_sources[] = {\n");
-  for (int i = 0; i < nfiles; i++)
-    fprintf(out, "  {\"%s\", file_%d, %zu},\n", files[i].name, i, files[i].size);
-  if (nfiles == 0) fprintf(out, "  {0, 0, 0},\n");
-  fprintf(out, "};\nconst size_t rlk_embedded_source_count = %d;\n", nfiles);
-  /* One digest per directory: every file the compiler of that directory can see. */
+  /* The source sets: each directory's files with the shared ones, in name order. */
   static const char *const dirs[] = {"cuda", "host"};
+  size_t count[2];
+  char digest[2][65];
   for (size_t d = 0; d < 2; d++) {
     rlk_source_file *sub = calloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *sub);
     if (!sub) return 1;
-    size_t n = 0, dl = strlen(dirs[d]);
-    for (int i = 0; i < nfiles; i++)
-      if (!strncmp(files[i].name, dirs[d], dl) && files[i].name[dl] == '/') sub[n++] = files[i];
-    char hex[65];
-    rlk_sources_digest(sub, n, hex);
+    size_t n = 0;
+    fprintf(out, "\nstatic const rlk_source_file set_%s[] = {\n", dirs[d]);
+    for (int i = 0; i < nfiles; i++) {
+      if (!rlk_sources_in_set(files[i].name, dirs[d])) continue;
+      for (size_t k = 0; k < n; k++)
+        if (!strcmp(rlk_sources_basename(sub[k].name), rlk_sources_basename(files[i].name))) {
+          fprintf(stderr, "%s: %s and %s share a name in the %s set\n", argv[0], sub[k].name, files[i].name,
+                  dirs[d]);
+          return 1;
+        }
+      sub[n++] = files[i];
+      fprintf(out, "  {\"%s\", file_%d, %zu},\n", files[i].name, i, files[i].size);
+    }
+    if (n == 0) fprintf(out, "  {0, 0, 0},\n");
+    fprintf(out, "};\n");
+    rlk_sources_digest(sub, n, digest[d]);
+    count[d] = n;
     free(sub);
-    fprintf(out, "const char rlk_embedded_digest_%s[65] = \"%s\";\n", dirs[d], hex);
   }
+  fprintf(out, "\nconst rlk_source_set rlk_embedded_source_sets[2] = {\n");
+  for (size_t d = 0; d < 2; d++)
+    fprintf(out, "  {\"%s\", %zu, set_%s, \"%s\"},\n", dirs[d], count[d], dirs[d], digest[d]);
+  fprintf(out, "};\n");
   if (fclose(out) != 0 || rename(tmp, argv[2]) != 0) {
     fprintf(stderr, "%s: cannot write %s\n", argv[0], argv[2]);
     return 1;

@@ -1,1 +1,0 @@
-../common/linear_divergence_params.h

@@ -1,1 +1,0 @@
-../common/linear_logprob_params.h

@@ -1,1 +1,0 @@
-../common/prefix_attention_params.h

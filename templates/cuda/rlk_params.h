@@ -1,1 +1,0 @@
-../common/rlk_params.h

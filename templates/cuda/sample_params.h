@@ -1,1 +1,0 @@
-../common/sample_params.h

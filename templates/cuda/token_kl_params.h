@@ -1,1 +1,0 @@
-../common/token_kl_params.h

@@ -1,1 +1,0 @@
-../common/advantage_scan_params.h

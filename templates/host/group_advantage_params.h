@@ -1,1 +1,0 @@
-../common/group_advantage_params.h

@@ -1,1 +1,0 @@
-../common/logprob_params.h

@@ -1,1 +1,0 @@
-../common/masked_whiten_params.h

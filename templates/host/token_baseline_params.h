@@ -1,1 +1,0 @@
-../common/token_baseline_params.h
