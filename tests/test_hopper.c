@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "common/hopper_selftest_params.h"
 #include "runtime/context.h"
 #include "ops/ops.h"
 #include "suites.h"
@@ -284,9 +285,9 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
     ra = ma_;
     rb = mb_;
   }
-  _Alignas(64) unsigned char ma[128], mb[128];
-  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &ra, ma) == RLK_OK, "%s", rlk_last_error());
-  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &rb, mb) == RLK_OK, "%s", rlk_last_error());
+  ht_tile_args targs = {.D = dd};
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &ra, &targs.map_a) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &rb, &targs.map_b) == RLK_OK, "%s", rlk_last_error());
   rlk_kernel_spec s = ht_spec(t, f16, N, K);
   rlk_launch_dims dims;
   memset(&dims, 0, sizeof dims);
@@ -294,8 +295,7 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
   dims.block[0] = 128;
   dims.block[1] = dims.block[2] = 1;
   dims.shared_bytes = (size_t)(K / 64) * (8192u + (size_t)N * 128u) + 1024u;
-  void *args[] = {ma, mb, &dd};
-  ck_assert_msg(rlk_context_launch(ctx, &s, &dims, NULL, args) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_msg(rlk_context_launch_params(ctx, &s, &dims, NULL, &targs) == RLK_OK, "%s", rlk_last_error());
   ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, d, dd, (size_t)64 * N * sizeof(float)), RLK_OK);
   double worst = 0.0;

@@ -24,9 +24,6 @@
 #include "ops/advantage_scan.h"
 #include "common/advantage_scan_params.h"
 
-/* The kernel's argument (templates/common/advantage_scan_params.h). */
-RLK_PARAMS_DECLARE(as_kernel_args, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
-
 /* ---------------------------------------------------------------------------------- */
 /* Shared checks (advantage_scan.h)                                                    */
 /* ---------------------------------------------------------------------------------- */
@@ -245,7 +242,7 @@ RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args) {
 /* A call: the kernel's argument. */
 typedef struct as_call {
   rlk_op_call op;
-  as_kernel_args k;
+  as_args k;
 } as_call;
 
 static rlk_status as_check_scalar(const char *what, double v) {
@@ -270,7 +267,7 @@ static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_ten
                             const rlk_tensor *mask, const rlk_tensor *o0, const rlk_tensor *o1) {
   if ((int)algo < RLK_SCAN_AUTO || (int)algo > RLK_SCAN_ROW_BLOCK)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: %d is not an rlk_scan_algo", (int)algo);
-  as_kernel_args *k = &((as_call *)call)->k;
+  as_args *k = &((as_call *)call)->k;
   const int64_t B = x0->shape[0], T = x0->shape[1];
   rlk_op_values_set(&call->vals, AS_S_DTYPE, x0->dtype);
   rlk_op_values_set(&call->vals, AS_S_ALGO, algo);
@@ -307,7 +304,7 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
     return st;
   if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
-  as_kernel_args *k = &((as_call *)call)->k;
+  as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->gamma_lambda = a->gamma * a->lambda;
   k->masked = (int)a->masked;
@@ -327,7 +324,7 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
                      (int)a->masked);
-  as_kernel_args *k = &((as_call *)call)->k;
+  as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->masked = (int)a->masked;
   return as_finish(call, a->algo, &a->rewards, NULL, &a->mask, &a->returns, NULL);
@@ -356,20 +353,20 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
                        (long long)bl->shape[0], (long long)B);
     if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   }
-  as_kernel_args *k = &((as_call *)call)->k;
+  as_args *k = &((as_call *)call)->k;
   k->baseline = a->baseline.data;
   k->gamma = 1.0;
   k->masked = 1; /* zero: values * mask */
   return as_finish(call, a->algo, &a->values, NULL, &a->mask, &a->out, a->advantages.data ? &a->advantages : NULL);
 }
 
-static void as_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *as_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)args, (void)i;
-  params[0] = &((as_call *)call)->k;
+  return &((as_call *)call)->k;
 }
 
 static void as_launch_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
-  const as_kernel_args *k = &((const as_call *)call)->k;
+  const as_args *k = &((const as_call *)call)->k;
   as_dims(&ctx->target, (rlk_dtype)call->specs[i].values[0], (int)call->specs[i].values[2], k->B, k->T, d);
 }
 
@@ -386,15 +383,15 @@ static const rlk_arg_field as_cumsum_fields[] = {
 
 static const rlk_op_entry as_gae_entry = {
     .name = "rlk_gae", .op = &rlk_op_gae, .call_size = sizeof(as_call), RLK_OP_FIELDS(as_gae_fields),
-    .validate = as_gae_validate, .fill = as_fill, .dims = as_launch_dims};
+    .validate = as_gae_validate, .params = as_launch_params, .dims = as_launch_dims};
 
 static const rlk_op_entry as_returns_entry = {
     .name = "rlk_discounted_returns", .op = &rlk_op_discounted_returns, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .fill = as_fill, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .params = as_launch_params, .dims = as_launch_dims};
 
 static const rlk_op_entry as_cumsum_entry = {
     .name = "rlk_reverse_cumsum", .op = &rlk_op_reverse_cumsum, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .fill = as_fill, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params = as_launch_params, .dims = as_launch_dims};
 
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
   return rlk_op_run(&as_gae_entry, ctx, a, stream);

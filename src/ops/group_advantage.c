@@ -31,11 +31,6 @@
 #include "ops/ops.h"
 #include "common/group_advantage_params.h"
 
-/* The kernels' arguments (templates/common/group_advantage_params.h). */
-RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
-
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
@@ -291,7 +286,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
 
 static unsigned ga_min_u(int64_t a, int64_t b) { return (unsigned)(a < b ? a : b); }
 
-static void ga_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *ga_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx;
   const rlk_group_advantage_args *a = args;
   ga_call *k = (ga_call *)call;
@@ -310,7 +305,7 @@ static void ga_fill(const rlk_context *ctx, const void *args, rlk_op_call *call,
     r->out = sums;
     r->B = B;
     r->T = T;
-    params[0] = r;
+    return r;
   } else if (t == &ga_group_tmpl) {
     ga_group_args *g = &k->group;
     g->scores = scores_2d ? (const void *)sums : a->scores.data;
@@ -326,7 +321,7 @@ static void ga_fill(const rlk_context *ctx, const void *args, rlk_op_call *call,
     g->weights = a->weights.data;
     g->weight_stride = B > 1 && a->weights.data ? a->weights.strides[0] : 1;
     g->nan_unscorable = a->nan_scores == RLK_NAN_SCORES_UNSCORABLE;
-    params[0] = g;
+    return g;
   } else {
     ga_broadcast_args *b = &k->broadcast;
     b->adv = adv;
@@ -336,7 +331,7 @@ static void ga_fill(const rlk_context *ctx, const void *args, rlk_op_call *call,
     b->out_stride = B > 1 ? a->token_advantages.strides[0] : T;
     b->B = B;
     b->T = T;
-    params[0] = b;
+    return b;
   }
 }
 
@@ -392,7 +387,7 @@ static const rlk_arg_field ga_fields[] = {
 static const rlk_op_entry ga_entry = {
     .name = "rlk_group_advantage", .op = &rlk_op_group_advantage, .call_size = sizeof(ga_call),
     RLK_OP_FIELDS(ga_fields), .workspace = RLK_OP_WORKSPACE(rlk_group_advantage_args, 8), .validate = ga_validate,
-    .fill = ga_fill, .dims = ga_dims};
+    .params = ga_launch_params, .dims = ga_dims};
 
 RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx, const rlk_group_advantage_args *args,
                                                       size_t *bytes) {

@@ -38,17 +38,12 @@
 #include "common/linear_divergence_params.h"
 #include "common/linear_logprob_params.h"
 
-/* The kernels' arguments (templates/common/linear_divergence_params.h; the fused head's products
- * from templates/common/linear_logprob_params.h). */
-RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
+/* The sm_90a kernels' arguments, which still take their tensor maps ahead of their struct (their
+ * lists in templates/common/linear_divergence_params.h and linear_logprob_params.h), and those of
+ * the fused head's products it runs; its other kernels' are declared with their lists. */
 RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_products_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
@@ -725,29 +720,29 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
                                     &a->teacher_weight, h, maps)))
     return st;
   /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
-  void *gargs90[] = {maps[0], maps[1], maps[2], maps[3], &g}, *gargs[] = {&g};
-  const rlk_launch_dims dg =
-      k->sm90 ? ld_dims((uint64_t)(k->row_blocks * k->splits), 1, LD_SM90_THREADS)
-              : ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
-  rlk_launch_dims dg_smem = dg;
-  if (k->sm90) dg_smem.shared_bytes = LD_SM90_FWD_SMEM;
-  if ((st = rlk_context_launch(ctx, &k->op.specs[0], &dg_smem, stream, k->sm90 ? gargs90 : gargs))) return st;
+  void *gargs90[] = {maps[0], maps[1], maps[2], maps[3], &g};
+  rlk_launch_dims dg = k->sm90 ? ld_dims((uint64_t)(k->row_blocks * k->splits), 1, LD_SM90_THREADS)
+                               : ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
+  if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM;
+  if ((st = k->sm90 ? rlk_context_launch(ctx, &k->op.specs[0], &dg, stream, gargs90)
+                    : rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g)))
+    return st;
   ld_combine_args c = {0};
   c.records = ws, c.S = k->splits, c.N = h->N, c.labels = a->labels.data, c.label_stride = h->ls;
   c.ignore_index = a->ignore_index, c.divergence = (float *)a->divergence.data, c.stats = (float *)a->stats.data;
   c.entropy = (float *)a->entropy.data, c.zeros = k->loss ? (float *)(ws + k->off_zeros) : NULL;
   c.merged = (float *)a->partials.data;
-  void *cargs[] = {&c};
   const rlk_launch_dims dr = ld_dims((uint64_t)((h->N + LD_THREADS - 1) / LD_THREADS), 1, LD_THREADS);
-  if ((st = rlk_context_launch(ctx, &k->op.specs[1], &dr, stream, cargs))) return st;
+  if ((st = rlk_context_launch_params(ctx, &k->op.specs[1], &dr, stream, &c))) return st;
   if (k->kmode == LD_JSD) {
     /* the second pass over the vocabulary, the lse's in stats; its sums where the records were */
-    if ((st = rlk_context_launch(ctx, &k->op.specs[2], &dg_smem, stream, k->sm90 ? gargs90 : gargs))) return st;
+    if ((st = k->sm90 ? rlk_context_launch(ctx, &k->op.specs[2], &dg, stream, gargs90)
+                      : rlk_context_launch_params(ctx, &k->op.specs[2], &dg, stream, &g)))
+      return st;
     ld_jsd_combine_args j = {0};
     j.records = ws, j.S = k->splits, j.N = h->N, j.labels = a->labels.data, j.label_stride = h->ls;
     j.ignore_index = a->ignore_index, j.divergence = c.divergence, j.stats = c.stats, j.beta = a->beta;
-    void *jargs[] = {&j};
-    return rlk_context_launch(ctx, &k->op.specs[3], &dr, stream, jargs);
+    return rlk_context_launch_params(ctx, &k->op.specs[3], &dr, stream, &j);
   }
   if (k->kmode == LD_TOPK) {
     ld_topk_args t = {0};
@@ -756,9 +751,8 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
     t.s_w_stride = h->sws, t.Hs = h->Hs, t.labels = a->labels.data, t.label_stride = h->ls;
     t.ignore_index = a->ignore_index, t.divergence = c.divergence, t.stats = c.stats;
     t.s_temperature = a->student_temperature, t.t_temperature = a->teacher_temperature;
-    void *targs[] = {&t};
     const rlk_launch_dims dt = ld_dims((uint64_t)h->N, 1, LD_THREADS);
-    return rlk_context_launch(ctx, &k->op.specs[2], &dt, stream, targs);
+    return rlk_context_launch_params(ctx, &k->op.specs[2], &dt, stream, &t);
   }
   return RLK_OK;
 }
@@ -778,9 +772,8 @@ static rlk_status ld_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     f.divergence = (float *)a->divergence.data, f.stats = (float *)a->stats.data, f.entropy = (float *)a->entropy.data;
     f.zeros = k->loss ? (float *)((char *)a->workspace + k->off_zeros) : NULL;
     f.records = (float *)a->partials.data, f.vocab_start = a->vocab_start, f.top_k = a->top_k, f.beta = a->beta;
-    void *fargs[] = {&f};
     const rlk_launch_dims d = ld_dims(1, 1, 1);
-    st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, fargs);
+    st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &f);
   } else {
     st = ld_fwd_gpu(ctx, a, k, stream);
   }
@@ -1001,21 +994,19 @@ static rlk_status ld_side_chunk(rlk_context *ctx, const ld_bwd_call *k, const ld
     d.dh = direct ? (float *)gh : (float *)(wsp + x->dh_off);
     d.dh_stride = direct ? x->ghs : H;
     d.beta = c0 > 0 || (direct && accumulate) ? 1.0f : 0.0f;
-    void *dargs[] = {&d};
     const rlk_launch_dims dd = ld_dims(rb, hb, LD_THREADS);
-    if ((st = rlk_context_launch(ctx, ld_find(k, 1, &ld_dh_tmpl, dt), &dd, stream, dargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, ld_find(k, 1, &ld_dh_tmpl, dt), &dd, stream, &d))) return st;
   }
   if (x->gw >= 0) {
     ld_dw_args w = {0};
     w.dz = dz, w.Vc = Vc, w.nv = nv, w.hidden = hidden, w.h_stride = hs, w.c0 = c0, w.N = N, w.H = H;
     w.grad_weight = gw, w.gw_stride = x->gws, w.accumulate = accumulate;
-    void *wargs[] = {&w};
     const rlk_launch_dims dw = ld_dims(vb, hb, LD_THREADS);
     const rlk_kernel_spec *s = NULL;
     for (size_t i = 1; i < k->op.nspecs && !s; i++)
       if (k->op.specs[i].tmpl == &ld_dw_tmpl && k->op.specs[i].values[0] == dt && k->op.specs[i].values[1] == x->gw)
         s = &k->op.specs[i];
-    if ((st = rlk_context_launch(ctx, s, &dw, stream, wargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, s, &dw, stream, &w))) return st;
   }
   return RLK_OK;
 }
@@ -1027,9 +1018,8 @@ static rlk_status ld_side_out(rlk_context *ctx, const ld_bwd_call *k, const ld_s
   ld_dh_out_args o = {0};
   o.dh = (const float *)(wsp + x->dh_off), o.N = k->h.N, o.H = H, o.grad_hidden = gh, o.gh_stride = x->ghs;
   o.accumulate = accumulate;
-  void *oargs[] = {&o};
   const rlk_launch_dims d = ld_dims((uint64_t)((k->h.N * H + 255) / 256), 1, 256);
-  return rlk_context_launch(ctx, ld_find(k, 1, &ld_dh_out_tmpl, x->gh), &d, stream, oargs);
+  return rlk_context_launch_params(ctx, ld_find(k, 1, &ld_dh_out_tmpl, x->gh), &d, stream, &o);
 }
 
 /* The call's kernel that is `want`, NULL if none. */
@@ -1170,9 +1160,8 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     b.gth = a->grad_teacher_hidden.data, b.gth_stride = k->t.ghs, b.gth_dt = k->t.gh;
     b.gtw = a->grad_teacher_weight.data, b.gtw_stride = k->t.gws, b.gtw_dt = k->t.gw;
     b.accumulate = a->accumulate, b.vocab_start = a->vocab_start, b.beta = a->beta;
-    void *bargs[] = {&b};
     const rlk_launch_dims d = ld_dims(1, 1, 1);
-    return rlk_context_launch(ctx, &k->op.specs[0], &d, stream, bargs);
+    return rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &b);
   }
   if (k->sm90) return ld_bwd_sm90(ctx, a, k, stream);
   char *wsp = (char *)a->workspace;
@@ -1187,9 +1176,8 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   for (int64_t c0 = 0; c0 < h->V; c0 += k->chunk) {
     const int64_t nv = h->V - c0 < k->chunk ? h->V - c0 : k->chunk;
     z.c0 = c0;
-    void *zargs[] = {&z};
     const rlk_launch_dims d = ld_dims(rb, (uint64_t)((nv + LD_TILE - 1) / LD_TILE), LD_THREADS);
-    if ((st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, zargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &z))) return st;
     if (student && (st = ld_side_chunk(ctx, k, &k->s, h->sdt, a->student_hidden.data, h->shs, a->student_weight.data,
                                        h->sws, h->Hs, a->grad_student_hidden.data, a->grad_student_weight.data, wsp,
                                        a->accumulate, c0, nv, stream)))
@@ -1273,9 +1261,9 @@ static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, 
   return RLK_OK;
 }
 
-static void ld_combine_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *ld_combine_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)args, (void)i;
-  params[0] = &((ld_combine_call *)call)->k;
+  return &((ld_combine_call *)call)->k;
 }
 
 /* A thread a row (the host: its one call). */
@@ -1287,7 +1275,7 @@ static void ld_combine_dims(const rlk_context *ctx, const rlk_op_call *call, siz
 
 static const rlk_op_entry ld_combine_entry = {
     .name = "rlk_linear_divergence_combine", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_combine_call),
-    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .fill = ld_combine_fill,
+    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params = ld_combine_launch_params,
     .dims = ld_combine_dims};
 
 RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *a,

@@ -20,11 +20,6 @@
 #include "ops/advantage_scan.h"
 #include "common/masked_whiten_params.h"
 
-/* The kernels' arguments (templates/common/masked_whiten_params.h); the host kernel takes the
- * apply's. */
-RLK_PARAMS_DECLARE(mw_stats_kernel_args, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(mw_apply_kernel_args, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
-
 #define MW_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define MW_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
 #define MW_BLOCK 512       /* threads per block in both GPU launches */
@@ -153,8 +148,8 @@ static rlk_tensor mw_as_rows(const rlk_tensor *t) {
 typedef struct mw_call {
   rlk_op_call op;
   int64_t partials, apply_blocks;
-  mw_stats_kernel_args stats;
-  mw_apply_kernel_args apply;
+  mw_stats_args stats;
+  mw_apply_args apply;
 } mw_call;
 
 static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
@@ -203,7 +198,7 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   rlk_op_values_set(&call->vals, MW_S_DTYPE, x.dtype);
   mw_blocks(ctx, x.dtype, B * T, &c->partials, &c->apply_blocks);
   call->workspace = (size_t)c->partials * 3 * sizeof(double);
-  mw_apply_kernel_args *k = &c->apply;
+  mw_apply_args *k = &c->apply;
   k->x = x.data;
   k->xs = rlk_seq_row_stride(&x, B, T);
   k->mask = mask.data;
@@ -221,7 +216,7 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
              (a->shift_mean ? 0 : MW_FLAG_KEEP_MEAN) | (a->normalize_std ? 0 : MW_FLAG_NO_STD) |
              (a->masked == RLK_WHITEN_MASKED_ZERO ? MW_FLAG_MASKED_ZERO : 0);
   k->stats = (double *)a->stats.data;
-  mw_stats_kernel_args *s = &c->stats;
+  mw_stats_args *s = &c->stats;
   s->x = k->x;
   s->xs = k->xs;
   s->mask = k->mask;
@@ -244,10 +239,10 @@ static rlk_status mw_size(const rlk_context *ctx, const void *args, size_t *byte
   return RLK_OK;
 }
 
-static void mw_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *mw_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)args;
   mw_call *c = (mw_call *)call;
-  params[0] = call->specs[i].tmpl == &mw_stats_tmpl ? (void *)&c->stats : (void *)&c->apply;
+  return call->specs[i].tmpl == &mw_stats_tmpl ? (const void *)&c->stats : (const void *)&c->apply;
 }
 
 static void mw_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
@@ -264,7 +259,7 @@ static const rlk_arg_field mw_fields[] = {
 static const rlk_op_entry mw_entry = {
     .name = "rlk_masked_whiten", .op = &rlk_op_masked_whiten, .call_size = sizeof(mw_call), RLK_OP_FIELDS(mw_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_masked_whiten_args, 8), .validate = mw_validate, .size = mw_size,
-    .fill = mw_fill, .dims = mw_dims};
+    .params = mw_launch_params, .dims = mw_dims};
 
 RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx, const rlk_masked_whiten_args *args,
                                                     size_t *bytes) {

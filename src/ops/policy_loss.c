@@ -408,13 +408,13 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
 
 /* Every kernel takes the one argument; the partials and the count pass's counts are in the
  * workspace. */
-static void pl_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *pl_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)i;
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
   k->k.partials = a->workspace;
   if (k->tl.count && a->workspace) k->k.norm.counts = (char *)a->workspace + tl_counts_offset(&k->tl.g, PL_NACC);
-  params[0] = &k->k;
+  return &k->k;
 }
 
 static const rlk_arg_field pl_fields[] = {
@@ -435,7 +435,7 @@ static const rlk_arg_field pl_fields[] = {
 
 static const rlk_op_entry pl_entry = {
     .name = "rlk_policy_loss", .op = &rlk_op_policy_loss, .call_size = sizeof(pl_call), RLK_OP_FIELDS(pl_fields),
-    .workspace = RLK_OP_WORKSPACE(rlk_policy_loss_args, 16), .validate = pl_validate, .fill = pl_fill,
+    .workspace = RLK_OP_WORKSPACE(rlk_policy_loss_args, 16), .validate = pl_validate, .params = pl_launch_params,
     .dims = tl_dims};
 
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args, size_t *bytes) {

@@ -39,10 +39,6 @@
 #include "tune/tune_table.h"
 #include "common/prefix_attention_params.h"
 
-/* The kernels' arguments, one for every kernel of a pass (templates/common/prefix_attention_params.h). */
-RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
-
 enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
 enum {
   PA_VARIANT_AUTO = RLK_PREFIX_ATTENTION_VARIANT_AUTO,
@@ -734,7 +730,6 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_pre
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const pa_head_dim_names[] = {"64", "128", NULL};
-
 
 #define PA_KEY_DOC "a tuning key's (with q_heads, kv_heads, group, prefix, response and tokens)"
 

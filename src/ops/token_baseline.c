@@ -27,10 +27,6 @@
 #include "ops/ops.h"
 #include "common/token_baseline_params.h"
 
-/* The kernels' arguments (templates/common/token_baseline_params.h). */
-RLK_PARAMS_DECLARE(tb_scan_args, RLK_TB_SCAN_PARAMS, RLK_TB_SCAN_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(tb_baseline_args, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PARAMS_SIZE);
-
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
@@ -204,7 +200,7 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
   return RLK_OK;
 }
 
-static void tb_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *tb_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx;
   const rlk_token_baseline_args *a = args;
   tb_call *k = (tb_call *)call;
@@ -236,7 +232,7 @@ static void tb_fill(const rlk_context *ctx, const void *args, rlk_op_call *call,
     s->len = len;
     s->B = B;
     s->T = T;
-    params[0] = s;
+    return s;
   } else {
     /* 2. column tiles x groups */
     tb_baseline_args *b = &k->baseline;
@@ -257,7 +253,7 @@ static void tb_fill(const rlk_context *ctx, const void *args, rlk_op_call *call,
     b->offsets = a->group_offsets.data;
     b->eps = a->epsilon;
     b->zero_tail = a->handle_zero_tail != 0;
-    params[0] = b;
+    return b;
   }
 }
 
@@ -286,7 +282,7 @@ static const rlk_arg_field tb_fields[] = {
 static const rlk_op_entry tb_entry = {
     .name = "rlk_token_baseline", .op = &rlk_op_token_baseline, .call_size = sizeof(tb_call),
     RLK_OP_FIELDS(tb_fields), .workspace = RLK_OP_WORKSPACE(rlk_token_baseline_args, 8), .validate = tb_validate,
-    .fill = tb_fill, .dims = tb_dims};
+    .params = tb_launch_params, .dims = tb_dims};
 
 RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
                                                      size_t *bytes) {

@@ -187,13 +187,13 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
 
 /* Every kernel takes the one argument; the partials and the count pass's counts are in the
  * workspace. */
-static void vl_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *vl_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)i;
   const rlk_value_loss_args *a = args;
   vl_call *k = (vl_call *)call;
   k->k.partials = a->workspace;
   if (k->tl.count && a->workspace) k->k.norm.counts = (char *)a->workspace + tl_counts_offset(&k->tl.g, VL_NACC);
-  params[0] = &k->k;
+  return &k->k;
 }
 
 static const rlk_arg_field vl_fields[] = {
@@ -210,7 +210,7 @@ static const rlk_arg_field vl_fields[] = {
 
 static const rlk_op_entry vl_entry = {
     .name = "rlk_value_loss", .op = &rlk_op_value_loss, .call_size = sizeof(vl_call), RLK_OP_FIELDS(vl_fields),
-    .workspace = RLK_OP_WORKSPACE(rlk_value_loss_args, 16), .validate = vl_validate, .fill = vl_fill, .dims = tl_dims};
+    .workspace = RLK_OP_WORKSPACE(rlk_value_loss_args, 16), .validate = vl_validate, .params = vl_launch_params, .dims = tl_dims};
 
 RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args, size_t *bytes) {
   return rlk_op_workspace_size(&vl_entry, ctx, args, bytes);

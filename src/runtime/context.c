@@ -201,6 +201,12 @@ rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec, con
   return ctx->backend->launch(ctx->backend, fn, dims, stream, args);
 }
 
+rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
+                                     void *stream, const void *params) {
+  void *args[1] = {(void *)params};
+  return rlk_context_launch(ctx, spec, dims, stream, args);
+}
+
 /* ---- memory and events ---------------------------------------------------------- */
 
 rlk_status rlk_malloc(rlk_context *ctx, size_t bytes, void **out) {

@@ -26,7 +26,15 @@ struct rlk_event {
   void *impl;
 };
 
-/* Looks up (or builds) the kernel of `spec` and launches it on `stream`. */
+/* Looks up (or builds) the kernel of `spec` and launches it on `stream` with its one argument
+ * struct at `params` (templates/common/<op>_params.h, tensor maps included), which the launch
+ * copies: the struct may change for the next launch at once. */
+rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
+                                     void *stream, const void *params);
+
+/* The same with the kernel's parameters in order at args[i]: for the kernels that still take
+ * tensor maps as parameters of their own ahead of their struct (logprob's, linear_logprob's and
+ * linear_divergence's sm_90a kernels), until their maps move into their lists. */
 rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec,
                               const rlk_launch_dims *dims, void *stream, void **args);
 

@@ -11,9 +11,9 @@
 /* The op's call state, held by the driver. */
 typedef union call_state {
   rlk_op_call call;
-  max_align_t align;
-  unsigned char bytes[RLK_OP_CALL_BYTES];
+  _Alignas(RLK_OP_CALL_ALIGN) unsigned char bytes[RLK_OP_CALL_BYTES];
 } call_state;
+_Static_assert(RLK_OP_CALL_ALIGN % _Alignof(max_align_t) == 0, "a call state is aligned for anything");
 
 static rlk_status validate(const rlk_op_entry *e, const rlk_context *ctx, const void *args, rlk_op_call *call) {
   if (e->call_size > RLK_OP_CALL_BYTES)
@@ -78,13 +78,19 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
   if (e->op && rlk_record_enabled()) rlk_record_op(e->op, &call->vals);
   if (e->launch) return e->launch(ctx, args, call, stream);
   for (size_t i = 0; i < call->nspecs; i++) {
-    void *params[4] = {NULL, NULL, NULL, NULL};
     rlk_launch_dims d;
     memset(&d, 0, sizeof d);
     d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
-    e->fill(ctx, args, call, i, params);
+    const void *params = NULL;
+    void *positional[4] = {NULL, NULL, NULL, NULL};
+    if (e->params)
+      params = e->params(ctx, args, call, i);
+    else
+      e->fill(ctx, args, call, i, positional);
     e->dims(ctx, call, i, &d);
-    if ((st = rlk_context_launch(ctx, &call->specs[i], &d, stream, params))) return st;
+    st = e->params ? rlk_context_launch_params(ctx, &call->specs[i], &d, stream, params)
+                   : rlk_context_launch(ctx, &call->specs[i], &d, stream, positional);
+    if (st) return st;
   }
   return RLK_OK;
 }

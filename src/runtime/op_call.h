@@ -3,7 +3,7 @@
  * An op's entry (rlk_token_kl, rlk_logprob_backward, ...) is an rlk_op_entry: its name, its
  * configuration-line family, its args struct's tensor fields and workspace, and three functions
  * of the op: validate (every argument; the call's configuration values, sizes and workspace),
- * fill (a kernel's argument struct) and dims (its launch shape). The driver does the rest: the
+ * params (a kernel's argument struct) and dims (its launch shape). The driver does the rest: the
  * NULL checks, the workspace checks, the overlap check over the fields, the device check, the
  * kernels from the op's plan over the call's values (the function rlk_precompile goes through,
  * so a recorded line builds what the call ran), RLK_JIT_RECORD, and the launches. */
@@ -18,9 +18,11 @@
 #include "runtime/overlap.h"
 
 /* A call being made: what the driver and the op share. The op keeps its own state in a struct
- * whose first member is this one (the driver holds it: at most RLK_OP_CALL_BYTES), which its
+ * whose first member is this one (the driver holds it: at most RLK_OP_CALL_BYTES, aligned to
+ * RLK_OP_CALL_ALIGN, which a kernel argument struct with a tensor map needs), which its
  * functions reach by a cast. */
 #define RLK_OP_CALL_BYTES 16384
+#define RLK_OP_CALL_ALIGN 64
 
 typedef struct rlk_op_call {
   rlk_op_values vals; /* the call's configuration (validate sets every setting a recording spells) */
@@ -58,8 +60,10 @@ typedef struct rlk_op_entry {
   rlk_status (*size)(const rlk_context *ctx, const void *args, size_t *bytes);
   /* The kernels (NULL: op->plan over call->vals, unless validate chose them). */
   rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
-  /* Kernel i's parameter list for rlk_context_launch (params[0] its argument struct, kept in the
-   * op's state; a tensor map goes first, by value). */
+  /* Kernel i's argument struct (kept in the op's state), completed for its launch. */
+  const void *(*params)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i);
+  /* Instead of params, for a kernel that still takes tensor maps as parameters of their own ahead
+   * of its struct (logprob_fwd_tma): its parameters in order for rlk_context_launch. */
   void (*fill)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params);
   /* Kernel i's launch shape; d arrives as one thread of one block. */
   void (*dims)(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);

@@ -28,5 +28,6 @@
   F(S_, int, mask_kind, 120)             \
   F(S_, int, masked, 124)
 #define RLK_ADVANTAGE_SCAN_PARAMS_SIZE 128
+RLK_PARAMS_DECLARE(as_args, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
 
 #endif

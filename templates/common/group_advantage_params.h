@@ -21,6 +21,7 @@
   F(S_, long long, B, 40)            \
   F(S_, long long, T, 48)
 #define RLK_GA_ROWSUM_PARAMS_SIZE 56
+RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
 
 #define RLK_GA_GROUP_PARAMS(F, S_)   \
   F(S_, const void *, scores, 0)     \
@@ -37,6 +38,7 @@
   F(S_, long long, weight_stride, 80) \
   F(S_, int, nan_unscorable, 88)
 #define RLK_GA_GROUP_PARAMS_SIZE 96
+RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
 
 #define RLK_GA_BROADCAST_PARAMS(F, S_) \
   F(S_, const float *, adv, 0)         \
@@ -47,5 +49,6 @@
   F(S_, long long, B, 40)              \
   F(S_, long long, T, 48)
 #define RLK_GA_BROADCAST_PARAMS_SIZE 56
+RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
 
 #endif

@@ -77,6 +77,7 @@
   F(S_, float, s_temperature, 184)    \
   F(S_, float, t_temperature, 188)
 #define RLK_LD_FWD_HOST_PARAMS_SIZE 192
+RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
 
 #define RLK_LD_FWD_TILED_PARAMS(F, S_)  \
   RLK_LD_HEADS(F, S_)                 \
@@ -94,6 +95,7 @@
   F(S_, float, s_temperature, 152)      \
   F(S_, float, t_temperature, 156)
 #define RLK_LD_FWD_TILED_PARAMS_SIZE 160
+RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
 
 /* The sm_90a kernels' walk over tiles_m x tiles_n (the forward: row blocks x splits), in groups of
  * `group` rows of them, from byte o. */
@@ -125,11 +127,13 @@
   F(S_, float *, zeros, 72)            \
   F(S_, float *, merged, 80)
 #define RLK_LD_COMBINE_PARAMS_SIZE 88
+RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
 
 #define RLK_LD_JSD_COMBINE_PARAMS(F, S_) \
   RLK_LD_MERGE(F, S_)                    \
   F(S_, double, beta, 64)
 #define RLK_LD_JSD_COMBINE_PARAMS_SIZE 72
+RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
 
 #define RLK_LD_TOPK_PARAMS(F, S_)      \
   F(S_, const void *, lists, 0)        \
@@ -149,6 +153,7 @@
   F(S_, float, s_temperature, 112)     \
   F(S_, float, t_temperature, 116)
 #define RLK_LD_TOPK_PARAMS_SIZE 120
+RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
 
 #define RLK_LD_BWD_HOST_PARAMS(F, S_)  \
   RLK_LD_HEADS(F, S_)                 \
@@ -171,6 +176,7 @@
   F(S_, float, s_temperature, 272)     \
   F(S_, float, t_temperature, 276)
 #define RLK_LD_BWD_HOST_PARAMS_SIZE 280
+RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
 
 #define RLK_LD_BWD_DZ_PARAMS(F, S_)    \
   RLK_LD_HEADS(F, S_)                 \
@@ -184,6 +190,7 @@
   F(S_, float, s_temperature, 200)     \
   F(S_, float, t_temperature, 204)
 #define RLK_LD_BWD_DZ_PARAMS_SIZE 208
+RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
 
 #define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
   RLK_LD_BWD_DZ_PARAMS(F, S_)             \

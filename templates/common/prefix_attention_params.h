@@ -23,6 +23,7 @@
   F(S_, int, Hkv, 76)            \
   F(S_, float, scale, 80)
 #define RLK_PA_FWD_PARAMS_SIZE 88
+RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
 
 #define RLK_PA_BWD_PARAMS(F, S_)  \
   F(S_, const void *, q, 0)       \
@@ -43,5 +44,6 @@
   F(S_, int, Hkv, 116)            \
   F(S_, float, scale, 120)
 #define RLK_PA_BWD_PARAMS_SIZE 128
+RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 
 #endif

@@ -37,6 +37,7 @@
   F(S_, long long, B, 144)            \
   F(S_, long long, T, 152)
 #define RLK_TB_SCAN_PARAMS_SIZE 160
+RLK_PARAMS_DECLARE(tb_scan_args, RLK_TB_SCAN_PARAMS, RLK_TB_SCAN_PARAMS_SIZE);
 
 #define RLK_TB_BASELINE_PARAMS(F, S_)  \
   F(S_, const void *, returns, 0)      \
@@ -57,5 +58,6 @@
   F(S_, double, eps, 120)              \
   F(S_, int, zero_tail, 128)
 #define RLK_TB_BASELINE_PARAMS_SIZE 136
+RLK_PARAMS_DECLARE(tb_baseline_args, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PARAMS_SIZE);
 
 #endif

@@ -33,5 +33,6 @@
   F(S_, double, w_max, 160)             \
   F(S_, double, bound_g, 168)
 #define RLK_TK_PARAMS_SIZE 176
+RLK_PARAMS_DECLARE(tk_args, RLK_TK_PARAMS, RLK_TK_PARAMS_SIZE);
 
 #endif

@@ -28,8 +28,6 @@
 namespace rlk {
 namespace as {
 
-RLK_PARAMS_DECLARE(Params, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
-
 /* Indices of the op's choice names (src/ops/advantage_scan.c). */
 enum { FAMILY_GAE = 0, FAMILY_RETURNS = 1 };
 enum { ALGO_WARP = 0, ALGO_BLOCK = 1 };
@@ -338,7 +336,7 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
  * ALGO_WARP: blockDim.x / warp rows per block; ALGO_BLOCK: one row per block. Rows are
  * grid-strided with block-uniform (ALGO_BLOCK) or warp-uniform (ALGO_WARP) loops. */
 template <typename TS, int FAMILY, int ALGO>
-__global__ void advantage_scan(RLK_PARAMS_ARG as::Params p_) {
+__global__ void advantage_scan(RLK_PARAMS_ARG as_args p_) {
   const TS *__restrict__ x0 = (const TS *)p_.x0, *__restrict__ x1 = (const TS *)p_.x1;
   const i64 s0 = p_.s0, s1 = p_.s1, ms = p_.ms, os0 = p_.os0, os1 = p_.os1, B = p_.B, T = p_.T;
   const void *__restrict__ mask = p_.mask;

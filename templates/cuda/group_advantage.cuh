@@ -21,10 +21,6 @@
 namespace rlk {
 namespace ga {
 
-RLK_PARAMS_DECLARE(RowsumParams, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(GroupParams, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(BroadcastParams, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
-
 enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3, MODE_OPO = 4, MODE_PASSK = 5,
        MODE_PASSK_UNSCALED = 6 };
 enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
@@ -170,7 +166,7 @@ template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
  * by block_sum. Aligned rows load a chunk with vector loads, others element by element, in the
  * same order: the result depends only on the values and blockDim.x. Accumulates in TS. */
 template <typename TS, int MASK>
-__global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga::RowsumParams p_) {
+__global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga_rowsum_args p_) {
   const TS *__restrict__ rewards = (const TS *)p_.rewards;
   const void *__restrict__ mask = p_.mask;
   TS *__restrict__ out = (TS *)p_.out;
@@ -231,7 +227,7 @@ __global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga::RowsumParams p_) {
  * With nan_unscorable a NaN score is left out of every sum and count and its advantage is 0;
  * n is then the group's scorable members. */
 template <typename TS, int MODE, int G, int SEG, int OFFSETS>
-__global__ void group_advantage_group(RLK_PARAMS_ARG ga::GroupParams p_) {
+__global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
   const TS *scores = (const TS *)p_.scores;
   const TS *weights = (const TS *)p_.weights;
   float *adv = p_.adv;
@@ -384,7 +380,7 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga::GroupParams p_) {
  * 4-element chunks a blockDim.x apart (16-byte stores where the row is aligned), loading their
  * mask values first; tiles of chunks over grid.x, rows over grid.y, both strided. */
 template <int MASK>
-__global__ void group_advantage_broadcast(RLK_PARAMS_ARG ga::BroadcastParams p_) {
+__global__ void group_advantage_broadcast(RLK_PARAMS_ARG ga_broadcast_args p_) {
   const float *__restrict__ adv = p_.adv;
   const void *__restrict__ mask = p_.mask;
   float *__restrict__ out = p_.out;

@@ -17,6 +17,7 @@
 #ifndef RLK_HOPPER_SELFTEST_CUH
 #define RLK_HOPPER_SELFTEST_CUH
 
+#include "hopper_selftest_params.h"
 #include "hopper_tma.cuh"
 #include "hopper_wgmma.cuh"
 
@@ -102,23 +103,19 @@ RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, fl
 }
 
 template <int AB, int N, int K>
-__global__ void __launch_bounds__(128)
-    hopper_tile_ss(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
-                   float *D) {
-  hopper_tile<AB, N, K, false>(&map_a, &map_b, D);
+__global__ void __launch_bounds__(128) hopper_tile_ss(RLK_PARAMS_ARG ht_tile_args p_) {
+  hopper_tile<AB, N, K, false>(&p_.map_a, &p_.map_b, p_.D);
 }
 
 template <int AB, int N, int K>
-__global__ void __launch_bounds__(128)
-    hopper_tile_rs(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
-                   float *D) {
-  hopper_tile<AB, N, K, true>(&map_a, &map_b, D);
+__global__ void __launch_bounds__(128) hopper_tile_rs(RLK_PARAMS_ARG ht_tile_args p_) {
+  hopper_tile<AB, N, K, true>(&p_.map_a, &p_.map_b, p_.D);
 }
 
 template <int AB, int N, int K>
-__global__ void __launch_bounds__(128)
-    hopper_tile_mn(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
-                   float *D) {
+__global__ void __launch_bounds__(128) hopper_tile_mn(RLK_PARAMS_ARG ht_tile_args p_) {
+  const tensor_map *map_a = &p_.map_a, *map_b = &p_.map_b;
+  float *D = p_.D;
 #if defined(RLK_SM90A_ASM)
   static_assert(K % 64 == 0 && K <= 128 && N % 64 == 0, "K: 64 or 128; N: a multiple of 64");
   constexpr int KB = K / 64;
@@ -134,9 +131,9 @@ __global__ void __launch_bounds__(128)
   if (threadIdx.x == 0) {
     sm90::mbar_arrive_expect_tx(&full, (u32)KB * STAGE);
     for (int kb = 0; kb < KB; ++kb) {
-      sm90::tma_load_2d(smem + kb * STAGE, &map_a, 0, kb * 64, &full);
+      sm90::tma_load_2d(smem + kb * STAGE, map_a, 0, kb * 64, &full);
       for (int j = 0; j < N / 64; ++j)
-        sm90::tma_load_2d(smem + kb * STAGE + BOX * (1u + (u32)j), &map_b, 64 * j, kb * 64, &full);
+        sm90::tma_load_2d(smem + kb * STAGE + BOX * (1u + (u32)j), map_b, 64 * j, kb * 64, &full);
     }
   }
   sm90::mbar_wait(&full, 0);
@@ -189,8 +186,9 @@ __global__ void __launch_bounds__(128) hopper_tma_box(const __grid_constant__ te
 /* Every wrapper once (N: the wgmma width whose SS and RS forms are assembled). Launching it would
  * do nothing useful; the tests only compile it. */
 template <int N>
-__global__ void __launch_bounds__(128, 1)
-    hopper_ptx_check(const __grid_constant__ tensor_map map, float *out) {
+__global__ void __launch_bounds__(128, 1) hopper_ptx_check(RLK_PARAMS_ARG ht_check_args p_) {
+  const tensor_map *map = &p_.map;
+  float *out = p_.out;
   __shared__ alignas(1024) u8 tile[2048];
   __shared__ alignas(8) u64 bar;
   sm90::mbar_init(&bar, 1);
@@ -204,12 +202,12 @@ __global__ void __launch_bounds__(128, 1)
   sm90::fence_proxy_async();
   sm90::bar_arrive(1, 128);
   sm90::bar_sync(1, 128);
-  sm90::tma_prefetch_map(&map);
-  sm90::tma_load_2d(tile, &map, 0, 0, &bar);
-  sm90::tma_load_2d_hint(tile, &map, 0, 0, &bar, sm90::l2_policy_evict_last());
-  sm90::tma_load_2d_hint(tile, &map, 0, 0, &bar, sm90::l2_policy_evict_first());
-  sm90::tma_load_2d_multicast(tile, &map, 0, 0, &bar, (u16)3);
-  sm90::tma_store_2d(&map, tile, 0, 0);
+  sm90::tma_prefetch_map(map);
+  sm90::tma_load_2d(tile, map, 0, 0, &bar);
+  sm90::tma_load_2d_hint(tile, map, 0, 0, &bar, sm90::l2_policy_evict_last());
+  sm90::tma_load_2d_hint(tile, map, 0, 0, &bar, sm90::l2_policy_evict_first());
+  sm90::tma_load_2d_multicast(tile, map, 0, 0, &bar, (u16)3);
+  sm90::tma_store_2d(map, tile, 0, 0);
   sm90::tma_store_commit();
   sm90::tma_store_wait<0>();
   sm90::tma_store_drain<0>();

@@ -1,8 +1,8 @@
 /* hopper_tma.cuh - sm_90 tensor-map (TMA) copies, as inline PTX (namespace rlk::sm90).
  *
  * A tensor map (rlk::tensor_map, 128 opaque bytes) is encoded on the host per launch
- * (src/backend/cuda/tensor_map.c: rlk_cuda_tma_encode, with an optional 128-byte swizzle) and
- * passed as a `const __grid_constant__ tensor_map` kernel parameter. Coordinates are in elements,
+ * (src/backend/cuda/tensor_map.c: rlk_cuda_tma_encode, with an optional 128-byte swizzle) into a
+ * field of the kernel's `const __grid_constant__` argument struct. Coordinates are in elements,
  * innermost (contiguous) dimension first: (column, row). Parts of a box outside the tensor are
  * zero-filled on loads and not written on stores; a load always delivers the full box's bytes to
  * its mbarrier's transaction count.

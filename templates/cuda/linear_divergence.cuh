@@ -37,7 +37,7 @@ enum { KIND_STATS = 0, KIND_TOPK = 1, KIND_JSD = 2 };
 
 template <int SDT, int TDT, int KIND>
 __global__ void __launch_bounds__(256)
-    linear_divergence_fwd_tiled(RLK_PARAMS_ARG ld::FwdTiledParams p_) {
+    linear_divergence_fwd_tiled(RLK_PARAMS_ARG ld_fwd_tiled_args p_) {
   typedef typename ll::elem<SDT>::type TS;
   typedef typename ll::elem<TDT>::type TT;
   const TS *sh = (const TS *)p_.s_hidden, *sw = (const TS *)p_.s_weight;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(256)
  * order. FKL / RKL: lse's, entropy, D and the stats; JSD / TOPK: lse's and entropy (the next
  * launch writes D and the rest). merged != NULL: the merged record instead (the shard form). */
 template <int LAB, int MODE>
-__global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG ld::CombineParams p_) {
+__global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG ld_combine_args p_) {
   const float *__restrict__ rec = (const float *)p_.records;
   const i64 S = p_.S, N = p_.N;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG 
 /* JSD: one thread a row sums the second pass's {A, B} (records [S][N], natural log) in split
  * order: D = beta B + (1 - beta) A. */
 template <int LAB>
-__global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_ARG ld::JsdCombineParams p_) {
+__global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_ARG ld_jsd_combine_args p_) {
   const f32x4 *__restrict__ part = (const f32x4 *)p_.records;
   const i64 S = p_.S, N = p_.N;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_
  * the student's logit at each member (a dot product by 8 threads, in a fixed order), and
  *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order. */
 template <int SDT, int LAB>
-__global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld::TopkParams p_) {
+__global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld_topk_args p_) {
   typedef typename ll::elem<SDT>::type TS;
   const i64 S = p_.S, N = p_.N, k = p_.top_k, Hs = p_.Hs;
   const i64 row = (i64)blockIdx.x;

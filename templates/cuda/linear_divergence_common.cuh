@@ -18,12 +18,8 @@
 namespace rlk {
 namespace ld {
 
-/* The kernels' arguments (common/linear_divergence_params.h, filled by src/ops/linear_divergence.c). */
-RLK_PARAMS_DECLARE(FwdTiledParams, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(CombineParams, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(JsdCombineParams, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(TopkParams, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(BwdDzParams, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
+/* The sm_90a kernels' arguments after their tensor maps (common/linear_divergence_params.h, filled
+ * by src/ops/linear_divergence.c); the other kernels' structs are declared with their lists. */
 RLK_PARAMS_DECLARE(FwdSm90Params, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDzSm90Params, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
 

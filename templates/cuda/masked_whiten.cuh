@@ -22,9 +22,6 @@
 namespace rlk {
 namespace mw {
 
-RLK_PARAMS_DECLARE(StatsParams, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ApplyParams, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
-
 /* Run-time flags (src/ops/masked_whiten.c). */
 enum {
   FLAG_UNBIASED = 1,    /* Bessel's N / (N - 1) */
@@ -116,7 +113,7 @@ RLK_DEVICE void finish(const stat &a, double eps, double count_eps, int flags, d
 /* Partial statistics of the valid elements: block g covers the flat chunks of blockDim.x * K
  * elements g, g + gridDim.x, ...; partials[3 g + {0, 1, 2}] = count, mean, M2. */
 template <typename TS>
-__global__ void masked_whiten_stats(RLK_PARAMS_ARG mw::StatsParams p_) {
+__global__ void masked_whiten_stats(RLK_PARAMS_ARG mw_stats_args p_) {
   const TS *__restrict__ x = (const TS *)p_.x;
   const void *__restrict__ mask = p_.mask;
   const i64 xs = p_.xs, ms = p_.ms, B = p_.B, T = p_.T;
@@ -182,7 +179,7 @@ __global__ void masked_whiten_stats(RLK_PARAMS_ARG mw::StatsParams p_) {
  * in order, then a shuffle-down tree), so every block derives bitwise the same mean and rstd;
  * block 0 writes them to `stats` (may be NULL). Flags: mw::FLAG_*. */
 template <typename TS>
-__global__ void masked_whiten_apply(RLK_PARAMS_ARG mw::ApplyParams p_) {
+__global__ void masked_whiten_apply(RLK_PARAMS_ARG mw_apply_args p_) {
   const TS *x = (const TS *)p_.x;
   const void *mask = p_.mask;
   TS *out = (TS *)p_.out;

@@ -29,11 +29,6 @@
 namespace rlk {
 namespace pa {
 
-/* The arguments of the forward and of the backward kernels (common/prefix_attention_params.h,
- * filled by src/ops/prefix_attention.c); a kernel unpacks the fields it reads. */
-RLK_PARAMS_DECLARE(FwdParams, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(BwdParams, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
-
 enum { DT_F16 = 0, DT_BF16 = 1 };
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
@@ -106,7 +101,7 @@ RLK_DEVICE float warp_sum(float x) {
 /* Forward: a warp per (query row, head); one online-softmax pass over the row's keys. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_fwd(RLK_PARAMS_ARG pa::FwdParams p_) {
+    pattn_fwd(RLK_PARAMS_ARG pa_fwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v;
   float *__restrict__ lse = p_.lse;
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
@@ -152,7 +147,7 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
 /* Backward, step 1 (every GPU path): delta[i, h] = dO[i, h] . O[i, h], a warp per (row, head). */
 template <int DT, int D>
 __global__ void __launch_bounds__(256)
-    pattn_bwd_prep(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_prep(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ o = p_.o, *__restrict__ dout = p_.dout;
   void *__restrict__ work = p_.work;
   const i64 T = p_.T;
@@ -173,7 +168,7 @@ __global__ void __launch_bounds__(256)
  * heads of the group, then rows, in order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_bwd_dkdv(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_dkdv(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
   const float *__restrict__ lse = p_.lse;
   void *__restrict__ work = p_.work;
@@ -230,7 +225,7 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
 /* Backward dq (portable): a warp per (query row, head), its keys in the forward's order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
-    pattn_bwd_dq(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_dq(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
   const float *__restrict__ lse = p_.lse;
   void *__restrict__ work = p_.work;
@@ -449,7 +444,7 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
  * tiles in prompt_tile's order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_fwd_mma(RLK_PARAMS_ARG pa::FwdParams p_) {
+    pattn_fwd_mma(RLK_PARAMS_ARG pa_fwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v;
   float *__restrict__ lse = p_.lse;
   const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
@@ -594,7 +589,7 @@ __global__ void __launch_bounds__(pa::THREADS)
  * dP = dO V^T, dS = P (dP - delta), dq += dS K. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_bwd_dq_mma(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_dq_mma(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
   const float *__restrict__ lse = p_.lse;
   void *__restrict__ work = p_.work;
@@ -728,7 +723,7 @@ RLK_DEVICE float *pa_partials(void *work, i64 T, i32 Hq) {
  * query head that pattn_bwd_reduce sums over the group's heads in order. */
 template <int DT, int D>
 __global__ void __launch_bounds__(pa::THREADS)
-    pattn_bwd_dkdv_mma(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_dkdv_mma(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ q = p_.q, *__restrict__ k = p_.k, *__restrict__ v = p_.v, *__restrict__ dout = p_.dout;
   const float *__restrict__ lse = p_.lse;
   void *__restrict__ work = p_.work;
@@ -873,7 +868,7 @@ __global__ void __launch_bounds__(pa::THREADS)
  * heads in order, rounded once. A thread per element. */
 template <int DT, int D>
 __global__ void __launch_bounds__(256)
-    pattn_bwd_reduce(RLK_PARAMS_ARG pa::BwdParams p_) {
+    pattn_bwd_reduce(RLK_PARAMS_ARG pa_bwd_args p_) {
   void *__restrict__ work = p_.work;
   const i64 T = p_.T;
   const i32 Hq = p_.Hq, Hkv = p_.Hkv;

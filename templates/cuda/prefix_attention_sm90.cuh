@@ -192,7 +192,7 @@ template <int D, int STAGES_> struct pa_sm90 {
 template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_fwd_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
-                   const __grid_constant__ tensor_map map_v, RLK_PARAMS_ARG pa::FwdParams p_) {
+                   const __grid_constant__ tensor_map map_v, RLK_PARAMS_ARG pa_fwd_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90<D, STAGES_>;
@@ -401,7 +401,7 @@ template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_bwd_dkdv_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
                         const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
-                        RLK_PARAMS_ARG pa::BwdParams p_) {
+                        RLK_PARAMS_ARG pa_bwd_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_bwd<D, STAGES_>;
@@ -610,7 +610,7 @@ template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
     pattn_bwd_dq_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
                       const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
-                      RLK_PARAMS_ARG pa::BwdParams p_) {
+                      RLK_PARAMS_ARG pa_bwd_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_dq<D, STAGES_>;

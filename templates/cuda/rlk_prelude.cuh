@@ -28,6 +28,8 @@
 
 #define RLK_DEVICE __device__ __forceinline__
 
+#include "rlk_params.h"
+
 /* A kernel's argument struct (templates/common/<op>_params.h): `RLK_PARAMS_ARG Params p_`. On
  * CUDA it is __grid_constant__, so the fields are read from parameter space where they are used,
  * as separate parameters are; a plain by-value struct has NVVM load them all on entry and keep
@@ -317,12 +319,11 @@ RLK_DEVICE float exp2_approx(float x) {
 }
 
 #if defined(RLK_CUDA)
-/* A CUtensorMap as the kernel sees it: 128 opaque bytes, 64-byte aligned. The host encodes it
- * per launch (src/backend/cuda/tensor_map.c) and passes it by value as a `const __grid_constant__`
- * kernel parameter, so the copy engine reads it from parameter space. */
-struct alignas(64) tensor_map {
-  u64 opaque[16];
-};
+/* A CUtensorMap as the kernel sees it (rlk_params.h: rlk_tensor_map, 128 opaque bytes, 64-byte
+ * aligned). The host encodes it per launch (src/backend/cuda/tensor_map.c) into the kernel's
+ * argument struct, which the kernel takes `const __grid_constant__`, so the copy engine reads it
+ * from parameter space. */
+typedef ::rlk_tensor_map tensor_map;
 
 /* The shared-window address of a pointer into shared memory. */
 RLK_DEVICE u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }

@@ -27,9 +27,6 @@
 namespace rlk {
 namespace tb {
 
-RLK_PARAMS_DECLARE(ScanParams, RLK_TB_SCAN_PARAMS, RLK_TB_SCAN_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(BaselineParams, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PARAMS_SIZE);
-
 enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
 
@@ -106,7 +103,7 @@ RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i
  * valid tokens, whose index is count - (valid tokens from here to the end), and 0 advantages
  * where masked). */
 template <typename TS, int MASK, bool COMPACT, bool ISW>
-__global__ void token_baseline_scan(RLK_PARAMS_ARG tb::ScanParams p_) {
+__global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
   const TS *__restrict__ rewards = (const TS *)p_.rewards;
   const TS *__restrict__ old_logp = (const TS *)p_.old_logp;
   const TS *__restrict__ sum_pi_sq = (const TS *)p_.sum_pi_sq;
@@ -185,7 +182,7 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb::ScanParams p_) {
  * member, whether it is unique, the second-longest length), then sums over the members in
  * order. A group of fewer than two members (compact: with a valid token) has baseline 0. */
 template <typename TS, int MASK, bool COMPACT, int OFFSETS>
-__global__ void token_baseline_baseline(RLK_PARAMS_ARG tb::BaselineParams p_) {
+__global__ void token_baseline_baseline(RLK_PARAMS_ARG tb_baseline_args p_) {
   const TS *__restrict__ returns = (const TS *)p_.returns;
   const void *__restrict__ mask = p_.mask;
   const TS *__restrict__ w_buf = (const TS *)p_.w_buf;

@@ -18,8 +18,6 @@
 namespace rlk {
 namespace tk {
 
-RLK_PARAMS_DECLARE(Params, RLK_TK_PARAMS, RLK_TK_PARAMS_SIZE);
-
 enum { OUT_KL = 0, OUT_GRAD = 1, OUT_BOTH = 2 };
 
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
@@ -35,7 +33,7 @@ RLK_DEVICE double exp_(double x) { return exp(x); }
 } /* namespace tk */
 
 template <typename T, int EST, int MASK, bool ST, bool OLD, bool GIN, int OUT>
-__global__ void token_kl(RLK_PARAMS_ARG tk::Params p_) {
+__global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
   const T *logp = (const T *)p_.logp, *ref = (const T *)p_.ref, *old = (const T *)p_.old;
   const T *gin = (const T *)p_.grad_kl;
   T *kl = (T *)p_.kl, *grad = (T *)p_.grad;

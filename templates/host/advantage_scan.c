@@ -10,8 +10,6 @@
 #include "advantage_scan_common.h"
 #include "advantage_scan_params.h"
 
-RLK_PARAMS_DECLARE(as_params, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
-
 typedef RLK_P_DTYPE ts;
 
 enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
@@ -180,7 +178,7 @@ static inline as_map as_row_push(const as_row *w, rlk_i64 t, as_map F, const as_
 }
 
 RLK_HOST_KERNEL rlk_advantage_scan(void **args) {
-  const as_params *p_ = (const as_params *)args[0];
+  const as_args *p_ = (const as_args *)args[0];
   const ts *x0 = (const ts *)p_->x0;
   const rlk_i64 s0 = p_->s0;
   const ts *x1 = (const ts *)p_->x1;

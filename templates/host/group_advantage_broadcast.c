@@ -3,10 +3,8 @@
  * is 0, adv[b] without a mask. Parameter: RLK_P_MASK (GA_MASK_*). */
 #include "group_advantage_common.h"
 
-RLK_PARAMS_DECLARE(ga_broadcast_params, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
-
 RLK_HOST_KERNEL rlk_group_advantage_broadcast(void **args) {
-  const ga_broadcast_params *p_ = (const ga_broadcast_params *)args[0];
+  const ga_broadcast_args *p_ = (const ga_broadcast_args *)args[0];
   const float *adv = p_->adv;
   const void *mask = p_->mask;
   const rlk_i64 mask_stride = p_->mask_stride;

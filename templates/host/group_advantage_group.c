@@ -8,8 +8,6 @@
  * singleton policy and unscorable NaNs are run-time arguments. */
 #include "group_advantage_common.h"
 
-RLK_PARAMS_DECLARE(ga_group_params, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
-
 typedef RLK_P_SCORES ga_score_t;
 
 #define GA_PASSK (RLK_P_MODE == GA_MODE_PASSK || RLK_P_MODE == GA_MODE_PASSK_UNSCALED)
@@ -20,7 +18,7 @@ static inline ga_score_t ga_sqrt(ga_score_t x) { return (ga_score_t)rlk_sqrt((do
 static inline int ga_scorable(ga_score_t s, int nan_skip) { return !nan_skip || s == s; }
 
 RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
-  const ga_group_params *p_ = (const ga_group_params *)args[0];
+  const ga_group_args *p_ = (const ga_group_args *)args[0];
   const ga_score_t *scores = (const ga_score_t *)p_->scores;
   const ga_score_t *weights = (const ga_score_t *)p_->weights;
   const rlk_i64 stride = p_->score_stride, wstride = p_->weight_stride;

@@ -4,12 +4,10 @@
  * Parameters: RLK_P_SCORES (float or double), RLK_P_MASK (GA_MASK_*). */
 #include "group_advantage_common.h"
 
-RLK_PARAMS_DECLARE(ga_rowsum_params, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
-
 typedef RLK_P_SCORES ga_score_t;
 
 RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
-  const ga_rowsum_params *p_ = (const ga_rowsum_params *)args[0];
+  const ga_rowsum_args *p_ = (const ga_rowsum_args *)args[0];
   const ga_score_t *rewards = (const ga_score_t *)p_->rewards;
   const rlk_i64 reward_stride = p_->reward_stride;
   const void *mask = p_->mask;

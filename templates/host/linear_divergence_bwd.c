@@ -9,8 +9,6 @@
 #include "rlk_host_grad.h"
 #include "linear_divergence_params.h"
 
-RLK_PARAMS_DECLARE(ld_bwd_host_params, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
-
 /* grad (+)= sum, [rows, H] of row stride `stride` */
 static void ld_store(void *grad, rlk_i64 dt, rlk_i64 stride, const double *sum, rlk_i64 rows, rlk_i64 H, int acc) {
   for (rlk_i64 r = 0; r < rows; r++)
@@ -21,7 +19,7 @@ static void ld_store(void *grad, rlk_i64 dt, rlk_i64 stride, const double *sum, 
 }
 
 RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
-  const ld_bwd_host_params *p_ = (const ld_bwd_host_params *)args[0];
+  const ld_bwd_host_args *p_ = (const ld_bwd_host_args *)args[0];
   const rlk_i64 N = p_->N, V = p_->V, Hs = p_->Hs, Ht = p_->Ht;
   const double Ts = (double)p_->s_temperature, Tt = (double)p_->t_temperature, beta = p_->beta;
   const uint16_t *sh = (const uint16_t *)p_->s_hidden, *sw = (const uint16_t *)p_->s_weight;

@@ -5,10 +5,8 @@
 #include "linear_divergence_host.h"
 #include "linear_divergence_params.h"
 
-RLK_PARAMS_DECLARE(ld_combine_params, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
-
 RLK_HOST_KERNEL rlk_linear_divergence_combine_host(void **args) {
-  const ld_combine_params *p_ = (const ld_combine_params *)args[0];
+  const ld_combine_args *p_ = (const ld_combine_args *)args[0];
   const rlk_i64 S = p_->S, N = p_->N;
   const float *rec = (const float *)p_->records;
   for (rlk_i64 i = 0; i < N; i++) {

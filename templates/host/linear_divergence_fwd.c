@@ -10,8 +10,6 @@
 #include "linear_divergence_host.h"
 #include "linear_divergence_params.h"
 
-RLK_PARAMS_DECLARE(ld_fwd_host_params, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
-
 #define LD_TOPK_MAX 32 /* RLK_LINEAR_DIVERGENCE_TOP_K_MAX */
 
 static double ld_lse(const double *z, rlk_i64 V, double *max_out) {
@@ -24,7 +22,7 @@ static double ld_lse(const double *z, rlk_i64 V, double *max_out) {
 }
 
 RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
-  const ld_fwd_host_params *p_ = (const ld_fwd_host_params *)args[0];
+  const ld_fwd_host_args *p_ = (const ld_fwd_host_args *)args[0];
   const rlk_i64 N = p_->N, V = p_->V, Hs = p_->Hs, Ht = p_->Ht;
   const double Ts = (double)p_->s_temperature, Tt = (double)p_->t_temperature, beta = p_->beta;
   const rlk_i64 k = p_->top_k;

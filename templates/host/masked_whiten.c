@@ -7,15 +7,13 @@
 #include "advantage_scan_common.h"
 #include "masked_whiten_params.h"
 
-RLK_PARAMS_DECLARE(mw_apply_params, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
-
 typedef RLK_P_DTYPE ts;
 
 enum { MW_FLAG_UNBIASED = 1, MW_FLAG_EPS_CLAMP = 2, MW_FLAG_KEEP_MEAN = 4, MW_FLAG_NO_STD = 8,
        MW_FLAG_MASKED_ZERO = 16 };
 
 RLK_HOST_KERNEL rlk_masked_whiten(void **args) {
-  const mw_apply_params *p_ = (const mw_apply_params *)args[0];
+  const mw_apply_args *p_ = (const mw_apply_args *)args[0];
   const ts *x = (const ts *)p_->x;
   const rlk_i64 xs = p_->xs;
   const void *mask = p_->mask;

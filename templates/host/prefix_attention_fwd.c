@@ -6,10 +6,8 @@
 
 #define D RLK_P_HEAD_DIM
 
-RLK_PARAMS_DECLARE(pa_fwd_params, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
-
 RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
-  const pa_fwd_params *p_ = (const pa_fwd_params *)args[0];
+  const pa_fwd_args *p_ = (const pa_fwd_args *)args[0];
   const uint16_t *q = (const uint16_t *)p_->q;
   const uint16_t *k = (const uint16_t *)p_->k;
   const uint16_t *v = (const uint16_t *)p_->v;

@@ -5,10 +5,8 @@
  * (TB_OFFSETS_*). */
 #include "token_baseline_common.h"
 
-RLK_PARAMS_DECLARE(tb_baseline_params, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PARAMS_SIZE);
-
 RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
-  const tb_baseline_params *p_ = (const tb_baseline_params *)args[0];
+  const tb_baseline_args *p_ = (const tb_baseline_args *)args[0];
   const tb_t *returns = (const tb_t *)p_->returns;
   const void *mask = p_->mask;
   const tb_t *w_buf = (const tb_t *)p_->w_buf;

@@ -5,8 +5,6 @@
  * (TB_MASK_*), RLK_P_COMPACT, RLK_P_ISW (0/1). */
 #include "token_baseline_common.h"
 
-RLK_PARAMS_DECLARE(tb_scan_params, RLK_TB_SCAN_PARAMS, RLK_TB_SCAN_PARAMS_SIZE);
-
 static inline tb_t tb_exp(tb_t x) { return sizeof(tb_t) == sizeof(float) ? (tb_t)expf((float)x) : (tb_t)exp((double)x); }
 
 /* In place: v[l] becomes the sum of v[0..l], added as the GPU team adds them. */
@@ -19,7 +17,7 @@ static void tb_team_scan(tb_t v[TB_TEAM], int32_t c[TB_TEAM]) {
 }
 
 RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
-  const tb_scan_params *p_ = (const tb_scan_params *)args[0];
+  const tb_scan_args *p_ = (const tb_scan_args *)args[0];
   const tb_t *rewards = (const tb_t *)p_->rewards;
   const tb_t *old_logp = (const tb_t *)p_->old_logp;
   const tb_t *sum_pi_sq = (const tb_t *)p_->sum_pi_sq;

@@ -6,8 +6,6 @@
 #include "rlk_host_prelude.h"
 #include "token_kl_params.h"
 
-RLK_PARAMS_DECLARE(tk_params, RLK_TK_PARAMS, RLK_TK_PARAMS_SIZE);
-
 enum { TK_MASK_NONE = 0, TK_MASK_BOOL = 1, TK_MASK_I32 = 2, TK_MASK_F32 = 3 };
 enum { TK_OUT_KL = 0, TK_OUT_GRAD = 1, TK_OUT_BOTH = 2 };
 
@@ -25,7 +23,7 @@ static inline float tk_mask_at(const void *mask, rlk_i64 i) {
 }
 
 RLK_HOST_KERNEL rlk_token_kl(void **args) {
-  const tk_params *p_ = (const tk_params *)args[0];
+  const tk_args *p_ = (const tk_args *)args[0];
   const kl_t *logp = (const kl_t *)p_->logp, *ref = (const kl_t *)p_->ref, *old = (const kl_t *)p_->old;
   const kl_t *gin = (const kl_t *)p_->grad_kl;
   kl_t *kl = (kl_t *)p_->kl, *grad = (kl_t *)p_->grad;
