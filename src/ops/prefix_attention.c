@@ -442,9 +442,10 @@ static pa_tune_problem pa_call_problem(const pa_shape *s);
 
 /* The tensor maps of the sm_90a kernels: q (and grad_out when given) as [T, Hq * D] in boxes of
  * 64 rows, k and v as [T, Hkv * D] in boxes of kv_rows rows (the kernel's key tile); boxes 64
- * columns wide (a 64-column block of one head), 128-byte swizzle. maps[0..3]: q, k, v, grad_out. */
+ * columns wide (a 64-column block of one head), 128-byte swizzle. maps[0..3]: q, k, v, grad_out
+ * (the fields of the kernel's argument struct they go to). */
 static rlk_status pa_sm90_maps(const rlk_context *ctx, const pa_shape *s, const void *q, const void *k,
-                               const void *v, const void *dout, uint32_t kv_rows, unsigned char (*maps)[128]) {
+                               const void *v, const void *dout, uint32_t kv_rows, rlk_tensor_map *const maps[4]) {
   const uint64_t T = (uint64_t)s->T, cq = (uint64_t)(s->Hq * s->D), ckv = (uint64_t)(s->Hkv * s->D);
   const rlk_tma_desc_request req[4] = {{q, s->dtype, T, cq, cq, 64, 64, 128},
                                        {k, s->dtype, T, ckv, ckv, kv_rows, 64, 128},
@@ -465,16 +466,18 @@ RLK_API void rlk_prefix_attention_backward_args_init(rlk_prefix_attention_backwa
   if (args) memset(args, 0, sizeof *args);
 }
 
-/* A call of either pass: its shape, its kernels and the argument every one of them takes. */
+/* A call of either pass: its shape, its kernels and the argument the sm_90a kernels take, whose
+ * `pass` every other kernel of the pass takes. */
 typedef struct pa_call {
   rlk_op_call op;
   pa_shape s;
   pa_plan p;
   union {
-    pa_fwd_args f;
-    pa_bwd_args b;
+    pa_fwd_sm90_args f;
+    pa_bwd_sm90_args b;
   } k;
 } pa_call;
+_Static_assert(_Alignof(pa_call) <= RLK_OP_CALL_ALIGN, "the call driver holds a call's state aligned for it");
 
 /* The kernels of a call's pass: the configuration asked for (call->vals; with none, the tuning
  * database's winner for the call's problem), then as the line of what runs (the variant, a ring
@@ -528,7 +531,7 @@ static rlk_status pa_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
   if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s->T, s->Hq, 0))) return st;
   if ((st = pa_asked(&call->vals, PA_PASS_FWD, s, &a->tuning))) return st;
-  pa_fwd_args *f = &c->k.f;
+  pa_fwd_args *f = &c->k.f.pass;
   f->q = a->q.data;
   f->k = a->k.data;
   f->v = a->v.data;
@@ -558,8 +561,8 @@ static rlk_status pa_fwd_select(const rlk_context *ctx, const void *args, rlk_op
   return RLK_OK;
 }
 
-/* The sm_90a forward takes its tensor maps as parameters of their own ahead of the struct (read
- * by TMA where they lie in parameter space). */
+/* The sm_90a forward takes its tensor maps in its struct ahead of the pass's (read by TMA where
+ * they lie in parameter space). */
 static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   const rlk_prefix_attention_args *a = args;
   pa_call *c = (pa_call *)call;
@@ -567,14 +570,13 @@ static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   const pa_plan *p = &c->p;
   rlk_status st;
   if (p->variant == PA_VARIANT_WGMMA) {
-    _Alignas(64) unsigned char maps[3][128]; /* q, k, v */
+    pa_fwd_sm90_args *f = &c->k.f;
+    rlk_tensor_map *const maps[4] = {&f->map_q, &f->map_k, &f->map_v, NULL};
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, NULL, PA_SM90_BN, maps))) return st;
-    void *margs[] = {maps[0], maps[1], maps[2], &c->k.f};
     rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
                                 pa_sm90_smem((int)s->D, p->fwd_stages));
-    return rlk_context_launch(ctx, &p->fwd, &d, stream, margs);
+    return rlk_context_launch_params(ctx, &p->fwd, &d, stream, f);
   }
-  void *kargs[] = {&c->k.f};
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
     d = pa_dims(1, 1, 1, 1, 0);
@@ -583,7 +585,7 @@ static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   else
     d = pa_dims((uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s->Hq, 1,
                 PA_PORTABLE_WARPS * pa_warp(ctx), 0);
-  return rlk_context_launch(ctx, &p->fwd, &d, stream, kargs);
+  return rlk_context_launch_params(ctx, &p->fwd, &d, stream, &c->k.f.pass);
 }
 
 static const rlk_arg_field pa_fwd_fields[] = {
@@ -628,7 +630,7 @@ static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     call->workspace =
         (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
   }
-  pa_bwd_args *b = &c->k.b;
+  pa_bwd_args *b = &c->k.b.pass;
   b->q = a->q.data;
   b->k = a->k.data;
   b->v = a->v.data;
@@ -649,57 +651,59 @@ static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   return RLK_OK;
 }
 
-/* Every kernel of the backward takes the same argument. The sm_90a one: dq first (it computes
- * each row's delta on the way and writes it for dk/dv: no prep pass), then dk/dv, a block per
- * (key head, key tile, prompt); the mma kernels: prep, dk/dv, the GQA reduce, dq. */
+/* Every kernel of the backward takes the pass's argument, the sm_90a ones after their tensor maps.
+ * The sm_90a ones: dq first (it computes each row's delta on the way and writes it for dk/dv: no
+ * prep pass), then dk/dv, a block per (key head, key tile, prompt); the mma kernels: prep, dk/dv,
+ * the GQA reduce, dq. */
 static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   const rlk_prefix_attention_backward_args *a = args;
   pa_call *c = (pa_call *)call;
   const pa_shape *s = &c->s;
   const pa_plan *p = &c->p;
   rlk_status st;
-  void *kargs[] = {&c->k.b};
+  const pa_bwd_args *pass = &c->k.b.pass;
   if (ctx->kind == RLK_BACKEND_HOST) {
     rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
-    return rlk_context_launch(ctx, &p->bwd_host, &d, stream, kargs);
+    return rlk_context_launch_params(ctx, &p->bwd_host, &d, stream, pass);
   }
   if (s->P > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
                      (long long)s->P);
   if (p->variant == PA_VARIANT_WGMMA) {
-    _Alignas(64) unsigned char maps[4][128]; /* q, k, v, grad_out */
+    pa_bwd_sm90_args *b = &c->k.b;
+    rlk_tensor_map *const maps[4] = {&b->map_q, &b->map_k, &b->map_v, &b->map_do};
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
       return st;
-    void *margs[] = {maps[0], maps[1], maps[2], maps[3], &c->k.b};
     rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
                                 pa_sm90_dq_smem((int)s->D, p->dq_stages));
-    if ((st = rlk_context_launch(ctx, &p->dq, &d, stream, margs))) return st;
+    if ((st = rlk_context_launch_params(ctx, &p->dq, &d, stream, b))) return st;
+    /* the launch took its copy: the maps again with dk/dv's key tile */
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
     /* prompts slowest, then key tiles, a prompt's heaviest first (at most 65535 key tiles: pa_choose) */
     d = pa_dims((uint64_t)s->Hkv, (uint64_t)s->tiles[1], (uint64_t)s->P, PA_SM90_THREADS,
                 pa_sm90_dkdv_smem((int)s->D, p->dkdv_stages));
-    return rlk_context_launch(ctx, &p->dkdv, &d, stream, margs);
+    return rlk_context_launch_params(ctx, &p->dkdv, &d, stream, b);
   }
   const unsigned warp = pa_warp(ctx);
   const uint64_t rows_per_block = 256 / warp; /* a warp per row */
   rlk_launch_dims d = pa_dims((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
-  if ((st = rlk_context_launch(ctx, &p->prep, &d, stream, kargs))) return st;
+  if ((st = rlk_context_launch_params(ctx, &p->prep, &d, stream, pass))) return st;
   if (p->tiled) {
     const uint64_t tiles = (uint64_t)s->tiles[0];
     d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s->D));
-    if ((st = rlk_context_launch(ctx, &p->dkdv, &d, stream, kargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, &p->dkdv, &d, stream, pass))) return st;
     if (s->Hq > s->Hkv) {
       d = pa_dims((uint64_t)((s->T * s->Hkv * s->D + 255) / 256), 1, 1, 256, 0);
-      if ((st = rlk_context_launch(ctx, &p->reduce, &d, stream, kargs))) return st;
+      if ((st = rlk_context_launch_params(ctx, &p->reduce, &d, stream, pass))) return st;
     }
     d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dq_smem((int)s->D));
-    return rlk_context_launch(ctx, &p->dq, &d, stream, kargs);
+    return rlk_context_launch_params(ctx, &p->dq, &d, stream, pass);
   }
   const uint64_t by = (uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);
   d = pa_dims(by, (uint64_t)s->Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
-  if ((st = rlk_context_launch(ctx, &p->dkdv, &d, stream, kargs))) return st;
+  if ((st = rlk_context_launch_params(ctx, &p->dkdv, &d, stream, pass))) return st;
   d = pa_dims(by, (uint64_t)s->Hq, 1, PA_PORTABLE_WARPS * warp, 0);
-  return rlk_context_launch(ctx, &p->dq, &d, stream, kargs);
+  return rlk_context_launch_params(ctx, &p->dq, &d, stream, pass);
 }
 
 static const rlk_arg_field pa_bwd_fields[] = {

@@ -1,6 +1,7 @@
 /* prefix_attention_params.h - the arguments of the prefix_attention kernels (templates/cuda/
  * prefix_attention.cuh, templates/host/prefix_attention_*.c), filled by src/ops/prefix_attention.c.
- * One struct per pass, shared by every kernel of the pass (portable, mma and host). q, out, dout,
+ * One struct per pass, shared by every kernel of the pass (portable, mma and host; the sm_90a
+ * kernels' holds it after their tensor maps). q, out, dout,
  * dq [T, Hq, D]; k, v, dk, dv [T, Hkv, D] in the spec's 16-bit dtype; lse [T, Hq] f32 (NULL: not
  * written by the forward); seq [S + 1] and grp [P + 1] the packed layout's offsets; scale already
  * resolved (never 0); work the backward's workspace; 4-byte scalars last. */
@@ -45,5 +46,26 @@ RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
   F(S_, float, scale, 120)
 #define RLK_PA_BWD_PARAMS_SIZE 128
 RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
+
+/* The sm_90a kernels': the tensor maps of q, k, v (and grad_out in the backward) over [T, H * D],
+ * boxes of 64 head-dim columns (q and grad_out 64 rows, k and v the kernel's key tile), 128-byte
+ * swizzle; then the pass's struct, at the offset the other kernels' parameters start after theirs
+ * would. */
+#define RLK_PA_FWD_SM90_PARAMS(F, S_) \
+  F(S_, rlk_tensor_map, map_q, 0)     \
+  F(S_, rlk_tensor_map, map_k, 128)   \
+  F(S_, rlk_tensor_map, map_v, 256)   \
+  F(S_, pa_fwd_args, pass, 384)
+#define RLK_PA_FWD_SM90_PARAMS_SIZE 512
+RLK_PARAMS_DECLARE(pa_fwd_sm90_args, RLK_PA_FWD_SM90_PARAMS, RLK_PA_FWD_SM90_PARAMS_SIZE);
+
+#define RLK_PA_BWD_SM90_PARAMS(F, S_) \
+  F(S_, rlk_tensor_map, map_q, 0)     \
+  F(S_, rlk_tensor_map, map_k, 128)   \
+  F(S_, rlk_tensor_map, map_v, 256)   \
+  F(S_, rlk_tensor_map, map_do, 384)  \
+  F(S_, pa_bwd_args, pass, 512)
+#define RLK_PA_BWD_SM90_PARAMS_SIZE 640
+RLK_PARAMS_DECLARE(pa_bwd_sm90_args, RLK_PA_BWD_SM90_PARAMS, RLK_PA_BWD_SM90_PARAMS_SIZE);
 
 #endif

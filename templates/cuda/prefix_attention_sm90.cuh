@@ -191,8 +191,7 @@ template <int D, int STAGES_> struct pa_sm90 {
 
 template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
-    pattn_fwd_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
-                   const __grid_constant__ tensor_map map_v, RLK_PARAMS_ARG pa_fwd_args p_) {
+    pattn_fwd_sm90(RLK_PARAMS_ARG pa_fwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90<D, STAGES_>;
@@ -201,10 +200,10 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
-  float *__restrict__ lse = p_.lse;
-  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
-  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
-  void *__restrict__ out = p_.out;
+  float *__restrict__ lse = p_.pass.lse;
+  const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
+  const i32 Hq = p_.pass.Hq, Hkv = p_.pass.Hkv;
+  void *__restrict__ out = p_.pass.out;
   region rg;
   const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, C::BM, false, rg);
   if (q0 < 0) return;
@@ -224,13 +223,13 @@ __global__ void __launch_bounds__(384, 1)
     /* producer */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_q);
-      sm90::tma_prefetch_map(&map_k);
-      sm90::tma_prefetch_map(&map_v);
+      sm90::tma_prefetch_map(&p_.map_q);
+      sm90::tma_prefetch_map(&p_.map_k);
+      sm90::tma_prefetch_map(&p_.map_v);
       sm90::mbar_arrive_expect_tx(&bar.q_full, C::QBYTES);
       for (int half = 0; half < 2; ++half)
-        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
-      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &map_k, &map_v, kt, hk, bar);
+        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &p_.map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
+      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &p_.map_k, &p_.map_v, kt, hk, bar);
     }
     return;
   }
@@ -242,7 +241,7 @@ __global__ void __launch_bounds__(384, 1)
   /* a phase-A tile needs no mask when it ends at or below every row's a1 (rows past the tile
    * are not stored) */
   const i64 a1_min = rg.resp ? rg.pe : q0 + 64 * cw + 1;
-  const float c = p_.scale * LOG2E;
+  const float c = p_.pass.scale * LOG2E;
   /* o: the output rows; sacc: S of the current tile, then its exponentials; pf: P of the previous
    * tile as A fragments (k-step ks, keys 16 ks ..: pf[ks][r + 2 hh] = accumulator columns
    * 8 (2 ks + hh) + 2 t4 + {0, 1} of row r) */
@@ -365,7 +364,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   sm90_store_rows<DT, D>(out, rs, qend, Hq, h, o, inv);
 #else
-  (void)map_q, (void)map_k, (void)map_v, (void)p_;
+  (void)p_;
 #endif
 }
 
@@ -399,9 +398,7 @@ template <int D, int STAGES_> struct pa_sm90_bwd {
  * the scale) and dV leave from registers. */
 template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
-    pattn_bwd_dkdv_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
-                        const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
-                        RLK_PARAMS_ARG pa_bwd_args p_) {
+    pattn_bwd_dkdv_sm90(RLK_PARAMS_ARG pa_bwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_bwd<D, STAGES_>;
@@ -410,11 +407,11 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
-  const float *__restrict__ lse = p_.lse;
-  void *__restrict__ work = p_.work;
-  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
-  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
-  const float scale = p_.scale;
+  const float *__restrict__ lse = p_.pass.lse;
+  void *__restrict__ work = p_.pass.work;
+  const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
+  const i32 Hq = p_.pass.Hq, Hkv = p_.pass.Hkv;
+  const float scale = p_.pass.scale;
   region rg;
   const i64 k0 = prompt_tile(seq, grp, (i32)blockIdx.z, (i64)blockIdx.y, BN, true, rg);
   if (k0 < 0) return;
@@ -447,18 +444,18 @@ __global__ void __launch_bounds__(384, 1)
     sm90::setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
       /* the copies */
-      sm90::tma_prefetch_map(&map_q);
-      sm90::tma_prefetch_map(&map_do);
+      sm90::tma_prefetch_map(&p_.map_q);
+      sm90::tma_prefetch_map(&p_.map_do);
       sm90::mbar_arrive_expect_tx(&kv_full, 2u * C::KVBYTES);
-      sm90_load_head<D>(sK, C::KVBOX, &map_k, hk * D, (i32)k0, &kv_full);
-      sm90_load_head<D>(sV, C::KVBOX, &map_v, hk * D, (i32)k0, &kv_full);
+      sm90_load_head<D>(sK, C::KVBOX, &p_.map_k, hk * D, (i32)k0, &kv_full);
+      sm90_load_head<D>(sV, C::KVBOX, &p_.map_v, hk * D, (i32)k0, &kv_full);
       for (int u = 0; u < nu; ++u) {
         const u32 st = (u32)u % STAGES;
         const i32 h = hk * ratio + u / nq, q0 = (i32)(k0 + (i64)(u % nq) * BQ);
         if (u >= STAGES) sm90::mbar_wait(&q_empty[st], ((u32)u / STAGES - 1u) & 1u);
         sm90::mbar_arrive_expect_tx(&q_full[st], 2u * C::QBYTES);
-        sm90_load_head<D>(sQ + st * C::QBYTES, C::QBOX, &map_q, h * D, q0, &q_full[st]);
-        sm90_load_head<D>(sO + st * C::QBYTES, C::QBOX, &map_do, h * D, q0, &q_full[st]);
+        sm90_load_head<D>(sQ + st * C::QBYTES, C::QBOX, &p_.map_q, h * D, q0, &q_full[st]);
+        sm90_load_head<D>(sO + st * C::QBYTES, C::QBOX, &p_.map_do, h * D, q0, &q_full[st]);
       }
     } else if (threadIdx.x >= 128 - C::AUX) {
       /* a query row's lse (log2 units), delta and first visible key offset (past the tile: none) */
@@ -571,7 +568,7 @@ __global__ void __launch_bounds__(384, 1)
   for (int r = 0; r < 2; ++r) {
     if (kr[r] >= kn) continue;
     const i64 at = ((k0 + kr[r]) * Hkv + hk) * D;
-    u32 *gkp = (u32 *)((u16 *)p_.dk + at), *gvp = (u32 *)((u16 *)p_.dv + at);
+    u32 *gkp = (u32 *)((u16 *)p_.pass.dk + at), *gvp = (u32 *)((u16 *)p_.pass.dv + at);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       gkp[4 * j + t4] = pack<DT>(gk[4 * j + 2 * r] * scale, gk[4 * j + 2 * r + 1] * scale);
@@ -579,7 +576,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
 #else
-  (void)map_q, (void)map_k, (void)map_v, (void)map_do, (void)p_;
+  (void)p_;
 #endif
 }
 
@@ -608,9 +605,7 @@ template <int D, int STAGES_> struct pa_sm90_dq {
  * and dq (times the scale) leaves from registers: written once, no atomics. */
 template <int DT, int D, int STAGES_>
 __global__ void __launch_bounds__(384, 1)
-    pattn_bwd_dq_sm90(const __grid_constant__ tensor_map map_q, const __grid_constant__ tensor_map map_k,
-                      const __grid_constant__ tensor_map map_v, const __grid_constant__ tensor_map map_do,
-                      RLK_PARAMS_ARG pa_bwd_args p_) {
+    pattn_bwd_dq_sm90(RLK_PARAMS_ARG pa_bwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_dq<D, STAGES_>;
@@ -619,11 +614,11 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
-  const float *__restrict__ lse = p_.lse;
-  float *__restrict__ delta = (float *)p_.work;
-  const i32 *__restrict__ seq = p_.seq, *__restrict__ grp = p_.grp;
-  const i32 Hq = p_.Hq, Hkv = p_.Hkv;
-  const float scale = p_.scale;
+  const float *__restrict__ lse = p_.pass.lse;
+  float *__restrict__ delta = (float *)p_.pass.work;
+  const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
+  const i32 Hq = p_.pass.Hq, Hkv = p_.pass.Hkv;
+  const float scale = p_.pass.scale;
   region rg;
   const i64 q0 = prompt_tile(seq, grp, (i32)blockIdx.y, (i64)blockIdx.x, C::BM, false, rg);
   if (q0 < 0) return;
@@ -642,14 +637,14 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {
     sm90::setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_k);
-      sm90::tma_prefetch_map(&map_v);
+      sm90::tma_prefetch_map(&p_.map_k);
+      sm90::tma_prefetch_map(&p_.map_v);
       sm90::mbar_arrive_expect_tx(&bar.q_full, 2u * C::QBYTES);
       for (int half = 0; half < 2; ++half) {
-        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
-        sm90_load_head<D>(sO + half * NB * C::QBOX, C::QBOX, &map_do, h * D, (i32)(q0 + 64 * half), &bar.q_full);
+        sm90_load_head<D>(sQ + half * NB * C::QBOX, C::QBOX, &p_.map_q, h * D, (i32)(q0 + 64 * half), &bar.q_full);
+        sm90_load_head<D>(sO + half * NB * C::QBOX, C::QBOX, &p_.map_do, h * D, (i32)(q0 + 64 * half), &bar.q_full);
       }
-      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &map_k, &map_v, kt, hk, bar);
+      sm90_load_kv<D, STAGES, C::KVBOX>(sK, sV, &p_.map_k, &p_.map_v, kt, hk, bar);
     }
     return;
   }
@@ -666,7 +661,7 @@ __global__ void __launch_bounds__(384, 1)
   for (int r = 0; r < 2; ++r) {
     const i64 ri = min_(rs.row[r], qend - 1);
     L[r] = lse[ri * Hq + h] * LOG2E;
-    const u32 *__restrict__ orow = (const u32 *)((const u16 *)p_.o + (ri * Hq + h) * D);
+    const u32 *__restrict__ orow = (const u32 *)((const u16 *)p_.pass.o + (ri * Hq + h) * D);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) ov[r][j] = orow[4 * j + t4];
   }
@@ -738,9 +733,9 @@ __global__ void __launch_bounds__(384, 1)
     if (l == 0) sm90::mbar_arrive(&bar.k_empty[st]);
   }
   const float mul[2] = {scale, scale};
-  sm90_store_rows<DT, D>(p_.dq, rs, qend, Hq, h, acc, mul);
+  sm90_store_rows<DT, D>(p_.pass.dq, rs, qend, Hq, h, acc, mul);
 #else
-  (void)map_q, (void)map_k, (void)map_v, (void)map_do, (void)p_;
+  (void)p_;
 #endif
 }
 
