@@ -28,22 +28,6 @@
 /* Shared checks (advantage_scan.h)                                                    */
 /* ---------------------------------------------------------------------------------- */
 
-const char *const rlk_seq_mask_names[] = {"none", "bool", "i32", "f32", NULL};
-
-int rlk_seq_mask_kind(const rlk_tensor *mask) {
-  if (!mask || !mask->data) return RLK_SEQ_MASK_NONE;
-  switch (mask->dtype) {
-  case RLK_BOOL:
-    return RLK_SEQ_MASK_BOOL;
-  case RLK_I32:
-    return RLK_SEQ_MASK_I32;
-  case RLK_F32:
-    return RLK_SEQ_MASK_F32;
-  default:
-    return RLK_SEQ_MASK_NONE;
-  }
-}
-
 rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int required, uint32_t dtypes,
                               int64_t B, int64_t T) {
   rlk_status st;

@@ -185,3 +185,19 @@ rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what) {
   }
   return RLK_OK;
 }
+
+const char *const rlk_seq_mask_names[] = RLK_PARAMS_ENUM_NAMES(RLK_SEQ_MASK_KINDS);
+
+int rlk_seq_mask_kind(const rlk_tensor *mask) {
+  if (!mask || !mask->data) return RLK_SEQ_MASK_NONE;
+  switch (mask->dtype) {
+  case RLK_BOOL:
+    return RLK_SEQ_MASK_BOOL;
+  case RLK_I32:
+    return RLK_SEQ_MASK_I32;
+  case RLK_F32:
+    return RLK_SEQ_MASK_F32;
+  default:
+    return RLK_SEQ_MASK_NONE;
+  }
+}

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rlk_seq_mask.h"
 #include "rlk.h"
 #include "runtime/context.h"
 #include "runtime/op.h"
@@ -54,6 +55,11 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
  * kernels clamp them. Writes *num_groups and *offsets (RLK_DTYPE_INVALID for a fixed size). */
 rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *group_offsets, int64_t B,
                             int host_values, int64_t *num_groups, rlk_dtype *offsets);
+
+/* A per-token mask's kinds (templates/common/rlk_seq_mask.h): their names, NULL-terminated, and
+ * the kind of an (optional, already checked) mask tensor. */
+extern const char *const rlk_seq_mask_names[];
+int rlk_seq_mask_kind(const rlk_tensor *mask);
 
 /* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
  * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times

@@ -54,7 +54,7 @@ static const rlk_param_decl pl_main_params[] = {
     {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tl_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
     {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
     {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -63,7 +63,7 @@ static const rlk_param_decl pl_main_params[] = {
 
 static const rlk_param_decl pl_count_params[] = {
     {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, tl_mask_names},
+    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
 };
 
 static const rlk_param_decl pl_dtype_params[] = {
@@ -132,7 +132,7 @@ static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
                                    "[B, T] + mask or [N] + seq_offsets"),
     [PL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                    "policy_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
-    [PL_S_MASK] = RLK_SET_CHOICE("mask", tl_mask_names, TL_MASK_BOOL, "policy_loss_main.mask", "the mask's dtype"),
+    [PL_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "policy_loss_main.mask", "the mask's dtype"),
     [PL_S_ADV] = RLK_SET_CHOICE("adv", pl_adv_names, 0, "policy_loss_main.adv_seq",
                                 "advantages per token or one per sequence"),
     [PL_S_ENTROPY] = RLK_SET_CHOICE("entropy", pl_ent_names, PL_ENT_NONE, "policy_loss_main.entropy",
@@ -148,7 +148,7 @@ static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
 /* Whether the work item is a whole sequence (per-row sums first). */
 static int pl_whole_rows(int64_t mode, int64_t agg, int64_t mask) {
   return mode == RLK_POLICY_GSPO || mode == RLK_POLICY_GEO_MEAN ||
-         (agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && mask != TL_MASK_NONE);
+         (agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && mask != RLK_SEQ_MASK_NONE);
 }
 
 /* The kernels: the token-loss passes (tl_plan), every code path of the main pass a parameter. */

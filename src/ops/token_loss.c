@@ -11,7 +11,6 @@
 const char *const tl_layout_names[] = {"padded", "packed-i32", "packed-i64", NULL};
 const char *const tl_packed_names[] = {"padded", "packed", NULL};
 const char *const tl_normalizer_names[] = {"value", "tensor", "count", NULL};
-const char *const tl_mask_names[] = {"none", "bool", "i32", "f32", NULL};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm", NULL};
@@ -106,7 +105,7 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
       return st;
   }
   if ((st = tl_check_shape(L, primary, pname, primary_stride))) return st;
-  L->mask = TL_MASK_NONE;
+  L->mask = RLK_SEQ_MASK_NONE;
   if (mask->data) {
     if ((st = rlk_check_tensor(mask, "mask", 1))) return st;
     if ((st = rlk_check_dtype(mask, "mask",
@@ -114,7 +113,7 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
                                   RLK_DTYPE_BIT(RLK_F32))))
       return st;
     if ((st = tl_check_shape(L, mask, "mask", &L->mask_stride))) return st;
-    L->mask = mask->dtype == RLK_BOOL ? TL_MASK_BOOL : (mask->dtype == RLK_I32 ? TL_MASK_I32 : TL_MASK_F32);
+    L->mask = rlk_seq_mask_kind(mask);
   }
   return RLK_OK;
 }
@@ -199,7 +198,7 @@ rlk_status tl_norm_resolve(const tl_layout *L, const tl_norm_args *n, double *c,
     }
     if (n->token_normalizer == 0.0) {
       /* this call's count of the tokens that count */
-      if (L->mask != TL_MASK_NONE) {
+      if (L->mask != RLK_SEQ_MASK_NONE) {
         *kind = TL_NORM_COUNT;
         *c = ls;
         return RLK_OK;
@@ -309,7 +308,7 @@ rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line 
   if (ctx->kind == RLK_BACKEND_HOST) {
     specs[n++] = (rlk_kernel_spec){t->host, {dtype}};
   } else {
-    if (s->v[line->normalizer] == TL_LINE_NORM_COUNT && mask != TL_MASK_NONE)
+    if (s->v[line->normalizer] == TL_LINE_NORM_COUNT && mask != RLK_SEQ_MASK_NONE)
       specs[n++] = (rlk_kernel_spec){t->count, {layout, mask}};
     specs[n++] = *main_pass;
     specs[n++] = (rlk_kernel_spec){t->reduce, {dtype}};

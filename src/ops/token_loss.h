@@ -13,10 +13,8 @@
 
 /* Choice indices, as the templates' enums. */
 enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
-enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
 
 extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
-extern const char *const tl_mask_names[];   /* "none", "bool", "i32", "f32" */
 extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
 extern const char *const tl_packed_names[]; /* "padded", "packed": a configuration line's layout */
 /* a configuration line's normalizer: a number or a device scalar (the same kernels), or the
@@ -64,7 +62,7 @@ typedef struct tl_layout {
   int64_t rows;   /* B, or S */
   int64_t cols;   /* T, or N */
   rlk_dtype dtype; /* of the primary stream: f32 or f64 */
-  int mask;       /* TL_MASK_* */
+  int mask;       /* RLK_SEQ_MASK_* */
   int64_t mask_stride;
 } tl_layout;
 

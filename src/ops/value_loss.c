@@ -19,12 +19,12 @@ static const rlk_param_decl vl_main_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
     {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, tl_mask_names},
+    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
 };
 
 static const rlk_param_decl vl_count_params[] = {
     {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, tl_mask_names},
+    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
 };
 
 static const rlk_param_decl vl_dtype_params[] = {
@@ -78,7 +78,7 @@ static const rlk_op_setting vl_settings[VL_NSETTINGS] = {
                                    "[B, T] + mask or [N] + seq_offsets"),
     [VL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                    "value_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
-    [VL_S_MASK] = RLK_SET_CHOICE("mask", tl_mask_names, TL_MASK_BOOL, "value_loss_main.mask", "the mask's dtype"),
+    [VL_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "value_loss_main.mask", "the mask's dtype"),
     [VL_S_NORMALIZER] = RLK_SET_CHOICE("normalizer", tl_normalizer_names, TL_LINE_NORM_VALUE, "value_loss_count",
                                        "the token-mean divisor: a number or a device scalar (the same "
                                        "kernels), or this call's mask count (a count pass first)"),
@@ -164,7 +164,7 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
                      a->clip);
   const tl_norm_args na = {(int)a->agg, a->token_normalizer, a->seq_normalizer, a->norm_scale,
                            a->loss_scale, &a->token_normalizer_tensor, &a->seq_normalizer_tensor};
-  const int whole_rows = a->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && L->mask != TL_MASK_NONE;
+  const int whole_rows = a->agg == RLK_AGG_SEQ_MEAN_TOKEN_MEAN && L->mask != RLK_SEQ_MASK_NONE;
   if ((st = tl_call_finish(ctx, &k->tl, &vl_line, &na, whole_rows, VL_NACC, &p->c_grad, &p->norm))) return st;
 
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;

@@ -1,13 +1,14 @@
 /* advantage_scan_params.h - the argument of the advantage_scan kernel (templates/cuda/
  * advantage_scan.cuh, templates/host/advantage_scan.c), filled by src/ops/advantage_scan.c:
  * x0, x1 rewards and values (x1 unused for returns), o0, o1 the outputs, each with its row
- * stride in elements; mask of kind mask_kind (seq MASK_*; NULL with none); baseline per row
+ * stride in elements; mask of kind mask_kind (RLK_SEQ_MASK_*; NULL with none); baseline per row
  * (ReMax) or NULL; gamma and gamma * lambda formed in double; masked: the masked-position
  * semantics of the family. */
 #ifndef RLK_ADVANTAGE_SCAN_PARAMS_H
 #define RLK_ADVANTAGE_SCAN_PARAMS_H
 
 #include "rlk_params.h"
+#include "rlk_seq_mask.h"
 
 #define RLK_ADVANTAGE_SCAN_PARAMS(F, S_) \
   F(S_, const void *, x0, 0)             \

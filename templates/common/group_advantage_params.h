@@ -11,6 +11,7 @@
 #define RLK_GROUP_ADVANTAGE_PARAMS_H
 
 #include "rlk_params.h"
+#include "rlk_seq_mask.h"
 
 #define RLK_GA_ROWSUM_PARAMS(F, S_)  \
   F(S_, const void *, rewards, 0)    \

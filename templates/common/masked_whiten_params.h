@@ -1,6 +1,6 @@
 /* masked_whiten_params.h - the arguments of the masked_whiten kernels (templates/cuda/
  * masked_whiten.cuh, templates/host/masked_whiten.c), filled by src/ops/masked_whiten.c.
- *   stats: x [B, T] (row stride xs), mask of kind mask_kind (seq MASK_*; NULL with none, row
+ *   stats: x [B, T] (row stride xs), mask of kind mask_kind (RLK_SEQ_MASK_*; NULL with none, row
  *          stride ms) -> partials, (count, mean, M2) per block of the launch
  *   apply: the same inputs and the nparts partials -> out (row stride os); eps, count_eps and
  *          flags (MW_FLAG_*) as the op defines them; stats (mean, var, count) or NULL. The host
@@ -9,6 +9,7 @@
 #define RLK_MASKED_WHITEN_PARAMS_H
 
 #include "rlk_params.h"
+#include "rlk_seq_mask.h"
 
 #define RLK_MW_STATS_PARAMS(F, S_) \
   F(S_, const void *, x, 0)        \

@@ -14,6 +14,7 @@
 #define RLK_TOKEN_BASELINE_PARAMS_H
 
 #include "rlk_params.h"
+#include "rlk_seq_mask.h"
 
 #define RLK_TB_SCAN_PARAMS(F, S_)     \
   F(S_, const void *, rewards, 0)     \

@@ -8,6 +8,7 @@
 #define RLK_TOKEN_KL_PARAMS_H
 
 #include "rlk_params.h"
+#include "rlk_seq_mask.h"
 
 #define RLK_TK_PARAMS(F, S_)            \
   F(S_, const void *, logp, 0)          \

@@ -328,7 +328,7 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
 
 /* GAE (FAMILY_GAE) or discounted returns (FAMILY_RETURNS) over B rows of T steps.
  *   x0, x1   rewards and values (x1 unused for returns), row strides s0, s1
- *   mask     [B, T] of kind mask_kind (seq::MASK_*; NULL with MASK_NONE), row stride ms
+ *   mask     [B, T] of kind mask_kind (RLK_SEQ_MASK_*; NULL with RLK_SEQ_MASK_NONE), row stride ms
  *   o0, o1   outputs: advantages and returns (GAE), or returns and ReMax advantages (returns);
  *            o1 may be NULL; baseline [B] (returns only) may be NULL (then 0)
  *   gamma, gamma_lambda (GAE's gamma * lambda, formed in double by the caller), masked: the

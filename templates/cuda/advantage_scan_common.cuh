@@ -2,7 +2,7 @@
  * masked_whiten.cuh) share: reading the mask as valid/invalid flags, 32-byte groups of values
  * per thread (16-byte vector accesses where aligned), and the shuffles their scans use.
  *
- * A mask kind is a run-time value (MASK_*, the indices of the op's choice names): it only picks
+ * A mask kind is a run-time value (RLK_SEQ_MASK_*: rlk_seq_mask.h): it only picks
  * how a flag is read, and baking it in would multiply the kernels for nothing. A position is valid
  * where the mask value is non-zero: a bool byte != 0, an i32 != 0, an f32 other than +-0 (NaN
  * counts as valid). */
@@ -10,11 +10,10 @@
 #define RLK_ADVANTAGE_SCAN_COMMON_CUH
 
 #include "rlk_prelude.cuh"
+#include "rlk_seq_mask.h"
 
 namespace rlk {
 namespace seq {
-
-enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 
 /* Elements of one dtype per thread group: 32 bytes (8 f32, 4 f64), two 16-byte accesses. */
 template <typename TS> struct group {
@@ -31,20 +30,20 @@ template <bool RO, typename T> RLK_DEVICE T rd(const T *p) {
 
 /* Is the mask element i a valid position? (A mask is never written: read-only loads.) */
 RLK_DEVICE bool valid_at(const void *mask, int kind, i64 i) {
-  if (kind == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0;
-  if (kind == MASK_I32) return ld_ro((const i32 *)mask + i) != 0;
-  if (kind == MASK_F32) return (ld_ro((const u32 *)mask + i) << 1) != 0u;
+  if (kind == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0;
+  if (kind == RLK_SEQ_MASK_I32) return ld_ro((const i32 *)mask + i) != 0;
+  if (kind == RLK_SEQ_MASK_F32) return (ld_ro((const u32 *)mask + i) << 1) != 0u;
   return true;
 }
 
 /* Bytes per mask element (0: no mask). */
-RLK_DEVICE int mask_bytes(int kind) { return kind == MASK_NONE ? 0 : (kind == MASK_BOOL ? 1 : 4); }
+RLK_DEVICE int mask_bytes(int kind) { return kind == RLK_SEQ_MASK_NONE ? 0 : (kind == RLK_SEQ_MASK_BOOL ? 1 : 4); }
 
 /* Can K flags from mask element i be read with vector loads (K bool bytes: one K-byte load;
  * K 4-byte values: 16-byte loads)? */
 template <int K> RLK_DEVICE bool mask_vec_ok(const void *mask, int kind, i64 i) {
-  if (kind == MASK_NONE) return true;
-  if (kind == MASK_BOOL) return is_aligned<K>((const u8 *)mask + i);
+  if (kind == RLK_SEQ_MASK_NONE) return true;
+  if (kind == RLK_SEQ_MASK_BOOL) return is_aligned<K>((const u8 *)mask + i);
   return is_aligned<16>((const u8 *)mask + 4 * i);
 }
 
@@ -53,13 +52,13 @@ template <int K> RLK_DEVICE bool mask_vec_ok(const void *mask, int kind, i64 i) 
 template <int K>
 RLK_DEVICE void load_valid(const void *mask, int kind, i64 i, int n, bool vec, bool m[K]) {
   static_assert(K == 4 || K == 8, "K");
-  if (kind == MASK_NONE) {
+  if (kind == RLK_SEQ_MASK_NONE) {
 #pragma unroll
     for (int j = 0; j < K; ++j) m[j] = j < n;
     return;
   }
   if (vec && n == K) {
-    if (kind == MASK_BOOL) {
+    if (kind == RLK_SEQ_MASK_BOOL) {
       u64 q;
       if (K == 8)
         q = ld_ro((const u64 *)((const u8 *)mask + i));
@@ -68,7 +67,7 @@ RLK_DEVICE void load_valid(const void *mask, int kind, i64 i, int n, bool vec, b
 #pragma unroll
       for (int j = 0; j < K; ++j) m[j] = ((q >> (8 * j)) & 0xffu) != 0;
     } else {
-      const u32 shift = kind == MASK_F32 ? 1u : 0u;
+      const u32 shift = kind == RLK_SEQ_MASK_F32 ? 1u : 0u;
 #pragma unroll
       for (int c = 0; c < K / 4; ++c) {
         const i32x4 q = ld_ro((const i32x4 *)((const i32 *)mask + i + 4 * c));

@@ -24,15 +24,14 @@ namespace ga {
 enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3, MODE_OPO = 4, MODE_PASSK = 5,
        MODE_PASSK_UNSCALED = 6 };
 enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
-enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
 
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
   /* a mask is never written: read-only loads (ld_ro) */
-  if (MASK == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == MASK_F32) return ld_ro((const float *)mask + i);
+  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
   return 1.0f;
 }
 
@@ -121,29 +120,29 @@ RLK_DEVICE void load4(const double *p, double v[4]) {
 
 /* Bytes per mask element (0: no mask). */
 template <int MASK> struct mask_bytes {
-  static constexpr int value = MASK == MASK_NONE ? 0 : (MASK == MASK_BOOL ? 1 : 4);
+  static constexpr int value = MASK == RLK_SEQ_MASK_NONE ? 0 : (MASK == RLK_SEQ_MASK_BOOL ? 1 : 4);
 };
 
 /* Can the four mask values at element i be read with one aligned load? */
 template <int MASK> RLK_DEVICE bool mask_vec_ok(const void *mask, i64 i) {
-  if (MASK == MASK_NONE) return true;
+  if (MASK == RLK_SEQ_MASK_NONE) return true;
   constexpr int nb = mask_bytes<MASK>::value;
   return is_aligned<4 * nb>((const u8 *)mask + i * nb);
 }
 
 /* Four mask weights from element i (mask_vec_ok holds). */
 template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
-  if (MASK == MASK_BOOL) {
+  if (MASK == RLK_SEQ_MASK_BOOL) {
     const u32 q = ld_ro((const u32 *)((const u8 *)mask + i));
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
-  } else if (MASK == MASK_I32) {
+  } else if (MASK == RLK_SEQ_MASK_I32) {
     const i32x4 q = ld_ro((const i32x4 *)((const i32 *)mask + i));
     w[0] = (float)q.x;
     w[1] = (float)q.y;
     w[2] = (float)q.z;
     w[3] = (float)q.w;
-  } else if (MASK == MASK_F32) {
+  } else if (MASK == RLK_SEQ_MASK_F32) {
     const f32x4 q = ld_ro((const f32x4 *)((const float *)mask + i));
     w[0] = q.x;
     w[1] = q.y;
@@ -201,7 +200,7 @@ __global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga_rowsum_args p_) {
         const i64 t = 4 * (c0 + u * bd);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          if (MASK == ga::MASK_NONE) {
+          if (MASK == RLK_SEQ_MASK_NONE) {
             if (t + j < T) acc += v[u][j];
           } else if (w[u][j] != 0.0f) {
             acc += v[u][j] * (TS)w[u][j];
@@ -411,7 +410,7 @@ __global__ void group_advantage_broadcast(RLK_PARAMS_ARG ga_broadcast_args p_) {
         float q[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          q[j] = MASK == ga::MASK_NONE ? a : (w[u][j] != 0.0f ? a * w[u][j] : 0.0f);
+          q[j] = MASK == RLK_SEQ_MASK_NONE ? a : (w[u][j] != 0.0f ? a * w[u][j] : 0.0f);
         if (vec && t + 4 <= T) {
           store4(o + t, q[0], q[1], q[2], q[3]);
         } else {

@@ -350,7 +350,7 @@ struct Op {
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, int LAYOUT, int MASK, bool ADVSEQ,
           int ENT, bool ISW, bool SEQGRAD>
 __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(RLK_PARAMS_ARG pl::Params a) {
-  typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != tl::MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
+  typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != RLK_SEQ_MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
   __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
   __shared__ T sh2[O::NPRE * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];

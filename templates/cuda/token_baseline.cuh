@@ -27,7 +27,6 @@
 namespace rlk {
 namespace tb {
 
-enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
 
 /* Lanes of a row's team. */
@@ -36,9 +35,9 @@ constexpr int TEAM = 32;
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
   /* a mask is never written: read-only loads (ld_ro) */
-  if (MASK == MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == MASK_F32) return ld_ro((const float *)mask + i);
+  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
   return 1.0f;
 }
 

@@ -6,7 +6,7 @@
  * (straight-through: e times w = min(exp(logp - old), w_max), a constant), times the upstream
  * gradient when given and the mask's weight; where the mask is 0 both outputs are 0 whatever
  * the inputs hold. Arithmetic in the inputs' dtype. Template values, in the op's schema order:
- * the dtype, the estimator (rlk_kl_estimator), the mask kind (tl::MASK_*), straight-through,
+ * the dtype, the estimator (rlk_kl_estimator), the mask kind (RLK_SEQ_MASK_*), straight-through,
  * old_logp present, grad_kl present, and which outputs are written (OUT_*). Inputs are never
  * written by the kernel (outputs overlap none): read-only loads. */
 #ifndef RLK_TOKEN_KL_CUH
@@ -21,9 +21,9 @@ namespace tk {
 enum { OUT_KL = 0, OUT_GRAD = 1, OUT_BOTH = 2 };
 
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == tl::MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == tl::MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == tl::MASK_F32) return ld_ro((const float *)mask + i);
+  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
+  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
+  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
   return 1.0f;
 }
 
@@ -54,7 +54,7 @@ __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
           g = g * (w < w_max ? w : w_max);
         }
         if (GIN) g = g * ld_ro(gin + b * p_.grad_kl_stride + t);
-        if (MASK != tl::MASK_NONE) {
+        if (MASK != RLK_SEQ_MASK_NONE) {
           v = v * (T)m;
           g = g * (T)m;
         }

@@ -41,6 +41,7 @@
 #define RLK_TOKEN_LOSS_CUH
 
 #include "rlk_prelude.cuh"
+#include "rlk_seq_mask.h"
 
 /* Threads per block of the token pass, 4-token chunks a thread loads at once, and the blocks
  * of the pass that must fit on one multiprocessor together (the launch bound; the host launches
@@ -53,7 +54,6 @@ namespace rlk {
 namespace tl {
 
 enum { LAYOUT_PADDED = 0, LAYOUT_PACKED_I32 = 1, LAYOUT_PACKED_I64 = 2 };
-enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_I32 = 2, MASK_F32 = 3 };
 enum { RED_SUM = 0, RED_MAX = 1, RED_MIN = 2 };
 
 /* The token streams of a call. Padded: stream k of row r starts at in[k] + r * in_stride[k]
@@ -81,29 +81,29 @@ struct Norm {
 /* ---- mask ------------------------------------------------------------------------ */
 
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
-  if (MASK == MASK_I32) return (float)((const i32 *)mask)[i];
-  if (MASK == MASK_F32) return ((const float *)mask)[i];
+  if (MASK == RLK_SEQ_MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
+  if (MASK == RLK_SEQ_MASK_I32) return (float)((const i32 *)mask)[i];
+  if (MASK == RLK_SEQ_MASK_F32) return ((const float *)mask)[i];
   return 1.0f;
 }
 
 template <int MASK> struct mask_bytes {
-  static constexpr int value = MASK == MASK_NONE ? 0 : (MASK == MASK_BOOL ? 1 : 4);
+  static constexpr int value = MASK == RLK_SEQ_MASK_NONE ? 0 : (MASK == RLK_SEQ_MASK_BOOL ? 1 : 4);
 };
 
 /* Four mask weights from element i, which starts a 4-element aligned group. */
 template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
-  if (MASK == MASK_BOOL) {
+  if (MASK == RLK_SEQ_MASK_BOOL) {
     const u32 q = *(const u32 *)((const u8 *)mask + i);
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
-  } else if (MASK == MASK_I32) {
+  } else if (MASK == RLK_SEQ_MASK_I32) {
     const i32x4 q = *(const i32x4 *)((const i32 *)mask + i);
     w[0] = (float)q.x;
     w[1] = (float)q.y;
     w[2] = (float)q.z;
     w[3] = (float)q.w;
-  } else if (MASK == MASK_F32) {
+  } else if (MASK == RLK_SEQ_MASK_F32) {
     const f32x4 q = *(const f32x4 *)((const float *)mask + i);
     w[0] = q.x;
     w[1] = q.y;
@@ -282,7 +282,7 @@ RLK_DEVICE bool vec_ok(const RowPtrs<T, NIN, NOUT> &p, const void *mask, i64 j) 
 #pragma unroll
   for (int k = 0; k < NOUT; ++k)
     if ((OUTB >> k) & 1u) ok = ok && is_aligned<16>(p.out[k] + j);
-  if (MASK != MASK_NONE)
+  if (MASK != RLK_SEQ_MASK_NONE)
     ok = ok && is_aligned<4 * mask_bytes<MASK>::value>((const u8 *)mask +
                                                           (p.mask0 + j) * mask_bytes<MASK>::value);
   return ok;

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss
   __shared__ T sh_acc[vl::NACC * RLK_MAX_WARPS];
   __shared__ T sh2[2 * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];
-  vl::Op<T, SEQMEAN, MASK != tl::MASK_NONE> op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
+  vl::Op<T, SEQMEAN, MASK != RLK_SEQ_MASK_NONE> op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
   tl::token_pass<T, LAYOUT, MASK>(op, a.s, a.partials, sh_acc, sh2);
 }
 

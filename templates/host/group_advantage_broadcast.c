@@ -1,6 +1,6 @@
 /* group_advantage_broadcast.c - host form of rlk::group_advantage_broadcast (see
  * templates/cuda/group_advantage.cuh): out[b, t] = adv[b] * m[b, t], exactly 0 where the mask
- * is 0, adv[b] without a mask. Parameter: RLK_P_MASK (GA_MASK_*). */
+ * is 0, adv[b] without a mask. Parameter: RLK_P_MASK (RLK_SEQ_MASK_*). */
 #include "group_advantage_common.h"
 
 RLK_HOST_KERNEL rlk_group_advantage_broadcast(void **args) {
@@ -15,7 +15,7 @@ RLK_HOST_KERNEL rlk_group_advantage_broadcast(void **args) {
     const float a = adv[b];
     float *o = out + b * out_stride;
     for (rlk_i64 t = 0; t < T; t++) {
-      if (RLK_P_MASK == GA_MASK_NONE) {
+      if (RLK_P_MASK == RLK_SEQ_MASK_NONE) {
         o[t] = a;
       } else {
         const float w = ga_mask_at(RLK_P_MASK, mask, b * mask_stride + t);

@@ -1,7 +1,7 @@
 /* group_advantage_rowsum.c - host form of rlk::group_advantage_rowsum (see
  * templates/cuda/group_advantage.cuh): out[b] = sum_t r[b, t] * m[b, t] over the elements
  * whose mask value is non-zero, accumulated and stored in the reward type, in t order.
- * Parameters: RLK_P_SCORES (float or double), RLK_P_MASK (GA_MASK_*). */
+ * Parameters: RLK_P_SCORES (float or double), RLK_P_MASK (RLK_SEQ_MASK_*). */
 #include "group_advantage_common.h"
 
 typedef RLK_P_SCORES ga_score_t;
@@ -18,7 +18,7 @@ RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
     const ga_score_t *r = rewards + b * reward_stride;
     ga_score_t acc = 0;
     for (rlk_i64 t = 0; t < T; t++) {
-      if (RLK_P_MASK == GA_MASK_NONE) {
+      if (RLK_P_MASK == RLK_SEQ_MASK_NONE) {
         acc += r[t];
       } else {
         const float w = ga_mask_at(RLK_P_MASK, mask, b * mask_stride + t);

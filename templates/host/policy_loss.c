@@ -204,7 +204,7 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.s_ratio = 1;
   c.s_gate = 1;
 
-  const int has_mask = a.mask_kind != TL_MASK_NONE;
+  const int has_mask = a.mask_kind != RLK_SEQ_MASK_NONE;
   int present[NIN];
   for (int k = 0; k < NIN; k++) present[k] = a.s.in[k] != NULL;
   if (a.adv_per_seq) present[IN_ADV] = 0;

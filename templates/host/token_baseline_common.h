@@ -9,7 +9,6 @@
 #include "rlk_host_prelude.h"
 #include "token_baseline_params.h"
 
-enum { TB_MASK_NONE = 0, TB_MASK_BOOL = 1, TB_MASK_I32 = 2, TB_MASK_F32 = 3 };
 enum { TB_OFFSETS_FIXED = 0, TB_OFFSETS_I32 = 1, TB_OFFSETS_I64 = 2 };
 
 /* Lanes of a row's team on the GPU: the host scans in the same 32-element chunks. */
@@ -20,11 +19,11 @@ typedef RLK_P_DTYPE tb_t;
 /* The mask value at element i as a float weight (1 without a mask; a bool is 0 or 1). */
 static inline float tb_mask_at(const void *mask, rlk_i64 i) {
   switch (RLK_P_MASK) {
-  case TB_MASK_BOOL:
+  case RLK_SEQ_MASK_BOOL:
     return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
-  case TB_MASK_I32:
+  case RLK_SEQ_MASK_I32:
     return (float)((const int32_t *)mask)[i];
-  case TB_MASK_F32:
+  case RLK_SEQ_MASK_F32:
     return ((const float *)mask)[i];
   default:
     return 1.0f;

@@ -2,7 +2,7 @@
  * templates/cuda/token_baseline.cuh): per row, in 32-element chunks, the GPU team's inclusive
  * Hillis-Steele scan replayed lane by lane, then the carry of the earlier chunks: the same
  * additions in the same order. Parameters: RLK_P_DTYPE (float or double), RLK_P_MASK
- * (TB_MASK_*), RLK_P_COMPACT, RLK_P_ISW (0/1). */
+ * (RLK_SEQ_MASK_*), RLK_P_COMPACT, RLK_P_ISW (0/1). */
 #include "token_baseline_common.h"
 
 static inline tb_t tb_exp(tb_t x) { return sizeof(tb_t) == sizeof(float) ? (tb_t)expf((float)x) : (tb_t)exp((double)x); }

@@ -1,21 +1,20 @@
 /* token_kl.c - host form of rlk::token_kl (templates/cuda/token_kl.cuh): the same per-token
  * arithmetic in RLK_P_DTYPE, row by row. Parameters: RLK_P_DTYPE (float or double), RLK_P_EST
- * (rlk_kl_estimator), RLK_P_MASK (TK_MASK_*), RLK_P_ST, RLK_P_OLD, RLK_P_GIN (0/1), RLK_P_OUT
+ * (rlk_kl_estimator), RLK_P_MASK (RLK_SEQ_MASK_*), RLK_P_ST, RLK_P_OLD, RLK_P_GIN (0/1), RLK_P_OUT
  * (TK_OUT_*). */
 #include "kl_estimator.h"
 #include "rlk_host_prelude.h"
 #include "token_kl_params.h"
 
-enum { TK_MASK_NONE = 0, TK_MASK_BOOL = 1, TK_MASK_I32 = 2, TK_MASK_F32 = 3 };
 enum { TK_OUT_KL = 0, TK_OUT_GRAD = 1, TK_OUT_BOTH = 2 };
 
 static inline float tk_mask_at(const void *mask, rlk_i64 i) {
   switch (RLK_P_MASK) {
-  case TK_MASK_BOOL:
+  case RLK_SEQ_MASK_BOOL:
     return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
-  case TK_MASK_I32:
+  case RLK_SEQ_MASK_I32:
     return (float)((const int32_t *)mask)[i];
-  case TK_MASK_F32:
+  case RLK_SEQ_MASK_F32:
     return ((const float *)mask)[i];
   default:
     return 1.0f;
@@ -42,7 +41,7 @@ RLK_HOST_KERNEL rlk_token_kl(void **args) {
           g = g * (w < w_max ? w : w_max);
         }
         if (RLK_P_GIN) g = g * gin[b * p_->grad_kl_stride + t];
-        if (RLK_P_MASK != TK_MASK_NONE) {
+        if (RLK_P_MASK != RLK_SEQ_MASK_NONE) {
           v = v * (kl_t)m;
           g = g * (kl_t)m;
         }

@@ -8,9 +8,9 @@
 #define RLK_TOKEN_LOSS_HOST_H
 
 #include "rlk_host_prelude.h"
+#include "rlk_seq_mask.h"
 
 enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
-enum { TL_MASK_NONE = 0, TL_MASK_BOOL = 1, TL_MASK_I32 = 2, TL_MASK_F32 = 3 };
 
 /* tl::Streams<NIN, NOUT>: 8-byte fields only. */
 #define TL_STREAMS(NIN, NOUT)        \
@@ -70,11 +70,11 @@ static inline double tl_gate(double x, double lo, double hi, double bg) {
 /* The mask weight of element i (1 without a mask). */
 static inline float tl_mask_at(rlk_i64 kind, const void *mask, rlk_i64 i) {
   switch (kind) {
-  case TL_MASK_BOOL:
+  case RLK_SEQ_MASK_BOOL:
     return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
-  case TL_MASK_I32:
+  case RLK_SEQ_MASK_I32:
     return (float)((const int32_t *)mask)[i];
-  case TL_MASK_F32:
+  case RLK_SEQ_MASK_F32:
     return ((const float *)mask)[i];
   default:
     return 1.0f;

@@ -19,7 +19,7 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
                             a.s.offsets};
   const double k = tl_grad_scale(&a.norm, a.c_grad, &cv);
   const T clip = (T)a.clip, cg = (T)k, bg = (T)a.bound_g;
-  const int has_mask = a.mask_kind != TL_MASK_NONE;
+  const int has_mask = a.mask_kind != RLK_SEQ_MASK_NONE;
   double acc[NACC] = {0, 0, 0, 0, 0};
 
   for (rlk_i64 row = 0; row < a.s.rows; row++) {
