@@ -51,18 +51,19 @@ RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
  * boxes of 64 head-dim columns (q and grad_out 64 rows, k and v the kernel's key tile), 128-byte
  * swizzle; then the pass's struct, at the offset the other kernels' parameters start after theirs
  * would. */
+#define RLK_PA_SM90_MAPS(F, S_)     \
+  F(S_, rlk_tensor_map, map_q, 0)   \
+  F(S_, rlk_tensor_map, map_k, 128) \
+  F(S_, rlk_tensor_map, map_v, 256)
+
 #define RLK_PA_FWD_SM90_PARAMS(F, S_) \
-  F(S_, rlk_tensor_map, map_q, 0)     \
-  F(S_, rlk_tensor_map, map_k, 128)   \
-  F(S_, rlk_tensor_map, map_v, 256)   \
+  RLK_PA_SM90_MAPS(F, S_)             \
   F(S_, pa_fwd_args, pass, 384)
 #define RLK_PA_FWD_SM90_PARAMS_SIZE 512
 RLK_PARAMS_DECLARE(pa_fwd_sm90_args, RLK_PA_FWD_SM90_PARAMS, RLK_PA_FWD_SM90_PARAMS_SIZE);
 
 #define RLK_PA_BWD_SM90_PARAMS(F, S_) \
-  F(S_, rlk_tensor_map, map_q, 0)     \
-  F(S_, rlk_tensor_map, map_k, 128)   \
-  F(S_, rlk_tensor_map, map_v, 256)   \
+  RLK_PA_SM90_MAPS(F, S_)             \
   F(S_, rlk_tensor_map, map_do, 384)  \
   F(S_, pa_bwd_args, pass, 512)
 #define RLK_PA_BWD_SM90_PARAMS_SIZE 640
