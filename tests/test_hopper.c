@@ -338,8 +338,8 @@ static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
   for (uint64_t i = 0; i < rows * stride; i++) h[i] = (float)rlk_test_rand_normal(rng);
   void *d = rlk_test_dev_upload(ctx, h, bytes), *dout = rlk_test_dev_alloc(ctx, sizeof out);
   const rlk_tma_desc_request req = {d, RLK_F32, rows, cols, stride, BOX_ROWS, BOX_COLS, 0};
-  _Alignas(64) unsigned char map[128];
-  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &req, map) == RLK_OK, "%s", rlk_last_error());
+  ht_box_args bargs = {.out = dout};
+  ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &req, &bargs.map) == RLK_OK, "%s", rlk_last_error());
   rlk_kernel_spec s;
   memset(&s, 0, sizeof s);
   s.tmpl = &ht_box;
@@ -348,7 +348,7 @@ static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
   const int origins[2][2] = {{(int)(rlk_test_rand_u64(rng) % (rows - BOX_ROWS)), (int)(rlk_test_rand_u64(rng) % (cols - BOX_COLS))},
                              {(int)rows - BOX_ROWS / 2, (int)cols - BOX_COLS / 4}};
   for (int k = 0; k < 2; k++) {
-    int row0 = origins[k][0], col0 = origins[k][1];
+    const int row0 = origins[k][0], col0 = origins[k][1];
     ck_assert_int_eq(rlk_memset(ctx, dout, 0xff, sizeof out), RLK_OK);
     rlk_launch_dims dims;
     memset(&dims, 0, sizeof dims);
@@ -356,8 +356,8 @@ static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
     dims.block[0] = 128;
     dims.block[1] = dims.block[2] = 1;
     dims.shared_bytes = sizeof out + 128; /* the box and its alignment slack */
-    void *args[] = {map, &dout, &row0, &col0};
-    ck_assert_msg(rlk_context_launch(ctx, &s, &dims, NULL, args) == RLK_OK, "%s", rlk_last_error());
+    bargs.row0 = row0, bargs.col0 = col0;
+    ck_assert_msg(rlk_context_launch_params(ctx, &s, &dims, NULL, &bargs) == RLK_OK, "%s", rlk_last_error());
     ck_assert_msg(rlk_stream_synchronize(ctx, NULL) == RLK_OK, "tma box at (%d, %d): %s", row0, col0, rlk_last_error());
     ck_assert_int_eq(rlk_memcpy_to_host(ctx, out, dout, sizeof out), RLK_OK);
     for (int r = 0; r < BOX_ROWS; r++)

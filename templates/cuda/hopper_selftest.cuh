@@ -161,8 +161,7 @@ __global__ void __launch_bounds__(128) hopper_tile_mn(RLK_PARAMS_ARG ht_tile_arg
 }
 
 template <int R, int C>
-__global__ void __launch_bounds__(128) hopper_tma_box(const __grid_constant__ tensor_map map, float *out, i32 row0,
-                                                      i32 col0) {
+__global__ void __launch_bounds__(128) hopper_tma_box(RLK_PARAMS_ARG ht_box_args p_) {
 #if defined(RLK_SM90_ASM)
   extern __shared__ __align__(128) u8 box_raw[];
   float *box = (float *)(((u64)box_raw + 127u) & ~(u64)127u);
@@ -174,12 +173,12 @@ __global__ void __launch_bounds__(128) hopper_tma_box(const __grid_constant__ te
   __syncthreads();
   if (threadIdx.x == 0) {
     sm90::mbar_arrive_expect_tx(&full, (u32)(R * C * 4));
-    sm90::tma_load_2d(box, &map, col0, row0, &full);
+    sm90::tma_load_2d(box, &p_.map, p_.col0, p_.row0, &full);
   }
   sm90::mbar_wait(&full, 0);
-  for (int i = (int)threadIdx.x; i < R * C; i += (int)blockDim.x) out[i] = box[i];
+  for (int i = (int)threadIdx.x; i < R * C; i += (int)blockDim.x) p_.out[i] = box[i];
 #else
-  (void)map, (void)out, (void)row0, (void)col0;
+  (void)p_;
 #endif
 }
 
