@@ -1152,9 +1152,17 @@ typedef enum rlk_linear_logprob_variant {
  *   logp[i] = z[i, y_i] - lse[i],  lse[i] = log sum_v exp z[i, v],  entropy[i] = lse[i] - E_p[z],
  * with the same label rules (ignore_index: logp 0; a label outside [0, V): NaN row and
  * RLK_LOGPROB_STATUS_BAD_LABEL in *status). The dot products accumulate in f32 on a GPU (fp64 on
- * the host). A GPU call runs a GEMM kernel per (row block, vocabulary split) that leaves per-row
- * partials (max, sum of exp, sum of p z, the label's logit) in the workspace, then a kernel that
- * merges each row's splits in split order: bitwise repeatable, no float atomics. */
+ * the host). A GPU call runs a GEMM kernel per (row block, vocabulary split) that leaves a record
+ * per row and 256 columns (max, sum of exp, sum of p z, the label's logit) in the workspace, then
+ * a kernel that merges each row's records in a tree fixed by V: bitwise repeatable, no float
+ * atomics.
+ * Batch invariance: a row's logp, lse and entropy (and in rlk_linear_logprob_backward its
+ * grad_hidden row) are bitwise the same whatever the other rows: any N, the row's place, packing,
+ * the token chunks of rlk_linear_policy_loss, splits, the workspace and the tuning database. The
+ * contract's boundary: given equal hidden states, weight, label and temperature, on
+ * the same kernel (sm_90a's wgmma kernels where tensor maps describe hidden and weight, else the
+ * tiled ones: the two differ in bits) and target, equal bits. How the hidden states came to be
+ * (the model's own batch shapes) is outside it. */
 typedef struct rlk_linear_logprob_args {
   rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
   rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
@@ -1169,8 +1177,8 @@ typedef struct rlk_linear_logprob_args {
   void *workspace;
   size_t workspace_bytes;
   rlk_linear_logprob_variant variant;
-  /* Vocabulary splits a row's work is cut into (0: chosen from N, V and the GPU); each split
-   * covers a multiple of 256 columns. More splits fill more SMs and need more workspace. */
+  /* Vocabulary splits a row block's work is cut into (0: chosen from N, V and the GPU); each split
+   * covers a multiple of 256 columns. A schedule only: the bits are the same for every value. */
   int splits;
   /* sm_90a kernel's ring of operand stages, 48 KB each: 2 to 4 (0: 4, or the tuning database's
    * winner for the call's key when splits is 0 as well). */
@@ -1190,13 +1198,15 @@ typedef struct rlk_linear_logprob_args {
  * absent. */
 RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
 
-/* Bytes of workspace a call with these arguments needs (16 bytes per row and split on a GPU, 0 on
- * the host backend). Checks the arguments like the call. */
+/* Bytes of workspace a call with these arguments needs (on a GPU 16 bytes per row and 256
+ * vocabulary columns for at most 128 MiB of rows at a time, the call launching more rows after
+ * them; 0 on the host backend). Checks the arguments like the call. */
 RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
                                                      const rlk_linear_logprob_args *args,
                                                      size_t *bytes);
 
-/* The fused forward on `stream`: two launches, no device memory beyond the workspace. */
+/* The fused forward on `stream`: two launches per 128 MiB of records (one at N 14080, V 151936),
+ * no device memory beyond the workspace. */
 RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
                                       void *stream);
 

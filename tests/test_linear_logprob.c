@@ -71,29 +71,23 @@ static double ll_grid_w(uint64_t *rng, double step) {
 }
 
 /* A bound on the relative error of a row's sum of exponentials s (and of q, the sum of p z, within
- * twice it) as the GPU kernels fold exact logits over V columns cut into S splits (a split: a
- * block's run of 256-column tiles, or one tile of the stored logits), each rounding at most u
- * relative to the partial sum it lands in (every term is positive, so a partial sum is at most s):
- *   per 256 columns a thread folds: at most 32 additions into its two chains of p.s (sm_90a: 64
- *     values, 32 each; the tiled kernel: four tiles of 4 values, 4 additions and its s0 + s1 each),
- *     s0 + s1, and a rebase (a multiply, and ex2.approx's error, taken as 8 u: 2^-21, the
- *     instruction's is about 2^-22) when the maximum moved: 4 (4 + 1 + 1 + 8) = 56 u;
- *   per merge of two records (lanes of a row: at most 5 levels; the splits, in order: S; the
- *     stored combine's lanes: fewer): one side's rebase (a multiply and 8 u; the other's factor is
- *     2^0 = 1) and an addition: 11 u;
+ * twice it) as the GPU kernels fold exact logits over V columns into a record per 256 columns
+ * (linear_logprob_plan.h), each rounding at most u relative to the partial sum it lands in (every
+ * term is positive, so a partial sum is at most s):
+ *   a record, the larger of the two kernels': sm_90a's ll_tile_record adds a lane's 64 values in
+ *     two chains of 32, then s0 + s1 and the four lanes by butterfly (one maximum for all: no
+ *     rebase), 35 u; the tiled kernel folds four 64-column tiles, each a thread's 4 values in two
+ *     chains, s0 + s1 and a rebase (a multiply, and ex2.approx's error, taken as 8 u: 2^-21, the
+ *     instruction's is about 2^-22) when the maximum moved, 4 (2 + 1 + 1 + 8) = 48 u, then its 16
+ *     lanes by 4 merges of 11 u: 92 u;
+ *   the combine: a record goes through ceil(S / 32) merges in its lane and 5 of the butterfly, each
+ *     one side's rebase (a multiply and 8 u) and an addition: 11 u;
  *   once per term: ex2.approx (8 u) and the rounding of its exponent x c - M (2 u |x c - M| in
- *     bits, p-weighted at most the entropy's 2 u ln V / ln 2 < 36 u at V < 2^18): 44 u. */
-static double ll_fold_eps(int64_t V, int64_t S) {
-  const int64_t tiles = (V + 255) / 256;
-  if (S < 1) S = 1;
-  if (S > tiles) S = tiles;
-  const int64_t per = (tiles + S - 1) / S;
-  return (double)(56 * per + 11 * (S + 5) + 44) * LL_U;
-}
-/* The same for any split count the call may choose (the two extremes bound the rest). */
-static double ll_fold_eps_any(int64_t V) {
-  const double a = ll_fold_eps(V, 1), b = ll_fold_eps(V, (V + 255) / 256);
-  return a > b ? a : b;
+ *     bits, p-weighted at most the entropy's 2 u ln V / ln 2 < 36 u at V < 2^18): 44 u.
+ * The records and their tree depend on V alone, as does the bound. */
+static double ll_fold_eps(int64_t V) {
+  const int64_t records = (V + 255) / 256;
+  return (double)(92 + 11 * ((records + 31) / 32 + 5) + 44) * LL_U;
 }
 
 /* Bounds on the errors of one row's logp, lse and entropy (the kernels' forms in
@@ -224,9 +218,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
     double *x = malloc((size_t)c->V * sizeof(double));
     int any_bad = 0;
     double worst = 0.0, worst_ratio = 0.0;
-    /* the splits the call chose: its workspace holds a 16-byte record a row and split */
-    const int64_t S = wsb >= (size_t)(16 * c->N) ? (int64_t)(wsb / (size_t)(16 * c->N)) : 1;
-    const double eps = ll_fold_eps(c->V, S);
+    const double eps = ll_fold_eps(c->V);
     const int64_t nrows = c->check_rows && c->check_rows < c->N ? c->check_rows : c->N;
     for (int64_t r = 0; r < nrows; r++) {
       /* every row, or the first, second, last and a spread of the others */
@@ -247,19 +239,19 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
         if (err > worst) worst = err;
         if (err / tol > worst_ratio) worst_ratio = err / tol;
         ck_assert_msg(err <= tol,
-                      "N=%lld V=%lld H=%lld variant=%d splits %lld row %lld output %d (logp, lse, entropy): %.7g, "
+                      "N=%lld V=%lld H=%lld variant=%d splits %d row %lld output %d (logp, lse, entropy): %.7g, "
                       "fp64 %.7g, bound %.3g",
-                      (long long)c->N, (long long)c->V, (long long)c->H, (int)c->variant, (long long)S, (long long)i,
+                      (long long)c->N, (long long)c->V, (long long)c->H, (int)c->variant, c->splits, (long long)i,
                       q, got[q], want[q], tol);
       }
     }
     for (int64_t i = 0; i < c->N; i++) /* rows not compared count too */
       if (lab[i * ls] != -100 && (lab[i * ls] < 0 || lab[i * ls] >= c->V)) any_bad = 1;
     ck_assert_int_eq(o->status != 0, any_bad);
-    printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d splits %lld: %lld rows vs fp64, worst |err| %.3g "
+    printf("linear_logprob %s N=%lld V=%lld H=%lld %s variant=%d splits %d: %lld rows vs fp64, worst |err| %.3g "
            "(%.2g of its bound; inputs %.1f s, call %.1f s, reference %.1f s)\n",
            host ? "host" : "gpu", (long long)c->N, (long long)c->V, (long long)c->H, rlk_dtype_name(c->dt),
-           (int)c->variant, (long long)S, (long long)nrows, worst, worst_ratio, t1 - t0, t2 - t1, rlk_test_now() - t2);
+           (int)c->variant, c->splits, (long long)nrows, worst, worst_ratio, t1 - t0, t2 - t1, rlk_test_now() - t2);
     free(x);
   }
   free(h), free(w), free(lab), free(lab32);
@@ -322,7 +314,7 @@ static double ll_load_g(const void *p, rlk_dtype d, int64_t i) {
  * (NULL: not checked) hold grad_hidden / grad_weight in gdt, old_h / old_w what they held before an
  * accumulating call. dg_lp / dg_H (NULL: exact) bound the errors of the gradients the call used
  * (its own from its own log-probs, where the loss made them); fwd_eps bounds the fold of the
- * forward whose lse and entropy the backward read (0: any split count, ll_fold_eps_any); stored:
+ * forward whose lse and entropy the backward read (0: ll_fold_eps); stored:
  * the logits were kept as u = 2^(x c - m) in the inputs' 16-bit dtype (the token chunks). */
 typedef struct ll_gradref {
   const uint16_t *h, *w;
@@ -376,7 +368,7 @@ static void ll_check_grads(rlk_context *ctx, const ll_gradref *c) {
                                  (H * 2) % 16 == 0);
   const int f16 = c->dt == RLK_F16;
   const double u_dz = !dz16 ? 0.0 : f16 ? 0x1p-11 : 0x1p-8, a_dz = dz16 && f16 ? 0x1p-25 : 0.0;
-  const double fwd_eps = c->fwd_eps > 0 ? c->fwd_eps : ll_fold_eps_any(V), T = c->T;
+  const double fwd_eps = c->fwd_eps > 0 ? c->fwd_eps : ll_fold_eps(V), T = c->T;
   for (int64_t i = 0; i < N; i++) {
     lp_ref_row row;
     ll_ref_row(h, H, w, H, f16, i, V, H, T, c->lab[i], -100, x, &row, NULL);
@@ -684,7 +676,7 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
   ck_assert(x && g_lp && g_H);
   double worst = 0.0;
   /* each shard's records fold as a forward over at most V columns; the combine merges P more */
-  const double eps = ll_fold_eps_any(V) + 11.0 * (P + 5) * LL_U;
+  const double eps = ll_fold_eps(V) + 11.0 * (P + 5) * LL_U;
   for (int64_t i = 0; i < N; i++) {
     lp_ref_row ref;
     ll_ref_row(h, H, w, H, 0, i, V, H, 1.0, lab[i], -100, x, &ref, NULL);
@@ -1059,7 +1051,7 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   double *dg_lp = malloc((size_t)N * 8), *dg_H = malloc((size_t)N * 8);
   ck_assert(h && w && lab && lp && ent && old && adv && ref && mask && glp && gent && x && f_old && f_adv && f_ref && m8);
   ck_assert(lp_tol && ent_tol && gabs && dg_lp && dg_H);
-  const double step = ll_grid_step(H, 2.0), eps = ll_fold_eps_any(V);
+  const double step = ll_grid_step(H, 2.0), eps = ll_fold_eps(V);
   for (int64_t i = 0; i < N * H; i++) rlk_test_store(h, dt, i, ll_grid_h(&rng));
   for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, dt, i, ll_grid_w(&rng, step));
   for (int64_t i = 0; i < N; i++) {

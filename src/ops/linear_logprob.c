@@ -64,8 +64,11 @@ static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 #define LL_SM90_STAGES 4
 #define LL_TILED_BM 64
 #define LL_TILED_THREADS 256
-#define LL_COMBINE_THREADS 256
+#define LL_COMBINE_THREADS 256 /* eight rows a block: a warp a row */
 #define LL_RECORD_BYTES 16
+/* The forward's records at most (ceil(V / 256) a row, 16 bytes each; launches of fewer rows past
+ * it): at V 151936, 14080 rows a launch. */
+#define LL_FWD_WORKSPACE_BYTES ((int64_t)128 << 20)
 
 static const rlk_param_decl ll_sm90_params[] = {
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
@@ -209,13 +212,15 @@ static rlk_status ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weig
   return RLK_OK;
 }
 
-/* A forward call: the head, the kernels that run, the vocabulary split and the tensor maps. */
+/* A forward call: the head, the kernels that run, its records and row launches, the splits asked
+ * for, and the tensor maps (hidden's for all rows; a launch's rows from its first). */
 typedef struct ll_call {
   rlk_op_call op;
   ll_head h;
   ll_choice ch;
-  int64_t row_blocks, splits, cols_per_split;
-  int shard; /* records instead of logp, lse and entropy */
+  int64_t records, rows; /* a row's records; a launch's rows at most */
+  int splits;            /* asked for (the call's or the tuning database's), 0: chosen a launch */
+  int shard;             /* records instead of logp, lse and entropy */
   rlk_tma_desc_request req_h, req_w;
 } ll_call;
 
@@ -300,16 +305,15 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   call->specs[call->nspecs++] = k->ch.gemm;
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
   call->specs[call->nspecs++] = k->ch.combine;
-  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
-  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM;
-  k->row_blocks = (N + bm - 1) / bm;
-  if (k->row_blocks > 65535 * 1024)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hidden: N = %lld rows is too many", (long long)N);
-  rlk_ll_fwd_splits(k->h.V, k->row_blocks, wg ? sms : 4 * sms, splits, &k->splits, &k->cols_per_split);
-  if (k->splits > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %lld exceeds 65535", (long long)k->splits);
-  call->workspace = (size_t)k->splits * (size_t)N * LL_RECORD_BYTES;
+  /* records of 256 columns from V alone; rows in launches within the budget; the split a launch's
+   * schedule (linear_logprob_plan.h) */
+  k->records = rlk_ll_fwd_records(k->h.V);
+  if (k->records > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: V = %lld needs more than 65535 splits of 256 columns",
+                     (long long)k->h.V);
+  k->rows = rlk_ll_fwd_rows(N, k->h.V, LL_FWD_WORKSPACE_BYTES);
+  k->splits = splits;
+  call->workspace = (size_t)k->records * (size_t)k->rows * LL_RECORD_BYTES;
   return RLK_OK;
 }
 
@@ -333,16 +337,47 @@ static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t 
   return d;
 }
 
-/* The GEMM over (row blocks, splits) writing [splits][N] records into the workspace, then their
- * combine; the host's one fp64 kernel. The sm_90a GEMM takes its tensor maps as parameters of
- * their own, ahead of the struct. */
+/* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
+ * (logits: the sampling head's raw logits of those rows, else NULL). */
+static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, const void *partials, int64_t S,
+                             int64_t n, int64_t V, const void *labels, int64_t label_stride, int64_t ignore_index,
+                             float *logp, float *lse, float *entropy, int *status, float *records,
+                             int64_t vocab_start, float temperature, const float *logits, int64_t logits_pitch,
+                             void *stream) {
+  ll_combine_args c = {0};
+  c.partials = partials;
+  c.S = S;
+  c.N = n;
+  c.V = V;
+  c.record_cols = RLK_LL_RECORD_COLS;
+  c.labels = labels;
+  c.label_stride = label_stride;
+  c.ignore_index = ignore_index;
+  c.logp = logp;
+  c.lse = lse;
+  c.entropy = entropy;
+  c.status = status;
+  c.records = records;
+  c.vocab_start = vocab_start;
+  c.logits = logits;
+  c.logits_pitch = logits_pitch;
+  c.temperature = temperature;
+  void *cargs[] = {&c};
+  const int64_t rows_a_block = LL_COMBINE_THREADS / 32;
+  rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_COMBINE_THREADS, 0);
+  return rlk_context_launch(ctx, spec, &d, stream, cargs);
+}
+
+/* Per launch of at most k->rows rows: the GEMM over (row blocks, splits) writing [records][n]
+ * records into the workspace, then their combine; the host's one fp64 kernel. The sm_90a GEMM
+ * takes its tensor maps as parameters of their own, ahead of the struct. */
 static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   const rlk_linear_logprob_args *a = args;
   const ll_call *k = (const ll_call *)call;
   rlk_status st;
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
   const float temperature = a->temperature;
-  const int64_t N = k->h.N, V = k->h.V, H = k->h.H, S = k->splits, cps = k->cols_per_split;
+  const int64_t N = k->h.N, V = k->h.V, H = k->h.H;
   float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data, *entropy = (float *)a->entropy.data;
   int *status = k->shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
   float *records = (float *)a->partials.data;
@@ -372,66 +407,67 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params);
   }
-  if (k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA) {
-    _Alignas(64) unsigned char map_h[128], map_w[128];
-    st = rlk_context_tensor_map(ctx, &k->req_h, map_h);
-    if (!st) st = rlk_context_tensor_map(ctx, &k->req_w, map_w);
-    if (st) return st;
-    ll_fwd_sm90_args g = {0};
-    g.labels = labels;
-    g.label_stride = k->h.ls;
-    g.N = N;
-    g.V = V;
-    g.H = H;
-    g.cols_per_split = cps;
-    g.partials = partials;
-    g.vocab_start = vocab_start;
-    g.temperature = temperature;
-    /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
-     * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
-    void *params[] = {map_h, map_w, &g};
-    const size_t smem = (size_t)k->ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
-    rlk_launch_dims d = ll_dims((uint64_t)k->row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
-    if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
-  } else {
-    ll_fwd_tiled_args g = {0};
-    g.hidden = hidden;
-    g.h_stride = k->h.hs;
-    g.weight = weight;
-    g.w_stride = k->h.ws;
-    g.labels = labels;
-    g.label_stride = k->h.ls;
-    g.N = N;
-    g.V = V;
-    g.H = H;
-    g.cols_per_split = cps;
-    g.partials = partials;
-    g.vocab_start = vocab_start;
-    g.temperature = temperature;
-    void *params[] = {&g};
-    rlk_launch_dims d = ll_dims((uint64_t)k->row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
-    if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
+  const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM, slots = wg ? sms : 4 * sms;
+  const size_t lsize = rlk_dtype_size(a->labels.dtype);
+  _Alignas(64) unsigned char map_h[128], map_w[128];
+  if (wg && (st = rlk_context_tensor_map(ctx, &k->req_w, map_w))) return st;
+  for (int64_t r0 = 0; r0 < N; r0 += k->rows) {
+    const int64_t n = N - r0 < k->rows ? N - r0 : k->rows, row_blocks = (n + bm - 1) / bm;
+    const void *lab = (const char *)labels + (size_t)(r0 * k->h.ls) * lsize;
+    int64_t S, cps;
+    rlk_ll_fwd_splits(V, row_blocks, slots, k->splits, &S, &cps);
+    if (S > 65535 || row_blocks > INT32_MAX)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: %lld row blocks x %lld splits are too many",
+                       (long long)row_blocks, (long long)S);
+    rlk_launch_dims d;
+    if (wg) {
+      rlk_tma_desc_request rh = k->req_h;
+      rh.base = (const char *)hidden + (size_t)(r0 * k->h.hs) * 2u;
+      rh.rows = (uint64_t)n;
+      if ((st = rlk_context_tensor_map(ctx, &rh, map_h))) return st;
+      ll_fwd_sm90_args g = {0};
+      g.labels = lab;
+      g.label_stride = k->h.ls;
+      g.N = n;
+      g.V = V;
+      g.H = H;
+      g.cols_per_split = cps;
+      g.partials = partials;
+      g.vocab_start = vocab_start;
+      g.temperature = temperature;
+      /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
+       * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
+      void *params[] = {map_h, map_w, &g};
+      const size_t smem = (size_t)k->ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
+      d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+      if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
+    } else {
+      ll_fwd_tiled_args g = {0};
+      g.hidden = (const char *)hidden + (size_t)(r0 * k->h.hs) * 2u;
+      g.h_stride = k->h.hs;
+      g.weight = weight;
+      g.w_stride = k->h.ws;
+      g.labels = lab;
+      g.label_stride = k->h.ls;
+      g.N = n;
+      g.V = V;
+      g.H = H;
+      g.cols_per_split = cps;
+      g.partials = partials;
+      g.vocab_start = vocab_start;
+      g.temperature = temperature;
+      void *params[] = {&g};
+      d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
+      if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
+    }
+    if ((st = ll_combine(ctx, &k->ch.combine, partials, k->records, n, V, lab, k->h.ls, a->ignore_index,
+                         logp ? logp + r0 : NULL, lse ? lse + r0 : NULL, entropy ? entropy + r0 : NULL, status,
+                         records ? records + 4 * r0 : NULL, vocab_start, temperature, NULL, 0, stream)))
+      return st;
   }
-  ll_combine_args c = {0};
-  c.partials = partials;
-  c.S = S;
-  c.N = N;
-  c.V = V;
-  c.cols_per_split = cps;
-  c.labels = labels;
-  c.label_stride = k->h.ls;
-  c.ignore_index = a->ignore_index;
-  c.logp = logp;
-  c.lse = lse;
-  c.entropy = entropy;
-  c.status = status;
-  c.records = records;
-  c.vocab_start = vocab_start;
-  c.temperature = temperature;
-  void *cargs[] = {&c};
-  rlk_launch_dims d = ll_dims((uint64_t)((N + LL_COMBINE_THREADS - 1) / LL_COMBINE_THREADS), 1,
-                              LL_COMBINE_THREADS, 0);
-  return rlk_context_launch(ctx, &k->ch.combine, &d, stream, cargs);
+  return RLK_OK;
 }
 
 static const rlk_arg_field ll_fields[] = {
@@ -524,10 +560,6 @@ static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob
 static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logprob_stored_dz_t",
                                                  "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                                  ll_stored_dz_params};
-/* ... and their records' combine, a warp a row (the combine's schema) */
-static const rlk_template ll_stored_combine_tmpl = {"linear_logprob", "linear_logprob_stored_combine",
-                                                    "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_combine_params),
-                                                    ll_combine_params};
 #define LL_STORED_VEC 8    /* columns a vector (RLK_LL_STORED_VEC) */
 #define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
 #define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
@@ -1150,7 +1182,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   const int tr = s->ksplit > 0;
   const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {tr ? LL_BWD_LOGITS_T : LL_BWD_LOGITS, hd, s->labels.dtype,
                                                   s->entropy, 0}},
-                        cb = {&ll_stored_combine_tmpl, {s->labels.dtype, s->entropy}};
+                        cb = {&ll_combine_tmpl, {s->labels.dtype, s->entropy}};
   rlk_status st;
   if ((st = rlk_spec_validate(&lg)) || (st = rlk_spec_validate(&cb))) return st;
   _Alignas(64) unsigned char m_h[128], m_w[128], m_u[128], m_u2[128];
@@ -1165,23 +1197,8 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records, g.ksplit = s->ksplit;
   void *largs[] = {m_h, m_w, m_u, m_u2, &g};
   if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, largs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
-  ll_combine_args k = {0};
-  k.partials = c.records;
-  k.S = g.tiles_n;
-  k.N = n;
-  k.V = c.V;
-  k.cols_per_split = LL_STORED_TILE;
-  k.labels = c.labels;
-  k.label_stride = c.ls;
-  k.ignore_index = s->ignore_index;
-  k.logp = s->logp + r0;
-  k.lse = s->lse + r0;
-  k.entropy = s->entropy ? s->ent + r0 : NULL;
-  k.status = s->status;
-  k.temperature = s->temperature;
-  void *kargs[] = {&k};
-  const rlk_launch_dims d = ll_dims((uint64_t)((n + 7) / 8), 1, 256, 0); /* a warp a row */
-  return rlk_context_launch(ctx, &cb, &d, stream, kargs);
+  return ll_combine(ctx, &cb, c.records, g.tiles_n, n, c.V, c.labels, c.ls, s->ignore_index, s->logp + r0,
+                    s->lse + r0, s->entropy ? s->ent + r0 : NULL, s->status, NULL, 0, s->temperature, NULL, 0, stream);
 }
 
 /* u -> dz in place: the row-major pass over the chunk's rows, or the transposed one over u^T's
@@ -1470,7 +1487,7 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
        * names grad_hidden's dtype (grad_weight is f32, its slices dh-kind products) */
       const rlk_kernel_spec k[9] = {
           {&ll_bwd_sm90_tmpl, {LL_BWD_LOGITS, hidden, labels, entropy, 0}},
-          {&ll_stored_combine_tmpl, {labels, entropy}},
+          {&ll_combine_tmpl, {labels, entropy}},
           {&ll_stored_dz_tmpl, {hidden, labels, entropy}},
           {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hidden, RLK_I32, 0, grad_same ? hidden : 0}},
           {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hidden, RLK_I32, 0, 0}},

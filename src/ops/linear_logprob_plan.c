@@ -1,5 +1,5 @@
-/* linear_logprob_plan.c - the forward's splits, the backward's chunk width and the token chunks'
- * rows (linear_logprob_plan.h). */
+/* linear_logprob_plan.c - the forward's records, rows and splits, the backward's chunk width and
+ * the token chunks' rows (linear_logprob_plan.h). */
 #include "ops/linear_logprob_plan.h"
 
 #define LLP_BM 128 /* the kernels' tile: 128 rows x 256 columns, K in steps of 64 */
@@ -10,6 +10,15 @@
 #define LLP_LAUNCH_STEPS 25
 
 static int64_t llp_ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t rlk_ll_fwd_records(int64_t V) { return llp_ceil(V, RLK_LL_RECORD_COLS); }
+
+int64_t rlk_ll_fwd_rows(int64_t N, int64_t V, int64_t budget) {
+  const int64_t per_row = rlk_ll_fwd_records(V) * 16;
+  int64_t rows = budget / per_row / LLP_BM * LLP_BM;
+  if (rows < LLP_BM) rows = LLP_BM;
+  return N < rows ? N : rows;
+}
 
 void rlk_ll_fwd_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
                        int64_t *cols_per_split) {

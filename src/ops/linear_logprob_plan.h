@@ -1,16 +1,56 @@
 /* linear_logprob_plan.h - how rlk_linear_logprob cuts its work when the call leaves it to it: the
- * forward's vocabulary splits and the backward's sm_90a chunk width, both from the whole waves of
- * blocks a launch takes. */
+ * forward's records, row launches and vocabulary splits, and the backward's sm_90a chunk width.
+ *
+ * Batch invariance: a row's outputs (logp, lse, entropy; grad_hidden's row in the backward) are
+ * bitwise the same for any N, any place of the row in the batch, any packing, token chunking,
+ * workspace size or tuning database, given equal hidden states, weight, label and settings on
+ * the same kernel (the sm_90a wgmma kernels, or the portable tiled ones: their in-tile K orders
+ * differ, so their bits do too). What decides a row's bits, and what it depends on:
+ *   - the logit x = h . w_v: one kernel's K order over H, the same for every row of a tile and
+ *     every tile (wgmma m64n256k16 in steps of 64 on sm_90a; the tiled kernel's fmaf chain);
+ *   - the records: one per RLK_LL_RECORD_COLS columns of a row (rlk_ll_fwd_records: from V
+ *     alone), each from its 256 logits in a fixed order (ll_tile_record on sm_90a);
+ *   - their merge: a warp per row, lane k taking records k, k + 32, ... then a butterfly, a tree
+ *     fixed by the record count;
+ *   - the backward's dz = f(x, lse, ...) element by element, and grad_hidden's row: one K chain
+ *     over the whole vocabulary (the dh kernels start each vocabulary chunk from the sum so far,
+ *     never from 0), so the chunk width does not enter.
+ * What depended on N before, and what it depends on now:
+ *   - the vocabulary split (rlk_ll_fwd_splits: whole waves of row blocks x splits) cut a row's
+ *     fold into split records merged in split order: a split is now a run of whole records, a
+ *     schedule only; the split count still follows N (and the device) for speed;
+ *   - the split from the tuning database (a winner per token bucket): the same, no longer bits;
+ *   - the backward's chunk (from N through the 288 MiB workspace budget and the cost model) cut
+ *     grad_hidden's sum into chunk sums added in order: now one chain (above);
+ *   - the forward's workspace held a record per split; it holds ceil(V / 256) records a row,
+ *     for at most rlk_ll_fwd_rows rows at a time (row launches: rows are independent).
+ * Cost on an H200 (the model; a GPU run measures it): the GEMM's tiles and waves are unchanged;
+ * per tile a consumer adds a 4-lane maximum and writes 16 bytes a row (2 KB a 128-row tile beside
+ * its 64 K steps of 4 MB of operands), and the combine reads 9.5 KB a row at V 151936 (78 MB at
+ * N 8192: about 25 us beside the forward's 15 ms, 0.2%; at decode sizes, N <= 256, 2.4 MB and
+ * about 3 us beside the 260 us that reading W takes, 1%). The backward's dh loads its 128 x 256
+ * f32 accumulator tile at the start of each chunk's tile instead of reduce-adding it at the end
+ * (the same bytes, read before the products instead of after them: about 1% of a dh tile's
+ * 264 K steps at N 8192, H 4096, V 151936). */
 #ifndef RLK_LINEAR_LOGPROB_PLAN_H
 #define RLK_LINEAR_LOGPROB_PLAN_H
 
 #include <stdint.h>
 
 #define RLK_LL_SPLIT_COLS 256 /* a forward split covers a multiple of this many columns */
+#define RLK_LL_RECORD_COLS 256 /* the columns of a row's record (templates: RLK_LL_RECORD_COLS) */
 
-/* The forward's vocabulary split: `asked` splits (capped at the 256-column tiles), or with 0 the
- * fewest splits that reach the least (waves x tiles per split) for `row_blocks` blocks of rows on
- * `slots` concurrently resident blocks. Writes the splits and the columns each covers. */
+/* A row's records: ceil(V / RLK_LL_RECORD_COLS), from V alone (their merge tree with them). */
+int64_t rlk_ll_fwd_records(int64_t V);
+
+/* The rows a forward launch takes at most: N, or as many whole 128-row blocks as keep their
+ * records within `budget` bytes (at least one block). */
+int64_t rlk_ll_fwd_rows(int64_t N, int64_t V, int64_t budget);
+
+/* The forward's vocabulary split, a schedule only (a split is a run of whole records): `asked`
+ * splits (capped at the 256-column tiles), or with 0 the fewest splits that reach the least
+ * (waves x tiles per split) for `row_blocks` blocks of rows on `slots` concurrently resident
+ * blocks. Writes the splits and the columns each covers. */
 void rlk_ll_fwd_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
                        int64_t *cols_per_split);
 

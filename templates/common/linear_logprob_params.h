@@ -6,9 +6,11 @@
  * vocabulary that labels index (0 unsharded); records: the shard form's output, f32 [N][4]
  * (rlk.h's vocab-parallel record), written instead of logp, lse and entropy when not NULL.
  *   fwd_host   the host forward: logp, lse, entropy per row (lse, entropy may be NULL)
- *   fwd_tiled  the portable GEMM: a record per (split, row) into partials [splits][N]
+ *   fwd_tiled  the portable GEMM over (row block, split): a record per (256 columns, row) into
+ *              partials [ceil(V / 256)][N]
  *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
- *   combine    partials [S][N] -> logp, lse, entropy
+ *   combine    partials [S][N] (S records a row, record_cols columns each) -> logp, lse, entropy;
+ *              logits: NULL, or raw f32 logits [N][logits_pitch] the label's logit is read from
  *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes
  *   bwd_dz     dz [N][Vc] of columns [c0, c0 + Vc): g_lp, g_ent the logp and entropy gradients,
  *              lse and entropy the forward's (entropy only with g_ent), each with its stride
@@ -76,23 +78,25 @@
   F(S_, float, temperature, 64)
 #define RLK_LL_FWD_SM90_PARAMS_SIZE 72
 
-#define RLK_LL_COMBINE_PARAMS(F, S_)   \
-  F(S_, const void *, partials, 0)     \
-  F(S_, long long, S, 8)               \
-  F(S_, long long, N, 16)              \
-  F(S_, long long, V, 24)              \
-  F(S_, long long, cols_per_split, 32) \
-  F(S_, const void *, labels, 40)      \
-  F(S_, long long, label_stride, 48)   \
-  F(S_, long long, ignore_index, 56)   \
-  F(S_, float *, logp, 64)             \
-  F(S_, float *, lse, 72)              \
-  F(S_, float *, entropy, 80)          \
-  F(S_, int *, status, 88)             \
-  F(S_, float *, records, 96)          \
-  F(S_, long long, vocab_start, 104)   \
-  F(S_, float, temperature, 112)
-#define RLK_LL_COMBINE_PARAMS_SIZE 120
+#define RLK_LL_COMBINE_PARAMS(F, S_)  \
+  F(S_, const void *, partials, 0)    \
+  F(S_, long long, S, 8)              \
+  F(S_, long long, N, 16)             \
+  F(S_, long long, V, 24)             \
+  F(S_, long long, record_cols, 32)   \
+  F(S_, const void *, labels, 40)     \
+  F(S_, long long, label_stride, 48)  \
+  F(S_, long long, ignore_index, 56)  \
+  F(S_, float *, logp, 64)            \
+  F(S_, float *, lse, 72)             \
+  F(S_, float *, entropy, 80)         \
+  F(S_, int *, status, 88)            \
+  F(S_, float *, records, 96)         \
+  F(S_, long long, vocab_start, 104)  \
+  F(S_, const float *, logits, 112)   \
+  F(S_, long long, logits_pitch, 120) \
+  F(S_, float, temperature, 128)
+#define RLK_LL_COMBINE_PARAMS_SIZE 136
 
 #define RLK_LL_BWD_HOST_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)      \

@@ -1,11 +1,13 @@
 /* linear_logprob.cuh - rlk_linear_logprob's portable kernels (every CUDA target and HIP):
  *
  *   linear_logprob_fwd_tiled  one block per (64-row block, vocabulary split): 64 x 64 logit tiles
- *                             of h W^T from shared memory in f32, folded into per-row records
- *                             (linear_logprob_common.cuh); logits never leave the block
- *   linear_logprob_combine    (linear_logprob_common.cuh) the records of a row, in split order
+ *                             of h W^T from shared memory in f32, each run of four (256 columns)
+ *                             folded into a record per row (linear_logprob_common.cuh); logits
+ *                             never leave the block
+ *   linear_logprob_combine    (linear_logprob_common.cuh) a row's records merged in a fixed tree
  *
- * The sm_90a kernel (linear_logprob_sm90.cuh) writes the same records with wgmma. */
+ * The sm_90a kernel (linear_logprob_sm90.cuh) writes records of the same columns with wgmma. A
+ * record covers 256 columns whatever the split, so a row's bits do not depend on the batch. */
 #ifndef RLK_LINEAR_LOGPROB_CUH
 #define RLK_LINEAR_LOGPROB_CUH
 
@@ -75,11 +77,15 @@ __global__ void __launch_bounds__(256)
   i64 y[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    st[r] = ll::empty_part();
     const i64 row = row0 + ty * 4 + r;
     y[r] = row < N ? ll::load_label(labels, row, label_stride) : -1;
   }
   for (i64 col0 = v_begin; col0 < v_end; col0 += BN) {
+    /* a record a 256 columns: four tiles folded by each thread, then its 16 lanes merged */
+    if ((col0 - v_begin) % RLK_LL_RECORD_COLS == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) st[r] = ll::empty_part();
+    }
     float acc[4][4];
     const auto ha = [&](int r, i64 k) {
       return row0 + r < N ? to_float(h[(row0 + r) * h_stride + k]) : 0.0f;
@@ -104,12 +110,15 @@ __global__ void __launch_bounds__(256)
           if (yc / 16 == cc) st[r].t = acc[r][cc];
       }
     }
-  }
+    if ((col0 + BN - v_begin) % RLK_LL_RECORD_COLS == 0 || col0 + BN >= v_end) {
+      const i64 rec = col0 / RLK_LL_RECORD_COLS;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const ll::part p = ll::lane_merge<16, ENTROPY>(st[r]);
-    const i64 row = row0 + ty * 4 + r;
-    if (tx == 0 && row < N) partials[(i64)blockIdx.y * N + row] = p;
+      for (int r = 0; r < 4; ++r) {
+        const ll::part p = ll::lane_merge<16, ENTROPY>(st[r]);
+        const i64 row = row0 + ty * 4 + r;
+        if (tx == 0 && row < N) partials[rec * N + row] = p;
+      }
+    }
   }
 }
 

@@ -246,63 +246,22 @@ RLK_DEVICE void ll_b16_half_t(const tensor_map *map, const F &value, u8 *stage, 
 }
 
 /* The logits kinds' epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
- * labels' columns, -1 for none): each row's tile record into partials, then u in place of acc,
- * stored in two halves (ll_b16_half, or ll_b16_half_t into map_c / map_d when TRANS). Columns past
- * V count as -inf (their u is 0); the sums run in a fixed order (a lane's columns in two
- * alternating partial sums, then the four lanes of a row by butterfly). The label's logit is
- * picked by the one thread that holds it. */
+ * labels' columns, -1 for none): each row's tile record into partials (ll_tile_record: the
+ * forward's records, bit for bit), then u in place of acc, stored in two halves (ll_b16_half, or
+ * ll_b16_half_t into map_c / map_d when TRANS). Columns past V count as -inf (their u is 0). */
 template <int DT, bool ENTROPY, bool TRANS>
 RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c, const tensor_map *map_d,
                                    float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], u8 *stage, i64 m0w, i64 n0,
                                    int tn, int rl, int tw, u32 barrier) {
-  constexpr int BN = ll_bwd_sm90::BN;
   const float c = RLK_LL_LOG2E / p_.temperature;
   const int l = tw % 32;
   ll::part *__restrict__ partials = (ll::part *)p_.out_aux;
   ll_mask_past(acc, p_.Nn, n0, l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float m0 = -limits<float>::infinity(), m1 = m0;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      m0 = fmaxf(m0, acc[4 * j + 2 * i]);
-      m1 = fmaxf(m1, acc[4 * j + 2 * i + 1]);
-    }
-    float mx = fmaxf(m0, m1);
-    mx = fmaxf(mx, shfl_xor(mx, 1));
-    mx = fmaxf(mx, shfl_xor(mx, 2));
-    const float M = mx * c;
-    float t = 0.0f;
-    const int qy = ll_owned_q(y[i] - n0, p_.Nn - n0, l);
-    if (qy >= 0) t = ll_pick(acc, i, qy);
-    float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float &x = acc[4 * j + 2 * i + e];
-        /* with the entropy a column past V has its exponent clamped, so that it adds exactly 0 to
-         * q as to s (-inf times 0 would not) */
-        const float d = ENTROPY ? fmaxf(fmaf(x, c, -M), -256.0f) : fmaf(x, c, -M), u = exp2_approx(d);
-        (e ? s1 : s0) += u;
-        if (ENTROPY) (e ? q1 : q0) = fmaf(u, d, e ? q1 : q0);
-        x = u;
-      }
-    float s = s0 + s1, q = q0 + q1;
-    s += shfl_xor(s, 1);
-    s += shfl_xor(s, 2);
-    if (ENTROPY) {
-      q += shfl_xor(q, 1);
-      q += shfl_xor(q, 2);
-    }
-    t += shfl_xor(t, 1);
-    t += shfl_xor(t, 2);
+    const ll::part rec = ll_tile_record<ENTROPY, true>(acc, i, c, ll_owned_q(y[i] - n0, p_.Nn - n0, l));
     const i64 r = m0w + rl + 8 * i;
-    if ((l & 3) == 0 && r < p_.M) {
-      ll::part rec;
-      rec.m = M, rec.s = s, rec.q = ENTROPY ? q : 0.0f, rec.t = t;
-      partials[(i64)tn * p_.M + r] = rec;
-    }
+    if ((l & 3) == 0 && r < p_.M) partials[(i64)tn * p_.M + r] = rec;
   }
   const auto u = [&](int i, int j, int e) { return acc[4 * j + 2 * i + e]; };
   if constexpr (TRANS) {

@@ -1,13 +1,14 @@
-/* linear_logprob_common.cuh - what the kernels of rlk_linear_logprob share: the per-row partial
- * record of one vocabulary split, its online update and merge, and the combine kernel that turns a
- * row's splits into logp, lse and entropy.
+/* linear_logprob_common.cuh - what the kernels of rlk_linear_logprob share: the per-row record of
+ * 256 vocabulary columns, its online update and merge, and the combine kernel that turns a row's
+ * records into logp, lse and entropy.
  *
- * Units: a GEMM kernel folds raw dot products x = h . w_v; with c = log2(e) / T the record holds
+ * Units: a GEMM kernel folds raw dot products x = h . w_v; with c = log2(e) / T a record holds
  *   m = max_v x_v c,  s = sum_v 2^(x_v c - m),  q = sum_v 2^(x_v c - m) (x_v c - m),  t = x_y
- * over the split's columns (t only in the split that owns the label y, 0 elsewhere). Then
+ * over its 256 columns (t only in the record whose columns hold the label y, 0 elsewhere). Then
  *   lse = m ln2 + ln s,  entropy = ln s - ln2 q / s,  logp = (t c - m) ln2 - ln s,
- * the forms rlk_logprob uses (logprob_common.cuh). Splits are merged in index order: the result
- * is bitwise the same run after run. */
+ * the forms rlk_logprob uses (logprob_common.cuh). A row's records are merged in a tree fixed by
+ * their count (ceil(V / 256)): the result is bitwise the same run after run, and whatever the
+ * batch, the split or the kernel's schedule. */
 #ifndef RLK_LINEAR_LOGPROB_COMMON_CUH
 #define RLK_LINEAR_LOGPROB_COMMON_CUH
 
@@ -15,6 +16,8 @@
 #include "linear_logprob_params.h"
 
 #define RLK_LL_LOG2E 1.4426950408889634f
+/* The columns of a record (linear_logprob_plan.h's RLK_LL_RECORD_COLS). */
+#define RLK_LL_RECORD_COLS 256
 #define RLK_LL_LN2 0.69314718055994531f
 
 namespace rlk {
@@ -144,66 +147,52 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
 
 } /* namespace ll */
 
-/* One thread per row: merges the row's S split records (partials [S][N], split-major) in split
- * order and writes its outputs. cols_per_split: the vocabulary columns of a split (the last may
- * be shorter), which says which split owns the label's logit. Shard form (records not NULL): the
+/* A warp per row (256 threads a block: eight rows): lane k merges the row's records k, k + 32, ...
+ * (partials [S][N], record-major) in order, then the lanes merge by a fixed butterfly, and lane 0
+ * writes the row's outputs; the tree depends on S alone. The label's logit t is its record's
+ * (record y / record_cols), or where `logits` is given (the sampling head's raw logits, f32 rows
+ * of logits_pitch) the logit stored there, the same float. Shard form (records not NULL): the
  * row's record over this weight's columns in rlk.h's vocab-parallel units (natural log of
- * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf) instead of logp,
- * lse and entropy; a label outside the shard is no error. */
+ * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf) instead of logp, lse
+ * and entropy; a label outside the shard is no error. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256)
     linear_logprob_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
   const ll::part *__restrict__ partials = (const ll::part *)p_.partials;
-  const i64 S = p_.S, N = p_.N, V = p_.V, cols_per_split = p_.cols_per_split;
-  const L *__restrict__ labels = (const L *)p_.labels;
-  const i64 label_stride = p_.label_stride, ignore_index = p_.ignore_index;
-  const float temperature = p_.temperature;
-  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse, *__restrict__ entropy = p_.entropy;
-  i32 *__restrict__ status = p_.status;
-  float *__restrict__ records = p_.records;
-  const i64 vocab_start = p_.vocab_start;
-  const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (row >= N) return;
-  const float c = RLK_LL_LOG2E / temperature;
-  float M = -limits<float>::infinity();
-  for (i64 sp = 0; sp < S; ++sp) M = fmaxf(M, partials[sp * N + row].m);
-  float s = 0.0f, q = 0.0f;
-  for (i64 sp = 0; sp < S; ++sp) {
-    const ll::part p = partials[sp * N + row];
-    float ps, pq;
-    ll::rebase(p.m, p.s, p.q, M, &ps, &pq);
-    s += ps;
-    q += pq;
-  }
-  const i64 yg = ll::load_label(labels, row, label_stride), y = yg - vocab_start;
-  if (records) {
-    const bool own = yg != ignore_index && y >= 0 && y < V;
+  const i64 S = p_.S, N = p_.N, V = p_.V, record_cols = p_.record_cols;
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = (int)(threadIdx.x % 32);
+  if (row >= N) return; /* the warp's 32 lanes alike */
+  ll::part acc = ll::empty_part();
+  for (i64 sp = lane; sp < S; sp += 32) acc = ll::merge<ENTROPY>(acc, partials[sp * N + row]);
+  acc = ll::lane_merge<32, ENTROPY>(acc);
+  if (lane != 0) return;
+  const float temperature = p_.temperature, c = RLK_LL_LOG2E / temperature;
+  const i64 yg = ll::load_label((const L *)p_.labels, row, p_.label_stride), y = yg - p_.vocab_start;
+  const bool own = yg != p_.ignore_index && y >= 0 && y < V;
+  const float t = !own ? 0.0f : p_.logits ? p_.logits[row * p_.logits_pitch + y] : partials[(y / record_cols) * N + row].t;
+  if (p_.records) {
     f32x4 r;
-    r.x = M * RLK_LL_LN2; /* -inf stays -inf */
-    r.y = s;
-    r.z = ENTROPY ? RLK_LL_LN2 * q : 0.0f;
-    r.w = own ? partials[(y / cols_per_split) * N + row].t / temperature : limits<float>::infinity();
-    *(f32x4 *)(records + 4 * row) = r;
+    r.x = acc.m * RLK_LL_LN2; /* -inf stays -inf */
+    r.y = acc.s;
+    r.z = ENTROPY ? RLK_LL_LN2 * acc.q : 0.0f;
+    r.w = own ? t / temperature : limits<float>::infinity();
+    *(f32x4 *)(p_.records + 4 * row) = r;
     return;
   }
   float lp, l, h;
-  if (y != ignore_index && (y < 0 || y >= V)) {
+  if (yg != p_.ignore_index && !own) {
     lp = l = h = limits<float>::quiet_nan();
-    if (status) atomicOr((int *)status, (int)ll::STATUS_BAD_LABEL);
+    if (p_.status) atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
   } else {
-    const float ln_s = logf(s);
-    l = M * RLK_LL_LN2 + ln_s;
-    h = ENTROPY ? ln_s - RLK_LL_LN2 * (q / s) : 0.0f;
-    if (y == ignore_index) {
-      lp = 0.0f;
-    } else {
-      const float t = partials[(y / cols_per_split) * N + row].t;
-      lp = fmaf(t, c, -M) * RLK_LL_LN2 - ln_s;
-    }
+    const float ln_s = logf(acc.s);
+    l = acc.m * RLK_LL_LN2 + ln_s;
+    h = ENTROPY ? ln_s - RLK_LL_LN2 * (acc.q / acc.s) : 0.0f;
+    lp = own ? fmaf(t, c, -acc.m) * RLK_LL_LN2 - ln_s : 0.0f;
   }
-  logp[row] = lp;
-  if (lse) lse[row] = l;
-  if (ENTROPY && entropy) entropy[row] = h;
+  p_.logp[row] = lp;
+  if (p_.lse) p_.lse[row] = l;
+  if (ENTROPY && p_.entropy) p_.entropy[row] = h;
 }
 
 } /* namespace rlk */

@@ -1,15 +1,17 @@
 /* linear_logprob_sm90.cuh - rlk_linear_logprob's forward on sm_90a: logit tiles of h W^T by wgmma
- * from TMA-filled shared memory, folded into per-row records in registers (never stored).
+ * from TMA-filled shared memory, each folded into a record per row in registers (never stored).
  *
  * A block owns 128 rows (tokens) and one vocabulary split (cols_per_split columns, a multiple of
  * 256) and walks the split's 256-column tiles. Warpgroup 0 is the producer: one thread issues the
  * TMA copies of h [128 x 64] and W [256 x 64] boxes (128-byte swizzle) into a ring of STAGES
  * stages (48 KB each), full/empty mbarriers between it and the consumers. Warpgroups 1 and 2 are
  * the consumers: each multiplies its 64 rows by the 256 columns (wgmma m64n256k16, 128 f32
- * accumulators a thread), then folds its two rows' 64 columns into (max, sum of exp, sum of p z,
- * target logit) (ll::fold) and goes on to the next tile; at the end the four lanes sharing a row
- * merge (fixed butterfly) and the block writes one record per row for its split. Registers move
- * from the producer (40) to the consumers (232) with setmaxnreg.
+ * accumulators a thread, K in order), then writes each row's record of the tile (ll_tile_record:
+ * max, sum of exp, sum of p z, the label's logit) to partials [tile][N] and goes on to the next
+ * tile. A row's records depend on its hidden state and the weight alone: not on the split, the
+ * row's place in the tile or the number of rows, so the combine's merge gives a row the same bits
+ * in any batch (linear_logprob_plan.h). Registers move from the producer (40) to the consumers
+ * (232) with setmaxnreg.
  *
  * Needs: h and W 16-byte aligned with row strides a multiple of 8 elements (tensor maps), the
  * 128-byte swizzle; the host falls back to linear_logprob_fwd_tiled otherwise. */
@@ -78,11 +80,10 @@ __global__ void __launch_bounds__(384, 1)
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32;
   const float c = RLK_LL_LOG2E / temperature;
-  ll::part st[2];
+  const i64 tile0 = v_begin / BN;
   i64 y[2], row[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    st[i] = ll::empty_part();
     row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
     /* the label's column in this weight (a shard's: outside [0, V) it owns no column here) */
     y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
@@ -98,23 +99,11 @@ __global__ void __launch_bounds__(384, 1)
     ll_mask_past(acc, V, col0, l);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      /* x[2 j + e] is column 8 j + 2 (l % 4) + e of the tile */
-      float x[BN / 4];
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) x[2 * j + e] = acc[4 * j + 2 * i + e];
-      ll::fold<BN / 4, ENTROPY>(st[i], x, c);
       /* the label's logit, where it is a column of this tile inside the vocabulary (a shard's
        * label past its end is not) */
-      const int qy = ll_owned_q(y[i] - col0, V - col0, l);
-      if (qy >= 0) st[i].t = ll_pick(acc, i, qy);
+      const ll::part rec = ll_tile_record<ENTROPY, false>(acc, i, c, ll_owned_q(y[i] - col0, V - col0, l));
+      if ((l & 3) == 0 && row[i] < N) partials[(tile0 + t) * N + row[i]] = rec;
     }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const ll::part p = ll::lane_merge<4, ENTROPY>(st[i]);
-    if ((l & 3) == 0 && row[i] < N) partials[(i64)blockIdx.y * N + row[i]] = p;
   }
 #else
   (void)map_h, (void)map_w, (void)p_;

@@ -11,6 +11,7 @@
 
 #include "hopper_mbarrier.cuh"
 #include "hopper_wgmma.cuh"
+#include "linear_logprob_common.cuh"
 
 #if defined(RLK_CUDA)
 namespace rlk {
@@ -87,6 +88,54 @@ RLK_DEVICE float ll_pick(const float (&acc)[ll_sm90::BN / 2], int i, int q) {
 #pragma unroll
   for (int k = 0; k < ll_sm90::BN / 4; ++k) x = k == q ? acc[4 * (k >> 1) + 2 * i + (k & 1)] : x;
   return x;
+}
+
+/* Row i's record of one 256-column tile (ll::part in the units of linear_logprob_common.cuh),
+ * the same bits in every kernel that calls it (the forward, the token chunks' logits kind, the
+ * rollout's sampling head): m = M = the tile's largest x c (a max over the row's four lanes), then
+ * s = sum 2^(x c - M) and q = sum 2^(x c - M) (x c - M) relative to it, each lane's 64 columns in
+ * two alternating chains, the four lanes added by butterfly (both orders give the same floats), and
+ * t = the label's x (qy: its q on the one lane that holds it, else -1). Columns given as -inf add
+ * exactly 0 (with the entropy the exponent is clamped, so that they add 0 to q too); a tile with
+ * every column -inf gives m = -inf and s = q = 0. U: acc's values of row i become u = 2^(x c - M)
+ * (what the token chunks store). Every lane of the warp calls it. */
+template <bool ENTROPY, bool U>
+RLK_DEVICE ll::part ll_tile_record(float (&acc)[ll_sm90::BN / 2], int i, float c, int qy) {
+  constexpr int BN = ll_sm90::BN;
+  float m0 = -limits<float>::infinity(), m1 = m0;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    m0 = fmaxf(m0, acc[4 * j + 2 * i]);
+    m1 = fmaxf(m1, acc[4 * j + 2 * i + 1]);
+  }
+  float mx = fmaxf(m0, m1);
+  mx = fmaxf(mx, shfl_xor(mx, 1));
+  mx = fmaxf(mx, shfl_xor(mx, 2));
+  const float M = mx * c, Mc = M == -limits<float>::infinity() ? 0.0f : M;
+  float t = qy >= 0 ? ll_pick(acc, i, qy) : 0.0f;
+  float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float &x = acc[4 * j + 2 * i + e];
+      const float d = ENTROPY ? fmaxf(fmaf(x, c, -Mc), -256.0f) : fmaf(x, c, -Mc), u = exp2_approx(d);
+      (e ? s1 : s0) += u;
+      if (ENTROPY) (e ? q1 : q0) = fmaf(u, d, e ? q1 : q0);
+      if (U) x = u;
+    }
+  float s = s0 + s1, q = q0 + q1;
+  s += shfl_xor(s, 1);
+  s += shfl_xor(s, 2);
+  if (ENTROPY) {
+    q += shfl_xor(q, 1);
+    q += shfl_xor(q, 2);
+  }
+  t += shfl_xor(t, 1);
+  t += shfl_xor(t, 2);
+  ll::part rec;
+  rec.m = M, rec.s = s, rec.q = ENTROPY ? q : 0.0f, rec.t = t;
+  return rec;
 }
 
 } /* namespace rlk */

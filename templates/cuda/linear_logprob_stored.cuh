@@ -10,8 +10,8 @@
  * the dz kind's formula, so that the dh and dw kinds take it as they take dz. u in [0, 1] keeps
  * 16-bit p within the relative rounding of the stored dz. Ignored rows get 0, rows with a bad
  * label NaN (the combine sets the status bit). Each element is read and written by one thread:
- * bitwise repeatable. linear_logprob_stored_combine gives the rows' logp, lse and entropy from the
- * records before that. */
+ * bitwise repeatable. linear_logprob_combine gives the rows' logp, lse and entropy from the
+ * records before that: the forward's records and merge, so the forward's bits. */
 #ifndef RLK_LINEAR_LOGPROB_STORED_CUH
 #define RLK_LINEAR_LOGPROB_STORED_CUH
 
@@ -188,43 +188,6 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
         if (rfirst + e < M) line[k][e].bits = (u16)(w[k][e / 2] >> (16 * (e % 2)));
     }
   }
-}
-
-/* The chunk's rows' records (one a 256-column tile: hundreds a row) to logp, lse and entropy, as
- * linear_logprob_combine but a warp a row: lane k merges the tiles k, k + 32, ... in order, then
- * the lanes merge by a fixed butterfly (bitwise repeatable). Launched with 256 threads a block
- * (eight rows); the combine's thread a row would walk the records one after another. */
-template <typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256) linear_logprob_stored_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
-  const ll::part *__restrict__ partials = (const ll::part *)p_.partials;
-  const i64 S = p_.S, N = p_.N, V = p_.V;
-  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = (int)(threadIdx.x % 32);
-  if (row >= N) return;
-  ll::part acc = ll::empty_part();
-  for (i64 sp = lane; sp < S; sp += 32) acc = ll::merge<ENTROPY>(acc, partials[sp * N + row]);
-  acc = ll::lane_merge<32, ENTROPY>(acc);
-  if (lane != 0) return;
-  const i64 y = ll::load_label((const L *)p_.labels, row, p_.label_stride);
-  float lp, l, h;
-  if (y != p_.ignore_index && (y < 0 || y >= V)) {
-    lp = l = h = limits<float>::quiet_nan();
-    if (p_.status) atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
-  } else {
-    const float ln_s = logf(acc.s);
-    l = acc.m * RLK_LL_LN2 + ln_s;
-    h = ENTROPY ? ln_s - RLK_LL_LN2 * (acc.q / acc.s) : 0.0f;
-    if (y == p_.ignore_index) {
-      lp = 0.0f;
-    } else {
-      const float c = RLK_LL_LOG2E / p_.temperature;
-      const float t = partials[(y / p_.cols_per_split) * N + row].t;
-      lp = fmaf(t, c, -acc.m) * RLK_LL_LN2 - ln_s;
-    }
-  }
-  p_.logp[row] = lp;
-  if (p_.lse) p_.lse[row] = l;
-  if (ENTROPY && p_.entropy) p_.entropy[row] = h;
 }
 
 } /* namespace rlk */
