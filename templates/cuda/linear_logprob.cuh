@@ -18,16 +18,20 @@ namespace rlk {
 /* One 64 x 64 tile of C[m][n] = sum_k A(m, k) B(n, k) in f32 by a block of 256 threads: thread
  * (ty, tx) = (t / 16, t % 16) gets rows 4 ty .. 4 ty + 3 and columns tx + 16 cc (cc < 4). a(r, k)
  * and b(c, k) read tile row / column r, c and k (0 outside the operands). As and Bs: 32 x 64 f32
- * of shared memory each. Every thread of the block must call it (it synchronizes). */
+ * of shared memory each. Each element is one fmaf chain over k in order, from 0, or with `carry`
+ * from the value acc holds (a chain continued: the same operations as one longer chain). Every
+ * thread of the block must call it (it synchronizes). */
 template <typename FA, typename FB>
 RLK_DEVICE void tile_product(float (&acc)[4][4], const FA &a, const FB &b, i64 K, float (*As)[64],
-                             float (*Bs)[64]) {
+                             float (*Bs)[64], bool carry = false) {
   constexpr int BK = 32;
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  if (!carry) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 4; ++r)
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
+      for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
+  }
   for (i64 k0 = 0; k0 < K; k0 += BK) {
 #pragma unroll
     for (int u = 0; u < 64 * BK / 256; ++u) {

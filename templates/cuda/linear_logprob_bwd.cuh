@@ -6,7 +6,9 @@
  *                          p = exp(z - lse) and E = lse - entropy from the forward
  *   linear_logprob_bwd_dh  dH = beta dH + dz W_c, dH f32 [N][H] (row stride dh_stride): the
  *                          workspace, or grad_hidden itself when that is f32 (beta 0 on the first
- *                          chunk, unless that adds to the caller's gradient)
+ *                          chunk, unless that adds to the caller's gradient); beta 1 continues
+ *                          each element's fmaf chain from dH, so that the chunks make one chain
+ *                          over the vocabulary (a row's bits do not depend on the chunk width)
  *   linear_logprob_bwd_dw  grad_weight[c0 + v] = dz[:, v]^T h (+ the old value when accumulating):
  *                          each element written once, by one thread
  * and at the end, for 16-bit gradients, linear_logprob_bwd_dh_out writes grad_hidden from dH (+ the
@@ -83,18 +85,25 @@ __global__ void __launch_bounds__(256)
   const i64 row0 = (i64)blockIdx.x * 64, h0 = (i64)blockIdx.y * 64;
   const T *w = (const T *)weight;
   float acc[4][4];
+  const bool carry = beta != 0.0f;
+  if (carry) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const i64 row = row0 + ty * 4 + r, col = h0 + tx + 16 * cc;
+        acc[r][cc] = row < N && col < H ? dh[row * dh_stride + col] : 0.0f;
+      }
+  }
   const auto da = [&](int r, i64 k) { return row0 + r < N ? dz[(row0 + r) * Vc + k] : 0.0f; };
   const auto wb = [&](int r, i64 k) { return h0 + r < H ? to_float(w[(c0 + k) * w_stride + h0 + r]) : 0.0f; };
-  tile_product(acc, da, wb, nv, As, Bs);
+  tile_product(acc, da, wb, nv, As, Bs, carry);
 #pragma unroll
   for (int r = 0; r < 4; ++r)
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
       const i64 row = row0 + ty * 4 + r, col = h0 + tx + 16 * cc;
-      if (row < N && col < H) {
-        float *o = dh + row * dh_stride + col;
-        *o = beta != 0.0f ? *o + acc[r][cc] : acc[r][cc];
-      }
+      if (row < N && col < H) dh[row * dh_stride + col] = acc[r][cc];
     }
 }
 

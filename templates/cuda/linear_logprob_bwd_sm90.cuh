@@ -43,9 +43,10 @@
  * dh's f32 sum and grad_weight, where a tensor map describes them (p_.staged; map_c: the output
  * in boxes of 64 rows x 32 f32 or 64 16-bit columns), leave the same way (a quarter of a
  * consumer's f32 columns, or half of its 16-bit ones, at a time) by TMA stores, or by TMA
- * reduce-adds when adding to the output (dh's sum over the chunks): the sum is done in L2 while
- * the next tile's products run, where a read-modify-write from registers left the tensor cores
- * waiting on global memory at every tile's end. Other outputs are written from registers.
+ * reduce-adds when adding to grad_weight (done in L2 while the next tile's products run). dh's
+ * sum over the chunks is one K chain: a tile of a chunk after the first loads the sum so far into
+ * its accumulators before its products (ll_carry_load), so a row's grad_hidden is the same bits
+ * whatever the chunk width (linear_logprob_plan.h). Other outputs are written from registers.
  *
  * Every output element is written by one block, its K sum in a fixed order, and the host walks
  * the chunks in order: the gradients are bitwise the same run after run. */
@@ -341,14 +342,13 @@ RLK_DEVICE void ll_f32_quarter(const tensor_map *map_c, const float (&acc)[ll_bw
 
 /* dh's or dw's epilogue: a consumer thread's rows r0 and r0 + 8 from its accumulators
  * (acc[4 j + 2 i + e] is row r0 + 8 i, column n0 + 8 j + 2 (l % 4) + e), added to what is there
- * when accumulating. */
+ * when `add`. */
 template <int KIND, int GDT>
 RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_bwd_sm90::BN / 2], i64 r0, i64 n0,
-                             int l) {
+                             int l, bool add) {
   constexpr int BN = ll_bwd_sm90::BN;
   typedef typename ll::elem<GDT>::type G;
   const i64 M = p_.M, NC = p_.Nn, ostride = p_.out_stride;
-  const bool add = p_.accumulate != 0;
   /* pairs as one store where the row stride and base keep them aligned */
   const bool vec = (ostride % 2) == 0 && ((u64)p_.out % (2 * sizeof(G))) == 0;
 #pragma unroll
@@ -381,6 +381,37 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
         a1 += o1;
       }
       ll_store_pair<G>(out + col, a0, a1, both, vec);
+    }
+  }
+}
+
+/* dh's accumulators of a consumer thread's rows r0 and r0 + 8 loaded from the sum so far (the
+ * output, G), where a chunk continues its K chain (0 outside [M, Nn): never stored). */
+template <int GDT>
+RLK_DEVICE void ll_carry_load(const ll::BwdSm90Params &p_, float (&acc)[ll_bwd_sm90::BN / 2], i64 r0, i64 n0, int l) {
+  constexpr int BN = ll_bwd_sm90::BN;
+  typedef typename ll::elem<GDT>::type G;
+  const bool vec = (p_.out_stride % 2) == 0 && ((u64)p_.out % (2 * sizeof(G))) == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const i64 r = r0 + 8 * i;
+    const G *row = (const G *)p_.out + r * p_.out_stride + n0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = 8 * j + 2 * (l % 4);
+      float a0 = 0.0f, a1 = 0.0f;
+      if (r < p_.M && n0 + col < p_.Nn) {
+        const bool both = n0 + col + 1 < p_.Nn;
+        if (sizeof(G) == 4 && both && vec) {
+          const f32x2 o = *(const f32x2 *)(row + col);
+          a0 = o.x, a1 = o.y;
+        } else {
+          a0 = to_float(row[col]);
+          if (both) a1 = to_float(row[col + 1]);
+        }
+      }
+      acc[4 * j + 2 * i] = a0;
+      acc[4 * j + 2 * i + 1] = a1;
     }
   }
 }
@@ -478,7 +509,10 @@ __global__ void __launch_bounds__(384, 1)
         y[i] = r0 + 8 * i < p_.M ? ll::load_label((const L *)p_.labels, r0 + 8 * i, p_.label_stride) - p_.vocab_start
                                  : (i64)-1;
     }
-    ll_sm90_tile_products<STAGES, AB, TA, TB>(acc, full, empty, smem, cw, l, kblocks, it);
+    /* dh continues the chunks' K chain from the sum so far (accumulate: the output holds it) */
+    const bool carry = (KIND == C::DH || KIND == C::DH_T) && p_.accumulate != 0;
+    if (carry) ll_carry_load<GDT>(p_, acc, r0, n0, l);
+    ll_sm90_tile_products<STAGES, AB, TA, TB>(acc, full, empty, smem, cw, l, kblocks, it, carry);
     if constexpr (KIND == C::DZ) {
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
@@ -486,7 +520,7 @@ __global__ void __launch_bounds__(384, 1)
       ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &map_c, &map_d, acc, y, stage, m0 + cw * 64, n0, tn,
                                                            16 * w + l / 4, tw, 1u + (u32)cw);
     } else if (p_.staged) {
-      const bool add = p_.accumulate != 0;
+      const bool add = !carry && p_.accumulate != 0;
       const i64 m0w = m0 + cw * 64;
       const int rl = 16 * w + l / 4;
       if constexpr (GDT == 0) {
@@ -500,7 +534,7 @@ __global__ void __launch_bounds__(384, 1)
         ll_b16_half<1, GDT>(&map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
       }
     } else {
-      ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l);
+      ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l, !carry && p_.accumulate != 0);
     }
   }
   /* the stores are done before the block (and its staging) goes */

@@ -25,12 +25,13 @@ struct ll_sm90 {
 
 /* One tile's products for consumer warpgroup cw (lane l of its warp): the K steps [0, kblocks)
  * from ring positions it, it + 1, ... (it advances past them; the ring runs on across tiles). The
- * tile's first product overwrites acc (scale-d 0): no zeroing between tiles. Each stage goes back
- * to the producer (empty) once the products reading it are done; at the end acc is complete. TA,
- * TB: 0 K-major, 1 MN-major; AB: the wgmma input type. */
+ * tile's first product overwrites acc (scale-d 0): no zeroing between tiles; with `carry` it adds
+ * to the acc the caller loaded (a K chain continued from a sum in memory: the same operations as
+ * one longer chain). Each stage goes back to the producer (empty) once the products reading it
+ * are done; at the end acc is complete. TA, TB: 0 K-major, 1 MN-major; AB: the wgmma input type. */
 template <int STAGES, int AB, int TA, int TB>
 RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, u64 *empty, const u8 *smem, int cw,
-                                      int l, int kblocks, u32 &it) {
+                                      int l, int kblocks, u32 &it, bool carry = false) {
   typedef ll_sm90 C;
   constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
   for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -44,7 +45,8 @@ RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, 
 #pragma unroll
     for (int k = 0; k < C::BK / 16; ++k)
       sm90::wgmma<C::BN>::template ss<AB, TA, TB>(acc, sm90::desc_advance(da, ASTEP * k),
-                                                  sm90::desc_advance(db, BSTEP * k), (kb > 0 || k > 0) ? 1u : 0u);
+                                                  sm90::desc_advance(db, BSTEP * k),
+                                                  (carry || kb > 0 || k > 0) ? 1u : 0u);
     sm90::wgmma_commit();
     if (kb > 0) {
       /* the previous stage's products are done: hand it back */
