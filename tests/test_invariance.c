@@ -1,0 +1,397 @@
+/* test_invariance.c - batch invariance: a row's outputs are the same bits whatever the rows around
+ * it. Each case computes a pool of rows once in one call (the base), then calls again on batches
+ * of N rows drawn from the pool (a random permutation, or with repeats past the pool's size) under
+ * other schedules (row strides, splits, chunks, token chunks, paths), and compares every row's
+ * outputs with its base bits (memcmp, not a tolerance):
+ *   - rlk_linear_logprob: logp, lse, entropy (both kernels on a GPU);
+ *   - rlk_linear_logprob_backward: grad_hidden's rows (f32 and 16-bit), any chunk;
+ *   - rlk_linear_policy_loss: the head's logp and grad_hidden's rows (a per-token loss with a
+ *     given normalizer), by each path; the token chunks' logp equal to rlk_linear_logprob's;
+ *   - the fused head's plan: a row's records come from V alone, whatever N (the split count, a
+ *     schedule, may follow N).
+ * The host backend runs small pools; with RLK_TEST_GPU=1 the CUDA cases take N over {1, 2, 3, 7,
+ * 64, 255, 256, 4096, 16384, 65536} at V 151936, H 4096 (make test-gpu). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/linear_logprob_plan.h"
+#include "suites.h"
+#include "test_util.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Device buffers (host memory on the host backend)                                    */
+/* ---------------------------------------------------------------------------------- */
+
+static void inv_down(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static int inv_gpu(rlk_context *ctx) { return rlk_context_backend(ctx) != RLK_BACKEND_HOST; }
+
+/* The rows a batch takes from the pool: a random permutation of n rows when n <= P, else each row
+ * drawn at random (repeats). */
+static void inv_pick(uint64_t *rng, int64_t P, int64_t n, int64_t *idx) {
+  if (n <= P) {
+    int64_t *all = malloc((size_t)P * sizeof *all);
+    for (int64_t i = 0; i < P; i++) all[i] = i;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t j = i + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)(P - i));
+      const int64_t t = all[i];
+      all[i] = all[j], all[j] = t;
+      idx[i] = all[i];
+    }
+    free(all);
+  } else {
+    for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)P);
+  }
+}
+
+/* Row j of `got` (`width` values of `esize` bytes) against row idx[j] of `base`, bit for bit. */
+static void inv_same(const void *base, const void *got, const int64_t *idx, int64_t n, size_t width,
+                     size_t esize, const char *what, const char *how) {
+  const size_t rb = width * esize;
+  for (int64_t j = 0; j < n; j++)
+    ck_assert_msg(memcmp((const char *)base + (size_t)idx[j] * rb, (const char *)got + (size_t)j * rb, rb) == 0,
+                  "%s: row %lld (pool row %lld) differs from its base bits (%s)", what, (long long)j,
+                  (long long)idx[j], how);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The fused head: a pool of rows                                                      */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct inv_head {
+  int64_t P, H, V;
+  rlk_dtype dt;
+  uint16_t *h;      /* P x H, on the host */
+  int64_t *lab;     /* P (some -100) */
+  float *glp, *gent; /* P: upstream gradients of the backward */
+  void *w;          /* V x H on the device */
+} inv_head;
+
+static void head_new(rlk_context *ctx, uint64_t *rng, int64_t P, int64_t H, int64_t V, rlk_dtype dt,
+                     inv_head *hd) {
+  hd->P = P, hd->H = H, hd->V = V, hd->dt = dt;
+  hd->h = malloc((size_t)(P * H) * 2);
+  hd->lab = malloc((size_t)P * 8);
+  hd->glp = malloc((size_t)P * 4);
+  hd->gent = malloc((size_t)P * 4);
+  uint16_t *w = malloc((size_t)(V * H) * 2);
+  ck_assert(hd->h && hd->lab && hd->glp && hd->gent && w);
+  /* logits of spread about 3: h ~ N(0, 1), w ~ N(0, 3 / sqrt H) */
+  const double ws = 3.0 / sqrt((double)H);
+  for (int64_t i = 0; i < P * H; i++) rlk_test_store(hd->h, dt, i, rlk_test_rand_unit(rng));
+  for (int64_t i = 0; i < V * H; i++) rlk_test_store(w, dt, i, ws * rlk_test_rand_unit(rng));
+  for (int64_t i = 0; i < P; i++) {
+    hd->lab[i] = i % 9 == 4 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+    hd->glp[i] = (float)rlk_test_rand_normal(rng);
+    hd->gent[i] = (float)(0.1 * rlk_test_rand_normal(rng));
+  }
+  hd->w = rlk_test_dev_upload(ctx, w, (size_t)(V * H) * 2);
+  free(w);
+}
+
+static void head_free(rlk_context *ctx, inv_head *hd) {
+  free(hd->h), free(hd->lab), free(hd->glp), free(hd->gent);
+  rlk_free(ctx, hd->w);
+}
+
+/* A batch of the pool's rows idx[0, n): hidden with row stride hs (>= H; the padding NaN), labels,
+ * upstream gradients, on the device. */
+typedef struct inv_batch {
+  int64_t n, hs;
+  void *h, *lab, *glp, *gent;
+} inv_batch;
+
+static inv_batch batch_of(rlk_context *ctx, const inv_head *hd, const int64_t *idx, int64_t n, int64_t hs) {
+  inv_batch b = {n, hs, NULL, NULL, NULL, NULL};
+  uint16_t *h = malloc((size_t)(n * hs) * 2);
+  int64_t *lab = malloc((size_t)n * 8);
+  float *glp = malloc((size_t)n * 4), *gent = malloc((size_t)n * 4);
+  ck_assert(h && lab && glp && gent);
+  memset(h, 0xff, (size_t)(n * hs) * 2);
+  for (int64_t j = 0; j < n; j++) {
+    memcpy(h + j * hs, hd->h + idx[j] * hd->H, (size_t)hd->H * 2);
+    lab[j] = hd->lab[idx[j]];
+    glp[j] = hd->glp[idx[j]];
+    gent[j] = hd->gent[idx[j]];
+  }
+  b.h = rlk_test_dev_upload(ctx, h, (size_t)(n * hs) * 2);
+  b.lab = rlk_test_dev_upload(ctx, lab, (size_t)n * 8);
+  b.glp = rlk_test_dev_upload(ctx, glp, (size_t)n * 4);
+  b.gent = rlk_test_dev_upload(ctx, gent, (size_t)n * 4);
+  free(h), free(lab), free(glp), free(gent);
+  return b;
+}
+
+static void batch_free(rlk_context *ctx, inv_batch *b) {
+  rlk_free(ctx, b->h), rlk_free(ctx, b->lab), rlk_free(ctx, b->glp), rlk_free(ctx, b->gent);
+}
+
+/* The forward of a batch: logp, lse, entropy as [n][3] floats on the host (*out, malloc'ed), and
+ * on the device lse and entropy for a backward (*d_lse, *d_ent, when asked). */
+static void head_fwd(rlk_context *ctx, const inv_head *hd, const inv_batch *b, rlk_linear_logprob_variant variant,
+                     int splits, float *out, void **d_lse, void **d_ent) {
+  const int64_t n = b->n;
+  void *lp = rlk_test_dev_alloc(ctx, (size_t)n * 4), *lse = rlk_test_dev_alloc(ctx, (size_t)n * 4),
+       *ent = rlk_test_dev_alloc(ctx, (size_t)n * 4);
+  rlk_linear_logprob_args a;
+  rlk_linear_logprob_args_init(&a);
+  a.hidden = rlk_tensor_2d(b->h, hd->dt, n, hd->H, b->hs);
+  a.weight = rlk_tensor_2d(hd->w, hd->dt, hd->V, hd->H, hd->H);
+  a.labels = rlk_tensor_1d(b->lab, RLK_I64, n);
+  a.temperature = 0.9f;
+  a.logp = rlk_tensor_1d(lp, RLK_F32, n);
+  a.lse = rlk_tensor_1d(lse, RLK_F32, n);
+  a.entropy = rlk_tensor_1d(ent, RLK_F32, n);
+  a.variant = variant;
+  a.splits = splits;
+  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
+  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *t = malloc((size_t)n * 12);
+  inv_down(ctx, t, lp, (size_t)n * 4);
+  inv_down(ctx, t + n, lse, (size_t)n * 4);
+  inv_down(ctx, t + 2 * n, ent, (size_t)n * 4);
+  for (int64_t j = 0; j < n; j++) out[3 * j] = t[j], out[3 * j + 1] = t[n + j], out[3 * j + 2] = t[2 * n + j];
+  free(t);
+  if (a.workspace) rlk_free(ctx, a.workspace);
+  rlk_free(ctx, lp);
+  if (d_lse) *d_lse = lse; else rlk_free(ctx, lse);
+  if (d_ent) *d_ent = ent; else rlk_free(ctx, ent);
+}
+
+/* grad_hidden of a batch ([n][H] f32 on the host, from gdt) for the forward's lse and entropy. */
+static void head_bwd(rlk_context *ctx, const inv_head *hd, const inv_batch *b, void *lse, void *ent, rlk_dtype gdt,
+                     int chunk, float *out) {
+  const int64_t n = b->n, H = hd->H, es = (int64_t)rlk_dtype_size(gdt);
+  void *gh = rlk_test_dev_alloc(ctx, (size_t)(n * H * es));
+  rlk_linear_logprob_backward_args a;
+  rlk_linear_logprob_backward_args_init(&a);
+  a.hidden = rlk_tensor_2d(b->h, hd->dt, n, H, b->hs);
+  a.weight = rlk_tensor_2d(hd->w, hd->dt, hd->V, H, H);
+  a.labels = rlk_tensor_1d(b->lab, RLK_I64, n);
+  a.temperature = 0.9f;
+  a.lse = rlk_tensor_1d(lse, RLK_F32, n);
+  a.entropy = rlk_tensor_1d(ent, RLK_F32, n);
+  a.grad_logp = rlk_tensor_1d(b->glp, RLK_F32, n);
+  a.grad_entropy = rlk_tensor_1d(b->gent, RLK_F32, n);
+  a.grad_hidden = rlk_tensor_2d(gh, gdt, n, H, H);
+  a.chunk = chunk;
+  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s",
+                rlk_last_error());
+  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  void *t = malloc((size_t)(n * H * es));
+  inv_down(ctx, t, gh, (size_t)(n * H * es));
+  for (int64_t i = 0; i < n * H; i++) out[i] = (float)rlk_test_load(t, gdt, i);
+  free(t);
+  if (a.workspace) rlk_free(ctx, a.workspace);
+  rlk_free(ctx, gh);
+}
+
+/* The whole policy loss of a batch as one sequence [1, n] (PPO, token-mean over a given
+ * normalizer, so that a token's gradient is its own): the head's logp [n] and grad_hidden [n][H]
+ * on the host. */
+static void head_policy(rlk_context *ctx, const inv_head *hd, const inv_batch *b, rlk_linear_policy_loss_path path,
+                        float *logp, float *gh_out) {
+  const int64_t n = b->n, H = hd->H;
+  float *old = malloc((size_t)n * 4), *adv = malloc((size_t)n * 4);
+  int64_t *lab = malloc((size_t)n * 8);
+  inv_down(ctx, lab, b->lab, (size_t)n * 8);
+  float *glp = malloc((size_t)n * 4);
+  inv_down(ctx, glp, b->glp, (size_t)n * 4);
+  for (int64_t j = 0; j < n; j++) {
+    /* per row from its own values: the pool row's upstream gradient stands in for both */
+    old[j] = -3.0f + 0.5f * glp[j];
+    adv[j] = glp[j];
+  }
+  void *d_old = rlk_test_dev_upload(ctx, old, (size_t)n * 4), *d_adv = rlk_test_dev_upload(ctx, adv, (size_t)n * 4);
+  void *d_lp = rlk_test_dev_alloc(ctx, (size_t)n * 4), *d_loss = rlk_test_dev_alloc(ctx, 4);
+  void *d_gh = rlk_test_dev_alloc(ctx, (size_t)(n * H) * 4);
+  rlk_linear_policy_loss_args a;
+  rlk_linear_policy_loss_args_init(&a);
+  a.head.hidden = rlk_tensor_2d(b->h, hd->dt, n, H, b->hs);
+  a.head.weight = rlk_tensor_2d(hd->w, hd->dt, hd->V, H, H);
+  a.head.labels = rlk_tensor_1d(b->lab, RLK_I64, n);
+  a.head.temperature = 0.9f;
+  a.head.logp = rlk_tensor_1d(d_lp, RLK_F32, n);
+  a.loss.old_logp = rlk_tensor_2d(d_old, RLK_F32, 1, n, n);
+  a.loss.advantages = rlk_tensor_2d(d_adv, RLK_F32, 1, n, n);
+  a.loss.token_normalizer = 1000.0;
+  a.loss.loss = rlk_tensor_1d(d_loss, RLK_F32, 1);
+  a.grad_hidden = rlk_tensor_2d(d_gh, RLK_F32, n, H, H);
+  a.path = path;
+  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
+  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  inv_down(ctx, logp, d_lp, (size_t)n * 4);
+  inv_down(ctx, gh_out, d_gh, (size_t)(n * H) * 4);
+  if (a.workspace) rlk_free(ctx, a.workspace);
+  rlk_free(ctx, d_old), rlk_free(ctx, d_adv), rlk_free(ctx, d_lp), rlk_free(ctx, d_loss), rlk_free(ctx, d_gh);
+  free(old), free(adv), free(lab), free(glp);
+}
+
+/* The schedules a batch runs under: row stride padding, splits (0: chosen), backward chunk. */
+typedef struct inv_sched {
+  int64_t hpad;
+  int splits, chunk;
+} inv_sched;
+
+/* The forward, backward and (with `policy`) the policy loss of N rows drawn from the pool, under
+ * every schedule, against the pool's base bits; `variant` as the call's. */
+static void head_cases(rlk_context *ctx, uint64_t *rng, const inv_head *hd, rlk_linear_logprob_variant variant,
+                       const int64_t *Ns, size_t nN, int64_t bwd_most, int policy) {
+  const int64_t P = hd->P, H = hd->H;
+  int64_t *all = malloc((size_t)P * 8);
+  for (int64_t i = 0; i < P; i++) all[i] = i;
+  /* the base: every pool row once, in order, the call's own choices */
+  inv_batch b0 = batch_of(ctx, hd, all, P, H);
+  float *base = malloc((size_t)P * 12), *base_gh = malloc((size_t)(P * H) * 4),
+        *base_gh16 = malloc((size_t)(P * H) * 4);
+  void *lse, *ent;
+  head_fwd(ctx, hd, &b0, variant, 0, base, &lse, &ent);
+  head_bwd(ctx, hd, &b0, lse, ent, RLK_F32, 0, base_gh);
+  head_bwd(ctx, hd, &b0, lse, ent, hd->dt, 0, base_gh16);
+  rlk_free(ctx, lse), rlk_free(ctx, ent);
+  float *base_plp = NULL, *base_pgh = NULL;
+  rlk_linear_policy_loss_path paths[2] = {RLK_LPL_RECOMPUTE, RLK_LPL_TOKEN_CHUNKS};
+  const int npaths = policy > 1 ? 2 : policy;
+  if (policy) {
+    base_plp = malloc((size_t)(2 * P) * 4);
+    base_pgh = malloc((size_t)(2 * P * H) * 4);
+    for (int q = 0; q < npaths; q++) {
+      head_policy(ctx, hd, &b0, paths[q], base_plp + q * P, base_pgh + q * P * H);
+      /* either path's log-probs are the forward's, bit for bit */
+      for (int64_t i = 0; i < P; i++)
+        ck_assert_msg(memcmp(&base_plp[q * P + i], &base[3 * i], 4) == 0,
+                      "linear_policy_loss path %d: logp of row %lld is not rlk_linear_logprob's", (int)paths[q],
+                      (long long)i);
+    }
+  }
+  batch_free(ctx, &b0);
+  const inv_sched sched[] = {{0, 0, 0}, {24, 1, 256}, {8, 7, 768}};
+  for (size_t k = 0; k < nN; k++) {
+    const int64_t n = Ns[k];
+    int64_t *idx = malloc((size_t)n * 8);
+    float *out = malloc((size_t)n * 12), *gh = malloc((size_t)(n * H) * 4);
+    inv_pick(rng, P, n, idx);
+    for (size_t s = 0; s < sizeof sched / sizeof sched[0]; s++) {
+      if (s > 0 && n > 4096) break; /* the large batches under the call's own choices */
+      char how[96];
+      snprintf(how, sizeof how, "N %lld, row pad %lld, splits %d, chunk %d, variant %d", (long long)n,
+               (long long)sched[s].hpad, sched[s].splits, sched[s].chunk, (int)variant);
+      inv_batch b = batch_of(ctx, hd, idx, n, H + sched[s].hpad);
+      head_fwd(ctx, hd, &b, variant, sched[s].splits, out, &lse, &ent);
+      inv_same(base, out, idx, n, 3, 4, "linear_logprob logp, lse, entropy", how);
+      if (n <= bwd_most) {
+        head_bwd(ctx, hd, &b, lse, ent, RLK_F32, sched[s].chunk, gh);
+        inv_same(base_gh, gh, idx, n, (size_t)H, 4, "linear_logprob_backward grad_hidden (f32)", how);
+        head_bwd(ctx, hd, &b, lse, ent, hd->dt, sched[s].chunk, gh);
+        inv_same(base_gh16, gh, idx, n, (size_t)H, 4, "linear_logprob_backward grad_hidden (16-bit)", how);
+      }
+      rlk_free(ctx, lse), rlk_free(ctx, ent);
+      if (policy && n <= bwd_most && s == 0) {
+        for (int q = 0; q < npaths; q++) {
+          float *plp = malloc((size_t)n * 4);
+          head_policy(ctx, hd, &b, paths[q], plp, gh);
+          inv_same(base_plp + q * P, plp, idx, n, 1, 4, "linear_policy_loss logp", how);
+          inv_same(base_pgh + q * P * H, gh, idx, n, (size_t)H, 4, "linear_policy_loss grad_hidden", how);
+          free(plp);
+        }
+      }
+      batch_free(ctx, &b);
+    }
+    printf("invariance %s: linear_logprob variant %d, N %lld: every row's bits its base's\n",
+           inv_gpu(ctx) ? "gpu" : "host", (int)variant, (long long)n);
+    free(idx), free(out), free(gh);
+  }
+  free(all), free(base), free(base_gh), free(base_gh16), free(base_plp), free(base_pgh);
+}
+
+static void cases_linear_logprob(rlk_context *ctx, uint64_t *rng) {
+  inv_head hd;
+  if (!inv_gpu(ctx)) {
+    static const int64_t Ns[] = {1, 2, 3, 7, 40, 64, 100};
+    head_new(ctx, rng, 64, 40, 700, RLK_BF16, &hd);
+    head_cases(ctx, rng, &hd, RLK_LINEAR_LOGPROB_AUTO, Ns, sizeof Ns / sizeof Ns[0], 100, 1);
+    head_free(ctx, &hd);
+    return;
+  }
+  static const int64_t Ns[] = {1, 2, 3, 7, 64, 255, 256, 4096, 16384, 65536};
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  const int sm90 = info.compute_major == 9 && info.compute_minor == 0;
+  head_new(ctx, rng, 512, 4096, 151936, RLK_BF16, &hd);
+  head_cases(ctx, rng, &hd, RLK_LINEAR_LOGPROB_AUTO, Ns, sizeof Ns / sizeof Ns[0], 4096, sm90 ? 2 : 1);
+  head_free(ctx, &hd);
+  /* the portable kernels (every GPU), and a head no 64-column K step divides */
+  static const int64_t few[] = {1, 3, 255, 4096};
+  head_new(ctx, rng, 300, 1000, 50257, RLK_F16, &hd);
+  head_cases(ctx, rng, &hd, RLK_LINEAR_LOGPROB_TILED, few, sizeof few / sizeof few[0], 4096, 0);
+  head_cases(ctx, rng, &hd, RLK_LINEAR_LOGPROB_AUTO, few, sizeof few / sizeof few[0], 4096, 0);
+  head_free(ctx, &hd);
+}
+
+RLK_HOST_CASE(linear_logprob)
+RLK_GPU_CASE("invariance", linear_logprob)
+
+/* The fused head's plan: a row's records (and with them the combine's tree) from V alone, for
+ * every N; the split count, a schedule, may follow N but covers whole records; the workspace a
+ * call asks for is 16 bytes a record for the rows of a launch. */
+START_TEST(records_from_v_alone) {
+  static const int64_t Vs[] = {1, 255, 256, 257, 32000, 50257, 151936};
+  static const int64_t Ns[] = {1, 2, 3, 7, 64, 255, 256, 4096, 16384, 65536, (int64_t)1 << 20};
+  for (size_t v = 0; v < sizeof Vs / sizeof Vs[0]; v++) {
+    const int64_t V = Vs[v], records = rlk_ll_fwd_records(V);
+    ck_assert_int_eq(records, (V + 255) / 256);
+    for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+      const int64_t rows = rlk_ll_fwd_rows(Ns[k], V, (int64_t)128 << 20);
+      ck_assert_int_le(rows, Ns[k]);
+      ck_assert(rows == Ns[k] || rows % 128 == 0);
+      ck_assert_int_le(rows * records * 16, rows > 128 ? (int64_t)128 << 20 : rows * records * 16);
+      int64_t splits, cps;
+      rlk_ll_fwd_splits(V, (rows + 127) / 128, 132, 0, &splits, &cps);
+      ck_assert_int_eq(cps % RLK_LL_RECORD_COLS, 0);
+      ck_assert_int_ge(splits * cps, V);
+    }
+  }
+  /* through the call on sm_90a (a compile-only context: the size query reads shapes) */
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "invariance plan");
+  if (!ctx) return;
+  char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
+  const int64_t H = 4096, V = 151936;
+  for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+    const int64_t N = Ns[k];
+    rlk_linear_logprob_args a;
+    rlk_linear_logprob_args_init(&a);
+    a.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H);
+    a.weight = rlk_tensor_2d(fake + ((int64_t)1 << 34), RLK_BF16, V, H, H);
+    a.labels = rlk_tensor_1d(fake + ((int64_t)1 << 35), RLK_I64, N);
+    a.logp = rlk_tensor_1d(fake + ((int64_t)1 << 36), RLK_F32, N);
+    size_t bytes = 0;
+    ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &bytes) == RLK_OK, "%s", rlk_last_error());
+    const int64_t rows = rlk_ll_fwd_rows(N, V, (int64_t)128 << 20);
+    ck_assert_uint_eq(bytes, (size_t)(rows * rlk_ll_fwd_records(V) * 16));
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *invariance_suite(void) {
+  Suite *s = suite_create("invariance");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, host_linear_logprob);
+  tcase_add_test(host, records_from_v_alone);
+  suite_add_tcase(s, host);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 1800);
+  tcase_add_test(gpu, gpu_linear_logprob);
+  suite_add_tcase(s, gpu);
+  return s;
+}
