@@ -7,6 +7,8 @@
  *   - rlk_linear_logprob_backward: grad_hidden's rows (f32 and 16-bit), any chunk;
  *   - rlk_linear_policy_loss: the head's logp and grad_hidden's rows (a per-token loss with a
  *     given normalizer), by each path; the token chunks' logp equal to rlk_linear_logprob's;
+ *   - rlk_logprob: logp, lse, entropy, rows at every 16-byte alignment (an odd V in 16 bits);
+ *   - rlk_sample with per-row seeds and settings (every filter mix): token, logp, logp_filtered;
  *   - the fused head's plan: a row's records come from V alone, whatever N (the split count, a
  *     schedule, may follow N).
  * The host backend runs small pools; with RLK_TEST_GPU=1 the CUDA cases take N over {1, 2, 3, 7,
@@ -340,6 +342,177 @@ static void cases_linear_logprob(rlk_context *ctx, uint64_t *rng) {
 RLK_HOST_CASE(linear_logprob)
 RLK_GPU_CASE("invariance", linear_logprob)
 
+/* ---------------------------------------------------------------------------------- */
+/* Logits: rlk_logprob and rlk_sample                                                  */
+/* ---------------------------------------------------------------------------------- */
+
+/* A pool of P rows of V logits (dt) on the host, with a row's labels and sampling settings. */
+typedef struct inv_logits {
+  int64_t P, V;
+  rlk_dtype dt;
+  void *x;        /* P x V */
+  int64_t *lab;   /* P */
+  float *temp, *top_p, *min_p;
+  int64_t *top_k, *seed, *offset;
+} inv_logits;
+
+static void logits_new(uint64_t *rng, int64_t P, int64_t V, rlk_dtype dt, inv_logits *L) {
+  L->P = P, L->V = V, L->dt = dt;
+  const size_t es = rlk_dtype_size(dt);
+  L->x = malloc((size_t)(P * V) * es);
+  L->lab = malloc((size_t)P * 8);
+  L->temp = malloc((size_t)P * 4), L->top_p = malloc((size_t)P * 4), L->min_p = malloc((size_t)P * 4);
+  L->top_k = malloc((size_t)P * 8), L->seed = malloc((size_t)P * 8), L->offset = malloc((size_t)P * 8);
+  ck_assert(L->x && L->lab && L->temp && L->top_p && L->min_p && L->top_k && L->seed && L->offset);
+  for (int64_t i = 0; i < P * V; i++) rlk_test_store(L->x, dt, i, 3.0 * rlk_test_rand_unit(rng));
+  for (int64_t i = 0; i < P; i++) {
+    L->lab[i] = i % 9 == 4 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+    /* every filter mix: none, top-k, top-p, min-p, all, greedy */
+    const int mix = (int)(i % 6);
+    L->temp[i] = mix == 5 ? 0.0f : (float)(0.5 + rlk_test_rand_uniform(rng));
+    L->top_k[i] = mix == 1 || mix == 4 ? 1 + (int64_t)(rlk_test_rand_u64(rng) % 60) : 0;
+    L->top_p[i] = mix == 2 || mix == 4 ? (float)(0.5 + 0.45 * rlk_test_rand_uniform(rng)) : 1.0f;
+    L->min_p[i] = mix == 3 || mix == 4 ? (float)(0.02 * rlk_test_rand_uniform(rng)) : 0.0f;
+    L->seed[i] = (int64_t)rlk_test_rand_u64(rng);
+    L->offset[i] = (int64_t)(rlk_test_rand_u64(rng) % 1000);
+  }
+}
+
+static void logits_free(inv_logits *L) {
+  free(L->x), free(L->lab), free(L->temp), free(L->top_p), free(L->min_p), free(L->top_k), free(L->seed),
+      free(L->offset);
+}
+
+/* The pool's rows idx[0, n) with row stride rs (>= V) on the device; a row's per-row values
+ * (`per` bytes each of `src`) gathered the same way by rows_of. */
+static void *logits_batch(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs) {
+  const size_t es = rlk_dtype_size(L->dt);
+  char *x = malloc((size_t)((n - 1) * rs + L->V) * es);
+  ck_assert(x);
+  for (int64_t j = 0; j < n; j++) memcpy(x + (size_t)(j * rs) * es, (char *)L->x + (size_t)(idx[j] * L->V) * es,
+                                        (size_t)L->V * es);
+  void *d = rlk_test_dev_upload(ctx, x, (size_t)((n - 1) * rs + L->V) * es);
+  free(x);
+  return d;
+}
+
+static void *rows_of(rlk_context *ctx, const void *src, size_t per, const int64_t *idx, int64_t n) {
+  char *t = malloc((size_t)n * per);
+  for (int64_t j = 0; j < n; j++) memcpy(t + (size_t)j * per, (const char *)src + (size_t)idx[j] * per, per);
+  void *d = rlk_test_dev_upload(ctx, t, (size_t)n * per);
+  free(t);
+  return d;
+}
+
+/* rlk_logprob of a batch: logp, lse, entropy as [n][3] on the host. */
+static void logits_logprob(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs,
+                           float *out) {
+  void *x = logits_batch(ctx, L, idx, n, rs), *lab = rows_of(ctx, L->lab, 8, idx, n);
+  void *o = rlk_test_dev_alloc(ctx, (size_t)n * 12);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(x, L->dt, n, L->V, rs);
+  a.labels = rlk_tensor_1d(lab, RLK_I64, n);
+  a.temperature = 0.8f;
+  a.logp = rlk_tensor_1d(o, RLK_F32, n);
+  a.lse = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
+  a.entropy = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *t = malloc((size_t)n * 12);
+  inv_down(ctx, t, o, (size_t)n * 12);
+  for (int64_t j = 0; j < n; j++) out[3 * j] = t[j], out[3 * j + 1] = t[n + j], out[3 * j + 2] = t[2 * n + j];
+  free(t);
+  rlk_free(ctx, x), rlk_free(ctx, lab), rlk_free(ctx, o);
+}
+
+/* rlk_sample of a batch with per-row settings: [n][3] of (token as a float's bits' i32, logp,
+ * logp_filtered) on the host. */
+static void logits_sample(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs,
+                          float *out) {
+  void *x = logits_batch(ctx, L, idx, n, rs);
+  void *temp = rows_of(ctx, L->temp, 4, idx, n), *tk = rows_of(ctx, L->top_k, 8, idx, n),
+       *tp = rows_of(ctx, L->top_p, 4, idx, n), *mp = rows_of(ctx, L->min_p, 4, idx, n),
+       *sd = rows_of(ctx, L->seed, 8, idx, n), *of = rows_of(ctx, L->offset, 8, idx, n);
+  void *o = rlk_test_dev_alloc(ctx, (size_t)n * 12);
+  rlk_sample_args a;
+  rlk_sample_args_init(&a);
+  a.logits = rlk_tensor_2d(x, L->dt, n, L->V, rs);
+  a.temperatures = rlk_tensor_1d(temp, RLK_F32, n);
+  a.top_ks = rlk_tensor_1d(tk, RLK_I64, n);
+  a.top_ps = rlk_tensor_1d(tp, RLK_F32, n);
+  a.min_ps = rlk_tensor_1d(mp, RLK_F32, n);
+  a.seeds = rlk_tensor_1d(sd, RLK_I64, n);
+  a.offsets = rlk_tensor_1d(of, RLK_I64, n);
+  a.tokens = rlk_tensor_1d(o, RLK_I32, n);
+  a.logp = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
+  a.logp_filtered = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
+  ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *t = malloc((size_t)n * 12);
+  inv_down(ctx, t, o, (size_t)n * 12);
+  for (int64_t j = 0; j < n; j++) out[3 * j] = t[j], out[3 * j + 1] = t[n + j], out[3 * j + 2] = t[2 * n + j];
+  free(t);
+  rlk_free(ctx, x), rlk_free(ctx, temp), rlk_free(ctx, tk), rlk_free(ctx, tp), rlk_free(ctx, mp);
+  rlk_free(ctx, sd), rlk_free(ctx, of), rlk_free(ctx, o);
+}
+
+typedef void (*inv_logits_fn)(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs,
+                              float *out);
+
+/* A call on batches of N rows from the pool (contiguous rows of stride V, so that with an odd V in
+ * 16 bits a row's address alignment follows its place; then rows 3 elements wider) against the
+ * pool's base bits. */
+static void logits_cases(rlk_context *ctx, uint64_t *rng, const inv_logits *L, inv_logits_fn fn, const char *what,
+                         const int64_t *Ns, size_t nN) {
+  const int64_t P = L->P;
+  int64_t *all = malloc((size_t)P * 8);
+  for (int64_t i = 0; i < P; i++) all[i] = i;
+  float *base = malloc((size_t)P * 12);
+  fn(ctx, L, all, P, L->V, base);
+  for (size_t k = 0; k < nN; k++) {
+    const int64_t n = Ns[k];
+    int64_t *idx = malloc((size_t)n * 8);
+    float *out = malloc((size_t)n * 12);
+    inv_pick(rng, P, n, idx);
+    for (int pad = 0; pad < 2; pad++) {
+      char how[64];
+      snprintf(how, sizeof how, "N %lld, row stride V + %d, V %lld %s", (long long)n, 3 * pad, (long long)L->V,
+               rlk_dtype_name(L->dt));
+      fn(ctx, L, idx, n, L->V + 3 * pad, out);
+      inv_same(base, out, idx, n, 3, 4, what, how);
+    }
+    printf("invariance %s: %s V %lld %s, N %lld: every row's bits its base's\n", inv_gpu(ctx) ? "gpu" : "host", what,
+           (long long)L->V, rlk_dtype_name(L->dt), (long long)n);
+    free(idx), free(out);
+  }
+  free(all), free(base);
+}
+
+static void cases_logits(rlk_context *ctx, uint64_t *rng) {
+  inv_logits L;
+  if (!inv_gpu(ctx)) {
+    static const int64_t Ns[] = {1, 2, 3, 7, 40, 100};
+    logits_new(rng, 48, 1001, RLK_BF16, &L);
+    logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", Ns, sizeof Ns / sizeof Ns[0]);
+    logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", Ns, sizeof Ns / sizeof Ns[0]);
+    logits_free(&L);
+    return;
+  }
+  static const int64_t Ns[] = {1, 2, 3, 7, 64, 255, 256, 4096, 16384, 65536};
+  static const int64_t few[] = {1, 3, 255, 4096};
+  /* an odd V in 16 bits: rows at every alignment */
+  logits_new(rng, 256, 32003, RLK_BF16, &L);
+  logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", Ns, sizeof Ns / sizeof Ns[0]);
+  logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", Ns, sizeof Ns / sizeof Ns[0]);
+  logits_free(&L);
+  logits_new(rng, 64, 151936, RLK_F32, &L);
+  logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", few, sizeof few / sizeof few[0]);
+  logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", few, sizeof few / sizeof few[0]);
+  logits_free(&L);
+}
+
+RLK_HOST_CASE(logits)
+RLK_GPU_CASE("invariance", logits)
+
 /* The fused head's plan: a row's records (and with them the combine's tree) from V alone, for
  * every N; the split count, a schedule, may follow N but covers whole records; the workspace a
  * call asks for is 16 bytes a record for the rows of a launch. */
@@ -387,11 +560,13 @@ Suite *invariance_suite(void) {
   TCase *host = tcase_create("host");
   tcase_set_timeout(host, 300);
   tcase_add_test(host, host_linear_logprob);
+  tcase_add_test(host, host_logits);
   tcase_add_test(host, records_from_v_alone);
   suite_add_tcase(s, host);
   TCase *gpu = tcase_create("gpu");
   tcase_set_timeout(gpu, 1800);
   tcase_add_test(gpu, gpu_linear_logprob);
+  tcase_add_test(gpu, gpu_logits);
   suite_add_tcase(s, gpu);
   return s;
 }

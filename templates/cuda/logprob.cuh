@@ -8,10 +8,13 @@
  *
  * Rows: SEG threads share a row, SEG a power of two up to a warp (BLOCK / SEG rows per block, for
  * small V) or SEG == BLOCK (a block per row). Rows are grid-strided with a block-uniform loop, so
- * every lane reaches every shuffle and barrier. A row is split into a scalar head up to the first
- * 16-byte boundary, whole 16-byte vectors, and a scalar tail: any row stride and any V work, and
- * aligned rows take the vector path in full. Thread k of a segment reads vectors k, k + SEG, ...
- * UNROLL at a time (loads in flight), then folds them into its state in a fixed order. */
+ * every lane reaches every shuffle and barrier. The forward lays a row out by element index
+ * (row_split: 16-byte vectors of elements from the row's first, then a scalar tail), whatever its
+ * address, so a row's bits do not depend on its place in a batch; a row off the 16-byte grid loads
+ * its vectors in narrower pieces. Thread k of a segment reads vectors k, k + SEG, ... UNROLL at a
+ * time (loads in flight), then folds them into its state in a fixed order. The backward, which
+ * writes each element on its own, splits a row at the 16-byte grid (row_split_aligned) for its
+ * vector stores. */
 #ifndef RLK_LOGPROB_CUH
 #define RLK_LOGPROB_CUH
 
@@ -208,7 +211,7 @@ __global__ void __launch_bounds__(BLOCK)
       }
     }
 
-    const row_split<DT> sp(r, V);
+    const row_split_aligned<DT> sp(r, V);
     const bool vec_ok = (((u64)(o + sp.head * OB)) & 15u) == 0;
     /* this block's range of vectors, and whether it owns the head and the tail */
     const i64 nv = vec_ok ? sp.nvec : 0;

@@ -288,10 +288,12 @@ RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 
 }
 
 /* Head, body and tail of a row: `head` elements up to the first 16-byte boundary, `nvec` whole
- * vectors, then `tail` elements (rows of any stride and any V). */
-template <int DT> struct row_split {
+ * vectors, then `tail` elements (rows of any stride and any V). For the kernels whose copies need
+ * the 16-byte grid (the bulk and tensor-map forwards, the backward's vector stores); a row's
+ * split depends on its address. */
+template <int DT> struct row_split_aligned {
   i64 head, nvec, tail;
-  RLK_DEVICE row_split(const void *row, i64 V) {
+  RLK_DEVICE row_split_aligned(const void *row, i64 V) {
     constexpr int B = logit_traits<DT>::bytes;
     const u64 a = (u64)row;
     i64 h = (i64)(((16u - (a & 15u)) & 15u) / (u64)B);
@@ -302,6 +304,45 @@ template <int DT> struct row_split {
   }
 };
 
+/* A row's layout by element index: `nvec` vectors of E elements from element 0, then `tail`
+ * scalar elements (`head` is 0, kept so that a pass reads like a row_split_aligned one). Every row
+ * of any stride, at any place of a batch, has this one layout, so what a pass folds from it is the
+ * same bits as an aligned copy of the row gives (batch invariance); a vector of a row off the
+ * 16-byte grid (`aligned` false: an odd V in 16 bits, a stride of odd elements) is loaded in
+ * narrower pieces (load_row_vec). */
+template <int DT> struct row_split {
+  i64 head, nvec, tail;
+  bool aligned;
+  RLK_DEVICE row_split(const void *row, i64 V) {
+    head = 0;
+    nvec = V / epv<DT>::value;
+    tail = V - nvec * epv<DT>::value;
+    aligned = ((u64)row & 15u) == 0;
+  }
+};
+
+/* 16 bytes of a row at p (read-only): one vector load where p is 16-byte aligned (ALIGNED), else
+ * the same bytes in the widest loads p's alignment allows (4 bytes, or 2: an element at least). */
+template <bool ALIGNED> RLK_DEVICE u32x4 load_row_vec(const u8 *p) {
+  if constexpr (ALIGNED) {
+    return load_stream(p);
+  } else {
+    u32x4 v;
+    if (((u64)p & 3u) == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.w[k] = ld_ro((const u32 *)p + k);
+    } else {
+      const u16 *q = (const u16 *)p;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.w[k] = (u32)q[2 * k] | ((u32)q[2 * k + 1] << 16);
+    }
+    return v;
+  }
+}
+RLK_DEVICE u32x4 load_row_vec(const u8 *p, bool aligned) {
+  return aligned ? load_row_vec<true>(p) : load_row_vec<false>(p);
+}
+
 /* One thread's share of a row's forward state: lane `lane` of a row segment of SEG threads folds in
  * the scalar head and tail elements j = lane, lane + SEG, ... and its 16-byte vectors lane,
  * lane + SEG, ..., UNROLL vectors a chunk (their loads in flight together), then its last vectors
@@ -310,8 +351,8 @@ template <int DT> struct row_split {
  * lanes of a block, which everyone waits for, are the ones with leftovers. Every forward
  * kernel whose outputs must agree bitwise with logprob_fwd (the sampler's log-probs) computes its
  * per-thread states through this function. */
-template <int DT, int SEG, int UNROLL, bool ENTROPY>
-RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
+template <int DT, int SEG, int UNROLL, bool ENTROPY, bool ALIGNED>
+RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane) {
   constexpr int B = logit_traits<DT>::bytes;
   constexpr int E = epv<DT>::value;
   state st = empty_state();
@@ -326,7 +367,7 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   for (i64 k = 0; k < nfull; ++k) {
     u32x4 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (k * UNROLL + u) * SEG * 16);
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec<ALIGNED>(vb + (k * UNROLL + u) * SEG * 16);
     add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
   }
   if (left > 0) {
@@ -336,7 +377,7 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
     u32x4 last[NL];
 #pragma unroll
     for (int u = 0; u < NL; ++u)
-      last[u] = load_stream(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
+      last[u] = load_row_vec<ALIGNED>(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
 #pragma unroll
     for (int u = 0; u < NL; ++u)
       if (u < left) add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
@@ -344,13 +385,21 @@ RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
   return st;
 }
 
+/* thread_row_state_of for the row's alignment: one loop of vector loads where it is 16-byte
+ * aligned, narrower loads of the same bytes where not; the same element order either way. */
+template <int DT, int SEG, int UNROLL, bool ENTROPY>
+RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
+  return ((u64)r & 15u) == 0 ? thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true>(r, V, c, lane)
+                             : thread_row_state_of<DT, SEG, UNROLL, ENTROPY, false>(r, V, c, lane);
+}
+
 /* thread_row_state with DEPTH chunks in flight instead of one: the same additions in the same
  * order (so bitwise the same state), the loads of chunk k + DEPTH issued as chunk k is added, and
  * the last vectors loaded with the first chunks. For kernels that give a lane few chunks and many
  * registers (a row split over several blocks), where one chunk in flight leaves a lane waiting a
  * memory round trip per chunk. */
-template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY>
-RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
+template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY, bool ALIGNED>
+RLK_DEVICE state thread_row_state_deep_of(const u8 *r, i64 V, float c, int lane) {
   static_assert(DEPTH >= 1, "DEPTH");
   constexpr int B = logit_traits<DT>::bytes;
   constexpr int E = epv<DT>::value;
@@ -367,12 +416,12 @@ RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
   for (int d = 0; d < DEPTH; ++d)
     if (d < nfull) {
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) ring[d][u] = load_stream(vb + ((i64)d * UNROLL + u) * SEG * 16);
+      for (int u = 0; u < UNROLL; ++u) ring[d][u] = load_row_vec<ALIGNED>(vb + ((i64)d * UNROLL + u) * SEG * 16);
     }
   if (left > 0) {
 #pragma unroll
     for (int u = 0; u < NL; ++u)
-      last[u] = load_stream(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
+      last[u] = load_row_vec<ALIGNED>(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
   }
   state st = empty_state();
   for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
@@ -387,7 +436,7 @@ RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
         if (k + DEPTH < nfull) {
 #pragma unroll
           for (int u = 0; u < UNROLL; ++u)
-            ring[d][u] = load_stream(vb + ((k + DEPTH) * UNROLL + u) * SEG * 16);
+            ring[d][u] = load_row_vec<ALIGNED>(vb + ((k + DEPTH) * UNROLL + u) * SEG * 16);
         }
       }
     }
@@ -398,6 +447,12 @@ RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
       if (u < left) add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
   }
   return st;
+}
+
+template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY>
+RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
+  return ((u64)r & 15u) == 0 ? thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, true>(r, V, c, lane)
+                             : thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, false>(r, V, c, lane);
 }
 
 /* Merges the states of a block's BLOCK threads (BLOCK > a warp, one row per block) in

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__((CWARPS + 1) * 32)
     u32 it = 0;
     for (i64 row = blockIdx.x; row < N; row += gridDim.x) {
       const u8 *r = (const u8 *)logits + row * row_stride * B;
-      const row_split<DT> sp(r, V);
+      const row_split_aligned<DT> sp(r, V);
       const u8 *body = r + sp.head * B;
       const i64 bytes = sp.nvec * 16;
       for (i64 off = 0; off < bytes; off += TILE, ++it) {
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__((CWARPS + 1) * 32)
       y = load_label(labels, row, label_stride);
       if (y >= 0 && y < V) xy = load_logit<DT>(r, y);
     }
-    const row_split<DT> sp(r, V);
+    const row_split_aligned<DT> sp(r, V);
     for (i64 j = ct; j < sp.head; j += CT) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
     const i64 t0 = sp.head + sp.nvec * E;
     for (i64 j = ct; j < sp.tail; j += CT) add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);

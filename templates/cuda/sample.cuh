@@ -97,11 +97,11 @@ RLK_DEVICE void visit_lane(const u8 *r, i64 V, int lane, F &&f) {
   for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
     u32x4 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, sp.aligned);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) visit_vector<DT>(raw[u], sp.head + (v + (i64)u * SEG) * E, f);
   }
-  for (; v < sp.nvec; v += SEG) visit_vector<DT>(load_stream(vb + v * 16), sp.head + v * E, f);
+  for (; v < sp.nvec; v += SEG) visit_vector<DT>(load_row_vec(vb + v * 16, sp.aligned), sp.head + v * E, f);
 }
 
 /* visit_lane's elements in the same order, with a small body: the UNROLL vectors of a chunk are
@@ -161,7 +161,7 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
   for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
     u32x4 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_stream(vb + (v + (i64)u * SEG) * 16);
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, sp.aligned);
     /* the chunk's vectors are SEG apart: walk them one by one */
 #pragma unroll 1
     for (int u = 0; u < UNROLL; ++u) {
@@ -176,7 +176,7 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
 #pragma unroll 1
   for (; v < sp.nvec; v += SEG) {
     u32x4 one[1];
-    one[0] = load_stream(vb + v * 16);
+    one[0] = load_row_vec(vb + v * 16, sp.aligned);
     visit_words<DT, 1>(one, sp.head + v * E, f);
   }
 }
@@ -392,7 +392,7 @@ template <int DT, int SEG> struct share_pick {
     const int l = (int)(threadIdx.x % W);
 #pragma unroll
     for (int k = 0; k < PICK_VECTORS; ++k)
-      if (l + (i64)k * W < nv) v[k] = load_stream(vec_at(sp, l + (i64)k * W));
+      if (l + (i64)k * W < nv) v[k] = load_row_vec(vec_at(sp, l + (i64)k * W), sp.aligned);
   }
 
   /* share vector i is row vector t + i SEG, its first element sp.head + (t + i SEG) E */
@@ -418,7 +418,7 @@ template <int DT, int SEG> struct share_pick {
 #pragma unroll 1
     for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !(reload_only_until_done && f.done()); i += W) {
       u32x4 one[1];
-      one[0] = load_stream(vec_at(sp, i));
+      one[0] = load_row_vec(vec_at(sp, i), sp.aligned);
       visit_words<DT, 1>(one, elem0(sp, i), f);
     }
   }
@@ -476,7 +476,7 @@ template <int DT, int SEG> struct share_pick {
     }
 #pragma unroll 1
     for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W)
-      part += vector_mass(load_stream(vec_at(sp, i)), keep, c, Mc);
+      part += vector_mass(load_row_vec(vec_at(sp, i), sp.aligned), keep, c, Mc);
     const u64 inc = warp_inclusive_scan(part);
     const u64 total = shfl_from(inc, W - 1);
     *x = limits<float>::quiet_nan();
@@ -565,7 +565,7 @@ template <int DT, int SEG> struct share_pick {
       } else {
         for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !walk.done(); i += W) {
           u32x4 one[1];
-          one[0] = load_stream(vec_at(sp, i));
+          one[0] = load_row_vec(vec_at(sp, i), sp.aligned);
           visit_words<DT, 1>(one, elem0(sp, i), walk);
         }
       }
