@@ -1753,6 +1753,12 @@ typedef struct rlk_sample_args {
    * nothing before that kernel is done, so only the time changes; back-to-back calls overlap a
    * launch with the previous call's end. 0: a plain launch. Other devices ignore it. */
   int pdl;
+  /* Optional output, f32 [B] contiguous: the smallest logit (as given: before the temperature) of
+   * the row's kept set, which is every logit >= it (the filters keep upper sets, ties together):
+   * -inf where no filter cut anything, the maximum for a greedy row, NaN for a row without a
+   * token. Kept-set replay: rlk_logprob's, rlk_linear_logprob's and rlk_linear_policy_loss's
+   * `threshold` renormalize over the same set. */
+  rlk_tensor threshold;
 } rlk_sample_args;
 
 /* rlk_sample_args.row_split: choose by the batch size. */

@@ -8,7 +8,8 @@
  *   - rlk_linear_policy_loss: the head's logp and grad_hidden's rows (a per-token loss with a
  *     given normalizer), by each path; the token chunks' logp equal to rlk_linear_logprob's;
  *   - rlk_logprob: logp, lse, entropy, rows at every 16-byte alignment (an odd V in 16 bits);
- *   - rlk_sample with per-row seeds and settings (every filter mix): token, logp, logp_filtered;
+ *   - rlk_sample with per-row seeds and settings (every filter mix): token, logp, logp_filtered,
+ *     threshold;
  *   - the fused head's plan: a row's records come from V alone, whatever N (the split count, a
  *     schedule, may follow N).
  * The host backend runs small pools; with RLK_TEST_GPU=1 the CUDA cases take N over {1, 2, 3, 7,
@@ -425,15 +426,15 @@ static void logits_logprob(rlk_context *ctx, const inv_logits *L, const int64_t 
   rlk_free(ctx, x), rlk_free(ctx, lab), rlk_free(ctx, o);
 }
 
-/* rlk_sample of a batch with per-row settings: [n][3] of (token as a float's bits' i32, logp,
- * logp_filtered) on the host. */
+/* rlk_sample of a batch with per-row settings: [n][4] of (the token's i32 bits, logp,
+ * logp_filtered, threshold) on the host. */
 static void logits_sample(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs,
                           float *out) {
   void *x = logits_batch(ctx, L, idx, n, rs);
   void *temp = rows_of(ctx, L->temp, 4, idx, n), *tk = rows_of(ctx, L->top_k, 8, idx, n),
        *tp = rows_of(ctx, L->top_p, 4, idx, n), *mp = rows_of(ctx, L->min_p, 4, idx, n),
        *sd = rows_of(ctx, L->seed, 8, idx, n), *of = rows_of(ctx, L->offset, 8, idx, n);
-  void *o = rlk_test_dev_alloc(ctx, (size_t)n * 12);
+  void *o = rlk_test_dev_alloc(ctx, (size_t)n * 16);
   rlk_sample_args a;
   rlk_sample_args_init(&a);
   a.logits = rlk_tensor_2d(x, L->dt, n, L->V, rs);
@@ -446,10 +447,12 @@ static void logits_sample(rlk_context *ctx, const inv_logits *L, const int64_t *
   a.tokens = rlk_tensor_1d(o, RLK_I32, n);
   a.logp = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
   a.logp_filtered = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
+  a.threshold = rlk_tensor_1d((char *)o + n * 12, RLK_F32, n);
   ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  float *t = malloc((size_t)n * 12);
-  inv_down(ctx, t, o, (size_t)n * 12);
-  for (int64_t j = 0; j < n; j++) out[3 * j] = t[j], out[3 * j + 1] = t[n + j], out[3 * j + 2] = t[2 * n + j];
+  float *t = malloc((size_t)n * 16);
+  inv_down(ctx, t, o, (size_t)n * 16);
+  for (int64_t j = 0; j < n; j++)
+    for (int q = 0; q < 4; q++) out[4 * j + q] = t[q * n + j];
   free(t);
   rlk_free(ctx, x), rlk_free(ctx, temp), rlk_free(ctx, tk), rlk_free(ctx, tp), rlk_free(ctx, mp);
   rlk_free(ctx, sd), rlk_free(ctx, of), rlk_free(ctx, o);
@@ -458,27 +461,39 @@ static void logits_sample(rlk_context *ctx, const inv_logits *L, const int64_t *
 typedef void (*inv_logits_fn)(rlk_context *ctx, const inv_logits *L, const int64_t *idx, int64_t n, int64_t rs,
                               float *out);
 
+/* A call on logits and the values it gives a row. */
+typedef struct inv_logits_call {
+  inv_logits_fn fn;
+  size_t width;
+  const char *what;
+} inv_logits_call;
+
+static const inv_logits_call inv_logprob = {logits_logprob, 3, "logprob logp, lse, entropy"};
+static const inv_logits_call inv_sample = {logits_sample, 4, "sample token, logp, logp_filtered, threshold"};
+
 /* A call on batches of N rows from the pool (contiguous rows of stride V, so that with an odd V in
  * 16 bits a row's address alignment follows its place; then rows 3 elements wider) against the
  * pool's base bits. */
-static void logits_cases(rlk_context *ctx, uint64_t *rng, const inv_logits *L, inv_logits_fn fn, const char *what,
+static void logits_cases(rlk_context *ctx, uint64_t *rng, const inv_logits *L, const inv_logits_call *call,
                          const int64_t *Ns, size_t nN) {
   const int64_t P = L->P;
+  const size_t width = call->width;
+  const char *what = call->what;
   int64_t *all = malloc((size_t)P * 8);
   for (int64_t i = 0; i < P; i++) all[i] = i;
-  float *base = malloc((size_t)P * 12);
-  fn(ctx, L, all, P, L->V, base);
+  float *base = malloc((size_t)P * width * 4);
+  call->fn(ctx, L, all, P, L->V, base);
   for (size_t k = 0; k < nN; k++) {
     const int64_t n = Ns[k];
     int64_t *idx = malloc((size_t)n * 8);
-    float *out = malloc((size_t)n * 12);
+    float *out = malloc((size_t)n * width * 4);
     inv_pick(rng, P, n, idx);
     for (int pad = 0; pad < 2; pad++) {
       char how[64];
       snprintf(how, sizeof how, "N %lld, row stride V + %d, V %lld %s", (long long)n, 3 * pad, (long long)L->V,
                rlk_dtype_name(L->dt));
-      fn(ctx, L, idx, n, L->V + 3 * pad, out);
-      inv_same(base, out, idx, n, 3, 4, what, how);
+      call->fn(ctx, L, idx, n, L->V + 3 * pad, out);
+      inv_same(base, out, idx, n, width, 4, what, how);
     }
     printf("invariance %s: %s V %lld %s, N %lld: every row's bits its base's\n", inv_gpu(ctx) ? "gpu" : "host", what,
            (long long)L->V, rlk_dtype_name(L->dt), (long long)n);
@@ -492,8 +507,8 @@ static void cases_logits(rlk_context *ctx, uint64_t *rng) {
   if (!inv_gpu(ctx)) {
     static const int64_t Ns[] = {1, 2, 3, 7, 40, 100};
     logits_new(rng, 48, 1001, RLK_BF16, &L);
-    logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", Ns, sizeof Ns / sizeof Ns[0]);
-    logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", Ns, sizeof Ns / sizeof Ns[0]);
+    logits_cases(ctx, rng, &L, &inv_logprob, Ns, sizeof Ns / sizeof Ns[0]);
+    logits_cases(ctx, rng, &L, &inv_sample, Ns, sizeof Ns / sizeof Ns[0]);
     logits_free(&L);
     return;
   }
@@ -501,12 +516,12 @@ static void cases_logits(rlk_context *ctx, uint64_t *rng) {
   static const int64_t few[] = {1, 3, 255, 4096};
   /* an odd V in 16 bits: rows at every alignment */
   logits_new(rng, 256, 32003, RLK_BF16, &L);
-  logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", Ns, sizeof Ns / sizeof Ns[0]);
-  logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", Ns, sizeof Ns / sizeof Ns[0]);
+  logits_cases(ctx, rng, &L, &inv_logprob, Ns, sizeof Ns / sizeof Ns[0]);
+  logits_cases(ctx, rng, &L, &inv_sample, Ns, sizeof Ns / sizeof Ns[0]);
   logits_free(&L);
   logits_new(rng, 64, 151936, RLK_F32, &L);
-  logits_cases(ctx, rng, &L, logits_logprob, "logprob logp, lse, entropy", few, sizeof few / sizeof few[0]);
-  logits_cases(ctx, rng, &L, logits_sample, "sample token, logp, logp_filtered", few, sizeof few / sizeof few[0]);
+  logits_cases(ctx, rng, &L, &inv_logprob, few, sizeof few / sizeof few[0]);
+  logits_cases(ctx, rng, &L, &inv_sample, few, sizeof few / sizeof few[0]);
   logits_free(&L);
 }
 

@@ -3,6 +3,8 @@
  *     reference of tests/ref/sample_ref.c, for every filter combination; filtered-out tokens
  *     never drawn);
  *   - logp bitwise equal to rlk_logprob's for the same row, temperature and label;
+ *   - the threshold: the smallest logit the reference keeps (-inf unfiltered, the maximum for a
+ *     greedy row, NaN without a token);
  *   - reproducibility (same seed and offset, same tokens; a row with its own seed independent of
  *     the batch around it; a scalar seed gives rows their own streams), the Philox draws against
  *     the reference generator, greedy rows, the edge cases (top_k >= V, a tiny top_p, -inf logits,
@@ -108,7 +110,7 @@ static smp_settings settings_default(void) {
 
 typedef struct smp_out {
   int64_t *tokens;
-  float *logp, *logp_filtered;
+  float *logp, *logp_filtered, *threshold;
   int32_t status;
 } smp_out;
 
@@ -116,6 +118,7 @@ static void out_free(smp_out *o) {
   free(o->tokens);
   free(o->logp);
   free(o->logp_filtered);
+  free(o->threshold);
   memset(o, 0, sizeof *o);
 }
 
@@ -126,10 +129,12 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   const int64_t elems = (B - 1) * rs + V;
   void *xd = b->dev ? b->dev : rlk_test_dev_upload(ctx, b->x, (size_t)elems * es);
   void *tok = rlk_test_dev_alloc(ctx, (size_t)B * ts), *lp = rlk_test_dev_alloc(ctx, (size_t)B * 4),
-       *lpf = rlk_test_dev_alloc(ctx, (size_t)B * 4), *st = rlk_test_dev_alloc(ctx, 4);
+       *lpf = rlk_test_dev_alloc(ctx, (size_t)B * 4), *st = rlk_test_dev_alloc(ctx, 4),
+       *thr = rlk_test_dev_alloc(ctx, (size_t)B * 4);
   ck_assert_int_eq(rlk_memset(ctx, tok, 0xa5, (size_t)B * ts), RLK_OK);
   ck_assert_int_eq(rlk_memset(ctx, lp, 0xff, (size_t)B * 4), RLK_OK);
   ck_assert_int_eq(rlk_memset(ctx, lpf, 0xff, (size_t)B * 4), RLK_OK);
+  ck_assert_int_eq(rlk_memset(ctx, thr, 0xff, (size_t)B * 4), RLK_OK);
   ck_assert_int_eq(rlk_memset(ctx, st, 0, 4), RLK_OK);
   void *dT = NULL, *dK = NULL, *dP = NULL, *dM = NULL, *dS = NULL, *dO = NULL;
   rlk_sample_args a;
@@ -150,6 +155,7 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
   a.tokens = rlk_tensor_1d(tok, s->token_dtype, B);
   a.logp = rlk_tensor_1d(lp, RLK_F32, B);
   a.logp_filtered = rlk_tensor_1d(lpf, RLK_F32, B);
+  a.threshold = rlk_tensor_1d(thr, RLK_F32, B);
   a.status = rlk_tensor_1d(st, RLK_I32, 1);
   a.logprob_block = s->logprob_block;
   a.logprob_unroll = s->logprob_unroll;
@@ -160,6 +166,7 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
     o->tokens = malloc((size_t)B * 8);
     o->logp = malloc((size_t)B * 4);
     o->logp_filtered = malloc((size_t)B * 4);
+    o->threshold = malloc((size_t)B * 4);
     void *th = malloc((size_t)B * ts);
     dev_download(ctx, th, tok, (size_t)B * ts);
     for (int64_t i = 0; i < B; i++)
@@ -167,9 +174,10 @@ static rlk_status run_sample(rlk_context *ctx, const smp_batch *b, const smp_set
     free(th);
     dev_download(ctx, o->logp, lp, (size_t)B * 4);
     dev_download(ctx, o->logp_filtered, lpf, (size_t)B * 4);
+    dev_download(ctx, o->threshold, thr, (size_t)B * 4);
     dev_download(ctx, &o->status, st, 4);
   }
-  void *all[] = {b->dev ? NULL : xd, tok, lp, lpf, st, dT, dK, dP, dM, dS, dO};
+  void *all[] = {b->dev ? NULL : xd, tok, lp, lpf, st, thr, dT, dK, dP, dM, dS, dO};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]) rlk_free(ctx, all[i]);
   return r;
@@ -218,9 +226,21 @@ static void draw_case_logits(uint64_t *rng, const dist_case *c, smp_batch *b, do
   free(x);
 }
 
+/* The threshold a row of logits x (as stored) should get: the smallest logit the reference keeps
+ * where a filter is on (every logit at or above it kept), -inf where none is. */
+static float expected_threshold(const dist_case *c, const double *x, const double *probs) {
+  if (!((c->top_k > 0 && c->top_k < c->V) || c->top_p < 1.0f || c->min_p > 0.0f)) return -INFINITY;
+  double lo = INFINITY;
+  for (int64_t j = 0; j < c->V; j++)
+    if (probs[j] > 0.0 && x[j] < lo) lo = x[j];
+  for (int64_t j = 0; j < c->V; j++)
+    ck_assert_msg(!(x[j] >= lo) || probs[j] > 0.0, "the reference's kept set is no upper set at %lld", (long long)j);
+  return (float)lo;
+}
+
 /* Draws n tokens of one case (rows of identical logits, a seed per row, offsets advancing) and
  * checks them against the reference distribution: never a filtered-out token, and a chi-square
- * statistic below its 5-sigma bound. */
+ * statistic below its 5-sigma bound; and every row's threshold the smallest kept logit. */
 static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *rng, int64_t n) {
   /* rows per call: 4096, fewer for a large vocabulary (the batch is copied to the device) */
   const int64_t cap = c->V > 100000 ? 2048 : 4096, B = n < cap ? n : cap;
@@ -239,6 +259,7 @@ static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *r
   s.row_split = c->row_split;
   s.logprob_block = c->block;
   int64_t drawn = 0;
+  const float thr = expected_threshold(c, b.xd, probs);
   for (uint64_t round = 0; drawn < n; round++) {
     for (int64_t i = 0; i < B; i++) seeds[i] = base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
     s.offset = round;
@@ -253,6 +274,10 @@ static void check_distribution(rlk_context *ctx, const dist_case *c, uint64_t *r
                     (long long)c->V, (double)c->T, (long long)c->top_k, (double)c->top_p,
                     (double)c->min_p, (long long)y);
       counts[y]++;
+      ck_assert_msg(memcmp(&o.threshold[i], &thr, 4) == 0,
+                    "V=%lld T=%g k=%lld p=%g min_p=%g: threshold %.9g, the smallest kept logit is %.9g",
+                    (long long)c->V, (double)c->T, (long long)c->top_k, (double)c->top_p, (double)c->min_p,
+                    (double)o.threshold[i], (double)thr);
     }
     out_free(&o);
   }
@@ -382,9 +407,13 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
       ck_assert_msg(y == arg, "row %lld greedy: token %lld, argmax %lld", (long long)i, (long long)y,
                     (long long)arg);
       ck_assert(o.logp_filtered[i] == 0.0f);
+      ck_assert_msg(o.threshold[i] == (float)b.xd[i * V + arg], "row %lld greedy: threshold %g, not the maximum",
+                    (long long)i, (double)o.threshold[i]);
     } else if (!filters || (K[i] == 0 && P[i] == 1.0f)) {
       ck_assert_msg(memcmp(&o.logp_filtered[i], &o.logp[i], 4) == 0, "row %lld: unfiltered logp_filtered",
                     (long long)i);
+      ck_assert_msg(o.threshold[i] == -INFINITY, "row %lld unfiltered: threshold %g", (long long)i,
+                    (double)o.threshold[i]);
     } else {
       ck_assert_msg(o.logp_filtered[i] >= o.logp[i] - 1e-5f && o.logp_filtered[i] <= 1e-5f,
                     "row %lld: logp_filtered %g, logp %g", (long long)i, (double)o.logp_filtered[i],
@@ -643,6 +672,8 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
   ck_assert(isinf(o.logp[1]) && o.logp[1] < 0);
   ck_assert_int_eq(o.tokens[2], -1);
   ck_assert(isnan(o.logp[2]));
+  for (int i = 0; i < 3; i++) ck_assert(isnan(o.threshold[i])); /* no token, no kept set */
+  ck_assert(o.threshold[3] == 0.25f);                          /* greedy: the maximum, every tie kept */
   ck_assert_int_eq(o.tokens[3], 0); /* greedy over equal logits: the lowest index */
   ck_assert_msg(fabs(o.logp[3] + log((double)V)) < 1e-5, "uniform row: logp %g", (double)o.logp[3]);
   ck_assert_msg(o.tokens[4] >= 0 && o.tokens[4] % 3 == 0, "a -inf logit drawn: %lld", (long long)o.tokens[4]);
@@ -661,6 +692,7 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
   int seen[16] = {0};
   for (int64_t i = 0; i < 2048; i++) seen[o.tokens[i]]++;
   for (int j = 0; j < 16; j++) ck_assert_msg(seen[j] > 60, "equal logits: token %d drawn %d times", j, seen[j]);
+  for (int64_t i = 0; i < 2048; i++) ck_assert(o.threshold[i] == 1.5f); /* the ties' one value */
   out_free(&o);
   batch_free(&u);
 

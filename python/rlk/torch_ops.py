@@ -802,11 +802,12 @@ _SETTINGS = (("temperature", "temperatures"), ("top_k", "top_ks"), ("top_p", "to
              ("min_p", "min_ps"), ("seed", "seeds"), ("offset", "offsets"))
 
 
-def _sample_fake(logits, *, tokens_i32=False, logp=True, logp_filtered=False, **_):
+def _sample_fake(logits, *, tokens_i32=False, logp=True, logp_filtered=False, threshold=False, **_):
     b = logits.shape[0]
     return (logits.new_empty((b,), dtype=torch.int32 if tokens_i32 else torch.int64),
             logits.new_empty((b if logp else 0,), dtype=_F32),
-            logits.new_empty((b if logp_filtered else 0,), dtype=_F32))
+            logits.new_empty((b if logp_filtered else 0,), dtype=_F32),
+            logits.new_empty((b if threshold else 0,), dtype=_F32))
 
 
 @_define("sample",
@@ -814,17 +815,18 @@ def _sample_fake(logits, *, tokens_i32=False, logp=True, logp_filtered=False, **
          "Tensor? top_ks=None, float? top_p=None, Tensor? top_ps=None, float? min_p=None, "
          "Tensor? min_ps=None, int? seed=None, Tensor? seeds=None, int? offset=None, "
          "Tensor? offsets=None, bool tokens_i32=False, bool logp=True, bool logp_filtered=False, "
-         "int? logprob_block=None, int? logprob_unroll=None, int? row_split=None, bool? pdl=None) "
-         "-> (Tensor, Tensor, Tensor)", _sample_fake)
-def _sample_op(logits, *, tokens_i32=False, logp=True, logp_filtered=False, **kw):
+         "bool threshold=False, int? logprob_block=None, int? logprob_unroll=None, int? row_split=None, "
+         "bool? pdl=None) -> (Tensor, Tensor, Tensor, Tensor)", _sample_fake)
+def _sample_op(logits, *, tokens_i32=False, logp=True, logp_filtered=False, threshold=False, **kw):
     for scalar, tensor in _SETTINGS:
         t = kw.pop(tensor, None)
         if t is not None:
             kw[scalar] = t
     out = _raw["sample"](logits, token_dtype="i32" if tokens_i32 else "i64", logp=logp,
-                         logp_filtered=logp_filtered, **kw)
+                         logp_filtered=logp_filtered, threshold=threshold, **kw)
     return out.tokens, _or_empty(out.logp, logits.new_empty(_EMPTY, dtype=_F32)), \
-        _or_empty(out.logp_filtered, logits.new_empty(_EMPTY, dtype=_F32))
+        _or_empty(out.logp_filtered, logits.new_empty(_EMPTY, dtype=_F32)), \
+        _or_empty(out.threshold, logits.new_empty(_EMPTY, dtype=_F32))
 
 
 def _signed64(v):
@@ -833,13 +835,13 @@ def _signed64(v):
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def sample(logits, *, tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
-           stream=None, **kw):
+def sample(logits, *, tokens=None, token_dtype="i64", logp=True, logp_filtered=False, threshold=False,
+           status=None, stream=None, **kw):
     """rlk.sample under torch.compile."""
     _no_stream("sample", stream)
     _eager_only("sample", {"tokens": tokens, "status": status}, ("tokens", "status"))
-    if logp not in (True, False) or logp_filtered not in (True, False):
-        raise InvalidArgument("sample: preallocated logp outputs are eager-only")
+    if logp not in (True, False) or logp_filtered not in (True, False) or threshold not in (True, False):
+        raise InvalidArgument("sample: preallocated logp and threshold outputs are eager-only")
     for scalar, tensor in _SETTINGS:
         v = kw.get(scalar)
         if isinstance(v, torch.Tensor):
@@ -849,9 +851,10 @@ def sample(logits, *, tokens=None, token_dtype="i64", logp=True, logp_filtered=F
             kw[scalar] = _signed64(v)
     if kw.get("row_split") == "auto":
         kw["row_split"] = _sample.SAMPLE_ROW_SPLIT_AUTO
-    toks, lp, lpf = _sample_op(logits, tokens_i32=token_dtype in ("i32", T.DType.I32),
-                               logp=logp, logp_filtered=logp_filtered, **kw)
-    return _sample.SampleResult(toks, lp if logp else None, lpf if logp_filtered else None)
+    toks, lp, lpf, thr = _sample_op(logits, tokens_i32=token_dtype in ("i32", T.DType.I32),
+                                    logp=logp, logp_filtered=logp_filtered, threshold=threshold, **kw)
+    return _sample.SampleResult(toks, lp if logp else None, lpf if logp_filtered else None,
+                                thr if threshold else None)
 
 
 # ---- prefix-shared attention -----------------------------------------------------------------

@@ -240,6 +240,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   if (!a->tokens.data) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: data is NULL");
   if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B))) return st;
+  if ((st = smp_check_row_tensor(&a->threshold, "threshold", f32, B))) return st;
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
@@ -288,6 +289,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   k->logp = a->logp.data;
   k->logp_filtered = a->logp_filtered.data;
   k->status = a->status.data;
+  k->threshold = a->threshold.data;
   return RLK_OK;
 }
 
@@ -325,7 +327,7 @@ static const rlk_arg_field smp_fields[] = {
     RLK_ARG_IN(rlk_sample_args, min_ps),  RLK_ARG_IN(rlk_sample_args, seeds),
     RLK_ARG_IN(rlk_sample_args, offsets), RLK_ARG_OUT(rlk_sample_args, tokens),
     RLK_ARG_OUT(rlk_sample_args, logp),   RLK_ARG_OUT(rlk_sample_args, logp_filtered),
-    RLK_ARG_OUT(rlk_sample_args, status)};
+    RLK_ARG_OUT(rlk_sample_args, status), RLK_ARG_OUT(rlk_sample_args, threshold)};
 
 static const rlk_op_entry smp_entry = {
     .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),

@@ -1,7 +1,8 @@
 /* sample_params.h - the argument of the sample kernels (templates/cuda/sample.cuh and
  * sample_split.cuh, templates/host/sample.c), filled by src/ops/sample.c. Pointers to per-row
  * settings are NULL where the scalar applies to every row; top_ks32 / top_ks64 is the one of
- * rlk_sample_args.top_ks's dtype; tokens are of the spec's token dtype. */
+ * rlk_sample_args.top_ks's dtype; tokens are of the spec's token dtype; threshold (NULL: not
+ * asked) the smallest logit of a row's kept set. */
 #ifndef RLK_SAMPLE_PARAMS_H
 #define RLK_SAMPLE_PARAMS_H
 
@@ -26,9 +27,10 @@
   F(S_, float *, logp, 120)                          \
   F(S_, float *, logp_filtered, 128)                 \
   F(S_, int *, status, 136)                          \
-  F(S_, float, temperature, 144)                     \
-  F(S_, float, top_p, 148)                           \
-  F(S_, float, min_p, 152)
-#define RLK_SAMPLE_PARAMS_SIZE 160
+  F(S_, float *, threshold, 144)                     \
+  F(S_, float, temperature, 152)                     \
+  F(S_, float, top_p, 156)                           \
+  F(S_, float, min_p, 160)
+#define RLK_SAMPLE_PARAMS_SIZE 168
 
 #endif

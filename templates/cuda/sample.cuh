@@ -72,6 +72,11 @@ template <int DT> RLK_DEVICE u32 key_of(float x) {
   return b >> (32 - key_width<DT>::value);
 }
 
+/* key_of<DT_F32>'s inverse: the float of a 32-bit order-preserving key (0 and -0 give +0). */
+RLK_DEVICE float float_of_key(u32 k) {
+  return bits_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 /* Calls f(x, j) for every element of lane `lane`'s share of a row, in thread_row_state's order:
  * scalar head and tail elements j = lane + i SEG, then 16-byte vectors lane + i SEG, UNROLL of them
  * in flight at a time. */
@@ -582,15 +587,16 @@ RLK_DEVICE bool settings_bad(const row_settings &rs) {
 }
 
 /* The outputs of a row that has no token: a bad setting, else s (the row's merged sum) NaN for a
- * NaN or +inf logit, 0 for no finite logit. One thread calls it. */
+ * NaN or +inf logit, 0 for no finite logit (the threshold NaN: no kept set). One thread calls it. */
 template <typename TOK>
 RLK_DEVICE void write_no_token(i64 row, bool bad, float s, TOK *tokens, float *logp, float *logp_filtered,
-                               i32 *status) {
+                               float *threshold, i32 *status) {
   const bool nan = s != 0.0f;
   tokens[row] = (TOK)-1;
   const float o = bad || nan ? limits<float>::quiet_nan() : -limits<float>::infinity();
   if (logp) logp[row] = o;
   if (logp_filtered) logp_filtered[row] = o;
+  if (threshold) threshold[row] = limits<float>::quiet_nan();
   if (status) atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
 }
 
@@ -621,10 +627,11 @@ template <int NW> RLK_DEVICE int draw_warp(const state &ws, float M, float c, u6
 }
 
 /* Step 3, in the drawn warp: the element of its drawn share by exact mass (R2), and the row's
- * outputs, logp from the row's merged state rst. */
+ * outputs, logp from the row's merged state rst (every token kept: the threshold -inf). */
 template <int DT, int SEG, typename TOK>
 RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG> &drawn, const state &rst, float c, float T, u64 R2,
-                                  const u8 *r, i64 row, TOK *tokens, float *logp, float *logp_filtered) {
+                                  const u8 *r, i64 row, TOK *tokens, float *logp, float *logp_filtered,
+                                  float *threshold) {
   float xy;
   const u32 y = drawn.finish(c, rst.m * c, [](float) { return true; }, R2, true, &xy);
   if (threadIdx.x % RLK_WARP_SIZE == 0) {
@@ -633,6 +640,7 @@ RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG> &drawn, const state &rst, 
     tokens[row] = (TOK)y;
     if (logp) logp[row] = lp;
     if (logp_filtered) logp_filtered[row] = lp;
+    if (threshold) threshold[row] = -limits<float>::infinity();
   }
 }
 
@@ -690,6 +698,7 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
   TOK *__restrict__ tokens = (TOK *)p_.tokens;                           \
   float *__restrict__ logp = p_.logp;                                    \
   float *__restrict__ logp_filtered = p_.logp_filtered;                  \
+  float *__restrict__ threshold = p_.threshold;                          \
   i32 *__restrict__ status = p_.status;
 
 /* One block per row. SEG x UNROLL is the row layout of the logprob_fwd kernel the log-probs must
@@ -728,6 +737,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   __shared__ float pick_x;    /* the chosen token's logit, when pick_known */
   __shared__ int pick_known;
   __shared__ u32 found[2];    /* results of block searches */
+  __shared__ u32 kept_key;    /* KEPT: the smallest kept logit's key (key_of<DT_F32>) */
   __shared__ u64 found_u64[2];
   extern __shared__ __align__(16) u8 dyn[];
   hist_space &hist = *reinterpret_cast<hist_space *>(dyn);
@@ -790,7 +800,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         if constexpr (!FILLER_DRAWS) row_draws(rs, seeds != nullptr, row, &R1, &R2);
         rst = segment_merge<RLK_WARP_SIZE, false>(ws, c);
         if (!(rst.s > 0.0f)) {
-          if (lane == 0) write_no_token(row, false, rst.s, tokens, logp, logp_filtered, status);
+          if (lane == 0) write_no_token(row, false, rst.s, tokens, logp, logp_filtered, threshold, status);
           continue;
         }
         int w = draw_warp<NW>(ws, rst.m, c, R1);
@@ -800,7 +810,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         lo.m = l.m;
         lo.s = l.s;
         draw_lane(drawn, lo, scratch[w], c, R1, r, V, w);
-        finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
+        finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered, threshold);
         continue;
       }
     }
@@ -818,14 +828,14 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     const float M = rst.m;
     /* every path below synchronizes again before the filler writes the next row's settings */
     if (bad || !(rst.s > 0.0f)) {
-      if (tid == 0) write_no_token(row, bad, rst.s, tokens, logp, logp_filtered, status);
+      if (tid == 0) write_no_token(row, bad, rst.s, tokens, logp, logp_filtered, threshold, status);
       __syncthreads();
       continue; /* block-uniform */
     }
     const float Mc = M * c;
 
     if (plain) { /* a row of one warp */
-      finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
+      finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered, threshold);
       continue;
     }
 
@@ -850,6 +860,8 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     int nb = 0, shift = 0;
     u64 need = 0, target = 0, z0 = 0, cnt_above = 0;
     u64 acc = 0; /* KEPT: this lane's kept mass */
+    float kmin = limits<float>::infinity(); /* KEPT: this lane's smallest kept logit */
+    float thr = -limits<float>::infinity(); /* the kept set's smallest logit (tid 0's, at the end) */
     bool gathered = false, cut_k = false, cut_m = false;
     /* KEPT: the draw of an element inside lane share_t's kept mass */
     bool pick_share = false;
@@ -917,7 +929,10 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           hist.mass[q] = 0;
         }
       }
-      if (tid == 0) found[0] = 0;
+      if (tid == 0) {
+        found[0] = 0;
+        kept_key = 0xffffffffu;
+      }
       acc = 0;
       __syncthreads();
       /* ---- the pass ---- */
@@ -949,7 +964,10 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
               }
               break;
             default: /* KEPT */
-              if (key >= klo && keep_m(x)) acc += mass_of(x, c, Mc);
+              if (key >= klo && keep_m(x)) {
+                acc += mass_of(x, c, Mc);
+                kmin = fminf(kmin, x);
+              }
               break;
           }
         });
@@ -1015,6 +1033,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           }
         }
       } else { /* KEPT: a lane's kept mass picks its share, the rest of the draw an element */
+        if (kmin != limits<float>::infinity()) atomicMin(&kept_key, key_of<DT_F32>(kmin));
         u64 total;
         const u64 below = block_exclusive_scan<NT>(acc, warp_sums, &total);
         const u64 u = __umul64hi(R1, total);
@@ -1027,6 +1046,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         share_draw = found_u64[1];
         pick_share = true;
         kept_mass = total;
+        thr = float_of_key(kept_key); /* the scan synchronized after every lane's atomicMin */
         step = DONE;
       }
       __syncthreads();
@@ -1120,6 +1140,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         nk = found[0];
       }
       kept_mass = cand.cum[nk - 1];
+      thr = cand.x[nk - 1]; /* sorted: the kept prefix's last, with every tie of it */
       const u64 u = __umul64hi(R1, kept_mass);
       for (u32 i = c0; i < c1 && i < nk; ++i)
         if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) {
@@ -1141,6 +1162,8 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       if (logp_filtered)
         logp_filtered[row] =
             greedy ? 0.0f : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D);
+      /* greedy keeps the maximum's ties */
+      if (threshold) threshold[row] = greedy ? M : thr;
     }
     __syncthreads();
   }

@@ -112,7 +112,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     pending = true;
 
     if (fail) { /* row-uniform, as greedy is: every block read the same settings and states */
-      if (part == 0 && tid == 0) write_no_token(row, bad, rst.s, tokens, logp, logp_filtered, status);
+      if (part == 0 && tid == 0) write_no_token(row, bad, rst.s, tokens, logp, logp_filtered, threshold, status);
       continue;
     }
     if (greedy) {
@@ -123,13 +123,14 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
         tokens[row] = (TOK)y;
         if (logp) logp[row] = row_logp(rst, M, logf(rst.s), T);
         if (logp_filtered) logp_filtered[row] = 0.0f;
+        if (threshold) threshold[row] = M; /* the kept set: the maximum's ties */
       }
       continue;
     }
 
     /* plain: the warp by its weight, then the element of its drawn lane's share */
     if (w != draw_warp<NW>(ws, M, c, R1)) continue;
-    finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered);
+    finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered, threshold);
   }
   if (pending) cluster_wait(); /* no block leaves while another may still read its shared memory */
 }

@@ -6,6 +6,7 @@
  * maximum, thresholds by radix select over order-preserving keys, one 64-bit Philox draw for the
  * inverse CDF), sequentially: there are no shares or candidates to shortcut. The draws equal the
  * GPU's; the tokens may differ where the exponentials round differently (libm's exp2f here).
+ * threshold: the kept set's smallest logit, as the GPU's (-inf unfiltered, the maximum greedy).
  * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_TOKENS (int32_t or int64_t), RLK_P_FILTER (0/1);
  * seg, unroll and cap only shape the GPU kernel. */
 #include "logprob_common.h"
@@ -133,6 +134,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
   smp_token_t *tokens = (smp_token_t *)p_->tokens;
   float *logp = p_->logp;
   float *logp_filtered = p_->logp_filtered;
+  float *threshold = p_->threshold;
   int32_t *status = p_->status;
   const int dt = RLK_P_LOGITS, filter = RLK_P_FILTER;
 
@@ -147,6 +149,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
       tokens[i] = (smp_token_t)-1;
       if (logp) logp[i] = NAN;
       if (logp_filtered) logp_filtered[i] = NAN;
+      if (threshold) threshold[i] = NAN;
       if (status) *status |= SMP_STATUS_BAD_PARAM;
       continue;
     }
@@ -168,6 +171,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
       tokens[i] = (smp_token_t)-1;
       if (logp) logp[i] = nan ? NAN : -INFINITY;
       if (logp_filtered) logp_filtered[i] = nan ? NAN : -INFINITY;
+      if (threshold) threshold[i] = NAN;
       if (status) *status |= nan ? SMP_STATUS_NAN : SMP_STATUS_NO_TOKEN;
       continue;
     }
@@ -190,6 +194,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
     rlk_i64 y = 0;
     int whole_row = 1;
     uint64_t kept = 0;
+    float thr = st.m; /* the kept set's smallest logit: greedy keeps the maximum's ties */
     if (greedy) {
       while (lp_load(row, dt, y) != st.m) y++;
     } else {
@@ -198,10 +203,15 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
       if (use_k) R.key_lo = smp_select_key(&R, 0, (uint64_t)k);
       if (use_p) R.key_lo = smp_select_key(&R, 1, (uint64_t)(p * 4294967296.0f));
       /* the kept set's mass, then the element where the running mass passes the draw */
+      thr = INFINITY;
       for (rlk_i64 j = 0; j < V; j++) {
         const float xj = lp_load(row, dt, j);
-        if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) kept += smp_mass(xj, c, R.Mc);
+        if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) {
+          kept += smp_mass(xj, c, R.Mc);
+          thr = fminf(thr, xj);
+        }
       }
+      if (whole_row) thr = -INFINITY; /* every token kept */
       const uint64_t u = smp_umulhi(R1, kept);
       uint64_t run = 0;
       rlk_i64 last = 0;
@@ -219,6 +229,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
     const float lp = (xy - st.m) / T - logf(st.s);
     tokens[i] = (smp_token_t)y;
     if (logp) logp[i] = lp;
+    if (threshold) threshold[i] = thr;
     if (logp_filtered)
       logp_filtered[i] = greedy ? 0.0f
                                 : (whole_row ? lp

@@ -45,12 +45,14 @@ class SampleArgs(ctypes.Structure):
         ("logprob_unroll", ctypes.c_int),
         ("row_split", ctypes.c_int),
         ("pdl", ctypes.c_int),
+        ("threshold", T.Tensor),
     ]
 
 
 OP = Op("sample", SampleArgs)
 
-SampleResult = collections.namedtuple("SampleResult", "tokens logp logp_filtered")
+SampleResult = collections.namedtuple("SampleResult", "tokens logp logp_filtered threshold",
+                                      defaults=(None,))
 
 _LOGITS = (T.DType.F32, T.DType.BF16, T.DType.F16)
 _F32 = (T.DType.F32,)
@@ -77,7 +79,7 @@ def _u64(x):
 
 
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
-           tokens=None, token_dtype="i64", logp=True, logp_filtered=False, status=None,
+           tokens=None, token_dtype="i64", logp=True, logp_filtered=False, threshold=False, status=None,
            logprob_block=None, logprob_unroll=None, row_split=None, pdl=None, stream=None):
     """One token per row of logits [B, V] (rlk_sample): temperature (0: greedy), then min-p,
     top-k and top-p (vLLM's order, ties at a threshold kept), Philox4x32-10 draws from seed and
@@ -86,13 +88,15 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     Each setting is a Python number (every row) or an array [B] on the logits' device:
     temperature, top_p, min_p f32; top_k i32 or i64; seed and offset i64. logp=True returns the
     sampled token's log-prob under the temperature-scaled distribution (rlk.logprob's bits),
-    logp_filtered=True its log-prob under the filtered one. status: an optional zeroed i32 [1]
+    logp_filtered=True its log-prob under the filtered one, threshold=True the smallest logit of
+    the row's kept set (every logit >= it was kept; -inf unfiltered, the maximum greedy, NaN
+    without a token): what kept-set replay takes. status: an optional zeroed i32 [1]
     that collects SAMPLE_STATUS_* bits (rows with NaN logits, no finite logit, or a bad per-row
     setting get token -1). row_split: the blocks that share a row (1, 2, 4, 8 or "auto", the
     default; CUDA sm_90+ without filters, else one), the same tokens and log-probs whatever its
     value. pdl: True (the default) lets the kernel start while the stream's previous kernel ends
     (CUDA sm_90+; it waits for that kernel's results), False launches it plainly.
-    Returns SampleResult(tokens, logp or None, logp_filtered or None)."""
+    Returns SampleResult(tokens, logp or None, logp_filtered or None, threshold or None)."""
     if compiling():
         return traced("sample", locals())
     b = Binder(OP)
@@ -123,6 +127,11 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     else:
         lpf = None if logp_filtered is False else logp_filtered
         b.set("logp_filtered", lpf, _F32, optional=True, output=True)
+    if threshold is True:
+        thr = b.output("threshold", f32, shape)
+    else:
+        thr = None if threshold is False else threshold
+        b.set("threshold", thr, _F32, optional=True, output=True)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if logprob_block is not None:
         b.args.logprob_block = int(logprob_block)
@@ -133,4 +142,4 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     if pdl is not None:
         b.args.pdl = 1 if pdl else 0
     b.run(stream)
-    return SampleResult(tokens, lp, lpf)
+    return SampleResult(tokens, lp, lpf, thr)
