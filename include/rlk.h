@@ -992,6 +992,15 @@ typedef struct rlk_logprob_args {
   rlk_tensor partials;
   int64_t vocab_start;
   int partial_entropy;
+  /* Kept-set replay (optional): f32 [N] contiguous, a logit threshold per row (rlk_sample's
+   * `threshold` output, or any): the row's softmax, logp, lse and entropy are over its kept set,
+   * the logits at or above the threshold (as given, before the temperature) and the label, which
+   * stays whatever its logit:
+   *   lse' = log sum_{kept} exp z,  logp = z_y - lse',  entropy = lse' - sum_{kept} p' z,
+   * p' = exp(z - lse') on the kept set and 0 elsewhere. A threshold of -inf or NaN (a row the
+   * sampler gave no token) keeps every logit: the plain call's bits. The vector kernel runs it
+   * (bulk and tensor-map requests take it; the tuning database is not read); no shard form. */
+  rlk_tensor threshold;
 } rlk_logprob_args;
 
 /* Fills `args` with the defaults of TRL, verl and OpenRLHF: temperature 1, ignore_index -100
@@ -1035,6 +1044,9 @@ typedef struct rlk_logprob_backward_args {
    * computes its own columns' gradient. */
   int shard;
   int64_t vocab_start;
+  /* Kept-set replay: the forward's threshold (f32 [N] contiguous) with its lse and entropy:
+   * p' in place of p, 0 off the kept set (the label's one-hot term and its p' stay). */
+  rlk_tensor threshold;
 } rlk_logprob_backward_args;
 
 /* Fills `args` like rlk_logprob_args_init. */
@@ -1192,6 +1204,11 @@ typedef struct rlk_linear_logprob_args {
   rlk_tensor partials;
   int64_t vocab_start;
   int partial_entropy;
+  /* Kept-set replay (optional): f32 [N] contiguous, a threshold per row on the raw logits
+   * hidden . weight_v (before the temperature; rlk_linear_sample's and rlk_sample's `threshold`):
+   * the softmax, logp, lse and entropy over the logits at or above it and the label, as in
+   * rlk_logprob_args. -inf or NaN keeps every logit (the plain call's bits). No shard form. */
+  rlk_tensor threshold;
 } rlk_linear_logprob_args;
 
 /* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, stages 0, every tensor
@@ -1251,6 +1268,9 @@ typedef struct rlk_linear_logprob_backward_args {
    * shards, grad_weight its rows. No communication; a label outside the shard is no error. */
   int shard;
   int64_t vocab_start;
+  /* Kept-set replay: the forward's threshold (f32 [N] contiguous) with its lse and entropy: p' in
+   * place of p, 0 off the kept set (the label's terms stay). */
+  rlk_tensor threshold;
 } rlk_linear_logprob_backward_args;
 
 /* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, group 0, every tensor absent. */
@@ -1304,9 +1324,11 @@ typedef enum rlk_linear_policy_loss_path {
 } rlk_linear_policy_loss_path;
 
 typedef struct rlk_linear_policy_loss_args {
-  /* hidden [N, H], weight [V, H], labels [N], temperature, ignore_index, variant and splits as
-   * in rlk_linear_logprob_args. Its logp, lse and entropy are optional outputs (absent: kept in
-   * the workspace); partials must be absent (no shard form). status as in rlk_logprob_args. */
+  /* hidden [N, H], weight [V, H], labels [N], temperature, ignore_index, variant, splits and
+   * threshold (kept-set replay: the log-probs, entropy and gradients over each token's kept set,
+   * by either path) as in rlk_linear_logprob_args. Its logp, lse and entropy are optional outputs
+   * (absent: kept in the workspace); partials must be absent (no shard form). status as in
+   * rlk_logprob_args. */
   rlk_linear_logprob_args head;
   /* Every input and setting of rlk_policy_loss, f32, with N tokens: old_logp, advantages, mask,
    * seq_offsets, ref_logp, rollout_is_weights, the mode, clipping, KL, entropy_coef, aggregation

@@ -118,7 +118,7 @@ class TokenLogprob(torch.autograd.Function):
         want_entropy = kw.pop("entropy", False)
         ctx.inplace = kw.pop("inplace_backward", False)
         ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "status", "variant", "block",
-                                     "unroll", "stages") if k in kw}
+                                     "unroll", "stages", "threshold") if k in kw}
         out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
         ctx.save_for_backward(logits, labels, out.lse, out.entropy)
         if not want_entropy:
@@ -149,7 +149,7 @@ class LinearTokenLogprob(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         kw = dict(kwargs)
         want_entropy = kw.pop("entropy", False)
-        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index") if k in kw}
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "threshold") if k in kw}
         ctx.chunk = kw.pop("chunk", None)
         out = _linear_fwd(hidden, weight, labels, entropy=want_entropy, lse=True, **kw)
         ctx.save_for_backward(hidden, weight, labels, out.lse, out.entropy)
@@ -353,8 +353,8 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
     """Token log-probs (and the entropy) of logits = hidden @ weight.T without storing them:
     hidden [..., H] and weight [V, H] (bf16 or f16, an LM head's layout), labels [...];
     differentiable in hidden and weight. Returns logp (labels' shape, f32), or (logp, entropy)
-    with entropy=True. Keywords: temperature, ignore_index, variant, splits (rlk.linear_logprob)
-    and chunk (the backward's vocabulary chunk)."""
+    with entropy=True. Keywords: temperature, ignore_index, variant, splits, threshold
+    (rlk.linear_logprob: kept-set replay) and chunk (the backward's vocabulary chunk)."""
     shape = tuple(labels.shape)
     flat = _rows(hidden)
     if not flat.is_contiguous():

@@ -309,7 +309,8 @@ def _logprob_fake(logits, labels, *, entropy=False, **_):
 
 @_define("logprob",
          "(Tensor logits, Tensor labels, *, float? temperature=None, int? ignore_index=None, "
-         "bool entropy=False, " + _TUNING + ") -> (Tensor, Tensor, Tensor)", _logprob_fake)
+         "bool entropy=False, " + _TUNING + ", Tensor? threshold=None) -> (Tensor, Tensor, Tensor)",
+         _logprob_fake)
 def _logprob_op(logits, labels, *, entropy=False, **kw):
     out = _raw["logprob"](logits, labels, entropy=entropy, lse=True, **kw)
     return out.logp, out.lse, _or_empty(out.entropy, out.logp)
@@ -326,7 +327,7 @@ def _logprob_setup(ctx, inputs, output):
     logits, labels = inputs[0], inputs[1]
     logp, lse, entropy = output
     ctx.entropy = bool(inputs[4])
-    ctx.kw = {"temperature": inputs[2], "ignore_index": inputs[3]}
+    ctx.kw = {"temperature": inputs[2], "ignore_index": inputs[3], "threshold": inputs[9]}
     ctx.nargs = _nargs(_logprob_op)
     ctx.save_for_backward(logits, labels, lse, entropy)
     ctx.mark_non_differentiable(lse)
@@ -352,7 +353,7 @@ def _logprob_backward_fake(logits, labels, lse, grad_logp=None, grad_entropy=Non
          "(Tensor logits, Tensor labels, Tensor lse, Tensor? grad_logp=None, "
          "Tensor? grad_entropy=None, Tensor? entropy=None, *, float? temperature=None, "
          "int? ignore_index=None, int? vocab_start=None, bool grad_f32=False, " + _TUNING
-         + ") -> Tensor", _logprob_backward_fake)
+         + ", Tensor? threshold=None) -> Tensor", _logprob_backward_fake)
 def _logprob_backward_op(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
                          grad_f32=False, **kw):
     return _raw["logprob_backward"](logits, labels, lse, grad_logp, grad_entropy, entropy,
@@ -462,7 +463,7 @@ def _linear_logprob_fake(hidden, weight, labels, *, entropy=False, **_):
 
 @_define("linear_logprob",
          "(Tensor hidden, Tensor weight, Tensor labels, *, bool entropy=False, " + _HEAD
-         + ", int? stages=None) -> (Tensor, Tensor, Tensor)", _linear_logprob_fake)
+         + ", int? stages=None, Tensor? threshold=None) -> (Tensor, Tensor, Tensor)", _linear_logprob_fake)
 def _linear_logprob_op(hidden, weight, labels, *, entropy=False, **kw):
     out = _raw["linear_logprob"](hidden, weight, labels, entropy=entropy, lse=True, **kw)
     return out.logp, out.lse, _or_empty(out.entropy, out.logp)
@@ -472,7 +473,7 @@ def _linear_logprob_setup(ctx, inputs, output):
     hidden, weight, labels, entropy_wanted = inputs[0], inputs[1], inputs[2], inputs[3]
     logp, lse, entropy = output
     ctx.entropy = bool(entropy_wanted)
-    ctx.kw = {"temperature": inputs[4], "ignore_index": inputs[5]}
+    ctx.kw = {"temperature": inputs[4], "ignore_index": inputs[5], "threshold": inputs[9]}
     ctx.nargs = _nargs(_linear_logprob_op)
     ctx.save_for_backward(hidden, weight, labels, lse, entropy)
     ctx.mark_non_differentiable(lse)
@@ -507,7 +508,7 @@ def _linear_logprob_backward_fake(hidden, weight, labels, lse, grad_logp=None, g
          "Tensor? grad_entropy=None, Tensor? entropy=None, *, float? temperature=None, "
          "int? ignore_index=None, bool want_hidden=True, bool want_weight=True, "
          "bool grad_f32=True, int? chunk=None, int? group=None, bool shard=False, "
-         "int vocab_start=0) -> (Tensor, Tensor)", _linear_logprob_backward_fake)
+         "int vocab_start=0, Tensor? threshold=None) -> (Tensor, Tensor)", _linear_logprob_backward_fake)
 def _linear_logprob_backward_op(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                                 entropy=None, *, grad_f32=True, **kw):
     gh, gw = _raw["linear_logprob_backward"](hidden, weight, labels, lse, grad_logp, grad_entropy,
@@ -562,7 +563,7 @@ def _linear_policy_loss_fake(hidden, weight, labels, old_logp, advantages, mask=
          "(Tensor hidden, Tensor weight, Tensor labels, Tensor old_logp, Tensor advantages, "
          + _POLICY + ", " + _HEAD + ", bool want_hidden=True, bool want_weight=True, "
          "bool grad_f32=True, int? chunk=None, int? group=None, bool logp=False, int? path=None, "
-         "int? chunk_tokens=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+         "int? chunk_tokens=None, Tensor? threshold=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
          _linear_policy_loss_fake)
 def _linear_policy_loss_op(hidden, weight, labels, old_logp, advantages, mask=None, *,
                            grad_f32=True, logp=False, metrics=True, path=None, **kw):

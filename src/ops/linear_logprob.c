@@ -266,6 +266,10 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if (!k->shard && (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
                     (a->lse.data && a->lse.data == a->entropy.data)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");
+  if (a->threshold.data) {
+    if (k->shard) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
+    if ((st = rlk_check_vector(&a->threshold, "threshold", f32, N, 1, NULL))) return st;
+  }
   if (a->splits < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is negative", a->splits);
   if (a->stages != 0 && (a->stages < 2 || a->stages > LL_SM90_STAGES))
@@ -338,12 +342,13 @@ static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t 
 }
 
 /* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
- * (logits: the sampling head's raw logits of those rows, else NULL). */
+ * (logits: the sampling head's raw logits of those rows, else NULL; threshold: kept-set replay's,
+ * from the launch's first row, else NULL). */
 static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, const void *partials, int64_t S,
                              int64_t n, int64_t V, const void *labels, int64_t label_stride, int64_t ignore_index,
                              float *logp, float *lse, float *entropy, int *status, float *records,
                              int64_t vocab_start, float temperature, const float *logits, int64_t logits_pitch,
-                             void *stream) {
+                             const float *threshold, void *stream) {
   ll_combine_args c = {0};
   c.partials = partials;
   c.S = S;
@@ -362,6 +367,7 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   c.logits = logits;
   c.logits_pitch = logits_pitch;
   c.temperature = temperature;
+  c.threshold = threshold;
   void *cargs[] = {&c};
   const int64_t rows_a_block = LL_COMBINE_THREADS / 32;
   rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_COMBINE_THREADS, 0);
@@ -382,6 +388,7 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
   int *status = k->shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
   float *records = (float *)a->partials.data;
   const int64_t vocab_start = a->vocab_start;
+  const float *threshold = (const float *)a->threshold.data;
   void *partials = a->workspace;
 
   if (ctx->kind == RLK_BACKEND_HOST) {
@@ -403,6 +410,7 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
     h.records = records;
     h.vocab_start = vocab_start;
     h.temperature = temperature;
+    h.threshold = threshold;
     void *params[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
     return rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params);
@@ -416,6 +424,7 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
   for (int64_t r0 = 0; r0 < N; r0 += k->rows) {
     const int64_t n = N - r0 < k->rows ? N - r0 : k->rows, row_blocks = (n + bm - 1) / bm;
     const void *lab = (const char *)labels + (size_t)(r0 * k->h.ls) * lsize;
+    const float *thr = threshold ? threshold + r0 : NULL;
     int64_t S, cps;
     rlk_ll_fwd_splits(V, row_blocks, slots, k->splits, &S, &cps);
     if (S > 65535 || row_blocks > INT32_MAX)
@@ -437,6 +446,7 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
       g.partials = partials;
       g.vocab_start = vocab_start;
       g.temperature = temperature;
+      g.threshold = thr;
       /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
        * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
       void *params[] = {map_h, map_w, &g};
@@ -458,13 +468,14 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
       g.partials = partials;
       g.vocab_start = vocab_start;
       g.temperature = temperature;
+      g.threshold = thr;
       void *params[] = {&g};
       d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
       if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
     }
     if ((st = ll_combine(ctx, &k->ch.combine, partials, k->records, n, V, lab, k->h.ls, a->ignore_index,
                          logp ? logp + r0 : NULL, lse ? lse + r0 : NULL, entropy ? entropy + r0 : NULL, status,
-                         records ? records + 4 * r0 : NULL, vocab_start, temperature, NULL, 0, stream)))
+                         records ? records + 4 * r0 : NULL, vocab_start, temperature, NULL, 0, thr, stream)))
       return st;
   }
   return RLK_OK;
@@ -743,6 +754,10 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
   }
+  if (a->threshold.data) {
+    if (a->shard) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
+    if ((st = rlk_check_vector(&a->threshold, "threshold", f32, k->h.N, 1, NULL))) return st;
+  }
   if (a->accumulate != 0 && a->accumulate != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
   if (a->shard != 0 && a->shard != 1)
@@ -816,6 +831,7 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
     (x).entropy = ent, (x).ent_s = k->ent_s, (x).g_ent = gent, (x).gent_s = k->gent_s;               \
     (x).status = status, (x).vocab_start = a->vocab_start;                                           \
     (x).temperature = a->temperature, (x).shard = a->shard;                                          \
+    (x).threshold = (const float *)a->threshold.data;                                                \
   } while (0)
 
 /* grad_hidden (+)= the f32 sum dh of the workspace. */
@@ -1195,10 +1211,12 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   g.labels = c.labels, g.label_stride = c.ls, g.V = c.V, g.ignore_index = s->ignore_index;
   g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
   g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records, g.ksplit = s->ksplit;
+  g.threshold = s->threshold ? s->threshold + r0 : NULL;
   void *largs[] = {m_h, m_w, m_u, m_u2, &g};
   if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, largs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
   return ll_combine(ctx, &cb, c.records, g.tiles_n, n, c.V, c.labels, c.ls, s->ignore_index, s->logp + r0,
-                    s->lse + r0, s->entropy ? s->ent + r0 : NULL, s->status, NULL, 0, s->temperature, NULL, 0, stream);
+                    s->lse + r0, s->entropy ? s->ent + r0 : NULL, s->status, NULL, 0, s->temperature, NULL, 0,
+                    s->threshold ? s->threshold + r0 : NULL, stream);
 }
 
 /* u -> dz in place: the row-major pass over the chunk's rows, or the transposed one over u^T's
@@ -1227,6 +1245,7 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.entropy = s->entropy ? s->ent + r0 : NULL;
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
+  z.threshold = s->threshold ? s->threshold + r0 : NULL;
   void *zargs[] = {&z};
   const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
   const rlk_launch_dims d =

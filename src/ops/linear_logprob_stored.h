@@ -35,6 +35,7 @@ typedef struct rlk_ll_stored {
   int accumulate;              /* add to what the gradients hold (grad_weight: the first chunk) */
   int group;                   /* the tile order's rows of tiles; 0: the default */
   int *status;                 /* optional i32: the bad-label bit */
+  const float *threshold;      /* optional [N]: kept-set replay's thresholds */
   int64_t rows;                /* the chunk's rows at most */
   int64_t ksplit;              /* > 0: over grad_weight (rlk_ll_stored_over_weight_ok), rows = N */
   void *workspace;             /* rlk_ll_stored_workspace(rows, V, ksplit) bytes, 256-byte aligned */

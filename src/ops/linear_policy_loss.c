@@ -157,6 +157,7 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   b->chunk = a->chunk;
   b->group = a->group;
   b->status = h->status;
+  b->threshold = h->threshold;
 
   size_t hb = 0, lb = 0, bb = 0;
   /* the three calls check their arguments in their size queries, whichever path runs */
@@ -234,6 +235,7 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   sd->accumulate = a->accumulate;
   sd->group = a->group;
   sd->status = (int *)h->status.data;
+  sd->threshold = (const float *)h->threshold.data;
   sd->rows = rows;
   sd->ksplit = ksplit;
   sd->workspace = base + lpl_take(&off, rlk_ll_stored_workspace(rows, V, ksplit));
@@ -363,6 +365,7 @@ static const rlk_arg_field lpl_fields[] = {
     RLK_ARG_OUT(rlk_linear_policy_loss_args, head.lse),
     RLK_ARG_OUT(rlk_linear_policy_loss_args, head.entropy),
     RLK_ARG_OUT(rlk_linear_policy_loss_args, head.status),
+    RLK_ARG_IN(rlk_linear_policy_loss_args, head.threshold),
     RLK_ARG_IN(rlk_linear_policy_loss_args, loss.old_logp),
     RLK_ARG_IN(rlk_linear_policy_loss_args, loss.advantages),
     RLK_ARG_IN(rlk_linear_policy_loss_args, loss.mask),

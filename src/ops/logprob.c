@@ -65,6 +65,7 @@ static const rlk_param_decl lp_fwd_params[] = {
     {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL}, /* threads per row */
     {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
     {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* kept-set replay: a threshold per row */
 };
 
 static const rlk_param_decl lp_bwd_params[] = {
@@ -75,6 +76,7 @@ static const rlk_param_decl lp_bwd_params[] = {
     {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
     {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
     {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* g_H given */
+    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_param_decl lp_bulk_params[] = {
@@ -158,7 +160,7 @@ static const char *const lp_candidates[] = {
 
 enum {
   LP_S_PASS, LP_S_LOGITS, LP_S_LABELS, LP_S_ENTROPY, LP_S_GRAD, LP_S_VOCAB, LP_S_VARIANT, LP_S_BLOCK, LP_S_SEG,
-  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_NSETTINGS
+  LP_S_UNROLL, LP_S_STAGES, LP_S_TOKENS, LP_S_KEPT, LP_NSETTINGS
 };
 
 static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
@@ -184,6 +186,8 @@ static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
     [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
                                 "N, the rows of the calls; with no tuning settings, the tuning database's winner "
                                 "for N's bucket on this context, 0 for none"),
+    [LP_S_KEPT] = RLK_SET_FLAG("kept", 0, "logprob_fwd.kept logprob_bwd.kept",
+                               "kept-set replay: a threshold per row (the vector kernel; no tuning database)"),
 };
 
 /* One kernel of a call and its launch shape. */
@@ -299,9 +303,11 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const rlk_op_values *
   memcpy(t, s->v, sizeof t);
   const int sm90 = (ctx->target.features & RLK_TARGET_TMA) != 0; /* the bulk and tma variants */
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
-      (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !tma_ok))) {
+      (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !tma_ok) || s->v[LP_S_KEPT])) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
-              !sm90 ? "needs sm_90+" : "the logits cannot be described by a tensor map",
+              s->v[LP_S_KEPT] ? "kept-set replay is the vector kernel's"
+              : !sm90         ? "needs sm_90+"
+                              : "the logits cannot be described by a tensor map",
               lp_variant_names[d->variant]);
     variant = d->variant;
     lp_untuned(t);
@@ -329,7 +335,8 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const rlk_op_values *
   } else {
     int b = 1, seg = 1;
     if (kind != RLK_BACKEND_HOST) lp_vec_shape(&ctx->target, d, t, &b, &seg);
-    ch->spec = (rlk_kernel_spec){&lp_fwd_tmpl, {logits, labels, b, seg, kind == RLK_BACKEND_HOST ? 1 : unroll, entropy}};
+    ch->spec = (rlk_kernel_spec){
+        &lp_fwd_tmpl, {logits, labels, b, seg, kind == RLK_BACKEND_HOST ? 1 : unroll, entropy, t[LP_S_KEPT]}};
     ch->threads = b;
     ch->rows_per_block = b / seg;
   }
@@ -360,7 +367,7 @@ static rlk_status lp_select_bwd_as(const rlk_context *ctx, const rlk_op_values *
   ch->spec = (rlk_kernel_spec){&lp_bwd_tmpl,
                                {t[LP_S_LOGITS], t[LP_S_GRAD], t[LP_S_LABELS], block, seg,
                                 kind == RLK_BACKEND_HOST ? 1 : (t[LP_S_UNROLL] ? t[LP_S_UNROLL] : d->unroll),
-                                t[LP_S_ENTROPY]}};
+                                t[LP_S_ENTROPY], t[LP_S_KEPT]}};
   ch->threads = block;
   ch->rows_per_block = block / seg;
   return rlk_spec_validate(&ch->spec);
@@ -401,7 +408,7 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
  * record. */
 static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const rlk_op_values *s, rlk_op_values *t) {
   *t = *s;
-  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v)) return NULL;
+  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v) || s->v[LP_S_KEPT]) return NULL;
   if (lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
   char shape[192];
   int64_t w[RLK_TUNE_VALUES];
@@ -493,6 +500,9 @@ static const char *const lp_samples[] = {
     "logprob pass=fwd logits=f16 labels=i32 variant=bulk",
     "logprob pass=fwd logits=f32 labels=i64 variant=tma entropy=1",
     "logprob pass=fwd logits=bf16 labels=i64 variant=tma entropy=1",
+    /* kept-set replay */
+    "logprob pass=both logits=bf16 labels=i64 entropy=1 kept=1",
+    "logprob pass=both logits=f32 labels=i32 vocab=7 kept=1",
     NULL};
 
 const rlk_op_desc rlk_op_logprob = {
@@ -619,8 +629,11 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
   if ((st = lp_check_status(&a->status))) return st;
+  if (a->threshold.data && (st = rlk_check_vector(&a->threshold, "threshold", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
+    return st;
   lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
                 a->block, a->unroll, a->stages);
+  rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
   lp_fwd_kernel_args *k = &c->k;
   k->logits = a->logits.data;
   k->row_stride = row_stride;
@@ -633,6 +646,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   k->lse = (float *)a->lse.data;
   k->entropy = (float *)a->entropy.data;
   k->status = (int32_t *)a->status.data;
+  k->threshold = (const float *)a->threshold.data;
   k->temperature = a->temperature;
   rlk_tma_desc_request *r = &c->req;
   r->base = a->logits.data;
@@ -720,7 +734,8 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
 static const rlk_arg_field lp_fwd_fields[] = {
     RLK_ARG_IN(rlk_logprob_args, logits), RLK_ARG_IN(rlk_logprob_args, labels),
     RLK_ARG_OUT(rlk_logprob_args, logp),  RLK_ARG_OUT(rlk_logprob_args, lse),
-    RLK_ARG_OUT(rlk_logprob_args, entropy), RLK_ARG_OUT(rlk_logprob_args, status)};
+    RLK_ARG_OUT(rlk_logprob_args, entropy), RLK_ARG_OUT(rlk_logprob_args, status),
+    RLK_ARG_IN(rlk_logprob_args, threshold)};
 
 static const rlk_op_entry lp_fwd_entry = {
     .name = "rlk_logprob", .op = &rlk_op_logprob, .call_size = sizeof(lp_fwd_call), RLK_OP_FIELDS(lp_fwd_fields),
@@ -776,8 +791,10 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->shard && a->vocab_start < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
                      (long long)a->vocab_start);
+  if (a->threshold.data && (st = rlk_check_vector(&a->threshold, "threshold", f32, N, 1, NULL))) return st;
   lp_set_values(&call->vals, LP_PASS_BWD, &a->logits, &a->labels, a->grad_entropy.data != NULL, N, V,
                 (int)a->variant, a->block, a->unroll, 0);
+  rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
   rlk_op_values_set(&call->vals, LP_S_GRAD, a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32);
   lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
   k->logits = a->logits.data;
@@ -801,6 +818,7 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   k->vocab_start = a->shard ? a->vocab_start : 0;
   k->temperature = a->temperature;
   k->shard = a->shard != 0;
+  k->threshold = (const float *)a->threshold.data;
   return RLK_OK;
 }
 
@@ -834,7 +852,7 @@ static const rlk_arg_field lp_bwd_fields[] = {
     RLK_ARG_IN(rlk_logprob_backward_args, lse),          RLK_ARG_IN(rlk_logprob_backward_args, grad_logp),
     RLK_ARG_IN(rlk_logprob_backward_args, grad_entropy), RLK_ARG_IN(rlk_logprob_backward_args, entropy),
     RLK_ARG_INPLACE(rlk_logprob_backward_args, grad_logits, "logits"),
-    RLK_ARG_OUT(rlk_logprob_backward_args, status)};
+    RLK_ARG_OUT(rlk_logprob_backward_args, status), RLK_ARG_IN(rlk_logprob_backward_args, threshold)};
 
 static const rlk_op_entry lp_bwd_entry = {
     .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),

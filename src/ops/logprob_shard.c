@@ -181,6 +181,8 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->partial_entropy != 0 && a->partial_entropy != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
                      a->partial_entropy);
+  if (a->threshold.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
   rlk_op_values *v = &call->vals;
   rlk_op_values_set(v, LS_S_PASS, LS_PASS_FWD);
   rlk_op_values_set(v, LS_S_LOGITS, ls_dt_code(a->logits.dtype));

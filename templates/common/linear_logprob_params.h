@@ -24,7 +24,10 @@
  *              [tiles_n][M]; the rest as bwd_dz
  *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
  *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
- *              g_lp, entropy, g_ent contiguous from there) */
+ *              g_lp, entropy, g_ent contiguous from there)
+ * threshold (every kernel that folds or differentiates logits): NULL, or kept-set replay's f32
+ * [N] from the kernel's first row: a logit below its row's threshold leaves the softmax, the
+ * label stays. */
 #ifndef RLK_LINEAR_LOGPROB_PARAMS_H
 #define RLK_LINEAR_LOGPROB_PARAMS_H
 
@@ -47,8 +50,9 @@
   F(S_, int *, status, 104)           \
   F(S_, float *, records, 112)        \
   F(S_, long long, vocab_start, 120)  \
-  F(S_, float, temperature, 128)
-#define RLK_LL_FWD_HOST_PARAMS_SIZE 136
+  F(S_, float, temperature, 128)      \
+  F(S_, const float *, threshold, 136)
+#define RLK_LL_FWD_HOST_PARAMS_SIZE 144
 
 #define RLK_LL_FWD_TILED_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)       \
@@ -63,8 +67,9 @@
   F(S_, long long, cols_per_split, 72) \
   F(S_, void *, partials, 80)          \
   F(S_, long long, vocab_start, 88)    \
-  F(S_, float, temperature, 96)
-#define RLK_LL_FWD_TILED_PARAMS_SIZE 104
+  F(S_, float, temperature, 96)        \
+  F(S_, const float *, threshold, 104)
+#define RLK_LL_FWD_TILED_PARAMS_SIZE 112
 
 #define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
   F(S_, const void *, labels, 0)       \
@@ -75,8 +80,9 @@
   F(S_, long long, cols_per_split, 40) \
   F(S_, void *, partials, 48)          \
   F(S_, long long, vocab_start, 56)    \
-  F(S_, float, temperature, 64)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 72
+  F(S_, float, temperature, 64)        \
+  F(S_, const float *, threshold, 72)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 80
 
 #define RLK_LL_COMBINE_PARAMS(F, S_)  \
   F(S_, const void *, partials, 0)    \
@@ -95,8 +101,9 @@
   F(S_, long long, vocab_start, 104)  \
   F(S_, const float *, logits, 112)   \
   F(S_, long long, logits_pitch, 120) \
-  F(S_, float, temperature, 128)
-#define RLK_LL_COMBINE_PARAMS_SIZE 136
+  F(S_, float, temperature, 128)      \
+  F(S_, const float *, threshold, 136)
+#define RLK_LL_COMBINE_PARAMS_SIZE 144
 
 #define RLK_LL_BWD_HOST_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)      \
@@ -125,8 +132,9 @@
   F(S_, long long, vocab_start, 184)  \
   F(S_, float, temperature, 192)      \
   F(S_, int, accumulate, 196)         \
-  F(S_, int, shard, 200)
-#define RLK_LL_BWD_HOST_PARAMS_SIZE 208
+  F(S_, int, shard, 200)              \
+  F(S_, const float *, threshold, 208)
+#define RLK_LL_BWD_HOST_PARAMS_SIZE 216
 
 #define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
   F(S_, const void *, hidden, 0)      \
@@ -153,8 +161,9 @@
   F(S_, int *, status, 168)           \
   F(S_, long long, vocab_start, 176)  \
   F(S_, float, temperature, 184)      \
-  F(S_, int, shard, 188)
-#define RLK_LL_BWD_DZ_PARAMS_SIZE 192
+  F(S_, int, shard, 188)              \
+  F(S_, const float *, threshold, 192)
+#define RLK_LL_BWD_DZ_PARAMS_SIZE 200
 
 #define RLK_LL_BWD_DH_PARAMS(F, S_) \
   F(S_, const float *, dz, 0)       \
@@ -222,8 +231,9 @@
   F(S_, int, group, 180)               \
   F(S_, int, staged, 184)            \
   F(S_, void *, out_aux, 192)          \
-  F(S_, long long, ksplit, 200)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 208
+  F(S_, long long, ksplit, 200)        \
+  F(S_, const float *, threshold, 208)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 216
 
 /* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
  * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */
@@ -243,7 +253,8 @@
   F(S_, float, temperature, 96)        \
   F(S_, void *, u2, 104)               \
   F(S_, long long, u2_stride, 112)     \
-  F(S_, long long, ksplit, 120)
-#define RLK_LL_STORED_DZ_PARAMS_SIZE 128
+  F(S_, long long, ksplit, 120)        \
+  F(S_, const float *, threshold, 128)
+#define RLK_LL_STORED_DZ_PARAMS_SIZE 136
 
 #endif

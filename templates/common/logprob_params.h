@@ -7,7 +7,9 @@
  *   backward: the same inputs, lse, grad_logp, entropy, grad_entropy each with its stride
  *             (grad_logp, entropy, grad_entropy may be NULL) -> grad (the logits' dtype or f32,
  *             row stride grad_stride); shard != 0: the logits are the columns [vocab_start,
- *             vocab_start + V) of the labels' vocabulary. */
+ *             vocab_start + V) of the labels' vocabulary.
+ *   threshold: kept-set replay (the kernels built with `kept`), f32 [N]: a row's logits below its
+ *             threshold leave the softmax, its label stays. */
 #ifndef RLK_LOGPROB_PARAMS_H
 #define RLK_LOGPROB_PARAMS_H
 
@@ -25,8 +27,9 @@
   F(S_, float *, lse, 64)            \
   F(S_, float *, entropy, 72)        \
   F(S_, int *, status, 80)           \
-  F(S_, float, temperature, 88)
-#define RLK_LP_FWD_PARAMS_SIZE 96
+  F(S_, const float *, threshold, 88) \
+  F(S_, float, temperature, 96)
+#define RLK_LP_FWD_PARAMS_SIZE 104
 
 #define RLK_LP_BWD_PARAMS(F, S_)             \
   F(S_, const void *, logits, 0)             \
@@ -49,7 +52,8 @@
   F(S_, int *, status, 136)                  \
   F(S_, long long, vocab_start, 144)         \
   F(S_, float, temperature, 152)             \
-  F(S_, int, shard, 156)
-#define RLK_LP_BWD_PARAMS_SIZE 160
+  F(S_, int, shard, 156)                     \
+  F(S_, const float *, threshold, 160)
+#define RLK_LP_BWD_PARAMS_SIZE 168
 
 #endif

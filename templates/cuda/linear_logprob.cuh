@@ -79,10 +79,12 @@ __global__ void __launch_bounds__(256)
   const T *w = (const T *)weight;
   ll::part st[4];
   i64 y[4];
+  float thr[4]; /* kept-set replay: the rows' thresholds (-inf: every logit) */
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const i64 row = row0 + ty * 4 + r;
     y[r] = row < N ? ll::load_label(labels, row, label_stride) : -1;
+    thr[r] = p_.threshold && row < N ? ld_ro(p_.threshold + row) : -limits<float>::infinity();
   }
   for (i64 col0 = v_begin; col0 < v_end; col0 += BN) {
     /* a record a 256 columns: four tiles folded by each thread, then its 16 lanes merged */
@@ -104,7 +106,6 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc)
         if ((i64)(16 * cc) >= lim) acc[r][cc] = -limits<float>::infinity();
-      ll::fold<4, ENTROPY>(st[r], acc[r], c);
       /* the label's column in this tile; a shard's weight starts at vocab_start (read where it is
        * used: kept in a register through the loop it costs spills) */
       const i64 yc = y[r] - col0 - p_.vocab_start;
@@ -113,6 +114,11 @@ __global__ void __launch_bounds__(256)
         for (int cc = 0; cc < 4; ++cc)
           if (yc / 16 == cc) st[r].t = acc[r][cc];
       }
+      /* kept-set replay: a logit below the row's threshold leaves the fold (the label too: the
+       * combine merges it back) */
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) acc[r][cc] = acc[r][cc] < thr[r] ? -limits<float>::infinity() : acc[r][cc];
+      ll::fold<4, ENTROPY>(st[r], acc[r], c);
     }
     if ((col0 + BN - v_begin) % RLK_LL_RECORD_COLS == 0 || col0 + BN >= v_end) {
       const i64 rec = col0 / RLK_LL_RECORD_COLS;

@@ -3,7 +3,8 @@
  *
  *   linear_logprob_bwd_dz  recomputes the chunk's logits z = h W_c^T / T (64 x 64 f32 tiles) and
  *                          writes dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / T, f32 [N][Vc], with
- *                          p = exp(z - lse) and E = lse - entropy from the forward
+ *                          p = exp(z - lse) and E = lse - entropy from the forward (kept-set
+ *                          replay: p 0 below the row's threshold, but for the label)
  *   linear_logprob_bwd_dh  dH = beta dH + dz W_c, dH f32 [N][H] (row stride dh_stride): the
  *                          workspace, or grad_hidden itself when that is f32 (beta 0 on the first
  *                          chunk, unless that adds to the caller's gradient); beta 1 continues
@@ -58,11 +59,13 @@ __global__ void __launch_bounds__(256)
     const float gl = g_lp ? g_lp[row * glp_s] : 0.0f;
     const float gh = ENTROPY && g_h ? g_h[row * gh_s] : 0.0f;
     const float E = ENTROPY && g_h ? l - entropy[row * ent_s] : 0.0f;
+    /* kept-set replay: p is 0 below the row's threshold, but for the label */
+    const float thr = p_.threshold ? ld_ro(p_.threshold + row) : -limits<float>::infinity();
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
       const i64 v = v0 + tx + 16 * cc;
       if (v >= v_end) continue;
-      const float p = exp2_approx(fmaf(acc[r][cc], c, -l * RLK_LL_LOG2E));
+      const float p = acc[r][cc] < thr && v != y ? 0.0f : exp2_approx(fmaf(acc[r][cc], c, -l * RLK_LL_LOG2E));
       dz[row * Vc + (v - c0)] =
           ll::dz_of<ENTROPY>(ignored, bad, gl, gh, E, v == y ? 1.0f : 0.0f, p, acc[r][cc] * inv_t, true, inv_t);
     }

@@ -3,7 +3,8 @@
  *
  *   KIND 0, dz   dz [N][nv] (16-bit, the inputs' dtype) from z = h W_c^T: A = h, B = W_c, both
  *                K-major (K = H); the epilogue turns each logit into its gradient,
- *                dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / T with p = exp(z - lse)
+ *                dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / T with p = exp(z - lse) (kept-set
+ *                replay: p 0 below the row's threshold, but for the label)
  *   KIND 1, dh   dh [N][H] (f32, the workspace) (+)= dz W_c: A = dz (K-major, K = nv),
  *                B = W_c stored [nv][H] (MN-major)
  *   KIND 2, dw   grad_weight[c0 + v] (+)= dz[:, v]^T h: A = dz^T and B = h, both MN-major
@@ -102,6 +103,7 @@ RLK_DEVICE void ll_bwd_tile(int tile, int tiles_m, int tiles_n, int group, int *
 /* What dz's epilogue needs of a row, read before the tile's products. */
 struct ll_dz_row {
   float lse2, gl, gh, E; /* lse in base 2; the upstream gradients; lse - entropy */
+  float thr;             /* kept-set replay: the threshold (-inf: every logit) */
   i64 y;                 /* the label's column in the chunk */
   bool ignored, bad;
 };
@@ -110,6 +112,7 @@ template <typename L, bool ENTROPY>
 RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
   ll_dz_row d;
   d.lse2 = d.gl = d.gh = d.E = 0.0f;
+  d.thr = -limits<float>::infinity();
   d.y = -1;
   d.ignored = true;
   d.bad = false;
@@ -125,6 +128,7 @@ RLK_DEVICE ll_dz_row ll_dz_row_inputs(const ll::BwdSm90Params &p_, i64 r) {
     d.gh = p_.g_ent[r * p_.gent_s];
     d.E = lse - p_.entropy[r * p_.ent_s];
   }
+  if (p_.threshold) d.thr = ld_ro(p_.threshold + r);
   return d;
 }
 
@@ -247,20 +251,21 @@ RLK_DEVICE void ll_b16_half_t(const tensor_map *map, const F &value, u8 *stage, 
 }
 
 /* The logits kinds' epilogue for one consumer (rows m0w + rl, + 8 of this thread; y: their
- * labels' columns, -1 for none): each row's tile record into partials (ll_tile_record: the
+ * labels' columns, -1 for none; thr: their kept-set thresholds, whose masked logits store u 0):
+ * each row's tile record into partials (ll_tile_record: the
  * forward's records, bit for bit), then u in place of acc, stored in two halves (ll_b16_half, or
  * ll_b16_half_t into map_c / map_d when TRANS). Columns past V count as -inf (their u is 0). */
 template <int DT, bool ENTROPY, bool TRANS>
 RLK_DEVICE void ll_logits_epilogue(const ll::BwdSm90Params &p_, const tensor_map *map_c, const tensor_map *map_d,
-                                   float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], u8 *stage, i64 m0w, i64 n0,
-                                   int tn, int rl, int tw, u32 barrier) {
+                                   float (&acc)[ll_bwd_sm90::BN / 2], const i64 (&y)[2], const float (&thr)[2],
+                                   u8 *stage, i64 m0w, i64 n0, int tn, int rl, int tw, u32 barrier) {
   const float c = RLK_LL_LOG2E / p_.temperature;
   const int l = tw % 32;
   ll::part *__restrict__ partials = (ll::part *)p_.out_aux;
   ll_mask_past(acc, p_.Nn, n0, l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const ll::part rec = ll_tile_record<ENTROPY, true>(acc, i, c, ll_owned_q(y[i] - n0, p_.Nn - n0, l));
+    const ll::part rec = ll_tile_record<ENTROPY, true>(acc, i, c, ll_owned_q(y[i] - n0, p_.Nn - n0, l), thr[i]);
     const i64 r = m0w + rl + 8 * i;
     if ((l & 3) == 0 && r < p_.M) partials[(i64)tn * p_.M + r] = rec;
   }
@@ -310,8 +315,18 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
     const float x = acc[4 * j + 2 * i + e], p = exp2_approx(fmaf(x, c, -lse2[i]));
     return ENTROPY ? p * fmaf(ck[i], x, cb[i]) : p * cb[i];
   };
-  ll_b16_half<0, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
-  ll_b16_half<1, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
+  if (!p_.threshold) {
+    ll_b16_half<0, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
+    ll_b16_half<1, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
+    return;
+  }
+  /* kept-set replay: 0 below the row's threshold (the label's element is the patch's) */
+  const float thr[2] = {row[0].thr, row[1].thr};
+  const auto kept = [&](int i, int j, int e) {
+    return acc[4 * j + 2 * i + e] < thr[i] ? 0.0f : grad(i, j, e);
+  };
+  ll_b16_half<0, DT, true>(map_c, kept, stage, m0w, n0, rl, tw, barrier, false, &fix);
+  ll_b16_half<1, DT, true>(map_c, kept, stage, m0w, n0, rl, tw, barrier, false, &fix);
 }
 
 /* An f32 output's epilogue for one consumer, columns [64 Q, 64 Q + 64) of its rows (r0 + 8 i,
@@ -499,15 +514,18 @@ __global__ void __launch_bounds__(384, 1)
     const i64 m0 = (i64)tm * BM, n0 = (i64)tn * BN, r0 = m0 + cw * 64 + 16 * w + l / 4;
     ll_dz_row row[2];
     i64 y[2];
+    float thr[2];
     if (KIND == C::DZ) {
       /* the row inputs load while the products run */
       row[0] = ll_dz_row_inputs<L, ENTROPY>(p_, r0);
       row[1] = ll_dz_row_inputs<L, ENTROPY>(p_, r0 + 8);
     } else if (LOGITS) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < 2; ++i) {
         y[i] = r0 + 8 * i < p_.M ? ll::load_label((const L *)p_.labels, r0 + 8 * i, p_.label_stride) - p_.vocab_start
                                  : (i64)-1;
+        thr[i] = p_.threshold && r0 + 8 * i < p_.M ? ld_ro(p_.threshold + r0 + 8 * i) : -limits<float>::infinity();
+      }
     }
     /* dh continues the chunks' K chain from the sum so far (accumulate: the output holds it) */
     const bool carry = (KIND == C::DH || KIND == C::DH_T) && p_.accumulate != 0;
@@ -517,7 +535,7 @@ __global__ void __launch_bounds__(384, 1)
       ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
                                      1u + (u32)cw);
     } else if constexpr (LOGITS) {
-      ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &map_c, &map_d, acc, y, stage, m0 + cw * 64, n0, tn,
+      ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &map_c, &map_d, acc, y, thr, stage, m0 + cw * 64, n0, tn,
                                                            16 * w + l / 4, tw, 1u + (u32)cw);
     } else if (p_.staged) {
       const bool add = !carry && p_.accumulate != 0;

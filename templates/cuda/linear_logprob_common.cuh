@@ -127,6 +127,15 @@ template <int NV, bool ENTROPY> RLK_DEVICE void fold(part &p, const float *x, fl
   p.q = ENTROPY ? q0 + q1 : 0.0f;
 }
 
+/* Kept-set replay's label: a label whose logit t is below the row's threshold (its record left
+ * it out) merged back last, as a record of its own. */
+template <bool ENTROPY> RLK_DEVICE part with_label(const part &acc, float t, float thr, float c) {
+  if (!(t < thr)) return acc;
+  part one;
+  one.m = t * c, one.s = 1.0f, one.q = 0.0f, one.t = 0.0f; /* 2^0, and 2^0 (t c - t c) */
+  return merge<ENTROPY>(acc, one);
+}
+
 /* The logits' gradient at one column of a row, dz = (g_lp (onehot - p) - g_H p (x / T - E)) / T
  * with E = lse - entropy (0 where the row is ignored, NaN where its label is bad); xt = x / T, read
  * only where entropy_term holds. */
@@ -149,7 +158,8 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
 
 /* A warp per row (256 threads a block: eight rows): lane k merges the row's records k, k + 32, ...
  * (partials [S][N], record-major) in order, then the lanes merge by a fixed butterfly, and lane 0
- * writes the row's outputs; the tree depends on S alone. The label's logit t is its record's
+ * writes the row's outputs; the tree depends on S alone (kept-set replay merges a label below its
+ * row's threshold back last, ll::with_label). The label's logit t is its record's
  * (record y / record_cols), or where `logits` is given (the sampling head's raw logits, f32 rows
  * of logits_pitch) the logit stored there, the same float. Shard form (records not NULL): the
  * row's record over this weight's columns in rlk.h's vocab-parallel units (natural log of
@@ -171,6 +181,7 @@ __global__ void __launch_bounds__(256)
   const i64 yg = ll::load_label((const L *)p_.labels, row, p_.label_stride), y = yg - p_.vocab_start;
   const bool own = yg != p_.ignore_index && y >= 0 && y < V;
   const float t = !own ? 0.0f : p_.logits ? p_.logits[row * p_.logits_pitch + y] : partials[(y / record_cols) * N + row].t;
+  if (p_.threshold && own) acc = ll::with_label<ENTROPY>(acc, t, ld_ro(p_.threshold + row), c);
   if (p_.records) {
     f32x4 r;
     r.x = acc.m * RLK_LL_LN2; /* -inf stays -inf */

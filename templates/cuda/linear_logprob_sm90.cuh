@@ -82,11 +82,13 @@ __global__ void __launch_bounds__(384, 1)
   const float c = RLK_LL_LOG2E / temperature;
   const i64 tile0 = v_begin / BN;
   i64 y[2], row[2];
+  float thr[2]; /* kept-set replay: the rows' thresholds (-inf: every logit) */
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
     /* the label's column in this weight (a shard's: outside [0, V) it owns no column here) */
     y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
+    thr[i] = p_.threshold && row[i] < N ? ld_ro(p_.threshold + row[i]) : -limits<float>::infinity();
   }
   float acc[BN / 2];
   u32 it = 0;
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < 2; ++i) {
       /* the label's logit, where it is a column of this tile inside the vocabulary (a shard's
        * label past its end is not) */
-      const ll::part rec = ll_tile_record<ENTROPY, false>(acc, i, c, ll_owned_q(y[i] - col0, V - col0, l));
+      const ll::part rec = ll_tile_record<ENTROPY, false>(acc, i, c, ll_owned_q(y[i] - col0, V - col0, l), thr[i]);
       if ((l & 3) == 0 && row[i] < N) partials[(tile0 + t) * N + row[i]] = rec;
     }
   }

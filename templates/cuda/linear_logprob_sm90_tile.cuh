@@ -99,11 +99,24 @@ RLK_DEVICE float ll_pick(const float (&acc)[ll_sm90::BN / 2], int i, int q) {
  * two alternating chains, the four lanes added by butterfly (both orders give the same floats), and
  * t = the label's x (qy: its q on the one lane that holds it, else -1). Columns given as -inf add
  * exactly 0 (with the entropy the exponent is clamped, so that they add 0 to q too); a tile with
- * every column -inf gives m = -inf and s = q = 0. U: acc's values of row i become u = 2^(x c - M)
- * (what the token chunks store). Every lane of the warp calls it. */
+ * every column -inf gives m = -inf and s = q = 0. Kept-set replay: x below the row's threshold thr
+ * (-inf: none) counts as -inf, the label included (t keeps its logit; the combine merges it back,
+ * ll::with_label). U: acc's values of row i become u = 2^(x c - M) (what the token chunks store).
+ * Every lane of the warp calls it. */
 template <bool ENTROPY, bool U>
-RLK_DEVICE ll::part ll_tile_record(float (&acc)[ll_sm90::BN / 2], int i, float c, int qy) {
+RLK_DEVICE ll::part ll_tile_record(float (&acc)[ll_sm90::BN / 2], int i, float c, int qy,
+                                   float thr = -limits<float>::infinity()) {
   constexpr int BN = ll_sm90::BN;
+  float t = qy >= 0 ? ll_pick(acc, i, qy) : 0.0f;
+  if (thr != -limits<float>::infinity()) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float &x = acc[4 * j + 2 * i + e];
+        x = x < thr ? -limits<float>::infinity() : x;
+      }
+  }
   float m0 = -limits<float>::infinity(), m1 = m0;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
@@ -114,7 +127,6 @@ RLK_DEVICE ll::part ll_tile_record(float (&acc)[ll_sm90::BN / 2], int i, float c
   mx = fmaxf(mx, shfl_xor(mx, 1));
   mx = fmaxf(mx, shfl_xor(mx, 2));
   const float M = mx * c, Mc = M == -limits<float>::infinity() ? 0.0f : M;
-  float t = qy >= 0 ? ll_pick(acc, i, qy) : 0.0f;
   float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j)

@@ -39,16 +39,19 @@ template <typename T> RLK_DEVICE float ll_stored_elem(const u32 (&w)[RLK_LL_STOR
 }
 
 /* A row's inputs to its logits' gradient (the row's lse, upstream gradients and label); a row past
- * M counts as ignored. */
+ * M counts as ignored. py >= 0 where kept-set replay left the label out of its tile (u 0 there):
+ * the label's p from its logit t (its record's), and xty its t / T. */
 struct ll_stored_row {
   float lse2, gl, gh, E; /* lse in base 2; g_lp, g_ent; lse - entropy */
+  float py, xty;
   i64 y;
   u8 state; /* 1 ignored, 2 bad label */
 };
 
 template <typename L, bool ENTROPY> RLK_DEVICE ll_stored_row ll_stored_row_of(const ll::StoredDzParams &p_, i64 row) {
   ll_stored_row r;
-  r.lse2 = r.gl = r.gh = r.E = 0.0f;
+  r.lse2 = r.gl = r.gh = r.E = r.xty = 0.0f;
+  r.py = -1.0f;
   r.y = -1;
   r.state = 1;
   if (row >= p_.M) return r;
@@ -60,18 +63,29 @@ template <typename L, bool ENTROPY> RLK_DEVICE ll_stored_row ll_stored_row_of(co
     r.gh = ld_ro(p_.g_ent + row);
     r.E = ld_ro(p_.lse + row) - ld_ro(p_.entropy + row);
   }
+  if (p_.threshold && r.state == 0) {
+    const float t = ld_ro(&((const ll::part *)p_.partials)[(r.y / RLK_LL_STORED_TILE) * p_.M + row].t);
+    if (t < ld_ro(p_.threshold + row)) {
+      r.py = exp2_approx(fmaf(t, RLK_LL_LOG2E / p_.temperature, -r.lse2));
+      r.xty = t / p_.temperature;
+    }
+  }
   return r;
 }
 
 /* Element k of a vector of u turned into its gradient in place: p = u scale (scale = 2^(m -
- * lse2)), the row's inputs as ll_stored_row's, `label` where the element is the row's label. */
+ * lse2)), the row's inputs as ll_stored_row's, `label` where the element is the row's label; py
+ * >= 0: the label's p and xty its x / T (a kept-set label u does not hold). */
 template <typename T, bool ENTROPY>
 RLK_DEVICE void ll_stored_dz_elem(u32 (&w)[RLK_LL_STORED_VEC / 2], int k, float scale, float m, u8 state, float gl,
-                                  float gh, float E, bool label, float inv_t) {
-  const float uk = ll_stored_elem<T>(w, k), p = uk * scale;
+                                  float gh, float E, bool label, float inv_t, float py, float xty) {
+  const float uk = ll_stored_elem<T>(w, k);
+  const bool own = label && py >= 0.0f;
+  const float p = own ? py : uk * scale;
   /* u = 0 (below 2^-126 of the tile's maximum): p = 0, and so is its entropy term */
-  const float xt = ENTROPY ? (log2f(uk) + m) * RLK_LL_LN2 : 0.0f;
-  const float g = ll::dz_of<ENTROPY>(state & 1, state >> 1, gl, gh, E, label ? 1.0f : 0.0f, p, xt, uk > 0.0f, inv_t);
+  const float xt = own ? xty : ENTROPY ? (log2f(uk) + m) * RLK_LL_LN2 : 0.0f;
+  const float g =
+      ll::dz_of<ENTROPY>(state & 1, state >> 1, gl, gh, E, label ? 1.0f : 0.0f, p, xt, own || uk > 0.0f, inv_t);
   const T o = store_as<T>::from(g);
   w[k / 2] = (w[k / 2] & ~(0xffffu << (16 * (k % 2)))) | ((u32)o.bits << (16 * (k % 2)));
 }
@@ -110,7 +124,8 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
     const float scale = exp2_approx(m[v] - r.lse2); /* p = u scale */
 #pragma unroll
     for (int k = 0; k < VEC; ++k)
-      ll_stored_dz_elem<T, ENTROPY>(w[v], k, scale, m[v], r.state, r.gl, r.gh, r.E, v0 + k == r.y, inv_t);
+      ll_stored_dz_elem<T, ENTROPY>(w[v], k, scale, m[v], r.state, r.gl, r.gh, r.E, v0 + k == r.y, inv_t, r.py,
+                                    r.xty);
     if (v0 + VEC <= V) {
       i32x4 x;
       x.x = (i32)w[v][0], x.y = (i32)w[v][1], x.z = (i32)w[v][2], x.w = (i32)w[v][3];
@@ -132,7 +147,7 @@ template <int DT, typename L, bool ENTROPY>
 __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
   constexpr int VEC = RLK_LL_STORED_VEC, LINES = 8, ROWS = 256;
-  __shared__ float s_scale[ROWS], s_m[ROWS], s_gl[ROWS], s_gh[ROWS], s_E[ROWS];
+  __shared__ float s_scale[ROWS], s_m[ROWS], s_gl[ROWS], s_gh[ROWS], s_E[ROWS], s_py[ROWS], s_xty[ROWS];
   __shared__ i64 s_y[ROWS];
   __shared__ u8 s_state[ROWS]; /* 1 ignored, 2 bad */
   const i64 M = p_.M, V = p_.V, r0 = (i64)blockIdx.x * ROWS, c0 = (i64)blockIdx.y * (8 * LINES);
@@ -165,6 +180,7 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
     const int at = (tx % VEC) * 32 + tx / VEC;
     s_scale[at] = exp2_approx(m - r.lse2); /* p = u scale */
     s_m[at] = m, s_gl[at] = r.gl, s_gh[at] = r.gh, s_E[at] = r.E, s_y[at] = r.y, s_state[at] = r.state;
+    s_py[at] = r.py, s_xty[at] = r.xty;
   }
   __syncthreads();
   const float inv_t = 1.0f / p_.temperature;
@@ -176,7 +192,7 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG
     for (int e = 0; e < VEC; ++e) {
       const int q = e * 32 + tx % 32;
       ll_stored_dz_elem<T, ENTROPY>(w[k], e, s_scale[q], s_m[q], s_state[q], s_gl[q], s_gh[q], s_E[q], v == s_y[q],
-                                    inv_t);
+                                    inv_t, s_py[q], s_xty[q]);
     }
     if (whole) {
       i32x4 x;

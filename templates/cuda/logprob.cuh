@@ -23,8 +23,9 @@
 namespace rlk {
 
 /* Forward. One row's state per segment, merged by shuffles (and through shared memory across the
- * warps of a block); lane 0 of the segment writes the row. */
-template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
+ * warps of a block); lane 0 of the segment writes the row. KEPT: kept-set replay, over the logits
+ * at or above the row's threshold and its label (with_label). */
+template <int DT, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY, bool KEPT>
 __global__ void __launch_bounds__(BLOCK)
     logprob_fwd(RLK_PARAMS_ARG lp::FwdParams p_) {
   const void *__restrict__ logits = p_.logits;
@@ -51,21 +52,24 @@ __global__ void __launch_bounds__(BLOCK)
     const i64 row = base + sub;
     state st = empty_state();
     i64 y = 0;
-    float xy = 0.0f;
+    float xy = 0.0f, thr = 0.0f;
     if (row < N) {
       const u8 *r = (const u8 *)logits + row * row_stride * B;
+      if (KEPT) thr = ld_ro(p_.threshold + row);
       if (lane == 0) {
         y = load_label(labels, row, label_stride);
         if (y >= 0 && y < V) xy = load_logit<DT>(r, y);
       }
-      st = thread_row_state<DT, SEG, UNROLL, ENTROPY>(r, V, c, lane);
+      st = thread_row_state<DT, SEG, UNROLL, ENTROPY, KEPT>(r, V, c, lane, thr);
     }
     if constexpr (SEG > RLK_WARP_SIZE)
       st = block_merge<BLOCK, ENTROPY>(st, c, scratch);
     else
       st = segment_merge<SEG, ENTROPY>(st, c);
-    if (row < N && lane == 0)
+    if (row < N && lane == 0) {
+      if (KEPT && y != ignore_index && y >= 0 && y < V) st = with_label<ENTROPY>(st, xy, thr, c);
       write_row<ENTROPY>(st, row, y, xy, V, ignore_index, temperature, logp, lse, entropy, status);
+    }
   }
 }
 
@@ -133,14 +137,27 @@ template <int ODT> RLK_DEVICE void store_grad1(void *row, i64 j, float g) {
  * p_j = 2^(x_j c - l2). mode 0: normal; 1: zeros (ignored row); 2: NaN (bad label). */
 struct bwd_row {
   float a, b, gy, l2;
+  float thr; /* kept-set replay: the row's threshold */
   int mode;
 };
 
 /* One gradient value from a raw logit. */
-template <bool ENTROPY> RLK_DEVICE float grad_of(float x, float c, const bwd_row &k) {
+template <bool ENTROPY, bool KEPT = false> RLK_DEVICE float grad_of(float x, float c, const bwd_row &k) {
+  /* kept-set replay: a logit below the row's threshold has p 0 (the label's own term is k.fix) */
+  if (KEPT && x < k.thr) return 0.0f;
   const float p = exp2_approx(fmaf(x, c, -k.l2));
   /* x is clamped in the linear factor so that a -inf logit gives 0 * finite = 0 */
   return ENTROPY ? p * fmaf(k.b, fmaxf(x, -1.0e20f), k.a) : p * k.a;
+}
+
+/* The label's term beside grad_of's: g_lp / T, and under kept-set replay, for a label below the
+ * threshold (kept all the same), the p term grad_of left out. Read by the thread that writes the
+ * label's element, before it writes it (in place: the logit is still there). */
+template <int DT, bool ENTROPY, bool KEPT>
+RLK_DEVICE float label_grad(const u8 *r, i64 y, float c, const bwd_row &k) {
+  if (!KEPT) return k.gy;
+  const float xy = load_logit<DT>(r, y);
+  return xy < k.thr ? k.gy + grad_of<ENTROPY>(xy, c, k) : k.gy;
 }
 
 } /* namespace lp */
@@ -150,8 +167,10 @@ template <bool ENTROPY> RLK_DEVICE float grad_of(float x, float c, const bwd_row
  * grad_logp may be NULL (a zero g_lp); with ENTROPY, grad_entropy and entropy are given and
  * E_p[z] = lse - entropy. Rows split over gridDim.y in contiguous vector ranges (for few rows).
  * shard != 0: the logits are the columns [vocab_start, vocab_start + V) of the vocabulary the
- * labels index (the one-hot term only where the label falls in them); 0: vocab_start is 0. */
-template <int DT, int GRAD, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY>
+ * labels index (the one-hot term only where the label falls in them); 0: vocab_start is 0. KEPT:
+ * kept-set replay (lse and entropy the kept forward's): p is 0 below the row's threshold, but for
+ * the label. */
+template <int DT, int GRAD, typename L, int BLOCK, int SEG, int UNROLL, bool ENTROPY, bool KEPT>
 __global__ void __launch_bounds__(BLOCK)
     logprob_bwd(RLK_PARAMS_ARG lp::BwdParams p_) {
   const void *logits = p_.logits;
@@ -191,6 +210,7 @@ __global__ void __launch_bounds__(BLOCK)
     /* the label's column: a shard's labels outside [0, V) are another shard's, not bad */
     const i64 y = yg - vocab_start;
     k.a = k.b = k.gy = k.l2 = 0.0f;
+    k.thr = -limits<float>::infinity();
     k.mode = 0;
     if (yg == ignore_index) {
       k.mode = 1;
@@ -209,6 +229,7 @@ __global__ void __launch_bounds__(BLOCK)
         k.a = (gh * ez - gl) / temperature;
         k.b = -gh / (temperature * temperature);
       }
+      if (KEPT) k.thr = ld_ro(p_.threshold + row);
     }
 
     const row_split_aligned<DT> sp(r, V);
@@ -239,12 +260,12 @@ __global__ void __launch_bounds__(BLOCK)
     if (vec_ok) {
       if (own_head)
         for (i64 j = lane; j < sp.head; j += SEG) {
-          const float gj = grad_of<ENTROPY>(load_logit<DT>(r, j), c, k) + (j == y ? k.gy : 0.0f);
+          const float gj = grad_of<ENTROPY, KEPT>(load_logit<DT>(r, j), c, k) + (j == y ? label_grad<DT, ENTROPY, KEPT>(r, y, c, k) : 0.0f);
           store_grad1<ODT>(o, j, gj);
         }
       if (own_ends)
         for (i64 j = sp.head + sp.nvec * E + lane; j < V; j += SEG) {
-          const float gj = grad_of<ENTROPY>(load_logit<DT>(r, j), c, k) + (j == y ? k.gy : 0.0f);
+          const float gj = grad_of<ENTROPY, KEPT>(load_logit<DT>(r, j), c, k) + (j == y ? label_grad<DT, ENTROPY, KEPT>(r, y, c, k) : 0.0f);
           store_grad1<ODT>(o, j, gj);
         }
       const u8 *vb = r + sp.head * B;
@@ -259,14 +280,14 @@ __global__ void __launch_bounds__(BLOCK)
         for (int u = 0; u < UNROLL; ++u) {
           float g[E];
 #define RLK_LP_GJ(J) \
-  if (J < E) g[J < E ? J : 0] = grad_of<ENTROPY>(element<DT, (J < E ? J : 0)>(raw[u]), c, k);
+  if (J < E) g[J < E ? J : 0] = grad_of<ENTROPY, KEPT>(element<DT, (J < E ? J : 0)>(raw[u]), c, k);
           RLK_LP_GJ(0) RLK_LP_GJ(1) RLK_LP_GJ(2) RLK_LP_GJ(3)
           RLK_LP_GJ(4) RLK_LP_GJ(5) RLK_LP_GJ(6) RLK_LP_GJ(7)
           const i64 vi = v + (i64)u * SEG;
           if ((u64)(yv - vi * E) < (u64)E) {
 #pragma unroll
             for (int j = 0; j < E; ++j)
-              if (yv - vi * E == j) g[j] += k.gy;
+              if (yv - vi * E == j) g[j] += label_grad<DT, ENTROPY, KEPT>(r, y, c, k);
           }
           store_grad<ODT, E>(ob + vi * E * OB, g);
         }
@@ -282,14 +303,14 @@ __global__ void __launch_bounds__(BLOCK)
         if ((u64)(yv - v * E) < (u64)E) {
 #pragma unroll
           for (int j = 0; j < E; ++j)
-            if (yv - v * E == j) g[j] += k.gy;
+            if (yv - v * E == j) g[j] += label_grad<DT, ENTROPY, KEPT>(r, y, c, k);
         }
         store_grad<ODT, E>(ob + v * E * OB, g);
       }
     } else if (own_head) {
       /* the output row is not 16-byte aligned where the input is: element by element */
       for (i64 j = lane; j < V; j += SEG) {
-        const float gj = grad_of<ENTROPY>(load_logit<DT>(r, j), c, k) + (j == y ? k.gy : 0.0f);
+        const float gj = grad_of<ENTROPY, KEPT>(load_logit<DT>(r, j), c, k) + (j == y ? label_grad<DT, ENTROPY, KEPT>(r, y, c, k) : 0.0f);
         store_grad1<ODT>(o, j, gj);
       }
     }

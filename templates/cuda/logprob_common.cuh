@@ -184,6 +184,41 @@ RLK_DEVICE void add_logit(float x, float mc, float c, float &s, float &q) {
   if (ENTROPY) q = fmaf(p, fmaxf(t, -RLK_LP_BIG), q);
 }
 
+/* A logit as kept-set replay folds it: below the row's threshold it counts as -inf (a NaN logit
+ * stays NaN: it is not below anything). */
+RLK_DEVICE float kept_logit(float x, float thr) { return x < thr ? -limits<float>::infinity() : x; }
+
+/* add_vectors of the kept logits (kept_logit against thr): every element unpacked and compared
+ * first, then the chunk's maximum and the elements in add_vectors' order. */
+template <int DT, int U, bool ENTROPY>
+RLK_DEVICE void add_vectors_kept(state &st, const u32x4 *v, float c, float thr) {
+  constexpr int E = epv<DT>::value;
+  float x[U * E];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#define RLK_LP_KEPTJ(J) \
+  if (J < E) x[u * E + (J < E ? J : 0)] = kept_logit(element<DT, (J < E ? J : 0)>(v[u]), thr);
+    RLK_LP_KEPTJ(0) RLK_LP_KEPTJ(1) RLK_LP_KEPTJ(2) RLK_LP_KEPTJ(3)
+    RLK_LP_KEPTJ(4) RLK_LP_KEPTJ(5) RLK_LP_KEPTJ(6) RLK_LP_KEPTJ(7)
+#undef RLK_LP_KEPTJ
+  }
+  float cm = x[0];
+#pragma unroll
+  for (int k = 1; k < U * E; ++k) cm = fmaxf(cm, x[k]);
+  if (cm > st.m) raise_max<ENTROPY>(st, cm, c);
+  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
+  float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < U * E; ++k) {
+    if ((k & 1) == 0)
+      add_logit<ENTROPY>(x[k], mc, c, s0, q0);
+    else
+      add_logit<ENTROPY>(x[k], mc, c, s1, q1);
+  }
+  st.s += s0 + s1;
+  if (ENTROPY) st.q += q0 + q1;
+}
+
 /* Adds U vectors (one chunk) to the state: chunk maximum first, then every element. */
 template <int DT, int U, bool ENTROPY>
 RLK_DEVICE void add_vectors(state &st, const u32x4 *v, float c) {
@@ -262,6 +297,18 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
 /* A row's log-prob of label y from its merged state, `xy` the raw logit at y; ln_s = log(st.s). */
 RLK_DEVICE float row_logp(const state &st, float xy, float ln_s, float temperature) {
   return (xy - st.m) / temperature - ln_s;
+}
+
+/* Kept-set replay's label: a row's kept set is its logits at or above its threshold and its label
+ * (a label below the threshold, which the fold left out, comes back as one more state merged last:
+ * the same bits in every kernel that folds the kept logits). */
+template <bool ENTROPY> RLK_DEVICE state with_label(const state &st, float xy, float thr, float c) {
+  if (!(xy < thr)) return st;
+  state one;
+  one.m = xy;
+  one.s = 1.0f; /* 2^0 */
+  one.q = 0.0f; /* 2^0 (xy - xy) c */
+  return merge<ENTROPY>(st, one, c);
 }
 
 /* Writes a row's outputs from its merged state. `y` is its label; `xy` the raw logit at the label
@@ -351,15 +398,16 @@ RLK_DEVICE u32x4 load_row_vec(const u8 *p, bool aligned) {
  * lanes of a block, which everyone waits for, are the ones with leftovers. Every forward
  * kernel whose outputs must agree bitwise with logprob_fwd (the sampler's log-probs) computes its
  * per-thread states through this function. */
-template <int DT, int SEG, int UNROLL, bool ENTROPY, bool ALIGNED>
-RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane) {
+template <int DT, int SEG, int UNROLL, bool ENTROPY, bool ALIGNED, bool KEPT>
+RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane, float thr) {
   constexpr int B = logit_traits<DT>::bytes;
   constexpr int E = epv<DT>::value;
   state st = empty_state();
   const row_split<DT> sp(r, V);
-  for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, j), c);
+  const auto x_at = [&](i64 j) { return KEPT ? kept_logit(load_logit<DT>(r, j), thr) : load_logit<DT>(r, j); };
+  for (i64 j = lane; j < sp.head; j += SEG) add_scalar<ENTROPY>(st, x_at(j), c);
   const i64 t0 = sp.head + sp.nvec * E;
-  for (i64 j = lane; j < sp.tail; j += SEG) add_scalar<ENTROPY>(st, load_logit<DT>(r, t0 + j), c);
+  for (i64 j = lane; j < sp.tail; j += SEG) add_scalar<ENTROPY>(st, x_at(t0 + j), c);
   const u8 *vb = r + sp.head * B + (i64)lane * 16;
   const i64 nv = lane < sp.nvec ? (sp.nvec - 1 - lane) / SEG + 1 : 0; /* this lane's vectors */
   const i64 nfull = nv / UNROLL;
@@ -368,7 +416,10 @@ RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane) {
     u32x4 raw[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec<ALIGNED>(vb + (k * UNROLL + u) * SEG * 16);
-    add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
+    if constexpr (KEPT)
+      add_vectors_kept<DT, UNROLL, ENTROPY>(st, raw, c, thr);
+    else
+      add_vectors<DT, UNROLL, ENTROPY>(st, raw, c);
   }
   if (left > 0) {
     /* every slot is loaded (slots past `left` repeat the last vector, so the loads stay
@@ -380,17 +431,23 @@ RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane) {
       last[u] = load_row_vec<ALIGNED>(vb + (nfull * UNROLL + (u < left ? u : left - 1)) * SEG * 16);
 #pragma unroll
     for (int u = 0; u < NL; ++u)
-      if (u < left) add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
+      if (u < left) {
+        if constexpr (KEPT)
+          add_vectors_kept<DT, 1, ENTROPY>(st, &last[u], c, thr);
+        else
+          add_vectors<DT, 1, ENTROPY>(st, &last[u], c);
+      }
   }
   return st;
 }
 
 /* thread_row_state_of for the row's alignment: one loop of vector loads where it is 16-byte
- * aligned, narrower loads of the same bytes where not; the same element order either way. */
-template <int DT, int SEG, int UNROLL, bool ENTROPY>
-RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane) {
-  return ((u64)r & 15u) == 0 ? thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true>(r, V, c, lane)
-                             : thread_row_state_of<DT, SEG, UNROLL, ENTROPY, false>(r, V, c, lane);
+ * aligned, narrower loads of the same bytes where not; the same element order either way. KEPT:
+ * the kept logits of the row (kept_logit against thr). */
+template <int DT, int SEG, int UNROLL, bool ENTROPY, bool KEPT = false>
+RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane, float thr = 0.0f) {
+  return ((u64)r & 15u) == 0 ? thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true, KEPT>(r, V, c, lane, thr)
+                             : thread_row_state_of<DT, SEG, UNROLL, ENTROPY, false, KEPT>(r, V, c, lane, thr);
 }
 
 /* thread_row_state with DEPTH chunks in flight instead of one: the same additions in the same

@@ -73,10 +73,13 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
       } else if (!shard && (y < 0 || y >= V)) {
         g = NAN;
       } else {
-        double z = 0.0;
-        for (rlk_i64 k = 0; k < H; k++) z += ll_val(h, k) * ll_val(w, k);
-        z /= T;
-        const double l = lse[i * lse_s], p = exp(z - l);
+        double x = 0.0;
+        for (rlk_i64 k = 0; k < H; k++) x += ll_val(h, k) * ll_val(w, k);
+        const double z = x / T;
+        /* kept-set replay: p 0 below the row's threshold (the raw logit rounded to f32), but for
+         * the label */
+        const int cut = p_->threshold && (float)x < p_->threshold[i] && v != y;
+        const double l = lse[i * lse_s], p = cut ? 0.0 : exp(z - l);
         g = (g_lp ? g_lp[i * glp_s] : 0.0) * ((v == y ? 1.0 : 0.0) - p);
         if (RLK_P_ENTROPY && g_h) g -= g_h[i * gh_s] * p * (z - (l - ent[i * ent_s]));
         g /= T;

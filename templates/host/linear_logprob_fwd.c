@@ -1,6 +1,8 @@
 /* linear_logprob_fwd.c - host form of rlk_linear_logprob's forward, the fp64-accumulating
  * reference path: for each row, each logit z_v = (h . w_v) / T as an fp64 dot product, folded
  * into an fp64 online (max, sum of exp, sum of exp * z); outputs rounded to f32 once.
+ * Kept-set replay (threshold): a column whose raw logit h . w_v, rounded to f32 (the value the
+ * sampler compared), is below its row's threshold leaves the fold, unless it is the label.
  * Parameters: RLK_P_HIDDEN (1 f16, 2 bf16: the op's dtype codes), RLK_P_LABELS (int32_t or
  * int64_t), RLK_P_ENTROPY (0/1). */
 #include <math.h>
@@ -48,10 +50,12 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
   for (rlk_i64 i = 0; i < N; i++) {
     const uint16_t *h = hidden + i * h_stride;
     const rlk_i64 yg = (rlk_i64)labels[i * label_stride], y = yg - vocab_start;
+    const float thr = p_->threshold ? p_->threshold[i] : -INFINITY;
     double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
     for (rlk_i64 v = 0; v < V; v++) {
-      const double z = ll_dot(h, weight + v * w_stride, H) / T;
+      const double x = ll_dot(h, weight + v * w_stride, H), z = x / T;
       if (v == y) zy = z;
+      if ((float)x < thr && v != y) continue;
       if (z > m) {
         const double f = m == -INFINITY ? 0.0 : exp(m - z);
         s *= f;

@@ -3,7 +3,8 @@
  * E_p[z] = lse - entropy, written as the logits' dtype or f32. grad may alias logits (each element
  * is read before it is written). Ignored rows get zeros; a label outside [0, V) NaN and the flag.
  * A shard (shard != 0) has the columns [vocab_start, vocab_start + V): a label outside is no error.
- * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given). */
+ * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given),
+ * RLK_P_KEPT (kept-set replay: p is 0 below the row's threshold, but for the label). */
 #include "logprob_common.h"
 #include "logprob_params.h"
 
@@ -34,6 +35,7 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   int32_t *status = (int32_t *)p_->status;
   const rlk_i64 vocab_start = p_->vocab_start;
   const int32_t shard = p_->shard;
+  const float *threshold = p_->threshold;
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
   const int odt = RLK_P_GRAD == LP_GRAD_F32 ? LP_DT_F32 : dt;
   const float c = LP_LOG2E / temperature;
@@ -60,9 +62,10 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
       a = (gh * ez - gl) / temperature;
       b = -gh / (temperature * temperature);
     }
+    const float thr = RLK_P_KEPT ? threshold[i] : -INFINITY;
     for (rlk_i64 j = 0; j < V; j++) {
       const float x = lp_load(row, dt, j);
-      const float p = exp2f(fmaf(x, c, -l2));
+      const float p = x < thr && j != y ? 0.0f : exp2f(fmaf(x, c, -l2));
       float g = ent ? p * fmaf(b, fmaxf(x, -1.0e20f), a) : p * a;
       if (j == y) g += gy;
       lp_store(out, odt, j, g);

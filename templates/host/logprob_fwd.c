@@ -1,7 +1,8 @@
 /* logprob_fwd.c - host form of rlk::logprob_fwd (templates/cuda/logprob.cuh): one row after
  * another, chunks of LP_CHUNK logits folded into an f32 online state, then the row's outputs.
- * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1);
- * block, seg and unroll only shape the GPU kernels. */
+ * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1),
+ * RLK_P_KEPT (kept-set replay: logits below the row's threshold count as -inf, the label is
+ * folded in last where it is one of them); block, seg and unroll only shape the GPU kernels. */
 #include "logprob_common.h"
 #include "logprob_params.h"
 
@@ -28,14 +29,22 @@ RLK_HOST_KERNEL rlk_logprob_fwd(void **args) {
 
   for (rlk_i64 i = 0; i < N; i++) {
     const char *row = (const char *)logits + (size_t)(i * row_stride) * lp_dt_bytes(dt);
+    const float thr = RLK_P_KEPT ? p_->threshold[i] : -INFINITY;
     lp_state st = {-INFINITY, 0.0f, 0.0f};
     float x[LP_CHUNK];
     for (rlk_i64 j0 = 0; j0 < V; j0 += LP_CHUNK) {
       const int n = V - j0 < LP_CHUNK ? (int)(V - j0) : LP_CHUNK;
-      for (int k = 0; k < n; k++) x[k] = lp_load(row, dt, j0 + k);
+      for (int k = 0; k < n; k++) {
+        x[k] = lp_load(row, dt, j0 + k);
+        if (x[k] < thr) x[k] = -INFINITY;
+      }
       lp_add_chunk(&st, x, n, c, ent);
     }
     const rlk_i64 y = (rlk_i64)labels[i * label_stride];
+    if (RLK_P_KEPT && y != ignore_index && y >= 0 && y < V) {
+      float xy = lp_load(row, dt, y);
+      if (xy < thr) lp_add_chunk(&st, &xy, 1, c, ent);
+    }
     const float ln_s = logf(st.s);
     float lp, l, h;
     if (y != ignore_index && (y < 0 || y >= V)) {

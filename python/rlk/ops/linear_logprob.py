@@ -44,6 +44,7 @@ class LinearLogprobArgs(ctypes.Structure):
         ("partials", T.Tensor),
         ("vocab_start", ctypes.c_int64),
         ("partial_entropy", ctypes.c_int),
+        ("threshold", T.Tensor),
     ]
 
 
@@ -69,6 +70,7 @@ class LinearLogprobBackwardArgs(ctypes.Structure):
         ("group", ctypes.c_int),
         ("shard", ctypes.c_int),
         ("vocab_start", ctypes.c_int64),
+        ("threshold", T.Tensor),
     ]
 
 
@@ -100,7 +102,8 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
 
 
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
-                   lse=True, status=None, variant=None, splits=None, stages=None, stream=None):
+                   lse=True, status=None, variant=None, splits=None, stages=None, threshold=None,
+                   stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
     a GPU (fp64 on the host), never materialized (rlk_linear_logprob).
 
@@ -108,12 +111,15 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     entropy in the same pass. status: an optional zeroed i32 [1] that gets STATUS_BAD_LABEL for a
     label outside [0, V). variant: "auto", "wgmma" (sm_90a) or "tiled"; splits: vocabulary splits
     (0: chosen); stages: the sm_90a kernel's operand stages, 2 to 4 (0: 4; with splits 0 too, the
-    tuning database's winner). Returns LogprobResult(logp, lse or None, entropy or None)."""
+    tuning database's winner). threshold: kept-set replay, f32 [N] (rlk.linear_sample's or
+    rlk.sample's): each row's softmax over the raw logits at or above it and the label.
+    Returns LogprobResult(logp, lse or None, entropy or None)."""
     if compiling():
         return traced("linear_logprob", locals())
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages)
+    b.set("threshold", threshold, _F32, optional=True)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     n = dim(hidden, 0)
     logp = b.empty((n,), T.DType.F32)
@@ -164,7 +170,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
                             grad_dtype="f32", status=None, chunk=None, group=None, shard=False,
-                            vocab_start=0, stream=None):
+                            vocab_start=0, threshold=None, stream=None):
     """grad_hidden = dz @ weight and grad_weight = dz.T @ hidden with
     dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / temperature, the logits recomputed chunk by chunk
     (rlk_linear_logprob_backward). lse (and entropy, with grad_entropy) from the forward.
@@ -172,7 +178,8 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     ones of grad_dtype ("f32" or "same"). shard=True: weight is the rows [vocab_start, ...) of a
     tensor-parallel head and lse / entropy the combined ones; the gradients are this shard's.
     chunk (vocabulary columns at a time) and group (the sm_90a tile order's rows of tiles, 1 to
-    64): 0 or None choose (with both unset, the tuning database's winner).
+    64): 0 or None choose (with both unset, the tuning database's winner). threshold: the
+    kept-set forward's (p over each row's kept set).
     Returns (grad_hidden or None, grad_weight or None)."""
     if compiling():
         return traced("linear_logprob_backward", locals())
@@ -189,6 +196,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     b.set("grad_logp", grad_logp, _F32, optional=True)
     b.set("grad_entropy", grad_entropy, _F32, optional=True)
     b.set("entropy", entropy, _F32, optional=True)
+    b.set("threshold", threshold, _F32, optional=True)
     gdt = dt if grad_dtype == "same" else T.DType.F32
     if grad_hidden is None and want_hidden:
         grad_hidden = b.empty((dim(hidden, 0), dim(hidden, 1)), gdt)
@@ -250,7 +258,7 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
                        kl_estimator=None, kl_coef=None, kl_input_clamp=None, kl_output_clamp=None,
                        kl_straight_through=None, entropy_coef=None, agg=None, token_normalizer=None,
                        seq_normalizer=None, norm_scale=None, loss_scale=None, path=None,
-                       chunk_tokens=None, stream=None):
+                       chunk_tokens=None, threshold=None, stream=None):
     """The policy loss of the log-probs of logits = hidden @ weight.T / temperature and its
     gradients with respect to hidden and weight, in one call (rlk_linear_policy_loss): the head's
     forward, rlk.policy_loss on its log-probs (and entropy, with entropy_coef), the head's backward.
@@ -264,7 +272,8 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     scratch while the call runs: on sm_90a the token chunks store the logits in its memory before
     writing the gradient over them, so no other stream may read it (weight.grad) until the call is
     done, and it may share memory with no other argument (refused). logp=True also returns
-    the head's f32 [N] log-probs. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
+    the head's f32 [N] log-probs. threshold: kept-set replay (rlk.linear_logprob's), by either
+    path. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
     grad_weight or None, metrics or None, logp or None); nothing is read back."""
     if compiling():
         return traced("linear_policy_loss", locals())
@@ -273,6 +282,7 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     loss = a.loss
     dt = _head(b, a.head, "head.", hidden, weight, labels, temperature, ignore_index, variant, splits)
     b.set("head.status", status, (T.DType.I32,), optional=True, output=True)
+    b.set("head.threshold", threshold, _F32, optional=True)
     n, h = dim(hidden, 0), dim(hidden, 1)
     logp_out = b.empty((n,), T.DType.F32) if logp else None
     b.set("head.logp", logp_out, _F32, optional=True, output=True)

@@ -47,6 +47,7 @@ class LogprobArgs(ctypes.Structure):
         ("partials", T.Tensor),
         ("vocab_start", ctypes.c_int64),
         ("partial_entropy", ctypes.c_int),
+        ("threshold", T.Tensor),
     ]
 
 
@@ -66,6 +67,7 @@ class LogprobBackwardArgs(ctypes.Structure):
     ] + _TUNING + [
         ("shard", ctypes.c_int),
         ("vocab_start", ctypes.c_int64),
+        ("threshold", T.Tensor),
     ]
 
 
@@ -105,17 +107,21 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
 
 def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=False, lse=True,
             logp=None, status=None, variant=None, block=None, unroll=None, stages=None,
-            stream=None):
+            threshold=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = logits / temperature in fp32 (rlk_logprob).
 
     temperature (default 1), ignore_index (default -100: the row gets logp 0). entropy=True
     also computes the entropy (same pass); lse=True keeps lse (what the backward needs).
     status: an optional zeroed i32 [1] the call ORs STATUS_BAD_LABEL into for a label outside
-    [0, V). Returns LogprobResult(logp, lse or None, entropy or None), f32 [N]."""
+    [0, V). threshold: kept-set replay, f32 [N] (rlk.sample's threshold=True output): each row's
+    softmax over its logits at or above the threshold and its label. Returns LogprobResult(logp,
+    lse or None, entropy or None), f32 [N]."""
     if compiling():
         return traced("logprob", locals())
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    if threshold is not None:
+        b.set("threshold", threshold, _F32)
     n = dim(logits, 0)
     f32, shape = _F32D, (n,)
     if logp is None:
@@ -131,18 +137,21 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
 def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,
                      temperature=None, ignore_index=None, grad_logits=None, grad_dtype=None,
                      inplace=False, status=None, variant=None, block=None, unroll=None,
-                     stages=None, vocab_start=None, stream=None):
+                     stages=None, vocab_start=None, threshold=None, stream=None):
     """grad_logits = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) / temperature
     (rlk_logprob_backward). lse (and entropy, with grad_entropy) from the forward; grad_logp and
     grad_entropy are f32 [N] upstream gradients, at least one given. The output is in the
     logits' dtype unless grad_dtype="f32"; inplace=True writes it over the logits.
     vocab_start (shard form): the logits are the vocabulary columns [vocab_start, vocab_start +
     V) and lse / entropy the combined ones (rlk.logprob_combine); labels outside the shard are
-    other shards'. Returns grad_logits [N, V]."""
+    other shards'. threshold: the kept-set forward's (p over the kept set). Returns grad_logits
+    [N, V]."""
     if compiling():
         return traced("logprob_backward", locals())
     b = Binder(BACKWARD_OP)
     dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
+    if threshold is not None:
+        b.set("threshold", threshold, _F32)
     if vocab_start is not None:
         b.args.shard = 1
         b.args.vocab_start = int(vocab_start)

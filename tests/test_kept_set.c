@@ -1,0 +1,568 @@
+/* test_kept_set.c - kept-set replay (`threshold`): rlk_logprob, rlk_logprob_backward,
+ * rlk_linear_logprob, rlk_linear_logprob_backward and rlk_linear_policy_loss over each row's kept
+ * set (its logits at or above its threshold, and its label), against the fp64 reference of
+ * tests/ref/kept_set_ref.c from the documented semantics:
+ *   - thresholds of every kind a row meets: -inf and NaN (every logit: bitwise the plain call's
+ *     outputs), one that keeps the top 40 logits, one that keeps about half, one above the label
+ *     (the label kept all the same), one above every logit (the label alone);
+ *   - the forwards' logp, lse and entropy within bounds derived from their arithmetic; the
+ *     gradients within theirs, and exactly 0 at every logit off the kept set;
+ *   - rlk_linear_policy_loss's log-probs bitwise rlk_linear_logprob's with the same threshold, and
+ *     its recompute path's grad_hidden bitwise the backward's of its own loss gradients;
+ *   - replay of a sampler's rows: rlk_sample's threshold fed to rlk_logprob gives the sampled
+ *     token's log-prob under the kept, renormalized distribution (the sampler's logp_filtered).
+ * Host cases run in `make test`; the CUDA ones with RLK_TEST_GPU=1. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/kept_set_ref.h"
+#include "ref/linear_logprob_ref.h"
+#include "suites.h"
+#include "test_util.h"
+
+#define KS_U 0x1p-24 /* f32's unit roundoff */
+
+static void ks_down(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+static int ks_cmp_desc(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* A float strictly between the distinct values a > b (their midpoint, which f32 holds when the
+ * gap is more than two of its ulps); NaN when none is. */
+static float ks_between(double a, double b) {
+  const float t = (float)((a + b) / 2.0);
+  return (double)t > b && (double)t < a ? t : NAN;
+}
+
+/* A row's threshold of kind k (0: -inf, 1: NaN, 2: the top 40 kept, 3: about half, 4: above the
+ * label's logit, 5: above every logit) for raw logits x[V] (f32 values) and label y. */
+static float ks_threshold(int k, const double *x, int64_t V, int64_t y) {
+  if (k == 0) return -INFINITY;
+  if (k == 1) return NAN;
+  double *s = malloc((size_t)V * sizeof *s);
+  memcpy(s, x, (size_t)V * sizeof *s);
+  qsort(s, (size_t)V, sizeof *s, ks_cmp_desc);
+  int64_t r = k == 2 ? (V > 41 ? 39 : V / 2) : k == 3 ? V / 2 : 0;
+  if (k == 4) {
+    /* the threshold between two logits above the label's (where there are two) */
+    const double xy = y >= 0 ? x[y] : s[V / 2];
+    while (r + 2 < V && s[r + 2] > xy) r++;
+    if (r > 0) r--;
+  }
+  float t = NAN;
+  if (k == 5) {
+    t = (float)(s[0] + 1.0);
+  } else {
+    for (; r + 1 < V && isnan(t); r++)
+      if (s[r] > s[r + 1]) t = ks_between(s[r], s[r + 1]);
+  }
+  free(s);
+  return isnan(t) ? -INFINITY : t;
+}
+
+/* Bounds on a forward row's errors for a fold of V logits whose sum of exponentials is within
+ * eps relative (each kernel's derivation: the logprob kernels' chains of at most V additions and
+ * rebases, 2 V + 64 u; the fused head's records), and the last operations' roundings (16 u of the
+ * row's magnitudes), the entropy's q / s three times eps (as test_linear_logprob's). */
+static double ks_finite(double v) { return isfinite(v) ? fabs(v) : 0.0; }
+
+static void ks_bounds(const lp_ref_row *r, double eps, double b[3]) {
+  const double a =
+      16 * KS_U * (ks_finite(r->max_z) + ks_finite(r->lse) + ks_finite(r->logp) + ks_finite(r->entropy) + 1.0);
+  b[0] = eps + a, b[1] = eps + a, b[2] = eps * (1.0 + 3.0 * ks_finite(r->entropy)) + a;
+}
+
+/* A row's outputs against the reference: within the bounds, or, where the reference's value is
+ * not finite (an ignored row whose kept set is empty: lse -inf, entropy NaN), the same. */
+static void ks_check_row(const char *what, int64_t i, int kind, const float *got, const lp_ref_row *r, double eps,
+                         int entropy) {
+  double b[3];
+  ks_bounds(r, eps, b);
+  const double want[3] = {r->logp, r->lse, r->entropy};
+  for (int q = 0; q < (entropy ? 3 : 2); q++)
+    ck_assert_msg(isfinite(want[q]) ? fabs(got[q] - want[q]) <= b[q] : isnan(want[q]) ? isnan(got[q]) : got[q] == want[q],
+                  "%s row %lld (threshold kind %d) output %d (logp, lse, entropy): %.8g, fp64 %.8g, bound %.3g", what,
+                  (long long)i, kind, q, (double)got[q], want[q], b[q]);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* rlk_logprob and its backward                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+/* logp, lse, entropy [3][N] of a call on the device logits (threshold given or not). */
+static void ks_logprob(rlk_context *ctx, void *x, rlk_dtype dt, int64_t N, int64_t V, void *lab, void *thr,
+                       float T, float *out) {
+  void *o = rlk_test_dev_alloc(ctx, (size_t)N * 12);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(x, dt, N, V, V);
+  a.labels = rlk_tensor_1d(lab, RLK_I64, N);
+  a.temperature = T;
+  a.logp = rlk_tensor_1d(o, RLK_F32, N);
+  a.lse = rlk_tensor_1d((char *)o + N * 4, RLK_F32, N);
+  a.entropy = rlk_tensor_1d((char *)o + N * 8, RLK_F32, N);
+  if (thr) a.threshold = rlk_tensor_1d(thr, RLK_F32, N);
+  ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ks_down(ctx, out, o, (size_t)N * 12);
+  rlk_free(ctx, o);
+}
+
+static void ks_logprob_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, rlk_dtype dt, float T) {
+  const size_t es = rlk_dtype_size(dt);
+  void *xs = malloc((size_t)(N * V) * es);
+  double *x = malloc((size_t)(N * V) * sizeof *x);
+  int64_t *lab = malloc((size_t)N * 8);
+  float *thr = malloc((size_t)N * 4);
+  unsigned char *kept = malloc((size_t)V);
+  double *ref = malloc((size_t)V * sizeof *ref);
+  for (int64_t i = 0; i < N * V; i++) x[i] = rlk_test_store(xs, dt, i, 2.0 * rlk_test_rand_normal(rng));
+  for (int64_t i = 0; i < N; i++) {
+    lab[i] = i % 13 == 7 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+    thr[i] = ks_threshold((int)(i % 6), x + i * V, V, lab[i] < 0 ? -1 : lab[i]);
+  }
+  void *dx = rlk_test_dev_upload(ctx, xs, (size_t)(N * V) * es), *dl = rlk_test_dev_upload(ctx, lab, (size_t)N * 8),
+       *dt_ = rlk_test_dev_upload(ctx, thr, (size_t)N * 4);
+  float *kf = malloc((size_t)N * 12), *pf = malloc((size_t)N * 12);
+  ks_logprob(ctx, dx, dt, N, V, dl, dt_, T, kf);
+  ks_logprob(ctx, dx, dt, N, V, dl, NULL, T, pf);
+  const double eps = (2.0 * (double)V + 64.0) * KS_U;
+  for (int64_t i = 0; i < N; i++) {
+    const float got[3] = {kf[i], kf[N + i], kf[2 * N + i]};
+    if (i % 6 < 2) /* -inf and NaN keep every logit: the plain call's bits */
+      for (int q = 0; q < 3; q++)
+        ck_assert_msg(memcmp(&got[q], &pf[q * N + i], 4) == 0, "logprob row %lld threshold %g: output %d not the plain "
+                      "call's", (long long)i, (double)thr[i], q);
+    kept_ref_set(x + i * V, V, lab[i] < 0 ? -1 : lab[i], thr[i], kept);
+    lp_ref_row r;
+    kept_ref_forward(x + i * V, kept, V, T, lab[i], -100, &r);
+    ks_check_row("logprob", i, (int)(i % 6), got, &r, eps, 1);
+  }
+  /* the backward from the call's own lse and entropy: p' off the kept set exactly 0 */
+  float *glp = malloc((size_t)N * 4), *gh = malloc((size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) glp[i] = (float)rlk_test_rand_normal(rng), gh[i] = (float)(0.3 * rlk_test_rand_normal(rng));
+  void *dglp = rlk_test_dev_upload(ctx, glp, (size_t)N * 4), *dgh = rlk_test_dev_upload(ctx, gh, (size_t)N * 4);
+  void *dlse = rlk_test_dev_upload(ctx, kf + N, (size_t)N * 4), *dent = rlk_test_dev_upload(ctx, kf + 2 * N, (size_t)N * 4);
+  void *dg = rlk_test_dev_alloc(ctx, (size_t)(N * V) * 4);
+  rlk_logprob_backward_args b;
+  rlk_logprob_backward_args_init(&b);
+  b.logits = rlk_tensor_2d(dx, dt, N, V, V);
+  b.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  b.temperature = T;
+  b.lse = rlk_tensor_1d(dlse, RLK_F32, N);
+  b.entropy = rlk_tensor_1d(dent, RLK_F32, N);
+  b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  b.grad_entropy = rlk_tensor_1d(dgh, RLK_F32, N);
+  b.grad_logits = rlk_tensor_2d(dg, RLK_F32, N, V, V);
+  b.threshold = rlk_tensor_1d(dt_, RLK_F32, N);
+  ck_assert_msg(rlk_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *g = malloc((size_t)(N * V) * 4);
+  ks_down(ctx, g, dg, (size_t)(N * V) * 4);
+  for (int64_t i = 0; i < N; i++) {
+    kept_ref_set(x + i * V, V, lab[i] < 0 ? -1 : lab[i], thr[i], kept);
+    const double l = kf[N + i], ez = (double)kf[N + i] - (double)kf[2 * N + i];
+    kept_ref_backward(x + i * V, kept, V, T, lab[i], -100, l, ez, glp[i], gh[i], ref);
+    for (int64_t v = 0; v < V; v++) {
+      const float gv = g[i * V + v];
+      if (!kept[v] || lab[i] < 0) {
+        ck_assert_msg(gv == 0.0f, "logprob_backward row %lld column %lld: %g off the kept set", (long long)i,
+                      (long long)v, (double)gv);
+        continue;
+      }
+      /* p = 2^(x c - lse log2 e): the exponent's rounding (2 u of |x c - l2|) and ex2 (8 u), the
+       * linear factor's products (4 u of each term), the one-hot term's addition (u) */
+      const double z = x[i * V + v] / T, p = exp(z - l);
+      const double terms = fabs(glp[i]) * (p + (v == lab[i])) + fabs(gh[i]) * p * (fabs(z) + fabs(ez));
+      const double tol = (16.0 + 2.0 * fabs(z - l) / log(2.0)) * KS_U * terms / T + 1e-30;
+      ck_assert_msg(fabs(gv - ref[v]) <= tol, "logprob_backward row %lld column %lld: %.8g, fp64 %.8g, bound %.3g",
+                    (long long)i, (long long)v, (double)gv, ref[v], tol);
+    }
+  }
+  printf("kept_set %s: logprob and its backward, N %lld V %lld %s, every threshold kind within bounds\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)N, (long long)V,
+         rlk_dtype_name(dt));
+  rlk_free(ctx, dx), rlk_free(ctx, dl), rlk_free(ctx, dt_), rlk_free(ctx, dglp), rlk_free(ctx, dgh);
+  rlk_free(ctx, dlse), rlk_free(ctx, dent), rlk_free(ctx, dg);
+  free(xs), free(x), free(lab), free(thr), free(kept), free(ref), free(kf), free(pf), free(glp), free(gh), free(g);
+}
+
+static void cases_logprob(rlk_context *ctx, uint64_t *rng) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
+    ks_logprob_case(ctx, rng, 25, 1000, RLK_BF16, 0.8f);
+    ks_logprob_case(ctx, rng, 13, 77, RLK_F32, 1.0f);
+    return;
+  }
+  ks_logprob_case(ctx, rng, 37, 32003, RLK_BF16, 0.8f);
+  ks_logprob_case(ctx, rng, 25, 151936, RLK_F32, 1.0f);
+  ks_logprob_case(ctx, rng, 64, 77, RLK_F16, 1.2f);
+}
+
+RLK_HOST_CASE(logprob)
+RLK_GPU_CASE("kept_set", logprob)
+
+/* ---------------------------------------------------------------------------------- */
+/* The fused head                                                                      */
+/* ---------------------------------------------------------------------------------- */
+
+/* A head on a grid whose logits every path sums exactly (test_linear_logprob.c's: h = a / 4,
+ * w = b step), so that the thresholds between them are exact on every path too. */
+typedef struct ks_head {
+  int64_t N, V, H;
+  rlk_dtype dt;
+  uint16_t *h, *w;
+  int64_t *lab;
+  double *x; /* N x V exact logits */
+  float *thr;
+  void *dh, *dw, *dl, *dthr;
+} ks_head;
+
+static void ks_head_new(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, int64_t H, rlk_dtype dt, ks_head *k) {
+  ck_assert_msg(441 * H < (1 << 20), "H %lld: the grid's sums would not stay exact", (long long)H);
+  k->N = N, k->V = V, k->H = H, k->dt = dt;
+  k->h = malloc((size_t)(N * H) * 2), k->w = malloc((size_t)(V * H) * 2);
+  k->lab = malloc((size_t)N * 8), k->x = malloc((size_t)(N * V) * sizeof(double)), k->thr = malloc((size_t)N * 4);
+  ck_assert(k->h && k->w && k->lab && k->x && k->thr);
+  const double step = exp2(round(log2(3.0 / (sqrt((double)H) * 1.08 * 36.7))));
+  for (int64_t i = 0; i < N * H; i++) rlk_test_store(k->h, dt, i, (double)((int)(rlk_test_rand_u64(rng) % 15u) - 7) / 4.0);
+  for (int64_t i = 0; i < V * H; i++)
+    rlk_test_store(k->w, dt, i, (double)((int)(rlk_test_rand_u64(rng) % 127u) - 63) * step);
+  for (int64_t i = 0; i < N; i++) {
+    for (int64_t v = 0; v < V; v++) {
+      double s = 0.0;
+      for (int64_t j = 0; j < H; j++)
+        s += ll_ref_half(k->h[i * H + j], dt == RLK_F16) * ll_ref_half(k->w[v * H + j], dt == RLK_F16);
+      k->x[i * V + v] = s;
+    }
+    k->lab[i] = i % 11 == 5 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+    k->thr[i] = ks_threshold((int)(i % 6), k->x + i * V, V, k->lab[i] < 0 ? -1 : k->lab[i]);
+  }
+  k->dh = rlk_test_dev_upload(ctx, k->h, (size_t)(N * H) * 2);
+  k->dw = rlk_test_dev_upload(ctx, k->w, (size_t)(V * H) * 2);
+  k->dl = rlk_test_dev_upload(ctx, k->lab, (size_t)N * 8);
+  k->dthr = rlk_test_dev_upload(ctx, k->thr, (size_t)N * 4);
+}
+
+static void ks_head_free(rlk_context *ctx, ks_head *k) {
+  free(k->h), free(k->w), free(k->lab), free(k->x), free(k->thr);
+  rlk_free(ctx, k->dh), rlk_free(ctx, k->dw), rlk_free(ctx, k->dl), rlk_free(ctx, k->dthr);
+}
+
+/* logp, lse, entropy [3][N] of rlk_linear_logprob (kept: with the thresholds) on the device (*d,
+ * when asked, keeps them there). */
+static void ks_linear_fwd(rlk_context *ctx, const ks_head *k, int kept, rlk_linear_logprob_variant variant, float T,
+                          float *out, void **d) {
+  const int64_t N = k->N;
+  void *o = rlk_test_dev_alloc(ctx, (size_t)N * 12);
+  rlk_linear_logprob_args a;
+  rlk_linear_logprob_args_init(&a);
+  a.hidden = rlk_tensor_2d(k->dh, k->dt, N, k->H, k->H);
+  a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
+  a.labels = rlk_tensor_1d(k->dl, RLK_I64, N);
+  a.temperature = T;
+  a.logp = rlk_tensor_1d(o, RLK_F32, N);
+  a.lse = rlk_tensor_1d((char *)o + N * 4, RLK_F32, N);
+  a.entropy = rlk_tensor_1d((char *)o + N * 8, RLK_F32, N);
+  if (kept) a.threshold = rlk_tensor_1d(k->dthr, RLK_F32, N);
+  a.variant = variant;
+  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
+  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ks_down(ctx, out, o, (size_t)N * 12);
+  if (a.workspace) rlk_free(ctx, a.workspace);
+  if (d) *d = o; else rlk_free(ctx, o);
+}
+
+/* The fused head's fold of exact logits (test_linear_logprob.c's ll_fold_eps: a record's 92 u, the
+ * combine's merges 11 u each, 44 u a term), and one merge more for a label left out. */
+static double ks_fold_eps(int64_t V) {
+  const int64_t records = (V + 255) / 256;
+  return (double)(92 + 11 * ((records + 31) / 32 + 6) + 44) * KS_U;
+}
+
+static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, int64_t H, rlk_dtype dt, float T,
+                           rlk_linear_logprob_variant variant) {
+  ks_head k;
+  ks_head_new(ctx, rng, N, V, H, dt, &k);
+  float *kf = malloc((size_t)N * 12), *pf = malloc((size_t)N * 12);
+  void *d_out;
+  ks_linear_fwd(ctx, &k, 1, variant, T, kf, &d_out);
+  ks_linear_fwd(ctx, &k, 0, variant, T, pf, NULL);
+  unsigned char *kept = malloc((size_t)V);
+  const double eps = ks_fold_eps(V);
+  for (int64_t i = 0; i < N; i++) {
+    const float got[3] = {kf[i], kf[N + i], kf[2 * N + i]};
+    if (i % 6 < 2)
+      for (int q = 0; q < 3; q++)
+        ck_assert_msg(memcmp(&got[q], &pf[q * N + i], 4) == 0,
+                      "linear_logprob row %lld threshold %g: output %d not the plain call's", (long long)i,
+                      (double)k.thr[i], q);
+    kept_ref_set(k.x + i * V, V, k.lab[i] < 0 ? -1 : k.lab[i], k.thr[i], kept);
+    lp_ref_row r;
+    kept_ref_forward(k.x + i * V, kept, V, T, k.lab[i], -100, &r);
+    ks_check_row("linear_logprob", i, (int)(i % 6), got, &r, eps, 1);
+  }
+  /* the backward (f32 gradients) from the call's lse and entropy, against the reference's dz
+   * summed in fp64: the products' f32 sums (3 K u of the sum of |terms|, test_linear_logprob.c's
+   * ll_sum_eps) and dz's own errors (16-bit on sm_90a: 2^-8 of each term; f32 elsewhere: 32 u) */
+  float *glp = malloc((size_t)N * 4), *gent = malloc((size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) glp[i] = (float)rlk_test_rand_normal(rng), gent[i] = (float)(0.3 * rlk_test_rand_normal(rng));
+  void *dglp = rlk_test_dev_upload(ctx, glp, (size_t)N * 4), *dgent = rlk_test_dev_upload(ctx, gent, (size_t)N * 4);
+  void *dgh = rlk_test_dev_alloc(ctx, (size_t)(N * H) * 4), *dgw = rlk_test_dev_alloc(ctx, (size_t)(V * H) * 4);
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = rlk_tensor_2d(k.dh, dt, N, H, H);
+  b.weight = rlk_tensor_2d(k.dw, dt, V, H, H);
+  b.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
+  b.temperature = T;
+  b.lse = rlk_tensor_1d((char *)d_out + N * 4, RLK_F32, N);
+  b.entropy = rlk_tensor_1d((char *)d_out + N * 8, RLK_F32, N);
+  b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  b.grad_entropy = rlk_tensor_1d(dgent, RLK_F32, N);
+  b.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+  b.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
+  b.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
+  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes) == RLK_OK, "%s",
+                rlk_last_error());
+  b.workspace = b.workspace_bytes ? rlk_test_dev_alloc(ctx, b.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *gh = malloc((size_t)(N * H) * 4), *gw = malloc((size_t)(V * H) * 4);
+  ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
+  ks_down(ctx, gw, dgw, (size_t)(V * H) * 4);
+  double *dz = malloc((size_t)(N * V) * sizeof *dz);
+  for (int64_t i = 0; i < N; i++) {
+    kept_ref_set(k.x + i * V, V, k.lab[i] < 0 ? -1 : k.lab[i], k.thr[i], kept);
+    kept_ref_backward(k.x + i * V, kept, V, T, k.lab[i], -100, kf[N + i], (double)kf[N + i] - (double)kf[2 * N + i],
+                      glp[i], gent[i], dz + i * V);
+  }
+  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
+  const double dz_rel = host ? 4 * KS_U : variant == RLK_LINEAR_LOGPROB_TILED ? 32 * KS_U : 0x1p-8;
+  double worst = 0.0;
+  for (int q = 0; q < 2; q++) { /* 0: grad_hidden [N, H] = dz W; 1: grad_weight [V, H] = dz^T h */
+    const int64_t rows = q ? V : N, K = q ? N : V;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t j = 0; j < H; j++) {
+        double want = 0.0, mag = 0.0;
+        for (int64_t t = 0; t < K; t++) {
+          const double d = q ? dz[t * V + r] : dz[r * V + t];
+          const double o = q ? ll_ref_half(k.h[t * H + j], dt == RLK_F16) : ll_ref_half(k.w[t * H + j], dt == RLK_F16);
+          want += d * o;
+          mag += fabs(d * o);
+        }
+        const double got = q ? gw[r * H + j] : gh[r * H + j];
+        const double tol = (4.0 * (double)(K + 64) * KS_U + dz_rel) * mag + 1e-30;
+        if (fabs(got - want) / tol > worst) worst = fabs(got - want) / tol;
+        ck_assert_msg(fabs(got - want) <= tol, "linear_logprob_backward %s [%lld, %lld]: %.8g, fp64 %.8g, bound %.3g",
+                      q ? "grad_weight" : "grad_hidden", (long long)r, (long long)j, got, want, tol);
+      }
+  }
+  printf("kept_set %s: linear_logprob variant %d and its backward, N %lld V %lld H %lld: within bounds (gradients "
+         "at %.2g of theirs)\n",
+         host ? "host" : "gpu", (int)variant, (long long)N, (long long)V, (long long)H, worst);
+  if (b.workspace) rlk_free(ctx, b.workspace);
+  rlk_free(ctx, d_out), rlk_free(ctx, dglp), rlk_free(ctx, dgent), rlk_free(ctx, dgh), rlk_free(ctx, dgw);
+  free(kf), free(pf), free(kept), free(glp), free(gent), free(gh), free(gw), free(dz);
+  ks_head_free(ctx, &k);
+}
+
+/* rlk_linear_policy_loss with thresholds: its log-probs rlk_linear_logprob's (bitwise), and by the
+ * recompute path its grad_hidden the backward's of its own loss gradients (bitwise: the same
+ * calls); on sm_90a the token chunks' log-probs too, their grad_hidden within the recompute's
+ * bound of it (each dz term's 16-bit rounding, 2^-8, over the sum of |terms|). */
+static void ks_policy_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, int64_t H,
+                           rlk_linear_policy_loss_path path) {
+  ks_head k;
+  ks_head_new(ctx, rng, N, V, H, RLK_BF16, &k);
+  float *fwd = malloc((size_t)N * 12);
+  ks_linear_fwd(ctx, &k, 1, RLK_LINEAR_LOGPROB_AUTO, 1.0f, fwd, NULL);
+  float *old = malloc((size_t)N * 4), *adv = malloc((size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) old[i] = fwd[i] + (float)(0.3 * rlk_test_rand_normal(rng)), adv[i] = (float)rlk_test_rand_normal(rng);
+  void *dold = rlk_test_dev_upload(ctx, old, (size_t)N * 4), *dadv = rlk_test_dev_upload(ctx, adv, (size_t)N * 4);
+  void *dlp = rlk_test_dev_alloc(ctx, (size_t)N * 4), *dloss = rlk_test_dev_alloc(ctx, 4);
+  void *dgh = rlk_test_dev_alloc(ctx, (size_t)(N * H) * 4);
+  rlk_linear_policy_loss_args a;
+  rlk_linear_policy_loss_args_init(&a);
+  a.head.hidden = rlk_tensor_2d(k.dh, k.dt, N, H, H);
+  a.head.weight = rlk_tensor_2d(k.dw, k.dt, V, H, H);
+  a.head.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
+  a.head.logp = rlk_tensor_1d(dlp, RLK_F32, N);
+  a.head.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
+  a.loss.old_logp = rlk_tensor_2d(dold, RLK_F32, 1, N, N);
+  a.loss.advantages = rlk_tensor_2d(dadv, RLK_F32, 1, N, N);
+  a.loss.token_normalizer = 64.0;
+  a.loss.loss = rlk_tensor_1d(dloss, RLK_F32, 1);
+  a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+  a.path = path;
+  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
+  a.workspace = rlk_test_dev_alloc(ctx, a.workspace_bytes);
+  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *lp = malloc((size_t)N * 4), *gh = malloc((size_t)(N * H) * 4);
+  ks_down(ctx, lp, dlp, (size_t)N * 4);
+  ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
+  for (int64_t i = 0; i < N; i++)
+    ck_assert_msg(memcmp(&lp[i], &fwd[i], 4) == 0, "linear_policy_loss path %d row %lld: logp %.9g, linear_logprob "
+                  "%.9g", (int)path, (long long)i, (double)lp[i], (double)fwd[i]);
+  /* the recompute chain by hand: the loss's gradients, then the kept backward */
+  void *dglp = rlk_test_dev_alloc(ctx, (size_t)N * 4), *dfwd = NULL;
+  float *f2 = malloc((size_t)N * 12);
+  ks_linear_fwd(ctx, &k, 1, RLK_LINEAR_LOGPROB_AUTO, 1.0f, f2, &dfwd);
+  rlk_policy_loss_args pl = a.loss;
+  pl.logp = rlk_tensor_2d(dfwd, RLK_F32, 1, N, N); /* the kept logp: the first [N] of the outputs */
+  pl.grad_logp = rlk_tensor_2d(dglp, RLK_F32, 1, N, N);
+  pl.workspace = NULL;
+  ck_assert_msg(rlk_policy_loss_workspace_size(ctx, &pl, &pl.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
+  pl.workspace = pl.workspace_bytes ? rlk_test_dev_alloc(ctx, pl.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_policy_loss(ctx, &pl, NULL) == RLK_OK, "%s", rlk_last_error());
+  void *dgh2 = rlk_test_dev_alloc(ctx, (size_t)(N * H) * 4);
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = a.head.hidden, b.weight = a.head.weight, b.labels = a.head.labels, b.threshold = a.head.threshold;
+  b.lse = rlk_tensor_1d((char *)dfwd + N * 4, RLK_F32, N);
+  b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  b.grad_hidden = rlk_tensor_2d(dgh2, RLK_F32, N, H, H);
+  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes) == RLK_OK, "%s",
+                rlk_last_error());
+  b.workspace = b.workspace_bytes ? rlk_test_dev_alloc(ctx, b.workspace_bytes) : NULL;
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *gh2 = malloc((size_t)(N * H) * 4);
+  ks_down(ctx, gh2, dgh2, (size_t)(N * H) * 4);
+  if (path == RLK_LPL_RECOMPUTE) {
+    ck_assert_msg(memcmp(gh, gh2, (size_t)(N * H) * 4) == 0, "linear_policy_loss recompute: grad_hidden is not its "
+                  "chain's");
+  } else {
+    for (int64_t i = 0; i < N * H; i++)
+      ck_assert_msg(fabs(gh[i] - gh2[i]) <= 0x1p-7 * fabs(gh2[i]) + 1e-6, "token chunks grad_hidden %lld: %.8g, "
+                    "recompute %.8g", (long long)i, (double)gh[i], (double)gh2[i]);
+  }
+  printf("kept_set %s: linear_policy_loss path %d, N %lld V %lld H %lld: logp bitwise linear_logprob's\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (int)path, (long long)N, (long long)V,
+         (long long)H);
+  if (pl.workspace) rlk_free(ctx, pl.workspace);
+  if (b.workspace) rlk_free(ctx, b.workspace);
+  rlk_free(ctx, a.workspace), rlk_free(ctx, dold), rlk_free(ctx, dadv), rlk_free(ctx, dlp), rlk_free(ctx, dloss);
+  rlk_free(ctx, dgh), rlk_free(ctx, dglp), rlk_free(ctx, dfwd), rlk_free(ctx, dgh2);
+  free(fwd), free(old), free(adv), free(lp), free(gh), free(gh2), free(f2);
+  ks_head_free(ctx, &k);
+}
+
+static void cases_linear(rlk_context *ctx, uint64_t *rng) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
+    ks_linear_case(ctx, rng, 24, 700, 40, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_AUTO);
+    ks_linear_case(ctx, rng, 7, 301, 24, RLK_F16, 1.0f, RLK_LINEAR_LOGPROB_AUTO);
+    ks_policy_case(ctx, rng, 30, 500, 32, RLK_LPL_RECOMPUTE);
+    return;
+  }
+  ks_linear_case(ctx, rng, 130, 20000, 256, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_AUTO);
+  ks_linear_case(ctx, rng, 130, 20000, 256, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_TILED);
+  ks_linear_case(ctx, rng, 67, 5003, 136, RLK_F16, 1.1f, RLK_LINEAR_LOGPROB_AUTO);
+  ks_policy_case(ctx, rng, 300, 4099, 256, RLK_LPL_RECOMPUTE);
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  if (info.compute_major == 9 && info.compute_minor == 0)
+    ks_policy_case(ctx, rng, 300, 4099, 256, RLK_LPL_TOKEN_CHUNKS);
+  else
+    printf("skip (kept_set token chunks): compute capability %d.%d is not sm_90\n", info.compute_major,
+           info.compute_minor);
+}
+
+RLK_HOST_CASE(linear)
+RLK_GPU_CASE("kept_set", linear)
+
+/* ---------------------------------------------------------------------------------- */
+/* Replaying the sampler's kept sets                                                   */
+/* ---------------------------------------------------------------------------------- */
+
+/* Rows sampled with top-k and top-p; their thresholds fed to rlk_logprob with the sampled tokens
+ * give each token's log-prob over the kept set, which the sampler reports as logp_filtered from
+ * its fixed-point masses: within the fold's bound (2 V + 64 u of s), ex2's 8 u and the masses'
+ * truncation (at most 1 of 2^40 a term, V 2^-40 of the kept mass), and 16 u of the row's
+ * magnitudes for the last operations. */
+static void cases_replay(rlk_context *ctx, uint64_t *rng) {
+  const int64_t B = 64, V = rlk_context_backend(ctx) == RLK_BACKEND_HOST ? 2000 : 151936;
+  float *x = malloc((size_t)(B * V) * 4);
+  for (int64_t i = 0; i < B * V; i++) x[i] = (float)(2.5 * rlk_test_rand_normal(rng));
+  void *dx = rlk_test_dev_upload(ctx, x, (size_t)(B * V) * 4);
+  void *tok = rlk_test_dev_alloc(ctx, (size_t)B * 8), *lpf = rlk_test_dev_alloc(ctx, (size_t)B * 4),
+       *thr = rlk_test_dev_alloc(ctx, (size_t)B * 4);
+  rlk_sample_args s;
+  rlk_sample_args_init(&s);
+  s.logits = rlk_tensor_2d(dx, RLK_F32, B, V, V);
+  s.temperature = 0.9f;
+  s.top_k = 200;
+  s.top_p = 0.8f;
+  s.seed = rlk_test_rand_u64(rng);
+  s.tokens = rlk_tensor_1d(tok, RLK_I64, B);
+  s.logp_filtered = rlk_tensor_1d(lpf, RLK_F32, B);
+  s.threshold = rlk_tensor_1d(thr, RLK_F32, B);
+  ck_assert_msg(rlk_sample(ctx, &s, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *out = malloc((size_t)B * 12), *want = malloc((size_t)B * 4);
+  ks_down(ctx, want, lpf, (size_t)B * 4);
+  ks_logprob(ctx, dx, RLK_F32, B, V, tok, thr, 0.9f, out);
+  int64_t *t = malloc((size_t)B * 8);
+  float *th = malloc((size_t)B * 4);
+  ks_down(ctx, t, tok, (size_t)B * 8);
+  ks_down(ctx, th, thr, (size_t)B * 4);
+  for (int64_t i = 0; i < B; i++) {
+    ck_assert_msg(x[i * V + t[i]] >= th[i], "row %lld: the sampled token is below its row's threshold", (long long)i);
+    const double mag = fabs(out[i]) + fabs(out[B + i]) + fabs(th[i] / 0.9) + 1.0;
+    const double tol = (2.0 * (double)V + 72.0) * KS_U + (double)V * 0x1p-40 + 16 * KS_U * mag;
+    ck_assert_msg(fabs(out[i] - want[i]) <= tol, "row %lld: replayed logp %.8g, the sampler's logp_filtered %.8g, "
+                  "bound %.3g", (long long)i, (double)out[i], (double)want[i], tol);
+  }
+  printf("kept_set %s: %lld sampled rows (top-k 200, top-p 0.8) replayed within bounds\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)B);
+  rlk_free(ctx, dx), rlk_free(ctx, tok), rlk_free(ctx, lpf), rlk_free(ctx, thr);
+  free(x), free(out), free(want), free(t), free(th);
+}
+
+RLK_HOST_CASE(replay)
+RLK_GPU_CASE("kept_set", replay)
+
+START_TEST(bad_arguments) {
+  rlk_context *ctx = rlk_test_host_context();
+  float thr[4] = {0}, x[8] = {0}, lp[4];
+  int64_t lab[4] = {0};
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(x, RLK_F32, 4, 2, 2);
+  a.labels = rlk_tensor_1d(lab, RLK_I64, 4);
+  a.logp = rlk_tensor_1d(lp, RLK_F32, 4);
+  a.threshold = rlk_tensor_1d(thr, RLK_F32, 3);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "threshold"));
+  a.threshold = rlk_tensor_1d(thr, RLK_I32, 4);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  /* no shard form */
+  float rec[16];
+  a.threshold = rlk_tensor_1d(thr, RLK_F32, 4);
+  a.logp.data = NULL;
+  a.partials = rlk_tensor_2d(rec, RLK_F32, 4, 4, 4);
+  ck_assert_int_eq(rlk_logprob(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "threshold"));
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+Suite *kept_set_suite(void) {
+  Suite *s = suite_create("kept_set");
+  TCase *host = tcase_create("host");
+  tcase_set_timeout(host, 300);
+  tcase_add_test(host, host_logprob);
+  tcase_add_test(host, host_linear);
+  tcase_add_test(host, host_replay);
+  tcase_add_test(host, bad_arguments);
+  suite_add_tcase(s, host);
+  TCase *gpu = tcase_create("gpu");
+  tcase_set_timeout(gpu, 900);
+  tcase_add_test(gpu, gpu_logprob);
+  tcase_add_test(gpu, gpu_linear);
+  tcase_add_test(gpu, gpu_replay);
+  suite_add_tcase(s, gpu);
+  return s;
+}
