@@ -1369,6 +1369,65 @@ RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx,
 RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
                                           void *stream);
 
+/* Sampling from the LM head, for a rollout whose log-probs the trainer's fused head reproduces bit
+ * for bit: one token per row of hidden [M, H] (a decode step's last hidden states) from
+ * z = hidden weight^T / T, with rlk_sample's filters and seeds, and the token's log-prob (lse,
+ * entropy) under the temperature-scaled head, bitwise what rlk_linear_logprob gives that row,
+ * label and temperature on the same kernel (its records and their merge: the dot products
+ * accumulate in f32 in one K order whatever the batch). A GPU call runs the fused head's GEMM over
+ * the rows, keeping their raw f32 logits in the workspace beside their records; rlk_sample over
+ * those logits (tokens, the kept set's threshold); then the head's combine of the drawn tokens
+ * from the same records. The host computes the logits in fp64 (drawn from as f32) and the
+ * log-probs with rlk_linear_logprob's fp64 kernel. */
+typedef struct rlk_linear_sample_args {
+  rlk_tensor hidden;   /* [M, H] bf16 or f16, rows contiguous, row stride >= H */
+  rlk_tensor weight;   /* [V, H] of hidden's dtype, rows contiguous; V < 2^23 */
+  /* The head's temperature, >= 0 and finite: 0 draws greedily, its log-probs at temperature 1 (as
+   * rlk_sample's greedy rows; the trainer then scores with temperature 1). One for the call: the
+   * head folds each row's logits at it. */
+  float temperature;
+  /* The filters and draws as in rlk_sample_args: a per-row tensor or the scalar for every row. */
+  rlk_tensor top_ks;   /* i32 or i64 */
+  int64_t top_k;
+  rlk_tensor top_ps;   /* f32 */
+  float top_p;
+  rlk_tensor min_ps;   /* f32 */
+  float min_p;
+  rlk_tensor seeds;    /* i64: one per row makes a row's token independent of the batch */
+  uint64_t seed;
+  rlk_tensor offsets;  /* i64 */
+  uint64_t offset;
+  /* Outputs, [M] contiguous: tokens i32 or i64 (required); logp, lse, entropy and threshold f32
+   * (optional; threshold: rlk_sample's, the smallest raw logit h . w_v of the row's kept set, for
+   * kept-set replay). A row rlk_sample gives no token (token -1, a status bit) has NaN logp, lse
+   * and entropy. */
+  rlk_tensor tokens;
+  rlk_tensor logp;
+  rlk_tensor lse;
+  rlk_tensor entropy;
+  rlk_tensor threshold;
+  rlk_tensor status;   /* optional i32 [1]: rlk_sample's RLK_SAMPLE_STATUS_* bits */
+  /* Device scratch of rlk_linear_sample_workspace_size() bytes, 16-byte aligned: the rows' f32
+   * logits (4 M V bytes, V rounded up to 4) and, on a GPU, their records (16 bytes a row and 256
+   * columns). */
+  void *workspace;
+  size_t workspace_bytes;
+  /* The head's kernel as in rlk_linear_logprob_args (the trainer's call must run the same one for
+   * equal bits: AUTO picks alike for tensors alike). */
+  rlk_linear_logprob_variant variant;
+} rlk_linear_sample_args;
+
+/* Defaults: temperature 1, no filter (top_p 1), seed 0, variant auto, every tensor absent. */
+RLK_API void rlk_linear_sample_args_init(rlk_linear_sample_args *args);
+
+/* Bytes of workspace a call with these arguments needs; checks them like the call. */
+RLK_API rlk_status rlk_linear_sample_workspace_size(rlk_context *ctx, const rlk_linear_sample_args *args,
+                                                    size_t *bytes);
+
+/* The draw on `stream`: the head's GEMM, rlk_sample, the head's combine (three launches on a GPU).
+ * Never synchronizes, allocates or reads back: capturable. */
+RLK_API rlk_status rlk_linear_sample(rlk_context *ctx, const rlk_linear_sample_args *args, void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Ops: divergences between two LM heads (on-policy distillation)          */
 /* ------------------------------------------------------------------------ */

@@ -57,6 +57,7 @@ from .ops.linear_logprob import (LinearLogprobVariant, LinearPolicyLossResult, l
                                  linear_policy_loss)
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
                          SAMPLE_STATUS_NO_TOKEN, SampleResult, sample)
+from .ops.linear_sample import LinearSampleResult, linear_sample
 from .ops.prefix_attention import (PrefixLayout, pack_grpo, prefix_attention,
                                    prefix_attention_backward, prefix_layout, unpack_responses)
 from .ops.token_baseline import token_baseline
@@ -101,7 +102,7 @@ __all__ = [
     "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
     "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",
-    "SAMPLE_ROW_SPLIT_AUTO",
+    "SAMPLE_ROW_SPLIT_AUTO", "linear_sample", "LinearSampleResult",
     "prefix_attention", "prefix_attention_backward", "prefix_layout", "pack_grpo",
     "unpack_responses", "PrefixLayout",
 ]

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/linear_logprob_fwd.h"
 #include "ops/linear_logprob_plan.h"
 #include "ops/linear_logprob_stored.h"
 #include "ops/ops.h"
@@ -188,14 +189,10 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
   return ll_check_matrix_of(t, what, LL_HIDDEN_DTYPES, rows, cols, stride);
 }
 
-/* The sizes of the head both passes check alike: hidden [N, H] and weight [V, H] of one 16-bit
- * dtype, labels [N], a finite temperature > 0. */
-typedef struct ll_head {
-  int64_t N, H, V, hs, ws, ls;
-} ll_head;
+typedef rlk_ll_head ll_head;
 
-static rlk_status ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
-                                float temperature, ll_head *h) {
+rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
+                             float temperature, rlk_ll_head *h) {
   rlk_status st;
   int64_t wH;
   if ((st = ll_check_matrix(hidden, "hidden", &h->N, &h->H, &h->hs))) return st;
@@ -206,30 +203,28 @@ static rlk_status ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weig
   if (weight->dtype != hidden->dtype)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: dtype %s differs from hidden's %s",
                      rlk_dtype_name(weight->dtype), rlk_dtype_name(hidden->dtype));
-  if ((st = rlk_check_vector(labels, "labels", LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
+  h->ls = 1;
+  if (labels && (st = rlk_check_vector(labels, "labels", LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
   if (!(temperature > 0.0f) || isinf(temperature))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)temperature);
   return RLK_OK;
 }
 
-/* A forward call: the head, the kernels that run, its records and row launches, the splits asked
- * for, and the tensor maps (hidden's for all rows; a launch's rows from its first). */
+/* A forward call: its forward (the head, the kernels, the records, the splits asked for, the
+ * tensor maps' requests), a launch's rows at most, the shard form. */
 typedef struct ll_call {
   rlk_op_call op;
-  ll_head h;
-  ll_choice ch;
-  int64_t records, rows; /* a row's records; a launch's rows at most */
-  int splits;            /* asked for (the call's or the tuning database's), 0: chosen a launch */
-  int shard;             /* records instead of logp, lse and entropy */
-  rlk_tma_desc_request req_h, req_w;
+  rlk_ll_fwd f;
+  int64_t rows;
+  int shard; /* records instead of logp, lse and entropy */
 } ll_call;
 
 static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_linear_logprob_args *a = args;
   ll_call *k = (ll_call *)call;
   rlk_status st;
-  if ((st = ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
-  const int64_t N = k->h.N;
+  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->f.h))) return st;
+  const int64_t N = k->f.h.N;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   k->shard = a->partials.data != NULL;
   if (k->shard) {
@@ -282,19 +277,44 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const int entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
   int stages = a->stages, splits = a->splits;
   if (!a->stages && !splits)
-    ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, entropy, k->h.H, k->h.V, N, &stages, &splits);
-  ll_line(&call->vals, 0, a->hidden.dtype, a->labels.dtype, entropy, 0, (int)a->variant, stages);
+    ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, entropy, k->f.h.H, k->f.h.V, N, &stages, &splits);
+  if ((st = rlk_ll_fwd_plan(ctx, &a->hidden, &a->weight, &k->f.h, a->labels.dtype, entropy, (int)a->variant, stages,
+                            splits, &call->vals, &k->f)))
+    return st;
+  call->specs[call->nspecs++] = k->f.gemm;
+  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  call->specs[call->nspecs++] = k->f.combine;
+  /* records of 256 columns from V alone; rows in launches within the budget; the split a launch's
+   * schedule (linear_logprob_plan.h) */
+  k->rows = rlk_ll_fwd_rows(N, k->f.h.V, LL_FWD_WORKSPACE_BYTES);
+  call->workspace = (size_t)k->f.records * (size_t)k->rows * LL_RECORD_BYTES;
+  return RLK_OK;
+}
+
+/* A forward of hidden and weight for labels of a dtype (the GEMM's and the combine's), the
+ * entropy, the variant, the sm_90a ring depth and the splits asked for: the call's line on vals,
+ * its kernels, its records and tensor maps (linear_logprob_fwd.h). */
+rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, const rlk_tensor *weight,
+                           const rlk_ll_head *h, rlk_dtype labels, int entropy, int variant, int stages, int splits,
+                           rlk_op_values *vals, rlk_ll_fwd *f) {
+  rlk_status st;
+  f->h = *h;
+  f->hidden = hidden->data;
+  f->weight = weight->data;
+  f->splits = splits;
+  ll_line(vals, 0, hidden->dtype, labels, entropy, 0, variant, stages);
   /* tensor maps: h boxes of 64 x 128, W boxes of 64 x 256, both with the 128-byte swizzle */
-  rlk_tma_desc_request *r[2] = {&k->req_h, &k->req_w};
-  const rlk_tensor *t[2] = {&a->hidden, &a->weight};
-  const int64_t rows[2] = {N, k->h.V}, strides[2] = {k->h.hs, k->h.ws};
+  rlk_tma_desc_request *r[2] = {&f->req_h, &f->req_w};
+  const rlk_tensor *t[2] = {hidden, weight};
+  const int64_t rows[2] = {h->N, h->V}, strides[2] = {h->hs, h->ws};
   const uint32_t box_rows[2] = {LL_SM90_BM, LL_SM90_BN};
   int tma_ok = 1;
   for (int i = 0; i < 2; i++) {
+    memset(r[i], 0, sizeof *r[i]);
     r[i]->base = t[i]->data;
     r[i]->dtype = t[i]->dtype;
     r[i]->rows = (uint64_t)rows[i];
-    r[i]->cols = (uint64_t)k->h.H;
+    r[i]->cols = (uint64_t)h->H;
     r[i]->row_stride = (uint64_t)strides[i];
     r[i]->box_rows = box_rows[i];
     r[i]->box_cols = 64;
@@ -305,19 +325,15 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
       tma_ok = 0;
     }
   }
-  if ((st = ll_select(ctx, &call->vals, tma_ok, &k->ch))) return st;
-  call->specs[call->nspecs++] = k->ch.gemm;
-  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
-  call->specs[call->nspecs++] = k->ch.combine;
-  /* records of 256 columns from V alone; rows in launches within the budget; the split a launch's
-   * schedule (linear_logprob_plan.h) */
-  k->records = rlk_ll_fwd_records(k->h.V);
-  if (k->records > 65535)
+  ll_choice ch;
+  if ((st = ll_select(ctx, vals, tma_ok, &ch))) return st;
+  f->variant = ch.variant;
+  f->gemm = ch.gemm;
+  f->combine = ch.combine;
+  f->records = rlk_ll_fwd_records(h->V);
+  if (f->records > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: V = %lld needs more than 65535 splits of 256 columns",
-                     (long long)k->h.V);
-  k->rows = rlk_ll_fwd_rows(N, k->h.V, LL_FWD_WORKSPACE_BYTES);
-  k->splits = splits;
-  call->workspace = (size_t)k->records * (size_t)k->rows * LL_RECORD_BYTES;
+                     (long long)h->V);
   return RLK_OK;
 }
 
@@ -374,108 +390,137 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   return rlk_context_launch(ctx, spec, &d, stream, cargs);
 }
 
+/* The host's fp64 kernel over rows [r0, r0 + n): the raw logits into `logits` where given, the
+ * outputs of `o` where given. */
+static rlk_status ll_host_rows(rlk_context *ctx, const rlk_ll_fwd *f, int64_t r0, int64_t n, const rlk_ll_fwd_out *o,
+                               float temperature, float *logits, int64_t pitch, void *stream) {
+  const int64_t at = r0;
+  ll_fwd_host_args h = {0};
+  h.hidden = (const char *)f->hidden + (size_t)(at * f->h.hs) * 2u;
+  h.h_stride = f->h.hs;
+  h.weight = f->weight;
+  h.w_stride = f->h.ws;
+  h.labels = o && o->labels ? (const char *)o->labels + (size_t)(at * f->h.ls) * rlk_dtype_size(o->label_dtype) : NULL;
+  h.label_stride = f->h.ls;
+  h.N = n;
+  h.V = f->h.V;
+  h.H = f->h.H;
+  h.ignore_index = o ? o->ignore_index : 0;
+  if (o) {
+    h.logp = o->logp ? o->logp + at : NULL;
+    h.lse = o->lse ? o->lse + at : NULL;
+    h.entropy = o->entropy ? o->entropy + at : NULL;
+    h.status = o->status;
+    h.records = o->records ? o->records + 4 * at : NULL;
+    h.vocab_start = o->vocab_start;
+    h.threshold = o->threshold ? o->threshold + at : NULL;
+  }
+  h.temperature = temperature;
+  h.logits = logits;
+  h.logits_pitch = pitch;
+  void *params[] = {&h};
+  rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+  return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
+}
+
+rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *labels, rlk_dtype label_dtype,
+                           int64_t r0, int64_t n, void *partials, int64_t vocab_start, float temperature,
+                           const float *threshold, float *logits, int64_t pitch, void *stream) {
+  if (ctx->kind == RLK_BACKEND_HOST) return logits ? ll_host_rows(ctx, f, r0, n, NULL, temperature, logits, pitch, stream)
+                                                   : RLK_OK;
+  rlk_status st;
+  const int wg = f->variant == RLK_LINEAR_LOGPROB_WGMMA;
+  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
+  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM, slots = wg ? sms : 4 * sms, row_blocks = (n + bm - 1) / bm;
+  const void *lab = labels ? (const char *)labels + (size_t)(r0 * f->h.ls) * rlk_dtype_size(label_dtype) : NULL;
+  const float *thr = threshold ? threshold + r0 : NULL;
+  const void *hidden = (const char *)f->hidden + (size_t)(r0 * f->h.hs) * 2u;
+  int64_t S, cps;
+  rlk_ll_fwd_splits(f->h.V, row_blocks, slots, f->splits, &S, &cps);
+  if (S > 65535 || row_blocks > INT32_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: %lld row blocks x %lld splits are too many",
+                     (long long)row_blocks, (long long)S);
+  if (wg) {
+    _Alignas(64) unsigned char map_h[128], map_w[128];
+    rlk_tma_desc_request rh = f->req_h;
+    rh.base = hidden;
+    rh.rows = (uint64_t)n;
+    if ((st = rlk_context_tensor_map(ctx, &rh, map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, map_w))) return st;
+    ll_fwd_sm90_args g = {0};
+    g.labels = lab;
+    g.label_stride = f->h.ls;
+    g.N = n;
+    g.V = f->h.V;
+    g.H = f->h.H;
+    g.cols_per_split = cps;
+    g.partials = partials;
+    g.vocab_start = vocab_start;
+    g.temperature = temperature;
+    g.threshold = thr;
+    g.logits = logits;
+    g.logits_pitch = pitch;
+    /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
+     * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
+    void *params[] = {map_h, map_w, &g};
+    const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
+    const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
+  }
+  ll_fwd_tiled_args g = {0};
+  g.hidden = hidden;
+  g.h_stride = f->h.hs;
+  g.weight = f->weight;
+  g.w_stride = f->h.ws;
+  g.labels = lab;
+  g.label_stride = f->h.ls;
+  g.N = n;
+  g.V = f->h.V;
+  g.H = f->h.H;
+  g.cols_per_split = cps;
+  g.partials = partials;
+  g.vocab_start = vocab_start;
+  g.temperature = temperature;
+  g.threshold = thr;
+  g.logits = logits;
+  g.logits_pitch = pitch;
+  void *params[] = {&g};
+  const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
+  return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
+}
+
+rlk_status rlk_ll_fwd_combine(rlk_context *ctx, const rlk_ll_fwd *f, const void *partials, int64_t r0, int64_t n,
+                              const rlk_ll_fwd_out *o, float temperature, const float *logits, int64_t pitch,
+                              void *stream) {
+  if (ctx->kind == RLK_BACKEND_HOST) return ll_host_rows(ctx, f, r0, n, o, temperature, NULL, 0, stream);
+  const void *lab = (const char *)o->labels + (size_t)(r0 * f->h.ls) * rlk_dtype_size(o->label_dtype);
+  return ll_combine(ctx, &f->combine, partials, f->records, n, f->h.V, lab, f->h.ls, o->ignore_index,
+                    o->logp ? o->logp + r0 : NULL, o->lse ? o->lse + r0 : NULL, o->entropy ? o->entropy + r0 : NULL,
+                    o->status, o->records ? o->records + 4 * r0 : NULL, o->vocab_start, temperature, logits, pitch,
+                    o->threshold ? o->threshold + r0 : NULL, stream);
+}
+
 /* Per launch of at most k->rows rows: the GEMM over (row blocks, splits) writing [records][n]
- * records into the workspace, then their combine; the host's one fp64 kernel. The sm_90a GEMM
- * takes its tensor maps as parameters of their own, ahead of the struct. */
+ * records into the workspace, then their combine; the host's one fp64 kernel. */
 static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   const rlk_linear_logprob_args *a = args;
   const ll_call *k = (const ll_call *)call;
   rlk_status st;
-  const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
-  const float temperature = a->temperature;
-  const int64_t N = k->h.N, V = k->h.V, H = k->h.H;
-  float *logp = (float *)a->logp.data, *lse = (float *)a->lse.data, *entropy = (float *)a->entropy.data;
-  int *status = k->shard ? NULL : (int *)a->status.data; /* the shard form leaves status alone */
-  float *records = (float *)a->partials.data;
-  const int64_t vocab_start = a->vocab_start;
-  const float *threshold = (const float *)a->threshold.data;
-  void *partials = a->workspace;
-
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    ll_fwd_host_args h = {0};
-    h.hidden = hidden;
-    h.h_stride = k->h.hs;
-    h.weight = weight;
-    h.w_stride = k->h.ws;
-    h.labels = labels;
-    h.label_stride = k->h.ls;
-    h.N = N;
-    h.V = V;
-    h.H = H;
-    h.ignore_index = a->ignore_index;
-    h.logp = logp;
-    h.lse = lse;
-    h.entropy = entropy;
-    h.status = status;
-    h.records = records;
-    h.vocab_start = vocab_start;
-    h.temperature = temperature;
-    h.threshold = threshold;
-    void *params[] = {&h};
-    rlk_launch_dims d = ll_dims(1, 1, 1, 0);
-    return rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params);
-  }
-  const int wg = k->ch.variant == RLK_LINEAR_LOGPROB_WGMMA;
-  const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM, slots = wg ? sms : 4 * sms;
-  const size_t lsize = rlk_dtype_size(a->labels.dtype);
-  _Alignas(64) unsigned char map_h[128], map_w[128];
-  if (wg && (st = rlk_context_tensor_map(ctx, &k->req_w, map_w))) return st;
-  for (int64_t r0 = 0; r0 < N; r0 += k->rows) {
-    const int64_t n = N - r0 < k->rows ? N - r0 : k->rows, row_blocks = (n + bm - 1) / bm;
-    const void *lab = (const char *)labels + (size_t)(r0 * k->h.ls) * lsize;
-    const float *thr = threshold ? threshold + r0 : NULL;
-    int64_t S, cps;
-    rlk_ll_fwd_splits(V, row_blocks, slots, k->splits, &S, &cps);
-    if (S > 65535 || row_blocks > INT32_MAX)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: %lld row blocks x %lld splits are too many",
-                       (long long)row_blocks, (long long)S);
-    rlk_launch_dims d;
-    if (wg) {
-      rlk_tma_desc_request rh = k->req_h;
-      rh.base = (const char *)hidden + (size_t)(r0 * k->h.hs) * 2u;
-      rh.rows = (uint64_t)n;
-      if ((st = rlk_context_tensor_map(ctx, &rh, map_h))) return st;
-      ll_fwd_sm90_args g = {0};
-      g.labels = lab;
-      g.label_stride = k->h.ls;
-      g.N = n;
-      g.V = V;
-      g.H = H;
-      g.cols_per_split = cps;
-      g.partials = partials;
-      g.vocab_start = vocab_start;
-      g.temperature = temperature;
-      g.threshold = thr;
-      /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
-       * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
-      void *params[] = {map_h, map_w, &g};
-      const size_t smem = (size_t)k->ch.gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
-      d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
-      if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
-    } else {
-      ll_fwd_tiled_args g = {0};
-      g.hidden = (const char *)hidden + (size_t)(r0 * k->h.hs) * 2u;
-      g.h_stride = k->h.hs;
-      g.weight = weight;
-      g.w_stride = k->h.ws;
-      g.labels = lab;
-      g.label_stride = k->h.ls;
-      g.N = n;
-      g.V = V;
-      g.H = H;
-      g.cols_per_split = cps;
-      g.partials = partials;
-      g.vocab_start = vocab_start;
-      g.temperature = temperature;
-      g.threshold = thr;
-      void *params[] = {&g};
-      d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
-      if ((st = rlk_context_launch(ctx, &k->ch.gemm, &d, stream, params))) return st;
-    }
-    if ((st = ll_combine(ctx, &k->ch.combine, partials, k->records, n, V, lab, k->h.ls, a->ignore_index,
-                         logp ? logp + r0 : NULL, lse ? lse + r0 : NULL, entropy ? entropy + r0 : NULL, status,
-                         records ? records + 4 * r0 : NULL, vocab_start, temperature, NULL, 0, thr, stream)))
+  const rlk_ll_fwd_out o = {a->labels.data,
+                            a->labels.dtype,
+                            a->ignore_index,
+                            a->vocab_start,
+                            (const float *)a->threshold.data,
+                            (float *)a->logp.data,
+                            (float *)a->lse.data,
+                            (float *)a->entropy.data,
+                            (float *)a->partials.data,
+                            k->shard ? NULL : (int *)a->status.data}; /* the shard form leaves status alone */
+  if (ctx->kind == RLK_BACKEND_HOST) return rlk_ll_fwd_combine(ctx, &k->f, NULL, 0, k->f.h.N, &o, a->temperature, NULL, 0, stream);
+  for (int64_t r0 = 0; r0 < k->f.h.N; r0 += k->rows) {
+    const int64_t n = k->f.h.N - r0 < k->rows ? k->f.h.N - r0 : k->rows;
+    if ((st = rlk_ll_fwd_gemm(ctx, &k->f, a->labels.data, a->labels.dtype, r0, n, a->workspace, a->vocab_start,
+                              a->temperature, o.threshold, NULL, 0, stream)) ||
+        (st = rlk_ll_fwd_combine(ctx, &k->f, a->workspace, r0, n, &o, a->temperature, NULL, 0, stream)))
       return st;
   }
   return RLK_OK;
@@ -717,7 +762,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   const rlk_linear_logprob_backward_args *a = args;
   ll_bwd_call *k = (ll_bwd_call *)call;
   rlk_status st;
-  if ((st = ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
+  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   if ((st = rlk_check_vector(&a->lse, "lse", f32, k->h.N, 0, &k->lse_s))) return st;
   if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, k->h.N, 0, &k->glp_s)))

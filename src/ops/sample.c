@@ -22,6 +22,7 @@
 
 #include "core/core.h"
 #include "ops/ops.h"
+#include "ops/sample.h"
 #include "common/sample_params.h"
 
 /* The kernels' argument (templates/common/sample_params.h). */
@@ -335,4 +336,9 @@ static const rlk_op_entry smp_entry = {
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
   return rlk_op_run(&smp_entry, ctx, a, stream);
+}
+
+rlk_status rlk_sample_check(rlk_context *ctx, const rlk_sample_args *a) {
+  size_t bytes;
+  return rlk_op_workspace_size(&smp_entry, ctx, a, &bytes);
 }

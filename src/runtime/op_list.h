@@ -27,6 +27,7 @@
   OP(linear_logprob)     ARGS(rlk_linear_logprob_args)         SUITE(linear_logprob)                     \
                          ARGS(rlk_linear_logprob_backward_args)                                          \
                          ARGS(rlk_linear_policy_loss_args)                                               \
+                         ARGS(rlk_linear_sample_args)                                                    \
   OP(linear_divergence)  ARGS(rlk_linear_divergence_args)      SUITE(linear_divergence)                  \
                          ARGS(rlk_linear_divergence_backward_args)                                       \
                          ARGS(rlk_linear_divergence_combine_args)                                        \

@@ -5,7 +5,7 @@
  * vocab_start: the weight's rows are the columns [vocab_start, vocab_start + V) of a larger
  * vocabulary that labels index (0 unsharded); records: the shard form's output, f32 [N][4]
  * (rlk.h's vocab-parallel record), written instead of logp, lse and entropy when not NULL.
- *   fwd_host   the host forward: logp, lse, entropy per row (lse, entropy may be NULL)
+ *   fwd_host   the host forward: logp, lse, entropy per row (any may be NULL)
  *   fwd_tiled  the portable GEMM over (row block, split): a record per (256 columns, row) into
  *              partials [ceil(V / 256)][N]
  *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
@@ -25,6 +25,8 @@
  *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
  *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
  *              g_lp, entropy, g_ent contiguous from there)
+ * The forwards' logits (NULL: none): the raw logits h . w_v as f32 [N][logits_pitch], what
+ * rlk_linear_sample draws from; labels may then be NULL (no label's logit in the records).
  * threshold (every kernel that folds or differentiates logits): NULL, or kept-set replay's f32
  * [N] from the kernel's first row: a logit below its row's threshold leaves the softmax, the
  * label stays. */
@@ -51,8 +53,10 @@
   F(S_, float *, records, 112)        \
   F(S_, long long, vocab_start, 120)  \
   F(S_, float, temperature, 128)      \
-  F(S_, const float *, threshold, 136)
-#define RLK_LL_FWD_HOST_PARAMS_SIZE 144
+  F(S_, const float *, threshold, 136) \
+  F(S_, float *, logits, 144)          \
+  F(S_, long long, logits_pitch, 152)
+#define RLK_LL_FWD_HOST_PARAMS_SIZE 160
 
 #define RLK_LL_FWD_TILED_PARAMS(F, S_) \
   F(S_, const void *, hidden, 0)       \
@@ -68,8 +72,10 @@
   F(S_, void *, partials, 80)          \
   F(S_, long long, vocab_start, 88)    \
   F(S_, float, temperature, 96)        \
-  F(S_, const float *, threshold, 104)
-#define RLK_LL_FWD_TILED_PARAMS_SIZE 112
+  F(S_, const float *, threshold, 104) \
+  F(S_, float *, logits, 112)          \
+  F(S_, long long, logits_pitch, 120)
+#define RLK_LL_FWD_TILED_PARAMS_SIZE 128
 
 #define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
   F(S_, const void *, labels, 0)       \
@@ -81,8 +87,10 @@
   F(S_, void *, partials, 48)          \
   F(S_, long long, vocab_start, 56)    \
   F(S_, float, temperature, 64)        \
-  F(S_, const float *, threshold, 72)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 80
+  F(S_, const float *, threshold, 72)  \
+  F(S_, float *, logits, 80)           \
+  F(S_, long long, logits_pitch, 88)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 96
 
 #define RLK_LL_COMBINE_PARAMS(F, S_)  \
   F(S_, const void *, partials, 0)    \

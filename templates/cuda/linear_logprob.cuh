@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const i64 row = row0 + ty * 4 + r;
-    y[r] = row < N ? ll::load_label(labels, row, label_stride) : -1;
+    y[r] = row < N && labels ? ll::load_label(labels, row, label_stride) : -1;
     thr[r] = p_.threshold && row < N ? ld_ro(p_.threshold + row) : -limits<float>::infinity();
   }
   for (i64 col0 = v_begin; col0 < v_end; col0 += BN) {
@@ -106,6 +106,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc)
         if ((i64)(16 * cc) >= lim) acc[r][cc] = -limits<float>::infinity();
+      /* rlk_linear_sample: the raw logits, what its sampler draws from */
+      if (p_.logits && row0 + ty * 4 + r < N) {
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+          if ((i64)(16 * cc) < lim) p_.logits[(row0 + ty * 4 + r) * p_.logits_pitch + col0 + tx + 16 * cc] = acc[r][cc];
+      }
       /* the label's column in this tile; a shard's weight starts at vocab_start (read where it is
        * used: kept in a register through the loop it costs spills) */
       const i64 yc = y[r] - col0 - p_.vocab_start;

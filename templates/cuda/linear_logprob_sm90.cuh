@@ -8,7 +8,8 @@
  * the consumers: each multiplies its 64 rows by the 256 columns (wgmma m64n256k16, 128 f32
  * accumulators a thread, K in order), then writes each row's record of the tile (ll_tile_record:
  * max, sum of exp, sum of p z, the label's logit) to partials [tile][N] and goes on to the next
- * tile. A row's records depend on its hidden state and the weight alone: not on the split, the
+ * tile (and, for rlk_linear_sample, stores the tile's raw logits). A row's records depend on its
+ * hidden state and the weight alone: not on the split, the
  * row's place in the tile or the number of rows, so the combine's merge gives a row the same bits
  * in any batch (linear_logprob_plan.h). Registers move from the producer (40) to the consumers
  * (232) with setmaxnreg.
@@ -86,8 +87,9 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
-    /* the label's column in this weight (a shard's: outside [0, V) it owns no column here) */
-    y[i] = row[i] < N ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
+    /* the label's column in this weight (a shard's: outside [0, V) it owns no column here; none
+     * without labels) */
+    y[i] = row[i] < N && labels ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
     thr[i] = p_.threshold && row[i] < N ? ld_ro(p_.threshold + row[i]) : -limits<float>::infinity();
   }
   float acc[BN / 2];
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(384, 1)
     /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten by
      * the next tile's first product */
     ll_mask_past(acc, V, col0, l);
+    if (p_.logits) ll_store_logits(acc, p_.logits, p_.logits_pitch, row, N, col0, V, l);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       /* the label's logit, where it is a column of this tile inside the vocabulary (a shard's

@@ -92,6 +92,29 @@ RLK_DEVICE float ll_pick(const float (&acc)[ll_sm90::BN / 2], int i, int q) {
   return x;
 }
 
+/* The tile's raw logits of a consumer thread's rows row[0], row[1] (those below N) into logits
+ * [N][pitch] (f32, pitch a multiple of 4 elements, 16-byte aligned rows), columns below V, pairs
+ * of adjacent columns as one 8-byte store. */
+RLK_DEVICE void ll_store_logits(const float (&acc)[ll_sm90::BN / 2], float *logits, i64 pitch, const i64 (&row)[2],
+                                i64 N, i64 n0, i64 V, int l) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row[i] >= N) continue;
+    float *out = logits + row[i] * pitch + n0;
+#pragma unroll
+    for (int j = 0; j < ll_sm90::BN / 8; ++j) {
+      const int col = 8 * j + 2 * (l % 4);
+      if (n0 + col + 1 < V) {
+        f32x2 v;
+        v.x = acc[4 * j + 2 * i], v.y = acc[4 * j + 2 * i + 1];
+        *(f32x2 *)(out + col) = v;
+      } else if (n0 + col < V) {
+        out[col] = acc[4 * j + 2 * i];
+      }
+    }
+  }
+}
+
 /* Row i's record of one 256-column tile (ll::part in the units of linear_logprob_common.cuh),
  * the same bits in every kernel that calls it (the forward, the token chunks' logits kind, the
  * rollout's sampling head): m = M = the tile's largest x c (a max over the row's four lanes), then

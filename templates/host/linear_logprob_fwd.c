@@ -2,7 +2,8 @@
  * reference path: for each row, each logit z_v = (h . w_v) / T as an fp64 dot product, folded
  * into an fp64 online (max, sum of exp, sum of exp * z); outputs rounded to f32 once.
  * Kept-set replay (threshold): a column whose raw logit h . w_v, rounded to f32 (the value the
- * sampler compared), is below its row's threshold leaves the fold, unless it is the label.
+ * sampler compared), is below its row's threshold leaves the fold, unless it is the label. With
+ * `logits` it also writes those f32 logits (rlk_linear_sample's); labels may be NULL (no label).
  * Parameters: RLK_P_HIDDEN (1 f16, 2 bf16: the op's dtype codes), RLK_P_LABELS (int32_t or
  * int64_t), RLK_P_ENTROPY (0/1). */
 #include <math.h>
@@ -49,11 +50,12 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
 
   for (rlk_i64 i = 0; i < N; i++) {
     const uint16_t *h = hidden + i * h_stride;
-    const rlk_i64 yg = (rlk_i64)labels[i * label_stride], y = yg - vocab_start;
+    const rlk_i64 yg = labels ? (rlk_i64)labels[i * label_stride] : ignore_index, y = yg - vocab_start;
     const float thr = p_->threshold ? p_->threshold[i] : -INFINITY;
     double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
     for (rlk_i64 v = 0; v < V; v++) {
       const double x = ll_dot(h, weight + v * w_stride, H), z = x / T;
+      if (p_->logits) p_->logits[i * p_->logits_pitch + v] = (float)x; /* rlk_linear_sample's */
       if (v == y) zy = z;
       if ((float)x < thr && v != y) continue;
       if (z > m) {
@@ -85,7 +87,7 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
       hf = (float)(l - pz / s);
       lp = y == ignore_index ? 0.0f : (float)(zy - l);
     }
-    logp[i] = lp;
+    if (logp) logp[i] = lp;
     if (lse) lse[i] = lf;
     if (RLK_P_ENTROPY && entropy) entropy[i] = hf;
   }

@@ -1,6 +1,6 @@
 """Op families, one module each: its args struct mirror (registered for the ABI checks), its
 rlk.Op, and the functional call. Adding an op family = one module here + its lines below."""
-from . import (group_advantage, linear_divergence, linear_logprob, logprob, losses,
+from . import (group_advantage, linear_divergence, linear_logprob, linear_sample, logprob, losses,
                prefix_attention, returns, sample, token_baseline, token_kl, vocab_parallel)
 
 OPS = {
@@ -18,6 +18,7 @@ OPS = {
     "linear_logprob": linear_logprob.OP,
     "linear_logprob_backward": linear_logprob.BACKWARD_OP,
     "linear_policy_loss": linear_logprob.POLICY_OP,
+    "linear_sample": linear_sample.OP,
     "linear_divergence": linear_divergence.OP,
     "linear_divergence_backward": linear_divergence.BACKWARD_OP,
     "linear_divergence_combine": linear_divergence.COMBINE_OP,

@@ -1,0 +1,113 @@
+"""Sampling from the LM head: rlk_linear_sample.
+
+hidden [M, H] and weight [V, H] (bf16 or f16, an LM head's layout): one token per row from
+logits = hidden @ weight.T / temperature, with rlk.sample's filters and seeds, and the token's
+log-prob bitwise what rlk.linear_logprob gives that row and token (the rollout's log-probs are the
+trainer's). The head's raw logits live in the call's workspace, never in an output.
+"""
+import collections
+import ctypes
+
+from .. import _types as T
+from .._tensor import Binder, Op, dim
+from .linear_logprob import LinearLogprobVariant
+from .sample import _setting, _u64
+
+__all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
+
+
+@T.abi_struct("rlk_linear_sample_args")
+class LinearSampleArgs(ctypes.Structure):
+    _fields_ = [
+        ("hidden", T.Tensor),
+        ("weight", T.Tensor),
+        ("temperature", ctypes.c_float),
+        ("top_ks", T.Tensor),
+        ("top_k", ctypes.c_int64),
+        ("top_ps", T.Tensor),
+        ("top_p", ctypes.c_float),
+        ("min_ps", T.Tensor),
+        ("min_p", ctypes.c_float),
+        ("seeds", T.Tensor),
+        ("seed", ctypes.c_uint64),
+        ("offsets", T.Tensor),
+        ("offset", ctypes.c_uint64),
+        ("tokens", T.Tensor),
+        ("logp", T.Tensor),
+        ("lse", T.Tensor),
+        ("entropy", T.Tensor),
+        ("threshold", T.Tensor),
+        ("status", T.Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("variant", ctypes.c_int),
+    ]
+
+
+OP = Op("linear_sample", LinearSampleArgs, workspace=True)
+
+LinearSampleResult = collections.namedtuple("LinearSampleResult", "tokens logp lse entropy threshold")
+
+_HIDDEN = (T.DType.BF16, T.DType.F16)
+_F32 = (T.DType.F32,)
+_I64 = (T.DType.I64,)
+_TOKENS = (T.DType.I32, T.DType.I64)
+
+
+def _out(b, name, want, shape):
+    """An optional f32 [M] output: True allocates it, an array is written, False leaves it out."""
+    if want is True:
+        return b.output(name, T.DType.F32, shape)
+    x = None if want is False else want
+    b.set(name, x, _F32, optional=True, output=True)
+    return x
+
+
+def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None,
+                  offset=None, tokens=None, token_dtype="i64", logp=True, lse=False, entropy=False,
+                  threshold=False, status=None, variant=None, stream=None):
+    """One token per row of hidden [M, H] from the head hidden @ weight.T (rlk_linear_sample).
+
+    temperature: one for the call (default 1; 0: greedy, the log-probs at temperature 1). top_k,
+    top_p, min_p, seed, offset: as rlk.sample's, a Python number or an array [M] on hidden's device
+    (a seed per row makes a row's token independent of the batch). logp=True returns the token's
+    log-prob under the temperature-scaled head, bitwise rlk.linear_logprob's for that row, token
+    and temperature (on the same kernel: variant as the trainer's call, "auto" on both sides
+    picks alike); lse and entropy likewise; threshold=True the smallest raw logit of the row's
+    kept set (kept-set replay: give it to rlk.linear_logprob's threshold=). status: an optional
+    zeroed i32 [1] that collects rlk.sample's bits. Returns LinearSampleResult(tokens, logp or
+    None, lse or None, entropy or None, threshold or None); nothing is read back."""
+    b = Binder(OP)
+    a = b.args
+    b.set("hidden", hidden, _HIDDEN)
+    b.set("weight", weight, _HIDDEN)
+    if temperature is not None:
+        a.temperature = float(temperature)
+    _setting(b, "top_k", "top_ks", top_k, (T.DType.I32, T.DType.I64), int)
+    _setting(b, "top_p", "top_ps", top_p, _F32, float)
+    _setting(b, "min_p", "min_ps", min_p, _F32, float)
+    _setting(b, "seed", "seeds", seed, _I64, _u64)
+    _setting(b, "offset", "offsets", offset, _I64, _u64)
+    shape = (dim(hidden, 0),)
+    if tokens is None:
+        dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
+        tokens = b.empty(shape, dt)
+        if dt not in _TOKENS:
+            b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
+        b.set_new("tokens", tokens, dt, shape)
+    else:
+        b.set("tokens", tokens, _TOKENS, output=True)
+    lp = _out(b, "logp", logp, shape)
+    ls = _out(b, "lse", lse, shape)
+    ent = _out(b, "entropy", entropy, shape)
+    thr = _out(b, "threshold", threshold, shape)
+    b.set("status", status, (T.DType.I32,), optional=True, output=True)
+    if variant is not None:
+        a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_sample: variant")
+    nbytes = b.workspace_size()
+    if nbytes:
+        _, ptr = b.workspace(nbytes)
+        a.workspace = ptr
+        a.workspace_bytes = nbytes
+    b.run(stream)
+    return LinearSampleResult(tokens, lp, ls, ent, thr)
