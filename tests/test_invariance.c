@@ -570,6 +570,100 @@ START_TEST(records_from_v_alone) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------- */
+/* RLK_INVARIANT=1                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+static void inv_keys(rlk_context *ctx, const char *line, char *keys, size_t size) {
+  int n = 0;
+  ck_assert_msg(rlk_precompile_keys(ctx, line, keys, size, &n) == RLK_OK && n > 0, "%s: %s", line, rlk_last_error());
+}
+
+/* What RLK_INVARIANT=1 refuses: rlk_logprob's bulk and tensor-map variants; the fused head's
+ * fallback to the tiled kernels where no tensor map describes hidden (a row stride of H + 1); and
+ * a tuning database's logprob winner for a token bucket is not read (the plan of a line with
+ * tokens= is the default's). Each goes through without it. */
+START_TEST(invariant_mode_refuses) {
+  /* logprob's variants, on the host (where they fall back to the vector kernel without it) */
+  rlk_context *host = rlk_test_host_context();
+  float x[6] = {0.5f, 1.0f, -1.0f, 2.0f, 0.0f, 1.0f}, lp[2];
+  int64_t lab[2] = {1, 2};
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
+  a.logits = rlk_tensor_2d(x, RLK_F32, 2, 3, 3);
+  a.labels = rlk_tensor_1d(lab, RLK_I64, 2);
+  a.logp = rlk_tensor_1d(lp, RLK_F32, 2);
+  a.variant = RLK_LOGPROB_VARIANT_BULK;
+  unsetenv("RLK_INVARIANT");
+  ck_assert_int_eq(rlk_logprob(host, &a, NULL), RLK_OK);
+  setenv("RLK_INVARIANT", "1", 1);
+  ck_assert_int_eq(rlk_logprob(host, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_INVARIANT"));
+  a.variant = RLK_LOGPROB_VARIANT_AUTO;
+  ck_assert_int_eq(rlk_logprob(host, &a, NULL), RLK_OK);
+  rlk_context_destroy(host);
+
+  /* the fused head's fallback, on sm_90a (compile-only: the size query reads shapes) */
+  char db[1100], dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "inv-tune");
+  snprintf(db, sizeof db, "%s/tune.db", dir);
+  setenv("RLK_TUNE_DB", db, 1);
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "invariant mode");
+  if (!ctx) {
+    unsetenv("RLK_INVARIANT");
+    return;
+  }
+  char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
+  const int64_t N = 64, H = 4096, V = 151936;
+  rlk_linear_logprob_args l;
+  rlk_linear_logprob_args_init(&l);
+  l.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H + 1);
+  l.weight = rlk_tensor_2d(fake + ((int64_t)1 << 34), RLK_BF16, V, H, H);
+  l.labels = rlk_tensor_1d(fake + ((int64_t)1 << 35), RLK_I64, N);
+  l.logp = rlk_tensor_1d(fake + ((int64_t)1 << 36), RLK_F32, N);
+  size_t bytes;
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &l, &bytes), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_INVARIANT"));
+  l.variant = RLK_LINEAR_LOGPROB_TILED; /* asked for: the caller's fixed choice */
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &l, &bytes), RLK_OK);
+  l.variant = RLK_LINEAR_LOGPROB_AUTO;
+  l.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H);
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &l, &bytes), RLK_OK);
+  unsetenv("RLK_INVARIANT");
+  l.hidden = rlk_tensor_2d(fake, RLK_BF16, N, H, H + 1);
+  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &l, &bytes), RLK_OK);
+
+  /* a logprob winner for 16384 rows: read without RLK_INVARIANT, not with it */
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  rlk_context_destroy(ctx);
+  const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
+  char line[512];
+  snprintf(line, sizeof line, "%s tokens=16384", fwd);
+  rlk_tune_record r;
+  rlk_tune_record_init(&r);
+  ck_assert_int_eq(rlk_tune_record_set_key(&r, line), RLK_OK);
+  ck_assert_int_eq(rlk_tune_record_set_env(&r, &info), RLK_OK);
+  snprintf(r.winner, sizeof r.winner, "variant=vec block=1024 unroll=2");
+  r.default_ms = 1.4, r.best_ms = 1.2, r.created = 1000;
+  ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  char deflt[512], tuned[512];
+  for (int on = 0; on < 2; on++) {
+    if (on) setenv("RLK_INVARIANT", "1", 1);
+    ctx = rlk_test_compile_only_cuda_context("sm_90a", "invariant mode");
+    inv_keys(ctx, fwd, deflt, sizeof deflt);
+    inv_keys(ctx, line, tuned, sizeof tuned);
+    if (on)
+      ck_assert_str_eq(tuned, deflt);
+    else
+      ck_assert_str_ne(tuned, deflt);
+    rlk_context_destroy(ctx);
+  }
+  unsetenv("RLK_INVARIANT");
+  unsetenv("RLK_TUNE_DB");
+}
+END_TEST
+
 Suite *invariance_suite(void) {
   Suite *s = suite_create("invariance");
   TCase *host = tcase_create("host");
@@ -577,6 +671,7 @@ Suite *invariance_suite(void) {
   tcase_add_test(host, host_linear_logprob);
   tcase_add_test(host, host_logits);
   tcase_add_test(host, records_from_v_alone);
+  tcase_add_test(host, invariant_mode_refuses);
   suite_add_tcase(s, host);
   TCase *gpu = tcase_create("gpu");
   tcase_set_timeout(gpu, 1800);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/invariant.h"
 #include "ops/linear_logprob_fwd.h"
 #include "ops/linear_logprob_plan.h"
 #include "ops/linear_logprob_stored.h"
@@ -325,6 +326,12 @@ rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, con
       tma_ok = 0;
     }
   }
+  if (!tma_ok && ll_wgmma_target(ctx) && variant != RLK_LINEAR_LOGPROB_TILED && rlk_invariant())
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "hidden, weight: no tensor map describes them (%s), and the tiled kernel they would fall back "
+                     "to sums the logits in another order than the wgmma kernel's; RLK_INVARIANT=1 refuses the "
+                     "fallback (variant tiled asks for it)",
+                     "16-byte aligned, row strides a multiple of 8 elements");
   ll_choice ch;
   if ((st = ll_select(ctx, vals, tma_ok, &ch))) return st;
   f->variant = ch.variant;
@@ -833,6 +840,11 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   k->group = group ? group : LL_BWD_GROUP;
   /* sm_90a: dz in 16 bits, chunks of whole 256-column tiles (the dz tile's width) */
   k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
+  if (!k->c.sm90 && ll_wgmma_target(ctx) && rlk_invariant())
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "hidden, weight: no tensor map describes them (16-byte aligned, row strides a multiple of 8 "
+                     "elements), and the portable kernels they would fall back to round dz and sum in another "
+                     "order; RLK_INVARIANT=1 refuses the fallback");
   const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
   const int64_t vpad = (k->h.V + tile - 1) / tile * tile;
   /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/invariant.h"
 #include "ops/logprob_shard.h"
 #include "ops/ops.h"
 #include "tune/tune_db.h"
@@ -302,6 +303,11 @@ static rlk_status lp_select_fwd_as(const rlk_context *ctx, const rlk_op_values *
   int64_t t[LP_NSETTINGS];
   memcpy(t, s->v, sizeof t);
   const int sm90 = (ctx->target.features & RLK_TARGET_TMA) != 0; /* the bulk and tma variants */
+  if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) && rlk_invariant())
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "variant: %s folds a row in another order than the vector kernel, and falls back to it by "
+                     "the rows' alignment; RLK_INVARIANT=1 refuses it",
+                     lp_variant_names[variant]);
   if ((variant == RLK_LOGPROB_VARIANT_BULK || variant == RLK_LOGPROB_VARIANT_TMA) &&
       (!sm90 || (variant == RLK_LOGPROB_VARIANT_TMA && !tma_ok) || s->v[LP_S_KEPT])) {
     rlk_debug("logprob: variant %s is not available here (%s); using %s", lp_variant_names[variant],
@@ -408,7 +414,8 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
  * record. */
 static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const rlk_op_values *s, rlk_op_values *t) {
   *t = *s;
-  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v) || s->v[LP_S_KEPT]) return NULL;
+  /* a winner per token bucket would give a row other bits in a batch of another size */
+  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v) || s->v[LP_S_KEPT] || rlk_invariant()) return NULL;
   if (lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
   char shape[192];
   int64_t w[RLK_TUNE_VALUES];
