@@ -91,6 +91,7 @@ run_examples() {  # run_examples VENV: the examples, copied away from the source
     (cd "$work/run" && "$py" grpo_step.py --cpu --prompts 4 --group 4 --tokens 64 | tail -1)
     (cd "$work/run" && "$py" fused_lm_head_transformers.py --device cpu --iters 1 | tail -1)
     (cd "$work/run" && "$py" grpo_prefix_transformers.py --device cpu --iters 1 | tail -1)
+    (cd "$work/run" && "$py" rollout_bitwise.py --device cpu --prompts 4 --steps 8 | tail -3)
   else
     echo "package_test: torch or transformers missing: the torch examples did not run"
   fi
