@@ -57,6 +57,31 @@ typedef struct ls_settings {
   int64_t *seed;
 } ls_settings;
 
+/* The settings of rows [r0, r0 + M) on the device, as both calls take them. */
+typedef struct ls_draw {
+  rlk_tensor top_ks, top_ps, min_ps, seeds;
+} ls_draw;
+
+static ls_draw ls_draw_up(rlk_context *ctx, const ls_settings *s, int64_t r0, int64_t M) {
+  ls_draw d;
+  d.top_ks = rlk_tensor_1d(rlk_test_dev_upload(ctx, s->top_k + r0, (size_t)M * 8), RLK_I64, M);
+  d.top_ps = rlk_tensor_1d(rlk_test_dev_upload(ctx, s->top_p + r0, (size_t)M * 4), RLK_F32, M);
+  d.min_ps = rlk_tensor_1d(rlk_test_dev_upload(ctx, s->min_p + r0, (size_t)M * 4), RLK_F32, M);
+  d.seeds = rlk_tensor_1d(rlk_test_dev_upload(ctx, s->seed + r0, (size_t)M * 8), RLK_I64, M);
+  return d;
+}
+
+static void ls_draw_free(rlk_context *ctx, ls_draw *d) {
+  rlk_free(ctx, d->top_ks.data), rlk_free(ctx, d->top_ps.data), rlk_free(ctx, d->min_ps.data);
+  rlk_free(ctx, d->seeds.data);
+}
+
+/* The draw into args `a` of rlk_linear_sample or rlk_sample (fields of the same names): the
+ * call's temperature, the rows' filters and seeds, offset 3. */
+#define LS_SET_DRAW(a, s, d) \
+  ((a).temperature = (s)->T, (a).top_ks = (d).top_ks, (a).top_ps = (d).top_ps, (a).min_ps = (d).min_ps, \
+   (a).seeds = (d).seeds, (a).offset = 3)
+
 /* What one rlk_linear_sample call gives M rows (the rows of hidden from row r0): tokens, logp,
  * lse, entropy, threshold, and its workspace's logits [M][pitch]. */
 typedef struct ls_out {
@@ -69,8 +94,7 @@ static void ls_out_free(ls_out *o) { free(o->tokens), free(o->logp), free(o->lse
 
 static void ls_run(rlk_context *ctx, const ls_head *k, int64_t r0, int64_t M, const ls_settings *s,
                    rlk_linear_logprob_variant variant, ls_out *o) {
-  void *tk = rlk_test_dev_upload(ctx, s->top_k + r0, (size_t)M * 8), *tp = rlk_test_dev_upload(ctx, s->top_p + r0, (size_t)M * 4),
-       *mp = rlk_test_dev_upload(ctx, s->min_p + r0, (size_t)M * 4), *sd = rlk_test_dev_upload(ctx, s->seed + r0, (size_t)M * 8);
+  ls_draw d = ls_draw_up(ctx, s, r0, M);
   void *tok = rlk_test_dev_alloc(ctx, (size_t)M * 8), *out = rlk_test_dev_alloc(ctx, (size_t)M * 16),
        *st = rlk_test_dev_alloc(ctx, 4);
   ck_assert_int_eq(rlk_memset(ctx, out, 0xff, (size_t)M * 16), RLK_OK);
@@ -79,12 +103,7 @@ static void ls_run(rlk_context *ctx, const ls_head *k, int64_t r0, int64_t M, co
   rlk_linear_sample_args_init(&a);
   a.hidden = rlk_tensor_2d((uint16_t *)k->dh + r0 * k->H, k->dt, M, k->H, k->H);
   a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
-  a.temperature = s->T;
-  a.top_ks = rlk_tensor_1d(tk, RLK_I64, M);
-  a.top_ps = rlk_tensor_1d(tp, RLK_F32, M);
-  a.min_ps = rlk_tensor_1d(mp, RLK_F32, M);
-  a.seeds = rlk_tensor_1d(sd, RLK_I64, M);
-  a.offset = 3;
+  LS_SET_DRAW(a, s, d);
   a.tokens = rlk_tensor_1d(tok, RLK_I64, M);
   a.logp = rlk_tensor_1d(out, RLK_F32, M);
   a.lse = rlk_tensor_1d((char *)out + M * 4, RLK_F32, M);
@@ -110,8 +129,8 @@ static void ls_run(rlk_context *ctx, const ls_head *k, int64_t r0, int64_t M, co
   memcpy(o->logp, t, (size_t)M * 4), memcpy(o->lse, t + M, (size_t)M * 4), memcpy(o->ent, t + 2 * M, (size_t)M * 4);
   memcpy(o->thr, t + 3 * M, (size_t)M * 4);
   free(t);
-  rlk_free(ctx, tk), rlk_free(ctx, tp), rlk_free(ctx, mp), rlk_free(ctx, sd), rlk_free(ctx, tok), rlk_free(ctx, out);
-  rlk_free(ctx, st), rlk_free(ctx, a.workspace);
+  ls_draw_free(ctx, &d);
+  rlk_free(ctx, tok), rlk_free(ctx, out), rlk_free(ctx, st), rlk_free(ctx, a.workspace);
 }
 
 /* The trainer's rlk_linear_logprob over rows idx[0, n) of hidden (gathered in that order) with the
@@ -149,25 +168,19 @@ static void ls_resample(rlk_context *ctx, const ls_out *o, int64_t V, const ls_s
                         float *thr) {
   const int64_t M = o->M;
   void *x = rlk_test_dev_upload(ctx, o->logits, (size_t)(M * o->pitch) * 4);
-  void *tk = rlk_test_dev_upload(ctx, s->top_k + r0, (size_t)M * 8), *tp = rlk_test_dev_upload(ctx, s->top_p + r0, (size_t)M * 4),
-       *mp = rlk_test_dev_upload(ctx, s->min_p + r0, (size_t)M * 4), *sd = rlk_test_dev_upload(ctx, s->seed + r0, (size_t)M * 8);
+  ls_draw d = ls_draw_up(ctx, s, r0, M);
   void *dtok = rlk_test_dev_alloc(ctx, (size_t)M * 8), *dthr = rlk_test_dev_alloc(ctx, (size_t)M * 4);
   rlk_sample_args a;
   rlk_sample_args_init(&a);
   a.logits = rlk_tensor_2d(x, RLK_F32, M, V, o->pitch);
-  a.temperature = s->T;
-  a.top_ks = rlk_tensor_1d(tk, RLK_I64, M);
-  a.top_ps = rlk_tensor_1d(tp, RLK_F32, M);
-  a.min_ps = rlk_tensor_1d(mp, RLK_F32, M);
-  a.seeds = rlk_tensor_1d(sd, RLK_I64, M);
-  a.offset = 3;
+  LS_SET_DRAW(a, s, d);
   a.tokens = rlk_tensor_1d(dtok, RLK_I64, M);
   a.threshold = rlk_tensor_1d(dthr, RLK_F32, M);
   ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   ls_down(ctx, tok, dtok, (size_t)M * 8);
   ls_down(ctx, thr, dthr, (size_t)M * 4);
-  rlk_free(ctx, x), rlk_free(ctx, tk), rlk_free(ctx, tp), rlk_free(ctx, mp), rlk_free(ctx, sd), rlk_free(ctx, dtok),
-      rlk_free(ctx, dthr);
+  ls_draw_free(ctx, &d);
+  rlk_free(ctx, x), rlk_free(ctx, dtok), rlk_free(ctx, dthr);
 }
 
 /* A rollout of P rows in steps of M rows (each step its own call, as a decode loop makes them),
