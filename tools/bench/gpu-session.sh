@@ -4,7 +4,7 @@
 # divergence, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
 # .whl/ (a trainer the image lacks) go to a private site directory first.
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
-#   STEPS="tests head memory divergence overhead accuracy step" limits what runs (default: tests divergence
+#   STEPS="tests head memory sample divergence overhead accuracy step" limits what runs (default: tests divergence
 #   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
 # $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
 set -u
@@ -41,9 +41,10 @@ bench() {
 }
 has head && bench head 100 python3 tools/bench/torch_linear_logprob.py 8192 4096 151936 --rounds 5
 has memory && bench memory 45 python3 tools/bench/head_memory.py --json "$B/head_memory.json"
+has sample && bench sample 60 python3 tools/bench/linear_sample_bench.py --rounds 20 --json "$B/linear_sample.json"
 has divergence && bench divergence 110 python3 tools/bench/linear_divergence_bench.py --modes fkl,jsd,topk \
   --rounds 5 --json "$B/linear_divergence.json"
-has overhead && bench overhead 50 python3 tools/bench/python_overhead.py --device cuda --floors --calls 500 \
+has overhead && bench overhead 40 python3 tools/bench/python_overhead.py --device cuda --floors --calls 300 \
   --json "$B/python_overhead_cuda.json"
 has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$B/head_accuracy.json"
 has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --archs "${ARCHS:-qwen2.5-0.5b}" \
