@@ -343,6 +343,28 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   }
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   const double dz_rel = host ? 4 * KS_U : variant == RLK_LINEAR_LOGPROB_TILED ? 32 * KS_U : 0x1p-8;
+  /* dz's error that no relative bound covers, where dz itself is near 0 (p near 1 at the label:
+   * a row whose kept set is the label alone): p = exp(z - lse) from the call's f32 lse (the
+   * fold's error, ks_fold_eps of the row's magnitudes) and exp's few roundings moves each column's
+   * dz by at most p c_i (c_i below); sum_t p_t = 1 bounds its part of grad_hidden [i, j] by
+   * c_i max_t |w[t, j]|, and of grad_weight [r, j] by sum_i c_i |h[i, j]| */
+  double *c_abs = malloc((size_t)N * sizeof *c_abs), *w_col = calloc((size_t)H, sizeof *w_col),
+         *h_col = calloc((size_t)H, sizeof *h_col);
+  for (int64_t i = 0; i < N; i++) {
+    double zmax = 0.0;
+    for (int64_t t = 0; t < V; t++) zmax = fmax(zmax, fabs(k.x[i * V + t]) / T);
+    const double lse = fabs((double)kf[N + i]), E = fabs((double)kf[N + i] - (double)kf[2 * N + i]);
+    /* lse: the fold's relative error of its sum, then m + log(s) rounded; p: z - lse rounded and
+     * exp's own error */
+    const double dlse = eps + 4 * KS_U * (lse + zmax + 1.0), dp = dlse + 4 * KS_U * (lse + zmax + 1.0);
+    /* an ignored row (no label) has no gradient and its outputs need not be finite */
+    c_abs[i] = k.lab[i] < 0 || !isfinite(lse + E + zmax)
+                   ? 0.0
+                   : ((fabs(glp[i]) + fabs(gent[i]) * (E + zmax + 1.0)) * dp + 2.0 * fabs(gent[i]) * dlse) / T;
+    for (int64_t j = 0; j < H; j++) h_col[j] += c_abs[i] * fabs(ll_ref_half(k.h[i * H + j], dt == RLK_F16));
+  }
+  for (int64_t t = 0; t < V; t++)
+    for (int64_t j = 0; j < H; j++) w_col[j] = fmax(w_col[j], fabs(ll_ref_half(k.w[t * H + j], dt == RLK_F16)));
   double worst = 0.0;
   for (int q = 0; q < 2; q++) { /* 0: grad_hidden [N, H] = dz W; 1: grad_weight [V, H] = dz^T h */
     const int64_t rows = q ? V : N, K = q ? N : V;
@@ -356,7 +378,7 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
           mag += fabs(d * o);
         }
         const double got = q ? gw[r * H + j] : gh[r * H + j];
-        const double tol = (4.0 * (double)(K + 64) * KS_U + dz_rel) * mag + 1e-30;
+        const double tol = (4.0 * (double)(K + 64) * KS_U + dz_rel) * mag + (q ? h_col[j] : c_abs[r] * w_col[j]) + 1e-30;
         if (fabs(got - want) / tol > worst) worst = fabs(got - want) / tol;
         ck_assert_msg(fabs(got - want) <= tol, "linear_logprob_backward %s [%lld, %lld]: %.8g, fp64 %.8g, bound %.3g",
                       q ? "grad_weight" : "grad_hidden", (long long)r, (long long)j, got, want, tol);
@@ -368,6 +390,7 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   if (b.workspace) rlk_free(ctx, b.workspace);
   rlk_free(ctx, d_out), rlk_free(ctx, dglp), rlk_free(ctx, dgent), rlk_free(ctx, dgh), rlk_free(ctx, dgw);
   free(kf), free(pf), free(kept), free(glp), free(gent), free(gh), free(gw), free(dz);
+  free(c_abs), free(w_col), free(h_col);
   ks_head_free(ctx, &k);
 }
 
