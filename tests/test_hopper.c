@@ -36,7 +36,7 @@ static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cu
                                       ht_check_params, HT_NEEDS};
 
 static const rlk_param_decl ht_box_params[] = {{"rows", RLK_PARAM_INT, 1, 256, 0, 0, NULL},
-                                                {"cols", RLK_PARAM_INT, 4, 32, 0, 0, NULL}};
+                                                {"cols", RLK_PARAM_INT, 4, 128, 0, 0, NULL}};
 static const rlk_template ht_box = {"hopper_selftest", "hopper_tma_box", "cuda/hopper_selftest.cuh", NULL, 2,
                                     ht_box_params, RLK_TARGET_TMA};
 
@@ -328,15 +328,15 @@ static void ht_tile(rlk_context *ctx, const rlk_template *t, int f16, int N, int
  * columns): inside the tensor, and hanging over its bottom-right corner, where TMA fills zeros.
  * Element for element against the host's copy: a wrong stride, extent, box or element type in the
  * map moves or drops values. */
-static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
-  enum { BOX_ROWS = 16, BOX_COLS = 32 };
-  const uint64_t rows = 100 + rlk_test_rand_u64(rng) % 400, cols = 40 + rlk_test_rand_u64(rng) % 200;
+static void ht_box_copy(rlk_context *ctx, uint64_t *rng, int BOX_ROWS, int BOX_COLS) {
+  const uint64_t rows = 100 + rlk_test_rand_u64(rng) % 400, cols = BOX_COLS + 8 + rlk_test_rand_u64(rng) % 200;
   const uint64_t stride = (cols + 3) / 4 * 4 + 4 * (rlk_test_rand_u64(rng) % 3); /* 16-byte rows */
   const size_t bytes = (size_t)(rows * stride * sizeof(float));
-  float *h = malloc(bytes), out[BOX_ROWS * BOX_COLS];
-  ck_assert_ptr_nonnull(h);
+  float *h = malloc(bytes), *out = malloc((size_t)BOX_ROWS * BOX_COLS * sizeof(float));
+  const size_t out_bytes = (size_t)BOX_ROWS * BOX_COLS * sizeof(float);
+  ck_assert(h && out);
   for (uint64_t i = 0; i < rows * stride; i++) h[i] = (float)rlk_test_rand_normal(rng);
-  void *d = rlk_test_dev_upload(ctx, h, bytes), *dout = rlk_test_dev_alloc(ctx, sizeof out);
+  void *d = rlk_test_dev_upload(ctx, h, bytes), *dout = rlk_test_dev_alloc(ctx, out_bytes);
   const rlk_tma_desc_request req = {d, RLK_F32, rows, cols, stride, BOX_ROWS, BOX_COLS, 0};
   ht_box_args bargs = {.out = dout};
   ck_assert_msg(rlk_cuda_tma_encode(ctx->backend, &req, &bargs.map) == RLK_OK, "%s", rlk_last_error());
@@ -349,17 +349,20 @@ static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
                              {(int)rows - BOX_ROWS / 2, (int)cols - BOX_COLS / 4}};
   for (int k = 0; k < 2; k++) {
     const int row0 = origins[k][0], col0 = origins[k][1];
-    ck_assert_int_eq(rlk_memset(ctx, dout, 0xff, sizeof out), RLK_OK);
+    ck_assert_int_eq(rlk_memset(ctx, dout, 0xff, out_bytes), RLK_OK);
     rlk_launch_dims dims;
     memset(&dims, 0, sizeof dims);
     dims.grid[0] = dims.grid[1] = dims.grid[2] = 1;
     dims.block[0] = 128;
     dims.block[1] = dims.block[2] = 1;
-    dims.shared_bytes = sizeof out + 128; /* the box and its alignment slack */
+    dims.shared_bytes = out_bytes + 128; /* the box and its alignment slack */
     bargs.row0 = row0, bargs.col0 = col0;
+    printf("hopper gpu hopper_tma_box<%d, %d>: box at (%d, %d) of f32 %llu x %llu (stride %llu)\n", BOX_ROWS, BOX_COLS,
+           row0, col0, (unsigned long long)rows, (unsigned long long)cols, (unsigned long long)stride);
+    fflush(stdout);
     ck_assert_msg(rlk_context_launch_params(ctx, &s, &dims, NULL, &bargs) == RLK_OK, "%s", rlk_last_error());
     ck_assert_msg(rlk_stream_synchronize(ctx, NULL) == RLK_OK, "tma box at (%d, %d): %s", row0, col0, rlk_last_error());
-    ck_assert_int_eq(rlk_memcpy_to_host(ctx, out, dout, sizeof out), RLK_OK);
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, out, dout, out_bytes), RLK_OK);
     for (int r = 0; r < BOX_ROWS; r++)
       for (int c = 0; c < BOX_COLS; c++) {
         const uint64_t gr = (uint64_t)(row0 + r), gc = (uint64_t)(col0 + c);
@@ -370,12 +373,10 @@ static void ht_box_copy(rlk_context *ctx, uint64_t *rng) {
                       (unsigned long long)cols, (unsigned long long)stride);
       }
   }
-  printf("hopper gpu hopper_tma_box: f32 %llu x %llu (stride %llu), boxes at (%d, %d) and over the corner\n",
-         (unsigned long long)rows, (unsigned long long)cols, (unsigned long long)stride, origins[0][0],
-         origins[0][1]);
   rlk_free(ctx, d);
   rlk_free(ctx, dout);
   free(h);
+  free(out);
 }
 
 START_TEST(gpu_wgmma_tile) {
@@ -396,7 +397,8 @@ START_TEST(gpu_wgmma_tile) {
   ht_tile(ctx, &ht_rs, 1, 64, 64, &rng);
   ht_tile(ctx, &ht_mn, 0, 256, 128, &rng);
   ht_tile(ctx, &ht_mn, 1, 64, 64, &rng);
-  ht_box_copy(ctx, &rng);
+  ht_box_copy(ctx, &rng, 8, 128); /* the logprob kernels' box */
+  ht_box_copy(ctx, &rng, 16, 32);
   rlk_context_destroy(ctx);
 }
 END_TEST
