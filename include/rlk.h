@@ -1252,7 +1252,12 @@ typedef struct rlk_linear_logprob_backward_args {
   rlk_tensor grad_entropy;
   rlk_tensor entropy;
   /* Outputs, each optional (at least one): [N, H] and [V, H], f32 or the inputs' dtype, rows
-   * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. */
+   * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. grad_hidden's
+   * sum over the vocabulary is one chain of additions whatever the chunk width (so a row's
+   * gradient has the same bits in any batch); accumulating, the chain starts from the value the
+   * output held, so its additions round at that value's magnitude too (an f32 sum's error then
+   * grows with the vocabulary times |held value| times f32's unit roundoff, at most; an
+   * overwrite, or a 16-bit output's final rounding, is not affected). */
   rlk_tensor grad_hidden;
   rlk_tensor grad_weight;
   int accumulate;
