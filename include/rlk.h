@@ -1255,9 +1255,8 @@ typedef struct rlk_linear_logprob_backward_args {
    * contiguous, row stride >= H. Overwritten, or added to when `accumulate` is 1. grad_hidden's
    * sum over the vocabulary is one chain of additions whatever the chunk width (so a row's
    * gradient has the same bits in any batch); accumulating, the chain starts from the value the
-   * output held, so its additions round at that value's magnitude too (an f32 sum's error then
-   * grows with the vocabulary times |held value| times f32's unit roundoff, at most; an
-   * overwrite, or a 16-bit output's final rounding, is not affected). */
+   * output held, so its additions round at that value's magnitude too (at most about V times
+   * |held value| times f32's unit roundoff more; an overwrite is not affected). */
   rlk_tensor grad_hidden;
   rlk_tensor grad_weight;
   int accumulate;
