@@ -396,6 +396,14 @@ class Binder:
             if len(sizes) >= 4096:  # a bound on what a run of ever-new shapes can keep
                 sizes.clear()
             sizes[key] = n
+        self._bind_workspace(n)
+
+    def bind_workspace(self):
+        """Binds the op's workspace (its `workspace` and `workspace_bytes` fields) for the args
+        bound so far, its size asked of the library on this call; nothing where it needs none."""
+        self._bind_workspace(self.workspace_size())
+
+    def _bind_workspace(self, n):
         if n:
             a = self.args
             _, a.workspace = self.workspace(n)

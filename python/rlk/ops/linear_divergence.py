@@ -142,14 +142,6 @@ def _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight,
     return sdt, tdt
 
 
-def _workspace(b, a):
-    nbytes = b.workspace_size()
-    if nbytes:
-        _, ptr = b.workspace(nbytes)
-        a.workspace = ptr
-        a.workspace_bytes = nbytes
-
-
 def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_weight, *,
                       mode="forward_kl", beta=None, top_k=None, temperature=None,
                       student_temperature=None, teacher_temperature=None, labels=None,
@@ -188,7 +180,7 @@ def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_we
         a.variant = int(variant)
     if splits is not None:
         a.splits = int(splits)
-    _workspace(b, a)
+    b.bind_workspace()
     b.run(stream)
     return LinearDivergenceResult(div, stats, ent, out_loss, grad)
 
@@ -235,7 +227,7 @@ def linear_divergence_backward(student_hidden, student_weight, teacher_hidden, t
         a.chunk = int(chunk)
     a.shard = 1 if shard else 0
     a.vocab_start = int(vocab_start)
-    _workspace(b, a)
+    b.bind_workspace()
     b.run(stream)
     return tuple(grads)
 
@@ -261,7 +253,7 @@ def linear_divergence_partials(student_hidden, student_weight, teacher_hidden, t
         a.variant = int(variant)
     if splits is not None:
         a.splits = int(splits)
-    _workspace(b, a)
+    b.bind_workspace()
     b.run(stream)
     return partials
 

@@ -128,11 +128,7 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     ent_out = b.empty((n,), T.DType.F32) if entropy else None
     b.set("lse", lse_out, _F32, optional=True, output=True)
     b.set("entropy", ent_out, _F32, optional=True, output=True)
-    nbytes = b.workspace_size()
-    if nbytes:
-        _, ptr = b.workspace(nbytes)
-        a.workspace = ptr
-        a.workspace_bytes = nbytes
+    b.bind_workspace()
     b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
 
@@ -157,11 +153,7 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     if partials is None:
         partials = b.empty((dim(hidden, 0), 4), T.DType.F32)
     b.set("partials", partials, _F32, output=True)
-    nbytes = b.workspace_size()
-    if nbytes:
-        _, ptr = b.workspace(nbytes)
-        a.workspace = ptr
-        a.workspace_bytes = nbytes
+    b.bind_workspace()
     b.run(stream)
     return partials
 
@@ -212,11 +204,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
         a.group = int(group)
     a.shard = 1 if shard else 0
     a.vocab_start = int(vocab_start)
-    nbytes = b.workspace_size()
-    if nbytes:
-        _, ptr = b.workspace(nbytes)
-        a.workspace = ptr
-        a.workspace_bytes = nbytes
+    b.bind_workspace()
     b.run(stream)
     return grad_hidden, grad_weight
 

@@ -104,10 +104,6 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if variant is not None:
         a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_sample: variant")
-    nbytes = b.workspace_size()
-    if nbytes:
-        _, ptr = b.workspace(nbytes)
-        a.workspace = ptr
-        a.workspace_bytes = nbytes
+    b.bind_workspace()
     b.run(stream)
     return LinearSampleResult(tokens, lp, ls, ent, thr)
