@@ -84,7 +84,8 @@ _F32 = (T.DType.F32,)
 
 def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits, stages=None):
     """The head's inputs and settings into a (the rlk_linear_logprob_args at args field `prefix`,
-    "" for the call's own); returns hidden's rlk dtype."""
+    "" for the call's own, or the backward's args: variant, splits and stages None); returns
+    hidden's rlk dtype."""
     dt = b.set(prefix + "hidden", hidden, _HIDDEN)
     b.set(prefix + "weight", weight, _HIDDEN)
     b.set(prefix + "labels", labels, _LABELS)
@@ -177,13 +178,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
         return traced("linear_logprob_backward", locals())
     b = Binder(BACKWARD_OP)
     a = b.args
-    dt = b.set("hidden", hidden, _HIDDEN)
-    b.set("weight", weight, _HIDDEN)
-    b.set("labels", labels, _LABELS)
-    if temperature is not None:
-        a.temperature = float(temperature)
-    if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+    dt = _head(b, a, "", hidden, weight, labels, temperature, ignore_index, None, None)
     b.set("lse", lse, _F32)
     b.set("grad_logp", grad_logp, _F32, optional=True)
     b.set("grad_entropy", grad_entropy, _F32, optional=True)
