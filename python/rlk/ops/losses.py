@@ -62,6 +62,18 @@ POLICY_LOSS_METRICS = ("clipfrac", "clipfrac_lower", "clip_low", "clip_high", "a
 VALUE_LOSS_METRICS = ("clipfrac", "value_mean", "error_mean", "mask_sum")
 
 
+# The loss aggregation's settings (_set_agg), in every args struct that aggregates a loss.
+AGG_FIELDS = [
+    ("agg", ctypes.c_int),
+    ("token_normalizer", ctypes.c_double),
+    ("seq_normalizer", ctypes.c_double),
+    ("norm_scale", ctypes.c_double),
+    ("loss_scale", ctypes.c_double),
+    ("token_normalizer_tensor", T.Tensor),
+    ("seq_normalizer_tensor", T.Tensor),
+]
+
+
 @T.abi_struct("rlk_policy_loss_args")
 class PolicyLossArgs(ctypes.Structure):
     _fields_ = [
@@ -90,13 +102,7 @@ class PolicyLossArgs(ctypes.Structure):
         ("kl_output_clamp", ctypes.c_double),
         ("kl_straight_through", ctypes.c_int),
         ("entropy_coef", ctypes.c_double),
-        ("agg", ctypes.c_int),
-        ("token_normalizer", ctypes.c_double),
-        ("seq_normalizer", ctypes.c_double),
-        ("norm_scale", ctypes.c_double),
-        ("loss_scale", ctypes.c_double),
-        ("token_normalizer_tensor", T.Tensor),
-        ("seq_normalizer_tensor", T.Tensor),
+    ] + AGG_FIELDS + [
         ("loss", T.Tensor),
         ("grad_logp", T.Tensor),
         ("grad_entropy", T.Tensor),
@@ -116,13 +122,7 @@ class ValueLossArgs(ctypes.Structure):
         ("seq_offsets", T.Tensor),
         ("clip", ctypes.c_double),
         ("clamp_bound_grad", ctypes.c_double),
-        ("agg", ctypes.c_int),
-        ("token_normalizer", ctypes.c_double),
-        ("seq_normalizer", ctypes.c_double),
-        ("norm_scale", ctypes.c_double),
-        ("loss_scale", ctypes.c_double),
-        ("token_normalizer_tensor", T.Tensor),
-        ("seq_normalizer_tensor", T.Tensor),
+    ] + AGG_FIELDS + [
         ("loss", T.Tensor),
         ("grad_values", T.Tensor),
         ("metrics", T.Tensor),
