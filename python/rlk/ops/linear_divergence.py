@@ -136,6 +136,24 @@ def _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight,
     return sdt, tdt
 
 
+def _outputs(b, n, entropy):
+    """The per-token outputs for n tokens: divergence, stats and (entropy=True) entropy."""
+    div = b.set_new("divergence", b.empty((n,), T.DType.F32), T.DType.F32, (n,))
+    stats = b.set_new("stats", b.empty((n, STATS), T.DType.F32), T.DType.F32, (n, STATS))
+    ent = b.set_new("entropy", b.empty((n,), T.DType.F32), T.DType.F32, (n,)) if entropy else None
+    return div, stats, ent
+
+
+def _launch(b, variant, splits, stream):
+    """The forward's kernel choices (None: the library's), its workspace and the launch."""
+    if variant is not None:
+        b.args.variant = int(variant)
+    if splits is not None:
+        b.args.splits = int(splits)
+    b.bind_workspace()
+    b.run(stream)
+
+
 def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_weight, *,
                       mode="forward_kl", beta=None, top_k=None, temperature=None,
                       student_temperature=None, teacher_temperature=None, labels=None,
@@ -160,9 +178,7 @@ def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_we
     _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight, mode, beta,
            top_k, temperature, student_temperature, teacher_temperature, labels, ignore_index)
     n = dim(student_hidden, 0)
-    div = b.set_new("divergence", b.empty((n,), T.DType.F32), T.DType.F32, (n,))
-    stats = b.set_new("stats", b.empty((n, STATS), T.DType.F32), T.DType.F32, (n, STATS))
-    ent = b.set_new("entropy", b.empty((n,), T.DType.F32), T.DType.F32, (n,)) if entropy else None
+    div, stats, ent = _outputs(b, n, entropy)
     out_loss = grad = None
     if loss:
         out_loss = b.set_new("loss", b.empty((1,), T.DType.F32), T.DType.F32, (1,))
@@ -170,12 +186,7 @@ def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_we
         b.set("mask", mask, optional=True)
         b.set("seq_offsets", seq_offsets, _LABELS, optional=True)
         _losses._set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
-    if variant is not None:
-        a.variant = int(variant)
-    if splits is not None:
-        a.splits = int(splits)
-    b.bind_workspace()
-    b.run(stream)
+    _launch(b, variant, splits, stream)
     return LinearDivergenceResult(div, stats, ent, out_loss, grad)
 
 
@@ -243,12 +254,7 @@ def linear_divergence_partials(student_hidden, student_weight, teacher_hidden, t
     if partials is None:
         partials = b.empty((dim(student_hidden, 0), PARTIAL_FIELDS), T.DType.F32)
     b.set("partials", partials, _F32, output=True)
-    if variant is not None:
-        a.variant = int(variant)
-    if splits is not None:
-        a.splits = int(splits)
-    b.bind_workspace()
-    b.run(stream)
+    _launch(b, variant, splits, stream)
     return partials
 
 
@@ -265,9 +271,6 @@ def linear_divergence_combine(partials, *, mode="forward_kl", labels=None, ignor
     a.mode = T.enum_value(DivergenceMode, mode, "%s: mode" % b.name)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
-    n = dim(partials, 1)
-    div = b.set_new("divergence", b.empty((n,), T.DType.F32), T.DType.F32, (n,))
-    stats = b.set_new("stats", b.empty((n, STATS), T.DType.F32), T.DType.F32, (n, STATS))
-    ent = b.set_new("entropy", b.empty((n,), T.DType.F32), T.DType.F32, (n,)) if entropy else None
+    div, stats, ent = _outputs(b, dim(partials, 1), entropy)
     b.run(stream)
     return LinearDivergenceResult(div, stats, ent, None, None)
