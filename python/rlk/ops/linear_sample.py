@@ -11,7 +11,7 @@ import ctypes
 from .. import _types as T
 from .._tensor import Binder, Op, dim
 from .linear_logprob import LinearLogprobVariant
-from .sample import _setting, _u64
+from .sample import FILTER_FIELDS, _filters, _optional_out, _tokens
 
 __all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
 
@@ -22,16 +22,7 @@ class LinearSampleArgs(ctypes.Structure):
         ("hidden", T.Tensor),
         ("weight", T.Tensor),
         ("temperature", ctypes.c_float),
-        ("top_ks", T.Tensor),
-        ("top_k", ctypes.c_int64),
-        ("top_ps", T.Tensor),
-        ("top_p", ctypes.c_float),
-        ("min_ps", T.Tensor),
-        ("min_p", ctypes.c_float),
-        ("seeds", T.Tensor),
-        ("seed", ctypes.c_uint64),
-        ("offsets", T.Tensor),
-        ("offset", ctypes.c_uint64),
+    ] + FILTER_FIELDS + [
         ("tokens", T.Tensor),
         ("logp", T.Tensor),
         ("lse", T.Tensor),
@@ -49,18 +40,6 @@ OP = Op("linear_sample", LinearSampleArgs, workspace=True)
 LinearSampleResult = collections.namedtuple("LinearSampleResult", "tokens logp lse entropy threshold")
 
 _HIDDEN = (T.DType.BF16, T.DType.F16)
-_F32 = (T.DType.F32,)
-_I64 = (T.DType.I64,)
-_TOKENS = (T.DType.I32, T.DType.I64)
-
-
-def _out(b, name, want, shape):
-    """An optional f32 [M] output: True allocates it, an array is written, False leaves it out."""
-    if want is True:
-        return b.output(name, T.DType.F32, shape)
-    x = None if want is False else want
-    b.set(name, x, _F32, optional=True, output=True)
-    return x
 
 
 def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None,
@@ -83,24 +62,13 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     b.set("weight", weight, _HIDDEN)
     if temperature is not None:
         a.temperature = float(temperature)
-    _setting(b, "top_k", "top_ks", top_k, (T.DType.I32, T.DType.I64), int)
-    _setting(b, "top_p", "top_ps", top_p, _F32, float)
-    _setting(b, "min_p", "min_ps", min_p, _F32, float)
-    _setting(b, "seed", "seeds", seed, _I64, _u64)
-    _setting(b, "offset", "offsets", offset, _I64, _u64)
+    _filters(b, top_k, top_p, min_p, seed, offset)
     shape = (dim(hidden, 0),)
-    if tokens is None:
-        dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
-        tokens = b.empty(shape, dt)
-        if dt not in _TOKENS:
-            b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
-        b.set_new("tokens", tokens, dt, shape)
-    else:
-        b.set("tokens", tokens, _TOKENS, output=True)
-    lp = _out(b, "logp", logp, shape)
-    ls = _out(b, "lse", lse, shape)
-    ent = _out(b, "entropy", entropy, shape)
-    thr = _out(b, "threshold", threshold, shape)
+    tokens = _tokens(b, tokens, token_dtype, shape)
+    lp = _optional_out(b, "logp", logp, shape)
+    ls = _optional_out(b, "lse", lse, shape)
+    ent = _optional_out(b, "entropy", entropy, shape)
+    thr = _optional_out(b, "threshold", threshold, shape)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if variant is not None:
         a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_sample: variant")

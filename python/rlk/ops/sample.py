@@ -21,22 +21,28 @@ SAMPLE_STATUS_BAD_PARAM = 4  # RLK_SAMPLE_STATUS_BAD_PARAM
 SAMPLE_ROW_SPLIT_AUTO = -1   # RLK_SAMPLE_ROW_SPLIT_AUTO
 
 
+# The filters' and the draws' settings, in rlk_sample_args and rlk_linear_sample_args alike.
+FILTER_FIELDS = [
+    ("top_ks", T.Tensor),
+    ("top_k", ctypes.c_int64),
+    ("top_ps", T.Tensor),
+    ("top_p", ctypes.c_float),
+    ("min_ps", T.Tensor),
+    ("min_p", ctypes.c_float),
+    ("seeds", T.Tensor),
+    ("seed", ctypes.c_uint64),
+    ("offsets", T.Tensor),
+    ("offset", ctypes.c_uint64),
+]
+
+
 @T.abi_struct("rlk_sample_args")
 class SampleArgs(ctypes.Structure):
     _fields_ = [
         ("logits", T.Tensor),
         ("temperatures", T.Tensor),
         ("temperature", ctypes.c_float),
-        ("top_ks", T.Tensor),
-        ("top_k", ctypes.c_int64),
-        ("top_ps", T.Tensor),
-        ("top_p", ctypes.c_float),
-        ("min_ps", T.Tensor),
-        ("min_p", ctypes.c_float),
-        ("seeds", T.Tensor),
-        ("seed", ctypes.c_uint64),
-        ("offsets", T.Tensor),
-        ("offset", ctypes.c_uint64),
+    ] + FILTER_FIELDS + [
         ("tokens", T.Tensor),
         ("logp", T.Tensor),
         ("logp_filtered", T.Tensor),
@@ -78,6 +84,36 @@ def _u64(x):
     return int(x) & 0xFFFFFFFFFFFFFFFF
 
 
+def _filters(b, top_k, top_p, min_p, seed, offset):
+    """The filters' and the draws' settings (FILTER_FIELDS), each a number or an array [B]."""
+    _setting(b, "top_k", "top_ks", top_k, _TOKENS, int)
+    _setting(b, "top_p", "top_ps", top_p, _F32, float)
+    _setting(b, "min_p", "min_ps", min_p, _F32, float)
+    _setting(b, "seed", "seeds", seed, _I64, _u64)
+    _setting(b, "offset", "offsets", offset, _I64, _u64)
+
+
+def _tokens(b, tokens, token_dtype, shape):
+    """The tokens output: the given array, else a new one of token_dtype ("i64" or "i32")."""
+    if tokens is not None:
+        b.set("tokens", tokens, _TOKENS, output=True)
+        return tokens
+    dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
+    tokens = b.empty(shape, dt)
+    if dt not in _TOKENS:
+        b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
+    return b.set_new("tokens", tokens, dt, shape)
+
+
+def _optional_out(b, name, want, shape):
+    """An optional f32 output: True allocates it, an array is written, False leaves it out."""
+    if want is True:
+        return b.output(name, T.DType.F32, shape)
+    x = None if want is False else want
+    b.set(name, x, _F32, optional=True, output=True)
+    return x
+
+
 def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=None,
            tokens=None, token_dtype="i64", logp=True, logp_filtered=False, threshold=False, status=None,
            logprob_block=None, logprob_unroll=None, row_split=None, pdl=None, stream=None):
@@ -102,36 +138,12 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
     _setting(b, "temperature", "temperatures", temperature, _F32, float)
-    _setting(b, "top_k", "top_ks", top_k, (T.DType.I32, T.DType.I64), int)
-    _setting(b, "top_p", "top_ps", top_p, _F32, float)
-    _setting(b, "min_p", "min_ps", min_p, _F32, float)
-    _setting(b, "seed", "seeds", seed, _I64, _u64)
-    _setting(b, "offset", "offsets", offset, _I64, _u64)
-    n = dim(logits, 0)
-    shape, f32 = (n,), T.DType.F32
-    if tokens is None:
-        dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
-        tokens = b.empty(shape, dt)
-        if dt not in _TOKENS:
-            b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
-        b.set_new("tokens", tokens, dt, shape)
-    else:
-        b.set("tokens", tokens, _TOKENS, output=True)
-    if logp is True:
-        lp = b.output("logp", f32, shape)
-    else:
-        lp = None if logp is False else logp
-        b.set("logp", lp, _F32, optional=True, output=True)
-    if logp_filtered is True:
-        lpf = b.output("logp_filtered", f32, shape)
-    else:
-        lpf = None if logp_filtered is False else logp_filtered
-        b.set("logp_filtered", lpf, _F32, optional=True, output=True)
-    if threshold is True:
-        thr = b.output("threshold", f32, shape)
-    else:
-        thr = None if threshold is False else threshold
-        b.set("threshold", thr, _F32, optional=True, output=True)
+    _filters(b, top_k, top_p, min_p, seed, offset)
+    shape = (dim(logits, 0),)
+    tokens = _tokens(b, tokens, token_dtype, shape)
+    lp = _optional_out(b, "logp", logp, shape)
+    lpf = _optional_out(b, "logp_filtered", logp_filtered, shape)
+    thr = _optional_out(b, "threshold", threshold, shape)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if logprob_block is not None:
         b.args.logprob_block = int(logprob_block)
