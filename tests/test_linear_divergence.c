@@ -58,41 +58,6 @@ static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
 /* Inputs and buffers                                                                  */
 /* ---------------------------------------------------------------------------------- */
 
-/* Host or device memory of a context. */
-static void *ld_put(rlk_context *ctx, const void *src, size_t bytes) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
-    void *p = malloc(bytes ? bytes : 1);
-    ck_assert(p);
-    memcpy(p, src, bytes);
-    return p;
-  }
-  return rlk_test_dev_upload(ctx, src, bytes);
-}
-
-static void ld_get(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
-    memcpy(dst, src, bytes);
-  else
-    ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
-}
-
-static void ld_drop(rlk_context *ctx, void *p) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
-    free(p);
-  else
-    rlk_free(ctx, p);
-}
-
-/* `bytes` of 0xff (NaN in every float): what a call must overwrite. */
-static void *ld_poisoned(rlk_context *ctx, size_t bytes) {
-  void *h = malloc(bytes);
-  ck_assert(h);
-  memset(h, 0xff, bytes);
-  void *p = ld_put(ctx, h, bytes);
-  free(h);
-  return p;
-}
-
 /* A case's inputs: the 16-bit matrices (padded rows) on ctx, their values as fp64, the labels. */
 typedef struct ld_data {
   int64_t shs, sws, ths, tws, ls;
@@ -174,13 +139,13 @@ static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_d
       else
         ((int64_t *)lab)[i * d->ls] = y;
     }
-    d->d_lab = ld_put(ctx, lab, lb);
+    d->d_lab = rlk_test_put(ctx, lab, lb);
     free(lab);
   }
-  d->d_sh = ld_put(ctx, d->sh, (size_t)(c->N * d->shs) * 2);
-  d->d_sw = ld_put(ctx, d->sw, (size_t)(c->V * d->sws) * 2);
-  d->d_th = ld_put(ctx, d->th, (size_t)(c->N * d->ths) * 2);
-  d->d_tw = ld_put(ctx, d->tw, (size_t)(c->V * d->tws) * 2);
+  d->d_sh = rlk_test_put(ctx, d->sh, (size_t)(c->N * d->shs) * 2);
+  d->d_sw = rlk_test_put(ctx, d->sw, (size_t)(c->V * d->sws) * 2);
+  d->d_th = rlk_test_put(ctx, d->th, (size_t)(c->N * d->ths) * 2);
+  d->d_tw = rlk_test_put(ctx, d->tw, (size_t)(c->V * d->tws) * 2);
   ld_ref_problem p = {c->N, c->V, c->Hs, c->Ht, d->hs, d->ws, d->ht, d->wt, c->Ts, c->Tt,
                       c->mode, c->beta, c->top_k, d->ignored};
   d->p = p;
@@ -189,8 +154,8 @@ static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_d
 static void ld_data_free(rlk_context *ctx, ld_data *d) {
   free(d->sh), free(d->sw), free(d->th), free(d->tw), free(d->hs), free(d->ws), free(d->ht), free(d->wt);
   free(d->ignored);
-  ld_drop(ctx, d->d_sh), ld_drop(ctx, d->d_sw), ld_drop(ctx, d->d_th), ld_drop(ctx, d->d_tw);
-  if (d->d_lab) ld_drop(ctx, d->d_lab);
+  rlk_test_drop(ctx, d->d_sh), rlk_test_drop(ctx, d->d_sw), rlk_test_drop(ctx, d->d_th), rlk_test_drop(ctx, d->d_tw);
+  if (d->d_lab) rlk_test_drop(ctx, d->d_lab);
 }
 
 static rlk_tensor ld_mat(void *p, rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride) {
@@ -220,12 +185,12 @@ static void ld_fwd_args(const ld_case *c, const ld_data *d, rlk_linear_divergenc
 static void ld_call(rlk_context *ctx, rlk_linear_divergence_args *a) {
   size_t wsb = 0;
   ck_assert_msg(rlk_linear_divergence_workspace_size(ctx, a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? ld_poisoned(ctx, wsb) : NULL;
+  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
   a->workspace = ws;
   a->workspace_bytes = wsb;
   ck_assert_msg(rlk_linear_divergence(ctx, a, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-  if (ws) ld_drop(ctx, ws);
+  if (ws) rlk_test_drop(ctx, ws);
   a->workspace = NULL;
   a->workspace_bytes = 0;
 }
@@ -308,7 +273,7 @@ typedef double (*ld_bound_fn)(const ld_case *c, const ld_ref_row *r, double y);
 
 static double ld_run_fwd(rlk_context *ctx, const ld_case *c, const ld_data *d, ld_fwd_out *o, ld_bound_fn bound) {
   const size_t nb = (size_t)c->N * 4, sb = (size_t)c->N * 6 * 4;
-  void *dD = ld_poisoned(ctx, nb), *dS = ld_poisoned(ctx, sb), *dE = ld_poisoned(ctx, nb);
+  void *dD = rlk_test_poisoned(ctx, nb), *dS = rlk_test_poisoned(ctx, sb), *dE = rlk_test_poisoned(ctx, nb);
   rlk_linear_divergence_args a;
   ld_fwd_args(c, d, &a);
   a.divergence = rlk_tensor_1d(dD, RLK_F32, c->N);
@@ -316,8 +281,8 @@ static double ld_run_fwd(rlk_context *ctx, const ld_case *c, const ld_data *d, l
   a.entropy = rlk_tensor_1d(dE, RLK_F32, c->N);
   ld_call(ctx, &a);
   o->D = malloc(nb), o->stats = malloc(sb), o->ent = malloc(nb);
-  ld_get(ctx, o->D, dD, nb), ld_get(ctx, o->stats, dS, sb), ld_get(ctx, o->ent, dE, nb);
-  ld_drop(ctx, dD), ld_drop(ctx, dS), ld_drop(ctx, dE);
+  rlk_test_get(ctx, o->D, dD, nb), rlk_test_get(ctx, o->stats, dS, sb), rlk_test_get(ctx, o->ent, dE, nb);
+  rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dE);
   const int gpu = bound != NULL;
   if (!bound) bound = ld_host_bound;
   double worst = 0.0;
@@ -447,7 +412,7 @@ static void *ld_grad_buf(rlk_context *ctx, rlk_dtype dt, int64_t rows, int64_t c
       for (int64_t k = 0; k < cols; k++)
         (*old)[r * cols + k] = rlk_test_store(h, dt, r * (cols + pad) + k, 0.01 * rlk_test_rand_normal(rng));
   }
-  void *p = ld_put(ctx, h, bytes);
+  void *p = rlk_test_put(ctx, h, bytes);
   free(h);
   return p;
 }
@@ -502,7 +467,7 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     gf[2 * i + 1] = NAN;
     g[i] = gf[2 * i];
   }
-  void *dS = ld_put(ctx, o.stats, (size_t)c->N * 6 * 4), *dG = ld_put(ctx, gf, (size_t)c->N * 8);
+  void *dS = rlk_test_put(ctx, o.stats, (size_t)c->N * 6 * 4), *dG = rlk_test_put(ctx, gf, (size_t)c->N * 8);
   rlk_linear_divergence_backward_args a;
   rlk_linear_divergence_backward_args_init(&a);
   rlk_linear_divergence_args f;
@@ -528,7 +493,7 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
   }
   size_t wsb = 0;
   ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? ld_poisoned(ctx, wsb) : NULL;
+  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
   a.workspace = ws, a.workspace_bytes = wsb;
   ck_assert_msg(rlk_linear_divergence_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
@@ -562,18 +527,18 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     if (!buf[q]) continue;
     const size_t bytes = (size_t)(rows[q] * (cols[q] + gpad)) * rlk_dtype_size(gdt[q]);
     void *h = malloc(bytes);
-    ld_get(ctx, h, buf[q], bytes);
+    rlk_test_get(ctx, h, buf[q], bytes);
     const double w = ld_check_grad(names[q], gdt[q], h, old[q], ref[q], bnd[q], rows[q], cols[q], gpad);
     worst = w > worst ? w : worst;
     free(h);
-    ld_drop(ctx, buf[q]);
+    rlk_test_drop(ctx, buf[q]);
   }
   printf("linear_divergence %s backward mode %d top_k %d N=%lld V=%lld: worst err %.2g of its bound\n",
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : sm90 ? "gpu sm_90a" : "gpu portable", c->mode,
          c->top_k, (long long)c->N, (long long)c->V, worst);
   for (int q = 0; q < 4; q++) free(ref[q]), free(bnd[q]), free(old[q]);
-  if (ws) ld_drop(ctx, ws);
-  ld_drop(ctx, dS), ld_drop(ctx, dG);
+  if (ws) rlk_test_drop(ctx, ws);
+  rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dG);
   free(g), free(gf);
   ld_free_fwd(&o);
   ld_data_free(ctx, &d);
@@ -678,9 +643,9 @@ START_TEST(host_loss) {
   const int32_t offs[4] = {0, 5, 5, N};                  /* packed: an empty sequence */
   for (int form = 0; form < 3; form++) {
     const size_t nb = (size_t)N * 4;
-    void *dD = ld_poisoned(ctx, nb), *dS = ld_poisoned(ctx, nb * 6), *dL = ld_poisoned(ctx, 4),
-         *dG = ld_poisoned(ctx, nb);
-    void *dM = ld_put(ctx, mask, sizeof mask), *dO = ld_put(ctx, offs, sizeof offs);
+    void *dD = rlk_test_poisoned(ctx, nb), *dS = rlk_test_poisoned(ctx, nb * 6), *dL = rlk_test_poisoned(ctx, 4),
+         *dG = rlk_test_poisoned(ctx, nb);
+    void *dM = rlk_test_put(ctx, mask, sizeof mask), *dO = rlk_test_put(ctx, offs, sizeof offs);
     rlk_linear_divergence_args a;
     ld_fwd_args(&c, &d, &a);
     a.divergence = rlk_tensor_1d(dD, RLK_F32, N);
@@ -700,7 +665,7 @@ START_TEST(host_loss) {
     }
     ld_call(ctx, &a);
     float D[N], G[N], L;
-    ld_get(ctx, D, dD, nb), ld_get(ctx, G, dG, nb), ld_get(ctx, &L, dL, 4);
+    rlk_test_get(ctx, D, dD, nb), rlk_test_get(ctx, G, dG, nb), rlk_test_get(ctx, &L, dL, 4);
     double w[N], want = 0.0, mag = 0.0, count = 0.0;
     for (int64_t i = 0; i < N; i++) count += mask[i];
     for (int64_t i = 0; i < N; i++) {
@@ -719,7 +684,8 @@ START_TEST(host_loss) {
     for (int64_t i = 0; i < N; i++)
       ck_assert_msg(fabs(G[i] - w[i]) <= 2 * LD_U * fabs(w[i]), "form %d token %lld: grad_divergence %.9g, weight %.9g",
                     form, (long long)i, (double)G[i], w[i]);
-    ld_drop(ctx, dD), ld_drop(ctx, dS), ld_drop(ctx, dL), ld_drop(ctx, dG), ld_drop(ctx, dM), ld_drop(ctx, dO);
+    rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dL), rlk_test_drop(ctx, dG),
+        rlk_test_drop(ctx, dM), rlk_test_drop(ctx, dO);
   }
   ld_data_free(ctx, &d);
   rlk_context_destroy(ctx);
@@ -746,7 +712,7 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
   const int64_t N = c.N;
   float *all = malloc((size_t)(P * N * 8) * 4);
   for (int r = 0; r < P; r++) {
-    void *dR = ld_poisoned(ctx, (size_t)(N * 8) * 4);
+    void *dR = rlk_test_poisoned(ctx, (size_t)(N * 8) * 4);
     rlk_linear_divergence_args a;
     ld_fwd_args(&c, &d, &a);
     const int64_t v0 = cuts[r], Vs = cuts[r + 1] - cuts[r];
@@ -755,11 +721,12 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     a.partials = rlk_tensor_2d(dR, RLK_F32, N, 8, 8);
     a.vocab_start = v0;
     ld_call(ctx, &a);
-    ld_get(ctx, all + (size_t)(r * N * 8), dR, (size_t)(N * 8) * 4);
-    ld_drop(ctx, dR);
+    rlk_test_get(ctx, all + (size_t)(r * N * 8), dR, (size_t)(N * 8) * 4);
+    rlk_test_drop(ctx, dR);
   }
-  void *dP = ld_put(ctx, all, (size_t)(P * N * 8) * 4);
-  void *dD = ld_poisoned(ctx, (size_t)N * 4), *dS = ld_poisoned(ctx, (size_t)N * 24), *dE = ld_poisoned(ctx, (size_t)N * 4);
+  void *dP = rlk_test_put(ctx, all, (size_t)(P * N * 8) * 4);
+  void *dD = rlk_test_poisoned(ctx, (size_t)N * 4), *dS = rlk_test_poisoned(ctx, (size_t)N * 24),
+       *dE = rlk_test_poisoned(ctx, (size_t)N * 4);
   rlk_linear_divergence_combine_args k;
   rlk_linear_divergence_combine_args_init(&k);
   k.partials = (rlk_tensor){dP, RLK_F32, 3, {P, N, 8}, {N * 8, 8, 1}};
@@ -771,7 +738,8 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
   ck_assert_msg(rlk_linear_divergence_combine(ctx, &k, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   float D[64], S[64 * 6], E[64];
-  ld_get(ctx, D, dD, (size_t)N * 4), ld_get(ctx, S, dS, (size_t)N * 24), ld_get(ctx, E, dE, (size_t)N * 4);
+  rlk_test_get(ctx, D, dD, (size_t)N * 4), rlk_test_get(ctx, S, dS, (size_t)N * 24),
+      rlk_test_get(ctx, E, dE, (size_t)N * 4);
   double zmax = 0.0;
   for (int64_t i = 0; i < N; i++) {
     ld_ref_row r;
@@ -789,12 +757,13 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
   double g[64];
   uint64_t rng = seed ^ 0x5eedu;
   for (int64_t i = 0; i < N; i++) g[i] = gf[i] = (float)(0.5 + rlk_test_rand_uniform(&rng));
-  void *dG = ld_put(ctx, gf, (size_t)N * 4);
+  void *dG = rlk_test_put(ctx, gf, (size_t)N * 4);
   double *gh = calloc((size_t)(N * c.Hs), sizeof(double)), *gw = calloc((size_t)(c.V * c.Hs), sizeof(double));
   for (int r = 0; r < P; r++) {
     const int64_t v0 = cuts[r], Vs = cuts[r + 1] - cuts[r];
     float *h = malloc((size_t)(N * (c.Hs + 1)) * 4), *w = malloc((size_t)(Vs * (c.Hs + 1)) * 4);
-    void *dh = ld_poisoned(ctx, (size_t)(N * (c.Hs + 1)) * 4), *dw = ld_poisoned(ctx, (size_t)(Vs * (c.Hs + 1)) * 4);
+    void *dh = rlk_test_poisoned(ctx, (size_t)(N * (c.Hs + 1)) * 4),
+         *dw = rlk_test_poisoned(ctx, (size_t)(Vs * (c.Hs + 1)) * 4);
     rlk_linear_divergence_backward_args b;
     rlk_linear_divergence_backward_args_init(&b);
     rlk_linear_divergence_args f;
@@ -809,17 +778,17 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     b.shard = 1, b.vocab_start = v0;
     size_t wsb = 0;
     ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &b, &wsb) == RLK_OK, "%s", rlk_last_error());
-    void *ws = wsb ? ld_poisoned(ctx, wsb) : NULL;
+    void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
     b.workspace = ws, b.workspace_bytes = wsb;
     ck_assert_msg(rlk_linear_divergence_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
     if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-    ld_get(ctx, h, dh, (size_t)(N * (c.Hs + 1)) * 4), ld_get(ctx, w, dw, (size_t)(Vs * (c.Hs + 1)) * 4);
+    rlk_test_get(ctx, h, dh, (size_t)(N * (c.Hs + 1)) * 4), rlk_test_get(ctx, w, dw, (size_t)(Vs * (c.Hs + 1)) * 4);
     for (int64_t i = 0; i < N; i++)
       for (int64_t q = 0; q < c.Hs; q++) gh[i * c.Hs + q] += h[i * (c.Hs + 1) + q];
     for (int64_t v = 0; v < Vs; v++)
       for (int64_t q = 0; q < c.Hs; q++) gw[(v0 + v) * c.Hs + q] = w[v * (c.Hs + 1) + q];
-    if (ws) ld_drop(ctx, ws);
-    ld_drop(ctx, dh), ld_drop(ctx, dw);
+    if (ws) rlk_test_drop(ctx, ws);
+    rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw);
     free(h), free(w);
   }
   double *rh = malloc((size_t)(N * c.Hs) * sizeof(double)), *rw = malloc((size_t)(c.V * c.Hs) * sizeof(double));
@@ -835,7 +804,8 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
   printf("linear_divergence %s shards: %d, mode %d, forward and backward against the whole head\n",
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", P, mode);
   free(gh), free(gw), free(rh), free(rw), free(bh), free(bw), free(all);
-  ld_drop(ctx, dG), ld_drop(ctx, dP), ld_drop(ctx, dD), ld_drop(ctx, dS), ld_drop(ctx, dE);
+  rlk_test_drop(ctx, dG), rlk_test_drop(ctx, dP), rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS),
+      rlk_test_drop(ctx, dE);
   ld_data_free(ctx, &d);
 }
 
@@ -1144,10 +1114,10 @@ RLK_GPU_CASE("linear_divergence", backward)
  * host copies, for comparing two runs bit for bit. */
 static void ld_bwd_bits(rlk_context *ctx, const ld_case *c, const ld_data *d, const float *stats, float **grads) {
   const size_t nb = (size_t)c->N * 4;
-  void *dS = ld_put(ctx, stats, nb * 6), *dG = NULL;
+  void *dS = rlk_test_put(ctx, stats, nb * 6), *dG = NULL;
   float *g = malloc(nb);
   for (int64_t i = 0; i < c->N; i++) g[i] = 0.5f + (float)(i % 7) * 0.125f;
-  dG = ld_put(ctx, g, nb);
+  dG = rlk_test_put(ctx, g, nb);
   rlk_linear_divergence_args f;
   ld_fwd_args(c, d, &f);
   rlk_linear_divergence_backward_args a;
@@ -1159,22 +1129,22 @@ static void ld_bwd_bits(rlk_context *ctx, const ld_case *c, const ld_data *d, co
   rlk_tensor *out[4] = {&a.grad_student_hidden, &a.grad_student_weight, &a.grad_teacher_hidden, &a.grad_teacher_weight};
   void *buf[4];
   for (int q = 0; q < 4; q++) {
-    buf[q] = ld_poisoned(ctx, (size_t)(rows[q] * cols[q]) * 4);
+    buf[q] = rlk_test_poisoned(ctx, (size_t)(rows[q] * cols[q]) * 4);
     *out[q] = rlk_tensor_2d(buf[q], RLK_F32, rows[q], cols[q], cols[q]);
   }
   size_t wsb = 0;
   ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? ld_poisoned(ctx, wsb) : NULL;
+  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
   a.workspace = ws, a.workspace_bytes = wsb, a.chunk = 512;
   ck_assert_msg(rlk_linear_divergence_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   for (int q = 0; q < 4; q++) {
     grads[q] = malloc((size_t)(rows[q] * cols[q]) * 4);
-    ld_get(ctx, grads[q], buf[q], (size_t)(rows[q] * cols[q]) * 4);
-    ld_drop(ctx, buf[q]);
+    rlk_test_get(ctx, grads[q], buf[q], (size_t)(rows[q] * cols[q]) * 4);
+    rlk_test_drop(ctx, buf[q]);
   }
-  if (ws) ld_drop(ctx, ws);
-  ld_drop(ctx, dS), ld_drop(ctx, dG);
+  if (ws) rlk_test_drop(ctx, ws);
+  rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dG);
   free(g);
 }
 
@@ -1189,15 +1159,15 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
     const size_t nb = (size_t)c.N * 4, sb = nb * 6;
     float *out[2][2];
     for (int run = 0; run < 2; run++) {
-      void *dD = ld_poisoned(ctx, nb), *dS = ld_poisoned(ctx, sb);
+      void *dD = rlk_test_poisoned(ctx, nb), *dS = rlk_test_poisoned(ctx, sb);
       rlk_linear_divergence_args a;
       ld_fwd_args(&c, &d, &a);
       a.divergence = rlk_tensor_1d(dD, RLK_F32, c.N);
       a.stats = rlk_tensor_2d(dS, RLK_F32, c.N, 6, 6);
       ld_call(ctx, &a);
       out[run][0] = malloc(nb), out[run][1] = malloc(sb);
-      ld_get(ctx, out[run][0], dD, nb), ld_get(ctx, out[run][1], dS, sb);
-      ld_drop(ctx, dD), ld_drop(ctx, dS);
+      rlk_test_get(ctx, out[run][0], dD, nb), rlk_test_get(ctx, out[run][1], dS, sb);
+      rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS);
     }
     ck_assert_msg(!memcmp(out[0][0], out[1][0], nb) && !memcmp(out[0][1], out[1][1], sb),
                   "mode %d: two calls differ", mode);

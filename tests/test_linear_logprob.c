@@ -279,29 +279,6 @@ typedef struct ll_bcase {
   int64_t gh_pad; /* grad_hidden's row stride is H + gh_pad (the padding must stay untouched) */
 } ll_bcase;
 
-static void *ll_put(rlk_context *ctx, const void *src, size_t bytes) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
-    void *p = malloc(bytes ? bytes : 1);
-    memcpy(p, src, bytes);
-    return p;
-  }
-  return rlk_test_dev_upload(ctx, src, bytes);
-}
-
-static void ll_get(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
-    memcpy(dst, src, bytes);
-  else
-    ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
-}
-
-static void ll_drop(rlk_context *ctx, void *p) {
-  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
-    free(p);
-  else
-    rlk_free(ctx, p);
-}
-
 static double ll_load16(const void *p, rlk_dtype d, int64_t i) {
   return ll_ref_half(((const uint16_t *)p)[i], d == RLK_F16);
 }
@@ -473,18 +450,19 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   for (int64_t i = 0; i < V * H; i++) rlk_test_store(gw0, c->gdt, i, c->accumulate ? rlk_test_rand_normal(&rng) : 0.0);
   memset(gh0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(N * H) * gs); /* poison when overwritten */
   memset(gw0, c->accumulate ? 0 : 0xff, c->accumulate ? 0 : (size_t)(V * H) * gs);
-  void *dh = ll_put(ctx, h, (size_t)(N * H) * es), *dw = ll_put(ctx, w, (size_t)(V * H) * es);
-  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
+  void *dh = rlk_test_put(ctx, h, (size_t)(N * H) * es), *dw = rlk_test_put(ctx, w, (size_t)(V * H) * es);
+  void *dl = rlk_test_put(ctx, lab, (size_t)N * 8), *dglp = rlk_test_put(ctx, glp, (size_t)N * 4),
+       *dgH = rlk_test_put(ctx, gH, (size_t)N * 4);
   /* grad_hidden in rows of H + gh_pad, the padding a pattern no write leaves behind */
   const int64_t ghs = H + c->gh_pad;
   unsigned char *gh_rows = malloc((size_t)(N * ghs) * gs);
   ck_assert(gh_rows);
   memset(gh_rows, 0x5a, (size_t)(N * ghs) * gs);
   for (int64_t i = 0; i < N; i++) memcpy(gh_rows + (size_t)(i * ghs) * gs, (char *)gh0 + (size_t)(i * H) * gs, (size_t)H * gs);
-  void *dgh = ll_put(ctx, gh_rows, (size_t)(N * ghs) * gs), *dgw = ll_put(ctx, gw0, (size_t)(V * H) * gs);
+  void *dgh = rlk_test_put(ctx, gh_rows, (size_t)(N * ghs) * gs), *dgw = rlk_test_put(ctx, gw0, (size_t)(V * H) * gs);
   float *zeros = calloc((size_t)N, 4);
-  void *dlp = ll_put(ctx, zeros, (size_t)N * 4), *dlse = ll_put(ctx, zeros, (size_t)N * 4),
-       *dent = ll_put(ctx, zeros, (size_t)N * 4);
+  void *dlp = rlk_test_put(ctx, zeros, (size_t)N * 4), *dlse = rlk_test_put(ctx, zeros, (size_t)N * 4),
+       *dent = rlk_test_put(ctx, zeros, (size_t)N * 4);
   /* the forward's lse and entropy, from the op itself */
   rlk_linear_logprob_args f;
   rlk_linear_logprob_args_init(&f);
@@ -527,7 +505,7 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
   unsigned char *got_rows = malloc((size_t)(N * ghs) * gs);
   ck_assert(got_h && got_w && got_rows);
-  ll_get(ctx, got_rows, dgh, (size_t)(N * ghs) * gs);
+  rlk_test_get(ctx, got_rows, dgh, (size_t)(N * ghs) * gs);
   for (int64_t i = 0; i < N; i++) {
     const unsigned char *row = got_rows + (size_t)(i * ghs) * gs;
     memcpy((char *)got_h + (size_t)(i * H) * gs, row, (size_t)H * gs);
@@ -535,7 +513,7 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
       ck_assert_msg(row[b0] == 0x5a, "grad_hidden: row %lld's padding written", (long long)i);
   }
   free(gh_rows), free(got_rows);
-  ll_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
+  rlk_test_get(ctx, got_w, dgw, (size_t)(V * H) * gs);
   if (check) {
     double *g1 = malloc((size_t)N * 8), *g2 = malloc((size_t)N * 8);
     ck_assert(g1 && g2);
@@ -550,8 +528,10 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   }
   if (out_gh) *out_gh = got_h; else free(got_h);
   if (out_gw) *out_gw = got_w; else free(got_w);
-  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dglp), ll_drop(ctx, dgH);
-  ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlp), ll_drop(ctx, dlse), ll_drop(ctx, dent);
+  rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw), rlk_test_drop(ctx, dl), rlk_test_drop(ctx, dglp),
+      rlk_test_drop(ctx, dgH);
+  rlk_test_drop(ctx, dgh), rlk_test_drop(ctx, dgw), rlk_test_drop(ctx, dlp), rlk_test_drop(ctx, dlse),
+      rlk_test_drop(ctx, dent);
   if (fws) rlk_free(ctx, fws);
   if (bws) rlk_free(ctx, bws);
   free(h), free(w), free(lab), free(glp), free(gH), free(gh0), free(gw0), free(zeros);
@@ -602,13 +582,14 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     gH[i] = (float)rlk_test_rand_normal(&rng);
   }
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
-  void *dh = ll_put(ctx, h, (size_t)(N * H) * 2), *dw = ll_put(ctx, w, (size_t)(V * H) * 2);
-  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dglp = ll_put(ctx, glp, (size_t)N * 4), *dgH = ll_put(ctx, gH, (size_t)N * 4);
+  void *dh = rlk_test_put(ctx, h, (size_t)(N * H) * 2), *dw = rlk_test_put(ctx, w, (size_t)(V * H) * 2);
+  void *dl = rlk_test_put(ctx, lab, (size_t)N * 8), *dglp = rlk_test_put(ctx, glp, (size_t)N * 4),
+       *dgH = rlk_test_put(ctx, gH, (size_t)N * 4);
   float *zero = calloc((size_t)(P * N * 4 + V * H + N * H), 4);
-  void *drec = ll_put(ctx, zero, (size_t)(P * N * 4) * 4); /* [P, N, 4] */
-  void *dlp = ll_put(ctx, zero, (size_t)N * 4), *dlse = ll_put(ctx, zero, (size_t)N * 4),
-       *dent = ll_put(ctx, zero, (size_t)N * 4), *dst = ll_put(ctx, zero, 4);
-  void *dgh = ll_put(ctx, zero, (size_t)(N * H) * 4), *dgw = ll_put(ctx, zero, (size_t)(V * H) * 4);
+  void *drec = rlk_test_put(ctx, zero, (size_t)(P * N * 4) * 4); /* [P, N, 4] */
+  void *dlp = rlk_test_put(ctx, zero, (size_t)N * 4), *dlse = rlk_test_put(ctx, zero, (size_t)N * 4),
+       *dent = rlk_test_put(ctx, zero, (size_t)N * 4), *dst = rlk_test_put(ctx, zero, 4);
+  void *dgh = rlk_test_put(ctx, zero, (size_t)(N * H) * 4), *dgw = rlk_test_put(ctx, zero, (size_t)(V * H) * 4);
   for (int p = 0; p < P; p++) {
     const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
     rlk_linear_logprob_args a;
@@ -669,12 +650,12 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
   float *lp = malloc((size_t)N * 4), *lse = malloc((size_t)N * 4), *ent = malloc((size_t)N * 4);
   float *gh = malloc((size_t)(N * H) * 4), *gw = malloc((size_t)(V * H) * 4);
   int32_t status = 0;
-  ll_get(ctx, lp, dlp, (size_t)N * 4);
-  ll_get(ctx, lse, dlse, (size_t)N * 4);
-  ll_get(ctx, ent, dent, (size_t)N * 4);
-  ll_get(ctx, gh, dgh, (size_t)(N * H) * 4);
-  ll_get(ctx, gw, dgw, (size_t)(V * H) * 4);
-  ll_get(ctx, &status, dst, 4);
+  rlk_test_get(ctx, lp, dlp, (size_t)N * 4);
+  rlk_test_get(ctx, lse, dlse, (size_t)N * 4);
+  rlk_test_get(ctx, ent, dent, (size_t)N * 4);
+  rlk_test_get(ctx, gh, dgh, (size_t)(N * H) * 4);
+  rlk_test_get(ctx, gw, dgw, (size_t)(V * H) * 4);
+  rlk_test_get(ctx, &status, dst, 4);
   ck_assert_int_eq(status, 0);
   double *x = malloc((size_t)V * 8), *g_lp = malloc((size_t)N * 8), *g_H = malloc((size_t)N * 8);
   ck_assert(x && g_lp && g_H);
@@ -704,8 +685,10 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
   printf("linear_logprob %s %d shards N=%lld V=%lld H=%lld: combined outputs worst |err| %.3g\n",
          host ? "host" : "gpu", P, (long long)N, (long long)V, (long long)H, worst);
   free(x), free(g_lp), free(g_H), free(lp), free(lse), free(ent), free(gh), free(gw);
-  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dglp), ll_drop(ctx, dgH), ll_drop(ctx, drec);
-  ll_drop(ctx, dlp), ll_drop(ctx, dlse), ll_drop(ctx, dent), ll_drop(ctx, dst), ll_drop(ctx, dgh), ll_drop(ctx, dgw);
+  rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw), rlk_test_drop(ctx, dl), rlk_test_drop(ctx, dglp),
+      rlk_test_drop(ctx, dgH), rlk_test_drop(ctx, drec);
+  rlk_test_drop(ctx, dlp), rlk_test_drop(ctx, dlse), rlk_test_drop(ctx, dent), rlk_test_drop(ctx, dst),
+      rlk_test_drop(ctx, dgh), rlk_test_drop(ctx, dgw);
   free(h), free(w), free(lab), free(glp), free(gH), free(zero);
 }
 
@@ -1113,10 +1096,10 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
     loss_tol += 2.0 * (gabs[i] * lp_tol[i] + fabs(gent[i]) * ent_tol[i]);
   }
 
-  void *dh = ll_put(ctx, h, (size_t)(N * H) * 2), *dw = ll_put(ctx, w, (size_t)(V * H) * 2);
-  void *dl = ll_put(ctx, lab, (size_t)N * 8), *dold = ll_put(ctx, f_old, (size_t)N * 4);
-  void *dadv = ll_put(ctx, f_adv, (size_t)N * 4), *dref = ll_put(ctx, f_ref, (size_t)N * 4);
-  void *dm = ll_put(ctx, m8, (size_t)N);
+  void *dh = rlk_test_put(ctx, h, (size_t)(N * H) * 2), *dw = rlk_test_put(ctx, w, (size_t)(V * H) * 2);
+  void *dl = rlk_test_put(ctx, lab, (size_t)N * 8), *dold = rlk_test_put(ctx, f_old, (size_t)N * 4);
+  void *dadv = rlk_test_put(ctx, f_adv, (size_t)N * 4), *dref = rlk_test_put(ctx, f_ref, (size_t)N * 4);
+  void *dm = rlk_test_put(ctx, m8, (size_t)N);
   const int64_t gws = H + gw_pad;
   const uint32_t pad_bits = 0x7fc5a5a5u; /* a quiet NaN: read as data anywhere, it would show */
   float *zero = calloc((size_t)(V * gws > 32 ? V * gws : 32), 4);
@@ -1128,8 +1111,9 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
     memcpy(gw_rows + v * gws, gw0 + v * H, (size_t)H * 4);
     for (int64_t j = H; j < gws; j++) memcpy(gw_rows + v * gws + j, &pad_bits, 4);
   }
-  void *dloss = ll_put(ctx, zero, 4 * (1 + RLK_POLICY_LOSS_METRICS)), *dgh = ll_put(ctx, gh0, (size_t)(N * H) * 4);
-  void *dgw = ll_put(ctx, gw_rows, (size_t)(V * gws) * 4), *dlogp = ll_put(ctx, zero, (size_t)N * 4);
+  void *dloss = rlk_test_put(ctx, zero, 4 * (1 + RLK_POLICY_LOSS_METRICS)),
+       *dgh = rlk_test_put(ctx, gh0, (size_t)(N * H) * 4);
+  void *dgw = rlk_test_put(ctx, gw_rows, (size_t)(V * gws) * 4), *dlogp = rlk_test_put(ctx, zero, (size_t)N * 4);
   rlk_linear_policy_loss_args a;
   rlk_linear_policy_loss_args_init(&a);
   a.head.hidden = rlk_tensor_2d(dh, dt, N, H, H);
@@ -1162,10 +1146,10 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   float got_loss[1 + RLK_POLICY_LOSS_METRICS], *got_lp = malloc((size_t)N * 4);
   float *got_h = malloc((size_t)(N * H) * 4), *got_w = malloc((size_t)(V * gws) * 4);
-  ll_get(ctx, got_loss, dloss, sizeof got_loss);
-  ll_get(ctx, got_lp, dlogp, (size_t)N * 4);
-  ll_get(ctx, got_h, dgh, (size_t)(N * H) * 4);
-  ll_get(ctx, got_w, dgw, (size_t)(V * gws) * 4);
+  rlk_test_get(ctx, got_loss, dloss, sizeof got_loss);
+  rlk_test_get(ctx, got_lp, dlogp, (size_t)N * 4);
+  rlk_test_get(ctx, got_h, dgh, (size_t)(N * H) * 4);
+  rlk_test_get(ctx, got_w, dgw, (size_t)(V * gws) * 4);
   for (int64_t v = 0; v < V && gw_pad; v++) {
     for (int64_t j = H; j < gws; j++) /* nothing written between the rows */
       ck_assert_msg(memcmp(got_w + v * gws + j, &pad_bits, 4) == 0, "grad_weight row %lld: padding %lld written",
@@ -1192,8 +1176,10 @@ static void ll_policy_check(rlk_context *ctx, int64_t B, int64_t T, int64_t V, i
          (long long)H, rlk_dtype_name(dt), (int)path, chunk_tokens, count ? " (mask count)" : "",
          gw_pad ? " (grad_weight rows padded)" : "", accumulate ? " (accumulated)" : "", (double)got_loss[0], po.loss,
          loss_tol, wsb);
-  ll_drop(ctx, dh), ll_drop(ctx, dw), ll_drop(ctx, dl), ll_drop(ctx, dold), ll_drop(ctx, dadv), ll_drop(ctx, dref);
-  ll_drop(ctx, dm), ll_drop(ctx, dloss), ll_drop(ctx, dgh), ll_drop(ctx, dgw), ll_drop(ctx, dlogp);
+  rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw), rlk_test_drop(ctx, dl), rlk_test_drop(ctx, dold),
+      rlk_test_drop(ctx, dadv), rlk_test_drop(ctx, dref);
+  rlk_test_drop(ctx, dm), rlk_test_drop(ctx, dloss), rlk_test_drop(ctx, dgh), rlk_test_drop(ctx, dgw),
+      rlk_test_drop(ctx, dlogp);
   rlk_free(ctx, ws);
   free(h), free(w), free(lab), free(lp), free(ent), free(old), free(adv), free(ref), free(mask), free(glp), free(gent);
   free(x), free(f_old), free(f_adv), free(f_ref), free(m8), free(zero), free(got_lp), free(got_h), free(got_w);

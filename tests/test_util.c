@@ -503,6 +503,37 @@ void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
   return p;
 }
 
+void *rlk_test_put(rlk_context *ctx, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) return rlk_test_dev_upload(ctx, src, bytes);
+  void *p = malloc(bytes ? bytes : 1);
+  ck_assert(p);
+  memcpy(p, src, bytes);
+  return p;
+}
+
+void *rlk_test_poisoned(rlk_context *ctx, size_t bytes) {
+  void *h = malloc(bytes ? bytes : 1);
+  ck_assert(h);
+  memset(h, 0xff, bytes);
+  void *p = rlk_test_put(ctx, h, bytes);
+  free(h);
+  return p;
+}
+
+void rlk_test_get(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    memcpy(dst, src, bytes);
+  else
+    ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+void rlk_test_drop(rlk_context *ctx, void *p) {
+  if (rlk_context_backend(ctx) == RLK_BACKEND_HOST)
+    free(p);
+  else
+    rlk_free(ctx, p);
+}
+
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,

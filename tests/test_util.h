@@ -107,6 +107,17 @@ void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
 /* rlk_test_dev_alloc, then a copy of `bytes` from the host. */
 void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes);
 
+/* A copy of `bytes` of src in ctx's memory: malloc'd for a host context (whose calls read host
+ * memory), rlk_test_dev_upload's on a device; free it with rlk_test_drop. */
+void *rlk_test_put(rlk_context *ctx, const void *src, size_t bytes);
+/* `bytes` of 0xff (NaN in every float) in ctx's memory, as rlk_test_put: what a call must
+ * overwrite. */
+void *rlk_test_poisoned(rlk_context *ctx, size_t bytes);
+/* Copies `bytes` at src in ctx's memory to dst on the host; fails the test on error. */
+void rlk_test_get(rlk_context *ctx, void *dst, const void *src, size_t bytes);
+/* Frees what rlk_test_put or rlk_test_poisoned returned. */
+void rlk_test_drop(rlk_context *ctx, void *p);
+
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
