@@ -953,16 +953,8 @@ START_TEST(plan_per_target) {
       {RLK_BACKEND_HIP, "gfx90a", "linear_divergence pass=combine mode=reverse-kl", "linear_divergence_combine", 1},
   };
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = cases[t].backend;
-    o.compile_only = 1;
-    o.target = cases[t].target;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK) {
-      printf("skip (linear_divergence plan for %s): %s\n", cases[t].target ? cases[t].target : "host", rlk_last_error());
-      continue;
-    }
+    rlk_context *ctx = rlk_test_compile_only_context(cases[t].backend, cases[t].target, "linear_divergence plan");
+    if (!ctx) continue;
     char copy[256];
     rlk_op_config_pair pairs[16];
     const size_t np = rlk_test_split_line(cases[t].line, copy, sizeof copy, pairs);

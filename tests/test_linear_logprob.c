@@ -963,17 +963,8 @@ START_TEST(plan_per_target) {
                  {RLK_BACKEND_HIP, "gfx90a", "linear_logprob_fwd_tiled", 2},
                  {RLK_BACKEND_HOST, NULL, "linear_logprob_fwd_host", 1}};
   for (size_t t = 0; t < 4; t++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = targets[t].backend;
-    o.compile_only = 1;
-    o.target = targets[t].target;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK) {
-      printf("skip (linear_logprob plan for %s): %s\n", targets[t].target ? targets[t].target : "host",
-             rlk_last_error());
-      continue;
-    }
+    rlk_context *ctx = rlk_test_compile_only_context(targets[t].backend, targets[t].target, "linear_logprob plan");
+    if (!ctx) continue;
     rlk_op_config_pair pairs[2] = {{"entropy", "1"}, {"pass", "fwd"}};
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;

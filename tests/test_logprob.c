@@ -930,18 +930,9 @@ START_TEST(plan_variants_per_target) {
   } targets[] = {{RLK_BACKEND_CUDA, "sm_90a"}, {RLK_BACKEND_CUDA, "sm_80"},
                  {RLK_BACKEND_HIP, "gfx90a"}, {RLK_BACKEND_HOST, NULL}};
   for (size_t t = 0; t < 4; t++) {
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = targets[t].backend;
-    o.compile_only = 1;
-    o.target = targets[t].target;
-    rlk_context *ctx = NULL;
-    rlk_status st = rlk_context_create(&ctx, &o);
-    if (st != RLK_OK) {
-      printf("skip (logprob plan for %s): %s\n", targets[t].target ? targets[t].target : "host",
-             rlk_last_error());
-      continue;
-    }
+    rlk_context *ctx = rlk_test_compile_only_context(targets[t].backend, targets[t].target, "logprob plan");
+    if (!ctx) continue;
+    rlk_status st;
     const int sm90 = t == 0;
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;

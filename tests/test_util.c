@@ -145,18 +145,23 @@ rlk_context *rlk_test_compile_only_host_context(void) {
   return ctx;
 }
 
-rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what) {
+rlk_context *rlk_test_compile_only_context(rlk_backend backend, const char *target, const char *what) {
   rlk_context_options o;
   rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
+  o.backend = backend;
   o.compile_only = 1;
   o.target = target;
   rlk_context *ctx = NULL;
   if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (%s): no compile-only CUDA context for %s: %s\n", what, target, rlk_last_error());
+    printf("skip (%s): no compile-only %s context for %s: %s\n", what, rlk_backend_name(backend),
+           target ? target : "host", rlk_last_error());
     return NULL;
   }
   return ctx;
+}
+
+rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what) {
+  return rlk_test_compile_only_context(RLK_BACKEND_CUDA, target, what);
 }
 
 rlk_context *rlk_test_host_context(void) {

@@ -90,8 +90,10 @@ uint64_t rlk_test_compiles(rlk_context *ctx);
 /* A compile-only host context (checks arguments and compiles, never launches); fails the test
  * on error. */
 rlk_context *rlk_test_compile_only_host_context(void);
-/* A compile-only CUDA context for `target` (plans and compiles without a GPU), or NULL after
- * printing why `what` is skipped (no NVRTC here). */
+/* A compile-only context of `backend` for `target` (NULL: the host's; plans and compiles without
+ * a GPU), or NULL after printing why `what` is skipped (no such compiler here). */
+rlk_context *rlk_test_compile_only_context(rlk_backend backend, const char *target, const char *what);
+/* rlk_test_compile_only_context for CUDA's `target`. */
 rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what);
 
 /* Stores v at element i of a buffer of dtype d (f64, f32, bf16 or f16, rounded to nearest even,
