@@ -195,6 +195,20 @@ static void ld_call(rlk_context *ctx, rlk_linear_divergence_args *a) {
   a->workspace_bytes = 0;
 }
 
+/* ld_call for rlk_linear_divergence_backward. */
+static void ld_call_backward(rlk_context *ctx, rlk_linear_divergence_backward_args *b) {
+  size_t wsb = 0;
+  ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, b, &wsb) == RLK_OK, "%s", rlk_last_error());
+  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
+  b->workspace = ws;
+  b->workspace_bytes = wsb;
+  ck_assert_msg(rlk_linear_divergence_backward(ctx, b, NULL) == RLK_OK, "%s", rlk_last_error());
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  if (ws) rlk_test_drop(ctx, ws);
+  b->workspace = NULL;
+  b->workspace_bytes = 0;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* What the arithmetic allows                                                          */
 /* ---------------------------------------------------------------------------------- */
@@ -491,12 +505,7 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     buf[q] = ld_grad_buf(ctx, gdt[q], rows[q], cols[q], gpad, b->accumulate, &rng, &old[q]);
     *out[q] = rlk_tensor_2d(buf[q], gdt[q], rows[q], cols[q], cols[q] + gpad);
   }
-  size_t wsb = 0;
-  ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
-  a.workspace = ws, a.workspace_bytes = wsb;
-  ck_assert_msg(rlk_linear_divergence_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  ld_call_backward(ctx, &a);
   double *ref[4], *bnd[4];
   for (int q = 0; q < 4; q++) {
     ref[q] = calloc((size_t)(rows[q] * cols[q]), sizeof(double));
@@ -537,7 +546,6 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : sm90 ? "gpu sm_90a" : "gpu portable", c->mode,
          c->top_k, (long long)c->N, (long long)c->V, worst);
   for (int q = 0; q < 4; q++) free(ref[q]), free(bnd[q]), free(old[q]);
-  if (ws) rlk_test_drop(ctx, ws);
   rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dG);
   free(g), free(gf);
   ld_free_fwd(&o);
@@ -776,18 +784,12 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     b.grad_student_hidden = rlk_tensor_2d(dh, RLK_F32, N, c.Hs, c.Hs + 1);
     b.grad_student_weight = rlk_tensor_2d(dw, RLK_F32, Vs, c.Hs, c.Hs + 1);
     b.shard = 1, b.vocab_start = v0;
-    size_t wsb = 0;
-    ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &b, &wsb) == RLK_OK, "%s", rlk_last_error());
-    void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
-    b.workspace = ws, b.workspace_bytes = wsb;
-    ck_assert_msg(rlk_linear_divergence_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
-    if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    ld_call_backward(ctx, &b);
     rlk_test_get(ctx, h, dh, (size_t)(N * (c.Hs + 1)) * 4), rlk_test_get(ctx, w, dw, (size_t)(Vs * (c.Hs + 1)) * 4);
     for (int64_t i = 0; i < N; i++)
       for (int64_t q = 0; q < c.Hs; q++) gh[i * c.Hs + q] += h[i * (c.Hs + 1) + q];
     for (int64_t v = 0; v < Vs; v++)
       for (int64_t q = 0; q < c.Hs; q++) gw[(v0 + v) * c.Hs + q] = w[v * (c.Hs + 1) + q];
-    if (ws) rlk_test_drop(ctx, ws);
     rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw);
     free(h), free(w);
   }
