@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/linear_logprob_fwd.h"
 #include "ops/linear_logprob_plan.h"
 #include "ops/ops.h"
 #include "runtime/op_call.h"
@@ -582,8 +583,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
                            a->student_temperature, a->teacher_temperature, h)))
     return st;
   if ((st = ld_check_mode(a->mode, a->beta, a->top_k, h->V, a->vocab_start))) return st;
-  if ((int)a->variant < RLK_LINEAR_LOGPROB_AUTO || (int)a->variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", (int)a->variant);
+  if ((st = rlk_ll_check_variant((int)a->variant))) return st;
   if (a->splits < 0 || a->splits > 65535)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "splits: %d is not 0 (chosen) or 1 to 65535", a->splits);
   k->kmode = a->top_k ? LD_TOPK : (int)a->mode;

@@ -192,6 +192,12 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
 
 typedef rlk_ll_head ll_head;
 
+rlk_status rlk_ll_check_variant(int variant) {
+  if (variant < RLK_LINEAR_LOGPROB_AUTO || variant > RLK_LINEAR_LOGPROB_TILED)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", variant);
+  return RLK_OK;
+}
+
 rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
                              float temperature, rlk_ll_head *h) {
   rlk_status st;
@@ -271,9 +277,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if (a->stages != 0 && (a->stages < 2 || a->stages > LL_SM90_STAGES))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stages: %d is not 0 (the default) or 2 to %d", a->stages,
                      LL_SM90_STAGES);
-  if ((int)a->variant < RLK_LINEAR_LOGPROB_AUTO || (int)a->variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant",
-                     (int)a->variant);
+  if ((st = rlk_ll_check_variant((int)a->variant))) return st;
 
   const int entropy = k->shard ? a->partial_entropy != 0 : a->entropy.data != NULL;
   int stages = a->stages, splits = a->splits;

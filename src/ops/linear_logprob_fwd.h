@@ -18,6 +18,10 @@ typedef struct rlk_ll_head {
 rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
                              float temperature, rlk_ll_head *h);
 
+/* Refuses `variant` unless it is an rlk_linear_logprob_variant (every call that runs the head's
+ * kernels takes one). */
+rlk_status rlk_ll_check_variant(int variant);
+
 /* A forward's kernels: the GEMM (sm_90a's wgmma kernel where the target has it and tensor maps
  * describe hidden and weight, else the tiled one; the host's fp64 kernel) and the combine; a row's
  * records (ceil(V / 256)); the splits asked for (0: chosen a launch); the tensor maps' requests. */

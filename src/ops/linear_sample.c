@@ -56,8 +56,7 @@ static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_c
   k->T = a->temperature > 0.0f ? a->temperature : 1.0f;
   rlk_ll_head h;
   if ((st = rlk_ll_check_head(&a->hidden, &a->weight, NULL, k->T, &h))) return st;
-  if ((int)a->variant < RLK_LINEAR_LOGPROB_AUTO || (int)a->variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", (int)a->variant);
+  if ((st = rlk_ll_check_variant((int)a->variant))) return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   if (!a->tokens.data) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: data is NULL");
   const rlk_tensor *out[3] = {&a->logp, &a->lse, &a->entropy};
