@@ -1178,8 +1178,7 @@ typedef enum rlk_linear_logprob_variant {
  * calls refuse the choices made from more than a row: this op's fallback from the wgmma kernels
  * to the tiled ones where no tensor map describes hidden or weight (an error; variant TILED asks
  * for them), rlk_logprob's bulk and tensor-map variants (an error) and its tuning database
- * winners (not read). No GPU has run the records' kernels or checked this on a device yet: the
- * host backend's tests alone have. */
+ * winners (not read). Checked on an H200 (tests/test_invariance.c) and on the host backend. */
 typedef struct rlk_linear_logprob_args {
   rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
   rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
@@ -1387,7 +1386,7 @@ RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_pol
  * the rows, keeping their raw f32 logits in the workspace beside their records; rlk_sample over
  * those logits (tokens, the kept set's threshold); then the head's combine of the drawn tokens
  * from the same records. The host computes the logits in fp64 (drawn from as f32) and the
- * log-probs with rlk_linear_logprob's fp64 kernel. No GPU has run it yet. */
+ * log-probs with rlk_linear_logprob's fp64 kernel. */
 typedef struct rlk_linear_sample_args {
   rlk_tensor hidden;   /* [M, H] bf16 or f16, rows contiguous, row stride >= H */
   rlk_tensor weight;   /* [V, H] of hidden's dtype, rows contiguous; V < 2^23 */
