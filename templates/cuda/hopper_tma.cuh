@@ -44,7 +44,9 @@ RLK_DEVICE void tma_prefetch_map(const tensor_map *map) {
 #endif
 }
 
-/* Loads the box at (c0, c1) into `dst` (shared), completing as transaction bytes on `bar`. */
+/* Loads the box at (c0, c1) into `dst` (shared), completing as transaction bytes on `bar`. c0 times
+ * the element's bytes must be a multiple of 16 (a box off that grid faulted on an H200 with an
+ * illegal instruction: tests/test_hopper.c's box copy). */
 RLK_DEVICE void tma_load_2d(void *dst, const tensor_map *map, i32 c0, i32 c1, u64 *bar) {
 #if defined(RLK_SM90_ASM)
   asm volatile(
