@@ -7,6 +7,7 @@
 #ifndef RLK_TOKEN_KL_PARAMS_H
 #define RLK_TOKEN_KL_PARAMS_H
 
+#include "rlk_kl_estimator.h"
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
 
