@@ -19,9 +19,7 @@
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const tk_estimator_names[] = RLK_PARAMS_ENUM_NAMES(RLK_KL_ESTIMATORS);
-static const char *const tk_output_names[] = {"kl", "grad", "both", NULL};
-
-enum { TK_OUT_KL = 0, TK_OUT_GRAD = 1, TK_OUT_BOTH = 2 };
+static const char *const tk_output_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TK_OUTPUTS);
 
 /* The kernels' estimators are the API's. */
 _Static_assert(RLK_KL_EST_K1 == (int)RLK_KL_K1 && RLK_KL_EST_ABS == (int)RLK_KL_ABS && RLK_KL_EST_K2 == (int)RLK_KL_K2 &&
