@@ -54,11 +54,15 @@ int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
 /* The template                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const as_family_names[] = {"gae", "returns", NULL};
-static const char *const as_algo_names[] = {"warp", "block", NULL};
+static const char *const as_family_names[] = RLK_PARAMS_ENUM_NAMES(RLK_AS_FAMILIES);
+static const char *const as_algo_names[] = RLK_PARAMS_ENUM_NAMES(RLK_AS_ALGOS);
 
-enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
-enum { AS_ALGO_WARP = 0, AS_ALGO_BLOCK = 1 };
+/* The kernel's masked-position semantics are the API's. */
+_Static_assert(AS_GAE_SKIP == (int)RLK_GAE_MASKED_SKIP && AS_GAE_ZERO == (int)RLK_GAE_MASKED_ZERO,
+               "advantage_scan gae masked: rlk_gae_masked order");
+_Static_assert(AS_RETURNS_RESET == (int)RLK_RETURNS_MASKED_RESET && AS_RETURNS_ZERO == (int)RLK_RETURNS_MASKED_ZERO &&
+                   AS_RETURNS_CARRY == (int)RLK_RETURNS_MASKED_CARRY,
+               "advantage_scan returns masked: rlk_returns_masked order");
 
 #define AS_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define AS_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
@@ -121,8 +125,8 @@ static void as_dims(const rlk_target *t, rlk_dtype dtype, int algo, int64_t B, i
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const as_algo_setting_names[] = {"auto", "warp", "block", NULL}; /* rlk_scan_algo order */
-static const char *const as_gae_masked_names[] = {"skip", "zero", NULL};
-static const char *const as_returns_masked_names[] = {"reset", "zero", "carry", NULL};
+static const char *const as_gae_masked_names[] = RLK_PARAMS_ENUM_NAMES(RLK_AS_GAE_MASKED);
+static const char *const as_returns_masked_names[] = RLK_PARAMS_ENUM_NAMES(RLK_AS_RETURNS_MASKED);
 
 /* The settings every scan op takes, then the one run-time choice of each. */
 enum { AS_S_DTYPE, AS_S_ALGO, AS_S_B, AS_S_T, AS_S_MASK, AS_S_EXTRA, AS_NSETTINGS };

@@ -36,11 +36,18 @@
 /* ---------------------------------------------------------------------------------- */
 
 /* Choice names: the index of each is the enum value the templates see. */
-static const char *const ga_mode_names[] = {"grpo", "mean-only", "rloo", "batch-std", "opo", "passk", "passk-unscaled", NULL};
-static const char *const ga_singleton_names[] = {"mean0-std1", "zero", NULL};
-static const char *const ga_offsets_names[] = {"fixed", "i32", "i64", NULL};
+static const char *const ga_mode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_GA_MODES);
+static const char *const ga_singleton_names[] = RLK_PARAMS_ENUM_NAMES(RLK_GA_SINGLETONS);
+static const char *const ga_offsets_names[] = RLK_PARAMS_ENUM_NAMES(RLK_GA_OFFSETS);
 
-enum { GA_OFFSETS_FIXED = 0, GA_OFFSETS_I32 = 1, GA_OFFSETS_I64 = 2 };
+/* The kernels' modes and singleton policies are the API's. */
+_Static_assert(GA_MODE_GRPO == (int)RLK_ADV_GRPO && GA_MODE_MEAN_ONLY == (int)RLK_ADV_MEAN_ONLY &&
+                   GA_MODE_RLOO == (int)RLK_ADV_RLOO && GA_MODE_BATCH_STD == (int)RLK_ADV_BATCH_STD &&
+                   GA_MODE_OPO == (int)RLK_ADV_OPO && GA_MODE_PASSK == (int)RLK_ADV_PASSK &&
+                   GA_MODE_PASSK_UNSCALED == (int)RLK_ADV_PASSK_UNSCALED,
+               "group_advantage modes: rlk_advantage_mode order");
+_Static_assert(GA_SINGLETON_MEAN0_STD1 == (int)RLK_SINGLETON_MEAN0_STD1 && GA_SINGLETON_ZERO == (int)RLK_SINGLETON_ZERO,
+               "group_advantage singletons: rlk_singleton_policy order");
 
 /* Fixed group sizes up to this are baked into the kernel (unrolled, constant bounds); larger
  * ones are passed at run time so one kernel serves them all. */

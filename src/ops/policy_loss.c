@@ -29,21 +29,21 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "ops/token_loss.h"
+#include "common/policy_loss_params.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const pl_mode_names[] = {"ppo",       "gspo",     "cispo", "sapo",
-                                            "reinforce", "geo_mean", NULL};
-/* the main kernel's KL choice: none (no ref_logp), then the estimators in rlk_kl_estimator order */
-static const char *const pl_kl_names[] = {"none", "k1", "abs", "k2", "k3", NULL};
-/* entropy: absent, read for its metric and term, read and its gradient written */
-static const char *const pl_ent_names[] = {"none", "metric", "bonus", NULL};
+static const char *const pl_mode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PL_MODES);
+static const char *const pl_kl_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PL_KLS);
+static const char *const pl_ent_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PL_ENTROPIES);
 
-enum { PL_KL_NONE = 0 };
-enum { PL_ENT_NONE = 0, PL_ENT_READ = 1, PL_ENT_GRAD = 2 };
-#define PL_NACC 17
+/* The kernels' modes are the API's. */
+_Static_assert(PL_MODE_PPO == (int)RLK_POLICY_PPO && PL_MODE_GSPO == (int)RLK_POLICY_GSPO &&
+                   PL_MODE_CISPO == (int)RLK_POLICY_CISPO && PL_MODE_SAPO == (int)RLK_POLICY_SAPO &&
+                   PL_MODE_REINFORCE == (int)RLK_POLICY_REINFORCE && PL_MODE_GEO_MEAN == (int)RLK_POLICY_GEO_MEAN,
+               "policy_loss modes: rlk_policy_loss_mode order");
 
 #define PL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
@@ -82,26 +82,6 @@ static const rlk_template pl_reduce_tmpl = {"policy_loss", "policy_loss_reduce",
 
 static const rlk_template pl_host_tmpl = {"policy_loss", "policy_loss_host", NULL,
                                           "host/policy_loss.c", 1, pl_dtype_params};
-
-/* The kernels' argument: mirrors rlk::pl::Params (policy_loss.cuh) and the host kernel's
- * pl_params (templates/host/token_loss_host.h). 8-byte fields only, in the same order. */
-typedef struct pl_params {
-  TL_STREAMS(6, 2) s;
-  const void *adv_seq;
-  void *loss;
-  void *metrics;
-  void *partials;
-  int64_t num_partials;
-  int64_t mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
-  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad, kl_coef, ent_coef, bound_g;
-  tl_norm norm;
-} pl_params;
-
-_Static_assert(sizeof(pl_params) == 440, "pl_params mirrors rlk::pl::Params: 55 8-byte fields");
-
-enum { PL_IN_LOGP = 0, PL_IN_OLD = 1, PL_IN_ADV = 2, PL_IN_REF = 3, PL_IN_ENT = 4, PL_IN_ISW = 5 };
-enum { PL_OUT_GLOGP = 0, PL_OUT_GENT = 1 };
 
 /* ---------------------------------------------------------------------------------- */
 /* The settings and the plan (shared by calls and precompiling)                        */
@@ -220,7 +200,7 @@ RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
 /* A call: the token-loss state, then the kernels' argument. */
 typedef struct pl_call {
   tl_call tl;
-  pl_params k;
+  pl_args k;
 } pl_call;
 
 static rlk_status pl_check_nonneg(double x, const char *what) {
@@ -244,7 +224,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
   tl_layout *L = &k->tl.L;
-  pl_params *p = &k->k;
+  pl_args *p = &k->k;
   rlk_op_values *v = &call->vals;
   rlk_status st;
   int64_t stride;
@@ -413,7 +393,7 @@ static const void *pl_launch_params(const rlk_context *ctx, const void *args, rl
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
   k->k.partials = a->workspace;
-  if (k->tl.count && a->workspace) k->k.norm.counts = (char *)a->workspace + tl_counts_offset(&k->tl.g, PL_NACC);
+  if (k->tl.count && a->workspace) k->k.norm.counts = (void *)((char *)a->workspace + tl_counts_offset(&k->tl.g, PL_NACC));
   return &k->k;
 }
 

@@ -31,9 +31,7 @@
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const tb_offsets_names[] = {"fixed", "i32", "i64", NULL};
-
-enum { TB_OFFSETS_FIXED = 0, TB_OFFSETS_I32 = 1, TB_OFFSETS_I64 = 2 };
+static const char *const tb_offsets_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TB_OFFSETS);
 
 #define TB_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define TB_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))

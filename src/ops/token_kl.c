@@ -18,10 +18,13 @@
 /* The template                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const tk_estimator_names[] = {"k1", "abs", "k2", "k3", NULL};
-static const char *const tk_output_names[] = {"kl", "grad", "both", NULL};
+static const char *const tk_estimator_names[] = RLK_PARAMS_ENUM_NAMES(RLK_KL_ESTIMATORS);
+static const char *const tk_output_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TK_OUTPUTS);
 
-enum { TK_OUT_KL = 0, TK_OUT_GRAD = 1, TK_OUT_BOTH = 2 };
+/* The kernels' estimators are the API's. */
+_Static_assert(RLK_KL_EST_K1 == (int)RLK_KL_K1 && RLK_KL_EST_ABS == (int)RLK_KL_ABS && RLK_KL_EST_K2 == (int)RLK_KL_K2 &&
+                   RLK_KL_EST_K3 == (int)RLK_KL_K3,
+               "KL estimators: rlk_kl_estimator order");
 
 #define TK_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 #define TK_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))

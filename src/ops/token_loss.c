@@ -8,7 +8,7 @@
 
 #include "core/core.h"
 
-const char *const tl_layout_names[] = {"padded", "packed-i32", "packed-i64", NULL};
+const char *const tl_layout_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TL_LAYOUTS);
 const char *const tl_packed_names[] = {"padded", "packed", NULL};
 const char *const tl_normalizer_names[] = {"value", "tensor", "count", NULL};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",

@@ -1,18 +1,16 @@
 /* token_loss.h - what the fused token-loss ops (policy_loss.c, value_loss.c) share: the token
- * layouts and their checks, the aggregation constant, the launch geometry of the token pass,
- * and the host mirror of the kernels' stream struct (templates/cuda/token_loss.cuh,
- * templates/host/token_loss_host.h). */
+ * layouts' checks, the aggregation constant and the launch geometry of the token pass. The
+ * layouts, the streams and the divisor their kernels take are declared in
+ * templates/common/token_loss_params.h. */
 #ifndef RLK_TOKEN_LOSS_H
 #define RLK_TOKEN_LOSS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/token_loss_params.h"
 #include "ops/ops.h"
 #include "runtime/op_call.h"
-
-/* Choice indices, as the templates' enums. */
-enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
 
 extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
 extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
@@ -21,32 +19,6 @@ extern const char *const tl_packed_names[]; /* "padded", "packed": a configurati
  * call's own mask count (a count pass first) */
 enum { TL_LINE_NORM_VALUE = 0, TL_LINE_NORM_TENSOR = 1, TL_LINE_NORM_COUNT = 2 };
 extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
-
-/* Mirrors tl::Streams<NIN, NOUT>: 8-byte fields only, so C and C++ lay it out alike. */
-#define TL_STREAMS(NIN, NOUT)        \
-  struct {                           \
-    const void *in[NIN];             \
-    void *out[NOUT];                 \
-    int64_t in_stride[NIN];          \
-    int64_t out_stride[NOUT];        \
-    const void *mask;                \
-    int64_t mask_stride;             \
-    const void *offsets;             \
-    int64_t rows, cols, tiles_per_row, tile; \
-  }
-
-/* How the aggregation's divisor reaches the kernels (tl::NORM_* of token_loss.cuh): a host
- * number folded into c_grad, a device scalar (f32 or f64) read by every block, or the local
- * count of the mask counted by a pre-pass (tl_count) into the workspace. */
-enum { TL_NORM_VALUE = 0, TL_NORM_F32 = 1, TL_NORM_F64 = 2, TL_NORM_COUNT = 3 };
-
-/* Mirrors tl::Norm (8-byte fields): with NORM_VALUE the kernels use c_grad as it is; otherwise c_grad is the
- * numerator and the kernels divide it by the device scalar or the count. */
-typedef struct tl_norm {
-  const void *value;
-  void *counts;
-  int64_t kind, num_counts;
-} tl_norm;
 
 /* Threads per block, chunk unroll (f32) and blocks per multiprocessor of the token pass:
  * RLK_TL_BLOCK, RLK_TL_UNROLL and RLK_TL_BLOCKS_PER_SM of token_loss.cuh. */

@@ -11,8 +11,8 @@
 #include "core/core.h"
 #include "ops/ops.h"
 #include "ops/token_loss.h"
+#include "common/value_loss_params.h"
 
-#define VL_NACC 5
 #define VL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
 static const rlk_param_decl vl_main_params[] = {
@@ -43,22 +43,6 @@ static const rlk_template vl_reduce_tmpl = {"value_loss", "value_loss_reduce",
 
 static const rlk_template vl_host_tmpl = {"value_loss", "value_loss_host", NULL,
                                           "host/value_loss.c", 1, vl_dtype_params};
-
-/* Mirrors rlk::vl::Params (value_loss.cuh) and vl_params (templates/host/token_loss_host.h). */
-typedef struct vl_params {
-  TL_STREAMS(3, 1) s;
-  void *loss;
-  void *metrics;
-  void *partials;
-  int64_t num_partials;
-  int64_t seqmean, layout, mask_kind;
-  double clip, c_grad, bound_g;
-  tl_norm norm;
-} vl_params;
-
-_Static_assert(sizeof(vl_params) == 232, "vl_params mirrors rlk::vl::Params: 29 8-byte fields");
-
-enum { VL_IN_V = 0, VL_IN_OLD = 1, VL_IN_RET = 2 };
 
 /* ---------------------------------------------------------------------------------- */
 /* The settings and the plan (shared by calls and precompiling)                        */
@@ -130,14 +114,14 @@ RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args) {
 /* A call: the token-loss state, then the kernels' argument. */
 typedef struct vl_call {
   tl_call tl;
-  vl_params k;
+  vl_args k;
 } vl_call;
 
 static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_value_loss_args *a = args;
   vl_call *k = (vl_call *)call;
   tl_layout *L = &k->tl.L;
-  vl_params *p = &k->k;
+  vl_args *p = &k->k;
   rlk_status st;
   int64_t stride;
   if ((st = tl_layout_check(ctx, &a->values, "values", &a->seq_offsets, &a->mask, L, &stride)))
@@ -169,8 +153,8 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
 
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
   if ((st = tl_stream_check(L, &a->grad_values, "grad_values", 1, &stride))) return st;
-  p->s.out[0] = a->grad_values.data;
-  p->s.out_stride[0] = stride;
+  p->s.out[VL_OUT_GV] = a->grad_values.data;
+  p->s.out_stride[VL_OUT_GV] = stride;
   if ((st = tl_vector_check(&a->metrics, "metrics", L->dtype, RLK_VALUE_LOSS_METRICS, 0))) return st;
   p->loss = a->loss.data;
   p->metrics = a->metrics.data;
@@ -192,7 +176,7 @@ static const void *vl_launch_params(const rlk_context *ctx, const void *args, rl
   const rlk_value_loss_args *a = args;
   vl_call *k = (vl_call *)call;
   k->k.partials = a->workspace;
-  if (k->tl.count && a->workspace) k->k.norm.counts = (char *)a->workspace + tl_counts_offset(&k->tl.g, VL_NACC);
+  if (k->tl.count && a->workspace) k->k.norm.counts = (void *)((char *)a->workspace + tl_counts_offset(&k->tl.g, VL_NACC));
   return &k->k;
 }
 

@@ -10,6 +10,31 @@
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
 
+/* The scan ("family"): GAE, or discounted returns. */
+#define RLK_AS_FAMILIES(X)          \
+  X(AS_FAMILY_GAE, "gae")           \
+  X(AS_FAMILY_RETURNS, "returns")
+RLK_PARAMS_ENUM(RLK_AS_FAMILIES);
+
+/* The kernel ("algo"): a warp per row, or a block per row. */
+#define RLK_AS_ALGOS(X)       \
+  X(AS_ALGO_WARP, "warp")     \
+  X(AS_ALGO_BLOCK, "block")
+RLK_PARAMS_ENUM(RLK_AS_ALGOS);
+
+/* The masked-position semantics (the run-time field masked), in rlk_gae_masked and
+ * rlk_returns_masked order: GAE skip (verl) or zero (OpenRLHF); returns reset (verl
+ * REINFORCE++), zero (OpenRLHF, reverse cumulative sums) or carry. */
+#define RLK_AS_GAE_MASKED(X)  \
+  X(AS_GAE_SKIP, "skip")      \
+  X(AS_GAE_ZERO, "zero")
+RLK_PARAMS_ENUM(RLK_AS_GAE_MASKED);
+#define RLK_AS_RETURNS_MASKED(X)    \
+  X(AS_RETURNS_RESET, "reset")      \
+  X(AS_RETURNS_ZERO, "zero")        \
+  X(AS_RETURNS_CARRY, "carry")
+RLK_PARAMS_ENUM(RLK_AS_RETURNS_MASKED);
+
 #define RLK_ADVANTAGE_SCAN_PARAMS(F, S_) \
   F(S_, const void *, x0, 0)             \
   F(S_, long long, s0, 8)                \

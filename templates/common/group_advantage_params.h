@@ -13,6 +13,30 @@
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
 
+/* The advantage ("mode"), in rlk_advantage_mode order. */
+#define RLK_GA_MODES(X)                          \
+  X(GA_MODE_GRPO, "grpo")                        \
+  X(GA_MODE_MEAN_ONLY, "mean-only")              \
+  X(GA_MODE_RLOO, "rloo")                        \
+  X(GA_MODE_BATCH_STD, "batch-std")              \
+  X(GA_MODE_OPO, "opo")                          \
+  X(GA_MODE_PASSK, "passk")                      \
+  X(GA_MODE_PASSK_UNSCALED, "passk-unscaled")
+RLK_PARAMS_ENUM(RLK_GA_MODES);
+
+/* A one-member group's advantage ("singleton"), in rlk_singleton_policy order. */
+#define RLK_GA_SINGLETONS(X)                     \
+  X(GA_SINGLETON_MEAN0_STD1, "mean0-std1")       \
+  X(GA_SINGLETON_ZERO, "zero")
+RLK_PARAMS_ENUM(RLK_GA_SINGLETONS);
+
+/* How rows form groups ("offsets"): group_size consecutive rows, or offsets of i32 or i64. */
+#define RLK_GA_OFFSETS(X)            \
+  X(GA_OFFSETS_FIXED, "fixed")       \
+  X(GA_OFFSETS_I32, "i32")           \
+  X(GA_OFFSETS_I64, "i64")
+RLK_PARAMS_ENUM(RLK_GA_OFFSETS);
+
 #define RLK_GA_ROWSUM_PARAMS(F, S_)  \
   F(S_, const void *, rewards, 0)    \
   F(S_, long long, reward_stride, 8) \

@@ -16,6 +16,13 @@
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
 
+/* How rows form groups ("offsets"): group_size consecutive rows, or offsets of i32 or i64. */
+#define RLK_TB_OFFSETS(X)          \
+  X(TB_OFFSETS_FIXED, "fixed")     \
+  X(TB_OFFSETS_I32, "i32")         \
+  X(TB_OFFSETS_I64, "i64")
+RLK_PARAMS_ENUM(RLK_TB_OFFSETS);
+
 #define RLK_TB_SCAN_PARAMS(F, S_)     \
   F(S_, const void *, rewards, 0)     \
   F(S_, long long, reward_stride, 8)  \

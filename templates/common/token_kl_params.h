@@ -7,8 +7,16 @@
 #ifndef RLK_TOKEN_KL_PARAMS_H
 #define RLK_TOKEN_KL_PARAMS_H
 
+#include "rlk_kl_estimator.h"
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
+
+/* The outputs a call writes ("out"): the estimates, their gradient, or both. */
+#define RLK_TK_OUTPUTS(X)  \
+  X(TK_OUT_KL, "kl")       \
+  X(TK_OUT_GRAD, "grad")   \
+  X(TK_OUT_BOTH, "both")
+RLK_PARAMS_ENUM(RLK_TK_OUTPUTS);
 
 #define RLK_TK_PARAMS(F, S_)            \
   F(S_, const void *, logp, 0)          \

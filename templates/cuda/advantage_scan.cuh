@@ -10,9 +10,9 @@
  * (Hillis-Steele over shuffles, from the highest lane down) composes the groups to its right,
  * and each thread then walks its group backwards from the state that enters it, writing the
  * outputs. Rows are cut into tiles processed last to first, the state carried between tiles:
- *   ALGO_WARP   a warp per row (several rows per block), tiles of RLK_WARP_SIZE * K steps; the
+ *   AS_ALGO_WARP   a warp per row (several rows per block), tiles of RLK_WARP_SIZE * K steps; the
  *               carry into the next tile is the state lane 0 reached at the tile's first step;
- *   ALGO_BLOCK  a block per row, tiles of blockDim.x * K steps; warp 0 composes the warps' maps
+ *   AS_ALGO_BLOCK  a block per row, tiles of blockDim.x * K steps; warp 0 composes the warps' maps
  *               (a second suffix scan over shared memory) and carries the block's map forward.
  * The combination order is fixed by the launch shape: results are bitwise repeatable. Arithmetic
  * is in the data type (f32 maps decay with powers of gamma * lambda, they do not grow).
@@ -27,14 +27,6 @@
 
 namespace rlk {
 namespace as {
-
-/* Indices of the op's choice names (src/ops/advantage_scan.c). */
-enum { FAMILY_GAE = 0, FAMILY_RETURNS = 1 };
-enum { ALGO_WARP = 0, ALGO_BLOCK = 1 };
-/* Run-time masked-position semantics: GAE skip (verl) / zero (OpenRLHF); returns reset (verl
- * REINFORCE++) / zero (OpenRLHF, reverse cumulative sums). */
-enum { GAE_SKIP = 0, GAE_ZERO = 1 };
-enum { RETURNS_RESET = 0, RETURNS_ZERO = 1, RETURNS_CARRY = 2 };
 
 template <typename TS> struct gae_map {
   TS p, q, u, s, v;
@@ -53,7 +45,7 @@ template <typename TS, int FAMILY> struct family;
 
 /* GAE. A valid step: A' = gl A + g N + (r - V), N' = V. A masked step: skip - the identity;
  * zero - A' = gl A + g N, N' = 0 (the plain recurrence on zeroed inputs). */
-template <typename TS> struct family<TS, FAMILY_GAE> {
+template <typename TS> struct family<TS, AS_FAMILY_GAE> {
   typedef gae_map<TS> map;
   typedef gae_state<TS> state;
 
@@ -90,7 +82,7 @@ template <typename TS> struct family<TS, FAMILY_GAE> {
   }
   /* (step t) o F, F the composition of the steps after t. */
   static RLK_DEVICE map push(const map &F, bool valid, TS r, TS v, TS g, TS gl, int masked) {
-    if (!valid && masked == GAE_SKIP) return F;
+    if (!valid && masked == AS_GAE_SKIP) return F;
     map m;
     m.p = gl * F.p;
     m.q = gl * F.q + g * F.s;
@@ -107,14 +99,14 @@ template <typename TS> struct family<TS, FAMILY_GAE> {
     if (valid) {
       y.a = gl * x.a + g * x.n + (r - v);
       y.n = v;
-    } else if (masked == GAE_SKIP) {
+    } else if (masked == AS_GAE_SKIP) {
       y = x;
     } else {
       y.a = gl * x.a + g * x.n;
       y.n = TS(0);
     }
     o0 = y.a;
-    o1 = y.a + ((valid || masked == GAE_SKIP) ? v : TS(0));
+    o1 = y.a + ((valid || masked == AS_GAE_SKIP) ? v : TS(0));
     return y;
   }
   static RLK_DEVICE map down(const map &m, int d) {
@@ -146,7 +138,7 @@ template <typename TS> struct family<TS, FAMILY_GAE> {
 /* Discounted returns. reset: R_t = g x + r_t is written at every step, and the state carried to
  * t - 1 is R_t where valid, 0 where masked. zero: x' = g x + (valid ? r : 0), written as is.
  * carry: x' = g x + r where valid (written), x' = x where masked (0 written). */
-template <typename TS> struct family<TS, FAMILY_RETURNS> {
+template <typename TS> struct family<TS, AS_FAMILY_RETURNS> {
   typedef ret_map<TS> map;
   typedef ret_state<TS> state;
 
@@ -176,10 +168,10 @@ template <typename TS> struct family<TS, FAMILY_RETURNS> {
     (void)v;
     (void)gl;
     map m;
-    if (!valid && masked == RETURNS_RESET) {
+    if (!valid && masked == AS_RETURNS_RESET) {
       m.a = TS(0);
       m.b = TS(0);
-    } else if (!valid && masked == RETURNS_CARRY) {
+    } else if (!valid && masked == AS_RETURNS_CARRY) {
       m = F;
     } else {
       m.a = g * F.a;
@@ -194,10 +186,10 @@ template <typename TS> struct family<TS, FAMILY_RETURNS> {
     (void)gl;
     state y;
     TS out;
-    if (masked == RETURNS_RESET) {
+    if (masked == AS_RETURNS_RESET) {
       out = g * x.x + r;
       y.x = valid ? out : TS(0);
-    } else if (masked == RETURNS_CARRY) {
+    } else if (masked == AS_RETURNS_CARRY) {
       out = valid ? g * x.x + r : TS(0);
       y.x = valid ? out : x.x;
     } else {
@@ -246,7 +238,7 @@ template <typename F> RLK_DEVICE typename F::map exclusive_of(const typename F::
   return e;
 }
 
-/* One row. ALGO_WARP: the calling warp owns the row. ALGO_BLOCK: the whole block does (every
+/* One row. AS_ALGO_WARP: the calling warp owns the row. AS_ALGO_BLOCK: the whole block does (every
  * thread calls this; wagg and wcarry are the block's shared arrays). */
 template <typename TS, int FAMILY, int ALGO>
 RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int mask_kind,
@@ -260,11 +252,11 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
   const int lane = (int)(threadIdx.x % RLK_WARP_SIZE);
   const int warp = (int)(threadIdx.x / RLK_WARP_SIZE);
   const int nw = (int)(blockDim.x / RLK_WARP_SIZE);
-  const i64 idx = ALGO == ALGO_WARP ? (i64)lane : (i64)threadIdx.x;
-  const i64 tile_len = (i64)(ALGO == ALGO_WARP ? RLK_WARP_SIZE : (int)blockDim.x) * K;
+  const i64 idx = ALGO == AS_ALGO_WARP ? (i64)lane : (i64)threadIdx.x;
+  const i64 tile_len = (i64)(ALGO == AS_ALGO_WARP ? RLK_WARP_SIZE : (int)blockDim.x) * K;
   const i64 ntiles = (T + tile_len - 1) / tile_len;
 
-  state carry = F::zero(); /* ALGO_BLOCK: meaningful in warp 0 only */
+  state carry = F::zero(); /* AS_ALGO_BLOCK: meaningful in warp 0 only */
   for (i64 tile = ntiles - 1; tile >= 0; --tile) {
     const i64 t0 = tile * tile_len + idx * K;
     const i64 left = T - t0;
@@ -272,7 +264,7 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
     TS rv[K], vv[K];
     bool m[K];
     seq::load_vals<TS, K, true>(r + (n ? t0 : 0), n, vec, rv);
-    if (FAMILY == FAMILY_GAE) {
+    if (FAMILY == AS_FAMILY_GAE) {
       seq::load_vals<TS, K, true>(v + (n ? t0 : 0), n, vec, vv);
     } else {
 #pragma unroll
@@ -289,7 +281,7 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
     const map excl = exclusive_of<F>(incl, lane);
 
     state in;
-    if (ALGO == ALGO_WARP) {
+    if (ALGO == AS_ALGO_WARP) {
       in = F::apply(excl, carry);
     } else {
       if (lane == 0) wagg[warp] = incl; /* the warp's whole map */
@@ -320,21 +312,21 @@ RLK_DEVICE void scan_row(const TS *r, const TS *v, const void *mask, i64 m0, int
       seq::store_vals<TS, K>(out0 + t0, n, vec, y0);
       if (out1) seq::store_vals<TS, K>(out1 + t0, n, vec, y1);
     }
-    if (ALGO == ALGO_WARP) carry = F::from(st, 0); /* lane 0 ends at the tile's first step */
+    if (ALGO == AS_ALGO_WARP) carry = F::from(st, 0); /* lane 0 ends at the tile's first step */
   }
 }
 
 } /* namespace as */
 
-/* GAE (FAMILY_GAE) or discounted returns (FAMILY_RETURNS) over B rows of T steps.
+/* GAE (AS_FAMILY_GAE) or discounted returns (AS_FAMILY_RETURNS) over B rows of T steps.
  *   x0, x1   rewards and values (x1 unused for returns), row strides s0, s1
  *   mask     [B, T] of kind mask_kind (RLK_SEQ_MASK_*; NULL with RLK_SEQ_MASK_NONE), row stride ms
  *   o0, o1   outputs: advantages and returns (GAE), or returns and ReMax advantages (returns);
  *            o1 may be NULL; baseline [B] (returns only) may be NULL (then 0)
  *   gamma, gamma_lambda (GAE's gamma * lambda, formed in double by the caller), masked: the
  *   run-time semantics (as::GAE_* or as::RETURNS_*).
- * ALGO_WARP: blockDim.x / warp rows per block; ALGO_BLOCK: one row per block. Rows are
- * grid-strided with block-uniform (ALGO_BLOCK) or warp-uniform (ALGO_WARP) loops. */
+ * AS_ALGO_WARP: blockDim.x / warp rows per block; AS_ALGO_BLOCK: one row per block. Rows are
+ * grid-strided with block-uniform (AS_ALGO_BLOCK) or warp-uniform (AS_ALGO_WARP) loops. */
 template <typename TS, int FAMILY, int ALGO>
 __global__ void advantage_scan(RLK_PARAMS_ARG as_args p_) {
   const TS *__restrict__ x0 = (const TS *)p_.x0, *__restrict__ x1 = (const TS *)p_.x1;
@@ -354,7 +346,7 @@ __global__ void advantage_scan(RLK_PARAMS_ARG as_args p_) {
   const int mb = seq::mask_bytes(mask_kind);
 
   i64 row, step;
-  if (ALGO == as::ALGO_WARP) {
+  if (ALGO == AS_ALGO_WARP) {
     row = (i64)blockIdx.x * nw + warp;
     step = (i64)gridDim.x * nw;
   } else {
@@ -363,7 +355,7 @@ __global__ void advantage_scan(RLK_PARAMS_ARG as_args p_) {
   }
   for (; row < B; row += step) {
     const TS *r = x0 + row * s0;
-    const TS *v = FAMILY == as::FAMILY_GAE ? x1 + row * s1 : x0;
+    const TS *v = FAMILY == AS_FAMILY_GAE ? x1 + row * s1 : x0;
     TS *out0 = o0 + row * os0;
     TS *out1 = o1 ? o1 + row * os1 : nullptr;
     const i64 m0 = row * ms;

@@ -21,11 +21,6 @@
 namespace rlk {
 namespace ga {
 
-enum { MODE_GRPO = 0, MODE_MEAN_ONLY = 1, MODE_RLOO = 2, MODE_BATCH_STD = 3, MODE_OPO = 4, MODE_PASSK = 5,
-       MODE_PASSK_UNSCALED = 6 };
-enum { SINGLETON_MEAN0_STD1 = 0, SINGLETON_ZERO = 1 };
-enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
-
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
   /* a mask is never written: read-only loads (ld_ro) */
@@ -39,14 +34,14 @@ template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
 template <int G, int OFFSETS>
 RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i64 *start,
                             i64 *end) {
-  if (OFFSETS == OFFSETS_FIXED) {
+  if (OFFSETS == GA_OFFSETS_FIXED) {
     const i64 size = G > 0 ? (i64)G : group_size;
     *start = g * size;
     *end = *start + size;
     return;
   }
   i64 a, b;
-  if (OFFSETS == OFFSETS_I32) {
+  if (OFFSETS == GA_OFFSETS_I32) {
     a = ((const i32 *)offsets)[g];
     b = ((const i32 *)offsets)[g + 1];
   } else {
@@ -218,7 +213,7 @@ __global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga_rowsum_args p_) {
  * them would multiply compiles for nothing. SEG threads share a group: a power of two; up to a
  * warp they are an aligned lane segment (several groups per block), beyond that the whole
  * block (blockDim.x == SEG). G > 0 bakes a fixed group size in; G == 0 reads group_size
- * (OFFSETS_FIXED) or the offsets. Groups are grid-strided with a block-uniform loop, so every
+ * (GA_OFFSETS_FIXED) or the offsets. Groups are grid-strided with a block-uniform loop, so every
  * lane reaches every shuffle and barrier. scores may be the advantages buffer itself (in
  * place): each element is read and written by one thread only, and a group's (and the batch's)
  * statistics are complete (shuffle or barrier) before any of its members is written.
@@ -238,13 +233,13 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
   const bool nan_skip = p_.nan_unscorable != 0;
   static_assert(SEG >= 1 && SEG <= RLK_MAX_BLOCK && (SEG & (SEG - 1)) == 0, "SEG");
   constexpr bool kWholeBlock = SEG > RLK_WARP_SIZE;
-  constexpr bool kPassk = MODE == ga::MODE_PASSK || MODE == ga::MODE_PASSK_UNSCALED;
+  constexpr bool kPassk = MODE == GA_MODE_PASSK || MODE == GA_MODE_PASSK_UNSCALED;
   __shared__ TS scratch[RLK_MAX_WARPS];
   __shared__ i64 iscratch[kPassk ? RLK_MAX_WARPS : 1];
   const TS e = (TS)eps;
 
   TS batch_scale = TS(1);
-  if (MODE == ga::MODE_BATCH_STD) {
+  if (MODE == GA_MODE_BATCH_STD) {
     /* unrolled so that several loads are in flight; the additions stay in index order */
     TS s = TS(0), cnt = TS(0);
 #pragma unroll 8
@@ -290,7 +285,7 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
     const TS mean = sum / (TS)n;
 
     TS scale = TS(1);
-    if (MODE == ga::MODE_GRPO || MODE == ga::MODE_PASSK) {
+    if (MODE == GA_MODE_GRPO || MODE == GA_MODE_PASSK) {
       TS q = TS(0);
       for (i64 i = start + lane; i < end; i += SEG) {
         const TS x = scores[i * score_stride];
@@ -299,13 +294,13 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
       }
       q = ga::group_sum<SEG>(q, scratch);
       scale = sqrt_(q / (TS)(unbiased ? n - 1 : n)) + e;
-    } else if (MODE == ga::MODE_BATCH_STD) {
+    } else if (MODE == GA_MODE_BATCH_STD) {
       scale = batch_scale;
     }
 
     /* opo: the weighted mean */
     TS wmean = TS(0);
-    if (MODE == ga::MODE_OPO) {
+    if (MODE == GA_MODE_OPO) {
       TS ws = TS(0), w = TS(0);
       for (i64 i = start + lane; i < end; i += SEG) {
         const TS x = scores[i * score_stride], wi = weights[i * weight_stride];
@@ -342,7 +337,7 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
         if (ga::scorable(x, nan_skip) && i != best && x > m2) m2 = x;
       }
       m2 = ga::group_reduce<SEG>(m2, scratch, ga::MaxOp());
-      gap = MODE == ga::MODE_PASSK ? (m1 - m2) / scale : m1 - m2;
+      gap = MODE == GA_MODE_PASSK ? (m1 - m2) / scale : m1 - m2;
     }
 
     for (i64 i = start + lane; i < end; i += SEG) {
@@ -353,17 +348,17 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
       } else if (kPassk) {
         a = n >= 2 && i == best ? gap : TS(0);
       } else if (n == 1) {
-        if (singleton == ga::SINGLETON_ZERO)
+        if (singleton == GA_SINGLETON_ZERO)
           a = TS(0);
-        else if (MODE == ga::MODE_GRPO || MODE == ga::MODE_BATCH_STD)
+        else if (MODE == GA_MODE_GRPO || MODE == GA_MODE_BATCH_STD)
           a = s / (TS(1) + e);
         else
           a = s;
-      } else if (MODE == ga::MODE_RLOO) {
+      } else if (MODE == GA_MODE_RLOO) {
         a = s - (sum - s) / (TS)(n - 1);
-      } else if (MODE == ga::MODE_MEAN_ONLY) {
+      } else if (MODE == GA_MODE_MEAN_ONLY) {
         a = s - mean;
-      } else if (MODE == ga::MODE_OPO) {
+      } else if (MODE == GA_MODE_OPO) {
         a = s - wmean;
       } else {
         a = (s - mean) / scale;

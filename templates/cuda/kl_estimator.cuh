@@ -8,13 +8,11 @@
 #ifndef RLK_KL_ESTIMATOR_CUH
 #define RLK_KL_ESTIMATOR_CUH
 
+#include "rlk_kl_estimator.h"
 #include "token_loss.cuh"
 
 namespace rlk {
 namespace kl {
-
-/* rlk_kl_estimator's values. */
-enum { K1 = 0, ABS = 1, K2 = 2, K3 = 3 };
 
 template <typename T> RLK_DEVICE T expm1_(T x);
 /* e^x - 1 in f32: the Taylor series through x^8 where |x| <= 0.5 (error below 2e-8 relative, no
@@ -33,13 +31,13 @@ template <int EST, bool ST, typename T>
 RLK_DEVICE T estimate(T e, T in_lo, T in_hi, T out_lo, T out_hi, T bg, T *grad) {
   const T ec = tl::clampv(e, in_lo, in_hi);
   T v, gv;
-  if (EST == K1) {
+  if (EST == RLK_KL_EST_K1) {
     v = ec;
     gv = T(1);
-  } else if (EST == ABS) {
+  } else if (EST == RLK_KL_EST_ABS) {
     v = ec < T(0) ? -ec : ec;
     gv = ec > T(0) ? T(1) : (ec < T(0) ? T(-1) : T(0));
-  } else if (EST == K2) {
+  } else if (EST == RLK_KL_EST_K2) {
     v = T(0.5) * ec * ec;
     gv = ec;
   } else { /* k3 = exp(-e) + e - 1 = expm1(-e) + e, accurate near 0 */

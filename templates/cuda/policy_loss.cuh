@@ -17,59 +17,11 @@
 #define RLK_POLICY_LOSS_CUH
 
 #include "kl_estimator.cuh"
+#include "policy_loss_params.h"
 #include "token_loss.cuh"
 
 namespace rlk {
 namespace pl {
-
-enum { MODE_PPO = 0, MODE_GSPO = 1, MODE_CISPO = 2, MODE_SAPO = 3, MODE_REINFORCE = 4,
-       MODE_GEO_MEAN = 5 };
-enum { KL_NONE = 0 }; /* else 1 + rlk_kl_estimator */
-enum { ENT_NONE = 0, ENT_READ = 1, ENT_GRAD = 2 };
-
-/* Streams (token_loss Streams<6, 2>). */
-enum { IN_LOGP = 0, IN_OLD = 1, IN_ADV = 2, IN_REF = 3, IN_ENT = 4, IN_ISW = 5, NIN = 6 };
-enum { OUT_GLOGP = 0, OUT_GENT = 1, NOUT = 2 };
-
-/* Accumulators, in the order of the partials (the reduce kernel and the host agree). */
-enum {
-  A_PG = 0,      /* sum w l         (w = m, or m / n_b for seq-mean-token-mean) */
-  A_KL = 1,      /* sum w kl */
-  A_ENT = 2,     /* sum w entropy */
-  A_MASK = 3,    /* sum m */
-  A_CLIP = 4,    /* sum m [clip active] */
-  A_DUAL = 5,    /* sum m [dual clip active] */
-  A_LOW = 6,     /* sum m [r < lo, A < 0] */
-  A_HIGH = 7,    /* sum m [r > hi, A > 0] */
-  A_APPROX = 8,  /* sum m (-clamped log-ratio) */
-  A_KLMEAN = 9,  /* sum m kl */
-  A_ENTMEAN = 10, /* sum m entropy */
-  A_RMAX = 11,   /* max r */
-  A_RMIN = 12,   /* min r */
-  A_APPROX_RAW = 13, /* sum m (-log-ratio, not clamped) */
-  A_SEQ_LOW = 14,    /* sequences with [s < lo, A < 0] (gspo, per-sequence advantages) */
-  A_SEQ_HIGH = 15,   /* sequences with [s > hi, A > 0] */
-  A_ROWS = 16,       /* sequences */
-  NACC = 17
-};
-
-/* The kernels' argument, mirrored by src/ops/policy_loss.c (8-byte fields only). The flag
- * fields are read by the host kernel only; here they are template parameters. */
-struct Params {
-  tl::Streams<NIN, NOUT> s;
-  const void *adv_seq; /* per-sequence advantages [rows], or NULL */
-  void *loss;          /* [1] */
-  void *metrics;       /* [RLK_POLICY_LOSS_METRICS] or NULL */
-  double *partials;    /* [num_partials][NACC] */
-  i64 num_partials;
-  i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
-  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
-  double kl_coef, ent_coef;
-  double bound_g; /* a clamp's gradient on its bounds */
-  tl::Norm norm;
-};
-static_assert(sizeof(Params) == 440, "Params: 55 8-byte fields, mirrored by the host side");
 
 template <typename T> RLK_DEVICE T exp_(T x);
 template <> RLK_DEVICE float exp_(float x) { return expf(x); }
@@ -123,24 +75,24 @@ template <typename T> RLK_DEVICE T geo_clip(T A, T d, T lo, T hi, T bg, T *g) {
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, bool HAS_MASK, bool ADVSEQ, int ENT,
           bool ISW, bool SEQGRAD>
 struct Op {
-  static constexpr int NIN = pl::NIN, NOUT = pl::NOUT, NACC = pl::NACC;
-  static constexpr unsigned IN_BITS = (1u << IN_LOGP) | (1u << IN_OLD) | (ADVSEQ ? 0u : 1u << IN_ADV) |
-                                      (KL != KL_NONE ? 1u << IN_REF : 0u) |
-                                      (ENT != ENT_NONE ? 1u << IN_ENT : 0u) | (ISW ? 1u << IN_ISW : 0u);
-  static constexpr unsigned OUT_BITS = (1u << OUT_GLOGP) | (ENT == ENT_GRAD ? 1u << OUT_GENT : 0u);
+  static constexpr int NIN = PL_NIN, NOUT = PL_NOUT, NACC = PL_NACC;
+  static constexpr unsigned IN_BITS = (1u << PL_IN_LOGP) | (1u << PL_IN_OLD) | (ADVSEQ ? 0u : 1u << PL_IN_ADV) |
+                                      (KL != PL_KL_NONE ? 1u << PL_IN_REF : 0u) |
+                                      (ENT != PL_ENT_NONE ? 1u << PL_IN_ENT : 0u) | (ISW ? 1u << PL_IN_ISW : 0u);
+  static constexpr unsigned OUT_BITS = (1u << PL_OUT_GLOGP) | (ENT == PL_ENT_GRAD ? 1u << PL_OUT_GENT : 0u);
   /* GSPO needs each sequence's mean log-ratio (and, differentiated through the mean, the sums
    * of the weighted advantages by sign); seq-mean-token-mean its token count (known without a
    * pass when there is no mask). */
-  static constexpr bool GEO = MODE == MODE_GEO_MEAN;
-  static constexpr bool ROWSTAT = MODE == MODE_GSPO || GEO || (SEQMEAN && HAS_MASK);
-  static constexpr bool MEANGRAD = MODE == MODE_GSPO && SEQGRAD;
+  static constexpr bool GEO = MODE == PL_MODE_GEO_MEAN;
+  static constexpr bool ROWSTAT = MODE == PL_MODE_GSPO || GEO || (SEQMEAN && HAS_MASK);
+  static constexpr bool MEANGRAD = MODE == PL_MODE_GSPO && SEQGRAD;
   static constexpr unsigned PRE_BITS =
-      (MODE == MODE_GSPO || GEO ? (1u << IN_LOGP) | (1u << IN_OLD) : 0u) |
-      (MEANGRAD || GEO ? (ADVSEQ ? 0u : 1u << IN_ADV) : 0u) |
-      (MEANGRAD && ISW ? 1u << IN_ISW : 0u);
+      (MODE == PL_MODE_GSPO || GEO ? (1u << PL_IN_LOGP) | (1u << PL_IN_OLD) : 0u) |
+      (MEANGRAD || GEO ? (ADVSEQ ? 0u : 1u << PL_IN_ADV) : 0u) |
+      (MEANGRAD && ISW ? 1u << PL_IN_ISW : 0u);
   static constexpr int NPRE = MEANGRAD || GEO ? 4 : 2;
   static constexpr int reduce_kind(int k) {
-    return k == A_RMAX ? tl::RED_MAX : (k == A_RMIN ? tl::RED_MIN : tl::RED_SUM);
+    return k == PL_A_RMAX ? tl::RED_MAX : (k == PL_A_RMIN ? tl::RED_MIN : tl::RED_SUM);
   }
 
   /* run-time numbers */
@@ -152,7 +104,7 @@ struct Op {
   bool s_low, s_high;
 
   /* c: the gradient constant (tl::grad_scale) */
-  RLK_DEVICE Op(const Params &a, double c) {
+  RLK_DEVICE Op(const pl_args &a, double c) {
     adv_seq = (const T *)a.adv_seq;
     lo = (T)a.clip_lo;
     hi = (T)a.clip_hi;
@@ -181,8 +133,8 @@ struct Op {
   RLK_DEVICE void acc_init(T *acc) const {
 #pragma unroll
     for (int k = 0; k < NACC; ++k) acc[k] = T(0);
-    acc[A_RMAX] = -limits<T>::infinity();
-    acc[A_RMIN] = limits<T>::infinity();
+    acc[PL_A_RMAX] = -limits<T>::infinity();
+    acc[PL_A_RMIN] = limits<T>::infinity();
   }
 
   RLK_DEVICE void row_begin(i64 row, i64 len) {
@@ -193,18 +145,18 @@ struct Op {
   RLK_DEVICE void pre(const T *x, float m, T *pre) const {
     if (m == 0.0f) return;
     pre[0] += (T)m;
-    if (MODE == MODE_GSPO) pre[1] += (T)m * (x[IN_LOGP] - x[IN_OLD]);
+    if (MODE == PL_MODE_GSPO) pre[1] += (T)m * (x[PL_IN_LOGP] - x[PL_IN_OLD]);
     if (GEO) {
       /* the clipped log-ratios and the advantages, for the sequence's means */
-      const T A = ADVSEQ ? adv_row : x[IN_ADV];
+      const T A = ADVSEQ ? adv_row : x[PL_IN_ADV];
       T g;
-      pre[1] += (T)m * geo_clip(A, x[IN_LOGP] - x[IN_OLD], -clip_l, clip_h, bg, &g);
+      pre[1] += (T)m * geo_clip(A, x[PL_IN_LOGP] - x[PL_IN_OLD], -clip_l, clip_h, bg, &g);
       pre[2] += (T)m * A;
     }
     if (MEANGRAD) {
       /* the weighted advantages by sign: the term's derivative in s is linear in A per sign */
-      const T A = ADVSEQ ? adv_row : x[IN_ADV];
-      const T wa = (T)m * (ISW ? x[IN_ISW] : T(1)) * A;
+      const T A = ADVSEQ ? adv_row : x[PL_IN_ADV];
+      const T wa = (T)m * (ISW ? x[PL_IN_ISW] : T(1)) * A;
       pre[2] += A > T(0) ? wa : T(0);
       pre[3] += A < T(0) ? wa : T(0);
     }
@@ -218,7 +170,7 @@ struct Op {
       s_ratio = exp_(n > T(0) ? pre[1] / n : T(0));
       adv_mean = n > T(0) ? pre[2] / n : T(0);
     }
-    if (MODE == MODE_GSPO) {
+    if (MODE == PL_MODE_GSPO) {
       const T x = n > T(0) ? pre[1] / n : T(0);
       s_ratio = exp_(tl::clampv(x, lr_min, lr_max));
       s_gate = tl::gate(x, lr_min, lr_max, bg) * s_ratio;
@@ -235,39 +187,39 @@ struct Op {
   }
 
   RLK_DEVICE void row_done(T *acc) const {
-    if (MODE == MODE_GSPO && ADVSEQ) {
-      acc[A_SEQ_LOW] += s_low ? T(1) : T(0);
-      acc[A_SEQ_HIGH] += s_high ? T(1) : T(0);
-      acc[A_ROWS] += T(1);
+    if (MODE == PL_MODE_GSPO && ADVSEQ) {
+      acc[PL_A_SEQ_LOW] += s_low ? T(1) : T(0);
+      acc[PL_A_SEQ_HIGH] += s_high ? T(1) : T(0);
+      acc[PL_A_ROWS] += T(1);
     }
   }
 
   /* One token. Written with selects rather than branches (the lanes of a warp take different
    * sides of the clip), except the masked-token exit: masked tokens come in runs. */
   RLK_DEVICE void token(const T *x, float mf, T *acc, T *y) const {
-    y[OUT_GLOGP] = T(0);
-    y[OUT_GENT] = T(0);
+    y[PL_OUT_GLOGP] = T(0);
+    y[PL_OUT_GENT] = T(0);
     if (mf == 0.0f) return;
     const T m = (T)mf;
-    const T lp = x[IN_LOGP];
-    const T A = ADVSEQ ? adv_row : x[IN_ADV];
-    const T d = lp - x[IN_OLD];
+    const T lp = x[PL_IN_LOGP];
+    const T A = ADVSEQ ? adv_row : x[PL_IN_ADV];
+    const T d = lp - x[PL_IN_OLD];
     const T dc = tl::clampv(d, lr_min, lr_max);
     const T dpass = tl::gate(d, lr_min, lr_max, bg);
 
     T r, l, dl; /* ratio, policy term, d term / d logp */
     bool clip = false, dualc = false, low = false, high = false;
-    if (MODE == MODE_PPO || MODE == MODE_GSPO) {
-      r = MODE == MODE_GSPO ? s_ratio : exp_(dc);
+    if (MODE == PL_MODE_PPO || MODE == PL_MODE_GSPO) {
+      r = MODE == PL_MODE_GSPO ? s_ratio : exp_(dc);
       const Clip<T> c = ppo_clip<T, true>(A, r, lo, hi, dual, bg);
       l = c.l;
       clip = c.clip;
       dualc = c.dual;
       /* a stopped gradient stays 0 even where r overflowed */
-      dl = MODE == MODE_GSPO ? c.g * s_gate : (dpass != T(0) ? c.g * dpass * r : T(0));
+      dl = MODE == PL_MODE_GSPO ? c.g * s_gate : (dpass != T(0) ? c.g * dpass * r : T(0));
       low = r < lo && A < T(0);
       high = r > hi && A > T(0);
-    } else if (MODE == MODE_CISPO) {
+    } else if (MODE == PL_MODE_CISPO) {
       r = exp_(dc);
       const T w = tl::clampv(r, lo, hi);
       l = -w * A * lp;
@@ -275,7 +227,7 @@ struct Op {
       clip = r < lo || r > hi;
       low = r < lo && A < T(0);
       high = r > hi && A > T(0);
-    } else if (MODE == MODE_SAPO) {
+    } else if (MODE == PL_MODE_SAPO) {
       r = exp_(dc);
       const T tau = A > T(0) ? tau_pos : tau_neg;
       const T z = tau * (r - T(1));
@@ -283,7 +235,7 @@ struct Op {
       const T sn = T(1) / (T(1) + exp_(z));  /* 1 - sigmoid(z), without cancellation */
       l = -sp * (T(4) / tau) * A;
       dl = dpass != T(0) ? -A * T(4) * sp * sn * r * dpass : T(0);
-    } else if (MODE == MODE_GEO_MEAN) {
+    } else if (MODE == PL_MODE_GEO_MEAN) {
       /* the sequence's term L = -mean(A) s, the same for each of its tokens: the aggregation
        * gives it the weight W = sum_t w_t = n rowfac, and d L / d logp_t = L g_t m_t / n, so
        * token t's gradient is w_t L g_t, a per-token term's form */
@@ -301,45 +253,45 @@ struct Op {
       dl = -A;
     }
     if (ISW) {
-      const T w = x[IN_ISW];
+      const T w = x[PL_IN_ISW];
       l = l * w;
       dl = dl * w;
     }
 
     T kv = T(0), gk = T(0);
-    if (KL != KL_NONE) {
-      kv = kl::estimate<KL - 1, ST>(lp - x[IN_REF], -kl_in, kl_in, -kl_out, kl_out, bg, &gk);
+    if (KL != PL_KL_NONE) {
+      kv = kl::estimate<KL - 1, ST>(lp - x[PL_IN_REF], -kl_in, kl_in, -kl_out, kl_out, bg, &gk);
     }
-    const T ent = ENT != ENT_NONE ? x[IN_ENT] : T(0);
+    const T ent = ENT != PL_ENT_NONE ? x[PL_IN_ENT] : T(0);
 
     const T w = SEQMEAN ? m * rowfac : m;
-    acc[A_PG] += w * l;
-    if (KL != KL_NONE) {
-      acc[A_KL] += w * kv;
-      acc[A_KLMEAN] += m * kv;
+    acc[PL_A_PG] += w * l;
+    if (KL != PL_KL_NONE) {
+      acc[PL_A_KL] += w * kv;
+      acc[PL_A_KLMEAN] += m * kv;
     }
-    if (ENT != ENT_NONE) {
-      acc[A_ENT] += w * ent;
-      acc[A_ENTMEAN] += m * ent;
+    if (ENT != PL_ENT_NONE) {
+      acc[PL_A_ENT] += w * ent;
+      acc[PL_A_ENTMEAN] += m * ent;
     }
-    acc[A_MASK] += m;
-    if (MODE != MODE_SAPO && MODE != MODE_REINFORCE) {
-      acc[A_CLIP] += clip ? m : T(0);
-      acc[A_LOW] += low ? m : T(0);
-      acc[A_HIGH] += high ? m : T(0);
+    acc[PL_A_MASK] += m;
+    if (MODE != PL_MODE_SAPO && MODE != PL_MODE_REINFORCE) {
+      acc[PL_A_CLIP] += clip ? m : T(0);
+      acc[PL_A_LOW] += low ? m : T(0);
+      acc[PL_A_HIGH] += high ? m : T(0);
     }
-    if (MODE == MODE_PPO || MODE == MODE_GSPO || MODE == MODE_GEO_MEAN)
-      acc[A_DUAL] += dualc ? m : T(0);
-    acc[A_APPROX] -= m * dc;
-    acc[A_APPROX_RAW] -= m * d;
-    acc[A_RMAX] = fmax_(acc[A_RMAX], r);
-    acc[A_RMIN] = fmin_(acc[A_RMIN], r);
+    if (MODE == PL_MODE_PPO || MODE == PL_MODE_GSPO || MODE == PL_MODE_GEO_MEAN)
+      acc[PL_A_DUAL] += dualc ? m : T(0);
+    acc[PL_A_APPROX] -= m * dc;
+    acc[PL_A_APPROX_RAW] -= m * d;
+    acc[PL_A_RMAX] = fmax_(acc[PL_A_RMAX], r);
+    acc[PL_A_RMIN] = fmin_(acc[PL_A_RMIN], r);
 
     /* through the mean, every token of the sequence gets the same policy gradient per unit
      * of mask (row_g); its KL term stays its own */
     const T pg = MEANGRAD ? m * (cg * row_g) : w * (cg * dl);
-    y[OUT_GLOGP] = KL != KL_NONE ? pg + w * (ckl * gk) : pg;
-    if (ENT == ENT_GRAD) y[OUT_GENT] = w * cent;
+    y[PL_OUT_GLOGP] = KL != PL_KL_NONE ? pg + w * (ckl * gk) : pg;
+    if (ENT == PL_ENT_GRAD) y[PL_OUT_GENT] = w * cent;
   }
 };
 
@@ -349,9 +301,9 @@ struct Op {
  * number of items) is sized by the host from the device's multiprocessors. */
 template <typename T, int MODE, int KL, bool ST, bool SEQMEAN, int LAYOUT, int MASK, bool ADVSEQ,
           int ENT, bool ISW, bool SEQGRAD>
-__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(RLK_PARAMS_ARG pl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_loss_main(RLK_PARAMS_ARG pl_args a) {
   typedef pl::Op<T, MODE, KL, ST, SEQMEAN, MASK != RLK_SEQ_MASK_NONE, ADVSEQ, ENT, ISW, SEQGRAD> O;
-  __shared__ T sh_acc[pl::NACC * RLK_MAX_WARPS];
+  __shared__ T sh_acc[PL_NACC * RLK_MAX_WARPS];
   __shared__ T sh2[O::NPRE * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];
   O op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
@@ -360,7 +312,7 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) policy_los
 
 /* The mask count pass (token-mean without a normalizer): per-block counts. */
 template <int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(RLK_PARAMS_ARG pl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(RLK_PARAMS_ARG pl_args a) {
   __shared__ double sh[RLK_MAX_WARPS];
   tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
@@ -368,40 +320,40 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK) policy_loss_count(RLK_PARAMS_ARG
 /* Loss and metrics from the partials, one block. Outputs in T. */
 struct PolicyReduceKinds {
   static constexpr int reduce_kind(int k) {
-    return k == pl::A_RMAX ? tl::RED_MAX : (k == pl::A_RMIN ? tl::RED_MIN : tl::RED_SUM);
+    return k == PL_A_RMAX ? tl::RED_MAX : (k == PL_A_RMIN ? tl::RED_MIN : tl::RED_SUM);
   }
 };
 
-template <typename T> __global__ void policy_loss_reduce(RLK_PARAMS_ARG pl::Params a) {
-  __shared__ double sh[pl::NACC * RLK_MAX_WARPS];
-  double s[pl::NACC];
+template <typename T> __global__ void policy_loss_reduce(RLK_PARAMS_ARG pl_args a) {
+  __shared__ double sh[PL_NACC * RLK_MAX_WARPS];
+  double s[PL_NACC];
   const double c = tl::grad_scale(a.norm, a.c_grad, sh);
   tl::reduce_partials<PolicyReduceKinds>(a.partials, a.num_partials, sh, s);
   if (threadIdx.x != 0) return;
-  const double pg = c * s[pl::A_PG], kl = c * s[pl::A_KL], ent = c * s[pl::A_ENT];
+  const double pg = c * s[PL_A_PG], kl = c * s[PL_A_KL], ent = c * s[PL_A_ENT];
   ((T *)a.loss)[0] = (T)(pg + a.kl_coef * kl - a.ent_coef * ent);
   if (a.metrics) {
     T *m = (T *)a.metrics;
-    const double n = s[pl::A_MASK];
+    const double n = s[PL_A_MASK];
     const double inv = n != 0.0 ? 1.0 / n : 0.0;
-    m[0] = (T)(s[pl::A_CLIP] * inv);
-    m[1] = (T)(s[pl::A_DUAL] * inv);
-    m[2] = (T)(s[pl::A_LOW] * inv);
-    m[3] = (T)(s[pl::A_HIGH] * inv);
-    m[4] = (T)(s[pl::A_APPROX] * inv);
-    m[5] = (T)(s[pl::A_KLMEAN] * inv);
-    m[6] = (T)(s[pl::A_ENTMEAN] * inv);
-    m[7] = (T)(n != 0.0 ? s[pl::A_RMAX] : 0.0);
-    m[8] = (T)(n != 0.0 ? s[pl::A_RMIN] : 0.0);
+    m[0] = (T)(s[PL_A_CLIP] * inv);
+    m[1] = (T)(s[PL_A_DUAL] * inv);
+    m[2] = (T)(s[PL_A_LOW] * inv);
+    m[3] = (T)(s[PL_A_HIGH] * inv);
+    m[4] = (T)(s[PL_A_APPROX] * inv);
+    m[5] = (T)(s[PL_A_KLMEAN] * inv);
+    m[6] = (T)(s[PL_A_ENTMEAN] * inv);
+    m[7] = (T)(n != 0.0 ? s[PL_A_RMAX] : 0.0);
+    m[8] = (T)(n != 0.0 ? s[PL_A_RMIN] : 0.0);
     m[9] = (T)pg;
     m[10] = (T)kl;
     m[11] = (T)ent;
     m[12] = (T)n;
-    m[13] = (T)(s[pl::A_APPROX_RAW] * inv);
+    m[13] = (T)(s[PL_A_APPROX_RAW] * inv);
     /* per sequence where the ratio is one per sequence (counted rows), else per token */
-    const double rows = s[pl::A_ROWS];
-    m[14] = (T)(rows != 0.0 ? s[pl::A_SEQ_LOW] / rows : s[pl::A_LOW] * inv);
-    m[15] = (T)(rows != 0.0 ? s[pl::A_SEQ_HIGH] / rows : s[pl::A_HIGH] * inv);
+    const double rows = s[PL_A_ROWS];
+    m[14] = (T)(rows != 0.0 ? s[PL_A_SEQ_LOW] / rows : s[PL_A_LOW] * inv);
+    m[15] = (T)(rows != 0.0 ? s[PL_A_SEQ_HIGH] / rows : s[PL_A_HIGH] * inv);
   }
 }
 

@@ -27,8 +27,6 @@
 namespace rlk {
 namespace tb {
 
-enum { OFFSETS_FIXED = 0, OFFSETS_I32 = 1, OFFSETS_I64 = 2 };
-
 /* Lanes of a row's team. */
 constexpr int TEAM = 32;
 
@@ -75,13 +73,13 @@ template <typename T> RLK_DEVICE T team_scan(T v, int lane) {
 /* [start, end) of group g, clamped into [0, B] and non-decreasing. */
 template <int OFFSETS>
 RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i64 *start, i64 *end) {
-  if (OFFSETS == OFFSETS_FIXED) {
+  if (OFFSETS == TB_OFFSETS_FIXED) {
     *start = min_(g * group_size, B);
     *end = min_(*start + group_size, B);
     return;
   }
   i64 a, b;
-  if (OFFSETS == OFFSETS_I32) {
+  if (OFFSETS == TB_OFFSETS_I32) {
     a = ((const i32 *)offsets)[g];
     b = ((const i32 *)offsets)[g + 1];
   } else {

@@ -7,7 +7,7 @@
  * gradient when given and the mask's weight; where the mask is 0 both outputs are 0 whatever
  * the inputs hold. Arithmetic in the inputs' dtype. Template values, in the op's schema order:
  * the dtype, the estimator (rlk_kl_estimator), the mask kind (RLK_SEQ_MASK_*), straight-through,
- * old_logp present, grad_kl present, and which outputs are written (OUT_*). Inputs are never
+ * old_logp present, grad_kl present, and which outputs are written (TK_OUT_*). Inputs are never
  * written by the kernel (outputs overlap none): read-only loads. */
 #ifndef RLK_TOKEN_KL_CUH
 #define RLK_TOKEN_KL_CUH
@@ -17,8 +17,6 @@
 
 namespace rlk {
 namespace tk {
-
-enum { OUT_KL = 0, OUT_GRAD = 1, OUT_BOTH = 2 };
 
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
   if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
@@ -59,8 +57,8 @@ __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
           g = g * (T)m;
         }
       }
-      if (OUT != tk::OUT_GRAD) kl[b * p_.kl_stride + t] = v;
-      if (OUT != tk::OUT_KL) grad[b * p_.grad_stride + t] = g;
+      if (OUT != TK_OUT_GRAD) kl[b * p_.kl_stride + t] = v;
+      if (OUT != TK_OUT_KL) grad[b * p_.grad_stride + t] = g;
     }
   }
 }

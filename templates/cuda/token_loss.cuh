@@ -29,19 +29,20 @@
  * partials in a fixed order. No float atomics: the result depends only on the inputs and the
  * launch shape, which the host derives from the problem shape and the device.
  *
- * The aggregation's divisor (Norm): a host number is folded into the constant c the kernels get;
+ * The aggregation's divisor (tl_norm): a host number is folded into the constant c the kernels get;
  * a device scalar (the caller's global count, all-reduced on the device) is read by every block;
  * without either, token-mean divides by this call's mask count, which a pre-pass (count_pass)
  * sums into per-block partials that every block of the later kernels adds up in the same fixed
  * order (grad_scale): the same bits everywhere, no float atomics, nothing read by the host.
  *
- * The enum values are the indices of the choice names in the ops' parameter schemas
- * (src/ops/token_loss.h). */
+ * The layouts, the streams (S: an op's streams struct, RLK_TL_STREAMS) and the divisor (tl_norm)
+ * are declared in templates/common/token_loss_params.h. */
 #ifndef RLK_TOKEN_LOSS_CUH
 #define RLK_TOKEN_LOSS_CUH
 
 #include "rlk_prelude.cuh"
 #include "rlk_seq_mask.h"
+#include "token_loss_params.h"
 
 /* Threads per block of the token pass, 4-token chunks a thread loads at once, and the blocks
  * of the pass that must fit on one multiprocessor together (the launch bound; the host launches
@@ -53,30 +54,7 @@
 namespace rlk {
 namespace tl {
 
-enum { LAYOUT_PADDED = 0, LAYOUT_PACKED_I32 = 1, LAYOUT_PACKED_I64 = 2 };
 enum { RED_SUM = 0, RED_MAX = 1, RED_MIN = 2 };
-
-/* The token streams of a call. Padded: stream k of row r starts at in[k] + r * in_stride[k]
- * (elements); packed: at in[k] + offsets[r]. `cols` is T (padded) or N (packed). The layout of
- * this struct is mirrored by the host side (src/ops/token_loss.h): 8-byte fields only. */
-template <int NIN, int NOUT> struct Streams {
-  const void *in[NIN];
-  void *out[NOUT];
-  i64 in_stride[NIN];
-  i64 out_stride[NOUT];
-  const void *mask;
-  i64 mask_stride;
-  const void *offsets;
-  i64 rows, cols, tiles_per_row, tile;
-};
-
-/* The aggregation's divisor, mirrored by the host side (src/ops/token_loss.h): 8-byte fields. */
-enum { NORM_VALUE = 0, NORM_F32 = 1, NORM_F64 = 2, NORM_COUNT = 3 };
-struct Norm {
-  const void *value; /* NORM_F32 / NORM_F64: the scalar, in device memory */
-  double *counts;    /* NORM_COUNT: count_pass's partials [num_counts] */
-  i64 kind, num_counts;
-};
 
 /* ---- mask ------------------------------------------------------------------------ */
 
@@ -241,7 +219,7 @@ template <int N, typename T> RLK_DEVICE void block_sum_n(T v[N], T *sh) {
 template <int LAYOUT>
 RLK_DEVICE void packed_row(const void *offsets, i64 row, i64 n, i64 *first, i64 *len) {
   i64 a, b;
-  if (LAYOUT == LAYOUT_PACKED_I32) {
+  if (LAYOUT == TL_LAYOUT_PACKED_I32) {
     a = ((const i32 *)offsets)[row];
     b = ((const i32 *)offsets)[row + 1];
   } else {
@@ -261,15 +239,15 @@ template <typename T, int NIN, int NOUT> struct RowPtrs {
   i64 mask0;
 };
 
-template <typename T, int LAYOUT, int NIN, int NOUT>
-RLK_DEVICE void row_ptrs(const Streams<NIN, NOUT> &s, i64 row, i64 first, RowPtrs<T, NIN, NOUT> *p) {
+template <typename T, int LAYOUT, class S, int NIN, int NOUT>
+RLK_DEVICE void row_ptrs(const S &s, i64 row, i64 first, RowPtrs<T, NIN, NOUT> *p) {
 #pragma unroll
   for (int k = 0; k < NIN; ++k)
-    p->in[k] = (const T *)s.in[k] + (LAYOUT == LAYOUT_PADDED ? row * s.in_stride[k] : first);
+    p->in[k] = (const T *)s.in[k] + (LAYOUT == TL_LAYOUT_PADDED ? row * s.in_stride[k] : first);
 #pragma unroll
   for (int k = 0; k < NOUT; ++k)
-    p->out[k] = (T *)s.out[k] + (LAYOUT == LAYOUT_PADDED ? row * s.out_stride[k] : first);
-  p->mask0 = LAYOUT == LAYOUT_PADDED ? row * s.mask_stride : first;
+    p->out[k] = (T *)s.out[k] + (LAYOUT == TL_LAYOUT_PADDED ? row * s.out_stride[k] : first);
+  p->mask0 = LAYOUT == TL_LAYOUT_PADDED ? row * s.mask_stride : first;
 }
 
 /* Can every present stream and the mask be accessed 4 elements at a time from element j? */
@@ -436,25 +414,24 @@ RLK_DEVICE void row_main(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *mas
 
 /* The whole token pass of one block: items, then the block's partials. Shared memory is passed
  * in by the kernel (sh_acc: NACC * RLK_MAX_WARPS, sh2: NPRE * RLK_MAX_WARPS). */
-template <typename T, int LAYOUT, int MASK, class Op, int NIN, int NOUT>
-RLK_DEVICE void token_pass(Op &op, const Streams<NIN, NOUT> &s, double *partials, T *sh_acc,
-                           T *sh2) {
+template <typename T, int LAYOUT, int MASK, class Op, class S>
+RLK_DEVICE void token_pass(Op &op, const S &s, double *partials, T *sh_acc, T *sh2) {
   constexpr int NACC = Op::NACC;
   T acc[NACC];
   op.acc_init(acc);
-  const i64 per_row = LAYOUT == LAYOUT_PADDED ? s.tiles_per_row : 1;
+  const i64 per_row = LAYOUT == TL_LAYOUT_PADDED ? s.tiles_per_row : 1;
   const i64 items = s.rows * per_row;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
     const i64 row = item / per_row;
     i64 first = 0, len = s.cols, b = 0, e = 0;
-    if (LAYOUT == LAYOUT_PADDED) {
+    if (LAYOUT == TL_LAYOUT_PADDED) {
       b = (item % per_row) * s.tile;
       e = min_(b + s.tile, s.cols);
     } else {
       packed_row<LAYOUT>(s.offsets, row, s.cols, &first, &len);
       e = len;
     }
-    RowPtrs<T, NIN, NOUT> p;
+    RowPtrs<T, Op::NIN, Op::NOUT> p;
     row_ptrs<T, LAYOUT>(s, row, first, &p);
     op.row_begin(row, len);
     if (Op::ROWSTAT) row_prepass<T, MASK>(op, p, s.mask, b, e, sh2);
@@ -504,15 +481,15 @@ RLK_DEVICE void reduce_partials(const double *partials, i64 P, double *sh, doubl
   }
 }
 
-/* The constant of the gradients and the loss: c as the host gave it (NORM_VALUE), or the
+/* The constant of the gradients and the loss: c as the host gave it (TL_NORM_VALUE), or the
  * numerator c divided by the device scalar or by the mask count (0 when nothing counts).
  * The count's partials are summed with a block of RLK_TL_BLOCK threads (thread i takes partials
  * i, i + RLK_TL_BLOCK, ...; warps in index order), so every kernel gets the same bits. Every
  * thread must call it; sh holds RLK_MAX_WARPS doubles. */
-RLK_DEVICE double grad_scale(const Norm &n, double c, double *sh) {
-  if (n.kind == NORM_F32) return c / (double)*(const float *)n.value;
-  if (n.kind == NORM_F64) return c / *(const double *)n.value;
-  if (n.kind != NORM_COUNT) return c;
+RLK_DEVICE double grad_scale(const tl_norm &n, double c, double *sh) {
+  if (n.kind == TL_NORM_F32) return c / (double)*(const float *)n.value;
+  if (n.kind == TL_NORM_F64) return c / *(const double *)n.value;
+  if (n.kind != TL_NORM_COUNT) return c;
   double v = 0.0;
   for (i64 i = threadIdx.x; i < n.num_counts; i += RLK_TL_BLOCK) v += n.counts[i];
   const double total = block_sum(v, sh);
@@ -522,23 +499,23 @@ RLK_DEVICE double grad_scale(const Norm &n, double c, double *sh) {
 /* The mask count pass: the weight of the tokens that count (m != 0), over the same items as
  * token_pass, per block in a fixed order -> counts[blockIdx.x]. Launched with RLK_TL_BLOCK
  * threads. */
-template <int LAYOUT, int MASK, int NIN, int NOUT>
-RLK_DEVICE void count_pass(const Streams<NIN, NOUT> &s, double *counts, double *sh) {
+template <int LAYOUT, int MASK, class S>
+RLK_DEVICE void count_pass(const S &s, double *counts, double *sh) {
   double v = 0.0;
-  const i64 per_row = LAYOUT == LAYOUT_PADDED ? s.tiles_per_row : 1;
+  const i64 per_row = LAYOUT == TL_LAYOUT_PADDED ? s.tiles_per_row : 1;
   const i64 items = s.rows * per_row;
   const i64 bd = blockDim.x, tid = threadIdx.x;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
     const i64 row = item / per_row;
     i64 first = 0, len = s.cols, b = 0, e = 0;
-    if (LAYOUT == LAYOUT_PADDED) {
+    if (LAYOUT == TL_LAYOUT_PADDED) {
       b = (item % per_row) * s.tile;
       e = min_(b + s.tile, s.cols);
     } else {
       packed_row<LAYOUT>(s.offsets, row, s.cols, &first, &len);
       e = len;
     }
-    const i64 m0 = LAYOUT == LAYOUT_PADDED ? row * s.mask_stride : first;
+    const i64 m0 = LAYOUT == TL_LAYOUT_PADDED ? row * s.mask_stride : first;
     for (i64 j = b + tid; j < e; j += bd) {
       const float m = mask_at<MASK>(s.mask, m0 + j);
       if (m != 0.0f) v += (double)m;

@@ -14,31 +14,13 @@
 #define RLK_VALUE_LOSS_CUH
 
 #include "token_loss.cuh"
+#include "value_loss_params.h"
 
 namespace rlk {
 namespace vl {
 
-enum { IN_V = 0, IN_OLD = 1, IN_RET = 2, NIN = 3 };
-enum { OUT_GV = 0, NOUT = 1 };
-enum { A_LOSS = 0, A_MASK = 1, A_CLIP = 2, A_V = 3, A_ERR = 4, NACC = 5 };
-
-/* The kernels' argument, mirrored by src/ops/value_loss.c (8-byte fields only). */
-struct Params {
-  tl::Streams<NIN, NOUT> s;
-  void *loss;
-  void *metrics;
-  double *partials;
-  i64 num_partials;
-  i64 seqmean, layout, mask_kind; /* read by the host kernel only */
-  double clip;    /* > 0, or infinity */
-  double c_grad;  /* loss_scale / the aggregation's normalizer (or its numerator: see norm) */
-  double bound_g; /* the clip's gradient on its bounds */
-  tl::Norm norm;
-};
-static_assert(sizeof(Params) == 232, "Params: 29 8-byte fields, mirrored by the host side");
-
 template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
-  static constexpr int NIN = vl::NIN, NOUT = vl::NOUT, NACC = vl::NACC;
+  static constexpr int NIN = VL_NIN, NOUT = VL_NOUT, NACC = VL_NACC;
   static constexpr unsigned IN_BITS = 7u, OUT_BITS = 1u;
   static constexpr bool ROWSTAT = SEQMEAN && HAS_MASK;
   static constexpr unsigned PRE_BITS = 0u;
@@ -48,7 +30,7 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
   T clip, cg, bg, rowfac;
 
   /* c: the gradient constant (tl::grad_scale) */
-  RLK_DEVICE Op(const Params &a, double c) {
+  RLK_DEVICE Op(const vl_args &a, double c) {
     clip = (T)a.clip;
     cg = (T)c;
     bg = (T)a.bound_g;
@@ -75,10 +57,10 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
   RLK_DEVICE void row_done(T *) const {}
 
   RLK_DEVICE void token(const T *x, float mf, T *acc, T *y) const {
-    y[OUT_GV] = T(0);
+    y[VL_OUT_GV] = T(0);
     if (mf == 0.0f) return;
     const T m = (T)mf;
-    const T v = x[IN_V], vo = x[IN_OLD], R = x[IN_RET];
+    const T v = x[VL_IN_V], vo = x[VL_IN_OLD], R = x[VL_IN_RET];
     /* clamp(v, vo - c, vo + c): exactly v where it is inside, so an unclipped token never
      * counts as clipped through rounding */
     const T lo = vo - clip, hi = vo + clip;
@@ -100,12 +82,12 @@ template <typename T, bool SEQMEAN, bool HAS_MASK> struct Op {
       g = T(0.5) * (e1 + pass * e2);
     }
     const T w = SEQMEAN ? m * rowfac : m;
-    acc[A_LOSS] += w * l;
-    acc[A_MASK] += m;
-    if (clipf) acc[A_CLIP] += m;
-    acc[A_V] += m * v;
-    acc[A_ERR] += m * a;
-    y[OUT_GV] = w * (cg * g);
+    acc[VL_A_LOSS] += w * l;
+    acc[VL_A_MASK] += m;
+    if (clipf) acc[VL_A_CLIP] += m;
+    acc[VL_A_V] += m * v;
+    acc[VL_A_ERR] += m * a;
+    y[VL_OUT_GV] = w * (cg * g);
   }
 };
 
@@ -116,8 +98,8 @@ struct ReduceKinds {
 } /* namespace vl */
 
 template <typename T, bool SEQMEAN, int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(RLK_PARAMS_ARG vl::Params a) {
-  __shared__ T sh_acc[vl::NACC * RLK_MAX_WARPS];
+__global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss_main(RLK_PARAMS_ARG vl_args a) {
+  __shared__ T sh_acc[VL_NACC * RLK_MAX_WARPS];
   __shared__ T sh2[2 * RLK_MAX_WARPS];
   __shared__ double sh_c[RLK_MAX_WARPS];
   vl::Op<T, SEQMEAN, MASK != RLK_SEQ_MASK_NONE> op(a, tl::grad_scale(a.norm, a.c_grad, sh_c));
@@ -126,25 +108,25 @@ __global__ void __launch_bounds__(RLK_TL_BLOCK, RLK_TL_BLOCKS_PER_SM) value_loss
 
 /* The mask count pass (token-mean without a normalizer): per-block counts. */
 template <int LAYOUT, int MASK>
-__global__ void __launch_bounds__(RLK_TL_BLOCK) value_loss_count(RLK_PARAMS_ARG vl::Params a) {
+__global__ void __launch_bounds__(RLK_TL_BLOCK) value_loss_count(RLK_PARAMS_ARG vl_args a) {
   __shared__ double sh[RLK_MAX_WARPS];
   tl::count_pass<LAYOUT, MASK>(a.s, a.norm.counts, sh);
 }
 
-template <typename T> __global__ void value_loss_reduce(RLK_PARAMS_ARG vl::Params a) {
-  __shared__ double sh[vl::NACC * RLK_MAX_WARPS];
-  double s[vl::NACC];
+template <typename T> __global__ void value_loss_reduce(RLK_PARAMS_ARG vl_args a) {
+  __shared__ double sh[VL_NACC * RLK_MAX_WARPS];
+  double s[VL_NACC];
   const double c = tl::grad_scale(a.norm, a.c_grad, sh);
   tl::reduce_partials<vl::ReduceKinds>(a.partials, a.num_partials, sh, s);
   if (threadIdx.x != 0) return;
-  ((T *)a.loss)[0] = (T)(c * s[vl::A_LOSS]);
+  ((T *)a.loss)[0] = (T)(c * s[VL_A_LOSS]);
   if (a.metrics) {
     T *m = (T *)a.metrics;
-    const double n = s[vl::A_MASK];
+    const double n = s[VL_A_MASK];
     const double inv = n != 0.0 ? 1.0 / n : 0.0;
-    m[0] = (T)(s[vl::A_CLIP] * inv);
-    m[1] = (T)(s[vl::A_V] * inv);
-    m[2] = (T)(s[vl::A_ERR] * inv);
+    m[0] = (T)(s[VL_A_CLIP] * inv);
+    m[1] = (T)(s[VL_A_V] * inv);
+    m[2] = (T)(s[VL_A_ERR] * inv);
     m[3] = (T)n;
   }
 }

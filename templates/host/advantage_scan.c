@@ -12,11 +12,6 @@
 
 typedef RLK_P_DTYPE ts;
 
-enum { AS_FAMILY_GAE = 0, AS_FAMILY_RETURNS = 1 };
-enum { AS_ALGO_WARP = 0, AS_ALGO_BLOCK = 1 };
-enum { AS_GAE_SKIP = 0, AS_GAE_ZERO = 1 };
-enum { AS_RETURNS_RESET = 0, AS_RETURNS_ZERO = 1, AS_RETURNS_CARRY = 2 };
-
 #define AS_LANES 32
 #define AS_K ((int)(32 / sizeof(ts)))
 

@@ -8,10 +8,10 @@
 
 #include <math.h>
 
+#include "rlk_kl_estimator.h"
+
 typedef RLK_P_DTYPE kl_t;
 
-/* rlk_kl_estimator's values. */
-enum { KLE_K1 = 0, KLE_ABS = 1, KLE_K2 = 2, KLE_K3 = 3 };
 
 static inline kl_t kl_clamp(kl_t x, kl_t lo, kl_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 static inline kl_t kl_gate(kl_t x, kl_t lo, kl_t hi, kl_t bg) {
@@ -23,13 +23,13 @@ static inline kl_t kl_estimate(long long est, int st, kl_t e, kl_t in_lo, kl_t i
                                kl_t out_hi, kl_t bg, kl_t *grad) {
   const kl_t ec = kl_clamp(e, in_lo, in_hi);
   kl_t v, gv;
-  if (est == KLE_K1) {
+  if (est == RLK_KL_EST_K1) {
     v = ec;
     gv = 1;
-  } else if (est == KLE_ABS) {
+  } else if (est == RLK_KL_EST_ABS) {
     v = ec < 0 ? -ec : ec;
     gv = ec > 0 ? (kl_t)1 : (ec < 0 ? (kl_t)-1 : (kl_t)0);
-  } else if (est == KLE_K2) {
+  } else if (est == RLK_KL_EST_K2) {
     v = (kl_t)0.5 * ec * ec;
     gv = ec;
   } else { /* k3 = exp(-e) + e - 1 = expm1(-e) + e, accurate near 0 */

@@ -1,6 +1,5 @@
-/* token_baseline_common.h - what the host token_baseline kernels share. The enum values are the
- * indices of the choice names in the op's parameter schema (src/ops/token_baseline.c) and match
- * templates/cuda/token_baseline.cuh. */
+/* token_baseline_common.h - what the host token_baseline kernels share (their template values:
+ * templates/common/token_baseline_params.h). */
 #ifndef RLK_TOKEN_BASELINE_COMMON_H
 #define RLK_TOKEN_BASELINE_COMMON_H
 
@@ -8,8 +7,6 @@
 
 #include "rlk_host_prelude.h"
 #include "token_baseline_params.h"
-
-enum { TB_OFFSETS_FIXED = 0, TB_OFFSETS_I32 = 1, TB_OFFSETS_I64 = 2 };
 
 /* Lanes of a row's team on the GPU: the host scans in the same 32-element chunks. */
 #define TB_TEAM 32

@@ -6,8 +6,6 @@
 #include "rlk_host_prelude.h"
 #include "token_kl_params.h"
 
-enum { TK_OUT_KL = 0, TK_OUT_GRAD = 1, TK_OUT_BOTH = 2 };
-
 static inline float tk_mask_at(const void *mask, rlk_i64 i) {
   switch (RLK_P_MASK) {
   case RLK_SEQ_MASK_BOOL:

@@ -1,6 +1,6 @@
 /* token_loss_host.h - what the host token-loss kernels (policy_loss.c, value_loss.c) share:
- * the mirrors of the kernels' argument structs (templates/cuda/policy_loss.cuh and
- * value_loss.cuh, src/ops/), the mask and the sequence geometry. The host kernels do a whole
+ * the mask, the sequence geometry and the divisor (their arguments are declared in
+ * templates/common/policy_loss_params.h and value_loss_params.h). The host kernels do a whole
  * call in one function: sequences in order, tokens in order, sums in f64. The choices the CUDA
  * kernels bake in (mode, KL estimator, layout, mask kind, ...) are run-time fields here, so one
  * host kernel per dtype serves every configuration. */
@@ -9,58 +9,7 @@
 
 #include "rlk_host_prelude.h"
 #include "rlk_seq_mask.h"
-
-enum { TL_LAYOUT_PADDED = 0, TL_LAYOUT_PACKED_I32 = 1, TL_LAYOUT_PACKED_I64 = 2 };
-
-/* tl::Streams<NIN, NOUT>: 8-byte fields only. */
-#define TL_STREAMS(NIN, NOUT)        \
-  struct {                           \
-    const void *in[NIN];             \
-    void *out[NOUT];                 \
-    rlk_i64 in_stride[NIN];          \
-    rlk_i64 out_stride[NOUT];        \
-    const void *mask;                \
-    rlk_i64 mask_stride;             \
-    const void *offsets;             \
-    rlk_i64 rows, cols, tiles_per_row, tile; \
-  }
-
-/* tl::Norm: the aggregation's divisor (NORM_VALUE: c_grad is the constant; else c_grad is the
- * numerator, divided by the scalar at `value` or by the mask count). */
-enum { TL_NORM_VALUE = 0, TL_NORM_F32 = 1, TL_NORM_F64 = 2, TL_NORM_COUNT = 3 };
-typedef struct tl_norm {
-  const void *value;
-  void *counts;
-  rlk_i64 kind, num_counts;
-} tl_norm;
-
-/* rlk::pl::Params */
-typedef struct pl_params {
-  TL_STREAMS(6, 2) s;
-  const void *adv_seq;
-  void *loss;
-  void *metrics;
-  void *partials;
-  rlk_i64 num_partials;
-  rlk_i64 mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq, ent, isw, seq_grad;
-  double clip_lo, clip_hi, dual_clip, lr_min, lr_max, tau_pos, tau_neg, kl_in, kl_out;
-  double c_grad, kl_coef, ent_coef, bound_g;
-  tl_norm norm;
-} pl_params;
-_Static_assert(sizeof(pl_params) == 440, "pl_params: 55 8-byte fields");
-
-/* rlk::vl::Params */
-typedef struct vl_params {
-  TL_STREAMS(3, 1) s;
-  void *loss;
-  void *metrics;
-  void *partials;
-  rlk_i64 num_partials;
-  rlk_i64 seqmean, layout, mask_kind;
-  double clip, c_grad, bound_g;
-  tl_norm norm;
-} vl_params;
-_Static_assert(sizeof(vl_params) == 232, "vl_params: 29 8-byte fields");
+#include "token_loss_params.h"
 
 /* A clamp's gradient factor: 1 strictly inside [lo, hi], bg on a bound, 0 outside or NaN. */
 static inline double tl_gate(double x, double lo, double hi, double bg) {

@@ -1,34 +1,32 @@
 /* value_loss.c - host form of the clipped value loss (templates/cuda/value_loss.cuh): the whole
  * call in one function, sequences and tokens in order, each token's terms in RLK_P_DTYPE exactly
  * as the CUDA Op::token writes them, sums in f64. Parameter: RLK_P_DTYPE (float or double); the
- * layout, mask kind and aggregation are run-time fields of vl_params. */
+ * layout, mask kind and aggregation are run-time fields of vl_args. */
 #include <math.h>
 
 #include "token_loss_host.h"
+#include "value_loss_params.h"
 
 typedef RLK_P_DTYPE T;
-
-enum { IN_V = 0, IN_OLD = 1, IN_RET = 2, NIN = 3 };
-enum { A_LOSS, A_MASK, A_CLIP, A_V, A_ERR, NACC };
 
 static inline T clampv(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
-  const vl_params a = RLK_ARG(vl_params, 0);
+  const vl_args a = RLK_ARG(vl_args, 0);
   const tl_count_view cv = {a.layout, a.mask_kind, a.s.rows, a.s.cols, a.s.mask_stride, a.s.mask,
                             a.s.offsets};
   const double k = tl_grad_scale(&a.norm, a.c_grad, &cv);
   const T clip = (T)a.clip, cg = (T)k, bg = (T)a.bound_g;
   const int has_mask = a.mask_kind != RLK_SEQ_MASK_NONE;
-  double acc[NACC] = {0, 0, 0, 0, 0};
+  double acc[VL_NACC] = {0, 0, 0, 0, 0};
 
   for (rlk_i64 row = 0; row < a.s.rows; row++) {
     rlk_i64 first, len;
     tl_row(a.layout, a.s.offsets, row, a.s.cols, &first, &len);
-    const T *v = (const T *)a.s.in[IN_V] + tl_base(a.layout, row, a.s.in_stride[IN_V], first);
-    const T *vo = (const T *)a.s.in[IN_OLD] + tl_base(a.layout, row, a.s.in_stride[IN_OLD], first);
-    const T *R = (const T *)a.s.in[IN_RET] + tl_base(a.layout, row, a.s.in_stride[IN_RET], first);
-    T *gv = (T *)a.s.out[0] + tl_base(a.layout, row, a.s.out_stride[0], first);
+    const T *v = (const T *)a.s.in[VL_IN_V] + tl_base(a.layout, row, a.s.in_stride[VL_IN_V], first);
+    const T *vo = (const T *)a.s.in[VL_IN_OLD] + tl_base(a.layout, row, a.s.in_stride[VL_IN_OLD], first);
+    const T *R = (const T *)a.s.in[VL_IN_RET] + tl_base(a.layout, row, a.s.in_stride[VL_IN_RET], first);
+    T *gv = (T *)a.s.out[VL_OUT_GV] + tl_base(a.layout, row, a.s.out_stride[VL_OUT_GV], first);
     const rlk_i64 m0 = has_mask ? tl_base(a.layout, row, a.s.mask_stride, first) : 0;
 
     T rowfac = 1;
@@ -71,23 +69,23 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
         g = (T)0.5 * (e1 + pass * e2);
       }
       const T w = a.seqmean ? m * rowfac : m;
-      acc[A_LOSS] += (double)(w * l);
-      acc[A_MASK] += (double)m;
-      if (clipf) acc[A_CLIP] += (double)m;
-      acc[A_V] += (double)(m * v[j]);
-      acc[A_ERR] += (double)(m * qa);
+      acc[VL_A_LOSS] += (double)(w * l);
+      acc[VL_A_MASK] += (double)m;
+      if (clipf) acc[VL_A_CLIP] += (double)m;
+      acc[VL_A_V] += (double)(m * v[j]);
+      acc[VL_A_ERR] += (double)(m * qa);
       gv[j] = w * (cg * g);
     }
   }
 
-  ((T *)a.loss)[0] = (T)(k * acc[A_LOSS]);
+  ((T *)a.loss)[0] = (T)(k * acc[VL_A_LOSS]);
   if (a.metrics) {
     T *mt = (T *)a.metrics;
-    const double n = acc[A_MASK];
+    const double n = acc[VL_A_MASK];
     const double inv = n != 0.0 ? 1.0 / n : 0.0;
-    mt[0] = (T)(acc[A_CLIP] * inv);
-    mt[1] = (T)(acc[A_V] * inv);
-    mt[2] = (T)(acc[A_ERR] * inv);
+    mt[0] = (T)(acc[VL_A_CLIP] * inv);
+    mt[1] = (T)(acc[VL_A_V] * inv);
+    mt[2] = (T)(acc[VL_A_ERR] * inv);
     mt[3] = (T)n;
   }
 }
