@@ -1543,46 +1543,15 @@ END_TEST
 
 Suite *advantage_scan_suite(void) {
   Suite *s = suite_create("advantage_scan");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_gae);
-  tcase_add_test(host, host_gae_long);
-  tcase_add_test(host, host_returns);
-  tcase_add_test(host, host_cumsum);
-  tcase_add_test(host, host_scan_edges);
-  tcase_add_test(host, host_mask_robustness);
-  tcase_add_test(host, host_scan_deterministic);
-  tcase_add_test(host, host_whiten);
-  tcase_add_test(host, host_whiten_edges);
-  tcase_add_test(host, host_whiten_deterministic);
-  tcase_add_test(host, host_pipeline);
-  tcase_add_test(host, host_whiten_no_workspace);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_gae, host_gae_long, host_returns,
+      host_cumsum, host_scan_edges, host_mask_robustness, host_scan_deterministic, host_whiten,
+      host_whiten_edges, host_whiten_deterministic, host_pipeline, host_whiten_no_workspace, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_gae);
-  tcase_add_test(gpu, gpu_gae_long);
-  tcase_add_test(gpu, gpu_returns);
-  tcase_add_test(gpu, gpu_cumsum);
-  tcase_add_test(gpu, gpu_scan_edges);
-  tcase_add_test(gpu, gpu_mask_robustness);
-  tcase_add_test(gpu, gpu_scan_deterministic);
-  tcase_add_test(gpu, gpu_whiten);
-  tcase_add_test(gpu, gpu_whiten_edges);
-  tcase_add_test(gpu, gpu_whiten_deterministic);
-  tcase_add_test(gpu, gpu_pipeline);
-  tcase_add_test(gpu, gpu_bench_shapes);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_gae, gpu_gae_long, gpu_returns, gpu_cumsum, gpu_scan_edges,
+      gpu_mask_robustness, gpu_scan_deterministic, gpu_whiten, gpu_whiten_edges, gpu_whiten_deterministic,
+      gpu_pipeline, gpu_bench_shapes));
   return s;
 }

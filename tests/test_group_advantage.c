@@ -1116,46 +1116,15 @@ END_TEST
 
 Suite *group_advantage_suite(void) {
   Suite *s = suite_create("group_advantage");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_fixed_groups);
-  tcase_add_test(host, host_uneven_groups);
-  tcase_add_test(host, host_odd_batches);
-  tcase_add_test(host, host_token_rewards);
-  tcase_add_test(host, host_broadcast);
-  tcase_add_test(host, host_eps);
-  tcase_add_test(host, host_strided_scores);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, host_outcome_modes);
-  tcase_add_test(host, host_unscorable);
-  tcase_add_test(host, host_in_place);
-  tcase_add_test(host, host_f64_token_rewards);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_fixed_groups, host_uneven_groups,
+      host_odd_batches, host_token_rewards, host_broadcast, host_eps, host_strided_scores, host_deterministic,
+      host_outcome_modes, host_unscorable, host_in_place, host_f64_token_rewards, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_fixed_groups);
-  tcase_add_test(gpu, gpu_uneven_groups);
-  tcase_add_test(gpu, gpu_odd_batches);
-  tcase_add_test(gpu, gpu_token_rewards);
-  tcase_add_test(gpu, gpu_broadcast);
-  tcase_add_test(gpu, gpu_eps);
-  tcase_add_test(gpu, gpu_strided_scores);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_outcome_modes);
-  tcase_add_test(gpu, gpu_unscorable);
-  tcase_add_test(gpu, gpu_large_shapes);
-  tcase_add_test(gpu, gpu_second_process_loads_from_disk);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_fixed_groups, gpu_uneven_groups, gpu_odd_batches,
+      gpu_token_rewards, gpu_broadcast, gpu_eps, gpu_strided_scores, gpu_deterministic, gpu_outcome_modes,
+      gpu_unscorable, gpu_large_shapes, gpu_second_process_loads_from_disk));
   return s;
 }

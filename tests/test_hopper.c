@@ -410,14 +410,7 @@ END_TEST
 
 Suite *hopper_suite(void) {
   Suite *s = suite_create("hopper");
-  TCase *ci = tcase_create("compile");
-  tcase_set_timeout(ci, 120);
-  tcase_add_test(ci, compile_sm90a);
-  tcase_add_test(ci, wgmma_refused_on_blackwell);
-  suite_add_tcase(s, ci);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_wgmma_tile);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "compile", 120, TESTS(compile_sm90a, wgmma_refused_on_blackwell));
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_wgmma_tile));
   return s;
 }

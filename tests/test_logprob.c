@@ -1141,47 +1141,17 @@ END_TEST
 
 Suite *logprob_suite(void) {
   Suite *s = suite_create("logprob");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, host_vocab_50257);
-  tcase_add_test(host, host_semantics);
-  tcase_add_test(host, host_bad_labels);
-  tcase_add_test(host, host_backward);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, host_variants_fall_back);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_shapes, host_vocab_50257, host_semantics,
+      host_bad_labels, host_backward, host_deterministic, host_variants_fall_back, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, plan_variants_per_target);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      plan_variants_per_target, samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_semantics);
-  tcase_add_test(gpu, gpu_bad_labels);
-  tcase_add_test(gpu, gpu_backward);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_vocab_151936);
-  tcase_add_test(gpu, gpu_vocab_152064);
-  tcase_add_test(gpu, gpu_vocab_128256);
-  tcase_add_test(gpu, gpu_vocab_50257);
-  tcase_add_test(gpu, gpu_extreme_shapes);
-  tcase_add_test(gpu, gpu_variants_agree);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_semantics, gpu_bad_labels, gpu_backward,
+      gpu_deterministic, gpu_vocab_151936, gpu_vocab_152064, gpu_vocab_128256, gpu_vocab_50257,
+      gpu_extreme_shapes, gpu_variants_agree));
 
   /* the variants alone (CK_RUN_CASE=gpu_variants) */
-  TCase *variants = tcase_create("gpu_variants");
-  tcase_set_timeout(variants, 600);
-  tcase_add_test(variants, gpu_variants_agree);
-  suite_add_tcase(s, variants);
+  rlk_test_add_case(s, "gpu_variants", 600, TESTS(gpu_variants_agree));
   return s;
 }

@@ -615,22 +615,9 @@ END_TEST
 
 Suite *logprob_shard_suite(void) {
   Suite *s = suite_create("logprob_shard");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_simulated);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, host_records_its_configurations);
-  tcase_add_test(host, nccl_missing_library);
-  tcase_add_test(host, nccl_system_library);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_simulated);
-  tcase_add_test(gpu, gpu_nccl_one_rank);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_simulated, bad_arguments, host_records_its_configurations,
+      nccl_missing_library, nccl_system_library));
+  rlk_test_add_case(s, "plan", 300, TESTS(samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_simulated, gpu_nccl_one_rank));
   return s;
 }

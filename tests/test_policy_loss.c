@@ -2353,48 +2353,15 @@ END_TEST
 
 Suite *policy_loss_suite(void) {
   Suite *s = suite_create("policy_loss");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, broadcast_inputs);
-  tcase_add_test(host, host_modes);
-  tcase_add_test(host, host_kl);
-  tcase_add_test(host, host_agg_layouts);
-  tcase_add_test(host, host_edges);
-  tcase_add_test(host, host_repeat);
-  tcase_add_test(host, host_finite_differences);
-  tcase_add_test(host, host_verl);
-  tcase_add_test(host, host_trl);
-  tcase_add_test(host, host_openrlhf);
-  tcase_add_test(host, host_value);
-  tcase_add_test(host, host_value_trainers);
-  tcase_add_test(host, host_value_fd_repeat);
-  tcase_add_test(host, host_normalizers);
-  tcase_add_test(host, host_trainer_conventions);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, broadcast_inputs, host_modes, host_kl,
+      host_agg_layouts, host_edges, host_repeat, host_finite_differences, host_verl, host_trl, host_openrlhf,
+      host_value, host_value_trainers, host_value_fd_repeat, host_normalizers, host_trainer_conventions,
+      bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_modes);
-  tcase_add_test(gpu, gpu_kl);
-  tcase_add_test(gpu, gpu_agg_layouts);
-  tcase_add_test(gpu, gpu_edges);
-  tcase_add_test(gpu, gpu_repeat);
-  tcase_add_test(gpu, gpu_value);
-  tcase_add_test(gpu, gpu_normalizers);
-  tcase_add_test(gpu, gpu_verl);
-  tcase_add_test(gpu, gpu_trl);
-  tcase_add_test(gpu, gpu_openrlhf);
-  tcase_add_test(gpu, gpu_large);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_modes, gpu_kl, gpu_agg_layouts, gpu_edges, gpu_repeat, gpu_value,
+      gpu_normalizers, gpu_verl, gpu_trl, gpu_openrlhf, gpu_large));
   return s;
 }

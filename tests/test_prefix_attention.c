@@ -919,25 +919,9 @@ END_TEST
 
 Suite *prefix_attention_suite(void) {
   Suite *s = suite_create("prefix_attention");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_g1);
-  tcase_add_test(host, host_g3);
-  tcase_add_test(host, host_g16);
-  tcase_add_test(host, host_batch);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, bad_backward_arguments);
-  tcase_add_test(host, gpu_bounds_catch_faults);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_per_target);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_numerics);
-  tcase_add_test(gpu, gpu_numerics_mma);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_g1, host_g3, host_g16, host_batch, bad_arguments,
+      bad_backward_arguments, gpu_bounds_catch_faults));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_numerics, gpu_numerics_mma));
   return s;
 }

@@ -1124,38 +1124,13 @@ END_TEST
 
 Suite *sample_suite(void) {
   Suite *s = suite_create("sample");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, philox_known_answers);
-  tcase_add_test(host, host_distribution_64);
-  tcase_add_test(host, host_distribution_1000);
-  tcase_add_test(host, host_logp_bitwise);
-  tcase_add_test(host, host_reproducible);
-  tcase_add_test(host, host_edges);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, philox_known_answers, host_distribution_64,
+      host_distribution_1000, host_logp_bitwise, host_reproducible, host_edges, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_row_split);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_row_split, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_logp_bitwise);
-  tcase_add_test(gpu, gpu_reproducible);
-  tcase_add_test(gpu, gpu_edges);
-  tcase_add_test(gpu, gpu_row_split);
-  tcase_add_test(gpu, gpu_overlap_chain);
-  tcase_add_test(gpu, gpu_distribution_split);
-  tcase_add_test(gpu, gpu_distribution_layouts);
-  tcase_add_test(gpu, gpu_distribution_64);
-  tcase_add_test(gpu, gpu_distribution_1000);
-  tcase_add_test(gpu, gpu_distribution_32000);
-  tcase_add_test(gpu, gpu_distribution_151936);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_logp_bitwise, gpu_reproducible, gpu_edges, gpu_row_split,
+      gpu_overlap_chain, gpu_distribution_split, gpu_distribution_layouts, gpu_distribution_64,
+      gpu_distribution_1000, gpu_distribution_32000, gpu_distribution_151936));
   return s;
 }

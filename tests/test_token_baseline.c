@@ -601,33 +601,13 @@ END_TEST
 
 Suite *token_baseline_suite(void) {
   Suite *s = suite_create("token_baseline");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_variants);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, host_strided);
-  tcase_add_test(host, host_tails);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, host_variants, host_shapes, host_strided,
+      host_tails, host_deterministic, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_variants);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_strided);
-  tcase_add_test(gpu, gpu_tails);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_large);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_variants, gpu_shapes, gpu_strided, gpu_tails, gpu_deterministic,
+      gpu_large));
   return s;
 }

@@ -1725,35 +1725,15 @@ END_TEST
 
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
-  TCase *db = tcase_create("db");
-  tcase_set_timeout(db, 120);
-  tcase_add_test(db, buckets_and_keys);
-  tcase_add_test(db, db_round_trip);
-  tcase_add_test(db, db_merge_of_runs);
-  tcase_add_test(db, db_other_environments_ignored);
-  tcase_add_test(db, db_damaged_files_warn_once);
-  tcase_add_test(db, db_fifo_never_blocks);
-  tcase_add_test(db, db_concurrent_writers_keep_every_record);
-  tcase_add_test(db, tune_modes_and_pending_list);
-  tcase_add_test(db, db_read_once_per_context);
-  suite_add_tcase(s, db);
-  TCase *sel = tcase_create("selection");
-  tcase_set_timeout(sel, 120);
-  tcase_add_test(sel, selection_on_the_host);
-  tcase_add_test(sel, variant_override_skips_the_database);
-  tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
-  tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
-  tcase_add_test(sel, prefix_attention_keys_and_selection_on_sm90a);
-  tcase_add_test(sel, linear_logprob_keys_and_selection_on_sm90a);
-  suite_add_tcase(s, sel);
-  TCase *tools = tcase_create("tools");
+  rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs,
+      db_other_environments_ignored, db_damaged_files_warn_once, db_fifo_never_blocks,
+      db_concurrent_writers_keep_every_record, tune_modes_and_pending_list, db_read_once_per_context));
+  rlk_test_add_case(s, "selection", 120, TESTS(selection_on_the_host, variant_override_skips_the_database,
+      unusable_winner_warns_once_and_runs_the_default, selection_changes_the_kernels_on_sm90a,
+      prefix_attention_keys_and_selection_on_sm90a, linear_logprob_keys_and_selection_on_sm90a));
   /* these run the tools, and compilers, in child processes */
-  tcase_set_timeout(tools, 300);
-  tcase_add_test(tools, rlk_tune_usage_and_dry_run);
-  tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
-  tcase_add_test(tools, precompile_from_the_database_for_sm90a);
-  tcase_add_test(tools, rlk_tune_host_run_of_prefix_attention);
-  tcase_add_test(tools, rlk_tune_host_run_of_linear_logprob);
-  suite_add_tcase(s, tools);
+  rlk_test_add_case(s, "tools", 300, TESTS(rlk_tune_usage_and_dry_run,
+      rlk_tune_host_run_feeds_calls_and_precompile, precompile_from_the_database_for_sm90a,
+      rlk_tune_host_run_of_prefix_attention, rlk_tune_host_run_of_linear_logprob));
   return s;
 }

@@ -460,6 +460,14 @@ rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, co
   return r;
 }
 
+TCase *rlk_test_add_case(Suite *s, const char *name, double timeout, const TTest *const *tests) {
+  TCase *tc = tcase_create(name);
+  if (timeout > 0) tcase_set_timeout(tc, timeout);
+  for (size_t i = 0; tests[i]; i++) tcase_add_test(tc, tests[i]);
+  suite_add_tcase(s, tc);
+  return tc;
+}
+
 int rlk_test_count_lines(const char *out, const char *needle) {
   int n = 0;
   const char *p = out;

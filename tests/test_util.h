@@ -167,6 +167,11 @@ void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char
 /* Each bad[i][0] precompile line is refused with an error that names bad[i][1]. */
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n);
 
+/* Adds to s a test case `name` running `tests` (NULL-terminated, TESTS() builds the list) in
+ * order, with a timeout of `timeout` seconds (0: Check's default); returns it. */
+TCase *rlk_test_add_case(Suite *s, const char *name, double timeout, const TTest *const *tests);
+#define TESTS(...) ((const TTest *const[]){__VA_ARGS__, NULL})
+
 /* ---- running the built tools ---------------------------------------------------------- */
 
 typedef struct rlk_test_tool_run {
