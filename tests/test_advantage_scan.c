@@ -39,15 +39,8 @@ typedef struct seq_case {
 } seq_case;
 
 static seq_case base_case(int64_t B, int64_t T, rlk_dtype dtype) {
-  seq_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.dtype = dtype;
-  c.mask_dtype = RLK_BOOL;
-  c.algo = RLK_SCAN_AUTO;
-  c.holes = 1;
-  return c;
+  return (seq_case){.B = B, .T = T, .dtype = dtype, .mask_dtype = RLK_BOOL, .algo = RLK_SCAN_AUTO,
+      .holes = 1};
 }
 
 static const char *algo_name(rlk_scan_algo a) {

@@ -58,17 +58,8 @@ static void describe(const ga_case *c, char *buf, size_t size) {
 }
 
 static ga_case base_case(int64_t B, int64_t G) {
-  ga_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.group_size = G;
-  c.offsets_dtype = RLK_I64;
-  c.mode = RLK_ADV_GRPO;
-  c.unbiased = 1;
-  c.singleton = RLK_SINGLETON_MEAN0_STD1;
-  c.eps = 1e-6f;
-  c.scores_dtype = RLK_F32;
-  return c;
+  return (ga_case){.B = B, .group_size = G, .offsets_dtype = RLK_I64, .mode = RLK_ADV_GRPO, .unbiased = 1,
+      .singleton = RLK_SINGLETON_MEAN0_STD1, .eps = 1e-6f, .scores_dtype = RLK_F32};
 }
 
 

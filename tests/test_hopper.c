@@ -73,13 +73,7 @@ static void ht_compile(rlk_context *ctx, const rlk_kernel_spec *spec) {
 }
 
 static rlk_kernel_spec ht_spec(const rlk_template *t, int ab, int n, int k) {
-  rlk_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  s.tmpl = t;
-  s.values[0] = ab;
-  s.values[1] = n;
-  s.values[2] = k;
-  return s;
+  return (rlk_kernel_spec){.tmpl = t, .values[0] = ab, .values[1] = n, .values[2] = k};
 }
 
 START_TEST(compile_sm90a) {

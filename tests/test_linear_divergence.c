@@ -42,16 +42,8 @@ typedef struct ld_case {
 } ld_case;
 
 static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
-  ld_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N, c.V = V, c.Hs = Hs, c.Ht = Ht;
-  c.sdt = c.tdt = RLK_BF16;
-  c.mode = mode;
-  c.beta = 0.5;
-  c.Ts = c.Tt = 1.0f;
-  c.ldt = RLK_DTYPE_INVALID;
-  c.scale = 2.0;
-  return c;
+  return (ld_case){.N = N, .V = V, .Hs = Hs, .Ht = Ht, .sdt = RLK_BF16, .tdt = RLK_BF16, .mode = mode,
+      .beta = 0.5, .Ts = 1.0f, .Tt = 1.0f, .ldt = RLK_DTYPE_INVALID, .scale = 2.0};
 }
 
 /* ---------------------------------------------------------------------------------- */

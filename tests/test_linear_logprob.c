@@ -35,17 +35,8 @@ typedef struct ll_case {
 } ll_case;
 
 static ll_case ll_base(int64_t N, int64_t V, int64_t H) {
-  ll_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.H = H;
-  c.dt = RLK_BF16;
-  c.ldt = RLK_I64;
-  c.T = 1.0f;
-  c.entropy = 1;
-  c.scale = 3.0;
-  return c;
+  return (ll_case){.N = N, .V = V, .H = H, .dt = RLK_BF16, .ldt = RLK_I64, .T = 1.0f, .entropy = 1,
+      .scale = 3.0};
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -89,20 +89,8 @@ typedef struct lp_case {
 } lp_case;
 
 static lp_case base_case(int64_t N, int64_t V, rlk_dtype dt) {
-  lp_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.dtype = dt;
-  c.label_dtype = RLK_I64;
-  c.temperature = 1.0f;
-  c.ignore_index = -100;
-  c.lse = 1;
-  c.scale = 3.0;
-  c.status = 1;
-  c.grad_dtype = dt;
-  c.g_lp = 1;
-  return c;
+  return (lp_case){.N = N, .V = V, .dtype = dt, .label_dtype = RLK_I64, .temperature = 1.0f,
+      .ignore_index = -100, .lse = 1, .scale = 3.0, .status = 1, .grad_dtype = dt, .g_lp = 1};
 }
 
 static void describe(const lp_case *c, char *buf, size_t size) {

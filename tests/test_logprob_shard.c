@@ -302,17 +302,8 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
 }
 
 static sh_case mk(int64_t N, int64_t V, rlk_dtype dt, int P, int entropy) {
-  sh_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.dtype = dt;
-  c.label_dtype = RLK_I64;
-  c.P = P;
-  c.temperature = 1.0f;
-  c.entropy = entropy;
-  c.scale = 3.0;
-  return c;
+  return (sh_case){.N = N, .V = V, .dtype = dt, .label_dtype = RLK_I64, .P = P, .temperature = 1.0f,
+      .entropy = entropy, .scale = 3.0};
 }
 
 static void cases_simulated(rlk_context *ctx, uint64_t *rng, int64_t V) {

@@ -105,34 +105,11 @@ static void describe(const pl_case *c, char *buf, size_t size) {
 
 /* verl's actor defaults, token-mean, f32, padded with a bool mask. */
 static pl_case base_case(int64_t B, int64_t T) {
-  pl_case c;
-  memset(&c, 0, sizeof c);
-  c.dtype = RLK_F32;
-  c.offsets_dtype = RLK_I64;
-  c.B = B;
-  c.T = T;
-  c.mask_dtype = RLK_BOOL;
-  c.masked = 0.25;
-  c.metrics = 1;
-  c.spread = 0.3;
-  c.ref_spread = 0.3;
-  c.auto_norm = 1;
-  c.p.mode = RLK_POLICY_PPO;
-  c.p.clip_low = 0.2;
-  c.p.clip_high = 0.28;
-  c.p.dual_clip = 3.0;
-  c.p.lr_min = -20;
-  c.p.lr_max = 20;
-  c.p.tau_pos = 1.0;
-  c.p.tau_neg = 1.05;
-  c.p.kl = RLK_KL_K3;
-  c.p.kl_coef = 0;
-  c.p.kl_in = 20;
-  c.p.kl_out = 10;
-  c.p.agg = RLK_AGG_TOKEN_MEAN;
-  c.p.loss_scale = 1;
-  c.p.bound_g = 1;
-  return c;
+  return (pl_case){.dtype = RLK_F32, .offsets_dtype = RLK_I64, .B = B, .T = T, .mask_dtype = RLK_BOOL,
+      .masked = 0.25, .metrics = 1, .spread = 0.3, .ref_spread = 0.3, .auto_norm = 1,
+      .p = {.mode = RLK_POLICY_PPO, .clip_low = 0.2, .clip_high = 0.28, .dual_clip = 3.0, .lr_min = -20,
+            .lr_max = 20, .tau_pos = 1.0, .tau_neg = 1.05, .kl = RLK_KL_K3, .kl_coef = 0, .kl_in = 20,
+            .kl_out = 10, .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1, .bound_g = 1}};
 }
 
 /* Generated data: dense fp64 [B, T] views (what the references read; packed rows are padded
@@ -1279,13 +1256,7 @@ typedef struct vl_case {
 } vl_case;
 
 static vl_case vl_base(int64_t B, int64_t T) {
-  vl_case v;
-  memset(&v, 0, sizeof v);
-  v.s = base_case(B, T);
-  v.clip = 0.5;
-  v.agg = RLK_AGG_TOKEN_MEAN;
-  v.loss_scale = 1;
-  return v;
+  return (vl_case){.s = base_case(B, T), .clip = 0.5, .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1};
 }
 
 static void vl_make(const vl_case *v, uint64_t *rng, pl_data *d) {

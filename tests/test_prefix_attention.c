@@ -123,16 +123,12 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
   void *dseq = rlk_test_dev_upload(ctx, r->seq, (size_t)(r->S + 1) * 4);
   void *dgrp = rlk_test_dev_upload(ctx, r->grp, (size_t)(c->P + 1) * 4);
 
-  rlk_prefix_attention_layout l;
-  memset(&l, 0, sizeof l);
+  rlk_prefix_attention_layout l = {
+      .host_seq_offsets = r->seq, .host_group_offsets = r->grp, .num_segments = r->S, .num_prompts = c->P};
   if (!host) { /* the host backend reads the host arrays: its device tensors may be absent */
     l.seq_offsets = rlk_tensor_1d(dseq, RLK_I32, r->S + 1);
     l.group_offsets = rlk_tensor_1d(dgrp, RLK_I32, c->P + 1);
   }
-  l.host_seq_offsets = r->seq;
-  l.host_group_offsets = r->grp;
-  l.num_segments = r->S;
-  l.num_prompts = c->P;
 
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);

@@ -100,12 +100,7 @@ typedef struct smp_settings {
 } smp_settings;
 
 static smp_settings settings_default(void) {
-  smp_settings s;
-  memset(&s, 0, sizeof s);
-  s.temperature = 1.0f;
-  s.top_p = 1.0f;
-  s.token_dtype = RLK_I64;
-  return s;
+  return (smp_settings){.temperature = 1.0f, .top_p = 1.0f, .token_dtype = RLK_I64};
 }
 
 typedef struct smp_out {

@@ -44,17 +44,8 @@ static void describe(const tb_case *c, char *buf, size_t size) {
 }
 
 static tb_case base_case(int64_t B, int64_t T, int64_t G) {
-  tb_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.group_size = G;
-  c.offsets_dtype = RLK_I64;
-  c.dtype = RLK_F32;
-  c.mask_dtype = RLK_BOOL;
-  c.zero_tail = 1;
-  c.eps = 1e-8;
-  return c;
+  return (tb_case){.B = B, .T = T, .group_size = G, .offsets_dtype = RLK_I64, .dtype = RLK_F32,
+      .mask_dtype = RLK_BOOL, .zero_tail = 1, .eps = 1e-8};
 }
 
 

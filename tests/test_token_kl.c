@@ -37,22 +37,8 @@ static void describe(const tk_case *c, char *buf, size_t size) {
 }
 
 static tk_case base_case(int64_t B, int64_t T) {
-  tk_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.pad = 3;
-  c.dtype = RLK_F32;
-  c.mask_dtype = RLK_BOOL;
-  c.estimator = RLK_KL_K3;
-  c.out = OUT_BOTH;
-  c.in_lo = -20;
-  c.in_hi = 20;
-  c.out_lo = -10;
-  c.out_hi = 10;
-  c.w_max = INFINITY;
-  c.bg = 1;
-  return c;
+  return (tk_case){.B = B, .T = T, .pad = 3, .dtype = RLK_F32, .mask_dtype = RLK_BOOL, .estimator = RLK_KL_K3,
+      .out = OUT_BOTH, .in_lo = -20, .in_hi = 20, .out_lo = -10, .out_hi = 10, .w_max = INFINITY, .bg = 1};
 }
 
 /* A finite clamp bound, or 0 when both are infinite (no tie to plant). */

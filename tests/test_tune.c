@@ -1562,12 +1562,8 @@ START_TEST(rlk_tune_host_run_of_prefix_attention) {
   uint16_t *dq = dout + T * HQ * D, *dk = dq + T * HQ * D, *dv = dk + T * HKV * D;
   for (size_t i = 0; i < (size_t)T * HQ * D; i++) dout[i] = q[i];
   float lse[T * HQ];
-  rlk_prefix_attention_layout l;
-  memset(&l, 0, sizeof l);
-  l.host_seq_offsets = seq;
-  l.host_group_offsets = grp;
-  l.num_segments = n;
-  l.num_prompts = P;
+  rlk_prefix_attention_layout l = {
+      .host_seq_offsets = seq, .host_group_offsets = grp, .num_segments = n, .num_prompts = P};
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
   int64_t sq[3] = {T, HQ, D}, skv[3] = {T, HKV, D};
