@@ -1483,28 +1483,17 @@ RLK_SAMPLES_CASE("advantage_scan", MY_OPS)
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("advantage_scan"); }
 
-#define GPU_CASE(name)                                   \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("advantage_scan")) return; \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
-
-GPU_CASE(gae)
-GPU_CASE(gae_long)
-GPU_CASE(returns)
-GPU_CASE(cumsum)
-GPU_CASE(scan_edges)
-GPU_CASE(mask_robustness)
-GPU_CASE(scan_deterministic)
-GPU_CASE(whiten)
-GPU_CASE(whiten_edges)
-GPU_CASE(whiten_deterministic)
-GPU_CASE(pipeline)
+RLK_GPU_CASE("advantage_scan", gae)
+RLK_GPU_CASE("advantage_scan", gae_long)
+RLK_GPU_CASE("advantage_scan", returns)
+RLK_GPU_CASE("advantage_scan", cumsum)
+RLK_GPU_CASE("advantage_scan", scan_edges)
+RLK_GPU_CASE("advantage_scan", mask_robustness)
+RLK_GPU_CASE("advantage_scan", scan_deterministic)
+RLK_GPU_CASE("advantage_scan", whiten)
+RLK_GPU_CASE("advantage_scan", whiten_edges)
+RLK_GPU_CASE("advantage_scan", whiten_deterministic)
+RLK_GPU_CASE("advantage_scan", pipeline)
 
 /* The benchmark shapes, against the references, every algorithm; whitening over many partials. */
 START_TEST(gpu_bench_shapes) {

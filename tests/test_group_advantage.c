@@ -979,27 +979,16 @@ static rlk_context *cuda_context(const char *cache_dir) {
   return ctx;
 }
 
-#define GPU_CASE(name)                                      \
-  START_TEST(gpu_##name) {                                  \
-    if (!rlk_test_gpu_enabled("group_advantage")) return;   \
-    rlk_context *ctx = cuda_context(NULL);                  \
-    if (!ctx) return;                                       \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u);    \
-    cases_##name(ctx, &rng);                                \
-    rlk_context_destroy(ctx);                               \
-  }                                                         \
-  END_TEST
-
-GPU_CASE(fixed_groups)
-GPU_CASE(uneven_groups)
-GPU_CASE(odd_batches)
-GPU_CASE(token_rewards)
-GPU_CASE(broadcast)
-GPU_CASE(eps)
-GPU_CASE(strided_scores)
-GPU_CASE(deterministic)
-GPU_CASE(outcome_modes)
-GPU_CASE(unscorable)
+RLK_GPU_CASE("group_advantage", fixed_groups)
+RLK_GPU_CASE("group_advantage", uneven_groups)
+RLK_GPU_CASE("group_advantage", odd_batches)
+RLK_GPU_CASE("group_advantage", token_rewards)
+RLK_GPU_CASE("group_advantage", broadcast)
+RLK_GPU_CASE("group_advantage", eps)
+RLK_GPU_CASE("group_advantage", strided_scores)
+RLK_GPU_CASE("group_advantage", deterministic)
+RLK_GPU_CASE("group_advantage", outcome_modes)
+RLK_GPU_CASE("group_advantage", unscorable)
 
 /* Large and odd shapes: the launch-bound GRPO shape, big groups, many tokens. */
 START_TEST(gpu_large_shapes) {

@@ -1008,16 +1008,7 @@ static int sm90(rlk_context *ctx) {
   return info.compute_major >= 9;
 }
 
-#define GPU_CASE(name, call)                             \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("logprob")) return;        \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    call;                                                \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
+#define GPU_CASE(name, call) RLK_GPU_TEST("logprob", name, call)
 
 GPU_CASE(shapes, cases_shapes(ctx, &rng))
 GPU_CASE(semantics, cases_semantics(ctx, &rng))

@@ -2184,17 +2184,8 @@ static int gpu_family_selected(const char *name) {
   return !only || !*only || strstr(name, only) != NULL;
 }
 
-#define GPU_CASE(name)                                  \
-  START_TEST(gpu_##name) {                              \
-    if (!rlk_test_gpu_enabled("policy_loss")) return;   \
-    if (!gpu_family_selected(#name)) return;            \
-    rlk_context *ctx = cuda_context();                  \
-    if (!ctx) return;                                   \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                            \
-    rlk_context_destroy(ctx);                           \
-  }                                                     \
-  END_TEST
+#define GPU_CASE(name) \
+  RLK_GPU_TEST("policy_loss", name, if (gpu_family_selected(#name)) cases_##name(ctx, &rng))
 
 GPU_CASE(modes)
 GPU_CASE(kl)
@@ -2204,17 +2195,8 @@ GPU_CASE(repeat)
 GPU_CASE(value)
 GPU_CASE(normalizers)
 
-#define GPU_TRAINER(name)                               \
-  START_TEST(gpu_##name) {                              \
-    if (!rlk_test_gpu_enabled("policy_loss")) return;   \
-    rlk_context *ctx = cuda_context();                  \
-    if (!ctx) return;                                   \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng, RLK_F64);                   \
-    cases_##name(ctx, &rng, RLK_F32);                   \
-    rlk_context_destroy(ctx);                           \
-  }                                                     \
-  END_TEST
+#define GPU_TRAINER(name) \
+  RLK_GPU_TEST("policy_loss", name, cases_##name(ctx, &rng, RLK_F64); cases_##name(ctx, &rng, RLK_F32))
 
 GPU_TRAINER(verl)
 GPU_TRAINER(trl)

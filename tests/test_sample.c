@@ -964,17 +964,7 @@ RLK_SAMPLES_CASE("sample", &rlk_op_sample)
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("sample"); }
 
-#define GPU_CASE(name, call)                             \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("sample")) return;         \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    ck_assert(is_gpu(ctx));                              \
-    call;                                                \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
+#define GPU_CASE(name, call) RLK_GPU_TEST("sample", name, ck_assert(is_gpu(ctx)); call)
 
 GPU_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 200000))
 GPU_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 200000))

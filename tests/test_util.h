@@ -143,13 +143,16 @@ rlk_context *rlk_test_host_context(void);
     rlk_context_destroy(ctx);                            \
   }                                                      \
   END_TEST
-#define RLK_GPU_CASE(suite, name)                        \
+#define RLK_GPU_CASE(suite, name) RLK_GPU_TEST(suite, name, cases_##name(ctx, &rng))
+
+/* The Check test gpu_<name>: `body` (statements that see `ctx` and a freshly seeded `rng`) on a
+ * CUDA context (rlk_test_cuda_context's: skipped with the reason without RLK_TEST_GPU=1). */
+#define RLK_GPU_TEST(suite, name, body)                  \
   START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled(suite)) return;            \
     rlk_context *ctx = rlk_test_cuda_context(suite);     \
     if (!ctx) return;                                    \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
+    body;                                                \
     rlk_context_destroy(ctx);                            \
   }                                                      \
   END_TEST
