@@ -240,14 +240,9 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
   if (rc) return rc < 0 ? 0 : rc;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  if (st) return lib_error("rlk_context_create", st);
+  rlk_context *ctx;
   rlk_device_info info;
-  if ((st = rlk_context_device_info(ctx, &info))) return lib_error("rlk_context_device_info", st);
+  if ((rc = tool_context(backend, &ctx, &info))) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (iters <= 0) iters = host ? 5 : 200;
   if (iters < 3) iters = 3;

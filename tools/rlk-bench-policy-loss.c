@@ -366,13 +366,9 @@ int main(int argc, char **argv) {
   int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
   if (rc) return rc < 0 ? 0 : rc;
   if (iters < 5) iters = 5;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  rlk_context *ctx = NULL;
-  CHECK(rlk_context_create(&ctx, &o));
+  rlk_context *ctx;
   rlk_device_info info;
-  CHECK(rlk_context_device_info(ctx, &info));
+  if ((rc = tool_context(backend, &ctx, &info))) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (host && iters > 10) iters = 10; /* the CPU reference path: a functional check, not a race */
 
