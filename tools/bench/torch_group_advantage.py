@@ -7,26 +7,11 @@ Device-event medians after warm-up; prints one line per case and writes JSON wit
 """
 import argparse
 import json
-import statistics
 from collections import defaultdict
 
 import torch
 
-
-def time_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
+from event_timing import timed
 
 
 def main():
@@ -58,8 +43,8 @@ def main():
     # agree before timing: the baselines compute the same thing
     assert torch.allclose(vectorized(), dict_loop(), atol=1e-5)
     rows = {}
-    rows[f"torch vectorized grpo B={B} G={G}"] = time_ms(vectorized, 20, 200)
-    rows[f"torch verl dict loop grpo B={B} G={G}"] = time_ms(dict_loop, 1, 5)
+    rows[f"torch vectorized grpo B={B} G={G}"] = timed(vectorized, 20, 200)
+    rows[f"torch verl dict loop grpo B={B} G={G}"] = timed(dict_loop, 1, 5)
     for name, (med, mn, mx) in rows.items():
         print(f"{name:58s} {med:12.5f} {mn:12.5f} {mx:12.5f}")
     if args.json:
