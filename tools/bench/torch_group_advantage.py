@@ -14,6 +14,30 @@ import torch
 from event_timing import timed
 
 
+def grpo_vectorized(scores, G, eps=1e-6):
+    """What a vectorized torch trainer writes: [B/G, G] view, mean and unbiased std per row."""
+    s = scores.view(-1, G)
+    return ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + eps)).view(-1)
+
+
+def grpo_dict_loop(scores, G, eps=1e-6):
+    """verl's compute_grpo_outcome_advantage: Python lists keyed by prompt id, per-group
+    stack/mean/std, then one indexed write per sample."""
+    B = scores.shape[0]
+    ids = [i // G for i in range(B)]
+    members = defaultdict(list)
+    for i in range(B):
+        members[ids[i]].append(scores[i])
+    mean, std = {}, {}
+    for k, v in members.items():
+        t = torch.stack(v)
+        mean[k], std[k] = t.mean(), t.std()
+    out = scores.clone()
+    for i in range(B):
+        out[i] = (scores[i] - mean[ids[i]]) / (std[ids[i]] + eps)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -21,24 +45,12 @@ def main():
     dev = "cuda"
     B, G, eps = 1024, 16, 1e-6
     scores = torch.randn(B, device=dev)
-    ids = [i // G for i in range(B)]
 
     def vectorized():
-        s = scores.view(-1, G)
-        return ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + eps)).view(-1)
+        return grpo_vectorized(scores, G, eps)
 
     def dict_loop():
-        members = defaultdict(list)
-        for i in range(B):
-            members[ids[i]].append(scores[i])
-        mean, std = {}, {}
-        for k, v in members.items():
-            t = torch.stack(v)
-            mean[k], std[k] = t.mean(), t.std()
-        out = scores.clone()
-        for i in range(B):
-            out[i] = (scores[i] - mean[ids[i]]) / (std[ids[i]] + eps)
-        return out
+        return grpo_dict_loop(scores, G, eps)
 
     # agree before timing: the baselines compute the same thing
     assert torch.allclose(vectorized(), dict_loop(), atol=1e-5)
