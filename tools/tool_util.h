@@ -88,7 +88,7 @@ TOOL_UNUSED static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* splitmix64: a small generator, good enough for a demo's data. */
+/* splitmix64: a small generator, good enough for a tool's random data. */
 TOOL_UNUSED static uint64_t rng_next(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
