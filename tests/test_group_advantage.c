@@ -967,17 +967,8 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(const char *cache_dir) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.cache_dir = cache_dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  /* called with RLK_TEST_GPU=1 only: no context there is a failure */
-  ck_assert_msg(st == RLK_OK, "group_advantage gpu: RLK_TEST_GPU=1 but no CUDA context: %s", rlk_last_error());
-  return ctx;
-}
+/* called with RLK_TEST_GPU=1 only: no context there is a failure */
+static rlk_context *cuda_context(const char *cache_dir) { return rlk_test_context_at(RLK_BACKEND_CUDA, cache_dir); }
 
 RLK_GPU_CASE("group_advantage", fixed_groups)
 RLK_GPU_CASE("group_advantage", uneven_groups)

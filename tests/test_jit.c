@@ -35,16 +35,7 @@ static rlk_status run_op(rlk_context *ctx, int group_size) {
   return RLK_OK;
 }
 
-static rlk_context *host_ctx_at(const char *cache_dir) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = cache_dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "context: %s", rlk_last_error());
-  return ctx;
-}
+static rlk_context *host_ctx_at(const char *cache_dir) { return rlk_test_context_at(RLK_BACKEND_HOST, cache_dir); }
 
 static rlk_counters counters(rlk_context *ctx) {
   rlk_counters c;

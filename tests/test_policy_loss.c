@@ -1901,14 +1901,7 @@ END_TEST
 
 /* Precompiling a configuration builds what the call looks up: the call compiles nothing. */
 START_TEST(plan_matches_call) {
-  char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "plplan");
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = dir;
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = rlk_test_fresh_host_context();
   int n = 0;
   ck_assert_msg(rlk_precompile(ctx, "policy_loss dtype=f64 mode=gspo layout=packed offsets=i32", &n) == RLK_OK,
                 "%s", rlk_last_error());

@@ -164,27 +164,24 @@ rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *
   return rlk_test_compile_only_context(RLK_BACKEND_CUDA, target, what);
 }
 
-rlk_context *rlk_test_host_context(void) {
+rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir) {
   rlk_context_options o;
   rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
+  o.backend = backend;
+  o.cache_dir = cache_dir;
   rlk_context *ctx = NULL;
   rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
+  ck_assert_msg(st == RLK_OK, "%s context: %s: %s", rlk_backend_name(backend), rlk_status_string(st),
+                rlk_last_error());
   return ctx;
 }
+
+rlk_context *rlk_test_host_context(void) { return rlk_test_context_at(RLK_BACKEND_HOST, NULL); }
 
 rlk_context *rlk_test_fresh_host_context(void) {
   char dir[1100]; /* the scratch root and "/plan-XXXXXX" */
   rlk_test_mkdtemp(dir, sizeof dir, "plan");
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
-  return ctx;
+  return rlk_test_context_at(RLK_BACKEND_HOST, dir);
 }
 
 rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels) {

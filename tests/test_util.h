@@ -129,6 +129,9 @@ void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, 
  * returns NULL; with it, a context that cannot be created fails the test. */
 rlk_context *rlk_test_cuda_context(const char *what);
 
+/* A context of `backend` over the cache at cache_dir (NULL: the run's); fails the test on error. */
+rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
