@@ -1178,11 +1178,7 @@ static rlk_status call_op(rlk_context *ctx, bad_fixture *f, bad_op op) {
 /* The call fails with `want`, the message names `arg`, and no output was written. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, bad_op op, rlk_status want, const char *arg,
                        const char *label) {
-  rlk_status st = call_op(ctx, f, op);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
+  rlk_test_expect_error(call_op(ctx, f, op), want, arg, label);
   for (int i = 0; i < BB * BT; i++) {
     uint32_t a, b;
     memcpy(&a, &f->adv[i], 4);

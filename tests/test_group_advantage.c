@@ -674,11 +674,7 @@ static void bad_reset(bad_fixture *f) {
 /* The call fails with `want`, the message names `arg`, and the output is untouched. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                        const char *label) {
-  rlk_status st = rlk_group_advantage(ctx, &f->a, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'",
-                label, rlk_last_error(), arg);
+  rlk_test_expect_error(rlk_group_advantage(ctx, &f->a, NULL), want, arg, label);
   for (int i = 0; i < 24; i++)
     ck_assert_msg(float_bits(f->adv[i]) == 0xffffffffu, "%s: advantages written", label);
   bad_reset(f);

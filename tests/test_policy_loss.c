@@ -1700,11 +1700,7 @@ static void bad_reset(bad_fx *f) {
 }
 
 static void expect_bad(rlk_context *ctx, bad_fx *f, rlk_status want, const char *arg, const char *label) {
-  rlk_status st = rlk_policy_loss(ctx, &f->a, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
+  rlk_test_expect_error(rlk_policy_loss(ctx, &f->a, NULL), want, arg, label);
   for (int i = 0; i < 24; i++)
     ck_assert_msg(poisoned(f->grad, RLK_F32, i), "%s: grad_logp written", label);
   ck_assert_msg(poisoned(f->s, RLK_F32, 0), "%s: loss written", label);

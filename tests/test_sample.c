@@ -804,8 +804,7 @@ START_TEST(bad_arguments) {
   do {                                                                                           \
     a = g;                                                                                       \
     edit;                                                                                        \
-    ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);                        \
-    ck_assert_msg(strstr(rlk_last_error(), needle), "'%s' does not name %s", rlk_last_error(), needle); \
+    rlk_test_expect_error(rlk_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT, needle, #edit);       \
   } while (0)
   BAD(a.logits.data = NULL, "logits");
   BAD(a.logits.dtype = RLK_F64, "logits");

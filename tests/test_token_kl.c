@@ -314,10 +314,7 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 
 static void expect_bad(rlk_context *ctx, const rlk_token_kl_args *a, const char *needle) {
-  rlk_status st = rlk_token_kl(ctx, a, NULL);
-  ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT, "expected an error naming '%s', got %s", needle,
-                rlk_status_string(st));
-  ck_assert_msg(strstr(rlk_last_error(), needle) != NULL, "'%s' does not name %s", rlk_last_error(), needle);
+  rlk_test_expect_error(rlk_token_kl(ctx, a, NULL), RLK_ERR_INVALID_ARGUMENT, needle, needle);
 }
 
 START_TEST(bad_arguments) {

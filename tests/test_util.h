@@ -170,6 +170,10 @@ rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
  * every kernel their precompiled line built), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
 
+/* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the
+ * failure messages. */
+void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label);
+
 /* Each bad[i][0] precompile line is refused with an error that names bad[i][1]. */
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n);
 
