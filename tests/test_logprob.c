@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ops/ops.h"
+#include "logprob_check.h"
 #include "ref/logprob_ref.h"
 #include "suites.h"
 #include "test_util.h"
@@ -163,30 +164,6 @@ static int64_t draw_label(uint64_t *rng, const lp_case *c, int64_t i, const doub
   return y;
 }
 
-/* |got - want| allowed for a forward output of magnitude `want` in a row whose largest z is
- * max_z and lse is lse: fp32 rounding of the inputs' scale plus the summation over V terms. */
-static double fwd_tol(double want, double max_z, double lse, int64_t V) {
-  const double scale = fabs(want) + (isfinite(max_z) ? fabs(max_z) : 0) + (isfinite(lse) ? fabs(lse) : 0);
-  return 2e-5 + 4e-6 * scale + 4e-7 * sqrt((double)V);
-}
-
-/* Compares a forward output with the reference, NaN for NaN and infinities exactly. */
-static void check_value(const char *what, const char *name, int64_t i, float got, double want,
-                        double tol) {
-  if (isnan(want)) {
-    ck_assert_msg(isnan(got), "%s: %s[%lld] = %.9g, reference NaN", what, name, (long long)i,
-                  (double)got);
-    return;
-  }
-  if (isinf(want)) {
-    ck_assert_msg((double)got == want, "%s: %s[%lld] = %.9g, reference %g", what, name,
-                  (long long)i, (double)got, want);
-    return;
-  }
-  ck_assert_msg(fabs((double)got - want) <= tol, "%s: %s[%lld] = %.9g, reference %.12g (tol %.3g)",
-                what, name, (long long)i, (double)got, want, tol);
-}
-
 /* Outputs of one run, dense, for comparisons between runs. */
 typedef struct lp_outputs {
   float *logp, *lse, *entropy;
@@ -296,10 +273,10 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       ck_assert_msg(f32_bits(ent[i]) != 0xffffffffu, "%s: entropy[%lld] was not written", what,
                     (long long)i);
     const lp_ref_row *r = &ref[i];
-    check_value(what, "logp", i, lp[i], r->logp, fwd_tol(r->logp, r->max_z, r->lse, V));
-    if (lse_d) check_value(what, "lse", i, lse[i], r->lse, fwd_tol(r->lse, r->max_z, r->lse, V));
+    lp_check_value(what, "logp", i, lp[i], r->logp, lp_fwd_tol(r->logp, r->max_z, r->lse, V));
+    if (lse_d) lp_check_value(what, "lse", i, lse[i], r->lse, lp_fwd_tol(r->lse, r->max_z, r->lse, V));
     if (ent_d)
-      check_value(what, "entropy", i, ent[i], r->entropy, fwd_tol(r->entropy, r->max_z, r->lse, V));
+      lp_check_value(what, "entropy", i, ent[i], r->entropy, lp_fwd_tol(r->entropy, r->max_z, r->lse, V));
     if (labels[i] == c->ignore_index)
       ck_assert_msg(lp[i] == 0.0f, "%s: logp[%lld] of an ignored row is %g", what, (long long)i,
                     (double)lp[i]);
@@ -368,7 +345,7 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       const double T = c->temperature;
       lp_ref_backward(xd + i * V, V, T, labels[i], c->ignore_index, glp[i], gh[i], gref);
       const lp_ref_row *r = &ref[i];
-      const double lse_err = fwd_tol(r->lse, r->max_z, r->lse, V);
+      const double lse_err = lp_fwd_tol(r->lse, r->max_z, r->lse, V);
       for (int64_t j = 0; j < V; j++) {
         const int64_t k = i * gs + j;
         ck_assert_msg(!poisoned(gh_host, gd, k) || (c->in_place && isnan(xd[i * V + j])),
