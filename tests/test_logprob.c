@@ -28,37 +28,6 @@ static uint32_t f32_bits(float f) {
   return u;
 }
 
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static double f16_value(uint16_t b) {
-  _Float16 h;
-  memcpy(&h, &b, sizeof h);
-  return (double)h;
-}
-
-static double get(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32:
-    return ((const float *)base)[i];
-  case RLK_BF16:
-    return (double)bits_f32((uint32_t)((const uint16_t *)base)[i] << 16);
-  case RLK_F16:
-    return f16_value(((const uint16_t *)base)[i]);
-  default:
-    return NAN;
-  }
-}
-
-/* Is element i still the 0xff.. poison the buffer was filled with? */
-static int poisoned(const void *base, rlk_dtype d, int64_t i) {
-  if (d == RLK_F32) return ((const uint32_t *)base)[i] == 0xffffffffu;
-  return ((const uint16_t *)base)[i] == 0xffffu;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* One case: data, calls and checks                                                    */
 /* ---------------------------------------------------------------------------------- */
@@ -348,9 +317,9 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       const double lse_err = lp_fwd_tol(r->lse, r->max_z, r->lse, V);
       for (int64_t j = 0; j < V; j++) {
         const int64_t k = i * gs + j;
-        ck_assert_msg(!poisoned(gh_host, gd, k) || (c->in_place && isnan(xd[i * V + j])),
+        ck_assert_msg(!rlk_test_is_poison(gh_host, gd, k) || (c->in_place && isnan(xd[i * V + j])),
                       "%s: grad[%lld, %lld] was not written", what, (long long)i, (long long)j);
-        const double got = get(gh_host, gd, k);
+        const double got = rlk_test_load(gh_host, gd, k);
         out.grad[i * V + j] = got;
         const double want = gref[j];
         if (labels[i] == c->ignore_index) {
@@ -376,7 +345,7 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       /* padding between rows is left alone */
       if (!c->in_place && i + 1 < N)
         for (int64_t j = V; j < gs; j++)
-          ck_assert_msg(poisoned(gh_host, gd, i * gs + j), "%s: grad padding [%lld, %lld] written",
+          ck_assert_msg(rlk_test_is_poison(gh_host, gd, i * gs + j), "%s: grad padding [%lld, %lld] written",
                         what, (long long)i, (long long)j);
     }
     free(gref);

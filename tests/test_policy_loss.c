@@ -19,41 +19,6 @@
 #include "test_util.h"
 
 /* ---------------------------------------------------------------------------------- */
-/* Buffers                                                                             */
-/* ---------------------------------------------------------------------------------- */
-
-static void put(void *base, rlk_dtype d, int64_t i, double v) {
-  switch (d) {
-  case RLK_F32: ((float *)base)[i] = (float)v; break;
-  case RLK_F64: ((double *)base)[i] = v; break;
-  case RLK_I32: ((int32_t *)base)[i] = (int32_t)v; break;
-  case RLK_I64: ((int64_t *)base)[i] = (int64_t)v; break;
-  case RLK_BOOL: ((uint8_t *)base)[i] = (uint8_t)(v != 0); break;
-  default: ck_abort_msg("put: dtype %d", (int)d);
-  }
-}
-
-static double get(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32: return ((const float *)base)[i];
-  case RLK_F64: return ((const double *)base)[i];
-  case RLK_I32: return ((const int32_t *)base)[i];
-  case RLK_I64: return (double)((const int64_t *)base)[i];
-  case RLK_BOOL: return ((const uint8_t *)base)[i] != 0;
-  default: return NAN;
-  }
-}
-
-/* All bits of element i are 1 (the poison written before a call). */
-static int poisoned(const void *base, rlk_dtype d, int64_t i) {
-  const size_t n = rlk_dtype_size(d);
-  const unsigned char *p = (const unsigned char *)base + (size_t)i * n;
-  for (size_t k = 0; k < n; k++)
-    if (p[k] != 0xff) return 0;
-  return 1;
-}
-
-/* ---------------------------------------------------------------------------------- */
 /* A problem: its shape, layout, data and the rlk arguments                             */
 /* ---------------------------------------------------------------------------------- */
 
@@ -229,15 +194,15 @@ static void data_make(const pl_case *c, uint64_t *rng, pl_data *d) {
     const double aseq = c->zero_adv ? 0.0 : round_to(c->dtype, rlk_test_rand_normal(rng));
     if (c->adv_seq) {
       d->adv[b] = aseq;
-      put(d->h[D_ADV], c->dtype, b + shift, aseq);
+      rlk_test_store(d->h[D_ADV], c->dtype, b + shift, aseq);
     }
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t i = b * T + t, j = dev_index(c, d, b, t, 0) + shift;
       double m = 1.0;
       if (present[D_MASK]) {
         m = empty ? 0.0 : draw_mask(rng, c);
-        put(d->h[D_MASK], c->mask_dtype, j, m);
-        m = get(d->h[D_MASK], c->mask_dtype, j);
+        rlk_test_store(d->h[D_MASK], c->mask_dtype, j, m);
+        m = rlk_test_load(d->h[D_MASK], c->mask_dtype, j);
       }
       double lp, old, ref = 0, A;
       int tries = 0;
@@ -253,7 +218,7 @@ static void data_make(const pl_case *c, uint64_t *rng, pl_data *d) {
       const double vals[6] = {lp, old, A, ref, ent, isw};
       for (int k = 0; k < 6; k++) {
         if (!present[k] || (k == D_ADV && c->adv_seq)) continue;
-        put(d->h[k], c->dtype, j, poison ? NAN : vals[k]);
+        rlk_test_store(d->h[k], c->dtype, j, poison ? NAN : vals[k]);
       }
       d->lp[i] = lp;
       d->old[i] = old;
@@ -406,7 +371,7 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
+    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
     offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
@@ -465,27 +430,27 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   for (int64_t b = 0; b < d->B; b++) {
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!poisoned(g, c->dtype, j), "%s: grad_logp[%lld, %lld] not written", what,
+      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_logp[%lld, %lld] not written", what,
                     (long long)b, (long long)t);
-      res->grad[b * d->T + t] = get(g, c->dtype, j);
+      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
       if (ge) {
-        ck_assert_msg(!poisoned(ge, c->dtype, j), "%s: grad_entropy[%lld, %lld] not written", what,
+        ck_assert_msg(!rlk_test_is_poison(ge, c->dtype, j), "%s: grad_entropy[%lld, %lld] not written", what,
                       (long long)b, (long long)t);
-        res->grad_ent[b * d->T + t] = get(ge, c->dtype, j);
+        res->grad_ent[b * d->T + t] = rlk_test_load(ge, c->dtype, j);
       }
     }
     if (!c->packed && b + 1 < d->B)
       for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(poisoned(g, c->dtype, b * d->sout + t), "%s: grad padding [%lld, %lld] written",
+        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: grad padding [%lld, %lld] written",
                       what, (long long)b, (long long)t);
   }
-  if (shift) ck_assert_msg(poisoned(g, c->dtype, 0), "%s: element before grad_logp written", what);
-  res->loss = get(s, c->dtype, 0);
+  if (shift) ck_assert_msg(rlk_test_is_poison(g, c->dtype, 0), "%s: element before grad_logp written", what);
+  res->loss = rlk_test_load(s, c->dtype, 0);
   for (int k = 0; k < RLK_POLICY_LOSS_METRICS; k++)
-    res->metrics[k] = c->metrics ? get(s, c->dtype, 1 + k) : NAN;
+    res->metrics[k] = c->metrics ? rlk_test_load(s, c->dtype, 1 + k) : NAN;
   if (!c->metrics)
     for (int k = 0; k < RLK_POLICY_LOSS_METRICS; k++)
-      ck_assert_msg(poisoned(s, c->dtype, 1 + k), "%s: metrics written though absent", what);
+      ck_assert_msg(rlk_test_is_poison(s, c->dtype, 1 + k), "%s: metrics written though absent", what);
   res->raw_grad = g;
   res->raw_bytes = gbytes;
   res->raw_scalars = s;
@@ -808,13 +773,13 @@ static void fd_check(rlk_context *ctx, pl_case c, uint64_t *rng) {
       const double x0 = dense[i], h0 = 1e-6 * fmax(1.0, fabs(x0));
       double L[2];
       for (int s = 0; s < 2; s++) {
-        put(h, RLK_F64, j, x0 + (s ? h0 : -h0));
+        rlk_test_store(h, RLK_F64, j, x0 + (s ? h0 : -h0));
         pl_result r;
         pl_call_case(ctx, &c, &d, &r);
         L[s] = r.loss;
         result_free(&r);
       }
-      put(h, RLK_F64, j, x0);
+      rlk_test_store(h, RLK_F64, j, x0);
       const double fd = (L[1] - L[0]) / (2 * h0);
       const double g = which ? base.grad_ent[i] : base.grad[i];
       /* truncation O(h^2) relative to g, rounding of the two losses over 2 h */
@@ -1284,9 +1249,9 @@ static void vl_make(const vl_case *v, uint64_t *rng, pl_data *d) {
         if (++tries > 50 || (!near(fabs(dv), v->clip) && !(vc != val && near(a, bb)))) break;
       }
       if (!(c.nan_masked && d->mask[i] == 0)) {
-        put(d->h[D_LP], c.dtype, j, val);
-        put(d->h[D_OLD], c.dtype, j, old);
-        put(d->h[D_ADV], c.dtype, j, ret);
+        rlk_test_store(d->h[D_LP], c.dtype, j, val);
+        rlk_test_store(d->h[D_OLD], c.dtype, j, old);
+        rlk_test_store(d->h[D_ADV], c.dtype, j, ret);
       }
       d->lp[i] = val;
       d->old[i] = old;
@@ -1316,7 +1281,7 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
+    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
     offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
@@ -1365,16 +1330,16 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   for (int64_t b = 0; b < d->B; b++) {
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!poisoned(g, c->dtype, j), "%s: grad_values[%lld, %lld] not written", what,
+      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_values[%lld, %lld] not written", what,
                     (long long)b, (long long)t);
-      res->grad[b * d->T + t] = get(g, c->dtype, j);
+      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
     }
     if (!c->packed && b + 1 < d->B)
       for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(poisoned(g, c->dtype, b * d->sout + t), "%s: padding written", what);
+        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: padding written", what);
   }
-  res->loss = get(s, c->dtype, 0);
-  for (int k = 0; k < RLK_VALUE_LOSS_METRICS; k++) res->metrics[k] = get(s, c->dtype, 1 + k);
+  res->loss = rlk_test_load(s, c->dtype, 0);
+  for (int k = 0; k < RLK_VALUE_LOSS_METRICS; k++) res->metrics[k] = rlk_test_load(s, c->dtype, 1 + k);
   res->raw = g;
   res->raw_bytes = gbytes;
   res->raw_scalars = s;
@@ -1587,13 +1552,13 @@ static void cases_value_fd_repeat(rlk_context *ctx, uint64_t *rng) {
         const double x0 = d.lp[i], h = 1e-6;
         double L[2];
         for (int s = 0; s < 2; s++) {
-          put(d.h[D_LP], RLK_F64, j, x0 + (s ? h : -h));
+          rlk_test_store(d.h[D_LP], RLK_F64, j, x0 + (s ? h : -h));
           vl_result r;
           vl_call(ctx, &v, &d, &r);
           L[s] = r.loss;
           vl_result_free(&r);
         }
-        put(d.h[D_LP], RLK_F64, j, x0);
+        rlk_test_store(d.h[D_LP], RLK_F64, j, x0);
         const double fd = (L[1] - L[0]) / (2 * h);
         ck_assert_msg(fabs(fd - base.grad[i]) <= 1e-6 * fabs(base.grad[i]) + 1e-9,
                       "value loss d/dv[%lld, %lld]: kernel %.12g, finite differences %.12g",
@@ -1702,8 +1667,8 @@ static void bad_reset(bad_fx *f) {
 static void expect_bad(rlk_context *ctx, bad_fx *f, rlk_status want, const char *arg, const char *label) {
   rlk_test_expect_error(rlk_policy_loss(ctx, &f->a, NULL), want, arg, label);
   for (int i = 0; i < 24; i++)
-    ck_assert_msg(poisoned(f->grad, RLK_F32, i), "%s: grad_logp written", label);
-  ck_assert_msg(poisoned(f->s, RLK_F32, 0), "%s: loss written", label);
+    ck_assert_msg(rlk_test_is_poison(f->grad, RLK_F32, i), "%s: grad_logp written", label);
+  ck_assert_msg(rlk_test_is_poison(f->s, RLK_F32, 0), "%s: loss written", label);
   bad_reset(f);
 }
 

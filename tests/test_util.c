@@ -505,6 +505,14 @@ rlk_context *rlk_test_cuda_context(const char *what) {
   return ctx;
 }
 
+int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i) {
+  const size_t n = rlk_dtype_size(d);
+  const unsigned char *p = (const unsigned char *)base + (size_t)i * n;
+  for (size_t k = 0; k < n; k++)
+    if (p[k] != 0xff) return 0;
+  return 1;
+}
+
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
   void *p = NULL;
   rlk_status st = rlk_malloc(ctx, bytes > 16 ? bytes : 16, &p);
@@ -575,6 +583,10 @@ double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
     ((int32_t *)base)[i] = (int32_t)v;
     return (double)(int32_t)v;
   }
+  if (d == RLK_I64) {
+    ((int64_t *)base)[i] = (int64_t)v;
+    return (double)(int64_t)v;
+  }
   if (d == RLK_BOOL) {
     ((uint8_t *)base)[i] = (uint8_t)(v != 0);
     return v != 0 ? 1.0 : 0.0;
@@ -611,6 +623,8 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
     return ((const float *)base)[i];
   case RLK_I32:
     return ((const int32_t *)base)[i];
+  case RLK_I64:
+    return (double)((const int64_t *)base)[i];
   case RLK_BOOL:
     return ((const uint8_t *)base)[i] != 0;
   case RLK_BF16: {

@@ -97,10 +97,13 @@ rlk_context *rlk_test_compile_only_context(rlk_backend backend, const char *targ
 rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what);
 
 /* Stores v at element i of a buffer of dtype d (f64, f32, bf16 or f16, rounded to nearest even,
- * NaN stays NaN; i32 truncated; bool: v != 0) and returns the value as stored. */
+ * NaN stays NaN; i32 and i64 truncated; bool: v != 0) and returns the value as stored. */
 double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v);
 /* Element i of a buffer of dtype d (those rlk_test_store writes) as a double. */
 double rlk_test_load(const void *base, rlk_dtype d, int64_t i);
+/* Every byte of element i of a buffer of dtype d is still 0xff (the poison written before a call
+ * that must overwrite it). */
+int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i);
 
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
  * distinct, aligned pointer); fails the test on error. */
