@@ -513,6 +513,11 @@ int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i) {
   return 1;
 }
 
+void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label) {
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(rlk_test_is_poison(base, d, i), "%s: %s written (element %lld)", label, what, (long long)i);
+}
+
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
   void *p = NULL;
   rlk_status st = rlk_malloc(ctx, bytes > 16 ? bytes : 16, &p);

@@ -104,6 +104,9 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i);
 /* Every byte of element i of a buffer of dtype d is still 0xff (the poison written before a call
  * that must overwrite it). */
 int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i);
+/* Elements [0, n) of a buffer of dtype d are all still poison: what a refused call leaves alone
+ * (`what` names the buffer, `label` the case, in the failure message). */
+void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label);
 
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
  * distinct, aligned pointer); fails the test on error. */
