@@ -83,6 +83,16 @@ static void expect_refused_keys(const refused_key *bad, size_t n) {
   }
 }
 
+/* Configuration line `line` is the key of op `op`, canonical shape `shape`, token bucket `tokens`. */
+static void expect_key(const char *line, const char *op, const char *shape, int64_t tokens) {
+  rlk_tune_record r;
+  rlk_tune_record_init(&r);
+  ck_assert_msg(rlk_tune_record_set_key(&r, line) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_str_eq(r.op, op);
+  ck_assert_str_eq(r.shape, shape);
+  ck_assert_int_eq(r.tokens, tokens);
+}
+
 /* A logprob record for `config` in environment `info` with the given winner and times. */
 static rlk_tune_record make_record(const char *config, const rlk_device_info *info, const char *winner,
                                    double default_ms, double best_ms) {
@@ -274,18 +284,10 @@ START_TEST(buckets_and_keys) {
                   (long long)r.tokens, (long long)b[i].bucket);
   }
   /* the shape is canonical: order, defaults and irrelevant settings do not change it */
-  rlk_tune_record a, c;
-  rlk_tune_record_init(&a);
-  rlk_tune_record_init(&c);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "logprob tokens=16000 entropy=1 vocab=50257 pass=fwd grad=f32"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "logprob");
-  ck_assert_str_eq(a.shape, "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=50257");
-  ck_assert_int_eq(a.tokens, 16384);
-  ck_assert_int_eq(rlk_tune_record_set_key(&c, "logprob  pass=bwd labels=i32 logits=f16 grad=f32 tokens=7"),
-                   RLK_OK);
-  ck_assert_str_eq(c.shape, "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936");
-  ck_assert_int_eq(c.tokens, 8);
+  expect_key("logprob tokens=16000 entropy=1 vocab=50257 pass=fwd grad=f32", "logprob",
+             "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=50257", 16384);
+  expect_key("logprob  pass=bwd labels=i32 logits=f16 grad=f32 tokens=7", "logprob",
+             "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936", 8);
   /* lines that are not a key */
   static const refused_key bad[] = {{"logprob pass=both tokens=64", "pass"},
              {"logprob tokens=64", "pass"},
@@ -1065,14 +1067,8 @@ END_TEST
 START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   const char *key = "prefix_attention pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8 group=16 prefix=4096 "
                     "response=512";
-  rlk_tune_record a;
-  rlk_tune_record_init(&a);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "prefix_attention response=500 prefix=3000 group=13 kv_heads=8 "
-                                               "q_heads=32 tokens=70000 pass=fwd"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "prefix_attention");
-  ck_assert_str_eq(a.shape, key + strlen("prefix_attention "));
-  ck_assert_int_eq(a.tokens, 65536);
+  expect_key("prefix_attention response=500 prefix=3000 group=13 kv_heads=8 q_heads=32 tokens=70000 pass=fwd",
+             "prefix_attention", key + strlen("prefix_attention "), 65536);
   static const refused_key bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 tokens=2", "response"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=3 group=1 prefix=1 response=1 tokens=2", "multiple"},
@@ -1137,18 +1133,10 @@ END_TEST
  * backward's chunk in the workspace a call asks for, for the record's bucket only. */
 START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   const char *fkey = "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 hidden_size=4096 vocab=151936";
-  rlk_tune_record a;
-  rlk_tune_record_init(&a);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 "
-                                               "pass=fwd"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "linear_logprob");
-  ck_assert_str_eq(a.shape, fkey + strlen("linear_logprob "));
-  ck_assert_int_eq(a.tokens, 8192);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 "
-                                               "tokens=4096"),
-                   RLK_OK);
-  ck_assert_str_eq(a.shape, "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000");
+  expect_key("linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 pass=fwd", "linear_logprob",
+             fkey + strlen("linear_logprob "), 8192);
+  expect_key("linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 tokens=4096", "linear_logprob",
+             "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000", 4096);
   static const refused_key bad[] = {{"linear_logprob pass=both hidden_size=8 vocab=9 tokens=2", "pass"},
              {"linear_logprob pass=fwd hidden_size=8 tokens=2", "vocab"},
              {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 stages=3", "tuning"},
