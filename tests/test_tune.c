@@ -257,6 +257,18 @@ static int sm90a_options(rlk_context_options *o, rlk_device_info *info, const ch
   return 1;
 }
 
+/* A context of options o over a fresh database (under a directory named after `stem`) that
+ * holds records r[0..n). */
+static rlk_context *context_over_records(const rlk_context_options *o, const char *stem, const rlk_tune_record *r,
+                                         size_t n) {
+  char db[1100];
+  fresh_db(db, sizeof db, stem);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, n), RLK_OK);
+  rlk_context *ctx = NULL;
+  ck_assert_msg(rlk_context_create(&ctx, o) == RLK_OK, "%s", rlk_last_error());
+  return ctx;
+}
+
 /* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
 static rlk_context *child_host_context(void) {
   rlk_context_options o;
@@ -1002,9 +1014,6 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "selection on sm_90a")) return;
-  char db[1100];
-  fresh_db(db, sizeof db, "tune-sm90");
-  rlk_context *ctx = NULL;
   const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
   const char *bwd = "logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936";
   char line[512];
@@ -1013,9 +1022,7 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
   r[0] = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
   snprintf(line, sizeof line, "%s tokens=4096", bwd);
   r[1] = make_record(line, &info, "variant=vec block=1024 unroll=2", 2.8, 2.7);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-sm90", r, 2);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   /* the default, and the winner for 16384 rows (and 12000: the same bucket) */
   ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1", specs), 1);
@@ -1082,17 +1089,14 @@ START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "prefix_attention selection on sm_90a")) return;
-  char db[1100], line[512];
-  fresh_db(db, sizeof db, "tune-pa-sm90");
+  char line[512];
   rlk_tune_record r[2];
   snprintf(line, sizeof line, "%s tokens=65536", key);
   r[0] = make_record(line, &info, "fwd_stages=3", 1.4, 1.3);
   snprintf(line, sizeof line, "prefix_attention pass=bwd dtype=bf16 head_dim=64 q_heads=32 kv_heads=8 group=16 "
                               "prefix=4096 response=512 tokens=65536");
   r[1] = make_record(line, &info, "dkdv_stages=2 dq_stages=4", 5.0, 4.8);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-pa-sm90", r, 2);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   const char *problem = "q_heads=32 kv_heads=8 group=16 prefix=4096 response=512";
   /* the default: two K/V stages; the winner for the bucket: three */
@@ -1149,17 +1153,14 @@ START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "linear_logprob selection on sm_90a")) return;
-  char db[1100], line[512];
-  fresh_db(db, sizeof db, "tune-ll-sm90");
+  char line[512];
   rlk_tune_record r[2];
   snprintf(line, sizeof line, "%s tokens=8192", fkey);
   r[0] = make_record(line, &info, "stages=3", 14.0, 13.5);
   r[1] = make_record("linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=same hidden_size=4096 "
                      "vocab=151936 tokens=8192",
                      &info, "chunk=8192 group=16", 50.0, 48.0);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-ll-sm90", r, 2);
   /* what changes its calls but not its kernels here */
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd hidden=f16"), "chunk group");
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd variant=tiled"), "chunk");
