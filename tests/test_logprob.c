@@ -517,14 +517,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng, int64_t N, int6
 /* Host backend                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-#define HOST_CASE(name, call)                   \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    call;                                       \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_CASE(name, call) RLK_HOST_TEST(name, call)
 
 HOST_CASE(shapes, cases_shapes(ctx, &rng))
 HOST_CASE(vocab_50257, cases_vocab(ctx, &rng, 50257, 3))

@@ -1587,15 +1587,7 @@ RLK_HOST_CASE(value_trainers)
 RLK_HOST_CASE(value_fd_repeat)
 
 /* The trainers in fp64 (the real host kernel in f64) and in f32. */
-#define HOST_TRAINER(name)                      \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    cases_##name(ctx, &rng, RLK_F64);           \
-    cases_##name(ctx, &rng, RLK_F32);           \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_TRAINER(name) RLK_HOST_TEST(name, cases_##name(ctx, &rng, RLK_F64); cases_##name(ctx, &rng, RLK_F32))
 
 HOST_TRAINER(verl)
 HOST_TRAINER(trl)

@@ -755,14 +755,7 @@ START_TEST(philox_known_answers) {
 }
 END_TEST
 
-#define HOST_CASE(name, call)                   \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    call;                                       \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_CASE(name, call) RLK_HOST_TEST(name, call)
 
 HOST_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 40000))
 HOST_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 30000))

@@ -144,27 +144,24 @@ rlk_context *rlk_test_host_context(void);
 /* Check tests (check.h included first) that run a file's case set `cases_<name>(ctx, &rng)` with
  * a fresh seed: host_<name> on a host context; gpu_<name> on CUDA when RLK_TEST_GPU=1, skipped
  * with the reason otherwise (`suite` names it). */
-#define RLK_HOST_CASE(name)                              \
-  START_TEST(host_##name) {                              \
-    rlk_context *ctx = rlk_test_host_context();          \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
+#define RLK_HOST_CASE(name) RLK_HOST_TEST(name, cases_##name(ctx, &rng))
 #define RLK_GPU_CASE(suite, name) RLK_GPU_TEST(suite, name, cases_##name(ctx, &rng))
 
-/* The Check test gpu_<name>: `body` (statements that see `ctx` and a freshly seeded `rng`) on a
- * CUDA context (rlk_test_cuda_context's: skipped with the reason without RLK_TEST_GPU=1). */
-#define RLK_GPU_TEST(suite, name, body)                  \
-  START_TEST(gpu_##name) {                               \
-    rlk_context *ctx = rlk_test_cuda_context(suite);     \
+/* The Check test `test`: `body` (statements that see `ctx` and a freshly seeded `rng`) on the
+ * context `make_ctx` gives; none (NULL, after saying why) skips it. */
+#define RLK_CONTEXT_TEST(test, make_ctx, body)           \
+  START_TEST(test) {                                     \
+    rlk_context *ctx = (make_ctx);                       \
     if (!ctx) return;                                    \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
     body;                                                \
     rlk_context_destroy(ctx);                            \
   }                                                      \
   END_TEST
+/* host_<name> on a host context; gpu_<name> on CUDA (rlk_test_cuda_context's: skipped with the
+ * reason without RLK_TEST_GPU=1). */
+#define RLK_HOST_TEST(name, body) RLK_CONTEXT_TEST(host_##name, rlk_test_host_context(), body)
+#define RLK_GPU_TEST(suite, name, body) RLK_CONTEXT_TEST(gpu_##name, rlk_test_cuda_context(suite), body)
 
 /* A host-backend context over a fresh empty cache (to count what a precompile compiles). */
 rlk_context *rlk_test_fresh_host_context(void);
