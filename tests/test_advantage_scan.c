@@ -39,15 +39,8 @@ typedef struct seq_case {
 } seq_case;
 
 static seq_case base_case(int64_t B, int64_t T, rlk_dtype dtype) {
-  seq_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.dtype = dtype;
-  c.mask_dtype = RLK_BOOL;
-  c.algo = RLK_SCAN_AUTO;
-  c.holes = 1;
-  return c;
+  return (seq_case){.B = B, .T = T, .dtype = dtype, .mask_dtype = RLK_BOOL, .algo = RLK_SCAN_AUTO,
+      .holes = 1};
 }
 
 static const char *algo_name(rlk_scan_algo a) {
@@ -1185,17 +1178,9 @@ static rlk_status call_op(rlk_context *ctx, bad_fixture *f, bad_op op) {
 /* The call fails with `want`, the message names `arg`, and no output was written. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, bad_op op, rlk_status want, const char *arg,
                        const char *label) {
-  rlk_status st = call_op(ctx, f, op);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
-  for (int i = 0; i < BB * BT; i++) {
-    uint32_t a, b;
-    memcpy(&a, &f->adv[i], 4);
-    memcpy(&b, &f->ret[i], 4);
-    ck_assert_msg(a == 0xffffffffu && b == 0xffffffffu, "%s: an output was written", label);
-  }
+  rlk_test_expect_error(call_op(ctx, f, op), want, arg, label);
+  rlk_test_expect_untouched(f->adv, RLK_F32, BB * BT, "advantages", label);
+  rlk_test_expect_untouched(f->ret, RLK_F32, BB * BT, "returns", label);
   bad_reset(f);
 }
 
@@ -1490,28 +1475,17 @@ RLK_SAMPLES_CASE("advantage_scan", MY_OPS)
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("advantage_scan"); }
 
-#define GPU_CASE(name)                                   \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("advantage_scan")) return; \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
-
-GPU_CASE(gae)
-GPU_CASE(gae_long)
-GPU_CASE(returns)
-GPU_CASE(cumsum)
-GPU_CASE(scan_edges)
-GPU_CASE(mask_robustness)
-GPU_CASE(scan_deterministic)
-GPU_CASE(whiten)
-GPU_CASE(whiten_edges)
-GPU_CASE(whiten_deterministic)
-GPU_CASE(pipeline)
+RLK_GPU_CASE("advantage_scan", gae)
+RLK_GPU_CASE("advantage_scan", gae_long)
+RLK_GPU_CASE("advantage_scan", returns)
+RLK_GPU_CASE("advantage_scan", cumsum)
+RLK_GPU_CASE("advantage_scan", scan_edges)
+RLK_GPU_CASE("advantage_scan", mask_robustness)
+RLK_GPU_CASE("advantage_scan", scan_deterministic)
+RLK_GPU_CASE("advantage_scan", whiten)
+RLK_GPU_CASE("advantage_scan", whiten_edges)
+RLK_GPU_CASE("advantage_scan", whiten_deterministic)
+RLK_GPU_CASE("advantage_scan", pipeline)
 
 /* The benchmark shapes, against the references, every algorithm; whitening over many partials. */
 START_TEST(gpu_bench_shapes) {
@@ -1543,46 +1517,15 @@ END_TEST
 
 Suite *advantage_scan_suite(void) {
   Suite *s = suite_create("advantage_scan");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_gae);
-  tcase_add_test(host, host_gae_long);
-  tcase_add_test(host, host_returns);
-  tcase_add_test(host, host_cumsum);
-  tcase_add_test(host, host_scan_edges);
-  tcase_add_test(host, host_mask_robustness);
-  tcase_add_test(host, host_scan_deterministic);
-  tcase_add_test(host, host_whiten);
-  tcase_add_test(host, host_whiten_edges);
-  tcase_add_test(host, host_whiten_deterministic);
-  tcase_add_test(host, host_pipeline);
-  tcase_add_test(host, host_whiten_no_workspace);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_gae, host_gae_long, host_returns,
+      host_cumsum, host_scan_edges, host_mask_robustness, host_scan_deterministic, host_whiten,
+      host_whiten_edges, host_whiten_deterministic, host_pipeline, host_whiten_no_workspace, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_gae);
-  tcase_add_test(gpu, gpu_gae_long);
-  tcase_add_test(gpu, gpu_returns);
-  tcase_add_test(gpu, gpu_cumsum);
-  tcase_add_test(gpu, gpu_scan_edges);
-  tcase_add_test(gpu, gpu_mask_robustness);
-  tcase_add_test(gpu, gpu_scan_deterministic);
-  tcase_add_test(gpu, gpu_whiten);
-  tcase_add_test(gpu, gpu_whiten_edges);
-  tcase_add_test(gpu, gpu_whiten_deterministic);
-  tcase_add_test(gpu, gpu_pipeline);
-  tcase_add_test(gpu, gpu_bench_shapes);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_gae, gpu_gae_long, gpu_returns, gpu_cumsum, gpu_scan_edges,
+      gpu_mask_robustness, gpu_scan_deterministic, gpu_whiten, gpu_whiten_edges, gpu_whiten_deterministic,
+      gpu_pipeline, gpu_bench_shapes));
   return s;
 }

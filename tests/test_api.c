@@ -288,16 +288,9 @@ END_TEST
 
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
-  TCase *tc = tcase_create("api");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, status_strings_and_versions);
-  tcase_add_test(tc, descriptors_and_dtypes);
-  tcase_add_test(tc, bad_context_options);
-  tcase_add_test(tc, host_context_basics);
-  tcase_add_test(tc, precompile_rejects_bad_lines);
-  tcase_add_test(tc, rlk_arch_overrides_only_device_targets);
-  tcase_add_test(tc, compile_only_targets_route_by_name);
-  tcase_add_test(tc, descriptors_out_of_bounds_are_refused);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "api", 60, TESTS(status_strings_and_versions, descriptors_and_dtypes,
+      bad_context_options, host_context_basics, precompile_rejects_bad_lines,
+      rlk_arch_overrides_only_device_targets, compile_only_targets_route_by_name,
+      descriptors_out_of_bounds_are_refused));
   return s;
 }

@@ -1725,43 +1725,19 @@ END_TEST
 
 Suite *backend_suite(void) {
   Suite *s = suite_create("backend");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 60);
-  tcase_add_test(host, test_host_info);
-  tcase_add_test(host, test_host_launch_axpy);
-  tcase_add_test(host, test_host_modules_stay_distinct);
-  tcase_add_test(host, test_host_bad_images);
-  tcase_add_test(host, test_host_missing_symbol);
-  tcase_add_test(host, test_host_memory_and_events);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 60, TESTS(test_host_info, test_host_launch_axpy,
+      test_host_modules_stay_distinct, test_host_bad_images, test_host_missing_symbol,
+      test_host_memory_and_events));
 
-  TCase *tma = tcase_create("tma");
-  tcase_add_test(tma, test_tma_check_accepts);
-  tcase_add_test(tma, test_tma_check_rejects);
-  tcase_add_test(tma, test_tma_encode_needs_cuda);
-  suite_add_tcase(s, tma);
+  rlk_test_add_case(s, "tma", 0, TESTS(test_tma_check_accepts, test_tma_check_rejects,
+      test_tma_encode_needs_cuda));
 
-  TCase *open = tcase_create("open");
-  tcase_add_test(open, test_cuda_device_targets);
-  tcase_add_test(open, test_target_parse);
-  tcase_add_test(open, test_target_names);
-  tcase_add_test(open, test_target_arch_table);
-  tcase_add_test(open, test_target_env_override);
-  tcase_add_test(open, test_cuda_open_here);
-  tcase_add_test(open, test_hip_open_here);
-  tcase_add_test(open, test_cuda_stub_open_statuses);
-  tcase_add_test(open, test_cuda_stub_keeps_callers_context);
-  tcase_add_test(open, test_hip_stub_open_statuses);
-  tcase_add_test(open, test_hip_stub_keeps_callers_device);
-  suite_add_tcase(s, open);
+  rlk_test_add_case(s, "open", 0, TESTS(test_cuda_device_targets, test_target_parse, test_target_names,
+      test_target_arch_table, test_target_env_override, test_cuda_open_here, test_hip_open_here,
+      test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_hip_stub_open_statuses,
+      test_hip_stub_keeps_callers_device));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 120);
-  tcase_add_test(gpu, test_cuda_device_memory_events);
-  tcase_add_test(gpu, test_cuda_device_kernels);
-  tcase_add_test(gpu, test_cuda_device_tma);
-  tcase_add_test(gpu, test_cuda_device_keeps_callers_context);
-  tcase_add_test(gpu, test_cuda_device_ordinal_out_of_range);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 120, TESTS(test_cuda_device_memory_events, test_cuda_device_kernels,
+      test_cuda_device_tma, test_cuda_device_keeps_callers_context, test_cuda_device_ordinal_out_of_range));
   return s;
 }

@@ -1879,15 +1879,9 @@ Suite *cache_suite(void) {
   tcase_add_test(tc, test_open_sweeps_abandoned_staging_and_quarantine);
   tcase_add_test(tc, test_walk_verify_prune_clear);
   suite_add_tcase(s, tc);
-  TCase *trust = tcase_create("trust");
-  tcase_set_timeout(trust, 60);
-  tcase_add_test(trust, test_untrusted_directory_below_a_tree_is_refused);
-  tcase_add_test(trust, test_foreign_owner_below_a_tree_is_refused);
-  tcase_add_test(trust, test_sweeping_deletes_only_own_names_never_through_links);
-  tcase_add_test(trust, test_lookalike_names_are_no_proof);
-  tcase_add_test(trust, test_fifo_in_an_entry_never_blocks);
-  tcase_add_test(trust, test_debris_in_the_layout_is_repaired);
-  tcase_add_test(trust, test_refused_read_only_entry_does_not_shadow_the_rebuilt_copy);
-  suite_add_tcase(s, trust);
+  rlk_test_add_case(s, "trust", 60, TESTS(test_untrusted_directory_below_a_tree_is_refused,
+      test_foreign_owner_below_a_tree_is_refused, test_sweeping_deletes_only_own_names_never_through_links,
+      test_lookalike_names_are_no_proof, test_fifo_in_an_entry_never_blocks,
+      test_debris_in_the_layout_is_repaired, test_refused_read_only_entry_does_not_shadow_the_rebuilt_copy));
   return s;
 }

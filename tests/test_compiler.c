@@ -604,22 +604,10 @@ END_TEST
 
 Suite *compiler_suite(void) {
   Suite *s = suite_create("compiler");
-  TCase *tc = tcase_create("compiler");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, dynlib_names_missing_symbols);
-  tcase_add_test(tc, target_lists_match_whole_words);
-  tcase_add_test(tc, long_logs_are_cut_to_their_head);
-  tcase_add_test(tc, nvrtc_opens);
-  tcase_add_test(tc, nvrtc_compiles_templates);
-  tcase_add_test(tc, nvrtc_compiles_ptx_for_compute_targets);
-  tcase_add_test(tc, nvrtc_reports_errors);
-  tcase_add_test(tc, nvrtc_explicit_library_must_exist);
-  tcase_add_test(tc, hiprtc_compiles);
-  tcase_add_test(tc, hiprtc_refuses_unknown_targets);
-  tcase_add_test(tc, host_compiles_and_runs);
-  tcase_add_test(tc, host_reports_errors);
-  tcase_add_test(tc, host_missing_compiler);
-  tcase_add_test(tc, host_compiler_dies_with_its_parent);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "compiler", 120, TESTS(dynlib_names_missing_symbols, target_lists_match_whole_words,
+      long_logs_are_cut_to_their_head, nvrtc_opens, nvrtc_compiles_templates,
+      nvrtc_compiles_ptx_for_compute_targets, nvrtc_reports_errors, nvrtc_explicit_library_must_exist,
+      hiprtc_compiles, hiprtc_refuses_unknown_targets, host_compiles_and_runs, host_reports_errors,
+      host_missing_compiler, host_compiler_dies_with_its_parent));
   return s;
 }

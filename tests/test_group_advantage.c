@@ -58,17 +58,8 @@ static void describe(const ga_case *c, char *buf, size_t size) {
 }
 
 static ga_case base_case(int64_t B, int64_t G) {
-  ga_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.group_size = G;
-  c.offsets_dtype = RLK_I64;
-  c.mode = RLK_ADV_GRPO;
-  c.unbiased = 1;
-  c.singleton = RLK_SINGLETON_MEAN0_STD1;
-  c.eps = 1e-6f;
-  c.scores_dtype = RLK_F32;
-  return c;
+  return (ga_case){.B = B, .group_size = G, .offsets_dtype = RLK_I64, .mode = RLK_ADV_GRPO, .unbiased = 1,
+      .singleton = RLK_SINGLETON_MEAN0_STD1, .eps = 1e-6f, .scores_dtype = RLK_F32};
 }
 
 
@@ -683,13 +674,8 @@ static void bad_reset(bad_fixture *f) {
 /* The call fails with `want`, the message names `arg`, and the output is untouched. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                        const char *label) {
-  rlk_status st = rlk_group_advantage(ctx, &f->a, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'",
-                label, rlk_last_error(), arg);
-  for (int i = 0; i < 24; i++)
-    ck_assert_msg(float_bits(f->adv[i]) == 0xffffffffu, "%s: advantages written", label);
+  rlk_test_expect_error(rlk_group_advantage(ctx, &f->a, NULL), want, arg, label);
+  rlk_test_expect_untouched(f->adv, RLK_F32, 24, "advantages", label);
   bad_reset(f);
 }
 
@@ -976,39 +962,19 @@ END_TEST
 /* CUDA (RLK_TEST_GPU=1)                                                               */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_context *cuda_context(const char *cache_dir) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_CUDA;
-  o.cache_dir = cache_dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  /* called with RLK_TEST_GPU=1 only: no context there is a failure */
-  ck_assert_msg(st == RLK_OK, "group_advantage gpu: RLK_TEST_GPU=1 but no CUDA context: %s", rlk_last_error());
-  return ctx;
-}
+/* called with RLK_TEST_GPU=1 only: no context there is a failure */
+static rlk_context *cuda_context(const char *cache_dir) { return rlk_test_context_at(RLK_BACKEND_CUDA, cache_dir); }
 
-#define GPU_CASE(name)                                      \
-  START_TEST(gpu_##name) {                                  \
-    if (!rlk_test_gpu_enabled("group_advantage")) return;   \
-    rlk_context *ctx = cuda_context(NULL);                  \
-    if (!ctx) return;                                       \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u);    \
-    cases_##name(ctx, &rng);                                \
-    rlk_context_destroy(ctx);                               \
-  }                                                         \
-  END_TEST
-
-GPU_CASE(fixed_groups)
-GPU_CASE(uneven_groups)
-GPU_CASE(odd_batches)
-GPU_CASE(token_rewards)
-GPU_CASE(broadcast)
-GPU_CASE(eps)
-GPU_CASE(strided_scores)
-GPU_CASE(deterministic)
-GPU_CASE(outcome_modes)
-GPU_CASE(unscorable)
+RLK_GPU_CASE("group_advantage", fixed_groups)
+RLK_GPU_CASE("group_advantage", uneven_groups)
+RLK_GPU_CASE("group_advantage", odd_batches)
+RLK_GPU_CASE("group_advantage", token_rewards)
+RLK_GPU_CASE("group_advantage", broadcast)
+RLK_GPU_CASE("group_advantage", eps)
+RLK_GPU_CASE("group_advantage", strided_scores)
+RLK_GPU_CASE("group_advantage", deterministic)
+RLK_GPU_CASE("group_advantage", outcome_modes)
+RLK_GPU_CASE("group_advantage", unscorable)
 
 /* Large and odd shapes: the launch-bound GRPO shape, big groups, many tokens. */
 START_TEST(gpu_large_shapes) {
@@ -1116,46 +1082,15 @@ END_TEST
 
 Suite *group_advantage_suite(void) {
   Suite *s = suite_create("group_advantage");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_fixed_groups);
-  tcase_add_test(host, host_uneven_groups);
-  tcase_add_test(host, host_odd_batches);
-  tcase_add_test(host, host_token_rewards);
-  tcase_add_test(host, host_broadcast);
-  tcase_add_test(host, host_eps);
-  tcase_add_test(host, host_strided_scores);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, host_outcome_modes);
-  tcase_add_test(host, host_unscorable);
-  tcase_add_test(host, host_in_place);
-  tcase_add_test(host, host_f64_token_rewards);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_fixed_groups, host_uneven_groups,
+      host_odd_batches, host_token_rewards, host_broadcast, host_eps, host_strided_scores, host_deterministic,
+      host_outcome_modes, host_unscorable, host_in_place, host_f64_token_rewards, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_fixed_groups);
-  tcase_add_test(gpu, gpu_uneven_groups);
-  tcase_add_test(gpu, gpu_odd_batches);
-  tcase_add_test(gpu, gpu_token_rewards);
-  tcase_add_test(gpu, gpu_broadcast);
-  tcase_add_test(gpu, gpu_eps);
-  tcase_add_test(gpu, gpu_strided_scores);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_outcome_modes);
-  tcase_add_test(gpu, gpu_unscorable);
-  tcase_add_test(gpu, gpu_large_shapes);
-  tcase_add_test(gpu, gpu_second_process_loads_from_disk);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_fixed_groups, gpu_uneven_groups, gpu_odd_batches,
+      gpu_token_rewards, gpu_broadcast, gpu_eps, gpu_strided_scores, gpu_deterministic, gpu_outcome_modes,
+      gpu_unscorable, gpu_large_shapes, gpu_second_process_loads_from_disk));
   return s;
 }

@@ -73,13 +73,7 @@ static void ht_compile(rlk_context *ctx, const rlk_kernel_spec *spec) {
 }
 
 static rlk_kernel_spec ht_spec(const rlk_template *t, int ab, int n, int k) {
-  rlk_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  s.tmpl = t;
-  s.values[0] = ab;
-  s.values[1] = n;
-  s.values[2] = k;
-  return s;
+  return (rlk_kernel_spec){.tmpl = t, .values[0] = ab, .values[1] = n, .values[2] = k};
 }
 
 START_TEST(compile_sm90a) {
@@ -410,14 +404,7 @@ END_TEST
 
 Suite *hopper_suite(void) {
   Suite *s = suite_create("hopper");
-  TCase *ci = tcase_create("compile");
-  tcase_set_timeout(ci, 120);
-  tcase_add_test(ci, compile_sm90a);
-  tcase_add_test(ci, wgmma_refused_on_blackwell);
-  suite_add_tcase(s, ci);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_wgmma_tile);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "compile", 120, TESTS(compile_sm90a, wgmma_refused_on_blackwell));
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_wgmma_tile));
   return s;
 }

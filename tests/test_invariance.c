@@ -666,17 +666,8 @@ END_TEST
 
 Suite *invariance_suite(void) {
   Suite *s = suite_create("invariance");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_linear_logprob);
-  tcase_add_test(host, host_logits);
-  tcase_add_test(host, records_from_v_alone);
-  tcase_add_test(host, invariant_mode_refuses);
-  suite_add_tcase(s, host);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 1800);
-  tcase_add_test(gpu, gpu_linear_logprob);
-  tcase_add_test(gpu, gpu_logits);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_linear_logprob, host_logits, records_from_v_alone,
+      invariant_mode_refuses));
+  rlk_test_add_case(s, "gpu", 1800, TESTS(gpu_linear_logprob, gpu_logits));
   return s;
 }

@@ -35,16 +35,7 @@ static rlk_status run_op(rlk_context *ctx, int group_size) {
   return RLK_OK;
 }
 
-static rlk_context *host_ctx_at(const char *cache_dir) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = cache_dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "context: %s", rlk_last_error());
-  return ctx;
-}
+static rlk_context *host_ctx_at(const char *cache_dir) { return rlk_test_context_at(RLK_BACKEND_HOST, cache_dir); }
 
 static rlk_counters counters(rlk_context *ctx) {
   rlk_counters c;
@@ -410,21 +401,10 @@ END_TEST
 
 Suite *jit_suite(void) {
   Suite *s = suite_create("jit");
-  TCase *tc = tcase_create("pipeline");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, memory_then_disk_hits);
-  tcase_add_test(tc, jit_disabled_names_the_config);
-  tcase_add_test(tc, precompiled_read_only_tree_serves_jit_off);
-  tcase_add_test(tc, corrupt_entry_is_rebuilt);
-  tcase_add_test(tc, unwritable_root_falls_back_to_memory);
-  tcase_add_test(tc, world_writable_root_is_refused);
-  tcase_add_test(tc, processes_race_one_key);
-  tcase_add_test(tc, threads_share_a_context);
-  tcase_add_test(tc, compile_only_context_cannot_launch);
-  tcase_add_test(tc, template_dir_override_changes_the_key);
-  tcase_add_test(tc, setting_order_does_not_change_the_key);
-  tcase_add_test(tc, precompile_into_nowhere_is_an_error);
-  tcase_add_test(tc, host_target_alias);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "pipeline", 120, TESTS(memory_then_disk_hits, jit_disabled_names_the_config,
+      precompiled_read_only_tree_serves_jit_off, corrupt_entry_is_rebuilt,
+      unwritable_root_falls_back_to_memory, world_writable_root_is_refused, processes_race_one_key,
+      threads_share_a_context, compile_only_context_cannot_launch, template_dir_override_changes_the_key,
+      setting_order_does_not_change_the_key, precompile_into_nowhere_is_an_error, host_target_alias));
   return s;
 }

@@ -622,18 +622,7 @@ END_TEST
 
 Suite *kept_set_suite(void) {
   Suite *s = suite_create("kept_set");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_logprob);
-  tcase_add_test(host, host_linear);
-  tcase_add_test(host, host_replay);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 900);
-  tcase_add_test(gpu, gpu_logprob);
-  tcase_add_test(gpu, gpu_linear);
-  tcase_add_test(gpu, gpu_replay);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_logprob, host_linear, host_replay, bad_arguments));
+  rlk_test_add_case(s, "gpu", 900, TESTS(gpu_logprob, gpu_linear, gpu_replay));
   return s;
 }

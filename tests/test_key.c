@@ -229,14 +229,8 @@ END_TEST
 
 Suite *key_suite(void) {
   Suite *s = suite_create("key");
-  TCase *tc = tcase_create("key");
-  tcase_add_test(tc, test_every_field_changes_hash);
-  tcase_add_test(tc, test_equal_fields_equal_hash);
-  tcase_add_test(tc, test_field_round_trip);
-  tcase_add_test(tc, test_set_field_rejects);
-  tcase_add_test(tc, test_length_prefixing);
-  tcase_add_test(tc, test_serialization_bytes);
-  tcase_add_test(tc, test_key_env_empty_today);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "key", 0, TESTS(test_every_field_changes_hash, test_equal_fields_equal_hash,
+      test_field_round_trip, test_set_field_rejects, test_length_prefixing, test_serialization_bytes,
+      test_key_env_empty_today));
   return s;
 }

@@ -42,16 +42,8 @@ typedef struct ld_case {
 } ld_case;
 
 static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
-  ld_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N, c.V = V, c.Hs = Hs, c.Ht = Ht;
-  c.sdt = c.tdt = RLK_BF16;
-  c.mode = mode;
-  c.beta = 0.5;
-  c.Ts = c.Tt = 1.0f;
-  c.ldt = RLK_DTYPE_INVALID;
-  c.scale = 2.0;
-  return c;
+  return (ld_case){.N = N, .V = V, .Hs = Hs, .Ht = Ht, .sdt = RLK_BF16, .tdt = RLK_BF16, .mode = mode,
+      .beta = 0.5, .Ts = 1.0f, .Tt = 1.0f, .ldt = RLK_DTYPE_INVALID, .scale = 2.0};
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -1193,28 +1185,9 @@ RLK_GPU_CASE("linear_divergence", shards)
 
 Suite *linear_divergence_suite(void) {
   Suite *s = suite_create("linear_divergence");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_forward);
-  tcase_add_test(host, host_backward);
-  tcase_add_test(host, reference_gradients);
-  tcase_add_test(host, host_loss);
-  tcase_add_test(host, host_shards);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, host_records_its_configurations);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 600);
-  tcase_add_test(plan, plan_per_target);
-  tcase_add_test(plan, workspace_budget);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 900);
-  tcase_add_test(gpu, gpu_forward);
-  tcase_add_test(gpu, gpu_backward);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_shards);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_forward, host_backward, reference_gradients, host_loss,
+      host_shards, bad_arguments, host_records_its_configurations));
+  rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, workspace_budget, samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 900, TESTS(gpu_forward, gpu_backward, gpu_deterministic, gpu_shards));
   return s;
 }

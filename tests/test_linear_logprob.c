@@ -35,17 +35,8 @@ typedef struct ll_case {
 } ll_case;
 
 static ll_case ll_base(int64_t N, int64_t V, int64_t H) {
-  ll_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.H = H;
-  c.dt = RLK_BF16;
-  c.ldt = RLK_I64;
-  c.T = 1.0f;
-  c.entropy = 1;
-  c.scale = 3.0;
-  return c;
+  return (ll_case){.N = N, .V = V, .H = H, .dt = RLK_BF16, .ldt = RLK_I64, .T = 1.0f, .entropy = 1,
+      .scale = 3.0};
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -1429,33 +1420,12 @@ END_TEST
 
 Suite *linear_logprob_suite(void) {
   Suite *s = suite_create("linear_logprob");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, host_shards);
-  tcase_add_test(host, host_records_its_configurations);
-  tcase_add_test(host, host_policy_loss);
-  tcase_add_test(host, policy_loss_bad_arguments);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 600);
-  tcase_add_test(plan, plan_per_target);
-  tcase_add_test(plan, sm90_chunk_model);
-  tcase_add_test(plan, token_chunk_model);
-  tcase_add_test(plan, policy_loss_chunk_budget);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_shards);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_shapes, bad_arguments, host_shards,
+      host_records_its_configurations, host_policy_loss, policy_loss_bad_arguments));
+  rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, sm90_chunk_model, token_chunk_model,
+      policy_loss_chunk_budget, samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_deterministic, gpu_shards));
   /* a case of its own, so that the backward's GPU checks can run beside the forward's */
-  TCase *gpu_bwd = tcase_create("gpu_backward");
-  tcase_set_timeout(gpu_bwd, 600);
-  tcase_add_test(gpu_bwd, gpu_backward);
-  suite_add_tcase(s, gpu_bwd);
+  rlk_test_add_case(s, "gpu_backward", 600, TESTS(gpu_backward));
   return s;
 }

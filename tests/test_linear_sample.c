@@ -324,14 +324,7 @@ END_TEST
 
 Suite *linear_sample_suite(void) {
   Suite *s = suite_create("linear_sample");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_rollout);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 1800);
-  tcase_add_test(gpu, gpu_rollout);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_rollout, bad_arguments));
+  rlk_test_add_case(s, "gpu", 1800, TESTS(gpu_rollout));
   return s;
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ops/ops.h"
+#include "logprob_check.h"
 #include "ref/logprob_ref.h"
 #include "suites.h"
 #include "test_util.h"
@@ -25,37 +26,6 @@ static uint32_t f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
-}
-
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static double f16_value(uint16_t b) {
-  _Float16 h;
-  memcpy(&h, &b, sizeof h);
-  return (double)h;
-}
-
-static double get(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32:
-    return ((const float *)base)[i];
-  case RLK_BF16:
-    return (double)bits_f32((uint32_t)((const uint16_t *)base)[i] << 16);
-  case RLK_F16:
-    return f16_value(((const uint16_t *)base)[i]);
-  default:
-    return NAN;
-  }
-}
-
-/* Is element i still the 0xff.. poison the buffer was filled with? */
-static int poisoned(const void *base, rlk_dtype d, int64_t i) {
-  if (d == RLK_F32) return ((const uint32_t *)base)[i] == 0xffffffffu;
-  return ((const uint16_t *)base)[i] == 0xffffu;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -89,20 +59,8 @@ typedef struct lp_case {
 } lp_case;
 
 static lp_case base_case(int64_t N, int64_t V, rlk_dtype dt) {
-  lp_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.dtype = dt;
-  c.label_dtype = RLK_I64;
-  c.temperature = 1.0f;
-  c.ignore_index = -100;
-  c.lse = 1;
-  c.scale = 3.0;
-  c.status = 1;
-  c.grad_dtype = dt;
-  c.g_lp = 1;
-  return c;
+  return (lp_case){.N = N, .V = V, .dtype = dt, .label_dtype = RLK_I64, .temperature = 1.0f,
+      .ignore_index = -100, .lse = 1, .scale = 3.0, .status = 1, .grad_dtype = dt, .g_lp = 1};
 }
 
 static void describe(const lp_case *c, char *buf, size_t size) {
@@ -173,30 +131,6 @@ static int64_t draw_label(uint64_t *rng, const lp_case *c, int64_t i, const doub
   }
   if (y == c->ignore_index && !c->ignored) y = (y + 1) % V;
   return y;
-}
-
-/* |got - want| allowed for a forward output of magnitude `want` in a row whose largest z is
- * max_z and lse is lse: fp32 rounding of the inputs' scale plus the summation over V terms. */
-static double fwd_tol(double want, double max_z, double lse, int64_t V) {
-  const double scale = fabs(want) + (isfinite(max_z) ? fabs(max_z) : 0) + (isfinite(lse) ? fabs(lse) : 0);
-  return 2e-5 + 4e-6 * scale + 4e-7 * sqrt((double)V);
-}
-
-/* Compares a forward output with the reference, NaN for NaN and infinities exactly. */
-static void check_value(const char *what, const char *name, int64_t i, float got, double want,
-                        double tol) {
-  if (isnan(want)) {
-    ck_assert_msg(isnan(got), "%s: %s[%lld] = %.9g, reference NaN", what, name, (long long)i,
-                  (double)got);
-    return;
-  }
-  if (isinf(want)) {
-    ck_assert_msg((double)got == want, "%s: %s[%lld] = %.9g, reference %g", what, name,
-                  (long long)i, (double)got, want);
-    return;
-  }
-  ck_assert_msg(fabs((double)got - want) <= tol, "%s: %s[%lld] = %.9g, reference %.12g (tol %.3g)",
-                what, name, (long long)i, (double)got, want, tol);
 }
 
 /* Outputs of one run, dense, for comparisons between runs. */
@@ -308,10 +242,10 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       ck_assert_msg(f32_bits(ent[i]) != 0xffffffffu, "%s: entropy[%lld] was not written", what,
                     (long long)i);
     const lp_ref_row *r = &ref[i];
-    check_value(what, "logp", i, lp[i], r->logp, fwd_tol(r->logp, r->max_z, r->lse, V));
-    if (lse_d) check_value(what, "lse", i, lse[i], r->lse, fwd_tol(r->lse, r->max_z, r->lse, V));
+    lp_check_value(what, "logp", i, lp[i], r->logp, lp_fwd_tol(r->logp, r->max_z, r->lse, V));
+    if (lse_d) lp_check_value(what, "lse", i, lse[i], r->lse, lp_fwd_tol(r->lse, r->max_z, r->lse, V));
     if (ent_d)
-      check_value(what, "entropy", i, ent[i], r->entropy, fwd_tol(r->entropy, r->max_z, r->lse, V));
+      lp_check_value(what, "entropy", i, ent[i], r->entropy, lp_fwd_tol(r->entropy, r->max_z, r->lse, V));
     if (labels[i] == c->ignore_index)
       ck_assert_msg(lp[i] == 0.0f, "%s: logp[%lld] of an ignored row is %g", what, (long long)i,
                     (double)lp[i]);
@@ -380,12 +314,12 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       const double T = c->temperature;
       lp_ref_backward(xd + i * V, V, T, labels[i], c->ignore_index, glp[i], gh[i], gref);
       const lp_ref_row *r = &ref[i];
-      const double lse_err = fwd_tol(r->lse, r->max_z, r->lse, V);
+      const double lse_err = lp_fwd_tol(r->lse, r->max_z, r->lse, V);
       for (int64_t j = 0; j < V; j++) {
         const int64_t k = i * gs + j;
-        ck_assert_msg(!poisoned(gh_host, gd, k) || (c->in_place && isnan(xd[i * V + j])),
+        ck_assert_msg(!rlk_test_is_poison(gh_host, gd, k) || (c->in_place && isnan(xd[i * V + j])),
                       "%s: grad[%lld, %lld] was not written", what, (long long)i, (long long)j);
-        const double got = get(gh_host, gd, k);
+        const double got = rlk_test_load(gh_host, gd, k);
         out.grad[i * V + j] = got;
         const double want = gref[j];
         if (labels[i] == c->ignore_index) {
@@ -411,7 +345,7 @@ static void run_case(rlk_context *ctx, const lp_case *c, uint64_t *rng, lp_outpu
       /* padding between rows is left alone */
       if (!c->in_place && i + 1 < N)
         for (int64_t j = V; j < gs; j++)
-          ck_assert_msg(poisoned(gh_host, gd, i * gs + j), "%s: grad padding [%lld, %lld] written",
+          ck_assert_msg(rlk_test_is_poison(gh_host, gd, i * gs + j), "%s: grad padding [%lld, %lld] written",
                         what, (long long)i, (long long)j);
     }
     free(gref);
@@ -583,14 +517,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng, int64_t N, int6
 /* Host backend                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-#define HOST_CASE(name, call)                   \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    call;                                       \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_CASE(name, call) RLK_HOST_TEST(name, call)
 
 HOST_CASE(shapes, cases_shapes(ctx, &rng))
 HOST_CASE(vocab_50257, cases_vocab(ctx, &rng, 50257, 3))
@@ -696,25 +623,15 @@ static void bad_reset(bad_fixture *f) {
 /* The forward fails with `want`, the message names `arg`, logp is untouched. */
 static void expect_bad_fwd(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                            const char *label) {
-  rlk_status st = rlk_logprob(ctx, &f->a, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
-  for (int i = 0; i < 6; i++)
-    ck_assert_msg(f32_bits(f->logp[i]) == 0xffffffffu, "%s: logp written", label);
+  rlk_test_expect_error(rlk_logprob(ctx, &f->a, NULL), want, arg, label);
+  rlk_test_expect_untouched(f->logp, RLK_F32, 6, "logp", label);
   bad_reset(f);
 }
 
 static void expect_bad_bwd(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                            const char *label) {
-  rlk_status st = rlk_logprob_backward(ctx, &f->b, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
-  for (int i = 0; i < 72; i++)
-    ck_assert_msg(f32_bits(f->grad[i]) == 0xffffffffu, "%s: grad written", label);
+  rlk_test_expect_error(rlk_logprob_backward(ctx, &f->b, NULL), want, arg, label);
+  rlk_test_expect_untouched(f->grad, RLK_F32, 72, "grad", label);
   bad_reset(f);
 }
 
@@ -1020,16 +937,7 @@ static int sm90(rlk_context *ctx) {
   return info.compute_major >= 9;
 }
 
-#define GPU_CASE(name, call)                             \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("logprob")) return;        \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    call;                                                \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
+#define GPU_CASE(name, call) RLK_GPU_TEST("logprob", name, call)
 
 GPU_CASE(shapes, cases_shapes(ctx, &rng))
 GPU_CASE(semantics, cases_semantics(ctx, &rng))
@@ -1141,47 +1049,17 @@ END_TEST
 
 Suite *logprob_suite(void) {
   Suite *s = suite_create("logprob");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, host_vocab_50257);
-  tcase_add_test(host, host_semantics);
-  tcase_add_test(host, host_bad_labels);
-  tcase_add_test(host, host_backward);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, host_variants_fall_back);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_shapes, host_vocab_50257, host_semantics,
+      host_bad_labels, host_backward, host_deterministic, host_variants_fall_back, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, plan_variants_per_target);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      plan_variants_per_target, samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_semantics);
-  tcase_add_test(gpu, gpu_bad_labels);
-  tcase_add_test(gpu, gpu_backward);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_vocab_151936);
-  tcase_add_test(gpu, gpu_vocab_152064);
-  tcase_add_test(gpu, gpu_vocab_128256);
-  tcase_add_test(gpu, gpu_vocab_50257);
-  tcase_add_test(gpu, gpu_extreme_shapes);
-  tcase_add_test(gpu, gpu_variants_agree);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_semantics, gpu_bad_labels, gpu_backward,
+      gpu_deterministic, gpu_vocab_151936, gpu_vocab_152064, gpu_vocab_128256, gpu_vocab_50257,
+      gpu_extreme_shapes, gpu_variants_agree));
 
   /* the variants alone (CK_RUN_CASE=gpu_variants) */
-  TCase *variants = tcase_create("gpu_variants");
-  tcase_set_timeout(variants, 600);
-  tcase_add_test(variants, gpu_variants_agree);
-  suite_add_tcase(s, variants);
+  rlk_test_add_case(s, "gpu_variants", 600, TESTS(gpu_variants_agree));
   return s;
 }

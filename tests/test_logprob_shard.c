@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ops/ops.h"
+#include "logprob_check.h"
 #include "ref/logprob_ref.h"
 #include "suites.h"
 #include "test_util.h"
@@ -40,27 +41,6 @@ static void split(const sh_case *c, uint64_t *rng, int64_t *v0) {
     v0[r] = even + jitter;
   }
   v0[c->P] = c->V;
-}
-
-static double fwd_tol(double want, double max_z, double lse, int64_t V) {
-  const double scale = fabs(want) + (isfinite(max_z) ? fabs(max_z) : 0) + (isfinite(lse) ? fabs(lse) : 0);
-  return 2e-5 + 4e-6 * scale + 4e-7 * sqrt((double)V);
-}
-
-static void check_value(const char *what, const char *name, int64_t i, float got, double want,
-                        double tol) {
-  if (isnan(want)) {
-    ck_assert_msg(isnan(got), "%s: %s[%lld] = %.9g, reference NaN", what, name, (long long)i,
-                  (double)got);
-    return;
-  }
-  if (isinf(want)) {
-    ck_assert_msg((double)got == want, "%s: %s[%lld] = %.9g, reference %g", what, name,
-                  (long long)i, (double)got, want);
-    return;
-  }
-  ck_assert_msg(fabs((double)got - want) <= tol, "%s: %s[%lld] = %.9g, reference %.12g (tol %.3g)",
-                what, name, (long long)i, (double)got, want, tol);
 }
 
 static void *dev_copy(rlk_context *ctx, const void *src, size_t bytes) {
@@ -207,18 +187,18 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
     if (bad) want_status |= RLK_LOGPROB_STATUS_BAD_LABEL;
     const int twice = c->overlap && y[i] == v0[1] - 1;
     if (twice) want_status |= RLK_LOGPROB_STATUS_LABEL_OWNERS;
-    const double tol = fwd_tol(rr->logp, rr->max_z, rr->lse, V);
+    const double tol = lp_fwd_tol(rr->logp, rr->max_z, rr->lse, V);
     if (twice) {
       ck_assert_msg(isnan(out[0][0][i]) && isnan(out[0][1][i]), "%s: row %lld owned twice is not NaN",
                     what, (long long)i);
       continue;
     }
     if (c->overlap) continue; /* one column is counted twice: only the status is defined */
-    check_value(what, "logp", i, out[0][0][i], rr->logp, tol);
-    check_value(what, "lse", i, out[0][1][i], rr->lse, fwd_tol(rr->lse, rr->max_z, rr->lse, V));
+    lp_check_value(what, "logp", i, out[0][0][i], rr->logp, tol);
+    lp_check_value(what, "lse", i, out[0][1][i], rr->lse, lp_fwd_tol(rr->lse, rr->max_z, rr->lse, V));
     if (c->entropy)
-      check_value(what, "entropy", i, out[0][2][i], rr->entropy,
-                  fwd_tol(rr->entropy, rr->max_z, rr->lse, V));
+      lp_check_value(what, "entropy", i, out[0][2][i], rr->entropy,
+                  lp_fwd_tol(rr->entropy, rr->max_z, rr->lse, V));
   }
   ck_assert_msg(status[0] == want_status, "%s: status %d, expected %d", what, status[0], want_status);
 
@@ -260,7 +240,7 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
     for (int64_t i = 0; i < N; i++) {
       lp_ref_backward(x + i * V, V, c->temperature, y[i], -100, glp[i], gh[i], gref);
       const lp_ref_row *rr = &ref[i];
-      const double lse_err = fwd_tol(rr->lse, rr->max_z, rr->lse, V);
+      const double lse_err = lp_fwd_tol(rr->lse, rr->max_z, rr->lse, V);
       for (int64_t j = 0; j < V; j++) {
         const double got = grad[i * V + j], want = gref[j];
         if (isnan(want)) {
@@ -302,17 +282,8 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
 }
 
 static sh_case mk(int64_t N, int64_t V, rlk_dtype dt, int P, int entropy) {
-  sh_case c;
-  memset(&c, 0, sizeof c);
-  c.N = N;
-  c.V = V;
-  c.dtype = dt;
-  c.label_dtype = RLK_I64;
-  c.P = P;
-  c.temperature = 1.0f;
-  c.entropy = entropy;
-  c.scale = 3.0;
-  return c;
+  return (sh_case){.N = N, .V = V, .dtype = dt, .label_dtype = RLK_I64, .P = P, .temperature = 1.0f,
+      .entropy = entropy, .scale = 3.0};
 }
 
 static void cases_simulated(rlk_context *ctx, uint64_t *rng, int64_t V) {
@@ -615,22 +586,9 @@ END_TEST
 
 Suite *logprob_shard_suite(void) {
   Suite *s = suite_create("logprob_shard");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_simulated);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, host_records_its_configurations);
-  tcase_add_test(host, nccl_missing_library);
-  tcase_add_test(host, nccl_system_library);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_simulated);
-  tcase_add_test(gpu, gpu_nccl_one_rank);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_simulated, bad_arguments, host_records_its_configurations,
+      nccl_missing_library, nccl_system_library));
+  rlk_test_add_case(s, "plan", 300, TESTS(samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_simulated, gpu_nccl_one_rank));
   return s;
 }

@@ -420,17 +420,9 @@ END_TEST
 
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
-  TCase *tc = tcase_create("contract");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, settings_are_well_formed);
-  tcase_add_test(tc, canonical_lines_round_trip);
-  tcase_add_test(tc, canonical_lines_plan_alike);
-  tcase_add_test(tc, bad_settings_are_named);
-  tcase_add_test(tc, samples_reach_every_kernel_setting);
-  tcase_add_test(tc, precompile_conf_covers_every_op);
-  tcase_add_test(tc, gpu_kernel_list_parses);
-  tcase_add_test(tc, op_list_counts_what_the_tree_defines);
-  tcase_add_test(tc, overlap_is_exact);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
+      canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
+      precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
+      overlap_is_exact));
   return s;
 }

@@ -19,41 +19,6 @@
 #include "test_util.h"
 
 /* ---------------------------------------------------------------------------------- */
-/* Buffers                                                                             */
-/* ---------------------------------------------------------------------------------- */
-
-static void put(void *base, rlk_dtype d, int64_t i, double v) {
-  switch (d) {
-  case RLK_F32: ((float *)base)[i] = (float)v; break;
-  case RLK_F64: ((double *)base)[i] = v; break;
-  case RLK_I32: ((int32_t *)base)[i] = (int32_t)v; break;
-  case RLK_I64: ((int64_t *)base)[i] = (int64_t)v; break;
-  case RLK_BOOL: ((uint8_t *)base)[i] = (uint8_t)(v != 0); break;
-  default: ck_abort_msg("put: dtype %d", (int)d);
-  }
-}
-
-static double get(const void *base, rlk_dtype d, int64_t i) {
-  switch (d) {
-  case RLK_F32: return ((const float *)base)[i];
-  case RLK_F64: return ((const double *)base)[i];
-  case RLK_I32: return ((const int32_t *)base)[i];
-  case RLK_I64: return (double)((const int64_t *)base)[i];
-  case RLK_BOOL: return ((const uint8_t *)base)[i] != 0;
-  default: return NAN;
-  }
-}
-
-/* All bits of element i are 1 (the poison written before a call). */
-static int poisoned(const void *base, rlk_dtype d, int64_t i) {
-  const size_t n = rlk_dtype_size(d);
-  const unsigned char *p = (const unsigned char *)base + (size_t)i * n;
-  for (size_t k = 0; k < n; k++)
-    if (p[k] != 0xff) return 0;
-  return 1;
-}
-
-/* ---------------------------------------------------------------------------------- */
 /* A problem: its shape, layout, data and the rlk arguments                             */
 /* ---------------------------------------------------------------------------------- */
 
@@ -105,34 +70,11 @@ static void describe(const pl_case *c, char *buf, size_t size) {
 
 /* verl's actor defaults, token-mean, f32, padded with a bool mask. */
 static pl_case base_case(int64_t B, int64_t T) {
-  pl_case c;
-  memset(&c, 0, sizeof c);
-  c.dtype = RLK_F32;
-  c.offsets_dtype = RLK_I64;
-  c.B = B;
-  c.T = T;
-  c.mask_dtype = RLK_BOOL;
-  c.masked = 0.25;
-  c.metrics = 1;
-  c.spread = 0.3;
-  c.ref_spread = 0.3;
-  c.auto_norm = 1;
-  c.p.mode = RLK_POLICY_PPO;
-  c.p.clip_low = 0.2;
-  c.p.clip_high = 0.28;
-  c.p.dual_clip = 3.0;
-  c.p.lr_min = -20;
-  c.p.lr_max = 20;
-  c.p.tau_pos = 1.0;
-  c.p.tau_neg = 1.05;
-  c.p.kl = RLK_KL_K3;
-  c.p.kl_coef = 0;
-  c.p.kl_in = 20;
-  c.p.kl_out = 10;
-  c.p.agg = RLK_AGG_TOKEN_MEAN;
-  c.p.loss_scale = 1;
-  c.p.bound_g = 1;
-  return c;
+  return (pl_case){.dtype = RLK_F32, .offsets_dtype = RLK_I64, .B = B, .T = T, .mask_dtype = RLK_BOOL,
+      .masked = 0.25, .metrics = 1, .spread = 0.3, .ref_spread = 0.3, .auto_norm = 1,
+      .p = {.mode = RLK_POLICY_PPO, .clip_low = 0.2, .clip_high = 0.28, .dual_clip = 3.0, .lr_min = -20,
+            .lr_max = 20, .tau_pos = 1.0, .tau_neg = 1.05, .kl = RLK_KL_K3, .kl_coef = 0, .kl_in = 20,
+            .kl_out = 10, .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1, .bound_g = 1}};
 }
 
 /* Generated data: dense fp64 [B, T] views (what the references read; packed rows are padded
@@ -252,15 +194,15 @@ static void data_make(const pl_case *c, uint64_t *rng, pl_data *d) {
     const double aseq = c->zero_adv ? 0.0 : round_to(c->dtype, rlk_test_rand_normal(rng));
     if (c->adv_seq) {
       d->adv[b] = aseq;
-      put(d->h[D_ADV], c->dtype, b + shift, aseq);
+      rlk_test_store(d->h[D_ADV], c->dtype, b + shift, aseq);
     }
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t i = b * T + t, j = dev_index(c, d, b, t, 0) + shift;
       double m = 1.0;
       if (present[D_MASK]) {
         m = empty ? 0.0 : draw_mask(rng, c);
-        put(d->h[D_MASK], c->mask_dtype, j, m);
-        m = get(d->h[D_MASK], c->mask_dtype, j);
+        rlk_test_store(d->h[D_MASK], c->mask_dtype, j, m);
+        m = rlk_test_load(d->h[D_MASK], c->mask_dtype, j);
       }
       double lp, old, ref = 0, A;
       int tries = 0;
@@ -276,7 +218,7 @@ static void data_make(const pl_case *c, uint64_t *rng, pl_data *d) {
       const double vals[6] = {lp, old, A, ref, ent, isw};
       for (int k = 0; k < 6; k++) {
         if (!present[k] || (k == D_ADV && c->adv_seq)) continue;
-        put(d->h[k], c->dtype, j, poison ? NAN : vals[k]);
+        rlk_test_store(d->h[k], c->dtype, j, poison ? NAN : vals[k]);
       }
       d->lp[i] = lp;
       d->old[i] = old;
@@ -429,7 +371,7 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
+    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
     offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
@@ -488,27 +430,27 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   for (int64_t b = 0; b < d->B; b++) {
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!poisoned(g, c->dtype, j), "%s: grad_logp[%lld, %lld] not written", what,
+      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_logp[%lld, %lld] not written", what,
                     (long long)b, (long long)t);
-      res->grad[b * d->T + t] = get(g, c->dtype, j);
+      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
       if (ge) {
-        ck_assert_msg(!poisoned(ge, c->dtype, j), "%s: grad_entropy[%lld, %lld] not written", what,
+        ck_assert_msg(!rlk_test_is_poison(ge, c->dtype, j), "%s: grad_entropy[%lld, %lld] not written", what,
                       (long long)b, (long long)t);
-        res->grad_ent[b * d->T + t] = get(ge, c->dtype, j);
+        res->grad_ent[b * d->T + t] = rlk_test_load(ge, c->dtype, j);
       }
     }
     if (!c->packed && b + 1 < d->B)
       for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(poisoned(g, c->dtype, b * d->sout + t), "%s: grad padding [%lld, %lld] written",
+        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: grad padding [%lld, %lld] written",
                       what, (long long)b, (long long)t);
   }
-  if (shift) ck_assert_msg(poisoned(g, c->dtype, 0), "%s: element before grad_logp written", what);
-  res->loss = get(s, c->dtype, 0);
+  if (shift) ck_assert_msg(rlk_test_is_poison(g, c->dtype, 0), "%s: element before grad_logp written", what);
+  res->loss = rlk_test_load(s, c->dtype, 0);
   for (int k = 0; k < RLK_POLICY_LOSS_METRICS; k++)
-    res->metrics[k] = c->metrics ? get(s, c->dtype, 1 + k) : NAN;
+    res->metrics[k] = c->metrics ? rlk_test_load(s, c->dtype, 1 + k) : NAN;
   if (!c->metrics)
     for (int k = 0; k < RLK_POLICY_LOSS_METRICS; k++)
-      ck_assert_msg(poisoned(s, c->dtype, 1 + k), "%s: metrics written though absent", what);
+      ck_assert_msg(rlk_test_is_poison(s, c->dtype, 1 + k), "%s: metrics written though absent", what);
   res->raw_grad = g;
   res->raw_bytes = gbytes;
   res->raw_scalars = s;
@@ -831,13 +773,13 @@ static void fd_check(rlk_context *ctx, pl_case c, uint64_t *rng) {
       const double x0 = dense[i], h0 = 1e-6 * fmax(1.0, fabs(x0));
       double L[2];
       for (int s = 0; s < 2; s++) {
-        put(h, RLK_F64, j, x0 + (s ? h0 : -h0));
+        rlk_test_store(h, RLK_F64, j, x0 + (s ? h0 : -h0));
         pl_result r;
         pl_call_case(ctx, &c, &d, &r);
         L[s] = r.loss;
         result_free(&r);
       }
-      put(h, RLK_F64, j, x0);
+      rlk_test_store(h, RLK_F64, j, x0);
       const double fd = (L[1] - L[0]) / (2 * h0);
       const double g = which ? base.grad_ent[i] : base.grad[i];
       /* truncation O(h^2) relative to g, rounding of the two losses over 2 h */
@@ -1279,13 +1221,7 @@ typedef struct vl_case {
 } vl_case;
 
 static vl_case vl_base(int64_t B, int64_t T) {
-  vl_case v;
-  memset(&v, 0, sizeof v);
-  v.s = base_case(B, T);
-  v.clip = 0.5;
-  v.agg = RLK_AGG_TOKEN_MEAN;
-  v.loss_scale = 1;
-  return v;
+  return (vl_case){.s = base_case(B, T), .clip = 0.5, .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1};
 }
 
 static void vl_make(const vl_case *v, uint64_t *rng, pl_data *d) {
@@ -1313,9 +1249,9 @@ static void vl_make(const vl_case *v, uint64_t *rng, pl_data *d) {
         if (++tries > 50 || (!near(fabs(dv), v->clip) && !(vc != val && near(a, bb)))) break;
       }
       if (!(c.nan_masked && d->mask[i] == 0)) {
-        put(d->h[D_LP], c.dtype, j, val);
-        put(d->h[D_OLD], c.dtype, j, old);
-        put(d->h[D_ADV], c.dtype, j, ret);
+        rlk_test_store(d->h[D_LP], c.dtype, j, val);
+        rlk_test_store(d->h[D_OLD], c.dtype, j, old);
+        rlk_test_store(d->h[D_ADV], c.dtype, j, ret);
       }
       d->lp[i] = val;
       d->old[i] = old;
@@ -1345,7 +1281,7 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   void *offs_d = NULL;
   if (c->packed) {
     void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) put(o, c->offsets_dtype, i, (double)d->offs[i]);
+    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
     offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
     free(o);
   }
@@ -1394,16 +1330,16 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   for (int64_t b = 0; b < d->B; b++) {
     for (int64_t t = 0; t < d->len[b]; t++) {
       const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!poisoned(g, c->dtype, j), "%s: grad_values[%lld, %lld] not written", what,
+      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_values[%lld, %lld] not written", what,
                     (long long)b, (long long)t);
-      res->grad[b * d->T + t] = get(g, c->dtype, j);
+      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
     }
     if (!c->packed && b + 1 < d->B)
       for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(poisoned(g, c->dtype, b * d->sout + t), "%s: padding written", what);
+        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: padding written", what);
   }
-  res->loss = get(s, c->dtype, 0);
-  for (int k = 0; k < RLK_VALUE_LOSS_METRICS; k++) res->metrics[k] = get(s, c->dtype, 1 + k);
+  res->loss = rlk_test_load(s, c->dtype, 0);
+  for (int k = 0; k < RLK_VALUE_LOSS_METRICS; k++) res->metrics[k] = rlk_test_load(s, c->dtype, 1 + k);
   res->raw = g;
   res->raw_bytes = gbytes;
   res->raw_scalars = s;
@@ -1616,13 +1552,13 @@ static void cases_value_fd_repeat(rlk_context *ctx, uint64_t *rng) {
         const double x0 = d.lp[i], h = 1e-6;
         double L[2];
         for (int s = 0; s < 2; s++) {
-          put(d.h[D_LP], RLK_F64, j, x0 + (s ? h : -h));
+          rlk_test_store(d.h[D_LP], RLK_F64, j, x0 + (s ? h : -h));
           vl_result r;
           vl_call(ctx, &v, &d, &r);
           L[s] = r.loss;
           vl_result_free(&r);
         }
-        put(d.h[D_LP], RLK_F64, j, x0);
+        rlk_test_store(d.h[D_LP], RLK_F64, j, x0);
         const double fd = (L[1] - L[0]) / (2 * h);
         ck_assert_msg(fabs(fd - base.grad[i]) <= 1e-6 * fabs(base.grad[i]) + 1e-9,
                       "value loss d/dv[%lld, %lld]: kernel %.12g, finite differences %.12g",
@@ -1651,15 +1587,7 @@ RLK_HOST_CASE(value_trainers)
 RLK_HOST_CASE(value_fd_repeat)
 
 /* The trainers in fp64 (the real host kernel in f64) and in f32. */
-#define HOST_TRAINER(name)                      \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    cases_##name(ctx, &rng, RLK_F64);           \
-    cases_##name(ctx, &rng, RLK_F32);           \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_TRAINER(name) RLK_HOST_TEST(name, cases_##name(ctx, &rng, RLK_F64); cases_##name(ctx, &rng, RLK_F32))
 
 HOST_TRAINER(verl)
 HOST_TRAINER(trl)
@@ -1729,14 +1657,9 @@ static void bad_reset(bad_fx *f) {
 }
 
 static void expect_bad(rlk_context *ctx, bad_fx *f, rlk_status want, const char *arg, const char *label) {
-  rlk_status st = rlk_policy_loss(ctx, &f->a, NULL);
-  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st),
-                rlk_status_string(want), rlk_last_error());
-  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
-                rlk_last_error(), arg);
-  for (int i = 0; i < 24; i++)
-    ck_assert_msg(poisoned(f->grad, RLK_F32, i), "%s: grad_logp written", label);
-  ck_assert_msg(poisoned(f->s, RLK_F32, 0), "%s: loss written", label);
+  rlk_test_expect_error(rlk_policy_loss(ctx, &f->a, NULL), want, arg, label);
+  rlk_test_expect_untouched(f->grad, RLK_F32, 24, "grad_logp", label);
+  rlk_test_expect_untouched(f->s, RLK_F32, 1, "loss", label);
   bad_reset(f);
 }
 
@@ -1930,14 +1853,7 @@ END_TEST
 
 /* Precompiling a configuration builds what the call looks up: the call compiles nothing. */
 START_TEST(plan_matches_call) {
-  char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "plplan");
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = dir;
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = rlk_test_fresh_host_context();
   int n = 0;
   ck_assert_msg(rlk_precompile(ctx, "policy_loss dtype=f64 mode=gspo layout=packed offsets=i32", &n) == RLK_OK,
                 "%s", rlk_last_error());
@@ -2213,17 +2129,8 @@ static int gpu_family_selected(const char *name) {
   return !only || !*only || strstr(name, only) != NULL;
 }
 
-#define GPU_CASE(name)                                  \
-  START_TEST(gpu_##name) {                              \
-    if (!rlk_test_gpu_enabled("policy_loss")) return;   \
-    if (!gpu_family_selected(#name)) return;            \
-    rlk_context *ctx = cuda_context();                  \
-    if (!ctx) return;                                   \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                            \
-    rlk_context_destroy(ctx);                           \
-  }                                                     \
-  END_TEST
+#define GPU_CASE(name) \
+  RLK_GPU_TEST("policy_loss", name, if (gpu_family_selected(#name)) cases_##name(ctx, &rng))
 
 GPU_CASE(modes)
 GPU_CASE(kl)
@@ -2233,17 +2140,8 @@ GPU_CASE(repeat)
 GPU_CASE(value)
 GPU_CASE(normalizers)
 
-#define GPU_TRAINER(name)                               \
-  START_TEST(gpu_##name) {                              \
-    if (!rlk_test_gpu_enabled("policy_loss")) return;   \
-    rlk_context *ctx = cuda_context();                  \
-    if (!ctx) return;                                   \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng, RLK_F64);                   \
-    cases_##name(ctx, &rng, RLK_F32);                   \
-    rlk_context_destroy(ctx);                           \
-  }                                                     \
-  END_TEST
+#define GPU_TRAINER(name) \
+  RLK_GPU_TEST("policy_loss", name, cases_##name(ctx, &rng, RLK_F64); cases_##name(ctx, &rng, RLK_F32))
 
 GPU_TRAINER(verl)
 GPU_TRAINER(trl)
@@ -2353,48 +2251,15 @@ END_TEST
 
 Suite *policy_loss_suite(void) {
   Suite *s = suite_create("policy_loss");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 120);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, broadcast_inputs);
-  tcase_add_test(host, host_modes);
-  tcase_add_test(host, host_kl);
-  tcase_add_test(host, host_agg_layouts);
-  tcase_add_test(host, host_edges);
-  tcase_add_test(host, host_repeat);
-  tcase_add_test(host, host_finite_differences);
-  tcase_add_test(host, host_verl);
-  tcase_add_test(host, host_trl);
-  tcase_add_test(host, host_openrlhf);
-  tcase_add_test(host, host_value);
-  tcase_add_test(host, host_value_trainers);
-  tcase_add_test(host, host_value_fd_repeat);
-  tcase_add_test(host, host_normalizers);
-  tcase_add_test(host, host_trainer_conventions);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, broadcast_inputs, host_modes, host_kl,
+      host_agg_layouts, host_edges, host_repeat, host_finite_differences, host_verl, host_trl, host_openrlhf,
+      host_value, host_value_trainers, host_value_fd_repeat, host_normalizers, host_trainer_conventions,
+      bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_modes);
-  tcase_add_test(gpu, gpu_kl);
-  tcase_add_test(gpu, gpu_agg_layouts);
-  tcase_add_test(gpu, gpu_edges);
-  tcase_add_test(gpu, gpu_repeat);
-  tcase_add_test(gpu, gpu_value);
-  tcase_add_test(gpu, gpu_normalizers);
-  tcase_add_test(gpu, gpu_verl);
-  tcase_add_test(gpu, gpu_trl);
-  tcase_add_test(gpu, gpu_openrlhf);
-  tcase_add_test(gpu, gpu_large);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_modes, gpu_kl, gpu_agg_layouts, gpu_edges, gpu_repeat, gpu_value,
+      gpu_normalizers, gpu_verl, gpu_trl, gpu_openrlhf, gpu_large));
   return s;
 }

@@ -123,16 +123,12 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
   void *dseq = rlk_test_dev_upload(ctx, r->seq, (size_t)(r->S + 1) * 4);
   void *dgrp = rlk_test_dev_upload(ctx, r->grp, (size_t)(c->P + 1) * 4);
 
-  rlk_prefix_attention_layout l;
-  memset(&l, 0, sizeof l);
+  rlk_prefix_attention_layout l = {
+      .host_seq_offsets = r->seq, .host_group_offsets = r->grp, .num_segments = r->S, .num_prompts = c->P};
   if (!host) { /* the host backend reads the host arrays: its device tensors may be absent */
     l.seq_offsets = rlk_tensor_1d(dseq, RLK_I32, r->S + 1);
     l.group_offsets = rlk_tensor_1d(dgrp, RLK_I32, c->P + 1);
   }
-  l.host_seq_offsets = r->seq;
-  l.host_group_offsets = r->grp;
-  l.num_segments = r->S;
-  l.num_prompts = c->P;
 
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
@@ -919,25 +915,9 @@ END_TEST
 
 Suite *prefix_attention_suite(void) {
   Suite *s = suite_create("prefix_attention");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, host_g1);
-  tcase_add_test(host, host_g3);
-  tcase_add_test(host, host_g16);
-  tcase_add_test(host, host_batch);
-  tcase_add_test(host, bad_arguments);
-  tcase_add_test(host, bad_backward_arguments);
-  tcase_add_test(host, gpu_bounds_catch_faults);
-  suite_add_tcase(s, host);
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_per_target);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_numerics);
-  tcase_add_test(gpu, gpu_numerics_mma);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "host", 300, TESTS(host_g1, host_g3, host_g16, host_batch, bad_arguments,
+      bad_backward_arguments, gpu_bounds_catch_faults));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, samples_compile_every_target));
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_numerics, gpu_numerics_mma));
   return s;
 }

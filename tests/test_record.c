@@ -372,15 +372,9 @@ END_TEST
 
 Suite *record_suite(void) {
   Suite *s = suite_create("record");
-  TCase *tc = tcase_create("host");
+  TCase *tc = rlk_test_add_case(s, "host", 120, TESTS(record_appends_each_configuration_once,
+      record_follows_no_link, record_refuses_files_others_control, record_refuses_a_fifo,
+      record_never_waits_for_a_lock, record_reads_large_files));
   tcase_add_checked_fixture(tc, (void (*)(void))rlk_test_setup_env, rlk_test_teardown_env);
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, record_appends_each_configuration_once);
-  tcase_add_test(tc, record_follows_no_link);
-  tcase_add_test(tc, record_refuses_files_others_control);
-  tcase_add_test(tc, record_refuses_a_fifo);
-  tcase_add_test(tc, record_never_waits_for_a_lock);
-  tcase_add_test(tc, record_reads_large_files);
-  suite_add_tcase(s, tc);
   return s;
 }

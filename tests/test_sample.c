@@ -100,12 +100,7 @@ typedef struct smp_settings {
 } smp_settings;
 
 static smp_settings settings_default(void) {
-  smp_settings s;
-  memset(&s, 0, sizeof s);
-  s.temperature = 1.0f;
-  s.top_p = 1.0f;
-  s.token_dtype = RLK_I64;
-  return s;
+  return (smp_settings){.temperature = 1.0f, .top_p = 1.0f, .token_dtype = RLK_I64};
 }
 
 typedef struct smp_out {
@@ -760,14 +755,7 @@ START_TEST(philox_known_answers) {
 }
 END_TEST
 
-#define HOST_CASE(name, call)                   \
-  START_TEST(host_##name) {                     \
-    rlk_context *ctx = rlk_test_host_context(); \
-    uint64_t rng = rlk_test_seed() ^ __LINE__;  \
-    call;                                       \
-    rlk_context_destroy(ctx);                   \
-  }                                             \
-  END_TEST
+#define HOST_CASE(name, call) RLK_HOST_TEST(name, call)
 
 HOST_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 40000))
 HOST_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 30000))
@@ -809,8 +797,7 @@ START_TEST(bad_arguments) {
   do {                                                                                           \
     a = g;                                                                                       \
     edit;                                                                                        \
-    ck_assert_int_eq(rlk_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);                        \
-    ck_assert_msg(strstr(rlk_last_error(), needle), "'%s' does not name %s", rlk_last_error(), needle); \
+    rlk_test_expect_error(rlk_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT, needle, #edit);       \
   } while (0)
   BAD(a.logits.data = NULL, "logits");
   BAD(a.logits.dtype = RLK_F64, "logits");
@@ -969,17 +956,7 @@ RLK_SAMPLES_CASE("sample", &rlk_op_sample)
 
 static rlk_context *cuda_context(void) { return rlk_test_cuda_context("sample"); }
 
-#define GPU_CASE(name, call)                             \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled("sample")) return;         \
-    rlk_context *ctx = cuda_context();                   \
-    if (!ctx) return;                                    \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    ck_assert(is_gpu(ctx));                              \
-    call;                                                \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
+#define GPU_CASE(name, call) RLK_GPU_TEST("sample", name, ck_assert(is_gpu(ctx)); call)
 
 GPU_CASE(distribution_64, cases_distribution(ctx, &rng, 64, RLK_F32, 200000))
 GPU_CASE(distribution_1000, cases_distribution(ctx, &rng, 1000, RLK_BF16, 200000))
@@ -1124,38 +1101,13 @@ END_TEST
 
 Suite *sample_suite(void) {
   Suite *s = suite_create("sample");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, philox_known_answers);
-  tcase_add_test(host, host_distribution_64);
-  tcase_add_test(host, host_distribution_1000);
-  tcase_add_test(host, host_logp_bitwise);
-  tcase_add_test(host, host_reproducible);
-  tcase_add_test(host, host_edges);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, philox_known_answers, host_distribution_64,
+      host_distribution_1000, host_logp_bitwise, host_reproducible, host_edges, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_row_split);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_row_split, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 600);
-  tcase_add_test(gpu, gpu_logp_bitwise);
-  tcase_add_test(gpu, gpu_reproducible);
-  tcase_add_test(gpu, gpu_edges);
-  tcase_add_test(gpu, gpu_row_split);
-  tcase_add_test(gpu, gpu_overlap_chain);
-  tcase_add_test(gpu, gpu_distribution_split);
-  tcase_add_test(gpu, gpu_distribution_layouts);
-  tcase_add_test(gpu, gpu_distribution_64);
-  tcase_add_test(gpu, gpu_distribution_1000);
-  tcase_add_test(gpu, gpu_distribution_32000);
-  tcase_add_test(gpu, gpu_distribution_151936);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_logp_bitwise, gpu_reproducible, gpu_edges, gpu_row_split,
+      gpu_overlap_chain, gpu_distribution_split, gpu_distribution_layouts, gpu_distribution_64,
+      gpu_distribution_1000, gpu_distribution_32000, gpu_distribution_151936));
   return s;
 }

@@ -148,12 +148,7 @@ END_TEST
 
 Suite *sha256_suite(void) {
   Suite *s = suite_create("sha256");
-  TCase *tc = tcase_create("sha256");
-  tcase_add_test(tc, test_nist_vectors);
-  tcase_add_test(tc, test_million_a);
-  tcase_add_test(tc, test_split_at_every_offset);
-  tcase_add_test(tc, test_lengths_against_sha256sum);
-  tcase_add_test(tc, test_hex);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "sha256", 0, TESTS(test_nist_vectors, test_million_a, test_split_at_every_offset,
+      test_lengths_against_sha256sum, test_hex));
   return s;
 }

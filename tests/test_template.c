@@ -213,12 +213,7 @@ END_TEST
 
 Suite *template_suite(void) {
   Suite *s = suite_create("template");
-  TCase *tc = tcase_create("schema");
-  tcase_add_test(tc, validates_ranges);
-  tcase_add_test(tc, spells_values);
-  tcase_add_test(tc, parses_values);
-  tcase_add_test(tc, embedded_sources);
-  tcase_add_test(tc, template_dir_reads_every_file);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "schema", 0, TESTS(validates_ranges, spells_values, parses_values, embedded_sources,
+      template_dir_reads_every_file));
   return s;
 }

@@ -44,17 +44,8 @@ static void describe(const tb_case *c, char *buf, size_t size) {
 }
 
 static tb_case base_case(int64_t B, int64_t T, int64_t G) {
-  tb_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.group_size = G;
-  c.offsets_dtype = RLK_I64;
-  c.dtype = RLK_F32;
-  c.mask_dtype = RLK_BOOL;
-  c.zero_tail = 1;
-  c.eps = 1e-8;
-  return c;
+  return (tb_case){.B = B, .T = T, .group_size = G, .offsets_dtype = RLK_I64, .dtype = RLK_F32,
+      .mask_dtype = RLK_BOOL, .zero_tail = 1, .eps = 1e-8};
 }
 
 
@@ -395,10 +386,7 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 
 static void expect_bad(rlk_context *ctx, const rlk_token_baseline_args *a, const char *needle) {
-  rlk_status st = rlk_token_baseline(ctx, a, NULL);
-  ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT, "expected an error naming '%s', got %s", needle,
-                rlk_status_string(st));
-  ck_assert_msg(strstr(rlk_last_error(), needle) != NULL, "'%s' does not name %s", rlk_last_error(), needle);
+  rlk_test_expect_error(rlk_token_baseline(ctx, a, NULL), RLK_ERR_INVALID_ARGUMENT, needle, needle);
 }
 
 START_TEST(bad_arguments) {
@@ -601,33 +589,13 @@ END_TEST
 
 Suite *token_baseline_suite(void) {
   Suite *s = suite_create("token_baseline");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_variants);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, host_strided);
-  tcase_add_test(host, host_tails);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, host_variants, host_shapes, host_strided,
+      host_tails, host_deterministic, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_cover_every_variant);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_cover_every_variant, samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_variants);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_strided);
-  tcase_add_test(gpu, gpu_tails);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_large);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_variants, gpu_shapes, gpu_strided, gpu_tails, gpu_deterministic,
+      gpu_large));
   return s;
 }

@@ -37,22 +37,8 @@ static void describe(const tk_case *c, char *buf, size_t size) {
 }
 
 static tk_case base_case(int64_t B, int64_t T) {
-  tk_case c;
-  memset(&c, 0, sizeof c);
-  c.B = B;
-  c.T = T;
-  c.pad = 3;
-  c.dtype = RLK_F32;
-  c.mask_dtype = RLK_BOOL;
-  c.estimator = RLK_KL_K3;
-  c.out = OUT_BOTH;
-  c.in_lo = -20;
-  c.in_hi = 20;
-  c.out_lo = -10;
-  c.out_hi = 10;
-  c.w_max = INFINITY;
-  c.bg = 1;
-  return c;
+  return (tk_case){.B = B, .T = T, .pad = 3, .dtype = RLK_F32, .mask_dtype = RLK_BOOL, .estimator = RLK_KL_K3,
+      .out = OUT_BOTH, .in_lo = -20, .in_hi = 20, .out_lo = -10, .out_hi = 10, .w_max = INFINITY, .bg = 1};
 }
 
 /* A finite clamp bound, or 0 when both are infinite (no tie to plant). */
@@ -328,10 +314,7 @@ END_TEST
 /* ---------------------------------------------------------------------------------- */
 
 static void expect_bad(rlk_context *ctx, const rlk_token_kl_args *a, const char *needle) {
-  rlk_status st = rlk_token_kl(ctx, a, NULL);
-  ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT, "expected an error naming '%s', got %s", needle,
-                rlk_status_string(st));
-  ck_assert_msg(strstr(rlk_last_error(), needle) != NULL, "'%s' does not name %s", rlk_last_error(), needle);
+  rlk_test_expect_error(rlk_token_kl(ctx, a, NULL), RLK_ERR_INVALID_ARGUMENT, needle, needle);
 }
 
 START_TEST(bad_arguments) {
@@ -491,30 +474,12 @@ END_TEST
 
 Suite *token_kl_suite(void) {
   Suite *s = suite_create("token_kl");
-  TCase *host = tcase_create("host");
-  tcase_set_timeout(host, 300);
-  tcase_add_test(host, args_init_defaults);
-  tcase_add_test(host, host_variants);
-  tcase_add_test(host, host_shapes);
-  tcase_add_test(host, host_ties);
-  tcase_add_test(host, host_deterministic);
-  tcase_add_test(host, bad_arguments);
-  suite_add_tcase(s, host);
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, host_variants, host_shapes, host_ties,
+      host_deterministic, bad_arguments));
 
-  TCase *plan = tcase_create("plan");
-  tcase_set_timeout(plan, 300);
-  tcase_add_test(plan, plan_matches_call);
-  tcase_add_test(plan, plan_rejects_bad_settings);
-  tcase_add_test(plan, samples_compile_every_target);
-  suite_add_tcase(s, plan);
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
+      samples_compile_every_target));
 
-  TCase *gpu = tcase_create("gpu");
-  tcase_set_timeout(gpu, 300);
-  tcase_add_test(gpu, gpu_variants);
-  tcase_add_test(gpu, gpu_shapes);
-  tcase_add_test(gpu, gpu_ties);
-  tcase_add_test(gpu, gpu_deterministic);
-  tcase_add_test(gpu, gpu_large);
-  suite_add_tcase(s, gpu);
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_variants, gpu_shapes, gpu_ties, gpu_deterministic, gpu_large));
   return s;
 }

@@ -722,19 +722,10 @@ END_TEST
 
 Suite *tools_suite(void) {
   Suite *s = suite_create("tools");
-  TCase *tc = tcase_create("tools");
   /* These run compilers in child processes. */
-  tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, help_and_usage_errors);
-  tcase_add_test(tc, dry_run_expands_sweeps);
-  tcase_add_test(tc, precompile_host_serves_demo_without_jit);
-  tcase_add_test(tc, recorded_configurations_precompile_what_runs);
-  tcase_add_test(tc, shards_merge_to_the_full_set);
-  tcase_add_test(tc, failures_are_reported);
-  tcase_add_test(tc, precompile_for_a_gpu_target_without_a_gpu);
-  tcase_add_test(tc, config_lines_are_bounded_and_whole);
-  tcase_add_test(tc, prune_that_cannot_delete_fails);
-  tcase_add_test(tc, json_outputs);
-  suite_add_tcase(s, tc);
+  rlk_test_add_case(s, "tools", 300, TESTS(help_and_usage_errors, dry_run_expands_sweeps,
+      precompile_host_serves_demo_without_jit, recorded_configurations_precompile_what_runs,
+      shards_merge_to_the_full_set, failures_are_reported, precompile_for_a_gpu_target_without_a_gpu,
+      config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs));
   return s;
 }

@@ -78,11 +78,19 @@ static void expect_refused_keys(const refused_key *bad, size_t n) {
   for (size_t i = 0; i < n; i++) {
     rlk_tune_record r;
     rlk_tune_record_init(&r);
-    ck_assert_msg(rlk_tune_record_set_key(&r, bad[i].line) == RLK_ERR_INVALID_ARGUMENT, "'%s' accepted",
-                  bad[i].line);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i].names) != NULL, "'%s': '%s' does not name %s", bad[i].line,
-                  rlk_last_error(), bad[i].names);
+    rlk_test_expect_error(rlk_tune_record_set_key(&r, bad[i].line), RLK_ERR_INVALID_ARGUMENT, bad[i].names,
+                          bad[i].line);
   }
+}
+
+/* Configuration line `line` is the key of op `op`, canonical shape `shape`, token bucket `tokens`. */
+static void expect_key(const char *line, const char *op, const char *shape, int64_t tokens) {
+  rlk_tune_record r;
+  rlk_tune_record_init(&r);
+  ck_assert_msg(rlk_tune_record_set_key(&r, line) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_str_eq(r.op, op);
+  ck_assert_str_eq(r.shape, shape);
+  ck_assert_int_eq(r.tokens, tokens);
 }
 
 /* A logprob record for `config` in environment `info` with the given winner and times. */
@@ -249,6 +257,18 @@ static int sm90a_options(rlk_context_options *o, rlk_device_info *info, const ch
   return 1;
 }
 
+/* A context of options o over a fresh database (under a directory named after `stem`) that
+ * holds records r[0..n). */
+static rlk_context *context_over_records(const rlk_context_options *o, const char *stem, const rlk_tune_record *r,
+                                         size_t n) {
+  char db[1100];
+  fresh_db(db, sizeof db, stem);
+  ck_assert_int_eq(rlk_tune_db_record(db, r, n), RLK_OK);
+  rlk_context *ctx = NULL;
+  ck_assert_msg(rlk_context_create(&ctx, o) == RLK_OK, "%s", rlk_last_error());
+  return ctx;
+}
+
 /* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
 static rlk_context *child_host_context(void) {
   rlk_context_options o;
@@ -276,18 +296,10 @@ START_TEST(buckets_and_keys) {
                   (long long)r.tokens, (long long)b[i].bucket);
   }
   /* the shape is canonical: order, defaults and irrelevant settings do not change it */
-  rlk_tune_record a, c;
-  rlk_tune_record_init(&a);
-  rlk_tune_record_init(&c);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "logprob tokens=16000 entropy=1 vocab=50257 pass=fwd grad=f32"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "logprob");
-  ck_assert_str_eq(a.shape, "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=50257");
-  ck_assert_int_eq(a.tokens, 16384);
-  ck_assert_int_eq(rlk_tune_record_set_key(&c, "logprob  pass=bwd labels=i32 logits=f16 grad=f32 tokens=7"),
-                   RLK_OK);
-  ck_assert_str_eq(c.shape, "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936");
-  ck_assert_int_eq(c.tokens, 8);
+  expect_key("logprob tokens=16000 entropy=1 vocab=50257 pass=fwd grad=f32", "logprob",
+             "pass=fwd logits=bf16 labels=i64 entropy=1 vocab=50257", 16384);
+  expect_key("logprob  pass=bwd labels=i32 logits=f16 grad=f32 tokens=7", "logprob",
+             "pass=bwd logits=f16 labels=i32 entropy=0 grad=f32 vocab=151936", 8);
   /* lines that are not a key */
   static const refused_key bad[] = {{"logprob pass=both tokens=64", "pass"},
              {"logprob tokens=64", "pass"},
@@ -1002,9 +1014,6 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "selection on sm_90a")) return;
-  char db[1100];
-  fresh_db(db, sizeof db, "tune-sm90");
-  rlk_context *ctx = NULL;
   const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
   const char *bwd = "logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936";
   char line[512];
@@ -1013,9 +1022,7 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
   r[0] = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
   snprintf(line, sizeof line, "%s tokens=4096", bwd);
   r[1] = make_record(line, &info, "variant=vec block=1024 unroll=2", 2.8, 2.7);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-sm90", r, 2);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   /* the default, and the winner for 16384 rows (and 12000: the same bucket) */
   ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1", specs), 1);
@@ -1067,14 +1074,8 @@ END_TEST
 START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   const char *key = "prefix_attention pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8 group=16 prefix=4096 "
                     "response=512";
-  rlk_tune_record a;
-  rlk_tune_record_init(&a);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "prefix_attention response=500 prefix=3000 group=13 kv_heads=8 "
-                                               "q_heads=32 tokens=70000 pass=fwd"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "prefix_attention");
-  ck_assert_str_eq(a.shape, key + strlen("prefix_attention "));
-  ck_assert_int_eq(a.tokens, 65536);
+  expect_key("prefix_attention response=500 prefix=3000 group=13 kv_heads=8 q_heads=32 tokens=70000 pass=fwd",
+             "prefix_attention", key + strlen("prefix_attention "), 65536);
   static const refused_key bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=8 group=1 prefix=1 tokens=2", "response"},
              {"prefix_attention pass=fwd q_heads=8 kv_heads=3 group=1 prefix=1 response=1 tokens=2", "multiple"},
@@ -1088,17 +1089,14 @@ START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "prefix_attention selection on sm_90a")) return;
-  char db[1100], line[512];
-  fresh_db(db, sizeof db, "tune-pa-sm90");
+  char line[512];
   rlk_tune_record r[2];
   snprintf(line, sizeof line, "%s tokens=65536", key);
   r[0] = make_record(line, &info, "fwd_stages=3", 1.4, 1.3);
   snprintf(line, sizeof line, "prefix_attention pass=bwd dtype=bf16 head_dim=64 q_heads=32 kv_heads=8 group=16 "
                               "prefix=4096 response=512 tokens=65536");
   r[1] = make_record(line, &info, "dkdv_stages=2 dq_stages=4", 5.0, 4.8);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-pa-sm90", r, 2);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   const char *problem = "q_heads=32 kv_heads=8 group=16 prefix=4096 response=512";
   /* the default: two K/V stages; the winner for the bucket: three */
@@ -1139,18 +1137,10 @@ END_TEST
  * backward's chunk in the workspace a call asks for, for the record's bucket only. */
 START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   const char *fkey = "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 hidden_size=4096 vocab=151936";
-  rlk_tune_record a;
-  rlk_tune_record_init(&a);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 "
-                                               "pass=fwd"),
-                   RLK_OK);
-  ck_assert_str_eq(a.op, "linear_logprob");
-  ck_assert_str_eq(a.shape, fkey + strlen("linear_logprob "));
-  ck_assert_int_eq(a.tokens, 8192);
-  ck_assert_int_eq(rlk_tune_record_set_key(&a, "linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 "
-                                               "tokens=4096"),
-                   RLK_OK);
-  ck_assert_str_eq(a.shape, "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000");
+  expect_key("linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 pass=fwd", "linear_logprob",
+             fkey + strlen("linear_logprob "), 8192);
+  expect_key("linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 tokens=4096", "linear_logprob",
+             "pass=bwd hidden=bf16 labels=i64 entropy=0 grad=same hidden_size=896 vocab=32000", 4096);
   static const refused_key bad[] = {{"linear_logprob pass=both hidden_size=8 vocab=9 tokens=2", "pass"},
              {"linear_logprob pass=fwd hidden_size=8 tokens=2", "vocab"},
              {"linear_logprob pass=fwd hidden_size=8 vocab=9 tokens=2 stages=3", "tuning"},
@@ -1163,17 +1153,14 @@ START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   rlk_context_options o;
   rlk_device_info info;
   if (!sm90a_options(&o, &info, "linear_logprob selection on sm_90a")) return;
-  char db[1100], line[512];
-  fresh_db(db, sizeof db, "tune-ll-sm90");
+  char line[512];
   rlk_tune_record r[2];
   snprintf(line, sizeof line, "%s tokens=8192", fkey);
   r[0] = make_record(line, &info, "stages=3", 14.0, 13.5);
   r[1] = make_record("linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=same hidden_size=4096 "
                      "vocab=151936 tokens=8192",
                      &info, "chunk=8192 group=16", 50.0, 48.0);
-  ck_assert_int_eq(rlk_tune_db_record(db, r, 2), RLK_OK);
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = context_over_records(&o, "tune-ll-sm90", r, 2);
   /* what changes its calls but not its kernels here */
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd hidden=f16"), "chunk group");
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd variant=tiled"), "chunk");
@@ -1562,12 +1549,8 @@ START_TEST(rlk_tune_host_run_of_prefix_attention) {
   uint16_t *dq = dout + T * HQ * D, *dk = dq + T * HQ * D, *dv = dk + T * HKV * D;
   for (size_t i = 0; i < (size_t)T * HQ * D; i++) dout[i] = q[i];
   float lse[T * HQ];
-  rlk_prefix_attention_layout l;
-  memset(&l, 0, sizeof l);
-  l.host_seq_offsets = seq;
-  l.host_group_offsets = grp;
-  l.num_segments = n;
-  l.num_prompts = P;
+  rlk_prefix_attention_layout l = {
+      .host_seq_offsets = seq, .host_group_offsets = grp, .num_segments = n, .num_prompts = P};
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
   int64_t sq[3] = {T, HQ, D}, skv[3] = {T, HKV, D};
@@ -1725,35 +1708,15 @@ END_TEST
 
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
-  TCase *db = tcase_create("db");
-  tcase_set_timeout(db, 120);
-  tcase_add_test(db, buckets_and_keys);
-  tcase_add_test(db, db_round_trip);
-  tcase_add_test(db, db_merge_of_runs);
-  tcase_add_test(db, db_other_environments_ignored);
-  tcase_add_test(db, db_damaged_files_warn_once);
-  tcase_add_test(db, db_fifo_never_blocks);
-  tcase_add_test(db, db_concurrent_writers_keep_every_record);
-  tcase_add_test(db, tune_modes_and_pending_list);
-  tcase_add_test(db, db_read_once_per_context);
-  suite_add_tcase(s, db);
-  TCase *sel = tcase_create("selection");
-  tcase_set_timeout(sel, 120);
-  tcase_add_test(sel, selection_on_the_host);
-  tcase_add_test(sel, variant_override_skips_the_database);
-  tcase_add_test(sel, unusable_winner_warns_once_and_runs_the_default);
-  tcase_add_test(sel, selection_changes_the_kernels_on_sm90a);
-  tcase_add_test(sel, prefix_attention_keys_and_selection_on_sm90a);
-  tcase_add_test(sel, linear_logprob_keys_and_selection_on_sm90a);
-  suite_add_tcase(s, sel);
-  TCase *tools = tcase_create("tools");
+  rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs,
+      db_other_environments_ignored, db_damaged_files_warn_once, db_fifo_never_blocks,
+      db_concurrent_writers_keep_every_record, tune_modes_and_pending_list, db_read_once_per_context));
+  rlk_test_add_case(s, "selection", 120, TESTS(selection_on_the_host, variant_override_skips_the_database,
+      unusable_winner_warns_once_and_runs_the_default, selection_changes_the_kernels_on_sm90a,
+      prefix_attention_keys_and_selection_on_sm90a, linear_logprob_keys_and_selection_on_sm90a));
   /* these run the tools, and compilers, in child processes */
-  tcase_set_timeout(tools, 300);
-  tcase_add_test(tools, rlk_tune_usage_and_dry_run);
-  tcase_add_test(tools, rlk_tune_host_run_feeds_calls_and_precompile);
-  tcase_add_test(tools, precompile_from_the_database_for_sm90a);
-  tcase_add_test(tools, rlk_tune_host_run_of_prefix_attention);
-  tcase_add_test(tools, rlk_tune_host_run_of_linear_logprob);
-  suite_add_tcase(s, tools);
+  rlk_test_add_case(s, "tools", 300, TESTS(rlk_tune_usage_and_dry_run,
+      rlk_tune_host_run_feeds_calls_and_precompile, precompile_from_the_database_for_sm90a,
+      rlk_tune_host_run_of_prefix_attention, rlk_tune_host_run_of_linear_logprob));
   return s;
 }

@@ -164,27 +164,24 @@ rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *
   return rlk_test_compile_only_context(RLK_BACKEND_CUDA, target, what);
 }
 
-rlk_context *rlk_test_host_context(void) {
+rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir) {
   rlk_context_options o;
   rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
+  o.backend = backend;
+  o.cache_dir = cache_dir;
   rlk_context *ctx = NULL;
   rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
+  ck_assert_msg(st == RLK_OK, "%s context: %s: %s", rlk_backend_name(backend), rlk_status_string(st),
+                rlk_last_error());
   return ctx;
 }
+
+rlk_context *rlk_test_host_context(void) { return rlk_test_context_at(RLK_BACKEND_HOST, NULL); }
 
 rlk_context *rlk_test_fresh_host_context(void) {
   char dir[1100]; /* the scratch root and "/plan-XXXXXX" */
   rlk_test_mkdtemp(dir, sizeof dir, "plan");
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.cache_dir = dir;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  ck_assert_msg(st == RLK_OK, "host context: %s: %s", rlk_status_string(st), rlk_last_error());
-  return ctx;
+  return rlk_test_context_at(RLK_BACKEND_HOST, dir);
 }
 
 rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels) {
@@ -202,12 +199,17 @@ void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char
   rlk_context_destroy(ctx);
 }
 
+void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label) {
+  ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st), rlk_status_string(want),
+                rlk_last_error());
+  ck_assert_msg(strstr(rlk_last_error(), arg) != NULL, "%s: message '%s' does not name '%s'", label,
+                rlk_last_error(), arg);
+}
+
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n) {
   rlk_context *ctx = rlk_test_host_context();
   for (size_t i = 0; i < n; i++) {
-    ck_assert_msg(rlk_precompile(ctx, bad[i][0], NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", bad[i][0]);
-    ck_assert_msg(strstr(rlk_last_error(), bad[i][1]) != NULL, "%s: '%s' does not name %s", bad[i][0],
-                  rlk_last_error(), bad[i][1]);
+    rlk_test_expect_error(rlk_precompile(ctx, bad[i][0], NULL), RLK_ERR_INVALID_ARGUMENT, bad[i][1], bad[i][0]);
   }
   rlk_context_destroy(ctx);
 }
@@ -460,6 +462,14 @@ rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, co
   return r;
 }
 
+TCase *rlk_test_add_case(Suite *s, const char *name, double timeout, const TTest *const *tests) {
+  TCase *tc = tcase_create(name);
+  if (timeout > 0) tcase_set_timeout(tc, timeout);
+  for (size_t i = 0; tests[i]; i++) tcase_add_test(tc, tests[i]);
+  suite_add_tcase(s, tc);
+  return tc;
+}
+
 int rlk_test_count_lines(const char *out, const char *needle) {
   int n = 0;
   const char *p = out;
@@ -493,6 +503,19 @@ rlk_context *rlk_test_cuda_context(const char *what) {
   ck_assert_msg(st == RLK_OK, "%s: RLK_TEST_GPU=1 but no CUDA context: %s: %s", what, rlk_status_string(st),
                 rlk_last_error());
   return ctx;
+}
+
+int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i) {
+  const size_t n = rlk_dtype_size(d);
+  const unsigned char *p = (const unsigned char *)base + (size_t)i * n;
+  for (size_t k = 0; k < n; k++)
+    if (p[k] != 0xff) return 0;
+  return 1;
+}
+
+void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label) {
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(rlk_test_is_poison(base, d, i), "%s: %s written (element %lld)", label, what, (long long)i);
 }
 
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
@@ -565,6 +588,10 @@ double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v) {
     ((int32_t *)base)[i] = (int32_t)v;
     return (double)(int32_t)v;
   }
+  if (d == RLK_I64) {
+    ((int64_t *)base)[i] = (int64_t)v;
+    return (double)(int64_t)v;
+  }
   if (d == RLK_BOOL) {
     ((uint8_t *)base)[i] = (uint8_t)(v != 0);
     return v != 0 ? 1.0 : 0.0;
@@ -601,6 +628,8 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
     return ((const float *)base)[i];
   case RLK_I32:
     return ((const int32_t *)base)[i];
+  case RLK_I64:
+    return (double)((const int64_t *)base)[i];
   case RLK_BOOL:
     return ((const uint8_t *)base)[i] != 0;
   case RLK_BF16: {

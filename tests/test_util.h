@@ -97,10 +97,16 @@ rlk_context *rlk_test_compile_only_context(rlk_backend backend, const char *targ
 rlk_context *rlk_test_compile_only_cuda_context(const char *target, const char *what);
 
 /* Stores v at element i of a buffer of dtype d (f64, f32, bf16 or f16, rounded to nearest even,
- * NaN stays NaN; i32 truncated; bool: v != 0) and returns the value as stored. */
+ * NaN stays NaN; i32 and i64 truncated; bool: v != 0) and returns the value as stored. */
 double rlk_test_store(void *base, rlk_dtype d, int64_t i, double v);
 /* Element i of a buffer of dtype d (those rlk_test_store writes) as a double. */
 double rlk_test_load(const void *base, rlk_dtype d, int64_t i);
+/* Every byte of element i of a buffer of dtype d is still 0xff (the poison written before a call
+ * that must overwrite it). */
+int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i);
+/* Elements [0, n) of a buffer of dtype d are all still poison: what a refused call leaves alone
+ * (`what` names the buffer, `label` the case, in the failure message). */
+void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label);
 
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
  * distinct, aligned pointer); fails the test on error. */
@@ -129,30 +135,33 @@ void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, 
  * returns NULL; with it, a context that cannot be created fails the test. */
 rlk_context *rlk_test_cuda_context(const char *what);
 
+/* A context of `backend` over the cache at cache_dir (NULL: the run's); fails the test on error. */
+rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
 /* Check tests (check.h included first) that run a file's case set `cases_<name>(ctx, &rng)` with
  * a fresh seed: host_<name> on a host context; gpu_<name> on CUDA when RLK_TEST_GPU=1, skipped
  * with the reason otherwise (`suite` names it). */
-#define RLK_HOST_CASE(name)                              \
-  START_TEST(host_##name) {                              \
-    rlk_context *ctx = rlk_test_host_context();          \
-    uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
-    rlk_context_destroy(ctx);                            \
-  }                                                      \
-  END_TEST
-#define RLK_GPU_CASE(suite, name)                        \
-  START_TEST(gpu_##name) {                               \
-    if (!rlk_test_gpu_enabled(suite)) return;            \
-    rlk_context *ctx = rlk_test_cuda_context(suite);     \
+#define RLK_HOST_CASE(name) RLK_HOST_TEST(name, cases_##name(ctx, &rng))
+#define RLK_GPU_CASE(suite, name) RLK_GPU_TEST(suite, name, cases_##name(ctx, &rng))
+
+/* The Check test `test`: `body` (statements that see `ctx` and a freshly seeded `rng`) on the
+ * context `make_ctx` gives; none (NULL, after saying why) skips it. */
+#define RLK_CONTEXT_TEST(test, make_ctx, body)           \
+  START_TEST(test) {                                     \
+    rlk_context *ctx = (make_ctx);                       \
     if (!ctx) return;                                    \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
-    cases_##name(ctx, &rng);                             \
+    body;                                                \
     rlk_context_destroy(ctx);                            \
   }                                                      \
   END_TEST
+/* host_<name> on a host context; gpu_<name> on CUDA (rlk_test_cuda_context's: skipped with the
+ * reason without RLK_TEST_GPU=1). */
+#define RLK_HOST_TEST(name, body) RLK_CONTEXT_TEST(host_##name, rlk_test_host_context(), body)
+#define RLK_GPU_TEST(suite, name, body) RLK_CONTEXT_TEST(gpu_##name, rlk_test_cuda_context(suite), body)
 
 /* A host-backend context over a fresh empty cache (to count what a precompile compiles). */
 rlk_context *rlk_test_fresh_host_context(void);
@@ -164,8 +173,17 @@ rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
  * every kernel their precompiled line built), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
 
+/* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the
+ * failure messages. */
+void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label);
+
 /* Each bad[i][0] precompile line is refused with an error that names bad[i][1]. */
 void rlk_test_expect_bad_lines(const char *const (*bad)[2], size_t n);
+
+/* Adds to s a test case `name` running `tests` (NULL-terminated, TESTS() builds the list) in
+ * order, with a timeout of `timeout` seconds (0: Check's default); returns it. */
+TCase *rlk_test_add_case(Suite *s, const char *name, double timeout, const TTest *const *tests);
+#define TESTS(...) ((const TTest *const[]){__VA_ARGS__, NULL})
 
 /* ---- running the built tools ---------------------------------------------------------- */
 

@@ -44,7 +44,7 @@ TOOL_UNUSED static uint16_t bench_bf16_of(float f) {
 static bench_result bench_results[BENCH_MAX_RESULTS];
 static int bench_nresults;
 
-static int bench_cmp_double(const void *a, const void *b) {
+TOOL_UNUSED static int bench_cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
@@ -76,13 +76,24 @@ TOOL_UNUSED static const bench_result *bench_add(const char *name, const double 
   return r;
 }
 
-/* Writes every recorded case as JSON; returns 0, or 2 when the file cannot be written. */
-TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
+/* Opens a benchmark's JSON file at `path` and writes its opening line: the tool, the device,
+ * target and compiler, the library's version. NULL, after saying so, when it cannot be written. */
+TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_info *info) {
   FILE *f = fopen(path, "w");
-  if (!f) return usage_error("cannot write %s", path);
+  if (!f) {
+    fprintf(stderr, "%s: cannot write %s\n", prog, path);
+    return NULL;
+  }
   fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", "
              "\"version\": \"%s\",\n",
           prog, info->name, info->target, info->compiler, rlk_version_string());
+  return f;
+}
+
+/* Writes every recorded case as JSON; returns 0, or 2 when the file cannot be written. */
+TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
+  FILE *f = bench_json_begin(path, info);
+  if (!f) return 2;
   fprintf(f, "  \"floor_tbps\": %.2f,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
   for (int i = 0; i < bench_nresults; i++) {
     const bench_result *r = &bench_results[i];

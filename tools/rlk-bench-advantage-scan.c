@@ -19,8 +19,8 @@
 
 static const char *prog = "rlk-bench-advantage-scan";
 #include "tool_util.h"
+#include "bench_util.h"
 
-#define COPY_TBPS 4.14
 #define L2_BYTES (60.0 * 1024 * 1024)
 #define MAX_SETS 8
 #define MAX_RESULTS 64
@@ -33,11 +33,6 @@ typedef struct result {
 
 static result results[MAX_RESULTS];
 static int nresults;
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static double uniform(void) {
@@ -201,14 +196,14 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters) {
       return lib_error(c->name, st);
     v[i] = ms;
   }
-  qsort(v, (size_t)iters, sizeof *v, cmp_double);
+  qsort(v, (size_t)iters, sizeof *v, bench_cmp_double);
   if (nresults < MAX_RESULTS) {
     result *r = &results[nresults++];
     snprintf(r->name, sizeof r->name, "%s", c->name);
     r->median_ms = iters % 2 ? v[iters / 2] : 0.5 * (v[iters / 2 - 1] + v[iters / 2]);
     r->min_ms = v[0];
     r->max_ms = v[iters - 1];
-    r->floor_ms = per_set / (COPY_TBPS * 1e12) * 1e3;
+    r->floor_ms = per_set / (BENCH_FLOOR_TBPS * 1e12) * 1e3;
     r->goal_ms = c->goal_ms;
     snprintf(r->note, sizeof r->note, "%s%s%d buffer set%s", c->note ? c->note : "", c->note ? "; " : "", sets,
              sets > 1 ? "s" : "");
@@ -240,14 +235,9 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
   if (rc) return rc < 0 ? 0 : rc;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  if (st) return lib_error("rlk_context_create", st);
+  rlk_context *ctx;
   rlk_device_info info;
-  if ((st = rlk_context_device_info(ctx, &info))) return lib_error("rlk_context_device_info", st);
+  if ((rc = tool_context(backend, &ctx, &info))) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (iters <= 0) iters = host ? 5 : 200;
   if (iters < 3) iters = 3;
@@ -267,14 +257,9 @@ int main(int argc, char **argv) {
            r->floor_ms, r->median_ms / r->floor_ms, goal, r->note);
   }
   if (json) {
-    FILE *f = fopen(json, "w");
-    if (!f) {
-      fprintf(stderr, "%s: cannot write %s\n", prog, json);
-      return 1;
-    }
-    fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", \"version\": \"%s\",\n",
-            prog, info.name, info.target, info.compiler, rlk_version_string());
-    fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", COPY_TBPS, iters);
+    FILE *f = bench_json_begin(json, &info);
+    if (!f) return 1;
+    fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", BENCH_FLOOR_TBPS, iters);
     for (int i = 0; i < nresults; i++) {
       const result *r = &results[i];
       fprintf(f,

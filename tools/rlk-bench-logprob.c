@@ -301,13 +301,10 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 3) iters = 3;
-  rlk_context *ctx = NULL;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  BENCH_CHECK(rlk_context_create(&ctx, &o));
+  rlk_context *ctx;
   rlk_device_info info;
-  BENCH_CHECK(rlk_context_device_info(ctx, &info));
+  int rc = tool_context(backend, &ctx, &info);
+  if (rc) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (!nshapes) {
     const int64_t n = host ? 64 : 16384, n2 = host ? 16 : 4096;

@@ -26,8 +26,8 @@
 
 static const char *prog = "rlk-bench-policy-loss";
 #include "tool_util.h"
+#include "bench_util.h"
 
-#define FLOOR_TBPS 4.14
 #define L2_BYTES (60.0 * 1024 * 1024)
 
 typedef struct result {
@@ -39,17 +39,6 @@ typedef struct result {
 
 static result results[32];
 static int nresults;
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-#define CHECK(call)                                  \
-  do {                                               \
-    rlk_status st_ = (call);                         \
-    if (st_ != RLK_OK) return lib_error(#call, st_); \
-  } while (0)
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 static double urand(void) {
@@ -253,39 +242,39 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
   size_t ws = 0;
   for (int k = 0; k < nsets; k++) {
     bufset *s = &sets[k];
-    CHECK(rlk_malloc(ctx, n * es, &s->lp));
-    CHECK(rlk_malloc(ctx, n * es, &s->old));
-    CHECK(rlk_malloc(ctx, n * es, &s->ref));
-    CHECK(rlk_malloc(ctx, n * es, &s->adv));
-    CHECK(rlk_malloc(ctx, n * ms, &s->mask));
-    CHECK(rlk_malloc(ctx, n * es, &s->grad));
-    CHECK(rlk_malloc(ctx, 256, &s->scalars));
-    CHECK(rlk_malloc(ctx, (size_t)(h.B + 1) * 8, &s->offs));
-    CHECK(rlk_memcpy_to_device(ctx, s->lp, h.lp, n * es));
-    CHECK(rlk_memcpy_to_device(ctx, s->old, h.old, n * es));
-    CHECK(rlk_memcpy_to_device(ctx, s->ref, h.ref, n * es));
-    CHECK(rlk_memcpy_to_device(ctx, s->adv, h.adv, n * es));
-    CHECK(rlk_memcpy_to_device(ctx, s->mask, c->mask == RLK_F32 ? (void *)h.maskf : (void *)h.maskb, n * ms));
-    CHECK(rlk_memcpy_to_device(ctx, s->offs, h.offs, (size_t)(h.B + 1) * 8));
+    BENCH_CHECK(rlk_malloc(ctx, n * es, &s->lp));
+    BENCH_CHECK(rlk_malloc(ctx, n * es, &s->old));
+    BENCH_CHECK(rlk_malloc(ctx, n * es, &s->ref));
+    BENCH_CHECK(rlk_malloc(ctx, n * es, &s->adv));
+    BENCH_CHECK(rlk_malloc(ctx, n * ms, &s->mask));
+    BENCH_CHECK(rlk_malloc(ctx, n * es, &s->grad));
+    BENCH_CHECK(rlk_malloc(ctx, 256, &s->scalars));
+    BENCH_CHECK(rlk_malloc(ctx, (size_t)(h.B + 1) * 8, &s->offs));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->lp, h.lp, n * es));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->old, h.old, n * es));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->ref, h.ref, n * es));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->adv, h.adv, n * es));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->mask, c->mask == RLK_F32 ? (void *)h.maskf : (void *)h.maskb, n * ms));
+    BENCH_CHECK(rlk_memcpy_to_device(ctx, s->offs, h.offs, (size_t)(h.B + 1) * 8));
     if (k == 0) {
       if (c->kind == CASE_VALUE) {
         rlk_value_loss_args a;
         fill_value(c, &h, s, norm, &a);
-        CHECK(rlk_value_loss_workspace_size(ctx, &a, &ws));
+        BENCH_CHECK(rlk_value_loss_workspace_size(ctx, &a, &ws));
       } else {
         rlk_policy_loss_args a;
         fill_policy(c, &h, s, norm, &a);
-        CHECK(rlk_policy_loss_workspace_size(ctx, &a, &ws));
+        BENCH_CHECK(rlk_policy_loss_workspace_size(ctx, &a, &ws));
       }
     }
-    if (ws) CHECK(rlk_malloc(ctx, ws, &s->ws));
+    if (ws) BENCH_CHECK(rlk_malloc(ctx, ws, &s->ws));
   }
 
   /* correctness of the first call (policy, token-mean) */
-  CHECK(call(ctx, c, &h, &sets[0], norm, ws));
-  CHECK(rlk_stream_synchronize(ctx, NULL));
+  BENCH_CHECK(call(ctx, c, &h, &sets[0], norm, ws));
+  BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
   float got[2];
-  CHECK(rlk_memcpy_to_host(ctx, got, sets[0].scalars, sizeof got));
+  BENCH_CHECK(rlk_memcpy_to_host(ctx, got, sets[0].scalars, sizeof got));
   if (c->kind == CASE_POLICY) {
     const double want = host_policy_loss(&h, c, norm);
     if (!(fabs(got[0] - want) <= 1e-4 * (fabs(want) + 1e-3))) {
@@ -298,35 +287,35 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
   }
 
   rlk_event *e0, *e1;
-  CHECK(rlk_event_create(ctx, &e0));
-  CHECK(rlk_event_create(ctx, &e1));
-  for (int i = 0; i < 20; i++) CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
-  CHECK(rlk_stream_synchronize(ctx, NULL));
+  BENCH_CHECK(rlk_event_create(ctx, &e0));
+  BENCH_CHECK(rlk_event_create(ctx, &e1));
+  for (int i = 0; i < 20; i++) BENCH_CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
+  BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
   double *v = malloc((size_t)iters * sizeof *v);
   if (!v) return 1;
   /* A call on another buffer set goes first and keeps the device busy while the host records
    * the start event and enqueues the timed call, so the host's own time per call (argument
    * checks, kernel lookup, launch) is not counted: the interval is the device's. */
   for (int i = 0; i < iters; i++) {
-    CHECK(call(ctx, c, &h, &sets[(i + 1) % nsets], norm, ws));
-    CHECK(rlk_event_record(e0, NULL));
-    CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
-    CHECK(rlk_event_record(e1, NULL));
+    BENCH_CHECK(call(ctx, c, &h, &sets[(i + 1) % nsets], norm, ws));
+    BENCH_CHECK(rlk_event_record(e0, NULL));
+    BENCH_CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
+    BENCH_CHECK(rlk_event_record(e1, NULL));
     float ms_ = 0;
-    CHECK(rlk_event_elapsed_ms(e0, e1, &ms_));
+    BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms_));
     v[i] = ms_;
   }
-  qsort(v, (size_t)iters, sizeof *v, cmp_double);
+  qsort(v, (size_t)iters, sizeof *v, bench_cmp_double);
   /* back to back: the mean of 50 calls enqueued in a row */
   double b2b = 0;
   {
     const int k = host ? 2 : 50;
-    CHECK(rlk_stream_synchronize(ctx, NULL));
-    CHECK(rlk_event_record(e0, NULL));
-    for (int i = 0; i < k; i++) CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
-    CHECK(rlk_event_record(e1, NULL));
+    BENCH_CHECK(rlk_stream_synchronize(ctx, NULL));
+    BENCH_CHECK(rlk_event_record(e0, NULL));
+    for (int i = 0; i < k; i++) BENCH_CHECK(call(ctx, c, &h, &sets[i % nsets], norm, ws));
+    BENCH_CHECK(rlk_event_record(e1, NULL));
     float ms_ = 0;
-    CHECK(rlk_event_elapsed_ms(e0, e1, &ms_));
+    BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms_));
     b2b = ms_ / k;
   }
   if (nresults < 32) {
@@ -337,7 +326,7 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
     r->max_ms = v[iters - 1];
     r->bytes = set_bytes;
     r->b2b_ms = b2b;
-    r->floor_ms = set_bytes / (FLOOR_TBPS * 1e12) * 1e3;
+    r->floor_ms = set_bytes / (BENCH_FLOOR_TBPS * 1e12) * 1e3;
     r->goal_ms = c->goal_ms;
   }
   free(v);
@@ -366,13 +355,9 @@ int main(int argc, char **argv) {
   int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
   if (rc) return rc < 0 ? 0 : rc;
   if (iters < 5) iters = 5;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  rlk_context *ctx = NULL;
-  CHECK(rlk_context_create(&ctx, &o));
+  rlk_context *ctx;
   rlk_device_info info;
-  CHECK(rlk_context_device_info(ctx, &info));
+  if ((rc = tool_context(backend, &ctx, &info))) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (host && iters > 10) iters = 10; /* the CPU reference path: a functional check, not a race */
 
@@ -410,14 +395,9 @@ int main(int argc, char **argv) {
            r->max_ms, r->b2b_ms, r->floor_ms, r->median_ms / r->floor_ms, goal);
   }
   if (json) {
-    FILE *f = fopen(json, "w");
-    if (!f) {
-      fprintf(stderr, "%s: cannot write %s\n", prog, json);
-      return 1;
-    }
-    fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", \"version\": \"%s\",\n",
-            prog, info.name, info.target, info.compiler, rlk_version_string());
-    fprintf(f, "  \"floor_tbps\": %g,\n  \"results\": [\n", FLOOR_TBPS);
+    FILE *f = bench_json_begin(json, &info);
+    if (!f) return 1;
+    fprintf(f, "  \"floor_tbps\": %g,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
     for (int i = 0; i < nresults; i++) {
       const result *r = &results[i];
       fprintf(f,

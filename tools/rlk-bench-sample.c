@@ -279,13 +279,10 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
   if (iters < 3) iters = 3;
-  rlk_context *ctx = NULL;
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  BENCH_CHECK(rlk_context_create(&ctx, &o));
+  rlk_context *ctx;
   rlk_device_info info;
-  BENCH_CHECK(rlk_context_device_info(ctx, &info));
+  int rc = tool_context(backend, &ctx, &info);
+  if (rc) return rc;
   const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (host && iters > 3) iters = 3;
   printf("%s on %s (%s, %s); floor = B V bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,

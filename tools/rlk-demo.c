@@ -51,18 +51,6 @@ static void usage(FILE *out) {
           prog);
 }
 
-/* splitmix64: a small generator, good enough for demo data. */
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *s) {
-  return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 /* The per-sequence advantages in double precision, from the op's definition. */
 static void reference(const float *scores, long batch, long g, rlk_advantage_mode mode, double eps,
                       int unbiased, double *adv, double *group_mean) {

@@ -35,15 +35,6 @@ static void usage(FILE *out) {
           prog);
 }
 
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
-
 /* log-sum-exp of a row in fp64. */
 static double row_lse(const float *x, long V) {
   double m = -INFINITY, s = 0;
@@ -150,20 +141,17 @@ int main(int argc, char **argv) {
   const long B = P * G, N = B * T;
   if ((long long)N * V > (1ll << 28)) return usage_error("N x V = %ld x %ld is too large for a demo", N, V);
 
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = backend;
-  rlk_context *ctx = NULL;
-  rlk_status st = rlk_context_create(&ctx, &o);
-  if (st) return lib_error("creating the context", st);
+  rlk_context *ctx;
   rlk_device_info info;
-  rlk_context_device_info(ctx, &info);
+  int rc = tool_context(backend, &ctx, &info);
+  if (rc) return rc;
+  rlk_status st;
   printf("rlk %s GRPO step: %ld prompts x %ld responses x %ld tokens, vocabulary %ld, seed %" PRIu64 "\n",
          rlk_version_string(), P, G, T, V, seed);
   printf("backend %s, device %s, target %s, %s\n", rlk_backend_name(rlk_context_backend(ctx)), info.name,
          info.target, info.compiler);
 
-  int rc = 1;
+  rc = 1;
   const size_t nv = (size_t)N * (size_t)V;
   float *h_logits = xrealloc(NULL, nv * sizeof(float));
   float *h_logp = xrealloc(NULL, (size_t)N * sizeof(float)), *h_lp2 = xrealloc(NULL, (size_t)N * sizeof(float));

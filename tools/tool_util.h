@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,17 @@ TOOL_UNUSED static double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* splitmix64: a small generator, good enough for a tool's random data. */
+TOOL_UNUSED static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform on [0, 1) from rng_next's top 53 bits. */
+TOOL_UNUSED static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
 
 /* A status line while a long run goes on: "[done/total] pct%, elapsed, about ETA left", redrawn
  * in place on stderr when stderr is a terminal (nothing otherwise, so logs and pipes stay clean).
@@ -182,6 +194,19 @@ TOOL_UNUSED static int bench_options(int argc, char **argv, const char *usage_li
     if (r != 1) return r;
   }
   if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+  return 0;
+}
+
+/* A context on `backend` and the device it runs on: 0, or lib_error's status after printing
+ * which call failed. */
+TOOL_UNUSED static int tool_context(rlk_backend backend, rlk_context **ctx, rlk_device_info *info) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = backend;
+  *ctx = NULL;
+  rlk_status st = rlk_context_create(ctx, &o);
+  if (st) return lib_error("rlk_context_create", st);
+  if ((st = rlk_context_device_info(*ctx, info))) return lib_error("rlk_context_device_info", st);
   return 0;
 }
 

@@ -134,12 +134,15 @@ static int ll_nout(const ll_problem *p) { return p->bwd ? 2 : p->entropy ? 3 : 2
 static size_t ll_kept_n(const ll_bench *b) { return b->p.bwd ? (size_t)b->nrows * (size_t)b->p.H : (size_t)b->p.N; }
 static rlk_dtype ll_kept_dtype(const ll_bench *b) { return b->p.bwd ? b->p.grad : RLK_F32; }
 
-static void ll_bench_free(ll_bench *b) {
+/* Frees a bench and all it holds (NULL: nothing). */
+static void ll_destroy(void *bench) {
+  ll_bench *b = bench;
+  if (!b) return;
   void *const all[] = {b->h, b->w, b->y, b->gh, b->gw, b->work, b->logp, b->lse, b->ent, b->glp, b->gent};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rlk_free(b->ctx, all[i]);
   for (int k = 0; k < 2; k++)
     for (int o = 0; o < 3; o++) free(b->kept[k][o]);
-  memset(b, 0, sizeof *b);
+  free(b);
 }
 
 static rlk_status ll_setup(rlk_context *ctx, const void *problem, uint64_t seed, double l2, void **bench, char *why,
@@ -160,7 +163,7 @@ static rlk_status ll_setup(rlk_context *ctx, const void *problem, uint64_t seed,
   const size_t ls = rlk_dtype_size(p->labels);
   void *y = xrealloc(NULL, (size_t)p->N * ls);
   for (int64_t i = 0; i < p->N; i++) {
-    const int64_t lab = (int64_t)(splitmix(&rng) % (uint64_t)p->V);
+    const int64_t lab = (int64_t)(rng_next(&rng) % (uint64_t)p->V);
     if (ls == 8)
       ((int64_t *)y)[i] = lab;
     else
@@ -265,12 +268,6 @@ static double ll_check(void *bench, char *where, size_t size) {
     }
   }
   return worst;
-}
-
-static void ll_destroy(void *bench) {
-  if (!bench) return;
-  ll_bench_free(bench);
-  free(bench);
 }
 
 static const tune_op tune_op_linear_logprob = {"linear_logprob", sizeof(ll_problem), ll_problem_of,   ll_input_line,

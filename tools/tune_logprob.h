@@ -55,7 +55,10 @@ typedef struct lp_bench {
   float *got[3];
 } lp_bench;
 
-static void lp_bench_free(lp_bench *b) {
+/* Frees a bench and all it holds (NULL: nothing). */
+static void lp_op_destroy(void *bench) {
+  lp_bench *b = bench;
+  if (!b) return;
   for (int s = 0; s < b->nsets; s++) {
     lp_set *t = &b->set[s];
     rlk_free(b->ctx, t->logits);
@@ -74,7 +77,7 @@ static void lp_bench_free(lp_bench *b) {
   }
   free(b->ref_grad);
   free(b->got_grad);
-  memset(b, 0, sizeof *b);
+  free(b);
 }
 
 /* Parses candidate settings into the args' tuning fields. */
@@ -169,7 +172,7 @@ static rlk_status lp_bench_setup(rlk_context *ctx, const lp_problem *p, uint64_t
     lp_set *t = &b->set[s];
     for (size_t i = 0; i < chunk; i++) {
       double u = 0;
-      for (int k = 0; k < 4; k++) u += uniform(&rng);
+      for (int k = 0; k < 4; k++) u += rng_uniform(&rng);
       store_nonzero(h, p->logits, i, (u - 2.0) * 3.0);
     }
     if ((st = alloc_dev(ctx, elems * b->es, &t->logits, why, whysize))) break;
@@ -179,7 +182,7 @@ static rlk_status lp_bench_setup(rlk_context *ctx, const lp_problem *p, uint64_t
       if (st) snprintf(why, whysize, "uploading the logits: %s", rlk_last_error());
     }
     for (int64_t i = 0; i < p->N; i++) {
-      labels[i] = (int64_t)(splitmix(&rng) % (uint64_t)p->V);
+      labels[i] = (int64_t)(rng_next(&rng) % (uint64_t)p->V);
       labels32[i] = (int32_t)labels[i];
     }
     if (!st) st = alloc_dev(ctx, (size_t)p->N * b->ls, &t->labels, why, whysize);
@@ -295,12 +298,6 @@ static rlk_status lp_op_checked_call(void *bench, const char *settings, int refe
 }
 
 static double lp_op_check(void *bench, char *where, size_t size) { return lp_check_outputs(bench, where, size); }
-
-static void lp_op_destroy(void *bench) {
-  if (!bench) return;
-  lp_bench_free(bench);
-  free(bench);
-}
 
 static const tune_op tune_op_logprob = {"logprob",       sizeof(lp_problem), lp_problem_of,      lp_input_line,
                                         lp_op_setup,     lp_op_nsets,        lp_op_call,         lp_op_checked_call,

@@ -45,15 +45,6 @@ typedef struct tune_op {
 
 /* ---- random non-zero inputs ---- */
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static double uniform(uint64_t *s) { return (double)(splitmix(s) >> 11) * 0x1.0p-53; }
-
 static uint16_t bf16_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
@@ -113,7 +104,7 @@ static rlk_status upload_floats(rlk_context *ctx, float **dst, size_t n, uint64_
   rlk_status st = alloc_dev(ctx, n * 4, (void **)dst, why, whysize);
   if (st) return st;
   float *h = xrealloc(NULL, n * 4);
-  for (size_t i = 0; i < n; i++) store_nonzero(h, RLK_F32, i, lo + (hi - lo) * uniform(rng));
+  for (size_t i = 0; i < n; i++) store_nonzero(h, RLK_F32, i, lo + (hi - lo) * rng_uniform(rng));
   st = rlk_memcpy_to_device(ctx, *dst, h, n * 4);
   free(h);
   if (st) snprintf(why, whysize, "uploading inputs: %s", rlk_last_error());
@@ -128,7 +119,7 @@ static rlk_status upload_random16(rlk_context *ctx, void **dst, rlk_dtype d, siz
   if (st) return st;
   const size_t chunk = n < RANDOM_CHUNK ? n : RANDOM_CHUNK + 7;
   uint16_t *h = xrealloc(NULL, chunk * 2);
-  for (size_t i = 0; i < chunk; i++) store_nonzero(h, d, i, lo + (hi - lo) * uniform(rng));
+  for (size_t i = 0; i < chunk; i++) store_nonzero(h, d, i, lo + (hi - lo) * rng_uniform(rng));
   for (size_t off = 0; off < n && !st; off += chunk) {
     const size_t m = n - off < chunk ? n - off : chunk;
     if ((st = rlk_memcpy_to_device(ctx, (uint16_t *)*dst + off, h, m * 2)))

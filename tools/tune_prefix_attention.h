@@ -90,7 +90,10 @@ static const char *pa_out_name(const pa_problem *p, int o) {
   return p->bwd ? bwd[o] : fwd[o];
 }
 
-static void pa_bench_free(pa_bench *b) {
+/* Frees a bench and all it holds (NULL: nothing). */
+static void pa_destroy(void *bench) {
+  pa_bench *b = bench;
+  if (!b) return;
   for (int s = 0; s < b->nsets; s++) {
     pa_set *t = &b->set[s];
     void *const all[] = {t->q, t->k, t->v, t->dout, t->out, t->dq, t->dk, t->dv, t->lse};
@@ -103,7 +106,7 @@ static void pa_bench_free(pa_bench *b) {
   free(b->host_grp);
   for (int r = 0; r < 2; r++)
     for (int o = 0; o < 4; o++) free(b->kept[r][o]);
-  memset(b, 0, sizeof *b);
+  free(b);
 }
 
 /* A candidate's settings ("variant=mma fwd_stages=3", "" for the default) as a call's tuning. */
@@ -319,12 +322,6 @@ static double pa_check(void *bench, char *where, size_t size) {
     }
   }
   return err;
-}
-
-static void pa_destroy(void *bench) {
-  if (!bench) return;
-  pa_bench_free(bench);
-  free(bench);
 }
 
 static const tune_op tune_op_prefix_attention = {"prefix_attention", sizeof(pa_problem), pa_problem_of, pa_input_line,

@@ -82,8 +82,11 @@ static int fz_remove_one(const char *path, const struct stat *st, int flag, stru
   return 0;
 }
 
+/* Removes a directory tree, never following a link (best effort). */
+FUZZ_UNUSED static void fz_remove_tree(const char *path) { nftw(path, fz_remove_one, 16, FTW_DEPTH | FTW_PHYS); }
+
 static void fz_scratch_remove(void) {
-  if (fz_scratch_dir[0]) nftw(fz_scratch_dir, fz_remove_one, 16, FTW_DEPTH | FTW_PHYS);
+  if (fz_scratch_dir[0]) fz_remove_tree(fz_scratch_dir);
 }
 
 /* A private directory for the process, made once and removed at exit: under RLK_FUZZ_TMPDIR,
@@ -101,6 +104,25 @@ FUZZ_UNUSED static const char *fz_scratch(void) {
   }
   atexit(fz_scratch_remove);
   return dir;
+}
+
+/* The context of the targets that plan configurations: a compile-only host context over the
+ * scratch directory's cache that plans and looks kernels up but never compiles (RLK_JIT=0) nor
+ * reads a tuning database (RLK_TUNE=off). Ends the process (`who` says which) without one. */
+FUZZ_UNUSED static rlk_context *fz_planning_context(const char *who) {
+  setenv("RLK_JIT", "0", 1);
+  setenv("RLK_TUNE", "off", 1);
+  setenv("RLK_CACHE_DIR", fz_scratch(), 1);
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.compile_only = 1;
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    fprintf(stderr, "%s: no host context: %s\n", who, rlk_last_error());
+    exit(1);
+  }
+  return ctx;
 }
 
 /* Writes `n` bytes to `path` (replacing it); 0 or -1. */

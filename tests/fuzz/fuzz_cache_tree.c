@@ -37,16 +37,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  remove(p);
-  return 0;
-}
-
-static void remove_tree(const char *p) { nftw(p, remove_one, 16, FTW_DEPTH | FTW_PHYS); }
-
 /* Where things go, relative to the root. */
 static const char *const places[] = {"", "tmp", "quarantine", "v1", "v1/host", "v1/host/x86_64", "tmp/host-1-abcdef"};
 /* Names: the cache's own shapes and strangers. */
@@ -98,8 +88,8 @@ static int listed(const listing *l, const char *p) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fz_input in = {data, size};
   const uint8_t flags = fz_u8(&in);
-  remove_tree(root);
-  remove_tree(outside);
+  fz_remove_tree(root);
+  fz_remove_tree(outside);
   mkdir(outside, 0700);
   char p[1200];
   snprintf(p, sizeof p, "%s/keep", outside);

@@ -20,17 +20,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   fz_default_env("RLK_LOG", "error");
-  setenv("RLK_JIT", "0", 1);   /* plan and look up, never compile */
-  setenv("RLK_TUNE", "off", 1); /* lookups answer from no database */
-  setenv("RLK_CACHE_DIR", fz_scratch(), 1);
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    fprintf(stderr, "fuzz_precompile: no host context: %s\n", rlk_last_error());
-    exit(1);
-  }
+  ctx = fz_planning_context("fuzz_precompile");
   return 0;
 }
 

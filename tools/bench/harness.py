@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
@@ -35,6 +34,8 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import torch  # noqa: E402
 
 import rlk  # noqa: E402
+from torch_advantage_scan import gae_verl_loop, returns_reinforce_pp_loop, whiten_verl  # noqa: E402
+from torch_group_advantage import grpo_dict_loop, grpo_vectorized  # noqa: E402
 
 HBM_TBPS = 4.14  # H200 device-to-device copy, bytes read + written (specs/performance.md)
 L2_BYTES = 60 << 20
@@ -89,32 +90,8 @@ def rlk_has(op):
 # Group advantages
 # ---------------------------------------------------------------------------------------------
 
-def _grpo_vectorized(scores, G, eps=1e-6):
-    """What a vectorized torch trainer writes: [B/G, G] view, mean and unbiased std per row."""
-    s = scores.view(-1, G)
-    return ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + eps)).view(-1)
-
-
-def _grpo_dict_loop(scores, G, eps=1e-6):
-    """verl's compute_grpo_outcome_advantage: Python lists keyed by prompt id, per-group
-    stack/mean/std, then one indexed write per sample."""
-    B = scores.shape[0]
-    ids = [i // G for i in range(B)]
-    members = defaultdict(list)
-    for i in range(B):
-        members[ids[i]].append(scores[i])
-    mean, std = {}, {}
-    for k, v in members.items():
-        t = torch.stack(v)
-        mean[k], std[k] = t.mean(), t.std()
-    out = scores.clone()
-    for i in range(B):
-        out[i] = (scores[i] - mean[ids[i]]) / (std[ids[i]] + eps)
-    return out
-
-
 def _broadcast_torch(scores, mask, G, eps=1e-6):
-    adv = _grpo_vectorized(scores, G, eps)
+    adv = grpo_vectorized(scores, G, eps)
     return adv, adv[:, None] * mask
 
 
@@ -129,12 +106,12 @@ def group_advantage_cases(dev, quick):
         def make(B=B):
             return {"scores": torch.randn(B, device=dev)}
         impls = [
-            Impl("torch vectorized", "torch", lambda x, G=G: _grpo_vectorized(x["scores"], G)),
+            Impl("torch vectorized", "torch", lambda x, G=G: grpo_vectorized(x["scores"], G)),
             Impl("rlk", "rlk", lambda x, G=G: rlk.group_advantage(x["scores"], G)),
         ]
         if B <= 1024:
             impls.append(Impl("verl dict loop", "torch",
-                              lambda x, G=G: _grpo_dict_loop(x["scores"], G), reps=5))
+                              lambda x, G=G: grpo_dict_loop(x["scores"], G), reps=5))
         cases.append(Case("B=%d G=%d" % (B, G), 8 * B, make, impls))
     for B, G, T in [(1024, 16, 4096)] if quick else [(256, 16, 2048), (1024, 16, 4096)]:
         B, T = max(G, S(B) // G * G), S(T)
@@ -333,44 +310,6 @@ def token_kl_cases(dev, quick):
 # Advantages and returns over time
 # ---------------------------------------------------------------------------------------------
 
-def _verl_gae(rew, val, mask, gamma=1.0, lam=0.95):
-    """verl's GAE loop over time: masked steps carry the running values through."""
-    m = mask.float()
-    T = rew.shape[1]
-    nextv = torch.zeros_like(rew[:, 0])
-    last = torch.zeros_like(rew[:, 0])
-    out = []
-    for t in reversed(range(T)):
-        delta = rew[:, t] + gamma * nextv - val[:, t]
-        cand = delta + gamma * lam * last
-        nextv = val[:, t] * m[:, t] + (1 - m[:, t]) * nextv
-        last = cand * m[:, t] + (1 - m[:, t]) * last
-        out.append(last)
-    adv = torch.stack(out[::-1], 1)
-    return adv, adv + val
-
-
-def _reinforce_pp_returns(rew, mask, gamma=1.0):
-    """verl's REINFORCE++ returns: a loop over time, the running return reset by the mask."""
-    m = mask.float()
-    run = torch.zeros_like(rew[:, 0])
-    out = torch.zeros_like(rew)
-    for t in reversed(range(rew.shape[1])):
-        run = rew[:, t] + gamma * run
-        out[:, t] = run
-        run = run * m[:, t]
-    return out
-
-
-def _verl_whiten(x, mask, eps=1e-8):
-    """verl's masked_whiten: masked mean, unbiased masked variance, rsqrt(var + eps)."""
-    m = mask.float()
-    n = m.sum()
-    mean = (x * m).sum() / (n + 1e-8)
-    var = (((x - mean) ** 2) * m).sum() / (n + 1e-8) * (n / (n - 1))
-    return (x - mean) * torch.rsqrt(var + eps)
-
-
 @family("advantage_scan", "GAE, discounted returns, masked whitening, f32")
 def advantage_scan_cases(dev, quick):
     cases = []
@@ -382,7 +321,7 @@ def advantage_scan_cases(dev, quick):
     if rlk_has("gae"):
         for B, T in shapes:
             impls = [Impl("torch (verl loop)", "torch",
-                          lambda x: _verl_gae(x["r"], x["v"], x["mask"]), reps=3),
+                          lambda x: gae_verl_loop(x["r"], x["v"], x["mask"].float(), 1.0, 0.95), reps=3),
                      Impl("rlk", "rlk", lambda x: rlk.gae(x["r"], x["v"], x["mask"], gamma=1.0,
                                                           lam=0.95), tol=1e-4)]
             cases.append(Case("gae B=%d T=%d" % (B, T), B * T * 17,
@@ -390,13 +329,13 @@ def advantage_scan_cases(dev, quick):
     if rlk_has("discounted_returns"):
         for B, T in shapes:
             impls = [Impl("torch (verl loop)", "torch",
-                          lambda x: _reinforce_pp_returns(x["r"], x["mask"]), reps=3),
+                          lambda x: returns_reinforce_pp_loop(x["r"], x["mask"].float(), 1.0), reps=3),
                      Impl("rlk", "rlk", lambda x: rlk.discounted_returns(x["r"], x["mask"]))]
             cases.append(Case("returns B=%d T=%d" % (B, T), B * T * 9,
                               lambda B=B, T=T: make(B, T), impls))
     if rlk_has("masked_whiten"):
         for B, T in [(S(1024), S(4096))]:
-            impls = [Impl("torch (verl)", "torch", lambda x: _verl_whiten(x["r"], x["mask"])),
+            impls = [Impl("torch (verl)", "torch", lambda x: whiten_verl(x["r"], x["mask"].float())),
                      Impl("rlk", "rlk", lambda x: rlk.masked_whiten(x["r"], x["mask"]))]
             cases.append(Case("whiten B=%d T=%d" % (B, T), B * T * (4 + 1 + 4 + 4 + 1),
                               lambda B=B, T=T: make(B, T), impls))

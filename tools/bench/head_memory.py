@@ -16,6 +16,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import torch  # noqa: E402
 
+from event_timing import event_times  # noqa: E402
+
 
 def measure(fn, iters=10):
     """(median ms, peak GiB the call allocated beyond what was held before it)."""
@@ -27,15 +29,7 @@ def measure(fn, iters=10):
     fn()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
+    ts = sorted(event_times(lambda _: fn(), 0, iters))
     return ts[len(ts) // 2], peak
 
 

@@ -32,23 +32,18 @@ import torch  # noqa: E402
 
 import rlk  # noqa: E402
 from rlk import autograd as A  # noqa: E402
+from event_timing import event_times  # noqa: E402
 
 
 def b2b_ms(fn, sets, calls, reps):
     """Median over reps of the mean device time per call of `calls` calls back to back."""
     for s in sets:  # warm-up: kernels compiled or loaded, allocator primed
         fn(s)
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
+
+    def back_to_back(_):
         for i in range(calls):
             fn(sets[i % len(sets)])
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1) / calls)
-    return statistics.median(out)
+    return statistics.median(event_times(back_to_back, 0, reps)) / calls
 
 
 def policy_sets(B, T, nsets):

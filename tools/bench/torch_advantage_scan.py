@@ -24,10 +24,11 @@ the CPU with wall-clock timing (a smoke test; the figures that matter are on the
 import argparse
 import json
 import math
-import statistics
 import time
 
 import torch
+
+from event_timing import median_min_max, timed
 
 
 # ---- the trainers' loops --------------------------------------------------------------------
@@ -133,25 +134,16 @@ def gae_vectorized(r, v, m, gamma, lam, skip):
 # ---- timing -----------------------------------------------------------------------------------
 
 def time_ms(fn, warmup, iters, device):
+    if device == "cuda":
+        return timed(fn, warmup, iters)
     for _ in range(warmup):
         fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
     times = []
     for _ in range(iters):
-        if device == "cuda":
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), max(times)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return median_min_max(times)
 
 
 def make_inputs(B, T, device, gen):

@@ -7,26 +7,35 @@ Device-event medians after warm-up; prints one line per case and writes JSON wit
 """
 import argparse
 import json
-import statistics
 from collections import defaultdict
 
 import torch
 
+from event_timing import timed
 
-def time_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
+
+def grpo_vectorized(scores, G, eps=1e-6):
+    """What a vectorized torch trainer writes: [B/G, G] view, mean and unbiased std per row."""
+    s = scores.view(-1, G)
+    return ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + eps)).view(-1)
+
+
+def grpo_dict_loop(scores, G, eps=1e-6):
+    """verl's compute_grpo_outcome_advantage: Python lists keyed by prompt id, per-group
+    stack/mean/std, then one indexed write per sample."""
+    B = scores.shape[0]
+    ids = [i // G for i in range(B)]
+    members = defaultdict(list)
+    for i in range(B):
+        members[ids[i]].append(scores[i])
+    mean, std = {}, {}
+    for k, v in members.items():
+        t = torch.stack(v)
+        mean[k], std[k] = t.mean(), t.std()
+    out = scores.clone()
+    for i in range(B):
+        out[i] = (scores[i] - mean[ids[i]]) / (std[ids[i]] + eps)
+    return out
 
 
 def main():
@@ -36,30 +45,18 @@ def main():
     dev = "cuda"
     B, G, eps = 1024, 16, 1e-6
     scores = torch.randn(B, device=dev)
-    ids = [i // G for i in range(B)]
 
     def vectorized():
-        s = scores.view(-1, G)
-        return ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + eps)).view(-1)
+        return grpo_vectorized(scores, G, eps)
 
     def dict_loop():
-        members = defaultdict(list)
-        for i in range(B):
-            members[ids[i]].append(scores[i])
-        mean, std = {}, {}
-        for k, v in members.items():
-            t = torch.stack(v)
-            mean[k], std[k] = t.mean(), t.std()
-        out = scores.clone()
-        for i in range(B):
-            out[i] = (scores[i] - mean[ids[i]]) / (std[ids[i]] + eps)
-        return out
+        return grpo_dict_loop(scores, G, eps)
 
     # agree before timing: the baselines compute the same thing
     assert torch.allclose(vectorized(), dict_loop(), atol=1e-5)
     rows = {}
-    rows[f"torch vectorized grpo B={B} G={G}"] = time_ms(vectorized, 20, 200)
-    rows[f"torch verl dict loop grpo B={B} G={G}"] = time_ms(dict_loop, 1, 5)
+    rows[f"torch vectorized grpo B={B} G={G}"] = timed(vectorized, 20, 200)
+    rows[f"torch verl dict loop grpo B={B} G={G}"] = timed(dict_loop, 1, 5)
     for name, (med, mn, mx) in rows.items():
         print(f"{name:58s} {med:12.5f} {mn:12.5f} {mx:12.5f}")
     if args.json:

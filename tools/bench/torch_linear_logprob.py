@@ -21,20 +21,11 @@ import sys
 
 import torch
 
+from event_timing import event_times
+
 
 def timed(fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
+    ts = sorted(event_times(lambda _: fn(), 3, iters))
     return ts[len(ts) // 2], ts[0], ts[-1]
 
 

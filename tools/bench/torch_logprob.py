@@ -13,28 +13,13 @@ per case and writes JSON with --json.
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from event_timing import timed
+
 FLOOR_TBPS = 4.14
-
-
-def timed(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), max(times)
 
 
 def extra_peak_gib(fn):

@@ -15,28 +15,18 @@ medians after warm-up, rotating input sets past the 60 MB L2. One line per case;
 """
 import argparse
 import json
-import statistics
 
 import torch
+
+from event_timing import event_times, median_min_max
 
 FLOOR_TBPS = 4.14
 L2_BYTES = 60 * 1024 * 1024
 
 
 def time_ms(fn, sets, warmup, iters):
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(sets[i % len(sets)])
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
+    """fn on input set i % len(sets) at call i."""
+    return median_min_max(event_times(lambda i: fn(sets[i % len(sets)]), warmup, iters))
 
 
 def make_set(B, T, mask_dtype, dev, gen):

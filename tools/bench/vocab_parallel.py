@@ -28,22 +28,11 @@ import torch
 import torch.distributed as dist
 
 import rlk
+from event_timing import event_times
 
 
 def timed(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(event_times(lambda _: fn(), warmup, iters))
 
 
 def megatron_logprob(shard, labels, vocab_start, group, entropy=True):
