@@ -271,7 +271,9 @@ def _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss):
     if ws:
         _, a.workspace = b.workspace(ws)
         a.workspace_bytes = ws
-    outs = [b.output(name, dt, shape) for name in grads]
+    outs = []
+    for name in grads:  # a loop, not a comprehension: one frame less per call
+        outs.append(b.output(name, dt, shape))
     loss = b.empty(_SCALAR if scalar_loss else _ONE, dt)
     b.set_at("loss", loss.data_ptr() if b.place.torch else loss.ctypes.data, dt, _ONE)
     metrics = b.output("metrics", dt, (nmetrics,)) if nmetrics else None
