@@ -87,6 +87,13 @@ RLK_API int rlk_version(void);
  * structs match the library they load before passing one in. */
 RLK_API size_t rlk_abi_struct_size(const char *name);
 
+/* Row i (from 0) of the table of every enum constant of this header, as the library was built:
+ * returns the constant's name ("RLK_ADV_RLOO") and sets *type to its enum's typedef name
+ * ("rlk_advantage_mode"; NULL for the unnamed enums, the metric slots) and *value to its value
+ * (either pointer may be NULL); returns NULL past the last row. Lets bindings check their
+ * mirrors of the enums against the library they load. */
+RLK_API const char *rlk_abi_enum_constant(size_t i, const char **type, int *value);
+
 /* ------------------------------------------------------------------------ */
 /* Context                                                                  */
 /* ------------------------------------------------------------------------ */

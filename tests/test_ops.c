@@ -324,6 +324,36 @@ START_TEST(op_list_counts_what_the_tree_defines) {
 }
 END_TEST
 
+/* The enum table: rows in the header's order, each constant's own value, NULL past the end. */
+START_TEST(enum_table_rows) {
+  size_t n = 0, grpo = 0, rloo = 0, metric = 0;
+  const char *type;
+  int value;
+  for (const char *name; (name = rlk_abi_enum_constant(n, &type, &value)); n++) {
+    if (!strcmp(name, "RLK_ADV_GRPO")) {
+      ck_assert_str_eq(type, "rlk_advantage_mode");
+      ck_assert_int_eq(value, RLK_ADV_GRPO);
+      grpo = n + 1;
+    } else if (!strcmp(name, "RLK_ADV_RLOO")) {
+      ck_assert_int_eq(value, RLK_ADV_RLOO);
+      rloo = n + 1;
+    } else if (!strcmp(name, "RLK_PL_METRIC_KL_MEAN")) {
+      ck_assert_ptr_null(type); /* an unnamed enum */
+      ck_assert_int_eq(value, RLK_PL_METRIC_KL_MEAN);
+      metric = n + 1;
+    } else if (!strcmp(name, "RLK_LOG_DEFAULT")) {
+      ck_assert_int_eq(value, -1);
+    }
+  }
+  ck_assert_uint_gt(n, 100);
+  ck_assert_uint_gt(grpo, 0);
+  ck_assert_uint_eq(rloo, grpo + 2); /* RLK_ADV_MEAN_ONLY between them */
+  ck_assert_uint_gt(metric, 0);
+  ck_assert_ptr_null(rlk_abi_enum_constant(n, &type, &value));
+  ck_assert_ptr_nonnull(rlk_abi_enum_constant(0, NULL, NULL));
+}
+END_TEST
+
 /* ---- argument overlap ---------------------------------------------------------------- */
 
 /* The bytes a tensor covers, marked in a map of the buffer it lies in (the reference). */
@@ -423,6 +453,6 @@ Suite *ops_suite(void) {
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
-      overlap_is_exact));
+      enum_table_rows, overlap_is_exact));
   return s;
 }

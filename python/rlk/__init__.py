@@ -34,6 +34,7 @@ an ImportError (rlk.LibraryNotFound) that names every place tried.
 import sys
 
 from ._context import Context, configure, context, jit_summary, release_contexts
+from . import _lib
 from ._lib import library, library_path, version_string
 from ._status import BadInput, check_status, checks, set_checks, status
 from ._types import Backend, DType, LogLevel
@@ -68,6 +69,7 @@ from .ops.returns import (GaeMasked, ReturnsMasked, ScanAlgo, WhitenEps, WhitenM
 __version__ = "0.1.0"
 
 library()  # here, not at the first call: a package without its library fails to import
+_lib.check_enums()  # every enum mirror against the library's (all of them imported above)
 
 if "torch" in sys.modules:  # torch.ops.rlk.*; otherwise on first use (rlk.autograd, a compile)
     from . import torch_ops  # noqa: F401

@@ -79,6 +79,9 @@ def _declare(lib):
     if hasattr(lib, "rlk_abi_struct_size"):
         lib.rlk_abi_struct_size.restype = c.c_size_t
         lib.rlk_abi_struct_size.argtypes = [c.c_char_p]
+    if hasattr(lib, "rlk_abi_enum_constant"):
+        lib.rlk_abi_enum_constant.restype = c.c_char_p
+        lib.rlk_abi_enum_constant.argtypes = [c.c_size_t, P(c.c_char_p), P(c.c_int)]
 
 
 def _open(how, where):
@@ -169,6 +172,54 @@ def check_abi(cls):
                           "rebuild the library and the package from one tree" % (
                               name, library_path(), size, ctypes.sizeof(cls)))
     _abi_checked[cls] = True
+
+
+def enum_constants():
+    """{constant name: (its enum's typedef name or None, value)} for every enum constant of the
+    header the library was built from (rlk_abi_enum_constant); {} for a library without the
+    table (built before it existed)."""
+    lib = library()
+    if not hasattr(lib, "rlk_abi_enum_constant"):
+        return {}
+    rows, i = {}, 0
+    enum_type, value = ctypes.c_char_p(), ctypes.c_int()
+    while True:
+        name = lib.rlk_abi_enum_constant(i, ctypes.byref(enum_type), ctypes.byref(value))
+        if name is None:
+            return rows
+        rows[name.decode()] = (enum_type.value.decode() if enum_type.value else None, value.value)
+        i += 1
+
+
+def check_enums():
+    """Checks every enum mirror registered with _types.c_enum against the library's table: its
+    members (aliases aside) must be the C enum's constants, prefix taken off, with their values.
+    A difference raises AbiMismatch naming it. Once per mirror (import rlk checks them all)."""
+    rows = None
+    for cls, (c_name, prefixes) in T.C_ENUMS.items():
+        if _abi_checked.get(cls):
+            continue
+        if rows is None:
+            rows = enum_constants()
+            if not rows:
+                return  # nothing to compare with
+        want = {}
+        for name, (enum_type, value) in rows.items():
+            if enum_type == c_name:
+                prefix = next((p for p in prefixes if name.startswith(p)), "")
+                want[name[len(prefix):]] = value
+        have = {m.name: int(m.value) for m in cls}  # iterating skips the aliases
+        if have != want:
+            diff = sorted(set(have.items()) ^ set(want.items()))
+            raise AbiMismatch("%s: librlk at %s has %s, this package's mirror %s (differing: %s); "
+                              "rebuild the library and the package from one tree" % (
+                                  c_name, library_path(), _members(want), _members(have),
+                                  ", ".join("%s = %d" % kv for kv in diff)))
+        _abi_checked[cls] = True
+
+
+def _members(d):
+    return "{%s}" % ", ".join("%s = %d" % kv for kv in sorted(d.items(), key=lambda kv: kv[1]))
 
 
 def function(name, restype, argtypes):

@@ -5,6 +5,12 @@ to the library its size is compared with rlk_abi_struct_size(name) (see _lib.che
 test suite compiles a small C program that prints sizeof and offsetof of every registered
 struct and field and compares them with these mirrors (python/tests/test_abi.py).
 Op families keep their own args structs in their module under rlk/ops/.
+
+Every mirrored enum is registered with @c_enum under its C name: its members are the C
+constants with their prefix taken off, and when the library loads they are compared with its
+table of every constant of the header (rlk_abi_enum_constant; see _lib.check_enums), so a
+constant added, removed or renumbered in the header fails the import instead of passing a wrong
+value.
 """
 import ctypes
 import enum
@@ -21,6 +27,20 @@ def abi_struct(name):
     return register
 
 
+C_ENUMS = {}  # IntEnum mirror -> (its C enum's typedef name, the prefixes of its constants)
+
+
+def c_enum(name, *prefixes):
+    """Registers an IntEnum as the mirror of the C enum `name`: each member is a constant of it
+    with the first of `prefixes` it starts with taken off (RLK_ADV_RLOO is RLOO); aliases are
+    other spellings of a member's value."""
+    def register(cls):
+        C_ENUMS[cls] = (name, prefixes)
+        return cls
+    return register
+
+
+@c_enum("rlk_backend", "RLK_BACKEND_")
 class Backend(enum.IntEnum):
     AUTO = 0
     CUDA = 1
@@ -29,6 +49,7 @@ class Backend(enum.IntEnum):
     CPU = 3  # the host backend under the name torch gives its device
 
 
+@c_enum("rlk_log_level", "RLK_LOG_")
 class LogLevel(enum.IntEnum):
     DEFAULT = -1
     ERROR = 0
@@ -37,6 +58,7 @@ class LogLevel(enum.IntEnum):
     DEBUG = 3
 
 
+@c_enum("rlk_dtype", "RLK_DTYPE_", "RLK_")
 class DType(enum.IntEnum):
     INVALID = 0
     F32 = 1

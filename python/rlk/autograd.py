@@ -114,12 +114,17 @@ class TokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, kwargs):
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        kw = dict(kwargs)
-        want_entropy = kw.pop("entropy", False)
-        ctx.inplace = kw.pop("inplace_backward", False)
-        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "status", "variant", "block",
-                                     "unroll", "stages", "threshold") if k in kw}
-        out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
+        want_entropy = kwargs.get("entropy", False)
+        ctx.inplace = kwargs.get("inplace_backward", False)
+        if len(kwargs) == ("entropy" in kwargs) + ("inplace_backward" in kwargs):
+            ctx.kw = _NO_KEYWORDS  # no keyword of rlk.logprob's: the common case
+            out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True)
+        else:
+            kw = dict(kwargs)
+            kw.pop("entropy", None)
+            kw.pop("inplace_backward", None)
+            ctx.kw = {k: kw[k] for k in _LOGPROB_SETTINGS if k in kw}
+            out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
         ctx.save_for_backward(logits, labels, out.lse, out.entropy)
         if not want_entropy:
             return out.logp, None
@@ -130,12 +135,26 @@ class TokenLogprob(torch.autograd.Function):
         logits, labels, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
             return None, None, None
-        g_lp = _upstream(grad_logp)
-        g_h = _upstream(grad_entropy) if entropy is not None else None
+        g_lp = _f32(grad_logp)
+        g_h = _f32(grad_entropy) if entropy is not None else None
         grad = _logprob_bwd(logits, labels, lse, grad_logp=g_lp, grad_entropy=g_h,
                             entropy=entropy if g_h is not None else None, inplace=ctx.inplace,
                             **ctx.kw)
         return grad, None, None
+
+
+# the keywords of rlk.logprob that its backward takes too
+_LOGPROB_SETTINGS = ("temperature", "ignore_index", "status", "variant", "block", "unroll", "stages",
+                     "threshold")
+_NO_KEYWORDS = {}  # read only
+
+
+def _f32(g):
+    """An upstream gradient as f32 (None stays None), any stride: rlk_logprob_backward reads a
+    broadcast one (the expanded ones of logp.sum().backward()) as it is, with no copy."""
+    if g is None or g.dtype is _float32:
+        return g
+    return g.float()
 
 
 class LinearTokenLogprob(torch.autograd.Function):
@@ -269,6 +288,7 @@ class TokenKL(torch.autograd.Function):
 
 _compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
+_float32 = torch.float32
 
 
 # Reshapes only where the shape changes: each view is one more node the backward walks.

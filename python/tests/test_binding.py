@@ -200,6 +200,26 @@ def test_packed_descriptor_strided_and_negative(host):
             a.shape + (0,) * (4 - a.ndim), tuple(s // 8 for s in a.strides) + (0,) * (4 - a.ndim))
 
 
+def test_layouts_kept_skip_no_check(place):
+    # a descriptor's shape and strides are packed once per layout: a layout seen before must
+    # still have its dtype checked and its empty batch noticed
+    warm(place)
+    f32 = place.to(np.zeros((3, 4), np.float32))
+    for _ in range(2):
+        b = R.Binder(GA.OP)
+        assert b.set("scores", f32, (T.DType.F32,)) == T.DType.F32
+        assert not b.no_rows
+        assert descriptor(b.args.scores)[2:] == (2, (3, 4, 0, 0), (4, 1, 0, 0))
+    i64 = place.to(np.zeros((3, 4), np.int64))  # the same layout, another dtype
+    with pytest.raises(rlk.InvalidArgument, match="s: dtype i64 is not supported"):
+        R.Binder(GA.OP).set("s", i64, (T.DType.F32,))
+    empty = place.to(np.zeros((0, 4), np.float32))
+    for optional, want in ((False, True), (True, False), (False, True)):
+        b = R.Binder(GA.OP)
+        b.set("scores", empty, optional=optional)
+        assert b.no_rows is want
+
+
 def test_absent_optional_leaves_the_default(host):
     b = R.Binder(GA.OP)
     assert b.set("mask", None, optional=True) is None

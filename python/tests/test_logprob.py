@@ -117,3 +117,27 @@ def test_autograd_matches_torch(place, rng, dtype):
     tol = 1e-5 if dtype == "float32" else 1e-2
     assert x1.grad.dtype == dt
     close(place.back(x1.grad.float()), place.back(x2.grad.float()), tol=tol)
+
+
+@need_bwd
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_autograd_reads_a_broadcast_upstream_gradient(place, rng):
+    # lp.sum().backward() hands the backward an expanded gradient (stride 0), which the library
+    # reads as it is: the same gradient, bit for bit, as the same ones given contiguous
+    if not place.torch:
+        pytest.skip("autograd needs torch tensors")
+    from rlk.autograd import token_logprob
+    N, V = 9, 301
+    logits = place.to(rng.standard_normal((N, V)).astype(np.float32))
+    labels = place.to(rng.integers(0, V, N))
+    grads = []
+    for weight in (None, torch.ones(N, device=logits.device)):
+        x = logits.clone().requires_grad_(True)
+        lp, ent = token_logprob(x, labels, entropy=True)
+        if weight is None:
+            (lp.sum() + ent.sum()).backward()
+        else:
+            ((lp * weight).sum() + (ent * weight).sum()).backward()
+        grads.append(place.back(x.grad))
+    assert np.array_equal(grads[0], grads[1])
+    assert np.abs(grads[0]).max() > 0

@@ -9,6 +9,7 @@ from .._tensor import Binder, Op, dim, compiling, traced
 __all__ = ["AdvantageMode", "SingletonPolicy", "NanScores", "GroupAdvantageArgs", "group_advantage"]
 
 
+@T.c_enum("rlk_advantage_mode", "RLK_ADV_")
 class AdvantageMode(enum.IntEnum):
     GRPO = 0       # (s - mean_g) / (std_g + eps)
     MEAN_ONLY = 1  # s - mean_g
@@ -19,11 +20,13 @@ class AdvantageMode(enum.IntEnum):
     PASSK_UNSCALED = 6  # the same without the division
 
 
+@T.c_enum("rlk_singleton_policy", "RLK_SINGLETON_")
 class SingletonPolicy(enum.IntEnum):
     MEAN0_STD1 = 0  # verl: a one-member group uses mean 0 and std 1
     ZERO = 1        # a one-member group gets advantage 0
 
 
+@T.c_enum("rlk_nan_scores", "RLK_NAN_SCORES_")
 class NanScores(enum.IntEnum):
     PROPAGATE = 0   # NaN scores are arithmetic
     UNSCORABLE = 1  # TRL: a NaN marks an unscorable member, left out of the statistics, advantage 0

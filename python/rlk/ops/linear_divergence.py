@@ -26,6 +26,7 @@ TOP_K_MAX = 32       # RLK_LINEAR_DIVERGENCE_TOP_K_MAX
 PARTIAL_FIELDS = 8   # RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS
 
 
+@T.c_enum("rlk_divergence_mode", "RLK_DIVERGENCE_")
 class DivergenceMode(enum.IntEnum):
     FORWARD_KL = 0  # KL(teacher || student)
     REVERSE_KL = 1  # KL(student || teacher)

@@ -18,6 +18,7 @@ __all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardAr
            "LinearPolicyLossResult", "linear_policy_loss"]
 
 
+@T.c_enum("rlk_linear_logprob_variant", "RLK_LINEAR_LOGPROB_")
 class LinearLogprobVariant(enum.IntEnum):
     AUTO = 0
     WGMMA = 1

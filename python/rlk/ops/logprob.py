@@ -17,6 +17,7 @@ __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResul
 STATUS_BAD_LABEL = 1  # RLK_LOGPROB_STATUS_BAD_LABEL
 
 
+@T.c_enum("rlk_logprob_variant", "RLK_LOGPROB_VARIANT_")
 class LogprobVariant(enum.IntEnum):
     AUTO = 0
     VEC = 1

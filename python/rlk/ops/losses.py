@@ -25,6 +25,7 @@ __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLo
            "policy_loss", "value_loss", "metrics_dict"]
 
 
+@T.c_enum("rlk_loss_agg", "RLK_AGG_")
 class LossAgg(enum.IntEnum):
     TOKEN_MEAN = 0
     TOKEN_SUM = 1
@@ -33,6 +34,7 @@ class LossAgg(enum.IntEnum):
     SEQ_MEAN_TOKEN_SUM_NORM = 4
 
 
+@T.c_enum("rlk_policy_loss_mode", "RLK_POLICY_")
 class PolicyLossMode(enum.IntEnum):
     PPO = 0
     GSPO = 1
@@ -42,11 +44,13 @@ class PolicyLossMode(enum.IntEnum):
     GEO_MEAN = 5
 
 
+@T.c_enum("rlk_seq_ratio_grad", "RLK_SEQ_RATIO_")
 class SeqRatioGrad(enum.IntEnum):
     STRAIGHT_THROUGH = 0
     THROUGH_MEAN = 1
 
 
+@T.c_enum("rlk_kl_estimator", "RLK_KL_")
 class KLEstimator(enum.IntEnum):
     K1 = 0
     ABS = 1
@@ -267,7 +271,9 @@ def _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss):
     if ws:
         _, a.workspace = b.workspace(ws)
         a.workspace_bytes = ws
-    outs = [b.output(name, dt, shape) for name in grads]
+    outs = []
+    for name in grads:  # a loop, not a comprehension: one frame less per call
+        outs.append(b.output(name, dt, shape))
     loss = b.empty(_SCALAR if scalar_loss else _ONE, dt)
     b.set_at("loss", loss.data_ptr() if b.place.torch else loss.ctypes.data, dt, _ONE)
     metrics = b.output("metrics", dt, (nmetrics,)) if nmetrics else None

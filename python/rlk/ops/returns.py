@@ -15,28 +15,33 @@ __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked"
            "discounted_returns", "reverse_cumsum", "masked_whiten"]
 
 
+@T.c_enum("rlk_scan_algo", "RLK_SCAN_")
 class ScanAlgo(enum.IntEnum):
     AUTO = 0
     ROW_WARP = 1
     ROW_BLOCK = 2
 
 
+@T.c_enum("rlk_gae_masked", "RLK_GAE_MASKED_")
 class GaeMasked(enum.IntEnum):
     SKIP = 0  # verl: masked steps pass the running values through
     ZERO = 1  # OpenRLHF, TRL: rewards and values zeroed where masked
 
 
+@T.c_enum("rlk_returns_masked", "RLK_RETURNS_MASKED_")
 class ReturnsMasked(enum.IntEnum):
     RESET = 0  # verl REINFORCE++ (single-turn)
     ZERO = 1   # OpenRLHF
     CARRY = 2  # verl REINFORCE++ (multi-turn): the running return carried through masked steps
 
 
+@T.c_enum("rlk_whiten_eps", "RLK_WHITEN_EPS_")
 class WhitenEps(enum.IntEnum):
     ADD = 0    # rsqrt(var + eps)
     CLAMP = 1  # rsqrt(max(var, eps))
 
 
+@T.c_enum("rlk_whiten_masked", "RLK_WHITEN_MASKED_")
 class WhitenMasked(enum.IntEnum):
     APPLY = 0
     ZERO = 1
