@@ -22,14 +22,18 @@ head vLLM serves plainly (see rlk.integrations.vllm for what the hook refuses).
     python examples/vllm_rollout.py --model /path/to/Qwen2.5-0.5B-Instruct
 """
 import argparse
+import os
 import tempfile
 
-import torch
-import transformers
-import vllm
+# the in-process engine: collective_rpc calls the hook's functions in the worker directly
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import rlk
-from rlk.integrations import vllm as rlk_vllm
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import vllm  # noqa: E402
+
+import rlk  # noqa: E402
+from rlk.integrations import vllm as rlk_vllm  # noqa: E402
 
 
 def tiny_model(path):

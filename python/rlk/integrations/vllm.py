@@ -8,6 +8,10 @@ rlk.linear_logprob gives on the same hidden states. Tested against vLLM 0.11.0.
     outs = llm.generate(prompts, sampling_params)
     steps = llm.collective_rpc(rlk_vllm.take_on_worker)[0]  # per step: rows, tokens, log-probs, ...
 
+collective_rpc runs a function in the engine's worker: directly with the in-process engine
+(VLLM_ENABLE_V1_MULTIPROCESSING=0); the multiprocess one sends it, and the records back, by
+pickle only with VLLM_ALLOW_INSECURE_SERIALIZATION=1.
+
 The seam: vLLM's GPUModelRunner computes `logits = model.compute_logits(hidden_states[
 logits_indices])` and then `_sample(logits, spec_decode_metadata)`, which runs its Sampler on the
 logits and the input batch's SamplingMetadata. patch(runner) wraps the model's compute_logits (to
@@ -228,8 +232,8 @@ def plain_compute_logits(model_class):
 
 
 def check_runner(runner):
-    """Why the hook cannot serve this GPUModelRunner (its configuration or its model's head), as a
-    list of reasons (empty: it can); with none, also the head's weight [V, H]."""
+    """(reasons, weight): why the hook cannot serve this GPUModelRunner (its configuration or its
+    model's head; empty: it can), and the head's weight [V, H] (None where there is no plain head)."""
     why = []
     if runner.speculative_config is not None:
         why.append("speculative decoding (its rejection sampler draws from the engine's logits)")
