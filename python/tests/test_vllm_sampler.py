@@ -4,7 +4,8 @@ logits processors) give the real SamplingMetadata; the hook's draw from it is ch
 against rlk.linear_sample called on that row alone with the request's own settings (tokens,
 log-probs and thresholds bitwise), and against the trainer's rlk.linear_logprob; the fallback
 decision names each setting the hook does not cover. The engine itself (a GPUModelRunner needs a
-GPU) is not run here: patch() and its wrappers are exercised by examples/vllm_rollout.py."""
+GPU) is not run here: patch() and its wrappers run only inside one (examples/vllm_rollout.py, which
+CI does not run)."""
 import importlib.metadata
 
 import numpy as np
