@@ -57,7 +57,7 @@ STLIB := $(BUILD)/lib/librlk.a
 
 .PHONY: all lib tools tests test test-targets test-gpu sanitize bench precompile install clean deps demo
 .PHONY: fuzz fuzz-build fuzz-corpus
-.PHONY: python-test conformance conformance-venv trainer-test trainer-test-openrlhf check-layers wheel sdist
+.PHONY: python-test conformance conformance-venv trainer-test trainer-test-openrlhf vllm-test check-layers wheel sdist
 .PHONY: package-test python-test-torch
 
 all: lib tools
@@ -196,6 +196,17 @@ trainer-test-openrlhf: lib
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
 	  $(OPENRLHF_VENV)/bin/python -m pytest -q -c python/trainers/openrlhf_actor/pytest.ini \
 	  python/trainers/openrlhf_actor
+
+# vLLM's sampling hook (rlk.integrations.vllm) on vLLM's own input batch, sampling metadata and
+# logits processors, on the CPU (python/tests/test_vllm_sampler.py): vLLM installed with --no-deps
+# into VLLM_VENV beside torch and what those modules import. The engine itself needs a GPU.
+VLLM_VENV ?= $(BUILD)/vllm-venv
+vllm-test: lib
+	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -r python/tests/requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r python/tests/requirements-vllm-nodeps.txt
+	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
+	  $(VLLM_VENV)/bin/python -m pytest -q python/tests/test_vllm_sampler.py
 
 # The Python tests again with torch (the conformance environment's): the torch CPU cases, the
 # torch.library ops (opcheck, torch.compile with fullgraph=True) and the nn / sampling front-ends.

@@ -20,5 +20,9 @@ trainer's log-probs and entropy from hidden states through rlk's fused LM head (
 and verl's patch(prefix=True) run each GRPO group's shared prompt once with the prefix-shared
 attention (_prefix, transformers.share). `workers` patches every process of a Ray-based trainer
 (runtime_env's worker_process_setup_hook).
+
+On the rollout side, `rollout` decodes a transformers model with rlk.linear_sample and `vllm`
+routes vLLM's sample step through it (patch(runner), or vLLM's general plugin entry point), so
+that the rollout's log-probs are the trainer's rlk.linear_logprob bits.
 """
-__all__ = ["verl", "trl", "openrlhf", "transformers", "workers"]
+__all__ = ["verl", "trl", "openrlhf", "transformers", "workers", "rollout", "vllm"]
