@@ -32,9 +32,8 @@ struct rlk_event {
 rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
                                      void *stream, const void *params);
 
-/* The same with the kernel's parameters in order at args[i]: for the kernels that still take
- * tensor maps as parameters of their own ahead of their struct (logprob's, linear_logprob's and
- * linear_divergence's sm_90a kernels), until their maps move into their lists. */
+/* The same with the kernel's parameters in order at args[i] (the call driver's, for an op entry
+ * that fills them: every kernel takes its one struct, tensor maps included). */
 rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec,
                               const rlk_launch_dims *dims, void *stream, void **args);
 

@@ -13,8 +13,9 @@
  *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
  *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
  *   fwd_sm90   the sm_90a GEMM (kinds 0 and 2 of fwd_tiled's, the same records), the heads reached
- *              through tensor maps: the fwd_tiled list (its pointers to the heads unread) and the
- *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks
+ *              through tensor maps: the fwd_tiled list (its pointers to the heads unread), the
+ *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks,
+ *              and the heads' maps
  *   combine    records [S][N] -> the outputs (mode's: JSD and top-k leave D, [3..5] to the next
  *              launch), or (merged not NULL) one merged record per row; S = the shards in
  *              rlk_linear_divergence_combine
@@ -25,8 +26,9 @@
  *              1 f16, 2 bf16)
  *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T
  *   bwd_dz_sm90  the same on sm_90a into 16-bit dz (each head's dtype) through tensor maps (the
- *              list's pointers to the heads and dz unread): tiles_m x tiles_n tiles of 128 x 128
- *              walked by persistent blocks, in groups of `group` rows of tiles */
+ *              list's pointers to the heads and dz unread; the heads' maps, then dz_s's and
+ *              dz_t's, last): tiles_m x tiles_n tiles of 128 x 128 walked by persistent blocks,
+ *              in groups of `group` rows of tiles */
 #ifndef RLK_LINEAR_DIVERGENCE_PARAMS_H
 #define RLK_LINEAR_DIVERGENCE_PARAMS_H
 
@@ -104,10 +106,19 @@ RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_
   F(S_, int, tiles_n, (o) + 4)      \
   F(S_, int, group, (o) + 8)
 
+/* The tensor maps of the heads (s_hidden, s_weight, t_hidden, t_weight, 64 x 128 boxes), from
+ * byte o (a multiple of 64). */
+#define RLK_LD_SM90_HEAD_MAPS(F, S_, o)     \
+  F(S_, rlk_tensor_map, map_hs, (o))       \
+  F(S_, rlk_tensor_map, map_ws, (o) + 128) \
+  F(S_, rlk_tensor_map, map_ht, (o) + 256) \
+  F(S_, rlk_tensor_map, map_wt, (o) + 384)
+
 #define RLK_LD_FWD_SM90_PARAMS(F, S_) \
   RLK_LD_FWD_TILED_PARAMS(F, S_)       \
-  RLK_LD_SM90_TILES(F, S_, 160)
-#define RLK_LD_FWD_SM90_PARAMS_SIZE 176
+  RLK_LD_SM90_TILES(F, S_, 160)        \
+  RLK_LD_SM90_HEAD_MAPS(F, S_, 192)
+#define RLK_LD_FWD_SM90_PARAMS_SIZE 704
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
  * to 63). */
@@ -194,7 +205,10 @@ RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SI
 
 #define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
   RLK_LD_BWD_DZ_PARAMS(F, S_)             \
-  RLK_LD_SM90_TILES(F, S_, 208)
-#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 224
+  RLK_LD_SM90_TILES(F, S_, 208)           \
+  RLK_LD_SM90_HEAD_MAPS(F, S_, 256)       \
+  F(S_, rlk_tensor_map, map_zs, 768)      \
+  F(S_, rlk_tensor_map, map_zt, 896)
+#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 1024
 
 #endif

@@ -8,7 +8,8 @@
  *   fwd_host   the host forward: logp, lse, entropy per row (any may be NULL)
  *   fwd_tiled  the portable GEMM over (row block, split): a record per (256 columns, row) into
  *              partials [ceil(V / 256)][N]
- *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
+ *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps (the
+ *              struct's first fields)
  *   combine    partials [S][N] (S records a row, record_cols columns each) -> logp, lse, entropy;
  *              logits: NULL, or raw f32 logits [N][logits_pitch] the label's logit is read from
  *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes
@@ -21,7 +22,8 @@
  *              of M x Nn over K, tiles_m x tiles_n tiles of 128 x 256; out with row pitch
  *              out_stride is dz (16-bit), dh (f32) or grad_weight (rows from c0), by kind;
  *              accumulate: add to what out holds; out_aux: the logits kind's records
- *              [tiles_n][M]; the rest as bwd_dz
+ *              [tiles_n][M]; the rest as bwd_dz; its tensor maps last (the kernel says which
+ *              operand each describes)
  *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
  *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
  *              g_lp, entropy, g_ent contiguous from there)
@@ -76,21 +78,16 @@
   F(S_, float *, logits, 112)          \
   F(S_, long long, logits_pitch, 120)
 #define RLK_LL_FWD_TILED_PARAMS_SIZE 128
+RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
 
-#define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
-  F(S_, const void *, labels, 0)       \
-  F(S_, long long, label_stride, 8)    \
-  F(S_, long long, N, 16)              \
-  F(S_, long long, V, 24)              \
-  F(S_, long long, H, 32)              \
-  F(S_, long long, cols_per_split, 40) \
-  F(S_, void *, partials, 48)          \
-  F(S_, long long, vocab_start, 56)    \
-  F(S_, float, temperature, 64)        \
-  F(S_, const float *, threshold, 72)  \
-  F(S_, float *, logits, 80)           \
-  F(S_, long long, logits_pitch, 88)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 96
+/* The sm_90a forward's: the tensor maps of hidden (boxes of the kernel's rows) and weight, then
+ * fwd_tiled's struct (its pointers to hidden and weight unread). */
+#define RLK_LL_FWD_SM90_PARAMS(F, S_) \
+  F(S_, rlk_tensor_map, map_h, 0)     \
+  F(S_, rlk_tensor_map, map_w, 128)   \
+  F(S_, ll_fwd_tiled_args, pass, 256)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 384
+RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
 
 #define RLK_LL_COMBINE_PARAMS(F, S_)  \
   F(S_, const void *, partials, 0)    \
@@ -240,8 +237,12 @@
   F(S_, int, staged, 184)            \
   F(S_, void *, out_aux, 192)          \
   F(S_, long long, ksplit, 200)        \
-  F(S_, const float *, threshold, 208)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 216
+  F(S_, const float *, threshold, 208) \
+  F(S_, rlk_tensor_map, map_a, 256)    \
+  F(S_, rlk_tensor_map, map_b, 384)    \
+  F(S_, rlk_tensor_map, map_c, 512)    \
+  F(S_, rlk_tensor_map, map_d, 640)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 768
 
 /* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
  * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */

@@ -18,7 +18,7 @@
 namespace rlk {
 namespace ld {
 
-/* The sm_90a kernels' arguments after their tensor maps (common/linear_divergence_params.h, filled
+/* The sm_90a kernels' arguments, their tensor maps last (common/linear_divergence_params.h, filled
  * by src/ops/linear_divergence.c); the other kernels' structs are declared with their lists. */
 RLK_PARAMS_DECLARE(FwdSm90Params, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDzSm90Params, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
