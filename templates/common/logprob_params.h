@@ -15,18 +15,23 @@
 
 #include "rlk_params.h"
 
-#define RLK_LP_FWD_PARAMS(F, S_)     \
+/* The logits and the rows' labels, first in every list that reads logits (bytes 0 to 55; the
+ * vocab-parallel shard's too, logprob_shard_params.h). */
+#define RLK_LP_ROWS(F, S_)           \
   F(S_, const void *, logits, 0)     \
   F(S_, long long, row_stride, 8)    \
   F(S_, const void *, labels, 16)    \
   F(S_, long long, label_stride, 24) \
   F(S_, long long, N, 32)            \
   F(S_, long long, V, 40)            \
-  F(S_, long long, ignore_index, 48) \
-  F(S_, float *, logp, 56)           \
-  F(S_, float *, lse, 64)            \
-  F(S_, float *, entropy, 72)        \
-  F(S_, int *, status, 80)           \
+  F(S_, long long, ignore_index, 48)
+
+#define RLK_LP_FWD_PARAMS(F, S_)      \
+  RLK_LP_ROWS(F, S_)                  \
+  F(S_, float *, logp, 56)            \
+  F(S_, float *, lse, 64)             \
+  F(S_, float *, entropy, 72)         \
+  F(S_, int *, status, 80)            \
   F(S_, const float *, threshold, 88) \
   F(S_, float, temperature, 96)
 #define RLK_LP_FWD_PARAMS_SIZE 104
@@ -41,13 +46,7 @@ RLK_PARAMS_DECLARE(lp_fwd_args, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(lp_fwd_tma_args, RLK_LP_FWD_TMA_PARAMS, RLK_LP_FWD_TMA_PARAMS_SIZE);
 
 #define RLK_LP_BWD_PARAMS(F, S_)             \
-  F(S_, const void *, logits, 0)             \
-  F(S_, long long, row_stride, 8)            \
-  F(S_, const void *, labels, 16)            \
-  F(S_, long long, label_stride, 24)         \
-  F(S_, long long, N, 32)                    \
-  F(S_, long long, V, 40)                    \
-  F(S_, long long, ignore_index, 48)         \
+  RLK_LP_ROWS(F, S_)                         \
   F(S_, const float *, lse, 56)              \
   F(S_, long long, lse_stride, 64)           \
   F(S_, const float *, grad_logp, 72)        \
