@@ -37,7 +37,8 @@
 
 #include "rlk_params.h"
 
-#define RLK_LL_FWD_HOST_PARAMS(F, S_) \
+/* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */
+#define RLK_LL_HEAD(F, S_)            \
   F(S_, const void *, hidden, 0)      \
   F(S_, long long, h_stride, 8)       \
   F(S_, const void *, weight, 16)     \
@@ -46,7 +47,11 @@
   F(S_, long long, label_stride, 40)  \
   F(S_, long long, N, 48)             \
   F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
+  F(S_, long long, H, 64)
+
+/* A forward's per-row outputs and what shapes them, in both lists that write them (bytes 72 to
+ * 143). */
+#define RLK_LL_FWD_OUTPUTS(F, S_)     \
   F(S_, long long, ignore_index, 72)  \
   F(S_, float *, logp, 80)            \
   F(S_, float *, lse, 88)             \
@@ -55,21 +60,31 @@
   F(S_, float *, records, 112)        \
   F(S_, long long, vocab_start, 120)  \
   F(S_, float, temperature, 128)      \
-  F(S_, const float *, threshold, 136) \
-  F(S_, float *, logits, 144)          \
+  F(S_, const float *, threshold, 136)
+
+/* What a backward reads per row (the forward's lse and entropy, the gradients of logp and
+ * entropy, each with its stride), in the three lists that differentiate logits (bytes 72 to
+ * 143). */
+#define RLK_LL_GRAD_ROWS(F, S_)       \
+  F(S_, long long, ignore_index, 72)  \
+  F(S_, const float *, lse, 80)       \
+  F(S_, long long, lse_s, 88)         \
+  F(S_, const float *, g_lp, 96)      \
+  F(S_, long long, glp_s, 104)        \
+  F(S_, const float *, entropy, 112)  \
+  F(S_, long long, ent_s, 120)        \
+  F(S_, const float *, g_ent, 128)    \
+  F(S_, long long, gent_s, 136)
+
+#define RLK_LL_FWD_HOST_PARAMS(F, S_) \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_FWD_OUTPUTS(F, S_)           \
+  F(S_, float *, logits, 144)         \
   F(S_, long long, logits_pitch, 152)
 #define RLK_LL_FWD_HOST_PARAMS_SIZE 160
 
 #define RLK_LL_FWD_TILED_PARAMS(F, S_) \
-  F(S_, const void *, hidden, 0)       \
-  F(S_, long long, h_stride, 8)        \
-  F(S_, const void *, weight, 16)      \
-  F(S_, long long, w_stride, 24)       \
-  F(S_, const void *, labels, 32)      \
-  F(S_, long long, label_stride, 40)   \
-  F(S_, long long, N, 48)              \
-  F(S_, long long, V, 56)              \
-  F(S_, long long, H, 64)              \
+  RLK_LL_HEAD(F, S_)                   \
   F(S_, long long, cols_per_split, 72) \
   F(S_, void *, partials, 80)          \
   F(S_, long long, vocab_start, 88)    \
@@ -92,43 +107,19 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
 #define RLK_LL_COMBINE_PARAMS(F, S_)  \
   F(S_, const void *, partials, 0)    \
   F(S_, long long, S, 8)              \
-  F(S_, long long, N, 16)             \
-  F(S_, long long, V, 24)             \
-  F(S_, long long, record_cols, 32)   \
+  F(S_, long long, record_cols, 16)   \
+  F(S_, const float *, logits, 24)    \
+  F(S_, long long, logits_pitch, 32)  \
   F(S_, const void *, labels, 40)     \
   F(S_, long long, label_stride, 48)  \
-  F(S_, long long, ignore_index, 56)  \
-  F(S_, float *, logp, 64)            \
-  F(S_, float *, lse, 72)             \
-  F(S_, float *, entropy, 80)         \
-  F(S_, int *, status, 88)            \
-  F(S_, float *, records, 96)         \
-  F(S_, long long, vocab_start, 104)  \
-  F(S_, const float *, logits, 112)   \
-  F(S_, long long, logits_pitch, 120) \
-  F(S_, float, temperature, 128)      \
-  F(S_, const float *, threshold, 136)
+  F(S_, long long, N, 56)             \
+  F(S_, long long, V, 64)             \
+  RLK_LL_FWD_OUTPUTS(F, S_)
 #define RLK_LL_COMBINE_PARAMS_SIZE 144
 
 #define RLK_LL_BWD_HOST_PARAMS(F, S_) \
-  F(S_, const void *, hidden, 0)      \
-  F(S_, long long, h_stride, 8)       \
-  F(S_, const void *, weight, 16)     \
-  F(S_, long long, w_stride, 24)      \
-  F(S_, const void *, labels, 32)     \
-  F(S_, long long, label_stride, 40)  \
-  F(S_, long long, N, 48)             \
-  F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
-  F(S_, long long, ignore_index, 72)  \
-  F(S_, const float *, lse, 80)       \
-  F(S_, long long, lse_s, 88)         \
-  F(S_, const float *, g_lp, 96)      \
-  F(S_, long long, glp_s, 104)        \
-  F(S_, const float *, entropy, 112)  \
-  F(S_, long long, ent_s, 120)        \
-  F(S_, const float *, g_ent, 128)    \
-  F(S_, long long, gent_s, 136)       \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_GRAD_ROWS(F, S_)             \
   F(S_, void *, grad_hidden, 144)     \
   F(S_, long long, gh_stride, 152)    \
   F(S_, void *, grad_weight, 160)     \
@@ -142,24 +133,8 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
 #define RLK_LL_BWD_HOST_PARAMS_SIZE 216
 
 #define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
-  F(S_, const void *, hidden, 0)      \
-  F(S_, long long, h_stride, 8)       \
-  F(S_, const void *, weight, 16)     \
-  F(S_, long long, w_stride, 24)      \
-  F(S_, const void *, labels, 32)     \
-  F(S_, long long, label_stride, 40)  \
-  F(S_, long long, N, 48)             \
-  F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
-  F(S_, long long, ignore_index, 72)  \
-  F(S_, const float *, lse, 80)       \
-  F(S_, long long, lse_s, 88)         \
-  F(S_, const float *, g_lp, 96)      \
-  F(S_, long long, glp_s, 104)        \
-  F(S_, const float *, entropy, 112)  \
-  F(S_, long long, ent_s, 120)        \
-  F(S_, const float *, g_ent, 128)    \
-  F(S_, long long, gent_s, 136)       \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_GRAD_ROWS(F, S_)             \
   F(S_, long long, c0, 144)           \
   F(S_, long long, Vc, 152)           \
   F(S_, float *, dz, 160)             \
@@ -170,31 +145,31 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
   F(S_, const float *, threshold, 192)
 #define RLK_LL_BWD_DZ_PARAMS_SIZE 200
 
-#define RLK_LL_BWD_DH_PARAMS(F, S_) \
+/* A portable backward product over a chunk: dz [N][Vc] (f32) of columns [c0, c0 + nv), first
+ * in the lists of both products (bytes 0 to 47). */
+#define RLK_LL_CHUNK_PRODUCT(F, S_) \
   F(S_, const float *, dz, 0)       \
   F(S_, long long, Vc, 8)           \
   F(S_, long long, nv, 16)          \
-  F(S_, const void *, weight, 24)   \
-  F(S_, long long, w_stride, 32)    \
-  F(S_, long long, c0, 40)          \
-  F(S_, long long, N, 48)           \
-  F(S_, long long, H, 56)           \
+  F(S_, long long, c0, 24)          \
+  F(S_, long long, N, 32)           \
+  F(S_, long long, H, 40)
+
+#define RLK_LL_BWD_DH_PARAMS(F, S_) \
+  RLK_LL_CHUNK_PRODUCT(F, S_)       \
+  F(S_, const void *, weight, 48)   \
+  F(S_, long long, w_stride, 56)    \
   F(S_, float *, dh, 64)            \
   F(S_, float, beta, 72)            \
   F(S_, long long, dh_stride, 80)
 #define RLK_LL_BWD_DH_PARAMS_SIZE 88
 
-#define RLK_LL_BWD_DW_PARAMS(F, S_)  \
-  F(S_, const float *, dz, 0)        \
-  F(S_, long long, Vc, 8)            \
-  F(S_, long long, nv, 16)           \
-  F(S_, const void *, hidden, 24)    \
-  F(S_, long long, h_stride, 32)     \
-  F(S_, long long, c0, 40)           \
-  F(S_, long long, N, 48)            \
-  F(S_, long long, H, 56)            \
-  F(S_, void *, grad_weight, 64)     \
-  F(S_, long long, gw_stride, 72)    \
+#define RLK_LL_BWD_DW_PARAMS(F, S_) \
+  RLK_LL_CHUNK_PRODUCT(F, S_)       \
+  F(S_, const void *, hidden, 48)   \
+  F(S_, long long, h_stride, 56)    \
+  F(S_, void *, grad_weight, 64)    \
+  F(S_, long long, gw_stride, 72)   \
   F(S_, int, accumulate, 80)
 #define RLK_LL_BWD_DW_PARAMS_SIZE 88
 
@@ -214,18 +189,10 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
   F(S_, long long, Nn, 24)             \
   F(S_, long long, K, 32)              \
   F(S_, long long, V, 40)              \
-  F(S_, long long, ignore_index, 48)   \
-  F(S_, const float *, lse, 56)        \
-  F(S_, long long, lse_s, 64)          \
-  F(S_, const float *, g_lp, 72)       \
-  F(S_, long long, glp_s, 80)          \
-  F(S_, const float *, entropy, 88)    \
-  F(S_, long long, ent_s, 96)          \
-  F(S_, const float *, g_ent, 104)     \
-  F(S_, long long, gent_s, 112)        \
-  F(S_, long long, c0, 120)            \
-  F(S_, void *, out, 128)              \
-  F(S_, long long, out_stride, 136)    \
+  F(S_, long long, c0, 48)             \
+  F(S_, void *, out, 56)               \
+  F(S_, long long, out_stride, 64)     \
+  RLK_LL_GRAD_ROWS(F, S_)              \
   F(S_, int *, status, 144)            \
   F(S_, long long, vocab_start, 152)   \
   F(S_, float, temperature, 160)       \
@@ -234,7 +201,7 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
   F(S_, int, tiles_m, 172)             \
   F(S_, int, tiles_n, 176)             \
   F(S_, int, group, 180)               \
-  F(S_, int, staged, 184)            \
+  F(S_, int, staged, 184)              \
   F(S_, void *, out_aux, 192)          \
   F(S_, long long, ksplit, 200)        \
   F(S_, const float *, threshold, 208) \
