@@ -45,39 +45,43 @@
   F(S_, const void *, t_weight, 48)  \
   F(S_, long long, t_w_stride, 56)
 
-/* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
-#define RLK_LD_BWD_ROWS(F, S_)            \
+/* The rows and the heads' shapes, after the heads in the lists that read labels (bytes 64 to
+ * 119). */
+#define RLK_LD_ROWS(F, S_)                \
   F(S_, const void *, labels, 64)         \
   F(S_, long long, label_stride, 72)      \
   F(S_, long long, N, 80)                 \
   F(S_, long long, V, 88)                 \
   F(S_, long long, Hs, 96)                \
   F(S_, long long, Ht, 104)               \
-  F(S_, long long, ignore_index, 112)     \
+  F(S_, long long, ignore_index, 112)
+
+/* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
+#define RLK_LD_BWD_ROWS(F, S_)            \
+  RLK_LD_ROWS(F, S_)                      \
   F(S_, const float *, stats, 120)        \
   F(S_, long long, stats_stride, 128)     \
   F(S_, const float *, g, 136)            \
   F(S_, long long, g_stride, 144)
 
+/* The vocabulary's offset and the divergence's constants, from byte o (a multiple of 8): the
+ * last fields of the lists that fold logits over the vocabulary. */
+#define RLK_LD_TEMPERATURES(F, S_, o)      \
+  F(S_, long long, vocab_start, (o))      \
+  F(S_, double, beta, (o) + 8)            \
+  F(S_, float, s_temperature, (o) + 16)   \
+  F(S_, float, t_temperature, (o) + 20)
+
 #define RLK_LD_FWD_HOST_PARAMS(F, S_) \
   RLK_LD_HEADS(F, S_)                 \
-  F(S_, const void *, labels, 64)     \
-  F(S_, long long, label_stride, 72)  \
-  F(S_, long long, N, 80)             \
-  F(S_, long long, V, 88)             \
-  F(S_, long long, Hs, 96)            \
-  F(S_, long long, Ht, 104)           \
-  F(S_, long long, ignore_index, 112) \
+  RLK_LD_ROWS(F, S_)                  \
   F(S_, float *, divergence, 120)     \
   F(S_, float *, stats, 128)          \
   F(S_, float *, entropy, 136)        \
   F(S_, float *, zeros, 144)          \
   F(S_, float *, records, 152)        \
-  F(S_, long long, vocab_start, 160)  \
-  F(S_, long long, top_k, 168)        \
-  F(S_, double, beta, 176)            \
-  F(S_, float, s_temperature, 184)    \
-  F(S_, float, t_temperature, 188)
+  RLK_LD_TEMPERATURES(F, S_, 160)     \
+  F(S_, long long, top_k, 184)
 #define RLK_LD_FWD_HOST_PARAMS_SIZE 192
 RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
 
@@ -92,10 +96,7 @@ RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PAR
   F(S_, void *, lists, 112)             \
   F(S_, long long, top_k, 120)          \
   F(S_, const float *, stats, 128)      \
-  F(S_, long long, vocab_start, 136)    \
-  F(S_, double, beta, 144)              \
-  F(S_, float, s_temperature, 152)      \
-  F(S_, float, t_temperature, 156)
+  RLK_LD_TEMPERATURES(F, S_, 136)
 #define RLK_LD_FWD_TILED_PARAMS_SIZE 160
 RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
 
@@ -182,10 +183,7 @@ RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
   F(S_, long long, gth_dt, 232)        \
   F(S_, long long, gtw_dt, 240)        \
   F(S_, long long, accumulate, 248)    \
-  F(S_, long long, vocab_start, 256)   \
-  F(S_, double, beta, 264)             \
-  F(S_, float, s_temperature, 272)     \
-  F(S_, float, t_temperature, 276)
+  RLK_LD_TEMPERATURES(F, S_, 256)
 #define RLK_LD_BWD_HOST_PARAMS_SIZE 280
 RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
 
@@ -196,10 +194,7 @@ RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PAR
   F(S_, long long, Vc, 160)            \
   F(S_, float *, dz_s, 168)            \
   F(S_, float *, dz_t, 176)            \
-  F(S_, long long, vocab_start, 184)   \
-  F(S_, double, beta, 192)             \
-  F(S_, float, s_temperature, 200)     \
-  F(S_, float, t_temperature, 204)
+  RLK_LD_TEMPERATURES(F, S_, 184)
 #define RLK_LD_BWD_DZ_PARAMS_SIZE 208
 RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
 
