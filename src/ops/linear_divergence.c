@@ -39,12 +39,9 @@
 #include "common/linear_divergence_params.h"
 #include "common/linear_logprob_params.h"
 
-/* The sm_90a kernels' arguments, which still take their tensor maps ahead of their struct (their
- * lists in templates/common/linear_divergence_params.h and linear_logprob_params.h), and those of
- * the fused head's products it runs; its other kernels' are declared with their lists. */
-RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_products_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+/* The arguments of the fused head's portable products it runs (templates/common/
+ * linear_logprob_params.h; its own kernels' and the sm_90a products' are declared with their
+ * lists). */
 RLK_PARAMS_DECLARE(ld_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
@@ -1035,7 +1032,7 @@ static rlk_launch_dims ld_persistent(const rlk_context *ctx, int64_t tiles, size
 
 /* One of the fused head's sm_90a products (g's M x Nn over K; g's maps: map_a, map_b and, where
  * g->staged, the output's map_c), in 128 x 256 tiles. */
-static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ld_products_sm90_args *g,
+static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
                                   void *stream) {
   const int64_t tm = (g->M + LD_LL_SM90_BM - 1) / LD_LL_SM90_BM, tn = (g->Nn + LD_LL_SM90_BN - 1) / LD_LL_SM90_BN;
   if (!spec) return rlk_error(RLK_ERR_INTERNAL, "linear_divergence_backward: a product's kernel was not planned");
@@ -1061,7 +1058,7 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
   const rlk_dtype dt = hid->dtype;
   const int code = ld_code(dt);
   const void *dz = wsp + x->dz_off;
-  ld_products_sm90_args g = {0};
+  ll_bwd_sm90_args g = {0};
   rlk_status st;
   if (x->gh >= 0) {
     /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */

@@ -120,6 +120,7 @@ RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_
   RLK_LD_SM90_TILES(F, S_, 160)        \
   RLK_LD_SM90_HEAD_MAPS(F, S_, 192)
 #define RLK_LD_FWD_SM90_PARAMS_SIZE 704
+RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
  * to 63). */
@@ -205,5 +206,6 @@ RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SI
   F(S_, rlk_tensor_map, map_zs, 768)      \
   F(S_, rlk_tensor_map, map_zt, 896)
 #define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 1024
+RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
 
 #endif

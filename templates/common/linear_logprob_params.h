@@ -210,6 +210,7 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
   F(S_, rlk_tensor_map, map_c, 512)    \
   F(S_, rlk_tensor_map, map_d, 640)
 #define RLK_LL_BWD_SM90_PARAMS_SIZE 768
+RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 
 /* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
  * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */

@@ -62,7 +62,7 @@
 namespace rlk {
 
 namespace ll {
-RLK_PARAMS_DECLARE(BwdSm90Params, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+typedef ::ll_bwd_sm90_args BwdSm90Params;
 }
 
 /* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
