@@ -39,12 +39,9 @@
 #include "common/linear_divergence_params.h"
 #include "common/linear_logprob_params.h"
 
-/* The sm_90a kernels' arguments, which still take their tensor maps ahead of their struct (their
- * lists in templates/common/linear_divergence_params.h and linear_logprob_params.h), and those of
- * the fused head's products it runs; its other kernels' are declared with their lists. */
-RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ld_products_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+/* The arguments of the fused head's portable products it runs (templates/common/
+ * linear_logprob_params.h; its own kernels' and the sm_90a products' are declared with their
+ * lists). */
 RLK_PARAMS_DECLARE(ld_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
@@ -485,9 +482,10 @@ static int ld_heads_tma_ok(const rlk_tensor *sh, const rlk_tensor *sw, const rlk
   return 1;
 }
 
-/* The encoded maps of both heads in 128-row boxes (the sm_90a logits' operands). */
+/* The encoded maps of both heads in 128-row boxes (the sm_90a logits' operands), into a kernel
+ * struct's map_hs, map_ws, map_ht, map_wt. */
 static rlk_status ld_head_maps(rlk_context *ctx, const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th,
-                               const rlk_tensor *tw, const ld_heads *h, unsigned char (*maps)[128]) {
+                               const rlk_tensor *tw, const ld_heads *h, rlk_tensor_map *const maps[4]) {
   const rlk_tma_desc_request r[4] = {ld_tma(sh->data, sh->dtype, h->N, h->Hs, h->shs, LD_SM90_BM),
                                      ld_tma(sw->data, sw->dtype, h->V, h->Hs, h->sws, LD_SM90_BN),
                                      ld_tma(th->data, th->dtype, h->N, h->Ht, h->ths, LD_SM90_BM),
@@ -703,8 +701,8 @@ static const rlk_arg_field ld_fwd_fields[] = {
 
 /* The GPU forward's launches: the GEMM over (row blocks, splits), the combine, and JSD's second
  * pass or top-k's set. The sm_90a GEMM is one launch of row_blocks x splits blocks (the kernel
- * maps a block to its row block and split), its tensor maps parameters of their own ahead of the
- * struct. */
+ * maps a block to its row block and split), its tensor maps in its struct after the tiled
+ * kernel's fields. */
 static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args *a, const ld_fwd_call *k, void *stream) {
   const ld_heads *h = &k->h;
   char *ws = (char *)a->workspace;
@@ -715,18 +713,15 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   g.cols_per_split = k->cols_per_split, g.partials = ws, g.lists = ws + k->off_lists, g.top_k = a->top_k;
   g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
   g.tiles_m = (int)k->row_blocks, g.tiles_n = (int)k->splits, g.group = LD_GROUP;
-  _Alignas(64) unsigned char maps[4][128];
+  rlk_tensor_map *const maps[4] = {&g.map_hs, &g.map_ws, &g.map_ht, &g.map_wt};
   if (k->sm90 && (st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden,
                                     &a->teacher_weight, h, maps)))
     return st;
-  /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
-  void *gargs90[] = {maps[0], maps[1], maps[2], maps[3], &g};
   rlk_launch_dims dg = k->sm90 ? ld_dims((uint64_t)(k->row_blocks * k->splits), 1, LD_SM90_THREADS)
                                : ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
   if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM;
-  if ((st = k->sm90 ? rlk_context_launch(ctx, &k->op.specs[0], &dg, stream, gargs90)
-                    : rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g)))
-    return st;
+  /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
+  if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g))) return st;
   ld_combine_args c = {0};
   c.records = ws, c.S = k->splits, c.N = h->N, c.labels = a->labels.data, c.label_stride = h->ls;
   c.ignore_index = a->ignore_index, c.divergence = (float *)a->divergence.data, c.stats = (float *)a->stats.data;
@@ -736,9 +731,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   if ((st = rlk_context_launch_params(ctx, &k->op.specs[1], &dr, stream, &c))) return st;
   if (k->kmode == LD_JSD) {
     /* the second pass over the vocabulary, the lse's in stats; its sums where the records were */
-    if ((st = k->sm90 ? rlk_context_launch(ctx, &k->op.specs[2], &dg, stream, gargs90)
-                      : rlk_context_launch_params(ctx, &k->op.specs[2], &dg, stream, &g)))
-      return st;
+    if ((st = rlk_context_launch_params(ctx, &k->op.specs[2], &dg, stream, &g))) return st;
     ld_jsd_combine_args j = {0};
     j.records = ws, j.S = k->splits, j.N = h->N, j.labels = a->labels.data, j.label_stride = h->ls;
     j.ignore_index = a->ignore_index, j.divergence = c.divergence, j.stats = c.stats, j.beta = a->beta;
@@ -1037,19 +1030,20 @@ static rlk_launch_dims ld_persistent(const rlk_context *ctx, int64_t tiles, size
   return d;
 }
 
-/* One of the fused head's sm_90a products (g's M x Nn over K; maps: A, B and the output's, this
- * where g->staged), in 128 x 256 tiles. */
-static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ld_products_sm90_args *g,
-                                  unsigned char (*maps)[128], void *stream) {
+/* One of the fused head's sm_90a products (g's M x Nn over K; g's maps: map_a, map_b and, where
+ * g->staged, the output's map_c), in 128 x 256 tiles. */
+static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
+                                  void *stream) {
   const int64_t tm = (g->M + LD_LL_SM90_BM - 1) / LD_LL_SM90_BM, tn = (g->Nn + LD_LL_SM90_BN - 1) / LD_LL_SM90_BN;
   if (!spec) return rlk_error(RLK_ERR_INTERNAL, "linear_divergence_backward: a product's kernel was not planned");
   if (tm * tn > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld output tiles are too many",
                      (long long)tm, (long long)tn);
   g->tiles_m = (int)tm, g->tiles_n = (int)tn, g->group = LD_GROUP;
-  void *args[] = {maps[0], maps[1], g->staged ? maps[2] : maps[0], maps[0], g};
+  if (!g->staged) g->map_c = g->map_a;
+  g->map_d = g->map_a; /* unread */
   const rlk_launch_dims d = ld_persistent(ctx, tm * tn, g->staged ? LD_LL_SM90_SMEM_STAGED : LD_LL_SM90_SMEM);
-  return rlk_context_launch(ctx, spec, &d, stream, args);
+  return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
 /* One side's sm_90a products of a chunk over its 16-bit dz: the f32 grad_hidden sum (+)= dz W_c
@@ -1064,8 +1058,7 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
   const rlk_dtype dt = hid->dtype;
   const int code = ld_code(dt);
   const void *dz = wsp + x->dz_off;
-  _Alignas(64) unsigned char maps[3][128];
-  ld_products_sm90_args g = {0};
+  ll_bwd_sm90_args g = {0};
   rlk_status st;
   if (x->gh >= 0) {
     /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */
@@ -1075,13 +1068,13 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
     const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, LD_LL_SM90_BM), rb = ld_tma(wt->data, dt, k->h.V, H, wsd, 64),
                                rc = ld_tma(dh, RLK_F32, N, H, dhs, 64);
     g.staged = ld_tma_ok(&rc);
-    if ((st = rlk_context_tensor_map(ctx, &ra, maps[0])) || (st = rlk_context_tensor_map(ctx, &rb, maps[1])) ||
-        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, maps[2]))))
+    if ((st = rlk_context_tensor_map(ctx, &ra, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &rb, &g.map_b)) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, &g.map_c))))
       return st;
     g.M = N, g.Nn = H, g.K = nv, g.c0 = c0, g.out = dh, g.out_stride = dhs;
     g.accumulate = c0 > 0 || (direct && accumulate);
     const rlk_kernel_spec want = {&ld_products_sm90_tmpl, {LD_LL_DH, code, RLK_I32, 0, 0}};
-    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, maps, stream))) return st;
+    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, stream))) return st;
   }
   if (x->gw >= 0) {
     /* this chunk's rows of grad_weight: a map of their own */
@@ -1089,12 +1082,12 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
     const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, 64), rb = ld_tma(hid->data, dt, N, H, hs, 64),
                                rc = ld_tma(rows, gw->dtype, nv, H, x->gws, 64);
     g.staged = (x->gw == LD_DT_F32 || !accumulate) && ld_tma_ok(&rc);
-    if ((st = rlk_context_tensor_map(ctx, &ra, maps[0])) || (st = rlk_context_tensor_map(ctx, &rb, maps[1])) ||
-        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, maps[2]))))
+    if ((st = rlk_context_tensor_map(ctx, &ra, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &rb, &g.map_b)) ||
+        (g.staged && (st = rlk_context_tensor_map(ctx, &rc, &g.map_c))))
       return st;
     g.M = nv, g.Nn = H, g.K = N, g.c0 = c0, g.out = gw->data, g.out_stride = x->gws, g.accumulate = accumulate;
     const rlk_kernel_spec want = {&ld_products_sm90_tmpl, {LD_LL_DW, code, RLK_I32, 0, x->gw}};
-    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, maps, stream))) return st;
+    if ((st = ld_product_sm90(ctx, ld_spec(k, &want), &g, stream))) return st;
   }
   return RLK_OK;
 }
@@ -1107,11 +1100,11 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
   char *wsp = (char *)a->workspace;
   const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
   rlk_status st;
-  _Alignas(64) unsigned char maps[6][128];
+  ld_bwd_dz_sm90_args z = {0};
+  rlk_tensor_map *const maps[4] = {&z.map_hs, &z.map_ws, &z.map_ht, &z.map_wt};
   if ((st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h,
                          maps)))
     return st;
-  ld_bwd_dz_sm90_args z = {0};
   LD_SET_HEADS(z, a, h);
   LD_SET_BWD_ROWS(z, a, k);
   z.Vc = k->chunk, z.vocab_start = a->vocab_start, z.beta = a->beta, z.group = LD_GROUP;
@@ -1120,17 +1113,16 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
     /* dz [N][nv] of pitch chunk, each side's in its head's dtype (an unread map for a side not asked) */
     const rlk_tma_desc_request rs = ld_tma(wsp + k->s.dz_off, a->student_hidden.dtype, h->N, nv, k->chunk, 64),
                                rt = ld_tma(wsp + k->t.dz_off, a->teacher_hidden.dtype, h->N, nv, k->chunk, 64);
-    if ((st = rlk_context_tensor_map(ctx, student ? &rs : &rt, maps[4])) ||
-        (st = rlk_context_tensor_map(ctx, teacher ? &rt : &rs, maps[5])))
+    if ((st = rlk_context_tensor_map(ctx, student ? &rs : &rt, &z.map_zs)) ||
+        (st = rlk_context_tensor_map(ctx, teacher ? &rt : &rs, &z.map_zt)))
       return st;
     const int64_t tm = (h->N + LD_SM90_BM - 1) / LD_SM90_BM, tn = (nv + LD_SM90_BN - 1) / LD_SM90_BN;
     if (tm * tn > INT32_MAX)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld dz tiles are too many",
                        (long long)tm, (long long)tn);
     z.c0 = c0, z.tiles_m = (int)tm, z.tiles_n = (int)tn;
-    void *zargs[] = {maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], &z};
     const rlk_launch_dims d = ld_persistent(ctx, (int64_t)z.tiles_m * z.tiles_n, LD_SM90_DZ_SMEM);
-    if ((st = rlk_context_launch(ctx, &k->op.specs[0], &d, stream, zargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &z))) return st;
     if (student && (st = ld_side_chunk_sm90(ctx, k, &k->s, &a->student_hidden, h->shs, &a->student_weight, h->sws,
                                             h->Hs, &a->grad_student_hidden, &a->grad_student_weight, wsp,
                                             a->accumulate, c0, nv, stream)))

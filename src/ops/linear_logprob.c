@@ -38,15 +38,12 @@
 
 /* The kernels' arguments (templates/common/linear_logprob_params.h). */
 RLK_PARAMS_DECLARE(ll_fwd_host_args, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_combine_args, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_host_args, RLK_LL_BWD_HOST_PARAMS, RLK_LL_BWD_HOST_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dz_args, RLK_LL_BWD_DZ_PARAMS, RLK_LL_BWD_DZ_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dh_args, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 
 enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
@@ -395,10 +392,9 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   c.logits_pitch = logits_pitch;
   c.temperature = temperature;
   c.threshold = threshold;
-  void *cargs[] = {&c};
   const int64_t rows_a_block = LL_COMBINE_THREADS / 32;
   rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_COMBINE_THREADS, 0);
-  return rlk_context_launch(ctx, spec, &d, stream, cargs);
+  return rlk_context_launch_params(ctx, spec, &d, stream, &c);
 }
 
 /* The host's fp64 kernel over rows [r0, r0 + n): the raw logits into `logits` where given, the
@@ -429,9 +425,8 @@ static rlk_status ll_host_rows(rlk_context *ctx, const rlk_ll_fwd *f, int64_t r0
   h.temperature = temperature;
   h.logits = logits;
   h.logits_pitch = pitch;
-  void *params[] = {&h};
   rlk_launch_dims d = ll_dims(1, 1, 1, 0);
-  return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
+  return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &h);
 }
 
 rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *labels, rlk_dtype label_dtype,
@@ -451,32 +446,6 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
   if (S > 65535 || row_blocks > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob: %lld row blocks x %lld splits are too many",
                      (long long)row_blocks, (long long)S);
-  if (wg) {
-    _Alignas(64) unsigned char map_h[128], map_w[128];
-    rlk_tma_desc_request rh = f->req_h;
-    rh.base = hidden;
-    rh.rows = (uint64_t)n;
-    if ((st = rlk_context_tensor_map(ctx, &rh, map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, map_w))) return st;
-    ll_fwd_sm90_args g = {0};
-    g.labels = lab;
-    g.label_stride = f->h.ls;
-    g.N = n;
-    g.V = f->h.V;
-    g.H = f->h.H;
-    g.cols_per_split = cps;
-    g.partials = partials;
-    g.vocab_start = vocab_start;
-    g.temperature = temperature;
-    g.threshold = thr;
-    g.logits = logits;
-    g.logits_pitch = pitch;
-    /* the tensor maps stay kernel parameters of their own, ahead of the struct: opaque,
-     * 64-byte aligned, read by TMA in parameter space (templates/cuda/linear_logprob_sm90.cuh) */
-    void *params[] = {map_h, map_w, &g};
-    const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
-    const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
-    return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
-  }
   ll_fwd_tiled_args g = {0};
   g.hidden = hidden;
   g.h_stride = f->h.hs;
@@ -494,9 +463,22 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
   g.threshold = thr;
   g.logits = logits;
   g.logits_pitch = pitch;
-  void *params[] = {&g};
+  if (wg) {
+    /* the same struct behind the tensor maps of hidden's rows and the weight, which TMA reads in
+     * parameter space (templates/cuda/linear_logprob_sm90.cuh) */
+    ll_fwd_sm90_args w = {0};
+    w.pass = g;
+    rlk_tma_desc_request rh = f->req_h;
+    rh.base = hidden;
+    rh.rows = (uint64_t)n;
+    if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
+      return st;
+    const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
+    const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &w);
+  }
   const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
-  return rlk_context_launch(ctx, &f->gemm, &d, stream, params);
+  return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &g);
 }
 
 rlk_status rlk_ll_fwd_combine(rlk_context *ctx, const rlk_ll_fwd *f, const void *partials, int64_t r0, int64_t n,
@@ -905,15 +887,14 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
   o.grad_hidden = gh;
   o.gh_stride = ghs;
   o.accumulate = accumulate;
-  void *oargs[] = {&o};
   rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
-  return rlk_context_launch(ctx, spec, &d, stream, oargs);
+  return rlk_context_launch_params(ctx, spec, &d, stream, &o);
 }
 
-/* One linear_logprob_bwd_sm90 product of g.M x g.Nn over g.K: tiles of 128 x 256, persistent
- * blocks (one a multiprocessor, none more than tiles) that walk them. */
+/* One linear_logprob_bwd_sm90 product of g.M x g.Nn over g.K (g's tensor maps set): tiles of
+ * 128 x 256, persistent blocks (one a multiprocessor, none more than tiles) that walk them. */
 static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
-                                     void **args, size_t smem, void *stream) {
+                                     size_t smem, void *stream) {
   const int64_t tm = (g->M + LL_BWD_SM90_BM - 1) / LL_BWD_SM90_BM, tn = (g->Nn + LL_BWD_SM90_BN - 1) / LL_BWD_SM90_BN;
   if (tm * tn > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob_backward: %lld x %lld output tiles are too many",
@@ -921,7 +902,7 @@ static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *sp
   g->tiles_m = (int)tm, g->tiles_n = (int)tn;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
   const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_BWD_SM90_THREADS, smem);
-  return rlk_context_launch(ctx, spec, &d, stream, args);
+  return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
 /* The chunks of the vocabulary in order: dz of the chunk (recomputed logits), the f32 sum of
@@ -960,9 +941,8 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     h.grad_weight = gw;
     h.gw_stride = k->gws;
     h.accumulate = a->accumulate;
-    void *params[] = {&h};
     rlk_launch_dims d = ll_dims(1, 1, 1, 0);
-    return rlk_context_launch(ctx, &specs[0], &d, stream, params);
+    return rlk_context_launch_params(ctx, &specs[0], &d, stream, &h);
   }
   /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
    * when accumulating), or the workspace's (rows of H, converted by dh_out at the end) */
@@ -976,22 +956,21 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   const int64_t Vc = k->chunk;
   if (k->c.sm90) {
     const rlk_dtype dt = a->hidden.dtype;
-    _Alignas(64) unsigned char m_hk[128], m_wk[128], m_wmn[128], m_hmn[128], m_zk[128], m_zmn[128], m_dh[128],
-        m_gw[128];
+    rlk_tensor_map m_hk, m_wk, m_wmn, m_hmn, m_zk, m_zmn, m_dh;
     const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k->h.hs, LL_BWD_SM90_BM),
                                r_wk = ll_tma_req(weight, dt, V, H, k->h.ws, LL_BWD_SM90_BN),
                                r_wmn = ll_tma_req(weight, dt, V, H, k->h.ws, 64),
                                r_hmn = ll_tma_req(hidden, dt, N, H, k->h.hs, 64);
-    if ((st = rlk_context_tensor_map(ctx, &r_hk, m_hk)) ||
-        (st = rlk_context_tensor_map(ctx, &r_wk, m_wk)) ||
-        (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, m_wmn))) ||
-        (s_dw && (st = rlk_context_tensor_map(ctx, &r_hmn, m_hmn))))
+    if ((st = rlk_context_tensor_map(ctx, &r_hk, &m_hk)) ||
+        (st = rlk_context_tensor_map(ctx, &r_wk, &m_wk)) ||
+        (s_dh && (st = rlk_context_tensor_map(ctx, &r_wmn, &m_wmn))) ||
+        (s_dw && (st = rlk_context_tensor_map(ctx, &r_hmn, &m_hmn))))
       return st;
     /* dh's sum and grad_weight leave through shared staging and TMA where a map describes them */
     const rlk_tma_desc_request r_dh = ll_tma_req_f32(dh, N, H, dhs);
     /* a 16-bit grad_weight that is added to keeps the register path */
     const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k->c.gw == 0 || !a->accumulate);
-    if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, m_dh))) return st;
+    if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, &m_dh))) return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
     g.group = k->group;
@@ -1001,19 +980,19 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       /* dz [N][nv] of this chunk (pitch Vc), as the next products' A operand both ways */
       const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_BWD_SM90_BM),
                                  r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
-      if ((st = rlk_context_tensor_map(ctx, &r_zmn, m_zmn)) || (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, m_zk))))
+      if ((st = rlk_context_tensor_map(ctx, &r_zmn, &m_zmn)) ||
+          (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, &m_zk))))
         return st;
       /* the third map is the output's: dz's (64 x 64 boxes), dh's or grad_weight's when staged (any
-       * map otherwise, unread) */
+       * map otherwise, unread); the fourth is unread */
       g.M = N, g.Nn = nv, g.K = H, g.out = dz, g.out_stride = Vc, g.accumulate = 0, g.staged = 0;
-      void *zargs[] = {m_hk, m_wk, m_zmn, m_zmn, &g};
-      if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, zargs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
+      g.map_a = m_hk, g.map_b = m_wk, g.map_c = m_zmn, g.map_d = m_zmn;
+      if ((st = ll_bwd_sm90_launch(ctx, s_dz, &g, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
       if (s_dh) {
         g.M = N, g.Nn = H, g.K = nv, g.out = dh, g.out_stride = dhs, g.accumulate = c0 > 0 || dh_add_first;
         g.staged = dh_staged;
-        void *hargs[] = {m_zk, m_wmn, dh_staged ? m_dh : m_zmn, m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, hargs, dh_staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
-                                     stream)))
+        g.map_a = m_zk, g.map_b = m_wmn, g.map_c = dh_staged ? m_dh : m_zmn, g.map_d = m_zmn;
+        if ((st = ll_bwd_sm90_launch(ctx, s_dh, &g, dh_staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
           return st;
       }
       if (s_dw) {
@@ -1022,11 +1001,10 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
             k->c.gw == 0 ? ll_tma_req_f32((float *)gw + c0 * k->gws, nv, H, k->gws)
                         : ll_tma_req((uint16_t *)gw + c0 * k->gws, a->grad_weight.dtype, nv, H, k->gws, 64);
         g.staged = gw_staged && ll_tma_ok(&r_gw);
-        if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, m_gw))) return st;
+        g.map_a = m_zmn, g.map_b = m_hmn, g.map_c = m_zmn, g.map_d = m_zmn;
+        if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, &g.map_c))) return st;
         g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k->gws, g.accumulate = a->accumulate;
-        void *wargs[] = {m_zmn, m_hmn, g.staged ? m_gw : m_zmn, m_zmn, &g};
-        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, wargs, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
-                                     stream)))
+        if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
           return st;
       }
     }
@@ -1048,9 +1026,8 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     z.c0 = c0;
     z.Vc = Vc;
     z.dz = dz;
-    void *zargs[] = {&z};
     rlk_launch_dims d = ll_dims(rb, vb, LL_TILED_THREADS, 0);
-    if ((st = rlk_context_launch(ctx, s_dz, &d, stream, zargs))) return st;
+    if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
     if (s_dh) {
       ll_bwd_dh_args h = {0};
       h.dz = dz;
@@ -1064,9 +1041,8 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       h.dh = dh;
       h.dh_stride = dhs;
       h.beta = c0 || dh_add_first ? 1.0f : 0.0f;
-      void *hargs[] = {&h};
       d = ll_dims(rb, hb, LL_TILED_THREADS, 0);
-      if ((st = rlk_context_launch(ctx, s_dh, &d, stream, hargs))) return st;
+      if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
     }
     if (s_dw) {
       ll_bwd_dw_args w = {0};
@@ -1081,9 +1057,8 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       w.grad_weight = gw;
       w.gw_stride = k->gws;
       w.accumulate = a->accumulate;
-      void *wargs[] = {&w};
       d = ll_dims(vb, hb, LL_TILED_THREADS, 0);
-      if ((st = rlk_context_launch(ctx, s_dw, &d, stream, wargs))) return st;
+      if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
     }
   }
   return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
@@ -1224,20 +1199,20 @@ static void ll_stored_chunk_of(const rlk_ll_stored *s, int64_t r0, ll_stored_chu
  * in the workspace into m_u and [ksplit, V) in grad_weight into m_u2 (m_u again where u^T has no
  * such lines), boxes of box_lines lines x 64 rows. */
 static rlk_status ll_stored_u_maps(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
-                                   uint32_t box_lines, void *m_u, void *m_u2) {
+                                   uint32_t box_lines, rlk_tensor_map *m_u, rlk_tensor_map *m_u2) {
   const rlk_dtype dt = s->hidden.dtype;
   rlk_status st;
   if (!s->ksplit) {
     const rlk_tma_desc_request r = ll_tma_req(c->u, dt, n, c->V, c->pitch, 64);
     if ((st = rlk_context_tensor_map(ctx, &r, m_u))) return st;
-    memcpy(m_u2, m_u, 128);
+    *m_u2 = *m_u;
     return RLK_OK;
   }
   const int64_t lo = s->ksplit < c->V ? s->ksplit : c->V;
   const rlk_tma_desc_request r = ll_tma_req(c->u, dt, lo, n, c->pitch, box_lines);
   if ((st = rlk_context_tensor_map(ctx, &r, m_u))) return st;
   if (lo == c->V) {
-    memcpy(m_u2, m_u, 128);
+    *m_u2 = *m_u;
     return RLK_OK;
   }
   const rlk_tma_desc_request r2 = ll_tma_req(c->u2, dt, c->V - lo, n, 2 * c->gws, box_lines);
@@ -1262,19 +1237,17 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
                         cb = {&ll_combine_tmpl, {s->labels.dtype, s->entropy}};
   rlk_status st;
   if ((st = rlk_spec_validate(&lg)) || (st = rlk_spec_validate(&cb))) return st;
-  _Alignas(64) unsigned char m_h[128], m_w[128], m_u[128], m_u2[128];
+  ll_bwd_sm90_args g = {0};
   const rlk_tma_desc_request r_h = ll_tma_req(c.hidden, dt, n, c.H, c.hs, LL_BWD_SM90_BM),
                              r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_BWD_SM90_BN);
-  if ((st = rlk_context_tensor_map(ctx, &r_h, m_h)) || (st = rlk_context_tensor_map(ctx, &r_w, m_w)) ||
-      (st = ll_stored_u_maps(ctx, s, &c, n, 64, m_u, m_u2)))
+  if ((st = rlk_context_tensor_map(ctx, &r_h, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &r_w, &g.map_b)) ||
+      (st = ll_stored_u_maps(ctx, s, &c, n, 64, &g.map_c, &g.map_d)))
     return st;
-  ll_bwd_sm90_args g = {0};
   g.labels = c.labels, g.label_stride = c.ls, g.V = c.V, g.ignore_index = s->ignore_index;
   g.temperature = s->temperature, g.group = s->group ? s->group : LL_BWD_GROUP;
   g.M = n, g.Nn = c.V, g.K = c.H, g.out = c.u, g.out_stride = c.pitch, g.out_aux = c.records, g.ksplit = s->ksplit;
   g.threshold = s->threshold ? s->threshold + r0 : NULL;
-  void *largs[] = {m_h, m_w, m_u, m_u2, &g};
-  if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, largs, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
+  if ((st = ll_bwd_sm90_launch(ctx, &lg, &g, LL_BWD_SM90_SMEM_STAGED, stream))) return st;
   return ll_combine(ctx, &cb, c.records, g.tiles_n, n, c.V, c.labels, c.ls, s->ignore_index, s->logp + r0,
                     s->lse + r0, s->entropy ? s->ent + r0 : NULL, s->status, NULL, 0, s->temperature, NULL, 0,
                     s->threshold ? s->threshold + r0 : NULL, stream);
@@ -1307,13 +1280,12 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
-  void *zargs[] = {&z};
   const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
   const rlk_launch_dims d =
       s->ksplit ? ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
                           (uint64_t)((c->V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0)
                 : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
-  return rlk_context_launch(ctx, &fx, &d, stream, zargs);
+  return rlk_context_launch_params(ctx, &fx, &d, stream, &z);
 }
 
 /* dh = dz W over the whole vocabulary into the chunk's rows of grad_hidden, each element written
@@ -1327,23 +1299,23 @@ static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const l
   const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dh))) return st;
-  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128], m_d[128];
   const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, c->V, c->H, c->ws, 64),
                              r_c = gd == RLK_F32 ? ll_tma_req_f32(gh, n, c->H, ghs) : ll_tma_req(gh, gd, n, c->H, ghs, 64);
   /* a 16-bit grad_hidden that is added to keeps the register path */
   g->staged = (gd == RLK_F32 || !s->accumulate) && ll_tma_ok(&r_c);
   if (s->ksplit) {
-    st = ll_stored_u_maps(ctx, s, c, n, 64, m_a, m_d);
+    st = ll_stored_u_maps(ctx, s, c, n, 64, &g->map_a, &g->map_d);
   } else {
     const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, LL_BWD_SM90_BM);
-    if (!(st = rlk_context_tensor_map(ctx, &r_a, m_a))) memcpy(m_d, m_a, sizeof m_d);
+    if (!(st = rlk_context_tensor_map(ctx, &r_a, &g->map_a))) g->map_d = g->map_a;
   }
-  if (st || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) || (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+  g->map_c = g->map_a;
+  if (st || (st = rlk_context_tensor_map(ctx, &r_b, &g->map_b)) ||
+      (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, &g->map_c))))
     return st;
   g->M = n, g->Nn = c->H, g->K = c->V, g->c0 = 0, g->ksplit = s->ksplit, g->out = gh, g->out_stride = ghs;
   g->accumulate = s->accumulate;
-  void *hargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_d, g};
-  return ll_bwd_sm90_launch(ctx, &dh, g, hargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
+  return ll_bwd_sm90_launch(ctx, &dh, g, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
 }
 
 /* grad_weight from row-major chunks: dz^T h over the chunk's rows, added to the chunks before it
@@ -1355,18 +1327,17 @@ static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const l
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dw))) return st;
-  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
   const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, 64),
                              r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64),
                              r_c = ll_tma_req_f32(s->grad_weight.data, c->V, c->H, c->gws);
   g->staged = ll_tma_ok(&r_c);
-  if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (st = rlk_context_tensor_map(ctx, &r_b, m_b)) ||
-      (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
+  if ((st = rlk_context_tensor_map(ctx, &r_a, &g->map_a)) || (st = rlk_context_tensor_map(ctx, &r_b, &g->map_b)))
     return st;
+  g->map_c = g->map_d = g->map_a;
+  if (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, &g->map_c))) return st;
   g->M = c->V, g->Nn = c->H, g->K = n, g->c0 = 0, g->ksplit = 0, g->out = s->grad_weight.data, g->out_stride = c->gws;
   g->accumulate = !first || s->accumulate;
-  void *wargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_a, g};
-  return ll_bwd_sm90_launch(ctx, &dw, g, wargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
+  return ll_bwd_sm90_launch(ctx, &dw, g, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream);
 }
 
 /* grad_weight over u^T, in slices of ksplit lines from the last: slice j (lines [j ksplit,
@@ -1382,9 +1353,8 @@ static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, 
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dw))) return st;
-  _Alignas(64) unsigned char m_a[128], m_b[128], m_c[128];
   const rlk_tma_desc_request r_b = ll_tma_req(c->hidden, dt, n, c->H, c->hs, 64);
-  if ((st = rlk_context_tensor_map(ctx, &r_b, m_b))) return st;
+  if ((st = rlk_context_tensor_map(ctx, &r_b, &g->map_b))) return st;
   for (int64_t j = (V + ks - 1) / ks - 1; j >= 0; j--) {
     const int64_t v0 = j * ks, lines = V - v0 < ks ? V - v0 : ks;
     const void *src = j == 0 ? c->u : (const char *)c->u2 + (size_t)((j - 1) * ks * c->gws) * 4u;
@@ -1392,13 +1362,12 @@ static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, 
     const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_BWD_SM90_BM),
                                r_c = ll_tma_req_f32(out, lines, c->H, c->gws);
     g->staged = ll_tma_ok(&r_c);
-    if ((st = rlk_context_tensor_map(ctx, &r_a, m_a)) || (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, m_c))))
-      return st;
+    if ((st = rlk_context_tensor_map(ctx, &r_a, &g->map_a))) return st;
+    g->map_c = g->map_d = g->map_a;
+    if (g->staged && (st = rlk_context_tensor_map(ctx, &r_c, &g->map_c))) return st;
     g->M = lines, g->Nn = c->H, g->K = n, g->c0 = 0, g->ksplit = 0, g->out = out, g->out_stride = c->gws;
     g->accumulate = 0;
-    void *wargs[] = {m_a, m_b, g->staged ? m_c : m_a, m_a, g};
-    if ((st = ll_bwd_sm90_launch(ctx, &dw, g, wargs, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM,
-                                 stream)))
+    if ((st = ll_bwd_sm90_launch(ctx, &dw, g, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
       return st;
   }
   return RLK_OK;

@@ -37,9 +37,8 @@
 #include "tune/tune_table.h"
 #include "common/logprob_params.h"
 
-/* The kernels' arguments (templates/common/logprob_params.h): the forward's (every variant's) and
- * the backward's. */
-RLK_PARAMS_DECLARE(lp_fwd_kernel_args, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+/* The backward kernel's arguments (templates/common/logprob_params.h, which declares the
+ * forward's). */
 RLK_PARAMS_DECLARE(lp_bwd_kernel_args, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 /* ---------------------------------------------------------------------------------- */
@@ -614,13 +613,15 @@ static void lp_set_values(rlk_op_values *v, int pass, const rlk_tensor *logits, 
   rlk_op_values_set(v, LP_S_TOKENS, N);
 }
 
-/* A forward call: the kernel's argument, the kernel that runs and the logits' tensor map. */
+/* A forward call: the kernel's argument (the forward's struct, k.rows, behind the tensor map the
+ * tensor-map variant reads), the kernel that runs and the request of the logits' map. */
 typedef struct lp_fwd_call {
   rlk_op_call op;
-  lp_fwd_kernel_args k;
+  lp_fwd_tma_args k;
   lp_choice ch;
   rlk_tma_desc_request req;
 } lp_fwd_call;
+_Static_assert(_Alignof(lp_fwd_call) <= RLK_OP_CALL_ALIGN, "the call driver holds a call's state aligned for it");
 
 static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   (void)ctx;
@@ -641,7 +642,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
                 a->block, a->unroll, a->stages);
   rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
-  lp_fwd_kernel_args *k = &c->k;
+  lp_fwd_args *k = &c->k.rows;
   k->logits = a->logits.data;
   k->row_stride = row_stride;
   k->labels = a->labels.data;
@@ -674,7 +675,7 @@ static rlk_status lp_fwd_select(const rlk_context *ctx, const void *args, rlk_op
   if (st) return st;
   if (c->ch.variant == RLK_LOGPROB_VARIANT_TMA) {
     c->req.box_rows = (uint32_t)c->ch.rows_per_block;
-    if (c->k.N > INT32_MAX || c->k.V > INT32_MAX || rlk_tma_check(&c->req) != RLK_OK) {
+    if (c->k.rows.N > INT32_MAX || c->k.rows.V > INT32_MAX || rlk_tma_check(&c->req) != RLK_OK) {
       rlk_debug("logprob: tensor map refused (%s): falling back", rlk_last_error());
       if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
     }
@@ -709,14 +710,13 @@ static uint64_t lp_sm90_blocks_per_sm(const rlk_target *t, const lp_choice *ch) 
 }
 
 /* The vector kernel: a block per group of rows; the shared-memory variants: persistent blocks.
- * The tensor-map variant takes the map first, by value, the struct second; a map the driver
- * refuses (what the check accepted) runs the default rather than fail. */
+ * The tensor-map variant's struct holds the map, encoded here; a map the driver refuses (what the
+ * check accepted) runs the default rather than fail. */
 static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
   (void)args;
   lp_fwd_call *c = (lp_fwd_call *)call;
-  void *kargs[] = {&c->k};
   const uint64_t sms = ctx->target.multiprocessors > 0 ? (uint64_t)ctx->target.multiprocessors : 1;
-  const uint64_t groups = (uint64_t)((c->k.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
+  const uint64_t groups = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
     d = lp_dims(1, 1, 1, 0);
@@ -724,18 +724,15 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     d = lp_dims(lp_min_u(groups, 1u << 20), 1, c->ch.threads, 0);
   else
     d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, c->ch.threads, c->ch.smem);
-  if (c->ch.variant != RLK_LOGPROB_VARIANT_TMA) return rlk_context_launch(ctx, &c->ch.spec, &d, stream, kargs);
-  _Alignas(64) unsigned char map[128];
-  rlk_status st = rlk_context_tensor_map(ctx, &c->req, map);
-  if (!st) {
-    void *tma_args[] = {map, &c->k};
-    return rlk_context_launch(ctx, &c->ch.spec, &d, stream, tma_args);
-  }
+  if (c->ch.variant != RLK_LOGPROB_VARIANT_TMA)
+    return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
+  rlk_status st = rlk_context_tensor_map(ctx, &c->req, &c->k.map);
+  if (!st) return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k);
   rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
   if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
-  const uint64_t g2 = (uint64_t)((c->k.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
+  const uint64_t g2 = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
   d = lp_dims(lp_min_u(g2, 1u << 20), 1, c->ch.threads, 0);
-  return rlk_context_launch(ctx, &c->ch.spec, &d, stream, kargs);
+  return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
 }
 
 static const rlk_arg_field lp_fwd_fields[] = {
@@ -829,9 +826,9 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   return RLK_OK;
 }
 
-static void lp_bwd_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *lp_bwd_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)args, (void)i;
-  params[0] = &((lp_bwd_call *)call)->k;
+  return &((lp_bwd_call *)call)->k;
 }
 
 /* A block per group of rows (the forward's layout); few rows: each row's vectors split over
@@ -863,7 +860,7 @@ static const rlk_arg_field lp_bwd_fields[] = {
 
 static const rlk_op_entry lp_bwd_entry = {
     .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),
-    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .fill = lp_bwd_fill, .dims = lp_bwd_dims};
+    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params = lp_bwd_launch_params, .dims = lp_bwd_dims};
 
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
   return rlk_op_run(&lp_bwd_entry, ctx, a, stream);

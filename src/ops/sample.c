@@ -294,9 +294,9 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   return RLK_OK;
 }
 
-static void smp_fill(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params) {
+static const void *smp_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
   (void)ctx, (void)args, (void)i;
-  params[0] = &((smp_call *)call)->k;
+  return &((smp_call *)call)->k;
 }
 
 /* A block a row, or a cluster of `split` blocks a row; rows past the grid are strided over it.
@@ -332,7 +332,7 @@ static const rlk_arg_field smp_fields[] = {
 
 static const rlk_op_entry smp_entry = {
     .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),
-    .validate = smp_validate, .fill = smp_fill, .dims = smp_dims};
+    .validate = smp_validate, .params = smp_launch_params, .dims = smp_dims};
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
   return rlk_op_run(&smp_entry, ctx, a, stream);

@@ -193,18 +193,13 @@ rlk_status rlk_context_tensor_map(const rlk_context *ctx, const rlk_tma_desc_req
   return ctx->backend->tensor_map_encode(ctx->backend, req, out128);
 }
 
-rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
-                              void *stream, void **args) {
+rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
+                                     void *stream, const void *params) {
   void *fn = NULL;
   rlk_status st = rlk_jit_get(ctx->jit, spec, &fn);
   if (st) return st;
+  void *args[1] = {(void *)params}; /* the backends' launch: the kernel's one parameter */
   return ctx->backend->launch(ctx->backend, fn, dims, stream, args);
-}
-
-rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
-                                     void *stream, const void *params) {
-  void *args[1] = {(void *)params};
-  return rlk_context_launch(ctx, spec, dims, stream, args);
 }
 
 /* ---- memory and events ---------------------------------------------------------- */

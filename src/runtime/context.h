@@ -32,12 +32,6 @@ struct rlk_event {
 rlk_status rlk_context_launch_params(rlk_context *ctx, const rlk_kernel_spec *spec, const rlk_launch_dims *dims,
                                      void *stream, const void *params);
 
-/* The same with the kernel's parameters in order at args[i]: for the kernels that still take
- * tensor maps as parameters of their own ahead of their struct (logprob's, linear_logprob's and
- * linear_divergence's sm_90a kernels), until their maps move into their lists. */
-rlk_status rlk_context_launch(rlk_context *ctx, const rlk_kernel_spec *spec,
-                              const rlk_launch_dims *dims, void *stream, void **args);
-
 /* Encodes a 2-D tiled tensor map (128 bytes at out128) for a launch on this context's device:
  * the backend's tensor_map_encode (CUDA), RLK_ERR_UNSUPPORTED where the backend has none. */
 rlk_status rlk_context_tensor_map(const rlk_context *ctx, const rlk_tma_desc_request *req, void *out128);

@@ -81,16 +81,9 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
     rlk_launch_dims d;
     memset(&d, 0, sizeof d);
     d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
-    const void *params = NULL;
-    void *positional[4] = {NULL, NULL, NULL, NULL};
-    if (e->params)
-      params = e->params(ctx, args, call, i);
-    else
-      e->fill(ctx, args, call, i, positional);
+    const void *params = e->params(ctx, args, call, i);
     e->dims(ctx, call, i, &d);
-    st = e->params ? rlk_context_launch_params(ctx, &call->specs[i], &d, stream, params)
-                   : rlk_context_launch(ctx, &call->specs[i], &d, stream, positional);
-    if (st) return st;
+    if ((st = rlk_context_launch_params(ctx, &call->specs[i], &d, stream, params))) return st;
   }
   return RLK_OK;
 }

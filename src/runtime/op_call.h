@@ -62,12 +62,9 @@ typedef struct rlk_op_entry {
   rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
   /* Kernel i's argument struct (kept in the op's state), completed for its launch. */
   const void *(*params)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i);
-  /* Instead of params, for a kernel that still takes tensor maps as parameters of their own ahead
-   * of its struct (logprob_fwd_tma): its parameters in order for rlk_context_launch. */
-  void (*fill)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i, void **params);
   /* Kernel i's launch shape; d arrives as one thread of one block. */
   void (*dims)(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
-  /* Instead of fill and dims, for an op whose launches are more than one per kernel: runs them. */
+  /* Instead of params and dims, for an op whose launches are more than one per kernel: runs them. */
   rlk_status (*launch)(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream);
 } rlk_op_entry;
 

@@ -13,8 +13,9 @@
  *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
  *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
  *   fwd_sm90   the sm_90a GEMM (kinds 0 and 2 of fwd_tiled's, the same records), the heads reached
- *              through tensor maps: the fwd_tiled list (its pointers to the heads unread) and the
- *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks
+ *              through tensor maps: the fwd_tiled list (its pointers to the heads unread), the
+ *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks,
+ *              and the heads' maps
  *   combine    records [S][N] -> the outputs (mode's: JSD and top-k leave D, [3..5] to the next
  *              launch), or (merged not NULL) one merged record per row; S = the shards in
  *              rlk_linear_divergence_combine
@@ -25,8 +26,9 @@
  *              1 f16, 2 bf16)
  *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T
  *   bwd_dz_sm90  the same on sm_90a into 16-bit dz (each head's dtype) through tensor maps (the
- *              list's pointers to the heads and dz unread): tiles_m x tiles_n tiles of 128 x 128
- *              walked by persistent blocks, in groups of `group` rows of tiles */
+ *              list's pointers to the heads and dz unread; the heads' maps, then dz_s's and
+ *              dz_t's, last): tiles_m x tiles_n tiles of 128 x 128 walked by persistent blocks,
+ *              in groups of `group` rows of tiles */
 #ifndef RLK_LINEAR_DIVERGENCE_PARAMS_H
 #define RLK_LINEAR_DIVERGENCE_PARAMS_H
 
@@ -43,39 +45,43 @@
   F(S_, const void *, t_weight, 48)  \
   F(S_, long long, t_w_stride, 56)
 
-/* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
-#define RLK_LD_BWD_ROWS(F, S_)            \
+/* The rows and the heads' shapes, after the heads in the lists that read labels (bytes 64 to
+ * 119). */
+#define RLK_LD_ROWS(F, S_)                \
   F(S_, const void *, labels, 64)         \
   F(S_, long long, label_stride, 72)      \
   F(S_, long long, N, 80)                 \
   F(S_, long long, V, 88)                 \
   F(S_, long long, Hs, 96)                \
   F(S_, long long, Ht, 104)               \
-  F(S_, long long, ignore_index, 112)     \
+  F(S_, long long, ignore_index, 112)
+
+/* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
+#define RLK_LD_BWD_ROWS(F, S_)            \
+  RLK_LD_ROWS(F, S_)                      \
   F(S_, const float *, stats, 120)        \
   F(S_, long long, stats_stride, 128)     \
   F(S_, const float *, g, 136)            \
   F(S_, long long, g_stride, 144)
 
+/* The vocabulary's offset and the divergence's constants, from byte o (a multiple of 8): the
+ * last fields of the lists that fold logits over the vocabulary. */
+#define RLK_LD_TEMPERATURES(F, S_, o)      \
+  F(S_, long long, vocab_start, (o))      \
+  F(S_, double, beta, (o) + 8)            \
+  F(S_, float, s_temperature, (o) + 16)   \
+  F(S_, float, t_temperature, (o) + 20)
+
 #define RLK_LD_FWD_HOST_PARAMS(F, S_) \
   RLK_LD_HEADS(F, S_)                 \
-  F(S_, const void *, labels, 64)     \
-  F(S_, long long, label_stride, 72)  \
-  F(S_, long long, N, 80)             \
-  F(S_, long long, V, 88)             \
-  F(S_, long long, Hs, 96)            \
-  F(S_, long long, Ht, 104)           \
-  F(S_, long long, ignore_index, 112) \
+  RLK_LD_ROWS(F, S_)                  \
   F(S_, float *, divergence, 120)     \
   F(S_, float *, stats, 128)          \
   F(S_, float *, entropy, 136)        \
   F(S_, float *, zeros, 144)          \
   F(S_, float *, records, 152)        \
-  F(S_, long long, vocab_start, 160)  \
-  F(S_, long long, top_k, 168)        \
-  F(S_, double, beta, 176)            \
-  F(S_, float, s_temperature, 184)    \
-  F(S_, float, t_temperature, 188)
+  RLK_LD_TEMPERATURES(F, S_, 160)     \
+  F(S_, long long, top_k, 184)
 #define RLK_LD_FWD_HOST_PARAMS_SIZE 192
 RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
 
@@ -90,10 +96,7 @@ RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PAR
   F(S_, void *, lists, 112)             \
   F(S_, long long, top_k, 120)          \
   F(S_, const float *, stats, 128)      \
-  F(S_, long long, vocab_start, 136)    \
-  F(S_, double, beta, 144)              \
-  F(S_, float, s_temperature, 152)      \
-  F(S_, float, t_temperature, 156)
+  RLK_LD_TEMPERATURES(F, S_, 136)
 #define RLK_LD_FWD_TILED_PARAMS_SIZE 160
 RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
 
@@ -104,10 +107,20 @@ RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_
   F(S_, int, tiles_n, (o) + 4)      \
   F(S_, int, group, (o) + 8)
 
+/* The tensor maps of the heads (s_hidden, s_weight, t_hidden, t_weight, 64 x 128 boxes), from
+ * byte o (a multiple of 64). */
+#define RLK_LD_SM90_HEAD_MAPS(F, S_, o)     \
+  F(S_, rlk_tensor_map, map_hs, (o))       \
+  F(S_, rlk_tensor_map, map_ws, (o) + 128) \
+  F(S_, rlk_tensor_map, map_ht, (o) + 256) \
+  F(S_, rlk_tensor_map, map_wt, (o) + 384)
+
 #define RLK_LD_FWD_SM90_PARAMS(F, S_) \
   RLK_LD_FWD_TILED_PARAMS(F, S_)       \
-  RLK_LD_SM90_TILES(F, S_, 160)
-#define RLK_LD_FWD_SM90_PARAMS_SIZE 176
+  RLK_LD_SM90_TILES(F, S_, 160)        \
+  RLK_LD_SM90_HEAD_MAPS(F, S_, 192)
+#define RLK_LD_FWD_SM90_PARAMS_SIZE 704
+RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
  * to 63). */
@@ -171,10 +184,7 @@ RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
   F(S_, long long, gth_dt, 232)        \
   F(S_, long long, gtw_dt, 240)        \
   F(S_, long long, accumulate, 248)    \
-  F(S_, long long, vocab_start, 256)   \
-  F(S_, double, beta, 264)             \
-  F(S_, float, s_temperature, 272)     \
-  F(S_, float, t_temperature, 276)
+  RLK_LD_TEMPERATURES(F, S_, 256)
 #define RLK_LD_BWD_HOST_PARAMS_SIZE 280
 RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
 
@@ -185,16 +195,17 @@ RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PAR
   F(S_, long long, Vc, 160)            \
   F(S_, float *, dz_s, 168)            \
   F(S_, float *, dz_t, 176)            \
-  F(S_, long long, vocab_start, 184)   \
-  F(S_, double, beta, 192)             \
-  F(S_, float, s_temperature, 200)     \
-  F(S_, float, t_temperature, 204)
+  RLK_LD_TEMPERATURES(F, S_, 184)
 #define RLK_LD_BWD_DZ_PARAMS_SIZE 208
 RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
 
 #define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
   RLK_LD_BWD_DZ_PARAMS(F, S_)             \
-  RLK_LD_SM90_TILES(F, S_, 208)
-#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 224
+  RLK_LD_SM90_TILES(F, S_, 208)           \
+  RLK_LD_SM90_HEAD_MAPS(F, S_, 256)       \
+  F(S_, rlk_tensor_map, map_zs, 768)      \
+  F(S_, rlk_tensor_map, map_zt, 896)
+#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 1024
+RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
 
 #endif

@@ -8,7 +8,8 @@
  *   fwd_host   the host forward: logp, lse, entropy per row (any may be NULL)
  *   fwd_tiled  the portable GEMM over (row block, split): a record per (256 columns, row) into
  *              partials [ceil(V / 256)][N]
- *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps
+ *   fwd_sm90   the sm_90a GEMM: as fwd_tiled, hidden and weight reached through tensor maps (the
+ *              struct's first fields)
  *   combine    partials [S][N] (S records a row, record_cols columns each) -> logp, lse, entropy;
  *              logits: NULL, or raw f32 logits [N][logits_pitch] the label's logit is read from
  *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes
@@ -21,7 +22,8 @@
  *              of M x Nn over K, tiles_m x tiles_n tiles of 128 x 256; out with row pitch
  *              out_stride is dz (16-bit), dh (f32) or grad_weight (rows from c0), by kind;
  *              accumulate: add to what out holds; out_aux: the logits kind's records
- *              [tiles_n][M]; the rest as bwd_dz
+ *              [tiles_n][M]; the rest as bwd_dz; its tensor maps last (the kernel says which
+ *              operand each describes)
  *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
  *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
  *              g_lp, entropy, g_ent contiguous from there)
@@ -35,7 +37,8 @@
 
 #include "rlk_params.h"
 
-#define RLK_LL_FWD_HOST_PARAMS(F, S_) \
+/* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */
+#define RLK_LL_HEAD(F, S_)            \
   F(S_, const void *, hidden, 0)      \
   F(S_, long long, h_stride, 8)       \
   F(S_, const void *, weight, 16)     \
@@ -44,7 +47,11 @@
   F(S_, long long, label_stride, 40)  \
   F(S_, long long, N, 48)             \
   F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
+  F(S_, long long, H, 64)
+
+/* A forward's per-row outputs and what shapes them, in both lists that write them (bytes 72 to
+ * 143). */
+#define RLK_LL_FWD_OUTPUTS(F, S_)     \
   F(S_, long long, ignore_index, 72)  \
   F(S_, float *, logp, 80)            \
   F(S_, float *, lse, 88)             \
@@ -53,76 +60,12 @@
   F(S_, float *, records, 112)        \
   F(S_, long long, vocab_start, 120)  \
   F(S_, float, temperature, 128)      \
-  F(S_, const float *, threshold, 136) \
-  F(S_, float *, logits, 144)          \
-  F(S_, long long, logits_pitch, 152)
-#define RLK_LL_FWD_HOST_PARAMS_SIZE 160
-
-#define RLK_LL_FWD_TILED_PARAMS(F, S_) \
-  F(S_, const void *, hidden, 0)       \
-  F(S_, long long, h_stride, 8)        \
-  F(S_, const void *, weight, 16)      \
-  F(S_, long long, w_stride, 24)       \
-  F(S_, const void *, labels, 32)      \
-  F(S_, long long, label_stride, 40)   \
-  F(S_, long long, N, 48)              \
-  F(S_, long long, V, 56)              \
-  F(S_, long long, H, 64)              \
-  F(S_, long long, cols_per_split, 72) \
-  F(S_, void *, partials, 80)          \
-  F(S_, long long, vocab_start, 88)    \
-  F(S_, float, temperature, 96)        \
-  F(S_, const float *, threshold, 104) \
-  F(S_, float *, logits, 112)          \
-  F(S_, long long, logits_pitch, 120)
-#define RLK_LL_FWD_TILED_PARAMS_SIZE 128
-
-#define RLK_LL_FWD_SM90_PARAMS(F, S_)  \
-  F(S_, const void *, labels, 0)       \
-  F(S_, long long, label_stride, 8)    \
-  F(S_, long long, N, 16)              \
-  F(S_, long long, V, 24)              \
-  F(S_, long long, H, 32)              \
-  F(S_, long long, cols_per_split, 40) \
-  F(S_, void *, partials, 48)          \
-  F(S_, long long, vocab_start, 56)    \
-  F(S_, float, temperature, 64)        \
-  F(S_, const float *, threshold, 72)  \
-  F(S_, float *, logits, 80)           \
-  F(S_, long long, logits_pitch, 88)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 96
-
-#define RLK_LL_COMBINE_PARAMS(F, S_)  \
-  F(S_, const void *, partials, 0)    \
-  F(S_, long long, S, 8)              \
-  F(S_, long long, N, 16)             \
-  F(S_, long long, V, 24)             \
-  F(S_, long long, record_cols, 32)   \
-  F(S_, const void *, labels, 40)     \
-  F(S_, long long, label_stride, 48)  \
-  F(S_, long long, ignore_index, 56)  \
-  F(S_, float *, logp, 64)            \
-  F(S_, float *, lse, 72)             \
-  F(S_, float *, entropy, 80)         \
-  F(S_, int *, status, 88)            \
-  F(S_, float *, records, 96)         \
-  F(S_, long long, vocab_start, 104)  \
-  F(S_, const float *, logits, 112)   \
-  F(S_, long long, logits_pitch, 120) \
-  F(S_, float, temperature, 128)      \
   F(S_, const float *, threshold, 136)
-#define RLK_LL_COMBINE_PARAMS_SIZE 144
 
-#define RLK_LL_BWD_HOST_PARAMS(F, S_) \
-  F(S_, const void *, hidden, 0)      \
-  F(S_, long long, h_stride, 8)       \
-  F(S_, const void *, weight, 16)     \
-  F(S_, long long, w_stride, 24)      \
-  F(S_, const void *, labels, 32)     \
-  F(S_, long long, label_stride, 40)  \
-  F(S_, long long, N, 48)             \
-  F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
+/* What a backward reads per row (the forward's lse and entropy, the gradients of logp and
+ * entropy, each with its stride), in the three lists that differentiate logits (bytes 72 to
+ * 143). */
+#define RLK_LL_GRAD_ROWS(F, S_)       \
   F(S_, long long, ignore_index, 72)  \
   F(S_, const float *, lse, 80)       \
   F(S_, long long, lse_s, 88)         \
@@ -131,7 +74,52 @@
   F(S_, const float *, entropy, 112)  \
   F(S_, long long, ent_s, 120)        \
   F(S_, const float *, g_ent, 128)    \
-  F(S_, long long, gent_s, 136)       \
+  F(S_, long long, gent_s, 136)
+
+#define RLK_LL_FWD_HOST_PARAMS(F, S_) \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_FWD_OUTPUTS(F, S_)           \
+  F(S_, float *, logits, 144)         \
+  F(S_, long long, logits_pitch, 152)
+#define RLK_LL_FWD_HOST_PARAMS_SIZE 160
+
+#define RLK_LL_FWD_TILED_PARAMS(F, S_) \
+  RLK_LL_HEAD(F, S_)                   \
+  F(S_, long long, cols_per_split, 72) \
+  F(S_, void *, partials, 80)          \
+  F(S_, long long, vocab_start, 88)    \
+  F(S_, float, temperature, 96)        \
+  F(S_, const float *, threshold, 104) \
+  F(S_, float *, logits, 112)          \
+  F(S_, long long, logits_pitch, 120)
+#define RLK_LL_FWD_TILED_PARAMS_SIZE 128
+RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
+
+/* The sm_90a forward's: the tensor maps of hidden (boxes of the kernel's rows) and weight, then
+ * fwd_tiled's struct (its pointers to hidden and weight unread). */
+#define RLK_LL_FWD_SM90_PARAMS(F, S_) \
+  F(S_, rlk_tensor_map, map_h, 0)     \
+  F(S_, rlk_tensor_map, map_w, 128)   \
+  F(S_, ll_fwd_tiled_args, pass, 256)
+#define RLK_LL_FWD_SM90_PARAMS_SIZE 384
+RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
+
+#define RLK_LL_COMBINE_PARAMS(F, S_)  \
+  F(S_, const void *, partials, 0)    \
+  F(S_, long long, S, 8)              \
+  F(S_, long long, record_cols, 16)   \
+  F(S_, const float *, logits, 24)    \
+  F(S_, long long, logits_pitch, 32)  \
+  F(S_, const void *, labels, 40)     \
+  F(S_, long long, label_stride, 48)  \
+  F(S_, long long, N, 56)             \
+  F(S_, long long, V, 64)             \
+  RLK_LL_FWD_OUTPUTS(F, S_)
+#define RLK_LL_COMBINE_PARAMS_SIZE 144
+
+#define RLK_LL_BWD_HOST_PARAMS(F, S_) \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_GRAD_ROWS(F, S_)             \
   F(S_, void *, grad_hidden, 144)     \
   F(S_, long long, gh_stride, 152)    \
   F(S_, void *, grad_weight, 160)     \
@@ -145,24 +133,8 @@
 #define RLK_LL_BWD_HOST_PARAMS_SIZE 216
 
 #define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
-  F(S_, const void *, hidden, 0)      \
-  F(S_, long long, h_stride, 8)       \
-  F(S_, const void *, weight, 16)     \
-  F(S_, long long, w_stride, 24)      \
-  F(S_, const void *, labels, 32)     \
-  F(S_, long long, label_stride, 40)  \
-  F(S_, long long, N, 48)             \
-  F(S_, long long, V, 56)             \
-  F(S_, long long, H, 64)             \
-  F(S_, long long, ignore_index, 72)  \
-  F(S_, const float *, lse, 80)       \
-  F(S_, long long, lse_s, 88)         \
-  F(S_, const float *, g_lp, 96)      \
-  F(S_, long long, glp_s, 104)        \
-  F(S_, const float *, entropy, 112)  \
-  F(S_, long long, ent_s, 120)        \
-  F(S_, const float *, g_ent, 128)    \
-  F(S_, long long, gent_s, 136)       \
+  RLK_LL_HEAD(F, S_)                  \
+  RLK_LL_GRAD_ROWS(F, S_)             \
   F(S_, long long, c0, 144)           \
   F(S_, long long, Vc, 152)           \
   F(S_, float *, dz, 160)             \
@@ -173,31 +145,31 @@
   F(S_, const float *, threshold, 192)
 #define RLK_LL_BWD_DZ_PARAMS_SIZE 200
 
-#define RLK_LL_BWD_DH_PARAMS(F, S_) \
+/* A portable backward product over a chunk: dz [N][Vc] (f32) of columns [c0, c0 + nv), first
+ * in the lists of both products (bytes 0 to 47). */
+#define RLK_LL_CHUNK_PRODUCT(F, S_) \
   F(S_, const float *, dz, 0)       \
   F(S_, long long, Vc, 8)           \
   F(S_, long long, nv, 16)          \
-  F(S_, const void *, weight, 24)   \
-  F(S_, long long, w_stride, 32)    \
-  F(S_, long long, c0, 40)          \
-  F(S_, long long, N, 48)           \
-  F(S_, long long, H, 56)           \
+  F(S_, long long, c0, 24)          \
+  F(S_, long long, N, 32)           \
+  F(S_, long long, H, 40)
+
+#define RLK_LL_BWD_DH_PARAMS(F, S_) \
+  RLK_LL_CHUNK_PRODUCT(F, S_)       \
+  F(S_, const void *, weight, 48)   \
+  F(S_, long long, w_stride, 56)    \
   F(S_, float *, dh, 64)            \
   F(S_, float, beta, 72)            \
   F(S_, long long, dh_stride, 80)
 #define RLK_LL_BWD_DH_PARAMS_SIZE 88
 
-#define RLK_LL_BWD_DW_PARAMS(F, S_)  \
-  F(S_, const float *, dz, 0)        \
-  F(S_, long long, Vc, 8)            \
-  F(S_, long long, nv, 16)           \
-  F(S_, const void *, hidden, 24)    \
-  F(S_, long long, h_stride, 32)     \
-  F(S_, long long, c0, 40)           \
-  F(S_, long long, N, 48)            \
-  F(S_, long long, H, 56)            \
-  F(S_, void *, grad_weight, 64)     \
-  F(S_, long long, gw_stride, 72)    \
+#define RLK_LL_BWD_DW_PARAMS(F, S_) \
+  RLK_LL_CHUNK_PRODUCT(F, S_)       \
+  F(S_, const void *, hidden, 48)   \
+  F(S_, long long, h_stride, 56)    \
+  F(S_, void *, grad_weight, 64)    \
+  F(S_, long long, gw_stride, 72)   \
   F(S_, int, accumulate, 80)
 #define RLK_LL_BWD_DW_PARAMS_SIZE 88
 
@@ -217,18 +189,10 @@
   F(S_, long long, Nn, 24)             \
   F(S_, long long, K, 32)              \
   F(S_, long long, V, 40)              \
-  F(S_, long long, ignore_index, 48)   \
-  F(S_, const float *, lse, 56)        \
-  F(S_, long long, lse_s, 64)          \
-  F(S_, const float *, g_lp, 72)       \
-  F(S_, long long, glp_s, 80)          \
-  F(S_, const float *, entropy, 88)    \
-  F(S_, long long, ent_s, 96)          \
-  F(S_, const float *, g_ent, 104)     \
-  F(S_, long long, gent_s, 112)        \
-  F(S_, long long, c0, 120)            \
-  F(S_, void *, out, 128)              \
-  F(S_, long long, out_stride, 136)    \
+  F(S_, long long, c0, 48)             \
+  F(S_, void *, out, 56)               \
+  F(S_, long long, out_stride, 64)     \
+  RLK_LL_GRAD_ROWS(F, S_)              \
   F(S_, int *, status, 144)            \
   F(S_, long long, vocab_start, 152)   \
   F(S_, float, temperature, 160)       \
@@ -237,11 +201,16 @@
   F(S_, int, tiles_m, 172)             \
   F(S_, int, tiles_n, 176)             \
   F(S_, int, group, 180)               \
-  F(S_, int, staged, 184)            \
+  F(S_, int, staged, 184)              \
   F(S_, void *, out_aux, 192)          \
   F(S_, long long, ksplit, 200)        \
-  F(S_, const float *, threshold, 208)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 216
+  F(S_, const float *, threshold, 208) \
+  F(S_, rlk_tensor_map, map_a, 256)    \
+  F(S_, rlk_tensor_map, map_b, 384)    \
+  F(S_, rlk_tensor_map, map_c, 512)    \
+  F(S_, rlk_tensor_map, map_d, 640)
+#define RLK_LL_BWD_SM90_PARAMS_SIZE 768
+RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
 
 /* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
  * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */

@@ -3,7 +3,7 @@
  *   forward:  logits [N, V] (row stride in elements), labels of the spec's dtype (stride
  *             label_stride) -> logp, lse, entropy [N] (lse and entropy may be NULL), status
  *             (may be NULL). Shared by logprob_fwd, logprob_fwd_bulk and logprob_fwd_tma (the
- *             last takes its tensor map as a separate parameter before this struct).
+ *             last's struct holds its tensor map, then this one).
  *   backward: the same inputs, lse, grad_logp, entropy, grad_entropy each with its stride
  *             (grad_logp, entropy, grad_entropy may be NULL) -> grad (the logits' dtype or f32,
  *             row stride grad_stride); shard != 0: the logits are the columns [vocab_start,
@@ -15,30 +15,38 @@
 
 #include "rlk_params.h"
 
-#define RLK_LP_FWD_PARAMS(F, S_)     \
+/* The logits and the rows' labels, first in every list that reads logits (bytes 0 to 55; the
+ * vocab-parallel shard's too, logprob_shard_params.h). */
+#define RLK_LP_ROWS(F, S_)           \
   F(S_, const void *, logits, 0)     \
   F(S_, long long, row_stride, 8)    \
   F(S_, const void *, labels, 16)    \
   F(S_, long long, label_stride, 24) \
   F(S_, long long, N, 32)            \
   F(S_, long long, V, 40)            \
-  F(S_, long long, ignore_index, 48) \
-  F(S_, float *, logp, 56)           \
-  F(S_, float *, lse, 64)            \
-  F(S_, float *, entropy, 72)        \
-  F(S_, int *, status, 80)           \
+  F(S_, long long, ignore_index, 48)
+
+#define RLK_LP_FWD_PARAMS(F, S_)      \
+  RLK_LP_ROWS(F, S_)                  \
+  F(S_, float *, logp, 56)            \
+  F(S_, float *, lse, 64)             \
+  F(S_, float *, entropy, 72)         \
+  F(S_, int *, status, 80)            \
   F(S_, const float *, threshold, 88) \
   F(S_, float, temperature, 96)
 #define RLK_LP_FWD_PARAMS_SIZE 104
+RLK_PARAMS_DECLARE(lp_fwd_args, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+
+/* logprob_fwd_tma's: the tensor map of the logits [N, V] (boxes of 512 bytes x the kernel's rows),
+ * then the forward's struct. */
+#define RLK_LP_FWD_TMA_PARAMS(F, S_) \
+  F(S_, rlk_tensor_map, map, 0)      \
+  F(S_, lp_fwd_args, rows, 128)
+#define RLK_LP_FWD_TMA_PARAMS_SIZE 256
+RLK_PARAMS_DECLARE(lp_fwd_tma_args, RLK_LP_FWD_TMA_PARAMS, RLK_LP_FWD_TMA_PARAMS_SIZE);
 
 #define RLK_LP_BWD_PARAMS(F, S_)             \
-  F(S_, const void *, logits, 0)             \
-  F(S_, long long, row_stride, 8)            \
-  F(S_, const void *, labels, 16)            \
-  F(S_, long long, label_stride, 24)         \
-  F(S_, long long, N, 32)                    \
-  F(S_, long long, V, 40)                    \
-  F(S_, long long, ignore_index, 48)         \
+  RLK_LP_ROWS(F, S_)                         \
   F(S_, const float *, lse, 56)              \
   F(S_, long long, lse_stride, 64)           \
   F(S_, const float *, grad_logp, 72)        \

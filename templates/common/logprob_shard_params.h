@@ -8,16 +8,10 @@
 #ifndef RLK_LOGPROB_SHARD_PARAMS_H
 #define RLK_LOGPROB_SHARD_PARAMS_H
 
-#include "rlk_params.h"
+#include "logprob_params.h"
 
 #define RLK_LS_FWD_PARAMS(F, S_)     \
-  F(S_, const void *, logits, 0)     \
-  F(S_, long long, row_stride, 8)    \
-  F(S_, const void *, labels, 16)    \
-  F(S_, long long, label_stride, 24) \
-  F(S_, long long, N, 32)            \
-  F(S_, long long, V, 40)            \
-  F(S_, long long, ignore_index, 48) \
+  RLK_LP_ROWS(F, S_)                 \
   F(S_, long long, vocab_start, 56)  \
   F(S_, void *, partials, 64)        \
   F(S_, float, temperature, 72)

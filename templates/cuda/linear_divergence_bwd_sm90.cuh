@@ -51,14 +51,12 @@ template <int LAB> RLK_DEVICE ld_dz_row ld_dz_row_inputs(const ld::BwdDzSm90Para
   return d;
 }
 
-/* map_hs, map_ws, map_ht, map_wt: the heads (64 x 128 boxes); map_zs, map_zt: dz_s and dz_t
- * [N][nv] of pitch Vc (64 x 64 boxes), each any map where its side is not asked for. */
+/* The struct's tensor maps: map_hs, map_ws, map_ht, map_wt the heads (64 x 128 boxes); map_zs,
+ * map_zt dz_s and dz_t [N][nv] of pitch Vc (64 x 64 boxes), each any map where its side is not
+ * asked for. */
 template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
 __global__ void __launch_bounds__(384, 1)
-    linear_divergence_bwd_dz_sm90(const __grid_constant__ tensor_map map_hs, const __grid_constant__ tensor_map map_ws,
-                                  const __grid_constant__ tensor_map map_ht, const __grid_constant__ tensor_map map_wt,
-                                  const __grid_constant__ tensor_map map_zs, const __grid_constant__ tensor_map map_zt,
-                                  RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
+    linear_divergence_bwd_dz_sm90(RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(MODE == ld::FKL || MODE == ld::RKL || MODE == ld::JSD, "bwd_dz_sm90: top-k is the portable kernels'");
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
@@ -76,15 +74,15 @@ __global__ void __launch_bounds__(384, 1)
     /* producer: the chunk's columns are the weights' rows from c0 */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      ld_sm90_prefetch_heads(&map_hs, &map_ws, &map_ht, &map_wt);
-      if (STUDENT) sm90::tma_prefetch_map(&map_zs);
-      if (TEACHER) sm90::tma_prefetch_map(&map_zt);
+      ld_sm90_prefetch_heads(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt);
+      if (STUDENT) sm90::tma_prefetch_map(&p_.map_zs);
+      if (TEACHER) sm90::tma_prefetch_map(&p_.map_zt);
       u32 it = 0;
 #pragma unroll 1
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
         ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
-        ld_sm90_load_tile(&map_hs, &map_ws, &map_ht, &map_wt, full, empty, smem, tm * BM,
+        ld_sm90_load_tile(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, tm * BM,
                           (i32)(p_.c0 + (i64)tn * BN), kbs, kbt, it);
       }
     }
@@ -124,17 +122,17 @@ __global__ void __launch_bounds__(384, 1)
      * past N are clipped by the stores) */
     if (STUDENT) {
       const auto dz = [&](int i, int j, int e) { return acc_s[4 * j + 2 * i + e]; };
-      ll_b16_half<0, SDT>(&map_zs, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
+      ll_b16_half<0, SDT>(&p_.map_zs, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
     }
     if (TEACHER) {
       const auto dz = [&](int i, int j, int e) { return acc_t[4 * j + 2 * i + e]; };
-      ll_b16_half<0, TDT>(&map_zt, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
+      ll_b16_half<0, TDT>(&p_.map_zt, dz, stage, m0w, n0, rl, tw, 1u + (u32)cw, false);
     }
   }
   /* the stores are done before the block (and its staging) goes */
   if (tw == 0) sm90::tma_store_drain<0>();
 #else
-  (void)map_hs, (void)map_ws, (void)map_ht, (void)map_wt, (void)map_zs, (void)map_zt, (void)p_;
+  (void)p_;
 #endif
 }
 

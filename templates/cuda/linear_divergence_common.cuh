@@ -18,10 +18,10 @@
 namespace rlk {
 namespace ld {
 
-/* The sm_90a kernels' arguments after their tensor maps (common/linear_divergence_params.h, filled
- * by src/ops/linear_divergence.c); the other kernels' structs are declared with their lists. */
-RLK_PARAMS_DECLARE(FwdSm90Params, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(BwdDzSm90Params, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
+/* The sm_90a kernels' arguments, their tensor maps last (common/linear_divergence_params.h, filled
+ * by src/ops/linear_divergence.c), declared with their lists like the other kernels'. */
+typedef ::ld_fwd_sm90_args FwdSm90Params;
+typedef ::ld_bwd_dz_sm90_args BwdDzSm90Params;
 
 enum { FKL = 0, RKL = 1, JSD = 2, TOPK = 3 };     /* the op's modes (top-k: forward KL over K) */
 enum { LAB_NONE = 0, LAB_I32 = 1, LAB_I64 = 2 };  /* the labels' codes */

@@ -48,13 +48,11 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
   }
 }
 
-/* The tensor maps stay parameters of their own, ahead of the struct (by value, __grid_constant__:
- * TMA reads them in parameter space). */
+/* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them in parameter
+ * space. */
 template <int SDT, int TDT, int KIND>
 __global__ void __launch_bounds__(384, 1)
-    linear_divergence_fwd_sm90(const __grid_constant__ tensor_map map_hs, const __grid_constant__ tensor_map map_ws,
-                               const __grid_constant__ tensor_map map_ht, const __grid_constant__ tensor_map map_wt,
-                               RLK_PARAMS_ARG ld::FwdSm90Params p_) {
+    linear_divergence_fwd_sm90(RLK_PARAMS_ARG ld::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(KIND == ld::KIND_STATS || KIND == ld::KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
   typedef ld_sm90 C;
@@ -75,11 +73,11 @@ __global__ void __launch_bounds__(384, 1)
     /* producer */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      ld_sm90_prefetch_heads(&map_hs, &map_ws, &map_ht, &map_wt);
+      ld_sm90_prefetch_heads(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt);
       u32 it = 0;
 #pragma unroll 1
       for (int t = 0; t < ntiles; ++t)
-        ld_sm90_load_tile(&map_hs, &map_ws, &map_ht, &map_wt, full, empty, smem, (i32)row0,
+        ld_sm90_load_tile(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, (i32)row0,
                           (i32)(v_begin + (i64)t * BN), kbs, kbt, it);
     }
     return;
@@ -137,7 +135,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
 #else
-  (void)map_hs, (void)map_ws, (void)map_ht, (void)map_wt, (void)p_;
+  (void)p_;
 #endif
 }
 

@@ -62,7 +62,7 @@
 namespace rlk {
 
 namespace ll {
-RLK_PARAMS_DECLARE(BwdSm90Params, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+typedef ::ll_bwd_sm90_args BwdSm90Params;
 }
 
 /* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
@@ -431,14 +431,13 @@ RLK_DEVICE void ll_carry_load(const ll::BwdSm90Params &p_, float (&acc)[ll_bwd_s
   }
 }
 
-/* map_a, map_b: the operands; map_c: dz (KIND 0's output, 64 x 64 boxes), the output (64 x 32
- * f32 or 64 x 64 16-bit boxes) when p_.staged, any map otherwise; map_d: the second half of u^T
- * (KIND 4's output from column ksplit, KIND 5's A from K row ksplit), any map otherwise. */
+/* The struct's tensor maps: map_a, map_b the operands; map_c dz (KIND 0's output, 64 x 64 boxes),
+ * the output (64 x 32 f32 or 64 x 64 16-bit boxes) when p_.staged, any map otherwise; map_d the
+ * second half of u^T (KIND 4's output from column ksplit, KIND 5's A from K row ksplit), any map
+ * otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
 __global__ void __launch_bounds__(384, 1)
-    linear_logprob_bwd_sm90(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b,
-                            const __grid_constant__ tensor_map map_c, const __grid_constant__ tensor_map map_d,
-                            RLK_PARAMS_ARG ll::BwdSm90Params p_) {
+    linear_logprob_bwd_sm90(RLK_PARAMS_ARG ll::BwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   typedef ll_bwd_sm90 C;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, STAGES = C::STAGES;
@@ -463,10 +462,10 @@ __global__ void __launch_bounds__(384, 1)
      * reads W's rows from c0, dz W's columns from c0 */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_a);
-      sm90::tma_prefetch_map(&map_b);
-      if (STORE16 || p_.staged) sm90::tma_prefetch_map(&map_c);
-      if (SPLIT) sm90::tma_prefetch_map(&map_d);
+      sm90::tma_prefetch_map(&p_.map_a);
+      sm90::tma_prefetch_map(&p_.map_b);
+      if (STORE16 || p_.staged) sm90::tma_prefetch_map(&p_.map_c);
+      if (SPLIT) sm90::tma_prefetch_map(&p_.map_d);
       u32 it = 0;
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
@@ -480,21 +479,21 @@ __global__ void __launch_bounds__(384, 1)
           sm90::mbar_arrive_expect_tx(&full[s], STAGE);
           u8 *a = smem + s * STAGE, *b = a + ABYTES;
           if (TA == 0) {
-            sm90::tma_load_2d(a, &map_a, kb * BK, m0, &full[s]);
+            sm90::tma_load_2d(a, &p_.map_a, kb * BK, m0, &full[s]);
           } else {
             /* dh_t: K rows from ksplit on are map_d's (a K step never straddles it) */
             const bool hi = KIND == C::DH_T && kb * BK >= p_.ksplit;
-            const tensor_map *ma = hi ? &map_d : &map_a;
+            const tensor_map *ma = hi ? &p_.map_d : &p_.map_a;
             const i32 kr = kb * BK - (hi ? (i32)p_.ksplit : 0);
             sm90::tma_load_2d(a, ma, m0, kr, &full[s]);
             sm90::tma_load_2d(a + BOX, ma, m0 + 64, kr, &full[s]);
           }
           if (TB == 0) {
-            sm90::tma_load_2d(b, &map_b, kb * BK, b_n0, &full[s]);
+            sm90::tma_load_2d(b, &p_.map_b, kb * BK, b_n0, &full[s]);
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              sm90::tma_load_2d(b + BOX * (u32)j, &map_b, b_n0 + 64 * j, b_k0 + kb * BK, &full[s]);
+              sm90::tma_load_2d(b + BOX * (u32)j, &p_.map_b, b_n0 + 64 * j, b_k0 + kb * BK, &full[s]);
           }
         }
       }
@@ -532,24 +531,24 @@ __global__ void __launch_bounds__(384, 1)
     if (carry) ll_carry_load<GDT>(p_, acc, r0, n0, l);
     ll_sm90_tile_products<STAGES, AB, TA, TB>(acc, full, empty, smem, cw, l, kblocks, it, carry);
     if constexpr (KIND == C::DZ) {
-      ll_dz_epilogue<DT, ENTROPY>(p_, &map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
-                                     1u + (u32)cw);
+      ll_dz_epilogue<DT, ENTROPY>(p_, &p_.map_c, acc, row, stage, m0 + cw * 64, n0, tn, 16 * w + l / 4, tw,
+                                  1u + (u32)cw);
     } else if constexpr (LOGITS) {
-      ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &map_c, &map_d, acc, y, thr, stage, m0 + cw * 64, n0, tn,
-                                                           16 * w + l / 4, tw, 1u + (u32)cw);
+      ll_logits_epilogue<DT, ENTROPY, KIND == C::LOGITS_T>(p_, &p_.map_c, &p_.map_d, acc, y, thr, stage,
+                                                           m0 + cw * 64, n0, tn, 16 * w + l / 4, tw, 1u + (u32)cw);
     } else if (p_.staged) {
       const bool add = !carry && p_.accumulate != 0;
       const i64 m0w = m0 + cw * 64;
       const int rl = 16 * w + l / 4;
       if constexpr (GDT == 0) {
-        ll_f32_quarter<0>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
-        ll_f32_quarter<1>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
-        ll_f32_quarter<2>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
-        ll_f32_quarter<3>(&map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<0>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<1>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<2>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_f32_quarter<3>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
       } else {
         const auto out = [&](int i, int j, int e) { return acc[4 * j + 2 * i + e]; };
-        ll_b16_half<0, GDT>(&map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
-        ll_b16_half<1, GDT>(&map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_b16_half<0, GDT>(&p_.map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
+        ll_b16_half<1, GDT>(&p_.map_c, out, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
       }
     } else {
       ll_bwd_store<KIND, GDT>(p_, acc, r0, n0, l, !carry && p_.accumulate != 0);
@@ -558,7 +557,7 @@ __global__ void __launch_bounds__(384, 1)
   /* the stores are done before the block (and its staging) goes */
   if ((STORE16 || p_.staged) && tw == 0) sm90::tma_store_drain<0>();
 #else
-  (void)map_a, (void)map_b, (void)map_c, (void)map_d, (void)p_;
+  (void)p_;
 #endif
 }
 

@@ -24,8 +24,8 @@ namespace rlk {
 namespace ll {
 
 /* The kernels' arguments (common/linear_logprob_params.h, filled by src/ops/linear_logprob.c). */
-RLK_PARAMS_DECLARE(FwdTiledParams, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
-RLK_PARAMS_DECLARE(FwdSm90Params, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
+typedef ::ll_fwd_tiled_args FwdTiledParams;
+typedef ::ll_fwd_sm90_args FwdSm90Params; /* its tensor maps, then FwdTiledParams */
 RLK_PARAMS_DECLARE(CombineParams, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDzParams, RLK_LL_BWD_DZ_PARAMS, RLK_LL_BWD_DZ_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDhParams, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE);

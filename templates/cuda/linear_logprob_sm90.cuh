@@ -26,19 +26,18 @@
 #if defined(RLK_CUDA)
 namespace rlk {
 
-/* The tensor maps stay parameters of their own, ahead of the struct: 128 opaque bytes, 64-byte
- * aligned, that the driver encodes (no type a field list spells on every side), and
- * __grid_constant__ so that TMA reads them where they lie in parameter space. */
+/* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them where they lie in
+ * parameter space. */
 template <int DT, typename L, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__(384, 1)
-    linear_logprob_fwd_sm90(const __grid_constant__ tensor_map map_h,
-                            const __grid_constant__ tensor_map map_w, RLK_PARAMS_ARG ll::FwdSm90Params p_) {
+    linear_logprob_fwd_sm90(RLK_PARAMS_ARG ll::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
-  const L *__restrict__ labels = (const L *)p_.labels;
-  const i64 label_stride = p_.label_stride, N = p_.N, V = p_.V, H = p_.H, cols_per_split = p_.cols_per_split;
-  const i64 vocab_start = p_.vocab_start;
-  const float temperature = p_.temperature;
-  ll::part *__restrict__ partials = (ll::part *)p_.partials;
+  const L *__restrict__ labels = (const L *)p_.pass.labels;
+  const i64 label_stride = p_.pass.label_stride, N = p_.pass.N, V = p_.pass.V, H = p_.pass.H,
+            cols_per_split = p_.pass.cols_per_split;
+  const i64 vocab_start = p_.pass.vocab_start;
+  const float temperature = p_.pass.temperature;
+  ll::part *__restrict__ partials = (ll::part *)p_.pass.partials;
   static_assert(STAGES >= 2 && STAGES <= 4, "stages: 2..4 (48 KB each)");
   constexpr int BM = ll_sm90::BM, BN = ll_sm90::BN, BK = ll_sm90::BK;
   constexpr u32 ABYTES = ll_sm90::ABYTES, STAGE = ll_sm90::STAGE;
@@ -61,8 +60,8 @@ __global__ void __launch_bounds__(384, 1)
     /* producer */
     sm90::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      sm90::tma_prefetch_map(&map_h);
-      sm90::tma_prefetch_map(&map_w);
+      sm90::tma_prefetch_map(&p_.map_h);
+      sm90::tma_prefetch_map(&p_.map_w);
       u32 it = 0;
       for (int t = 0; t < ntiles; ++t)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -70,8 +69,8 @@ __global__ void __launch_bounds__(384, 1)
           if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
           sm90::mbar_arrive_expect_tx(&full[s], STAGE);
           u8 *a = smem + s * STAGE;
-          sm90::tma_load_2d(a, &map_h, kb * BK, (i32)row0, &full[s]);
-          sm90::tma_load_2d(a + ABYTES, &map_w, kb * BK, (i32)(v_begin + (i64)t * BN), &full[s]);
+          sm90::tma_load_2d(a, &p_.map_h, kb * BK, (i32)row0, &full[s]);
+          sm90::tma_load_2d(a + ABYTES, &p_.map_w, kb * BK, (i32)(v_begin + (i64)t * BN), &full[s]);
         }
     }
     return;
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(384, 1)
     /* the label's column in this weight (a shard's: outside [0, V) it owns no column here; none
      * without labels) */
     y[i] = row[i] < N && labels ? ll::load_label(labels, row[i], label_stride) - vocab_start : -1;
-    thr[i] = p_.threshold && row[i] < N ? ld_ro(p_.threshold + row[i]) : -limits<float>::infinity();
+    thr[i] = p_.pass.threshold && row[i] < N ? ld_ro(p_.pass.threshold + row[i]) : -limits<float>::infinity();
   }
   float acc[BN / 2];
   u32 it = 0;
@@ -101,7 +100,7 @@ __global__ void __launch_bounds__(384, 1)
     /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten by
      * the next tile's first product */
     ll_mask_past(acc, V, col0, l);
-    if (p_.logits) ll_store_logits(acc, p_.logits, p_.logits_pitch, row, N, col0, V, l);
+    if (p_.pass.logits) ll_store_logits(acc, p_.pass.logits, p_.pass.logits_pitch, row, N, col0, V, l);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       /* the label's logit, where it is a column of this tile inside the vocabulary (a shard's
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
 #else
-  (void)map_h, (void)map_w, (void)p_;
+  (void)p_;
 #endif
 }
 

@@ -22,9 +22,10 @@
 namespace rlk {
 namespace lp {
 
-/* The kernels' arguments (logprob_params.h): the forward's, shared by its three variants, and
- * the backward's. */
-RLK_PARAMS_DECLARE(FwdParams, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+/* The kernels' arguments (logprob_params.h): the forward's, shared by its three variants (the
+ * tensor-map variant's holds its map before it), and the backward's. */
+typedef ::lp_fwd_args FwdParams;
+typedef ::lp_fwd_tma_args FwdTmaParams;
 RLK_PARAMS_DECLARE(BwdParams, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };

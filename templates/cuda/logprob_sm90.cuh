@@ -7,7 +7,7 @@
  *                     unaligned head and tail of a row (< 16 bytes each) are read with plain loads.
  *   logprob_fwd_tma   2-D tensor-map copies (cp.async.bulk.tensor): boxes of 512 bytes
  *                     x ROWS rows, NBOX boxes a stage; a consumer warp per row. The tensor map is
- *                     encoded on the host per launch and passed as a __grid_constant__ parameter.
+ *                     encoded on the host per launch into the kernel's __grid_constant__ struct.
  *                     Not a default anywhere until it has run correctly on a GPU.
  *
  * Both accumulate exactly like logprob_fwd (logprob_common.cuh): the same outputs up to the order
@@ -141,21 +141,20 @@ template <int ROWS, int NBOX, int STAGES> struct lp_tma_smem {
   static constexpr u32 bytes = stage * (u32)STAGES;
 };
 
-/* The tensor map stays a parameter of its own, by value and __grid_constant__, before the
- * arguments' struct: the copy engine reads it where it lies in the parameter space, and the
- * field lists hold only types every side spells alike (the host side has no tensor maps). */
+/* The tensor map lies in the struct, which is __grid_constant__: the copy engine reads it where
+ * it lies in parameter space. */
 template <int DT, typename L, int ROWS, int NBOX, int STAGES, bool ENTROPY>
 __global__ void __launch_bounds__((ROWS + 1) * 32)
-    logprob_fwd_tma(const __grid_constant__ tensor_map map, RLK_PARAMS_ARG lp::FwdParams p_) {
+    logprob_fwd_tma(RLK_PARAMS_ARG lp::FwdTmaParams p_) {
 #if defined(RLK_HAS_BULK_COPY)
-  const void *__restrict__ logits = p_.logits;
-  const L *__restrict__ labels = (const L *)p_.labels;
-  const i64 row_stride = p_.row_stride, label_stride = p_.label_stride, N = p_.N, V = p_.V,
-            ignore_index = p_.ignore_index;
-  const float temperature = p_.temperature;
-  float *__restrict__ logp = p_.logp, *__restrict__ lse = p_.lse;
-  float *__restrict__ entropy = p_.entropy;
-  i32 *__restrict__ status = p_.status;
+  const void *__restrict__ logits = p_.rows.logits;
+  const L *__restrict__ labels = (const L *)p_.rows.labels;
+  const i64 row_stride = p_.rows.row_stride, label_stride = p_.rows.label_stride, N = p_.rows.N, V = p_.rows.V,
+            ignore_index = p_.rows.ignore_index;
+  const float temperature = p_.rows.temperature;
+  float *__restrict__ logp = p_.rows.logp, *__restrict__ lse = p_.rows.lse;
+  float *__restrict__ entropy = p_.rows.entropy;
+  i32 *__restrict__ status = p_.rows.status;
   using namespace lp;
   static_assert(ROWS >= 1 && ROWS <= 31 && STAGES >= 2 && STAGES <= 8 && NBOX >= 1 && NBOX <= 8,
                 "shape");
@@ -191,7 +190,7 @@ __global__ void __launch_bounds__((ROWS + 1) * 32)
         mbar_arrive_expect_tx(&full[s], STAGE);
 #pragma unroll
         for (int b = 0; b < NBOX; ++b)
-          tma_load_2d(lp_ring + s * STAGE + b * BOXBYTES, &map, (i32)(t * TCOLS + b * BOXC),
+          tma_load_2d(lp_ring + s * STAGE + b * BOXBYTES, &p_.map, (i32)(t * TCOLS + b * BOXC),
                       (i32)(g * ROWS), &full[s]);
       }
     return;

@@ -6,12 +6,10 @@
 #include "logprob_common.h"
 #include "logprob_params.h"
 
-RLK_PARAMS_DECLARE(lp_fwd_params, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
-
 typedef RLK_P_LABELS lp_label_t;
 
 RLK_HOST_KERNEL rlk_logprob_fwd(void **args) {
-  const lp_fwd_params *p_ = (const lp_fwd_params *)args[0];
+  const lp_fwd_args *p_ = (const lp_fwd_args *)args[0];
   const void *logits = p_->logits;
   const rlk_i64 row_stride = p_->row_stride;
   const lp_label_t *labels = (const lp_label_t *)p_->labels;
