@@ -310,7 +310,12 @@ class Binder:
             else:
                 p = (_CUDA_PLACES.get(dev) or _cuda_place(x)) if x.is_cuda else None
             dt = _TORCH_DT.get(x.dtype)
-            if p is not self.place or p is None or dt is None or output:
+            if p is not self.place or p is None:
+                if self.place is None and p is not None:
+                    self.place = p  # the call's first array: its place is the call's
+                else:
+                    self._torch_checks(name, x, p, dt, output)
+            if dt is None or output:
                 self._torch_checks(name, x, p, dt, output)
             try:  # a tensor without strides (sparse, nested) raises here
                 shape, strides, ptr = x.shape, x.stride(), x.data_ptr()
@@ -353,6 +358,39 @@ class Binder:
         _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
         return dt
 
+    def bind(self, inputs, arrays):
+        """Binds the inputs `inputs` (an Op.inputs spec) to `arrays`, in its order (None for an
+        absent optional one), as set would one by one; returns the first one's rlk dtype. A torch
+        tensor in the call's place whose dtype is accepted and whose layout was seen before
+        takes the short way (what set checks, in a loop with nothing looked up twice); anything
+        else, the first tensor of the call included, goes through set."""
+        args = self.args
+        first = None
+        tdev = self.place.torch_device if self.place is not None else None
+        for (name, off, dtypes, required), x in zip(inputs, arrays):
+            if x is None:
+                if required:
+                    raise self._fail(name, "is required")
+                continue
+            if tdev is not None and _KIND.get(type(x)) == _TORCH and x.device == tdev:
+                dt = _TORCH_DT.get(x.dtype)
+                try:  # a tensor without strides (sparse, nested): set names it
+                    lay = _LAYOUTS.get((x.shape, x.stride()))
+                except RuntimeError:
+                    lay = None
+                if lay is not None and dt is not None and (dtypes is None or dt in dtypes):
+                    if lay[2] and required:
+                        self.no_rows = True
+                    _HEAD.pack_into(args, off, x.data_ptr(), dt, lay[0], lay[1])
+                    if first is None:
+                        first = dt
+                    continue
+            dt = self.set(name, x, dtypes, optional=not required)
+            if first is None:
+                first = dt
+            tdev = self.place.torch_device
+        return first
+
     def _torch_checks(self, name, x, p, dt, output):
         """Binds the call to torch tensor x's place p and checks what set's common case leaves
         out: an unsupported device (p None), a dtype with no rlk equivalent (dt None), an
@@ -375,6 +413,32 @@ class Binder:
         _HEAD.pack_into(self.args, self.offsets[name], a.data_ptr() if self.place.torch
                         else a.ctypes.data, dtype, lay[0], lay[1])
         return a
+
+    def outputs(self, dtype, fields):
+        """New contiguous arrays of rlk dtype `dtype` in the call's place, one per field of
+        `fields` (an Op.outputs spec), each bound to its field; returns them in a list. What
+        output does for each, with the layouts packed beforehand and one loop for all."""
+        p = self.place
+        if p is None:
+            p = self.require_place()
+        args, made = self.args, self.made
+        out = []
+        if p.torch:
+            empty, tdt = _torch.empty, _TORCH_OF[dtype]
+            for off, shape, ndim, packed in fields:
+                if p.host:  # no device keyword: about 0.1 us less
+                    a = empty(size=shape, dtype=tdt)
+                else:
+                    a = empty(size=shape, dtype=tdt, device=p.torch_device)
+                _HEAD.pack_into(args, off, a.data_ptr(), dtype, ndim, packed)
+                out.append(a)
+            made.extend(out)
+        else:
+            for off, shape, ndim, packed in fields:
+                a = self._alloc(shape, dtype, False)
+                _HEAD.pack_into(args, off, a.ctypes.data, dtype, ndim, packed)
+                out.append(a)
+        return out
 
     def set_new(self, name, x, dtype, shape):
         """Binds output `name` to x, an array this call just made with `empty` (contiguous,
@@ -574,6 +638,22 @@ class Op:
             self._run, self._workspace_size = run, ws
             self._defaults = defaults  # last: other threads take a set _defaults as bound
         return self._defaults
+
+    def inputs(self, *fields):
+        """The spec Binder.bind takes: (name, accepted rlk dtypes or None, required) per input
+        field, its offset looked up here once."""
+        return tuple((name, self.offsets[name], dtypes, required)
+                     for name, dtypes, required in fields)
+
+    def outputs(self, *fields):
+        """The spec Binder.outputs takes: (name, shape) per output field, or (name, shape,
+        bound shape) where the array is bound as another shape of as many elements (a 0-d
+        loss as [1]); each field's offset and layout looked up here once."""
+        spec = []
+        for name, shape, *bound in fields:
+            ndim, packed, _ = _out_layout(tuple(bound[0] if bound else shape))
+            spec.append((self.offsets[name], tuple(shape), ndim, packed))
+        return tuple(spec)
 
     def available(self):
         """True when the loaded library has this op (and its struct matches)."""

@@ -220,6 +220,47 @@ def test_layouts_kept_skip_no_check(place):
         assert b.no_rows is want
 
 
+def test_bind_checks_what_set_checks(place):
+    # Binder.bind packs the inputs after the first in a loop of its own: it must write what set
+    # writes, and refuse what set refuses, with set's messages
+    from rlk.ops import losses as L
+    warm(place)
+    x = place.to(np.arange(12, dtype=np.float32).reshape(3, 4))
+    mask = place.to(np.ones((3, 4), bool))
+    for _ in range(2):  # the second time, every layout is a kept one
+        one = R.Binder(L.VALUE_OP)
+        for name, arr in (("values", x), ("old_values", x), ("returns", x), ("mask", mask)):
+            one.set(name, arr, None if name == "mask" else L._F, optional=name == "mask")
+        both = R.Binder(L.VALUE_OP)
+        assert both.bind(L._VL_INPUTS, (x, x, x, mask, None)) == T.DType.F32
+        assert bytes(both.args) == bytes(one.args) and both.place is one.place
+        assert not both.no_rows
+    i64 = place.to(np.zeros((3, 4), np.int64))  # a kept layout, a dtype not accepted
+    with pytest.raises(rlk.InvalidArgument, match="value_loss: old_values: dtype i64 is not "
+                       "supported"):
+        R.Binder(L.VALUE_OP).bind(L._VL_INPUTS, (x, i64, x, None, None))
+    with pytest.raises(rlk.InvalidArgument, match="value_loss: returns: is required"):
+        R.Binder(L.VALUE_OP).bind(L._VL_INPUTS, (x, x, None, None, None))
+    with pytest.raises(rlk.InvalidArgument, match="value_loss: seq_offsets: dtype f32"):
+        R.Binder(L.VALUE_OP).bind(L._VL_INPUTS, (x, x, x, None, x))
+    empty = place.to(np.zeros((0, 4), np.float32))
+    b = R.Binder(L.VALUE_OP)
+    b.bind(L._VL_INPUTS, (x, x, empty, None, None))  # a required input without rows
+    assert b.no_rows
+    b = R.Binder(L.VALUE_OP)
+    b.bind(L._VL_INPUTS, (x, x, x, place.to(np.zeros((0, 4), bool)), None))  # an optional one
+    assert not b.no_rows
+    if place.torch:
+        with pytest.raises(rlk.InvalidArgument, match="value_loss: returns: tensors on meta"):
+            R.Binder(L.VALUE_OP).bind(L._VL_INPUTS, (x, x, torch.zeros(3, 4, device="meta"),
+                                                     None, None))
+    if place.cuda:  # (host numpy arrays and torch CPU tensors may be mixed)
+        with pytest.raises(rlk.InvalidArgument, match="value_loss: old_values: is in host "
+                           "memory \\(numpy\\), the other arguments in "):
+            R.Binder(L.VALUE_OP).bind(L._VL_INPUTS, (x, np.zeros((3, 4), np.float32), x,
+                                                     None, None))
+
+
 def test_absent_optional_leaves_the_default(host):
     b = R.Binder(GA.OP)
     assert b.set("mask", None, optional=True) is None

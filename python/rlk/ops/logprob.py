@@ -124,15 +124,30 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     if threshold is not None:
         b.set("threshold", threshold, _F32)
     n = dim(logits, 0)
-    f32, shape = _F32D, (n,)
-    if logp is None:
-        logp = b.output("logp", f32, shape)
-    else:
+    made = logp is None
+    if not made:
         b.set("logp", logp, _F32, output=True)
-    lse_out = b.output("lse", f32, shape) if lse else None
-    ent_out = b.output("entropy", f32, shape) if entropy else None
+    key = (n, made, bool(lse), bool(entropy))
+    spec = _OUTPUTS.get(key) or _outputs(key)
+    out = iter(b.outputs(_F32D, spec))
+    if made:
+        logp = next(out)
+    lse_out = next(out) if lse else None
+    ent_out = next(out) if entropy else None
     b.run(stream)
     return LogprobResult(logp, lse_out, ent_out)
+
+
+_OUTPUTS = {}  # (rows, logp made, lse, entropy) -> the Binder.outputs spec of the forward's outputs
+
+
+def _outputs(key):
+    n, made, lse, entropy = key
+    names = ("logp",) * made + ("lse",) * lse + ("entropy",) * entropy
+    if len(_OUTPUTS) >= 4096:  # a bound on what a run of ever-new shapes can keep
+        _OUTPUTS.clear()
+    spec = _OUTPUTS[key] = FORWARD_OP.outputs(*[(name, (n,)) for name in names])
+    return spec
 
 
 def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, entropy=None, *,

@@ -182,15 +182,17 @@ def _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale, a
 
 
 _ESIZE = {T.DType.F32: 4, T.DType.F64: 8}
+_SCALAR, _ONE = (), (1,)
 
 
 class _Layout:
     """Where a loss call's outputs lie in its one allocation, and the workspace bytes the library
     asked for: worked out once per key (see _outputs)."""
 
-    __slots__ = ("ws", "total", "n", "grad_offsets", "head", "ws_offset", "strides", "es")
+    __slots__ = ("ws", "total", "n", "grad_offsets", "head", "ws_offset", "strides", "es",
+                 "apart")
 
-    def __init__(self, dt, ngrads, shape, nmetrics, ws):
+    def __init__(self, op, dt, grads, shape, nmetrics, ws):
         es = _ESIZE[dt]
         n = 1
         for d in shape:
@@ -200,7 +202,14 @@ class _Layout:
         self.es = es
         self.n = n
         self.ws = ws
+        ngrads = len(grads)
         self.grad_offsets = tuple(i * stride for i in range(ngrads))
+        # the outputs each its own array (_outputs_apart): the Binder.outputs specs with the
+        # loss as [1] and as 0-d
+        fields = [(name, shape) for name in grads]
+        metrics = [("metrics", (nmetrics,))] if nmetrics else []
+        self.apart = (op.outputs(*fields, ("loss", _ONE), *metrics),
+                      op.outputs(*fields, ("loss", _SCALAR, _ONE), *metrics))
         self.strides = contiguous_strides(shape)
         self.head = ngrads * stride  # the loss's element, the metrics after it
         total = self.head + 1 + nmetrics
@@ -219,7 +228,7 @@ def _layout(b, dt, grads, shape, nmetrics, key):
     for name in grads:
         b.set_at(name, 16, dt, shape)
     b.set_at("loss", 16, dt, (1,))
-    lay = _Layout(dt, len(grads), shape, nmetrics, b.workspace_size())
+    lay = _Layout(b.op, dt, grads, shape, nmetrics, b.workspace_size())
     sizes = b.op.sizes
     if len(sizes) >= 4096:  # a bound on what a run of ever-new shapes can keep
         sizes.clear()
@@ -238,7 +247,7 @@ def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss, apart=False):
     lay = b.op.sizes.get(key) or _layout(b, dt, grads, shape, nmetrics, key)
     if apart or b.place.host:
         # host memory: an allocation costs less than a view there (about 1 us against 1.5)
-        return _outputs_apart(b, dt, grads, shape, nmetrics, lay.ws, scalar_loss)
+        return _outputs_apart(b, dt, len(grads), nmetrics, lay, scalar_loss)
     buf = b.empty((lay.total,), dt)
     b.keep.append(buf)  # told to the allocator with the other scratch when stream= is given
     torch_out = b.place.torch
@@ -266,21 +275,14 @@ def _outputs(b, dt, grads, shape, nmetrics, key, scalar_loss, apart=False):
     return outs, loss, metrics
 
 
-def _outputs_apart(b, dt, grads, shape, nmetrics, ws, scalar_loss):
-    a = b.args
+def _outputs_apart(b, dt, ngrads, nmetrics, lay, scalar_loss):
+    ws = lay.ws
     if ws:
+        a = b.args
         _, a.workspace = b.workspace(ws)
         a.workspace_bytes = ws
-    outs = []
-    for name in grads:  # a loop, not a comprehension: one frame less per call
-        outs.append(b.output(name, dt, shape))
-    loss = b.empty(_SCALAR if scalar_loss else _ONE, dt)
-    b.set_at("loss", loss.data_ptr() if b.place.torch else loss.ctypes.data, dt, _ONE)
-    metrics = b.output("metrics", dt, (nmetrics,)) if nmetrics else None
-    return outs, loss, metrics
-
-
-_SCALAR, _ONE = (), (1,)
+    arrays = b.outputs(dt, lay.apart[1 if scalar_loss else 0])
+    return arrays[:ngrads], arrays[ngrads], arrays[ngrads + 1] if nmetrics else None
 
 
 def _norm_key(a, tn):
@@ -292,6 +294,20 @@ def _norm_key(a, tn):
 
 _PL_GRADS = (("grad_logp",), ("grad_logp", "grad_entropy"))  # without / with the entropy's gradient
 _VL_GRADS = ("grad_values",)
+_VL_INPUTS = VALUE_OP.inputs(("values", _F, True), ("old_values", _F, True),
+                             ("returns", _F, True), ("mask", None, False),
+                             ("seq_offsets", _I, False))
+
+
+_PL_INPUTS = {}  # Op -> the Binder.bind spec of policy_settings' inputs in its args struct
+
+
+def _policy_inputs(op, prefix):
+    inputs = _PL_INPUTS[op] = op.inputs(
+        (prefix + "old_logp", _F, True), (prefix + "advantages", _F, True),
+        (prefix + "mask", None, False), (prefix + "seq_offsets", _I, False),
+        (prefix + "ref_logp", _F, False), (prefix + "rollout_is_weights", _F, False))
+    return inputs
 
 
 def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_offsets, ref_logp,
@@ -303,8 +319,8 @@ def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_of
     """Every input and setting of rlk_policy_loss_args but logp, entropy and the outputs, into a
     (the struct at args field `prefix`, "" for the call's own) of Binder b; ndim and rows are
     logp's (its layout, [B, T] or [N])."""
-    b.set(prefix + "old_logp", old_logp, _F)
-    b.set(prefix + "advantages", advantages, _F)
+    inputs = _PL_INPUTS.get(b.op) or _policy_inputs(b.op, prefix)
+    b.bind(inputs, (old_logp, advantages, mask, seq_offsets, ref_logp, rollout_is_weights))
     if seq_advantages is None:
         # per sequence when the shape says so: [B] beside [B, T], or [S] beside [N] with S != N
         if ndim == 2:
@@ -312,14 +328,6 @@ def policy_settings(b, a, prefix, ndim, rows, old_logp, advantages, mask, seq_of
         else:
             seq_advantages = seq_offsets is not None and dim(advantages, 0) != rows
     a.seq_advantages = 1 if seq_advantages else 0
-    if mask is not None:
-        b.set(prefix + "mask", mask, optional=True)
-    if seq_offsets is not None:
-        b.set(prefix + "seq_offsets", seq_offsets, _I, optional=True)
-    if ref_logp is not None:
-        b.set(prefix + "ref_logp", ref_logp, _F, optional=True)
-    if rollout_is_weights is not None:
-        b.set(prefix + "rollout_is_weights", rollout_is_weights, _F, optional=True)
     if mode is not None:
         a.mode = T.enum_value(PolicyLossMode, mode, "%s: mode" % b.name)
     if seq_ratio_grad is not None:
@@ -423,13 +431,7 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
         return traced("value_loss", locals())
     b = Binder(VALUE_OP)
     a = b.args
-    dt = b.set("values", values, _F)
-    b.set("old_values", old_values, _F)
-    b.set("returns", returns, _F)
-    if mask is not None:
-        b.set("mask", mask, optional=True)
-    if seq_offsets is not None:
-        b.set("seq_offsets", seq_offsets, _I, optional=True)
+    dt = b.bind(_VL_INPUTS, (values, old_values, returns, mask, seq_offsets))
     if clip is not None:
         a.clip = float(clip)
     if clamp_bound_grad is not None:
