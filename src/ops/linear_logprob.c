@@ -46,9 +46,7 @@ RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 
-enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
-
-static const char *const ll_dt_names[] = {"f32", "f16", "bf16", NULL}; /* f32: not a choice */
+static const char *const ll_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS); /* f32: not a choice */
 static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 
 #define LL_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
@@ -126,7 +124,7 @@ static int ll_wgmma_target(const rlk_context *ctx) {
   return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
-static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
+static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16; }
 
 /* The forward's kernels of a configuration (hidden, labels, entropy, variant, stages); tma_ok:
  * hidden and weight can be described by 128-byte-swizzled tensor maps. */
@@ -542,7 +540,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
 /* The backward                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const ll_grad_names[] = {"f32", "f16", "bf16", NULL}; /* 0: f32, else LL_DT_* */
+static const char *const ll_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
 static const rlk_param_decl ll_dz_params[] = {
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
@@ -746,8 +744,6 @@ static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backw
 
 static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
-static int ll_grad_code(rlk_dtype d) { return d == RLK_F32 ? 0 : d == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
-
 /* A backward's `grad` setting (0 f32, 1 the inputs' dtype): grad_weight's, else grad_hidden's. */
 static int ll_bwd_grad_line(const ll_bwd_config *c) { return (c->gw >= 0 ? c->gw : c->gh) > 0; }
 
@@ -778,7 +774,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (r != k->h.N || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->h.N, (long long)k->h.H);
-    k->c.gh = ll_grad_code(a->grad_hidden.dtype);
+    k->c.gh = rlk_op_float_dt(a->grad_hidden.dtype);
   }
   if (a->grad_weight.data) {
     int64_t r, cols;
@@ -786,7 +782,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (r != k->h.V || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->h.V, (long long)k->h.H);
-    k->c.gw = ll_grad_code(a->grad_weight.dtype);
+    k->c.gw = rlk_op_float_dt(a->grad_weight.dtype);
   }
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
@@ -1230,7 +1226,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
     rlk_record_op(&rlk_op_linear_logprob, &line);
   }
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int tr = s->ksplit > 0;
   const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {tr ? LL_BWD_LOGITS_T : LL_BWD_LOGITS, hd, s->labels.dtype,
                                                   s->entropy, 0}},
@@ -1257,7 +1253,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
  * two parts. */
 static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
                                int64_t n, void *stream) {
-  const int hd = s->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = s->hidden.dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const rlk_kernel_spec fx = {s->ksplit ? &ll_stored_dz_t_tmpl : &ll_stored_dz_tmpl,
                               {hd, s->labels.dtype, s->entropy}};
   rlk_status st;
@@ -1293,10 +1289,10 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
                                int64_t n, ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype, gd = s->grad_hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int64_t ghs = s->grad_hidden.strides[0];
   void *gh = (char *)s->grad_hidden.data + (size_t)(r0 * ghs) * rlk_dtype_size(gd);
-  const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
+  const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, rlk_op_float_dt(gd)}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dh))) return st;
   const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, c->V, c->H, c->ws, 64),
@@ -1323,7 +1319,7 @@ static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
                                int first, ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dw))) return st;
@@ -1348,7 +1344,7 @@ static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
                                       ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int64_t ks = s->ksplit, V = c->V;
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
   rlk_status st;

@@ -6,6 +6,7 @@
 #ifndef RLK_SAMPLE_PARAMS_H
 #define RLK_SAMPLE_PARAMS_H
 
+#include "rlk_float_dtype.h"
 #include "rlk_params.h"
 
 #define RLK_SAMPLE_PARAMS(F, S_)                     \

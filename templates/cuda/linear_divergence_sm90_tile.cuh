@@ -56,7 +56,7 @@ struct ld_sm90 {
 };
 
 template <int DT> struct ld_wgmma_type {
-  static constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  static constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
 };
 
 /* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps), ready

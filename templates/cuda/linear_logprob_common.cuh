@@ -32,17 +32,16 @@ RLK_PARAMS_DECLARE(BwdDhParams, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE)
 RLK_PARAMS_DECLARE(BwdDwParams, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDhOutParams, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 
-enum { DT_F16 = 1, DT_BF16 = 2 }; /* the op's dtype codes (logprob's, without f32) */
 enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
 
 template <int DT> struct elem;
-template <> struct elem<0> { /* f32 gradients */
+template <> struct elem<RLK_DT_F32> { /* f32 gradients */
   typedef float type;
 };
-template <> struct elem<DT_F16> {
+template <> struct elem<RLK_DT_F16> {
   typedef f16 type;
 };
-template <> struct elem<DT_BF16> {
+template <> struct elem<RLK_DT_BF16> {
   typedef bf16 type;
 };
 

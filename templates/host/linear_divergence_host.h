@@ -1,18 +1,18 @@
 /* linear_divergence_host.h - what the host forms of rlk_linear_divergence share (fp64
  * throughout): a head's logit as an fp64 dot product, and the top-k order. RLK_P_SDT and
- * RLK_P_TDT are the heads' dtype codes (1 f16, 2 bf16); RLK_P_LABELS the labels' (0 none, 1 i32, 2 i64). */
+ * RLK_P_TDT are the heads' dtype codes (RLK_DT_F16, RLK_DT_BF16); RLK_P_LABELS the labels' (0 none, 1 i32, 2 i64). */
 #ifndef RLK_LINEAR_DIVERGENCE_HOST_H
 #define RLK_LINEAR_DIVERGENCE_HOST_H
 
 #include <math.h>
 
+#include "rlk_float_dtype.h"
 #include "rlk_host_prelude.h"
 
-enum { LD_DT_F16 = 1, LD_DT_BF16 = 2 };
 enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
 
 static inline double ld_val(const uint16_t *p, rlk_i64 j, int dt) {
-  return dt == LD_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+  return dt == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
 }
 
 /* h . w in fp64, k in order. */

@@ -17,7 +17,7 @@ typedef RLK_P_LABELS ll_label_t;
 enum { LL_STATUS_BAD_LABEL = 1 };
 
 static inline double ll_val(const uint16_t *p, rlk_i64 j) {
-  return RLK_P_HIDDEN == 1 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+  return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
 }
 
 RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
