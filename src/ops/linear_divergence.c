@@ -77,14 +77,17 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 #define LD_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
 
 /* The kernels' codes: labels, modes (dtypes are RLK_DT_*, f32 for gradients only). */
-enum { LD_LAB_NONE = 0, LD_LAB_I32 = 1, LD_LAB_I64 = 2 };
-enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
-enum { LD_KIND_STATS = 0, LD_KIND_TOPK = 1, LD_KIND_JSD = 2 };
 enum { LD_LL_DH = 1, LD_LL_DW = 2 }; /* the fused head's sm_90a product kinds (its LL_BWD_DH, _DW) */
 
 static const char *const ld_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
-static const char *const ld_label_names[] = {"none", "i32", "i64", NULL};
-static const char *const ld_kmode_names[] = {"forward-kl", "reverse-kl", "jsd", "topk", NULL};
+static const char *const ld_label_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_LABELS);
+static const char *const ld_kmode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_MODES);
+
+/* The kernels' divergences and top-k bound are the API's. */
+_Static_assert(LD_FKL == (int)RLK_DIVERGENCE_FORWARD_KL && LD_RKL == (int)RLK_DIVERGENCE_REVERSE_KL &&
+                   LD_JSD == (int)RLK_DIVERGENCE_JSD,
+               "linear_divergence modes: rlk_divergence_mode order");
+_Static_assert(LD_TOPK_MAX == RLK_LINEAR_DIVERGENCE_TOP_K_MAX, "linear_divergence: LD_TOPK_MAX is the API's");
 
 /* ---------------------------------------------------------------------------------- */
 /* The templates                                                                       */
@@ -176,7 +179,7 @@ static const rlk_template ld_products_sm90_tmpl = {"linear_divergence", "linear_
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const ld_pass_names[] = {"fwd", "bwd", "both", "combine", NULL};
-static const char *const ld_mode_names[] = {"forward-kl", "reverse-kl", "jsd", NULL};
+static const char *const ld_mode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_DIVERGENCES);
 static const char *const ld_grad_names[] = {"none", "f32", "same", NULL};
 static const char *const ld_variant_names[] = {"auto", "wgmma", "tiled", NULL}; /* rlk_linear_logprob_variant */
 enum { LD_PASS_FWD = 0, LD_PASS_BWD = 1, LD_PASS_BOTH = 2, LD_PASS_COMBINE = 3 };
