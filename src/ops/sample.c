@@ -30,6 +30,11 @@ RLK_PARAMS_DECLARE(smp_kernel_args, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 static const char *const smp_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
+/* The kernels' status bits are the API's. */
+_Static_assert(SMP_STATUS_NAN == RLK_SAMPLE_STATUS_NAN && SMP_STATUS_NO_TOKEN == RLK_SAMPLE_STATUS_NO_TOKEN &&
+                   SMP_STATUS_BAD_PARAM == RLK_SAMPLE_STATUS_BAD_PARAM,
+               "sample status bits: RLK_SAMPLE_STATUS_*");
+
 
 #define SMP_TOKEN_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define SMP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))

@@ -36,6 +36,7 @@
 #define RLK_LINEAR_LOGPROB_PARAMS_H
 
 #include "rlk_float_dtype.h"
+#include "rlk_logprob_status.h"
 #include "rlk_params.h"
 
 /* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */

@@ -14,6 +14,7 @@
 #define RLK_LOGPROB_PARAMS_H
 
 #include "rlk_float_dtype.h"
+#include "rlk_logprob_status.h"
 #include "rlk_params.h"
 
 /* The backward's gradient dtype ("grad"): the logits' (RLK_DT_*), or f32. */

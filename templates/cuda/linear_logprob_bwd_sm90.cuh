@@ -300,7 +300,7 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
   for (int i = 0; i < 2; ++i) {
     const ll_dz_row &d = row[i];
     if (d.bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
-      atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+      atomicOr((int *)p_.status, (int)LP_STATUS_BAD_LABEL);
     lse2[i] = d.ignored ? limits<float>::infinity() : d.lse2;
     cb[i] = d.ignored ? 0.0f : d.bad ? limits<float>::quiet_nan() : (ENTROPY ? d.gh * d.E - d.gl : -d.gl) * inv_t;
     ck[i] = ENTROPY && !d.ignored ? -d.gh * inv_t * inv_t : 0.0f;

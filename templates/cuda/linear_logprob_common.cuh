@@ -32,7 +32,6 @@ RLK_PARAMS_DECLARE(BwdDhParams, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE)
 RLK_PARAMS_DECLARE(BwdDwParams, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDhOutParams, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 
-enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
 
 template <int DT> struct elem;
 template <> struct elem<RLK_DT_F32> { /* f32 gradients */
@@ -193,7 +192,7 @@ __global__ void __launch_bounds__(256)
   float lp, l, h;
   if (yg != p_.ignore_index && !own) {
     lp = l = h = limits<float>::quiet_nan();
-    if (p_.status) atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+    if (p_.status) atomicOr((int *)p_.status, (int)LP_STATUS_BAD_LABEL);
   } else {
     const float ln_s = logf(acc.s);
     l = acc.m * RLK_LL_LN2 + ln_s;

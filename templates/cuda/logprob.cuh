@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(BLOCK)
       k.mode = 1;
     } else if (!shard && (y < 0 || y >= V)) {
       k.mode = 2;
-      if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
+      if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)LP_STATUS_BAD_LABEL);
     } else {
       const float l = ld_ro(lse + row * lse_stride);
       const float gl = grad_logp ? ld_ro(grad_logp + row * grad_logp_stride) : 0.0f;

@@ -28,8 +28,7 @@ typedef ::lp_fwd_tma_args FwdTmaParams;
 RLK_PARAMS_DECLARE(BwdParams, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
 
-/* Bits in the caller's status word. */
-enum { STATUS_BAD_LABEL = 1 };
+/* Bits in the caller's status word: LP_STATUS_* (common/rlk_logprob_status.h). */
 
 #define RLK_LP_LOG2E 1.4426950408889634f
 #define RLK_LP_LN2 0.69314718055994531f
@@ -312,7 +311,7 @@ template <bool ENTROPY> RLK_DEVICE state with_label(const state &st, float xy, f
 /* Writes a row's outputs from its merged state. `y` is its label; `xy` the raw logit at the label
  * (read before the reduction so its latency hides behind it). Ignored rows (y == ignore_index) get
  * logp 0 (lse and entropy as usual); a label outside [0, V) makes every output of the row NaN and
- * raises STATUS_BAD_LABEL in *status. */
+ * raises LP_STATUS_BAD_LABEL in *status. */
 template <bool ENTROPY>
 RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 ignore_index,
                           float temperature, float *logp, float *lse, float *entropy,
@@ -321,7 +320,7 @@ RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 
   float lp, l, h;
   if (y != ignore_index && (y < 0 || y >= V)) {
     lp = l = h = limits<float>::quiet_nan();
-    if (status) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
+    if (status) atomicOr((int *)status, (int)LP_STATUS_BAD_LABEL);
   } else {
     l = st.m / temperature + ln_s;
     h = ENTROPY ? ln_s - RLK_LP_LN2 * (st.q / st.s) : 0.0f;

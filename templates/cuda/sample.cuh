@@ -46,8 +46,6 @@ RLK_PARAMS_DECLARE(Params, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 using namespace lp;
 
-enum { STATUS_NAN = 1, STATUS_NO_TOKEN = 2, STATUS_BAD_PARAM = 4 };
-
 /* Digits of the radix select: bins of the histogram pass. */
 constexpr int DIGIT_BITS = 11;
 constexpr int BINS = 1 << DIGIT_BITS;
@@ -580,7 +578,7 @@ template <int DT, int SEG> struct share_pick {
   }
 };
 
-/* Whether a row's settings are out of range: its token is then -1 (STATUS_BAD_PARAM). */
+/* Whether a row's settings are out of range: its token is then -1 (SMP_STATUS_BAD_PARAM). */
 RLK_DEVICE bool settings_bad(const row_settings &rs) {
   return !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
          !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
@@ -597,7 +595,7 @@ RLK_DEVICE void write_no_token(i64 row, bool bad, float s, TOK *tokens, float *l
   if (logp) logp[row] = o;
   if (logp_filtered) logp_filtered[row] = o;
   if (threshold) threshold[row] = limits<float>::quiet_nan();
-  if (status) atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
+  if (status) atomicOr((int *)status, bad ? (int)SMP_STATUS_BAD_PARAM : (nan ? (int)SMP_STATUS_NAN : (int)SMP_STATUS_NO_TOKEN));
 }
 
 /* An unfiltered draw, in three steps of one warp each (see the top of this file). The weights are

@@ -15,7 +15,6 @@ RLK_PARAMS_DECLARE(ll_fwd_host_params, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_P
 
 typedef RLK_P_LABELS ll_label_t;
 
-enum { LL_STATUS_BAD_LABEL = 1 };
 
 static inline double ll_load(const uint16_t *p, rlk_i64 j) {
   return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
@@ -80,7 +79,7 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
     float lp, lf, hf;
     if (y != ignore_index && (y < 0 || y >= V)) {
       lp = lf = hf = NAN;
-      if (status) *status |= LL_STATUS_BAD_LABEL;
+      if (status) *status |= LP_STATUS_BAD_LABEL;
     } else {
       lf = (float)l;
       hf = (float)(l - pz / s);

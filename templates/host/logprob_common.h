@@ -9,7 +9,6 @@
 #include "rlk_float_dtype.h"
 #include "rlk_host_prelude.h"
 
-enum { LP_STATUS_BAD_LABEL = 1 };
 
 #define LP_LOG2E 1.4426950408889634f
 #define LP_LN2 0.69314718055994531f
