@@ -607,9 +607,6 @@ static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob
 static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logprob_stored_dz_t",
                                                  "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                                  ll_stored_dz_params};
-#define LL_STORED_VEC 8    /* columns a vector (RLK_LL_STORED_VEC) */
-#define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
-#define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
 #define LL_STORED_T_ROWS 256 /* u^T: the dz pass's block, 256 rows x 64 columns */
 #define LL_STORED_T_COLS 64
@@ -1120,7 +1117,7 @@ static size_t ll_stored_u_bytes(int64_t rows, int64_t V, int64_t ksplit) {
 }
 
 size_t rlk_ll_stored_workspace(int64_t rows, int64_t V, int64_t ksplit) {
-  const int64_t tiles = (V + LL_STORED_TILE - 1) / LL_STORED_TILE;
+  const int64_t tiles = (V + RLK_LL_STORED_TILE - 1) / RLK_LL_STORED_TILE;
   return ll_stored_u_bytes(rows, V, ksplit) + ll_align256((size_t)(tiles * rows) * LL_RECORD_BYTES);
 }
 
@@ -1137,16 +1134,16 @@ static int64_t ll_slice_rounds(int64_t V, int64_t H, int64_t ks, int64_t sms) {
 }
 
 int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int sms) {
-  const int64_t line = ll_stored_pitch(N) * 2, most = (V + LL_STORED_TILE - 1) / LL_STORED_TILE * LL_STORED_TILE;
+  const int64_t line = ll_stored_pitch(N) * 2, most = (V + RLK_LL_STORED_TILE - 1) / RLK_LL_STORED_TILE * RLK_LL_STORED_TILE;
   const int64_t records = (int64_t)(rlk_ll_stored_workspace(N, V, 0) - ll_stored_u_bytes(N, V, 0));
   const int64_t left = room - records;
-  int64_t k = left > 0 ? left / line / LL_STORED_TILE * LL_STORED_TILE : 0;
+  int64_t k = left > 0 ? left / line / RLK_LL_STORED_TILE * RLK_LL_STORED_TILE : 0;
   if (k > most) k = most;
   if (k < most && sms > 0) {
     /* the fewest rounds among the sizes down to half: a slice's last round of tiles, part of the
      * blocks busy, is paid once a launch */
     int64_t best = k, least = ll_slice_rounds(V, H, k, sms);
-    for (int64_t c = k - LL_STORED_TILE; c >= k / 2 && c > 0; c -= LL_STORED_TILE) {
+    for (int64_t c = k - RLK_LL_STORED_TILE; c >= k / 2 && c > 0; c -= RLK_LL_STORED_TILE) {
       const int64_t r = ll_slice_rounds(V, H, c, sms);
       if (r < least) best = c, least = r;
     }
@@ -1157,7 +1154,7 @@ int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int 
 
 int rlk_ll_stored_over_weight_ok(const rlk_tensor *grad_weight, int64_t N, int64_t V, int64_t ksplit) {
   if (!grad_weight->data || grad_weight->dtype != RLK_F32 || grad_weight->ndim != 2 || ksplit <= 0 ||
-      ksplit % LL_STORED_TILE)
+      ksplit % RLK_LL_STORED_TILE)
     return 0;
   const int64_t gws = grad_weight->strides[0];
   if (grad_weight->strides[1] != 1 || gws % 4 || (uintptr_t)grad_weight->data % 16) return 0;
@@ -1276,7 +1273,7 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
-  const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
+  const int64_t per_block = 256 * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
   const rlk_launch_dims d =
       s->ksplit ? ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
                           (uint64_t)((c->V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0)

@@ -16,8 +16,6 @@
 #include "linear_logprob_params.h"
 
 #define RLK_LL_LOG2E 1.4426950408889634f
-/* The columns of a record (linear_logprob_plan.h's RLK_LL_RECORD_COLS). */
-#define RLK_LL_RECORD_COLS 256
 #define RLK_LL_LN2 0.69314718055994531f
 
 namespace rlk {
