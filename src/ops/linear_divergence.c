@@ -54,12 +54,9 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 #define LD_TILE 64        /* the portable kernels' tiles (rows, columns) */
 #define LD_THREADS 256
 /* The sm_90a kernels (templates/cuda/linear_divergence_sm90_tile.cuh's ld_sm90): tiles of 128 rows x
- * 128 columns a head, 384 threads, a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
+ * 128 columns a head, 384 threads (LD_SM90_*, linear_divergence_params.h), a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
  * for the alignment. The fused head's sm_90a products (its ll_bwd_sm90): 128 x 256 tiles, 4 stages
  * of 48 KB, 32 KB of staging where an output leaves by TMA. */
-#define LD_SM90_BM 128
-#define LD_SM90_BN 128
-#define LD_SM90_THREADS 384
 #define LD_SM90_FWD_SMEM (6u * 32u * 1024u + 1024u)
 #define LD_SM90_DZ_SMEM (6u * 32u * 1024u + 32u * 1024u + 1024u)
 #define LD_LL_SM90_BM 128

@@ -59,6 +59,10 @@ enum { LD_KIND_STATS, LD_KIND_TOPK, LD_KIND_JSD };
 /* The longest top-k list, RLK_LINEAR_DIVERGENCE_TOP_K_MAX (the op checks they agree). */
 enum { LD_TOPK_MAX = 32 };
 
+/* The sm_90a kernels' tile (rows, columns a head) and threads: the op's launch shapes and tensor
+ * map boxes follow them. */
+enum { LD_SM90_BM = 128, LD_SM90_BN = 128, LD_SM90_THREADS = 384 };
+
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
 #define RLK_LD_HEADS(F, S_)          \
   F(S_, const void *, s_hidden, 0)   \
