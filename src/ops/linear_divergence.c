@@ -54,12 +54,9 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 #define LD_TILE 64        /* the portable kernels' tiles (rows, columns) */
 #define LD_THREADS 256
 /* The sm_90a kernels (templates/cuda/linear_divergence_sm90_tile.cuh's ld_sm90): tiles of 128 rows x
- * 128 columns a head, 384 threads, a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
+ * 128 columns a head, 384 threads (LD_SM90_*, linear_divergence_params.h), a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
  * for the alignment. The fused head's sm_90a products (its ll_bwd_sm90): 128 x 256 tiles, 4 stages
  * of 48 KB, 32 KB of staging where an output leaves by TMA. */
-#define LD_SM90_BM 128
-#define LD_SM90_BN 128
-#define LD_SM90_THREADS 384
 #define LD_SM90_FWD_SMEM (6u * 32u * 1024u + 1024u)
 #define LD_SM90_DZ_SMEM (6u * 32u * 1024u + 32u * 1024u + 1024u)
 #define LD_LL_SM90_BM 128
@@ -76,16 +73,18 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 /* The backward's workspace at most when the call chooses the chunk (as the fused head's). */
 #define LD_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
 
-/* The kernels' codes: dtypes (the fused head's: f32 for gradients only), labels, modes. */
-enum { LD_DT_F32 = 0, LD_DT_F16 = 1, LD_DT_BF16 = 2 };
-enum { LD_LAB_NONE = 0, LD_LAB_I32 = 1, LD_LAB_I64 = 2 };
-enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
-enum { LD_KIND_STATS = 0, LD_KIND_TOPK = 1, LD_KIND_JSD = 2 };
+/* The kernels' codes: labels, modes (dtypes are RLK_DT_*, f32 for gradients only). */
 enum { LD_LL_DH = 1, LD_LL_DW = 2 }; /* the fused head's sm_90a product kinds (its LL_BWD_DH, _DW) */
 
-static const char *const ld_dt_names[] = {"f32", "f16", "bf16", NULL};
-static const char *const ld_label_names[] = {"none", "i32", "i64", NULL};
-static const char *const ld_kmode_names[] = {"forward-kl", "reverse-kl", "jsd", "topk", NULL};
+static const char *const ld_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
+static const char *const ld_label_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_LABELS);
+static const char *const ld_kmode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_MODES);
+
+/* The kernels' divergences and top-k bound are the API's. */
+_Static_assert(LD_FKL == (int)RLK_DIVERGENCE_FORWARD_KL && LD_RKL == (int)RLK_DIVERGENCE_REVERSE_KL &&
+                   LD_JSD == (int)RLK_DIVERGENCE_JSD,
+               "linear_divergence modes: rlk_divergence_mode order");
+_Static_assert(LD_TOPK_MAX == RLK_LINEAR_DIVERGENCE_TOP_K_MAX, "linear_divergence: LD_TOPK_MAX is the API's");
 
 /* ---------------------------------------------------------------------------------- */
 /* The templates                                                                       */
@@ -177,7 +176,7 @@ static const rlk_template ld_products_sm90_tmpl = {"linear_divergence", "linear_
 /* ---------------------------------------------------------------------------------- */
 
 static const char *const ld_pass_names[] = {"fwd", "bwd", "both", "combine", NULL};
-static const char *const ld_mode_names[] = {"forward-kl", "reverse-kl", "jsd", NULL};
+static const char *const ld_mode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_DIVERGENCES);
 static const char *const ld_grad_names[] = {"none", "f32", "same", NULL};
 static const char *const ld_variant_names[] = {"auto", "wgmma", "tiled", NULL}; /* rlk_linear_logprob_variant */
 enum { LD_PASS_FWD = 0, LD_PASS_BWD = 1, LD_PASS_BOTH = 2, LD_PASS_COMBINE = 3 };
@@ -212,7 +211,7 @@ static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
                                     "tiled: the portable ones only"),
 };
 
-static int ld_code(int64_t dtype) { return dtype == RLK_F16 ? LD_DT_F16 : LD_DT_BF16; }
+static int ld_code(int64_t dtype) { return dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16; }
 
 /* sm_90a exactly: wgmma needs the arch-specific target. */
 static int ld_wgmma_target(const rlk_context *ctx) {
@@ -837,7 +836,7 @@ static rlk_status ld_check_grad(const rlk_tensor *t, const char *what, rlk_dtype
   int64_t r, c;
   rlk_status st = ld_check_matrix(t, what, LD_F32 | RLK_DTYPE_BIT(head), rows, cols, &r, &c, stride);
   if (st) return st;
-  *code = t->dtype == RLK_F32 ? LD_DT_F32 : ld_code(t->dtype);
+  *code = rlk_op_float_dt(t->dtype);
   return RLK_OK;
 }
 
@@ -981,7 +980,7 @@ static rlk_status ld_side_chunk(rlk_context *ctx, const ld_bwd_call *k, const ld
   rlk_status st;
   if (x->gh >= 0) {
     /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */
-    const int direct = x->gh == LD_DT_F32;
+    const int direct = x->gh == RLK_DT_F32;
     ld_dh_args d = {0};
     d.dz = dz, d.Vc = Vc, d.nv = nv, d.weight = weight, d.w_stride = wsd, d.c0 = c0, d.N = N, d.H = H;
     d.dh = direct ? (float *)gh : (float *)(wsp + x->dh_off);
@@ -1062,7 +1061,7 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
   rlk_status st;
   if (x->gh >= 0) {
     /* the f32 sum: grad_hidden itself (the first chunk adds only when accumulating), or the workspace's */
-    const int direct = x->gh == LD_DT_F32;
+    const int direct = x->gh == RLK_DT_F32;
     float *dh = direct ? (float *)gh->data : (float *)(wsp + x->dh_off);
     const int64_t dhs = direct ? x->ghs : H;
     const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, LD_LL_SM90_BM), rb = ld_tma(wt->data, dt, k->h.V, H, wsd, 64),
@@ -1081,7 +1080,7 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
     char *rows = (char *)gw->data + (size_t)(c0 * x->gws) * rlk_dtype_size(gw->dtype);
     const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, 64), rb = ld_tma(hid->data, dt, N, H, hs, 64),
                                rc = ld_tma(rows, gw->dtype, nv, H, x->gws, 64);
-    g.staged = (x->gw == LD_DT_F32 || !accumulate) && ld_tma_ok(&rc);
+    g.staged = (x->gw == RLK_DT_F32 || !accumulate) && ld_tma_ok(&rc);
     if ((st = rlk_context_tensor_map(ctx, &ra, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &rb, &g.map_b)) ||
         (g.staged && (st = rlk_context_tensor_map(ctx, &rc, &g.map_c))))
       return st;

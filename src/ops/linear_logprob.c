@@ -46,9 +46,7 @@ RLK_PARAMS_DECLARE(ll_bwd_dw_args, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SI
 RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 
-enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 }; /* indices of ll_dt_names (the templates' codes) */
-
-static const char *const ll_dt_names[] = {"f32", "f16", "bf16", NULL}; /* f32: not a choice */
+static const char *const ll_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS); /* f32: not a choice */
 static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 
 #define LL_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
@@ -126,7 +124,7 @@ static int ll_wgmma_target(const rlk_context *ctx) {
   return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
-static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
+static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16; }
 
 /* The forward's kernels of a configuration (hidden, labels, entropy, variant, stages); tma_ok:
  * hidden and weight can be described by 128-byte-swizzled tensor maps. */
@@ -542,7 +540,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
 /* The backward                                                                        */
 /* ---------------------------------------------------------------------------------- */
 
-static const char *const ll_grad_names[] = {"f32", "f16", "bf16", NULL}; /* 0: f32, else LL_DT_* */
+static const char *const ll_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
 static const rlk_param_decl ll_dz_params[] = {
     {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ll_dt_names},
@@ -609,9 +607,6 @@ static const rlk_template ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob
 static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logprob_stored_dz_t",
                                                  "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                                  ll_stored_dz_params};
-#define LL_STORED_VEC 8    /* columns a vector (RLK_LL_STORED_VEC) */
-#define LL_STORED_VECS 4   /* vectors a thread (RLK_LL_STORED_VECS) */
-#define LL_STORED_TILE 256 /* columns a record (RLK_LL_STORED_TILE, the logits kind's tile) */
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
 #define LL_STORED_T_ROWS 256 /* u^T: the dz pass's block, 256 rows x 64 columns */
 #define LL_STORED_T_COLS 64
@@ -746,8 +741,6 @@ static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backw
 
 static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
-static int ll_grad_code(rlk_dtype d) { return d == RLK_F32 ? 0 : d == RLK_F16 ? LL_DT_F16 : LL_DT_BF16; }
-
 /* A backward's `grad` setting (0 f32, 1 the inputs' dtype): grad_weight's, else grad_hidden's. */
 static int ll_bwd_grad_line(const ll_bwd_config *c) { return (c->gw >= 0 ? c->gw : c->gh) > 0; }
 
@@ -778,7 +771,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (r != k->h.N || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->h.N, (long long)k->h.H);
-    k->c.gh = ll_grad_code(a->grad_hidden.dtype);
+    k->c.gh = rlk_op_float_dt(a->grad_hidden.dtype);
   }
   if (a->grad_weight.data) {
     int64_t r, cols;
@@ -786,7 +779,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (r != k->h.V || cols != k->h.H)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
                        (long long)r, (long long)cols, (long long)k->h.V, (long long)k->h.H);
-    k->c.gw = ll_grad_code(a->grad_weight.dtype);
+    k->c.gw = rlk_op_float_dt(a->grad_weight.dtype);
   }
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
@@ -1124,7 +1117,7 @@ static size_t ll_stored_u_bytes(int64_t rows, int64_t V, int64_t ksplit) {
 }
 
 size_t rlk_ll_stored_workspace(int64_t rows, int64_t V, int64_t ksplit) {
-  const int64_t tiles = (V + LL_STORED_TILE - 1) / LL_STORED_TILE;
+  const int64_t tiles = (V + RLK_LL_STORED_TILE - 1) / RLK_LL_STORED_TILE;
   return ll_stored_u_bytes(rows, V, ksplit) + ll_align256((size_t)(tiles * rows) * LL_RECORD_BYTES);
 }
 
@@ -1141,16 +1134,16 @@ static int64_t ll_slice_rounds(int64_t V, int64_t H, int64_t ks, int64_t sms) {
 }
 
 int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int sms) {
-  const int64_t line = ll_stored_pitch(N) * 2, most = (V + LL_STORED_TILE - 1) / LL_STORED_TILE * LL_STORED_TILE;
+  const int64_t line = ll_stored_pitch(N) * 2, most = (V + RLK_LL_STORED_TILE - 1) / RLK_LL_STORED_TILE * RLK_LL_STORED_TILE;
   const int64_t records = (int64_t)(rlk_ll_stored_workspace(N, V, 0) - ll_stored_u_bytes(N, V, 0));
   const int64_t left = room - records;
-  int64_t k = left > 0 ? left / line / LL_STORED_TILE * LL_STORED_TILE : 0;
+  int64_t k = left > 0 ? left / line / RLK_LL_STORED_TILE * RLK_LL_STORED_TILE : 0;
   if (k > most) k = most;
   if (k < most && sms > 0) {
     /* the fewest rounds among the sizes down to half: a slice's last round of tiles, part of the
      * blocks busy, is paid once a launch */
     int64_t best = k, least = ll_slice_rounds(V, H, k, sms);
-    for (int64_t c = k - LL_STORED_TILE; c >= k / 2 && c > 0; c -= LL_STORED_TILE) {
+    for (int64_t c = k - RLK_LL_STORED_TILE; c >= k / 2 && c > 0; c -= RLK_LL_STORED_TILE) {
       const int64_t r = ll_slice_rounds(V, H, c, sms);
       if (r < least) best = c, least = r;
     }
@@ -1161,7 +1154,7 @@ int64_t rlk_ll_stored_ksplit(int64_t N, int64_t H, int64_t V, int64_t room, int 
 
 int rlk_ll_stored_over_weight_ok(const rlk_tensor *grad_weight, int64_t N, int64_t V, int64_t ksplit) {
   if (!grad_weight->data || grad_weight->dtype != RLK_F32 || grad_weight->ndim != 2 || ksplit <= 0 ||
-      ksplit % LL_STORED_TILE)
+      ksplit % RLK_LL_STORED_TILE)
     return 0;
   const int64_t gws = grad_weight->strides[0];
   if (grad_weight->strides[1] != 1 || gws % 4 || (uintptr_t)grad_weight->data % 16) return 0;
@@ -1230,7 +1223,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
     rlk_record_op(&rlk_op_linear_logprob, &line);
   }
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int tr = s->ksplit > 0;
   const rlk_kernel_spec lg = {&ll_bwd_sm90_tmpl, {tr ? LL_BWD_LOGITS_T : LL_BWD_LOGITS, hd, s->labels.dtype,
                                                   s->entropy, 0}},
@@ -1257,7 +1250,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
  * two parts. */
 static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
                                int64_t n, void *stream) {
-  const int hd = s->hidden.dtype == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = s->hidden.dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const rlk_kernel_spec fx = {s->ksplit ? &ll_stored_dz_t_tmpl : &ll_stored_dz_tmpl,
                               {hd, s->labels.dtype, s->entropy}};
   rlk_status st;
@@ -1280,7 +1273,7 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
-  const int64_t per_block = 256 * LL_STORED_VEC * LL_STORED_VECS;
+  const int64_t per_block = 256 * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
   const rlk_launch_dims d =
       s->ksplit ? ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
                           (uint64_t)((c->V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0)
@@ -1293,10 +1286,10 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
                                int64_t n, ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype, gd = s->grad_hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int64_t ghs = s->grad_hidden.strides[0];
   void *gh = (char *)s->grad_hidden.data + (size_t)(r0 * ghs) * rlk_dtype_size(gd);
-  const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, ll_grad_code(gd)}};
+  const rlk_kernel_spec dh = {&ll_bwd_sm90_tmpl, {s->ksplit ? LL_BWD_DH_T : LL_BWD_DH, hd, RLK_I32, 0, rlk_op_float_dt(gd)}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dh))) return st;
   const rlk_tma_desc_request r_b = ll_tma_req(s->weight.data, dt, c->V, c->H, c->ws, 64),
@@ -1323,7 +1316,7 @@ static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
                                int first, ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DW, hd, RLK_I32, 0, 0}};
   rlk_status st;
   if ((st = rlk_spec_validate(&dw))) return st;
@@ -1348,7 +1341,7 @@ static rlk_status ll_stored_dw(rlk_context *ctx, const rlk_ll_stored *s, const l
 static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t n,
                                       ll_bwd_sm90_args *g, void *stream) {
   const rlk_dtype dt = s->hidden.dtype;
-  const int hd = dt == RLK_F16 ? LL_DT_F16 : LL_DT_BF16;
+  const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
   const int64_t ks = s->ksplit, V = c->V;
   const rlk_kernel_spec dw = {&ll_bwd_sm90_tmpl, {LL_BWD_DH, hd, RLK_I32, 0, 0}};
   rlk_status st;

@@ -37,8 +37,9 @@
 
 #include <stdint.h>
 
+#include "common/linear_logprob_params.h"
+
 #define RLK_LL_SPLIT_COLS 256 /* a forward split covers a multiple of this many columns */
-#define RLK_LL_RECORD_COLS 256 /* the columns of a row's record (templates: RLK_LL_RECORD_COLS) */
 
 /* A row's records: ceil(V / RLK_LL_RECORD_COLS), from V alone (their merge tree with them). */
 int64_t rlk_ll_fwd_records(int64_t V);

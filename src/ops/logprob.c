@@ -45,13 +45,16 @@ RLK_PARAMS_DECLARE(lp_bwd_kernel_args, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE
 /* Templates                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-/* Logits dtype codes: the indices of these names, as the templates see them. */
-enum { LP_DT_F32 = 0, LP_DT_F16 = 1, LP_DT_BF16 = 2 };
-enum { LP_GRAD_SAME = 0, LP_GRAD_F32 = 1 };
+/* Choice names: the index of each is the code the templates see (dtypes: RLK_DT_*). */
 enum { LP_PASS_FWD = 0, LP_PASS_BWD = 1, LP_PASS_BOTH = 2 };
 
-static const char *const lp_dt_names[] = {"f32", "f16", "bf16", NULL};
-static const char *const lp_grad_names[] = {"same", "f32", NULL};
+static const char *const lp_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
+static const char *const lp_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LP_GRADS);
+
+/* The kernels' status bits are the API's. */
+_Static_assert(LP_STATUS_BAD_LABEL == RLK_LOGPROB_STATUS_BAD_LABEL &&
+                   LP_STATUS_LABEL_OWNERS == RLK_LOGPROB_STATUS_LABEL_OWNERS,
+               "logprob status bits: RLK_LOGPROB_STATUS_*");
 static const char *const lp_variant_names[] = {"auto", "vec", "bulk", "tma", NULL};
 static const char *const lp_pass_names[] = {"fwd", "bwd", "both", NULL};
 
@@ -165,7 +168,7 @@ enum {
 
 static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
     [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
-    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, LP_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
+    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, RLK_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
     [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                   "logprob_fwd.labels", "the labels' dtype"),
     [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
@@ -199,7 +202,7 @@ typedef struct lp_choice {
   size_t smem;      /* dynamic shared memory */
 } lp_choice;
 
-static int lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
+static int lp_dt_bytes(int dt) { return dt == RLK_DT_F32 ? 4 : 2; }
 
 
 static const lp_arch_default *lp_default(const rlk_context *ctx) {
@@ -519,10 +522,6 @@ const rlk_op_desc rlk_op_logprob = {
 /* Validation                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-static int lp_dt_of(rlk_dtype d) {
-  return d == RLK_F32 ? LP_DT_F32 : (d == RLK_F16 ? LP_DT_F16 : LP_DT_BF16);
-}
-
 /* logits [N, V] with contiguous rows; writes N, V and the row stride. */
 static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes,
                                   int64_t *N, int64_t *V, int64_t *stride) {
@@ -601,7 +600,7 @@ rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *
 static void lp_set_values(rlk_op_values *v, int pass, const rlk_tensor *logits, const rlk_tensor *labels, int entropy,
                           int64_t N, int64_t V, int variant, int block, int unroll, int stages) {
   rlk_op_values_set(v, LP_S_PASS, pass);
-  rlk_op_values_set(v, LP_S_LOGITS, lp_dt_of(logits->dtype));
+  rlk_op_values_set(v, LP_S_LOGITS, rlk_op_float_dt(logits->dtype));
   rlk_op_values_set(v, LP_S_LABELS, labels->dtype);
   rlk_op_values_set(v, LP_S_ENTROPY, entropy);
   rlk_op_values_set(v, LP_S_VOCAB, V);
@@ -662,7 +661,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   r->rows = (uint64_t)N;
   r->cols = (uint64_t)V;
   r->row_stride = (uint64_t)row_stride;
-  r->box_cols = (uint32_t)(512 / lp_dt_bytes(lp_dt_of(a->logits.dtype)));
+  r->box_cols = (uint32_t)(512 / lp_dt_bytes(rlk_op_float_dt(a->logits.dtype)));
   return RLK_OK;
 }
 
@@ -873,7 +872,7 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
 /* The vector forward's configuration for logits of that dtype, rows of V and the tuning requests. */
 static void lp_vec_values(rlk_dtype logits, int64_t V, int block, int unroll, rlk_op_values *s) {
   rlk_op_values_init(&rlk_op_logprob, s);
-  s->v[LP_S_LOGITS] = lp_dt_of(logits);
+  s->v[LP_S_LOGITS] = rlk_op_float_dt(logits);
   s->v[LP_S_VOCAB] = V;
   s->v[LP_S_VARIANT] = RLK_LOGPROB_VARIANT_VEC;
   s->v[LP_S_BLOCK] = block;

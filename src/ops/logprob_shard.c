@@ -19,8 +19,8 @@
 RLK_PARAMS_DECLARE(ls_fwd_kernel_args, RLK_LS_FWD_PARAMS, RLK_LS_FWD_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(ls_combine_kernel_args, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
 
-/* Logits dtype codes: the indices of these names, as the templates see them (logprob.c's). */
-static const char *const ls_dt_names[] = {"f32", "f16", "bf16", NULL};
+/* Choice names: the index of each is the code the templates see (dtypes: RLK_DT_*). */
+static const char *const ls_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 static const char *const ls_pass_names[] = {"fwd", "combine", "both", NULL};
 enum { LS_PASS_FWD = 0, LS_PASS_COMBINE = 1, LS_PASS_BOTH = 2 };
 

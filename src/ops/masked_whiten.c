@@ -26,10 +26,6 @@
 #define MW_MAX_PARTIALS 1024
 #define MW_BLOCKS_PER_SM 4 /* stats blocks per multiprocessor (2048 threads) */
 
-/* Run-time flags, as the templates read them (mw::FLAG_* / MW_FLAG_*). */
-enum { MW_FLAG_UNBIASED = 1, MW_FLAG_EPS_CLAMP = 2, MW_FLAG_KEEP_MEAN = 4, MW_FLAG_NO_STD = 8,
-       MW_FLAG_MASKED_ZERO = 16 };
-
 static const rlk_param_decl mw_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, MW_DTYPES, NULL},
 };

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rlk_float_dtype.h"
 #include "common/rlk_seq_mask.h"
 #include "rlk.h"
 #include "runtime/context.h"
@@ -21,6 +22,12 @@ RLK_OP_LIST(RLK_OP_DESC_EXTERN, RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP)
 /* Every op family that can be precompiled, NULL-terminated (op_table.c, which also hands it down
  * to the runtime's calls over configuration lines). */
 extern const rlk_op_desc *const rlk_op_table[];
+
+/* A float tensor's dtype as a kernel's template value (templates/common/rlk_float_dtype.h): f32,
+ * f16, else bf16. */
+static inline int rlk_op_float_dt(rlk_dtype d) {
+  return d == RLK_F32 ? RLK_DT_F32 : d == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
+}
 
 /* The row layout of rlk_logprob's vector forward kernel on ctx for logits of that dtype and rows
  * of V elements, with its tuning requests `block` and `unroll` (0: the defaults): the threads per

@@ -39,7 +39,6 @@
 #include "tune/tune_table.h"
 #include "common/prefix_attention_params.h"
 
-enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
 enum {
   PA_VARIANT_AUTO = RLK_PREFIX_ATTENTION_VARIANT_AUTO,
   PA_VARIANT_PORTABLE = RLK_PREFIX_ATTENTION_VARIANT_PORTABLE,
@@ -48,7 +47,7 @@ enum {
 };
 enum { PA_PASS_FWD = 0, PA_PASS_BWD = 1, PA_PASS_BOTH = 2 };
 
-static const char *const pa_dt_names[] = {"f16", "bf16", NULL};
+static const char *const pa_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PA_DTYPES);
 static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL}; /* by PA_VARIANT_* */
 static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
 

@@ -28,9 +28,13 @@
 /* The kernels' argument (templates/common/sample_params.h). */
 RLK_PARAMS_DECLARE(smp_kernel_args, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
-static const char *const smp_dt_names[] = {"f32", "f16", "bf16", NULL};
+static const char *const smp_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
-enum { SMP_DT_F32 = 0, SMP_DT_F16 = 1, SMP_DT_BF16 = 2 };
+/* The kernels' status bits are the API's. */
+_Static_assert(SMP_STATUS_NAN == RLK_SAMPLE_STATUS_NAN && SMP_STATUS_NO_TOKEN == RLK_SAMPLE_STATUS_NO_TOKEN &&
+                   SMP_STATUS_BAD_PARAM == RLK_SAMPLE_STATUS_BAD_PARAM,
+               "sample status bits: RLK_SAMPLE_STATUS_*");
+
 
 #define SMP_TOKEN_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define SMP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
@@ -118,10 +122,6 @@ static int smp_split_of(const rlk_context *ctx, const rlk_op_values *s, int seg)
   return split >= 2 ? split : 1;
 }
 
-static int smp_dt_code(rlk_dtype d) {
-  return d == RLK_F32 ? SMP_DT_F32 : (d == RLK_F16 ? SMP_DT_F16 : SMP_DT_BF16);
-}
-
 /* The kernel of a configuration: the row layout is rlk_logprob's vector forward's for the same
  * V, block and unroll; a row over a cluster's blocks (sample_split) or a block a row (sample). */
 static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
@@ -140,10 +140,10 @@ static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_k
     const int most = seg / split >= 512 ? 4 : 8;
     int depth = 1;
     while (depth < most && depth < chunks) depth *= 2;
-    specs[0] = (rlk_kernel_spec){&smp_split_tmpl, {smp_dt_code(logits), v[SMP_S_TOKENS], seg, unroll, split, depth}};
+    specs[0] = (rlk_kernel_spec){&smp_split_tmpl, {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, split, depth}};
   } else {
     const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
-    specs[0] = (rlk_kernel_spec){&smp_tmpl, {smp_dt_code(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap}};
+    specs[0] = (rlk_kernel_spec){&smp_tmpl, {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap}};
   }
   return rlk_op_planned(specs, 1, nspecs);
 }

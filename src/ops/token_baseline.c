@@ -37,7 +37,6 @@ static const char *const tb_offsets_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TB_OFFSE
 #define TB_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
 /* Threads per block of both GPU kernels: 4 row teams of 32 lanes in the scan. */
 #define TB_BLOCK 128
-#define TB_TEAM 32
 
 static const rlk_param_decl tb_scan_params[] = {
     {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},

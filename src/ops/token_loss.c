@@ -267,14 +267,14 @@ void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, 
   }
   if (L->layout == TL_LAYOUT_PADDED) {
     /* one step of the chunk loop per item; whole rows when per-row sums come first */
-    g->tile = whole_rows ? L->cols : (int64_t)TL_BLOCK * 4 * TL_UNROLL;
+    g->tile = whole_rows ? L->cols : (int64_t)RLK_TL_BLOCK * 4 * RLK_TL_UNROLL;
     g->tiles_per_row = (L->cols + g->tile - 1) / g->tile;
   } else {
     g->tile = 0;
     g->tiles_per_row = 1;
   }
   g->items = L->rows * g->tiles_per_row;
-  const int64_t cap = (int64_t)(multiprocessors > 0 ? multiprocessors : 1) * TL_BLOCKS_PER_SM;
+  const int64_t cap = (int64_t)(multiprocessors > 0 ? multiprocessors : 1) * RLK_TL_BLOCKS_PER_SM;
   g->grid = (unsigned)(g->items < cap ? g->items : cap);
   if (g->grid == 0) g->grid = 1;
 }
@@ -344,5 +344,5 @@ void tl_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_laun
   const tl_call *c = (const tl_call *)call;
   const size_t n = call->nspecs;
   d->grid[0] = i + 1 == n ? 1 : c->g.grid ? c->g.grid : 1;
-  d->block[0] = i + 1 == n ? TL_REDUCE_BLOCK : i + 2 == n ? TL_BLOCK : TL_COUNT_BLOCK;
+  d->block[0] = RLK_TL_BLOCK; /* every kernel: see token_loss_params.h */
 }

@@ -20,14 +20,6 @@ extern const char *const tl_packed_names[]; /* "padded", "packed": a configurati
 enum { TL_LINE_NORM_VALUE = 0, TL_LINE_NORM_TENSOR = 1, TL_LINE_NORM_COUNT = 2 };
 extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
 
-/* Threads per block, chunk unroll (f32) and blocks per multiprocessor of the token pass:
- * RLK_TL_BLOCK, RLK_TL_UNROLL and RLK_TL_BLOCKS_PER_SM of token_loss.cuh. */
-#define TL_BLOCK 256
-#define TL_UNROLL 2
-#define TL_BLOCKS_PER_SM 2
-/* Threads of the one-block reduction. */
-#define TL_REDUCE_BLOCK 256
-
 /* A call's layout, from its primary stream (logp, values), seq_offsets and mask. */
 typedef struct tl_layout {
   int layout;     /* TL_LAYOUT_* */
@@ -77,7 +69,7 @@ typedef struct tl_geometry {
   int64_t tiles_per_row, tile; /* padded: tokens per work item */
   int64_t items;               /* work items */
   unsigned grid;               /* blocks of the token pass: at most items, at most
-                                * TL_BLOCKS_PER_SM per multiprocessor */
+                                * RLK_TL_BLOCKS_PER_SM per multiprocessor */
 } tl_geometry;
 
 /* The geometry for a backend with `multiprocessors`; whole_rows: one item per row (the op
@@ -131,8 +123,5 @@ rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *lin
 
 /* The launch shape of kernel i of a token-loss call planned by tl_plan (an entry's dims). */
 void tl_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
-
-/* Threads of the count pass (every block sums the count's partials with this many threads). */
-#define TL_COUNT_BLOCK 256
 
 #endif

@@ -34,6 +34,35 @@
 
 #include "rlk_params.h"
 
+/* The divergence ("mode"): forward KL, reverse KL and JSD in rlk_divergence_mode order (the op's
+ * setting), then the teacher's top-k (forward KL over its K largest logits), the kernels' fourth. */
+#define RLK_LD_DIVERGENCES(X)        \
+  X(LD_FKL, "forward-kl")            \
+  X(LD_RKL, "reverse-kl")            \
+  X(LD_JSD, "jsd")
+#define RLK_LD_MODES(X)              \
+  RLK_LD_DIVERGENCES(X)              \
+  X(LD_TOPK, "topk")
+RLK_PARAMS_ENUM(RLK_LD_MODES);
+
+/* The labels ("labels"): none (no ignored rows), i32 or i64. */
+#define RLK_LD_LABELS(X)      \
+  X(LD_LAB_NONE, "none")      \
+  X(LD_LAB_I32, "i32")        \
+  X(LD_LAB_I64, "i64")
+RLK_PARAMS_ENUM(RLK_LD_LABELS);
+
+/* The tiled and sm_90a forwards' product ("kind"): a row's statistics over a split, those and the
+ * split's list of the teacher's largest logits, or JSD's second pass. */
+enum { LD_KIND_STATS, LD_KIND_TOPK, LD_KIND_JSD };
+
+/* The longest top-k list, RLK_LINEAR_DIVERGENCE_TOP_K_MAX (the op checks they agree). */
+enum { LD_TOPK_MAX = 32 };
+
+/* The sm_90a kernels' tile (rows, columns a head) and threads: the op's launch shapes and tensor
+ * map boxes follow them. */
+enum { LD_SM90_BM = 128, LD_SM90_BN = 128, LD_SM90_THREADS = 384 };
+
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
 #define RLK_LD_HEADS(F, S_)          \
   F(S_, const void *, s_hidden, 0)   \

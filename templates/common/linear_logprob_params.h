@@ -35,7 +35,19 @@
 #ifndef RLK_LINEAR_LOGPROB_PARAMS_H
 #define RLK_LINEAR_LOGPROB_PARAMS_H
 
+#include "rlk_float_dtype.h"
+#include "rlk_logprob_status.h"
 #include "rlk_params.h"
+
+/* The columns of a row's record (a forward split's statistics over them). */
+#define RLK_LL_RECORD_COLS 256
+
+/* The stored-logits dz pass: columns of a tile record (the logits kind's tile), 8 columns (16
+ * bytes) a vector and RLK_LL_STORED_VECS vectors a thread; the op sizes its grid and the chunks
+ * of V from them. */
+#define RLK_LL_STORED_TILE 256
+#define RLK_LL_STORED_VEC 8
+#define RLK_LL_STORED_VECS 4
 
 /* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */
 #define RLK_LL_HEAD(F, S_)            \

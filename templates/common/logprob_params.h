@@ -13,7 +13,15 @@
 #ifndef RLK_LOGPROB_PARAMS_H
 #define RLK_LOGPROB_PARAMS_H
 
+#include "rlk_float_dtype.h"
+#include "rlk_logprob_status.h"
 #include "rlk_params.h"
+
+/* The backward's gradient dtype ("grad"): the logits' (RLK_DT_*), or f32. */
+#define RLK_LP_GRADS(X)     \
+  X(LP_GRAD_SAME, "same")   \
+  X(LP_GRAD_F32, "f32")
+RLK_PARAMS_ENUM(RLK_LP_GRADS);
 
 /* The logits and the rows' labels, first in every list that reads logits (bytes 0 to 55; the
  * vocab-parallel shard's too, logprob_shard_params.h). */

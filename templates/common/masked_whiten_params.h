@@ -3,13 +3,22 @@
  *   stats: x [B, T] (row stride xs), mask of kind mask_kind (RLK_SEQ_MASK_*; NULL with none, row
  *          stride ms) -> partials, (count, mean, M2) per block of the launch
  *   apply: the same inputs and the nparts partials -> out (row stride os); eps, count_eps and
- *          flags (MW_FLAG_*) as the op defines them; stats (mean, var, count) or NULL. The host
+ *          flags (MW_FLAG_*); stats (mean, var, count) or NULL. The host
  *          kernel takes this one too and ignores the partials. */
 #ifndef RLK_MASKED_WHITEN_PARAMS_H
 #define RLK_MASKED_WHITEN_PARAMS_H
 
 #include "rlk_params.h"
 #include "rlk_seq_mask.h"
+
+/* The apply kernel's run-time flags, bits of its `flags` field. */
+enum {
+  MW_FLAG_UNBIASED = 1,    /* Bessel's N / (N - 1) */
+  MW_FLAG_EPS_CLAMP = 2,   /* rsqrt(max(var, eps)) instead of rsqrt(var + eps) */
+  MW_FLAG_KEEP_MEAN = 4,   /* add the mean back (shift_mean = 0) */
+  MW_FLAG_NO_STD = 8,      /* centre only */
+  MW_FLAG_MASKED_ZERO = 16 /* masked positions get 0 */
+};
 
 #define RLK_MW_STATS_PARAMS(F, S_) \
   F(S_, const void *, x, 0)        \

@@ -10,6 +10,12 @@
 
 #include "rlk_params.h"
 
+/* The elements' dtype ("dtype") of q, k, v and the outputs. */
+#define RLK_PA_DTYPES(X)    \
+  X(PA_DT_F16, "f16")       \
+  X(PA_DT_BF16, "bf16")
+RLK_PARAMS_ENUM(RLK_PA_DTYPES);
+
 #define RLK_PA_FWD_PARAMS(F, S_) \
   F(S_, const void *, q, 0)      \
   F(S_, const void *, k, 8)      \

@@ -6,7 +6,12 @@
 #ifndef RLK_SAMPLE_PARAMS_H
 #define RLK_SAMPLE_PARAMS_H
 
+#include "rlk_float_dtype.h"
 #include "rlk_params.h"
+
+/* The bits the kernels OR into the caller's status word: include/rlk.h's RLK_SAMPLE_STATUS_* (the
+ * op checks they agree). */
+enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
 
 #define RLK_SAMPLE_PARAMS(F, S_)                     \
   F(S_, const void *, logits, 0)                     \

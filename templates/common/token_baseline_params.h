@@ -23,6 +23,10 @@
   X(TB_OFFSETS_I64, "i64")
 RLK_PARAMS_ENUM(RLK_TB_OFFSETS);
 
+/* Lanes of a row's team in the GPU scan (the op launches blocks of whole teams); the host scans
+ * in chunks of as many elements, so that it sums in the GPU's order. */
+enum { TB_TEAM = 32 };
+
 #define RLK_TB_SCAN_PARAMS(F, S_)     \
   F(S_, const void *, rewards, 0)     \
   F(S_, long long, reward_stride, 8)  \

@@ -7,6 +7,15 @@
 
 #include "rlk_params.h"
 
+/* Threads per block of every kernel of a call (grad_scale sums the count's partials with a
+ * stride of that many), 4-token chunks a thread of the token pass loads at once (f32), and the
+ * blocks of the pass that must fit on one multiprocessor together (the launch bound; the op
+ * launches at most that many per multiprocessor, so a grid-stride block never waits for a
+ * second wave). */
+#define RLK_TL_BLOCK 256
+#define RLK_TL_UNROLL 2
+#define RLK_TL_BLOCKS_PER_SM 2
+
 /* The token layout, a template value of the main and count passes (their "layout" parameter):
  * [B, T] rows, or [N] packed sequences with i32 or i64 seq_offsets. */
 #define RLK_TL_LAYOUTS(X)                \

@@ -31,8 +31,6 @@ struct alignas(8) cand {
 /* The top-k order: a before b when its value is larger, or equal at a lower column. */
 RLK_DEVICE bool before(float xa, i32 ca, float xb, i32 cb) { return xa > xb || (xa == xb && ca < cb); }
 
-enum { KIND_STATS = 0, KIND_TOPK = 1, KIND_JSD = 2 };
-
 } /* namespace ld */
 
 template <int SDT, int TDT, int KIND>
@@ -47,8 +45,8 @@ __global__ void __launch_bounds__(256)
   constexpr int BM = 64, BN = 64;
   /* the tile products' operands; between tiles (KIND 1) the teacher tile, column-major */
   __shared__ float buf[2][32][64];
-  __shared__ float list_x[KIND == ld::KIND_TOPK ? ld::TOPK_MAX : 1][64];
-  __shared__ i32 list_c[KIND == ld::KIND_TOPK ? ld::TOPK_MAX : 1][64];
+  __shared__ float list_x[KIND == LD_KIND_TOPK ? LD_TOPK_MAX : 1][64];
+  __shared__ i32 list_c[KIND == LD_KIND_TOPK ? LD_TOPK_MAX : 1][64];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 row0 = (i64)blockIdx.x * BM;
   const i64 v_begin = (i64)blockIdx.y * cols_per_split;
@@ -58,14 +56,14 @@ __global__ void __launch_bounds__(256)
   ld::state st[4];
   float A[4], B[4], Ls[4], Lt[4];
   /* JSD: log2(1 - beta) and log2(beta), the mixture's weights */
-  const float la = KIND == ld::KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
-  const float lb = KIND == ld::KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+  const float la = KIND == LD_KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = KIND == LD_KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     st[r] = ld::empty_state();
     A[r] = B[r] = Ls[r] = Lt[r] = 0.0f;
   }
-  if (KIND == ld::KIND_TOPK && tid < BM)
+  if (KIND == LD_KIND_TOPK && tid < BM)
     for (i64 j = 0; j < k; ++j) {
       list_x[j][tid] = -limits<float>::infinity();
       list_c[j][tid] = -1;
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(256)
         ys[cc] = as_[r][cc] * cs;
         yt[cc] = at_[r][cc] * ct;
       }
-      if (KIND != ld::KIND_JSD) {
+      if (KIND != LD_KIND_JSD) {
         ld::fold<4>(st[r], ys, yt, ok);
       } else {
         const i64 row = row0 + ty * 4 + r;
@@ -101,7 +99,7 @@ __global__ void __launch_bounds__(256)
         ld::jsd_fold<4>(&A[r], &B[r], ys, yt, ok, Ls[r], Lt[r], la, lb);
       }
     }
-    if (KIND == ld::KIND_TOPK) {
+    if (KIND == LD_KIND_TOPK) {
       /* the teacher tile into shared memory (free after the products), column-major, then a
        * thread a row merges its 64 values into the row's list */
       float *tile = &buf[0][0][0];
@@ -128,7 +126,7 @@ __global__ void __launch_bounds__(256)
       __syncthreads(); /* before the next products overwrite the tile */
     }
   }
-  if (KIND == ld::KIND_JSD) {
+  if (KIND == LD_KIND_JSD) {
     f32x4 *out = (f32x4 *)p_.partials;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -150,7 +148,7 @@ __global__ void __launch_bounds__(256)
     const i64 row = row0 + ty * 4 + r;
     if (tx == 0 && row < N) ld::store_record((float *)p_.partials + ((i64)blockIdx.y * N + row) * 8, s);
   }
-  if (KIND == ld::KIND_TOPK && tid < BM && row0 + tid < N) {
+  if (KIND == LD_KIND_TOPK && tid < BM && row0 + tid < N) {
     ld::cand *out = (ld::cand *)p_.lists + ((i64)blockIdx.y * N + row0 + tid) * k;
     for (i64 j = 0; j < k; ++j) {
       ld::cand c;
@@ -204,11 +202,11 @@ __global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG 
   o[1] = Mt + ln_st;
   if (p_.entropy) p_.entropy[row] = ln_ss - us / ss;
   if (p_.zeros) p_.zeros[row] = 0.0f;
-  if (MODE == ld::FKL || MODE == ld::RKL) {
+  if (MODE == LD_FKL || MODE == LD_RKL) {
     const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
     /* FKL: sum p_t (z_t - z_s) - lse_t + lse_s, with the maxima and logarithms paired */
     const float D = ign ? 0.0f
-                    : MODE == ld::FKL ? (gt / st + (Ms - Mt)) + (ln_ss - ln_st)
+                    : MODE == LD_FKL ? (gt / st + (Ms - Mt)) + (ln_ss - ln_st)
                                       : (gs / ss + (Mt - Ms)) + (ln_st - ln_ss);
     p_.divergence[row] = D;
     o[2] = D;
@@ -254,8 +252,8 @@ __global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld_
   const int tid = (int)threadIdx.x;
   __shared__ float cx[256];
   __shared__ i32 cc_[256];
-  __shared__ float kx[ld::TOPK_MAX], kxs[ld::TOPK_MAX];
-  __shared__ i32 kc[ld::TOPK_MAX];
+  __shared__ float kx[LD_TOPK_MAX], kxs[LD_TOPK_MAX];
+  __shared__ i32 kc[LD_TOPK_MAX];
   const i64 n = S * k; /* <= 256: the op caps S k */
   if (tid < n) {
     const ld::cand c = ((const ld::cand *)p_.lists)[((i64)(tid / k) * N + row) * k + tid % k];

@@ -32,12 +32,12 @@ __global__ void __launch_bounds__(256) linear_divergence_bwd_dz(RLK_PARAMS_ARG l
   const i64 ss_ = p_.stats_stride;
   __shared__ float As[32][64];
   __shared__ float Bs[32][64];
-  __shared__ float thr[MODE == ld::TOPK ? 64 : 1]; /* top-k: each row's last member's logit */
-  __shared__ i32 last[MODE == ld::TOPK ? 64 : 1];
+  __shared__ float thr[MODE == LD_TOPK ? 64 : 1]; /* top-k: each row's last member's logit */
+  __shared__ i32 last[MODE == LD_TOPK ? 64 : 1];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 row0 = (i64)blockIdx.x * 64, v0 = c0 + (i64)blockIdx.y * 64;
   const i64 v_end = min_(V, c0 + Vc);
-  if (MODE == ld::TOPK && tid < 64) {
+  if (MODE == LD_TOPK && tid < 64) {
     const i64 row = row0 + tid;
     float x = limits<float>::infinity();
     i32 c = -1;
@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(256) linear_divergence_bwd_dz(RLK_PARAMS_ARG l
   tile_product(as_, hsa, wsb, Hs, As, Bs); /* its barriers also publish thr and last */
   tile_product(at_, hta, wtb, Ht, As, Bs);
   const float is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature, beta = (float)p_.beta;
-  const float la = MODE == ld::JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
-  const float lb = MODE == ld::JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+  const float la = MODE == LD_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = MODE == LD_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int rr = ty * 4 + r;
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(256) linear_divergence_bwd_dz(RLK_PARAMS_ARG l
       if (!ign) {
         const float xt = at_[r][cc];
         const bool in_k =
-            MODE == ld::TOPK && (xt > thr[MODE == ld::TOPK ? rr : 0] ||
-                                 (xt == thr[MODE == ld::TOPK ? rr : 0] && v <= (i64)last[MODE == ld::TOPK ? rr : 0]));
+            MODE == LD_TOPK && (xt > thr[MODE == LD_TOPK ? rr : 0] ||
+                                 (xt == thr[MODE == LD_TOPK ? rr : 0] && v <= (i64)last[MODE == LD_TOPK ? rr : 0]));
         ld::dz_of<MODE>(fmaf(as_[r][cc], is, -ls), fmaf(xt, it, -lt), D, a1, a2, in_k, beta, la, lb, &gs, &gt);
         gs *= g * is;
         gt *= g * it;

@@ -58,7 +58,7 @@ template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
 __global__ void __launch_bounds__(384, 1)
     linear_divergence_bwd_dz_sm90(RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
-  static_assert(MODE == ld::FKL || MODE == ld::RKL || MODE == ld::JSD, "bwd_dz_sm90: top-k is the portable kernels'");
+  static_assert(MODE == LD_FKL || MODE == LD_RKL || MODE == LD_JSD, "bwd_dz_sm90: top-k is the portable kernels'");
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(384, 1)
   const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, rl = 16 * w + l / 4;
   u8 *stage = smem + (u32)C::STAGES * C::STAGE + (u32)cw * (C::STAGING / 2u);
   const float is = 1.0f / p_.s_temperature, it_ = 1.0f / p_.t_temperature, beta = (float)p_.beta;
-  const float la = MODE == ld::JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
-  const float lb = MODE == ld::JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+  const float la = MODE == LD_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = MODE == LD_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
   float acc_s[C::ACC], acc_t[C::ACC];
   u32 it = 0;
 #pragma unroll 1

@@ -23,14 +23,12 @@ namespace ld {
 typedef ::ld_fwd_sm90_args FwdSm90Params;
 typedef ::ld_bwd_dz_sm90_args BwdDzSm90Params;
 
-enum { FKL = 0, RKL = 1, JSD = 2, TOPK = 3 };     /* the op's modes (top-k: forward KL over K) */
-enum { LAB_NONE = 0, LAB_I32 = 1, LAB_I64 = 2 };  /* the labels' codes */
-enum { TOPK_MAX = 32 };                            /* RLK_LINEAR_DIVERGENCE_TOP_K_MAX */
+/* The modes, labels, kinds and LD_TOPK_MAX: common/linear_divergence_params.h. */
 
 /* Whether row `row`'s label is ignore_index (never without labels). Labels are never written. */
 template <int LAB> RLK_DEVICE bool ignored(const void *labels, i64 stride, i64 row, i64 ignore_index) {
-  if (LAB == LAB_NONE || !labels) return false;
-  const i64 y = LAB == LAB_I32 ? (i64)ld_ro((const i32 *)labels + row * stride)
+  if (LAB == LD_LAB_NONE || !labels) return false;
+  const i64 y = LAB == LD_LAB_I32 ? (i64)ld_ro((const i32 *)labels + row * stride)
                                : (i64)ld_ro((const i64 *)labels + row * stride);
   return y == ignore_index;
 }
@@ -178,13 +176,13 @@ template <int MODE>
 RLK_DEVICE void dz_of(float lps, float lpt, float D, float a1, float a2, bool in_k, float beta, float la, float lb,
                       float *gs, float *gt) {
   const float ps = exp2_approx(lps * RLK_LL_LOG2E), pt = exp2_approx(lpt * RLK_LL_LOG2E);
-  if (MODE == FKL) {
+  if (MODE == LD_FKL) {
     *gs = ps - pt;
     *gt = pt * (lpt - lps - D);
-  } else if (MODE == RKL) {
+  } else if (MODE == LD_RKL) {
     *gs = ps * (lps - lpt - D);
     *gt = pt - ps;
-  } else if (MODE == JSD) {
+  } else if (MODE == LD_JSD) {
     const float lm = RLK_LL_LN2 * log2_mix(lps * RLK_LL_LOG2E, lpt * RLK_LL_LOG2E, la, lb);
     *gs = (1.0f - beta) * ps * (lps - lm - a1);
     *gt = beta * pt * (lpt - lm - a2);

@@ -41,7 +41,7 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
     float ys[NV], yt[NV];
     bool ok[NV];
     ld_sm90_row<WHOLE>(acc_s, acc_t, i, cs, ct, left, l, ys, yt, ok);
-    if (KIND == ld::KIND_JSD)
+    if (KIND == LD_KIND_JSD)
       ld::jsd_fold<NV>(&A[i], &B[i], ys, yt, ok, Ls[i], Lt[i], la, lb);
     else
       ld::fold<NV>(st[i], ys, yt, ok);
@@ -54,7 +54,7 @@ template <int SDT, int TDT, int KIND>
 __global__ void __launch_bounds__(384, 1)
     linear_divergence_fwd_sm90(RLK_PARAMS_ARG ld::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
-  static_assert(KIND == ld::KIND_STATS || KIND == ld::KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
+  static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
   extern __shared__ __align__(1024) u8 ld_smem_raw[];
@@ -91,14 +91,14 @@ __global__ void __launch_bounds__(384, 1)
   float A[2], B[2], Ls[2], Lt[2];
   i64 row[2];
   /* JSD: log2(1 - beta) and log2(beta), the mixture's weights, and the row's lse's (log2 units) */
-  const float la = KIND == ld::KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
-  const float lb = KIND == ld::KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
+  const float la = KIND == LD_KIND_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
+  const float lb = KIND == LD_KIND_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     st[i] = ld::empty_state();
     A[i] = B[i] = Ls[i] = Lt[i] = 0.0f;
     row[i] = row0 + cw * 64 + 16 * w + l / 4 + 8 * i;
-    if (KIND == ld::KIND_JSD && row[i] < N) {
+    if (KIND == LD_KIND_JSD && row[i] < N) {
       Ls[i] = p_.stats[row[i] * 6 + 0] * RLK_LL_LOG2E;
       Lt[i] = p_.stats[row[i] * 6 + 1] * RLK_LL_LOG2E;
     }
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (KIND == ld::KIND_JSD) {
+    if (KIND == LD_KIND_JSD) {
       float a = A[i], b = B[i];
       a += shfl_xor(a, 1);
       b += shfl_xor(b, 1);

@@ -49,14 +49,14 @@ namespace rlk {
 
 /* Tile and ring (src/ops/linear_divergence.c mirrors the launch shapes and shared memory). */
 struct ld_sm90 {
-  static constexpr int BM = 128, BN = 128, BK = 64, THREADS = 384, STAGES = 6;
+  static constexpr int BM = LD_SM90_BM, BN = LD_SM90_BN, BK = 64, THREADS = LD_SM90_THREADS, STAGES = 6;
   static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, STAGE = ABYTES + BBYTES;
   static constexpr u32 STAGING = 2u * 2u * 64u * 128u; /* dz: two consumers x two 64 x 64 16-bit boxes */
   static constexpr int ACC = BN / 2;                   /* accumulators a thread a head */
 };
 
 template <int DT> struct ld_wgmma_type {
-  static constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  static constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
 };
 
 /* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps), ready

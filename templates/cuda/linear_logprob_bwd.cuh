@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256)
     if (row >= N) continue;
     const i64 yg = ll::load_label(labels, row, label_stride), y = yg - vocab_start;
     const bool ignored = yg == ignore_index, bad = !ignored && !shard && (y < 0 || y >= V);
-    if (bad && status && blockIdx.y == 0 && tx == 0 && c0 == 0) atomicOr((int *)status, (int)ll::STATUS_BAD_LABEL);
+    if (bad && status && blockIdx.y == 0 && tx == 0 && c0 == 0) atomicOr((int *)status, (int)LP_STATUS_BAD_LABEL);
     const float l = lse[row * lse_s];
     const float gl = g_lp ? g_lp[row * glp_s] : 0.0f;
     const float gh = ENTROPY && g_h ? g_h[row * gh_s] : 0.0f;

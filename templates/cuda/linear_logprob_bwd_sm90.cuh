@@ -177,7 +177,7 @@ RLK_DEVICE void ll_pack_half(const F &value, u32 (&packed)[2][ll_bwd_sm90::BN / 
     for (int jj = 0; jj < J; ++jj) {
       const int j = HALF * J + jj;
       const float a = value(i, j, 0), b = value(i, j, 1);
-      packed[i][jj] = DT == ll::DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
+      packed[i][jj] = DT == RLK_DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
     }
 }
 
@@ -216,7 +216,7 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
       const int q = patch->q[i], rr = rl + 8 * i;
       if (q >= 0 && (q >> 5) == HALF) {
         const u32 jj = (u32)(q >> 1) & (J - 1), chunk = (jj % 8) ^ (u32)(rr % 8);
-        const u32 v = DT == ll::DT_BF16 ? sm90::pack_bf16x2(patch->v[i], patch->v[i])
+        const u32 v = DT == RLK_DT_BF16 ? sm90::pack_bf16x2(patch->v[i], patch->v[i])
                                         : sm90::pack_f16x2(patch->v[i], patch->v[i]);
         *(u16 *)(stage + (jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u +
                  (u32)(q & 1) * 2u) = (u16)v;
@@ -300,7 +300,7 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
   for (int i = 0; i < 2; ++i) {
     const ll_dz_row &d = row[i];
     if (d.bad && p_.status && p_.c0 == 0 && tn == 0 && (tw & 3) == 0)
-      atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+      atomicOr((int *)p_.status, (int)LP_STATUS_BAD_LABEL);
     lse2[i] = d.ignored ? limits<float>::infinity() : d.lse2;
     cb[i] = d.ignored ? 0.0f : d.bad ? limits<float>::quiet_nan() : (ENTROPY ? d.gh * d.E - d.gl : -d.gl) * inv_t;
     ck[i] = ENTROPY && !d.ignored ? -d.gh * inv_t * inv_t : 0.0f;
@@ -370,7 +370,7 @@ RLK_DEVICE void ll_bwd_store(const ll::BwdSm90Params &p_, const float (&acc)[ll_
   for (int i = 0; i < 2; ++i) {
     const i64 r = r0 + 8 * i;
     if (r >= M) continue;
-    /* dh (GDT 0: f32, the workspace) or grad_weight's rows from c0 */
+    /* dh (GDT RLK_DT_F32: the workspace) or grad_weight's rows from c0 */
     G *out = (G *)p_.out + (KIND == ll_bwd_sm90::DW ? p_.c0 + r : r) * ostride + n0;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool LOGITS = KIND == C::LOGITS || KIND == C::LOGITS_T, SPLIT = KIND == C::LOGITS_T || KIND == C::DH_T;
   constexpr int TA = KIND == C::DW || KIND == C::DH_T ? 1 : 0, TB = KIND == C::DZ || LOGITS ? 0 : 1;
   constexpr bool STORE16 = KIND == C::DZ || LOGITS; /* a 16-bit output through the staging */
-  constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   extern __shared__ __align__(1024) u8 llb_smem_raw[];
   u8 *smem = (u8 *)(((u64)llb_smem_raw + 1023u) & ~(u64)1023u);
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(384, 1)
       const bool add = !carry && p_.accumulate != 0;
       const i64 m0w = m0 + cw * 64;
       const int rl = 16 * w + l / 4;
-      if constexpr (GDT == 0) {
+      if constexpr (GDT == RLK_DT_F32) {
         ll_f32_quarter<0>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
         ll_f32_quarter<1>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);
         ll_f32_quarter<2>(&p_.map_c, acc, stage, m0w, n0, rl, tw, 1u + (u32)cw, add);

@@ -16,8 +16,6 @@
 #include "linear_logprob_params.h"
 
 #define RLK_LL_LOG2E 1.4426950408889634f
-/* The columns of a record (linear_logprob_plan.h's RLK_LL_RECORD_COLS). */
-#define RLK_LL_RECORD_COLS 256
 #define RLK_LL_LN2 0.69314718055994531f
 
 namespace rlk {
@@ -32,17 +30,15 @@ RLK_PARAMS_DECLARE(BwdDhParams, RLK_LL_BWD_DH_PARAMS, RLK_LL_BWD_DH_PARAMS_SIZE)
 RLK_PARAMS_DECLARE(BwdDwParams, RLK_LL_BWD_DW_PARAMS, RLK_LL_BWD_DW_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(BwdDhOutParams, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_PARAMS_SIZE);
 
-enum { DT_F16 = 1, DT_BF16 = 2 }; /* the op's dtype codes (logprob's, without f32) */
-enum { STATUS_BAD_LABEL = 1 };    /* rlk_logprob's bit */
 
 template <int DT> struct elem;
-template <> struct elem<0> { /* f32 gradients */
+template <> struct elem<RLK_DT_F32> { /* f32 gradients */
   typedef float type;
 };
-template <> struct elem<DT_F16> {
+template <> struct elem<RLK_DT_F16> {
   typedef f16 type;
 };
-template <> struct elem<DT_BF16> {
+template <> struct elem<RLK_DT_BF16> {
   typedef bf16 type;
 };
 
@@ -194,7 +190,7 @@ __global__ void __launch_bounds__(256)
   float lp, l, h;
   if (yg != p_.ignore_index && !own) {
     lp = l = h = limits<float>::quiet_nan();
-    if (p_.status) atomicOr((int *)p_.status, (int)ll::STATUS_BAD_LABEL);
+    if (p_.status) atomicOr((int *)p_.status, (int)LP_STATUS_BAD_LABEL);
   } else {
     const float ln_s = logf(acc.s);
     l = acc.m * RLK_LL_LN2 + ln_s;

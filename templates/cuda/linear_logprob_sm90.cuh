@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(STAGES >= 2 && STAGES <= 4, "stages: 2..4 (48 KB each)");
   constexpr int BM = ll_sm90::BM, BN = ll_sm90::BN, BK = ll_sm90::BK;
   constexpr u32 ABYTES = ll_sm90::ABYTES, STAGE = ll_sm90::STAGE;
-  constexpr int AB = DT == ll::DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   extern __shared__ __align__(1024) u8 ll_smem_raw[];
   u8 *smem = (u8 *)(((u64)ll_smem_raw + 1023u) & ~(u64)1023u);

@@ -23,13 +23,11 @@ namespace ll {
 RLK_PARAMS_DECLARE(StoredDzParams, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_PARAMS_SIZE);
 }
 
-/* Columns of a tile record; 8 columns (16 bytes) a vector and RLK_LL_STORED_VECS vectors a thread,
- * 2048 columns apart, blocks of 256 threads along a row: grid (ceil(V / 8192), M). A thread's
- * loads all go out before its first store (bytes in flight: the pass is a stream of u in and dz
- * out), and its row's inputs are read once for its four vectors. */
-#define RLK_LL_STORED_TILE 256
-#define RLK_LL_STORED_VEC 8
-#define RLK_LL_STORED_VECS 4
+/* A tile record's RLK_LL_STORED_TILE columns; RLK_LL_STORED_VEC columns (16 bytes) a vector and
+ * RLK_LL_STORED_VECS vectors a thread (linear_logprob_params.h), 2048 columns apart, blocks of 256
+ * threads along a row: grid (ceil(V / 8192), M). A thread's loads all go out before its first
+ * store (bytes in flight: the pass is a stream of u in and dz out), and its row's inputs are read
+ * once for its four vectors. */
 
 /* Element k of a vector of u (eight 16-bit values in four words), as a float. */
 template <typename T> RLK_DEVICE float ll_stored_elem(const u32 (&w)[RLK_LL_STORED_VEC / 2], int k) {

@@ -77,7 +77,7 @@ namespace lp {
 
 /* Gradient element type: the logits' dtype or f32. */
 template <int DT, int GRAD> struct grad_traits {
-  static constexpr int odt = GRAD == GRAD_F32 ? DT_F32 : DT;
+  static constexpr int odt = GRAD == LP_GRAD_F32 ? RLK_DT_F32 : DT;
   static constexpr int bytes = logit_traits<odt>::bytes;
 };
 
@@ -85,13 +85,13 @@ template <int DT, int GRAD> struct grad_traits {
 template <int ODT> RLK_DEVICE u32 pack2(float lo, float hi) {
 #if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   u32 d;
-  if constexpr (ODT == DT_BF16)
+  if constexpr (ODT == RLK_DT_BF16)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   else
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 #else
-  if constexpr (ODT == DT_BF16)
+  if constexpr (ODT == RLK_DT_BF16)
     return (u32)to_bf16(lo).bits | ((u32)to_bf16(hi).bits << 16);
   else
     return (u32)to_f16(lo).bits | ((u32)to_f16(hi).bits << 16);
@@ -100,7 +100,7 @@ template <int ODT> RLK_DEVICE u32 pack2(float lo, float hi) {
 
 /* Stores E gradient values (one input vector's worth) at a 16-byte aligned address. */
 template <int ODT, int E> RLK_DEVICE void store_grad(void *p, const float *g) {
-  if constexpr (ODT == DT_F32) {
+  if constexpr (ODT == RLK_DT_F32) {
 #pragma unroll
     for (int k = 0; k < E / 4; ++k) {
       u32x4 o;
@@ -125,9 +125,9 @@ template <int ODT, int E> RLK_DEVICE void store_grad(void *p, const float *g) {
 
 /* Stores one gradient value. */
 template <int ODT> RLK_DEVICE void store_grad1(void *row, i64 j, float g) {
-  if constexpr (ODT == DT_F32)
+  if constexpr (ODT == RLK_DT_F32)
     ((float *)row)[j] = g;
-  else if constexpr (ODT == DT_BF16)
+  else if constexpr (ODT == RLK_DT_BF16)
     ((bf16 *)row)[j] = to_bf16(g);
   else
     ((f16 *)row)[j] = to_f16(g);
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(BLOCK)
       k.mode = 1;
     } else if (!shard && (y < 0 || y >= V)) {
       k.mode = 2;
-      if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
+      if (status && lane == 0 && split == 0) atomicOr((int *)status, (int)LP_STATUS_BAD_LABEL);
     } else {
       const float l = ld_ro(lse + row * lse_stride);
       const float gl = grad_logp ? ld_ro(grad_logp + row * grad_logp_stride) : 0.0f;

@@ -11,8 +11,7 @@
  * launch shape. -inf logits contribute exactly 0 (to q too); a NaN logit makes the row NaN; a row
  * of -inf has lse -inf and NaN logp / entropy (like log_softmax).
  *
- * Logits dtype codes (the template parameter DT) are the indices of the op's choice names:
- * 0 f32, 1 f16, 2 bf16. */
+ * The logits' dtype (the template parameter DT) is an RLK_DT_* code (rlk_float_dtype.h). */
 #ifndef RLK_LOGPROB_COMMON_CUH
 #define RLK_LOGPROB_COMMON_CUH
 
@@ -28,11 +27,8 @@ typedef ::lp_fwd_args FwdParams;
 typedef ::lp_fwd_tma_args FwdTmaParams;
 RLK_PARAMS_DECLARE(BwdParams, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-enum { GRAD_SAME = 0, GRAD_F32 = 1 };
 
-/* Bits in the caller's status word. */
-enum { STATUS_BAD_LABEL = 1 };
+/* Bits in the caller's status word: LP_STATUS_* (common/rlk_logprob_status.h). */
 
 #define RLK_LP_LOG2E 1.4426950408889634f
 #define RLK_LP_LN2 0.69314718055994531f
@@ -41,15 +37,15 @@ enum { STATUS_BAD_LABEL = 1 };
 #define RLK_LP_BIG 3.0e38f
 
 template <int DT> struct logit_traits;
-template <> struct logit_traits<DT_F32> {
+template <> struct logit_traits<RLK_DT_F32> {
   typedef float type;
   static constexpr int bytes = 4;
 };
-template <> struct logit_traits<DT_F16> {
+template <> struct logit_traits<RLK_DT_F16> {
   typedef f16 type;
   static constexpr int bytes = 2;
 };
-template <> struct logit_traits<DT_BF16> {
+template <> struct logit_traits<RLK_DT_BF16> {
   typedef bf16 type;
   static constexpr int bytes = 2;
 };
@@ -92,9 +88,9 @@ RLK_DEVICE u32x4 load_once(const void *p) {
 
 /* Element J of a 16-byte vector as a float (exact: bf16 is a shift, f16 a conversion). */
 template <int DT, int J> RLK_DEVICE float element(const u32x4 &v) {
-  if constexpr (DT == DT_F32) {
+  if constexpr (DT == RLK_DT_F32) {
     return bits_as_float(v.w[J]);
-  } else if constexpr (DT == DT_BF16) {
+  } else if constexpr (DT == RLK_DT_BF16) {
     return (J & 1) ? bits_as_float(v.w[J / 2] & 0xffff0000u) : bits_as_float(v.w[J / 2] << 16);
   } else {
     f16 h;
@@ -105,7 +101,7 @@ template <int DT, int J> RLK_DEVICE float element(const u32x4 &v) {
 
 /* One logit by index, as a float. */
 template <int DT> RLK_DEVICE float load_logit(const void *row, i64 j) {
-  if constexpr (DT == DT_F32) {
+  if constexpr (DT == RLK_DT_F32) {
     return ((const float *)row)[j];
   } else {
     typedef typename logit_traits<DT>::type T;
@@ -117,13 +113,13 @@ template <int DT> RLK_DEVICE float load_logit(const void *row, i64 j) {
  * CUDA compare two at a time with max.{bf16,f16}x2 (sm_80+), converting only the result. */
 template <int DT, int U> RLK_DEVICE float vec_max(const u32x4 *v) {
 #if defined(RLK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (DT != DT_F32) {
+  if constexpr (DT != RLK_DT_F32) {
     u32 m = v[0].w[0];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = (u == 0 ? 1 : 0); k < 4; ++k) {
-        if constexpr (DT == DT_BF16)
+        if constexpr (DT == RLK_DT_BF16)
           asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(v[u].w[k]));
         else
           asm("max.f16x2 %0, %0, %1;" : "+r"(m) : "r"(v[u].w[k]));
@@ -315,7 +311,7 @@ template <bool ENTROPY> RLK_DEVICE state with_label(const state &st, float xy, f
 /* Writes a row's outputs from its merged state. `y` is its label; `xy` the raw logit at the label
  * (read before the reduction so its latency hides behind it). Ignored rows (y == ignore_index) get
  * logp 0 (lse and entropy as usual); a label outside [0, V) makes every output of the row NaN and
- * raises STATUS_BAD_LABEL in *status. */
+ * raises LP_STATUS_BAD_LABEL in *status. */
 template <bool ENTROPY>
 RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 ignore_index,
                           float temperature, float *logp, float *lse, float *entropy,
@@ -324,7 +320,7 @@ RLK_DEVICE void write_row(const state &st, i64 row, i64 y, float xy, i64 V, i64 
   float lp, l, h;
   if (y != ignore_index && (y < 0 || y >= V)) {
     lp = l = h = limits<float>::quiet_nan();
-    if (status) atomicOr((int *)status, (int)STATUS_BAD_LABEL);
+    if (status) atomicOr((int *)status, (int)LP_STATUS_BAD_LABEL);
   } else {
     l = st.m / temperature + ln_s;
     h = ENTROPY ? ln_s - RLK_LP_LN2 * (st.q / st.s) : 0.0f;

@@ -20,7 +20,6 @@ namespace lp {
 RLK_PARAMS_DECLARE(ShardParams, RLK_LS_FWD_PARAMS, RLK_LS_FWD_PARAMS_SIZE);
 RLK_PARAMS_DECLARE(CombineParams, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
 
-enum { STATUS_LABEL_OWNERS = 2 };
 
 /* One row's record. */
 struct alignas(16) record {
@@ -119,7 +118,7 @@ __global__ void __launch_bounds__(256)
     float lp, l, h;
     if (y != ignore_index && owners != 1) {
       lp = l = h = limits<float>::quiet_nan();
-      if (status) atomicOr((int *)status, owners ? (int)STATUS_LABEL_OWNERS : (int)STATUS_BAD_LABEL);
+      if (status) atomicOr((int *)status, owners ? (int)LP_STATUS_LABEL_OWNERS : (int)LP_STATUS_BAD_LABEL);
     } else {
       const float ln_s = logf(S);
       l = M + ln_s;

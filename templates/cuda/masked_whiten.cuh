@@ -22,15 +22,6 @@
 namespace rlk {
 namespace mw {
 
-/* Run-time flags (src/ops/masked_whiten.c). */
-enum {
-  FLAG_UNBIASED = 1,    /* Bessel's N / (N - 1) */
-  FLAG_EPS_CLAMP = 2,   /* rsqrt(max(var, eps)) instead of rsqrt(var + eps) */
-  FLAG_KEEP_MEAN = 4,   /* add the mean back (shift_mean = 0) */
-  FLAG_NO_STD = 8,      /* centre only */
-  FLAG_MASKED_ZERO = 16 /* masked positions get 0 */
-};
-
 struct stat {
   double n, mean, m2;
 };
@@ -90,15 +81,15 @@ RLK_DEVICE void finish(const stat &a, double eps, double count_eps, int flags, d
   double mean = count_eps == 0.0 ? a.mean : N * a.mean / (N + count_eps);
   const double dm = a.mean - mean;
   double var = (a.m2 + N * dm * dm) / (N + count_eps);
-  if (flags & FLAG_UNBIASED) var = N > 1.0 ? var * (N / (N - 1.0)) : nan;
+  if (flags & MW_FLAG_UNBIASED) var = N > 1.0 ? var * (N / (N - 1.0)) : nan;
   if (N == 0.0) {
     mean = nan;
     var = nan;
   }
   double rstd;
-  if (flags & FLAG_NO_STD)
+  if (flags & MW_FLAG_NO_STD)
     rstd = 1.0;
-  else if (flags & FLAG_EPS_CLAMP)
+  else if (flags & MW_FLAG_EPS_CLAMP)
     rstd = 1.0 / sqrt(var < eps ? eps : var); /* NaN stays NaN, like a clamp */
   else
     rstd = 1.0 / sqrt(var + eps);
@@ -177,7 +168,7 @@ __global__ void masked_whiten_stats(RLK_PARAMS_ARG mw_stats_args p_) {
 
 /* The transform. Warp 0 of every block merges partials[0 .. nparts) (lane l takes l, l + W, ...
  * in order, then a shuffle-down tree), so every block derives bitwise the same mean and rstd;
- * block 0 writes them to `stats` (may be NULL). Flags: mw::FLAG_*. */
+ * block 0 writes them to `stats` (may be NULL). Flags: MW_FLAG_*. */
 template <typename TS>
 __global__ void masked_whiten_apply(RLK_PARAMS_ARG mw_apply_args p_) {
   const TS *x = (const TS *)p_.x;
@@ -219,8 +210,8 @@ __global__ void masked_whiten_apply(RLK_PARAMS_ARG mw_apply_args p_) {
   }
   __syncthreads();
   const TS mean = (TS)coef[0], rstd = (TS)coef[1];
-  const bool keep_mean = (flags & mw::FLAG_KEEP_MEAN) != 0;
-  const bool zero_masked = (flags & mw::FLAG_MASKED_ZERO) != 0;
+  const bool keep_mean = (flags & MW_FLAG_KEEP_MEAN) != 0;
+  const bool zero_masked = (flags & MW_FLAG_MASKED_ZERO) != 0;
   const i64 chunk = (i64)blockDim.x * K;
   const i64 total = B * T;
   const i64 chunks = (total + chunk - 1) / chunk;

@@ -29,7 +29,6 @@
 namespace rlk {
 namespace pa {
 
-enum { DT_F16 = 0, DT_BF16 = 1 };
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
 constexpr int PW = 4;      /* warps per block of the portable kernels */
@@ -37,10 +36,10 @@ constexpr int TILE = 64;   /* rows of a query or key tile of the mma kernels */
 constexpr int THREADS = 128;
 
 template <int DT> struct elem;
-template <> struct elem<DT_F16> {
+template <> struct elem<PA_DT_F16> {
   typedef f16 type;
 };
-template <> struct elem<DT_BF16> {
+template <> struct elem<PA_DT_BF16> {
   typedef bf16 type;
 };
 
@@ -305,7 +304,7 @@ RLK_DEVICE void ldsm4t(u32 r[4], const void *p) {
 
 /* c += a b on a 16 x 8 x 16 tile (row-major a, column-major b, fp32 c). */
 template <int DT> RLK_DEVICE void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
-  if constexpr (DT == DT_BF16)
+  if constexpr (DT == PA_DT_BF16)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -320,7 +319,7 @@ template <int DT> RLK_DEVICE void mma(float c[4], const u32 a[4], u32 b0, u32 b1
 /* Two floats as a packed 16-bit pair (lo in the low half), rounded to nearest even. */
 template <int DT> RLK_DEVICE u32 pack(float lo, float hi) {
   u32 d;
-  if constexpr (DT == DT_BF16)
+  if constexpr (DT == PA_DT_BF16)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   else
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));

@@ -112,14 +112,14 @@ template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], 
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i0 = 4 * (2 * ks + hh) + 2 * r;
-        f[ks][r + 2 * hh] = DT == DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1])
+        f[ks][r + 2 * hh] = DT == PA_DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1])
                                           : sm90::pack_f16x2(acc[i0], acc[i0 + 1]);
       }
 }
 
 /* The dot product of two pairs of 16-bit values packed in u32s (element 0 in the low half). */
 template <int DT> RLK_DEVICE float dot2(u32 a, u32 b) {
-  if (DT == DT_BF16) return bits_as_float(a << 16) * bits_as_float(b << 16) +
+  if (DT == PA_DT_BF16) return bits_as_float(a << 16) * bits_as_float(b << 16) +
                             bits_as_float(a & 0xffff0000u) * bits_as_float(b & 0xffff0000u);
   const f16 a0 = {(u16)a}, a1 = {(u16)(a >> 16)}, b0 = {(u16)b}, b1 = {(u16)(b >> 16)};
   return to_float(a0) * to_float(b0) + to_float(a1) * to_float(b1);
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
-  constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   float *__restrict__ lse = p_.pass.lse;
   const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
-  constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   const float *__restrict__ lse = p_.pass.lse;
   void *__restrict__ work = p_.pass.work;
@@ -612,7 +612,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
-  constexpr int AB = DT == DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
   const float *__restrict__ lse = p_.pass.lse;
   float *__restrict__ delta = (float *)p_.pass.work;

@@ -46,8 +46,6 @@ RLK_PARAMS_DECLARE(Params, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 using namespace lp;
 
-enum { STATUS_NAN = 1, STATUS_NO_TOKEN = 2, STATUS_BAD_PARAM = 4 };
-
 /* Digits of the radix select: bins of the histogram pass. */
 constexpr int DIGIT_BITS = 11;
 constexpr int BINS = 1 << DIGIT_BITS;
@@ -63,7 +61,7 @@ RLK_DEVICE u64 mass_of(float x, float c, float Mc) {
 /* An order-preserving unsigned key of a float (-0 and +0 alike), keeping its KW significant bits:
  * 32 for f32, 16 for bf16, 19 for f16 (whose values, widened, end in 13 zero bits). */
 template <int DT> struct key_width {
-  static constexpr int value = DT == DT_F32 ? 32 : (DT == DT_BF16 ? 16 : 19);
+  static constexpr int value = DT == RLK_DT_F32 ? 32 : (DT == RLK_DT_BF16 ? 16 : 19);
 };
 template <int DT> RLK_DEVICE u32 key_of(float x) {
   u32 b = float_as_bits(x);
@@ -72,7 +70,7 @@ template <int DT> RLK_DEVICE u32 key_of(float x) {
   return b >> (32 - key_width<DT>::value);
 }
 
-/* key_of<DT_F32>'s inverse: the float of a 32-bit order-preserving key (0 and -0 give +0). */
+/* key_of<RLK_DT_F32>'s inverse: the float of a 32-bit order-preserving key (0 and -0 give +0). */
 RLK_DEVICE float float_of_key(u32 k) {
   return bits_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
@@ -113,13 +111,13 @@ RLK_DEVICE void visit_lane(const u8 *r, i64 V, int lane, F &&f) {
  * loaded together, then their 32-bit words are walked in a loop (one or two elements each), so a
  * pass with a large per-element body instantiates it a few times rather than 8 x UNROLL times. */
 template <int DT> struct word_elems {
-  static constexpr int value = DT == DT_F32 ? 1 : 2;
+  static constexpr int value = DT == RLK_DT_F32 ? 1 : 2;
 };
 
 template <int DT, int E2> RLK_DEVICE float word_element(u32 w) {
-  if constexpr (DT == DT_F32) {
+  if constexpr (DT == RLK_DT_F32) {
     return bits_as_float(w);
-  } else if constexpr (DT == DT_BF16) {
+  } else if constexpr (DT == RLK_DT_BF16) {
     return E2 ? bits_as_float(w & 0xffff0000u) : bits_as_float(w << 16);
   } else {
     f16 h;
@@ -580,7 +578,7 @@ template <int DT, int SEG> struct share_pick {
   }
 };
 
-/* Whether a row's settings are out of range: its token is then -1 (STATUS_BAD_PARAM). */
+/* Whether a row's settings are out of range: its token is then -1 (SMP_STATUS_BAD_PARAM). */
 RLK_DEVICE bool settings_bad(const row_settings &rs) {
   return !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
          !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
@@ -597,7 +595,7 @@ RLK_DEVICE void write_no_token(i64 row, bool bad, float s, TOK *tokens, float *l
   if (logp) logp[row] = o;
   if (logp_filtered) logp_filtered[row] = o;
   if (threshold) threshold[row] = limits<float>::quiet_nan();
-  if (status) atomicOr((int *)status, bad ? (int)STATUS_BAD_PARAM : (nan ? (int)STATUS_NAN : (int)STATUS_NO_TOKEN));
+  if (status) atomicOr((int *)status, bad ? (int)SMP_STATUS_BAD_PARAM : (nan ? (int)SMP_STATUS_NAN : (int)SMP_STATUS_NO_TOKEN));
 }
 
 /* An unfiltered draw, in three steps of one warp each (see the top of this file). The weights are
@@ -737,7 +735,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   __shared__ float pick_x;    /* the chosen token's logit, when pick_known */
   __shared__ int pick_known;
   __shared__ u32 found[2];    /* results of block searches */
-  __shared__ u32 kept_key;    /* KEPT: the smallest kept logit's key (key_of<DT_F32>) */
+  __shared__ u32 kept_key;    /* KEPT: the smallest kept logit's key (key_of<RLK_DT_F32>) */
   __shared__ u64 found_u64[2];
   extern __shared__ __align__(16) u8 dyn[];
   hist_space &hist = *reinterpret_cast<hist_space *>(dyn);
@@ -1033,7 +1031,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           }
         }
       } else { /* KEPT: a lane's kept mass picks its share, the rest of the draw an element */
-        if (kmin != limits<float>::infinity()) atomicMin(&kept_key, key_of<DT_F32>(kmin));
+        if (kmin != limits<float>::infinity()) atomicMin(&kept_key, key_of<RLK_DT_F32>(kmin));
         u64 total;
         const u64 below = block_exclusive_scan<NT>(acc, warp_sums, &total);
         const u64 u = __umul64hi(R1, total);

@@ -27,9 +27,6 @@
 namespace rlk {
 namespace tb {
 
-/* Lanes of a row's team. */
-constexpr int TEAM = 32;
-
 /* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
 template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
   /* a mask is never written: read-only loads (ld_ro) */
@@ -45,25 +42,25 @@ RLK_DEVICE double exp_(double x) { return exp(x); }
 /* The value of lane `lane - d` of the team (within the team; the caller ignores lanes < d). */
 template <typename T> RLK_DEVICE T team_up(T v, int d) {
 #if defined(RLK_HIP)
-  return __shfl_up(v, (unsigned)d, TEAM);
+  return __shfl_up(v, (unsigned)d, TB_TEAM);
 #else
-  return __shfl_up_sync(0xffffffffu, v, (unsigned)d, TEAM);
+  return __shfl_up_sync(0xffffffffu, v, (unsigned)d, TB_TEAM);
 #endif
 }
 
 /* The value of the team's last lane. */
 template <typename T> RLK_DEVICE T team_last(T v) {
 #if defined(RLK_HIP)
-  return __shfl(v, TEAM - 1, TEAM);
+  return __shfl(v, TB_TEAM - 1, TB_TEAM);
 #else
-  return __shfl_sync(0xffffffffu, v, TEAM - 1, TEAM);
+  return __shfl_sync(0xffffffffu, v, TB_TEAM - 1, TB_TEAM);
 #endif
 }
 
 /* Inclusive scan over the team's lanes (every lane of the team calls it). */
 template <typename T> RLK_DEVICE T team_scan(T v, int lane) {
 #pragma unroll
-  for (int d = 1; d < TEAM; d <<= 1) {
+  for (int d = 1; d < TB_TEAM; d <<= 1) {
     const T u = team_up(v, d);
     if (lane >= d) v = v + u;
   }
@@ -115,13 +112,13 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
   const i64 reward_stride = p_.reward_stride, mask_stride = p_.mask_stride,
             logp_stride = p_.logp_stride, sps_stride = p_.sps_stride, isw_stride = p_.isw_stride,
             returns_stride = p_.returns_stride, adv_stride = p_.adv_stride, B = p_.B, T = p_.T;
-  const int lane = (int)(threadIdx.x % tb::TEAM);
-  const i64 teams = blockDim.x / tb::TEAM;
-  for (i64 row = (i64)blockIdx.x * teams + threadIdx.x / tb::TEAM; row < B; row += (i64)gridDim.x * teams) {
+  const int lane = (int)(threadIdx.x % TB_TEAM);
+  const i64 teams = blockDim.x / TB_TEAM;
+  for (i64 row = (i64)blockIdx.x * teams + threadIdx.x / TB_TEAM; row < B; row += (i64)gridDim.x * teams) {
     const i64 m0 = row * mask_stride, ws0 = row * T;
     TS carry = TS(0);
     i32 count = 0;
-    for (i64 c0 = 0; c0 < T; c0 += tb::TEAM) {
+    for (i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
       const i64 t = c0 + lane;
       const float m = t < T ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
       TS w = TS(0);
@@ -152,7 +149,7 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
 
     carry = TS(0);
     i32 after = 0;
-    for (i64 c0 = 0; c0 < T; c0 += tb::TEAM) {
+    for (i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
       const i64 t = T - 1 - (c0 + lane);
       const float m = t >= 0 ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
       const TS r = m != 0.0f ? ld_ro(rewards + row * reward_stride + t) * (TS)m : TS(0);

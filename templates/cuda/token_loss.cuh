@@ -44,13 +44,6 @@
 #include "rlk_seq_mask.h"
 #include "token_loss_params.h"
 
-/* Threads per block of the token pass, 4-token chunks a thread loads at once, and the blocks
- * of the pass that must fit on one multiprocessor together (the launch bound; the host launches
- * at most that many per multiprocessor, so a grid-stride block never waits for a second wave). */
-#define RLK_TL_BLOCK 256
-#define RLK_TL_UNROLL 2
-#define RLK_TL_BLOCKS_PER_SM 2
-
 namespace rlk {
 namespace tl {
 

@@ -21,7 +21,12 @@ typedef struct as_ctx {
   int masked;
 } as_ctx;
 
-#if RLK_P_FAMILY == AS_FAMILY_GAE
+/* The family picks the map and state types below, so the preprocessor tests it; it reads an enum
+ * constant as 0, so GAE's value is spelled as a number here and checked against the enum. */
+#define AS_FAMILY_GAE_VALUE 0
+RLK_PARAMS_ASSERT(AS_FAMILY_GAE_VALUE == AS_FAMILY_GAE, "advantage_scan: AS_FAMILY_GAE_VALUE is AS_FAMILY_GAE");
+
+#if RLK_P_FAMILY == AS_FAMILY_GAE_VALUE
 
 /* A' = p A + q N + u, N' = s N + v */
 typedef struct as_map {

@@ -2,15 +2,14 @@
  * path: per row, both heads' logits z = (h . w_v) / T as fp64 dot products over the row's columns,
  * then lse, the entropy and the divergence from their definitions (two passes over the row's
  * logits, which the host keeps: no single-pass form is needed here), rounded to f32 once. The
- * shard form writes rlk.h's vocab-parallel record instead. Parameters: RLK_P_SDT, RLK_P_TDT (1 f16,
- * 2 bf16), RLK_P_LABELS (0 none, 1 i32, 2 i64), RLK_P_MODE (0 forward KL, 1 reverse KL, 2 JSD,
- * 3 forward KL over the teacher's top k). */
+ * shard form writes rlk.h's vocab-parallel record instead. Parameters: RLK_P_SDT, RLK_P_TDT (RLK_DT_F16,
+ * RLK_DT_BF16), RLK_P_LABELS (LD_LAB_*), RLK_P_MODE (LD_FKL, LD_RKL, LD_JSD, or LD_TOPK: forward KL
+ * over the teacher's top k). */
 #include <stdlib.h>
 
 #include "linear_divergence_host.h"
 #include "linear_divergence_params.h"
 
-#define LD_TOPK_MAX 32 /* RLK_LINEAR_DIVERGENCE_TOP_K_MAX */
 
 static double ld_lse(const double *z, rlk_i64 V, double *max_out) {
   double m = -INFINITY;

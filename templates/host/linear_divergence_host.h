@@ -1,18 +1,17 @@
 /* linear_divergence_host.h - what the host forms of rlk_linear_divergence share (fp64
  * throughout): a head's logit as an fp64 dot product, and the top-k order. RLK_P_SDT and
- * RLK_P_TDT are the heads' dtype codes (1 f16, 2 bf16); RLK_P_LABELS the labels' (0 none, 1 i32, 2 i64). */
+ * RLK_P_TDT are the heads' dtype codes (RLK_DT_F16, RLK_DT_BF16); RLK_P_LABELS the labels' (LD_LAB_*). */
 #ifndef RLK_LINEAR_DIVERGENCE_HOST_H
 #define RLK_LINEAR_DIVERGENCE_HOST_H
 
 #include <math.h>
 
+#include "rlk_float_dtype.h"
 #include "rlk_host_prelude.h"
-
-enum { LD_DT_F16 = 1, LD_DT_BF16 = 2 };
-enum { LD_FKL = 0, LD_RKL = 1, LD_JSD = 2, LD_TOPK = 3 };
+#include "linear_divergence_params.h"
 
 static inline double ld_val(const uint16_t *p, rlk_i64 j, int dt) {
-  return dt == LD_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+  return dt == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
 }
 
 /* h . w in fp64, k in order. */
@@ -24,8 +23,8 @@ static inline double ld_dot(const uint16_t *h, const uint16_t *w, rlk_i64 H, int
 
 /* Whether row i's label is ignore_index (never without labels). */
 static inline int ld_ignored(const void *labels, rlk_i64 stride, rlk_i64 i, rlk_i64 ignore_index) {
-  if (RLK_P_LABELS == 0 || !labels) return 0;
-  const rlk_i64 y = RLK_P_LABELS == 1 ? (rlk_i64)((const int32_t *)labels)[i * stride]
+  if (RLK_P_LABELS == LD_LAB_NONE || !labels) return 0;
+  const rlk_i64 y = RLK_P_LABELS == LD_LAB_I32 ? (rlk_i64)((const int32_t *)labels)[i * stride]
                                       : (rlk_i64)((const int64_t *)labels)[i * stride];
   return y == ignore_index;
 }

@@ -14,10 +14,9 @@ RLK_PARAMS_DECLARE(ll_bwd_host_params, RLK_LL_BWD_HOST_PARAMS, RLK_LL_BWD_HOST_P
 
 typedef RLK_P_LABELS ll_label_t;
 
-enum { LL_STATUS_BAD_LABEL = 1 };
 
 static inline double ll_val(const uint16_t *p, rlk_i64 j) {
-  return RLK_P_HIDDEN == 1 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+  return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
 }
 
 RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
@@ -59,7 +58,7 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
   }
   for (rlk_i64 i = 0; i < N; i++) {
     const rlk_i64 yg = (rlk_i64)labels[i * ls], y = yg - vs;
-    if (!shard && yg != ignore_index && (y < 0 || y >= V) && status) *status |= LL_STATUS_BAD_LABEL;
+    if (!shard && yg != ignore_index && (y < 0 || y >= V) && status) *status |= LP_STATUS_BAD_LABEL;
   }
   for (rlk_i64 v = 0; v < V; v++) {
     const uint16_t *w = weight + v * ws;

@@ -4,7 +4,7 @@
  * Kept-set replay (threshold): a column whose raw logit h . w_v, rounded to f32 (the value the
  * sampler compared), is below its row's threshold leaves the fold, unless it is the label. With
  * `logits` it also writes those f32 logits (rlk_linear_sample's); labels may be NULL (no label).
- * Parameters: RLK_P_HIDDEN (1 f16, 2 bf16: the op's dtype codes), RLK_P_LABELS (int32_t or
+ * Parameters: RLK_P_HIDDEN (RLK_DT_F16 or RLK_DT_BF16), RLK_P_LABELS (int32_t or
  * int64_t), RLK_P_ENTROPY (0/1). */
 #include <math.h>
 
@@ -15,11 +15,9 @@ RLK_PARAMS_DECLARE(ll_fwd_host_params, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_P
 
 typedef RLK_P_LABELS ll_label_t;
 
-enum { LL_DT_F16 = 1, LL_DT_BF16 = 2 };
-enum { LL_STATUS_BAD_LABEL = 1 };
 
 static inline double ll_load(const uint16_t *p, rlk_i64 j) {
-  return RLK_P_HIDDEN == LL_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
+  return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
 }
 
 static double ll_dot(const uint16_t *a, const uint16_t *b, rlk_i64 H) {
@@ -81,7 +79,7 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
     float lp, lf, hf;
     if (y != ignore_index && (y < 0 || y >= V)) {
       lp = lf = hf = NAN;
-      if (status) *status |= LL_STATUS_BAD_LABEL;
+      if (status) *status |= LP_STATUS_BAD_LABEL;
     } else {
       lf = (float)l;
       hf = (float)(l - pz / s);

@@ -37,7 +37,7 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   const int32_t shard = p_->shard;
   const float *threshold = p_->threshold;
   const int dt = RLK_P_LOGITS, ent = RLK_P_ENTROPY;
-  const int odt = RLK_P_GRAD == LP_GRAD_F32 ? LP_DT_F32 : dt;
+  const int odt = RLK_P_GRAD == LP_GRAD_F32 ? RLK_DT_F32 : dt;
   const float c = LP_LOG2E / temperature;
 
   for (rlk_i64 i = 0; i < N; i++) {

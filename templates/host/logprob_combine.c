@@ -8,7 +8,6 @@ RLK_PARAMS_DECLARE(ls_combine_params, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARA
 
 typedef RLK_P_LABELS lp_label_t;
 
-enum { LP_STATUS_LABEL_OWNERS = 2 };
 
 RLK_HOST_KERNEL rlk_logprob_combine(void **args) {
   const ls_combine_params *p_ = (const ls_combine_params *)args[0];

@@ -1,17 +1,14 @@
 /* logprob_common.h - what the host logprob kernels share (see templates/cuda/logprob_common.cuh
- * for the math): logits dtype codes (the indices of the op's choice names), loads and stores of
- * one element, and the f32 online state. The host runs the GPU's algorithm with the same f32
- * accumulation; its exponentials are libm's exp2f where the GPU uses the hardware approximation. */
+ * for the math): loads and stores of one element (of an RLK_DT_* code), and the f32 online
+ * state. The host runs the GPU's algorithm with the same f32 accumulation; its exponentials are libm's exp2f where the GPU uses the hardware approximation. */
 #ifndef RLK_LOGPROB_COMMON_H
 #define RLK_LOGPROB_COMMON_H
 
 #include <math.h>
 
+#include "rlk_float_dtype.h"
 #include "rlk_host_prelude.h"
 
-enum { LP_DT_F32 = 0, LP_DT_F16 = 1, LP_DT_BF16 = 2 };
-enum { LP_GRAD_SAME = 0, LP_GRAD_F32 = 1 };
-enum { LP_STATUS_BAD_LABEL = 1 };
 
 #define LP_LOG2E 1.4426950408889634f
 #define LP_LN2 0.69314718055994531f
@@ -19,13 +16,13 @@ enum { LP_STATUS_BAD_LABEL = 1 };
 /* Elements per chunk: what one GPU thread folds in at once (4 vectors of 16-bit logits). */
 #define LP_CHUNK 32
 
-static inline size_t lp_dt_bytes(int dt) { return dt == LP_DT_F32 ? 4 : 2; }
+static inline size_t lp_dt_bytes(int dt) { return dt == RLK_DT_F32 ? 4 : 2; }
 
 static inline float lp_load(const void *row, int dt, rlk_i64 j) {
   switch (dt) {
-  case LP_DT_F32:
+  case RLK_DT_F32:
     return ((const float *)row)[j];
-  case LP_DT_F16:
+  case RLK_DT_F16:
     return rlk_f16_to_float(((const uint16_t *)row)[j]);
   default:
     return rlk_bf16_to_float(((const uint16_t *)row)[j]);
@@ -34,10 +31,10 @@ static inline float lp_load(const void *row, int dt, rlk_i64 j) {
 
 static inline void lp_store(void *row, int dt, rlk_i64 j, float g) {
   switch (dt) {
-  case LP_DT_F32:
+  case RLK_DT_F32:
     ((float *)row)[j] = g;
     break;
-  case LP_DT_F16:
+  case RLK_DT_F16:
     ((uint16_t *)row)[j] = rlk_float_to_f16(g);
     break;
   default:

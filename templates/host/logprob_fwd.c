@@ -1,6 +1,6 @@
 /* logprob_fwd.c - host form of rlk::logprob_fwd (templates/cuda/logprob.cuh): one row after
  * another, chunks of LP_CHUNK logits folded into an f32 online state, then the row's outputs.
- * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1),
+ * Parameters: RLK_P_LOGITS (RLK_DT_*), RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1),
  * RLK_P_KEPT (kept-set replay: logits below the row's threshold count as -inf, the label is
  * folded in last where it is one of them); block, seg and unroll only shape the GPU kernels. */
 #include "logprob_common.h"

@@ -3,14 +3,11 @@
  * then the squared deviations from the mean as defined), then the transform in the data type.
  * Arguments as rlk::masked_whiten_apply (masked_whiten_params.h); the partials are not used (the
  * whole batch is here).
- * Parameter: RLK_P_DTYPE (float or double). Flags as MW_FLAG_* (src/ops/masked_whiten.c). */
+ * Parameter: RLK_P_DTYPE (float or double). Flags as MW_FLAG_* (masked_whiten_params.h). */
 #include "advantage_scan_common.h"
 #include "masked_whiten_params.h"
 
 typedef RLK_P_DTYPE ts;
-
-enum { MW_FLAG_UNBIASED = 1, MW_FLAG_EPS_CLAMP = 2, MW_FLAG_KEEP_MEAN = 4, MW_FLAG_NO_STD = 8,
-       MW_FLAG_MASKED_ZERO = 16 };
 
 RLK_HOST_KERNEL rlk_masked_whiten(void **args) {
   const mw_apply_args *p_ = (const mw_apply_args *)args[0];

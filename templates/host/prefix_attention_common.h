@@ -10,9 +10,6 @@
 #include "rlk_host_prelude.h"
 #include "prefix_attention_params.h"
 
-/* Element dtype codes: the indices of the op's dtype names. */
-enum { PA_DT_F16 = 0, PA_DT_BF16 = 1 };
-
 static inline double pa_load(const uint16_t *p, rlk_i64 i) {
   return RLK_P_DTYPE == PA_DT_BF16 ? (double)rlk_bf16_to_float(p[i]) : (double)rlk_f16_to_float(p[i]);
 }

@@ -7,7 +7,7 @@
  * inverse CDF), sequentially: there are no shares or candidates to shortcut. The draws equal the
  * GPU's; the tokens may differ where the exponentials round differently (libm's exp2f here).
  * threshold: the kept set's smallest logit, as the GPU's (-inf unfiltered, the maximum greedy).
- * Parameters: RLK_P_LOGITS (LP_DT_*), RLK_P_TOKENS (int32_t or int64_t), RLK_P_FILTER (0/1);
+ * Parameters: RLK_P_LOGITS (RLK_DT_*), RLK_P_TOKENS (int32_t or int64_t), RLK_P_FILTER (0/1);
  * seg, unroll and cap only shape the GPU kernel. */
 #include "logprob_common.h"
 #include "rlk_host_philox.h"
@@ -17,7 +17,6 @@ RLK_PARAMS_DECLARE(smp_params, RLK_SAMPLE_PARAMS, RLK_SAMPLE_PARAMS_SIZE);
 
 typedef RLK_P_TOKENS smp_token_t;
 
-enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
 
 #define SMP_DIGIT_BITS 11
 #define SMP_BINS (1 << SMP_DIGIT_BITS)
@@ -33,7 +32,7 @@ static inline uint64_t smp_mass(float x, float c, float Mc) {
   return m >= 18446744073709551616.0f ? UINT64_MAX : (uint64_t)m;
 }
 
-static inline int smp_key_width(int dt) { return dt == LP_DT_F32 ? 32 : (dt == LP_DT_BF16 ? 16 : 19); }
+static inline int smp_key_width(int dt) { return dt == RLK_DT_F32 ? 32 : (dt == RLK_DT_BF16 ? 16 : 19); }
 
 static inline uint32_t smp_key(float x, int kw) {
   uint32_t b = rlk_float_as_bits(x);

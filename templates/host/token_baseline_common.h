@@ -8,9 +8,6 @@
 #include "rlk_host_prelude.h"
 #include "token_baseline_params.h"
 
-/* Lanes of a row's team on the GPU: the host scans in the same 32-element chunks. */
-#define TB_TEAM 32
-
 typedef RLK_P_DTYPE tb_t;
 
 /* The mask value at element i as a float weight (1 without a mask; a bool is 0 or 1). */
