@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # gpu-session.sh - one device call: the GPU test suite (gpu-tests.sh), then the benchmarks that
 # need a GPU (the fused head beside cuBLAS, its memory beside TRL's head, the distillation
-# divergence, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
+# divergence, the cluster loop on a GPU tree, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
 # .whl/ (a trainer the image lacks) go to a private site directory first.
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
-#   STEPS="tests head memory sample divergence overhead accuracy step" limits what runs (default: tests divergence
+#   STEPS="tests head memory sample divergence overhead cluster accuracy step" limits what runs (default: tests divergence
 #   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
 # $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
 set -u
@@ -46,6 +46,8 @@ has divergence && bench divergence 110 python3 tools/bench/linear_divergence_ben
   --rounds 5 --json "$B/linear_divergence.json"
 has overhead && bench overhead 40 python3 tools/bench/python_overhead.py --device cuda --floors --calls 300 \
   --json "$B/python_overhead_cuda.json"
+has cluster && bench cluster 120 python3 tools/cluster/kernel_tree.py --work "$B/kernel-tree" --targets sm_90a \
+  --launch sm_90a --procs 64 -j "$(nproc)" --json "$B/kernel_tree.json"
 has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$B/head_accuracy.json"
 has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --archs "${ARCHS:-qwen2.5-0.5b}" \
   --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" --responses "${RESPONSES:-512}" \

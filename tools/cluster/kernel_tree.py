@@ -4,11 +4,12 @@ one read-only tree per target, wrap each tree in a wheel the package finds by it
 many processes at once on the tree and check that none compiles or writes anything.
 
     python3 tools/cluster/kernel_tree.py --work DIR [--targets host,sm_90a] [-j N] [--procs 64]
-                                         [--json FILE]
+                                         [--launch host,sm_90a] [--json FILE]
 
 1. record: tools/cluster/grpo_job.py under RLK_JIT_RECORD (host backend) -> DIR/record.conf.
    Recorded on the host, the lines name the host's variants (variant=portable); for a GPU target
-   they are made variant=auto, what a job on that GPU resolves for itself.
+   they are made variant=auto, what a job on that GPU resolves for itself. With no host target
+   (a GPU machine without the host backend's compiler) the job is recorded on the GPU.
 2. precompile: rlk-precompile --targets T -j N for each target -> DIR/tree-T (seconds, kernels,
    megabytes: the goals are <= 30 s on 16 cores and <= 50 MB a target).
 3. wheel: python -m rlk.kernel_trees build -> DIR/wheels/rlk_kernels_T-*.whl, installed with
@@ -17,7 +18,8 @@ many processes at once on the tree and check that none compiles or writes anythi
    job's settings), each with its own empty writable cache, DIR/site on PYTHONPATH and no
    RLK_CACHE_RO_DIRS (the installed wheel is what names the tree): each reports the seconds from `import rlk` to its first launch and its compiles; after
    them every writable cache must be empty and the tree unchanged (goals: 0 compiles, 0 writes,
-   <= 1 s to the first launch). Only the host target can launch without a GPU.
+   <= 1 s to the first launch). --launch names the trees to run on: host, and on a machine with
+   that GPU, a GPU target (the job with --device cuda).
 """
 import argparse
 import json
@@ -43,11 +45,11 @@ def env_for(**extra):
     return e
 
 
-def record(work):
+def record(work, device):
     conf = os.path.join(work, "record.conf")
     if os.path.exists(conf):
         os.remove(conf)
-    subprocess.run([sys.executable, JOB, "--head-vocab", HEAD_VOCAB], check=True,
+    subprocess.run([sys.executable, JOB, "--head-vocab", HEAD_VOCAB, "--device", device], check=True,
                    env=env_for(RLK_JIT_RECORD=conf, RLK_CACHE_DIR=os.path.join(work, "record-cache")))
     with open(conf) as f:
         return [line.strip() for line in f if line.strip()]
@@ -104,7 +106,7 @@ def build_and_install(work, tree, target):
     return wheel, site
 
 
-def run_many(work, site, procs):
+def run_many(work, site, procs, device):
     """procs job processes at once on the installed tree; their reports and the writes."""
     caches = [os.path.join(work, "run-cache", str(i)) for i in range(procs)]
     for c in caches:
@@ -112,7 +114,8 @@ def run_many(work, site, procs):
         os.makedirs(c)
     base = env_for(RLK_JIT="0", RLK_CACHE_MODE="ro")
     base["PYTHONPATH"] = base["PYTHONPATH"] + os.pathsep + site
-    started = [subprocess.Popen([sys.executable, JOB, "--head-vocab", HEAD_VOCAB, "--json"],
+    cmd = [sys.executable, JOB, "--head-vocab", HEAD_VOCAB, "--device", device, "--json"]
+    started = [subprocess.Popen(cmd,
                                 env=dict(base, RLK_CACHE_DIR=c), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for c in caches]
     reports, failures = [], []
@@ -126,23 +129,57 @@ def run_many(work, site, procs):
     return reports, failures, writes
 
 
+def launch_on(work, tree, site, target, procs):
+    """The job alone, then procs of it at once, on one installed tree: what they compiled and wrote."""
+    device = "host" if target.startswith("host") else "cuda"
+    before = snapshot(tree)
+    alone, _, _ = run_many(work, site, 1, device)
+    reports, failures, writes = run_many(work, site, procs, device)
+    changed = snapshot(tree) != before
+    firsts = [r["first_launch_s"] for r in reports]
+    run = {"target": target, "alone": alone[0] if alone else None, "processes": procs,
+           "ok": len(reports), "failed": failures[:5], "compiles": sum(r["compiles"] for r in reports),
+           "writes": writes, "tree_changed": changed,
+           "first_launch_s": {"median": round(statistics.median(firsts), 3) if firsts else None,
+                              "max": round(max(firsts), 3) if firsts else None},
+           "job_s_max": round(max(r["job_s"] for r in reports), 3) if reports else None}
+    print("%d processes at once on the %s tree: %d ran, %d compiles, %d files written, tree %s; "
+          "import to first launch median %.3f s, max %.3f s (alone: %.3f s)" % (
+              procs, target, len(reports), run["compiles"], writes, "changed" if changed else "unchanged",
+              run["first_launch_s"]["median"] or 0, run["first_launch_s"]["max"] or 0,
+              alone[0]["first_launch_s"] if alone else 0))
+    for f in failures[:5]:
+        print("  failed: %s" % f)
+    return run
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", required=True, help="a directory for the record, trees, wheels and runs")
     ap.add_argument("--targets", default="host,sm_90a")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--procs", type=int, default=64)
+    ap.add_argument("--launch", default="host",
+                    help="the trees the processes run on: host, and a GPU target on a machine with that "
+                         "GPU (the job then runs with --device cuda)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
+    launch = [t for t in args.launch.replace(",", " ").split() if t]
+    targets = [t for t in args.targets.replace(",", " ").split() if t]
+    missing = [t for t in launch if t not in targets]
+    if missing:
+        ap.error("--launch %s: not among --targets" % ",".join(missing))
     os.makedirs(args.work, exist_ok=True)
     report = {"cores": os.cpu_count(), "jobs": args.jobs, "procs": args.procs}
 
-    lines = record(args.work)
+    # recorded on the host where a host tree is built (a GPU target's lines are then made
+    # variant=auto); on the GPU otherwise (a machine with no C compiler for the host backend)
+    lines = record(args.work, "host" if any(t.startswith("host") for t in targets) else "cuda")
     report["recorded"] = lines
     print("recorded %d configurations" % len(lines))
     report["trees"] = []
-    host_tree = host_site = None
-    for target in [t for t in args.targets.replace(",", " ").split() if t]:
+    built = {}
+    for target in targets:
         tree, fig = precompile(args.work, target, for_target(lines, target), args.jobs)
         wheel, site = build_and_install(args.work, tree, target)
         fig["wheel"] = os.path.basename(wheel)
@@ -151,34 +188,17 @@ def main(argv=None):
         print("%-8s %d kernels (%d compiled) in %.1f s with %d jobs, tree %.1f MB, wheel %s" % (
             target, fig["kernels"], fig["compiled"], fig["seconds"], args.jobs, fig["megabytes"],
             fig["wheel"]))
-        if target == "host":
-            host_tree, host_site = tree, site
+        built[target] = (tree, site)
 
-    if host_tree:
-        before = snapshot(host_tree)
-        alone, fails1, _ = run_many(args.work, host_site, 1)
-        reports, failures, writes = run_many(args.work, host_site, args.procs)
-        changed = snapshot(host_tree) != before
-        firsts = [r["first_launch_s"] for r in reports]
-        run = {"alone": alone[0] if alone else None, "processes": args.procs, "ok": len(reports),
-               "failed": failures[:5], "compiles": sum(r["compiles"] for r in reports),
-               "writes": writes, "tree_changed": changed,
-               "first_launch_s": {"median": round(statistics.median(firsts), 3) if firsts else None,
-                                  "max": round(max(firsts), 3) if firsts else None},
-               "job_s_max": round(max(r["job_s"] for r in reports), 3) if reports else None}
-        report["run"] = run
-        print("%d processes at once on the host tree: %d ran, %d compiles, %d files written, tree %s; "
-              "import to first launch median %.3f s, max %.3f s (alone: %.3f s)" % (
-                  args.procs, len(reports), run["compiles"], writes,
-                  "changed" if changed else "unchanged", run["first_launch_s"]["median"] or 0,
-                  run["first_launch_s"]["max"] or 0, alone[0]["first_launch_s"] if alone else 0))
-        for f in failures[:5]:
-            print("  failed: %s" % f)
+    for target in launch:
+        tree, site = built[target]
+        report.setdefault("runs", []).append(launch_on(args.work, tree, site, target, args.procs))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    bad = report.get("run", {})
-    return 1 if bad and (bad["failed"] or bad["compiles"] or bad["writes"] or bad["tree_changed"]) else 0
+    bad = [r for r in report.get("runs", [])
+           if r["failed"] or r["ok"] < r["processes"] or r["compiles"] or r["writes"] or r["tree_changed"]]
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
