@@ -51,22 +51,13 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 #define LD_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define LD_F32 RLK_DTYPE_BIT(RLK_F32)
 
-#define LD_TILE 64        /* the portable kernels' tiles (rows, columns) */
-#define LD_THREADS 256
-/* The sm_90a kernels (templates/cuda/linear_divergence_sm90_tile.cuh's ld_sm90): tiles of 128 rows x
- * 128 columns a head, 384 threads (LD_SM90_*, linear_divergence_params.h), a ring of 6 stages of 32 KB, and for dz 32 KB of staging; 1 KB
- * for the alignment. The fused head's sm_90a products (its ll_bwd_sm90): 128 x 256 tiles, 4 stages
- * of 48 KB, 32 KB of staging where an output leaves by TMA. */
-#define LD_SM90_FWD_SMEM (6u * 32u * 1024u + 1024u)
-#define LD_SM90_DZ_SMEM (6u * 32u * 1024u + 32u * 1024u + 1024u)
-#define LD_LL_SM90_BM 128
-#define LD_LL_SM90_BN 256
-#define LD_LL_SM90_SMEM (4u * 48u * 1024u + 1024u)
-#define LD_LL_SM90_SMEM_STAGED (4u * 48u * 1024u + 32u * 1024u + 1024u)
+/* The kernels' tiles, blocks and shared memory: LD_TILE, LD_THREADS and LD_SM90_*
+ * (linear_divergence_params.h); the fused head's sm_90a products (its ll_bwd_sm90): LL_SM90_* and
+ * LL_BWD_SM90_SMEM* (linear_logprob_params.h). */
 #define LD_GROUP 8        /* the sm_90a tile orders' rows of tiles a group */
-#define LD_CHUNK_SM90 256 /* the sm_90a backward's chunks: whole tiles of its products */
-#define LD_RECORD 8       /* floats a record (RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS) */
-#define LD_STATS 6        /* RLK_LINEAR_DIVERGENCE_STATS */
+#define LD_CHUNK_SM90 LL_SM90_BN /* the sm_90a backward's chunks: whole tiles of its products */
+_Static_assert(LD_RECORD == RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS, "a record: the kernels' and rlk.h's");
+_Static_assert(LD_STATS == RLK_LINEAR_DIVERGENCE_STATS, "a row's statistics: the kernels' and rlk.h's");
 #define LD_TOPK_SPLITS 8  /* top-k: at most this many splits, and splits x k <= 256 (the set's block) */
 #define LD_TOPK_CANDS 256
 #define LD_INDEX_MAX ((int64_t)1 << 24) /* top-k: columns kept as f32 in the stats */
@@ -1033,7 +1024,7 @@ static rlk_launch_dims ld_persistent(const rlk_context *ctx, int64_t tiles, size
  * g->staged, the output's map_c), in 128 x 256 tiles. */
 static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
                                   void *stream) {
-  const int64_t tm = (g->M + LD_LL_SM90_BM - 1) / LD_LL_SM90_BM, tn = (g->Nn + LD_LL_SM90_BN - 1) / LD_LL_SM90_BN;
+  const int64_t tm = (g->M + LL_SM90_BM - 1) / LL_SM90_BM, tn = (g->Nn + LL_SM90_BN - 1) / LL_SM90_BN;
   if (!spec) return rlk_error(RLK_ERR_INTERNAL, "linear_divergence_backward: a product's kernel was not planned");
   if (tm * tn > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld output tiles are too many",
@@ -1041,7 +1032,7 @@ static rlk_status ld_product_sm90(rlk_context *ctx, const rlk_kernel_spec *spec,
   g->tiles_m = (int)tm, g->tiles_n = (int)tn, g->group = LD_GROUP;
   if (!g->staged) g->map_c = g->map_a;
   g->map_d = g->map_a; /* unread */
-  const rlk_launch_dims d = ld_persistent(ctx, tm * tn, g->staged ? LD_LL_SM90_SMEM_STAGED : LD_LL_SM90_SMEM);
+  const rlk_launch_dims d = ld_persistent(ctx, tm * tn, g->staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM);
   return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
@@ -1064,7 +1055,7 @@ static rlk_status ld_side_chunk_sm90(rlk_context *ctx, const ld_bwd_call *k, con
     const int direct = x->gh == RLK_DT_F32;
     float *dh = direct ? (float *)gh->data : (float *)(wsp + x->dh_off);
     const int64_t dhs = direct ? x->ghs : H;
-    const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, LD_LL_SM90_BM), rb = ld_tma(wt->data, dt, k->h.V, H, wsd, 64),
+    const rlk_tma_desc_request ra = ld_tma(dz, dt, N, nv, Vc, LL_SM90_BM), rb = ld_tma(wt->data, dt, k->h.V, H, wsd, 64),
                                rc = ld_tma(dh, RLK_F32, N, H, dhs, 64);
     g.staged = ld_tma_ok(&rc);
     if ((st = rlk_context_tensor_map(ctx, &ra, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &rb, &g.map_b)) ||

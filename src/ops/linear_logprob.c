@@ -53,15 +53,8 @@ static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 #define LL_HIDDEN_DTYPES (RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
 #define LL_N(a) (sizeof(a) / sizeof((a)[0]))
 
-/* The tile shapes the kernels are written for (templates: ll_sm90, linear_logprob_fwd_tiled). */
-#define LL_SM90_BM 128
-#define LL_SM90_BN 256
-#define LL_SM90_THREADS 384
-#define LL_SM90_STAGE_BYTES (48u * 1024u)
-#define LL_SM90_STAGES 4
-#define LL_TILED_BM 64
-#define LL_TILED_THREADS 256
-#define LL_COMBINE_THREADS 256 /* eight rows a block: a warp a row */
+/* The tiles and blocks the kernels are written for: LL_SM90_*, LL_TILE, LL_THREADS
+ * (linear_logprob_params.h). The combine's block: eight rows, a warp a row. */
 #define LL_RECORD_BYTES 16
 /* The forward's records at most (ceil(V / 256) a row, 16 bytes each; launches of fewer rows past
  * it): at V 151936, 14080 rows a launch. */
@@ -317,7 +310,7 @@ rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, con
     r[i]->cols = (uint64_t)h->H;
     r[i]->row_stride = (uint64_t)strides[i];
     r[i]->box_rows = box_rows[i];
-    r[i]->box_cols = 64;
+    r[i]->box_cols = LL_SM90_BK;
     r[i]->swizzle = 128;
     if (rlk_tma_check(r[i]) != RLK_OK) {
       rlk_debug("linear_logprob: no tensor map for %s (%s)", i ? "weight" : "hidden", rlk_last_error());
@@ -390,8 +383,8 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   c.logits_pitch = logits_pitch;
   c.temperature = temperature;
   c.threshold = threshold;
-  const int64_t rows_a_block = LL_COMBINE_THREADS / 32;
-  rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_COMBINE_THREADS, 0);
+  const int64_t rows_a_block = LL_THREADS / 32;
+  rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &c);
 }
 
@@ -435,7 +428,7 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
   rlk_status st;
   const int wg = f->variant == RLK_LINEAR_LOGPROB_WGMMA;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const int64_t bm = wg ? LL_SM90_BM : LL_TILED_BM, slots = wg ? sms : 4 * sms, row_blocks = (n + bm - 1) / bm;
+  const int64_t bm = wg ? LL_SM90_BM : LL_TILE, slots = wg ? sms : 4 * sms, row_blocks = (n + bm - 1) / bm;
   const void *lab = labels ? (const char *)labels + (size_t)(r0 * f->h.ls) * rlk_dtype_size(label_dtype) : NULL;
   const float *thr = threshold ? threshold + r0 : NULL;
   const void *hidden = (const char *)f->hidden + (size_t)(r0 * f->h.hs) * 2u;
@@ -471,11 +464,11 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
     rh.rows = (uint64_t)n;
     if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
       return st;
-    const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + 1024u;
+    const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN;
     const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
     return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &w);
   }
-  const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_TILED_THREADS, 0);
+  const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &g);
 }
 
@@ -608,21 +601,12 @@ static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logpr
                                                  "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                                  ll_stored_dz_params};
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
-#define LL_STORED_T_ROWS 256 /* u^T: the dz pass's block, 256 rows x 64 columns */
-#define LL_STORED_T_COLS 64
 
-#define LL_BWD_SM90_BM 128
-#define LL_BWD_SM90_BN 256
-#define LL_BWD_SM90_THREADS 384
-/* shared memory (templates/cuda/linear_logprob_bwd_sm90.cuh's ll_bwd_sm90): 4 stages of 48 KB; 32 KB
- * more of staging for the kernels whose outputs leave by TMA (dz always, dh and dw where a map
- * describes theirs); 1024 bytes for the alignment */
-#define LL_BWD_SM90_SMEM_STAGED (4u * 48u * 1024u + 32u * 1024u + 1024u)
-#define LL_BWD_SM90_SMEM (4u * 48u * 1024u + 1024u)
+/* The sm_90a backward's shared memory: LL_BWD_SM90_SMEM, with the staging (..._STAGED) for the
+ * kernels whose outputs leave by TMA (dz always, dh and dw where a map describes theirs). */
 
 #define LL_BWD_GROUP 8      /* the sm_90a tile order's default rows of tiles */
 #define LL_BWD_GROUP_MAX 64
-#define LL_BWD_TILE 64
 /* The backward's workspace at most when the call chooses the chunk: dz of a chunk, and the f32
  * grad_hidden sum for a 16-bit grad_hidden (0.28 GiB, under the 0.3 GiB a trainer budgets beside
  * its activations). */
@@ -700,7 +684,7 @@ static rlk_tma_desc_request ll_tma_req(const void *base, rlk_dtype dt, int64_t r
   r.cols = (uint64_t)cols;
   r.row_stride = (uint64_t)stride;
   r.box_rows = box_rows;
-  r.box_cols = 64;
+  r.box_cols = LL_SM90_BK;
   r.swizzle = 128;
   return r;
 }
@@ -725,9 +709,9 @@ static int ll_tma_ok(const rlk_tma_desc_request *r) {
 static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k) {
   if (!ll_wgmma_target(ctx)) return 0;
   const rlk_tma_desc_request r[4] = {
-      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, LL_BWD_SM90_BM),
+      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, LL_SM90_BM),
       ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, 64),
-      ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, LL_BWD_SM90_BN),
+      ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, LL_SM90_BN),
       ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, 64)};
   for (int i = 0; i < 4; i++)
     if (rlk_tma_check(&r[i]) != RLK_OK) {
@@ -799,7 +783,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
                      (long long)a->vocab_start);
-  if (a->chunk < 0 || a->chunk % LL_BWD_TILE)
+  if (a->chunk < 0 || a->chunk % LL_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   if (a->group < 0 || a->group > LL_BWD_GROUP_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group: %d is not 0 (the default) or 1 to %d", a->group,
@@ -824,7 +808,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                      "hidden, weight: no tensor map describes them (16-byte aligned, row strides a multiple of 8 "
                      "elements), and the portable kernels they would fall back to round dz and sum in another "
                      "order; RLK_INVARIANT=1 refuses the fallback");
-  const int64_t tile = k->c.sm90 ? LL_BWD_SM90_BN : LL_BWD_TILE, dzs = k->c.sm90 ? 2 : 4;
+  const int64_t tile = k->c.sm90 ? LL_SM90_BN : LL_TILE, dzs = k->c.sm90 ? 2 : 4;
   const int64_t vpad = (k->h.V + tile - 1) / tile * tile;
   /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */
   k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
@@ -880,7 +864,7 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
   o.grad_hidden = gh;
   o.gh_stride = ghs;
   o.accumulate = accumulate;
-  rlk_launch_dims d = ll_dims((uint64_t)((N * H + 255) / 256), 1, 256, 0);
+  rlk_launch_dims d = ll_dims((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &o);
 }
 
@@ -888,13 +872,13 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
  * 128 x 256, persistent blocks (one a multiprocessor, none more than tiles) that walk them. */
 static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *spec, ll_bwd_sm90_args *g,
                                      size_t smem, void *stream) {
-  const int64_t tm = (g->M + LL_BWD_SM90_BM - 1) / LL_BWD_SM90_BM, tn = (g->Nn + LL_BWD_SM90_BN - 1) / LL_BWD_SM90_BN;
+  const int64_t tm = (g->M + LL_SM90_BM - 1) / LL_SM90_BM, tn = (g->Nn + LL_SM90_BN - 1) / LL_SM90_BN;
   if (tm * tn > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_logprob_backward: %lld x %lld output tiles are too many",
                      (long long)tm, (long long)tn);
   g->tiles_m = (int)tm, g->tiles_n = (int)tn;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_BWD_SM90_THREADS, smem);
+  const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_SM90_THREADS, smem);
   return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
@@ -950,8 +934,8 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   if (k->c.sm90) {
     const rlk_dtype dt = a->hidden.dtype;
     rlk_tensor_map m_hk, m_wk, m_wmn, m_hmn, m_zk, m_zmn, m_dh;
-    const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k->h.hs, LL_BWD_SM90_BM),
-                               r_wk = ll_tma_req(weight, dt, V, H, k->h.ws, LL_BWD_SM90_BN),
+    const rlk_tma_desc_request r_hk = ll_tma_req(hidden, dt, N, H, k->h.hs, LL_SM90_BM),
+                               r_wk = ll_tma_req(weight, dt, V, H, k->h.ws, LL_SM90_BN),
                                r_wmn = ll_tma_req(weight, dt, V, H, k->h.ws, 64),
                                r_hmn = ll_tma_req(hidden, dt, N, H, k->h.hs, 64);
     if ((st = rlk_context_tensor_map(ctx, &r_hk, &m_hk)) ||
@@ -971,7 +955,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
       g.c0 = c0;
       /* dz [N][nv] of this chunk (pitch Vc), as the next products' A operand both ways */
-      const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_BWD_SM90_BM),
+      const rlk_tma_desc_request r_zk = ll_tma_req(dz, dt, N, nv, Vc, LL_SM90_BM),
                                  r_zmn = ll_tma_req(dz, dt, N, nv, Vc, 64);
       if ((st = rlk_context_tensor_map(ctx, &r_zmn, &m_zmn)) ||
           (s_dh && (st = rlk_context_tensor_map(ctx, &r_zk, &m_zk))))
@@ -1003,11 +987,11 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     }
     return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
   }
-  const uint64_t rb = (uint64_t)((N + LL_BWD_TILE - 1) / LL_BWD_TILE);
-  const uint64_t hb = (uint64_t)((H + LL_BWD_TILE - 1) / LL_BWD_TILE);
+  const uint64_t rb = (uint64_t)((N + LL_TILE - 1) / LL_TILE);
+  const uint64_t hb = (uint64_t)((H + LL_TILE - 1) / LL_TILE);
   for (int64_t c0 = 0; c0 < V; c0 += Vc) {
     const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
-    const uint64_t vb = (uint64_t)((nv + LL_BWD_TILE - 1) / LL_BWD_TILE);
+    const uint64_t vb = (uint64_t)((nv + LL_TILE - 1) / LL_TILE);
     ll_bwd_dz_args z = {0};
     LL_BWD_ROW_INPUTS(z);
     z.hidden = hidden;
@@ -1019,7 +1003,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     z.c0 = c0;
     z.Vc = Vc;
     z.dz = dz;
-    rlk_launch_dims d = ll_dims(rb, vb, LL_TILED_THREADS, 0);
+    rlk_launch_dims d = ll_dims(rb, vb, LL_THREADS, 0);
     if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
     if (s_dh) {
       ll_bwd_dh_args h = {0};
@@ -1034,7 +1018,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       h.dh = dh;
       h.dh_stride = dhs;
       h.beta = c0 || dh_add_first ? 1.0f : 0.0f;
-      d = ll_dims(rb, hb, LL_TILED_THREADS, 0);
+      d = ll_dims(rb, hb, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
     }
     if (s_dw) {
@@ -1050,7 +1034,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       w.grad_weight = gw;
       w.gw_stride = k->gws;
       w.accumulate = a->accumulate;
-      d = ll_dims(vb, hb, LL_TILED_THREADS, 0);
+      d = ll_dims(vb, hb, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
     }
   }
@@ -1095,9 +1079,9 @@ int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk
     *why = "hidden or weight is no matrix the kernels take";
     return 0;
   }
-  const rlk_tma_desc_request r[4] = {ll_tma_req(hidden->data, hidden->dtype, N, H, hs, LL_BWD_SM90_BM),
+  const rlk_tma_desc_request r[4] = {ll_tma_req(hidden->data, hidden->dtype, N, H, hs, LL_SM90_BM),
                                      ll_tma_req(hidden->data, hidden->dtype, N, H, hs, 64),
-                                     ll_tma_req(weight->data, weight->dtype, V, H, ws, LL_BWD_SM90_BN),
+                                     ll_tma_req(weight->data, weight->dtype, V, H, ws, LL_SM90_BN),
                                      ll_tma_req(weight->data, weight->dtype, V, H, ws, 64)};
   for (int i = 0; i < 4; i++)
     if (rlk_tma_check(&r[i]) != RLK_OK) {
@@ -1124,10 +1108,10 @@ size_t rlk_ll_stored_workspace(int64_t rows, int64_t V, int64_t ksplit) {
 /* The rounds of persistent blocks grad_weight's slices of ks lines take (each slice a launch
  * of 128 x 256 tiles over `sms` blocks). */
 static int64_t ll_slice_rounds(int64_t V, int64_t H, int64_t ks, int64_t sms) {
-  const int64_t tn = (H + LL_BWD_SM90_BN - 1) / LL_BWD_SM90_BN;
+  const int64_t tn = (H + LL_SM90_BN - 1) / LL_SM90_BN;
   int64_t rounds = 0;
   for (int64_t v0 = 0; v0 < V; v0 += ks) {
-    const int64_t lines = V - v0 < ks ? V - v0 : ks, tiles = (lines + LL_BWD_SM90_BM - 1) / LL_BWD_SM90_BM * tn;
+    const int64_t lines = V - v0 < ks ? V - v0 : ks, tiles = (lines + LL_SM90_BM - 1) / LL_SM90_BM * tn;
     rounds += (tiles + sms - 1) / sms;
   }
   return rounds;
@@ -1231,8 +1215,8 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
   rlk_status st;
   if ((st = rlk_spec_validate(&lg)) || (st = rlk_spec_validate(&cb))) return st;
   ll_bwd_sm90_args g = {0};
-  const rlk_tma_desc_request r_h = ll_tma_req(c.hidden, dt, n, c.H, c.hs, LL_BWD_SM90_BM),
-                             r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_BWD_SM90_BN);
+  const rlk_tma_desc_request r_h = ll_tma_req(c.hidden, dt, n, c.H, c.hs, LL_SM90_BM),
+                             r_w = ll_tma_req(s->weight.data, dt, c.V, c.H, c.ws, LL_SM90_BN);
   if ((st = rlk_context_tensor_map(ctx, &r_h, &g.map_a)) || (st = rlk_context_tensor_map(ctx, &r_w, &g.map_b)) ||
       (st = ll_stored_u_maps(ctx, s, &c, n, 64, &g.map_c, &g.map_d)))
     return st;
@@ -1273,11 +1257,11 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
   z.temperature = s->temperature;
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
-  const int64_t per_block = 256 * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
+  const int64_t per_block = LL_THREADS * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
   const rlk_launch_dims d =
-      s->ksplit ? ll_dims((uint64_t)((n + LL_STORED_T_ROWS - 1) / LL_STORED_T_ROWS),
-                          (uint64_t)((c->V + LL_STORED_T_COLS - 1) / LL_STORED_T_COLS), 256, 0)
-                : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 256, 0);
+      s->ksplit ? ll_dims((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
+                          (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), LL_THREADS, 0)
+                : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &fx, &d, stream, &z);
 }
 
@@ -1299,7 +1283,7 @@ static rlk_status ll_stored_dh(rlk_context *ctx, const rlk_ll_stored *s, const l
   if (s->ksplit) {
     st = ll_stored_u_maps(ctx, s, c, n, 64, &g->map_a, &g->map_d);
   } else {
-    const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, LL_BWD_SM90_BM);
+    const rlk_tma_desc_request r_a = ll_tma_req(c->u, dt, n, c->V, c->pitch, LL_SM90_BM);
     if (!(st = rlk_context_tensor_map(ctx, &r_a, &g->map_a))) g->map_d = g->map_a;
   }
   g->map_c = g->map_a;
@@ -1352,7 +1336,7 @@ static rlk_status ll_stored_dw_slices(rlk_context *ctx, const rlk_ll_stored *s, 
     const int64_t v0 = j * ks, lines = V - v0 < ks ? V - v0 : ks;
     const void *src = j == 0 ? c->u : (const char *)c->u2 + (size_t)((j - 1) * ks * c->gws) * 4u;
     float *out = (float *)s->grad_weight.data + v0 * c->gws;
-    const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_BWD_SM90_BM),
+    const rlk_tma_desc_request r_a = ll_tma_req(src, dt, lines, n, j == 0 ? c->pitch : 2 * c->gws, LL_SM90_BM),
                                r_c = ll_tma_req_f32(out, lines, c->H, c->gws);
     g->staged = ll_tma_ok(&r_c);
     if ((st = rlk_context_tensor_map(ctx, &r_a, &g->map_a))) return st;
@@ -1478,7 +1462,7 @@ static void ll_tuned_bwd(const rlk_context *ctx, rlk_dtype hidden, rlk_dtype lab
   int64_t v[RLK_TUNE_VALUES];
   if (!ll_tuned(ctx, 1, hidden, labels, entropy, grad, H, V, N, v)) return;
   /* a chunk that is no multiple of 64 would make the call refuse what it did not ask for */
-  if (v[LL_TUNE_CHUNK] % LL_BWD_TILE == 0) *chunk = (int)v[LL_TUNE_CHUNK];
+  if (v[LL_TUNE_CHUNK] % LL_TILE == 0) *chunk = (int)v[LL_TUNE_CHUNK];
   *group = (int)v[LL_TUNE_GROUP];
 }
 

@@ -2,9 +2,10 @@
  * the token chunks' rows (linear_logprob_plan.h). */
 #include "ops/linear_logprob_plan.h"
 
-#define LLP_BM 128 /* the kernels' tile: 128 rows x 256 columns, K in steps of 64 */
-#define LLP_BN 256
-#define LLP_BK 64
+/* the sm_90a kernels' tile: 128 rows x 256 columns, K in steps of 64 */
+#define LLP_BM LL_SM90_BM
+#define LLP_BN LL_SM90_BN
+#define LLP_BK LL_SM90_BK
 /* A launch's fixed cost in K steps of one tile (about 20 us: its start, the pipeline filling, the
  * stragglers), measured as the cost of a chunk more at whole waves on an H200. */
 #define LLP_LAUNCH_STEPS 25

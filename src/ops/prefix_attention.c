@@ -91,48 +91,40 @@ static const rlk_template pa_reduce_tmpl = {"prefix_attention", "pattn_bwd_reduc
 static const rlk_template pa_dq_mma_tmpl = {"prefix_attention", "pattn_bwd_dq_mma", PA_CUDA, NULL,
                                             PA_N(pa_params), pa_params};
 
-/* Tiles of the mma kernels (templates/cuda/prefix_attention.cuh: PA_BM, PA_BN, PA_THREADS). */
-#define PA_TILE 64
-#define PA_MMA_THREADS 128
+/* The kernels' tiles and blocks: PA_SM90_*, PA_TILE, PA_MMA_THREADS, PA_PORTABLE_WARPS and
+ * PA_PASS_THREADS (prefix_attention_params.h). */
 /* Shared memory of the mma kernels: 16-bit tiles of PA_TILE rows of D + 8 elements (padded
  * rows: conflict-free fragment loads), plus per-row floats and bounds. */
 static size_t pa_tile_bytes(int D) { return (size_t)PA_TILE * (size_t)(D + 8) * 2u; }
 static size_t pa_fwd_smem(int D) { return 5 * pa_tile_bytes(D); }                  /* Q, 2 x (K, V) */
 static size_t pa_dkdv_smem(int D) { return 6 * pa_tile_bytes(D) + PA_TILE * 24u; } /* K V, 2 x (Q dO) */
 static size_t pa_dq_smem(int D) { return 6 * pa_tile_bytes(D); }                   /* Q dO, 2 x (K V) */
-/* The sm_90a forward (templates/cuda/prefix_attention_sm90.cuh: pa_sm90): 128-row query tiles,
- * 128-key tiles, TMA boxes of 64 head-dim columns (64 rows of Q, 128 of K and V), two stages of K
- * and V by default (the fwd_stages setting), plus 1024 bytes to align the tiles. */
-#define PA_SM90_BM 128
-#define PA_SM90_BN 128
-#define PA_SM90_THREADS 384
+/* The sm_90a forward (templates/cuda/prefix_attention_sm90.cuh: pa_sm90): TMA boxes of 64 head-dim
+ * columns (64 rows of Q, 128 of K and V), two stages of K and V by default (the fwd_stages
+ * setting), plus the alignment. */
 #define PA_SM90_STAGES 2
 /* Dynamic shared memory a block of the sm_90a kernels may ask for: an SM's 227 KB less 1 KB for
  * the static barriers (the dk/dv kernel's per-row arrays take 3 KB more at four stages, where its
  * dynamic part stays under 200 KB). */
-#define PA_SM90_SMEM_MAX ((size_t)232448 - 1024)
+#define PA_SM90_SMEM_MAX ((size_t)PA_SM90_SMEM_LIMIT - 1024)
 /* the backward's key tiles are the forward's query tiles in size: one count of a prompt's tiles
  * (pa_shape.tiles[1]) sizes every sm_90a grid */
 _Static_assert(PA_SM90_BM == PA_SM90_BN, "sm_90a query and key tiles of one size");
 static size_t pa_sm90_smem(int D, int stages) {
-  return (size_t)D * 2u * (PA_SM90_BM + 2u * (size_t)stages * PA_SM90_BN) + 1024u;
+  return (size_t)D * 2u * (PA_SM90_BM + 2u * (size_t)stages * PA_SM90_BN) + PA_SM90_ALIGN;
 }
-/* Its dk, dv kernel (pa_sm90_bwd): 128-key tiles (K and V), 64-row query tiles (Q and dO) in four
- * stages by default (dkdv_stages). */
-#define PA_SM90_BQ 64
+/* Its dk, dv kernel (pa_sm90_bwd): key tiles (K and V), query tiles (Q and dO) in four stages by
+ * default (dkdv_stages). */
 #define PA_SM90_DKDV_STAGES 4
 static size_t pa_sm90_dkdv_smem(int D, int stages) {
-  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * (size_t)stages * PA_SM90_BQ) + 1024u;
+  return (size_t)D * 2u * (2u * PA_SM90_BN + 2u * (size_t)stages * PA_SM90_BQ) + PA_SM90_ALIGN;
 }
-/* Its dq kernel (pa_sm90_dq): 128-row query tiles (Q and dO), 64-key tiles in three stages by
- * default (dq_stages). */
-#define PA_SM90_DQ_BN 64
+/* Its dq kernel (pa_sm90_dq): query tiles (Q and dO), key tiles in three stages by default
+ * (dq_stages). */
 #define PA_SM90_DQ_STAGES 3
 static size_t pa_sm90_dq_smem(int D, int stages) {
-  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * (size_t)stages * PA_SM90_DQ_BN) + 1024u;
+  return (size_t)D * 2u * (2u * PA_SM90_BM + 2u * (size_t)stages * PA_SM90_DQ_BN) + PA_SM90_ALIGN;
 }
-/* Portable kernels: warps per block. */
-#define PA_PORTABLE_WARPS 4
 
 /* ---------------------------------------------------------------------------------- */
 /* Selection (shared by calls and precompiling)                                        */
@@ -684,15 +676,15 @@ static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     return rlk_context_launch_params(ctx, &p->dkdv, &d, stream, b);
   }
   const unsigned warp = pa_warp(ctx);
-  const uint64_t rows_per_block = 256 / warp; /* a warp per row */
-  rlk_launch_dims d = pa_dims((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1, 256, 0);
+  const uint64_t rows_per_block = PA_PASS_THREADS / warp; /* a warp per row */
+  rlk_launch_dims d = pa_dims((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1, PA_PASS_THREADS, 0);
   if ((st = rlk_context_launch_params(ctx, &p->prep, &d, stream, pass))) return st;
   if (p->tiled) {
     const uint64_t tiles = (uint64_t)s->tiles[0];
     d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s->D));
     if ((st = rlk_context_launch_params(ctx, &p->dkdv, &d, stream, pass))) return st;
     if (s->Hq > s->Hkv) {
-      d = pa_dims((uint64_t)((s->T * s->Hkv * s->D + 255) / 256), 1, 1, 256, 0);
+      d = pa_dims((uint64_t)((s->T * s->Hkv * s->D + PA_PASS_THREADS - 1) / PA_PASS_THREADS), 1, 1, PA_PASS_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, &p->reduce, &d, stream, pass))) return st;
     }
     d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dq_smem((int)s->D));

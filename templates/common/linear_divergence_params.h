@@ -59,9 +59,29 @@ enum { LD_KIND_STATS, LD_KIND_TOPK, LD_KIND_JSD };
 /* The longest top-k list, RLK_LINEAR_DIVERGENCE_TOP_K_MAX (the op checks they agree). */
 enum { LD_TOPK_MAX = 32 };
 
-/* The sm_90a kernels' tile (rows, columns a head) and threads: the op's launch shapes and tensor
- * map boxes follow them. */
-enum { LD_SM90_BM = 128, LD_SM90_BN = 128, LD_SM90_THREADS = 384 };
+/* Floats a row's record (a split's state) and a row's statistics: rlk.h's
+ * RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS and RLK_LINEAR_DIVERGENCE_STATS (the op checks they agree). */
+enum { LD_RECORD = 8, LD_STATS = 6 };
+
+/* The kernels' tiles and blocks: the templates are written for these, and the op's grids, launch
+ * shapes, tensor-map boxes and shared memory follow them. The sm_90a kernels (ld_sm90): 128 rows x
+ * 128 columns a head over K steps of 64, 384 threads, a ring of 6 stages of 16-bit A and B, dz
+ * staged for its TMA stores in two boxes of 64 rows of 128 bytes a consumer warpgroup, dynamic
+ * shared memory aligned to 1024 bytes. The portable kernels: 64 x 64 tiles, 256 threads. */
+enum {
+  LD_SM90_BM = 128,
+  LD_SM90_BN = 128,
+  LD_SM90_BK = 64,
+  LD_SM90_THREADS = 384,
+  LD_SM90_STAGES = 6,
+  LD_SM90_STAGE_BYTES = (LD_SM90_BM + LD_SM90_BN) * LD_SM90_BK * 2,
+  LD_SM90_STAGING_BYTES = 2 * 2 * 64 * 128,
+  LD_SM90_ALIGN = 1024,
+  LD_SM90_FWD_SMEM = LD_SM90_STAGES * LD_SM90_STAGE_BYTES + LD_SM90_ALIGN,
+  LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES,
+  LD_TILE = 64,
+  LD_THREADS = 256
+};
 
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
 #define RLK_LD_HEADS(F, S_)          \

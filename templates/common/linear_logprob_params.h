@@ -48,6 +48,33 @@
 #define RLK_LL_STORED_TILE 256
 #define RLK_LL_STORED_VEC 8
 #define RLK_LL_STORED_VECS 4
+/* ... and over u^T: blocks of RLK_LL_STORED_T_ROWS rows x RLK_LL_STORED_T_COLS columns */
+#define RLK_LL_STORED_T_ROWS 256
+#define RLK_LL_STORED_T_COLS 64
+
+/* The kernels' tiles and blocks: the templates are written for these, and the op's grids, launch
+ * shapes, tensor-map boxes and shared memory follow them. ll_sm90 (TMA + wgmma, forward and
+ * backward): 128 x 256 tiles over K steps of 64, 384 threads, a ring of up to 4 stages of 16-bit A
+ * and B, loaded in boxes of 64 rows of 128 bytes; the backward stages its TMA-stored outputs in two
+ * such boxes a consumer warpgroup; dynamic shared memory is aligned to 1024 bytes (the 128-byte
+ * swizzle's period). The portable kernels: 64 x 64 tiles, 256 threads. */
+enum {
+  LL_SM90_BM = 128,
+  LL_SM90_BN = 256,
+  LL_SM90_BK = 64,
+  LL_SM90_THREADS = 384,
+  LL_SM90_STAGES = 4,
+  LL_SM90_STAGE_BYTES = (LL_SM90_BM + LL_SM90_BN) * LL_SM90_BK * 2,
+  LL_SM90_BOX_BYTES = 64 * 128,
+  LL_SM90_STAGING_BYTES = 2 * 2 * LL_SM90_BOX_BYTES,
+  LL_SM90_ALIGN = 1024,
+  /* the backward's dynamic shared memory: the ring, the alignment, and the staging where an output
+   * leaves by TMA */
+  LL_BWD_SM90_SMEM = LL_SM90_STAGES * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN,
+  LL_BWD_SM90_SMEM_STAGED = LL_BWD_SM90_SMEM + LL_SM90_STAGING_BYTES,
+  LL_TILE = 64,
+  LL_THREADS = 256
+};
 
 /* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */
 #define RLK_LL_HEAD(F, S_)            \

@@ -10,6 +10,27 @@
 
 #include "rlk_params.h"
 
+/* The kernels' tiles and blocks: the templates are written for these, and the op's grids, launch
+ * shapes, tensor-map boxes and shared memory follow them. The sm_90a kernels, 384 threads each:
+ * the forward's 128-row query tiles over 128-key tiles (pa_sm90), the dk, dv kernel's 128-key tiles
+ * over 64-row query tiles (pa_sm90_bwd), the dq kernel's 128-row query tiles over 64-key tiles
+ * (pa_sm90_dq); their dynamic shared memory aligned to 1024 bytes, all of it within an SM's
+ * 232448 bytes. The mma kernels: 64-row tiles, 128 threads; the portable kernels: 4 warps a
+ * block; the backward's prep and reduce passes: 256 threads. */
+enum {
+  PA_SM90_BM = 128,
+  PA_SM90_BN = 128,
+  PA_SM90_BQ = 64,
+  PA_SM90_DQ_BN = 64,
+  PA_SM90_THREADS = 384,
+  PA_SM90_ALIGN = 1024,
+  PA_SM90_SMEM_LIMIT = 232448,
+  PA_TILE = 64,
+  PA_MMA_THREADS = 128,
+  PA_PORTABLE_WARPS = 4,
+  PA_PASS_THREADS = 256
+};
+
 /* The elements' dtype ("dtype") of q, k, v and the outputs. */
 #define RLK_PA_DTYPES(X)    \
   X(PA_DT_F16, "f16")       \

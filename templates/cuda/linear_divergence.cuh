@@ -34,7 +34,7 @@ RLK_DEVICE bool before(float xa, i32 ca, float xb, i32 cb) { return xa > xb || (
 } /* namespace ld */
 
 template <int SDT, int TDT, int KIND>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LD_THREADS)
     linear_divergence_fwd_tiled(RLK_PARAMS_ARG ld_fwd_tiled_args p_) {
   typedef typename ll::elem<SDT>::type TS;
   typedef typename ll::elem<TDT>::type TT;
@@ -42,7 +42,8 @@ __global__ void __launch_bounds__(256)
   const TT *th = (const TT *)p_.t_hidden, *tw = (const TT *)p_.t_weight;
   const i64 shs = p_.s_h_stride, sws = p_.s_w_stride, ths = p_.t_h_stride, tws = p_.t_w_stride;
   const i64 N = p_.N, V = p_.V, Hs = p_.Hs, Ht = p_.Ht, cols_per_split = p_.cols_per_split;
-  constexpr int BM = 64, BN = 64;
+  constexpr int BM = LD_TILE, BN = LD_TILE;
+  static_assert(BM == 64 && LD_THREADS == 256, "written for 64 x 64 tiles of 256 threads: 16 x 16, 4 x 4 each");
   /* the tile products' operands; between tiles (KIND 1) the teacher tile, column-major */
   __shared__ float buf[2][32][64];
   __shared__ float list_x[KIND == LD_KIND_TOPK ? LD_TOPK_MAX : 1][64];
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(256)
       } else {
         const i64 row = row0 + ty * 4 + r;
         if (row < N && col0 == v_begin) {
-          Ls[r] = p_.stats[row * 6 + 0] * RLK_LL_LOG2E;
-          Lt[r] = p_.stats[row * 6 + 1] * RLK_LL_LOG2E;
+          Ls[r] = p_.stats[row * LD_STATS + 0] * RLK_LL_LOG2E;
+          Lt[r] = p_.stats[row * LD_STATS + 1] * RLK_LL_LOG2E;
         }
         ld::jsd_fold<4>(&A[r], &B[r], ys, yt, ok, Ls[r], Lt[r], la, lb);
       }
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(256)
  * order. FKL / RKL: lse's, entropy, D and the stats; JSD / TOPK: lse's and entropy (the next
  * launch writes D and the rest). merged != NULL: the merged record instead (the shard form). */
 template <int LAB, int MODE>
-__global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG ld_combine_args p_) {
+__global__ void __launch_bounds__(LD_THREADS) linear_divergence_combine(RLK_PARAMS_ARG ld_combine_args p_) {
   const float *__restrict__ rec = (const float *)p_.records;
   const i64 S = p_.S, N = p_.N;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG 
     return;
   }
   const float ln_ss = logf(ss), ln_st = logf(st);
-  float *o = p_.stats + row * 6;
+  float *o = p_.stats + row * LD_STATS;
   o[0] = Ms + ln_ss;
   o[1] = Mt + ln_st;
   if (p_.entropy) p_.entropy[row] = ln_ss - us / ss;
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(256) linear_divergence_combine(RLK_PARAMS_ARG 
 /* JSD: one thread a row sums the second pass's {A, B} (records [S][N], natural log) in split
  * order: D = beta B + (1 - beta) A. */
 template <int LAB>
-__global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_ARG ld_jsd_combine_args p_) {
+__global__ void __launch_bounds__(LD_THREADS) linear_divergence_jsd_combine(RLK_PARAMS_ARG ld_jsd_combine_args p_) {
   const f32x4 *__restrict__ part = (const f32x4 *)p_.records;
   const i64 S = p_.S, N = p_.N;
   const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_
   const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
   const float D = ign ? 0.0f : fmaf(beta, B, (1.0f - beta) * A);
   p_.divergence[row] = D;
-  float *o = p_.stats + row * 6;
+  float *o = p_.stats + row * LD_STATS;
   o[2] = D;
   o[3] = ign ? 0.0f : A;
   o[4] = ign ? 0.0f : B;
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(256) linear_divergence_jsd_combine(RLK_PARAMS_
  * the student's logit at each member (a dot product by 8 threads, in a fixed order), and
  *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order. */
 template <int SDT, int LAB>
-__global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld_topk_args p_) {
+__global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_ARG ld_topk_args p_) {
   typedef typename ll::elem<SDT>::type TS;
   const i64 S = p_.S, N = p_.N, k = p_.top_k, Hs = p_.Hs;
   const i64 row = (i64)blockIdx.x;
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(256) linear_divergence_topk(RLK_PARAMS_ARG ld_
   if (j < k && lane == 0) kxs[j] = acc;
   __syncthreads();
   if (tid != 0) return;
-  float *o = p_.stats + row * 6;
+  float *o = p_.stats + row * LD_STATS;
   const float ls = o[0], lt = o[1], is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature;
   float P = 0.0f, D = 0.0f;
   for (int m = 0; m < k; ++m) {

@@ -21,7 +21,7 @@
 namespace rlk {
 
 template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
-__global__ void __launch_bounds__(256) linear_divergence_bwd_dz(RLK_PARAMS_ARG ld_bwd_dz_args p_) {
+__global__ void __launch_bounds__(LD_THREADS) linear_divergence_bwd_dz(RLK_PARAMS_ARG ld_bwd_dz_args p_) {
   typedef typename ll::elem<SDT>::type TS;
   typedef typename ll::elem<TDT>::type TT;
   const TS *sh = (const TS *)p_.s_hidden, *sw = (const TS *)p_.s_weight;

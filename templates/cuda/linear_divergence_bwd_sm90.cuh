@@ -55,14 +55,14 @@ template <int LAB> RLK_DEVICE ld_dz_row ld_dz_row_inputs(const ld::BwdDzSm90Para
  * map_zt dz_s and dz_t [N][nv] of pitch Vc (64 x 64 boxes), each any map where its side is not
  * asked for. */
 template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_bwd_dz_sm90(RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(MODE == LD_FKL || MODE == LD_RKL || MODE == LD_JSD, "bwd_dz_sm90: top-k is the portable kernels'");
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
-  extern __shared__ __align__(1024) u8 ld_smem_raw[];
+  extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
   u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[C::STAGES];
   __shared__ alignas(8) u64 empty[C::STAGES];

@@ -56,6 +56,7 @@ RLK_DEVICE float log2_mix(float a, float b, float la, float lb) {
 struct alignas(16) state {
   float ms, ss, qs, mt, st, gt, gs, pad;
 };
+static_assert(sizeof(state) == LD_RECORD * sizeof(float), "a record: the op's partials' rows");
 
 RLK_DEVICE state empty_state() {
   state p;

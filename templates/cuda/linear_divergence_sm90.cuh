@@ -51,13 +51,13 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
 /* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them in parameter
  * space. */
 template <int SDT, int TDT, int KIND>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_fwd_sm90(RLK_PARAMS_ARG ld::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
-  extern __shared__ __align__(1024) u8 ld_smem_raw[];
+  extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
   u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[C::STAGES];
   __shared__ alignas(8) u64 empty[C::STAGES];

@@ -47,11 +47,14 @@
 #if defined(RLK_CUDA)
 namespace rlk {
 
-/* Tile and ring (src/ops/linear_divergence.c mirrors the launch shapes and shared memory). */
+/* Tile and ring (linear_divergence_params.h declares them for the op's launch shapes and shared
+ * memory too). */
 struct ld_sm90 {
-  static constexpr int BM = LD_SM90_BM, BN = LD_SM90_BN, BK = 64, THREADS = LD_SM90_THREADS, STAGES = 6;
+  static constexpr int BM = LD_SM90_BM, BN = LD_SM90_BN, BK = LD_SM90_BK, THREADS = LD_SM90_THREADS;
+  static constexpr int STAGES = LD_SM90_STAGES;
   static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, STAGE = ABYTES + BBYTES;
-  static constexpr u32 STAGING = 2u * 2u * 64u * 128u; /* dz: two consumers x two 64 x 64 16-bit boxes */
+  static_assert(STAGE == LD_SM90_STAGE_BYTES, "a stage: the 16-bit A and B boxes of one K step");
+  static constexpr u32 STAGING = LD_SM90_STAGING_BYTES; /* dz: two consumers x two 64 x 64 16-bit boxes */
   static constexpr int ACC = BN / 2;                   /* accumulators a thread a head */
 };
 

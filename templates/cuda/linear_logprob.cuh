@@ -58,7 +58,7 @@ RLK_DEVICE void tile_product(float (&acc)[4][4], const FA &a, const FB &b, i64 K
 }
 
 template <int DT, typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_fwd_tiled(RLK_PARAMS_ARG ll::FwdTiledParams p_) {
   const void *__restrict__ hidden = p_.hidden, *__restrict__ weight = p_.weight;
   const L *__restrict__ labels = (const L *)p_.labels;
@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(256)
   const float temperature = p_.temperature;
   ll::part *__restrict__ partials = (ll::part *)p_.partials;
   typedef typename ll::elem<DT>::type T;
-  constexpr int BM = 64, BN = 64;
+  constexpr int BM = LL_TILE, BN = LL_TILE;
+  static_assert(BM == 64 && LL_THREADS == 256, "written for 64 x 64 tiles of 256 threads: 16 x 16, 4 x 4 each");
   __shared__ float As[32][64];
   __shared__ float Bs[32][64];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;

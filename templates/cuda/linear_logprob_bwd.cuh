@@ -22,7 +22,7 @@
 namespace rlk {
 
 template <int DT, typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_bwd_dz(RLK_PARAMS_ARG ll::BwdDzParams p_) {
   const void *__restrict__ hidden = p_.hidden, *__restrict__ weight = p_.weight;
   const L *__restrict__ labels = (const L *)p_.labels;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <int DT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_bwd_dh(RLK_PARAMS_ARG ll::BwdDhParams p_) {
   const float *__restrict__ dz = p_.dz;
   const void *__restrict__ weight = p_.weight;
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <int DT, int GDT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_bwd_dw(RLK_PARAMS_ARG ll::BwdDwParams p_) {
   const float *__restrict__ dz = p_.dz;
   const void *__restrict__ hidden = p_.hidden;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <int GDT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_bwd_dh_out(RLK_PARAMS_ARG ll::BwdDhOutParams p_) {
   const float *__restrict__ dh = p_.dh;
   const i64 N = p_.N, H = p_.H, gh_stride = p_.gh_stride;

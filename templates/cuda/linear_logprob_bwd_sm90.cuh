@@ -67,9 +67,8 @@ typedef ::ll_bwd_sm90_args BwdSm90Params;
 
 /* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
 struct ll_bwd_sm90 : ll_sm90 {
-  static constexpr int GROUP = 8;
-  static constexpr int STAGES = 4;
-  static constexpr u32 STAGING = 2u * 2u * BOX; /* dz: two consumers x two 64 x 64 16-bit boxes */
+  static constexpr int STAGES = LL_SM90_STAGES;
+  static constexpr u32 STAGING = LL_SM90_STAGING_BYTES; /* dz: two consumers x two 64 x 64 16-bit boxes */
   enum { DZ = 0, DH = 1, DW = 2, LOGITS = 3, LOGITS_T = 4, DH_T = 5 };
 };
 
@@ -91,8 +90,8 @@ template <typename T> RLK_DEVICE void ll_store_pair(T *p, float a, float b, bool
   }
 }
 
-/* Tile `tile` of tiles_m x tiles_n: groups of GROUP tile rows, column-major inside a group, so
- * that consecutive tiles (the blocks resident together) share their operand panels in L2. */
+/* Tile `tile` of tiles_m x tiles_n: groups of `group` tile rows (the call's), column-major inside a
+ * group, so that consecutive tiles (the blocks resident together) share their operand panels in L2. */
 RLK_DEVICE void ll_bwd_tile(int tile, int tiles_m, int tiles_n, int group, int *tm, int *tn) {
   const int per_group = group * tiles_n, first = tile / per_group * group;
   const int gsize = min_(tiles_m - first, group);
@@ -436,7 +435,7 @@ RLK_DEVICE void ll_carry_load(const ll::BwdSm90Params &p_, float (&acc)[ll_bwd_s
  * second half of u^T (KIND 4's output from column ksplit, KIND 5's A from K row ksplit), any map
  * otherwise. */
 template <int KIND, int DT, typename L, bool ENTROPY, int GDT>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(LL_SM90_THREADS, 1)
     linear_logprob_bwd_sm90(RLK_PARAMS_ARG ll::BwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   typedef ll_bwd_sm90 C;
@@ -447,7 +446,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool STORE16 = KIND == C::DZ || LOGITS; /* a 16-bit output through the staging */
   constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
-  extern __shared__ __align__(1024) u8 llb_smem_raw[];
+  extern __shared__ __align__(LL_SM90_ALIGN) u8 llb_smem_raw[];
   u8 *smem = (u8 *)(((u64)llb_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[STAGES];
   __shared__ alignas(8) u64 empty[STAGES];

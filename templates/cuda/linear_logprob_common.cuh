@@ -162,7 +162,7 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
  * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf) instead of logp, lse
  * and entropy; a label outside the shard is no error. */
 template <typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
   const ll::part *__restrict__ partials = (const ll::part *)p_.partials;
   const i64 S = p_.S, N = p_.N, V = p_.V, record_cols = p_.record_cols;

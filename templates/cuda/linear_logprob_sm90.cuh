@@ -29,7 +29,7 @@ namespace rlk {
 /* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them where they lie in
  * parameter space. */
 template <int DT, typename L, int STAGES, bool ENTROPY>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(LL_SM90_THREADS, 1)
     linear_logprob_fwd_sm90(RLK_PARAMS_ARG ll::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   const L *__restrict__ labels = (const L *)p_.pass.labels;
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr u32 ABYTES = ll_sm90::ABYTES, STAGE = ll_sm90::STAGE;
   constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
   constexpr u32 CONSUMER_WARPS = 8;
-  extern __shared__ __align__(1024) u8 ll_smem_raw[];
+  extern __shared__ __align__(LL_SM90_ALIGN) u8 ll_smem_raw[];
   u8 *smem = (u8 *)(((u64)ll_smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full[STAGES];
   __shared__ alignas(8) u64 empty[STAGES];

@@ -16,11 +16,13 @@
 #if defined(RLK_CUDA)
 namespace rlk {
 
-/* Tile shape and ring (src/ops/linear_logprob.c mirrors the launch shapes and shared memory). */
+/* Tile shape and ring (linear_logprob_params.h declares them for the op's launch shapes and shared
+ * memory too). */
 struct ll_sm90 {
-  static constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
-  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, BOX = 64u * 128u;
+  static constexpr int BM = LL_SM90_BM, BN = LL_SM90_BN, BK = LL_SM90_BK, THREADS = LL_SM90_THREADS;
+  static constexpr u32 ABYTES = (u32)BM * BK * 2, BBYTES = (u32)BN * BK * 2, BOX = LL_SM90_BOX_BYTES;
   static constexpr u32 STAGE = ABYTES + BBYTES;
+  static_assert(STAGE == LL_SM90_STAGE_BYTES, "a stage: the 16-bit A and B boxes of one K step");
 };
 
 /* One tile's products for consumer warpgroup cw (lane l of its warp): the K steps [0, kblocks)

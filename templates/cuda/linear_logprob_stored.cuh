@@ -89,9 +89,9 @@ RLK_DEVICE void ll_stored_dz_elem(u32 (&w)[RLK_LL_STORED_VEC / 2], int k, float 
 }
 
 template <int DT, typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG ll::StoredDzParams p_) {
+__global__ void __launch_bounds__(LL_THREADS) linear_logprob_stored_dz(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
-  constexpr int VEC = RLK_LL_STORED_VEC, VECS = RLK_LL_STORED_VECS, STEP = 256 * VEC;
+  constexpr int VEC = RLK_LL_STORED_VEC, VECS = RLK_LL_STORED_VECS, STEP = LL_THREADS * VEC;
   const i64 row = (i64)blockIdx.y, M = p_.M, V = p_.V;
   const i64 first = (i64)blockIdx.x * STEP * VECS + (i64)threadIdx.x * VEC;
   if (first >= V) return;
@@ -142,9 +142,10 @@ __global__ void __launch_bounds__(256) linear_logprob_stored_dz(RLK_PARAMS_ARG l
  * reads of its element e fall on 32 banks). Grid (ceil(M / 256), ceil(V / 64)), 256 threads. The
  * element's formula is the row-major pass's. */
 template <int DT, typename L, bool ENTROPY>
-__global__ void __launch_bounds__(256) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzParams p_) {
+__global__ void __launch_bounds__(LL_THREADS) linear_logprob_stored_dz_t(RLK_PARAMS_ARG ll::StoredDzParams p_) {
   typedef typename ll::elem<DT>::type T;
-  constexpr int VEC = RLK_LL_STORED_VEC, LINES = 8, ROWS = 256;
+  constexpr int VEC = RLK_LL_STORED_VEC, LINES = 8, ROWS = RLK_LL_STORED_T_ROWS;
+  static_assert(8 * LINES == RLK_LL_STORED_T_COLS && ROWS == LL_THREADS, "a block: a thread a line of rows");
   __shared__ float s_scale[ROWS], s_m[ROWS], s_gl[ROWS], s_gh[ROWS], s_E[ROWS], s_py[ROWS], s_xty[ROWS];
   __shared__ i64 s_y[ROWS];
   __shared__ u8 s_state[ROWS]; /* 1 ignored, 2 bad */

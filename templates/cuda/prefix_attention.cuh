@@ -31,9 +31,9 @@ namespace pa {
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.69314718055994531f;
-constexpr int PW = 4;      /* warps per block of the portable kernels */
-constexpr int TILE = 64;   /* rows of a query or key tile of the mma kernels */
-constexpr int THREADS = 128;
+constexpr int PW = PA_PORTABLE_WARPS; /* warps per block of the portable kernels */
+constexpr int TILE = PA_TILE;         /* rows of a query or key tile of the mma kernels */
+constexpr int THREADS = PA_MMA_THREADS;
 
 template <int DT> struct elem;
 template <> struct elem<PA_DT_F16> {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
 
 /* Backward, step 1 (every GPU path): delta[i, h] = dO[i, h] . O[i, h], a warp per (row, head). */
 template <int DT, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(PA_PASS_THREADS)
     pattn_bwd_prep(RLK_PARAMS_ARG pa_bwd_args p_) {
   const void *__restrict__ o = p_.o, *__restrict__ dout = p_.dout;
   void *__restrict__ work = p_.work;
@@ -866,7 +866,7 @@ __global__ void __launch_bounds__(pa::THREADS)
 /* Backward with GQA, last step (sm_80+): dk, dv = the sums of the query heads' f32 partials,
  * heads in order, rounded once. A thread per element. */
 template <int DT, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(PA_PASS_THREADS)
     pattn_bwd_reduce(RLK_PARAMS_ARG pa_bwd_args p_) {
   void *__restrict__ work = p_.work;
   const i64 T = p_.T;

@@ -178,10 +178,10 @@ RLK_DEVICE void sm90_store_rows(void *out, const sm90_rows &rs, i64 qend, i32 H,
 
 } // namespace pa
 
-/* Tile shape and rings (the host's launch shape and tensor-map boxes mirror these:
- * src/ops/prefix_attention.c, PA_SM90_*); STAGES_ K/V stages (the fwd_stages setting). */
+/* Tile shape and rings (prefix_attention_params.h declares them for the op's launch shapes and
+ * tensor-map boxes too); STAGES_ K/V stages (the fwd_stages setting). */
 template <int D, int STAGES_> struct pa_sm90 {
-  static constexpr int BM = 128, BN = 128, THREADS = 384, STAGES = STAGES_;
+  static constexpr int BM = PA_SM90_BM, BN = PA_SM90_BN, THREADS = PA_SM90_THREADS, STAGES = STAGES_;
   static constexpr int NB = D / 64;                        /* 64-column boxes across the head dim */
   static constexpr u32 QBOX = 64u * 128u;                  /* 64 rows x 64 columns of a Q box */
   static constexpr u32 KVBOX = (u32)BN * 128u;             /* BN rows x 64 columns of a K or V box */
@@ -190,12 +190,12 @@ template <int D, int STAGES_> struct pa_sm90 {
 };
 
 template <int DT, int D, int STAGES_>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(PA_SM90_THREADS, 1)
     pattn_fwd_sm90(RLK_PARAMS_ARG pa_fwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90<D, STAGES_>;
-  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
+  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(384, 1)
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
 
-  extern __shared__ __align__(1024) u8 pa_sm90_raw[];
+  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
   u8 *sQ = smem, *sK = sQ + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
   __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
@@ -369,10 +369,9 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 /* The backward's dk, dv kernel (pattn_bwd_dkdv_sm90): 128-key tiles, 64-row query tiles, STAGES_
- * stages of Q and dO (the dkdv_stages setting; the host's launch shape and boxes mirror these:
- * PA_SM90_*). */
+ * stages of Q and dO (the dkdv_stages setting; declared for the op too: PA_SM90_*). */
 template <int D, int STAGES_> struct pa_sm90_bwd {
-  static constexpr int BN = 128, BQ = 64, THREADS = 384, STAGES = STAGES_;
+  static constexpr int BN = PA_SM90_BN, BQ = PA_SM90_BQ, THREADS = PA_SM90_THREADS, STAGES = STAGES_;
   static constexpr int NB = D / 64;
   static constexpr u32 KVBOX = (u32)BN * 128u;            /* 128 keys x 64 columns */
   static constexpr u32 QBOX = (u32)BQ * 128u;             /* 64 rows x 64 columns */
@@ -397,12 +396,12 @@ template <int D, int STAGES_> struct pa_sm90_bwd {
  * with the next tile's S^T and dP^T issued while dK's product still runs; at the end dK (times
  * the scale) and dV leave from registers. */
 template <int DT, int D, int STAGES_>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(PA_SM90_THREADS, 1)
     pattn_bwd_dkdv_sm90(RLK_PARAMS_ARG pa_bwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_bwd<D, STAGES_>;
-  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
+  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
   constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
@@ -424,7 +423,7 @@ __global__ void __launch_bounds__(384, 1)
   /* step u: query head hk ratio + u / nq, query tile u % nq */
   const int nu = ratio * nq;
 
-  extern __shared__ __align__(1024) u8 pa_sm90_raw[];
+  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
   u8 *sK = smem, *sV = sK + C::KVBYTES, *sQ = sV + C::KVBYTES, *sO = sQ + STAGES * C::QBYTES;
   __shared__ float sL[STAGES][BQ], sD[STAGES][BQ];
@@ -584,7 +583,7 @@ __global__ void __launch_bounds__(384, 1)
  * tiles in STAGES_ stages (the dq_stages setting; three accumulator tiles a thread: S, dP and dq;
  * Q and dO as A fragments). */
 template <int D, int STAGES_> struct pa_sm90_dq {
-  static constexpr int BM = 128, BN = 64, THREADS = 384, STAGES = STAGES_;
+  static constexpr int BM = PA_SM90_BM, BN = PA_SM90_DQ_BN, THREADS = PA_SM90_THREADS, STAGES = STAGES_;
   static constexpr int NB = D / 64;
   static constexpr u32 QBOX = 64u * 128u, KVBOX = (u32)BN * 128u;
   static constexpr u32 QBYTES = 2u * NB * QBOX, KVBYTES = NB * KVBOX;
@@ -604,12 +603,12 @@ template <int D, int STAGES_> struct pa_sm90_dq {
  *   dQ += dS K                          wgmma m64nDk16, dS from registers, K MN-major
  * and dq (times the scale) leaves from registers: written once, no atomics. */
 template <int DT, int D, int STAGES_>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(PA_SM90_THREADS, 1)
     pattn_bwd_dq_sm90(RLK_PARAMS_ARG pa_bwd_sm90_args p_) {
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_dq<D, STAGES_>;
-  static_assert(C::SMEM + 1024u <= 232448u, "the rings fit in an SM's 227 KB of shared memory");
+  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
   constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
@@ -626,7 +625,7 @@ __global__ void __launch_bounds__(384, 1)
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
 
-  extern __shared__ __align__(1024) u8 pa_sm90_raw[];
+  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
   u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
   u8 *sQ = smem, *sO = sQ + C::QBYTES, *sK = sO + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
   __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
