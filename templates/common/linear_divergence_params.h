@@ -68,20 +68,10 @@ enum { LD_RECORD = 8, LD_STATS = 6 };
  * 128 columns a head over K steps of 64, 384 threads, a ring of 6 stages of 16-bit A and B, dz
  * staged for its TMA stores in two boxes of 64 rows of 128 bytes a consumer warpgroup, dynamic
  * shared memory aligned to 1024 bytes. The portable kernels: 64 x 64 tiles, 256 threads. */
-enum {
-  LD_SM90_BM = 128,
-  LD_SM90_BN = 128,
-  LD_SM90_BK = 64,
-  LD_SM90_THREADS = 384,
-  LD_SM90_STAGES = 6,
-  LD_SM90_STAGE_BYTES = (LD_SM90_BM + LD_SM90_BN) * LD_SM90_BK * 2,
-  LD_SM90_STAGING_BYTES = 2 * 2 * 64 * 128,
-  LD_SM90_ALIGN = 1024,
-  LD_SM90_FWD_SMEM = LD_SM90_STAGES * LD_SM90_STAGE_BYTES + LD_SM90_ALIGN,
-  LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES,
-  LD_TILE = 64,
-  LD_THREADS = 256
-};
+enum { LD_SM90_BM = 128, LD_SM90_BN = 128, LD_SM90_BK = 64, LD_SM90_THREADS = 384, LD_SM90_STAGES = 6 };
+enum { LD_SM90_STAGE_BYTES = (LD_SM90_BM + LD_SM90_BN) * LD_SM90_BK * 2, LD_SM90_STAGING_BYTES = 2 * 2 * 64 * 128 };
+enum { LD_SM90_ALIGN = 1024, LD_SM90_FWD_SMEM = LD_SM90_STAGES * LD_SM90_STAGE_BYTES + LD_SM90_ALIGN };
+enum { LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES, LD_TILE = 64, LD_THREADS = 256 };
 
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
 #define RLK_LD_HEADS(F, S_)          \
