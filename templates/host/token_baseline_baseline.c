@@ -65,7 +65,7 @@ RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
               den = den + w;
             }
           } else {
-            const float m = tb_mask_at(mask, i * ms + t);
+            const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + t);
             if (m != 0.0f) {
               const tb_t w = w_buf[i * T + t];
               num = num + (returns[i * rs + t] * w) * (tb_t)m;
@@ -80,11 +80,11 @@ RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
         if (RLK_P_COMPACT) {
           if (t < len[i]) {
             const rlk_i64 col = pos[i * T + t];
-            const float m = tb_mask_at(mask, i * ms + col);
+            const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + col);
             adv[i * as + col] = (g_buf[i * T + t] - bi) * (tb_t)m;
           }
         } else {
-          const float m = tb_mask_at(mask, i * ms + t);
+          const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + t);
           adv[i * as + t] = m != 0.0f ? (returns[i * rs + t] - bi) * (tb_t)m : (tb_t)0;
         }
       }

@@ -40,7 +40,7 @@ RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
       float m[TB_TEAM];
       for (int l = 0; l < TB_TEAM; l++) {
         const rlk_i64 t = c0 + l;
-        m[l] = t < T ? tb_mask_at(mask, m0 + t) : 0.0f;
+        m[l] = t < T ? rlk_mask_weight(RLK_P_MASK, mask, m0 + t) : 0.0f;
         tb_t w = 0;
         if (m[l] != 0.0f) {
           const tb_t pi = tb_exp(old_logp[row * p_->logp_stride + t]);
@@ -80,7 +80,7 @@ RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
       float m[TB_TEAM];
       for (int l = 0; l < TB_TEAM; l++) {
         const rlk_i64 t = T - 1 - (c0 + l);
-        m[l] = t >= 0 ? tb_mask_at(mask, m0 + t) : 0.0f;
+        m[l] = t >= 0 ? rlk_mask_weight(RLK_P_MASK, mask, m0 + t) : 0.0f;
         x[l] = m[l] != 0.0f ? rewards[row * p_->reward_stride + t] * (tb_t)m[l] : (tb_t)0;
         k[l] = m[l] != 0.0f;
       }
