@@ -348,11 +348,6 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
   return as_finish(call, a->algo, &a->values, NULL, &a->mask, &a->out, a->advantages.data ? &a->advantages : NULL);
 }
 
-static const void *as_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((as_call *)call)->k;
-}
-
 static void as_launch_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
   const as_args *k = &((const as_call *)call)->k;
   as_dims(&ctx->target, (rlk_dtype)call->specs[i].values[0], (int)call->specs[i].values[2], k->B, k->T, d);
@@ -371,15 +366,15 @@ static const rlk_arg_field as_cumsum_fields[] = {
 
 static const rlk_op_entry as_gae_entry = {
     .name = "rlk_gae", .op = &rlk_op_gae, .call_size = sizeof(as_call), RLK_OP_FIELDS(as_gae_fields),
-    .validate = as_gae_validate, .params = as_launch_params, .dims = as_launch_dims};
+    .validate = as_gae_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 static const rlk_op_entry as_returns_entry = {
     .name = "rlk_discounted_returns", .op = &rlk_op_discounted_returns, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .params = as_launch_params, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 static const rlk_op_entry as_cumsum_entry = {
     .name = "rlk_reverse_cumsum", .op = &rlk_op_reverse_cumsum, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params = as_launch_params, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
   return rlk_op_run(&as_gae_entry, ctx, a, stream);

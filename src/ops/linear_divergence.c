@@ -1243,11 +1243,6 @@ static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, 
   return RLK_OK;
 }
 
-static const void *ld_combine_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((ld_combine_call *)call)->k;
-}
-
 /* A thread a row (the host: its one call). */
 static void ld_combine_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
   (void)i;
@@ -1257,7 +1252,7 @@ static void ld_combine_dims(const rlk_context *ctx, const rlk_op_call *call, siz
 
 static const rlk_op_entry ld_combine_entry = {
     .name = "rlk_linear_divergence_combine", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_combine_call),
-    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params = ld_combine_launch_params,
+    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params_at = offsetof(ld_combine_call, k),
     .dims = ld_combine_dims};
 
 RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *a,

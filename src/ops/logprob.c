@@ -825,11 +825,6 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   return RLK_OK;
 }
 
-static const void *lp_bwd_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((lp_bwd_call *)call)->k;
-}
-
 /* A block per group of rows (the forward's layout); few rows: each row's vectors split over
  * grid.y so that every SM has blocks. */
 static void lp_bwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
@@ -859,7 +854,7 @@ static const rlk_arg_field lp_bwd_fields[] = {
 
 static const rlk_op_entry lp_bwd_entry = {
     .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),
-    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params = lp_bwd_launch_params, .dims = lp_bwd_dims};
+    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params_at = offsetof(lp_bwd_call, k), .dims = lp_bwd_dims};
 
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
   return rlk_op_run(&lp_bwd_entry, ctx, a, stream);

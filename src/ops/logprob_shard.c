@@ -205,11 +205,6 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   return RLK_OK;
 }
 
-static const void *ls_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((ls_call *)call)->k;
-}
-
 /* The shard forward: rlk_logprob's vector layout, a block per group of rows. */
 static void ls_fwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
   if (ctx->kind == RLK_BACKEND_HOST) return;
@@ -225,7 +220,7 @@ static const rlk_arg_field ls_fwd_fields[] = {RLK_ARG_IN(rlk_logprob_args, logit
 
 static const rlk_op_entry ls_fwd_entry = {
     .name = "rlk_logprob", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call), RLK_OP_FIELDS(ls_fwd_fields),
-    .validate = ls_fwd_validate, .params = ls_launch_params, .dims = ls_fwd_dims};
+    .validate = ls_fwd_validate, .params_at = offsetof(ls_call, k), .dims = ls_fwd_dims};
 
 rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
   return rlk_op_run(&ls_fwd_entry, ctx, a, stream);
@@ -301,7 +296,7 @@ static const rlk_arg_field ls_combine_fields[] = {
 
 static const rlk_op_entry ls_combine_entry = {
     .name = "rlk_logprob_combine", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call),
-    RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .params = ls_launch_params, .dims = ls_combine_dims};
+    RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .params_at = offsetof(ls_call, k), .dims = ls_combine_dims};
 
 RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a, void *stream) {
   return rlk_op_run(&ls_combine_entry, ctx, a, stream);

@@ -294,11 +294,6 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   return RLK_OK;
 }
 
-static const void *smp_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((smp_call *)call)->k;
-}
-
 /* A block a row, or a cluster of `split` blocks a row; rows past the grid are strided over it.
  * Both kernels wait for the stream first where they are built for sm_90 and later; code for an
  * older target that a newer device runs (PTX it compiles) has no wait, so it launches plainly. */
@@ -332,7 +327,7 @@ static const rlk_arg_field smp_fields[] = {
 
 static const rlk_op_entry smp_entry = {
     .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),
-    .validate = smp_validate, .params = smp_launch_params, .dims = smp_dims};
+    .validate = smp_validate, .params_at = offsetof(smp_call, k), .dims = smp_dims};
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
   return rlk_op_run(&smp_entry, ctx, a, stream);

@@ -204,11 +204,6 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   return tk_plan(ctx, v, call->specs, &call->nspecs); /* what it refuses, refused before the call goes on */
 }
 
-static const void *tk_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((tk_call *)call)->k;
-}
-
 /* Rows shorter than the block share it: bx threads along a row (a power of two, at least a
  * warp), TK_BLOCK / bx rows per block. */
 static void tk_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
@@ -232,7 +227,7 @@ static const rlk_arg_field tk_fields[] = {
 
 static const rlk_op_entry tk_entry = {
     .name = "rlk_token_kl", .op = &rlk_op_token_kl, .call_size = sizeof(tk_call), RLK_OP_FIELDS(tk_fields),
-    .validate = tk_validate, .params = tk_launch_params, .dims = tk_dims};
+    .validate = tk_validate, .params_at = offsetof(tk_call, k), .dims = tk_dims};
 
 RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {
   return rlk_op_run(&tk_entry, ctx, args, stream);
