@@ -55,6 +55,11 @@ rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtyp
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
 
+/* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
+ * total (named total_name in the message), non-decreasing; increasing when nonempty. */
+rlk_status rlk_check_offset_values(const rlk_tensor *o, const char *what, int64_t count, int64_t total,
+                                  const char *total_name, int nonempty);
+
 /* The groups of B sequences (the GRPO-family ops' group_size / group_offsets pair): exactly one
  * of a fixed size dividing B or offsets [num_groups + 1] (i32 or i64, contiguous, 1 <= num_groups
  * <= B). Offsets on the host (`host_values`) are read and checked in full: first 0, last B,
