@@ -40,6 +40,7 @@
 /* The backward kernel's arguments (templates/common/logprob_params.h, which declares the
  * forward's). */
 RLK_PARAMS_DECLARE(lp_bwd_kernel_args, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(lp_rows_args, RLK_LP_ROWS, 56); /* the front of every one */
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -589,11 +590,16 @@ RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
 /* The inputs both passes and the shard form share: logits [N, V], labels [N], temperature and
  * variant (logprob_shard.h). */
 rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *labels, float temperature,
-                                    int variant, int64_t *N, int64_t *V, int64_t *row_stride,
-                                    int64_t *label_stride) {
+                                    int variant, int64_t ignore_index, void *rows) {
   rlk_status st;
-  if ((st = lp_check_matrix(logits, "logits", LP_LOGIT_DTYPES, N, V, row_stride))) return st;
-  return lp_check_common(labels, temperature, variant, *N, label_stride);
+  int64_t N, V, row_stride, label_stride;
+  if ((st = lp_check_matrix(logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride)) ||
+      (st = lp_check_common(labels, temperature, variant, N, &label_stride)))
+    return st;
+  const lp_rows_args r = {.logits = logits->data, .row_stride = row_stride, .labels = labels->data,
+                          .label_stride = label_stride, .N = N, .V = V, .ignore_index = ignore_index};
+  memcpy(rows, &r, sizeof r); /* each kernel struct's declaration asserts these offsets */
+  return RLK_OK;
 }
 
 /* The common settings of a call's pass. */
@@ -627,10 +633,10 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   const rlk_logprob_args *a = args;
   lp_fwd_call *c = (lp_fwd_call *)call;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  lp_fwd_args *k = &c->k.rows;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
   if ((st = rlk_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
@@ -641,14 +647,6 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
                 a->block, a->unroll, a->stages);
   rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
-  lp_fwd_args *k = &c->k.rows;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->logp = (float *)a->logp.data;
   k->lse = (float *)a->lse.data;
   k->entropy = (float *)a->entropy.data;
@@ -660,7 +658,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   r->dtype = a->logits.dtype;
   r->rows = (uint64_t)N;
   r->cols = (uint64_t)V;
-  r->row_stride = (uint64_t)row_stride;
+  r->row_stride = (uint64_t)k->row_stride;
   r->box_cols = (uint32_t)(512 / lp_dt_bytes(rlk_op_float_dt(a->logits.dtype)));
   return RLK_OK;
 }
@@ -759,10 +757,10 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   (void)ctx;
   const rlk_logprob_backward_args *a = args;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   int64_t lse_s = 1, glp_s = 1, ent_s = 1, gent_s = 1;
   if ((st = rlk_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
@@ -785,7 +783,7 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logits: shape [%lld, %lld], expected [%lld, %lld]",
                      (long long)gN, (long long)gV, (long long)N, (long long)V);
   if (a->grad_logits.data == a->logits.data &&
-      (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != row_stride)))
+      (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != k->row_stride)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = lp_check_status(&a->status))) return st;
@@ -799,14 +797,6 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                 (int)a->variant, a->block, a->unroll, 0);
   rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
   rlk_op_values_set(&call->vals, LP_S_GRAD, a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32);
-  lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->lse = (const float *)a->lse.data;
   k->lse_stride = lse_s;
   k->grad_logp = (const float *)a->grad_logp.data;

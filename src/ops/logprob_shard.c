@@ -166,10 +166,11 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   (void)ctx;
   const rlk_logprob_args *a = args;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride, P = -1;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  ls_fwd_kernel_args *k = &((ls_call *)call)->k.fwd;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
+  int64_t P = -1;
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
   if (a->logp.data || a->lse.data || a->entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -191,14 +192,6 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   rlk_op_values_set(v, LS_S_VOCAB, V);
   rlk_op_values_set(v, LS_S_BLOCK, a->block);
   rlk_op_values_set(v, LS_S_UNROLL, a->unroll);
-  ls_fwd_kernel_args *k = &((ls_call *)call)->k.fwd;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->vocab_start = a->vocab_start;
   k->partials = a->partials.data;
   k->temperature = a->temperature;
