@@ -11,13 +11,10 @@
 
 RLK_HOST_KERNEL rlk_pattn_bwd(void **args) {
   const pa_bwd_args *p_ = (const pa_bwd_args *)args[0];
-  const uint16_t *q = (const uint16_t *)p_->q;
-  const uint16_t *k = (const uint16_t *)p_->k;
-  const uint16_t *v = (const uint16_t *)p_->v;
+  const uint16_t *q = (const uint16_t *)p_->q, *k = (const uint16_t *)p_->k, *v = (const uint16_t *)p_->v;
   const uint16_t *dout = (const uint16_t *)p_->dout;
   double *work = (double *)p_->work;
-  const int32_t *seq = p_->seq;
-  const int32_t *grp = p_->grp;
+  const int32_t *seq = p_->seq, *grp = p_->grp;
   const rlk_i64 P = p_->P;
   const rlk_i64 T = p_->T;
   const int32_t Hq = p_->Hq, Hkv = p_->Hkv;
@@ -51,21 +48,13 @@ RLK_HOST_KERNEL rlk_pattn_bwd(void **args) {
               const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
               for (rlk_i64 j = j0; j < j1; j++) {
                 const uint16_t *kj = k + (j * Hkv + hk) * D, *vj = v + (j * Hkv + hk) * D;
-                double sc = 0.0;
-                for (int d = 0; d < D; d++) sc += qd[d] * pa_load(kj, d);
-                sc *= scale;
+                const double sc = pa_dot(qd, kj, D) * scale;
                 if (pass == 0) {
-                  if (sc > m) {
-                    l = l * exp(m - sc) + 1.0;
-                    m = sc;
-                  } else {
-                    l += exp(sc - m);
-                  }
+                  pa_online_add(&m, &l, sc);
                   continue;
                 }
                 const double pij = exp(sc - m) / l;
-                double dp = 0.0;
-                for (int d = 0; d < D; d++) dp += dod[d] * pa_load(vj, d);
+                const double dp = pa_dot(dod, vj, D);
                 if (pass == 1) {
                   Di += pij * dp;
                   continue;

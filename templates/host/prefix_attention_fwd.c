@@ -8,11 +8,8 @@
 
 RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
   const pa_fwd_args *p_ = (const pa_fwd_args *)args[0];
-  const uint16_t *q = (const uint16_t *)p_->q;
-  const uint16_t *k = (const uint16_t *)p_->k;
-  const uint16_t *v = (const uint16_t *)p_->v;
-  const int32_t *seq = p_->seq;
-  const int32_t *grp = p_->grp;
+  const uint16_t *q = (const uint16_t *)p_->q, *k = (const uint16_t *)p_->k, *v = (const uint16_t *)p_->v;
+  const int32_t *seq = p_->seq, *grp = p_->grp;
   const rlk_i64 P = p_->P;
   const int32_t Hq = p_->Hq, Hkv = p_->Hkv;
   const double scale = p_->scale;
@@ -38,16 +35,9 @@ RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
             for (int part = 0; part < 2; part++) {
               const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
               for (rlk_i64 j = j0; j < j1; j++) {
-                const uint16_t *kj = k + (j * Hkv + hk) * D;
-                double sc = 0.0;
-                for (int d = 0; d < D; d++) sc += qd[d] * pa_load(kj, d);
+                const double sc = pa_dot(qd, k + (j * Hkv + hk) * D, D);
                 if (pass == 0) {
-                  if (sc > m) {
-                    l = l * exp(m - sc) + 1.0;
-                    m = sc;
-                  } else {
-                    l += exp(sc - m);
-                  }
+                  pa_online_add(&m, &l, sc);
                 } else {
                   const double w = exp(sc - m) / l;
                   const uint16_t *vj = v + (j * Hkv + hk) * D;
