@@ -6,15 +6,13 @@
  * Parameters: RLK_P_LOGITS, RLK_P_GRAD (LP_GRAD_*), RLK_P_LABELS, RLK_P_ENTROPY (0/1: g_H given),
  * RLK_P_KEPT (kept-set replay: p is 0 below the row's threshold, but for the label). */
 #include "logprob_common.h"
+#include "rlk_host_labels.h"
 #include "logprob_params.h"
 
 RLK_PARAMS_DECLARE(lp_bwd_params, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
 
-typedef RLK_P_LABELS lp_label_t;
-
 RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   const lp_bwd_params *p = (const lp_bwd_params *)args[0];
-  const lp_label_t *labels = (const lp_label_t *)p->labels;
   const rlk_i64 V = p->V, ignore_index = p->ignore_index;
   const float temperature = p->temperature;
   const float *grad_logp = p->grad_logp;
@@ -26,7 +24,7 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
   for (rlk_i64 i = 0; i < p->N; i++) {
     const char *row = lp_row(p->logits, p->row_stride, dt, i);
     char *out = (char *)p->grad + (size_t)(i * p->grad_stride) * lp_dt_bytes(odt);
-    const rlk_i64 yg = (rlk_i64)labels[i * p->label_stride];
+    const rlk_i64 yg = rlk_label_at(p->labels, i * p->label_stride);
     const rlk_i64 y = yg - p->vocab_start; /* a shard's other labels are other shards' */
     if (yg == ignore_index || (!p->shard && (y < 0 || y >= V))) {
       const float fill = yg == ignore_index ? 0.0f : NAN;

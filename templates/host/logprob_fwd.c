@@ -4,13 +4,11 @@
  * RLK_P_KEPT (kept-set replay: logits below the row's threshold count as -inf, the label is
  * folded in last where it is one of them); block, seg and unroll only shape the GPU kernels. */
 #include "logprob_common.h"
+#include "rlk_host_labels.h"
 #include "logprob_params.h"
-
-typedef RLK_P_LABELS lp_label_t;
 
 RLK_HOST_KERNEL rlk_logprob_fwd(void **args) {
   const lp_fwd_args *p = (const lp_fwd_args *)args[0];
-  const lp_label_t *labels = (const lp_label_t *)p->labels;
   const rlk_i64 V = p->V, ignore_index = p->ignore_index;
   const float temperature = p->temperature;
   int32_t *status = (int32_t *)p->status;
@@ -21,7 +19,7 @@ RLK_HOST_KERNEL rlk_logprob_fwd(void **args) {
     const char *row = lp_row(p->logits, p->row_stride, dt, i);
     const float thr = RLK_P_KEPT ? p->threshold[i] : -INFINITY;
     lp_state st = lp_fold_row(row, dt, V, c, ent, thr);
-    const rlk_i64 y = (rlk_i64)labels[i * p->label_stride];
+    const rlk_i64 y = rlk_label_at(p->labels, i * p->label_stride);
     if (RLK_P_KEPT && y != ignore_index && y >= 0 && y < V) {
       float xy = lp_load(row, dt, y);
       if (xy < thr) lp_add_chunk(&st, &xy, 1, c, ent);
