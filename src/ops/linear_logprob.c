@@ -358,18 +358,6 @@ RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args) {
   args->variant = RLK_LINEAR_LOGPROB_AUTO;
 }
 
-static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t smem) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = smem;
-  return d;
-}
-
 /* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
  * (logits: the sampling head's raw logits of those rows, else NULL; threshold: kept-set replay's,
  * from the launch's first row, else NULL). */
@@ -398,7 +386,7 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   c.temperature = temperature;
   c.threshold = threshold;
   const int64_t rows_a_block = LL_THREADS / 32;
-  rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_THREADS, 0);
+  rlk_launch_dims d = rlk_op_grid((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &c);
 }
 
@@ -430,7 +418,7 @@ static rlk_status ll_host_rows(rlk_context *ctx, const rlk_ll_fwd *f, int64_t r0
   h.temperature = temperature;
   h.logits = logits;
   h.logits_pitch = pitch;
-  rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+  rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
   return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &h);
 }
 
@@ -479,10 +467,10 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
     if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
       return st;
     const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN;
-    const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_SM90_THREADS, smem);
     return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &w);
   }
-  const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_THREADS, 0);
+  const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &g);
 }
 
@@ -863,7 +851,7 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
                                 int64_t H, void *gh, int64_t ghs, int accumulate, void *stream) {
   const ll_bwd_dh_out_args o = {
       .dh = dh, .N = N, .H = H, .grad_hidden = gh, .gh_stride = ghs, .accumulate = accumulate};
-  rlk_launch_dims d = ll_dims((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, LL_THREADS, 0);
+  rlk_launch_dims d = rlk_op_grid((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &o);
 }
 
@@ -877,7 +865,7 @@ static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *sp
                      (long long)tm, (long long)tn);
   g->tiles_m = (int)tm, g->tiles_n = (int)tn;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_SM90_THREADS, smem);
+  const rlk_launch_dims d = rlk_op_grid((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, 1, LL_SM90_THREADS, smem);
   return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
@@ -908,7 +896,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     LL_BWD_ROW_INPUTS(h);
     h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
     h.grad_hidden = gh, h.gh_stride = k->ghs, h.grad_weight = gw, h.gw_stride = k->gws, h.accumulate = a->accumulate;
-    rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+    rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &specs[0], &d, stream, &h);
   }
   /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
@@ -986,21 +974,21 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     LL_BWD_ROW_INPUTS(z);
     z.hidden = hidden, z.h_stride = k->h.hs, z.weight = weight, z.w_stride = k->h.ws;
     z.N = N, z.H = H, z.c0 = c0, z.Vc = Vc, z.dz = dz;
-    rlk_launch_dims d = ll_dims(rb, vb, LL_THREADS, 0);
+    rlk_launch_dims d = rlk_op_grid(rb, vb, 1, LL_THREADS, 0);
     if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
     /* the two products of the chunk share their first arguments (RLK_LL_CHUNK_PRODUCT) */
     if (s_dh) {
       const ll_bwd_dh_args h = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
                                 .weight = weight, .w_stride = k->h.ws,
                                 .dh = dh, .dh_stride = dhs, .beta = c0 || dh_add_first ? 1.0f : 0.0f};
-      d = ll_dims(rb, hb, LL_THREADS, 0);
+      d = rlk_op_grid(rb, hb, 1, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
     }
     if (s_dw) {
       const ll_bwd_dw_args w = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
                                 .hidden = hidden, .h_stride = k->h.hs,
                                 .grad_weight = gw, .gw_stride = k->gws, .accumulate = a->accumulate};
-      d = ll_dims(vb, hb, LL_THREADS, 0);
+      d = rlk_op_grid(vb, hb, 1, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
     }
   }
@@ -1225,9 +1213,9 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
   const int64_t per_block = LL_THREADS * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
   const rlk_launch_dims d =
-      s->ksplit ? ll_dims((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
-                          (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), LL_THREADS, 0)
-                : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, LL_THREADS, 0);
+      s->ksplit ? rlk_op_grid((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
+                              (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), 1, LL_THREADS, 0)
+                : rlk_op_grid((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &fx, &d, stream, &z);
 }
 

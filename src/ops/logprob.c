@@ -682,18 +682,6 @@ static rlk_status lp_fwd_select(const rlk_context *ctx, const void *args, rlk_op
   return RLK_OK;
 }
 
-static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = 1;
-  d.block[0] = (unsigned)block;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = smem;
-  return d;
-}
-
 static uint64_t lp_min_u(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Blocks of a shared-memory variant resident per SM, for a persistent grid. */
@@ -716,11 +704,12 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   const uint64_t groups = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
-    d = lp_dims(1, 1, 1, 0);
+    d = rlk_op_grid(1, 1, 1, 1, 0);
   else if (c->ch.variant == RLK_LOGPROB_VARIANT_VEC)
-    d = lp_dims(lp_min_u(groups, 1u << 20), 1, c->ch.threads, 0);
+    d = rlk_op_grid(lp_min_u(groups, 1u << 20), 1, 1, (unsigned)c->ch.threads, 0);
   else
-    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, c->ch.threads, c->ch.smem);
+    d = rlk_op_grid(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, 1,
+                    (unsigned)c->ch.threads, c->ch.smem);
   if (c->ch.variant != RLK_LOGPROB_VARIANT_TMA)
     return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
   rlk_status st = rlk_context_tensor_map(ctx, &c->req, &c->k.map);
@@ -728,7 +717,7 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
   if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
   const uint64_t g2 = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
-  d = lp_dims(lp_min_u(g2, 1u << 20), 1, c->ch.threads, 0);
+  d = rlk_op_grid(lp_min_u(g2, 1u << 20), 1, 1, (unsigned)c->ch.threads, 0);
   return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
 }
 
@@ -832,7 +821,7 @@ static void lp_bwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t 
     if (splits > most) splits = most ? most : 1;
     if (splits > 65535) splits = 65535;
   }
-  *d = lp_dims(lp_min_u(groups, 1u << 20), splits, (int)threads, 0);
+  *d = rlk_op_grid(lp_min_u(groups, 1u << 20), splits, 1, (unsigned)threads, 0);
 }
 
 static const rlk_arg_field lp_bwd_fields[] = {

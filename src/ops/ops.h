@@ -23,6 +23,14 @@ RLK_OP_LIST(RLK_OP_DESC_EXTERN, RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP)
  * to the runtime's calls over configuration lines). */
 extern const rlk_op_desc *const rlk_op_table[];
 
+/* A launch of gx x gy x gz blocks (0 counts as 1) of `block` threads with `smem` bytes of dynamic
+ * shared memory. */
+static inline rlk_launch_dims rlk_op_grid(uint64_t gx, uint64_t gy, uint64_t gz, unsigned block, size_t smem) {
+  return (rlk_launch_dims){.grid = {(unsigned)(gx ? gx : 1), (unsigned)(gy ? gy : 1), (unsigned)(gz ? gz : 1)},
+                           .block = {block, 1, 1},
+                           .shared_bytes = smem};
+}
+
 /* A float tensor's dtype as a kernel's template value (templates/common/rlk_float_dtype.h): f32,
  * f16, else bf16. */
 static inline int rlk_op_float_dt(rlk_dtype d) {
