@@ -205,26 +205,20 @@ const rlk_op_desc rlk_op_reverse_cumsum = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_gae_args_init(rlk_gae_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->gamma = 1.0;
-  args->lambda = 1.0;
-  args->masked = RLK_GAE_MASKED_SKIP;
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_gae_args defaults = {
+      .gamma = 1.0, .lambda = 1.0, .masked = RLK_GAE_MASKED_SKIP, .algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->gamma = 1.0;
-  args->masked = RLK_RETURNS_MASKED_RESET;
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_discounted_returns_args defaults = {
+      .gamma = 1.0, .masked = RLK_RETURNS_MASKED_RESET, .algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_reverse_cumsum_args defaults = {.algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 /* A call: the kernel's argument. */

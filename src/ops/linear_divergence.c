@@ -1181,10 +1181,8 @@ RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx, const rlk_li
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_linear_divergence_combine_args_init(rlk_linear_divergence_combine_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->mode = RLK_DIVERGENCE_FORWARD_KL;
-  args->ignore_index = -100;
+  static const rlk_linear_divergence_combine_args defaults = {.mode = RLK_DIVERGENCE_FORWARD_KL, .ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 static const rlk_arg_field ld_combine_fields[] = {

@@ -351,11 +351,9 @@ rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, con
 }
 
 RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LINEAR_LOGPROB_AUTO;
+  static const rlk_linear_logprob_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LINEAR_LOGPROB_AUTO};
+  if (args) *args = defaults;
 }
 
 /* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
@@ -828,10 +826,8 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
 }
 
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
+  static const rlk_linear_logprob_backward_args defaults = {.temperature = 1.0f, .ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 /* The per-row inputs every backward kernel's arguments share (the host kernel, the portable dz,

@@ -572,19 +572,15 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_logprob_args_init(rlk_logprob_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+  static const rlk_logprob_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LOGPROB_VARIANT_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+  static const rlk_logprob_backward_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LOGPROB_VARIANT_AUTO};
+  if (args) *args = defaults;
 }
 
 /* The inputs both passes and the shard form share: logits [N, V], labels [N], temperature and

@@ -224,9 +224,8 @@ rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->ignore_index = -100;
+  static const rlk_logprob_combine_args defaults = {.ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,

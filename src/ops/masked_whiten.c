@@ -106,15 +106,10 @@ const rlk_op_desc rlk_op_masked_whiten = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_masked_whiten_args_init(rlk_masked_whiten_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->eps = 1e-8;
-  args->eps_mode = RLK_WHITEN_EPS_ADD;
-  args->unbiased = 1;
-  args->count_eps = 1e-8;
-  args->shift_mean = 1;
-  args->normalize_std = 1;
-  args->masked = RLK_WHITEN_MASKED_APPLY;
+  static const rlk_masked_whiten_args defaults = {
+      .eps = 1e-8, .eps_mode = RLK_WHITEN_EPS_ADD, .unbiased = 1, .count_eps = 1e-8, .shift_mean = 1,
+      .normalize_std = 1, .masked = RLK_WHITEN_MASKED_APPLY};
+  if (args) *args = defaults;
 }
 
 /* x as [B, T]: a 2-D tensor, or a 1-D one as a single row (its stride must then be 1). */

@@ -183,12 +183,9 @@ static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, ui
 }
 
 RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->top_p = 1.0f;
-  args->row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
-  args->pdl = 1;
+  static const rlk_sample_args defaults = {
+      .temperature = 1.0f, .top_p = 1.0f, .row_split = RLK_SAMPLE_ROW_SPLIT_AUTO, .pdl = 1};
+  if (args) *args = defaults;
 }
 
 /* A call: the kernel's argument. */

@@ -108,10 +108,8 @@ const rlk_op_desc rlk_op_token_baseline = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->epsilon = 1e-8;
-  args->handle_zero_tail = 1;
+  static const rlk_token_baseline_args defaults = {.epsilon = 1e-8, .handle_zero_tail = 1};
+  if (args) *args = defaults;
 }
 
 /* A [B, T] tensor of an allowed dtype whose rows are contiguous. */

@@ -103,15 +103,10 @@ const rlk_op_desc rlk_op_token_kl = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_token_kl_args_init(rlk_token_kl_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->estimator = RLK_KL_K3;
-  args->input_min = -20.0;
-  args->input_max = 20.0;
-  args->output_min = -10.0;
-  args->output_max = 10.0;
-  args->is_weight_max = INFINITY;
-  args->clamp_bound_grad = 1.0;
+  static const rlk_token_kl_args defaults = {
+      .estimator = RLK_KL_K3, .input_min = -20.0, .input_max = 20.0, .output_min = -10.0, .output_max = 10.0,
+      .is_weight_max = INFINITY, .clamp_bound_grad = 1.0};
+  if (args) *args = defaults;
 }
 
 /* A per-token tensor of the call as a [B, T] view: 1-D [N] ones (contiguous) become one row. */
