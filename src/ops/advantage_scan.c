@@ -47,7 +47,12 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
 }
 
 int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
-  return B > 1 ? t->strides[0] : T;
+  return t->data && B > 1 ? t->strides[0] : T;
+}
+
+void *rlk_seq_stream(const rlk_tensor *t, int64_t B, int64_t T, long long *stride) {
+  *stride = rlk_seq_row_stride(t, B, T);
+  return t->data;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -255,15 +260,12 @@ static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_ten
   rlk_op_values_set(&call->vals, AS_S_ALGO, algo);
   rlk_op_values_set(&call->vals, AS_S_B, B);
   rlk_op_values_set(&call->vals, AS_S_T, T);
-  k->x0 = x0->data;
-  k->s0 = rlk_seq_row_stride(x0, B, T);
+  k->x0 = rlk_seq_stream(x0, B, T, &k->s0);
   k->x1 = x1 ? x1->data : NULL;
   k->s1 = k->x1 ? rlk_seq_row_stride(x1, B, T) : 0;
-  k->mask = mask->data;
-  k->ms = k->mask ? rlk_seq_row_stride(mask, B, T) : T;
+  k->mask = rlk_seq_stream(mask, B, T, &k->ms);
   k->mask_kind = rlk_seq_mask_kind(mask);
-  k->o0 = o0->data;
-  k->os0 = rlk_seq_row_stride(o0, B, T);
+  k->o0 = rlk_seq_stream(o0, B, T, &k->os0);
   k->o1 = o1 ? o1->data : NULL;
   k->os1 = k->o1 ? rlk_seq_row_stride(o1, B, T) : 0;
   k->B = B;

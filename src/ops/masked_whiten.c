@@ -193,13 +193,10 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   mw_blocks(ctx, x.dtype, B * T, &c->partials, &c->apply_blocks);
   call->workspace = (size_t)c->partials * 3 * sizeof(double);
   mw_apply_args *k = &c->apply;
-  k->x = x.data;
-  k->xs = rlk_seq_row_stride(&x, B, T);
-  k->mask = mask.data;
-  k->ms = k->mask ? rlk_seq_row_stride(&mask, B, T) : T;
+  k->x = rlk_seq_stream(&x, B, T, &k->xs);
+  k->mask = rlk_seq_stream(&mask, B, T, &k->ms);
   k->mask_kind = rlk_seq_mask_kind(&mask);
-  k->out = out.data;
-  k->os = rlk_seq_row_stride(&out, B, T);
+  k->out = rlk_seq_stream(&out, B, T, &k->os);
   k->B = B;
   k->T = T;
   k->partials = call->workspace ? (double *)a->workspace : NULL;
