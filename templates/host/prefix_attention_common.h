@@ -57,4 +57,16 @@ static inline pa_keys pa_keys_of(const int32_t *seq, rlk_i64 g, rlk_i64 s, rlk_i
   return r;
 }
 
+/* Calls visit(args, i, keys of i) for each query token i in the order both passes take them
+ * (the backward's sums depend on it): the prompts, each prompt's segments from its prefix on,
+ * each segment's tokens. */
+static inline void pa_each_query(const int32_t *seq, const int32_t *grp, rlk_i64 P,
+                                 void (*visit)(const void *args, rlk_i64 i, pa_keys ks), const void *args) {
+  for (rlk_i64 p = 0; p < P; p++) {
+    const rlk_i64 g = grp[p];
+    for (rlk_i64 s = g; s < grp[p + 1]; s++)
+      for (rlk_i64 i = seq[s]; i < seq[s + 1]; i++) visit(args, i, pa_keys_of(seq, g, s, i));
+  }
+}
+
 #endif
