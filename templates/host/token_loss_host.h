@@ -7,6 +7,7 @@
 #ifndef RLK_TOKEN_LOSS_HOST_H
 #define RLK_TOKEN_LOSS_HOST_H
 
+#include "rlk_host_offsets.h"
 #include "rlk_host_prelude.h"
 #include "rlk_host_seq_mask.h"
 #include "token_loss_params.h"
@@ -27,15 +28,7 @@ static inline void tl_row(rlk_i64 layout, const void *offsets, rlk_i64 row, rlk_
     return;
   }
   rlk_i64 a, b;
-  if (layout == TL_LAYOUT_PACKED_I32) {
-    a = ((const int32_t *)offsets)[row];
-    b = ((const int32_t *)offsets)[row + 1];
-  } else {
-    a = ((const int64_t *)offsets)[row];
-    b = ((const int64_t *)offsets)[row + 1];
-  }
-  a = a < 0 ? 0 : (a > cols ? cols : a);
-  b = b < a ? a : (b > cols ? cols : b);
+  rlk_offsets_range(offsets, layout == TL_LAYOUT_PACKED_I32, row, cols, &a, &b);
   *first = a;
   *len = b - a;
 }
