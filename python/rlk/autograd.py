@@ -116,6 +116,7 @@ class TokenLogprob(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         want_entropy = kwargs.get("entropy", False)
         ctx.inplace = kwargs.get("inplace_backward", False)
+        ctx.upstream = _f32
         if len(kwargs) == ("entropy" in kwargs) + ("inplace_backward" in kwargs):
             ctx.kw = _NO_KEYWORDS  # no keyword of rlk.logprob's: the common case
             out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True)
@@ -125,21 +126,16 @@ class TokenLogprob(torch.autograd.Function):
             kw.pop("inplace_backward", None)
             ctx.kw = {k: kw[k] for k in _LOGPROB_SETTINGS if k in kw}
             out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
-        ctx.save_for_backward(logits, labels, out.lse, out.entropy)
-        if not want_entropy:
-            return out.logp, None
-        return out.logp, out.entropy
+        return _logprob_outputs(ctx, out, want_entropy, logits, labels)
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        logits, labels, lse, entropy = ctx.saved_tensors
-        if grad_logp is None and grad_entropy is None:
+        g = _logprob_grads(ctx, grad_logp, grad_entropy, ctx.upstream)
+        if g is None:
             return None, None, None
-        g_lp = _f32(grad_logp)
-        g_h = _f32(grad_entropy) if entropy is not None else None
-        grad = _logprob_bwd(logits, labels, lse, grad_logp=g_lp, grad_entropy=g_h,
-                            entropy=entropy if g_h is not None else None, inplace=ctx.inplace,
-                            **ctx.kw)
+        (logits, labels), lse, g_lp, g_h, entropy = g
+        grad = _logprob_bwd(logits, labels, lse, grad_logp=g_lp, grad_entropy=g_h, entropy=entropy,
+                            inplace=ctx.inplace, **ctx.kw)
         return grad, None, None
 
 
@@ -147,6 +143,26 @@ class TokenLogprob(torch.autograd.Function):
 _LOGPROB_SETTINGS = ("temperature", "ignore_index", "status", "variant", "block", "unroll", "stages",
                      "threshold")
 _NO_KEYWORDS = {}  # read only
+
+
+def _logprob_outputs(ctx, out, want_entropy, *inputs):
+    """A token log-prob forward's end: the inputs, lse and entropy saved for the backward;
+    returns (logp, entropy or None)."""
+    ctx.save_for_backward(*inputs, out.lse, out.entropy)
+    return out.logp, out.entropy if want_entropy else None
+
+
+def _logprob_grads(ctx, grad_logp, grad_entropy, upstream):
+    """A token log-prob backward's inputs: None when neither output has a gradient, else (the
+    forward's inputs, lse, the upstream gradients of logp and of the entropy (upstream() of each;
+    that of the entropy only where the forward kept it), the entropy the backward reads (None
+    without its gradient))."""
+    *inputs, lse, entropy = ctx.saved_tensors
+    if grad_logp is None and grad_entropy is None:
+        return None
+    g_lp = upstream(grad_logp)
+    g_h = upstream(grad_entropy) if entropy is not None else None
+    return inputs, lse, g_lp, g_h, entropy if g_h is not None else None
 
 
 def _f32(g):
@@ -171,29 +187,24 @@ class LinearTokenLogprob(torch.autograd.Function):
         ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "threshold") if k in kw}
         ctx.chunk = kw.pop("chunk", None)
         out = _linear_fwd(hidden, weight, labels, entropy=want_entropy, lse=True, **kw)
-        ctx.save_for_backward(hidden, weight, labels, out.lse, out.entropy)
-        if not want_entropy:
-            return out.logp, None
-        return out.logp, out.entropy
+        return _logprob_outputs(ctx, out, want_entropy, hidden, weight, labels)
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, labels, lse, entropy = ctx.saved_tensors
-        if grad_logp is None and grad_entropy is None:
+        g = _logprob_grads(ctx, grad_logp, grad_entropy, _upstream)
+        if g is None:
             return None, None, None, None
-        g_lp = _upstream(grad_logp)
-        g_h = _upstream(grad_entropy) if entropy is not None else None
+        (hidden, weight, labels), lse, g_lp, g_h, entropy = g
         gh, gw = _linear_bwd(
-            hidden, weight, labels, lse, g_lp, g_h,
-            entropy if g_h is not None else None, want_hidden=ctx.needs_input_grad[0],
+            hidden, weight, labels, lse, g_lp, g_h, entropy, want_hidden=ctx.needs_input_grad[0],
             want_weight=ctx.needs_input_grad[1], grad_dtype="same", chunk=ctx.chunk, **ctx.kw)
         return gh, gw, None, None
 
 
-class VocabParallelTokenLogprob(torch.autograd.Function):
+class VocabParallelTokenLogprob(TokenLogprob):
     """(logits shard [N, V_shard], labels [N], keyword dict) -> (logp [N], entropy [N] or None) of
     the whole vocabulary (rlk.vocab_parallel_logprob); the backward is this shard's own
-    (rlk_logprob_backward's shard form), with no communication."""
+    (TokenLogprob's with vocab_start: rlk_logprob_backward's shard form), with no communication."""
 
     @staticmethod
     def forward(ctx, logits, labels, kwargs):
@@ -203,27 +214,13 @@ class VocabParallelTokenLogprob(torch.autograd.Function):
         if vocab_start is None:
             import torch.distributed as dist
             vocab_start = dist.get_rank(kw.get("group")) * logits.shape[1]
-        ctx.vocab_start = int(vocab_start)
         ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in kw}
+        ctx.kw["vocab_start"] = int(vocab_start)
+        ctx.inplace = False
+        ctx.upstream = _upstream
         out = _vocab_parallel.vocab_parallel_logprob(logits.detach(), labels, vocab_start,
                                                      entropy=want_entropy, lse=True, **kw)
-        ctx.save_for_backward(logits, labels, out.lse, out.entropy)
-        if not want_entropy:
-            return out.logp, None
-        return out.logp, out.entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
-        logits, labels, lse, entropy = ctx.saved_tensors
-        if grad_logp is None and grad_entropy is None:
-            return None, None, None
-        g_lp = _upstream(grad_logp)
-        g_h = _upstream(grad_entropy) if entropy is not None else None
-        kw = {k: ctx.kw[k] for k in ("temperature", "ignore_index", "block", "unroll") if k in ctx.kw}
-        grad = _logprob.logprob_backward(logits.detach(), labels, lse, grad_logp=g_lp,
-                                         grad_entropy=g_h, entropy=entropy if g_h is not None else None,
-                                         vocab_start=ctx.vocab_start, **kw)
-        return grad, None, None
+        return _logprob_outputs(ctx, out, want_entropy, logits, labels)
 
 
 def vocab_parallel_token_logprob(logits, labels, *, entropy=False, **kwargs):

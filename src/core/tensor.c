@@ -1,30 +1,12 @@
 /* tensor.c - tensor descriptors and dtypes. */
-#include <string.h>
-
 #include "core/core.h"
 
 rlk_tensor rlk_tensor_1d(void *data, rlk_dtype dtype, int64_t n) {
-  rlk_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dtype;
-  t.ndim = 1;
-  t.shape[0] = n;
-  t.strides[0] = 1;
-  return t;
+  return (rlk_tensor){.data = data, .dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}};
 }
 
 rlk_tensor rlk_tensor_2d(void *data, rlk_dtype dtype, int64_t rows, int64_t cols, int64_t row_stride) {
-  rlk_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dtype;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  t.strides[0] = row_stride;
-  t.strides[1] = 1;
-  return t;
+  return (rlk_tensor){.data = data, .dtype = dtype, .ndim = 2, .shape = {rows, cols}, .strides = {row_stride, 1}};
 }
 
 size_t rlk_dtype_size(rlk_dtype dtype) {

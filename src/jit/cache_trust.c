@@ -76,23 +76,30 @@ static int is_own_root_name(const char *s) {
          strcmp(s, RLK_CACHE_MARKER_NAME) == 0 || strncmp(s, "tune.db", 7) == 0;
 }
 
-/* 1 if the directory open as rootfd holds no name at all. */
-static int is_empty(int rootfd) {
+/* The first name in the directory open as rootfd, past "." and ".." and those `skip` passes,
+ * goes to `name` (when given): 1 if there is one, 0 if none, -1 if the directory cannot be read. */
+static int first_name_but(int rootfd, int (*skip)(const char *), char *name, size_t size) {
   int fd = dup(rootfd);
-  if (fd < 0) return 0;
+  if (fd < 0) return -1;
   DIR *d = fdopendir(fd);
   if (!d) {
     close(fd);
-    return 0;
+    return -1;
   }
   rewinddir(d);
-  int empty = 1;
+  int found = 0;
   struct dirent *de;
-  while (empty && (de = readdir(d)) != NULL)
-    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+  while (!found && (de = readdir(d)) != NULL) {
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 || (skip && skip(de->d_name))) continue;
+    if (name) rlk_format(name, size, "%s", de->d_name);
+    found = 1;
+  }
   closedir(d);
-  return empty;
+  return found;
 }
+
+/* 1 if the directory open as rootfd holds no name at all. */
+static int is_empty(int rootfd) { return first_name_but(rootfd, NULL, NULL, 0) == 0; }
 
 /* 1 the root carries the marker, 0 it does not, -1 a marker file made in the last seconds whose
  * text is not (yet) the marker's. */
@@ -126,26 +133,7 @@ static int has_marker(int rootfd) {
 /* 1 if every name in the directory is one the runtime creates (an empty directory too). The
  * first stranger's name goes to `stranger`. */
 static int only_own_names(int rootfd, char *stranger, size_t size) {
-  int fd = dup(rootfd);
-  if (fd < 0) return 0;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return 0;
-  }
-  rewinddir(d);
-  int ok = 1;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-    if (!is_own_root_name(de->d_name)) {
-      rlk_format(stranger, size, "%s", de->d_name);
-      ok = 0;
-      break;
-    }
-  }
-  closedir(d);
-  return ok;
+  return first_name_but(rootfd, is_own_root_name, stranger, size) == 0;
 }
 
 int rlk_cache_root_is_own(int rootfd, int claim, char *why, size_t whysize) {

@@ -47,7 +47,12 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
 }
 
 int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
-  return B > 1 ? t->strides[0] : T;
+  return t->data && B > 1 ? t->strides[0] : T;
+}
+
+void *rlk_seq_stream(const rlk_tensor *t, int64_t B, int64_t T, long long *stride) {
+  *stride = rlk_seq_row_stride(t, B, T);
+  return t->data;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -205,26 +210,20 @@ const rlk_op_desc rlk_op_reverse_cumsum = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_gae_args_init(rlk_gae_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->gamma = 1.0;
-  args->lambda = 1.0;
-  args->masked = RLK_GAE_MASKED_SKIP;
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_gae_args defaults = {
+      .gamma = 1.0, .lambda = 1.0, .masked = RLK_GAE_MASKED_SKIP, .algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->gamma = 1.0;
-  args->masked = RLK_RETURNS_MASKED_RESET;
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_discounted_returns_args defaults = {
+      .gamma = 1.0, .masked = RLK_RETURNS_MASKED_RESET, .algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->algo = RLK_SCAN_AUTO;
+  static const rlk_reverse_cumsum_args defaults = {.algo = RLK_SCAN_AUTO};
+  if (args) *args = defaults;
 }
 
 /* A call: the kernel's argument. */
@@ -261,15 +260,12 @@ static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_ten
   rlk_op_values_set(&call->vals, AS_S_ALGO, algo);
   rlk_op_values_set(&call->vals, AS_S_B, B);
   rlk_op_values_set(&call->vals, AS_S_T, T);
-  k->x0 = x0->data;
-  k->s0 = rlk_seq_row_stride(x0, B, T);
+  k->x0 = rlk_seq_stream(x0, B, T, &k->s0);
   k->x1 = x1 ? x1->data : NULL;
   k->s1 = k->x1 ? rlk_seq_row_stride(x1, B, T) : 0;
-  k->mask = mask->data;
-  k->ms = k->mask ? rlk_seq_row_stride(mask, B, T) : T;
+  k->mask = rlk_seq_stream(mask, B, T, &k->ms);
   k->mask_kind = rlk_seq_mask_kind(mask);
-  k->o0 = o0->data;
-  k->os0 = rlk_seq_row_stride(o0, B, T);
+  k->o0 = rlk_seq_stream(o0, B, T, &k->os0);
   k->o1 = o1 ? o1->data : NULL;
   k->os1 = k->o1 ? rlk_seq_row_stride(o1, B, T) : 0;
   k->B = B;
@@ -348,11 +344,6 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
   return as_finish(call, a->algo, &a->values, NULL, &a->mask, &a->out, a->advantages.data ? &a->advantages : NULL);
 }
 
-static const void *as_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((as_call *)call)->k;
-}
-
 static void as_launch_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
   const as_args *k = &((const as_call *)call)->k;
   as_dims(&ctx->target, (rlk_dtype)call->specs[i].values[0], (int)call->specs[i].values[2], k->B, k->T, d);
@@ -371,15 +362,15 @@ static const rlk_arg_field as_cumsum_fields[] = {
 
 static const rlk_op_entry as_gae_entry = {
     .name = "rlk_gae", .op = &rlk_op_gae, .call_size = sizeof(as_call), RLK_OP_FIELDS(as_gae_fields),
-    .validate = as_gae_validate, .params = as_launch_params, .dims = as_launch_dims};
+    .validate = as_gae_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 static const rlk_op_entry as_returns_entry = {
     .name = "rlk_discounted_returns", .op = &rlk_op_discounted_returns, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .params = as_launch_params, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_returns_fields), .validate = as_returns_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 static const rlk_op_entry as_cumsum_entry = {
     .name = "rlk_reverse_cumsum", .op = &rlk_op_reverse_cumsum, .call_size = sizeof(as_call),
-    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params = as_launch_params, .dims = as_launch_dims};
+    RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
 RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
   return rlk_op_run(&as_gae_entry, ctx, a, stream);

@@ -107,24 +107,23 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
   return RLK_OK;
 }
 
-/* Host offsets in full: first 0, last B, every group non-empty. */
-static rlk_status check_offset_values(const rlk_tensor *o, int64_t num_groups, int64_t B) {
+rlk_status rlk_check_offset_values(const rlk_tensor *o, const char *what, int64_t count, int64_t total,
+                                  const char *total_name, int nonempty) {
   int64_t prev = 0;
-  for (int64_t g = 0; g <= num_groups; g++) {
-    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[g * o->strides[0]]
-                                          : ((const int64_t *)o->data)[g * o->strides[0]];
-    if (g == 0 && v != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: first offset is %lld, not 0", (long long)v);
-    if (g > 0 && v <= prev)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "group_offsets: offset[%lld] = %lld after %lld (groups must be non-empty and "
-                       "offsets increasing)",
-                       (long long)g, (long long)v, (long long)prev);
+  for (int64_t i = 0; i <= count; i++) {
+    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[i * o->strides[0]]
+                                          : ((const int64_t *)o->data)[i * o->strides[0]];
+    if (i == 0 && v != 0)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: first offset is %lld, not 0", what, (long long)v);
+    if (i > 0 && (nonempty ? v <= prev : v < prev))
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: offset[%lld] = %lld after %lld (%s)", what, (long long)i,
+                       (long long)v, (long long)prev,
+                       nonempty ? "groups must be non-empty and offsets increasing" : "offsets must not decrease");
     prev = v;
   }
-  if (prev != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: last offset is %lld, not B = %lld",
-                     (long long)prev, (long long)B);
+  if (prev != total)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: last offset is %lld, not %s = %lld", what, (long long)prev,
+                     total_name, (long long)total);
   return RLK_OK;
 }
 
@@ -161,7 +160,7 @@ rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *o, int64_t B, 
                      (long long)n, (long long)B);
   if (o->dtype == RLK_I32 && B > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: i32 cannot index B = %lld", (long long)B);
-  if (host_values && (st = check_offset_values(o, n, B))) return st;
+  if (host_values && (st = rlk_check_offset_values(o, "group_offsets", n, B, "B", 1))) return st;
   *num_groups = n;
   *offsets = o->dtype;
   return RLK_OK;

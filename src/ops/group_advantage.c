@@ -179,13 +179,9 @@ const rlk_op_desc rlk_op_group_advantage = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_group_advantage_args_init(rlk_group_advantage_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->group_size = 0;
-  args->mode = RLK_ADV_GRPO;
-  args->eps = 1e-6f;
-  args->unbiased = 1;
-  args->singleton = RLK_SINGLETON_MEAN0_STD1;
+  static const rlk_group_advantage_args defaults = {
+      .group_size = 0, .mode = RLK_ADV_GRPO, .eps = 1e-6f, .unbiased = 1, .singleton = RLK_SINGLETON_MEAN0_STD1};
+  if (args) *args = defaults;
 }
 
 /* A call: its sizes and the kernels' arguments. */

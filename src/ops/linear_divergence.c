@@ -422,17 +422,6 @@ static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k
 
 static size_t ld_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
-static rlk_launch_dims ld_dims(uint64_t gx, uint64_t gy, unsigned block) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  return d;
-}
-
 /* A 128-byte-swizzled tensor map request over a [rows, cols] matrix, in boxes of box_rows rows by
  * 128 bytes (64 16-bit or 32 f32 columns). */
 static rlk_tma_desc_request ld_tma(const void *base, rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride,
@@ -707,8 +696,8 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   if (k->sm90 && (st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden,
                                     &a->teacher_weight, h, maps)))
     return st;
-  rlk_launch_dims dg = k->sm90 ? ld_dims((uint64_t)(k->row_blocks * k->splits), 1, LD_SM90_THREADS)
-                               : ld_dims((uint64_t)k->row_blocks, (uint64_t)k->splits, LD_THREADS);
+  rlk_launch_dims dg = k->sm90 ? rlk_op_grid((uint64_t)(k->row_blocks * k->splits), 1, 1, LD_SM90_THREADS, 0)
+                               : rlk_op_grid((uint64_t)k->row_blocks, (uint64_t)k->splits, 1, LD_THREADS, 0);
   if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM;
   /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
   if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g))) return st;
@@ -717,7 +706,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   c.ignore_index = a->ignore_index, c.divergence = (float *)a->divergence.data, c.stats = (float *)a->stats.data;
   c.entropy = (float *)a->entropy.data, c.zeros = k->loss ? (float *)(ws + k->off_zeros) : NULL;
   c.merged = (float *)a->partials.data;
-  const rlk_launch_dims dr = ld_dims((uint64_t)((h->N + LD_THREADS - 1) / LD_THREADS), 1, LD_THREADS);
+  const rlk_launch_dims dr = rlk_op_grid((uint64_t)((h->N + LD_THREADS - 1) / LD_THREADS), 1, 1, LD_THREADS, 0);
   if ((st = rlk_context_launch_params(ctx, &k->op.specs[1], &dr, stream, &c))) return st;
   if (k->kmode == LD_JSD) {
     /* the second pass over the vocabulary, the lse's in stats; its sums where the records were */
@@ -734,7 +723,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
     t.s_w_stride = h->sws, t.Hs = h->Hs, t.labels = a->labels.data, t.label_stride = h->ls;
     t.ignore_index = a->ignore_index, t.divergence = c.divergence, t.stats = c.stats;
     t.s_temperature = a->student_temperature, t.t_temperature = a->teacher_temperature;
-    const rlk_launch_dims dt = ld_dims((uint64_t)h->N, 1, LD_THREADS);
+    const rlk_launch_dims dt = rlk_op_grid((uint64_t)h->N, 1, 1, LD_THREADS, 0);
     return rlk_context_launch_params(ctx, &k->op.specs[2], &dt, stream, &t);
   }
   return RLK_OK;
@@ -755,7 +744,7 @@ static rlk_status ld_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     f.divergence = (float *)a->divergence.data, f.stats = (float *)a->stats.data, f.entropy = (float *)a->entropy.data;
     f.zeros = k->loss ? (float *)((char *)a->workspace + k->off_zeros) : NULL;
     f.records = (float *)a->partials.data, f.vocab_start = a->vocab_start, f.top_k = a->top_k, f.beta = a->beta;
-    const rlk_launch_dims d = ld_dims(1, 1, 1);
+    const rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &f);
   } else {
     st = ld_fwd_gpu(ctx, a, k, stream);
@@ -977,14 +966,14 @@ static rlk_status ld_side_chunk(rlk_context *ctx, const ld_bwd_call *k, const ld
     d.dh = direct ? (float *)gh : (float *)(wsp + x->dh_off);
     d.dh_stride = direct ? x->ghs : H;
     d.beta = c0 > 0 || (direct && accumulate) ? 1.0f : 0.0f;
-    const rlk_launch_dims dd = ld_dims(rb, hb, LD_THREADS);
+    const rlk_launch_dims dd = rlk_op_grid(rb, hb, 1, LD_THREADS, 0);
     if ((st = rlk_context_launch_params(ctx, ld_find(k, 1, &ld_dh_tmpl, dt), &dd, stream, &d))) return st;
   }
   if (x->gw >= 0) {
     ld_dw_args w = {0};
     w.dz = dz, w.Vc = Vc, w.nv = nv, w.hidden = hidden, w.h_stride = hs, w.c0 = c0, w.N = N, w.H = H;
     w.grad_weight = gw, w.gw_stride = x->gws, w.accumulate = accumulate;
-    const rlk_launch_dims dw = ld_dims(vb, hb, LD_THREADS);
+    const rlk_launch_dims dw = rlk_op_grid(vb, hb, 1, LD_THREADS, 0);
     const rlk_kernel_spec *s = NULL;
     for (size_t i = 1; i < k->op.nspecs && !s; i++)
       if (k->op.specs[i].tmpl == &ld_dw_tmpl && k->op.specs[i].values[0] == dt && k->op.specs[i].values[1] == x->gw)
@@ -1001,7 +990,7 @@ static rlk_status ld_side_out(rlk_context *ctx, const ld_bwd_call *k, const ld_s
   ld_dh_out_args o = {0};
   o.dh = (const float *)(wsp + x->dh_off), o.N = k->h.N, o.H = H, o.grad_hidden = gh, o.gh_stride = x->ghs;
   o.accumulate = accumulate;
-  const rlk_launch_dims d = ld_dims((uint64_t)((k->h.N * H + 255) / 256), 1, 256);
+  const rlk_launch_dims d = rlk_op_grid((uint64_t)((k->h.N * H + 255) / 256), 1, 1, 256, 0);
   return rlk_context_launch_params(ctx, ld_find(k, 1, &ld_dh_out_tmpl, x->gh), &d, stream, &o);
 }
 
@@ -1015,9 +1004,7 @@ static const rlk_kernel_spec *ld_spec(const ld_bwd_call *k, const rlk_kernel_spe
 /* A persistent launch over an M x Nn output of bm x bn tiles: a block a multiprocessor at most. */
 static rlk_launch_dims ld_persistent(const rlk_context *ctx, int64_t tiles, size_t smem) {
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  rlk_launch_dims d = ld_dims((uint64_t)(tiles < sms ? tiles : sms), 1, LD_SM90_THREADS);
-  d.shared_bytes = smem;
-  return d;
+  return rlk_op_grid((uint64_t)(tiles < sms ? tiles : sms), 1, 1, LD_SM90_THREADS, smem);
 }
 
 /* One of the fused head's sm_90a products (g's M x Nn over K; g's maps: map_a, map_b and, where
@@ -1142,7 +1129,7 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     b.gth = a->grad_teacher_hidden.data, b.gth_stride = k->t.ghs, b.gth_dt = k->t.gh;
     b.gtw = a->grad_teacher_weight.data, b.gtw_stride = k->t.gws, b.gtw_dt = k->t.gw;
     b.accumulate = a->accumulate, b.vocab_start = a->vocab_start, b.beta = a->beta;
-    const rlk_launch_dims d = ld_dims(1, 1, 1);
+    const rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &b);
   }
   if (k->sm90) return ld_bwd_sm90(ctx, a, k, stream);
@@ -1158,7 +1145,7 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   for (int64_t c0 = 0; c0 < h->V; c0 += k->chunk) {
     const int64_t nv = h->V - c0 < k->chunk ? h->V - c0 : k->chunk;
     z.c0 = c0;
-    const rlk_launch_dims d = ld_dims(rb, (uint64_t)((nv + LD_TILE - 1) / LD_TILE), LD_THREADS);
+    const rlk_launch_dims d = rlk_op_grid(rb, (uint64_t)((nv + LD_TILE - 1) / LD_TILE), 1, LD_THREADS, 0);
     if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &z))) return st;
     if (student && (st = ld_side_chunk(ctx, k, &k->s, h->sdt, a->student_hidden.data, h->shs, a->student_weight.data,
                                        h->sws, h->Hs, a->grad_student_hidden.data, a->grad_student_weight.data, wsp,
@@ -1194,10 +1181,8 @@ RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx, const rlk_li
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_linear_divergence_combine_args_init(rlk_linear_divergence_combine_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->mode = RLK_DIVERGENCE_FORWARD_KL;
-  args->ignore_index = -100;
+  static const rlk_linear_divergence_combine_args defaults = {.mode = RLK_DIVERGENCE_FORWARD_KL, .ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 static const rlk_arg_field ld_combine_fields[] = {
@@ -1243,21 +1228,17 @@ static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, 
   return RLK_OK;
 }
 
-static const void *ld_combine_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((ld_combine_call *)call)->k;
-}
-
 /* A thread a row (the host: its one call). */
 static void ld_combine_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d) {
   (void)i;
   if (ctx->kind == RLK_BACKEND_HOST) return;
-  *d = ld_dims((uint64_t)((((const ld_combine_call *)call)->k.N + LD_THREADS - 1) / LD_THREADS), 1, LD_THREADS);
+  *d = rlk_op_grid((uint64_t)((((const ld_combine_call *)call)->k.N + LD_THREADS - 1) / LD_THREADS), 1, 1, LD_THREADS,
+                   0);
 }
 
 static const rlk_op_entry ld_combine_entry = {
     .name = "rlk_linear_divergence_combine", .op = &rlk_op_linear_divergence, .call_size = sizeof(ld_combine_call),
-    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params = ld_combine_launch_params,
+    RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params_at = offsetof(ld_combine_call, k),
     .dims = ld_combine_dims};
 
 RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *a,

@@ -178,6 +178,20 @@ static rlk_status ll_check_matrix(const rlk_tensor *t, const char *what, int64_t
   return ll_check_matrix_of(t, what, LL_HIDDEN_DTYPES, rows, cols, stride);
 }
 
+/* A gradient output, given (ll_check_matrix_of's checks) and [rows, cols]: its row stride, and
+ * its float code in *dt. */
+static rlk_status ll_check_grad(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t rows, int64_t cols,
+                                int64_t *stride, int *dt) {
+  rlk_status st;
+  int64_t r, c;
+  if ((st = ll_check_matrix_of(t, what, dtypes, &r, &c, stride))) return st;
+  if (r != rows || c != cols)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what, (long long)r,
+                     (long long)c, (long long)rows, (long long)cols);
+  *dt = rlk_op_float_dt(t->dtype);
+  return RLK_OK;
+}
+
 typedef rlk_ll_head ll_head;
 
 rlk_status rlk_ll_check_variant(int variant) {
@@ -337,23 +351,9 @@ rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, con
 }
 
 RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LINEAR_LOGPROB_AUTO;
-}
-
-static rlk_launch_dims ll_dims(uint64_t gx, uint64_t gy, unsigned block, size_t smem) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = 1;
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = smem;
-  return d;
+  static const rlk_linear_logprob_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LINEAR_LOGPROB_AUTO};
+  if (args) *args = defaults;
 }
 
 /* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
@@ -384,7 +384,7 @@ static rlk_status ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, cons
   c.temperature = temperature;
   c.threshold = threshold;
   const int64_t rows_a_block = LL_THREADS / 32;
-  rlk_launch_dims d = ll_dims((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, LL_THREADS, 0);
+  rlk_launch_dims d = rlk_op_grid((uint64_t)((n + rows_a_block - 1) / rows_a_block), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &c);
 }
 
@@ -416,7 +416,7 @@ static rlk_status ll_host_rows(rlk_context *ctx, const rlk_ll_fwd *f, int64_t r0
   h.temperature = temperature;
   h.logits = logits;
   h.logits_pitch = pitch;
-  rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+  rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
   return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &h);
 }
 
@@ -465,10 +465,10 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
     if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
       return st;
     const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN;
-    const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_SM90_THREADS, smem);
+    const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_SM90_THREADS, smem);
     return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &w);
   }
-  const rlk_launch_dims d = ll_dims((uint64_t)row_blocks, (uint64_t)S, LL_THREADS, 0);
+  const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &g);
 }
 
@@ -749,22 +749,12 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden and grad_weight: give at least one");
   const uint32_t gdt = f32 | RLK_DTYPE_BIT(a->hidden.dtype);
   k->c.gh = k->c.gw = -1;
-  if (a->grad_hidden.data) {
-    int64_t r, cols;
-    if ((st = ll_check_matrix_of(&a->grad_hidden, "grad_hidden", gdt, &r, &cols, &k->ghs))) return st;
-    if (r != k->h.N || cols != k->h.H)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_hidden: shape [%lld, %lld], expected [%lld, %lld]",
-                       (long long)r, (long long)cols, (long long)k->h.N, (long long)k->h.H);
-    k->c.gh = rlk_op_float_dt(a->grad_hidden.dtype);
-  }
-  if (a->grad_weight.data) {
-    int64_t r, cols;
-    if ((st = ll_check_matrix_of(&a->grad_weight, "grad_weight", gdt, &r, &cols, &k->gws))) return st;
-    if (r != k->h.V || cols != k->h.H)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_weight: shape [%lld, %lld], expected [%lld, %lld]",
-                       (long long)r, (long long)cols, (long long)k->h.V, (long long)k->h.H);
-    k->c.gw = rlk_op_float_dt(a->grad_weight.dtype);
-  }
+  if (a->grad_hidden.data &&
+      (st = ll_check_grad(&a->grad_hidden, "grad_hidden", gdt, k->h.N, k->h.H, &k->ghs, &k->c.gh)))
+    return st;
+  if (a->grad_weight.data &&
+      (st = ll_check_grad(&a->grad_weight, "grad_weight", gdt, k->h.V, k->h.H, &k->gws, &k->c.gw)))
+    return st;
   if (a->status.data) {
     if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
     if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
@@ -836,10 +826,8 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
 }
 
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
+  static const rlk_linear_logprob_backward_args defaults = {.temperature = 1.0f, .ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 /* The per-row inputs every backward kernel's arguments share (the host kernel, the portable dz,
@@ -857,14 +845,9 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
 /* grad_hidden (+)= the f32 sum dh of the workspace. */
 static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, const float *dh, int64_t N,
                                 int64_t H, void *gh, int64_t ghs, int accumulate, void *stream) {
-  ll_bwd_dh_out_args o = {0};
-  o.dh = dh;
-  o.N = N;
-  o.H = H;
-  o.grad_hidden = gh;
-  o.gh_stride = ghs;
-  o.accumulate = accumulate;
-  rlk_launch_dims d = ll_dims((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, LL_THREADS, 0);
+  const ll_bwd_dh_out_args o = {
+      .dh = dh, .N = N, .H = H, .grad_hidden = gh, .gh_stride = ghs, .accumulate = accumulate};
+  rlk_launch_dims d = rlk_op_grid((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &o);
 }
 
@@ -878,7 +861,7 @@ static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *sp
                      (long long)tm, (long long)tn);
   g->tiles_m = (int)tm, g->tiles_n = (int)tn;
   const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-  const rlk_launch_dims d = ll_dims((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, LL_SM90_THREADS, smem);
+  const rlk_launch_dims d = rlk_op_grid((uint64_t)(tm * tn < sms ? tm * tn : sms), 1, 1, LL_SM90_THREADS, smem);
   return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
@@ -907,18 +890,9 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   if (ctx->kind == RLK_BACKEND_HOST) {
     ll_bwd_host_args h = {0};
     LL_BWD_ROW_INPUTS(h);
-    h.hidden = hidden;
-    h.h_stride = k->h.hs;
-    h.weight = weight;
-    h.w_stride = k->h.ws;
-    h.N = N;
-    h.H = H;
-    h.grad_hidden = gh;
-    h.gh_stride = k->ghs;
-    h.grad_weight = gw;
-    h.gw_stride = k->gws;
-    h.accumulate = a->accumulate;
-    rlk_launch_dims d = ll_dims(1, 1, 1, 0);
+    h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
+    h.grad_hidden = gh, h.gh_stride = k->ghs, h.grad_weight = gw, h.gw_stride = k->gws, h.accumulate = a->accumulate;
+    rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &specs[0], &d, stream, &h);
   }
   /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
@@ -994,47 +968,23 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     const uint64_t vb = (uint64_t)((nv + LL_TILE - 1) / LL_TILE);
     ll_bwd_dz_args z = {0};
     LL_BWD_ROW_INPUTS(z);
-    z.hidden = hidden;
-    z.h_stride = k->h.hs;
-    z.weight = weight;
-    z.w_stride = k->h.ws;
-    z.N = N;
-    z.H = H;
-    z.c0 = c0;
-    z.Vc = Vc;
-    z.dz = dz;
-    rlk_launch_dims d = ll_dims(rb, vb, LL_THREADS, 0);
+    z.hidden = hidden, z.h_stride = k->h.hs, z.weight = weight, z.w_stride = k->h.ws;
+    z.N = N, z.H = H, z.c0 = c0, z.Vc = Vc, z.dz = dz;
+    rlk_launch_dims d = rlk_op_grid(rb, vb, 1, LL_THREADS, 0);
     if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
+    /* the two products of the chunk share their first arguments (RLK_LL_CHUNK_PRODUCT) */
     if (s_dh) {
-      ll_bwd_dh_args h = {0};
-      h.dz = dz;
-      h.Vc = Vc;
-      h.nv = nv;
-      h.weight = weight;
-      h.w_stride = k->h.ws;
-      h.c0 = c0;
-      h.N = N;
-      h.H = H;
-      h.dh = dh;
-      h.dh_stride = dhs;
-      h.beta = c0 || dh_add_first ? 1.0f : 0.0f;
-      d = ll_dims(rb, hb, LL_THREADS, 0);
+      const ll_bwd_dh_args h = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
+                                .weight = weight, .w_stride = k->h.ws,
+                                .dh = dh, .dh_stride = dhs, .beta = c0 || dh_add_first ? 1.0f : 0.0f};
+      d = rlk_op_grid(rb, hb, 1, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
     }
     if (s_dw) {
-      ll_bwd_dw_args w = {0};
-      w.dz = dz;
-      w.Vc = Vc;
-      w.nv = nv;
-      w.hidden = hidden;
-      w.h_stride = k->h.hs;
-      w.c0 = c0;
-      w.N = N;
-      w.H = H;
-      w.grad_weight = gw;
-      w.gw_stride = k->gws;
-      w.accumulate = a->accumulate;
-      d = ll_dims(vb, hb, LL_THREADS, 0);
+      const ll_bwd_dw_args w = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
+                                .hidden = hidden, .h_stride = k->h.hs,
+                                .grad_weight = gw, .gw_stride = k->gws, .accumulate = a->accumulate};
+      d = rlk_op_grid(vb, hb, 1, LL_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
     }
   }
@@ -1259,9 +1209,9 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
   z.threshold = s->threshold ? s->threshold + r0 : NULL;
   const int64_t per_block = LL_THREADS * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
   const rlk_launch_dims d =
-      s->ksplit ? ll_dims((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
-                          (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), LL_THREADS, 0)
-                : ll_dims((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, LL_THREADS, 0);
+      s->ksplit ? rlk_op_grid((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
+                              (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), 1, LL_THREADS, 0)
+                : rlk_op_grid((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &fx, &d, stream, &z);
 }
 

@@ -39,11 +39,9 @@ typedef struct ls_call {
 } ls_call;
 
 RLK_API void rlk_linear_sample_args_init(rlk_linear_sample_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->top_p = 1.0f;
-  args->variant = RLK_LINEAR_LOGPROB_AUTO;
+  static const rlk_linear_sample_args defaults = {
+      .temperature = 1.0f, .top_p = 1.0f, .variant = RLK_LINEAR_LOGPROB_AUTO};
+  if (args) *args = defaults;
 }
 
 static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {

@@ -40,6 +40,7 @@
 /* The backward kernel's arguments (templates/common/logprob_params.h, which declares the
  * forward's). */
 RLK_PARAMS_DECLARE(lp_bwd_kernel_args, RLK_LP_BWD_PARAMS, RLK_LP_BWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(lp_rows_args, RLK_LP_ROWS, 56); /* the front of every one */
 
 /* ---------------------------------------------------------------------------------- */
 /* Templates                                                                           */
@@ -571,29 +572,30 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_logprob_args_init(rlk_logprob_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+  static const rlk_logprob_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LOGPROB_VARIANT_AUTO};
+  if (args) *args = defaults;
 }
 
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->ignore_index = -100;
-  args->variant = RLK_LOGPROB_VARIANT_AUTO;
+  static const rlk_logprob_backward_args defaults = {
+      .temperature = 1.0f, .ignore_index = -100, .variant = RLK_LOGPROB_VARIANT_AUTO};
+  if (args) *args = defaults;
 }
 
 /* The inputs both passes and the shard form share: logits [N, V], labels [N], temperature and
  * variant (logprob_shard.h). */
 rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *labels, float temperature,
-                                    int variant, int64_t *N, int64_t *V, int64_t *row_stride,
-                                    int64_t *label_stride) {
+                                    int variant, int64_t ignore_index, void *rows) {
   rlk_status st;
-  if ((st = lp_check_matrix(logits, "logits", LP_LOGIT_DTYPES, N, V, row_stride))) return st;
-  return lp_check_common(labels, temperature, variant, *N, label_stride);
+  int64_t N, V, row_stride, label_stride;
+  if ((st = lp_check_matrix(logits, "logits", LP_LOGIT_DTYPES, &N, &V, &row_stride)) ||
+      (st = lp_check_common(labels, temperature, variant, N, &label_stride)))
+    return st;
+  const lp_rows_args r = {.logits = logits->data, .row_stride = row_stride, .labels = labels->data,
+                          .label_stride = label_stride, .N = N, .V = V, .ignore_index = ignore_index};
+  memcpy(rows, &r, sizeof r); /* each kernel struct's declaration asserts these offsets */
+  return RLK_OK;
 }
 
 /* The common settings of a call's pass. */
@@ -627,10 +629,10 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   const rlk_logprob_args *a = args;
   lp_fwd_call *c = (lp_fwd_call *)call;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  lp_fwd_args *k = &c->k.rows;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
   if ((st = rlk_check_vector(&a->logp, "logp", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
@@ -641,14 +643,6 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
                 a->block, a->unroll, a->stages);
   rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
-  lp_fwd_args *k = &c->k.rows;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->logp = (float *)a->logp.data;
   k->lse = (float *)a->lse.data;
   k->entropy = (float *)a->entropy.data;
@@ -660,7 +654,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   r->dtype = a->logits.dtype;
   r->rows = (uint64_t)N;
   r->cols = (uint64_t)V;
-  r->row_stride = (uint64_t)row_stride;
+  r->row_stride = (uint64_t)k->row_stride;
   r->box_cols = (uint32_t)(512 / lp_dt_bytes(rlk_op_float_dt(a->logits.dtype)));
   return RLK_OK;
 }
@@ -682,18 +676,6 @@ static rlk_status lp_fwd_select(const rlk_context *ctx, const void *args, rlk_op
   call->specs[0] = c->ch.spec;
   call->nspecs = 1;
   return RLK_OK;
-}
-
-static rlk_launch_dims lp_dims(uint64_t gx, uint64_t gy, int block, size_t smem) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = 1;
-  d.block[0] = (unsigned)block;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = smem;
-  return d;
 }
 
 static uint64_t lp_min_u(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -718,11 +700,12 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   const uint64_t groups = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
-    d = lp_dims(1, 1, 1, 0);
+    d = rlk_op_grid(1, 1, 1, 1, 0);
   else if (c->ch.variant == RLK_LOGPROB_VARIANT_VEC)
-    d = lp_dims(lp_min_u(groups, 1u << 20), 1, c->ch.threads, 0);
+    d = rlk_op_grid(lp_min_u(groups, 1u << 20), 1, 1, (unsigned)c->ch.threads, 0);
   else
-    d = lp_dims(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, c->ch.threads, c->ch.smem);
+    d = rlk_op_grid(lp_min_u(groups, sms * lp_sm90_blocks_per_sm(&ctx->target, &c->ch)), 1, 1,
+                    (unsigned)c->ch.threads, c->ch.smem);
   if (c->ch.variant != RLK_LOGPROB_VARIANT_TMA)
     return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
   rlk_status st = rlk_context_tensor_map(ctx, &c->req, &c->k.map);
@@ -730,7 +713,7 @@ static rlk_status lp_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   rlk_warn("logprob: tensor map not encoded (%s); running the default variant", rlk_last_error());
   if ((st = lp_select(ctx, LP_PASS_FWD, &call->vals, 0, &c->ch))) return st;
   const uint64_t g2 = (uint64_t)((c->k.rows.N + c->ch.rows_per_block - 1) / c->ch.rows_per_block);
-  d = lp_dims(lp_min_u(g2, 1u << 20), 1, c->ch.threads, 0);
+  d = rlk_op_grid(lp_min_u(g2, 1u << 20), 1, 1, (unsigned)c->ch.threads, 0);
   return rlk_context_launch_params(ctx, &c->ch.spec, &d, stream, &c->k.rows);
 }
 
@@ -759,10 +742,10 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   (void)ctx;
   const rlk_logprob_backward_args *a = args;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   int64_t lse_s = 1, glp_s = 1, ent_s = 1, gent_s = 1;
   if ((st = rlk_check_vector(&a->lse, "lse", f32, N, 0, &lse_s))) return st;
@@ -785,7 +768,7 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_logits: shape [%lld, %lld], expected [%lld, %lld]",
                      (long long)gN, (long long)gV, (long long)N, (long long)V);
   if (a->grad_logits.data == a->logits.data &&
-      (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != row_stride)))
+      (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != k->row_stride)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = lp_check_status(&a->status))) return st;
@@ -799,14 +782,6 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                 (int)a->variant, a->block, a->unroll, 0);
   rlk_op_values_set(&call->vals, LP_S_KEPT, a->threshold.data != NULL);
   rlk_op_values_set(&call->vals, LP_S_GRAD, a->grad_logits.dtype == a->logits.dtype ? LP_GRAD_SAME : LP_GRAD_F32);
-  lp_bwd_kernel_args *k = &((lp_bwd_call *)call)->k;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->lse = (const float *)a->lse.data;
   k->lse_stride = lse_s;
   k->grad_logp = (const float *)a->grad_logp.data;
@@ -823,11 +798,6 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   k->shard = a->shard != 0;
   k->threshold = (const float *)a->threshold.data;
   return RLK_OK;
-}
-
-static const void *lp_bwd_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((lp_bwd_call *)call)->k;
 }
 
 /* A block per group of rows (the forward's layout); few rows: each row's vectors split over
@@ -847,7 +817,7 @@ static void lp_bwd_dims(const rlk_context *ctx, const rlk_op_call *call, size_t 
     if (splits > most) splits = most ? most : 1;
     if (splits > 65535) splits = 65535;
   }
-  *d = lp_dims(lp_min_u(groups, 1u << 20), splits, (int)threads, 0);
+  *d = rlk_op_grid(lp_min_u(groups, 1u << 20), splits, 1, (unsigned)threads, 0);
 }
 
 static const rlk_arg_field lp_bwd_fields[] = {
@@ -859,7 +829,7 @@ static const rlk_arg_field lp_bwd_fields[] = {
 
 static const rlk_op_entry lp_bwd_entry = {
     .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),
-    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params = lp_bwd_launch_params, .dims = lp_bwd_dims};
+    RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params_at = offsetof(lp_bwd_call, k), .dims = lp_bwd_dims};
 
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
   return rlk_op_run(&lp_bwd_entry, ctx, a, stream);

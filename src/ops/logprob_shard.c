@@ -166,10 +166,11 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   (void)ctx;
   const rlk_logprob_args *a = args;
   rlk_status st;
-  int64_t N, V, row_stride, label_stride, P = -1;
-  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, &N, &V, &row_stride,
-                                     &label_stride)))
+  ls_fwd_kernel_args *k = &((ls_call *)call)->k.fwd;
+  if ((st = rlk_logprob_check_inputs(&a->logits, &a->labels, a->temperature, (int)a->variant, a->ignore_index, k)))
     return st;
+  const int64_t N = k->N, V = k->V;
+  int64_t P = -1;
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;
   if (a->logp.data || a->lse.data || a->entropy.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -191,23 +192,10 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   rlk_op_values_set(v, LS_S_VOCAB, V);
   rlk_op_values_set(v, LS_S_BLOCK, a->block);
   rlk_op_values_set(v, LS_S_UNROLL, a->unroll);
-  ls_fwd_kernel_args *k = &((ls_call *)call)->k.fwd;
-  k->logits = a->logits.data;
-  k->row_stride = row_stride;
-  k->labels = a->labels.data;
-  k->label_stride = label_stride;
-  k->N = N;
-  k->V = V;
-  k->ignore_index = a->ignore_index;
   k->vocab_start = a->vocab_start;
   k->partials = a->partials.data;
   k->temperature = a->temperature;
   return RLK_OK;
-}
-
-static const void *ls_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((ls_call *)call)->k;
 }
 
 /* The shard forward: rlk_logprob's vector layout, a block per group of rows. */
@@ -225,7 +213,7 @@ static const rlk_arg_field ls_fwd_fields[] = {RLK_ARG_IN(rlk_logprob_args, logit
 
 static const rlk_op_entry ls_fwd_entry = {
     .name = "rlk_logprob", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call), RLK_OP_FIELDS(ls_fwd_fields),
-    .validate = ls_fwd_validate, .params = ls_launch_params, .dims = ls_fwd_dims};
+    .validate = ls_fwd_validate, .params_at = offsetof(ls_call, k), .dims = ls_fwd_dims};
 
 rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a, void *stream) {
   return rlk_op_run(&ls_fwd_entry, ctx, a, stream);
@@ -236,9 +224,8 @@ rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *a
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_logprob_combine_args_init(rlk_logprob_combine_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->ignore_index = -100;
+  static const rlk_logprob_combine_args defaults = {.ignore_index = -100};
+  if (args) *args = defaults;
 }
 
 rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,
@@ -301,7 +288,7 @@ static const rlk_arg_field ls_combine_fields[] = {
 
 static const rlk_op_entry ls_combine_entry = {
     .name = "rlk_logprob_combine", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call),
-    RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .params = ls_launch_params, .dims = ls_combine_dims};
+    RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .params_at = offsetof(ls_call, k), .dims = ls_combine_dims};
 
 RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a, void *stream) {
   return rlk_op_run(&ls_combine_entry, ctx, a, stream);

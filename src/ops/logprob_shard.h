@@ -11,10 +11,11 @@
 rlk_status rlk_logprob_shard_forward(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
 /* The inputs every logprob call checks alike (logprob.c): logits [N, V] with contiguous rows,
- * labels [N], a finite temperature > 0 and an rlk_logprob_variant. */
+ * labels [N], a finite temperature > 0 and an rlk_logprob_variant. They go, with ignore_index, to
+ * the front of `rows`: the argument struct of a kernel whose list begins with RLK_LP_ROWS
+ * (templates/common/logprob_params.h: logits, labels, their strides, N, V, ignore_index). */
 rlk_status rlk_logprob_check_inputs(const rlk_tensor *logits, const rlk_tensor *labels, float temperature,
-                                    int variant, int64_t *N, int64_t *V, int64_t *row_stride,
-                                    int64_t *label_stride);
+                                    int variant, int64_t ignore_index, void *rows);
 
 /* The combine's outputs as rlk_logprob_combine checks them, for N rows. */
 rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_tensor *lse,

@@ -106,15 +106,10 @@ const rlk_op_desc rlk_op_masked_whiten = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_masked_whiten_args_init(rlk_masked_whiten_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->eps = 1e-8;
-  args->eps_mode = RLK_WHITEN_EPS_ADD;
-  args->unbiased = 1;
-  args->count_eps = 1e-8;
-  args->shift_mean = 1;
-  args->normalize_std = 1;
-  args->masked = RLK_WHITEN_MASKED_APPLY;
+  static const rlk_masked_whiten_args defaults = {
+      .eps = 1e-8, .eps_mode = RLK_WHITEN_EPS_ADD, .unbiased = 1, .count_eps = 1e-8, .shift_mean = 1,
+      .normalize_std = 1, .masked = RLK_WHITEN_MASKED_APPLY};
+  if (args) *args = defaults;
 }
 
 /* x as [B, T]: a 2-D tensor, or a 1-D one as a single row (its stride must then be 1). */
@@ -140,6 +135,21 @@ static rlk_tensor mw_as_rows(const rlk_tensor *t) {
   return rlk_tensor_2d(t->data, t->dtype, 1, t->shape[0], t->shape[0]);
 }
 
+/* mask or out beside x: absent (where not required), or as many dimensions as x (contiguous
+ * when 1-D), then as [B, T] rows (mw_as_rows, into *rows) of one of `dtypes`. */
+static rlk_status mw_check_beside_x(const rlk_tensor *t, const char *what, int required, uint32_t dtypes,
+                                    const rlk_tensor *x, int64_t B, int64_t T, rlk_tensor *rows) {
+  rlk_status st;
+  if (required || t->data) {
+    if ((st = rlk_check_tensor(t, what, 1))) return st;
+    if (t->ndim != x->ndim)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %d dimensions, x has %d", what, (int)t->ndim, (int)x->ndim);
+    if (t->ndim == 1 && (st = rlk_check_contiguous(t, what))) return st;
+  }
+  *rows = mw_as_rows(t);
+  return rlk_seq_check_rows(rows, what, required, dtypes, B, T);
+}
+
 /* A call: its launch and the kernels' arguments (the host kernel takes the apply's). */
 typedef struct mw_call {
   rlk_op_call op;
@@ -157,22 +167,10 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
   const rlk_tensor x = mw_as_rows(&a->x);
   if ((st = rlk_seq_check_rows(&x, "x", 1, MW_DTYPES, B, T))) return st;
-  if (a->mask.data) {
-    if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
-    if (a->mask.ndim != a->x.ndim)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: %d dimensions, x has %d", (int)a->mask.ndim,
-                       (int)a->x.ndim);
-    if (a->mask.ndim == 1 && (st = rlk_check_contiguous(&a->mask, "mask"))) return st;
-  }
-  const rlk_tensor mask = mw_as_rows(&a->mask);
-  if ((st = rlk_seq_check_rows(&mask, "mask", 0, MW_MASK_DTYPES, B, T))) return st;
-  if ((st = rlk_check_tensor(&a->out, "out", 1))) return st;
-  if (a->out.ndim != a->x.ndim)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "out: %d dimensions, x has %d", (int)a->out.ndim,
-                     (int)a->x.ndim);
-  if (a->out.ndim == 1 && (st = rlk_check_contiguous(&a->out, "out"))) return st;
-  const rlk_tensor out = mw_as_rows(&a->out);
-  if ((st = rlk_seq_check_rows(&out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), B, T))) return st;
+  rlk_tensor mask, out;
+  if ((st = mw_check_beside_x(&a->mask, "mask", 0, MW_MASK_DTYPES, &a->x, B, T, &mask)) ||
+      (st = mw_check_beside_x(&a->out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), &a->x, B, T, &out)))
+    return st;
   if (!(a->eps >= 0.0) || !isfinite(a->eps))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", a->eps);
   if (!(a->count_eps >= 0.0) || !isfinite(a->count_eps))
@@ -195,13 +193,10 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   mw_blocks(ctx, x.dtype, B * T, &c->partials, &c->apply_blocks);
   call->workspace = (size_t)c->partials * 3 * sizeof(double);
   mw_apply_args *k = &c->apply;
-  k->x = x.data;
-  k->xs = rlk_seq_row_stride(&x, B, T);
-  k->mask = mask.data;
-  k->ms = k->mask ? rlk_seq_row_stride(&mask, B, T) : T;
+  k->x = rlk_seq_stream(&x, B, T, &k->xs);
+  k->mask = rlk_seq_stream(&mask, B, T, &k->ms);
   k->mask_kind = rlk_seq_mask_kind(&mask);
-  k->out = out.data;
-  k->os = rlk_seq_row_stride(&out, B, T);
+  k->out = rlk_seq_stream(&out, B, T, &k->os);
   k->B = B;
   k->T = T;
   k->partials = call->workspace ? (double *)a->workspace : NULL;

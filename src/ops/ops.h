@@ -23,6 +23,14 @@ RLK_OP_LIST(RLK_OP_DESC_EXTERN, RLK_OP_LIST_SKIP, RLK_OP_LIST_SKIP)
  * to the runtime's calls over configuration lines). */
 extern const rlk_op_desc *const rlk_op_table[];
 
+/* A launch of gx x gy x gz blocks (0 counts as 1) of `block` threads with `smem` bytes of dynamic
+ * shared memory. */
+static inline rlk_launch_dims rlk_op_grid(uint64_t gx, uint64_t gy, uint64_t gz, unsigned block, size_t smem) {
+  return (rlk_launch_dims){.grid = {(unsigned)(gx ? gx : 1), (unsigned)(gy ? gy : 1), (unsigned)(gz ? gz : 1)},
+                           .block = {block, 1, 1},
+                           .shared_bytes = smem};
+}
+
 /* A float tensor's dtype as a kernel's template value (templates/common/rlk_float_dtype.h): f32,
  * f16, else bf16. */
 static inline int rlk_op_float_dt(rlk_dtype d) {
@@ -54,6 +62,11 @@ rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtyp
 /* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
+
+/* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
+ * total (named total_name in the message), non-decreasing; increasing when nonempty. */
+rlk_status rlk_check_offset_values(const rlk_tensor *o, const char *what, int64_t count, int64_t total,
+                                  const char *total_name, int nonempty);
 
 /* The groups of B sequences (the GRPO-family ops' group_size / group_offsets pair): exactly one
  * of a fixed size dividing B or offsets [num_groups + 1] (i32 or i64, contiguous, 1 <= num_groups

@@ -175,26 +175,13 @@ const rlk_op_desc rlk_op_policy_loss = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->mode = RLK_POLICY_PPO;
-  args->clip_low = 0.2;
-  args->clip_high = 0.2;
-  args->dual_clip = 3.0;
-  args->log_ratio_min = -20.0;
-  args->log_ratio_max = 20.0;
-  args->sapo_tau_pos = 1.0;
-  args->sapo_tau_neg = 1.05;
-  args->seq_ratio_grad = RLK_SEQ_RATIO_STRAIGHT_THROUGH;
-  args->clamp_bound_grad = 1.0;
-  args->kl_estimator = RLK_KL_K3;
-  args->kl_coef = 0.0;
-  args->kl_input_clamp = 20.0;
-  args->kl_output_clamp = 10.0;
-  args->kl_straight_through = 0;
-  args->entropy_coef = 0.0;
-  args->agg = RLK_AGG_TOKEN_MEAN;
-  args->loss_scale = 1.0;
+  static const rlk_policy_loss_args defaults = {
+      .mode = RLK_POLICY_PPO, .clip_low = 0.2, .clip_high = 0.2, .dual_clip = 3.0, .log_ratio_min = -20.0,
+      .log_ratio_max = 20.0, .sapo_tau_pos = 1.0, .sapo_tau_neg = 1.05,
+      .seq_ratio_grad = RLK_SEQ_RATIO_STRAIGHT_THROUGH, .clamp_bound_grad = 1.0, .kl_estimator = RLK_KL_K3,
+      .kl_coef = 0.0, .kl_input_clamp = 20.0, .kl_output_clamp = 10.0, .kl_straight_through = 0, .entropy_coef = 0.0,
+      .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1.0};
+  if (args) *args = defaults;
 }
 
 /* A call: the token-loss state, then the kernels' argument. */

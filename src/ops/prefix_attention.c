@@ -388,18 +388,6 @@ static rlk_status pa_check_inputs(const rlk_context *ctx, const rlk_tensor *q, c
   return pa_check_layout(ctx, l, T, s);
 }
 
-static rlk_launch_dims pa_dims(uint64_t gx, uint64_t gy, uint64_t gz, unsigned block, size_t smem) {
-  rlk_launch_dims d;
-  memset(&d, 0, sizeof d);
-  d.grid[0] = (unsigned)(gx ? gx : 1);
-  d.grid[1] = (unsigned)(gy ? gy : 1);
-  d.grid[2] = (unsigned)(gz ? gz : 1);
-  d.block[0] = block;
-  d.block[1] = d.block[2] = 1;
-  d.shared_bytes = smem;
-  return d;
-}
-
 /* A call's tuning fields: each 0 or in its range. */
 static rlk_status pa_check_tuning(const rlk_prefix_attention_tuning *t) {
   if ((int)t->variant < PA_VARIANT_AUTO || (int)t->variant > PA_VARIANT_WGMMA)
@@ -564,18 +552,18 @@ static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     pa_fwd_sm90_args *f = &c->k.f;
     rlk_tensor_map *const maps[4] = {&f->map_q, &f->map_k, &f->map_v, NULL};
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, NULL, PA_SM90_BN, maps))) return st;
-    rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
-                                pa_sm90_smem((int)s->D, p->fwd_stages));
+    rlk_launch_dims d = rlk_op_grid((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
+                                    pa_sm90_smem((int)s->D, p->fwd_stages));
     return rlk_context_launch_params(ctx, &p->fwd, &d, stream, f);
   }
   rlk_launch_dims d;
   if (ctx->kind == RLK_BACKEND_HOST)
-    d = pa_dims(1, 1, 1, 1, 0);
+    d = rlk_op_grid(1, 1, 1, 1, 0);
   else if (p->variant == PA_VARIANT_MMA)
-    d = pa_dims((uint64_t)s->tiles[0], (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_fwd_smem((int)s->D));
+    d = rlk_op_grid((uint64_t)s->tiles[0], (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_fwd_smem((int)s->D));
   else
-    d = pa_dims((uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s->Hq, 1,
-                PA_PORTABLE_WARPS * pa_warp(ctx), 0);
+    d = rlk_op_grid((uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS), (uint64_t)s->Hq, 1,
+                    PA_PORTABLE_WARPS * pa_warp(ctx), 0);
   return rlk_context_launch_params(ctx, &p->fwd, &d, stream, &c->k.f.pass);
 }
 
@@ -654,7 +642,7 @@ static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   rlk_status st;
   const pa_bwd_args *pass = &c->k.b.pass;
   if (ctx->kind == RLK_BACKEND_HOST) {
-    rlk_launch_dims d = pa_dims(1, 1, 1, 1, 0);
+    rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &p->bwd_host, &d, stream, pass);
   }
   if (s->P > 65535)
@@ -665,35 +653,37 @@ static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     rlk_tensor_map *const maps[4] = {&b->map_q, &b->map_k, &b->map_v, &b->map_do};
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_DQ_BN, maps)))
       return st;
-    rlk_launch_dims d = pa_dims((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
-                                pa_sm90_dq_smem((int)s->D, p->dq_stages));
+    rlk_launch_dims d = rlk_op_grid((uint64_t)s->tiles[1], (uint64_t)s->P, (uint64_t)s->Hq, PA_SM90_THREADS,
+                                    pa_sm90_dq_smem((int)s->D, p->dq_stages));
     if ((st = rlk_context_launch_params(ctx, &p->dq, &d, stream, b))) return st;
     /* the launch took its copy: the maps again with dk/dv's key tile */
     if ((st = pa_sm90_maps(ctx, s, a->q.data, a->k.data, a->v.data, a->grad_out.data, PA_SM90_BN, maps))) return st;
     /* prompts slowest, then key tiles, a prompt's heaviest first (at most 65535 key tiles: pa_choose) */
-    d = pa_dims((uint64_t)s->Hkv, (uint64_t)s->tiles[1], (uint64_t)s->P, PA_SM90_THREADS,
-                pa_sm90_dkdv_smem((int)s->D, p->dkdv_stages));
+    d = rlk_op_grid((uint64_t)s->Hkv, (uint64_t)s->tiles[1], (uint64_t)s->P, PA_SM90_THREADS,
+                    pa_sm90_dkdv_smem((int)s->D, p->dkdv_stages));
     return rlk_context_launch_params(ctx, &p->dkdv, &d, stream, b);
   }
   const unsigned warp = pa_warp(ctx);
   const uint64_t rows_per_block = PA_PASS_THREADS / warp; /* a warp per row */
-  rlk_launch_dims d = pa_dims((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1, PA_PASS_THREADS, 0);
+  rlk_launch_dims d = rlk_op_grid((uint64_t)((s->T * s->Hq + rows_per_block - 1) / rows_per_block), 1, 1,
+                                  PA_PASS_THREADS, 0);
   if ((st = rlk_context_launch_params(ctx, &p->prep, &d, stream, pass))) return st;
   if (p->tiled) {
     const uint64_t tiles = (uint64_t)s->tiles[0];
-    d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s->D));
+    d = rlk_op_grid(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dkdv_smem((int)s->D));
     if ((st = rlk_context_launch_params(ctx, &p->dkdv, &d, stream, pass))) return st;
     if (s->Hq > s->Hkv) {
-      d = pa_dims((uint64_t)((s->T * s->Hkv * s->D + PA_PASS_THREADS - 1) / PA_PASS_THREADS), 1, 1, PA_PASS_THREADS, 0);
+      d = rlk_op_grid((uint64_t)((s->T * s->Hkv * s->D + PA_PASS_THREADS - 1) / PA_PASS_THREADS), 1, 1,
+                      PA_PASS_THREADS, 0);
       if ((st = rlk_context_launch_params(ctx, &p->reduce, &d, stream, pass))) return st;
     }
-    d = pa_dims(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dq_smem((int)s->D));
+    d = rlk_op_grid(tiles, (uint64_t)s->P, (uint64_t)s->Hq, PA_MMA_THREADS, pa_dq_smem((int)s->D));
     return rlk_context_launch_params(ctx, &p->dq, &d, stream, pass);
   }
   const uint64_t by = (uint64_t)((s->T + PA_PORTABLE_WARPS - 1) / PA_PORTABLE_WARPS);
-  d = pa_dims(by, (uint64_t)s->Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
+  d = rlk_op_grid(by, (uint64_t)s->Hkv, 1, PA_PORTABLE_WARPS * warp, 0);
   if ((st = rlk_context_launch_params(ctx, &p->dkdv, &d, stream, pass))) return st;
-  d = pa_dims(by, (uint64_t)s->Hq, 1, PA_PORTABLE_WARPS * warp, 0);
+  d = rlk_op_grid(by, (uint64_t)s->Hq, 1, PA_PORTABLE_WARPS * warp, 0);
   return rlk_context_launch_params(ctx, &p->dq, &d, stream, pass);
 }
 

@@ -183,12 +183,9 @@ static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, ui
 }
 
 RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->temperature = 1.0f;
-  args->top_p = 1.0f;
-  args->row_split = RLK_SAMPLE_ROW_SPLIT_AUTO;
-  args->pdl = 1;
+  static const rlk_sample_args defaults = {
+      .temperature = 1.0f, .top_p = 1.0f, .row_split = RLK_SAMPLE_ROW_SPLIT_AUTO, .pdl = 1};
+  if (args) *args = defaults;
 }
 
 /* A call: the kernel's argument. */
@@ -294,11 +291,6 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   return RLK_OK;
 }
 
-static const void *smp_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((smp_call *)call)->k;
-}
-
 /* A block a row, or a cluster of `split` blocks a row; rows past the grid are strided over it.
  * Both kernels wait for the stream first where they are built for sm_90 and later; code for an
  * older target that a newer device runs (PTX it compiles) has no wait, so it launches plainly. */
@@ -332,7 +324,7 @@ static const rlk_arg_field smp_fields[] = {
 
 static const rlk_op_entry smp_entry = {
     .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),
-    .validate = smp_validate, .params = smp_launch_params, .dims = smp_dims};
+    .validate = smp_validate, .params_at = offsetof(smp_call, k), .dims = smp_dims};
 
 RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
   return rlk_op_run(&smp_entry, ctx, a, stream);

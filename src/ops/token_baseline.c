@@ -108,10 +108,8 @@ const rlk_op_desc rlk_op_token_baseline = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->epsilon = 1e-8;
-  args->handle_zero_tail = 1;
+  static const rlk_token_baseline_args defaults = {.epsilon = 1e-8, .handle_zero_tail = 1};
+  if (args) *args = defaults;
 }
 
 /* A [B, T] tensor of an allowed dtype whose rows are contiguous. */
@@ -121,10 +119,6 @@ static rlk_status tb_check_rows(const rlk_tensor *t, const char *what, uint32_t 
   if ((st = rlk_check_tensor(t, what, 1))) return st;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
   return rlk_check_rows(t, what, B, T);
-}
-
-static int64_t tb_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
-  return t->data && B > 1 ? t->strides[0] : T;
 }
 
 /* Workspace layout: byte offsets of W, the packed returns, the columns and the counts. */
@@ -209,20 +203,13 @@ static const void *tb_launch_params(const rlk_context *ctx, const void *args, rl
   if (i == 0) {
     /* 1. a 32-lane team per row */
     tb_scan_args *s = &k->scan;
-    s->rewards = a->rewards.data;
-    s->reward_stride = tb_row_stride(&a->rewards, B, T);
-    s->mask = a->mask.data;
-    s->mask_stride = tb_row_stride(&a->mask, B, T);
-    s->old_logp = a->old_logp.data;
-    s->logp_stride = tb_row_stride(&a->old_logp, B, T);
-    s->sum_pi_sq = a->sum_pi_squared.data;
-    s->sps_stride = tb_row_stride(&a->sum_pi_squared, B, T);
-    s->isw = a->rollout_is_weights.data;
-    s->isw_stride = tb_row_stride(&a->rollout_is_weights, B, T);
-    s->returns = a->returns.data;
-    s->returns_stride = tb_row_stride(&a->returns, B, T);
-    s->adv = a->advantages.data;
-    s->adv_stride = tb_row_stride(&a->advantages, B, T);
+    s->rewards = rlk_seq_stream(&a->rewards, B, T, &s->reward_stride);
+    s->mask = rlk_seq_stream(&a->mask, B, T, &s->mask_stride);
+    s->old_logp = rlk_seq_stream(&a->old_logp, B, T, &s->logp_stride);
+    s->sum_pi_sq = rlk_seq_stream(&a->sum_pi_squared, B, T, &s->sps_stride);
+    s->isw = rlk_seq_stream(&a->rollout_is_weights, B, T, &s->isw_stride);
+    s->returns = rlk_seq_stream(&a->returns, B, T, &s->returns_stride);
+    s->adv = rlk_seq_stream(&a->advantages, B, T, &s->adv_stride);
     s->w_buf = w_buf;
     s->g_buf = g_buf;
     s->pos = pos;
@@ -233,16 +220,13 @@ static const void *tb_launch_params(const rlk_context *ctx, const void *args, rl
   } else {
     /* 2. column tiles x groups */
     tb_baseline_args *b = &k->baseline;
-    b->returns = a->returns.data;
-    b->returns_stride = tb_row_stride(&a->returns, B, T);
-    b->mask = a->mask.data;
-    b->mask_stride = tb_row_stride(&a->mask, B, T);
+    b->returns = rlk_seq_stream(&a->returns, B, T, &b->returns_stride);
+    b->mask = rlk_seq_stream(&a->mask, B, T, &b->mask_stride);
     b->w_buf = w_buf;
     b->g_buf = g_buf;
     b->pos = pos;
     b->len = len;
-    b->adv = a->advantages.data;
-    b->adv_stride = tb_row_stride(&a->advantages, B, T);
+    b->adv = rlk_seq_stream(&a->advantages, B, T, &b->adv_stride);
     b->B = B;
     b->T = T;
     b->group_size = a->group_size;

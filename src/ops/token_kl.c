@@ -103,15 +103,10 @@ const rlk_op_desc rlk_op_token_kl = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_token_kl_args_init(rlk_token_kl_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->estimator = RLK_KL_K3;
-  args->input_min = -20.0;
-  args->input_max = 20.0;
-  args->output_min = -10.0;
-  args->output_max = 10.0;
-  args->is_weight_max = INFINITY;
-  args->clamp_bound_grad = 1.0;
+  static const rlk_token_kl_args defaults = {
+      .estimator = RLK_KL_K3, .input_min = -20.0, .input_max = 20.0, .output_min = -10.0, .output_max = 10.0,
+      .is_weight_max = INFINITY, .clamp_bound_grad = 1.0};
+  if (args) *args = defaults;
 }
 
 /* A per-token tensor of the call as a [B, T] view: 1-D [N] ones (contiguous) become one row. */
@@ -179,20 +174,13 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   rlk_op_values_set(v, TK_S_OLD, a->old_logp.data != NULL);
   rlk_op_values_set(v, TK_S_GIN, a->grad_kl.data != NULL);
   rlk_op_values_set(v, TK_S_OUT, a->kl.data && a->grad_logp.data ? TK_OUT_BOTH : a->kl.data ? TK_OUT_KL : TK_OUT_GRAD);
-  k->logp = logp.data;
-  k->logp_stride = rlk_seq_row_stride(&logp, B, T);
-  k->ref = ref.data;
-  k->ref_stride = rlk_seq_row_stride(&ref, B, T);
-  k->old = old.data;
-  k->old_stride = rlk_seq_row_stride(&old, B, T);
-  k->grad_kl = gin.data;
-  k->grad_kl_stride = rlk_seq_row_stride(&gin, B, T);
-  k->mask = mask.data;
-  k->mask_stride = rlk_seq_row_stride(&mask, B, T);
-  k->kl = kl.data;
-  k->kl_stride = rlk_seq_row_stride(&kl, B, T);
-  k->grad = grad.data;
-  k->grad_stride = rlk_seq_row_stride(&grad, B, T);
+  k->logp = rlk_seq_stream(&logp, B, T, &k->logp_stride);
+  k->ref = rlk_seq_stream(&ref, B, T, &k->ref_stride);
+  k->old = rlk_seq_stream(&old, B, T, &k->old_stride);
+  k->grad_kl = rlk_seq_stream(&gin, B, T, &k->grad_kl_stride);
+  k->mask = rlk_seq_stream(&mask, B, T, &k->mask_stride);
+  k->kl = rlk_seq_stream(&kl, B, T, &k->kl_stride);
+  k->grad = rlk_seq_stream(&grad, B, T, &k->grad_stride);
   k->B = B;
   k->T = T;
   k->in_lo = a->input_min;
@@ -202,11 +190,6 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   k->w_max = a->is_weight_max;
   k->bound_g = a->clamp_bound_grad;
   return tk_plan(ctx, v, call->specs, &call->nspecs); /* what it refuses, refused before the call goes on */
-}
-
-static const void *tk_launch_params(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i) {
-  (void)ctx, (void)args, (void)i;
-  return &((tk_call *)call)->k;
 }
 
 /* Rows shorter than the block share it: bx threads along a row (a power of two, at least a
@@ -232,7 +215,7 @@ static const rlk_arg_field tk_fields[] = {
 
 static const rlk_op_entry tk_entry = {
     .name = "rlk_token_kl", .op = &rlk_op_token_kl, .call_size = sizeof(tk_call), RLK_OP_FIELDS(tk_fields),
-    .validate = tk_validate, .params = tk_launch_params, .dims = tk_dims};
+    .validate = tk_validate, .params_at = offsetof(tk_call, k), .dims = tk_dims};
 
 RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {
   return rlk_op_run(&tk_entry, ctx, args, stream);

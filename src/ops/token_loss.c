@@ -42,27 +42,6 @@ static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const 
   return RLK_OK;
 }
 
-/* Host-resident offsets: first 0, last N, non-decreasing (empty sequences are allowed). */
-static rlk_status tl_check_offsets_values(const rlk_tensor *o, int64_t S, int64_t N) {
-  int64_t prev = 0;
-  for (int64_t i = 0; i <= S; i++) {
-    const int64_t v = o->dtype == RLK_I32 ? ((const int32_t *)o->data)[i]
-                                          : ((const int64_t *)o->data)[i];
-    if (i == 0 && v != 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_offsets: first offset is %lld, not 0",
-                       (long long)v);
-    if (v < prev)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "seq_offsets: offset[%lld] = %lld after %lld (offsets must not decrease)",
-                       (long long)i, (long long)v, (long long)prev);
-    prev = v;
-  }
-  if (prev != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_offsets: last offset is %lld, not N = %lld",
-                     (long long)prev, (long long)N);
-  return RLK_OK;
-}
-
 rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, const char *pname,
                            const rlk_tensor *offsets, const rlk_tensor *mask, tl_layout *L,
                            int64_t *primary_stride) {
@@ -101,7 +80,7 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
                        (long long)L->cols);
     L->rows = offsets->shape[0] - 1;
     L->layout = offsets->dtype == RLK_I32 ? TL_LAYOUT_PACKED_I32 : TL_LAYOUT_PACKED_I64;
-    if (ctx->kind == RLK_BACKEND_HOST && (st = tl_check_offsets_values(offsets, L->rows, L->cols)))
+    if (ctx->kind == RLK_BACKEND_HOST && (st = rlk_check_offset_values(offsets, "seq_offsets", L->rows, L->cols, "N", 0)))
       return st;
   }
   if ((st = tl_check_shape(L, primary, pname, primary_stride))) return st;

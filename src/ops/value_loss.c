@@ -103,12 +103,9 @@ const rlk_op_desc rlk_op_value_loss = {
 /* ---------------------------------------------------------------------------------- */
 
 RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args) {
-  if (!args) return;
-  memset(args, 0, sizeof *args);
-  args->clip = 0.5;
-  args->clamp_bound_grad = 0.5;
-  args->agg = RLK_AGG_TOKEN_MEAN;
-  args->loss_scale = 1.0;
+  static const rlk_value_loss_args defaults = {
+      .clip = 0.5, .clamp_bound_grad = 0.5, .agg = RLK_AGG_TOKEN_MEAN, .loss_scale = 1.0};
+  if (args) *args = defaults;
 }
 
 /* A call: the token-loss state, then the kernels' argument. */

@@ -81,7 +81,7 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
     rlk_launch_dims d;
     memset(&d, 0, sizeof d);
     d.grid[0] = d.grid[1] = d.grid[2] = d.block[0] = d.block[1] = d.block[2] = 1;
-    const void *params = e->params(ctx, args, call, i);
+    const void *params = e->params ? e->params(ctx, args, call, i) : (const char *)call + e->params_at;
     e->dims(ctx, call, i, &d);
     if ((st = rlk_context_launch_params(ctx, &call->specs[i], &d, stream, params))) return st;
   }

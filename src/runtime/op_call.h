@@ -62,6 +62,9 @@ typedef struct rlk_op_entry {
   rlk_status (*select)(const rlk_context *ctx, const void *args, rlk_op_call *call);
   /* Kernel i's argument struct (kept in the op's state), completed for its launch. */
   const void *(*params)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i);
+  /* Without params: where in the op's call struct the one argument struct every kernel takes as
+   * validate left it lies (offsetof(<call struct>, <member>)). */
+  size_t params_at;
   /* Kernel i's launch shape; d arrives as one thread of one block. */
   void (*dims)(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
   /* Instead of params and dims, for an op whose launches are more than one per kernel: runs them. */

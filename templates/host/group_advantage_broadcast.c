@@ -18,7 +18,7 @@ RLK_HOST_KERNEL rlk_group_advantage_broadcast(void **args) {
       if (RLK_P_MASK == RLK_SEQ_MASK_NONE) {
         o[t] = a;
       } else {
-        const float w = ga_mask_at(RLK_P_MASK, mask, b * mask_stride + t);
+        const float w = rlk_mask_weight(RLK_P_MASK, mask, b * mask_stride + t);
         o[t] = w != 0.0f ? a * w : 0.0f;
       }
     }

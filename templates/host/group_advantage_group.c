@@ -7,6 +7,7 @@
  * 0: read at run time), RLK_P_SEG (device only), RLK_P_OFFSETS (GA_OFFSETS_*); unbiased, the
  * singleton policy and unscorable NaNs are run-time arguments. */
 #include "group_advantage_common.h"
+#include "rlk_host_offsets.h"
 
 typedef RLK_P_SCORES ga_score_t;
 
@@ -58,16 +59,7 @@ RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
       start = g * size;
       end = start + size;
     } else {
-      if (RLK_P_OFFSETS == GA_OFFSETS_I32) {
-        start = ((const int32_t *)offsets)[g];
-        end = ((const int32_t *)offsets)[g + 1];
-      } else {
-        start = ((const int64_t *)offsets)[g];
-        end = ((const int64_t *)offsets)[g + 1];
-      }
-      /* Validated by the op; clamped anyway so nothing outside [0, B) is ever touched. */
-      start = start < 0 ? 0 : (start > B ? B : start);
-      end = end < start ? start : (end > B ? B : end);
+      rlk_offsets_range(offsets, RLK_P_OFFSETS == GA_OFFSETS_I32, g, B, &start, &end);
     }
     if (end > B) end = B;
     if (end <= start) continue;

@@ -21,7 +21,7 @@ RLK_HOST_KERNEL rlk_group_advantage_rowsum(void **args) {
       if (RLK_P_MASK == RLK_SEQ_MASK_NONE) {
         acc += r[t];
       } else {
-        const float w = ga_mask_at(RLK_P_MASK, mask, b * mask_stride + t);
+        const float w = rlk_mask_weight(RLK_P_MASK, mask, b * mask_stride + t);
         if (w != 0.0f) acc += r[t] * (ga_score_t)w;
       }
     }

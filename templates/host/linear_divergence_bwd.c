@@ -39,7 +39,7 @@ RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
   if (RLK_P_MODE == LD_TOPK)
     for (rlk_i64 i = 0; i < N; i++) {
       const rlk_i64 c = (rlk_i64)p_->stats[i * p_->stats_stride + 5] - p_->vocab_start;
-      thr[i] = c >= 0 && c < V ? ld_dot(th + i * ths, tw + c * tws, Ht, RLK_P_TDT) / Tt : INFINITY;
+      thr[i] = c >= 0 && c < V ? rlk_half_dot(th + i * ths, tw + c * tws, Ht, RLK_P_TDT) / Tt : INFINITY;
     }
   const double lb = RLK_P_MODE == LD_JSD ? log(beta) : 0.0, l1b = RLK_P_MODE == LD_JSD ? log1p(-beta) : 0.0;
   for (rlk_i64 v = 0; v < V; v++) {
@@ -47,8 +47,8 @@ RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
       if (ld_ignored(p_->labels, p_->label_stride, i, p_->ignore_index)) continue;
       const float *st = p_->stats + i * p_->stats_stride;
       const double g = p_->g[i * p_->g_stride];
-      const double zs = ld_dot(sh + i * shs, sw + v * sws, Hs, RLK_P_SDT) / Ts;
-      const double zt = ld_dot(th + i * ths, tw + v * tws, Ht, RLK_P_TDT) / Tt;
+      const double zs = rlk_half_dot(sh + i * shs, sw + v * sws, Hs, RLK_P_SDT) / Ts;
+      const double zt = rlk_half_dot(th + i * ths, tw + v * tws, Ht, RLK_P_TDT) / Tt;
       const double lps = zs - st[0], lpt = zt - st[1], D = st[2], ps = exp(lps), pt = exp(lpt);
       double gs, gt;
       if (RLK_P_MODE == LD_FKL) {
@@ -71,12 +71,12 @@ RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
       gs *= g / Ts;
       gt *= g / Tt;
       if (student) {
-        for (rlk_i64 c = 0; dhs && c < Hs; c++) dhs[i * Hs + c] += gs * ld_val(sw + v * sws, c, RLK_P_SDT);
-        for (rlk_i64 c = 0; dws && c < Hs; c++) dws[v * Hs + c] += gs * ld_val(sh + i * shs, c, RLK_P_SDT);
+        for (rlk_i64 c = 0; dhs && c < Hs; c++) dhs[i * Hs + c] += gs * rlk_half_at(sw + v * sws, c, RLK_P_SDT);
+        for (rlk_i64 c = 0; dws && c < Hs; c++) dws[v * Hs + c] += gs * rlk_half_at(sh + i * shs, c, RLK_P_SDT);
       }
       if (teacher) {
-        for (rlk_i64 c = 0; dht && c < Ht; c++) dht[i * Ht + c] += gt * ld_val(tw + v * tws, c, RLK_P_TDT);
-        for (rlk_i64 c = 0; dwt && c < Ht; c++) dwt[v * Ht + c] += gt * ld_val(th + i * ths, c, RLK_P_TDT);
+        for (rlk_i64 c = 0; dht && c < Ht; c++) dht[i * Ht + c] += gt * rlk_half_at(tw + v * tws, c, RLK_P_TDT);
+        for (rlk_i64 c = 0; dwt && c < Ht; c++) dwt[v * Ht + c] += gt * rlk_half_at(th + i * ths, c, RLK_P_TDT);
       }
     }
   }

@@ -36,8 +36,8 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
     const uint16_t *hs = (const uint16_t *)p_->s_hidden + i * p_->s_h_stride;
     const uint16_t *ht = (const uint16_t *)p_->t_hidden + i * p_->t_h_stride;
     for (rlk_i64 v = 0; v < V; v++) {
-      zs[v] = ld_dot(hs, (const uint16_t *)p_->s_weight + v * p_->s_w_stride, Hs, RLK_P_SDT) / Ts;
-      zt[v] = ld_dot(ht, (const uint16_t *)p_->t_weight + v * p_->t_w_stride, Ht, RLK_P_TDT) / Tt;
+      zs[v] = rlk_half_dot(hs, (const uint16_t *)p_->s_weight + v * p_->s_w_stride, Hs, RLK_P_SDT) / Ts;
+      zt[v] = rlk_half_dot(ht, (const uint16_t *)p_->t_weight + v * p_->t_w_stride, Ht, RLK_P_TDT) / Tt;
     }
     double ms, mt;
     const double ls = ld_lse(zs, V, &ms), lt = ld_lse(zt, V, &mt);

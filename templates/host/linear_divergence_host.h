@@ -1,25 +1,14 @@
 /* linear_divergence_host.h - what the host forms of rlk_linear_divergence share (fp64
- * throughout): a head's logit as an fp64 dot product, and the top-k order. RLK_P_SDT and
+ * throughout): whether a row is ignored, and the top-k order (a head's logit is an fp64 dot
+ * product, rlk_host_half.h). RLK_P_SDT and
  * RLK_P_TDT are the heads' dtype codes (RLK_DT_F16, RLK_DT_BF16); RLK_P_LABELS the labels' (LD_LAB_*). */
 #ifndef RLK_LINEAR_DIVERGENCE_HOST_H
 #define RLK_LINEAR_DIVERGENCE_HOST_H
 
 #include <math.h>
 
-#include "rlk_float_dtype.h"
-#include "rlk_host_prelude.h"
+#include "rlk_host_half.h"
 #include "linear_divergence_params.h"
-
-static inline double ld_val(const uint16_t *p, rlk_i64 j, int dt) {
-  return dt == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
-}
-
-/* h . w in fp64, k in order. */
-static inline double ld_dot(const uint16_t *h, const uint16_t *w, rlk_i64 H, int dt) {
-  double s = 0.0;
-  for (rlk_i64 k = 0; k < H; k++) s += ld_val(h, k, dt) * ld_val(w, k, dt);
-  return s;
-}
 
 /* Whether row i's label is ignore_index (never without labels). */
 static inline int ld_ignored(const void *labels, rlk_i64 stride, rlk_i64 i, rlk_i64 ignore_index) {

@@ -7,17 +7,11 @@
 #include <stdlib.h>
 
 #include "rlk_host_grad.h"
-#include "rlk_host_prelude.h"
+#include "rlk_host_half.h"
+#include "rlk_host_labels.h"
 #include "linear_logprob_params.h"
 
 RLK_PARAMS_DECLARE(ll_bwd_host_params, RLK_LL_BWD_HOST_PARAMS, RLK_LL_BWD_HOST_PARAMS_SIZE);
-
-typedef RLK_P_LABELS ll_label_t;
-
-
-static inline double ll_val(const uint16_t *p, rlk_i64 j) {
-  return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
-}
 
 RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
   const ll_bwd_host_params *p_ = (const ll_bwd_host_params *)args[0];
@@ -25,7 +19,6 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
   const rlk_i64 hs = p_->h_stride;
   const uint16_t *weight = (const uint16_t *)p_->weight;
   const rlk_i64 ws = p_->w_stride;
-  const ll_label_t *labels = (const ll_label_t *)p_->labels;
   const rlk_i64 ls = p_->label_stride;
   const rlk_i64 N = p_->N;
   const rlk_i64 V = p_->V;
@@ -57,7 +50,7 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
     return; /* out of host memory: outputs untouched */
   }
   for (rlk_i64 i = 0; i < N; i++) {
-    const rlk_i64 yg = (rlk_i64)labels[i * ls], y = yg - vs;
+    const rlk_i64 yg = rlk_label_at(p_->labels, i * ls), y = yg - vs;
     if (!shard && yg != ignore_index && (y < 0 || y >= V) && status) *status |= LP_STATUS_BAD_LABEL;
   }
   for (rlk_i64 v = 0; v < V; v++) {
@@ -65,15 +58,14 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
     for (rlk_i64 k = 0; k < H; k++) dw[k] = 0.0;
     for (rlk_i64 i = 0; i < N; i++) {
       const uint16_t *h = hidden + i * hs;
-      const rlk_i64 yg = (rlk_i64)labels[i * ls], y = yg - vs;
+      const rlk_i64 yg = rlk_label_at(p_->labels, i * ls), y = yg - vs;
       double g;
       if (yg == ignore_index) {
         continue;
       } else if (!shard && (y < 0 || y >= V)) {
         g = NAN;
       } else {
-        double x = 0.0;
-        for (rlk_i64 k = 0; k < H; k++) x += ll_val(h, k) * ll_val(w, k);
+        const double x = rlk_half_dot(h, w, H, RLK_P_HIDDEN);
         const double z = x / T;
         /* kept-set replay: p 0 below the row's threshold (the raw logit rounded to f32), but for
          * the label */
@@ -84,8 +76,8 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
         g /= T;
       }
       if (dh)
-        for (rlk_i64 k = 0; k < H; k++) dh[i * H + k] += g * ll_val(w, k);
-      for (rlk_i64 k = 0; k < H; k++) dw[k] += g * ll_val(h, k);
+        for (rlk_i64 k = 0; k < H; k++) dh[i * H + k] += g * rlk_half_at(w, k, RLK_P_HIDDEN);
+      for (rlk_i64 k = 0; k < H; k++) dw[k] += g * rlk_half_at(h, k, RLK_P_HIDDEN);
     }
     if (gw)
       for (rlk_i64 k = 0; k < H; k++) {

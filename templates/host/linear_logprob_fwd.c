@@ -8,51 +8,27 @@
  * int64_t), RLK_P_ENTROPY (0/1). */
 #include <math.h>
 
-#include "rlk_host_prelude.h"
+#include "rlk_host_half.h"
+#include "rlk_host_labels.h"
 #include "linear_logprob_params.h"
 
 RLK_PARAMS_DECLARE(ll_fwd_host_params, RLK_LL_FWD_HOST_PARAMS, RLK_LL_FWD_HOST_PARAMS_SIZE);
 
-typedef RLK_P_LABELS ll_label_t;
-
-
-static inline double ll_load(const uint16_t *p, rlk_i64 j) {
-  return RLK_P_HIDDEN == RLK_DT_F16 ? (double)rlk_f16_to_float(p[j]) : (double)rlk_bf16_to_float(p[j]);
-}
-
-static double ll_dot(const uint16_t *a, const uint16_t *b, rlk_i64 H) {
-  double s = 0.0;
-  for (rlk_i64 k = 0; k < H; k++) s += ll_load(a, k) * ll_load(b, k);
-  return s;
-}
-
 RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
   const ll_fwd_host_params *p_ = (const ll_fwd_host_params *)args[0];
-  const uint16_t *hidden = (const uint16_t *)p_->hidden;
-  const rlk_i64 h_stride = p_->h_stride;
-  const uint16_t *weight = (const uint16_t *)p_->weight;
-  const rlk_i64 w_stride = p_->w_stride;
-  const ll_label_t *labels = (const ll_label_t *)p_->labels;
-  const rlk_i64 label_stride = p_->label_stride;
-  const rlk_i64 N = p_->N;
-  const rlk_i64 V = p_->V;
-  const rlk_i64 H = p_->H;
+  const rlk_i64 V = p_->V, ignore_index = p_->ignore_index;
   const double T = (double)p_->temperature;
-  const rlk_i64 ignore_index = p_->ignore_index;
-  float *logp = p_->logp;
-  float *lse = p_->lse;
-  float *entropy = p_->entropy;
-  int32_t *status = p_->status;
   float *records = p_->records; /* the shard form: one record per row instead of the outputs */
-  const rlk_i64 vocab_start = p_->vocab_start;
 
-  for (rlk_i64 i = 0; i < N; i++) {
-    const uint16_t *h = hidden + i * h_stride;
-    const rlk_i64 yg = labels ? (rlk_i64)labels[i * label_stride] : ignore_index, y = yg - vocab_start;
+  for (rlk_i64 i = 0; i < p_->N; i++) {
+    const uint16_t *h = (const uint16_t *)p_->hidden + i * p_->h_stride;
+    const rlk_i64 yg = p_->labels ? rlk_label_at(p_->labels, i * p_->label_stride) : ignore_index,
+                  y = yg - p_->vocab_start;
     const float thr = p_->threshold ? p_->threshold[i] : -INFINITY;
     double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
     for (rlk_i64 v = 0; v < V; v++) {
-      const double x = ll_dot(h, weight + v * w_stride, H), z = x / T;
+      const uint16_t *w = (const uint16_t *)p_->weight + v * p_->w_stride;
+      const double x = rlk_half_dot(h, w, p_->H, RLK_P_HIDDEN), z = x / T;
       if (p_->logits) p_->logits[i * p_->logits_pitch + v] = (float)x; /* rlk_linear_sample's */
       if (v == y) zy = z;
       if ((float)x < thr && v != y) continue;
@@ -79,14 +55,14 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
     float lp, lf, hf;
     if (y != ignore_index && (y < 0 || y >= V)) {
       lp = lf = hf = NAN;
-      if (status) *status |= LP_STATUS_BAD_LABEL;
+      if (p_->status) *p_->status |= LP_STATUS_BAD_LABEL;
     } else {
       lf = (float)l;
       hf = (float)(l - pz / s);
       lp = y == ignore_index ? 0.0f : (float)(zy - l);
     }
-    if (logp) logp[i] = lp;
-    if (lse) lse[i] = lf;
-    if (RLK_P_ENTROPY && entropy) entropy[i] = hf;
+    if (p_->logp) p_->logp[i] = lp;
+    if (p_->lse) p_->lse[i] = lf;
+    if (RLK_P_ENTROPY && p_->entropy) p_->entropy[i] = hf;
   }
 }

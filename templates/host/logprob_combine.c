@@ -2,19 +2,16 @@
  * row's P gathered records merged in rank order into logp, lse and entropy.
  * Parameters: RLK_P_LABELS (int32_t or int64_t), RLK_P_ENTROPY (0/1: entropy written). */
 #include "logprob_common.h"
+#include "rlk_host_labels.h"
 #include "logprob_shard_params.h"
 
 RLK_PARAMS_DECLARE(ls_combine_params, RLK_LS_COMBINE_PARAMS, RLK_LS_COMBINE_PARAMS_SIZE);
-
-typedef RLK_P_LABELS lp_label_t;
-
 
 RLK_HOST_KERNEL rlk_logprob_combine(void **args) {
   const ls_combine_params *p_ = (const ls_combine_params *)args[0];
   const float *partials = (const float *)p_->partials;
   const rlk_i64 P = p_->P;
   const rlk_i64 N = p_->N;
-  const lp_label_t *labels = (const lp_label_t *)p_->labels;
   const rlk_i64 label_stride = p_->label_stride;
   const rlk_i64 ignore_index = p_->ignore_index;
   float *logp = p_->logp;
@@ -41,7 +38,7 @@ RLK_HOST_KERNEL rlk_logprob_combine(void **args) {
         t = p[3];
       }
     }
-    const rlk_i64 y = (rlk_i64)labels[i * label_stride];
+    const rlk_i64 y = rlk_label_at(p_->labels, i * label_stride);
     float lp, l, h;
     if (y != ignore_index && owners != 1) {
       lp = l = h = NAN;

@@ -75,4 +75,25 @@ static inline void lp_add_chunk(lp_state *st, const float *x, int n, float c, in
   if (entropy) st->q += q;
 }
 
+/* Row i of a logits matrix of the dtype code dt with a row stride of `stride` elements. */
+static inline const char *lp_row(const void *logits, rlk_i64 stride, int dt, rlk_i64 i) {
+  return (const char *)logits + (size_t)(i * stride) * lp_dt_bytes(dt);
+}
+
+/* The state of a row of V logits, chunk by chunk in the GPU's order; logits below thr count as
+ * -inf (the kept-set replay; -INFINITY keeps them all). */
+static inline lp_state lp_fold_row(const char *row, int dt, rlk_i64 V, float c, int entropy, float thr) {
+  lp_state st = {-INFINITY, 0.0f, 0.0f};
+  float x[LP_CHUNK];
+  for (rlk_i64 j0 = 0; j0 < V; j0 += LP_CHUNK) {
+    const int n = V - j0 < LP_CHUNK ? (int)(V - j0) : LP_CHUNK;
+    for (int k = 0; k < n; k++) {
+      x[k] = lp_load(row, dt, j0 + k);
+      if (x[k] < thr) x[k] = -INFINITY;
+    }
+    lp_add_chunk(&st, x, n, c, entropy);
+  }
+  return st;
+}
+
 #endif

@@ -227,7 +227,7 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     if (a.mode == PL_MODE_GSPO || a.mode == PL_MODE_GEO_MEAN || (a.seqmean && has_mask)) {
       double n = 0.0, sd = 0.0, sp = 0.0, sn = 0.0, sa = 0.0;
       for (rlk_i64 j = 0; j < len; j++) {
-        const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+        const float m = rlk_mask_weight(a.mask_kind, a.s.mask, m0 + j);
         if (m == 0.0f) continue;
         n += (double)m;
         if (a.mode == PL_MODE_GSPO) sd += (double)((T)m * (in[PL_IN_LOGP][j] - in[PL_IN_OLD][j]));
@@ -273,7 +273,7 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
     for (rlk_i64 j = 0; j < len; j++) {
       T x[PL_NIN], y[PL_NOUT];
       for (int k = 0; k < PL_NIN; k++) x[k] = present[k] ? in[k][j] : (T)0;
-      const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+      const float m = rlk_mask_weight(a.mask_kind, a.s.mask, m0 + j);
       pl_token(&c, x, m, acc, y);
       gl[j] = y[PL_OUT_GLOGP];
       if (ge) ge[j] = y[PL_OUT_GENT];

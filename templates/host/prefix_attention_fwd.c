@@ -6,61 +6,45 @@
 
 #define D RLK_P_HEAD_DIM
 
-RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
-  const pa_fwd_args *p_ = (const pa_fwd_args *)args[0];
-  const uint16_t *q = (const uint16_t *)p_->q;
-  const uint16_t *k = (const uint16_t *)p_->k;
-  const uint16_t *v = (const uint16_t *)p_->v;
-  const int32_t *seq = p_->seq;
-  const int32_t *grp = p_->grp;
-  const rlk_i64 P = p_->P;
-  const int32_t Hq = p_->Hq, Hkv = p_->Hkv;
+/* Query token i (whose keys are ks), each of its heads: out and lse. */
+static void pa_fwd_query(const void *args, rlk_i64 i, pa_keys ks) {
+  const pa_fwd_args *p_ = (const pa_fwd_args *)args;
+  const uint16_t *q = (const uint16_t *)p_->q, *k = (const uint16_t *)p_->k, *v = (const uint16_t *)p_->v;
+  const int32_t Hq = p_->Hq, Hkv = p_->Hkv, ratio = Hq / Hkv;
   const double scale = p_->scale;
   uint16_t *out = (uint16_t *)p_->out;
   float *lse = p_->lse;
-  const int32_t ratio = Hq / Hkv;
-
-  for (rlk_i64 p = 0; p < P; p++) {
-    const rlk_i64 g = grp[p];
-    for (rlk_i64 s = g; s < grp[p + 1]; s++) {
-      for (rlk_i64 i = seq[s]; i < seq[s + 1]; i++) {
-        const pa_keys ks = pa_keys_of(seq, g, s, i);
-        for (int32_t h = 0; h < Hq; h++) {
-          const int32_t hk = h / ratio;
-          const uint16_t *qi = q + (i * Hq + h) * D;
-          double qd[D], acc[D];
-          for (int d = 0; d < D; d++) {
-            qd[d] = pa_load(qi, d) * scale;
-            acc[d] = 0.0;
+  for (int32_t h = 0; h < Hq; h++) {
+    const int32_t hk = h / ratio;
+    const uint16_t *qi = q + (i * Hq + h) * D;
+    double qd[D], acc[D];
+    for (int d = 0; d < D; d++) {
+      qd[d] = pa_load(qi, d) * scale;
+      acc[d] = 0.0;
+    }
+    double m = -INFINITY, l = 0.0;
+    for (int pass = 0; pass < 2; pass++) {
+      for (int part = 0; part < 2; part++) {
+        const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
+        for (rlk_i64 j = j0; j < j1; j++) {
+          const double sc = pa_dot(qd, k + (j * Hkv + hk) * D, D);
+          if (pass == 0) {
+            pa_online_add(&m, &l, sc);
+          } else {
+            const double w = exp(sc - m) / l;
+            const uint16_t *vj = v + (j * Hkv + hk) * D;
+            for (int d = 0; d < D; d++) acc[d] += w * pa_load(vj, d);
           }
-          double m = -INFINITY, l = 0.0;
-          for (int pass = 0; pass < 2; pass++) {
-            for (int part = 0; part < 2; part++) {
-              const rlk_i64 j0 = part ? ks.b0 : ks.a0, j1 = part ? ks.b1 : ks.a1;
-              for (rlk_i64 j = j0; j < j1; j++) {
-                const uint16_t *kj = k + (j * Hkv + hk) * D;
-                double sc = 0.0;
-                for (int d = 0; d < D; d++) sc += qd[d] * pa_load(kj, d);
-                if (pass == 0) {
-                  if (sc > m) {
-                    l = l * exp(m - sc) + 1.0;
-                    m = sc;
-                  } else {
-                    l += exp(sc - m);
-                  }
-                } else {
-                  const double w = exp(sc - m) / l;
-                  const uint16_t *vj = v + (j * Hkv + hk) * D;
-                  for (int d = 0; d < D; d++) acc[d] += w * pa_load(vj, d);
-                }
-              }
-            }
-          }
-          uint16_t *oi = out + (i * Hq + h) * D;
-          for (int d = 0; d < D; d++) pa_store(oi, d, acc[d]);
-          if (lse) lse[i * Hq + h] = (float)(m + log(l));
         }
       }
     }
+    uint16_t *oi = out + (i * Hq + h) * D;
+    for (int d = 0; d < D; d++) pa_store(oi, d, acc[d]);
+    if (lse) lse[i * Hq + h] = (float)(m + log(l));
   }
+}
+
+RLK_HOST_KERNEL rlk_pattn_fwd(void **args) {
+  const pa_fwd_args *p_ = (const pa_fwd_args *)args[0];
+  pa_each_query(p_->seq, p_->grp, p_->P, pa_fwd_query, p_);
 }

@@ -3,6 +3,7 @@
  * valid-token index) the baseline summed over the members in order and the advantages; the
  * GPU thread's order. Parameters: RLK_P_DTYPE, RLK_P_MASK, RLK_P_COMPACT, RLK_P_OFFSETS
  * (TB_OFFSETS_*). */
+#include "rlk_host_offsets.h"
 #include "token_baseline_common.h"
 
 RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
@@ -22,16 +23,10 @@ RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
     if (RLK_P_OFFSETS == TB_OFFSETS_FIXED) {
       start = g * p_->group_size;
       end = start + p_->group_size;
-    } else if (RLK_P_OFFSETS == TB_OFFSETS_I32) {
-      start = ((const int32_t *)p_->offsets)[g];
-      end = ((const int32_t *)p_->offsets)[g + 1];
+      rlk_clamp_range(B, &start, &end);
     } else {
-      start = ((const int64_t *)p_->offsets)[g];
-      end = ((const int64_t *)p_->offsets)[g + 1];
+      rlk_offsets_range(p_->offsets, RLK_P_OFFSETS == TB_OFFSETS_I32, g, B, &start, &end);
     }
-    /* validated by the op; clamped anyway so nothing outside [0, B) is touched */
-    start = start < 0 ? 0 : (start > B ? B : start);
-    end = end < start ? start : (end > B ? B : end);
 
     int lmax = -1, lsecond = -1, nmax = 0;
     rlk_i64 imax = -1, n = 0;
@@ -65,7 +60,7 @@ RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
               den = den + w;
             }
           } else {
-            const float m = tb_mask_at(mask, i * ms + t);
+            const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + t);
             if (m != 0.0f) {
               const tb_t w = w_buf[i * T + t];
               num = num + (returns[i * rs + t] * w) * (tb_t)m;
@@ -80,11 +75,11 @@ RLK_HOST_KERNEL rlk_token_baseline_baseline(void **args) {
         if (RLK_P_COMPACT) {
           if (t < len[i]) {
             const rlk_i64 col = pos[i * T + t];
-            const float m = tb_mask_at(mask, i * ms + col);
+            const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + col);
             adv[i * as + col] = (g_buf[i * T + t] - bi) * (tb_t)m;
           }
         } else {
-          const float m = tb_mask_at(mask, i * ms + t);
+          const float m = rlk_mask_weight(RLK_P_MASK, mask, i * ms + t);
           adv[i * as + t] = m != 0.0f ? (returns[i * rs + t] - bi) * (tb_t)m : (tb_t)0;
         }
       }

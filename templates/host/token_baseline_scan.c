@@ -16,6 +16,17 @@ static void tb_team_scan(tb_t v[TB_TEAM], int32_t c[TB_TEAM]) {
     }
 }
 
+/* The mask weights m of a team's columns t0 + dir * l (0 outside [0, T)), and whether each counts
+ * (k: its weight is nonzero). */
+static void tb_team_mask(const void *mask, rlk_i64 m0, rlk_i64 t0, int dir, rlk_i64 T, float m[TB_TEAM],
+                         int32_t k[TB_TEAM]) {
+  for (int l = 0; l < TB_TEAM; l++) {
+    const rlk_i64 t = t0 + dir * l;
+    m[l] = t >= 0 && t < T ? rlk_mask_weight(RLK_P_MASK, mask, m0 + t) : 0.0f;
+    k[l] = m[l] != 0.0f;
+  }
+}
+
 RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
   const tb_scan_args *p_ = (const tb_scan_args *)args[0];
   const tb_t *rewards = (const tb_t *)p_->rewards;
@@ -32,15 +43,13 @@ RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
   const rlk_i64 B = p_->B, T = p_->T;
   for (rlk_i64 row = 0; row < B; row++) {
     const rlk_i64 m0 = row * p_->mask_stride, ws0 = row * T;
-    tb_t carry = 0;
-    int32_t count = 0;
+    tb_t x[TB_TEAM], carry = 0;
+    int32_t k[TB_TEAM], count = 0;
+    float m[TB_TEAM];
     for (rlk_i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
-      tb_t x[TB_TEAM];
-      int32_t k[TB_TEAM];
-      float m[TB_TEAM];
+      tb_team_mask(mask, m0, c0, 1, T, m, k);
       for (int l = 0; l < TB_TEAM; l++) {
         const rlk_i64 t = c0 + l;
-        m[l] = t < T ? tb_mask_at(mask, m0 + t) : 0.0f;
         tb_t w = 0;
         if (m[l] != 0.0f) {
           const tb_t pi = tb_exp(old_logp[row * p_->logp_stride + t]);
@@ -52,7 +61,6 @@ RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
           w = w * (tb_t)m[l];
         }
         x[l] = w;
-        k[l] = m[l] != 0.0f;
       }
       tb_team_scan(x, k);
       for (int l = 0; l < TB_TEAM; l++) {
@@ -75,14 +83,10 @@ RLK_HOST_KERNEL rlk_token_baseline_scan(void **args) {
     carry = 0;
     int32_t after = 0;
     for (rlk_i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
-      tb_t x[TB_TEAM];
-      int32_t k[TB_TEAM];
-      float m[TB_TEAM];
+      tb_team_mask(mask, m0, T - 1 - c0, -1, T, m, k);
       for (int l = 0; l < TB_TEAM; l++) {
         const rlk_i64 t = T - 1 - (c0 + l);
-        m[l] = t >= 0 ? tb_mask_at(mask, m0 + t) : 0.0f;
         x[l] = m[l] != 0.0f ? rewards[row * p_->reward_stride + t] * (tb_t)m[l] : (tb_t)0;
-        k[l] = m[l] != 0.0f;
       }
       tb_team_scan(x, k);
       for (int l = 0; l < TB_TEAM; l++) {

@@ -3,21 +3,8 @@
  * (rlk_kl_estimator), RLK_P_MASK (RLK_SEQ_MASK_*), RLK_P_ST, RLK_P_OLD, RLK_P_GIN (0/1), RLK_P_OUT
  * (TK_OUT_*). */
 #include "kl_estimator.h"
-#include "rlk_host_prelude.h"
+#include "rlk_host_seq_mask.h"
 #include "token_kl_params.h"
-
-static inline float tk_mask_at(const void *mask, rlk_i64 i) {
-  switch (RLK_P_MASK) {
-  case RLK_SEQ_MASK_BOOL:
-    return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
-  case RLK_SEQ_MASK_I32:
-    return (float)((const int32_t *)mask)[i];
-  case RLK_SEQ_MASK_F32:
-    return ((const float *)mask)[i];
-  default:
-    return 1.0f;
-  }
-}
 
 RLK_HOST_KERNEL rlk_token_kl(void **args) {
   const tk_args *p_ = (const tk_args *)args[0];
@@ -28,7 +15,7 @@ RLK_HOST_KERNEL rlk_token_kl(void **args) {
              out_hi = (kl_t)p_->out_hi, w_max = (kl_t)p_->w_max, bg = (kl_t)p_->bound_g;
   for (rlk_i64 b = 0; b < p_->B; b++)
     for (rlk_i64 t = 0; t < p_->T; t++) {
-      const float m = tk_mask_at(p_->mask, b * p_->mask_stride + t);
+      const float m = rlk_mask_weight(RLK_P_MASK, p_->mask, b * p_->mask_stride + t);
       kl_t v = 0, g = 0;
       if (m != 0.0f) {
         const kl_t lp = logp[b * p_->logp_stride + t];

@@ -1,5 +1,5 @@
 /* token_loss_host.h - what the host token-loss kernels (policy_loss.c, value_loss.c) share:
- * the mask, the sequence geometry and the divisor (their arguments are declared in
+ * the mask (rlk_host_seq_mask.h), the sequence geometry and the divisor (their arguments are declared in
  * templates/common/policy_loss_params.h and value_loss_params.h). The host kernels do a whole
  * call in one function: sequences in order, tokens in order, sums in f64. The choices the CUDA
  * kernels bake in (mode, KL estimator, layout, mask kind, ...) are run-time fields here, so one
@@ -7,27 +7,14 @@
 #ifndef RLK_TOKEN_LOSS_HOST_H
 #define RLK_TOKEN_LOSS_HOST_H
 
+#include "rlk_host_offsets.h"
 #include "rlk_host_prelude.h"
-#include "rlk_seq_mask.h"
+#include "rlk_host_seq_mask.h"
 #include "token_loss_params.h"
 
 /* A clamp's gradient factor: 1 strictly inside [lo, hi], bg on a bound, 0 outside or NaN. */
 static inline double tl_gate(double x, double lo, double hi, double bg) {
   return (x > lo && x < hi) ? 1.0 : ((x == lo || x == hi) ? bg : 0.0);
-}
-
-/* The mask weight of element i (1 without a mask). */
-static inline float tl_mask_at(rlk_i64 kind, const void *mask, rlk_i64 i) {
-  switch (kind) {
-  case RLK_SEQ_MASK_BOOL:
-    return ((const uint8_t *)mask)[i] != 0 ? 1.0f : 0.0f;
-  case RLK_SEQ_MASK_I32:
-    return (float)((const int32_t *)mask)[i];
-  case RLK_SEQ_MASK_F32:
-    return ((const float *)mask)[i];
-  default:
-    return 1.0f;
-  }
 }
 
 /* Row `row`: the element offset of its token 0 in stream `stride`'s layout (padded: row *
@@ -41,15 +28,7 @@ static inline void tl_row(rlk_i64 layout, const void *offsets, rlk_i64 row, rlk_
     return;
   }
   rlk_i64 a, b;
-  if (layout == TL_LAYOUT_PACKED_I32) {
-    a = ((const int32_t *)offsets)[row];
-    b = ((const int32_t *)offsets)[row + 1];
-  } else {
-    a = ((const int64_t *)offsets)[row];
-    b = ((const int64_t *)offsets)[row + 1];
-  }
-  a = a < 0 ? 0 : (a > cols ? cols : a);
-  b = b < a ? a : (b > cols ? cols : b);
+  rlk_offsets_range(offsets, layout == TL_LAYOUT_PACKED_I32, row, cols, &a, &b);
   *first = a;
   *len = b - a;
 }
@@ -78,7 +57,7 @@ static inline double tl_grad_scale(const tl_norm *n, double c, const tl_count_vi
     tl_row(v->layout, v->offsets, row, v->cols, &first, &len);
     const rlk_i64 m0 = tl_base(v->layout, row, v->mask_stride, first);
     for (rlk_i64 j = 0; j < len; j++) {
-      const float m = tl_mask_at(v->mask_kind, v->mask, m0 + j);
+      const float m = rlk_mask_weight(v->mask_kind, v->mask, m0 + j);
       if (m != 0.0f) total += (double)m;
     }
   }

@@ -34,7 +34,7 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
       if (has_mask) {
         double n = 0.0;
         for (rlk_i64 j = 0; j < len; j++) {
-          const float m = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+          const float m = rlk_mask_weight(a.mask_kind, a.s.mask, m0 + j);
           if (m != 0.0f) n += (double)m;
         }
         rowfac = n > 0.0 ? (T)1 / (T)n : (T)0;
@@ -44,7 +44,7 @@ RLK_HOST_KERNEL rlk_value_loss_host(void **args) {
     }
 
     for (rlk_i64 j = 0; j < len; j++) {
-      const float mf = tl_mask_at(a.mask_kind, a.s.mask, m0 + j);
+      const float mf = rlk_mask_weight(a.mask_kind, a.s.mask, m0 + j);
       if (mf == 0.0f) {
         gv[j] = 0;
         continue;

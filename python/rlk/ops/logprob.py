@@ -84,17 +84,19 @@ _F32D = T.DType.F32
 _I32 = (T.DType.I32,)
 
 
-def _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages):
-    """Sets what the forward and the backward share; returns the logits' rlk dtype."""
-    a = b.args
-    dt = b.set("logits", logits, _LOGITS)
-    b.set("labels", labels, _LABELS)
+def _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages,
+            into=None):
+    """Sets what the forward and the backward share; returns the logits' rlk dtype. into: the
+    name of the args field holding a forward's struct (vocab_parallel_logprob_nccl's "fwd")."""
+    a, at = (b.args, "") if into is None else (getattr(b.args, into), into + ".")
+    dt = b.set(at + "logits", logits, _LOGITS)
+    b.set(at + "labels", labels, _LABELS)
     if temperature is not None:
         a.temperature = float(temperature)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
     if status is not None:
-        b.set("status", status, _I32, optional=True, output=True)
+        b.set(at + "status", status, _I32, optional=True, output=True)
     if variant is not None:
         a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.name)
     if block is not None:

@@ -15,7 +15,7 @@ import ctypes
 from .. import _lib
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
-from .logprob import FORWARD_OP, LogprobArgs, LogprobResult
+from .logprob import FORWARD_OP, LogprobArgs, LogprobResult, _common
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
            "logprob_combine", "vocab_parallel_logprob", "nccl_comm_of", "vocab_parallel_logprob_nccl",
@@ -54,7 +54,6 @@ class LogprobVocabParallelArgs(ctypes.Structure):
 # the nested forward's tensors bind as "fwd.<field>" (Op flattens embedded structs)
 NCCL_OP = Op("logprob_vocab_parallel", LogprobVocabParallelArgs, workspace=True)
 
-_LOGITS = (T.DType.BF16, T.DType.F16, T.DType.F32)
 _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
@@ -70,16 +69,7 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
         return traced("logprob_partials", locals())
     b = Binder(FORWARD_OP)
     a = b.args
-    b.set("logits", logits, _LOGITS)
-    b.set("labels", labels, _LABELS)
-    if temperature is not None:
-        a.temperature = float(temperature)
-    if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
-    if block is not None:
-        a.block = int(block)
-    if unroll is not None:
-        a.unroll = int(unroll)
+    _common(b, logits, labels, temperature, ignore_index, None, None, block, unroll, None)
     a.vocab_start = int(vocab_start)
     a.partial_entropy = 1 if entropy else 0
     if partials is None:
@@ -104,16 +94,21 @@ def logprob_combine(partials, labels, *, ignore_index=None, entropy=False, lse=T
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
-    n = dim(labels, 0)
     if logp is None:
-        logp = b.empty((n,), T.DType.F32)
+        logp = b.empty((dim(labels, 0),), T.DType.F32)
     b.set("logp", logp, _F32, output=True)
-    lse_out = b.empty((n,), T.DType.F32) if lse else None
-    ent_out = b.empty((n,), T.DType.F32) if entropy else None
-    b.set("lse", lse_out, _F32, optional=True, output=True)
-    b.set("entropy", ent_out, _F32, optional=True, output=True)
+    result = LogprobResult(logp, *_lse_entropy(b, labels, lse, entropy, ""))
     b.run(stream)
-    return LogprobResult(logp, lse_out, ent_out)
+    return result
+
+
+def _lse_entropy(b, labels, lse, entropy, at):
+    """New f32 [N] lse and entropy outputs (each None where not wanted), bound to the fields
+    at + "lse" and at + "entropy"."""
+    n = (dim(labels, 0),)
+    lse_out = b.output(at + "lse", T.DType.F32, n) if lse else None
+    ent_out = b.output(at + "entropy", T.DType.F32, n) if entropy else None
+    return lse_out, ent_out
 
 
 def _gather_with_group(partials, group):
@@ -189,33 +184,17 @@ def vocab_parallel_logprob_nccl(logits, labels, vocab_start, nccl_comm, *, tempe
     LogprobResult."""
     b = Binder(NCCL_OP)
     a = b.args
-    f = a.fwd
-    b.set("fwd.logits", logits, _LOGITS)
-    b.set("fwd.labels", labels, _LABELS)
-    if temperature is not None:
-        f.temperature = float(temperature)
-    if ignore_index is not None:
-        f.ignore_index = int(ignore_index)
-    if block is not None:
-        f.block = int(block)
-    if unroll is not None:
-        f.unroll = int(unroll)
-    f.vocab_start = int(vocab_start)
-    b.set("fwd.status", status, (T.DType.I32,), optional=True, output=True)
-    n = dim(labels, 0)
-    logp = b.empty((n,), T.DType.F32)
-    b.set("fwd.logp", logp, _F32, output=True)
-    lse_out = b.empty((n,), T.DType.F32) if lse else None
-    ent_out = b.empty((n,), T.DType.F32) if entropy else None
-    b.set("fwd.lse", lse_out, _F32, optional=True, output=True)
-    b.set("fwd.entropy", ent_out, _F32, optional=True, output=True)
+    _common(b, logits, labels, temperature, ignore_index, status, None, block, unroll, None, into="fwd")
+    a.fwd.vocab_start = int(vocab_start)
+    logp = b.output("fwd.logp", T.DType.F32, (dim(labels, 0),))
+    result = LogprobResult(logp, *_lse_entropy(b, labels, lse, entropy, "fwd."))
     a.nccl_comm = int(nccl_comm)
     nbytes = b.workspace_size()
     _, ptr = b.workspace(nbytes + 16)
     a.workspace = (ptr + 15) // 16 * 16
     a.workspace_bytes = nbytes
     b.run(stream)
-    return LogprobResult(logp, lse_out, ent_out)
+    return result
 
 
 def nccl_version():
