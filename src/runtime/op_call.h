@@ -63,7 +63,8 @@ typedef struct rlk_op_entry {
   /* Kernel i's argument struct (kept in the op's state), completed for its launch. */
   const void *(*params)(const rlk_context *ctx, const void *args, rlk_op_call *call, size_t i);
   /* Without params: where in the op's call struct the one argument struct every kernel takes as
-   * validate left it lies (offsetof(<call struct>, <member>)). */
+   * validate left it lies (offsetof(<call struct>, <member>), past the rlk_op_call it starts
+   * with). */
   size_t params_at;
   /* Kernel i's launch shape; d arrives as one thread of one block. */
   void (*dims)(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);
