@@ -51,6 +51,13 @@ static rlk_cache *open_cache(const rlk_cache_config *cfg) {
   return c;
 }
 
+/* A writable cache over a new empty root (its path in `root`, `cfg` what opened it). */
+static rlk_cache *open_fresh_cache(char *root, size_t size, const char *stem, rlk_cache_config *cfg) {
+  rlk_test_mkdtemp(root, size, stem);
+  test_cfg(cfg, root);
+  return open_cache(cfg);
+}
+
 static void make_key(rlk_kernel_key *k, uint64_t *rng, const char *family) {
   memset(k, 0, sizeof *k);
   k->schema = RLK_CACHE_SCHEMA;
@@ -208,10 +215,8 @@ static int capture_end(capture *cap, const char *must_contain) {
 START_TEST(test_publish_lookup_round_trip) {
   uint64_t rng = rng_for(1);
   char root[1024], dir[1200], path[1300];
-  rlk_test_mkdtemp(root, sizeof root, "rt");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "rt", &cfg);
   ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
   ck_assert_str_eq(rlk_cache_root(c), root);
 
@@ -328,10 +333,8 @@ END_TEST
 START_TEST(test_stale_hash_in_key_is_ignored) {
   uint64_t rng = rng_for(3);
   char root[1024];
-  rlk_test_mkdtemp(root, sizeof root, "stale");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "stale", &cfg);
   rlk_kernel_key k, other;
   make_key(&k, &rng, "stale");
   make_key(&other, &rng, "stale");
@@ -543,10 +546,8 @@ START_TEST(test_damaged_entry_is_quarantined_and_rebuilt) {
   int kind = _i;
   uint64_t rng = rng_for(100 + (uint64_t)kind);
   char root[1024], dir[1200], qdir[1100];
-  rlk_test_mkdtemp(root, sizeof root, "damage");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "damage", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "damage");
   size_t n = 64 + (size_t)(rlk_test_rand_u64(&rng) % 4000);
@@ -582,10 +583,8 @@ END_TEST
 START_TEST(test_publish_replaces_uncommitted_directory) {
   uint64_t rng = rng_for(5);
   char root[1024], dir[1200], junk[1300], cmd[1400];
-  rlk_test_mkdtemp(root, sizeof root, "debris");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "debris", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "debris");
   entry_dir(root, &k, dir, sizeof dir);
@@ -841,10 +840,8 @@ END_TEST
 START_TEST(test_last_used_refreshed_at_most_hourly) {
   uint64_t rng = rng_for(11);
   char root[1024], dir[1200], stamp[1300];
-  rlk_test_mkdtemp(root, sizeof root, "recency");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "recency", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "recency");
   uint8_t *bin = random_bytes(&rng, 200);
@@ -870,10 +867,8 @@ START_TEST(test_eviction_oldest_first_with_grace) {
   uint64_t rng = rng_for(12);
   enum { N = 7 };
   char root[1024], dir[N][1200];
-  rlk_test_mkdtemp(root, sizeof root, "evict");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "evict", &cfg);
   rlk_kernel_key k[N];
   uint8_t *bin[N];
   size_t n[N];
@@ -1396,10 +1391,8 @@ static int stop_visit(const rlk_cache_entry *e, void *user) {
 START_TEST(test_walk_verify_prune_clear) {
   uint64_t rng = rng_for(18);
   char root[1024], dir[3][1200];
-  rlk_test_mkdtemp(root, sizeof root, "admin");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "admin", &cfg);
   rlk_kernel_key k[3];
   uint8_t *bin[3];
   const char *fam[3] = {"alpha", "beta", "beta"};
