@@ -1416,13 +1416,10 @@ START_TEST(samples_cover_every_variant) {
   int pairs_df[2][2] = {{0}}, pairs_fa[2][2] = {{0}}, pairs_da[2][2] = {{0}}, whiten[2][2] = {{0}};
   for (size_t i = 0; i < N_MY_OPS; i++)
     for (size_t j = 0; my_ops[i]->samples[j]; j++) {
-      char copy[512];
-      rlk_op_config_pair pairs[16];
-      const size_t np = rlk_test_split_line(my_ops[i]->samples[j], copy, sizeof copy, pairs);
       rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
       size_t ns = 0;
-      ck_assert_msg(rlk_op_plan(my_ops[i], ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", my_ops[i]->samples[j],
-                    rlk_last_error());
+      ck_assert_msg(rlk_test_plan_line(my_ops[i], ctx, my_ops[i]->samples[j], specs, &ns) == RLK_OK, "%s: %s",
+                    my_ops[i]->samples[j], rlk_last_error());
       for (size_t k = 0; k < ns; k++) {
         const int d = specs[k].values[0] == RLK_F64;
         if (!strcmp(specs[k].tmpl->entry, "advantage_scan")) {
@@ -1447,14 +1444,9 @@ START_TEST(samples_cover_every_variant) {
   } autos[] = {{"gae T=512 B=4", 0}, {"gae T=513 B=4", 1}, {"gae dtype=f64 T=257 B=1", 1},
                {"gae dtype=f64 T=256 B=100", 0}, {"gae", -1}};
   for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
-    char copy[512];
-    rlk_op_config_pair pairs[16];
-    char line[128];
-    snprintf(line, sizeof line, "%s", autos[i].line);
-    const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_plan(&rlk_op_gae, ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_gae, ctx, autos[i].line, specs, &ns), RLK_OK);
     if (autos[i].algo < 0) {
       ck_assert_uint_eq(ns, 2);
       ck_assert(specs[0].values[2] != specs[1].values[2]);

@@ -919,12 +919,10 @@ START_TEST(samples_cover_every_variant) {
   int entries[3] = {0, 0, 0}, modes[RLK_ADV_PASSK_UNSCALED + 1] = {0}, score_dtypes[8] = {0}, masks[4] = {0},
       offsets[3] = {0}, baked = 0, runtime_g = 0;
   for (size_t i = 0; rlk_op_group_advantage.samples[i]; i++) {
-    rlk_op_config_pair pairs[16];
-    char copy[512];
-    const size_t np = rlk_test_split_line(rlk_op_group_advantage.samples[i], copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_plan(&rlk_op_group_advantage, ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_group_advantage, ctx, rlk_op_group_advantage.samples[i], specs, &ns),
+                     RLK_OK);
     for (size_t k = 0; k < ns; k++) {
       const char *e = specs[k].tmpl->entry;
       if (strstr(e, "rowsum")) {

@@ -949,12 +949,10 @@ START_TEST(plan_per_target) {
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
     rlk_context *ctx = rlk_test_compile_only_context(cases[t].backend, cases[t].target, "linear_divergence plan");
     if (!ctx) continue;
-    char copy[256];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(cases[t].line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_msg(rlk_op_plan(&rlk_op_linear_divergence, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_test_plan_line(&rlk_op_linear_divergence, ctx, cases[t].line, specs, &n) == RLK_OK, "%s",
+                  rlk_last_error());
     ck_assert_msg(n == cases[t].n, "%s on %s: %zu kernels, expected %zu", cases[t].line,
                   cases[t].target ? cases[t].target : "host", n, cases[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry, cases[t].first);

@@ -781,11 +781,9 @@ END_TEST
 
 /* Plans logprob settings ("pass=fwd ...", or a whole line) on ctx. */
 static rlk_status plan_line(const rlk_context *ctx, const char *settings, rlk_kernel_spec *specs, size_t *n) {
-  char line[512], copy[512];
+  char line[512];
   snprintf(line, sizeof line, "%s%s", strncmp(settings, "logprob ", 8) ? "logprob " : "", settings);
-  rlk_op_config_pair pairs[16];
-  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
-  return rlk_op_plan(&rlk_op_logprob, ctx, np, pairs, specs, n);
+  return rlk_test_plan_line(&rlk_op_logprob, ctx, line, specs, n);
 }
 
 /* Precompiling a configuration builds exactly what the matching calls look up. */

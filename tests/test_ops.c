@@ -143,10 +143,8 @@ static void seen_add(param_seen *s, const rlk_kernel_spec *spec) {
 
 /* A line's kernels on ctx; 0 when the combination is not a valid one. */
 static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char *line, rlk_kernel_spec *specs) {
-  char copy[1024];
-  rlk_op_config_pair pairs[16];
-  size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs), ns = 0;
-  return rlk_op_plan(d, ctx, np, pairs, specs, &ns) == RLK_OK ? ns : 0;
+  size_t ns = 0;
+  return rlk_test_plan_line(d, ctx, line, specs, &ns) == RLK_OK ? ns : 0;
 }
 
 /* Every value of every setting that shapes a kernel (a flag, choice or dtype that feeds a

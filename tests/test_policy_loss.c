@@ -1905,12 +1905,9 @@ static void sample_specs(rlk_context *ctx, const rlk_op_desc *op, void (*visit)(
                          void *user) {
   for (size_t i = 0; op->samples[i]; i++) {
     const char *line = op->samples[i];
-    rlk_op_config_pair pairs[16];
-    char copy[512];
-    const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_msg(rlk_op_plan(op, ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
+    ck_assert_msg(rlk_test_plan_line(op, ctx, line, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
     for (size_t k = 0; k < ns; k++) visit(&specs[k], user);
   }
 }

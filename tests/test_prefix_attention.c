@@ -815,12 +815,10 @@ START_TEST(plan_per_target) {
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
     rlk_context *ctx = rlk_test_compile_only_cuda_context(rows[r].target, "prefix_attention plan");
     if (!ctx) continue;
-    char copy[256];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_msg(rlk_op_plan(&rlk_op_prefix_attention, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_test_plan_line(&rlk_op_prefix_attention, ctx, rows[r].line, specs, &n) == RLK_OK, "%s",
+                  rlk_last_error());
     size_t want = 0;
     while (rows[r].entries[want]) want++;
     ck_assert_uint_eq(n, want);
@@ -830,8 +828,7 @@ START_TEST(plan_per_target) {
                                       "prefix_attention vocab=5", "prefix_attention fwd_stages=5",
                                       "prefix_attention q_heads=0"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
-      const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
-      ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+      ck_assert_int_eq(rlk_test_plan_line(&rlk_op_prefix_attention, ctx, bad[b], specs, &n), RLK_ERR_INVALID_ARGUMENT);
     }
     rlk_context_destroy(ctx);
   }

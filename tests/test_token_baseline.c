@@ -533,12 +533,10 @@ START_TEST(samples_cover_every_variant) {
   rlk_context *ctx = rlk_test_host_context();
   int dtypes[8] = {0}, masks[4] = {0}, offsets[3] = {0}, compact[2][2] = {{0}}, isw[2][2] = {{0}};
   for (size_t i = 0; rlk_op_token_baseline.samples[i]; i++) {
-    char copy[512];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(rlk_op_token_baseline.samples[i], copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_plan(&rlk_op_token_baseline, ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_token_baseline, ctx, rlk_op_token_baseline.samples[i], specs, &ns),
+                     RLK_OK);
     ck_assert_uint_eq(ns, 2);
     dtypes[specs[0].values[0]]++;
     masks[specs[0].values[1]]++;

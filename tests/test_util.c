@@ -230,6 +230,14 @@ size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_con
   return np;
 }
 
+rlk_status rlk_test_plan_line(const rlk_op_desc *op, const rlk_context *ctx, const char *line, rlk_kernel_spec *specs,
+                              size_t *n) {
+  char copy[1024];
+  rlk_op_config_pair pairs[16];
+  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
+  return rlk_op_plan(op, ctx, np, pairs, specs, n);
+}
+
 /* ---- compiling every sample configuration of some ops for every target ------------- */
 
 

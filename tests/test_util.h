@@ -84,6 +84,13 @@ struct rlk_op_config_pair;
  * returns their number (at most 16). */
 size_t rlk_test_split_line(const char *line, char *copy, size_t size, struct rlk_op_config_pair *pairs);
 
+struct rlk_kernel_spec;
+
+/* Plans the configuration line `line` of `op` on ctx: its kernels into specs (room for
+ * RLK_OP_MAX_KERNELS), their number into *n; returns rlk_op_plan's status. */
+rlk_status rlk_test_plan_line(const struct rlk_op_desc *op, const rlk_context *ctx, const char *line,
+                              struct rlk_kernel_spec *specs, size_t *n);
+
 /* Kernels a context has compiled so far (its compiles counter). */
 uint64_t rlk_test_compiles(rlk_context *ctx);
 
