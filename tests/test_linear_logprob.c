@@ -601,10 +601,7 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
   }
   rlk_logprob_combine_args cb;
   rlk_logprob_combine_args_init(&cb);
-  cb.partials = rlk_tensor_1d(drec, RLK_F32, P * N * 4);
-  cb.partials.ndim = 3;
-  cb.partials.shape[0] = P, cb.partials.shape[1] = N, cb.partials.shape[2] = 4;
-  cb.partials.strides[0] = N * 4, cb.partials.strides[1] = 4, cb.partials.strides[2] = 1;
+  cb.partials = rlk_test_tensor_3d(drec, RLK_F32, P, N, 4);
   cb.labels = rlk_tensor_1d(dl, RLK_I64, N);
   cb.logp = rlk_tensor_1d(dlp, RLK_F32, N);
   cb.lse = rlk_tensor_1d(dlse, RLK_F32, N);

@@ -29,21 +29,6 @@ typedef struct pa_case {
   float scale; /* 0: the default 1/sqrt(D) */
 } pa_case;
 
-static rlk_tensor t3(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
-  rlk_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dt;
-  t.ndim = 3;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.strides[0] = b * c;
-  t.strides[1] = c;
-  t.strides[2] = 1;
-  return t;
-}
-
 /* Everything one case needs, host side. */
 typedef struct pa_run {
   int64_t T, S;
@@ -132,12 +117,12 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
 
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  a.q = t3(dq, c->dt, r->T, c->Hq, c->D);
-  a.k = t3(dk, c->dt, r->T, c->Hkv, c->D);
-  a.v = t3(dv, c->dt, r->T, c->Hkv, c->D);
+  a.q = rlk_test_tensor_3d(dq, c->dt, r->T, c->Hq, c->D);
+  a.k = rlk_test_tensor_3d(dk, c->dt, r->T, c->Hkv, c->D);
+  a.v = rlk_test_tensor_3d(dv, c->dt, r->T, c->Hkv, c->D);
   a.layout = l;
   a.scale = c->scale;
-  a.out = t3(dout, c->dt, r->T, c->Hq, c->D);
+  a.out = rlk_test_tensor_3d(dout, c->dt, r->T, c->Hq, c->D);
   a.lse = rlk_tensor_2d(dlse, RLK_F32, r->T, c->Hq, c->Hq);
   ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "forward: %s", rlk_last_error());
 
@@ -150,10 +135,10 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
   b.scale = c->scale;
   b.out = a.out;
   b.lse = a.lse;
-  b.grad_out = t3(ddo, c->dt, r->T, c->Hq, c->D);
-  b.grad_q = t3(gq, c->dt, r->T, c->Hq, c->D);
-  b.grad_k = t3(gk, c->dt, r->T, c->Hkv, c->D);
-  b.grad_v = t3(gv, c->dt, r->T, c->Hkv, c->D);
+  b.grad_out = rlk_test_tensor_3d(ddo, c->dt, r->T, c->Hq, c->D);
+  b.grad_q = rlk_test_tensor_3d(gq, c->dt, r->T, c->Hq, c->D);
+  b.grad_k = rlk_test_tensor_3d(gk, c->dt, r->T, c->Hkv, c->D);
+  b.grad_v = rlk_test_tensor_3d(gv, c->dt, r->T, c->Hkv, c->D);
   size_t ws = 0;
   ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &b, &ws) == RLK_OK, "%s", rlk_last_error());
   b.workspace = rlk_test_dev_alloc(ctx, ws);
@@ -695,10 +680,10 @@ START_TEST(bad_arguments) {
   int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  a.q = t3(q, RLK_BF16, T, H, D);
-  a.k = t3(k, RLK_BF16, T, H, D);
-  a.v = t3(v, RLK_BF16, T, H, D);
-  a.out = t3(o, RLK_BF16, T, H, D);
+  a.q = rlk_test_tensor_3d(q, RLK_BF16, T, H, D);
+  a.k = rlk_test_tensor_3d(k, RLK_BF16, T, H, D);
+  a.v = rlk_test_tensor_3d(v, RLK_BF16, T, H, D);
+  a.out = rlk_test_tensor_3d(o, RLK_BF16, T, H, D);
   a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
   a.layout.host_seq_offsets = seq;
   a.layout.host_group_offsets = grp;
@@ -726,11 +711,14 @@ START_TEST(bad_arguments) {
     case 1: s2[3] = 11; break;
     case 2: g2[1] = 2; break;
     case 3: b.layout.num_prompts = 0; break;
-    case 4: b.q = t3(q, RLK_BF16, T, H * 2, D / 2); b.k = t3(k, RLK_BF16, T, H * 2, D / 2);
-            b.v = t3(v, RLK_BF16, T, H * 2, D / 2); break;
-    case 5: b.q = t3(q, RLK_BF16, T, 1, D); break;
+    case 4:
+      b.q = rlk_test_tensor_3d(q, RLK_BF16, T, H * 2, D / 2);
+      b.k = rlk_test_tensor_3d(k, RLK_BF16, T, H * 2, D / 2);
+      b.v = rlk_test_tensor_3d(v, RLK_BF16, T, H * 2, D / 2);
+      break;
+    case 5: b.q = rlk_test_tensor_3d(q, RLK_BF16, T, 1, D); break;
     case 6: b.scale = -1.0f; break;
-    case 7: b.out = t3(q, RLK_BF16, T, H, D); break;
+    case 7: b.out = rlk_test_tensor_3d(q, RLK_BF16, T, H, D); break;
     case 8: b.k.dtype = RLK_F16; break;
     case 9: b.lse = rlk_tensor_2d(lse, RLK_F32, T, 1, 1); break;
     case 10: b.tuning.variant = (rlk_prefix_attention_variant)7; break;
@@ -755,15 +743,15 @@ START_TEST(bad_backward_arguments) {
   int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
   rlk_prefix_attention_backward_args a;
   rlk_prefix_attention_backward_args_init(&a);
-  a.q = t3(q, RLK_BF16, T, H, D);
-  a.k = t3(k, RLK_BF16, T, H, D);
-  a.v = t3(v, RLK_BF16, T, H, D);
-  a.out = t3(o, RLK_BF16, T, H, D);
+  a.q = rlk_test_tensor_3d(q, RLK_BF16, T, H, D);
+  a.k = rlk_test_tensor_3d(k, RLK_BF16, T, H, D);
+  a.v = rlk_test_tensor_3d(v, RLK_BF16, T, H, D);
+  a.out = rlk_test_tensor_3d(o, RLK_BF16, T, H, D);
   a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
-  a.grad_out = t3(dout, RLK_BF16, T, H, D);
-  a.grad_q = t3(gq, RLK_BF16, T, H, D);
-  a.grad_k = t3(gk, RLK_BF16, T, H, D);
-  a.grad_v = t3(gv, RLK_BF16, T, H, D);
+  a.grad_out = rlk_test_tensor_3d(dout, RLK_BF16, T, H, D);
+  a.grad_q = rlk_test_tensor_3d(gq, RLK_BF16, T, H, D);
+  a.grad_k = rlk_test_tensor_3d(gk, RLK_BF16, T, H, D);
+  a.grad_v = rlk_test_tensor_3d(gv, RLK_BF16, T, H, D);
   a.layout.host_seq_offsets = seq;
   a.layout.host_group_offsets = grp;
   a.layout.num_segments = 3;
@@ -780,8 +768,8 @@ START_TEST(bad_backward_arguments) {
     switch (i) {
     case 0: b.lse.data = NULL; needle = "lse: data is NULL"; break;
     case 1: b.workspace_bytes = ws - 8; needle = "workspace"; break;
-    case 2: b.grad_q = t3(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
-    case 3: b.grad_k = t3(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
+    case 2: b.grad_q = rlk_test_tensor_3d(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
+    case 3: b.grad_k = rlk_test_tensor_3d(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
     case 4: b.tuning.fwd_stages = 5; needle = "tuning.fwd_stages"; break;
     }
     rlk_status st = rlk_prefix_attention_backward(ctx, &b, NULL);

@@ -1553,30 +1553,16 @@ START_TEST(rlk_tune_host_run_of_prefix_attention) {
       .host_seq_offsets = seq, .host_group_offsets = grp, .num_segments = n, .num_prompts = P};
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  int64_t sq[3] = {T, HQ, D}, skv[3] = {T, HKV, D};
-#define PA_T3(t, ptr, s)                                                                  \
-  do {                                                                                    \
-    (t).data = (ptr);                                                                     \
-    (t).dtype = RLK_BF16;                                                                 \
-    (t).ndim = 3;                                                                         \
-    for (int d_ = 0; d_ < 3; d_++) (t).shape[d_] = (s)[d_];                               \
-    (t).strides[2] = 1, (t).strides[1] = (s)[2], (t).strides[0] = (s)[1] * (s)[2];        \
-  } while (0)
-  PA_T3(a.q, q, sq);
-  PA_T3(a.k, k, skv);
-  PA_T3(a.v, v, skv);
-  PA_T3(a.out, out, sq);
+  a.q = rlk_test_tensor_3d(q, RLK_BF16, T, HQ, D), a.out = rlk_test_tensor_3d(out, RLK_BF16, T, HQ, D);
+  a.k = rlk_test_tensor_3d(k, RLK_BF16, T, HKV, D), a.v = rlk_test_tensor_3d(v, RLK_BF16, T, HKV, D);
   a.lse = rlk_tensor_2d(lse, RLK_F32, T, HQ, HQ);
   a.layout = l;
   ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   rlk_prefix_attention_backward_args b;
   rlk_prefix_attention_backward_args_init(&b);
   b.q = a.q, b.k = a.k, b.v = a.v, b.out = a.out, b.lse = a.lse, b.layout = l;
-  PA_T3(b.grad_out, dout, sq);
-  PA_T3(b.grad_q, dq, sq);
-  PA_T3(b.grad_k, dk, skv);
-  PA_T3(b.grad_v, dv, skv);
-#undef PA_T3
+  b.grad_out = rlk_test_tensor_3d(dout, RLK_BF16, T, HQ, D), b.grad_q = rlk_test_tensor_3d(dq, RLK_BF16, T, HQ, D);
+  b.grad_k = rlk_test_tensor_3d(dk, RLK_BF16, T, HKV, D), b.grad_v = rlk_test_tensor_3d(dv, RLK_BF16, T, HKV, D);
   size_t need = 0;
   ck_assert_int_eq(rlk_prefix_attention_backward_workspace_size(ctx, &b, &need), RLK_OK);
   b.workspace = malloc(need);

@@ -572,6 +572,16 @@ void rlk_test_drop(rlk_context *ctx, void *p) {
 
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
+rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
+  rlk_tensor t = rlk_tensor_2d(data, dt, a, b * c, b * c);
+  t.ndim = 3;
+  t.shape[1] = b;
+  t.shape[2] = c;
+  t.strides[1] = c;
+  t.strides[2] = 1;
+  return t;
+}
+
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
                            double *dense) {
   const size_t es = rlk_dtype_size(d), elems = (size_t)((B - 1) * S + T);

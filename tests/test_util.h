@@ -133,6 +133,9 @@ void rlk_test_get(rlk_context *ctx, void *dst, const void *src, size_t bytes);
 /* Frees what rlk_test_put or rlk_test_poisoned returned. */
 void rlk_test_drop(rlk_context *ctx, void *p);
 
+/* A dense [a, b, c] tensor descriptor (the 3-D sibling of rlk_tensor_2d). */
+rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c);
+
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
