@@ -153,17 +153,7 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   /* device copies; outputs poisoned with 0xff bytes (NaN) */
   void *sd = rlk_test_dev_upload(ctx, sh, (size_t)s_elems * sbytes);
   void *md = has_mask ? rlk_test_dev_upload(ctx, mh, (size_t)((B - 1) * mstride + T) * rlk_dtype_size(c->mask_dtype)) : NULL;
-  void *od = NULL;
-  if (c->group_size == 0) {
-    if (c->offsets_dtype == RLK_I32) {
-      int32_t *o32 = malloc((size_t)(ng + 1) * sizeof *o32);
-      for (int64_t g = 0; g <= ng; g++) o32[g] = (int32_t)offs[g];
-      od = rlk_test_dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
-      free(o32);
-    } else {
-      od = rlk_test_dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
-    }
-  }
+  void *od = c->group_size == 0 ? rlk_test_upload_offsets(ctx, c->offsets_dtype, offs, ng + 1) : NULL;
   float *ad = rlk_test_dev_alloc(ctx, (size_t)B * sizeof(float));
   ck_assert_int_eq(rlk_memset(ctx, ad, 0xff, (size_t)B * sizeof(float)), RLK_OK);
   const int64_t tstride = c->tok_stride ? c->tok_stride : T;
@@ -317,19 +307,6 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   rlk_free(ctx, a.workspace);
 }
 
-/* Random group sizes in [1, max] (some singletons) summing to B. */
-static int64_t random_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
-  int64_t n = 0, left = B;
-  while (left > 0) {
-    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
-    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
-    if (s > left) s = left;
-    sizes[n++] = s;
-    left -= s;
-  }
-  return n;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Suites of cases, run on any context                                                 */
 /* ---------------------------------------------------------------------------------- */
@@ -364,7 +341,7 @@ static void cases_uneven_groups(rlk_context *ctx, uint64_t *rng) {
       for (int singleton = 0; singleton < 2; singleton++, k++) {
         const int64_t B = k == 0 ? MAXB : 1 + (int64_t)(rlk_test_rand_u64(rng) % 300);
         ga_case c = base_case(B, 0);
-        c.num_groups = random_sizes(rng, B, k % 4 == 1 ? 40 : 7, sizes);
+        c.num_groups = rlk_test_random_group_sizes(rng, B, k % 4 == 1 ? 40 : 7, sizes);
         c.sizes = sizes;
         c.offsets_dtype = singleton ? RLK_I32 : RLK_I64;
         c.mode = mode;
@@ -468,7 +445,7 @@ static void cases_outcome_modes(rlk_context *ctx, uint64_t *rng) {
       run_case(ctx, &c, rng, NULL, NULL);
     }
     ga_case c = base_case(1 + (int64_t)(rlk_test_rand_u64(rng) % 250), 0);
-    c.num_groups = random_sizes(rng, c.B, 20, sizes);
+    c.num_groups = rlk_test_random_group_sizes(rng, c.B, 20, sizes);
     c.sizes = sizes;
     c.offsets_dtype = mi % 2 ? RLK_I32 : RLK_I64;
     c.mode = modes[mi];
@@ -518,7 +495,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
     ga_case c = base_case(512, mode == 1 ? 64 : 16);
     if (mode == 2) {
       c.group_size = 0;
-      c.num_groups = random_sizes(rng, c.B, 40, sizes);
+      c.num_groups = rlk_test_random_group_sizes(rng, c.B, 40, sizes);
       c.sizes = sizes;
     }
     if (mode == 3) {
@@ -992,7 +969,7 @@ START_TEST(gpu_large_shapes) {
   c.mode = RLK_ADV_BATCH_STD;
   run_case(ctx, &c, &rng, NULL, NULL);
   c = base_case(70001, 0); /* many uneven groups, batch statistics in every block */
-  c.num_groups = random_sizes(&rng, c.B, 12, sizes);
+  c.num_groups = rlk_test_random_group_sizes(&rng, c.B, 12, sizes);
   c.sizes = sizes;
   c.mode = RLK_ADV_BATCH_STD;
   run_case(ctx, &c, &rng, NULL, NULL);

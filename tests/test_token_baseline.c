@@ -124,17 +124,7 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
   void *sd = rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, sp);
   void *id = c->isw ? rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, iw) : NULL;
   void *md = has_mask ? rlk_test_upload_rows(ctx, c->mask_dtype, B, T, S, 7, mw) : NULL;
-  void *od = NULL;
-  if (c->group_size == 0) {
-    if (c->offsets_dtype == RLK_I32) {
-      int32_t *o32 = malloc((size_t)(ng + 1) * sizeof *o32);
-      for (int64_t g = 0; g <= ng; g++) o32[g] = (int32_t)offs[g];
-      od = rlk_test_dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
-      free(o32);
-    } else {
-      od = rlk_test_dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
-    }
-  }
+  void *od = c->group_size == 0 ? rlk_test_upload_offsets(ctx, c->offsets_dtype, offs, ng + 1) : NULL;
   const size_t es = rlk_dtype_size(c->dtype), out_bytes = (size_t)((B - 1) * S + T) * es;
   void *ad = rlk_test_dev_alloc(ctx, out_bytes), *retd = rlk_test_dev_alloc(ctx, out_bytes);
   ck_assert_int_eq(rlk_memset(ctx, ad, 0xff, out_bytes), RLK_OK);
@@ -235,19 +225,6 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
   free(rm);
 }
 
-/* Random group sizes in [1, max] (some singletons) summing to B. */
-static int64_t random_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
-  int64_t n = 0, left = B;
-  while (left > 0) {
-    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
-    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
-    if (s > left) s = left;
-    sizes[n++] = s;
-    left -= s;
-  }
-  return n;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Suites of cases, run on any context                                                 */
 /* ---------------------------------------------------------------------------------- */
@@ -271,7 +248,7 @@ static void cases_variants(rlk_context *ctx, uint64_t *rng) {
             const int64_t B = 1 + (int64_t)(rlk_test_rand_u64(rng) % 40);
             c = base_case(B, T, 0);
             c.sizes = sizes;
-            c.num_groups = random_sizes(rng, B, 6, sizes);
+            c.num_groups = rlk_test_random_group_sizes(rng, B, 6, sizes);
             c.offsets_dtype = ok == 1 ? RLK_I32 : RLK_I64;
           }
           c.dtype = dt ? RLK_F64 : RLK_F32;
@@ -306,7 +283,7 @@ static void cases_strided(rlk_context *ctx, uint64_t *rng) {
     for (int dt = 0; dt < 2; dt++) {
       tb_case c = base_case(24, 37, 0);
       c.sizes = sizes;
-      c.num_groups = random_sizes(rng, 24, 5, sizes);
+      c.num_groups = rlk_test_random_group_sizes(rng, 24, 5, sizes);
       c.compact = compact;
       c.dtype = dt ? RLK_F64 : RLK_F32;
       c.isw = 1;

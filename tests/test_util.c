@@ -572,6 +572,28 @@ void rlk_test_drop(rlk_context *ctx, void *p) {
 
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
+void *rlk_test_upload_offsets(rlk_context *ctx, rlk_dtype d, const int64_t *offs, int64_t n) {
+  if (d != RLK_I32) return rlk_test_dev_upload(ctx, offs, (size_t)n * sizeof *offs);
+  int32_t *o32 = malloc((size_t)n * sizeof *o32);
+  ck_assert_ptr_nonnull(o32);
+  for (int64_t i = 0; i < n; i++) o32[i] = (int32_t)offs[i];
+  void *dev = rlk_test_dev_upload(ctx, o32, (size_t)n * sizeof *o32);
+  free(o32);
+  return dev;
+}
+
+int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
+  int64_t n = 0, left = B;
+  while (left > 0) {
+    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
+    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
+    if (s > left) s = left;
+    sizes[n++] = s;
+    left -= s;
+  }
+  return n;
+}
+
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
   rlk_tensor t = rlk_tensor_2d(data, dt, a, b * c, b * c);
   t.ndim = 3;

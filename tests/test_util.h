@@ -133,6 +133,13 @@ void rlk_test_get(rlk_context *ctx, void *dst, const void *src, size_t bytes);
 /* Frees what rlk_test_put or rlk_test_poisoned returned. */
 void rlk_test_drop(rlk_context *ctx, void *p);
 
+/* The n int64 values of offs in device memory as dtype d (RLK_I32 or RLK_I64): group or sequence
+ * offsets for the ops that take either. */
+void *rlk_test_upload_offsets(rlk_context *ctx, rlk_dtype d, const int64_t *offs, int64_t n);
+
+/* Random group sizes in [1, max] (some singletons) summing to B, into sizes; returns how many. */
+int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes);
+
 /* A dense [a, b, c] tensor descriptor (the 3-D sibling of rlk_tensor_2d). */
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c);
 
