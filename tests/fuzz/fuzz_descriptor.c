@@ -66,9 +66,7 @@ static rlk_context *host_context(void) {
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   fz_default_env("RLK_CACHE_DIR", RLK_FUZZ_CACHE_DIR);
   fz_default_env("RLK_HOST_CC", RLK_FUZZ_KERNEL_CC);
   setenv("RLK_TUNE", "off", 1);
