@@ -1248,8 +1248,8 @@ START_TEST(test_config_from_env) {
     ck_assert_int_eq(cfg.mode, modes[i].mode);
   }
   setenv("RLK_CACHE_MODE", "readonly", 1);
-  ck_assert_int_eq(rlk_cache_config_from_env(&cfg, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_CACHE_MODE"));
+  rlk_test_expect_error(rlk_cache_config_from_env(&cfg, NULL), RLK_ERR_INVALID_ARGUMENT, "RLK_CACHE_MODE",
+                        "rlk_cache_config_from_env");
   unsetenv("RLK_CACHE_MODE");
 
   static const struct {
@@ -1622,8 +1622,7 @@ START_TEST(test_lookalike_names_are_no_proof) {
   uint64_t rng = rng_for(40);
   expect_memory_mode(dir, "no CACHEDIR.TAG marker", &rng);
   ck_assert_int_eq(rlk_cache_prune(dir, 1, 1, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_int_eq(rlk_cache_clear(dir), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "marker"));
+  rlk_test_expect_error(rlk_cache_clear(dir), RLK_ERR_INVALID_ARGUMENT, "marker", "rlk_cache_clear");
   ck_assert(exists(staged) && exists(quarantined));
   /* nor is it made the cache's by rlk_cache_create_root */
   ck_assert_int_eq(rlk_cache_create_root(dir), RLK_ERR_IO);

@@ -1195,31 +1195,31 @@ START_TEST(policy_loss_bad_arguments) {
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
   rlk_linear_policy_loss_args b = a;
   b.loss.old_logp = rlk_tensor_2d(old, RLK_F32, 1, 3, 3); /* 3 tokens, 4 rows */
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "4 rows"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "4 rows",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.loss.logp = a.loss.old_logp;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "loss.logp"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "loss.logp",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.loss.grad_logp = a.loss.old_logp;
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
   b = a;
   b.head.partials = rlk_tensor_2d(old, RLK_F32, 1, 4, 4);
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "partials"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "partials",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.path = (rlk_linear_policy_loss_path)7;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "path"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "path",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.chunk_tokens = 100;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "chunk_tokens"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "chunk_tokens",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.path = RLK_LPL_TOKEN_CHUNKS; /* the host has no token chunks */
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "token chunks"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "token chunks",
+                        "rlk_linear_policy_loss_workspace_size");
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(NULL, &a, &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_linear_policy_loss(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
   /* What the call writes shares memory with nothing it reads: a grad_weight that holds old_logp
