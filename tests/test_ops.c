@@ -202,16 +202,27 @@ START_TEST(samples_reach_every_kernel_setting) {
 }
 END_TEST
 
-/* tools/precompile.conf, what `make precompile` ships, has a line for every op. */
-START_TEST(precompile_conf_covers_every_op) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/../../tools/precompile.conf", rlk_test_bin_dir());
+/* The file `rel` of the source tree opened for reading (its path in `path`); fails the test when
+ * it cannot be. */
+static FILE *open_source(const char *rel, char *path, size_t size) {
+  snprintf(path, size, "%s/../../%s", rlk_test_bin_dir(), rel);
   FILE *f = fopen(path, "r");
   ck_assert_msg(f != NULL, "cannot open %s", path);
-  static char text[1 << 16];
-  size_t n = fread(text, 1, sizeof text - 1, f);
+  return f;
+}
+
+/* The file `rel` of the source tree into text (at most size - 1 bytes, then a NUL). */
+static void read_source(const char *rel, char *text, size_t size) {
+  char path[4096];
+  FILE *f = open_source(rel, path, sizeof path);
+  text[fread(text, 1, size - 1, f)] = '\0';
   fclose(f);
-  text[n] = '\0';
+}
+
+/* tools/precompile.conf, what `make precompile` ships, has a line for every op. */
+START_TEST(precompile_conf_covers_every_op) {
+  static char text[1 << 16];
+  read_source("tools/precompile.conf", text, sizeof text);
   for (size_t i = 0; rlk_op_table[i]; i++) {
     char want[96];
     snprintf(want, sizeof want, "\n%s ", rlk_op_table[i]->name);
@@ -224,9 +235,7 @@ END_TEST
  * op and settings it has (a line that stopped parsing would fail make test-gpu's first step). */
 START_TEST(gpu_kernel_list_parses) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/../../tests/gpu-kernels.conf", rlk_test_bin_dir());
-  FILE *f = fopen(path, "r");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
+  FILE *f = open_source("tests/gpu-kernels.conf", path, sizeof path);
   char line[1024];
   int lines = 0;
   while (fgets(line, sizeof line, f)) {
@@ -263,11 +272,8 @@ static void names_in(const char *dir, const char *stem, const char *ext, const c
   for (struct dirent *e; (e = readdir(d));) {
     const size_t n = strlen(e->d_name);
     if (strncmp(e->d_name, stem, strlen(stem)) || n < strlen(ext) || strcmp(e->d_name + n - strlen(ext), ext)) continue;
-    snprintf(path, sizeof path, "%s/../../%s/%s", rlk_test_bin_dir(), dir, e->d_name);
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    text[fread(text, 1, sizeof text - 1, f)] = '\0';
-    fclose(f);
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    read_source(path, text, sizeof text);
     for (const char *p = strstr(text, before); p; p = strstr(p + 1, before)) {
       const char *id = p + strlen(before), *q = id;
       while (*q == '_' || (*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9')) q++;

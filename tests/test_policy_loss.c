@@ -359,6 +359,28 @@ static void set_norms(rlk_context *ctx, int form, double tn, double sn, double *
   }
 }
 
+/* The per-token gradient `name` a call wrote at g (c's output layout, `shift` elements in) as
+ * dense [B, T] doubles (malloc'd; padding 0); fails on a token left unwritten and, with
+ * `padding`, on padding between rows that was written. */
+static double *read_token_grad(const pl_case *c, const pl_data *d, const void *g, int shift, int padding,
+                               const char *name, const char *what) {
+  double *dense = calloc((size_t)(d->B * d->T > 0 ? d->B * d->T : 1), sizeof(double));
+  ck_assert_ptr_nonnull(dense);
+  for (int64_t b = 0; b < d->B; b++) {
+    for (int64_t t = 0; t < d->len[b]; t++) {
+      const int64_t j = dev_index(c, d, b, t, 1) + shift;
+      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: %s[%lld, %lld] not written", what, name, (long long)b,
+                    (long long)t);
+      dense[b * d->T + t] = rlk_test_load(g, c->dtype, j);
+    }
+    if (padding && !c->packed && b + 1 < d->B)
+      for (int64_t t = d->T; t < d->sout; t++)
+        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: %s padding [%lld, %lld] written", what,
+                      name, (long long)b, (long long)t);
+  }
+  return dense;
+}
+
 /* Runs rlk_policy_loss on ctx for a case and data; outputs poisoned first; checks that every
  * token's gradient was written and no padding was; returns the results in fp64. */
 static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, pl_result *res) {
@@ -368,13 +390,7 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   void *dv[7] = {0};
   for (int k = 0; k < 7; k++)
     if (d->h[k]) dv[k] = rlk_test_dev_upload(ctx, d->h[k], d->hbytes[k]);
-  void *offs_d = NULL;
-  if (c->packed) {
-    void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
-    offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
-    free(o);
-  }
+  void *offs_d = c->packed ? rlk_test_upload_offsets(ctx, c->offsets_dtype, d->offs, d->B + 1) : NULL;
   const size_t es = rlk_dtype_size(c->dtype);
   const int shift = c->packed && c->misalign ? 1 : 0;
   const int64_t n_out = c->packed ? d->offs[d->B] : (d->B - 1) * d->sout + d->T;
@@ -423,27 +439,10 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   if (ge) ck_assert_int_eq(rlk_memcpy_to_host(ctx, ge, ge_d, gbytes), RLK_OK);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, s, s_d, sbytes), RLK_OK);
 
-  const int64_t dense = d->B * d->T;
-  res->grad = calloc((size_t)(dense ? dense : 1), sizeof(double));
-  res->grad_ent = calloc((size_t)(dense ? dense : 1), sizeof(double));
   /* every token written; padding between rows untouched */
-  for (int64_t b = 0; b < d->B; b++) {
-    for (int64_t t = 0; t < d->len[b]; t++) {
-      const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_logp[%lld, %lld] not written", what,
-                    (long long)b, (long long)t);
-      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
-      if (ge) {
-        ck_assert_msg(!rlk_test_is_poison(ge, c->dtype, j), "%s: grad_entropy[%lld, %lld] not written", what,
-                      (long long)b, (long long)t);
-        res->grad_ent[b * d->T + t] = rlk_test_load(ge, c->dtype, j);
-      }
-    }
-    if (!c->packed && b + 1 < d->B)
-      for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: grad padding [%lld, %lld] written",
-                      what, (long long)b, (long long)t);
-  }
+  res->grad = read_token_grad(c, d, g, shift, 1, "grad_logp", what);
+  res->grad_ent = ge ? read_token_grad(c, d, ge, shift, 0, "grad_entropy", what)
+                     : calloc((size_t)(d->B * d->T > 0 ? d->B * d->T : 1), sizeof(double));
   if (shift) ck_assert_msg(rlk_test_is_poison(g, c->dtype, 0), "%s: element before grad_logp written", what);
   res->loss = rlk_test_load(s, c->dtype, 0);
   for (int k = 0; k < RLK_POLICY_LOSS_METRICS; k++)
@@ -1278,13 +1277,7 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   void *dv[7] = {0};
   for (int k = 0; k < 7; k++)
     if (d->h[k] && (k <= D_ADV || k == D_MASK)) dv[k] = rlk_test_dev_upload(ctx, d->h[k], d->hbytes[k]);
-  void *offs_d = NULL;
-  if (c->packed) {
-    void *o = malloc((size_t)(d->B + 1) * 8);
-    for (int64_t i = 0; i <= d->B; i++) rlk_test_store(o, c->offsets_dtype, i, (double)d->offs[i]);
-    offs_d = rlk_test_dev_upload(ctx, o, (size_t)(d->B + 1) * rlk_dtype_size(c->offsets_dtype));
-    free(o);
-  }
+  void *offs_d = c->packed ? rlk_test_upload_offsets(ctx, c->offsets_dtype, d->offs, d->B + 1) : NULL;
   const size_t es = rlk_dtype_size(c->dtype);
   const int shift = c->packed && c->misalign;
   const int64_t n_out = c->packed ? d->offs[d->B] : (d->B - 1) * d->sout + d->T;
@@ -1326,18 +1319,7 @@ static void vl_call(rlk_context *ctx, const vl_case *v, const pl_data *d, vl_res
   void *g = malloc(gbytes), *s = malloc(sbytes);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, g, g_d, gbytes), RLK_OK);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, s, s_d, sbytes), RLK_OK);
-  res->grad = calloc((size_t)(d->B * d->T > 0 ? d->B * d->T : 1), sizeof(double));
-  for (int64_t b = 0; b < d->B; b++) {
-    for (int64_t t = 0; t < d->len[b]; t++) {
-      const int64_t j = dev_index(c, d, b, t, 1) + shift;
-      ck_assert_msg(!rlk_test_is_poison(g, c->dtype, j), "%s: grad_values[%lld, %lld] not written", what,
-                    (long long)b, (long long)t);
-      res->grad[b * d->T + t] = rlk_test_load(g, c->dtype, j);
-    }
-    if (!c->packed && b + 1 < d->B)
-      for (int64_t t = d->T; t < d->sout; t++)
-        ck_assert_msg(rlk_test_is_poison(g, c->dtype, b * d->sout + t), "%s: padding written", what);
-  }
+  res->grad = read_token_grad(c, d, g, shift, 1, "grad_values", what);
   res->loss = rlk_test_load(s, c->dtype, 0);
   for (int k = 0; k < RLK_VALUE_LOSS_METRICS; k++) res->metrics[k] = rlk_test_load(s, c->dtype, 1 + k);
   res->raw = g;

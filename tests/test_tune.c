@@ -269,15 +269,6 @@ static rlk_context *context_over_records(const rlk_context_options *o, const cha
   return ctx;
 }
 
-/* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
-static rlk_context *child_host_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  rlk_context *ctx = NULL;
-  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
-}
-
 /* ---- records, keys and buckets -------------------------------------------------------- */
 
 START_TEST(buckets_and_keys) {
@@ -563,7 +554,7 @@ typedef struct damaged_run {
 static int use_damaged(void *arg) {
   const damaged_run *d = arg;
   for (int k = 0; k < 3; k++) {
-    rlk_context *ctx = child_host_context();
+    rlk_context *ctx = rlk_test_child_host_context(NULL);
     if (!ctx) return 2;
     char settings[128];
     int found = 0;
@@ -946,7 +937,7 @@ END_TEST
 /* In a child: calls through a record whose winner cannot run; exit 0 when they all work. */
 static int call_unusable_winner(void *arg) {
   (void)arg;
-  rlk_context *ctx = child_host_context();
+  rlk_context *ctx = rlk_test_child_host_context(NULL);
   if (!ctx) return 2;
   host_call h;
   host_call_make(&h, 8, 64, 5);

@@ -176,6 +176,15 @@ rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir) {
   return ctx;
 }
 
+rlk_context *rlk_test_child_host_context(const char *cache_dir) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.cache_dir = cache_dir;
+  rlk_context *ctx = NULL;
+  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
+}
+
 rlk_context *rlk_test_host_context(void) { return rlk_test_context_at(RLK_BACKEND_HOST, NULL); }
 
 rlk_context *rlk_test_fresh_host_context(void) {

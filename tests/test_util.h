@@ -155,6 +155,10 @@ rlk_context *rlk_test_cuda_context(const char *what);
 /* A context of `backend` over the cache at cache_dir (NULL: the run's); fails the test on error. */
 rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir);
 
+/* A host-backend context over the cache at cache_dir (NULL: the run's) for a forked child, where
+ * Check's assertions cannot be used: NULL on failure. */
+rlk_context *rlk_test_child_host_context(const char *cache_dir);
+
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
 
