@@ -87,6 +87,10 @@ void rlk_test_rmtree(const char *path) {
   nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS);
 }
 
+void rlk_test_rmtrees(const char *const *paths) {
+  for (; *paths; paths++) rlk_test_rmtree(*paths);
+}
+
 int rlk_test_gpu_enabled(const char *what) {
   const char *g = getenv("RLK_TEST_GPU");
   if (!g || strcmp(g, "1") != 0) {

@@ -29,6 +29,8 @@ void rlk_test_mkdtemp(char *buf, size_t size, const char *stem);
 
 /* Removes a directory tree (best effort). */
 void rlk_test_rmtree(const char *path);
+/* rlk_test_rmtree for each path of a NULL-terminated list (ARGS(a, b) builds one). */
+void rlk_test_rmtrees(const char *const *paths);
 
 /* Non-zero when GPU cases should run (RLK_TEST_GPU=1: make test-gpu). When it returns 0 it
  * prints why the case is skipped. GPU cases live in test cases named "gpu", so
