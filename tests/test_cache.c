@@ -926,6 +926,82 @@ END_TEST
 /* Concurrency                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
+/* What the children of a race share: the cache, one key and its binary, and a file each
+ * "compile" appends a byte to. */
+typedef struct race_work {
+  const rlk_cache_config *cfg;
+  const rlk_kernel_key *k;
+  const uint8_t *bin;
+  size_t n;
+  const char *log;
+} race_work;
+
+/* Forks n children held at a gate, opens it so that they all start at once, and waits for each:
+ * every one must exit 0 (a child's exit status is what `run` returns). */
+static void race_children(int n, int (*run)(const race_work *), const race_work *w) {
+  pid_t pids[16];
+  ck_assert_int_le(n, 16);
+  int gate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  fflush(NULL);
+  for (int i = 0; i < n; i++) {
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0) {
+      close(gate[1]);
+      char c;
+      while (read(gate[0], &c, 1) > 0) {
+      }
+      _exit(run(w));
+    }
+  }
+  close(gate[0]);
+  close(gate[1]); /* everyone starts at once */
+  for (int i = 0; i < n; i++) {
+    int status = 0;
+    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d failed (%d)", i,
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+}
+
+/* A racing publisher: publishes the binary, then finds it whole. */
+static int publish_and_find(const race_work *w) {
+  rlk_cache *cache = NULL;
+  if (rlk_cache_open(w->cfg, &cache) != RLK_OK) return 1;
+  if (rlk_cache_publish(cache, w->k, w->bin, w->n, NULL, 0, NULL) != RLK_OK) return 2;
+  rlk_cache_blob b;
+  int found = 0;
+  if (rlk_cache_lookup(cache, w->k, &b, &found, NULL) != RLK_OK || !found) return 3;
+  if (b.size != w->n || memcmp(b.binary, w->bin, w->n) != 0) return 4;
+  rlk_cache_blob_free(&b);
+  rlk_cache_close(cache);
+  return 0;
+}
+
+/* A process that wants the kernel: under the key's lock, "compiles" (a byte to the log) and
+ * publishes it unless it is found. */
+static int compile_once_under_lock(const race_work *w) {
+  rlk_cache *c = NULL;
+  rlk_cache_lock *lock = NULL;
+  rlk_cache_blob b;
+  int found = 0;
+  if (rlk_cache_open(w->cfg, &c) != RLK_OK) return 1;
+  if (rlk_cache_lock_acquire(c, w->k, &lock) != RLK_OK) return 2;
+  if (rlk_cache_lookup(c, w->k, &b, &found, NULL) != RLK_OK) return 3;
+  if (!found) {
+    int fd = open(w->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd < 0 || write(fd, "c", 1) != 1) return 4;
+    close(fd);
+    usleep(50000); /* "compiling" */
+    if (rlk_cache_publish(c, w->k, w->bin, w->n, NULL, 0, NULL) != RLK_OK) return 5;
+  }
+  rlk_cache_blob_free(&b);
+  rlk_cache_lock_release(lock);
+  rlk_cache_close(c);
+  return 0;
+}
+
 START_TEST(test_racing_publishers) {
   enum { P = 8 };
   uint64_t rng = rng_for(13);
@@ -937,38 +1013,8 @@ START_TEST(test_racing_publishers) {
   make_key(&k, &rng, "race");
   size_t n = 50000;
   uint8_t *bin = random_bytes(&rng, n);
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  pid_t pids[P];
-  for (int i = 0; i < P; i++) {
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(gate[1]);
-      char c;
-      while (read(gate[0], &c, 1) > 0) {
-      }
-      rlk_cache *cache = NULL;
-      if (rlk_cache_open(&cfg, &cache) != RLK_OK) _exit(1);
-      if (rlk_cache_publish(cache, &k, bin, n, NULL, 0, NULL) != RLK_OK) _exit(2);
-      rlk_cache_blob b;
-      int found = 0;
-      if (rlk_cache_lookup(cache, &k, &b, &found, NULL) != RLK_OK || !found) _exit(3);
-      if (b.size != n || memcmp(b.binary, bin, n) != 0) _exit(4);
-      rlk_cache_blob_free(&b);
-      rlk_cache_close(cache);
-      _exit(0);
-    }
-  }
-  close(gate[0]);
-  close(gate[1]); /* everyone starts at once */
-  for (int i = 0; i < P; i++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "publisher %d failed (%d)", i,
-                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
+  const race_work w = {&cfg, &k, bin, n, NULL};
+  race_children(P, publish_and_find, &w);
   ck_assert_int_eq(count_entries(root), 1);
   FMT(tmp, "%s/tmp", root);
   ck_assert_int_eq(count_children(tmp), 0);
@@ -993,45 +1039,8 @@ START_TEST(test_lock_makes_one_compile) {
   rlk_kernel_key k;
   make_key(&k, &rng, "once");
   uint8_t *bin = random_bytes(&rng, 1000);
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  pid_t pids[P];
-  for (int i = 0; i < P; i++) {
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(gate[1]);
-      char ch;
-      while (read(gate[0], &ch, 1) > 0) {
-      }
-      rlk_cache *c = NULL;
-      rlk_cache_lock *lock = NULL;
-      rlk_cache_blob b;
-      int found = 0;
-      if (rlk_cache_open(&cfg, &c) != RLK_OK) _exit(1);
-      if (rlk_cache_lock_acquire(c, &k, &lock) != RLK_OK) _exit(2);
-      if (rlk_cache_lookup(c, &k, &b, &found, NULL) != RLK_OK) _exit(3);
-      if (!found) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd < 0 || write(fd, "c", 1) != 1) _exit(4);
-        close(fd);
-        usleep(50000); /* "compiling" */
-        if (rlk_cache_publish(c, &k, bin, 1000, NULL, 0, NULL) != RLK_OK) _exit(5);
-      }
-      rlk_cache_blob_free(&b);
-      rlk_cache_lock_release(lock);
-      rlk_cache_close(c);
-      _exit(0);
-    }
-  }
-  close(gate[0]);
-  close(gate[1]);
-  for (int i = 0; i < P; i++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  const race_work w = {&cfg, &k, bin, 1000, log};
+  race_children(P, compile_once_under_lock, &w);
   struct stat st;
   ck_assert_int_eq(stat(log, &st), 0);
   ck_assert_int_eq((int)st.st_size, 1);
