@@ -1160,6 +1160,13 @@ static void bad_reset(bad_fixture *f) {
   f->w.out = f->g.advantages;
 }
 
+/* The fixture (static: too large for the stack), reset. */
+static bad_fixture *bad_fresh(void) {
+  static bad_fixture fx;
+  bad_reset(&fx);
+  return &fx;
+}
+
 typedef enum bad_op { OP_GAE, OP_RETURNS, OP_CUMSUM, OP_WHITEN } bad_op;
 
 static rlk_status call_op(rlk_context *ctx, bad_fixture *f, bad_op op) {
@@ -1186,9 +1193,7 @@ static void expect_bad(rlk_context *ctx, bad_fixture *f, bad_op op, rlk_status w
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  static bad_fixture fx;
-  bad_fixture *f = &fx;
-  bad_reset(f);
+  bad_fixture *f = bad_fresh();
   for (int op = OP_GAE; op <= OP_WHITEN; op++) {
     ck_assert_msg(call_op(ctx, f, (bad_op)op) == RLK_OK, "baseline op %d: %s", op, rlk_last_error());
     bad_reset(f);

@@ -648,6 +648,13 @@ static void bad_reset(bad_fixture *f) {
   f->a.group_size = 4;
 }
 
+/* The fixture (static: too large for the stack), reset. */
+static bad_fixture *bad_fresh(void) {
+  static bad_fixture fx;
+  bad_reset(&fx);
+  return &fx;
+}
+
 /* The call fails with `want`, the message names `arg`, and the output is untouched. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                        const char *label) {
@@ -658,9 +665,7 @@ static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const 
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  static bad_fixture fx;
-  bad_fixture *f = &fx;
-  bad_reset(f);
+  bad_fixture *f = bad_fresh();
   ck_assert_int_eq(rlk_group_advantage(ctx, &f->a, NULL), RLK_OK); /* the baseline is valid */
   memset(f->adv, 0xff, sizeof f->adv);
 

@@ -620,6 +620,13 @@ static void bad_reset(bad_fixture *f) {
   for (int i = 0; i < 6; i++) f->glp[i] = f->gh[i] = 1.0f;
 }
 
+/* The fixture (static: too large for the stack), reset. */
+static bad_fixture *bad_fresh(void) {
+  static bad_fixture fx;
+  bad_reset(&fx);
+  return &fx;
+}
+
 /* The forward fails with `want`, the message names `arg`, logp is untouched. */
 static void expect_bad_fwd(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                            const char *label) {
@@ -637,9 +644,7 @@ static void expect_bad_bwd(rlk_context *ctx, bad_fixture *f, rlk_status want, co
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  static bad_fixture fx;
-  bad_fixture *f = &fx;
-  bad_reset(f);
+  bad_fixture *f = bad_fresh();
   ck_assert_int_eq(rlk_logprob(ctx, &f->a, NULL), RLK_OK); /* the baselines are valid */
   ck_assert_int_eq(rlk_logprob_backward(ctx, &f->b, NULL), RLK_OK);
   bad_reset(f);

@@ -1638,6 +1638,13 @@ static void bad_reset(bad_fx *f) {
   f->a.token_normalizer = 19;
 }
 
+/* The fixture (static: too large for the stack), reset. */
+static bad_fx *bad_fresh(void) {
+  static bad_fx fx;
+  bad_reset(&fx);
+  return &fx;
+}
+
 static void expect_bad(rlk_context *ctx, bad_fx *f, rlk_status want, const char *arg, const char *label) {
   rlk_test_expect_error(rlk_policy_loss(ctx, &f->a, NULL), want, arg, label);
   rlk_test_expect_untouched(f->grad, RLK_F32, 24, "grad_logp", label);
@@ -1647,9 +1654,7 @@ static void expect_bad(rlk_context *ctx, bad_fx *f, rlk_status want, const char 
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  static bad_fx fx;
-  bad_fx *f = &fx;
-  bad_reset(f);
+  bad_fx *f = bad_fresh();
   ck_assert_msg(rlk_policy_loss(ctx, &f->a, NULL) == RLK_OK, "%s", rlk_last_error());
   bad_reset(f);
   rlk_test_expect_error(rlk_policy_loss(NULL, &f->a, NULL), RLK_ERR_INVALID_ARGUMENT, "ctx", "rlk_policy_loss");
