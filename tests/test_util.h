@@ -192,8 +192,9 @@ rlk_context *rlk_test_fresh_host_context(void);
 /* A fresh host-backend context that has precompiled `line`: `kernels` kernels, each compiled. */
 rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
 
-/* Fails when ctx compiled more than `before` kernels (what: the calls that should have found
- * every kernel their precompiled line built), then destroys ctx. */
+/* Fails when ctx compiled more than `before` kernels in all (what: the calls that should have
+ * found every kernel their precompiled line built; a context from
+ * rlk_test_precompiled_host_context has compiled exactly that line's kernels), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
 
 /* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the
