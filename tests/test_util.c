@@ -608,12 +608,11 @@ int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64
 }
 
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
-  rlk_tensor t = rlk_tensor_2d(data, dt, a, b * c, b * c);
+  const int64_t shape[3] = {a, b, c}, strides[3] = {b * c, c, 1};
+  rlk_tensor t = rlk_tensor_1d(data, dt, a * b * c);
   t.ndim = 3;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.strides[1] = c;
-  t.strides[2] = 1;
+  memcpy(t.shape, shape, sizeof shape);
+  memcpy(t.strides, strides, sizeof strides);
   return t;
 }
 
