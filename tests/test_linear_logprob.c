@@ -722,9 +722,8 @@ END_TEST
 /* RLK_JIT_RECORD: the forward, the backward (one line per gradient dtype) and the shard form's
  * combine each leave a line that precompiles. */
 START_TEST(host_records_its_configurations) {
-  char rec[1100];
-  if (!rlk_test_record_start(rec, sizeof rec)) return;
-  rlk_context *ctx = rlk_test_host_context();
+  rlk_context *ctx = rlk_test_recording_host_context();
+  if (!ctx) return;
   const uint64_t seed = rlk_test_seed() ^ 0x4ecu;
   ll_case c = ll_base(3, 300, 40);
   c.dt = RLK_F16;
@@ -737,7 +736,7 @@ START_TEST(host_records_its_configurations) {
   static const char *const want[] = {"linear_logprob pass=fwd hidden=f16 labels=i32 entropy=1",
                                      "linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=f32",
                                      "logprob_shard pass=combine", NULL};
-  rlk_test_record_expect(ctx, rec, want);
+  rlk_test_record_expect(ctx, want);
   rlk_context_destroy(ctx);
 }
 END_TEST

@@ -703,21 +703,24 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
 
 /* ---- RLK_JIT_RECORD ----------------------------------------------------------------- */
 
-int rlk_test_record_start(char *path, size_t size) {
+static char record_path[1100]; /* the scratch root and "/record-XXXXXX/record.conf" */
+
+rlk_context *rlk_test_recording_host_context(void) {
   const char *fork_env = getenv("CK_FORK");
   if (fork_env && !strcmp(fork_env, "no")) {
     printf("skip (record): RLK_JIT_RECORD is read once a process; CK_FORK=no shares it between tests\n");
     fflush(stdout);
-    return 0;
+    return NULL;
   }
   char dir[1024];
   rlk_test_mkdtemp(dir, sizeof dir, "record");
-  snprintf(path, size, "%s/record.conf", dir);
-  setenv("RLK_JIT_RECORD", path, 1);
-  return 1;
+  ck_assert(snprintf(record_path, sizeof record_path, "%s/record.conf", dir) < (int)sizeof record_path);
+  setenv("RLK_JIT_RECORD", record_path, 1);
+  return rlk_test_host_context();
 }
 
-void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes) {
+void rlk_test_record_expect(rlk_context *ctx, const char *const *prefixes) {
+  const char *path = record_path;
   FILE *f = fopen(path, "r");
   ck_assert_msg(f != NULL, "no record at %s", path);
   char line[1024];

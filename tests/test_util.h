@@ -71,14 +71,14 @@ void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const
   }                                                                                   \
   END_TEST
 
-/* RLK_JIT_RECORD for the rest of this test's process: a fresh file under the scratch root, its
- * path in `path`. Returns 0 (after printing why) when the test shares its process with others
- * (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
-int rlk_test_record_start(char *path, size_t size);
+/* A host context whose process records its configurations (RLK_JIT_RECORD, for the rest of this
+ * test's process) to a fresh file under the scratch root. NULL (after printing why) when the test
+ * shares its process with others (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
+rlk_context *rlk_test_recording_host_context(void);
 
-/* The record at `path` has a line starting with each of `prefixes` (NULL-terminated), and every
- * line it holds precompiles on ctx. */
-void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes);
+/* The record rlk_test_recording_host_context started has a line starting with each of `prefixes`
+ * (NULL-terminated), and every line it holds precompiles on ctx. */
+void rlk_test_record_expect(rlk_context *ctx, const char *const *prefixes);
 
 struct rlk_op_config_pair;
 
