@@ -779,19 +779,18 @@ START_TEST(bad_arguments) {
   /* mask and token_advantages */
   f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 24, 5, 5);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask with nothing to apply to");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 24, 4, 4);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask T mismatch");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 20, 5, 5);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask B mismatch");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F64, 12, 5, 5);
-  f->a.mask.shape[0] = 24;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "f64 mask");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_1d(f->maskf, RLK_F32, 24);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "1-D mask");
+  const struct {
+    rlk_tensor mask;
+    const char *label;
+  } bad_masks[] = {{rlk_tensor_2d(f->maskf, RLK_F32, 24, 4, 4), "mask T mismatch"},
+                   {rlk_tensor_2d(f->maskf, RLK_F32, 20, 5, 5), "mask B mismatch"},
+                   {rlk_tensor_2d(f->maskf, RLK_F64, 24, 5, 5), "f64 mask"},
+                   {rlk_tensor_1d(f->maskf, RLK_F32, 24), "1-D mask"}};
+  for (size_t i = 0; i < sizeof bad_masks / sizeof bad_masks[0]; i++) {
+    f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
+    f->a.mask = bad_masks[i].mask;
+    expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", bad_masks[i].label);
+  }
   f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 4);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_advantages", "overlapping token rows");
   f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
@@ -971,17 +970,18 @@ START_TEST(gpu_large_shapes) {
   c.mode = RLK_ADV_BATCH_STD;
   run_case(ctx, &c, &rng, NULL, NULL);
   /* batch-std over row sums: the statistics read the buffer the advantages overwrite */
-  c = base_case(4096, 2048);
-  c.mode = RLK_ADV_BATCH_STD;
-  c.T = 37;
-  c.scores_2d = 1;
-  c.mask_dtype = RLK_BOOL;
-  run_case(ctx, &c, &rng, NULL, NULL);
-  c = base_case(16384, 16);
-  c.mode = RLK_ADV_BATCH_STD;
-  c.T = 5;
-  c.scores_2d = 1;
-  run_case(ctx, &c, &rng, NULL, NULL);
+  static const struct {
+    int64_t B, G, T;
+    rlk_dtype mask;
+  } row_sums[] = {{4096, 2048, 37, RLK_BOOL}, {16384, 16, 5, RLK_DTYPE_INVALID}};
+  for (size_t i = 0; i < sizeof row_sums / sizeof row_sums[0]; i++) {
+    c = base_case(row_sums[i].B, row_sums[i].G);
+    c.mode = RLK_ADV_BATCH_STD;
+    c.T = row_sums[i].T;
+    c.scores_2d = 1;
+    c.mask_dtype = row_sums[i].mask;
+    run_case(ctx, &c, &rng, NULL, NULL);
+  }
   c = base_case(129, 1);
   c.T = 4099;
   c.scores_2d = 1;
