@@ -456,6 +456,15 @@ static void gae_case(rlk_context *ctx, const seq_case *c, const gae_setting *s, 
 static const rlk_dtype mask_dtypes[] = {RLK_BOOL, RLK_I32, RLK_F32, RLK_DTYPE_INVALID};
 static const rlk_scan_algo algos[] = {RLK_SCAN_AUTO, RLK_SCAN_ROW_WARP, RLK_SCAN_ROW_BLOCK};
 
+/* Case k of a grid of settings x dtype (dt: f64, f32) x algorithm (ai), its shape cycling through
+ * `shapes`. */
+static seq_case grid_case(const int64_t (*shapes)[2], size_t nshapes, int k, int dt, size_t ai) {
+  const int64_t *sh = shapes[(size_t)k % nshapes];
+  seq_case c = base_case(sh[0], sh[1], dt ? RLK_F32 : RLK_F64);
+  c.algo = algos[ai];
+  return c;
+}
+
 /* Every trainer setting x dtype x algorithm on small odd shapes, every mask dtype in turn,
  * strided rows in some. */
 static void cases_gae(rlk_context *ctx, uint64_t *rng) {
@@ -464,9 +473,7 @@ static void cases_gae(rlk_context *ctx, uint64_t *rng) {
   for (size_t si = 0; si < N_GAE_SETTINGS; si++)
     for (int dt = 0; dt < 2; dt++)
       for (size_t ai = 0; ai < 3; ai++, k++) {
-        const int64_t *sh = shapes[(size_t)k % (sizeof shapes / sizeof shapes[0])];
-        seq_case c = base_case(sh[0], sh[1], dt ? RLK_F32 : RLK_F64);
-        c.algo = algos[ai];
+        seq_case c = grid_case(shapes, sizeof shapes / sizeof shapes[0], k, dt, ai);
         c.mask_dtype = mask_dtypes[(size_t)k % 4];
         c.pad = k % 3 == 1 ? 5 : (k % 5 == 2 ? 8 : 0);
         c.holes = k % 4 != 3;
@@ -520,9 +527,7 @@ static void cases_returns(rlk_context *ctx, uint64_t *rng) {
   for (int masked = 0; masked <= RLK_RETURNS_MASKED_CARRY; masked++)
     for (int dt = 0; dt < 2; dt++)
       for (size_t ai = 0; ai < 3; ai++, k++) {
-        const int64_t *sh = shapes[(size_t)k % (sizeof shapes / sizeof shapes[0])];
-        seq_case c = base_case(sh[0], sh[1], dt ? RLK_F32 : RLK_F64);
-        c.algo = algos[ai];
+        seq_case c = grid_case(shapes, sizeof shapes / sizeof shapes[0], k, dt, ai);
         c.mask_dtype = mask_dtypes[(size_t)k % 4];
         c.pad = k % 4 == 1 ? 3 : 0;
         returns_case(ctx, &c, gammas[(size_t)k % 3], (rlk_returns_masked)masked, rng);
@@ -558,9 +563,7 @@ static void cases_cumsum(rlk_context *ctx, uint64_t *rng) {
   for (int bl = 0; bl < 2; bl++)
     for (int dt = 0; dt < 2; dt++)
       for (size_t ai = 0; ai < 3; ai++, k++) {
-        const int64_t *sh = shapes[(size_t)k % (sizeof shapes / sizeof shapes[0])];
-        seq_case c = base_case(sh[0], sh[1], dt ? RLK_F32 : RLK_F64);
-        c.algo = algos[ai];
+        seq_case c = grid_case(shapes, sizeof shapes / sizeof shapes[0], k, dt, ai);
         c.mask_dtype = mask_dtypes[(size_t)(k + 1) % 4];
         c.pad = k % 3 == 2 ? 4 : 0;
         cumsum_case(ctx, &c, bl, rng);
