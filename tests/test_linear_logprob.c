@@ -1287,23 +1287,16 @@ static void gpu_cases(rlk_context *ctx, rlk_linear_logprob_variant variant, uint
   ll_check(ctx, &c, seed + 5);
 }
 
-START_TEST(gpu_shapes) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x11u;
-  gpu_cases(ctx, RLK_LINEAR_LOGPROB_AUTO, seed);
-  gpu_cases(ctx, RLK_LINEAR_LOGPROB_TILED, seed + 100);
-  rlk_context_destroy(ctx);
+static void cases_shapes(rlk_context *ctx, uint64_t *rng) {
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_AUTO, *rng);
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_TILED, *rng + 100);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", shapes)
 
 /* Bitwise the same outputs from two calls; splits change nothing beyond rounding. */
-START_TEST(gpu_backward) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x33u;
+static void cases_backward(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_bwd_cases(ctx, seed);
   ll_bcase c = {300, 3001, 256, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 1024, 1, 1.0f};
   ll_bwd_check(ctx, &c, seed + 5, 1, NULL, NULL);
@@ -1375,28 +1368,22 @@ START_TEST(gpu_backward) {
     printf("skip (linear_policy_loss token chunks): compute capability %d.%d is not sm_90\n", info.compute_major,
            info.compute_minor);
   }
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", backward)
 
 /* The shard form on CUDA: both forward kernels (wgmma where the target has it) and the backward. */
-START_TEST(gpu_shards) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x5au;
+static void cases_shards(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_shard_cases(ctx, seed);
   static const int64_t two[] = {0, 3000, 6001}; /* whole 256-column splits and a ragged end */
   ll_shard_check(ctx, 130, 128, two, 2, 1, seed + 2);
-  rlk_context_destroy(ctx);
 }
-END_TEST
 
-START_TEST(gpu_deterministic) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x22u;
+RLK_GPU_CASE("linear_logprob", shards)
+
+static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_case c = ll_base(777, 50257, 1024);
   ll_out a, b;
   ll_run(ctx, &c, seed, 0, &a);
@@ -1410,9 +1397,9 @@ START_TEST(gpu_deterministic) {
   ll_run(ctx, &c, seed, 1, &b);
   ll_free(&a);
   ll_free(&b);
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", deterministic)
 
 Suite *linear_logprob_suite(void) {
   Suite *s = suite_create("linear_logprob");

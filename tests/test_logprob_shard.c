@@ -496,18 +496,14 @@ RLK_SAMPLES_CASE("logprob_shard", &rlk_op_logprob_shard)
 /* CUDA                                                                                */
 /* ---------------------------------------------------------------------------------- */
 
-START_TEST(gpu_simulated) {
-  if (!rlk_test_gpu_enabled("logprob_shard")) return;
-  rlk_context *ctx = rlk_test_cuda_context("logprob_shard");
-  if (!ctx) return;
-  uint64_t rng = rlk_test_seed() ^ 0x6b6b;
-  cases_simulated(ctx, &rng, 1001);
-  cases_simulated(ctx, &rng, 151936 / 8 + 13);
-  case_single_shard(ctx, &rng, 517);
-  case_single_shard(ctx, &rng, 151936);
-  rlk_context_destroy(ctx);
+static void cases_simulated_gpu(rlk_context *ctx, uint64_t *rng) {
+  cases_simulated(ctx, rng, 1001);
+  cases_simulated(ctx, rng, 151936 / 8 + 13);
+  case_single_shard(ctx, rng, 517);
+  case_single_shard(ctx, rng, 151936);
 }
-END_TEST
+
+RLK_GPU_TEST("logprob_shard", simulated, cases_simulated_gpu(ctx, &rng))
 
 /* rlk_logprob_vocab_parallel through a real NCCL communicator of one rank (one GPU): the library
  * this test loads (RTLD_GLOBAL) is the copy rlk must find in the process; the records, an

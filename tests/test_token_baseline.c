@@ -542,20 +542,16 @@ RLK_GPU_CASE("token_baseline", tails)
 RLK_GPU_CASE("token_baseline", deterministic)
 
 /* A training-sized batch: many groups, long responses, both modes. */
-START_TEST(gpu_large) {
-  if (!rlk_test_gpu_enabled("token_baseline")) return;
-  rlk_context *ctx = rlk_test_cuda_context("token_baseline");
-  if (!ctx) return;
-  uint64_t rng = rlk_test_seed() ^ 0x5eedu;
+static void cases_large(rlk_context *ctx, uint64_t *rng) {
   for (int compact = 0; compact < 2; compact++) {
     tb_case c = base_case(256, 2049, 16);
     c.compact = compact;
     c.isw = compact;
-    run_case(ctx, &c, &rng, NULL, NULL);
+    run_case(ctx, &c, rng, NULL, NULL);
   }
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("token_baseline", large)
 
 Suite *token_baseline_suite(void) {
   Suite *s = suite_create("token_baseline");

@@ -457,19 +457,15 @@ RLK_GPU_CASE("token_kl", ties)
 RLK_GPU_CASE("token_kl", deterministic)
 
 /* A training-sized batch beyond one grid row of blocks. */
-START_TEST(gpu_large) {
-  if (!rlk_test_gpu_enabled("token_kl")) return;
-  rlk_context *ctx = rlk_test_cuda_context("token_kl");
-  if (!ctx) return;
-  uint64_t rng = rlk_test_seed() ^ 0x6b6cu;
+static void cases_large(rlk_context *ctx, uint64_t *rng) {
   tk_case c = base_case(512, 4097);
-  run_case(ctx, &c, &rng, NULL, NULL);
+  run_case(ctx, &c, rng, NULL, NULL);
   c = base_case(0, 1 << 21);
   c.out = OUT_KL;
-  run_case(ctx, &c, &rng, NULL, NULL);
-  rlk_context_destroy(ctx);
+  run_case(ctx, &c, rng, NULL, NULL);
 }
-END_TEST
+
+RLK_GPU_CASE("token_kl", large)
 
 Suite *token_kl_suite(void) {
   Suite *s = suite_create("token_kl");
