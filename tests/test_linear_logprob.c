@@ -176,11 +176,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
   a.variant = c->variant;
   a.splits = c->splits;
   size_t wsb = 0;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *wsp = NULL;
-  if (wsb) wsp = rlk_test_dev_alloc(ctx, wsb);
-  a.workspace = wsp;
-  a.workspace_bytes = wsb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &wsb), &wsb, &a.workspace, &a.workspace_bytes);
   const double t1 = rlk_test_now();
   rlk_status st = rlk_linear_logprob(ctx, &a, NULL);
   ck_assert_msg(st == RLK_OK, "N=%lld V=%lld H=%lld: %s", (long long)c->N, (long long)c->V,
@@ -202,7 +198,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
     ck_assert_int_eq(rlk_memcpy_to_host(ctx, &o->status, dst, 4), RLK_OK);
     rlk_free(ctx, dh), rlk_free(ctx, dw), rlk_free(ctx, dl), rlk_free(ctx, dlp);
     rlk_free(ctx, dlse), rlk_free(ctx, dent), rlk_free(ctx, dst);
-    if (wsp) rlk_free(ctx, wsp);
+    if (a.workspace) rlk_free(ctx, a.workspace);
   }
   const double t2 = rlk_test_now();
   if (check) {
@@ -465,10 +461,7 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   f.lse = rlk_tensor_1d(dlse, RLK_F32, N);
   f.entropy = rlk_tensor_1d(dent, RLK_F32, N);
   size_t wsb = 0;
-  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &f, &wsb), RLK_OK);
-  void *fws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
-  f.workspace = fws;
-  f.workspace_bytes = wsb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &f, &wsb), &wsb, &f.workspace, &f.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob(ctx, &f, NULL) == RLK_OK, "%s", rlk_last_error());
   rlk_linear_logprob_backward_args b;
   rlk_linear_logprob_backward_args_init(&b);
@@ -487,10 +480,8 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   b.accumulate = c->accumulate;
   b.chunk = c->chunk;
   size_t bwb = 0;
-  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
-  void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
-  b.workspace = bws;
-  b.workspace_bytes = bwb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb), &bwb, &b.workspace,
+                     &b.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
@@ -523,8 +514,8 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
       rlk_test_drop(ctx, dgH);
   rlk_test_drop(ctx, dgh), rlk_test_drop(ctx, dgw), rlk_test_drop(ctx, dlp), rlk_test_drop(ctx, dlse),
       rlk_test_drop(ctx, dent);
-  if (fws) rlk_free(ctx, fws);
-  if (bws) rlk_free(ctx, bws);
+  if (f.workspace) rlk_free(ctx, f.workspace);
+  if (b.workspace) rlk_free(ctx, b.workspace);
   free(h), free(w), free(lab), free(glp), free(gH), free(gh0), free(gw0), free(zeros);
 }
 
@@ -543,6 +534,15 @@ static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
 /* ---------------------------------------------------------------------------------- */
 /* Vocab-parallel shards of the head                                                   */
 /* ---------------------------------------------------------------------------------- */
+
+/* Shard [v0, v0 + Vp) of a bf16 head: all N rows of hidden [N, H], its Vp rows of weight, the
+ * i64 labels. */
+static void shard_head(void *hidden, void *weight, void *labels, int64_t N, int64_t H, int64_t v0, int64_t Vp,
+                       rlk_tensor *h, rlk_tensor *w, rlk_tensor *l) {
+  *h = rlk_tensor_2d(hidden, RLK_BF16, N, H, H);
+  *w = rlk_tensor_2d((uint16_t *)weight + v0 * H, RLK_BF16, Vp, H, H);
+  *l = rlk_tensor_1d(labels, RLK_I64, N);
+}
 
 /* The head's rows split into P shards at `cuts` (cuts[0] = 0, cuts[P] = V): each shard's forward
  * writes its records (weight rows [v0, v1), vocab_start v0), the records gathered in rank order
@@ -585,19 +585,14 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
     rlk_linear_logprob_args a;
     rlk_linear_logprob_args_init(&a);
-    a.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
-    a.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
-    a.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    shard_head(dh, dw, dl, N, H, v0, Vp, &a.hidden, &a.weight, &a.labels);
     a.partials = rlk_tensor_2d((float *)drec + (int64_t)p * N * 4, RLK_F32, N, 4, 4);
     a.vocab_start = v0;
     a.partial_entropy = entropy;
     size_t wsb = 0;
-    ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-    void *ws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
-    a.workspace = ws;
-    a.workspace_bytes = wsb;
+    rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &wsb), &wsb, &a.workspace, &a.workspace_bytes);
     ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
-    if (ws) rlk_free(ctx, ws);
+    if (a.workspace) rlk_free(ctx, a.workspace);
   }
   rlk_logprob_combine_args cb;
   rlk_logprob_combine_args_init(&cb);
@@ -612,9 +607,7 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
     rlk_linear_logprob_backward_args b;
     rlk_linear_logprob_backward_args_init(&b);
-    b.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
-    b.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
-    b.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    shard_head(dh, dw, dl, N, H, v0, Vp, &b.hidden, &b.weight, &b.labels);
     b.lse = rlk_tensor_1d(dlse, RLK_F32, N);
     b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
     if (entropy) {
@@ -627,12 +620,10 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     b.shard = 1;
     b.vocab_start = v0;
     size_t bwb = 0;
-    ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
-    void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
-    b.workspace = bws;
-    b.workspace_bytes = bwb;
+    rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb), &bwb, &b.workspace,
+                       &b.workspace_bytes);
     ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
-    if (bws) rlk_free(ctx, bws);
+    if (b.workspace) rlk_free(ctx, b.workspace);
   }
   if (!host) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   float *lp = malloc((size_t)N * 4), *lse = malloc((size_t)N * 4), *ent = malloc((size_t)N * 4);

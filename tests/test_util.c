@@ -546,6 +546,12 @@ void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
   return p;
 }
 
+void rlk_test_workspace(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws, size_t *ws_bytes) {
+  ck_assert_msg(size_status == RLK_OK, "workspace size: %s", rlk_last_error());
+  *ws = *bytes ? rlk_test_dev_alloc(ctx, *bytes) : NULL;
+  *ws_bytes = *bytes;
+}
+
 void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
   void *p = rlk_test_dev_alloc(ctx, bytes);
   ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);

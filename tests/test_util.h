@@ -117,6 +117,11 @@ int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i);
  * (`what` names the buffer, `label` the case, in the failure message). */
 void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label);
 
+/* The workspace a call asked for: its workspace_size query's status (size_status, which must be
+ * RLK_OK) and *bytes; that many bytes of ctx's memory (rlk_test_dev_alloc; NULL for 0) into *ws,
+ * the count into *ws_bytes. Free *ws with rlk_free. */
+void rlk_test_workspace(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws, size_t *ws_bytes);
+
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
  * distinct, aligned pointer); fails the test on error. */
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
