@@ -659,29 +659,38 @@ START_TEST(test_target_env_override) {
 }
 END_TEST
 
+/* Device 0 of a backend opened here (st, b: what the open gave): 1 when it opened; else 0, after
+ * checking it is unavailable, with no handle and a message that starts with `name`. */
+static int opened_here(rlk_status st, const rlk_backend_impl *b, const char *name) {
+  if (st == RLK_OK) return 1;
+  ck_assert_int_eq(st, RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(b);
+  ck_assert_msg(strncmp(rlk_last_error(), name, strlen(name)) == 0, "message: %s", rlk_last_error());
+  printf("%s backend unavailable here: %s\n", name, rlk_last_error());
+  return 0;
+}
+
+/* Past the last device: a bad request when the backend is here, still unavailable when it is
+ * not (only the latter lets an automatic backend choice move on); device -1 is a bad request. */
+static void expect_device_range(rlk_status (*open)(int, rlk_backend_impl **), int present) {
+  rlk_backend_impl *b = (rlk_backend_impl *)1;
+  ck_assert_int_eq(open(4096, &b), present ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_UNAVAILABLE);
+  ck_assert_ptr_null(b);
+  ck_assert_int_eq(open(-1, &b), RLK_ERR_INVALID_ARGUMENT);
+}
+
 START_TEST(test_cuda_open_here) {
   rlk_backend_impl *b = (rlk_backend_impl *)1;
   rlk_status st = rlk_cuda_backend_open(0, &b);
-  int present = st == RLK_OK;
-  if (st == RLK_OK) {
+  const int present = opened_here(st, b, "cuda");
+  if (present) {
     ck_assert_int_eq(b->kind, RLK_BACKEND_CUDA);
     ck_assert_msg(strncmp(b->info.target, "sm_", 3) == 0, "target %s", b->info.target);
     ck_assert_int_gt(b->info.multiprocessors, 0);
     ck_assert_int_gt(b->info.compute_major, 0);
     b->destroy(b);
-  } else {
-    ck_assert_int_eq(st, RLK_ERR_UNAVAILABLE);
-    ck_assert_ptr_null(b);
-    ck_assert_msg(strncmp(rlk_last_error(), "cuda", 4) == 0, "message: %s", rlk_last_error());
-    printf("cuda backend unavailable here: %s\n", rlk_last_error());
   }
-  /* Past the last device: a bad request when CUDA is here, still "no CUDA" when it is not
-   * (only the latter lets an automatic backend choice move on). */
-  b = (rlk_backend_impl *)1;
-  st = rlk_cuda_backend_open(4096, &b);
-  ck_assert_int_eq(st, present ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_UNAVAILABLE);
-  ck_assert_ptr_null(b);
-  ck_assert_int_eq(rlk_cuda_backend_open(-1, &b), RLK_ERR_INVALID_ARGUMENT);
+  expect_device_range(rlk_cuda_backend_open, present);
   ck_assert_int_eq(rlk_cuda_backend_open(0, NULL), RLK_ERR_INVALID_ARGUMENT);
 }
 END_TEST
@@ -713,23 +722,14 @@ START_TEST(test_hip_open_here) {
    * included). */
   b = (rlk_backend_impl *)1;
   st = rlk_hip_backend_open(0, &b);
-  int present = st == RLK_OK;
-  if (st == RLK_OK) {
+  const int present = opened_here(st, b, "hip");
+  if (present) {
     ck_assert_int_eq(b->kind, RLK_BACKEND_HIP);
     ck_assert_msg(strncmp(b->info.target, "gfx", 3) == 0, "target %s", b->info.target);
     ck_assert_ptr_null(strchr(b->info.target, ':'));
     b->destroy(b);
-  } else {
-    ck_assert_int_eq(st, RLK_ERR_UNAVAILABLE);
-    ck_assert_ptr_null(b);
-    ck_assert_msg(strncmp(rlk_last_error(), "hip", 3) == 0, "message: %s", rlk_last_error());
-    printf("hip backend unavailable here: %s\n", rlk_last_error());
   }
-  b = (rlk_backend_impl *)1;
-  st = rlk_hip_backend_open(4096, &b);
-  ck_assert_int_eq(st, present ? RLK_ERR_INVALID_ARGUMENT : RLK_ERR_UNAVAILABLE);
-  ck_assert_ptr_null(b);
-  ck_assert_int_eq(rlk_hip_backend_open(-1, &b), RLK_ERR_INVALID_ARGUMENT);
+  expect_device_range(rlk_hip_backend_open, present);
 }
 END_TEST
 
@@ -836,25 +836,38 @@ typedef struct stub_driver {
   int (*retains)(void);
 } stub_driver;
 
+/* A stand-in library built from `source` (soname: NULL for none) in a new directory under `stem`
+ * and loaded, its path in so_path; NULL (and why, printed) when the test process is not forked,
+ * since the backend keeps the first library it loads for the life of the process. */
+static void *stub_library_load(const char *what, const char *source, const char *stem, const char *soname,
+                               char *so_path, size_t size) {
+  const char *fork_mode = getenv("CK_FORK");
+  if (fork_mode && strcmp(fork_mode, "no") == 0) {
+    printf("skip (backend: %s): needs a forked test process (CK_FORK=no)\n", what);
+    return NULL;
+  }
+  char dir[1200];
+  rlk_test_mkdtemp(dir, sizeof dir, stem);
+  compile_shared_object(source, dir, soname, so_path, size);
+  void *lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(lib != NULL, "%s: %s", what, dlerror());
+  return lib;
+}
+
 /* Builds and loads the stand-in driver; 0 (and why, printed) when this process cannot use
  * one: a driver already loaded, or a test process that is not forked (the backend keeps the
  * first driver it finds for the life of the process). */
 static int stub_driver_load(stub_driver *stub) {
-  const char *fork_mode = getenv("CK_FORK");
-  if (fork_mode && strcmp(fork_mode, "no") == 0) {
-    printf("skip (backend: cuda stand-in driver): needs a forked test process (CK_FORK=no)\n");
-    return 0;
-  }
   if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
     printf("skip (backend: cuda stand-in driver): a CUDA driver is already loaded\n");
     return 0;
   }
-  char dir[1200], so_path[1300];
-  rlk_test_mkdtemp(dir, sizeof dir, "backend-stub-cuda");
-  compile_shared_object(stub_driver_source, dir, "libcuda.so.1", so_path, sizeof so_path);
-  void *lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
-  ck_assert_msg(lib != NULL, "stand-in driver: %s", dlerror());
-  rlk_test_rmtree(dir); /* mapped: the file is no longer needed */
+  char so_path[1300];
+  void *lib = stub_library_load("cuda stand-in driver", stub_driver_source, "backend-stub-cuda", "libcuda.so.1",
+                                so_path, sizeof so_path);
+  if (!lib) return 0;
+  *strrchr(so_path, '/') = '\0';
+  rlk_test_rmtree(so_path); /* mapped: the file is no longer needed */
   stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
   stub->primary = (void *(*)(void))dlsym(lib, "stub_primary");
   stub->other = (void *(*)(void))dlsym(lib, "stub_other");
@@ -866,6 +879,17 @@ static int stub_driver_load(stub_driver *stub) {
   ck_assert(stub->configure && stub->primary && stub->other && stub->current && stub->place &&
             stub->switches && stub->misplaced && stub->retains);
   return 1;
+}
+
+/* Case i of an open-status table: the open gave `want` (st), and a failed one left no handle (b)
+ * and said `message`. Returns 1 when it opened. */
+static int opened_as_wanted(rlk_status st, const rlk_backend_impl *b, rlk_status want, const char *message,
+                            size_t i) {
+  ck_assert_msg(st == want, "case %zu: status %d, want %d (%s)", i, st, want, rlk_last_error());
+  if (st == RLK_OK) return 1;
+  ck_assert_ptr_null(b);
+  ck_assert_msg(strstr(rlk_last_error(), message) != NULL, "case %zu: message %s", i, rlk_last_error());
+  return 0;
 }
 
 START_TEST(test_cuda_stub_open_statuses) {
@@ -888,16 +912,10 @@ START_TEST(test_cuda_stub_open_statuses) {
     stub.configure(cases[i].devices, cases[i].init_err, cases[i].get_err, cases[i].retain_err);
     rlk_backend_impl *b = (rlk_backend_impl *)1;
     rlk_status st = rlk_cuda_backend_open(cases[i].ordinal, &b);
-    ck_assert_msg(st == cases[i].want, "case %zu: status %d, want %d (%s)", i, st, cases[i].want,
-                  rlk_last_error());
-    if (st == RLK_OK) {
+    if (opened_as_wanted(st, b, cases[i].want, cases[i].message, i)) {
       ck_assert_str_eq(b->info.target, "sm_90a");
       ck_assert_int_eq(stub.retains(), 1);
       b->destroy(b);
-    } else {
-      ck_assert_ptr_null(b);
-      ck_assert_msg(strstr(rlk_last_error(), cases[i].message) != NULL, "case %zu: message %s",
-                    i, rlk_last_error());
     }
     ck_assert_int_eq(stub.retains(), 0); /* a failed open keeps nothing */
     ck_assert_ptr_null(stub.current());
@@ -1082,16 +1100,10 @@ typedef struct hip_stub {
 /* Builds the stand-in runtime and points RLK_HIP_LIB at it; 0 (and why, printed) when the
  * test process is not forked (the backend keeps the first runtime it loads). */
 static int hip_stub_load(hip_stub *stub) {
-  const char *fork_mode = getenv("CK_FORK");
-  if (fork_mode && strcmp(fork_mode, "no") == 0) {
-    printf("skip (backend: hip stand-in runtime): needs a forked test process (CK_FORK=no)\n");
-    return 0;
-  }
-  char dir[1200], so_path[1300];
-  rlk_test_mkdtemp(dir, sizeof dir, "backend-stub-hip");
-  compile_shared_object(hip_stub_source, dir, NULL, so_path, sizeof so_path);
-  void *lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
-  ck_assert_msg(lib != NULL, "stand-in runtime: %s", dlerror());
+  char so_path[1300];
+  void *lib = stub_library_load("hip stand-in runtime", hip_stub_source, "backend-stub-hip", NULL, so_path,
+                                sizeof so_path);
+  if (!lib) return 0;
   setenv("RLK_HIP_LIB", so_path, 1); /* the forked test process's own environment */
   stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
   stub->current = (int (*)(void))dlsym(lib, "stub_current");
@@ -1122,15 +1134,9 @@ START_TEST(test_hip_stub_open_statuses) {
     stub.configure(cases[i].devices, cases[i].ordinal, cases[i].init_err, cases[i].get_err);
     rlk_backend_impl *b = (rlk_backend_impl *)1;
     rlk_status st = rlk_hip_backend_open(cases[i].ordinal, &b);
-    ck_assert_msg(st == cases[i].want, "case %zu: status %d, want %d (%s)", i, st, cases[i].want,
-                  rlk_last_error());
-    if (st == RLK_OK) {
+    if (opened_as_wanted(st, b, cases[i].want, cases[i].message, i)) {
       ck_assert_str_eq(b->info.target, "gfx90a");
       b->destroy(b);
-    } else {
-      ck_assert_ptr_null(b);
-      ck_assert_msg(strstr(rlk_last_error(), cases[i].message) != NULL, "case %zu: message %s",
-                    i, rlk_last_error());
     }
     ck_assert_int_eq(stub.current(), 0);
   }

@@ -51,6 +51,13 @@ static rlk_cache *open_cache(const rlk_cache_config *cfg) {
   return c;
 }
 
+/* A writable cache over a new empty root (its path in `root`, `cfg` what opened it). */
+static rlk_cache *open_fresh_cache(char *root, size_t size, const char *stem, rlk_cache_config *cfg) {
+  rlk_test_mkdtemp(root, size, stem);
+  test_cfg(cfg, root);
+  return open_cache(cfg);
+}
+
 static void make_key(rlk_kernel_key *k, uint64_t *rng, const char *family) {
   memset(k, 0, sizeof *k);
   k->schema = RLK_CACHE_SCHEMA;
@@ -208,10 +215,8 @@ static int capture_end(capture *cap, const char *must_contain) {
 START_TEST(test_publish_lookup_round_trip) {
   uint64_t rng = rng_for(1);
   char root[1024], dir[1200], path[1300];
-  rlk_test_mkdtemp(root, sizeof root, "rt");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "rt", &cfg);
   ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
   ck_assert_str_eq(rlk_cache_root(c), root);
 
@@ -328,10 +333,8 @@ END_TEST
 START_TEST(test_stale_hash_in_key_is_ignored) {
   uint64_t rng = rng_for(3);
   char root[1024];
-  rlk_test_mkdtemp(root, sizeof root, "stale");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "stale", &cfg);
   rlk_kernel_key k, other;
   make_key(&k, &rng, "stale");
   make_key(&other, &rng, "stale");
@@ -543,10 +546,8 @@ START_TEST(test_damaged_entry_is_quarantined_and_rebuilt) {
   int kind = _i;
   uint64_t rng = rng_for(100 + (uint64_t)kind);
   char root[1024], dir[1200], qdir[1100];
-  rlk_test_mkdtemp(root, sizeof root, "damage");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "damage", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "damage");
   size_t n = 64 + (size_t)(rlk_test_rand_u64(&rng) % 4000);
@@ -582,10 +583,8 @@ END_TEST
 START_TEST(test_publish_replaces_uncommitted_directory) {
   uint64_t rng = rng_for(5);
   char root[1024], dir[1200], junk[1300], cmd[1400];
-  rlk_test_mkdtemp(root, sizeof root, "debris");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "debris", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "debris");
   entry_dir(root, &k, dir, sizeof dir);
@@ -841,10 +840,8 @@ END_TEST
 START_TEST(test_last_used_refreshed_at_most_hourly) {
   uint64_t rng = rng_for(11);
   char root[1024], dir[1200], stamp[1300];
-  rlk_test_mkdtemp(root, sizeof root, "recency");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "recency", &cfg);
   rlk_kernel_key k;
   make_key(&k, &rng, "recency");
   uint8_t *bin = random_bytes(&rng, 200);
@@ -870,10 +867,8 @@ START_TEST(test_eviction_oldest_first_with_grace) {
   uint64_t rng = rng_for(12);
   enum { N = 7 };
   char root[1024], dir[N][1200];
-  rlk_test_mkdtemp(root, sizeof root, "evict");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "evict", &cfg);
   rlk_kernel_key k[N];
   uint8_t *bin[N];
   size_t n[N];
@@ -931,6 +926,82 @@ END_TEST
 /* Concurrency                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
+/* What the children of a race share: the cache, one key and its binary, and a file each
+ * "compile" appends a byte to. */
+typedef struct race_work {
+  const rlk_cache_config *cfg;
+  const rlk_kernel_key *k;
+  const uint8_t *bin;
+  size_t n;
+  const char *log;
+} race_work;
+
+/* Forks n children held at a gate, opens it so that they all start at once, and waits for each:
+ * every one must exit 0 (a child's exit status is what `run` returns). */
+static void race_children(int n, int (*run)(const race_work *), const race_work *w) {
+  pid_t pids[16];
+  ck_assert_int_le(n, 16);
+  int gate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  fflush(NULL);
+  for (int i = 0; i < n; i++) {
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0) {
+      close(gate[1]);
+      char c;
+      while (read(gate[0], &c, 1) > 0) {
+      }
+      _exit(run(w));
+    }
+  }
+  close(gate[0]);
+  close(gate[1]); /* everyone starts at once */
+  for (int i = 0; i < n; i++) {
+    int status = 0;
+    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d failed (%d)", i,
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+}
+
+/* A racing publisher: publishes the binary, then finds it whole. */
+static int publish_and_find(const race_work *w) {
+  rlk_cache *cache = NULL;
+  if (rlk_cache_open(w->cfg, &cache) != RLK_OK) return 1;
+  if (rlk_cache_publish(cache, w->k, w->bin, w->n, NULL, 0, NULL) != RLK_OK) return 2;
+  rlk_cache_blob b;
+  int found = 0;
+  if (rlk_cache_lookup(cache, w->k, &b, &found, NULL) != RLK_OK || !found) return 3;
+  if (b.size != w->n || memcmp(b.binary, w->bin, w->n) != 0) return 4;
+  rlk_cache_blob_free(&b);
+  rlk_cache_close(cache);
+  return 0;
+}
+
+/* A process that wants the kernel: under the key's lock, "compiles" (a byte to the log) and
+ * publishes it unless it is found. */
+static int compile_once_under_lock(const race_work *w) {
+  rlk_cache *c = NULL;
+  rlk_cache_lock *lock = NULL;
+  rlk_cache_blob b;
+  int found = 0;
+  if (rlk_cache_open(w->cfg, &c) != RLK_OK) return 1;
+  if (rlk_cache_lock_acquire(c, w->k, &lock) != RLK_OK) return 2;
+  if (rlk_cache_lookup(c, w->k, &b, &found, NULL) != RLK_OK) return 3;
+  if (!found) {
+    int fd = open(w->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd < 0 || write(fd, "c", 1) != 1) return 4;
+    close(fd);
+    usleep(50000); /* "compiling" */
+    if (rlk_cache_publish(c, w->k, w->bin, w->n, NULL, 0, NULL) != RLK_OK) return 5;
+  }
+  rlk_cache_blob_free(&b);
+  rlk_cache_lock_release(lock);
+  rlk_cache_close(c);
+  return 0;
+}
+
 START_TEST(test_racing_publishers) {
   enum { P = 8 };
   uint64_t rng = rng_for(13);
@@ -942,38 +1013,8 @@ START_TEST(test_racing_publishers) {
   make_key(&k, &rng, "race");
   size_t n = 50000;
   uint8_t *bin = random_bytes(&rng, n);
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  pid_t pids[P];
-  for (int i = 0; i < P; i++) {
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(gate[1]);
-      char c;
-      while (read(gate[0], &c, 1) > 0) {
-      }
-      rlk_cache *cache = NULL;
-      if (rlk_cache_open(&cfg, &cache) != RLK_OK) _exit(1);
-      if (rlk_cache_publish(cache, &k, bin, n, NULL, 0, NULL) != RLK_OK) _exit(2);
-      rlk_cache_blob b;
-      int found = 0;
-      if (rlk_cache_lookup(cache, &k, &b, &found, NULL) != RLK_OK || !found) _exit(3);
-      if (b.size != n || memcmp(b.binary, bin, n) != 0) _exit(4);
-      rlk_cache_blob_free(&b);
-      rlk_cache_close(cache);
-      _exit(0);
-    }
-  }
-  close(gate[0]);
-  close(gate[1]); /* everyone starts at once */
-  for (int i = 0; i < P; i++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "publisher %d failed (%d)", i,
-                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
+  const race_work w = {&cfg, &k, bin, n, NULL};
+  race_children(P, publish_and_find, &w);
   ck_assert_int_eq(count_entries(root), 1);
   FMT(tmp, "%s/tmp", root);
   ck_assert_int_eq(count_children(tmp), 0);
@@ -998,45 +1039,8 @@ START_TEST(test_lock_makes_one_compile) {
   rlk_kernel_key k;
   make_key(&k, &rng, "once");
   uint8_t *bin = random_bytes(&rng, 1000);
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  pid_t pids[P];
-  for (int i = 0; i < P; i++) {
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(gate[1]);
-      char ch;
-      while (read(gate[0], &ch, 1) > 0) {
-      }
-      rlk_cache *c = NULL;
-      rlk_cache_lock *lock = NULL;
-      rlk_cache_blob b;
-      int found = 0;
-      if (rlk_cache_open(&cfg, &c) != RLK_OK) _exit(1);
-      if (rlk_cache_lock_acquire(c, &k, &lock) != RLK_OK) _exit(2);
-      if (rlk_cache_lookup(c, &k, &b, &found, NULL) != RLK_OK) _exit(3);
-      if (!found) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd < 0 || write(fd, "c", 1) != 1) _exit(4);
-        close(fd);
-        usleep(50000); /* "compiling" */
-        if (rlk_cache_publish(c, &k, bin, 1000, NULL, 0, NULL) != RLK_OK) _exit(5);
-      }
-      rlk_cache_blob_free(&b);
-      rlk_cache_lock_release(lock);
-      rlk_cache_close(c);
-      _exit(0);
-    }
-  }
-  close(gate[0]);
-  close(gate[1]);
-  for (int i = 0; i < P; i++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  const race_work w = {&cfg, &k, bin, 1000, log};
+  race_children(P, compile_once_under_lock, &w);
   struct stat st;
   ck_assert_int_eq(stat(log, &st), 0);
   ck_assert_int_eq((int)st.st_size, 1);
@@ -1253,8 +1257,8 @@ START_TEST(test_config_from_env) {
     ck_assert_int_eq(cfg.mode, modes[i].mode);
   }
   setenv("RLK_CACHE_MODE", "readonly", 1);
-  ck_assert_int_eq(rlk_cache_config_from_env(&cfg, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_CACHE_MODE"));
+  rlk_test_expect_error(rlk_cache_config_from_env(&cfg, NULL), RLK_ERR_INVALID_ARGUMENT, "RLK_CACHE_MODE",
+                        "rlk_cache_config_from_env");
   unsetenv("RLK_CACHE_MODE");
 
   static const struct {
@@ -1396,10 +1400,8 @@ static int stop_visit(const rlk_cache_entry *e, void *user) {
 START_TEST(test_walk_verify_prune_clear) {
   uint64_t rng = rng_for(18);
   char root[1024], dir[3][1200];
-  rlk_test_mkdtemp(root, sizeof root, "admin");
   rlk_cache_config cfg;
-  test_cfg(&cfg, root);
-  rlk_cache *c = open_cache(&cfg);
+  rlk_cache *c = open_fresh_cache(root, sizeof root, "admin", &cfg);
   rlk_kernel_key k[3];
   uint8_t *bin[3];
   const char *fam[3] = {"alpha", "beta", "beta"};
@@ -1629,8 +1631,7 @@ START_TEST(test_lookalike_names_are_no_proof) {
   uint64_t rng = rng_for(40);
   expect_memory_mode(dir, "no CACHEDIR.TAG marker", &rng);
   ck_assert_int_eq(rlk_cache_prune(dir, 1, 1, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_int_eq(rlk_cache_clear(dir), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "marker"));
+  rlk_test_expect_error(rlk_cache_clear(dir), RLK_ERR_INVALID_ARGUMENT, "marker", "rlk_cache_clear");
   ck_assert(exists(staged) && exists(quarantined));
   /* nor is it made the cache's by rlk_cache_create_root */
   ck_assert_int_eq(rlk_cache_create_root(dir), RLK_ERR_IO);

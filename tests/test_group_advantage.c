@@ -153,17 +153,7 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   /* device copies; outputs poisoned with 0xff bytes (NaN) */
   void *sd = rlk_test_dev_upload(ctx, sh, (size_t)s_elems * sbytes);
   void *md = has_mask ? rlk_test_dev_upload(ctx, mh, (size_t)((B - 1) * mstride + T) * rlk_dtype_size(c->mask_dtype)) : NULL;
-  void *od = NULL;
-  if (c->group_size == 0) {
-    if (c->offsets_dtype == RLK_I32) {
-      int32_t *o32 = malloc((size_t)(ng + 1) * sizeof *o32);
-      for (int64_t g = 0; g <= ng; g++) o32[g] = (int32_t)offs[g];
-      od = rlk_test_dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
-      free(o32);
-    } else {
-      od = rlk_test_dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
-    }
-  }
+  void *od = c->group_size == 0 ? rlk_test_upload_offsets(ctx, c->offsets_dtype, offs, ng + 1) : NULL;
   float *ad = rlk_test_dev_alloc(ctx, (size_t)B * sizeof(float));
   ck_assert_int_eq(rlk_memset(ctx, ad, 0xff, (size_t)B * sizeof(float)), RLK_OK);
   const int64_t tstride = c->tok_stride ? c->tok_stride : T;
@@ -317,19 +307,6 @@ static void run_case(rlk_context *ctx, const ga_case *c, uint64_t *rng, float *a
   rlk_free(ctx, a.workspace);
 }
 
-/* Random group sizes in [1, max] (some singletons) summing to B. */
-static int64_t random_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
-  int64_t n = 0, left = B;
-  while (left > 0) {
-    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
-    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
-    if (s > left) s = left;
-    sizes[n++] = s;
-    left -= s;
-  }
-  return n;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Suites of cases, run on any context                                                 */
 /* ---------------------------------------------------------------------------------- */
@@ -364,7 +341,7 @@ static void cases_uneven_groups(rlk_context *ctx, uint64_t *rng) {
       for (int singleton = 0; singleton < 2; singleton++, k++) {
         const int64_t B = k == 0 ? MAXB : 1 + (int64_t)(rlk_test_rand_u64(rng) % 300);
         ga_case c = base_case(B, 0);
-        c.num_groups = random_sizes(rng, B, k % 4 == 1 ? 40 : 7, sizes);
+        c.num_groups = rlk_test_random_group_sizes(rng, B, k % 4 == 1 ? 40 : 7, sizes);
         c.sizes = sizes;
         c.offsets_dtype = singleton ? RLK_I32 : RLK_I64;
         c.mode = mode;
@@ -468,7 +445,7 @@ static void cases_outcome_modes(rlk_context *ctx, uint64_t *rng) {
       run_case(ctx, &c, rng, NULL, NULL);
     }
     ga_case c = base_case(1 + (int64_t)(rlk_test_rand_u64(rng) % 250), 0);
-    c.num_groups = random_sizes(rng, c.B, 20, sizes);
+    c.num_groups = rlk_test_random_group_sizes(rng, c.B, 20, sizes);
     c.sizes = sizes;
     c.offsets_dtype = mi % 2 ? RLK_I32 : RLK_I64;
     c.mode = modes[mi];
@@ -518,7 +495,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
     ga_case c = base_case(512, mode == 1 ? 64 : 16);
     if (mode == 2) {
       c.group_size = 0;
-      c.num_groups = random_sizes(rng, c.B, 40, sizes);
+      c.num_groups = rlk_test_random_group_sizes(rng, c.B, 40, sizes);
       c.sizes = sizes;
     }
     if (mode == 3) {
@@ -606,8 +583,8 @@ START_TEST(host_f64_token_rewards) {
   a.group_size = B;
   a.eps = 0;
   a.advantages = rlk_tensor_1d(adv, RLK_F32, B);
-  ck_assert_int_eq(rlk_group_advantage(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
+  rlk_test_expect_error(rlk_group_advantage(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT, "workspace",
+                        "rlk_group_advantage");
   double ws[B];
   size_t need = 0;
   ck_assert_int_eq(rlk_group_advantage_workspace_size(ctx, &a, &need), RLK_OK);
@@ -671,6 +648,13 @@ static void bad_reset(bad_fixture *f) {
   f->a.group_size = 4;
 }
 
+/* The fixture (static: too large for the stack), reset. */
+static bad_fixture *bad_fresh(void) {
+  static bad_fixture fx;
+  bad_reset(&fx);
+  return &fx;
+}
+
 /* The call fails with `want`, the message names `arg`, and the output is untouched. */
 static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const char *arg,
                        const char *label) {
@@ -681,16 +665,12 @@ static void expect_bad(rlk_context *ctx, bad_fixture *f, rlk_status want, const 
 
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  static bad_fixture fx;
-  bad_fixture *f = &fx;
-  bad_reset(f);
+  bad_fixture *f = bad_fresh();
   ck_assert_int_eq(rlk_group_advantage(ctx, &f->a, NULL), RLK_OK); /* the baseline is valid */
   memset(f->adv, 0xff, sizeof f->adv);
 
-  ck_assert_int_eq(rlk_group_advantage(NULL, &f->a, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "ctx"));
-  ck_assert_int_eq(rlk_group_advantage(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "args"));
+  rlk_test_expect_error(rlk_group_advantage(NULL, &f->a, NULL), RLK_ERR_INVALID_ARGUMENT, "ctx", "rlk_group_advantage");
+  rlk_test_expect_error(rlk_group_advantage(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT, "args", "rlk_group_advantage");
 
   /* scores */
   f->a.scores.data = NULL;
@@ -799,19 +779,18 @@ START_TEST(bad_arguments) {
   /* mask and token_advantages */
   f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 24, 5, 5);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask with nothing to apply to");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 24, 4, 4);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask T mismatch");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F32, 20, 5, 5);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "mask B mismatch");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_2d(f->maskf, RLK_F64, 12, 5, 5);
-  f->a.mask.shape[0] = 24;
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "f64 mask");
-  f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
-  f->a.mask = rlk_tensor_1d(f->maskf, RLK_F32, 24);
-  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", "1-D mask");
+  const struct {
+    rlk_tensor mask;
+    const char *label;
+  } bad_masks[] = {{rlk_tensor_2d(f->maskf, RLK_F32, 24, 4, 4), "mask T mismatch"},
+                   {rlk_tensor_2d(f->maskf, RLK_F32, 20, 5, 5), "mask B mismatch"},
+                   {rlk_tensor_2d(f->maskf, RLK_F64, 24, 5, 5), "f64 mask"},
+                   {rlk_tensor_1d(f->maskf, RLK_F32, 24), "1-D mask"}};
+  for (size_t i = 0; i < sizeof bad_masks / sizeof bad_masks[0]; i++) {
+    f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
+    f->a.mask = bad_masks[i].mask;
+    expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "mask", bad_masks[i].label);
+  }
   f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 4);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_advantages", "overlapping token rows");
   f->a.token_advantages = rlk_tensor_2d(f->tok, RLK_F32, 24, 5, 5);
@@ -851,6 +830,7 @@ END_TEST
 /* Precompiling a configuration builds exactly what the matching call looks up: the call after
  * it compiles nothing, with JIT compiles counted on a fresh cache. */
 START_TEST(plan_matches_call) {
+  static const int64_t sizes[] = {5, 1, 10, 8};
   static const struct {
     const char *line;
     int kernels;
@@ -860,8 +840,8 @@ START_TEST(plan_matches_call) {
        {.B = 24, .group_size = 6, .mode = RLK_ADV_RLOO, .unbiased = 1, .eps = 1e-6f,
         .scores_dtype = RLK_F32}},
       {"group_advantage offsets=i32 mode=batch-std scores=f64 unbiased=0 singleton=zero", 1,
-       {.B = 24, .group_size = 0, .offsets_dtype = RLK_I32, .mode = RLK_ADV_BATCH_STD,
-        .singleton = RLK_SINGLETON_ZERO, .eps = 1e-6f, .scores_dtype = RLK_F64}},
+       {.B = 24, .group_size = 0, .sizes = sizes, .num_groups = 4, .offsets_dtype = RLK_I32,
+        .mode = RLK_ADV_BATCH_STD, .singleton = RLK_SINGLETON_ZERO, .eps = 1e-6f, .scores_dtype = RLK_F64}},
       {"group_advantage group_size=4 scores=f64 scores_2d=1 mask=i32 broadcast=1", 3,
        {.B = 24, .T = 9, .group_size = 4, .unbiased = 1, .eps = 1e-4f, .scores_dtype = RLK_F64,
         .scores_2d = 1, .mask_dtype = RLK_I32, .broadcast = 1}},
@@ -869,18 +849,11 @@ START_TEST(plan_matches_call) {
        {.B = 4000, .T = 3, .group_size = 2000, .mode = RLK_ADV_MEAN_ONLY, .unbiased = 1,
         .eps = 1e-6f, .scores_dtype = RLK_F32, .broadcast = 1}},
   };
-  static int64_t sizes[24] = {5, 1, 10, 8};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, rows[i].kernels);
-    const uint64_t before = rlk_test_compiles(ctx);
-    ga_case c = rows[i].c;
-    if (c.group_size == 0) {
-      c.sizes = sizes;
-      c.num_groups = 4;
-    }
     uint64_t rng = rlk_test_seed() + i;
-    run_case(ctx, &c, &rng, NULL, NULL);
-    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
+    run_case(ctx, &rows[i].c, &rng, NULL, NULL);
+    rlk_test_expect_compiled_none(ctx, (uint64_t)rows[i].kernels, rows[i].line);
   }
 }
 END_TEST
@@ -919,12 +892,10 @@ START_TEST(samples_cover_every_variant) {
   int entries[3] = {0, 0, 0}, modes[RLK_ADV_PASSK_UNSCALED + 1] = {0}, score_dtypes[8] = {0}, masks[4] = {0},
       offsets[3] = {0}, baked = 0, runtime_g = 0;
   for (size_t i = 0; rlk_op_group_advantage.samples[i]; i++) {
-    rlk_op_config_pair pairs[16];
-    char copy[512];
-    const size_t np = rlk_test_split_line(rlk_op_group_advantage.samples[i], copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_plan(&rlk_op_group_advantage, ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_group_advantage, ctx, rlk_op_group_advantage.samples[i], specs, &ns),
+                     RLK_OK);
     for (size_t k = 0; k < ns; k++) {
       const char *e = specs[k].tmpl->entry;
       if (strstr(e, "rowsum")) {
@@ -994,22 +965,23 @@ START_TEST(gpu_large_shapes) {
   c.mode = RLK_ADV_BATCH_STD;
   run_case(ctx, &c, &rng, NULL, NULL);
   c = base_case(70001, 0); /* many uneven groups, batch statistics in every block */
-  c.num_groups = random_sizes(&rng, c.B, 12, sizes);
+  c.num_groups = rlk_test_random_group_sizes(&rng, c.B, 12, sizes);
   c.sizes = sizes;
   c.mode = RLK_ADV_BATCH_STD;
   run_case(ctx, &c, &rng, NULL, NULL);
   /* batch-std over row sums: the statistics read the buffer the advantages overwrite */
-  c = base_case(4096, 2048);
-  c.mode = RLK_ADV_BATCH_STD;
-  c.T = 37;
-  c.scores_2d = 1;
-  c.mask_dtype = RLK_BOOL;
-  run_case(ctx, &c, &rng, NULL, NULL);
-  c = base_case(16384, 16);
-  c.mode = RLK_ADV_BATCH_STD;
-  c.T = 5;
-  c.scores_2d = 1;
-  run_case(ctx, &c, &rng, NULL, NULL);
+  static const struct {
+    int64_t B, G, T;
+    rlk_dtype mask;
+  } row_sums[] = {{4096, 2048, 37, RLK_BOOL}, {16384, 16, 5, RLK_DTYPE_INVALID}};
+  for (size_t i = 0; i < sizeof row_sums / sizeof row_sums[0]; i++) {
+    c = base_case(row_sums[i].B, row_sums[i].G);
+    c.mode = RLK_ADV_BATCH_STD;
+    c.T = row_sums[i].T;
+    c.scores_2d = 1;
+    c.mask_dtype = row_sums[i].mask;
+    run_case(ctx, &c, &rng, NULL, NULL);
+  }
   c = base_case(129, 1);
   c.T = 4099;
   c.scores_2d = 1;

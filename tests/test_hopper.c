@@ -81,6 +81,21 @@ static double ht_compile(rlk_context *ctx, const rlk_kernel_spec *spec) {
   return cpu;
 }
 
+/* Compiles, cold, each kernel of `line`'s plan that is an sm_90a one (entry "..._sm90..."); returns
+ * how many. */
+static int ht_compile_sm90(rlk_context *ctx, const rlk_op_desc *op, const char *line) {
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  size_t n = 0;
+  ck_assert_msg(rlk_test_plan_line(op, ctx, line, specs, &n) == RLK_OK, "%s: %s", line, rlk_last_error());
+  int compiled = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strstr(specs[i].tmpl->entry, "_sm90")) {
+      ht_compile(ctx, &specs[i]);
+      compiled++;
+    }
+  return compiled;
+}
+
 static rlk_kernel_spec ht_spec(const rlk_template *t, int ab, int n, int k) {
   return (rlk_kernel_spec){.tmpl = t, .values[0] = ab, .values[1] = n, .values[2] = k};
 }
@@ -162,26 +177,10 @@ START_TEST(compile_sm90a) {
   ck_assert_int_eq(kinds, 3);
   ck_assert_int_eq(passes, 1);
   /* prefix attention's sm_90a forward, dk/dv and dq */
-  rlk_op_config_pair pa[2] = {{"pass", "both"}, {"dtype", "bf16"}};
-  ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, 2, pa, ll, &n), RLK_OK);
-  kinds = 0;
-  for (size_t i = 0; i < n; i++)
-    if (strstr(ll[i].tmpl->entry, "_sm90")) {
-      ht_compile(ctx, &ll[i]);
-      kinds++;
-    }
-  ck_assert_int_eq(kinds, 3);
+  ck_assert_int_eq(ht_compile_sm90(ctx, &rlk_op_prefix_attention, "prefix_attention pass=both dtype=bf16"), 3);
   /* the distillation divergence's sm_90a forward passes (the stats, JSD's second), its dz and the
    * fused head's two products instantiated from its source */
-  rlk_op_config_pair ld[2] = {{"mode", "jsd"}, {"grad", "f32"}};
-  ck_assert_int_eq(rlk_op_plan(&rlk_op_linear_divergence, ctx, 2, ld, ll, &n), RLK_OK);
-  kinds = 0;
-  for (size_t i = 0; i < n; i++)
-    if (strstr(ll[i].tmpl->entry, "_sm90")) {
-      ht_compile(ctx, &ll[i]);
-      kinds++;
-    }
-  ck_assert_int_eq(kinds, 5);
+  ck_assert_int_eq(ht_compile_sm90(ctx, &rlk_op_linear_divergence, "linear_divergence mode=jsd grad=f32"), 5);
   rlk_context_destroy(ctx);
   rlk_test_rmtree(dir);
 }

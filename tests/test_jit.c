@@ -37,16 +37,30 @@ static rlk_status run_op(rlk_context *ctx, int group_size) {
 
 static rlk_context *host_ctx_at(const char *cache_dir) { return rlk_test_context_at(RLK_BACKEND_HOST, cache_dir); }
 
+/* A host context over a new empty cache directory (its path in dir). */
+static rlk_context *host_ctx_in_new_dir(char *dir, size_t size, const char *stem) {
+  rlk_test_mkdtemp(dir, size, stem);
+  return host_ctx_at(dir);
+}
+
 static rlk_counters counters(rlk_context *ctx) {
   rlk_counters c;
   ck_assert_int_eq(rlk_context_counters(ctx, &c), RLK_OK);
   return c;
 }
 
+/* The counters of one group_advantage call on a new host context over cache_dir. */
+static rlk_counters counters_of_one_call(const char *cache_dir) {
+  rlk_context *ctx = host_ctx_at(cache_dir);
+  ck_assert_msg(run_op(ctx, 4) == RLK_OK, "%s", rlk_last_error());
+  rlk_counters c = counters(ctx);
+  rlk_context_destroy(ctx);
+  return c;
+}
+
 START_TEST(memory_then_disk_hits) {
   char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "cache");
-  rlk_context *ctx = host_ctx_at(dir);
+  rlk_context *ctx = host_ctx_in_new_dir(dir, sizeof dir, "cache");
   ck_assert_str_eq(rlk_context_cache_dir(ctx), dir);
   ck_assert_int_eq(run_op(ctx, 4), RLK_OK);
   rlk_counters c = counters(ctx);
@@ -79,8 +93,7 @@ START_TEST(jit_disabled_names_the_config) {
   setenv("RLK_JIT", "0", 1);
   rlk_context *ctx = host_ctx_at(dir);
   rlk_status st = run_op(ctx, 4);
-  ck_assert_int_eq(st, RLK_ERR_JIT_DISABLED);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "family=group_advantage"));
+  rlk_test_expect_error(st, RLK_ERR_JIT_DISABLED, "family=group_advantage", "family=group_advantage");
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "target="));
   ck_assert_uint_eq(counters(ctx).compiles, 0);
   rlk_context_destroy(ctx);
@@ -114,12 +127,9 @@ START_TEST(precompiled_read_only_tree_serves_jit_off) {
 
   setenv("RLK_CACHE_RO_DIRS", ro, 1);
   setenv("RLK_JIT", "0", 1);
-  ctx = host_ctx_at(rw);
-  ck_assert_msg(run_op(ctx, 4) == RLK_OK, "%s", rlk_last_error());
-  rlk_counters c = counters(ctx);
+  rlk_counters c = counters_of_one_call(rw);
   ck_assert_uint_eq(c.compiles, 0);
   ck_assert_uint_ge(c.disk_hits, 1);
-  rlk_context_destroy(ctx);
   int rw_entries = 0;
   rlk_cache_walk(rw, count_entries, &rw_entries);
   ck_assert_int_eq(rw_entries, 0); /* nothing was copied into the writable tree */
@@ -145,17 +155,13 @@ static int corrupt_binary(const rlk_cache_entry *e, void *user) {
 
 START_TEST(corrupt_entry_is_rebuilt) {
   char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "cache");
-  rlk_context *ctx = host_ctx_at(dir);
+  rlk_context *ctx = host_ctx_in_new_dir(dir, sizeof dir, "cache");
   ck_assert_int_eq(run_op(ctx, 4), RLK_OK);
   rlk_context_destroy(ctx);
   ck_assert_int_eq(rlk_cache_walk(dir, corrupt_binary, NULL), RLK_OK);
-  ctx = host_ctx_at(dir);
-  ck_assert_msg(run_op(ctx, 4) == RLK_OK, "%s", rlk_last_error());
-  rlk_counters c = counters(ctx);
+  rlk_counters c = counters_of_one_call(dir);
   ck_assert_uint_ge(c.rebuilt, 1);
   ck_assert_uint_ge(c.compiles, 1);
-  rlk_context_destroy(ctx);
   /* and the rebuilt entry is good again */
   uint64_t n = 0, bad = 0;
   ck_assert_int_eq(rlk_cache_verify(dir, 0, &n, &bad), RLK_OK);
@@ -208,13 +214,9 @@ START_TEST(processes_race_one_key) {
     ck_assert_int_ge(pids[i], 0);
     if (pids[i] == 0) {
       close(fds[0]);
-      rlk_context_options o;
-      rlk_context_options_init(&o);
-      o.backend = RLK_BACKEND_HOST;
-      o.cache_dir = dir;
-      rlk_context *ctx = NULL;
+      rlk_context *ctx = rlk_test_child_host_context(dir);
       int compiles = -1;
-      if (rlk_context_create(&ctx, &o) == RLK_OK && run_op(ctx, 4) == RLK_OK) {
+      if (ctx && run_op(ctx, 4) == RLK_OK) {
         rlk_counters c;
         rlk_context_counters(ctx, &c);
         compiles = (int)c.compiles;
@@ -255,8 +257,7 @@ static void *thread_body(void *arg) {
 
 START_TEST(threads_share_a_context) {
   char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "threads");
-  rlk_context *ctx = host_ctx_at(dir);
+  rlk_context *ctx = host_ctx_in_new_dir(dir, sizeof dir, "threads");
   pthread_t t[4];
   for (int i = 0; i < 4; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, thread_body, ctx), 0);
   for (int i = 0; i < 4; i++) {
@@ -272,12 +273,7 @@ START_TEST(threads_share_a_context) {
 END_TEST
 
 START_TEST(compile_only_context_cannot_launch) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
+  rlk_context *ctx = rlk_test_compile_only_host_context();
   rlk_device_info info;
   ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
   ck_assert_int_eq(info.compile_only, 1);
@@ -300,12 +296,8 @@ static int child_compiles(const char *cache_dir, const char *template_dir) {
       setenv("RLK_TEMPLATE_DIR", template_dir, 1);
     else
       unsetenv("RLK_TEMPLATE_DIR");
-    rlk_context_options o;
-    rlk_context_options_init(&o);
-    o.backend = RLK_BACKEND_HOST;
-    o.cache_dir = cache_dir;
-    rlk_context *ctx = NULL;
-    if (rlk_context_create(&ctx, &o) != RLK_OK || run_op(ctx, 4) != RLK_OK) {
+    rlk_context *ctx = rlk_test_child_host_context(cache_dir);
+    if (!ctx || run_op(ctx, 4) != RLK_OK) {
       fprintf(stderr, "child: %s\n", rlk_last_error());
       _exit(255);
     }
@@ -344,8 +336,7 @@ END_TEST
 
 START_TEST(setting_order_does_not_change_the_key) {
   char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "order");
-  rlk_context *ctx = host_ctx_at(dir);
+  rlk_context *ctx = host_ctx_in_new_dir(dir, sizeof dir, "order");
   ck_assert_int_eq(rlk_precompile(ctx, "group_advantage mode=rloo group_size=8 scores=f64", NULL), RLK_OK);
   ck_assert_uint_eq(counters(ctx).compiles, 1);
   rlk_context_destroy(ctx);
@@ -363,14 +354,9 @@ END_TEST
 
 START_TEST(precompile_into_nowhere_is_an_error) {
   setenv("RLK_CACHE_MODE", "memory", 1);
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  o.compile_only = 1;
-  rlk_context *ctx = NULL;
-  ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_OK);
-  ck_assert_int_eq(rlk_precompile(ctx, "group_advantage group_size=4", NULL), RLK_ERR_CACHE);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "discarded"));
+  rlk_context *ctx = rlk_test_compile_only_host_context();
+  rlk_test_expect_error(rlk_precompile(ctx, "group_advantage group_size=4", NULL), RLK_ERR_CACHE, "discarded",
+                        "rlk_precompile");
   ck_assert_uint_eq(counters(ctx).compiles, 0);
   rlk_context_destroy(ctx);
   /* a context with a device warms its in-process table instead */

@@ -173,32 +173,39 @@ static void ld_fwd_args(const ld_case *c, const ld_data *d, rlk_linear_divergenc
   }
 }
 
+/* The workspace a call asked for (`size_status` and *bytes: what its workspace_size call
+ * returned), poisoned, into *ws and *ws_bytes. */
+static void ld_workspace_give(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws,
+                              size_t *ws_bytes) {
+  ck_assert_msg(size_status == RLK_OK, "%s", rlk_last_error());
+  *ws = *bytes ? rlk_test_poisoned(ctx, *bytes) : NULL;
+  *ws_bytes = *bytes;
+}
+
+/* After a call that used it: waits for the call (on a device), then frees and clears the workspace. */
+static void ld_workspace_take_back(rlk_context *ctx, void **ws, size_t *ws_bytes) {
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  if (*ws) rlk_test_drop(ctx, *ws);
+  *ws = NULL;
+  *ws_bytes = 0;
+}
+
 /* Runs rlk_linear_divergence (with whatever of a's workspace the call asks for) and waits. */
 static void ld_call(rlk_context *ctx, rlk_linear_divergence_args *a) {
   size_t wsb = 0;
-  ck_assert_msg(rlk_linear_divergence_workspace_size(ctx, a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
-  a->workspace = ws;
-  a->workspace_bytes = wsb;
+  ld_workspace_give(ctx, rlk_linear_divergence_workspace_size(ctx, a, &wsb), &wsb, &a->workspace,
+                    &a->workspace_bytes);
   ck_assert_msg(rlk_linear_divergence(ctx, a, NULL) == RLK_OK, "%s", rlk_last_error());
-  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-  if (ws) rlk_test_drop(ctx, ws);
-  a->workspace = NULL;
-  a->workspace_bytes = 0;
+  ld_workspace_take_back(ctx, &a->workspace, &a->workspace_bytes);
 }
 
 /* ld_call for rlk_linear_divergence_backward. */
 static void ld_call_backward(rlk_context *ctx, rlk_linear_divergence_backward_args *b) {
   size_t wsb = 0;
-  ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, b, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
-  b->workspace = ws;
-  b->workspace_bytes = wsb;
+  ld_workspace_give(ctx, rlk_linear_divergence_backward_workspace_size(ctx, b, &wsb), &wsb, &b->workspace,
+                    &b->workspace_bytes);
   ck_assert_msg(rlk_linear_divergence_backward(ctx, b, NULL) == RLK_OK, "%s", rlk_last_error());
-  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-  if (ws) rlk_test_drop(ctx, ws);
-  b->workspace = NULL;
-  b->workspace_bytes = 0;
+  ld_workspace_take_back(ctx, &b->workspace, &b->workspace_bytes);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -903,9 +910,8 @@ END_TEST
 
 /* RLK_JIT_RECORD: the forward, the backward and the combine each leave a line that precompiles. */
 START_TEST(host_records_its_configurations) {
-  char rec[1100];
-  if (!rlk_test_record_start(rec, sizeof rec)) return;
-  rlk_context *ctx = rlk_test_host_context();
+  rlk_context *ctx = rlk_test_recording_host_context();
+  if (!ctx) return;
   const uint64_t seed = rlk_test_seed() ^ 0x1dcu;
   ld_bcase b = {ld_base(3, 40, 8, 8, RLK_DIVERGENCE_JSD), RLK_F32, RLK_DTYPE_INVALID, 0, 0};
   b.c.ldt = RLK_I32;
@@ -917,7 +923,7 @@ START_TEST(host_records_its_configurations) {
       "linear_divergence pass=bwd student=bf16 teacher=bf16 labels=i32 mode=jsd topk=0 grad=f32 teacher_grad=none",
       "linear_divergence pass=fwd student=bf16 teacher=bf16 labels=i64 mode=forward-kl topk=0 shard=1",
       "linear_divergence pass=combine labels=i64 mode=forward-kl", NULL};
-  rlk_test_record_expect(ctx, rec, want);
+  rlk_test_record_expect(ctx, want);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -949,12 +955,10 @@ START_TEST(plan_per_target) {
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
     rlk_context *ctx = rlk_test_compile_only_context(cases[t].backend, cases[t].target, "linear_divergence plan");
     if (!ctx) continue;
-    char copy[256];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(cases[t].line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_msg(rlk_op_plan(&rlk_op_linear_divergence, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_test_plan_line(&rlk_op_linear_divergence, ctx, cases[t].line, specs, &n) == RLK_OK, "%s",
+                  rlk_last_error());
     ck_assert_msg(n == cases[t].n, "%s on %s: %zu kernels, expected %zu", cases[t].line,
                   cases[t].target ? cases[t].target : "host", n, cases[t].n);
     ck_assert_str_eq(specs[0].tmpl->entry, cases[t].first);
@@ -1118,18 +1122,13 @@ static void ld_bwd_bits(rlk_context *ctx, const ld_case *c, const ld_data *d, co
     buf[q] = rlk_test_poisoned(ctx, (size_t)(rows[q] * cols[q]) * 4);
     *out[q] = rlk_tensor_2d(buf[q], RLK_F32, rows[q], cols[q], cols[q]);
   }
-  size_t wsb = 0;
-  ck_assert_msg(rlk_linear_divergence_backward_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *ws = wsb ? rlk_test_poisoned(ctx, wsb) : NULL;
-  a.workspace = ws, a.workspace_bytes = wsb, a.chunk = 512;
-  ck_assert_msg(rlk_linear_divergence_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  a.chunk = 512;
+  ld_call_backward(ctx, &a);
   for (int q = 0; q < 4; q++) {
     grads[q] = malloc((size_t)(rows[q] * cols[q]) * 4);
     rlk_test_get(ctx, grads[q], buf[q], (size_t)(rows[q] * cols[q]) * 4);
     rlk_test_drop(ctx, buf[q]);
   }
-  if (ws) rlk_test_drop(ctx, ws);
   rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dG);
   free(g);
 }

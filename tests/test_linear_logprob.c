@@ -176,11 +176,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
   a.variant = c->variant;
   a.splits = c->splits;
   size_t wsb = 0;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-  void *wsp = NULL;
-  if (wsb) wsp = rlk_test_dev_alloc(ctx, wsb);
-  a.workspace = wsp;
-  a.workspace_bytes = wsb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &wsb), &wsb, &a.workspace, &a.workspace_bytes);
   const double t1 = rlk_test_now();
   rlk_status st = rlk_linear_logprob(ctx, &a, NULL);
   ck_assert_msg(st == RLK_OK, "N=%lld V=%lld H=%lld: %s", (long long)c->N, (long long)c->V,
@@ -202,7 +198,7 @@ static void ll_run(rlk_context *ctx, const ll_case *c, uint64_t seed, int check,
     ck_assert_int_eq(rlk_memcpy_to_host(ctx, &o->status, dst, 4), RLK_OK);
     rlk_free(ctx, dh), rlk_free(ctx, dw), rlk_free(ctx, dl), rlk_free(ctx, dlp);
     rlk_free(ctx, dlse), rlk_free(ctx, dent), rlk_free(ctx, dst);
-    if (wsp) rlk_free(ctx, wsp);
+    if (a.workspace) rlk_free(ctx, a.workspace);
   }
   const double t2 = rlk_test_now();
   if (check) {
@@ -465,10 +461,7 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   f.lse = rlk_tensor_1d(dlse, RLK_F32, N);
   f.entropy = rlk_tensor_1d(dent, RLK_F32, N);
   size_t wsb = 0;
-  ck_assert_int_eq(rlk_linear_logprob_workspace_size(ctx, &f, &wsb), RLK_OK);
-  void *fws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
-  f.workspace = fws;
-  f.workspace_bytes = wsb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &f, &wsb), &wsb, &f.workspace, &f.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob(ctx, &f, NULL) == RLK_OK, "%s", rlk_last_error());
   rlk_linear_logprob_backward_args b;
   rlk_linear_logprob_backward_args_init(&b);
@@ -487,10 +480,8 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   b.accumulate = c->accumulate;
   b.chunk = c->chunk;
   size_t bwb = 0;
-  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
-  void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
-  b.workspace = bws;
-  b.workspace_bytes = bwb;
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb), &bwb, &b.workspace,
+                     &b.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
@@ -523,8 +514,8 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
       rlk_test_drop(ctx, dgH);
   rlk_test_drop(ctx, dgh), rlk_test_drop(ctx, dgw), rlk_test_drop(ctx, dlp), rlk_test_drop(ctx, dlse),
       rlk_test_drop(ctx, dent);
-  if (fws) rlk_free(ctx, fws);
-  if (bws) rlk_free(ctx, bws);
+  if (f.workspace) rlk_free(ctx, f.workspace);
+  if (b.workspace) rlk_free(ctx, b.workspace);
   free(h), free(w), free(lab), free(glp), free(gH), free(gh0), free(gw0), free(zeros);
 }
 
@@ -543,6 +534,15 @@ static void ll_bwd_cases(rlk_context *ctx, uint64_t seed) {
 /* ---------------------------------------------------------------------------------- */
 /* Vocab-parallel shards of the head                                                   */
 /* ---------------------------------------------------------------------------------- */
+
+/* Shard [v0, v0 + Vp) of a bf16 head: all N rows of hidden [N, H], its Vp rows of weight, the
+ * i64 labels. */
+static void shard_head(void *hidden, void *weight, void *labels, int64_t N, int64_t H, int64_t v0, int64_t Vp,
+                       rlk_tensor *h, rlk_tensor *w, rlk_tensor *l) {
+  *h = rlk_tensor_2d(hidden, RLK_BF16, N, H, H);
+  *w = rlk_tensor_2d((uint16_t *)weight + v0 * H, RLK_BF16, Vp, H, H);
+  *l = rlk_tensor_1d(labels, RLK_I64, N);
+}
 
 /* The head's rows split into P shards at `cuts` (cuts[0] = 0, cuts[P] = V): each shard's forward
  * writes its records (weight rows [v0, v1), vocab_start v0), the records gathered in rank order
@@ -585,26 +585,18 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
     rlk_linear_logprob_args a;
     rlk_linear_logprob_args_init(&a);
-    a.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
-    a.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
-    a.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    shard_head(dh, dw, dl, N, H, v0, Vp, &a.hidden, &a.weight, &a.labels);
     a.partials = rlk_tensor_2d((float *)drec + (int64_t)p * N * 4, RLK_F32, N, 4, 4);
     a.vocab_start = v0;
     a.partial_entropy = entropy;
     size_t wsb = 0;
-    ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &wsb) == RLK_OK, "%s", rlk_last_error());
-    void *ws = wsb ? rlk_test_dev_alloc(ctx, wsb) : NULL;
-    a.workspace = ws;
-    a.workspace_bytes = wsb;
+    rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &wsb), &wsb, &a.workspace, &a.workspace_bytes);
     ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
-    if (ws) rlk_free(ctx, ws);
+    if (a.workspace) rlk_free(ctx, a.workspace);
   }
   rlk_logprob_combine_args cb;
   rlk_logprob_combine_args_init(&cb);
-  cb.partials = rlk_tensor_1d(drec, RLK_F32, P * N * 4);
-  cb.partials.ndim = 3;
-  cb.partials.shape[0] = P, cb.partials.shape[1] = N, cb.partials.shape[2] = 4;
-  cb.partials.strides[0] = N * 4, cb.partials.strides[1] = 4, cb.partials.strides[2] = 1;
+  cb.partials = rlk_test_tensor_3d(drec, RLK_F32, P, N, 4);
   cb.labels = rlk_tensor_1d(dl, RLK_I64, N);
   cb.logp = rlk_tensor_1d(dlp, RLK_F32, N);
   cb.lse = rlk_tensor_1d(dlse, RLK_F32, N);
@@ -615,9 +607,7 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     const int64_t v0 = cuts[p], Vp = cuts[p + 1] - v0;
     rlk_linear_logprob_backward_args b;
     rlk_linear_logprob_backward_args_init(&b);
-    b.hidden = rlk_tensor_2d(dh, RLK_BF16, N, H, H);
-    b.weight = rlk_tensor_2d((uint16_t *)dw + v0 * H, RLK_BF16, Vp, H, H);
-    b.labels = rlk_tensor_1d(dl, RLK_I64, N);
+    shard_head(dh, dw, dl, N, H, v0, Vp, &b.hidden, &b.weight, &b.labels);
     b.lse = rlk_tensor_1d(dlse, RLK_F32, N);
     b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
     if (entropy) {
@@ -630,12 +620,10 @@ static void ll_shard_check(rlk_context *ctx, int64_t N, int64_t H, const int64_t
     b.shard = 1;
     b.vocab_start = v0;
     size_t bwb = 0;
-    ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb) == RLK_OK, "%s", rlk_last_error());
-    void *bws = bwb ? rlk_test_dev_alloc(ctx, bwb) : NULL;
-    b.workspace = bws;
-    b.workspace_bytes = bwb;
+    rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb), &bwb, &b.workspace,
+                       &b.workspace_bytes);
     ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
-    if (bws) rlk_free(ctx, bws);
+    if (b.workspace) rlk_free(ctx, b.workspace);
   }
   if (!host) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   float *lp = malloc((size_t)N * 4), *lse = malloc((size_t)N * 4), *ent = malloc((size_t)N * 4);
@@ -725,9 +713,8 @@ END_TEST
 /* RLK_JIT_RECORD: the forward, the backward (one line per gradient dtype) and the shard form's
  * combine each leave a line that precompiles. */
 START_TEST(host_records_its_configurations) {
-  char rec[1100];
-  if (!rlk_test_record_start(rec, sizeof rec)) return;
-  rlk_context *ctx = rlk_test_host_context();
+  rlk_context *ctx = rlk_test_recording_host_context();
+  if (!ctx) return;
   const uint64_t seed = rlk_test_seed() ^ 0x4ecu;
   ll_case c = ll_base(3, 300, 40);
   c.dt = RLK_F16;
@@ -740,7 +727,7 @@ START_TEST(host_records_its_configurations) {
   static const char *const want[] = {"linear_logprob pass=fwd hidden=f16 labels=i32 entropy=1",
                                      "linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=f32",
                                      "logprob_shard pass=combine", NULL};
-  rlk_test_record_expect(ctx, rec, want);
+  rlk_test_record_expect(ctx, want);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1198,31 +1185,31 @@ START_TEST(policy_loss_bad_arguments) {
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
   rlk_linear_policy_loss_args b = a;
   b.loss.old_logp = rlk_tensor_2d(old, RLK_F32, 1, 3, 3); /* 3 tokens, 4 rows */
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "4 rows"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "4 rows",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.loss.logp = a.loss.old_logp;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "loss.logp"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "loss.logp",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.loss.grad_logp = a.loss.old_logp;
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
   b = a;
   b.head.partials = rlk_tensor_2d(old, RLK_F32, 1, 4, 4);
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "partials"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "partials",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.path = (rlk_linear_policy_loss_path)7;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "path"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "path",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.chunk_tokens = 100;
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "chunk_tokens"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "chunk_tokens",
+                        "rlk_linear_policy_loss_workspace_size");
   b = a;
   b.path = RLK_LPL_TOKEN_CHUNKS; /* the host has no token chunks */
-  ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "token chunks"));
+  rlk_test_expect_error(rlk_linear_policy_loss_workspace_size(ctx, &b, &n), RLK_ERR_INVALID_ARGUMENT, "token chunks",
+                        "rlk_linear_policy_loss_workspace_size");
   ck_assert_int_eq(rlk_linear_policy_loss_workspace_size(NULL, &a, &n), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_linear_policy_loss(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
   /* What the call writes shares memory with nothing it reads: a grad_weight that holds old_logp
@@ -1291,23 +1278,16 @@ static void gpu_cases(rlk_context *ctx, rlk_linear_logprob_variant variant, uint
   ll_check(ctx, &c, seed + 5);
 }
 
-START_TEST(gpu_shapes) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x11u;
-  gpu_cases(ctx, RLK_LINEAR_LOGPROB_AUTO, seed);
-  gpu_cases(ctx, RLK_LINEAR_LOGPROB_TILED, seed + 100);
-  rlk_context_destroy(ctx);
+static void cases_shapes(rlk_context *ctx, uint64_t *rng) {
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_AUTO, *rng);
+  gpu_cases(ctx, RLK_LINEAR_LOGPROB_TILED, *rng + 100);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", shapes)
 
 /* Bitwise the same outputs from two calls; splits change nothing beyond rounding. */
-START_TEST(gpu_backward) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x33u;
+static void cases_backward(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_bwd_cases(ctx, seed);
   ll_bcase c = {300, 3001, 256, RLK_BF16, RLK_F32, 1, 1, 1, 1, 0, 1024, 1, 1.0f};
   ll_bwd_check(ctx, &c, seed + 5, 1, NULL, NULL);
@@ -1379,28 +1359,22 @@ START_TEST(gpu_backward) {
     printf("skip (linear_policy_loss token chunks): compute capability %d.%d is not sm_90\n", info.compute_major,
            info.compute_minor);
   }
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", backward)
 
 /* The shard form on CUDA: both forward kernels (wgmma where the target has it) and the backward. */
-START_TEST(gpu_shards) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x5au;
+static void cases_shards(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_shard_cases(ctx, seed);
   static const int64_t two[] = {0, 3000, 6001}; /* whole 256-column splits and a ragged end */
   ll_shard_check(ctx, 130, 128, two, 2, 1, seed + 2);
-  rlk_context_destroy(ctx);
 }
-END_TEST
 
-START_TEST(gpu_deterministic) {
-  if (!rlk_test_gpu_enabled("linear_logprob")) return;
-  rlk_context *ctx = rlk_test_cuda_context("linear_logprob");
-  if (!ctx) return;
-  const uint64_t seed = rlk_test_seed() ^ 0x22u;
+RLK_GPU_CASE("linear_logprob", shards)
+
+static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
+  const uint64_t seed = *rng;
   ll_case c = ll_base(777, 50257, 1024);
   ll_out a, b;
   ll_run(ctx, &c, seed, 0, &a);
@@ -1414,9 +1388,9 @@ START_TEST(gpu_deterministic) {
   ll_run(ctx, &c, seed, 1, &b);
   ll_free(&a);
   ll_free(&b);
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("linear_logprob", deterministic)
 
 Suite *linear_logprob_suite(void) {
   Suite *s = suite_create("linear_logprob");

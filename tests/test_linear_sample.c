@@ -295,21 +295,21 @@ START_TEST(bad_arguments) {
   a.hidden = rlk_tensor_2d(h, RLK_BF16, 2, 4, 4);
   a.weight = rlk_tensor_2d(w, RLK_BF16, 4, 4, 4);
   size_t b = 1;
-  ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "tokens"));
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "tokens",
+                        "rlk_linear_sample_workspace_size");
   ck_assert_uint_eq(b, 0);
   a.tokens = rlk_tensor_1d(tok, RLK_I64, 2);
   a.temperature = -1.0f;
-  ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "temperature"));
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "temperature",
+                        "rlk_linear_sample_workspace_size");
   a.temperature = 1.0f;
   a.top_p = 1.5f; /* the sampler's own checks */
-  ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "top_p"));
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "top_p",
+                        "rlk_linear_sample_workspace_size");
   a.top_p = 1.0f;
   a.logp = rlk_tensor_1d(f, RLK_F32, 3);
-  ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "logp"));
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "logp",
+                        "rlk_linear_sample_workspace_size");
   a.logp = rlk_tensor_1d(f, RLK_F32, 2);
   a.weight = rlk_tensor_2d(w, RLK_F16, 4, 4, 4);
   ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);

@@ -144,15 +144,7 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
     int32_t *d_status = dev_copy(ctx, &zero, sizeof zero);
     rlk_logprob_combine_args ca;
     rlk_logprob_combine_args_init(&ca);
-    rlk_tensor pt = rlk_tensor_1d(d_copy, RLK_F32, (int64_t)P * N * F);
-    pt.ndim = 3;
-    pt.shape[0] = P;
-    pt.shape[1] = N;
-    pt.shape[2] = F;
-    pt.strides[0] = N * F;
-    pt.strides[1] = F;
-    pt.strides[2] = 1;
-    ca.partials = pt;
+    ca.partials = rlk_test_tensor_3d(d_copy, RLK_F32, P, N, F);
     ca.labels = rlk_tensor_1d(d_labels, c->label_dtype, N);
     ca.logp = rlk_tensor_1d(d_out, RLK_F32, N);
     ca.lse = rlk_tensor_1d(d_out + N, RLK_F32, N);
@@ -301,19 +293,63 @@ static void cases_simulated(rlk_context *ctx, uint64_t *rng, int64_t V) {
   run_case(ctx, rng, &o);
 }
 
+/* An unsharded batch in ctx's memory: bf16 [N, V] logits (normal, sd 3) and i64 labels (with
+ * `ignore_every` > 0, every such row's -100); `a` the forward's args over them, outputs unset. */
+typedef struct unsharded {
+  void *logits, *labels;
+  rlk_logprob_args a;
+} unsharded;
+
+static unsharded unsharded_batch(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, int ignore_every) {
+  uint16_t *h = malloc((size_t)(N * V) * 2);
+  int64_t *y = malloc((size_t)N * sizeof *y);
+  ck_assert(h && y);
+  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(rng));
+  for (int64_t i = 0; i < N; i++)
+    y[i] = ignore_every && i % ignore_every == 0 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
+  unsharded u;
+  u.logits = dev_copy(ctx, h, (size_t)(N * V) * 2);
+  u.labels = dev_copy(ctx, y, (size_t)N * 8);
+  free(h);
+  free(y);
+  rlk_logprob_args_init(&u.a);
+  u.a.logits = rlk_tensor_2d(u.logits, RLK_BF16, N, V, V);
+  u.a.labels = rlk_tensor_1d(u.labels, RLK_I64, N);
+  return u;
+}
+
+static void unsharded_free(rlk_context *ctx, unsharded *u) {
+  rlk_free(ctx, u->logits);
+  rlk_free(ctx, u->labels);
+}
+
+/* Reads back 2 * n outputs of N floats at o: the unsharded forward's n (logp, lse[, entropy]),
+ * then the same n by `how`; lse must agree bit for bit, the others within 1e-5 relative. */
+static void expect_as_unsharded(rlk_context *ctx, const float *o, int64_t N, int n, const char *how) {
+  static const char *const names[] = {"logp", "lse", "entropy"};
+  float *r = malloc(2 * (size_t)n * (size_t)N * 4);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  to_host(ctx, r, o, 2 * (size_t)n * (size_t)N * 4);
+  for (int k = 0; k < n; k++)
+    for (int64_t i = 0; i < N; i++) {
+      const float want = r[k * N + i], got = r[(n + k) * N + i];
+      if (k == 1)
+        ck_assert_msg(!memcmp(&want, &got, 4), "lse[%lld]: %.9g unsharded, %.9g %s", (long long)i, (double)want,
+                      (double)got, how);
+      else
+        ck_assert_msg(fabsf(want - got) <= 1e-5f * (1.0f + fabsf(want)), "%s[%lld]: %.9g unsharded, %.9g %s",
+                      names[k], (long long)i, (double)want, (double)got, how);
+    }
+  free(r);
+}
+
 /* P = 1: the combine of one record gives rlk_logprob's lse bit for bit (same row pass). */
 static void case_single_shard(rlk_context *ctx, uint64_t *rng, int64_t V) {
   const int64_t N = 33;
-  uint16_t *h = malloc((size_t)(N * V) * 2);
-  int64_t *y = malloc((size_t)N * sizeof *y);
-  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(rng));
-  for (int64_t i = 0; i < N; i++) y[i] = (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
-  void *dl = dev_copy(ctx, h, (size_t)(N * V) * 2), *dy = dev_copy(ctx, y, (size_t)N * 8);
+  unsharded u = unsharded_batch(ctx, rng, N, V, 0);
   float *rec = rlk_test_dev_alloc(ctx, (size_t)N * F * 4), *o = rlk_test_dev_alloc(ctx, 4 * (size_t)N * 4);
-  rlk_logprob_args a;
-  rlk_logprob_args_init(&a);
-  a.logits = rlk_tensor_2d(dl, RLK_BF16, N, V, V);
-  a.labels = rlk_tensor_1d(dy, RLK_I64, N);
+  rlk_logprob_args a = u.a;
   a.logp = rlk_tensor_1d(o, RLK_F32, N);
   a.lse = rlk_tensor_1d(o + N, RLK_F32, N);
   ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
@@ -323,33 +359,13 @@ static void case_single_shard(rlk_context *ctx, uint64_t *rng, int64_t V) {
   ck_assert_msg(rlk_logprob(ctx, &s, NULL) == RLK_OK, "%s", rlk_last_error());
   rlk_logprob_combine_args ca;
   rlk_logprob_combine_args_init(&ca);
-  ca.partials = rlk_tensor_2d(rec, RLK_F32, N, F, F);
-  ca.partials.ndim = 3;
-  ca.partials.shape[0] = 1;
-  ca.partials.shape[1] = N;
-  ca.partials.shape[2] = F;
-  ca.partials.strides[0] = N * F;
-  ca.partials.strides[1] = F;
-  ca.partials.strides[2] = 1;
+  ca.partials = rlk_test_tensor_3d(rec, RLK_F32, 1, N, F);
   ca.labels = a.labels;
   ca.logp = rlk_tensor_1d(o + 2 * N, RLK_F32, N);
   ca.lse = rlk_tensor_1d(o + 3 * N, RLK_F32, N);
   ck_assert_msg(rlk_logprob_combine(ctx, &ca, NULL) == RLK_OK, "%s", rlk_last_error());
-  float *r = malloc(4 * (size_t)N * 4);
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-  to_host(ctx, r, o, 4 * (size_t)N * 4);
-  for (int64_t i = 0; i < N; i++) {
-    ck_assert_msg(!memcmp(&r[N + i], &r[3 * N + i], 4), "lse[%lld]: %.9g unsharded, %.9g combined",
-                  (long long)i, (double)r[N + i], (double)r[3 * N + i]);
-    ck_assert_msg(fabsf(r[i] - r[2 * N + i]) <= 1e-5f * (1.0f + fabsf(r[i])),
-                  "logp[%lld]: %.9g unsharded, %.9g combined", (long long)i, (double)r[i],
-                  (double)r[2 * N + i]);
-  }
-  free(h);
-  free(y);
-  free(r);
-  rlk_free(ctx, dl);
-  rlk_free(ctx, dy);
+  expect_as_unsharded(ctx, o, N, 2, "combined");
+  unsharded_free(ctx, &u);
   rlk_free(ctx, rec);
   rlk_free(ctx, o);
 }
@@ -369,13 +385,12 @@ END_TEST
 
 /* RLK_JIT_RECORD: a shard's forward and the combine each leave a line that precompiles. */
 START_TEST(host_records_its_configurations) {
-  char rec[1100];
-  if (!rlk_test_record_start(rec, sizeof rec)) return;
-  rlk_context *ctx = rlk_test_host_context();
+  rlk_context *ctx = rlk_test_recording_host_context();
+  if (!ctx) return;
   uint64_t rng = rlk_test_seed() ^ 0x4ecu;
   case_single_shard(ctx, &rng, 517);
   static const char *const want[] = {"logprob_shard pass=fwd", "logprob_shard pass=combine", NULL};
-  rlk_test_record_expect(ctx, rec, want);
+  rlk_test_record_expect(ctx, want);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -434,8 +449,8 @@ START_TEST(bad_arguments) {
   v.fwd.logits = a.logits;
   v.fwd.labels = a.labels;
   v.fwd.logp = rlk_tensor_1d(out, RLK_F32, 4);
-  ck_assert_int_eq(rlk_logprob_vocab_parallel(ctx, &v, NULL), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "nccl_comm"));
+  rlk_test_expect_error(rlk_logprob_vocab_parallel(ctx, &v, NULL), RLK_ERR_INVALID_ARGUMENT, "nccl_comm",
+                        "rlk_logprob_vocab_parallel");
   v.nccl_comm = (void *)&v; /* never dereferenced: refused before NCCL is asked */
   ck_assert_int_eq(rlk_logprob_vocab_parallel(ctx, &v, NULL), RLK_ERR_UNSUPPORTED);
   size_t bytes = 7;
@@ -481,18 +496,14 @@ RLK_SAMPLES_CASE("logprob_shard", &rlk_op_logprob_shard)
 /* CUDA                                                                                */
 /* ---------------------------------------------------------------------------------- */
 
-START_TEST(gpu_simulated) {
-  if (!rlk_test_gpu_enabled("logprob_shard")) return;
-  rlk_context *ctx = rlk_test_cuda_context("logprob_shard");
-  if (!ctx) return;
-  uint64_t rng = rlk_test_seed() ^ 0x6b6b;
-  cases_simulated(ctx, &rng, 1001);
-  cases_simulated(ctx, &rng, 151936 / 8 + 13);
-  case_single_shard(ctx, &rng, 517);
-  case_single_shard(ctx, &rng, 151936);
-  rlk_context_destroy(ctx);
+static void cases_simulated_gpu(rlk_context *ctx, uint64_t *rng) {
+  cases_simulated(ctx, rng, 1001);
+  cases_simulated(ctx, rng, 151936 / 8 + 13);
+  case_single_shard(ctx, rng, 517);
+  case_single_shard(ctx, rng, 151936);
 }
-END_TEST
+
+RLK_GPU_TEST("logprob_shard", simulated, cases_simulated_gpu(ctx, &rng))
 
 /* rlk_logprob_vocab_parallel through a real NCCL communicator of one rank (one GPU): the library
  * this test loads (RTLD_GLOBAL) is the copy rlk must find in the process; the records, an
@@ -529,16 +540,9 @@ START_TEST(gpu_nccl_one_rank) {
 
   uint64_t rng = rlk_test_seed() ^ 0x7c7c;
   const int64_t N = 1000, V = 151936;
-  uint16_t *h = malloc((size_t)(N * V) * 2);
-  int64_t *y = malloc((size_t)N * sizeof *y);
-  for (int64_t k = 0; k < N * V; k++) rlk_test_store(h, RLK_BF16, k, 3.0 * rlk_test_rand_normal(&rng));
-  for (int64_t i = 0; i < N; i++) y[i] = i % 17 == 0 ? -100 : (int64_t)(rlk_test_rand_u64(&rng) % (uint64_t)V);
-  void *dl = dev_copy(ctx, h, (size_t)(N * V) * 2), *dy = dev_copy(ctx, y, (size_t)N * 8);
+  unsharded u = unsharded_batch(ctx, &rng, N, V, 17);
   float *o = rlk_test_dev_alloc(ctx, 6 * (size_t)N * 4);
-  rlk_logprob_args a;
-  rlk_logprob_args_init(&a);
-  a.logits = rlk_tensor_2d(dl, RLK_BF16, N, V, V);
-  a.labels = rlk_tensor_1d(dy, RLK_I64, N);
+  rlk_logprob_args a = u.a;
   a.logp = rlk_tensor_1d(o, RLK_F32, N);
   a.lse = rlk_tensor_1d(o + N, RLK_F32, N);
   a.entropy = rlk_tensor_1d(o + 2 * N, RLK_F32, N);
@@ -557,27 +561,13 @@ START_TEST(gpu_nccl_one_rank) {
   v.workspace = rlk_test_dev_alloc(ctx, bytes);
   v.workspace_bytes = bytes;
   ck_assert_msg(rlk_logprob_vocab_parallel(ctx, &v, NULL) == RLK_OK, "%s", rlk_last_error());
-  float *r = malloc(6 * (size_t)N * 4);
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
-  to_host(ctx, r, o, 6 * (size_t)N * 4);
-  for (int64_t i = 0; i < N; i++) {
-    ck_assert_msg(!memcmp(&r[N + i], &r[4 * N + i], 4), "lse[%lld]: %.9g, through NCCL %.9g",
-                  (long long)i, (double)r[N + i], (double)r[4 * N + i]);
-    ck_assert_msg(fabsf(r[i] - r[3 * N + i]) <= 1e-5f * (1.0f + fabsf(r[i])) &&
-                      fabsf(r[2 * N + i] - r[5 * N + i]) <= 1e-5f * (1.0f + fabsf(r[2 * N + i])),
-                  "row %lld: logp %.9g / %.9g, entropy %.9g / %.9g", (long long)i, (double)r[i],
-                  (double)r[3 * N + i], (double)r[2 * N + i], (double)r[5 * N + i]);
-  }
+  expect_as_unsharded(ctx, o, N, 3, "through NCCL");
   int version = 0;
   char path[512];
   ck_assert_int_eq(rlk_nccl_version(&version, path, sizeof path), RLK_OK);
   printf("note (logprob_shard gpu_nccl_one_rank): libnccl %d from %s\n", version, path);
   destroy(comm);
-  free(h);
-  free(y);
-  free(r);
-  rlk_free(ctx, dl);
-  rlk_free(ctx, dy);
+  unsharded_free(ctx, &u);
   rlk_free(ctx, o);
   rlk_free(ctx, v.workspace);
   rlk_context_destroy(ctx);

@@ -110,8 +110,8 @@ START_TEST(bad_settings_are_named) {
       }
     }
     snprintf(line, sizeof line, "%s no_such_setting=1", d->name);
-    ck_assert_int_eq(rlk_precompile(ctx, line, NULL), RLK_ERR_INVALID_ARGUMENT);
-    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "no_such_setting"));
+    rlk_test_expect_error(rlk_precompile(ctx, line, NULL), RLK_ERR_INVALID_ARGUMENT, "no_such_setting",
+                          "rlk_precompile");
   }
   rlk_context_destroy(ctx);
 }
@@ -143,10 +143,8 @@ static void seen_add(param_seen *s, const rlk_kernel_spec *spec) {
 
 /* A line's kernels on ctx; 0 when the combination is not a valid one. */
 static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char *line, rlk_kernel_spec *specs) {
-  char copy[1024];
-  rlk_op_config_pair pairs[16];
-  size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs), ns = 0;
-  return rlk_op_plan(d, ctx, np, pairs, specs, &ns) == RLK_OK ? ns : 0;
+  size_t ns = 0;
+  return rlk_test_plan_line(d, ctx, line, specs, &ns) == RLK_OK ? ns : 0;
 }
 
 /* Every value of every setting that shapes a kernel (a flag, choice or dtype that feeds a
@@ -204,16 +202,27 @@ START_TEST(samples_reach_every_kernel_setting) {
 }
 END_TEST
 
-/* tools/precompile.conf, what `make precompile` ships, has a line for every op. */
-START_TEST(precompile_conf_covers_every_op) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/../../tools/precompile.conf", rlk_test_bin_dir());
+/* The file `rel` of the source tree opened for reading (its path in `path`); fails the test when
+ * it cannot be. */
+static FILE *open_source(const char *rel, char *path, size_t size) {
+  snprintf(path, size, "%s/../../%s", rlk_test_bin_dir(), rel);
   FILE *f = fopen(path, "r");
   ck_assert_msg(f != NULL, "cannot open %s", path);
-  static char text[1 << 16];
-  size_t n = fread(text, 1, sizeof text - 1, f);
+  return f;
+}
+
+/* The file `rel` of the source tree into text (at most size - 1 bytes, then a NUL). */
+static void read_source(const char *rel, char *text, size_t size) {
+  char path[4096];
+  FILE *f = open_source(rel, path, sizeof path);
+  text[fread(text, 1, size - 1, f)] = '\0';
   fclose(f);
-  text[n] = '\0';
+}
+
+/* tools/precompile.conf, what `make precompile` ships, has a line for every op. */
+START_TEST(precompile_conf_covers_every_op) {
+  static char text[1 << 16];
+  read_source("tools/precompile.conf", text, sizeof text);
   for (size_t i = 0; rlk_op_table[i]; i++) {
     char want[96];
     snprintf(want, sizeof want, "\n%s ", rlk_op_table[i]->name);
@@ -226,9 +235,7 @@ END_TEST
  * op and settings it has (a line that stopped parsing would fail make test-gpu's first step). */
 START_TEST(gpu_kernel_list_parses) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/../../tests/gpu-kernels.conf", rlk_test_bin_dir());
-  FILE *f = fopen(path, "r");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
+  FILE *f = open_source("tests/gpu-kernels.conf", path, sizeof path);
   char line[1024];
   int lines = 0;
   while (fgets(line, sizeof line, f)) {
@@ -265,11 +272,8 @@ static void names_in(const char *dir, const char *stem, const char *ext, const c
   for (struct dirent *e; (e = readdir(d));) {
     const size_t n = strlen(e->d_name);
     if (strncmp(e->d_name, stem, strlen(stem)) || n < strlen(ext) || strcmp(e->d_name + n - strlen(ext), ext)) continue;
-    snprintf(path, sizeof path, "%s/../../%s/%s", rlk_test_bin_dir(), dir, e->d_name);
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    text[fread(text, 1, sizeof text - 1, f)] = '\0';
-    fclose(f);
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    read_source(path, text, sizeof text);
     for (const char *p = strstr(text, before); p; p = strstr(p + 1, before)) {
       const char *id = p + strlen(before), *q = id;
       while (*q == '_' || (*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9')) q++;
@@ -436,8 +440,7 @@ START_TEST(overlap_is_exact) {
   ck_assert_int_eq(rlk_check_no_overlap(ok, 2), RLK_ERR_INVALID_ARGUMENT); /* c1 is in bc's bytes */
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "out: overlaps in"));
   rlk_arg_ref self[] = {{&bc, "bcast", 1, NULL}};
-  ck_assert_int_eq(rlk_check_no_overlap(self, 1), RLK_ERR_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "bcast"));
+  rlk_test_expect_error(rlk_check_no_overlap(self, 1), RLK_ERR_INVALID_ARGUMENT, "bcast", "rlk_check_no_overlap");
   /* a documented in-place pair passes only as the very same tensor */
   rlk_arg_ref same[] = {{&rows, "x", 0, NULL}, {&rows, "out", 1, &rows}};
   ck_assert_int_eq(rlk_check_no_overlap(same, 2), RLK_OK);

@@ -29,21 +29,6 @@ typedef struct pa_case {
   float scale; /* 0: the default 1/sqrt(D) */
 } pa_case;
 
-static rlk_tensor t3(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
-  rlk_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dt;
-  t.ndim = 3;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.strides[0] = b * c;
-  t.strides[1] = c;
-  t.strides[2] = 1;
-  return t;
-}
-
 /* Everything one case needs, host side. */
 typedef struct pa_run {
   int64_t T, S;
@@ -132,12 +117,12 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
 
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  a.q = t3(dq, c->dt, r->T, c->Hq, c->D);
-  a.k = t3(dk, c->dt, r->T, c->Hkv, c->D);
-  a.v = t3(dv, c->dt, r->T, c->Hkv, c->D);
+  a.q = rlk_test_tensor_3d(dq, c->dt, r->T, c->Hq, c->D);
+  a.k = rlk_test_tensor_3d(dk, c->dt, r->T, c->Hkv, c->D);
+  a.v = rlk_test_tensor_3d(dv, c->dt, r->T, c->Hkv, c->D);
   a.layout = l;
   a.scale = c->scale;
-  a.out = t3(dout, c->dt, r->T, c->Hq, c->D);
+  a.out = rlk_test_tensor_3d(dout, c->dt, r->T, c->Hq, c->D);
   a.lse = rlk_tensor_2d(dlse, RLK_F32, r->T, c->Hq, c->Hq);
   ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "forward: %s", rlk_last_error());
 
@@ -150,10 +135,10 @@ static void run_op(rlk_context *ctx, const pa_case *c, pa_run *r) {
   b.scale = c->scale;
   b.out = a.out;
   b.lse = a.lse;
-  b.grad_out = t3(ddo, c->dt, r->T, c->Hq, c->D);
-  b.grad_q = t3(gq, c->dt, r->T, c->Hq, c->D);
-  b.grad_k = t3(gk, c->dt, r->T, c->Hkv, c->D);
-  b.grad_v = t3(gv, c->dt, r->T, c->Hkv, c->D);
+  b.grad_out = rlk_test_tensor_3d(ddo, c->dt, r->T, c->Hq, c->D);
+  b.grad_q = rlk_test_tensor_3d(gq, c->dt, r->T, c->Hq, c->D);
+  b.grad_k = rlk_test_tensor_3d(gk, c->dt, r->T, c->Hkv, c->D);
+  b.grad_v = rlk_test_tensor_3d(gv, c->dt, r->T, c->Hkv, c->D);
   size_t ws = 0;
   ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &b, &ws) == RLK_OK, "%s", rlk_last_error());
   b.workspace = rlk_test_dev_alloc(ctx, ws);
@@ -658,52 +643,52 @@ static const pa_case case_g16 = {
 /* Several prompts in one batch: an empty prefix, a prompt with no responses, GQA 4, D 128. */
 static const pa_case case_batch = {4, {17, 0, 1, 5}, {2, 1, 3, 0}, {5, 1, 3, 129, 5, 1}, 8, 2, 128, RLK_BF16, 0.0f};
 
-START_TEST(host_g1) {
-  rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g1, "host G=1", 0);
-  rlk_context_destroy(ctx);
-}
-END_TEST
+RLK_HOST_TEST(g1, check_case(ctx, &case_g1, "host G=1", 0))
+RLK_HOST_TEST(g3, check_case(ctx, &case_g3, "host G=3", 1))
+RLK_HOST_TEST(g16, check_case(ctx, &case_g16, "host G=16", 0))
+RLK_HOST_TEST(batch, check_case(ctx, &case_batch, "host batch", 0))
 
-START_TEST(host_g3) {
-  rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g3, "host G=3", 1);
-  rlk_context_destroy(ctx);
-}
-END_TEST
+/* The argument checks' problem: one prompt, a prefix and two responses of 4 tokens (T 12), two
+ * heads of 64, bf16 (values never read: static zeros). */
+enum { SMALL_T = 12, SMALL_H = 2, SMALL_D = 64, SMALL_N = SMALL_T * SMALL_H * SMALL_D /* one [T, H, D] */ };
+typedef struct small_problem {
+  uint16_t q[SMALL_N], k[SMALL_N], v[SMALL_N], o[SMALL_N];
+  float lse[SMALL_T * SMALL_H];
+  int32_t seq[4], grp[2];
+} small_problem;
 
-START_TEST(host_g16) {
-  rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_g16, "host G=16", 0);
-  rlk_context_destroy(ctx);
+/* The layout of p (its offsets rewritten). */
+static rlk_prefix_attention_layout small_layout(small_problem *p) {
+  static const int32_t seq[4] = {0, 4, 8, 12}, grp[2] = {0, 3};
+  memcpy(p->seq, seq, sizeof seq);
+  memcpy(p->grp, grp, sizeof grp);
+  rlk_prefix_attention_layout l;
+  memset(&l, 0, sizeof l);
+  l.host_seq_offsets = p->seq;
+  l.host_group_offsets = p->grp;
+  l.num_segments = 3;
+  l.num_prompts = 1;
+  return l;
 }
-END_TEST
 
-START_TEST(host_batch) {
-  rlk_context *ctx = rlk_test_host_context();
-  check_case(ctx, &case_batch, "host batch", 0);
-  rlk_context_destroy(ctx);
+/* The forward's tensors and layout over p, which both passes take. */
+static void small_inputs(small_problem *p, rlk_tensor *q, rlk_tensor *k, rlk_tensor *v, rlk_tensor *out,
+                         rlk_tensor *lse, rlk_prefix_attention_layout *l) {
+  *q = rlk_test_tensor_3d(p->q, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  *k = rlk_test_tensor_3d(p->k, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  *v = rlk_test_tensor_3d(p->v, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  *out = rlk_test_tensor_3d(p->o, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  *lse = rlk_tensor_2d(p->lse, RLK_F32, SMALL_T, SMALL_H, SMALL_H);
+  *l = small_layout(p);
 }
-END_TEST
 
 /* Every layout and tensor error is refused with a message naming it. */
 START_TEST(bad_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  enum { T = 12, H = 2, D = 64 };
-  static uint16_t q[T * H * D], k[T * H * D], v[T * H * D], o[T * H * D];
-  static float lse[T * H];
-  int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
+  static small_problem p, p2;
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  a.q = t3(q, RLK_BF16, T, H, D);
-  a.k = t3(k, RLK_BF16, T, H, D);
-  a.v = t3(v, RLK_BF16, T, H, D);
-  a.out = t3(o, RLK_BF16, T, H, D);
-  a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
-  a.layout.host_seq_offsets = seq;
-  a.layout.host_group_offsets = grp;
-  a.layout.num_segments = 3;
-  a.layout.num_prompts = 1;
+  small_inputs(&p, &a.q, &a.k, &a.v, &a.out, &a.lse, &a.layout);
   ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   struct {
     int what;
@@ -718,21 +703,22 @@ START_TEST(bad_arguments) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rlk_prefix_attention_args b = a;
-    int32_t s2[] = {0, 4, 8, 12}, g2[] = {0, 3};
-    b.layout.host_seq_offsets = s2;
-    b.layout.host_group_offsets = g2;
+    b.layout = small_layout(&p2);
     switch (bad[i].what) {
-    case 0: s2[2] = 4; s2[1] = 4; break;
-    case 1: s2[3] = 11; break;
-    case 2: g2[1] = 2; break;
+    case 0: p2.seq[2] = 4; p2.seq[1] = 4; break;
+    case 1: p2.seq[3] = 11; break;
+    case 2: p2.grp[1] = 2; break;
     case 3: b.layout.num_prompts = 0; break;
-    case 4: b.q = t3(q, RLK_BF16, T, H * 2, D / 2); b.k = t3(k, RLK_BF16, T, H * 2, D / 2);
-            b.v = t3(v, RLK_BF16, T, H * 2, D / 2); break;
-    case 5: b.q = t3(q, RLK_BF16, T, 1, D); break;
+    case 4:
+      b.q = rlk_test_tensor_3d(p.q, RLK_BF16, SMALL_T, SMALL_H * 2, SMALL_D / 2);
+      b.k = rlk_test_tensor_3d(p.k, RLK_BF16, SMALL_T, SMALL_H * 2, SMALL_D / 2);
+      b.v = rlk_test_tensor_3d(p.v, RLK_BF16, SMALL_T, SMALL_H * 2, SMALL_D / 2);
+      break;
+    case 5: b.q = rlk_test_tensor_3d(p.q, RLK_BF16, SMALL_T, 1, SMALL_D); break;
     case 6: b.scale = -1.0f; break;
-    case 7: b.out = t3(q, RLK_BF16, T, H, D); break;
+    case 7: b.out = rlk_test_tensor_3d(p.q, RLK_BF16, SMALL_T, SMALL_H, SMALL_D); break;
     case 8: b.k.dtype = RLK_F16; break;
-    case 9: b.lse = rlk_tensor_2d(lse, RLK_F32, T, 1, 1); break;
+    case 9: b.lse = rlk_tensor_2d(p.lse, RLK_F32, SMALL_T, 1, 1); break;
     case 10: b.tuning.variant = (rlk_prefix_attention_variant)7; break;
     case 11: b.tuning.dq_stages = 1; break;
     }
@@ -747,27 +733,16 @@ END_TEST
 /* The backward refuses what it cannot run, naming it; its workspace size follows the backend. */
 START_TEST(bad_backward_arguments) {
   rlk_context *ctx = rlk_test_host_context();
-  enum { T = 12, H = 2, D = 64 };
-  static uint16_t q[T * H * D], k[T * H * D], v[T * H * D], o[T * H * D], dout[T * H * D];
-  static uint16_t gq[T * H * D], gk[T * H * D], gv[T * H * D];
-  static float lse[T * H];
-  static double work[2 * T * H * D];
-  int32_t seq[] = {0, 4, 8, 12}, grp[] = {0, 3};
+  static small_problem p;
+  static uint16_t dout[SMALL_N], gq[SMALL_N], gk[SMALL_N], gv[SMALL_N];
+  static double work[2 * SMALL_N];
   rlk_prefix_attention_backward_args a;
   rlk_prefix_attention_backward_args_init(&a);
-  a.q = t3(q, RLK_BF16, T, H, D);
-  a.k = t3(k, RLK_BF16, T, H, D);
-  a.v = t3(v, RLK_BF16, T, H, D);
-  a.out = t3(o, RLK_BF16, T, H, D);
-  a.lse = rlk_tensor_2d(lse, RLK_F32, T, H, H);
-  a.grad_out = t3(dout, RLK_BF16, T, H, D);
-  a.grad_q = t3(gq, RLK_BF16, T, H, D);
-  a.grad_k = t3(gk, RLK_BF16, T, H, D);
-  a.grad_v = t3(gv, RLK_BF16, T, H, D);
-  a.layout.host_seq_offsets = seq;
-  a.layout.host_group_offsets = grp;
-  a.layout.num_segments = 3;
-  a.layout.num_prompts = 1;
+  small_inputs(&p, &a.q, &a.k, &a.v, &a.out, &a.lse, &a.layout);
+  a.grad_out = rlk_test_tensor_3d(dout, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  a.grad_q = rlk_test_tensor_3d(gq, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  a.grad_k = rlk_test_tensor_3d(gk, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+  a.grad_v = rlk_test_tensor_3d(gv, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
   size_t ws = 0;
   ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &a, &ws) == RLK_OK, "%s", rlk_last_error());
   ck_assert_uint_eq(ws, sizeof work); /* the host's fp64 dk, dv accumulators */
@@ -780,8 +755,11 @@ START_TEST(bad_backward_arguments) {
     switch (i) {
     case 0: b.lse.data = NULL; needle = "lse: data is NULL"; break;
     case 1: b.workspace_bytes = ws - 8; needle = "workspace"; break;
-    case 2: b.grad_q = t3(q, RLK_BF16, T, H, D); needle = "grad_q: overlaps q"; break;
-    case 3: b.grad_k = t3(gk, RLK_F16, T, H, D); needle = "grad_k: dtype"; break;
+    case 2:
+      b.grad_q = rlk_test_tensor_3d(p.q, RLK_BF16, SMALL_T, SMALL_H, SMALL_D);
+      needle = "grad_q: overlaps q";
+      break;
+    case 3: b.grad_k = rlk_test_tensor_3d(gk, RLK_F16, SMALL_T, SMALL_H, SMALL_D); needle = "grad_k: dtype"; break;
     case 4: b.tuning.fwd_stages = 5; needle = "tuning.fwd_stages"; break;
     }
     rlk_status st = rlk_prefix_attention_backward(ctx, &b, NULL);
@@ -815,12 +793,10 @@ START_TEST(plan_per_target) {
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
     rlk_context *ctx = rlk_test_compile_only_cuda_context(rows[r].target, "prefix_attention plan");
     if (!ctx) continue;
-    char copy[256];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(rows[r].line, copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    ck_assert_msg(rlk_op_plan(&rlk_op_prefix_attention, ctx, np, pairs, specs, &n) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_test_plan_line(&rlk_op_prefix_attention, ctx, rows[r].line, specs, &n) == RLK_OK, "%s",
+                  rlk_last_error());
     size_t want = 0;
     while (rows[r].entries[want]) want++;
     ck_assert_uint_eq(n, want);
@@ -830,8 +806,7 @@ START_TEST(plan_per_target) {
                                       "prefix_attention vocab=5", "prefix_attention fwd_stages=5",
                                       "prefix_attention q_heads=0"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
-      const size_t nb = rlk_test_split_line(bad[b], copy, sizeof copy, pairs);
-      ck_assert_int_eq(rlk_op_plan(&rlk_op_prefix_attention, ctx, nb, pairs, specs, &n), RLK_ERR_INVALID_ARGUMENT);
+      ck_assert_int_eq(rlk_test_plan_line(&rlk_op_prefix_attention, ctx, bad[b], specs, &n), RLK_ERR_INVALID_ARGUMENT);
     }
     rlk_context_destroy(ctx);
   }

@@ -126,12 +126,19 @@ static int fork_ok(void) {
   return 1;
 }
 
+/* A new directory for a record case and the record path in it (record.conf); 0 when the case
+ * cannot run here (fork_ok). */
+static int record_dir(char *dir, size_t dir_size, char *path, size_t path_size, const char *stem) {
+  if (!fork_ok()) return 0;
+  rlk_test_mkdtemp(dir, dir_size, stem);
+  snprintf(path, path_size, "%s/record.conf", dir);
+  return 1;
+}
+
 /* The file a run writes lines to: one per configuration, whatever the number of runs. */
 START_TEST(record_appends_each_configuration_once) {
-  if (!fork_ok()) return;
   char dir[1024], path[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "rec-once");
-  snprintf(path, sizeof path, "%s/record.conf", dir);
+  if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-once")) return;
   child_run r = record_in_child(path, MODES("grpo", "rloo", "grpo"));
   ck_assert_msg(r.status == 0 && r.err[0] == '\0', "%d:\n%s", r.status, r.err);
   r = record_in_child(path, MODES("rloo", "grpo", "mean-only"));
@@ -204,10 +211,8 @@ END_TEST
 
 /* A file another user owns, one others may write, or one with a second name is not written. */
 START_TEST(record_refuses_files_others_control) {
-  if (!fork_ok()) return;
   char dir[1024], path[1100], other[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "rec-owner");
-  snprintf(path, sizeof path, "%s/record.conf", dir);
+  if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-owner")) return;
 
   write_text(path, "", 0666);
   child_run r = record_in_child(path, MODES("grpo"));
@@ -240,10 +245,8 @@ END_TEST
 
 /* A FIFO at the record path is refused at once: the run neither blocks nor writes into it. */
 START_TEST(record_refuses_a_fifo) {
-  if (!fork_ok()) return;
   char dir[1024], path[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "rec-fifo");
-  snprintf(path, sizeof path, "%s/record.conf", dir);
+  if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-fifo")) return;
   ck_assert_int_eq(mkfifo(path, 0600), 0);
   /* A reader that never reads keeps the FIFO open, as a hostile process would. */
   int reader = open(path, O_RDONLY | O_NONBLOCK);
@@ -260,10 +263,8 @@ END_TEST
 /* A reader's lock (flock or an OFD lock, any user who can open the file can take one) never
  * holds a call up: the lines wait and are written once the lock is free. */
 START_TEST(record_never_waits_for_a_lock) {
-  if (!fork_ok()) return;
   char dir[1024], path[1100];
-  rlk_test_mkdtemp(dir, sizeof dir, "rec-lock");
-  snprintf(path, sizeof path, "%s/record.conf", dir);
+  if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-lock")) return;
   write_text(path, "", 0600);
   int holder = open(path, O_RDONLY);
   ck_assert_int_ge(holder, 0);

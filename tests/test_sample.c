@@ -883,12 +883,9 @@ END_TEST
 /* The kernel a configuration line plans on `target`: "sample" or "sample_split", and the blocks a
  * row (*split) and chunks in flight (*depth) of the latter. */
 static const char *planned(rlk_context *ctx, const char *line, int *split, int *depth) {
-  char copy[512];
-  rlk_op_config_pair pairs[16];
-  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   size_t ns = 0;
-  ck_assert_msg(rlk_op_plan(&rlk_op_sample, ctx, np, pairs, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
+  ck_assert_msg(rlk_test_plan_line(&rlk_op_sample, ctx, line, specs, &ns) == RLK_OK, "%s: %s", line, rlk_last_error());
   ck_assert_uint_eq(ns, 1);
   const int is_split = !strcmp(specs[0].tmpl->entry, "sample_split");
   *split = is_split ? (int)specs[0].values[4] : 1;

@@ -124,17 +124,7 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
   void *sd = rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, sp);
   void *id = c->isw ? rlk_test_upload_rows(ctx, c->dtype, B, T, S, NAN, iw) : NULL;
   void *md = has_mask ? rlk_test_upload_rows(ctx, c->mask_dtype, B, T, S, 7, mw) : NULL;
-  void *od = NULL;
-  if (c->group_size == 0) {
-    if (c->offsets_dtype == RLK_I32) {
-      int32_t *o32 = malloc((size_t)(ng + 1) * sizeof *o32);
-      for (int64_t g = 0; g <= ng; g++) o32[g] = (int32_t)offs[g];
-      od = rlk_test_dev_upload(ctx, o32, (size_t)(ng + 1) * sizeof *o32);
-      free(o32);
-    } else {
-      od = rlk_test_dev_upload(ctx, offs, (size_t)(ng + 1) * sizeof *offs);
-    }
-  }
+  void *od = c->group_size == 0 ? rlk_test_upload_offsets(ctx, c->offsets_dtype, offs, ng + 1) : NULL;
   const size_t es = rlk_dtype_size(c->dtype), out_bytes = (size_t)((B - 1) * S + T) * es;
   void *ad = rlk_test_dev_alloc(ctx, out_bytes), *retd = rlk_test_dev_alloc(ctx, out_bytes);
   ck_assert_int_eq(rlk_memset(ctx, ad, 0xff, out_bytes), RLK_OK);
@@ -235,19 +225,6 @@ static void run_case(rlk_context *ctx, const tb_case *c, uint64_t *rng, double *
   free(rm);
 }
 
-/* Random group sizes in [1, max] (some singletons) summing to B. */
-static int64_t random_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
-  int64_t n = 0, left = B;
-  while (left > 0) {
-    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
-    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
-    if (s > left) s = left;
-    sizes[n++] = s;
-    left -= s;
-  }
-  return n;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Suites of cases, run on any context                                                 */
 /* ---------------------------------------------------------------------------------- */
@@ -271,7 +248,7 @@ static void cases_variants(rlk_context *ctx, uint64_t *rng) {
             const int64_t B = 1 + (int64_t)(rlk_test_rand_u64(rng) % 40);
             c = base_case(B, T, 0);
             c.sizes = sizes;
-            c.num_groups = random_sizes(rng, B, 6, sizes);
+            c.num_groups = rlk_test_random_group_sizes(rng, B, 6, sizes);
             c.offsets_dtype = ok == 1 ? RLK_I32 : RLK_I64;
           }
           c.dtype = dt ? RLK_F64 : RLK_F32;
@@ -306,7 +283,7 @@ static void cases_strided(rlk_context *ctx, uint64_t *rng) {
     for (int dt = 0; dt < 2; dt++) {
       tb_case c = base_case(24, 37, 0);
       c.sizes = sizes;
-      c.num_groups = random_sizes(rng, 24, 5, sizes);
+      c.num_groups = rlk_test_random_group_sizes(rng, 24, 5, sizes);
       c.compact = compact;
       c.dtype = dt ? RLK_F64 : RLK_F32;
       c.isw = 1;
@@ -498,22 +475,17 @@ START_TEST(plan_matches_call) {
       {"token_baseline dtype=f32 mask=bool offsets=fixed",
        {.B = 24, .T = 9, .group_size = 6, .dtype = RLK_F32, .mask_dtype = RLK_BOOL, .zero_tail = 1, .eps = 1e-8}},
       {"token_baseline dtype=f64 mask=i32 offsets=i32 compact=1 isw=1",
-       {.B = 24, .T = 40, .group_size = 0, .offsets_dtype = RLK_I32, .dtype = RLK_F64, .mask_dtype = RLK_I32,
-        .isw = 1, .compact = 1, .eps = 1e-8}},
+       {.B = 24, .T = 40, .group_size = 0, .sizes = sizes, .num_groups = 4, .offsets_dtype = RLK_I32,
+        .dtype = RLK_F64, .mask_dtype = RLK_I32, .isw = 1, .compact = 1, .eps = 1e-8}},
       {"token_baseline mask=none offsets=i64 compact=1",
-       {.B = 24, .T = 3, .group_size = 0, .offsets_dtype = RLK_I64, .dtype = RLK_F32, .compact = 1, .eps = 1e-6}},
+       {.B = 24, .T = 3, .group_size = 0, .sizes = sizes, .num_groups = 4, .offsets_dtype = RLK_I64,
+        .dtype = RLK_F32, .compact = 1, .eps = 1e-6}},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     rlk_context *ctx = rlk_test_precompiled_host_context(rows[i].line, 2);
-    const uint64_t before = rlk_test_compiles(ctx);
-    tb_case c = rows[i].c;
-    if (c.group_size == 0) {
-      c.sizes = sizes;
-      c.num_groups = 4;
-    }
     uint64_t rng = rlk_test_seed() + i;
-    run_case(ctx, &c, &rng, NULL, NULL);
-    rlk_test_expect_compiled_none(ctx, before, rows[i].line);
+    run_case(ctx, &rows[i].c, &rng, NULL, NULL);
+    rlk_test_expect_compiled_none(ctx, 2, rows[i].line);
   }
 }
 END_TEST
@@ -533,12 +505,10 @@ START_TEST(samples_cover_every_variant) {
   rlk_context *ctx = rlk_test_host_context();
   int dtypes[8] = {0}, masks[4] = {0}, offsets[3] = {0}, compact[2][2] = {{0}}, isw[2][2] = {{0}};
   for (size_t i = 0; rlk_op_token_baseline.samples[i]; i++) {
-    char copy[512];
-    rlk_op_config_pair pairs[16];
-    const size_t np = rlk_test_split_line(rlk_op_token_baseline.samples[i], copy, sizeof copy, pairs);
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t ns = 0;
-    ck_assert_int_eq(rlk_op_plan(&rlk_op_token_baseline, ctx, np, pairs, specs, &ns), RLK_OK);
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_token_baseline, ctx, rlk_op_token_baseline.samples[i], specs, &ns),
+                     RLK_OK);
     ck_assert_uint_eq(ns, 2);
     dtypes[specs[0].values[0]]++;
     masks[specs[0].values[1]]++;
@@ -572,20 +542,16 @@ RLK_GPU_CASE("token_baseline", tails)
 RLK_GPU_CASE("token_baseline", deterministic)
 
 /* A training-sized batch: many groups, long responses, both modes. */
-START_TEST(gpu_large) {
-  if (!rlk_test_gpu_enabled("token_baseline")) return;
-  rlk_context *ctx = rlk_test_cuda_context("token_baseline");
-  if (!ctx) return;
-  uint64_t rng = rlk_test_seed() ^ 0x5eedu;
+static void cases_large(rlk_context *ctx, uint64_t *rng) {
   for (int compact = 0; compact < 2; compact++) {
     tb_case c = base_case(256, 2049, 16);
     c.compact = compact;
     c.isw = compact;
-    run_case(ctx, &c, &rng, NULL, NULL);
+    run_case(ctx, &c, rng, NULL, NULL);
   }
-  rlk_context_destroy(ctx);
 }
-END_TEST
+
+RLK_GPU_CASE("token_baseline", large)
 
 Suite *token_baseline_suite(void) {
   Suite *s = suite_create("token_baseline");

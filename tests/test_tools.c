@@ -183,19 +183,19 @@ START_TEST(dry_run_expands_sweeps) {
   ck_assert_int_eq(rlk_test_count_lines(r.out, "group_size=16 unbiased=1"), 3);
   rlk_test_tool_free(&r);
 
-  /* two shards partition the items */
-  r = rlk_test_run_tool(NULL, "rlk-precompile",
-                   ARGS("--dry-run", "--config", conf, "--targets", "host sm_90a gfx90a",
-                        "--shard", "0/2"));
-  expect_status(r, 0, "dry run shard 0/2");
-  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 6);
-  rlk_test_tool_free(&r);
-  r = rlk_test_run_tool(NULL, "rlk-precompile",
-                   ARGS("--dry-run", "--config", conf, "--targets", "host sm_90a gfx90a",
-                        "--shard", "1/5"));
-  expect_status(r, 0, "dry run shard 1/5");
-  ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 3); /* indices 1, 6, 11 of 12 */
-  rlk_test_tool_free(&r);
+  /* shards partition the 12 items: 0/2 takes 6, 1/5 indices 1, 6 and 11 */
+  static const struct {
+    const char *shard;
+    long items;
+  } shards[] = {{"0/2", 6}, {"1/5", 3}};
+  for (size_t i = 0; i < sizeof shards / sizeof shards[0]; i++) {
+    r = rlk_test_run_tool(NULL, "rlk-precompile",
+                          ARGS("--dry-run", "--config", conf, "--targets", "host sm_90a gfx90a", "--shard",
+                               shards[i].shard));
+    expect_status(r, 0, shards[i].shard);
+    ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), shards[i].items);
+    rlk_test_tool_free(&r);
+  }
   rlk_test_rmtree(dir);
 }
 END_TEST
@@ -312,9 +312,7 @@ START_TEST(precompile_host_serves_demo_without_jit) {
   rlk_test_tool_free(&r);
   free(tree_keys(tree, &nkeys));
   ck_assert_int_eq(nkeys, 0);
-  rlk_test_rmtree(tree);
-  rlk_test_rmtree(user);
-  rlk_test_rmtree(empty);
+  rlk_test_rmtrees(ARGS(tree, user, empty));
 }
 END_TEST
 
@@ -392,8 +390,7 @@ START_TEST(recorded_configurations_precompile_what_runs) {
   ck_assert_int_eq(rlk_test_last_value(r.out, "compiles="), 0);
   ck_assert_int_eq(rlk_test_last_value(r.out, "misses="), 0);
   rlk_test_tool_free(&r);
-  rlk_test_rmtree(tree2);
-  rlk_test_rmtree(fresh2);
+  rlk_test_rmtrees(ARGS(tree2, fresh2));
 
   /* an unwritable record is reported, never a failure of the run */
   r = rlk_test_run_tool(ENV(cache_env, "RLK_JIT_RECORD=/nonexistent-dir/record.conf"), "rlk-demo",
@@ -401,9 +398,7 @@ START_TEST(recorded_configurations_precompile_what_runs) {
   expect_status(r, 0, "rlk-demo with an unwritable record");
   ck_assert_msg(strstr(r.out, "RLK_JIT_RECORD") != NULL, "no warning:\n%s", r.out);
   rlk_test_tool_free(&r);
-  rlk_test_rmtree(tree);
-  rlk_test_rmtree(user);
-  rlk_test_rmtree(fresh);
+  rlk_test_rmtrees(ARGS(tree, user, fresh));
 }
 END_TEST
 
@@ -470,9 +465,7 @@ START_TEST(shards_merge_to_the_full_set) {
   rlk_test_tool_free(&r);
   free(tree_keys(merged, &nmerged));
   ck_assert_int_eq(nmerged, 0);
-  rlk_test_rmtree(full);
-  rlk_test_rmtree(s0);
-  rlk_test_rmtree(s1);
+  rlk_test_rmtrees(ARGS(full, s0, s1));
   *strrchr(merged, '/') = '\0';
   rlk_test_rmtree(merged);
 }

@@ -64,9 +64,11 @@ static void host_info(rlk_device_info *info) {
 }
 
 /* fresh_db, and the host context's environment for records. */
-static void fresh_host_db(char *path, size_t size, const char *stem, rlk_device_info *info) {
+static rlk_device_info fresh_host_db(char *path, size_t size, const char *stem) {
   fresh_db(path, size, stem);
-  host_info(info);
+  rlk_device_info info;
+  host_info(&info);
+  return info;
 }
 
 /* A configuration line that is no tuning key, and the names its refusal must give. */
@@ -125,6 +127,23 @@ static collected *walk_db(const char *db, size_t *bad) {
   rlk_status st = rlk_tune_db_walk(db, collect, c, bad);
   ck_assert_msg(st == RLK_OK, "walk %s: %s", db, rlk_last_error());
   return c;
+}
+
+/* The records of db (NULL: RLK_TUNE_DB's), which must be exactly n, with no damaged line. */
+static collected *walk_clean_db(const char *db, int n) {
+  size_t bad = 1;
+  collected *c = walk_db(db, &bad);
+  ck_assert_uint_eq(bad, 0);
+  ck_assert_int_eq(c->n, n);
+  return c;
+}
+
+/* How many records db holds. */
+static int db_records(const char *db) {
+  collected *c = walk_db(db, NULL);
+  const int n = c->n;
+  free(c);
+  return n;
 }
 
 static const rlk_tune_record *find_key(const collected *c, const rlk_tune_record *key) {
@@ -269,15 +288,6 @@ static rlk_context *context_over_records(const rlk_context_options *o, const cha
   return ctx;
 }
 
-/* A host context in a child process, where Check's assertions cannot be used (NULL on failure). */
-static rlk_context *child_host_context(void) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.backend = RLK_BACKEND_HOST;
-  rlk_context *ctx = NULL;
-  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
-}
-
 /* ---- records, keys and buckets -------------------------------------------------------- */
 
 START_TEST(buckets_and_keys) {
@@ -333,8 +343,7 @@ END_TEST
 
 START_TEST(db_round_trip) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-rt", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-rt");
   rlk_tune_record r[3];
   r[0] = make_record("logprob pass=fwd entropy=1 vocab=151936 tokens=16384", &info,
                      "variant=bulk block=256 unroll=4 stages=3", 1.5, 1.25);
@@ -389,10 +398,7 @@ START_TEST(db_round_trip) {
   }
   free(text);
 
-  size_t bad = 99;
-  collected *c = walk_db(NULL, &bad);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_int_eq(c->n, 3);
+  collected *c = walk_clean_db(NULL, 3);
   for (int i = 0; i < 3; i++) {
     const rlk_tune_record *g = &c->v[i];
     ck_assert_str_eq(g->op, r[i].op);
@@ -430,16 +436,11 @@ START_TEST(db_round_trip) {
     ck_assert_int_eq(rlk_tune_db_record(NULL, &bad_r[i], 1), RLK_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(rlk_last_error(), fields[i]) != NULL, "'%s' does not name %s", rlk_last_error(), fields[i]);
   }
-  c = walk_db(db, NULL);
-  ck_assert_int_eq(c->n, 3);
-  free(c);
+  ck_assert_int_eq(db_records(db), 3);
   /* a missing database has no records */
   char missing[1200];
   snprintf(missing, sizeof missing, "%s.none", db);
-  c = walk_db(missing, &bad);
-  ck_assert_int_eq(c->n, 0);
-  ck_assert_uint_eq(bad, 0);
-  free(c);
+  free(walk_clean_db(missing, 0));
   ck_assert_int_eq(rlk_tune_db_walk(db, NULL, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
   /* the default path is beside the kernel cache */
   unsetenv("RLK_TUNE_DB");
@@ -499,17 +500,14 @@ START_TEST(db_merge_of_runs) {
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), other));
   snprintf(other, sizeof other, "%s.missing", db);
   ck_assert_int_eq(rlk_tune_db_merge(db, other, &taken), RLK_ERR_IO);
-  got = walk_db(db, NULL);
-  ck_assert_int_eq(got->n, 4);
-  free(got);
+  ck_assert_int_eq(db_records(db), 4);
 }
 END_TEST
 
 /* A context uses only its own environment's records. */
 START_TEST(db_other_environments_ignored) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-env", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-env");
   const char *line = "logprob pass=fwd logits=f32 vocab=300 tokens=16";
   rlk_tune_record r[6];
   for (int i = 0; i < 6; i++) {
@@ -563,7 +561,7 @@ typedef struct damaged_run {
 static int use_damaged(void *arg) {
   const damaged_run *d = arg;
   for (int k = 0; k < 3; k++) {
-    rlk_context *ctx = child_host_context();
+    rlk_context *ctx = rlk_test_child_host_context(NULL);
     if (!ctx) return 2;
     char settings[128];
     int found = 0;
@@ -585,8 +583,7 @@ static int use_damaged(void *arg) {
 
 START_TEST(db_damaged_files_warn_once) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-bad", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-bad");
   const char *good_line = "logprob pass=fwd logits=f32 vocab=77 tokens=8";
   rlk_tune_record good = make_record(good_line, &info, "variant=vec block=256 unroll=4", 1, 0.5);
   ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
@@ -647,9 +644,7 @@ START_TEST(db_damaged_files_warn_once) {
   /* a writer moves a file that is not a database aside and starts a new one */
   write_text(db, garbage, sizeof garbage);
   ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
-  collected *c = walk_db(db, NULL);
-  ck_assert_int_eq(c->n, 1);
-  free(c);
+  ck_assert_int_eq(db_records(db), 1);
   char dir[1100];
   snprintf(dir, sizeof dir, "%s", db);
   *strrchr(dir, '/') = '\0';
@@ -674,8 +669,7 @@ END_TEST
 START_TEST(db_concurrent_writers_keep_every_record) {
   enum { P = 6, K = 15 };
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-race", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-race");
   int gate[2];
   ck_assert_int_eq(pipe(gate), 0);
   fflush(NULL);
@@ -708,10 +702,7 @@ START_TEST(db_concurrent_writers_keep_every_record) {
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed (%d)", p,
                   WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   }
-  size_t bad = 1;
-  collected *c = walk_db(db, &bad);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_int_eq(c->n, P * K);
+  collected *c = walk_clean_db(db, P * K);
   for (int p = 0; p < P; p++)
     for (int k = 0; k < K; k++) {
       char cfg[128];
@@ -828,8 +819,7 @@ END_TEST
 /* The database is read once per context: a hit after that touches no file. */
 START_TEST(db_read_once_per_context) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-once", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-once");
   const char *line = "logprob pass=fwd logits=f32 vocab=64 tokens=8";
   rlk_tune_record rec = make_record(line, &info, "variant=vec block=256 unroll=2", 1, 0.5);
   ck_assert_int_eq(rlk_tune_db_record(db, &rec, 1), RLK_OK);
@@ -883,8 +873,7 @@ END_TEST
  * the results are those of the default. */
 START_TEST(selection_on_the_host) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-sel", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-sel");
   rlk_tune_record r[2] = {
       make_record("logprob pass=fwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=512 unroll=8", 1, 0.5),
       make_record("logprob pass=bwd logits=f32 vocab=300 tokens=37", &info, "variant=vec block=1024 unroll=2", 1, 0.5)};
@@ -925,8 +914,7 @@ END_TEST
  * (It is read once per process; Check runs each test in a process of its own.) */
 START_TEST(variant_override_skips_the_database) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-env-variant", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-env-variant");
   rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 1);
   ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
   setenv("RLK_LOGPROB_VARIANT", "vec", 1);
@@ -946,7 +934,7 @@ END_TEST
 /* In a child: calls through a record whose winner cannot run; exit 0 when they all work. */
 static int call_unusable_winner(void *arg) {
   (void)arg;
-  rlk_context *ctx = child_host_context();
+  rlk_context *ctx = rlk_test_child_host_context(NULL);
   if (!ctx) return 2;
   host_call h;
   host_call_make(&h, 8, 64, 5);
@@ -959,8 +947,7 @@ static int call_unusable_winner(void *arg) {
 
 START_TEST(unusable_winner_warns_once_and_runs_the_default) {
   char db[1100];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-unusable", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-unusable");
   rlk_tune_record r[2] = {
       /* not a power of two: the vector kernel refuses it */
       make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=48", 1, 0.5),
@@ -1355,10 +1342,7 @@ START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
   rlk_test_tool_free(&r);
   rlk_device_info info;
   host_info(&info);
-  size_t bad = 1;
-  collected *c = walk_db(db, &bad);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_int_eq(c->n, 2);
+  collected *c = walk_clean_db(db, 2);
   for (int i = 0; i < 2; i++) {
     const rlk_tune_record *g = &c->v[i];
     ck_assert_str_eq(g->op, "logprob");
@@ -1443,9 +1427,7 @@ START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
   ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/1] logprob pass=fwd logits=f32 labels=i64 entropy=0 vocab=500"), 1);
   rlk_test_tool_free(&r);
   ck_assert_int_eq(count_pending(db, "vocab="), 0);
-  c = walk_db(db, NULL);
-  ck_assert_int_eq(c->n, 3);
-  free(c);
+  ck_assert_int_eq(db_records(db), 3);
   ctx = rlk_test_host_context();
   ck_assert_int_eq(host_fwd(ctx, &h2, 0, 0), RLK_OK);
   tune_counts(ctx, &hits, &misses);
@@ -1465,9 +1447,7 @@ START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
   expect_status(r, 0, "rlk-tune --merge");
   ck_assert_ptr_nonnull(strstr(r.out, "1 record taken"));
   rlk_test_tool_free(&r);
-  c = walk_db(db, NULL);
-  ck_assert_int_eq(c->n, 4);
-  free(c);
+  ck_assert_int_eq(db_records(db), 4);
   host_call_free(&h);
   host_call_free(&h2);
   rlk_test_rmtree(dir);
@@ -1505,10 +1485,7 @@ static void host_sweep(const char *op, const char *line, const char *shape, int6
   expect_status(r, 0, line);
   ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
   rlk_test_tool_free(&r);
-  size_t bad = 1;
-  collected *c = walk_db(db, &bad);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_int_eq(c->n, 2);
+  collected *c = walk_clean_db(db, 2);
   for (int i = 0; i < 2; i++) {
     const rlk_tune_record *g = &c->v[i];
     ck_assert_str_eq(g->op, op);
@@ -1553,30 +1530,16 @@ START_TEST(rlk_tune_host_run_of_prefix_attention) {
       .host_seq_offsets = seq, .host_group_offsets = grp, .num_segments = n, .num_prompts = P};
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  int64_t sq[3] = {T, HQ, D}, skv[3] = {T, HKV, D};
-#define PA_T3(t, ptr, s)                                                                  \
-  do {                                                                                    \
-    (t).data = (ptr);                                                                     \
-    (t).dtype = RLK_BF16;                                                                 \
-    (t).ndim = 3;                                                                         \
-    for (int d_ = 0; d_ < 3; d_++) (t).shape[d_] = (s)[d_];                               \
-    (t).strides[2] = 1, (t).strides[1] = (s)[2], (t).strides[0] = (s)[1] * (s)[2];        \
-  } while (0)
-  PA_T3(a.q, q, sq);
-  PA_T3(a.k, k, skv);
-  PA_T3(a.v, v, skv);
-  PA_T3(a.out, out, sq);
+  a.q = rlk_test_tensor_3d(q, RLK_BF16, T, HQ, D), a.out = rlk_test_tensor_3d(out, RLK_BF16, T, HQ, D);
+  a.k = rlk_test_tensor_3d(k, RLK_BF16, T, HKV, D), a.v = rlk_test_tensor_3d(v, RLK_BF16, T, HKV, D);
   a.lse = rlk_tensor_2d(lse, RLK_F32, T, HQ, HQ);
   a.layout = l;
   ck_assert_msg(rlk_prefix_attention(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   rlk_prefix_attention_backward_args b;
   rlk_prefix_attention_backward_args_init(&b);
   b.q = a.q, b.k = a.k, b.v = a.v, b.out = a.out, b.lse = a.lse, b.layout = l;
-  PA_T3(b.grad_out, dout, sq);
-  PA_T3(b.grad_q, dq, sq);
-  PA_T3(b.grad_k, dk, skv);
-  PA_T3(b.grad_v, dv, skv);
-#undef PA_T3
+  b.grad_out = rlk_test_tensor_3d(dout, RLK_BF16, T, HQ, D), b.grad_q = rlk_test_tensor_3d(dq, RLK_BF16, T, HQ, D);
+  b.grad_k = rlk_test_tensor_3d(dk, RLK_BF16, T, HKV, D), b.grad_v = rlk_test_tensor_3d(dv, RLK_BF16, T, HKV, D);
   size_t need = 0;
   ck_assert_int_eq(rlk_prefix_attention_backward_workspace_size(ctx, &b, &need), RLK_OK);
   b.workspace = malloc(need);
@@ -1653,8 +1616,7 @@ static int count_records(const rlk_tune_record *record, void *user) {
 /* A FIFO in the database's place (or its lock's) is refused at once: nothing blocks on it. */
 START_TEST(db_fifo_never_blocks) {
   char db[1100], lock[1200];
-  rlk_device_info info;
-  fresh_host_db(db, sizeof db, "tune-fifo", &info);
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-fifo");
   char dir[1100];
   snprintf(dir, sizeof dir, "%s", db);
   *strrchr(dir, '/') = '\0';

@@ -87,6 +87,10 @@ void rlk_test_rmtree(const char *path) {
   nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS);
 }
 
+void rlk_test_rmtrees(const char *const *paths) {
+  for (; *paths; paths++) rlk_test_rmtree(*paths);
+}
+
 int rlk_test_gpu_enabled(const char *what) {
   const char *g = getenv("RLK_TEST_GPU");
   if (!g || strcmp(g, "1") != 0) {
@@ -176,6 +180,15 @@ rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir) {
   return ctx;
 }
 
+rlk_context *rlk_test_child_host_context(const char *cache_dir) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST;
+  o.cache_dir = cache_dir;
+  rlk_context *ctx = NULL;
+  return rlk_context_create(&ctx, &o) == RLK_OK ? ctx : NULL;
+}
+
 rlk_context *rlk_test_host_context(void) { return rlk_test_context_at(RLK_BACKEND_HOST, NULL); }
 
 rlk_context *rlk_test_fresh_host_context(void) {
@@ -228,6 +241,14 @@ size_t rlk_test_split_line(const char *line, char *copy, size_t size, rlk_op_con
     np++;
   }
   return np;
+}
+
+rlk_status rlk_test_plan_line(const rlk_op_desc *op, const rlk_context *ctx, const char *line, rlk_kernel_spec *specs,
+                              size_t *n) {
+  char copy[1024];
+  rlk_op_config_pair pairs[16];
+  const size_t np = rlk_test_split_line(line, copy, sizeof copy, pairs);
+  return rlk_op_plan(op, ctx, np, pairs, specs, n);
 }
 
 /* ---- compiling every sample configuration of some ops for every target ------------- */
@@ -525,6 +546,12 @@ void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
   return p;
 }
 
+void rlk_test_workspace(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws, size_t *ws_bytes) {
+  ck_assert_msg(size_status == RLK_OK, "workspace size: %s", rlk_last_error());
+  *ws = *bytes ? rlk_test_dev_alloc(ctx, *bytes) : NULL;
+  *ws_bytes = *bytes;
+}
+
 void *rlk_test_dev_upload(rlk_context *ctx, const void *src, size_t bytes) {
   void *p = rlk_test_dev_alloc(ctx, bytes);
   ck_assert_int_eq(rlk_memcpy_to_device(ctx, p, src, bytes), RLK_OK);
@@ -564,6 +591,37 @@ void rlk_test_drop(rlk_context *ctx, void *p) {
 
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
+void *rlk_test_upload_offsets(rlk_context *ctx, rlk_dtype d, const int64_t *offs, int64_t n) {
+  if (d != RLK_I32) return rlk_test_dev_upload(ctx, offs, (size_t)n * sizeof *offs);
+  int32_t *o32 = malloc((size_t)n * sizeof *o32);
+  ck_assert_ptr_nonnull(o32);
+  for (int64_t i = 0; i < n; i++) o32[i] = (int32_t)offs[i];
+  void *dev = rlk_test_dev_upload(ctx, o32, (size_t)n * sizeof *o32);
+  free(o32);
+  return dev;
+}
+
+int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes) {
+  int64_t n = 0, left = B;
+  while (left > 0) {
+    int64_t s = 1 + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)max);
+    if (rlk_test_rand_uniform(rng) < 0.15) s = 1;
+    if (s > left) s = left;
+    sizes[n++] = s;
+    left -= s;
+  }
+  return n;
+}
+
+rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
+  const int64_t shape[3] = {a, b, c}, strides[3] = {b * c, c, 1};
+  rlk_tensor t = rlk_tensor_1d(data, dt, a * b * c);
+  t.ndim = 3;
+  memcpy(t.shape, shape, sizeof shape);
+  memcpy(t.strides, strides, sizeof strides);
+  return t;
+}
+
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
                            double *dense) {
   const size_t es = rlk_dtype_size(d), elems = (size_t)((B - 1) * S + T);
@@ -651,21 +709,24 @@ double rlk_test_load(const void *base, rlk_dtype d, int64_t i) {
 
 /* ---- RLK_JIT_RECORD ----------------------------------------------------------------- */
 
-int rlk_test_record_start(char *path, size_t size) {
+static char record_path[1100]; /* the scratch root and "/record-XXXXXX/record.conf" */
+
+rlk_context *rlk_test_recording_host_context(void) {
   const char *fork_env = getenv("CK_FORK");
   if (fork_env && !strcmp(fork_env, "no")) {
     printf("skip (record): RLK_JIT_RECORD is read once a process; CK_FORK=no shares it between tests\n");
     fflush(stdout);
-    return 0;
+    return NULL;
   }
   char dir[1024];
   rlk_test_mkdtemp(dir, sizeof dir, "record");
-  snprintf(path, size, "%s/record.conf", dir);
-  setenv("RLK_JIT_RECORD", path, 1);
-  return 1;
+  ck_assert(snprintf(record_path, sizeof record_path, "%s/record.conf", dir) < (int)sizeof record_path);
+  setenv("RLK_JIT_RECORD", record_path, 1);
+  return rlk_test_host_context();
 }
 
-void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes) {
+void rlk_test_record_expect(rlk_context *ctx, const char *const *prefixes) {
+  const char *path = record_path;
   FILE *f = fopen(path, "r");
   ck_assert_msg(f != NULL, "no record at %s", path);
   char line[1024];

@@ -29,6 +29,8 @@ void rlk_test_mkdtemp(char *buf, size_t size, const char *stem);
 
 /* Removes a directory tree (best effort). */
 void rlk_test_rmtree(const char *path);
+/* rlk_test_rmtree for each path of a NULL-terminated list (ARGS(a, b) builds one). */
+void rlk_test_rmtrees(const char *const *paths);
 
 /* Non-zero when GPU cases should run (RLK_TEST_GPU=1: make test-gpu). When it returns 0 it
  * prints why the case is skipped. GPU cases live in test cases named "gpu", so
@@ -69,20 +71,27 @@ void rlk_test_compile_samples(const char *label, const struct rlk_op_desc *const
   }                                                                                   \
   END_TEST
 
-/* RLK_JIT_RECORD for the rest of this test's process: a fresh file under the scratch root, its
- * path in `path`. Returns 0 (after printing why) when the test shares its process with others
- * (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
-int rlk_test_record_start(char *path, size_t size);
+/* A host context whose process records its configurations (RLK_JIT_RECORD, for the rest of this
+ * test's process) to a fresh file under the scratch root. NULL (after printing why) when the test
+ * shares its process with others (CK_FORK=no), since a process reads RLK_JIT_RECORD once. */
+rlk_context *rlk_test_recording_host_context(void);
 
-/* The record at `path` has a line starting with each of `prefixes` (NULL-terminated), and every
- * line it holds precompiles on ctx. */
-void rlk_test_record_expect(rlk_context *ctx, const char *path, const char *const *prefixes);
+/* The record rlk_test_recording_host_context started has a line starting with each of `prefixes`
+ * (NULL-terminated), and every line it holds precompiles on ctx. */
+void rlk_test_record_expect(rlk_context *ctx, const char *const *prefixes);
 
 struct rlk_op_config_pair;
 
 /* Splits a configuration line "op a=b c=d" into its settings, pointing into `copy` (`size` bytes);
  * returns their number (at most 16). */
 size_t rlk_test_split_line(const char *line, char *copy, size_t size, struct rlk_op_config_pair *pairs);
+
+struct rlk_kernel_spec;
+
+/* Plans the configuration line `line` of `op` on ctx: its kernels into specs (room for
+ * RLK_OP_MAX_KERNELS), their number into *n; returns rlk_op_plan's status. */
+rlk_status rlk_test_plan_line(const struct rlk_op_desc *op, const rlk_context *ctx, const char *line,
+                              struct rlk_kernel_spec *specs, size_t *n);
 
 /* Kernels a context has compiled so far (its compiles counter). */
 uint64_t rlk_test_compiles(rlk_context *ctx);
@@ -108,6 +117,11 @@ int rlk_test_is_poison(const void *base, rlk_dtype d, int64_t i);
  * (`what` names the buffer, `label` the case, in the failure message). */
 void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const char *what, const char *label);
 
+/* The workspace a call asked for: its workspace_size query's status (size_status, which must be
+ * RLK_OK) and *bytes; that many bytes of ctx's memory (rlk_test_dev_alloc; NULL for 0) into *ws,
+ * the count into *ws_bytes. Free *ws with rlk_free. */
+void rlk_test_workspace(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws, size_t *ws_bytes);
+
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
  * distinct, aligned pointer); fails the test on error. */
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
@@ -126,6 +140,16 @@ void rlk_test_get(rlk_context *ctx, void *dst, const void *src, size_t bytes);
 /* Frees what rlk_test_put or rlk_test_poisoned returned. */
 void rlk_test_drop(rlk_context *ctx, void *p);
 
+/* The n int64 values of offs in device memory as dtype d (RLK_I32 or RLK_I64): group or sequence
+ * offsets for the ops that take either. */
+void *rlk_test_upload_offsets(rlk_context *ctx, rlk_dtype d, const int64_t *offs, int64_t n);
+
+/* Random group sizes in [1, max] (some singletons) summing to B, into sizes; returns how many. */
+int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes);
+
+/* A dense [a, b, c] tensor descriptor (the 3-D sibling of rlk_tensor_2d). */
+rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c);
+
 /* A [B, T] tensor of dtype d with rows S apart, filled with `fill` (padding included), uploaded
  * with dense[b * T + t] at its place; dense is then replaced by what the dtype stored. */
 void *rlk_test_upload_rows(rlk_context *ctx, rlk_dtype d, int64_t B, int64_t T, int64_t S, double fill,
@@ -137,6 +161,10 @@ rlk_context *rlk_test_cuda_context(const char *what);
 
 /* A context of `backend` over the cache at cache_dir (NULL: the run's); fails the test on error. */
 rlk_context *rlk_test_context_at(rlk_backend backend, const char *cache_dir);
+
+/* A host-backend context over the cache at cache_dir (NULL: the run's) for a forked child, where
+ * Check's assertions cannot be used: NULL on failure. */
+rlk_context *rlk_test_child_host_context(const char *cache_dir);
 
 /* A host-backend context with the run's cache; fails the test on error. */
 rlk_context *rlk_test_host_context(void);
@@ -154,6 +182,7 @@ rlk_context *rlk_test_host_context(void);
     rlk_context *ctx = (make_ctx);                       \
     if (!ctx) return;                                    \
     uint64_t rng = rlk_test_seed() ^ (__LINE__ * 7919u); \
+    (void)rng; /* not every body draws */                \
     body;                                                \
     rlk_context_destroy(ctx);                            \
   }                                                      \
@@ -169,8 +198,9 @@ rlk_context *rlk_test_fresh_host_context(void);
 /* A fresh host-backend context that has precompiled `line`: `kernels` kernels, each compiled. */
 rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
 
-/* Fails when ctx compiled more than `before` kernels (what: the calls that should have found
- * every kernel their precompiled line built), then destroys ctx. */
+/* Fails when ctx compiled more than `before` kernels in all (what: the calls that should have
+ * found every kernel their precompiled line built; a context from
+ * rlk_test_precompiled_host_context has compiled exactly that line's kernels), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
 
 /* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the

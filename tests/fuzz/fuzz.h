@@ -72,6 +72,23 @@ FUZZ_UNUSED static void fz_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);
 }
 
+/* What every target's LLVMFuzzerInitialize does first: only errors logged (RLK_LOG), unless the
+ * user asked for more. */
+FUZZ_UNUSED static void fz_init(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  fz_default_env("RLK_LOG", "error");
+}
+
+/* `len` bytes of the input as a NUL-terminated string (malloc'd: the caller frees it). */
+FUZZ_UNUSED static char *fz_text(const uint8_t *data, size_t len) {
+  char *text = malloc(len + 1);
+  if (!text) fz_fail("fz_text", "out of memory");
+  memcpy(text, data, len);
+  text[len] = '\0';
+  return text;
+}
+
 static char fz_scratch_dir[1024];
 
 static int fz_remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {

@@ -27,9 +27,7 @@ static const char binary[] = "rlk fuzz binary\n";
 static char root[1100];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   snprintf(root, sizeof root, "%s/tree", fz_scratch());
   return 0;
 }
@@ -66,14 +64,11 @@ static int visit(const rlk_cache_entry *e, void *user) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t flags = data[0];
-  const uint8_t *body = data + 1;
+  const uint8_t flags = data[0], *body = data + 1;
   const size_t len = size - 1;
   char why[512];
 
-  char *text = malloc(len + 1);
-  memcpy(text, body, len);
-  text[len] = '\0';
+  char *text = fz_text(body, len);
   rlk_cache_meta meta;
   const int parsed = rlk_cache_meta_parse(text, len, &meta, why, sizeof why) == 0;
   free(text);

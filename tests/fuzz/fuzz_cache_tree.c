@@ -27,9 +27,7 @@
 static char root[1100], outside[1100], locks[1100];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   snprintf(root, sizeof root, "%s/tree", fz_scratch());
   snprintf(outside, sizeof outside, "%s/outside", fz_scratch());
   snprintf(locks, sizeof locks, "%s/locks", fz_scratch());

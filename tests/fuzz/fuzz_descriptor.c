@@ -66,9 +66,7 @@ static rlk_context *host_context(void) {
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   fz_default_env("RLK_CACHE_DIR", RLK_FUZZ_CACHE_DIR);
   fz_default_env("RLK_HOST_CC", RLK_FUZZ_KERNEL_CC);
   setenv("RLK_TUNE", "off", 1);
@@ -323,8 +321,10 @@ static const rlk_dtype masks[] = {RLK_BOOL, RLK_I32, RLK_F32};
 static const rlk_dtype ints[] = {RLK_I32, RLK_I64};
 static const rlk_dtype logits_types[] = {RLK_BF16, RLK_F16, RLK_F32};
 
-static void *workspace(call *c, rlk_status st, size_t bytes) {
-  return st == RLK_OK && bytes && bytes <= FUZZ_SPAN_MAX ? alloc(c, bytes) : NULL;
+/* The workspace an op asked for (st, bytes: its workspace_size call), when it can be given. */
+static void give_workspace(call *c, rlk_status st, size_t bytes, void **workspace, size_t *workspace_bytes) {
+  *workspace = st == RLK_OK && bytes && bytes <= FUZZ_SPAN_MAX ? alloc(c, bytes) : NULL;
+  *workspace_bytes = *workspace ? bytes : 0;
 }
 
 /* ---- the ops ------------------------------------------------------------------------------ */
@@ -369,6 +369,21 @@ static rlk_tensor tok(call *c, const tokens *k, rlk_dtype dt, fill_kind kind) {
   return k->packed ? tensor(c, dt, 1, k->N, 0, kind, 0) : tensor(c, dt, 2, k->B, k->T, kind, 0);
 }
 
+/* seq_offsets of the loss ops: always for packed tokens, now and then for padded ones. */
+static rlk_tensor token_offsets(call *c, const tokens *k) {
+  return k->packed || u8(c) % 8 == 0 ? tensor(c, pick_dtype(c, ints, 2), 1, k->S + 1, 0, F_OFFS, k->N) : absent();
+}
+
+/* The aggregation and normalizers both loss ops take. */
+static void loss_aggregation(call *c, rlk_loss_agg *agg, double *token_normalizer, double *seq_normalizer,
+                             double *norm_scale, double *loss_scale) {
+  *agg = (rlk_loss_agg)mode(c, 5);
+  *token_normalizer = real(c, 100);
+  *seq_normalizer = real(c, 8);
+  *norm_scale = real(c, 64);
+  *loss_scale = real(c, 1);
+}
+
 static tokens token_layout(call *c) {
   tokens k = {u8(c) & 1, dim(c), dim(c), dim(c), 1 + u8(c) % 8};
   return k;
@@ -384,7 +399,7 @@ static void policy_loss(call *c) {
   a.seq_advantages = mode(c, 4) == 0;
   a.advantages = a.seq_advantages ? tensor(c, dt, 1, k.packed ? k.S : k.B, 0, F_VAL, 0) : tok(c, &k, dt, F_VAL);
   a.mask = OPT(c, tok(c, &k, pick_dtype(c, masks, 3), F_MASK));
-  if (k.packed || u8(c) % 8 == 0) a.seq_offsets = tensor(c, pick_dtype(c, ints, 2), 1, k.S + 1, 0, F_OFFS, k.N);
+  a.seq_offsets = token_offsets(c, &k);
   a.ref_logp = OPT(c, tok(c, &k, dt, F_VAL));
   a.entropy = OPT(c, tok(c, &k, dt, F_VAL));
   a.rollout_is_weights = OPT(c, tok(c, &k, dt, F_VAL));
@@ -402,11 +417,7 @@ static void policy_loss(call *c) {
   a.kl_output_clamp = real(c, 10);
   a.kl_straight_through = mode(c, 2);
   a.entropy_coef = a.entropy.data ? real(c, 0.01) : real(c, 0);
-  a.agg = (rlk_loss_agg)mode(c, 5);
-  a.token_normalizer = real(c, 100);
-  a.seq_normalizer = real(c, 8);
-  a.norm_scale = real(c, 64);
-  a.loss_scale = real(c, 1);
+  loss_aggregation(c, &a.agg, &a.token_normalizer, &a.seq_normalizer, &a.norm_scale, &a.loss_scale);
   a.loss = tensor(c, dt, 1, 1, 0, F_VAL, 0);
   a.grad_logp = tok(c, &k, dt, F_VAL);
   c->lenient = a.entropy_coef == 0; /* grad_entropy is ignored then */
@@ -416,8 +427,7 @@ static void policy_loss(call *c) {
   if (c->skip) return;
   size_t bytes = 0;
   rlk_status st = fz_checked(rlk_policy_loss_workspace_size(ctx, &a, &bytes), "rlk_policy_loss_workspace_size");
-  a.workspace = workspace(c, st, bytes);
-  a.workspace_bytes = a.workspace ? bytes : 0;
+  give_workspace(c, st, bytes, &a.workspace, &a.workspace_bytes);
   op_checked(c, rlk_policy_loss(ctx, &a, NULL), "rlk_policy_loss");
 }
 
@@ -430,66 +440,78 @@ static void value_loss(call *c) {
   a.old_values = tok(c, &k, dt, F_VAL);
   a.returns = tok(c, &k, dt, F_VAL);
   a.mask = OPT(c, tok(c, &k, pick_dtype(c, masks, 3), F_MASK));
-  if (k.packed || u8(c) % 8 == 0) a.seq_offsets = tensor(c, pick_dtype(c, ints, 2), 1, k.S + 1, 0, F_OFFS, k.N);
+  a.seq_offsets = token_offsets(c, &k);
   a.clip = real(c, 0.5);
-  a.agg = (rlk_loss_agg)mode(c, 5);
-  a.token_normalizer = real(c, 100);
-  a.seq_normalizer = real(c, 8);
-  a.norm_scale = real(c, 64);
-  a.loss_scale = real(c, 1);
+  loss_aggregation(c, &a.agg, &a.token_normalizer, &a.seq_normalizer, &a.norm_scale, &a.loss_scale);
   a.loss = tensor(c, dt, 1, 1, 0, F_VAL, 0);
   a.grad_values = tok(c, &k, dt, F_VAL);
   a.metrics = OPT(c, tensor(c, dt, 1, RLK_VALUE_LOSS_METRICS, 0, F_VAL, 0));
   if (c->skip) return;
   size_t bytes = 0;
   rlk_status st = fz_checked(rlk_value_loss_workspace_size(ctx, &a, &bytes), "rlk_value_loss_workspace_size");
-  a.workspace = workspace(c, st, bytes);
-  a.workspace_bytes = a.workspace ? bytes : 0;
+  give_workspace(c, st, bytes, &a.workspace, &a.workspace_bytes);
   op_checked(c, rlk_value_loss(ctx, &a, NULL), "rlk_value_loss");
 }
 
+/* The [B, T] tensors of the scans, of one value dtype. */
+typedef struct rows {
+  int64_t B, T;
+  rlk_dtype dt;
+} rows;
+
+static rows row_layout(call *c) {
+  rows r;
+  r.B = dim(c);
+  r.T = dim(c);
+  r.dt = pick_dtype(c, floats, 3);
+  return r;
+}
+
+static rlk_tensor row_values(call *c, const rows *r) { return tensor(c, r->dt, 2, r->B, r->T, F_VAL, 0); }
+
+static rlk_tensor row_mask(call *c, const rows *r) {
+  return OPT(c, tensor(c, pick_dtype(c, masks, 3), 2, r->B, r->T, F_MASK, 0));
+}
+
 static void gae(call *c) {
-  int64_t B = dim(c), T = dim(c);
-  rlk_dtype dt = pick_dtype(c, floats, 3);
+  const rows r = row_layout(c);
   rlk_gae_args a;
   rlk_gae_args_init(&a);
-  a.rewards = tensor(c, dt, 2, B, T, F_VAL, 0);
-  a.values = tensor(c, dt, 2, B, T, F_VAL, 0);
-  a.mask = OPT(c, tensor(c, pick_dtype(c, masks, 3), 2, B, T, F_MASK, 0));
+  a.rewards = row_values(c, &r);
+  a.values = row_values(c, &r);
+  a.mask = row_mask(c, &r);
   a.gamma = real(c, 1);
   a.lambda = real(c, 0.95);
   a.masked = (rlk_gae_masked)mode(c, 2);
-  a.advantages = tensor(c, dt, 2, B, T, F_VAL, 0);
-  a.returns = OPT(c, tensor(c, dt, 2, B, T, F_VAL, 0));
+  a.advantages = row_values(c, &r);
+  a.returns = OPT(c, row_values(c, &r));
   a.algo = (rlk_scan_algo)mode(c, 3);
   if (!c->skip) op_checked(c, rlk_gae(ctx, &a, NULL), "rlk_gae");
 }
 
 static void discounted_returns(call *c) {
-  int64_t B = dim(c), T = dim(c);
-  rlk_dtype dt = pick_dtype(c, floats, 3);
+  const rows r = row_layout(c);
   rlk_discounted_returns_args a;
   rlk_discounted_returns_args_init(&a);
-  a.rewards = tensor(c, dt, 2, B, T, F_VAL, 0);
-  a.mask = OPT(c, tensor(c, pick_dtype(c, masks, 3), 2, B, T, F_MASK, 0));
+  a.rewards = row_values(c, &r);
+  a.mask = row_mask(c, &r);
   a.gamma = real(c, 0.99);
   a.masked = (rlk_returns_masked)mode(c, 2);
-  a.returns = tensor(c, dt, 2, B, T, F_VAL, 0);
+  a.returns = row_values(c, &r);
   a.algo = (rlk_scan_algo)mode(c, 3);
   if (!c->skip) op_checked(c, rlk_discounted_returns(ctx, &a, NULL), "rlk_discounted_returns");
 }
 
 static void reverse_cumsum(call *c) {
-  int64_t B = dim(c), T = dim(c);
-  rlk_dtype dt = pick_dtype(c, floats, 3);
+  const rows r = row_layout(c);
   rlk_reverse_cumsum_args a;
   rlk_reverse_cumsum_args_init(&a);
-  a.values = tensor(c, dt, 2, B, T, F_VAL, 0);
-  a.mask = OPT(c, tensor(c, pick_dtype(c, masks, 3), 2, B, T, F_MASK, 0));
-  a.out = tensor(c, dt, 2, B, T, F_VAL, 0);
+  a.values = row_values(c, &r);
+  a.mask = row_mask(c, &r);
+  a.out = row_values(c, &r);
   if (u8(c) & 1) {
-    a.baseline = tensor(c, dt, 1, B, 0, F_VAL, 0);
-    a.advantages = tensor(c, dt, 2, B, T, F_VAL, 0);
+    a.baseline = tensor(c, r.dt, 1, r.B, 0, F_VAL, 0);
+    a.advantages = row_values(c, &r);
   }
   a.algo = (rlk_scan_algo)mode(c, 3);
   if (!c->skip) op_checked(c, rlk_reverse_cumsum(ctx, &a, NULL), "rlk_reverse_cumsum");
@@ -517,8 +539,7 @@ static void masked_whiten(call *c) {
   if (c->skip) return;
   size_t bytes = 0;
   rlk_status st = fz_checked(rlk_masked_whiten_workspace_size(ctx, &a, &bytes), "rlk_masked_whiten_workspace_size");
-  a.workspace = workspace(c, st, bytes);
-  a.workspace_bytes = a.workspace ? bytes : 0;
+  give_workspace(c, st, bytes, &a.workspace, &a.workspace_bytes);
   op_checked(c, rlk_masked_whiten(ctx, &a, NULL), "rlk_masked_whiten");
 }
 
@@ -537,14 +558,20 @@ static int64_t ignore_index(call *c, int64_t V) {
   return u8(c) % 4 ? -100 : FZ_PICK(&c->in, odd);
 }
 
+/* What both log-prob passes read: logits [N, V] of dtype dt, labels, temperature and ignore_index. */
+static void logprob_inputs(call *c, int64_t N, int64_t V, rlk_dtype dt, rlk_tensor *logits, rlk_tensor *labels,
+                           float *temperature, int64_t *ignore) {
+  *logits = tensor(c, dt, 2, N, V, F_VAL, 0);
+  *labels = tensor(c, pick_dtype(c, ints, 2), 1, N, 0, F_LABEL, V);
+  *temperature = (float)real(c, 1);
+  *ignore = ignore_index(c, V);
+}
+
 static void logprob(call *c) {
   int64_t N = dim(c), V = dim(c);
   rlk_logprob_args a;
   rlk_logprob_args_init(&a);
-  a.logits = tensor(c, pick_dtype(c, logits_types, 3), 2, N, V, F_VAL, 0);
-  a.labels = tensor(c, pick_dtype(c, ints, 2), 1, N, 0, F_LABEL, V);
-  a.temperature = (float)real(c, 1);
-  a.ignore_index = ignore_index(c, V);
+  logprob_inputs(c, N, V, pick_dtype(c, logits_types, 3), &a.logits, &a.labels, &a.temperature, &a.ignore_index);
   a.logp = tensor(c, RLK_F32, 1, N, 0, F_VAL, 0);
   a.lse = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
   a.entropy = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
@@ -558,10 +585,7 @@ static void logprob_backward(call *c) {
   rlk_logprob_backward_args a;
   rlk_logprob_backward_args_init(&a);
   rlk_dtype ldt = pick_dtype(c, logits_types, 3);
-  a.logits = tensor(c, ldt, 2, N, V, F_VAL, 0);
-  a.labels = tensor(c, pick_dtype(c, ints, 2), 1, N, 0, F_LABEL, V);
-  a.temperature = (float)real(c, 1);
-  a.ignore_index = ignore_index(c, V);
+  logprob_inputs(c, N, V, ldt, &a.logits, &a.labels, &a.temperature, &a.ignore_index);
   a.lse = tensor(c, RLK_F32, 1, N, 0, F_VAL, 0);
   a.grad_logp = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
   a.grad_entropy = OPT(c, tensor(c, RLK_F32, 1, N, 0, F_VAL, 0));
@@ -675,16 +699,23 @@ static rlk_tensor pa_heads(call *c, const pa_shape *sh, int64_t H, rlk_dtype dt)
   return tensor_nd(c, dt, 3, dims, F_VAL, 0);
 }
 
+/* What both attention passes read: the layout, q, k, v, the scale and out; returns the shape. */
+static pa_shape pa_inputs(call *c, rlk_prefix_attention_layout *l, rlk_tensor *q, rlk_tensor *k, rlk_tensor *v,
+                          float *scale, rlk_tensor *out) {
+  pa_shape sh;
+  pa_layout(c, l, &sh);
+  *q = pa_heads(c, &sh, sh.Hq, sh.dt);
+  *k = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  *v = pa_heads(c, &sh, sh.Hkv, sh.dt);
+  *scale = (float)real(c, 0);
+  *out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  return sh;
+}
+
 static void prefix_attention(call *c) {
   rlk_prefix_attention_args a;
   rlk_prefix_attention_args_init(&a);
-  pa_shape sh;
-  pa_layout(c, &a.layout, &sh);
-  a.q = pa_heads(c, &sh, sh.Hq, sh.dt);
-  a.k = pa_heads(c, &sh, sh.Hkv, sh.dt);
-  a.v = pa_heads(c, &sh, sh.Hkv, sh.dt);
-  a.scale = (float)real(c, 0);
-  a.out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  const pa_shape sh = pa_inputs(c, &a.layout, &a.q, &a.k, &a.v, &a.scale, &a.out);
   a.lse = OPT(c, tensor(c, RLK_F32, 2, sh.T, sh.Hq, F_VAL, 0));
   if (!c->skip) op_checked(c, rlk_prefix_attention(ctx, &a, NULL), "rlk_prefix_attention");
 }
@@ -692,13 +723,7 @@ static void prefix_attention(call *c) {
 static void prefix_attention_backward(call *c) {
   rlk_prefix_attention_backward_args a;
   rlk_prefix_attention_backward_args_init(&a);
-  pa_shape sh;
-  pa_layout(c, &a.layout, &sh);
-  a.q = pa_heads(c, &sh, sh.Hq, sh.dt);
-  a.k = pa_heads(c, &sh, sh.Hkv, sh.dt);
-  a.v = pa_heads(c, &sh, sh.Hkv, sh.dt);
-  a.scale = (float)real(c, 0);
-  a.out = pa_heads(c, &sh, sh.Hq, sh.dt);
+  const pa_shape sh = pa_inputs(c, &a.layout, &a.q, &a.k, &a.v, &a.scale, &a.out);
   a.lse = tensor(c, RLK_F32, 2, sh.T, sh.Hq, F_VAL, 0);
   a.grad_out = pa_heads(c, &sh, sh.Hq, sh.dt);
   a.grad_q = pa_heads(c, &sh, sh.Hq, sh.dt);
@@ -708,8 +733,7 @@ static void prefix_attention_backward(call *c) {
   size_t bytes = 0;
   rlk_status st = fz_checked(rlk_prefix_attention_backward_workspace_size(ctx, &a, &bytes),
                              "rlk_prefix_attention_backward_workspace_size");
-  a.workspace = workspace(c, st, bytes);
-  a.workspace_bytes = a.workspace ? bytes : 0;
+  give_workspace(c, st, bytes, &a.workspace, &a.workspace_bytes);
   op_checked(c, rlk_prefix_attention_backward(ctx, &a, NULL), "rlk_prefix_attention_backward");
 }
 

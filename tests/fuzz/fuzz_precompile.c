@@ -17,9 +17,7 @@
 static rlk_context *ctx;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   ctx = fz_planning_context("fuzz_precompile");
   return 0;
 }

@@ -30,9 +30,7 @@
 static char path[1100], victim[1100];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   snprintf(path, sizeof path, "%s/record.conf", fz_scratch());
   snprintf(victim, sizeof victim, "%s/victim", fz_scratch());
   return 0;

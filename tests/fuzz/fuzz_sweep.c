@@ -23,9 +23,7 @@ static char path[1100];
 static int devnull = -1;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   ctx = fz_planning_context("fuzz_sweep");
   split_words(rlk_precompile_ops(), 0, &ops);
   snprintf(path, sizeof path, "%s/sweep.conf", fz_scratch());

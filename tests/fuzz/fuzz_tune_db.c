@@ -19,9 +19,7 @@
 static char db[1100], pending[1200], merged[1100];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc;
-  (void)argv;
-  fz_default_env("RLK_LOG", "error");
+  fz_init(argc, argv);
   setenv("RLK_TUNE", "use", 1);
   snprintf(db, sizeof db, "%s/tune.db", fz_scratch());
   snprintf(pending, sizeof pending, "%s" RLK_TUNE_PENDING_SUFFIX, db);
@@ -87,17 +85,14 @@ static void lookups(const rlk_tune_list *records) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t flags = data[0];
-  const uint8_t *body = data + 1;
+  const uint8_t flags = data[0], *body = data + 1;
   const size_t len = size - 1;
   char why[256];
 
   rlk_tune_list records = {0};
   for (int k = 0; k < 2; k++) {
     const rlk_tune_file_kind kind = k ? RLK_TUNE_FILE_PENDING : RLK_TUNE_FILE_DB;
-    char *text = malloc(len + 1);
-    memcpy(text, body, len);
-    text[len] = '\0';
+    char *text = fz_text(body, len);
     rlk_tune_list list = {0};
     size_t bad = 0;
     if (rlk_tune_parse(text, len, kind, &list, &bad, why, sizeof why) == 0)
