@@ -41,12 +41,33 @@ TOOL_UNUSED static uint16_t bench_bf16_of(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* bf16 -> double (exact). */
+TOOL_UNUSED static double bench_bf16_value(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Frees each of n device buffers (NULL entries are skipped by rlk_free). */
+TOOL_UNUSED static void bench_free_each(rlk_context *ctx, void *const *bufs, size_t n) {
+  for (size_t i = 0; i < n; i++) rlk_free(ctx, bufs[i]);
+}
+
 static bench_result bench_results[BENCH_MAX_RESULTS];
 static int bench_nresults;
 
 TOOL_UNUSED static int bench_cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
+}
+
+/* Sorts n timings in place and gives their median, minimum and maximum. */
+TOOL_UNUSED static void bench_stats(double *v, int n, double *median, double *min, double *max) {
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+  *median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  *min = v[0];
+  *max = v[n - 1];
 }
 
 static double bench_floor_ms(double bytes) { return bytes / (BENCH_FLOOR_TBPS * 1e12) * 1e3; }
@@ -58,11 +79,8 @@ TOOL_UNUSED static const bench_result *bench_add(const char *name, const double 
   bench_result *r = bench_nresults < BENCH_MAX_RESULTS ? &bench_results[bench_nresults++] : &overflow;
   double *s = malloc((size_t)n * sizeof *s);
   memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, bench_cmp_double);
+  bench_stats(s, n, &r->median_ms, &r->min_ms, &r->max_ms);
   snprintf(r->name, sizeof r->name, "%s", name);
-  r->median_ms = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-  r->min_ms = s[0];
-  r->max_ms = s[n - 1];
   r->bytes = bytes;
   r->goal_ms = goal_ms;
   snprintf(r->note, sizeof r->note, "%s", note ? note : "");

@@ -99,8 +99,8 @@ static int setup(rlk_context *ctx, const bench_case *c, bufs *b, size_t *ws_byte
 }
 
 static void release(rlk_context *ctx, bufs *b) {
-  void *all[] = {b->r, b->v, b->m, b->o0, b->o1, b->base, b->ws, b->stats};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rlk_free(ctx, all[i]);
+  void *const all[] = {b->r, b->v, b->m, b->o0, b->o1, b->base, b->ws, b->stats};
+  bench_free_each(ctx, all, sizeof all / sizeof all[0]);
 }
 
 static rlk_status call(rlk_context *ctx, const bench_case *c, const bufs *b, size_t ws_bytes) {
@@ -196,14 +196,11 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters) {
       return lib_error(c->name, st);
     v[i] = ms;
   }
-  qsort(v, (size_t)iters, sizeof *v, bench_cmp_double);
   if (nresults < MAX_RESULTS) {
     result *r = &results[nresults++];
     snprintf(r->name, sizeof r->name, "%s", c->name);
-    r->median_ms = iters % 2 ? v[iters / 2] : 0.5 * (v[iters / 2 - 1] + v[iters / 2]);
-    r->min_ms = v[0];
-    r->max_ms = v[iters - 1];
-    r->floor_ms = per_set / (BENCH_FLOOR_TBPS * 1e12) * 1e3;
+    bench_stats(v, iters, &r->median_ms, &r->min_ms, &r->max_ms);
+    r->floor_ms = bench_floor_ms(per_set);
     r->goal_ms = c->goal_ms;
     snprintf(r->note, sizeof r->note, "%s%s%d buffer set%s", c->note ? c->note : "", c->note ? "; " : "", sets,
              sets > 1 ? "s" : "");

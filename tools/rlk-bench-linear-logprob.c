@@ -20,34 +20,31 @@
 static const char *prog = "rlk-bench-linear-logprob";
 
 #include "tool_util.h"
+#include "bench_util.h"
 
 static int fail(const char *what) {
   fprintf(stderr, "rlk-bench-linear-logprob: %s: %s\n", what, rlk_last_error());
   return 1;
 }
 
-static uint64_t lcg(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 11;
-}
-
-static uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static double bf16_val(uint16_t b) {
-  const uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
+/* Times `iters` calls of the forward (b NULL) or of the backward (b), each alone between device
+ * events; t gets the timings (ms), sorted. 0, or fail's 1. */
+static int time_calls(rlk_context *ctx, const rlk_linear_logprob_args *a, const rlk_linear_logprob_backward_args *b,
+                      int iters, double *t) {
+  rlk_event *e0, *e1;
+  if (rlk_event_create(ctx, &e0) || rlk_event_create(ctx, &e1)) return fail("events");
+  for (int i = 0; i < iters; i++) {
+    float ms = 0;
+    if (rlk_event_record(e0, NULL) ||
+        (b ? rlk_linear_logprob_backward(ctx, b, NULL) : rlk_linear_logprob(ctx, a, NULL)) ||
+        rlk_event_record(e1, NULL) || rlk_stream_synchronize(ctx, NULL) || rlk_event_elapsed_ms(e0, e1, &ms))
+      return fail(b ? "timed backward" : "timed call");
+    t[i] = ms;
+  }
+  rlk_event_destroy(e0);
+  rlk_event_destroy(e1);
+  qsort(t, (size_t)iters, sizeof *t, bench_cmp_double);
+  return 0;
 }
 
 static int time_backward(rlk_context *ctx, const rlk_linear_logprob_args *a, int iters, int64_t N, int64_t H,
@@ -77,23 +74,12 @@ static int time_backward(rlk_context *ctx, const rlk_linear_logprob_args *a, int
   b.workspace = wsp;
   b.workspace_bytes = wsb;
   if (rlk_linear_logprob_backward(ctx, &b, NULL) || rlk_stream_synchronize(ctx, NULL)) return fail("backward");
-  rlk_event *e0, *e1;
-  if (rlk_event_create(ctx, &e0) || rlk_event_create(ctx, &e1)) return fail("events");
   double *t = malloc((size_t)iters * sizeof *t);
-  for (int i = 0; i < iters; i++) {
-    float ms = 0;
-    if (rlk_event_record(e0, NULL) || rlk_linear_logprob_backward(ctx, &b, NULL) || rlk_event_record(e1, NULL) ||
-        rlk_stream_synchronize(ctx, NULL) || rlk_event_elapsed_ms(e0, e1, &ms))
-      return fail("timed backward");
-    t[i] = ms;
-  }
-  qsort(t, (size_t)iters, sizeof *t, cmp_double);
+  if (time_calls(ctx, a, &b, iters, t)) return 1;
   const double med = t[iters / 2], flop = 3 * 2.0 * (double)N * (double)H * (double)V;
   printf("linear_logprob backward N=%lld H=%lld V=%lld bf16 (f32 grads): median %.3f ms (min %.3f, max %.3f), "
          "%.0f TFLOP/s counting 3 GEMMs, workspace %zu B\n",
          (long long)N, (long long)H, (long long)V, med, t[0], t[iters - 1], flop / (med * 1e-3) / 1e12, wsb);
-  rlk_event_destroy(e0);
-  rlk_event_destroy(e1);
   rlk_free(ctx, dgh), rlk_free(ctx, dgw), rlk_free(ctx, dg);
   if (wsp) rlk_free(ctx, wsp);
   free(t);
@@ -107,9 +93,9 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
   if (!h || !w || !lab) return fail("host memory");
   uint64_t s = 12345;
   const float ws = 3.0f / sqrtf((float)H);
-  for (size_t i = 0; i < hn; i++) h[i] = bf16_of((float)(lcg(&s) * 0x1p-53 * 2.0 - 1.0));
-  for (size_t i = 0; i < wn; i++) w[i] = bf16_of(ws * (float)(lcg(&s) * 0x1p-53 * 2.0 - 1.0));
-  for (int64_t i = 0; i < N; i++) lab[i] = (int64_t)(lcg(&s) % (uint64_t)V);
+  for (size_t i = 0; i < hn; i++) h[i] = bench_bf16_of((float)(bench_lcg(&s) * 0x1p-53 * 2.0 - 1.0));
+  for (size_t i = 0; i < wn; i++) w[i] = bench_bf16_of(ws * (float)(bench_lcg(&s) * 0x1p-53 * 2.0 - 1.0));
+  for (int64_t i = 0; i < N; i++) lab[i] = (int64_t)(bench_lcg(&s) % (uint64_t)V);
   void *dh, *dw, *dl, *dlp, *dlse, *dent, *wsp = NULL;
   if (rlk_malloc(ctx, hn * 2, &dh) || rlk_malloc(ctx, wn * 2, &dw) || rlk_malloc(ctx, (size_t)N * 8, &dl) ||
       rlk_malloc(ctx, (size_t)N * 4, &dlp) || rlk_malloc(ctx, (size_t)N * 4, &dlse) ||
@@ -148,7 +134,7 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
     double m = -INFINITY, se = 0.0, pz = 0.0, zy = 0.0;
     for (int64_t v = 0; v < V; v++) {
       double z = 0.0;
-      for (int64_t k = 0; k < H; k++) z += bf16_val(hr[k]) * bf16_val(w[v * H + k]);
+      for (int64_t k = 0; k < H; k++) z += bench_bf16_value(hr[k]) * bench_bf16_value(w[v * H + k]);
       if (v == lab[rows[r]]) zy = z;
       if (z > m) {
         const double f = m == -INFINITY ? 0.0 : exp(m - z);
@@ -161,24 +147,13 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
     const double d[3] = {fabs(lp[r] - (zy - lse)), fabs(ls[r] - lse), fabs(en[r] - (lse - pz / se))};
     for (int q = 0; q < 3; q++) err = d[q] > err ? d[q] : err;
   }
-  rlk_event *e0, *e1;
-  if (rlk_event_create(ctx, &e0) || rlk_event_create(ctx, &e1)) return fail("events");
   double *t = malloc((size_t)iters * sizeof *t);
-  for (int i = 0; i < iters; i++) {
-    float ms = 0;
-    if (rlk_event_record(e0, NULL) || rlk_linear_logprob(ctx, &a, NULL) || rlk_event_record(e1, NULL) ||
-        rlk_stream_synchronize(ctx, NULL) || rlk_event_elapsed_ms(e0, e1, &ms))
-      return fail("timed call");
-    t[i] = ms;
-  }
-  qsort(t, (size_t)iters, sizeof *t, cmp_double);
+  if (time_calls(ctx, &a, NULL, iters, t)) return 1;
   const double med = t[iters / 2], flop = 2.0 * (double)N * (double)H * (double)V;
   printf("linear_logprob fwd+entropy N=%lld H=%lld V=%lld bf16 variant=%d: median %.3f ms (min %.3f, max %.3f), "
          "%.0f TFLOP/s, workspace %zu B, spot check |err| %.3g%s\n",
          (long long)N, (long long)H, (long long)V, variant, med, t[0], t[iters - 1], flop / (med * 1e-3) / 1e12,
          wsb, err, err < 2e-3 ? "" : "  <-- WRONG");
-  rlk_event_destroy(e0);
-  rlk_event_destroy(e1);
   if (backward && time_backward(ctx, &a, iters < 3 ? iters : 3, N, H, V)) return 1;
   rlk_free(ctx, dh), rlk_free(ctx, dw), rlk_free(ctx, dl), rlk_free(ctx, dlp), rlk_free(ctx, dlse);
   rlk_free(ctx, dent);

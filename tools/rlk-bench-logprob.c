@@ -28,14 +28,6 @@ static const char *prog = "rlk-bench-logprob";
 #include "tool_util.h"
 #include "bench_util.h"
 
-
-static double bf16_value(uint16_t b) {
-  const uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 /* One problem's device buffers. */
 typedef struct bufs {
   int64_t N, V;
@@ -47,14 +39,8 @@ typedef struct bufs {
 } bufs;
 
 static void free_bufs(rlk_context *ctx, bufs *b) {
-  rlk_free(ctx, b->logits);
-  rlk_free(ctx, b->grad);
-  rlk_free(ctx, b->labels);
-  rlk_free(ctx, b->logp);
-  rlk_free(ctx, b->lse);
-  rlk_free(ctx, b->ent);
-  rlk_free(ctx, b->glp);
-  rlk_free(ctx, b->status);
+  void *const all[] = {b->logits, b->grad, b->labels, b->logp, b->lse, b->ent, b->glp, b->status};
+  bench_free_each(ctx, all, sizeof all / sizeof all[0]);
   free(b->labels_h);
   memset(b, 0, sizeof *b);
 }
@@ -134,13 +120,13 @@ static int spot_check(rlk_context *ctx, const bufs *b, double *max_err) {
     BENCH_CHECK(rlk_memcpy_to_host(ctx, &l, b->lse + i, 4));
     BENCH_CHECK(rlk_memcpy_to_host(ctx, &h, b->ent + i, 4));
     double m = -INFINITY, s = 0, sz = 0;
-    for (int64_t j = 0; j < V; j++) m = fmax(m, bf16_value(row[j]));
+    for (int64_t j = 0; j < V; j++) m = fmax(m, bench_bf16_value(row[j]));
     for (int64_t j = 0; j < V; j++) {
-      const double e = exp(bf16_value(row[j]) - m);
+      const double e = exp(bench_bf16_value(row[j]) - m);
       s += e;
-      sz += e * bf16_value(row[j]);
+      sz += e * bench_bf16_value(row[j]);
     }
-    const double lse = m + log(s), ent = lse - sz / s, logp = bf16_value(row[b->labels_h[i]]) - lse;
+    const double lse = m + log(s), ent = lse - sz / s, logp = bench_bf16_value(row[b->labels_h[i]]) - lse;
     *max_err = fmax(*max_err, fmax(fabs(lse - l), fmax(fabs(ent - h), fabs(logp - lp))));
   }
   free(row);

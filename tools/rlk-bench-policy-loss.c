@@ -305,7 +305,6 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
     BENCH_CHECK(rlk_event_elapsed_ms(e0, e1, &ms_));
     v[i] = ms_;
   }
-  qsort(v, (size_t)iters, sizeof *v, bench_cmp_double);
   /* back to back: the mean of 50 calls enqueued in a row */
   double b2b = 0;
   {
@@ -321,28 +320,19 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
   if (nresults < 32) {
     result *r = &results[nresults++];
     snprintf(r->name, sizeof r->name, "%s B=%lld T=%lld", c->label, (long long)c->B, (long long)c->T);
-    r->median_ms = iters % 2 ? v[iters / 2] : 0.5 * (v[iters / 2 - 1] + v[iters / 2]);
-    r->min_ms = v[0];
-    r->max_ms = v[iters - 1];
+    bench_stats(v, iters, &r->median_ms, &r->min_ms, &r->max_ms);
     r->bytes = set_bytes;
     r->b2b_ms = b2b;
-    r->floor_ms = set_bytes / (BENCH_FLOOR_TBPS * 1e12) * 1e3;
+    r->floor_ms = bench_floor_ms(set_bytes);
     r->goal_ms = c->goal_ms;
   }
   free(v);
   rlk_event_destroy(e0);
   rlk_event_destroy(e1);
   for (int k = 0; k < nsets; k++) {
-    bufset *s = &sets[k];
-    rlk_free(ctx, s->lp);
-    rlk_free(ctx, s->old);
-    rlk_free(ctx, s->ref);
-    rlk_free(ctx, s->adv);
-    rlk_free(ctx, s->mask);
-    rlk_free(ctx, s->grad);
-    rlk_free(ctx, s->scalars);
-    rlk_free(ctx, s->offs);
-    rlk_free(ctx, s->ws);
+    const bufset *s = &sets[k];
+    void *const all[] = {s->lp, s->old, s->ref, s->adv, s->mask, s->grad, s->scalars, s->offs, s->ws};
+    bench_free_each(ctx, all, sizeof all / sizeof all[0]);
   }
   host_free(&h);
   return 0;

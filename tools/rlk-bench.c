@@ -22,6 +22,7 @@
 static const char *prog = "rlk-bench";
 
 #include "tool_util.h"
+#include "bench_util.h"
 
 typedef struct result {
   char name[96];
@@ -44,18 +45,6 @@ static void add(const char *name, double med, double mn, double mx, double goal,
   snprintf(r->note, sizeof r->note, "%s", note ? note : "");
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static void stats(double *v, int n, double *med, double *mn, double *mx) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  *med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  *mn = v[0];
-  *mx = v[n - 1];
-}
-
 #define CHECK(call)                                                                        \
   do {                                                                                     \
     rlk_status st_ = (call);                                                               \
@@ -65,18 +54,14 @@ static void stats(double *v, int n, double *med, double *mn, double *mx) {
     }                                                                                      \
   } while (0)
 
+static double now_ms(void) { return 1e3 * now_s(); }
+
 static rlk_status make_context(rlk_backend backend, const char *cache_dir, rlk_context **ctx) {
   rlk_context_options o;
   rlk_context_options_init(&o);
   o.backend = backend;
   o.cache_dir = cache_dir;
   return rlk_context_create(ctx, &o);
-}
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 typedef struct op_bufs {
@@ -154,7 +139,7 @@ static int time_op(rlk_context *ctx, const char *name, int64_t B, int64_t G, int
     v[i] = ms;
   }
   double med, mn, mx;
-  stats(v, iters, &med, &mn, &mx);
+  bench_stats(v, iters, &med, &mn, &mx);
   add(name, med, mn, mx, goal, note);
   /* host time per call, back to back (launches are asynchronous on a GPU) */
   double t0 = now_ms();
@@ -221,7 +206,7 @@ int main(int argc, char **argv) {
     hv[r] = sec * 1e3 / reps;
   }
   double med, mn, mx;
-  stats(hv, 21, &med, &mn, &mx);
+  bench_stats(hv, 21, &med, &mn, &mx);
   add("jit.hit key+lookup per call", med, mn, mx, 0.002, "in-process table, no lock, no syscall");
   op_free(ctx, &b);
   rlk_context_destroy(ctx);
@@ -241,7 +226,7 @@ int main(int argc, char **argv) {
     op_free(ctx, &b);
     rlk_context_destroy(ctx);
   }
-  stats(dv, 9, &med, &mn, &mx);
+  bench_stats(dv, 9, &med, &mn, &mx);
   add("jit.disk first call (read+verify+load)", med, mn, mx, 5.0, "new context, populated cache");
 
   /* op timings */
