@@ -20,11 +20,10 @@ torch CPU tensors and the host backend, wall-clock timed: a smoke test where the
 """
 import argparse
 import datetime
-import json
+import importlib
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,6 +35,7 @@ import torch  # noqa: E402
 import rlk  # noqa: E402
 from torch_advantage_scan import gae_verl_loop, returns_reinforce_pp_loop, whiten_verl  # noqa: E402
 from torch_group_advantage import grpo_dict_loop, grpo_vectorized  # noqa: E402
+from run_report import git_revision, write_json  # noqa: E402
 
 HBM_TBPS = 4.14  # H200 device-to-device copy, bytes read + written (specs/performance.md)
 L2_BYTES = 60 << 20
@@ -351,14 +351,23 @@ def advantage_scan_cases(dev, quick):
 V_QWEN = 151936
 
 
-def _liger_logp():
-    """Liger-Kernel's Triton selective log-softmax (forward only), when installed."""
+def _anchor(module):
+    """Another library's module for a comparison row: None under --no-anchors or when it does
+    not import."""
     if not ANCHORS:
         return None
     try:
-        from liger_kernel.ops.grpo_loss import fused_selective_log_softmax
+        return importlib.import_module(module)
     except Exception:
         return None
+
+
+def _liger_logp():
+    """Liger-Kernel's Triton selective log-softmax (forward only), when installed."""
+    liger = _anchor("liger_kernel.ops.grpo_loss")
+    if liger is None:
+        return None
+    fused_selective_log_softmax = liger.fused_selective_log_softmax
 
     def run(x):
         N, V = x["logits"].shape
@@ -370,12 +379,10 @@ def _liger_logp():
 def _liger_ce():
     """Liger-Kernel's cross entropy (reduction none): -logp, its gradient computed in the
     forward and written over the logits."""
-    if not ANCHORS:
+    liger = _anchor("liger_kernel.ops.cross_entropy")
+    if liger is None:
         return None
-    try:
-        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
-    except Exception:
-        return None
+    LigerCrossEntropyFunction = liger.LigerCrossEntropyFunction
 
     def run(x):
         z = x["logits_g"]
@@ -501,22 +508,12 @@ def _torch_sort_sample(x, T, k, p):
     return tok, logits
 
 
-def _flashinfer_sampling():
-    if not ANCHORS:
-        return None
-    try:
-        import flashinfer.sampling as fs
-    except Exception:
-        return None
-    return fs
-
-
 @family("sample", "Sampling one token per row, f32 logits (V=151936)")
 def sample_cases(dev, quick):
     if not rlk_has("sample"):
         raise rlk.Unavailable("the loaded librlk has no rlk_sample")
     V = S(V_QWEN)
-    fs = _flashinfer_sampling()
+    fs = _anchor("flashinfer.sampling")
     cases = []
     for B in [S(256)] if quick else [S(32), S(256)]:
         def make(B=B):
@@ -782,14 +779,6 @@ def draw(results, out_dir):
     return paths
 
 
-def git_revision():
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or None
-    except Exception:
-        return None
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", help="comma-separated op families (default: all): " + ",".join(FAMILIES))
@@ -853,8 +842,7 @@ def main(argv=None):
            "revision": os.environ.get("REV") or git_revision(), "command": " ".join(sys.argv),
            "reps": reps, "warmup": args.warmup, "hbm_tbps": HBM_TBPS, "families": results}
     path = args.json or os.path.join(args.out_dir, "harness.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_json(path, doc)
     print("harness: wrote %s" % path)
     if not args.no_charts:
         for p in draw(results, args.out_dir):

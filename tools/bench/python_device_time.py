@@ -19,10 +19,8 @@ shows the launches' device cost, otherwise the host's.
 """
 import argparse
 import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +31,7 @@ import torch  # noqa: E402
 import rlk  # noqa: E402
 from rlk import autograd as A  # noqa: E402
 from event_timing import event_times  # noqa: E402
+from run_report import git_revision, write_json  # noqa: E402
 
 
 def b2b_ms(fn, sets, calls, reps):
@@ -114,14 +113,6 @@ def graph_of(fn, x):
     return g
 
 
-def revision():
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or os.environ.get("REV")
-    except Exception:
-        return os.environ.get("REV")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json")
@@ -153,10 +144,8 @@ def main(argv=None):
         del g, x
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": " ".join(sys.argv), "revision": revision(), "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+              "command": " ".join(sys.argv), "revision": git_revision() or os.environ.get("REV"), "rows": rows}
+    write_json(args.json, report)
     return 0
 
 

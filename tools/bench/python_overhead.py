@@ -28,11 +28,9 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -43,6 +41,7 @@ import numpy as np  # noqa: E402
 
 import rlk  # noqa: E402
 from rlk import _tensor  # noqa: E402
+from run_report import git_revision, write_json  # noqa: E402
 
 try:
     import torch
@@ -293,14 +292,6 @@ def goal_ratios(rows):
     return out
 
 
-def git_revision():
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception:
-        return None
-
-
 def machine(dev):
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": torch.__version__ if torch else None,
@@ -380,9 +371,7 @@ def main(argv=None):
                 "over %.1fx" % g["goal"]))
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
               "revision": git_revision(), "machine": machine(dev), "rows": rows, "goals": goals}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.json, report)
     return 0
 
 
