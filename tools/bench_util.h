@@ -94,6 +94,29 @@ TOOL_UNUSED static const bench_result *bench_add(const char *name, const double 
   return r;
 }
 
+/* What a benchmark's main works with: the shared options (bench_option) and, after bench_open,
+ * the context, its device and whether that is the host backend. */
+typedef struct bench_session {
+  rlk_backend backend;
+  int iters;
+  const char *json;
+  rlk_context *ctx;
+  rlk_device_info info;
+  int host;
+} bench_session;
+
+/* Opens the session's context (tool_context), then raises iters to min_iters and, on the host
+ * backend, lowers it to host_iters (0: no limit): there the CPU path gets a functional check, not
+ * a race. 0, or tool_context's status. */
+TOOL_UNUSED static int bench_open(bench_session *s, int min_iters, int host_iters) {
+  const int rc = tool_context(s->backend, &s->ctx, &s->info);
+  if (rc) return rc;
+  s->host = rlk_context_backend(s->ctx) == RLK_BACKEND_HOST;
+  if (s->iters < min_iters) s->iters = min_iters;
+  if (s->host && host_iters > 0 && s->iters > host_iters) s->iters = host_iters;
+  return 0;
+}
+
 /* Opens a benchmark's JSON file at `path` and writes its opening line: the tool, the device,
  * target and compiler, the library's version. NULL, after saying so, when it cannot be written. */
 TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_info *info) {

@@ -227,23 +227,19 @@ static const bench_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-  rlk_backend backend = RLK_BACKEND_AUTO;
-  int iters = 0;
-  const char *json = NULL;
-  int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
+  bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 0}; /* 0: by backend, below */
+  int rc = bench_options(argc, argv, &session.backend, &session.iters, &session.json);
   if (rc) return rc < 0 ? 0 : rc;
-  rlk_context *ctx;
-  rlk_device_info info;
-  if ((rc = tool_context(backend, &ctx, &info))) return rc;
-  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
-  if (iters <= 0) iters = host ? 5 : 200;
-  if (iters < 3) iters = 3;
+  if ((rc = bench_open(&session, 0, 0))) return rc;
+  if (session.iters <= 0) session.iters = session.host ? 5 : 200;
+  if (session.iters < 3) session.iters = 3;
   rng_state ^= (uint64_t)getpid();
 
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    if (run_case(ctx, &cases[i], iters)) return 1;
+    if (run_case(session.ctx, &cases[i], session.iters)) return 1;
 
-  printf("\n%s %s on %s (%s, %s)\n", prog, rlk_version_string(), info.name, info.target, info.compiler);
+  printf("\n%s %s on %s (%s, %s)\n", prog, rlk_version_string(), session.info.name, session.info.target,
+         session.info.compiler);
   printf("%-40s %11s %11s %11s %10s %8s %8s  %s\n", "benchmark", "median ms", "min ms", "max ms", "floor ms",
          "x floor", "goal ms", "note");
   for (int i = 0; i < nresults; i++) {
@@ -253,10 +249,10 @@ int main(int argc, char **argv) {
     printf("%-40s %11.5f %11.5f %11.5f %10.5f %8.1f %8s  %s\n", r->name, r->median_ms, r->min_ms, r->max_ms,
            r->floor_ms, r->median_ms / r->floor_ms, goal, r->note);
   }
-  if (json) {
-    FILE *f = bench_json_begin(json, &info);
+  if (session.json) {
+    FILE *f = bench_json_begin(session.json, &session.info);
     if (!f) return 1;
-    fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", BENCH_FLOOR_TBPS, iters);
+    fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", BENCH_FLOOR_TBPS, session.iters);
     for (int i = 0; i < nresults; i++) {
       const result *r = &results[i];
       fprintf(f,
@@ -268,6 +264,6 @@ int main(int argc, char **argv) {
     fprintf(f, "  ]\n}\n");
     fclose(f);
   }
-  rlk_context_destroy(ctx);
+  rlk_context_destroy(session.ctx);
   return 0;
 }

@@ -253,9 +253,8 @@ static int sweep(rlk_context *ctx, int64_t N, int64_t V, int iters, int tma) {
 }
 
 int main(int argc, char **argv) {
-  rlk_backend backend = RLK_BACKEND_AUTO;
-  int iters = 30, do_sweep = 0, tma = 0;
-  const char *json = NULL;
+  bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 30};
+  int do_sweep = 0, tma = 0;
   int64_t shapes[8][2];
   int nshapes = 0;
   static const struct option longopts[] = {BENCH_LONGOPTS,
@@ -266,7 +265,7 @@ int main(int argc, char **argv) {
   opterr = 0;
   for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
     int r = bench_option(c, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--sweep] [--tma] "
-                            "[--shape NxV]...\n", &backend, &iters, &json);
+                            "[--shape NxV]...\n", &session.backend, &session.iters, &session.json);
     if (r == 1) continue;
     if (r) return r < 0 ? 0 : r;
     switch (c) {
@@ -286,14 +285,10 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-  if (iters < 3) iters = 3;
-  rlk_context *ctx;
-  rlk_device_info info;
-  int rc = tool_context(backend, &ctx, &info);
+  const int rc = bench_open(&session, 3, 5);
   if (rc) return rc;
-  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
   if (!nshapes) {
-    const int64_t n = host ? 64 : 16384, n2 = host ? 16 : 4096;
+    const int64_t n = session.host ? 64 : 16384, n2 = session.host ? 16 : 4096;
     const int64_t def[3][2] = {{n, 151936}, {n2, 151936}, {n, 128256}};
     for (int k = 0; k < 3; k++) {
       shapes[k][0] = def[k][0];
@@ -301,16 +296,16 @@ int main(int argc, char **argv) {
     }
     nshapes = 3;
   }
-  if (host && iters > 5) iters = 5;
-  printf("%s on %s (%s, %s); floor = bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,
-         BENCH_FLOOR_TBPS);
+  printf("%s on %s (%s, %s); floor = bytes / %.2f TB/s\n", prog, session.info.name, session.info.target,
+         session.info.compiler, BENCH_FLOOR_TBPS);
   for (int k = 0; k < nshapes; k++) {
     double fwd = 0;
-    if (bench_shape(ctx, shapes[k][0], shapes[k][1], iters, k == 0 && !host, &fwd)) return 1;
+    const int main_shape = k == 0 && !session.host;
+    if (bench_shape(session.ctx, shapes[k][0], shapes[k][1], session.iters, main_shape, &fwd)) return 1;
   }
-  if (do_sweep && sweep(ctx, shapes[0][0], shapes[0][1], iters, tma)) return 1;
-  rlk_context_destroy(ctx);
+  if (do_sweep && sweep(session.ctx, shapes[0][0], shapes[0][1], session.iters, tma)) return 1;
+  rlk_context_destroy(session.ctx);
 
-  if (json) return bench_write_json(json, &info);
+  if (session.json) return bench_write_json(session.json, &session.info);
   return 0;
 }

@@ -339,17 +339,10 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
 }
 
 int main(int argc, char **argv) {
-  rlk_backend backend = RLK_BACKEND_AUTO;
-  int iters = 200;
-  const char *json = NULL;
-  int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
+  bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 200};
+  int rc = bench_options(argc, argv, &session.backend, &session.iters, &session.json);
   if (rc) return rc < 0 ? 0 : rc;
-  if (iters < 5) iters = 5;
-  rlk_context *ctx;
-  rlk_device_info info;
-  if ((rc = tool_context(backend, &ctx, &info))) return rc;
-  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
-  if (host && iters > 10) iters = 10; /* the CPU reference path: a functional check, not a race */
+  if ((rc = bench_open(&session, 5, 10))) return rc;
 
   static const bench_case cases[] = {
       {"policy ppo+dual+k3 token-mean padded, f32 mask", 1024, 4096, 0, RLK_F32, CASE_POLICY, 0.05},
@@ -362,19 +355,20 @@ int main(int argc, char **argv) {
       {"policy gspo seq-mean-token-mean padded, bool mask", 1024, 4096, 0, RLK_BOOL, CASE_GSPO, 0},
       {"value clip 0.5 token-mean padded, bool mask", 1024, 4096, 0, RLK_BOOL, CASE_VALUE, 0},
   };
-  const int ncases = host ? 2 : (int)(sizeof cases / sizeof cases[0]);
+  const int ncases = session.host ? 2 : (int)(sizeof cases / sizeof cases[0]);
   for (int i = 0; i < ncases; i++) {
     bench_case c = cases[i];
-    if (host) { /* a smaller shape on the CPU, no goal */
+    if (session.host) { /* a smaller shape on the CPU, no goal */
       c.B = 64;
       c.T = 512;
       c.goal_ms = 0;
     }
-    if (run_case(ctx, &c, iters, host)) return 1;
+    if (run_case(session.ctx, &c, session.iters, session.host)) return 1;
   }
-  rlk_context_destroy(ctx);
+  rlk_context_destroy(session.ctx);
 
-  printf("\n%s %s on %s (%s, %s)\n", prog, rlk_version_string(), info.name, info.target, info.compiler);
+  printf("\n%s %s on %s (%s, %s)\n", prog, rlk_version_string(), session.info.name, session.info.target,
+         session.info.compiler);
   printf("%-64s %10s %10s %10s %10s %10s %8s %8s\n", "case (fwd+bwd, both launches)", "median ms", "min ms",
          "max ms", "b2b ms", "floor ms", "x floor", "goal ms");
   for (int i = 0; i < nresults; i++) {
@@ -384,8 +378,8 @@ int main(int argc, char **argv) {
     printf("%-64s %10.5f %10.5f %10.5f %10.5f %10.5f %8.2f %8s\n", r->name, r->median_ms, r->min_ms,
            r->max_ms, r->b2b_ms, r->floor_ms, r->median_ms / r->floor_ms, goal);
   }
-  if (json) {
-    FILE *f = bench_json_begin(json, &info);
+  if (session.json) {
+    FILE *f = bench_json_begin(session.json, &session.info);
     if (!f) return 1;
     fprintf(f, "  \"floor_tbps\": %g,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
     for (int i = 0; i < nresults; i++) {

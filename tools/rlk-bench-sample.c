@@ -223,10 +223,8 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
 }
 
 int main(int argc, char **argv) {
-  rlk_backend backend = RLK_BACKEND_AUTO;
-  int iters = 50;
+  bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 50};
   int64_t V = 151936;
-  const char *json = NULL;
   static const struct option longopts[] = {
       BENCH_LONGOPTS,
       {"vocab", required_argument, NULL, 'V'},          {"case", required_argument, NULL, 'C'},
@@ -239,7 +237,7 @@ int main(int argc, char **argv) {
     const char *v = optarg;
     int r = bench_option(c, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE] [--vocab V] [--case NAME]\n"
                             "       [--logprob-block N] [--logprob-unroll N] [--row-split auto|1|2|4|8] [--pdl 0|1]\n",
-                         &backend, &iters, &json);
+                         &session.backend, &session.iters, &session.json);
     if (r == 1) continue;
     if (r) return r < 0 ? 0 : r;
     switch (c) {
@@ -278,20 +276,15 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-  if (iters < 3) iters = 3;
-  rlk_context *ctx;
-  rlk_device_info info;
-  int rc = tool_context(backend, &ctx, &info);
+  const int rc = bench_open(&session, 3, 3);
   if (rc) return rc;
-  const int host = rlk_context_backend(ctx) == RLK_BACKEND_HOST;
-  if (host && iters > 3) iters = 3;
-  printf("%s on %s (%s, %s); floor = B V bytes / %.2f TB/s\n", prog, info.name, info.target, info.compiler,
-         BENCH_FLOOR_TBPS);
-  const int64_t batches[3] = {1, 32, host ? 4 : 256};
+  printf("%s on %s (%s, %s); floor = B V bytes / %.2f TB/s\n", prog, session.info.name, session.info.target,
+         session.info.compiler, BENCH_FLOOR_TBPS);
+  const int64_t batches[3] = {1, 32, session.host ? 4 : 256};
   const rlk_dtype dts[2] = {RLK_F32, RLK_BF16};
   for (int d = 0; d < 2; d++)
     for (int b = 0; b < 3; b++)
-      if (bench(ctx, dts[d], batches[b], V, iters)) return 1;
-  rlk_context_destroy(ctx);
-  return json ? bench_write_json(json, &info) : 0;
+      if (bench(session.ctx, dts[d], batches[b], V, session.iters)) return 1;
+  rlk_context_destroy(session.ctx);
+  return session.json ? bench_write_json(session.json, &session.info) : 0;
 }

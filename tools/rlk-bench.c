@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   int iters = 200;
   const char *json = NULL;
-  int rc = bench_options(argc, argv, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", &backend, &iters, &json);
+  int rc = bench_options(argc, argv, &backend, &iters, &json);
   if (rc) return rc < 0 ? 0 : rc;
   if (iters < 5) iters = 5;
 

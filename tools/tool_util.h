@@ -184,12 +184,12 @@ TOOL_UNUSED static int bench_option(int c, const char *usage_line, rlk_backend *
 
 /* The whole command line of a benchmark that takes only the shared options: 0 to run, -1 after
  * --help, 2 a usage error. */
-TOOL_UNUSED static int bench_options(int argc, char **argv, const char *usage_line, rlk_backend *backend,
-                                     int *iters, const char **json) {
+TOOL_UNUSED static int bench_options(int argc, char **argv, rlk_backend *backend, int *iters, const char **json) {
   static const struct option longopts[] = {BENCH_LONGOPTS, {NULL, 0, NULL, 0}};
   opterr = 0;
   for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
-    int r = bench_option(c, usage_line, backend, iters, json);
+    const int r = bench_option(c, "usage: %s [--backend auto|cuda|hip|host] [--iters N] [--json FILE]\n", backend,
+                               iters, json);
     if (r == 0) return getopt_error(c, argv);
     if (r != 1) return r;
   }
