@@ -102,14 +102,7 @@ int rlk_open_owned_file(const char *path, mode_t mode, char *why, size_t whysize
     }
     char *save = NULL;
     for (char *part = strtok_r(buf, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
-      int next = open_dir_step(dirfd, part, path, why, whysize);
-      int e = errno;
-      close(dirfd);
-      if (next < 0) {
-        errno = e;
-        return -1;
-      }
-      dirfd = next;
+      if (rlk_fd_descend(&dirfd, open_dir_step(dirfd, part, path, why, whysize))) return -1;
     }
   } else {
     base = buf;
@@ -166,6 +159,14 @@ int rlk_open_regular(int dirfd, const char *name, int flags, mode_t mode) {
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   return fd;
+}
+
+int rlk_fd_descend(int *dirfd, int next) {
+  const int e = errno;
+  close(*dirfd);
+  *dirfd = next;
+  errno = e;
+  return next < 0 ? -1 : 0;
 }
 
 int rlk_write_all(int fd, const void *data, size_t size) {

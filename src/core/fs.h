@@ -32,6 +32,11 @@ const char *rlk_fs_untrusted(const struct stat *st, char *buf, size_t size);
  * descriptor is non-blocking. fd, or -1 with errno and the reason in why. */
 int rlk_open_owned_file(const char *path, mode_t mode, char *why, size_t whysize);
 
+/* One step of a walk down a chain of directory descriptors: closes *dirfd and puts `next` (the
+ * step's result, opened relative to *dirfd) in its place. 0, or -1 when the step failed (next
+ * is -1), with the step's errno, not close's. */
+int rlk_fd_descend(int *dirfd, int next);
+
 /* Writes all of data, retrying short writes and EINTR. 0, or -1 with errno. */
 int rlk_write_all(int fd, const void *data, size_t size);
 

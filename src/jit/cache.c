@@ -312,14 +312,7 @@ static int open_entry(const char *tree, const rlk_kernel_key *k, char *why, size
   while (part && *part) {
     char *slash = strchr(part, '/');
     if (slash) *slash = '\0';
-    int next = rlk_cache_open_dir_at(fd, part, part, why, whysize);
-    int e = errno;
-    close(fd);
-    if (next < 0) {
-      errno = e;
-      return -1;
-    }
-    fd = next;
+    if (rlk_fd_descend(&fd, rlk_cache_open_dir_at(fd, part, part, why, whysize))) return -1;
     part = slash ? slash + 1 : NULL;
   }
   return fd;
