@@ -28,9 +28,6 @@
 namespace rlk {
 namespace tb {
 
-RLK_DEVICE float exp_(float x) { return expf(x); }
-RLK_DEVICE double exp_(double x) { return exp(x); }
-
 /* The value of lane `lane - d` of the team (within the team; the caller ignores lanes < d). */
 template <typename T> RLK_DEVICE T team_up(T v, int d) {
 #if defined(RLK_HIP)
@@ -104,7 +101,7 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
       const float m = t < T ? seq_mask_weight<MASK, true>(mask, m0 + t) : 0.0f;
       TS w = TS(0);
       if (m != 0.0f) {
-        const TS pi = tb::exp_(ld_ro(old_logp + row * logp_stride + t));
+        const TS pi = exp_(ld_ro(old_logp + row * logp_stride + t));
         w = (TS(1) - TS(2) * pi) + ld_ro(sum_pi_sq + row * sps_stride + t);
         if (ISW) {
           const TS r = ld_ro(isw + row * isw_stride + t);

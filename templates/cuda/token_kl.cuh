@@ -17,12 +17,6 @@
 #include "token_kl_params.h"
 
 namespace rlk {
-namespace tk {
-
-RLK_DEVICE float exp_(float x) { return expf(x); }
-RLK_DEVICE double exp_(double x) { return exp(x); }
-
-} /* namespace tk */
 
 template <typename T, int EST, int MASK, bool ST, bool OLD, bool GIN, int OUT>
 __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
@@ -42,7 +36,7 @@ __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
         v = kl::estimate<EST, ST>(lp - ld_ro(ref + b * p_.ref_stride + t), in_lo, in_hi, out_lo, out_hi,
                                   bg, &g);
         if (ST && OLD) {
-          const T w = tk::exp_(lp - ld_ro(old + b * p_.old_stride + t));
+          const T w = exp_(lp - ld_ro(old + b * p_.old_stride + t));
           g = g * (w < w_max ? w : w_max);
         }
         if (GIN) g = g * ld_ro(gin + b * p_.grad_kl_stride + t);
