@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(128, 1) hopper_ptx_check(RLK_PARAMS_ARG ht_che
   else sm90::setmaxnreg_inc<232>();
   const bool one = sm90::elect_one();
   sm90::stmatrix_x4<false>(tile + (threadIdx.x % 32) * 16, 1u, 2u, 3u, 4u);
-  sm90::stmatrix_x4<true>(tile + (threadIdx.x % 32) * 16, sm90::pack_bf16x2(1.0f, 2.0f),
-                          sm90::pack_f16x2(1.0f, 2.0f), 3u, 4u);
+  sm90::stmatrix_x4<true>(tile + (threadIdx.x % 32) * 16, sm90::pack_half2<true>(1.0f, 2.0f),
+                          sm90::pack_half2<false>(1.0f, 2.0f), 3u, 4u);
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
