@@ -74,16 +74,11 @@ RLK_PARAMS_DECLARE(pl_streams, RLK_PL_STREAMS, RLK_TL_STREAMS_SIZE(PL_NIN, PL_NO
 #define RLK_PL_PARAMS(F, S_)              \
   F(S_, pl_streams, s, 0)                 \
   F(S_, const void *, adv_seq, 184)       \
-  F(S_, void *, loss, 192)                \
-  F(S_, void *, metrics, 200)             \
-  F(S_, double *, partials, 208)          \
-  F(S_, long long, num_partials, 216)     \
+  RLK_TL_RESULTS(F, S_, 192)              \
   F(S_, long long, mode, 224)             \
   F(S_, long long, kl, 232)               \
   F(S_, long long, kl_st, 240)            \
-  F(S_, long long, seqmean, 248)          \
-  F(S_, long long, layout, 256)           \
-  F(S_, long long, mask_kind, 264)        \
+  RLK_TL_ROW_SHAPE(F, S_, 248)            \
   F(S_, long long, adv_per_seq, 272)      \
   F(S_, long long, ent, 280)              \
   F(S_, long long, isw, 288)              \

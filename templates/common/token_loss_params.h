@@ -63,4 +63,19 @@ RLK_PARAMS_ENUM(RLK_TL_NORM_KINDS);
 #define RLK_TL_NORM_SIZE 32
 RLK_PARAMS_DECLARE(tl_norm, RLK_TL_NORM, RLK_TL_NORM_SIZE);
 
+/* Where a loss lands, from byte o (a multiple of 8): the loss, the metrics, and the blocks'
+ * partials [num_partials][NACC] f64 that the finish kernel folds into them. */
+#define RLK_TL_RESULTS(F, S_, o)               \
+  F(S_, void *, loss, (o))                     \
+  F(S_, void *, metrics, (o) + 8)              \
+  F(S_, double *, partials, (o) + 16)          \
+  F(S_, long long, num_partials, (o) + 24)
+
+/* The code path's row aggregation, layout and mask kind (template values on a GPU, read by the
+ * host kernel), from byte o (a multiple of 8). */
+#define RLK_TL_ROW_SHAPE(F, S_, o)             \
+  F(S_, long long, seqmean, (o))               \
+  F(S_, long long, layout, (o) + 8)            \
+  F(S_, long long, mask_kind, (o) + 16)
+
 #endif

@@ -21,13 +21,8 @@ RLK_PARAMS_DECLARE(vl_streams, RLK_VL_STREAMS, RLK_TL_STREAMS_SIZE(VL_NIN, VL_NO
 
 #define RLK_VL_PARAMS(F, S_)              \
   F(S_, vl_streams, s, 0)                 \
-  F(S_, void *, loss, 120)                \
-  F(S_, void *, metrics, 128)             \
-  F(S_, double *, partials, 136)          \
-  F(S_, long long, num_partials, 144)     \
-  F(S_, long long, seqmean, 152)          \
-  F(S_, long long, layout, 160)           \
-  F(S_, long long, mask_kind, 168)        \
+  RLK_TL_RESULTS(F, S_, 120)              \
+  RLK_TL_ROW_SHAPE(F, S_, 152)            \
   F(S_, double, clip, 176)                \
   F(S_, double, c_grad, 184)              \
   F(S_, double, bound_g, 192)             \

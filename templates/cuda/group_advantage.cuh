@@ -16,19 +16,11 @@
 #define RLK_GROUP_ADVANTAGE_CUH
 
 #include "rlk_prelude.cuh"
+#include "seq_mask.cuh"
 #include "group_advantage_params.h"
 
 namespace rlk {
 namespace ga {
-
-/* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
-template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  /* a mask is never written: read-only loads (ld_ro) */
-  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
-  return 1.0f;
-}
 
 /* [start, end) of group g, clamped into [0, B] and non-decreasing. */
 template <int G, int OFFSETS>
@@ -40,18 +32,7 @@ RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i
     *end = *start + size;
     return;
   }
-  i64 a, b;
-  if (OFFSETS == GA_OFFSETS_I32) {
-    a = ((const i32 *)offsets)[g];
-    b = ((const i32 *)offsets)[g + 1];
-  } else {
-    a = ((const i64 *)offsets)[g];
-    b = ((const i64 *)offsets)[g + 1];
-  }
-  a = min_(max_(a, (i64)0), B);
-  b = min_(max_(b, a), B);
-  *start = a;
-  *end = b;
+  clamped_offsets<OFFSETS == GA_OFFSETS_I32>(offsets, g, B, start, end);
 }
 
 /* Sum over the SEG threads that share a group: a lane segment of a warp, or the whole block. */
@@ -113,39 +94,11 @@ RLK_DEVICE void load4(const double *p, double v[4]) {
   v[3] = b.y;
 }
 
-/* Bytes per mask element (0: no mask). */
-template <int MASK> struct mask_bytes {
-  static constexpr int value = MASK == RLK_SEQ_MASK_NONE ? 0 : (MASK == RLK_SEQ_MASK_BOOL ? 1 : 4);
-};
-
 /* Can the four mask values at element i be read with one aligned load? */
 template <int MASK> RLK_DEVICE bool mask_vec_ok(const void *mask, i64 i) {
   if (MASK == RLK_SEQ_MASK_NONE) return true;
-  constexpr int nb = mask_bytes<MASK>::value;
+  constexpr int nb = seq_mask_bytes<MASK>::value;
   return is_aligned<4 * nb>((const u8 *)mask + i * nb);
-}
-
-/* Four mask weights from element i (mask_vec_ok holds). */
-template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
-  if (MASK == RLK_SEQ_MASK_BOOL) {
-    const u32 q = ld_ro((const u32 *)((const u8 *)mask + i));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
-  } else if (MASK == RLK_SEQ_MASK_I32) {
-    const i32x4 q = ld_ro((const i32x4 *)((const i32 *)mask + i));
-    w[0] = (float)q.x;
-    w[1] = (float)q.y;
-    w[2] = (float)q.z;
-    w[3] = (float)q.w;
-  } else if (MASK == RLK_SEQ_MASK_F32) {
-    const f32x4 q = ld_ro((const f32x4 *)((const float *)mask + i));
-    w[0] = q.x;
-    w[1] = q.y;
-    w[2] = q.z;
-    w[3] = q.w;
-  } else {
-    w[0] = w[1] = w[2] = w[3] = 1.0f;
-  }
 }
 
 } /* namespace ga */
@@ -181,12 +134,12 @@ __global__ void group_advantage_rowsum(RLK_PARAMS_ARG ga_rowsum_args p_) {
         const i64 t = 4 * (c0 + u * bd);
         if (vec && t + 4 <= T) {
           ga::load4(r + t, v[u]);
-          ga::mask4<MASK>(mask, m0 + t, w[u]);
+          seq_mask_weight4<MASK, true>(mask, m0 + t, w[u]);
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             v[u][j] = t + j < T ? ld_ro(r + t + j) : TS(0);
-            w[u][j] = t + j < T ? ga::mask_at<MASK>(mask, m0 + t + j) : 0.0f;
+            w[u][j] = t + j < T ? seq_mask_weight<MASK, true>(mask, m0 + t + j) : 0.0f;
           }
         }
       }
@@ -393,10 +346,10 @@ __global__ void group_advantage_broadcast(RLK_PARAMS_ARG ga_broadcast_args p_) {
       for (int u = 0; u < RLK_GA_UNROLL; ++u) {
         const i64 t = 4 * (c0 + u * bd);
         if (vec && t + 4 <= T) {
-          ga::mask4<MASK>(mask, m0 + t, w[u]);
+          seq_mask_weight4<MASK, true>(mask, m0 + t, w[u]);
         } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) w[u][j] = t + j < T ? ga::mask_at<MASK>(mask, m0 + t + j) : 0.0f;
+          for (int j = 0; j < 4; ++j) w[u][j] = t + j < T ? seq_mask_weight<MASK, true>(mask, m0 + t + j) : 0.0f;
         }
       }
 #pragma unroll

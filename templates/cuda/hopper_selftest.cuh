@@ -42,6 +42,31 @@ template <int N> RLK_DEVICE void tile_store(const float (&d)[N / 2], float *D) {
         D[(16 * w + l / 4 + 8 * i) * N + 8 * j + 2 * (l % 4) + e] = d[4 * j + 2 * i + e];
 }
 
+/* Thread 0 sets up the block's barrier for one arrival; every thread returns after that. */
+RLK_DEVICE void one_arrival_barrier(u64 *full) {
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(full, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+}
+
+/* Zero accumulators of a 64 x N tile, fenced for the first wgmma. */
+template <int N> RLK_DEVICE void tile_begin(float (&d)[N / 2]) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  sm90::wgmma_fence_operands(d);
+  sm90::wgmma_fence();
+}
+
+/* Waits for the tile's committed wgmma group, then stores it to D. */
+template <int N> RLK_DEVICE void tile_end(float (&d)[N / 2], float *D) {
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::wgmma_fence_operands(d);
+  tile_store<N>(d, D);
+}
+
 template <int AB, int N, int K, bool RS>
 RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, float *D) {
 #if defined(RLK_SM90A_ASM)
@@ -51,11 +76,7 @@ RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, fl
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8 *smem = (u8 *)(((u64)smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&full, 1);
-    sm90::mbar_init_fence();
-  }
-  __syncthreads();
+  one_arrival_barrier(&full);
   if (threadIdx.x == 0) {
     sm90::mbar_arrive_expect_tx(&full, (u32)KB * (ABYTES + BBYTES));
     for (int kb = 0; kb < KB; ++kb) {
@@ -64,12 +85,9 @@ RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, fl
     }
   }
   sm90::mbar_wait(&full, 0);
-  float d[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
   const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
-  sm90::wgmma_fence_operands(d);
-  sm90::wgmma_fence();
+  float d[N / 2];
+  tile_begin<N>(d);
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
     const u8 *a_tile = smem + kb * (ABYTES + BBYTES);
@@ -93,10 +111,7 @@ RLK_DEVICE void hopper_tile(const tensor_map *map_a, const tensor_map *map_b, fl
       }
     }
   }
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::wgmma_fence_operands(d);
-  tile_store<N>(d, D);
+  tile_end<N>(d, D);
 #else
   (void)map_a, (void)map_b, (void)D;
 #endif
@@ -123,11 +138,7 @@ __global__ void __launch_bounds__(128) hopper_tile_mn(RLK_PARAMS_ARG ht_tile_arg
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8 *smem = (u8 *)(((u64)smem_raw + 1023u) & ~(u64)1023u);
   __shared__ alignas(8) u64 full;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&full, 1);
-    sm90::mbar_init_fence();
-  }
-  __syncthreads();
+  one_arrival_barrier(&full);
   if (threadIdx.x == 0) {
     sm90::mbar_arrive_expect_tx(&full, (u32)KB * STAGE);
     for (int kb = 0; kb < KB; ++kb) {
@@ -138,10 +149,7 @@ __global__ void __launch_bounds__(128) hopper_tile_mn(RLK_PARAMS_ARG ht_tile_arg
   }
   sm90::mbar_wait(&full, 0);
   float d[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
-  sm90::wgmma_fence_operands(d);
-  sm90::wgmma_fence();
+  tile_begin<N>(d);
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
     const u64 da = sm90::smem_desc_mn(smem + kb * STAGE, BOX);
@@ -151,10 +159,7 @@ __global__ void __launch_bounds__(128) hopper_tile_mn(RLK_PARAMS_ARG ht_tile_arg
       sm90::wgmma<N>::template ss<AB, 1, 1>(d, sm90::desc_advance(da, 2048u * s),
                                             sm90::desc_advance(db, 2048u * s), (kb > 0 || s > 0) ? 1u : 0u);
   }
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::wgmma_fence_operands(d);
-  tile_store<N>(d, D);
+  tile_end<N>(d, D);
 #else
   (void)map_a, (void)map_b, (void)D;
 #endif
@@ -166,11 +171,7 @@ __global__ void __launch_bounds__(128) hopper_tma_box(RLK_PARAMS_ARG ht_box_args
   extern __shared__ __align__(128) u8 box_raw[];
   float *box = (float *)(((u64)box_raw + 127u) & ~(u64)127u);
   __shared__ alignas(8) u64 full;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&full, 1);
-    sm90::mbar_init_fence();
-  }
-  __syncthreads();
+  one_arrival_barrier(&full);
   if (threadIdx.x == 0) {
     sm90::mbar_arrive_expect_tx(&full, (u32)(R * C * 4));
     sm90::tma_load_2d(box, &p_.map, p_.col0, p_.row0, &full);
@@ -214,8 +215,8 @@ __global__ void __launch_bounds__(128, 1) hopper_ptx_check(RLK_PARAMS_ARG ht_che
   else sm90::setmaxnreg_inc<232>();
   const bool one = sm90::elect_one();
   sm90::stmatrix_x4<false>(tile + (threadIdx.x % 32) * 16, 1u, 2u, 3u, 4u);
-  sm90::stmatrix_x4<true>(tile + (threadIdx.x % 32) * 16, sm90::pack_bf16x2(1.0f, 2.0f),
-                          sm90::pack_f16x2(1.0f, 2.0f), 3u, 4u);
+  sm90::stmatrix_x4<true>(tile + (threadIdx.x % 32) * 16, sm90::pack_half2<true>(1.0f, 2.0f),
+                          sm90::pack_half2<false>(1.0f, 2.0f), 3u, 4u);
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;

@@ -67,23 +67,18 @@ RLK_DEVICE void stmatrix_x4(void *row, u32 r0, u32 r1, u32 r2, u32 r3) {
 #endif
 }
 
-/* Two floats as a pair of bf16 / f16 (the first in the low half): a 32-bit stmatrix or wgmma
- * register-A element. */
-RLK_DEVICE u32 pack_bf16x2(float lo, float hi) {
+/* Two floats as a pair of bf16 (BF16) or f16 (the first in the low half): a 32-bit stmatrix or
+ * wgmma register-A element. */
+template <bool BF16> RLK_DEVICE u32 pack_half2(float lo, float hi) {
 #if defined(RLK_SM90_ASM)
   u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  if (BF16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 #else
-  return (u32)to_bf16(lo).bits | ((u32)to_bf16(hi).bits << 16);
-#endif
-}
-RLK_DEVICE u32 pack_f16x2(float lo, float hi) {
-#if defined(RLK_SM90_ASM)
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
+  if (BF16) return (u32)to_bf16(lo).bits | ((u32)to_bf16(hi).bits << 16);
   return (u32)to_f16(lo).bits | ((u32)to_f16(hi).bits << 16);
 #endif
 }

@@ -13,7 +13,7 @@
  * Accumulator layout (d[N / 2] per thread): thread t of the warpgroup, warp w = t / 32, lane l:
  *   d[4 j + 2 i + e] = D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + e],  j < N / 8, i, e in {0, 1}.
  * Register A (rs), a 64 x 16 tile in the same pattern: a[i + 2 h] holds the bf16/f16 pair
- *   A[16 w + l / 4 + 8 i][8 h + 2 (l % 4) + {0, 1}]   (low half first; pack_bf16x2),
+ *   A[16 w + l / 4 + 8 i][8 h + 2 (l % 4) + {0, 1}]   (low half first; pack_half2),
  * so an accumulator converted to 16 bits feeds the next product directly (FlashAttention's P).
  *
  * The sequence around a batch of calls:

@@ -176,7 +176,7 @@ RLK_DEVICE void ll_pack_half(const F &value, u32 (&packed)[2][ll_bwd_sm90::BN / 
     for (int jj = 0; jj < J; ++jj) {
       const int j = HALF * J + jj;
       const float a = value(i, j, 0), b = value(i, j, 1);
-      packed[i][jj] = DT == RLK_DT_BF16 ? sm90::pack_bf16x2(a, b) : sm90::pack_f16x2(a, b);
+      packed[i][jj] = sm90::pack_half2<DT == RLK_DT_BF16>(a, b);
     }
 }
 
@@ -215,8 +215,7 @@ RLK_DEVICE void ll_b16_half(const tensor_map *map_c, const F &value, u8 *stage, 
       const int q = patch->q[i], rr = rl + 8 * i;
       if (q >= 0 && (q >> 5) == HALF) {
         const u32 jj = (u32)(q >> 1) & (J - 1), chunk = (jj % 8) ^ (u32)(rr % 8);
-        const u32 v = DT == RLK_DT_BF16 ? sm90::pack_bf16x2(patch->v[i], patch->v[i])
-                                        : sm90::pack_f16x2(patch->v[i], patch->v[i]);
+        const u32 v = sm90::pack_half2<DT == RLK_DT_BF16>(patch->v[i], patch->v[i]);
         *(u16 *)(stage + (jj / 8) * ll_bwd_sm90::BOX + (u32)rr * 128u + chunk * 16u + (u32)(l % 4) * 4u +
                  (u32)(q & 1) * 2u) = (u16)v;
       }

@@ -23,10 +23,6 @@
 namespace rlk {
 namespace pl {
 
-template <typename T> RLK_DEVICE T exp_(T x);
-template <> RLK_DEVICE float exp_(float x) { return expf(x); }
-template <> RLK_DEVICE double exp_(double x) { return exp(x); }
-
 /* The PPO clip (and dual clip) at ratio r: the term and its derivative in r. */
 template <typename T> struct Clip {
   T l, g;

@@ -316,6 +316,12 @@ template <int DT> RLK_DEVICE void mma(float c[4], const u32 a[4], u32 b0, u32 b1
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The two n8 tiles of a frag_b / frag_bt pair: c0 += a b (b[0], b[1]), c1 += a b (b[2], b[3]). */
+template <int DT> RLK_DEVICE void mma_pair(float c0[4], float c1[4], const u32 a[4], const u32 b[4]) {
+  mma<DT>(c0, a, b[0], b[1]);
+  mma<DT>(c1, a, b[2], b[3]);
+}
+
 /* Two floats as a packed 16-bit pair (lo in the low half), rounded to nearest even. */
 template <int DT> RLK_DEVICE u32 pack(float lo, float hi) {
   u32 d;
@@ -324,6 +330,15 @@ template <int DT> RLK_DEVICE u32 pack(float lo, float hi) {
   else
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
+}
+
+/* The A operand (16 x 16, keys 16 kt..) from the fp32 accumulators of key tiles 2 kt and
+ * 2 kt + 1 (an accumulator's layout is the A operand's, half the columns), packed to 16 bits. */
+template <int DT> RLK_DEVICE void frag_a_of_acc(u32 a[4], const float (&x)[8][4], int kt) {
+  a[0] = pack<DT>(x[2 * kt][0], x[2 * kt][1]);
+  a[1] = pack<DT>(x[2 * kt][2], x[2 * kt][3]);
+  a[2] = pack<DT>(x[2 * kt + 1][0], x[2 * kt + 1][1]);
+  a[3] = pack<DT>(x[2 * kt + 1][2], x[2 * kt + 1][3]);
 }
 
 /* Shared-memory tiles: TILE rows of D 16-bit elements, rows padded by 8 elements (16 bytes) so
@@ -511,8 +526,7 @@ __global__ void __launch_bounds__(pa::THREADS)
       for (int j = 0; j < 8; j += 2) {
         u32 b[4];
         frag_b<D>(b, bK, j * 8, kk * 16);
-        mma<DT>(s[j], qa[kk], b[0], b[1]);
-        mma<DT>(s[j + 1], qa[kk], b[2], b[3]);
+        mma_pair<DT>(s[j], s[j + 1], qa[kk], b);
       }
     const bool phase_a = t < na;
     const bool masked = !phase_a || kv0 + TILE > a1_min;
@@ -556,16 +570,12 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) {
       u32 pa4[4];
-      pa4[0] = pack<DT>(s[2 * kt][0], s[2 * kt][1]);
-      pa4[1] = pack<DT>(s[2 * kt][2], s[2 * kt][3]);
-      pa4[2] = pack<DT>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-      pa4[3] = pack<DT>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      frag_a_of_acc<DT>(pa4, s, kt);
 #pragma unroll
       for (int d = 0; d < ND; d += 2) {
         u32 b[4];
         frag_bt<D>(b, bV, kt * 16, d * 8);
-        mma<DT>(acc[d], pa4, b[0], b[1]);
-        mma<DT>(acc[d + 1], pa4, b[2], b[3]);
+        mma_pair<DT>(acc[d], acc[d + 1], pa4, b);
       }
     }
     __syncthreads();
@@ -657,11 +667,9 @@ __global__ void __launch_bounds__(pa::THREADS)
       for (int j = 0; j < 8; j += 2) {
         u32 b[4];
         frag_b<D>(b, bK, j * 8, kk * 16);
-        mma<DT>(s[j], qa, b[0], b[1]);
-        mma<DT>(s[j + 1], qa, b[2], b[3]);
+        mma_pair<DT>(s[j], s[j + 1], qa, b);
         frag_b<D>(b, bV, j * 8, kk * 16);
-        mma<DT>(dp[j], oa, b[0], b[1]);
-        mma<DT>(dp[j + 1], oa, b[2], b[3]);
+        mma_pair<DT>(dp[j], dp[j + 1], oa, b);
       }
     }
     const bool phase_a = t < na;
@@ -684,16 +692,12 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) {
       u32 a[4];
-      a[0] = pack<DT>(s[2 * kt][0], s[2 * kt][1]);
-      a[1] = pack<DT>(s[2 * kt][2], s[2 * kt][3]);
-      a[2] = pack<DT>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-      a[3] = pack<DT>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      frag_a_of_acc<DT>(a, s, kt);
 #pragma unroll
       for (int d = 0; d < ND; d += 2) {
         u32 b[4];
         frag_bt<D>(b, bK, kt * 16, d * 8);
-        mma<DT>(acc[d], a, b[0], b[1]);
-        mma<DT>(acc[d + 1], a, b[2], b[3]);
+        mma_pair<DT>(acc[d], acc[d + 1], a, b);
       }
     }
     __syncthreads();
@@ -797,11 +801,9 @@ __global__ void __launch_bounds__(pa::THREADS)
       for (int j = 0; j < 8; j += 2) {
         u32 f[4];
         frag_b<D>(f, bQ, j * 8, kk * 16);
-        mma<DT>(s[j], ka, f[0], f[1]);
-        mma<DT>(s[j + 1], ka, f[2], f[3]);
+        mma_pair<DT>(s[j], s[j + 1], ka, f);
         frag_b<D>(f, bO, j * 8, kk * 16);
-        mma<DT>(dp[j], va, f[0], f[1]);
-        mma<DT>(dp[j + 1], va, f[2], f[3]);
+        mma_pair<DT>(dp[j], dp[j + 1], va, f);
       }
     }
     /* element (key k0 + kr[e / 2], query q0 + j * 8 + 2 * t4 + e % 2) */
@@ -818,23 +820,15 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) {
       u32 a[4], ds[4];
-      a[0] = pack<DT>(s[2 * kt][0], s[2 * kt][1]);
-      a[1] = pack<DT>(s[2 * kt][2], s[2 * kt][3]);
-      a[2] = pack<DT>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-      a[3] = pack<DT>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-      ds[0] = pack<DT>(dp[2 * kt][0], dp[2 * kt][1]);
-      ds[1] = pack<DT>(dp[2 * kt][2], dp[2 * kt][3]);
-      ds[2] = pack<DT>(dp[2 * kt + 1][0], dp[2 * kt + 1][1]);
-      ds[3] = pack<DT>(dp[2 * kt + 1][2], dp[2 * kt + 1][3]);
+      frag_a_of_acc<DT>(a, s, kt);
+      frag_a_of_acc<DT>(ds, dp, kt);
 #pragma unroll
       for (int d = 0; d < ND; d += 2) {
         u32 f[4];
         frag_bt<D>(f, bO, kt * 16, d * 8);
-        mma<DT>(gv[d], a, f[0], f[1]);
-        mma<DT>(gv[d + 1], a, f[2], f[3]);
+        mma_pair<DT>(gv[d], gv[d + 1], a, f);
         frag_bt<D>(f, bQ, kt * 16, d * 8);
-        mma<DT>(gk[d], ds, f[0], f[1]);
-        mma<DT>(gk[d + 1], ds, f[2], f[3]);
+        mma_pair<DT>(gk[d], gk[d + 1], ds, f);
       }
     }
     __syncthreads();

@@ -112,8 +112,7 @@ template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], 
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i0 = 4 * (2 * ks + hh) + 2 * r;
-        f[ks][r + 2 * hh] = DT == PA_DT_BF16 ? sm90::pack_bf16x2(acc[i0], acc[i0 + 1])
-                                          : sm90::pack_f16x2(acc[i0], acc[i0 + 1]);
+        f[ks][r + 2 * hh] = sm90::pack_half2<DT == PA_DT_BF16>(acc[i0], acc[i0 + 1]);
       }
 }
 

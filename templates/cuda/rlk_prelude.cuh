@@ -221,6 +221,8 @@ template <> struct limits<double> {
   static RLK_DEVICE double epsilon() { return 2.220446049250313080847e-16; }
 };
 
+RLK_DEVICE float exp_(float x) { return expf(x); }
+RLK_DEVICE double exp_(double x) { return exp(x); }
 RLK_DEVICE float sqrt_(float x) { return sqrtf(x); }
 RLK_DEVICE double sqrt_(double x) { return sqrt(x); }
 RLK_DEVICE float rsqrt_(float x) { return rsqrtf(x); }

@@ -22,22 +22,11 @@
 #define RLK_TOKEN_BASELINE_CUH
 
 #include "rlk_prelude.cuh"
+#include "seq_mask.cuh"
 #include "token_baseline_params.h"
 
 namespace rlk {
 namespace tb {
-
-/* The mask value at element i as a float weight (1 when there is no mask; a bool is 0 or 1). */
-template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  /* a mask is never written: read-only loads (ld_ro) */
-  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
-  return 1.0f;
-}
-
-RLK_DEVICE float exp_(float x) { return expf(x); }
-RLK_DEVICE double exp_(double x) { return exp(x); }
 
 /* The value of lane `lane - d` of the team (within the team; the caller ignores lanes < d). */
 template <typename T> RLK_DEVICE T team_up(T v, int d) {
@@ -75,18 +64,7 @@ RLK_DEVICE void group_range(i64 g, i64 B, i64 group_size, const void *offsets, i
     *end = min_(*start + group_size, B);
     return;
   }
-  i64 a, b;
-  if (OFFSETS == TB_OFFSETS_I32) {
-    a = ((const i32 *)offsets)[g];
-    b = ((const i32 *)offsets)[g + 1];
-  } else {
-    a = ((const i64 *)offsets)[g];
-    b = ((const i64 *)offsets)[g + 1];
-  }
-  a = min_(max_(a, (i64)0), B);
-  b = min_(max_(b, a), B);
-  *start = a;
-  *end = b;
+  clamped_offsets<OFFSETS == TB_OFFSETS_I32>(offsets, g, B, start, end);
 }
 
 } /* namespace tb */
@@ -120,10 +98,10 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
     i32 count = 0;
     for (i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
       const i64 t = c0 + lane;
-      const float m = t < T ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
+      const float m = t < T ? seq_mask_weight<MASK, true>(mask, m0 + t) : 0.0f;
       TS w = TS(0);
       if (m != 0.0f) {
-        const TS pi = tb::exp_(ld_ro(old_logp + row * logp_stride + t));
+        const TS pi = exp_(ld_ro(old_logp + row * logp_stride + t));
         w = (TS(1) - TS(2) * pi) + ld_ro(sum_pi_sq + row * sps_stride + t);
         if (ISW) {
           const TS r = ld_ro(isw + row * isw_stride + t);
@@ -151,7 +129,7 @@ __global__ void token_baseline_scan(RLK_PARAMS_ARG tb_scan_args p_) {
     i32 after = 0;
     for (i64 c0 = 0; c0 < T; c0 += TB_TEAM) {
       const i64 t = T - 1 - (c0 + lane);
-      const float m = t >= 0 ? tb::mask_at<MASK>(mask, m0 + t) : 0.0f;
+      const float m = t >= 0 ? seq_mask_weight<MASK, true>(mask, m0 + t) : 0.0f;
       const TS r = m != 0.0f ? ld_ro(rewards + row * reward_stride + t) * (TS)m : TS(0);
       const TS x = tb::team_scan(r, lane);
       const i32 k = tb::team_scan((i32)(m != 0.0f), lane);
@@ -225,7 +203,7 @@ __global__ void token_baseline_baseline(RLK_PARAMS_ARG tb_baseline_args p_) {
               den = den + w;
             }
           } else {
-            const float m = tb::mask_at<MASK>(mask, i * mask_stride + t);
+            const float m = seq_mask_weight<MASK, true>(mask, i * mask_stride + t);
             if (m != 0.0f) {
               const TS w = ld_ro(w_buf + i * T + t);
               num = num + (ld_ro(returns + i * returns_stride + t) * w) * (TS)m;
@@ -240,11 +218,11 @@ __global__ void token_baseline_baseline(RLK_PARAMS_ARG tb_baseline_args p_) {
         if (COMPACT) {
           if (t < ld_ro(len + i)) {
             const i64 col = ld_ro(pos + i * T + t);
-            const float m = tb::mask_at<MASK>(mask, i * mask_stride + col);
+            const float m = seq_mask_weight<MASK, true>(mask, i * mask_stride + col);
             adv[i * adv_stride + col] = (ld_ro(g_buf + i * T + t) - bi) * (TS)m;
           }
         } else {
-          const float m = tb::mask_at<MASK>(mask, i * mask_stride + t);
+          const float m = seq_mask_weight<MASK, true>(mask, i * mask_stride + t);
           adv[i * adv_stride + t] = m != 0.0f ? (ld_ro(returns + i * returns_stride + t) - bi) * (TS)m : TS(0);
         }
       }

@@ -13,22 +13,10 @@
 #define RLK_TOKEN_KL_CUH
 
 #include "kl_estimator.cuh"
+#include "seq_mask.cuh"
 #include "token_kl_params.h"
 
 namespace rlk {
-namespace tk {
-
-template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == RLK_SEQ_MASK_BOOL) return ld_ro((const u8 *)mask + i) != 0 ? 1.0f : 0.0f;
-  if (MASK == RLK_SEQ_MASK_I32) return (float)ld_ro((const i32 *)mask + i);
-  if (MASK == RLK_SEQ_MASK_F32) return ld_ro((const float *)mask + i);
-  return 1.0f;
-}
-
-RLK_DEVICE float exp_(float x) { return expf(x); }
-RLK_DEVICE double exp_(double x) { return exp(x); }
-
-} /* namespace tk */
 
 template <typename T, int EST, int MASK, bool ST, bool OLD, bool GIN, int OUT>
 __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
@@ -41,14 +29,14 @@ __global__ void token_kl(RLK_PARAMS_ARG tk_args p_) {
   const i64 stride = (i64)gridDim.x * blockDim.x, row_stride = (i64)gridDim.y * blockDim.y;
   for (i64 b = (i64)blockIdx.y * blockDim.y + threadIdx.y; b < B; b += row_stride) {
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < T_; t += stride) {
-      const float m = tk::mask_at<MASK>(p_.mask, b * p_.mask_stride + t);
+      const float m = seq_mask_weight<MASK, true>(p_.mask, b * p_.mask_stride + t);
       T v = T(0), g = T(0);
       if (m != 0.0f) {
         const T lp = ld_ro(logp + b * p_.logp_stride + t);
         v = kl::estimate<EST, ST>(lp - ld_ro(ref + b * p_.ref_stride + t), in_lo, in_hi, out_lo, out_hi,
                                   bg, &g);
         if (ST && OLD) {
-          const T w = tk::exp_(lp - ld_ro(old + b * p_.old_stride + t));
+          const T w = exp_(lp - ld_ro(old + b * p_.old_stride + t));
           g = g * (w < w_max ? w : w_max);
         }
         if (GIN) g = g * ld_ro(gin + b * p_.grad_kl_stride + t);

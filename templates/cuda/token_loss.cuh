@@ -41,49 +41,13 @@
 #define RLK_TOKEN_LOSS_CUH
 
 #include "rlk_prelude.cuh"
-#include "rlk_seq_mask.h"
+#include "seq_mask.cuh"
 #include "token_loss_params.h"
 
 namespace rlk {
 namespace tl {
 
 enum { RED_SUM = 0, RED_MAX = 1, RED_MIN = 2 };
-
-/* ---- mask ------------------------------------------------------------------------ */
-
-template <int MASK> RLK_DEVICE float mask_at(const void *mask, i64 i) {
-  if (MASK == RLK_SEQ_MASK_BOOL) return ((const u8 *)mask)[i] != 0 ? 1.0f : 0.0f;
-  if (MASK == RLK_SEQ_MASK_I32) return (float)((const i32 *)mask)[i];
-  if (MASK == RLK_SEQ_MASK_F32) return ((const float *)mask)[i];
-  return 1.0f;
-}
-
-template <int MASK> struct mask_bytes {
-  static constexpr int value = MASK == RLK_SEQ_MASK_NONE ? 0 : (MASK == RLK_SEQ_MASK_BOOL ? 1 : 4);
-};
-
-/* Four mask weights from element i, which starts a 4-element aligned group. */
-template <int MASK> RLK_DEVICE void mask4(const void *mask, i64 i, float w[4]) {
-  if (MASK == RLK_SEQ_MASK_BOOL) {
-    const u32 q = *(const u32 *)((const u8 *)mask + i);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = ((q >> (8 * j)) & 0xffu) != 0 ? 1.0f : 0.0f;
-  } else if (MASK == RLK_SEQ_MASK_I32) {
-    const i32x4 q = *(const i32x4 *)((const i32 *)mask + i);
-    w[0] = (float)q.x;
-    w[1] = (float)q.y;
-    w[2] = (float)q.z;
-    w[3] = (float)q.w;
-  } else if (MASK == RLK_SEQ_MASK_F32) {
-    const f32x4 q = *(const f32x4 *)((const float *)mask + i);
-    w[0] = q.x;
-    w[1] = q.y;
-    w[2] = q.z;
-    w[3] = q.w;
-  } else {
-    w[0] = w[1] = w[2] = w[3] = 1.0f;
-  }
-}
 
 /* ---- 4-element vectors -------------------------------------------------------------- */
 
@@ -211,18 +175,9 @@ template <int N, typename T> RLK_DEVICE void block_sum_n(T v[N], T *sh) {
  * [0, N] and non-decreasing (bad offsets never cause an access out of bounds). */
 template <int LAYOUT>
 RLK_DEVICE void packed_row(const void *offsets, i64 row, i64 n, i64 *first, i64 *len) {
-  i64 a, b;
-  if (LAYOUT == TL_LAYOUT_PACKED_I32) {
-    a = ((const i32 *)offsets)[row];
-    b = ((const i32 *)offsets)[row + 1];
-  } else {
-    a = ((const i64 *)offsets)[row];
-    b = ((const i64 *)offsets)[row + 1];
-  }
-  a = min_(max_(a, (i64)0), n);
-  b = min_(max_(b, a), n);
-  *first = a;
-  *len = b - a;
+  i64 b;
+  clamped_offsets<LAYOUT == TL_LAYOUT_PACKED_I32>(offsets, row, n, first, &b);
+  *len = b - *first;
 }
 
 /* Pointers of one row: stream k's element 0 of the row, and the mask's element index. */
@@ -254,8 +209,8 @@ RLK_DEVICE bool vec_ok(const RowPtrs<T, NIN, NOUT> &p, const void *mask, i64 j) 
   for (int k = 0; k < NOUT; ++k)
     if ((OUTB >> k) & 1u) ok = ok && is_aligned<16>(p.out[k] + j);
   if (MASK != RLK_SEQ_MASK_NONE)
-    ok = ok && is_aligned<4 * mask_bytes<MASK>::value>((const u8 *)mask +
-                                                          (p.mask0 + j) * mask_bytes<MASK>::value);
+    ok = ok && is_aligned<4 * seq_mask_bytes<MASK>::value>((const u8 *)mask +
+                                                          (p.mask0 + j) * seq_mask_bytes<MASK>::value);
   return ok;
 }
 
@@ -285,7 +240,7 @@ template <typename T, int MASK, unsigned BITS, int NIN, int NOUT>
 RLK_DEVICE float load1(const RowPtrs<T, NIN, NOUT> &p, const void *mask, i64 j, T x[NIN]) {
 #pragma unroll
   for (int k = 0; k < NIN; ++k) x[k] = ((BITS >> k) & 1u) ? p.in[k][j] : T(0);
-  return mask_at<MASK>(mask, p.mask0 + j);
+  return seq_mask_weight<MASK, false>(mask, p.mask0 + j);
 }
 
 /* The first pass over a row segment: op.pre over its tokens, then the block-wide sums. */
@@ -317,7 +272,7 @@ RLK_DEVICE void row_prepass(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *
 #pragma unroll
         for (int k = 0; k < NIN; ++k)
           if ((PB >> k) & 1u) load4(p.in[k] + j, x[u][k]);
-        mask4<MASK>(mask, p.mask0 + j, m[u]);
+        seq_mask_weight4<MASK, false>(mask, p.mask0 + j, m[u]);
       }
     }
 #pragma unroll
@@ -371,7 +326,7 @@ RLK_DEVICE void row_main(Op &op, const RowPtrs<T, NIN, NOUT> &p, const void *mas
 #pragma unroll
         for (int k = 0; k < NIN; ++k)
           if ((IB >> k) & 1u) load4(p.in[k] + j, x[u][k]);
-        mask4<MASK>(mask, p.mask0 + j, m[u]);
+        seq_mask_weight4<MASK, false>(mask, p.mask0 + j, m[u]);
       }
     }
 #pragma unroll
@@ -510,7 +465,7 @@ RLK_DEVICE void count_pass(const S &s, double *counts, double *sh) {
     }
     const i64 m0 = LAYOUT == TL_LAYOUT_PADDED ? row * s.mask_stride : first;
     for (i64 j = b + tid; j < e; j += bd) {
-      const float m = mask_at<MASK>(s.mask, m0 + j);
+      const float m = seq_mask_weight<MASK, false>(s.mask, m0 + j);
       if (m != 0.0f) v += (double)m;
     }
   }
