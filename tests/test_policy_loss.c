@@ -1693,6 +1693,11 @@ START_TEST(bad_arguments) {
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "ref_logp", "ref_logp shape");
   f->a.rollout_is_weights = rlk_tensor_2d(f->ref, RLK_F32, 2, 6, 6);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "rollout_is_weights", "weights shape");
+  /* a field the settings leave unread (grad_entropy without entropy_coef) is still compared with
+   * the others for overlap: it must be a tensor, not read past its four dimensions */
+  f->a.grad_entropy = rlk_tensor_2d(f->ref, RLK_F32, 4, 6, 6);
+  f->a.grad_entropy.ndim = 5;
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "grad_entropy", "an unread output of 5 dimensions");
 
   /* packed */
 #define PACKED(stmt, arg, label)                                        \

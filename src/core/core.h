@@ -52,4 +52,20 @@ int rlk_format(char *buf, size_t size, const char *fmt, ...) RLK_PRINTF(3, 4);
 /* strdup that returns NULL on allocation failure. */
 char *rlk_strdup(const char *s);
 
+/* A tensor argument's structure (what every check of an op starts from): NULL data is RLK_OK
+ * unless `required`; else ndim in [1, RLK_MAX_DIMS], a known dtype, shapes in [1, 2^40],
+ * strides >= 0 (0: a broadcast view), data aligned to its dtype and a span that can be
+ * addressed. RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>" otherwise. */
+rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);
+
+/* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
+ * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times
+ * the element size) stays exact. */
+#define RLK_TENSOR_MAX_BYTES_LOG2 56
+#define RLK_TENSOR_MAX_BYTES ((uint64_t)1 << RLK_TENSOR_MAX_BYTES_LOG2)
+
+/* Bytes from t->data to one past its last element (1 + sum (shape - 1) * stride elements);
+ * 0, or -1 when a shape or stride is negative or the span overflows 64 bits. */
+int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes);
+
 #endif

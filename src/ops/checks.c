@@ -5,60 +5,6 @@
 #include "core/core.h"
 #include "ops/ops.h"
 
-rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required) {
-  if (!t->data) {
-    if (required) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
-    return RLK_OK;
-  }
-  if (t->ndim < 1 || t->ndim > RLK_MAX_DIMS)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside [1, %d]", what, (int)t->ndim, RLK_MAX_DIMS);
-  if (rlk_dtype_size(t->dtype) == 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %d is not an rlk_dtype", what, (int)t->dtype);
-  for (int i = 0; i < t->ndim; i++) {
-    if (t->shape[i] <= 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is not positive", what, i,
-                       (long long)t->shape[i]);
-    if (t->shape[i] > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is too large", what, i,
-                       (long long)t->shape[i]);
-    /* A stride of 0 repeats an element (a broadcast view): fine for what a call reads;
-     * rlk_check_no_overlap refuses it for what a call writes. */
-    if (t->strides[i] < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is negative", what, i,
-                       (long long)t->strides[i]);
-  }
-  if ((uintptr_t)t->data % rlk_dtype_size(t->dtype) != 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is not aligned to its %zu-byte dtype", what,
-                     rlk_dtype_size(t->dtype));
-  /* The bytes the descriptor reaches must be addressable: kernels form element offsets as
-   * signed 64-bit products (row * stride) and byte offsets from them, so an overflow there
-   * would read or write far outside the tensor while the call reports success. */
-  uint64_t bytes;
-  if (rlk_tensor_span_bytes(t, &bytes) != 0 || bytes > RLK_TENSOR_MAX_BYTES ||
-      (uintptr_t)t->data > UINTPTR_MAX - (uintptr_t)bytes)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                     "%s: its shape and strides reach past what can be addressed (more than 2^%d "
-                     "bytes from its data pointer)",
-                     what, RLK_TENSOR_MAX_BYTES_LOG2);
-  return RLK_OK;
-}
-
-int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes) {
-  uint64_t last = 0; /* offset of the last element, in elements */
-  for (int i = 0; i < t->ndim; i++) {
-    uint64_t step;
-    if (t->shape[i] <= 0 || t->strides[i] < 0) return -1;
-    if (__builtin_mul_overflow((uint64_t)(t->shape[i] - 1), (uint64_t)t->strides[i], &step) ||
-        __builtin_add_overflow(last, step, &last))
-      return -1;
-  }
-  uint64_t elems;
-  if (__builtin_add_overflow(last, 1, &elems) ||
-      __builtin_mul_overflow(elems, (uint64_t)rlk_dtype_size(t->dtype), bytes))
-    return -1;
-  return 0;
-}
-
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed) {
   if ((int)t->dtype > 0 && (int)t->dtype < 32 && (allowed & RLK_DTYPE_BIT(t->dtype))) return RLK_OK;
   char names[128] = "";

@@ -46,7 +46,6 @@ rlk_status rlk_logprob_vec_layout(const rlk_context *ctx, rlk_dtype logits, int6
                                   int unroll, int *seg, int *unroll_out);
 
 /* Validation helpers: each returns RLK_ERR_INVALID_ARGUMENT with "<what>: <problem>". */
-rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required);
 rlk_status rlk_check_dtype(const rlk_tensor *t, const char *what, uint32_t allowed_mask);
 rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int ndim_min, int ndim_max);
 rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
@@ -81,14 +80,5 @@ rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *group_offsets,
 extern const char *const rlk_seq_mask_names[];
 int rlk_seq_mask_kind(const rlk_tensor *mask);
 
-/* The largest byte span rlk_check_tensor accepts: far beyond any device's memory, small enough
- * that every signed 64-bit offset a kernel forms inside a tensor (row * stride + column, times
- * the element size) stays exact. */
-#define RLK_TENSOR_MAX_BYTES_LOG2 56
-#define RLK_TENSOR_MAX_BYTES ((uint64_t)1 << RLK_TENSOR_MAX_BYTES_LOG2)
-
-/* Bytes from t->data to one past its last element (1 + sum (shape - 1) * stride elements);
- * 0, or -1 when a shape or stride is negative or the span overflows 64 bits. */
-int rlk_tensor_span_bytes(const rlk_tensor *t, uint64_t *bytes);
 
 #endif

@@ -196,6 +196,10 @@ rlk_status rlk_check_arg_fields(const rlk_arg_field *fields, size_t n, const voi
     return rlk_error(RLK_ERR_INTERNAL, "rlk_check_arg_fields: %zu fields, at most %d", n, RLK_ARG_FIELDS_MAX);
   for (size_t i = 0; i < n; i++) {
     refs[i].t = (const rlk_tensor *)((const char *)args + fields[i].offset);
+    /* a field the call's settings leave unread was not validated: it must still be a tensor (or
+     * a 0-d one, as a loss's normalizer may be) before its bytes are compared with the others' */
+    rlk_status st = refs[i].t->ndim == 0 ? RLK_OK : rlk_check_tensor(refs[i].t, fields[i].name, 0);
+    if (st) return st;
     refs[i].name = fields[i].name;
     refs[i].written = fields[i].written;
     refs[i].in_place = NULL;
