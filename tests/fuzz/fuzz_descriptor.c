@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "fuzz.h"
 #include "ops/ops.h"
 #include "rlk.h"
