@@ -73,7 +73,7 @@ def reference(sh, sw, th, tw, beta, Ts, Tt, g):
         gap=(ls - lt).detach().abs() + lb, zs=zs.detach())
 
 
-def _bounds(ref, V, Hs, Ht, dz_rounded):
+def _bounds(ref, V, Hs, Ht, g, dz_rounded):
     """TRL's errors, per row and per column, from its f32 arithmetic (rlk's fp64 adds only its
     final rounding, counted by the callers):
       a logit: an f32 mm (gamma_H sum |h w| / T) and two scalings (2 u |z|): e, the largest a side;
@@ -85,7 +85,8 @@ def _bounds(ref, V, Hs, Ht, dz_rounded):
       a column's gradient dz: its probabilities move with the logits and normalizers (relative
         2 (e_s + e_t) + 2 gamma_(V+8) + 4 u (|lse_s| + |lse_t|)), times (p_s + p_t) and a factor
         that holds the rest of each mode's form (1 + |log p_s - log p_t| + |D|), x2.2 for the JSD's
-        log m and second orders; then TRL rounds dz to the operands' 16-bit dtype (dz_rounded).
+        log m and second orders, times the row's incoming gradient g; then TRL rounds dz (which
+        holds g already) to the operands' 16-bit dtype (dz_rounded).
     Returns (D's bound, the entropy's, the columns' [N, V])."""
     zmax = ref["zs"].abs()
     e_s = (gamma(Hs) * ref["abs_s"]).amax(-1) + 2 * U * zmax.amax(-1)
@@ -98,7 +99,7 @@ def _bounds(ref, V, Hs, Ht, dz_rounded):
     row_H = 1.5 * ref["S_H"] * e_s + gV * (ez + 2) + 4 * U * (ref["lse_s"].abs() + ez + ref["ent"].abs() + 1)
     rel = 2 * (e_s + e_t) + 2 * gV + 4 * U * (ref["lse_s"].abs() + ref["lse_t"].abs())
     col = 2.2 * rel[:, None] * (ref["ps"] + ref["pt"]) * (1 + ref["gap"] + ref["D"].abs()[:, None])
-    col = col * ref["dz"].new_ones(()) + (U16 if dz_rounded else U) * ref["dz"].abs()
+    col = col * g.double().abs()[:, None] + (U16 if dz_rounded else U) * ref["dz"].abs()
     return row_D, row_H, col
 
 
@@ -127,8 +128,7 @@ def test_chunked_divergence(beta, T, s_scale, t_scale, autocast, rng):
     (tD, tH, tgh, tgw), (rD, rH, rgh, rgw) = trl_and_rlk(sh, sw, th, tw, beta, T, s_scale, t_scale, g,
                                                           autocast)
     assert rd.divergence_calls["rlk"] > 0
-    row_D, row_H, col = _bounds(ref, V, Hs, Ht, dz_rounded=True)
-    col = col * g.double()[:, None].abs()
+    row_D, row_H, col = _bounds(ref, V, Hs, Ht, g, dz_rounded=True)
     what = "beta %s T %s scales %s/%s autocast %s" % (beta, T, s_scale, t_scale, autocast)
     assert ((rD - tD).abs() <= U * ref["D"].abs() + row_D).all(), (what, rD, tD, row_D)
     assert ((rH - tH).abs() <= U * ref["ent"].abs() + row_H).all(), (what, rH, tH, row_H)
@@ -170,12 +170,11 @@ def test_chunked_divergence_loss_patched(beta, rng):
     assert tn == rn == int(mask.sum())
     g = mask.reshape(-1).float() / 7
     ref = reference(sh, sw, th, tw, beta, 0.9, 0.9, g)
-    row_D, row_H, col = _bounds(ref, sw.shape[0], sh.shape[1], th.shape[1], dz_rounded=True)
+    row_D, row_H, col = _bounds(ref, sw.shape[0], sh.shape[1], th.shape[1], g, dz_rounded=True)
     m = mask.reshape(-1).double()
     # the sums over the rows: f32 additions of at most N terms, gamma_N of their absolute sum
     assert abs(rl - tl) <= (m * (U * ref["D"].abs() + row_D)).sum() / 7 + gamma(B * K + 2) * (m * ref["D"].abs()).sum() / 7
     assert abs(re - te) <= (U * ref["ent"].abs() + row_H).sum() + gamma(B * K + 2) * ref["ent"].abs().sum()
-    col = col * g.double()[:, None]
     bh = col @ sw.detach().double().abs() / 0.9 + U16 * (tgh.abs() + rgh.abs())
     assert ((rgh - tgh).abs() <= bh * 1.01 + 1e-30).all()
 
