@@ -4,6 +4,7 @@
  * samples reach every value of every setting that shapes a kernel; the op list counts every op. */
 #include <check.h>
 #include <dirent.h>
+#include <fnmatch.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -195,6 +196,134 @@ START_TEST(samples_reach_every_kernel_setting) {
         }
         ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->name,
                       (long long)x);
+      }
+    }
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* Setting k of vals at a trial value x: given, or not given for an integer's out-of-range default. */
+static void set_trial(const rlk_op_desc *d, rlk_op_values *vals, int k, int64_t x) {
+  const rlk_op_setting *s = &d->settings[k];
+  rlk_op_values_set(vals, k, x);
+  if (s->kind == RLK_SETTING_INT && (x < s->min || x > s->max)) vals->given &= ~(1u << k);
+}
+
+/* The values a setting is tried at: every value of a flag, choice or dtype; an integer's default
+ * (an integer whose default is outside its range: not given), bounds and a few between. */
+static size_t setting_trials(const rlk_op_setting *s, int64_t *xs) {
+  size_t n = 0;
+  if (s->kind == RLK_SETTING_INT) {
+    const int64_t hi = s->max < 1 << 20 ? s->max : 1 << 20;
+    const int64_t cand[] = {s->min, s->min + 1, 2, 4, 8, 16, 64, 128, 256, hi};
+    xs[n++] = s->def;
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+      if (cand[i] >= s->min && cand[i] <= hi && cand[i] != s->def) xs[n++] = cand[i];
+    return n;
+  }
+  for (int64_t x = 0; x < 32; x++) {
+    if (s->kind == RLK_SETTING_FLAG && x > 1) break;
+    if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
+    if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
+    xs[n++] = x;
+  }
+  return n;
+}
+
+/* What one value of a setting plans for one word of its `feeds` over one sample line: the
+ * kernels whose entries match the word's entry glob, and (for "entry.param") the value of that
+ * parameter in the first of them that has it. */
+typedef struct feed_outcome {
+  int planned; /* the line with the value plans */
+  size_t n;    /* kernels matching the entry glob */
+  rlk_kernel_spec match[RLK_OP_MAX_KERNELS];
+  int has_value;
+  int64_t value;
+} feed_outcome;
+
+static void feed_at(const rlk_context *ctx, const rlk_op_desc *d, const char *sample, int k, int64_t x,
+                    const char *entry, const char *param, feed_outcome *o) {
+  memset(o, 0, sizeof *o);
+  rlk_op_values v;
+  ck_assert_int_eq(values_of(d, sample, &v), RLK_OK);
+  set_trial(d, &v, k, x);
+  char line[1024];
+  rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+  if (rlk_op_values_line(d, &v, line, sizeof line) <= 0) return;
+  const size_t ns = plan_line(ctx, d, line, specs);
+  if (!ns) return;
+  o->planned = 1;
+  for (size_t q = 0; q < ns; q++) {
+    const rlk_template *t = specs[q].tmpl;
+    if (fnmatch(entry, t->entry, 0)) continue;
+    o->match[o->n++] = specs[q];
+    for (size_t p = 0; param && !o->has_value && p < t->nparams; p++)
+      if (!strcmp(t->params[p].name, param)) {
+        o->has_value = 1;
+        o->value = specs[q].values[p];
+      }
+  }
+}
+
+/* Whether two outcomes differ in what the word names: the parameter's value, or the kernels. */
+static int feed_differs(const feed_outcome *a, const feed_outcome *b, int param) {
+  if (param) return a->has_value && b->has_value && a->value != b->value;
+  if (a->n != b->n) return 1;
+  for (size_t q = 0; q < a->n; q++)
+    if (a->match[q].tmpl != b->match[q].tmpl ||
+        memcmp(a->match[q].values, b->match[q].values, sizeof a->match[q].values))
+      return 1;
+  return 0;
+}
+
+/* A setting's `feeds` says what it shapes (entries as globs): each "entry.param" is a parameter of
+ * a kernel the op plans, and two values of the setting give it two values over some sample; each
+ * bare "entry" names kernels that two values of the setting plan differently (present or not, or
+ * another template or parameter). A word that went stale (a renamed kernel or parameter, one the
+ * setting no longer reaches) fails here. */
+START_TEST(feeds_name_what_settings_shape) {
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.compile_only = 1;
+  o.backend = RLK_BACKEND_CUDA;
+  o.target = "sm_90a";
+  rlk_context *ctx = NULL;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) {
+    printf("skip (ops: feeds name what settings shape): no NVRTC: %s\n", rlk_last_error());
+    return;
+  }
+  static feed_outcome first, out;
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      int64_t xs[32];
+      const size_t nx = setting_trials(s, xs);
+      for (const char *f = s->feeds; *f;) {
+        const size_t len = strcspn(f, " ");
+        const char *dot = memchr(f, '.', len);
+        const size_t elen = dot ? (size_t)(dot - f) : len;
+        char entry[64], param[64];
+        snprintf(entry, sizeof entry, "%.*s", (int)elen, f);
+        snprintf(param, sizeof param, "%.*s", dot ? (int)(len - elen - 1) : 0, dot ? dot + 1 : "");
+        int shaped = 0;
+        for (size_t j = 0; d->samples[j] && !shaped; j++) {
+          first.planned = 0;
+          for (size_t a = 0; a < nx && !shaped; a++) {
+            feed_at(ctx, d, d->samples[j], (int)k, xs[a], entry, dot ? param : NULL, &out);
+            /* a parameter compares values where some kernel has it */
+            if (!out.planned || (dot && !out.has_value)) continue;
+            if (first.planned)
+              shaped = feed_differs(&first, &out, dot != NULL);
+            else
+              first = out;
+          }
+        }
+        ck_assert_msg(shaped, "%s: %s feeds '%.*s', which none of its values changes over the samples (or no "
+                      "kernel it plans has)", d->name, s->name, (int)len, f);
+        f += len;
+        while (*f == ' ') f++;
       }
     }
   }
@@ -455,6 +584,7 @@ Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
+      feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
       enum_table_rows, overlap_is_exact));
   return s;

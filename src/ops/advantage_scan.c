@@ -188,12 +188,14 @@ static rlk_status as_plan_returns(const rlk_context *ctx, const rlk_op_values *s
  * (f32 gae warp, f64 gae block, f32 returns block, f64 returns warp); reverse_cumsum's samples
  * reach the returns kernels again through its own plan, and two lines pick the algorithm by
  * shape. */
-static const char *const as_gae_samples[] = {"gae dtype=f32 algo=warp",
-                                             "gae dtype=f64 algo=block masked=zero", NULL};
+/* (a sample with B= and T= each: what auto picks by the shape) */
+static const char *const as_gae_samples[] = {"gae dtype=f32 algo=warp", "gae dtype=f64 algo=block masked=zero",
+                                             "gae dtype=f64 B=64 T=4096 masked=zero", NULL};
 static const char *const as_returns_samples[] = {
     "discounted_returns dtype=f32 B=256 T=4096", "discounted_returns dtype=f64 B=256 T=64", NULL};
 static const char *const as_cumsum_samples[] = {"reverse_cumsum dtype=f32 algo=block baseline=1",
-                                                "reverse_cumsum dtype=f64 algo=warp", NULL};
+                                                "reverse_cumsum dtype=f64 algo=warp",
+                                                "reverse_cumsum dtype=f32 B=8 T=4096 baseline=1", NULL};
 
 const rlk_op_desc rlk_op_gae = {
     .name = "gae", .settings = as_gae_settings, .nsettings = AS_NSETTINGS, .plan = as_plan_gae,

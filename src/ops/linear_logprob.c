@@ -1334,7 +1334,7 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
     [LL_S_LABELS] = RLK_SET_DTYPE("labels", LL_LABEL_DTYPES, RLK_I64, "linear_logprob_*.labels", "the labels' dtype"),
     [LL_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "linear_logprob_*.entropy",
                                   "fwd: also the entropy; bwd: an entropy gradient"),
-    [LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_*.grad",
+    [LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_dh_out linear_logprob_bwd_*.gw",
                                  "the backward's grad_hidden and grad_weight dtype"),
     [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_*",
                                     "wgmma: the sm_90a kernels (elsewhere tiled runs); tiled: the portable ones only"),

@@ -185,9 +185,9 @@ static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
                              "threads per row of the vector kernel, 0 for the default"),
     [LP_S_UNROLL] = RLK_SET_INT("unroll", 0, 0, 8, "logprob_fwd.unroll",
                                 "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
-    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd.stages",
+    [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd_bulk.stages logprob_fwd_tma.stages",
                                 "shared-memory ring depth of bulk/tma, 0 for the default"),
-    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "logprob_fwd",
+    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "",
                                 "N, the rows of the calls; with no tuning settings, the tuning database's winner "
                                 "for N's bucket on this context, 0 for none"),
     [LP_S_KEPT] = RLK_SET_FLAG("kept", 0, "logprob_fwd.kept logprob_bwd.kept",

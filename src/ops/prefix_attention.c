@@ -719,12 +719,12 @@ static const char *const pa_head_dim_names[] = {"64", "128", NULL};
 #define PA_KEY_DOC "a tuning key's (with q_heads, kv_heads, group, prefix, response and tokens)"
 
 static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
-    [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "prefix_attention_fwd prefix_attention_bwd",
+    [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "pattn_fwd* pattn_bwd*",
                                  "the kernels to build"),
-    [PA_S_DTYPE] = RLK_SET_CHOICE("dtype", pa_dt_names, PA_DT_BF16, "prefix_attention_fwd.dtype",
+    [PA_S_DTYPE] = RLK_SET_CHOICE("dtype", pa_dt_names, PA_DT_BF16, "pattn_*.dtype",
                                   "of q, k, v and the outputs"),
-    [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "prefix_attention_fwd.head_dim", "D"),
-    [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "prefix_attention_fwd",
+    [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "pattn_*.head_dim", "D"),
+    [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "pattn_fwd* pattn_bwd*",
                                     "mma is CUDA sm_80+, wgmma sm_90a; elsewhere the portable kernels run"),
     [PA_S_FWD_STAGES] = RLK_SET_INT("fwd_stages", 0, 0, 4, "pattn_fwd_sm90.stages",
                                     "wgmma forward's K/V stages, 0 for the default (2); a depth that does not fit "

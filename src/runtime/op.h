@@ -41,8 +41,9 @@ typedef struct rlk_op_setting {
   int64_t min, max;           /* INT */
   const char *const *choices; /* CHOICE */
   uint32_t dtypes;            /* DTYPE: RLK_DTYPE_BIT()s */
-  const char *feeds;          /* the template parameter(s) it sets or selects ("entry.param"), or ""
-                               * for a run-time value (the same kernels whatever it is) */
+  const char *feeds;          /* what it sets or selects: "entry.param" or "entry" words, entries as
+                               * globs ("pattn_*.dtype"); "" when it sets no kernel parameter (a
+                               * run-time value, or a tuning key); tests/test_ops.c checks each */
   const char *doc;            /* one line */
 } rlk_op_setting;
 

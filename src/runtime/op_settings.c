@@ -158,7 +158,7 @@ int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size) {
       allowed_text(s, allowed, sizeof allowed);
     if (!value_text(s, s->def, def, sizeof def)) rlk_format(def, sizeof def, "unset");
     int w = rlk_format(buf + len, size - len, "%s: %s, %s (%s)%s\n", s->name, allowed, s->doc, def,
-                       s->feeds[0] ? "" : "; a run-time value: the same kernels");
+                       s->feeds[0] ? "" : "; no kernel parameter of its own");
     if (w < 0) return -1;
     len += (size_t)w;
   }
