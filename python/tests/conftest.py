@@ -90,6 +90,20 @@ def host():
     require_host()
 
 
+def run_example(name, *args, timeout=300):
+    """examples/<name> run with args by this interpreter (skipped where the tests are not in the
+    source tree); asserts it succeeded and returns its stdout's lines."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    example = os.path.join(root, "examples", name)
+    if not os.path.exists(example):
+        pytest.skip("not run from the source tree")
+    r = subprocess.run([sys.executable, example, *args], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.splitlines()
+
+
 @pytest.fixture(params=PLACES)
 def place(request):
     if not request.param.cuda:

@@ -83,8 +83,15 @@ def _tokens(x, seq_offsets):
     return x, seq, len(seq_offsets) - 1
 
 
-def _agg_coef(m, seq, S, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale):
-    """c_t such that the aggregated loss is sum_t c_t l_t (c_t includes the mask weight)."""
+def _agg_coef(x, mask, seq, S, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale):
+    """(c_t such that the aggregated loss is sum_t c_t l_t (c_t includes the mask weight), the
+    mask weights m_t) for the flat tokens x (_tokens). A normalizer left None is this call's
+    count: the mask's sum, or the sequences."""
+    m = np.ones_like(x) if mask is None else np.asarray(mask, dtype=np.float64).reshape(-1)
+    if token_normalizer is None:
+        token_normalizer = np.where(seq >= 0, m, 0).sum()
+    if seq_normalizer is None:
+        seq_normalizer = S
     m = np.where(seq >= 0, m, 0.0)
     if agg == "token-mean":
         c = m / token_normalizer
@@ -117,12 +124,8 @@ def policy_loss(logp, old_logp, adv, mask=None, seq_offsets=None, ref_logp=None,
         A = np.where(seq >= 0, a[np.maximum(seq, 0)], 0.0)
     else:
         A = a.reshape(-1)
-    m = np.ones_like(lp) if mask is None else np.asarray(mask, dtype=np.float64).reshape(-1)
-    if token_normalizer is None:
-        token_normalizer = np.where(seq >= 0, m, 0).sum()
-    if seq_normalizer is None:
-        seq_normalizer = S
-    c, m = _agg_coef(m, seq, S, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    c, m = _agg_coef(lp, mask, seq, S, agg, token_normalizer, seq_normalizer, norm_scale,
+                     loss_scale)
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
     d = lp - old
     dc = np.clip(d, log_ratio_min, log_ratio_max)
@@ -213,12 +216,8 @@ def value_loss(v, v_old, R, mask=None, seq_offsets=None, clip=0.5, agg="token-me
     x, seq, S = _tokens(v, seq_offsets)
     xo = _tokens(v_old, seq_offsets)[0]
     ret = _tokens(R, seq_offsets)[0]
-    m = np.ones_like(x) if mask is None else np.asarray(mask, dtype=np.float64).reshape(-1)
-    if token_normalizer is None:
-        token_normalizer = np.where(seq >= 0, m, 0).sum()
-    if seq_normalizer is None:
-        seq_normalizer = S
-    c, m = _agg_coef(m, seq, S, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
+    c, m = _agg_coef(x, mask, seq, S, agg, token_normalizer, seq_normalizer, norm_scale,
+                     loss_scale)
     delta = x - xo
     vc = xo + np.clip(delta, -clip, clip)
     e1, e2 = (x - ret) ** 2, (vc - ret) ** 2

@@ -3,6 +3,8 @@ torch.cuda.set_sync_debug_mode("error"), the fused LM head's included), and a wh
 step, a sampling step and the fused LM head's calls (forward, backward, the policy loss from
 hidden states by each path this device runs, the autograd wrapper) captured with
 torch.cuda.graph replay on new inputs to bitwise the eager results."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -210,18 +212,29 @@ def same_bits(got, want, what):
             what, (got.double() - want.double()).abs().max().item())
 
 
-def test_grpo_loss_step_graph_replays_bitwise():
-    static = grpo_inputs(2)
-    g, out = capture(grpo_step, static)
-    for seed in (3, 4):
-        fresh = grpo_inputs(seed)
+def replays_bitwise(g, out, static, inputs, step, seeds, names):
+    """For each seed: fresh inputs(seed) copied into the captured `static` ones, the graph replayed,
+    and its outputs `out` compared bit for bit with step(fresh) run eagerly. Returns the eager
+    outputs, one per seed."""
+    wants = []
+    for seed in seeds:
+        fresh = inputs(seed)
         for k, v in fresh.items():
             static[k].copy_(v)
         g.replay()
-        want = grpo_step(fresh)
+        want = step(fresh)
         torch.cuda.synchronize()
-        for name, got, w in zip(("loss", "metrics", "grad_logits", "advantages"), out, want):
+        for name, got, w in zip(names, out, want):
             same_bits(got, w, name)
+        wants.append(want)
+    return wants
+
+
+def test_grpo_loss_step_graph_replays_bitwise():
+    static = grpo_inputs(2)
+    g, out = capture(grpo_step, static)
+    for want in replays_bitwise(g, out, static, grpo_inputs, grpo_step, (3, 4),
+                                ("loss", "metrics", "grad_logits", "advantages")):
         assert torch.isfinite(want[0]) and want[2].abs().sum() > 0  # a real step, not zeros
 
 
@@ -230,16 +243,9 @@ def test_fused_head_graph_replays_bitwise(path):
     if path not in head_paths():
         pytest.skip("the token chunks need sm_90; this device is sm_%d%d" % torch.cuda.get_device_capability())
     static = head_inputs(11)
-    g, out = capture(lambda x: head_step(x, path), static)
-    for seed in (12, 13):
-        fresh = head_inputs(seed)
-        for k, v in fresh.items():
-            static[k].copy_(v)
-        g.replay()
-        want = head_step(fresh, path)
-        torch.cuda.synchronize()
-        for name, got, w in zip(HEAD_OUTPUTS, out, want):
-            same_bits(got, w, name)
+    step = functools.partial(head_step, path=path)
+    g, out = capture(step, static)
+    for want in replays_bitwise(g, out, static, head_inputs, step, (12, 13), HEAD_OUTPUTS):
         # a real step, not zeros
         assert torch.isfinite(want[5]) and want[4].abs().sum() > 0 and want[9].abs().sum() > 0
 
@@ -247,16 +253,10 @@ def test_fused_head_graph_replays_bitwise(path):
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
 def test_sampling_step_graph_replays_bitwise(pdl):
     static = sample_inputs(5)
-    g, out = capture(lambda x: sample_step(x, pdl), static)
-    for seed in (6, 7):
-        fresh = sample_inputs(seed)
-        for k, v in fresh.items():
-            static[k].copy_(v)
-        g.replay()
-        want = sample_step(fresh, pdl)
-        torch.cuda.synchronize()
-        for name, got, w in zip(("tokens", "logp", "logp_filtered"), out, want):
-            same_bits(got, w, name)
+    step = functools.partial(sample_step, pdl=pdl)
+    g, out = capture(step, static)
+    for want in replays_bitwise(g, out, static, sample_inputs, step, (6, 7),
+                                ("tokens", "logp", "logp_filtered")):
         assert (want.tokens >= 0).all()
 
 

@@ -4,7 +4,7 @@ logits never stored) and agrees with the plain model (lm_head, then log_softmax 
 log-probs and in every parameter's gradient, within bf16 rounding; prompt tokens masked out."""
 import pytest
 
-from conftest import HAVE_CUDA, HAVE_TORCH, require_host
+from conftest import HAVE_CUDA, HAVE_TORCH, require_host, run_example
 
 if not HAVE_TORCH:
     pytest.skip("needs torch", allow_module_level=True)
@@ -78,15 +78,7 @@ def test_entropy_and_temperature(host):
 
 
 def test_example_agrees(host):
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    example = os.path.join(root, "examples", "fused_lm_head_transformers.py")
-    if not os.path.exists(example):
-        pytest.skip("not run from the source tree")
-    r = subprocess.run([sys.executable, example, "--device", "cpu", "--batch", "4", "--group", "2",
-                        "--tokens", "24", "--prompt", "8", "--vocab", "512", "--iters", "1"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1] == "fused and plain agree"
+    lines = run_example("fused_lm_head_transformers.py", "--device", "cpu", "--batch", "4",
+                        "--group", "2", "--tokens", "24", "--prompt", "8", "--vocab", "512",
+                        "--iters", "1")
+    assert lines[-1] == "fused and plain agree"

@@ -4,7 +4,7 @@ group) and agrees with the replicated batch ([prompt; response] each, SDPA) in l
 the parameters' gradients, within bf16 rounding."""
 import pytest
 
-from conftest import HAVE_CUDA, HAVE_TORCH, require_host
+from conftest import HAVE_CUDA, HAVE_TORCH, require_host, run_example
 
 if not HAVE_TORCH:
     pytest.skip("needs torch", allow_module_level=True)
@@ -96,15 +96,6 @@ def test_packed_positions_continue_from_the_prompt():
 
 
 def test_example_agrees(host):
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    example = os.path.join(root, "examples", "grpo_prefix_transformers.py")
-    if not os.path.exists(example):
-        pytest.skip("not run from the source tree")
-    r = subprocess.run([sys.executable, example, "--device", "cpu", "--prompts", "2", "--group", "3",
-                        "--prefix", "24", "--response", "8", "--iters", "1"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1] == "shared and replicated agree"
+    lines = run_example("grpo_prefix_transformers.py", "--device", "cpu", "--prompts", "2",
+                        "--group", "3", "--prefix", "24", "--response", "8", "--iters", "1")
+    assert lines[-1] == "shared and replicated agree"

@@ -96,15 +96,20 @@ def peak_beyond(dev, fn):
     return torch.cuda.max_memory_allocated() - base
 
 
+def run_options(ap, rounds, variant_help):
+    """The options this bench and linear_sample_bench.py share: --rounds (timer's), --variant
+    (rlk_linear_logprob_variant), --device and --json."""
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--variant", default="auto", choices=sorted(VARIANTS), help=variant_help)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", default=None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
     ap.add_argument("--modes", default="fkl,rkl,jsd,topk")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--variant", default="auto", choices=sorted(VARIANTS),
-                    help="rlk's forward kernels (rlk_linear_logprob_variant)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--json", default=None)
+    run_options(ap, 20, "rlk's forward kernels (rlk_linear_logprob_variant)")
     a = ap.parse_args()
     dev = a.device
     N, H, V = (int(x) for x in (a.shape or ("8192,4096,151936" if dev == "cuda" else "256,256,8191")).split(","))

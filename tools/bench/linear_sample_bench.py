@@ -17,18 +17,14 @@ import math
 
 import torch
 
-from linear_divergence_bench import VARIANTS, rlk, timer
+from linear_divergence_bench import VARIANTS, rlk, run_options, timer
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default=None, help="H,V (default: 4096,151936 on a GPU, 256,8191 on the CPU)")
     ap.add_argument("--rows", default=None, help="decode batch sizes M (default: 1,8,64,256; 1,8,64 on the CPU)")
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--variant", default="auto", choices=sorted(VARIANTS),
-                    help="the head's kernels (rlk_linear_logprob_variant)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--json", default=None)
+    run_options(ap, 50, "the head's kernels (rlk_linear_logprob_variant)")
     a = ap.parse_args()
     dev = a.device
     H, V = (int(x) for x in (a.shape or ("4096,151936" if dev == "cuda" else "256,8191")).split(","))

@@ -36,24 +36,28 @@ __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_p
            "prefix_calls", "TESTED", "patch"]
 
 
+def _normalizer(given, name, dp_size, local_count, loss_mask):
+    """The global normalizer when given, else local_count(loss_mask), this rank's own (refused
+    with more than one rank: each would divide by a different count)."""
+    if given is None:
+        if dp_size > 1:
+            raise ValueError("%s is required when dp_size > 1" % name)
+        given = local_count(loss_mask)
+    return as_float(given)
+
+
 def agg_args(loss_agg_mode, loss_mask, dp_size=1, batch_num_tokens=None, global_batch_size=None,
              loss_scale_factor=None):
     """rlk's aggregation arguments for verl's agg_loss settings."""
     out = {"agg": loss_agg_mode, "loss_scale": float(dp_size)}
     if loss_agg_mode == "token-mean":
-        if batch_num_tokens is None:
-            if dp_size > 1:
-                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-            batch_num_tokens = mask_total(loss_mask)
-        out["token_normalizer"] = as_float(batch_num_tokens)
+        out["token_normalizer"] = _normalizer(batch_num_tokens, "(global) batch_num_tokens",
+                                              dp_size, mask_total, loss_mask)
     elif loss_agg_mode == "token-sum":
         pass
     elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
-        if global_batch_size is None:
-            if dp_size > 1:
-                raise ValueError("global_batch_size is required when dp_size > 1")
-            global_batch_size = nonempty_rows(loss_mask)
-        out["seq_normalizer"] = as_float(global_batch_size)
+        out["seq_normalizer"] = _normalizer(global_batch_size, "global_batch_size", dp_size,
+                                            nonempty_rows, loss_mask)
         if loss_agg_mode == "seq-mean-token-sum-norm":
             out["norm_scale"] = float(loss_mask.shape[-1] if loss_scale_factor is None
                                       else loss_scale_factor)

@@ -302,9 +302,6 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
         a.path = POLICY_PATHS[path]
     if chunk_tokens is not None:
         a.chunk_tokens = int(chunk_tokens)
-    nbytes = b.workspace_size()
-    _, ptr = b.workspace(nbytes)
-    a.workspace = ptr
-    a.workspace_bytes = nbytes
+    b.bind_workspace()
     b.run(stream)
     return LinearPolicyLossResult(out[0:1], grad_hidden, grad_weight, out_metrics, logp_out)

@@ -40,30 +40,28 @@ class PrefixAttentionTuning(ctypes.Structure):
     ]
 
 
+# The forward's inputs and outputs, which the backward's args begin with as its inputs.
+_FORWARD_FIELDS = [
+    ("q", T.Tensor),
+    ("k", T.Tensor),
+    ("v", T.Tensor),
+    ("layout", PrefixAttentionLayout),
+    ("scale", ctypes.c_float),
+    ("out", T.Tensor),
+    ("lse", T.Tensor),
+]
+
+
 @T.abi_struct("rlk_prefix_attention_args")
 class PrefixAttentionArgs(ctypes.Structure):
-    _fields_ = [
-        ("q", T.Tensor),
-        ("k", T.Tensor),
-        ("v", T.Tensor),
-        ("layout", PrefixAttentionLayout),
-        ("scale", ctypes.c_float),
-        ("out", T.Tensor),
-        ("lse", T.Tensor),
+    _fields_ = _FORWARD_FIELDS + [
         ("tuning", PrefixAttentionTuning),
     ]
 
 
 @T.abi_struct("rlk_prefix_attention_backward_args")
 class PrefixAttentionBackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("q", T.Tensor),
-        ("k", T.Tensor),
-        ("v", T.Tensor),
-        ("layout", PrefixAttentionLayout),
-        ("scale", ctypes.c_float),
-        ("out", T.Tensor),
-        ("lse", T.Tensor),
+    _fields_ = _FORWARD_FIELDS + [
         ("grad_out", T.Tensor),
         ("grad_q", T.Tensor),
         ("grad_k", T.Tensor),
@@ -190,8 +188,15 @@ def unpack_responses(x, layout, with_prefix=False):
     return out
 
 
-def _scale(scale):
-    return 0.0 if scale is None else float(scale)
+def _bind_inputs(b, q, k, v, layout, scale):
+    """q, k, v, the layout and the scale (None: 1/sqrt(D)), which the forward and the backward
+    take alike; returns q's rlk dtype."""
+    dt = b.set("q", q, _QKV)
+    b.set("k", k, _QKV)
+    b.set("v", v, _QKV)
+    layout.bind(b, q)
+    b.args.scale = 0.0 if scale is None else float(scale)
+    return dt
 
 
 def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=None):
@@ -207,11 +212,7 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
             from ..autograd import prefix_attention as diff
             return PrefixAttentionResult(diff(q, k, v, layout, scale=scale), None)
     b = Binder(FORWARD_OP)
-    dt = b.set("q", q, _QKV)
-    b.set("k", k, _QKV)
-    b.set("v", v, _QKV)
-    layout.bind(b, q)
-    b.args.scale = _scale(scale)
+    dt = _bind_inputs(b, q, k, v, layout, scale)
     if out is None:
         out = b.empty(tuple(q.shape), dt)
     b.set("out", out, _QKV, output=True)
@@ -227,11 +228,7 @@ def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None
     if compiling():
         return traced("prefix_attention_backward", locals())
     b = Binder(BACKWARD_OP)
-    dt = b.set("q", q, _QKV)
-    b.set("k", k, _QKV)
-    b.set("v", v, _QKV)
-    layout.bind(b, q)
-    b.args.scale = _scale(scale)
+    dt = _bind_inputs(b, q, k, v, layout, scale)
     b.set("out", out, _QKV)
     b.set("lse", lse, (T.DType.F32,))
     b.set("grad_out", grad_out, _QKV)
@@ -241,9 +238,6 @@ def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None
     b.set("grad_q", dq, _QKV, output=True)
     b.set("grad_k", dk, _QKV, output=True)
     b.set("grad_v", dv, _QKV, output=True)
-    n = b.workspace_size()
-    _, ptr = b.workspace(n)
-    b.args.workspace = ptr
-    b.args.workspace_bytes = n
+    b.bind_workspace()
     b.run(stream)
     return dq, dk, dv

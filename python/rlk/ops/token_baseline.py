@@ -75,9 +75,6 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
             advantages = out
         else:
             returns = out
-    n = b.workspace_size()
-    _, ptr = b.workspace(n)
-    a.workspace = ptr
-    a.workspace_bytes = n
+    b.bind_workspace()
     b.run(stream)
     return advantages, returns
