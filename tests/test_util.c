@@ -212,6 +212,11 @@ void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char
   rlk_context_destroy(ctx);
 }
 
+void rlk_test_expect_call_done(rlk_context *ctx, rlk_status st, const char *what) {
+  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+}
+
 void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label) {
   ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st), rlk_status_string(want),
                 rlk_last_error());

@@ -203,6 +203,10 @@ rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
  * rlk_test_precompiled_host_context has compiled exactly that line's kernels), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
 
+/* An op's call on ctx returned st: fails with `what`, the status and rlk_last_error() unless it
+ * is RLK_OK, then waits for ctx's stream. */
+void rlk_test_expect_call_done(rlk_context *ctx, rlk_status st, const char *what);
+
 /* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the
  * failure messages. */
 void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label);
