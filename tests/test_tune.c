@@ -664,19 +664,19 @@ END_TEST
 
 /* ---- concurrent writers --------------------------------------------------------------- */
 
-enum { RACE_WRITERS = 6, RACE_RECORDS = 15 };
-
-/* What the racing writers share: the database and the environment of their records. */
+/* What the racing writers share: the database, the environment of their records and how many
+ * each writes. */
 typedef struct race_db {
   const char *db;
   const rlk_device_info *info;
+  int records;
 } race_db;
 
 /* Writer p (rlk_test_race_children's child): its records, one per write, so that the writers'
  * read-merge-writes interleave. */
 static int write_records_one_by_one(int p, const void *arg) {
   const race_db *w = arg;
-  for (int k = 0; k < RACE_RECORDS; k++) {
+  for (int k = 0; k < w->records; k++) {
     char cfg[128];
     snprintf(cfg, sizeof cfg, "logprob pass=fwd vocab=%d tokens=%d", 1000 + p, 1 << k);
     rlk_tune_record r;
@@ -689,10 +689,10 @@ static int write_records_one_by_one(int p, const void *arg) {
 }
 
 START_TEST(db_concurrent_writers_keep_every_record) {
-  enum { P = RACE_WRITERS, K = RACE_RECORDS };
+  enum { P = 6, K = 15 };
   char db[1100];
   const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-race");
-  const race_db w = {db, &info};
+  const race_db w = {db, &info, K};
   rlk_test_race_children(P, write_records_one_by_one, &w, "writer");
   collected *c = walk_clean_db(db, P * K);
   for (int p = 0; p < P; p++)
