@@ -322,9 +322,7 @@ static void run_gae(rlk_context *ctx, const seq_case *c, const seq_data *d, doub
   a.advantages = rows_tensor(ad, c->dtype, c);
   if (retd) a.returns = rows_tensor(retd, c->dtype, c);
   a.algo = c->algo;
-  rlk_status st = rlk_gae(ctx, &a, NULL);
-  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  rlk_test_expect_call_done(ctx, rlk_gae(ctx, &a, NULL), what);
   const size_t n = (size_t)(c->B * c->T);
   o->adv = malloc(n * sizeof(double));
   o->ret = want_returns ? malloc(n * sizeof(double)) : NULL;
@@ -351,9 +349,7 @@ static void run_returns(rlk_context *ctx, const seq_case *c, const seq_data *d, 
   a.masked = masked;
   a.returns = rows_tensor(od, c->dtype, c);
   a.algo = c->algo;
-  rlk_status st = rlk_discounted_returns(ctx, &a, NULL);
-  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  rlk_test_expect_call_done(ctx, rlk_discounted_returns(ctx, &a, NULL), what);
   download_rows(ctx, c, od, out, what, "returns");
   rlk_free(ctx, rd);
   rlk_free(ctx, md);
@@ -390,9 +386,7 @@ static void run_cumsum(rlk_context *ctx, const seq_case *c, const seq_data *d, i
     a.advantages = rows_tensor(ad, c->dtype, c);
   }
   a.algo = c->algo;
-  rlk_status st = rlk_reverse_cumsum(ctx, &a, NULL);
-  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  rlk_test_expect_call_done(ctx, rlk_reverse_cumsum(ctx, &a, NULL), what);
   download_rows(ctx, c, od, out, what, "out");
   if (with_baseline) download_rows(ctx, c, ad, adv, what, "advantages");
   rlk_free(ctx, xd);
@@ -758,9 +752,7 @@ static void run_whiten(rlk_context *ctx, const whiten_case *w, const double *x, 
   void *wd = ws ? rlk_test_dev_alloc(ctx, ws) : NULL;
   a.workspace = wd;
   a.workspace_bytes = ws;
-  rlk_status st = rlk_masked_whiten(ctx, &a, NULL);
-  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  rlk_test_expect_call_done(ctx, rlk_masked_whiten(ctx, &a, NULL), what);
   if (w->in_place) {
     /* the padding holds the NaN the upload wrote: read the rows only */
     const size_t bytes = rows_bytes(c, c->dtype);

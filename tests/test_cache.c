@@ -742,9 +742,7 @@ START_TEST(test_read_only_root_chmod) {
   cfg.lock_timeout_s = 1;
   rlk_kernel_key k;
   make_key(&k, &rng, "chmod");
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = rlk_test_fork();
   if (pid == 0) {
     if (setgroups(0, NULL) != 0 || setgid(OTHER_UID) != 0 || setuid(OTHER_UID) != 0) _exit(77);
     rlk_cache *c = NULL;
@@ -936,37 +934,11 @@ typedef struct race_work {
   const char *log;
 } race_work;
 
-/* Forks n children held at a gate, opens it so that they all start at once, and waits for each:
- * every one must exit 0 (a child's exit status is what `run` returns). */
-static void race_children(int n, int (*run)(const race_work *), const race_work *w) {
-  pid_t pids[16];
-  ck_assert_int_le(n, 16);
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  for (int i = 0; i < n; i++) {
-    pids[i] = fork();
-    ck_assert_int_ge(pids[i], 0);
-    if (pids[i] == 0) {
-      close(gate[1]);
-      char c;
-      while (read(gate[0], &c, 1) > 0) {
-      }
-      _exit(run(w));
-    }
-  }
-  close(gate[0]);
-  close(gate[1]); /* everyone starts at once */
-  for (int i = 0; i < n; i++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d failed (%d)", i,
-                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
-}
-
-/* A racing publisher: publishes the binary, then finds it whole. */
-static int publish_and_find(const race_work *w) {
+/* A racing publisher (rlk_test_race_children's child): publishes the binary, then finds it
+ * whole. */
+static int publish_and_find(int child, const void *work) {
+  const race_work *w = work;
+  (void)child;
   rlk_cache *cache = NULL;
   if (rlk_cache_open(w->cfg, &cache) != RLK_OK) return 1;
   if (rlk_cache_publish(cache, w->k, w->bin, w->n, NULL, 0, NULL) != RLK_OK) return 2;
@@ -981,7 +953,9 @@ static int publish_and_find(const race_work *w) {
 
 /* A process that wants the kernel: under the key's lock, "compiles" (a byte to the log) and
  * publishes it unless it is found. */
-static int compile_once_under_lock(const race_work *w) {
+static int compile_once_under_lock(int child, const void *work) {
+  const race_work *w = work;
+  (void)child;
   rlk_cache *c = NULL;
   rlk_cache_lock *lock = NULL;
   rlk_cache_blob b;
@@ -1014,7 +988,7 @@ START_TEST(test_racing_publishers) {
   size_t n = 50000;
   uint8_t *bin = random_bytes(&rng, n);
   const race_work w = {&cfg, &k, bin, n, NULL};
-  race_children(P, publish_and_find, &w);
+  rlk_test_race_children(P, publish_and_find, &w, "child");
   ck_assert_int_eq(count_entries(root), 1);
   FMT(tmp, "%s/tmp", root);
   ck_assert_int_eq(count_children(tmp), 0);
@@ -1040,7 +1014,7 @@ START_TEST(test_lock_makes_one_compile) {
   make_key(&k, &rng, "once");
   uint8_t *bin = random_bytes(&rng, 1000);
   const race_work w = {&cfg, &k, bin, 1000, log};
-  race_children(P, compile_once_under_lock, &w);
+  rlk_test_race_children(P, compile_once_under_lock, &w, "child");
   struct stat st;
   ck_assert_int_eq(stat(log, &st), 0);
   ck_assert_int_eq((int)st.st_size, 1);
@@ -1065,9 +1039,7 @@ START_TEST(test_lock_timeout) {
   int ready[2], release[2];
   ck_assert_int_eq(pipe(ready), 0);
   ck_assert_int_eq(pipe(release), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = rlk_test_fork();
   if (pid == 0) {
     close(ready[0]);
     close(release[1]);
@@ -1133,9 +1105,7 @@ START_TEST(test_lock_released_by_dead_holder) {
   cfg.lock_timeout_s = 5;
   rlk_kernel_key k;
   make_key(&k, &rng, "dead");
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = rlk_test_fork();
   if (pid == 0) {
     rlk_cache *c = NULL;
     rlk_cache_lock *lock = NULL;

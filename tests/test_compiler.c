@@ -469,9 +469,7 @@ START_TEST(host_compiler_dies_with_its_parent) {
           pidfile, pidfile, pidfile);
   fclose(f);
   ck_assert_int_eq(chmod(script, 0700), 0);
-  fflush(NULL);
-  pid_t child = fork();
-  ck_assert_int_ge(child, 0);
+  pid_t child = rlk_test_fork();
   if (child == 0) {
     setenv("RLK_HOST_CC", script, 1);
     setenv("TMPDIR", tmp, 1);

@@ -430,9 +430,7 @@ static void pl_call_case(rlk_context *ctx, const pl_case *c, const pl_data *d, p
   }
   a.workspace = w_d;
   a.workspace_bytes = ws;
-  st = rlk_policy_loss(ctx, &a, NULL);
-  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
-  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  rlk_test_expect_call_done(ctx, rlk_policy_loss(ctx, &a, NULL), what);
 
   void *g = malloc(gbytes), *ge = want_gent ? malloc(gbytes) : NULL, *s = malloc(sbytes);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, g, g_d, gbytes), RLK_OK);

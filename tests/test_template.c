@@ -194,9 +194,7 @@ START_TEST(template_dir_reads_every_file) {
       snprintf(sub, sizeof sub, "%s/pipe.h", dir);
       ck_assert_int_eq(mkfifo(sub, 0600), 0);
     }
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = rlk_test_fork();
     if (pid == 0) {
       alarm(20);
       _exit(template_dir_child(root, nfiles, c));

@@ -614,9 +614,7 @@ START_TEST(prune_that_cannot_delete_fails) {
     /* Everything stays readable to the other user, nothing writable. */
     snprintf(cmd, sizeof cmd, "chmod -R a+rX,go-w '%s'", root);
     ck_assert_int_eq(system(cmd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = rlk_test_fork();
     if (pid == 0) {
       if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
       char bin[2048];

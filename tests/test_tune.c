@@ -161,9 +161,7 @@ static const rlk_tune_record *find_key(const collected *c, const rlk_tune_record
 static char *capture_stderr(int (*fn)(void *), void *arg, int *status) {
   int p[2];
   ck_assert_int_eq(pipe(p), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = rlk_test_fork();
   if (pid == 0) {
     close(p[0]);
     dup2(p[1], 2);
@@ -666,42 +664,36 @@ END_TEST
 
 /* ---- concurrent writers --------------------------------------------------------------- */
 
+/* What the racing writers share: the database, the environment of their records and how many
+ * each writes. */
+typedef struct race_db {
+  const char *db;
+  const rlk_device_info *info;
+  int records;
+} race_db;
+
+/* Writer p (rlk_test_race_children's child): its records, one per write, so that the writers'
+ * read-merge-writes interleave. */
+static int write_records_one_by_one(int p, const void *arg) {
+  const race_db *w = arg;
+  for (int k = 0; k < w->records; k++) {
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "logprob pass=fwd vocab=%d tokens=%d", 1000 + p, 1 << k);
+    rlk_tune_record r;
+    rlk_tune_record_init(&r);
+    if (rlk_tune_record_set_key(&r, cfg) || rlk_tune_record_set_env(&r, w->info)) return 1;
+    r.default_ms = r.best_ms = 1 + p + k;
+    if (rlk_tune_db_record(w->db, &r, 1) != RLK_OK) return 2;
+  }
+  return 0;
+}
+
 START_TEST(db_concurrent_writers_keep_every_record) {
   enum { P = 6, K = 15 };
   char db[1100];
   const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-race");
-  int gate[2];
-  ck_assert_int_eq(pipe(gate), 0);
-  fflush(NULL);
-  pid_t pids[P];
-  for (int p = 0; p < P; p++) {
-    pids[p] = fork();
-    ck_assert_int_ge(pids[p], 0);
-    if (pids[p] == 0) {
-      close(gate[1]);
-      char ch;
-      while (read(gate[0], &ch, 1) > 0) {
-      }
-      for (int k = 0; k < K; k++) { /* one record per write: P * K interleaved read-merge-writes */
-        char cfg[128];
-        snprintf(cfg, sizeof cfg, "logprob pass=fwd vocab=%d tokens=%d", 1000 + p, 1 << k);
-        rlk_tune_record r;
-        rlk_tune_record_init(&r);
-        if (rlk_tune_record_set_key(&r, cfg) || rlk_tune_record_set_env(&r, &info)) _exit(1);
-        r.default_ms = r.best_ms = 1 + p + k;
-        if (rlk_tune_db_record(db, &r, 1) != RLK_OK) _exit(2);
-      }
-      _exit(0);
-    }
-  }
-  close(gate[0]);
-  close(gate[1]); /* everyone starts at once */
-  for (int p = 0; p < P; p++) {
-    int status = 0;
-    ck_assert_int_eq(waitpid(pids[p], &status, 0), pids[p]);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed (%d)", p,
-                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
+  const race_db w = {db, &info, K};
+  rlk_test_race_children(P, write_records_one_by_one, &w, "writer");
   collected *c = walk_clean_db(db, P * K);
   for (int p = 0; p < P; p++)
     for (int k = 0; k < K; k++) {

@@ -212,6 +212,44 @@ void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char
   rlk_context_destroy(ctx);
 }
 
+pid_t rlk_test_fork(void) {
+  fflush(NULL);
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  return pid;
+}
+
+void rlk_test_race_children(int n, int (*run)(int i, const void *arg), const void *arg, const char *what) {
+  pid_t *pids = malloc((size_t)n * sizeof *pids);
+  ck_assert_ptr_nonnull(pids);
+  int gate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  for (int i = 0; i < n; i++) {
+    pids[i] = rlk_test_fork();
+    if (pids[i] == 0) {
+      close(gate[1]);
+      char c;
+      while (read(gate[0], &c, 1) > 0) {
+      }
+      _exit(run(i, arg));
+    }
+  }
+  close(gate[0]);
+  close(gate[1]); /* everyone starts at once */
+  for (int i = 0; i < n; i++) {
+    int status = 0;
+    ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s %d failed (%d)", what, i,
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+  free(pids);
+}
+
+void rlk_test_expect_call_done(rlk_context *ctx, rlk_status st, const char *what) {
+  ck_assert_msg(st == RLK_OK, "%s: %s: %s", what, rlk_status_string(st), rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+}
+
 void rlk_test_expect_error(rlk_status st, rlk_status want, const char *arg, const char *label) {
   ck_assert_msg(st == want, "%s: status %s, expected %s (%s)", label, rlk_status_string(st), rlk_status_string(want),
                 rlk_last_error());

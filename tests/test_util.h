@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <check.h>
 
@@ -202,6 +203,18 @@ rlk_context *rlk_test_precompiled_host_context(const char *line, int kernels);
  * found every kernel their precompiled line built; a context from
  * rlk_test_precompiled_host_context has compiled exactly that line's kernels), then destroys ctx. */
 void rlk_test_expect_compiled_none(rlk_context *ctx, uint64_t before, const char *what);
+
+/* fork() with stdio flushed first (a child never repeats the parent's buffered output); fails
+ * the test when fork fails. */
+pid_t rlk_test_fork(void);
+
+/* Forks n children held at a gate, opens it so that they all start at once, and waits for each:
+ * every one must exit 0 (child i exits with run(i, arg)); `what` names a child in the failure. */
+void rlk_test_race_children(int n, int (*run)(int i, const void *arg), const void *arg, const char *what);
+
+/* An op's call on ctx returned st: fails with `what`, the status and rlk_last_error() unless it
+ * is RLK_OK, then waits for ctx's stream. */
+void rlk_test_expect_call_done(rlk_context *ctx, rlk_status st, const char *what);
 
 /* A call returned `want` (st) and rlk_last_error() names `arg`; `label` names the case in the
  * failure messages. */

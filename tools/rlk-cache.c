@@ -69,14 +69,21 @@ static void human_bytes(uint64_t bytes, char *buf, size_t size) {
     snprintf(buf, size, "%.1f %s", v, units[u]);
 }
 
-/* SIZE: a byte count with an optional K/M/G/T suffix (powers of 1024; "KB", "KiB" accepted). */
-static int parse_size(const char *s, uint64_t *out) {
+/* The non-negative number a SIZE or an AGE starts with into *v: where its unit begins, or NULL. */
+static const char *parse_amount(const char *s, double *v) {
   char *end = NULL;
   errno = 0;
-  if (*s == '-' || *s == '\0') return -1;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  double mult = 1;
+  if (*s == '-' || *s == '\0') return NULL;
+  *v = strtod(s, &end);
+  if (errno || end == s || *v < 0) return NULL;
+  return end;
+}
+
+/* SIZE: a byte count with an optional K/M/G/T suffix (powers of 1024; "KB", "KiB" accepted). */
+static int parse_size(const char *s, uint64_t *out) {
+  double v, mult = 1;
+  const char *end = parse_amount(s, &v);
+  if (!end) return -1;
   switch (*end) {
     case 'k': case 'K': mult = 1024.0; end++; break;
     case 'm': case 'M': mult = 1024.0 * 1024; end++; break;
@@ -95,12 +102,9 @@ static int parse_size(const char *s, uint64_t *out) {
 
 /* AGE: days by default; suffix s, m, h or d. */
 static int parse_age(const char *s, int64_t *out) {
-  char *end = NULL;
-  errno = 0;
-  if (*s == '-' || *s == '\0') return -1;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  double mult = 86400.0;
+  double v, mult = 86400.0;
+  const char *end = parse_amount(s, &v);
+  if (!end) return -1;
   if (*end) {
     switch (*end) {
       case 's': mult = 1; break;

@@ -114,20 +114,16 @@ int main(int argc, char **argv) {
         if (parse_backend(optarg, &backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", optarg);
         break;
       case 'P':
-        if (parse_int(optarg, 1, 1024, &x)) return usage_error("bad --prompts '%s' (1 to 1024)", optarg);
-        P = x;
+        if (parse_int(optarg, 1, 1024, &P)) return usage_error("bad --prompts '%s' (1 to 1024)", optarg);
         break;
       case 'G':
-        if (parse_int(optarg, 2, 256, &x)) return usage_error("bad --group '%s' (2 to 256)", optarg);
-        G = x;
+        if (parse_int(optarg, 2, 256, &G)) return usage_error("bad --group '%s' (2 to 256)", optarg);
         break;
       case 'T':
-        if (parse_int(optarg, 1, 4096, &x)) return usage_error("bad --tokens '%s' (1 to 4096)", optarg);
-        T = x;
+        if (parse_int(optarg, 1, 4096, &T)) return usage_error("bad --tokens '%s' (1 to 4096)", optarg);
         break;
       case 'V':
-        if (parse_int(optarg, 2, 1 << 18, &x)) return usage_error("bad --vocab '%s' (2 to 262144)", optarg);
-        V = x;
+        if (parse_int(optarg, 2, 1 << 18, &V)) return usage_error("bad --vocab '%s' (2 to 262144)", optarg);
         break;
       case 's':
         if (parse_int(optarg, 0, LONG_MAX, &x)) return usage_error("bad --seed '%s'", optarg);

@@ -134,7 +134,9 @@ typedef struct options {
   int seed_given;
 } options;
 
-static options opt;
+/* the defaults the usage names */
+static options opt = {.backend = RLK_BACKEND_AUTO, .warmup = 5, .iters = 50, .l2_mb = 60, .timeout = 120,
+                      .min_gain = 1.0};
 
 /* ---- the model: configurations and their variants ------------------------------------ */
 
@@ -699,18 +701,24 @@ static void timing_main(int fd, void *arg) {
 
 static int record_failures;
 
+/* A variant is done: its result, times and largest error. */
+static void variant_done(tune_variant *v, rlk_tune_result result, double median_ms, double min_ms, double max_ms,
+                         double max_err) {
+  v->state = V_DONE;
+  v->result = result;
+  v->median_ms = median_ms;
+  v->min_ms = min_ms;
+  v->max_ms = max_ms;
+  v->max_err = max_err;
+}
+
 /* Copies the results of a variant's kernel twin. */
 static void settle_duplicates(config *c) {
   for (int k = 1; k < c->nv; k++) {
     tune_variant *v = &c->v[k];
     if (v->same_as < 0 || v->state == V_DONE) continue;
     const tune_variant *o = &c->v[v->same_as];
-    v->state = V_DONE;
-    v->result = o->result;
-    v->median_ms = o->median_ms;
-    v->min_ms = o->min_ms;
-    v->max_ms = o->max_ms;
-    v->max_err = o->max_err;
+    variant_done(v, o->result, o->median_ms, o->min_ms, o->max_ms, o->max_err);
     v->note = xasprintf("the same kernels as %s", v->same_as ? c->v[v->same_as].settings : "the default");
   }
 }
@@ -865,12 +873,7 @@ static void on_message(const tmsg *m, const char *text, long *setup, long *infli
       fail_candidate_everywhere((size_t)m->config, m->variant, text);
     } else {
       tune_variant *v = &c->v[m->variant];
-      v->state = V_DONE;
-      v->result = (rlk_tune_result)m->result;
-      v->median_ms = m->median_ms;
-      v->min_ms = m->min_ms;
-      v->max_ms = m->max_ms;
-      v->max_err = m->max_err;
+      variant_done(v, (rlk_tune_result)m->result, m->median_ms, m->min_ms, m->max_ms, m->max_err);
       free(v->note);
       v->note = xstrdup(text);
     }
@@ -1280,12 +1283,6 @@ static void free_all(void) {
 }
 
 static int parse_args(int argc, char **argv) {
-  opt.backend = RLK_BACKEND_AUTO;
-  opt.warmup = 5;
-  opt.iters = 50;
-  opt.l2_mb = 60;
-  opt.timeout = 120;
-  opt.min_gain = 1.0;
   /* the shorthands for --set NAME=LIST, in the order of `shorthands` (option values 300 + k) */
   static const char *const shorthands[] = {"vocab", "tokens", "logits", "labels", "entropy", "pass", "grad"};
   enum { OPT_SHORT = 300, OPT_TIME_DUPLICATES = 256, OPT_PENDING, OPT_LIST, OPT_LIST_CANDIDATES, OPT_OP, OPT_SET,

@@ -17,16 +17,11 @@ typedef struct ll_problem {
 
 static int ll_problem_of(const rlk_tune_record *key, int64_t tokens, void *problem, char *why, size_t size) {
   ll_problem *p = problem;
-  memset(p, 0, sizeof *p);
-  char line[300], v[64];
-  snprintf(line, sizeof line, "linear_logprob %s", key->shape);
-  p->bwd = setting_of(line, "pass", v, sizeof v) && !strcmp(v, "bwd");
-  p->entropy = setting_of(line, "entropy", v, sizeof v) && !strcmp(v, "1");
-  p->hidden = setting_of(line, "hidden", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
-  p->labels = setting_of(line, "labels", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
-  p->grad = setting_of(line, "grad", v, sizeof v) && !strcmp(v, "same") ? p->hidden : RLK_F32;
-  p->H = setting_of(line, "hidden_size", v, sizeof v) ? strtoll(v, NULL, 10) : 0;
-  p->V = setting_of(line, "vocab", v, sizeof v) ? strtoll(v, NULL, 10) : 0;
+  logprob_key_settings(key, &p->bwd, &p->entropy, &p->labels);
+  p->hidden = key_dtype(key, "hidden");
+  p->grad = key_is(key, "grad", "same") ? p->hidden : RLK_F32;
+  p->H = key_int(key, "hidden_size");
+  p->V = key_int(key, "vocab");
   p->N = tokens;
   if (!p->hidden || !p->labels || p->H <= 0 || p->V <= 0 || p->N <= 0) {
     snprintf(why, size, "cannot read the problem from '%s'", key->shape);
@@ -118,14 +113,7 @@ static rlk_status ll_workspace(ll_bench *b, const char *settings, char *why, siz
     ll_forward_args(b, settings, &a);
     TRY("the workspace size", rlk_linear_logprob_workspace_size(b->ctx, &a, &need));
   }
-  if (need > b->work_bytes) {
-    rlk_free(b->ctx, b->work);
-    b->work = NULL;
-    b->work_bytes = 0;
-    TRY("allocating the workspace", rlk_malloc(b->ctx, need, &b->work));
-    b->work_bytes = need;
-  }
-  return RLK_OK;
+  return grow_workspace(b->ctx, need, &b->work, &b->work_bytes, why, whysize);
 }
 
 static int ll_nout(const ll_problem *p) { return p->bwd ? 2 : p->entropy ? 3 : 2; }

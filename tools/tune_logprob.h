@@ -16,17 +16,11 @@ typedef struct lp_problem {
 /* A logprob problem from a record's canonical shape and N. 0, or -1 with why. */
 static int lp_problem_of(const rlk_tune_record *key, int64_t N, void *problem, char *why, size_t size) {
   lp_problem *p = problem;
-  char v[64];
-  memset(p, 0, sizeof *p);
-  char line[300];
-  snprintf(line, sizeof line, "logprob %s", key->shape);
-  p->bwd = setting_of(line, "pass", v, sizeof v) && !strcmp(v, "bwd");
-  p->entropy = setting_of(line, "entropy", v, sizeof v) && !strcmp(v, "1");
-  p->logits = setting_of(line, "logits", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
-  p->labels = setting_of(line, "labels", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
+  logprob_key_settings(key, &p->bwd, &p->entropy, &p->labels);
+  p->logits = key_dtype(key, "logits");
   p->grad = p->logits;
-  if (setting_of(line, "grad", v, sizeof v) && !strcmp(v, "f32")) p->grad = RLK_F32;
-  p->V = setting_of(line, "vocab", v, sizeof v) ? strtoll(v, NULL, 10) : 0;
+  if (key_is(key, "grad", "f32")) p->grad = RLK_F32;
+  p->V = key_int(key, "vocab");
   p->N = N;
   if (!p->logits || !p->labels || p->V <= 0 || N <= 0) {
     snprintf(why, size, "cannot read the problem from '%s'", key->shape);

@@ -23,7 +23,7 @@ typedef struct tune_op {
   const char *name;
   size_t problem_size; /* bytes of the op's problem struct */
   /* The problem of a configuration from its record's key and the line's token count: 0, or -1
-   * with why. */
+   * with why. The problem arrives zeroed. */
   int (*problem_of)(const rlk_tune_record *key, int64_t tokens, void *problem, char *why, size_t size);
   /* A backward's inputs come from the op's default forward: its configuration line (allocated;
    * compiled ahead like the candidates), or NULL when the problem needs none. */
@@ -98,6 +98,19 @@ static rlk_status alloc_dev(rlk_context *ctx, size_t bytes, void **p, char *why,
   return RLK_OK;
 }
 
+/* Replaces a workspace smaller than `need` bytes with one of `need` bytes (left empty when the
+ * allocation fails). */
+static rlk_status grow_workspace(rlk_context *ctx, size_t need, void **work, size_t *work_bytes, char *why,
+                                 size_t whysize) {
+  if (need <= *work_bytes) return RLK_OK;
+  rlk_free(ctx, *work);
+  *work = NULL;
+  *work_bytes = 0;
+  TRY("allocating the workspace", rlk_malloc(ctx, need, work));
+  *work_bytes = need;
+  return RLK_OK;
+}
+
 /* Random vector of n f32 values in [lo, hi), none of them zero. */
 static rlk_status upload_floats(rlk_context *ctx, float **dst, size_t n, uint64_t *rng, double lo, double hi,
                                 char *why, size_t whysize) {
@@ -145,19 +158,52 @@ static const char *setting_of(const char *line, const char *name, char *buf, siz
   return NULL;
 }
 
+static rlk_dtype dtype_named(const char *s) {
+  static const rlk_dtype all[] = {RLK_F32, RLK_F16, RLK_BF16, RLK_F64, RLK_I32, RLK_I64};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (!strcmp(rlk_dtype_name(all[i]), s)) return all[i];
+  return RLK_DTYPE_INVALID;
+}
+
+/* The value of setting `name` in a record's key into buf: buf, or NULL when the key has none. */
+static const char *key_setting(const rlk_tune_record *key, const char *name, char *buf, size_t size) {
+  char line[300];
+  snprintf(line, sizeof line, "%s %s", key->op, key->shape);
+  return setting_of(line, name, buf, size);
+}
+
+/* Whether the key sets `name` to `value`. */
+static int key_is(const rlk_tune_record *key, const char *name, const char *value) {
+  char v[64];
+  return key_setting(key, name, v, sizeof v) && !strcmp(v, value);
+}
+
+/* The dtype the key names for `name`: RLK_DTYPE_INVALID when it names none or none known. */
+static rlk_dtype key_dtype(const rlk_tune_record *key, const char *name) {
+  char v[64];
+  return key_setting(key, name, v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
+}
+
+/* The integer the key sets `name` to: 0 when it sets none. */
+static int64_t key_int(const rlk_tune_record *key, const char *name) {
+  char v[64];
+  return key_setting(key, name, v, sizeof v) ? strtoll(v, NULL, 10) : 0;
+}
+
+/* The settings logprob's and linear_logprob's keys share: the pass, entropy=1 and the labels'
+ * dtype. */
+static void logprob_key_settings(const rlk_tune_record *key, int *bwd, int *entropy, rlk_dtype *labels) {
+  *bwd = key_is(key, "pass", "bwd");
+  *entropy = key_is(key, "entropy", "1");
+  *labels = key_dtype(key, "labels");
+}
+
 /* The integer value of `name` in a candidate's settings ("group=16 chunk=8192") into *dst; *dst
  * is left alone when the settings do not name it. */
 static void setting_int(const char *settings, const char *name, int *dst) {
   char line[512], v[64];
   snprintf(line, sizeof line, " %s", settings);
   if (setting_of(line, name, v, sizeof v)) *dst = atoi(v);
-}
-
-static rlk_dtype dtype_named(const char *s) {
-  static const rlk_dtype all[] = {RLK_F32, RLK_F16, RLK_BF16, RLK_F64, RLK_I32, RLK_I64};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!strcmp(rlk_dtype_name(all[i]), s)) return all[i];
-  return RLK_DTYPE_INVALID;
 }
 
 /* ---- comparing outputs ---- */

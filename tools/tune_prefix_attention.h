@@ -17,14 +17,11 @@ typedef struct pa_problem {
 
 static int pa_problem_of(const rlk_tune_record *key, int64_t tokens, void *problem, char *why, size_t size) {
   pa_problem *p = problem;
-  memset(p, 0, sizeof *p);
-  char line[300], v[64];
-  snprintf(line, sizeof line, "prefix_attention %s", key->shape);
-  p->bwd = setting_of(line, "pass", v, sizeof v) && !strcmp(v, "bwd");
-  p->dtype = setting_of(line, "dtype", v, sizeof v) ? dtype_named(v) : RLK_DTYPE_INVALID;
+  p->bwd = key_is(key, "pass", "bwd");
+  p->dtype = key_dtype(key, "dtype");
   const char *const names[6] = {"head_dim", "q_heads", "kv_heads", "group", "prefix", "response"};
   int64_t *const dst[6] = {&p->D, &p->Hq, &p->Hkv, &p->G, &p->Lp, &p->Lr};
-  for (int i = 0; i < 6; i++) *dst[i] = setting_of(line, names[i], v, sizeof v) ? strtoll(v, NULL, 10) : 0;
+  for (int i = 0; i < 6; i++) *dst[i] = key_int(key, names[i]);
   const int64_t per_prompt = p->Lp + p->G * p->Lr;
   if (!p->dtype || p->D <= 0 || p->Hq <= 0 || p->Hkv <= 0 || p->Lr <= 0 || per_prompt <= 0 || tokens <= 0) {
     snprintf(why, size, "cannot read the problem from '%s'", key->shape);
@@ -270,13 +267,8 @@ static rlk_status pa_checked_call(void *bench, const char *settings, int referen
     pa_backward_args(b, t, settings, &a);
     size_t need = 0;
     TRY("the workspace size", rlk_prefix_attention_backward_workspace_size(b->ctx, &a, &need));
-    if (need > b->work_bytes) {
-      rlk_free(b->ctx, b->work);
-      b->work = NULL;
-      b->work_bytes = 0;
-      TRY("allocating the workspace", rlk_malloc(b->ctx, need, &b->work));
-      b->work_bytes = need;
-    }
+    const rlk_status st = grow_workspace(b->ctx, need, &b->work, &b->work_bytes, why, whysize);
+    if (st) return st;
   }
   for (int o = 0; o < pa_nout(p); o++)
     TRY("poisoning the outputs", rlk_memset(b->ctx, pa_out_ptr(b, t, o), 0xff,

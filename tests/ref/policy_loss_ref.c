@@ -63,6 +63,18 @@ static double adv_at(const plref_batch *b, int64_t i) {
   return b->adv_seq ? b->adv[i / b->T] : b->adv[i];
 }
 
+/* Token i in a loss loop: zeroes its gradients (a masked token's stay 0); 0 when it is masked
+ * out, else 1 with its mask value, its advantage and its lp as the derivative variable. */
+static int token_at(const plref_batch *b, plref_out *o, int64_t i, double *m, double *A, dd *lp) {
+  o->grad_lp[i] = 0;
+  if (o->grad_ent) o->grad_ent[i] = 0;
+  *m = b->mask[i];
+  if (*m == 0) return 0;
+  *A = adv_at(b, i);
+  *lp = dd_var(b->lp[i]);
+  return 1;
+}
+
 /* sum of the mask over row r */
 static double row_n(const plref_batch *b, int64_t r) {
   double n = 0;
@@ -158,13 +170,10 @@ int plref_rlk(const plref_batch *b, const plref_params *p, plref_out *o) {
     }
     for (int64_t t = 0; t < T; t++) {
       const int64_t i = r * T + t;
-      const double m = b->mask[i];
-      o->grad_lp[i] = 0;
-      if (o->grad_ent) o->grad_ent[i] = 0;
       if (o->grad_abs) o->grad_abs[i] = 0;
-      if (m == 0) continue;
-      const double A = adv_at(b, i);
-      const dd lp = dd_var(b->lp[i]);
+      double m, A;
+      dd lp;
+      if (!token_at(b, o, i, &m, &A, &lp)) continue;
       const dd lr = dd_clamp_bg(dd_sub(lp, dd_c(b->old[i])), p->lr_min, p->lr_max, p->bound_g);
       dd l;
       double ratio, l_g_abs = -1; /* |d l / d lp| for the tolerance when not |l.g| */
@@ -394,12 +403,9 @@ int plref_verl(const plref_batch *b, const plref_verl_cfg *c, plref_out *o) {
     }
     for (int64_t t = 0; t < T; t++) {
       const int64_t i = r * T + t;
-      const double m = b->mask[i];
-      o->grad_lp[i] = 0;
-      if (o->grad_ent) o->grad_ent[i] = 0;
-      if (m == 0) continue; /* masked tokens carry weight 0 in every term */
-      const double A = adv_at(b, i);
-      const dd lp = dd_var(b->lp[i]);
+      double m, A;
+      dd lp;
+      if (!token_at(b, o, i, &m, &A, &lp)) continue; /* masked tokens carry weight 0 in every term */
       dd pg;
       if (!strcmp(c->loss_mode, "vanilla")) {
         const dd neg_kl = dd_clamp(dd_sub(lp, dd_c(b->old[i])), -20.0, 20.0);
@@ -509,13 +515,10 @@ int plref_trl(const plref_batch *b, const plref_trl_cfg *c, plref_out *o) {
     double G = 0; /* d loss / d xseq */
     for (int64_t t = 0; t < T; t++) {
       const int64_t i = r * T + t;
-      const double m = b->mask[i];
-      o->grad_lp[i] = 0;
-      if (o->grad_ent) o->grad_ent[i] = 0;
-      if (m == 0) continue;
-      const double A = adv_at(b, i);
+      double m, A;
+      dd lp;
+      if (!token_at(b, o, i, &m, &A, &lp)) continue;
       /* the derivative variable: the token's lp (token level) or the sequence's x */
-      const dd lp = dd_var(b->lp[i]);
       const dd lw = c->sequence_level ? dd_var(xseq) : dd_sub(lp, dd_c(b->old[i]));
       const dd coef_1 = dd_exp(lw);
       dd ptl;
@@ -592,12 +595,9 @@ int plref_openrlhf(const plref_batch *b, const plref_openrlhf_cfg *c, plref_out 
     const double rowk = c->token_level_loss ? 1.0 / c->global_tokens : 1.0 / n / (double)B;
     for (int64_t t = 0; t < T; t++) {
       const int64_t i = r * T + t;
-      const double m = b->mask[i];
-      o->grad_lp[i] = 0;
-      if (o->grad_ent) o->grad_ent[i] = 0;
-      if (m == 0) continue;
-      const double A = adv_at(b, i);
-      const dd lp = dd_var(b->lp[i]);
+      double m, A;
+      dd lp;
+      if (!token_at(b, o, i, &m, &A, &lp)) continue;
       const dd ratio = dd_exp(dd_clamp(dd_sub(lp, dd_c(b->old[i])), -20.0, 20.0));
       const dd surr1 = dd_mul(ratio, dd_c(A));
       const dd surr2 = dd_mul(dd_clamp(ratio, 1.0 - c->clip_eps_low, 1.0 + c->clip_eps_high), dd_c(A));

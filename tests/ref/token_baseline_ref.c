@@ -12,6 +12,17 @@ static int cmp_i64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The flat index of row b's k-th timestep, with its mask as the baseline weighs it in *mt (1 in
+ * compact mode, where every timestep is a valid token): -1 when b has no k-th timestep or it is
+ * masked out. */
+static int64_t baseline_token(const tb_ref_problem *p, const int64_t *col, const int64_t *steps, int64_t b,
+                              int64_t k, double *mt) {
+  if (k >= steps[b]) return -1;
+  const int64_t i = b * p->T + col[b * p->T + k];
+  *mt = p->compact ? 1.0 : (p->mask ? p->mask[i] : 1.0);
+  return *mt == 0.0 ? -1 : i;
+}
+
 int tb_ref_compute(const tb_ref_problem *p, tb_ref_result *out) {
   const int64_t B = p->B, T = p->T, n = B * T;
   if (p->offsets[0] != 0 || p->offsets[p->num_groups] != B) return -1;
@@ -88,11 +99,9 @@ int tb_ref_compute(const tb_ref_problem *p, tb_ref_result *out) {
     for (int64_t k = 0; k < kmax; k++) {
       double num = 0, den = 0, anum = 0, aden = 0;
       for (int64_t j = 0; j < N; j++) {
-        const int64_t b = members[j];
-        if (k >= steps[b]) continue;
-        const int64_t i = b * T + col[b * T + k];
-        const double mt = p->compact ? 1.0 : (p->mask ? p->mask[i] : 1.0);
-        if (mt == 0.0) continue;
+        double mt;
+        const int64_t i = baseline_token(p, col, steps, members[j], k, &mt);
+        if (i < 0) continue;
         num += out->ret[i] * W[i] * mt;
         den += W[i] * mt;
         anum += fabs(out->ret[i] * W[i] * mt);
@@ -104,11 +113,9 @@ int tb_ref_compute(const tb_ref_problem *p, tb_ref_result *out) {
       double berr = 0;
       if (N >= 2) {
         for (int64_t j = 0; j < N; j++) {
-          const int64_t b = members[j];
-          if (k >= steps[b]) continue;
-          const int64_t i = b * T + col[b * T + k];
-          const double mt = p->compact ? 1.0 : (p->mask ? p->mask[i] : 1.0);
-          if (mt == 0.0) continue;
+          double mt;
+          const int64_t i = baseline_token(p, col, steps, members[j], k, &mt);
+          if (i < 0) continue;
           berr += fabs(mt) * (fabs(out->ret[i] - base) * absW[i] + fabs(W[i]) * absG[i]);
         }
         berr = (berr + anum + fabs(base) * aden) / fabs(den + p->eps);
