@@ -87,6 +87,25 @@ def peak(device):
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
 
+class Phases:
+    """The peak of each phase of a step (GiB allocated, since the previous phase ended): which
+    pass holds a step's peak. Each end restarts the device's peak count, so the step's peak is
+    `top`, the largest since clear(). On the CPU nothing is recorded."""
+
+    def __init__(self, device):
+        self.device, self.peaks, self.top = device, {}, 0.0
+
+    def clear(self):
+        self.peaks, self.top = {}, 0.0
+
+    def end(self, name):
+        if self.device == "cuda":
+            gib = torch.cuda.max_memory_allocated() / 2**30
+            self.peaks[name] = round(gib, 3)
+            self.top = max(self.top, gib)
+            torch.cuda.reset_peak_memory_stats()
+
+
 class _NoReward:
     __name__ = "none"
 
@@ -114,21 +133,28 @@ def trl_step(variant, path, b, device, checkpointing):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
     am = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    phases = Phases(device)
 
     def step():
         inputs = dict(b)
         with torch.no_grad():
             inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
                 model, ids, am, R)
+            phases.end("old")
             inputs["ref_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
                 trainer.ref_model, ids, am, R)
+            phases.end("ref")
         inputs["num_items_in_batch"] = b["completion_mask"].sum()
         model.train()
         loss = trainer.compute_loss(model, inputs)
+        phases.end("loss")
         loss.backward()
+        phases.end("backward")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        phases.end("optimizer")
         return loss.detach()
+    step.phases = phases
     return step, handle
 
 
@@ -216,6 +242,9 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
         step()  # warm-up (rlk's kernels compile or load)
         sync(device)
         peak_reset(device)
+        phases = getattr(step, "phases", None)
+        if phases is not None:
+            phases.clear()
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -224,6 +253,9 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             times.append(time.perf_counter() - t0)
         row = {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
                "peak_gib": peak(device), "loss": float(loss)}
+        if phases is not None and phases.peaks:
+            row["peak_gib"] = max(phases.top, row["peak_gib"] or 0.0)
+            row["phase_peaks_gib"] = dict(phases.peaks)  # the last step's, by phase
         if calls is not None:
             row["prefix_calls"] = dict(calls - before)
         return row
