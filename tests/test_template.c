@@ -16,7 +16,7 @@
 static const char *const modes[] = {"grpo", "rloo", NULL};
 static const rlk_param_decl params[] = {
     {.name = "scores", .kind = RLK_PARAM_DTYPE, .dtype_mask = (1u << RLK_F32) | (1u << RLK_BF16)},
-    {.name = "mode", .kind = RLK_PARAM_ENUM, .choices = modes},
+    {.name = "mode", .kind = RLK_PARAM_ENUM, .max = 1, .choices = modes},
     {.name = "block", .kind = RLK_PARAM_INT, .min = 32, .max = 1024, .pow2 = 1},
     {.name = "unbiased", .kind = RLK_PARAM_BOOL},
     {.name = "g", .kind = RLK_PARAM_INT, .min = 0, .max = 1024},
@@ -46,6 +46,22 @@ START_TEST(validates_ranges) {
   s = good_spec();
   s.values[3] = 2;
   ck_assert_int_eq(rlk_spec_validate(&s), RLK_ERR_INVALID_ARGUMENT);
+  /* an enum declared over part of its choices takes only those; a decl past them is the schema's */
+  static const char *const dts[] = {"f32", "bf16", "f16", NULL};
+  rlk_param_decl narrow = {.name = "dt", .kind = RLK_PARAM_ENUM, .min = 1, .max = 2, .choices = dts};
+  const rlk_template nt = {.family = "fam", .entry = "narrow", .cuda_source = "cuda/x.cuh", .nparams = 1,
+                           .params = &narrow};
+  rlk_kernel_spec n = {.tmpl = &nt, .values = {2}};
+  ck_assert_int_eq(rlk_spec_validate(&n), RLK_OK);
+  n.values[0] = 0;
+  rlk_test_expect_error(rlk_spec_validate(&n), RLK_ERR_INVALID_ARGUMENT, "bf16 to f16", "rlk_spec_validate");
+  int64_t parsed = -1;
+  ck_assert_int_eq(rlk_param_parse(&narrow, "f32", &parsed), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(rlk_param_parse(&narrow, "f16", &parsed), RLK_OK);
+  ck_assert_int_eq(parsed, 2);
+  narrow.max = 3;
+  n.values[0] = 1;
+  rlk_test_expect_error(rlk_spec_validate(&n), RLK_ERR_INTERNAL, "declares choices 1 to 3 of 3", "rlk_spec_validate");
   s = good_spec();
   s.values[4] = -1;
   ck_assert_int_eq(rlk_spec_validate(&s), RLK_ERR_INVALID_ARGUMENT);

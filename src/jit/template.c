@@ -64,9 +64,13 @@ static rlk_status check_value(const rlk_template *t, const rlk_param_decl *d, in
                          d->name, (v > 0 && v < 32) ? rlk_dtype_name((rlk_dtype)v) : "invalid");
       return RLK_OK;
     case RLK_PARAM_ENUM:
-      if (v < 0 || (size_t)v >= choice_count(d))
-        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: parameter %s=%lld is not a valid choice",
-                         t->entry, d->name, (long long)v);
+      /* the declared range is a schema's own: a decl past its choices is the library's error */
+      if (d->min < 0 || d->max < d->min || (size_t)d->max >= choice_count(d))
+        return rlk_error(RLK_ERR_INTERNAL, "%s: parameter %s declares choices %lld to %lld of %zu", t->entry,
+                         d->name, (long long)d->min, (long long)d->max, choice_count(d));
+      if (v < d->min || v > d->max)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: parameter %s=%lld is not a valid choice (%s to %s)",
+                         t->entry, d->name, (long long)v, d->choices[d->min], d->choices[d->max]);
       return RLK_OK;
   }
   return rlk_error(RLK_ERR_INTERNAL, "%s: parameter %s has an unknown kind", t->entry, d->name);
@@ -195,7 +199,7 @@ rlk_status rlk_param_parse(const rlk_param_decl *d, const char *text, int64_t *v
   }
   if (d->kind == RLK_PARAM_ENUM) {
     for (size_t i = 0; d->choices && d->choices[i]; i++)
-      if (!strcmp(text, d->choices[i])) {
+      if (!strcmp(text, d->choices[i]) && (int64_t)i >= d->min && (int64_t)i <= d->max) {
         *value = (int64_t)i;
         return RLK_OK;
       }
