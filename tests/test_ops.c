@@ -153,16 +153,8 @@ static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char
  * sample's kernel of that entry also has (on sm_90a, where the most variants exist): compiling
  * the samples compiles every code path each value selects. */
 START_TEST(samples_reach_every_kernel_setting) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.compile_only = 1;
-  o.backend = RLK_BACKEND_CUDA;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (ops: samples reach every setting): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "ops: samples reach every setting");
+  if (!ctx) return;
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   for (size_t i = 0; rlk_op_table[i]; i++) {
     const rlk_op_desc *d = rlk_op_table[i];
@@ -283,16 +275,8 @@ static int feed_differs(const feed_outcome *a, const feed_outcome *b, int param)
  * another template or parameter). A word that went stale (a renamed kernel or parameter, one the
  * setting no longer reaches) fails here. */
 START_TEST(feeds_name_what_settings_shape) {
-  rlk_context_options o;
-  rlk_context_options_init(&o);
-  o.compile_only = 1;
-  o.backend = RLK_BACKEND_CUDA;
-  o.target = "sm_90a";
-  rlk_context *ctx = NULL;
-  if (rlk_context_create(&ctx, &o) != RLK_OK) {
-    printf("skip (ops: feeds name what settings shape): no NVRTC: %s\n", rlk_last_error());
-    return;
-  }
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "ops: feeds name what settings shape");
+  if (!ctx) return;
   static feed_outcome first, out;
   for (size_t i = 0; rlk_op_table[i]; i++) {
     const rlk_op_desc *d = rlk_op_table[i];
