@@ -26,18 +26,23 @@ rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int lo, int hi)
   return RLK_OK;
 }
 
-rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
-                            int contiguous, int64_t *stride) {
+rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
+                               const char *n_name, int contiguous, int64_t *stride) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
   if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
+  if (t->shape[0] != n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (%s)", what,
+                     (long long)t->shape[0], (long long)n, n_name);
   if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
-  if (stride) *stride = N > 1 ? t->strides[0] : 1;
+  if (stride) *stride = n > 1 ? t->strides[0] : 1;
   return RLK_OK;
+}
+
+rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                            int contiguous, int64_t *stride) {
+  return rlk_check_vector_of(t, what, dtypes, N, "N", contiguous, stride);
 }
 
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {

@@ -58,6 +58,9 @@ rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, 
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
                             int contiguous, int64_t *stride);
+/* The same for a length n named n_name in the message ("B": a tensor a row). */
+rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
+                               const char *n_name, int contiguous, int64_t *stride);
 /* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
