@@ -1,4 +1,5 @@
 /* checks.c - argument validation helpers shared by the ops. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -43,6 +44,28 @@ rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t d
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
                             int contiguous, int64_t *stride) {
   return rlk_check_vector_of(t, what, dtypes, N, "N", contiguous, stride);
+}
+
+rlk_status rlk_check_flag(int value, const char *what) {
+  if (value != 0 && value != 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %d is not 0 or 1", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_finite(double value, const char *what) {
+  if (!isfinite(value)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_unit_interval(double value, const char *what) {
+  if (!(value >= 0.0 && value <= 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not in [0, 1]", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_vocab_start(int64_t vocab_start) {
+  if (vocab_start < 0 || vocab_start > ((int64_t)1 << 40))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)vocab_start);
+  return RLK_OK;
 }
 
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {

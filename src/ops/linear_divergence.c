@@ -578,8 +578,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
         (st = rlk_check_contiguous(&a->partials, "partials")))
       return st;
     if ((uintptr_t)a->partials.data % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
-    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+    if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   } else {
     if (a->vocab_start != 0)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: only in the shard form (with partials)");
@@ -845,15 +844,13 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (k->s.gh < 0 && k->s.gw < 0 && k->t.gh < 0 && k->t.gw < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_student_hidden, grad_student_weight, grad_teacher_hidden, "
                                                "grad_teacher_weight: give at least one");
-  if (a->accumulate != 0 && a->accumulate != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
-  if (a->shard != 0 && a->shard != 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_flag(a->accumulate, "accumulate"))) return st;
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (!a->shard && a->vocab_start != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1", (long long)a->vocab_start);
   if (a->shard && (a->mode == RLK_DIVERGENCE_JSD || a->top_k))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: the shard form takes the forward or reverse KL");
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   if (a->chunk < 0 || a->chunk % LD_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   k->kmode = a->top_k ? LD_TOPK : (int)a->mode;

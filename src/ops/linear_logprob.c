@@ -252,9 +252,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
     if ((st = rlk_check_contiguous(p, "partials"))) return st;
     if ((uintptr_t)p->data % 16)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
-    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                       (long long)a->vocab_start);
+    if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   } else {
     if (a->vocab_start != 0 || a->partial_entropy)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -763,16 +761,12 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (a->shard) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
     if ((st = rlk_check_vector(&a->threshold, "threshold", f32, k->h.N, 1, NULL))) return st;
   }
-  if (a->accumulate != 0 && a->accumulate != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
-  if (a->shard != 0 && a->shard != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_flag(a->accumulate, "accumulate"))) return st;
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (!a->shard && a->vocab_start != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1",
                      (long long)a->vocab_start);
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                     (long long)a->vocab_start);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   if (a->chunk < 0 || a->chunk % LL_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   if (a->group < 0 || a->group > LL_BWD_GROUP_MAX)

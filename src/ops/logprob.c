@@ -772,8 +772,7 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = lp_check_status(&a->status))) return st;
-  if (a->shard != 0 && a->shard != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (a->shard && a->vocab_start < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
                      (long long)a->vocab_start);

@@ -176,12 +176,8 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "logp, lse, entropy: absent in the shard form (partials given); "
                      "rlk_logprob_combine writes them");
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                     (long long)a->vocab_start);
-  if (a->partial_entropy != 0 && a->partial_entropy != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
-                     a->partial_entropy);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
+  if ((st = rlk_check_flag(a->partial_entropy, "partial_entropy"))) return st;
   if (a->threshold.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
   rlk_op_values *v = &call->vals;

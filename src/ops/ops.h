@@ -65,6 +65,13 @@ rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t d
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
 
+/* Argument values: a flag (0 or 1), a finite number, a number in [0, 1], and a vocabulary
+ * shard's first id (in [0, 2^40]); each message names `what` and the value. */
+rlk_status rlk_check_flag(int value, const char *what);
+rlk_status rlk_check_finite(double value, const char *what);
+rlk_status rlk_check_unit_interval(double value, const char *what);
+rlk_status rlk_check_vocab_start(int64_t vocab_start);
+
 /* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
  * total (named total_name in the message), non-decreasing; increasing when nonempty. */
 rlk_status rlk_check_offset_values(const rlk_tensor *o, const char *what, int64_t count, int64_t total,

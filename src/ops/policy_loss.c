@@ -202,11 +202,6 @@ static rlk_status pl_check_clamp(double x, const char *what) {
   return RLK_OK;
 }
 
-static rlk_status pl_check_finite(double x, const char *what) {
-  if (!isfinite(x)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, x);
-  return RLK_OK;
-}
-
 static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
@@ -285,9 +280,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
                      (int)a->seq_ratio_grad);
   const int seq_grad = mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
-  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
-                     a->clamp_bound_grad);
+  if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   if (mode == RLK_POLICY_SAPO) {
     if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
@@ -301,7 +294,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((int)a->kl_estimator < RLK_KL_K1 || (int)a->kl_estimator > RLK_KL_K3)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl_estimator: %d is not an rlk_kl_estimator",
                      (int)a->kl_estimator);
-  if ((st = pl_check_finite(a->kl_coef, "kl_coef"))) return st;
+  if ((st = rlk_check_finite(a->kl_coef, "kl_coef"))) return st;
   if ((st = pl_check_clamp(a->kl_input_clamp, "kl_input_clamp"))) return st;
   if ((st = pl_check_clamp(a->kl_output_clamp, "kl_output_clamp"))) return st;
   if (a->kl_coef != 0.0 && !a->ref_logp.data)
@@ -310,7 +303,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const int kl = a->ref_logp.data ? (int)a->kl_estimator + 1 : PL_KL_NONE;
 
   /* entropy */
-  if ((st = pl_check_finite(a->entropy_coef, "entropy_coef"))) return st;
+  if ((st = rlk_check_finite(a->entropy_coef, "entropy_coef"))) return st;
   if (a->entropy_coef != 0.0) {
     if (!a->entropy.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required when entropy_coef (%g) != 0",

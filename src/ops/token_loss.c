@@ -164,8 +164,7 @@ rlk_status tl_norm_resolve(const tl_layout *L, const tl_norm_args *n, double *c,
   *value = NULL;
   rlk_status st;
   const double ls = n->loss_scale;
-  if (!isfinite(ls))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss_scale: %g is not finite", ls);
+  if ((st = rlk_check_finite(ls, "loss_scale"))) return st;
   switch (n->agg) {
   case RLK_AGG_TOKEN_MEAN:
     if (n->token_tensor && n->token_tensor->data) {

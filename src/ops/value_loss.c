@@ -137,9 +137,7 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   p->s.in[VL_IN_RET] = a->returns.data;
   p->s.in_stride[VL_IN_RET] = stride;
 
-  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
-                     a->clamp_bound_grad);
+  if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   if (!(a->clip > 0.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clip: %g must be > 0 (INFINITY: no clipping)",
                      a->clip);
