@@ -327,34 +327,29 @@ static rlk_status cuda_mem_free(rlk_backend_impl *self, void *ptr) {
   return ctx_leave(s, &scope, RLK_OK);
 }
 
-static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
-                                      size_t bytes) {
-  cuda_state *s = state_of(self);
+/* A copy between host and device (to_device: host to device) for the entry point `what`. */
+static rlk_status cuda_copy(cuda_state *s, void *dst, const void *src, size_t bytes, int to_device,
+                            const char *what) {
   if (bytes == 0) return RLK_OK;
-  if (!dst || !src)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_device: NULL pointer");
+  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: %s: NULL pointer", what);
   ctx_scope scope;
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
-  CUresult r = s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
+  CUresult r = to_device ? s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes)
+                         : s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
   if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyHtoD", r));
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH", r));
   return ctx_leave(s, &scope, RLK_OK);
+}
+
+static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
+                                      size_t bytes) {
+  return cuda_copy(state_of(self), dst, src, bytes, 1, "copy_to_device");
 }
 
 static rlk_status cuda_copy_to_host(rlk_backend_impl *self, void *dst, const void *src,
                                     size_t bytes) {
-  cuda_state *s = state_of(self);
-  if (bytes == 0) return RLK_OK;
-  if (!dst || !src)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_host: NULL pointer");
-  ctx_scope scope;
-  rlk_status st = ctx_enter(s, &scope);
-  if (st != RLK_OK) return st;
-  CUresult r = s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyDtoH", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return cuda_copy(state_of(self), dst, src, bytes, 0, "copy_to_host");
 }
 
 static rlk_status cuda_mem_set(rlk_backend_impl *self, void *dst, int value, size_t bytes) {
