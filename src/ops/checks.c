@@ -68,6 +68,14 @@ rlk_status rlk_check_vocab_start(int64_t vocab_start) {
   return RLK_OK;
 }
 
+rlk_status rlk_check_status(const rlk_tensor *t) {
+  if (!t->data) return RLK_OK;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, "status", 1))) return st;
+  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  return rlk_check_ndim(t, "status", 1, 1);
+}
+
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {
   rlk_status st = rlk_check_ndim(t, what, 2, 2);
   if (st) return st;

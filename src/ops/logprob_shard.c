@@ -141,14 +141,6 @@ static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_
   return RLK_OK;
 }
 
-static rlk_status ls_check_status(const rlk_tensor *t) {
-  if (!t->data) return RLK_OK;
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, "status", 1))) return st;
-  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  return rlk_check_ndim(t, "status", 1, 1);
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* The shard forward                                                                   */
 /* ---------------------------------------------------------------------------------- */
@@ -231,7 +223,7 @@ rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_t
   if ((st = ls_check_f32_vector(logp, "logp", N))) return st;
   if (lse->data && (st = ls_check_f32_vector(lse, "lse", N))) return st;
   if (entropy->data && (st = ls_check_f32_vector(entropy, "entropy", N))) return st;
-  if ((st = ls_check_status(status))) return st;
+  if ((st = rlk_check_status(status))) return st;
   if (logp->data == lse->data || logp->data == entropy->data ||
       (lse->data && lse->data == entropy->data))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");

@@ -72,6 +72,9 @@ rlk_status rlk_check_finite(double value, const char *what);
 rlk_status rlk_check_unit_interval(double value, const char *what);
 rlk_status rlk_check_vocab_start(int64_t vocab_start);
 
+/* An optional `status` output: absent, or a 1-D i32 tensor (its length the caller's). */
+rlk_status rlk_check_status(const rlk_tensor *t);
+
 /* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
  * total (named total_name in the message), non-decreasing; increasing when nonempty. */
 rlk_status rlk_check_offset_values(const rlk_tensor *o, const char *what, int64_t count, int64_t total,

@@ -232,11 +232,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->threshold, "threshold", f32, B))) return st;
-  if (a->status.data) {
-    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
-    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-    if ((st = rlk_check_ndim(&a->status, "status", 1, 1))) return st;
-  }
+  if ((st = rlk_check_status(&a->status))) return st;
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
   int row_split = -1;
