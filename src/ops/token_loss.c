@@ -130,12 +130,10 @@ rlk_status tl_stream_in(const tl_layout *L, const rlk_tensor *t, const char *wha
 
 rlk_status tl_stream_out(const tl_layout *L, const rlk_tensor *t, const char *what, int required, void **data,
                          long long *stride) {
-  int64_t s;
-  rlk_status st = tl_stream_check(L, t, what, required, &s);
-  if (st) return st;
-  *data = t->data;
-  *stride = s;
-  return RLK_OK;
+  const void *in;
+  rlk_status st = tl_stream_in(L, t, what, required, &in, stride);
+  if (st == RLK_OK) *data = t->data; /* the same pointer, writable */
+  return st;
 }
 
 rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *what) {
