@@ -111,11 +111,11 @@ static rlk_status rtc_compile_locked(rlk_compiler *self, const rlk_compile_reque
 }
 
 static rlk_status rtc_compile(rlk_compiler *self, const rlk_compile_request *req, rlk_compile_result *out) {
-  rlk_rtc *rtc = rtc_of(self);
-  const char *name = rtc->kind->name;
+  const char *name = self && self->impl ? rtc_of(self)->kind->name : "compiler";
   /* The target check comes first, before the library is called at all (hiprtc.c says why). */
   rlk_status st = rlk_compile_begin(self, name, req, out);
   if (st != RLK_OK) return st;
+  rlk_rtc *rtc = rtc_of(self);
   if (req->nheaders > (size_t)1 << 20 || req->nnames > (size_t)1 << 20)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: too many headers or names", name);
   double start = rlk_now();
