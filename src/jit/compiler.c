@@ -1,5 +1,6 @@
-/* compiler.c - what the compiler implementations share: freeing results, checking requests,
- * target lists, compile-error messages (see compiler.h and compiler_impl.h). */
+/* compiler.c - what the compiler implementations share: freeing results, opening, starting a
+ * compile, checking requests, target lists, compile-error messages (see compiler.h and
+ * compiler_impl.h). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,7 @@
 /* compiler_impl.h - helpers the three compiler implementations share (nvrtc.c, hiprtc.c,
- * hostcc.c): request checks, target lists, result building and compile-error messages.
- * Internal to src/jit; the JIT itself only sees compiler.h. */
+ * hostcc.c; NVRTC and hiprtc share more in rtc.h): the open's allocation, a compile's start and
+ * request checks, target lists, result building and compile-error messages. Internal to src/jit;
+ * the JIT itself only sees compiler.h. */
 #ifndef RLK_COMPILER_IMPL_H
 #define RLK_COMPILER_IMPL_H
 
