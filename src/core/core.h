@@ -4,6 +4,7 @@
 #define RLK_CORE_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,10 @@ rlk_log_level rlk_log_get_level(void);
  * README's table can be checked against one list (util.c). */
 const char *rlk_env(const char *name);             /* NULL if unset or empty */
 int64_t rlk_env_int(const char *name, int64_t fallback); /* fallback if unset or not a number */
+/* The index in `names` (NULL-terminated) of `name`'s value, read once per process into *cache
+ * (-1: not read yet): `def` when it is unset, and (with a warning that lists the names) when it
+ * is none of them. */
+int rlk_env_choice(atomic_int *cache, const char *name, const char *const *names, int def);
 
 /* Monotonic seconds. */
 double rlk_now(void);

@@ -22,6 +22,34 @@ int64_t rlk_env_int(const char *name, int64_t fallback) {
   return (int64_t)x;
 }
 
+int rlk_env_choice(atomic_int *cache, const char *name, const char *const *names, int def) {
+  int v = atomic_load_explicit(cache, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = def;
+  const char *e = rlk_env(name);
+  if (e) {
+    int found = 0;
+    for (int i = 0; names[i]; i++)
+      if (!strcmp(e, names[i])) {
+        v = i;
+        found = 1;
+      }
+    if (!found) {
+      char list[256] = "";
+      size_t len = 0;
+      for (int i = 0; names[i]; i++) {
+        const char *sep = i == 0 ? "" : names[i + 1] ? ", " : " or ";
+        int n = snprintf(list + len, sizeof list - len, "%s%s", sep, names[i]);
+        if (n < 0 || (size_t)n >= sizeof list - len) break;
+        len += (size_t)n;
+      }
+      rlk_warn("%s='%s' is not %s: ignored", name, e, list);
+    }
+  }
+  atomic_store_explicit(cache, v, memory_order_relaxed);
+  return v;
+}
+
 double rlk_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -1,5 +1,6 @@
-/* compiler.c - what the compiler implementations share: freeing results, checking requests,
- * target lists, compile-error messages (see compiler.h and compiler_impl.h). */
+/* compiler.c - what the compiler implementations share: freeing results, opening, starting a
+ * compile, checking requests, target lists, compile-error messages (see compiler.h and
+ * compiler_impl.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,29 @@ rlk_status rlk_compile_request_check(const rlk_compiler *compiler, const rlk_com
     return rlk_error(RLK_ERR_UNSUPPORTED, "%s: cannot compile for target '%s' (it builds for: %s)",
                      compiler->id, req->target->name, compiler->targets);
   return RLK_OK;
+}
+
+rlk_status rlk_compiler_new(const char *who, const char *oom, size_t impl_size, rlk_compiler **out,
+                            rlk_compiler **made) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: NULL output", who);
+  *out = NULL;
+  void *impl = calloc(1, impl_size);
+  rlk_compiler *c = calloc(1, sizeof *c);
+  if (!impl || !c) {
+    free(impl);
+    free(c);
+    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "%s", oom);
+  }
+  c->impl = impl;
+  *made = c;
+  return RLK_OK;
+}
+
+rlk_status rlk_compile_begin(const rlk_compiler *compiler, const char *who, const rlk_compile_request *req,
+                             rlk_compile_result *out) {
+  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: NULL result", who);
+  memset(out, 0, sizeof *out);
+  return rlk_compile_request_check(compiler, req);
 }
 
 rlk_status rlk_compile_error(const rlk_compiler *compiler, const rlk_compile_request *req,

@@ -509,8 +509,6 @@ static int allowed_option(const char *opt) {
 }
 
 static rlk_status hostcc_check(rlk_compiler *self, const rlk_compile_request *req) {
-  rlk_status st = rlk_compile_request_check(self, req);
-  if (st != RLK_OK) return st;
   for (size_t i = 0; i < req->noptions; i++)
     if (!allowed_option(req->options[i]))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: option '%s' is not allowed (only -D and -U)",
@@ -623,9 +621,8 @@ static rlk_status hostcc_build(rlk_compiler *self, const rlk_compile_request *re
 
 static rlk_status hostcc_compile(rlk_compiler *self, const rlk_compile_request *req,
                                  rlk_compile_result *out) {
-  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "host compiler: NULL result");
-  memset(out, 0, sizeof *out);
-  rlk_status st = hostcc_check(self, req);
+  rlk_status st = rlk_compile_begin(self, "host compiler", req, out);
+  if (st == RLK_OK) st = hostcc_check(self, req);
   if (st != RLK_OK) return st;
   const char *source = req->source_name && safe_relative_name(req->source_name) ? req->source_name
                                                                                  : "kernel.c";
@@ -658,16 +655,10 @@ static void hostcc_destroy(rlk_compiler *self) {
 }
 
 rlk_status rlk_hostcc_open(rlk_compiler **out) {
-  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "host compiler: NULL output");
-  *out = NULL;
-  hostcc_impl *impl = calloc(1, sizeof *impl);
-  rlk_compiler *c = calloc(1, sizeof *c);
-  if (!impl || !c) {
-    free(impl);
-    free(c);
-    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "host compiler");
-  }
-  c->impl = impl;
+  rlk_compiler *c = NULL;
+  rlk_status st = rlk_compiler_new("host compiler", "host compiler", sizeof(hostcc_impl), out, &c);
+  if (st != RLK_OK) return st;
+  hostcc_impl *impl = c->impl;
   c->destroy = hostcc_destroy;
 
   const char *wanted = rlk_env("RLK_HOST_CC");
@@ -687,7 +678,7 @@ rlk_status rlk_hostcc_open(rlk_compiler **out) {
   char *argv[] = {impl->path, "--version", NULL};
   char *text = NULL;
   int code = -1;
-  rlk_status st = run_program(argv, HOSTCC_VERSION_TIMEOUT_S, NULL, &text, &code);
+  st = run_program(argv, HOSTCC_VERSION_TIMEOUT_S, NULL, &text, &code);
   if (st != RLK_OK) {
     hostcc_destroy(c);
     return rlk_error_wrap(RLK_ERR_UNAVAILABLE, "host compiler");

@@ -234,11 +234,6 @@ typedef struct as_call {
   as_args k;
 } as_call;
 
-static rlk_status as_check_scalar(const char *what, double v) {
-  if (!isfinite(v)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, v);
-  return RLK_OK;
-}
-
 /* The shape from the first input, the first input's dtype for everything else, the mask. */
 static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t *B, int64_t *T) {
   rlk_status st;
@@ -286,7 +281,7 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 0, dt, B, T))) return st;
-  if ((st = as_check_scalar("gamma", a->gamma)) || (st = as_check_scalar("lambda", a->lambda)))
+  if ((st = rlk_check_finite(a->gamma, "gamma")) || (st = rlk_check_finite(a->lambda, "lambda")))
     return st;
   if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
@@ -306,7 +301,7 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   const uint32_t dt = RLK_DTYPE_BIT(a->rewards.dtype);
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
-  if ((st = as_check_scalar("gamma", a->gamma))) return st;
+  if ((st = rlk_check_finite(a->gamma, "gamma"))) return st;
   if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
                      (int)a->masked);

@@ -1,4 +1,5 @@
 /* checks.c - argument validation helpers shared by the ops. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -26,18 +27,53 @@ rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int lo, int hi)
   return RLK_OK;
 }
 
-rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
-                            int contiguous, int64_t *stride) {
+rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
+                               const char *n_name, int contiguous, int64_t *stride) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
   if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
+  if (t->shape[0] != n)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (%s)", what,
+                     (long long)t->shape[0], (long long)n, n_name);
   if (contiguous && (st = rlk_check_contiguous(t, what))) return st;
-  if (stride) *stride = N > 1 ? t->strides[0] : 1;
+  if (stride) *stride = n > 1 ? t->strides[0] : 1;
   return RLK_OK;
+}
+
+rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
+                            int contiguous, int64_t *stride) {
+  return rlk_check_vector_of(t, what, dtypes, N, "N", contiguous, stride);
+}
+
+rlk_status rlk_check_flag(int value, const char *what) {
+  if (value != 0 && value != 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %d is not 0 or 1", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_finite(double value, const char *what) {
+  if (!isfinite(value)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_unit_interval(double value, const char *what) {
+  if (!(value >= 0.0 && value <= 1.0))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not in [0, 1]", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_vocab_start(int64_t vocab_start) {
+  if (vocab_start < 0 || vocab_start > ((int64_t)1 << 40))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)vocab_start);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_status(const rlk_tensor *t) {
+  if (!t->data) return RLK_OK;
+  rlk_status st;
+  if ((st = rlk_check_tensor(t, "status", 1))) return st;
+  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
+  return rlk_check_ndim(t, "status", 1, 1);
 }
 
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {

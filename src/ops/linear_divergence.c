@@ -578,8 +578,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
         (st = rlk_check_contiguous(&a->partials, "partials")))
       return st;
     if ((uintptr_t)a->partials.data % 16) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
-    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+    if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   } else {
     if (a->vocab_start != 0)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: only in the shard form (with partials)");
@@ -845,15 +844,13 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (k->s.gh < 0 && k->s.gw < 0 && k->t.gh < 0 && k->t.gw < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "grad_student_hidden, grad_student_weight, grad_teacher_hidden, "
                                                "grad_teacher_weight: give at least one");
-  if (a->accumulate != 0 && a->accumulate != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
-  if (a->shard != 0 && a->shard != 1) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_flag(a->accumulate, "accumulate"))) return st;
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (!a->shard && a->vocab_start != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1", (long long)a->vocab_start);
   if (a->shard && (a->mode == RLK_DIVERGENCE_JSD || a->top_k))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: the shard form takes the forward or reverse KL");
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]", (long long)a->vocab_start);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   if (a->chunk < 0 || a->chunk % LD_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   k->kmode = a->top_k ? LD_TOPK : (int)a->mode;
@@ -892,26 +889,14 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   size_t off = 0;
   if (k->s.gh > 0) k->s.dh_off = off, off += ld_align256((size_t)(h->N * h->Hs) * 4u);
   if (k->t.gh > 0) k->t.dh_off = off, off += ld_align256((size_t)(h->N * h->Ht) * 4u);
-  const int64_t vpad = (h->V + tile - 1) / tile * tile;
-  int64_t chunk = (a->chunk + tile - 1) / tile * tile;
-  if (!chunk) {
-    /* dz within what the sums leave of the budget: the fewest chunks cut evenly, or on sm_90a the
-     * width whose products fill whole waves of the multiprocessors (the fused head's model, over
-     * the larger side's products) */
-    const int64_t room = LD_BWD_WORKSPACE_BYTES - (int64_t)off;
-    int64_t most = room > 0 ? room / (dzs * sides * h->N) / tile * tile : 0;
-    if (most < tile) most = tile;
-    if (k->sm90) {
-      const ld_side *x = student ? &k->s : &k->t;
-      const rlk_ll_chunk_problem cp = {h->N, student ? h->Hs : h->Ht, h->V, x->gh >= 0, x->gw >= 0,
-                                       ctx->target.multiprocessors, most};
-      chunk = rlk_ll_bwd_sm90_chunk(&cp);
-    } else {
-      const int64_t chunks = (vpad + most - 1) / most;
-      chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
-    }
-  }
-  if (chunk > vpad) chunk = vpad;
+  /* dz within what the sums leave of the budget: the fewest chunks cut evenly, or on sm_90a the
+   * width whose products fill whole waves of the multiprocessors (the fused head's model, over
+   * the student's products when it has gradients, else the teacher's) */
+  const ld_side *x = student ? &k->s : &k->t;
+  rlk_ll_chunk_problem cp = {h->N, student ? h->Hs : h->Ht, h->V, x->gh >= 0, x->gw >= 0,
+                             ctx->target.multiprocessors, 0};
+  const int64_t chunk = rlk_ll_bwd_chunk(a->chunk, h->V, tile, LD_BWD_WORKSPACE_BYTES - (int64_t)off,
+                                         dzs * sides * h->N, k->sm90 ? &cp : NULL);
   k->chunk = chunk;
   const size_t dz_bytes = ld_align256((size_t)(h->N * chunk * dzs));
   if (k->s.gh >= 0 || k->s.gw >= 0) k->s.dz_off = off, off += dz_bytes;

@@ -252,9 +252,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
     if ((st = rlk_check_contiguous(p, "partials"))) return st;
     if ((uintptr_t)p->data % 16)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: not 16-byte aligned");
-    if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                       (long long)a->vocab_start);
+    if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   } else {
     if (a->vocab_start != 0 || a->partial_entropy)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -763,16 +761,12 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if (a->shard) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
     if ((st = rlk_check_vector(&a->threshold, "threshold", f32, k->h.N, 1, NULL))) return st;
   }
-  if (a->accumulate != 0 && a->accumulate != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "accumulate: %d is not 0 or 1", a->accumulate);
-  if (a->shard != 0 && a->shard != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_flag(a->accumulate, "accumulate"))) return st;
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (!a->shard && a->vocab_start != 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld without shard 1",
                      (long long)a->vocab_start);
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                     (long long)a->vocab_start);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
   if (a->chunk < 0 || a->chunk % LL_TILE)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk: %d is not 0 or a positive multiple of 64", a->chunk);
   if (a->group < 0 || a->group > LL_BWD_GROUP_MAX)
@@ -799,26 +793,13 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                      "elements), and the portable kernels they would fall back to round dz and sum in another "
                      "order; RLK_INVARIANT=1 refuses the fallback");
   const int64_t tile = k->c.sm90 ? LL_SM90_BN : LL_TILE, dzs = k->c.sm90 ? 2 : 4;
-  const int64_t vpad = (k->h.V + tile - 1) / tile * tile;
   /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */
   k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
-  int64_t chunk = (asked_chunk + tile - 1) / tile * tile;
-  if (!chunk) {
-    /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost
-     * model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
-    const int64_t room = LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes;
-    int64_t most = room > 0 ? room / (dzs * k->h.N) / tile * tile : 0;
-    if (most < tile) most = tile;
-    if (k->c.sm90) {
-      const rlk_ll_chunk_problem cp = {k->h.N, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0,
-                                       ctx->target.multiprocessors, most};
-      chunk = rlk_ll_bwd_sm90_chunk(&cp);
-    } else {
-      const int64_t chunks = (vpad + most - 1) / most;
-      chunk = ((vpad + chunks - 1) / chunks + tile - 1) / tile * tile;
-    }
-  }
-  if (chunk > vpad) chunk = vpad;
+  /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost
+   * model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
+  rlk_ll_chunk_problem cp = {k->h.N, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0, ctx->target.multiprocessors, 0};
+  const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile, LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes,
+                                         dzs * k->h.N, k->c.sm90 ? &cp : NULL);
   k->chunk = chunk;
   k->dz_bytes = ll_align256((size_t)(k->h.N * chunk * dzs));
   call->workspace = k->dh_bytes + k->dz_bytes;

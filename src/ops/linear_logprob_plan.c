@@ -75,6 +75,24 @@ int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p) {
   return best;
 }
 
+int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, int64_t column_bytes,
+                         rlk_ll_chunk_problem *sm90) {
+  const int64_t vpad = llp_ceil(V, tile) * tile;
+  int64_t chunk = llp_ceil(asked, tile) * tile;
+  if (!chunk) {
+    int64_t most = room > 0 ? room / column_bytes / tile * tile : 0;
+    if (most < tile) most = tile;
+    if (sm90) {
+      sm90->widest = most;
+      chunk = rlk_ll_bwd_sm90_chunk(sm90);
+    } else {
+      const int64_t chunks = llp_ceil(vpad, most);
+      chunk = llp_ceil(llp_ceil(vpad, chunks), tile) * tile;
+    }
+  }
+  return chunk > vpad ? vpad : chunk;
+}
+
 /* Bytes of grad_weight's read-modify-write that take as long as a tile's K step (H200: 3.6 TB/s
  * against about 0.8 us a step). */
 #define LLP_RMW_BYTES_A_STEP ((int64_t)2850000)

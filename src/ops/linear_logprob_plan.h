@@ -75,6 +75,13 @@ typedef struct rlk_ll_chunk_problem {
  * widest cut evenly: the fewest chunks, of even widths. */
 int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p);
 
+/* The backward's chunk width in columns of V (rlk_linear_logprob's and rlk_linear_divergence's):
+ * `asked` rounded up to whole tiles when it is not 0; else within `room` bytes of dz at
+ * column_bytes a column (at least one tile): on sm_90a (sm90 given, its widest set here) the cost
+ * model's width, elsewhere the fewest chunks cut evenly. At most V rounded up to whole tiles. */
+int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, int64_t column_bytes,
+                         rlk_ll_chunk_problem *sm90);
+
 /* rlk_linear_policy_loss's token chunks (sm_90a): the rows of a chunk (a multiple of 64, from
  * half of `widest` to `widest`, at most N rounded up to 64) that minimize the same model over the
  * chunk's three launches: the logits (rows x V, K = H), dh (rows x H, K = V) and dw (V x H,

@@ -226,21 +226,7 @@ static int64_t lp_next_pow2(int64_t x) {
 static atomic_int lp_env_variant = -1;
 
 static int lp_env_override(void) {
-  int v = atomic_load_explicit(&lp_env_variant, memory_order_relaxed);
-  if (v >= 0) return v;
-  v = RLK_LOGPROB_VARIANT_AUTO;
-  const char *e = rlk_env("RLK_LOGPROB_VARIANT");
-  if (e) {
-    int found = 0;
-    for (int i = 0; lp_variant_names[i]; i++)
-      if (!strcmp(e, lp_variant_names[i])) {
-        v = i;
-        found = 1;
-      }
-    if (!found) rlk_warn("RLK_LOGPROB_VARIANT='%s' is not auto, vec, bulk or tma: ignored", e);
-  }
-  atomic_store_explicit(&lp_env_variant, v, memory_order_relaxed);
-  return v;
+  return rlk_env_choice(&lp_env_variant, "RLK_LOGPROB_VARIANT", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO);
 }
 
 /* Checks the tuning requests (settings) that make sense for `variant` on this backend. */
@@ -546,15 +532,6 @@ static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_
   return RLK_OK;
 }
 
-static rlk_status lp_check_status(const rlk_tensor *t) {
-  if (!t->data) return RLK_OK;
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, "status", 1))) return st;
-  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  if ((st = rlk_check_ndim(t, "status", 1, 1))) return st;
-  return RLK_OK;
-}
-
 static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, int variant,
                                   int64_t N, int64_t *label_stride) {
   rlk_status st;
@@ -637,7 +614,7 @@ static rlk_status lp_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL))) return st;
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
-  if ((st = lp_check_status(&a->status))) return st;
+  if ((st = rlk_check_status(&a->status))) return st;
   if (a->threshold.data && (st = rlk_check_vector(&a->threshold, "threshold", RLK_DTYPE_BIT(RLK_F32), N, 1, NULL)))
     return st;
   lp_set_values(&call->vals, LP_PASS_FWD, &a->logits, &a->labels, a->entropy.data != NULL, N, V, (int)a->variant,
@@ -771,9 +748,8 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
       (a->grad_logits.dtype != a->logits.dtype || (N > 1 && grad_stride != k->row_stride)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "grad_logits: in place over the logits needs the same dtype and row stride");
-  if ((st = lp_check_status(&a->status))) return st;
-  if (a->shard != 0 && a->shard != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "shard: %d is not 0 or 1", a->shard);
+  if ((st = rlk_check_status(&a->status))) return st;
+  if ((st = rlk_check_flag(a->shard, "shard"))) return st;
   if (a->shard && a->vocab_start < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
                      (long long)a->vocab_start);

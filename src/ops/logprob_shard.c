@@ -141,14 +141,6 @@ static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_
   return RLK_OK;
 }
 
-static rlk_status ls_check_status(const rlk_tensor *t) {
-  if (!t->data) return RLK_OK;
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, "status", 1))) return st;
-  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  return rlk_check_ndim(t, "status", 1, 1);
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* The shard forward                                                                   */
 /* ---------------------------------------------------------------------------------- */
@@ -176,12 +168,8 @@ static rlk_status ls_fwd_validate(const rlk_context *ctx, const void *args, rlk_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "logp, lse, entropy: absent in the shard form (partials given); "
                      "rlk_logprob_combine writes them");
-  if (a->vocab_start < 0 || a->vocab_start > ((int64_t)1 << 40))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is outside [0, 2^40]",
-                     (long long)a->vocab_start);
-  if (a->partial_entropy != 0 && a->partial_entropy != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partial_entropy: %d is not 0 or 1",
-                     a->partial_entropy);
+  if ((st = rlk_check_vocab_start(a->vocab_start))) return st;
+  if ((st = rlk_check_flag(a->partial_entropy, "partial_entropy"))) return st;
   if (a->threshold.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
   rlk_op_values *v = &call->vals;
@@ -235,7 +223,7 @@ rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_t
   if ((st = ls_check_f32_vector(logp, "logp", N))) return st;
   if (lse->data && (st = ls_check_f32_vector(lse, "lse", N))) return st;
   if (entropy->data && (st = ls_check_f32_vector(entropy, "entropy", N))) return st;
-  if ((st = ls_check_status(status))) return st;
+  if ((st = rlk_check_status(status))) return st;
   if (logp->data == lse->data || logp->data == entropy->data ||
       (lse->data && lse->data == entropy->data))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");

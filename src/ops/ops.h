@@ -58,9 +58,22 @@ rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, 
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
                             int contiguous, int64_t *stride);
+/* The same for a length n named n_name in the message ("B": a tensor a row). */
+rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
+                               const char *n_name, int contiguous, int64_t *stride);
 /* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
+
+/* Argument values: a flag (0 or 1), a finite number, a number in [0, 1], and a vocabulary
+ * shard's first id (in [0, 2^40]); each message names `what` and the value. */
+rlk_status rlk_check_flag(int value, const char *what);
+rlk_status rlk_check_finite(double value, const char *what);
+rlk_status rlk_check_unit_interval(double value, const char *what);
+rlk_status rlk_check_vocab_start(int64_t vocab_start);
+
+/* An optional `status` output: absent, or a 1-D i32 tensor (its length the caller's). */
+rlk_status rlk_check_status(const rlk_tensor *t);
 
 /* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
  * total (named total_name in the message), non-decreasing; increasing when nonempty. */

@@ -45,10 +45,8 @@ _Static_assert(PL_MODE_PPO == (int)RLK_POLICY_PPO && PL_MODE_GSPO == (int)RLK_PO
                    PL_MODE_REINFORCE == (int)RLK_POLICY_REINFORCE && PL_MODE_GEO_MEAN == (int)RLK_POLICY_GEO_MEAN,
                "policy_loss modes: rlk_policy_loss_mode order");
 
-#define PL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
-
 static const rlk_param_decl pl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
     {"mode", RLK_PARAM_ENUM, 0, 5, 0, 0, pl_mode_names},
     {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
     {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
@@ -61,27 +59,18 @@ static const rlk_param_decl pl_main_params[] = {
     {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
-static const rlk_param_decl pl_count_params[] = {
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
-};
-
-static const rlk_param_decl pl_dtype_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, PL_DTYPES, NULL},
-};
-
 static const rlk_template pl_main_tmpl = {
     "policy_loss", "policy_loss_main", "cuda/policy_loss.cuh", NULL,
     sizeof pl_main_params / sizeof pl_main_params[0], pl_main_params};
 
 static const rlk_template pl_count_tmpl = {"policy_loss", "policy_loss_count",
-                                           "cuda/policy_loss.cuh", NULL, 2, pl_count_params};
+                                           "cuda/policy_loss.cuh", NULL, 2, tl_count_params};
 
 static const rlk_template pl_reduce_tmpl = {"policy_loss", "policy_loss_reduce",
-                                            "cuda/policy_loss.cuh", NULL, 1, pl_dtype_params};
+                                            "cuda/policy_loss.cuh", NULL, 1, tl_dtype_params};
 
 static const rlk_template pl_host_tmpl = {"policy_loss", "policy_loss_host", NULL,
-                                          "host/policy_loss.c", 1, pl_dtype_params};
+                                          "host/policy_loss.c", 1, tl_dtype_params};
 
 /* ---------------------------------------------------------------------------------- */
 /* The settings and the plan (shared by calls and precompiling)                        */
@@ -202,11 +191,6 @@ static rlk_status pl_check_clamp(double x, const char *what) {
   return RLK_OK;
 }
 
-static rlk_status pl_check_finite(double x, const char *what) {
-  if (!isfinite(x)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, x);
-  return RLK_OK;
-}
-
 static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
@@ -227,9 +211,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   p->s.cols = L->cols;
 
   /* streams */
-  if ((st = tl_stream_check(L, &a->old_logp, "old_logp", 1, &stride))) return st;
-  p->s.in[PL_IN_OLD] = a->old_logp.data;
-  p->s.in_stride[PL_IN_OLD] = stride;
+  if ((st = tl_stream_in(L, &a->old_logp, "old_logp", 1, &p->s.in[PL_IN_OLD], &p->s.in_stride[PL_IN_OLD]))) return st;
   int adv_seq = a->seq_advantages != 0;
   rlk_tensor adv = a->advantages;
   if (!adv_seq && adv.data && adv.ndim == 2 && adv.shape[1] > 1 && adv.strides[1] == 0 &&
@@ -248,19 +230,15 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
     if ((st = tl_seq_check(L, &adv, "advantages"))) return st;
     p->adv_seq = adv.data;
   } else {
-    if ((st = tl_stream_check(L, &a->advantages, "advantages", 1, &stride))) return st;
-    p->s.in[PL_IN_ADV] = a->advantages.data;
-    p->s.in_stride[PL_IN_ADV] = stride;
+    if ((st = tl_stream_in(L, &a->advantages, "advantages", 1, &p->s.in[PL_IN_ADV],
+                           &p->s.in_stride[PL_IN_ADV])))
+      return st;
   }
-  if ((st = tl_stream_check(L, &a->ref_logp, "ref_logp", 0, &stride))) return st;
-  p->s.in[PL_IN_REF] = a->ref_logp.data;
-  p->s.in_stride[PL_IN_REF] = stride;
-  if ((st = tl_stream_check(L, &a->entropy, "entropy", 0, &stride))) return st;
-  p->s.in[PL_IN_ENT] = a->entropy.data;
-  p->s.in_stride[PL_IN_ENT] = stride;
-  if ((st = tl_stream_check(L, &a->rollout_is_weights, "rollout_is_weights", 0, &stride))) return st;
-  p->s.in[PL_IN_ISW] = a->rollout_is_weights.data;
-  p->s.in_stride[PL_IN_ISW] = stride;
+  if ((st = tl_stream_in(L, &a->ref_logp, "ref_logp", 0, &p->s.in[PL_IN_REF], &p->s.in_stride[PL_IN_REF]))) return st;
+  if ((st = tl_stream_in(L, &a->entropy, "entropy", 0, &p->s.in[PL_IN_ENT], &p->s.in_stride[PL_IN_ENT]))) return st;
+  if ((st = tl_stream_in(L, &a->rollout_is_weights, "rollout_is_weights", 0, &p->s.in[PL_IN_ISW],
+                         &p->s.in_stride[PL_IN_ISW])))
+    return st;
 
   /* mode and its numbers */
   if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_GEO_MEAN)
@@ -285,9 +263,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
                      (int)a->seq_ratio_grad);
   const int seq_grad = mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
-  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
-                     a->clamp_bound_grad);
+  if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   if (mode == RLK_POLICY_SAPO) {
     if (!(a->sapo_tau_pos > 0.0) || !isfinite(a->sapo_tau_pos))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "sapo_tau_pos: %g must be > 0 and finite",
@@ -301,7 +277,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((int)a->kl_estimator < RLK_KL_K1 || (int)a->kl_estimator > RLK_KL_K3)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl_estimator: %d is not an rlk_kl_estimator",
                      (int)a->kl_estimator);
-  if ((st = pl_check_finite(a->kl_coef, "kl_coef"))) return st;
+  if ((st = rlk_check_finite(a->kl_coef, "kl_coef"))) return st;
   if ((st = pl_check_clamp(a->kl_input_clamp, "kl_input_clamp"))) return st;
   if ((st = pl_check_clamp(a->kl_output_clamp, "kl_output_clamp"))) return st;
   if (a->kl_coef != 0.0 && !a->ref_logp.data)
@@ -310,14 +286,14 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const int kl = a->ref_logp.data ? (int)a->kl_estimator + 1 : PL_KL_NONE;
 
   /* entropy */
-  if ((st = pl_check_finite(a->entropy_coef, "entropy_coef"))) return st;
+  if ((st = rlk_check_finite(a->entropy_coef, "entropy_coef"))) return st;
   if (a->entropy_coef != 0.0) {
     if (!a->entropy.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "entropy: required when entropy_coef (%g) != 0",
                        a->entropy_coef);
-    if ((st = tl_stream_check(L, &a->grad_entropy, "grad_entropy", 1, &stride))) return st;
-    p->s.out[PL_OUT_GENT] = a->grad_entropy.data;
-    p->s.out_stride[PL_OUT_GENT] = stride;
+    if ((st = tl_stream_out(L, &a->grad_entropy, "grad_entropy", 1, &p->s.out[PL_OUT_GENT],
+                            &p->s.out_stride[PL_OUT_GENT])))
+      return st;
   }
   const int ent = a->entropy_coef != 0.0 ? PL_ENT_GRAD : a->entropy.data ? PL_ENT_READ : PL_ENT_NONE;
 
@@ -337,9 +313,9 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
 
   /* outputs */
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
-  if ((st = tl_stream_check(L, &a->grad_logp, "grad_logp", 1, &stride))) return st;
-  p->s.out[PL_OUT_GLOGP] = a->grad_logp.data;
-  p->s.out_stride[PL_OUT_GLOGP] = stride;
+  if ((st = tl_stream_out(L, &a->grad_logp, "grad_logp", 1, &p->s.out[PL_OUT_GLOGP],
+                          &p->s.out_stride[PL_OUT_GLOGP])))
+    return st;
   if ((st = tl_vector_check(&a->metrics, "metrics", L->dtype, RLK_POLICY_LOSS_METRICS, 0))) return st;
   p->loss = a->loss.data;
   p->metrics = a->metrics.data;
@@ -380,7 +356,7 @@ static const void *pl_launch_params(const rlk_context *ctx, const void *args, rl
   const rlk_policy_loss_args *a = args;
   pl_call *k = (pl_call *)call;
   k->k.partials = a->workspace;
-  if (k->tl.count && a->workspace) k->k.norm.counts = (void *)((char *)a->workspace + tl_counts_offset(&k->tl.g, PL_NACC));
+  k->k.norm.counts = tl_counts(&k->tl, a->workspace, PL_NACC);
   return &k->k;
 }
 

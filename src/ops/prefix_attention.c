@@ -148,22 +148,7 @@ typedef struct pa_plan {
 static atomic_int pa_env_variant = -1;
 
 static int pa_env_override(void) {
-  int v = atomic_load_explicit(&pa_env_variant, memory_order_relaxed);
-  if (v >= 0) return v;
-  v = PA_VARIANT_AUTO;
-  const char *e = rlk_env("RLK_PREFIX_ATTENTION_VARIANT");
-  if (e) {
-    if (!strcmp(e, "portable"))
-      v = PA_VARIANT_PORTABLE;
-    else if (!strcmp(e, "mma"))
-      v = PA_VARIANT_MMA;
-    else if (!strcmp(e, "wgmma"))
-      v = PA_VARIANT_WGMMA;
-    else if (strcmp(e, "auto"))
-      rlk_warn("RLK_PREFIX_ATTENTION_VARIANT='%s' is not auto, portable, mma or wgmma: ignored", e);
-  }
-  atomic_store_explicit(&pa_env_variant, v, memory_order_relaxed);
-  return v;
+  return rlk_env_choice(&pa_env_variant, "RLK_PREFIX_ATTENTION_VARIANT", pa_variant_names, PA_VARIANT_AUTO);
 }
 
 static void pa_spec(rlk_kernel_spec *s, const rlk_template *t, int64_t dtype, int64_t D, int stages) {

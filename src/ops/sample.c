@@ -172,14 +172,7 @@ const rlk_op_desc rlk_op_sample = {
 static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, uint32_t dtypes,
                                        int64_t B) {
   if (!t->data) return RLK_OK;
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (B)", what,
-                     (long long)t->shape[0], (long long)B);
-  return rlk_check_contiguous(t, what);
+  return rlk_check_vector_of(t, what, dtypes, B, "B", 1, NULL);
 }
 
 RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
@@ -239,11 +232,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->threshold, "threshold", f32, B))) return st;
-  if (a->status.data) {
-    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
-    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-    if ((st = rlk_check_ndim(&a->status, "status", 1, 1))) return st;
-  }
+  if ((st = rlk_check_status(&a->status))) return st;
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
   int row_split = -1;

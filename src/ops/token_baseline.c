@@ -166,8 +166,7 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if (a->mask.data && (st = tb_check_rows(&a->mask, "mask", TB_MASK_DTYPES, B, T))) return st;
   if (!(a->epsilon >= 0.0) || isinf(a->epsilon))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "epsilon: %g must be finite and >= 0", a->epsilon);
-  if (a->compact != 0 && a->compact != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "compact: %d is not 0 or 1", a->compact);
+  if ((st = rlk_check_flag(a->compact, "compact"))) return st;
 
   /* groups */
   rlk_dtype offsets;

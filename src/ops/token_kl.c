@@ -160,12 +160,10 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "estimator: %d is not an rlk_kl_estimator", (int)a->estimator);
   if ((st = tk_bound_pair(a->input_min, a->input_max, "input_min, input_max"))) return st;
   if ((st = tk_bound_pair(a->output_min, a->output_max, "output_min, output_max"))) return st;
-  if (a->straight_through != 0 && a->straight_through != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "straight_through: %d is not 0 or 1", a->straight_through);
+  if ((st = rlk_check_flag(a->straight_through, "straight_through"))) return st;
   if (!(a->is_weight_max > 0.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "is_weight_max: %g is not > 0", a->is_weight_max);
-  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]", a->clamp_bound_grad);
+  if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   rlk_op_values *v = &call->vals;
   rlk_op_values_set(v, TK_S_DTYPE, a->logp.dtype);
   rlk_op_values_set(v, TK_S_ESTIMATOR, a->estimator);

@@ -11,6 +11,15 @@
 const char *const tl_layout_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TL_LAYOUTS);
 const char *const tl_packed_names[] = {"padded", "packed", NULL};
 const char *const tl_normalizer_names[] = {"value", "tensor", "count", NULL};
+
+const rlk_param_decl tl_count_params[2] = {
+    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
+    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
+};
+
+const rlk_param_decl tl_dtype_params[1] = {
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
+};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm", NULL};
@@ -109,6 +118,24 @@ rlk_status tl_stream_check(const tl_layout *L, const rlk_tensor *t, const char *
   return tl_check_shape(L, t, what, stride);
 }
 
+rlk_status tl_stream_in(const tl_layout *L, const rlk_tensor *t, const char *what, int required, const void **data,
+                        long long *stride) {
+  int64_t s;
+  rlk_status st = tl_stream_check(L, t, what, required, &s);
+  if (st) return st;
+  *data = t->data;
+  *stride = s;
+  return RLK_OK;
+}
+
+rlk_status tl_stream_out(const tl_layout *L, const rlk_tensor *t, const char *what, int required, void **data,
+                         long long *stride) {
+  const void *in;
+  rlk_status st = tl_stream_in(L, t, what, required, &in, stride);
+  if (st == RLK_OK) *data = t->data; /* the same pointer, writable */
+  return st;
+}
+
 rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *what) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
@@ -164,8 +191,7 @@ rlk_status tl_norm_resolve(const tl_layout *L, const tl_norm_args *n, double *c,
   *value = NULL;
   rlk_status st;
   const double ls = n->loss_scale;
-  if (!isfinite(ls))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss_scale: %g is not finite", ls);
+  if ((st = rlk_check_finite(ls, "loss_scale"))) return st;
   switch (n->agg) {
   case RLK_AGG_TOKEN_MEAN:
     if (n->token_tensor && n->token_tensor->data) {
@@ -261,6 +287,11 @@ void tl_geometry_for(rlk_backend kind, int multiprocessors, const tl_layout *L, 
 size_t tl_counts_offset(const tl_geometry *g, int nacc) {
   const size_t partials = (size_t)g->grid * (size_t)nacc * sizeof(double);
   return (partials + 15) & ~(size_t)15;
+}
+
+double *tl_counts(const tl_call *c, void *workspace, int nacc) {
+  if (!c->count || !workspace) return NULL;
+  return (double *)(void *)((char *)workspace + tl_counts_offset(&c->g, nacc));
 }
 
 size_t tl_workspace_bytes(rlk_backend kind, const tl_geometry *g, int nacc, int count) {

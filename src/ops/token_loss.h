@@ -20,6 +20,13 @@ extern const char *const tl_packed_names[]; /* "padded", "packed": a configurati
 enum { TL_LINE_NORM_VALUE = 0, TL_LINE_NORM_TENSOR = 1, TL_LINE_NORM_COUNT = 2 };
 extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
 
+/* The dtypes of a token-loss op's streams. */
+#define TL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
+/* The template parameters of every token-loss op's count pass (the layout and a mask kind) and of
+ * its reduce and host kernels (the dtype). */
+extern const rlk_param_decl tl_count_params[2];
+extern const rlk_param_decl tl_dtype_params[1];
+
 /* A call's layout, from its primary stream (logp, values), seq_offsets and mask. */
 typedef struct tl_layout {
   int layout;     /* TL_LAYOUT_* */
@@ -41,6 +48,13 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
  * contiguous). Absent and not required: RLK_OK with *stride 0. */
 rlk_status tl_stream_check(const tl_layout *L, const rlk_tensor *t, const char *what, int required,
                            int64_t *stride);
+
+/* tl_stream_check, then the stream's data and row stride into a kernel's streams (in[k] and
+ * in_stride[k], or out[k] and out_stride[k]): NULL and 0 for an absent one. */
+rlk_status tl_stream_in(const tl_layout *L, const rlk_tensor *t, const char *what, int required, const void **data,
+                        long long *stride);
+rlk_status tl_stream_out(const tl_layout *L, const rlk_tensor *t, const char *what, int required, void **data,
+                         long long *stride);
 
 /* Checks a per-sequence tensor: [rows], the primary's dtype, contiguous. */
 rlk_status tl_seq_check(const tl_layout *L, const rlk_tensor *t, const char *what);
@@ -120,6 +134,10 @@ typedef struct tl_call {
  * rows: the op needs per-row sums first) and its workspace (nacc partials per block). */
 rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,
                           int whole_rows, int nacc, double *c_grad, tl_norm *norm);
+
+/* Where a call's count pass keeps its partials in `workspace` (with nacc partials per block ahead
+ * of them); NULL without a count pass or a workspace. */
+double *tl_counts(const tl_call *c, void *workspace, int nacc);
 
 /* The launch shape of kernel i of a token-loss call planned by tl_plan (an entry's dims). */
 void tl_dims(const rlk_context *ctx, const rlk_op_call *call, size_t i, rlk_launch_dims *d);

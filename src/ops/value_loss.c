@@ -13,22 +13,11 @@
 #include "ops/token_loss.h"
 #include "common/value_loss_params.h"
 
-#define VL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
-
 static const rlk_param_decl vl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
+    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
     {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
     {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-};
-
-static const rlk_param_decl vl_count_params[] = {
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
-};
-
-static const rlk_param_decl vl_dtype_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, VL_DTYPES, NULL},
 };
 
 static const rlk_template vl_main_tmpl = {
@@ -36,13 +25,13 @@ static const rlk_template vl_main_tmpl = {
     sizeof vl_main_params / sizeof vl_main_params[0], vl_main_params};
 
 static const rlk_template vl_count_tmpl = {"value_loss", "value_loss_count",
-                                           "cuda/value_loss.cuh", NULL, 2, vl_count_params};
+                                           "cuda/value_loss.cuh", NULL, 2, tl_count_params};
 
 static const rlk_template vl_reduce_tmpl = {"value_loss", "value_loss_reduce",
-                                            "cuda/value_loss.cuh", NULL, 1, vl_dtype_params};
+                                            "cuda/value_loss.cuh", NULL, 1, tl_dtype_params};
 
 static const rlk_template vl_host_tmpl = {"value_loss", "value_loss_host", NULL,
-                                          "host/value_loss.c", 1, vl_dtype_params};
+                                          "host/value_loss.c", 1, tl_dtype_params};
 
 /* ---------------------------------------------------------------------------------- */
 /* The settings and the plan (shared by calls and precompiling)                        */
@@ -54,7 +43,7 @@ static const tl_line vl_line = {VL_S_DTYPE, VL_S_AGG, VL_S_LAYOUT, VL_S_OFFSETS,
 static const tl_templates vl_templates = {&vl_count_tmpl, &vl_main_tmpl, &vl_reduce_tmpl, &vl_host_tmpl};
 
 static const rlk_op_setting vl_settings[VL_NSETTINGS] = {
-    [VL_S_DTYPE] = RLK_SET_DTYPE("dtype", VL_DTYPES, RLK_F32, "value_loss_main.dtype",
+    [VL_S_DTYPE] = RLK_SET_DTYPE("dtype", TL_DTYPES, RLK_F32, "value_loss_main.dtype",
                                  "the dtype of the values, old values and returns"),
     [VL_S_AGG] = RLK_SET_CHOICE("agg", tl_agg_names, RLK_AGG_TOKEN_MEAN, "value_loss_main.seqmean",
                                 "the loss aggregation"),
@@ -130,16 +119,12 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   p->s.offsets = a->seq_offsets.data;
   p->s.rows = L->rows;
   p->s.cols = L->cols;
-  if ((st = tl_stream_check(L, &a->old_values, "old_values", 1, &stride))) return st;
-  p->s.in[VL_IN_OLD] = a->old_values.data;
-  p->s.in_stride[VL_IN_OLD] = stride;
-  if ((st = tl_stream_check(L, &a->returns, "returns", 1, &stride))) return st;
-  p->s.in[VL_IN_RET] = a->returns.data;
-  p->s.in_stride[VL_IN_RET] = stride;
+  if ((st = tl_stream_in(L, &a->old_values, "old_values", 1, &p->s.in[VL_IN_OLD],
+                         &p->s.in_stride[VL_IN_OLD])))
+    return st;
+  if ((st = tl_stream_in(L, &a->returns, "returns", 1, &p->s.in[VL_IN_RET], &p->s.in_stride[VL_IN_RET]))) return st;
 
-  if (!(a->clamp_bound_grad >= 0.0 && a->clamp_bound_grad <= 1.0))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clamp_bound_grad: %g is not in [0, 1]",
-                     a->clamp_bound_grad);
+  if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   if (!(a->clip > 0.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "clip: %g must be > 0 (INFINITY: no clipping)",
                      a->clip);
@@ -149,9 +134,9 @@ static rlk_status vl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = tl_call_finish(ctx, &k->tl, &vl_line, &na, whole_rows, VL_NACC, &p->c_grad, &p->norm))) return st;
 
   if ((st = tl_vector_check(&a->loss, "loss", L->dtype, 1, 1))) return st;
-  if ((st = tl_stream_check(L, &a->grad_values, "grad_values", 1, &stride))) return st;
-  p->s.out[VL_OUT_GV] = a->grad_values.data;
-  p->s.out_stride[VL_OUT_GV] = stride;
+  if ((st = tl_stream_out(L, &a->grad_values, "grad_values", 1, &p->s.out[VL_OUT_GV],
+                          &p->s.out_stride[VL_OUT_GV])))
+    return st;
   if ((st = tl_vector_check(&a->metrics, "metrics", L->dtype, RLK_VALUE_LOSS_METRICS, 0))) return st;
   p->loss = a->loss.data;
   p->metrics = a->metrics.data;
@@ -173,7 +158,7 @@ static const void *vl_launch_params(const rlk_context *ctx, const void *args, rl
   const rlk_value_loss_args *a = args;
   vl_call *k = (vl_call *)call;
   k->k.partials = a->workspace;
-  if (k->tl.count && a->workspace) k->k.norm.counts = (void *)((char *)a->workspace + tl_counts_offset(&k->tl.g, VL_NACC));
+  k->k.norm.counts = tl_counts(&k->tl, a->workspace, VL_NACC);
   return &k->k;
 }
 

@@ -28,11 +28,13 @@ static rlk_status resolve_root(const char *root, char *buf, size_t size) {
   return rlk_cache_default_root(buf, size);
 }
 
-/* Opens a root that something will be deleted from: it must be the cache's own
- * (rlk_cache_root_is_own), so a mistaken path loses nothing. *rootfd is -1 with RLK_OK when
- * the root does not exist (nothing to do). */
-static rlk_status open_own_root(const char *dir, const char *who, int *rootfd) {
+/* Opens a root that something will be deleted from (`root`, resolved into dir[RLK_CACHE_PATH_MAX]):
+ * it must be the cache's own (rlk_cache_root_is_own), so a mistaken path loses nothing. *rootfd
+ * is -1 with RLK_OK when the root does not exist (nothing to do). */
+static rlk_status open_own_root(const char *root, const char *who, char *dir, int *rootfd) {
   *rootfd = -1;
+  rlk_status st = resolve_root(root, dir, RLK_CACHE_PATH_MAX);
+  if (st != RLK_OK) return st;
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return RLK_OK;
@@ -148,15 +150,16 @@ static int verify_one(const rlk_cache_scan_pos *pos, void *user) {
 
 rlk_status rlk_cache_verify(const char *root, int repair, uint64_t *entries, uint64_t *bad) {
   char dir[RLK_CACHE_PATH_MAX];
-  rlk_status st = resolve_root(root, dir, sizeof dir);
-  if (st != RLK_OK) return st;
-  /* Only this schema's entries: older or newer layouts have their own meaning and are
-   * orphaned (and eventually evicted) rather than judged by this reader. */
+  rlk_status st;
   if (repair) {
     int rootfd;
-    if ((st = open_own_root(dir, "rlk_cache_verify", &rootfd))) return st;
+    if ((st = open_own_root(root, "rlk_cache_verify", dir, &rootfd))) return st;
     if (rootfd >= 0) close(rootfd);
+  } else if ((st = resolve_root(root, dir, sizeof dir))) {
+    return st;
   }
+  /* Only this schema's entries: older or newer layouts have their own meaning and are
+   * orphaned (and eventually evicted) rather than judged by this reader. */
   verify_state v = {dir, repair, 0, 0};
   st = rlk_cache_scan(dir, RLK_CACHE_SCHEMA, verify_one, &v);
   if (entries) *entries = v.entries;
@@ -175,10 +178,9 @@ rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age
   if (max_age_seconds < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_cache_prune: negative max_age_seconds");
   char dir[RLK_CACHE_PATH_MAX];
-  rlk_status st = resolve_root(root, dir, sizeof dir);
-  if (st != RLK_OK) return st;
   int rootfd;
-  if ((st = open_own_root(dir, "rlk_cache_prune", &rootfd))) return st;
+  rlk_status st = open_own_root(root, "rlk_cache_prune", dir, &rootfd);
+  if (st != RLK_OK) return st;
   if (rootfd < 0) return RLK_OK;
   close(rootfd);
   rlk_cache_sweep(dir);
@@ -225,10 +227,9 @@ rlk_status rlk_cache_create_root(const char *root) {
 
 rlk_status rlk_cache_clear(const char *root) {
   char dir[RLK_CACHE_PATH_MAX];
-  rlk_status st = resolve_root(root, dir, sizeof dir);
-  if (st != RLK_OK) return st;
   int rootfd;
-  if ((st = open_own_root(dir, "rlk_cache_clear", &rootfd))) return st;
+  rlk_status st = open_own_root(root, "rlk_cache_clear", dir, &rootfd);
+  if (st != RLK_OK) return st;
   if (rootfd < 0) return RLK_OK;
   clear_state c = {dir, 0};
   st = rlk_cache_scan(dir, -1, clear_one, &c);

@@ -220,20 +220,23 @@ rlk_status rlk_free(rlk_context *ctx, void *ptr) {
   return ctx->backend->mem_free(ctx->backend, ptr);
 }
 
-rlk_status rlk_memcpy_to_device(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
-  rlk_status st = rlk_context_require_device(ctx, "rlk_memcpy_to_device");
+/* A copy between host and device by ctx's backend, for the public function `who`. */
+static rlk_status memcpy_across(rlk_context *ctx, const char *who, void *dst, const void *src, size_t bytes,
+                                int to_device) {
+  rlk_status st = rlk_context_require_device(ctx, who);
   if (st) return st;
   if (bytes == 0) return RLK_OK;
-  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_memcpy_to_device: NULL pointer");
-  return ctx->backend->copy_to_device(ctx->backend, dst, src, bytes);
+  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: NULL pointer", who);
+  rlk_backend_impl *b = ctx->backend;
+  return to_device ? b->copy_to_device(b, dst, src, bytes) : b->copy_to_host(b, dst, src, bytes);
+}
+
+rlk_status rlk_memcpy_to_device(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
+  return memcpy_across(ctx, "rlk_memcpy_to_device", dst, src, bytes, 1);
 }
 
 rlk_status rlk_memcpy_to_host(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
-  rlk_status st = rlk_context_require_device(ctx, "rlk_memcpy_to_host");
-  if (st) return st;
-  if (bytes == 0) return RLK_OK;
-  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_memcpy_to_host: NULL pointer");
-  return ctx->backend->copy_to_host(ctx->backend, dst, src, bytes);
+  return memcpy_across(ctx, "rlk_memcpy_to_host", dst, src, bytes, 0);
 }
 
 rlk_status rlk_memset(rlk_context *ctx, void *dst, int value, size_t bytes) {

@@ -159,6 +159,12 @@ static inline rlk_status ctx_leave(cuda_state *s, const ctx_scope *scope, rlk_st
   return status;
 }
 
+/* ctx_leave for an entry point whose last driver call `what` returned r: RLK_OK, or that call's
+ * RLK_ERR_BACKEND. */
+static inline rlk_status ctx_leave_call(cuda_state *s, const ctx_scope *scope, CUresult r, const char *what) {
+  return ctx_leave(s, scope, r == CUDA_SUCCESS ? RLK_OK : rlk_cuda_fail(RLK_ERR_BACKEND, what, r));
+}
+
 rlk_status rlk_cuda_enter(rlk_backend_impl *cuda, rlk_cuda_scope *scope) {
   ctx_scope sc;
   rlk_status st = ctx_enter(state_of(cuda), &sc);
@@ -284,17 +290,13 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
                                 dims->block[0], dims->block[1], dims->block[2],
                                 (unsigned int)dims->shared_bytes, (CUstream)stream, &attr, 1};
     CUresult r = s->drv->cuLaunchKernelEx(&cfg, f, args, NULL);
-    if (r != CUDA_SUCCESS)
-      return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernelEx", r));
-    return ctx_leave(s, &scope, RLK_OK);
+    return ctx_leave_call(s, &scope, r, "cuLaunchKernelEx");
   }
   CUresult r = s->drv->cuLaunchKernel(f, dims->grid[0], dims->grid[1], dims->grid[2],
                                       dims->block[0], dims->block[1], dims->block[2],
                                       (unsigned int)dims->shared_bytes, (CUstream)stream, args,
                                       NULL);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuLaunchKernel", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuLaunchKernel");
 }
 
 static rlk_status cuda_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out) {
@@ -322,39 +324,30 @@ static rlk_status cuda_mem_free(rlk_backend_impl *self, void *ptr) {
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuMemFree((CUdeviceptr)(uintptr_t)ptr);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemFree", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuMemFree");
+}
+
+/* A copy between host and device (to_device: host to device) for the entry point `what`. */
+static rlk_status cuda_copy(cuda_state *s, void *dst, const void *src, size_t bytes, int to_device,
+                            const char *what) {
+  if (bytes == 0) return RLK_OK;
+  if (!dst || !src) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: %s: NULL pointer", what);
+  ctx_scope scope;
+  rlk_status st = ctx_enter(s, &scope);
+  if (st != RLK_OK) return st;
+  CUresult r = to_device ? s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes)
+                         : s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
+  return ctx_leave_call(s, &scope, r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH");
 }
 
 static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
                                       size_t bytes) {
-  cuda_state *s = state_of(self);
-  if (bytes == 0) return RLK_OK;
-  if (!dst || !src)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_device: NULL pointer");
-  ctx_scope scope;
-  rlk_status st = ctx_enter(s, &scope);
-  if (st != RLK_OK) return st;
-  CUresult r = s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyHtoD", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return cuda_copy(state_of(self), dst, src, bytes, 1, "copy_to_device");
 }
 
 static rlk_status cuda_copy_to_host(rlk_backend_impl *self, void *dst, const void *src,
                                     size_t bytes) {
-  cuda_state *s = state_of(self);
-  if (bytes == 0) return RLK_OK;
-  if (!dst || !src)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: copy_to_host: NULL pointer");
-  ctx_scope scope;
-  rlk_status st = ctx_enter(s, &scope);
-  if (st != RLK_OK) return st;
-  CUresult r = s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemcpyDtoH", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return cuda_copy(state_of(self), dst, src, bytes, 0, "copy_to_host");
 }
 
 static rlk_status cuda_mem_set(rlk_backend_impl *self, void *dst, int value, size_t bytes) {
@@ -369,9 +362,7 @@ static rlk_status cuda_mem_set(rlk_backend_impl *self, void *dst, int value, siz
     return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuMemsetD8", r));
   /* cuMemsetD8 may return before the fill lands; callers are promised a synchronous fill. */
   r = s->drv->cuStreamSynchronize(NULL);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuStreamSynchronize");
 }
 
 static rlk_status cuda_synchronize(rlk_backend_impl *self, void *stream) {
@@ -380,9 +371,7 @@ static rlk_status cuda_synchronize(rlk_backend_impl *self, void *stream) {
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuStreamSynchronize((CUstream)stream);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuStreamSynchronize", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuStreamSynchronize");
 }
 
 static rlk_status cuda_event_create(rlk_backend_impl *self, void **event) {
@@ -407,9 +396,7 @@ static rlk_status cuda_event_record(rlk_backend_impl *self, void *event, void *s
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUresult r = s->drv->cuEventRecord((CUevent)event, (CUstream)stream);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventRecord", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuEventRecord");
 }
 
 static rlk_status cuda_event_elapsed_ms(rlk_backend_impl *self, void *start, void *end,
@@ -424,9 +411,7 @@ static rlk_status cuda_event_elapsed_ms(rlk_backend_impl *self, void *start, voi
   if (r != CUDA_SUCCESS)
     return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventSynchronize", r));
   r = s->drv->cuEventElapsedTime(ms, (CUevent)start, (CUevent)end);
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuEventElapsedTime", r));
-  return ctx_leave(s, &scope, RLK_OK);
+  return ctx_leave_call(s, &scope, r, "cuEventElapsedTime");
 }
 
 static void cuda_event_destroy(rlk_backend_impl *self, void *event) {

@@ -135,6 +135,12 @@ static inline rlk_status device_leave(hip_state *s, const device_scope *scope,
   return status;
 }
 
+/* device_leave for an entry point whose last runtime call `what` returned e: RLK_OK, or that
+ * call's RLK_ERR_BACKEND. */
+static inline rlk_status device_leave_call(hip_state *s, const device_scope *scope, hipError_t e, const char *what) {
+  return device_leave(s, scope, e == hipSuccess ? RLK_OK : hip_fail(RLK_ERR_BACKEND, what, e));
+}
+
 static rlk_status hip_module_load(rlk_backend_impl *self, const void *image, size_t size,
                                   void **module) {
   hip_state *s = state_of(self);
@@ -208,9 +214,7 @@ static rlk_status hip_launch(rlk_backend_impl *self, void *fn, const rlk_launch_
       (hipFunction_t)fn, dims->grid[0], dims->grid[1], dims->grid[2], dims->block[0],
       dims->block[1], dims->block[2], (unsigned int)dims->shared_bytes, (hipStream_t)stream,
       args, NULL);
-  if (e != hipSuccess)
-    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipModuleLaunchKernel", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipModuleLaunchKernel");
 }
 
 static rlk_status hip_mem_alloc(rlk_backend_impl *self, size_t bytes, void **out) {
@@ -237,8 +241,7 @@ static rlk_status hip_mem_free(rlk_backend_impl *self, void *ptr) {
   rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipFree(ptr);
-  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipFree", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipFree");
 }
 
 static rlk_status hip_copy(hip_state *s, void *dst, const void *src, size_t bytes, int kind,
@@ -249,8 +252,7 @@ static rlk_status hip_copy(hip_state *s, void *dst, const void *src, size_t byte
   rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipMemcpy(dst, src, bytes, kind);
-  if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipMemcpy", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipMemcpy");
 }
 
 static rlk_status hip_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
@@ -274,9 +276,7 @@ static rlk_status hip_mem_set(rlk_backend_impl *self, void *dst, int value, size
   if (e != hipSuccess) return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipMemset", e));
   /* hipMemset may return before the fill lands; callers are promised a synchronous fill. */
   e = s->rt->hipStreamSynchronize(NULL);
-  if (e != hipSuccess)
-    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipStreamSynchronize");
 }
 
 static rlk_status hip_synchronize(rlk_backend_impl *self, void *stream) {
@@ -285,9 +285,7 @@ static rlk_status hip_synchronize(rlk_backend_impl *self, void *stream) {
   rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipStreamSynchronize((hipStream_t)stream);
-  if (e != hipSuccess)
-    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipStreamSynchronize", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipStreamSynchronize");
 }
 
 static rlk_status hip_event_create(rlk_backend_impl *self, void **event) {
@@ -312,9 +310,7 @@ static rlk_status hip_event_record(rlk_backend_impl *self, void *event, void *st
   rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
   hipError_t e = s->rt->hipEventRecord((hipEvent_t)event, (hipStream_t)stream);
-  if (e != hipSuccess)
-    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventRecord", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipEventRecord");
 }
 
 static rlk_status hip_event_elapsed_ms(rlk_backend_impl *self, void *start, void *end,
@@ -329,9 +325,7 @@ static rlk_status hip_event_elapsed_ms(rlk_backend_impl *self, void *start, void
   if (e != hipSuccess)
     return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventSynchronize", e));
   e = s->rt->hipEventElapsedTime(ms, (hipEvent_t)start, (hipEvent_t)end);
-  if (e != hipSuccess)
-    return device_leave(s, &scope, hip_fail(RLK_ERR_BACKEND, "hipEventElapsedTime", e));
-  return device_leave(s, &scope, RLK_OK);
+  return device_leave_call(s, &scope, e, "hipEventElapsedTime");
 }
 
 static void hip_event_destroy(rlk_backend_impl *self, void *event) {
