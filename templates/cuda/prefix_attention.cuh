@@ -452,6 +452,39 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
   return r;
 }
 
+/* Key tile t + 1 of kt streams into the other half of sK and sV while tile t is used; then waits
+ * for tile t (the last one: for everything). */
+template <int D>
+RLK_DEVICE void load_next_kv(u16 *sK, u16 *sV, const void *k, const void *v, const kv_tiles &kt, int t, int n,
+                             i64 T, i32 Hkv, i32 hk) {
+  if (t + 1 < n) {
+    const i64 nx = kt.start(t + 1);
+    load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
+    load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
+    cp_commit();
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+}
+
+/* acc (the warp's 16 rows x D) += X B: X the warp's 16 x 64 accumulator fragments x, rounded to
+ * DT; B a 64-row tile in shared memory. */
+template <int DT, int D>
+RLK_DEVICE void mma_acc_times_tile(float (&acc)[D / 8][4], const float (&x)[8][4], const u16 *b) {
+#pragma unroll
+  for (int kt = 0; kt < 4; kt++) {
+    u32 a[4];
+    frag_a_of_acc<DT>(a, x, kt);
+#pragma unroll
+    for (int d = 0; d < D / 8; d += 2) {
+      u32 f[4];
+      frag_bt<D>(f, b, kt * 16, d * 8);
+      mma_pair<DT>(acc[d], acc[d + 1], a, f);
+    }
+  }
+}
+
 } // namespace pa
 
 /* Forward (sm_80+): a block per (64-row query tile of a prompt, prompt, query head), the prompt's
@@ -504,15 +537,7 @@ __global__ void __launch_bounds__(pa::THREADS)
 
   for (int t = 0; t < n; t++) {
     const i64 kv0 = kt_.start(t);
-    if (t + 1 < n) {
-      const i64 nx = kt_.start(t + 1);
-      load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
-      load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    load_next_kv<D>(sK, sV, k, v, kt_, t, n, T, Hkv, hk);
     __syncthreads();
     if (t == 0)
       for (int kk = 0; kk < KD; kk++) frag_a<D>(qa[kk], sQ, w * 16, kk * 16);
@@ -567,17 +592,7 @@ __global__ void __launch_bounds__(pa::THREADS)
         acc[d][2 * r + 1] *= cf;
       }
     }
-#pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
-      u32 pa4[4];
-      frag_a_of_acc<DT>(pa4, s, kt);
-#pragma unroll
-      for (int d = 0; d < ND; d += 2) {
-        u32 b[4];
-        frag_bt<D>(b, bV, kt * 16, d * 8);
-        mma_pair<DT>(acc[d], acc[d + 1], pa4, b);
-      }
-    }
+    mma_acc_times_tile<DT, D>(acc, s, bV); /* O += P V */
     __syncthreads();
   }
 #pragma unroll
@@ -644,15 +659,7 @@ __global__ void __launch_bounds__(pa::THREADS)
 
   for (int t = 0; t < n; t++) {
     const i64 kv0 = kt_.start(t);
-    if (t + 1 < n) { /* the next key tile streams in while this one is used */
-      const i64 nx = kt_.start(t + 1);
-      load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
-      load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    load_next_kv<D>(sK, sV, k, v, kt_, t, n, T, Hkv, hk); /* the next key tile streams in meanwhile */
     __syncthreads();
     const u16 *bK = sK + (t & 1) * tile<D>::ELEMS, *bV = sV + (t & 1) * tile<D>::ELEMS;
     float s[8][4], dp[8][4];
@@ -689,17 +696,7 @@ __global__ void __launch_bounds__(pa::THREADS)
         if (masked && (off < lo[r] || off > hi[r])) pj = 0.0f;
         s[j][e] = pj * (dp[j][e] - Dl[r]);
       }
-#pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
-      u32 a[4];
-      frag_a_of_acc<DT>(a, s, kt);
-#pragma unroll
-      for (int d = 0; d < ND; d += 2) {
-        u32 b[4];
-        frag_bt<D>(b, bK, kt * 16, d * 8);
-        mma_pair<DT>(acc[d], acc[d + 1], a, b);
-      }
-    }
+    mma_acc_times_tile<DT, D>(acc, s, bK); /* dq += dS K */
     __syncthreads();
   }
 #pragma unroll
