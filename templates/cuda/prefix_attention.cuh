@@ -452,6 +452,13 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
   return r;
 }
 
+/* The key offsets [lo, hi] within the key tile at kv0 that a query row sees: phase-A keys below
+ * a1, phase-B keys in [b0, row]. */
+RLK_DEVICE void visible_keys(bool phase_a, i64 kv0, i64 row, i64 a1, i64 b0, int &lo, int &hi) {
+  lo = phase_a ? 0 : (int)max_<i64>(b0 - kv0, -1);
+  hi = (int)min_<i64>(max_<i64>((phase_a ? a1 - 1 : row) - kv0, -1), TILE);
+}
+
 /* Key tile t + 1 of kt streams into the other half of sK and sV while tile t is used; then waits
  * for tile t (the last one: for everything). */
 template <int D>
@@ -558,9 +565,8 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       float mx = m[r];
-      /* visible key offsets within the tile: [lo, hi] */
-      const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), TILE);
+      int lo, hi;
+      visible_keys(phase_a, kv0, rows[r], a1[r], b0r[r], lo, hi);
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -684,8 +690,7 @@ __global__ void __launch_bounds__(pa::THREADS)
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      lo[r] = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      hi[r] = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), TILE);
+      visible_keys(phase_a, kv0, rows[r], a1[r], b0r[r], lo[r], hi[r]);
     }
 #pragma unroll
     for (int j = 0; j < 8; j++)
