@@ -475,6 +475,29 @@ RLK_DEVICE void load_next_kv(u16 *sK, u16 *sV, const void *k, const void *v, con
   }
 }
 
+/* The warp's two 16 x 64 products over the head dim, s = A0 B0^T and dp = A1 B1^T: A0, A1 the
+ * warp's 16 rows (from row 16 w) of a0, a1; B0, B1 64-row tiles. */
+template <int DT, int D>
+RLK_DEVICE void mma_two_products(float (&s)[8][4], float (&dp)[8][4], const u16 *a0, const u16 *b0, const u16 *a1,
+                                 const u16 *b1, int w) {
+  for (int j = 0; j < 8; j++)
+    for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    u32 x0[4], x1[4];
+    frag_a<D>(x0, a0, w * 16, kk * 16);
+    frag_a<D>(x1, a1, w * 16, kk * 16);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      u32 f[4];
+      frag_b<D>(f, b0, j * 8, kk * 16);
+      mma_pair<DT>(s[j], s[j + 1], x0, f);
+      frag_b<D>(f, b1, j * 8, kk * 16);
+      mma_pair<DT>(dp[j], dp[j + 1], x1, f);
+    }
+  }
+}
+
 /* acc (the warp's 16 rows x D) += X B: X the warp's 16 x 64 accumulator fragments x, rounded to
  * DT; B a 64-row tile in shared memory. */
 template <int DT, int D>
@@ -629,7 +652,7 @@ __global__ void __launch_bounds__(pa::THREADS)
   const float scale = p_.scale;
   void *__restrict__ dq = p_.dq;
   using namespace pa;
-  constexpr int ND = D / 8, KD = D / 16;
+  constexpr int ND = D / 8;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sQ = pa_smem, *sO = sQ + tile<D>::ELEMS, *sK = sO + tile<D>::ELEMS, *sV = sK + 2 * tile<D>::ELEMS;
   region rg;
@@ -669,22 +692,7 @@ __global__ void __launch_bounds__(pa::THREADS)
     __syncthreads();
     const u16 *bK = sK + (t & 1) * tile<D>::ELEMS, *bV = sV + (t & 1) * tile<D>::ELEMS;
     float s[8][4], dp[8][4];
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      u32 qa[4], oa[4];
-      frag_a<D>(qa, sQ, w * 16, kk * 16);
-      frag_a<D>(oa, sO, w * 16, kk * 16);
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        u32 b[4];
-        frag_b<D>(b, bK, j * 8, kk * 16);
-        mma_pair<DT>(s[j], s[j + 1], qa, b);
-        frag_b<D>(b, bV, j * 8, kk * 16);
-        mma_pair<DT>(dp[j], dp[j + 1], oa, b);
-      }
-    }
+    mma_two_products<DT, D>(s, dp, sQ, bK, sO, bV, w); /* S = Q K^T, dP = dO V^T */
     const bool phase_a = t < na;
     const bool masked = !phase_a || kv0 + TILE > a1_min;
     int lo[2], hi[2];
@@ -738,7 +746,7 @@ __global__ void __launch_bounds__(pa::THREADS)
   const float scale = p_.scale;
   void *__restrict__ dk = p_.dk, *__restrict__ dv = p_.dv;
   using namespace pa;
-  constexpr int ND = D / 8, KD = D / 16;
+  constexpr int ND = D / 8;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sK = pa_smem, *sV = sK + tile<D>::ELEMS, *sQ = sV + tile<D>::ELEMS, *sO = sQ + 2 * tile<D>::ELEMS;
   float *sL = (float *)(sO + 2 * tile<D>::ELEMS), *sD = sL + 2 * TILE; /* [2][TILE] each */
@@ -792,22 +800,7 @@ __global__ void __launch_bounds__(pa::THREADS)
     const float *bL = sL + b * TILE, *bD = sD + b * TILE;
     const i32 *bLo = sLo + b * TILE;
     float s[8][4], dp[8][4];
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      u32 ka[4], va[4];
-      frag_a<D>(ka, sK, w * 16, kk * 16);
-      frag_a<D>(va, sV, w * 16, kk * 16);
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        u32 f[4];
-        frag_b<D>(f, bQ, j * 8, kk * 16);
-        mma_pair<DT>(s[j], s[j + 1], ka, f);
-        frag_b<D>(f, bO, j * 8, kk * 16);
-        mma_pair<DT>(dp[j], dp[j + 1], va, f);
-      }
-    }
+    mma_two_products<DT, D>(s, dp, sK, bQ, sV, bO, w); /* S^T = K Q^T, dP^T = V dO^T */
     /* element (key k0 + kr[e / 2], query q0 + j * 8 + 2 * t4 + e % 2) */
 #pragma unroll
     for (int j = 0; j < 8; j++)
