@@ -84,6 +84,14 @@ RLK_DEVICE place locate(const i32 *seq, const i32 *grp, i64 P, i64 i) {
   return r;
 }
 
+/* The keys [j0, j1) that row i (at pl) sees, in two runs: part 0 its prompt's prefix (all of it
+ * for a response row, up to i for a prefix row), part 1 its own response up to i (none for a
+ * prefix row). */
+RLK_DEVICE void key_run(const place &pl, i64 i, int part, i64 &j0, i64 &j1) {
+  j0 = part ? pl.s0 : pl.ps;
+  j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+}
+
 /* Sum over a warp, the same tree on every lane. */
 RLK_DEVICE float warp_sum(float x) {
 #pragma unroll
@@ -123,7 +131,8 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
   }
   float m = -limits<float>::infinity(), l = 0.0f;
   for (int part = 0; part < 2; part++) {
-    const i64 j0 = part ? pl.s0 : pl.ps, j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+    i64 j0, j1;
+    pa::key_run(pl, i, part, j0, j1);
     for (i64 j = j0; j < j1; j++) {
       const i64 base = (j * Hkv + hk) * D + lane;
       float s = 0.0f;
@@ -248,7 +257,8 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
     g[e] = 0.0f;
   }
   for (int part = 0; part < 2; part++) {
-    const i64 j0 = part ? pl.s0 : pl.ps, j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+    i64 j0, j1;
+    pa::key_run(pl, i, part, j0, j1);
     for (i64 j = j0; j < j1; j++) {
       const i64 base = (j * Hkv + hk) * D + lane;
       float s = 0.0f, dp = 0.0f, kv[E];
