@@ -109,23 +109,21 @@ template <typename TS> struct family<TS, AS_FAMILY_GAE> {
     o1 = y.a + ((valid || masked == AS_GAE_SKIP) ? v : TS(0));
     return y;
   }
-  static RLK_DEVICE map down(const map &m, int d) {
+  /* each field of m through the warp shuffle sh */
+  template <class Shuffle> static RLK_DEVICE map shuffled(const map &m, Shuffle sh) {
     map r;
-    r.p = shfl_down(m.p, d);
-    r.q = shfl_down(m.q, d);
-    r.u = shfl_down(m.u, d);
-    r.s = shfl_down(m.s, d);
-    r.v = shfl_down(m.v, d);
+    r.p = sh(m.p);
+    r.q = sh(m.q);
+    r.u = sh(m.u);
+    r.s = sh(m.s);
+    r.v = sh(m.v);
     return r;
   }
+  static RLK_DEVICE map down(const map &m, int d) {
+    return shuffled(m, [d](TS x) { return shfl_down(x, d); });
+  }
   static RLK_DEVICE map from(const map &m, int lane) {
-    map r;
-    r.p = shfl_from(m.p, lane);
-    r.q = shfl_from(m.q, lane);
-    r.u = shfl_from(m.u, lane);
-    r.s = shfl_from(m.s, lane);
-    r.v = shfl_from(m.v, lane);
-    return r;
+    return shuffled(m, [lane](TS x) { return shfl_from(x, lane); });
   }
   static RLK_DEVICE state from(const state &x, int lane) {
     state y;

@@ -84,6 +84,14 @@ RLK_DEVICE place locate(const i32 *seq, const i32 *grp, i64 P, i64 i) {
   return r;
 }
 
+/* The keys [j0, j1) that row i (at pl) sees, in two runs: part 0 its prompt's prefix (all of it
+ * for a response row, up to i for a prefix row), part 1 its own response up to i (none for a
+ * prefix row). */
+RLK_DEVICE void key_run(const place &pl, i64 i, int part, i64 &j0, i64 &j1) {
+  j0 = part ? pl.s0 : pl.ps;
+  j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+}
+
 /* Sum over a warp, the same tree on every lane. */
 RLK_DEVICE float warp_sum(float x) {
 #pragma unroll
@@ -123,7 +131,8 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
   }
   float m = -limits<float>::infinity(), l = 0.0f;
   for (int part = 0; part < 2; part++) {
-    const i64 j0 = part ? pl.s0 : pl.ps, j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+    i64 j0, j1;
+    pa::key_run(pl, i, part, j0, j1);
     for (i64 j = j0; j < j1; j++) {
       const i64 base = (j * Hkv + hk) * D + lane;
       float s = 0.0f;
@@ -248,7 +257,8 @@ __global__ void __launch_bounds__(pa::PW *RLK_WARP_SIZE)
     g[e] = 0.0f;
   }
   for (int part = 0; part < 2; part++) {
-    const i64 j0 = part ? pl.s0 : pl.ps, j1 = part ? (pl.resp ? i + 1 : 0) : (pl.resp ? pl.pe : i + 1);
+    i64 j0, j1;
+    pa::key_run(pl, i, part, j0, j1);
     for (i64 j = j0; j < j1; j++) {
       const i64 base = (j * Hkv + hk) * D + lane;
       float s = 0.0f, dp = 0.0f, kv[E];
@@ -452,6 +462,69 @@ RLK_DEVICE kv_tiles kv_tiles_of(const region &rg, const i32 *seq, i64 q0, i64 qe
   return r;
 }
 
+/* The key offsets [lo, hi] within the key tile at kv0 that a query row sees: phase-A keys below
+ * a1, phase-B keys in [b0, row]. */
+RLK_DEVICE void visible_keys(bool phase_a, i64 kv0, i64 row, i64 a1, i64 b0, int &lo, int &hi) {
+  lo = phase_a ? 0 : (int)max_<i64>(b0 - kv0, -1);
+  hi = (int)min_<i64>(max_<i64>((phase_a ? a1 - 1 : row) - kv0, -1), TILE);
+}
+
+/* Key tile t + 1 of kt streams into the other half of sK and sV while tile t is used; then waits
+ * for tile t (the last one: for everything). */
+template <int D>
+RLK_DEVICE void load_next_kv(u16 *sK, u16 *sV, const void *k, const void *v, const kv_tiles &kt, int t, int n,
+                             i64 T, i32 Hkv, i32 hk) {
+  if (t + 1 < n) {
+    const i64 nx = kt.start(t + 1);
+    load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
+    load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
+    cp_commit();
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+}
+
+/* The warp's two 16 x 64 products over the head dim, s = A0 B0^T and dp = A1 B1^T: A0, A1 the
+ * warp's 16 rows (from row 16 w) of a0, a1; B0, B1 64-row tiles. */
+template <int DT, int D>
+RLK_DEVICE void mma_two_products(float (&s)[8][4], float (&dp)[8][4], const u16 *a0, const u16 *b0, const u16 *a1,
+                                 const u16 *b1, int w) {
+  for (int j = 0; j < 8; j++)
+    for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    u32 x0[4], x1[4];
+    frag_a<D>(x0, a0, w * 16, kk * 16);
+    frag_a<D>(x1, a1, w * 16, kk * 16);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      u32 f[4];
+      frag_b<D>(f, b0, j * 8, kk * 16);
+      mma_pair<DT>(s[j], s[j + 1], x0, f);
+      frag_b<D>(f, b1, j * 8, kk * 16);
+      mma_pair<DT>(dp[j], dp[j + 1], x1, f);
+    }
+  }
+}
+
+/* acc (the warp's 16 rows x D) += X B: X the warp's 16 x 64 accumulator fragments x, rounded to
+ * DT; B a 64-row tile in shared memory. */
+template <int DT, int D>
+RLK_DEVICE void mma_acc_times_tile(float (&acc)[D / 8][4], const float (&x)[8][4], const u16 *b) {
+#pragma unroll
+  for (int kt = 0; kt < 4; kt++) {
+    u32 a[4];
+    frag_a_of_acc<DT>(a, x, kt);
+#pragma unroll
+    for (int d = 0; d < D / 8; d += 2) {
+      u32 f[4];
+      frag_bt<D>(f, b, kt * 16, d * 8);
+      mma_pair<DT>(acc[d], acc[d + 1], a, f);
+    }
+  }
+}
+
 } // namespace pa
 
 /* Forward (sm_80+): a block per (64-row query tile of a prompt, prompt, query head), the prompt's
@@ -504,15 +577,7 @@ __global__ void __launch_bounds__(pa::THREADS)
 
   for (int t = 0; t < n; t++) {
     const i64 kv0 = kt_.start(t);
-    if (t + 1 < n) {
-      const i64 nx = kt_.start(t + 1);
-      load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
-      load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    load_next_kv<D>(sK, sV, k, v, kt_, t, n, T, Hkv, hk);
     __syncthreads();
     if (t == 0)
       for (int kk = 0; kk < KD; kk++) frag_a<D>(qa[kk], sQ, w * 16, kk * 16);
@@ -533,9 +598,8 @@ __global__ void __launch_bounds__(pa::THREADS)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       float mx = m[r];
-      /* visible key offsets within the tile: [lo, hi] */
-      const int lo = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      const int hi = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), TILE);
+      int lo, hi;
+      visible_keys(phase_a, kv0, rows[r], a1[r], b0r[r], lo, hi);
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -567,17 +631,7 @@ __global__ void __launch_bounds__(pa::THREADS)
         acc[d][2 * r + 1] *= cf;
       }
     }
-#pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
-      u32 pa4[4];
-      frag_a_of_acc<DT>(pa4, s, kt);
-#pragma unroll
-      for (int d = 0; d < ND; d += 2) {
-        u32 b[4];
-        frag_bt<D>(b, bV, kt * 16, d * 8);
-        mma_pair<DT>(acc[d], acc[d + 1], pa4, b);
-      }
-    }
+    mma_acc_times_tile<DT, D>(acc, s, bV); /* O += P V */
     __syncthreads();
   }
 #pragma unroll
@@ -608,7 +662,7 @@ __global__ void __launch_bounds__(pa::THREADS)
   const float scale = p_.scale;
   void *__restrict__ dq = p_.dq;
   using namespace pa;
-  constexpr int ND = D / 8, KD = D / 16;
+  constexpr int ND = D / 8;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sQ = pa_smem, *sO = sQ + tile<D>::ELEMS, *sK = sO + tile<D>::ELEMS, *sV = sK + 2 * tile<D>::ELEMS;
   region rg;
@@ -644,41 +698,17 @@ __global__ void __launch_bounds__(pa::THREADS)
 
   for (int t = 0; t < n; t++) {
     const i64 kv0 = kt_.start(t);
-    if (t + 1 < n) { /* the next key tile streams in while this one is used */
-      const i64 nx = kt_.start(t + 1);
-      load_tile<D>(sK + ((t + 1) & 1) * tile<D>::ELEMS, k, nx, T, Hkv, hk);
-      load_tile<D>(sV + ((t + 1) & 1) * tile<D>::ELEMS, v, nx, T, Hkv, hk);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    load_next_kv<D>(sK, sV, k, v, kt_, t, n, T, Hkv, hk); /* the next key tile streams in meanwhile */
     __syncthreads();
     const u16 *bK = sK + (t & 1) * tile<D>::ELEMS, *bV = sV + (t & 1) * tile<D>::ELEMS;
     float s[8][4], dp[8][4];
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      u32 qa[4], oa[4];
-      frag_a<D>(qa, sQ, w * 16, kk * 16);
-      frag_a<D>(oa, sO, w * 16, kk * 16);
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        u32 b[4];
-        frag_b<D>(b, bK, j * 8, kk * 16);
-        mma_pair<DT>(s[j], s[j + 1], qa, b);
-        frag_b<D>(b, bV, j * 8, kk * 16);
-        mma_pair<DT>(dp[j], dp[j + 1], oa, b);
-      }
-    }
+    mma_two_products<DT, D>(s, dp, sQ, bK, sO, bV, w); /* S = Q K^T, dP = dO V^T */
     const bool phase_a = t < na;
     const bool masked = !phase_a || kv0 + TILE > a1_min;
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      lo[r] = phase_a ? 0 : (int)max_<i64>(b0r[r] - kv0, -1);
-      hi[r] = (int)min_<i64>(max_<i64>((phase_a ? a1[r] - 1 : rows[r]) - kv0, -1), TILE);
+      visible_keys(phase_a, kv0, rows[r], a1[r], b0r[r], lo[r], hi[r]);
     }
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -689,17 +719,7 @@ __global__ void __launch_bounds__(pa::THREADS)
         if (masked && (off < lo[r] || off > hi[r])) pj = 0.0f;
         s[j][e] = pj * (dp[j][e] - Dl[r]);
       }
-#pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
-      u32 a[4];
-      frag_a_of_acc<DT>(a, s, kt);
-#pragma unroll
-      for (int d = 0; d < ND; d += 2) {
-        u32 b[4];
-        frag_bt<D>(b, bK, kt * 16, d * 8);
-        mma_pair<DT>(acc[d], acc[d + 1], a, b);
-      }
-    }
+    mma_acc_times_tile<DT, D>(acc, s, bK); /* dq += dS K */
     __syncthreads();
   }
 #pragma unroll
@@ -736,7 +756,7 @@ __global__ void __launch_bounds__(pa::THREADS)
   const float scale = p_.scale;
   void *__restrict__ dk = p_.dk, *__restrict__ dv = p_.dv;
   using namespace pa;
-  constexpr int ND = D / 8, KD = D / 16;
+  constexpr int ND = D / 8;
   extern __shared__ __align__(16) u16 pa_smem[];
   u16 *sK = pa_smem, *sV = sK + tile<D>::ELEMS, *sQ = sV + tile<D>::ELEMS, *sO = sQ + 2 * tile<D>::ELEMS;
   float *sL = (float *)(sO + 2 * tile<D>::ELEMS), *sD = sL + 2 * TILE; /* [2][TILE] each */
@@ -790,22 +810,7 @@ __global__ void __launch_bounds__(pa::THREADS)
     const float *bL = sL + b * TILE, *bD = sD + b * TILE;
     const i32 *bLo = sLo + b * TILE;
     float s[8][4], dp[8][4];
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      u32 ka[4], va[4];
-      frag_a<D>(ka, sK, w * 16, kk * 16);
-      frag_a<D>(va, sV, w * 16, kk * 16);
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        u32 f[4];
-        frag_b<D>(f, bQ, j * 8, kk * 16);
-        mma_pair<DT>(s[j], s[j + 1], ka, f);
-        frag_b<D>(f, bO, j * 8, kk * 16);
-        mma_pair<DT>(dp[j], dp[j + 1], va, f);
-      }
-    }
+    mma_two_products<DT, D>(s, dp, sK, bQ, sV, bO, w); /* S^T = K Q^T, dP^T = V dO^T */
     /* element (key k0 + kr[e / 2], query q0 + j * 8 + 2 * t4 + e % 2) */
 #pragma unroll
     for (int j = 0; j < 8; j++)

@@ -102,6 +102,16 @@ RLK_DEVICE void sm90_rs_head(float (&acc)[N / 2], const u32 (&a)[D / 16][4], con
   }
 }
 
+/* acc [64 x D] += A B over N rows of B: A from registers (sm90_pack_a's fragments), B [N x D]
+ * MN-major in shared memory at descriptor db; k-step ks takes B's rows 16 ks ... Issued, not
+ * committed. */
+template <int D, int N, int AB>
+RLK_DEVICE void sm90_rs_mn(float (&acc)[D / 2], const u32 (&a)[N / 16][4], u64 db) {
+#pragma unroll
+  for (int ks = 0; ks < N / 16; ++ks)
+    sm90::wgmma<D>::template rs<AB, 1>(acc, a[ks], sm90::desc_advance(db, 2048u * ks), 1u);
+}
+
 /* An accumulator [64 x N] in the 16-bit dtype as the A fragments of the next product: k-step ks
  * (columns 16 ks ..), f[ks][r + 2 hh] = columns 8 (2 ks + hh) + 2 t4 + {0, 1} of row r. */
 template <int DT, int N> RLK_DEVICE void sm90_pack_a(const float (&acc)[N / 2], u32 (&f)[N / 16][4]) {
@@ -266,9 +276,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
     sm90::mbar_wait(&bar.v_full[st], ((u32)t / STAGES) & 1u);
     const u64 dv = sm90::smem_desc_mn(sV + st * C::KVBYTES, C::KVBOX);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-      sm90::wgmma<D>::template rs<AB, 1>(o, pf[ks], sm90::desc_advance(dv, 2048u * ks), 1u);
+    sm90_rs_mn<D, BN, AB>(o, pf, dv);
     sm90::wgmma_commit();
   };
   /* Tile t's S (complete) to exponentials in place, the running max and sum, and cf: the factor
@@ -535,9 +543,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
      * k-step ks takes query rows 16 ks .. of the MN-major tiles. */
     const u64 dmo = sm90::smem_desc_mn(ob, C::QBOX), dmq = sm90::smem_desc_mn(qb, C::QBOX);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BQ / 16; ++ks)
-      sm90::wgmma<D>::template rs<AB, 1>(gv, pf[ks], sm90::desc_advance(dmo, 2048u * ks), 1u);
+    sm90_rs_mn<D, BQ, AB>(gv, pf, dmo);
     sm90::wgmma_commit();
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j)
@@ -549,9 +555,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
       }
     sm90_pack_a<DT, BQ>(dp, df);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BQ / 16; ++ks)
-      sm90::wgmma<D>::template rs<AB, 1>(gk, df[ks], sm90::desc_advance(dmq, 2048u * ks), 1u);
+    sm90_rs_mn<D, BQ, AB>(gk, df, dmq);
     sm90::wgmma_commit();
     /* dV done (P^T's registers free for the next step's products); dK may still run */
     sm90::wgmma_wait<1>();
@@ -721,9 +725,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
     /* dQ += dS K: k-step ks takes keys 16 ks .. of the MN-major K tile */
     const u64 dk_ = sm90::smem_desc_mn(kb, C::KVBOX);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-      sm90::wgmma<D>::template rs<AB, 1>(acc, df[ks], sm90::desc_advance(dk_, 2048u * ks), 1u);
+    sm90_rs_mn<D, BN, AB>(acc, df, dk_);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::wgmma_fence_operands(acc);
