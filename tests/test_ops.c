@@ -262,10 +262,11 @@ static void feed_at(const rlk_context *ctx, const rlk_op_desc *d, const char *sa
 static int feed_differs(const feed_outcome *a, const feed_outcome *b, int param) {
   if (param) return a->has_value && b->has_value && a->value != b->value;
   if (a->n != b->n) return 1;
-  for (size_t q = 0; q < a->n; q++)
-    if (a->match[q].tmpl != b->match[q].tmpl ||
-        memcmp(a->match[q].values, b->match[q].values, sizeof a->match[q].values))
-      return 1;
+  for (size_t q = 0; q < a->n; q++) {
+    if (a->match[q].tmpl != b->match[q].tmpl) return 1;
+    for (size_t p = 0; p < a->match[q].tmpl->nparams; p++)
+      if (a->match[q].values[p] != b->match[q].values[p]) return 1;
+  }
   return 0;
 }
 
