@@ -22,6 +22,7 @@ Writes trainer_step.json and trainer_step.png (step time and peak memory per con
     python3 tools/bench/trainer_step.py --tiny --device cpu   # a smoke run on the CPU
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -228,7 +229,19 @@ def verl_step(variant, path, b, device, checkpointing):
     return step, handle
 
 
+def held(device):
+    """GiB the process holds on the device after a collection: what a variant finds when it starts
+    (an earlier variant's trainer, models and optimizer state live on until their cycles are
+    collected)."""
+    gc.collect()
+    if device != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() / 2**30
+
+
 def measure(variant, arch, G, prompt, response, device, reps, work, checkpointing):
+    before = held(device)
     path = model_dir(arch, work)
     b = batch(ARCHS[arch]["vocab_size"], G, prompt, response, device)
     build = trl_step if variant.startswith("trl") else verl_step
@@ -237,7 +250,7 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
     if variant.endswith("+prefix"):  # the passes that ran packed, and those that fell back (why)
         from rlk.integrations import trl as rtrl, verl as rv
         calls = rtrl.prefix_calls if variant.startswith("trl") else rv.prefix_calls
-        before = calls.copy()
+        calls_before = calls.copy()
     try:
         step()  # warm-up (rlk's kernels compile or load)
         sync(device)
@@ -256,8 +269,10 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
         if phases is not None and phases.peaks:
             row["peak_gib"] = max(phases.top, row["peak_gib"] or 0.0)
             row["phase_peaks_gib"] = dict(phases.peaks)  # the last step's, by phase
+        if before is not None:
+            row["held_before_gib"] = round(before, 3)  # in peak_gib, not the variant's own
         if calls is not None:
-            row["prefix_calls"] = dict(calls - before)
+            row["prefix_calls"] = dict(calls - calls_before)
         return row
     finally:
         if handle is not None:
