@@ -23,6 +23,28 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
 
 
+def _gpu_test(item):
+    """A test that exists for the device: guarded by a CUDA-availability skipif, or the
+    torch-cuda place of a parametrized test."""
+    for m in item.iter_markers("skipif"):
+        if "CUDA" in str(m.kwargs.get("reason", "")):
+            return True
+    spec = getattr(item, "callspec", None)
+    return spec is not None and any(getattr(v, "cuda", False) for v in spec.params.values())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a GPU run (RLK_TEST_GPU=1, as tools/bench/gpu-tests.sh sets), a device test that skips
+    tested nothing where it was meant to: it fails, with the skip's reason."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and os.environ.get("RLK_TEST_GPU") == "1" and HAVE_CUDA and _gpu_test(item):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = "a GPU test skipped on a GPU run: %s" % reason
+
+
 try:
     import torch  # noqa: F401
     HAVE_TORCH = True

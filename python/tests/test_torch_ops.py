@@ -10,7 +10,9 @@ import rlk  # noqa: E402
 from rlk import autograd as A  # noqa: E402
 from rlk import torch_ops  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("host")
+# the cases' CPU tensors need the host backend (CASES is empty without it, and each such test says
+# so); the CUDA graph test needs only the device, which a GPU machine without a host compiler has
+host_cases = pytest.mark.usefixtures("host")
 
 B, T, G, V, H = 8, 16, 4, 64, 32
 
@@ -104,6 +106,7 @@ CASES = _cases() if rlk.OPS["policy_loss"].available() and _host_runs() else []
 NO_CASES = "no cases: the loaded librlk has no rlk_policy_loss, or the host backend does not run here"
 
 
+@host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_every_operator_has_a_case():
     covered = {str(op) for _, op, _, _ in CASES}
@@ -111,6 +114,7 @@ def test_every_operator_has_a_case():
     assert names <= covered, names - covered
 
 
+@host_cases
 @pytest.mark.parametrize("name,op,args,kwargs", CASES, ids=[c[0] for c in CASES])
 def test_opcheck(name, op, args, kwargs):
     torch.library.opcheck(op, args, kwargs)
@@ -142,6 +146,7 @@ def _graph_breaks(fn, *args):
     return expl.graph_count, expl.graph_break_count, [str(r.reason)[:300] for r in expl.break_reasons]
 
 
+@host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_compiled_grpo_step_fused_head_has_no_graph_break_and_equal_results():
     gen = torch.Generator().manual_seed(2)
@@ -161,6 +166,7 @@ def test_compiled_grpo_step_fused_head_has_no_graph_break_and_equal_results():
         assert torch.equal(e, c)
 
 
+@host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_compiled_grpo_step_logits_has_no_graph_break_and_equal_results():
     gen = torch.Generator().manual_seed(3)
@@ -178,6 +184,7 @@ def test_compiled_grpo_step_logits_has_no_graph_break_and_equal_results():
         assert torch.equal(e, c)
 
 
+@host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_compiled_functional_calls_match_eager():
     """The functional API (not only rlk.autograd) traces into the operators: advantages,
@@ -206,6 +213,7 @@ def test_compiled_functional_calls_match_eager():
         assert torch.equal(e, c)
 
 
+@host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_stream_is_refused_under_compile():
     logp, old, adv, mask = _losses_inputs(torch.Generator().manual_seed(5))
