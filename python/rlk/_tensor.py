@@ -130,7 +130,8 @@ def _kind(x):
 
 def compiling():
     """Whether torch.compile is tracing the caller. Every op that has a torch.library operator
-    starts with `if compiling(): return traced("<op>", locals())`: a call made while torch.compile
+    starts with `if compiling(): return traced("<op>", dict(<each parameter>=...))` (not
+    locals(), which the Dynamo of torch 2.11 cannot trace): a call made while torch.compile
     traces it goes to that operator (rlk.torch_ops.<op>, the same arguments and results), which
     the graph holds where the library cannot be called through ctypes. An eager call pays one
     torch.compiler.is_compiling() (about 0.1 us; nothing before torch is imported)."""
@@ -141,8 +142,7 @@ def compiling():
 
 
 def traced(name, args):
-    """rlk.torch_ops.<name> called with `args`, the locals() an op's function starts with (its
-    parameters, by name)."""
+    """rlk.torch_ops.<name> called with `args`, the op function's parameters by name."""
     from . import torch_ops
     return getattr(torch_ops, name)(**args)
 

@@ -80,7 +80,11 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     Returns advantages [B] f32, or (advantages, token_advantages) when broadcasting.
     """
     if compiling():
-        return traced("group_advantage", locals())
+        return traced("group_advantage", dict(
+            scores=scores, group_size=group_size, group_offsets=group_offsets, mode=mode, eps=eps,
+            unbiased=unbiased, singleton=singleton, mask=mask, broadcast=broadcast,
+            advantages=advantages, token_advantages=token_advantages, weights=weights,
+            nan_scores=nan_scores, stream=stream))
     b = Binder(OP)
     a = b.args
     dt = b.set("scores", scores, _F)

@@ -117,7 +117,10 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     rlk.sample's): each row's softmax over the raw logits at or above it and the label.
     Returns LogprobResult(logp, lse or None, entropy or None)."""
     if compiling():
-        return traced("linear_logprob", locals())
+        return traced("linear_logprob", dict(
+            hidden=hidden, weight=weight, labels=labels, entropy=entropy, temperature=temperature,
+            ignore_index=ignore_index, lse=lse, status=status, variant=variant, splits=splits,
+            stages=stages, threshold=threshold, stream=stream))
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages)
@@ -146,7 +149,10 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     backward is linear_logprob_backward(..., vocab_start=..., shard=True) with the combined lse.
     Returns the f32 [N, 4] records."""
     if compiling():
-        return traced("linear_logprob_partials", locals())
+        return traced("linear_logprob_partials", dict(
+            hidden=hidden, weight=weight, labels=labels, vocab_start=vocab_start, entropy=entropy,
+            temperature=temperature, ignore_index=ignore_index, partials=partials, variant=variant,
+            splits=splits, stream=stream))
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
@@ -176,7 +182,13 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     kept-set forward's (p over each row's kept set).
     Returns (grad_hidden or None, grad_weight or None)."""
     if compiling():
-        return traced("linear_logprob_backward", locals())
+        return traced("linear_logprob_backward", dict(
+            hidden=hidden, weight=weight, labels=labels, lse=lse, grad_logp=grad_logp,
+            grad_entropy=grad_entropy, entropy=entropy, temperature=temperature,
+            ignore_index=ignore_index, grad_hidden=grad_hidden, grad_weight=grad_weight,
+            want_hidden=want_hidden, want_weight=want_weight, accumulate=accumulate,
+            grad_dtype=grad_dtype, status=status, chunk=chunk, group=group, shard=shard,
+            vocab_start=vocab_start, threshold=threshold, stream=stream))
     b = Binder(BACKWARD_OP)
     a = b.args
     dt = _head(b, a, "", hidden, weight, labels, temperature, ignore_index, None, None)
@@ -260,7 +272,23 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     path. Returns LinearPolicyLossResult(loss [1], grad_hidden or None,
     grad_weight or None, metrics or None, logp or None); nothing is read back."""
     if compiling():
-        return traced("linear_policy_loss", locals())
+        return traced("linear_policy_loss", dict(
+            hidden=hidden, weight=weight, labels=labels, old_logp=old_logp, advantages=advantages,
+            mask=mask, temperature=temperature, ignore_index=ignore_index, variant=variant,
+            splits=splits, grad_hidden=grad_hidden, grad_weight=grad_weight,
+            want_hidden=want_hidden, want_weight=want_weight, accumulate=accumulate,
+            grad_dtype=grad_dtype, chunk=chunk, group=group, logp=logp, status=status,
+            metrics=metrics, seq_offsets=seq_offsets, ref_logp=ref_logp,
+            rollout_is_weights=rollout_is_weights, seq_advantages=seq_advantages, mode=mode,
+            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+            log_ratio_min=log_ratio_min, log_ratio_max=log_ratio_max, sapo_tau_pos=sapo_tau_pos,
+            sapo_tau_neg=sapo_tau_neg, seq_ratio_grad=seq_ratio_grad,
+            clamp_bound_grad=clamp_bound_grad, kl_estimator=kl_estimator, kl_coef=kl_coef,
+            kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
+            kl_straight_through=kl_straight_through, entropy_coef=entropy_coef, agg=agg,
+            token_normalizer=token_normalizer, seq_normalizer=seq_normalizer,
+            norm_scale=norm_scale, loss_scale=loss_scale, path=path, chunk_tokens=chunk_tokens,
+            threshold=threshold, stream=stream))
     b = Binder(POLICY_OP)
     a = b.args
     loss = a.loss

@@ -120,7 +120,10 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
     softmax over its logits at or above the threshold and its label. Returns LogprobResult(logp,
     lse or None, entropy or None), f32 [N]."""
     if compiling():
-        return traced("logprob", locals())
+        return traced("logprob", dict(
+            logits=logits, labels=labels, temperature=temperature, ignore_index=ignore_index,
+            entropy=entropy, lse=lse, logp=logp, status=status, variant=variant, block=block,
+            unroll=unroll, stages=stages, threshold=threshold, stream=stream))
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     if threshold is not None:
@@ -165,7 +168,12 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
     other shards'. threshold: the kept-set forward's (p over the kept set). Returns grad_logits
     [N, V]."""
     if compiling():
-        return traced("logprob_backward", locals())
+        return traced("logprob_backward", dict(
+            logits=logits, labels=labels, lse=lse, grad_logp=grad_logp, grad_entropy=grad_entropy,
+            entropy=entropy, temperature=temperature, ignore_index=ignore_index,
+            grad_logits=grad_logits, grad_dtype=grad_dtype, inplace=inplace, status=status,
+            variant=variant, block=block, unroll=unroll, stages=stages, vocab_start=vocab_start,
+            threshold=threshold, stream=stream))
     b = Binder(BACKWARD_OP)
     dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     if threshold is not None:

@@ -393,7 +393,19 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     apart=True.
     """
     if compiling():
-        return traced("policy_loss", locals())
+        return traced("policy_loss", dict(
+            logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+            seq_offsets=seq_offsets, ref_logp=ref_logp, entropy=entropy,
+            rollout_is_weights=rollout_is_weights, seq_advantages=seq_advantages, mode=mode,
+            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+            log_ratio_min=log_ratio_min, log_ratio_max=log_ratio_max, sapo_tau_pos=sapo_tau_pos,
+            sapo_tau_neg=sapo_tau_neg, seq_ratio_grad=seq_ratio_grad,
+            clamp_bound_grad=clamp_bound_grad, kl_estimator=kl_estimator, kl_coef=kl_coef,
+            kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
+            kl_straight_through=kl_straight_through, entropy_coef=entropy_coef, agg=agg,
+            token_normalizer=token_normalizer, seq_normalizer=seq_normalizer,
+            norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
+            scalar_loss=scalar_loss, apart=apart))
     b = Binder(POLICY_OP)
     a = b.args
     dt = b.set("logp", logp, _F)
@@ -428,7 +440,12 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
     (default 0.5, verl's). Returns ValueLossResult(loss [1], grad_values, metrics [4] or None);
     the outputs are views of one allocation unless apart=True."""
     if compiling():
-        return traced("value_loss", locals())
+        return traced("value_loss", dict(
+            values=values, old_values=old_values, returns=returns, mask=mask,
+            seq_offsets=seq_offsets, clip=clip, clamp_bound_grad=clamp_bound_grad, agg=agg,
+            token_normalizer=token_normalizer, seq_normalizer=seq_normalizer,
+            norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
+            scalar_loss=scalar_loss, apart=apart))
     b = Binder(VALUE_OP)
     a = b.args
     dt = b.bind(_VL_INPUTS, (values, old_values, returns, mask, seq_offsets))

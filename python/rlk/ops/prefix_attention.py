@@ -205,7 +205,8 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
     q, k or v, this goes through rlk.autograd.prefix_attention instead and returns (out, None).
     Returns PrefixAttentionResult(out, lse or None)."""
     if compiling():
-        return traced("prefix_attention", locals())
+        return traced("prefix_attention", dict(
+            q=q, k=k, v=v, layout=layout, scale=scale, lse=lse, out=out, stream=stream))
     if is_torch(q) and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         import torch
         if torch.is_grad_enabled():
@@ -226,7 +227,9 @@ def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None
     """Backward (rlk_prefix_attention_backward): (dq, dk, dv) with q's, k's and v's shapes; a
     prefix key's dk, dv sum its prefix queries and every response of the group, in a fixed order."""
     if compiling():
-        return traced("prefix_attention_backward", locals())
+        return traced("prefix_attention_backward", dict(
+            q=q, k=k, v=v, layout=layout, out=out, lse=lse, grad_out=grad_out, scale=scale,
+            stream=stream))
     b = Binder(BACKWARD_OP)
     dt = _bind_inputs(b, q, k, v, layout, scale)
     b.set("out", out, _QKV)

@@ -134,7 +134,10 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     Returns (advantages, returns), or advantages alone with compute_returns=False.
     advantages / returns: optional preallocated outputs."""
     if compiling():
-        return traced("gae", locals())
+        return traced("gae", dict(
+            rewards=rewards, values=values, mask=mask, gamma=gamma, lam=lam, masked=masked,
+            algo=algo, advantages=advantages, returns=returns, compute_returns=compute_returns,
+            stream=stream))
     b = Binder(GAE_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -163,7 +166,9 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
     masked: "reset" (verl REINFORCE++ single-turn, default), "zero" (OpenRLHF) or "carry" (verl's
     current REINFORCE++: carried through masked observation tokens). Returns [B, T]."""
     if compiling():
-        return traced("discounted_returns", locals())
+        return traced("discounted_returns", dict(
+            rewards=rewards, mask=mask, gamma=gamma, masked=masked, algo=algo, returns=returns,
+            stream=stream))
     b = Binder(RETURNS_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -186,7 +191,9 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
     [B] (ReMax: the greedy rollout's reward) also the advantages out_t - baseline_b m_t.
     Returns out, or (out, advantages) with a baseline."""
     if compiling():
-        return traced("reverse_cumsum", locals())
+        return traced("reverse_cumsum", dict(
+            values=values, mask=mask, baseline=baseline, algo=algo, out=out, advantages=advantages,
+            stream=stream))
     b = Binder(CUMSUM_OP)
     dt = b.set("values", values, _F)
     if mask is not None:
@@ -210,7 +217,10 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x.
     Returns out, or (out, stats) with stats=True: f64 [3] {mean, var, N}."""
     if compiling():
-        return traced("masked_whiten", locals())
+        return traced("masked_whiten", dict(
+            x=x, mask=mask, eps=eps, eps_mode=eps_mode, unbiased=unbiased, count_eps=count_eps,
+            shift_mean=shift_mean, normalize_std=normalize_std, masked=masked, out=out,
+            inplace=inplace, stats=stats, stream=stream))
     b = Binder(WHITEN_OP)
     a = b.args
     dt = b.set("x", x, _F)

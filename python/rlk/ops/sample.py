@@ -134,7 +134,12 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     (CUDA sm_90+; it waits for that kernel's results), False launches it plainly.
     Returns SampleResult(tokens, logp or None, logp_filtered or None, threshold or None)."""
     if compiling():
-        return traced("sample", locals())
+        return traced("sample", dict(
+            logits=logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            seed=seed, offset=offset, tokens=tokens, token_dtype=token_dtype, logp=logp,
+            logp_filtered=logp_filtered, threshold=threshold, status=status,
+            logprob_block=logprob_block, logprob_unroll=logprob_unroll, row_split=row_split,
+            pdl=pdl, stream=stream))
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
     _setting(b, "temperature", "temperatures", temperature, _F32, float)

@@ -49,7 +49,12 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
     Returns (advantages, returns).
     """
     if compiling():
-        return traced("token_baseline", locals())
+        return traced("token_baseline", dict(
+            rewards=rewards, old_logp=old_logp, sum_pi_squared=sum_pi_squared,
+            group_size=group_size, group_offsets=group_offsets, mask=mask,
+            rollout_is_weights=rollout_is_weights, epsilon=epsilon,
+            handle_zero_tail=handle_zero_tail, compact=compact, advantages=advantages,
+            returns=returns, stream=stream))
     b = Binder(OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)

@@ -63,7 +63,11 @@ def token_kl(logp, ref_logp, estimator="k3", *, mask=None, input_clamp=(-20.0, 2
     Returns kl, grad_logp or (kl, grad_logp) as `outputs` says.
     """
     if compiling():
-        return traced("token_kl", locals())
+        return traced("token_kl", dict(
+            logp=logp, ref_logp=ref_logp, estimator=estimator, mask=mask, input_clamp=input_clamp,
+            output_clamp=output_clamp, outputs=outputs, grad_kl=grad_kl,
+            straight_through=straight_through, old_logp=old_logp, is_weight_max=is_weight_max,
+            clamp_bound_grad=clamp_bound_grad, kl=kl, grad_logp=grad_logp, stream=stream))
     if outputs not in _OUTPUTS:
         raise InvalidArgument("token_kl: outputs must be one of %s, got %r" % (", ".join(_OUTPUTS), outputs))
     b = Binder(OP)

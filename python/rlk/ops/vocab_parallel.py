@@ -66,7 +66,10 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
     (contiguous, 16-byte aligned), e.g. this rank's slice of an all-gather buffer.
     Returns the f32 [N, 4] records."""
     if compiling():
-        return traced("logprob_partials", locals())
+        return traced("logprob_partials", dict(
+            logits=logits, labels=labels, vocab_start=vocab_start, temperature=temperature,
+            ignore_index=ignore_index, entropy=entropy, partials=partials, block=block,
+            unroll=unroll, stream=stream))
     b = Binder(FORWARD_OP)
     a = b.args
     _common(b, logits, labels, temperature, ignore_index, None, None, block, unroll, None)
@@ -86,7 +89,9 @@ def logprob_combine(partials, labels, *, ignore_index=None, entropy=False, lse=T
     optional zeroed i32 [1] that gets STATUS_BAD_LABEL (a label no shard owns) or
     STATUS_LABEL_OWNERS (two shards own it); those rows are NaN. Returns LogprobResult."""
     if compiling():
-        return traced("logprob_combine", locals())
+        return traced("logprob_combine", dict(
+            partials=partials, labels=labels, ignore_index=ignore_index, entropy=entropy, lse=lse,
+            logp=logp, status=status, stream=stream))
     b = Binder(COMBINE_OP)
     a = b.args
     b.set("partials", partials, _F32)
