@@ -48,6 +48,7 @@ static const rlk_param_decl smp_params[] = {
     {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
     {"filter", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
     {"cap", RLK_PARAM_INT, 32, 8192, 1, 0, NULL},
+    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "host/sample.c",
@@ -62,6 +63,7 @@ static const rlk_param_decl smp_split_params[] = {
     {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
     {"split", RLK_PARAM_INT, 2, 8, 1, 0, NULL},
     {"depth", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
+    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
 };
 
 static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/sample_split.cuh", NULL,
@@ -84,7 +86,7 @@ static const int smp_row_split_values[] = {RLK_SAMPLE_ROW_SPLIT_AUTO, 0, 1, 2, 4
 
 enum {
   SMP_S_LOGITS, SMP_S_TOKENS, SMP_S_FILTER, SMP_S_VOCAB, SMP_S_LOGPROB_BLOCK, SMP_S_LOGPROB_UNROLL, SMP_S_ROWS,
-  SMP_S_ROW_SPLIT, SMP_NSETTINGS
+  SMP_S_ROW_SPLIT, SMP_S_ROWS16, SMP_NSETTINGS
 };
 
 static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
@@ -102,6 +104,9 @@ static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
     [SMP_S_ROW_SPLIT] = RLK_SET_CHOICE("row_split", smp_row_split_names, 0, "sample_split.split",
                                        "the blocks that share a row (0: one; auto: by rows and the device's "
                                        "multiprocessors, 132 when unknown; on sm_90 and later with filter=0)"),
+    [SMP_S_ROWS16] = RLK_SET_FLAG("rows16", 1, "sample.rows16 sample_split.rows16",
+                                  "whether every row starts on a 16-byte boundary (the logits' address and "
+                                  "row stride); 0 builds the narrower loads of a row that does not"),
 };
 
 /* Blocks that share a row: the caller's count, or by the batch, as many as keep every block on
@@ -132,6 +137,8 @@ static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_k
                                          (int)v[SMP_S_LOGPROB_UNROLL], &seg, &unroll);
   if (st) return st;
   const int split = smp_split_of(ctx, s, seg);
+  /* the host kernel reads a row element by element: one kernel for either */
+  const int64_t rows16 = ctx->kind == RLK_BACKEND_HOST ? 1 : v[SMP_S_ROWS16];
   if (split > 1) {
     /* chunks a lane has in an aligned row, up to what its registers hold: 8 below 512 threads a
      * block (255 registers a thread), 4 at 512 */
@@ -140,10 +147,12 @@ static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_k
     const int most = seg / split >= 512 ? 4 : 8;
     int depth = 1;
     while (depth < most && depth < chunks) depth *= 2;
-    specs[0] = (rlk_kernel_spec){&smp_split_tmpl, {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, split, depth}};
+    specs[0] = (rlk_kernel_spec){&smp_split_tmpl,
+                                 {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, split, depth, rows16}};
   } else {
     const int cap = ctx->kind == RLK_BACKEND_HIP ? SMP_CAP_HIP : SMP_CAP_CUDA;
-    specs[0] = (rlk_kernel_spec){&smp_tmpl, {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap}};
+    specs[0] = (rlk_kernel_spec){&smp_tmpl,
+                                 {rlk_op_float_dt(logits), v[SMP_S_TOKENS], seg, unroll, v[SMP_S_FILTER], cap, rows16}};
   }
   return rlk_op_planned(specs, 1, nspecs);
 }
@@ -159,6 +168,9 @@ static const char *const smp_samples[] = {
     "sample logits=bf16 tokens=i64 filter=0 rows=1 row_split=auto",
     "sample logits=f32 tokens=i32 filter=0 rows=32 row_split=auto",
     "sample logits=f16 tokens=i64 filter=0 vocab=50257 rows=64 row_split=2",
+    /* rows off the 16-byte grid (an odd V in 16 bits): the narrower loads built in */
+    "sample logits=bf16 tokens=i64 filter=1 vocab=32003 rows16=0",
+    "sample logits=bf16 tokens=i32 filter=0 vocab=32003 rows=2 row_split=auto rows16=0",
     NULL};
 
 const rlk_op_desc rlk_op_sample = {
@@ -252,6 +264,10 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   rlk_op_values_set(v, SMP_S_LOGPROB_UNROLL, a->logprob_unroll);
   rlk_op_values_set(v, SMP_S_ROWS, B);
   rlk_op_values_set(v, SMP_S_ROW_SPLIT, row_split);
+  /* a row's byte offset is its index times the stride's bytes: all rows are on the 16-byte grid
+   * when the first is and the stride's bytes are a multiple of 16 (or there is one row) */
+  const uint64_t stride_bytes = (uint64_t)row_stride * rlk_dtype_size(L->dtype);
+  rlk_op_values_set(v, SMP_S_ROWS16, ((uintptr_t)L->data % 16 == 0) && (B == 1 || stride_bytes % 16 == 0));
 
   ((smp_call *)call)->pdl = a->pdl;
   smp_kernel_args *k = &((smp_call *)call)->k;

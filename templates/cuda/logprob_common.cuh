@@ -440,11 +440,15 @@ RLK_DEVICE state thread_row_state_of(const u8 *r, i64 V, float c, int lane, floa
 
 /* thread_row_state_of for the row's alignment: one loop of vector loads where it is 16-byte
  * aligned, narrower loads of the same bytes where not; the same element order either way. KEPT:
- * the kept logits of the row (kept_logit against thr). */
-template <int DT, int SEG, int UNROLL, bool ENTROPY, bool KEPT = false>
+ * the kept logits of the row (kept_logit against thr). ROWS16: the caller knows every row is
+ * aligned (the host checked the base and the stride), so only the aligned loop is built. */
+template <int DT, int SEG, int UNROLL, bool ENTROPY, bool KEPT = false, bool ROWS16 = false>
 RLK_DEVICE state thread_row_state(const u8 *r, i64 V, float c, int lane, float thr = 0.0f) {
-  return ((u64)r & 15u) == 0 ? thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true, KEPT>(r, V, c, lane, thr)
-                             : thread_row_state_of<DT, SEG, UNROLL, ENTROPY, false, KEPT>(r, V, c, lane, thr);
+  if constexpr (ROWS16)
+    return thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true, KEPT>(r, V, c, lane, thr);
+  else
+    return ((u64)r & 15u) == 0 ? thread_row_state_of<DT, SEG, UNROLL, ENTROPY, true, KEPT>(r, V, c, lane, thr)
+                               : thread_row_state_of<DT, SEG, UNROLL, ENTROPY, false, KEPT>(r, V, c, lane, thr);
 }
 
 /* thread_row_state with DEPTH chunks in flight instead of one: the same additions in the same
@@ -503,10 +507,13 @@ RLK_DEVICE state thread_row_state_deep_of(const u8 *r, i64 V, float c, int lane)
   return st;
 }
 
-template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY>
+template <int DT, int SEG, int UNROLL, int DEPTH, bool ENTROPY, bool ROWS16 = false>
 RLK_DEVICE state thread_row_state_deep(const u8 *r, i64 V, float c, int lane) {
-  return ((u64)r & 15u) == 0 ? thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, true>(r, V, c, lane)
-                             : thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, false>(r, V, c, lane);
+  if constexpr (ROWS16)
+    return thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, true>(r, V, c, lane);
+  else
+    return ((u64)r & 15u) == 0 ? thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, true>(r, V, c, lane)
+                               : thread_row_state_deep_of<DT, SEG, UNROLL, DEPTH, ENTROPY, false>(r, V, c, lane);
 }
 
 /* Merges the states of a block's BLOCK threads (BLOCK > a warp, one row per block) in

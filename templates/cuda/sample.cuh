@@ -87,7 +87,7 @@ template <int DT, typename F> RLK_DEVICE void visit_vector(const u32x4 &v, i64 j
 #undef RLK_SMP_VJ
 }
 
-template <int DT, int SEG, int UNROLL, typename F>
+template <int DT, int SEG, int UNROLL, bool ROWS16, typename F>
 RLK_DEVICE void visit_lane(const u8 *r, i64 V, int lane, F &&f) {
   constexpr int B = logit_traits<DT>::bytes;
   constexpr int E = epv<DT>::value;
@@ -100,11 +100,11 @@ RLK_DEVICE void visit_lane(const u8 *r, i64 V, int lane, F &&f) {
   for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
     u32x4 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, sp.aligned);
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, ROWS16 || sp.aligned);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) visit_vector<DT>(raw[u], sp.head + (v + (i64)u * SEG) * E, f);
   }
-  for (; v < sp.nvec; v += SEG) visit_vector<DT>(load_row_vec(vb + v * 16, sp.aligned), sp.head + v * E, f);
+  for (; v < sp.nvec; v += SEG) visit_vector<DT>(load_row_vec(vb + v * 16, ROWS16 || sp.aligned), sp.head + v * E, f);
 }
 
 /* visit_lane's elements in the same order, with a small body: the UNROLL vectors of a chunk are
@@ -144,7 +144,7 @@ template <int DT, int U, typename F> RLK_DEVICE void visit_words(const u32x4 *ra
   }
 }
 
-template <int DT, int SEG, int UNROLL, typename F>
+template <int DT, int SEG, int UNROLL, bool ROWS16, typename F>
 RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
   constexpr int B = logit_traits<DT>::bytes;
   constexpr int E = epv<DT>::value;
@@ -164,7 +164,7 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
   for (; v + (i64)(UNROLL - 1) * SEG < sp.nvec; v += (i64)UNROLL * SEG) {
     u32x4 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, sp.aligned);
+    for (int u = 0; u < UNROLL; ++u) raw[u] = load_row_vec(vb + (v + (i64)u * SEG) * 16, ROWS16 || sp.aligned);
     /* the chunk's vectors are SEG apart: walk them one by one */
 #pragma unroll 1
     for (int u = 0; u < UNROLL; ++u) {
@@ -179,7 +179,7 @@ RLK_DEVICE void visit_lane_compact(const u8 *r, i64 V, int lane, F &&f) {
 #pragma unroll 1
   for (; v < sp.nvec; v += SEG) {
     u32x4 one[1];
-    one[0] = load_row_vec(vb + v * 16, sp.aligned);
+    one[0] = load_row_vec(vb + v * 16, ROWS16 || sp.aligned);
     visit_words<DT, 1>(one, sp.head + v * E, f);
   }
 }
@@ -379,7 +379,7 @@ constexpr int PICK_VECTORS = 4;
  * (lane l takes the share's vectors l, l + warp, ..., the first PICK_VECTORS of them), finish()
  * sums the kept masses in that order (lane 0 first takes the scalar head and tail elements) and
  * finds the element whose range holds u. Every lane of the warp calls both. */
-template <int DT, int SEG> struct share_pick {
+template <int DT, int SEG, bool ROWS16> struct share_pick {
   static constexpr int W = RLK_WARP_SIZE;
   const u8 *r;
   i64 V, nv;
@@ -395,7 +395,7 @@ template <int DT, int SEG> struct share_pick {
     const int l = (int)(threadIdx.x % W);
 #pragma unroll
     for (int k = 0; k < PICK_VECTORS; ++k)
-      if (l + (i64)k * W < nv) v[k] = load_row_vec(vec_at(sp, l + (i64)k * W), sp.aligned);
+      if (l + (i64)k * W < nv) v[k] = load_row_vec(vec_at(sp, l + (i64)k * W), ROWS16 || sp.aligned);
   }
 
   /* share vector i is row vector t + i SEG, its first element sp.head + (t + i SEG) E */
@@ -421,7 +421,7 @@ template <int DT, int SEG> struct share_pick {
 #pragma unroll 1
     for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !(reload_only_until_done && f.done()); i += W) {
       u32x4 one[1];
-      one[0] = load_row_vec(vec_at(sp, i), sp.aligned);
+      one[0] = load_row_vec(vec_at(sp, i), ROWS16 || sp.aligned);
       visit_words<DT, 1>(one, elem0(sp, i), f);
     }
   }
@@ -479,7 +479,7 @@ template <int DT, int SEG> struct share_pick {
     }
 #pragma unroll 1
     for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W)
-      part += vector_mass(load_row_vec(vec_at(sp, i), sp.aligned), keep, c, Mc);
+      part += vector_mass(load_row_vec(vec_at(sp, i), ROWS16 || sp.aligned), keep, c, Mc);
     const u64 inc = warp_inclusive_scan(part);
     const u64 total = shfl_from(inc, W - 1);
     *x = limits<float>::quiet_nan();
@@ -568,7 +568,7 @@ template <int DT, int SEG> struct share_pick {
       } else {
         for (i64 i = l + (i64)PICK_VECTORS * W; i < nv && !walk.done(); i += W) {
           u32x4 one[1];
-          one[0] = load_row_vec(vec_at(sp, i), sp.aligned);
+          one[0] = load_row_vec(vec_at(sp, i), ROWS16 || sp.aligned);
           visit_words<DT, 1>(one, elem0(sp, i), walk);
         }
       }
@@ -604,8 +604,8 @@ RLK_DEVICE void write_no_token(i64 row, bool bad, float s, TOK *tokens, float *l
  *
  * Step 1, in every warp: its lane by the lanes' weights (own: this lane's state, wst: the warp's,
  * low half of R1); `drawn` starts loading that lane's share of the row (row lane warp W + lane). */
-template <int DT, int SEG>
-RLK_DEVICE void draw_lane(share_pick<DT, SEG> &drawn, const state &own, const state &wst, float c, u64 R1,
+template <int DT, int SEG, bool ROWS16>
+RLK_DEVICE void draw_lane(share_pick<DT, SEG, ROWS16> &drawn, const state &own, const state &wst, float c, u64 R1,
                           const u8 *r, i64 V, int warp) {
   const u64 w = own.s == 0.0f ? 0ull : (u64)(own.s * exp2_approx((own.m - wst.m) * c) * RLK_SMP_MASS_SCALE);
   const u64 inc = warp_inclusive_scan(w);
@@ -626,8 +626,8 @@ template <int NW> RLK_DEVICE int draw_warp(const state &ws, float M, float c, u6
 
 /* Step 3, in the drawn warp: the element of its drawn share by exact mass (R2), and the row's
  * outputs, logp from the row's merged state rst (every token kept: the threshold -inf). */
-template <int DT, int SEG, typename TOK>
-RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG> &drawn, const state &rst, float c, float T, u64 R2,
+template <int DT, int SEG, bool ROWS16, typename TOK>
+RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG, ROWS16> &drawn, const state &rst, float c, float T, u64 R2,
                                   const u8 *r, i64 row, TOK *tokens, float *logp, float *logp_filtered,
                                   float *threshold) {
   float xy;
@@ -702,8 +702,10 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
 /* One block per row. SEG x UNROLL is the row layout of the logprob_fwd kernel the log-probs must
  * match (SEG threads per row: a block, or a segment of a warp for short rows); the block has
  * max(SEG, warp) threads. FILTER: top-k, top-p and min-p may be set (else only temperature and
- * greedy rows). CAP: candidates that fit in shared memory. */
-template <int DT, typename TOK, int SEG, int UNROLL, bool FILTER, int CAP>
+ * greedy rows). CAP: candidates that fit in shared memory. ROWS16: every row starts on the 16-byte
+ * grid (the host checked the base and the stride), so no pass carries the narrower loads of a row
+ * that does not (row_split); the same element order, the same bits either way. */
+template <int DT, typename TOK, int SEG, int UNROLL, bool FILTER, int CAP, bool ROWS16>
 __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
                                   SEG >= 256 ? 1024 / SEG : 1)
     sample(RLK_SMP_KERNEL_PARAMS) {
@@ -769,7 +771,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     }
 
     /* ---- pass 1: logprob_fwd's lane states, merged in its tree ---- */
-    const state own = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false>(r, V, c, tid) : empty_state();
+    const state own = tid < SEG ? thread_row_state<DT, SEG, UNROLL, false, false, ROWS16>(r, V, c, tid) : empty_state();
     if constexpr (FILTER) lane_m[tid] = own.m;
     if constexpr (SEG > RLK_WARP_SIZE) lane_st[it & 1][tid] = lane_state{own.m, own.s};
     /* the warp's butterfly: logprob_fwd's first level */
@@ -785,7 +787,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     const bool unfiltered = !FILTER || greedy ||
                             (!(rs.top_k > 0 && rs.top_k < V) && !(rs.top_p < 1.0f) && !(rs.min_p > 0.0f));
     const bool plain = !greedy && unfiltered && !bad;
-    share_pick<DT, SEG> drawn; /* the drawn lane's share */
+    share_pick<DT, SEG, ROWS16> drawn; /* the drawn lane's share */
     state rst, ws = empty_state(); /* lane l < NW: warp l's state */
     if constexpr (SEG > RLK_WARP_SIZE) {
       if (plain) {
@@ -890,7 +892,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       if (tid == 0) found[0] = 0;
       __syncthreads();
       if (tid < SEG)
-        visit_lane<DT, SEG, UNROLL>(r, V, tid, [&](float x, i64 j) {
+        visit_lane<DT, SEG, UNROLL, ROWS16>(r, V, tid, [&](float x, i64 j) {
           if (x >= theta) {
             const u32 at = atomicAdd(&found[0], 1u);
             if (at < (u32)CAP) {
@@ -935,7 +937,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       __syncthreads();
       /* ---- the pass ---- */
       if (tid < SEG && (step != GREEDY || own.m == M))
-        visit_lane_compact<DT, SEG, UNROLL>(r, V, tid, [&](float x, i64 j) {
+        visit_lane_compact<DT, SEG, UNROLL, ROWS16>(r, V, tid, [&](float x, i64 j) {
           if (!FILTER || step == GREEDY) {
             if (x == M) atomicMin(&pick, (u32)j);
             return;
@@ -1055,7 +1057,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       __syncthreads(); /* every thread has read the chosen lane out of `pick` */
       if (wid == 0) {
         float x;
-        share_pick<DT, SEG> sp;
+        share_pick<DT, SEG, ROWS16> sp;
         sp.load(r, V, share_t);
         const u32 y = sp.finish(c, Mc, [&](float xe) { return key_of<DT>(xe) >= klo_ && keep_m(xe); },
                                 share_draw, false, &x);

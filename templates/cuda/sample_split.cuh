@@ -33,8 +33,9 @@
 namespace rlk {
 
 /* S blocks a row (2, 4 or 8, a portable cluster size), SEG x UNROLL the row layout of the
- * logprob_fwd kernel whose log-probs are reproduced, DEPTH the chunks a lane keeps in flight. */
-template <int DT, typename TOK, int SEG, int UNROLL, int S, int DEPTH>
+ * logprob_fwd kernel whose log-probs are reproduced, DEPTH the chunks a lane keeps in flight,
+ * ROWS16 as rlk::sample's. */
+template <int DT, typename TOK, int SEG, int UNROLL, int S, int DEPTH, bool ROWS16>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     sample_split(RLK_SMP_KERNEL_PARAMS) {
   using namespace smp;
@@ -76,7 +77,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     if (filler) row_inputs_fetch(&inputs, row, top_ks32, top_ks64, top_ps, min_ps, seeds, offsets);
 
     /* ---- pass 1: this block's lanes, and their warps' butterflies ---- */
-    const state own = thread_row_state_deep<DT, SEG, UNROLL, DEPTH, false>(r, V, c, t);
+    const state own = thread_row_state_deep<DT, SEG, UNROLL, DEPTH, false, ROWS16>(r, V, c, t);
     const state wst = segment_merge<RLK_WARP_SIZE, false>(own, c);
     if (pending) cluster_wait(); /* the cluster is done with the previous row's shared state */
     if (lane == 0) scratch[wid] = wst;
@@ -92,7 +93,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     const bool bad = settings_bad(rs);
     const bool plain = !greedy && !bad;
     /* as in rlk::sample: each warp draws its lane and starts loading that share */
-    share_pick<DT, SEG> drawn;
+    share_pick<DT, SEG, ROWS16> drawn;
     if (plain) draw_lane(drawn, own, wst, c, R1, r, V, w);
     /* logprob_fwd's second level, over the warp states of the whole cluster */
     state ws = empty_state();
@@ -105,7 +106,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(SEG / S)
     const float M = rst.m;
     const bool fail = bad || !(rst.s > 0.0f); /* s NaN: a NaN or +inf logit; 0: no finite logit */
     if (greedy && !fail && own.m == M)
-      visit_lane<DT, SEG, UNROLL>(r, V, t, [&](float x, i64 j) {
+      visit_lane<DT, SEG, UNROLL, ROWS16>(r, V, t, [&](float x, i64 j) {
         if (x == M) cluster_atomic_min_u32(pick0, (u32)j);
       });
     cluster_arrive(); /* done with the cluster's shared memory for this row */

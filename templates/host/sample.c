@@ -8,7 +8,7 @@
  * GPU's; the tokens may differ where the exponentials round differently (libm's exp2f here).
  * threshold: the kept set's smallest logit, as the GPU's (-inf unfiltered, the maximum greedy).
  * Parameters: RLK_P_LOGITS (RLK_DT_*), RLK_P_TOKENS (int32_t or int64_t), RLK_P_FILTER (0/1);
- * seg, unroll and cap only shape the GPU kernel. */
+ * seg, unroll, cap and rows16 only shape the GPU kernel. */
 #include "logprob_common.h"
 #include "rlk_host_philox.h"
 #include "sample_params.h"
