@@ -29,23 +29,10 @@ class LogprobVariant(enum.IntEnum):
 # in the order of their C structs: after the input, the labels and their settings; then the
 # forward's outputs (logprob_combine's too), or the backward's saved statistics and incoming
 # gradients.
-LABEL_FIELDS = [
-    ("labels", T.Tensor),
-    ("temperature", ctypes.c_float),
-    ("ignore_index", ctypes.c_int64),
-]
-FORWARD_OUTPUT_FIELDS = [
-    ("logp", T.Tensor),
-    ("lse", T.Tensor),
-    ("entropy", T.Tensor),
-    ("status", T.Tensor),
-]
-BACKWARD_INPUT_FIELDS = [
-    ("lse", T.Tensor),
-    ("grad_logp", T.Tensor),
-    ("grad_entropy", T.Tensor),
-    ("entropy", T.Tensor),
-]
+LABEL_FIELDS = [("labels", T.Tensor), ("temperature", ctypes.c_float), ("ignore_index", ctypes.c_int64)]
+FORWARD_OUTPUT_FIELDS = [("logp", T.Tensor), ("lse", T.Tensor), ("entropy", T.Tensor), ("status", T.Tensor)]
+BACKWARD_INPUT_FIELDS = [("lse", T.Tensor), ("grad_logp", T.Tensor), ("grad_entropy", T.Tensor),
+                         ("entropy", T.Tensor)]
 
 _TUNING = [
     ("variant", ctypes.c_int),
