@@ -274,10 +274,29 @@ static int sm90a_options(rlk_context_options *o, rlk_device_info *info, const ch
   return 1;
 }
 
-/* A context of options o over a fresh database (under a directory named after `stem`) that
- * holds records r[0..n). */
-static rlk_context *context_over_records(const rlk_context_options *o, const char *stem, const rlk_tune_record *r,
-                                         size_t n) {
+/* A record to store: its key line with tokens= added, winner and the two times (make_record's
+ * arguments). */
+typedef struct record_row {
+  const char *key;
+  long long tokens;
+  const char *winner;
+  double default_ms, best_ms;
+} record_row;
+
+/* A compile-only sm_90a context (of options *o) over a fresh database (under a directory named
+ * after `stem`) that holds a record of each of rows[0..n) for sm_90a's environment; NULL (the
+ * test skips, `what` names it) without NVRTC. */
+static rlk_context *sm90a_context_over(rlk_context_options *o, const record_row *rows, size_t n, const char *stem,
+                                       const char *what) {
+  rlk_device_info info;
+  if (!sm90a_options(o, &info, what)) return NULL;
+  rlk_tune_record r[4];
+  ck_assert_uint_le(n, sizeof r / sizeof r[0]);
+  for (size_t i = 0; i < n; i++) {
+    char line[512];
+    snprintf(line, sizeof line, "%s tokens=%lld", rows[i].key, rows[i].tokens);
+    r[i] = make_record(line, &info, rows[i].winner, rows[i].default_ms, rows[i].best_ms);
+  }
   char db[1100];
   fresh_db(db, sizeof db, stem);
   ck_assert_int_eq(rlk_tune_db_record(db, r, n), RLK_OK);
@@ -990,18 +1009,16 @@ static void keys_of(rlk_context *ctx, const char *line, char *keys, size_t size)
  * (the plan, which is what a call runs), for its bucket only; plan keys with tokens= equal the
  * keys of the winner's explicit settings. */
 START_TEST(selection_changes_the_kernels_on_sm90a) {
-  rlk_context_options o;
-  rlk_device_info info;
-  if (!sm90a_options(&o, &info, "selection on sm_90a")) return;
-  const char *fwd = "logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936";
-  const char *bwd = "logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936";
+  static const record_row rows[] = {
+      {"logprob pass=fwd logits=bf16 labels=i64 entropy=1 vocab=151936", 16384,
+       "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2},
+      {"logprob pass=bwd logits=bf16 labels=i64 entropy=0 vocab=151936", 4096, "variant=vec block=1024 unroll=2", 2.8,
+       2.7}};
+  const char *fwd = rows[0].key;
   char line[512];
-  snprintf(line, sizeof line, "%s tokens=16384", fwd);
-  rlk_tune_record r[2];
-  r[0] = make_record(line, &info, "variant=bulk block=256 unroll=8 stages=3", 1.4, 1.2);
-  snprintf(line, sizeof line, "%s tokens=4096", bwd);
-  r[1] = make_record(line, &info, "variant=vec block=1024 unroll=2", 2.8, 2.7);
-  rlk_context *ctx = context_over_records(&o, "tune-sm90", r, 2);
+  rlk_context_options o;
+  rlk_context *ctx = sm90a_context_over(&o, rows, 2, "tune-sm90", "selection on sm_90a");
+  if (!ctx) return;
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   /* the default, and the winner for 16384 rows (and 12000: the same bucket) */
   ck_assert_uint_eq(plan(ctx, "pass=fwd entropy=1", specs), 1);
@@ -1027,7 +1044,7 @@ START_TEST(selection_changes_the_kernels_on_sm90a) {
   char tuned[512], explicit_[512], deflt[512];
   snprintf(line, sizeof line, "%s tokens=16384", fwd);
   keys_of(ctx, line, tuned, sizeof tuned);
-  snprintf(line, sizeof line, "%s %s", fwd, r[0].winner);
+  snprintf(line, sizeof line, "%s %s", fwd, rows[0].winner);
   keys_of(ctx, line, explicit_, sizeof explicit_);
   keys_of(ctx, fwd, deflt, sizeof deflt);
   ck_assert_str_eq(tuned, explicit_);
@@ -1051,8 +1068,12 @@ END_TEST
  * record's winner as the plan of a line naming the whole key: the variant and the ring depths
  * that fit, for its bucket only. */
 START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
-  const char *key = "prefix_attention pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8 group=16 prefix=4096 "
-                    "response=512";
+  static const record_row rows[] = {
+      {"prefix_attention pass=fwd dtype=bf16 head_dim=128 q_heads=32 kv_heads=8 group=16 prefix=4096 response=512",
+       65536, "fwd_stages=3", 1.4, 1.3},
+      {"prefix_attention pass=bwd dtype=bf16 head_dim=64 q_heads=32 kv_heads=8 group=16 prefix=4096 response=512",
+       65536, "dkdv_stages=2 dq_stages=4", 5.0, 4.8}};
+  const char *key = rows[0].key;
   expect_key("prefix_attention response=500 prefix=3000 group=13 kv_heads=8 q_heads=32 tokens=70000 pass=fwd",
              "prefix_attention", key + strlen("prefix_attention "), 65536);
   static const refused_key bad[] = {{"prefix_attention pass=both q_heads=8 kv_heads=8 group=1 prefix=1 response=1 tokens=2", "pass"},
@@ -1066,16 +1087,9 @@ START_TEST(prefix_attention_keys_and_selection_on_sm90a) {
   ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("prefix_attention"), "stages="), 4);
 
   rlk_context_options o;
-  rlk_device_info info;
-  if (!sm90a_options(&o, &info, "prefix_attention selection on sm_90a")) return;
+  rlk_context *ctx = sm90a_context_over(&o, rows, 2, "tune-pa-sm90", "prefix_attention selection on sm_90a");
+  if (!ctx) return;
   char line[512];
-  rlk_tune_record r[2];
-  snprintf(line, sizeof line, "%s tokens=65536", key);
-  r[0] = make_record(line, &info, "fwd_stages=3", 1.4, 1.3);
-  snprintf(line, sizeof line, "prefix_attention pass=bwd dtype=bf16 head_dim=64 q_heads=32 kv_heads=8 group=16 "
-                              "prefix=4096 response=512 tokens=65536");
-  r[1] = make_record(line, &info, "dkdv_stages=2 dq_stages=4", 5.0, 4.8);
-  rlk_context *ctx = context_over_records(&o, "tune-pa-sm90", r, 2);
   rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
   const char *problem = "q_heads=32 kv_heads=8 group=16 prefix=4096 response=512";
   /* the default: two K/V stages; the winner for the bucket: three */
@@ -1115,7 +1129,12 @@ END_TEST
  * record's winner: the forward's ring depth as the plan of a line naming the whole key, the
  * backward's chunk in the workspace a call asks for, for the record's bucket only. */
 START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
-  const char *fkey = "linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 hidden_size=4096 vocab=151936";
+  static const record_row rows[] = {
+      {"linear_logprob pass=fwd hidden=bf16 labels=i64 entropy=1 hidden_size=4096 vocab=151936", 8192, "stages=3",
+       14.0, 13.5},
+      {"linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=same hidden_size=4096 vocab=151936", 8192,
+       "chunk=8192 group=16", 50.0, 48.0}};
+  const char *fkey = rows[0].key;
   expect_key("linear_logprob vocab=151936 tokens=9000 entropy=1 hidden_size=4096 pass=fwd", "linear_logprob",
              fkey + strlen("linear_logprob "), 8192);
   expect_key("linear_logprob pass=bwd grad=same hidden_size=896 vocab=32000 tokens=4096", "linear_logprob",
@@ -1130,16 +1149,9 @@ START_TEST(linear_logprob_keys_and_selection_on_sm90a) {
   ck_assert_int_ge(rlk_test_count_lines(rlk_tune_candidates("linear_logprob"), "group="), 2);
 
   rlk_context_options o;
-  rlk_device_info info;
-  if (!sm90a_options(&o, &info, "linear_logprob selection on sm_90a")) return;
+  rlk_context *ctx = sm90a_context_over(&o, rows, 2, "tune-ll-sm90", "linear_logprob selection on sm_90a");
+  if (!ctx) return;
   char line[512];
-  rlk_tune_record r[2];
-  snprintf(line, sizeof line, "%s tokens=8192", fkey);
-  r[0] = make_record(line, &info, "stages=3", 14.0, 13.5);
-  r[1] = make_record("linear_logprob pass=bwd hidden=bf16 labels=i64 entropy=1 grad=same hidden_size=4096 "
-                     "vocab=151936 tokens=8192",
-                     &info, "chunk=8192 group=16", 50.0, 48.0);
-  rlk_context *ctx = context_over_records(&o, "tune-ll-sm90", r, 2);
   /* what changes its calls but not its kernels here */
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd hidden=f16"), "chunk group");
   ck_assert_str_eq(rlk_tune_runtime_settings(ctx, "linear_logprob pass=bwd variant=tiled"), "chunk");

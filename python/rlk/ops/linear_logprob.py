@@ -11,7 +11,7 @@ import enum
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
 from . import losses as _losses
-from .logprob import LogprobResult
+from .logprob import BACKWARD_INPUT_FIELDS, FORWARD_OUTPUT_FIELDS, LABEL_FIELDS, LogprobResult
 
 __all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
            "linear_logprob_backward", "linear_logprob_partials", "LinearPolicyLossArgs",
@@ -30,13 +30,7 @@ class LinearLogprobArgs(ctypes.Structure):
     _fields_ = [
         ("hidden", T.Tensor),
         ("weight", T.Tensor),
-        ("labels", T.Tensor),
-        ("temperature", ctypes.c_float),
-        ("ignore_index", ctypes.c_int64),
-        ("logp", T.Tensor),
-        ("lse", T.Tensor),
-        ("entropy", T.Tensor),
-        ("status", T.Tensor),
+    ] + LABEL_FIELDS + FORWARD_OUTPUT_FIELDS + [
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("variant", ctypes.c_int),
@@ -54,13 +48,7 @@ class LinearLogprobBackwardArgs(ctypes.Structure):
     _fields_ = [
         ("hidden", T.Tensor),
         ("weight", T.Tensor),
-        ("labels", T.Tensor),
-        ("temperature", ctypes.c_float),
-        ("ignore_index", ctypes.c_int64),
-        ("lse", T.Tensor),
-        ("grad_logp", T.Tensor),
-        ("grad_entropy", T.Tensor),
-        ("entropy", T.Tensor),
+    ] + LABEL_FIELDS + BACKWARD_INPUT_FIELDS + [
         ("grad_hidden", T.Tensor),
         ("grad_weight", T.Tensor),
         ("accumulate", ctypes.c_int),

@@ -25,6 +25,15 @@ class LogprobVariant(enum.IntEnum):
     TMA = 3
 
 
+# The fields that the log-prob ops over logits and over a linear head's hidden states share,
+# in the order of their C structs: after the input, the labels and their settings; then the
+# forward's outputs (logprob_combine's too), or the backward's saved statistics and incoming
+# gradients.
+LABEL_FIELDS = [("labels", T.Tensor), ("temperature", ctypes.c_float), ("ignore_index", ctypes.c_int64)]
+FORWARD_OUTPUT_FIELDS = [("logp", T.Tensor), ("lse", T.Tensor), ("entropy", T.Tensor), ("status", T.Tensor)]
+BACKWARD_INPUT_FIELDS = [("lse", T.Tensor), ("grad_logp", T.Tensor), ("grad_entropy", T.Tensor),
+                         ("entropy", T.Tensor)]
+
 _TUNING = [
     ("variant", ctypes.c_int),
     ("block", ctypes.c_int),
@@ -37,14 +46,7 @@ _TUNING = [
 class LogprobArgs(ctypes.Structure):
     _fields_ = [
         ("logits", T.Tensor),
-        ("labels", T.Tensor),
-        ("temperature", ctypes.c_float),
-        ("ignore_index", ctypes.c_int64),
-        ("logp", T.Tensor),
-        ("lse", T.Tensor),
-        ("entropy", T.Tensor),
-        ("status", T.Tensor),
-    ] + _TUNING + [
+    ] + LABEL_FIELDS + FORWARD_OUTPUT_FIELDS + _TUNING + [
         ("partials", T.Tensor),
         ("vocab_start", ctypes.c_int64),
         ("partial_entropy", ctypes.c_int),
@@ -56,13 +58,7 @@ class LogprobArgs(ctypes.Structure):
 class LogprobBackwardArgs(ctypes.Structure):
     _fields_ = [
         ("logits", T.Tensor),
-        ("labels", T.Tensor),
-        ("temperature", ctypes.c_float),
-        ("ignore_index", ctypes.c_int64),
-        ("lse", T.Tensor),
-        ("grad_logp", T.Tensor),
-        ("grad_entropy", T.Tensor),
-        ("entropy", T.Tensor),
+    ] + LABEL_FIELDS + BACKWARD_INPUT_FIELDS + [
         ("grad_logits", T.Tensor),
         ("status", T.Tensor),
     ] + _TUNING + [

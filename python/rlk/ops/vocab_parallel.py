@@ -15,7 +15,7 @@ import ctypes
 from .. import _lib
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
-from .logprob import FORWARD_OP, LogprobArgs, LogprobResult, _common
+from .logprob import FORWARD_OP, FORWARD_OUTPUT_FIELDS, LogprobArgs, LogprobResult, _common
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
            "logprob_combine", "vocab_parallel_logprob", "nccl_comm_of", "vocab_parallel_logprob_nccl",
@@ -31,11 +31,7 @@ class LogprobCombineArgs(ctypes.Structure):
         ("partials", T.Tensor),
         ("labels", T.Tensor),
         ("ignore_index", ctypes.c_int64),
-        ("logp", T.Tensor),
-        ("lse", T.Tensor),
-        ("entropy", T.Tensor),
-        ("status", T.Tensor),
-    ]
+    ] + FORWARD_OUTPUT_FIELDS
 
 
 COMBINE_OP = Op("logprob_combine", LogprobCombineArgs)
