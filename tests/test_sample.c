@@ -849,6 +849,40 @@ START_TEST(bad_arguments) {
 }
 END_TEST
 
+/* rows16: a call's record says whether every row starts on the 16-byte grid, from the logits'
+ * address and row stride (one row: its address alone), which is what picks the GPU kernel
+ * without the narrower loads. */
+START_TEST(record_rows_on_the_grid) {
+  rlk_context *ctx = rlk_test_recording_host_context();
+  if (!ctx) return;
+  _Alignas(16) float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)(i % 7) * 0.25f;
+  int64_t tok[3];
+  rlk_sample_args a;
+  rlk_sample_args_init(&a);
+  static const struct {
+    int off, rows, cols, stride;
+  } calls[] = {
+      {0, 2, 12, 12}, /* 48-byte rows from an aligned base: on the grid */
+      {0, 3, 13, 13}, /* 52-byte rows: the second is off it */
+      {0, 1, 11, 11}, /* one row from an aligned base */
+      {1, 1, 11, 11}, /* one row 4 bytes off */
+      {0, 2, 11, 12}, /* 11 columns of 48-byte rows */
+  };
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    a.logits = rlk_tensor_2d(x + calls[i].off, RLK_F32, calls[i].rows, calls[i].cols, calls[i].stride);
+    a.tokens = rlk_tensor_1d(tok, RLK_I64, calls[i].rows);
+    ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "call %zu: %s", i, rlk_last_error());
+  }
+#define LINE(v, rows, on) \
+  "sample logits=f32 tokens=i64 filter=0 vocab=" #v " logprob_block=0 logprob_unroll=0 rows=" #rows " row_split=auto rows16=" #on
+  static const char *const want[] = {LINE(12, 2, 1), LINE(13, 3, 0), LINE(11, 1, 1), LINE(11, 1, 0), LINE(11, 2, 1), NULL};
+#undef LINE
+  rlk_test_record_expect(ctx, want);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(plan_matches_call) {
   rlk_context *ctx = rlk_test_host_context();
   int n = 0;
@@ -1101,7 +1135,7 @@ Suite *sample_suite(void) {
   rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, philox_known_answers, host_distribution_64,
       host_distribution_1000, host_logp_bitwise, host_reproducible, host_edges, bad_arguments));
 
-  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_row_split, samples_compile_every_target));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_row_split, samples_compile_every_target, record_rows_on_the_grid));
 
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_logp_bitwise, gpu_reproducible, gpu_edges, gpu_row_split,
       gpu_overlap_chain, gpu_distribution_split, gpu_distribution_layouts, gpu_distribution_64,
