@@ -39,6 +39,21 @@ namespace rlk {
 
 namespace pa {
 
+/* The wgmma operand type of the 16-bit dtype DT. */
+template <int DT> constexpr int sm90_ab = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
+
+/* The arrivals that release a ring stage: the consumers' warps (warpgroups 1 and 2). */
+constexpr u32 SM90_CONSUMER_WARPS = 8;
+
+/* The dynamic shared memory of a kernel with head dim D whose rings take `bytes`, aligned to 1024
+ * bytes (the 128-byte swizzle's period). */
+template <int D, u32 bytes> RLK_DEVICE u8 *sm90_smem() {
+  static_assert(bytes + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
+  return (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+}
+
 /* Loads rows [row0, row0 + box rows) of one head (its D columns from col0) as D / 64 boxes of 64
  * columns, box_bytes apart at dst, completing on bar. */
 template <int D>
@@ -204,11 +219,8 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90<D, STAGES_>;
-  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
-  static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
-  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
-  constexpr u32 CONSUMER_WARPS = 8;
+  constexpr int AB = sm90_ab<DT>;
   float *__restrict__ lse = p_.pass.lse;
   const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
   const i32 Hq = p_.pass.Hq, Hkv = p_.pass.Hkv;
@@ -220,12 +232,11 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
 
-  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
-  u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+  u8 *smem = sm90_smem<D, C::SMEM>();
   u8 *sQ = smem, *sK = sQ + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
   __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
   const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) bar.init(CONSUMER_WARPS);
+  if (threadIdx.x == 0) bar.init(SM90_CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {
@@ -408,11 +419,8 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_bwd<D, STAGES_>;
-  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
-  static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, BQ = C::BQ, STAGES = C::STAGES;
-  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
-  constexpr u32 CONSUMER_WARPS = 8;
+  constexpr int AB = sm90_ab<DT>;
   const float *__restrict__ lse = p_.pass.lse;
   void *__restrict__ work = p_.pass.work;
   const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
@@ -430,8 +438,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
   /* step u: query head hk ratio + u / nq, query tile u % nq */
   const int nu = ratio * nq;
 
-  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
-  u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+  u8 *smem = sm90_smem<D, C::SMEM>();
   u8 *sK = smem, *sV = sK + C::KVBYTES, *sQ = sV + C::KVBYTES, *sO = sQ + STAGES * C::QBYTES;
   __shared__ float sL[STAGES][BQ], sD[STAGES][BQ];
   __shared__ i32 sLo[STAGES][BQ];
@@ -439,7 +446,7 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
   const int wg = (int)(threadIdx.x / 128);
   if (threadIdx.x == 0) {
     sm90::mbar_init(&kv_full, 1);
-    sm90::ring_init<STAGES>(q_full, q_empty, CONSUMER_WARPS);
+    sm90::ring_init<STAGES>(q_full, q_empty, SM90_CONSUMER_WARPS);
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) sm90::mbar_init(&aux_full[st], C::AUX);
     sm90::mbar_init_fence();
@@ -611,11 +618,8 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
 #if defined(RLK_SM90A_ASM)
   using namespace pa;
   using C = pa_sm90_dq<D, STAGES_>;
-  static_assert(C::SMEM + PA_SM90_ALIGN <= PA_SM90_SMEM_LIMIT, "the rings fit in an SM's 227 KB of shared memory");
-  static_assert(D == 64 || D == 128, "head dim 64 or 128");
   constexpr int BN = C::BN, NB = C::NB, STAGES = C::STAGES;
-  constexpr int AB = DT == PA_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
-  constexpr u32 CONSUMER_WARPS = 8;
+  constexpr int AB = sm90_ab<DT>;
   const float *__restrict__ lse = p_.pass.lse;
   float *__restrict__ delta = (float *)p_.pass.work;
   const i32 *__restrict__ seq = p_.pass.seq, *__restrict__ grp = p_.pass.grp;
@@ -628,12 +632,11 @@ __global__ void __launch_bounds__(PA_SM90_THREADS, 1)
   const i32 h = (i32)blockIdx.z, hk = h / (Hq / Hkv);
   const kv_tiles kt = kv_tiles_of(rg, seq, q0, qend, BN);
 
-  extern __shared__ __align__(PA_SM90_ALIGN) u8 pa_sm90_raw[];
-  u8 *smem = (u8 *)(((u64)pa_sm90_raw + 1023u) & ~(u64)1023u);
+  u8 *smem = sm90_smem<D, C::SMEM>();
   u8 *sQ = smem, *sO = sQ + C::QBYTES, *sK = sO + C::QBYTES, *sV = sK + STAGES * C::KVBYTES;
   __shared__ alignas(8) sm90_kv_bars<STAGES> bar;
   const int wg = (int)(threadIdx.x / 128);
-  if (threadIdx.x == 0) bar.init(CONSUMER_WARPS);
+  if (threadIdx.x == 0) bar.init(SM90_CONSUMER_WARPS);
   __syncthreads();
 
   if (wg == 0) {

@@ -97,6 +97,13 @@ template <int KIND, typename T> RLK_DEVICE T warp_combine(T v) {
   return v;
 }
 
+/* Value k of every warp (sh[k * RLK_MAX_WARPS + w], w < nwarps) combined in warp order. */
+template <int KIND, typename T> RLK_DEVICE T combine_warps(const T *sh, int k, int nwarps) {
+  T v = sh[k * RLK_MAX_WARPS];
+  for (int w = 1; w < nwarps; ++w) v = combine<KIND>(v, sh[k * RLK_MAX_WARPS + w]);
+  return v;
+}
+
 /* Static unrolled loop: calls f(integral_constant k) for k in [0, N). */
 template <int K> struct int_c {
   static constexpr int value = K;
@@ -129,11 +136,7 @@ template <class Op, typename T, int N> struct block_finish_fn {
   double *out;
   template <class K> RLK_DEVICE void operator()(K) {
     constexpr int k = K::value;
-    if ((int)threadIdx.x == k) {
-      T v = sh[k * RLK_MAX_WARPS];
-      for (int w = 1; w < nwarps; ++w) v = combine<Op::reduce_kind(k)>(v, sh[k * RLK_MAX_WARPS + w]);
-      out[k] = (double)v;
-    }
+    if ((int)threadIdx.x == k) out[k] = (double)combine_warps<Op::reduce_kind(k)>(sh, k, nwarps);
   }
 };
 
@@ -161,11 +164,7 @@ template <int N, typename T> RLK_DEVICE void block_sum_n(T v[N], T *sh) {
   }
   __syncthreads();
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    T t = sh[k * RLK_MAX_WARPS];
-    for (int w = 1; w < nwarps; ++w) t += sh[k * RLK_MAX_WARPS + w];
-    v[k] = t;
-  }
+  for (int k = 0; k < N; ++k) v[k] = combine_warps<RED_SUM>(sh, k, nwarps);
   __syncthreads(); /* sh may be reused as soon as this returns */
 }
 
@@ -178,6 +177,32 @@ RLK_DEVICE void packed_row(const void *offsets, i64 row, i64 n, i64 *first, i64 
   i64 b;
   clamped_offsets<LAYOUT == TL_LAYOUT_PACKED_I32>(offsets, row, n, first, &b);
   *len = b - *first;
+}
+
+/* A pass's work items: a padded row in tiles of s.tile columns, a packed row whole. */
+template <int LAYOUT, class S> RLK_DEVICE i64 items_per_row(const S &s) {
+  return LAYOUT == TL_LAYOUT_PADDED ? s.tiles_per_row : 1;
+}
+
+/* Work item `item`: its row, the row's first token and length, and the columns [b, e) it covers. */
+struct row_item {
+  i64 row, first, len, b, e;
+};
+
+template <int LAYOUT, class S> RLK_DEVICE row_item row_item_of(const S &s, i64 item, i64 per_row) {
+  row_item it;
+  it.row = item / per_row;
+  it.first = 0;
+  it.len = s.cols;
+  if (LAYOUT == TL_LAYOUT_PADDED) {
+    it.b = (item % per_row) * s.tile;
+    it.e = min_(it.b + s.tile, s.cols);
+  } else {
+    packed_row<LAYOUT>(s.offsets, it.row, s.cols, &it.first, &it.len);
+    it.b = 0;
+    it.e = it.len;
+  }
+  return it;
 }
 
 /* Pointers of one row: stream k's element 0 of the row, and the mask's element index. */
@@ -367,23 +392,15 @@ RLK_DEVICE void token_pass(Op &op, const S &s, double *partials, T *sh_acc, T *s
   constexpr int NACC = Op::NACC;
   T acc[NACC];
   op.acc_init(acc);
-  const i64 per_row = LAYOUT == TL_LAYOUT_PADDED ? s.tiles_per_row : 1;
+  const i64 per_row = items_per_row<LAYOUT>(s);
   const i64 items = s.rows * per_row;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
-    const i64 row = item / per_row;
-    i64 first = 0, len = s.cols, b = 0, e = 0;
-    if (LAYOUT == TL_LAYOUT_PADDED) {
-      b = (item % per_row) * s.tile;
-      e = min_(b + s.tile, s.cols);
-    } else {
-      packed_row<LAYOUT>(s.offsets, row, s.cols, &first, &len);
-      e = len;
-    }
+    const row_item it = row_item_of<LAYOUT>(s, item, per_row);
     RowPtrs<T, Op::NIN, Op::NOUT> p;
-    row_ptrs<T, LAYOUT>(s, row, first, &p);
-    op.row_begin(row, len);
-    if (Op::ROWSTAT) row_prepass<T, MASK>(op, p, s.mask, b, e, sh2);
-    row_main<T, MASK>(op, p, s.mask, b, e, acc);
+    row_ptrs<T, LAYOUT>(s, it.row, it.first, &p);
+    op.row_begin(it.row, it.len);
+    if (Op::ROWSTAT) row_prepass<T, MASK>(op, p, s.mask, it.b, it.e, sh2);
+    row_main<T, MASK>(op, p, s.mask, it.b, it.e, acc);
     if (Op::ROWSTAT && threadIdx.x == 0) op.row_done(acc);
   }
   block_reduce_to<Op>(acc, sh_acc, partials + (i64)blockIdx.x * NACC);
@@ -408,9 +425,7 @@ template <class Op, int N> struct partial_finish_fn {
   double *out;
   template <class K> RLK_DEVICE void operator()(K) {
     constexpr int k = K::value;
-    double v = sh[k * RLK_MAX_WARPS];
-    for (int w = 1; w < nwarps; ++w) v = combine<Op::reduce_kind(k)>(v, sh[k * RLK_MAX_WARPS + w]);
-    out[k] = v;
+    out[k] = combine_warps<Op::reduce_kind(k)>(sh, k, nwarps);
   }
 };
 
@@ -450,21 +465,13 @@ RLK_DEVICE double grad_scale(const tl_norm &n, double c, double *sh) {
 template <int LAYOUT, int MASK, class S>
 RLK_DEVICE void count_pass(const S &s, double *counts, double *sh) {
   double v = 0.0;
-  const i64 per_row = LAYOUT == TL_LAYOUT_PADDED ? s.tiles_per_row : 1;
+  const i64 per_row = items_per_row<LAYOUT>(s);
   const i64 items = s.rows * per_row;
   const i64 bd = blockDim.x, tid = threadIdx.x;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
-    const i64 row = item / per_row;
-    i64 first = 0, len = s.cols, b = 0, e = 0;
-    if (LAYOUT == TL_LAYOUT_PADDED) {
-      b = (item % per_row) * s.tile;
-      e = min_(b + s.tile, s.cols);
-    } else {
-      packed_row<LAYOUT>(s.offsets, row, s.cols, &first, &len);
-      e = len;
-    }
-    const i64 m0 = LAYOUT == TL_LAYOUT_PADDED ? row * s.mask_stride : first;
-    for (i64 j = b + tid; j < e; j += bd) {
+    const row_item it = row_item_of<LAYOUT>(s, item, per_row);
+    const i64 m0 = LAYOUT == TL_LAYOUT_PADDED ? it.row * s.mask_stride : it.first;
+    for (i64 j = it.b + tid; j < it.e; j += bd) {
       const float m = seq_mask_weight<MASK, false>(s.mask, m0 + j);
       if (m != 0.0f) v += (double)m;
     }
