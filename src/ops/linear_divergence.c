@@ -409,6 +409,15 @@ static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k
   return RLK_OK;
 }
 
+/* The settings of a forward or backward line that its heads, labels and divergence fix: the table's
+ * first ones, pass to topk. */
+static void ld_line_heads(rlk_op_values *v, int pass, rlk_dtype student, rlk_dtype teacher, int labels,
+                          rlk_divergence_mode mode, int top_k) {
+  const int64_t x[LD_S_TOPK + 1] = {[LD_S_PASS] = pass,     [LD_S_STUDENT] = student, [LD_S_TEACHER] = teacher,
+                                    [LD_S_LABELS] = labels, [LD_S_MODE] = mode,       [LD_S_TOPK] = top_k > 0};
+  for (int i = 0; i <= LD_S_TOPK; i++) rlk_op_values_set(v, i, x[i]);
+}
+
 /* The heads' fields every kernel argument that reads them starts with (RLK_LD_HEADS), from the
  * call's arguments `a` and their checked layout `h`. */
 #define LD_SET_HEADS(x, a, h)                                                                   \
@@ -604,12 +613,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
 
   /* the configuration, and its kernels */
   rlk_op_values *v = &call->vals;
-  rlk_op_values_set(v, LD_S_PASS, LD_PASS_FWD);
-  rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
-  rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
-  rlk_op_values_set(v, LD_S_LABELS, h->lab);
-  rlk_op_values_set(v, LD_S_MODE, a->mode);
-  rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+  ld_line_heads(v, LD_PASS_FWD, a->student_hidden.dtype, a->teacher_hidden.dtype, h->lab, a->mode, a->top_k);
   rlk_op_values_set(v, LD_S_SHARD, k->shard);
   if (a->variant != RLK_LINEAR_LOGPROB_AUTO) rlk_op_values_set(v, LD_S_VARIANT, a->variant);
   /* sm_90a: the wgmma GEMMs where tensor maps describe the heads */
@@ -861,12 +865,7 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   for (int i = 0; i < k->nvals; i++) {
     rlk_op_values *v = i ? &k->second : &call->vals;
     if (i) rlk_op_values_init(&rlk_op_linear_divergence, v);
-    rlk_op_values_set(v, LD_S_PASS, LD_PASS_BWD);
-    rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
-    rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
-    rlk_op_values_set(v, LD_S_LABELS, h->lab);
-    rlk_op_values_set(v, LD_S_MODE, a->mode);
-    rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+    ld_line_heads(v, LD_PASS_BWD, a->student_hidden.dtype, a->teacher_hidden.dtype, h->lab, a->mode, a->top_k);
     rlk_op_values_set(v, LD_S_GRAD, ls >= 0 ? ls : i ? LD_GRAD_SAME : LD_GRAD_F32);
     rlk_op_values_set(v, LD_S_TEACHER_GRAD, lt >= 0 ? lt : i ? LD_GRAD_SAME : LD_GRAD_F32);
   }
