@@ -34,16 +34,7 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
   if ((st = rlk_check_tensor(t, what, required))) return st;
   if (!t->data) return RLK_OK;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
-  if (t->shape[0] != B || t->shape[1] != T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
-                     what, (long long)t->shape[0], (long long)t->shape[1], (long long)B,
-                     (long long)T);
-  if (T > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
-  return RLK_OK;
+  return rlk_check_rows(t, what, B, T);
 }
 
 int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {

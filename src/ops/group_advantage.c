@@ -238,13 +238,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return st;
 
   /* advantages */
-  if ((st = rlk_check_tensor(&a->advantages, "advantages", 1))) return st;
-  if ((st = rlk_check_dtype(&a->advantages, "advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
-  if ((st = rlk_check_ndim(&a->advantages, "advantages", 1, 1))) return st;
-  if (a->advantages.shape[0] != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "advantages: shape [%lld], expected [%lld] (B)",
-                     (long long)a->advantages.shape[0], (long long)B);
-  if ((st = rlk_check_contiguous(&a->advantages, "advantages"))) return st;
+  if ((st = rlk_check_vector_of(&a->advantages, "advantages", RLK_DTYPE_BIT(RLK_F32), B, "B", 1, NULL))) return st;
 
   /* token_advantages and mask */
   const int has_mask = a->mask.data != NULL, has_tok = a->token_advantages.data != NULL;
@@ -264,12 +258,8 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
     if (!scores_2d && !has_tok)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "mask: given, but scores are 1-D and token_advantages is absent");
-    if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
-    if ((st = rlk_check_dtype(&a->mask, "mask",
-                              RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) |
-                                  RLK_DTYPE_BIT(RLK_F32))))
-      return st;
-    if ((st = rlk_check_rows(&a->mask, "mask", B, T))) return st;
+    const uint32_t mask_dtypes = RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32);
+    if ((st = rlk_seq_check_rows(&a->mask, "mask", 1, mask_dtypes, B, T))) return st;
   }
   rlk_op_values_set(v, GA_S_MODE, a->mode);
   rlk_op_values_set(v, GA_S_GROUP_SIZE, a->group_size);
