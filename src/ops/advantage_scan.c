@@ -316,13 +316,7 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
                      "baseline and advantages: give both or neither (baseline is %s, advantages %s)",
                      a->baseline.data ? "present" : "absent", a->advantages.data ? "present" : "absent");
   if (a->baseline.data) {
-    const rlk_tensor *bl = &a->baseline;
-    if ((st = rlk_check_tensor(bl, "baseline", 1)) || (st = rlk_check_dtype(bl, "baseline", dt)) ||
-        (st = rlk_check_ndim(bl, "baseline", 1, 1)) || (st = rlk_check_contiguous(bl, "baseline")))
-      return st;
-    if (bl->shape[0] != B)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "baseline: shape [%lld], expected [%lld] (B)",
-                       (long long)bl->shape[0], (long long)B);
+    if ((st = rlk_check_vector_of(&a->baseline, "baseline", dt, B, "B", 1, NULL))) return st;
     if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   }
   as_args *k = &((as_call *)call)->k;

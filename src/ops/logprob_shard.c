@@ -111,17 +111,6 @@ const rlk_op_desc rlk_op_logprob_shard = {
 /* Validation                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status ls_check_f32_vector(const rlk_tensor *t, const char *what, int64_t N) {
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
-  return rlk_check_contiguous(t, what);
-}
-
 /* An f32 [P, N, 4] (or, with P < 0, [N, 4]) contiguous 16-byte aligned record tensor. */
 static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_t N, int64_t *P) {
   rlk_status st;
@@ -220,9 +209,10 @@ rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_t
                                              const rlk_tensor *entropy, const rlk_tensor *status,
                                              int64_t N) {
   rlk_status st;
-  if ((st = ls_check_f32_vector(logp, "logp", N))) return st;
-  if (lse->data && (st = ls_check_f32_vector(lse, "lse", N))) return st;
-  if (entropy->data && (st = ls_check_f32_vector(entropy, "entropy", N))) return st;
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  if ((st = rlk_check_vector(logp, "logp", f32, N, 1, NULL))) return st;
+  if (lse->data && (st = rlk_check_vector(lse, "lse", f32, N, 1, NULL))) return st;
+  if (entropy->data && (st = rlk_check_vector(entropy, "entropy", f32, N, 1, NULL))) return st;
   if ((st = rlk_check_status(status))) return st;
   if (logp->data == lse->data || logp->data == entropy->data ||
       (lse->data && lse->data == entropy->data))
