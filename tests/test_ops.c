@@ -565,12 +565,35 @@ START_TEST(overlap_is_exact) {
 }
 END_TEST
 
+/* The shared tensor check: present, one of the allowed dtypes, a dimension count in range; each
+ * message names the tensor and what is wrong. */
+START_TEST(tensor_of_checks_in_order) {
+  float m[6];
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  rlk_tensor t = rlk_tensor_2d(m, RLK_F32, 2, 3, 3);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 2, 2), RLK_OK);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 1, 3), RLK_OK);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: expected 1 dimensions, got 2");
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 3, 4), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: expected 3 to 4 dimensions, got 2");
+  /* the dtype is checked before the dimensions */
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", RLK_DTYPE_BIT(RLK_F64), 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: dtype f32 is not supported (expected f64)");
+  /* and presence before both: an absent tensor is refused, not passed */
+  rlk_tensor absent = t;
+  absent.data = NULL;
+  ck_assert_int_eq(rlk_check_tensor_of(&absent, "y", RLK_DTYPE_BIT(RLK_F64), 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "y: data is NULL");
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
       feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
-      enum_table_rows, overlap_is_exact));
+      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order));
   return s;
 }

@@ -228,9 +228,7 @@ typedef struct as_call {
 /* The shape from the first input, the first input's dtype for everything else, the mask. */
 static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t *B, int64_t *T) {
   rlk_status st;
-  if ((st = rlk_check_tensor(x, what, 1))) return st;
-  if ((st = rlk_check_dtype(x, what, AS_DTYPES))) return st;
-  if ((st = rlk_check_ndim(x, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(x, what, AS_DTYPES, 2, 2))) return st;
   *B = x->shape[0];
   *T = x->shape[1];
   return rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T);

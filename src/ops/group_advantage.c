@@ -199,9 +199,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   rlk_op_values *v = &call->vals;
   rlk_status st;
   /* scores */
-  if ((st = rlk_check_tensor(&a->scores, "scores", 1))) return st;
-  if ((st = rlk_check_dtype(&a->scores, "scores", GA_SCORE_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->scores, "scores", 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(&a->scores, "scores", GA_SCORE_DTYPES, 1, 2))) return st;
   const int64_t B = a->scores.shape[0];
   int64_t T = 0;
   const int scores_2d = a->scores.ndim == 2;
@@ -244,9 +242,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const int has_mask = a->mask.data != NULL, has_tok = a->token_advantages.data != NULL;
   if (has_tok) {
     const rlk_tensor *t = &a->token_advantages;
-    if ((st = rlk_check_tensor(t, "token_advantages", 1))) return st;
-    if ((st = rlk_check_dtype(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
-    if ((st = rlk_check_ndim(t, "token_advantages", 2, 2))) return st;
+    if ((st = rlk_check_tensor_of(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32), 2, 2))) return st;
     if (scores_2d && t->shape[1] != T)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "token_advantages: %lld columns, but scores has T = %lld",

@@ -351,9 +351,7 @@ const rlk_op_desc rlk_op_linear_divergence = {
 static rlk_status ld_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t rows, int64_t cols,
                                   int64_t *r, int64_t *c, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, dtypes)) ||
-      (st = rlk_check_ndim(t, what, 2, 2)))
-    return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], h = t->shape[1];
   if (n < 1 || h < 1 || n > INT32_MAX || h > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] is empty or too large", what, (long long)n,
@@ -1184,8 +1182,7 @@ static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, 
   const rlk_linear_divergence_combine_args *a = args;
   rlk_status st;
   const rlk_tensor *p = &a->partials;
-  if ((st = rlk_check_tensor(p, "partials", 1)) || (st = rlk_check_dtype(p, "partials", LD_F32)) ||
-      (st = rlk_check_ndim(p, "partials", 3, 3)) || (st = rlk_check_contiguous(p, "partials")))
+  if ((st = rlk_check_tensor_of(p, "partials", LD_F32, 3, 3)) || (st = rlk_check_contiguous(p, "partials")))
     return st;
   const int64_t P = p->shape[0], N = p->shape[1];
   if (P < 1 || N < 1 || p->shape[2] != LD_RECORD)

@@ -152,9 +152,7 @@ static rlk_status ll_select(const rlk_context *ctx, const rlk_op_values *s, int 
 static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t *rows,
                                      int64_t *cols, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], h = t->shape[1];
   if (n < 1 || h < 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] has an empty dimension", what,
@@ -242,9 +240,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "logp, lse, entropy: absent in the shard form (partials is given)");
     const rlk_tensor *p = &a->partials;
-    if ((st = rlk_check_tensor(p, "partials", 1))) return st;
-    if ((st = rlk_check_dtype(p, "partials", f32))) return st;
-    if ((st = rlk_check_ndim(p, "partials", 2, 2))) return st;
+    if ((st = rlk_check_tensor_of(p, "partials", f32, 2, 2))) return st;
     if (p->shape[0] != N || p->shape[1] != RLK_LOGPROB_PARTIAL_FIELDS)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: shape [%lld, %lld], expected [%lld, %d]",
                        (long long)p->shape[0], (long long)p->shape[1], (long long)N,

@@ -513,9 +513,7 @@ const rlk_op_desc rlk_op_logprob = {
 static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes,
                                   int64_t *N, int64_t *V, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], v = t->shape[1];
   if (v > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,

@@ -114,10 +114,8 @@ const rlk_op_desc rlk_op_logprob_shard = {
 /* An f32 [P, N, 4] (or, with P < 0, [N, 4]) contiguous 16-byte aligned record tensor. */
 static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_t N, int64_t *P) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
   const int nd = *P < 0 ? 2 : 3;
-  if ((st = rlk_check_ndim(t, what, nd, nd))) return st;
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(RLK_F32), nd, nd))) return st;
   const int64_t n = t->shape[nd - 2], f = t->shape[nd - 1];
   if (f != RLK_LOGPROB_PARTIAL_FIELDS || (N >= 0 && n != N))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [..., %lld, %lld], expected [..., %lld, %d]",
@@ -224,9 +222,7 @@ static rlk_status ls_combine_validate(const rlk_context *ctx, const void *args, 
   (void)ctx;
   const rlk_logprob_combine_args *a = args;
   rlk_status st;
-  if ((st = rlk_check_tensor(&a->labels, "labels", 1))) return st;
-  if ((st = rlk_check_dtype(&a->labels, "labels", LS_LABEL_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->labels, "labels", 1, 1))) return st;
+  if ((st = rlk_check_tensor_of(&a->labels, "labels", LS_LABEL_DTYPES, 1, 1))) return st;
   const int64_t N = a->labels.shape[0];
   int64_t P = 0;
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;

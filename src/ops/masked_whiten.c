@@ -182,8 +182,8 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
                      (int)a->masked);
   if (a->stats.data) {
     const rlk_tensor *s = &a->stats;
-    if ((st = rlk_check_tensor(s, "stats", 1)) || (st = rlk_check_dtype(s, "stats", RLK_DTYPE_BIT(RLK_F64))) ||
-        (st = rlk_check_ndim(s, "stats", 1, 1)) || (st = rlk_check_contiguous(s, "stats")))
+    if ((st = rlk_check_tensor_of(s, "stats", RLK_DTYPE_BIT(RLK_F64), 1, 1)) ||
+        (st = rlk_check_contiguous(s, "stats")))
       return st;
     if (s->shape[0] != 3)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stats: shape [%lld], expected [3]",

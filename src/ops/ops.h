@@ -54,6 +54,9 @@ rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
  * broadcast over rows, for inputs; outputs are refused by rlk_check_no_overlap). */
 rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, int64_t len);
 
+/* A required tensor of an allowed dtype with ndim_min to ndim_max dimensions. */
+rlk_status rlk_check_tensor_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int ndim_min, int ndim_max);
+
 /* A required 1-D [N] tensor of an allowed dtype (contiguous when asked); writes its stride (may
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,

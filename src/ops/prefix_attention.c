@@ -233,8 +233,7 @@ typedef struct pa_tune_problem {
 /* A [T, H, D] tensor; *H receives H (D and T checked against *D and T when non-zero). */
 static rlk_status pa_check_qkv(const rlk_tensor *t, const char *what, int64_t *T, int64_t *H, int64_t *D) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, PA_DTYPES)) ||
-      (st = rlk_check_ndim(t, what, 3, 3)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, PA_DTYPES, 3, 3)) || (st = rlk_check_contiguous(t, what)))
     return st;
   if (*T && t->shape[0] != *T)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld tokens, q has %lld", what, (long long)t->shape[0],
@@ -252,8 +251,8 @@ static rlk_status pa_check_qkv(const rlk_tensor *t, const char *what, int64_t *T
 static rlk_status pa_check_like(const rlk_tensor *t, const char *what, rlk_dtype dtype, int ndim,
                                 int64_t d0, int64_t d1, int64_t d2) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(dtype))) ||
-      (st = rlk_check_ndim(t, what, ndim, ndim)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(dtype), ndim, ndim)) ||
+      (st = rlk_check_contiguous(t, what)))
     return st;
   const int64_t want[3] = {d0, d1, d2};
   for (int i = 0; i < ndim; i++)
@@ -270,8 +269,7 @@ static rlk_status pa_check_like(const rlk_tensor *t, const char *what, rlk_dtype
 
 static rlk_status pa_check_offsets_tensor(const rlk_tensor *t, const char *what, int64_t n) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_I32))) ||
-      (st = rlk_check_ndim(t, what, 1, 1)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(RLK_I32), 1, 1)) || (st = rlk_check_contiguous(t, what)))
     return st;
   if (t->shape[0] != n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld]", what,

@@ -140,9 +140,7 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_token_kl_args *a = args;
   tk_args *k = &((tk_call *)call)->k;
   rlk_status st;
-  if ((st = rlk_check_tensor(&a->logp, "logp", 1))) return st;
-  if ((st = rlk_check_dtype(&a->logp, "logp", TK_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->logp, "logp", 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(&a->logp, "logp", TK_DTYPES, 1, 2))) return st;
   const int nd = a->logp.ndim;
   const int64_t B = nd == 2 ? a->logp.shape[0] : 1, T = a->logp.shape[nd - 1];
   const uint32_t same = RLK_DTYPE_BIT(a->logp.dtype);

@@ -56,10 +56,7 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
                            int64_t *primary_stride) {
   memset(L, 0, sizeof *L);
   rlk_status st;
-  if ((st = rlk_check_tensor(primary, pname, 1))) return st;
-  if ((st = rlk_check_dtype(primary, pname, RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))))
-    return st;
-  if ((st = rlk_check_ndim(primary, pname, 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(primary, pname, TL_DTYPES, 1, 2))) return st;
   L->dtype = primary->dtype;
   if (primary->ndim == 2) {
     L->layout = TL_LAYOUT_PADDED;
@@ -74,11 +71,8 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
     if (!offsets->data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "seq_offsets: required with a 1-D %s (the packed layout)", pname);
-    if ((st = rlk_check_tensor(offsets, "seq_offsets", 1))) return st;
-    if ((st = rlk_check_dtype(offsets, "seq_offsets",
-                              RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))))
+    if ((st = rlk_check_tensor_of(offsets, "seq_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), 1, 1)))
       return st;
-    if ((st = rlk_check_ndim(offsets, "seq_offsets", 1, 1))) return st;
     if ((st = rlk_check_contiguous(offsets, "seq_offsets"))) return st;
     if (offsets->shape[0] < 2)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
