@@ -588,12 +588,39 @@ START_TEST(tensor_of_checks_in_order) {
 }
 END_TEST
 
+/* The shared row layout check: rows of contiguous elements that do not overlap (one repeated row,
+ * stride 0, is a broadcast), and the row stride a kernel takes (the row length for one row). */
+START_TEST(contiguous_rows_and_their_stride) {
+  float m[4 * 6];
+  int64_t stride = -1;
+  rlk_tensor t = rlk_tensor_2d(m, RLK_F32, 4, 4, 6);
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 6);
+  t.strides[0] = 0; /* one row broadcast */
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 0);
+  rlk_tensor one = rlk_tensor_2d(m, RLK_F32, 1, 5, 2); /* one row: its stride is never read */
+  ck_assert_int_eq(rlk_check_contiguous_rows(&one, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 5);
+  t.strides[0] = 3;
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(),
+                   "x: row stride 3 is less than the row length 4 (and not 0, one row broadcast)");
+  t.strides[0] = 8;
+  t.strides[1] = 2;
+  stride = -1;
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: stride[1] = 2, rows must be contiguous");
+  ck_assert_int_eq(stride, -1);
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
       feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
-      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order));
+      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride));
   return s;
 }

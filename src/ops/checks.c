@@ -84,10 +84,17 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
   if (t->shape[0] != B || t->shape[1] != T)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
                      (long long)t->shape[0], (long long)t->shape[1], (long long)B, (long long)T);
-  if (T > 1 && t->strides[1] != 1)
+  return rlk_check_contiguous_rows(t, what, NULL);
+}
+
+rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int64_t *stride) {
+  const int64_t rows = t->shape[0], len = t->shape[1];
+  if (len > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
+  rlk_status st = rlk_check_row_stride(what, rows, t->strides[0], len);
+  if (st) return st;
+  if (stride) *stride = rows > 1 ? t->strides[0] : len;
   return RLK_OK;
 }
 

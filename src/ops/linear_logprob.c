@@ -157,11 +157,8 @@ static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint
   if (n < 1 || h < 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] has an empty dimension", what,
                      (long long)n, (long long)h);
-  if (h > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, n, t->strides[0], h))) return st;
-  const int64_t s = n > 1 ? t->strides[0] : h;
+  int64_t s = 0;
+  if ((st = rlk_check_contiguous_rows(t, what, &s))) return st;
   if (n > INT32_MAX || h > INT32_MAX || s > ((int64_t)1 << 56) / n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,
                      (long long)n, (long long)s);

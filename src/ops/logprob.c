@@ -515,11 +515,8 @@ static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_
   rlk_status st;
   if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], v = t->shape[1];
-  if (v > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, n, t->strides[0], v))) return st;
-  const int64_t s = n > 1 ? t->strides[0] : v;
+  int64_t s = 0;
+  if ((st = rlk_check_contiguous_rows(t, what, &s))) return st;
   /* the last element's byte offset must fit comfortably in 63 bits */
   if (s > ((int64_t)1 << 56) / n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,

@@ -67,6 +67,9 @@ rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t d
 /* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
+/* The same for a 2-D tensor of any shape (its rows and row length its own); writes the row stride
+ * a kernel takes (the row length for one row) where stride is not NULL. */
+rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int64_t *stride);
 
 /* Argument values: a flag (0 or 1), a finite number, a number in [0, 1], and a vocabulary
  * shard's first id (in [0, 2^40]); each message names `what` and the value. */

@@ -29,16 +29,7 @@ static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const 
                                  int64_t *stride) {
   rlk_status st;
   if (L->layout == TL_LAYOUT_PADDED) {
-    if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
-    if (t->shape[0] != L->rows || t->shape[1] != L->cols)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
-                       what, (long long)t->shape[0], (long long)t->shape[1], (long long)L->rows,
-                       (long long)L->cols);
-    if (L->cols > 1 && t->strides[1] != 1)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous",
-                       what, (long long)t->strides[1]);
-    rlk_status rs = rlk_check_row_stride(what, L->rows, t->strides[0], L->cols);
-    if (rs) return rs;
+    if ((st = rlk_check_rows(t, what, L->rows, L->cols))) return st;
     *stride = L->rows > 1 ? t->strides[0] : L->cols;
     return RLK_OK;
   }
