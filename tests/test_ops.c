@@ -615,12 +615,24 @@ START_TEST(contiguous_rows_and_their_stride) {
 }
 END_TEST
 
+/* The shared enum check: both ends of the range pass, one past either end is refused by name. */
+START_TEST(enum_values_in_range) {
+  ck_assert_int_eq(rlk_check_enum(0, "mode", 0, 3, "rlk_mode"), RLK_OK);
+  ck_assert_int_eq(rlk_check_enum(3, "mode", 0, 3, "rlk_mode"), RLK_OK);
+  ck_assert_int_eq(rlk_check_enum(4, "mode", 0, 3, "rlk_mode"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "mode: 4 is not an rlk_mode");
+  ck_assert_int_eq(rlk_check_enum(0, "variant", 1, 2, "rlk_variant"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "variant: 0 is not an rlk_variant");
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
       feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
-      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride));
+      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
+      enum_values_in_range));
   return s;
 }

@@ -238,8 +238,8 @@ static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t 
  * algo=auto plan the one kernel it runs) and the kernel's tensors (x1, o1 may be absent). */
 static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_tensor *x0, const rlk_tensor *x1,
                             const rlk_tensor *mask, const rlk_tensor *o0, const rlk_tensor *o1) {
-  if ((int)algo < RLK_SCAN_AUTO || (int)algo > RLK_SCAN_ROW_BLOCK)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: %d is not an rlk_scan_algo", (int)algo);
+  rlk_status st = rlk_check_enum((int)algo, "algo", RLK_SCAN_AUTO, RLK_SCAN_ROW_BLOCK, "rlk_scan_algo");
+  if (st) return st;
   as_args *k = &((as_call *)call)->k;
   const int64_t B = x0->shape[0], T = x0->shape[1];
   rlk_op_values_set(&call->vals, AS_S_DTYPE, x0->dtype);
@@ -272,8 +272,8 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 0, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma")) || (st = rlk_check_finite(a->lambda, "lambda")))
     return st;
-  if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
+  if ((st = rlk_check_enum((int)a->masked, "masked", RLK_GAE_MASKED_SKIP, RLK_GAE_MASKED_ZERO, "rlk_gae_masked")))
+    return st;
   as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->gamma_lambda = a->gamma * a->lambda;
@@ -291,9 +291,9 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma"))) return st;
-  if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
-                     (int)a->masked);
+  if ((st = rlk_check_enum((int)a->masked, "masked", RLK_RETURNS_MASKED_RESET,
+                           RLK_RETURNS_MASKED_CARRY, "rlk_returns_masked")))
+    return st;
   as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->masked = (int)a->masked;

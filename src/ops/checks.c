@@ -56,6 +56,11 @@ rlk_status rlk_check_flag(int value, const char *what) {
   return RLK_OK;
 }
 
+rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type) {
+  if (value < lo || value > hi) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %d is not an %s", what, value, type);
+  return RLK_OK;
+}
+
 rlk_status rlk_check_finite(double value, const char *what) {
   if (!isfinite(value)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, value);
   return RLK_OK;

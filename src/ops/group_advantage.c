@@ -209,12 +209,11 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   }
 
   /* mode, eps, policies */
-  if ((int)a->mode < RLK_ADV_GRPO || (int)a->mode > RLK_ADV_PASSK_UNSCALED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_advantage_mode",
-                     (int)a->mode);
-  if ((int)a->nan_scores < RLK_NAN_SCORES_PROPAGATE || (int)a->nan_scores > RLK_NAN_SCORES_UNSCORABLE)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "nan_scores: %d is not an rlk_nan_scores",
-                     (int)a->nan_scores);
+  if ((st = rlk_check_enum((int)a->mode, "mode", RLK_ADV_GRPO, RLK_ADV_PASSK_UNSCALED, "rlk_advantage_mode")))
+    return st;
+  if ((st = rlk_check_enum((int)a->nan_scores, "nan_scores", RLK_NAN_SCORES_PROPAGATE,
+                           RLK_NAN_SCORES_UNSCORABLE, "rlk_nan_scores")))
+    return st;
   if (a->mode == RLK_ADV_OPO) {
     if (!a->weights.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: required by mode opo (each member's weight)");
@@ -223,9 +222,9 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   } else if (a->weights.data) {
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: given, but only mode opo reads them");
   }
-  if ((int)a->singleton < RLK_SINGLETON_MEAN0_STD1 || (int)a->singleton > RLK_SINGLETON_ZERO)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: %d is not an rlk_singleton_policy",
-                     (int)a->singleton);
+  if ((st = rlk_check_enum((int)a->singleton, "singleton", RLK_SINGLETON_MEAN0_STD1,
+                           RLK_SINGLETON_ZERO, "rlk_singleton_policy")))
+    return st;
   if (!(a->eps >= 0.0f) || isinf(a->eps))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", (double)a->eps);
 

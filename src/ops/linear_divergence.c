@@ -391,8 +391,9 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
 
 /* The divergence's settings: mode, beta, top_k (vocab_start: where the weights' rows start). */
 static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k, int64_t V, int64_t vocab_start) {
-  if ((int)mode < RLK_DIVERGENCE_FORWARD_KL || (int)mode > RLK_DIVERGENCE_JSD)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_divergence_mode", (int)mode);
+  rlk_status st =
+      rlk_check_enum((int)mode, "mode", RLK_DIVERGENCE_FORWARD_KL, RLK_DIVERGENCE_JSD, "rlk_divergence_mode");
+  if (st) return st;
   if (mode == RLK_DIVERGENCE_JSD && !(beta > 0.0 && beta < 1.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "beta: %g is not in (0, 1) (JSD's mixture weight; its ends are the KLs)",
                      beta);

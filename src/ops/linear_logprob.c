@@ -190,9 +190,8 @@ static rlk_status ll_check_grad(const rlk_tensor *t, const char *what, uint32_t 
 typedef rlk_ll_head ll_head;
 
 rlk_status rlk_ll_check_variant(int variant) {
-  if (variant < RLK_LINEAR_LOGPROB_AUTO || variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", variant);
-  return RLK_OK;
+  return rlk_check_enum(variant, "variant", RLK_LINEAR_LOGPROB_AUTO, RLK_LINEAR_LOGPROB_TILED,
+                        "rlk_linear_logprob_variant");
 }
 
 rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,

@@ -534,9 +534,7 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
   if (!(temperature > 0.0f) || isinf(temperature))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
                      (double)temperature);
-  if (variant < RLK_LOGPROB_VARIANT_AUTO || variant > RLK_LOGPROB_VARIANT_TMA)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_logprob_variant", variant);
-  return RLK_OK;
+  return rlk_check_enum(variant, "variant", RLK_LOGPROB_VARIANT_AUTO, RLK_LOGPROB_VARIANT_TMA, "rlk_logprob_variant");
 }
 
 /* ---------------------------------------------------------------------------------- */

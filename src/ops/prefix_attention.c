@@ -373,9 +373,9 @@ static rlk_status pa_check_inputs(const rlk_context *ctx, const rlk_tensor *q, c
 
 /* A call's tuning fields: each 0 or in its range. */
 static rlk_status pa_check_tuning(const rlk_prefix_attention_tuning *t) {
-  if ((int)t->variant < PA_VARIANT_AUTO || (int)t->variant > PA_VARIANT_WGMMA)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tuning.variant: %d is not an rlk_prefix_attention_variant",
-                     (int)t->variant);
+  rlk_status st = rlk_check_enum((int)t->variant, "tuning.variant", PA_VARIANT_AUTO, PA_VARIANT_WGMMA,
+                                 "rlk_prefix_attention_variant");
+  if (st) return st;
   const int depth[3] = {t->fwd_stages, t->dkdv_stages, t->dq_stages};
   static const char *const names[3] = {"fwd_stages", "dkdv_stages", "dq_stages"};
   for (int i = 0; i < 3; i++)

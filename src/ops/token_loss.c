@@ -313,11 +313,10 @@ rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line 
 
 rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,
                           int whole_rows, int nacc, double *c_grad, tl_norm *norm) {
-  if ((int)n->agg < RLK_AGG_TOKEN_MEAN || (int)n->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)n->agg);
-  int kind;
-  rlk_status st = tl_norm_resolve(&c->L, n, c_grad, &kind, &norm->value);
+  rlk_status st = rlk_check_enum(n->agg, "agg", RLK_AGG_TOKEN_MEAN, RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM, "rlk_loss_agg");
   if (st) return st;
+  int kind;
+  if ((st = tl_norm_resolve(&c->L, n, c_grad, &kind, &norm->value))) return st;
   norm->kind = kind;
   c->count = kind == TL_NORM_COUNT;
   rlk_op_values *v = &c->op.vals;
