@@ -626,6 +626,22 @@ START_TEST(enum_values_in_range) {
 }
 END_TEST
 
+/* The shared number checks: finite and > 0, or finite and >= 0; NaN and the infinities never pass. */
+START_TEST(positive_and_nonnegative_numbers) {
+  ck_assert_int_eq(rlk_check_positive(1e-30, "t"), RLK_OK);
+  ck_assert_int_eq(rlk_check_nonnegative(0.0, "e"), RLK_OK);
+  ck_assert_int_eq(rlk_check_positive(0.0, "t"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "t: 0 must be finite and > 0");
+  ck_assert_int_eq(rlk_check_nonnegative(-0.5, "e"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "e: -0.5 must be finite and >= 0");
+  const double bad[] = {NAN, INFINITY, -INFINITY};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(rlk_check_positive(bad[i], "t"), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(rlk_check_nonnegative(bad[i], "e"), RLK_ERR_INVALID_ARGUMENT);
+  }
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
@@ -633,6 +649,6 @@ Suite *ops_suite(void) {
       feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
       enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
-      enum_values_in_range));
+      enum_values_in_range, positive_and_nonnegative_numbers));
   return s;
 }

@@ -66,6 +66,18 @@ rlk_status rlk_check_finite(double value, const char *what) {
   return RLK_OK;
 }
 
+rlk_status rlk_check_positive(double value, const char *what) {
+  if (!(value > 0.0) || isinf(value))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and > 0", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_nonnegative(double value, const char *what) {
+  if (!(value >= 0.0) || isinf(value))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and >= 0", what, value);
+  return RLK_OK;
+}
+
 rlk_status rlk_check_unit_interval(double value, const char *what) {
   if (!(value >= 0.0 && value <= 1.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not in [0, 1]", what, value);

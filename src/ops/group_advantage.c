@@ -225,8 +225,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = rlk_check_enum((int)a->singleton, "singleton", RLK_SINGLETON_MEAN0_STD1,
                            RLK_SINGLETON_ZERO, "rlk_singleton_policy")))
     return st;
-  if (!(a->eps >= 0.0f) || isinf(a->eps))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", (double)a->eps);
+  if ((st = rlk_check_nonnegative(a->eps, "eps"))) return st;
 
   /* groups */
   rlk_dtype offsets;

@@ -379,10 +379,8 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
       (st = ld_check_matrix(tw, "teacher_weight", RLK_DTYPE_BIT(th->dtype), h->V, h->Ht, &v, &c, &h->tws)))
     return st;
   if (labels->data && (st = rlk_check_vector(labels, "labels", LD_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  if (!(Ts > 0.0f) || isinf(Ts))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_temperature: %g must be finite and > 0", (double)Ts);
-  if (!(Tt > 0.0f) || isinf(Tt))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "teacher_temperature: %g must be finite and > 0", (double)Tt);
+  if ((st = rlk_check_positive(Ts, "student_temperature")) || (st = rlk_check_positive(Tt, "teacher_temperature")))
+    return st;
   h->sdt = ld_code(sh->dtype);
   h->tdt = ld_code(th->dtype);
   h->lab = !labels->data ? LD_LAB_NONE : labels->dtype == RLK_I32 ? LD_LAB_I32 : LD_LAB_I64;

@@ -208,9 +208,7 @@ rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight,
                      rlk_dtype_name(weight->dtype), rlk_dtype_name(hidden->dtype));
   h->ls = 1;
   if (labels && (st = rlk_check_vector(labels, "labels", LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  if (!(temperature > 0.0f) || isinf(temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)temperature);
-  return RLK_OK;
+  return rlk_check_positive(temperature, "temperature");
 }
 
 /* A forward call: its forward (the head, the kernels, the records, the splits asked for, the

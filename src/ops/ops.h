@@ -71,14 +71,17 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
  * a kernel takes (the row length for one row) where stride is not NULL. */
 rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int64_t *stride);
 
-/* Argument values: a flag (0 or 1), a finite number, a number in [0, 1], and a vocabulary
- * shard's first id (in [0, 2^40]); each message names `what` and the value. */
+/* Argument values: a flag (0 or 1), a finite number, a finite number > 0 or >= 0, a number in
+ * [0, 1], and a vocabulary shard's first id (in [0, 2^40]); each message names `what` and the
+ * value. */
 rlk_status rlk_check_flag(int value, const char *what);
-/* An API enum's value: in [lo, hi], else "<what>: <value> is not an <type>". */
-rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type);
 rlk_status rlk_check_finite(double value, const char *what);
+rlk_status rlk_check_positive(double value, const char *what);
+rlk_status rlk_check_nonnegative(double value, const char *what);
 rlk_status rlk_check_unit_interval(double value, const char *what);
 rlk_status rlk_check_vocab_start(int64_t vocab_start);
+/* An API enum's value: in [lo, hi], else "<what>: <value> is not an <type>". */
+rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type);
 
 /* An optional `status` output: absent, or a 1-D i32 tensor (its length the caller's). */
 rlk_status rlk_check_status(const rlk_tensor *t);

@@ -151,8 +151,7 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = rlk_seq_check_rows(&a->sum_pi_squared, "sum_pi_squared", 1, same, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->rollout_is_weights, "rollout_is_weights", 0, same, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, TB_MASK_DTYPES, B, T))) return st;
-  if (!(a->epsilon >= 0.0) || isinf(a->epsilon))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "epsilon: %g must be finite and >= 0", a->epsilon);
+  if ((st = rlk_check_nonnegative(a->epsilon, "epsilon"))) return st;
   if ((st = rlk_check_flag(a->compact, "compact"))) return st;
 
   /* groups */
