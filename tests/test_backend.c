@@ -695,6 +695,30 @@ START_TEST(test_cuda_open_here) {
 }
 END_TEST
 
+/* What every device backend's open starts with: the checks on out and the ordinal, named by the
+ * backend, then a backend with its zeroed state. */
+START_TEST(test_backend_alloc) {
+  rlk_backend_impl *out = (rlk_backend_impl *)1, *b = (rlk_backend_impl *)1;
+  ck_assert_int_eq(rlk_backend_alloc("gpu", 0, 16, NULL, &b), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "gpu: out is NULL");
+  ck_assert_ptr_null(b);
+  ck_assert_int_eq(rlk_backend_alloc("gpu", -2, 16, &out, &b), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "gpu: device ordinal -2 is negative");
+  ck_assert_ptr_null(out);
+  ck_assert_ptr_null(b);
+  out = (rlk_backend_impl *)1;
+  ck_assert_int_eq(rlk_backend_alloc("gpu", 3, 16, &out, &b), RLK_OK);
+  ck_assert_ptr_null(out); /* the caller's open writes it once it has opened */
+  ck_assert_ptr_nonnull(b);
+  ck_assert_ptr_nonnull(b->impl);
+  const unsigned char *state = b->impl;
+  for (int i = 0; i < 16; i++) ck_assert_int_eq(state[i], 0);
+  ck_assert_ptr_null(b->launch);
+  free(b->impl);
+  free(b);
+}
+END_TEST
+
 START_TEST(test_hip_open_here) {
   rlk_backend_impl *b = (rlk_backend_impl *)1;
   rlk_status st;
@@ -1739,7 +1763,7 @@ Suite *backend_suite(void) {
       test_tma_encode_needs_cuda));
 
   rlk_test_add_case(s, "open", 0, TESTS(test_cuda_device_targets, test_target_parse, test_target_names,
-      test_target_arch_table, test_target_env_override, test_cuda_open_here, test_hip_open_here,
+      test_target_arch_table, test_target_env_override, test_backend_alloc, test_cuda_open_here, test_hip_open_here,
       test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_hip_stub_open_statuses,
       test_hip_stub_keeps_callers_device));
 

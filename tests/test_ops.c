@@ -565,12 +565,90 @@ START_TEST(overlap_is_exact) {
 }
 END_TEST
 
+/* The shared tensor check: present, one of the allowed dtypes, a dimension count in range; each
+ * message names the tensor and what is wrong. */
+START_TEST(tensor_of_checks_in_order) {
+  float m[6];
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  rlk_tensor t = rlk_tensor_2d(m, RLK_F32, 2, 3, 3);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 2, 2), RLK_OK);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 1, 3), RLK_OK);
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: expected 1 dimensions, got 2");
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", f32, 3, 4), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: expected 3 to 4 dimensions, got 2");
+  /* the dtype is checked before the dimensions */
+  ck_assert_int_eq(rlk_check_tensor_of(&t, "x", RLK_DTYPE_BIT(RLK_F64), 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: dtype f32 is not supported (expected f64)");
+  /* and presence before both: an absent tensor is refused, not passed */
+  rlk_tensor absent = t;
+  absent.data = NULL;
+  ck_assert_int_eq(rlk_check_tensor_of(&absent, "y", RLK_DTYPE_BIT(RLK_F64), 1, 1), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "y: data is NULL");
+}
+END_TEST
+
+/* The shared row layout check: rows of contiguous elements that do not overlap (one repeated row,
+ * stride 0, is a broadcast), and the row stride a kernel takes (the row length for one row). */
+START_TEST(contiguous_rows_and_their_stride) {
+  float m[4 * 6];
+  int64_t stride = -1;
+  rlk_tensor t = rlk_tensor_2d(m, RLK_F32, 4, 4, 6);
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 6);
+  t.strides[0] = 0; /* one row broadcast */
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 0);
+  rlk_tensor one = rlk_tensor_2d(m, RLK_F32, 1, 5, 2); /* one row: its stride is never read */
+  ck_assert_int_eq(rlk_check_contiguous_rows(&one, "x", &stride), RLK_OK);
+  ck_assert_int_eq(stride, 5);
+  t.strides[0] = 3;
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(),
+                   "x: row stride 3 is less than the row length 4 (and not 0, one row broadcast)");
+  t.strides[0] = 8;
+  t.strides[1] = 2;
+  stride = -1;
+  ck_assert_int_eq(rlk_check_contiguous_rows(&t, "x", &stride), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "x: stride[1] = 2, rows must be contiguous");
+  ck_assert_int_eq(stride, -1);
+}
+END_TEST
+
+/* The shared enum check: both ends of the range pass, one past either end is refused by name. */
+START_TEST(enum_values_in_range) {
+  ck_assert_int_eq(rlk_check_enum(0, "mode", 0, 3, "rlk_mode"), RLK_OK);
+  ck_assert_int_eq(rlk_check_enum(3, "mode", 0, 3, "rlk_mode"), RLK_OK);
+  ck_assert_int_eq(rlk_check_enum(4, "mode", 0, 3, "rlk_mode"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "mode: 4 is not an rlk_mode");
+  ck_assert_int_eq(rlk_check_enum(0, "variant", 1, 2, "rlk_variant"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "variant: 0 is not an rlk_variant");
+}
+END_TEST
+
+/* The shared number checks: finite and > 0, or finite and >= 0; NaN and the infinities never pass. */
+START_TEST(positive_and_nonnegative_numbers) {
+  ck_assert_int_eq(rlk_check_positive(1e-30, "t"), RLK_OK);
+  ck_assert_int_eq(rlk_check_nonnegative(0.0, "e"), RLK_OK);
+  ck_assert_int_eq(rlk_check_positive(0.0, "t"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "t: 0 must be finite and > 0");
+  ck_assert_int_eq(rlk_check_nonnegative(-0.5, "e"), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_str_eq(rlk_last_error(), "e: -0.5 must be finite and >= 0");
+  const double bad[] = {NAN, INFINITY, -INFINITY};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(rlk_check_positive(bad[i], "t"), RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(rlk_check_nonnegative(bad[i], "e"), RLK_ERR_INVALID_ARGUMENT);
+  }
+}
+END_TEST
+
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
       feeds_name_what_settings_shape,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
-      enum_table_rows, overlap_is_exact));
+      enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
+      enum_values_in_range, positive_and_nonnegative_numbers));
   return s;
 }

@@ -63,6 +63,12 @@ struct rlk_backend_impl {
   void *impl;
 };
 
+/* The start of a device backend's open: out checked and cleared, the ordinal checked, then the
+ * backend and its zeroed state (state_size bytes, at (*backend)->impl) allocated; the messages
+ * begin with `name`. The caller frees both (its destroy) when a later step fails. */
+rlk_status rlk_backend_alloc(const char *name, int ordinal, size_t state_size, rlk_backend_impl **out,
+                             rlk_backend_impl **backend);
+
 /* Opens the CUDA driver (libcuda.so.1 by dlopen) on device `ordinal` and retains its primary
  * context. Every entry point makes that context current only for its own duration: the calling
  * thread keeps the context it had (possibly none). RLK_ERR_UNAVAILABLE only when there is no

@@ -34,16 +34,7 @@ rlk_status rlk_seq_check_rows(const rlk_tensor *t, const char *what, int require
   if ((st = rlk_check_tensor(t, what, required))) return st;
   if (!t->data) return RLK_OK;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
-  if (t->shape[0] != B || t->shape[1] != T)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
-                     what, (long long)t->shape[0], (long long)t->shape[1], (long long)B,
-                     (long long)T);
-  if (T > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
-  return RLK_OK;
+  return rlk_check_rows(t, what, B, T);
 }
 
 int64_t rlk_seq_row_stride(const rlk_tensor *t, int64_t B, int64_t T) {
@@ -237,9 +228,7 @@ typedef struct as_call {
 /* The shape from the first input, the first input's dtype for everything else, the mask. */
 static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t *B, int64_t *T) {
   rlk_status st;
-  if ((st = rlk_check_tensor(x, what, 1))) return st;
-  if ((st = rlk_check_dtype(x, what, AS_DTYPES))) return st;
-  if ((st = rlk_check_ndim(x, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(x, what, AS_DTYPES, 2, 2))) return st;
   *B = x->shape[0];
   *T = x->shape[1];
   return rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T);
@@ -249,8 +238,8 @@ static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t 
  * algo=auto plan the one kernel it runs) and the kernel's tensors (x1, o1 may be absent). */
 static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_tensor *x0, const rlk_tensor *x1,
                             const rlk_tensor *mask, const rlk_tensor *o0, const rlk_tensor *o1) {
-  if ((int)algo < RLK_SCAN_AUTO || (int)algo > RLK_SCAN_ROW_BLOCK)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "algo: %d is not an rlk_scan_algo", (int)algo);
+  rlk_status st = rlk_check_enum((int)algo, "algo", RLK_SCAN_AUTO, RLK_SCAN_ROW_BLOCK, "rlk_scan_algo");
+  if (st) return st;
   as_args *k = &((as_call *)call)->k;
   const int64_t B = x0->shape[0], T = x0->shape[1];
   rlk_op_values_set(&call->vals, AS_S_DTYPE, x0->dtype);
@@ -283,8 +272,8 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 0, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma")) || (st = rlk_check_finite(a->lambda, "lambda")))
     return st;
-  if ((int)a->masked < RLK_GAE_MASKED_SKIP || (int)a->masked > RLK_GAE_MASKED_ZERO)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_gae_masked", (int)a->masked);
+  if ((st = rlk_check_enum((int)a->masked, "masked", RLK_GAE_MASKED_SKIP, RLK_GAE_MASKED_ZERO, "rlk_gae_masked")))
+    return st;
   as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->gamma_lambda = a->gamma * a->lambda;
@@ -302,9 +291,9 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma"))) return st;
-  if ((int)a->masked < RLK_RETURNS_MASKED_RESET || (int)a->masked > RLK_RETURNS_MASKED_CARRY)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_returns_masked",
-                     (int)a->masked);
+  if ((st = rlk_check_enum((int)a->masked, "masked", RLK_RETURNS_MASKED_RESET,
+                           RLK_RETURNS_MASKED_CARRY, "rlk_returns_masked")))
+    return st;
   as_args *k = &((as_call *)call)->k;
   k->gamma = a->gamma;
   k->masked = (int)a->masked;
@@ -325,13 +314,7 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
                      "baseline and advantages: give both or neither (baseline is %s, advantages %s)",
                      a->baseline.data ? "present" : "absent", a->advantages.data ? "present" : "absent");
   if (a->baseline.data) {
-    const rlk_tensor *bl = &a->baseline;
-    if ((st = rlk_check_tensor(bl, "baseline", 1)) || (st = rlk_check_dtype(bl, "baseline", dt)) ||
-        (st = rlk_check_ndim(bl, "baseline", 1, 1)) || (st = rlk_check_contiguous(bl, "baseline")))
-      return st;
-    if (bl->shape[0] != B)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "baseline: shape [%lld], expected [%lld] (B)",
-                       (long long)bl->shape[0], (long long)B);
+    if ((st = rlk_check_vector_of(&a->baseline, "baseline", dt, B, "B", 1, NULL))) return st;
     if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   }
   as_args *k = &((as_call *)call)->k;

@@ -27,12 +27,17 @@ rlk_status rlk_check_ndim(const rlk_tensor *t, const char *what, int lo, int hi)
   return RLK_OK;
 }
 
-rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
-                               const char *n_name, int contiguous, int64_t *stride) {
+rlk_status rlk_check_tensor_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int ndim_min, int ndim_max) {
   rlk_status st;
   if ((st = rlk_check_tensor(t, what, 1))) return st;
   if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
+  return rlk_check_ndim(t, what, ndim_min, ndim_max);
+}
+
+rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t n,
+                               const char *n_name, int contiguous, int64_t *stride) {
+  rlk_status st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 1, 1))) return st;
   if (t->shape[0] != n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (%s)", what,
                      (long long)t->shape[0], (long long)n, n_name);
@@ -51,8 +56,25 @@ rlk_status rlk_check_flag(int value, const char *what) {
   return RLK_OK;
 }
 
+rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type) {
+  if (value < lo || value > hi) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %d is not an %s", what, value, type);
+  return RLK_OK;
+}
+
 rlk_status rlk_check_finite(double value, const char *what) {
   if (!isfinite(value)) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is not finite", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_positive(double value, const char *what) {
+  if (!(value > 0.0) || isinf(value))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and > 0", what, value);
+  return RLK_OK;
+}
+
+rlk_status rlk_check_nonnegative(double value, const char *what) {
+  if (!(value >= 0.0) || isinf(value))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and >= 0", what, value);
   return RLK_OK;
 }
 
@@ -70,10 +92,7 @@ rlk_status rlk_check_vocab_start(int64_t vocab_start) {
 
 rlk_status rlk_check_status(const rlk_tensor *t) {
   if (!t->data) return RLK_OK;
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, "status", 1))) return st;
-  if ((st = rlk_check_dtype(t, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  return rlk_check_ndim(t, "status", 1, 1);
+  return rlk_check_tensor_of(t, "status", RLK_DTYPE_BIT(RLK_I32), 1, 1);
 }
 
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {
@@ -82,10 +101,17 @@ rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int6
   if (t->shape[0] != B || t->shape[1] != T)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
                      (long long)t->shape[0], (long long)t->shape[1], (long long)B, (long long)T);
-  if (T > 1 && t->strides[1] != 1)
+  return rlk_check_contiguous_rows(t, what, NULL);
+}
+
+rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int64_t *stride) {
+  const int64_t rows = t->shape[0], len = t->shape[1];
+  if (len > 1 && t->strides[1] != 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
                      (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, B, t->strides[0], T))) return st;
+  rlk_status st = rlk_check_row_stride(what, rows, t->strides[0], len);
+  if (st) return st;
+  if (stride) *stride = rows > 1 ? t->strides[0] : len;
   return RLK_OK;
 }
 
@@ -128,9 +154,8 @@ rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *o, int64_t B, 
     *num_groups = B / group_size;
     return RLK_OK;
   }
-  if ((st = rlk_check_tensor(o, "group_offsets", 1))) return st;
-  if ((st = rlk_check_dtype(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64)))) return st;
-  if ((st = rlk_check_ndim(o, "group_offsets", 1, 1))) return st;
+  if ((st = rlk_check_tensor_of(o, "group_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), 1, 1)))
+    return st;
   if ((st = rlk_check_contiguous(o, "group_offsets"))) return st;
   if (o->shape[0] < 2)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "group_offsets: %lld entries, need num_groups + 1 >= 2",

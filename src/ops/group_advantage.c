@@ -199,9 +199,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   rlk_op_values *v = &call->vals;
   rlk_status st;
   /* scores */
-  if ((st = rlk_check_tensor(&a->scores, "scores", 1))) return st;
-  if ((st = rlk_check_dtype(&a->scores, "scores", GA_SCORE_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->scores, "scores", 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(&a->scores, "scores", GA_SCORE_DTYPES, 1, 2))) return st;
   const int64_t B = a->scores.shape[0];
   int64_t T = 0;
   const int scores_2d = a->scores.ndim == 2;
@@ -211,12 +209,11 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   }
 
   /* mode, eps, policies */
-  if ((int)a->mode < RLK_ADV_GRPO || (int)a->mode > RLK_ADV_PASSK_UNSCALED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_advantage_mode",
-                     (int)a->mode);
-  if ((int)a->nan_scores < RLK_NAN_SCORES_PROPAGATE || (int)a->nan_scores > RLK_NAN_SCORES_UNSCORABLE)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "nan_scores: %d is not an rlk_nan_scores",
-                     (int)a->nan_scores);
+  if ((st = rlk_check_enum((int)a->mode, "mode", RLK_ADV_GRPO, RLK_ADV_PASSK_UNSCALED, "rlk_advantage_mode")))
+    return st;
+  if ((st = rlk_check_enum((int)a->nan_scores, "nan_scores", RLK_NAN_SCORES_PROPAGATE,
+                           RLK_NAN_SCORES_UNSCORABLE, "rlk_nan_scores")))
+    return st;
   if (a->mode == RLK_ADV_OPO) {
     if (!a->weights.data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: required by mode opo (each member's weight)");
@@ -225,11 +222,10 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   } else if (a->weights.data) {
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weights: given, but only mode opo reads them");
   }
-  if ((int)a->singleton < RLK_SINGLETON_MEAN0_STD1 || (int)a->singleton > RLK_SINGLETON_ZERO)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "singleton: %d is not an rlk_singleton_policy",
-                     (int)a->singleton);
-  if (!(a->eps >= 0.0f) || isinf(a->eps))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", (double)a->eps);
+  if ((st = rlk_check_enum((int)a->singleton, "singleton", RLK_SINGLETON_MEAN0_STD1,
+                           RLK_SINGLETON_ZERO, "rlk_singleton_policy")))
+    return st;
+  if ((st = rlk_check_nonnegative(a->eps, "eps"))) return st;
 
   /* groups */
   rlk_dtype offsets;
@@ -238,21 +234,13 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return st;
 
   /* advantages */
-  if ((st = rlk_check_tensor(&a->advantages, "advantages", 1))) return st;
-  if ((st = rlk_check_dtype(&a->advantages, "advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
-  if ((st = rlk_check_ndim(&a->advantages, "advantages", 1, 1))) return st;
-  if (a->advantages.shape[0] != B)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "advantages: shape [%lld], expected [%lld] (B)",
-                     (long long)a->advantages.shape[0], (long long)B);
-  if ((st = rlk_check_contiguous(&a->advantages, "advantages"))) return st;
+  if ((st = rlk_check_vector_of(&a->advantages, "advantages", RLK_DTYPE_BIT(RLK_F32), B, "B", 1, NULL))) return st;
 
   /* token_advantages and mask */
   const int has_mask = a->mask.data != NULL, has_tok = a->token_advantages.data != NULL;
   if (has_tok) {
     const rlk_tensor *t = &a->token_advantages;
-    if ((st = rlk_check_tensor(t, "token_advantages", 1))) return st;
-    if ((st = rlk_check_dtype(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32)))) return st;
-    if ((st = rlk_check_ndim(t, "token_advantages", 2, 2))) return st;
+    if ((st = rlk_check_tensor_of(t, "token_advantages", RLK_DTYPE_BIT(RLK_F32), 2, 2))) return st;
     if (scores_2d && t->shape[1] != T)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "token_advantages: %lld columns, but scores has T = %lld",
@@ -264,12 +252,8 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
     if (!scores_2d && !has_tok)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "mask: given, but scores are 1-D and token_advantages is absent");
-    if ((st = rlk_check_tensor(&a->mask, "mask", 1))) return st;
-    if ((st = rlk_check_dtype(&a->mask, "mask",
-                              RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) |
-                                  RLK_DTYPE_BIT(RLK_F32))))
-      return st;
-    if ((st = rlk_check_rows(&a->mask, "mask", B, T))) return st;
+    const uint32_t mask_dtypes = RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32);
+    if ((st = rlk_seq_check_rows(&a->mask, "mask", 1, mask_dtypes, B, T))) return st;
   }
   rlk_op_values_set(v, GA_S_MODE, a->mode);
   rlk_op_values_set(v, GA_S_GROUP_SIZE, a->group_size);

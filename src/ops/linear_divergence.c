@@ -351,9 +351,7 @@ const rlk_op_desc rlk_op_linear_divergence = {
 static rlk_status ld_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t rows, int64_t cols,
                                   int64_t *r, int64_t *c, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, dtypes)) ||
-      (st = rlk_check_ndim(t, what, 2, 2)))
-    return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], h = t->shape[1];
   if (n < 1 || h < 1 || n > INT32_MAX || h > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] is empty or too large", what, (long long)n,
@@ -381,10 +379,8 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
       (st = ld_check_matrix(tw, "teacher_weight", RLK_DTYPE_BIT(th->dtype), h->V, h->Ht, &v, &c, &h->tws)))
     return st;
   if (labels->data && (st = rlk_check_vector(labels, "labels", LD_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  if (!(Ts > 0.0f) || isinf(Ts))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_temperature: %g must be finite and > 0", (double)Ts);
-  if (!(Tt > 0.0f) || isinf(Tt))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "teacher_temperature: %g must be finite and > 0", (double)Tt);
+  if ((st = rlk_check_positive(Ts, "student_temperature")) || (st = rlk_check_positive(Tt, "teacher_temperature")))
+    return st;
   h->sdt = ld_code(sh->dtype);
   h->tdt = ld_code(th->dtype);
   h->lab = !labels->data ? LD_LAB_NONE : labels->dtype == RLK_I32 ? LD_LAB_I32 : LD_LAB_I64;
@@ -393,8 +389,9 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
 
 /* The divergence's settings: mode, beta, top_k (vocab_start: where the weights' rows start). */
 static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k, int64_t V, int64_t vocab_start) {
-  if ((int)mode < RLK_DIVERGENCE_FORWARD_KL || (int)mode > RLK_DIVERGENCE_JSD)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_divergence_mode", (int)mode);
+  rlk_status st =
+      rlk_check_enum((int)mode, "mode", RLK_DIVERGENCE_FORWARD_KL, RLK_DIVERGENCE_JSD, "rlk_divergence_mode");
+  if (st) return st;
   if (mode == RLK_DIVERGENCE_JSD && !(beta > 0.0 && beta < 1.0))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "beta: %g is not in (0, 1) (JSD's mixture weight; its ends are the KLs)",
                      beta);
@@ -407,6 +404,15 @@ static rlk_status ld_check_mode(rlk_divergence_mode mode, double beta, int top_k
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: columns up to %lld do not fit the stats' f32 (2^24 at most)",
                      (long long)(V + vocab_start));
   return RLK_OK;
+}
+
+/* The settings of a forward or backward line that its heads, labels and divergence fix: the table's
+ * first ones, pass to topk. */
+static void ld_line_heads(rlk_op_values *v, int pass, rlk_dtype student, rlk_dtype teacher, int labels,
+                          rlk_divergence_mode mode, int top_k) {
+  const int64_t x[LD_S_TOPK + 1] = {[LD_S_PASS] = pass,     [LD_S_STUDENT] = student, [LD_S_TEACHER] = teacher,
+                                    [LD_S_LABELS] = labels, [LD_S_MODE] = mode,       [LD_S_TOPK] = top_k > 0};
+  for (int i = 0; i <= LD_S_TOPK; i++) rlk_op_values_set(v, i, x[i]);
 }
 
 /* The heads' fields every kernel argument that reads them starts with (RLK_LD_HEADS), from the
@@ -604,12 +610,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
 
   /* the configuration, and its kernels */
   rlk_op_values *v = &call->vals;
-  rlk_op_values_set(v, LD_S_PASS, LD_PASS_FWD);
-  rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
-  rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
-  rlk_op_values_set(v, LD_S_LABELS, h->lab);
-  rlk_op_values_set(v, LD_S_MODE, a->mode);
-  rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+  ld_line_heads(v, LD_PASS_FWD, a->student_hidden.dtype, a->teacher_hidden.dtype, h->lab, a->mode, a->top_k);
   rlk_op_values_set(v, LD_S_SHARD, k->shard);
   if (a->variant != RLK_LINEAR_LOGPROB_AUTO) rlk_op_values_set(v, LD_S_VARIANT, a->variant);
   /* sm_90a: the wgmma GEMMs where tensor maps describe the heads */
@@ -861,12 +862,7 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   for (int i = 0; i < k->nvals; i++) {
     rlk_op_values *v = i ? &k->second : &call->vals;
     if (i) rlk_op_values_init(&rlk_op_linear_divergence, v);
-    rlk_op_values_set(v, LD_S_PASS, LD_PASS_BWD);
-    rlk_op_values_set(v, LD_S_STUDENT, a->student_hidden.dtype);
-    rlk_op_values_set(v, LD_S_TEACHER, a->teacher_hidden.dtype);
-    rlk_op_values_set(v, LD_S_LABELS, h->lab);
-    rlk_op_values_set(v, LD_S_MODE, a->mode);
-    rlk_op_values_set(v, LD_S_TOPK, a->top_k > 0);
+    ld_line_heads(v, LD_PASS_BWD, a->student_hidden.dtype, a->teacher_hidden.dtype, h->lab, a->mode, a->top_k);
     rlk_op_values_set(v, LD_S_GRAD, ls >= 0 ? ls : i ? LD_GRAD_SAME : LD_GRAD_F32);
     rlk_op_values_set(v, LD_S_TEACHER_GRAD, lt >= 0 ? lt : i ? LD_GRAD_SAME : LD_GRAD_F32);
   }
@@ -1185,8 +1181,7 @@ static rlk_status ld_combine_validate(const rlk_context *ctx, const void *args, 
   const rlk_linear_divergence_combine_args *a = args;
   rlk_status st;
   const rlk_tensor *p = &a->partials;
-  if ((st = rlk_check_tensor(p, "partials", 1)) || (st = rlk_check_dtype(p, "partials", LD_F32)) ||
-      (st = rlk_check_ndim(p, "partials", 3, 3)) || (st = rlk_check_contiguous(p, "partials")))
+  if ((st = rlk_check_tensor_of(p, "partials", LD_F32, 3, 3)) || (st = rlk_check_contiguous(p, "partials")))
     return st;
   const int64_t P = p->shape[0], N = p->shape[1];
   if (P < 1 || N < 1 || p->shape[2] != LD_RECORD)

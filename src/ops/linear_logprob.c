@@ -152,18 +152,13 @@ static rlk_status ll_select(const rlk_context *ctx, const rlk_op_values *s, int 
 static rlk_status ll_check_matrix_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t *rows,
                                      int64_t *cols, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], h = t->shape[1];
   if (n < 1 || h < 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld] has an empty dimension", what,
                      (long long)n, (long long)h);
-  if (h > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, n, t->strides[0], h))) return st;
-  const int64_t s = n > 1 ? t->strides[0] : h;
+  int64_t s = 0;
+  if ((st = rlk_check_contiguous_rows(t, what, &s))) return st;
   if (n > INT32_MAX || h > INT32_MAX || s > ((int64_t)1 << 56) / n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,
                      (long long)n, (long long)s);
@@ -195,9 +190,8 @@ static rlk_status ll_check_grad(const rlk_tensor *t, const char *what, uint32_t 
 typedef rlk_ll_head ll_head;
 
 rlk_status rlk_ll_check_variant(int variant) {
-  if (variant < RLK_LINEAR_LOGPROB_AUTO || variant > RLK_LINEAR_LOGPROB_TILED)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_linear_logprob_variant", variant);
-  return RLK_OK;
+  return rlk_check_enum(variant, "variant", RLK_LINEAR_LOGPROB_AUTO, RLK_LINEAR_LOGPROB_TILED,
+                        "rlk_linear_logprob_variant");
 }
 
 rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
@@ -214,9 +208,7 @@ rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight,
                      rlk_dtype_name(weight->dtype), rlk_dtype_name(hidden->dtype));
   h->ls = 1;
   if (labels && (st = rlk_check_vector(labels, "labels", LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  if (!(temperature > 0.0f) || isinf(temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0", (double)temperature);
-  return RLK_OK;
+  return rlk_check_positive(temperature, "temperature");
 }
 
 /* A forward call: its forward (the head, the kernels, the records, the splits asked for, the
@@ -242,9 +234,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "logp, lse, entropy: absent in the shard form (partials is given)");
     const rlk_tensor *p = &a->partials;
-    if ((st = rlk_check_tensor(p, "partials", 1))) return st;
-    if ((st = rlk_check_dtype(p, "partials", f32))) return st;
-    if ((st = rlk_check_ndim(p, "partials", 2, 2))) return st;
+    if ((st = rlk_check_tensor_of(p, "partials", f32, 2, 2))) return st;
     if (p->shape[0] != N || p->shape[1] != RLK_LOGPROB_PARTIAL_FIELDS)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "partials: shape [%lld, %lld], expected [%lld, %d]",
                        (long long)p->shape[0], (long long)p->shape[1], (long long)N,

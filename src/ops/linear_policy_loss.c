@@ -164,8 +164,8 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   if ((st = rlk_linear_logprob_workspace_size(ctx, &p->head, &hb))) return st;
   if ((st = rlk_policy_loss_workspace_size(ctx, &p->loss, &lb))) return st;
   if ((st = rlk_linear_logprob_backward_workspace_size(ctx, b, &bb))) return st;
-  if ((int)a->path < RLK_LPL_AUTO || (int)a->path > RLK_LPL_TOKEN_CHUNKS)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "path: %d is not an rlk_linear_policy_loss_path", (int)a->path);
+  if ((st = rlk_check_enum((int)a->path, "path", RLK_LPL_AUTO, RLK_LPL_TOKEN_CHUNKS, "rlk_linear_policy_loss_path")))
+    return st;
   if (a->chunk_tokens < 0 || a->chunk_tokens % LPL_ROWS)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "chunk_tokens: %d is not 0 or a positive multiple of %d",
                      a->chunk_tokens, LPL_ROWS);

@@ -513,15 +513,10 @@ const rlk_op_desc rlk_op_logprob = {
 static rlk_status lp_check_matrix(const rlk_tensor *t, const char *what, uint32_t dtypes,
                                   int64_t *N, int64_t *V, int64_t *stride) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(t, what, dtypes, 2, 2))) return st;
   const int64_t n = t->shape[0], v = t->shape[1];
-  if (v > 1 && t->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous", what,
-                     (long long)t->strides[1]);
-  if ((st = rlk_check_row_stride(what, n, t->strides[0], v))) return st;
-  const int64_t s = n > 1 ? t->strides[0] : v;
+  int64_t s = 0;
+  if ((st = rlk_check_contiguous_rows(t, what, &s))) return st;
   /* the last element's byte offset must fit comfortably in 63 bits */
   if (s > ((int64_t)1 << 56) / n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld rows of stride %lld are too large", what,
@@ -536,12 +531,8 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
                                   int64_t N, int64_t *label_stride) {
   rlk_status st;
   if ((st = rlk_check_vector(labels, "labels", LP_LABEL_DTYPES, N, 0, label_stride))) return st;
-  if (!(temperature > 0.0f) || isinf(temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and > 0",
-                     (double)temperature);
-  if (variant < RLK_LOGPROB_VARIANT_AUTO || variant > RLK_LOGPROB_VARIANT_TMA)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "variant: %d is not an rlk_logprob_variant", variant);
-  return RLK_OK;
+  if ((st = rlk_check_positive(temperature, "temperature"))) return st;
+  return rlk_check_enum(variant, "variant", RLK_LOGPROB_VARIANT_AUTO, RLK_LOGPROB_VARIANT_TMA, "rlk_logprob_variant");
 }
 
 /* ---------------------------------------------------------------------------------- */

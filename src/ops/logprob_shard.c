@@ -111,24 +111,11 @@ const rlk_op_desc rlk_op_logprob_shard = {
 /* Validation                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-static rlk_status ls_check_f32_vector(const rlk_tensor *t, const char *what, int64_t N) {
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
-  if ((st = rlk_check_ndim(t, what, 1, 1))) return st;
-  if (t->shape[0] != N)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld] (N)", what,
-                     (long long)t->shape[0], (long long)N);
-  return rlk_check_contiguous(t, what);
-}
-
 /* An f32 [P, N, 4] (or, with P < 0, [N, 4]) contiguous 16-byte aligned record tensor. */
 static rlk_status ls_check_records(const rlk_tensor *t, const char *what, int64_t N, int64_t *P) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_F32)))) return st;
   const int nd = *P < 0 ? 2 : 3;
-  if ((st = rlk_check_ndim(t, what, nd, nd))) return st;
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(RLK_F32), nd, nd))) return st;
   const int64_t n = t->shape[nd - 2], f = t->shape[nd - 1];
   if (f != RLK_LOGPROB_PARTIAL_FIELDS || (N >= 0 && n != N))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [..., %lld, %lld], expected [..., %lld, %d]",
@@ -220,9 +207,10 @@ rlk_status rlk_logprob_combine_check_outputs(const rlk_tensor *logp, const rlk_t
                                              const rlk_tensor *entropy, const rlk_tensor *status,
                                              int64_t N) {
   rlk_status st;
-  if ((st = ls_check_f32_vector(logp, "logp", N))) return st;
-  if (lse->data && (st = ls_check_f32_vector(lse, "lse", N))) return st;
-  if (entropy->data && (st = ls_check_f32_vector(entropy, "entropy", N))) return st;
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
+  if ((st = rlk_check_vector(logp, "logp", f32, N, 1, NULL))) return st;
+  if (lse->data && (st = rlk_check_vector(lse, "lse", f32, N, 1, NULL))) return st;
+  if (entropy->data && (st = rlk_check_vector(entropy, "entropy", f32, N, 1, NULL))) return st;
   if ((st = rlk_check_status(status))) return st;
   if (logp->data == lse->data || logp->data == entropy->data ||
       (lse->data && lse->data == entropy->data))
@@ -234,9 +222,7 @@ static rlk_status ls_combine_validate(const rlk_context *ctx, const void *args, 
   (void)ctx;
   const rlk_logprob_combine_args *a = args;
   rlk_status st;
-  if ((st = rlk_check_tensor(&a->labels, "labels", 1))) return st;
-  if ((st = rlk_check_dtype(&a->labels, "labels", LS_LABEL_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->labels, "labels", 1, 1))) return st;
+  if ((st = rlk_check_tensor_of(&a->labels, "labels", LS_LABEL_DTYPES, 1, 1))) return st;
   const int64_t N = a->labels.shape[0];
   int64_t P = 0;
   if ((st = ls_check_records(&a->partials, "partials", N, &P))) return st;

@@ -171,19 +171,17 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = mw_check_beside_x(&a->mask, "mask", 0, MW_MASK_DTYPES, &a->x, B, T, &mask)) ||
       (st = mw_check_beside_x(&a->out, "out", 1, RLK_DTYPE_BIT(a->x.dtype), &a->x, B, T, &out)))
     return st;
-  if (!(a->eps >= 0.0) || !isfinite(a->eps))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps: %g must be finite and >= 0", a->eps);
-  if (!(a->count_eps >= 0.0) || !isfinite(a->count_eps))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "count_eps: %g must be finite and >= 0", a->count_eps);
-  if ((int)a->eps_mode < RLK_WHITEN_EPS_ADD || (int)a->eps_mode > RLK_WHITEN_EPS_CLAMP)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "eps_mode: %d is not an rlk_whiten_eps", (int)a->eps_mode);
-  if ((int)a->masked < RLK_WHITEN_MASKED_APPLY || (int)a->masked > RLK_WHITEN_MASKED_ZERO)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "masked: %d is not an rlk_whiten_masked",
-                     (int)a->masked);
+  if ((st = rlk_check_nonnegative(a->eps, "eps")) || (st = rlk_check_nonnegative(a->count_eps, "count_eps")))
+    return st;
+  if ((st = rlk_check_enum((int)a->eps_mode, "eps_mode", RLK_WHITEN_EPS_ADD, RLK_WHITEN_EPS_CLAMP, "rlk_whiten_eps")))
+    return st;
+  if ((st = rlk_check_enum((int)a->masked, "masked", RLK_WHITEN_MASKED_APPLY,
+                           RLK_WHITEN_MASKED_ZERO, "rlk_whiten_masked")))
+    return st;
   if (a->stats.data) {
     const rlk_tensor *s = &a->stats;
-    if ((st = rlk_check_tensor(s, "stats", 1)) || (st = rlk_check_dtype(s, "stats", RLK_DTYPE_BIT(RLK_F64))) ||
-        (st = rlk_check_ndim(s, "stats", 1, 1)) || (st = rlk_check_contiguous(s, "stats")))
+    if ((st = rlk_check_tensor_of(s, "stats", RLK_DTYPE_BIT(RLK_F64), 1, 1)) ||
+        (st = rlk_check_contiguous(s, "stats")))
       return st;
     if (s->shape[0] != 3)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "stats: shape [%lld], expected [3]",

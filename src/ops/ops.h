@@ -54,6 +54,9 @@ rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what);
  * broadcast over rows, for inputs; outputs are refused by rlk_check_no_overlap). */
 rlk_status rlk_check_row_stride(const char *what, int64_t rows, int64_t stride, int64_t len);
 
+/* A required tensor of an allowed dtype with ndim_min to ndim_max dimensions. */
+rlk_status rlk_check_tensor_of(const rlk_tensor *t, const char *what, uint32_t dtypes, int ndim_min, int ndim_max);
+
 /* A required 1-D [N] tensor of an allowed dtype (contiguous when asked); writes its stride (may
  * be NULL). */
 rlk_status rlk_check_vector(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t N,
@@ -64,13 +67,21 @@ rlk_status rlk_check_vector_of(const rlk_tensor *t, const char *what, uint32_t d
 /* A 2-D [B, T] tensor (its presence and dtype checked by the caller) whose rows are contiguous:
  * stride[1] 1 and a row stride >= T (any when B == 1). */
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T);
+/* The same for a 2-D tensor of any shape (its rows and row length its own); writes the row stride
+ * a kernel takes (the row length for one row) where stride is not NULL. */
+rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int64_t *stride);
 
-/* Argument values: a flag (0 or 1), a finite number, a number in [0, 1], and a vocabulary
- * shard's first id (in [0, 2^40]); each message names `what` and the value. */
+/* Argument values: a flag (0 or 1), a finite number, a finite number > 0 or >= 0, a number in
+ * [0, 1], and a vocabulary shard's first id (in [0, 2^40]); each message names `what` and the
+ * value. */
 rlk_status rlk_check_flag(int value, const char *what);
 rlk_status rlk_check_finite(double value, const char *what);
+rlk_status rlk_check_positive(double value, const char *what);
+rlk_status rlk_check_nonnegative(double value, const char *what);
 rlk_status rlk_check_unit_interval(double value, const char *what);
 rlk_status rlk_check_vocab_start(int64_t vocab_start);
+/* An API enum's value: in [lo, hi], else "<what>: <value> is not an <type>". */
+rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type);
 
 /* An optional `status` output: absent, or a 1-D i32 tensor (its length the caller's). */
 rlk_status rlk_check_status(const rlk_tensor *t);

@@ -241,8 +241,8 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return st;
 
   /* mode and its numbers */
-  if ((int)a->mode < RLK_POLICY_PPO || (int)a->mode > RLK_POLICY_GEO_MEAN)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mode: %d is not an rlk_policy_loss_mode", (int)a->mode);
+  if ((st = rlk_check_enum((int)a->mode, "mode", RLK_POLICY_PPO, RLK_POLICY_GEO_MEAN, "rlk_policy_loss_mode")))
+    return st;
   if ((st = pl_check_nonneg(a->clip_low, "clip_low"))) return st;
   if ((st = pl_check_nonneg(a->clip_high, "clip_high"))) return st;
   if (isnan(a->dual_clip))
@@ -258,10 +258,9 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if (mode == RLK_POLICY_GEO_MEAN && !(isfinite(a->clip_low) && isfinite(a->clip_high)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "clip_low/clip_high: geo_mean's log-space bounds must be finite");
-  if ((int)a->seq_ratio_grad < RLK_SEQ_RATIO_STRAIGHT_THROUGH ||
-      (int)a->seq_ratio_grad > RLK_SEQ_RATIO_THROUGH_MEAN)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "seq_ratio_grad: %d is not an rlk_seq_ratio_grad",
-                     (int)a->seq_ratio_grad);
+  if ((st = rlk_check_enum((int)a->seq_ratio_grad, "seq_ratio_grad", RLK_SEQ_RATIO_STRAIGHT_THROUGH,
+                           RLK_SEQ_RATIO_THROUGH_MEAN, "rlk_seq_ratio_grad")))
+    return st;
   const int seq_grad = mode == RLK_POLICY_GSPO && a->seq_ratio_grad == RLK_SEQ_RATIO_THROUGH_MEAN;
   if ((st = rlk_check_unit_interval(a->clamp_bound_grad, "clamp_bound_grad"))) return st;
   if (mode == RLK_POLICY_SAPO) {
@@ -274,9 +273,7 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   }
 
   /* KL */
-  if ((int)a->kl_estimator < RLK_KL_K1 || (int)a->kl_estimator > RLK_KL_K3)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl_estimator: %d is not an rlk_kl_estimator",
-                     (int)a->kl_estimator);
+  if ((st = rlk_check_enum((int)a->kl_estimator, "kl_estimator", RLK_KL_K1, RLK_KL_K3, "rlk_kl_estimator"))) return st;
   if ((st = rlk_check_finite(a->kl_coef, "kl_coef"))) return st;
   if ((st = pl_check_clamp(a->kl_input_clamp, "kl_input_clamp"))) return st;
   if ((st = pl_check_clamp(a->kl_output_clamp, "kl_output_clamp"))) return st;

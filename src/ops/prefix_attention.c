@@ -233,8 +233,7 @@ typedef struct pa_tune_problem {
 /* A [T, H, D] tensor; *H receives H (D and T checked against *D and T when non-zero). */
 static rlk_status pa_check_qkv(const rlk_tensor *t, const char *what, int64_t *T, int64_t *H, int64_t *D) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, PA_DTYPES)) ||
-      (st = rlk_check_ndim(t, what, 3, 3)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, PA_DTYPES, 3, 3)) || (st = rlk_check_contiguous(t, what)))
     return st;
   if (*T && t->shape[0] != *T)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %lld tokens, q has %lld", what, (long long)t->shape[0],
@@ -252,8 +251,8 @@ static rlk_status pa_check_qkv(const rlk_tensor *t, const char *what, int64_t *T
 static rlk_status pa_check_like(const rlk_tensor *t, const char *what, rlk_dtype dtype, int ndim,
                                 int64_t d0, int64_t d1, int64_t d2) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(dtype))) ||
-      (st = rlk_check_ndim(t, what, ndim, ndim)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(dtype), ndim, ndim)) ||
+      (st = rlk_check_contiguous(t, what)))
     return st;
   const int64_t want[3] = {d0, d1, d2};
   for (int i = 0; i < ndim; i++)
@@ -270,8 +269,7 @@ static rlk_status pa_check_like(const rlk_tensor *t, const char *what, rlk_dtype
 
 static rlk_status pa_check_offsets_tensor(const rlk_tensor *t, const char *what, int64_t n) {
   rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1)) || (st = rlk_check_dtype(t, what, RLK_DTYPE_BIT(RLK_I32))) ||
-      (st = rlk_check_ndim(t, what, 1, 1)) || (st = rlk_check_contiguous(t, what)))
+  if ((st = rlk_check_tensor_of(t, what, RLK_DTYPE_BIT(RLK_I32), 1, 1)) || (st = rlk_check_contiguous(t, what)))
     return st;
   if (t->shape[0] != n)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld], expected [%lld]", what,
@@ -375,9 +373,9 @@ static rlk_status pa_check_inputs(const rlk_context *ctx, const rlk_tensor *q, c
 
 /* A call's tuning fields: each 0 or in its range. */
 static rlk_status pa_check_tuning(const rlk_prefix_attention_tuning *t) {
-  if ((int)t->variant < PA_VARIANT_AUTO || (int)t->variant > PA_VARIANT_WGMMA)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tuning.variant: %d is not an rlk_prefix_attention_variant",
-                     (int)t->variant);
+  rlk_status st = rlk_check_enum((int)t->variant, "tuning.variant", PA_VARIANT_AUTO, PA_VARIANT_WGMMA,
+                                 "rlk_prefix_attention_variant");
+  if (st) return st;
   const int depth[3] = {t->fwd_stages, t->dkdv_stages, t->dq_stages};
   static const char *const names[3] = {"fwd_stages", "dkdv_stages", "dq_stages"};
   for (int i = 0; i < 3; i++)

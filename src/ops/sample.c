@@ -205,18 +205,13 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   const rlk_sample_args *a = args;
   rlk_status st;
   const rlk_tensor *L = &a->logits;
-  if ((st = rlk_check_tensor(L, "logits", 1))) return st;
-  if ((st = rlk_check_dtype(L, "logits", SMP_LOGIT_DTYPES))) return st;
-  if ((st = rlk_check_ndim(L, "logits", 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(L, "logits", SMP_LOGIT_DTYPES, 2, 2))) return st;
   const int64_t B = L->shape[0], V = L->shape[1];
-  if (V > 1 && L->strides[1] != 1)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: stride[1] = %lld, rows must be contiguous",
-                     (long long)L->strides[1]);
-  if ((st = rlk_check_row_stride("logits", B, L->strides[0], V))) return st;
+  int64_t row_stride = 0;
+  if ((st = rlk_check_contiguous_rows(L, "logits", &row_stride))) return st;
   if (V > SMP_MAX_V)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: V = %lld, at most %lld", (long long)V,
                      (long long)SMP_MAX_V);
-  const int64_t row_stride = B > 1 ? L->strides[0] : V;
   if (row_stride > ((int64_t)1 << 56) / B)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: %lld rows of stride %lld are too large",
                      (long long)B, (long long)row_stride);

@@ -112,15 +112,6 @@ RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args) {
   if (args) *args = defaults;
 }
 
-/* A [B, T] tensor of an allowed dtype whose rows are contiguous. */
-static rlk_status tb_check_rows(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t B,
-                                int64_t T) {
-  rlk_status st;
-  if ((st = rlk_check_tensor(t, what, 1))) return st;
-  if ((st = rlk_check_dtype(t, what, dtypes))) return st;
-  return rlk_check_rows(t, what, B, T);
-}
-
 /* Workspace layout: byte offsets of W, the packed returns, the columns and the counts. */
 typedef struct tb_layout {
   size_t w, g, pos, len, total;
@@ -149,23 +140,18 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_token_baseline_args *a = args;
   tb_call *k = (tb_call *)call;
   rlk_status st;
-  if ((st = rlk_check_tensor(&a->rewards, "rewards", 1))) return st;
-  if ((st = rlk_check_dtype(&a->rewards, "rewards", TB_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->rewards, "rewards", 2, 2))) return st;
+  if ((st = rlk_check_tensor_of(&a->rewards, "rewards", TB_DTYPES, 2, 2))) return st;
   const int64_t B = a->rewards.shape[0], T = a->rewards.shape[1];
   const uint32_t same = RLK_DTYPE_BIT(a->rewards.dtype);
-  if ((st = tb_check_rows(&a->rewards, "rewards", same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->rewards, "rewards", 1, same, B, T))) return st;
   if (T > INT32_MAX)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rewards: T = %lld is beyond the i32 token index",
                      (long long)T);
-  if ((st = tb_check_rows(&a->old_logp, "old_logp", same, B, T))) return st;
-  if ((st = tb_check_rows(&a->sum_pi_squared, "sum_pi_squared", same, B, T))) return st;
-  if (a->rollout_is_weights.data &&
-      (st = tb_check_rows(&a->rollout_is_weights, "rollout_is_weights", same, B, T)))
-    return st;
-  if (a->mask.data && (st = tb_check_rows(&a->mask, "mask", TB_MASK_DTYPES, B, T))) return st;
-  if (!(a->epsilon >= 0.0) || isinf(a->epsilon))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "epsilon: %g must be finite and >= 0", a->epsilon);
+  if ((st = rlk_seq_check_rows(&a->old_logp, "old_logp", 1, same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->sum_pi_squared, "sum_pi_squared", 1, same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->rollout_is_weights, "rollout_is_weights", 0, same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, TB_MASK_DTYPES, B, T))) return st;
+  if ((st = rlk_check_nonnegative(a->epsilon, "epsilon"))) return st;
   if ((st = rlk_check_flag(a->compact, "compact"))) return st;
 
   /* groups */
@@ -175,8 +161,8 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
     return st;
 
   /* outputs */
-  if ((st = tb_check_rows(&a->advantages, "advantages", same, B, T))) return st;
-  if ((st = tb_check_rows(&a->returns, "returns", same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, same, B, T))) return st;
+  if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, same, B, T))) return st;
   rlk_op_values *v = &call->vals;
   rlk_op_values_set(v, TB_S_DTYPE, a->rewards.dtype);
   rlk_op_values_set(v, TB_S_MASK, rlk_seq_mask_kind(&a->mask));

@@ -140,9 +140,7 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_token_kl_args *a = args;
   tk_args *k = &((tk_call *)call)->k;
   rlk_status st;
-  if ((st = rlk_check_tensor(&a->logp, "logp", 1))) return st;
-  if ((st = rlk_check_dtype(&a->logp, "logp", TK_DTYPES))) return st;
-  if ((st = rlk_check_ndim(&a->logp, "logp", 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(&a->logp, "logp", TK_DTYPES, 1, 2))) return st;
   const int nd = a->logp.ndim;
   const int64_t B = nd == 2 ? a->logp.shape[0] : 1, T = a->logp.shape[nd - 1];
   const uint32_t same = RLK_DTYPE_BIT(a->logp.dtype);
@@ -156,8 +154,7 @@ static rlk_status tk_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = tk_view(&a->grad_logp, "grad_logp", 0, same, nd, B, T, &grad))) return st;
   if (!a->kl.data && !a->grad_logp.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kl and grad_logp: both absent, the call would write nothing");
-  if ((int)a->estimator < RLK_KL_K1 || (int)a->estimator > RLK_KL_K3)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "estimator: %d is not an rlk_kl_estimator", (int)a->estimator);
+  if ((st = rlk_check_enum((int)a->estimator, "estimator", RLK_KL_K1, RLK_KL_K3, "rlk_kl_estimator"))) return st;
   if ((st = tk_bound_pair(a->input_min, a->input_max, "input_min, input_max"))) return st;
   if ((st = tk_bound_pair(a->output_min, a->output_max, "output_min, output_max"))) return st;
   if ((st = rlk_check_flag(a->straight_through, "straight_through"))) return st;

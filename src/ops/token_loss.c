@@ -29,16 +29,7 @@ static rlk_status tl_check_shape(const tl_layout *L, const rlk_tensor *t, const 
                                  int64_t *stride) {
   rlk_status st;
   if (L->layout == TL_LAYOUT_PADDED) {
-    if ((st = rlk_check_ndim(t, what, 2, 2))) return st;
-    if (t->shape[0] != L->rows || t->shape[1] != L->cols)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape [%lld, %lld], expected [%lld, %lld]",
-                       what, (long long)t->shape[0], (long long)t->shape[1], (long long)L->rows,
-                       (long long)L->cols);
-    if (L->cols > 1 && t->strides[1] != 1)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: stride[1] = %lld, rows must be contiguous",
-                       what, (long long)t->strides[1]);
-    rlk_status rs = rlk_check_row_stride(what, L->rows, t->strides[0], L->cols);
-    if (rs) return rs;
+    if ((st = rlk_check_rows(t, what, L->rows, L->cols))) return st;
     *stride = L->rows > 1 ? t->strides[0] : L->cols;
     return RLK_OK;
   }
@@ -56,10 +47,7 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
                            int64_t *primary_stride) {
   memset(L, 0, sizeof *L);
   rlk_status st;
-  if ((st = rlk_check_tensor(primary, pname, 1))) return st;
-  if ((st = rlk_check_dtype(primary, pname, RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))))
-    return st;
-  if ((st = rlk_check_ndim(primary, pname, 1, 2))) return st;
+  if ((st = rlk_check_tensor_of(primary, pname, TL_DTYPES, 1, 2))) return st;
   L->dtype = primary->dtype;
   if (primary->ndim == 2) {
     L->layout = TL_LAYOUT_PADDED;
@@ -74,11 +62,8 @@ rlk_status tl_layout_check(const rlk_context *ctx, const rlk_tensor *primary, co
     if (!offsets->data)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                        "seq_offsets: required with a 1-D %s (the packed layout)", pname);
-    if ((st = rlk_check_tensor(offsets, "seq_offsets", 1))) return st;
-    if ((st = rlk_check_dtype(offsets, "seq_offsets",
-                              RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))))
+    if ((st = rlk_check_tensor_of(offsets, "seq_offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), 1, 1)))
       return st;
-    if ((st = rlk_check_ndim(offsets, "seq_offsets", 1, 1))) return st;
     if ((st = rlk_check_contiguous(offsets, "seq_offsets"))) return st;
     if (offsets->shape[0] < 2)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT,
@@ -328,11 +313,10 @@ rlk_status tl_plan(const rlk_context *ctx, const tl_templates *t, const tl_line 
 
 rlk_status tl_call_finish(const rlk_context *ctx, tl_call *c, const tl_line *line, const tl_norm_args *n,
                           int whole_rows, int nacc, double *c_grad, tl_norm *norm) {
-  if ((int)n->agg < RLK_AGG_TOKEN_MEAN || (int)n->agg > RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "agg: %d is not an rlk_loss_agg", (int)n->agg);
-  int kind;
-  rlk_status st = tl_norm_resolve(&c->L, n, c_grad, &kind, &norm->value);
+  rlk_status st = rlk_check_enum(n->agg, "agg", RLK_AGG_TOKEN_MEAN, RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM, "rlk_loss_agg");
   if (st) return st;
+  int kind;
+  if ((st = tl_norm_resolve(&c->L, n, c_grad, &kind, &norm->value))) return st;
   norm->kind = kind;
   c->count = kind == TL_NORM_COUNT;
   rlk_op_values *v = &c->op.vals;

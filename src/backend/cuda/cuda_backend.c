@@ -513,19 +513,11 @@ static rlk_status open_device(int ordinal, cuda_state *s) {
 }
 
 rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
-  if (!out) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: out is NULL");
-  *out = NULL;
-  if (ordinal < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cuda: device ordinal %d is negative", ordinal);
-  rlk_backend_impl *b = calloc(1, sizeof *b);
-  cuda_state *s = calloc(1, sizeof *s);
-  if (!b || !s) {
-    free(b);
-    free(s);
-    return rlk_error(RLK_ERR_OUT_OF_MEMORY, "cuda: out of memory opening the backend");
-  }
-  b->impl = s;
-  rlk_status st = open_device(ordinal, s);
+  rlk_backend_impl *b;
+  rlk_status st = rlk_backend_alloc("cuda", ordinal, sizeof(cuda_state), out, &b);
+  if (st != RLK_OK) return st;
+  cuda_state *s = state_of(b);
+  st = open_device(ordinal, s);
   if (st == RLK_OK) st = describe_device(s, &b->target, &b->info);
   if (st != RLK_OK) {
     cuda_destroy(b);
