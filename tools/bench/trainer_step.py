@@ -91,13 +91,20 @@ def peak(device):
 class Phases:
     """The peak of each phase of a step (GiB allocated, since the previous phase ended): which
     pass holds a step's peak. Each end restarts the device's peak count, so the step's peak is
-    `top`, the largest since clear(). On the CPU nothing is recorded."""
+    `top`, the largest since clear(). On CUDA each end also records an event, so that the
+    phases' device times (ms, from the previous end or the step's start) can be read once the
+    step has synchronized, nothing waiting in between. On the CPU nothing is recorded."""
 
     def __init__(self, device):
-        self.device, self.peaks, self.top = device, {}, 0.0
+        self.device, self.peaks, self.top, self.events = device, {}, 0.0, []
 
     def clear(self):
-        self.peaks, self.top = {}, 0.0
+        self.peaks, self.top, self.events = {}, 0.0, []
+
+    def start(self):
+        if self.device == "cuda":
+            self.events = [("start", torch.cuda.Event(enable_timing=True))]
+            self.events[0][1].record()
 
     def end(self, name):
         if self.device == "cuda":
@@ -105,6 +112,14 @@ class Phases:
             self.peaks[name] = round(gib, 3)
             self.top = max(self.top, gib)
             torch.cuda.reset_peak_memory_stats()
+            if self.events:
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                self.events.append((name, e))
+
+    def times_ms(self):
+        """The last step's phases, in device time (after a synchronize)."""
+        return {b[0]: round(a[1].elapsed_time(b[1]), 3) for a, b in zip(self.events, self.events[1:])}
 
 
 class _NoReward:
@@ -137,6 +152,7 @@ def trl_step(variant, path, b, device, checkpointing):
     phases = Phases(device)
 
     def step():
+        phases.start()
         inputs = dict(b)
         with torch.no_grad():
             inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
@@ -269,6 +285,7 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
         if phases is not None and phases.peaks:
             row["peak_gib"] = max(phases.top, row["peak_gib"] or 0.0)
             row["phase_peaks_gib"] = dict(phases.peaks)  # the last step's, by phase
+            row["phase_ms"] = phases.times_ms()  # old and ref: forward only; loss: the training forward
         if before is not None:
             row["held_before_gib"] = round(before, 3)  # in peak_gib, not the variant's own
         if calls is not None:
