@@ -953,6 +953,8 @@ typedef enum rlk_logprob_variant {
                                         * a label no shard owns) */
 #define RLK_LOGPROB_STATUS_LABEL_OWNERS 2 /* sharded: a label owned by two or more shards (their
                                            * vocabulary ranges overlap) */
+#define RLK_LOGPROB_STATUS_BAD_ROW 4 /* rlk_linear_logprob's row selection: an index outside hidden's
+                                      * rows or not greater than the one before it */
 
 /* Forward: z = logits / temperature in fp32 per row i, lse[i] = log sum_j exp(z[i, j]),
  *   logp[i] = z[i, y_i] - lse[i],   entropy[i] = lse[i] - sum_j p[i, j] z[i, j],  p = softmax(z).
