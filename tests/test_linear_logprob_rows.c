@@ -15,6 +15,7 @@
 
 #include "linear_logprob_check.h"
 #include "ops/linear_logprob_rows.h"
+#include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
 #include "suites.h"
 #include "test_util.h"
@@ -511,9 +512,56 @@ START_TEST(bad_arguments) {
 }
 END_TEST
 
+/* A configuration line with rows= plans the selection's kernels beside the head's on every target:
+ * the gather of hidden's rows; for the backward the scatter of grad_hidden's dtype and, for an f32
+ * one (an accumulating call's sum starts from its rows) or on the host (the rows it writes), the
+ * gather of its rows. The token chunks take no selection. */
+START_TEST(plan_lists_the_selection_kernels) {
+  static const struct {
+    rlk_backend backend;
+    const char *target;
+  } targets[] = {{RLK_BACKEND_CUDA, "sm_90a"}, {RLK_BACKEND_CUDA, "sm_80"}, {RLK_BACKEND_HOST, NULL}};
+  static const struct {
+    const char *line;
+    int gathers, scatters; /* host, then GPU */
+    int gpu_gathers;
+  } lines[] = {{"linear_logprob pass=fwd hidden=bf16 labels=i64 rows=i32", 1, 0, 1},
+               {"linear_logprob pass=bwd hidden=bf16 labels=i64 grad=f32 rows=i64", 2, 1, 2},
+               {"linear_logprob pass=bwd hidden=f16 labels=i32 grad=same rows=i32", 1, 1, 1},
+               {"linear_logprob pass=both hidden=bf16 labels=i64 grad=same rows=i64", 1, 1, 1},
+               {"linear_logprob pass=both hidden=bf16 labels=i64", 0, 0, 0}};
+  for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+    rlk_context *ctx = rlk_test_compile_only_context(targets[t].backend, targets[t].target, "rows plan");
+    if (!ctx) continue;
+    const int host = targets[t].backend == RLK_BACKEND_HOST;
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+      rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+      size_t n = 0;
+      ck_assert_msg(rlk_test_plan_line(&rlk_op_linear_logprob, ctx, lines[i].line, specs, &n) == RLK_OK, "%s: %s",
+                    lines[i].line, rlk_last_error());
+      int gathers = 0, scatters = 0;
+      for (size_t k = 0; k < n; k++) {
+        gathers += !strcmp(specs[k].tmpl->entry, "linear_logprob_gather");
+        scatters += !strcmp(specs[k].tmpl->entry, "linear_logprob_scatter");
+      }
+      ck_assert_msg(gathers == (host ? lines[i].gathers : lines[i].gpu_gathers) && scatters == lines[i].scatters,
+                    "%s on %s: %d gathers, %d scatters", lines[i].line, host ? "host" : targets[t].target, gathers,
+                    scatters);
+    }
+    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+    size_t n = 0;
+    ck_assert_int_eq(rlk_test_plan_line(&rlk_op_linear_logprob, ctx, "linear_logprob pass=chunks rows=i32", specs, &n),
+                     RLK_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(rlk_last_error(), "rows"), "%s", rlk_last_error());
+    rlk_context_destroy(ctx);
+  }
+}
+END_TEST
+
 Suite *linear_logprob_rows_suite(void) {
   Suite *s = suite_create("linear_logprob_rows");
   rlk_test_add_case(s, "host", 300, TESTS(host_rows, bad_arguments));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_lists_the_selection_kernels));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_rows));
   return s;
 }
