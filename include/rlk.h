@@ -953,6 +953,8 @@ typedef enum rlk_logprob_variant {
                                         * a label no shard owns) */
 #define RLK_LOGPROB_STATUS_LABEL_OWNERS 2 /* sharded: a label owned by two or more shards (their
                                            * vocabulary ranges overlap) */
+#define RLK_LOGPROB_STATUS_BAD_ROW 4 /* rlk_linear_logprob's row selection: an index outside hidden's
+                                      * rows or not greater than the one before it */
 
 /* Forward: z = logits / temperature in fp32 per row i, lse[i] = log sum_j exp(z[i, j]),
  *   logp[i] = z[i, y_i] - lse[i],   entropy[i] = lse[i] - sum_j p[i, j] z[i, j],  p = softmax(z).
@@ -1220,6 +1222,17 @@ typedef struct rlk_linear_logprob_args {
    * the softmax, logp, lse and entropy over the logits at or above it and the label, as in
    * rlk_logprob_args. -inf or NaN keeps every logit (the plain call's bits). No shard form. */
   rlk_tensor threshold;
+  /* Row selection (optional): i32 or i64 [n], any positive stride, indices into hidden's rows,
+   * strictly increasing and in [0, N_all) (a mask's nonzero positions). hidden is then
+   * [N_all, H] and the call's rows are hidden's rows rows[0], ..., rows[n - 1]: labels, logp,
+   * lse, entropy, threshold and partials are [n], and only those rows go through the head. A
+   * kernel copies each launch's selected rows into the workspace (rows of H rounded up to 8
+   * elements, at most 64 MiB of them a launch) and the call runs on them: a row's bits are those
+   * of the call on hidden[rows] laid out so (for H a multiple of 8, a contiguous copy). An index
+   * out of range or not above the one before it makes its row's hidden states NaN (its outputs
+   * NaN) and sets RLK_LOGPROB_STATUS_BAD_ROW in *status (in the shard form too); n is at least 1
+   * (as hidden's N). Not taken by rlk_linear_policy_loss. */
+  rlk_tensor rows;
 } rlk_linear_logprob_args;
 
 /* Defaults: temperature 1, ignore_index -100, variant auto, splits 0, stages 0, every tensor
@@ -1228,7 +1241,8 @@ RLK_API void rlk_linear_logprob_args_init(rlk_linear_logprob_args *args);
 
 /* Bytes of workspace a call with these arguments needs (on a GPU 16 bytes per row and 256
  * vocabulary columns for at most 128 MiB of rows at a time, the call launching more rows after
- * them; 0 on the host backend). Checks the arguments like the call. */
+ * them; 0 on the host backend; with a row selection, on either, the gathered rows of a launch
+ * besides). Checks the arguments like the call. */
 RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
                                                      const rlk_linear_logprob_args *args,
                                                      size_t *bytes);
@@ -1286,6 +1300,13 @@ typedef struct rlk_linear_logprob_backward_args {
   /* Kept-set replay: the forward's threshold (f32 [N] contiguous) with its lse and entropy: p' in
    * place of p, 0 off the kept set (the label's terms stay). */
   rlk_tensor threshold;
+  /* Row selection, as the forward's: hidden [N_all, H]; labels, lse, grad_logp, entropy,
+   * grad_entropy and threshold are [n]; the products run on the selected rows gathered into the
+   * workspace (a bad index as in the forward). grad_hidden keeps hidden's shape [N_all, H]: a
+   * selected row gets the gathered call's gradient row (bitwise; added to when accumulating), a
+   * row not selected is written 0, or left as it is when accumulating. grad_weight is the
+   * gathered call's. */
+  rlk_tensor rows;
 } rlk_linear_logprob_backward_args;
 
 /* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, group 0, every tensor absent. */
@@ -1293,7 +1314,8 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
 
 /* Bytes of workspace the backward needs (dz of one chunk, f32 or on sm_90a the inputs' 16-bit
  * dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU; an f32 grad_hidden holds its own sum;
- * 0 on the host backend). */
+ * 0 on the host backend). A row selection adds its gathered rows and, on a GPU, the f32 sum of
+ * its grad_hidden rows whatever its dtype; on the host its grad_hidden rows in their dtype. */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);

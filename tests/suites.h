@@ -8,7 +8,7 @@
 #include "runtime/op_list.h"
 
 #define RLK_TEST_OTHER_SUITES(SUITE)                                                                  \
-  SUITE(invariance) SUITE(kept_set) SUITE(linear_sample) SUITE(tools) SUITE(jit) SUITE(tune) SUITE(cache) SUITE(record) SUITE(hopper) SUITE(ops) \
+  SUITE(invariance) SUITE(kept_set) SUITE(linear_logprob_rows) SUITE(linear_sample) SUITE(tools) SUITE(jit) SUITE(tune) SUITE(cache) SUITE(record) SUITE(hopper) SUITE(ops) \
   SUITE(api) SUITE(compiler) SUITE(backend) SUITE(template) SUITE(key) SUITE(sha256)
 
 /* SUITE(name) for every suite, in the order they run. */

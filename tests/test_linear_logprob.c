@@ -15,6 +15,7 @@
 #include "ops/linear_logprob_plan.h"
 #include "ops/linear_logprob_stored.h"
 #include "ops/ops.h"
+#include "linear_logprob_check.h"
 #include "ref/linear_logprob_ref.h"
 #include "ref/policy_loss_ref.h"
 #include "suites.h"
@@ -37,66 +38,6 @@ typedef struct ll_case {
 static ll_case ll_base(int64_t N, int64_t V, int64_t H) {
   return (ll_case){.N = N, .V = V, .H = H, .dt = RLK_BF16, .ldt = RLK_I64, .T = 1.0f, .entropy = 1,
       .scale = 3.0};
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* What the arithmetic allows                                                          */
-/* ---------------------------------------------------------------------------------- */
-
-#define LL_U 0x1p-24 /* f32's unit roundoff (round to nearest) */
-
-/* The inputs lie on a grid whose products sum exactly in f32, in any order and under any
- * truncation: h = a / 4, w = b step (a, b integers, |a| <= 7, |b| <= 63, step a power of two), so
- * every product and partial sum of a logit is a multiple of step / 4 below 441 H step / 4, which
- * f32 holds exactly while 441 H < 2^20 (four bits to spare below 2^24 for an accumulator that
- * keeps fewer). The logits are then exact on every path, and what is left to bound is the fold of
- * exponentials below (and in the backward what dz and the sums over it round). step puts the
- * logits' spread near `scale` (a's deviation 4.32 / 4, b's 36.7). */
-static double ll_grid_step(int64_t H, double scale) {
-  ck_assert_msg(441 * H < (1 << 20), "H %lld: the grid's sums would not stay exact", (long long)H);
-  return exp2(round(log2(scale / (sqrt((double)H) * 1.08 * 36.7))));
-}
-static double ll_grid_h(uint64_t *rng) { return (double)((int)(rlk_test_rand_u64(rng) % 15u) - 7) / 4.0; }
-static double ll_grid_w(uint64_t *rng, double step) {
-  return (double)((int)(rlk_test_rand_u64(rng) % 127u) - 63) * step;
-}
-
-/* A bound on the relative error of a row's sum of exponentials s (and of q, the sum of p z, within
- * twice it) as the GPU kernels fold exact logits over V columns into a record per 256 columns
- * (linear_logprob_plan.h), each rounding at most u relative to the partial sum it lands in (every
- * term is positive, so a partial sum is at most s):
- *   a record, the larger of the two kernels': sm_90a's ll_tile_record adds a lane's 64 values in
- *     two chains of 32, then s0 + s1 and the four lanes by butterfly (one maximum for all: no
- *     rebase), 35 u; the tiled kernel folds four 64-column tiles, each a thread's 4 values in two
- *     chains, s0 + s1 and a rebase (a multiply, and ex2.approx's error, taken as 8 u: 2^-21, the
- *     instruction's is about 2^-22) when the maximum moved, 4 (2 + 1 + 1 + 8) = 48 u, then its 16
- *     lanes by 4 merges of 11 u: 92 u;
- *   the combine: a record goes through ceil(S / 32) merges in its lane and 5 of the butterfly, each
- *     one side's rebase (a multiply and 8 u) and an addition: 11 u;
- *   once per term: ex2.approx (8 u) and the rounding of its exponent x c - M (2 u |x c - M| in
- *     bits, p-weighted at most the entropy's 2 u ln V / ln 2 < 36 u at V < 2^18): 44 u.
- * The records and their tree depend on V alone, as does the bound. */
-static double ll_fold_eps(int64_t V) {
-  const int64_t records = (V + 255) / 256;
-  return (double)(92 + 11 * ((records + 31) / 32 + 5) + 44) * LL_U;
-}
-
-/* Bounds on the errors of one row's logp, lse and entropy (the kernels' forms in
- * linear_logprob_common.cuh) for a fold within eps (ll_fold_eps) of exact logits:
- *   lse = m ln2 + ln s: eps from s; the constants log2(e) / T and ln 2 and the last operations
- *     (logf, a multiply, an addition, the maximum's scaling) each a few u of |max z|, |lse|;
- *   logp = (t c - m) ln2 - ln s: the same with |z_y| <= |logp| + |lse|;
- *   entropy = ln s - ln2 q / s: ln2 |q / s| = max z - E_p z <= entropy, so q / s's relative error
- *     (eps from q twice over, eps from s) adds 3 eps entropy.
- * a = 16 u (|max z| + |lse| + |logp| + |entropy| + 1) holds those operations' roundings. */
-typedef struct ll_bound {
-  double logp, lse, entropy;
-} ll_bound;
-
-static ll_bound ll_fwd_bound(const lp_ref_row *r, double eps) {
-  const double a = 16 * LL_U * (fabs(r->max_z) + fabs(r->lse) + fabs(r->logp) + fabs(r->entropy) + 1.0);
-  const ll_bound b = {eps + a, eps + a, eps * (1.0 + 3.0 * fabs(r->entropy)) + a};
-  return b;
 }
 
 typedef struct ll_out {

@@ -53,7 +53,7 @@ from .ops.vocab_parallel import (PARTIAL_FIELDS, STATUS_LABEL_OWNERS, logprob_co
 from .ops.linear_divergence import (DivergenceMode, LinearDivergenceResult, linear_divergence,
                                     linear_divergence_backward, linear_divergence_combine,
                                     linear_divergence_partials)
-from .ops.linear_logprob import (LinearLogprobVariant, LinearPolicyLossResult, linear_logprob,
+from .ops.linear_logprob import (STATUS_BAD_ROW, LinearLogprobVariant, LinearPolicyLossResult, linear_logprob,
                                  linear_logprob_backward, linear_logprob_partials,
                                  linear_policy_loss)
 from .ops.sample import (SAMPLE_ROW_SPLIT_AUTO, SAMPLE_STATUS_BAD_PARAM, SAMPLE_STATUS_NAN,
@@ -100,7 +100,7 @@ __all__ = [
     "ReturnsMasked", "WhitenEps", "WhitenMasked",
     "linear_divergence", "linear_divergence_backward", "linear_divergence_partials",
     "linear_divergence_combine", "LinearDivergenceResult", "DivergenceMode",
-    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "linear_logprob_partials", "linear_policy_loss", "LinearPolicyLossResult", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL",
+    "logprob", "logprob_backward", "linear_logprob", "linear_logprob_backward", "linear_logprob_partials", "linear_policy_loss", "LinearPolicyLossResult", "LinearLogprobVariant", "LogprobResult", "LogprobVariant", "STATUS_BAD_LABEL", "STATUS_BAD_ROW",
     "vocab_parallel_logprob", "logprob_partials", "logprob_combine", "PARTIAL_FIELDS",
     "STATUS_LABEL_OWNERS", "vocab_parallel_logprob_nccl", "nccl_comm_of", "nccl_version",
     "sample", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN", "SAMPLE_STATUS_BAD_PARAM",

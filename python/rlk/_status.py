@@ -36,7 +36,8 @@ class BadInput(InvalidArgument):
 
 # What each op's status bits mean (include/rlk.h: RLK_LOGPROB_STATUS_*, RLK_SAMPLE_STATUS_*).
 _LOGPROB_BITS = {1: "a label outside [0, V) that is not ignore_index (its log-prob is NaN)",
-                 2: "a label owned by two or more vocabulary shards"}
+                 2: "a label owned by two or more vocabulary shards",
+                 4: "a selected row outside hidden or not after the one before (its outputs are NaN)"}
 _SAMPLE_BITS = {1: "a NaN or +inf logit (logp NaN)", 2: "a row whose logits are all -inf (token -1)",
                 4: "a per-row setting out of range (token -1, outputs NaN)"}
 MEANINGS = {"logprob": _LOGPROB_BITS, "logprob_backward": _LOGPROB_BITS, "logprob_combine": _LOGPROB_BITS,

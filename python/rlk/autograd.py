@@ -184,7 +184,7 @@ class LinearTokenLogprob(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         kw = dict(kwargs)
         want_entropy = kw.pop("entropy", False)
-        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "threshold") if k in kw}
+        ctx.kw = {k: kw[k] for k in ("temperature", "ignore_index", "threshold", "rows") if k in kw}
         ctx.chunk = kw.pop("chunk", None)
         out = _linear_fwd(hidden, weight, labels, entropy=want_entropy, lse=True, **kw)
         return _logprob_outputs(ctx, out, want_entropy, hidden, weight, labels)
@@ -371,7 +371,9 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
     hidden [..., H] and weight [V, H] (bf16 or f16, an LM head's layout), labels [...];
     differentiable in hidden and weight. Returns logp (labels' shape, f32), or (logp, entropy)
     with entropy=True. Keywords: temperature, ignore_index, variant, splits, threshold
-    (rlk.linear_logprob: kept-set replay) and chunk (the backward's vocabulary chunk)."""
+    (rlk.linear_logprob: kept-set replay), rows (rlk.linear_logprob's row selection: labels are
+    then the selected rows', hidden's gradient has hidden's shape, 0 in the rows not selected) and
+    chunk (the backward's vocabulary chunk)."""
     shape = tuple(labels.shape)
     flat = _rows(hidden)
     if not flat.is_contiguous():

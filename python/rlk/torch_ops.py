@@ -455,15 +455,16 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, partials=Non
 _HEAD = ("float? temperature=None, int? ignore_index=None, int? variant=None, int? splits=None")
 
 
-def _linear_logprob_fake(hidden, weight, labels, *, entropy=False, **_):
-    n = hidden.shape[0]
+def _linear_logprob_fake(hidden, weight, labels, *, entropy=False, rows=None, **_):
+    n = hidden.shape[0] if rows is None else rows.shape[0]
     return (hidden.new_empty((n,), dtype=_F32), hidden.new_empty((n,), dtype=_F32),
             hidden.new_empty((n if entropy else 0,), dtype=_F32))
 
 
 @_define("linear_logprob",
          "(Tensor hidden, Tensor weight, Tensor labels, *, bool entropy=False, " + _HEAD
-         + ", int? stages=None, Tensor? threshold=None) -> (Tensor, Tensor, Tensor)", _linear_logprob_fake)
+         + ", int? stages=None, Tensor? threshold=None, Tensor? rows=None) -> (Tensor, Tensor, Tensor)",
+         _linear_logprob_fake)
 def _linear_logprob_op(hidden, weight, labels, *, entropy=False, **kw):
     out = _raw["linear_logprob"](hidden, weight, labels, entropy=entropy, lse=True, **kw)
     return out.logp, out.lse, _or_empty(out.entropy, out.logp)
@@ -473,7 +474,7 @@ def _linear_logprob_setup(ctx, inputs, output):
     hidden, weight, labels, entropy_wanted = inputs[0], inputs[1], inputs[2], inputs[3]
     logp, lse, entropy = output
     ctx.entropy = bool(entropy_wanted)
-    ctx.kw = {"temperature": inputs[4], "ignore_index": inputs[5], "threshold": inputs[9]}
+    ctx.kw = {"temperature": inputs[4], "ignore_index": inputs[5], "threshold": inputs[9], "rows": inputs[10]}
     ctx.nargs = _nargs(_linear_logprob_op)
     ctx.save_for_backward(hidden, weight, labels, lse, entropy)
     ctx.mark_non_differentiable(lse)
@@ -508,7 +509,8 @@ def _linear_logprob_backward_fake(hidden, weight, labels, lse, grad_logp=None, g
          "Tensor? grad_entropy=None, Tensor? entropy=None, *, float? temperature=None, "
          "int? ignore_index=None, bool want_hidden=True, bool want_weight=True, "
          "bool grad_f32=True, int? chunk=None, int? group=None, bool shard=False, "
-         "int vocab_start=0, Tensor? threshold=None) -> (Tensor, Tensor)", _linear_logprob_backward_fake)
+         "int vocab_start=0, Tensor? threshold=None, Tensor? rows=None) -> (Tensor, Tensor)",
+         _linear_logprob_backward_fake)
 def _linear_logprob_backward_op(hidden, weight, labels, lse, grad_logp=None, grad_entropy=None,
                                 entropy=None, *, grad_f32=True, **kw):
     gh, gw = _raw["linear_logprob_backward"](hidden, weight, labels, lse, grad_logp, grad_entropy,

@@ -38,6 +38,8 @@ def _cases():
     hidden = torch.randn(B, H, generator=gen).to(torch.bfloat16)
     weight = (torch.randn(V, H, generator=gen) * 0.2).to(torch.bfloat16)
     lin = rlk.linear_logprob(hidden, weight, labels, entropy=True)
+    rows = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # a row selection: labels and outputs [4]
+    lin_rows = rlk.linear_logprob(hidden, weight, labels[:4], entropy=True, rows=rows)
     q = (torch.randn(20, 2, 64, generator=gen) * 0.5).to(torch.bfloat16)
     k = (torch.randn(20, 1, 64, generator=gen) * 0.5).to(torch.bfloat16)
     v = torch.randn(20, 1, 64, generator=gen).to(torch.bfloat16)
@@ -70,6 +72,12 @@ def _cases():
         ("linear_logprob_backward", ops.linear_logprob_backward,
          (hidden, weight, labels, lin.lse, torch.randn(B, generator=gen), torch.randn(B, generator=gen),
           lin.entropy), {}),
+        ("linear_logprob rows", ops.linear_logprob,
+         (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels[:4]),
+         {"entropy": True, "rows": rows}),
+        ("linear_logprob_backward rows", ops.linear_logprob_backward,
+         (hidden, weight, labels[:4], lin_rows.lse, torch.randn(4, generator=gen),
+          torch.randn(4, generator=gen), lin_rows.entropy), {"rows": rows}),
         ("linear_policy_loss", ops.linear_policy_loss,
          (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels,
           old[0, :B].reshape(2, B // 2).contiguous(), adv[0, :B].reshape(2, B // 2).contiguous()),

@@ -29,6 +29,7 @@
 #include "ops/invariant.h"
 #include "ops/linear_logprob_fwd.h"
 #include "ops/linear_logprob_plan.h"
+#include "ops/linear_logprob_rows.h"
 #include "ops/linear_logprob_stored.h"
 #include "ops/ops.h"
 #include "runtime/record.h"
@@ -91,9 +92,14 @@ static const rlk_template ll_host_tmpl = {"linear_logprob", "linear_logprob_fwd_
 
 /* The settings of a configuration line (the table is with the plan, below). */
 enum {
-  LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_VARIANT, LL_S_STAGES, LL_S_SPLITS, LL_S_CHUNK,
-  LL_S_GROUP, LL_S_HIDDEN_SIZE, LL_S_VOCAB, LL_S_TOKENS, LL_NSETTINGS
+  LL_S_PASS, LL_S_HIDDEN, LL_S_LABELS, LL_S_ENTROPY, LL_S_GRAD, LL_S_ROWS, LL_S_VARIANT, LL_S_STAGES, LL_S_SPLITS,
+  LL_S_CHUNK, LL_S_GROUP, LL_S_HIDDEN_SIZE, LL_S_VOCAB, LL_S_TOKENS, LL_NSETTINGS
 };
+
+/* The rows setting's values: no selection, or its indices' dtype. */
+static const char *const ll_rows_names[] = {"none", "i32", "i64", NULL};
+static int ll_rows_line(const rlk_ll_rows *r) { return !r->data ? 0 : r->dtype == RLK_I32 ? 1 : 2; }
+static rlk_dtype ll_rows_dtype(int64_t line) { return line == 1 ? RLK_I32 : RLK_I64; }
 
 /* The tuning database's winner for a call's key (ll_tuned_fwd / ll_tuned_bwd below): its
  * settings into *stages and *splits, or *chunk and *group; untouched without a usable record. */
@@ -118,6 +124,8 @@ static int ll_wgmma_target(const rlk_context *ctx) {
 }
 
 static int ll_dt_code(int64_t dtype) { return dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16; }
+
+static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
 /* The forward's kernels of a configuration (hidden, labels, entropy, variant, stages); tma_ok:
  * hidden and weight can be described by 128-byte-swizzled tensor maps. */
@@ -212,19 +220,26 @@ rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight,
 }
 
 /* A forward call: its forward (the head, the kernels, the records, the splits asked for, the
- * tensor maps' requests), a launch's rows at most, the shard form. */
+ * tensor maps' requests), a launch's rows at most, the shard form; a row selection, the caller's
+ * hidden row stride and where the gathered rows lie in the workspace. */
 typedef struct ll_call {
   rlk_op_call op;
   rlk_ll_fwd f;
   int64_t rows;
   int shard; /* records instead of logp, lse and entropy */
+  rlk_ll_rows r;
+  int64_t hidden_stride;
+  size_t gathered_at;
 } ll_call;
 
 static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_linear_logprob_args *a = args;
   ll_call *k = (ll_call *)call;
   rlk_status st;
-  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->f.h))) return st;
+  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, a->rows.data ? NULL : &a->labels, a->temperature, &k->f.h)))
+    return st;
+  k->hidden_stride = k->f.h.hs;
+  if ((st = rlk_ll_rows_check(&a->rows, &a->labels, &k->f.h, &k->r))) return st;
   const int64_t N = k->f.h.N;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   k->shard = a->partials.data != NULL;
@@ -273,16 +288,32 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   int stages = a->stages, splits = a->splits;
   if (!a->stages && !splits)
     ll_tuned_fwd(ctx, a->hidden.dtype, a->labels.dtype, entropy, k->f.h.H, k->f.h.V, N, &stages, &splits);
-  if ((st = rlk_ll_fwd_plan(ctx, &a->hidden, &a->weight, &k->f.h, a->labels.dtype, entropy, (int)a->variant, stages,
+  /* a row selection: the kernels run on the gathered rows, which a tensor map always describes */
+  const rlk_tensor planned = k->r.data ? rlk_ll_rows_planned(&a->hidden, &k->r) : a->hidden;
+  if (k->r.data) k->f.h.hs = k->r.pitch;
+  if ((st = rlk_ll_fwd_plan(ctx, &planned, &a->weight, &k->f.h, a->labels.dtype, entropy, (int)a->variant, stages,
                             splits, &call->vals, &k->f)))
     return st;
+  if (k->r.data) {
+    rlk_op_values_set(&call->vals, LL_S_ROWS, ll_rows_line(&k->r));
+    call->specs[call->nspecs++] = rlk_ll_gather_spec(ll_dt_code(a->hidden.dtype), k->r.dtype);
+  }
   call->specs[call->nspecs++] = k->f.gemm;
-  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
-  call->specs[call->nspecs++] = k->f.combine;
-  /* records of 256 columns from V alone; rows in launches within the budget; the split a launch's
-   * schedule (linear_logprob_plan.h) */
-  k->rows = rlk_ll_fwd_rows(N, k->f.h.V, LL_FWD_WORKSPACE_BYTES);
-  call->workspace = (size_t)k->f.records * (size_t)k->rows * LL_RECORD_BYTES;
+  /* gathered rows in launches within their budget */
+  const int64_t gathered_row = k->r.pitch * 2;
+  k->rows = k->r.data ? rlk_ll_rows_within(N, gathered_row, rlk_ll_rows_budget()) : N;
+  if (ctx->kind != RLK_BACKEND_HOST) {
+    call->specs[call->nspecs++] = k->f.combine;
+    /* records of 256 columns from V alone; rows in launches within the budget; the split a
+     * launch's schedule (linear_logprob_plan.h) */
+    const int64_t rows = rlk_ll_fwd_rows(N, k->f.h.V, LL_FWD_WORKSPACE_BYTES);
+    if (rows < k->rows) k->rows = rows;
+    call->workspace = (size_t)k->f.records * (size_t)k->rows * LL_RECORD_BYTES;
+  }
+  if (k->r.data) {
+    k->gathered_at = ll_align256(call->workspace);
+    call->workspace = k->gathered_at + rlk_ll_rows_bytes(k->rows, k->r.pitch, 2);
+  }
   return RLK_OK;
 }
 
@@ -295,6 +326,7 @@ rlk_status rlk_ll_fwd_plan(const rlk_context *ctx, const rlk_tensor *hidden, con
   rlk_status st;
   f->h = *h;
   f->hidden = hidden->data;
+  f->hidden_row0 = 0;
   f->weight = weight->data;
   f->splits = splits;
   ll_line(vals, 0, hidden->dtype, labels, entropy, 0, variant, stages);
@@ -382,7 +414,7 @@ static rlk_status ll_host_rows(rlk_context *ctx, const rlk_ll_fwd *f, int64_t r0
                                float temperature, float *logits, int64_t pitch, void *stream) {
   const int64_t at = r0;
   ll_fwd_host_args h = {0};
-  h.hidden = (const char *)f->hidden + (size_t)(at * f->h.hs) * 2u;
+  h.hidden = (const char *)f->hidden + (size_t)((at - f->hidden_row0) * f->h.hs) * 2u;
   h.h_stride = f->h.hs;
   h.weight = f->weight;
   h.w_stride = f->h.ws;
@@ -419,7 +451,7 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
   const int64_t bm = wg ? LL_SM90_BM : LL_TILE, slots = wg ? sms : 4 * sms, row_blocks = (n + bm - 1) / bm;
   const void *lab = labels ? (const char *)labels + (size_t)(r0 * f->h.ls) * rlk_dtype_size(label_dtype) : NULL;
   const float *thr = threshold ? threshold + r0 : NULL;
-  const void *hidden = (const char *)f->hidden + (size_t)(r0 * f->h.hs) * 2u;
+  const void *hidden = (const char *)f->hidden + (size_t)((r0 - f->hidden_row0) * f->h.hs) * 2u;
   int64_t S, cps;
   rlk_ll_fwd_splits(f->h.V, row_blocks, slots, f->splits, &S, &cps);
   if (S > 65535 || row_blocks > INT32_MAX)
@@ -487,12 +519,22 @@ static rlk_status ll_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
                             (float *)a->entropy.data,
                             (float *)a->partials.data,
                             k->shard ? NULL : (int *)a->status.data}; /* the shard form leaves status alone */
-  if (ctx->kind == RLK_BACKEND_HOST) return rlk_ll_fwd_combine(ctx, &k->f, NULL, 0, k->f.h.N, &o, a->temperature, NULL, 0, stream);
+  rlk_ll_fwd f = k->f;
   for (int64_t r0 = 0; r0 < k->f.h.N; r0 += k->rows) {
     const int64_t n = k->f.h.N - r0 < k->rows ? k->f.h.N - r0 : k->rows;
-    if ((st = rlk_ll_fwd_gemm(ctx, &k->f, a->labels.data, a->labels.dtype, r0, n, a->workspace, a->vocab_start,
+    if (k->r.data) {
+      /* this launch's selected rows into the workspace, the kernels pointed at them (a bad index
+       * reaches status in every form: it is no label's matter) */
+      void *gathered = (char *)a->workspace + k->gathered_at;
+      if ((st = rlk_ll_gather(ctx, &k->r, ll_dt_code(a->hidden.dtype), a->hidden.data, k->hidden_stride, k->f.h.H,
+                              r0, n, gathered, k->r.pitch, (int *)a->status.data, stream)))
+        return st;
+      f.hidden = gathered;
+      f.hidden_row0 = r0;
+    }
+    if ((st = rlk_ll_fwd_gemm(ctx, &f, a->labels.data, a->labels.dtype, r0, n, a->workspace, a->vocab_start,
                               a->temperature, o.threshold, NULL, 0, stream)) ||
-        (st = rlk_ll_fwd_combine(ctx, &k->f, a->workspace, r0, n, &o, a->temperature, NULL, 0, stream)))
+        (st = rlk_ll_fwd_combine(ctx, &f, a->workspace, r0, n, &o, a->temperature, NULL, 0, stream)))
       return st;
   }
   return RLK_OK;
@@ -502,7 +544,8 @@ static const rlk_arg_field ll_fields[] = {
     RLK_ARG_IN(rlk_linear_logprob_args, hidden),   RLK_ARG_IN(rlk_linear_logprob_args, weight),
     RLK_ARG_IN(rlk_linear_logprob_args, labels),   RLK_ARG_OUT(rlk_linear_logprob_args, logp),
     RLK_ARG_OUT(rlk_linear_logprob_args, lse),     RLK_ARG_OUT(rlk_linear_logprob_args, entropy),
-    RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials)};
+    RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials),
+    RLK_ARG_IN(rlk_linear_logprob_args, rows)};
 
 static const rlk_op_entry ll_entry = {
     .name = "rlk_linear_logprob", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_call), RLK_OP_FIELDS(ll_fields),
@@ -651,7 +694,9 @@ static rlk_status ll_bwd_specs(const rlk_context *ctx, const ll_bwd_config *c, r
   return RLK_OK;
 }
 
-/* A backward call: the head, the gradients' strides, the kernels' configuration, the chunk. */
+/* A backward call: the head, the gradients' strides, the kernels' configuration, the chunk; a row
+ * selection, the caller's hidden row stride and where the gathered rows (and on the host the
+ * gradient rows of the selection) lie in the workspace. */
 typedef struct ll_bwd_call {
   rlk_op_call op;
   ll_head h;
@@ -659,6 +704,9 @@ typedef struct ll_bwd_call {
   int group; /* the sm_90a tile order's rows of tiles */
   ll_bwd_config c;
   size_t dh_bytes, dz_bytes;
+  rlk_ll_rows r;
+  int64_t hidden_stride;
+  size_t gathered_at, rows_grad_at;
 } ll_bwd_call;
 
 /* A 128-byte-swizzled tensor map request over a 16-bit [rows, cols] matrix. */
@@ -692,13 +740,15 @@ static int ll_tma_ok(const rlk_tma_desc_request *r) {
   return 0;
 }
 
-/* Whether the sm_90a backward can run: the target, and tensor maps for hidden and weight in the
- * boxes it reads (K-major and MN-major). */
-static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k) {
+/* Whether the sm_90a backward can run: the target, and tensor maps for hidden (the rows the
+ * products read: the caller's, or a selection's gathered ones) and weight in the boxes it reads
+ * (K-major and MN-major). */
+static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const rlk_tensor *hidden,
+                          const ll_bwd_call *k) {
   if (!ll_wgmma_target(ctx)) return 0;
   const rlk_tma_desc_request r[4] = {
-      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, LL_SM90_BM),
-      ll_tma_req(a->hidden.data, a->hidden.dtype, k->h.N, k->h.H, k->h.hs, 64),
+      ll_tma_req(hidden->data, hidden->dtype, k->h.N, k->h.H, k->h.hs, LL_SM90_BM),
+      ll_tma_req(hidden->data, hidden->dtype, k->h.N, k->h.H, k->h.hs, 64),
       ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, LL_SM90_BN),
       ll_tma_req(a->weight.data, a->weight.dtype, k->h.V, k->h.H, k->h.ws, 64)};
   for (int i = 0; i < 4; i++)
@@ -711,7 +761,6 @@ static int ll_bwd_sm90_ok(const rlk_context *ctx, const rlk_linear_logprob_backw
   return 1;
 }
 
-static size_t ll_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
 /* A backward's `grad` setting (0 f32, 1 the inputs' dtype): grad_weight's, else grad_hidden's. */
 static int ll_bwd_grad_line(const ll_bwd_config *c) { return (c->gw >= 0 ? c->gw : c->gh) > 0; }
@@ -720,7 +769,14 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   const rlk_linear_logprob_backward_args *a = args;
   ll_bwd_call *k = (ll_bwd_call *)call;
   rlk_status st;
-  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, &a->labels, a->temperature, &k->h))) return st;
+  if ((st = rlk_ll_check_head(&a->hidden, &a->weight, a->rows.data ? NULL : &a->labels, a->temperature, &k->h)))
+    return st;
+  k->hidden_stride = k->h.hs;
+  if ((st = rlk_ll_rows_check(&a->rows, &a->labels, &k->h, &k->r))) return st;
+  const rlk_tensor planned = k->r.data ? rlk_ll_rows_planned(&a->hidden, &k->r) : a->hidden;
+  if (k->r.data) k->h.hs = k->r.pitch;
+  /* grad_hidden keeps hidden's shape */
+  const int64_t gh_rows = k->r.data ? k->r.all : k->h.N;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   if ((st = rlk_check_vector(&a->lse, "lse", f32, k->h.N, 0, &k->lse_s))) return st;
   if (a->grad_logp.data && (st = rlk_check_vector(&a->grad_logp, "grad_logp", f32, k->h.N, 0, &k->glp_s)))
@@ -738,7 +794,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   const uint32_t gdt = f32 | RLK_DTYPE_BIT(a->hidden.dtype);
   k->c.gh = k->c.gw = -1;
   if (a->grad_hidden.data &&
-      (st = ll_check_grad(&a->grad_hidden, "grad_hidden", gdt, k->h.N, k->h.H, &k->ghs, &k->c.gh)))
+      (st = ll_check_grad(&a->grad_hidden, "grad_hidden", gdt, gh_rows, k->h.H, &k->ghs, &k->c.gh)))
     return st;
   if (a->grad_weight.data &&
       (st = ll_check_grad(&a->grad_weight, "grad_weight", gdt, k->h.V, k->h.H, &k->gws, &k->c.gw)))
@@ -769,30 +825,46 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
    * one here, the other recorded by the launch */
   ll_line(&call->vals, 1, a->hidden.dtype, a->labels.dtype, k->c.entropy, !(k->c.gh == 0 || k->c.gw == 0),
           RLK_LINEAR_LOGPROB_AUTO, 0);
-  if (ctx->kind == RLK_BACKEND_HOST) return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
+  if (k->r.data) rlk_op_values_set(&call->vals, LL_S_ROWS, ll_rows_line(&k->r));
+  if (ctx->kind == RLK_BACKEND_HOST) {
+    /* a selection: its gathered rows, and the rows of grad_hidden the host kernel writes (the
+     * gathered call's, from what the selected rows held when accumulating) */
+    if (k->r.data) {
+      k->gathered_at = 0;
+      k->rows_grad_at = rlk_ll_rows_bytes(k->h.N, k->r.pitch, 2);
+      call->workspace = k->rows_grad_at + (k->c.gh >= 0 ? rlk_ll_rows_bytes(k->h.N, k->h.H,
+                                                                            rlk_dtype_size(a->grad_hidden.dtype))
+                                                          : 0);
+    }
+    return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
+  }
   int asked_chunk = a->chunk, group = a->group;
   if (!asked_chunk && !group)
     ll_tuned_bwd(ctx, a->hidden.dtype, a->labels.dtype, k->c.entropy, ll_bwd_grad_line(&k->c), k->h.H, k->h.V, k->h.N,
                  &asked_chunk, &group);
   k->group = group ? group : LL_BWD_GROUP;
   /* sm_90a: dz in 16 bits, chunks of whole 256-column tiles (the dz tile's width) */
-  k->c.sm90 = ll_bwd_sm90_ok(ctx, a, k);
+  k->c.sm90 = ll_bwd_sm90_ok(ctx, a, &planned, k);
   if (!k->c.sm90 && ll_wgmma_target(ctx) && rlk_invariant())
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "hidden, weight: no tensor map describes them (16-byte aligned, row strides a multiple of 8 "
                      "elements), and the portable kernels they would fall back to round dz and sum in another "
                      "order; RLK_INVARIANT=1 refuses the fallback");
   const int64_t tile = k->c.sm90 ? LL_SM90_BN : LL_TILE, dzs = k->c.sm90 ? 2 : 4;
-  /* an f32 grad_hidden is its own sum; a 16-bit one needs the sum in the workspace */
-  k->dh_bytes = k->c.gh > 0 ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
-  /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost
-   * model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
+  /* an f32 grad_hidden is its own sum (but for a selection's, which scatter writes by row); a
+   * 16-bit one needs the sum in the workspace */
+  k->dh_bytes = k->c.gh > 0 || (k->c.gh == 0 && k->r.data) ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
+  const size_t gathered = k->r.data ? rlk_ll_rows_bytes(k->h.N, k->r.pitch, 2) : 0;
+  /* dz within what the sum and the gathered rows leave of the budget; the sm_90a kernels' width
+   * from their cost model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
   rlk_ll_chunk_problem cp = {k->h.N, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0, ctx->target.multiprocessors, 0};
-  const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile, LL_BWD_WORKSPACE_BYTES - (int64_t)k->dh_bytes,
-                                         dzs * k->h.N, k->c.sm90 ? &cp : NULL);
+  const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile,
+                                         LL_BWD_WORKSPACE_BYTES - (int64_t)(k->dh_bytes + gathered), dzs * k->h.N,
+                                         k->c.sm90 ? &cp : NULL);
   k->chunk = chunk;
   k->dz_bytes = ll_align256((size_t)(k->h.N * chunk * dzs));
-  call->workspace = k->dh_bytes + k->dz_bytes;
+  k->gathered_at = k->dh_bytes + k->dz_bytes;
+  call->workspace = k->gathered_at + gathered;
   return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
 }
 
@@ -820,6 +892,17 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
       .dh = dh, .N = N, .H = H, .grad_hidden = gh, .gh_stride = ghs, .accumulate = accumulate};
   rlk_launch_dims d = rlk_op_grid((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &o);
+}
+
+/* grad_hidden from the f32 sum dh at the end: a selection's by row (16-bit ones added to when
+ * accumulating, an f32 one's sum started from them), else through dh_out where it runs. */
+static rlk_status ll_bwd_grad_hidden(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
+                                     const ll_bwd_call *k, const rlk_kernel_spec *s_out, const float *dh, void *stream) {
+  if (k->r.data && a->grad_hidden.data)
+    return rlk_ll_scatter(ctx, &k->r, k->c.gh, dh, k->h.H, k->h.H, a->grad_hidden.data, k->ghs,
+                          a->accumulate && k->c.gh > 0, !a->accumulate, stream);
+  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, k->h.N, k->h.H, a->grad_hidden.data, k->ghs, a->accumulate, stream)
+               : RLK_OK;
 }
 
 /* One linear_logprob_bwd_sm90 product of g.M x g.Nn over g.K (g's tensor maps set): tiles of
@@ -857,24 +940,49 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   if (!k->c.entropy) ent = NULL;
   void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
   int *status = (int *)a->status.data;
+  /* a row selection: the products read its rows gathered into the workspace */
+  if (k->r.data) {
+    void *gathered = (char *)a->workspace + k->gathered_at;
+    if ((st = rlk_ll_gather(ctx, &k->r, k->c.hidden, hidden, k->hidden_stride, H, 0, N, gathered, k->r.pitch, status,
+                            stream)))
+      return st;
+    hidden = gathered;
+  }
 
   if (ctx->kind == RLK_BACKEND_HOST) {
+    /* a selection's grad_hidden rows as the gathered call writes them (from the rows' held values
+     * when accumulating), then written by row */
+    void *rows_gh = gh;
+    int64_t rows_ghs = k->ghs;
+    if (k->r.data && gh) {
+      rows_gh = (char *)a->workspace + k->rows_grad_at;
+      rows_ghs = H;
+      if (a->accumulate &&
+          (st = rlk_ll_gather(ctx, &k->r, k->c.gh, gh, k->ghs, H, 0, N, rows_gh, H, status, stream)))
+        return st;
+    }
     ll_bwd_host_args h = {0};
     LL_BWD_ROW_INPUTS(h);
     h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
-    h.grad_hidden = gh, h.gh_stride = k->ghs, h.grad_weight = gw, h.gw_stride = k->gws, h.accumulate = a->accumulate;
+    h.grad_hidden = rows_gh, h.gh_stride = rows_ghs, h.grad_weight = gw, h.gw_stride = k->gws;
+    h.accumulate = a->accumulate;
     rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
-    return rlk_context_launch_params(ctx, &specs[0], &d, stream, &h);
+    if ((st = rlk_context_launch_params(ctx, &specs[0], &d, stream, &h))) return st;
+    return rows_gh != gh ? rlk_ll_scatter(ctx, &k->r, k->c.gh, rows_gh, H, H, gh, k->ghs, 0, !a->accumulate, stream)
+                         : RLK_OK;
   }
   /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
-   * when accumulating), or the workspace's (rows of H, converted by dh_out at the end) */
-  const int dh_direct = k->c.gh == 0;
+   * when accumulating), or the workspace's (rows of H, converted by dh_out or, for a selection,
+   * written by row at the end: an f32 selection's sum starts from what its rows held when
+   * accumulating, as the gathered call's does) */
+  const int dh_direct = k->c.gh == 0 && !k->r.data, seeded = gh && k->r.data && k->c.gh == 0 && a->accumulate;
   float *dh = !gh ? NULL : dh_direct ? (float *)gh : (float *)a->workspace;
   const int64_t dhs = dh_direct ? k->ghs : H;
-  const int dh_add_first = dh_direct && a->accumulate;
+  const int dh_add_first = (dh_direct || seeded) && a->accumulate;
+  if (seeded && (st = rlk_ll_gather(ctx, &k->r, RLK_DT_F32, gh, k->ghs, H, 0, N, dh, H, status, stream))) return st;
   float *dz = (float *)((char *)a->workspace + k->dh_bytes);
-  const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL, *s_out = gh && !dh_direct ? &specs[2] : NULL,
-                        *s_dw = gw ? &specs[nspecs - 1] : NULL;
+  const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL,
+                        *s_out = gh && !dh_direct && !k->r.data ? &specs[2] : NULL, *s_dw = gw ? &specs[nspecs - 1] : NULL;
   const int64_t Vc = k->chunk;
   if (k->c.sm90) {
     const rlk_dtype dt = a->hidden.dtype;
@@ -930,7 +1038,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
           return st;
       }
     }
-    return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
+    return ll_bwd_grad_hidden(ctx, a, k, s_out, dh, stream);
   }
   const uint64_t rb = (uint64_t)((N + LL_TILE - 1) / LL_TILE);
   const uint64_t hb = (uint64_t)((H + LL_TILE - 1) / LL_TILE);
@@ -959,7 +1067,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
       if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
     }
   }
-  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, gh, k->ghs, a->accumulate, stream) : RLK_OK;
+  return ll_bwd_grad_hidden(ctx, a, k, s_out, dh, stream);
 }
 
 static const rlk_arg_field ll_bwd_fields[] = {
@@ -967,7 +1075,8 @@ static const rlk_arg_field ll_bwd_fields[] = {
     RLK_ARG_IN(rlk_linear_logprob_backward_args, labels),       RLK_ARG_IN(rlk_linear_logprob_backward_args, lse),
     RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_logp),    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_entropy),
     RLK_ARG_IN(rlk_linear_logprob_backward_args, entropy),      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_hidden),
-    RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status)};
+    RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status),
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, rows)};
 
 static const rlk_op_entry ll_bwd_entry = {
     .name = "rlk_linear_logprob_backward", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_bwd_call),
@@ -1307,6 +1416,10 @@ static const rlk_op_setting ll_settings[LL_NSETTINGS] = {
                                   "fwd: also the entropy; bwd: an entropy gradient"),
     [LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_dh_out linear_logprob_bwd_*.gw",
                                  "the backward's grad_hidden and grad_weight dtype"),
+    [LL_S_ROWS] = RLK_SET_CHOICE("rows", ll_rows_names, 0,
+                                 "linear_logprob_gather linear_logprob_scatter linear_logprob_*.rows",
+                                 "a row selection's index dtype (none: no selection): the kernels that gather the "
+                                 "selected rows of hidden and write grad_hidden by row"),
     [LL_S_VARIANT] = RLK_SET_CHOICE("variant", ll_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_logprob_*",
                                     "wgmma: the sm_90a kernels (elsewhere tiled runs); tiled: the portable ones only"),
     [LL_S_STAGES] = RLK_SET_INT("stages", 0, 0, LL_SM90_STAGES, "linear_logprob_fwd_sm90.stages",
@@ -1413,6 +1526,21 @@ static rlk_status ll_tune_key(const rlk_op_values *s, char *shape, size_t size, 
   return RLK_OK;
 }
 
+/* A row selection's kernels (rows: the setting's value) at specs, their count: the gather of
+ * hidden's rows; for the backward (bwd) also the scatter of grad_hidden (dtype code gh) and the
+ * gather of its rows that an accumulating call's sum starts from (an f32 one's on a GPU, where a
+ * 16-bit one's sum starts from 0 and adds it at the end; any on the host). */
+static size_t ll_rows_specs(const rlk_context *ctx, int64_t rows, int hidden, int bwd, int gh,
+                            rlk_kernel_spec *specs) {
+  const rlk_dtype r = ll_rows_dtype(rows);
+  size_t n = 0;
+  specs[n++] = rlk_ll_gather_spec(hidden, r);
+  if (!bwd) return n;
+  if (gh != hidden && (gh == RLK_DT_F32 || ctx->kind == RLK_BACKEND_HOST)) specs[n++] = rlk_ll_gather_spec(gh, r);
+  specs[n++] = rlk_ll_scatter_spec(gh, r);
+  return n;
+}
+
 static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs,
                           size_t *nspecs) {
   const int64_t hidden = ll_dt_code(s->v[LL_S_HIDDEN]), labels = s->v[LL_S_LABELS], entropy = s->v[LL_S_ENTROPY];
@@ -1426,8 +1554,11 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
   }
   int pass = (int)s->v[LL_S_PASS]; /* 0 fwd, 1 bwd, 2 both, 3 chunks */
   const int grad_same = s->v[LL_S_GRAD] == 1;
+  const int64_t rows = s->v[LL_S_ROWS];
   size_t n = 0;
   rlk_status st;
+  if (pass == 3 && rows)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rows, pass: rlk_linear_policy_loss's token chunks select no rows");
   if (pass == 3) {
     if (ll_wgmma_target(ctx) && !tiled) {
       /* rlk_ll_stored_logits's and _grads's, row-major chunks and u^T over grad_weight: grad
@@ -1465,6 +1596,7 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
       if ((st = ll_bwd_specs(ctx, &b, specs + n, &nb))) return st;
       n += nb;
     }
+    if (rows) n += ll_rows_specs(ctx, rows, (int)hidden, 1, g, specs + n);
     if (pass == 1) {
       *nspecs = n;
       return RLK_OK;
@@ -1482,6 +1614,7 @@ static rlk_status ll_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_ke
     }
     specs[n++] = ch.combine;
   }
+  if (rows && pass == 0) n += ll_rows_specs(ctx, rows, (int)hidden, 0, 0, specs + n);
   *nspecs = n;
   return RLK_OK;
 }
@@ -1497,6 +1630,9 @@ static const char *const ll_samples[] = {
     /* rlk_linear_policy_loss's token chunks (sm_90a; elsewhere both passes' kernels) */
     "linear_logprob pass=chunks hidden=bf16 labels=i64 entropy=1",
     "linear_logprob pass=chunks hidden=f16 labels=i32 grad=same",
+    /* a row selection: its gather and scatter kernels beside each pass's */
+    "linear_logprob pass=both hidden=bf16 labels=i64 entropy=1 rows=i32",
+    "linear_logprob pass=bwd hidden=f16 labels=i32 grad=same rows=i64",
     NULL};
 
 /* What changes a call, not its kernels: on a GPU the forward's vocabulary split and the

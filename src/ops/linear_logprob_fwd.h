@@ -24,10 +24,13 @@ rlk_status rlk_ll_check_variant(int variant);
 
 /* A forward's kernels: the GEMM (sm_90a's wgmma kernel where the target has it and tensor maps
  * describe hidden and weight, else the tiled one; the host's fp64 kernel) and the combine; a row's
- * records (ceil(V / 256)); the splits asked for (0: chosen a launch); the tensor maps' requests. */
+ * records (ceil(V / 256)); the splits asked for (0: chosen a launch); the tensor maps' requests.
+ * hidden holds the call's rows from hidden_row0 on. */
 typedef struct rlk_ll_fwd {
   rlk_ll_head h;
   const void *hidden, *weight;
+  int64_t hidden_row0; /* the call's row that hidden's first row is (a row selection's gathered
+                        * rows: their launch's first; else 0) */
   int variant; /* rlk_linear_logprob_variant that runs: WGMMA or TILED on a GPU; AUTO on the host */
   rlk_kernel_spec gemm, combine;
   int64_t records;

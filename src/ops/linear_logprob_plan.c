@@ -15,8 +15,11 @@ static int64_t llp_ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t rlk_ll_fwd_records(int64_t V) { return llp_ceil(V, RLK_LL_RECORD_COLS); }
 
 int64_t rlk_ll_fwd_rows(int64_t N, int64_t V, int64_t budget) {
-  const int64_t per_row = rlk_ll_fwd_records(V) * 16;
-  int64_t rows = budget / per_row / LLP_BM * LLP_BM;
+  return rlk_ll_rows_within(N, rlk_ll_fwd_records(V) * 16, budget);
+}
+
+int64_t rlk_ll_rows_within(int64_t N, int64_t row_bytes, int64_t budget) {
+  int64_t rows = budget / row_bytes / LLP_BM * LLP_BM;
   if (rows < LLP_BM) rows = LLP_BM;
   return N < rows ? N : rows;
 }

@@ -48,6 +48,9 @@ int64_t rlk_ll_fwd_records(int64_t V);
  * records within `budget` bytes (at least one block). */
 int64_t rlk_ll_fwd_rows(int64_t N, int64_t V, int64_t budget);
 
+/* N, or as many whole 128-row blocks of row_bytes a row as fit `budget` bytes (at least one). */
+int64_t rlk_ll_rows_within(int64_t N, int64_t row_bytes, int64_t budget);
+
 /* The forward's vocabulary split, a schedule only (a split is a run of whole records): `asked`
  * splits (capped at the 256-column tiles), or with 0 the fewest splits that reach the least
  * (waves x tiles per split) for `row_blocks` blocks of rows on `slots` concurrently resident

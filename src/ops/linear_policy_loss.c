@@ -105,6 +105,7 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   const rlk_linear_logprob_args *h = &a->head;
   const rlk_policy_loss_args *l = &a->loss;
   if ((st = lpl_absent(&h->partials, "head.partials", "no shard form"))) return st;
+  if ((st = lpl_absent(&h->rows, "head.rows", "a row of hidden is a token of the loss"))) return st;
   if ((st = lpl_absent(&l->logp, "loss.logp", "the head computes it"))) return st;
   if ((st = lpl_absent(&l->entropy, "loss.entropy", "the head computes it"))) return st;
   if ((st = lpl_absent(&l->grad_logp, "loss.grad_logp", "kept in the workspace"))) return st;

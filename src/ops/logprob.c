@@ -54,7 +54,8 @@ static const char *const lp_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LP_GRADS);
 
 /* The kernels' status bits are the API's. */
 _Static_assert(LP_STATUS_BAD_LABEL == RLK_LOGPROB_STATUS_BAD_LABEL &&
-                   LP_STATUS_LABEL_OWNERS == RLK_LOGPROB_STATUS_LABEL_OWNERS,
+                   LP_STATUS_LABEL_OWNERS == RLK_LOGPROB_STATUS_LABEL_OWNERS &&
+                   LP_STATUS_BAD_ROW == RLK_LOGPROB_STATUS_BAD_ROW,
                "logprob status bits: RLK_LOGPROB_STATUS_*");
 static const char *const lp_variant_names[] = {"auto", "vec", "bulk", "tma", NULL};
 static const char *const lp_pass_names[] = {"fwd", "bwd", "both", NULL};

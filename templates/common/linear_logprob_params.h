@@ -27,6 +27,12 @@
  *   stored_dz  u [M][V] (16-bit, row pitch u_stride, the logits kind's) to dz in place, with the
  *              records partials [ceil(V / 256)][M]; M rows from a chunk's first (labels, lse,
  *              g_lp, entropy, g_ent contiguous from there)
+ *   gather     a row selection's rows (rlk_linear_logprob's `rows`): out [n][pitch] = src's rows
+ *              rows[first + j] (j < n), of the spec's dtype; a row index outside [0, src_rows) or
+ *              not greater than the one before it gives a row of NaN and LP_STATUS_BAD_ROW
+ *   scatter    grad_hidden [N][H] by row: a selected row (found in rows [n], increasing) gets its
+ *              row of dh [n][dh_pitch] (f32 on a GPU, grad_hidden's dtype on the host), plus the
+ *              value it held when `add`; a row not selected gets 0 when `zero`, else stays
  * The forwards' logits (NULL: none): the raw logits h . w_v as f32 [N][logits_pitch], what
  * rlk_linear_sample draws from; labels may then be NULL (no label's logit in the records).
  * threshold (every kernel that folds or differentiates logits): NULL, or kept-set replay's f32
@@ -272,5 +278,33 @@ RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PAR
   F(S_, long long, ksplit, 120)        \
   F(S_, const float *, threshold, 128)
 #define RLK_LL_STORED_DZ_PARAMS_SIZE 136
+
+#define RLK_LL_GATHER_PARAMS(F, S_) \
+  F(S_, const void *, src, 0)       \
+  F(S_, long long, src_stride, 8)   \
+  F(S_, long long, src_rows, 16)    \
+  F(S_, long long, H, 24)           \
+  F(S_, const void *, rows, 32)     \
+  F(S_, long long, rows_stride, 40) \
+  F(S_, long long, first, 48)       \
+  F(S_, long long, n, 56)           \
+  F(S_, void *, out, 64)            \
+  F(S_, long long, pitch, 72)       \
+  F(S_, int *, status, 80)
+#define RLK_LL_GATHER_PARAMS_SIZE 88
+
+#define RLK_LL_SCATTER_PARAMS(F, S_) \
+  F(S_, const void *, dh, 0)         \
+  F(S_, long long, dh_pitch, 8)      \
+  F(S_, const void *, rows, 16)      \
+  F(S_, long long, rows_stride, 24)  \
+  F(S_, long long, n, 32)            \
+  F(S_, long long, N, 40)            \
+  F(S_, long long, H, 48)            \
+  F(S_, void *, grad_hidden, 56)     \
+  F(S_, long long, gh_stride, 64)    \
+  F(S_, int, add, 72)                \
+  F(S_, int, zero, 76)
+#define RLK_LL_SCATTER_PARAMS_SIZE 80
 
 #endif

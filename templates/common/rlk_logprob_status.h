@@ -6,7 +6,8 @@
 
 enum {
   LP_STATUS_BAD_LABEL = 1,   /* a label outside the vocabulary that is not ignore_index */
-  LP_STATUS_LABEL_OWNERS = 2 /* sharded: a label that two or more shards own */
+  LP_STATUS_LABEL_OWNERS = 2, /* sharded: a label that two or more shards own */
+  LP_STATUS_BAD_ROW = 4       /* a selected row outside hidden or not after the one before */
 };
 
 #endif

@@ -13,9 +13,11 @@ from .._tensor import Binder, Op, dim, compiling, traced
 from . import losses as _losses
 from .logprob import BACKWARD_INPUT_FIELDS, FORWARD_OUTPUT_FIELDS, LABEL_FIELDS, LogprobResult
 
-__all__ = ["LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
+__all__ = ["STATUS_BAD_ROW", "LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
            "linear_logprob_backward", "linear_logprob_partials", "LinearPolicyLossArgs",
            "LinearPolicyLossResult", "linear_policy_loss"]
+
+STATUS_BAD_ROW = 4  # RLK_LOGPROB_STATUS_BAD_ROW: a selected row outside hidden or not after the one before
 
 
 @T.c_enum("rlk_linear_logprob_variant", "RLK_LINEAR_LOGPROB_")
@@ -40,6 +42,7 @@ class LinearLogprobArgs(ctypes.Structure):
         ("vocab_start", ctypes.c_int64),
         ("partial_entropy", ctypes.c_int),
         ("threshold", T.Tensor),
+        ("rows", T.Tensor),
     ]
 
 
@@ -60,6 +63,7 @@ class LinearLogprobBackwardArgs(ctypes.Structure):
         ("shard", ctypes.c_int),
         ("vocab_start", ctypes.c_int64),
         ("threshold", T.Tensor),
+        ("rows", T.Tensor),
     ]
 
 
@@ -71,11 +75,13 @@ _LABELS = (T.DType.I32, T.DType.I64)
 _F32 = (T.DType.F32,)
 
 
-def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits, stages=None):
+def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, variant, splits, stages=None,
+          rows=None):
     """The head's inputs and settings into a (the rlk_linear_logprob_args at args field `prefix`,
-    "" for the call's own, or the backward's args: variant, splits and stages None); returns
-    hidden's rlk dtype."""
+    "" for the call's own, or the backward's args: variant, splits and stages None); rows: the
+    row selection (None: every row of hidden). Returns hidden's rlk dtype."""
     dt = b.set(prefix + "hidden", hidden, _HIDDEN)
+    b.set(prefix + "rows", rows, _LABELS, optional=True)
     b.set(prefix + "weight", weight, _HIDDEN)
     b.set(prefix + "labels", labels, _LABELS)
     if temperature is not None:
@@ -93,7 +99,7 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
 
 def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, ignore_index=None,
                    lse=True, status=None, variant=None, splits=None, stages=None, threshold=None,
-                   stream=None):
+                   rows=None, stream=None):
     """logp[i] = z[i, y_i] - lse[i] with z = hidden @ weight.T / temperature, accumulated in f32 on
     a GPU (fp64 on the host), never materialized (rlk_linear_logprob).
 
@@ -103,18 +109,22 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     (0: chosen); stages: the sm_90a kernel's operand stages, 2 to 4 (0: 4; with splits 0 too, the
     tuning database's winner). threshold: kept-set replay, f32 [N] (rlk.linear_sample's or
     rlk.sample's): each row's softmax over the raw logits at or above it and the label.
+    rows: a row selection, i32 or i64 [n] strictly increasing indices into hidden's rows (a mask's
+    nonzero positions): only those rows go through the head, labels (and threshold) are [n] and
+    so are the outputs, each the bits of the call on hidden[rows]; a bad index makes its row NaN
+    and sets STATUS_BAD_ROW in status.
     Returns LogprobResult(logp, lse or None, entropy or None)."""
     if compiling():
         return traced("linear_logprob", dict(
             hidden=hidden, weight=weight, labels=labels, entropy=entropy, temperature=temperature,
             ignore_index=ignore_index, lse=lse, status=status, variant=variant, splits=splits,
-            stages=stages, threshold=threshold, stream=stream))
+            stages=stages, threshold=threshold, rows=rows, stream=stream))
     b = Binder(OP)
     a = b.args
-    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages)
+    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages, rows)
     b.set("threshold", threshold, _F32, optional=True)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
-    n = dim(hidden, 0)
+    n = dim(hidden if rows is None else rows, 0)
     logp = b.empty((n,), T.DType.F32)
     b.set("logp", logp, _F32, output=True)
     lse_out = b.empty((n,), T.DType.F32) if lse else None
@@ -158,7 +168,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
                             entropy=None, *, temperature=None, ignore_index=None, grad_hidden=None,
                             grad_weight=None, want_hidden=True, want_weight=True, accumulate=False,
                             grad_dtype="f32", status=None, chunk=None, group=None, shard=False,
-                            vocab_start=0, threshold=None, stream=None):
+                            vocab_start=0, threshold=None, rows=None, stream=None):
     """grad_hidden = dz @ weight and grad_weight = dz.T @ hidden with
     dz = (g_lp (onehot(y) - p) - g_H p (z - E)) / temperature, the logits recomputed chunk by chunk
     (rlk_linear_logprob_backward). lse (and entropy, with grad_entropy) from the forward.
@@ -167,7 +177,9 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     tensor-parallel head and lse / entropy the combined ones; the gradients are this shard's.
     chunk (vocabulary columns at a time) and group (the sm_90a tile order's rows of tiles, 1 to
     64): 0 or None choose (with both unset, the tuning database's winner). threshold: the
-    kept-set forward's (p over each row's kept set).
+    kept-set forward's (p over each row's kept set). rows: the forward's row selection (labels,
+    lse and the upstream gradients [n]); grad_hidden keeps hidden's shape, the rows not selected
+    0 (or left as they are with accumulate=True).
     Returns (grad_hidden or None, grad_weight or None)."""
     if compiling():
         return traced("linear_logprob_backward", dict(
@@ -176,10 +188,10 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
             ignore_index=ignore_index, grad_hidden=grad_hidden, grad_weight=grad_weight,
             want_hidden=want_hidden, want_weight=want_weight, accumulate=accumulate,
             grad_dtype=grad_dtype, status=status, chunk=chunk, group=group, shard=shard,
-            vocab_start=vocab_start, threshold=threshold, stream=stream))
+            vocab_start=vocab_start, threshold=threshold, rows=rows, stream=stream))
     b = Binder(BACKWARD_OP)
     a = b.args
-    dt = _head(b, a, "", hidden, weight, labels, temperature, ignore_index, None, None)
+    dt = _head(b, a, "", hidden, weight, labels, temperature, ignore_index, None, None, rows=rows)
     b.set("lse", lse, _F32)
     b.set("grad_logp", grad_logp, _F32, optional=True)
     b.set("grad_entropy", grad_entropy, _F32, optional=True)
