@@ -4,7 +4,7 @@
 # divergence, the cluster loop on a GPU tree, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
 # .whl/ (a trainer the image lacks) go to a private site directory first.
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
-#   STEPS="tests head memory sample divergence overhead cluster accuracy step" limits what runs (default: tests divergence
+#   STEPS="tests head memory sample divergence overhead cluster kept accuracy step" limits what runs (default: tests divergence
 #   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
 # $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
 set -u
@@ -48,6 +48,7 @@ has overhead && bench overhead 40 python3 tools/bench/python_overhead.py --devic
   --json "$B/python_overhead_cuda.json"
 has cluster && bench cluster 120 python3 tools/cluster/kernel_tree.py --work "$B/kernel-tree" --targets sm_90a \
   --launch sm_90a --procs 64 -j "$(nproc)" --json "$B/kernel_tree.json"
+has kept && bench kept 90 python3 tools/bench/kept_set_bench.py --rounds 10 --json "$B/kept_set.json"
 has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$B/head_accuracy.json"
 has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --archs "${ARCHS:-qwen2.5-0.5b}" \
   --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" --responses "${RESPONSES:-512}" \

@@ -16,16 +16,16 @@ import math
 
 import torch
 
-from linear_divergence_bench import rlk, run_options, timer
+from linear_divergence_bench import head_shape, rlk, run_options, shape_option, timer
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
+    shape_option(ap)
     run_options(ap, 20, "the fused head's kernels (rlk_linear_logprob_variant)")
     a = ap.parse_args()
     dev = a.device
-    N, H, V = (int(x) for x in (a.shape or ("8192,4096,151936" if dev == "cuda" else "256,256,8191")).split(","))
+    N, H, V = head_shape(a)
     g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
     h = torch.randn(N, H, generator=g, device=dev).to(dt)

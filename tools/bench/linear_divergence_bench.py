@@ -105,14 +105,23 @@ def run_options(ap, rounds, variant_help):
     ap.add_argument("--json", default=None)
 
 
+def shape_option(ap):
+    """--shape N,H,V of a head bench (head_shape reads it)."""
+    ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
+
+
+def head_shape(a):
+    return tuple(int(x) for x in (a.shape or ("8192,4096,151936" if a.device == "cuda" else "256,256,8191")).split(","))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
+    shape_option(ap)
     ap.add_argument("--modes", default="fkl,rkl,jsd,topk")
     run_options(ap, 20, "rlk's forward kernels (rlk_linear_logprob_variant)")
     a = ap.parse_args()
     dev = a.device
-    N, H, V = (int(x) for x in (a.shape or ("8192,4096,151936" if dev == "cuda" else "256,256,8191")).split(","))
+    N, H, V = head_shape(a)
     g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
 
