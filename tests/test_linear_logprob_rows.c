@@ -373,8 +373,12 @@ static void llr_cases(rlk_context *ctx, llr_case c, const llr_grads *grads, size
     if (s == 0) sel[0] = c.N - 1; /* the last row alone */
     c.sel = sel;
     llr_check_forward(ctx, &c, rlk_test_rand_u64(rng));
-    for (size_t k = 0; k < ngrads; k++)
-      if (s >= 2 || k == 0) llr_check_backward(ctx, &c, &grads[k], rlk_test_rand_u64(rng));
+    for (size_t k = 0; k < ngrads; k++) {
+      /* a 16-bit gradient in hidden's dtype (the only 16-bit one the call takes) */
+      llr_grads g = grads[k];
+      if (g.gdt != RLK_F32) g.gdt = c.dt;
+      if (s >= 2 || k == 0) llr_check_backward(ctx, &c, &g, rlk_test_rand_u64(rng));
+    }
   }
   free(sel);
 }
