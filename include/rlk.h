@@ -1256,9 +1256,15 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
  *   dz[i, v] = (g_lp[i] (onehot(y_i)_v - p[i, v]) - g_H[i] p[i, v] (z[i, v] - E[i])) / T,
  *   grad_hidden = dz weight,  grad_weight = dz^T hidden.
  * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
- * chunk's dz lives in the workspace, never the whole [N, V]. Rows whose label is ignore_index
- * contribute nothing; a bad label makes the gradients NaN and sets the status bit. Deterministic:
- * a fixed chunk order, every output element written by one thread, no atomics. */
+ * chunk's dz lives in the workspace, never the whole [N, V]. On a GPU the rows go in blocks, in
+ * order, each over the whole vocabulary: one block while every row's share of the workspace (the
+ * f32 sum of a 16-bit grad_hidden row, a selection's gathered row, a row of dz 1024 columns wide)
+ * fits 288 MiB (16384 rows at H 4096 with 16-bit gradients), else blocks of a multiple of 128 rows
+ * that do, so that no N is too many (2^20 rows and more) and the workspace stays within the budget.
+ * A row's grad_hidden has the same bits in any block; grad_weight is summed block after block
+ * (a 16-bit grad_weight rounded after each). Rows whose label is ignore_index contribute nothing; a
+ * bad label makes the gradients NaN and sets the status bit. Deterministic: a fixed order of blocks
+ * and chunks, every output element written by one thread, no atomics. */
 typedef struct rlk_linear_logprob_backward_args {
   rlk_tensor hidden;    /* the forward's [N, H] */
   rlk_tensor weight;    /* the forward's [V, H] */
@@ -1305,17 +1311,20 @@ typedef struct rlk_linear_logprob_backward_args {
    * workspace (a bad index as in the forward). grad_hidden keeps hidden's shape [N_all, H]: a
    * selected row gets the gathered call's gradient row (bitwise; added to when accumulating), a
    * row not selected is written 0, or left as it is when accumulating. grad_weight is the
-   * gathered call's. */
+   * gathered call's while n rows run in one block of rows (below 288 MiB of workspace: about
+   * 11000 rows at H 4096 with 16-bit gradients); past it, the blocks count the gathered rows
+   * and group the sum otherwise. */
   rlk_tensor rows;
 } rlk_linear_logprob_backward_args;
 
 /* Defaults: temperature 1, ignore_index -100, overwrite, chunk 0, group 0, every tensor absent. */
 RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_args *args);
 
-/* Bytes of workspace the backward needs (dz of one chunk, f32 or on sm_90a the inputs' 16-bit
- * dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU; an f32 grad_hidden holds its own sum;
- * 0 on the host backend). A row selection adds its gathered rows and, on a GPU, the f32 sum of
- * its grad_hidden rows whatever its dtype; on the host its grad_hidden rows in their dtype. */
+/* Bytes of workspace the backward needs (for a block of rows: dz of one chunk, f32 or on sm_90a the
+ * inputs' 16-bit dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU, within 288 MiB unless
+ * `chunk` asks for more; an f32 grad_hidden holds its own sum; 0 on the host backend). A row
+ * selection adds its gathered rows and, on a GPU, the f32 sum of its grad_hidden rows whatever its
+ * dtype (within the same budget); on the host its grad_hidden rows in their dtype. */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);

@@ -570,6 +570,49 @@ START_TEST(records_from_v_alone) {
 }
 END_TEST
 
+/* The backward's blocks of rows: every N (to 2^20) within the 288 MiB budget, f32 and bf16
+ * gradients, with and without a row selection (whose gathered rows count); one block while the
+ * rows fit, else blocks of a multiple of 128 rows; the selection plans its blocks by n as the call
+ * on its gathered rows does. Through the call's size query on sm_90a (a compile-only context). */
+START_TEST(backward_workspace_any_n) {
+  static const int64_t Ns[] = {1, 3, 255, 4096, 16384, 16385, 65536, 100000, (int64_t)1 << 20};
+  for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+    const int64_t N = Ns[k], per = 4 * 4096 + 2 * 1024, rows = rlk_ll_bwd_block_rows(N, per, 0, (int64_t)288 << 20);
+    ck_assert(rows == N || (rows % 128 == 0 && rows >= 128 && rows < N));
+    ck_assert_int_le(rows * per, (int64_t)288 << 20); /* one block only while all rows fit */
+  }
+  ck_assert_int_eq(rlk_ll_bwd_block_rows(16384, 4 * 4096, 2 * 1024, (int64_t)288 << 20), 16384);
+  ck_assert_int_eq(rlk_ll_bwd_block_rows(1000, 1 << 20, 0, 1 << 20), 128); /* at least 128 rows */
+  rlk_context *ctx = rlk_test_compile_only_cuda_context("sm_90a", "backward blocks");
+  if (!ctx) return;
+  char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
+  const int64_t H = 4096, V = 151936;
+  const size_t budget = (size_t)288 << 20;
+  for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++)
+    for (int g = 0; g < 2; g++)
+      for (int sel = 0; sel < 2; sel++) {
+        const int64_t N = Ns[k];
+        const rlk_dtype gdt = g ? RLK_BF16 : RLK_F32;
+        rlk_linear_logprob_backward_args b;
+        rlk_linear_logprob_backward_args_init(&b);
+        b.hidden = rlk_tensor_2d(fake, RLK_BF16, sel ? N + 7 : N, H, H);
+        b.weight = rlk_tensor_2d(fake + ((int64_t)1 << 34), RLK_BF16, V, H, H);
+        b.labels = rlk_tensor_1d(fake + ((int64_t)1 << 35), RLK_I64, N);
+        b.lse = rlk_tensor_1d(fake + ((int64_t)1 << 36), RLK_F32, N);
+        b.grad_logp = rlk_tensor_1d(fake + ((int64_t)1 << 37), RLK_F32, N);
+        b.grad_hidden = rlk_tensor_2d(fake + ((int64_t)1 << 38), gdt, sel ? N + 7 : N, H, H);
+        b.grad_weight = rlk_tensor_2d(fake + ((int64_t)1 << 39), gdt, V, H, H);
+        if (sel) b.rows = rlk_tensor_1d(fake + ((int64_t)1 << 40), RLK_I64, N);
+        size_t bytes = 0;
+        ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &bytes) == RLK_OK, "%s", rlk_last_error());
+        ck_assert_msg(bytes <= budget, "N %lld grad %s rows %d: %zu bytes of workspace over the budget", (long long)N,
+                      rlk_dtype_name(gdt), sel, bytes);
+        ck_assert(bytes > 0);
+      }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------- */
 /* RLK_INVARIANT=1                                                                     */
 /* ---------------------------------------------------------------------------------- */
@@ -665,7 +708,7 @@ END_TEST
 
 Suite *invariance_suite(void) {
   Suite *s = suite_create("invariance");
-  rlk_test_add_case(s, "host", 300, TESTS(host_linear_logprob, host_logits, records_from_v_alone,
+  rlk_test_add_case(s, "host", 300, TESTS(host_linear_logprob, host_logits, records_from_v_alone, backward_workspace_any_n,
       invariant_mode_refuses));
   rlk_test_add_case(s, "gpu", 1800, TESTS(gpu_linear_logprob, gpu_logits));
   return s;

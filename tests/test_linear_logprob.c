@@ -205,6 +205,7 @@ typedef struct ll_bcase {
   int accumulate, chunk, ignored;
   float T;
   int64_t gh_pad; /* grad_hidden's row stride is H + gh_pad (the padding must stay untouched) */
+  int blocked;    /* the backward's budget at its least: its rows in blocks of 128 */
 } ll_bcase;
 
 static double ll_load16(const void *p, rlk_dtype d, int64_t i) {
@@ -234,6 +235,7 @@ typedef struct ll_gradref {
   const double *dg_lp, *dg_H;
   double fwd_eps;
   int stored;
+  int64_t blocks; /* the backward's blocks of rows at most (0: one): each rounds a 16-bit grad_weight */
 } ll_gradref;
 
 /* f32 sums of K products on any path: wgmma adds each k16 group into its f32 accumulator and
@@ -331,8 +333,12 @@ static void ll_check_grads(rlk_context *ctx, const ll_gradref *c) {
       /* grad_hidden's sum over the vocabulary is one chain that starts from what the output held
        * when accumulating: every addition of the chain rounds at a magnitude that includes it */
       const double chain = q == 0 ? fabs(prior) : 0.0;
+      /* blocks of rows: a 16-bit grad_weight rounds its partial sum (at most |prior| plus the sum
+       * of |terms|) after each block but the last */
+      const double blocks = q == 1 && c->gdt != RLK_F32 && c->blocks > 1 ? (double)(c->blocks - 1) : 0.0;
       const double tol = (prop[i] + g_sum * (mag[i] + chain)) * (1.0 + 2.0 * u_out) +
-                         u_out * (fabs(ref[i]) + fabs(want)) + a_out;
+                         u_out * (fabs(ref[i]) + fabs(want)) + a_out +
+                         blocks * (u_out * (mag[i] + fabs(prior)) + a_out);
       worst = err > worst ? err : worst;
       if (tol > 0 && err / tol > worst_ratio) worst_ratio = err / tol;
       ck_assert_msg(err <= tol,
@@ -421,9 +427,12 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
   b.accumulate = c->accumulate;
   b.chunk = c->chunk;
   size_t bwb = 0;
+  if (c->blocked) rlk_ll_bwd_set_budget(1);
   rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &bwb), &bwb, &b.workspace,
                      &b.workspace_bytes);
-  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  const rlk_status bst = rlk_linear_logprob_backward(ctx, &b, NULL);
+  rlk_ll_bwd_set_budget(0);
+  ck_assert_msg(bst == RLK_OK, "%s", rlk_last_error());
   if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   void *got_h = malloc((size_t)(N * H) * gs), *got_w = malloc((size_t)(V * H) * gs);
   unsigned char *got_rows = malloc((size_t)(N * ghs) * gs);
@@ -444,8 +453,9 @@ static void ll_bwd_check(rlk_context *ctx, const ll_bcase *c, uint64_t seed, int
       g1[i] = c->g_lp ? glp[i] : 0.0;
       g2[i] = c->g_h ? gH[i] : 0.0;
     }
-    const ll_gradref r = {h, w, c->dt, lab, N, V, H, c->T, g1, g2, c->gdt, c->want_gh ? got_h : NULL,
-                          c->want_gw ? got_w : NULL, gh0, gw0, c->accumulate};
+    ll_gradref r = {h, w, c->dt, lab, N, V, H, c->T, g1, g2, c->gdt, c->want_gh ? got_h : NULL,
+                    c->want_gw ? got_w : NULL, gh0, gw0, c->accumulate};
+    r.blocks = c->blocked ? (N + 127) / 128 : 1;
     ll_check_grads(ctx, &r);
     free(g1), free(g2);
   }
@@ -1258,7 +1268,21 @@ static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   ll_bwd_check(ctx, &r, seed + 6, 0, &h2, &w2);
   ck_assert(memcmp(h1, h2, 129 * 200 * 2) == 0);
   ck_assert(memcmp(w1, w2, 5000 * 200 * 2) == 0);
+  free(h2), free(w2);
+  /* blocks of 128 rows (the backward's budget at its least, as beyond about 16384 rows at H 4096):
+   * grad_hidden's rows bitwise the one block's, and every gradient within its bound (grad_weight
+   * summed block after block); 16-bit gradients added to on sm_90a, an f32 grad_hidden that holds
+   * its own sum in padded rows, and the portable kernels (rows of 2060 f16 have no tensor map) */
+  r.blocked = 1;
+  ll_bwd_check(ctx, &r, seed + 6, 1, &h2, &w2);
+  ck_assert_msg(memcmp(h1, h2, 129 * 200 * 2) == 0, "grad_hidden: a row's bits changed with the blocks of rows");
   free(h1), free(w1), free(h2), free(w2);
+  ll_bcase mb = m, pb = pad, tb = tall;
+  mb.blocked = pb.blocked = tb.blocked = 1;
+  pb.accumulate = 1;
+  ll_bwd_check(ctx, &mb, seed + 28, 1, NULL, NULL);
+  ll_bwd_check(ctx, &pb, seed + 29, 1, NULL, NULL);
+  ll_bwd_check(ctx, &tb, seed + 30, 1, NULL, NULL);
   /* the whole policy loss from hidden states: the wgmma kernels (rows of 128 bytes and more),
    * recomputing the logits; then the token chunks on sm_90 (three chunks, the last of 4 rows;
    * then V and H off every tile, chunks of 256, 256 and 88 rows; then the call's own rows, one

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "linear_logprob_check.h"
+#include "ops/linear_logprob_plan.h"
 #include "ops/linear_logprob_rows.h"
 #include "ops/ops.h"
 #include "ref/linear_logprob_ref.h"
@@ -421,6 +422,12 @@ static void cases_rows(rlk_context *ctx, uint64_t *rng) {
     llr_cases(ctx, c, llr_grad_kinds, 3, rng);
     c = (llr_case){500, 3001, 45, 5, RLK_F16, RLK_I32, 2, NULL, 0, RLK_LINEAR_LOGPROB_AUTO};
     llr_cases(ctx, c, llr_grad_kinds, 3, rng);
+    /* the backward in blocks of 128 selected rows (its budget at its least), the gathered call's
+     * alike: grad_hidden by row and grad_weight summed block after block, the same bits */
+    rlk_ll_bwd_set_budget(1);
+    c = (llr_case){700, 3001, 256, 0, RLK_BF16, RLK_I64, 1, NULL, 0, RLK_LINEAR_LOGPROB_AUTO};
+    llr_cases(ctx, c, llr_grad_kinds, 3, rng);
+    rlk_ll_bwd_set_budget(0);
   }
   /* a call cut into launches of 128 rows (the gathered rows' budget at its least) */
   int64_t sel[300];

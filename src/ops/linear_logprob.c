@@ -642,6 +642,11 @@ static const rlk_template ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logpr
  * grad_hidden sum for a 16-bit grad_hidden (0.28 GiB, under the 0.3 GiB a trainer budgets beside
  * its activations). */
 #define LL_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
+/* The narrowest dz chunk a block of rows is sized for: 1024 columns keep the grad_weight product
+ * of a chunk (1024 x H tiles of 128 x 256) near a wave of an H200's multiprocessors at H 4096. */
+#define LL_BWD_BLOCK_COLS 1024
+static int64_t ll_bwd_budget = LL_BWD_WORKSPACE_BYTES; /* rlk_ll_bwd_set_budget */
+void rlk_ll_bwd_set_budget(int64_t bytes) { ll_bwd_budget = bytes > 0 ? bytes : LL_BWD_WORKSPACE_BYTES; }
 
 /* What selects the backward's kernels: gh / gw are -1 for an absent gradient; sm90: the wgmma
  * kernels (an sm_90a target, tensor maps for hidden and weight). */
@@ -704,6 +709,7 @@ typedef struct ll_bwd_call {
   int group; /* the sm_90a tile order's rows of tiles */
   ll_bwd_config c;
   size_t dh_bytes, dz_bytes;
+  int64_t block; /* the GPU's rows a block (all of them in one when they fit) */
   rlk_ll_rows r;
   int64_t hidden_stride;
   size_t gathered_at, rows_grad_at;
@@ -853,16 +859,22 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   const int64_t tile = k->c.sm90 ? LL_SM90_BN : LL_TILE, dzs = k->c.sm90 ? 2 : 4;
   /* an f32 grad_hidden is its own sum (but for a selection's, which scatter writes by row); a
    * 16-bit one needs the sum in the workspace */
-  k->dh_bytes = k->c.gh > 0 || (k->c.gh == 0 && k->r.data) ? ll_align256((size_t)(k->h.N * k->h.H) * 4u) : 0;
-  const size_t gathered = k->r.data ? rlk_ll_rows_bytes(k->h.N, k->r.pitch, 2) : 0;
+  const int64_t sum_row = k->c.gh > 0 || (k->c.gh == 0 && k->r.data) ? 4 * k->h.H : 0,
+                gathered_row = k->r.data ? 2 * k->r.pitch : 0;
+  /* the rows go in blocks whose sums, gathered rows and a dz of LL_BWD_BLOCK_COLS columns fit the
+   * budget (all in one while they do), so that the workspace follows a block, not N */
+  k->block = rlk_ll_bwd_block_rows(k->h.N, sum_row + gathered_row, dzs * LL_BWD_BLOCK_COLS, ll_bwd_budget);
+  const int64_t R = k->block;
+  k->dh_bytes = ll_align256((size_t)(R * sum_row));
+  const size_t gathered = k->r.data ? rlk_ll_rows_bytes(R, k->r.pitch, 2) : 0;
   /* dz within what the sum and the gathered rows leave of the budget; the sm_90a kernels' width
    * from their cost model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
-  rlk_ll_chunk_problem cp = {k->h.N, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0, ctx->target.multiprocessors, 0};
+  rlk_ll_chunk_problem cp = {R, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0, ctx->target.multiprocessors, 0};
   const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile,
-                                         LL_BWD_WORKSPACE_BYTES - (int64_t)(k->dh_bytes + gathered), dzs * k->h.N,
+                                         ll_bwd_budget - (int64_t)(k->dh_bytes + gathered), dzs * R,
                                          k->c.sm90 ? &cp : NULL);
   k->chunk = chunk;
-  k->dz_bytes = ll_align256((size_t)(k->h.N * chunk * dzs));
+  k->dz_bytes = ll_align256((size_t)(R * chunk * dzs));
   k->gathered_at = k->dh_bytes + k->dz_bytes;
   call->workspace = k->gathered_at + gathered;
   return ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
@@ -882,7 +894,7 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
     (x).entropy = ent, (x).ent_s = k->ent_s, (x).g_ent = gent, (x).gent_s = k->gent_s;               \
     (x).status = status, (x).vocab_start = a->vocab_start;                                           \
     (x).temperature = a->temperature, (x).shard = a->shard;                                          \
-    (x).threshold = (const float *)a->threshold.data;                                                \
+    (x).threshold = thr;                                                                             \
   } while (0)
 
 /* grad_hidden (+)= the f32 sum dh of the workspace. */
@@ -892,17 +904,6 @@ static rlk_status ll_bwd_dh_out(rlk_context *ctx, const rlk_kernel_spec *spec, c
       .dh = dh, .N = N, .H = H, .grad_hidden = gh, .gh_stride = ghs, .accumulate = accumulate};
   rlk_launch_dims d = rlk_op_grid((uint64_t)((N * H + LL_THREADS - 1) / LL_THREADS), 1, 1, LL_THREADS, 0);
   return rlk_context_launch_params(ctx, spec, &d, stream, &o);
-}
-
-/* grad_hidden from the f32 sum dh at the end: a selection's by row (16-bit ones added to when
- * accumulating, an f32 one's sum started from them), else through dh_out where it runs. */
-static rlk_status ll_bwd_grad_hidden(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
-                                     const ll_bwd_call *k, const rlk_kernel_spec *s_out, const float *dh, void *stream) {
-  if (k->r.data && a->grad_hidden.data)
-    return rlk_ll_scatter(ctx, &k->r, k->c.gh, dh, k->h.H, k->h.H, a->grad_hidden.data, k->ghs,
-                          a->accumulate && k->c.gh > 0, !a->accumulate, stream);
-  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, k->h.N, k->h.H, a->grad_hidden.data, k->ghs, a->accumulate, stream)
-               : RLK_OK;
 }
 
 /* One linear_logprob_bwd_sm90 product of g.M x g.Nn over g.K (g's tensor maps set): tiles of
@@ -919,67 +920,87 @@ static rlk_status ll_bwd_sm90_launch(rlk_context *ctx, const rlk_kernel_spec *sp
   return rlk_context_launch_params(ctx, spec, &d, stream, g);
 }
 
-/* The chunks of the vocabulary in order: dz of the chunk (recomputed logits), the f32 sum of
- * grad_hidden, grad_weight's rows of the chunk; then a 16-bit grad_hidden from its sum. The host's
- * one fp64 kernel. */
-static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
-  const rlk_linear_logprob_backward_args *a = args;
-  const ll_bwd_call *k = (const ll_bwd_call *)call;
+/* The host's one fp64 kernel over every row (a selection's rows gathered first, and its grad_hidden
+ * rows written by row after). */
+static rlk_status ll_bwd_host(rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k,
+                              const rlk_kernel_spec *spec, void *stream) {
   rlk_status st;
-  if (rlk_record_enabled() && (k->c.gh == 0 || k->c.gw == 0) && (k->c.gh > 0 || k->c.gw > 0)) {
-    rlk_op_values same = call->vals;
-    same.v[LL_S_GRAD] = 1;
-    rlk_record_op(&rlk_op_linear_logprob, &same);
-  }
-  const rlk_kernel_spec *specs = call->specs;
-  const size_t nspecs = call->nspecs;
   const void *hidden = a->hidden.data, *weight = a->weight.data, *labels = a->labels.data;
   const int64_t N = k->h.N, V = k->h.V, H = k->h.H;
   const float *lse = (const float *)a->lse.data, *glp = (const float *)a->grad_logp.data,
-              *ent = (const float *)a->entropy.data, *gent = (const float *)a->grad_entropy.data;
-  if (!k->c.entropy) ent = NULL;
+              *ent = k->c.entropy ? (const float *)a->entropy.data : NULL, *gent = (const float *)a->grad_entropy.data,
+              *thr = (const float *)a->threshold.data;
   void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
   int *status = (int *)a->status.data;
-  /* a row selection: the products read its rows gathered into the workspace */
+  /* a selection's grad_hidden rows as the gathered call writes them (from the rows' held values
+   * when accumulating), then written by row */
+  void *rows_gh = gh;
+  int64_t rows_ghs = k->ghs;
   if (k->r.data) {
     void *gathered = (char *)a->workspace + k->gathered_at;
     if ((st = rlk_ll_gather(ctx, &k->r, k->c.hidden, hidden, k->hidden_stride, H, 0, N, gathered, k->r.pitch, status,
                             stream)))
       return st;
     hidden = gathered;
-  }
-
-  if (ctx->kind == RLK_BACKEND_HOST) {
-    /* a selection's grad_hidden rows as the gathered call writes them (from the rows' held values
-     * when accumulating), then written by row */
-    void *rows_gh = gh;
-    int64_t rows_ghs = k->ghs;
-    if (k->r.data && gh) {
+    if (gh) {
       rows_gh = (char *)a->workspace + k->rows_grad_at;
       rows_ghs = H;
       if (a->accumulate &&
           (st = rlk_ll_gather(ctx, &k->r, k->c.gh, gh, k->ghs, H, 0, N, rows_gh, H, status, stream)))
         return st;
     }
-    ll_bwd_host_args h = {0};
-    LL_BWD_ROW_INPUTS(h);
-    h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
-    h.grad_hidden = rows_gh, h.gh_stride = rows_ghs, h.grad_weight = gw, h.gw_stride = k->gws;
-    h.accumulate = a->accumulate;
-    rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
-    if ((st = rlk_context_launch_params(ctx, &specs[0], &d, stream, &h))) return st;
-    return rows_gh != gh ? rlk_ll_scatter(ctx, &k->r, k->c.gh, rows_gh, H, H, gh, k->ghs, 0, !a->accumulate, stream)
-                         : RLK_OK;
   }
-  /* the f32 grad_hidden sum: grad_hidden itself (its row stride; the first chunk adds to it only
-   * when accumulating), or the workspace's (rows of H, converted by dh_out or, for a selection,
-   * written by row at the end: an f32 selection's sum starts from what its rows held when
-   * accumulating, as the gathered call's does) */
+  ll_bwd_host_args h = {0};
+  LL_BWD_ROW_INPUTS(h);
+  h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
+  h.grad_hidden = rows_gh, h.gh_stride = rows_ghs, h.grad_weight = gw, h.gw_stride = k->gws;
+  h.accumulate = a->accumulate;
+  rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
+  if ((st = rlk_context_launch_params(ctx, spec, &d, stream, &h))) return st;
+  return rows_gh != gh ? rlk_ll_scatter(ctx, &k->r, k->c.gh, rows_gh, H, H, gh, k->ghs, 0, !a->accumulate, stream)
+                       : RLK_OK;
+}
+
+/* Row r0 of a per-row f32 input `stride` apart (NULL stays NULL). */
+static const float *ll_row_at(const void *p, int64_t r0, int64_t stride) {
+  return p ? (const float *)p + r0 * stride : NULL;
+}
+
+/* One block of the GPU backward, rows [r0, r0 + N) (the call's selected rows with a selection):
+ * the chunks of the vocabulary in order: dz of the chunk (recomputed logits), the f32 sum of the
+ * block's grad_hidden rows, grad_weight's rows of the chunk (written by the first block unless
+ * accumulating, added to by the others); then the block's grad_hidden rows from their sum (a
+ * 16-bit one's, or a selection's by row). */
+static rlk_status ll_bwd_block(rlk_context *ctx, const rlk_linear_logprob_backward_args *a, const ll_bwd_call *k,
+                               const rlk_kernel_spec *specs, size_t nspecs, int64_t r0, int64_t N, void *stream) {
+  rlk_status st;
+  const int64_t V = k->h.V, H = k->h.H;
+  const void *weight = a->weight.data;
+  const void *labels = (const char *)a->labels.data + (size_t)(r0 * k->h.ls) * rlk_dtype_size(a->labels.dtype);
+  const float *lse = ll_row_at(a->lse.data, r0, k->lse_s), *glp = ll_row_at(a->grad_logp.data, r0, k->glp_s),
+              *ent = k->c.entropy ? ll_row_at(a->entropy.data, r0, k->ent_s) : NULL,
+              *gent = ll_row_at(a->grad_entropy.data, r0, k->gent_s), *thr = ll_row_at(a->threshold.data, r0, 1);
+  void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
+  int *status = (int *)a->status.data;
+  /* the products read the block's rows: a selection's gathered into the workspace */
+  const void *hidden = (const char *)a->hidden.data + (size_t)(r0 * k->h.hs) * 2u;
+  if (k->r.data) {
+    void *gathered = (char *)a->workspace + k->gathered_at;
+    if ((st = rlk_ll_gather(ctx, &k->r, k->c.hidden, a->hidden.data, k->hidden_stride, H, r0, N, gathered, k->r.pitch,
+                            status, stream)))
+      return st;
+    hidden = gathered;
+  }
+  const int gw_add = a->accumulate || r0 > 0;
+  /* the f32 grad_hidden sum: grad_hidden's rows themselves (its row stride; the first chunk adds to
+   * them only when accumulating), or the workspace's (rows of H, converted by dh_out or, for a
+   * selection, written by row at the end: an f32 selection's sum starts from what its rows held
+   * when accumulating, as the gathered call's does) */
   const int dh_direct = k->c.gh == 0 && !k->r.data, seeded = gh && k->r.data && k->c.gh == 0 && a->accumulate;
-  float *dh = !gh ? NULL : dh_direct ? (float *)gh : (float *)a->workspace;
+  float *dh = !gh ? NULL : dh_direct ? (float *)gh + r0 * k->ghs : (float *)a->workspace;
   const int64_t dhs = dh_direct ? k->ghs : H;
   const int dh_add_first = (dh_direct || seeded) && a->accumulate;
-  if (seeded && (st = rlk_ll_gather(ctx, &k->r, RLK_DT_F32, gh, k->ghs, H, 0, N, dh, H, status, stream))) return st;
+  if (seeded && (st = rlk_ll_gather(ctx, &k->r, RLK_DT_F32, gh, k->ghs, H, r0, N, dh, H, status, stream))) return st;
   float *dz = (float *)((char *)a->workspace + k->dh_bytes);
   const rlk_kernel_spec *s_dz = &specs[0], *s_dh = gh ? &specs[1] : NULL,
                         *s_out = gh && !dh_direct && !k->r.data ? &specs[2] : NULL, *s_dw = gw ? &specs[nspecs - 1] : NULL;
@@ -999,7 +1020,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     /* dh's sum and grad_weight leave through shared staging and TMA where a map describes them */
     const rlk_tma_desc_request r_dh = ll_tma_req_f32(dh, N, H, dhs);
     /* a 16-bit grad_weight that is added to keeps the register path */
-    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k->c.gw == 0 || !a->accumulate);
+    const int dh_staged = s_dh && ll_tma_ok(&r_dh), gw_staged = s_dw && (k->c.gw == 0 || !gw_add);
     if (dh_staged && (st = rlk_context_tensor_map(ctx, &r_dh, &m_dh))) return st;
     ll_bwd_sm90_args g = {0};
     LL_BWD_ROW_INPUTS(g);
@@ -1033,41 +1054,72 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
         g.staged = gw_staged && ll_tma_ok(&r_gw);
         g.map_a = m_zmn, g.map_b = m_hmn, g.map_c = m_zmn, g.map_d = m_zmn;
         if (g.staged && (st = rlk_context_tensor_map(ctx, &r_gw, &g.map_c))) return st;
-        g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k->gws, g.accumulate = a->accumulate;
+        g.M = nv, g.Nn = H, g.K = N, g.out = gw, g.out_stride = k->gws, g.accumulate = gw_add;
         if ((st = ll_bwd_sm90_launch(ctx, s_dw, &g, g.staged ? LL_BWD_SM90_SMEM_STAGED : LL_BWD_SM90_SMEM, stream)))
           return st;
       }
     }
-    return ll_bwd_grad_hidden(ctx, a, k, s_out, dh, stream);
-  }
-  const uint64_t rb = (uint64_t)((N + LL_TILE - 1) / LL_TILE);
-  const uint64_t hb = (uint64_t)((H + LL_TILE - 1) / LL_TILE);
-  for (int64_t c0 = 0; c0 < V; c0 += Vc) {
-    const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
-    const uint64_t vb = (uint64_t)((nv + LL_TILE - 1) / LL_TILE);
-    ll_bwd_dz_args z = {0};
-    LL_BWD_ROW_INPUTS(z);
-    z.hidden = hidden, z.h_stride = k->h.hs, z.weight = weight, z.w_stride = k->h.ws;
-    z.N = N, z.H = H, z.c0 = c0, z.Vc = Vc, z.dz = dz;
-    rlk_launch_dims d = rlk_op_grid(rb, vb, 1, LL_THREADS, 0);
-    if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
-    /* the two products of the chunk share their first arguments (RLK_LL_CHUNK_PRODUCT) */
-    if (s_dh) {
-      const ll_bwd_dh_args h = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
-                                .weight = weight, .w_stride = k->h.ws,
-                                .dh = dh, .dh_stride = dhs, .beta = c0 || dh_add_first ? 1.0f : 0.0f};
-      d = rlk_op_grid(rb, hb, 1, LL_THREADS, 0);
-      if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
+  } else {
+    const uint64_t rb = (uint64_t)((N + LL_TILE - 1) / LL_TILE);
+    const uint64_t hb = (uint64_t)((H + LL_TILE - 1) / LL_TILE);
+    for (int64_t c0 = 0; c0 < V; c0 += Vc) {
+      const int64_t nv = V - c0 < Vc ? V - c0 : Vc;
+      const uint64_t vb = (uint64_t)((nv + LL_TILE - 1) / LL_TILE);
+      ll_bwd_dz_args z = {0};
+      LL_BWD_ROW_INPUTS(z);
+      z.hidden = hidden, z.h_stride = k->h.hs, z.weight = weight, z.w_stride = k->h.ws;
+      z.N = N, z.H = H, z.c0 = c0, z.Vc = Vc, z.dz = dz;
+      rlk_launch_dims d = rlk_op_grid(rb, vb, 1, LL_THREADS, 0);
+      if ((st = rlk_context_launch_params(ctx, s_dz, &d, stream, &z))) return st;
+      /* the two products of the chunk share their first arguments (RLK_LL_CHUNK_PRODUCT) */
+      if (s_dh) {
+        const ll_bwd_dh_args h = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
+                                  .weight = weight, .w_stride = k->h.ws,
+                                  .dh = dh, .dh_stride = dhs, .beta = c0 || dh_add_first ? 1.0f : 0.0f};
+        d = rlk_op_grid(rb, hb, 1, LL_THREADS, 0);
+        if ((st = rlk_context_launch_params(ctx, s_dh, &d, stream, &h))) return st;
+      }
+      if (s_dw) {
+        const ll_bwd_dw_args w = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
+                                  .hidden = hidden, .h_stride = k->h.hs,
+                                  .grad_weight = gw, .gw_stride = k->gws, .accumulate = gw_add};
+        d = rlk_op_grid(vb, hb, 1, LL_THREADS, 0);
+        if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
+      }
     }
-    if (s_dw) {
-      const ll_bwd_dw_args w = {.dz = dz, .Vc = Vc, .nv = nv, .c0 = c0, .N = N, .H = H,
-                                .hidden = hidden, .h_stride = k->h.hs,
-                                .grad_weight = gw, .gw_stride = k->gws, .accumulate = a->accumulate};
-      d = rlk_op_grid(vb, hb, 1, LL_THREADS, 0);
-      if ((st = rlk_context_launch_params(ctx, s_dw, &d, stream, &w))) return st;
-    }
   }
-  return ll_bwd_grad_hidden(ctx, a, k, s_out, dh, stream);
+  if (!gh) return RLK_OK;
+  if (k->r.data) {
+    /* the block's part of the selection, by row: the first block writes 0 over every row not in
+     * it (the later blocks' rows are written again by their own), the others only their rows */
+    rlk_ll_rows part = k->r;
+    part.data = (const char *)k->r.data + (size_t)(r0 * k->r.stride) * rlk_dtype_size(k->r.dtype);
+    part.n = N;
+    return rlk_ll_scatter(ctx, &part, k->c.gh, dh, H, H, gh, k->ghs, a->accumulate && k->c.gh > 0,
+                          !a->accumulate && r0 == 0, stream);
+  }
+  return s_out ? ll_bwd_dh_out(ctx, s_out, dh, N, H, (char *)gh + (size_t)(r0 * k->ghs) * rlk_dtype_size(a->grad_hidden.dtype),
+                               k->ghs, a->accumulate, stream)
+               : RLK_OK;
+}
+
+/* The host's one kernel, or the GPU's blocks of rows in order (one block while the workspace
+ * holds all rows' sums and a chunk's dz). */
+static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call *call, void *stream) {
+  const rlk_linear_logprob_backward_args *a = args;
+  const ll_bwd_call *k = (const ll_bwd_call *)call;
+  rlk_status st;
+  if (rlk_record_enabled() && (k->c.gh == 0 || k->c.gw == 0) && (k->c.gh > 0 || k->c.gw > 0)) {
+    rlk_op_values same = call->vals;
+    same.v[LL_S_GRAD] = 1;
+    rlk_record_op(&rlk_op_linear_logprob, &same);
+  }
+  if (ctx->kind == RLK_BACKEND_HOST) return ll_bwd_host(ctx, a, k, &call->specs[0], stream);
+  for (int64_t r0 = 0; r0 < k->h.N; r0 += k->block) {
+    const int64_t n = k->h.N - r0 < k->block ? k->h.N - r0 : k->block;
+    if ((st = ll_bwd_block(ctx, a, k, call->specs, call->nspecs, r0, n, stream))) return st;
+  }
+  return RLK_OK;
 }
 
 static const rlk_arg_field ll_bwd_fields[] = {

@@ -78,6 +78,13 @@ int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p) {
   return best;
 }
 
+int64_t rlk_ll_bwd_block_rows(int64_t N, int64_t sum_row, int64_t dz_row, int64_t budget) {
+  const int64_t per = sum_row + dz_row;
+  if (per <= 0 || N <= budget / per) return N;
+  const int64_t rows = budget / per / 128 * 128;
+  return rows < 128 ? 128 : rows;
+}
+
 int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, int64_t column_bytes,
                          rlk_ll_chunk_problem *sm90) {
   const int64_t vpad = llp_ceil(V, tile) * tile;

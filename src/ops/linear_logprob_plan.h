@@ -85,6 +85,17 @@ int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p);
 int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, int64_t column_bytes,
                          rlk_ll_chunk_problem *sm90);
 
+/* The backward's rows a block: all N while N rows of `sum_row` bytes (the f32 sum of a 16-bit
+ * grad_hidden, a selection's gathered row) and `dz_row` bytes (their dz in a chunk of the narrowest width the block is sized
+ * for) fit `budget` bytes; else the most rows, a multiple of 128 (the sm_90a tile's; at least
+ * 128), that do. The blocks run in order, each over the whole vocabulary: a row's grad_hidden is
+ * its block's, with the same bits in any block; grad_weight is summed block after block. */
+int64_t rlk_ll_bwd_block_rows(int64_t N, int64_t sum_row, int64_t dz_row, int64_t budget);
+
+/* The budget rlk_linear_logprob_backward sizes its blocks and chunks by: `bytes`, or 288 MiB for
+ * 0 (tests cut a call into blocks with it). */
+void rlk_ll_bwd_set_budget(int64_t bytes);
+
 /* rlk_linear_policy_loss's token chunks (sm_90a): the rows of a chunk (a multiple of 64, from
  * half of `widest` to `widest`, at most N rounded up to 64) that minimize the same model over the
  * chunk's three launches: the logits (rows x V, K = H), dh (rows x H, K = V) and dw (V x H,
