@@ -1229,8 +1229,9 @@ typedef struct rlk_linear_logprob_args {
    * kernel copies each launch's selected rows into the workspace (rows of H rounded up to 8
    * elements, at most 64 MiB of them a launch) and the call runs on them: a row's bits are those
    * of the call on hidden[rows] laid out so (for H a multiple of 8, a contiguous copy). An index
-   * out of range or not above the one before it makes its row's hidden states NaN (its outputs
-   * NaN) and sets RLK_LOGPROB_STATUS_BAD_ROW in *status (in the shard form too); n is at least 1
+   * out of range or not above the one before it makes its row's hidden states NaN (its logp
+   * NaN, its lse and entropy not finite: the GPU's kernels read a row of NaN logits as empty,
+   * lse -inf) and sets RLK_LOGPROB_STATUS_BAD_ROW in *status (in the shard form too); n is at least 1
    * (as hidden's N). Not taken by rlk_linear_policy_loss. */
   rlk_tensor rows;
 } rlk_linear_logprob_args;
@@ -1258,8 +1259,7 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
  * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
  * chunk's dz lives in the workspace, never the whole [N, V]. On a GPU the rows go in blocks, in
  * order, each over the whole vocabulary: one block while every row's share of the workspace (the
- * f32 sum of a 16-bit grad_hidden row, a selection's gathered row, a row of dz 1024 columns wide)
- * fits 288 MiB (16384 rows at H 4096 with 16-bit gradients), else blocks of a multiple of 128 rows
+ * f32 sum of a 16-bit grad_hidden row, a row of dz 1024 columns wide) fits 288 MiB (16384 rows at H 4096 with 16-bit gradients), else blocks of a multiple of 128 rows
  * that do, so that no N is too many (2^20 rows and more) and the workspace stays within the budget.
  * A row's grad_hidden has the same bits in any block; grad_weight is summed block after block
  * (a 16-bit grad_weight rounded after each). Rows whose label is ignore_index contribute nothing; a
@@ -1311,9 +1311,7 @@ typedef struct rlk_linear_logprob_backward_args {
    * workspace (a bad index as in the forward). grad_hidden keeps hidden's shape [N_all, H]: a
    * selected row gets the gathered call's gradient row (bitwise; added to when accumulating), a
    * row not selected is written 0, or left as it is when accumulating. grad_weight is the
-   * gathered call's while n rows run in one block of rows (below 288 MiB of workspace: about
-   * 11000 rows at H 4096 with 16-bit gradients); past it, the blocks count the gathered rows
-   * and group the sum otherwise. */
+   * gathered call's (the same blocks of rows and chunks). */
   rlk_tensor rows;
 } rlk_linear_logprob_backward_args;
 
@@ -1323,8 +1321,9 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
 /* Bytes of workspace the backward needs (for a block of rows: dz of one chunk, f32 or on sm_90a the
  * inputs' 16-bit dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU, within 288 MiB unless
  * `chunk` asks for more; an f32 grad_hidden holds its own sum; 0 on the host backend). A row
- * selection adds its gathered rows and, on a GPU, the f32 sum of its grad_hidden rows whatever its
- * dtype (within the same budget); on the host its grad_hidden rows in their dtype. */
+ * selection adds, on a GPU, the f32 sum of its grad_hidden rows whatever their dtype (within the
+ * budget) and a block's gathered rows (beside it); on the host its gathered rows and its
+ * grad_hidden rows in their dtype. */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);

@@ -309,8 +309,9 @@ static void llr_check_backward(rlk_context *ctx, const llr_case *c, const llr_gr
 /* Bad indices                                                                         */
 /* ---------------------------------------------------------------------------------- */
 
-/* A selection with bad indices at `bad` (n of them flagged): those rows' outputs NaN, the others
- * finite, RLK_LOGPROB_STATUS_BAD_ROW in status; the backward sets it too. */
+/* A selection with bad indices at `bad` (n of them flagged): those rows' logp NaN and lse and
+ * entropy not finite (NaN on the host; the GPU's kernels read a row of NaN logits as empty, lse
+ * -inf), the others finite, RLK_LOGPROB_STATUS_BAD_ROW in status; the backward sets it too. */
 static void llr_check_bad(rlk_context *ctx, const int64_t *sel, int64_t n, const int *bad, rlk_dtype rdt,
                           uint64_t seed) {
   const int64_t ok_sel[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
@@ -335,9 +336,9 @@ static void llr_check_bad(rlk_context *ctx, const int64_t *sel, int64_t n, const
   for (int64_t j = 0; j < n; j++) {
     const int lab_ignored = j % 5 == 3; /* logp 0 whatever the row */
     if (bad[j]) {
-      ck_assert_msg(isnan(o.lse[j]) && isnan(o.ent[j]) && (lab_ignored || isnan(o.logp[j])),
-                    "row %lld (index %lld): lse %g logp %g, expected NaN", (long long)j, (long long)sel[j], o.lse[j],
-                    o.logp[j]);
+      ck_assert_msg(!isfinite(o.lse[j]) && !isfinite(o.ent[j]) && (lab_ignored || isnan(o.logp[j])),
+                    "row %lld (index %lld): lse %g entropy %g logp %g, expected NaN logp and no finite lse or "
+                    "entropy", (long long)j, (long long)sel[j], o.lse[j], o.ent[j], o.logp[j]);
     } else {
       ck_assert_msg(isfinite(o.lse[j]) && isfinite(o.logp[j]), "row %lld (index %lld): lse %g, expected finite",
                     (long long)j, (long long)sel[j], o.lse[j]);

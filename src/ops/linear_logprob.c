@@ -859,19 +859,18 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   const int64_t tile = k->c.sm90 ? LL_SM90_BN : LL_TILE, dzs = k->c.sm90 ? 2 : 4;
   /* an f32 grad_hidden is its own sum (but for a selection's, which scatter writes by row); a
    * 16-bit one needs the sum in the workspace */
-  const int64_t sum_row = k->c.gh > 0 || (k->c.gh == 0 && k->r.data) ? 4 * k->h.H : 0,
-                gathered_row = k->r.data ? 2 * k->r.pitch : 0;
-  /* the rows go in blocks whose sums, gathered rows and a dz of LL_BWD_BLOCK_COLS columns fit the
-   * budget (all in one while they do), so that the workspace follows a block, not N */
-  k->block = rlk_ll_bwd_block_rows(k->h.N, sum_row + gathered_row, dzs * LL_BWD_BLOCK_COLS, ll_bwd_budget);
+  const int64_t sum_row = k->c.gh > 0 || (k->c.gh == 0 && k->r.data) ? 4 * k->h.H : 0;
+  /* the rows go in blocks whose sums and a dz of LL_BWD_BLOCK_COLS columns fit the budget (all in
+   * one while they do), so that the workspace follows a block, not N; a selection's gathered rows
+   * come beside the budget, so that it blocks and chunks as the call on its gathered rows does */
+  k->block = rlk_ll_bwd_block_rows(k->h.N, sum_row, dzs * LL_BWD_BLOCK_COLS, ll_bwd_budget);
   const int64_t R = k->block;
   k->dh_bytes = ll_align256((size_t)(R * sum_row));
   const size_t gathered = k->r.data ? rlk_ll_rows_bytes(R, k->r.pitch, 2) : 0;
-  /* dz within what the sum and the gathered rows leave of the budget; the sm_90a kernels' width
-   * from their cost model (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
+  /* dz within what the sum leaves of the budget; the sm_90a kernels' width from their cost model
+   * (whole waves of tiles), the portable ones' the fewest chunks cut evenly */
   rlk_ll_chunk_problem cp = {R, k->h.H, k->h.V, k->c.gh >= 0, k->c.gw >= 0, ctx->target.multiprocessors, 0};
-  const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile,
-                                         ll_bwd_budget - (int64_t)(k->dh_bytes + gathered), dzs * R,
+  const int64_t chunk = rlk_ll_bwd_chunk(asked_chunk, k->h.V, tile, ll_bwd_budget - (int64_t)k->dh_bytes, dzs * R,
                                          k->c.sm90 ? &cp : NULL);
   k->chunk = chunk;
   k->dz_bytes = ll_align256((size_t)(R * chunk * dzs));

@@ -86,7 +86,7 @@ int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, i
                          rlk_ll_chunk_problem *sm90);
 
 /* The backward's rows a block: all N while N rows of `sum_row` bytes (the f32 sum of a 16-bit
- * grad_hidden, a selection's gathered row) and `dz_row` bytes (their dz in a chunk of the narrowest width the block is sized
+ * grad_hidden) and `dz_row` bytes (their dz in a chunk of the narrowest width the block is sized
  * for) fit `budget` bytes; else the most rows, a multiple of 128 (the sm_90a tile's; at least
  * 128), that do. The blocks run in order, each over the whole vocabulary: a row's grad_hidden is
  * its block's, with the same bits in any block; grad_weight is summed block after block. */
