@@ -10,23 +10,17 @@ log-probs (a threshold that kept everything would time the plain path twice).
 On a GPU: N 8192, H 4096, V 151936, bf16 (the default; logprob over [N, V] bf16 logits). On
 the CPU (--device cpu) a small shape against the host backend (correctness of the setup, not
 speed). Timing as linear_divergence_bench.py's (tools/bench/rounds.py on a GPU)."""
-import argparse
 import json
 import math
 
 import torch
 
-from linear_divergence_bench import head_shape, rlk, run_options, shape_option, timer
+from linear_divergence_bench import head_args, rlk, timer
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    shape_option(ap)
-    run_options(ap, 20, "the fused head's kernels (rlk_linear_logprob_variant)")
-    a = ap.parse_args()
+    a, N, H, V, g = head_args(20, "the fused head's kernels (rlk_linear_logprob_variant)")
     dev = a.device
-    N, H, V = head_shape(a)
-    g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
     h = torch.randn(N, H, generator=g, device=dev).to(dt)
     w = (torch.randn(V, H, generator=g, device=dev) * (3.0 / math.sqrt(H))).to(dt)

@@ -105,24 +105,24 @@ def run_options(ap, rounds, variant_help):
     ap.add_argument("--json", default=None)
 
 
-def shape_option(ap):
-    """--shape N,H,V of a head bench (head_shape reads it)."""
+def head_args(rounds, variant_help, more=None):
+    """The head benches' command line: --shape N,H,V (default: 8192,4096,151936 on a GPU,
+    256,256,8191 on the CPU), run_options's, and what more(ap) adds. Returns (args, N, H, V, a
+    seeded generator on the device)."""
+    ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default=None, help="N,H,V (default: 8192,4096,151936 on a GPU, 256,256,8191 on the CPU)")
-
-
-def head_shape(a):
-    return tuple(int(x) for x in (a.shape or ("8192,4096,151936" if a.device == "cuda" else "256,256,8191")).split(","))
+    if more is not None:
+        more(ap)
+    run_options(ap, rounds, variant_help)
+    a = ap.parse_args()
+    N, H, V = (int(x) for x in (a.shape or ("8192,4096,151936" if a.device == "cuda" else "256,256,8191")).split(","))
+    return a, N, H, V, torch.Generator(device=a.device).manual_seed(0)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    shape_option(ap)
-    ap.add_argument("--modes", default="fkl,rkl,jsd,topk")
-    run_options(ap, 20, "rlk's forward kernels (rlk_linear_logprob_variant)")
-    a = ap.parse_args()
+    a, N, H, V, g = head_args(20, "rlk's forward kernels (rlk_linear_logprob_variant)",
+                              lambda ap: ap.add_argument("--modes", default="fkl,rkl,jsd,topk"))
     dev = a.device
-    N, H, V = head_shape(a)
-    g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
 
     def rand(*shape, sd=1.0):
