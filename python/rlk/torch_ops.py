@@ -435,8 +435,8 @@ def logprob_combine(partials, labels, *, entropy=False, lse=True, logp=None, sta
 
 @_define("linear_logprob_partials",
          "(Tensor hidden, Tensor weight, Tensor labels, int vocab_start, *, bool entropy=False, "
-         "float? temperature=None, int? ignore_index=None, int? variant=None, int? splits=None) "
-         "-> Tensor", _partials("hidden"))
+         "float? temperature=None, int? ignore_index=None, int? variant=None, int? splits=None, "
+         "Tensor? rows=None) -> Tensor", _partials("labels"))
 def _linear_logprob_partials_op(hidden, weight, labels, vocab_start, **kw):
     return _raw["linear_logprob_partials"](hidden, weight, labels, vocab_start, **kw)
 

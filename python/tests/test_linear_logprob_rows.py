@@ -48,6 +48,20 @@ def test_forward_is_the_gathered_call(place, rng, index_dtype, n):
         assert np.abs(a - b).max() <= 2e-3 + 2e-4 * np.abs(b).max()
 
 
+def test_partials_are_the_gathered_calls(place, rng):
+    """The shard form with rows=: the records of the call on hidden[rows], bitwise, over two
+    vocabulary shards."""
+    hidden, weight, rows, labels = make(rng, np.int32, 9)
+    h, r, y = place.to(hidden), place.to(rows), place.to(labels)
+    gathered = place.to(np.ascontiguousarray(hidden[rows]))
+    for start, stop in ((0, 150), (150, V)):
+        w = place.to(np.ascontiguousarray(weight[start:stop]))
+        got = rlk.linear_logprob_partials(h, w, y, start, entropy=True, rows=r)
+        want = rlk.linear_logprob_partials(gathered, w, y, start, entropy=True)
+        assert place.back(got).shape == (9, 4)
+        assert np.array_equal(place.back(got), place.back(want))
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("grad_dtype", ["f32", "same"])
 def test_backward_writes_grad_hidden_by_row(place, rng, accumulate, grad_dtype):

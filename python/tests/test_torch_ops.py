@@ -90,6 +90,8 @@ def _cases():
          {"entropy": True}),
         ("linear_logprob_partials", ops.linear_logprob_partials,
          (hidden, weight[:32].contiguous(), labels, 0), {"entropy": True}),
+        ("linear_logprob_partials rows", ops.linear_logprob_partials,
+         (hidden, weight[:32].contiguous(), labels[:4], 0), {"entropy": True, "rows": rows}),
         ("sample", ops.sample, (logits,), {"temperature": 0.7, "top_k": 10, "seed": 5,
                                            "logp_filtered": True}),
         ("prefix_attention", ops.prefix_attention,

@@ -111,8 +111,8 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     rlk.sample's): each row's softmax over the raw logits at or above it and the label.
     rows: a row selection, i32 or i64 [n] strictly increasing indices into hidden's rows (a mask's
     nonzero positions): only those rows go through the head, labels (and threshold) are [n] and
-    so are the outputs, each the bits of the call on hidden[rows]; a bad index makes its row NaN
-    and sets STATUS_BAD_ROW in status.
+    so are the outputs, each the bits of the call on hidden[rows]; a bad index makes its row's
+    logp NaN and sets STATUS_BAD_ROW in status.
     Returns LogprobResult(logp, lse or None, entropy or None)."""
     if compiling():
         return traced("linear_logprob", dict(
@@ -137,7 +137,7 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
 
 
 def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=False, temperature=None,
-                            ignore_index=None, partials=None, variant=None, splits=None,
+                            ignore_index=None, partials=None, variant=None, splits=None, rows=None,
                             stream=None):
     """This shard's records (rlk_linear_logprob's shard form): weight [V_shard, H] holds the rows
     [vocab_start, vocab_start + V_shard) of a tensor-parallel LM head, labels [N] index the whole
@@ -145,19 +145,20 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     output (contiguous, 16-byte aligned), e.g. this rank's slice of an all-gather buffer. The
     records merge with rlk.logprob_combine (in rank order) into logp, lse and entropy; the
     backward is linear_logprob_backward(..., vocab_start=..., shard=True) with the combined lse.
+    rows: a row selection as in linear_logprob (labels and the records [n]).
     Returns the f32 [N, 4] records."""
     if compiling():
         return traced("linear_logprob_partials", dict(
             hidden=hidden, weight=weight, labels=labels, vocab_start=vocab_start, entropy=entropy,
             temperature=temperature, ignore_index=ignore_index, partials=partials, variant=variant,
-            splits=splits, stream=stream))
+            splits=splits, rows=rows, stream=stream))
     b = Binder(OP)
     a = b.args
-    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits)
+    _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, rows=rows)
     a.vocab_start = int(vocab_start)
     a.partial_entropy = 1 if entropy else 0
     if partials is None:
-        partials = b.empty((dim(hidden, 0), 4), T.DType.F32)
+        partials = b.empty((dim(hidden if rows is None else rows, 0), 4), T.DType.F32)
     b.set("partials", partials, _F32, output=True)
     b.bind_workspace()
     b.run(stream)
