@@ -1328,8 +1328,8 @@ RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);
 
-/* The backward on `stream`: for each block of rows, three launches per chunk and one at the end
- * (and a selection's gather first). */
+/* The backward on `stream`: for each block of rows, three launches per chunk, then one for a
+ * 16-bit or a selection's grad_hidden (a selection's gather before them). */
 RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
                                                const rlk_linear_logprob_backward_args *args,
                                                void *stream);
