@@ -1259,12 +1259,13 @@ RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob
  * The logits are recomputed chunk by chunk (`chunk` vocabulary columns at a time, in order); a
  * chunk's dz lives in the workspace, never the whole [N, V]. On a GPU the rows go in blocks, in
  * order, each over the whole vocabulary: one block while every row's share of the workspace (the
- * f32 sum of a 16-bit grad_hidden row, a row of dz 1024 columns wide) fits 288 MiB (16384 rows at H 4096 with 16-bit gradients), else blocks of a multiple of 128 rows
- * that do, so that no N is too many (2^20 rows and more) and the workspace stays within the budget.
- * A row's grad_hidden has the same bits in any block; grad_weight is summed block after block
- * (a 16-bit grad_weight rounded after each). Rows whose label is ignore_index contribute nothing; a
- * bad label makes the gradients NaN and sets the status bit. Deterministic: a fixed order of blocks
- * and chunks, every output element written by one thread, no atomics. */
+ * f32 sum of a 16-bit or a selection's grad_hidden row, and a row of dz 1024 columns wide) fits
+ * 288 MiB (on sm_90a, 16384 rows at H 4096 with 16-bit gradients), else blocks of a multiple of
+ * 128 rows that do, so that no N is too many (2^20 rows and more) and the workspace stays within
+ * the budget. A row's grad_hidden has the same bits in any block; grad_weight is summed block after
+ * block (a 16-bit grad_weight rounded after each). Rows whose label is ignore_index contribute
+ * nothing; a bad label makes the gradients NaN and sets the status bit. Deterministic: a fixed
+ * order of blocks and chunks, every output element written by one thread, no atomics. */
 typedef struct rlk_linear_logprob_backward_args {
   rlk_tensor hidden;    /* the forward's [N, H] */
   rlk_tensor weight;    /* the forward's [V, H] */
@@ -1311,7 +1312,9 @@ typedef struct rlk_linear_logprob_backward_args {
    * workspace (a bad index as in the forward). grad_hidden keeps hidden's shape [N_all, H]: a
    * selected row gets the gathered call's gradient row (bitwise; added to when accumulating), a
    * row not selected is written 0, or left as it is when accumulating. grad_weight is the
-   * gathered call's (the same blocks of rows and chunks). */
+   * gathered call's wherever both run their rows in one block; with an f32 grad_hidden the
+   * selection's sum takes workspace that the gathered call's does not (it is its own), so past
+   * 16384 rows at H 4096 the two may sum grad_weight in other groupings of rows. */
   rlk_tensor rows;
 } rlk_linear_logprob_backward_args;
 
@@ -1329,7 +1332,8 @@ RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               size_t *bytes);
 
 /* The backward on `stream`: for each block of rows, three launches per chunk, then one for a
- * 16-bit or a selection's grad_hidden (a selection's gather before them). */
+ * 16-bit or a selection's grad_hidden (a selection's gathers before them: its rows, and for an f32
+ * grad_hidden added to, the rows' held values). */
 RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx,
                                                const rlk_linear_logprob_backward_args *args,
                                                void *stream);

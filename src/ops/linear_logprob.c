@@ -982,14 +982,11 @@ static rlk_status ll_bwd_block(rlk_context *ctx, const rlk_linear_logprob_backwa
   void *gh = a->grad_hidden.data, *gw = a->grad_weight.data;
   int *status = (int *)a->status.data;
   /* the products read the block's rows: a selection's gathered into the workspace */
-  const void *hidden = (const char *)a->hidden.data + (size_t)(r0 * k->h.hs) * 2u;
-  if (k->r.data) {
-    void *gathered = (char *)a->workspace + k->gathered_at;
-    if ((st = rlk_ll_gather(ctx, &k->r, k->c.hidden, a->hidden.data, k->hidden_stride, H, r0, N, gathered, k->r.pitch,
-                            status, stream)))
-      return st;
-    hidden = gathered;
-  }
+  const void *hidden = k->r.data ? (const void *)((char *)a->workspace + k->gathered_at)
+                                  : (const void *)((const char *)a->hidden.data + (size_t)(r0 * k->h.hs) * 2u);
+  if (k->r.data && (st = rlk_ll_gather(ctx, &k->r, k->c.hidden, a->hidden.data, k->hidden_stride, H, r0, N,
+                                       (void *)hidden, k->r.pitch, status, stream)))
+    return st;
   const int gw_add = a->accumulate || r0 > 0;
   /* the f32 grad_hidden sum: grad_hidden's rows themselves (its row stride; the first chunk adds to
    * them only when accumulating), or the workspace's (rows of H, converted by dh_out or, for a
