@@ -190,16 +190,18 @@ typedef struct llr_grads {
   rlk_dtype gdt;
   int accumulate, want_gh, want_gw;
   int64_t gpad;
+  int64_t guard; /* rows of grad_hidden's buffer before and after the call's, which it must not write */
 } llr_grads;
 
 /* One backward over the selection (gathered 0: grad_hidden [N, H + gpad]) or over the gathered
- * rows (1: [n, H]); gh and gw hold the gradients' starting values and get the results. */
+ * rows (1: [n, H]); gh and gw hold the gradients' starting values and get the results (gh with
+ * g->guard rows before and after the call's). */
 static void llr_backward(rlk_context *ctx, const llr_case *c, const llr_inputs *in, const llr_grads *g,
                          int gathered, void *lse, void *ent, void *glp, void *gent, void *gh, void *gw,
                          int32_t *status) {
   const size_t gs = rlk_dtype_size(g->gdt);
   const int64_t rows = gathered ? c->n : c->N, ghs = gathered ? c->H : c->H + g->gpad;
-  const size_t ghb = (size_t)(rows * ghs) * gs, gwb = (size_t)(c->V * c->H) * gs;
+  const size_t ghb = (size_t)((rows + 2 * g->guard) * ghs) * gs, gwb = (size_t)(c->V * c->H) * gs;
   const rlk_linear_logprob_args f = llr_fwd_args(c, in, gathered);
   rlk_linear_logprob_backward_args b;
   rlk_linear_logprob_backward_args_init(&b);
@@ -212,7 +214,8 @@ static void llr_backward(rlk_context *ctx, const llr_case *c, const llr_inputs *
   b.grad_entropy = rlk_tensor_1d(gent, RLK_F32, c->n);
   b.entropy = rlk_tensor_1d(ent, RLK_F32, c->n);
   void *dgh = rlk_test_put(ctx, gh, ghb), *dgw = rlk_test_put(ctx, gw, gwb), *dst = rlk_test_put(ctx, status, 4);
-  if (g->want_gh) b.grad_hidden = rlk_tensor_2d(dgh, g->gdt, rows, c->H, ghs);
+  if (g->want_gh)
+    b.grad_hidden = rlk_tensor_2d((char *)dgh + (size_t)(g->guard * ghs) * gs, g->gdt, rows, c->H, ghs);
   if (g->want_gw) b.grad_weight = rlk_tensor_2d(dgw, g->gdt, c->V, c->H, c->H);
   b.accumulate = g->accumulate;
   b.status = rlk_tensor_1d(dst, RLK_I32, 1);
@@ -344,15 +347,40 @@ static void llr_check_bad(rlk_context *ctx, const int64_t *sel, int64_t n, const
                     (long long)j, (long long)sel[j], o.lse[j]);
     }
   }
-  /* the backward gathers the same rows and sets the bit too */
-  const llr_grads g = {RLK_F32, 0, 1, 1, 0};
-  float *gh = calloc((size_t)(9 * 40), 4), *gw = calloc((size_t)(300 * 40), 4), *ones = malloc((size_t)n * 4);
+  /* the backward gathers the same rows and sets the bit too; grad_hidden (between two guard rows
+   * each side) gets the well-selected rows' gradients, once each, and nothing else: 0 in the rows
+   * not selected when overwriting, the held values when accumulating; no write outside */
+  enum { GUARD = 2, ROWS = 9 + 2 * GUARD };
+  const float held = 0.25f;
+  float *gh = malloc((size_t)(ROWS * 40) * 4), *gw = calloc((size_t)(300 * 40), 4), *ones = malloc((size_t)n * 4);
   for (int64_t j = 0; j < n; j++) ones[j] = 1.0f;
   void *dlse = rlk_test_put(ctx, o.lse, (size_t)n * 4), *dent = rlk_test_put(ctx, o.ent, (size_t)n * 4),
        *dg = rlk_test_put(ctx, ones, (size_t)n * 4);
-  int32_t status = 0;
-  llr_backward(ctx, &c, &in, &g, 0, dlse, dent, dg, dg, gh, gw, &status);
-  ck_assert_int_eq(status, RLK_LOGPROB_STATUS_BAD_ROW);
+  for (int acc = 0; acc < 2; acc++) {
+    const llr_grads g = {RLK_F32, acc, 1, !acc, 0, GUARD};
+    for (int64_t k = 0; k < ROWS * 40; k++) gh[k] = held;
+    int32_t status = 0;
+    llr_backward(ctx, &c, &in, &g, 0, dlse, dent, dg, dg, gh, gw, &status);
+    ck_assert_int_eq(status, RLK_LOGPROB_STATUS_BAD_ROW);
+    for (int64_t i = -GUARD; i < 9 + GUARD; i++) {
+      /* a well-selected row's gradient is nonzero but where its label is ignored (j % 5 == 3) */
+      int chosen = 0;
+      for (int64_t j = 0; j < n; j++) chosen |= !bad[j] && sel[j] == i && j % 5 != 3;
+      const float same = acc ? held : 0.0f;
+      for (int64_t k = 0; k < 40; k++) {
+        const float v = gh[(i + GUARD) * 40 + k];
+        if (i < 0 || i >= 9)
+          ck_assert_msg(v == held, "accumulate %d: guard row %lld element %lld written: %g", acc, (long long)i,
+                        (long long)k, v);
+        else if (chosen)
+          ck_assert_msg(isfinite(v) && v != same, "accumulate %d: selected row %lld element %lld: %g", acc,
+                        (long long)i, (long long)k, v);
+        else
+          ck_assert_msg(v == same, "accumulate %d: row %lld (not selected, or no gradient) element %lld: %g", acc,
+                        (long long)i, (long long)k, v);
+      }
+    }
+  }
   rlk_test_drop(ctx, dlse), rlk_test_drop(ctx, dent), rlk_test_drop(ctx, dg);
   free(gh), free(gw), free(ones);
   llr_out_free(&o);

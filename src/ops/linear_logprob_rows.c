@@ -99,7 +99,10 @@ rlk_status rlk_ll_scatter(rlk_context *ctx, const rlk_ll_rows *r, int gh, const 
   const ll_scatter_args s = {.dh = dh, .dh_pitch = dh_pitch, .rows = r->data, .rows_stride = r->stride, .n = r->n,
                              .N = r->all, .H = H, .grad_hidden = grad_hidden, .gh_stride = ghs, .add = add,
                              .zero = zero};
+  /* a GPU's blocks: one per row of grad_hidden when the rows not selected get 0, else one per
+   * selected row (a call's blocks of rows each launch over their own) */
   const rlk_launch_dims d = ctx->kind == RLK_BACKEND_HOST ? rlk_op_grid(1, 1, 1, 1, 0)
-                                                          : rlk_op_grid((uint64_t)r->all, 1, 1, LL_THREADS, 0);
+                                                          : rlk_op_grid((uint64_t)(zero ? r->all : r->n), 1, 1,
+                                                                        LL_THREADS, 0);
   return rlk_context_launch_params(ctx, &spec, &d, stream, &s);
 }

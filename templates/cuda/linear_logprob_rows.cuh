@@ -6,9 +6,13 @@
  *                           an index outside [0, src_rows) or not greater than the one before it
  *                           gives a row of NaN (its outputs NaN, as a bad label's) and
  *                           LP_STATUS_BAD_ROW; columns [H, pitch) get 0
- *   linear_logprob_scatter  a block per grad_hidden row: a binary search for the row in `rows`;
- *                           a selected row gets its row of the f32 sum dh (plus the value it held
- *                           when `add`), one that is not gets 0 (when `zero`) or stays
+ *   linear_logprob_scatter  a selected row of grad_hidden gets its row of the f32 sum dh (plus
+ *                           the value it held when `add`), one that is not gets 0 (when `zero`)
+ *                           or stays: with `zero`, a block per grad_hidden row, which finds itself
+ *                           in `rows` by a binary search; without, a block per selected row (the
+ *                           launch follows the selection, not hidden's rows), which writes only
+ *                           where that search finds its own index: a bad selection never writes
+ *                           a row twice nor outside [0, N)
  * Each output element is written by one thread: deterministic whatever the selection. */
 #ifndef RLK_LINEAR_LOGPROB_ROWS_CUH
 #define RLK_LINEAR_LOGPROB_ROWS_CUH
@@ -39,7 +43,10 @@ template <int GDT, typename R>
 __global__ void __launch_bounds__(LL_THREADS) linear_logprob_scatter(RLK_PARAMS_ARG ll::ScatterParams p_) {
   typedef typename ll::elem<GDT>::type G;
   const R *__restrict__ rows = (const R *)p_.rows;
-  const i64 row = (i64)blockIdx.x, rs = p_.rows_stride, H = p_.H;
+  const i64 rs = p_.rows_stride, H = p_.H;
+  /* the row this block writes: its own (zero) or its selected index's */
+  const i64 row = p_.zero ? (i64)blockIdx.x : (i64)rows[(i64)blockIdx.x * rs];
+  if (row < 0 || row >= p_.N) return;
   /* the first index whose row is >= this one (every thread alike: the same few loads) */
   i64 lo = 0, hi = p_.n;
   while (lo < hi) {
@@ -50,6 +57,7 @@ __global__ void __launch_bounds__(LL_THREADS) linear_logprob_scatter(RLK_PARAMS_
       hi = mid;
   }
   const bool selected = lo < p_.n && (i64)rows[lo * rs] == row;
+  if (!p_.zero && lo != (i64)blockIdx.x) return; /* a repeated or unordered index: not this block's */
   if (!selected && !p_.zero) return;
   G *__restrict__ o = (G *)p_.grad_hidden + row * p_.gh_stride;
   const float *__restrict__ d = (const float *)p_.dh + lo * p_.dh_pitch;
