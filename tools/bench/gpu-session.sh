@@ -2,9 +2,10 @@
 # gpu-session.sh - one device call: the GPU test suite (gpu-tests.sh), then the benchmarks that
 # need a GPU (the fused head beside cuBLAS, its memory beside TRL's head, the distillation
 # divergence, the cluster loop on a GPU tree, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
-# .whl/ (a trainer the image lacks) go to a private site directory first.
+# .whl/ (a trainer the image lacks) go to a private site directory first; verl's (.whl-verl/) to
+# another, for the verl step alone.
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
-#   STEPS="tests head memory sample divergence overhead cluster kept accuracy step" limits what runs (default: tests divergence
+#   STEPS="tests head memory sample divergence overhead cluster kept accuracy step verl" limits what runs (default: tests divergence
 #   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
 # $OUT: summary.txt (the tests' summary, then one line per benchmark), tests.tgz, bench.tgz.
 set -u
@@ -53,6 +54,16 @@ has accuracy && bench accuracy 60 python3 tools/bench/head_accuracy.py --json "$
 has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --archs "${ARCHS:-qwen2.5-0.5b}" \
   --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" --responses "${RESPONSES:-512}" \
   --variants trl,trl+rlk,trl+rlk+prefix --reps 2 --out-dir "$B/step"
+# verl's step beside its own backends: verl 0.9.1 wants transformers < 5.11, so its wheels (carried
+# in .whl-verl/) go to a site directory of their own, ahead of the image's packages
+if has verl && ls .whl-verl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vsite \
+    .whl-verl/*.whl > "$B/verl-wheels.log" 2>&1
+  PYTHONPATH=$PWD/python:/tmp/vsite bench verl "${VERL_S:-200}" python3 tools/bench/trainer_step.py \
+    --archs "${ARCHS:-qwen2.5-0.5b}" --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" \
+    --responses "${RESPONSES:-1024}" --variants "${VERL_VARIANTS:-verl-torch,verl-liger,verl-rlk,verl-rlk-rmpad}" \
+    --reps 2 --out-dir "$B/verl"
+fi
 tar czf "$OUT/bench.tgz" -C "$B" . 2>/dev/null
 for f in "$B"/*.log; do [ -e "$f" ] && { echo "== $(basename "$f")"; tail -25 "$f"; }; done
 line "session total $(( $(date +%s) - start )) s, tests rc=$rc"

@@ -175,9 +175,20 @@ def trl_step(variant, path, b, device, checkpointing):
     return step, handle
 
 
+def ray_or_standin():
+    """"ray", or "stand-in" where ray cannot be imported and standin/ray takes its place (verl
+    imports ray when it loads; the step timed here never calls it: standin/README.md)."""
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        sys.path.append(os.path.join(HERE, "standin"))
+    import ray
+    return "stand-in" if os.path.dirname(ray.__file__).startswith(os.path.join(HERE, "standin")) else "ray"
+
+
 def verl_step(variant, path, b, device, checkpointing):
     """verl's fused forward (FusedLinearForPPO of the variant's backend) and its vanilla loss."""
     import transformers
+    verl_step.ray = ray_or_standin()
     import verl.utils.experimental.torch_functional as xf
     from omegaconf import OmegaConf
     from verl.models.transformers.dense_common import forward_with_torch_backend
@@ -290,6 +301,8 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             row["held_before_gib"] = round(before, 3)  # in peak_gib, not the variant's own
         if calls is not None:
             row["prefix_calls"] = dict(calls - calls_before)
+        if build is verl_step:
+            row["ray"] = verl_step.ray
         return row
     finally:
         if handle is not None:
