@@ -239,20 +239,29 @@ def verl_step(variant, path, b, device, checkpointing):
                                          return_dict=True, temperature=1.0, use_cache=False)
         return out.log_probs[:, -R - 1:-1], out.entropy[:, -R - 1:-1]
 
+    phases = Phases(device)
+
     def step():
+        phases.start()
         with torch.no_grad():
             old, _ = logps(policy)
+            phases.end("old")
             ref_lp, _ = logps(ref)
-        policy.train()
+            phases.end("ref")
+        policy.train()  # from here, what verl's update_policy runs
         lp, ent = logps(policy)
         pg, _ = loss_fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=rmask,
                         loss_agg_mode="token-mean", config=cfg)
         kl = ca.kl_penalty(lp, ref_lp, "low_var_kl")
         loss = pg + BETA * ca.agg_loss(kl, rmask, "token-mean")
+        phases.end("loss")
         loss.backward()
+        phases.end("backward")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        phases.end("optimizer")
         return loss.detach()
+    step.phases = phases
     return step, handle
 
 
