@@ -3,7 +3,8 @@
 # need a GPU (the fused head beside cuBLAS, its memory beside TRL's head, the distillation
 # divergence, the cluster loop on a GPU tree, the heads' accuracy against fp64, a trainer's GRPO step), each bounded so that the whole call ends inside DEADLINE_S seconds. Wheels carried in
 # .whl/ (a trainer the image lacks) go to a private site directory first; verl's (.whl-verl/) to
-# another, for the verl step alone.
+# another, for the verl step alone (Liger on sm_90 needs the CUTLASS DSL among them; its .pth is not read
+# from a --target directory, so its packages go on the path here).
 #   device: REV=<revision> tools/bench/gpu-session.sh     (carry build/bin build/lib build/tests .whl)
 #   STEPS="tests head memory sample divergence overhead cluster kept accuracy step verl" limits what runs (default: tests divergence
 #   accuracy step); DEADLINE_S (570); the step's sweep: ARCHS, GROUPS_, PROMPTS, RESPONSES, STEP_S.
@@ -59,7 +60,7 @@ has step && bench step "${STEP_S:-150}" python3 tools/bench/trainer_step.py --ar
 if has verl && ls .whl-verl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vsite \
     .whl-verl/*.whl > "$B/verl-wheels.log" 2>&1
-  PYTHONPATH=$PWD/python:/tmp/vsite bench verl "${VERL_S:-200}" python3 tools/bench/trainer_step.py \
+  PYTHONPATH=$PWD/python:/tmp/vsite:/tmp/vsite/nvidia_cutlass_dsl/dsl_packages bench verl "${VERL_S:-200}" python3 tools/bench/trainer_step.py \
     --archs "${ARCHS:-qwen2.5-0.5b}" --groups "${GROUPS_:-8}" --prompts "${PROMPTS:-512}" \
     --responses "${RESPONSES:-1024}" --variants "${VERL_VARIANTS:-verl-torch,verl-liger,verl-rlk,verl-rlk-rmpad}" \
     --reps 2 --out-dir "$B/verl"

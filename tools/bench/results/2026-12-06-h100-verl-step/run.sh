@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # verl's step beside its torch and Liger (CuTe DSL on sm_90) backends
+# wheels carried: .whl-verl/ (verl and what it imports), the CUTLASS DSL 4.8.1 (.cdsl3/, its cu13
+# library split in two parts, .cdsl1/ and .cdsl2/, too large for one transfer), transformers 5.10.4
 set -u
 OUT=${OUT:-s24b-out}; mkdir -p "$OUT"
 s0=$(date +%s)
