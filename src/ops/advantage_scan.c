@@ -225,13 +225,17 @@ typedef struct as_call {
   as_args k;
 } as_call;
 
-/* The shape from the first input, the first input's dtype for everything else, the mask. */
-static rlk_status as_check_input(const rlk_tensor *x, const char *what, int64_t *B, int64_t *T) {
+/* The first input and the optional mask, which every call takes: the shape [B, T] from the first
+ * input, whose dtype (*dt, a dtype bit) is everything else's. */
+static rlk_status as_check_input(const rlk_tensor *x, const char *what, const rlk_tensor *mask, int64_t *B,
+                                 int64_t *T, uint32_t *dt) {
   rlk_status st;
   if ((st = rlk_check_tensor_of(x, what, AS_DTYPES, 2, 2))) return st;
   *B = x->shape[0];
   *T = x->shape[1];
-  return rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T);
+  *dt = RLK_DTYPE_BIT(x->dtype);
+  if ((st = rlk_seq_check_rows(x, what, 1, AS_DTYPES, *B, *T))) return st;
+  return rlk_seq_check_rows(mask, "mask", 0, AS_MASK_DTYPES, *B, *T);
 }
 
 /* What the three calls share once checked: the algorithm, the configuration (its shape makes
@@ -264,10 +268,9 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
   const rlk_gae_args *a = args;
   rlk_status st;
   int64_t B, T;
-  if ((st = as_check_input(&a->rewards, "rewards", &B, &T))) return st;
-  const uint32_t dt = RLK_DTYPE_BIT(a->rewards.dtype);
+  uint32_t dt;
+  if ((st = as_check_input(&a->rewards, "rewards", &a->mask, &B, &T, &dt))) return st;
   if ((st = rlk_seq_check_rows(&a->values, "values", 1, dt, B, T))) return st;
-  if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 0, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma")) || (st = rlk_check_finite(a->lambda, "lambda")))
@@ -286,9 +289,8 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   const rlk_discounted_returns_args *a = args;
   rlk_status st;
   int64_t B, T;
-  if ((st = as_check_input(&a->rewards, "rewards", &B, &T))) return st;
-  const uint32_t dt = RLK_DTYPE_BIT(a->rewards.dtype);
-  if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
+  uint32_t dt;
+  if ((st = as_check_input(&a->rewards, "rewards", &a->mask, &B, &T, &dt))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
   if ((st = rlk_check_finite(a->gamma, "gamma"))) return st;
   if ((st = rlk_check_enum((int)a->masked, "masked", RLK_RETURNS_MASKED_RESET,
@@ -305,9 +307,8 @@ static rlk_status as_cumsum_validate(const rlk_context *ctx, const void *args, r
   const rlk_reverse_cumsum_args *a = args;
   rlk_status st;
   int64_t B, T;
-  if ((st = as_check_input(&a->values, "values", &B, &T))) return st;
-  const uint32_t dt = RLK_DTYPE_BIT(a->values.dtype);
-  if ((st = rlk_seq_check_rows(&a->mask, "mask", 0, AS_MASK_DTYPES, B, T))) return st;
+  uint32_t dt;
+  if ((st = as_check_input(&a->values, "values", &a->mask, &B, &T, &dt))) return st;
   if ((st = rlk_seq_check_rows(&a->out, "out", 1, dt, B, T))) return st;
   if (!a->baseline.data != !a->advantages.data)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,

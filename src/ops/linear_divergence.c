@@ -364,6 +364,7 @@ static rlk_status ld_check_matrix(const rlk_tensor *t, const char *what, uint32_
 
 /* The two heads of a call: [N, H] hidden and [V, H] weight each, a head's two in one dtype. */
 typedef struct ld_heads {
+  const rlk_tensor *t[4]; /* the call's student_hidden, student_weight, teacher_hidden, teacher_weight */
   int64_t N, V, Hs, Ht, shs, sws, ths, tws, ls;
   int sdt, tdt, lab; /* codes */
 } ld_heads;
@@ -381,6 +382,7 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
   if (labels->data && (st = rlk_check_vector(labels, "labels", LD_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
   if ((st = rlk_check_positive(Ts, "student_temperature")) || (st = rlk_check_positive(Tt, "teacher_temperature")))
     return st;
+  h->t[0] = sh, h->t[1] = sw, h->t[2] = th, h->t[3] = tw;
   h->sdt = ld_code(sh->dtype);
   h->tdt = ld_code(th->dtype);
   h->lab = !labels->data ? LD_LAB_NONE : labels->dtype == RLK_I32 ? LD_LAB_I32 : LD_LAB_I64;
@@ -448,9 +450,8 @@ static int ld_tma_ok(const rlk_tma_desc_request *r) {
 
 /* Whether tensor maps describe both heads in the boxes the sm_90a kernels read: 128 rows (the
  * logits' operands) and 64 (the backward's products; the same conditions of alignment). */
-static int ld_heads_tma_ok(const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th, const rlk_tensor *tw,
-                           const ld_heads *h) {
-  const rlk_tensor *t[4] = {sh, sw, th, tw};
+static int ld_heads_tma_ok(const ld_heads *h) {
+  const rlk_tensor *const *t = h->t;
   const int64_t rows[4] = {h->N, h->V, h->N, h->V}, cols[4] = {h->Hs, h->Hs, h->Ht, h->Ht};
   const int64_t strides[4] = {h->shs, h->sws, h->ths, h->tws};
   static const char *const names[4] = {"student_hidden", "student_weight", "teacher_hidden", "teacher_weight"};
@@ -469,8 +470,8 @@ static int ld_heads_tma_ok(const rlk_tensor *sh, const rlk_tensor *sw, const rlk
 
 /* The encoded maps of both heads in 128-row boxes (the sm_90a logits' operands), into a kernel
  * struct's map_hs, map_ws, map_ht, map_wt. */
-static rlk_status ld_head_maps(rlk_context *ctx, const rlk_tensor *sh, const rlk_tensor *sw, const rlk_tensor *th,
-                               const rlk_tensor *tw, const ld_heads *h, rlk_tensor_map *const maps[4]) {
+static rlk_status ld_head_maps(rlk_context *ctx, const ld_heads *h, rlk_tensor_map *const maps[4]) {
+  const rlk_tensor *sh = h->t[0], *sw = h->t[1], *th = h->t[2], *tw = h->t[3];
   const rlk_tma_desc_request r[4] = {ld_tma(sh->data, sh->dtype, h->N, h->Hs, h->shs, LD_SM90_BM),
                                      ld_tma(sw->data, sw->dtype, h->V, h->Hs, h->sws, LD_SM90_BN),
                                      ld_tma(th->data, th->dtype, h->N, h->Ht, h->ths, LD_SM90_BM),
@@ -614,8 +615,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   rlk_op_values_set(v, LD_S_SHARD, k->shard);
   if (a->variant != RLK_LINEAR_LOGPROB_AUTO) rlk_op_values_set(v, LD_S_VARIANT, a->variant);
   /* sm_90a: the wgmma GEMMs where tensor maps describe the heads */
-  k->sm90 = ld_sm90_line(ctx, v) &&
-            ld_heads_tma_ok(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h);
+  k->sm90 = ld_sm90_line(ctx, v) && ld_heads_tma_ok(h);
   if (a->variant == RLK_LINEAR_LOGPROB_WGMMA && !k->sm90 && ctx->kind != RLK_BACKEND_HOST)
     rlk_debug("linear_divergence: the wgmma kernels do not run here (%s); the portable ones do",
               !ld_wgmma_target(ctx) ? "needs sm_90a" : a->top_k ? "top-k" : "no tensor map");
@@ -693,9 +693,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
   g.tiles_m = (int)k->row_blocks, g.tiles_n = (int)k->splits, g.group = LD_GROUP;
   rlk_tensor_map *const maps[4] = {&g.map_hs, &g.map_ws, &g.map_ht, &g.map_wt};
-  if (k->sm90 && (st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden,
-                                    &a->teacher_weight, h, maps)))
-    return st;
+  if (k->sm90 && (st = ld_head_maps(ctx, h, maps))) return st;
   rlk_launch_dims dg = k->sm90 ? rlk_op_grid((uint64_t)(k->row_blocks * k->splits), 1, 1, LD_SM90_THREADS, 0)
                                : rlk_op_grid((uint64_t)k->row_blocks, (uint64_t)k->splits, 1, LD_THREADS, 0);
   if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM;
@@ -867,8 +865,7 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     rlk_op_values_set(v, LD_S_TEACHER_GRAD, lt >= 0 ? lt : i ? LD_GRAD_SAME : LD_GRAD_F32);
   }
   /* sm_90a: the wgmma kernels where tensor maps describe the heads */
-  k->sm90 = ld_sm90_line(ctx, &call->vals) &&
-            ld_heads_tma_ok(&a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h);
+  k->sm90 = ld_sm90_line(ctx, &call->vals) && ld_heads_tma_ok(h);
   /* the kernels: the lines', each kernel once */
   for (int i = 0; i < k->nvals; i++) {
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
@@ -1060,9 +1057,7 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
   rlk_status st;
   ld_bwd_dz_sm90_args z = {0};
   rlk_tensor_map *const maps[4] = {&z.map_hs, &z.map_ws, &z.map_ht, &z.map_wt};
-  if ((st = ld_head_maps(ctx, &a->student_hidden, &a->student_weight, &a->teacher_hidden, &a->teacher_weight, h,
-                         maps)))
-    return st;
+  if ((st = ld_head_maps(ctx, h, maps))) return st;
   LD_SET_HEADS(z, a, h);
   LD_SET_BWD_ROWS(z, a, k);
   z.Vc = k->chunk, z.vocab_start = a->vocab_start, z.beta = a->beta, z.group = LD_GROUP;
