@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear_logprob_check.h"
 #include "ops/linear_logprob_plan.h"
 #include "suites.h"
 #include "test_util.h"
@@ -223,15 +224,8 @@ static void head_policy(rlk_context *ctx, const inv_head *hd, const inv_batch *b
   a.head.labels = rlk_tensor_1d(b->lab, RLK_I64, n);
   a.head.temperature = 0.9f;
   a.head.logp = rlk_tensor_1d(d_lp, RLK_F32, n);
-  a.loss.old_logp = rlk_tensor_2d(d_old, RLK_F32, 1, n, n);
-  a.loss.advantages = rlk_tensor_2d(d_adv, RLK_F32, 1, n, n);
-  a.loss.token_normalizer = 1000.0;
-  a.loss.loss = rlk_tensor_1d(d_loss, RLK_F32, 1);
-  a.grad_hidden = rlk_tensor_2d(d_gh, RLK_F32, n, H, H);
-  a.path = path;
-  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
-  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_policy_over_rows(&a, d_old, d_adv, d_loss, d_gh, n, H, 1000.0, path);
+  ll_run_policy_loss(ctx, &a);
   inv_down(ctx, logp, d_lp, (size_t)n * 4);
   inv_down(ctx, gh_out, d_gh, (size_t)(n * H) * 4);
   if (a.workspace) rlk_free(ctx, a.workspace);

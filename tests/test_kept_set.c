@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear_logprob_check.h"
 #include "ref/kept_set_ref.h"
 #include "ref/linear_logprob_ref.h"
 #include "suites.h"
@@ -435,15 +436,8 @@ static void ks_policy_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   a.head.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
   a.head.logp = rlk_tensor_1d(dlp, RLK_F32, N);
   a.head.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
-  a.loss.old_logp = rlk_tensor_2d(dold, RLK_F32, 1, N, N);
-  a.loss.advantages = rlk_tensor_2d(dadv, RLK_F32, 1, N, N);
-  a.loss.token_normalizer = 64.0;
-  a.loss.loss = rlk_tensor_1d(dloss, RLK_F32, 1);
-  a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
-  a.path = path;
-  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = rlk_test_dev_alloc(ctx, a.workspace_bytes);
-  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_policy_over_rows(&a, dold, dadv, dloss, dgh, N, H, 64.0, path);
+  ll_run_policy_loss(ctx, &a);
   float *lp = malloc((size_t)N * 4), *gh = malloc((size_t)(N * H) * 4);
   ks_down(ctx, lp, dlp, (size_t)N * 4);
   ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
