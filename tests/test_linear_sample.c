@@ -105,14 +105,14 @@ static void ls_run(rlk_context *ctx, const ls_head *k, int64_t r0, int64_t M, co
   a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
   LS_SET_DRAW(a, s, d);
   a.tokens = rlk_tensor_1d(tok, RLK_I64, M);
-  a.logp = rlk_tensor_1d(out, RLK_F32, M);
-  a.lse = rlk_tensor_1d((char *)out + M * 4, RLK_F32, M);
-  a.entropy = rlk_tensor_1d((char *)out + M * 8, RLK_F32, M);
-  a.threshold = rlk_tensor_1d((char *)out + M * 12, RLK_F32, M);
+  a.logp = rlk_test_block_row(out, RLK_F32, 0, M);
+  a.lse = rlk_test_block_row(out, RLK_F32, 1, M);
+  a.entropy = rlk_test_block_row(out, RLK_F32, 2, M);
+  a.threshold = rlk_test_block_row(out, RLK_F32, 3, M);
   a.status = rlk_tensor_1d(st, RLK_I32, 1);
   a.variant = variant;
-  ck_assert_msg(rlk_linear_sample_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = rlk_test_dev_alloc(ctx, a.workspace_bytes);
+  rlk_test_workspace(ctx, rlk_linear_sample_workspace_size(ctx, &a, &a.workspace_bytes),
+                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   o->M = M;
   o->pitch = (k->V + 3) / 4 * 4;
@@ -147,13 +147,13 @@ static void ls_trainer(rlk_context *ctx, const ls_head *k, const int64_t *idx, i
   a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
   a.labels = rlk_tensor_1d(dl, RLK_I64, n);
   a.temperature = T;
-  a.logp = rlk_tensor_1d(o, RLK_F32, n);
-  a.lse = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
-  a.entropy = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
+  a.logp = rlk_test_block_row(o, RLK_F32, 0, n);
+  a.lse = rlk_test_block_row(o, RLK_F32, 1, n);
+  a.entropy = rlk_test_block_row(o, RLK_F32, 2, n);
   if (dt) a.threshold = rlk_tensor_1d(dt, RLK_F32, n);
   a.variant = variant;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes),
+                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   ls_down(ctx, out, o, (size_t)n * 12);
   if (a.workspace) rlk_free(ctx, a.workspace);

@@ -651,6 +651,10 @@ int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64
   return n;
 }
 
+rlk_tensor rlk_test_block_row(void *block, rlk_dtype d, int64_t i, int64_t n) {
+  return rlk_tensor_1d((char *)block + (size_t)(i * n) * rlk_dtype_size(d), d, n);
+}
+
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {
   const int64_t shape[3] = {a, b, c}, strides[3] = {b * c, c, 1};
   rlk_tensor t = rlk_tensor_1d(data, dt, a * b * c);
