@@ -55,6 +55,12 @@ typedef struct ll_bound {
 
 ll_bound ll_fwd_bound(const lp_ref_row *r, double eps);
 
+/* rlk_linear_logprob of n rows on ctx: hidden [n, H] and weight [V, H] of dtype dt, labels (i64)
+ * and thresholds (f32; NULL: none), all device buffers, at temperature T under `variant`; logp,
+ * lse and entropy into the rows of the device block `out` ([3][n] f32). Fails the test on error. */
+void ll_forward_block(rlk_context *ctx, rlk_dtype dt, void *hidden, void *weight, int64_t n, int64_t V, int64_t H,
+                      void *labels, void *thresholds, float T, rlk_linear_logprob_variant variant, void *out);
+
 /* The loss half of rlk_linear_policy_loss over a head's n rows taken as one sequence: old_logp
  * and advantages [1, n] f32, the loss scalar (f32) with `normalizer` tokens, grad_hidden [n, H]
  * f32 (device buffers), and the path; the head half is the caller's. */

@@ -261,22 +261,8 @@ static void ks_linear_fwd(rlk_context *ctx, const ks_head *k, int kept, rlk_line
                           float *out, void **d) {
   const int64_t N = k->N;
   void *o = rlk_test_dev_alloc(ctx, (size_t)N * 12);
-  rlk_linear_logprob_args a;
-  rlk_linear_logprob_args_init(&a);
-  a.hidden = rlk_tensor_2d(k->dh, k->dt, N, k->H, k->H);
-  a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
-  a.labels = rlk_tensor_1d(k->dl, RLK_I64, N);
-  a.temperature = T;
-  a.logp = rlk_test_block_row(o, RLK_F32, 0, N);
-  a.lse = rlk_test_block_row(o, RLK_F32, 1, N);
-  a.entropy = rlk_test_block_row(o, RLK_F32, 2, N);
-  if (kept) a.threshold = rlk_tensor_1d(k->dthr, RLK_F32, N);
-  a.variant = variant;
-  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes),
-                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
-  ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_forward_block(ctx, k->dt, k->dh, k->dw, N, k->V, k->H, k->dl, kept ? k->dthr : NULL, T, variant, o);
   ks_down(ctx, out, o, (size_t)N * 12);
-  if (a.workspace) rlk_free(ctx, a.workspace);
   if (d) *d = o; else rlk_free(ctx, o);
 }
 
