@@ -543,6 +543,14 @@ int rlk_test_count_lines(const char *out, const char *needle) {
   return n;
 }
 
+void rlk_test_expect_line_counts(const char *out, const rlk_test_line_count *counts, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    const int got = rlk_test_count_lines(out, counts[i].needle);
+    ck_assert_msg(got == counts[i].lines, "%s: %d lines with '%s', expected %d; output:\n%s", what, got,
+                  counts[i].needle, counts[i].lines, out);
+  }
+}
+
 long rlk_test_last_value(const char *out, const char *name) {
   const char *p = out, *last = NULL;
   while ((p = strstr(p, name))) last = p++;

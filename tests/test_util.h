@@ -257,6 +257,16 @@ void rlk_test_tool_free(rlk_test_tool_run *r);
 /* The number of lines of `out` that contain `needle`. */
 int rlk_test_count_lines(const char *out, const char *needle);
 
+/* A needle and the number of lines of a tool's output that must contain it. */
+typedef struct rlk_test_line_count {
+  const char *needle;
+  int lines;
+} rlk_test_line_count;
+
+/* Each of the n `counts` holds for out (rlk_test_count_lines); a failure names the needle, both
+ * counts and `what`, and shows out. */
+void rlk_test_expect_line_counts(const char *out, const rlk_test_line_count *counts, size_t n, const char *what);
+
 /* The integer after the last occurrence of `name` ("compiles=") in out, or -1. */
 long rlk_test_last_value(const char *out, const char *name);
 
