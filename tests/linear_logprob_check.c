@@ -33,12 +33,12 @@ void ll_forward_block(rlk_context *ctx, rlk_dtype dt, void *hidden, void *weight
   a.hidden = rlk_tensor_2d(hidden, dt, n, H, H);
   a.weight = rlk_tensor_2d(weight, dt, V, H, H);
   a.labels = rlk_tensor_1d(labels, RLK_I64, n);
+  if (thresholds) a.threshold = rlk_tensor_1d(thresholds, RLK_F32, n);
   a.temperature = T;
+  a.variant = variant;
   a.logp = rlk_test_block_row(out, RLK_F32, 0, n);
   a.lse = rlk_test_block_row(out, RLK_F32, 1, n);
   a.entropy = rlk_test_block_row(out, RLK_F32, 2, n);
-  if (thresholds) a.threshold = rlk_tensor_1d(thresholds, RLK_F32, n);
-  a.variant = variant;
   rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes), &a.workspace_bytes,
                      &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
