@@ -1,13 +1,15 @@
-/* linear_logprob_check.h - what the fused-head suites (test_linear_logprob.c and
- * test_linear_logprob_rows.c) share: inputs whose logits every path computes exactly, and the
- * bounds the arithmetic allows the forward's outputs against the fp64 reference
- * (ref/linear_logprob_ref.h). */
+/* linear_logprob_check.h - what the fused-head suites (test_linear_logprob.c,
+ * test_linear_logprob_rows.c, and the kept-set and invariance suites' fused cases) share: inputs
+ * whose logits every path computes exactly, the bounds the arithmetic allows the forward's
+ * outputs against the fp64 reference (ref/linear_logprob_ref.h), and a policy loss over a head's
+ * rows. */
 #ifndef RLK_TEST_LINEAR_LOGPROB_CHECK_H
 #define RLK_TEST_LINEAR_LOGPROB_CHECK_H
 
 #include <stdint.h>
 
 #include "ref/logprob_ref.h"
+#include "rlk.h"
 
 #define LL_U 0x1p-24 /* f32's unit roundoff (round to nearest) */
 
@@ -52,5 +54,22 @@ typedef struct ll_bound {
 } ll_bound;
 
 ll_bound ll_fwd_bound(const lp_ref_row *r, double eps);
+
+/* rlk_linear_logprob of n rows on ctx: hidden [n, H] and weight [V, H] of dtype dt, labels (i64)
+ * and thresholds (f32; NULL: none), all device buffers, at temperature T under `variant`; logp,
+ * lse and entropy into the rows of the device block `out` ([3][n] f32). Fails the test on error. */
+void ll_forward_block(rlk_context *ctx, rlk_dtype dt, void *hidden, void *weight, int64_t n, int64_t V, int64_t H,
+                      void *labels, void *thresholds, float T, rlk_linear_logprob_variant variant, void *out);
+
+/* The loss half of rlk_linear_policy_loss over a head's n rows taken as one sequence: old_logp
+ * and advantages [1, n] f32, the loss scalar (f32) with `normalizer` tokens, grad_hidden [n, H]
+ * f32 (device buffers), and the path; the head half is the caller's. */
+void ll_policy_over_rows(rlk_linear_policy_loss_args *a, void *old_logp, void *advantages, void *loss,
+                         void *grad_hidden, int64_t n, int64_t H, double normalizer,
+                         rlk_linear_policy_loss_path path);
+
+/* rlk_linear_policy_loss on ctx with the workspace it asks for (a->workspace, NULL for none:
+ * rlk_free it); fails the test on any error. */
+void ll_run_policy_loss(rlk_context *ctx, rlk_linear_policy_loss_args *a);
 
 #endif

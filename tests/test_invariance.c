@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear_logprob_check.h"
 #include "ops/linear_logprob_plan.h"
 #include "suites.h"
 #include "test_util.h"
@@ -31,6 +32,16 @@
 static void inv_down(rlk_context *ctx, void *dst, const void *src, size_t bytes) {
   ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
   ck_assert_int_eq(rlk_memcpy_to_host(ctx, dst, src, bytes), RLK_OK);
+}
+
+/* The device block of k rows of n 4-byte values (rlk_test_block_row's) as [n][k] on the host:
+ * each batch row's outputs side by side. */
+static void inv_down_rows(rlk_context *ctx, float *out, const void *block, int64_t n, int k) {
+  float *t = malloc((size_t)(n * k) * 4);
+  inv_down(ctx, t, block, (size_t)(n * k) * 4);
+  for (int64_t j = 0; j < n; j++)
+    for (int q = 0; q < k; q++) out[k * j + q] = t[q * n + j];
+  free(t);
 }
 
 static int inv_gpu(rlk_context *ctx) { return rlk_context_backend(ctx) != RLK_BACKEND_HOST; }
@@ -153,8 +164,8 @@ static void head_fwd(rlk_context *ctx, const inv_head *hd, const inv_batch *b, r
   a.entropy = rlk_tensor_1d(ent, RLK_F32, n);
   a.variant = variant;
   a.splits = splits;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes),
+                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   float *t = malloc((size_t)n * 12);
   inv_down(ctx, t, lp, (size_t)n * 4);
@@ -185,9 +196,8 @@ static void head_bwd(rlk_context *ctx, const inv_head *hd, const inv_batch *b, v
   a.grad_entropy = rlk_tensor_1d(b->gent, RLK_F32, n);
   a.grad_hidden = rlk_tensor_2d(gh, gdt, n, H, H);
   a.chunk = chunk;
-  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s",
-                rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &a, &a.workspace_bytes),
+                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   void *t = malloc((size_t)(n * H * es));
   inv_down(ctx, t, gh, (size_t)(n * H * es));
@@ -223,15 +233,8 @@ static void head_policy(rlk_context *ctx, const inv_head *hd, const inv_batch *b
   a.head.labels = rlk_tensor_1d(b->lab, RLK_I64, n);
   a.head.temperature = 0.9f;
   a.head.logp = rlk_tensor_1d(d_lp, RLK_F32, n);
-  a.loss.old_logp = rlk_tensor_2d(d_old, RLK_F32, 1, n, n);
-  a.loss.advantages = rlk_tensor_2d(d_adv, RLK_F32, 1, n, n);
-  a.loss.token_normalizer = 1000.0;
-  a.loss.loss = rlk_tensor_1d(d_loss, RLK_F32, 1);
-  a.grad_hidden = rlk_tensor_2d(d_gh, RLK_F32, n, H, H);
-  a.path = path;
-  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
-  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_policy_over_rows(&a, d_old, d_adv, d_loss, d_gh, n, H, 1000.0, path);
+  ll_run_policy_loss(ctx, &a);
   inv_down(ctx, logp, d_lp, (size_t)n * 4);
   inv_down(ctx, gh_out, d_gh, (size_t)(n * H) * 4);
   if (a.workspace) rlk_free(ctx, a.workspace);
@@ -415,14 +418,11 @@ static void logits_logprob(rlk_context *ctx, const inv_logits *L, const int64_t 
   a.logits = rlk_tensor_2d(x, L->dt, n, L->V, rs);
   a.labels = rlk_tensor_1d(lab, RLK_I64, n);
   a.temperature = 0.8f;
-  a.logp = rlk_tensor_1d(o, RLK_F32, n);
-  a.lse = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
-  a.entropy = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
+  a.logp = rlk_test_block_row(o, RLK_F32, 0, n);
+  a.lse = rlk_test_block_row(o, RLK_F32, 1, n);
+  a.entropy = rlk_test_block_row(o, RLK_F32, 2, n);
   ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  float *t = malloc((size_t)n * 12);
-  inv_down(ctx, t, o, (size_t)n * 12);
-  for (int64_t j = 0; j < n; j++) out[3 * j] = t[j], out[3 * j + 1] = t[n + j], out[3 * j + 2] = t[2 * n + j];
-  free(t);
+  inv_down_rows(ctx, out, o, n, 3);
   rlk_free(ctx, x), rlk_free(ctx, lab), rlk_free(ctx, o);
 }
 
@@ -444,16 +444,12 @@ static void logits_sample(rlk_context *ctx, const inv_logits *L, const int64_t *
   a.min_ps = rlk_tensor_1d(mp, RLK_F32, n);
   a.seeds = rlk_tensor_1d(sd, RLK_I64, n);
   a.offsets = rlk_tensor_1d(of, RLK_I64, n);
-  a.tokens = rlk_tensor_1d(o, RLK_I32, n);
-  a.logp = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
-  a.logp_filtered = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
-  a.threshold = rlk_tensor_1d((char *)o + n * 12, RLK_F32, n);
+  a.tokens = rlk_test_block_row(o, RLK_I32, 0, n);
+  a.logp = rlk_test_block_row(o, RLK_F32, 1, n);
+  a.logp_filtered = rlk_test_block_row(o, RLK_F32, 2, n);
+  a.threshold = rlk_test_block_row(o, RLK_F32, 3, n);
   ck_assert_msg(rlk_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
-  float *t = malloc((size_t)n * 16);
-  inv_down(ctx, t, o, (size_t)n * 16);
-  for (int64_t j = 0; j < n; j++)
-    for (int q = 0; q < 4; q++) out[4 * j + q] = t[q * n + j];
-  free(t);
+  inv_down_rows(ctx, out, o, n, 4);
   rlk_free(ctx, x), rlk_free(ctx, temp), rlk_free(ctx, tk), rlk_free(ctx, tp), rlk_free(ctx, mp);
   rlk_free(ctx, sd), rlk_free(ctx, of), rlk_free(ctx, o);
 }

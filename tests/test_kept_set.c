@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear_logprob_check.h"
 #include "ref/kept_set_ref.h"
 #include "ref/linear_logprob_ref.h"
 #include "suites.h"
@@ -106,9 +107,9 @@ static void ks_logprob(rlk_context *ctx, void *x, rlk_dtype dt, int64_t N, int64
   a.logits = rlk_tensor_2d(x, dt, N, V, V);
   a.labels = rlk_tensor_1d(lab, RLK_I64, N);
   a.temperature = T;
-  a.logp = rlk_tensor_1d(o, RLK_F32, N);
-  a.lse = rlk_tensor_1d((char *)o + N * 4, RLK_F32, N);
-  a.entropy = rlk_tensor_1d((char *)o + N * 8, RLK_F32, N);
+  a.logp = rlk_test_block_row(o, RLK_F32, 0, N);
+  a.lse = rlk_test_block_row(o, RLK_F32, 1, N);
+  a.entropy = rlk_test_block_row(o, RLK_F32, 2, N);
   if (thr) a.threshold = rlk_tensor_1d(thr, RLK_F32, N);
   ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   ks_down(ctx, out, o, (size_t)N * 12);
@@ -260,22 +261,8 @@ static void ks_linear_fwd(rlk_context *ctx, const ks_head *k, int kept, rlk_line
                           float *out, void **d) {
   const int64_t N = k->N;
   void *o = rlk_test_dev_alloc(ctx, (size_t)N * 12);
-  rlk_linear_logprob_args a;
-  rlk_linear_logprob_args_init(&a);
-  a.hidden = rlk_tensor_2d(k->dh, k->dt, N, k->H, k->H);
-  a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
-  a.labels = rlk_tensor_1d(k->dl, RLK_I64, N);
-  a.temperature = T;
-  a.logp = rlk_tensor_1d(o, RLK_F32, N);
-  a.lse = rlk_tensor_1d((char *)o + N * 4, RLK_F32, N);
-  a.entropy = rlk_tensor_1d((char *)o + N * 8, RLK_F32, N);
-  if (kept) a.threshold = rlk_tensor_1d(k->dthr, RLK_F32, N);
-  a.variant = variant;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
-  ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_forward_block(ctx, k->dt, k->dh, k->dw, N, k->V, k->H, k->dl, kept ? k->dthr : NULL, T, variant, o);
   ks_down(ctx, out, o, (size_t)N * 12);
-  if (a.workspace) rlk_free(ctx, a.workspace);
   if (d) *d = o; else rlk_free(ctx, o);
 }
 
@@ -350,16 +337,15 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   b.weight = rlk_tensor_2d(k.dw, dt, V, H, H);
   b.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
   b.temperature = T;
-  b.lse = rlk_tensor_1d((char *)d_out + N * 4, RLK_F32, N);
-  b.entropy = rlk_tensor_1d((char *)d_out + N * 8, RLK_F32, N);
+  b.lse = rlk_test_block_row(d_out, RLK_F32, 1, N);
+  b.entropy = rlk_test_block_row(d_out, RLK_F32, 2, N);
   b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
   b.grad_entropy = rlk_tensor_1d(dgent, RLK_F32, N);
   b.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
   b.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
   b.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
-  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes) == RLK_OK, "%s",
-                rlk_last_error());
-  b.workspace = b.workspace_bytes ? rlk_test_dev_alloc(ctx, b.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes),
+                     &b.workspace_bytes, &b.workspace, &b.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
   float *gh = malloc((size_t)(N * H) * 4), *gw = malloc((size_t)(V * H) * 4);
   ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
@@ -435,15 +421,8 @@ static void ks_policy_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   a.head.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
   a.head.logp = rlk_tensor_1d(dlp, RLK_F32, N);
   a.head.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
-  a.loss.old_logp = rlk_tensor_2d(dold, RLK_F32, 1, N, N);
-  a.loss.advantages = rlk_tensor_2d(dadv, RLK_F32, 1, N, N);
-  a.loss.token_normalizer = 64.0;
-  a.loss.loss = rlk_tensor_1d(dloss, RLK_F32, 1);
-  a.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
-  a.path = path;
-  ck_assert_msg(rlk_linear_policy_loss_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = rlk_test_dev_alloc(ctx, a.workspace_bytes);
-  ck_assert_msg(rlk_linear_policy_loss(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_policy_over_rows(&a, dold, dadv, dloss, dgh, N, H, 64.0, path);
+  ll_run_policy_loss(ctx, &a);
   float *lp = malloc((size_t)N * 4), *gh = malloc((size_t)(N * H) * 4);
   ks_down(ctx, lp, dlp, (size_t)N * 4);
   ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
@@ -458,19 +437,18 @@ static void ks_policy_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   pl.logp = rlk_tensor_2d(dfwd, RLK_F32, 1, N, N); /* the kept logp: the first [N] of the outputs */
   pl.grad_logp = rlk_tensor_2d(dglp, RLK_F32, 1, N, N);
   pl.workspace = NULL;
-  ck_assert_msg(rlk_policy_loss_workspace_size(ctx, &pl, &pl.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  pl.workspace = pl.workspace_bytes ? rlk_test_dev_alloc(ctx, pl.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_policy_loss_workspace_size(ctx, &pl, &pl.workspace_bytes),
+                     &pl.workspace_bytes, &pl.workspace, &pl.workspace_bytes);
   ck_assert_msg(rlk_policy_loss(ctx, &pl, NULL) == RLK_OK, "%s", rlk_last_error());
   void *dgh2 = rlk_test_dev_alloc(ctx, (size_t)(N * H) * 4);
   rlk_linear_logprob_backward_args b;
   rlk_linear_logprob_backward_args_init(&b);
   b.hidden = a.head.hidden, b.weight = a.head.weight, b.labels = a.head.labels, b.threshold = a.head.threshold;
-  b.lse = rlk_tensor_1d((char *)dfwd + N * 4, RLK_F32, N);
+  b.lse = rlk_test_block_row(dfwd, RLK_F32, 1, N);
   b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
   b.grad_hidden = rlk_tensor_2d(dgh2, RLK_F32, N, H, H);
-  ck_assert_msg(rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes) == RLK_OK, "%s",
-                rlk_last_error());
-  b.workspace = b.workspace_bytes ? rlk_test_dev_alloc(ctx, b.workspace_bytes) : NULL;
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes),
+                     &b.workspace_bytes, &b.workspace, &b.workspace_bytes);
   ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
   float *gh2 = malloc((size_t)(N * H) * 4);
   ks_down(ctx, gh2, dgh2, (size_t)(N * H) * 4);

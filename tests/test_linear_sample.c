@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear_logprob_check.h"
 #include "ref/linear_logprob_ref.h"
 #include "suites.h"
 #include "test_util.h"
@@ -105,14 +106,14 @@ static void ls_run(rlk_context *ctx, const ls_head *k, int64_t r0, int64_t M, co
   a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
   LS_SET_DRAW(a, s, d);
   a.tokens = rlk_tensor_1d(tok, RLK_I64, M);
-  a.logp = rlk_tensor_1d(out, RLK_F32, M);
-  a.lse = rlk_tensor_1d((char *)out + M * 4, RLK_F32, M);
-  a.entropy = rlk_tensor_1d((char *)out + M * 8, RLK_F32, M);
-  a.threshold = rlk_tensor_1d((char *)out + M * 12, RLK_F32, M);
+  a.logp = rlk_test_block_row(out, RLK_F32, 0, M);
+  a.lse = rlk_test_block_row(out, RLK_F32, 1, M);
+  a.entropy = rlk_test_block_row(out, RLK_F32, 2, M);
+  a.threshold = rlk_test_block_row(out, RLK_F32, 3, M);
   a.status = rlk_tensor_1d(st, RLK_I32, 1);
   a.variant = variant;
-  ck_assert_msg(rlk_linear_sample_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = rlk_test_dev_alloc(ctx, a.workspace_bytes);
+  rlk_test_workspace(ctx, rlk_linear_sample_workspace_size(ctx, &a, &a.workspace_bytes),
+                     &a.workspace_bytes, &a.workspace, &a.workspace_bytes);
   ck_assert_msg(rlk_linear_sample(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   o->M = M;
   o->pitch = (k->V + 3) / 4 * 4;
@@ -141,22 +142,8 @@ static void ls_trainer(rlk_context *ctx, const ls_head *k, const int64_t *idx, i
   for (int64_t j = 0; j < n; j++) memcpy(h + j * k->H, k->h + idx[j] * k->H, (size_t)k->H * 2);
   void *dh = rlk_test_dev_upload(ctx, h, (size_t)(n * k->H) * 2), *dl = rlk_test_dev_upload(ctx, labels, (size_t)n * 8);
   void *dt = thr ? rlk_test_dev_upload(ctx, thr, (size_t)n * 4) : NULL, *o = rlk_test_dev_alloc(ctx, (size_t)n * 12);
-  rlk_linear_logprob_args a;
-  rlk_linear_logprob_args_init(&a);
-  a.hidden = rlk_tensor_2d(dh, k->dt, n, k->H, k->H);
-  a.weight = rlk_tensor_2d(k->dw, k->dt, k->V, k->H, k->H);
-  a.labels = rlk_tensor_1d(dl, RLK_I64, n);
-  a.temperature = T;
-  a.logp = rlk_tensor_1d(o, RLK_F32, n);
-  a.lse = rlk_tensor_1d((char *)o + n * 4, RLK_F32, n);
-  a.entropy = rlk_tensor_1d((char *)o + n * 8, RLK_F32, n);
-  if (dt) a.threshold = rlk_tensor_1d(dt, RLK_F32, n);
-  a.variant = variant;
-  ck_assert_msg(rlk_linear_logprob_workspace_size(ctx, &a, &a.workspace_bytes) == RLK_OK, "%s", rlk_last_error());
-  a.workspace = a.workspace_bytes ? rlk_test_dev_alloc(ctx, a.workspace_bytes) : NULL;
-  ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+  ll_forward_block(ctx, k->dt, dh, k->dw, n, k->V, k->H, dl, dt, T, variant, o);
   ls_down(ctx, out, o, (size_t)n * 12);
-  if (a.workspace) rlk_free(ctx, a.workspace);
   rlk_free(ctx, dh), rlk_free(ctx, dl), rlk_free(ctx, o);
   if (dt) rlk_free(ctx, dt);
   free(h);

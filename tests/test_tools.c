@@ -177,10 +177,9 @@ START_TEST(dry_run_expands_sweeps) {
   expect_status(r, 0, "dry run");
   /* (4 + 6) configurations x 3 targets */
   ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 30);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "group_advantage "), 30);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "sm_90a"), 10);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "mode=grpo group_size=8"), 3);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "group_size=16 unbiased=1"), 3);
+  static const rlk_test_line_count dry_lines[] = {
+      {"group_advantage ", 30}, {"sm_90a", 10}, {"mode=grpo group_size=8", 3}, {"group_size=16 unbiased=1", 3}};
+  rlk_test_expect_line_counts(r.out, dry_lines, sizeof dry_lines / sizeof dry_lines[0], "dry run");
   rlk_test_tool_free(&r);
 
   /* shards partition the 12 items: 0/2 takes 6, 1/5 indices 1, 6 and 11 */

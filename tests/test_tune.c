@@ -1285,10 +1285,9 @@ START_TEST(rlk_tune_usage_and_dry_run) {
                              "16,64,70", "--dtype", "f32", "--entropy", "0,1", "--db", db));
   expect_status(r, 0, "rlk-tune --dry-run");
   ck_assert_int_eq(rlk_test_last_value(r.out, "dry run: "), 16);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass="), 16);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "/16] logprob pass=bwd"), 8);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "[compile"), 0);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "tokens=70"), 0);
+  static const rlk_test_line_count dry_lines[] = {
+      {"/16] logprob pass=", 16}, {"/16] logprob pass=bwd", 8}, {"[compile", 0}, {"tokens=70", 0}};
+  rlk_test_expect_line_counts(r.out, dry_lines, sizeof dry_lines / sizeof dry_lines[0], "rlk-tune --dry-run");
   /* on the host every candidate plans to the default's one kernel */
   ck_assert_int_eq(rlk_test_count_lines(r.out, "same kernels as the default"),
                    16 * rlk_test_count_lines(rlk_tune_candidates("logprob"), "variant="));
@@ -1339,10 +1338,9 @@ START_TEST(rlk_tune_host_run_feeds_calls_and_precompile) {
       ARGS("--backend", "host", "--sweep", "logprob pass=fwd,bwd logits=f32 labels=i64 entropy=1 vocab=1000 tokens=24",
            "--iters", "3", "--warmup", "1", "-j", "2", "--db", db, "--json", json, "--time-duplicates"));
   expect_status(r, 0, "rlk-tune on the host");
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "[1/2] logprob pass="), 1);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "[2/2] logprob pass="), 1);
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "default ms"), 1); /* the table */
-  ck_assert_int_eq(rlk_test_count_lines(r.out, "FAILED"), 0);
+  static const rlk_test_line_count host_lines[] = {
+      {"[1/2] logprob pass=", 1}, {"[2/2] logprob pass=", 1}, {"default ms", 1} /* the table */, {"FAILED", 0}};
+  rlk_test_expect_line_counts(r.out, host_lines, sizeof host_lines / sizeof host_lines[0], "rlk-tune on the host");
   rlk_test_tool_free(&r);
   rlk_device_info info;
   host_info(&info);

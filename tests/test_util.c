@@ -543,6 +543,14 @@ int rlk_test_count_lines(const char *out, const char *needle) {
   return n;
 }
 
+void rlk_test_expect_line_counts(const char *out, const rlk_test_line_count *counts, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    const int got = rlk_test_count_lines(out, counts[i].needle);
+    ck_assert_msg(got == counts[i].lines, "%s: %d lines with '%s', expected %d; output:\n%s", what, got,
+                  counts[i].needle, counts[i].lines, out);
+  }
+}
+
 long rlk_test_last_value(const char *out, const char *name) {
   const char *p = out, *last = NULL;
   while ((p = strstr(p, name))) last = p++;
@@ -649,6 +657,10 @@ int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64
     left -= s;
   }
   return n;
+}
+
+rlk_tensor rlk_test_block_row(void *block, rlk_dtype d, int64_t i, int64_t n) {
+  return rlk_tensor_1d((char *)block + (size_t)(i * n) * rlk_dtype_size(d), d, n);
 }
 
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c) {

@@ -148,6 +148,10 @@ void *rlk_test_upload_offsets(rlk_context *ctx, rlk_dtype d, const int64_t *offs
 /* Random group sizes in [1, max] (some singletons) summing to B, into sizes; returns how many. */
 int64_t rlk_test_random_group_sizes(uint64_t *rng, int64_t B, int64_t max, int64_t *sizes);
 
+/* Row i of `block`, rows of n values of the 4-byte dtype d (RLK_F32, RLK_I32) back to back, as an
+ * [n] tensor: several outputs of a call in one buffer, read back in one copy. */
+rlk_tensor rlk_test_block_row(void *block, rlk_dtype d, int64_t i, int64_t n);
+
 /* A dense [a, b, c] tensor descriptor (the 3-D sibling of rlk_tensor_2d). */
 rlk_tensor rlk_test_tensor_3d(void *data, rlk_dtype dt, int64_t a, int64_t b, int64_t c);
 
@@ -252,6 +256,16 @@ void rlk_test_tool_free(rlk_test_tool_run *r);
 
 /* The number of lines of `out` that contain `needle`. */
 int rlk_test_count_lines(const char *out, const char *needle);
+
+/* A needle and the number of lines of a tool's output that must contain it. */
+typedef struct rlk_test_line_count {
+  const char *needle;
+  int lines;
+} rlk_test_line_count;
+
+/* Each of the n `counts` holds for out (rlk_test_count_lines); a failure names the needle, both
+ * counts and `what`, and shows out. */
+void rlk_test_expect_line_counts(const char *out, const rlk_test_line_count *counts, size_t n, const char *what);
 
 /* The integer after the last occurrence of `name` ("compiles=") in out, or -1. */
 long rlk_test_last_value(const char *out, const char *name);

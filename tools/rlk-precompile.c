@@ -603,6 +603,18 @@ static int take_record(const rlk_tune_record *r, void *user) {
   return 0;
 }
 
+/* Appends item `index` of the full manifest (target, config) to g.items when it falls in shard
+ * shard_i of shard_n. */
+static void add_item(size_t *nitems, size_t index, const char *target, const char *config, long shard_i,
+                     long shard_n) {
+  if (index % (size_t)shard_n != (size_t)shard_i) return;
+  item *it = &g.items[(*nitems)++];
+  memset(it, 0, sizeof *it);
+  it->index = index;
+  it->target = target;
+  it->config = config;
+}
+
 static int precompile_main(int argc, char **argv) {
   const char *out_arg = NULL, *manifest = NULL, *tune_db = NULL;
   int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0, json = 0;
@@ -626,10 +638,17 @@ static int precompile_main(int argc, char **argv) {
       {"shard", required_argument, NULL, OPT_SHARD},
       {"json", no_argument, NULL, OPT_JSON},
       {NULL, 0, NULL, 0}};
+  static const tool_nonempty nonempty[] = {
+      {OPT_TUNE_DB, "--tune-db needs a tuning database file"},
+      {OPT_CONFIG, "--config needs a file"},
+      {OPT_OUT, "--out needs a directory"},
+      {OPT_MANIFEST, "--manifest needs a file"}};
   opterr = 0;
   int opt;
   while ((opt = getopt_long(argc, argv, ":hnqj:", longopts, NULL)) != -1) {
     const char *val = optarg;
+    const int empty = empty_value_error(opt, val, nonempty, sizeof nonempty / sizeof nonempty[0]);
+    if (empty) return empty;
     switch (opt) {
       case 'h': usage(stdout); return 0;
       case 'n': dry_run = 1; break;
@@ -637,27 +656,15 @@ static int precompile_main(int argc, char **argv) {
       case OPT_LIST_OPS: want_list_ops = 1; break;
       case OPT_TUNE_ALL_ENVS: tune_all_envs = 1; break;
       case OPT_JSON: json = 1; break;
-      case OPT_TUNE_DB:
-        if (!*val) return usage_error("--tune-db needs a tuning database file");
-        tune_db = val;
-        break;
-      case OPT_CONFIG:
-        if (!*val) return usage_error("--config needs a file");
-        strlist_push(&g.config_files, xstrdup(val));
-        break;
+      case OPT_TUNE_DB: tune_db = val; break;
+      case OPT_CONFIG: strlist_push(&g.config_files, xstrdup(val)); break;
       case OPT_SWEEP: strlist_push(&g.sweeps, xstrdup(val)); break;
       case OPT_TARGETS:
         split_words(val, 1, &g.target_words);
         have_targets = 1;
         break;
-      case OPT_OUT:
-        if (!*val) return usage_error("--out needs a directory");
-        out_arg = val;
-        break;
-      case OPT_MANIFEST:
-        if (!*val) return usage_error("--manifest needs a file");
-        manifest = val;
-        break;
+      case OPT_OUT: out_arg = val; break;
+      case OPT_MANIFEST: manifest = val; break;
       case 'j':
         if (parse_int(val, 1, 1024, &jobs)) return usage_error("-j needs a number of workers from 1 to 1024");
         break;
@@ -725,26 +732,11 @@ static int precompile_main(int argc, char **argv) {
   size_t total = g.targets.n * g.configs.n + g.tuned_configs.n;
   g.items = xrealloc(NULL, (total ? total : 1) * sizeof *g.items);
   size_t nitems = 0;
-  for (size_t t = 0; t < g.targets.n; t++) {
-    for (size_t c = 0; c < g.configs.n; c++) {
-      size_t index = t * g.configs.n + c;
-      if (index % (size_t)shard_n != (size_t)shard_i) continue;
-      item *it = &g.items[nitems++];
-      memset(it, 0, sizeof *it);
-      it->index = index;
-      it->target = g.targets.v[t];
-      it->config = g.configs.v[c];
-    }
-  }
-  for (size_t k = 0; k < g.tuned_configs.n; k++) {
-    size_t index = g.targets.n * g.configs.n + k;
-    if (index % (size_t)shard_n != (size_t)shard_i) continue;
-    item *it = &g.items[nitems++];
-    memset(it, 0, sizeof *it);
-    it->index = index;
-    it->target = g.tuned_targets.v[k];
-    it->config = g.tuned_configs.v[k];
-  }
+  for (size_t t = 0; t < g.targets.n; t++)
+    for (size_t c = 0; c < g.configs.n; c++)
+      add_item(&nitems, t * g.configs.n + c, g.targets.v[t], g.configs.v[c], shard_i, shard_n);
+  for (size_t k = 0; k < g.tuned_configs.n; k++)
+    add_item(&nitems, g.targets.n * g.configs.n + k, g.tuned_targets.v[k], g.tuned_configs.v[k], shard_i, shard_n);
   g.nitems = nitems;
   char tuned_note[96] = "";
   if (g.tuned_configs.n)

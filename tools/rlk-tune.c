@@ -1322,10 +1322,20 @@ static int parse_args(int argc, char **argv) {
       {"pass", required_argument, NULL, OPT_SHORT + 5},
       {"grad", required_argument, NULL, OPT_SHORT + 6},
       {NULL, 0, NULL, 0}};
+  static const tool_nonempty nonempty[] = {
+      {OPT_OP, "--op needs an op name"},
+      {OPT_CONFIG, "--config needs a file"},
+      {OPT_MERGE, "--merge needs a database file"},
+      {OPT_EXCLUDE, "--exclude needs some text"},
+      {OPT_DB, "--db needs a file"},
+      {OPT_JSON, "--json needs a file"},
+      {OPT_TARGET, "--target needs a target (sm_90a, gfx90a)"}};
   opterr = 0;
   for (int c; (c = getopt_long(argc, argv, ":hnqj:", longopts, NULL)) != -1;) {
     const char *val = optarg;
     long x = 0;
+    const int empty = empty_value_error(c, val, nonempty, sizeof nonempty / sizeof nonempty[0]);
+    if (empty) return empty;
     if (c >= OPT_SHORT && c < OPT_SHORT + (int)(sizeof shorthands / sizeof shorthands[0])) {
       if (!*val) return usage_error("%s needs a comma list", argv[optind - 1]);
       strlist_push(&opt.sets, xasprintf("%s=%s", shorthands[c - OPT_SHORT], val));
@@ -1339,39 +1349,18 @@ static int parse_args(int argc, char **argv) {
       case OPT_PENDING: opt.pending = 1; break;
       case OPT_LIST: opt.list = 1; break;
       case OPT_LIST_CANDIDATES: opt.list_candidates = 1; break;
-      case OPT_OP:
-        if (!*val) return usage_error("--op needs an op name");
-        opt.op = val;
-        break;
+      case OPT_OP: opt.op = val; break;
       case OPT_SET:
         if (!strchr(val, '=') || val[0] == '=') return usage_error("--set needs NAME=LIST");
         strlist_push(&opt.sets, xstrdup(val));
         break;
-      case OPT_CONFIG:
-        if (!*val) return usage_error("--config needs a file");
-        strlist_push(&opt.config_files, xstrdup(val));
-        break;
+      case OPT_CONFIG: strlist_push(&opt.config_files, xstrdup(val)); break;
       case OPT_SWEEP: strlist_push(&opt.sweeps, xstrdup(val)); break;
-      case OPT_MERGE:
-        if (!*val) return usage_error("--merge needs a database file");
-        strlist_push(&opt.merges, xstrdup(val));
-        break;
-      case OPT_EXCLUDE:
-        if (!*val) return usage_error("--exclude needs some text");
-        strlist_push(&opt.excludes, xstrdup(val));
-        break;
-      case OPT_DB:
-        if (!*val) return usage_error("--db needs a file");
-        opt.db_arg = val;
-        break;
-      case OPT_JSON:
-        if (!*val) return usage_error("--json needs a file");
-        opt.json = val;
-        break;
-      case OPT_TARGET:
-        if (!*val) return usage_error("--target needs a target (sm_90a, gfx90a)");
-        opt.target = val;
-        break;
+      case OPT_MERGE: strlist_push(&opt.merges, xstrdup(val)); break;
+      case OPT_EXCLUDE: strlist_push(&opt.excludes, xstrdup(val)); break;
+      case OPT_DB: opt.db_arg = val; break;
+      case OPT_JSON: opt.json = val; break;
+      case OPT_TARGET: opt.target = val; break;
       case OPT_BACKEND:
         if (parse_backend(val, &opt.backend)) return usage_error("--backend: '%s' is not auto, cuda, hip or host", val);
         break;

@@ -38,6 +38,21 @@ TOOL_UNUSED static int getopt_error(int c, char **argv) {
   return usage_error("unknown option '%s'", a);
 }
 
+/* An option whose value may not be empty, and the usage error that says what it needs. */
+typedef struct tool_nonempty {
+  int opt;           /* as getopt_long returns it */
+  const char *error; /* "--config needs a file" */
+} tool_nonempty;
+
+/* The usage error (2) when option c is one of the n `rules` and its value is empty; 0 otherwise
+ * (options without a value have none to check). */
+TOOL_UNUSED static int empty_value_error(int c, const char *val, const tool_nonempty *rules, size_t n) {
+  if (!val || *val) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (rules[i].opt == c) return usage_error("%s", rules[i].error);
+  return 0;
+}
+
 /* Writes s as a JSON string (quoted, escaped). */
 TOOL_UNUSED static void json_string(FILE *f, const char *s) {
   fputc('"', f);

@@ -70,18 +70,18 @@ static void ll_forward_args(const ll_bench *b, const char *settings, rlk_linear_
 
 static void ll_backward_args(const ll_bench *b, const char *settings, rlk_linear_logprob_backward_args *a) {
   const ll_problem *p = &b->p;
+  rlk_linear_logprob_args f; /* the backward reads the forward's inputs, lse and entropy */
+  ll_forward_args(b, "", &f);
   rlk_linear_logprob_backward_args_init(a);
-  a->hidden = rlk_tensor_2d(b->h, p->hidden, p->N, p->H, p->H);
-  a->weight = rlk_tensor_2d(b->w, p->hidden, p->V, p->H, p->H);
-  a->labels = rlk_tensor_1d(b->y, p->labels, p->N);
-  a->lse = rlk_tensor_1d(b->lse, RLK_F32, p->N);
   a->grad_logp = rlk_tensor_1d(b->glp, RLK_F32, p->N);
-  if (p->entropy) {
-    a->grad_entropy = rlk_tensor_1d(b->gent, RLK_F32, p->N);
-    a->entropy = rlk_tensor_1d(b->ent, RLK_F32, p->N);
-  }
+  if (p->entropy) a->grad_entropy = rlk_tensor_1d(b->gent, RLK_F32, p->N);
   a->grad_hidden = rlk_tensor_2d(b->gh, p->grad, p->N, p->H, p->H);
   a->grad_weight = rlk_tensor_2d(b->gw, p->grad, p->V, p->H, p->H);
+  a->hidden = f.hidden;
+  a->weight = f.weight;
+  a->labels = f.labels;
+  a->lse = f.lse;
+  a->entropy = f.entropy;
   a->workspace = b->work;
   a->workspace_bytes = b->work_bytes;
   setting_int(settings, "chunk", &a->chunk);

@@ -104,41 +104,32 @@ static void lp_tuning_of(const char *settings, rlk_logprob_variant *variant, int
 static rlk_status lp_call(lp_bench *b, int s, const char *settings, int forward_for_bwd) {
   const lp_problem *p = &b->p;
   lp_set *t = &b->set[s];
-  rlk_logprob_variant variant;
-  int block, unroll, stages;
-  lp_tuning_of(settings, &variant, &block, &unroll, &stages);
-  if (!p->bwd || forward_for_bwd) {
-    rlk_logprob_args a;
-    rlk_logprob_args_init(&a);
-    a.logits = rlk_tensor_2d(t->logits, p->logits, p->N, p->V, p->V);
-    a.labels = rlk_tensor_1d(t->labels, p->labels, p->N);
-    a.logp = rlk_tensor_1d(t->logp, RLK_F32, p->N);
-    a.lse = rlk_tensor_1d(t->lse, RLK_F32, p->N);
-    if (p->entropy) a.entropy = rlk_tensor_1d(t->ent, RLK_F32, p->N);
-    a.status = rlk_tensor_1d(b->status, RLK_I32, 1);
-    a.variant = variant;
-    a.block = block;
-    a.unroll = unroll;
-    a.stages = stages;
-    return rlk_logprob(b->ctx, &a, NULL);
-  }
-  rlk_logprob_backward_args a;
-  rlk_logprob_backward_args_init(&a);
+  rlk_logprob_args a;
+  rlk_logprob_args_init(&a);
   a.logits = rlk_tensor_2d(t->logits, p->logits, p->N, p->V, p->V);
   a.labels = rlk_tensor_1d(t->labels, p->labels, p->N);
+  a.logp = rlk_tensor_1d(t->logp, RLK_F32, p->N);
   a.lse = rlk_tensor_1d(t->lse, RLK_F32, p->N);
-  a.grad_logp = rlk_tensor_1d(t->glp, RLK_F32, p->N);
-  if (p->entropy) {
-    a.grad_entropy = rlk_tensor_1d(t->gent, RLK_F32, p->N);
-    a.entropy = rlk_tensor_1d(t->ent, RLK_F32, p->N);
-  }
-  a.grad_logits = rlk_tensor_2d(t->grad, p->grad, p->N, p->V, p->V);
+  if (p->entropy) a.entropy = rlk_tensor_1d(t->ent, RLK_F32, p->N);
   a.status = rlk_tensor_1d(b->status, RLK_I32, 1);
-  a.variant = variant;
-  a.block = block;
-  a.unroll = unroll;
-  a.stages = stages;
-  return rlk_logprob_backward(b->ctx, &a, NULL);
+  lp_tuning_of(settings, &a.variant, &a.block, &a.unroll, &a.stages);
+  if (!p->bwd || forward_for_bwd) return rlk_logprob(b->ctx, &a, NULL);
+  rlk_logprob_backward_args g;
+  rlk_logprob_backward_args_init(&g);
+  g.variant = a.variant; /* the settings tune both passes alike */
+  g.block = a.block;
+  g.unroll = a.unroll;
+  g.stages = a.stages;
+  g.grad_logp = rlk_tensor_1d(t->glp, RLK_F32, p->N);
+  if (p->entropy) g.grad_entropy = rlk_tensor_1d(t->gent, RLK_F32, p->N);
+  g.grad_logits = rlk_tensor_2d(t->grad, p->grad, p->N, p->V, p->V);
+  /* and reads the forward's inputs, lse and entropy */
+  g.logits = a.logits;
+  g.labels = a.labels;
+  g.lse = a.lse;
+  g.entropy = a.entropy;
+  g.status = a.status;
+  return rlk_logprob_backward(b->ctx, &g, NULL);
 }
 
 /* Fresh random inputs: nsets sets (several, rotated, when one fits in the L2), and for a
