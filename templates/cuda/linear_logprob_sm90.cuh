@@ -8,7 +8,8 @@
  * the consumers: each multiplies its 64 rows by the 256 columns (wgmma m64n256k16, 128 f32
  * accumulators a thread, K in order), then writes each row's record of the tile (ll_tile_record:
  * max, sum of exp, sum of p z, the label's logit) to partials [tile][N] and goes on to the next
- * tile (and, for rlk_linear_sample, stores the tile's raw logits). A row's records depend on its
+ * tile (and, for rlk_linear_sample, stores the tile's raw logits); a consumer whose rows all lie
+ * past N multiplies nothing (ll_sm90_tile_pass). A row's records depend on its
  * hidden state and the weight alone: not on the split, the
  * row's place in the tile or the number of rows, so the combine's merge gives a row the same bits
  * in any batch (linear_logprob_plan.h). Registers move from the producer (40) to the consumers
@@ -93,8 +94,15 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
   }
   float acc[BN / 2];
   u32 it = 0;
+  /* a warpgroup whose 64 rows all lie past N (a call of at most 64 rows in its last block) only
+   * hands the stages back */
+  const bool idle = row0 + cw * 64 >= N;
   for (int t = 0; t < ntiles; ++t) {
     const i64 col0 = v_begin + (i64)t * BN;
+    if (idle) {
+      ll_sm90_tile_pass(full, empty, l, kblocks, it, STAGES);
+      continue;
+    }
     ll_sm90_tile_products<STAGES, AB, 0, 0>(acc, full, empty, smem, cw, l, kblocks, it);
 
     /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten by

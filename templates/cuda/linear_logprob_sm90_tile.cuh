@@ -61,6 +61,19 @@ RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, 
   sm90::wgmma_fence_operands(acc);
 }
 
+/* A consumer warpgroup none of whose rows exists (past N: a call of fewer rows than the tile's)
+ * hands each of a tile's stages back once it is filled, with no products: the ring runs on as
+ * if it had multiplied (the other warpgroup's products and records are the same either way), and
+ * the tensor cores do half a tile's work where a call has at most 64 rows. */
+RLK_DEVICE void ll_sm90_tile_pass(u64 *full, u64 *empty, int l, int kblocks, u32 &it, int stages) {
+  for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    const u32 s = it % (u32)stages;
+    sm90::mbar_wait(&full[s], (it / (u32)stages) & 1u);
+    __syncwarp();
+    if (l == 0) sm90::mbar_arrive(&empty[s]);
+  }
+}
+
 /* A consumer thread's accumulators hold, for its rows i = 0, 1, the columns 8 j + 2 (l % 4) + e of
  * the tile in acc[4 j + 2 i + e]; q = 2 j + e numbers a row's 64. */
 
