@@ -330,9 +330,10 @@ def plot(rows, path):
     if not ok:
         return
     shapes = sorted({(r["arch"], r["G"], r["prompt"], r["response"]) for r in ok})
+    present = [v for v in VARIANTS if any(r["variant"] == v for r in ok)]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(shapes) * 2), 8))
-    width = 0.8 / len(VARIANTS)
-    for k, v in enumerate(VARIANTS):
+    width = 0.8 / len(present)
+    for k, v in enumerate(present):
         xs, t, m = [], [], []
         for i, s in enumerate(shapes):
             r = [r for r in ok if r["variant"] == v and (r["arch"], r["G"], r["prompt"], r["response"]) == s]
@@ -340,8 +341,9 @@ def plot(rows, path):
                 xs.append(i + k * width)
                 t.append(r[0]["step_s"])
                 m.append(r[0]["peak_gib"] or 0.0)
-        axes[0].bar(xs, t, width, label=v)
-        axes[1].bar(xs, m, width, label=v)
+        color = "C%d" % VARIANTS.index(v)  # a variant's colour is the same in every chart
+        axes[0].bar(xs, t, width, label=v, color=color)
+        axes[1].bar(xs, m, width, label=v, color=color)
     labels = ["%s\nG%d p%d r%d" % s for s in shapes]
     for ax, name in zip(axes, ("step time (s)", "peak memory (GiB)")):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
@@ -364,7 +366,22 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(HERE, "..", "..", "build", "trainer-step"))
+    ap.add_argument("--replot", nargs="+", metavar="FILE",
+                    help="no run: one chart (--out-dir/trainer_step.png) of the rows in these files "
+                         "(this script's JSON, or its output's JSON lines)")
     a = ap.parse_args()
+    if a.replot:
+        rows = []
+        for path in a.replot:
+            with open(path) as f:
+                text = f.read()
+            if path.endswith(".json"):
+                rows += json.loads(text)["rows"]
+            else:
+                rows += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        os.makedirs(a.out_dir, exist_ok=True)
+        plot(rows, os.path.join(a.out_dir, "trainer_step.png"))
+        return
     if a.tiny:
         a.archs, a.groups, a.prompts, a.responses, a.reps = "tiny", "4", "16", "8", 1
     os.makedirs(a.out_dir, exist_ok=True)
