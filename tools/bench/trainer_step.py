@@ -294,18 +294,23 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
         phases = getattr(step, "phases", None)
         if phases is not None:
             phases.clear()
-        times = []
+        times, phase_times = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             loss = step()
             sync(device)
             times.append(time.perf_counter() - t0)
+            if phases is not None and phases.events:
+                phase_times.append(phases.times_ms())
         row = {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
                "peak_gib": peak(device), "loss": float(loss)}
         if phases is not None and phases.peaks:
             row["peak_gib"] = max(phases.top, row["peak_gib"] or 0.0)
             row["phase_peaks_gib"] = dict(phases.peaks)  # the last step's, by phase
-            row["phase_ms"] = phases.times_ms()  # old and ref: forward only; loss: the training forward
+            # each phase's median over the timed steps (old and ref: forward only; loss: the
+            # training forward)
+            row["phase_ms"] = {k: sorted(t[k] for t in phase_times)[len(phase_times) // 2]
+                               for k in phase_times[-1]} if phase_times else {}
         if before is not None:
             row["held_before_gib"] = round(before, 3)  # in peak_gib, not the variant's own
         if calls is not None:
