@@ -1,4 +1,4 @@
-/* linear_logprob_fwd.h - the fused head's forward as its calls share it (linear_logprob.c):
+/* linear_logprob_fwd.h - the fused head's forward as its calls share it (linear_logprob_fwd.c):
  * rlk_linear_logprob runs it whole; rlk_linear_sample runs the GEMM over its rows keeping the raw
  * logits, draws the tokens from them, then the combine of those tokens from the same records,
  * which gives them rlk_linear_logprob's bits for those rows and labels. */
@@ -8,13 +8,17 @@
 #include "core/core.h"
 #include "runtime/op.h"
 
+/* A record's bytes (four f32): a row's RLK_LL_RECORD_COLS columns folded. */
+#define RLK_LL_RECORD_BYTES 16
+
 /* The head's sizes: hidden [N, H], weight [V, H], their row strides, the labels' stride. */
 typedef struct rlk_ll_head {
   int64_t N, H, V, hs, ws, ls;
 } rlk_ll_head;
 
 /* Checks hidden [N, H] and weight [V, H] of one 16-bit dtype, labels [N] (i32 or i64; absent where
- * `labels` is NULL) and a finite temperature > 0, as rlk_linear_logprob does. */
+ * `labels` is NULL) and a finite temperature > 0, as rlk_linear_logprob does (linear_logprob.c, with
+ * the op's other checks). */
 rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight, const rlk_tensor *labels,
                              float temperature, rlk_ll_head *h);
 
@@ -70,5 +74,29 @@ typedef struct rlk_ll_fwd_out {
 rlk_status rlk_ll_fwd_combine(rlk_context *ctx, const rlk_ll_fwd *f, const void *partials, int64_t r0, int64_t n,
                               const rlk_ll_fwd_out *o, float temperature, const float *logits, int64_t pitch,
                               void *stream);
+
+/* The forward's kernels as the op's plan and the token chunks take them. */
+
+/* A forward's kernels, as rlk_ll_select chooses them. */
+typedef struct rlk_ll_choice {
+  int variant; /* what runs: WGMMA or TILED on a GPU; AUTO on the host */
+  rlk_kernel_spec gemm, combine;
+} rlk_ll_choice;
+
+/* The forward's kernels of a configuration (hidden, labels, entropy, variant, stages); tma_ok:
+ * hidden and weight can be described by 128-byte-swizzled tensor maps. */
+rlk_status rlk_ll_select(const rlk_context *ctx, const rlk_op_values *s, int tma_ok, rlk_ll_choice *ch);
+
+/* linear_logprob_combine (templates/cuda/linear_logprob.cuh): labels, entropy. */
+extern const rlk_template rlk_ll_combine_tmpl;
+
+/* The combine of a launch's `n` rows (records [S][n] at partials) into their outputs from row r0
+ * (logits: the sampling head's raw logits of those rows, else NULL; threshold: kept-set replay's,
+ * from the launch's first row, else NULL). */
+rlk_status rlk_ll_combine(rlk_context *ctx, const rlk_kernel_spec *spec, const void *partials, int64_t S, int64_t n,
+                          int64_t V, const void *labels, int64_t label_stride, int64_t ignore_index, float *logp,
+                          float *lse, float *entropy, int *status, float *records, int64_t vocab_start,
+                          float temperature, const float *logits, int64_t logits_pitch, const float *threshold,
+                          void *stream);
 
 #endif

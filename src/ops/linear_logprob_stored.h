@@ -1,5 +1,5 @@
 /* linear_logprob_stored.h - the LM head's token chunks for rlk_linear_policy_loss on sm_90a
- * (implemented in linear_logprob.c beside the kernels they launch).
+ * (linear_logprob_stored.c).
  *
  * The forward's logits of a chunk of rows are stored once, in 16 bits, and turned into their
  * gradient in place once the loss has the rows' gradients: three products per chunk (the logits,
@@ -21,6 +21,7 @@
 #define RLK_LINEAR_LOGPROB_STORED_H
 
 #include "core/core.h"
+#include "jit/template.h"
 
 typedef struct rlk_ll_stored {
   /* the whole call's tensors: hidden [N, H], weight [V, H] (one 16-bit dtype), labels [N] */
@@ -73,5 +74,9 @@ rlk_status rlk_ll_stored_grads(rlk_context *ctx, const rlk_ll_stored *s, int64_t
  * another for the calls that follow in this process (the tests' small shapes reach the layouts a
  * large call takes), 0 restores it. Not thread-safe: tests only. */
 void rlk_lpl_set_budget(int64_t bytes);
+
+/* The chunks' u -> dz kernels (templates/cuda/linear_logprob_stored.cuh), row-major and over u^T,
+ * for the op's precompile plan: hidden, labels, entropy. */
+extern const rlk_template rlk_ll_stored_dz_tmpl, rlk_ll_stored_dz_t_tmpl;
 
 #endif
