@@ -1,5 +1,6 @@
 /* linear_logprob_params.h - the arguments of the linear_logprob kernels (templates/cuda/
- * linear_logprob*.cuh, templates/host/linear_logprob_*.c), filled by src/ops/linear_logprob.c.
+ * linear_logprob*.cuh, templates/host/linear_logprob_*.c), filled by src/ops/linear_logprob_fwd.c,
+ * _bwd.c, _stored.c and _rows.c.
  * hidden [N, H] and weight [V, H] in the spec's 16-bit dtype with row strides h_stride and
  * w_stride; labels of the spec's label dtype; status NULL or an i32 of bits; 4-byte scalars last.
  * vocab_start: the weight's rows are the columns [vocab_start, vocab_start + V) of a larger

@@ -65,7 +65,7 @@ namespace ll {
 typedef ::ll_bwd_sm90_args BwdSm90Params;
 }
 
-/* Tile and ring shapes (src/ops/linear_logprob.c mirrors the launch shape and shared memory). */
+/* Tile and ring shapes (src/ops/linear_logprob_bwd.c mirrors the launch shape and shared memory). */
 struct ll_bwd_sm90 : ll_sm90 {
   static constexpr int STAGES = LL_SM90_STAGES;
   static constexpr u32 STAGING = LL_SM90_STAGING_BYTES; /* dz: two consumers x two 64 x 64 16-bit boxes */

@@ -21,7 +21,7 @@
 namespace rlk {
 namespace ll {
 
-/* The kernels' arguments (common/linear_logprob_params.h, filled by src/ops/linear_logprob.c). */
+/* The kernels' arguments (common/linear_logprob_params.h, filled by src/ops/linear_logprob_fwd.c and _bwd.c). */
 typedef ::ll_fwd_tiled_args FwdTiledParams;
 typedef ::ll_fwd_sm90_args FwdSm90Params; /* its tensor maps, then FwdTiledParams */
 RLK_PARAMS_DECLARE(CombineParams, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS_SIZE);
