@@ -381,6 +381,26 @@ static void llr_check_bad(rlk_context *ctx, const int64_t *sel, int64_t n, const
       }
     }
   }
+  /* 16-bit gradients added to zeros are the overwriting call's bits (each row rounded once from
+   * the same sum): a row written twice, as a repeated index could, would be added to twice */
+  uint16_t *over = malloc((size_t)(ROWS * 40) * 2), *added = calloc((size_t)(ROWS * 40), 2);
+  for (int64_t k = 0; k < ROWS * 40; k++) over[k] = 0x3e80; /* bf16 0.25 */
+  for (int acc = 0; acc < 2; acc++) {
+    const llr_grads g = {RLK_BF16, acc, 1, 0, 0, GUARD};
+    int32_t status = 0;
+    llr_backward(ctx, &c, &in, &g, 0, dlse, dent, dg, dg, acc ? added : over, gw, &status);
+    ck_assert_int_eq(status, RLK_LOGPROB_STATUS_BAD_ROW);
+  }
+  for (int64_t k = 0; k < ROWS * 40; k++) {
+    const int64_t i = k / 40 - GUARD;
+    if (i < 0 || i >= 9)
+      ck_assert_msg(over[k] == 0x3e80 && added[k] == 0, "guard row %lld element %lld written: %04x, %04x",
+                    (long long)i, (long long)(k % 40), over[k], added[k]);
+    else
+      ck_assert_msg(over[k] == added[k], "row %lld element %lld: %04x overwritten, %04x added to zero",
+                    (long long)i, (long long)(k % 40), over[k], added[k]);
+  }
+  free(over), free(added);
   rlk_test_drop(ctx, dlse), rlk_test_drop(ctx, dent), rlk_test_drop(ctx, dg);
   free(gh), free(gw), free(ones);
   llr_out_free(&o);
