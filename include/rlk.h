@@ -1585,8 +1585,11 @@ typedef struct rlk_linear_divergence_args {
   void *workspace;
   size_t workspace_bytes;
   rlk_linear_logprob_variant variant; /* AUTO: on sm_90a the wgmma kernels where tensor maps describe
-                                       * both heads (not top-k); TILED: the portable ones; WGMMA: as
-                                       * AUTO */
+                                       * both heads; TILED: the portable ones; WGMMA: as AUTO. The
+                                       * backward runs the kernels AUTO would: top-k's set there is
+                                       * the forward's to the bit after an AUTO forward (after a
+                                       * TILED one on sm_90a, a column within rounding of the set's
+                                       * boundary may count differently) */
   int splits;                  /* vocabulary splits of a GPU call (0: chosen) */
   /* Shard form (FORWARD_KL, REVERSE_KL): when `partials` is given, the weights hold the rows
    * [vocab_start, vocab_start + V) of both heads, and the call writes this shard's records, f32

@@ -431,11 +431,12 @@ static void *ld_grad_buf(rlk_context *ctx, rlk_dtype dt, int64_t rows, int64_t c
 }
 
 /* Whether a GPU backward of this case runs the sm_90a kernels: an sm_90 device (the op's target is
- * sm_90a there), no top-k, and every head's rows 16-byte aligned (the buffers are). */
+ * sm_90a there) and every head's rows 16-byte aligned (the buffers are). */
 static int ld_sm90_runs(rlk_context *ctx, const ld_case *c, const ld_data *d) {
   rlk_device_info info;
+  (void)c;
   if (rlk_context_backend(ctx) != RLK_BACKEND_CUDA || rlk_context_device_info(ctx, &info) != RLK_OK ||
-      info.compute_major != 9 || c->top_k)
+      info.compute_major != 9)
     return 0;
   return (d->shs * 2) % 16 == 0 && (d->sws * 2) % 16 == 0 && (d->ths * 2) % 16 == 0 && (d->tws * 2) % 16 == 0;
 }
@@ -931,8 +932,8 @@ END_TEST
 /* Each target's plan: the host's one fp64 kernel a pass; a GPU's tiled GEMM and combine, JSD's
  * second pass and its combine, top-k's set; the backward's dz and the fused head's products. On
  * sm_90a the wgmma kernels first (the forward's two passes; dz, and per gradient dtype the fused
- * head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; top-k and the
- * tiled variant plan the portable ones alone. */
+ * head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; the tiled
+ * variant plans the portable ones alone. */
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -944,10 +945,11 @@ START_TEST(plan_per_target) {
       {RLK_BACKEND_HOST, NULL, "linear_divergence mode=jsd", "linear_divergence_fwd_host", 2},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 6},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd variant=tiled", "linear_divergence_fwd_tiled", 4},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_tiled", 3},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_sm90", 4},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1 variant=tiled", "linear_divergence_fwd_tiled", 3},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd grad=same teacher_grad=f32",
        "linear_divergence_bwd_dz_sm90", 9},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd topk=1 grad=f32", "linear_divergence_bwd_dz", 3},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd topk=1 grad=f32", "linear_divergence_bwd_dz_sm90", 6},
       {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_tiled", 3},
       {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=bwd grad=same teacher_grad=f32", "linear_divergence_bwd_dz", 5},
       {RLK_BACKEND_HIP, "gfx90a", "linear_divergence pass=combine mode=reverse-kl", "linear_divergence_combine", 1},
@@ -1048,8 +1050,9 @@ static void ld_gpu_fwd_case(rlk_context *ctx, const ld_case *c, uint64_t seed, c
 /* Every divergence at odd shapes (a partial tile of rows and columns, heads of different widths
  * with K tails, both temperatures, ignored rows), each by the automatic variant (on an sm_90
  * device the wgmma kernels) and the tiled one; the wgmma kernels' ring over many tiles in one
- * split and over many splits, mixed dtypes; top-k at k 32 (the portable kernels on every device),
- * and the model's vocabulary (151937: one more than a whole number of tiles) on a few rows. */
+ * split and over many splits, mixed dtypes; top-k at k 32 and 5 with a teacher temperature (its
+ * lists hold z_t on sm_90a, x_t in the tiled kernels), each variant, and the model's vocabulary
+ * (151937: one more than a whole number of tiles) on a few rows. */
 static void cases_forward(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++)
     for (int tiled = 0; tiled < 2; tiled++) {
@@ -1063,9 +1066,16 @@ static void cases_forward(rlk_context *ctx, uint64_t *rng) {
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "one split");
   c.mode = RLK_DIVERGENCE_FORWARD_KL, c.tdt = RLK_F16, c.sdt = RLK_BF16, c.splits = 7; /* splits of 2 and 3 tiles */
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "seven splits");
-  c = ld_base(200, 4099, 128, 128, RLK_DIVERGENCE_FORWARD_KL);
-  c.top_k = 32, c.sdt = RLK_F16, c.ldt = RLK_I32, c.ignored = 1, c.grid = 1;
-  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 32");
+  for (int tiled = 0; tiled < 2; tiled++) {
+    c = ld_base(200, 4099, 128, 136, RLK_DIVERGENCE_FORWARD_KL);
+    c.top_k = 32, c.sdt = RLK_F16, c.ldt = RLK_I32, c.ignored = 1, c.grid = 1, c.Tt = 0.7f;
+    c.variant = tiled ? RLK_LINEAR_LOGPROB_TILED : RLK_LINEAR_LOGPROB_AUTO;
+    ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 32");
+    c = ld_base(131, 20011, 64, 64, RLK_DIVERGENCE_FORWARD_KL);
+    c.top_k = 5, c.grid = 1, c.Tt = 1.3f, c.splits = 3;
+    c.variant = tiled ? RLK_LINEAR_LOGPROB_TILED : RLK_LINEAR_LOGPROB_AUTO;
+    ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 5");
+  }
   c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
   c.grid = 1;
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "V=151937");
@@ -1075,7 +1085,7 @@ RLK_GPU_CASE("linear_divergence", forward)
 /* Both heads' gradients, f32 and 16-bit, overwritten and accumulated, in several chunks; on an
  * sm_90 device by the wgmma kernels: gradients written from registers (rows of H + 1) and through
  * TMA (rows of H + 8), the teacher's alone in f16; and the portable kernels beside them (heads whose
- * rows of H + 3 no tensor map takes), and top-k. */
+ * rows of H + 3 no tensor map takes); top-k by both (its forward by the same kernels). */
 static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++) {
     ld_bcase b = {ld_base(130, 517, 96, 160, mode), RLK_F32, RLK_F32, 0, 128, 0};
@@ -1094,9 +1104,11 @@ static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   b = (ld_bcase){ld_base(70, 333, 64, 96, RLK_DIVERGENCE_REVERSE_KL), RLK_BF16, RLK_F32, 1, 128, 0};
   b.c.pad = 3, b.c.grid = 1; /* rows of H + 3: the portable kernels */
   ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
-  b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192, 0};
-  b.c.top_k = 16, b.c.tdt = RLK_F16, b.c.grid = 1;
-  ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+  for (int pad = 0; pad < 4; pad += 3) {
+    b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192, 0};
+    b.c.top_k = 16, b.c.tdt = RLK_F16, b.c.grid = 1, b.c.Tt = 1.3f, b.c.pad = pad;
+    ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+  }
 }
 RLK_GPU_CASE("linear_divergence", backward)
 

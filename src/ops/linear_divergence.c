@@ -4,9 +4,9 @@
  * launches. The math, the stats the forward saves and the record format are in include/rlk.h.
  *
  * Forward kernels (templates/cuda/linear_divergence*.cuh, templates/host/linear_divergence_fwd.c):
- *   linear_divergence_fwd_sm90      sm_90a, heads that tensor maps describe, every mode but top-k:
- *                                   both heads' 128 x 128 logit tiles by TMA + wgmma folded into
- *                                   the same records (kind 2: JSD's second pass)
+ *   linear_divergence_fwd_sm90      sm_90a, heads that tensor maps describe: both heads' 128 x
+ *                                   128 logit tiles by TMA + wgmma folded into the same records
+ *                                   (kind 1: and the top-k lists, of z_t; kind 2: JSD's second pass)
  *   linear_divergence_fwd_tiled     every GPU target: both heads' 64 x 64 f32 logit tiles folded
  *                                   into per-(split, row) records in the workspace (top-k: and
  *                                   each split's list of its largest teacher logits)
@@ -152,8 +152,8 @@ static const rlk_template ld_dw_tmpl = {"linear_divergence", "linear_logprob_bwd
                                         LD_N(ld_dw_params), ld_dw_params};
 static const rlk_template ld_dh_out_tmpl = {"linear_divergence", "linear_logprob_bwd_dh_out", LD_BWD_CUDA, NULL,
                                             LD_N(ld_dh_out_params), ld_dh_out_params};
-/* sm_90a: the forward's kinds 0 and 2 (the tiled kernel's schema), dz (the portable dz's schema; no
- * top-k), the fused head's products */
+/* sm_90a: the forward's kinds (the tiled kernel's schema), dz (the portable dz's schema), the fused
+ * head's products */
 static const rlk_template ld_fwd_sm90_tmpl = {"linear_divergence", "linear_divergence_fwd_sm90", LD_FWD_SM90_CUDA,
                                               NULL, LD_N(ld_tiled_params), ld_tiled_params, LD_SM90_NEEDS};
 static const rlk_template ld_dz_sm90_tmpl = {"linear_divergence", "linear_divergence_bwd_dz_sm90", LD_BWD_SM90_CUDA,
@@ -198,7 +198,7 @@ static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
                                          "linear_divergence_bwd_dz*.teacher linear_logprob_bwd_*",
                                          "the teacher's gradients' dtype (none: a frozen teacher)"),
     [LD_S_VARIANT] = RLK_SET_CHOICE("variant", ld_variant_names, RLK_LINEAR_LOGPROB_AUTO, "linear_divergence_*",
-                                    "wgmma: the sm_90a kernels (elsewhere, and for top-k, the portable ones run); "
+                                    "wgmma: the sm_90a kernels (elsewhere the portable ones run); "
                                     "tiled: the portable ones only"),
 };
 
@@ -209,10 +209,10 @@ static int ld_wgmma_target(const rlk_context *ctx) {
   return ctx->kind == RLK_BACKEND_CUDA && (ctx->target.features & RLK_TARGET_WGMMA) != 0;
 }
 
-/* Whether a configuration has sm_90a kernels here: the target, not the tiled variant, no top-k. A
- * call runs them where tensor maps also describe its heads. */
+/* Whether a configuration has sm_90a kernels here: the target, not the tiled variant. A call runs
+ * them where tensor maps also describe its heads. */
 static int ld_sm90_line(const rlk_context *ctx, const rlk_op_values *s) {
-  return ld_wgmma_target(ctx) && s->v[LD_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED && !s->v[LD_S_TOPK];
+  return ld_wgmma_target(ctx) && s->v[LD_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED;
 }
 
 /* The GPU forward's kernels in launch order: the GEMM and the combine, then JSD's second pass and
@@ -618,7 +618,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   k->sm90 = ld_sm90_line(ctx, v) && ld_heads_tma_ok(h);
   if (a->variant == RLK_LINEAR_LOGPROB_WGMMA && !k->sm90 && ctx->kind != RLK_BACKEND_HOST)
     rlk_debug("linear_divergence: the wgmma kernels do not run here (%s); the portable ones do",
-              !ld_wgmma_target(ctx) ? "needs sm_90a" : a->top_k ? "top-k" : "no tensor map");
+              !ld_wgmma_target(ctx) ? "needs sm_90a" : "no tensor map");
   if ((st = ld_kernels(ctx, v, k->sm90, call->specs, &call->nspecs))) return st;
 
   /* the cut: blocks of 64 rows (sm_90a: 128, one block a multiprocessor) x vocabulary splits
@@ -696,7 +696,8 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   if (k->sm90 && (st = ld_head_maps(ctx, h, maps))) return st;
   rlk_launch_dims dg = k->sm90 ? rlk_op_grid((uint64_t)(k->row_blocks * k->splits), 1, 1, LD_SM90_THREADS, 0)
                                : rlk_op_grid((uint64_t)k->row_blocks, (uint64_t)k->splits, 1, LD_THREADS, 0);
-  if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM;
+  /* top-k: each row's list past the ring */
+  if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM + (k->kmode == LD_TOPK ? (size_t)LD_SM90_BM * a->top_k * 8u : 0u);
   /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
   if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g))) return st;
   ld_combine_args c = {0};
@@ -720,7 +721,7 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
     t.s_hidden = a->student_hidden.data, t.s_h_stride = h->shs, t.s_weight = a->student_weight.data;
     t.s_w_stride = h->sws, t.Hs = h->Hs, t.labels = a->labels.data, t.label_stride = h->ls;
     t.ignore_index = a->ignore_index, t.divergence = c.divergence, t.stats = c.stats;
-    t.s_temperature = a->student_temperature, t.t_temperature = a->teacher_temperature;
+    t.s_temperature = a->student_temperature, t.t_temperature = a->teacher_temperature, t.scaled = k->sm90;
     const rlk_launch_dims dt = rlk_op_grid((uint64_t)h->N, 1, 1, LD_THREADS, 0);
     return rlk_context_launch_params(ctx, &k->op.specs[2], &dt, stream, &t);
   }

@@ -12,7 +12,8 @@
  *              into partials [splits][N]; kind 1 also each split's top_k largest teacher logits
  *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
  *              lse's from stats) sums {A, B} per (split, row) into partials [splits][N] (16 bytes)
- *   fwd_sm90   the sm_90a GEMM (kinds 0 and 2 of fwd_tiled's, the same records), the heads reached
+ *   fwd_sm90   the sm_90a GEMM (fwd_tiled's kinds and records; kind 1's lists hold z_t = x_t / T_t),
+ *              the heads reached
  *              through tensor maps: the fwd_tiled list (its pointers to the heads unread), the
  *              launch's cut, tiles_m row blocks x tiles_n splits in groups of `group` row blocks,
  *              and the heads' maps
@@ -21,7 +22,8 @@
  *              rlk_linear_divergence_combine
  *   jsd_combine  the second pass's records [S][N] {A, B} -> D, stats [3], [4]
  *   topk       a block a row: the splits' lists merged into the top_k set, the student's logits
- *              there, D and stats [3..5]
+ *              there, D and stats [3..5]; scaled: the lists hold z_t = x_t / T_t (the sm_90a
+ *              forward's), else the raw x_t (the tiled one's)
  *   bwd_host   the host backward: the four gradients (each NULL or of its dtype code, 0 f32,
  *              1 f16, 2 bf16)
  *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T
@@ -203,8 +205,9 @@ RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_CO
   F(S_, float *, divergence, 96)       \
   F(S_, float *, stats, 104)           \
   F(S_, float, s_temperature, 112)     \
-  F(S_, float, t_temperature, 116)
-#define RLK_LD_TOPK_PARAMS_SIZE 120
+  F(S_, float, t_temperature, 116)     \
+  F(S_, long long, scaled, 120)
+#define RLK_LD_TOPK_PARAMS_SIZE 128
 RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
 
 #define RLK_LD_BWD_HOST_PARAMS(F, S_)  \

@@ -13,6 +13,7 @@
  *   linear_divergence_jsd_combine  JSD: the second pass's sums in split order -> D, A, B
  *   linear_divergence_topk       top-k: a block a row merges the splits' lists into the set K, takes
  *                                the student's logits there (k dot products) -> D, P, the last member
+ *                                (also after linear_divergence_fwd_sm90's lists, which hold z_t)
  * Fixed orders everywhere (splits, lanes by butterfly, lists by a total order): bitwise repeatable. */
 #ifndef RLK_LINEAR_DIVERGENCE_CUH
 #define RLK_LINEAR_DIVERGENCE_CUH
@@ -287,10 +288,11 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_
   __syncthreads();
   if (tid != 0) return;
   float *o = p_.stats + row * LD_STATS;
-  const float ls = o[0], lt = o[1], is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature;
+  /* il: what turns a list's value into z_t (1 where the lists hold z_t already) */
+  const float ls = o[0], lt = o[1], is = 1.0f / p_.s_temperature, il = p_.scaled ? 1.0f : 1.0f / p_.t_temperature;
   float P = 0.0f, D = 0.0f;
   for (int m = 0; m < k; ++m) {
-    const float lpt = fmaf(kx[m], it, -lt), lps = fmaf(kxs[m], is, -ls), pt = exp2_approx(lpt * RLK_LL_LOG2E);
+    const float lpt = fmaf(kx[m], il, -lt), lps = fmaf(kxs[m], is, -ls), pt = exp2_approx(lpt * RLK_LL_LOG2E);
     P += pt;
     D = fmaf(pt, lpt - lps, D);
   }
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_
   o[2] = ign ? 0.0f : D;
   o[3] = ign ? 0.0f : P;
   /* the set's boundary (threshold, last column) only where the row counts, as on the host */
-  o[4] = ign ? 0.0f : kx[k - 1] * it;
+  o[4] = ign ? 0.0f : kx[k - 1] * il;
   o[5] = ign ? 0.0f : (float)kc[k - 1];
 }
 

@@ -19,9 +19,10 @@
  * linear_logprob_bwd_dh_out. dz in 16 bits is what a bf16 autograd graph keeps of the logits'
  * gradient (the fused head's sm_90a backward does the same): each term of a gradient's sum carries
  * that rounding, at most half an ulp of dz. Every output element is written by one block, its K
- * sum in a fixed order, the chunks in order: bitwise repeatable. Top-k stays with the portable
- * kernels (its set's membership compares recomputed teacher logits with the forward's, which only
- * the same arithmetic reproduces). */
+ * sum in a fixed order, the chunks in order: bitwise repeatable. Top-k: a column is in the set
+ * when its z_t = x_t / T_t comes before the set's last member (stats [4], [5]) in the top-k order;
+ * x_t is recomputed by the forward's own tile products (linear_divergence_fwd_sm90, whose lists
+ * hold the same z_t), so the set is the forward's to the bit. */
 #ifndef RLK_LINEAR_DIVERGENCE_BWD_SM90_CUH
 #define RLK_LINEAR_DIVERGENCE_BWD_SM90_CUH
 
@@ -34,17 +35,20 @@ namespace rlk {
 struct ld_dz_row {
   float ls, lt, D, a1, a2; /* the stats: lse's, D and the mode's auxiliaries */
   float ks, kt;            /* g / T of each side */
+  i64 last;                /* top-k: the set's last member's column in the weights */
   bool ign;                /* ignored, or past the last row: dz 0 */
 };
 
 template <int LAB> RLK_DEVICE ld_dz_row ld_dz_row_inputs(const ld::BwdDzSm90Params &p_, i64 r) {
   ld_dz_row d;
   d.ls = d.lt = d.D = d.a1 = d.a2 = d.ks = d.kt = 0.0f;
+  d.last = -1;
   d.ign = true;
   if (r >= p_.N) return d;
   d.ign = ld::ignored<LAB>(p_.labels, p_.label_stride, r, p_.ignore_index);
   const float *s = p_.stats + r * p_.stats_stride;
   d.ls = s[0], d.lt = s[1], d.D = s[2], d.a1 = s[3], d.a2 = s[4];
+  d.last = (i64)s[5] - p_.vocab_start;
   const float g = p_.g[r * p_.g_stride];
   d.ks = g * (1.0f / p_.s_temperature);
   d.kt = g * (1.0f / p_.t_temperature);
@@ -58,7 +62,6 @@ template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
 __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_bwd_dz_sm90(RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
-  static_assert(MODE == LD_FKL || MODE == LD_RKL || MODE == LD_JSD, "bwd_dz_sm90: top-k is the portable kernels'");
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
@@ -112,9 +115,13 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
 #pragma unroll
       for (int q = 0; q < C::ACC / 2; ++q) {
         const int k = ld_sm90_acc(i, q);
+        /* top-k: the set's members come before its last (z, column) or are it */
+        const float z = acc_t[k] * it_;
+        const i64 v = p_.c0 + n0 + ld_sm90_col(q, l);
+        const bool in_k = MODE == LD_TOPK && (z > row[i].a2 || (z == row[i].a2 && v <= row[i].last));
         float gs, gt;
         ld::dz_of<MODE>(fmaf(acc_s[k], is, -row[i].ls), fmaf(acc_t[k], it_, -row[i].lt), row[i].D, row[i].a1,
-                        row[i].a2, false, beta, la, lb, &gs, &gt);
+                        row[i].a2, in_k, beta, la, lb, &gs, &gt);
         acc_s[k] = row[i].ign ? 0.0f : gs * row[i].ks;
         acc_t[k] = row[i].ign ? 0.0f : gt * row[i].kt;
       }

@@ -5,6 +5,9 @@
  *   KIND 0  a row's state over a split (ld::fold: both maxima and sums of exponentials, the
  *           student's sum of p z, the cross sums G_t and G_s), written as rlk.h's record
  *           [splits][N][8]
+ *   KIND 1  the same and the split's top_k largest teacher logits z_t = x_t / T_t (value, column),
+ *           the lists [splits][N][top_k] of linear_divergence_topk (values already divided by T_t:
+ *           the backward's membership test compares the same products, ld_sm90_topk_in)
  *   KIND 2  JSD's second pass (the lse's from stats): a row's {A, B} over the split, [splits][N]
  *
  * A block owns 128 rows and one vocabulary split (cols_per_split columns, a multiple of 256) and
@@ -19,7 +22,14 @@
  *
  * Needs: each head's hidden and weight 16-byte aligned with row strides a multiple of 8 elements
  * (tensor maps of 64 x 128 boxes, the 128-byte swizzle); the op falls back to
- * linear_divergence_fwd_tiled otherwise. The top-k kind stays with the portable kernels. */
+ * linear_divergence_fwd_tiled otherwise.
+ *
+ * Top-k: a row's list (sorted, top_k entries) lies in shared memory past the ring; each tile, the
+ * four lanes of a row compare their 32 columns with the list's last entry (kept in registers) and,
+ * one lane after another, insert what comes before it. After a split's first tiles that is rare
+ * (about top_k ln(columns / top_k) insertions a row in all), and a warp with none skips the step.
+ * The list is the split's top_k by the order (value, then the lower column): the same set in any
+ * insertion order. */
 #ifndef RLK_LINEAR_DIVERGENCE_SM90_CUH
 #define RLK_LINEAR_DIVERGENCE_SM90_CUH
 
@@ -48,13 +58,52 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
   }
 }
 
+/* Top-k: one tile's teacher logits into the lists of a consumer thread's two rows (row i's list
+ * at list + 8 i top_k, its last entry last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 + its
+ * tile column, those of the tile's first `left` columns that come before the list's last entry.
+ * The four lanes of a row insert one after another (the warp's eight rows at once); a warp none
+ * of whose lanes has one goes on at once. */
+RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *list, ld::cand (&last)[2], int k,
+                                  float it_, i32 col0, i64 left, int l) {
+  constexpr int NV = ld_sm90::ACC / 2;
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      any |= ld_sm90_col(q, l) < left &&
+             ld::before(acc_t[ld_sm90_acc(i, q)] * it_, col0 + ld_sm90_col(q, l), last[i].x, last[i].col);
+  if (!__any_sync(0xffffffffu, any)) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    ld::cand *L = list + 8 * i * k;
+    for (int lane = 0; lane < 4; ++lane) {
+      if ((l & 3) == lane) {
+#pragma unroll
+        for (int q = 0; q < NV; ++q) {
+          const float z = acc_t[ld_sm90_acc(i, q)] * it_;
+          const i32 col = col0 + ld_sm90_col(q, l);
+          if (ld_sm90_col(q, l) >= left || !ld::before(z, col, last[i].x, last[i].col)) continue;
+          int j = k - 1;
+          for (; j > 0 && ld::before(z, col, L[j - 1].x, L[j - 1].col); --j) L[j] = L[j - 1];
+          L[j].x = z;
+          L[j].col = col;
+          last[i] = L[k - 1];
+        }
+      }
+      __syncwarp();
+      last[i] = L[k - 1];
+    }
+  }
+}
+
 /* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them in parameter
  * space. */
 template <int SDT, int TDT, int KIND>
 __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_fwd_sm90(RLK_PARAMS_ARG ld::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
-  static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_JSD, "fwd_sm90: the stats or JSD's second pass");
+  static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_TOPK || KIND == LD_KIND_JSD, "fwd_sm90: a kind");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
   extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
@@ -103,6 +152,20 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       Lt[i] = p_.stats[row[i] * 6 + 1] * RLK_LL_LOG2E;
     }
   }
+  /* top-k: the rows' lists past the ring, [128][top_k]; each row's last entry in registers */
+  const int k = KIND == LD_KIND_TOPK ? (int)p_.top_k : 0;
+  ld::cand *lists = (ld::cand *)(smem + (u32)C::STAGES * C::STAGE), last[2];
+  if (KIND == LD_KIND_TOPK) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      last[i].x = -limits<float>::infinity();
+      last[i].col = -1;
+      if ((l & 3) == 0)
+        for (int j = 0; j < k; ++j) lists[(cw * 64 + 16 * w + l / 4 + 8 * i) * k + j] = last[i];
+    }
+    __syncwarp();
+  }
+  const float it_ = 1.0f / p_.t_temperature;
   float acc_s[C::ACC], acc_t[C::ACC];
   u32 it = 0;
 #pragma unroll 1
@@ -113,6 +176,8 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       ld_sm90_fold<KIND, true>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
     else
       ld_sm90_fold<KIND, false>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
+    if (KIND == LD_KIND_TOPK)
+      ld_sm90_topk_tile(acc_t, lists + (cw * 64 + 16 * w + l / 4) * k, last, k, it_, (i32)col0, left, l);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -132,6 +197,12 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     } else {
       const ld::state s = ld::lane_merge<4>(st[i]);
       if ((l & 3) == 0 && row[i] < N) ld::store_record((float *)p_.partials + ((i64)sp * N + row[i]) * 8, s);
+      if (KIND == LD_KIND_TOPK && row[i] < N) {
+        /* the row's four lanes copy its list out */
+        const ld::cand *src = lists + (cw * 64 + 16 * w + l / 4 + 8 * i) * k;
+        ld::cand *out = (ld::cand *)p_.lists + ((i64)sp * N + row[i]) * k;
+        for (int j = l & 3; j < k; j += 4) out[j] = src[j];
+      }
     }
   }
 #else
