@@ -31,16 +31,17 @@ START_TEST(settings_are_well_formed) {
     const char *help = rlk_precompile_help(d->name);
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      ck_assert_msg(s->name && s->doc && s->doc[0] && s->feeds, "%s: setting %zu is incomplete", d->name, k);
-      ck_assert_msg(rlk_op_setting_index(d, s->name) == (int)k, "%s: %s is declared twice", d->name, s->name);
+      const rlk_value_decl *sv = s->value;
+      ck_assert_msg(sv && sv->name && s->doc && s->doc[0] && s->feeds, "%s: setting %zu is incomplete", d->name, k);
+      ck_assert_msg(rlk_op_setting_index(d, sv->name) == (int)k, "%s: %s is declared twice", d->name, sv->name);
       char want[96];
-      snprintf(want, sizeof want, "%s: ", s->name);
-      ck_assert_msg(strstr(help, want) != NULL, "%s: help lacks %s", d->name, s->name);
-      if (s->kind == RLK_SETTING_CHOICE)
-        for (size_t c = 0; s->choices[c]; c++) {
+      snprintf(want, sizeof want, "%s: ", sv->name);
+      ck_assert_msg(strstr(help, want) != NULL, "%s: help lacks %s", d->name, sv->name);
+      if (sv->kind == RLK_VALUE_CHOICE)
+        for (int64_t c = sv->min; c <= sv->max; c++) {
           int64_t v = -1;
-          ck_assert_int_eq(rlk_op_setting_parse(s, s->choices[c], &v), RLK_OK);
-          ck_assert_int_eq(v, (int64_t)c);
+          ck_assert_int_eq(rlk_op_setting_parse(s, sv->choices[c], &v), RLK_OK);
+          ck_assert_int_eq(v, c);
         }
     }
   }
@@ -60,7 +61,7 @@ START_TEST(canonical_lines_round_trip) {
       ck_assert_int_gt(rlk_op_values_line(d, &b, again, sizeof again), 0);
       ck_assert_str_eq(line, again);
       for (size_t k = 0; k < d->nsettings; k++)
-        ck_assert_msg(a.v[k] == b.v[k], "%s: %s changed through '%s'", d->name, d->settings[k].name, line);
+        ck_assert_msg(a.v[k] == b.v[k], "%s: %s changed through '%s'", d->name, d->settings[k].value->name, line);
       ck_assert_msg(a.given == b.given, "%s: the given settings changed through '%s'", d->name, line);
     }
   }
@@ -100,13 +101,13 @@ START_TEST(bad_settings_are_named) {
     char line[256];
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      snprintf(line, sizeof line, "%s %s=%s", d->name, s->name, "x!");
+      snprintf(line, sizeof line, "%s %s=%s", d->name, s->value->name, "x!");
       ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
-      ck_assert_msg(strstr(rlk_last_error(), s->name) != NULL, "%s: '%s'", line, rlk_last_error());
-      snprintf(line, sizeof line, "%s %s=%s %s=%s", d->name, s->name, "1", s->name, "1");
+      ck_assert_msg(strstr(rlk_last_error(), s->value->name) != NULL, "%s: '%s'", line, rlk_last_error());
+      snprintf(line, sizeof line, "%s %s=%s %s=%s", d->name, s->value->name, "1", s->value->name, "1");
       ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
-      if (s->kind == RLK_SETTING_INT && s->max < INT64_MAX) {
-        snprintf(line, sizeof line, "%s %s=%lld", d->name, s->name, (long long)s->max + 1);
+      if (s->value->kind == RLK_VALUE_INT && s->value->max < INT64_MAX) {
+        snprintf(line, sizeof line, "%s %s=%lld", d->name, s->value->name, (long long)s->value->max + 1);
         ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
       }
     }
@@ -148,6 +149,36 @@ static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char
   return rlk_test_plan_line(d, ctx, line, specs, &ns) == RLK_OK ? ns : 0;
 }
 
+/* Setting k of vals at a trial value x: given, or not given for an integer's out-of-range default. */
+static void set_trial(const rlk_op_desc *d, rlk_op_values *vals, int k, int64_t x) {
+  const rlk_op_setting *s = &d->settings[k];
+  rlk_op_values_set(vals, k, x);
+  if (s->value->kind == RLK_VALUE_INT && (x < s->value->min || x > s->value->max)) vals->given &= ~(1u << k);
+}
+
+/* The values a setting is tried at: every value of a flag, choice or dtype; an integer's default
+ * (an integer whose default is outside its range: not given), bounds and a few between. */
+static size_t setting_trials(const rlk_op_setting *s, int64_t *xs) {
+  const rlk_value_decl *v = s->value;
+  size_t n = 0;
+  if (v->kind == RLK_VALUE_INT) {
+    const int64_t hi = v->max < 1 << 20 ? v->max : 1 << 20;
+    const int64_t cand[] = {v->min, v->min + 1, 2, 4, 8, 16, 64, 128, 256, hi};
+    xs[n++] = s->def;
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+      if (cand[i] >= v->min && cand[i] <= hi && cand[i] != s->def) xs[n++] = cand[i];
+    return n;
+  }
+  for (int64_t x = 0; x < 32; x++) {
+    if (v->kind == RLK_VALUE_FLAG && x > 1) break;
+    if (v->kind == RLK_VALUE_CHOICE && x > v->max) break;
+    if (v->kind == RLK_VALUE_CHOICE && x < v->min) continue;
+    if (v->kind == RLK_VALUE_DTYPE && !(v->dtypes & RLK_DTYPE_BIT(x))) continue;
+    xs[n++] = x;
+  }
+  return n;
+}
+
 /* Every value of every setting that shapes a kernel (a flag, choice or dtype that feeds a
  * template parameter), put into some sample, plans kernels each of whose parameter values some
  * sample's kernel of that entry also has (on sm_90a, where the most variants exist): compiling
@@ -167,11 +198,11 @@ START_TEST(samples_reach_every_kernel_setting) {
     }
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      if (!s->feeds[0] || s->kind == RLK_SETTING_INT) continue;
-      for (int64_t x = 0; x < 32; x++) {
-        if (s->kind == RLK_SETTING_FLAG && x > 1) break;
-        if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
-        if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
+      if (!s->feeds[0] || s->value->kind == RLK_VALUE_INT) continue;
+      int64_t xs[32];
+      const size_t nx = setting_trials(s, xs);
+      for (size_t a = 0; a < nx; a++) {
+        const int64_t x = xs[a];
         int reached = 0, planned = 0;
         for (size_t j = 0; d->samples[j] && !reached; j++) {
           rlk_op_values v;
@@ -186,7 +217,7 @@ START_TEST(samples_reach_every_kernel_setting) {
             for (size_t p = 0; p < specs[q].tmpl->nparams && reached; p++)
               reached = seen_has(&all, specs[q].tmpl->entry, (int)p, specs[q].values[p]);
         }
-        ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->name,
+        ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->value->name,
                       (long long)x);
       }
     }
@@ -194,34 +225,6 @@ START_TEST(samples_reach_every_kernel_setting) {
   rlk_context_destroy(ctx);
 }
 END_TEST
-
-/* Setting k of vals at a trial value x: given, or not given for an integer's out-of-range default. */
-static void set_trial(const rlk_op_desc *d, rlk_op_values *vals, int k, int64_t x) {
-  const rlk_op_setting *s = &d->settings[k];
-  rlk_op_values_set(vals, k, x);
-  if (s->kind == RLK_SETTING_INT && (x < s->min || x > s->max)) vals->given &= ~(1u << k);
-}
-
-/* The values a setting is tried at: every value of a flag, choice or dtype; an integer's default
- * (an integer whose default is outside its range: not given), bounds and a few between. */
-static size_t setting_trials(const rlk_op_setting *s, int64_t *xs) {
-  size_t n = 0;
-  if (s->kind == RLK_SETTING_INT) {
-    const int64_t hi = s->max < 1 << 20 ? s->max : 1 << 20;
-    const int64_t cand[] = {s->min, s->min + 1, 2, 4, 8, 16, 64, 128, 256, hi};
-    xs[n++] = s->def;
-    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
-      if (cand[i] >= s->min && cand[i] <= hi && cand[i] != s->def) xs[n++] = cand[i];
-    return n;
-  }
-  for (int64_t x = 0; x < 32; x++) {
-    if (s->kind == RLK_SETTING_FLAG && x > 1) break;
-    if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
-    if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
-    xs[n++] = x;
-  }
-  return n;
-}
 
 /* What one value of a setting plans for one word of its `feeds` over one sample line: the
  * kernels whose entries match the word's entry glob, and (for "entry.param") the value of that
@@ -251,7 +254,7 @@ static void feed_at(const rlk_context *ctx, const rlk_op_desc *d, const char *sa
     if (fnmatch(entry, t->entry, 0)) continue;
     o->match[o->n++] = specs[q];
     for (size_t p = 0; param && !o->has_value && p < t->nparams; p++)
-      if (!strcmp(t->params[p].name, param)) {
+      if (!strcmp(t->params[p]->name, param)) {
         o->has_value = 1;
         o->value = specs[q].values[p];
       }
@@ -306,7 +309,7 @@ START_TEST(feeds_name_what_settings_shape) {
           }
         }
         ck_assert_msg(shaped, "%s: %s feeds '%.*s', which none of its values changes over the samples (or no "
-                      "kernel it plans has)", d->name, s->name, (int)len, f);
+                      "kernel it plans has)", d->name, s->value->name, (int)len, f);
         f += len;
         while (*f == ' ') f++;
       }

@@ -69,10 +69,10 @@ _Static_assert(AS_RETURNS_RESET == (int)RLK_RETURNS_MASKED_RESET && AS_RETURNS_Z
 #define AS_MAX_GRID (1u << 20)
 #define AS_WARP_ROWS 4 /* rows (warps) per block in the warp algorithm */
 
-static const rlk_param_decl as_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, AS_DTYPES, NULL},
-    {"family", RLK_PARAM_ENUM, 0, 1, 0, 0, as_family_names},
-    {"algo", RLK_PARAM_ENUM, 0, 1, 0, 0, as_algo_names},
+static const rlk_value_decl *const as_params[] = {
+    RLK_PARAM_DTYPE("dtype", AS_DTYPES),
+    RLK_PARAM_CHOICE("family", as_family_names, 0, 1),
+    RLK_PARAM_CHOICE("algo", as_algo_names, 0, 1),
 };
 
 static const rlk_template as_tmpl = {"advantage_scan", "advantage_scan", "cuda/advantage_scan.cuh",

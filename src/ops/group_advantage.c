@@ -57,21 +57,21 @@ _Static_assert(GA_SINGLETON_MEAN0_STD1 == (int)RLK_SINGLETON_MEAN0_STD1 && GA_SI
 
 #define GA_SCORE_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
-static const rlk_param_decl ga_rowsum_params[] = {
-    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+static const rlk_value_decl *const ga_rowsum_params[] = {
+    RLK_PARAM_DTYPE("scores", GA_SCORE_DTYPES),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
 };
 
-static const rlk_param_decl ga_group_params[] = {
-    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 6, 0, 0, ga_mode_names},
-    {"group", RLK_PARAM_INT, 0, GA_MAX_BAKED_GROUP, 0, 0, NULL}, /* 0: at run time */
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},                  /* threads per group */
-    {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, ga_offsets_names},
+static const rlk_value_decl *const ga_group_params[] = {
+    RLK_PARAM_DTYPE("scores", GA_SCORE_DTYPES),
+    RLK_PARAM_CHOICE("mode", ga_mode_names, 0, 6),
+    RLK_PARAM_INT("group", 0, GA_MAX_BAKED_GROUP), /* 0: at run time */
+    RLK_PARAM_POW2("seg", 1, 1024),                  /* threads per group */
+    RLK_PARAM_CHOICE("offsets", ga_offsets_names, 0, 2),
 };
 
-static const rlk_param_decl ga_broadcast_params[] = {
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+static const rlk_value_decl *const ga_broadcast_params[] = {
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
 };
 
 static const rlk_template ga_rowsum_tmpl = {

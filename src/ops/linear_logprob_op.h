@@ -23,7 +23,7 @@ enum {
 };
 
 /* The names of the kernels' `hidden` template value (f32: not a choice), every pass's schemas'. */
-extern const char *const rlk_ll_dt_names[];
+extern const char *const rlk_ll_dt_names[RLK_DT_BF16 + 2];
 
 /* The rows setting's value of a call's selection (none, or its indices' dtype). */
 int rlk_ll_rows_line(const rlk_ll_rows *r);

@@ -63,43 +63,43 @@ static const char *const lp_pass_names[] = {"fwd", "bwd", "both", NULL};
 #define LP_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define LP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
 
-static const rlk_param_decl lp_fwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL}, /* threads per row */
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* kept-set replay: a threshold per row */
+static const rlk_value_decl *const lp_fwd_params[] = {
+    RLK_PARAM_CHOICE("logits", lp_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("labels", LP_LABEL_DTYPES),
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024), /* threads per row */
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_FLAG("entropy"),
+    RLK_PARAM_FLAG("kept"), /* kept-set replay: a threshold per row */
 };
 
-static const rlk_param_decl lp_bwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"grad", RLK_PARAM_ENUM, 0, 1, 0, 0, lp_grad_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* g_H given */
-    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_bwd_params[] = {
+    RLK_PARAM_CHOICE("logits", lp_dt_names, 0, 2),
+    RLK_PARAM_CHOICE("grad", lp_grad_names, 0, 1),
+    RLK_PARAM_DTYPE("labels", LP_LABEL_DTYPES),
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_FLAG("entropy"), /* g_H given */
+    RLK_PARAM_FLAG("kept"),
 };
 
-static const rlk_param_decl lp_bulk_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"cwarps", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* consumer warps */
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_bulk_params[] = {
+    RLK_PARAM_CHOICE("logits", lp_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("labels", LP_LABEL_DTYPES),
+    RLK_PARAM_INT("cwarps", 1, 31), /* consumer warps */
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_INT("stages", 2, 8),
+    RLK_PARAM_FLAG("entropy"),
 };
 
-static const rlk_param_decl lp_tma_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"rows", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* box rows = consumer warps */
-    {"nbox", RLK_PARAM_INT, 1, 8, 0, 0, NULL},  /* boxes per stage */
-    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_tma_params[] = {
+    RLK_PARAM_CHOICE("logits", lp_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("labels", LP_LABEL_DTYPES),
+    RLK_PARAM_INT("rows", 1, 31), /* box rows = consumer warps */
+    RLK_PARAM_INT("nbox", 1, 8),  /* boxes per stage */
+    RLK_PARAM_INT("stages", 2, 8),
+    RLK_PARAM_FLAG("entropy"),
 };
 
 #define LP_N(a) (sizeof(a) / sizeof((a)[0]))

@@ -27,18 +27,18 @@ enum { LS_PASS_FWD = 0, LS_PASS_COMBINE = 1, LS_PASS_BOTH = 2 };
 #define LS_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define LS_COMBINE_BLOCK 256
 
-static const rlk_param_decl ls_fwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, ls_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ls_fwd_params[] = {
+    RLK_PARAM_CHOICE("logits", ls_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("labels", LS_LABEL_DTYPES),
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_FLAG("entropy"),
 };
 
-static const rlk_param_decl ls_combine_params[] = {
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ls_combine_params[] = {
+    RLK_PARAM_DTYPE("labels", LS_LABEL_DTYPES),
+    RLK_PARAM_FLAG("entropy"),
 };
 
 #define LS_N(a) (sizeof(a) / sizeof((a)[0]))

@@ -26,8 +26,8 @@
 #define MW_MAX_PARTIALS 1024
 #define MW_BLOCKS_PER_SM 4 /* stats blocks per multiprocessor (2048 threads) */
 
-static const rlk_param_decl mw_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, MW_DTYPES, NULL},
+static const rlk_value_decl *const mw_params[] = {
+    RLK_PARAM_DTYPE("dtype", MW_DTYPES),
 };
 
 static const rlk_template mw_stats_tmpl = {"masked_whiten", "masked_whiten_stats",

@@ -45,18 +45,18 @@ _Static_assert(PL_MODE_PPO == (int)RLK_POLICY_PPO && PL_MODE_GSPO == (int)RLK_PO
                    PL_MODE_REINFORCE == (int)RLK_POLICY_REINFORCE && PL_MODE_GEO_MEAN == (int)RLK_POLICY_GEO_MEAN,
                "policy_loss modes: rlk_policy_loss_mode order");
 
-static const rlk_param_decl pl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 5, 0, 0, pl_mode_names},
-    {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
-    {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
-    {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const pl_main_params[] = {
+    RLK_PARAM_DTYPE("dtype", TL_DTYPES),
+    RLK_PARAM_CHOICE("mode", pl_mode_names, 0, 5),
+    RLK_PARAM_CHOICE("kl", pl_kl_names, 0, 4),
+    RLK_PARAM_FLAG("kl_st"),
+    RLK_PARAM_FLAG("seqmean"),
+    RLK_PARAM_CHOICE("layout", tl_layout_names, 0, 2),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
+    RLK_PARAM_FLAG("adv_seq"),
+    RLK_PARAM_CHOICE("entropy", pl_ent_names, 0, 2),
+    RLK_PARAM_FLAG("is_weights"),
+    RLK_PARAM_FLAG("seq_grad"),
 };
 
 static const rlk_template pl_main_tmpl = {

@@ -51,15 +51,15 @@ static const char *const pa_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PA_DTYPES);
 static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL}; /* by PA_VARIANT_* */
 static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
 
-static const rlk_param_decl pa_params[] = {
-    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
-    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
+static const rlk_value_decl *const pa_params[] = {
+    RLK_PARAM_CHOICE("dtype", pa_dt_names, 0, 1),
+    RLK_PARAM_POW2("head_dim", 64, 128),
 };
 /* The sm_90a kernels': also their ring's depth. */
-static const rlk_param_decl pa_sm90_params[] = {
-    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
-    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
-    {"stages", RLK_PARAM_INT, 2, 4, 0, 0, NULL},
+static const rlk_value_decl *const pa_sm90_params[] = {
+    RLK_PARAM_CHOICE("dtype", pa_dt_names, 0, 1),
+    RLK_PARAM_POW2("head_dim", 64, 128),
+    RLK_PARAM_INT("stages", 2, 4),
 };
 
 #define PA_N(a) (sizeof(a) / sizeof((a)[0]))

@@ -41,14 +41,14 @@ _Static_assert(SMP_STATUS_NAN == RLK_SAMPLE_STATUS_NAN && SMP_STATUS_NO_TOKEN ==
 /* Fixed-point masses are 2^40 at most each: V below 2^23 keeps a row's sum below 2^63. */
 #define SMP_MAX_V (((int64_t)1 << 23) - 1)
 
-static const rlk_param_decl smp_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
-    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"filter", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"cap", RLK_PARAM_INT, 32, 8192, 1, 0, NULL},
-    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const smp_params[] = {
+    RLK_PARAM_CHOICE("logits", smp_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("tokens", SMP_TOKEN_DTYPES),
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_FLAG("filter"),
+    RLK_PARAM_POW2("cap", 32, 8192),
+    RLK_PARAM_FLAG("rows16"),
 };
 
 static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "host/sample.c",
@@ -56,14 +56,14 @@ static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "ho
 
 /* A row shared by the blocks of a cluster (sm_90+, no filters): split blocks a row, depth chunks
  * in flight a lane. */
-static const rlk_param_decl smp_split_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
-    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
-    {"seg", RLK_PARAM_INT, 64, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"split", RLK_PARAM_INT, 2, 8, 1, 0, NULL},
-    {"depth", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const smp_split_params[] = {
+    RLK_PARAM_CHOICE("logits", smp_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("tokens", SMP_TOKEN_DTYPES),
+    RLK_PARAM_POW2("seg", 64, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_POW2("split", 2, 8),
+    RLK_PARAM_POW2("depth", 1, 8),
+    RLK_PARAM_FLAG("rows16"),
 };
 
 static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/sample_split.cuh", NULL,

@@ -38,18 +38,18 @@ static const char *const tb_offsets_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TB_OFFSE
 /* Threads per block of both GPU kernels: 4 row teams of 32 lanes in the scan. */
 #define TB_BLOCK 128
 
-static const rlk_param_decl tb_scan_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"isw", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const tb_scan_params[] = {
+    RLK_PARAM_DTYPE("dtype", TB_DTYPES),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
+    RLK_PARAM_FLAG("compact"),
+    RLK_PARAM_FLAG("isw"),
 };
 
-static const rlk_param_decl tb_baseline_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, tb_offsets_names},
+static const rlk_value_decl *const tb_baseline_params[] = {
+    RLK_PARAM_DTYPE("dtype", TB_DTYPES),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
+    RLK_PARAM_FLAG("compact"),
+    RLK_PARAM_CHOICE("offsets", tb_offsets_names, 0, 2),
 };
 
 static const rlk_template tb_scan_tmpl = {

@@ -31,14 +31,14 @@ _Static_assert(RLK_KL_EST_K1 == (int)RLK_KL_K1 && RLK_KL_EST_ABS == (int)RLK_KL_
 #define TK_BLOCK 256
 
 /* In the CUDA template's parameter order. */
-static const rlk_param_decl tk_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TK_DTYPES, NULL},
-    {"est", RLK_PARAM_ENUM, 0, 3, 0, 0, tk_estimator_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"old", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"gin", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"out", RLK_PARAM_ENUM, 0, 2, 0, 0, tk_output_names},
+static const rlk_value_decl *const tk_params[] = {
+    RLK_PARAM_DTYPE("dtype", TK_DTYPES),
+    RLK_PARAM_CHOICE("est", tk_estimator_names, 0, 3),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
+    RLK_PARAM_FLAG("st"),
+    RLK_PARAM_FLAG("old"),
+    RLK_PARAM_FLAG("gin"),
+    RLK_PARAM_CHOICE("out", tk_output_names, 0, 2),
 };
 
 static const rlk_template tk_tmpl = {"token_kl", "token_kl", "cuda/token_kl.cuh", "host/token_kl.c",

@@ -13,11 +13,11 @@
 #include "ops/token_loss.h"
 #include "common/value_loss_params.h"
 
-static const rlk_param_decl vl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
-    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+static const rlk_value_decl *const vl_main_params[] = {
+    RLK_PARAM_DTYPE("dtype", TL_DTYPES),
+    RLK_PARAM_FLAG("seqmean"),
+    RLK_PARAM_CHOICE("layout", tl_layout_names, 0, 2),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 0, 3),
 };
 
 static const rlk_template vl_main_tmpl = {
