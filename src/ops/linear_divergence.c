@@ -69,6 +69,7 @@ enum { LD_LL_DH = 1, LD_LL_DW = 2 }; /* the fused head's sm_90a product kinds (i
 
 static const char *const ld_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 static const char *const ld_label_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_LABELS);
+static const rlk_value_decl ld_labels = RLK_DECL_CHOICES("labels", ld_label_names); /* the setting's too */
 static const char *const ld_kmode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_MODES);
 
 /* The kernels' divergences and top-k bound are the API's. */
@@ -90,7 +91,7 @@ _Static_assert(LD_TOPK_MAX == RLK_LINEAR_DIVERGENCE_TOP_K_MAX, "linear_divergenc
 static const rlk_value_decl *const ld_host_params[] = {
     RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
     RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
-    RLK_PARAM_CHOICE("labels", ld_label_names, 0, 2),
+    &ld_labels,
     RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
 };
 static const rlk_value_decl *const ld_tiled_params[] = {
@@ -99,19 +100,19 @@ static const rlk_value_decl *const ld_tiled_params[] = {
     RLK_PARAM_INT("kind", 0, 2),
 };
 static const rlk_value_decl *const ld_combine_params[] = {
-    RLK_PARAM_CHOICE("labels", ld_label_names, 0, 2),
+    &ld_labels,
     RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
 };
 static const rlk_value_decl *const ld_labels_params[] = {
-    RLK_PARAM_CHOICE("labels", ld_label_names, 0, 2),
+    &ld_labels,
 };
 static const rlk_value_decl *const ld_topk_params[] = {
     RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
-    RLK_PARAM_CHOICE("labels", ld_label_names, 0, 2),
+    &ld_labels,
 };
 static const rlk_value_decl *const ld_dz_params[] = {
     RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),   RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
-    RLK_PARAM_CHOICE("labels", ld_label_names, 0, 2), RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
+    &ld_labels, RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
     RLK_PARAM_FLAG("student"),       RLK_PARAM_FLAG("teacher"),
 };
 /* the fused head's products over dz, instantiated from this op's source */
@@ -185,8 +186,8 @@ static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
                                    "the student head's dtype"),
     [LD_S_TEACHER] = RLK_SET_DTYPE("teacher", LD_HEAD_DTYPES, RLK_BF16, "linear_divergence_*.tdt",
                                    "the teacher head's dtype"),
-    [LD_S_LABELS] = RLK_SET_CHOICE("labels", ld_label_names, LD_LAB_NONE, "linear_divergence_*.labels",
-                                   "the labels' dtype (none: no ignored rows)"),
+    [LD_S_LABELS] = RLK_SET(ld_labels, LD_LAB_NONE, "linear_divergence_*.labels",
+                            "the labels' dtype (none: no ignored rows)"),
     [LD_S_MODE] = RLK_SET_CHOICE("mode", ld_mode_names, LD_FKL, "linear_divergence_*.mode",
                                  "the divergence (rlk_divergence_mode)"),
     [LD_S_TOPK] = RLK_SET_FLAG("topk", 0, "linear_divergence_*.mode linear_divergence_fwd_tiled.kind",

@@ -37,8 +37,8 @@ static const char *const ll_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
 static const rlk_value_decl *const ll_dz_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 static const rlk_value_decl *const ll_dh_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
@@ -52,10 +52,10 @@ static const rlk_value_decl *const ll_dh_out_params[] = {
 };
 static const rlk_value_decl *const ll_bwd_host_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
+    &rlk_ll_labels,
     RLK_PARAM_CHOICE("gh", ll_grad_names, 0, 2),
     RLK_PARAM_CHOICE("gw", ll_grad_names, 0, 2),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_entropy,
 };
 
 #define LL_BWD_CUDA "cuda/linear_logprob_bwd.cuh"
@@ -75,8 +75,8 @@ static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_
 static const rlk_value_decl *const ll_bwd_sm90_params[] = {
     RLK_PARAM_INT("kind", 0, 5),
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
     RLK_PARAM_CHOICE("gw", ll_grad_names, 0, 2),
 };
 const rlk_template rlk_ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_bwd_sm90",

@@ -38,18 +38,18 @@ RLK_PARAMS_DECLARE(ll_combine_args, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS
 
 static const rlk_value_decl *const ll_sm90_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
+    &rlk_ll_labels,
     RLK_PARAM_INT("stages", 2, 4),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_entropy,
 };
 static const rlk_value_decl *const ll_tiled_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 static const rlk_value_decl *const ll_combine_params[] = {
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 
 static const rlk_template ll_sm90_tmpl = {"linear_logprob", "linear_logprob_fwd_sm90",

@@ -22,8 +22,8 @@ RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_
 /* the token chunks' u -> dz (templates/cuda/linear_logprob_stored.cuh) */
 static const rlk_value_decl *const ll_stored_dz_params[] = {
     RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
-    RLK_PARAM_DTYPE("labels", RLK_LL_LABEL_DTYPES),
-    RLK_PARAM_FLAG("entropy"),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 const rlk_template rlk_ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob_stored_dz",
                                             "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),

@@ -17,9 +17,8 @@ const rlk_value_decl *const tl_count_params[2] = {
     RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 1, 3),
 };
 
-const rlk_value_decl *const tl_dtype_params[1] = {
-    RLK_PARAM_DTYPE("dtype", TL_DTYPES),
-};
+const rlk_value_decl tl_dtype = RLK_DECL_DTYPE("dtype", TL_DTYPES);
+const rlk_value_decl *const tl_dtype_params[1] = {&tl_dtype};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm", NULL};

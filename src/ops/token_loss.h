@@ -25,6 +25,8 @@ extern const char *const tl_normalizer_names[TL_LINE_NORM_COUNT + 2]; /* "value"
 /* The template parameters of every token-loss op's count pass (the layout and a mask kind) and of
  * its reduce and host kernels (the dtype). */
 extern const rlk_value_decl *const tl_count_params[2];
+/* `dtype`: every token-loss kernel's, and the setting that feeds them. */
+extern const rlk_value_decl tl_dtype;
 extern const rlk_value_decl *const tl_dtype_params[1];
 
 /* A call's layout, from its primary stream (logp, values), seq_offsets and mask. */
