@@ -319,6 +319,86 @@ START_TEST(feeds_name_what_settings_shape) {
 }
 END_TEST
 
+/* Whether two declarations allow the same values (names aside). */
+static int same_values(const rlk_value_decl *a, const rlk_value_decl *b) {
+  if (a->kind != b->kind || a->min != b->min || a->max != b->max || a->pow2 != b->pow2 || a->dtypes != b->dtypes)
+    return 0;
+  if (a->kind != RLK_VALUE_CHOICE) return 1;
+  for (int64_t c = a->min; c <= a->max; c++)
+    if (strcmp(a->choices[c], b->choices[c])) return 0;
+  return 1;
+}
+
+/* Whether a setting's `feeds` has the word "entry.param" for template t's parameter p (an entry glob
+ * matching t's entry). */
+static int feeds_param(const rlk_op_setting *s, const rlk_template *t, const rlk_value_decl *p) {
+  for (const char *f = s->feeds; *f;) {
+    const size_t len = strcspn(f, " ");
+    const char *dot = memchr(f, '.', len);
+    char entry[64];
+    snprintf(entry, sizeof entry, "%.*s", dot ? (int)(dot - f) : 0, f);
+    if (dot && !fnmatch(entry, t->entry, 0) && strlen(p->name) == len - (size_t)(dot + 1 - f) &&
+        !strncmp(dot + 1, p->name, strlen(p->name)))
+      return 1;
+    f += len;
+    while (*f == ' ') f++;
+  }
+  return 0;
+}
+
+/* A setting that feeds a template parameter unchanged (the same name and values) is that
+ * parameter's declaration, not a copy of it, and a setting that is a parameter's declaration says
+ * it feeds that parameter. What stays a declaration of its own is a translation (a dtype made a
+ * dtype code, a choice made a flag), which feeds_name_what_settings_shape checks by its values.
+ * Over the kernels the samples plan on sm_90a, sm_80 and the host. */
+START_TEST(settings_share_the_parameters_they_feed) {
+  static const char *const targets[] = {"sm_90a", "sm_80", NULL};
+  rlk_context *ctxs[3] = {NULL, NULL, NULL};
+  for (int c = 0; c < 3; c++) {
+    ctxs[c] = rlk_test_compile_only_context(c < 2 ? RLK_BACKEND_CUDA : RLK_BACKEND_HOST, targets[c],
+                                            "ops: settings share the parameters they feed");
+    if (!ctxs[c]) goto done;
+  }
+  size_t shared = 0;
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    const rlk_template *tmpls[64];
+    size_t nt = 0;
+    for (int c = 0; c < 3; c++)
+      for (size_t j = 0; d->samples[j]; j++) {
+        rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+        const size_t ns = plan_line(ctxs[c], d, d->samples[j], specs);
+        ck_assert_msg(ns > 0, "%s: %s", d->samples[j], rlk_last_error());
+        for (size_t q = 0; q < ns; q++) {
+          size_t t = 0;
+          while (t < nt && tmpls[t] != specs[q].tmpl) t++;
+          if (t == nt && nt < sizeof tmpls / sizeof tmpls[0]) tmpls[nt++] = specs[q].tmpl;
+        }
+      }
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      for (size_t t = 0; t < nt; t++)
+        for (size_t p = 0; p < tmpls[t]->nparams; p++) {
+          const rlk_value_decl *pd = tmpls[t]->params[p];
+          if (pd == s->value) {
+            ck_assert_msg(feeds_param(s, tmpls[t], pd), "%s: %s is %s's declaration but does not feed it", d->name,
+                          s->value->name, tmpls[t]->entry);
+            shared++;
+          } else if (feeds_param(s, tmpls[t], pd)) {
+            ck_assert_msg(strcmp(pd->name, s->value->name) || !same_values(pd, s->value),
+                          "%s: %s declares %s.%s's values again: RLK_SET the parameter's declaration", d->name,
+                          s->value->name, tmpls[t]->entry, pd->name);
+          }
+        }
+    }
+  }
+  ck_assert_uint_gt(shared, 0);
+done:
+  for (int c = 0; c < 3; c++)
+    if (ctxs[c]) rlk_context_destroy(ctxs[c]);
+}
+END_TEST
+
 /* The file `rel` of the source tree opened for reading (its path in `path`); fails the test when
  * it cannot be. */
 static FILE *open_source(const char *rel, char *path, size_t size) {
@@ -649,7 +729,7 @@ Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
-      feeds_name_what_settings_shape,
+      feeds_name_what_settings_shape, settings_share_the_parameters_they_feed,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
       enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
       enum_values_in_range, positive_and_nonnegative_numbers));
