@@ -399,6 +399,24 @@ done:
 }
 END_TEST
 
+/* A setting declared as a power of two (a parameter's declaration it shares) takes only powers of
+ * two in its range, and says so in its error and its help line. */
+START_TEST(power_of_two_settings) {
+  static const rlk_value_decl block = RLK_DECL_POW2("block", 32, 1024);
+  static const rlk_op_setting settings[] = {RLK_SET(block, 256, "", "threads per block")};
+  const rlk_op_desc d = {.name = "pow2", .settings = settings, .nsettings = 1};
+  int64_t v = 0;
+  ck_assert_int_eq(rlk_op_setting_parse(&settings[0], "64", &v), RLK_OK);
+  ck_assert_int_eq(v, 64);
+  rlk_test_expect_error(rlk_op_setting_parse(&settings[0], "96", &v), RLK_ERR_INVALID_ARGUMENT,
+                        "a power of two in [32, 1024]", "rlk_op_setting_parse");
+  ck_assert_int_eq(rlk_op_setting_parse(&settings[0], "2048", &v), RLK_ERR_INVALID_ARGUMENT);
+  char help[256];
+  ck_assert_int_gt(rlk_op_help_text(&d, help, sizeof help), 0);
+  ck_assert_str_eq(help, "block: 32..1024 (powers of two), threads per block (256); no kernel parameter of its own\n");
+}
+END_TEST
+
 /* The file `rel` of the source tree opened for reading (its path in `path`); fails the test when
  * it cannot be. */
 static FILE *open_source(const char *rel, char *path, size_t size) {
@@ -729,7 +747,7 @@ Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
-      feeds_name_what_settings_shape, settings_share_the_parameters_they_feed,
+      feeds_name_what_settings_shape, settings_share_the_parameters_they_feed, power_of_two_settings,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
       enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
       enum_values_in_range, positive_and_nonnegative_numbers));

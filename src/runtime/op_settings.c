@@ -21,7 +21,8 @@ static void allowed_text(const rlk_value_decl *s, char *buf, size_t size) {
   buf[0] = '\0';
   switch (s->kind) {
     case RLK_VALUE_INT:
-      rlk_format(buf, size, "an integer in [%lld, %lld]", (long long)s->min, (long long)s->max);
+      rlk_format(buf, size, "%s in [%lld, %lld]", s->pow2 ? "a power of two" : "an integer", (long long)s->min,
+                 (long long)s->max);
       return;
     case RLK_VALUE_FLAG: rlk_format(buf, size, "0|1"); return;
     case RLK_VALUE_CHOICE:
@@ -54,7 +55,7 @@ rlk_status rlk_op_setting_parse(const rlk_op_setting *setting, const char *text,
         char *end = NULL;
         errno = 0;
         long long v = strtoll(text, &end, 10);
-        if (!errno && !*end && v >= s->min && v <= s->max) {
+        if (!errno && !*end && v >= s->min && v <= s->max && (!s->pow2 || (v > 0 && !(v & (v - 1))))) {
           *value = v;
           return RLK_OK;
         }
@@ -155,7 +156,8 @@ int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size) {
     const rlk_value_decl *v = s->value;
     char allowed[256], def[64];
     if (v->kind == RLK_VALUE_INT)
-      rlk_format(allowed, sizeof allowed, "%lld..%lld", (long long)v->min, (long long)v->max);
+      rlk_format(allowed, sizeof allowed, "%lld..%lld%s", (long long)v->min, (long long)v->max,
+                 v->pow2 ? " (powers of two)" : "");
     else
       allowed_text(v, allowed, sizeof allowed);
     if (!value_text(v, s->def, def, sizeof def)) rlk_format(def, sizeof def, "unset");
