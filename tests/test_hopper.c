@@ -19,10 +19,10 @@
 
 static const char *const ht_dt_names[] = {"bf16", "f16", NULL};
 
-static const rlk_param_decl ht_params[] = {
-    {"ab", RLK_PARAM_ENUM, 0, 1, 0, 0, ht_dt_names},
-    {"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL},
-    {"k", RLK_PARAM_INT, 64, 256, 0, 0, NULL},
+static const rlk_value_decl *const ht_params[] = {
+    RLK_PARAM_CHOICE("ab", ht_dt_names, 0, 1),
+    RLK_PARAM_INT("n", 16, 256),
+    RLK_PARAM_INT("k", 64, 256),
 };
 #define HT_NEEDS (RLK_TARGET_WGMMA | RLK_TARGET_TMA)
 static const rlk_template ht_ss = {"hopper_selftest", "hopper_tile_ss", "cuda/hopper_selftest.cuh", NULL, 3, ht_params,
@@ -31,12 +31,12 @@ static const rlk_template ht_rs = {"hopper_selftest", "hopper_tile_rs", "cuda/ho
                                    HT_NEEDS};
 static const rlk_template ht_mn = {"hopper_selftest", "hopper_tile_mn", "cuda/hopper_selftest.cuh", NULL, 3, ht_params,
                                    HT_NEEDS};
-static const rlk_param_decl ht_check_params[] = {{"n", RLK_PARAM_INT, 16, 256, 0, 0, NULL}};
+static const rlk_value_decl *const ht_check_params[] = {RLK_PARAM_INT("n", 16, 256)};
 static const rlk_template ht_check = {"hopper_selftest", "hopper_ptx_check", "cuda/hopper_selftest.cuh", NULL, 1,
                                       ht_check_params, HT_NEEDS};
 
-static const rlk_param_decl ht_box_params[] = {{"rows", RLK_PARAM_INT, 1, 256, 0, 0, NULL},
-                                                {"cols", RLK_PARAM_INT, 4, 128, 0, 0, NULL}};
+static const rlk_value_decl *const ht_box_params[] = {RLK_PARAM_INT("rows", 1, 256),
+                                                RLK_PARAM_INT("cols", 4, 128)};
 static const rlk_template ht_box = {"hopper_selftest", "hopper_tma_box", "cuda/hopper_selftest.cuh", NULL, 2,
                                     ht_box_params, RLK_TARGET_TMA};
 

@@ -31,16 +31,17 @@ START_TEST(settings_are_well_formed) {
     const char *help = rlk_precompile_help(d->name);
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      ck_assert_msg(s->name && s->doc && s->doc[0] && s->feeds, "%s: setting %zu is incomplete", d->name, k);
-      ck_assert_msg(rlk_op_setting_index(d, s->name) == (int)k, "%s: %s is declared twice", d->name, s->name);
+      const rlk_value_decl *sv = s->value;
+      ck_assert_msg(sv && sv->name && s->doc && s->doc[0] && s->feeds, "%s: setting %zu is incomplete", d->name, k);
+      ck_assert_msg(rlk_op_setting_index(d, sv->name) == (int)k, "%s: %s is declared twice", d->name, sv->name);
       char want[96];
-      snprintf(want, sizeof want, "%s: ", s->name);
-      ck_assert_msg(strstr(help, want) != NULL, "%s: help lacks %s", d->name, s->name);
-      if (s->kind == RLK_SETTING_CHOICE)
-        for (size_t c = 0; s->choices[c]; c++) {
+      snprintf(want, sizeof want, "%s: ", sv->name);
+      ck_assert_msg(strstr(help, want) != NULL, "%s: help lacks %s", d->name, sv->name);
+      if (sv->kind == RLK_VALUE_CHOICE)
+        for (int64_t c = sv->min; c <= sv->max; c++) {
           int64_t v = -1;
-          ck_assert_int_eq(rlk_op_setting_parse(s, s->choices[c], &v), RLK_OK);
-          ck_assert_int_eq(v, (int64_t)c);
+          ck_assert_int_eq(rlk_op_setting_parse(s, sv->choices[c], &v), RLK_OK);
+          ck_assert_int_eq(v, c);
         }
     }
   }
@@ -60,7 +61,7 @@ START_TEST(canonical_lines_round_trip) {
       ck_assert_int_gt(rlk_op_values_line(d, &b, again, sizeof again), 0);
       ck_assert_str_eq(line, again);
       for (size_t k = 0; k < d->nsettings; k++)
-        ck_assert_msg(a.v[k] == b.v[k], "%s: %s changed through '%s'", d->name, d->settings[k].name, line);
+        ck_assert_msg(a.v[k] == b.v[k], "%s: %s changed through '%s'", d->name, d->settings[k].value->name, line);
       ck_assert_msg(a.given == b.given, "%s: the given settings changed through '%s'", d->name, line);
     }
   }
@@ -100,13 +101,13 @@ START_TEST(bad_settings_are_named) {
     char line[256];
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      snprintf(line, sizeof line, "%s %s=%s", d->name, s->name, "x!");
+      snprintf(line, sizeof line, "%s %s=%s", d->name, s->value->name, "x!");
       ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
-      ck_assert_msg(strstr(rlk_last_error(), s->name) != NULL, "%s: '%s'", line, rlk_last_error());
-      snprintf(line, sizeof line, "%s %s=%s %s=%s", d->name, s->name, "1", s->name, "1");
+      ck_assert_msg(strstr(rlk_last_error(), s->value->name) != NULL, "%s: '%s'", line, rlk_last_error());
+      snprintf(line, sizeof line, "%s %s=%s %s=%s", d->name, s->value->name, "1", s->value->name, "1");
       ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
-      if (s->kind == RLK_SETTING_INT && s->max < INT64_MAX) {
-        snprintf(line, sizeof line, "%s %s=%lld", d->name, s->name, (long long)s->max + 1);
+      if (s->value->kind == RLK_VALUE_INT && s->value->max < INT64_MAX) {
+        snprintf(line, sizeof line, "%s %s=%lld", d->name, s->value->name, (long long)s->value->max + 1);
         ck_assert_msg(rlk_precompile(ctx, line, NULL) == RLK_ERR_INVALID_ARGUMENT, "%s accepted", line);
       }
     }
@@ -148,6 +149,36 @@ static size_t plan_line(const rlk_context *ctx, const rlk_op_desc *d, const char
   return rlk_test_plan_line(d, ctx, line, specs, &ns) == RLK_OK ? ns : 0;
 }
 
+/* Setting k of vals at a trial value x: given, or not given for an integer's out-of-range default. */
+static void set_trial(const rlk_op_desc *d, rlk_op_values *vals, int k, int64_t x) {
+  const rlk_op_setting *s = &d->settings[k];
+  rlk_op_values_set(vals, k, x);
+  if (s->value->kind == RLK_VALUE_INT && (x < s->value->min || x > s->value->max)) vals->given &= ~(1u << k);
+}
+
+/* The values a setting is tried at: every value of a flag, choice or dtype; an integer's default
+ * (an integer whose default is outside its range: not given), bounds and a few between. */
+static size_t setting_trials(const rlk_op_setting *s, int64_t *xs) {
+  const rlk_value_decl *v = s->value;
+  size_t n = 0;
+  if (v->kind == RLK_VALUE_INT) {
+    const int64_t hi = v->max < 1 << 20 ? v->max : 1 << 20;
+    const int64_t cand[] = {v->min, v->min + 1, 2, 4, 8, 16, 64, 128, 256, hi};
+    xs[n++] = s->def;
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+      if (cand[i] >= v->min && cand[i] <= hi && cand[i] != s->def) xs[n++] = cand[i];
+    return n;
+  }
+  for (int64_t x = 0; x < 32; x++) {
+    if (v->kind == RLK_VALUE_FLAG && x > 1) break;
+    if (v->kind == RLK_VALUE_CHOICE && x > v->max) break;
+    if (v->kind == RLK_VALUE_CHOICE && x < v->min) continue;
+    if (v->kind == RLK_VALUE_DTYPE && !(v->dtypes & RLK_DTYPE_BIT(x))) continue;
+    xs[n++] = x;
+  }
+  return n;
+}
+
 /* Every value of every setting that shapes a kernel (a flag, choice or dtype that feeds a
  * template parameter), put into some sample, plans kernels each of whose parameter values some
  * sample's kernel of that entry also has (on sm_90a, where the most variants exist): compiling
@@ -167,11 +198,11 @@ START_TEST(samples_reach_every_kernel_setting) {
     }
     for (size_t k = 0; k < d->nsettings; k++) {
       const rlk_op_setting *s = &d->settings[k];
-      if (!s->feeds[0] || s->kind == RLK_SETTING_INT) continue;
-      for (int64_t x = 0; x < 32; x++) {
-        if (s->kind == RLK_SETTING_FLAG && x > 1) break;
-        if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
-        if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
+      if (!s->feeds[0] || s->value->kind == RLK_VALUE_INT) continue;
+      int64_t xs[32];
+      const size_t nx = setting_trials(s, xs);
+      for (size_t a = 0; a < nx; a++) {
+        const int64_t x = xs[a];
         int reached = 0, planned = 0;
         for (size_t j = 0; d->samples[j] && !reached; j++) {
           rlk_op_values v;
@@ -186,7 +217,7 @@ START_TEST(samples_reach_every_kernel_setting) {
             for (size_t p = 0; p < specs[q].tmpl->nparams && reached; p++)
               reached = seen_has(&all, specs[q].tmpl->entry, (int)p, specs[q].values[p]);
         }
-        ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->name,
+        ck_assert_msg(planned && reached, "%s: %s=%lld selects a code path no sample builds", d->name, s->value->name,
                       (long long)x);
       }
     }
@@ -194,34 +225,6 @@ START_TEST(samples_reach_every_kernel_setting) {
   rlk_context_destroy(ctx);
 }
 END_TEST
-
-/* Setting k of vals at a trial value x: given, or not given for an integer's out-of-range default. */
-static void set_trial(const rlk_op_desc *d, rlk_op_values *vals, int k, int64_t x) {
-  const rlk_op_setting *s = &d->settings[k];
-  rlk_op_values_set(vals, k, x);
-  if (s->kind == RLK_SETTING_INT && (x < s->min || x > s->max)) vals->given &= ~(1u << k);
-}
-
-/* The values a setting is tried at: every value of a flag, choice or dtype; an integer's default
- * (an integer whose default is outside its range: not given), bounds and a few between. */
-static size_t setting_trials(const rlk_op_setting *s, int64_t *xs) {
-  size_t n = 0;
-  if (s->kind == RLK_SETTING_INT) {
-    const int64_t hi = s->max < 1 << 20 ? s->max : 1 << 20;
-    const int64_t cand[] = {s->min, s->min + 1, 2, 4, 8, 16, 64, 128, 256, hi};
-    xs[n++] = s->def;
-    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
-      if (cand[i] >= s->min && cand[i] <= hi && cand[i] != s->def) xs[n++] = cand[i];
-    return n;
-  }
-  for (int64_t x = 0; x < 32; x++) {
-    if (s->kind == RLK_SETTING_FLAG && x > 1) break;
-    if (s->kind == RLK_SETTING_CHOICE && !s->choices[x]) break;
-    if (s->kind == RLK_SETTING_DTYPE && !(s->dtypes & RLK_DTYPE_BIT(x))) continue;
-    xs[n++] = x;
-  }
-  return n;
-}
 
 /* What one value of a setting plans for one word of its `feeds` over one sample line: the
  * kernels whose entries match the word's entry glob, and (for "entry.param") the value of that
@@ -251,7 +254,7 @@ static void feed_at(const rlk_context *ctx, const rlk_op_desc *d, const char *sa
     if (fnmatch(entry, t->entry, 0)) continue;
     o->match[o->n++] = specs[q];
     for (size_t p = 0; param && !o->has_value && p < t->nparams; p++)
-      if (!strcmp(t->params[p].name, param)) {
+      if (!strcmp(t->params[p]->name, param)) {
         o->has_value = 1;
         o->value = specs[q].values[p];
       }
@@ -306,13 +309,111 @@ START_TEST(feeds_name_what_settings_shape) {
           }
         }
         ck_assert_msg(shaped, "%s: %s feeds '%.*s', which none of its values changes over the samples (or no "
-                      "kernel it plans has)", d->name, s->name, (int)len, f);
+                      "kernel it plans has)", d->name, s->value->name, (int)len, f);
         f += len;
         while (*f == ' ') f++;
       }
     }
   }
   rlk_context_destroy(ctx);
+}
+END_TEST
+
+/* Whether two declarations allow the same values (names aside). */
+static int same_values(const rlk_value_decl *a, const rlk_value_decl *b) {
+  if (a->kind != b->kind || a->min != b->min || a->max != b->max || a->pow2 != b->pow2 || a->dtypes != b->dtypes)
+    return 0;
+  if (a->kind != RLK_VALUE_CHOICE) return 1;
+  for (int64_t c = a->min; c <= a->max; c++)
+    if (strcmp(a->choices[c], b->choices[c])) return 0;
+  return 1;
+}
+
+/* Whether a setting's `feeds` has the word "entry.param" for template t's parameter p (an entry glob
+ * matching t's entry). */
+static int feeds_param(const rlk_op_setting *s, const rlk_template *t, const rlk_value_decl *p) {
+  for (const char *f = s->feeds; *f;) {
+    const size_t len = strcspn(f, " ");
+    const char *dot = memchr(f, '.', len);
+    char entry[64];
+    snprintf(entry, sizeof entry, "%.*s", dot ? (int)(dot - f) : 0, f);
+    if (dot && !fnmatch(entry, t->entry, 0) && strlen(p->name) == len - (size_t)(dot + 1 - f) &&
+        !strncmp(dot + 1, p->name, strlen(p->name)))
+      return 1;
+    f += len;
+    while (*f == ' ') f++;
+  }
+  return 0;
+}
+
+/* A setting that feeds a template parameter unchanged (the same name and values) is that
+ * parameter's declaration, not a copy of it, and a setting that is a parameter's declaration says
+ * it feeds that parameter. What stays a declaration of its own is a translation (a dtype made a
+ * dtype code, a choice made a flag), which feeds_name_what_settings_shape checks by its values.
+ * Over the kernels the samples plan on sm_90a, sm_80 and the host. */
+START_TEST(settings_share_the_parameters_they_feed) {
+  static const char *const targets[] = {"sm_90a", "sm_80", NULL};
+  rlk_context *ctxs[3] = {NULL, NULL, NULL};
+  for (int c = 0; c < 3; c++) {
+    ctxs[c] = rlk_test_compile_only_context(c < 2 ? RLK_BACKEND_CUDA : RLK_BACKEND_HOST, targets[c],
+                                            "ops: settings share the parameters they feed");
+    if (!ctxs[c]) goto done;
+  }
+  size_t shared = 0;
+  for (size_t i = 0; rlk_op_table[i]; i++) {
+    const rlk_op_desc *d = rlk_op_table[i];
+    const rlk_template *tmpls[64];
+    size_t nt = 0;
+    for (int c = 0; c < 3; c++)
+      for (size_t j = 0; d->samples[j]; j++) {
+        rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
+        const size_t ns = plan_line(ctxs[c], d, d->samples[j], specs);
+        ck_assert_msg(ns > 0, "%s: %s", d->samples[j], rlk_last_error());
+        for (size_t q = 0; q < ns; q++) {
+          size_t t = 0;
+          while (t < nt && tmpls[t] != specs[q].tmpl) t++;
+          if (t == nt && nt < sizeof tmpls / sizeof tmpls[0]) tmpls[nt++] = specs[q].tmpl;
+        }
+      }
+    for (size_t k = 0; k < d->nsettings; k++) {
+      const rlk_op_setting *s = &d->settings[k];
+      for (size_t t = 0; t < nt; t++)
+        for (size_t p = 0; p < tmpls[t]->nparams; p++) {
+          const rlk_value_decl *pd = tmpls[t]->params[p];
+          if (pd == s->value) {
+            ck_assert_msg(feeds_param(s, tmpls[t], pd), "%s: %s is %s's declaration but does not feed it", d->name,
+                          s->value->name, tmpls[t]->entry);
+            shared++;
+          } else if (feeds_param(s, tmpls[t], pd)) {
+            ck_assert_msg(strcmp(pd->name, s->value->name) || !same_values(pd, s->value),
+                          "%s: %s declares %s.%s's values again: RLK_SET the parameter's declaration", d->name,
+                          s->value->name, tmpls[t]->entry, pd->name);
+          }
+        }
+    }
+  }
+  ck_assert_uint_gt(shared, 0);
+done:
+  for (int c = 0; c < 3; c++)
+    if (ctxs[c]) rlk_context_destroy(ctxs[c]);
+}
+END_TEST
+
+/* A setting declared as a power of two (a parameter's declaration it shares) takes only powers of
+ * two in its range, and says so in its error and its help line. */
+START_TEST(power_of_two_settings) {
+  static const rlk_value_decl block = RLK_DECL_POW2("block", 32, 1024);
+  static const rlk_op_setting settings[] = {RLK_SET(block, 256, "", "threads per block")};
+  const rlk_op_desc d = {.name = "pow2", .settings = settings, .nsettings = 1};
+  int64_t v = 0;
+  ck_assert_int_eq(rlk_op_setting_parse(&settings[0], "64", &v), RLK_OK);
+  ck_assert_int_eq(v, 64);
+  rlk_test_expect_error(rlk_op_setting_parse(&settings[0], "96", &v), RLK_ERR_INVALID_ARGUMENT,
+                        "a power of two in [32, 1024]", "rlk_op_setting_parse");
+  ck_assert_int_eq(rlk_op_setting_parse(&settings[0], "2048", &v), RLK_ERR_INVALID_ARGUMENT);
+  char help[256];
+  ck_assert_int_gt(rlk_op_help_text(&d, help, sizeof help), 0);
+  ck_assert_str_eq(help, "block: 32..1024 (powers of two), threads per block (256); no kernel parameter of its own\n");
 }
 END_TEST
 
@@ -646,7 +747,7 @@ Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
   rlk_test_add_case(s, "contract", 120, TESTS(settings_are_well_formed, canonical_lines_round_trip,
       canonical_lines_plan_alike, bad_settings_are_named, samples_reach_every_kernel_setting,
-      feeds_name_what_settings_shape,
+      feeds_name_what_settings_shape, settings_share_the_parameters_they_feed, power_of_two_settings,
       precompile_conf_covers_every_op, gpu_kernel_list_parses, op_list_counts_what_the_tree_defines,
       enum_table_rows, overlap_is_exact, tensor_of_checks_in_order, contiguous_rows_and_their_stride,
       enum_values_in_range, positive_and_nonnegative_numbers));

@@ -14,15 +14,16 @@
 #include "test_util.h"
 
 static const char *const modes[] = {"grpo", "rloo", NULL};
-static const rlk_param_decl params[] = {
-    {.name = "scores", .kind = RLK_PARAM_DTYPE, .dtype_mask = (1u << RLK_F32) | (1u << RLK_BF16)},
-    {.name = "mode", .kind = RLK_PARAM_ENUM, .max = 1, .choices = modes},
-    {.name = "block", .kind = RLK_PARAM_INT, .min = 32, .max = 1024, .pow2 = 1},
-    {.name = "unbiased", .kind = RLK_PARAM_BOOL},
-    {.name = "g", .kind = RLK_PARAM_INT, .min = 0, .max = 1024},
+static const rlk_value_decl params[] = {
+    {.name = "scores", .kind = RLK_VALUE_DTYPE, .dtypes = (1u << RLK_F32) | (1u << RLK_BF16)},
+    {.name = "mode", .kind = RLK_VALUE_CHOICE, .max = 1, .choices = modes},
+    {.name = "block", .kind = RLK_VALUE_INT, .min = 32, .max = 1024, .pow2 = 1},
+    {.name = "unbiased", .kind = RLK_VALUE_FLAG},
+    {.name = "g", .kind = RLK_VALUE_INT, .min = 0, .max = 1024},
 };
+static const rlk_value_decl *const param_list[] = {&params[0], &params[1], &params[2], &params[3], &params[4]};
 static const rlk_template tmpl = {.family = "fam", .entry = "kern", .cuda_source = "cuda/x.cuh",
-                                  .host_source = "host/x.c", .nparams = 5, .params = params};
+                                  .host_source = "host/x.c", .nparams = 5, .params = param_list};
 
 static rlk_kernel_spec good_spec(void) {
   rlk_kernel_spec s = {.tmpl = &tmpl, .values = {RLK_BF16, 1, 128, 1, 16}};
@@ -48,9 +49,10 @@ START_TEST(validates_ranges) {
   ck_assert_int_eq(rlk_spec_validate(&s), RLK_ERR_INVALID_ARGUMENT);
   /* an enum declared over part of its choices takes only those; a decl past them is the schema's */
   static const char *const dts[] = {"f32", "bf16", "f16", NULL};
-  rlk_param_decl narrow = {.name = "dt", .kind = RLK_PARAM_ENUM, .min = 1, .max = 2, .choices = dts};
+  rlk_value_decl narrow = {.name = "dt", .kind = RLK_VALUE_CHOICE, .min = 1, .max = 2, .choices = dts};
+  const rlk_value_decl *const narrow_list[] = {&narrow};
   const rlk_template nt = {.family = "fam", .entry = "narrow", .cuda_source = "cuda/x.cuh", .nparams = 1,
-                           .params = &narrow};
+                           .params = narrow_list};
   rlk_kernel_spec n = {.tmpl = &nt, .values = {2}};
   ck_assert_int_eq(rlk_spec_validate(&n), RLK_OK);
   n.values[0] = 0;

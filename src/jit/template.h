@@ -11,23 +11,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "jit/value.h"
 #include "rlk.h"
 
-typedef enum rlk_param_kind {
-  RLK_PARAM_INT = 0,   /* an integer in [min, max], a power of two when pow2 is set */
-  RLK_PARAM_BOOL = 1,  /* 0 or 1 */
-  RLK_PARAM_DTYPE = 2, /* an rlk_dtype whose bit (1u << dtype) is in dtype_mask */
-  RLK_PARAM_ENUM = 3   /* an index into choices (NULL-terminated names) */
-} rlk_param_kind;
-
-typedef struct rlk_param_decl {
-  const char *name; /* lower-case identifier: "dtype", "block", "mode" */
-  rlk_param_kind kind;
-  int64_t min, max;
-  int pow2;
-  uint32_t dtype_mask;
-  const char *const *choices;
-} rlk_param_decl;
+/* A template's parameter: a declared value (jit/value.h). RLK_PARAM_* declare one in place, in
+ * a template's list, where no setting shares it: the address of a static compound literal. */
+#define RLK_PARAM_INT(name, lo, hi) (&(const rlk_value_decl)RLK_DECL_INT(name, lo, hi))
+#define RLK_PARAM_POW2(name, lo, hi) (&(const rlk_value_decl)RLK_DECL_POW2(name, lo, hi))
+#define RLK_PARAM_FLAG(name) (&(const rlk_value_decl)RLK_DECL_FLAG(name))
+#define RLK_PARAM_CHOICE(name, names, lo, hi) (&(const rlk_value_decl)RLK_DECL_CHOICE(name, names, lo, hi))
+#define RLK_PARAM_DTYPE(name, dtypes) (&(const rlk_value_decl)RLK_DECL_DTYPE(name, dtypes))
 
 #define RLK_MAX_PARAMS 16
 
@@ -37,7 +30,7 @@ typedef struct rlk_template {
   const char *cuda_source; /* file under templates/, NULL if there is none */
   const char *host_source; /* file under templates/, NULL if there is none */
   size_t nparams;          /* <= RLK_MAX_PARAMS */
-  const rlk_param_decl *params; /* in template-argument order */
+  const rlk_value_decl *const *params; /* in template-argument order */
   /* The RLK_TARGET_* features its code needs (core/target.h; 0: none). The JIT refuses it, with
    * the reason, for a target without them (a wgmma kernel for sm_100a), so it is never compiled
    * to nothing or into an error deep in the compiler. */
@@ -67,7 +60,7 @@ rlk_status rlk_spec_name_expression(const rlk_kernel_spec *spec, char *buf, size
 rlk_status rlk_spec_host_defines(const rlk_kernel_spec *spec, char defines[][96], size_t *count);
 
 /* Parses "value" for parameter `decl` (the canonical spelling, or an integer). */
-rlk_status rlk_param_parse(const rlk_param_decl *decl, const char *text, int64_t *value);
+rlk_status rlk_param_parse(const rlk_value_decl *decl, const char *text, int64_t *value);
 
 /* The C++ spelling of a dtype in device code (templates/cuda/rlk_prelude.cuh). */
 const char *rlk_dtype_cuda_type(rlk_dtype dtype);

@@ -69,10 +69,12 @@ _Static_assert(AS_RETURNS_RESET == (int)RLK_RETURNS_MASKED_RESET && AS_RETURNS_Z
 #define AS_MAX_GRID (1u << 20)
 #define AS_WARP_ROWS 4 /* rows (warps) per block in the warp algorithm */
 
-static const rlk_param_decl as_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, AS_DTYPES, NULL},
-    {"family", RLK_PARAM_ENUM, 0, 1, 0, 0, as_family_names},
-    {"algo", RLK_PARAM_ENUM, 0, 1, 0, 0, as_algo_names},
+static const rlk_value_decl as_dtype = RLK_DECL_DTYPE("dtype", AS_DTYPES); /* the setting's too */
+
+static const rlk_value_decl *const as_params[] = {
+    &as_dtype,
+    RLK_PARAM_CHOICE("family", as_family_names, 0, 1),
+    RLK_PARAM_CHOICE("algo", as_algo_names, 0, 1),
 };
 
 static const rlk_template as_tmpl = {"advantage_scan", "advantage_scan", "cuda/advantage_scan.cuh",
@@ -128,13 +130,13 @@ static const char *const as_returns_masked_names[] = RLK_PARAMS_ENUM_NAMES(RLK_A
 enum { AS_S_DTYPE, AS_S_ALGO, AS_S_B, AS_S_T, AS_S_MASK, AS_S_EXTRA, AS_NSETTINGS };
 
 #define AS_COMMON_SETTINGS                                                                                  \
-  [AS_S_DTYPE] = RLK_SET_DTYPE("dtype", AS_DTYPES, RLK_F32, "advantage_scan.dtype", "of the values and outputs"), \
+  [AS_S_DTYPE] = RLK_SET(as_dtype, RLK_F32, "advantage_scan.dtype", "of the values and outputs"),                \
   [AS_S_ALGO] = RLK_SET_CHOICE("algo", as_algo_setting_names, RLK_SCAN_AUTO, "advantage_scan.algo",                \
                                "auto with B and T picks what a call of that shape runs, without them it builds "  \
                                "every algorithm auto can pick"),                                                  \
   [AS_S_B] = RLK_SET_INT("B", 0, 1, (int64_t)1 << 40, "advantage_scan.algo", "rows, a shape hint for algo=auto"), \
   [AS_S_T] = RLK_SET_INT("T", 0, 1, (int64_t)1 << 40, "advantage_scan.algo", "steps per row, a shape hint for algo=auto"), \
-  [AS_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, 1, "", "the mask's dtype")
+  [AS_S_MASK] = RLK_SET(rlk_seq_mask_decl, 1, "", "the mask's dtype")
 
 static const rlk_op_setting as_gae_settings[AS_NSETTINGS] = {
     AS_COMMON_SETTINGS,

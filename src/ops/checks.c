@@ -193,6 +193,7 @@ rlk_status rlk_check_contiguous(const rlk_tensor *t, const char *what) {
 }
 
 const char *const rlk_seq_mask_names[] = RLK_PARAMS_ENUM_NAMES(RLK_SEQ_MASK_KINDS);
+const rlk_value_decl rlk_seq_mask_decl = RLK_DECL_CHOICES("mask", rlk_seq_mask_names);
 
 int rlk_seq_mask_kind(const rlk_tensor *mask) {
   if (!mask || !mask->data) return RLK_SEQ_MASK_NONE;

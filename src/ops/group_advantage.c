@@ -57,21 +57,25 @@ _Static_assert(GA_SINGLETON_MEAN0_STD1 == (int)RLK_SINGLETON_MEAN0_STD1 && GA_SI
 
 #define GA_SCORE_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 
-static const rlk_param_decl ga_rowsum_params[] = {
-    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+/* Parameters that the settings of their names feed unchanged. */
+static const rlk_value_decl ga_scores = RLK_DECL_DTYPE("scores", GA_SCORE_DTYPES);
+static const rlk_value_decl ga_mode = RLK_DECL_CHOICES("mode", ga_mode_names);
+
+static const rlk_value_decl *const ga_rowsum_params[] = {
+    &ga_scores,
+    &rlk_seq_mask_decl,
 };
 
-static const rlk_param_decl ga_group_params[] = {
-    {"scores", RLK_PARAM_DTYPE, 0, 0, 0, GA_SCORE_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 6, 0, 0, ga_mode_names},
-    {"group", RLK_PARAM_INT, 0, GA_MAX_BAKED_GROUP, 0, 0, NULL}, /* 0: at run time */
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},                  /* threads per group */
-    {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, ga_offsets_names},
+static const rlk_value_decl *const ga_group_params[] = {
+    &ga_scores,
+    &ga_mode,
+    RLK_PARAM_INT("group", 0, GA_MAX_BAKED_GROUP), /* 0: at run time */
+    RLK_PARAM_POW2("seg", 1, 1024),                  /* threads per group */
+    RLK_PARAM_CHOICE("offsets", ga_offsets_names, 0, 2),
 };
 
-static const rlk_param_decl ga_broadcast_params[] = {
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+static const rlk_value_decl *const ga_broadcast_params[] = {
+    &rlk_seq_mask_decl,
 };
 
 static const rlk_template ga_rowsum_tmpl = {
@@ -99,18 +103,18 @@ enum {
 };
 
 static const rlk_op_setting ga_settings[GA_NSETTINGS] = {
-    [GA_S_MODE] = RLK_SET_CHOICE("mode", ga_mode_names, RLK_ADV_GRPO, "group_advantage_group.mode", "the advantage"),
+    [GA_S_MODE] = RLK_SET(ga_mode, RLK_ADV_GRPO, "group_advantage_group.mode", "the advantage"),
     [GA_S_GROUP_SIZE] = RLK_SET_INT("group_size", 16, 0, (int64_t)1 << 40, "group_advantage_group.group",
                                     "fixed group size, or 0 for uneven groups given by group_offsets"),
     [GA_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                    "group_advantage_group.offsets",
                                    "the group_offsets dtype; implies group_size=0"),
-    [GA_S_SCORES] = RLK_SET_DTYPE("scores", GA_SCORE_DTYPES, RLK_F32, "group_advantage_rowsum.scores",
-                                  "the scores' dtype"),
+    [GA_S_SCORES] = RLK_SET(ga_scores, RLK_F32, "group_advantage_rowsum.scores group_advantage_group.scores",
+                            "the scores' dtype"),
     [GA_S_SCORES_2D] = RLK_SET_FLAG("scores_2d", 0, "group_advantage_rowsum",
                                     "scores are [B, T] token rewards summed per row under the mask"),
-    [GA_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_NONE, "group_advantage_rowsum.mask",
-                                 "the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1"),
+    [GA_S_MASK] = RLK_SET(rlk_seq_mask_decl, RLK_SEQ_MASK_NONE, "group_advantage_rowsum.mask group_advantage_broadcast.mask",
+                          "the [B, T] mask's dtype; needs scores_2d=1 or broadcast=1"),
     [GA_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "std with N - 1"),
     [GA_S_SINGLETON] = RLK_SET_CHOICE("singleton", ga_singleton_names, RLK_SINGLETON_MEAN0_STD1, "",
                                       "what a one-member group gets"),

@@ -69,6 +69,7 @@ enum { LD_LL_DH = 1, LD_LL_DW = 2 }; /* the fused head's sm_90a product kinds (i
 
 static const char *const ld_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 static const char *const ld_label_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_LABELS);
+static const rlk_value_decl ld_labels = RLK_DECL_CHOICES("labels", ld_label_names); /* the setting's too */
 static const char *const ld_kmode_names[] = RLK_PARAMS_ENUM_NAMES(RLK_LD_MODES);
 
 /* The kernels' divergences and top-k bound are the API's. */
@@ -87,46 +88,46 @@ _Static_assert(LD_TOPK_MAX == RLK_LINEAR_DIVERGENCE_TOP_K_MAX, "linear_divergenc
 #define LD_BWD_SM90_CUDA "cuda/linear_divergence_bwd_sm90.cuh"
 #define LD_SM90_NEEDS (RLK_TARGET_WGMMA | RLK_TARGET_TMA)
 
-static const rlk_param_decl ld_host_params[] = {
-    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
-    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
+static const rlk_value_decl *const ld_host_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
+    RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
+    &ld_labels,
+    RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
 };
-static const rlk_param_decl ld_tiled_params[] = {
-    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"kind", RLK_PARAM_INT, 0, 2, 0, 0, NULL},
+static const rlk_value_decl *const ld_tiled_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
+    RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
+    RLK_PARAM_INT("kind", 0, 2),
 };
-static const rlk_param_decl ld_combine_params[] = {
-    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
-    {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
+static const rlk_value_decl *const ld_combine_params[] = {
+    &ld_labels,
+    RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
 };
-static const rlk_param_decl ld_labels_params[] = {
-    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+static const rlk_value_decl *const ld_labels_params[] = {
+    &ld_labels,
 };
-static const rlk_param_decl ld_topk_params[] = {
-    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names},
+static const rlk_value_decl *const ld_topk_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
+    &ld_labels,
 };
-static const rlk_param_decl ld_dz_params[] = {
-    {"sdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},   {"tdt", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"labels", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_label_names}, {"mode", RLK_PARAM_ENUM, 0, 3, 0, 0, ld_kmode_names},
-    {"student", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},       {"teacher", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ld_dz_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),   RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
+    &ld_labels, RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
+    RLK_PARAM_FLAG("student"),       RLK_PARAM_FLAG("teacher"),
 };
 /* the fused head's products over dz, instantiated from this op's source */
-static const rlk_param_decl ld_dh_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names}};
-static const rlk_param_decl ld_dw_params[] = {{"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-                                              {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
-static const rlk_param_decl ld_dh_out_params[] = {{"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names}};
+static const rlk_value_decl *const ld_dh_params[] = {RLK_PARAM_CHOICE("hidden", ld_dt_names, 1, 2)};
+static const rlk_value_decl *const ld_dw_params[] = {RLK_PARAM_CHOICE("hidden", ld_dt_names, 1, 2),
+                                              RLK_PARAM_CHOICE("gw", ld_dt_names, 0, 2)};
+static const rlk_value_decl *const ld_dh_out_params[] = {RLK_PARAM_CHOICE("gh", ld_dt_names, 0, 2)};
 /* ... and its sm_90a products (linear_logprob_bwd_sm90's schema: the dh and dw kinds, which read no
  * labels or entropy) */
-static const rlk_param_decl ld_products_sm90_params[] = {
-    {"kind", RLK_PARAM_INT, LD_LL_DH, LD_LL_DW, 0, 0, NULL},
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, ld_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_DTYPE_BIT(RLK_I32), NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ld_dt_names},
+static const rlk_value_decl *const ld_products_sm90_params[] = {
+    RLK_PARAM_INT("kind", LD_LL_DH, LD_LL_DW),
+    RLK_PARAM_CHOICE("hidden", ld_dt_names, 1, 2),
+    RLK_PARAM_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32)),
+    RLK_PARAM_FLAG("entropy"),
+    RLK_PARAM_CHOICE("gw", ld_dt_names, 0, 2),
 };
 
 static const rlk_template ld_fwd_host_tmpl = {"linear_divergence", "linear_divergence_fwd_host", NULL,
@@ -185,8 +186,8 @@ static const rlk_op_setting ld_settings[LD_NSETTINGS] = {
                                    "the student head's dtype"),
     [LD_S_TEACHER] = RLK_SET_DTYPE("teacher", LD_HEAD_DTYPES, RLK_BF16, "linear_divergence_*.tdt",
                                    "the teacher head's dtype"),
-    [LD_S_LABELS] = RLK_SET_CHOICE("labels", ld_label_names, LD_LAB_NONE, "linear_divergence_*.labels",
-                                   "the labels' dtype (none: no ignored rows)"),
+    [LD_S_LABELS] = RLK_SET(ld_labels, LD_LAB_NONE, "linear_divergence_*.labels",
+                            "the labels' dtype (none: no ignored rows)"),
     [LD_S_MODE] = RLK_SET_CHOICE("mode", ld_mode_names, LD_FKL, "linear_divergence_*.mode",
                                  "the divergence (rlk_divergence_mode)"),
     [LD_S_TOPK] = RLK_SET_FLAG("topk", 0, "linear_divergence_*.mode linear_divergence_fwd_tiled.kind",

@@ -25,6 +25,8 @@
 #include "common/linear_logprob_params.h"
 
 const char *const rlk_ll_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS); /* f32: not a choice */
+const rlk_value_decl rlk_ll_labels = RLK_DECL_DTYPE("labels", RLK_LL_LABEL_DTYPES);
+const rlk_value_decl rlk_ll_entropy = RLK_DECL_FLAG("entropy");
 static const char *const ll_variant_names[] = {"auto", "wgmma", "tiled", NULL};
 
 /* The rows setting's values: no selection, or its indices' dtype. */
@@ -94,10 +96,9 @@ static const rlk_op_setting ll_settings[RLK_LL_NSETTINGS] = {
                        "the kernels to build"),
     [RLK_LL_S_HIDDEN] = RLK_SET_DTYPE("hidden", RLK_LL_HIDDEN_DTYPES, RLK_BF16, "linear_logprob_*.hidden",
                                       "the dtype of hidden and weight"),
-    [RLK_LL_S_LABELS] =
-        RLK_SET_DTYPE("labels", RLK_LL_LABEL_DTYPES, RLK_I64, "linear_logprob_*.labels", "the labels' dtype"),
+    [RLK_LL_S_LABELS] = RLK_SET(rlk_ll_labels, RLK_I64, "linear_logprob_*.labels", "the labels' dtype"),
     [RLK_LL_S_ENTROPY] =
-        RLK_SET_FLAG("entropy", 0, "linear_logprob_*.entropy", "fwd: also the entropy; bwd: an entropy gradient"),
+        RLK_SET(rlk_ll_entropy, 0, "linear_logprob_*.entropy", "fwd: also the entropy; bwd: an entropy gradient"),
     [RLK_LL_S_GRAD] = RLK_SET_CHOICE("grad", ll_grad_line_names, 0, "linear_logprob_bwd_dh_out linear_logprob_bwd_*.gw",
                                      "the backward's grad_hidden and grad_weight dtype"),
     [RLK_LL_S_ROWS] =

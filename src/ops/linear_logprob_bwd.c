@@ -35,27 +35,27 @@ RLK_PARAMS_DECLARE(ll_bwd_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_O
 
 static const char *const ll_grad_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
 
-static const rlk_param_decl ll_dz_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_dz_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
-static const rlk_param_decl ll_dh_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
+static const rlk_value_decl *const ll_dh_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
 };
-static const rlk_param_decl ll_dw_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+static const rlk_value_decl *const ll_dw_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    RLK_PARAM_CHOICE("gw", ll_grad_names, 0, 2),
 };
-static const rlk_param_decl ll_dh_out_params[] = {
-    {"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+static const rlk_value_decl *const ll_dh_out_params[] = {
+    RLK_PARAM_CHOICE("gh", ll_grad_names, 0, 2),
 };
-static const rlk_param_decl ll_bwd_host_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
-    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_bwd_host_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    RLK_PARAM_CHOICE("gh", ll_grad_names, 0, 2),
+    RLK_PARAM_CHOICE("gw", ll_grad_names, 0, 2),
+    &rlk_ll_entropy,
 };
 
 #define LL_BWD_CUDA "cuda/linear_logprob_bwd.cuh"
@@ -72,12 +72,12 @@ static const rlk_template ll_bwd_host_tmpl = {"linear_logprob", "linear_logprob_
                                               ll_bwd_host_params};
 
 /* sm_90a: one kernel, the product chosen by kind (linear_logprob_bwd.h). */
-static const rlk_param_decl ll_bwd_sm90_params[] = {
-    {"kind", RLK_PARAM_INT, 0, 5, 0, 0, NULL},
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"gw", RLK_PARAM_ENUM, 0, 2, 0, 0, ll_grad_names},
+static const rlk_value_decl *const ll_bwd_sm90_params[] = {
+    RLK_PARAM_INT("kind", 0, 5),
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
+    RLK_PARAM_CHOICE("gw", ll_grad_names, 0, 2),
 };
 const rlk_template rlk_ll_bwd_sm90_tmpl = {"linear_logprob", "linear_logprob_bwd_sm90",
                                            "cuda/linear_logprob_bwd_sm90.cuh", NULL,

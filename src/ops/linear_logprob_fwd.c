@@ -36,20 +36,20 @@ RLK_PARAMS_DECLARE(ll_combine_args, RLK_LL_COMBINE_PARAMS, RLK_LL_COMBINE_PARAMS
  * it): at V 151936, 14080 rows a launch. */
 #define LL_FWD_WORKSPACE_BYTES ((int64_t)128 << 20)
 
-static const rlk_param_decl ll_sm90_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"stages", RLK_PARAM_INT, 2, 4, 0, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_sm90_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    RLK_PARAM_INT("stages", 2, 4),
+    &rlk_ll_entropy,
 };
-static const rlk_param_decl ll_tiled_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_tiled_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
-static const rlk_param_decl ll_combine_params[] = {
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_combine_params[] = {
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 
 static const rlk_template ll_sm90_tmpl = {"linear_logprob", "linear_logprob_fwd_sm90",

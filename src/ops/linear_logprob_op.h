@@ -23,7 +23,10 @@ enum {
 };
 
 /* The names of the kernels' `hidden` template value (f32: not a choice), every pass's schemas'. */
-extern const char *const rlk_ll_dt_names[];
+extern const char *const rlk_ll_dt_names[RLK_DT_BF16 + 2];
+
+/* `labels` and `entropy`: every pass's kernels' that have them, and the settings that feed them. */
+extern const rlk_value_decl rlk_ll_labels, rlk_ll_entropy;
 
 /* The rows setting's value of a call's selection (none, or its indices' dtype). */
 int rlk_ll_rows_line(const rlk_ll_rows *r);

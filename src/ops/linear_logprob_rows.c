@@ -13,13 +13,13 @@ RLK_PARAMS_DECLARE(ll_scatter_args, RLK_LL_SCATTER_PARAMS, RLK_LL_SCATTER_PARAMS
 #define LLR_INDEX_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 
 static const char *const llr_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_FLOAT_DTS);
-static const rlk_param_decl llr_gather_params[] = {
-    {"dt", RLK_PARAM_ENUM, 0, 2, 0, 0, llr_dt_names},
-    {"rows", RLK_PARAM_DTYPE, 0, 0, 0, LLR_INDEX_DTYPES, NULL},
+static const rlk_value_decl *const llr_gather_params[] = {
+    RLK_PARAM_CHOICE("dt", llr_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("rows", LLR_INDEX_DTYPES),
 };
-static const rlk_param_decl llr_scatter_params[] = {
-    {"gh", RLK_PARAM_ENUM, 0, 2, 0, 0, llr_dt_names},
-    {"rows", RLK_PARAM_DTYPE, 0, 0, 0, LLR_INDEX_DTYPES, NULL},
+static const rlk_value_decl *const llr_scatter_params[] = {
+    RLK_PARAM_CHOICE("gh", llr_dt_names, 0, 2),
+    RLK_PARAM_DTYPE("rows", LLR_INDEX_DTYPES),
 };
 #define LLR_CUDA "cuda/linear_logprob_rows.cuh"
 static const rlk_template llr_gather_tmpl = {"linear_logprob", "linear_logprob_gather", LLR_CUDA,

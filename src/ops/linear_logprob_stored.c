@@ -20,10 +20,10 @@ RLK_PARAMS_DECLARE(ll_stored_dz_args, RLK_LL_STORED_DZ_PARAMS, RLK_LL_STORED_DZ_
 #define LL_N(a) (sizeof(a) / sizeof((a)[0]))
 
 /* the token chunks' u -> dz (templates/cuda/linear_logprob_stored.cuh) */
-static const rlk_param_decl ll_stored_dz_params[] = {
-    {"hidden", RLK_PARAM_ENUM, 1, 2, 0, 0, rlk_ll_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, RLK_LL_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const ll_stored_dz_params[] = {
+    RLK_PARAM_CHOICE("hidden", rlk_ll_dt_names, 1, 2),
+    &rlk_ll_labels,
+    &rlk_ll_entropy,
 };
 const rlk_template rlk_ll_stored_dz_tmpl = {"linear_logprob", "linear_logprob_stored_dz",
                                             "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),

@@ -63,43 +63,50 @@ static const char *const lp_pass_names[] = {"fwd", "bwd", "both", NULL};
 #define LP_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define LP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
 
-static const rlk_param_decl lp_fwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL}, /* threads per row */
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* kept-set replay: a threshold per row */
+/* Parameters that the settings of their names feed unchanged. */
+static const rlk_value_decl lp_logits = RLK_DECL_CHOICES("logits", lp_dt_names);
+static const rlk_value_decl lp_labels = RLK_DECL_DTYPE("labels", LP_LABEL_DTYPES);
+static const rlk_value_decl lp_grad = RLK_DECL_CHOICES("grad", lp_grad_names);
+static const rlk_value_decl lp_entropy = RLK_DECL_FLAG("entropy");
+static const rlk_value_decl lp_kept = RLK_DECL_FLAG("kept"); /* kept-set replay: a threshold per row */
+
+static const rlk_value_decl *const lp_fwd_params[] = {
+    &lp_logits,
+    &lp_labels,
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024), /* threads per row */
+    RLK_PARAM_POW2("unroll", 1, 8),
+    &lp_entropy,
+    &lp_kept,
 };
 
-static const rlk_param_decl lp_bwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"grad", RLK_PARAM_ENUM, 0, 1, 0, 0, lp_grad_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL}, /* g_H given */
-    {"kept", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_bwd_params[] = {
+    &lp_logits,
+    &lp_grad,
+    &lp_labels,
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    &lp_entropy, /* g_H given */
+    &lp_kept,
 };
 
-static const rlk_param_decl lp_bulk_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"cwarps", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* consumer warps */
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_bulk_params[] = {
+    &lp_logits,
+    &lp_labels,
+    RLK_PARAM_INT("cwarps", 1, 31), /* consumer warps */
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_INT("stages", 2, 8),
+    &lp_entropy,
 };
 
-static const rlk_param_decl lp_tma_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, lp_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LP_LABEL_DTYPES, NULL},
-    {"rows", RLK_PARAM_INT, 1, 31, 0, 0, NULL}, /* box rows = consumer warps */
-    {"nbox", RLK_PARAM_INT, 1, 8, 0, 0, NULL},  /* boxes per stage */
-    {"stages", RLK_PARAM_INT, 2, 8, 0, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const lp_tma_params[] = {
+    &lp_logits,
+    &lp_labels,
+    RLK_PARAM_INT("rows", 1, 31), /* box rows = consumer warps */
+    RLK_PARAM_INT("nbox", 1, 8),  /* boxes per stage */
+    RLK_PARAM_INT("stages", 2, 8),
+    &lp_entropy,
 };
 
 #define LP_N(a) (sizeof(a) / sizeof((a)[0]))
@@ -170,12 +177,10 @@ enum {
 
 static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
     [LP_S_PASS] = RLK_SET_CHOICE("pass", lp_pass_names, LP_PASS_BOTH, "logprob_fwd logprob_bwd", "the kernels to build"),
-    [LP_S_LOGITS] = RLK_SET_CHOICE("logits", lp_dt_names, RLK_DT_BF16, "logprob_fwd.logits", "the logits' dtype"),
-    [LP_S_LABELS] = RLK_SET_DTYPE("labels", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
-                                  "logprob_fwd.labels", "the labels' dtype"),
-    [LP_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd.entropy",
-                                  "fwd: also the entropy; bwd: an entropy gradient"),
-    [LP_S_GRAD] = RLK_SET_CHOICE("grad", lp_grad_names, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
+    [LP_S_LOGITS] = RLK_SET(lp_logits, RLK_DT_BF16, "logprob_*.logits", "the logits' dtype"),
+    [LP_S_LABELS] = RLK_SET(lp_labels, RLK_I64, "logprob_*.labels", "the labels' dtype"),
+    [LP_S_ENTROPY] = RLK_SET(lp_entropy, 0, "logprob_*.entropy", "fwd: also the entropy; bwd: an entropy gradient"),
+    [LP_S_GRAD] = RLK_SET(lp_grad, LP_GRAD_SAME, "logprob_bwd.grad", "the backward's dlogits dtype"),
     [LP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, (int64_t)1 << 40, "logprob_fwd.seg",
                                "V, picks the row layout: a block per row, or rows sharing a block"),
     [LP_S_VARIANT] = RLK_SET_CHOICE("variant", lp_variant_names, RLK_LOGPROB_VARIANT_AUTO, "logprob_fwd",
@@ -191,8 +196,8 @@ static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
     [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "",
                                 "N, the rows of the calls; with no tuning settings, the tuning database's winner "
                                 "for N's bucket on this context, 0 for none"),
-    [LP_S_KEPT] = RLK_SET_FLAG("kept", 0, "logprob_fwd.kept logprob_bwd.kept",
-                               "kept-set replay: a threshold per row (the vector kernel; no tuning database)"),
+    [LP_S_KEPT] = RLK_SET(lp_kept, 0, "logprob_fwd.kept logprob_bwd.kept",
+                          "kept-set replay: a threshold per row (the vector kernel; no tuning database)"),
 };
 
 /* One kernel of a call and its launch shape. */

@@ -27,19 +27,21 @@ enum { LS_PASS_FWD = 0, LS_PASS_COMBINE = 1, LS_PASS_BOTH = 2 };
 #define LS_LABEL_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define LS_COMBINE_BLOCK 256
 
-static const rlk_param_decl ls_fwd_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, ls_dt_names},
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
-    {"block", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+/* Parameters that the settings of their names feed unchanged. */
+static const rlk_value_decl ls_logits = RLK_DECL_CHOICES("logits", ls_dt_names);
+static const rlk_value_decl ls_labels = RLK_DECL_DTYPE("labels", LS_LABEL_DTYPES);
+static const rlk_value_decl ls_entropy = RLK_DECL_FLAG("entropy");
+
+static const rlk_value_decl *const ls_fwd_params[] = {
+    &ls_logits,
+    &ls_labels,
+    RLK_PARAM_POW2("block", 1, 1024),
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    &ls_entropy,
 };
 
-static const rlk_param_decl ls_combine_params[] = {
-    {"labels", RLK_PARAM_DTYPE, 0, 0, 0, LS_LABEL_DTYPES, NULL},
-    {"entropy", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-};
+static const rlk_value_decl *const ls_combine_params[] = {&ls_labels, &ls_entropy};
 
 #define LS_N(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -63,11 +65,10 @@ enum { LS_S_PASS, LS_S_LOGITS, LS_S_LABELS, LS_S_ENTROPY, LS_S_VOCAB, LS_S_BLOCK
 static const rlk_op_setting ls_settings[LS_NSETTINGS] = {
     [LS_S_PASS] = RLK_SET_CHOICE("pass", ls_pass_names, LS_PASS_BOTH, "logprob_fwd_shard logprob_combine",
                                  "the kernels to build: a shard's records, their combine"),
-    [LS_S_LOGITS] = RLK_SET_CHOICE("logits", ls_dt_names, 2, "logprob_fwd_shard.logits", "the logits' dtype"),
-    [LS_S_LABELS] = RLK_SET_DTYPE("labels", LS_LABEL_DTYPES, RLK_I64, "logprob_fwd_shard.labels",
-                                  "the labels' dtype"),
-    [LS_S_ENTROPY] = RLK_SET_FLAG("entropy", 0, "logprob_fwd_shard.entropy",
-                                  "the records' entropy part and the combined entropy"),
+    [LS_S_LOGITS] = RLK_SET(ls_logits, 2, "logprob_fwd_shard.logits", "the logits' dtype"),
+    [LS_S_LABELS] = RLK_SET(ls_labels, RLK_I64, "logprob_fwd_shard.labels logprob_combine.labels", "the labels' dtype"),
+    [LS_S_ENTROPY] = RLK_SET(ls_entropy, 0, "logprob_fwd_shard.entropy logprob_combine.entropy",
+                             "the records' entropy part and the combined entropy"),
     [LS_S_VOCAB] = RLK_SET_INT("vocab", 151936 / 2, 1, (int64_t)1 << 40, "logprob_fwd_shard.seg",
                                "the shard's columns V, picks the row layout"),
     [LS_S_BLOCK] = RLK_SET_INT("block", 0, 0, 1024, "logprob_fwd_shard.block",

@@ -26,9 +26,8 @@
 #define MW_MAX_PARTIALS 1024
 #define MW_BLOCKS_PER_SM 4 /* stats blocks per multiprocessor (2048 threads) */
 
-static const rlk_param_decl mw_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, MW_DTYPES, NULL},
-};
+static const rlk_value_decl mw_dtype = RLK_DECL_DTYPE("dtype", MW_DTYPES); /* the setting's too */
+static const rlk_value_decl *const mw_params[] = {&mw_dtype};
 
 static const rlk_template mw_stats_tmpl = {"masked_whiten", "masked_whiten_stats",
                                            "cuda/masked_whiten.cuh", NULL, 1, mw_params};
@@ -71,9 +70,8 @@ static const char *const mw_masked_names[] = {"apply", "zero", NULL};
 enum { MW_S_DTYPE, MW_S_MASK, MW_S_UNBIASED, MW_S_EPS_MODE, MW_S_SHIFT_MEAN, MW_S_NORMALIZE_STD, MW_S_MASKED, MW_NSETTINGS };
 
 static const rlk_op_setting mw_settings[MW_NSETTINGS] = {
-    [MW_S_DTYPE] = RLK_SET_DTYPE("dtype", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64), RLK_F32,
-                                 "masked_whiten_stats.dtype masked_whiten_apply.dtype", "of x and out"),
-    [MW_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, 1, "", "the mask's dtype"),
+    [MW_S_DTYPE] = RLK_SET(mw_dtype, RLK_F32, "masked_whiten*.dtype", "of x and out"),
+    [MW_S_MASK] = RLK_SET(rlk_seq_mask_decl, 1, "", "the mask's dtype"),
     [MW_S_UNBIASED] = RLK_SET_FLAG("unbiased", 1, "", "variance with N - 1"),
     [MW_S_EPS_MODE] = RLK_SET_CHOICE("eps_mode", mw_eps_names, 0, "", "eps added to the variance or as its floor"),
     [MW_S_SHIFT_MEAN] = RLK_SET_FLAG("shift_mean", 1, "", "subtract the mean"),

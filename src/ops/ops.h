@@ -100,8 +100,11 @@ rlk_status rlk_check_groups(int64_t group_size, const rlk_tensor *group_offsets,
                             int host_values, int64_t *num_groups, rlk_dtype *offsets);
 
 /* A per-token mask's kinds (templates/common/rlk_seq_mask.h): their names, NULL-terminated, and
- * the kind of an (optional, already checked) mask tensor. */
-extern const char *const rlk_seq_mask_names[];
+ * the kind of an (optional, already checked) mask tensor. Arrays of names are declared with their
+ * size (the last index + 2: the last name, then NULL) so that a setting can allow them all. */
+extern const char *const rlk_seq_mask_names[RLK_SEQ_MASK_F32 + 2];
+/* `mask`, any of the kinds: a kernel parameter, and the setting that feeds it. */
+extern const rlk_value_decl rlk_seq_mask_decl;
 int rlk_seq_mask_kind(const rlk_tensor *mask);
 
 

@@ -45,18 +45,24 @@ _Static_assert(PL_MODE_PPO == (int)RLK_POLICY_PPO && PL_MODE_GSPO == (int)RLK_PO
                    PL_MODE_REINFORCE == (int)RLK_POLICY_REINFORCE && PL_MODE_GEO_MEAN == (int)RLK_POLICY_GEO_MEAN,
                "policy_loss modes: rlk_policy_loss_mode order");
 
-static const rlk_param_decl pl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
-    {"mode", RLK_PARAM_ENUM, 0, 5, 0, 0, pl_mode_names},
-    {"kl", RLK_PARAM_ENUM, 0, 4, 0, 0, pl_kl_names},
-    {"kl_st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"adv_seq", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"entropy", RLK_PARAM_ENUM, 0, 2, 0, 0, pl_ent_names},
-    {"is_weights", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"seq_grad", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+/* The main kernel's parameters that a setting of the same name feeds unchanged. */
+static const rlk_value_decl pl_mode = RLK_DECL_CHOICES("mode", pl_mode_names);
+static const rlk_value_decl pl_kl = RLK_DECL_CHOICES("kl", pl_kl_names);
+static const rlk_value_decl pl_kl_st = RLK_DECL_FLAG("kl_st");
+static const rlk_value_decl pl_entropy = RLK_DECL_CHOICES("entropy", pl_ent_names);
+
+static const rlk_value_decl *const pl_main_params[] = {
+    &tl_dtype,
+    &pl_mode,
+    &pl_kl,
+    &pl_kl_st,
+    RLK_PARAM_FLAG("seqmean"),
+    RLK_PARAM_CHOICE("layout", tl_layout_names, 0, 2),
+    &rlk_seq_mask_decl,
+    RLK_PARAM_FLAG("adv_seq"),
+    &pl_entropy,
+    RLK_PARAM_FLAG("is_weights"),
+    RLK_PARAM_FLAG("seq_grad"),
 };
 
 static const rlk_template pl_main_tmpl = {
@@ -88,24 +94,22 @@ static const tl_line pl_line = {PL_S_DTYPE, PL_S_AGG, PL_S_LAYOUT, PL_S_OFFSETS,
 static const tl_templates pl_templates = {&pl_count_tmpl, &pl_main_tmpl, &pl_reduce_tmpl, &pl_host_tmpl};
 
 static const rlk_op_setting pl_settings[PL_NSETTINGS] = {
-    [PL_S_DTYPE] = RLK_SET_DTYPE("dtype", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64), RLK_F32,
-                                 "policy_loss_main.dtype", "the dtype of logp and the other float inputs"),
-    [PL_S_MODE] = RLK_SET_CHOICE("mode", pl_mode_names, RLK_POLICY_PPO, "policy_loss_main.mode", "the objective"),
-    [PL_S_KL] = RLK_SET_CHOICE("kl", pl_kl_names, PL_KL_NONE, "policy_loss_main.kl",
-                               "the KL estimator; none when there is no ref_logp"),
-    [PL_S_KL_ST] = RLK_SET_FLAG("kl_st", 0, "policy_loss_main.kl_st",
-                                "straight-through KL (the estimator's value, k2's gradient)"),
+    [PL_S_DTYPE] = RLK_SET(tl_dtype, RLK_F32, "policy_loss_*.dtype", "the dtype of logp and the other float inputs"),
+    [PL_S_MODE] = RLK_SET(pl_mode, RLK_POLICY_PPO, "policy_loss_main.mode", "the objective"),
+    [PL_S_KL] = RLK_SET(pl_kl, PL_KL_NONE, "policy_loss_main.kl", "the KL estimator; none when there is no ref_logp"),
+    [PL_S_KL_ST] = RLK_SET(pl_kl_st, 0, "policy_loss_main.kl_st",
+                           "straight-through KL (the estimator's value, k2's gradient)"),
     [PL_S_AGG] = RLK_SET_CHOICE("agg", tl_agg_names, RLK_AGG_TOKEN_MEAN, "policy_loss_main.seqmean",
                                 "the loss aggregation"),
     [PL_S_LAYOUT] = RLK_SET_CHOICE("layout", tl_packed_names, 0, "policy_loss_main.layout",
                                    "[B, T] + mask or [N] + seq_offsets"),
     [PL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                    "policy_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
-    [PL_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "policy_loss_main.mask", "the mask's dtype"),
+    [PL_S_MASK] = RLK_SET(rlk_seq_mask_decl, RLK_SEQ_MASK_BOOL, "policy_loss_main.mask", "the mask's dtype"),
     [PL_S_ADV] = RLK_SET_CHOICE("adv", pl_adv_names, 0, "policy_loss_main.adv_seq",
                                 "advantages per token or one per sequence"),
-    [PL_S_ENTROPY] = RLK_SET_CHOICE("entropy", pl_ent_names, PL_ENT_NONE, "policy_loss_main.entropy",
-                                    "no entropy input, read for its metric, or an entropy bonus with its gradient"),
+    [PL_S_ENTROPY] = RLK_SET(pl_entropy, PL_ENT_NONE, "policy_loss_main.entropy",
+                             "no entropy input, read for its metric, or an entropy bonus with its gradient"),
     [PL_S_IS] = RLK_SET_FLAG("is", 0, "policy_loss_main.is_weights", "rollout importance weights"),
     [PL_S_SEQ_GRAD] = RLK_SET_CHOICE("seq_grad", pl_seq_grad_names, 0, "policy_loss_main.seq_grad",
                                      "how gspo's sequence ratio passes its gradient"),

@@ -51,15 +51,17 @@ static const char *const pa_dt_names[] = RLK_PARAMS_ENUM_NAMES(RLK_PA_DTYPES);
 static const char *const pa_variant_names[] = {"auto", "portable", "mma", "wgmma", NULL}; /* by PA_VARIANT_* */
 static const char *const pa_pass_names[] = {"fwd", "bwd", "both", NULL};
 
-static const rlk_param_decl pa_params[] = {
-    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
-    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
+static const rlk_value_decl pa_dtype = RLK_DECL_CHOICES("dtype", pa_dt_names); /* the setting's too */
+
+static const rlk_value_decl *const pa_params[] = {
+    &pa_dtype,
+    RLK_PARAM_POW2("head_dim", 64, 128),
 };
 /* The sm_90a kernels': also their ring's depth. */
-static const rlk_param_decl pa_sm90_params[] = {
-    {"dtype", RLK_PARAM_ENUM, 0, 1, 0, 0, pa_dt_names},
-    {"head_dim", RLK_PARAM_INT, 64, 128, 1, 0, NULL},
-    {"stages", RLK_PARAM_INT, 2, 4, 0, 0, NULL},
+static const rlk_value_decl *const pa_sm90_params[] = {
+    &pa_dtype,
+    RLK_PARAM_POW2("head_dim", 64, 128),
+    RLK_PARAM_INT("stages", 2, 4),
 };
 
 #define PA_N(a) (sizeof(a) / sizeof((a)[0]))
@@ -704,8 +706,7 @@ static const char *const pa_head_dim_names[] = {"64", "128", NULL};
 static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
     [PA_S_PASS] = RLK_SET_CHOICE("pass", pa_pass_names, PA_PASS_BOTH, "pattn_fwd* pattn_bwd*",
                                  "the kernels to build"),
-    [PA_S_DTYPE] = RLK_SET_CHOICE("dtype", pa_dt_names, PA_DT_BF16, "pattn_*.dtype",
-                                  "of q, k, v and the outputs"),
+    [PA_S_DTYPE] = RLK_SET(pa_dtype, PA_DT_BF16, "pattn_*.dtype", "of q, k, v and the outputs"),
     [PA_S_HEAD_DIM] = RLK_SET_CHOICE("head_dim", pa_head_dim_names, 1, "pattn_*.head_dim", "D"),
     [PA_S_VARIANT] = RLK_SET_CHOICE("variant", pa_variant_names, PA_VARIANT_AUTO, "pattn_fwd* pattn_bwd*",
                                     "mma is CUDA sm_80+, wgmma sm_90a; elsewhere the portable kernels run"),

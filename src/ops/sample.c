@@ -41,14 +41,19 @@ _Static_assert(SMP_STATUS_NAN == RLK_SAMPLE_STATUS_NAN && SMP_STATUS_NO_TOKEN ==
 /* Fixed-point masses are 2^40 at most each: V below 2^23 keeps a row's sum below 2^63. */
 #define SMP_MAX_V (((int64_t)1 << 23) - 1)
 
-static const rlk_param_decl smp_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
-    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
-    {"seg", RLK_PARAM_INT, 1, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"filter", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"cap", RLK_PARAM_INT, 32, 8192, 1, 0, NULL},
-    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+/* Parameters that the settings of their names feed unchanged (logits: a dtype code). */
+static const rlk_value_decl smp_tokens = RLK_DECL_DTYPE("tokens", SMP_TOKEN_DTYPES);
+static const rlk_value_decl smp_filter = RLK_DECL_FLAG("filter");
+static const rlk_value_decl smp_rows16 = RLK_DECL_FLAG("rows16");
+
+static const rlk_value_decl *const smp_params[] = {
+    RLK_PARAM_CHOICE("logits", smp_dt_names, 0, 2),
+    &smp_tokens,
+    RLK_PARAM_POW2("seg", 1, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    &smp_filter,
+    RLK_PARAM_POW2("cap", 32, 8192),
+    &smp_rows16,
 };
 
 static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "host/sample.c",
@@ -56,14 +61,14 @@ static const rlk_template smp_tmpl = {"sample", "sample", "cuda/sample.cuh", "ho
 
 /* A row shared by the blocks of a cluster (sm_90+, no filters): split blocks a row, depth chunks
  * in flight a lane. */
-static const rlk_param_decl smp_split_params[] = {
-    {"logits", RLK_PARAM_ENUM, 0, 2, 0, 0, smp_dt_names},
-    {"tokens", RLK_PARAM_DTYPE, 0, 0, 0, SMP_TOKEN_DTYPES, NULL},
-    {"seg", RLK_PARAM_INT, 64, 1024, 1, 0, NULL},
-    {"unroll", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"split", RLK_PARAM_INT, 2, 8, 1, 0, NULL},
-    {"depth", RLK_PARAM_INT, 1, 8, 1, 0, NULL},
-    {"rows16", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
+static const rlk_value_decl *const smp_split_params[] = {
+    RLK_PARAM_CHOICE("logits", smp_dt_names, 0, 2),
+    &smp_tokens,
+    RLK_PARAM_POW2("seg", 64, 1024),
+    RLK_PARAM_POW2("unroll", 1, 8),
+    RLK_PARAM_POW2("split", 2, 8),
+    RLK_PARAM_POW2("depth", 1, 8),
+    &smp_rows16,
 };
 
 static const rlk_template smp_split_tmpl = {"sample", "sample_split", "cuda/sample_split.cuh", NULL,
@@ -92,9 +97,9 @@ enum {
 static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
     [SMP_S_LOGITS] = RLK_SET_DTYPE("logits", RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16),
                                    RLK_BF16, "sample.logits", "the logits' dtype"),
-    [SMP_S_TOKENS] = RLK_SET_DTYPE("tokens", SMP_TOKEN_DTYPES, RLK_I64, "sample.tokens", "the token ids' dtype"),
-    [SMP_S_FILTER] = RLK_SET_FLAG("filter", 1, "sample.filter",
-                                  "whether top-k, top-p or min-p can be on (0: temperature and greedy only)"),
+    [SMP_S_TOKENS] = RLK_SET(smp_tokens, RLK_I64, "sample.tokens sample_split.tokens", "the token ids' dtype"),
+    [SMP_S_FILTER] = RLK_SET(smp_filter, 1, "sample.filter",
+                             "whether top-k, top-p or min-p can be on (0: temperature and greedy only)"),
     [SMP_S_VOCAB] = RLK_SET_INT("vocab", 151936, 1, SMP_MAX_V, "sample.seg", "V, picks the row layout"),
     [SMP_S_LOGPROB_BLOCK] = RLK_SET_INT("logprob_block", 0, 0, 1024, "sample.seg",
                                         "the rlk_logprob block size logp reproduces, 0 for its default"),
@@ -104,9 +109,9 @@ static const rlk_op_setting smp_settings[SMP_NSETTINGS] = {
     [SMP_S_ROW_SPLIT] = RLK_SET_CHOICE("row_split", smp_row_split_names, 0, "sample_split.split",
                                        "the blocks that share a row (0: one; auto: by rows and the device's "
                                        "multiprocessors, 132 when unknown; on sm_90 and later with filter=0)"),
-    [SMP_S_ROWS16] = RLK_SET_FLAG("rows16", 1, "sample.rows16 sample_split.rows16",
-                                  "whether every row starts on a 16-byte boundary (the logits' address and "
-                                  "row stride); 0 builds the narrower loads of a row that does not"),
+    [SMP_S_ROWS16] = RLK_SET(smp_rows16, 1, "sample.rows16 sample_split.rows16",
+                             "whether every row starts on a 16-byte boundary (the logits' address and "
+                             "row stride); 0 builds the narrower loads of a row that does not"),
 };
 
 /* Blocks that share a row: the caller's count, or by the batch, as many as keep every block on

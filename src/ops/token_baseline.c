@@ -38,19 +38,14 @@ static const char *const tb_offsets_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TB_OFFSE
 /* Threads per block of both GPU kernels: 4 row teams of 32 lanes in the scan. */
 #define TB_BLOCK 128
 
-static const rlk_param_decl tb_scan_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"isw", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-};
+/* Each parameter is also the setting of its name. */
+static const rlk_value_decl tb_dtype = RLK_DECL_DTYPE("dtype", TB_DTYPES);
+static const rlk_value_decl tb_compact = RLK_DECL_FLAG("compact");
+static const rlk_value_decl tb_isw = RLK_DECL_FLAG("isw");
+static const rlk_value_decl tb_offsets = RLK_DECL_CHOICES("offsets", tb_offsets_names);
 
-static const rlk_param_decl tb_baseline_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TB_DTYPES, NULL},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"compact", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"offsets", RLK_PARAM_ENUM, 0, 2, 0, 0, tb_offsets_names},
-};
+static const rlk_value_decl *const tb_scan_params[] = {&tb_dtype, &rlk_seq_mask_decl, &tb_compact, &tb_isw};
+static const rlk_value_decl *const tb_baseline_params[] = {&tb_dtype, &rlk_seq_mask_decl, &tb_compact, &tb_offsets};
 
 static const rlk_template tb_scan_tmpl = {
     "token_baseline", "token_baseline_scan", "cuda/token_baseline.cuh", "host/token_baseline_scan.c",
@@ -68,16 +63,15 @@ static const rlk_template tb_baseline_tmpl = {
 enum { TB_S_DTYPE, TB_S_MASK, TB_S_OFFSETS, TB_S_COMPACT, TB_S_ISW, TB_NSETTINGS };
 
 static const rlk_op_setting tb_settings[TB_NSETTINGS] = {
-    [TB_S_DTYPE] = RLK_SET_DTYPE("dtype", TB_DTYPES, RLK_F32, "token_baseline_scan.dtype",
-                                 "the dtype of rewards, old_logp, sum_pi_squared and the outputs"),
-    [TB_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "token_baseline_scan.mask",
-                                 "the [B, T] mask's dtype (none: every token valid)"),
-    [TB_S_OFFSETS] = RLK_SET_CHOICE("offsets", tb_offsets_names, TB_OFFSETS_FIXED,
-                                    "token_baseline_baseline.offsets",
-                                    "groups of a fixed group_size, or group_offsets of this dtype"),
-    [TB_S_COMPACT] = RLK_SET_FLAG("compact", 0, "token_baseline_scan.compact",
-                                  "timesteps are each row's k-th valid token (tir_optimal_token_baseline)"),
-    [TB_S_ISW] = RLK_SET_FLAG("isw", 0, "token_baseline_scan.isw", "rollout_is_weights are given"),
+    [TB_S_DTYPE] = RLK_SET(tb_dtype, RLK_F32, "token_baseline_*.dtype",
+                           "the dtype of rewards, old_logp, sum_pi_squared and the outputs"),
+    [TB_S_MASK] = RLK_SET(rlk_seq_mask_decl, RLK_SEQ_MASK_BOOL, "token_baseline_*.mask",
+                          "the [B, T] mask's dtype (none: every token valid)"),
+    [TB_S_OFFSETS] = RLK_SET(tb_offsets, TB_OFFSETS_FIXED, "token_baseline_baseline.offsets",
+                             "groups of a fixed group_size, or group_offsets of this dtype"),
+    [TB_S_COMPACT] = RLK_SET(tb_compact, 0, "token_baseline_*.compact",
+                             "timesteps are each row's k-th valid token (tir_optimal_token_baseline)"),
+    [TB_S_ISW] = RLK_SET(tb_isw, 0, "token_baseline_scan.isw", "rollout_is_weights are given"),
 };
 
 /* The two kernels: the per-row scan, then the per-group baseline. */

@@ -30,15 +30,17 @@ _Static_assert(RLK_KL_EST_K1 == (int)RLK_KL_K1 && RLK_KL_EST_ABS == (int)RLK_KL_
 #define TK_MASK_DTYPES (RLK_DTYPE_BIT(RLK_BOOL) | RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_F32))
 #define TK_BLOCK 256
 
+static const rlk_value_decl tk_dtype = RLK_DECL_DTYPE("dtype", TK_DTYPES); /* the setting's too */
+
 /* In the CUDA template's parameter order. */
-static const rlk_param_decl tk_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TK_DTYPES, NULL},
-    {"est", RLK_PARAM_ENUM, 0, 3, 0, 0, tk_estimator_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
-    {"st", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"old", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"gin", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"out", RLK_PARAM_ENUM, 0, 2, 0, 0, tk_output_names},
+static const rlk_value_decl *const tk_params[] = {
+    &tk_dtype,
+    RLK_PARAM_CHOICE("est", tk_estimator_names, 0, 3),
+    &rlk_seq_mask_decl,
+    RLK_PARAM_FLAG("st"),
+    RLK_PARAM_FLAG("old"),
+    RLK_PARAM_FLAG("gin"),
+    RLK_PARAM_CHOICE("out", tk_output_names, 0, 2),
 };
 
 static const rlk_template tk_tmpl = {"token_kl", "token_kl", "cuda/token_kl.cuh", "host/token_kl.c",
@@ -51,12 +53,11 @@ static const rlk_template tk_tmpl = {"token_kl", "token_kl", "cuda/token_kl.cuh"
 enum { TK_S_DTYPE, TK_S_ESTIMATOR, TK_S_MASK, TK_S_ST, TK_S_OLD, TK_S_GIN, TK_S_OUT, TK_NSETTINGS };
 
 static const rlk_op_setting tk_settings[TK_NSETTINGS] = {
-    [TK_S_DTYPE] = RLK_SET_DTYPE("dtype", TK_DTYPES, RLK_F32, "token_kl.dtype",
-                                 "the dtype of the log-probs and the outputs"),
+    [TK_S_DTYPE] = RLK_SET(tk_dtype, RLK_F32, "token_kl.dtype", "the dtype of the log-probs and the outputs"),
     [TK_S_ESTIMATOR] = RLK_SET_CHOICE("estimator", tk_estimator_names, RLK_KL_K3, "token_kl.est",
                                       "the KL estimator (rlk_kl_estimator)"),
-    [TK_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_NONE, "token_kl.mask",
-                                 "the mask's dtype (none: no mask)"),
+    [TK_S_MASK] = RLK_SET(rlk_seq_mask_decl, RLK_SEQ_MASK_NONE, "token_kl.mask",
+                          "the mask's dtype (none: no mask)"),
     [TK_S_ST] = RLK_SET_FLAG("straight_through", 0, "token_kl.st",
                              "the gradient is k2's of the unclamped log-ratio"),
     [TK_S_OLD] = RLK_SET_FLAG("old_logp", 0, "token_kl.old",

@@ -12,14 +12,13 @@ const char *const tl_layout_names[] = RLK_PARAMS_ENUM_NAMES(RLK_TL_LAYOUTS);
 const char *const tl_packed_names[] = {"padded", "packed", NULL};
 const char *const tl_normalizer_names[] = {"value", "tensor", "count", NULL};
 
-const rlk_param_decl tl_count_params[2] = {
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 1, 3, 0, 0, rlk_seq_mask_names},
+const rlk_value_decl *const tl_count_params[2] = {
+    RLK_PARAM_CHOICE("layout", tl_layout_names, 0, 2),
+    RLK_PARAM_CHOICE("mask", rlk_seq_mask_names, 1, 3),
 };
 
-const rlk_param_decl tl_dtype_params[1] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
-};
+const rlk_value_decl tl_dtype = RLK_DECL_DTYPE("dtype", TL_DTYPES);
+const rlk_value_decl *const tl_dtype_params[1] = {&tl_dtype};
 const char *const tl_agg_names[] = {"token-mean",          "token-sum",
                                     "seq-mean-token-sum",  "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm", NULL};

@@ -12,20 +12,22 @@
 #include "ops/ops.h"
 #include "runtime/op_call.h"
 
-extern const char *const tl_layout_names[]; /* "padded", "packed-i32", "packed-i64" */
-extern const char *const tl_agg_names[];    /* rlk_loss_agg order */
-extern const char *const tl_packed_names[]; /* "padded", "packed": a configuration line's layout */
+extern const char *const tl_layout_names[TL_LAYOUT_PACKED_I64 + 2]; /* "padded", "packed-i32", "packed-i64" */
+extern const char *const tl_agg_names[RLK_AGG_SEQ_MEAN_TOKEN_SUM_NORM + 2]; /* rlk_loss_agg order */
+extern const char *const tl_packed_names[3]; /* "padded", "packed": a configuration line's layout */
 /* a configuration line's normalizer: a number or a device scalar (the same kernels), or the
  * call's own mask count (a count pass first) */
 enum { TL_LINE_NORM_VALUE = 0, TL_LINE_NORM_TENSOR = 1, TL_LINE_NORM_COUNT = 2 };
-extern const char *const tl_normalizer_names[]; /* "value", "tensor", "count" */
+extern const char *const tl_normalizer_names[TL_LINE_NORM_COUNT + 2]; /* "value", "tensor", "count" */
 
 /* The dtypes of a token-loss op's streams. */
 #define TL_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F64))
 /* The template parameters of every token-loss op's count pass (the layout and a mask kind) and of
  * its reduce and host kernels (the dtype). */
-extern const rlk_param_decl tl_count_params[2];
-extern const rlk_param_decl tl_dtype_params[1];
+extern const rlk_value_decl *const tl_count_params[2];
+/* `dtype`: every token-loss kernel's, and the setting that feeds them. */
+extern const rlk_value_decl tl_dtype;
+extern const rlk_value_decl *const tl_dtype_params[1];
 
 /* A call's layout, from its primary stream (logp, values), seq_offsets and mask. */
 typedef struct tl_layout {

@@ -13,11 +13,11 @@
 #include "ops/token_loss.h"
 #include "common/value_loss_params.h"
 
-static const rlk_param_decl vl_main_params[] = {
-    {"dtype", RLK_PARAM_DTYPE, 0, 0, 0, TL_DTYPES, NULL},
-    {"seqmean", RLK_PARAM_BOOL, 0, 1, 0, 0, NULL},
-    {"layout", RLK_PARAM_ENUM, 0, 2, 0, 0, tl_layout_names},
-    {"mask", RLK_PARAM_ENUM, 0, 3, 0, 0, rlk_seq_mask_names},
+static const rlk_value_decl *const vl_main_params[] = {
+    &tl_dtype,
+    RLK_PARAM_FLAG("seqmean"),
+    RLK_PARAM_CHOICE("layout", tl_layout_names, 0, 2),
+    &rlk_seq_mask_decl,
 };
 
 static const rlk_template vl_main_tmpl = {
@@ -43,15 +43,14 @@ static const tl_line vl_line = {VL_S_DTYPE, VL_S_AGG, VL_S_LAYOUT, VL_S_OFFSETS,
 static const tl_templates vl_templates = {&vl_count_tmpl, &vl_main_tmpl, &vl_reduce_tmpl, &vl_host_tmpl};
 
 static const rlk_op_setting vl_settings[VL_NSETTINGS] = {
-    [VL_S_DTYPE] = RLK_SET_DTYPE("dtype", TL_DTYPES, RLK_F32, "value_loss_main.dtype",
-                                 "the dtype of the values, old values and returns"),
+    [VL_S_DTYPE] = RLK_SET(tl_dtype, RLK_F32, "value_loss_*.dtype", "the dtype of the values, old values and returns"),
     [VL_S_AGG] = RLK_SET_CHOICE("agg", tl_agg_names, RLK_AGG_TOKEN_MEAN, "value_loss_main.seqmean",
                                 "the loss aggregation"),
     [VL_S_LAYOUT] = RLK_SET_CHOICE("layout", tl_packed_names, 0, "value_loss_main.layout",
                                    "[B, T] + mask or [N] + seq_offsets"),
     [VL_S_OFFSETS] = RLK_SET_DTYPE("offsets", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64), RLK_I64,
                                    "value_loss_main.layout", "the seq_offsets dtype; with layout=packed"),
-    [VL_S_MASK] = RLK_SET_CHOICE("mask", rlk_seq_mask_names, RLK_SEQ_MASK_BOOL, "value_loss_main.mask", "the mask's dtype"),
+    [VL_S_MASK] = RLK_SET(rlk_seq_mask_decl, RLK_SEQ_MASK_BOOL, "value_loss_main.mask", "the mask's dtype"),
     [VL_S_NORMALIZER] = RLK_SET_CHOICE("normalizer", tl_normalizer_names, TL_LINE_NORM_VALUE, "value_loss_count",
                                        "the token-mean divisor: a number or a device scalar (the same "
                                        "kernels), or this call's mask count (a count pass first)"),

@@ -15,8 +15,6 @@
 
 #define RLK_OP_MAX_KERNELS 24
 
-#define RLK_DTYPE_BIT(d) (1u << (unsigned)(d))
-
 typedef struct rlk_op_config_pair {
   const char *name;
   const char *value;
@@ -24,33 +22,30 @@ typedef struct rlk_op_config_pair {
 
 /* ---- an op's settings: declared once, in a table ---------------------------------- */
 
-typedef enum rlk_setting_kind {
-  RLK_SETTING_INT = 0,    /* a decimal integer in [min, max] */
-  RLK_SETTING_FLAG = 1,   /* 0 or 1 */
-  RLK_SETTING_CHOICE = 2, /* one of choices (NULL-terminated); the value is its index */
-  RLK_SETTING_DTYPE = 3   /* an rlk_dtype name whose bit is in dtypes; the value is the rlk_dtype */
-} rlk_setting_kind;
-
 /* One setting of an op's configuration line. The table of them is all the generic code needs
- * to parse a line, reject what is wrong, spell it canonically and write the --help text. */
+ * to parse a line, reject what is wrong, spell it canonically and write the --help text. Its
+ * name and values are a declared value (jit/value.h): the template parameter's own declaration
+ * where the setting feeds that parameter unchanged, one of its own otherwise (a setting that
+ * selects kernels, or is translated into a parameter: a dtype into a dtype code). */
 typedef struct rlk_op_setting {
-  const char *name;
-  rlk_setting_kind kind;
-  int64_t def;                /* the value when a line does not give it; an INT default outside
-                               * [min, max] means "not given" and is never spelled */
-  int64_t min, max;           /* INT */
-  const char *const *choices; /* CHOICE */
-  uint32_t dtypes;            /* DTYPE: RLK_DTYPE_BIT()s */
-  const char *feeds;          /* what it sets or selects: "entry.param" or "entry" words, entries as
-                               * globs ("pattn_*.dtype"); "" when it sets no kernel parameter (a
-                               * run-time value, or a tuning key); tests/test_ops.c checks each */
-  const char *doc;            /* one line */
+  const rlk_value_decl *value; /* name and values: INT, FLAG, CHOICE (the value is the name's
+                                * index) or DTYPE (the value is the rlk_dtype) */
+  int64_t def;                 /* the value when a line does not give it; an INT default outside
+                                * [min, max] means "not given" and is never spelled */
+  const char *feeds;           /* what it sets or selects: "entry.param" or "entry" words, entries as
+                                * globs ("pattn_*.dtype"); "" when it sets no kernel parameter (a
+                                * run-time value, or a tuning key); tests/test_ops.c checks each */
+  const char *doc;             /* one line */
 } rlk_op_setting;
 
-#define RLK_SET_INT(n, def, lo, hi, feeds, doc) {n, RLK_SETTING_INT, def, lo, hi, NULL, 0, feeds, doc}
-#define RLK_SET_FLAG(n, def, feeds, doc) {n, RLK_SETTING_FLAG, def, 0, 1, NULL, 0, feeds, doc}
-#define RLK_SET_CHOICE(n, choices, def, feeds, doc) {n, RLK_SETTING_CHOICE, def, 0, 0, choices, 0, feeds, doc}
-#define RLK_SET_DTYPE(n, dtypes, def, feeds, doc) {n, RLK_SETTING_DTYPE, def, 0, 0, NULL, dtypes, feeds, doc}
+/* A setting whose value a template parameter declares (`decl`, a static rlk_value_decl). */
+#define RLK_SET(decl, def, feeds, doc) {&(decl), def, feeds, doc}
+/* A setting with a declaration of its own, made in place (a static compound literal). */
+#define RLK_SET_INT(n, def, lo, hi, feeds, doc) {&(const rlk_value_decl)RLK_DECL_INT(n, lo, hi), def, feeds, doc}
+#define RLK_SET_FLAG(n, def, feeds, doc) {&(const rlk_value_decl)RLK_DECL_FLAG(n), def, feeds, doc}
+#define RLK_SET_CHOICE(n, choices, def, feeds, doc) \
+  {&(const rlk_value_decl)RLK_DECL_CHOICES(n, choices), def, feeds, doc}
+#define RLK_SET_DTYPE(n, dtypes, def, feeds, doc) {&(const rlk_value_decl)RLK_DECL_DTYPE(n, dtypes), def, feeds, doc}
 
 #define RLK_OP_MAX_SETTINGS 16
 

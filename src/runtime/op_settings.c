@@ -11,27 +11,28 @@
 
 int rlk_op_setting_index(const rlk_op_desc *d, const char *name) {
   for (size_t i = 0; i < d->nsettings; i++)
-    if (!strcmp(d->settings[i].name, name)) return (int)i;
+    if (!strcmp(d->settings[i].value->name, name)) return (int)i;
   return -1;
 }
 
 /* "a|b|c" for a setting's allowed values, into buf. */
-static void allowed_text(const rlk_op_setting *s, char *buf, size_t size) {
+static void allowed_text(const rlk_value_decl *s, char *buf, size_t size) {
   size_t len = 0;
   buf[0] = '\0';
   switch (s->kind) {
-    case RLK_SETTING_INT:
-      rlk_format(buf, size, "an integer in [%lld, %lld]", (long long)s->min, (long long)s->max);
+    case RLK_VALUE_INT:
+      rlk_format(buf, size, "%s in [%lld, %lld]", s->pow2 ? "a power of two" : "an integer", (long long)s->min,
+                 (long long)s->max);
       return;
-    case RLK_SETTING_FLAG: rlk_format(buf, size, "0|1"); return;
-    case RLK_SETTING_CHOICE:
-      for (size_t i = 0; s->choices[i]; i++) {
-        int w = rlk_format(buf + len, size - len, "%s%s", i ? "|" : "", s->choices[i]);
+    case RLK_VALUE_FLAG: rlk_format(buf, size, "0|1"); return;
+    case RLK_VALUE_CHOICE:
+      for (int64_t i = s->min; i <= s->max; i++) {
+        int w = rlk_format(buf + len, size - len, "%s%s", i > s->min ? "|" : "", s->choices[i]);
         if (w < 0) return;
         len += (size_t)w;
       }
       return;
-    case RLK_SETTING_DTYPE:
+    case RLK_VALUE_DTYPE:
       /* low precision first, as trainers list them */
       for (int pass = 0; pass < 2; pass++)
         for (int dt = 1; dt < 32; dt++) {
@@ -46,33 +47,34 @@ static void allowed_text(const rlk_op_setting *s, char *buf, size_t size) {
   }
 }
 
-rlk_status rlk_op_setting_parse(const rlk_op_setting *s, const char *text, int64_t *value) {
+rlk_status rlk_op_setting_parse(const rlk_op_setting *setting, const char *text, int64_t *value) {
+  const rlk_value_decl *s = setting->value;
   char allowed[256];
   if (text && *text) switch (s->kind) {
-      case RLK_SETTING_INT: {
+      case RLK_VALUE_INT: {
         char *end = NULL;
         errno = 0;
         long long v = strtoll(text, &end, 10);
-        if (!errno && !*end && v >= s->min && v <= s->max) {
+        if (!errno && !*end && v >= s->min && v <= s->max && (!s->pow2 || (v > 0 && !(v & (v - 1))))) {
           *value = v;
           return RLK_OK;
         }
         break;
       }
-      case RLK_SETTING_FLAG:
+      case RLK_VALUE_FLAG:
         if ((text[0] == '0' || text[0] == '1') && !text[1]) {
           *value = text[0] - '0';
           return RLK_OK;
         }
         break;
-      case RLK_SETTING_CHOICE:
-        for (size_t i = 0; s->choices[i]; i++)
+      case RLK_VALUE_CHOICE:
+        for (int64_t i = s->min; i <= s->max; i++)
           if (!strcmp(text, s->choices[i])) {
-            *value = (int64_t)i;
+            *value = i;
             return RLK_OK;
           }
         break;
-      case RLK_SETTING_DTYPE:
+      case RLK_VALUE_DTYPE:
         for (int dt = 1; dt < 32; dt++)
           if ((s->dtypes & RLK_DTYPE_BIT(dt)) && !strcmp(text, rlk_dtype_name((rlk_dtype)dt))) {
             *value = dt;
@@ -103,7 +105,7 @@ rlk_status rlk_op_values_parse(const rlk_op_desc *d, size_t npairs, const rlk_op
       size_t len = 0;
       known[0] = '\0';
       for (size_t k = 0; k < d->nsettings; k++) {
-        int w = rlk_format(known + len, sizeof known - len, "%s%s", k ? " " : "", d->settings[k].name);
+        int w = rlk_format(known + len, sizeof known - len, "%s%s", k ? " " : "", d->settings[k].value->name);
         if (w < 0) break;
         len += (size_t)w;
       }
@@ -118,15 +120,15 @@ rlk_status rlk_op_values_parse(const rlk_op_desc *d, size_t npairs, const rlk_op
 }
 
 /* The canonical text of one value into buf; 0 when the value is an unset INT default. */
-static int value_text(const rlk_op_setting *s, int64_t v, char *buf, size_t size) {
+static int value_text(const rlk_value_decl *s, int64_t v, char *buf, size_t size) {
   switch (s->kind) {
-    case RLK_SETTING_INT:
+    case RLK_VALUE_INT:
       if (v < s->min || v > s->max) return 0;
       rlk_format(buf, size, "%lld", (long long)v);
       return 1;
-    case RLK_SETTING_FLAG: rlk_format(buf, size, "%d", v ? 1 : 0); return 1;
-    case RLK_SETTING_CHOICE: rlk_format(buf, size, "%s", s->choices[v]); return 1;
-    case RLK_SETTING_DTYPE: rlk_format(buf, size, "%s", rlk_dtype_name((rlk_dtype)v)); return 1;
+    case RLK_VALUE_FLAG: rlk_format(buf, size, "%d", v ? 1 : 0); return 1;
+    case RLK_VALUE_CHOICE: rlk_format(buf, size, "%s", s->choices[v]); return 1;
+    case RLK_VALUE_DTYPE: rlk_format(buf, size, "%s", rlk_dtype_name((rlk_dtype)v)); return 1;
   }
   return 0;
 }
@@ -137,9 +139,9 @@ int rlk_op_values_line(const rlk_op_desc *d, const rlk_op_values *vals, char *bu
   for (size_t i = 0; i < d->nsettings; i++) {
     char v[64];
     const int given = RLK_OP_GIVEN(vals, i);
-    if ((!given && vals->v[i] == d->settings[i].def) || !value_text(&d->settings[i], vals->v[i], v, sizeof v))
+    if ((!given && vals->v[i] == d->settings[i].def) || !value_text(d->settings[i].value, vals->v[i], v, sizeof v))
       continue;
-    int w = rlk_format(buf + len, size - (size_t)len, " %s=%s", d->settings[i].name, v);
+    int w = rlk_format(buf + len, size - (size_t)len, " %s=%s", d->settings[i].value->name, v);
     if (w < 0) return -1;
     len += w;
   }
@@ -151,13 +153,15 @@ int rlk_op_help_text(const rlk_op_desc *d, char *buf, size_t size) {
   buf[0] = '\0';
   for (size_t i = 0; i < d->nsettings; i++) {
     const rlk_op_setting *s = &d->settings[i];
+    const rlk_value_decl *v = s->value;
     char allowed[256], def[64];
-    if (s->kind == RLK_SETTING_INT)
-      rlk_format(allowed, sizeof allowed, "%lld..%lld", (long long)s->min, (long long)s->max);
+    if (v->kind == RLK_VALUE_INT)
+      rlk_format(allowed, sizeof allowed, "%lld..%lld%s", (long long)v->min, (long long)v->max,
+                 v->pow2 ? " (powers of two)" : "");
     else
-      allowed_text(s, allowed, sizeof allowed);
-    if (!value_text(s, s->def, def, sizeof def)) rlk_format(def, sizeof def, "unset");
-    int w = rlk_format(buf + len, size - len, "%s: %s, %s (%s)%s\n", s->name, allowed, s->doc, def,
+      allowed_text(v, allowed, sizeof allowed);
+    if (!value_text(v, s->def, def, sizeof def)) rlk_format(def, sizeof def, "unset");
+    int w = rlk_format(buf + len, size - len, "%s: %s, %s (%s)%s\n", v->name, allowed, s->doc, def,
                        s->feeds[0] ? "" : "; no kernel parameter of its own");
     if (w < 0) return -1;
     len += (size_t)w;
@@ -187,7 +191,7 @@ int rlk_op_tuning_values(const rlk_op_desc *d, const int *tuning, size_t n, cons
     *eq = '\0';
     size_t k = n;
     for (size_t i = 0; i < n && k == n; i++)
-      if (!strcmp(tok, d->settings[tuning[i]].name)) k = i;
+      if (!strcmp(tok, d->settings[tuning[i]].value->name)) k = i;
     rc = k == n || rlk_op_setting_parse(&d->settings[tuning[k]], eq + 1, &values[k]) != RLK_OK ? -1 : 0;
   }
   rlk_error_clear();
