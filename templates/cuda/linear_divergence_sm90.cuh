@@ -24,7 +24,8 @@
  * (tensor maps of 64 x 128 boxes, the 128-byte swizzle); the op falls back to
  * linear_divergence_fwd_tiled otherwise.
  *
- * Top-k: a row's list (sorted, top_k entries) lies in shared memory past the ring; each tile, the
+ * Top-k: a row's list (sorted, top_k entries) lies in shared memory past the ring, entry j of the
+ * block's row r at [j][r] (a warp's eight rows side by side: no bank conflicts); each tile, the
  * four lanes of a row compare their 32 columns with the list's last entry (kept in registers) and,
  * one lane after another, insert what comes before it. After a split's first tiles that is rare
  * (about top_k ln(columns / top_k) insertions a row in all), and a warp with none skips the step.
@@ -58,41 +59,47 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
   }
 }
 
-/* Top-k: one tile's teacher logits into the lists of a consumer thread's two rows (row i's list
- * at list + 8 i top_k, its last entry last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 + its
- * tile column, those of the tile's first `left` columns that come before the list's last entry.
- * The four lanes of a row insert one after another (the warp's eight rows at once); a warp none
- * of whose lanes has one goes on at once. */
+/* Top-k: one tile's teacher logits into the lists of a consumer thread's two rows (row i's entry
+ * j at list[j BM + 8 i], its last entry last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 +
+ * its tile column, those of the tile's first `left` columns that come before the list's last entry.
+ * A bit a column marks the candidates (z at least the last entry's; the insertion tells ties by the
+ * column; the compares unrolled: acc stays in registers); a warp none
+ * of whose lanes has one goes on at once. Otherwise the four lanes of a row insert theirs one lane
+ * after another (the warp's eight rows at once), each candidate's value picked by its bit (one
+ * copy of the insertion, not one a column: the code stays small). */
 RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *list, ld::cand (&last)[2], int k,
                                   float it_, i32 col0, i64 left, int l) {
-  constexpr int NV = ld_sm90::ACC / 2;
-  bool any = false;
+  constexpr int NV = ld_sm90::ACC / 2, BM = ld_sm90::BM;
+  u32 marks[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int q = 0; q < NV; ++q)
-      any |= ld_sm90_col(q, l) < left &&
-             ld::before(acc_t[ld_sm90_acc(i, q)] * it_, col0 + ld_sm90_col(q, l), last[i].x, last[i].col);
-  if (!__any_sync(0xffffffffu, any)) return;
+      if (ld_sm90_col(q, l) < left && acc_t[ld_sm90_acc(i, q)] * it_ >= last[i].x) marks[i] |= 1u << q;
+  if (!__any_sync(0xffffffffu, (marks[0] | marks[1]) != 0u)) return;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    ld::cand *L = list + 8 * i * k;
+    ld::cand *L = list + 8 * i;
+#pragma unroll 1
     for (int lane = 0; lane < 4; ++lane) {
       if ((l & 3) == lane) {
+        for (u32 m = marks[i]; m != 0u; m &= m - 1u) {
+          const int q = __ffs((int)m) - 1;
+          float x = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NV; ++q) {
-          const float z = acc_t[ld_sm90_acc(i, q)] * it_;
+          for (int p = 0; p < NV; ++p) x = p == q ? acc_t[ld_sm90_acc(i, p)] : x;
+          const float z = x * it_;
           const i32 col = col0 + ld_sm90_col(q, l);
-          if (ld_sm90_col(q, l) >= left || !ld::before(z, col, last[i].x, last[i].col)) continue;
+          if (!ld::before(z, col, last[i].x, last[i].col)) continue; /* the list rose past it meanwhile */
           int j = k - 1;
-          for (; j > 0 && ld::before(z, col, L[j - 1].x, L[j - 1].col); --j) L[j] = L[j - 1];
-          L[j].x = z;
-          L[j].col = col;
-          last[i] = L[k - 1];
+          for (; j > 0 && ld::before(z, col, L[(j - 1) * BM].x, L[(j - 1) * BM].col); --j) L[j * BM] = L[(j - 1) * BM];
+          L[j * BM].x = z;
+          L[j * BM].col = col;
+          last[i] = L[(k - 1) * BM];
         }
       }
       __syncwarp();
-      last[i] = L[k - 1];
+      last[i] = L[(k - 1) * BM];
     }
   }
 }
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       Lt[i] = p_.stats[row[i] * 6 + 1] * RLK_LL_LOG2E;
     }
   }
-  /* top-k: the rows' lists past the ring, [128][top_k]; each row's last entry in registers */
+  /* top-k: the rows' lists past the ring, [top_k][128]; each row's last entry in registers */
   const int k = KIND == LD_KIND_TOPK ? (int)p_.top_k : 0;
   ld::cand *lists = (ld::cand *)(smem + (u32)C::STAGES * C::STAGE), last[2];
   if (KIND == LD_KIND_TOPK) {
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       last[i].x = -limits<float>::infinity();
       last[i].col = -1;
       if ((l & 3) == 0)
-        for (int j = 0; j < k; ++j) lists[(cw * 64 + 16 * w + l / 4 + 8 * i) * k + j] = last[i];
+        for (int j = 0; j < k; ++j) lists[j * BM + cw * 64 + 16 * w + l / 4 + 8 * i] = last[i];
     }
     __syncwarp();
   }
@@ -177,7 +184,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     else
       ld_sm90_fold<KIND, false>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
     if (KIND == LD_KIND_TOPK)
-      ld_sm90_topk_tile(acc_t, lists + (cw * 64 + 16 * w + l / 4) * k, last, k, it_, (i32)col0, left, l);
+      ld_sm90_topk_tile(acc_t, lists + cw * 64 + 16 * w + l / 4, last, k, it_, (i32)col0, left, l);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -199,9 +206,9 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       if ((l & 3) == 0 && row[i] < N) ld::store_record((float *)p_.partials + ((i64)sp * N + row[i]) * 8, s);
       if (KIND == LD_KIND_TOPK && row[i] < N) {
         /* the row's four lanes copy its list out */
-        const ld::cand *src = lists + (cw * 64 + 16 * w + l / 4 + 8 * i) * k;
+        const ld::cand *src = lists + cw * 64 + 16 * w + l / 4 + 8 * i;
         ld::cand *out = (ld::cand *)p_.lists + ((i64)sp * N + row[i]) * k;
-        for (int j = l & 3; j < k; j += 4) out[j] = src[j];
+        for (int j = l & 3; j < k; j += 4) out[j] = src[j * BM];
       }
     }
   }
