@@ -58,8 +58,6 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
 #define LD_CHUNK_SM90 LL_SM90_BN /* the sm_90a backward's chunks: whole tiles of its products */
 _Static_assert(LD_RECORD == RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS, "a record: the kernels' and rlk.h's");
 _Static_assert(LD_STATS == RLK_LINEAR_DIVERGENCE_STATS, "a row's statistics: the kernels' and rlk.h's");
-#define LD_TOPK_SPLITS 8  /* top-k: at most this many splits, and splits x k <= 256 (the set's block) */
-#define LD_TOPK_CANDS 256
 #define LD_INDEX_MAX ((int64_t)1 << 24) /* top-k: columns kept as f32 in the stats */
 /* The backward's workspace at most when the call chooses the chunk (as the fused head's). */
 #define LD_BWD_WORKSPACE_BYTES ((int64_t)288 << 20)
@@ -623,19 +621,17 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = ld_kernels(ctx, v, k->sm90, call->specs, &call->nspecs))) return st;
 
   /* the cut: blocks of 64 rows (sm_90a: 128, one block a multiprocessor) x vocabulary splits
-   * (top-k: few enough for the set's block) */
+   * (top-k: at most LD_TOPK_CANDS / k, the candidates the set's block ranks) */
   size_t off = 0;
   if (ctx->kind != RLK_BACKEND_HOST) {
     const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
     const int64_t bm = k->sm90 ? LD_SM90_BM : LD_TILE;
     k->row_blocks = (N + bm - 1) / bm;
-    int asked = a->splits;
-    if (a->top_k) {
-      int64_t most = LD_TOPK_CANDS / a->top_k;
-      if (most > LD_TOPK_SPLITS) most = LD_TOPK_SPLITS;
-      if (!asked || asked > most) asked = (int)most;
-    }
+    const int64_t most = a->top_k ? LD_TOPK_CANDS / a->top_k : INT32_MAX;
+    const int asked = a->splits > most ? (int)most : a->splits;
     rlk_ll_fwd_splits(h->V, k->row_blocks, k->sm90 ? sms : 4 * sms, asked, &k->splits, &k->cols_per_split);
+    if (k->splits > most)
+      rlk_ll_fwd_splits(h->V, k->row_blocks, k->sm90 ? sms : 4 * sms, (int)most, &k->splits, &k->cols_per_split);
     if (k->row_blocks > INT32_MAX || k->splits > 65535 || (k->sm90 && k->row_blocks * k->splits > INT32_MAX))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_hidden: N = %lld rows is too many", (long long)N);
     off = ld_align256((size_t)(k->splits * N) * LD_RECORD * 4u);

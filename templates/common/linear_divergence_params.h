@@ -58,8 +58,9 @@ RLK_PARAMS_ENUM(RLK_LD_LABELS);
  * split's list of the teacher's largest logits, or JSD's second pass. */
 enum { LD_KIND_STATS, LD_KIND_TOPK, LD_KIND_JSD };
 
-/* The longest top-k list, RLK_LINEAR_DIVERGENCE_TOP_K_MAX (the op checks they agree). */
-enum { LD_TOPK_MAX = 32 };
+/* The longest top-k list, RLK_LINEAR_DIVERGENCE_TOP_K_MAX (the op checks they agree), and the most
+candidates the set's block ranks (splits x top_k: the op keeps the splits within it). */
+enum { LD_TOPK_MAX = 32, LD_TOPK_CANDS = 2048 };
 
 /* Floats a row's record (a split's state) and a row's statistics: rlk.h's
  * RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS and RLK_LINEAR_DIVERGENCE_STATS (the op checks they agree). */

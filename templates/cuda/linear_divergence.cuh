@@ -241,9 +241,11 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_jsd_combine(RLK_
   o[5] = 0.0f;
 }
 
-/* Top-k: a block of 256 threads a row. The S lists of k (lists [S][N][k]) hold every candidate
- * (each column in one split); a candidate's rank is the number of candidates before it in the
- * top-k order, so the set is the ranks below k, in order, whatever order the lists came in. Then
+/* Top-k: a block of 256 threads a row. The S lists of k (lists [S][N][k], each sorted in the top-k
+ * order, empty entries (column -1) last) hold every candidate (each column in one split); a
+ * candidate's rank is the number of candidates before it: its place in its own list plus, in each
+ * other list, the entries before it (a binary search), so the set is the ranks below k, in order,
+ * whatever order the lists came in. Then
  * the student's logit at each member (a dot product by 8 threads, in a fixed order), and
  *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order. */
 template <int SDT, int LAB>
@@ -252,23 +254,35 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_
   const i64 S = p_.S, N = p_.N, k = p_.top_k, Hs = p_.Hs;
   const i64 row = (i64)blockIdx.x;
   const int tid = (int)threadIdx.x;
-  __shared__ float cx[256];
-  __shared__ i32 cc_[256];
+  __shared__ float cx[LD_TOPK_CANDS];
+  __shared__ i32 cc_[LD_TOPK_CANDS];
   __shared__ float kx[LD_TOPK_MAX], kxs[LD_TOPK_MAX];
   __shared__ i32 kc[LD_TOPK_MAX];
-  const i64 n = S * k; /* <= 256: the op caps S k */
-  if (tid < n) {
-    const ld::cand c = ((const ld::cand *)p_.lists)[((i64)(tid / k) * N + row) * k + tid % k];
-    cx[tid] = c.x;
-    cc_[tid] = c.col;
+  const i64 n = S * k; /* <= LD_TOPK_CANDS: the op keeps S within it */
+  for (i64 t = tid; t < n; t += LD_THREADS) {
+    const ld::cand c = ((const ld::cand *)p_.lists)[((t / k) * N + row) * k + t % k];
+    cx[t] = c.x;
+    cc_[t] = c.col;
   }
   __syncthreads();
-  if (tid < n && cc_[tid] >= 0) {
-    const float x = cx[tid];
-    const i32 c = cc_[tid];
-    int rank = 0;
-    for (int j = 0; j < n; ++j)
-      if (cc_[j] >= 0 && ld::before(cx[j], cc_[j], x, c)) ++rank;
+  for (i64 t = tid; t < n; t += LD_THREADS) {
+    if (cc_[t] < 0) continue;
+    const float x = cx[t];
+    const i32 c = cc_[t];
+    const i64 own = t / k;
+    i64 rank = t % k;
+    for (i64 s = 0; s < S && rank < k; ++s) {
+      if (s == own) continue;
+      i64 lo = 0, hi = k;
+      while (lo < hi) {
+        const i64 mid = (lo + hi) / 2;
+        if (ld::before(cx[s * k + mid], cc_[s * k + mid], x, c))
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      rank += lo;
+    }
     if (rank < k) {
       kx[rank] = x;
       kc[rank] = c;
