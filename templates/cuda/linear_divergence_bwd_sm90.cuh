@@ -65,8 +65,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
-  extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
-  u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
+  u8 *smem = ld_sm90_smem();
   __shared__ alignas(8) u64 full[C::STAGES];
   __shared__ alignas(8) u64 empty[C::STAGES];
   const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, ntiles = tiles_m * tiles_n;

@@ -113,8 +113,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_TOPK || KIND == LD_KIND_JSD, "fwd_sm90: a kind");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
-  extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
-  u8 *smem = (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
+  u8 *smem = ld_sm90_smem();
   __shared__ alignas(8) u64 full[C::STAGES];
   __shared__ alignas(8) u64 empty[C::STAGES];
   const i64 N = p_.N, V = p_.V, cols_per_split = p_.cols_per_split;

@@ -62,6 +62,13 @@ template <int DT> struct ld_wgmma_type {
   static constexpr int AB = DT == RLK_DT_BF16 ? sm90::WGMMA_BF16 : sm90::WGMMA_F16;
 };
 
+/* The block's dynamic shared memory from its first 1024-byte boundary, which the ring's swizzled
+ * boxes need (the launch asks for LD_SM90_ALIGN bytes more than they take). */
+RLK_DEVICE u8 *ld_sm90_smem() {
+  extern __shared__ __align__(LD_SM90_ALIGN) u8 ld_smem_raw[];
+  return (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
+}
+
 /* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps), ready
  * for every thread. */
 RLK_DEVICE void ld_sm90_ring_start(u64 *full, u64 *empty) {

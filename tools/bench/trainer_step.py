@@ -122,6 +122,17 @@ class Phases:
         return {b[0]: round(a[1].elapsed_time(b[1]), 3) for a, b in zip(self.events, self.events[1:])}
 
 
+def update(loss, opt, phases):
+    """A step's end after its loss, the same for every trainer: backward and the optimizer step,
+    timed as the phases "backward" and "optimizer". Returns the loss, detached."""
+    loss.backward()
+    phases.end("backward")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    phases.end("optimizer")
+    return loss.detach()
+
+
 class _NoReward:
     __name__ = "none"
 
@@ -165,12 +176,7 @@ def trl_step(variant, path, b, device, checkpointing):
         model.train()
         loss = trainer.compute_loss(model, inputs)
         phases.end("loss")
-        loss.backward()
-        phases.end("backward")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        phases.end("optimizer")
-        return loss.detach()
+        return update(loss, opt, phases)
     step.phases = phases
     return step, handle
 
@@ -255,12 +261,7 @@ def verl_step(variant, path, b, device, checkpointing):
         kl = ca.kl_penalty(lp, ref_lp, "low_var_kl")
         loss = pg + BETA * ca.agg_loss(kl, rmask, "token-mean")
         phases.end("loss")
-        loss.backward()
-        phases.end("backward")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        phases.end("optimizer")
-        return loss.detach()
+        return update(loss, opt, phases)
     step.phases = phases
     return step, handle
 
