@@ -24,13 +24,15 @@
  * (tensor maps of 64 x 128 boxes, the 128-byte swizzle); the op falls back to
  * linear_divergence_fwd_tiled otherwise.
  *
- * Top-k: a row's list (sorted, top_k entries) lies in shared memory past the ring, entry j of the
- * block's row r at [j][r] (a warp's eight rows side by side: no bank conflicts); each tile, the
- * four lanes of a row compare their 32 columns with the list's last entry (kept in registers) and,
- * one lane after another, insert what comes before it. After a split's first tiles that is rare
- * (about top_k ln(columns / top_k) insertions a row in all), and a warp with none skips the step.
- * The list is the split's top_k by the order (value, then the lower column): the same set in any
- * insertion order. */
+ * Top-k: a row's top_k entries lie in shared memory past the ring as a heap whose root is the
+ * entry that comes last (entry j of the block's row r at [j][r]: a warp's eight rows side by
+ * side, no bank conflicts); each tile, the four lanes of a row compare their 32 columns with the
+ * root (kept in registers) and, one lane after another, put what comes before it in the root's
+ * place and sift it down (log2 top_k steps). After a split's first tiles that is rare (about
+ * top_k ln(columns / top_k) insertions a row in all), and a warp with none skips the step. At the
+ * split's end the heap is sorted into the list linear_divergence_topk reads. The entries are the
+ * split's top_k by the order (value, then the lower column): the same set in any insertion
+ * order. */
 #ifndef RLK_LINEAR_DIVERGENCE_SM90_CUH
 #define RLK_LINEAR_DIVERGENCE_SM90_CUH
 
@@ -59,9 +61,28 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
   }
 }
 
-/* Top-k: one tile's teacher logits into the lists of a consumer thread's two rows (row i's entry
- * j at list[j BM + 8 i], its last entry last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 +
- * its tile column, those of the tile's first `left` columns that come before the list's last entry.
+/* Top-k: z placed at node i of a heap of n entries (entry j at L[j BM]) whose every parent comes
+ * after its children in the top-k order: the children that come after z move up. */
+RLK_DEVICE void ld_sm90_heap_sift(ld::cand *L, int n, int i, ld::cand z) {
+  constexpr int BM = ld_sm90::BM;
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= n) break;
+    ld::cand w = L[c * BM];
+    if (c + 1 < n) {
+      const ld::cand w2 = L[(c + 1) * BM];
+      if (ld::before(w.x, w.col, w2.x, w2.col)) w = w2, ++c; /* the child that comes last */
+    }
+    if (!ld::before(z.x, z.col, w.x, w.col)) break;
+    L[i * BM] = w;
+    i = c;
+  }
+  L[i * BM] = z;
+}
+
+/* Top-k: one tile's teacher logits into the heaps of a consumer thread's two rows (row i's entry
+ * j at list[j BM + 8 i], its root last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 + its
+ * tile column, those of the tile's first `left` columns that come before the root.
  * A bit a column marks the candidates (z at least the last entry's; the insertion tells ties by the
  * column; the compares unrolled: acc stays in registers); a warp none
  * of whose lanes has one goes on at once. Otherwise the four lanes of a row insert theirs one lane
@@ -69,7 +90,7 @@ RLK_DEVICE void ld_sm90_fold(const float (&acc_s)[ld_sm90::ACC], const float (&a
  * copy of the insertion, not one a column: the code stays small). */
 RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *list, ld::cand (&last)[2], int k,
                                   float it_, i32 col0, i64 left, int l) {
-  constexpr int NV = ld_sm90::ACC / 2, BM = ld_sm90::BM;
+  constexpr int NV = ld_sm90::ACC / 2;
   u32 marks[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -90,16 +111,16 @@ RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *
           for (int p = 0; p < NV; ++p) x = p == q ? acc_t[ld_sm90_acc(i, p)] : x;
           const float z = x * it_;
           const i32 col = col0 + ld_sm90_col(q, l);
-          if (!ld::before(z, col, last[i].x, last[i].col)) continue; /* the list rose past it meanwhile */
-          int j = k - 1;
-          for (; j > 0 && ld::before(z, col, L[(j - 1) * BM].x, L[(j - 1) * BM].col); --j) L[j * BM] = L[(j - 1) * BM];
-          L[j * BM].x = z;
-          L[j * BM].col = col;
-          last[i] = L[(k - 1) * BM];
+          if (!ld::before(z, col, last[i].x, last[i].col)) continue; /* the root rose past it meanwhile */
+          ld::cand c;
+          c.x = z;
+          c.col = col;
+          ld_sm90_heap_sift(L, k, 0, c);
+          last[i] = L[0];
         }
       }
       __syncwarp();
-      last[i] = L[(k - 1) * BM];
+      last[i] = L[0];
     }
   }
 }
@@ -184,6 +205,20 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       ld_sm90_fold<KIND, false>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
     if (KIND == LD_KIND_TOPK)
       ld_sm90_topk_tile(acc_t, lists + cw * 64 + 16 * w + l / 4, last, k, it_, (i32)col0, left, l);
+  }
+  if (KIND == LD_KIND_TOPK) {
+    /* each heap sorted in place into its list (the root, the entry that comes last, to the end
+     * each step) */
+    if ((l & 3) == 0)
+      for (int i = 0; i < 2; ++i) {
+        ld::cand *L = lists + cw * 64 + 16 * w + l / 4 + 8 * i;
+        for (int e = k - 1; e > 0; --e) {
+          const ld::cand r = L[0];
+          ld_sm90_heap_sift(L, e, 0, L[e * BM]);
+          L[e * BM] = r;
+        }
+      }
+    __syncwarp();
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
