@@ -38,6 +38,27 @@ __device__ __forceinline__ void bulk1d(void *dst, const void *src, u32 n, u64 *b
 extern __shared__ __align__(1024) unsigned char smem_raw[];
 __device__ unsigned sink;
 
+// The ring's barriers (by thread 0, before the block's barrier): `full` completes a phase on
+// `arrivals` arrivals (and the copies' bytes), `empty` on the consumer's one.
+template <int STAGES> __device__ void ring_init(u64 *full, u64 *empty, u32 arrivals) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < STAGES; ++s) { bar_init(&full[s], arrivals); bar_init(&empty[s], 1); }
+  asm volatile("fence.mbarrier_init.release.cluster;");
+}
+
+// The consumer (one thread): waits for each of `total` stages of `stage` bytes, reads a byte of
+// it (so that the wait is not idle), hands it back.
+template <int STAGES> __device__ void ring_consume(u64 *full, u64 *empty, const unsigned char *smem, u32 stage, u32 total) {
+  unsigned acc = 0;
+  for (u32 it = 0; it < total; ++it) {
+    const u32 s = it % STAGES;
+    bar_wait(&full[s], (it / STAGES) & 1);
+    acc += smem[s * stage + (it & 1023)];
+    bar_arrive(&empty[s]);
+  }
+  if (acc == 0xdeadbeef) sink = acc;
+}
+
 // TMA: tiles of BR*RB rows; per stage RB boxes along rows x KB boxes along K (each box BR x 64).
 // HBOX: an extra 128 x 64 box of an [N=1, K] tensor per stage (zero-filled rows, as the fused
 // head's A operand at M 1). HINT: evict-first policy on W.
@@ -47,8 +68,7 @@ __global__ void __launch_bounds__(256, 1) k_tma(const __grid_constant__ CUtensor
   constexpr int TR = BR * RB;
   unsigned char *smem = (unsigned char *)(((u64)smem_raw + 1023) & ~(u64)1023);
   __shared__ alignas(8) u64 full[STAGES], empty[STAGES];
-  if (threadIdx.x == 0) { for (int s = 0; s < STAGES; ++s) { bar_init(&full[s], 1); bar_init(&empty[s], 1); }
-    asm volatile("fence.mbarrier_init.release.cluster;"); }
+  ring_init<STAGES>(full, empty, 1);
   __syncthreads();
   const int t0 = (int)((long)blockIdx.x * tiles / gridDim.x), t1 = (int)((long)(blockIdx.x + 1) * tiles / gridDim.x);
   const int ksteps = (int)(K / (64 * KB));
@@ -71,14 +91,7 @@ __global__ void __launch_bounds__(256, 1) k_tma(const __grid_constant__ CUtensor
           }
       }
   } else if (threadIdx.x == 128) {
-    unsigned acc = 0;
-    for (u32 it = 0; it < (u32)total; ++it) {
-      const u32 s = it % STAGES;
-      bar_wait(&full[s], (it / STAGES) & 1);
-      acc += smem[s * ST + (it & 1023)];
-      bar_arrive(&empty[s]);
-    }
-    if (acc == 0xdeadbeef) sink = acc;
+    ring_consume<STAGES>(full, empty, smem, ST, (u32)total);
   }
 }
 
@@ -87,8 +100,7 @@ template <int CH, int STAGES>
 __global__ void __launch_bounds__(256, 1) k_bulk(const unsigned char *w, long bytes) {
   unsigned char *smem = (unsigned char *)(((u64)smem_raw + 1023) & ~(u64)1023);
   __shared__ alignas(8) u64 full[STAGES], empty[STAGES];
-  if (threadIdx.x == 0) { for (int s = 0; s < STAGES; ++s) { bar_init(&full[s], 1); bar_init(&empty[s], 1); }
-    asm volatile("fence.mbarrier_init.release.cluster;"); }
+  ring_init<STAGES>(full, empty, 1);
   __syncthreads();
   const long nch = bytes / CH;
   const long c0 = blockIdx.x * nch / gridDim.x, c1 = (blockIdx.x + 1) * nch / gridDim.x;
@@ -101,14 +113,7 @@ __global__ void __launch_bounds__(256, 1) k_bulk(const unsigned char *w, long by
       bulk1d(smem + s * CH, w + c * CH, CH, &full[s]);
     }
   } else if (threadIdx.x == 128) {
-    unsigned acc = 0;
-    for (u32 it = 0; it < (u32)(c1 - c0); ++it) {
-      const u32 s = it % STAGES;
-      bar_wait(&full[s], (it / STAGES) & 1);
-      acc += smem[s * CH + (it & 1023)];
-      bar_arrive(&empty[s]);
-    }
-    if (acc == 0xdeadbeef) sink = acc;
+    ring_consume<STAGES>(full, empty, smem, CH, (u32)(c1 - c0));
   }
 }
 
@@ -119,8 +124,7 @@ __global__ void __launch_bounds__(256, 1) k_cpasync(const unsigned char *w, int 
   constexpr u32 ST = 256 * 128;
   unsigned char *smem = (unsigned char *)(((u64)smem_raw + 1023) & ~(u64)1023);
   __shared__ alignas(8) u64 full[STAGES], empty[STAGES];
-  if (threadIdx.x == 0) { for (int s = 0; s < STAGES; ++s) { bar_init(&full[s], 128); bar_init(&empty[s], 1); }
-    asm volatile("fence.mbarrier_init.release.cluster;"); }
+  ring_init<STAGES>(full, empty, 128);
   __syncthreads();
   const int t0 = (int)((long)blockIdx.x * tiles / gridDim.x), t1 = (int)((long)(blockIdx.x + 1) * tiles / gridDim.x);
   const int ksteps = (int)(K / 64);
@@ -143,14 +147,7 @@ __global__ void __launch_bounds__(256, 1) k_cpasync(const unsigned char *w, int 
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(sa(&full[s])) : "memory");
       }
   } else if (threadIdx.x == 128) {
-    unsigned acc = 0;
-    for (u32 it = 0; it < (u32)total; ++it) {
-      const u32 s = it % STAGES;
-      bar_wait(&full[s], (it / STAGES) & 1);
-      acc += smem[s * ST + (it & 1023)];
-      bar_arrive(&empty[s]);
-    }
-    if (acc == 0xdeadbeef) sink = acc;
+    ring_consume<STAGES>(full, empty, smem, ST, (u32)total);
   }
 }
 
