@@ -7,7 +7,7 @@
  *           [splits][N][8]
  *   KIND 1  the same and the split's top_k largest teacher logits z_t = x_t / T_t (value, column),
  *           the lists [splits][N][top_k] of linear_divergence_topk (values already divided by T_t:
- *           the backward's membership test compares the same products, ld_sm90_topk_in)
+ *           linear_divergence_bwd_dz_sm90's membership test compares the same products)
  *   KIND 2  JSD's second pass (the lse's from stats): a row's {A, B} over the split, [splits][N]
  *
  * A block owns 128 rows and one vocabulary split (cols_per_split columns, a multiple of 256) and
@@ -82,12 +82,12 @@ RLK_DEVICE void ld_sm90_heap_sift(ld::cand *L, int n, int i, ld::cand z) {
 
 /* Top-k: one tile's teacher logits into the heaps of a consumer thread's two rows (row i's entry
  * j at list[j BM + 8 i], its root last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 + its
- * tile column, those of the tile's first `left` columns that come before the root.
- * A bit a column marks the candidates (z at least the last entry's; the insertion tells ties by the
- * column; the compares unrolled: acc stays in registers); a warp none
- * of whose lanes has one goes on at once. Otherwise the four lanes of a row insert theirs one lane
- * after another (the warp's eight rows at once), each candidate's value picked by its bit (one
- * copy of the insertion, not one a column: the code stays small). */
+ * tile column, those of the tile's first `left` columns that come before the root. A bit a
+ * column marks the candidates (z at least the root's; the insertion tells ties by the column; the
+ * compares unrolled: acc stays in registers); a warp none of whose lanes has one goes on at once.
+ * Otherwise the four lanes of a row insert theirs one lane after another (the warp's eight rows at
+ * once), each candidate's value picked by its bit (one copy of the insertion, not one a column:
+ * the code stays small). */
 RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *list, ld::cand (&last)[2], int k,
                                   float it_, i32 col0, i64 left, int l) {
   constexpr int NV = ld_sm90::ACC / 2;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       Lt[i] = p_.stats[row[i] * 6 + 1] * RLK_LL_LOG2E;
     }
   }
-  /* top-k: the rows' lists past the ring, [top_k][128]; each row's last entry in registers */
+  /* top-k: the rows' heaps past the ring, [top_k][128]; each heap's root in registers */
   const int k = KIND == LD_KIND_TOPK ? (int)p_.top_k : 0;
   ld::cand *lists = (ld::cand *)(smem + (u32)C::STAGES * C::STAGE), last[2];
   if (KIND == LD_KIND_TOPK) {
