@@ -1590,7 +1590,8 @@ typedef struct rlk_linear_divergence_args {
                                        * the forward's to the bit after an AUTO forward (after a
                                        * TILED one on sm_90a, a column within rounding of the set's
                                        * boundary may count differently) */
-  int splits;                  /* vocabulary splits of a GPU call (0: chosen) */
+  int splits;                  /* vocabulary splits of a GPU call (0: chosen; top-k: at most
+                                * 2048 / top_k, the candidates a row's set is ranked from) */
   /* Shard form (FORWARD_KL, REVERSE_KL): when `partials` is given, the weights hold the rows
    * [vocab_start, vocab_start + V) of both heads, and the call writes this shard's records, f32
    * [N, RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS] contiguous and 16-byte aligned, instead of its
