@@ -905,15 +905,20 @@ static int stub_driver_load(stub_driver *stub) {
   return 1;
 }
 
-/* Case i of an open-status table: the open gave `want` (st), and a failed one left no handle (b)
- * and said `message`. Returns 1 when it opened. */
-static int opened_as_wanted(rlk_status st, const rlk_backend_impl *b, rlk_status want, const char *message,
-                            size_t i) {
+/* Case i of an open-status table: opening device `ordinal` gives `want`; an opened backend is
+ * for `target` and is returned, a failed open leaves no handle, says `message` and returns NULL. */
+static rlk_backend_impl *open_as_wanted(rlk_status (*open)(int ordinal, rlk_backend_impl **b), int ordinal,
+                                        rlk_status want, const char *message, const char *target, size_t i) {
+  rlk_backend_impl *b = (rlk_backend_impl *)1;
+  rlk_status st = open(ordinal, &b);
   ck_assert_msg(st == want, "case %zu: status %d, want %d (%s)", i, st, want, rlk_last_error());
-  if (st == RLK_OK) return 1;
+  if (st == RLK_OK) {
+    ck_assert_str_eq(b->info.target, target);
+    return b;
+  }
   ck_assert_ptr_null(b);
   ck_assert_msg(strstr(rlk_last_error(), message) != NULL, "case %zu: message %s", i, rlk_last_error());
-  return 0;
+  return NULL;
 }
 
 START_TEST(test_cuda_stub_open_statuses) {
@@ -934,10 +939,9 @@ START_TEST(test_cuda_stub_open_statuses) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     stub.configure(cases[i].devices, cases[i].init_err, cases[i].get_err, cases[i].retain_err);
-    rlk_backend_impl *b = (rlk_backend_impl *)1;
-    rlk_status st = rlk_cuda_backend_open(cases[i].ordinal, &b);
-    if (opened_as_wanted(st, b, cases[i].want, cases[i].message, i)) {
-      ck_assert_str_eq(b->info.target, "sm_90a");
+    rlk_backend_impl *b =
+        open_as_wanted(rlk_cuda_backend_open, cases[i].ordinal, cases[i].want, cases[i].message, "sm_90a", i);
+    if (b) {
       ck_assert_int_eq(stub.retains(), 1);
       b->destroy(b);
     }
@@ -947,40 +951,52 @@ START_TEST(test_cuda_stub_open_statuses) {
 }
 END_TEST
 
-/* Runs every entry point once with `start` current on this thread and checks after each one
- * that `start` is current again; the stand-in refuses any work done outside the primary
- * context, so success also proves each call ran in it. */
-static void stub_round(const stub_driver *stub, void *start) {
-  static const char ptx[] = ".version 8.0\n.target sm_90a\n";
-  stub->place(start);
-  int switches0 = stub->switches();
+/* A stand-in driver's view of one round, started with the caller's context or device (`start`)
+ * current: whether `start` is current again (`after` names the call just made, for the failure
+ * message), the driver's counters of context switches and of work done outside the backend's
+ * own, and whether `start` already is the backend's (then the round switches nothing). */
+typedef struct stub_view {
+  void (*expect_start_current)(const struct stub_view *v, const char *after);
+  int (*switches)(void);
+  int (*misplaced)(void);
+  int start_is_ours;
+} stub_view;
+
+/* Opens device `ordinal` and runs every backend entry point once, checking after each call that
+ * `start` is current again; the stand-in refuses any work done outside the backend's context, so
+ * success also proves each call ran there. `image` is a module the stand-in loads; `block` the
+ * launch's threads; opt_in: a second launch with 100 KiB of shared memory (the opt-in path). */
+static void stub_walk_entry_points(const stub_view *v, rlk_status (*open)(int ordinal, rlk_backend_impl **b),
+                                   int ordinal, const char *image, size_t image_size, unsigned block, int opt_in) {
 #define STUB_STEP(call)                                                                   \
   do {                                                                                    \
     rlk_status st_ = (call);                                                              \
     ck_assert_msg(st_ == RLK_OK, "%s: %s", #call, rlk_last_error());                      \
-    ck_assert_msg(stub->current() == start, "after %s: %p current, want %p", #call,       \
-                  stub->current(), start);                                                \
+    v->expect_start_current(v, #call);                                                    \
   } while (0)
+  const int switches0 = v->switches();
   rlk_backend_impl *b = NULL;
-  STUB_STEP(rlk_cuda_backend_open(0, &b));
+  STUB_STEP(open(ordinal, &b));
   void *module = NULL, *fn = NULL, *missing = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
-  char host[64];
+  char host[64] = {0};
   float ms = 0;
-  STUB_STEP(b->module_load(b, ptx, sizeof ptx, &module));
+  STUB_STEP(b->module_load(b, image, image_size, &module));
   STUB_STEP(b->get_function(b, module, "rlk_stub_kernel", &fn));
   /* A failing call restores the context too. */
   ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &missing), RLK_ERR_BACKEND);
-  ck_assert_ptr_eq(stub->current(), start);
+  v->expect_start_current(v, "a failed get_function");
   STUB_STEP(b->mem_alloc(b, sizeof host, &d));
   STUB_STEP(b->copy_to_device(b, d, host, sizeof host));
   STUB_STEP(b->event_create(b, &e0));
   STUB_STEP(b->event_create(b, &e1));
   STUB_STEP(b->event_record(b, e0, NULL));
-  rlk_launch_dims dims = {{1, 1, 1}, {32, 1, 1}, 0};
+  rlk_launch_dims dims = {{1, 1, 1}, {block, 1, 1}, 0};
   void *args[] = {&d};
   STUB_STEP(b->launch(b, fn, &dims, NULL, args));
-  dims.shared_bytes = 100 * 1024; /* the opt-in path */
-  STUB_STEP(b->launch(b, fn, &dims, NULL, args));
+  if (opt_in) {
+    dims.shared_bytes = 100 * 1024;
+    STUB_STEP(b->launch(b, fn, &dims, NULL, args));
+  }
   STUB_STEP(b->event_record(b, e1, NULL));
   STUB_STEP(b->synchronize(b, NULL));
   STUB_STEP(b->event_elapsed_ms(b, e0, e1, &ms));
@@ -988,19 +1004,41 @@ static void stub_round(const stub_driver *stub, void *start) {
   STUB_STEP(b->copy_to_host(b, host, d, sizeof host));
   b->event_destroy(b, e0);
   b->event_destroy(b, e1);
-  ck_assert_ptr_eq(stub->current(), start);
+  v->expect_start_current(v, "event_destroy");
   STUB_STEP(b->mem_free(b, d));
   b->module_unload(b, module);
-  ck_assert_ptr_eq(stub->current(), start);
+  v->expect_start_current(v, "module_unload");
   b->destroy(b);
-  ck_assert_ptr_eq(stub->current(), start);
+  v->expect_start_current(v, "destroy");
 #undef STUB_STEP
-  ck_assert_int_eq(stub->misplaced(), 0);
-  ck_assert_int_eq(stub->retains(), 0);
+  ck_assert_int_eq(v->misplaced(), 0);
+  if (v->start_is_ours) ck_assert_int_eq(v->switches(), switches0);
+  else ck_assert_int_gt(v->switches(), switches0);
+}
+
+/* The CUDA stand-in's round: `start` the context current on this thread. */
+typedef struct cuda_round {
+  stub_view view;
+  const stub_driver *stub;
+  void *start;
+} cuda_round;
+
+static void cuda_expect_start_current(const stub_view *v, const char *after) {
+  const cuda_round *r = (const cuda_round *)v;
+  ck_assert_msg(r->stub->current() == r->start, "after %s: %p current, want %p", after, r->stub->current(),
+                r->start);
+}
+
+/* Every entry point once with `start` current on this thread; `start` is current after each. */
+static void stub_round(const stub_driver *stub, void *start) {
+  static const char ptx[] = ".version 8.0\n.target sm_90a\n";
+  stub->place(start);
   /* The caller already on the primary context (a framework on the same device) costs no
    * switch at all. */
-  if (start == stub->primary()) ck_assert_int_eq(stub->switches(), switches0);
-  else ck_assert_int_gt(stub->switches(), switches0);
+  const cuda_round round = {{cuda_expect_start_current, stub->switches, stub->misplaced, start == stub->primary()},
+                            stub, start};
+  stub_walk_entry_points(&round.view, rlk_cuda_backend_open, 0, ptx, sizeof ptx, 32, 1);
+  ck_assert_int_eq(stub->retains(), 0);
 }
 
 typedef struct stub_thread {
@@ -1156,62 +1194,34 @@ START_TEST(test_hip_stub_open_statuses) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     stub.configure(cases[i].devices, cases[i].ordinal, cases[i].init_err, cases[i].get_err);
-    rlk_backend_impl *b = (rlk_backend_impl *)1;
-    rlk_status st = rlk_hip_backend_open(cases[i].ordinal, &b);
-    if (opened_as_wanted(st, b, cases[i].want, cases[i].message, i)) {
-      ck_assert_str_eq(b->info.target, "gfx90a");
-      b->destroy(b);
-    }
+    rlk_backend_impl *b =
+        open_as_wanted(rlk_hip_backend_open, cases[i].ordinal, cases[i].want, cases[i].message, "gfx90a", i);
+    if (b) b->destroy(b);
     ck_assert_int_eq(stub.current(), 0);
   }
 }
 END_TEST
 
+/* The HIP stand-in's round: `start` the current device. */
+typedef struct hip_round {
+  stub_view view;
+  const hip_stub *stub;
+  int start;
+} hip_round;
+
+static void hip_expect_start_current(const stub_view *v, const char *after) {
+  const hip_round *r = (const hip_round *)v;
+  ck_assert_msg(r->stub->current() == r->start, "after %s: device %d current, want %d", after, r->stub->current(),
+                r->start);
+}
+
 /* Every entry point once with `start` the current device; `start` is current after each. */
 static void hip_stub_round(const hip_stub *stub, int start) {
   static const char bundle[] = "__CLANG_OFFLOAD_BUNDLE__ and the rest of a bundle";
   stub->place(start);
-  int switches0 = stub->switches();
-#define HIP_STEP(call)                                                                    \
-  do {                                                                                    \
-    rlk_status st_ = (call);                                                              \
-    ck_assert_msg(st_ == RLK_OK, "%s: %s", #call, rlk_last_error());                      \
-    ck_assert_msg(stub->current() == start, "after %s: device %d current, want %d", #call, \
-                  stub->current(), start);                                                \
-  } while (0)
-  rlk_backend_impl *b = NULL;
-  HIP_STEP(rlk_hip_backend_open(1, &b));
-  void *module = NULL, *fn = NULL, *missing = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
-  char host[64] = {0};
-  float ms = 0;
-  HIP_STEP(b->module_load(b, bundle, sizeof bundle, &module));
-  HIP_STEP(b->get_function(b, module, "rlk_stub_kernel", &fn));
-  ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &missing), RLK_ERR_BACKEND);
-  ck_assert_int_eq(stub->current(), start);
-  HIP_STEP(b->mem_alloc(b, sizeof host, &d));
-  HIP_STEP(b->copy_to_device(b, d, host, sizeof host));
-  HIP_STEP(b->event_create(b, &e0));
-  HIP_STEP(b->event_create(b, &e1));
-  HIP_STEP(b->event_record(b, e0, NULL));
-  rlk_launch_dims dims = {{1, 1, 1}, {64, 1, 1}, 0};
-  void *args[] = {&d};
-  HIP_STEP(b->launch(b, fn, &dims, NULL, args));
-  HIP_STEP(b->event_record(b, e1, NULL));
-  HIP_STEP(b->synchronize(b, NULL));
-  HIP_STEP(b->event_elapsed_ms(b, e0, e1, &ms));
-  HIP_STEP(b->mem_set(b, d, 7, sizeof host));
-  HIP_STEP(b->copy_to_host(b, host, d, sizeof host));
-  b->event_destroy(b, e0);
-  b->event_destroy(b, e1);
-  HIP_STEP(b->mem_free(b, d));
-  b->module_unload(b, module);
-  ck_assert_int_eq(stub->current(), start);
-  b->destroy(b);
-  ck_assert_int_eq(stub->current(), start);
-#undef HIP_STEP
-  ck_assert_int_eq(stub->misplaced(), 0);
-  if (start == 1) ck_assert_int_eq(stub->switches(), switches0);
-  else ck_assert_int_gt(stub->switches(), switches0);
+  /* device 1 is the backend's */
+  const hip_round round = {{hip_expect_start_current, stub->switches, stub->misplaced, start == 1}, stub, start};
+  stub_walk_entry_points(&round.view, rlk_hip_backend_open, 1, bundle, sizeof bundle, 64, 0);
 }
 
 START_TEST(test_hip_stub_keeps_callers_device) {
