@@ -672,6 +672,161 @@ RLK_DEVICE u64 boundary_bin(const BIN *bins, int nbins, u64 target, u64 *warp_su
   return total;
 }
 
+/* v[0, NT) sorted in place, largest first, by a bitonic network (NT a power of two, one element
+ * a thread). Every thread of the block calls it. */
+template <int NT> RLK_DEVICE void sort_descending(float *v) {
+  const int tid = (int)threadIdx.x;
+  for (int size = 2; size <= NT; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const int o = tid ^ stride;
+      if (o > tid) {
+        const float a = v[tid], b2 = v[o];
+        if ((tid & size) == 0 ? a < b2 : a > b2) {
+          v[tid] = b2;
+          v[o] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+/* A row's outputs for token y, drawn from the row's merged state rst (logp) and, filtered, from the
+ * kept set of mass kept_mass and smallest logit thr (logp_filtered, threshold); x: y's logit where
+ * the draw saw it (known), else it is loaded again (bitwise the same: the conversions are exact).
+ * One thread calls it. */
+template <int DT, typename TOK>
+RLK_DEVICE void write_token(const u8 *r, i64 row, u32 y, const int &known, const float &x, const state &rst, float T,
+                            bool greedy, u64 kept_mass, float thr, TOK *tokens, float *logp, float *logp_filtered,
+                            float *threshold) {
+  const float xy = known ? x : load_logit<DT>(r, (i64)y);
+  const float M = rst.m;
+  const float lp = row_logp(rst, xy, logf(rst.s), T);
+  tokens[row] = (TOK)y;
+  if (logp) logp[row] = lp;
+  if (logp_filtered)
+    logp_filtered[row] = greedy ? 0.0f : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D);
+  /* greedy keeps the maximum's ties */
+  if (threshold) threshold[row] = greedy ? M : thr;
+}
+
+/* The elements a histogram pass counted above bin b (of nbins, in key order) where the boundary
+ * was found by mass (by count, boundary_bin's sum above b is that number). Every thread of the
+ * block calls it. */
+template <int NT> RLK_DEVICE u64 count_above(bool by_mass, u32 b, int nbins, const u32 *count, u64 *warp_sums) {
+  u64 mine = 0;
+  if (by_mass)
+    for (int q = (int)threadIdx.x; q < nbins; q += NT)
+      if ((u32)q > b) mine += count[q];
+  u64 above;
+  block_exclusive_scan<NT>(mine, warp_sums, &above);
+  return above;
+}
+
+/* The KEPT pass's draw of a lane's share by the lanes' kept masses (acc; kmin the lane's smallest
+ * kept logit, whose key goes to kept_key): `pick` gets the lane, found_u64[1] what is left of the
+ * draw (R1) inside its share; returns the kept mass. Every thread of the block calls it. */
+template <int NT>
+RLK_DEVICE u64 draw_share(u64 acc, float kmin, u64 R1, u64 *warp_sums, u32 &kept_key, u32 &pick, u64 *found_u64) {
+  const int tid = (int)threadIdx.x;
+  if (kmin != limits<float>::infinity()) atomicMin(&kept_key, key_of<RLK_DT_F32>(kmin));
+  u64 total;
+  const u64 below = block_exclusive_scan<NT>(acc, warp_sums, &total);
+  const u64 u = __umul64hi(R1, total);
+  if (acc != 0 && below <= u && u - below < acc) {
+    pick = (u32)tid;
+    found_u64[1] = u - below;
+  }
+  __syncthreads();
+  return total;
+}
+
+/* The gathered candidates (found[1] of them, a superset of the kept set) in shared memory: sorted
+ * (larger logit first, then lower index), cut by top-k (cut_k) and min-p (cut_m: keep_m) where no
+ * pass applied them, then by top-p (pq; z0 the kept mass where a pass measured it), and the draw
+ * by exact mass (R1) into pick, pick_x and pick_known. Returns the kept mass; thr gets the kept
+ * set's smallest logit. Every thread of the block calls it. */
+template <int NT, int CAP, typename KEEP>
+RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums, i64 top_k, bool cut_k,
+                               bool cut_m, const KEEP &keep_m, bool use_p, u64 pq, u64 z0, float c, float Mc,
+                               u64 R1, u32 &pick, float &pick_x, int &pick_known, float *thr) {
+  const int tid = (int)threadIdx.x;
+  const u32 n = found[1];
+  u32 np = 1;
+  while (np < n) np <<= 1;
+  for (u32 i = n + tid; i < np; i += NT) {
+    cand.x[i] = -limits<float>::infinity();
+    cand.idx[i] = 0x7fffffff;
+  }
+  __syncthreads();
+  for (u32 size = 2; size <= np; size <<= 1)
+    for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+      for (u32 i = tid; i < np / 2; i += NT) {
+        const u32 a = 2 * stride * (i / stride) + (i % stride), b = a + stride;
+        const float xa = cand.x[a], xb = cand.x[b];
+        const i32 ia = cand.idx[a], ib = cand.idx[b];
+        const bool up = (a & size) == 0;
+        if (up ? before(xb, ib, xa, ia) : before(xa, ia, xb, ib)) {
+          cand.x[a] = xb;
+          cand.idx[a] = ib;
+          cand.x[b] = xa;
+          cand.idx[b] = ia;
+        }
+      }
+      __syncthreads();
+    }
+  /* the first index past what top-k and min-p keep */
+  if (tid == 0) found[0] = n;
+  __syncthreads();
+  const float tau_k = cut_k ? cand.x[top_k - 1] : 0.0f;
+  for (u32 i = tid; i < n; i += NT) {
+    const float x = cand.x[i];
+    if ((cut_k && x < tau_k) || (cut_m && !keep_m(x))) atomicMin(&found[0], i);
+  }
+  __syncthreads();
+  u32 nk = found[0];
+  /* inclusive prefix of the masses over [0, nk), a contiguous chunk per thread */
+  const u32 per = (nk + NT - 1) / NT;
+  const u32 c0 = (u32)tid * per < nk ? (u32)tid * per : nk;
+  const u32 c1 = c0 + per < nk ? c0 + per : nk;
+  u64 run = 0;
+  for (u32 i = c0; i < c1; ++i) {
+    run += mass_of(cand.x[i], c, Mc);
+    cand.cum[i] = run;
+  }
+  u64 total;
+  const u64 off = block_exclusive_scan<NT>(run, warp_sums, &total);
+  for (u32 i = c0; i < c1; ++i) cand.cum[i] += off;
+  __syncthreads();
+  if (use_p) {
+    /* top-p: the first index whose inclusive mass reaches the target; its ties stay */
+    const u64 tgt = ceil_fraction(pq, z0 ? z0 : total);
+    if (tid == 0) found[1] = nk;
+    __syncthreads();
+    for (u32 i = c0; i < c1; ++i)
+      if (cand.cum[i] >= tgt && (i == 0 || cand.cum[i - 1] < tgt)) found[1] = i;
+    __syncthreads();
+    const u32 istar = found[1];
+    if (istar < nk) {
+      const float xs = cand.x[istar];
+      for (u32 i = c0; i < c1; ++i)
+        if (i > istar && cand.x[i] < xs) atomicMin(&found[0], i);
+    }
+    __syncthreads();
+    nk = found[0];
+  }
+  const u64 kept_mass = cand.cum[nk - 1];
+  *thr = cand.x[nk - 1]; /* sorted: the kept prefix's last, with every tie of it */
+  const u64 u = __umul64hi(R1, kept_mass);
+  for (u32 i = c0; i < c1 && i < nk; ++i)
+    if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) {
+      pick = (u32)cand.idx[i];
+      pick_x = cand.x[i];
+      pick_known = 1;
+    }
+  __syncthreads();
+  return kept_mass;
+}
+
 } /* namespace smp */
 
 /* The one argument of both sampling kernels (common/sample_params.h, filled by
@@ -872,20 +1027,8 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       step = GREEDY;
     } else if (use_k && rs.top_k <= SEG) {
       /* top-k <= SEG: the k-th largest lane maximum theta bounds the k-th largest logit from
-       * below, so {x >= theta} (usually about k elements) holds the top-k set. The lane maxima
-       * are sorted in place (a bitonic network over NT, a power of two), then gathered. */
-      for (int size = 2; size <= NT; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-          const int o = tid ^ stride;
-          if (o > tid) {
-            const float a = lane_m[tid], b2 = lane_m[o];
-            if ((tid & size) == 0 ? a < b2 : a > b2) {
-              lane_m[tid] = b2;
-              lane_m[o] = a;
-            }
-          }
-          __syncthreads();
-        }
+       * below, so {x >= theta} (usually about k elements) holds the top-k set: gathered. */
+      sort_descending<NT>(lane_m);
       theta = lane_m[rs.top_k - 1];
       cut_k = true;
       cut_m = use_m;
@@ -994,13 +1137,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           boundary_bin<NT>(hist.mass, 1 << w, target, warp_sums, found, found_u64);
         const u32 b = found[0];
         const u64 above = found_u64[0];
-        /* the counts above b (for COUNT they are `above` itself) */
-        u64 cmine = 0;
-        if (step == MASS)
-          for (int q = tid; q < (1 << w); q += NT)
-            if ((u32)q > b) cmine += hist.count[q];
-        u64 cabove;
-        block_exclusive_scan<NT>(cmine, warp_sums, &cabove);
+        const u64 cabove = count_above<NT>(step == MASS, b, 1 << w, hist.count, warp_sums);
         const u64 in_bin = hist.count[b];
         __syncthreads();
         if (step == COUNT) {
@@ -1033,15 +1170,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           }
         }
       } else { /* KEPT: a lane's kept mass picks its share, the rest of the draw an element */
-        if (kmin != limits<float>::infinity()) atomicMin(&kept_key, key_of<RLK_DT_F32>(kmin));
-        u64 total;
-        const u64 below = block_exclusive_scan<NT>(acc, warp_sums, &total);
-        const u64 u = __umul64hi(R1, total);
-        if (acc != 0 && below <= u && u - below < acc) {
-          pick = (u32)tid;
-          found_u64[1] = u - below;
-        }
-        __syncthreads();
+        const u64 total = draw_share<NT>(acc, kmin, R1, warp_sums, kept_key, pick, found_u64);
         share_t = (int)pick;
         share_draw = found_u64[1];
         pick_share = true;
@@ -1072,99 +1201,15 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       __syncthreads();
     }
 
-    if (FILTER && gathered) {
-      /* ---- in shared memory: sort the candidates (a superset of the kept set), cut by top-k
-       * and min-p where they have not been applied, then by top-p, and draw ---- */
-      const u32 n = found[1];
-      u32 np = 1;
-      while (np < n) np <<= 1;
-      for (u32 i = n + tid; i < np; i += NT) {
-        cand.x[i] = -limits<float>::infinity();
-        cand.idx[i] = 0x7fffffff;
-      }
-      __syncthreads();
-      for (u32 size = 2; size <= np; size <<= 1)
-        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-          for (u32 i = tid; i < np / 2; i += NT) {
-            const u32 a = 2 * stride * (i / stride) + (i % stride), b = a + stride;
-            const float xa = cand.x[a], xb = cand.x[b];
-            const i32 ia = cand.idx[a], ib = cand.idx[b];
-            const bool up = (a & size) == 0;
-            if (up ? before(xb, ib, xa, ia) : before(xa, ia, xb, ib)) {
-              cand.x[a] = xb;
-              cand.idx[a] = ib;
-              cand.x[b] = xa;
-              cand.idx[b] = ia;
-            }
-          }
-          __syncthreads();
-        }
-      /* the first index past what top-k and min-p keep */
-      if (tid == 0) found[0] = n;
-      __syncthreads();
-      const float tau_k = cut_k ? cand.x[rs.top_k - 1] : 0.0f;
-      for (u32 i = tid; i < n; i += NT) {
-        const float x = cand.x[i];
-        if ((cut_k && x < tau_k) || (cut_m && !keep_m(x))) atomicMin(&found[0], i);
-      }
-      __syncthreads();
-      u32 nk = found[0];
-      /* inclusive prefix of the masses over [0, nk), a contiguous chunk per thread */
-      const u32 per = (nk + NT - 1) / NT;
-      const u32 c0 = (u32)tid * per < nk ? (u32)tid * per : nk;
-      const u32 c1 = c0 + per < nk ? c0 + per : nk;
-      u64 run = 0;
-      for (u32 i = c0; i < c1; ++i) {
-        run += mass_of(cand.x[i], c, Mc);
-        cand.cum[i] = run;
-      }
-      u64 total;
-      const u64 off = block_exclusive_scan<NT>(run, warp_sums, &total);
-      for (u32 i = c0; i < c1; ++i) cand.cum[i] += off;
-      __syncthreads();
-      if (use_p) {
-        /* top-p: the first index whose inclusive mass reaches the target; its ties stay */
-        const u64 tgt = ceil_fraction(pq, z0 ? z0 : total);
-        if (tid == 0) found[1] = nk;
-        __syncthreads();
-        for (u32 i = c0; i < c1; ++i)
-          if (cand.cum[i] >= tgt && (i == 0 || cand.cum[i - 1] < tgt)) found[1] = i;
-        __syncthreads();
-        const u32 istar = found[1];
-        if (istar < nk) {
-          const float xs = cand.x[istar];
-          for (u32 i = c0; i < c1; ++i)
-            if (i > istar && cand.x[i] < xs) atomicMin(&found[0], i);
-        }
-        __syncthreads();
-        nk = found[0];
-      }
-      kept_mass = cand.cum[nk - 1];
-      thr = cand.x[nk - 1]; /* sorted: the kept prefix's last, with every tie of it */
-      const u64 u = __umul64hi(R1, kept_mass);
-      for (u32 i = c0; i < c1 && i < nk; ++i)
-        if (cand.cum[i] > u && (i == 0 || cand.cum[i - 1] <= u)) {
-          pick = (u32)cand.idx[i];
-          pick_x = cand.x[i];
-          pick_known = 1;
-        }
-      __syncthreads();
-    }
+    /* ---- in shared memory: the candidates sorted, cut and drawn from ---- */
+    if (FILTER && gathered)
+      kept_mass = draw_candidates<NT>(cand, found, warp_sums, rs.top_k, cut_k, cut_m, keep_m, use_p, pq, z0, c, Mc,
+                                      R1, pick, pick_x, pick_known, &thr);
 
     /* ---- outputs ---- */
-    if (tid == 0) {
-      const u32 y = pick;
-      /* the logit the pick was made from (bitwise the loaded one: the conversions are exact) */
-      const float xy = pick_known ? pick_x : load_logit<DT>(r, (i64)y);
-      const float lp = row_logp(rst, xy, logf(rst.s), T);
-      tokens[row] = (TOK)y;
-      if (logp) logp[row] = lp;
-      if (logp_filtered)
-        logp_filtered[row] =
-            greedy ? 0.0f : (xy - M) / T - (float)(log((double)kept_mass) - 40.0 * RLK_SMP_LN2_D);
-      /* greedy keeps the maximum's ties */
-      if (threshold) threshold[row] = greedy ? M : thr;
-    }
+    if (tid == 0)
+      write_token<DT>(r, row, pick, pick_known, pick_x, rst, T, greedy, kept_mass, thr, tokens, logp, logp_filtered,
+                      threshold);
     __syncthreads();
   }
 }
