@@ -82,22 +82,32 @@ RLK_DEVICE void ld_sm90_heap_sift(ld::cand *L, int n, int i, ld::cand z) {
 
 /* Top-k: one tile's teacher logits into the heaps of a consumer thread's two rows (row i's entry
  * j at list[j BM + 8 i], its root last[i]): z = x_t / T_t (it_ = 1 / T_t) at column col0 + its
- * tile column, those of the tile's first `left` columns that come before the root. A bit a
- * column marks the candidates (z at least the root's; the insertion tells ties by the column; the
- * compares unrolled: acc stays in registers); a warp none of whose lanes has one goes on at once.
- * Otherwise the four lanes of a row insert theirs one lane after another (the warp's eight rows at
- * once), each candidate's value picked by its bit (one copy of the insertion, not one a column:
- * the code stays small). */
+ * tile column, those of the tile's first `left` columns that come before the root. A warp none of
+ * whose lanes' largest x_t reaches its roots goes on at once (the common case once a split's
+ * first tiles are in: a max a value). Otherwise a bit a column marks the candidates (z at least
+ * the root's; the insertion tells ties by the column; the compares unrolled: acc stays in
+ * registers), and the four lanes of a row insert theirs one lane after another (the warp's eight
+ * rows at once), each candidate's value picked by its bit (one copy of the insertion, not one a
+ * column: the code stays small). */
 RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *list, ld::cand (&last)[2], int k,
                                   float it_, i32 col0, i64 left, int l) {
   constexpr int NV = ld_sm90::ACC / 2;
+  bool reach = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    /* the largest x_t of the lane's columns (those past `left` too: a superset) */
+    float mx = acc_t[ld_sm90_acc(i, 0)];
+#pragma unroll
+    for (int q = 1; q < NV; ++q) mx = fmaxf(mx, acc_t[ld_sm90_acc(i, q)]);
+    reach |= mx * it_ >= last[i].x;
+  }
+  if (!__any_sync(0xffffffffu, reach)) return;
   u32 marks[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int q = 0; q < NV; ++q)
       if (ld_sm90_col(q, l) < left && acc_t[ld_sm90_acc(i, q)] * it_ >= last[i].x) marks[i] |= 1u << q;
-  if (!__any_sync(0xffffffffu, (marks[0] | marks[1]) != 0u)) return;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     ld::cand *L = list + 8 * i;
