@@ -337,6 +337,14 @@ RLK_DEVICE void row_shared_fill(row_shared *sh, const row_inputs *in, float temp
 struct hist_space {
   u32 count[BINS];
   u64 mass[BINS];
+
+  /* the first nbins bins zeroed, a bin a thread in turn (every thread of the block calls it) */
+  template <int NT> RLK_DEVICE void clear(int nbins) {
+    for (int q = (int)threadIdx.x; q < nbins; q += NT) {
+      count[q] = 0;
+      mass[q] = 0;
+    }
+  }
 };
 template <int CAP> struct cand_space {
   float x[CAP];
@@ -1067,10 +1075,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         w = KW - nb < DIGIT_BITS ? KW - nb : DIGIT_BITS;
         shift = KW - nb - w;
         wmask = (1u << w) - 1u;
-        for (int q = tid; q < (1 << w); q += NT) {
-          hist.count[q] = 0;
-          hist.mass[q] = 0;
-        }
+        hist.clear<NT>(1 << w);
       }
       if (tid == 0) {
         found[0] = 0;
