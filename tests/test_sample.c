@@ -1027,6 +1027,23 @@ static void cases_distribution_layouts(rlk_context *ctx, uint64_t *rng) {
 }
 GPU_CASE(distribution_layouts, cases_distribution_layouts(ctx, &rng))
 
+/* Top-p without top-k at a large vocabulary, each dtype: the first pass bins the row by mass, the
+ * next ones take the boundary's bin by key digits (from the bits its interval of logits fixes),
+ * then the kept set is drawn by a masked pass or gathered. Ties at the threshold, min-p beside it,
+ * and wide rows where most masses are zero (top_p near 1 puts the boundary among the smallest). */
+static void cases_distribution_top_p(rlk_context *ctx, uint64_t *rng) {
+  const dist_case cases[] = {
+      {151936, RLK_F32, 2.0, 1.3f, 0, 0.8f, 0.0f, 0, 0},
+      {151936, RLK_F16, 1.0, 0.6f, 0, 0.9f, 0.0f, 0, 0},
+      {151936, RLK_BF16, 2.0, 1.0f, 0, 0.85f, 0.0f, 1, 0},  /* ties */
+      {151936, RLK_F32, 1.0, 1.0f, 0, 0.9f, 0.01f, 0, 0},   /* and min-p */
+      {151936, RLK_BF16, 12.0, 1.0f, 0, 0.95f, 0.0f, 0, 0}, /* most masses zero */
+      {151936, RLK_F32, 6.0, 1.0f, 0, 0.9999f, 0.0f, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_distribution(ctx, &cases[i], rng, 12000);
+}
+GPU_CASE(distribution_top_p, cases_distribution_top_p(ctx, &rng))
+
 /* Calls back to back, each one's seeds the previous one's tokens, with pdl (the default) and
  * without: the same tokens and log-probs. An overlapping launch that read its seeds before the
  * previous call had written them would draw from the poison instead. The plain, split and
@@ -1138,7 +1155,7 @@ Suite *sample_suite(void) {
   rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_row_split, samples_compile_every_target, record_rows_on_the_grid));
 
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_logp_bitwise, gpu_reproducible, gpu_edges, gpu_row_split,
-      gpu_overlap_chain, gpu_distribution_split, gpu_distribution_layouts, gpu_distribution_64,
+      gpu_overlap_chain, gpu_distribution_split, gpu_distribution_layouts, gpu_distribution_top_p, gpu_distribution_64,
       gpu_distribution_1000, gpu_distribution_32000, gpu_distribution_151936));
   return s;
 }

@@ -27,7 +27,10 @@
  *         exact top-k, min-p and top-p on their masses). Two passes.
  *       otherwise a radix select over order-preserving keys of the logits (11-bit digits, one
  *         pass each): counts for top-k, masses for top-p; as soon as what remains fits in CAP it is
- *         gathered and finished in shared memory. min-p is a direct threshold on (x - M) c.
+ *         gathered and finished in shared memory. Top-p's first pass bins by mass instead (linear
+ *         in log2 of it, mass_bin), which spreads a row's atomics over many bins; the digits then
+ *         look into the boundary's bin alone, from the key bits its interval of logits fixes.
+ *         min-p is a direct threshold on (x - M) c.
  *     then the token is drawn from the kept set: in shared memory, or by a masked pass that sums
  *     each thread's kept masses (a thread's share, then an element of it, from one draw).
  * Bits of the caller's status word: 1 a NaN or +inf logit (token -1, outputs NaN), 2 no finite
@@ -73,6 +76,32 @@ template <int DT> RLK_DEVICE u32 key_of(float x) {
 /* key_of<RLK_DT_F32>'s inverse: the float of a 32-bit order-preserving key (0 and -0 give +0). */
 RLK_DEVICE float float_of_key(u32 k) {
   return bits_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+/* Top-p's first histogram bins a row's logits by their mass, linearly in d = (M - x) c (log2 of the
+ * mass below the maximum's): bin BINS - 1 holds d in [0, 40 / BINS), each bin below the next such
+ * step, bin 0 everything from d = 40 (BINS - 1) / BINS on, where masses are zero or nearly (2^40
+ * is the maximum's). Radix digits of the keys would pile most of a row into the few bins of its
+ * exponent bits, each element two shared atomics on one address; these spread it. A bin falls as
+ * x does, so it is an interval of logits. cS = c BINS / 40. */
+RLK_DEVICE u32 mass_bin(float x, float M, float cS) {
+  const float t = (M - x) * cS;
+  return t < (float)(BINS - 1) ? (u32)(BINS - 1) - (u32)t : 0u;
+}
+
+/* The leading key bits that every logit of mass bin b >= 1 shares, from the bin's interval of
+ * logits widened well past rounding: their number, at most KW - 1 so that a digit pass still checks
+ * them, and the bits in *prefix. */
+template <int DT> RLK_DEVICE int mass_bin_prefix(u32 b, float M, float cS, u32 *prefix) {
+  constexpr int KW = key_width<DT>::value;
+  const double q = (double)(BINS - 1 - (int)b), w = 1.0 / (double)cS;
+  const double slack = 1e-5 * ((q + 1.0) * w + fabs((double)M));
+  const u32 lo = key_of<DT>((float)((double)M - (q + 1.0) * w - slack));
+  const u32 hi = key_of<DT>((float)((double)M - q * w + slack));
+  int nb = lo == hi ? KW : __clz((int)(lo ^ hi)) - (32 - KW);
+  nb = nb < KW - 1 ? nb : KW - 1;
+  *prefix = nb > 0 ? hi >> (KW - nb) : 0u;
+  return nb;
 }
 
 /* Calls f(x, j) for every element of lane `lane`'s share of a row, in thread_row_state's order:
@@ -748,17 +777,10 @@ RLK_DEVICE u64 draw_share(u64 acc, float kmin, u64 R1, u64 *warp_sums, u32 &kept
   return total;
 }
 
-/* The gathered candidates (found[1] of them, a superset of the kept set) in shared memory: sorted
- * (larger logit first, then lower index), cut by top-k (cut_k) and min-p (cut_m: keep_m) where no
- * pass applied them, then by top-p (pq; z0 the kept mass where a pass measured it), and the draw
- * by exact mass (R1) into pick, pick_x and pick_known. Returns the kept mass; thr gets the kept
- * set's smallest logit. Every thread of the block calls it. */
-template <int NT, int CAP, typename KEEP>
-RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums, i64 top_k, bool cut_k,
-                               bool cut_m, const KEEP &keep_m, bool use_p, u64 pq, u64 z0, float c, float Mc,
-                               u64 R1, u32 &pick, float &pick_x, int &pick_known, float *thr) {
+/* Candidates [0, n) sorted in place, larger logit first, then lower index (a bitonic network over
+ * the next power of two, padded with -inf). Every thread of the block calls it. */
+template <int NT, int CAP> RLK_DEVICE void sort_candidates(cand_space<CAP> &cand, u32 n) {
   const int tid = (int)threadIdx.x;
-  const u32 n = found[1];
   u32 np = 1;
   while (np < n) np <<= 1;
   for (u32 i = n + tid; i < np; i += NT) {
@@ -782,6 +804,60 @@ RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums
       }
       __syncthreads();
     }
+}
+
+/* The inclusive prefix of the sorted candidates' masses over [0, n) into cand.cum, a contiguous
+ * chunk [*c0, *c1) a thread; returns their total. Every thread of the block calls it. */
+template <int NT, int CAP>
+RLK_DEVICE u64 prefix_masses(cand_space<CAP> &cand, u32 n, u64 *warp_sums, float c, float Mc, u32 *c0, u32 *c1) {
+  const u32 per = (n + NT - 1) / NT;
+  const u32 lo = (u32)threadIdx.x * per < n ? (u32)threadIdx.x * per : n;
+  const u32 hi = lo + per < n ? lo + per : n;
+  u64 run = 0;
+  for (u32 i = lo; i < hi; ++i) {
+    run += mass_of(cand.x[i], c, Mc);
+    cand.cum[i] = run;
+  }
+  u64 total;
+  const u64 off = block_exclusive_scan<NT>(run, warp_sums, &total);
+  for (u32 i = lo; i < hi; ++i) cand.cum[i] += off;
+  __syncthreads();
+  *c0 = lo;
+  *c1 = hi;
+  return total;
+}
+
+/* Top-p's threshold inside the boundary's mass bin, whose n logits were gathered: sorted, the
+ * first whose inclusive mass reaches target (what the bins above left to find), its key. Its ties
+ * are kept with it, as a radix select's last digit would. found[1]: scratch (n may be read from
+ * found[0]). Every thread of the block calls it. */
+template <int DT, int NT, int CAP>
+RLK_DEVICE u32 bin_threshold(cand_space<CAP> &cand, u32 n, u32 *found, u64 *warp_sums, u64 target, float c,
+                             float Mc) {
+  if (threadIdx.x == 0) found[1] = n - 1;
+  sort_candidates<NT>(cand, n);
+  u32 c0, c1;
+  prefix_masses<NT>(cand, n, warp_sums, c, Mc, &c0, &c1);
+  for (u32 i = c0; i < c1; ++i)
+    if (cand.cum[i] >= target && (i == 0 || cand.cum[i - 1] < target)) found[1] = i;
+  __syncthreads();
+  const u32 key = key_of<DT>(cand.x[found[1]]);
+  __syncthreads();
+  return key;
+}
+
+/* The gathered candidates (found[1] of them, a superset of the kept set) in shared memory: sorted
+ * (larger logit first, then lower index), cut by top-k (cut_k) and min-p (cut_m: keep_m) where no
+ * pass applied them, then by top-p (pq; z0 the kept mass where a pass measured it), and the draw
+ * by exact mass (R1) into pick, pick_x and pick_known. Returns the kept mass; thr gets the kept
+ * set's smallest logit. Every thread of the block calls it. */
+template <int NT, int CAP, typename KEEP>
+RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums, i64 top_k, bool cut_k,
+                               bool cut_m, const KEEP &keep_m, bool use_p, u64 pq, u64 z0, float c, float Mc,
+                               u64 R1, u32 &pick, float &pick_x, int &pick_known, float *thr) {
+  const int tid = (int)threadIdx.x;
+  const u32 n = found[1];
+  sort_candidates<NT>(cand, n);
   /* the first index past what top-k and min-p keep */
   if (tid == 0) found[0] = n;
   __syncthreads();
@@ -792,19 +868,8 @@ RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums
   }
   __syncthreads();
   u32 nk = found[0];
-  /* inclusive prefix of the masses over [0, nk), a contiguous chunk per thread */
-  const u32 per = (nk + NT - 1) / NT;
-  const u32 c0 = (u32)tid * per < nk ? (u32)tid * per : nk;
-  const u32 c1 = c0 + per < nk ? c0 + per : nk;
-  u64 run = 0;
-  for (u32 i = c0; i < c1; ++i) {
-    run += mass_of(cand.x[i], c, Mc);
-    cand.cum[i] = run;
-  }
-  u64 total;
-  const u64 off = block_exclusive_scan<NT>(run, warp_sums, &total);
-  for (u32 i = c0; i < c1; ++i) cand.cum[i] += off;
-  __syncthreads();
+  u32 c0, c1;
+  const u64 total = prefix_masses<NT>(cand, nk, warp_sums, c, Mc, &c0, &c1);
   if (use_p) {
     /* top-p: the first index whose inclusive mass reaches the target; its ties stay */
     const u64 tgt = ceil_fraction(pq, z0 ? z0 : total);
@@ -901,6 +966,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
   __shared__ int pick_known;
   __shared__ u32 found[2];    /* results of block searches */
   __shared__ u32 kept_key;    /* KEPT: the smallest kept logit's key (key_of<RLK_DT_F32>) */
+  __shared__ u32 bin_miss;    /* MASS: a logit of the mass bin outside the prefix its interval gave */
   __shared__ u64 found_u64[2];
   extern __shared__ __align__(16) u8 dyn[];
   hist_space &hist = *reinterpret_cast<hist_space *>(dyn);
@@ -1022,6 +1088,11 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
     u32 prefix = 0, wmask = 0; /* COUNT, MASS: the digit below the nb-bit prefix */
     int nb = 0, shift = 0;
     u64 need = 0, target = 0, z0 = 0, cnt_above = 0;
+    bool binned = false; /* MASS: the first pass binned by mass; the rest look into bin mbin alone */
+    bool skipped = false; /* MASS: nb bits of mbin's keys taken from its interval, unchecked yet */
+    bool bin_gather = false; /* GATHER: mbin's logits alone, for top-p's threshold among them */
+    u32 mbin = 0;
+    const float cS = c * ((float)BINS / 40.0f);
     u64 acc = 0; /* KEPT: this lane's kept mass */
     float kmin = limits<float>::infinity(); /* KEPT: this lane's smallest kept logit */
     float thr = -limits<float>::infinity(); /* the kept set's smallest logit (tid 0's, at the end) */
@@ -1080,6 +1151,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       if (tid == 0) {
         found[0] = 0;
         kept_key = 0xffffffffu;
+        bin_miss = 0;
       }
       acc = 0;
       __syncthreads();
@@ -1092,8 +1164,16 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           }
           const u32 key = key_of<DT>(x);
           switch (step) {
-            case GATHER:
-              if (key >= edge && (!s0 || (key >= klo && keep_m(x)))) {
+            case GATHER: {
+              /* after a MASS pass: the mass bins above mbin, and mbin's logits from edge up */
+              bool in = key >= edge;
+              if (bin_gather) {
+                in = mass_bin(x, M, cS) == mbin && key >= klo && keep_m(x);
+              } else if (s0) {
+                const u32 q = mass_bin(x, M, cS);
+                in = (q > mbin || (q == mbin && in)) && key >= klo && keep_m(x);
+              }
+              if (in) {
                 const u32 at = atomicAdd(&found[0], 1u);
                 if (at < (u32)CAP) {
                   cand.x[at] = x;
@@ -1101,14 +1181,26 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
                 }
               }
               break;
+            }
             case COUNT:
               if (nb == 0 || (key >> (KW - nb)) == prefix) atomicAdd(&hist.count[(key >> shift) & wmask], 1u);
               break;
             case MASS:
-              if (key >= klo && (nb == 0 || (key >> (KW - nb)) == prefix) && keep_m(x)) {
-                const u32 q = (key >> shift) & wmask;
-                atomicAdd(&hist.count[q], 1u);
-                atomicAdd((unsigned long long *)&hist.mass[q], (unsigned long long)mass_of(x, c, Mc));
+              if (key >= klo && keep_m(x)) {
+                const u32 mb = mass_bin(x, M, cS);
+                if (!binned) {
+                  const u64 m = mass_of(x, c, Mc);
+                  if (mb != 0) atomicAdd(&hist.count[mb], 1u); /* bin 0 is never counted, nor gathered */
+                  if (m != 0) atomicAdd((unsigned long long *)&hist.mass[mb], (unsigned long long)m);
+                } else if (mb == mbin) {
+                  if (nb == 0 || (key >> (KW - nb)) == prefix) {
+                    const u32 q = (key >> shift) & wmask;
+                    atomicAdd(&hist.count[q], 1u);
+                    atomicAdd((unsigned long long *)&hist.mass[q], (unsigned long long)mass_of(x, c, Mc));
+                  } else if (skipped) {
+                    bin_miss = 1u;
+                  }
+                }
               }
               break;
             default: /* KEPT */
@@ -1123,13 +1215,25 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       /* ---- what it found ---- */
       if (!FILTER || step == GREEDY) {
         step = DONE;
+      } else if (step == GATHER && bin_gather) {
+        /* top-p's threshold from the boundary bin's logits; then the kept set is drawn by a pass */
+        klo = bin_threshold<DT, NT>(cand, found[0], found, warp_sums, target, c, Mc);
+        bin_gather = false;
+        step = KEPT;
       } else if (step == GATHER) {
         /* a radix-edge gather: what remained was counted, so it fits */
         gathered = true;
         if (tid == 0) found[1] = found[0]; /* read by the finish */
         step = DONE;
+      } else if (step == MASS && bin_miss) {
+        /* the mass bin's keys left the prefix its interval promised: its digits from the top */
+        prefix = 0;
+        nb = 0;
+        skipped = false;
       } else if (step == COUNT || step == MASS) {
-        if (step == MASS && nb == 0) {
+        const bool first_mass = step == MASS && !binned;
+        skipped = false;
+        if (first_mass) {
           /* the kept mass first: top-p's target is a fraction of it */
           u64 mine = 0;
           for (int q = tid; q < (1 << w); q += NT) mine += hist.mass[q];
@@ -1152,11 +1256,29 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
           target -= above;
           cnt_above += cabove;
         }
-        prefix = (prefix << w) | b;
-        nb += w;
-        if (cnt_above + in_bin <= (u64)CAP) {
+        if (first_mass) {
+          /* mass bin b holds the boundary (bin 0 was not counted: it is never gathered). The bins
+           * above are kept whole: what fits is gathered, else b's logits alone where they fit (the
+           * threshold among them), else b's key digits, from those its interval fixes. */
+          binned = true;
+          mbin = b;
+          prefix = 0;
+          nb = 0;
+          const bool all_fit = b != 0 && cnt_above + in_bin <= (u64)CAP;
+          bin_gather = b != 0 && !all_fit && in_bin <= (u64)CAP;
+          if (b != 0 && !all_fit && !bin_gather) {
+            nb = mass_bin_prefix<DT>(b, M, cS, &prefix);
+            skipped = nb > 0;
+          }
+        } else {
+          prefix = (prefix << w) | b;
+          nb += w;
+        }
+        if (bin_gather) {
+          step = GATHER;
+        } else if (cnt_above + in_bin <= (u64)CAP && !(first_mass && b == 0)) {
           /* what is left fits: gather it and finish in shared memory */
-          edge = prefix << (KW - nb);
+          edge = nb > 0 ? prefix << (KW - nb) : 0u;
           s0 = step == MASS;
           cut_k = step == COUNT;
           cut_m = step == COUNT && use_m;
