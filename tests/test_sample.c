@@ -1030,7 +1030,9 @@ GPU_CASE(distribution_layouts, cases_distribution_layouts(ctx, &rng))
 /* Top-p without top-k at a large vocabulary, each dtype: the first pass bins the row by mass, the
  * next ones take the boundary's bin by key digits (from the bits its interval of logits fixes),
  * then the kept set is drawn by a masked pass or gathered. Ties at the threshold, min-p beside it,
- * and wide rows where most masses are zero (top_p near 1 puts the boundary among the smallest). */
+ * and wide rows where most masses are zero. (A top_p whose cut lies among masses below about 1e-6
+ * of the total, as 0.9999 on these rows, is within rounding of a flip: draw_case_logits finds no
+ * clear draw.) */
 static void cases_distribution_top_p(rlk_context *ctx, uint64_t *rng) {
   const dist_case cases[] = {
       {151936, RLK_F32, 2.0, 1.3f, 0, 0.8f, 0.0f, 0, 0},
@@ -1038,7 +1040,7 @@ static void cases_distribution_top_p(rlk_context *ctx, uint64_t *rng) {
       {151936, RLK_BF16, 2.0, 1.0f, 0, 0.85f, 0.0f, 1, 0},  /* ties */
       {151936, RLK_F32, 1.0, 1.0f, 0, 0.9f, 0.01f, 0, 0},   /* and min-p */
       {151936, RLK_BF16, 12.0, 1.0f, 0, 0.95f, 0.0f, 0, 0}, /* most masses zero */
-      {151936, RLK_F32, 6.0, 1.0f, 0, 0.9999f, 0.0f, 0, 0},
+      {151936, RLK_F32, 6.0, 1.0f, 0, 0.99f, 0.0f, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_distribution(ctx, &cases[i], rng, 12000);
 }
