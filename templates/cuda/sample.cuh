@@ -374,6 +374,16 @@ struct hist_space {
       mass[q] = 0;
     }
   }
+  /* mass[q] += m as two 32-bit shared atomics, the low half's carry added to the high half: exact,
+   * and native, where a 64-bit atomicAdd on shared memory is a compare-and-swap loop that spins
+   * on a crowded bin. Read only after the block's barrier. */
+  RLK_DEVICE void add_mass(int q, u64 m) {
+    u32 *half = reinterpret_cast<u32 *>(&mass[q]); /* little-endian: [0] low, [1] high */
+    const u32 lo = (u32)m;
+    const u32 old = atomicAdd(&half[0], lo);
+    const u32 hi = (u32)(m >> 32) + (old + lo < old ? 1u : 0u);
+    if (hi != 0) atomicAdd(&half[1], hi);
+  }
 };
 template <int CAP> struct cand_space {
   float x[CAP];
@@ -1191,12 +1201,12 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
                 if (!binned) {
                   const u64 m = mass_of(x, c, Mc);
                   if (mb != 0) atomicAdd(&hist.count[mb], 1u); /* bin 0 is never counted, nor gathered */
-                  if (m != 0) atomicAdd((unsigned long long *)&hist.mass[mb], (unsigned long long)m);
+                  if (m != 0) hist.add_mass(mb, m);
                 } else if (mb == mbin) {
                   if (nb == 0 || (key >> (KW - nb)) == prefix) {
                     const u32 q = (key >> shift) & wmask;
                     atomicAdd(&hist.count[q], 1u);
-                    atomicAdd((unsigned long long *)&hist.mass[q], (unsigned long long)mass_of(x, c, Mc));
+                    hist.add_mass(q, mass_of(x, c, Mc));
                   } else if (skipped) {
                     bin_miss = 1u;
                   }
