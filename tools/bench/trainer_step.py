@@ -45,7 +45,7 @@ ARCHS = {
                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True),
 }
 VARIANTS = ("trl", "trl+rlk", "trl+rlk+prefix", "verl-torch", "verl-liger", "verl-rlk",
-            "verl-rlk-rmpad", "verl-rlk-rmpad+prefix")
+            "verl-rlk-rmpad", "verl-rlk-rmpad+prefix", "trl-mb8", "trl-mb4", "trl-mb2")
 BETA = 0.04
 
 
@@ -145,18 +145,26 @@ def trl_step(variant, path, b, device, checkpointing):
     import datasets
     from trl import GRPOConfig, GRPOTrainer
     handle = None
-    if variant != "trl":
+    if variant.startswith("trl+rlk"):
         from rlk.integrations import trl as rtrl
         handle = rtrl.patch(prefix=variant.endswith("+prefix"))
     G, R = b["completion_ids"].shape
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=G,
+    # trl-mbK: TRL as shipped with the group in micro-batches of K responses (per-device batch K,
+    # G / K accumulation steps, what fits a long prompt's group on one GPU): every pass runs K
+    # rows at a time, the gradients accumulate, one optimizer step
+    mb = int(variant.split("-mb")[1]) if "-mb" in variant else G
+    if G % mb:
+        raise ValueError("%s: the group (%d) is not a multiple of the micro-batch" % (variant, G))
+    accum = G // mb
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=mb,
+                      gradient_accumulation_steps=accum, steps_per_generation=accum,
                       num_generations=G, max_completion_length=R, beta=BETA, bf16=True,
                       use_cpu=device == "cpu", report_to="none", gradient_checkpointing=checkpointing,
                       learning_rate=1e-6, logging_steps=1, save_strategy="no")
     trainer = GRPOTrainer(model=path, reward_funcs=_NoReward(), args=args,
                           train_dataset=datasets.Dataset.from_dict({"prompt": ["x"] * G}))
     model = trainer.model
-    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets
+    trainer.current_gradient_accumulation_steps = accum  # what its training loop sets
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
     am = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
@@ -165,18 +173,27 @@ def trl_step(variant, path, b, device, checkpointing):
     def step():
         phases.start()
         inputs = dict(b)
+        # the old policy's and the reference's passes at TRL's own batch size (its per-device one)
+        bs = None if mb == G else mb
         with torch.no_grad():
             inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
-                model, ids, am, R)
+                model, ids, am, R, batch_size=bs)
             phases.end("old")
             inputs["ref_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
-                trainer.ref_model, ids, am, R)
+                trainer.ref_model, ids, am, R, batch_size=bs)
             phases.end("ref")
-        inputs["num_items_in_batch"] = b["completion_mask"].sum()
+        inputs["num_items_in_batch"] = b["completion_mask"].sum()  # the whole group's, as TRL's
         model.train()
-        loss = trainer.compute_loss(model, inputs)
+        done = 0.0
+        for i in range(0, G - mb, mb):  # every micro-batch but the last: forward and backward
+            part = {k: v[i:i + mb] if v.dim() else v for k, v in inputs.items()}
+            loss = trainer.compute_loss(model, part)
+            loss.backward()
+            done = done + loss.detach()
+        part = {k: v[G - mb:] if v.dim() else v for k, v in inputs.items()}
+        loss = trainer.compute_loss(model, part)
         phases.end("loss")
-        return update(loss, opt, phases)
+        return done + update(loss, opt, phases)
     step.phases = phases
     return step, handle
 
