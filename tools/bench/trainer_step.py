@@ -185,7 +185,9 @@ def trl_step(variant, path, b, device, checkpointing):
         inputs["num_items_in_batch"] = b["completion_mask"].sum()  # the whole group's, as TRL's
         model.train()
         done = 0.0
-        for i in range(0, G - mb, mb):  # every micro-batch but the last: forward and backward
+        # every micro-batch but the last: forward and backward (so with micro-batches the phase
+        # "loss" holds their backward too, "backward" the last one's)
+        for i in range(0, G - mb, mb):
             part = {k: v[i:i + mb] if v.dim() else v for k, v in inputs.items()}
             loss = trainer.compute_loss(model, part)
             loss.backward()
