@@ -144,6 +144,7 @@ def trl_step(variant, path, b, device, checkpointing):
     """A GRPOTrainer on the model; returns a function running one step."""
     import datasets
     from trl import GRPOConfig, GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
     handle = None
     if variant.startswith("trl+rlk"):
         from rlk.integrations import trl as rtrl
@@ -173,9 +174,10 @@ def trl_step(variant, path, b, device, checkpointing):
     def step():
         phases.start()
         inputs = dict(b)
-        # the old policy's and the reference's passes at TRL's own batch size (its per-device one)
+        # the old policy's and the reference's passes at TRL's own batch size (its per-device one),
+        # with gradient checkpointing off as TRL's _generate_and_score_completions turns it off
         bs = None if mb == G else mb
-        with torch.no_grad():
+        with torch.no_grad(), disable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs):
             inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
                 model, ids, am, R, batch_size=bs)
             phases.end("old")
