@@ -7,6 +7,7 @@ from several threads at once, so one per place is enough.
 import ctypes
 import threading
 
+from . import _entry
 from . import _lib
 from . import _log
 from . import kernel_trees
@@ -145,6 +146,7 @@ def release_contexts():
     """Destroys the shared contexts (the next call creates fresh ones). No launch through
     them may still be running."""
     with _lock:
+        _entry.forget()  # plans hold the handles of the contexts going
         for ctx in _contexts.values():
             ctx.close()
         _contexts.clear()

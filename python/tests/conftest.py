@@ -11,6 +11,8 @@ import pytest
 _CACHE = tempfile.mkdtemp(prefix="rlk-pytest-cache-")
 # Before the library reads it: tests never touch the user's cache.
 os.environ["RLK_CACHE_DIR"] = _CACHE
+# nor the user's compiled torch entry (rlk/_entry.py): built once here, for this session
+os.environ["RLK_TORCH_ENTRY_DIR"] = _CACHE + "-torch-entry"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
@@ -21,6 +23,7 @@ except ImportError:  # the package beside these tests
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(_CACHE + "-torch-entry", ignore_errors=True)
 
 
 def _gpu_test(item):

@@ -31,7 +31,9 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +42,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import numpy as np  # noqa: E402
 
 import rlk  # noqa: E402
-from rlk import _tensor  # noqa: E402
+from rlk import _entry, _tensor  # noqa: E402
 from run_report import git_revision, write_json  # noqa: E402
 
 try:
@@ -207,10 +209,37 @@ def torch_floors(dev):
 
 
 @contextlib.contextmanager
+def python_path():
+    """Inside, calls take the package's Python path (no compiled entry: rlk/_entry.py)."""
+    saved = _entry._state["module"]
+    _entry._state["module"] = None
+    try:
+        yield
+    finally:
+        _entry._state["module"] = saved
+
+
+_NOOP = []
+
+
+def noop_function():
+    """A C function of an rlk op's signature that does nothing and returns 0 (built here once):
+    what a compiled-entry plan calls instead of the library inside no_launches."""
+    if not _NOOP:
+        d = tempfile.mkdtemp(prefix="rlk-noop-")
+        src, lib = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
+        with open(src, "w") as f:
+            f.write("int rlk_noop(void *c, const void *a, void *s) { (void)c; (void)a; (void)s; return 0; }\n")
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
+        _NOOP.append(ctypes.CDLL(lib).rlk_noop)
+    return _NOOP[0]
+
+
+@contextlib.contextmanager
 def timed_launches(calls, sync):
-    """Inside, every launch the package makes is first replayed `calls` times straight through
-    its ctypes function pointer with the args struct the package built, while the call's
-    arrays are all alive; yields the list of those replays' median times (us)."""
+    """Inside, every launch the package makes (through its Python path) is first replayed `calls`
+    times straight through its ctypes function pointer with the args struct the package built,
+    while the call's arrays are all alive; yields the list of those replays' median times (us)."""
     got = []
     launch = _tensor.Op.launch
 
@@ -222,7 +251,8 @@ def timed_launches(calls, sync):
 
     _tensor.Op.launch = hook
     try:
-        yield got
+        with python_path():
+            yield got
     finally:
         _tensor.Op.launch = launch
 
@@ -247,10 +277,23 @@ def no_launches():
     a call then costs is the package's own time, whatever the library's call costs here."""
     launch = _tensor.Op.launch
     _tensor.Op.launch = lambda self, ctx, args, stream: None
+    # the compiled entry's plans call the library's function they were made with: made anew
+    # inside with a function that does nothing
+    ops = [o for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("rlk.")
+           for o in vars(m).values() if isinstance(o, _tensor.Op) and o._run is not None]
+    runs = [o._run for o in ops]
+    noop = noop_function() if _entry.module() is not None else None
+    _entry.forget()
+    if noop is not None:
+        for o in ops:
+            o._run = noop
     try:
         yield
     finally:
         _tensor.Op.launch = launch
+        for o, r in zip(ops, runs):
+            o._run = r
+        _entry.forget()
 
 
 def measure(name, fw, fn, x, calls, warmup, sync):
@@ -262,6 +305,8 @@ def measure(name, fw, fn, x, calls, warmup, sync):
         fn(x)
     sync()
     with no_launches():
+        for _ in range(3):  # the compiled entry's plans made again (no_launches)
+            fn(x)
         own = median_us(lambda: fn(x), calls, sync)
     return {"op": name, "framework": fw, "call_us": round(call, 2),
             "library_us": round(sum(lib), 2), "python_us": round(call - sum(lib), 2),
@@ -277,8 +322,9 @@ def goal_ratios(rows):
     for r in rows:
         if r["framework"] != "torch" or r["op"].startswith("floor: "):
             continue
-        if r["op"] in TENSORS:
-            n = TENSORS[r["op"]]
+        base = r["op"].replace(" (python path)", "")
+        if base in TENSORS:
+            n = TENSORS[base]
             floor, goal = "floor: custom op, %d tensor%s" % (n, "" if n == 1 else "s"), 1.5
         elif r["op"].endswith("fwd+bwd"):
             floor, goal = "floor: Function fwd+bwd", 1.3
@@ -295,7 +341,8 @@ def goal_ratios(rows):
 def machine(dev):
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": torch.__version__ if torch else None,
-            "librlk": rlk.version_string(), "device": dev}
+            "librlk": rlk.version_string(), "device": dev,
+            "compiled_entry": _entry.status()[0]}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -336,6 +383,9 @@ def main(argv=None):
     if args.frameworks:
         frameworks = [f for f in args.frameworks.split(",") if f in frameworks]
     wanted = args.ops.split(",") if args.ops else None
+    if torch is not None and "torch" in frameworks:
+        _entry.wait()  # the compiled entry built (or found) before anything is timed
+        print("compiled entry: %s" % _entry.status()[0])
 
     rows = []
     line = "%-34s %-6s %9s %9s %9s %9s"
@@ -350,10 +400,15 @@ def main(argv=None):
         for name, fn in cases:
             if wanted and not any(w in name for w in wanted):
                 continue
-            r = measure(name, fw, fn, x, args.calls, args.warmup, sync)
-            rows.append(r)
-            print(line % (r["op"], fw, "%.1f" % r["call_us"], "%.1f" % r["library_us"],
-                          "%.1f" % r["python_us"], "%.1f" % r["package_us"]), flush=True)
+            paths = [("", contextlib.nullcontext)]
+            if fw == "torch" and _entry.module() is not None:  # both paths, side by side
+                paths.append((" (python path)", python_path))
+            for suffix, path in paths:
+                with path():
+                    r = measure(name + suffix, fw, fn, x, args.calls, args.warmup, sync)
+                rows.append(r)
+                print(line % (r["op"], fw, "%.1f" % r["call_us"], "%.1f" % r["library_us"],
+                              "%.1f" % r["python_us"], "%.1f" % r["package_us"]), flush=True)
     if args.floors and torch is not None:
         for name, fn in torch_floors(dev):
             us = median_us(lambda: fn(), args.calls, sync)

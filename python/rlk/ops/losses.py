@@ -16,6 +16,11 @@ import collections
 import ctypes
 import enum
 
+from .. import _entry
+from .. import _lib
+from .. import _log
+from .. import _status
+from .. import _tensor
 from .. import _types as T
 from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim,
                        compiling, traced)
@@ -285,6 +290,88 @@ def _outputs_apart(b, dt, ngrads, nmetrics, lay, scalar_loss):
     return arrays[:ngrads], arrays[ngrads], arrays[ngrads + 1] if nmetrics else None
 
 
+def _norm_kind(v):
+    """How a normalizer is given, for a plan's key: 0 a number other than 0 (written into each
+    call's struct), 1 a tensor, 2 none, 3 zero (its own key: what 0 means is the library's)."""
+    if v is None:
+        return 2
+    cls = v.__class__
+    if cls is float or cls is int:
+        return 0 if v else 3
+    return 1 if (_KIND.get(cls) or _kind(v)) is not None else 4
+
+
+def _planned(name, key, tensors, scalars):
+    """The outputs (a list) of a call through the plan kept for (name, key), or None when there
+    is none or the tensors do not fit it (rlk/_entry.py)."""
+    kept = _entry.plans.get((name, key))
+    if kept is None:
+        return None
+    plan, dev = kept
+    out = plan(tensors, scalars, 0 if dev < 0 else _tensor._raw_stream(dev))
+    if _log.pending:
+        _log.flush()
+    if out is None or out.__class__ is list:
+        return out
+    _lib.check(out, name)  # the library's status
+
+
+def _split(out, metrics):
+    """A plan's outputs as (the gradients, the loss, the metrics or None): _keep_plan's order."""
+    if metrics:
+        return out[:-2], out[-2], out[-1]
+    return out[:-1], out[-1], None
+
+
+def _norm_scalars(tn_kind, tn, sn_kind, sn):
+    """The numbers a plan writes into each call's struct (see _keep_plan's scalars)."""
+    if tn_kind == 0:
+        return [float(tn), float(sn)] if sn_kind == 0 else [float(tn)]
+    return [float(sn)] if sn_kind == 0 else []
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _keep_plan(name, key, b, ctx, inputs, scalars, dt, grads, shape, nmetrics, scalar_loss, apart,
+               lay):
+    """Keeps the call just made through Binder b as the plan of (name, key) (rlk/_entry.py):
+    inputs (args field, tensor or None) in the order a plan call passes them, scalars (args
+    field, written per call) in order, and the outputs as _outputs laid them out."""
+    for v in key[:-1]:  # settings given as tensors or other objects: no plan (their values vary)
+        if not isinstance(v, _PLAIN) and not isinstance(v, enum.Enum):
+            return
+    offsets = b.op.offsets
+    ins = []
+    for field, x in inputs:
+        if x is None:
+            ins.append((-1, _tensor._torch.float32, (), ()))  # (must stay absent)
+        else:
+            if x.__class__ is not _tensor._torch.Tensor and not isinstance(x, _tensor._torch.Tensor):
+                return
+            ins.append((offsets[field], x.dtype, tuple(x.shape), tuple(x.stride())))
+    tdt = _tensor._TORCH_OF[dt]
+    loss_shape = _SCALAR if scalar_loss else _ONE
+    sizes = [shape] * len(grads) + [loss_shape] + ([(nmetrics,)] if nmetrics else [])
+    fields = list(grads) + ["loss"] + (["metrics"] if nmetrics else [])
+    ws_at = offsets["workspace"] if lay.ws else -1
+    if apart or b.place.host:  # _outputs_apart: each output and the workspace their own
+        outs = [(-1, sz, contiguous_strides(sz), [offsets[f]]) for f, sz in zip(fields, sizes)]
+        total, ws_offset = 0, 0
+    else:
+        elems = list(lay.grad_offsets) + [lay.head] + ([lay.head + 1] if nmetrics else [])
+        strides = [lay.strides] * len(grads) + [contiguous_strides(loss_shape)] + \
+            ([(1,)] if nmetrics else [])
+        outs = [(e, sz, st, [offsets[f]]) for e, sz, st, f in zip(elems, sizes, strides, fields)]
+        total, ws_offset = lay.total, lay.ws_offset
+    p = b.place
+    plan = _entry.module().Plan(
+        bytes(b.args), ctypes.cast(b.op._run, ctypes.c_void_p).value, ctx.handle.value,
+        0 if p.host else 1, -1 if p.host else p.device, ins, outs, total, tdt, lay.ws, ws_offset,
+        ws_at, [offsets[f] for f, on in scalars if on])
+    _entry.keep(name, key, (plan, -1 if p.host else p.device))
+
+
 def _norm_key(a, tn):
     """How the token normalizer is given: 0 number, 1 tensor, 2 none (a count pass)."""
     if tn is None:
@@ -406,6 +493,22 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
             token_normalizer=token_normalizer, seq_normalizer=seq_normalizer,
             norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
             scalar_loss=scalar_loss, apart=apart))
+    # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
+    tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
+    fast = stream is None and not _status._state["check"] and _entry.module() is not None
+    if fast:
+        key = (mode, clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max, sapo_tau_pos,
+               sapo_tau_neg, seq_ratio_grad, clamp_bound_grad, kl_estimator, kl_coef,
+               kl_input_clamp, kl_output_clamp, kl_straight_through, entropy_coef, agg,
+               tn_num, sn_num, norm_scale, loss_scale, seq_advantages, bool(metrics),
+               scalar_loss, apart, logp.shape)  # (shapes that alternate: a plan each)
+        out = _planned("policy_loss", key, (
+            logp, old_logp, advantages, mask, seq_offsets, ref_logp, entropy, rollout_is_weights,
+            None if tn_num != 1 else token_normalizer, None if sn_num != 1 else seq_normalizer),
+            _norm_scalars(tn_num, token_normalizer, sn_num, seq_normalizer))
+        if out is not None:
+            grads, loss, out_metrics = _split(out, metrics)
+            return PolicyLossResult(loss, grads[0], grads[1] if len(grads) > 1 else None, out_metrics)
     b = Binder(POLICY_OP)
     a = b.args
     dt = b.set("logp", logp, _F)
@@ -420,11 +523,19 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
     shape = logp.shape
     grads = _PL_GRADS[entropy is not None and a.entropy_coef != 0]
     nmetrics = _PL_NMETRICS if metrics else 0
-    outs, loss, out_metrics = _outputs(
-        b, dt, grads, shape, nmetrics,
-        (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
-         a.mode, a.agg, _norm_key(a, token_normalizer), dt, grads, nmetrics), scalar_loss, apart)
-    b.run(stream)
+    sizes_key = (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None,
+                 a.mode, a.agg, _norm_key(a, token_normalizer), dt, grads, nmetrics)
+    outs, loss, out_metrics = _outputs(b, dt, grads, shape, nmetrics, sizes_key, scalar_loss, apart)
+    ctx = b.run(stream)
+    if fast and b.place.torch and not b.no_rows:
+        _keep_plan("policy_loss", key, b, ctx, (
+            ("logp", logp), ("old_logp", old_logp), ("advantages", advantages), ("mask", mask),
+            ("seq_offsets", seq_offsets), ("ref_logp", ref_logp), ("entropy", entropy),
+            ("rollout_is_weights", rollout_is_weights),
+            ("token_normalizer_tensor", token_normalizer if tn_num == 1 else None),
+            ("seq_normalizer_tensor", seq_normalizer if sn_num == 1 else None)),
+            (("token_normalizer", tn_num == 0), ("seq_normalizer", sn_num == 0)),
+            dt, grads, shape, nmetrics, scalar_loss, apart, b.op.sizes.get(sizes_key))
     return PolicyLossResult(loss, outs[0], outs[1] if len(outs) > 1 else None, out_metrics)
 
 
@@ -446,6 +557,18 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
             token_normalizer=token_normalizer, seq_normalizer=seq_normalizer,
             norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
             scalar_loss=scalar_loss, apart=apart))
+    tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
+    fast = stream is None and not _status._state["check"] and _entry.module() is not None
+    if fast:
+        key = (clip, clamp_bound_grad, agg, tn_num, sn_num, norm_scale, loss_scale,
+               bool(metrics), scalar_loss, apart, values.shape)
+        out = _planned("value_loss", key, (
+            values, old_values, returns, mask, seq_offsets,
+            None if tn_num != 1 else token_normalizer, None if sn_num != 1 else seq_normalizer),
+            _norm_scalars(tn_num, token_normalizer, sn_num, seq_normalizer))
+        if out is not None:
+            grads, loss, out_metrics = _split(out, metrics)
+            return ValueLossResult(loss, grads[0], out_metrics)
     b = Binder(VALUE_OP)
     a = b.args
     dt = b.bind(_VL_INPUTS, (values, old_values, returns, mask, seq_offsets))
@@ -458,9 +581,16 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
         _set_agg(b, agg, token_normalizer, seq_normalizer, norm_scale, loss_scale)
     shape = values.shape
     nmetrics = _VL_NMETRICS if metrics else 0
-    outs, loss, out_metrics = _outputs(
-        b, dt, _VL_GRADS, shape, nmetrics,
-        (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
-         a.agg, _norm_key(a, token_normalizer), dt, nmetrics), scalar_loss, apart)
-    b.run(stream)
+    sizes_key = (b.place, shape, None if seq_offsets is None else seq_offsets.shape, mask is None, 0,
+                 a.agg, _norm_key(a, token_normalizer), dt, nmetrics)
+    outs, loss, out_metrics = _outputs(b, dt, _VL_GRADS, shape, nmetrics, sizes_key, scalar_loss, apart)
+    ctx = b.run(stream)
+    if fast and b.place.torch and not b.no_rows:
+        _keep_plan("value_loss", key, b, ctx, (
+            ("values", values), ("old_values", old_values), ("returns", returns), ("mask", mask),
+            ("seq_offsets", seq_offsets),
+            ("token_normalizer_tensor", token_normalizer if tn_num == 1 else None),
+            ("seq_normalizer_tensor", seq_normalizer if sn_num == 1 else None)),
+            (("token_normalizer", tn_num == 0), ("seq_normalizer", sn_num == 0)),
+            dt, _VL_GRADS, shape, nmetrics, scalar_loss, apart, b.op.sizes.get(sizes_key))
     return ValueLossResult(loss, outs[0], out_metrics)

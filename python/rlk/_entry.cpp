@@ -1,0 +1,157 @@
+// _entry.cpp - the compiled half of a repeated rlk call on torch tensors (rlk/_entry.py builds it
+// on first use against the torch in use, and loads it; nothing else includes it).
+//
+// A Plan is one call the package already made through its Python path, kept: the args struct as
+// that call built it (every setting, descriptor shape and stride, the status word), where each
+// tensor argument's data pointer goes, and how the outputs and the workspace lie. A later call
+// with the same settings hands the plan its tensors: when each one has the dtype, device, sizes
+// and strides the plan saw, the plan writes their pointers, allocates the outputs, writes theirs
+// and calls the library; otherwise it returns None and the Python path runs (and may make a new
+// plan). So what the library receives is the Python path's struct with other data pointers, and
+// a call's results are the Python path's bit for bit. The plan never synchronizes, reads back or
+// keeps a tensor.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+typedef int (*rlk_call_fn)(void *ctx, const void *args, void *stream);
+
+struct In {
+  int64_t at;  // byte offset of its descriptor's data pointer in the args struct; -1: must be None
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Out {
+  int64_t elem;  // element offset in the shared buffer; -1: an allocation of its own
+  std::vector<int64_t> sizes, strides;
+  std::vector<int64_t> at;  // byte offsets in the args struct where its data pointer goes
+};
+
+at::ScalarType dtype_of(py::handle h) {
+  if (!THPDtype_Check(h.ptr())) throw py::type_error("rlk plan: expected a torch.dtype");
+  return reinterpret_cast<THPDtype *>(h.ptr())->scalar_type;
+}
+
+class Plan {
+ public:
+  Plan(py::bytes args, uintptr_t fn, uintptr_t ctx, int device_type, int device_index, py::list ins,
+       py::list outs, int64_t buffer_elems, py::handle out_dtype, int64_t ws_bytes, int64_t ws_offset,
+       int64_t ws_at, std::vector<int64_t> scalars_at)
+      : args_(args), fn_(reinterpret_cast<rlk_call_fn>(fn)), ctx_(reinterpret_cast<void *>(ctx)),
+        device_(static_cast<c10::DeviceType>(device_type), static_cast<c10::DeviceIndex>(device_index)),
+        buffer_elems_(buffer_elems), out_dtype_(dtype_of(out_dtype)), ws_bytes_(ws_bytes),
+        ws_offset_(ws_offset), ws_at_(ws_at), scalars_at_(std::move(scalars_at)) {
+    for (auto item : ins) {
+      auto t = item.cast<py::tuple>();
+      ins_.push_back(In{t[0].cast<int64_t>(), dtype_of(t[1]),
+                        t[2].cast<std::vector<int64_t>>(), t[3].cast<std::vector<int64_t>>()});
+    }
+    for (auto item : outs) {
+      auto t = item.cast<py::tuple>();
+      outs_.push_back(Out{t[0].cast<int64_t>(), t[1].cast<std::vector<int64_t>>(),
+                          t[2].cast<std::vector<int64_t>>(), t[3].cast<std::vector<int64_t>>()});
+    }
+    for (int64_t at : scalars_at_) check_slot(at, sizeof(double));
+    for (const In &in : ins_)
+      if (in.at >= 0) check_slot(in.at, sizeof(void *));
+    for (const Out &o : outs_)
+      for (int64_t at : o.at) check_slot(at, sizeof(void *));
+    if (ws_at_ >= 0) check_slot(ws_at_, sizeof(void *));
+  }
+
+  // The outputs (a list, in the plan's order), or None when a tensor is not what the plan saw. A
+  // status other than 0 comes back as an int, the outputs dropped: the caller raises it.
+  py::object call(py::tuple tensors, std::vector<double> scalars, uintptr_t stream) {
+    if (tensors.size() != ins_.size() || scalars.size() != scalars_at_.size()) return py::none();
+    std::string args = args_;
+    char *base = &args[0];
+    for (size_t i = 0; i < ins_.size(); i++) {
+      const In &in = ins_[i];
+      PyObject *o = tensors[i].ptr();
+      if (in.at < 0) {
+        if (o != Py_None) return py::none();
+        continue;
+      }
+      if (!THPVariable_Check(o)) return py::none();
+      const at::Tensor &t = THPVariable_Unpack(o);
+      if (t.scalar_type() != in.dtype || t.device() != device_ || t.sizes() != in.sizes ||
+          t.strides() != in.strides || t.layout() != c10::kStrided)
+        return py::none();
+      put(base, in.at, t.data_ptr());
+    }
+    for (size_t i = 0; i < scalars.size(); i++) std::memcpy(base + scalars_at_[i], &scalars[i], sizeof(double));
+    auto options = at::TensorOptions().dtype(out_dtype_).device(device_);
+    at::Tensor buffer;
+    char *bp = nullptr;
+    if (buffer_elems_ > 0) {
+      buffer = at::empty({buffer_elems_}, options);
+      bp = static_cast<char *>(buffer.data_ptr());
+    }
+    at::Tensor ws;
+    if (ws_bytes_ > 0) {
+      void *w;
+      if (buffer_elems_ > 0) {
+        w = bp + ws_offset_;
+      } else {
+        ws = at::empty({ws_bytes_}, at::TensorOptions().dtype(at::kByte).device(device_));
+        w = ws.data_ptr();
+      }
+      put(base, ws_at_, w);
+    }
+    const int64_t es = static_cast<int64_t>(c10::elementSize(out_dtype_));
+    std::vector<at::Tensor> result;
+    result.reserve(outs_.size());
+    for (const Out &o : outs_) {
+      at::Tensor a = o.elem >= 0 ? buffer.as_strided(o.sizes, o.strides, o.elem) : at::empty(o.sizes, options);
+      void *p = o.elem >= 0 ? static_cast<void *>(bp + o.elem * es) : a.data_ptr();
+      for (int64_t at : o.at) put(base, at, p);
+      result.push_back(std::move(a));
+    }
+    int status;
+    {
+      py::gil_scoped_release nogil;  // a host kernel runs inside the call
+      status = fn_(ctx_, base, reinterpret_cast<void *>(stream));
+    }
+    if (status != 0) return py::int_(status);
+    return py::cast(result);
+  }
+
+ private:
+  void check_slot(int64_t at, size_t bytes) const {
+    if (at < 0 || static_cast<size_t>(at) + bytes > args_.size())
+      throw std::out_of_range("rlk plan: a field offset outside the args struct");
+  }
+  static void put(char *base, int64_t at, const void *p) { std::memcpy(base + at, &p, sizeof(p)); }
+
+  std::string args_;
+  rlk_call_fn fn_;
+  void *ctx_;
+  c10::Device device_;
+  std::vector<In> ins_;
+  std::vector<Out> outs_;
+  int64_t buffer_elems_;
+  at::ScalarType out_dtype_;
+  int64_t ws_bytes_, ws_offset_, ws_at_;
+  std::vector<int64_t> scalars_at_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_rlk_entry, m) {
+  py::class_<Plan>(m, "Plan")
+      .def(py::init<py::bytes, uintptr_t, uintptr_t, int, int, py::list, py::list, int64_t, py::handle, int64_t, int64_t,
+                    int64_t, std::vector<int64_t>>())
+      .def("__call__", &Plan::call);
+}

@@ -1,0 +1,192 @@
+"""The compiled entry (rlk/_entry.py): a call through a kept plan gives the Python path's
+results bit for bit, with fresh tensors, numbers and places; anything a plan did not see takes
+the Python path."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rlk  # noqa: E402
+from rlk import _entry  # noqa: E402
+from conftest import HAVE_CUDA  # noqa: E402
+
+_CXX = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
+
+
+@pytest.fixture(scope="module")
+def entry():
+    if os.environ.get("RLK_TORCH_ENTRY", "1").lower() in ("0", "off", "no", "false"):
+        pytest.skip("RLK_TORCH_ENTRY turns the compiled entry off")
+    if not _CXX:
+        pytest.skip("no C++ compiler to build the compiled entry with")
+    m = _entry.wait()
+    assert m is not None, _entry.status()  # with a compiler and torch's headers, it builds
+    return m
+
+
+@pytest.fixture
+def python_path():
+    """Runs the body's calls through the Python path alone."""
+    def run(fn):
+        saved = _entry._state["module"]
+        _entry._state["module"] = None
+        try:
+            return fn()
+        finally:
+            _entry._state["module"] = saved
+    return run
+
+
+DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
+
+
+def inputs(dev, B=7, T=13, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64).to(dtype) - 0.1
+    x = {"logp": logp, "old": logp + 0.05 * torch.randn(B, T, generator=g, dtype=dtype),
+         "adv": torch.randn(B, T, generator=g, dtype=dtype),
+         "mask": torch.rand(B, T, generator=g) > 0.25,
+         "ref": logp + 0.05 * torch.randn(B, T, generator=g, dtype=dtype),
+         "ent": torch.rand(B, T, generator=g, dtype=dtype) * 3}
+    return {k: v.to(dev) for k, v in x.items()}
+
+
+# (name, keywords from the inputs): every layout of outputs a plan keeps and each kind of
+# normalizer
+CASES = [
+    ("defaults", lambda x: {}),
+    ("kl and clip", lambda x: dict(ref_logp=x["ref"], kl_coef=1e-3, clip_high=0.28)),
+    ("token normalizer number", lambda x: dict(token_normalizer=float(x["mask"].sum()))),
+    ("token normalizer tensor", lambda x: dict(token_normalizer=x["mask"].sum().double())),
+    ("seq-mean with numbers", lambda x: dict(agg="seq-mean-token-mean", seq_normalizer=5.0,
+                                             token_normalizer=40.0)),
+    ("scalar loss", lambda x: dict(scalar_loss=True)),
+    ("apart", lambda x: dict(apart=True)),
+    ("no metrics", lambda x: dict(metrics=False)),
+    ("entropy bonus", lambda x: dict(entropy=x["ent"], entropy_coef=0.01)),
+    ("per-sequence advantages", lambda x: dict(advantages=x["adv"][:, 0].contiguous())),
+    ("gspo", lambda x: dict(mode="gspo")),
+]
+
+
+def call(x, kw):
+    kw = dict(kw)
+    adv = kw.pop("advantages", x["adv"])
+    return rlk.policy_loss(x["logp"], x["old"], adv, x["mask"], **kw)
+
+
+def assert_same(got, want):
+    assert type(got) is type(want)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype and g.device == w.device
+        assert g.stride() == w.stride()
+        assert torch.equal(g, w), (g, w)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name,kw", CASES, ids=[c[0] for c in CASES])
+def test_plan_equals_python_path(entry, python_path, dev, name, kw):
+    _entry.forget()
+    x = inputs(dev)
+    call(x, kw(x))  # the Python path, which keeps the plan
+    assert len(_entry.plans) == 1, "no plan kept for %s" % name
+    # fresh tensors (other data pointers) and numbers each call, through the plan
+    for seed in (1, 2):
+        y = inputs(dev, seed=seed)
+        got = call(y, kw(y))
+        assert len(_entry.plans) == 1  # served by the plan, not a new one
+        want = python_path(lambda: call(y, kw(y)))
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_what_a_plan_did_not_see_takes_the_python_path(entry, python_path, dev):
+    _entry.forget()
+    x = inputs(dev)
+    call(x, {})
+    assert len(_entry.plans) == 1
+    others = [inputs(dev, B=5, T=13, seed=3),                      # another shape
+              inputs(dev, seed=4, dtype=torch.float64)]            # another dtype
+    t = inputs(dev, B=7, T=16, seed=5)                             # another row stride
+    others.append({k: v[:, :13] for k, v in t.items()})
+    for y in others:
+        got = call(y, {})
+        want = python_path(lambda: call(y, {}))
+        assert_same(got, want)
+    # the mask as f32 where the plan saw bool, an optional input the plan did not have
+    y = inputs(dev, seed=6)
+    y["mask"] = y["mask"].float()
+    assert_same(call(y, {}), python_path(lambda: call(y, {})))
+    y = inputs(dev, seed=7)
+    assert_same(call(y, dict(ref_logp=y["ref"])), python_path(lambda: call(y, dict(ref_logp=y["ref"]))))
+
+
+def test_numpy_and_released_contexts(entry, python_path):
+    _entry.forget()
+    x = inputs("cpu")
+    call(x, {})
+    n = {k: v.numpy() for k, v in x.items()}
+    got = rlk.policy_loss(n["logp"], n["old"], n["adv"], n["mask"])  # numpy: the Python path
+    want = call(x, {})
+    np.testing.assert_array_equal(got.grad_logp, want.grad_logp.numpy())
+    # a released context takes its plans with it: the next call makes a new context and plan
+    rlk.release_contexts()
+    assert len(_entry.plans) == 0
+    y = inputs("cpu", seed=8)
+    assert_same(call(y, {}), python_path(lambda: call(y, {})))
+    assert len(_entry.plans) == 1
+
+
+def test_autograd_through_the_plan(entry, python_path):
+    from rlk import autograd as A
+    _entry.forget()
+    x = inputs("cpu")
+
+    def step(y):
+        logp = y["logp"].clone().requires_grad_(True)
+        loss, metrics = A.policy_loss(logp, y["old"], y["adv"], y["mask"], clip_high=0.28)
+        loss.backward()
+        return loss.detach(), metrics, logp.grad
+
+    step(x)
+    y = inputs("cpu", seed=9)
+    got = step(y)
+    assert len(_entry.plans) == 1
+    want = python_path(lambda: step(y))
+    assert_same(got, want)
+
+
+def test_status_says_what_is_in_use(entry):
+    state, path = _entry.status()
+    assert state == "in use" and os.path.exists(path)
+
+
+VALUE_CASES = [
+    ("defaults", lambda x: {}),
+    ("clip and token normalizer number", lambda x: dict(clip=0.2, token_normalizer=float(x["mask"].sum()))),
+    ("token normalizer tensor", lambda x: dict(token_normalizer=x["mask"].sum().double())),
+    ("scalar loss, apart, no metrics", lambda x: dict(scalar_loss=True, apart=True, metrics=False)),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name,kw", VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
+def test_value_loss_plan_equals_python_path(entry, python_path, dev, name, kw):
+    _entry.forget()
+
+    def vcall(y):
+        return rlk.value_loss(y["adv"], y["old"], y["ref"], y["mask"], **kw(y))
+
+    vcall(inputs(dev))
+    assert len(_entry.plans) == 1, "no plan kept for %s" % name
+    for seed in (1, 2):
+        y = inputs(dev, seed=seed)
+        got = vcall(y)
+        assert len(_entry.plans) == 1
+        assert_same(got, python_path(lambda: vcall(y)))
