@@ -8,7 +8,8 @@ status checking on) takes the Python path, which may keep a new plan. Results ar
 path's bit for bit: the library receives the same struct with other data pointers.
 
 The module is built on first use against the torch in use (a C++ compiler and torch's headers;
-about 10 s on one core), in the background while calls take the Python path, and kept in
+about 15 s on one core), in the background while calls take the Python path (one built before is
+loaded at once), and kept in
 RLK_TORCH_ENTRY_DIR (default: $XDG_CACHE_HOME/rlk-torch-entry or ~/.cache/rlk-torch-entry), in a
 folder named by a digest of the source, torch, Python and the compile line. RLK_TORCH_ENTRY: "0" never builds or uses it, "wait"
 builds it in the foreground on first use (benchmarks, tests). A build that fails is logged once
@@ -77,47 +78,60 @@ def _command(torch, cxx, out):
                              "-ltorch_python"])
 
 
-def _build():
-    """Builds (or finds) the module and loads it; sets _state."""
+def _locate():
+    """(the module's path, its compile line writing `OUT`): named by a digest of the source,
+    torch, Python and the line."""
+    import torch
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (CXX, c++, g++ or clang++)")
+    with open(_SOURCE, "rb") as f:
+        h = hashlib.sha256(f.read())
+    line = _command(torch, cxx, "OUT")
+    for part in (torch.__version__, str(torch.version.git_version), sys.version, " ".join(line),
+                 sysconfig.get_config_var("EXT_SUFFIX") or ""):
+        h.update(b"\0" + part.encode())
+    folder = os.path.join(_root(), h.hexdigest()[:32])
+    return os.path.join(folder, _NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")), line
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _state["module"] = module
+
+
+def _fail(e):
+    _state["error"] = "%s: %s" % (type(e).__name__, e)
+    logger.info("rlk: the compiled torch entry is not in use (%s); calls take the Python path",
+                _state["error"])
+
+
+def _build(path, line):
+    """Compiles the module to `path` and loads it; a failure is said once and leaves it off."""
     t0 = time.perf_counter()
+    folder = os.path.dirname(path)
     try:
-        import torch
-        cxx = _compiler()
-        if cxx is None:
-            raise RuntimeError("no C++ compiler (CXX, c++, g++ or clang++)")
-        with open(_SOURCE, "rb") as f:
-            source = f.read()
-        probe = _command(torch, cxx, "OUT")
-        h = hashlib.sha256(source)
-        for part in (torch.__version__, str(torch.version.git_version), sys.version, " ".join(probe),
-                     sysconfig.get_config_var("EXT_SUFFIX") or ""):
-            h.update(b"\0" + part.encode())
-        folder = os.path.join(_root(), h.hexdigest()[:32])
-        path = os.path.join(folder, _NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-        built = False
-        if not os.path.exists(path):
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
-            os.close(fd)
-            try:
-                r = subprocess.run(_command(torch, cxx, tmp), capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise RuntimeError("the compiler failed:\n" + (r.stderr or r.stdout)[-2000:])
-                os.replace(tmp, path)  # whole or absent: processes building at once each write their own
-                built = True
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        spec = importlib.util.spec_from_file_location(_NAME, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _state["module"] = module
-        if built:
-            logger.info("rlk: built the compiled torch entry in %.1f s (%s)", time.perf_counter() - t0, path)
-    except Exception as e:  # any failure leaves the Python path, said once
-        _state["error"] = "%s: %s" % (type(e).__name__, e)
-        logger.info("rlk: the compiled torch entry is not in use (%s); calls take the Python path",
-                    _state["error"])
+        os.makedirs(folder, exist_ok=True)
+        for f in os.listdir(folder):  # what a build cut short (its process ended) left
+            old = os.path.join(folder, f)
+            if f.endswith(".so.tmp") and time.time() - os.path.getmtime(old) > 600:
+                os.unlink(old)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            r = subprocess.run([tmp if a == "OUT" else a for a in line], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError("the compiler failed:\n" + (r.stderr or r.stdout)[-2000:])
+            os.replace(tmp, path)  # whole or absent: processes building at once each write their own
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        _load(path)
+        logger.info("rlk: built the compiled torch entry in %.1f s (%s)", time.perf_counter() - t0, path)
+    except Exception as e:  # any failure leaves the Python path
+        _fail(e)
 
 
 def module():
@@ -134,10 +148,18 @@ def module():
         if mode in ("0", "off", "no", "false"):
             _state["error"] = "RLK_TORCH_ENTRY=%s" % mode
             return None
+        try:
+            path, line = _locate()
+            if os.path.exists(path):  # built before: loaded now
+                _load(path)
+                return _state["module"]
+        except Exception as e:
+            _fail(e)
+            return None
         if mode == "wait":
-            _build()
+            _build(path, line)
         else:
-            t = threading.Thread(target=_build, name="rlk-torch-entry", daemon=True)
+            t = threading.Thread(target=_build, args=(path, line), name="rlk-torch-entry", daemon=True)
             _state["thread"] = t
             t.start()
     return _state["module"]
