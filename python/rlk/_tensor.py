@@ -15,10 +15,12 @@ Neither torch nor numpy is imported here: an argument can only be a torch tensor
 caller imported torch, so sys.modules tells (once per argument type).
 """
 import ctypes
+import enum
 import struct
 import sys
 
 from . import _context
+from . import _entry
 from . import _lib
 from . import _log
 from . import _status
@@ -592,6 +594,67 @@ class Binder:
             for a in self.keep:
                 a.record_stream(s)
         return ctx
+
+
+# ---- the compiled entry's plans (rlk/_entry.py) ------------------------------------------------
+
+def use_plans(stream):
+    """Whether a call may go through a plan: the compiled entry loaded, no stream= given and no
+    status checking (both take the Python path's steps)."""
+    return stream is None and not _status._state["check"] and _entry.module() is not None
+
+
+def plan_call(name, key, tensors, scalars):
+    """The outputs (a list) of a call through the plan kept for (name, key), or None when there
+    is none or the tensors do not fit it: `tensors` in the order the plan's inputs were given,
+    `scalars` the numbers it writes into each call's struct."""
+    kept = _entry.plans.get((name, key))
+    if kept is None:
+        return None
+    plan, dev = kept
+    out = plan(tensors, scalars, 0 if dev < 0 else _raw_stream(dev))
+    if _log.pending:
+        _log.flush()
+    if out is None or out.__class__ is list:
+        return out
+    _lib.check(out, name)  # the library's status
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(0, 0, -1)):
+    """Keeps the call Binder b just made on ctx as the plan of (name, key): its args struct as
+    built. inputs: (args field, the tensor or None) in the order plan_call passes them; scalars:
+    (args field, whether written per call); outs: (element offset in one buffer of `total`
+    elements, or -1 for an allocation of its own; sizes; strides; args fields taking its pointer)
+    in the order plan_call returns them, all of rlk dtype out_dtype; ws: (bytes, byte offset in the
+    buffer, args field of its pointer or None). key[:-1] are settings: a plan only when each is a
+    plain value (a tensor's may change under the same key); its last item a shape. Every pointer
+    the struct holds must be an input, an output or the workspace (or stay as it is: the status
+    word)."""
+    p = b.place
+    if not p.torch or b.no_rows:
+        return
+    for v in key[:-1]:
+        if not isinstance(v, _PLAIN) and not isinstance(v, enum.Enum):
+            return
+    off = b.op.offsets
+    ins = []
+    for field, x in inputs:
+        if x is None:
+            ins.append((-1, _torch.float32, (), ()))  # (must stay absent)
+        elif _KIND.get(type(x)) != _TORCH:
+            return
+        else:
+            ins.append((off[field], x.dtype, tuple(x.shape), tuple(x.stride())))
+    outs = [(e, tuple(sz), tuple(st), [off[f] for f in fields]) for e, sz, st, fields in outs]
+    dev = -1 if p.host else p.device
+    plan = _entry.module().Plan(
+        bytes(b.args), ctypes.cast(b.op._run, ctypes.c_void_p).value, ctx.handle.value,
+        0 if p.host else 1, dev, ins, outs, total, _TORCH_OF[out_dtype], ws[0], ws[1],
+        off[ws[2]] if ws[0] else -1, [off[f] for f, on in scalars if on])
+    _entry.keep(name, key, (plan, dev))
 
 
 class Op:

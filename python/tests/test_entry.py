@@ -40,6 +40,24 @@ def python_path():
     return run
 
 
+class _PythonPathRan(AssertionError):
+    pass
+
+
+@pytest.fixture
+def plans_only(monkeypatch):
+    """Runs the body's calls with the Python path refused: each must be served by a plan."""
+    from rlk import _tensor
+
+    def run(fn):
+        def refuse(self, op):
+            raise _PythonPathRan("%s took the Python path" % op.name)
+        with monkeypatch.context() as m:
+            m.setattr(_tensor.Binder, "__init__", refuse)
+            return fn()
+    return run
+
+
 DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
 
 
@@ -91,7 +109,7 @@ def assert_same(got, want):
 
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("name,kw", CASES, ids=[c[0] for c in CASES])
-def test_plan_equals_python_path(entry, python_path, dev, name, kw):
+def test_plan_equals_python_path(entry, python_path, plans_only, dev, name, kw):
     _entry.forget()
     x = inputs(dev)
     call(x, kw(x))  # the Python path, which keeps the plan
@@ -99,8 +117,7 @@ def test_plan_equals_python_path(entry, python_path, dev, name, kw):
     # fresh tensors (other data pointers) and numbers each call, through the plan
     for seed in (1, 2):
         y = inputs(dev, seed=seed)
-        got = call(y, kw(y))
-        assert len(_entry.plans) == 1  # served by the plan, not a new one
+        got = plans_only(lambda: call(y, kw(y)))
         want = python_path(lambda: call(y, kw(y)))
         assert_same(got, want)
 
@@ -143,7 +160,7 @@ def test_numpy_and_released_contexts(entry, python_path):
     assert len(_entry.plans) == 1
 
 
-def test_autograd_through_the_plan(entry, python_path):
+def test_autograd_through_the_plan(entry, python_path, plans_only):
     from rlk import autograd as A
     _entry.forget()
     x = inputs("cpu")
@@ -156,8 +173,7 @@ def test_autograd_through_the_plan(entry, python_path):
 
     step(x)
     y = inputs("cpu", seed=9)
-    got = step(y)
-    assert len(_entry.plans) == 1
+    got = plans_only(lambda: step(y))
     want = python_path(lambda: step(y))
     assert_same(got, want)
 
@@ -177,7 +193,7 @@ VALUE_CASES = [
 
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("name,kw", VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
-def test_value_loss_plan_equals_python_path(entry, python_path, dev, name, kw):
+def test_value_loss_plan_equals_python_path(entry, python_path, plans_only, dev, name, kw):
     _entry.forget()
 
     def vcall(y):
@@ -187,6 +203,60 @@ def test_value_loss_plan_equals_python_path(entry, python_path, dev, name, kw):
     assert len(_entry.plans) == 1, "no plan kept for %s" % name
     for seed in (1, 2):
         y = inputs(dev, seed=seed)
-        got = vcall(y)
-        assert len(_entry.plans) == 1
+        got = plans_only(lambda: vcall(y))
         assert_same(got, python_path(lambda: vcall(y)))
+
+
+LOGPROB_CASES = [
+    ("defaults", {}, {}),
+    ("entropy, temperature", dict(entropy=True, temperature=0.7), dict(temperature=0.7)),
+    ("no lse", dict(lse=False), None),
+]
+
+
+def logits_inputs(dev, N=9, V=37, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(N, V, generator=g) * 3).to(dtype)
+    labels = torch.randint(0, V, (N,), generator=g)
+    labels[2] = -100  # an ignored row
+    return logits.to(dev), labels.to(dev), torch.randn(N, generator=g).to(dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name,fkw,bkw", LOGPROB_CASES, ids=[c[0] for c in LOGPROB_CASES])
+def test_logprob_plans_equal_python_path(entry, python_path, plans_only, dev, name, fkw, bkw):
+    _entry.forget()
+
+    def run(seed, dtype=torch.float32):
+        logits, labels, g = logits_inputs(dev, seed=seed, dtype=dtype)
+        out = rlk.logprob(logits, labels, **fkw)
+        if bkw is None:
+            return out
+        grad = rlk.logprob_backward(logits, labels, out.lse, grad_logp=g, **bkw)
+        return tuple(out) + (grad,)
+
+    run(0)
+    kept = len(_entry.plans)
+    assert kept == (1 if bkw is None else 2)
+    for seed in (1, 2):
+        got = plans_only(lambda: run(seed))
+        assert_same(got, python_path(lambda: run(seed)))
+    got = run(3, torch.bfloat16)  # another dtype: the Python path, a plan of its own
+    assert_same(got, python_path(lambda: run(3, torch.bfloat16)))
+
+
+def test_token_logprob_autograd_through_the_plans(entry, python_path, plans_only):
+    from rlk import autograd as A
+    _entry.forget()
+
+    def step(seed):
+        logits, labels, _ = logits_inputs("cpu", seed=seed)
+        logits.requires_grad_(True)
+        logp, ent = A.token_logprob(logits, labels, entropy=True)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        return logp.detach(), ent.detach(), logits.grad
+
+    step(0)
+    assert len(_entry.plans) == 2  # the forward's and the backward's
+    got = plans_only(lambda: step(1))
+    assert_same(got, python_path(lambda: step(1)))

@@ -9,7 +9,8 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, compiling, traced
+from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
+                       use_plans)
 
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
@@ -120,6 +121,14 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
             logits=logits, labels=labels, temperature=temperature, ignore_index=ignore_index,
             entropy=entropy, lse=lse, logp=logp, status=status, variant=variant, block=block,
             unroll=unroll, stages=stages, threshold=threshold, stream=stream))
+    # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
+    fast = logp is None and status is None and use_plans(stream)
+    if fast:
+        pkey = (temperature, ignore_index, bool(entropy), bool(lse), variant, block, unroll, stages,
+                threshold is None, logits.shape)
+        out = plan_call("logprob", pkey, (logits, labels, threshold), ())
+        if out is not None:
+            return LogprobResult(out[0], out[1] if lse else None, out[-1] if entropy else None)
     b = Binder(FORWARD_OP)
     _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     if threshold is not None:
@@ -135,7 +144,11 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
         logp = next(out)
     lse_out = next(out) if lse else None
     ent_out = next(out) if entropy else None
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        keep_plan("logprob", pkey, b, ctx, (("logits", logits), ("labels", labels), ("threshold", threshold)),
+                  (), _F32D, [(-1, (n,), (1,), (f,)) for f in ("logp",) + ("lse",) * bool(lse) +
+                              ("entropy",) * bool(entropy)])
     return LogprobResult(logp, lse_out, ent_out)
 
 
@@ -170,6 +183,15 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
             grad_logits=grad_logits, grad_dtype=grad_dtype, inplace=inplace, status=status,
             variant=variant, block=block, unroll=unroll, stages=stages, vocab_start=vocab_start,
             threshold=threshold, stream=stream))
+    fast = grad_logits is None and not inplace and status is None and use_plans(stream)
+    if fast:
+        key = (temperature, ignore_index, grad_dtype, variant, block, unroll, stages, vocab_start,
+               threshold is None, grad_logp is None, grad_entropy is None, entropy is None,
+               logits.shape)
+        out = plan_call("logprob_backward", key,
+                        (logits, labels, lse, grad_logp, grad_entropy, entropy, threshold), ())
+        if out is not None:
+            return out[0]
     b = Binder(BACKWARD_OP)
     dt = _common(b, logits, labels, temperature, ignore_index, status, variant, block, unroll, stages)
     if threshold is not None:
@@ -193,5 +215,10 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
         grad_logits = b.output("grad_logits", dt, shape)
     else:
         b.set("grad_logits", grad_logits, output=True)
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        keep_plan("logprob_backward", key, b, ctx, (
+            ("logits", logits), ("labels", labels), ("lse", lse), ("grad_logp", grad_logp),
+            ("grad_entropy", grad_entropy), ("entropy", entropy), ("threshold", threshold)), (),
+            dt, [(-1, shape, contiguous_strides(shape), ("grad_logits",))])
     return grad_logits

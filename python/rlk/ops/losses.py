@@ -16,14 +16,9 @@ import collections
 import ctypes
 import enum
 
-from .. import _entry
-from .. import _lib
-from .. import _log
-from .. import _status
-from .. import _tensor
 from .. import _types as T
-from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim,
-                       compiling, traced)
+from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim, compiling, keep_plan,
+                       plan_call, traced, use_plans)
 
 __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLossArgs", "ValueLossArgs",
            "PolicyLossResult", "ValueLossResult", "POLICY_LOSS_METRICS", "VALUE_LOSS_METRICS",
@@ -301,21 +296,6 @@ def _norm_kind(v):
     return 1 if (_KIND.get(cls) or _kind(v)) is not None else 4
 
 
-def _planned(name, key, tensors, scalars):
-    """The outputs (a list) of a call through the plan kept for (name, key), or None when there
-    is none or the tensors do not fit it (rlk/_entry.py)."""
-    kept = _entry.plans.get((name, key))
-    if kept is None:
-        return None
-    plan, dev = kept
-    out = plan(tensors, scalars, 0 if dev < 0 else _tensor._raw_stream(dev))
-    if _log.pending:
-        _log.flush()
-    if out is None or out.__class__ is list:
-        return out
-    _lib.check(out, name)  # the library's status
-
-
 def _split(out, metrics):
     """A plan's outputs as (the gradients, the loss, the metrics or None): _keep_plan's order."""
     if metrics:
@@ -330,46 +310,23 @@ def _norm_scalars(tn_kind, tn, sn_kind, sn):
     return [float(sn)] if sn_kind == 0 else []
 
 
-_PLAIN = (int, float, str, bool, type(None))
-
-
-def _keep_plan(name, key, b, ctx, inputs, scalars, dt, grads, shape, nmetrics, scalar_loss, apart,
-               lay):
-    """Keeps the call just made through Binder b as the plan of (name, key) (rlk/_entry.py):
-    inputs (args field, tensor or None) in the order a plan call passes them, scalars (args
-    field, written per call) in order, and the outputs as _outputs laid them out."""
-    for v in key[:-1]:  # settings given as tensors or other objects: no plan (their values vary)
-        if not isinstance(v, _PLAIN) and not isinstance(v, enum.Enum):
-            return
-    offsets = b.op.offsets
-    ins = []
-    for field, x in inputs:
-        if x is None:
-            ins.append((-1, _tensor._torch.float32, (), ()))  # (must stay absent)
-        else:
-            if x.__class__ is not _tensor._torch.Tensor and not isinstance(x, _tensor._torch.Tensor):
-                return
-            ins.append((offsets[field], x.dtype, tuple(x.shape), tuple(x.stride())))
-    tdt = _tensor._TORCH_OF[dt]
+def _keep_loss_plan(name, key, b, ctx, inputs, scalars, dt, grads, shape, nmetrics, scalar_loss,
+                    apart, lay):
+    """Keeps a loss call just made as a plan (_tensor.keep_plan): its outputs as _outputs laid
+    them out (the gradients, the loss, the metrics: _split's order)."""
     loss_shape = _SCALAR if scalar_loss else _ONE
     sizes = [shape] * len(grads) + [loss_shape] + ([(nmetrics,)] if nmetrics else [])
     fields = list(grads) + ["loss"] + (["metrics"] if nmetrics else [])
-    ws_at = offsets["workspace"] if lay.ws else -1
     if apart or b.place.host:  # _outputs_apart: each output and the workspace their own
-        outs = [(-1, sz, contiguous_strides(sz), [offsets[f]]) for f, sz in zip(fields, sizes)]
-        total, ws_offset = 0, 0
+        outs = [(-1, sz, contiguous_strides(sz), (f,)) for f, sz in zip(fields, sizes)]
+        total, ws = 0, (lay.ws, 0, "workspace")
     else:
         elems = list(lay.grad_offsets) + [lay.head] + ([lay.head + 1] if nmetrics else [])
         strides = [lay.strides] * len(grads) + [contiguous_strides(loss_shape)] + \
             ([(1,)] if nmetrics else [])
-        outs = [(e, sz, st, [offsets[f]]) for e, sz, st, f in zip(elems, sizes, strides, fields)]
-        total, ws_offset = lay.total, lay.ws_offset
-    p = b.place
-    plan = _entry.module().Plan(
-        bytes(b.args), ctypes.cast(b.op._run, ctypes.c_void_p).value, ctx.handle.value,
-        0 if p.host else 1, -1 if p.host else p.device, ins, outs, total, tdt, lay.ws, ws_offset,
-        ws_at, [offsets[f] for f, on in scalars if on])
-    _entry.keep(name, key, (plan, -1 if p.host else p.device))
+        outs = [(e, sz, st, (f,)) for e, sz, st, f in zip(elems, sizes, strides, fields)]
+        total, ws = lay.total, (lay.ws, lay.ws_offset, "workspace")
+    keep_plan(name, key, b, ctx, inputs, scalars, dt, outs, total, ws)
 
 
 def _norm_key(a, tn):
@@ -495,14 +452,14 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
             scalar_loss=scalar_loss, apart=apart))
     # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
     tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
-    fast = stream is None and not _status._state["check"] and _entry.module() is not None
+    fast = use_plans(stream)
     if fast:
         key = (mode, clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max, sapo_tau_pos,
                sapo_tau_neg, seq_ratio_grad, clamp_bound_grad, kl_estimator, kl_coef,
                kl_input_clamp, kl_output_clamp, kl_straight_through, entropy_coef, agg,
                tn_num, sn_num, norm_scale, loss_scale, seq_advantages, bool(metrics),
                scalar_loss, apart, logp.shape)  # (shapes that alternate: a plan each)
-        out = _planned("policy_loss", key, (
+        out = plan_call("policy_loss", key, (
             logp, old_logp, advantages, mask, seq_offsets, ref_logp, entropy, rollout_is_weights,
             None if tn_num != 1 else token_normalizer, None if sn_num != 1 else seq_normalizer),
             _norm_scalars(tn_num, token_normalizer, sn_num, seq_normalizer))
@@ -527,8 +484,8 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
                  a.mode, a.agg, _norm_key(a, token_normalizer), dt, grads, nmetrics)
     outs, loss, out_metrics = _outputs(b, dt, grads, shape, nmetrics, sizes_key, scalar_loss, apart)
     ctx = b.run(stream)
-    if fast and b.place.torch and not b.no_rows:
-        _keep_plan("policy_loss", key, b, ctx, (
+    if fast:
+        _keep_loss_plan("policy_loss", key, b, ctx, (
             ("logp", logp), ("old_logp", old_logp), ("advantages", advantages), ("mask", mask),
             ("seq_offsets", seq_offsets), ("ref_logp", ref_logp), ("entropy", entropy),
             ("rollout_is_weights", rollout_is_weights),
@@ -558,11 +515,11 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
             norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
             scalar_loss=scalar_loss, apart=apart))
     tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
-    fast = stream is None and not _status._state["check"] and _entry.module() is not None
+    fast = use_plans(stream)
     if fast:
         key = (clip, clamp_bound_grad, agg, tn_num, sn_num, norm_scale, loss_scale,
                bool(metrics), scalar_loss, apart, values.shape)
-        out = _planned("value_loss", key, (
+        out = plan_call("value_loss", key, (
             values, old_values, returns, mask, seq_offsets,
             None if tn_num != 1 else token_normalizer, None if sn_num != 1 else seq_normalizer),
             _norm_scalars(tn_num, token_normalizer, sn_num, seq_normalizer))
@@ -585,8 +542,8 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
                  a.agg, _norm_key(a, token_normalizer), dt, nmetrics)
     outs, loss, out_metrics = _outputs(b, dt, _VL_GRADS, shape, nmetrics, sizes_key, scalar_loss, apart)
     ctx = b.run(stream)
-    if fast and b.place.torch and not b.no_rows:
-        _keep_plan("value_loss", key, b, ctx, (
+    if fast:
+        _keep_loss_plan("value_loss", key, b, ctx, (
             ("values", values), ("old_values", old_values), ("returns", returns), ("mask", mask),
             ("seq_offsets", seq_offsets),
             ("token_normalizer_tensor", token_normalizer if tn_num == 1 else None),
