@@ -68,18 +68,12 @@ class PolicyLoss(torch.autograd.Function):
                            **kwargs)
         # the fused gradients are neither inputs nor outputs: kept on ctx, not packed as saved
         # variables (backward lets go of them)
-        if out.grad_entropy is None:
-            ctx.save_for_backward(out.grad_logp)
-        else:
-            ctx.save_for_backward(out.grad_logp, out.grad_entropy)
+        ctx.grad_logp, ctx.grad_entropy = out.grad_logp, out.grad_entropy
         return _one_or_both(ctx, out.loss, out.metrics, metrics)
 
     @staticmethod
     def backward(ctx, grad_loss, *grad_metrics):
-        grads = ctx.saved_tensors
-        if len(grads) == 1:
-            return _scaled(grad_loss, grads[0]), None, None, None
-        return _scaled(grad_loss, grads[0]), _scaled(grad_loss, grads[1]), None, None
+        return _scaled(grad_loss, ctx.grad_logp), _scaled(grad_loss, ctx.grad_entropy), None, None
 
 
 class ValueLoss(torch.autograd.Function):

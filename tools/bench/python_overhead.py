@@ -180,9 +180,22 @@ def torch_floors(dev):
         def backward(ctx, g):
             return g.expand(B, T)
 
+    class Vector(torch.autograd.Function):  # a per-row output, as token_logprob's
+        @staticmethod
+        def forward(ctx, a):
+            return a.new_zeros((B,))
+
+        @staticmethod
+        def backward(ctx, g):
+            return g[:, None].expand(B, T)
+
     def function_step():
         leaf.grad = None
         Scalar.apply(leaf).backward()
+
+    def vector_step():  # what the token_logprob step does around its Function: .sum(), backward()
+        leaf.grad = None
+        Vector.apply(leaf).sum().backward()
 
     def elementwise_step():
         leaf.grad = None
@@ -199,6 +212,7 @@ def torch_floors(dev):
                                                  x.data_ptr())),
         ("floor: an elementwise op (x * 2)", lambda: x * 2),
         ("floor: Function fwd+bwd", function_step),
+        ("floor: Function fwd+bwd, its [rows] output summed", vector_step),
         ("floor: (x * 2).sum().backward()", elementwise_step),
     ]
 
@@ -326,7 +340,9 @@ def goal_ratios(rows):
         if base in TENSORS:
             n = TENSORS[base]
             floor, goal = "floor: custom op, %d tensor%s" % (n, "" if n == 1 else "s"), 1.5
-        elif r["op"].endswith("fwd+bwd"):
+        elif r["op"].startswith("autograd token_logprob fwd+bwd"):  # a per-row output, summed
+            floor, goal = "floor: Function fwd+bwd, its [rows] output summed", 1.3
+        elif r["op"].endswith("fwd+bwd") or r["op"].endswith("fwd+bwd (python path)"):
             floor, goal = "floor: Function fwd+bwd", 1.3
         else:
             continue
