@@ -69,6 +69,7 @@ class Context:
     def close(self):
         """Destroys the C context. The caller makes sure none of its launches still runs."""
         if self._handle is not None:
+            _entry.forget()  # a plan may hold this handle
             self._lib.rlk_context_destroy(self._handle)
             self._handle = None
 
@@ -146,7 +147,6 @@ def release_contexts():
     """Destroys the shared contexts (the next call creates fresh ones). No launch through
     them may still be running."""
     with _lock:
-        _entry.forget()  # plans hold the handles of the contexts going
         for ctx in _contexts.values():
             ctx.close()
         _contexts.clear()

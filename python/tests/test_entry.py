@@ -158,6 +158,11 @@ def test_numpy_and_released_contexts(entry, python_path):
     y = inputs("cpu", seed=8)
     assert_same(call(y, {}), python_path(lambda: call(y, {})))
     assert len(_entry.plans) == 1
+    # so does a shared context closed by hand
+    rlk.context("host").close()
+    assert len(_entry.plans) == 0
+    rlk.release_contexts()
+    assert_same(call(y, {}), python_path(lambda: call(y, {})))
 
 
 def test_autograd_through_the_plan(entry, python_path, plans_only):
