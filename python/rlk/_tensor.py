@@ -598,10 +598,12 @@ class Binder:
 
 # ---- the compiled entry's plans (rlk/_entry.py) ------------------------------------------------
 
-def use_plans(stream):
-    """Whether a call may go through a plan: the compiled entry loaded, no stream= given and no
-    status checking (both take the Python path's steps)."""
-    return stream is None and not _status._state["check"] and _entry.module() is not None
+def use_plans(stream, first):
+    """Whether a call whose first tensor argument is `first` may go through a plan: a torch
+    tensor (anything else takes the Python path, which names what is wrong), the compiled entry
+    loaded, no stream= given and no status checking (both take the Python path's steps)."""
+    return (_KIND.get(first.__class__) == _TORCH and stream is None and not _status._state["check"]
+            and _entry.module() is not None)
 
 
 def plan_call(name, key, tensors, scalars):

@@ -265,3 +265,37 @@ def test_token_logprob_autograd_through_the_plans(entry, python_path, plans_only
     assert len(_entry.plans) == 2  # the forward's and the backward's
     got = plans_only(lambda: step(1))
     assert_same(got, python_path(lambda: step(1)))
+
+
+ADV_CASES = [
+    ("grpo", lambda x: dict(group_size=4)),
+    ("rloo, broadcast", lambda x: dict(group_size=4, mode="rloo", mask=x["mask"], broadcast=True)),
+    ("token rewards, uneven groups", lambda x: dict(
+        scores=x["rewards"], mask=x["mask"], group_offsets=x["offsets"])),
+]
+
+
+def adv_inputs(dev, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = {"scores": torch.randn(12, generator=g), "rewards": torch.randn(12, 9, generator=g),
+         "mask": torch.rand(12, 9, generator=g) > 0.3,
+         "offsets": torch.tensor([0, 3, 8, 12], dtype=torch.int32)}
+    return {k: v.to(dev) for k, v in x.items()}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name,kw", ADV_CASES, ids=[c[0] for c in ADV_CASES])
+def test_group_advantage_plan_equals_python_path(entry, python_path, plans_only, dev, name, kw):
+    _entry.forget()
+
+    def run(seed):
+        x = adv_inputs(dev, seed)
+        k = kw(x)
+        out = rlk.group_advantage(k.pop("scores", x["scores"]), **k)
+        return out if isinstance(out, tuple) else (out,)
+
+    run(0)
+    assert len(_entry.plans) == 1, "no plan kept for %s" % name
+    for seed in (1, 2):
+        got = plans_only(lambda: run(seed))
+        assert_same(got, python_path(lambda: run(seed)))

@@ -122,7 +122,7 @@ def logprob(logits, labels, *, temperature=None, ignore_index=None, entropy=Fals
             entropy=entropy, lse=lse, logp=logp, status=status, variant=variant, block=block,
             unroll=unroll, stages=stages, threshold=threshold, stream=stream))
     # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
-    fast = logp is None and status is None and use_plans(stream)
+    fast = logp is None and status is None and use_plans(stream, logits)
     if fast:
         pkey = (temperature, ignore_index, bool(entropy), bool(lse), variant, block, unroll, stages,
                 threshold is None, logits.shape)
@@ -183,7 +183,7 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
             grad_logits=grad_logits, grad_dtype=grad_dtype, inplace=inplace, status=status,
             variant=variant, block=block, unroll=unroll, stages=stages, vocab_start=vocab_start,
             threshold=threshold, stream=stream))
-    fast = grad_logits is None and not inplace and status is None and use_plans(stream)
+    fast = grad_logits is None and not inplace and status is None and use_plans(stream, logits)
     if fast:
         key = (temperature, ignore_index, grad_dtype, variant, block, unroll, stages, vocab_start,
                threshold is None, grad_logp is None, grad_entropy is None, entropy is None,

@@ -452,7 +452,7 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
             scalar_loss=scalar_loss, apart=apart))
     # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
     tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
-    fast = use_plans(stream)
+    fast = use_plans(stream, logp)
     if fast:
         key = (mode, clip_low, clip_high, dual_clip, log_ratio_min, log_ratio_max, sapo_tau_pos,
                sapo_tau_neg, seq_ratio_grad, clamp_bound_grad, kl_estimator, kl_coef,
@@ -515,7 +515,7 @@ def value_loss(values, old_values, returns, mask=None, *, seq_offsets=None, clip
             norm_scale=norm_scale, loss_scale=loss_scale, metrics=metrics, stream=stream,
             scalar_loss=scalar_loss, apart=apart))
     tn_num, sn_num = _norm_kind(token_normalizer), _norm_kind(seq_normalizer)
-    fast = use_plans(stream)
+    fast = use_plans(stream, values)
     if fast:
         key = (clip, clamp_bound_grad, agg, tn_num, sn_num, norm_scale, loss_scale,
                bool(metrics), scalar_loss, apart, values.shape)
