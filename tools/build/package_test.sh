@@ -76,9 +76,16 @@ for m in pkgutil.walk_packages(rlk.__path__, "rlk."):
     imported.append(m.name)
 ops = rlk.available_ops()
 assert "policy_loss" in ops and "group_advantage" in ops, ops
-print("%s: rlk %s from %s, library %s; %d modules imported%s; ops: %s" % (
+entry = "no torch"
+if have_torch:  # the compiled entry's source is in the package and builds against this torch
+    import tempfile
+    os.environ.update(RLK_TORCH_ENTRY="wait", RLK_TORCH_ENTRY_DIR=tempfile.mkdtemp())
+    from rlk import _entry
+    assert _entry.wait() is not None, _entry.status()
+    entry = _entry.status()[0]
+print("%s: rlk %s from %s, library %s; %d modules imported%s; compiled entry: %s; ops: %s" % (
     what, rlk.__version__, here, lib, len(imported),
-    " (skipped without torch: %s)" % ", ".join(skipped) if skipped else "", ", ".join(ops)))
+    " (skipped without torch: %s)" % ", ".join(skipped) if skipped else "", entry, ", ".join(ops)))
 EOF
   )
 }
