@@ -299,3 +299,65 @@ def test_group_advantage_plan_equals_python_path(entry, python_path, plans_only,
     for seed in (1, 2):
         got = plans_only(lambda: run(seed))
         assert_same(got, python_path(lambda: run(seed)))
+
+
+_FILL_C = r"""
+#include <stddef.h>
+struct args { float *out; float *loss; unsigned char *ws; double scale; const float *in; };
+/* out = in * scale; loss = the workspace's distance in bytes from out; status 7 when scale < 0 */
+int fill(void *ctx, const void *a_, void *stream) {
+  const struct args *a = a_;
+  (void)ctx; (void)stream;
+  if (a->scale < 0) return 7;
+  for (int i = 0; i < 4; i++) a->out[i] = a->in[i] * (float)a->scale;
+  *a->loss = (float)(a->ws - (unsigned char *)a->out);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fill_fn(tmp_path_factory):
+    """A C function of an rlk call's signature over a small struct of its own (_FILL_C)."""
+    import ctypes
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in call")
+    d = tmp_path_factory.mktemp("fill")
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-x", "c", "-", "-o", str(d / "fill.so")],
+                   input=_FILL_C, text=True, check=True)
+    lib = ctypes.CDLL(str(d / "fill.so"))
+    return lib, ctypes.cast(lib.fill, ctypes.c_void_p).value
+
+
+@pytest.mark.parametrize("buffer", [True, False], ids=["one buffer", "apart"])
+def test_plan_lays_outputs_and_workspace_out(entry, fill_fn, buffer):
+    """The C++ plan alone: outputs in one buffer (the loss a 0-d view at element 4, the workspace
+    at byte 32) or each its own, pointers written where the struct says, the per-call number,
+    a status, and tensors that do not fit."""
+    import struct
+    args = struct.pack("=QQQdQ", 0, 0, 0, 0.0, 0)
+    outs = [(0 if buffer else -1, (4,), (1,), [0]), (4 if buffer else -1, (), (), [8])]
+    plan = entry.Plan(args, fill_fn[1], 0, 0, -1, [(32, torch.float32, (4,), (1,))], outs,
+                      12 if buffer else 0, torch.float32, 16, 32 if buffer else 0, 16, [24])
+    x = torch.randn(4, dtype=torch.float32)
+    out, loss = plan((x,), [2.5], 0)
+    assert torch.equal(out, x * 2.5) and out.shape == (4,) and loss.shape == ()
+    if buffer:
+        assert loss.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        assert loss.storage_offset() == 4 and float(loss) == 32.0
+    else:
+        assert loss.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    y = torch.randn(4, dtype=torch.float32)
+    out2, _ = plan((y,), [-0.5 * -2], 0)
+    assert torch.equal(out2, y) and out2.data_ptr() != out.data_ptr()
+    assert plan((y,), [-1.0], 0) == 7  # the call's status, the outputs dropped
+    assert plan((y.double(),), [1.0], 0) is None  # another dtype
+    assert plan((torch.randn(5),), [1.0], 0) is None  # another size
+    assert plan((torch.randn(8)[::2],), [1.0], 0) is None  # another stride
+    assert plan((y.numpy(),), [1.0], 0) is None  # not a torch tensor
+    assert plan((y, y), [1.0], 0) is None and plan((y,), [], 0) is None  # other counts
+    with pytest.raises(Exception):  # a field outside the struct
+        entry.Plan(args, fill_fn[1], 0, 0, -1, [(36, torch.float32, (4,), (1,))], outs, 0,
+                   torch.float32, 0, 0, -1, [])
