@@ -10,3 +10,4 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # python/: the rlk package of this tree
 os.environ.setdefault("RLK_CACHE_DIR", tempfile.mkdtemp(prefix="rlk-trainers-cache-"))
+os.environ.setdefault("RLK_TORCH_ENTRY_DIR", tempfile.mkdtemp(prefix="rlk-trainers-torch-entry-"))

@@ -20,6 +20,7 @@ work=$(mktemp -d -t rlk-package-test-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 unset PYTHONPATH RLK_LIBRARY
 export RLK_CACHE_DIR="$work/cache"
+export RLK_TORCH_ENTRY_DIR="$work/torch-entry"  # the compiled entry (python/rlk/_entry.py)
 
 wheel=$(ls "$dist"/rlk-*.whl)
 sdist=$(ls "$dist"/rlk-*.tar.gz)

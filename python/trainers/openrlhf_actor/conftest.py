@@ -14,3 +14,4 @@ sys.path.insert(0, os.path.dirname(TRAINERS))  # python/: the rlk package of thi
 if importlib.util.find_spec("flash_attn") is None:
     sys.path.insert(0, os.path.join(HERE, "standin"))
 os.environ.setdefault("RLK_CACHE_DIR", tempfile.mkdtemp(prefix="rlk-trainers-cache-"))
+os.environ.setdefault("RLK_TORCH_ENTRY_DIR", tempfile.mkdtemp(prefix="rlk-trainers-torch-entry-"))
