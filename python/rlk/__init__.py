@@ -1,6 +1,7 @@
 """rlk: JIT-specialized kernels for RLHF post-training, from Python.
 
-A pure-Python binding (ctypes) over librlk. Torch tensors go in zero copy (data pointer, shape,
+A binding (ctypes, and a small compiled entry for repeated calls on torch tensors: rlk/_entry.py)
+over librlk. Torch tensors go in zero copy (data pointer, shape,
 strides, dtype, device) and run on the current CUDA stream of their device; numpy arrays and
 torch CPU tensors run on the host backend. A failed call raises an rlk.RlkError subclass with
 the library's message.
