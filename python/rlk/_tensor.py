@@ -602,7 +602,7 @@ def use_plans(stream, first):
     """Whether a call whose first tensor argument is `first` may go through a plan: a torch
     tensor (anything else takes the Python path, which names what is wrong), the compiled entry
     loaded, no stream= given and no status checking (both take the Python path's steps)."""
-    return (_KIND.get(first.__class__) == _TORCH and stream is None and not _status._state["check"]
+    return (_kind(first) == _TORCH and stream is None and not _status._state["check"]
             and _entry.module() is not None)
 
 
@@ -625,13 +625,13 @@ def plan_call(name, key, tensors, scalars):
 _PLAIN = (int, float, str, bool, type(None))
 
 
-def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(0, 0, -1)):
+def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(0, 0, None)):
     """Keeps the call Binder b just made on ctx as the plan of (name, key): its args struct as
     built. inputs: (args field, the tensor or None) in the order plan_call passes them; scalars:
     (args field, whether written per call); outs: (element offset in one buffer of `total`
     elements, or -1 for an allocation of its own; sizes; strides; args fields taking its pointer)
     in the order plan_call returns them, all of rlk dtype out_dtype; ws: (bytes, byte offset in the
-    buffer, args field of its pointer or None). key[:-1] are settings: a plan only when each is a
+    buffer, args field of its pointer; None without one). key[:-1] are settings: a plan only when each is a
     plain value (a tensor's may change under the same key); its last item a shape. Every pointer
     the struct holds must be an input, an output or the workspace (or stay as it is: the status
     word)."""

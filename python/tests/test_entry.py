@@ -361,3 +361,15 @@ def test_plan_lays_outputs_and_workspace_out(entry, fill_fn, buffer):
     with pytest.raises(Exception):  # a field outside the struct
         entry.Plan(args, fill_fn[1], 0, 0, -1, [(36, torch.float32, (4,), (1,))], outs, 0,
                    torch.float32, 0, 0, -1, [])
+
+
+def test_a_numpy_scalar_normalizer_is_written_per_call(entry, python_path, plans_only):
+    """A normalizer given as another kind of number (a numpy scalar) is a number each call
+    writes, not a value a plan keeps."""
+    _entry.forget()
+    x = inputs("cpu")
+    call(x, dict(token_normalizer=np.float64(40.0)))
+    y = inputs("cpu", seed=1)
+    got = plans_only(lambda: call(y, dict(token_normalizer=np.float64(25.0))))
+    assert_same(got, python_path(lambda: call(y, dict(token_normalizer=np.float64(25.0)))))
+    assert_same(got, python_path(lambda: call(y, dict(token_normalizer=25.0))))

@@ -287,13 +287,16 @@ def _outputs_apart(b, dt, ngrads, nmetrics, lay, scalar_loss):
 
 def _norm_kind(v):
     """How a normalizer is given, for a plan's key: 0 a number other than 0 (written into each
-    call's struct), 1 a tensor, 2 none, 3 zero (its own key: what 0 means is the library's)."""
+    call's struct), 1 an array, 2 none, 3 zero (its own key: what 0 means is the library's). Any
+    other object is a number as _normalizer takes it (float(v): a numpy scalar)."""
     if v is None:
         return 2
     cls = v.__class__
     if cls is float or cls is int:
         return 0 if v else 3
-    return 1 if (_KIND.get(cls) or _kind(v)) is not None else 4
+    if (_KIND.get(cls) or _kind(v)) is not None:
+        return 1
+    return 0 if float(v) else 3
 
 
 def _split(out, metrics):
