@@ -49,10 +49,15 @@ class Plan {
   Plan(py::bytes args, uintptr_t fn, uintptr_t ctx, int device_type, int device_index, py::list ins,
        py::list outs, int64_t buffer_elems, py::handle out_dtype, int64_t ws_bytes, int64_t ws_offset,
        int64_t ws_at, std::vector<int64_t> scalars_at)
-      : args_(args), fn_(reinterpret_cast<rlk_call_fn>(fn)), ctx_(reinterpret_cast<void *>(ctx)),
+      : fn_(reinterpret_cast<rlk_call_fn>(fn)), ctx_(reinterpret_cast<void *>(ctx)),
         device_(static_cast<c10::DeviceType>(device_type), static_cast<c10::DeviceIndex>(device_index)),
         buffer_elems_(buffer_elems), out_dtype_(dtype_of(out_dtype)), ws_bytes_(ws_bytes),
         ws_offset_(ws_offset), ws_at_(ws_at), scalars_at_(std::move(scalars_at)) {
+    // the struct in 8-byte words: the library reads it as its C struct, aligned as one
+    const std::string bytes = args;
+    args_bytes_ = bytes.size();
+    args_.assign((bytes.size() + 7) / 8, 0);
+    std::memcpy(args_.data(), bytes.data(), bytes.size());
     for (auto item : ins) {
       auto t = item.cast<py::tuple>();
       ins_.push_back(In{t[0].cast<int64_t>(), dtype_of(t[1]),
@@ -69,14 +74,25 @@ class Plan {
     for (const Out &o : outs_)
       for (int64_t at : o.at) check_slot(at, sizeof(void *));
     if (ws_at_ >= 0) check_slot(ws_at_, sizeof(void *));
+    // what lies in the one buffer lies inside it
+    const int64_t es = static_cast<int64_t>(c10::elementSize(out_dtype_));
+    for (const Out &o : outs_) {
+      if (o.elem < 0) continue;
+      int64_t end = o.elem + 1;
+      for (size_t d = 0; d < o.sizes.size() && d < o.strides.size(); d++) end += (o.sizes[d] - 1) * o.strides[d];
+      if (o.sizes.size() != o.strides.size() || end > buffer_elems_)
+        throw std::out_of_range("rlk plan: an output outside its buffer");
+    }
+    if (buffer_elems_ > 0 && ws_bytes_ > 0 && (ws_offset_ < 0 || ws_offset_ + ws_bytes_ > buffer_elems_ * es))
+      throw std::out_of_range("rlk plan: the workspace outside its buffer");
   }
 
   // The outputs (a list, in the plan's order), or None when a tensor is not what the plan saw. A
   // status other than 0 comes back as an int, the outputs dropped: the caller raises it.
   py::object call(py::tuple tensors, std::vector<double> scalars, uintptr_t stream) {
     if (tensors.size() != ins_.size() || scalars.size() != scalars_at_.size()) return py::none();
-    std::string args = args_;
-    char *base = &args[0];
+    std::vector<uint64_t> args = args_;
+    char *base = reinterpret_cast<char *>(args.data());
     for (size_t i = 0; i < ins_.size(); i++) {
       const In &in = ins_[i];
       PyObject *o = tensors[i].ptr();
@@ -130,12 +146,13 @@ class Plan {
 
  private:
   void check_slot(int64_t at, size_t bytes) const {
-    if (at < 0 || static_cast<size_t>(at) + bytes > args_.size())
+    if (at < 0 || static_cast<size_t>(at) + bytes > args_bytes_)
       throw std::out_of_range("rlk plan: a field offset outside the args struct");
   }
   static void put(char *base, int64_t at, const void *p) { std::memcpy(base + at, &p, sizeof(p)); }
 
-  std::string args_;
+  std::vector<uint64_t> args_;
+  size_t args_bytes_ = 0;
   rlk_call_fn fn_;
   void *ctx_;
   c10::Device device_;

@@ -373,3 +373,14 @@ def test_a_numpy_scalar_normalizer_is_written_per_call(entry, python_path, plans
     got = plans_only(lambda: call(y, dict(token_normalizer=np.float64(25.0))))
     assert_same(got, python_path(lambda: call(y, dict(token_normalizer=np.float64(25.0)))))
     assert_same(got, python_path(lambda: call(y, dict(token_normalizer=25.0))))
+
+
+def test_plan_refuses_a_layout_outside_its_buffer(entry, fill_fn):
+    import struct
+    args = struct.pack("=QQQdQ", 0, 0, 0, 0.0, 0)
+    ins = [(32, torch.float32, (4,), (1,))]
+    for outs, ws in (([(0, (4,), (1,), [0]), (12, (), (), [8])], (0, 0)),    # the loss past the end
+                     ([(0, (4,), (4,), [0]), (4, (), (), [8])], (0, 0)),     # a stride past the end
+                     ([(0, (4,), (1,), [0]), (4, (), (), [8])], (16, 40))):  # the workspace past it
+        with pytest.raises(Exception, match="outside"):
+            entry.Plan(args, fill_fn[1], 0, 0, -1, ins, outs, 12, torch.float32, ws[0], ws[1], 16, [24])
