@@ -9,11 +9,11 @@ path's bit for bit: the library receives the same struct with other data pointer
 
 The module is built on first use against the torch in use (a C++ compiler and torch's headers;
 about 15 s on one core), in the background while calls take the Python path (one built before is
-loaded at once), and kept in
-RLK_TORCH_ENTRY_DIR (default: $XDG_CACHE_HOME/rlk-torch-entry or ~/.cache/rlk-torch-entry), in a
-folder named by a digest of the source, torch, Python and the compile line. RLK_TORCH_ENTRY: "0" never builds or uses it, "wait"
-builds it in the foreground on first use (benchmarks, tests). A build that fails is logged once
-(the "rlk" logger, INFO) and calls keep the Python path.
+loaded at once), and kept in RLK_TORCH_ENTRY_DIR (default: $XDG_CACHE_HOME/rlk-torch-entry or
+~/.cache/rlk-torch-entry), in a folder named by a digest of the source, torch, Python and the
+compile line. RLK_TORCH_ENTRY: "0" never builds or uses it, "wait" builds it in the foreground on
+first use (benchmarks, tests). A build that fails is logged once (the "rlk" logger, INFO) and
+calls keep the Python path.
 """
 import hashlib
 import importlib.util
