@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import rlk  # noqa: E402
 from rlk import _entry  # noqa: E402
-from conftest import HAVE_CUDA  # noqa: E402
+from conftest import HAVE_CUDA, require_host  # noqa: E402
 
 _CXX = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
 
@@ -59,6 +59,14 @@ def plans_only(monkeypatch):
 
 
 DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
+
+
+@pytest.fixture(autouse=True)
+def _host_for_cpu(request):
+    """A case on CPU tensors (every case without a dev of "cuda") needs the host backend."""
+    spec = getattr(request.node, "callspec", None)
+    if (spec.params.get("dev", "cpu") if spec else "cpu") == "cpu":
+        require_host()
 
 
 def inputs(dev, B=7, T=13, seed=0, dtype=torch.float32):
