@@ -328,7 +328,7 @@ static void cases_linear_logprob(rlk_context *ctx, uint64_t *rng) {
     head_free(ctx, &hd);
     return;
   }
-  static const int64_t Ns[] = {1, 2, 3, 7, 64, 255, 256, 4096, 16384, 65536};
+  static const int64_t Ns[] = {1, 2, 3, 7, 12, 30, 64, 255, 256, 4096, 16384, 65536};
   rlk_device_info info;
   ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
   const int sm90 = info.compute_major == 9 && info.compute_minor == 0;

@@ -351,6 +351,11 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
     rlk_tma_desc_request rh = f->req_h;
     rh.base = hidden;
     rh.rows = (uint64_t)n;
+    /* fewer rows than a block's: boxes of as many rows as hold them (a power of two from 8) */
+    uint32_t box = LL_SM90_BM;
+    while (box > 8 && (int64_t)box / 2 >= n) box /= 2;
+    rh.box_rows = box;
+    w.h_box_rows = box;
     if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
       return st;
     const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN;

@@ -55,6 +55,17 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
   const int kblocks = (int)((H + BK - 1) / BK);
   if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS);
+  /* boxes of fewer rows than BM (a launch of at most 64 rows): the rows of every stage's A box
+   * that no copy writes, up to the 64 the consumer with rows reads, are zero from here on, as a
+   * full box's zero fill past N would make them; then visible to wgmma's reads (async proxy) */
+  const u32 hrows = (u32)p_.h_box_rows;
+  if (hrows < 64u) {
+    for (u32 q = threadIdx.x; q < (u32)STAGES * (64u - hrows) * 8u; q += LL_SM90_THREADS) {
+      const u32 s = q / ((64u - hrows) * 8u), e = q % ((64u - hrows) * 8u);
+      reinterpret_cast<uint4 *>(smem + s * STAGE + hrows * 128u)[e] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    sm90::fence_proxy_async();
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -68,7 +79,7 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const u32 s = it % STAGES;
           if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
-          sm90::mbar_arrive_expect_tx(&full[s], STAGE);
+          sm90::mbar_arrive_expect_tx(&full[s], STAGE - ABYTES + hrows * 128u);
           u8 *a = smem + s * STAGE;
           sm90::tma_load_2d(a, &p_.map_h, kb * BK, (i32)row0, &full[s]);
           sm90::tma_load_2d(a + ABYTES, &p_.map_w, kb * BK, (i32)(v_begin + (i64)t * BN), &full[s]);
