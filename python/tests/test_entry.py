@@ -309,6 +309,49 @@ def test_group_advantage_plan_equals_python_path(entry, python_path, plans_only,
         assert_same(got, python_path(lambda: run(seed)))
 
 
+# (name, the call on the inputs): the advantages and returns over time, with and without a mask
+SCAN_CASES = [
+    ("gae", lambda x: rlk.gae(x["r"], x["v"], x["mask"], gamma=0.99, lam=0.95)),
+    ("gae advantages alone, zero", lambda x: rlk.gae(x["r"], x["v"], x["mask"], masked="zero",
+                                                      compute_returns=False)),
+    ("gae no mask, f64", lambda x: rlk.gae(x["r"].double(), x["v"].double())),
+    ("discounted_returns", lambda x: rlk.discounted_returns(x["r"], x["mask"], gamma=0.9)),
+    ("discounted_returns carry", lambda x: rlk.discounted_returns(x["r"], x["mask"],
+                                                                  masked="carry")),
+    ("reverse_cumsum", lambda x: rlk.reverse_cumsum(x["r"], x["mask"])),
+    ("reverse_cumsum baseline", lambda x: rlk.reverse_cumsum(x["r"], x["mask"], baseline=x["b"])),
+    ("masked_whiten", lambda x: rlk.masked_whiten(x["r"], x["mask"])),
+    ("masked_whiten clamp, no mask", lambda x: rlk.masked_whiten(x["v"], eps_mode="clamp",
+                                                                 shift_mean=False)),
+]
+
+
+def scan_inputs(dev, seed=0, B=6, T=37):
+    g = torch.Generator().manual_seed(seed)
+    x = {"r": torch.randn(B, T, generator=g), "v": torch.randn(B, T, generator=g),
+         "mask": torch.rand(B, T, generator=g) > 0.2, "b": torch.randn(B, generator=g)}
+    return {k: v.to(dev) for k, v in x.items()}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name,fn", SCAN_CASES, ids=[c[0] for c in SCAN_CASES])
+def test_scan_plans_equal_python_path(entry, python_path, plans_only, dev, name, fn):
+    _entry.forget()
+
+    def run(seed, **kw):
+        out = fn(scan_inputs(dev, seed, **kw))
+        return out if isinstance(out, tuple) else (out,)
+
+    run(0)
+    assert len(_entry.plans) == 1, "no plan kept for %s" % name
+    for seed in (1, 2):
+        got = plans_only(lambda: run(seed))
+        assert_same(got, python_path(lambda: run(seed)))
+    # another shape is not the plan's: the Python path runs it (and keeps a plan of its own)
+    with pytest.raises(_PythonPathRan):
+        plans_only(lambda: run(3, T=40))
+
+
 _FILL_C = r"""
 #include <stddef.h>
 struct args { float *out; float *loss; unsigned char *ws; double scale; const float *in; };

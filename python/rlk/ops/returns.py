@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 from .. import _types as T
-from .._tensor import Binder, Op, compiling, traced
+from .._tensor import Binder, Op, compiling, contiguous_strides, keep_plan, plan_call, traced, use_plans
 
 __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked", "GaeArgs",
            "DiscountedReturnsArgs", "ReverseCumsumArgs", "MaskedWhitenArgs", "gae",
@@ -117,6 +117,15 @@ def _algo(b, algo):
     b.args.algo = T.enum_value(ScanAlgo, algo, "%s: algo" % b.name)
 
 
+def _keep(name, key, b, ctx, inputs, dtype, outputs, shape, ws=(0, 0, None)):
+    """Keeps the call b just made as the plan of (name, key) (rlk/_entry.py): its outputs, the
+    fields `outputs`, each an allocation of its own of `shape` and the input's dtype."""
+    shape = tuple(shape)
+    strides = contiguous_strides(shape)
+    keep_plan(name, key, b, ctx, inputs, (), dtype, [(-1, shape, strides, (f,)) for f in outputs],
+              ws=ws)
+
+
 def _out(b, name, given, dtype, shape):
     """The output `name`: the caller's array, or a new one of the input's dtype and shape."""
     if given is None:
@@ -138,6 +147,13 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
             rewards=rewards, values=values, mask=mask, gamma=gamma, lam=lam, masked=masked,
             algo=algo, advantages=advantages, returns=returns, compute_returns=compute_returns,
             stream=stream))
+    # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
+    fast = advantages is None and returns is None and use_plans(stream, rewards)
+    if fast:
+        key = (gamma, lam, masked, algo, bool(compute_returns), mask is None, rewards.shape)
+        out = plan_call("gae", key, (rewards, values, mask), ())
+        if out is not None:
+            return tuple(out) if compute_returns else out[0]
     b = Binder(GAE_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -156,7 +172,10 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
     want_returns = compute_returns or returns is not None
     if want_returns:
         returns = _out(b, "returns", returns, dt, rewards.shape)
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        _keep("gae", key, b, ctx, (("rewards", rewards), ("values", values), ("mask", mask)), dt,
+              ("advantages", "returns") if want_returns else ("advantages",), rewards.shape)
     return (advantages, returns) if want_returns else advantages
 
 
@@ -169,6 +188,12 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
         return traced("discounted_returns", dict(
             rewards=rewards, mask=mask, gamma=gamma, masked=masked, algo=algo, returns=returns,
             stream=stream))
+    fast = returns is None and use_plans(stream, rewards)
+    if fast:
+        key = (gamma, masked, algo, mask is None, rewards.shape)
+        out = plan_call("discounted_returns", key, (rewards, mask), ())
+        if out is not None:
+            return out[0]
     b = Binder(RETURNS_OP)
     a = b.args
     dt = b.set("rewards", rewards, _F)
@@ -181,7 +206,10 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
     if algo is not None:
         _algo(b, algo)
     returns = _out(b, "returns", returns, dt, rewards.shape)
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        _keep("discounted_returns", key, b, ctx, (("rewards", rewards), ("mask", mask)), dt,
+              ("returns",), rewards.shape)
     return returns
 
 
@@ -194,6 +222,12 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
         return traced("reverse_cumsum", dict(
             values=values, mask=mask, baseline=baseline, algo=algo, out=out, advantages=advantages,
             stream=stream))
+    fast = out is None and advantages is None and use_plans(stream, values)
+    if fast:
+        key = (algo, mask is None, baseline is None, values.shape)
+        got = plan_call("reverse_cumsum", key, (values, mask, baseline), ())
+        if got is not None:
+            return tuple(got) if baseline is not None else got[0]
     b = Binder(CUMSUM_OP)
     dt = b.set("values", values, _F)
     if mask is not None:
@@ -204,7 +238,11 @@ def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, adv
     if baseline is not None or advantages is not None:
         b.set("baseline", baseline, _F)
         advantages = _out(b, "advantages", advantages, dt, values.shape)
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        _keep("reverse_cumsum", key, b, ctx, (("values", values), ("mask", mask),
+              ("baseline", baseline)), dt, ("out",) if baseline is None else ("out", "advantages"),
+              values.shape)
     return (out, advantages) if baseline is not None else out
 
 
@@ -221,6 +259,13 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
             x=x, mask=mask, eps=eps, eps_mode=eps_mode, unbiased=unbiased, count_eps=count_eps,
             shift_mean=shift_mean, normalize_std=normalize_std, masked=masked, out=out,
             inplace=inplace, stats=stats, stream=stream))
+    fast = out is None and not inplace and not stats and use_plans(stream, x)
+    if fast:
+        key = (eps, eps_mode, unbiased, count_eps, shift_mean, normalize_std, masked, mask is None,
+               x.shape)
+        got = plan_call("masked_whiten", key, (x, mask), ())
+        if got is not None:
+            return got[0]
     b = Binder(WHITEN_OP)
     a = b.args
     dt = b.set("x", x, _F)
@@ -247,5 +292,8 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     if stats:
         st = b.output("stats", T.DType.F64, (3,))
     b.scratch((b.place, x.shape, mask is None, dt))
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        _keep("masked_whiten", key, b, ctx, (("x", x), ("mask", mask)), dt, ("out",), x.shape,
+              ws=(a.workspace_bytes, 0, "workspace"))
     return (out, st) if stats else out
