@@ -294,19 +294,27 @@ def adv_inputs(dev, seed=0):
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("name,kw", ADV_CASES, ids=[c[0] for c in ADV_CASES])
 def test_group_advantage_plan_equals_python_path(entry, python_path, plans_only, dev, name, kw):
-    _entry.forget()
-
     def run(seed):
         x = adv_inputs(dev, seed)
         k = kw(x)
-        out = rlk.group_advantage(k.pop("scores", x["scores"]), **k)
+        return rlk.group_advantage(k.pop("scores", x["scores"]), **k)
+
+    plan_serves(run, name, python_path, plans_only)
+
+
+def plan_serves(run, name, python_path, plans_only):
+    """run(seed) on fresh inputs: the first call keeps one plan, which serves the next two with
+    the Python path's results bit for bit."""
+    _entry.forget()
+
+    def outs(seed):
+        out = run(seed)
         return out if isinstance(out, tuple) else (out,)
 
-    run(0)
+    outs(0)
     assert len(_entry.plans) == 1, "no plan kept for %s" % name
     for seed in (1, 2):
-        got = plans_only(lambda: run(seed))
-        assert_same(got, python_path(lambda: run(seed)))
+        assert_same(plans_only(lambda: outs(seed)), python_path(lambda: outs(seed)))
 
 
 # (name, the call on the inputs): the advantages and returns over time, with and without a mask
@@ -336,20 +344,10 @@ def scan_inputs(dev, seed=0, B=6, T=37):
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("name,fn", SCAN_CASES, ids=[c[0] for c in SCAN_CASES])
 def test_scan_plans_equal_python_path(entry, python_path, plans_only, dev, name, fn):
-    _entry.forget()
-
-    def run(seed, **kw):
-        out = fn(scan_inputs(dev, seed, **kw))
-        return out if isinstance(out, tuple) else (out,)
-
-    run(0)
-    assert len(_entry.plans) == 1, "no plan kept for %s" % name
-    for seed in (1, 2):
-        got = plans_only(lambda: run(seed))
-        assert_same(got, python_path(lambda: run(seed)))
+    plan_serves(lambda seed: fn(scan_inputs(dev, seed)), name, python_path, plans_only)
     # another shape is not the plan's: the Python path runs it (and keeps a plan of its own)
     with pytest.raises(_PythonPathRan):
-        plans_only(lambda: run(3, T=40))
+        plans_only(lambda: fn(scan_inputs(dev, 3, T=40)))
 
 
 _FILL_C = r"""
