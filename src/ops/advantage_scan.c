@@ -355,14 +355,8 @@ static const rlk_op_entry as_cumsum_entry = {
     .name = "rlk_reverse_cumsum", .op = &rlk_op_reverse_cumsum, .call_size = sizeof(as_call),
     RLK_OP_FIELDS(as_cumsum_fields), .validate = as_cumsum_validate, .params_at = offsetof(as_call, k), .dims = as_launch_dims};
 
-RLK_API rlk_status rlk_gae(rlk_context *ctx, const rlk_gae_args *a, void *stream) {
-  return rlk_op_run(&as_gae_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_gae, rlk_gae_args, as_gae_entry)
 
-RLK_API rlk_status rlk_discounted_returns(rlk_context *ctx, const rlk_discounted_returns_args *a, void *stream) {
-  return rlk_op_run(&as_returns_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_discounted_returns, rlk_discounted_returns_args, as_returns_entry)
 
-RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *a, void *stream) {
-  return rlk_op_run(&as_cumsum_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_reverse_cumsum, rlk_reverse_cumsum_args, as_cumsum_entry)

@@ -380,11 +380,4 @@ static const rlk_op_entry ga_entry = {
     RLK_OP_FIELDS(ga_fields), .workspace = RLK_OP_WORKSPACE(rlk_group_advantage_args, 8), .validate = ga_validate,
     .params = ga_launch_params, .dims = ga_dims};
 
-RLK_API rlk_status rlk_group_advantage_workspace_size(rlk_context *ctx, const rlk_group_advantage_args *args,
-                                                      size_t *bytes) {
-  return rlk_op_workspace_size(&ga_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_group_advantage(rlk_context *ctx, const rlk_group_advantage_args *args, void *stream) {
-  return rlk_op_run(&ga_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_group_advantage, rlk_group_advantage_args, ga_entry)

@@ -757,14 +757,7 @@ static const rlk_op_entry ld_fwd_entry = {
     RLK_OP_FIELDS(ld_fwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_divergence_args, 16),
     .validate = ld_fwd_validate, .launch = ld_fwd_launch};
 
-RLK_API rlk_status rlk_linear_divergence_workspace_size(rlk_context *ctx, const rlk_linear_divergence_args *args,
-                                                        size_t *bytes) {
-  return rlk_op_workspace_size(&ld_fwd_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_divergence(rlk_context *ctx, const rlk_linear_divergence_args *a, void *stream) {
-  return rlk_op_run(&ld_fwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_divergence, rlk_linear_divergence_args, ld_fwd_entry)
 
 /* ---------------------------------------------------------------------------------- */
 /* The backward                                                                        */
@@ -1139,16 +1132,7 @@ static const rlk_op_entry ld_bwd_entry = {
     RLK_OP_FIELDS(ld_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_divergence_backward_args, 16),
     .validate = ld_bwd_validate, .launch = ld_bwd_launch};
 
-RLK_API rlk_status rlk_linear_divergence_backward_workspace_size(rlk_context *ctx,
-                                                                 const rlk_linear_divergence_backward_args *args,
-                                                                 size_t *bytes) {
-  return rlk_op_workspace_size(&ld_bwd_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_divergence_backward(rlk_context *ctx, const rlk_linear_divergence_backward_args *a,
-                                                  void *stream) {
-  return rlk_op_run(&ld_bwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_divergence_backward, rlk_linear_divergence_backward_args, ld_bwd_entry)
 
 /* ---------------------------------------------------------------------------------- */
 /* The vocab-parallel combine                                                          */
@@ -1214,7 +1198,4 @@ static const rlk_op_entry ld_combine_entry = {
     RLK_OP_FIELDS(ld_combine_fields), .validate = ld_combine_validate, .params_at = offsetof(ld_combine_call, k),
     .dims = ld_combine_dims};
 
-RLK_API rlk_status rlk_linear_divergence_combine(rlk_context *ctx, const rlk_linear_divergence_combine_args *a,
-                                                 void *stream) {
-  return rlk_op_run(&ld_combine_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_linear_divergence_combine, rlk_linear_divergence_combine_args, ld_combine_entry)

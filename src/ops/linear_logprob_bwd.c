@@ -576,13 +576,4 @@ static const rlk_op_entry ll_bwd_entry = {
     RLK_OP_FIELDS(ll_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_linear_logprob_backward_args, 16),
     .validate = ll_bwd_validate, .launch = ll_bwd_launch};
 
-RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
-                                                              const rlk_linear_logprob_backward_args *args,
-                                                              size_t *bytes) {
-  return rlk_op_workspace_size(&ll_bwd_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_logprob_backward(rlk_context *ctx, const rlk_linear_logprob_backward_args *a,
-                                               void *stream) {
-  return rlk_op_run(&ll_bwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_logprob_backward, rlk_linear_logprob_backward_args, ll_bwd_entry)

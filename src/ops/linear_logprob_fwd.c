@@ -425,11 +425,4 @@ static const rlk_op_entry ll_entry = {
     .name = "rlk_linear_logprob", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_call), RLK_OP_FIELDS(ll_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_linear_logprob_args, 16), .validate = ll_validate, .launch = ll_launch};
 
-RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx, const rlk_linear_logprob_args *args,
-                                                     size_t *bytes) {
-  return rlk_op_workspace_size(&ll_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *a, void *stream) {
-  return rlk_op_run(&ll_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_logprob, rlk_linear_logprob_args, ll_entry)

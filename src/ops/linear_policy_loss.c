@@ -385,11 +385,4 @@ static const rlk_op_entry lpl_entry = {
     .name = "rlk_linear_policy_loss", .call_size = sizeof(lpl_call), RLK_OP_FIELDS(lpl_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_linear_policy_loss_args, 16), .validate = lpl_validate, .launch = lpl_launch};
 
-RLK_API rlk_status rlk_linear_policy_loss_workspace_size(rlk_context *ctx, const rlk_linear_policy_loss_args *args,
-                                                         size_t *bytes) {
-  return rlk_op_workspace_size(&lpl_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_policy_loss_args *args, void *stream) {
-  return rlk_op_run(&lpl_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_policy_loss, rlk_linear_policy_loss_args, lpl_entry)

@@ -124,11 +124,4 @@ static const rlk_op_entry ls_entry = {
     .name = "rlk_linear_sample", .call_size = sizeof(ls_call), RLK_OP_FIELDS(ls_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_linear_sample_args, 16), .validate = ls_validate, .launch = ls_launch};
 
-RLK_API rlk_status rlk_linear_sample_workspace_size(rlk_context *ctx, const rlk_linear_sample_args *args,
-                                                    size_t *bytes) {
-  return rlk_op_workspace_size(&ls_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_linear_sample(rlk_context *ctx, const rlk_linear_sample_args *args, void *stream) {
-  return rlk_op_run(&ls_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_linear_sample, rlk_linear_sample_args, ls_entry)

@@ -804,9 +804,7 @@ static const rlk_op_entry lp_bwd_entry = {
     .name = "rlk_logprob_backward", .op = &rlk_op_logprob, .call_size = sizeof(lp_bwd_call),
     RLK_OP_FIELDS(lp_bwd_fields), .validate = lp_bwd_validate, .params_at = offsetof(lp_bwd_call, k), .dims = lp_bwd_dims};
 
-RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *a, void *stream) {
-  return rlk_op_run(&lp_bwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_logprob_backward, rlk_logprob_backward_args, lp_bwd_entry)
 
 /* ---------------------------------------------------------------------------------- */
 /* The forward's row layout, for kernels that must agree with it bitwise               */

@@ -198,13 +198,4 @@ static const rlk_op_entry vp_entry = {
     .name = "rlk_logprob_vocab_parallel", .call_size = sizeof(vp_call), RLK_OP_FIELDS(vp_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_logprob_vocab_parallel_args, 16), .validate = vp_validate, .launch = vp_launch};
 
-RLK_API rlk_status rlk_logprob_vocab_parallel_workspace_size(rlk_context *ctx,
-                                                             const rlk_logprob_vocab_parallel_args *a,
-                                                             size_t *bytes) {
-  return rlk_op_workspace_size(&vp_entry, ctx, a, bytes);
-}
-
-RLK_API rlk_status rlk_logprob_vocab_parallel(rlk_context *ctx, const rlk_logprob_vocab_parallel_args *a,
-                                              void *stream) {
-  return rlk_op_run(&vp_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_logprob_vocab_parallel, rlk_logprob_vocab_parallel_args, vp_entry)

@@ -265,6 +265,4 @@ static const rlk_op_entry ls_combine_entry = {
     .name = "rlk_logprob_combine", .op = &rlk_op_logprob_shard, .call_size = sizeof(ls_call),
     RLK_OP_FIELDS(ls_combine_fields), .validate = ls_combine_validate, .params_at = offsetof(ls_call, k), .dims = ls_combine_dims};
 
-RLK_API rlk_status rlk_logprob_combine(rlk_context *ctx, const rlk_logprob_combine_args *a, void *stream) {
-  return rlk_op_run(&ls_combine_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_logprob_combine, rlk_logprob_combine_args, ls_combine_entry)

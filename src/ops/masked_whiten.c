@@ -248,11 +248,4 @@ static const rlk_op_entry mw_entry = {
     .workspace = RLK_OP_WORKSPACE(rlk_masked_whiten_args, 8), .validate = mw_validate, .size = mw_size,
     .params = mw_launch_params, .dims = mw_dims};
 
-RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx, const rlk_masked_whiten_args *args,
-                                                    size_t *bytes) {
-  return rlk_op_workspace_size(&mw_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_masked_whiten(rlk_context *ctx, const rlk_masked_whiten_args *a, void *stream) {
-  return rlk_op_run(&mw_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_masked_whiten, rlk_masked_whiten_args, mw_entry)

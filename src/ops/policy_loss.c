@@ -382,10 +382,4 @@ static const rlk_op_entry pl_entry = {
     .workspace = RLK_OP_WORKSPACE(rlk_policy_loss_args, 16), .validate = pl_validate, .params = pl_launch_params,
     .dims = tl_dims};
 
-RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args, size_t *bytes) {
-  return rlk_op_workspace_size(&pl_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_policy_loss(rlk_context *ctx, const rlk_policy_loss_args *args, void *stream) {
-  return rlk_op_run(&pl_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_policy_loss, rlk_policy_loss_args, pl_entry)

@@ -561,9 +561,7 @@ static const rlk_op_entry pa_fwd_entry = {
     .name = "rlk_prefix_attention", .op = &rlk_op_prefix_attention, .call_size = sizeof(pa_call),
     RLK_OP_FIELDS(pa_fwd_fields), .validate = pa_fwd_validate, .select = pa_fwd_select, .launch = pa_fwd_launch};
 
-RLK_API rlk_status rlk_prefix_attention(rlk_context *ctx, const rlk_prefix_attention_args *a, void *stream) {
-  return rlk_op_run(&pa_fwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_prefix_attention, rlk_prefix_attention_args, pa_fwd_entry)
 
 /* A backward call: its shape, the kernels that run it (they size the workspace) and their
  * argument. */
@@ -684,16 +682,7 @@ static const rlk_op_entry pa_bwd_entry = {
     RLK_OP_FIELDS(pa_bwd_fields), .workspace = RLK_OP_WORKSPACE(rlk_prefix_attention_backward_args, 16),
     .validate = pa_bwd_validate, .launch = pa_bwd_launch};
 
-RLK_API rlk_status rlk_prefix_attention_backward_workspace_size(rlk_context *ctx,
-                                                                const rlk_prefix_attention_backward_args *args,
-                                                                size_t *bytes) {
-  return rlk_op_workspace_size(&pa_bwd_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx, const rlk_prefix_attention_backward_args *a,
-                                                 void *stream) {
-  return rlk_op_run(&pa_bwd_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_prefix_attention_backward, rlk_prefix_attention_backward_args, pa_bwd_entry)
 
 /* ---------------------------------------------------------------------------------- */
 /* Precompile plan                                                                     */

@@ -331,9 +331,7 @@ static const rlk_op_entry smp_entry = {
     .name = "rlk_sample", .op = &rlk_op_sample, .call_size = sizeof(smp_call), RLK_OP_FIELDS(smp_fields),
     .validate = smp_validate, .params_at = offsetof(smp_call, k), .dims = smp_dims};
 
-RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *a, void *stream) {
-  return rlk_op_run(&smp_entry, ctx, a, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_sample, rlk_sample_args, smp_entry)
 
 rlk_status rlk_sample_check(rlk_context *ctx, const rlk_sample_args *a) {
   size_t bytes;

@@ -244,11 +244,4 @@ static const rlk_op_entry tb_entry = {
     RLK_OP_FIELDS(tb_fields), .workspace = RLK_OP_WORKSPACE(rlk_token_baseline_args, 8), .validate = tb_validate,
     .params = tb_launch_params, .dims = tb_dims};
 
-RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
-                                                     size_t *bytes) {
-  return rlk_op_workspace_size(&tb_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_token_baseline(rlk_context *ctx, const rlk_token_baseline_args *args, void *stream) {
-  return rlk_op_run(&tb_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_token_baseline, rlk_token_baseline_args, tb_entry)

@@ -213,6 +213,4 @@ static const rlk_op_entry tk_entry = {
     .name = "rlk_token_kl", .op = &rlk_op_token_kl, .call_size = sizeof(tk_call), RLK_OP_FIELDS(tk_fields),
     .validate = tk_validate, .params_at = offsetof(tk_call, k), .dims = tk_dims};
 
-RLK_API rlk_status rlk_token_kl(rlk_context *ctx, const rlk_token_kl_args *args, void *stream) {
-  return rlk_op_run(&tk_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL(rlk_token_kl, rlk_token_kl_args, tk_entry)

@@ -177,10 +177,4 @@ static const rlk_op_entry vl_entry = {
     .name = "rlk_value_loss", .op = &rlk_op_value_loss, .call_size = sizeof(vl_call), RLK_OP_FIELDS(vl_fields),
     .workspace = RLK_OP_WORKSPACE(rlk_value_loss_args, 16), .validate = vl_validate, .params = vl_launch_params, .dims = tl_dims};
 
-RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args, size_t *bytes) {
-  return rlk_op_workspace_size(&vl_entry, ctx, args, bytes);
-}
-
-RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *args, void *stream) {
-  return rlk_op_run(&vl_entry, ctx, args, stream);
-}
+RLK_OP_DEFINE_CALL_AND_SIZE(rlk_value_loss, rlk_value_loss_args, vl_entry)

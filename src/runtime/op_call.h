@@ -79,4 +79,17 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
  * error. */
 rlk_status rlk_op_workspace_size(const rlk_op_entry *e, rlk_context *ctx, const void *args, size_t *bytes);
 
+/* The public functions of an entry (declared and documented in rlk.h): `fn` runs a call of
+ * `type` args through `entry`; RLK_OP_DEFINE_CALL_AND_SIZE adds fn##_workspace_size, for an
+ * args struct with a workspace. */
+#define RLK_OP_DEFINE_CALL(fn, type, entry)                                      \
+  RLK_API rlk_status fn(rlk_context *ctx, const type *args, void *stream) {      \
+    return rlk_op_run(&(entry), ctx, args, stream);                              \
+  }
+#define RLK_OP_DEFINE_CALL_AND_SIZE(fn, type, entry)                                        \
+  RLK_API rlk_status fn##_workspace_size(rlk_context *ctx, const type *args, size_t *bytes) { \
+    return rlk_op_workspace_size(&(entry), ctx, args, bytes);                               \
+  }                                                                                         \
+  RLK_OP_DEFINE_CALL(fn, type, entry)
+
 #endif
