@@ -53,7 +53,6 @@ RLK_PARAMS_ENUM(RLK_AS_RETURNS_MASKED);
   F(S_, double, gamma_lambda, 112)       \
   F(S_, int, mask_kind, 120)             \
   F(S_, int, masked, 124)
-#define RLK_ADVANTAGE_SCAN_PARAMS_SIZE 128
-RLK_PARAMS_DECLARE(as_args, RLK_ADVANTAGE_SCAN_PARAMS, RLK_ADVANTAGE_SCAN_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(as_args, RLK_ADVANTAGE_SCAN_PARAMS, 128);
 
 #endif

@@ -14,66 +14,57 @@
 #include "rlk_seq_mask.h"
 
 /* The advantage ("mode"), in rlk_advantage_mode order. */
-#define RLK_GA_MODES(X)                          \
-  X(GA_MODE_GRPO, "grpo")                        \
-  X(GA_MODE_MEAN_ONLY, "mean-only")              \
-  X(GA_MODE_RLOO, "rloo")                        \
-  X(GA_MODE_BATCH_STD, "batch-std")              \
-  X(GA_MODE_OPO, "opo")                          \
-  X(GA_MODE_PASSK, "passk")                      \
+#define RLK_GA_MODES(X)             \
+  X(GA_MODE_GRPO, "grpo")           \
+  X(GA_MODE_MEAN_ONLY, "mean-only") \
+  X(GA_MODE_RLOO, "rloo")           \
+  X(GA_MODE_BATCH_STD, "batch-std") \
+  X(GA_MODE_OPO, "opo")             \
+  X(GA_MODE_PASSK, "passk")         \
   X(GA_MODE_PASSK_UNSCALED, "passk-unscaled")
 RLK_PARAMS_ENUM(RLK_GA_MODES);
 
 /* A one-member group's advantage ("singleton"), in rlk_singleton_policy order. */
-#define RLK_GA_SINGLETONS(X)                     \
-  X(GA_SINGLETON_MEAN0_STD1, "mean0-std1")       \
+#define RLK_GA_SINGLETONS(X)               \
+  X(GA_SINGLETON_MEAN0_STD1, "mean0-std1") \
   X(GA_SINGLETON_ZERO, "zero")
 RLK_PARAMS_ENUM(RLK_GA_SINGLETONS);
 
 /* How rows form groups ("offsets"): group_size consecutive rows, or offsets of i32 or i64. */
-#define RLK_GA_OFFSETS(X)            \
-  X(GA_OFFSETS_FIXED, "fixed")       \
-  X(GA_OFFSETS_I32, "i32")           \
+#define RLK_GA_OFFSETS(X)      \
+  X(GA_OFFSETS_FIXED, "fixed") \
+  X(GA_OFFSETS_I32, "i32")     \
   X(GA_OFFSETS_I64, "i64")
 RLK_PARAMS_ENUM(RLK_GA_OFFSETS);
 
-#define RLK_GA_ROWSUM_PARAMS(F, S_)  \
-  F(S_, const void *, rewards, 0)    \
-  F(S_, long long, reward_stride, 8) \
-  F(S_, const void *, mask, 16)      \
-  F(S_, long long, mask_stride, 24)  \
-  F(S_, void *, out, 32)             \
-  F(S_, long long, B, 40)            \
+#define RLK_GA_ROWSUM_PARAMS(F, S_)                                  \
+  RLK_PARAMS_STRIDED(F, S_, const void *, rewards, reward_stride, 0) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, mask, mask_stride, 16)     \
+  F(S_, void *, out, 32)                                             \
+  F(S_, long long, B, 40)                                            \
   F(S_, long long, T, 48)
-#define RLK_GA_ROWSUM_PARAMS_SIZE 56
-RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, RLK_GA_ROWSUM_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_rowsum_args, RLK_GA_ROWSUM_PARAMS, 56);
 
-#define RLK_GA_GROUP_PARAMS(F, S_)   \
-  F(S_, const void *, scores, 0)     \
-  F(S_, long long, score_stride, 8)  \
-  F(S_, float *, adv, 16)            \
-  F(S_, long long, B, 24)            \
-  F(S_, long long, group_size, 32)   \
-  F(S_, long long, num_groups, 40)   \
-  F(S_, const void *, offsets, 48)   \
-  F(S_, float, eps, 56)              \
-  F(S_, int, unbiased, 60)           \
-  F(S_, int, singleton, 64)          \
-  F(S_, const void *, weights, 72)   \
-  F(S_, long long, weight_stride, 80) \
+#define RLK_GA_GROUP_PARAMS(F, S_)                                    \
+  RLK_PARAMS_STRIDED(F, S_, const void *, scores, score_stride, 0)    \
+  F(S_, float *, adv, 16)                                             \
+  F(S_, long long, B, 24)                                             \
+  F(S_, long long, group_size, 32)                                    \
+  F(S_, long long, num_groups, 40)                                    \
+  F(S_, const void *, offsets, 48)                                    \
+  F(S_, float, eps, 56)                                               \
+  F(S_, int, unbiased, 60)                                            \
+  F(S_, int, singleton, 64)                                           \
+  RLK_PARAMS_STRIDED(F, S_, const void *, weights, weight_stride, 72) \
   F(S_, int, nan_unscorable, 88)
-#define RLK_GA_GROUP_PARAMS_SIZE 96
-RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, RLK_GA_GROUP_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_group_args, RLK_GA_GROUP_PARAMS, 96);
 
-#define RLK_GA_BROADCAST_PARAMS(F, S_) \
-  F(S_, const float *, adv, 0)         \
-  F(S_, const void *, mask, 8)         \
-  F(S_, long long, mask_stride, 16)    \
-  F(S_, float *, out, 24)              \
-  F(S_, long long, out_stride, 32)     \
-  F(S_, long long, B, 40)              \
+#define RLK_GA_BROADCAST_PARAMS(F, S_)                          \
+  F(S_, const float *, adv, 0)                                  \
+  RLK_PARAMS_STRIDED(F, S_, const void *, mask, mask_stride, 8) \
+  RLK_PARAMS_STRIDED(F, S_, float *, out, out_stride, 24)       \
+  F(S_, long long, B, 40)                                       \
   F(S_, long long, T, 48)
-#define RLK_GA_BROADCAST_PARAMS_SIZE 56
-RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, RLK_GA_BROADCAST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ga_broadcast_args, RLK_GA_BROADCAST_PARAMS, 56);
 
 #endif

@@ -11,21 +11,18 @@
   F(S_, rlk_tensor_map, map_a, 0)  \
   F(S_, rlk_tensor_map, map_b, 128) \
   F(S_, float *, D, 256)
-#define RLK_HT_TILE_PARAMS_SIZE 320
-RLK_PARAMS_DECLARE(ht_tile_args, RLK_HT_TILE_PARAMS, RLK_HT_TILE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ht_tile_args, RLK_HT_TILE_PARAMS, 320);
 
 #define RLK_HT_BOX_PARAMS(F, S_) \
   F(S_, rlk_tensor_map, map, 0)  \
   F(S_, float *, out, 128)       \
   F(S_, int, row0, 136)          \
   F(S_, int, col0, 140)
-#define RLK_HT_BOX_PARAMS_SIZE 192
-RLK_PARAMS_DECLARE(ht_box_args, RLK_HT_BOX_PARAMS, RLK_HT_BOX_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ht_box_args, RLK_HT_BOX_PARAMS, 192);
 
 #define RLK_HT_CHECK_PARAMS(F, S_) \
   F(S_, rlk_tensor_map, map, 0)    \
   F(S_, float *, out, 128)
-#define RLK_HT_CHECK_PARAMS_SIZE 192
-RLK_PARAMS_DECLARE(ht_check_args, RLK_HT_CHECK_PARAMS, RLK_HT_CHECK_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ht_check_args, RLK_HT_CHECK_PARAMS, 192);
 
 #endif

@@ -38,19 +38,19 @@
 
 /* The divergence ("mode"): forward KL, reverse KL and JSD in rlk_divergence_mode order (the op's
  * setting), then the teacher's top-k (forward KL over its K largest logits), the kernels' fourth. */
-#define RLK_LD_DIVERGENCES(X)        \
-  X(LD_FKL, "forward-kl")            \
-  X(LD_RKL, "reverse-kl")            \
+#define RLK_LD_DIVERGENCES(X) \
+  X(LD_FKL, "forward-kl")     \
+  X(LD_RKL, "reverse-kl")     \
   X(LD_JSD, "jsd")
-#define RLK_LD_MODES(X)              \
-  RLK_LD_DIVERGENCES(X)              \
+#define RLK_LD_MODES(X) \
+  RLK_LD_DIVERGENCES(X) \
   X(LD_TOPK, "topk")
 RLK_PARAMS_ENUM(RLK_LD_MODES);
 
 /* The labels ("labels"): none (no ignored rows), i32 or i64. */
-#define RLK_LD_LABELS(X)      \
-  X(LD_LAB_NONE, "none")      \
-  X(LD_LAB_I32, "i32")        \
+#define RLK_LD_LABELS(X) \
+  X(LD_LAB_NONE, "none") \
+  X(LD_LAB_I32, "i32")   \
   X(LD_LAB_I64, "i64")
 RLK_PARAMS_ENUM(RLK_LD_LABELS);
 
@@ -77,41 +77,34 @@ enum { LD_SM90_ALIGN = 1024, LD_SM90_FWD_SMEM = LD_SM90_STAGES * LD_SM90_STAGE_B
 enum { LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES, LD_TILE = 64, LD_THREADS = 256 };
 
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
-#define RLK_LD_HEADS(F, S_)          \
-  F(S_, const void *, s_hidden, 0)   \
-  F(S_, long long, s_h_stride, 8)    \
-  F(S_, const void *, s_weight, 16)  \
-  F(S_, long long, s_w_stride, 24)   \
-  F(S_, const void *, t_hidden, 32)  \
-  F(S_, long long, t_h_stride, 40)   \
-  F(S_, const void *, t_weight, 48)  \
-  F(S_, long long, t_w_stride, 56)
+#define RLK_LD_HEADS(F, S_)                                         \
+  RLK_PARAMS_STRIDED(F, S_, const void *, s_hidden, s_h_stride, 0)  \
+  RLK_PARAMS_STRIDED(F, S_, const void *, s_weight, s_w_stride, 16) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, t_hidden, t_h_stride, 32) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, t_weight, t_w_stride, 48)
 
 /* The rows and the heads' shapes, after the heads in the lists that read labels (bytes 64 to
  * 119). */
-#define RLK_LD_ROWS(F, S_)                \
-  F(S_, const void *, labels, 64)         \
-  F(S_, long long, label_stride, 72)      \
-  F(S_, long long, N, 80)                 \
-  F(S_, long long, V, 88)                 \
-  F(S_, long long, Hs, 96)                \
-  F(S_, long long, Ht, 104)               \
+#define RLK_LD_ROWS(F, S_)                                          \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 64) \
+  F(S_, long long, N, 80)                                           \
+  F(S_, long long, V, 88)                                           \
+  F(S_, long long, Hs, 96)                                          \
+  F(S_, long long, Ht, 104)                                         \
   F(S_, long long, ignore_index, 112)
 
 /* What the backward reads per row, after the heads in both backward lists (bytes 64 to 151). */
-#define RLK_LD_BWD_ROWS(F, S_)            \
-  RLK_LD_ROWS(F, S_)                      \
-  F(S_, const float *, stats, 120)        \
-  F(S_, long long, stats_stride, 128)     \
-  F(S_, const float *, g, 136)            \
-  F(S_, long long, g_stride, 144)
+#define RLK_LD_BWD_ROWS(F, S_)                                       \
+  RLK_LD_ROWS(F, S_)                                                 \
+  RLK_PARAMS_STRIDED(F, S_, const float *, stats, stats_stride, 120) \
+  RLK_PARAMS_STRIDED(F, S_, const float *, g, g_stride, 136)
 
 /* The vocabulary's offset and the divergence's constants, from byte o (a multiple of 8): the
  * last fields of the lists that fold logits over the vocabulary. */
-#define RLK_LD_TEMPERATURES(F, S_, o)      \
-  F(S_, long long, vocab_start, (o))      \
-  F(S_, double, beta, (o) + 8)            \
-  F(S_, float, s_temperature, (o) + 16)   \
+#define RLK_LD_TEMPERATURES(F, S_, o)   \
+  F(S_, long long, vocab_start, (o))    \
+  F(S_, double, beta, (o) + 8)          \
+  F(S_, float, s_temperature, (o) + 16) \
   F(S_, float, t_temperature, (o) + 20)
 
 #define RLK_LD_FWD_HOST_PARAMS(F, S_) \
@@ -124,23 +117,21 @@ enum { LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES, LD_TILE = 64,
   F(S_, float *, records, 152)        \
   RLK_LD_TEMPERATURES(F, S_, 160)     \
   F(S_, long long, top_k, 184)
-#define RLK_LD_FWD_HOST_PARAMS_SIZE 192
-RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, RLK_LD_FWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, 192);
 
-#define RLK_LD_FWD_TILED_PARAMS(F, S_)  \
-  RLK_LD_HEADS(F, S_)                 \
-  F(S_, long long, N, 64)               \
-  F(S_, long long, V, 72)               \
-  F(S_, long long, Hs, 80)              \
-  F(S_, long long, Ht, 88)              \
-  F(S_, long long, cols_per_split, 96)  \
-  F(S_, void *, partials, 104)          \
-  F(S_, void *, lists, 112)             \
-  F(S_, long long, top_k, 120)          \
-  F(S_, const float *, stats, 128)      \
+#define RLK_LD_FWD_TILED_PARAMS(F, S_) \
+  RLK_LD_HEADS(F, S_)                  \
+  F(S_, long long, N, 64)              \
+  F(S_, long long, V, 72)              \
+  F(S_, long long, Hs, 80)             \
+  F(S_, long long, Ht, 88)             \
+  F(S_, long long, cols_per_split, 96) \
+  F(S_, void *, partials, 104)         \
+  F(S_, void *, lists, 112)            \
+  F(S_, long long, top_k, 120)         \
+  F(S_, const float *, stats, 128)     \
   RLK_LD_TEMPERATURES(F, S_, 136)
-#define RLK_LD_FWD_TILED_PARAMS_SIZE 160
-RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, 160);
 
 /* The sm_90a kernels' walk over tiles_m x tiles_n (the forward: row blocks x splits), in groups of
  * `group` rows of them, from byte o. */
@@ -151,104 +142,89 @@ RLK_PARAMS_DECLARE(ld_fwd_tiled_args, RLK_LD_FWD_TILED_PARAMS, RLK_LD_FWD_TILED_
 
 /* The tensor maps of the heads (s_hidden, s_weight, t_hidden, t_weight, 64 x 128 boxes), from
  * byte o (a multiple of 64). */
-#define RLK_LD_SM90_HEAD_MAPS(F, S_, o)     \
+#define RLK_LD_SM90_HEAD_MAPS(F, S_, o)    \
   F(S_, rlk_tensor_map, map_hs, (o))       \
   F(S_, rlk_tensor_map, map_ws, (o) + 128) \
   F(S_, rlk_tensor_map, map_ht, (o) + 256) \
   F(S_, rlk_tensor_map, map_wt, (o) + 384)
 
 #define RLK_LD_FWD_SM90_PARAMS(F, S_) \
-  RLK_LD_FWD_TILED_PARAMS(F, S_)       \
-  RLK_LD_SM90_TILES(F, S_, 160)        \
+  RLK_LD_FWD_TILED_PARAMS(F, S_)      \
+  RLK_LD_SM90_TILES(F, S_, 160)       \
   RLK_LD_SM90_HEAD_MAPS(F, S_, 192)
-#define RLK_LD_FWD_SM90_PARAMS_SIZE 704
-RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, RLK_LD_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_fwd_sm90_args, RLK_LD_FWD_SM90_PARAMS, 704);
 
 /* A merge of S per-row partials ([S][N]) into the outputs: what both combines start with (bytes 0
  * to 63). */
-#define RLK_LD_MERGE(F, S_)                 \
-  F(S_, const void *, records, 0)           \
-  F(S_, long long, S, 8)                    \
-  F(S_, long long, N, 16)                   \
-  F(S_, const void *, labels, 24)           \
-  F(S_, long long, label_stride, 32)        \
-  F(S_, long long, ignore_index, 40)        \
-  F(S_, float *, divergence, 48)            \
+#define RLK_LD_MERGE(F, S_)                                         \
+  F(S_, const void *, records, 0)                                   \
+  F(S_, long long, S, 8)                                            \
+  F(S_, long long, N, 16)                                           \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 24) \
+  F(S_, long long, ignore_index, 40)                                \
+  F(S_, float *, divergence, 48)                                    \
   F(S_, float *, stats, 56)
 
-#define RLK_LD_COMBINE_PARAMS(F, S_)   \
-  RLK_LD_MERGE(F, S_)                  \
-  F(S_, float *, entropy, 64)          \
-  F(S_, float *, zeros, 72)            \
+#define RLK_LD_COMBINE_PARAMS(F, S_) \
+  RLK_LD_MERGE(F, S_)                \
+  F(S_, float *, entropy, 64)        \
+  F(S_, float *, zeros, 72)          \
   F(S_, float *, merged, 80)
-#define RLK_LD_COMBINE_PARAMS_SIZE 88
-RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, RLK_LD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_combine_args, RLK_LD_COMBINE_PARAMS, 88);
 
 #define RLK_LD_JSD_COMBINE_PARAMS(F, S_) \
   RLK_LD_MERGE(F, S_)                    \
   F(S_, double, beta, 64)
-#define RLK_LD_JSD_COMBINE_PARAMS_SIZE 72
-RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, RLK_LD_JSD_COMBINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_jsd_combine_args, RLK_LD_JSD_COMBINE_PARAMS, 72);
 
-#define RLK_LD_TOPK_PARAMS(F, S_)      \
-  F(S_, const void *, lists, 0)        \
-  F(S_, long long, S, 8)               \
-  F(S_, long long, N, 16)              \
-  F(S_, long long, top_k, 24)          \
-  F(S_, const void *, s_hidden, 32)    \
-  F(S_, long long, s_h_stride, 40)     \
-  F(S_, const void *, s_weight, 48)    \
-  F(S_, long long, s_w_stride, 56)     \
-  F(S_, long long, Hs, 64)             \
-  F(S_, const void *, labels, 72)      \
-  F(S_, long long, label_stride, 80)   \
-  F(S_, long long, ignore_index, 88)   \
-  F(S_, float *, divergence, 96)       \
-  F(S_, float *, stats, 104)           \
-  F(S_, float, s_temperature, 112)     \
-  F(S_, float, t_temperature, 116)     \
+#define RLK_LD_TOPK_PARAMS(F, S_)                                   \
+  F(S_, const void *, lists, 0)                                     \
+  F(S_, long long, S, 8)                                            \
+  F(S_, long long, N, 16)                                           \
+  F(S_, long long, top_k, 24)                                       \
+  RLK_PARAMS_STRIDED(F, S_, const void *, s_hidden, s_h_stride, 32) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, s_weight, s_w_stride, 48) \
+  F(S_, long long, Hs, 64)                                          \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 72) \
+  F(S_, long long, ignore_index, 88)                                \
+  F(S_, float *, divergence, 96)                                    \
+  F(S_, float *, stats, 104)                                        \
+  F(S_, float, s_temperature, 112)                                  \
+  F(S_, float, t_temperature, 116)                                  \
   F(S_, long long, scaled, 120)
-#define RLK_LD_TOPK_PARAMS_SIZE 128
-RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, RLK_LD_TOPK_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, 128);
 
-#define RLK_LD_BWD_HOST_PARAMS(F, S_)  \
-  RLK_LD_HEADS(F, S_)                 \
-  RLK_LD_BWD_ROWS(F, S_)              \
-  F(S_, void *, gsh, 152)              \
-  F(S_, long long, gsh_stride, 160)    \
-  F(S_, void *, gsw, 168)              \
-  F(S_, long long, gsw_stride, 176)    \
-  F(S_, void *, gth, 184)              \
-  F(S_, long long, gth_stride, 192)    \
-  F(S_, void *, gtw, 200)              \
-  F(S_, long long, gtw_stride, 208)    \
-  F(S_, long long, gsh_dt, 216)        \
-  F(S_, long long, gsw_dt, 224)        \
-  F(S_, long long, gth_dt, 232)        \
-  F(S_, long long, gtw_dt, 240)        \
-  F(S_, long long, accumulate, 248)    \
+#define RLK_LD_BWD_HOST_PARAMS(F, S_)                     \
+  RLK_LD_HEADS(F, S_)                                     \
+  RLK_LD_BWD_ROWS(F, S_)                                  \
+  RLK_PARAMS_STRIDED(F, S_, void *, gsh, gsh_stride, 152) \
+  RLK_PARAMS_STRIDED(F, S_, void *, gsw, gsw_stride, 168) \
+  RLK_PARAMS_STRIDED(F, S_, void *, gth, gth_stride, 184) \
+  RLK_PARAMS_STRIDED(F, S_, void *, gtw, gtw_stride, 200) \
+  F(S_, long long, gsh_dt, 216)                           \
+  F(S_, long long, gsw_dt, 224)                           \
+  F(S_, long long, gth_dt, 232)                           \
+  F(S_, long long, gtw_dt, 240)                           \
+  F(S_, long long, accumulate, 248)                       \
   RLK_LD_TEMPERATURES(F, S_, 256)
-#define RLK_LD_BWD_HOST_PARAMS_SIZE 280
-RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, RLK_LD_BWD_HOST_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, 280);
 
-#define RLK_LD_BWD_DZ_PARAMS(F, S_)    \
-  RLK_LD_HEADS(F, S_)                 \
-  RLK_LD_BWD_ROWS(F, S_)              \
-  F(S_, long long, c0, 152)            \
-  F(S_, long long, Vc, 160)            \
-  F(S_, float *, dz_s, 168)            \
-  F(S_, float *, dz_t, 176)            \
+#define RLK_LD_BWD_DZ_PARAMS(F, S_) \
+  RLK_LD_HEADS(F, S_)               \
+  RLK_LD_BWD_ROWS(F, S_)            \
+  F(S_, long long, c0, 152)         \
+  F(S_, long long, Vc, 160)         \
+  F(S_, float *, dz_s, 168)         \
+  F(S_, float *, dz_t, 176)         \
   RLK_LD_TEMPERATURES(F, S_, 184)
-#define RLK_LD_BWD_DZ_PARAMS_SIZE 208
-RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, RLK_LD_BWD_DZ_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_dz_args, RLK_LD_BWD_DZ_PARAMS, 208);
 
 #define RLK_LD_BWD_DZ_SM90_PARAMS(F, S_) \
-  RLK_LD_BWD_DZ_PARAMS(F, S_)             \
-  RLK_LD_SM90_TILES(F, S_, 208)           \
-  RLK_LD_SM90_HEAD_MAPS(F, S_, 256)       \
-  F(S_, rlk_tensor_map, map_zs, 768)      \
+  RLK_LD_BWD_DZ_PARAMS(F, S_)            \
+  RLK_LD_SM90_TILES(F, S_, 208)          \
+  RLK_LD_SM90_HEAD_MAPS(F, S_, 256)      \
+  F(S_, rlk_tensor_map, map_zs, 768)     \
   F(S_, rlk_tensor_map, map_zt, 896)
-#define RLK_LD_BWD_DZ_SM90_PARAMS_SIZE 1024
-RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, RLK_LD_BWD_DZ_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ld_bwd_dz_sm90_args, RLK_LD_BWD_DZ_SM90_PARAMS, 1024);
 
 #endif

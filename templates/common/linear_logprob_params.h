@@ -84,49 +84,41 @@ enum {
 };
 
 /* The head and the rows it scores, first in every list that reads the head (bytes 0 to 71). */
-#define RLK_LL_HEAD(F, S_)            \
-  F(S_, const void *, hidden, 0)      \
-  F(S_, long long, h_stride, 8)       \
-  F(S_, const void *, weight, 16)     \
-  F(S_, long long, w_stride, 24)      \
-  F(S_, const void *, labels, 32)     \
-  F(S_, long long, label_stride, 40)  \
-  F(S_, long long, N, 48)             \
-  F(S_, long long, V, 56)             \
+#define RLK_LL_HEAD(F, S_)                                          \
+  RLK_PARAMS_STRIDED(F, S_, const void *, hidden, h_stride, 0)      \
+  RLK_PARAMS_STRIDED(F, S_, const void *, weight, w_stride, 16)     \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 32) \
+  F(S_, long long, N, 48)                                           \
+  F(S_, long long, V, 56)                                           \
   F(S_, long long, H, 64)
 
 /* A forward's per-row outputs and what shapes them, in both lists that write them (bytes 72 to
  * 143). */
-#define RLK_LL_FWD_OUTPUTS(F, S_)     \
-  F(S_, long long, ignore_index, 72)  \
-  F(S_, float *, logp, 80)            \
-  F(S_, float *, lse, 88)             \
-  F(S_, float *, entropy, 96)         \
-  F(S_, int *, status, 104)           \
-  F(S_, float *, records, 112)        \
-  F(S_, long long, vocab_start, 120)  \
-  F(S_, float, temperature, 128)      \
+#define RLK_LL_FWD_OUTPUTS(F, S_)    \
+  F(S_, long long, ignore_index, 72) \
+  F(S_, float *, logp, 80)           \
+  F(S_, float *, lse, 88)            \
+  F(S_, float *, entropy, 96)        \
+  F(S_, int *, status, 104)          \
+  F(S_, float *, records, 112)       \
+  F(S_, long long, vocab_start, 120) \
+  F(S_, float, temperature, 128)     \
   F(S_, const float *, threshold, 136)
 
 /* What a backward reads per row (the forward's lse and entropy, the gradients of logp and
  * entropy, each with its stride), in the three lists that differentiate logits (bytes 72 to
  * 143). */
-#define RLK_LL_GRAD_ROWS(F, S_)       \
-  F(S_, long long, ignore_index, 72)  \
-  F(S_, const float *, lse, 80)       \
-  F(S_, long long, lse_s, 88)         \
-  F(S_, const float *, g_lp, 96)      \
-  F(S_, long long, glp_s, 104)        \
-  F(S_, const float *, entropy, 112)  \
-  F(S_, long long, ent_s, 120)        \
-  F(S_, const float *, g_ent, 128)    \
-  F(S_, long long, gent_s, 136)
+#define RLK_LL_GRAD_ROWS(F, S_)                                 \
+  F(S_, long long, ignore_index, 72)                            \
+  RLK_PARAMS_STRIDED(F, S_, const float *, lse, lse_s, 80)      \
+  RLK_PARAMS_STRIDED(F, S_, const float *, g_lp, glp_s, 96)     \
+  RLK_PARAMS_STRIDED(F, S_, const float *, entropy, ent_s, 112) \
+  RLK_PARAMS_STRIDED(F, S_, const float *, g_ent, gent_s, 128)
 
 #define RLK_LL_FWD_HOST_PARAMS(F, S_) \
   RLK_LL_HEAD(F, S_)                  \
   RLK_LL_FWD_OUTPUTS(F, S_)           \
-  F(S_, float *, logits, 144)         \
-  F(S_, long long, logits_pitch, 152)
+  RLK_PARAMS_STRIDED(F, S_, float *, logits, logits_pitch, 144)
 #define RLK_LL_FWD_HOST_PARAMS_SIZE 160
 
 #define RLK_LL_FWD_TILED_PARAMS(F, S_) \
@@ -136,10 +128,8 @@ enum {
   F(S_, long long, vocab_start, 88)    \
   F(S_, float, temperature, 96)        \
   F(S_, const float *, threshold, 104) \
-  F(S_, float *, logits, 112)          \
-  F(S_, long long, logits_pitch, 120)
-#define RLK_LL_FWD_TILED_PARAMS_SIZE 128
-RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_PARAMS_SIZE);
+  RLK_PARAMS_STRIDED(F, S_, float *, logits, logits_pitch, 112)
+RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, 128);
 
 /* The sm_90a forward's: the tensor maps of hidden (boxes of h_box_rows rows) and weight, then
  * fwd_tiled's struct (its pointers to hidden and weight unread). h_box_rows is LL_SM90_BM, or
@@ -151,47 +141,42 @@ RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, RLK_LL_FWD_TILED_
   F(S_, rlk_tensor_map, map_w, 128)   \
   F(S_, ll_fwd_tiled_args, pass, 256) \
   F(S_, long long, h_box_rows, 384)
-#define RLK_LL_FWD_SM90_PARAMS_SIZE 448
-RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, 448);
 
-#define RLK_LL_COMBINE_PARAMS(F, S_)  \
-  F(S_, const void *, partials, 0)    \
-  F(S_, long long, S, 8)              \
-  F(S_, long long, record_cols, 16)   \
-  F(S_, const float *, logits, 24)    \
-  F(S_, long long, logits_pitch, 32)  \
-  F(S_, const void *, labels, 40)     \
-  F(S_, long long, label_stride, 48)  \
-  F(S_, long long, N, 56)             \
-  F(S_, long long, V, 64)             \
+#define RLK_LL_COMBINE_PARAMS(F, S_)                                 \
+  F(S_, const void *, partials, 0)                                   \
+  F(S_, long long, S, 8)                                             \
+  F(S_, long long, record_cols, 16)                                  \
+  RLK_PARAMS_STRIDED(F, S_, const float *, logits, logits_pitch, 24) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 40)  \
+  F(S_, long long, N, 56)                                            \
+  F(S_, long long, V, 64)                                            \
   RLK_LL_FWD_OUTPUTS(F, S_)
 #define RLK_LL_COMBINE_PARAMS_SIZE 144
 
-#define RLK_LL_BWD_HOST_PARAMS(F, S_) \
-  RLK_LL_HEAD(F, S_)                  \
-  RLK_LL_GRAD_ROWS(F, S_)             \
-  F(S_, void *, grad_hidden, 144)     \
-  F(S_, long long, gh_stride, 152)    \
-  F(S_, void *, grad_weight, 160)     \
-  F(S_, long long, gw_stride, 168)    \
-  F(S_, int *, status, 176)           \
-  F(S_, long long, vocab_start, 184)  \
-  F(S_, float, temperature, 192)      \
-  F(S_, int, accumulate, 196)         \
-  F(S_, int, shard, 200)              \
+#define RLK_LL_BWD_HOST_PARAMS(F, S_)                            \
+  RLK_LL_HEAD(F, S_)                                             \
+  RLK_LL_GRAD_ROWS(F, S_)                                        \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad_hidden, gh_stride, 144) \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad_weight, gw_stride, 160) \
+  F(S_, int *, status, 176)                                      \
+  F(S_, long long, vocab_start, 184)                             \
+  F(S_, float, temperature, 192)                                 \
+  F(S_, int, accumulate, 196)                                    \
+  F(S_, int, shard, 200)                                         \
   F(S_, const float *, threshold, 208)
 #define RLK_LL_BWD_HOST_PARAMS_SIZE 216
 
-#define RLK_LL_BWD_DZ_PARAMS(F, S_)   \
-  RLK_LL_HEAD(F, S_)                  \
-  RLK_LL_GRAD_ROWS(F, S_)             \
-  F(S_, long long, c0, 144)           \
-  F(S_, long long, Vc, 152)           \
-  F(S_, float *, dz, 160)             \
-  F(S_, int *, status, 168)           \
-  F(S_, long long, vocab_start, 176)  \
-  F(S_, float, temperature, 184)      \
-  F(S_, int, shard, 188)              \
+#define RLK_LL_BWD_DZ_PARAMS(F, S_)  \
+  RLK_LL_HEAD(F, S_)                 \
+  RLK_LL_GRAD_ROWS(F, S_)            \
+  F(S_, long long, c0, 144)          \
+  F(S_, long long, Vc, 152)          \
+  F(S_, float *, dz, 160)            \
+  F(S_, int *, status, 168)          \
+  F(S_, long long, vocab_start, 176) \
+  F(S_, float, temperature, 184)     \
+  F(S_, int, shard, 188)             \
   F(S_, const float *, threshold, 192)
 #define RLK_LL_BWD_DZ_PARAMS_SIZE 200
 
@@ -205,110 +190,94 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, RLK_LL_FWD_SM90_PAR
   F(S_, long long, N, 32)           \
   F(S_, long long, H, 40)
 
-#define RLK_LL_BWD_DH_PARAMS(F, S_) \
-  RLK_LL_CHUNK_PRODUCT(F, S_)       \
-  F(S_, const void *, weight, 48)   \
-  F(S_, long long, w_stride, 56)    \
-  F(S_, float *, dh, 64)            \
-  F(S_, float, beta, 72)            \
+#define RLK_LL_BWD_DH_PARAMS(F, S_)                             \
+  RLK_LL_CHUNK_PRODUCT(F, S_)                                   \
+  RLK_PARAMS_STRIDED(F, S_, const void *, weight, w_stride, 48) \
+  F(S_, float *, dh, 64)                                        \
+  F(S_, float, beta, 72)                                        \
   F(S_, long long, dh_stride, 80)
 #define RLK_LL_BWD_DH_PARAMS_SIZE 88
 
-#define RLK_LL_BWD_DW_PARAMS(F, S_) \
-  RLK_LL_CHUNK_PRODUCT(F, S_)       \
-  F(S_, const void *, hidden, 48)   \
-  F(S_, long long, h_stride, 56)    \
-  F(S_, void *, grad_weight, 64)    \
-  F(S_, long long, gw_stride, 72)   \
+#define RLK_LL_BWD_DW_PARAMS(F, S_)                             \
+  RLK_LL_CHUNK_PRODUCT(F, S_)                                   \
+  RLK_PARAMS_STRIDED(F, S_, const void *, hidden, h_stride, 48) \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad_weight, gw_stride, 64) \
   F(S_, int, accumulate, 80)
 #define RLK_LL_BWD_DW_PARAMS_SIZE 88
 
-#define RLK_LL_BWD_DH_OUT_PARAMS(F, S_) \
-  F(S_, const float *, dh, 0)           \
-  F(S_, long long, N, 8)                \
-  F(S_, long long, H, 16)               \
-  F(S_, void *, grad_hidden, 24)        \
-  F(S_, long long, gh_stride, 32)       \
+#define RLK_LL_BWD_DH_OUT_PARAMS(F, S_)                         \
+  F(S_, const float *, dh, 0)                                   \
+  F(S_, long long, N, 8)                                        \
+  F(S_, long long, H, 16)                                       \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad_hidden, gh_stride, 24) \
   F(S_, int, accumulate, 40)
 #define RLK_LL_BWD_DH_OUT_PARAMS_SIZE 48
 
-#define RLK_LL_BWD_SM90_PARAMS(F, S_)  \
-  F(S_, const void *, labels, 0)       \
-  F(S_, long long, label_stride, 8)    \
-  F(S_, long long, M, 16)              \
-  F(S_, long long, Nn, 24)             \
-  F(S_, long long, K, 32)              \
-  F(S_, long long, V, 40)              \
-  F(S_, long long, c0, 48)             \
-  F(S_, void *, out, 56)               \
-  F(S_, long long, out_stride, 64)     \
-  RLK_LL_GRAD_ROWS(F, S_)              \
-  F(S_, int *, status, 144)            \
-  F(S_, long long, vocab_start, 152)   \
-  F(S_, float, temperature, 160)       \
-  F(S_, int, shard, 164)               \
-  F(S_, int, accumulate, 168)          \
-  F(S_, int, tiles_m, 172)             \
-  F(S_, int, tiles_n, 176)             \
-  F(S_, int, group, 180)               \
-  F(S_, int, staged, 184)              \
-  F(S_, void *, out_aux, 192)          \
-  F(S_, long long, ksplit, 200)        \
-  F(S_, const float *, threshold, 208) \
-  F(S_, rlk_tensor_map, map_a, 256)    \
-  F(S_, rlk_tensor_map, map_b, 384)    \
-  F(S_, rlk_tensor_map, map_c, 512)    \
+#define RLK_LL_BWD_SM90_PARAMS(F, S_)                              \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 0) \
+  F(S_, long long, M, 16)                                          \
+  F(S_, long long, Nn, 24)                                         \
+  F(S_, long long, K, 32)                                          \
+  F(S_, long long, V, 40)                                          \
+  F(S_, long long, c0, 48)                                         \
+  RLK_PARAMS_STRIDED(F, S_, void *, out, out_stride, 56)           \
+  RLK_LL_GRAD_ROWS(F, S_)                                          \
+  F(S_, int *, status, 144)                                        \
+  F(S_, long long, vocab_start, 152)                               \
+  F(S_, float, temperature, 160)                                   \
+  F(S_, int, shard, 164)                                           \
+  F(S_, int, accumulate, 168)                                      \
+  F(S_, int, tiles_m, 172)                                         \
+  F(S_, int, tiles_n, 176)                                         \
+  F(S_, int, group, 180)                                           \
+  F(S_, int, staged, 184)                                          \
+  F(S_, void *, out_aux, 192)                                      \
+  F(S_, long long, ksplit, 200)                                    \
+  F(S_, const float *, threshold, 208)                             \
+  F(S_, rlk_tensor_map, map_a, 256)                                \
+  F(S_, rlk_tensor_map, map_b, 384)                                \
+  F(S_, rlk_tensor_map, map_c, 512)                                \
   F(S_, rlk_tensor_map, map_d, 640)
-#define RLK_LL_BWD_SM90_PARAMS_SIZE 768
-RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, RLK_LL_BWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(ll_bwd_sm90_args, RLK_LL_BWD_SM90_PARAMS, 768);
 
 /* u: row-major [M][V] (u_stride between rows); or, for linear_logprob_stored_dz_t, u^T [V][M]
  * whose lines [0, ksplit) are in u and the rest in u2 at line v - ksplit (strides in elements) */
-#define RLK_LL_STORED_DZ_PARAMS(F, S_) \
-  F(S_, void *, u, 0)                  \
-  F(S_, long long, u_stride, 8)        \
-  F(S_, const void *, partials, 16)    \
-  F(S_, long long, M, 24)              \
-  F(S_, long long, V, 32)              \
-  F(S_, const void *, labels, 40)      \
-  F(S_, long long, label_stride, 48)   \
-  F(S_, long long, ignore_index, 56)   \
-  F(S_, const float *, lse, 64)        \
-  F(S_, const float *, g_lp, 72)       \
-  F(S_, const float *, entropy, 80)    \
-  F(S_, const float *, g_ent, 88)      \
-  F(S_, float, temperature, 96)        \
-  F(S_, void *, u2, 104)               \
-  F(S_, long long, u2_stride, 112)     \
-  F(S_, long long, ksplit, 120)        \
+#define RLK_LL_STORED_DZ_PARAMS(F, S_)                              \
+  RLK_PARAMS_STRIDED(F, S_, void *, u, u_stride, 0)                 \
+  F(S_, const void *, partials, 16)                                 \
+  F(S_, long long, M, 24)                                           \
+  F(S_, long long, V, 32)                                           \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 40) \
+  F(S_, long long, ignore_index, 56)                                \
+  F(S_, const float *, lse, 64)                                     \
+  F(S_, const float *, g_lp, 72)                                    \
+  F(S_, const float *, entropy, 80)                                 \
+  F(S_, const float *, g_ent, 88)                                   \
+  F(S_, float, temperature, 96)                                     \
+  RLK_PARAMS_STRIDED(F, S_, void *, u2, u2_stride, 104)             \
+  F(S_, long long, ksplit, 120)                                     \
   F(S_, const float *, threshold, 128)
 #define RLK_LL_STORED_DZ_PARAMS_SIZE 136
 
-#define RLK_LL_GATHER_PARAMS(F, S_) \
-  F(S_, const void *, src, 0)       \
-  F(S_, long long, src_stride, 8)   \
-  F(S_, long long, src_rows, 16)    \
-  F(S_, long long, H, 24)           \
-  F(S_, const void *, rows, 32)     \
-  F(S_, long long, rows_stride, 40) \
-  F(S_, long long, first, 48)       \
-  F(S_, long long, n, 56)           \
-  F(S_, void *, out, 64)            \
-  F(S_, long long, pitch, 72)       \
+#define RLK_LL_GATHER_PARAMS(F, S_)                              \
+  RLK_PARAMS_STRIDED(F, S_, const void *, src, src_stride, 0)    \
+  F(S_, long long, src_rows, 16)                                 \
+  F(S_, long long, H, 24)                                        \
+  RLK_PARAMS_STRIDED(F, S_, const void *, rows, rows_stride, 32) \
+  F(S_, long long, first, 48)                                    \
+  F(S_, long long, n, 56)                                        \
+  RLK_PARAMS_STRIDED(F, S_, void *, out, pitch, 64)              \
   F(S_, int *, status, 80)
 #define RLK_LL_GATHER_PARAMS_SIZE 88
 
-#define RLK_LL_SCATTER_PARAMS(F, S_) \
-  F(S_, const void *, dh, 0)         \
-  F(S_, long long, dh_pitch, 8)      \
-  F(S_, const void *, rows, 16)      \
-  F(S_, long long, rows_stride, 24)  \
-  F(S_, long long, n, 32)            \
-  F(S_, long long, N, 40)            \
-  F(S_, long long, H, 48)            \
-  F(S_, void *, grad_hidden, 56)     \
-  F(S_, long long, gh_stride, 64)    \
-  F(S_, int, add, 72)                \
+#define RLK_LL_SCATTER_PARAMS(F, S_)                             \
+  RLK_PARAMS_STRIDED(F, S_, const void *, dh, dh_pitch, 0)       \
+  RLK_PARAMS_STRIDED(F, S_, const void *, rows, rows_stride, 16) \
+  F(S_, long long, n, 32)                                        \
+  F(S_, long long, N, 40)                                        \
+  F(S_, long long, H, 48)                                        \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad_hidden, gh_stride, 56)  \
+  F(S_, int, add, 72)                                            \
   F(S_, int, zero, 76)
 #define RLK_LL_SCATTER_PARAMS_SIZE 80
 

@@ -18,20 +18,18 @@
 #include "rlk_params.h"
 
 /* The backward's gradient dtype ("grad"): the logits' (RLK_DT_*), or f32. */
-#define RLK_LP_GRADS(X)     \
-  X(LP_GRAD_SAME, "same")   \
+#define RLK_LP_GRADS(X)   \
+  X(LP_GRAD_SAME, "same") \
   X(LP_GRAD_F32, "f32")
 RLK_PARAMS_ENUM(RLK_LP_GRADS);
 
 /* The logits and the rows' labels, first in every list that reads logits (bytes 0 to 55; the
  * vocab-parallel shard's too, logprob_shard_params.h). */
-#define RLK_LP_ROWS(F, S_)           \
-  F(S_, const void *, logits, 0)     \
-  F(S_, long long, row_stride, 8)    \
-  F(S_, const void *, labels, 16)    \
-  F(S_, long long, label_stride, 24) \
-  F(S_, long long, N, 32)            \
-  F(S_, long long, V, 40)            \
+#define RLK_LP_ROWS(F, S_)                                          \
+  RLK_PARAMS_STRIDED(F, S_, const void *, logits, row_stride, 0)    \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 16) \
+  F(S_, long long, N, 32)                                           \
+  F(S_, long long, V, 40)                                           \
   F(S_, long long, ignore_index, 48)
 
 #define RLK_LP_FWD_PARAMS(F, S_)      \
@@ -42,33 +40,26 @@ RLK_PARAMS_ENUM(RLK_LP_GRADS);
   F(S_, int *, status, 80)            \
   F(S_, const float *, threshold, 88) \
   F(S_, float, temperature, 96)
-#define RLK_LP_FWD_PARAMS_SIZE 104
-RLK_PARAMS_DECLARE(lp_fwd_args, RLK_LP_FWD_PARAMS, RLK_LP_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(lp_fwd_args, RLK_LP_FWD_PARAMS, 104);
 
 /* logprob_fwd_tma's: the tensor map of the logits [N, V] (boxes of 512 bytes x the kernel's rows),
  * then the forward's struct. */
 #define RLK_LP_FWD_TMA_PARAMS(F, S_) \
   F(S_, rlk_tensor_map, map, 0)      \
   F(S_, lp_fwd_args, rows, 128)
-#define RLK_LP_FWD_TMA_PARAMS_SIZE 256
-RLK_PARAMS_DECLARE(lp_fwd_tma_args, RLK_LP_FWD_TMA_PARAMS, RLK_LP_FWD_TMA_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(lp_fwd_tma_args, RLK_LP_FWD_TMA_PARAMS, 256);
 
-#define RLK_LP_BWD_PARAMS(F, S_)             \
-  RLK_LP_ROWS(F, S_)                         \
-  F(S_, const float *, lse, 56)              \
-  F(S_, long long, lse_stride, 64)           \
-  F(S_, const float *, grad_logp, 72)        \
-  F(S_, long long, grad_logp_stride, 80)     \
-  F(S_, const float *, entropy, 88)          \
-  F(S_, long long, entropy_stride, 96)       \
-  F(S_, const float *, grad_entropy, 104)    \
-  F(S_, long long, grad_entropy_stride, 112) \
-  F(S_, void *, grad, 120)                   \
-  F(S_, long long, grad_stride, 128)         \
-  F(S_, int *, status, 136)                  \
-  F(S_, long long, vocab_start, 144)         \
-  F(S_, float, temperature, 152)             \
-  F(S_, int, shard, 156)                     \
+#define RLK_LP_BWD_PARAMS(F, S_)                                                   \
+  RLK_LP_ROWS(F, S_)                                                               \
+  RLK_PARAMS_STRIDED(F, S_, const float *, lse, lse_stride, 56)                    \
+  RLK_PARAMS_STRIDED(F, S_, const float *, grad_logp, grad_logp_stride, 72)        \
+  RLK_PARAMS_STRIDED(F, S_, const float *, entropy, entropy_stride, 88)            \
+  RLK_PARAMS_STRIDED(F, S_, const float *, grad_entropy, grad_entropy_stride, 104) \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad, grad_stride, 120)                        \
+  F(S_, int *, status, 136)                                                        \
+  F(S_, long long, vocab_start, 144)                                               \
+  F(S_, float, temperature, 152)                                                   \
+  F(S_, int, shard, 156)                                                           \
   F(S_, const float *, threshold, 160)
 #define RLK_LP_BWD_PARAMS_SIZE 168
 

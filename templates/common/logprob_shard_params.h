@@ -10,23 +10,22 @@
 
 #include "logprob_params.h"
 
-#define RLK_LS_FWD_PARAMS(F, S_)     \
-  RLK_LP_ROWS(F, S_)                 \
-  F(S_, long long, vocab_start, 56)  \
-  F(S_, void *, partials, 64)        \
+#define RLK_LS_FWD_PARAMS(F, S_)    \
+  RLK_LP_ROWS(F, S_)                \
+  F(S_, long long, vocab_start, 56) \
+  F(S_, void *, partials, 64)       \
   F(S_, float, temperature, 72)
 #define RLK_LS_FWD_PARAMS_SIZE 80
 
-#define RLK_LS_COMBINE_PARAMS(F, S_) \
-  F(S_, const void *, partials, 0)   \
-  F(S_, long long, P, 8)             \
-  F(S_, long long, N, 16)            \
-  F(S_, const void *, labels, 24)    \
-  F(S_, long long, label_stride, 32) \
-  F(S_, long long, ignore_index, 40) \
-  F(S_, float *, logp, 48)           \
-  F(S_, float *, lse, 56)            \
-  F(S_, float *, entropy, 64)        \
+#define RLK_LS_COMBINE_PARAMS(F, S_)                                \
+  F(S_, const void *, partials, 0)                                  \
+  F(S_, long long, P, 8)                                            \
+  F(S_, long long, N, 16)                                           \
+  RLK_PARAMS_STRIDED(F, S_, const void *, labels, label_stride, 24) \
+  F(S_, long long, ignore_index, 40)                                \
+  F(S_, float *, logp, 48)                                          \
+  F(S_, float *, lse, 56)                                           \
+  F(S_, float *, entropy, 64)                                       \
   F(S_, int *, status, 72)
 #define RLK_LS_COMBINE_PARAMS_SIZE 80
 

@@ -29,8 +29,7 @@ enum {
   F(S_, long long, T, 40)          \
   F(S_, double *, partials, 48)    \
   F(S_, int, mask_kind, 56)
-#define RLK_MW_STATS_PARAMS_SIZE 64
-RLK_PARAMS_DECLARE(mw_stats_args, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(mw_stats_args, RLK_MW_STATS_PARAMS, 64);
 
 #define RLK_MW_APPLY_PARAMS(F, S_)    \
   F(S_, const void *, x, 0)           \
@@ -48,7 +47,6 @@ RLK_PARAMS_DECLARE(mw_stats_args, RLK_MW_STATS_PARAMS, RLK_MW_STATS_PARAMS_SIZE)
   F(S_, int, mask_kind, 96)           \
   F(S_, int, nparts, 100)             \
   F(S_, int, flags, 104)
-#define RLK_MW_APPLY_PARAMS_SIZE 112
-RLK_PARAMS_DECLARE(mw_apply_args, RLK_MW_APPLY_PARAMS, RLK_MW_APPLY_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(mw_apply_args, RLK_MW_APPLY_PARAMS, 112);
 
 #endif

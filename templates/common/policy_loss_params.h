@@ -97,7 +97,6 @@ RLK_PARAMS_DECLARE(pl_streams, RLK_PL_STREAMS, RLK_TL_STREAMS_SIZE(PL_NIN, PL_NO
   F(S_, double, ent_coef, 392)            \
   F(S_, double, bound_g, 400)             \
   F(S_, tl_norm, norm, 408)
-#define RLK_PL_PARAMS_SIZE 440
-RLK_PARAMS_DECLARE(pl_args, RLK_PL_PARAMS, RLK_PL_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pl_args, RLK_PL_PARAMS, 440);
 
 #endif

@@ -50,8 +50,7 @@ RLK_PARAMS_ENUM(RLK_PA_DTYPES);
   F(S_, int, Hq, 72)             \
   F(S_, int, Hkv, 76)            \
   F(S_, float, scale, 80)
-#define RLK_PA_FWD_PARAMS_SIZE 88
-RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, 88);
 
 #define RLK_PA_BWD_PARAMS(F, S_)  \
   F(S_, const void *, q, 0)       \
@@ -71,8 +70,7 @@ RLK_PARAMS_DECLARE(pa_fwd_args, RLK_PA_FWD_PARAMS, RLK_PA_FWD_PARAMS_SIZE);
   F(S_, int, Hq, 112)             \
   F(S_, int, Hkv, 116)            \
   F(S_, float, scale, 120)
-#define RLK_PA_BWD_PARAMS_SIZE 128
-RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, 128);
 
 /* The sm_90a kernels': the tensor maps of q, k, v (and grad_out in the backward) over [T, H * D],
  * boxes of 64 head-dim columns (q and grad_out 64 rows, k and v the kernel's key tile), 128-byte
@@ -86,14 +84,12 @@ RLK_PARAMS_DECLARE(pa_bwd_args, RLK_PA_BWD_PARAMS, RLK_PA_BWD_PARAMS_SIZE);
 #define RLK_PA_FWD_SM90_PARAMS(F, S_) \
   RLK_PA_SM90_MAPS(F, S_)             \
   F(S_, pa_fwd_args, pass, 384)
-#define RLK_PA_FWD_SM90_PARAMS_SIZE 512
-RLK_PARAMS_DECLARE(pa_fwd_sm90_args, RLK_PA_FWD_SM90_PARAMS, RLK_PA_FWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pa_fwd_sm90_args, RLK_PA_FWD_SM90_PARAMS, 512);
 
 #define RLK_PA_BWD_SM90_PARAMS(F, S_) \
   RLK_PA_SM90_MAPS(F, S_)             \
   F(S_, rlk_tensor_map, map_do, 384)  \
   F(S_, pa_bwd_args, pass, 512)
-#define RLK_PA_BWD_SM90_PARAMS_SIZE 640
-RLK_PARAMS_DECLARE(pa_bwd_sm90_args, RLK_PA_BWD_SM90_PARAMS, RLK_PA_BWD_SM90_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(pa_bwd_sm90_args, RLK_PA_BWD_SM90_PARAMS, 640);
 
 #endif

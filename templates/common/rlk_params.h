@@ -37,6 +37,12 @@ typedef struct rlk_tensor_map {
 } rlk_tensor_map;
 RLK_PARAMS_ASSERT(sizeof(rlk_tensor_map) == 128, "rlk_tensor_map: 128 bytes");
 
+/* A sub-list of two fields: a pointer to rows and their stride (in elements, long long) right
+ * after it, the form most tensors take in a kernel's arguments. */
+#define RLK_PARAMS_STRIDED(F, S_, type, name, stride, offset) \
+  F(S_, type, name, offset)                                   \
+  F(S_, long long, stride, (offset) + 8)
+
 /* `dims`: nothing, or an array's [n]. */
 #define RLK_PARAMS_FIELD(T, type, name, offset, ...) type name __VA_ARGS__;
 

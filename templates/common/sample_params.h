@@ -13,28 +13,27 @@
  * op checks they agree). */
 enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
 
-#define RLK_SAMPLE_PARAMS(F, S_)                     \
-  F(S_, const void *, logits, 0)                     \
-  F(S_, long long, row_stride, 8)                    \
-  F(S_, long long, B, 16)                            \
-  F(S_, long long, V, 24)                            \
-  F(S_, const float *, temperatures, 32)             \
-  F(S_, const int *, top_ks32, 40)                   \
-  F(S_, const long long *, top_ks64, 48)             \
-  F(S_, long long, top_k, 56)                        \
-  F(S_, const float *, top_ps, 64)                   \
-  F(S_, const float *, min_ps, 72)                   \
-  F(S_, const unsigned long long *, seeds, 80)       \
-  F(S_, unsigned long long, seed, 88)                \
-  F(S_, const unsigned long long *, offsets, 96)     \
-  F(S_, unsigned long long, offset, 104)             \
-  F(S_, void *, tokens, 112)                         \
-  F(S_, float *, logp, 120)                          \
-  F(S_, float *, logp_filtered, 128)                 \
-  F(S_, int *, status, 136)                          \
-  F(S_, float *, threshold, 144)                     \
-  F(S_, float, temperature, 152)                     \
-  F(S_, float, top_p, 156)                           \
+#define RLK_SAMPLE_PARAMS(F, S_)                                 \
+  RLK_PARAMS_STRIDED(F, S_, const void *, logits, row_stride, 0) \
+  F(S_, long long, B, 16)                                        \
+  F(S_, long long, V, 24)                                        \
+  F(S_, const float *, temperatures, 32)                         \
+  F(S_, const int *, top_ks32, 40)                               \
+  F(S_, const long long *, top_ks64, 48)                         \
+  F(S_, long long, top_k, 56)                                    \
+  F(S_, const float *, top_ps, 64)                               \
+  F(S_, const float *, min_ps, 72)                               \
+  F(S_, const unsigned long long *, seeds, 80)                   \
+  F(S_, unsigned long long, seed, 88)                            \
+  F(S_, const unsigned long long *, offsets, 96)                 \
+  F(S_, unsigned long long, offset, 104)                         \
+  F(S_, void *, tokens, 112)                                     \
+  F(S_, float *, logp, 120)                                      \
+  F(S_, float *, logp_filtered, 128)                             \
+  F(S_, int *, status, 136)                                      \
+  F(S_, float *, threshold, 144)                                 \
+  F(S_, float, temperature, 152)                                 \
+  F(S_, float, top_p, 156)                                       \
   F(S_, float, min_p, 160)
 #define RLK_SAMPLE_PARAMS_SIZE 168
 

@@ -17,9 +17,9 @@
 #include "rlk_seq_mask.h"
 
 /* How rows form groups ("offsets"): group_size consecutive rows, or offsets of i32 or i64. */
-#define RLK_TB_OFFSETS(X)          \
-  X(TB_OFFSETS_FIXED, "fixed")     \
-  X(TB_OFFSETS_I32, "i32")         \
+#define RLK_TB_OFFSETS(X)      \
+  X(TB_OFFSETS_FIXED, "fixed") \
+  X(TB_OFFSETS_I32, "i32")     \
   X(TB_OFFSETS_I64, "i64")
 RLK_PARAMS_ENUM(RLK_TB_OFFSETS);
 
@@ -27,49 +27,37 @@ RLK_PARAMS_ENUM(RLK_TB_OFFSETS);
  * in chunks of as many elements, so that it sums in the GPU's order. */
 enum { TB_TEAM = 32 };
 
-#define RLK_TB_SCAN_PARAMS(F, S_)     \
-  F(S_, const void *, rewards, 0)     \
-  F(S_, long long, reward_stride, 8)  \
-  F(S_, const void *, mask, 16)       \
-  F(S_, long long, mask_stride, 24)   \
-  F(S_, const void *, old_logp, 32)   \
-  F(S_, long long, logp_stride, 40)   \
-  F(S_, const void *, sum_pi_sq, 48)  \
-  F(S_, long long, sps_stride, 56)    \
-  F(S_, const void *, isw, 64)        \
-  F(S_, long long, isw_stride, 72)    \
-  F(S_, void *, returns, 80)          \
-  F(S_, long long, returns_stride, 88) \
-  F(S_, void *, adv, 96)              \
-  F(S_, long long, adv_stride, 104)   \
-  F(S_, void *, w_buf, 112)           \
-  F(S_, void *, g_buf, 120)           \
-  F(S_, int *, pos, 128)              \
-  F(S_, int *, len, 136)              \
-  F(S_, long long, B, 144)            \
+#define RLK_TB_SCAN_PARAMS(F, S_)                                    \
+  RLK_PARAMS_STRIDED(F, S_, const void *, rewards, reward_stride, 0) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, mask, mask_stride, 16)     \
+  RLK_PARAMS_STRIDED(F, S_, const void *, old_logp, logp_stride, 32) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, sum_pi_sq, sps_stride, 48) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, isw, isw_stride, 64)       \
+  RLK_PARAMS_STRIDED(F, S_, void *, returns, returns_stride, 80)     \
+  RLK_PARAMS_STRIDED(F, S_, void *, adv, adv_stride, 96)             \
+  F(S_, void *, w_buf, 112)                                          \
+  F(S_, void *, g_buf, 120)                                          \
+  F(S_, int *, pos, 128)                                             \
+  F(S_, int *, len, 136)                                             \
+  F(S_, long long, B, 144)                                           \
   F(S_, long long, T, 152)
-#define RLK_TB_SCAN_PARAMS_SIZE 160
-RLK_PARAMS_DECLARE(tb_scan_args, RLK_TB_SCAN_PARAMS, RLK_TB_SCAN_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(tb_scan_args, RLK_TB_SCAN_PARAMS, 160);
 
-#define RLK_TB_BASELINE_PARAMS(F, S_)  \
-  F(S_, const void *, returns, 0)      \
-  F(S_, long long, returns_stride, 8)  \
-  F(S_, const void *, mask, 16)        \
-  F(S_, long long, mask_stride, 24)    \
-  F(S_, const void *, w_buf, 32)       \
-  F(S_, const void *, g_buf, 40)       \
-  F(S_, const int *, pos, 48)          \
-  F(S_, const int *, len, 56)          \
-  F(S_, void *, adv, 64)               \
-  F(S_, long long, adv_stride, 72)     \
-  F(S_, long long, B, 80)              \
-  F(S_, long long, T, 88)              \
-  F(S_, long long, group_size, 96)     \
-  F(S_, long long, num_groups, 104)    \
-  F(S_, const void *, offsets, 112)    \
-  F(S_, double, eps, 120)              \
+#define RLK_TB_BASELINE_PARAMS(F, S_)                                 \
+  RLK_PARAMS_STRIDED(F, S_, const void *, returns, returns_stride, 0) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, mask, mask_stride, 16)      \
+  F(S_, const void *, w_buf, 32)                                      \
+  F(S_, const void *, g_buf, 40)                                      \
+  F(S_, const int *, pos, 48)                                         \
+  F(S_, const int *, len, 56)                                         \
+  RLK_PARAMS_STRIDED(F, S_, void *, adv, adv_stride, 64)              \
+  F(S_, long long, B, 80)                                             \
+  F(S_, long long, T, 88)                                             \
+  F(S_, long long, group_size, 96)                                    \
+  F(S_, long long, num_groups, 104)                                   \
+  F(S_, const void *, offsets, 112)                                   \
+  F(S_, double, eps, 120)                                             \
   F(S_, int, zero_tail, 128)
-#define RLK_TB_BASELINE_PARAMS_SIZE 136
-RLK_PARAMS_DECLARE(tb_baseline_args, RLK_TB_BASELINE_PARAMS, RLK_TB_BASELINE_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(tb_baseline_args, RLK_TB_BASELINE_PARAMS, 136);
 
 #endif

@@ -12,36 +12,28 @@
 #include "rlk_seq_mask.h"
 
 /* The outputs a call writes ("out"): the estimates, their gradient, or both. */
-#define RLK_TK_OUTPUTS(X)  \
-  X(TK_OUT_KL, "kl")       \
-  X(TK_OUT_GRAD, "grad")   \
+#define RLK_TK_OUTPUTS(X) \
+  X(TK_OUT_KL, "kl")      \
+  X(TK_OUT_GRAD, "grad")  \
   X(TK_OUT_BOTH, "both")
 RLK_PARAMS_ENUM(RLK_TK_OUTPUTS);
 
-#define RLK_TK_PARAMS(F, S_)            \
-  F(S_, const void *, logp, 0)          \
-  F(S_, long long, logp_stride, 8)      \
-  F(S_, const void *, ref, 16)          \
-  F(S_, long long, ref_stride, 24)      \
-  F(S_, const void *, old, 32)          \
-  F(S_, long long, old_stride, 40)      \
-  F(S_, const void *, grad_kl, 48)      \
-  F(S_, long long, grad_kl_stride, 56)  \
-  F(S_, const void *, mask, 64)         \
-  F(S_, long long, mask_stride, 72)     \
-  F(S_, void *, kl, 80)                 \
-  F(S_, long long, kl_stride, 88)       \
-  F(S_, void *, grad, 96)               \
-  F(S_, long long, grad_stride, 104)    \
-  F(S_, long long, B, 112)              \
-  F(S_, long long, T, 120)              \
-  F(S_, double, in_lo, 128)             \
-  F(S_, double, in_hi, 136)             \
-  F(S_, double, out_lo, 144)            \
-  F(S_, double, out_hi, 152)            \
-  F(S_, double, w_max, 160)             \
+#define RLK_TK_PARAMS(F, S_)                                           \
+  RLK_PARAMS_STRIDED(F, S_, const void *, logp, logp_stride, 0)        \
+  RLK_PARAMS_STRIDED(F, S_, const void *, ref, ref_stride, 16)         \
+  RLK_PARAMS_STRIDED(F, S_, const void *, old, old_stride, 32)         \
+  RLK_PARAMS_STRIDED(F, S_, const void *, grad_kl, grad_kl_stride, 48) \
+  RLK_PARAMS_STRIDED(F, S_, const void *, mask, mask_stride, 64)       \
+  RLK_PARAMS_STRIDED(F, S_, void *, kl, kl_stride, 80)                 \
+  RLK_PARAMS_STRIDED(F, S_, void *, grad, grad_stride, 96)             \
+  F(S_, long long, B, 112)                                             \
+  F(S_, long long, T, 120)                                             \
+  F(S_, double, in_lo, 128)                                            \
+  F(S_, double, in_hi, 136)                                            \
+  F(S_, double, out_lo, 144)                                           \
+  F(S_, double, out_hi, 152)                                           \
+  F(S_, double, w_max, 160)                                            \
   F(S_, double, bound_g, 168)
-#define RLK_TK_PARAMS_SIZE 176
-RLK_PARAMS_DECLARE(tk_args, RLK_TK_PARAMS, RLK_TK_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(tk_args, RLK_TK_PARAMS, 176);
 
 #endif

@@ -60,8 +60,7 @@ RLK_PARAMS_ENUM(RLK_TL_NORM_KINDS);
   F(S_, double *, counts, 8)             \
   F(S_, long long, kind, 16)             \
   F(S_, long long, num_counts, 24)
-#define RLK_TL_NORM_SIZE 32
-RLK_PARAMS_DECLARE(tl_norm, RLK_TL_NORM, RLK_TL_NORM_SIZE);
+RLK_PARAMS_DECLARE(tl_norm, RLK_TL_NORM, 32);
 
 /* Where a loss lands, from byte o (a multiple of 8): the loss, the metrics, and the blocks'
  * partials [num_partials][NACC] f64 that the finish kernel folds into them. */

@@ -27,7 +27,6 @@ RLK_PARAMS_DECLARE(vl_streams, RLK_VL_STREAMS, RLK_TL_STREAMS_SIZE(VL_NIN, VL_NO
   F(S_, double, c_grad, 184)              \
   F(S_, double, bound_g, 192)             \
   F(S_, tl_norm, norm, 200)
-#define RLK_VL_PARAMS_SIZE 232
-RLK_PARAMS_DECLARE(vl_args, RLK_VL_PARAMS, RLK_VL_PARAMS_SIZE);
+RLK_PARAMS_DECLARE(vl_args, RLK_VL_PARAMS, 232);
 
 #endif
