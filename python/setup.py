@@ -1,6 +1,6 @@
-"""Builds rlk's wheel: the Python package with every subpackage and librlk.so.0 inside it
-(rlk/_lib/), tagged for this machine's platform (manylinux_2_<glibc>_<arch>) since the library
-is native code.
+"""Builds rlk's wheel: the Python package with every subpackage, librlk.so.0 and the rlk.h its
+structs are read from inside it (rlk/_lib/), tagged for this machine's platform
+(manylinux_2_<glibc>_<arch>) since the library is native code.
 
 Where the library comes from, first found wins:
   1. RLK_LIBRARY: a built librlk.so.0 to bundle as it is;
@@ -98,6 +98,11 @@ class build_py_with_library(build_py):
         shutil.copyfile(lib, os.path.join(dest, SONAME))
         _bundled["path"] = lib
         say("bundled %s as rlk/_lib/%s" % (lib, SONAME))
+        # The package's structs are read from the header (rlk/_header.py): the library's own.
+        header = os.path.join(c_source_root() or "", "include", "rlk.h")
+        if not os.path.isfile(header):
+            raise SystemExit("rlk: cannot bundle rlk.h: no C sources beside the package (%s)" % header)
+        shutil.copyfile(header, os.path.join(dest, "rlk.h"))
 
 
 class NativeDistribution(Distribution):

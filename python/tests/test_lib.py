@@ -55,16 +55,35 @@ def test_import_without_a_library_names_every_place_tried(tmp_path):
     pkg = tmp_path / "site"
     shutil.copytree(os.path.join(PYTHON_DIR, "rlk"), pkg / "rlk",
                     ignore=shutil.ignore_patterns("_lib", "__pycache__"))
-    env = {k: v for k, v in os.environ.items() if k not in ("RLK_LIBRARY", "LD_LIBRARY_PATH")}
-    env["PYTHONPATH"] = str(pkg)
-    r = subprocess.run([sys.executable, "-c", "import rlk"], env=env, capture_output=True,
-                       text=True, timeout=60, cwd=str(tmp_path))
+    (pkg / "rlk" / "_lib").mkdir()
+    shutil.copyfile(os.path.join(os.path.dirname(PYTHON_DIR), "include", "rlk.h"), pkg / "rlk" / "_lib" / "rlk.h")
+    r = _import_copied(pkg, tmp_path)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()
     assert any("rlk.errors.LibraryNotFound: librlk could not be loaded" in l for l in last), r.stderr
     assert str(pkg / "rlk" / "_lib" / "librlk.so.0") + " (absent)" in r.stderr
     assert str(tmp_path / "build" / "lib" / "librlk.so.0") + " (absent)" in r.stderr
     assert "system loader: librlk.so.0" in r.stderr
+
+
+def _import_copied(pkg, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("RLK_LIBRARY", "LD_LIBRARY_PATH")}
+    env["PYTHONPATH"] = str(pkg)
+    return subprocess.run([sys.executable, "-c", "import rlk"], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=str(cwd))
+
+
+def test_import_without_the_header_names_every_place_tried(tmp_path):
+    """The structs are read from rlk.h: a package with neither its copy nor a source tree around
+    it fails to import with an ImportError naming both places."""
+    pkg = tmp_path / "site"
+    shutil.copytree(os.path.join(PYTHON_DIR, "rlk"), pkg / "rlk",
+                    ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+    r = _import_copied(pkg, tmp_path)
+    assert r.returncode != 0
+    assert "rlk._header.HeaderNotFound: rlk: the package's structs are read from rlk.h" in r.stderr, r.stderr
+    assert str(pkg / "rlk" / "_lib" / "rlk.h") + " (absent)" in r.stderr
+    assert str(tmp_path / "include" / "rlk.h") + " (absent)" in r.stderr
 
 
 def test_errors_map_statuses():

@@ -1,7 +1,5 @@
 """Group advantages (GRPO family): rlk_group_advantage. No backward (advantages are constants
 of the loss)."""
-import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced, use_plans
@@ -9,47 +7,12 @@ from .._tensor import Binder, Op, contiguous_strides, dim, compiling, keep_plan,
 __all__ = ["AdvantageMode", "SingletonPolicy", "NanScores", "GroupAdvantageArgs", "group_advantage"]
 
 
-@T.c_enum("rlk_advantage_mode", "RLK_ADV_")
-class AdvantageMode(enum.IntEnum):
-    GRPO = 0       # (s - mean_g) / (std_g + eps)
-    MEAN_ONLY = 1  # s - mean_g
-    RLOO = 2       # s - mean of the other members
-    BATCH_STD = 3  # (s - mean_g) / (std over the batch + eps)
-    OPO = 4        # s - sum_g(w s) / sum_g(w), weights w (verl opo: response lengths)
-    PASSK = 5      # the best member: (max - second max) / (std_g + eps); the others 0
-    PASSK_UNSCALED = 6  # the same without the division
+AdvantageMode = T.c_enum("AdvantageMode", "rlk_advantage_mode", "RLK_ADV_")
+SingletonPolicy = T.c_enum("SingletonPolicy", "rlk_singleton_policy", "RLK_SINGLETON_")
+NanScores = T.c_enum("NanScores", "rlk_nan_scores", "RLK_NAN_SCORES_")
 
 
-@T.c_enum("rlk_singleton_policy", "RLK_SINGLETON_")
-class SingletonPolicy(enum.IntEnum):
-    MEAN0_STD1 = 0  # verl: a one-member group uses mean 0 and std 1
-    ZERO = 1        # a one-member group gets advantage 0
-
-
-@T.c_enum("rlk_nan_scores", "RLK_NAN_SCORES_")
-class NanScores(enum.IntEnum):
-    PROPAGATE = 0   # NaN scores are arithmetic
-    UNSCORABLE = 1  # TRL: a NaN marks an unscorable member, left out of the statistics, advantage 0
-
-
-@T.abi_struct("rlk_group_advantage_args")
-class GroupAdvantageArgs(ctypes.Structure):
-    _fields_ = [
-        ("scores", T.Tensor),
-        ("group_size", ctypes.c_int64),
-        ("group_offsets", T.Tensor),
-        ("mode", ctypes.c_int),
-        ("eps", ctypes.c_float),
-        ("unbiased", ctypes.c_int),
-        ("singleton", ctypes.c_int),
-        ("advantages", T.Tensor),
-        ("mask", T.Tensor),
-        ("token_advantages", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("weights", T.Tensor),
-        ("nan_scores", ctypes.c_int),
-    ]
+GroupAdvantageArgs = T.c_struct("rlk_group_advantage_args")
 
 
 OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)

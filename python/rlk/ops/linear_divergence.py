@@ -9,8 +9,6 @@ top k; the student's entropy; and the loss over the tokens with rlk's aggregatio
 formulas, the stats the backward reads and the record of the shard form.
 """
 import collections
-import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim
@@ -21,82 +19,17 @@ __all__ = ["DivergenceMode", "LinearDivergenceArgs", "LinearDivergenceBackwardAr
            "PARTIAL_FIELDS", "linear_divergence", "linear_divergence_backward",
            "linear_divergence_partials", "linear_divergence_combine"]
 
-STATS = 6            # RLK_LINEAR_DIVERGENCE_STATS
-TOP_K_MAX = 32       # RLK_LINEAR_DIVERGENCE_TOP_K_MAX
-PARTIAL_FIELDS = 8   # RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS
+STATS = T.c_constant("RLK_LINEAR_DIVERGENCE_STATS")
+TOP_K_MAX = T.c_constant("RLK_LINEAR_DIVERGENCE_TOP_K_MAX")
+PARTIAL_FIELDS = T.c_constant("RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS")
 
 
-@T.c_enum("rlk_divergence_mode", "RLK_DIVERGENCE_")
-class DivergenceMode(enum.IntEnum):
-    FORWARD_KL = 0  # KL(teacher || student)
-    REVERSE_KL = 1  # KL(student || teacher)
-    JSD = 2         # beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = (1 - beta) p_s + beta p_t
+DivergenceMode = T.c_enum("DivergenceMode", "rlk_divergence_mode", "RLK_DIVERGENCE_")
 
 
-_HEAD = [
-    ("student_hidden", T.Tensor),
-    ("student_weight", T.Tensor),
-    ("teacher_hidden", T.Tensor),
-    ("teacher_weight", T.Tensor),
-    ("student_temperature", ctypes.c_float),
-    ("teacher_temperature", ctypes.c_float),
-    ("mode", ctypes.c_int),
-    ("beta", ctypes.c_double),
-    ("top_k", ctypes.c_int),
-    ("labels", T.Tensor),
-    ("ignore_index", ctypes.c_int64),
-]
-
-
-@T.abi_struct("rlk_linear_divergence_args")
-class LinearDivergenceArgs(ctypes.Structure):
-    _fields_ = _HEAD + [
-        ("divergence", T.Tensor),
-        ("stats", T.Tensor),
-        ("entropy", T.Tensor),
-        ("loss", T.Tensor),
-        ("grad_divergence", T.Tensor),
-        ("mask", T.Tensor),
-        ("seq_offsets", T.Tensor),
-    ] + _losses.AGG_FIELDS + [
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("variant", ctypes.c_int),
-        ("splits", ctypes.c_int),
-        ("partials", T.Tensor),
-        ("vocab_start", ctypes.c_int64),
-    ]
-
-
-@T.abi_struct("rlk_linear_divergence_backward_args")
-class LinearDivergenceBackwardArgs(ctypes.Structure):
-    _fields_ = _HEAD + [
-        ("stats", T.Tensor),
-        ("grad_divergence", T.Tensor),
-        ("grad_student_hidden", T.Tensor),
-        ("grad_student_weight", T.Tensor),
-        ("grad_teacher_hidden", T.Tensor),
-        ("grad_teacher_weight", T.Tensor),
-        ("accumulate", ctypes.c_int),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("chunk", ctypes.c_int),
-        ("shard", ctypes.c_int),
-        ("vocab_start", ctypes.c_int64),
-    ]
-
-
-@T.abi_struct("rlk_linear_divergence_combine_args")
-class LinearDivergenceCombineArgs(ctypes.Structure):
-    _fields_ = [
-        ("partials", T.Tensor),
-        ("mode", ctypes.c_int),
-        ("labels", T.Tensor),
-        ("ignore_index", ctypes.c_int64),
-        ("divergence", T.Tensor),
-        ("stats", T.Tensor),
-        ("entropy", T.Tensor),
-    ]
+LinearDivergenceArgs = T.c_struct("rlk_linear_divergence_args")
+LinearDivergenceBackwardArgs = T.c_struct("rlk_linear_divergence_backward_args")
+LinearDivergenceCombineArgs = T.c_struct("rlk_linear_divergence_combine_args")
 
 
 OP = Op("linear_divergence", LinearDivergenceArgs, workspace=True)

@@ -6,12 +6,11 @@ storing those logits: logp, lse and entropy f32 [N].
 """
 import collections
 import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
 from . import losses as _losses
-from .logprob import BACKWARD_INPUT_FIELDS, FORWARD_OUTPUT_FIELDS, LABEL_FIELDS, LogprobResult
+from .logprob import LogprobResult
 
 __all__ = ["STATUS_BAD_ROW", "LinearLogprobVariant", "LinearLogprobArgs", "LinearLogprobBackwardArgs", "linear_logprob",
            "linear_logprob_backward", "linear_logprob_partials", "LinearPolicyLossArgs",
@@ -20,51 +19,12 @@ __all__ = ["STATUS_BAD_ROW", "LinearLogprobVariant", "LinearLogprobArgs", "Linea
 STATUS_BAD_ROW = 4  # RLK_LOGPROB_STATUS_BAD_ROW: a selected row outside hidden or not after the one before
 
 
-@T.c_enum("rlk_linear_logprob_variant", "RLK_LINEAR_LOGPROB_")
-class LinearLogprobVariant(enum.IntEnum):
-    AUTO = 0
-    WGMMA = 1
-    TILED = 2
+LinearLogprobVariant = T.c_enum("LinearLogprobVariant", "rlk_linear_logprob_variant",
+                                "RLK_LINEAR_LOGPROB_")
 
 
-@T.abi_struct("rlk_linear_logprob_args")
-class LinearLogprobArgs(ctypes.Structure):
-    _fields_ = [
-        ("hidden", T.Tensor),
-        ("weight", T.Tensor),
-    ] + LABEL_FIELDS + FORWARD_OUTPUT_FIELDS + [
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("variant", ctypes.c_int),
-        ("splits", ctypes.c_int),
-        ("stages", ctypes.c_int),
-        ("partials", T.Tensor),
-        ("vocab_start", ctypes.c_int64),
-        ("partial_entropy", ctypes.c_int),
-        ("threshold", T.Tensor),
-        ("rows", T.Tensor),
-    ]
-
-
-@T.abi_struct("rlk_linear_logprob_backward_args")
-class LinearLogprobBackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("hidden", T.Tensor),
-        ("weight", T.Tensor),
-    ] + LABEL_FIELDS + BACKWARD_INPUT_FIELDS + [
-        ("grad_hidden", T.Tensor),
-        ("grad_weight", T.Tensor),
-        ("accumulate", ctypes.c_int),
-        ("status", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("chunk", ctypes.c_int),
-        ("group", ctypes.c_int),
-        ("shard", ctypes.c_int),
-        ("vocab_start", ctypes.c_int64),
-        ("threshold", T.Tensor),
-        ("rows", T.Tensor),
-    ]
+LinearLogprobArgs = T.c_struct("rlk_linear_logprob_args")
+LinearLogprobBackwardArgs = T.c_struct("rlk_linear_logprob_backward_args")
 
 
 OP = Op("linear_logprob", LinearLogprobArgs, workspace=True)
@@ -218,21 +178,7 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     return grad_hidden, grad_weight
 
 
-@T.abi_struct("rlk_linear_policy_loss_args")
-class LinearPolicyLossArgs(ctypes.Structure):
-    _fields_ = [
-        ("head", LinearLogprobArgs),
-        ("loss", _losses.PolicyLossArgs),
-        ("grad_hidden", T.Tensor),
-        ("grad_weight", T.Tensor),
-        ("accumulate", ctypes.c_int),
-        ("chunk", ctypes.c_int),
-        ("group", ctypes.c_int),
-        ("path", ctypes.c_int),
-        ("chunk_tokens", ctypes.c_int),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+LinearPolicyLossArgs = T.c_struct("rlk_linear_policy_loss_args")
 
 
 # rlk_linear_policy_loss_path

@@ -6,33 +6,16 @@ log-prob bitwise what rlk.linear_logprob gives that row and token (the rollout's
 trainer's). The head's raw logits live in the call's workspace, never in an output.
 """
 import collections
-import ctypes
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim
 from .linear_logprob import LinearLogprobVariant
-from .sample import FILTER_FIELDS, _filters, _optional_out, _tokens
+from .sample import _filters, _optional_out, _tokens
 
 __all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
 
 
-@T.abi_struct("rlk_linear_sample_args")
-class LinearSampleArgs(ctypes.Structure):
-    _fields_ = [
-        ("hidden", T.Tensor),
-        ("weight", T.Tensor),
-        ("temperature", ctypes.c_float),
-    ] + FILTER_FIELDS + [
-        ("tokens", T.Tensor),
-        ("logp", T.Tensor),
-        ("lse", T.Tensor),
-        ("entropy", T.Tensor),
-        ("threshold", T.Tensor),
-        ("status", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("variant", ctypes.c_int),
-    ]
+LinearSampleArgs = T.c_struct("rlk_linear_sample_args")
 
 
 OP = Op("linear_sample", LinearSampleArgs, workspace=True)

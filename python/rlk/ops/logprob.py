@@ -5,8 +5,6 @@ i64); logp, lse and entropy come back f32 [N]. rlk.autograd.token_logprob wraps 
 a torch.autograd.Function (and accepts [..., V] logits).
 """
 import collections
-import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
@@ -15,58 +13,14 @@ from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
 
-STATUS_BAD_LABEL = 1  # RLK_LOGPROB_STATUS_BAD_LABEL
+STATUS_BAD_LABEL = T.c_constant("RLK_LOGPROB_STATUS_BAD_LABEL")
 
 
-@T.c_enum("rlk_logprob_variant", "RLK_LOGPROB_VARIANT_")
-class LogprobVariant(enum.IntEnum):
-    AUTO = 0
-    VEC = 1
-    BULK = 2
-    TMA = 3
+LogprobVariant = T.c_enum("LogprobVariant", "rlk_logprob_variant", "RLK_LOGPROB_VARIANT_")
 
 
-# The fields that the log-prob ops over logits and over a linear head's hidden states share,
-# in the order of their C structs: after the input, the labels and their settings; then the
-# forward's outputs (logprob_combine's too), or the backward's saved statistics and incoming
-# gradients.
-LABEL_FIELDS = [("labels", T.Tensor), ("temperature", ctypes.c_float), ("ignore_index", ctypes.c_int64)]
-FORWARD_OUTPUT_FIELDS = [("logp", T.Tensor), ("lse", T.Tensor), ("entropy", T.Tensor), ("status", T.Tensor)]
-BACKWARD_INPUT_FIELDS = [("lse", T.Tensor), ("grad_logp", T.Tensor), ("grad_entropy", T.Tensor),
-                         ("entropy", T.Tensor)]
-
-_TUNING = [
-    ("variant", ctypes.c_int),
-    ("block", ctypes.c_int),
-    ("unroll", ctypes.c_int),
-    ("stages", ctypes.c_int),
-]
-
-
-@T.abi_struct("rlk_logprob_args")
-class LogprobArgs(ctypes.Structure):
-    _fields_ = [
-        ("logits", T.Tensor),
-    ] + LABEL_FIELDS + FORWARD_OUTPUT_FIELDS + _TUNING + [
-        ("partials", T.Tensor),
-        ("vocab_start", ctypes.c_int64),
-        ("partial_entropy", ctypes.c_int),
-        ("threshold", T.Tensor),
-    ]
-
-
-@T.abi_struct("rlk_logprob_backward_args")
-class LogprobBackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("logits", T.Tensor),
-    ] + LABEL_FIELDS + BACKWARD_INPUT_FIELDS + [
-        ("grad_logits", T.Tensor),
-        ("status", T.Tensor),
-    ] + _TUNING + [
-        ("shard", ctypes.c_int),
-        ("vocab_start", ctypes.c_int64),
-        ("threshold", T.Tensor),
-    ]
+LogprobArgs = T.c_struct("rlk_logprob_args")
+LogprobBackwardArgs = T.c_struct("rlk_logprob_backward_args")
 
 
 FORWARD_OP = Op("logprob", LogprobArgs)

@@ -14,7 +14,6 @@ stay on the device until the caller reads them (metrics_dict does).
 """
 import collections
 import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import (_KIND, Binder, Op, _kind, contiguous_strides, dim, compiling, keep_plan,
@@ -25,37 +24,10 @@ __all__ = ["LossAgg", "PolicyLossMode", "SeqRatioGrad", "KLEstimator", "PolicyLo
            "policy_loss", "value_loss", "metrics_dict"]
 
 
-@T.c_enum("rlk_loss_agg", "RLK_AGG_")
-class LossAgg(enum.IntEnum):
-    TOKEN_MEAN = 0
-    TOKEN_SUM = 1
-    SEQ_MEAN_TOKEN_SUM = 2
-    SEQ_MEAN_TOKEN_MEAN = 3
-    SEQ_MEAN_TOKEN_SUM_NORM = 4
-
-
-@T.c_enum("rlk_policy_loss_mode", "RLK_POLICY_")
-class PolicyLossMode(enum.IntEnum):
-    PPO = 0
-    GSPO = 1
-    CISPO = 2
-    SAPO = 3
-    REINFORCE = 4
-    GEO_MEAN = 5
-
-
-@T.c_enum("rlk_seq_ratio_grad", "RLK_SEQ_RATIO_")
-class SeqRatioGrad(enum.IntEnum):
-    STRAIGHT_THROUGH = 0
-    THROUGH_MEAN = 1
-
-
-@T.c_enum("rlk_kl_estimator", "RLK_KL_")
-class KLEstimator(enum.IntEnum):
-    K1 = 0
-    ABS = 1
-    K2 = 2
-    K3 = 3
+LossAgg = T.c_enum("LossAgg", "rlk_loss_agg", "RLK_AGG_")
+PolicyLossMode = T.c_enum("PolicyLossMode", "rlk_policy_loss_mode", "RLK_POLICY_")
+SeqRatioGrad = T.c_enum("SeqRatioGrad", "rlk_seq_ratio_grad", "RLK_SEQ_RATIO_")
+KLEstimator = T.c_enum("KLEstimator", "rlk_kl_estimator", "RLK_KL_")
 
 
 # The metric slots, in the order of RLK_PL_METRIC_* / RLK_VL_METRIC_*.
@@ -66,73 +38,8 @@ POLICY_LOSS_METRICS = ("clipfrac", "clipfrac_lower", "clip_low", "clip_high", "a
 VALUE_LOSS_METRICS = ("clipfrac", "value_mean", "error_mean", "mask_sum")
 
 
-# The loss aggregation's settings (_set_agg), in every args struct that aggregates a loss.
-AGG_FIELDS = [
-    ("agg", ctypes.c_int),
-    ("token_normalizer", ctypes.c_double),
-    ("seq_normalizer", ctypes.c_double),
-    ("norm_scale", ctypes.c_double),
-    ("loss_scale", ctypes.c_double),
-    ("token_normalizer_tensor", T.Tensor),
-    ("seq_normalizer_tensor", T.Tensor),
-]
-
-
-@T.abi_struct("rlk_policy_loss_args")
-class PolicyLossArgs(ctypes.Structure):
-    _fields_ = [
-        ("logp", T.Tensor),
-        ("old_logp", T.Tensor),
-        ("advantages", T.Tensor),
-        ("seq_advantages", ctypes.c_int),
-        ("mask", T.Tensor),
-        ("seq_offsets", T.Tensor),
-        ("ref_logp", T.Tensor),
-        ("entropy", T.Tensor),
-        ("rollout_is_weights", T.Tensor),
-        ("mode", ctypes.c_int),
-        ("clip_low", ctypes.c_double),
-        ("clip_high", ctypes.c_double),
-        ("dual_clip", ctypes.c_double),
-        ("log_ratio_min", ctypes.c_double),
-        ("log_ratio_max", ctypes.c_double),
-        ("sapo_tau_pos", ctypes.c_double),
-        ("sapo_tau_neg", ctypes.c_double),
-        ("seq_ratio_grad", ctypes.c_int),
-        ("clamp_bound_grad", ctypes.c_double),
-        ("kl_estimator", ctypes.c_int),
-        ("kl_coef", ctypes.c_double),
-        ("kl_input_clamp", ctypes.c_double),
-        ("kl_output_clamp", ctypes.c_double),
-        ("kl_straight_through", ctypes.c_int),
-        ("entropy_coef", ctypes.c_double),
-    ] + AGG_FIELDS + [
-        ("loss", T.Tensor),
-        ("grad_logp", T.Tensor),
-        ("grad_entropy", T.Tensor),
-        ("metrics", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
-
-
-@T.abi_struct("rlk_value_loss_args")
-class ValueLossArgs(ctypes.Structure):
-    _fields_ = [
-        ("values", T.Tensor),
-        ("old_values", T.Tensor),
-        ("returns", T.Tensor),
-        ("mask", T.Tensor),
-        ("seq_offsets", T.Tensor),
-        ("clip", ctypes.c_double),
-        ("clamp_bound_grad", ctypes.c_double),
-    ] + AGG_FIELDS + [
-        ("loss", T.Tensor),
-        ("grad_values", T.Tensor),
-        ("metrics", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+PolicyLossArgs = T.c_struct("rlk_policy_loss_args")
+ValueLossArgs = T.c_struct("rlk_value_loss_args")
 
 
 _PL_NMETRICS = len(POLICY_LOSS_METRICS)

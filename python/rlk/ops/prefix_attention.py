@@ -18,58 +18,10 @@ __all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArg
            "prefix_attention_backward", "PrefixAttentionResult"]
 
 
-@T.abi_struct("rlk_prefix_attention_layout")
-class PrefixAttentionLayout(ctypes.Structure):
-    _fields_ = [
-        ("seq_offsets", T.Tensor),
-        ("group_offsets", T.Tensor),
-        ("host_seq_offsets", ctypes.POINTER(ctypes.c_int32)),
-        ("host_group_offsets", ctypes.POINTER(ctypes.c_int32)),
-        ("num_segments", ctypes.c_int64),
-        ("num_prompts", ctypes.c_int64),
-    ]
-
-
-@T.abi_struct("rlk_prefix_attention_tuning")
-class PrefixAttentionTuning(ctypes.Structure):
-    _fields_ = [
-        ("variant", ctypes.c_int),
-        ("fwd_stages", ctypes.c_int),
-        ("dkdv_stages", ctypes.c_int),
-        ("dq_stages", ctypes.c_int),
-    ]
-
-
-# The forward's inputs and outputs, which the backward's args begin with as its inputs.
-_FORWARD_FIELDS = [
-    ("q", T.Tensor),
-    ("k", T.Tensor),
-    ("v", T.Tensor),
-    ("layout", PrefixAttentionLayout),
-    ("scale", ctypes.c_float),
-    ("out", T.Tensor),
-    ("lse", T.Tensor),
-]
-
-
-@T.abi_struct("rlk_prefix_attention_args")
-class PrefixAttentionArgs(ctypes.Structure):
-    _fields_ = _FORWARD_FIELDS + [
-        ("tuning", PrefixAttentionTuning),
-    ]
-
-
-@T.abi_struct("rlk_prefix_attention_backward_args")
-class PrefixAttentionBackwardArgs(ctypes.Structure):
-    _fields_ = _FORWARD_FIELDS + [
-        ("grad_out", T.Tensor),
-        ("grad_q", T.Tensor),
-        ("grad_k", T.Tensor),
-        ("grad_v", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("tuning", PrefixAttentionTuning),
-    ]
+PrefixAttentionLayout = T.c_struct("rlk_prefix_attention_layout")
+PrefixAttentionTuning = T.c_struct("rlk_prefix_attention_tuning")
+PrefixAttentionArgs = T.c_struct("rlk_prefix_attention_args")
+PrefixAttentionBackwardArgs = T.c_struct("rlk_prefix_attention_backward_args")
 
 
 FORWARD_OP = Op("prefix_attention", PrefixAttentionArgs)

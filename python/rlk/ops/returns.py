@@ -4,8 +4,6 @@ rlk_masked_whiten. No backward (they make the constants of the loss).
 Per-token tensors are [B, T] with contiguous rows (each its own row stride), f32 or f64, one
 dtype per call; outputs are allocated in that dtype when not given. Masks are bool, i32 or f32.
 """
-import ctypes
-import enum
 
 from .. import _types as T
 from .._tensor import Binder, Op, compiling, contiguous_strides, keep_plan, plan_call, traced, use_plans
@@ -15,94 +13,17 @@ __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked"
            "discounted_returns", "reverse_cumsum", "masked_whiten"]
 
 
-@T.c_enum("rlk_scan_algo", "RLK_SCAN_")
-class ScanAlgo(enum.IntEnum):
-    AUTO = 0
-    ROW_WARP = 1
-    ROW_BLOCK = 2
+ScanAlgo = T.c_enum("ScanAlgo", "rlk_scan_algo", "RLK_SCAN_")
+GaeMasked = T.c_enum("GaeMasked", "rlk_gae_masked", "RLK_GAE_MASKED_")
+ReturnsMasked = T.c_enum("ReturnsMasked", "rlk_returns_masked", "RLK_RETURNS_MASKED_")
+WhitenEps = T.c_enum("WhitenEps", "rlk_whiten_eps", "RLK_WHITEN_EPS_")
+WhitenMasked = T.c_enum("WhitenMasked", "rlk_whiten_masked", "RLK_WHITEN_MASKED_")
 
 
-@T.c_enum("rlk_gae_masked", "RLK_GAE_MASKED_")
-class GaeMasked(enum.IntEnum):
-    SKIP = 0  # verl: masked steps pass the running values through
-    ZERO = 1  # OpenRLHF, TRL: rewards and values zeroed where masked
-
-
-@T.c_enum("rlk_returns_masked", "RLK_RETURNS_MASKED_")
-class ReturnsMasked(enum.IntEnum):
-    RESET = 0  # verl REINFORCE++ (single-turn)
-    ZERO = 1   # OpenRLHF
-    CARRY = 2  # verl REINFORCE++ (multi-turn): the running return carried through masked steps
-
-
-@T.c_enum("rlk_whiten_eps", "RLK_WHITEN_EPS_")
-class WhitenEps(enum.IntEnum):
-    ADD = 0    # rsqrt(var + eps)
-    CLAMP = 1  # rsqrt(max(var, eps))
-
-
-@T.c_enum("rlk_whiten_masked", "RLK_WHITEN_MASKED_")
-class WhitenMasked(enum.IntEnum):
-    APPLY = 0
-    ZERO = 1
-
-
-@T.abi_struct("rlk_gae_args")
-class GaeArgs(ctypes.Structure):
-    _fields_ = [
-        ("rewards", T.Tensor),
-        ("values", T.Tensor),
-        ("mask", T.Tensor),
-        ("gamma", ctypes.c_double),
-        ("lambda", ctypes.c_double),
-        ("masked", ctypes.c_int),
-        ("advantages", T.Tensor),
-        ("returns", T.Tensor),
-        ("algo", ctypes.c_int),
-    ]
-
-
-@T.abi_struct("rlk_discounted_returns_args")
-class DiscountedReturnsArgs(ctypes.Structure):
-    _fields_ = [
-        ("rewards", T.Tensor),
-        ("mask", T.Tensor),
-        ("gamma", ctypes.c_double),
-        ("masked", ctypes.c_int),
-        ("returns", T.Tensor),
-        ("algo", ctypes.c_int),
-    ]
-
-
-@T.abi_struct("rlk_reverse_cumsum_args")
-class ReverseCumsumArgs(ctypes.Structure):
-    _fields_ = [
-        ("values", T.Tensor),
-        ("mask", T.Tensor),
-        ("out", T.Tensor),
-        ("baseline", T.Tensor),
-        ("advantages", T.Tensor),
-        ("algo", ctypes.c_int),
-    ]
-
-
-@T.abi_struct("rlk_masked_whiten_args")
-class MaskedWhitenArgs(ctypes.Structure):
-    _fields_ = [
-        ("x", T.Tensor),
-        ("mask", T.Tensor),
-        ("out", T.Tensor),
-        ("eps", ctypes.c_double),
-        ("eps_mode", ctypes.c_int),
-        ("unbiased", ctypes.c_int),
-        ("count_eps", ctypes.c_double),
-        ("shift_mean", ctypes.c_int),
-        ("normalize_std", ctypes.c_int),
-        ("masked", ctypes.c_int),
-        ("stats", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+GaeArgs = T.c_struct("rlk_gae_args")
+DiscountedReturnsArgs = T.c_struct("rlk_discounted_returns_args")
+ReverseCumsumArgs = T.c_struct("rlk_reverse_cumsum_args")
+MaskedWhitenArgs = T.c_struct("rlk_masked_whiten_args")
 
 
 GAE_OP = Op("gae", GaeArgs)

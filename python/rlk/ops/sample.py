@@ -7,7 +7,6 @@ logp_filtered f32 [B]; logp is bitwise what rlk.logprob gives for that row, temp
 greedy rows) and token.
 """
 import collections
-import ctypes
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
@@ -15,44 +14,13 @@ from .._tensor import Binder, Op, dim, compiling, traced
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
            "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
 
-SAMPLE_STATUS_NAN = 1        # RLK_SAMPLE_STATUS_NAN
-SAMPLE_STATUS_NO_TOKEN = 2   # RLK_SAMPLE_STATUS_NO_TOKEN
-SAMPLE_STATUS_BAD_PARAM = 4  # RLK_SAMPLE_STATUS_BAD_PARAM
-SAMPLE_ROW_SPLIT_AUTO = -1   # RLK_SAMPLE_ROW_SPLIT_AUTO
+SAMPLE_STATUS_NAN = T.c_constant("RLK_SAMPLE_STATUS_NAN")
+SAMPLE_STATUS_NO_TOKEN = T.c_constant("RLK_SAMPLE_STATUS_NO_TOKEN")
+SAMPLE_STATUS_BAD_PARAM = T.c_constant("RLK_SAMPLE_STATUS_BAD_PARAM")
+SAMPLE_ROW_SPLIT_AUTO = T.c_constant("RLK_SAMPLE_ROW_SPLIT_AUTO")
 
 
-# The filters' and the draws' settings, in rlk_sample_args and rlk_linear_sample_args alike.
-FILTER_FIELDS = [
-    ("top_ks", T.Tensor),
-    ("top_k", ctypes.c_int64),
-    ("top_ps", T.Tensor),
-    ("top_p", ctypes.c_float),
-    ("min_ps", T.Tensor),
-    ("min_p", ctypes.c_float),
-    ("seeds", T.Tensor),
-    ("seed", ctypes.c_uint64),
-    ("offsets", T.Tensor),
-    ("offset", ctypes.c_uint64),
-]
-
-
-@T.abi_struct("rlk_sample_args")
-class SampleArgs(ctypes.Structure):
-    _fields_ = [
-        ("logits", T.Tensor),
-        ("temperatures", T.Tensor),
-        ("temperature", ctypes.c_float),
-    ] + FILTER_FIELDS + [
-        ("tokens", T.Tensor),
-        ("logp", T.Tensor),
-        ("logp_filtered", T.Tensor),
-        ("status", T.Tensor),
-        ("logprob_block", ctypes.c_int),
-        ("logprob_unroll", ctypes.c_int),
-        ("row_split", ctypes.c_int),
-        ("pdl", ctypes.c_int),
-        ("threshold", T.Tensor),
-    ]
+SampleArgs = T.c_struct("rlk_sample_args")
 
 
 OP = Op("sample", SampleArgs)
@@ -85,7 +53,7 @@ def _u64(x):
 
 
 def _filters(b, top_k, top_p, min_p, seed, offset):
-    """The filters' and the draws' settings (FILTER_FIELDS), each a number or an array [B]."""
+    """The filters' and the draws' settings (the fields top_k(s) to offset(s) of rlk_sample_args and rlk_linear_sample_args), each a number or an array [B]."""
     _setting(b, "top_k", "top_ks", top_k, _TOKENS, int)
     _setting(b, "top_p", "top_ps", top_p, _F32, float)
     _setting(b, "min_p", "min_ps", min_p, _F32, float)

@@ -1,6 +1,5 @@
 """Optimal token baseline advantages: rlk_token_baseline. No backward (advantages are constants
 of the loss)."""
-import ctypes
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
@@ -8,24 +7,7 @@ from .._tensor import Binder, Op, dim, compiling, traced
 __all__ = ["TokenBaselineArgs", "token_baseline"]
 
 
-@T.abi_struct("rlk_token_baseline_args")
-class TokenBaselineArgs(ctypes.Structure):
-    _fields_ = [
-        ("rewards", T.Tensor),
-        ("old_logp", T.Tensor),
-        ("sum_pi_squared", T.Tensor),
-        ("rollout_is_weights", T.Tensor),
-        ("mask", T.Tensor),
-        ("group_size", ctypes.c_int64),
-        ("group_offsets", T.Tensor),
-        ("epsilon", ctypes.c_double),
-        ("handle_zero_tail", ctypes.c_int),
-        ("compact", ctypes.c_int),
-        ("advantages", T.Tensor),
-        ("returns", T.Tensor),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+TokenBaselineArgs = T.c_struct("rlk_token_baseline_args")
 
 
 OP = Op("token_baseline", TokenBaselineArgs, workspace=True)

@@ -1,5 +1,4 @@
 """Per-token KL estimates against a reference policy and their gradient: rlk_token_kl."""
-import ctypes
 import math
 
 from .. import _types as T
@@ -10,25 +9,7 @@ from .losses import KLEstimator
 __all__ = ["TokenKLArgs", "token_kl"]
 
 
-@T.abi_struct("rlk_token_kl_args")
-class TokenKLArgs(ctypes.Structure):
-    _fields_ = [
-        ("logp", T.Tensor),
-        ("ref_logp", T.Tensor),
-        ("old_logp", T.Tensor),
-        ("grad_kl", T.Tensor),
-        ("mask", T.Tensor),
-        ("estimator", ctypes.c_int),
-        ("input_min", ctypes.c_double),
-        ("input_max", ctypes.c_double),
-        ("output_min", ctypes.c_double),
-        ("output_max", ctypes.c_double),
-        ("straight_through", ctypes.c_int),
-        ("is_weight_max", ctypes.c_double),
-        ("clamp_bound_grad", ctypes.c_double),
-        ("kl", T.Tensor),
-        ("grad_logp", T.Tensor),
-    ]
+TokenKLArgs = T.c_struct("rlk_token_kl_args")
 
 
 OP = Op("token_kl", TokenKLArgs)

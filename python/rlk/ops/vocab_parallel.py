@@ -15,36 +15,23 @@ import ctypes
 from .. import _lib
 from .. import _types as T
 from .._tensor import Binder, Op, dim, compiling, traced
-from .logprob import FORWARD_OP, FORWARD_OUTPUT_FIELDS, LogprobArgs, LogprobResult, _common
+from .logprob import FORWARD_OP, LogprobArgs, LogprobResult, _common
 
 __all__ = ["STATUS_LABEL_OWNERS", "PARTIAL_FIELDS", "LogprobCombineArgs", "logprob_partials",
            "logprob_combine", "vocab_parallel_logprob", "nccl_comm_of", "vocab_parallel_logprob_nccl",
            "nccl_version"]
 
 STATUS_LABEL_OWNERS = 2  # RLK_LOGPROB_STATUS_LABEL_OWNERS: a label two shards own
-PARTIAL_FIELDS = 4       # RLK_LOGPROB_PARTIAL_FIELDS
+PARTIAL_FIELDS = T.c_constant("RLK_LOGPROB_PARTIAL_FIELDS")
 
 
-@T.abi_struct("rlk_logprob_combine_args")
-class LogprobCombineArgs(ctypes.Structure):
-    _fields_ = [
-        ("partials", T.Tensor),
-        ("labels", T.Tensor),
-        ("ignore_index", ctypes.c_int64),
-    ] + FORWARD_OUTPUT_FIELDS
+LogprobCombineArgs = T.c_struct("rlk_logprob_combine_args")
 
 
 COMBINE_OP = Op("logprob_combine", LogprobCombineArgs)
 
 
-@T.abi_struct("rlk_logprob_vocab_parallel_args")
-class LogprobVocabParallelArgs(ctypes.Structure):
-    _fields_ = [
-        ("fwd", LogprobArgs),
-        ("nccl_comm", ctypes.c_void_p),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+LogprobVocabParallelArgs = T.c_struct("rlk_logprob_vocab_parallel_args")
 
 
 # the nested forward's tensors bind as "fwd.<field>" (Op flattens embedded structs)
