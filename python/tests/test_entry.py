@@ -334,20 +334,60 @@ SCAN_CASES = [
 ]
 
 
-def scan_inputs(dev, seed=0, B=6, T=37):
+def scan_inputs(dev, seed=0, resized=False):
+    B, T = 6, 40 if resized else 37
     g = torch.Generator().manual_seed(seed)
     x = {"r": torch.randn(B, T, generator=g), "v": torch.randn(B, T, generator=g),
          "mask": torch.rand(B, T, generator=g) > 0.2, "b": torch.randn(B, generator=g)}
     return {k: v.to(dev) for k, v in x.items()}
 
 
+# (name, the call on the inputs): the fused head's forward and backward, with and without their
+# optional parts
+HEAD_CASES = [
+    ("linear_logprob", lambda x: tuple(rlk.linear_logprob(x["h"], x["w"], x["y"]))[:2]),
+    ("linear_logprob entropy, temperature", lambda x: tuple(rlk.linear_logprob(
+        x["h"], x["w"], x["y"], entropy=True, temperature=0.7, lse=False))[::2]),
+    ("linear_logprob rows, threshold", lambda x: tuple(rlk.linear_logprob(
+        x["h"], x["w"], x["y"][x["rows"]], rows=x["rows"], threshold=x["thr"][x["rows"]],
+        entropy=True))),
+    ("linear_logprob_backward", lambda x: rlk.linear_logprob_backward(
+        x["h"], x["w"], x["y"], x["lse"], x["g"])),
+    ("linear_logprob_backward entropy, weight alone, same dtype", lambda x: (
+        rlk.linear_logprob_backward(x["h"], x["w"], x["y"], x["lse"], x["g"], x["g"].flip(0),
+                                    x["ent"], want_hidden=False, grad_dtype="same")[1],)),
+]
+
+
+def head_inputs(dev, seed=0, resized=False):
+    N, H, V = 9 if resized else 13, 40, 77
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, H, generator=g).to(torch.bfloat16)
+    w = (torch.randn(V, H, generator=g) / 4).to(torch.bfloat16)
+    x = {"h": h, "w": w, "y": torch.randint(0, V, (N,), generator=g),
+         "rows": torch.tensor([0, 2, 3, 7, N - 1]), "thr": torch.randn(N, generator=g)}
+    x["y"][1] = -100  # an ignored row
+    x["g"] = torch.randn(N, generator=g)
+    x = {k: v.to(dev) for k, v in x.items()}
+    with torch.no_grad():  # the forward's statistics, from an fp64 head (any values do)
+        z = x["h"].double() @ x["w"].double().T
+        x["lse"] = torch.logsumexp(z, 1).float()
+        p = torch.softmax(z, 1)
+        x["ent"] = (x["lse"].double() - (p * z).sum(1)).float()
+    return x
+
+
+# (name, the inputs' builder, the call on them): every op a plan serves above
+PLAN_CASES = [(n, scan_inputs, f) for n, f in SCAN_CASES] + [(n, head_inputs, f) for n, f in HEAD_CASES]
+
+
 @pytest.mark.parametrize("dev", DEVICES)
-@pytest.mark.parametrize("name,fn", SCAN_CASES, ids=[c[0] for c in SCAN_CASES])
-def test_scan_plans_equal_python_path(entry, python_path, plans_only, dev, name, fn):
-    plan_serves(lambda seed: fn(scan_inputs(dev, seed)), name, python_path, plans_only)
+@pytest.mark.parametrize("name,inputs,fn", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
+def test_plans_equal_python_path(entry, python_path, plans_only, dev, name, inputs, fn):
+    plan_serves(lambda seed: fn(inputs(dev, seed)), name, python_path, plans_only)
     # another shape is not the plan's: the Python path runs it (and keeps a plan of its own)
     with pytest.raises(_PythonPathRan):
-        plans_only(lambda: fn(scan_inputs(dev, 3, T=40)))
+        plans_only(lambda: fn(inputs(dev, 3, resized=True)))
 
 
 _FILL_C = r"""

@@ -8,7 +8,8 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, compiling, traced
+from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
+                       use_plans)
 from . import losses as _losses
 from .logprob import LogprobResult
 
@@ -79,6 +80,14 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
             hidden=hidden, weight=weight, labels=labels, entropy=entropy, temperature=temperature,
             ignore_index=ignore_index, lse=lse, status=status, variant=variant, splits=splits,
             stages=stages, threshold=threshold, rows=rows, stream=stream))
+    # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
+    fast = status is None and use_plans(stream, hidden)
+    if fast:
+        key = (bool(entropy), temperature, ignore_index, bool(lse), variant, splits, stages,
+               threshold is None, rows is None, hidden.shape)
+        out = plan_call("linear_logprob", key, (hidden, weight, labels, threshold, rows), ())
+        if out is not None:
+            return LogprobResult(out[0], out[1] if lse else None, out[-1] if entropy else None)
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, stages, rows)
@@ -92,7 +101,13 @@ def linear_logprob(hidden, weight, labels, *, entropy=False, temperature=None, i
     b.set("lse", lse_out, _F32, optional=True, output=True)
     b.set("entropy", ent_out, _F32, optional=True, output=True)
     b.bind_workspace()
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        keep_plan("linear_logprob", key, b, ctx, (
+            ("hidden", hidden), ("weight", weight), ("labels", labels), ("threshold", threshold),
+            ("rows", rows)), (), T.DType.F32,
+            [(-1, (n,), (1,), (f,)) for f in ("logp",) + ("lse",) * bool(lse) + ("entropy",) * bool(entropy)],
+            ws=(a.workspace_bytes, 0, "workspace"))
     return LogprobResult(logp, lse_out, ent_out)
 
 
@@ -150,6 +165,18 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
             want_hidden=want_hidden, want_weight=want_weight, accumulate=accumulate,
             grad_dtype=grad_dtype, status=status, chunk=chunk, group=group, shard=shard,
             vocab_start=vocab_start, threshold=threshold, rows=rows, stream=stream))
+    # a repeated call: through its plan (rlk/_entry.py) when one was kept and the tensors fit it
+    fast = (grad_hidden is None and grad_weight is None and not accumulate and status is None
+            and use_plans(stream, hidden))
+    if fast:
+        key = (temperature, ignore_index, bool(want_hidden), bool(want_weight), grad_dtype, chunk, group,
+               bool(shard), vocab_start, grad_logp is None, grad_entropy is None, entropy is None,
+               threshold is None, rows is None, hidden.shape)
+        ins = (hidden, weight, labels, lse, grad_logp, grad_entropy, entropy, threshold, rows)
+        out = plan_call("linear_logprob_backward", key, ins, ())
+        if out is not None:
+            it = iter(out)
+            return (next(it) if want_hidden else None), (next(it) if want_weight else None)
     b = Binder(BACKWARD_OP)
     a = b.args
     dt = _head(b, a, "", hidden, weight, labels, temperature, ignore_index, None, None, rows=rows)
@@ -174,7 +201,13 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     a.shard = 1 if shard else 0
     a.vocab_start = int(vocab_start)
     b.bind_workspace()
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        outs = [(-1, tuple(g.shape), contiguous_strides(tuple(g.shape)), (f,))
+                for g, f in ((grad_hidden, "grad_hidden"), (grad_weight, "grad_weight")) if g is not None]
+        keep_plan("linear_logprob_backward", key, b, ctx, tuple(zip(
+            ("hidden", "weight", "labels", "lse", "grad_logp", "grad_entropy", "entropy", "threshold",
+             "rows"), ins)), (), gdt, outs, ws=(a.workspace_bytes, 0, "workspace"))
     return grad_hidden, grad_weight
 
 
