@@ -52,6 +52,7 @@ except ImportError:
 
 B, T, G = 16, 32, 4      # sequences, tokens, group size
 N, V = 16, 64            # logprob rows and vocabulary
+HEAD_H = 32              # the fused head's hidden size (linear_logprob)
 
 # ---------------------------------------------------------------------------------------------
 # Inputs and calls
@@ -73,11 +74,14 @@ def inputs(fw, dev):
         "logits": rng.standard_normal((N, V)).astype(np.float32),
         "labels": rng.integers(0, V, N).astype(np.int64),
         "grad": rng.standard_normal(N).astype(np.float32),
+        "hidden": rng.standard_normal((N, HEAD_H)).astype(np.float16),
+        "weight": (rng.standard_normal((V, HEAD_H)) / 8).astype(np.float16),
     }
     x = {k: (torch.from_numpy(v).to(dev) if fw == "torch" else v) for k, v in arrays.items()}
     # the global token count a trainer passes (else the loss reads the mask's sum back)
     x["n"] = float(mask.sum())
     x["lse"] = rlk.logprob(x["logits"], x["labels"]).lse  # for logprob_backward
+    x["head_lse"] = rlk.linear_logprob(x["hidden"], x["weight"], x["labels"]).lse  # and the head's
     return x
 
 
@@ -85,7 +89,8 @@ def inputs(fw, dev):
 # op taking as many tensors.
 TENSORS = {"group_advantage": 1, "group_advantage broadcast": 2, "policy_loss": 5,
            "policy_loss normalizer=None": 5, "value_loss": 4, "gae": 3, "discounted_returns": 2,
-           "reverse_cumsum": 2, "masked_whiten": 2, "logprob": 2, "logprob_backward": 4}
+           "reverse_cumsum": 2, "masked_whiten": 2, "logprob": 2, "logprob_backward": 4,
+           "linear_logprob": 3, "linear_logprob_backward": 5}
 
 
 def functional_calls():
@@ -112,6 +117,11 @@ def functional_calls():
         ("logprob", "logprob", lambda x: rlk.logprob(x["logits"], x["labels"], entropy=True)),
         ("logprob_backward", "logprob_backward",
          lambda x: rlk.logprob_backward(x["logits"], x["labels"], x["lse"], grad_logp=x["grad"])),
+        ("linear_logprob", "linear_logprob",
+         lambda x: rlk.linear_logprob(x["hidden"], x["weight"], x["labels"])),
+        ("linear_logprob_backward", "linear_logprob_backward",
+         lambda x: rlk.linear_logprob_backward(x["hidden"], x["weight"], x["labels"], x["head_lse"],
+                                               x["grad"])),
     ]
     assert {name for name, _, _ in calls} == set(TENSORS)
     return [(name, fn) for name, op, fn in calls if op in have]
