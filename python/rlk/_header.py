@@ -4,11 +4,12 @@ header itself.
 The header is the one declaration of every struct a caller fills (its fields, their types and
 their order) and of every enum's constants. Each mirror is built from it when first asked for
 (struct(name), enum(name)), so a field or constant added, renamed or retyped there reaches the
-package with no second list to keep. Where the header is
-looked for, first found wins: the copy inside the package (rlk/_lib/rlk.h, which every wheel
-carries beside the library), then the source tree the package sits in (../include/rlk.h beside
-python/). A mirror's size is still compared with the loaded library's (rlk_abi_struct_size,
-_lib.check_abi) before it is passed in, so a header of another version is caught there.
+package with no second list to keep. Where the header is looked for, first found wins: the copy
+inside the package (rlk/_lib/rlk.h, which every wheel carries beside the library), then the
+source tree the package sits in (../include/rlk.h beside python/). A mirror's size is still
+compared with the loaded library's (rlk_abi_struct_size, _lib.check_abi) before it is passed in,
+and each enum with the library's table of constants at import, so a header of another version
+than the library's is caught there.
 
 The reader knows the header's own style only: `typedef struct name { fields } name;` with
 fields `type a;`, `type a, b;` or `type a[N]` (N a number or a #define of the header), and

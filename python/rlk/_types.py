@@ -7,11 +7,11 @@ that prints sizeof and offsetof of every registered struct and field and compare
 these mirrors (python/tests/test_abi.py). Op families name their own args structs in their
 module under rlk/ops/.
 
-Every mirrored enum is registered with @c_enum under its C name: its members are the C
-constants with their prefix taken off, and when the library loads they are compared with its
-table of every constant of the header (rlk_abi_enum_constant; see _lib.check_enums), so a
-constant added, removed or renumbered in the header fails the import instead of passing a wrong
-value.
+Every mirrored enum is built from the header too (c_enum) and registered under its C name: its
+members are the C constants with their prefix taken off, and when the library loads they are
+compared with its table of every constant (rlk_abi_enum_constant; see _lib.check_enums), so a
+header whose constants differ from the loaded library's fails the import instead of passing a
+wrong value.
 """
 import enum
 import sys
