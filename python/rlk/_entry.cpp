@@ -37,7 +37,17 @@ struct Out {
   int64_t elem;  // element offset in the shared buffer; -1: an allocation of its own
   std::vector<int64_t> sizes, strides;
   std::vector<int64_t> at;  // byte offsets in the args struct where its data pointer goes
+  at::ScalarType dtype;     // an allocation of its own: its dtype (the buffer's lie in out_dtype)
 };
+
+// A number written into each call's struct: where, and as what C type.
+enum Kind { F64 = 0, F32 = 1, I32 = 2, U64 = 3 };
+struct Scalar {
+  int64_t at;
+  Kind kind;
+};
+
+size_t kind_bytes(Kind k) { return k == F32 || k == I32 ? 4 : 8; }
 
 at::ScalarType dtype_of(py::handle h) {
   if (!THPDtype_Check(h.ptr())) throw py::type_error("rlk plan: expected a torch.dtype");
@@ -48,11 +58,11 @@ class Plan {
  public:
   Plan(py::bytes args, uintptr_t fn, uintptr_t ctx, int device_type, int device_index, py::list ins,
        py::list outs, int64_t buffer_elems, py::handle out_dtype, int64_t ws_bytes, int64_t ws_offset,
-       int64_t ws_at, std::vector<int64_t> scalars_at)
+       int64_t ws_at, py::list scalars)
       : fn_(reinterpret_cast<rlk_call_fn>(fn)), ctx_(reinterpret_cast<void *>(ctx)),
         device_(static_cast<c10::DeviceType>(device_type), static_cast<c10::DeviceIndex>(device_index)),
         buffer_elems_(buffer_elems), out_dtype_(dtype_of(out_dtype)), ws_bytes_(ws_bytes),
-        ws_offset_(ws_offset), ws_at_(ws_at), scalars_at_(std::move(scalars_at)) {
+        ws_offset_(ws_offset), ws_at_(ws_at) {
     // the struct in 8-byte words: the library reads it as its C struct, aligned as one
     const std::string bytes = args;
     args_bytes_ = bytes.size();
@@ -66,9 +76,17 @@ class Plan {
     for (auto item : outs) {
       auto t = item.cast<py::tuple>();
       outs_.push_back(Out{t[0].cast<int64_t>(), t[1].cast<std::vector<int64_t>>(),
-                          t[2].cast<std::vector<int64_t>>(), t[3].cast<std::vector<int64_t>>()});
+                          t[2].cast<std::vector<int64_t>>(), t[3].cast<std::vector<int64_t>>(), dtype_of(t[4])});
+      if (outs_.back().elem >= 0 && outs_.back().dtype != out_dtype_)
+        throw std::invalid_argument("rlk plan: an output in the buffer of another dtype");
     }
-    for (int64_t at : scalars_at_) check_slot(at, sizeof(double));
+    for (auto item : scalars) {
+      auto t = item.cast<py::tuple>();
+      const int k = t[1].cast<int>();
+      if (k < F64 || k > U64) throw std::invalid_argument("rlk plan: a scalar of no known kind");
+      scalars_.push_back(Scalar{t[0].cast<int64_t>(), static_cast<Kind>(k)});
+      check_slot(scalars_.back().at, kind_bytes(scalars_.back().kind));
+    }
     for (const In &in : ins_)
       if (in.at >= 0) check_slot(in.at, sizeof(void *));
     for (const Out &o : outs_)
@@ -89,8 +107,8 @@ class Plan {
 
   // The outputs (a list, in the plan's order), or None when a tensor is not what the plan saw. A
   // status other than 0 comes back as an int, the outputs dropped: the caller raises it.
-  py::object call(py::tuple tensors, std::vector<double> scalars, uintptr_t stream) {
-    if (tensors.size() != ins_.size() || scalars.size() != scalars_at_.size()) return py::none();
+  py::object call(py::tuple tensors, py::sequence scalars, uintptr_t stream) {
+    if (tensors.size() != ins_.size() || scalars.size() != scalars_.size()) return py::none();
     std::vector<uint64_t> args = args_;
     char *base = reinterpret_cast<char *>(args.data());
     for (size_t i = 0; i < ins_.size(); i++) {
@@ -107,7 +125,8 @@ class Plan {
         return py::none();
       put(base, in.at, t.data_ptr());
     }
-    for (size_t i = 0; i < scalars.size(); i++) std::memcpy(base + scalars_at_[i], &scalars[i], sizeof(double));
+    for (size_t i = 0; i < scalars_.size(); i++)
+      if (!put_scalar(base, scalars_[i], scalars[i])) return py::none();
     auto options = at::TensorOptions().dtype(out_dtype_).device(device_);
     at::Tensor buffer;
     char *bp = nullptr;
@@ -130,7 +149,8 @@ class Plan {
     std::vector<at::Tensor> result;
     result.reserve(outs_.size());
     for (const Out &o : outs_) {
-      at::Tensor a = o.elem >= 0 ? buffer.as_strided(o.sizes, o.strides, o.elem) : at::empty(o.sizes, options);
+      at::Tensor a = o.elem >= 0 ? buffer.as_strided(o.sizes, o.strides, o.elem)
+                                 : at::empty(o.sizes, o.dtype == out_dtype_ ? options : options.dtype(o.dtype));
       void *p = o.elem >= 0 ? static_cast<void *>(bp + o.elem * es) : a.data_ptr();
       for (int64_t at : o.at) put(base, at, p);
       result.push_back(std::move(a));
@@ -150,6 +170,33 @@ class Plan {
       throw std::out_of_range("rlk plan: a field offset outside the args struct");
   }
   static void put(char *base, int64_t at, const void *p) { std::memcpy(base + at, &p, sizeof(p)); }
+  // A Python number as the field's C type, as ctypes would store it (an integer's low bits for
+  // U64 and I32, so -1 is all ones); false for anything that is not such a number (the Python
+  // path then names it).
+  static bool put_scalar(char *base, const Scalar &s, py::handle v) {
+    PyObject *o = v.ptr();
+    if (s.kind == F64 || s.kind == F32) {
+      const double d = PyFloat_AsDouble(o);
+      if (d == -1.0 && PyErr_Occurred()) return PyErr_Clear(), false;
+      if (s.kind == F64) {
+        std::memcpy(base + s.at, &d, sizeof d);
+      } else {
+        const float f = static_cast<float>(d);
+        std::memcpy(base + s.at, &f, sizeof f);
+      }
+      return true;
+    }
+    const unsigned long long u = PyLong_AsUnsignedLongLongMask(o);
+    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return PyErr_Clear(), false;
+    if (s.kind == U64) {
+      const uint64_t x = u;
+      std::memcpy(base + s.at, &x, sizeof x);
+    } else {
+      const uint32_t x = static_cast<uint32_t>(u);
+      std::memcpy(base + s.at, &x, sizeof x);
+    }
+    return true;
+  }
 
   std::vector<uint64_t> args_;
   size_t args_bytes_ = 0;
@@ -161,7 +208,7 @@ class Plan {
   int64_t buffer_elems_;
   at::ScalarType out_dtype_;
   int64_t ws_bytes_, ws_offset_, ws_at_;
-  std::vector<int64_t> scalars_at_;
+  std::vector<Scalar> scalars_;
 };
 
 }  // namespace
@@ -169,6 +216,6 @@ class Plan {
 PYBIND11_MODULE(_rlk_entry, m) {
   py::class_<Plan>(m, "Plan")
       .def(py::init<py::bytes, uintptr_t, uintptr_t, int, int, py::list, py::list, int64_t, py::handle, int64_t, int64_t,
-                    int64_t, std::vector<int64_t>>())
+                    int64_t, py::list>())
       .def("__call__", &Plan::call);
 }

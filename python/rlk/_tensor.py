@@ -624,6 +624,11 @@ def plan_call(name, key, tensors, scalars):
 
 _PLAIN = (int, float, str, bool, type(None))
 
+# The C types of the struct fields a plan writes per call, as _entry.cpp's Kind: f64, f32, i32
+# and 64-bit integers (each stored as ctypes would: an integer's low bits)
+_PLAN_SCALAR_KIND = {ctypes.c_double: 0, ctypes.c_float: 1, ctypes.c_int32: 2, ctypes.c_uint32: 2,
+                     ctypes.c_int64: 3, ctypes.c_uint64: 3}
+
 
 def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(0, 0, None)):
     """Keeps the call Binder b just made on ctx as the plan of (name, key): its args struct as
@@ -634,7 +639,8 @@ def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(
     buffer, args field of its pointer; None without one). key[:-1] are settings: a plan only when each is a
     plain value (a tensor's may change under the same key); its last item a shape. Every pointer
     the struct holds must be an input, an output or the workspace (or stay as it is: the status
-    word)."""
+    word). An output of its own allocation may name its own rlk dtype as a fifth item; a scalar
+    field is written as its C type (f64, f32, i32 or a 64-bit integer's bits)."""
     p = b.place
     if not p.torch or b.no_rows:
         return
@@ -650,12 +656,16 @@ def keep_plan(name, key, b, ctx, inputs, scalars, out_dtype, outs, total=0, ws=(
             return
         else:
             ins.append((off[field], x.dtype, tuple(x.shape), tuple(x.stride())))
-    outs = [(e, tuple(sz), tuple(st), [off[f] for f in fields]) for e, sz, st, fields in outs]
+    outs = [(o[0], tuple(o[1]), tuple(o[2]), [off[f] for f in o[3]], _TORCH_OF[o[4] if len(o) > 4 else out_dtype])
+            for o in outs]
+    kinds = b.op.scalar_kinds
+    if any(on and kinds[f] is None for f, on in scalars):
+        raise TypeError("keep_plan: a scalar field of a type a plan cannot write")
     dev = -1 if p.host else p.device
     plan = _entry.module().Plan(
         bytes(b.args), ctypes.cast(b.op._run, ctypes.c_void_p).value, ctx.handle.value,
         0 if p.host else 1, dev, ins, outs, total, _TORCH_OF[out_dtype], ws[0], ws[1],
-        off[ws[2]] if ws[0] else -1, [off[f] for f, on in scalars if on])
+        off[ws[2]] if ws[0] else -1, [(off[f], kinds[f]) for f, on in scalars if on])
     _entry.keep(name, key, (plan, dev))
 
 
@@ -673,12 +683,16 @@ class Op:
         # field name -> byte offset, where Binder.set packs a descriptor; the fields of an
         # embedded args struct as "outer.inner"
         self.offsets = {}
+        # number field name -> how a plan writes it (_PLAN_SCALAR_KIND)
+        self.scalar_kinds = {}
         for name, ftype in args_struct._fields_:
             off = getattr(args_struct, name).offset
             self.offsets[name] = off
+            self.scalar_kinds[name] = _PLAN_SCALAR_KIND.get(ftype)
             if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure) and ftype is not T.Tensor:
-                for sub, _ in ftype._fields_:
+                for sub, stype in ftype._fields_:
                     self.offsets[name + "." + sub] = off + getattr(ftype, sub).offset
+                    self.scalar_kinds[name + "." + sub] = _PLAN_SCALAR_KIND.get(stype)
         # the status word field (an i32 [1] the call ORs bad-input bits into), if the op has one
         self.status_field = next((f for f in ("status", "head.status", "fwd.status") if f in self.offsets), None)
         self.status_offset = None if self.status_field is None else self.offsets[self.status_field]

@@ -377,8 +377,38 @@ def head_inputs(dev, seed=0, resized=False):
     return x
 
 
+# (name, the call on the inputs): the draws, their seed and offset numbers written per call (a
+# seed past 2^63 and a negative offset: the numbers' 64-bit patterns), or per-row arrays
+DRAW_CASES = [
+    ("sample top-k top-p", lambda x: tuple(rlk.sample(
+        x["logits"], temperature=0.9, top_k=20, top_p=0.9, seed=2**64 - 5, offset=x["step"]))),
+    ("sample per-row arrays, min-p, i32, filtered, threshold", lambda x: tuple(rlk.sample(
+        x["logits"], temperature=x["temps"], top_p=x["top_ps"], min_p=0.05, seed=x["seeds"],
+        offset=-x["step"], token_dtype="i32", logp_filtered=True, threshold=True))),
+    ("sample greedy, no log-prob", lambda x: tuple(rlk.sample(x["logits"], temperature=0.0, logp=False))),
+    ("linear_sample", lambda x: tuple(rlk.linear_sample(
+        x["h"], x["w"], temperature=0.8, top_k=10, seed=7, offset=x["step"], lse=True, entropy=True,
+        threshold=True))),
+    ("linear_sample per-row seeds and offsets, i32", lambda x: tuple(rlk.linear_sample(
+        x["h"], x["w"], top_p=0.8, seed=x["seeds"], offset=x["seeds"].flip(0), token_dtype="i32"))),
+]
+
+
+def draw_inputs(dev, seed=0, resized=False):
+    x = head_inputs(dev, seed, resized)
+    N = x["h"].shape[0]
+    g = torch.Generator().manual_seed(100 + seed)
+    y = {"logits": torch.randn(N, 50, generator=g) * 2, "temps": torch.rand(N, generator=g) + 0.5,
+         "top_ps": torch.rand(N, generator=g) * 0.5 + 0.5,
+         "seeds": torch.randint(-2**62, 2**62, (N,), generator=g)}
+    x.update({k: v.to(dev) for k, v in y.items()})
+    x["step"] = 1000 * seed + 3  # another offset each call
+    return x
+
+
 # (name, the inputs' builder, the call on them): every op a plan serves above
-PLAN_CASES = [(n, scan_inputs, f) for n, f in SCAN_CASES] + [(n, head_inputs, f) for n, f in HEAD_CASES]
+PLAN_CASES = ([(n, scan_inputs, f) for n, f in SCAN_CASES] + [(n, head_inputs, f) for n, f in HEAD_CASES]
+              + [(n, draw_inputs, f) for n, f in DRAW_CASES])
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -427,9 +457,9 @@ def test_plan_lays_outputs_and_workspace_out(entry, fill_fn, buffer):
     a status, and tensors that do not fit."""
     import struct
     args = struct.pack("=QQQdQ", 0, 0, 0, 0.0, 0)
-    outs = [(0 if buffer else -1, (4,), (1,), [0]), (4 if buffer else -1, (), (), [8])]
+    outs = [(0 if buffer else -1, (4,), (1,), [0], torch.float32), (4 if buffer else -1, (), (), [8], torch.float32)]
     plan = entry.Plan(args, fill_fn[1], 0, 0, -1, [(32, torch.float32, (4,), (1,))], outs,
-                      12 if buffer else 0, torch.float32, 16, 32 if buffer else 0, 16, [24])
+                      12 if buffer else 0, torch.float32, 16, 32 if buffer else 0, 16, [(24, 0)])
     x = torch.randn(4, dtype=torch.float32)
     out, loss = plan((x,), [2.5], 0)
     assert torch.equal(out, x * 2.5) and out.shape == (4,) and loss.shape == ()
@@ -450,6 +480,7 @@ def test_plan_lays_outputs_and_workspace_out(entry, fill_fn, buffer):
     with pytest.raises(Exception):  # a field outside the struct
         entry.Plan(args, fill_fn[1], 0, 0, -1, [(36, torch.float32, (4,), (1,))], outs, 0,
                    torch.float32, 0, 0, -1, [])
+    assert plan((y,), ["2"], 0) is None  # not a number: the Python path's to name
 
 
 def test_a_numpy_scalar_normalizer_is_written_per_call(entry, python_path, plans_only):
@@ -468,8 +499,53 @@ def test_plan_refuses_a_layout_outside_its_buffer(entry, fill_fn):
     import struct
     args = struct.pack("=QQQdQ", 0, 0, 0, 0.0, 0)
     ins = [(32, torch.float32, (4,), (1,))]
-    for outs, ws in (([(0, (4,), (1,), [0]), (12, (), (), [8])], (0, 0)),    # the loss past the end
-                     ([(0, (4,), (4,), [0]), (4, (), (), [8])], (0, 0)),     # a stride past the end
-                     ([(0, (4,), (1,), [0]), (4, (), (), [8])], (16, 40))):  # the workspace past it
+    f = torch.float32
+    for outs, ws in (([(0, (4,), (1,), [0], f), (12, (), (), [8], f)], (0, 0)),    # the loss past the end
+                     ([(0, (4,), (4,), [0], f), (4, (), (), [8], f)], (0, 0)),     # a stride past the end
+                     ([(0, (4,), (1,), [0], f), (4, (), (), [8], f)], (16, 40))):  # the workspace past it
         with pytest.raises(Exception, match="outside"):
-            entry.Plan(args, fill_fn[1], 0, 0, -1, ins, outs, 12, torch.float32, ws[0], ws[1], 16, [24])
+            entry.Plan(args, fill_fn[1], 0, 0, -1, ins, outs, 12, torch.float32, ws[0], ws[1], 16, [(24, 0)])
+
+
+_TYPED_C = r"""
+#include <stdint.h>
+struct args { int64_t *tok; float *val; uint64_t u; float f; int32_t i; };
+/* tok[0] = the 64-bit number's bits, tok[1] = the 32-bit one; val[0] = the f32 number */
+int typed(void *ctx, const void *a_, void *stream) {
+  const struct args *a = a_;
+  (void)ctx; (void)stream;
+  a->tok[0] = (int64_t)a->u;
+  a->tok[1] = a->i;
+  a->val[0] = a->f;
+  return 0;
+}
+"""
+
+
+def test_plan_writes_numbers_as_their_c_types(entry, tmp_path):
+    """Numbers written per call as the field's C type (a 64-bit integer's bits, an i32, an f32
+    rounded as ctypes rounds), outputs of their own dtypes beside one another."""
+    import ctypes
+    import struct
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in call")
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-x", "c", "-", "-o", str(tmp_path / "typed.so")],
+                   input=_TYPED_C, text=True, check=True)
+    lib = ctypes.CDLL(str(tmp_path / "typed.so"))
+    fn = ctypes.cast(lib.typed, ctypes.c_void_p).value
+    args = struct.pack("=QQQfi", 0, 0, 0, 0.0, 0)
+    outs = [(-1, (2,), (1,), [0], torch.int64), (-1, (1,), (1,), [8], torch.float32)]
+    plan = entry.Plan(args, fn, 0, 0, -1, [], outs, 0, torch.float32, 0, 0, -1, [(16, 3), (24, 1), (28, 2)])
+    for u, f, i in ((2**64 - 5, 0.1, -3), (-1, 1e-30, 2**31 + 7), (12345, 3, 0)):
+        tok, val = plan((), [u, f, i], 0)
+        assert tok.dtype == torch.int64 and val.dtype == torch.float32
+        want_u = ctypes.c_int64(ctypes.c_uint64(u).value).value
+        assert tok.tolist() == [want_u, ctypes.c_int32(i).value]
+        assert val.item() == ctypes.c_float(f).value
+    assert plan((), [1.5, 0.1, 0], 0) is None  # a float where the C field is an integer
+    with pytest.raises(Exception):  # a number's bytes past the struct's end
+        entry.Plan(args, fn, 0, 0, -1, [], outs, 0, torch.float32, 0, 0, -1, [(28, 3)])
+    with pytest.raises(Exception):  # an output in the f32 buffer that is not f32
+        entry.Plan(args, fn, 0, 0, -1, [], [(0, (2,), (1,), [0], torch.int64)], 4, torch.float32, 0, 0, -1, [])

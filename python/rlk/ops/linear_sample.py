@@ -8,9 +8,9 @@ trainer's). The head's raw logits live in the call's workspace, never in an outp
 import collections
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, plan_call, use_plans
 from .linear_logprob import LinearLogprobVariant
-from .sample import _filters, _optional_out, _tokens
+from .sample import _filters, _flag, _is_scalar, _optional_out, _tokens, keep_draw_plan, plan_parts, token_dtype_of
 
 __all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
 
@@ -39,6 +39,17 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     kept set (kept-set replay: give it to rlk.linear_logprob's threshold=). status: an optional
     zeroed i32 [1] that collects rlk.sample's bits. Returns LinearSampleResult(tokens, logp or
     None, lse or None, entropy or None, threshold or None); nothing is read back."""
+    # a repeated draw: through its plan (rlk/_entry.py) when one was kept and the arrays fit it
+    fast = (tokens is None and status is None and _flag(logp) and _flag(lse) and _flag(entropy)
+            and _flag(threshold) and (temperature is None or _is_scalar(temperature)) and use_plans(stream, hidden))
+    if fast:
+        part, inputs, numbers, written = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
+        inputs = inputs[1:]  # the temperature is a number: the key's
+        key = part + (token_dtype, logp, lse, entropy, threshold, variant, hidden.shape)
+        out = plan_call("linear_sample", key, (hidden, weight) + tuple(x for _, x in inputs), numbers)
+        if out is not None:
+            rest = iter(out[1:])
+            return LinearSampleResult(out[0], *(next(rest) if on else None for on in (logp, lse, entropy, threshold)))
     b = Binder(OP)
     a = b.args
     b.set("hidden", hidden, _HIDDEN)
@@ -56,5 +67,10 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     if variant is not None:
         a.variant = T.enum_value(LinearLogprobVariant, variant, "linear_sample: variant")
     b.bind_workspace()
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        keep_draw_plan("linear_sample", key, b, ctx, [("hidden", hidden), ("weight", weight)] + inputs, written,
+                       token_dtype_of(token_dtype), shape,
+                       [f for f, on in (("logp", logp), ("lse", lse), ("entropy", entropy), ("threshold", threshold))
+                        if on])
     return LinearSampleResult(tokens, lp, ls, ent, thr)

@@ -9,7 +9,7 @@ greedy rows) and token.
 import collections
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, compiling, traced
+from .._tensor import Binder, Op, dim, compiling, keep_plan, plan_call, traced, use_plans
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
            "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
@@ -61,12 +61,55 @@ def _filters(b, top_k, top_p, min_p, seed, offset):
     _setting(b, "offset", "offsets", offset, _I64, _u64)
 
 
+# The settings a call gives as a number (a plan's key holds it) or an array [B] (a plan's input),
+# then the draws' seed and offset, whose numbers a plan writes into each call's struct.
+_SETTINGS = (("temperature", "temperatures"), ("top_k", "top_ks"), ("top_p", "top_ps"), ("min_p", "min_ps"))
+_DRAWS = (("seed", "seeds"), ("offset", "offsets"))
+
+
+def _flag(x):
+    return x is True or x is False
+
+
+def plan_parts(settings, draws):
+    """A repeated draw's plan: (key part, the array inputs by field (None where a number or
+    absent), the seed and offset numbers, whether each is one). settings: the values of
+    _SETTINGS' fields (those a call leaves out are absent), draws: seed and offset."""
+    key, inputs, numbers, written = [], [], [], []
+    for (name, field), v in zip(_SETTINGS, settings):
+        given = v is None or _is_scalar(v)
+        key.append(v if given else "array")
+        inputs.append((field, None if given else v))
+    for (name, field), v in zip(_DRAWS, draws):
+        number = _is_scalar(v)
+        key.append("number" if number else None if v is None else "array")
+        inputs.append((field, None if number or v is None else v))
+        written.append((name, number))
+        if number:
+            numbers.append(v)
+    return tuple(key), inputs, numbers, written
+
+
+def keep_draw_plan(name, key, b, ctx, inputs, written, tokens, shape, outputs):
+    """Keeps a draw just made (rlk_sample or rlk_linear_sample) as the plan of (name, key): its
+    tokens (rlk dtype `tokens`), then the f32 outputs named in `outputs` (each of shape [B]), and
+    the workspace when the op has one."""
+    outs = [(-1, shape, (1,), ("tokens",), tokens)]
+    outs += [(-1, shape, (1,), (f,)) for f in outputs]
+    ws = (b.args.workspace_bytes, 0, "workspace") if b.op.has_workspace else (0, 0, None)
+    keep_plan(name, key, b, ctx, inputs, written, T.DType.F32, outs, ws=ws)
+
+
+def token_dtype_of(token_dtype):
+    return T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
+
+
 def _tokens(b, tokens, token_dtype, shape):
     """The tokens output: the given array, else a new one of token_dtype ("i64" or "i32")."""
     if tokens is not None:
         b.set("tokens", tokens, _TOKENS, output=True)
         return tokens
-    dt = T.DTYPE_BY_NAME[token_dtype] if isinstance(token_dtype, str) else T.DType(token_dtype)
+    dt = token_dtype_of(token_dtype)
     tokens = b.empty(shape, dt)
     if dt not in _TOKENS:
         b.set("tokens", tokens, _TOKENS, output=True)  # names the bad dtype
@@ -108,6 +151,18 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
             logp_filtered=logp_filtered, threshold=threshold, status=status,
             logprob_block=logprob_block, logprob_unroll=logprob_unroll, row_split=row_split,
             pdl=pdl, stream=stream))
+    # a repeated draw: through its plan (rlk/_entry.py) when one was kept and the arrays fit it
+    fast = (tokens is None and status is None and _flag(logp) and _flag(logp_filtered) and _flag(threshold)
+            and use_plans(stream, logits))
+    if fast:
+        part, inputs, numbers, written = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
+        key = part + (token_dtype, logp, logp_filtered, threshold, logprob_block, logprob_unroll, row_split,
+                      pdl, logits.shape)
+        out = plan_call("sample", key, (logits,) + tuple(x for _, x in inputs), numbers)
+        if out is not None:
+            rest = iter(out[1:])
+            return SampleResult(out[0], next(rest) if logp else None, next(rest) if logp_filtered else None,
+                                next(rest) if threshold else None)
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
     _setting(b, "temperature", "temperatures", temperature, _F32, float)
@@ -126,5 +181,9 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
         b.args.row_split = SAMPLE_ROW_SPLIT_AUTO if row_split == "auto" else int(row_split)
     if pdl is not None:
         b.args.pdl = 1 if pdl else 0
-    b.run(stream)
+    ctx = b.run(stream)
+    if fast:
+        keep_draw_plan("sample", key, b, ctx, [("logits", logits)] + inputs, written, token_dtype_of(token_dtype),
+                       shape, [f for f, on in (("logp", logp), ("logp_filtered", logp_filtered),
+                                               ("threshold", threshold)) if on])
     return SampleResult(tokens, lp, lpf, thr)
