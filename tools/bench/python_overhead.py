@@ -90,7 +90,7 @@ def inputs(fw, dev):
 TENSORS = {"group_advantage": 1, "group_advantage broadcast": 2, "policy_loss": 5,
            "policy_loss normalizer=None": 5, "value_loss": 4, "gae": 3, "discounted_returns": 2,
            "reverse_cumsum": 2, "masked_whiten": 2, "logprob": 2, "logprob_backward": 4,
-           "linear_logprob": 3, "linear_logprob_backward": 5}
+           "linear_logprob": 3, "linear_logprob_backward": 5, "sample": 1, "linear_sample": 2}
 
 
 def functional_calls():
@@ -122,6 +122,14 @@ def functional_calls():
         ("linear_logprob_backward", "linear_logprob_backward",
          lambda x: rlk.linear_logprob_backward(x["hidden"], x["weight"], x["labels"], x["head_lse"],
                                                x["grad"])),
+        # a decode step's draw with a rollout's usual settings: top-k + top-p, the row's seed
+        # fixed, the offset advancing (a new number each step)
+        ("sample", "sample",
+         lambda x: rlk.sample(x["logits"], temperature=0.8, top_k=8, top_p=0.9, seed=1234,
+                              offset=x.setdefault("step", iter(range(1 << 62))).__next__())),
+        ("linear_sample", "linear_sample",
+         lambda x: rlk.linear_sample(x["hidden"], x["weight"], temperature=0.8, top_k=8, top_p=0.9,
+                                     seed=1234, offset=x.setdefault("step", iter(range(1 << 62))).__next__())),
     ]
     assert {name for name, _, _ in calls} == set(TENSORS)
     return [(name, fn) for name, op, fn in calls if op in have]
