@@ -298,7 +298,25 @@ def held(device):
     return torch.cuda.memory_allocated() / 2**30
 
 
-def measure(variant, arch, G, prompt, response, device, reps, work, checkpointing):
+def profiled(step, device, path):
+    """One more step under torch's profiler: the table of its operators and kernels by their own
+    device time (host time on the CPU) to `path`; returns the top 15 as (name, ms, calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        sync(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    if device == "cuda" and not hasattr(events[0], key):  # torch before the device_* names
+        key = "self_cuda_time_total"
+    with open(path, "w") as f:
+        f.write(events.table(sort_by=key, row_limit=60, max_name_column_width=120))
+    top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:15]
+    return [(e.key[:160], round(getattr(e, key) / 1e3, 3), e.count) for e in top]
+
+
+def measure(variant, arch, G, prompt, response, device, reps, work, checkpointing, profile=None):
     before = held(device)
     path = model_dir(arch, work)
     b = batch(ARCHS[arch]["vocab_size"], G, prompt, response, device)
@@ -339,6 +357,8 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             row["prefix_calls"] = dict(calls - calls_before)
         if build is verl_step:
             row["ray"] = verl_step.ray
+        if profile:
+            row["profile_top"] = profiled(step, device, profile)
         return row
     finally:
         if handle is not None:
@@ -392,6 +412,10 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-checkpointing", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, one more under torch's profiler: its table by each "
+                         "operator's and kernel's own device time to profile-<variant>-<shape>.txt, "
+                         "the top 15 in the row")
     ap.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(HERE, "..", "..", "build", "trainer-step"))
     ap.add_argument("--replot", nargs="+", metavar="FILE",
                     help="no run: one chart (--out-dir/trainer_step.png) of the rows in these files "
@@ -421,8 +445,10 @@ def main():
                     for v in a.variants.split(","):
                         row = dict(arch=arch, G=G, prompt=p, response=r, variant=v)
                         try:
+                            prof = os.path.join(a.out_dir, "profile-%s-%s-g%d-p%d-r%d.txt" % (
+                                v, arch, G, p, r)) if a.profile else None
                             row.update(measure(v, arch, G, p, r, a.device, a.reps, work,
-                                               not a.no_checkpointing))
+                                               not a.no_checkpointing, prof))
                         except Exception as e:  # noqa: BLE001 (recorded, the sweep goes on)
                             row["error"] = "%s: %s" % (type(e).__name__, e)
                         if a.device == "cuda":
