@@ -10,7 +10,8 @@ import collections
 from .. import _types as T
 from .._tensor import Binder, Op, dim, plan_call, use_plans
 from .linear_logprob import LinearLogprobVariant
-from .sample import _filters, _flag, _is_scalar, _optional_out, _tokens, keep_draw_plan, plan_parts, token_dtype_of
+from .sample import (_filters, _flag, _is_scalar, _optional_out, _tokens, keep_draw_plan, plan_fields, plan_parts,
+                     token_dtype_of)
 
 __all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
 
@@ -43,10 +44,10 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     fast = (tokens is None and status is None and _flag(logp) and _flag(lse) and _flag(entropy)
             and _flag(threshold) and (temperature is None or _is_scalar(temperature)) and use_plans(stream, hidden))
     if fast:
-        part, inputs, numbers, written = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
-        inputs = inputs[1:]  # the temperature is a number: the key's
+        part, arrays, numbers = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
         key = part + (token_dtype, logp, lse, entropy, threshold, variant, hidden.shape)
-        out = plan_call("linear_sample", key, (hidden, weight) + tuple(x for _, x in inputs), numbers)
+        # the temperature is a number here: the key's, not an input
+        out = plan_call("linear_sample", key, (hidden, weight, *arrays[1:]), numbers)
         if out is not None:
             rest = iter(out[1:])
             return LinearSampleResult(out[0], *(next(rest) if on else None for on in (logp, lse, entropy, threshold)))
@@ -69,7 +70,8 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     b.bind_workspace()
     ctx = b.run(stream)
     if fast:
-        keep_draw_plan("linear_sample", key, b, ctx, [("hidden", hidden), ("weight", weight)] + inputs, written,
+        inputs, written = plan_fields(arrays, part)
+        keep_draw_plan("linear_sample", key, b, ctx, [("hidden", hidden), ("weight", weight)] + inputs[1:], written,
                        token_dtype_of(token_dtype), shape,
                        [f for f, on in (("logp", logp), ("lse", lse), ("entropy", entropy), ("threshold", threshold))
                         if on])

@@ -72,22 +72,36 @@ def _flag(x):
 
 
 def plan_parts(settings, draws):
-    """A repeated draw's plan: (key part, the array inputs by field (None where a number or
-    absent), the seed and offset numbers, whether each is one). settings: the values of
-    _SETTINGS' fields (those a call leaves out are absent), draws: seed and offset."""
-    key, inputs, numbers, written = [], [], [], []
-    for (name, field), v in zip(_SETTINGS, settings):
-        given = v is None or _is_scalar(v)
-        key.append(v if given else "array")
-        inputs.append((field, None if given else v))
-    for (name, field), v in zip(_DRAWS, draws):
-        number = _is_scalar(v)
-        key.append("number" if number else None if v is None else "array")
-        inputs.append((field, None if number or v is None else v))
-        written.append((name, number))
-        if number:
+    """A repeated draw's plan: (key part, the arrays in _SETTINGS' then _DRAWS' order (None where
+    a number or absent), the seed and offset numbers). settings: the values of _SETTINGS' fields
+    (those a call leaves out are absent), draws: seed and offset."""
+    key, arrays, numbers = [], [], []
+    for v in settings:
+        if v is None or v.__class__ is float or v.__class__ is int or _is_scalar(v):
+            key.append(v)
+            arrays.append(None)
+        else:
+            key.append("array")
+            arrays.append(v)
+    for v in draws:
+        if v is None:
+            key.append(None)
+            arrays.append(None)
+        elif v.__class__ is int or _is_scalar(v):
+            key.append("number")
+            arrays.append(None)
             numbers.append(v)
-    return tuple(key), inputs, numbers, written
+        else:
+            key.append("array")
+            arrays.append(v)
+    return tuple(key), arrays, numbers
+
+
+def plan_fields(arrays, key):
+    """What keep_draw_plan takes from plan_parts' arrays and key: the inputs as (field, array or
+    None) and the draw numbers' fields as (field, whether written per call)."""
+    fields = [f for _, f in _SETTINGS + _DRAWS]
+    return list(zip(fields, arrays)), [(name, k == "number") for (name, _), k in zip(_DRAWS, key[len(_SETTINGS):])]
 
 
 def keep_draw_plan(name, key, b, ctx, inputs, written, tokens, shape, outputs):
@@ -155,10 +169,10 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     fast = (tokens is None and status is None and _flag(logp) and _flag(logp_filtered) and _flag(threshold)
             and use_plans(stream, logits))
     if fast:
-        part, inputs, numbers, written = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
+        part, arrays, numbers = plan_parts((temperature, top_k, top_p, min_p), (seed, offset))
         key = part + (token_dtype, logp, logp_filtered, threshold, logprob_block, logprob_unroll, row_split,
                       pdl, logits.shape)
-        out = plan_call("sample", key, (logits,) + tuple(x for _, x in inputs), numbers)
+        out = plan_call("sample", key, (logits, *arrays), numbers)
         if out is not None:
             rest = iter(out[1:])
             return SampleResult(out[0], next(rest) if logp else None, next(rest) if logp_filtered else None,
@@ -183,6 +197,7 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
         b.args.pdl = 1 if pdl else 0
     ctx = b.run(stream)
     if fast:
+        inputs, written = plan_fields(arrays, part)
         keep_draw_plan("sample", key, b, ctx, [("logits", logits)] + inputs, written, token_dtype_of(token_dtype),
                        shape, [f for f, on in (("logp", logp), ("logp_filtered", logp_filtered),
                                                ("threshold", threshold)) if on])
