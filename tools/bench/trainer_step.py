@@ -93,18 +93,21 @@ class Phases:
     pass holds a step's peak. Each end restarts the device's peak count, so the step's peak is
     `top`, the largest since clear(). On CUDA each end also records an event, so that the
     phases' device times (ms, from the previous end or the step's start) can be read once the
-    step has synchronized, nothing waiting in between. On the CPU nothing is recorded."""
+    step has synchronized, nothing waiting in between; and the host's time to the same point, so
+    that a phase whose host time reaches its device time shows as bound by the host (its kernels
+    queued no faster than they run). On the CPU nothing is recorded."""
 
     def __init__(self, device):
-        self.device, self.peaks, self.top, self.events = device, {}, 0.0, []
+        self.device, self.peaks, self.top, self.events, self.host = device, {}, 0.0, [], []
 
     def clear(self):
-        self.peaks, self.top, self.events = {}, 0.0, []
+        self.peaks, self.top, self.events, self.host = {}, 0.0, [], []
 
     def start(self):
         if self.device == "cuda":
             self.events = [("start", torch.cuda.Event(enable_timing=True))]
             self.events[0][1].record()
+            self.host = [time.perf_counter()]
 
     def end(self, name):
         if self.device == "cuda":
@@ -116,10 +119,15 @@ class Phases:
                 e = torch.cuda.Event(enable_timing=True)
                 e.record()
                 self.events.append((name, e))
+                self.host.append(time.perf_counter())
 
     def times_ms(self):
         """The last step's phases, in device time (after a synchronize)."""
         return {b[0]: round(a[1].elapsed_time(b[1]), 3) for a, b in zip(self.events, self.events[1:])}
+
+    def host_ms(self):
+        """The last step's phases, in the host's time from the previous end to this one's."""
+        return {e[0]: round((b - a) * 1e3, 3) for e, a, b in zip(self.events[1:], self.host, self.host[1:])}
 
 
 def update(loss, opt, phases):
@@ -300,18 +308,24 @@ def held(device):
 
 def profiled(step, device, path):
     """One more step under torch's profiler: the table of its operators and kernels by their own
-    device time (host time on the CPU) to `path`; returns the top 15 as (name, ms, calls)."""
+    device time (host time on the CPU), then by the host's own time, to `path`, and its timeline
+    (chrome trace) beside it; returns the top 15 as (name, ms, calls)."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         step()
         sync(device)
+    prof.export_chrome_trace(os.path.splitext(path)[0] + ".trace.json")  # the timeline: gaps, overlaps
     events = prof.key_averages()
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     if device == "cuda" and not hasattr(events[0], key):  # torch before the device_* names
         key = "self_cuda_time_total"
     with open(path, "w") as f:
         f.write(events.table(sort_by=key, row_limit=60, max_name_column_width=120))
+        # the host's side of the same step: where it waits (synchronizes, copies to the host) and
+        # what it spends queuing
+        f.write("\n\nby the host's own time\n")
+        f.write(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=120))
     top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:15]
     return [(e.key[:160], round(getattr(e, key) / 1e3, 3), e.count) for e in top]
 
@@ -334,7 +348,7 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
         phases = getattr(step, "phases", None)
         if phases is not None:
             phases.clear()
-        times, phase_times = [], []
+        times, phase_times, host_times = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             loss = step()
@@ -342,6 +356,7 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             times.append(time.perf_counter() - t0)
             if phases is not None and phases.events:
                 phase_times.append(phases.times_ms())
+                host_times.append(phases.host_ms())
         row = {"step_s": sorted(times)[len(times) // 2], "min_s": min(times),
                "peak_gib": peak(device), "loss": float(loss)}
         if phases is not None and phases.peaks:
@@ -351,6 +366,9 @@ def measure(variant, arch, G, prompt, response, device, reps, work, checkpointin
             # training forward)
             row["phase_ms"] = {k: sorted(t[k] for t in phase_times)[len(phase_times) // 2]
                                for k in phase_times[-1]} if phase_times else {}
+            # the host's time to queue each phase: near its device time, the phase is host-bound
+            row["phase_host_ms"] = {k: sorted(t[k] for t in host_times)[len(host_times) // 2]
+                                    for k in host_times[-1]} if host_times else {}
         if before is not None:
             row["held_before_gib"] = round(before, 3)  # in peak_gib, not the variant's own
         if calls is not None:
@@ -414,8 +432,9 @@ def main():
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, one more under torch's profiler: its table by each "
-                         "operator's and kernel's own device time to profile-<variant>-<shape>.txt, "
-                         "the top 15 in the row")
+                         "operator's and kernel's own device time to profile-<variant>-<shape>.txt "
+                         "(then by host time; its timeline beside it, .trace.json), the top 15 "
+                         "in the row")
     ap.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(HERE, "..", "..", "build", "trainer-step"))
     ap.add_argument("--replot", nargs="+", metavar="FILE",
                     help="no run: one chart (--out-dir/trainer_step.png) of the rows in these files "
