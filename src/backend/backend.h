@@ -16,7 +16,9 @@ typedef struct rlk_launch_dims {
   unsigned grid[3];
   unsigned block[3];
   size_t shared_bytes;
-  unsigned flags; /* RLK_LAUNCH_* */
+  unsigned flags;   /* RLK_LAUNCH_* */
+  unsigned cluster; /* blocks a cluster along x, grid[0] a multiple of it (CUDA, sm_90 or later);
+                     * 0 or 1: none */
 } rlk_launch_dims;
 
 /* rlk_launch_dims.flags: the grid may start while the stream's previous kernel is finishing

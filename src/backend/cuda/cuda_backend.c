@@ -278,17 +278,31 @@ static rlk_status cuda_launch(rlk_backend_impl *self, void *fn, const rlk_launch
   rlk_status st = ctx_enter(s, &scope);
   if (st != RLK_OK) return st;
   CUfunction f = fn; /* its shared-memory opt-in was made by get_function */
-  if ((dims->flags & RLK_LAUNCH_OVERLAP) && s->drv->cuLaunchKernelEx &&
-      self->info.compute_major >= 9) {
-    /* programmatic stream serialization: the grid may start as the previous kernel's blocks
-     * trigger or exit; the kernel itself waits for that kernel's results */
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.value = 1;
+  const int overlap = (dims->flags & RLK_LAUNCH_OVERLAP) && s->drv->cuLaunchKernelEx && self->info.compute_major >= 9;
+  const int cluster = dims->cluster > 1;
+  if (cluster && (!s->drv->cuLaunchKernelEx || self->info.compute_major < 9 || dims->grid[0] % dims->cluster))
+    return ctx_leave(s, &scope,
+                     rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                               "cuda: launch: clusters of %u blocks need sm_90 or later, cuLaunchKernelEx and a "
+                               "grid of whole clusters (%u blocks)",
+                               dims->cluster, dims->grid[0]));
+  if (overlap || cluster) {
+    CUlaunchAttribute attr[2];
+    memset(attr, 0, sizeof attr);
+    unsigned n = 0;
+    if (overlap) {
+      /* programmatic stream serialization: the grid may start as the previous kernel's blocks
+       * trigger or exit; the kernel itself waits for that kernel's results */
+      attr[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr[n++].value.value = 1;
+    }
+    if (cluster) {
+      attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr[n].value.dim[0] = dims->cluster, attr[n].value.dim[1] = 1, attr[n++].value.dim[2] = 1;
+    }
     const CUlaunchConfig cfg = {dims->grid[0],  dims->grid[1],  dims->grid[2],
                                 dims->block[0], dims->block[1], dims->block[2],
-                                (unsigned int)dims->shared_bytes, (CUstream)stream, &attr, 1};
+                                (unsigned int)dims->shared_bytes, (CUstream)stream, attr, n};
     CUresult r = s->drv->cuLaunchKernelEx(&cfg, f, args, NULL);
     return ctx_leave_call(s, &scope, r, "cuLaunchKernelEx");
   }

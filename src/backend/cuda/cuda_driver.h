@@ -73,15 +73,17 @@ enum { CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3 };
 enum { CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2 };
 enum { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 };
 
-/* cuLaunchKernelEx's configuration and attributes (CUDA 12). Only the attribute used here is
- * named; the value is the driver's 64-byte union, of which it reads the leading int. */
-enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+/* cuLaunchKernelEx's configuration and attributes (CUDA 12). Only the attributes used here are
+ * named; the value is the driver's 64-byte union, of which they read the leading int (or, the
+ * cluster's, the leading three). */
+enum { CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
 typedef struct CUlaunchAttribute {
   int id;
   char pad[4];
   union {
     char bytes[64];
     int value;
+    unsigned int dim[3];
     unsigned long long align;
   } value;
 } CUlaunchAttribute;

@@ -206,6 +206,8 @@ static rlk_status hip_launch(rlk_backend_impl *self, void *fn, const rlk_launch_
   if (dims->shared_bytes > 0xffffffffu)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: launch: %zu bytes of shared memory",
                      dims->shared_bytes);
+  if (dims->cluster > 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "hip: launch: clusters of blocks are CUDA's (sm_90 or later)");
   device_scope scope;
   rlk_status st = device_enter(s, &scope);
   if (st != RLK_OK) return st;
