@@ -931,8 +931,8 @@ END_TEST
 
 /* Each target's plan: the host's one fp64 kernel a pass; a GPU's tiled GEMM and combine, JSD's
  * second pass and its combine, top-k's set; the backward's dz and the fused head's products. On
- * sm_90a the wgmma kernels first (the forward's two passes; dz, and per gradient dtype the fused
- * head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; the tiled
+ * sm_90a the wgmma kernels first (the forward's two passes and dz, each in its cluster of many row
+ * blocks and alone; per gradient dtype the fused head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; the tiled
  * variant plans the portable ones alone. */
 START_TEST(plan_per_target) {
   static const struct {
@@ -943,13 +943,13 @@ START_TEST(plan_per_target) {
     size_t n;
   } cases[] = {
       {RLK_BACKEND_HOST, NULL, "linear_divergence mode=jsd", "linear_divergence_fwd_host", 2},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 6},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 8},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd variant=tiled", "linear_divergence_fwd_tiled", 4},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_sm90", 4},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_sm90", 5},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1 variant=tiled", "linear_divergence_fwd_tiled", 3},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd grad=same teacher_grad=f32",
-       "linear_divergence_bwd_dz_sm90", 9},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd topk=1 grad=f32", "linear_divergence_bwd_dz_sm90", 6},
+       "linear_divergence_bwd_dz_sm90", 10},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=bwd topk=1 grad=f32", "linear_divergence_bwd_dz_sm90", 7},
       {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_tiled", 3},
       {RLK_BACKEND_CUDA, "sm_80", "linear_divergence pass=bwd grad=same teacher_grad=f32", "linear_divergence_bwd_dz", 5},
       {RLK_BACKEND_HIP, "gfx90a", "linear_divergence pass=combine mode=reverse-kl", "linear_divergence_combine", 1},
@@ -1051,8 +1051,9 @@ static void ld_gpu_fwd_case(rlk_context *ctx, const ld_case *c, uint64_t seed, c
  * with K tails, both temperatures, ignored rows), each by the automatic variant (on an sm_90
  * device the wgmma kernels) and the tiled one; the wgmma kernels' ring over many tiles in one
  * split and over many splits, mixed dtypes; top-k at k 32 and 5 with a teacher temperature (its
- * lists hold z_t on sm_90a, x_t in the tiled kernels), each variant, and the model's vocabulary
- * (151937: one more than a whole number of tiles) on a few rows. */
+ * lists hold z_t on sm_90a, x_t in the tiled kernels), each variant, the model's vocabulary
+ * (151937: one more than a whole number of tiles) on a few rows, and row counts that the sm_90a
+ * forward runs in clusters (the others run a block alone). */
 static void cases_forward(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++)
     for (int tiled = 0; tiled < 2; tiled++) {
@@ -1079,13 +1080,22 @@ static void cases_forward(rlk_context *ctx, uint64_t *rng) {
   c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
   c.grid = 1;
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "V=151937");
+  /* on sm_90a the forward in clusters of row blocks sharing each W box: 33 row blocks, nine quads
+   * whose last has three blocks of no rows (JSD), and 17 pairs whose last has one (top-k) */
+  c = ld_base(33 * 128 - 5, 1500, 64, 128, RLK_DIVERGENCE_JSD);
+  c.beta = 0.4, c.grid = 1, c.ignored = 1, c.ldt = RLK_I32;
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "quads, a part-empty last");
+  c = ld_base(33 * 128 - 5, 1001, 64, 64, RLK_DIVERGENCE_FORWARD_KL);
+  c.top_k = 8, c.grid = 1, c.Tt = 0.9f;
+  ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "pairs, top-k 8");
 }
 RLK_GPU_CASE("linear_divergence", forward)
 
 /* Both heads' gradients, f32 and 16-bit, overwritten and accumulated, in several chunks; on an
  * sm_90 device by the wgmma kernels: gradients written from registers (rows of H + 1) and through
  * TMA (rows of H + 8), the teacher's alone in f16; and the portable kernels beside them (heads whose
- * rows of H + 3 no tensor map takes); top-k by both (its forward by the same kernels). */
+ * rows of H + 3 no tensor map takes); top-k by both (its forward by the same kernels); dz in pairs
+ * of row blocks whose last has a block of no rows. */
 static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++) {
     ld_bcase b = {ld_base(130, 517, 96, 160, mode), RLK_F32, RLK_F32, 0, 128, 0};
@@ -1103,6 +1113,10 @@ static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
   b = (ld_bcase){ld_base(70, 333, 64, 96, RLK_DIVERGENCE_REVERSE_KL), RLK_BF16, RLK_F32, 1, 128, 0};
   b.c.pad = 3, b.c.grid = 1; /* rows of H + 3: the portable kernels */
+  ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+  /* on sm_90a dz in pairs of row blocks, the last pair with a block of no rows (nine row blocks) */
+  b = (ld_bcase){ld_base(9 * 128 - 3, 300, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F32, 0, 128, 0};
+  b.c.grid = 1, b.c.ldt = RLK_I32, b.c.ignored = 1;
   ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
   for (int pad = 0; pad < 4; pad += 3) {
     b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192, 0};

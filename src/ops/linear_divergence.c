@@ -55,6 +55,9 @@ RLK_PARAMS_DECLARE(ld_dh_out_args, RLK_LL_BWD_DH_OUT_PARAMS, RLK_LL_BWD_DH_OUT_P
  * (linear_divergence_params.h); the fused head's sm_90a products (its ll_bwd_sm90): LL_SM90_* and
  * LL_BWD_SM90_SMEM* (linear_logprob_params.h). */
 #define LD_GROUP 8        /* the sm_90a tile orders' rows of tiles a group */
+/* the sm_90a clusters are row blocks of one group */
+_Static_assert(LD_GROUP % LD_SM90_FWD_CLUSTER_MAX == 0 && LD_GROUP % LD_SM90_DZ_CLUSTER == 0,
+               "LD_GROUP: whole clusters of row blocks");
 #define LD_CHUNK_SM90 LL_SM90_BN /* the sm_90a backward's chunks: whole tiles of its products */
 _Static_assert(LD_RECORD == RLK_LINEAR_DIVERGENCE_PARTIAL_FIELDS, "a record: the kernels' and rlk.h's");
 _Static_assert(LD_STATS == RLK_LINEAR_DIVERGENCE_STATS, "a row's statistics: the kernels' and rlk.h's");
@@ -97,6 +100,14 @@ static const rlk_value_decl *const ld_tiled_params[] = {
     RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
     RLK_PARAM_INT("kind", 0, 2),
 };
+/* the sm_90a forward's: the tiled kernel's and its cluster (row blocks sharing each W box: 1, 2
+ * or 4) */
+static const rlk_value_decl *const ld_fwd_sm90_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),
+    RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
+    RLK_PARAM_INT("kind", 0, 2),
+    RLK_PARAM_INT("cluster", 1, LD_SM90_FWD_CLUSTER_MAX),
+};
 static const rlk_value_decl *const ld_combine_params[] = {
     &ld_labels,
     RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
@@ -112,6 +123,13 @@ static const rlk_value_decl *const ld_dz_params[] = {
     RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),   RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
     &ld_labels, RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
     RLK_PARAM_FLAG("student"),       RLK_PARAM_FLAG("teacher"),
+};
+/* ... and sm_90a dz's: the same and its cluster (1 or 2) */
+static const rlk_value_decl *const ld_dz_sm90_params[] = {
+    RLK_PARAM_CHOICE("sdt", ld_dt_names, 1, 2),   RLK_PARAM_CHOICE("tdt", ld_dt_names, 1, 2),
+    &ld_labels, RLK_PARAM_CHOICE("mode", ld_kmode_names, 0, 3),
+    RLK_PARAM_FLAG("student"),       RLK_PARAM_FLAG("teacher"),
+    RLK_PARAM_INT("cluster", 1, LD_SM90_DZ_CLUSTER),
 };
 /* the fused head's products over dz, instantiated from this op's source */
 static const rlk_value_decl *const ld_dh_params[] = {RLK_PARAM_CHOICE("hidden", ld_dt_names, 1, 2)};
@@ -151,12 +169,12 @@ static const rlk_template ld_dw_tmpl = {"linear_divergence", "linear_logprob_bwd
                                         LD_N(ld_dw_params), ld_dw_params};
 static const rlk_template ld_dh_out_tmpl = {"linear_divergence", "linear_logprob_bwd_dh_out", LD_BWD_CUDA, NULL,
                                             LD_N(ld_dh_out_params), ld_dh_out_params};
-/* sm_90a: the forward's kinds (the tiled kernel's schema), dz (the portable dz's schema), the fused
- * head's products */
+/* sm_90a: the forward's kinds (the tiled kernel's schema and the cluster), dz (the portable dz's
+ * schema and the cluster), the fused head's products */
 static const rlk_template ld_fwd_sm90_tmpl = {"linear_divergence", "linear_divergence_fwd_sm90", LD_FWD_SM90_CUDA,
-                                              NULL, LD_N(ld_tiled_params), ld_tiled_params, LD_SM90_NEEDS};
+                                              NULL, LD_N(ld_fwd_sm90_params), ld_fwd_sm90_params, LD_SM90_NEEDS};
 static const rlk_template ld_dz_sm90_tmpl = {"linear_divergence", "linear_divergence_bwd_dz_sm90", LD_BWD_SM90_CUDA,
-                                             NULL, LD_N(ld_dz_params), ld_dz_params, LD_SM90_NEEDS};
+                                             NULL, LD_N(ld_dz_sm90_params), ld_dz_sm90_params, LD_SM90_NEEDS};
 static const rlk_template ld_products_sm90_tmpl = {"linear_divergence", "linear_logprob_bwd_sm90", LD_BWD_SM90_CUDA,
                                                    NULL, LD_N(ld_products_sm90_params), ld_products_sm90_params,
                                                    LD_SM90_NEEDS};
@@ -214,12 +232,28 @@ static int ld_sm90_line(const rlk_context *ctx, const rlk_op_values *s) {
   return ld_wgmma_target(ctx) && s->v[LD_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED;
 }
 
+/* The sm_90a kernels' clusters for a call of row_blocks (linear_divergence_params.h). The forward:
+ * from LD_SM90_CLUSTER_ROWS row blocks on, quads (on an H100 at 4096 and 8192 rows, H 4096, V
+ * 151936: 0.88x and 0.83x the time of blocks alone), top-k pairs (its heaps' uneven work holds a
+ * cluster to its slowest block: quads took 1.14x the time of pairs); fewer row blocks run a block
+ * alone (what clusters do there is unmeasured; a cluster's blocks of no rows weigh more). dz:
+ * pairs where the row blocks are even or many (an odd few would carry a block of no rows). */
+#define LD_SM90_CLUSTER_ROWS 32
+static int ld_fwd_cluster(int64_t row_blocks, int kmode) {
+  if (row_blocks < LD_SM90_CLUSTER_ROWS) return 1;
+  return kmode == LD_TOPK ? 2 : LD_SM90_FWD_CLUSTER_MAX;
+}
+static int ld_dz_cluster(int64_t row_blocks) {
+  return row_blocks % LD_SM90_DZ_CLUSTER == 0 || row_blocks >= 8 ? LD_SM90_DZ_CLUSTER : 1;
+}
+
 /* The GPU forward's kernels in launch order: the GEMM and the combine, then JSD's second pass and
- * its combine, or top-k's set; sm90: the wgmma GEMMs. */
-static void ld_fwd_specs(int sdt, int tdt, int lab, int kmode, int sm90, rlk_kernel_spec *specs, size_t *n) {
-  const rlk_template *gemm = sm90 ? &ld_fwd_sm90_tmpl : &ld_tiled_tmpl;
-  const rlk_kernel_spec g = {gemm, {sdt, tdt, kmode == LD_TOPK ? LD_KIND_TOPK : LD_KIND_STATS}},
-                        c = {&ld_combine_tmpl, {lab, kmode}}, g2 = {gemm, {sdt, tdt, LD_KIND_JSD}},
+ * its combine, or top-k's set; cluster: 0 the portable GEMMs, else the wgmma GEMMs in clusters of
+ * that many row blocks. */
+static void ld_fwd_specs(int sdt, int tdt, int lab, int kmode, int cluster, rlk_kernel_spec *specs, size_t *n) {
+  const rlk_template *gemm = cluster ? &ld_fwd_sm90_tmpl : &ld_tiled_tmpl;
+  const rlk_kernel_spec g = {gemm, {sdt, tdt, kmode == LD_TOPK ? LD_KIND_TOPK : LD_KIND_STATS, cluster}},
+                        c = {&ld_combine_tmpl, {lab, kmode}}, g2 = {gemm, {sdt, tdt, LD_KIND_JSD, cluster}},
                         c2 = {&ld_jsd_combine_tmpl, {lab}}, t = {&ld_topk_tmpl, {sdt, lab}};
   specs[(*n)++] = g;
   specs[(*n)++] = c;
@@ -243,11 +277,13 @@ static void ld_side_specs(int head, int grad, int sm90, rlk_kernel_spec *specs, 
   specs[(*n)++] = sm90 ? dw90 : dw;
 }
 
-/* The GPU backward's: dz of the sides asked for, then each side's products. */
-static void ld_bwd_specs(int sdt, int tdt, int lab, int kmode, int gs, int gt, int sm90, rlk_kernel_spec *specs,
+/* The GPU backward's: dz of the sides asked for, then each side's products; cluster: 0 the
+ * portable kernels, else the sm_90a ones, dz in clusters of that many row blocks. */
+static void ld_bwd_specs(int sdt, int tdt, int lab, int kmode, int gs, int gt, int cluster, rlk_kernel_spec *specs,
                          size_t *n) {
+  const int sm90 = cluster > 0;
   const rlk_kernel_spec dz = {sm90 ? &ld_dz_sm90_tmpl : &ld_dz_tmpl,
-                              {sdt, tdt, lab, kmode, gs != LD_GRAD_NONE, gt != LD_GRAD_NONE}};
+                              {sdt, tdt, lab, kmode, gs != LD_GRAD_NONE, gt != LD_GRAD_NONE, cluster}};
   specs[(*n)++] = dz;
   if (gs != LD_GRAD_NONE) ld_side_specs(sdt, gs, sm90, specs, n);
   if (gt != LD_GRAD_NONE) ld_side_specs(tdt, gt, sm90, specs, n);
@@ -263,9 +299,10 @@ static void ld_add_specs(rlk_kernel_spec *specs, size_t *n, const rlk_kernel_spe
 }
 
 /* A configuration's kernels in launch order; sm90: the sm_90a ones where the configuration has
- * them (ld_sm90_line). */
-static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int sm90, rlk_kernel_spec *specs,
-                             size_t *nspecs) {
+ * them (ld_sm90_line), in the clusters that a call of row_blocks runs, or for row_blocks 0 (a
+ * line's, which may serve any call) in each cluster a call may run. */
+static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int sm90, int64_t row_blocks,
+                             rlk_kernel_spec *specs, size_t *nspecs) {
   const int64_t *v = s->v;
   const int pass = (int)v[LD_S_PASS], sdt = ld_code(v[LD_S_STUDENT]), tdt = ld_code(v[LD_S_TEACHER]);
   const int lab = (int)v[LD_S_LABELS], topk = (int)v[LD_S_TOPK], kmode = topk ? LD_TOPK : (int)v[LD_S_MODE];
@@ -285,7 +322,9 @@ static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int
       const rlk_kernel_spec f = {&ld_fwd_host_tmpl, {sdt, tdt, lab, kmode}};
       specs[n++] = f;
     } else {
-      ld_fwd_specs(sdt, tdt, lab, kmode, sm90, specs, &n);
+      ld_fwd_specs(sdt, tdt, lab, kmode, sm90 ? ld_fwd_cluster(row_blocks ? row_blocks : LD_SM90_CLUSTER_ROWS, kmode) : 0,
+                   specs, &n);
+      if (sm90 && !row_blocks) ld_fwd_specs(sdt, tdt, lab, kmode, 1, specs, &n);
     }
   }
   if (pass == LD_PASS_BWD || pass == LD_PASS_BOTH) {
@@ -296,7 +335,8 @@ static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int
       const rlk_kernel_spec b = {&ld_bwd_host_tmpl, {sdt, tdt, lab, kmode}};
       specs[n++] = b;
     } else {
-      ld_bwd_specs(sdt, tdt, lab, kmode, gs, gt, sm90, specs, &n);
+      ld_bwd_specs(sdt, tdt, lab, kmode, gs, gt, sm90 ? ld_dz_cluster(row_blocks ? row_blocks : 2) : 0, specs, &n);
+      if (sm90 && !row_blocks) ld_bwd_specs(sdt, tdt, lab, kmode, gs, gt, 1, specs, &n);
     }
   }
   for (size_t i = 0; i < n; i++) {
@@ -312,11 +352,11 @@ static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int
 /* A line's kernels: the sm_90a ones where it has them, and then the portable ones that a call whose
  * heads no tensor map describes runs. */
 static rlk_status ld_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_kernel_spec *specs, size_t *nspecs) {
-  rlk_status st = ld_kernels(ctx, s, 1, specs, nspecs);
+  rlk_status st = ld_kernels(ctx, s, 1, 0, specs, nspecs);
   if (st || !ld_sm90_line(ctx, s)) return st;
   rlk_kernel_spec portable[RLK_OP_MAX_KERNELS];
   size_t m = 0;
-  if ((st = ld_kernels(ctx, s, 0, portable, &m))) return st;
+  if ((st = ld_kernels(ctx, s, 0, 0, portable, &m))) return st;
   ld_add_specs(specs, nspecs, portable, m);
   return RLK_OK;
 }
@@ -448,14 +488,15 @@ static int ld_tma_ok(const rlk_tma_desc_request *r) {
 }
 
 /* Whether tensor maps describe both heads in the boxes the sm_90a kernels read: 128 rows (the
- * logits' operands) and 64 (the backward's products; the same conditions of alignment). */
+ * logits' operands), 64 (the backward's products) and a cluster's part of a W box (32 or 64: the
+ * same conditions of alignment). */
 static int ld_heads_tma_ok(const ld_heads *h) {
   const rlk_tensor *const *t = h->t;
   const int64_t rows[4] = {h->N, h->V, h->N, h->V}, cols[4] = {h->Hs, h->Hs, h->Ht, h->Ht};
   const int64_t strides[4] = {h->shs, h->sws, h->ths, h->tws};
   static const char *const names[4] = {"student_hidden", "student_weight", "teacher_hidden", "teacher_weight"};
   for (int i = 0; i < 4; i++)
-    for (uint32_t box = 64; box <= LD_SM90_BM; box *= 2) {
+    for (uint32_t box = LD_SM90_BN / LD_SM90_FWD_CLUSTER_MAX; box <= LD_SM90_BM; box *= 2) {
       const rlk_tma_desc_request r = ld_tma(t[i]->data, t[i]->dtype, rows[i], cols[i], strides[i], box);
       if (rlk_tma_check(&r) != RLK_OK) {
         rlk_debug("linear_divergence: no tensor map for %s (%s); the portable kernels run", names[i],
@@ -467,14 +508,15 @@ static int ld_heads_tma_ok(const ld_heads *h) {
   return 1;
 }
 
-/* The encoded maps of both heads in 128-row boxes (the sm_90a logits' operands), into a kernel
- * struct's map_hs, map_ws, map_ht, map_wt. */
-static rlk_status ld_head_maps(rlk_context *ctx, const ld_heads *h, rlk_tensor_map *const maps[4]) {
+/* The encoded maps of both heads (the sm_90a logits' operands), into a kernel struct's map_hs,
+ * map_ws, map_ht, map_wt: the hidden states in 128-row boxes, the weights in boxes of w_rows (the
+ * whole B box, or a cluster's part of it). */
+static rlk_status ld_head_maps(rlk_context *ctx, const ld_heads *h, uint32_t w_rows, rlk_tensor_map *const maps[4]) {
   const rlk_tensor *sh = h->t[0], *sw = h->t[1], *th = h->t[2], *tw = h->t[3];
   const rlk_tma_desc_request r[4] = {ld_tma(sh->data, sh->dtype, h->N, h->Hs, h->shs, LD_SM90_BM),
-                                     ld_tma(sw->data, sw->dtype, h->V, h->Hs, h->sws, LD_SM90_BN),
+                                     ld_tma(sw->data, sw->dtype, h->V, h->Hs, h->sws, w_rows),
                                      ld_tma(th->data, th->dtype, h->N, h->Ht, h->ths, LD_SM90_BM),
-                                     ld_tma(tw->data, tw->dtype, h->V, h->Ht, h->tws, LD_SM90_BN)};
+                                     ld_tma(tw->data, tw->dtype, h->V, h->Ht, h->tws, w_rows)};
   rlk_status st = RLK_OK;
   for (int i = 0; i < 4 && !st; i++) st = rlk_context_tensor_map(ctx, &r[i], maps[i]);
   return st;
@@ -507,8 +549,9 @@ typedef struct ld_fwd_call {
   rlk_op_call op; /* the driver's: configuration, kernels, workspace bytes */
   ld_heads h;
   int kmode, shard, loss;
-  int sm90; /* the wgmma GEMMs run */
-  int64_t splits, cols_per_split, row_blocks;
+  int sm90;    /* the wgmma GEMMs run */
+  int cluster; /* sm90: their clusters' row blocks (ld_fwd_cluster); else 1 */
+  int64_t splits, cols_per_split, row_blocks, tiles_m; /* tiles_m: the launch's row blocks (whole clusters) */
   /* workspace offsets: split records, top-k lists, the loss's zeros and scratch, rlk_policy_loss's */
   size_t off_lists, off_zeros, off_glp, off_gent, off_pl;
 } ld_fwd_call;
@@ -618,21 +661,24 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->variant == RLK_LINEAR_LOGPROB_WGMMA && !k->sm90 && ctx->kind != RLK_BACKEND_HOST)
     rlk_debug("linear_divergence: the wgmma kernels do not run here (%s); the portable ones do",
               !ld_wgmma_target(ctx) ? "needs sm_90a" : "no tensor map");
-  if ((st = ld_kernels(ctx, v, k->sm90, call->specs, &call->nspecs))) return st;
+  /* the row blocks: of 64 rows (sm_90a: 128, one block a multiprocessor, in whole clusters of them) */
+  const int64_t bm = k->sm90 ? LD_SM90_BM : LD_TILE;
+  k->row_blocks = (N + bm - 1) / bm;
+  k->cluster = k->sm90 ? ld_fwd_cluster(k->row_blocks, k->kmode) : 1;
+  k->tiles_m = (k->row_blocks + k->cluster - 1) / k->cluster * k->cluster;
+  if ((st = ld_kernels(ctx, v, k->sm90, k->row_blocks, call->specs, &call->nspecs))) return st;
 
-  /* the cut: blocks of 64 rows (sm_90a: 128, one block a multiprocessor) x vocabulary splits
-   * (top-k: at most LD_TOPK_CANDS / k, the candidates the set's block ranks) */
+  /* the cut: the row blocks x vocabulary splits (top-k: at most LD_TOPK_CANDS / k, the candidates
+   * the set's block ranks) */
   size_t off = 0;
   if (ctx->kind != RLK_BACKEND_HOST) {
     const int64_t sms = ctx->target.multiprocessors > 0 ? ctx->target.multiprocessors : 1;
-    const int64_t bm = k->sm90 ? LD_SM90_BM : LD_TILE;
-    k->row_blocks = (N + bm - 1) / bm;
     const int64_t most = a->top_k ? LD_TOPK_CANDS / a->top_k : INT32_MAX;
     const int asked = a->splits > most ? (int)most : a->splits;
-    rlk_ll_fwd_splits(h->V, k->row_blocks, k->sm90 ? sms : 4 * sms, asked, &k->splits, &k->cols_per_split);
+    rlk_ll_fwd_splits(h->V, k->tiles_m, k->sm90 ? sms : 4 * sms, asked, &k->splits, &k->cols_per_split);
     if (k->splits > most)
-      rlk_ll_fwd_splits(h->V, k->row_blocks, k->sm90 ? sms : 4 * sms, (int)most, &k->splits, &k->cols_per_split);
-    if (k->row_blocks > INT32_MAX || k->splits > 65535 || (k->sm90 && k->row_blocks * k->splits > INT32_MAX))
+      rlk_ll_fwd_splits(h->V, k->tiles_m, k->sm90 ? sms : 4 * sms, (int)most, &k->splits, &k->cols_per_split);
+    if (k->tiles_m > INT32_MAX || k->splits > 65535 || (k->sm90 && k->tiles_m * k->splits > INT32_MAX))
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "student_hidden: N = %lld rows is too many", (long long)N);
     off = ld_align256((size_t)(k->splits * N) * LD_RECORD * 4u);
     k->off_lists = off;
@@ -688,13 +734,14 @@ static rlk_status ld_fwd_gpu(rlk_context *ctx, const rlk_linear_divergence_args 
   g.N = h->N, g.V = h->V, g.Hs = h->Hs, g.Ht = h->Ht;
   g.cols_per_split = k->cols_per_split, g.partials = ws, g.lists = ws + k->off_lists, g.top_k = a->top_k;
   g.stats = (const float *)a->stats.data, g.vocab_start = a->vocab_start, g.beta = a->beta;
-  g.tiles_m = (int)k->row_blocks, g.tiles_n = (int)k->splits, g.group = LD_GROUP;
+  g.tiles_m = (int)k->tiles_m, g.tiles_n = (int)k->splits, g.group = LD_GROUP;
   rlk_tensor_map *const maps[4] = {&g.map_hs, &g.map_ws, &g.map_ht, &g.map_wt};
-  if (k->sm90 && (st = ld_head_maps(ctx, h, maps))) return st;
-  rlk_launch_dims dg = k->sm90 ? rlk_op_grid((uint64_t)(k->row_blocks * k->splits), 1, 1, LD_SM90_THREADS, 0)
+  if (k->sm90 && (st = ld_head_maps(ctx, h, (uint32_t)(LD_SM90_BN / k->cluster), maps))) return st;
+  rlk_launch_dims dg = k->sm90 ? rlk_op_grid((uint64_t)(k->tiles_m * k->splits), 1, 1, LD_SM90_THREADS, 0)
                                : rlk_op_grid((uint64_t)k->row_blocks, (uint64_t)k->splits, 1, LD_THREADS, 0);
   /* top-k: each row's list past the ring */
   if (k->sm90) dg.shared_bytes = LD_SM90_FWD_SMEM + (k->kmode == LD_TOPK ? (size_t)LD_SM90_BM * a->top_k * 8u : 0u);
+  if (k->sm90) dg.cluster = (unsigned)k->cluster; /* launched as clusters: a kernel alone is a plain launch */
   /* the tiled kernel's arguments are the first fields of the sm_90a kernel's */
   if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &dg, stream, &g))) return st;
   ld_combine_args c = {0};
@@ -783,7 +830,8 @@ typedef struct ld_bwd_call {
   int nvals;
   ld_heads h;
   int kmode;
-  int sm90; /* the wgmma kernels run */
+  int sm90;       /* the wgmma kernels run */
+  int dz_cluster; /* sm90: dz's clusters' row blocks (ld_dz_cluster) */
   int64_t stats_stride, g_stride, chunk;
   ld_side s, t;
 } ld_bwd_call;
@@ -857,11 +905,13 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   }
   /* sm_90a: the wgmma kernels where tensor maps describe the heads */
   k->sm90 = ld_sm90_line(ctx, &call->vals) && ld_heads_tma_ok(h);
+  const int64_t row_blocks = (h->N + LD_SM90_BM - 1) / LD_SM90_BM;
+  k->dz_cluster = k->sm90 ? ld_dz_cluster(row_blocks) : 1;
   /* the kernels: the lines', each kernel once */
   for (int i = 0; i < k->nvals; i++) {
     rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
     size_t n = 0;
-    if ((st = ld_kernels(ctx, i ? &k->second : &call->vals, k->sm90, specs, &n))) return st;
+    if ((st = ld_kernels(ctx, i ? &k->second : &call->vals, k->sm90, row_blocks, specs, &n))) return st;
     ld_add_specs(call->specs, &call->nspecs, specs, n);
   }
   if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
@@ -1048,7 +1098,8 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
   rlk_status st;
   ld_bwd_dz_sm90_args z = {0};
   rlk_tensor_map *const maps[4] = {&z.map_hs, &z.map_ws, &z.map_ht, &z.map_wt};
-  if ((st = ld_head_maps(ctx, h, maps))) return st;
+  const int64_t cl = k->dz_cluster;
+  if ((st = ld_head_maps(ctx, h, (uint32_t)(LD_SM90_BN / cl), maps))) return st;
   LD_SET_HEADS(z, a, h);
   LD_SET_BWD_ROWS(z, a, k);
   z.Vc = k->chunk, z.vocab_start = a->vocab_start, z.beta = a->beta, z.group = LD_GROUP;
@@ -1060,12 +1111,16 @@ static rlk_status ld_bwd_sm90(rlk_context *ctx, const rlk_linear_divergence_back
     if ((st = rlk_context_tensor_map(ctx, student ? &rs : &rt, &z.map_zs)) ||
         (st = rlk_context_tensor_map(ctx, teacher ? &rt : &rs, &z.map_zt)))
       return st;
-    const int64_t tm = (h->N + LD_SM90_BM - 1) / LD_SM90_BM, tn = (nv + LD_SM90_BN - 1) / LD_SM90_BN;
+    /* clusters of row blocks (ld_dz_cluster): a whole number of them, and of clusters of blocks */
+    const int64_t tm = (h->N + cl * LD_SM90_BM - 1) / (cl * LD_SM90_BM) * cl,
+                  tn = (nv + LD_SM90_BN - 1) / LD_SM90_BN;
     if (tm * tn > INT32_MAX)
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "linear_divergence_backward: %lld x %lld dz tiles are too many",
                        (long long)tm, (long long)tn);
     z.c0 = c0, z.tiles_m = (int)tm, z.tiles_n = (int)tn;
-    const rlk_launch_dims d = ld_persistent(ctx, (int64_t)z.tiles_m * z.tiles_n, LD_SM90_DZ_SMEM);
+    rlk_launch_dims d = ld_persistent(ctx, (int64_t)z.tiles_m * z.tiles_n, LD_SM90_DZ_SMEM);
+    d.grid[0] = d.grid[0] < cl ? (unsigned)cl : d.grid[0] / (unsigned)cl * (unsigned)cl;
+    d.cluster = (unsigned)cl;
     if ((st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &z))) return st;
     if (student && (st = ld_side_chunk_sm90(ctx, k, &k->s, &a->student_hidden, h->shs, &a->student_weight, h->sws,
                                             h->Hs, &a->grad_student_hidden, &a->grad_student_weight, wsp,

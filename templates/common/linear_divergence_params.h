@@ -75,6 +75,15 @@ enum { LD_SM90_BM = 128, LD_SM90_BN = 128, LD_SM90_BK = 64, LD_SM90_THREADS = 38
 enum { LD_SM90_STAGE_BYTES = (LD_SM90_BM + LD_SM90_BN) * LD_SM90_BK * 2, LD_SM90_STAGING_BYTES = 2 * 2 * 64 * 128 };
 enum { LD_SM90_ALIGN = 1024, LD_SM90_FWD_SMEM = LD_SM90_STAGES * LD_SM90_STAGE_BYTES + LD_SM90_ALIGN };
 enum { LD_SM90_DZ_SMEM = LD_SM90_FWD_SMEM + LD_SM90_STAGING_BYTES, LD_TILE = 64, LD_THREADS = 256 };
+/* The sm_90a kernels run as clusters of blocks that share each W box: row blocks of one split (the
+ * forward) or of one column tile (dz), each block copying its part of every W box into all of them
+ * (multicast), so that a cluster reads W from L2 once where its blocks apart would read it once each
+ * (at 64 FLOP a byte the two-head tile is bound by L2's bandwidth). A kernel value: the forward's
+ * 1, 2 or LD_SM90_FWD_CLUSTER_MAX, dz's 1 or LD_SM90_DZ_CLUSTER (its persistent blocks all
+ * resident: quads would leave multiprocessors idle); the op picks them by the row blocks
+ * (linear_divergence.c). Launches hold whole clusters of row blocks, the last with blocks of no
+ * rows. */
+enum { LD_SM90_FWD_CLUSTER_MAX = 4, LD_SM90_DZ_CLUSTER = 2 };
 
 /* The two heads, first in every list that reads them (bytes 0 to 63). */
 #define RLK_LD_HEADS(F, S_)                                         \

@@ -11,7 +11,10 @@
  *                     multiprocessor): block b computes tiles b, b + gridDim.x, ... of the chunk's
  *                     tiles_m x tiles_n, in groups of `group` rows of tiles (ll_bwd_tile), the ring
  *                     running on from tile to tile. The rows' inputs (stats, g, the label) are
- *                     read before a tile's products.
+ *                     read before a tile's products. As the forward, pairs of blocks may share
+ *                     each W box (CL = LD_SM90_DZ_CLUSTER, linear_divergence_sm90.cuh): then
+ *                     tiles_m and the grid are even, so blocks 2c and 2c + 1 take the tiles t and
+ *                     t + 1, two row blocks of the same columns, tile after tile.
  *
  * then, per side, the fused head's sm_90a products over dz (linear_logprob_bwd_sm90.cuh,
  * instantiated from this source): its dh kind (the f32 grad_hidden sum (+)= dz W_c) and dw kind
@@ -55,14 +58,16 @@ template <int LAB> RLK_DEVICE ld_dz_row ld_dz_row_inputs(const ld::BwdDzSm90Para
   return d;
 }
 
-/* The struct's tensor maps: map_hs, map_ws, map_ht, map_wt the heads (64 x 128 boxes); map_zs,
+/* The struct's tensor maps: map_hs, map_ht the hidden states (64 x 128 boxes), map_ws, map_wt the
+ * weights (128 / CL x 64: a cluster's part of a B box); map_zs,
  * map_zt dz_s and dz_t [N][nv] of pitch Vc (64 x 64 boxes), each any map where its side is not
  * asked for. */
-template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER>
+template <int SDT, int TDT, int LAB, int MODE, bool STUDENT, bool TEACHER, int CL>
 __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_bwd_dz_sm90(RLK_PARAMS_ARG ld::BwdDzSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(STUDENT || TEACHER, "bwd_dz_sm90: at least one side");
+  static_assert(CL == 1 || CL == LD_SM90_DZ_CLUSTER, "bwd_dz_sm90: a block alone or pairs");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
   u8 *smem = ld_sm90_smem();
@@ -70,7 +75,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   __shared__ alignas(8) u64 empty[C::STAGES];
   const int tiles_m = p_.tiles_m, tiles_n = p_.tiles_n, ntiles = tiles_m * tiles_n;
   const int kbs = ld_sm90_ksteps(p_.Hs), kbt = ld_sm90_ksteps(p_.Ht), wg = (int)(threadIdx.x / 128);
-  ld_sm90_ring_start(full, empty);
+  ld_sm90_ring_start<CL>(full, empty);
 
   if (wg == 0) {
     /* producer: the chunk's columns are the weights' rows from c0 */
@@ -84,9 +89,13 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
         int tm, tn;
         ll_bwd_tile(tile, tiles_m, tiles_n, p_.group, &tm, &tn);
-        ld_sm90_load_tile(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, tm * BM,
-                          (i32)(p_.c0 + (i64)tn * BN), kbs, kbt, it);
+        ld_sm90_load_tile<CL>(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, tm * BM,
+                              (i32)(p_.c0 + (i64)tn * BN), kbs, kbt, it);
       }
+    }
+    if (CL > 1) { /* no block leaves while the other's copies and arrivals may still reach it */
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -107,7 +116,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     const i64 m0w = (i64)tm * BM + cw * 64, n0 = (i64)tn * BN;
     /* the rows' inputs load while the products run */
     const ld_dz_row row[2] = {ld_dz_row_inputs<LAB>(p_, m0w + rl), ld_dz_row_inputs<LAB>(p_, m0w + rl + 8)};
-    ld_sm90_tile_products<SDT, TDT>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
+    ld_sm90_tile_products<SDT, TDT, CL>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
     /* each logit pair becomes its dz pair in place */
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -137,6 +146,10 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   }
   /* the stores are done before the block (and its staging) goes */
   if (tw == 0) sm90::tma_store_drain<0>();
+  if (CL > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
 #else
   (void)p_;
 #endif

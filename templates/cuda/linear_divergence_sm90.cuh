@@ -20,6 +20,17 @@
  * merge by a fixed butterfly and one writes the record. Bitwise repeatable: fixed orders
  * everywhere, the splits merged in order by the combine.
  *
+ * Clusters (CL 2 or 4, linear_divergence_params.h; 1: a block alone): a cluster is the row blocks
+ * CL c .. CL c + CL - 1 of one split (the tile order's groups hold a multiple of CL row blocks, so
+ * consecutive blocks map to them); each block's producer copies its own h boxes and the 1 / CL of
+ * each W box at its rank, multicast into all of them, and a stage is free when the consumers of
+ * every block have handed it back (each arrives on every block's empty barrier). The products,
+ * the shared-memory layout and so the records are those of a block alone, bit for bit; a block of
+ * no rows (past N) multiplies zeros and writes nothing, as the others need its part of the W
+ * boxes. The launch sets the cluster (a launch attribute, not __cluster_dims__: a kernel compiled
+ * with cluster dimensions is a cluster launch even of one block, which ran 1.3x slower at 1000
+ * rows).
+ *
  * Needs: each head's hidden and weight 16-byte aligned with row strides a multiple of 8 elements
  * (tensor maps of 64 x 128 boxes, the 128-byte swizzle); the op falls back to
  * linear_divergence_fwd_tiled otherwise.
@@ -137,11 +148,12 @@ RLK_DEVICE void ld_sm90_topk_tile(const float (&acc_t)[ld_sm90::ACC], ld::cand *
 
 /* The tensor maps lie in the struct, which is __grid_constant__: TMA reads them in parameter
  * space. */
-template <int SDT, int TDT, int KIND>
+template <int SDT, int TDT, int KIND, int CL>
 __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
     linear_divergence_fwd_sm90(RLK_PARAMS_ARG ld::FwdSm90Params p_) {
 #if defined(RLK_SM90A_ASM)
   static_assert(KIND == LD_KIND_STATS || KIND == LD_KIND_TOPK || KIND == LD_KIND_JSD, "fwd_sm90: a kind");
+  static_assert(CL == 1 || CL == 2 || CL == LD_SM90_FWD_CLUSTER_MAX, "fwd_sm90: clusters of 1, 2 or 4 row blocks");
   typedef ld_sm90 C;
   constexpr int BM = C::BM, BN = C::BN;
   u8 *smem = ld_sm90_smem();
@@ -153,7 +165,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   const i64 row0 = (i64)rb * BM, v_begin = (i64)sp * cols_per_split, v_end = min_(V, v_begin + cols_per_split);
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
   const int kbs = ld_sm90_ksteps(p_.Hs), kbt = ld_sm90_ksteps(p_.Ht), wg = (int)(threadIdx.x / 128);
-  ld_sm90_ring_start(full, empty);
+  ld_sm90_ring_start<CL>(full, empty);
 
   if (wg == 0) {
     /* producer */
@@ -163,8 +175,12 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
       u32 it = 0;
 #pragma unroll 1
       for (int t = 0; t < ntiles; ++t)
-        ld_sm90_load_tile(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, (i32)row0,
-                          (i32)(v_begin + (i64)t * BN), kbs, kbt, it);
+        ld_sm90_load_tile<CL>(&p_.map_hs, &p_.map_ws, &p_.map_ht, &p_.map_wt, full, empty, smem, (i32)row0,
+                              (i32)(v_begin + (i64)t * BN), kbs, kbt, it);
+    }
+    if (CL > 1) { /* no block leaves while another's copies and arrivals may still reach it */
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -208,7 +224,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
 #pragma unroll 1
   for (int t = 0; t < ntiles; ++t) {
     const i64 col0 = v_begin + (i64)t * BN, left = v_end - col0;
-    ld_sm90_tile_products<SDT, TDT>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
+    ld_sm90_tile_products<SDT, TDT, CL>(acc_s, acc_t, full, empty, smem, cw, l, kbs, kbt, it);
     if (col0 + BN <= v_end)
       ld_sm90_fold<KIND, true>(acc_s, acc_t, st, A, B, Ls, Lt, cs, ct, la, lb, left, l);
     else
@@ -255,6 +271,10 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
         for (int j = l & 3; j < k; j += 4) out[j] = src[j * BM];
       }
     }
+  }
+  if (CL > 1) {
+    cluster_arrive();
+    cluster_wait();
   }
 #else
   (void)p_;

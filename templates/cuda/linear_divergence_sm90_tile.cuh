@@ -69,11 +69,29 @@ RLK_DEVICE u8 *ld_sm90_smem() {
   return (u8 *)(((u64)ld_smem_raw + 1023u) & ~(u64)1023u);
 }
 
-/* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps), ready
- * for every thread. */
-RLK_DEVICE void ld_sm90_ring_start(u64 *full, u64 *empty) {
-  if (threadIdx.x == 0) sm90::ring_init<ld_sm90::STAGES>(full, empty, 8);
-  __syncthreads();
+/* A block's start: its ring's barriers (two consumer warpgroups release a stage: 8 warps; in a
+ * cluster of CL blocks that share their B boxes, the consumers of every block of the cluster),
+ * ready for every thread (CL > 1: of every block of the cluster, before any copy or arrival of
+ * another block reaches them). */
+template <int CL = 1> RLK_DEVICE void ld_sm90_ring_start(u64 *full, u64 *empty) {
+  if (threadIdx.x == 0) sm90::ring_init<ld_sm90::STAGES>(full, empty, 8 * CL);
+  if (CL == 1) {
+    __syncthreads();
+  } else {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
+/* Hands a stage back (one consumer warp's arrival): to this block's producer, or in a cluster of
+ * CL blocks whose producers each multicast part of the B box into all of them, to every block's. */
+template <int CL> RLK_DEVICE void ld_sm90_release(u64 *empty) {
+  if (CL == 1) {
+    sm90::mbar_arrive(empty);
+  } else {
+#pragma unroll
+    for (u32 r = 0; r < (u32)CL; ++r) sm90::mbar_arrive_cluster(empty, r);
+  }
 }
 
 /* The K steps of a head of width H. */
@@ -89,7 +107,12 @@ RLK_DEVICE void ld_sm90_prefetch_heads(const tensor_map *hs, const tensor_map *w
 }
 
 /* The producer's copies of one tile: the student's K steps (h_s rows from m0, W_s rows from n0),
- * then the teacher's, each a stage (A's box, then B's) at ring positions it, it + 1, ... */
+ * then the teacher's, each a stage (A's box, then B's) at ring positions it, it + 1, ... In a
+ * cluster of CL blocks (the same columns, CL row blocks) each block copies its own A box and the
+ * 1 / CL of the B box at its rank (the W maps' boxes are BN / CL rows high) into every block of
+ * the cluster, so that the cluster reads each B box once; a block's stage still receives STAGE
+ * bytes. */
+template <int CL = 1>
 RLK_DEVICE void ld_sm90_load_tile(const tensor_map *hs, const tensor_map *ws, const tensor_map *ht,
                                   const tensor_map *wt, u64 *full, u64 *empty, u8 *smem, i32 m0, i32 n0, int kbs,
                                   int kbt, u32 &it) {
@@ -105,7 +128,13 @@ RLK_DEVICE void ld_sm90_load_tile(const tensor_map *hs, const tensor_map *ws, co
       sm90::mbar_arrive_expect_tx(&full[s], C::STAGE);
       u8 *a = smem + s * C::STAGE;
       sm90::tma_load_2d(a, ma, kb * C::BK, m0, &full[s]);
-      sm90::tma_load_2d(a + C::ABYTES, mb, kb * C::BK, n0, &full[s]);
+      if (CL == 1) {
+        sm90::tma_load_2d(a + C::ABYTES, mb, kb * C::BK, n0, &full[s]);
+      } else {
+        const u32 r = cluster_rank(), part = C::BBYTES / (u32)CL;
+        sm90::tma_load_2d_multicast(a + C::ABYTES + r * part, mb, kb * C::BK, n0 + (i32)(r * (u32)(C::BN / CL)),
+                                    &full[s], (u16)((1u << CL) - 1u));
+      }
     }
   }
 }
@@ -115,7 +144,7 @@ RLK_DEVICE void ld_sm90_load_tile(const tensor_map *hs, const tensor_map *ws, co
  * (scale-d 0). Each stage goes back to the producer once the products reading it are done; with
  * `pending` the stage before `it` (the other head's last) is still being read and goes back after
  * this head's first step. The last stage stays with the caller (ld_sm90_tile_done). */
-template <int AB>
+template <int AB, int CL = 1>
 RLK_DEVICE void ld_sm90_head(float (&acc)[ld_sm90::ACC], u64 *full, u64 *empty, const u8 *smem, int cw, int l,
                              int kblocks, u32 &it, bool pending) {
   typedef ld_sm90 C;
@@ -135,20 +164,20 @@ RLK_DEVICE void ld_sm90_head(float (&acc)[ld_sm90::ACC], u64 *full, u64 *empty, 
     if (kb > 0 || pending) {
       /* the previous stage's products are done: hand it back */
       sm90::wgmma_wait<1>();
-      if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % C::STAGES]);
+      if (l == 0) ld_sm90_release<CL>(&empty[(it - 1u) % C::STAGES]);
     }
   }
 }
 
 /* Both heads' products of a tile into acc_s and acc_t: at the end both are complete and every
  * stage the tile read is back with the producer. */
-template <int SDT, int TDT>
+template <int SDT, int TDT, int CL = 1>
 RLK_DEVICE void ld_sm90_tile_products(float (&acc_s)[ld_sm90::ACC], float (&acc_t)[ld_sm90::ACC], u64 *full,
                                       u64 *empty, const u8 *smem, int cw, int l, int kbs, int kbt, u32 &it) {
-  ld_sm90_head<ld_wgmma_type<SDT>::AB>(acc_s, full, empty, smem, cw, l, kbs, it, false);
-  ld_sm90_head<ld_wgmma_type<TDT>::AB>(acc_t, full, empty, smem, cw, l, kbt, it, true);
+  ld_sm90_head<ld_wgmma_type<SDT>::AB, CL>(acc_s, full, empty, smem, cw, l, kbs, it, false);
+  ld_sm90_head<ld_wgmma_type<TDT>::AB, CL>(acc_t, full, empty, smem, cw, l, kbt, it, true);
   sm90::wgmma_wait<0>();
-  if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % ld_sm90::STAGES]);
+  if (l == 0) ld_sm90_release<CL>(&empty[(it - 1u) % ld_sm90::STAGES]);
   sm90::wgmma_fence_operands(acc_s);
   sm90::wgmma_fence_operands(acc_t);
 }
