@@ -766,10 +766,13 @@ def _sequences(ids, pos):
     """The sequences of verl's remove-padding row (host copies of input_ids [nnz] and
     position_ids [nnz]): where the positions stop counting up by one a sequence starts, as
     transformers' packed-sequence mask and flash-attention's varlen split them. Returns (the
-    token tensors, their first positions)."""
-    starts = [0] + [int(t) for t in ((pos[1:] - pos[:-1]) != 1).nonzero()[:, 0] + 1] + [len(ids)]
+    token tensors, their first positions). The positions' steps in numpy: a row of tens of
+    thousands of tokens is past the size where torch's CPU kernels go to their thread pool,
+    which on a GPU host's busy CPU cost milliseconds an operation (trl._prompt_groups)."""
+    p = pos.numpy()
+    starts = [0] + (np.flatnonzero(np.diff(p) != 1) + 1).tolist() + [len(ids)]
     return ([ids[a:b] for a, b in zip(starts, starts[1:])],
-            [int(pos[a]) for a in starts[:-1]])
+            [int(p[a]) for a in starts[:-1]])
 
 
 def _unshared(model, input_ids, attention_mask, position_ids, extra):
