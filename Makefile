@@ -161,10 +161,23 @@ python-test: lib
 # loss and advantage modules, --no-deps) into a virtual environment, then runs their functions
 # unchanged beside rlk (python/conformance). Needs PyPI; about 6 GB and 10 minutes the first time.
 CONF_VENV ?= $(BUILD)/conformance-venv
+
+# The four test venvs below each hold torch with its CUDA libraries and triton (about 5 GB of the
+# same files); after each install the identical large files among them become hard links
+# (util-linux's hardlink; pip replaces files, never edits them in place): about 9 GB for the four
+# rather than 24, on CI machines whose disk is shared.
+define share_venv_files
+	@venvs=$$(for d in $(CONF_VENV) $(TRAINER_VENV) $(OPENRLHF_VENV) $(VLLM_VENV); do \
+	  test -d $$d && echo $$d; done); \
+	if command -v hardlink >/dev/null; then hardlink -t -q -s 256K $$venvs; \
+	else echo "hardlink (util-linux) not found: each venv keeps its own copy of torch"; fi
+endef
+
 CONF_REPORT ?= python/conformance/RESULTS.md
 conformance-venv:
 	@test -x $(CONF_VENV)/bin/python || python3 -m venv $(CONF_VENV)
 	$(CONF_VENV)/bin/pip install -q -r python/conformance/requirements-deps.txt
+	$(share_venv_files)
 
 conformance: lib conformance-venv
 	$(CONF_VENV)/bin/pip install -q --no-deps -r python/conformance/requirements.txt
@@ -181,6 +194,7 @@ trainer-test: lib
 	@test -x $(TRAINER_VENV)/bin/python || python3 -m venv $(TRAINER_VENV)
 	$(TRAINER_VENV)/bin/pip install -q -r python/trainers/requirements.txt
 	$(TRAINER_VENV)/bin/pip install -q --no-deps -r python/trainers/requirements-nodeps.txt
+	$(share_venv_files)
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
 	  $(TRAINER_VENV)/bin/python -m pytest -q -c python/trainers/pytest.ini python/trainers \
 	  --ignore=python/trainers/openrlhf_actor
@@ -193,6 +207,7 @@ trainer-test-openrlhf: lib
 	@test -x $(OPENRLHF_VENV)/bin/python || python3 -m venv $(OPENRLHF_VENV)
 	$(OPENRLHF_VENV)/bin/pip install -q -r python/trainers/openrlhf_actor/requirements.txt
 	$(OPENRLHF_VENV)/bin/pip install -q --no-deps -r python/trainers/openrlhf_actor/requirements-nodeps.txt
+	$(share_venv_files)
 	RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
 	  $(OPENRLHF_VENV)/bin/python -m pytest -q -c python/trainers/openrlhf_actor/pytest.ini \
 	  python/trainers/openrlhf_actor
@@ -205,6 +220,7 @@ vllm-test: lib
 	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -r python/tests/requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps -r python/tests/requirements-vllm-nodeps.txt
+	$(share_venv_files)
 	PYTHONPATH=python RLK_LIBRARY=$(abspath $(BUILD)/lib/$(SONAME)) \
 	  $(VLLM_VENV)/bin/python -m pytest -q python/tests/test_vllm_sampler.py
 
