@@ -1323,10 +1323,10 @@ RLK_API void rlk_linear_logprob_backward_args_init(rlk_linear_logprob_backward_a
 
 /* Bytes of workspace the backward needs (for a block of rows: dz of one chunk, f32 or on sm_90a the
  * inputs' 16-bit dtype, and for a 16-bit grad_hidden its f32 sum, on a GPU, within 288 MiB unless
- * `chunk` asks for more; an f32 grad_hidden holds its own sum; 0 on the host backend). A row
- * selection adds, on a GPU, the f32 sum of its grad_hidden rows whatever their dtype (within the
- * budget) and a block's gathered rows (beside it); on the host its gathered rows and its
- * grad_hidden rows in their dtype. */
+ * `chunk` asks for more; an f32 grad_hidden holds its own sum; on the host backend the fp64 sums,
+ * 8 (N H + H) bytes with grad_hidden, else 8 H). A row selection adds, on a GPU, the f32 sum of its
+ * grad_hidden rows whatever their dtype (within the budget) and a block's gathered rows (beside
+ * it); on the host its gathered rows and its grad_hidden rows in their dtype. */
 RLK_API rlk_status rlk_linear_logprob_backward_workspace_size(rlk_context *ctx,
                                                               const rlk_linear_logprob_backward_args *args,
                                                               size_t *bytes);
@@ -1605,8 +1605,9 @@ typedef struct rlk_linear_divergence_args {
  * every tensor absent. */
 RLK_API void rlk_linear_divergence_args_init(rlk_linear_divergence_args *args);
 
-/* Bytes of workspace a call needs (the split records, top-k lists, the loss's workspace; the
- * host backend needs only the loss's). Checks the arguments like the call. */
+/* Bytes of workspace a call needs (the split records, top-k lists, the loss's workspace; on the
+ * host backend a row's two heads' fp64 logits, 16 V bytes, and the loss's). Checks the arguments
+ * like the call. */
 RLK_API rlk_status rlk_linear_divergence_workspace_size(rlk_context *ctx,
                                                         const rlk_linear_divergence_args *args,
                                                         size_t *bytes);
@@ -1653,9 +1654,10 @@ typedef struct rlk_linear_divergence_backward_args {
 /* Defaults as rlk_linear_divergence_args_init's, overwrite, chunk 0, every tensor absent. */
 RLK_API void rlk_linear_divergence_backward_args_init(rlk_linear_divergence_backward_args *args);
 
-/* Bytes of workspace the backward needs on a GPU: each chunk's dz (both sides' when a teacher
+/* Bytes of workspace the backward needs: on a GPU each chunk's dz (both sides' when a teacher
  * gradient is asked for; f32, or on sm_90a each head's 16-bit dtype) and, for a 16-bit
- * grad_hidden, its f32 sum (an f32 one is its own); 0 on the host backend. */
+ * grad_hidden, its f32 sum (an f32 one is its own); on the host backend the fp64 sums of the
+ * gradients asked for and N more (8 bytes each). */
 RLK_API rlk_status rlk_linear_divergence_backward_workspace_size(rlk_context *ctx,
                                                                  const rlk_linear_divergence_backward_args *args,
                                                                  size_t *bytes);

@@ -388,6 +388,9 @@ static double ld_unit(rlk_dtype d) { return d == RLK_F32 ? LD_U : d == RLK_BF16 
  * spacing / 2 = 2^-25), with `bound` ld_ref_backward's per-element bound of the stats' rounding
  * (the fp64 arithmetic of both sides, at most 2^-45 |dz| a term, is inside it: each e(i, v) is at
  * least 4.2 delta (p_s + p_t) |g| L >= 2^-22 |dz| / (2 + |log p_s| + |log p_t| + L)). */
+static double ld_grad_tol(rlk_dtype dt, double bnd, double want) {
+  return bnd + ld_unit(dt) * fabs(want) + (dt == RLK_F16 ? 0x1p-25 : 0.0) + 1e-300;
+}
 static double ld_check_grad(const char *what, rlk_dtype dt, const void *got, const double *old, const double *ref,
                             const double *bnd, int64_t rows, int64_t cols, int64_t pad) {
   double worst = 0.0;
@@ -396,7 +399,7 @@ static double ld_check_grad(const char *what, rlk_dtype dt, const void *got, con
       const int64_t j = r * (cols + pad) + k;
       const double want = (old ? old[r * cols + k] : 0.0) + ref[r * cols + k];
       const double g = rlk_test_load(got, dt, j);
-      const double tol = bnd[r * cols + k] + ld_unit(dt) * fabs(want) + (dt == RLK_F16 ? 0x1p-25 : 0.0) + 1e-300;
+      const double tol = ld_grad_tol(dt, bnd[r * cols + k], want);
       const double err = fabs(g - want);
       if (err / tol > worst) worst = err / tol;
       ck_assert_msg(err <= tol, "%s [%lld, %lld]: %.9g, fp64 %.9g, bound %.3g", what, (long long)r, (long long)k, g,
@@ -408,6 +411,30 @@ static double ld_check_grad(const char *what, rlk_dtype dt, const void *got, con
     }
   }
   return worst;
+}
+
+/* The host forward's stats (and what the GPU backward's check gives it): fp64 rounded to f32 once, 2^-24 relative (the fp64 part, below 2^-40
+ * relative of the row's scale, is inside the 2^-20 spare). */
+#define LD_HOST_DELTA (LD_U * (1.0 + 0x1p-20))
+
+/* The bounds' power on a case's data: a backward that left a gradient unwritten (zeros, or the old
+ * values where it accumulates), wrote half of it, or left out the last 256 vocabulary columns (a
+ * weight gradient's last rows: a tail tile or split) moves some element past twice its bound. */
+static void ld_power_check(const char *what, rlk_dtype dt, const double *old, const double *ref, const double *bnd,
+                           int64_t rows, int64_t cols, int weight) {
+  double all = 0.0, tail = 0.0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < cols; k++) {
+      const double want = (old ? old[r * cols + k] : 0.0) + ref[r * cols + k];
+      const double m = fabs(ref[r * cols + k]) / ld_grad_tol(dt, bnd[r * cols + k], want);
+      all = m > all ? m : all;
+      if (r >= rows - 256) tail = m > tail ? m : tail;
+    }
+  ck_assert_msg(all / 2 > 2, "%s: halving the gradient moves no element by more than twice its bound (%.3g)", what,
+                all / 2);
+  if (weight)
+    ck_assert_msg(tail > 2, "%s: leaving out the last 256 columns moves no element by more than twice its bound (%.3g)",
+                  what, tail);
 }
 
 /* A gradient buffer [rows, cols + pad] of dtype dt: 0.25 in the padding, random old values where
@@ -441,9 +468,11 @@ static int ld_sm90_runs(rlk_context *ctx, const ld_case *c, const ld_data *d) {
   return (d->shs * 2) % 16 == 0 && (d->sws * 2) % 16 == 0 && (d->ths * 2) % 16 == 0 && (d->tws * 2) % 16 == 0;
 }
 
-/* The forward's stats and the backward of sum_i g_i D_i on ctx, every gradient asked for checked;
- * delta bounds the relative error of the stats the backward reads (ld_ref_backward), on a GPU
- * computed here from the forward's bound (gpu). */
+/* The forward's stats and the backward of sum_i g_i D_i on ctx, every gradient asked for checked
+ * (and the bounds' power on the case's data: ld_power_check); delta bounds the relative error of
+ * the stats the backward reads (ld_ref_backward). On a GPU (gpu) the backward is checked on its own:
+ * it reads fp64's stats rounded to f32 rather than the forward's (checked within the forward's
+ * bound, which would swamp the backward's), and delta is computed here. */
 static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, double delta, int gpu) {
   const ld_case *c = &b->c;
   const int64_t gpad = b->gpad ? b->gpad : 1;
@@ -453,21 +482,32 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
   ld_run_fwd(ctx, c, &d, &o, gpu ? ld_gpu_bound : NULL);
   const int sm90 = gpu && ld_sm90_runs(ctx, c, &d);
   double dz_rel = 0.0, u16 = 0.0;
+  float *bstats = o.stats; /* what the backward reads */
   if (gpu) {
-    /* the stats within the forward's bound (absolute; ld_ref_backward takes it relative to the row's
-     * L >= 1 + |lse_s| + |lse_t| + |D|: the bound over that), the backward's own logits within
-     * ld_logit_error and its ex2.approx within 8 u of each probability. The portable kernels store
+    /* the stats: fp64's rounded to f32 (LD_HOST_DELTA relative, of the row's L >= 1 + |lse_s| +
+     * |lse_t| + |D| as ld_ref_backward takes it), but top-k's set boundary ([4], [5]) the forward's,
+     * so that the set the backward recomputes is the kernel's own (the forward's check compared it
+     * with fp64's); the backward's own logits within ld_logit_error and its ex2.approx within 8 u of
+     * each probability (absolute: over L). The portable kernels store
      * dz in f32 (u) and sum its exact products with f32 fused multiply-adds over at most N + V
      * terms (gamma); the sm_90a ones round dz to its head's 16 bits (u16 of the stored value, whose
      * own error the (1 + u16) on delta covers) and sum its exact 16-bit products on the tensor cores
      * (4 n u of the terms' absolute sum, ld_logit_error's argument) and each chunk's part into the
      * f32 sum (an addition a chunk, fewer than V) */
+    bstats = malloc((size_t)c->N * 6 * sizeof(float));
+    const int jsd = c->mode == RLK_DIVERGENCE_JSD && !c->top_k;
     for (int64_t i = 0; i < c->N; i++) {
       ld_ref_row r;
       ld_ref_forward_row(&d.p, i, &r);
       const double L = 1.0 + fabs(r.lse_s) + fabs(r.lse_t) + fabs(r.D);
-      const double x = (ld_gpu_bound(c, &r, ld_row_scale(&r)) + ld_logit_error(c, &r) + 8.0 * LD_U) / L;
+      const double x = LD_HOST_DELTA + (ld_logit_error(c, &r) + 8.0 * LD_U) / L;
       delta = x > delta ? x : delta;
+      float *s = bstats + 6 * i;
+      const int ign = d.ignored[i];
+      s[0] = (float)r.lse_s, s[1] = (float)r.lse_t, s[2] = ign ? 0.0f : (float)r.D;
+      s[3] = (jsd || c->top_k) && !ign ? (float)r.a1 : 0.0f;
+      s[4] = c->top_k ? o.stats[6 * i + 4] : jsd && !ign ? (float)r.a2 : 0.0f;
+      s[5] = c->top_k ? o.stats[6 * i + 5] : 0.0f;
     }
     u16 = !sm90 ? 0.0 : c->sdt == RLK_BF16 || c->tdt == RLK_BF16 ? 0x1p-8 : 0x1p-11;
     delta *= 1.0 + u16;
@@ -481,7 +521,7 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     gf[2 * i + 1] = NAN;
     g[i] = gf[2 * i];
   }
-  void *dS = rlk_test_put(ctx, o.stats, (size_t)c->N * 6 * 4), *dG = rlk_test_put(ctx, gf, (size_t)c->N * 8);
+  void *dS = rlk_test_put(ctx, bstats, (size_t)c->N * 6 * 4), *dG = rlk_test_put(ctx, gf, (size_t)c->N * 8);
   rlk_linear_divergence_backward_args a;
   rlk_linear_divergence_backward_args_init(&a);
   rlk_linear_divergence_args f;
@@ -539,6 +579,7 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     rlk_test_get(ctx, h, buf[q], bytes);
     const double w = ld_check_grad(names[q], gdt[q], h, old[q], ref[q], bnd[q], rows[q], cols[q], gpad);
     worst = w > worst ? w : worst;
+    ld_power_check(names[q], gdt[q], old[q], ref[q], bnd[q], rows[q], cols[q], q % 2);
     free(h);
     rlk_test_drop(ctx, buf[q]);
   }
@@ -548,13 +589,10 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
   for (int q = 0; q < 4; q++) free(ref[q]), free(bnd[q]), free(old[q]);
   rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dG);
   free(g), free(gf);
+  if (bstats != o.stats) free(bstats);
   ld_free_fwd(&o);
   ld_data_free(ctx, &d);
 }
-
-/* The host forward's stats: fp64 rounded to f32 once, 2^-24 relative (the fp64 part, below 2^-40
- * relative of the row's scale, is inside the 2^-20 spare). */
-#define LD_HOST_DELTA (LD_U * (1.0 + 0x1p-20))
 
 START_TEST(host_backward) {
   rlk_context *ctx = rlk_test_host_context();
@@ -841,6 +879,17 @@ START_TEST(bad_arguments) {
   a.teacher_weight = rlk_tensor_2d(tw, RLK_F16, 5, 6, 6);
   a.divergence = rlk_tensor_1d(D, RLK_F32, 4);
   a.stats = rlk_tensor_2d(S, RLK_F32, 4, 6, 6);
+  /* the host's scratch: a row's logits (16 V bytes), then the loss's; the backward's fp64 sums */
+  static _Alignas(16) char ws[4096];
+  size_t need = 0;
+  ck_assert_int_eq(rlk_linear_divergence(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "workspace") != NULL, "%s", rlk_last_error());
+  ck_assert_int_eq(rlk_linear_divergence_workspace_size(ctx, &a, &need), RLK_OK);
+  ck_assert_uint_eq(need, 256);
+  a.workspace = ws + 8, a.workspace_bytes = sizeof ws - 8; /* misaligned: said as such */
+  ck_assert_int_eq(rlk_linear_divergence(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "aligned") != NULL, "%s", rlk_last_error());
+  a.workspace = ws, a.workspace_bytes = sizeof ws;
   ck_assert_msg(rlk_linear_divergence(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
   static const struct {
     int what;
@@ -848,7 +897,7 @@ START_TEST(bad_arguments) {
   } bad[] = {{0, "student_weight"}, {1, "teacher_weight"}, {2, "teacher_hidden"}, {3, "student_temperature"},
              {4, "teacher_temperature"}, {5, "mode"}, {6, "beta"}, {7, "top_k"}, {8, "top_k"}, {9, "top_k"},
              {10, "stats"}, {11, "divergence"}, {12, "grad_divergence"}, {13, "vocab_start"}, {14, "partials"},
-             {15, "splits"}, {16, "stats"}, {17, "mask"}};
+             {15, "splits"}, {16, "stats"}, {17, "mask"}, {18, "mask"}, {19, "mask"}, {20, "mask"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rlk_linear_divergence_args b = a;
     switch (bad[i].what) {
@@ -870,6 +919,14 @@ START_TEST(bad_arguments) {
     case 15: b.splits = -1; break;
     case 16: b.stats = rlk_tensor_2d(S, RLK_F32, 4, 5, 6); break;
     case 17: b.loss = rlk_tensor_1d(L, RLK_F32, 1); b.mask = rlk_tensor_2d(sh, RLK_BOOL, 3, 3, 3); break;
+    case 18: /* a [N] mask the loss would read as contiguous */
+      b.loss = rlk_tensor_1d(L, RLK_F32, 1), b.mask = rlk_tensor_1d(sh, RLK_BOOL, 4), b.mask.strides[0] = 2;
+      break;
+    case 19: b.loss = rlk_tensor_1d(L, RLK_F32, 1), b.mask = rlk_tensor_1d(sh, RLK_BOOL, 4), b.mask.strides[0] = 0; break;
+    case 20: /* [2^32, 2^32] of stride 0: its product overflows */
+      b.loss = rlk_tensor_1d(L, RLK_F32, 1), b.mask = rlk_tensor_2d(sh, RLK_BOOL, 1, 1, 0);
+      b.mask.shape[0] = b.mask.shape[1] = (int64_t)1 << 32, b.mask.strides[0] = b.mask.strides[1] = 0;
+      break;
     }
     ck_assert_msg(rlk_linear_divergence(ctx, &b, NULL) != RLK_OK, "case %zu accepted", i);
     ck_assert_msg(strstr(rlk_last_error(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i, rlk_last_error(),
@@ -883,6 +940,9 @@ START_TEST(bad_arguments) {
   b0.teacher_hidden = a.teacher_hidden, b0.teacher_weight = a.teacher_weight;
   b0.stats = a.stats, b0.grad_divergence = rlk_tensor_1d(g, RLK_F32, 4);
   b0.grad_student_hidden = rlk_tensor_2d(gh, RLK_F32, 4, 8, 8);
+  ck_assert_int_eq(rlk_linear_divergence_backward_workspace_size(ctx, &b0, &need), RLK_OK);
+  ck_assert_uint_eq(need, 512); /* (N Hs + N) doubles, 288 bytes, in whole 256 */
+  b0.workspace = ws, b0.workspace_bytes = sizeof ws;
   ck_assert_msg(rlk_linear_divergence_backward(ctx, &b0, NULL) == RLK_OK, "%s", rlk_last_error());
   static const struct {
     int what;
@@ -1024,6 +1084,17 @@ START_TEST(workspace_budget) {
       }
     }
   }
+  /* heads of row stride 0 describe N and V up to 2^31 each: a backward whose sizes would overflow is refused */
+  rlk_linear_divergence_backward_args b;
+  rlk_linear_divergence_backward_args_init(&b);
+  const int64_t bigN = (int64_t)1 << 30, bigV = (int64_t)1 << 30;
+  b.student_hidden = b.teacher_hidden = rlk_tensor_2d(fake, RLK_BF16, bigN, H, 0);
+  b.student_weight = b.teacher_weight = rlk_tensor_2d(fake, RLK_BF16, bigV, H, 0);
+  b.stats = rlk_tensor_2d(fake, RLK_F32, bigN, 6, 6), b.grad_divergence = rlk_tensor_1d(fake, RLK_F32, bigN);
+  b.grad_student_weight = rlk_tensor_2d(fake, RLK_F32, bigV, H, H);
+  size_t bytes = 1;
+  rlk_test_expect_error(rlk_linear_divergence_backward_workspace_size(ctx, &b, &bytes), RLK_ERR_INVALID_ARGUMENT,
+                        "beyond the workspace", "rlk_linear_divergence_backward_workspace_size");
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1159,8 +1230,16 @@ static void ld_bwd_bits(rlk_context *ctx, const ld_case *c, const ld_data *d, co
   free(g);
 }
 
+/* Whether all n floats are finite (the outputs start as NaN poison: a kernel that wrote nothing
+ * would repeat its poison bit for bit). */
+static int ld_all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
 /* The same call twice gives the same bits (splits merged in order, no atomics; the backward's
- * chunks in order, each gradient element written by one block a launch). */
+ * chunks in order, each gradient element written by one block a launch), every output written. */
 static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   for (int mode = 0; mode < 3; mode++) {
     ld_case c = ld_base(777, 50257, 128, 96, mode);
@@ -1182,6 +1261,8 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
     }
     ck_assert_msg(!memcmp(out[0][0], out[1][0], nb) && !memcmp(out[0][1], out[1][1], sb),
                   "mode %d: two calls differ", mode);
+    ck_assert_msg(ld_all_finite(out[0][0], (size_t)c.N) && ld_all_finite(out[0][1], (size_t)c.N * 6),
+                  "mode %d: an output not written or not finite", mode);
     if (mode == 2) {
       /* JSD's backward, both heads' gradients, twice, over the first 3001 columns (small gradients;
        * the whole vocabulary's stats serve a repeat as well as any finite ones) */
@@ -1192,6 +1273,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
                                (size_t)(c.V * c.Ht) * 4};
       for (int q = 0; q < 4; q++) {
         ck_assert_msg(!memcmp(g[0][q], g[1][q], bytes[q]), "backward gradient %d: two calls differ", q);
+        ck_assert_msg(ld_all_finite(g[0][q], bytes[q] / 4), "backward gradient %d: not written or not finite", q);
         free(g[0][q]), free(g[1][q]);
       }
       c.V = 50257;

@@ -736,7 +736,25 @@ START_TEST(bad_arguments) {
   w0.lse = a.lse;
   w0.grad_logp = rlk_tensor_1d(g, RLK_F32, 4);
   w0.grad_hidden = rlk_tensor_2d(gh, RLK_F32, 4, 8, 8);
+  /* the host's fp64 sums: (N H + H) doubles */
+  static _Alignas(16) char ws[512];
+  size_t need = 0;
+  ck_assert_int_eq(rlk_linear_logprob_backward_workspace_size(ctx, &w0, &need), RLK_OK);
+  ck_assert_uint_eq(need, (4 * 8 + 8) * 8);
+  w0.workspace = ws, w0.workspace_bytes = sizeof ws;
   ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &w0, NULL), RLK_OK);
+  /* the kept set's threshold is read: it shares memory with no output and not the workspace */
+  rlk_linear_logprob_backward_args t = w0;
+  t.threshold = rlk_tensor_1d(gh + 4, RLK_F32, 4);
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &t, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "threshold") && strstr(rlk_last_error(), "overlaps"), "%s", rlk_last_error());
+  t.threshold = rlk_tensor_1d(ws + 64, RLK_F32, 4);
+  ck_assert_int_eq(rlk_linear_logprob_backward(ctx, &t, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "threshold") && strstr(rlk_last_error(), "overlaps"), "%s", rlk_last_error());
+  rlk_linear_logprob_args tf = a;
+  tf.threshold = tf.logp;
+  ck_assert_int_eq(rlk_linear_logprob(ctx, &tf, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "threshold") && strstr(rlk_last_error(), "overlaps"), "%s", rlk_last_error());
   static const struct {
     int chunk, group;
     const char *needle;

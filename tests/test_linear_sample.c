@@ -285,6 +285,9 @@ START_TEST(bad_arguments) {
   rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "tokens",
                         "rlk_linear_sample_workspace_size");
   ck_assert_uint_eq(b, 0);
+  a.tokens = rlk_tensor_1d(f, RLK_F32, 2); /* said as the tokens', not as the head's labels */
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "tokens: dtype f32",
+                        "rlk_linear_sample_workspace_size");
   a.tokens = rlk_tensor_1d(tok, RLK_I64, 2);
   a.temperature = -1.0f;
   rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "temperature",
@@ -305,6 +308,11 @@ START_TEST(bad_arguments) {
   ck_assert_uint_ge(b, (size_t)(2 * 4 * 4)); /* the logits at least */
   ck_assert_int_eq(rlk_linear_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT); /* no workspace */
   ck_assert_ptr_nonnull(strstr(rlk_last_error(), "workspace"));
+  static _Alignas(16) char ws[1024];
+  ck_assert_uint_le(b, sizeof ws - 4);
+  a.workspace = ws + 4, a.workspace_bytes = sizeof ws - 4; /* misaligned: said before the logits' view of it */
+  ck_assert_int_eq(rlk_linear_sample(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(rlk_last_error(), "workspace: not 16-byte aligned"), "%s", rlk_last_error());
   rlk_context_destroy(ctx);
 }
 END_TEST

@@ -469,6 +469,20 @@ static void ld_line_heads(rlk_op_values *v, int pass, rlk_dtype student, rlk_dty
 
 static size_t ld_align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
+/* The host kernels' fp64 scratch in the workspace: the sum of n products a[i] b[i] doubles, as
+ * bytes into *bytes (heads of stride 0 describe any N, H and V: RLK_ERR_INVALID_ARGUMENT where the
+ * size overflows). */
+static rlk_status ld_host_scratch(const char *what, const int64_t *a, const int64_t *b, int n, size_t *bytes) {
+  int64_t sum = 0, x;
+  for (int i = 0; i < n; i++)
+    if (__builtin_mul_overflow(a[i], b[i], &x) || __builtin_add_overflow(sum, x, &sum)) goto big;
+  if (__builtin_mul_overflow(sum, (int64_t)sizeof(double), &x) || (uint64_t)x > SIZE_MAX / 2) goto big;
+  *bytes = ld_align256((size_t)x);
+  return RLK_OK;
+big:
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: the host path's fp64 sums outgrow a size (N, H and V too large)", what);
+}
+
 /* A 128-byte-swizzled tensor map request over a [rows, cols] matrix, in boxes of box_rows rows by
  * 128 bytes (64 16-bit or 32 f32 columns). */
 static rlk_tma_desc_request ld_tma(const void *base, rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride,
@@ -644,12 +658,20 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
                                                "given without loss");
   if (a->grad_divergence.data && (st = rlk_check_vector(&a->grad_divergence, "grad_divergence", LD_F32, N, 1, NULL)))
     return st;
-  /* the loss's tokens are the rows: a [B, T] mask with B T = N, or [N] */
-  if (a->mask.data && (a->mask.ndim < 1 || a->mask.ndim > 2 ||
-                       (a->mask.ndim == 1 ? a->mask.shape[0] : a->mask.shape[0] * a->mask.shape[1]) != N))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: %d-D with %lld tokens; the loss's tokens are the N = %lld rows",
-                     a->mask.ndim, (long long)(a->mask.ndim == 2 ? a->mask.shape[0] * a->mask.shape[1] : a->mask.shape[0]),
-                     (long long)N);
+  /* the loss's tokens are the rows: a [B, T] mask with B T = N, or [N] (contiguous: the loss reads
+   * it as one row of N) */
+  if (a->mask.data) {
+    if ((st = rlk_check_tensor(&a->mask, "mask", 1)) || (st = rlk_check_ndim(&a->mask, "mask", 1, 2))) return st;
+    int64_t tokens = a->mask.shape[0];
+    if (a->mask.ndim == 2 && __builtin_mul_overflow(a->mask.shape[0], a->mask.shape[1], &tokens)) tokens = -1;
+    if (tokens != N && a->mask.ndim == 2)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: [%lld, %lld]; the loss's tokens are the N = %lld rows",
+                       (long long)a->mask.shape[0], (long long)a->mask.shape[1], (long long)N);
+    if (tokens != N)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "mask: [%lld]; the loss's tokens are the N = %lld rows",
+                       (long long)a->mask.shape[0], (long long)N);
+    if (a->mask.ndim == 1 && !a->seq_offsets.data && (st = rlk_check_contiguous(&a->mask, "mask"))) return st;
+  }
 
   /* the configuration, and its kernels */
   rlk_op_values *v = &call->vals;
@@ -683,6 +705,9 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
     off = ld_align256((size_t)(k->splits * N) * LD_RECORD * 4u);
     k->off_lists = off;
     if (a->top_k) off += ld_align256((size_t)(k->splits * N * a->top_k) * 8u);
+  } else { /* the host: a row's two heads' logits */
+    const int64_t two = 2;
+    if ((st = ld_host_scratch("rlk_linear_divergence", &two, &h->V, 1, &off))) return st;
   }
   if (k->loss) {
     k->off_zeros = off;
@@ -787,6 +812,7 @@ static rlk_status ld_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     f.divergence = (float *)a->divergence.data, f.stats = (float *)a->stats.data, f.entropy = (float *)a->entropy.data;
     f.zeros = k->loss ? (float *)((char *)a->workspace + k->off_zeros) : NULL;
     f.records = (float *)a->partials.data, f.vocab_start = a->vocab_start, f.top_k = a->top_k, f.beta = a->beta;
+    f.scratch = (double *)a->workspace; /* the workspace's first part on the host */
     const rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     st = rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &f);
   } else {
@@ -914,12 +940,23 @@ static rlk_status ld_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     if ((st = ld_kernels(ctx, i ? &k->second : &call->vals, k->sm90, row_blocks, specs, &n))) return st;
     ld_add_specs(call->specs, &call->nspecs, specs, n);
   }
-  if (ctx->kind == RLK_BACKEND_HOST) return RLK_OK;
+  if (ctx->kind == RLK_BACKEND_HOST) { /* the fp64 sums of the gradients asked for, and N */
+    const int64_t rows[5] = {a->grad_student_hidden.data ? h->N : 0, a->grad_student_weight.data ? h->V : 0,
+                             a->grad_teacher_hidden.data ? h->N : 0, a->grad_teacher_weight.data ? h->V : 0, h->N};
+    const int64_t cols[5] = {h->Hs, h->Hs, h->Ht, h->Ht, 1};
+    return ld_host_scratch("rlk_linear_divergence_backward", rows, cols, 5, &call->workspace);
+  }
 
   /* GPU: the chunk, and the workspace: the 16-bit grad_hidden sums, then each side's dz (f32; on
    * sm_90a the head's 16-bit dtype, in chunks of whole 256-column tiles of its products) */
   const int student = k->s.gh >= 0 || k->s.gw >= 0, teacher = k->t.gh >= 0 || k->t.gw >= 0;
   const int64_t sides = student + teacher, tile = k->sm90 ? LD_CHUNK_SM90 : LD_TILE, dzs = k->sm90 ? 2 : 4;
+  /* every size below is at most 16 N (H + V) bytes (heads of stride 0 describe any N, H and V) */
+  int64_t most;
+  if (__builtin_mul_overflow(h->N, (h->Hs > h->Ht ? h->Hs : h->Ht) + h->V, &most) || most > ((int64_t)1 << 58))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "linear_divergence_backward: N = %lld rows by H + V = %lld columns is beyond the workspace's sizes",
+                     (long long)h->N, (long long)((h->Hs > h->Ht ? h->Hs : h->Ht) + h->V));
   size_t off = 0;
   if (k->s.gh > 0) k->s.dh_off = off, off += ld_align256((size_t)(h->N * h->Hs) * 4u);
   if (k->t.gh > 0) k->t.dh_off = off, off += ld_align256((size_t)(h->N * h->Ht) * 4u);
@@ -1151,6 +1188,7 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     b.gth = a->grad_teacher_hidden.data, b.gth_stride = k->t.ghs, b.gth_dt = k->t.gh;
     b.gtw = a->grad_teacher_weight.data, b.gtw_stride = k->t.gws, b.gtw_dt = k->t.gw;
     b.accumulate = a->accumulate, b.vocab_start = a->vocab_start, b.beta = a->beta;
+    b.scratch = (double *)a->workspace;
     const rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &k->op.specs[0], &d, stream, &b);
   }

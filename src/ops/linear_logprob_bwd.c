@@ -149,7 +149,7 @@ typedef struct ll_bwd_call {
   int64_t block; /* the GPU's rows a block (all of them in one when they fit) */
   rlk_ll_rows r;
   int64_t hidden_stride;
-  size_t gathered_at, rows_grad_at;
+  size_t gathered_at, rows_grad_at, scratch_at; /* scratch_at: the host kernel's fp64 sums */
 } ll_bwd_call;
 
 rlk_tma_desc_request rlk_ll_tma_req(const void *base, rlk_dtype dt, int64_t rows, int64_t cols, int64_t stride,
@@ -288,6 +288,14 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                                                                             rlk_dtype_size(a->grad_hidden.dtype))
                                                           : 0);
     }
+    /* then the kernel's fp64 sums: N H with grad_hidden, and H */
+    int64_t sums = 0;
+    if (__builtin_mul_overflow(a->grad_hidden.data ? k->h.N : 0, k->h.H, &sums) ||
+        __builtin_add_overflow(sums, k->h.H, &sums) || (uint64_t)sums > SIZE_MAX / 16)
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "rlk_linear_logprob_backward: the host path's fp64 sums of N = %lld "
+                       "rows by H = %lld outgrow a size", (long long)k->h.N, (long long)k->h.H);
+    k->scratch_at = (call->workspace + 255u) & ~(size_t)255u;
+    call->workspace = k->scratch_at + (size_t)sums * sizeof(double);
     return rlk_ll_bwd_specs(ctx, &k->c, call->specs, &call->nspecs);
   }
   int asked_chunk = a->chunk, group = a->group;
@@ -398,6 +406,7 @@ static rlk_status ll_bwd_host(rlk_context *ctx, const rlk_linear_logprob_backwar
   h.hidden = hidden, h.h_stride = k->h.hs, h.weight = weight, h.w_stride = k->h.ws, h.N = N, h.H = H;
   h.grad_hidden = rows_gh, h.gh_stride = rows_ghs, h.grad_weight = gw, h.gw_stride = k->gws;
   h.accumulate = a->accumulate;
+  h.scratch = (double *)((char *)a->workspace + k->scratch_at);
   rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
   if ((st = rlk_context_launch_params(ctx, spec, &d, stream, &h))) return st;
   return rows_gh != gh ? rlk_ll_scatter(ctx, &k->r, k->c.gh, rows_gh, H, H, gh, k->ghs, 0, !a->accumulate, stream)
@@ -569,7 +578,7 @@ static const rlk_arg_field ll_bwd_fields[] = {
     RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_logp),    RLK_ARG_IN(rlk_linear_logprob_backward_args, grad_entropy),
     RLK_ARG_IN(rlk_linear_logprob_backward_args, entropy),      RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_hidden),
     RLK_ARG_OUT(rlk_linear_logprob_backward_args, grad_weight), RLK_ARG_OUT(rlk_linear_logprob_backward_args, status),
-    RLK_ARG_IN(rlk_linear_logprob_backward_args, rows)};
+    RLK_ARG_IN(rlk_linear_logprob_backward_args, rows),         RLK_ARG_IN(rlk_linear_logprob_backward_args, threshold)};
 
 static const rlk_op_entry ll_bwd_entry = {
     .name = "rlk_linear_logprob_backward", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_bwd_call),

@@ -419,7 +419,7 @@ static const rlk_arg_field ll_fields[] = {
     RLK_ARG_IN(rlk_linear_logprob_args, labels),   RLK_ARG_OUT(rlk_linear_logprob_args, logp),
     RLK_ARG_OUT(rlk_linear_logprob_args, lse),     RLK_ARG_OUT(rlk_linear_logprob_args, entropy),
     RLK_ARG_OUT(rlk_linear_logprob_args, status),  RLK_ARG_OUT(rlk_linear_logprob_args, partials),
-    RLK_ARG_IN(rlk_linear_logprob_args, rows)};
+    RLK_ARG_IN(rlk_linear_logprob_args, rows),     RLK_ARG_IN(rlk_linear_logprob_args, threshold)};
 
 static const rlk_op_entry ll_entry = {
     .name = "rlk_linear_logprob", .op = &rlk_op_linear_logprob, .call_size = sizeof(ll_call), RLK_OP_FIELDS(ll_fields),

@@ -57,6 +57,8 @@ static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_c
   if ((st = rlk_ll_check_variant((int)a->variant))) return st;
   const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32);
   if (!a->tokens.data) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: data is NULL");
+  /* the tokens' dtype before the head's plan takes it as its labels' */
+  if ((st = rlk_check_dtype(&a->tokens, "tokens", RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64)))) return st;
   const rlk_tensor *out[3] = {&a->logp, &a->lse, &a->entropy};
   const char *names[3] = {"logp", "lse", "entropy"};
   for (int i = 0; i < 3; i++)

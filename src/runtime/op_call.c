@@ -57,16 +57,19 @@ static rlk_status check_workspace(const rlk_op_entry *e, const void *workspace, 
 rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args, void *stream) {
   if (!ctx) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", e->name);
   if (!args) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: args is NULL", e->name);
-  call_state state;
-  rlk_op_call *call = &state.call;
-  rlk_status st = validate(e, ctx, args, call);
-  if (st) return st;
   const void *workspace = NULL;
   size_t bytes = 0;
   if (e->workspace.align) {
     memcpy(&workspace, (const char *)args + e->workspace.data, sizeof workspace);
     memcpy(&bytes, (const char *)args + e->workspace.bytes, sizeof bytes);
   }
+  /* a misaligned workspace said as such before an op's checks read views of it */
+  if (workspace && (uintptr_t)workspace % e->workspace.align)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "workspace: not %zu-byte aligned", e->workspace.align);
+  call_state state;
+  rlk_op_call *call = &state.call;
+  rlk_status st = validate(e, ctx, args, call);
+  if (st) return st;
   if ((st = check_workspace(e, workspace, bytes, call->workspace))) return st;
   if ((st = rlk_check_arg_fields(e->fields, e->nfields, args, workspace, call->workspace ? bytes : 0))) return st;
   if ((st = rlk_context_require_device(ctx, e->name))) return st;

@@ -7,7 +7,7 @@
  * weights' rows are the columns [vocab_start, vocab_start + V). zeros: NULL, or N f32 the call
  * sets to 0 (the zero advantages of the loss's rlk_policy_loss call). 8-byte fields first.
  *   fwd_host   the host forward: divergence, stats, entropy per row, or (records) the shard's
- *              record per row
+ *              record per row; scratch: 2 V doubles of the workspace (a row's two heads' logits)
  *   fwd_tiled  the portable GEMM over (64-row blocks, splits): kind 0 a record per (split, row)
  *              into partials [splits][N]; kind 1 also each split's top_k largest teacher logits
  *              (value, column) into lists [splits][N][top_k]; kind 2 (JSD's second pass, the
@@ -25,7 +25,8 @@
  *              there, D and stats [3..5]; scaled: the lists hold z_t = x_t / T_t (the sm_90a
  *              forward's), else the raw x_t (the tiled one's)
  *   bwd_host   the host backward: the four gradients (each NULL or of its dtype code, 0 f32,
- *              1 f16, 2 bf16)
+ *              1 f16, 2 bf16); scratch: the workspace's fp64 sums of the gradients asked for (N Hs,
+ *              V Hs, N Ht, V Ht doubles, in that order, those asked for only) and N doubles
  *   bwd_dz     the chunk [c0, c0 + Vc): dz_s and dz_t (either NULL) f32 [N][Vc], each g dD/dz / T
  *   bwd_dz_sm90  the same on sm_90a into 16-bit dz (each head's dtype) through tensor maps (the
  *              list's pointers to the heads and dz unread; the heads' maps, then dz_s's and
@@ -125,8 +126,9 @@ enum { LD_SM90_FWD_CLUSTER_MAX = 4, LD_SM90_DZ_CLUSTER = 2 };
   F(S_, float *, zeros, 144)          \
   F(S_, float *, records, 152)        \
   RLK_LD_TEMPERATURES(F, S_, 160)     \
-  F(S_, long long, top_k, 184)
-RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, 192);
+  F(S_, long long, top_k, 184)        \
+  F(S_, double *, scratch, 192)
+RLK_PARAMS_DECLARE(ld_fwd_host_args, RLK_LD_FWD_HOST_PARAMS, 200);
 
 #define RLK_LD_FWD_TILED_PARAMS(F, S_) \
   RLK_LD_HEADS(F, S_)                  \
@@ -215,8 +217,9 @@ RLK_PARAMS_DECLARE(ld_topk_args, RLK_LD_TOPK_PARAMS, 128);
   F(S_, long long, gth_dt, 232)                           \
   F(S_, long long, gtw_dt, 240)                           \
   F(S_, long long, accumulate, 248)                       \
-  RLK_LD_TEMPERATURES(F, S_, 256)
-RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, 280);
+  RLK_LD_TEMPERATURES(F, S_, 256)                         \
+  F(S_, double *, scratch, 280)
+RLK_PARAMS_DECLARE(ld_bwd_host_args, RLK_LD_BWD_HOST_PARAMS, 288);
 
 #define RLK_LD_BWD_DZ_PARAMS(F, S_) \
   RLK_LD_HEADS(F, S_)               \

@@ -13,7 +13,8 @@
  *              struct's first fields)
  *   combine    partials [S][N] (S records a row, record_cols columns each) -> logp, lse, entropy;
  *              logits: NULL, or raw f32 logits [N][logits_pitch] the label's logit is read from
- *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes
+ *   bwd_host   the host backward: grad_hidden, grad_weight (either NULL) in their spec dtypes;
+ *              scratch: the workspace's fp64 sums (N H doubles with grad_hidden, then H)
  *   bwd_dz     dz [N][Vc] of columns [c0, c0 + Vc): g_lp, g_ent the logp and entropy gradients,
  *              lse and entropy the forward's (entropy only with g_ent), each with its stride
  *   bwd_dh     dh [N][H] (f32) = beta dh + dz [:, :nv] W[c0 : c0 + nv]
@@ -164,8 +165,9 @@ RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, 448);
   F(S_, float, temperature, 192)                                 \
   F(S_, int, accumulate, 196)                                    \
   F(S_, int, shard, 200)                                         \
-  F(S_, const float *, threshold, 208)
-#define RLK_LL_BWD_HOST_PARAMS_SIZE 216
+  F(S_, const float *, threshold, 208)                           \
+  F(S_, double *, scratch, 216)
+#define RLK_LL_BWD_HOST_PARAMS_SIZE 224
 
 #define RLK_LL_BWD_DZ_PARAMS(F, S_)  \
   RLK_LL_HEAD(F, S_)                 \

@@ -3,7 +3,6 @@
  * the gradients summed in fp64 and rounded once (added to the old values when accumulating).
  * Parameters as linear_divergence_fwd.c's; the gradients' dtypes (0 f32, 1 f16, 2 bf16) are
  * run-time fields, an absent gradient NULL. */
-#include <stdlib.h>
 
 #include "linear_divergence_host.h"
 #include "rlk_host_grad.h"
@@ -26,15 +25,18 @@ RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
   const uint16_t *th = (const uint16_t *)p_->t_hidden, *tw = (const uint16_t *)p_->t_weight;
   const rlk_i64 shs = p_->s_h_stride, sws = p_->s_w_stride, ths = p_->t_h_stride, tws = p_->t_w_stride;
   const int student = p_->gsh || p_->gsw, teacher = p_->gth || p_->gtw;
-  double *dhs = p_->gsh ? calloc((size_t)(N * Hs), sizeof(double)) : NULL;
-  double *dht = p_->gth ? calloc((size_t)(N * Ht), sizeof(double)) : NULL;
-  double *dws = p_->gsw ? calloc((size_t)(V * Hs), sizeof(double)) : NULL;
-  double *dwt = p_->gtw ? calloc((size_t)(V * Ht), sizeof(double)) : NULL;
-  double *thr = calloc((size_t)N, sizeof(double)); /* top-k: each row's k-th teacher logit */
-  if ((p_->gsh && !dhs) || (p_->gth && !dht) || (p_->gsw && !dws) || (p_->gtw && !dwt) || !thr) {
-    free(dhs), free(dht), free(dws), free(dwt), free(thr);
-    return; /* out of host memory: outputs untouched */
-  }
+  /* the sums in the scratch, zeroed, in the order the op sized them */
+  double *at = p_->scratch;
+  double *dhs = p_->gsh ? at : NULL;
+  at += p_->gsh ? N * Hs : 0;
+  double *dws = p_->gsw ? at : NULL;
+  at += p_->gsw ? V * Hs : 0;
+  double *dht = p_->gth ? at : NULL;
+  at += p_->gth ? N * Ht : 0;
+  double *dwt = p_->gtw ? at : NULL;
+  at += p_->gtw ? V * Ht : 0;
+  double *thr = at; /* top-k: each row's k-th teacher logit */
+  for (double *x = p_->scratch; x < at + N; x++) *x = 0.0;
   /* the set's last member's logit, recomputed as the forward computed it */
   if (RLK_P_MODE == LD_TOPK)
     for (rlk_i64 i = 0; i < N; i++) {
@@ -85,5 +87,4 @@ RLK_HOST_KERNEL rlk_linear_divergence_bwd_host(void **args) {
   if (dws) ld_store(p_->gsw, p_->gsw_dt, p_->gsw_stride, dws, V, Hs, acc);
   if (dht) ld_store(p_->gth, p_->gth_dt, p_->gth_stride, dht, N, Ht, acc);
   if (dwt) ld_store(p_->gtw, p_->gtw_dt, p_->gtw_stride, dwt, V, Ht, acc);
-  free(dhs), free(dht), free(dws), free(dwt), free(thr);
 }

@@ -5,8 +5,6 @@
  * shard form writes rlk.h's vocab-parallel record instead. Parameters: RLK_P_SDT, RLK_P_TDT (RLK_DT_F16,
  * RLK_DT_BF16), RLK_P_LABELS (LD_LAB_*), RLK_P_MODE (LD_FKL, LD_RKL, LD_JSD, or LD_TOPK: forward KL
  * over the teacher's top k). */
-#include <stdlib.h>
-
 #include "linear_divergence_host.h"
 #include "linear_divergence_params.h"
 
@@ -26,12 +24,7 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
   const double Ts = (double)p_->s_temperature, Tt = (double)p_->t_temperature, beta = p_->beta;
   const rlk_i64 k = p_->top_k;
   float *records = p_->records;
-  double *zs = malloc((size_t)V * sizeof(double)), *zt = malloc((size_t)V * sizeof(double));
-  if (!zs || !zt) {
-    free(zs);
-    free(zt);
-    return; /* out of host memory: outputs untouched */
-  }
+  double *zs = p_->scratch, *zt = p_->scratch + V;
   for (rlk_i64 i = 0; i < N; i++) {
     const uint16_t *hs = (const uint16_t *)p_->s_hidden + i * p_->s_h_stride;
     const uint16_t *ht = (const uint16_t *)p_->t_hidden + i * p_->t_h_stride;
@@ -103,6 +96,4 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
     if (p_->entropy) p_->entropy[i] = (float)(ls - ez);
     if (p_->zeros) p_->zeros[i] = 0.0f;
   }
-  free(zs);
-  free(zt);
 }

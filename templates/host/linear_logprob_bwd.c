@@ -4,7 +4,6 @@
  * 2 bf16), RLK_P_LABELS (int32_t / int64_t), RLK_P_GH and RLK_P_GW (the gradients' dtypes: 0 f32,
  * 1 f16, 2 bf16), RLK_P_ENTROPY (an entropy gradient is given). */
 #include <math.h>
-#include <stdlib.h>
 
 #include "rlk_host_grad.h"
 #include "rlk_host_half.h"
@@ -42,13 +41,10 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
   const rlk_i64 vs = p_->vocab_start; /* labels index a vocabulary whose columns [vs, vs + V) are here */
   const int shard = p_->shard;        /* then a label outside them is no error */
 
-  double *dh = gh ? calloc((size_t)(N * H), sizeof(double)) : NULL;
-  double *dw = calloc((size_t)H, sizeof(double));
-  if ((gh && !dh) || !dw) {
-    free(dh);
-    free(dw);
-    return; /* out of host memory: outputs untouched */
-  }
+  double *dh = gh ? p_->scratch : NULL;
+  double *dw = p_->scratch + (gh ? N * H : 0);
+  if (dh)
+    for (rlk_i64 j = 0; j < N * H; j++) dh[j] = 0.0;
   for (rlk_i64 i = 0; i < N; i++) {
     const rlk_i64 yg = rlk_label_at(p_->labels, i * ls), y = yg - vs;
     if (!shard && yg != ignore_index && (y < 0 || y >= V) && status) *status |= LP_STATUS_BAD_LABEL;
@@ -91,6 +87,4 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
         const rlk_i64 j = i * ghs + k;
         rlk_grad_put(gh, RLK_P_GH, j, (accumulate ? rlk_grad_get(gh, RLK_P_GH, j) : 0.0) + dh[i * H + k]);
       }
-  free(dh);
-  free(dw);
 }
