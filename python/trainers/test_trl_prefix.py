@@ -270,3 +270,70 @@ def test_grpo_trainer_with_prefix_sharing(tmp_path, name):
         assert d <= tol, "%s: weights differ by %g (tolerance %g)" % (n, d, tol)
         moved = moved or (a["weights"][n] - first[n]).norm().item() > tol
     assert moved, "no weight moved by more than the tolerance: the comparison shows nothing"
+
+
+def _llama_of(qwen2, temperature):
+    """A Llama model computing what the Qwen2 model computes: Qwen2 is Llama with q/k/v biases, so
+    the same weights with attention_bias (o_proj's bias zero) and the same configuration."""
+    import transformers
+    cfg = qwen2.config.to_dict()
+    for k in ("model_type", "architectures", "layer_types", "use_sliding_window", "sliding_window",
+              "max_window_layers"):
+        cfg.pop(k, None)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(**dict(cfg, attention_bias=True)))
+    llama = llama.to(next(qwen2.parameters()).dtype)
+    missing, unexpected = llama.load_state_dict(qwen2.state_dict(), strict=False)
+    assert not unexpected and all(k.endswith("o_proj.bias") for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        for layer in llama.model.layers:
+            layer.self_attn.o_proj.bias.zero_()
+    llama.config._attn_implementation = qwen2.config._attn_implementation.split("_or_")[-1]
+    # the trainer's fused head on it, as GRPOTrainer gives its policy
+    from trl.trainer import grpo_trainer
+    grpo_trainer.add_fused_lm_head(llama, temperature=temperature, outputs=("log_probs", "entropy"))
+    return llama.train(qwen2.training)
+
+
+def test_llama_packs(trainer):
+    """A Llama model takes the packed pass as Qwen2 does (its forward hands packed_mask() to its
+    mask builder, which returns it as it is): with Qwen2's weights its packed log-probs and
+    entropies are the Qwen2 model's bit for bit, which the test above holds to the fp64
+    reference; the packed pass ran (prefix_calls)."""
+    ids, mask, C = _batch()
+    qwen2 = trainer.accelerator.unwrap_model(trainer.model)
+    llama = _llama_of(qwen2, trainer.temperature)
+    before = rtrl.prefix_calls["packed"]
+    out = {}
+    for name, model in (("qwen2", qwen2), ("llama", llama)):
+        h = rtrl.patch(prefix=True)
+        try:
+            with torch.no_grad():
+                lp, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, C, compute_entropy=True)
+        finally:
+            h.undo()
+        out[name] = (lp, ent)
+    assert rtrl.prefix_calls["packed"] - before == 2, dict(rtrl.prefix_calls)
+    assert torch.equal(out["llama"][0], out["qwen2"][0]) and torch.equal(out["llama"][1], out["qwen2"][1])
+
+
+def test_other_token_mixers_fall_back():
+    """share() refuses what the packed row would get wrong (layers that mix tokens other than by
+    attention, which would run across the packed responses; sliding windows; attention dropout),
+    so the passes fall back to the trainer's own, with the reason counted."""
+    import transformers
+    from rlk.integrations import transformers as rtf
+    small = dict(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64)
+    cases = {
+        "conv": transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+            **dict(small, layer_types=["conv", "full_attention"]))),
+        "sliding": transformers.MistralForCausalLM(transformers.MistralConfig(**dict(small, sliding_window=16))),
+        "dropout": transformers.LlamaForCausalLM(transformers.LlamaConfig(**dict(small, attention_dropout=0.1))),
+    }
+    reasons = {name: rtf.share(m) for name, m in cases.items()}
+    assert "conv" in (reasons["conv"] or "") and "sliding" in (reasons["sliding"] or "") and \
+        "dropout" in (reasons["dropout"] or ""), reasons
+    for m in cases.values():  # nothing changed
+        assert not m.config._attn_implementation.startswith(rtf.NAME)
+    assert rtf.share(transformers.MistralForCausalLM(transformers.MistralConfig(
+        **dict(small, sliding_window=None)))) is None

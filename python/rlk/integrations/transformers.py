@@ -25,7 +25,8 @@ function).
 
 A trainer's model also generates and runs unpacked batches: share(model) gives it the attention
 "rlk_prefix_or_<impl>" (<impl> its own, e.g. sdpa), which is "rlk_prefix" in a forward that
-carries `rlk_layout` and the model's own attention and masks in every other. The choice is made
+carries `rlk_layout` (and packed_mask() as its attention_mask) and the model's own attention and
+masks in every other. The choice is made
 per call from the call's own keywords, so a gradient-checkpointed layer recomputed in the
 backward takes the same path as in its forward.
 """
@@ -36,7 +37,7 @@ import torch
 from .. import autograd as _ag
 from ..ops import prefix_attention as _pa
 
-__all__ = ["NAME", "register", "share", "shared_name", "packed_inputs", "response_logprobs",
+__all__ = ["NAME", "register", "share", "shared_name", "packed_mask", "packed_inputs", "response_logprobs",
            "token_logprobs"]
 
 NAME = "rlk_prefix"
@@ -45,6 +46,19 @@ NAME = "rlk_prefix"
 def _no_mask(*args, **kwargs):
     """The attention mask of "rlk_prefix": none (the packed layout is the mask)."""
     return None
+
+
+def packed_mask(device=None):
+    """The attention_mask a packed forward of a shared model passes: a 4-D mask of no elements,
+    which transformers' mask builders hand on as they get it, for every model (the layout is the
+    mask, and the "rlk_prefix" attention reads none): no [T, T] mask is built for the packed row."""
+    return torch.zeros((1, 1, 0, 0), dtype=torch.bool, device=device)
+
+
+# Configuration keys of token mixers other than attention (state-space, convolution and linear
+# attention layers), which would run across the packed row's responses: share() refuses them.
+_OTHER_MIXERS = ("mamba", "ssm_", "conv_", "linear_num", "linear_key", "linear_conv", "block_types",
+                 "layers_block_type", "attn_layer_period", "hybrid_")
 
 
 def prefix_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -135,8 +149,18 @@ def share(model):
     if not top._can_set_attn_implementation():
         return "%s does not take a registered attention" % type(top).__name__
     text = top.config.get_text_config()
-    if "sliding_attention" in (getattr(text, "layer_types", None) or ()):
+    kinds = set(getattr(text, "layer_types", None) or ())
+    window = getattr(text, "sliding_window", None)
+    if "sliding_attention" in kinds or (not kinds and window and getattr(text, "use_sliding_window", True)):
         return "sliding-window attention layers"
+    if kinds - {"full_attention"}:
+        return "layers other than attention (%s): they would mix the packed responses" % ", ".join(
+            sorted(kinds - {"full_attention"}))
+    other = sorted(k for k in text.to_dict() if k.startswith(_OTHER_MIXERS))
+    if other:
+        return "token mixers other than attention (%s): they would mix the packed responses" % other[0]
+    if getattr(text, "attention_dropout", 0.0):
+        return "attention dropout %g (the prefix attention has none)" % text.attention_dropout
     D = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     if D not in (64, 128):
         return "head dim %d (the kernels take 64 or 128)" % D

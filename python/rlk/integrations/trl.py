@@ -485,10 +485,6 @@ def _in_scope(own):
 # log-prob passes of patch(prefix=True), by who ran them ("packed", or "trl: <why>")
 prefix_calls = collections.Counter()
 
-# the attention masks the packed forward passes: none (the layout is the mask), and no mask built
-_NO_MASK = {"full_attention": None, "sliding_attention": None}
-
-
 def _prompt_groups(ids, mask, P):
     """The rows of a [B, P + C] batch (host copies) as prompt groups: rows whose prompts (the
     first P columns, left-padded) hold the same tokens. Returns (groups [(rows, prompt_len)],
@@ -603,9 +599,10 @@ def _packed_chunk(self, model, ids, lens, groups, P, C, start, end, compute_entr
             src.append(own)
             dest.append((i - start) * C + torch.arange(lens[i]))
     src, dest = torch.cat(src).to(device), torch.cat(dest).to(device)
+    from . import transformers as rtf
     with self.accelerator.autocast():
         out = model(input_ids=packed.ids.to(device)[None],
-                    position_ids=packed.positions.to(device)[None], attention_mask=_NO_MASK,
+                    position_ids=packed.positions.to(device)[None], attention_mask=rtf.packed_mask(device),
                     shift_labels=labels.to(device)[None], fused_lm_head=True,
                     rlk_layout=packed.layout)
 

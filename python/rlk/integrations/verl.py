@@ -758,10 +758,6 @@ class FusedLinearForPPO(torch.nn.Module):
 # backbone calls of patch(prefix=True), by who ran them ("packed", or "verl: <why>")
 prefix_calls = collections.Counter()
 
-# the attention masks the packed forward passes: none (the layout is the mask), and no mask built
-_NO_MASK = {"full_attention": None, "sliding_attention": None}
-
-
 def _sequences(ids, pos):
     """The sequences of verl's remove-padding row (host copies of input_ids [nnz] and
     position_ids [nnz]): where the positions stop counting up by one a sequence starts, as
@@ -826,8 +822,9 @@ def _shared_backbone(own):
                        position_ids=position_ids, **extra)
         packed = _prefix.pack(seqs, firsts, groups)
         dev = input_ids.device
+        from . import transformers as rtf
         out = self.model(input_ids=packed.ids.to(dev)[None],
-                         position_ids=packed.positions.to(dev)[None], attention_mask=_NO_MASK,
+                         position_ids=packed.positions.to(dev)[None], attention_mask=rtf.packed_mask(dev),
                          use_cache=False, rlk_layout=packed.layout)
         rows = torch.cat(packed.rows).to(dev)
         prefix_calls["packed"] += 1
