@@ -223,6 +223,31 @@ def test_head_outside_a_grpo_pass_is_trls():
         h.undo()
 
 
+def test_patch_twice_falls_back_to_trls():
+    """patch() on a patch (a re-run cell, a worker hook beside the user's call): the fallbacks still
+    reach TRL's own functions (not rlk's wrappers, which would recurse), with TRL's results, and the
+    two undo()s restore TRL's."""
+    from trl.trainer import grpo_trainer as G
+    from trl.trainer import utils as U
+    own_head, own_pass = U._ChunkedLogProbFunction, G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+    own_loss = G.GRPOTrainer.__dict__["_compute_loss"]
+    hidden, weight, labels = _head_inputs()
+    args = (hidden, weight, None, labels, 1.0, 64, None, 1.0, ("log_probs",))
+    want = own_head.apply(*args)[0]
+    h1 = rtrl.patch(prefix=True)
+    h2 = rtrl.patch(prefix=True)
+    try:
+        assert rtrl.ChunkedHead.own is own_head and _common.trainer_own(U._use_triton) is not U._use_triton
+        assert torch.equal(U._ChunkedLogProbFunction.apply(*args)[0], want)
+        assert _common.trainer_own(G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]) is own_pass
+        assert _common.trainer_own(G.GRPOTrainer.__dict__["_compute_loss"]) is own_loss
+    finally:
+        h2.undo()
+        h1.undo()
+    assert U._ChunkedLogProbFunction is own_head and G.GRPOTrainer.__dict__["_compute_loss"] is own_loss
+    assert G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"] is own_pass
+
+
 def test_head_of_zero3_is_trls():
     """A DeepSpeed ZeRO-3 head (its weight marked by a ds_id: TRL gathers it for its own head's
     forward, rlk's backward would read it partitioned) keeps TRL's function."""

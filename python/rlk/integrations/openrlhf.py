@@ -36,7 +36,7 @@ from .. import autograd as _ag
 from ..ops import returns as _ret
 from . import _head
 from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
-                      nonempty_rows, torch_clamp_bound_grad)
+                      nonempty_rows, stand_in, torch_clamp_bound_grad, trainer_own)
 
 __all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns",
            "actor_forward", "head_calls", "TESTED", "patch"]
@@ -326,8 +326,8 @@ def patch(*, head=True, force=False):
         except Exception as e:
             h.left("Actor.forward", "openrlhf.models.actor not importable: %s" % type(e).__name__)
         else:
-            _own["forward"] = actor.Actor.__dict__["forward"]
-            h.set(actor.Actor, "forward", actor_forward)
+            _own["forward"] = trainer_own(actor.Actor.__dict__["forward"])
+            h.set(actor.Actor, "forward", stand_in(actor_forward, _own["forward"]))
             h.swapped("Actor.forward action log-probs and entropy (fused LM head)")
             h.left("Actor.forward without an action mask, ring attention, multimodal, MoE",
                    "OpenRLHF's own forward (head_calls counts them)")

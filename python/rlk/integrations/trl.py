@@ -44,8 +44,8 @@ from .._status import check_status as rlk_check_status
 from ..ops import group_advantage as _ga
 from . import _head, _prefix
 from .trl_distill import patch as patch_distillation  # noqa: F401  (DistillationTrainer)
-from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total,
-                      torch_clamp_bound_grad)
+from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total, stand_in,
+                      torch_clamp_bound_grad, trainer_own)
 
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
            "ChunkedHead", "head_calls", "prefix_calls", "TESTED",
@@ -465,7 +465,7 @@ def _compact(own):
     only the rows with a label (the completion tokens) reach the head on every device."""
     def use_compact(device):
         return True if _head_in_scope() is not None else own(device)
-    return use_compact
+    return stand_in(use_compact, own)
 
 
 def _in_scope(own):
@@ -479,7 +479,7 @@ def _in_scope(own):
             return own(self, *args, **kwargs)
         finally:
             _scope.trainer = prev
-    return logps_and_entropies
+    return stand_in(logps_and_entropies, own)
 
 
 # log-prob passes of patch(prefix=True), by who ran them ("packed", or "trl: <why>")
@@ -566,7 +566,7 @@ def _packed(own):
             ents.append(ent)
         prefix_calls["packed"] += 1
         return (torch.cat(logps), torch.cat(ents) if compute_entropy else None, None)
-    return logps_and_entropies
+    return stand_in(logps_and_entropies, own)
 
 
 def _packed_chunk(self, model, ids, lens, groups, P, C, start, end, compute_entropy, device):
@@ -627,22 +627,22 @@ def patch(*, loss=True, head=True, prefix=False, force=False):
     h = Patch()
     h.report["version"] = check_version("trl", TESTED, force)
     if loss:
-        _original["_compute_loss"] = G.GRPOTrainer.__dict__["_compute_loss"]
-        h.set(G.GRPOTrainer, "_compute_loss", compute_loss)
+        _original["_compute_loss"] = trainer_own(G.GRPOTrainer.__dict__["_compute_loss"])
+        h.set(G.GRPOTrainer, "_compute_loss", stand_in(compute_loss, _original["_compute_loss"]))
         h.swapped("GRPOTrainer._compute_loss")
     else:
         h.left("GRPOTrainer._compute_loss", "loss=False")
     if head:
-        ChunkedHead.own = U._ChunkedLogProbFunction
-        h.set(U, "_ChunkedLogProbFunction", ChunkedHead)
-        h.set(U, "_use_triton", _compact(U._use_triton))
+        ChunkedHead.own = trainer_own(U._ChunkedLogProbFunction)
+        h.set(U, "_ChunkedLogProbFunction", stand_in(ChunkedHead, ChunkedHead.own))
+        h.set(U, "_use_triton", _compact(trainer_own(U._use_triton)))
         h.swapped("GRPOTrainer log-probs and entropy (fused LM head)")
         h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
         h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
                "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
     else:
         h.left("GRPOTrainer log-probs and entropy", "head=False")
-    own = G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+    own = trainer_own(G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"])
     if prefix:
         own = _packed(own)
         h.swapped("GRPOTrainer log-prob passes packed per prompt (prefix-shared attention)")

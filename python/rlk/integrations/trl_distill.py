@@ -20,7 +20,7 @@ import torch
 
 from ..ops import linear_divergence as _ld
 from . import _head
-from ._common import Patch, check_version
+from ._common import Patch, check_version, stand_in, trainer_own
 
 __all__ = ["ChunkedDivergence", "divergence_calls", "TESTED", "patch"]
 
@@ -134,8 +134,8 @@ def patch(*, force=False):
     from trl.trainer import distillation_trainer as D
     h = Patch()
     h.report["version"] = check_version("trl", TESTED, force)
-    ChunkedDivergence.own = D.ChunkedDivergenceFunction
-    h.set(D, "ChunkedDivergenceFunction", ChunkedDivergence)
+    ChunkedDivergence.own = trainer_own(D.ChunkedDivergenceFunction)
+    h.set(D, "ChunkedDivergenceFunction", stand_in(ChunkedDivergence, ChunkedDivergence.own))
     h.swapped("DistillationTrainer per-token divergence and student entropy (two-head fused)")
     h.left("a head with a bias or a logit softcap, f32 heads without autocast",
            "not fused by rlk: TRL's ChunkedDivergenceFunction (divergence_calls counts them)")

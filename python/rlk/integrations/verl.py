@@ -28,7 +28,7 @@ from ..ops import returns as _ret
 from ..ops import token_baseline as _tb
 from . import _head, _prefix
 from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
-                      nonempty_rows, torch_clamp_bound_grad)
+                      nonempty_rows, stand_in, torch_clamp_bound_grad, trainer_own)
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
            "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
@@ -831,7 +831,7 @@ def _shared_backbone(own):
         from transformers.modeling_outputs import BaseModelOutputWithPast
         hidden = out.last_hidden_state[0].index_select(0, rows)[None]
         return BaseModelOutputWithPast(last_hidden_state=hidden)
-    return forward_base_model
+    return stand_in(forward_base_model, own)
 
 
 # The modules of verl's PPO path that imported agg_loss, compute_value_loss or kl_penalty by
@@ -897,7 +897,7 @@ def patch(*, force=False, fused_head=True, prefix=False):
         h.left("FusedLinearForPPO", "fused_head=False")
     if prefix:
         import verl.models.transformers.dense_common as dc
-        h.set(dc, "forward_base_model", _shared_backbone(dc.forward_base_model))
+        h.set(dc, "forward_base_model", _shared_backbone(trainer_own(dc.forward_base_model)))
         h.swapped("use_fused_kernels backbone: remove-padding rows' shared prefixes once "
                   "(prefix-shared attention)")
         h.left("padded batches, Ulysses sequence parallelism, multimodal positions",
