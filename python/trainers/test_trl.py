@@ -248,6 +248,34 @@ def test_patch_twice_falls_back_to_trls():
     assert G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"] is own_pass
 
 
+def test_loss_pass_gets_the_batchs_model_inputs(tmp_path):
+    """compute_loss hands the policy's log-prob pass the batch's inputs beside the tokens as TRL's
+    own _compute_loss does (images, their layouts, token types: a VLM's log-probs need them)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    t = grpo_run.trainer(grpo_run.options(["unused"]), str(tmp_path))
+    B, P, C = 4, 3, 5
+    seen = {}
+
+    def spy(model, input_ids, attention_mask, logits_to_keep, **kw):
+        seen[who] = {k: v for k, v in kw.items() if v is not None and k != "compute_aux_loss"}
+        return torch.full((B, C), -1.0, requires_grad=True), torch.ones(B, C), None
+    t._get_per_token_logps_and_entropies = spy
+    t.current_gradient_accumulation_steps = 1
+    inputs = {"prompt_ids": torch.randint(3, 100, (B, P)), "prompt_mask": torch.ones(B, P, dtype=torch.long),
+              "completion_ids": torch.randint(3, 100, (B, C)), "completion_mask": torch.ones(B, C, dtype=torch.long),
+              "advantages": torch.randn(B), "num_items_in_batch": torch.tensor(float(B * C)),
+              "ref_per_token_logps": torch.full((B, C), -1.1), "pixel_values": torch.randn(8, 12),
+              "image_grid_thw": torch.tensor([[1, 2, 2]] * 2), "num_images": [1, 0, 1, 0],
+              "token_type_ids": torch.zeros(B, P + C, dtype=torch.long)}
+    who = "trl"
+    GRPOTrainer._compute_loss(t, t.model, inputs)
+    with rtrl.patch():
+        who = "rlk"
+        GRPOTrainer._compute_loss(t, t.model, inputs)
+    assert seen["trl"].keys() == seen["rlk"].keys() and len(seen["trl"]) >= 5, seen
+    assert all(seen["rlk"][k] is v for k, v in seen["trl"].items() if k != "compute_entropy")
+
+
 def test_head_of_zero3_is_trls():
     """A DeepSpeed ZeRO-3 head (its weight marked by a ds_id: TRL gathers it for its own head's
     forward, rlk's backward would read it partitioned) keeps TRL's function."""

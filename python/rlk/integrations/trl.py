@@ -309,6 +309,12 @@ def _reduce(accelerator, mean, count):
 _original = {}
 
 
+# The batch's model inputs beside the tokens that TRL's _compute_loss hands its policy pass (TESTED's
+# list: images and their layouts, token types).
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
 def compute_loss(self, model, inputs):
     """GRPOTrainer._compute_loss with the loss term on rlk (TRL's own code where a setting is
     not expressed)."""
@@ -331,7 +337,7 @@ def compute_loss(self, model, inputs):
     mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
     per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
         model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-        compute_aux_loss=False)
+        compute_aux_loss=False, **{k: inputs.get(k) for k in _MODEL_INPUTS})
     old = inputs.get("old_per_token_logps")
     old = per_token_logps.detach() if old is None else old
     mode = "train" if self.model.training else "eval"
