@@ -32,6 +32,32 @@ def partitioned(weight):
     return hasattr(weight, "ds_id")
 
 
+# The text configuration's scalings of the logits (their meaning varies by model: a multiplier, a
+# divisor): a model that sets one to other than 1 is not fused.
+LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+def unfused_head(model):
+    """Why the LM head of the transformers causal LM `model` is not logits = hidden @ weight.T
+    (None: it is, with weight = model.get_output_embeddings().weight): a bias, an adapter on the
+    head (PEFT's wrapper: .weight is the base layer's alone), a scale or a softcap of the logits."""
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        return "no LM head weight"
+    if type(head).__module__.split(".")[0] == "peft" or hasattr(head, "base_layer"):
+        return "an adapter on the LM head (%s)" % type(head).__name__
+    if getattr(head, "bias", None) is not None:
+        return "an LM head with a bias"
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        return "a logit softcap"
+    for k in LOGIT_SCALES:
+        v = getattr(cfg, k, None)
+        if v is not None and float(v) != 1.0:
+            return "a logit scale (%s %g)" % (k, float(v))
+    return None
+
+
 class HeadLogprob(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], labels [N], compute dtype, temperature, entropy?) ->
     (logp [N], entropy [N] or None), f32, differentiable in hidden, weight and (with entropy) in

@@ -224,11 +224,10 @@ def _unfused(actor, action_mask, return_logprobs, allgather_logits, ring_attn_gr
     cfg = hf.config.get_text_config()
     if getattr(cfg, "output_router_logits", False):
         return "a MoE router loss"
-    if getattr(cfg, "final_logit_softcapping", None) is not None:
-        return "a logit softcap"
+    why = _head.unfused_head(hf)
+    if why is not None:
+        return why
     head = hf.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        return "an LM head with a bias"
     if _head.partitioned(head.weight):
         return "DeepSpeed ZeRO-3 (the head's weight partitioned)"
     if _head.operand_dtype(head.weight, head.weight) is None:

@@ -235,9 +235,11 @@ def token_logprobs(model, input_ids, attention_mask=None, *, labels_mask=None, t
     forward or the backward. labels_mask [B, T - 1] (optional): 0 where a token is not scored
     (its log-prob 0, no gradient), e.g. the prompt. Returns logp [B, T - 1] f32 (and the entropy
     with entropy=True), differentiable in the model's parameters."""
+    from ._head import unfused_head
+    why = unfused_head(model)
+    if why is not None:
+        raise ValueError("token_logprobs: %s is not fused" % why)
     head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise ValueError("token_logprobs: an LM head with a bias is not fused")
     body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                   **model_kwargs).last_hidden_state

@@ -159,6 +159,36 @@ def test_calls_rlk_does_not_fuse_stay_openrlhfs(model_path):
         a.model.lm_head.weight.__dict__.pop("ds_id", None)
 
 
+def test_heads_that_are_not_a_plain_product_stay_openrlhfs(tmp_path):
+    """A head rlk's product would get wrong stays OpenRLHF's, with OpenRLHF's log-probs bit for bit:
+    a LoRA adapter on lm_head (its .weight is the base layer's alone) and a scaling of the logits
+    (Granite's logits_scaling)."""
+    import transformers
+    from openrlhf.models import Actor
+    seq, att, amask = batch()
+    torch.manual_seed(5)
+    lora = Actor(tiny.saved(str(tmp_path / "lora")), attn_implementation="sdpa", param_dtype="bf16",
+                 lora_rank=4, lora_alpha=8, target_modules=["q_proj", "lm_head"], temperature=TEMPERATURE)
+    for n, p in lora.model.named_parameters():  # a trained adapter: lora_B away from its zero init
+        if "lora_B" in n:
+            p.data.normal_(0, 0.5)
+    cfg = transformers.GraniteConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, logits_scaling=8.0,
+                                     pad_token_id=0, bos_token_id=None, eos_token_id=1)
+    transformers.GraniteForCausalLM(cfg).save_pretrained(str(tmp_path / "granite"))
+    granite = Actor(str(tmp_path / "granite"), attn_implementation="sdpa", param_dtype="bf16",
+                    temperature=TEMPERATURE)
+    for a, why in ((lora, "openrlhf: an adapter on the LM head (Linear)"),
+                   (granite, "openrlhf: a logit scale (logits_scaling 8)")):
+        with torch.no_grad():
+            own = a(seq, amask, attention_mask=att)
+            with ro.patch():
+                before = ro.head_calls.copy()
+                mine = a(seq, amask, attention_mask=att)
+                assert ro.head_calls - before == {why: 1}, ro.head_calls - before
+        assert torch.equal(own, mine)
+
+
 def test_patch_reports_and_checks_the_version(monkeypatch):
     from openrlhf.models.actor import Actor
     own = Actor.forward
