@@ -120,6 +120,24 @@ def test_patch_swaps_agg_loss_on_the_ppo_path_only():
     assert vl.agg_loss is own
 
 
+def test_patch_reaches_the_engines_by_name_imports():
+    """The FSDP engine and the naive rollout imported logprobs_from_logits by name before patch():
+    they get rlk's too (what the report says was swapped is what runs), and verl's again after
+    undo()."""
+    import verl.utils.torch_functional as vf
+    import verl.workers.engine.fsdp.transformer_impl as ti
+    import verl.workers.rollout.naive.naive_rollout as nr
+    own = vf.logprobs_from_logits
+    assert ti.logprobs_from_logits is own and nr.logprobs_from_logits is own
+    h = rv.patch()
+    try:
+        assert ti.logprobs_from_logits is rv.logprobs_from_logits and nr.logprobs_from_logits is rv.logprobs_from_logits
+        assert "verl.workers.engine.fsdp.transformer_impl.logprobs_from_logits" in h.report["swapped"]
+    finally:
+        h.undo()
+    assert ti.logprobs_from_logits is own and nr.logprobs_from_logits is own
+
+
 def test_version_refused(monkeypatch):
     from rlk.integrations._common import UntestedVersion
     monkeypatch.setattr(rv, "TESTED", ("0.0.1",))

@@ -838,6 +838,27 @@ def _shared_backbone(own):
 # name: patched there (core_algos' own functions keep verl's).
 _IMPORTERS = ("verl.workers.utils.losses", "verl.trainer.ppo.ray_trainer",
               "verl.trainer.ppo.v1.trainer_base")
+# ... and those that imported logprobs_from_logits or entropy_from_logits by name (the engines'
+# log-prob paths without fused kernels, the rollout's)
+_TF_IMPORTERS = ("verl.workers.engine.fsdp.transformer_impl", "verl.workers.engine.automodel.transformer_impl",
+                 "verl.workers.engine.torchtitan.transformer_impl", "verl.workers.rollout.naive.naive_rollout",
+                 "verl.trainer.ppo.prefix_grouper_utils")
+
+
+def _by_name(h, modules, own, mine):
+    """Sets mine[name] in each of `modules` that holds verl's own[name] by name (a module that
+    does not import here is reported as left)."""
+    import importlib
+    for modname in modules:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # a module whose own imports are missing here
+            h.left(modname, "not importable: %s" % type(e).__name__)
+            continue
+        for name, fn in mine.items():
+            if getattr(mod, name, None) is own[name]:
+                h.set(mod, name, fn)
+                h.swapped("%s.%s" % (modname, name))
 
 
 def patch(*, force=False, fused_head=True, prefix=False):
@@ -851,9 +872,7 @@ def patch(*, force=False, fused_head=True, prefix=False):
     attention on its first packed call and keeps it); calls it does not fit stay verl's
     (prefix_calls counts both). Returns a handle: undo() restores verl's own; .report says what
     was swapped and what was left. Code that imported a function by name before patch() keeps
-    verl's, except in the modules listed in _IMPORTERS."""
-    import importlib
-
+    verl's, except in the modules listed in _IMPORTERS and _TF_IMPORTERS."""
     import verl.trainer.ppo.core_algos as ca
     h = Patch()
     h.report["version"] = check_version("verl", TESTED, force)
@@ -873,21 +892,15 @@ def patch(*, force=False, fused_head=True, prefix=False):
            "kl_penalty": ca.kl_penalty}
     mine = {"agg_loss": agg_loss, "compute_value_loss": compute_value_loss,
             "kl_penalty": kl_penalty}
-    for modname in _IMPORTERS:
-        try:
-            mod = importlib.import_module(modname)
-        except Exception as e:  # a module whose own imports are missing here
-            h.left(modname, "not importable: %s" % type(e).__name__)
-            continue
-        for name, fn in mine.items():
-            if getattr(mod, name, None) is own[name]:
-                h.set(mod, name, fn)
-                h.swapped("%s.%s" % (modname, name))
+    _by_name(h, _IMPORTERS, own, mine)
     h.left("core_algos.agg_loss", "verl's own functions keep verl's aggregation")
     import verl.utils.torch_functional as vf
-    h.set(vf, "logprobs_from_logits", logprobs_from_logits)
-    h.set(vf, "entropy_from_logits", entropy_from_logits)
+    own = {"logprobs_from_logits": vf.logprobs_from_logits, "entropy_from_logits": vf.entropy_from_logits}
+    mine = {"logprobs_from_logits": logprobs_from_logits, "entropy_from_logits": entropy_from_logits}
+    for name, fn in mine.items():
+        h.set(vf, name, fn)
     h.swapped("torch_functional.logprobs_from_logits / entropy_from_logits")
+    _by_name(h, _TF_IMPORTERS, own, mine)
     if fused_head:
         import verl.utils.experimental.torch_functional as xf
         h.set(xf, "FusedLinearForPPO", FusedLinearForPPO)
