@@ -77,6 +77,21 @@ def test_entropy_and_temperature(host):
     assert (ent - want_ent).abs().max().item() < 0.02
 
 
+def test_unscored_tokens_have_no_entropy(host):
+    """A token labels_mask leaves out gets log-prob and entropy 0 (neither has a gradient there);
+    the scored ones a positive entropy."""
+    if not rlk.OPS["linear_logprob"].available():
+        pytest.skip("the loaded librlk has no rlk_linear_logprob")
+    model = tiny_qwen2("cpu", False)
+    ids = torch.randint(0, 509, (2, 9), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 8)
+    mask[:, :3] = 0
+    lp, ent = rtf.token_logprobs(model, ids, labels_mask=mask, entropy=True)
+    assert torch.all(lp[:, :3] == 0) and torch.all(ent[:, :3] == 0) and torch.all(ent[:, 3:] > 0)
+    ent.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
 def test_example_agrees(host):
     lines = run_example("fused_lm_head_transformers.py", "--device", "cpu", "--batch", "4",
                         "--group", "2", "--tokens", "24", "--prompt", "8", "--vocab", "512",

@@ -102,7 +102,7 @@ def _f32(g):
 
 def head_logprobs(hidden, weight, labels, *, temperature=1.0, entropy=False, dtype=None):
     """Token log-probs (and the entropy) of logits = hidden @ weight.T / temperature over the
-    rows of hidden [..., H] (labels [...]; -100: log-prob 0, no gradient), rounded to `dtype`
+    rows of hidden [..., H] (labels [...]; -100: log-prob and entropy 0, no gradient), rounded to `dtype`
     (default: operand_dtype) for the kernels. Returns (logp, entropy or None), f32, the labels'
     shape; differentiable when grad mode is on and hidden or weight requires grad, else computed
     forward only (no lse, no saved state)."""
@@ -121,4 +121,6 @@ def head_logprobs(hidden, weight, labels, *, temperature=1.0, entropy=False, dty
                                      labels.reshape(-1), entropy=bool(entropy), lse=False,
                                      temperature=float(temperature), ignore_index=-100)
         logp, ent = out.logp, out.entropy
+    if ent is not None:  # the kernels' entropy of an ignored row has no gradient: 0, as its log-prob
+        ent = ent.masked_fill(labels.reshape(-1) == -100, 0.0)
     return logp.view(shape), None if ent is None else ent.view(shape)

@@ -233,7 +233,7 @@ def token_logprobs(model, input_ids, attention_mask=None, *, labels_mask=None, t
     with the log-softmax (rlk.autograd.linear_token_logprob against model.lm_head.weight): the
     model's body gives the hidden states, and the [B, T - 1, V] logits are never stored, in the
     forward or the backward. labels_mask [B, T - 1] (optional): 0 where a token is not scored
-    (its log-prob 0, no gradient), e.g. the prompt. Returns logp [B, T - 1] f32 (and the entropy
+    (its log-prob and entropy 0, no gradient), e.g. the prompt. Returns logp [B, T - 1] f32 (and the entropy
     with entropy=True), differentiable in the model's parameters."""
     from ._head import unfused_head
     why = unfused_head(model)
@@ -246,6 +246,11 @@ def token_logprobs(model, input_ids, attention_mask=None, *, labels_mask=None, t
     labels = input_ids[:, 1:]
     if labels_mask is not None:
         labels = labels.masked_fill(labels_mask == 0, -100)
-    return _ag.linear_token_logprob(hidden[:, :-1], head.weight, labels,
-                                    temperature=float(temperature), ignore_index=-100,
-                                    entropy=entropy)
+    out = _ag.linear_token_logprob(hidden[:, :-1], head.weight, labels,
+                                   temperature=float(temperature), ignore_index=-100,
+                                   entropy=entropy)
+    if not entropy or labels_mask is None:
+        return out
+    # the op's entropy of an ignored row has no gradient: 0 there, as its log-prob
+    logp, ent = out
+    return logp, ent.masked_fill(labels == -100, 0.0)
