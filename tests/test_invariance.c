@@ -72,6 +72,13 @@ static void inv_same(const void *base, const void *got, const int64_t *idx, int6
     ck_assert_msg(memcmp((const char *)base + (size_t)idx[j] * rb, (const char *)got + (size_t)j * rb, rb) == 0,
                   "%s: row %lld (pool row %lld) differs from its base bits (%s)", what, (long long)j,
                   (long long)idx[j], how);
+  /* every output written: the outputs start as 0xff bytes (rlk_test_dev_alloc), which two runs
+   * that wrote nothing would repeat bit for bit */
+  for (size_t w = 0; w < (size_t)n * rb / 4; w++) {
+    uint32_t x;
+    memcpy(&x, (const char *)got + 4 * w, 4);
+    ck_assert_msg(x != 0xffffffffu, "%s: row %zu left unwritten (%s)", what, w * 4 / rb, how);
+  }
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -589,6 +589,10 @@ void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes) {
   void *p = NULL;
   rlk_status st = rlk_malloc(ctx, bytes > 16 ? bytes : 16, &p);
   ck_assert_msg(st == RLK_OK, "rlk_malloc(%zu): %s", bytes, rlk_last_error());
+  /* poisoned: an output a kernel leaves unwritten reads NaN (or -1), never what an earlier
+   * allocation of the same size held */
+  st = rlk_memset(ctx, p, 0xff, bytes > 16 ? bytes : 16);
+  ck_assert_msg(st == RLK_OK, "rlk_memset(%zu): %s", bytes, rlk_last_error());
   return p;
 }
 

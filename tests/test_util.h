@@ -124,7 +124,8 @@ void rlk_test_expect_untouched(const void *base, rlk_dtype d, int64_t n, const c
 void rlk_test_workspace(rlk_context *ctx, rlk_status size_status, const size_t *bytes, void **ws, size_t *ws_bytes);
 
 /* Device memory of a context for a test (at least 16 bytes, so that a 0-byte request still gets a
- * distinct, aligned pointer); fails the test on error. */
+ * distinct, aligned pointer), every byte 0xff (NaN in a float, -1 in an integer: an output left
+ * unwritten never shows an earlier buffer's values); fails the test on error. */
 void *rlk_test_dev_alloc(rlk_context *ctx, size_t bytes);
 
 /* rlk_test_dev_alloc, then a copy of `bytes` from the host. */
