@@ -191,6 +191,21 @@ static void ld_workspace_take_back(rlk_context *ctx, void **ws, size_t *ws_bytes
 }
 
 /* Runs rlk_linear_divergence (with whatever of a's workspace the call asks for) and waits. */
+/* Whether a call since ld_watch(1) ran the portable kernels where the sm_90a ones were planned:
+ * the op says so at debug level ("... the portable kernels run"), which a GPU case expecting the
+ * wgmma path turns into a failure. */
+static int ld_portable_ran;
+static void ld_watch_log(rlk_log_level level, const char *message, void *user) {
+  (void)level, (void)user;
+  if (strstr(message, "linear_divergence") && strstr(message, "portable")) ld_portable_ran = 1;
+  else if (level <= RLK_LOG_WARN)
+    fprintf(stderr, "rlk: %s\n", message);
+}
+static void ld_watch(int on) {
+  ld_portable_ran = 0;
+  rlk_set_log_callback(on ? ld_watch_log : NULL, RLK_LOG_DEBUG, NULL);
+}
+
 static void ld_call(rlk_context *ctx, rlk_linear_divergence_args *a) {
   size_t wsb = 0;
   ld_workspace_give(ctx, rlk_linear_divergence_workspace_size(ctx, a, &wsb), &wsb, &a->workspace,
@@ -284,6 +299,8 @@ typedef struct ld_fwd_out {
  * path's), checks every row's outputs against fp64. */
 typedef double (*ld_bound_fn)(const ld_case *c, const ld_ref_row *r, double y);
 
+static int ld_sm90_runs(rlk_context *ctx, const ld_case *c, const ld_data *d);
+
 static double ld_run_fwd(rlk_context *ctx, const ld_case *c, const ld_data *d, ld_fwd_out *o, ld_bound_fn bound) {
   const size_t nb = (size_t)c->N * 4, sb = (size_t)c->N * 6 * 4;
   void *dD = rlk_test_poisoned(ctx, nb), *dS = rlk_test_poisoned(ctx, sb), *dE = rlk_test_poisoned(ctx, nb);
@@ -292,7 +309,13 @@ static double ld_run_fwd(rlk_context *ctx, const ld_case *c, const ld_data *d, l
   a.divergence = rlk_tensor_1d(dD, RLK_F32, c->N);
   a.stats = rlk_tensor_2d(dS, RLK_F32, c->N, 6, 6);
   a.entropy = rlk_tensor_1d(dE, RLK_F32, c->N);
+  const int want90 = bound && c->variant != RLK_LINEAR_LOGPROB_TILED && ld_sm90_runs(ctx, c, d);
+  ld_watch(want90);
   ld_call(ctx, &a);
+  const int portable = ld_portable_ran;
+  ld_watch(0);
+  ck_assert_msg(!want90 || !portable, "mode %d top_k %d N=%lld: the portable forward ran where sm_90a's was expected",
+                c->mode, c->top_k, (long long)c->N);
   o->D = malloc(nb), o->stats = malloc(sb), o->ent = malloc(nb);
   rlk_test_get(ctx, o->D, dD, nb), rlk_test_get(ctx, o->stats, dS, sb), rlk_test_get(ctx, o->ent, dE, nb);
   rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS), rlk_test_drop(ctx, dE);
@@ -545,7 +568,12 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
     buf[q] = ld_grad_buf(ctx, gdt[q], rows[q], cols[q], gpad, b->accumulate, &rng, &old[q]);
     *out[q] = rlk_tensor_2d(buf[q], gdt[q], rows[q], cols[q], cols[q] + gpad);
   }
+  ld_watch(sm90);
   ld_call_backward(ctx, &a);
+  const int portable = ld_portable_ran;
+  ld_watch(0);
+  ck_assert_msg(!sm90 || !portable, "mode %d N=%lld: the portable backward ran where sm_90a's was expected", c->mode,
+                (long long)c->N);
   double *ref[4], *bnd[4];
   for (int q = 0; q < 4; q++) {
     ref[q] = calloc((size_t)(rows[q] * cols[q]), sizeof(double));
