@@ -39,6 +39,7 @@ typedef struct ld_case {
   int grid;        /* inputs on ld_grid_step's grid: every logit exact in f32 */
   int splits;      /* the forward's vocabulary splits (0: the call's choice) */
   rlk_linear_logprob_variant variant;
+  int tail;        /* on the grid: the last tile's columns (V mod 256) carry most of every row's mass */
 } ld_case;
 
 static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
@@ -108,6 +109,21 @@ static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_d
     ld_fill_grid(c->sdt, c->V, c->Hs, d->sws, ld_grid_step(c->Hs, c->scale), &rng, &d->sw, &d->ws);
     ld_fill_grid(c->tdt, c->N, c->Ht, d->ths, 0.0, &rng, &d->th, &d->ht);
     ld_fill_grid(c->tdt, c->V, c->Ht, d->tws, ld_grid_step(c->Ht, c->scale), &rng, &d->tw, &d->wt);
+    if (c->tail) { /* the tile's weights the grid's largest, signed as the rows' sum: logits near 13 */
+      const int64_t t0 = c->V - (c->V % 256 ? c->V % 256 : 256);
+      for (int side = 0; side < 2; side++) {
+        const int64_t H = side ? c->Ht : c->Hs, ws = side ? d->tws : d->sws;
+        const double *h = side ? d->ht : d->hs, step = ld_grid_step(H, c->scale);
+        double *w = side ? d->wt : d->ws;
+        for (int64_t k = 0; k < H; k++) {
+          double s = 0.0;
+          for (int64_t i = 0; i < c->N; i++) s += h[i * H + k];
+          for (int64_t v = t0; v < c->V; v++)
+            w[v * H + k] = rlk_test_store(side ? d->tw : d->sw, side ? c->tdt : c->sdt, v * ws + k,
+                                          (s < 0 ? -63.0 : 63.0) * step);
+        }
+      }
+    }
   } else {
     /* hidden ~ N(0, 1), weight ~ N(0, scale^2 / H): logits of spread `scale` */
     ld_fill(c->sdt, c->N, c->Hs, d->shs, 1.0, &rng, &d->sh, &d->hs);
@@ -1134,9 +1150,49 @@ RLK_SAMPLES_CASE("linear_divergence", &rlk_op_linear_divergence)
 /* ---------------------------------------------------------------------------------- */
 
 /* One forward case on the GPU against fp64 (ld_gpu_bound), its worst error printed. */
+/* The model's vocabulary on a few rows, its last tile (129 columns) holding most of the mass. */
+static ld_case ld_tail_case(void) {
+  ld_case c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
+  c.grid = 1, c.tail = 1;
+  return c;
+}
+
+/* A tail case's power: a forward that left out the last tile's columns (fp64 over the first
+ * V - V mod 256) moves some row's D and lse_s past twice the GPU bound. */
+static void ld_tail_power(const ld_case *c, const ld_data *d) {
+  ld_ref_problem cut = d->p;
+  cut.V = c->V - (c->V % 256 ? c->V % 256 : 256);
+  double mD = 0.0, ml = 0.0;
+  for (int64_t i = 0; i < c->N; i++) {
+    if (d->ignored[i]) continue;
+    ld_ref_row r, q;
+    ld_ref_forward_row(&d->p, i, &r);
+    ld_ref_forward_row(&cut, i, &q);
+    mD = fmax(mD, fabs(r.D - q.D) / ld_gpu_bound(c, &r, r.D));
+    ml = fmax(ml, fabs(r.lse_s - q.lse_s) / ld_gpu_bound(c, &r, r.lse_s));
+  }
+  printf("linear_divergence tail power: leaving out the last tile moves D %.3g and lse_s %.3g of the bound\n", mD, ml);
+  ck_assert_msg(mD > 2 && ml > 2, "the tail case cannot tell a missing last tile (D %.3g, lse_s %.3g of the bound)",
+                mD, ml);
+}
+
+/* The GPU forward's tail case can tell a forward that left out its last tile (ld_tail_power, on
+ * the case's data made here). */
+START_TEST(tail_case_power) {
+  rlk_context *ctx = rlk_test_host_context();
+  const ld_case c = ld_tail_case();
+  ld_data d;
+  ld_data_make(ctx, &c, rlk_test_seed(), &d);
+  ld_tail_power(&c, &d);
+  ld_data_free(ctx, &d);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 static void ld_gpu_fwd_case(rlk_context *ctx, const ld_case *c, uint64_t seed, const char *what) {
   ld_data d;
   ld_data_make(ctx, c, seed, &d);
+  if (c->tail) ld_tail_power(c, &d);
   ld_fwd_out o;
   const double w = ld_run_fwd(ctx, c, &d, &o, ld_gpu_bound);
   printf("linear_divergence gpu %s mode %d top_k %d N=%lld V=%lld Hs=%lld Ht=%lld variant %d: worst err %.2g of its "
@@ -1176,8 +1232,7 @@ static void cases_forward(rlk_context *ctx, uint64_t *rng) {
     c.variant = tiled ? RLK_LINEAR_LOGPROB_TILED : RLK_LINEAR_LOGPROB_AUTO;
     ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 5");
   }
-  c = ld_base(4, 151937, 128, 192, RLK_DIVERGENCE_REVERSE_KL);
-  c.grid = 1;
+  c = ld_tail_case();
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "V=151937");
   /* on sm_90a the forward in clusters of row blocks sharing each W box: 33 row blocks, nine quads
    * whose last has three blocks of no rows (JSD), and 17 pairs whose last has one (top-k) */
@@ -1320,8 +1375,8 @@ RLK_GPU_CASE("linear_divergence", shards)
 
 Suite *linear_divergence_suite(void) {
   Suite *s = suite_create("linear_divergence");
-  rlk_test_add_case(s, "host", 300, TESTS(host_forward, host_backward, reference_gradients, host_loss,
-      host_shards, bad_arguments, host_records_its_configurations));
+  rlk_test_add_case(s, "host", 300, TESTS(host_forward, host_backward, reference_gradients, tail_case_power,
+      host_loss, host_shards, bad_arguments, host_records_its_configurations));
   rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, workspace_budget, samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 900, TESTS(gpu_forward, gpu_backward, gpu_deterministic, gpu_shards));
   return s;
