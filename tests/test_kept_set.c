@@ -44,13 +44,21 @@ static float ks_between(double a, double b) {
 }
 
 /* A row's threshold of kind k (0: -inf, 1: NaN, 2: the top 40 kept, 3: about half, 4: above the
- * label's logit, 5: above every logit) for raw logits x[V] (f32 values) and label y. */
+ * label's logit, 5: above every logit, 6: exactly the second largest logit, which "at or above"
+ * keeps: where the two largest differ, the kept set is two logits, or one were it "above") for raw
+ * logits x[V] (f32 values) and label y. */
+#define KS_KINDS 7
 static float ks_threshold(int k, const double *x, int64_t V, int64_t y) {
   if (k == 0) return -INFINITY;
   if (k == 1) return NAN;
   double *s = malloc((size_t)V * sizeof *s);
   memcpy(s, x, (size_t)V * sizeof *s);
   qsort(s, (size_t)V, sizeof *s, ks_cmp_desc);
+  if (k == 6) {
+    const float t = (float)s[V > 1 ? 1 : 0];
+    free(s);
+    return t;
+  }
   int64_t r = k == 2 ? (V > 41 ? 39 : V / 2) : k == 3 ? V / 2 : 0;
   if (k == 4) {
     /* the threshold between two logits above the label's (where there are two) */
@@ -127,7 +135,7 @@ static void ks_logprob_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t 
   for (int64_t i = 0; i < N * V; i++) x[i] = rlk_test_store(xs, dt, i, 2.0 * rlk_test_rand_normal(rng));
   for (int64_t i = 0; i < N; i++) {
     lab[i] = i % 13 == 7 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
-    thr[i] = ks_threshold((int)(i % 6), x + i * V, V, lab[i] < 0 ? -1 : lab[i]);
+    thr[i] = ks_threshold((int)(i % KS_KINDS), x + i * V, V, lab[i] < 0 ? -1 : lab[i]);
   }
   void *dx = rlk_test_dev_upload(ctx, xs, (size_t)(N * V) * es), *dl = rlk_test_dev_upload(ctx, lab, (size_t)N * 8),
        *dt_ = rlk_test_dev_upload(ctx, thr, (size_t)N * 4);
@@ -137,14 +145,14 @@ static void ks_logprob_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t 
   const double eps = (2.0 * (double)V + 64.0) * KS_U;
   for (int64_t i = 0; i < N; i++) {
     const float got[3] = {kf[i], kf[N + i], kf[2 * N + i]};
-    if (i % 6 < 2) /* -inf and NaN keep every logit: the plain call's bits */
+    if (i % KS_KINDS < 2) /* -inf and NaN keep every logit: the plain call's bits */
       for (int q = 0; q < 3; q++)
         ck_assert_msg(memcmp(&got[q], &pf[q * N + i], 4) == 0, "logprob row %lld threshold %g: output %d not the plain "
                       "call's", (long long)i, (double)thr[i], q);
     kept_ref_set(x + i * V, V, lab[i] < 0 ? -1 : lab[i], thr[i], kept);
     lp_ref_row r;
     kept_ref_forward(x + i * V, kept, V, T, lab[i], -100, &r);
-    ks_check_row("logprob", i, (int)(i % 6), got, &r, eps, 1);
+    ks_check_row("logprob", i, (int)(i % KS_KINDS), got, &r, eps, 1);
   }
   /* the backward from the call's own lse and entropy: p' off the kept set exactly 0 */
   float *glp = malloc((size_t)N * 4), *gh = malloc((size_t)N * 4);
@@ -242,7 +250,7 @@ static void ks_head_new(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, i
       k->x[i * V + v] = s;
     }
     k->lab[i] = i % 11 == 5 ? -100 : (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)V);
-    k->thr[i] = ks_threshold((int)(i % 6), k->x + i * V, V, k->lab[i] < 0 ? -1 : k->lab[i]);
+    k->thr[i] = ks_threshold((int)(i % KS_KINDS), k->x + i * V, V, k->lab[i] < 0 ? -1 : k->lab[i]);
   }
   k->dh = rlk_test_dev_upload(ctx, k->h, (size_t)(N * H) * 2);
   k->dw = rlk_test_dev_upload(ctx, k->w, (size_t)(V * H) * 2);
@@ -314,7 +322,7 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   const double eps = ks_fold_eps(V);
   for (int64_t i = 0; i < N; i++) {
     const float got[3] = {kf[i], kf[N + i], kf[2 * N + i]};
-    if (i % 6 < 2)
+    if (i % KS_KINDS < 2)
       for (int q = 0; q < 3; q++)
         ck_assert_msg(memcmp(&got[q], &pf[q * N + i], 4) == 0,
                       "linear_logprob row %lld threshold %g: output %d not the plain call's", (long long)i,
@@ -322,7 +330,7 @@ static void ks_linear_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
     kept_ref_set(k.x + i * V, V, k.lab[i] < 0 ? -1 : k.lab[i], k.thr[i], kept);
     lp_ref_row r;
     kept_ref_forward(k.x + i * V, kept, V, T, k.lab[i], -100, &r);
-    ks_check_row("linear_logprob", i, (int)(i % 6), got, &r, eps, 1);
+    ks_check_row("linear_logprob", i, (int)(i % KS_KINDS), got, &r, eps, 1);
   }
   /* the backward (f32 gradients) from the call's lse and entropy, against the reference's dz
    * summed in fp64: the products' f32 sums (3 K u of the sum of |terms|, test_linear_logprob.c's
