@@ -186,6 +186,7 @@ static void ls_rollout_case(rlk_context *ctx, uint64_t *rng, int64_t P, int64_t 
   }
   int64_t *tokens = malloc((size_t)P * 8);
   float *roll = malloc((size_t)P * 12), *thr = malloc((size_t)P * 4);
+  double *log_kept = malloc((size_t)P * sizeof(double)); /* log of the kept set's mass, fp64 */
   double worst_x = 0.0;
   const double Th = T > 0.0f ? T : 1.0;
   for (int64_t r0 = 0; r0 < P; r0 += M) {
@@ -220,6 +221,17 @@ static void ls_rollout_case(rlk_context *ctx, uint64_t *rng, int64_t P, int64_t 
       tokens[r0 + j] = o.tokens[j];
       roll[3 * (r0 + j)] = o.logp[j], roll[3 * (r0 + j) + 1] = o.lse[j], roll[3 * (r0 + j) + 2] = o.ent[j];
       thr[r0 + j] = o.thr[j];
+      /* the kept set's mass of the drawn logits: the logits at or above the threshold (every one
+       * for -inf or NaN) and the token */
+      const float *x = o.logits + j * o.pitch;
+      double mx = -INFINITY, all = 0.0, kept = 0.0;
+      for (int64_t v = 0; v < V; v++) mx = fmax(mx, (double)x[v] / Th);
+      for (int64_t v = 0; v < V; v++) {
+        const double e = exp((double)x[v] / Th - mx);
+        all += e;
+        if (!(x[v] < o.thr[j]) || v == o.tokens[j]) kept += e;
+      }
+      log_kept[r0 + j] = log(kept / all);
     }
     free(t2), free(h2);
     ls_out_free(&o);
@@ -243,15 +255,19 @@ static void ls_rollout_case(rlk_context *ctx, uint64_t *rng, int64_t P, int64_t 
                     "row %lld (output %d: logp, lse, entropy): rollout %.9g, trainer %.9g (rollout steps of %lld, the "
                     "trainer's %lld rows)",
                     (long long)i, q, (double)roll[3 * i + q], (double)want[q], (long long)M, (long long)P);
-    /* kept-set replay: the kept set's share of the mass is at most 1 */
-    ck_assert_msg(kr[j] >= tr[j] - 16 * LS_U * (fabs(tr[j]) + fabs(tr[P + j]) + 1.0) && kr[j] <= 16 * LS_U,
-                  "row %lld: kept-set logp %.9g, plain %.9g", (long long)i, (double)kr[j], (double)tr[j]);
+    /* kept-set replay: the log-prob over the kept set is the plain one less the log of the kept
+     * set's mass (each call within 16 u of its |logp| + |lse| + 1, the fp64 mass exact enough) */
+    const double shift = -log_kept[i],
+                 tol = 16 * LS_U * (fabs(tr[j]) + fabs(tr[P + j]) + 1.0) + 16 * LS_U * (fabs(kr[j]) + fabs(tr[P + j]) + shift + 1.0);
+    ck_assert_msg(fabs((double)kr[j] - ((double)tr[j] + shift)) <= tol && kr[j] <= 16 * LS_U,
+                  "row %lld: kept-set logp %.9g, plain %.9g, the kept set's mass exp(-%.6g), bound %.3g", (long long)i,
+                  (double)kr[j], (double)tr[j], shift, tol);
   }
   printf("linear_sample %s: %lld rows in steps of %lld (V %lld, H %lld, %s, T %g, variant %d): every log-prob, lse and "
          "entropy bitwise the trainer's; logits at %.2g of their bound\n",
          rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)P, (long long)M, (long long)V,
          (long long)H, rlk_dtype_name(dt), (double)T, (int)variant, worst_x);
-  free(tokens), free(roll), free(thr), free(idx), free(lab), free(tr), free(kr), free(th2);
+  free(tokens), free(roll), free(thr), free(log_kept), free(idx), free(lab), free(tr), free(kr), free(th2);
   free(s.top_k), free(s.top_p), free(s.min_p), free(s.seed);
   ls_head_free(ctx, &k);
 }
