@@ -136,6 +136,19 @@ def test_patch_reaches_the_engines_by_name_imports():
     finally:
         h.undo()
     assert ti.logprobs_from_logits is own and nr.logprobs_from_logits is own
+    # one that patch() itself loads first: patched and restored as well
+    import sys
+    name = "verl.workers.rollout.naive.naive_rollout"
+    kept = sys.modules.pop(name)
+    try:
+        h = rv.patch()
+        try:
+            assert sys.modules[name].logprobs_from_logits is rv.logprobs_from_logits
+        finally:
+            h.undo()
+        assert sys.modules[name].logprobs_from_logits is own
+    finally:
+        sys.modules[name] = kept
 
 
 def test_version_refused(monkeypatch):

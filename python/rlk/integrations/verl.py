@@ -897,10 +897,12 @@ def patch(*, force=False, fused_head=True, prefix=False):
     import verl.utils.torch_functional as vf
     own = {"logprobs_from_logits": vf.logprobs_from_logits, "entropy_from_logits": vf.entropy_from_logits}
     mine = {"logprobs_from_logits": logprobs_from_logits, "entropy_from_logits": entropy_from_logits}
+    # the importers first: one that first loads here takes verl's by name, and is patched (and
+    # restored) as the others are
+    _by_name(h, _TF_IMPORTERS, own, mine)
     for name, fn in mine.items():
         h.set(vf, name, fn)
     h.swapped("torch_functional.logprobs_from_logits / entropy_from_logits")
-    _by_name(h, _TF_IMPORTERS, own, mine)
     if fused_head:
         import verl.utils.experimental.torch_functional as xf
         h.set(xf, "FusedLinearForPPO", FusedLinearForPPO)
