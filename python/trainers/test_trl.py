@@ -276,6 +276,18 @@ def test_loss_pass_gets_the_batchs_model_inputs(tmp_path):
     assert all(seen["rlk"][k] is v for k, v in seen["trl"].items() if k != "compute_entropy")
 
 
+def test_trainer_own_follows_rlks_stand_ins_only():
+    """A wrapper copied from rlk's stand-in (functools.wraps copies attributes) is not rlk's."""
+    import functools
+
+    def own():
+        return 0
+    mine = _common.stand_in(functools.wraps(own)(lambda: 1), own)
+    user = functools.wraps(mine)(lambda: 2)
+    assert _common.trainer_own(mine) is own and _common.trainer_own(user) is user
+    assert _common.trainer_own(len) is len  # not weakly referable: never a stand-in
+
+
 def test_head_of_zero3_is_trls():
     """A DeepSpeed ZeRO-3 head (its weight marked by a ds_id: TRL gathers it for its own head's
     forward, rlk's backward would read it partitioned) keeps TRL's function."""

@@ -2,6 +2,7 @@
 trainer-version check."""
 import importlib
 import importlib.metadata
+import weakref
 
 import torch
 
@@ -75,19 +76,30 @@ def check_version(package, tested, force=False):
     return have
 
 
+# rlk's stand-ins, by identity, to the trainer objects they replace (stand_in, trainer_own): a
+# registry rather than an attribute, which functools.wraps or a subclass would copy onto objects
+# that are not rlk's.
+_STAND_INS = weakref.WeakKeyDictionary()
+
+
 def stand_in(wrapper, own):
-    """Marks `wrapper` as rlk's stand-in for the trainer's `own` (trainer_own finds it)."""
-    wrapper._rlk_own = own
+    """Records `wrapper` as rlk's stand-in for the trainer's `own` (trainer_own finds it)."""
+    _STAND_INS[wrapper] = own
     return wrapper
 
 
 def trainer_own(value):
     """The trainer's own object behind `value`: value itself, or what rlk's stand-ins (stand_in)
-    wrap, through a patch applied on a patch (patch() called twice: a re-run notebook cell, a
+    replace, through a patch applied on a patch (patch() called twice: a re-run notebook cell, a
     worker hook beside the user's call), so that a fallback never calls rlk's own wrapper."""
-    while getattr(value, "_rlk_own", None) is not None:
-        value = value._rlk_own
-    return value
+    while True:
+        try:
+            own = _STAND_INS.get(value)
+        except TypeError:  # not weakly referable, so never a stand-in
+            return value
+        if own is None:
+            return value
+        value = own
 
 
 class Patch:
