@@ -256,9 +256,13 @@ static void ls_rollout_case(rlk_context *ctx, uint64_t *rng, int64_t P, int64_t 
                     "trainer's %lld rows)",
                     (long long)i, q, (double)roll[3 * i + q], (double)want[q], (long long)M, (long long)P);
     /* kept-set replay: the log-prob over the kept set is the plain one less the log of the kept
-     * set's mass (each call within 16 u of its |logp| + |lse| + 1, the fp64 mass exact enough) */
-    const double shift = -log_kept[i],
-                 tol = 16 * LS_U * (fabs(tr[j]) + fabs(tr[P + j]) + 1.0) + 16 * LS_U * (fabs(kr[j]) + fabs(tr[P + j]) + shift + 1.0);
+     * set's mass, each call's log-prob within ll_fwd_bound's (its fold's ll_fold_eps and 16 u of
+     * |max z| + |lse| + |logp| + |entropy| + 1, |max z| <= |lse| + ln V), the fp64 mass's error
+     * far below them */
+    const double eps = ll_fold_eps(V), lnV = log((double)V);
+    const double tol = 2 * eps + 16 * LS_U * (2 * fabs(tr[P + j]) + lnV + fabs(tr[j]) + fabs(tr[2 * P + j]) + 1.0) +
+                       16 * LS_U * (2 * fabs(kr[P + j]) + lnV + fabs(kr[j]) + fabs(kr[2 * P + j]) + 1.0);
+    const double shift = -log_kept[i];
     ck_assert_msg(fabs((double)kr[j] - ((double)tr[j] + shift)) <= tol && kr[j] <= 16 * LS_U,
                   "row %lld: kept-set logp %.9g, plain %.9g, the kept set's mass exp(-%.6g), bound %.3g", (long long)i,
                   (double)kr[j], (double)tr[j], shift, tol);
