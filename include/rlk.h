@@ -970,7 +970,7 @@ typedef struct rlk_logprob_args {
   rlk_tensor logits;
   /* [N] i32 or i64, any positive stride. */
   rlk_tensor labels;
-  float temperature;    /* > 0 and finite; the logits are divided by it in fp32 */
+  float temperature;    /* finite, at least 2^-60; the logits are divided by it in fp32 */
   int64_t ignore_index; /* a label equal to it marks a row that is not scored */
   /* Outputs, f32 [N], contiguous. logp is required; lse (what rlk_logprob_backward needs) and
    * entropy are written when present. Computing the entropy costs no second pass. */
@@ -1192,7 +1192,7 @@ typedef struct rlk_linear_logprob_args {
   rlk_tensor hidden;    /* [N, H] bf16 or f16, rows contiguous, row stride >= H */
   rlk_tensor weight;    /* [V, H] the LM head (hidden's dtype), rows contiguous, row stride >= H */
   rlk_tensor labels;    /* [N] i32 or i64, any positive stride */
-  float temperature;    /* > 0 and finite */
+  float temperature;    /* finite, at least 2^-60 */
   int64_t ignore_index;
   rlk_tensor logp;      /* f32 [N] contiguous, required */
   rlk_tensor lse;       /* f32 [N] contiguous, optional */
@@ -1432,9 +1432,9 @@ RLK_API rlk_status rlk_linear_policy_loss(rlk_context *ctx, const rlk_linear_pol
 typedef struct rlk_linear_sample_args {
   rlk_tensor hidden;   /* [M, H] bf16 or f16, rows contiguous, row stride >= H */
   rlk_tensor weight;   /* [V, H] of hidden's dtype, rows contiguous; V < 2^23 */
-  /* The head's temperature, >= 0 and finite: 0 draws greedily, its log-probs at temperature 1 (as
-   * rlk_sample's greedy rows; the trainer then scores with temperature 1). One for the call: the
-   * head folds each row's logits at it. */
+  /* The head's temperature, finite and at least 2^-60, or 0: greedy draws, its log-probs at
+   * temperature 1 (as rlk_sample's greedy rows; the trainer then scores with temperature 1). One
+   * for the call: the head folds each row's logits at it. */
   float temperature;
   /* The filters and draws as in rlk_sample_args: a per-row tensor or the scalar for every row. */
   rlk_tensor top_ks;   /* i32 or i64 */
@@ -1551,8 +1551,8 @@ typedef struct rlk_linear_divergence_args {
   rlk_tensor student_weight;
   rlk_tensor teacher_hidden;
   rlk_tensor teacher_weight;
-  float student_temperature;   /* T_s > 0 and finite */
-  float teacher_temperature;   /* T_t > 0 and finite */
+  float student_temperature;   /* T_s finite, at least 2^-60 */
+  float teacher_temperature;   /* T_t finite, at least 2^-60 */
   rlk_divergence_mode mode;
   double beta;                 /* JSD: in (0, 1) */
   int top_k;                   /* 0: the whole vocabulary; 1 to RLK_LINEAR_DIVERGENCE_TOP_K_MAX
@@ -1854,7 +1854,7 @@ typedef struct rlk_sample_args {
   rlk_tensor logits;
   /* Settings: the tensor, [B] contiguous, one value per row; absent, the scalar for every row. */
   rlk_tensor temperatures; /* f32 */
-  float temperature;       /* >= 0 and finite; 0: greedy */
+  float temperature;       /* finite, at least 2^-60, or 0: greedy */
   rlk_tensor top_ks;       /* i32 or i64 */
   int64_t top_k;           /* >= 0; 0 or >= V: off */
   rlk_tensor top_ps;       /* f32 */

@@ -694,6 +694,8 @@ START_TEST(bad_arguments) {
   expect_bad_fwd(ctx, f, E, "temperature", "NaN temperature");
   f->a.temperature = INFINITY;
   expect_bad_fwd(ctx, f, E, "temperature", "infinite temperature");
+  f->a.temperature = 1e-39f; /* log2(e) / T would overflow f32: NaN outputs */
+  expect_bad_fwd(ctx, f, E, "temperature", "subnormal temperature");
   f->a.variant = (rlk_logprob_variant)4;
   expect_bad_fwd(ctx, f, E, "variant", "variant 4");
   f->a.variant = (rlk_logprob_variant)-1;

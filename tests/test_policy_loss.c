@@ -1774,6 +1774,9 @@ START_TEST(bad_arguments) {
   f->a.token_normalizer = 0;
   f->a.token_normalizer_tensor = rlk_tensor_1d(f->lp, RLK_I32, 1);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer_tensor", "i32 normalizer");
+  f->a.token_normalizer = 0; /* a 0-d one is checked as the element it is: aligned to its dtype */
+  f->a.token_normalizer_tensor = (rlk_tensor){(char *)f->lp64 + 4, RLK_F64, 0, {0}, {0}};
+  expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "aligned", "misaligned 0-d normalizer");
   f->a.token_normalizer_tensor = rlk_tensor_1d(f->lp, RLK_F32, 1);
   expect_bad(ctx, f, RLK_ERR_INVALID_ARGUMENT, "token_normalizer_tensor", "tensor and number");
   f->a.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;

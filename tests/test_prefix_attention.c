@@ -700,6 +700,8 @@ START_TEST(bad_arguments) {
       {3, "num_prompts"},     {4, "head dim"},  {5, "multiple"}, {6, "scale"},
       {7, "out: overlaps"},   {8, "dtypes"},    {9, "lse: shape"},
       {10, "tuning.variant"}, {11, "tuning.dq_stages"},
+      {12, "overlaps layout.host_seq_offsets"}, /* the host kernel reads them while it writes lse */
+      {13, "overlaps layout.seq_offsets"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rlk_prefix_attention_args b = a;
@@ -721,6 +723,11 @@ START_TEST(bad_arguments) {
     case 9: b.lse = rlk_tensor_2d(p.lse, RLK_F32, SMALL_T, 1, 1); break;
     case 10: b.tuning.variant = (rlk_prefix_attention_variant)7; break;
     case 11: b.tuning.dq_stages = 1; break;
+    case 12:
+      memcpy(p.lse, p2.seq, sizeof p2.seq);
+      b.layout.host_seq_offsets = (const int32_t *)p.lse;
+      break;
+    case 13: b.layout.seq_offsets = rlk_tensor_1d(p.o, RLK_I32, 4); break;
     }
     rlk_status st = rlk_prefix_attention(ctx, &b, NULL);
     ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), bad[i].needle),

@@ -821,6 +821,7 @@ START_TEST(bad_arguments) {
   BAD(a.tokens.shape[0] = 2, "tokens");
   BAD(a.temperature = -0.5f, "temperature");
   BAD(a.temperature = INFINITY, "temperature");
+  BAD(a.temperature = 1e-39f, "temperature"); /* log2(e) / T would overflow f32: no draw */
   BAD(a.temperature = NAN, "temperature");
   BAD(a.top_k = -1, "top_k");
   BAD(a.top_p = 0.0f, "top_p");

@@ -72,6 +72,12 @@ rlk_status rlk_check_positive(double value, const char *what) {
   return RLK_OK;
 }
 
+rlk_status rlk_check_temperature(double value, const char *what, int greedy_ok) {
+  if ((greedy_ok && value == 0.0) || (value >= RLK_TEMPERATURE_MIN && isfinite(value))) return RLK_OK;
+  return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and at least 2^-60%s", what, value,
+                   greedy_ok ? " (0: greedy)" : "");
+}
+
 rlk_status rlk_check_nonnegative(double value, const char *what) {
   if (!(value >= 0.0) || isinf(value))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g must be finite and >= 0", what, value);

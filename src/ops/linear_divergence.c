@@ -419,7 +419,7 @@ static rlk_status ld_check_heads(const rlk_tensor *sh, const rlk_tensor *sw, con
       (st = ld_check_matrix(tw, "teacher_weight", RLK_DTYPE_BIT(th->dtype), h->V, h->Ht, &v, &c, &h->tws)))
     return st;
   if (labels->data && (st = rlk_check_vector(labels, "labels", LD_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  if ((st = rlk_check_positive(Ts, "student_temperature")) || (st = rlk_check_positive(Tt, "teacher_temperature")))
+  if ((st = rlk_check_temperature(Ts, "student_temperature", 0)) || (st = rlk_check_temperature(Tt, "teacher_temperature", 0)))
     return st;
   h->t[0] = sh, h->t[1] = sw, h->t[2] = th, h->t[3] = tw;
   h->sdt = ld_code(sh->dtype);

@@ -76,7 +76,7 @@ rlk_status rlk_ll_check_head(const rlk_tensor *hidden, const rlk_tensor *weight,
                      rlk_dtype_name(weight->dtype), rlk_dtype_name(hidden->dtype));
   h->ls = 1;
   if (labels && (st = rlk_check_vector(labels, "labels", RLK_LL_LABEL_DTYPES, h->N, 0, &h->ls))) return st;
-  return rlk_check_positive(temperature, "temperature");
+  return rlk_check_temperature(temperature, "temperature", 0);
 }
 
 /* ---------------------------------------------------------------------------------- */

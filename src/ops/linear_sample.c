@@ -48,9 +48,7 @@ static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_linear_sample_args *a = args;
   ls_call *k = (ls_call *)call;
   rlk_status st;
-  if (!(a->temperature >= 0.0f) || !isfinite(a->temperature))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and >= 0 (0: greedy)",
-                     (double)a->temperature);
+  if ((st = rlk_check_temperature(a->temperature, "temperature", 1))) return st;
   k->T = a->temperature > 0.0f ? a->temperature : 1.0f;
   rlk_ll_head h;
   if ((st = rlk_ll_check_head(&a->hidden, &a->weight, NULL, k->T, &h))) return st;

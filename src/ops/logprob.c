@@ -537,7 +537,7 @@ static rlk_status lp_check_common(const rlk_tensor *labels, float temperature, i
                                   int64_t N, int64_t *label_stride) {
   rlk_status st;
   if ((st = rlk_check_vector(labels, "labels", LP_LABEL_DTYPES, N, 0, label_stride))) return st;
-  if ((st = rlk_check_positive(temperature, "temperature"))) return st;
+  if ((st = rlk_check_temperature(temperature, "temperature", 0))) return st;
   return rlk_check_enum(variant, "variant", RLK_LOGPROB_VARIANT_AUTO, RLK_LOGPROB_VARIANT_TMA, "rlk_logprob_variant");
 }
 

@@ -77,6 +77,10 @@ rlk_status rlk_check_contiguous_rows(const rlk_tensor *t, const char *what, int6
 rlk_status rlk_check_flag(int value, const char *what);
 rlk_status rlk_check_finite(double value, const char *what);
 rlk_status rlk_check_positive(double value, const char *what);
+/* A temperature: finite and at least RLK_TEMPERATURE_MIN (below it log2(e) / T overflows f32, or
+ * T^2 underflows, in the kernels' scalings), or with greedy_ok exactly 0 (greedy). */
+#define RLK_TEMPERATURE_MIN 0x1p-60
+rlk_status rlk_check_temperature(double value, const char *what, int greedy_ok);
 rlk_status rlk_check_nonnegative(double value, const char *what);
 rlk_status rlk_check_unit_interval(double value, const char *what);
 rlk_status rlk_check_vocab_start(int64_t vocab_start);

@@ -486,6 +486,21 @@ static rlk_status pa_asked(rlk_op_values *v, int pass, const pa_shape *s, const 
   return RLK_OK;
 }
 
+/* On the host backend the kernels read the layout's host arrays while they write: those arrays
+ * share no byte with what the call writes (n written tensors, and the workspace). */
+static rlk_status pa_host_arrays_apart(const rlk_context *ctx, const rlk_prefix_attention_layout *l, const pa_shape *s,
+                                       const rlk_arg_ref *written, size_t n, void *workspace, size_t ws_bytes) {
+  if (ctx->kind != RLK_BACKEND_HOST) return RLK_OK;
+  const rlk_tensor seq = rlk_tensor_1d((void *)l->host_seq_offsets, RLK_I32, s->S + 1),
+                   grp = rlk_tensor_1d((void *)l->host_group_offsets, RLK_I32, s->P + 1),
+                   ws = rlk_workspace_tensor(workspace, ws_bytes);
+  rlk_arg_ref refs[8] = {{&seq, "layout.host_seq_offsets", 0, NULL}, {&grp, "layout.host_group_offsets", 0, NULL},
+                         {&ws, "workspace", 1, NULL}};
+  size_t m = 3;
+  for (size_t i = 0; i < n && m < sizeof refs / sizeof refs[0]; i++) refs[m++] = written[i];
+  return rlk_check_no_overlap(refs, m);
+}
+
 static rlk_status pa_fwd_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   const rlk_prefix_attention_args *a = args;
   pa_call *c = (pa_call *)call;
@@ -494,6 +509,8 @@ static rlk_status pa_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (st) return st;
   if ((st = pa_check_like(&a->out, "out", s->dtype, 3, s->T, s->Hq, s->D))) return st;
   if (a->lse.data && (st = pa_check_like(&a->lse, "lse", RLK_F32, 2, s->T, s->Hq, 0))) return st;
+  const rlk_arg_ref written[] = {{&a->out, "out", 1, NULL}, {&a->lse, "lse", 1, NULL}};
+  if ((st = pa_host_arrays_apart(ctx, &a->layout, s, written, 2, NULL, 0))) return st;
   if ((st = pa_asked(&call->vals, PA_PASS_FWD, s, &a->tuning))) return st;
   pa_fwd_args *f = &c->k.f.pass;
   f->q = a->q.data;
@@ -555,7 +572,8 @@ static rlk_status pa_fwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
 static const rlk_arg_field pa_fwd_fields[] = {
     RLK_ARG_IN(rlk_prefix_attention_args, q), RLK_ARG_IN(rlk_prefix_attention_args, k),
     RLK_ARG_IN(rlk_prefix_attention_args, v), RLK_ARG_OUT(rlk_prefix_attention_args, out),
-    RLK_ARG_OUT(rlk_prefix_attention_args, lse)};
+    RLK_ARG_OUT(rlk_prefix_attention_args, lse), RLK_ARG_IN(rlk_prefix_attention_args, layout.seq_offsets),
+    RLK_ARG_IN(rlk_prefix_attention_args, layout.group_offsets)};
 
 static const rlk_op_entry pa_fwd_entry = {
     .name = "rlk_prefix_attention", .op = &rlk_op_prefix_attention, .call_size = sizeof(pa_call),
@@ -592,6 +610,10 @@ static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     call->workspace =
         (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
   }
+  const rlk_arg_ref written[] = {
+      {&a->grad_q, "grad_q", 1, NULL}, {&a->grad_k, "grad_k", 1, NULL}, {&a->grad_v, "grad_v", 1, NULL}};
+  if ((st = pa_host_arrays_apart(ctx, &a->layout, s, written, 3, a->workspace, a->workspace ? call->workspace : 0)))
+    return st;
   pa_bwd_args *b = &c->k.b.pass;
   b->q = a->q.data;
   b->k = a->k.data;
@@ -675,7 +697,9 @@ static const rlk_arg_field pa_bwd_fields[] = {
     RLK_ARG_IN(rlk_prefix_attention_backward_args, v),        RLK_ARG_IN(rlk_prefix_attention_backward_args, out),
     RLK_ARG_IN(rlk_prefix_attention_backward_args, lse),      RLK_ARG_IN(rlk_prefix_attention_backward_args, grad_out),
     RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_q), RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_k),
-    RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_v)};
+    RLK_ARG_OUT(rlk_prefix_attention_backward_args, grad_v),
+    RLK_ARG_IN(rlk_prefix_attention_backward_args, layout.seq_offsets),
+    RLK_ARG_IN(rlk_prefix_attention_backward_args, layout.group_offsets)};
 
 static const rlk_op_entry pa_bwd_entry = {
     .name = "rlk_prefix_attention_backward", .op = &rlk_op_prefix_attention, .call_size = sizeof(pa_call),

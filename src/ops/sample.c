@@ -228,9 +228,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   if ((st = smp_check_row_tensor(&a->min_ps, "min_ps", f32, B))) return st;
   if ((st = smp_check_row_tensor(&a->seeds, "seeds", i64, B))) return st;
   if ((st = smp_check_row_tensor(&a->offsets, "offsets", i64, B))) return st;
-  if (!a->temperatures.data && !(a->temperature >= 0.0f && isfinite(a->temperature)))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "temperature: %g must be finite and >= 0 (0: greedy)",
-                     (double)a->temperature);
+  if (!a->temperatures.data && (st = rlk_check_temperature(a->temperature, "temperature", 1))) return st;
   if (!a->top_ks.data && a->top_k < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: %lld must be >= 0 (0: off)",
                      (long long)a->top_k);

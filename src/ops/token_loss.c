@@ -160,6 +160,10 @@ static rlk_status tl_norm_tensor(const rlk_tensor *t, const char *what, double n
   if (t->dtype != RLK_F32 && t->dtype != RLK_F64)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: dtype %s, expected f32 or f64", what,
                      rlk_dtype_name(t->dtype));
+  /* a 0-d one as the element it is (its address aligned to its dtype, as a [1] one's is) */
+  const rlk_tensor one = rlk_tensor_1d(t->data, t->dtype, 1);
+  rlk_status st = rlk_check_tensor(&one, what, 1);
+  if (st) return st;
   if (number != 0.0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "%s: given as a tensor and as the number %g (give one: the number 0 with a tensor)",
