@@ -1237,6 +1237,10 @@ START_TEST(bad_arguments) {
   expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "gamma", "NaN gamma");
   f->g.lambda = INFINITY;
   expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "lambda", "infinite lambda");
+  f->g.gamma = 1e30, f->g.lambda = 1e30; /* each within f32, the product the kernel takes not */
+  expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "gamma * lambda", "overflowing gamma lambda");
+  f->g.gamma = 1e39; /* beyond the f32 data's range */
+  expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "gamma", "gamma beyond f32");
   f->g.masked = (rlk_gae_masked)2;
   expect_bad(ctx, f, OP_GAE, RLK_ERR_INVALID_ARGUMENT, "masked", "masked 2");
   f->g.algo = (rlk_scan_algo)3;
@@ -1302,6 +1306,10 @@ START_TEST(bad_arguments) {
   expect_bad(ctx, f, OP_WHITEN, RLK_ERR_INVALID_ARGUMENT, "overlaps", "out shifted over x");
   f->w.eps = -1.0;
   expect_bad(ctx, f, OP_WHITEN, RLK_ERR_INVALID_ARGUMENT, "eps", "negative eps");
+  f->w.unbiased = 2;
+  expect_bad(ctx, f, OP_WHITEN, RLK_ERR_INVALID_ARGUMENT, "unbiased", "unbiased 2");
+  f->w.shift_mean = -1;
+  expect_bad(ctx, f, OP_WHITEN, RLK_ERR_INVALID_ARGUMENT, "shift_mean", "shift_mean -1");
   f->w.count_eps = NAN;
   expect_bad(ctx, f, OP_WHITEN, RLK_ERR_INVALID_ARGUMENT, "count_eps", "NaN count_eps");
   f->w.eps_mode = (rlk_whiten_eps)2;

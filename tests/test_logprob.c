@@ -758,6 +758,10 @@ START_TEST(bad_arguments) {
   expect_bad_bwd(ctx, f, E, "temperature", "backward zero temperature");
   f->b.unroll = 5;
   expect_bad_bwd(ctx, f, E, "unroll", "backward unroll 5");
+  f->b.shard = 1, f->b.vocab_start = INT64_MAX; /* the shard form's checks are its forward's */
+  expect_bad_bwd(ctx, f, E, "vocab_start", "backward shard vocab_start 2^63 - 1");
+  f->b.shard = 1, f->b.threshold = rlk_tensor_1d(f->grad, RLK_F32, 6);
+  expect_bad_bwd(ctx, f, E, "threshold", "backward shard with a kept set");
   f->b.logits = rlk_tensor_2d(f->xb, RLK_BF16, 6, 10, 12);
   f->b.grad_logits = rlk_tensor_2d(f->grad, RLK_F16, 6, 10, 12);
   expect_bad_bwd(ctx, f, E, "grad_logits", "f16 grad of bf16 logits");

@@ -15,6 +15,7 @@
  *   block  a block per row, tiles of up to 1024 x K steps, block-wide scans; long rows, few rows
  * K = 32 bytes of each input per thread (8 f32, 4 f64). Auto picks block when a row is longer
  * than two warp tiles. The host runs a plain loop (warp) or the same chunked scan (block). */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -265,6 +266,16 @@ static rlk_status as_finish(rlk_op_call *call, rlk_scan_algo algo, const rlk_ten
   return RLK_OK;
 }
 
+/* A discount factor (gamma, or gamma lambda): finite, and in f32 data one f32 holds (the kernels
+ * scale in the data's precision). */
+static rlk_status as_check_factor(double x, const char *what, uint32_t dt) {
+  rlk_status st = rlk_check_finite(x, what);
+  if (st) return st;
+  if (dt != RLK_DTYPE_BIT(RLK_F64) && fabs(x) > (double)FLT_MAX)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: %g is beyond f32's range, the data's", what, x);
+  return RLK_OK;
+}
+
 static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_op_call *call) {
   (void)ctx;
   const rlk_gae_args *a = args;
@@ -275,7 +286,8 @@ static rlk_status as_gae_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = rlk_seq_check_rows(&a->values, "values", 1, dt, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->advantages, "advantages", 1, dt, B, T))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 0, dt, B, T))) return st;
-  if ((st = rlk_check_finite(a->gamma, "gamma")) || (st = rlk_check_finite(a->lambda, "lambda")))
+  if ((st = as_check_factor(a->gamma, "gamma", dt)) || (st = as_check_factor(a->lambda, "lambda", dt)) ||
+      (st = as_check_factor(a->gamma * a->lambda, "gamma * lambda", dt)))
     return st;
   if ((st = rlk_check_enum((int)a->masked, "masked", RLK_GAE_MASKED_SKIP, RLK_GAE_MASKED_ZERO, "rlk_gae_masked")))
     return st;
@@ -294,7 +306,7 @@ static rlk_status as_returns_validate(const rlk_context *ctx, const void *args, 
   uint32_t dt;
   if ((st = as_check_input(&a->rewards, "rewards", &a->mask, &B, &T, &dt))) return st;
   if ((st = rlk_seq_check_rows(&a->returns, "returns", 1, dt, B, T))) return st;
-  if ((st = rlk_check_finite(a->gamma, "gamma"))) return st;
+  if ((st = as_check_factor(a->gamma, "gamma", dt))) return st;
   if ((st = rlk_check_enum((int)a->masked, "masked", RLK_RETURNS_MASKED_RESET,
                            RLK_RETURNS_MASKED_CARRY, "rlk_returns_masked")))
     return st;

@@ -202,6 +202,7 @@ static rlk_status ga_validate(const rlk_context *ctx, const void *args, rlk_op_c
   ga_call *k = (ga_call *)call;
   rlk_op_values *v = &call->vals;
   rlk_status st;
+  if ((st = rlk_check_flag(a->unbiased, "unbiased"))) return st;
   /* scores */
   if ((st = rlk_check_tensor_of(&a->scores, "scores", GA_SCORE_DTYPES, 1, 2))) return st;
   const int64_t B = a->scores.shape[0];

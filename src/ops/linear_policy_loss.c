@@ -116,7 +116,10 @@ static rlk_status lpl_prepare(rlk_context *ctx, const rlk_linear_policy_loss_arg
   if ((st = rlk_check_ndim(&l->old_logp, "loss.old_logp", 1, 2))) return st;
   const int64_t N = h->hidden.shape[0];
   const rlk_tensor *o = &l->old_logp;
-  const int64_t tokens = o->ndim == 2 ? o->shape[0] * o->shape[1] : o->shape[0];
+  int64_t tokens = o->shape[0];
+  if (o->ndim == 2 && __builtin_mul_overflow(o->shape[0], o->shape[1], &tokens))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss.old_logp: [%lld, %lld] is more tokens than a count holds",
+                     (long long)o->shape[0], (long long)o->shape[1]);
   if (tokens != N)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "loss.old_logp: %lld tokens, head.hidden has %lld rows",
                      (long long)tokens, (long long)N);

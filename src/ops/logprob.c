@@ -747,9 +747,10 @@ static rlk_status lp_bwd_validate(const rlk_context *ctx, const void *args, rlk_
                      "grad_logits: in place over the logits needs the same dtype and row stride");
   if ((st = rlk_check_status(&a->status))) return st;
   if ((st = rlk_check_flag(a->shard, "shard"))) return st;
-  if (a->shard && a->vocab_start < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "vocab_start: %lld is negative",
-                     (long long)a->vocab_start);
+  /* the shard form's checks are its forward's: its vocabulary offset, and no kept set */
+  if (a->shard && (st = rlk_check_vocab_start(a->vocab_start))) return st;
+  if (a->shard && a->threshold.data)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
   if (a->threshold.data && (st = rlk_check_vector(&a->threshold, "threshold", f32, N, 1, NULL))) return st;
   lp_set_values(&call->vals, LP_PASS_BWD, &a->logits, &a->labels, a->grad_entropy.data != NULL, N, V,
                 (int)a->variant, a->block, a->unroll, 0);

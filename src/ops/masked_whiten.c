@@ -123,6 +123,11 @@ static rlk_status mw_shape(const rlk_tensor *x, const char *what, int64_t *B, in
     *B = x->shape[0];
     *T = x->shape[1];
   }
+  /* a view of row stride 0 describes any B and T cheaply: their product must stay a count */
+  int64_t n;
+  if (__builtin_mul_overflow(*B, *T, &n) || n > ((int64_t)1 << 48))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: [%lld, %lld] is more than 2^48 elements", what, (long long)*B,
+                     (long long)*T);
   return RLK_OK;
 }
 
@@ -163,6 +168,9 @@ static rlk_status mw_validate(const rlk_context *ctx, const void *args, rlk_op_c
   int64_t B, T;
   if ((st = mw_shape(&a->x, "x", &B, &T))) return st;
   if ((st = rlk_check_dtype(&a->x, "x", MW_DTYPES))) return st;
+  if ((st = rlk_check_flag(a->unbiased, "unbiased")) || (st = rlk_check_flag(a->shift_mean, "shift_mean")) ||
+      (st = rlk_check_flag(a->normalize_std, "normalize_std")))
+    return st;
   const rlk_tensor x = mw_as_rows(&a->x);
   if ((st = rlk_seq_check_rows(&x, "x", 1, MW_DTYPES, B, T))) return st;
   rlk_tensor mask, out;

@@ -202,6 +202,9 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   pl_args *p = &k->k;
   rlk_op_values *v = &call->vals;
   rlk_status st;
+  if ((st = rlk_check_flag(a->kl_straight_through, "kl_straight_through")) ||
+      (st = rlk_check_flag(a->seq_advantages, "seq_advantages")))
+    return st;
   int64_t stride;
 
   /* layout, from logp */

@@ -140,7 +140,11 @@ static rlk_status smp_plan(const rlk_context *ctx, const rlk_op_values *s, rlk_k
   int seg = 1, unroll = 1;
   rlk_status st = rlk_logprob_vec_layout(ctx, logits, v[SMP_S_VOCAB], (int)v[SMP_S_LOGPROB_BLOCK],
                                          (int)v[SMP_S_LOGPROB_UNROLL], &seg, &unroll);
-  if (st) return st;
+  if (st) { /* said as this op's settings: its logprob_block and logprob_unroll are that layout's */
+    char msg[384];
+    rlk_format(msg, sizeof msg, "%s", rlk_last_error());
+    return rlk_error(st, "logprob_block, logprob_unroll (the rows' log-prob layout's block, unroll): %s", msg);
+  }
   const int split = smp_split_of(ctx, s, seg);
   /* the host kernel reads a row element by element: one kernel for either */
   const int64_t rows16 = ctx->kind == RLK_BACKEND_HOST ? 1 : v[SMP_S_ROWS16];
@@ -209,6 +213,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   (void)ctx;
   const rlk_sample_args *a = args;
   rlk_status st;
+  if ((st = rlk_check_flag(a->pdl, "pdl"))) return st;
   const rlk_tensor *L = &a->logits;
   if ((st = rlk_check_tensor_of(L, "logits", SMP_LOGIT_DTYPES, 2, 2))) return st;
   const int64_t B = L->shape[0], V = L->shape[1];

@@ -134,6 +134,7 @@ static rlk_status tb_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_token_baseline_args *a = args;
   tb_call *k = (tb_call *)call;
   rlk_status st;
+  if ((st = rlk_check_flag(a->handle_zero_tail, "handle_zero_tail"))) return st;
   if ((st = rlk_check_tensor_of(&a->rewards, "rewards", TB_DTYPES, 2, 2))) return st;
   const int64_t B = a->rewards.shape[0], T = a->rewards.shape[1];
   const uint32_t same = RLK_DTYPE_BIT(a->rewards.dtype);
