@@ -15,6 +15,8 @@ Under torch.compile each wrapper calls its torch.library operator instead (rlk.t
 same kernels, their gradients registered with torch.library), so a compiled step has no graph
 break; eager calls go through the autograd.Functions below, which cost less per call.
 """
+import functools
+
 import torch
 
 from . import torch_ops as _traced
@@ -33,6 +35,20 @@ __all__ = ["PolicyLoss", "ValueLoss", "TokenLogprob", "LinearTokenLogprob",
            "token_logprob", "linear_token_logprob", "vocab_parallel_token_logprob",
            "prefix_attention", "token_kl", "LinearDivergence", "linear_divergence",
            "linear_divergence_loss"]
+
+
+def _first_order(backward):
+    """A Function's backward whose gradients are not themselves differentiable (the kernels run
+    outside autograd): under create_graph it raises rather than hand back gradients whose own
+    gradient would silently be 0."""
+    @functools.wraps(backward)
+    def first_order(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError("rlk.autograd: %s has no double backward (its gradient is not "
+                               "differentiable); call backward without create_graph"
+                               % backward.__qualname__.split(".")[0])
+        return backward(ctx, *grads)
+    return first_order
 
 
 # The functional calls a Function's forward and backward make (eagerly: torch.compile traces the
@@ -72,6 +88,7 @@ class PolicyLoss(torch.autograd.Function):
         return _one_or_both(ctx, out.loss, out.metrics, metrics)
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_loss, *grad_metrics):
         return _scaled(grad_loss, ctx.grad_logp), _scaled(grad_loss, ctx.grad_entropy), None, None
 
@@ -88,6 +105,7 @@ class ValueLoss(torch.autograd.Function):
         return _one_or_both(ctx, out.loss, out.metrics, metrics)
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_loss, *grad_metrics):
         return _scaled(grad_loss, ctx.grad), None, None
 
@@ -123,6 +141,7 @@ class TokenLogprob(torch.autograd.Function):
         return _logprob_outputs(ctx, out, want_entropy, logits, labels)
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_logp, grad_entropy):
         g = _logprob_grads(ctx, grad_logp, grad_entropy, ctx.upstream)
         if g is None:
@@ -184,6 +203,7 @@ class LinearTokenLogprob(torch.autograd.Function):
         return _logprob_outputs(ctx, out, want_entropy, hidden, weight, labels)
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_logp, grad_entropy):
         g = _logprob_grads(ctx, grad_logp, grad_entropy, _upstream)
         if g is None:
@@ -244,6 +264,7 @@ class PrefixAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _pattn.prefix_attention_backward(q.detach(), k.detach(), v.detach(), ctx.layout, out,
@@ -265,6 +286,7 @@ class TokenKL(torch.autograd.Function):
         return _token_kl.token_kl(logp.detach(), ref_logp.detach(), outputs="kl", **value_kw)
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_kl):
         logp, ref_logp = ctx.saved_tensors
         if grad_kl is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -345,19 +367,27 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
     """Token log-probs (and the entropy) from logits [..., V] and labels [...], differentiable in
     the logits. Returns logp (labels' shape, f32), or (logp, entropy) with entropy=True.
     inplace_backward=True writes the gradient over the logits (saves [N, V] of memory; the
-    logits must not be needed afterwards). Keywords: those of rlk.logprob."""
+    logits must not be needed afterwards). Keywords: those of rlk.logprob. A row whose label is
+    ignore_index has log-prob and entropy 0, neither with a gradient."""
+    if not _compiling():
+        _require_torch("token_logprob", logits)
     shape = tuple(labels.shape)
     flat = _rows(logits)
     if _compiling():  # the gradient is written apart from the logits there
         out = _traced.logprob(flat, _flat(labels), entropy=entropy, **kwargs)
         logp, ent = out.logp, out.entropy
     else:
-        _require_torch("token_logprob", logits)
         kwargs.update(entropy=entropy, inplace_backward=inplace_backward)
         logp, ent = TokenLogprob.apply(flat, _flat(labels), kwargs)
     if entropy:
-        return _shaped(logp, shape), _shaped(ent, shape)
+        return _shaped(logp, shape), _shaped(_unscored(ent, labels, kwargs), shape)
     return _shaped(logp, shape)
+
+
+def _unscored(ent, labels, kwargs):
+    """The entropy with an ignored row's 0: the ops compute it there, but their backward gives
+    ignored rows no gradient, so the value would have none."""
+    return ent.masked_fill(_flat(labels) == int(kwargs.get("ignore_index", -100)), 0.0)
 
 
 def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
@@ -367,7 +397,10 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
     with entropy=True. Keywords: temperature, ignore_index, variant, splits, threshold
     (rlk.linear_logprob: kept-set replay), rows (rlk.linear_logprob's row selection: labels are
     then the selected rows', hidden's gradient has hidden's shape, 0 in the rows not selected) and
-    chunk (the backward's vocabulary chunk)."""
+    chunk (the backward's vocabulary chunk). A row whose label is ignore_index has log-prob and
+    entropy 0, neither with a gradient."""
+    if not _compiling():
+        _require_torch("linear_token_logprob", hidden)
     shape = tuple(labels.shape)
     flat = _rows(hidden)
     if not flat.is_contiguous():
@@ -379,11 +412,10 @@ def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):
         out = _traced.linear_logprob(flat, weight, _flat(labels), entropy=entropy, **kwargs)
         logp, ent = out.logp, out.entropy
     else:
-        _require_torch("linear_token_logprob", hidden)
         kwargs.update(entropy=entropy)
         logp, ent = LinearTokenLogprob.apply(flat, weight, _flat(labels), kwargs)
     if entropy:
-        return _shaped(logp, shape), _shaped(ent, shape)
+        return _shaped(logp, shape), _shaped(_unscored(ent, labels, kwargs), shape)
     return _shaped(logp, shape)
 
 
@@ -456,6 +488,7 @@ class LinearDivergence(torch.autograd.Function):
         return (out.loss.view(()) if want_loss else out.divergence), out.entropy
 
     @staticmethod
+    @_first_order
     def backward(ctx, grad_out, grad_entropy):
         sh, sw, th, tw, stats, weights = ctx.saved_tensors
         if grad_out is None:

@@ -82,9 +82,10 @@ def _nargs(op):
     return len(op._opoverload._schema.arguments)
 
 
-def _or_empty(x, like):
-    """An output that was not asked for travels as an empty tensor (an op returns tensors)."""
-    return x if x is not None else like.new_empty(_EMPTY)
+def _or_empty(x, like, dtype=None):
+    """An output that was not asked for travels as an empty tensor (an op returns tensors), of
+    `like`'s dtype or `dtype` (the one the fake kernel gives it)."""
+    return x if x is not None else like.new_empty(_EMPTY, dtype=dtype or like.dtype)
 
 
 def _no_stream(name, stream):
@@ -516,7 +517,8 @@ def _linear_logprob_backward_op(hidden, weight, labels, lse, grad_logp=None, gra
     gh, gw = _raw["linear_logprob_backward"](hidden, weight, labels, lse, grad_logp, grad_entropy,
                                              entropy, grad_dtype="f32" if grad_f32 else "same",
                                              **kw)
-    return _or_empty(gh, hidden), _or_empty(gw, hidden)
+    dt = _F32 if grad_f32 else hidden.dtype
+    return _or_empty(gh, hidden, dt), _or_empty(gw, hidden, dt)
 
 
 _linear_logprob_op.register_autograd(_linear_logprob_backward,
@@ -576,8 +578,9 @@ def _linear_policy_loss_op(hidden, weight, labels, old_logp, advantages, mask=No
     out = _raw["linear_policy_loss"](hidden, weight, labels, old_logp, advantages, mask,
                                      grad_dtype="f32" if grad_f32 else "same", logp=logp,
                                      metrics=metrics, path=path, **kw)
-    return (out.loss.reshape(()).clone(), _or_empty(out.grad_hidden, hidden),
-            _or_empty(out.grad_weight, hidden),
+    dt = _F32 if grad_f32 else hidden.dtype
+    return (out.loss.reshape(()).clone(), _or_empty(out.grad_hidden, hidden, dt),
+            _or_empty(out.grad_weight, hidden, dt),
             out.metrics.clone() if metrics else hidden.new_empty(_EMPTY, dtype=_F32),
             _or_empty(out.logp, out.loss))
 
@@ -747,6 +750,9 @@ def _token_kl_fake(logp, ref_logp, estimator=3, *, want_kl=True, want_grad=False
 def _token_kl_op(logp, ref_logp, estimator=3, *, input_min=-20.0, input_max=20.0,
                  output_min=-10.0, output_max=10.0, want_kl=True, want_grad=False, **kw):
     outputs = "both" if want_kl and want_grad else ("grad" if want_grad else "kl")
+    if not want_grad:  # the gradient's settings: the setup keeps them for the backward's call
+        for k in ("straight_through", "old_logp", "is_weight_max"):
+            kw.pop(k, None)
     out = _raw["token_kl"](logp, ref_logp, estimator, outputs=outputs,
                            input_clamp=(input_min, input_max),
                            output_clamp=(output_min, output_max), **kw)

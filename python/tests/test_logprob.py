@@ -141,3 +141,28 @@ def test_autograd_reads_a_broadcast_upstream_gradient(place, rng):
         grads.append(place.back(x.grad))
     assert np.array_equal(grads[0], grads[1])
     assert np.abs(grads[0]).max() > 0
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
+def test_autograd_ignored_rows_have_no_entropy_and_no_double_backward(host):
+    """rlk.autograd.token_logprob and linear_token_logprob: a row whose label is ignore_index has
+    log-prob and entropy 0 (the op gives it no gradient, so a value there would have none), the
+    others the fp64 entropy; a backward under create_graph raises instead of handing back
+    gradients whose own gradient would be 0."""
+    import rlk.autograd as ag
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 11, generator=g, dtype=torch.float32, requires_grad=True)
+    labels = torch.tensor([4, -100, 7])
+    lp, ent = ag.token_logprob(logits, labels, entropy=True)
+    p = torch.log_softmax(logits.detach().double(), -1)
+    want = -(p.exp() * p).sum(-1)
+    assert lp[1] == 0 and ent[1] == 0
+    # the host path's entropy is fp64's rounded to f32 once (u of it; fp64's own error far below)
+    err = (ent[[0, 2]].double() - want[[0, 2]]).abs()
+    assert bool((err <= 2.0 ** -23 * want[[0, 2]].abs() + 1e-12).all()), err
+    hidden = torch.randn(3, 16, generator=g).to(torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(11, 16, generator=g) * 0.3).to(torch.bfloat16)
+    lp2, ent2 = ag.linear_token_logprob(hidden, weight, labels, entropy=True)
+    assert lp2[1] == 0 and ent2[1] == 0 and bool((ent2[[0, 2]] > 0).all())
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(lp.sum() + ent.sum(), logits, create_graph=True)

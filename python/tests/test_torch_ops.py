@@ -64,6 +64,8 @@ def _cases():
         ("token_baseline", ops.token_baseline, (adv, old, torch.rand(B, T, generator=gen), G),
          {"mask": mask}),
         ("token_kl", ops.token_kl, (req, old), {"mask": mask}),
+        ("token_kl straight-through", ops.token_kl, (req, old),  # the value alone: its settings kept
+         {"mask": mask, "straight_through": True, "old_logp": old}),
         ("logprob", ops.logprob, (logits.clone().requires_grad_(True), labels), {"entropy": True}),
         ("logprob_backward", ops.logprob_backward, (logits, labels, lse, torch.randn(B, generator=gen)), {}),
         ("linear_logprob", ops.linear_logprob,
@@ -72,6 +74,8 @@ def _cases():
         ("linear_logprob_backward", ops.linear_logprob_backward,
          (hidden, weight, labels, lin.lse, torch.randn(B, generator=gen), torch.randn(B, generator=gen),
           lin.entropy), {}),
+        ("linear_logprob_backward weight alone", ops.linear_logprob_backward,  # hidden's placeholder
+         (hidden, weight, labels, lin.lse, torch.randn(B, generator=gen)), {"want_hidden": False, "grad_f32": False}),
         ("linear_logprob rows", ops.linear_logprob,
          (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels[:4]),
          {"entropy": True, "rows": rows}),
@@ -82,6 +86,10 @@ def _cases():
          (hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True), labels,
           old[0, :B].reshape(2, B // 2).contiguous(), adv[0, :B].reshape(2, B // 2).contiguous()),
          {"logp": True}),
+        ("linear_policy_loss hidden alone", ops.linear_policy_loss,  # weight's placeholder in bf16
+         (hidden.clone().requires_grad_(True), weight, labels,
+          old[0, :B].reshape(2, B // 2).contiguous(), adv[0, :B].reshape(2, B // 2).contiguous()),
+         {"want_weight": False, "grad_f32": False}),
         ("logprob_partials", ops.logprob_partials, (logits[:, 16:48].contiguous(), labels, 16),
          {"entropy": True}),
         ("logprob_combine", ops.logprob_combine, (torch.stack(

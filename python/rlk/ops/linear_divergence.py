@@ -12,6 +12,7 @@ import collections
 
 from .. import _types as T
 from .._tensor import Binder, Op, dim
+from ..errors import InvalidArgument
 from . import losses as _losses
 
 __all__ = ["DivergenceMode", "LinearDivergenceArgs", "LinearDivergenceBackwardArgs",
@@ -153,6 +154,9 @@ def linear_divergence_backward(student_hidden, student_weight, teacher_hidden, t
               (teacher_hidden, 0, teacher_hidden), (teacher_weight, 0, teacher_hidden)]
     names = ("grad_student_hidden", "grad_student_weight", "grad_teacher_hidden",
              "grad_teacher_weight")
+    if grad_dtype not in ("f32", "same"):
+        raise InvalidArgument("rlk.linear_divergence_backward: grad_dtype %r is not 'f32' or 'same'"
+                              % (grad_dtype,))
     for q in range(4):
         side = student if q < 2 else teacher
         want = want_hidden if q % 2 == 0 else want_weight

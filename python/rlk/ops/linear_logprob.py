@@ -10,6 +10,7 @@ import ctypes
 from .. import _types as T
 from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
                        use_plans)
+from ..errors import InvalidArgument
 from . import losses as _losses
 from .logprob import LogprobResult
 
@@ -185,6 +186,9 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     b.set("grad_entropy", grad_entropy, _F32, optional=True)
     b.set("entropy", entropy, _F32, optional=True)
     b.set("threshold", threshold, _F32, optional=True)
+    if grad_dtype not in ("f32", "same"):
+        raise InvalidArgument("rlk.linear_logprob_backward: grad_dtype %r is not 'f32' or 'same'"
+                              % (grad_dtype,))
     gdt = dt if grad_dtype == "same" else T.DType.F32
     if grad_hidden is None and want_hidden:
         grad_hidden = b.empty((dim(hidden, 0), dim(hidden, 1)), gdt)

@@ -9,6 +9,7 @@ import collections
 from .. import _types as T
 from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
                        use_plans)
+from ..errors import InvalidArgument
 
 __all__ = ["LogprobVariant", "LogprobArgs", "LogprobBackwardArgs", "LogprobResult",
            "STATUS_BAD_LABEL", "logprob", "logprob_backward"]
@@ -164,6 +165,9 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
         grad_logits = logits
     if grad_logits is None:
         if grad_dtype is not None:
+            if isinstance(grad_dtype, str) and grad_dtype not in T.DTYPE_BY_NAME:
+                raise InvalidArgument("rlk.logprob_backward: grad_dtype %r is not one of %s"
+                                      % (grad_dtype, ", ".join(sorted(T.DTYPE_BY_NAME))))
             dt = T.DTYPE_BY_NAME[grad_dtype] if isinstance(grad_dtype, str) else T.DType(grad_dtype)
         shape = (dim(logits, 0), dim(logits, 1))
         grad_logits = b.output("grad_logits", dt, shape)
