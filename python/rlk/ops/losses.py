@@ -240,10 +240,12 @@ def _keep_loss_plan(name, key, b, ctx, inputs, scalars, dt, grads, shape, nmetri
 
 
 def _norm_key(a, tn):
-    """How the token normalizer is given: 0 number, 1 tensor, 2 none (a count pass)."""
+    """How the token normalizer is given, for the workspace sizes' key: 0 a number other than 0,
+    1 a tensor, 2 none or the number 0 (this call's count: a count pass and its workspace)."""
     if tn is None:
         return 2
-    return 1 if a.token_normalizer == 0.0 else 0
+    kind = _norm_kind(tn)
+    return 1 if kind == 1 else 2 if kind == 3 or a.token_normalizer == 0.0 else 0
 
 
 _PL_GRADS = (("grad_logp",), ("grad_logp", "grad_entropy"))  # without / with the entropy's gradient
