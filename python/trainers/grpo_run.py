@@ -142,6 +142,15 @@ def record_generation(t):
     model.generate = generate
 
 
+def _leave_process_group():
+    """Both DDP ranks meet, then close the process group: a rank that exits with gloo's threads
+    still up can abort at exit ("terminate called without an active exception")."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main():
     a = options()
     handle = None
@@ -162,6 +171,7 @@ def main():
     weights = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     if rank != 0:  # each rank's weights: DDP all-reduces the gradients, so they agree
         torch.save({"weights": weights}, "%s.rank%d" % (a.out, rank))
+        _leave_process_group()
         return
     logs = [(h["loss"], h["grad_norm"], h.get("kl")) for h in t.state.log_history
             if "loss" in h and "grad_norm" in h]
@@ -176,6 +186,7 @@ def main():
         out["head_calls"] = dict(rtrl.head_calls)
         out["prefix_calls"] = dict(rtrl.prefix_calls)
     torch.save(out, a.out)
+    _leave_process_group()
 
 
 if __name__ == "__main__":
