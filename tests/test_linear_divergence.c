@@ -507,6 +507,38 @@ static int ld_sm90_runs(rlk_context *ctx, const ld_case *c, const ld_data *d) {
   return (d->shs * 2) % 16 == 0 && (d->sws * 2) % 16 == 0 && (d->ths * 2) % 16 == 0 && (d->tws * 2) % 16 == 0;
 }
 
+/* The stats a GPU backward reads and its tolerances (delta, dz_rel of ld_ref_backward): fp64's
+ * stats rounded to f32 (LD_HOST_DELTA relative, of the row's L >= 1 + |lse_s| + |lse_t| + |D| as
+ * ld_ref_backward takes it), but top-k's set boundary ([4], [5]) the forward's (fwd_stats), so that
+ * the set the backward recomputes is the kernel's own (the forward's check compared it with
+ * fp64's); the backward's own logits within ld_logit_error and its ex2.approx within 8 u of each
+ * probability (absolute: over L). The portable kernels store dz in f32 (u) and sum its exact
+ * products with f32 fused multiply-adds over at most N + V terms (gamma); the sm_90a ones round dz
+ * to its head's 16 bits (u16 of the stored value, whose own error the (1 + u16) on delta covers)
+ * and sum its exact 16-bit products on the tensor cores (4 n u of the terms' absolute sum,
+ * ld_logit_error's argument) and each chunk's part into the f32 sum (an addition a chunk, fewer
+ * than V). */
+static void ld_gpu_bwd_stats(const ld_case *c, const ld_data *d, const float *fwd_stats, int sm90, float *bstats,
+                             double *delta, double *dz_rel) {
+  const int jsd = c->mode == RLK_DIVERGENCE_JSD && !c->top_k;
+  for (int64_t i = 0; i < c->N; i++) {
+    ld_ref_row r;
+    ld_ref_forward_row(&d->p, i, &r);
+    const double L = 1.0 + fabs(r.lse_s) + fabs(r.lse_t) + fabs(r.D);
+    const double x = LD_HOST_DELTA + (ld_logit_error(c, &r) + 8.0 * LD_U) / L;
+    *delta = x > *delta ? x : *delta;
+    float *s = bstats + 6 * i;
+    const int ign = d->ignored[i];
+    s[0] = (float)r.lse_s, s[1] = (float)r.lse_t, s[2] = ign ? 0.0f : (float)r.D;
+    s[3] = (jsd || c->top_k) && !ign ? (float)r.a1 : 0.0f;
+    s[4] = c->top_k ? fwd_stats[6 * i + 4] : jsd && !ign ? (float)r.a2 : 0.0f;
+    s[5] = c->top_k ? fwd_stats[6 * i + 5] : 0.0f;
+  }
+  const double u16 = !sm90 ? 0.0 : c->sdt == RLK_BF16 || c->tdt == RLK_BF16 ? 0x1p-8 : 0x1p-11;
+  *delta *= 1.0 + u16;
+  *dz_rel = sm90 ? u16 + 4.04 * (double)(c->N + c->V + 2) * LD_U : 1.01 * (double)(c->N + c->V + 2) * LD_U;
+}
+
 /* The forward's stats and the backward of sum_i g_i D_i on ctx, every gradient asked for checked
  * (and the bounds' power on the case's data: ld_power_check); delta bounds the relative error of
  * the stats the backward reads (ld_ref_backward). On a GPU (gpu) the backward is checked on its own:
@@ -520,37 +552,11 @@ static void ld_check_bwd(rlk_context *ctx, const ld_bcase *b, uint64_t seed, dou
   ld_fwd_out o;
   ld_run_fwd(ctx, c, &d, &o, gpu ? ld_gpu_bound : NULL);
   const int sm90 = gpu && ld_sm90_runs(ctx, c, &d);
-  double dz_rel = 0.0, u16 = 0.0;
+  double dz_rel = 0.0;
   float *bstats = o.stats; /* what the backward reads */
   if (gpu) {
-    /* the stats: fp64's rounded to f32 (LD_HOST_DELTA relative, of the row's L >= 1 + |lse_s| +
-     * |lse_t| + |D| as ld_ref_backward takes it), but top-k's set boundary ([4], [5]) the forward's,
-     * so that the set the backward recomputes is the kernel's own (the forward's check compared it
-     * with fp64's); the backward's own logits within ld_logit_error and its ex2.approx within 8 u of
-     * each probability (absolute: over L). The portable kernels store
-     * dz in f32 (u) and sum its exact products with f32 fused multiply-adds over at most N + V
-     * terms (gamma); the sm_90a ones round dz to its head's 16 bits (u16 of the stored value, whose
-     * own error the (1 + u16) on delta covers) and sum its exact 16-bit products on the tensor cores
-     * (4 n u of the terms' absolute sum, ld_logit_error's argument) and each chunk's part into the
-     * f32 sum (an addition a chunk, fewer than V) */
     bstats = malloc((size_t)c->N * 6 * sizeof(float));
-    const int jsd = c->mode == RLK_DIVERGENCE_JSD && !c->top_k;
-    for (int64_t i = 0; i < c->N; i++) {
-      ld_ref_row r;
-      ld_ref_forward_row(&d.p, i, &r);
-      const double L = 1.0 + fabs(r.lse_s) + fabs(r.lse_t) + fabs(r.D);
-      const double x = LD_HOST_DELTA + (ld_logit_error(c, &r) + 8.0 * LD_U) / L;
-      delta = x > delta ? x : delta;
-      float *s = bstats + 6 * i;
-      const int ign = d.ignored[i];
-      s[0] = (float)r.lse_s, s[1] = (float)r.lse_t, s[2] = ign ? 0.0f : (float)r.D;
-      s[3] = (jsd || c->top_k) && !ign ? (float)r.a1 : 0.0f;
-      s[4] = c->top_k ? o.stats[6 * i + 4] : jsd && !ign ? (float)r.a2 : 0.0f;
-      s[5] = c->top_k ? o.stats[6 * i + 5] : 0.0f;
-    }
-    u16 = !sm90 ? 0.0 : c->sdt == RLK_BF16 || c->tdt == RLK_BF16 ? 0x1p-8 : 0x1p-11;
-    delta *= 1.0 + u16;
-    dz_rel = sm90 ? u16 + 4.04 * (double)(c->N + c->V + 2) * LD_U : 1.01 * (double)(c->N + c->V + 2) * LD_U;
+    ld_gpu_bwd_stats(c, &d, o.stats, sm90, bstats, &delta, &dz_rel);
   }
   uint64_t rng = seed ^ 0xbadu;
   double *g = malloc((size_t)c->N * sizeof(double));
@@ -794,12 +800,15 @@ END_TEST
  * combine's rescaling carries into lse (u (|m| + 1)) and G / S (relative 2 u, plus the maxima's
  * errors times |z_t - z_s| <= 2 max |z|): the outputs within 16 u scale^2 of fp64, and the stats
  * the backward reads within that relative bound (delta = 16 u scale). */
-static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int P, uint64_t seed) {
-  ld_case c = ld_base(4, cuts[P], 12, 10, mode);
-  c.ldt = RLK_I64, c.ignored = 1, c.N = 7, c.Ts = 1.3f;
+static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int P, int64_t Hs, int64_t Ht,
+                           uint64_t seed) {
+  ld_case c = ld_base(7, cuts[P], Hs, Ht, mode);
+  const int gpu = rlk_context_backend(ctx) != RLK_BACKEND_HOST;
+  c.ldt = RLK_I64, c.ignored = 1, c.Ts = 1.3f, c.grid = gpu;
   ld_data d;
   ld_data_make(ctx, &c, seed, &d);
   const int64_t N = c.N;
+  const int sm90 = gpu && ld_sm90_runs(ctx, &c, &d);
   float *all = malloc((size_t)(P * N * 8) * 4);
   for (int r = 0; r < P; r++) {
     void *dR = rlk_test_poisoned(ctx, (size_t)(N * 8) * 4);
@@ -810,7 +819,11 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     a.teacher_weight = ld_mat((char *)d.d_tw + (size_t)(v0 * d.tws) * 2, c.tdt, Vs, c.Ht, d.tws);
     a.partials = rlk_tensor_2d(dR, RLK_F32, N, 8, 8);
     a.vocab_start = v0;
+    ld_watch(sm90);
     ld_call(ctx, &a);
+    const int portable = ld_portable_ran;
+    ld_watch(0);
+    ck_assert_msg(!portable, "shard %d: the portable forward ran where sm_90a's was expected", r);
     rlk_test_get(ctx, all + (size_t)(r * N * 8), dR, (size_t)(N * 8) * 4);
     rlk_test_drop(ctx, dR);
   }
@@ -838,9 +851,21 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     zmax = sc > zmax ? sc : zmax;
     const double got[5] = {D[i], S[6 * i], S[6 * i + 1], S[6 * i + 2], E[i]};
     const double want[5] = {r.D, r.lse_s, r.lse_t, r.D, r.entropy};
-    for (int q = 0; q < 5; q++)
-      ck_assert_msg(fabs(got[q] - want[q]) <= 16 * LD_U * sc * sc, "%d shards mode %d row %lld output %d: %.9g, fp64 %.9g",
-                    P, mode, (long long)i, q, got[q], want[q]);
+    for (int q = 0; q < 5; q++) {
+      const double tol = 16 * LD_U * sc * sc + (gpu ? ld_gpu_bound(&c, &r, want[q]) : 0.0);
+      ck_assert_msg(fabs(got[q] - want[q]) <= tol, "%d shards mode %d row %lld output %d: %.9g, fp64 %.9g", P, mode,
+                    (long long)i, q, got[q], want[q]);
+    }
+  }
+  /* the backward reads the combined stats on the host (their error bounds it: 16 u scale relative);
+   * a GPU's reads fp64's rounded, as ld_check_bwd's does, so that its own error is what is bounded */
+  double delta = 16 * LD_U * zmax, dz_rel = 0.0;
+  void *dSb = NULL;
+  if (gpu) {
+    float bstats[64 * 6];
+    delta = 0.0;
+    ld_gpu_bwd_stats(&c, &d, NULL, sm90, bstats, &delta, &dz_rel);
+    dSb = rlk_test_put(ctx, bstats, (size_t)N * 24);
   }
   /* the backward, shard by shard */
   float gf[64];
@@ -862,11 +887,15 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     b.student_weight = ld_mat((char *)d.d_sw + (size_t)(v0 * d.sws) * 2, c.sdt, Vs, c.Hs, d.sws);
     b.teacher_weight = ld_mat((char *)d.d_tw + (size_t)(v0 * d.tws) * 2, c.tdt, Vs, c.Ht, d.tws);
     b.student_temperature = c.Ts, b.teacher_temperature = c.Tt, b.mode = f.mode, b.labels = f.labels;
-    b.stats = k.stats, b.grad_divergence = rlk_tensor_1d(dG, RLK_F32, N);
+    b.stats = gpu ? rlk_tensor_2d(dSb, RLK_F32, N, 6, 6) : k.stats, b.grad_divergence = rlk_tensor_1d(dG, RLK_F32, N);
     b.grad_student_hidden = rlk_tensor_2d(dh, RLK_F32, N, c.Hs, c.Hs + 1);
     b.grad_student_weight = rlk_tensor_2d(dw, RLK_F32, Vs, c.Hs, c.Hs + 1);
     b.shard = 1, b.vocab_start = v0;
+    ld_watch(sm90);
     ld_call_backward(ctx, &b);
+    const int portable = ld_portable_ran;
+    ld_watch(0);
+    ck_assert_msg(!portable, "shard %d: the portable backward ran where sm_90a's was expected", r);
     rlk_test_get(ctx, h, dh, (size_t)(N * (c.Hs + 1)) * 4), rlk_test_get(ctx, w, dw, (size_t)(Vs * (c.Hs + 1)) * 4);
     for (int64_t i = 0; i < N; i++)
       for (int64_t q = 0; q < c.Hs; q++) gh[i * c.Hs + q] += h[i * (c.Hs + 1) + q];
@@ -877,7 +906,7 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
   }
   double *rh = malloc((size_t)(N * c.Hs) * sizeof(double)), *rw = malloc((size_t)(c.V * c.Hs) * sizeof(double));
   double *bh = calloc((size_t)(N * c.Hs), sizeof(double)), *bw = calloc((size_t)(c.V * c.Hs), sizeof(double));
-  ld_ref_backward(&d.p, g, rh, rw, NULL, NULL, 16 * LD_U * zmax, 0.0, bh, bw, NULL, NULL);
+  ld_ref_backward(&d.p, g, rh, rw, NULL, NULL, delta, dz_rel, bh, bw, NULL, NULL);
   /* grad_hidden: P f32 parts (each rounded, u |part| <= u sum) added in f64 */
   for (int64_t j = 0; j < N * c.Hs; j++)
     ck_assert_msg(fabs(gh[j] - rh[j]) <= bh[j] + P * LD_U * (fabs(rh[j]) + bh[j]) + 1e-300,
@@ -886,7 +915,8 @@ static void ld_shard_check(rlk_context *ctx, int mode, const int64_t *cuts, int 
     ck_assert_msg(fabs(gw[j] - rw[j]) <= bw[j] + LD_U * fabs(rw[j]) + 1e-300,
                   "%d shards: grad_student_weight [%lld]: %.9g, fp64 %.9g", P, (long long)j, gw[j], rw[j]);
   printf("linear_divergence %s shards: %d, mode %d, forward and backward against the whole head\n",
-         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", P, mode);
+         !gpu ? "host" : sm90 ? "gpu sm_90a" : "gpu portable", P, mode);
+  if (dSb) rlk_test_drop(ctx, dSb);
   free(gh), free(gw), free(rh), free(rw), free(bh), free(bw), free(all);
   rlk_test_drop(ctx, dG), rlk_test_drop(ctx, dP), rlk_test_drop(ctx, dD), rlk_test_drop(ctx, dS),
       rlk_test_drop(ctx, dE);
@@ -897,8 +927,8 @@ START_TEST(host_shards) {
   rlk_context *ctx = rlk_test_host_context();
   const uint64_t seed = rlk_test_seed();
   static const int64_t two[] = {0, 20, 53}, three[] = {0, 1, 30, 61};
-  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, seed);
-  ld_shard_check(ctx, RLK_DIVERGENCE_REVERSE_KL, three, 3, seed + 1);
+  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, 12, 10, seed);
+  ld_shard_check(ctx, RLK_DIVERGENCE_REVERSE_KL, three, 3, 12, 10, seed + 1);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1022,7 +1052,7 @@ START_TEST(host_records_its_configurations) {
   b.c.ldt = RLK_I32;
   ld_check_bwd(ctx, &b, seed, LD_HOST_DELTA, 0);
   static const int64_t two[] = {0, 20, 41};
-  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, seed + 1);
+  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, 12, 10, seed + 1);
   static const char *const want[] = {
       "linear_divergence pass=fwd student=bf16 teacher=bf16 labels=i32 mode=jsd topk=0 shard=0",
       "linear_divergence pass=bwd student=bf16 teacher=bf16 labels=i32 mode=jsd topk=0 grad=f32 teacher_grad=none",
@@ -1367,9 +1397,13 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
 }
 RLK_GPU_CASE("linear_divergence", deterministic)
 
+/* rows of 16-byte multiples (the sm_90a kernels on an sm_90 device), then of 12 and 10 elements
+ * (the portable ones) */
 static void cases_shards(rlk_context *ctx, uint64_t *rng) {
-  static const int64_t two[] = {0, 700, 1283};
-  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, rlk_test_rand_u64(rng));
+  static const int64_t two[] = {0, 700, 1283}, three[] = {0, 1, 520, 1111};
+  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, 64, 136, rlk_test_rand_u64(rng));
+  ld_shard_check(ctx, RLK_DIVERGENCE_REVERSE_KL, three, 3, 72, 64, rlk_test_rand_u64(rng));
+  ld_shard_check(ctx, RLK_DIVERGENCE_FORWARD_KL, two, 2, 12, 10, rlk_test_rand_u64(rng));
 }
 RLK_GPU_CASE("linear_divergence", shards)
 
