@@ -268,7 +268,7 @@ class Binder:
     """The args struct and the arrays of one call of `op` (an Op); op.name names the call in
     error messages. `args` starts as rlk_<op>_args_init left it."""
 
-    __slots__ = ("op", "name", "args", "offsets", "place", "ctx", "keep", "made", "no_rows")
+    __slots__ = ("op", "name", "args", "offsets", "place", "ctx", "keep", "made", "given", "no_rows")
 
     def __init__(self, op):
         self.op = op
@@ -280,6 +280,7 @@ class Binder:
         self.ctx = None
         self.keep = []  # scratch allocated here, alive until the launch is queued
         self.made = []  # every array allocated here (zeroed instead of a launch: see run)
+        self.given = []  # the outputs the caller gave (zeroed too, unless accumulating)
         self.no_rows = False  # a required input has no rows: an empty batch
 
     def _fail(self, name, msg):
@@ -326,7 +327,9 @@ class Binder:
                     x.layout,)) from None
             lay = _LAYOUTS.get((shape, strides))
             if lay is not None and (dtypes is None or dt in dtypes):  # the common case
-                if lay[2] and not (optional or output):
+                if output:
+                    self.given.append(x)
+                elif lay[2] and not optional and name not in self.op.rows_elsewhere:
                     self.no_rows = True
                 _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
                 return dt
@@ -355,7 +358,9 @@ class Binder:
         if lay is None:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
                 len(shape), _MAX_DIMS))
-        if lay[2] and not (optional or output):
+        if output:
+            self.given.append(x)
+        elif lay[2] and not optional and name not in self.op.rows_elsewhere:
             self.no_rows = True
         _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
         return dt
@@ -381,7 +386,7 @@ class Binder:
                 except RuntimeError:
                     lay = None
                 if lay is not None and dt is not None and (dtypes is None or dt in dtypes):
-                    if lay[2] and required:
+                    if lay[2] and required and name not in self.op.rows_elsewhere:
                         self.no_rows = True
                     _HEAD.pack_into(args, off, x.data_ptr(), dt, lay[0], lay[1])
                     if first is None:
@@ -482,9 +487,18 @@ class Binder:
         self.made.append(a)
         return a
 
+    def empty_batch(self):
+        """For a call whose required input has no rows: whether it is an empty batch (every
+        tensor indexed by the batch's rows has none; False leaves the call to the library,
+        which names what it refuses). Raises InvalidArgument where some have rows."""
+        empty = self.op.empty_batch(self.args, self.name)
+        if not empty:
+            self.no_rows = False
+        return empty
+
     def workspace_size(self):
         """The op's scratch bytes for the args bound so far (none for an empty batch)."""
-        if self.no_rows:
+        if self.no_rows and self.empty_batch():
             return 0
         return self.op.workspace_size(self.context(), self.args)
 
@@ -560,12 +574,14 @@ class Binder:
 
     def run(self, stream=None):
         """Launches the op with the args built here on this call's context and stream. An empty
-        batch (a required input with no rows) launches nothing: what this call allocated is
-        zeroed (a loss over no token is 0, a weight's gradient from no row is 0), as torch's
-        sums over nothing are."""
+        batch (a required input with no rows) launches nothing: every tensor of the batch's rows
+        must have none (Op.empty_batch_mismatch), and the outputs, those this call allocated and
+        those given (unless the call adds to them), are zeroed (a loss over no token is 0, a
+        weight's gradient from no row is 0), as torch's sums over nothing are."""
         p = self.place
-        if self.no_rows:
-            for a in self.made:
+        if self.no_rows and self.empty_batch():
+            out = self.made if getattr(self.args, "accumulate", 0) else self.made + self.given
+            for a in out:
                 if p.torch:
                     a.zero_()
                 else:
@@ -676,7 +692,14 @@ class Op:
     Binding checks the struct's size against the library once, and fills one args struct with
     the library's defaults; every call's args struct starts as a copy of it."""
 
-    def __init__(self, name, args_struct, workspace=False):
+    def __init__(self, name, args_struct, workspace=False, shared=(), rows_at=None, selection=None):
+        """shared: the tensor fields whose first dimension does not count the batch's rows (a
+        head's weight [V, H], offsets [S + 1], a loss and its metrics; the status word is);
+        rows_at: {field: dimension} for those
+        that count them in another (gathered records [P, N, fields]); selection: (field,
+        fields) where a row selection, when given, stands for those fields' rows (rows into
+        hidden [N, H]). The other tensor fields all have no rows in an empty batch
+        (empty_batch_mismatch)."""
         self.name = name
         self.args_struct = args_struct
         self.has_workspace = workspace
@@ -693,6 +716,20 @@ class Op:
                 for sub, stype in ftype._fields_:
                     self.offsets[name + "." + sub] = off + getattr(ftype, sub).offset
                     self.scalar_kinds[name + "." + sub] = _PLAN_SCALAR_KIND.get(stype)
+        tensors = [name for name, ftype in args_struct._fields_ if ftype is T.Tensor]
+        for name, ftype in args_struct._fields_:
+            if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure) and ftype is not T.Tensor:
+                tensors += [name + "." + sub for sub, stype in ftype._fields_ if stype is T.Tensor]
+        rows_at = rows_at or {}
+        shared = tuple(shared) + tuple(f for f in ("status", "head.status", "fwd.status") if f in tensors)
+        for f in shared + tuple(rows_at) + ((selection[0],) + tuple(selection[1]) if selection else ()):
+            if f not in tensors:
+                raise TypeError("Op %s: %s is not a tensor field" % (name, f))
+        self._rows = tuple((f, self.offsets[f], rows_at.get(f, 0)) for f in tensors if f not in shared)
+        # the fields whose first dimension is not the batch's rows (none of them makes one empty)
+        self.rows_elsewhere = frozenset(shared) | frozenset(rows_at)
+        self._selection = (None if selection is None else
+                           (self.offsets[selection[0]], frozenset(selection[1])))
         # the status word field (an i32 [1] the call ORs bad-input bits into), if the op has one
         self.status_field = next((f for f in ("status", "head.status", "fwd.status") if f in self.offsets), None)
         self.status_offset = None if self.status_field is None else self.offsets[self.status_field]
@@ -733,6 +770,34 @@ class Op:
             ndim, packed, _ = _out_layout(tuple(bound[0] if bound else shape))
             spec.append((self.offsets[name], tuple(shape), ndim, packed))
         return tuple(spec)
+
+    def empty_batch(self, args, what):
+        """For a call (named `what`) with an input of no rows: True when every tensor bound in
+        args that counts the batch's rows has none, False when none of them is empty (a shared
+        or selected-from tensor is: the library judges the call); raises InvalidArgument when
+        some have rows and some none."""
+        sel = self._selection
+        skip = ()
+        if sel is not None and _HEAD.unpack_from(args, sel[0])[2] > 0:
+            skip = sel[1]  # the selection's rows are the batch's: the selected-from tensors' are not
+        empty = full = None
+        for name, off, d in self._rows:
+            if name in skip:
+                continue
+            ndim, packed = _HEAD.unpack_from(args, off)[2:]
+            if ndim <= d:
+                continue
+            n = struct.unpack_from("=q", packed, 8 * d)[0]
+            if n == 0:
+                empty = empty or name
+            elif full is None:
+                full = (name, n)
+        if empty is None:
+            return False
+        if full is None:
+            return True
+        raise InvalidArgument("%s: %s has no rows but %s has %d (an empty batch has none in every "
+                              "tensor of the batch's rows)" % (what, empty, full[0], full[1]))
 
     def available(self):
         """True when the loaded library has this op (and its struct matches)."""

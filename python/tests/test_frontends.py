@@ -77,6 +77,54 @@ def test_empty_batches_are_no_ops_torch_and_autograd():
     assert ctx.counters()["calls"] == before
 
 
+@need_torch
+def test_an_empty_batch_needs_every_row_tensor_empty():
+    """A call is an empty batch only when every tensor of the batch's rows has none: one empty
+    input beside others with rows is refused as the library would refuse it, naming both; an
+    empty weight (its rows are the vocabulary's) goes to the library, which names it."""
+    z, z5 = torch.zeros(0, 8), torch.zeros(5, 8)
+    m5 = torch.ones(5, 8, dtype=torch.bool)
+    none64 = torch.zeros(0, dtype=torch.int64)
+    hidden = torch.randn(5, 16).to(torch.bfloat16)
+    weight = torch.randn(40, 16).to(torch.bfloat16)
+    refused = {
+        "logprob": (lambda: rlk.logprob(torch.randn(5, 16), none64), "labels has no rows but logits has 5"),
+        "policy_loss": (lambda: rlk.policy_loss(z, z, z, m5), "has no rows but mask has 5"),
+        "token_kl": (lambda: rlk.token_kl(z, z5, "k3"), "logp has no rows but ref_logp has 5"),
+        "linear_logprob": (lambda: rlk.linear_logprob(hidden, weight, none64),
+                           "labels has no rows but hidden has 5"),
+        "gae": (lambda: rlk.gae(z, z5), "rewards has no rows but values has 5"),
+    }
+    for name, (fn, msg) in refused.items():
+        with pytest.raises(rlk.InvalidArgument, match=msg):
+            fn()
+    with pytest.raises(rlk.InvalidArgument, match="weight: shape.0. = 0"):
+        rlk.linear_logprob(hidden, weight[:0], torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(rlk.InvalidArgument, match="logits: shape.1. = 0"):
+        rlk.logprob(torch.zeros(5, 0), torch.zeros(5, dtype=torch.int64))
+
+
+@need_torch
+def test_an_empty_selection_and_given_outputs():
+    """rows= selecting none of hidden's rows is an empty batch (hidden's rows are not the
+    batch's then); its backward writes a given grad_hidden's rows 0, as a call does to the rows
+    it does not select, and leaves them with accumulate=True; a given grad_weight likewise."""
+    hidden = torch.randn(5, 16).to(torch.bfloat16)
+    weight = torch.randn(40, 16).to(torch.bfloat16)
+    none64 = torch.zeros(0, dtype=torch.int64)
+    out = rlk.linear_logprob(hidden, weight, none64, rows=none64, entropy=True)
+    assert out.logp.shape == (0,) and out.entropy.shape == (0,)
+    nothing = torch.zeros(0)
+    for accumulate in (False, True):
+        gh, gw = torch.full((5, 16), 3.0), torch.full((40, 16), 2.0)
+        rlk.linear_logprob_backward(hidden, weight, none64, nothing, nothing, rows=none64,
+                                    grad_hidden=gh, grad_weight=gw, accumulate=accumulate)
+        assert torch.equal(gh, torch.full_like(gh, 3.0 if accumulate else 0.0))
+        assert torch.equal(gw, torch.full_like(gw, 2.0 if accumulate else 0.0))
+    with pytest.raises(rlk.InvalidArgument, match="labels has no rows but .* has 2"):
+        rlk.linear_logprob(hidden, weight, none64, rows=torch.tensor([0, 3]))
+
+
 # ---- rlk.nn -------------------------------------------------------------------------------
 
 N, H, V = 24, 32, 96

@@ -48,8 +48,12 @@ int rlk_version(void) {
 
 rlk_status rlk_check_tensor(const rlk_tensor *t, const char *what, int required) {
   if (!t->data) {
-    if (required) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
-    return RLK_OK;
+    if (!required) return RLK_OK;
+    /* an empty array's pointer is often NULL (torch's is): name the empty dimension */
+    for (int i = 0; t->ndim >= 1 && t->ndim <= RLK_MAX_DIMS && i < t->ndim; i++)
+      if (t->shape[i] == 0)
+        return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: shape[%d] = 0 is not positive (no elements)", what, i);
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
   }
   if (t->ndim < 1 || t->ndim > RLK_MAX_DIMS)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside [1, %d]", what, (int)t->ndim, RLK_MAX_DIMS);

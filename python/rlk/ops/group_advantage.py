@@ -15,7 +15,7 @@ NanScores = T.c_enum("NanScores", "rlk_nan_scores", "RLK_NAN_SCORES_")
 GroupAdvantageArgs = T.c_struct("rlk_group_advantage_args")
 
 
-OP = Op("group_advantage", GroupAdvantageArgs, workspace=True)
+OP = Op("group_advantage", GroupAdvantageArgs, workspace=True, shared=("group_offsets",))
 
 _F = (T.DType.F32, T.DType.F64)
 _I = (T.DType.I32, T.DType.I64)

@@ -33,9 +33,12 @@ LinearDivergenceBackwardArgs = T.c_struct("rlk_linear_divergence_backward_args")
 LinearDivergenceCombineArgs = T.c_struct("rlk_linear_divergence_combine_args")
 
 
-OP = Op("linear_divergence", LinearDivergenceArgs, workspace=True)
-BACKWARD_OP = Op("linear_divergence_backward", LinearDivergenceBackwardArgs, workspace=True)
-COMBINE_OP = Op("linear_divergence_combine", LinearDivergenceCombineArgs)
+OP = Op("linear_divergence", LinearDivergenceArgs, workspace=True,
+         shared=("student_weight", "teacher_weight", "seq_offsets", "loss", "token_normalizer_tensor",
+                 "seq_normalizer_tensor"))
+BACKWARD_OP = Op("linear_divergence_backward", LinearDivergenceBackwardArgs, workspace=True,
+                 shared=("student_weight", "teacher_weight", "grad_student_weight", "grad_teacher_weight"))
+COMBINE_OP = Op("linear_divergence_combine", LinearDivergenceCombineArgs, rows_at={"partials": 1})
 
 _HEADS = (T.DType.BF16, T.DType.F16)
 _LABELS = (T.DType.I32, T.DType.I64)

@@ -29,8 +29,10 @@ LinearLogprobArgs = T.c_struct("rlk_linear_logprob_args")
 LinearLogprobBackwardArgs = T.c_struct("rlk_linear_logprob_backward_args")
 
 
-OP = Op("linear_logprob", LinearLogprobArgs, workspace=True)
-BACKWARD_OP = Op("linear_logprob_backward", LinearLogprobBackwardArgs, workspace=True)
+OP = Op("linear_logprob", LinearLogprobArgs, workspace=True, shared=("weight",),
+        selection=("rows", ("hidden",)))
+BACKWARD_OP = Op("linear_logprob_backward", LinearLogprobBackwardArgs, workspace=True,
+                 shared=("weight", "grad_weight"), selection=("rows", ("hidden", "grad_hidden")))
 
 _HIDDEN = (T.DType.BF16, T.DType.F16)
 _LABELS = (T.DType.I32, T.DType.I64)
@@ -221,7 +223,10 @@ LinearPolicyLossArgs = T.c_struct("rlk_linear_policy_loss_args")
 # rlk_linear_policy_loss_path
 POLICY_PATHS = {"auto": 0, "recompute": 1, "token_chunks": 2}
 
-POLICY_OP = Op("linear_policy_loss", LinearPolicyLossArgs, workspace=True)
+POLICY_OP = Op("linear_policy_loss", LinearPolicyLossArgs, workspace=True,
+               shared=("head.weight", "grad_weight", "loss.seq_offsets", "loss.metrics", "loss.loss",
+                       "loss.token_normalizer_tensor", "loss.seq_normalizer_tensor"),
+               selection=("head.rows", ("head.hidden", "grad_hidden")))
 
 LinearPolicyLossResult = collections.namedtuple(
     "LinearPolicyLossResult", "loss grad_hidden grad_weight metrics logp")

@@ -19,7 +19,7 @@ __all__ = ["LinearSampleArgs", "LinearSampleResult", "linear_sample"]
 LinearSampleArgs = T.c_struct("rlk_linear_sample_args")
 
 
-OP = Op("linear_sample", LinearSampleArgs, workspace=True)
+OP = Op("linear_sample", LinearSampleArgs, workspace=True, shared=("weight",))
 
 LinearSampleResult = collections.namedtuple("LinearSampleResult", "tokens logp lse entropy threshold")
 

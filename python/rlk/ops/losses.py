@@ -45,8 +45,10 @@ ValueLossArgs = T.c_struct("rlk_value_loss_args")
 _PL_NMETRICS = len(POLICY_LOSS_METRICS)
 _VL_NMETRICS = len(VALUE_LOSS_METRICS)
 
-POLICY_OP = Op("policy_loss", PolicyLossArgs, workspace=True)
-VALUE_OP = Op("value_loss", ValueLossArgs, workspace=True)
+# what is not indexed by the batch's rows: the loss, its metrics, the normalizers, the offsets
+_LOSS_SHARED = ("loss", "metrics", "token_normalizer_tensor", "seq_normalizer_tensor", "seq_offsets")
+POLICY_OP = Op("policy_loss", PolicyLossArgs, workspace=True, shared=_LOSS_SHARED)
+VALUE_OP = Op("value_loss", ValueLossArgs, workspace=True, shared=_LOSS_SHARED)
 
 PolicyLossResult = collections.namedtuple("PolicyLossResult",
                                           "loss grad_logp grad_entropy metrics")

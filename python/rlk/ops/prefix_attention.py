@@ -24,8 +24,10 @@ PrefixAttentionArgs = T.c_struct("rlk_prefix_attention_args")
 PrefixAttentionBackwardArgs = T.c_struct("rlk_prefix_attention_backward_args")
 
 
-FORWARD_OP = Op("prefix_attention", PrefixAttentionArgs)
-BACKWARD_OP = Op("prefix_attention_backward", PrefixAttentionBackwardArgs, workspace=True)
+FORWARD_OP = Op("prefix_attention", PrefixAttentionArgs,
+                shared=("layout.seq_offsets", "layout.group_offsets"))
+BACKWARD_OP = Op("prefix_attention_backward", PrefixAttentionBackwardArgs, workspace=True,
+                 shared=("layout.seq_offsets", "layout.group_offsets"))
 # (the layout's device tensors bind as "layout.seq_offsets" / "layout.group_offsets": Op
 # flattens embedded structs)
 

@@ -29,7 +29,7 @@ MaskedWhitenArgs = T.c_struct("rlk_masked_whiten_args")
 GAE_OP = Op("gae", GaeArgs)
 RETURNS_OP = Op("discounted_returns", DiscountedReturnsArgs)
 CUMSUM_OP = Op("reverse_cumsum", ReverseCumsumArgs)
-WHITEN_OP = Op("masked_whiten", MaskedWhitenArgs, workspace=True)
+WHITEN_OP = Op("masked_whiten", MaskedWhitenArgs, workspace=True, shared=("stats",))
 
 _F = (T.DType.F32, T.DType.F64)
 

@@ -10,7 +10,7 @@ __all__ = ["TokenBaselineArgs", "token_baseline"]
 TokenBaselineArgs = T.c_struct("rlk_token_baseline_args")
 
 
-OP = Op("token_baseline", TokenBaselineArgs, workspace=True)
+OP = Op("token_baseline", TokenBaselineArgs, workspace=True, shared=("group_offsets",))
 
 _F = (T.DType.F32, T.DType.F64)
 

@@ -28,7 +28,7 @@ PARTIAL_FIELDS = T.c_constant("RLK_LOGPROB_PARTIAL_FIELDS")
 LogprobCombineArgs = T.c_struct("rlk_logprob_combine_args")
 
 
-COMBINE_OP = Op("logprob_combine", LogprobCombineArgs)
+COMBINE_OP = Op("logprob_combine", LogprobCombineArgs, rows_at={"partials": 1})
 
 
 LogprobVocabParallelArgs = T.c_struct("rlk_logprob_vocab_parallel_args")
