@@ -22,6 +22,7 @@ ref_logp), prefix_attention (q, k, v). The vocabulary-parallel pieces are operat
 (logprob_partials, linear_logprob_partials, logprob_combine); the all-gather between them is the
 caller's collective (rlk.vocab_parallel_logprob and its NCCL form stay eager).
 """
+import collections
 import torch
 
 from . import _types as T
@@ -868,15 +869,36 @@ def sample(logits, *, tokens=None, token_dtype="i64", logp=True, logp_filtered=F
 
 # ---- prefix-shared attention -----------------------------------------------------------------
 
-_LAYOUTS = {}  # (seq_offsets, group_offsets) -> PrefixLayout: its device copies made once
+# (seq_offsets, group_offsets) -> PrefixLayout: its device copies made once for the forward and
+# the backward of a step; a few recent ones kept (each step's batch has its own layout)
+_LAYOUTS = collections.OrderedDict()
+_KEPT_LAYOUTS = 16
 
 
 def _layout(seq, grp):
-    key = (tuple(seq), tuple(grp))
+    """The PrefixLayout of host i32 offset tensors (the operators' arguments)."""
+    key = (tuple(seq.tolist()), tuple(grp.tolist()))
     layout = _LAYOUTS.get(key)
-    if layout is None:
-        layout = _LAYOUTS[key] = _pa.PrefixLayout(seq, grp)
+    try:  # each step atomic; another thread's trim may have dropped the key between them
+        if layout is None:
+            layout = _LAYOUTS[key] = _pa.PrefixLayout(*key)
+            while len(_LAYOUTS) > _KEPT_LAYOUTS:
+                _LAYOUTS.popitem(last=False)
+        else:
+            _LAYOUTS.move_to_end(key)
+    except KeyError:
+        pass
     return layout
+
+
+def _offsets(layout):
+    """A layout's offsets as the operators take them: host i32 tensors, values that a compiled
+    graph reads as data (a list of ints would be guarded on, a new graph per layout)."""
+    t = layout.host_tensors
+    if t is None:
+        t = layout.host_tensors = (torch.tensor(layout.seq, dtype=torch.int32),
+                                   torch.tensor(layout.grp, dtype=torch.int32))
+    return t
 
 
 def _prefix_attention_fake(q, k, v, seq_offsets, group_offsets, *, scale=None):
@@ -884,7 +906,7 @@ def _prefix_attention_fake(q, k, v, seq_offsets, group_offsets, *, scale=None):
 
 
 @_define("prefix_attention",
-         "(Tensor q, Tensor k, Tensor v, int[] seq_offsets, int[] group_offsets, *, "
+         "(Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor group_offsets, *, "
          "float? scale=None) -> (Tensor, Tensor)", _prefix_attention_fake)
 def _prefix_attention_op(q, k, v, seq_offsets, group_offsets, *, scale=None):
     out = _raw["prefix_attention"](q, k, v, _layout(seq_offsets, group_offsets), scale=scale)
@@ -913,7 +935,7 @@ def _prefix_attention_backward_fake(q, k, v, seq_offsets, group_offsets, out, ls
 
 
 @_define("prefix_attention_backward",
-         "(Tensor q, Tensor k, Tensor v, int[] seq_offsets, int[] group_offsets, Tensor out, "
+         "(Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor group_offsets, Tensor out, "
          "Tensor lse, Tensor grad_out, *, float? scale=None) -> (Tensor, Tensor, Tensor)",
          _prefix_attention_backward_fake)
 def _prefix_attention_backward_op(q, k, v, seq_offsets, group_offsets, out, lse, grad_out, *,
@@ -930,15 +952,16 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
     """rlk.prefix_attention under torch.compile (differentiable in q, k and v)."""
     _no_stream("prefix_attention", stream)
     _eager_only("prefix_attention", {"out": out}, ("out",))
-    o, l = _prefix_attention_op(q, k, v, layout.seq, layout.grp,
-                                scale=None if scale is None else float(scale))
+    seq, grp = _offsets(layout)
+    o, l = _prefix_attention_op(q, k, v, seq, grp, scale=None if scale is None else float(scale))
     return _pa.PrefixAttentionResult(o, l if lse else None)
 
 
 def prefix_attention_backward(q, k, v, layout, out, lse, grad_out, *, scale=None, stream=None):
     """rlk.prefix_attention_backward under torch.compile."""
     _no_stream("prefix_attention_backward", stream)
-    return _prefix_attention_backward_op(q, k, v, layout.seq, layout.grp, out, lse, grad_out,
+    seq, grp = _offsets(layout)
+    return _prefix_attention_backward_op(q, k, v, seq, grp, out, lse, grad_out,
                                          scale=None if scale is None else float(scale))
 
 

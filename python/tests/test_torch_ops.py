@@ -104,9 +104,9 @@ def _cases():
                                            "logp_filtered": True}),
         ("prefix_attention", ops.prefix_attention,
          (q.clone().requires_grad_(True), k.clone().requires_grad_(True),
-          v.clone().requires_grad_(True), layout.seq, layout.grp), {}),
+          v.clone().requires_grad_(True)) + layout.host_tensors, {}),
         ("prefix_attention_backward", ops.prefix_attention_backward,
-         (q, k, v, layout.seq, layout.grp, pa.out, pa.lse, torch.randn_like(q)), {}),
+         (q, k, v) + layout.host_tensors + (pa.out, pa.lse, torch.randn_like(q)), {}),
     ]
 
 
@@ -229,6 +229,39 @@ def test_compiled_functional_calls_match_eager():
     compiled = torch.compile(fn, fullgraph=True)(logp, old, adv, mask, logits)
     for e, c in zip(eager, compiled):
         assert torch.equal(e, c)
+
+
+@host_cases
+@pytest.mark.skipif(not CASES, reason=NO_CASES)
+def test_compiled_prefix_attention_takes_new_layouts_as_data():
+    """Each step's packed batch has its own layout: the compiled prefix attention takes it as
+    data (its offsets are tensors), so new layouts of new lengths cost no graph past the one
+    that makes the shapes dynamic, with the eager results bitwise, and the layouts kept by the
+    operators stay bounded."""
+    from torch._dynamo.utils import counters
+
+    def fn(q, k, v, layout):
+        return A.prefix_attention(q, k, v, layout).float().square().sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    gen = torch.Generator().manual_seed(6)
+    for i in range(torch_ops._KEPT_LAYOUTS + 4):
+        layout = rlk.prefix_layout([5 + i % 3, 4], [[3 + i, 2], [1 + i % 5]])
+        n = layout.tokens
+        q, k, v = (torch.randn(n, h, 64, generator=gen).to(torch.bfloat16) for h in (2, 1, 1))
+        args = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        want = fn(*args, layout)
+        want.backward()
+        got_args = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        got = compiled(*got_args, layout)
+        got.backward()
+        assert torch.equal(got, want)
+        for a, b in zip(got_args, args):
+            assert torch.equal(a.grad, b.grad)
+    assert counters["stats"]["unique_graphs"] <= 2
+    assert len(torch_ops._LAYOUTS) <= torch_ops._KEPT_LAYOUTS
 
 
 @host_cases

@@ -8,6 +8,7 @@ token to its whole prefix and causally within its own response. q [T, Hq, D], k 
 """
 import collections
 import ctypes
+import sys
 
 from .. import _types as T
 from .._tensor import Binder, Op, is_torch, compiling, traced
@@ -47,6 +48,13 @@ class PrefixLayout:
         self._host_seq = (ctypes.c_int32 * len(self.seq))(*self.seq)
         self._host_grp = (ctypes.c_int32 * len(self.grp))(*self.grp)
         self._device = {}
+        # the offsets as host i32 tensors where torch is loaded: what torch.compile's operator
+        # takes, so that a new layout is new data, not a new graph (made here, outside any trace)
+        torch = sys.modules.get("torch")
+        self.host_tensors = None
+        if torch is not None:
+            self.host_tensors = (torch.tensor(self.seq, dtype=torch.int32),
+                                 torch.tensor(self.grp, dtype=torch.int32))
 
     @property
     def tokens(self):
