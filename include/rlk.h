@@ -1919,8 +1919,11 @@ RLK_API rlk_status rlk_sample(rlk_context *ctx, const rlk_sample_args *args, voi
 /* Compiles (or finds in the cache) every kernel that an op configuration needs, without
  * running anything. `config` is one line: the op name followed by name=value pairs, e.g.
  *   "group_advantage mode=grpo group_size=16 scores=f32 unbiased=1 broadcast=1"
- * Unknown names or values are an RLK_ERR_INVALID_ARGUMENT naming them. Writes the number of
- * kernels the configuration needs to *kernels (may be NULL). Works on compile-only contexts. */
+ * Unknown names or values are an RLK_ERR_INVALID_ARGUMENT naming them. A kernel compiled here
+ * that could not be written to the context's cache is an RLK_ERR_CACHE (on a context with a
+ * device it is loaded all the same); a context whose cache is memory only warms its own table.
+ * Writes the number of kernels the configuration needs to *kernels (may be NULL). Works on
+ * compile-only contexts. */
 RLK_API rlk_status rlk_precompile(rlk_context *ctx, const char *config, int *kernels);
 
 /* Writes the op names that rlk_precompile accepts, space-separated, e.g. "group_advantage". */

@@ -2,6 +2,7 @@
  * context, RLK_JIT=0, read-only precompiled trees, corrupt entries, degraded roots, processes and
  * threads racing one uncached key. */
 #include <check.h>
+#include <grp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,6 +372,59 @@ START_TEST(precompile_into_nowhere_is_an_error) {
 }
 END_TEST
 
+/* precompile into `root` once its folder is read-only (after the context opened it): 0 when the
+ * call fails as it must (RLK_ERR_CACHE naming the publish; with a device, the kernel still runs),
+ * else which check did not hold. No ck_assert: it may run in a child under another user. */
+static int precompile_unpublished(const char *root, int device) {
+  rlk_context *ctx = NULL;
+  rlk_context_options o;
+  rlk_context_options_init(&o);
+  o.backend = RLK_BACKEND_HOST, o.compile_only = !device, o.cache_dir = root;
+  if (rlk_context_create(&ctx, &o) != RLK_OK) return 1;
+  int bad = 0;
+  if (chmod(root, 0555) != 0) bad = 2;
+  rlk_status st = rlk_precompile(ctx, "group_advantage group_size=4 mode=mean-only", NULL);
+  if (!bad && (st != RLK_ERR_CACHE || !strstr(rlk_last_error(), "could not publish"))) bad = 3;
+  if (!bad && device && run_op(ctx, 4) != RLK_OK) bad = 4;
+  chmod(root, 0755);
+  rlk_context_destroy(ctx);
+  return bad;
+}
+
+/* A kernel that precompile could not write to the cache is an error, not a success that leaves
+ * the shipped tree short (the root turned read-only under the context; as root, which writes
+ * anywhere, in a child under another user). */
+START_TEST(precompile_that_cannot_publish_fails) {
+  for (int device = 0; device < 2; device++) {
+    char root[1024];
+    if (geteuid() != 0) {
+      rlk_test_mkdtemp(root, sizeof root, "unpublished");
+      ck_assert_msg(precompile_unpublished(root, device) == 0, "device %d: %d (%s)", device,
+                    precompile_unpublished(root, device), rlk_last_error());
+      rlk_test_rmtree(root);
+      continue;
+    }
+    snprintf(root, sizeof root, "/tmp/rlk-test-unpublished-XXXXXX"); /* reachable by the other user */
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    ck_assert_int_eq(chown(root, 65534, 65534), 0);
+    pid_t pid = rlk_test_fork();
+    if (pid == 0) {
+      if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+      _exit(precompile_unpublished(root, device));
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    rlk_test_rmtree(root);
+    ck_assert(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+      printf("skip (precompile that cannot publish): cannot switch to uid 65534\n");
+      return;
+    }
+    ck_assert_msg(WEXITSTATUS(status) == 0, "device %d: check %d did not hold", device, WEXITSTATUS(status));
+  }
+}
+END_TEST
+
 START_TEST(host_target_alias) {
   rlk_context_options o;
   rlk_context_options_init(&o);
@@ -391,6 +445,7 @@ Suite *jit_suite(void) {
       precompiled_read_only_tree_serves_jit_off, corrupt_entry_is_rebuilt,
       unwritable_root_falls_back_to_memory, world_writable_root_is_refused, processes_race_one_key,
       threads_share_a_context, compile_only_context_cannot_launch, template_dir_override_changes_the_key,
-      setting_order_does_not_change_the_key, precompile_into_nowhere_is_an_error, host_target_alias));
+      setting_order_does_not_change_the_key, precompile_into_nowhere_is_an_error, precompile_that_cannot_publish_fails,
+      host_target_alias));
   return s;
 }

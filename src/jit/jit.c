@@ -325,8 +325,11 @@ static rlk_status lookup_and_load(rlk_jit *jit, const build_plan *p, int load, i
   return RLK_OK;
 }
 
-/* The miss path shared by get (load = 1) and prepare (load = 0). Called with the JIT's lock held. */
-static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, void **module, void **fn) {
+/* The miss path shared by get (load = 1) and prepare (load = 0). Called with the JIT's lock held.
+ * A compiled binary that could not be published is used from memory, with a warning, unless
+ * strict: then *unpublished is set and the error is the last one, for precompile to return. */
+static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, int strict, void **module,
+                          void **fn, int *unpublished) {
   build_plan *p = malloc(sizeof *p);
   if (!p) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "jit: out of memory");
   rlk_cache_lock *lock = NULL;
@@ -354,8 +357,14 @@ static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, v
   if (!st) {
     rlk_cache_publish_info info = {.binary_name = res.binary_name, .compile_seconds = res.seconds,
                                    .log = res.log};
-    if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info))
-      rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());
+    if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info)) {
+      if (strict) {
+        *unpublished = 1;
+        rlk_error_wrap(RLK_ERR_CACHE, "could not publish %s to the cache", p->key.entry);
+      } else {
+        rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());
+      }
+    }
   }
   rlk_compile_result_free(&res);
 done:
@@ -364,7 +373,8 @@ done:
   return st;
 }
 
-rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn) {
+/* get, and with strict an error (the kernel still loaded) where it could not be published. */
+static rlk_status get(rlk_jit *jit, const rlk_kernel_spec *spec, int strict, void **fn) {
   uint64_t h = spec_hash(spec);
   atomic_fetch_add_explicit(&jit->calls, 1, memory_order_relaxed);
   jit_entry *e = table_find(jit, spec, h);
@@ -383,7 +393,8 @@ rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn) {
     return RLK_OK;
   }
   void *module = NULL, *f = NULL;
-  rlk_status st = resolve(jit, spec, 1, &module, &f);
+  int unpublished = 0;
+  rlk_status st = resolve(jit, spec, 1, strict, &module, &f, &unpublished);
   if (!st) {
     e = calloc(1, sizeof *e);
     if (!e) {
@@ -397,10 +408,17 @@ rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn) {
       e->fn = f;
       table_insert(jit, e);
       *fn = f;
+      if (unpublished) st = RLK_ERR_CACHE; /* resolve's message */
     }
   }
   pthread_mutex_unlock(&jit->lock);
   return st;
+}
+
+rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn) { return get(jit, spec, 0, fn); }
+
+rlk_status rlk_jit_get_published(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn) {
+  return get(jit, spec, 1, fn);
 }
 
 rlk_status rlk_jit_prepare(rlk_jit *jit, const rlk_kernel_spec *spec) {
@@ -408,9 +426,10 @@ rlk_status rlk_jit_prepare(rlk_jit *jit, const rlk_kernel_spec *spec) {
   if (table_find(jit, spec, h)) return RLK_OK;
   pthread_mutex_lock(&jit->lock);
   void *module = NULL, *fn = NULL;
-  rlk_status st = resolve(jit, spec, 0, &module, &fn);
+  int unpublished = 0;
+  rlk_status st = resolve(jit, spec, 0, 1, &module, &fn, &unpublished);
   pthread_mutex_unlock(&jit->lock);
-  return st;
+  return st ? st : unpublished ? RLK_ERR_CACHE : RLK_OK;
 }
 
 void rlk_jit_counters(const rlk_jit *jit, rlk_counters *out) {

@@ -26,8 +26,13 @@ void rlk_jit_destroy(rlk_jit *jit);
 /* The launchable function for a spec (compiling, publishing and loading on a miss). */
 rlk_status rlk_jit_get(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn);
 
+/* rlk_jit_get, and RLK_ERR_CACHE (the kernel loaded all the same) where a binary it compiled
+ * could not be published to the cache. Used by precompile with a device. */
+rlk_status rlk_jit_get_published(rlk_jit *jit, const rlk_kernel_spec *spec, void **fn);
+
 /* Makes sure the spec's binary is in a cache (compiling and publishing on a miss) without
- * loading it. Used by precompile; works without a backend. */
+ * loading it: RLK_ERR_CACHE where it could not be published. Used by precompile; works without a
+ * backend. */
 rlk_status rlk_jit_prepare(rlk_jit *jit, const rlk_kernel_spec *spec);
 
 /* Builds the full key of a spec for this JIT's compiler and target. */

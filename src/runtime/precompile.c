@@ -94,7 +94,7 @@ rlk_status rlk_catalog_precompile(rlk_op_catalog *catalog, rlk_context *ctx, con
                      "warning above), so compiled kernels would be discarded");
   for (size_t i = 0; i < nspecs; i++) {
     void *fn = NULL;
-    st = ctx->backend ? rlk_jit_get(ctx->jit, &specs[i], &fn) : rlk_jit_prepare(ctx->jit, &specs[i]);
+    st = ctx->backend ? rlk_jit_get_published(ctx->jit, &specs[i], &fn) : rlk_jit_prepare(ctx->jit, &specs[i]);
     if (st) return st;
   }
   if (kernels) *kernels = (int)nspecs;
