@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -665,6 +667,60 @@ static void expect_memory_mode(const char *root, const char *why, uint64_t *rng)
   rlk_cache_lock_release(lock);
   rlk_cache_close(c);
 }
+
+/* A tuning database written before the first kernel (rlk-tune --merge into the default root)
+ * does not make the root a stranger's: the cache claims it, marker and all, and keeps the
+ * database. */
+START_TEST(test_root_with_only_a_tuning_database_is_claimed) {
+  char dir[1024], db[1100], marker[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "tuneonly");
+  FMT(db, "%s/tune.db", dir);
+  rewrite_file(db, "records\n", 8);
+  rlk_cache_config cfg;
+  test_cfg(&cfg, dir);
+  rlk_cache *c = open_cache(&cfg);
+  ck_assert_int_eq(rlk_cache_effective_mode(c), RLK_CACHE_MODE_RW);
+  ck_assert_str_eq(rlk_cache_root(c), dir);
+  rlk_cache_close(c);
+  FMT(marker, "%s/CACHEDIR.TAG", dir);
+  ck_assert(exists(marker) && exists(db));
+}
+END_TEST
+
+/* A marker that cannot be written (the file size limit standing in for a full disk) leaves the
+ * root unused this run, and unmarked: a later run, with room, claims it. */
+static char marker_warning[2048];
+static void keep_warning(rlk_log_level level, const char *message, void *user) {
+  (void)user;
+  if (level <= RLK_LOG_WARN && strstr(message, "marker")) FMT(marker_warning, "%s", message);
+}
+
+START_TEST(test_root_whose_marker_cannot_be_written_is_not_used) {
+  char dir[1024], marker[1100];
+  rlk_test_mkdtemp(dir, sizeof dir, "nomarker");
+  rlk_cache_config cfg;
+  test_cfg(&cfg, dir);
+  struct rlimit old;
+  ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit none = {0, old.rlim_max};
+  signal(SIGXFSZ, SIG_IGN);
+  rlk_set_log_callback(keep_warning, RLK_LOG_WARN, NULL); /* stderr's capture is a file, too */
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &none), 0);
+  rlk_cache *c = open_cache(&cfg);
+  const int mode = rlk_cache_effective_mode(c);
+  rlk_cache_close(c);
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+  rlk_set_log_callback(NULL, RLK_LOG_WARN, NULL);
+  ck_assert_int_eq(mode, RLK_CACHE_MODE_MEMORY);
+  ck_assert_msg(strstr(marker_warning, "marker could not be written"), "warning: '%s'", marker_warning);
+  FMT(marker, "%s/CACHEDIR.TAG", dir);
+  ck_assert(!exists(marker));
+  c = open_cache(&cfg);
+  ck_assert_str_eq(rlk_cache_root(c), dir);
+  rlk_cache_close(c);
+  ck_assert(exists(marker));
+}
+END_TEST
 
 START_TEST(test_root_that_cannot_be_created) {
   uint64_t rng = rng_for(7);
@@ -1834,6 +1890,8 @@ Suite *cache_suite(void) {
   tcase_add_test(tc, test_publish_replaces_uncommitted_directory);
   tcase_add_test(tc, test_quarantine_api);
   tcase_add_test(tc, test_root_that_cannot_be_created);
+  tcase_add_test(tc, test_root_with_only_a_tuning_database_is_claimed);
+  tcase_add_test(tc, test_root_whose_marker_cannot_be_written_is_not_used);
   tcase_add_test(tc, test_root_with_debris_at_tmp_is_repaired);
   tcase_add_test(tc, test_read_only_root_chmod);
   tcase_add_test(tc, test_untrusted_roots_refused);

@@ -98,8 +98,12 @@ static int first_name_but(int rootfd, int (*skip)(const char *), char *name, siz
   return found;
 }
 
-/* 1 if the directory open as rootfd holds no name at all. */
-static int is_empty(int rootfd) { return first_name_but(rootfd, NULL, NULL, 0) == 0; }
+/* The tuning database's names (tune.db and its companions): rlk-tune and the tuning table may
+ * write them at a root before the first kernel does. */
+static int is_tuning_name(const char *s) { return strncmp(s, "tune.db", 7) == 0; }
+
+/* 1 if the directory open as rootfd holds no name at all but the tuning database's. */
+static int is_empty(int rootfd) { return first_name_but(rootfd, is_tuning_name, NULL, 0) == 0; }
 
 /* 1 the root carries the marker, 0 it does not, -1 a marker file made in the last seconds whose
  * text is not (yet) the marker's. */
@@ -158,15 +162,25 @@ int rlk_cache_root_is_own(int rootfd, int claim, char *why, size_t whysize) {
                RLK_CACHE_MARKER_NAME);
     return 0;
   }
-  /* Empty: a root the cache is about to use (it has just created it, or was pointed at an
-   * empty directory). With `claim`, it is marked as the cache's own. */
+  /* Empty (but for a tuning database): a root the cache is about to use (it has just created
+   * it, or was pointed at an empty directory). With `claim`, it is marked as the cache's own; a
+   * marker that cannot be written leaves it unused (used unmarked, the entries written into it
+   * would make it a stranger's to every later process). */
   if (claim) {
     int fd = openat(rootfd, RLK_CACHE_MARKER_NAME,
                     O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      int rc = rlk_write_all(fd, MARKER_TEXT, sizeof MARKER_TEXT - 1);
-      close(fd);
-      if (rc != 0) unlinkat(rootfd, RLK_CACHE_MARKER_NAME, 0);
+    if (fd < 0 && errno == EEXIST) { /* another process claimed it meanwhile */
+      if (has_marker(rootfd)) return 1;
+      rlk_format(why, whysize, "its %s marker is not the kernel cache's", RLK_CACHE_MARKER_NAME);
+      return 0;
+    }
+    int rc = fd < 0 ? -1 : rlk_write_all(fd, MARKER_TEXT, sizeof MARKER_TEXT - 1);
+    const int e = errno;
+    if (fd >= 0) close(fd);
+    if (rc != 0) {
+      if (fd >= 0) unlinkat(rootfd, RLK_CACHE_MARKER_NAME, 0);
+      rlk_format(why, whysize, "its %s marker could not be written (%s)", RLK_CACHE_MARKER_NAME, strerror(e));
+      return 0;
     }
   }
   return 1;
