@@ -2105,12 +2105,14 @@ typedef struct rlk_cache_entry {
 /* Called once per entry; return non-zero to stop the walk. */
 typedef int (*rlk_cache_visit_fn)(const rlk_cache_entry *entry, void *user);
 
-/* Walks the committed entries of a cache tree (`root` NULL: the default writable root). */
+/* Walks the committed entries of a cache tree (`root` NULL: the default writable root). A folder
+ * or entry of the tree that cannot be read is an RLK_ERR_IO naming it, after the rest is walked. */
 RLK_API rlk_status rlk_cache_walk(const char *root, rlk_cache_visit_fn visit, void *user);
 
 /* Verifies every entry of a tree (metadata, key fields, binary checksum). Writes the number of
- * entries and of bad ones; bad entries are quarantined when `repair` is non-zero (only in a tree
- * that is the cache's own: see rlk_cache_prune). */
+ * entries and of bad ones (an entry that cannot be read is bad); bad entries are quarantined when
+ * `repair` is non-zero (only in a tree that is the cache's own: see rlk_cache_prune). A folder of
+ * the tree that cannot be read is an RLK_ERR_IO naming it, after the rest is verified. */
 RLK_API rlk_status rlk_cache_verify(const char *root, int repair, uint64_t *entries,
                                     uint64_t *bad);
 

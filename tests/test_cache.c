@@ -824,6 +824,80 @@ START_TEST(test_read_only_root_chmod) {
 }
 END_TEST
 
+/* Walking and verifying under `root`, one of whose shard folders and one entry cannot be read: 0
+ * when both report RLK_ERR_IO naming what could not be read, after the readable entry (and
+ * verify counts the unreadable entry bad), else the step that did not hold. No ck_assert: it may
+ * run in a child under another user. */
+static int scan_unreadable(const char *root) {
+  int n = 0;
+  if (rlk_cache_walk(root, count_visit, &n) != RLK_ERR_IO || !strstr(rlk_last_error(), "could not be read"))
+    return 1;
+  if (n != 1) return 2;
+  uint64_t entries = 0, bad = 0;
+  if (rlk_cache_verify(root, 0, &entries, &bad) != RLK_ERR_IO || !strstr(rlk_last_error(), "could not be read"))
+    return 3;
+  if (entries != 2 || bad != 1) return 4;
+  return 0;
+}
+
+/* A folder of the cache that cannot be read makes list, verify and merge report it, rather than
+ * count fewer entries and succeed. */
+START_TEST(test_unreadable_directories_are_reported) {
+  uint64_t rng = rng_for(42);
+  char root[1024], dirs[3][1200];
+  const int as_root = geteuid() == 0;
+  if (as_root) {
+    FMT(root, "/tmp/rlk-test-unreadable-XXXXXX"); /* reachable by the other user */
+    ck_assert_ptr_nonnull(mkdtemp(root));
+  } else {
+    rlk_test_mkdtemp(root, sizeof root, "unreadable");
+  }
+  rlk_cache_config cfg;
+  test_cfg(&cfg, root);
+  rlk_cache *c = open_cache(&cfg);
+  rlk_kernel_key k[3];
+  for (int i = 0; i < 3; i++) { /* three shard folders (hh): a key again until it has its own */
+    do make_key(&k[i], &rng, "unreadable");
+    while ((i > 0 && strncmp(k[i].hex, k[0].hex, 2) == 0) || (i > 1 && strncmp(k[i].hex, k[1].hex, 2) == 0));
+    uint8_t bin[16] = {(uint8_t)i};
+    publish(c, &k[i], bin, sizeof bin);
+    entry_dir(root, &k[i], dirs[i], sizeof dirs[i]);
+  }
+  rlk_cache_close(c);
+  if (as_root) {
+    char cmd[1300];
+    FMT(cmd, "chown -R %d:%d '%s'", OTHER_UID, OTHER_UID, root);
+    ck_assert_int_eq(system(cmd), 0);
+  }
+  char shard[1200];
+  FMT(shard, "%s", dirs[1]);
+  *strrchr(shard, '/') = '\0';
+  ck_assert_int_eq(chmod(shard, 0), 0);   /* a shard folder */
+  ck_assert_int_eq(chmod(dirs[2], 0), 0); /* an entry */
+  int rc;
+  if (!as_root) {
+    rc = scan_unreadable(root);
+  } else {
+    pid_t pid = rlk_test_fork();
+    if (pid == 0) {
+      if (setgroups(0, NULL) != 0 || setgid(OTHER_UID) != 0 || setuid(OTHER_UID) != 0) _exit(77);
+      _exit(scan_unreadable(root));
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    rc = WEXITSTATUS(status);
+  }
+  chmod(shard, 0755), chmod(dirs[2], 0755);
+  if (as_root) rlk_test_rmtree(root);
+  if (rc == 77) {
+    printf("skip (unreadable directories): running as root and cannot switch to uid %d\n", OTHER_UID);
+    return;
+  }
+  ck_assert_msg(rc == 0, "step %d did not hold (%s)", rc, rlk_last_error());
+}
+END_TEST
+
 START_TEST(test_untrusted_roots_refused) {
   uint64_t rng = rng_for(10);
   char root[1024];
@@ -1892,6 +1966,7 @@ Suite *cache_suite(void) {
   tcase_add_test(tc, test_root_that_cannot_be_created);
   tcase_add_test(tc, test_root_with_only_a_tuning_database_is_claimed);
   tcase_add_test(tc, test_root_whose_marker_cannot_be_written_is_not_used);
+  tcase_add_test(tc, test_unreadable_directories_are_reported);
   tcase_add_test(tc, test_root_with_debris_at_tmp_is_repaired);
   tcase_add_test(tc, test_read_only_root_chmod);
   tcase_add_test(tc, test_untrusted_roots_refused);

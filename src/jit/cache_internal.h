@@ -179,13 +179,18 @@ void rlk_cache_sweep(const char *root);
 typedef struct rlk_cache_scan_pos {
   char path[RLK_CACHE_PATH_MAX];
   const char *part[7]; /* v<n>, compiler, target, family, hh, hash (pointers into path) */
+  uint64_t unreadable;                /* directories of the layout that could not be read */
+  int unreadable_errno;               /* the first one's error ... */
+  char unreadable_path[RLK_CACHE_PATH_MAX]; /* ... and path */
 } rlk_cache_scan_pos;
 
 /* Return non-zero to stop the scan. */
 typedef int (*rlk_cache_scan_fn)(const rlk_cache_scan_pos *pos, void *user);
 
 /* Visits every <hash> directory of the layout under root (schema < 0: of every schema
- * directory), never through a link. RLK_OK also when the root does not exist. */
+ * directory), never through a link. RLK_OK also when the root does not exist; RLK_ERR_IO, after
+ * visiting the rest, when a directory of the layout could not be read (what it holds was not
+ * visited). */
 rlk_status rlk_cache_scan(const char *root, int schema, rlk_cache_scan_fn fn, void *user);
 
 /* Size (regular files, apparent bytes), recency and commit state of an entry directory. 0 or -1. */

@@ -39,7 +39,13 @@ static int is_hh(const char *name) {
 /* Visits every <hash> directory of the layout, depth 0 being the root's children. */
 static int scan_level(rlk_cache_scan_pos *pos, size_t len, int depth, int schema, rlk_cache_scan_fn fn, void *user) {
   DIR *d = opendir(pos->path);
-  if (!d) return 0;
+  if (!d) {
+    if (errno != ENOENT && pos->unreadable++ == 0) { /* ENOENT: removed meanwhile */
+      pos->unreadable_errno = errno;
+      memcpy(pos->unreadable_path, pos->path, sizeof pos->path);
+    }
+    return 0;
+  }
   int stop = 0;
   struct dirent *de;
   while (!stop && (de = readdir(d)) != NULL) {
@@ -82,8 +88,13 @@ rlk_status rlk_cache_scan(const char *root, int schema, rlk_cache_scan_fn fn, vo
   size_t len = strlen(pos->path);
   while (len > 1 && pos->path[len - 1] == '/') pos->path[--len] = '\0';
   scan_level(pos, len, 0, schema, fn, user);
+  rlk_status status = RLK_OK;
+  if (pos->unreadable)
+    status = rlk_error(RLK_ERR_IO, "kernel cache: %s could not be read (%s)%s: what it holds was skipped",
+                       pos->unreadable_path, strerror(pos->unreadable_errno),
+                       pos->unreadable > 1 ? ", nor could other directories of the cache" : "");
   free(pos);
-  return RLK_OK;
+  return status;
 }
 
 int rlk_cache_entry_stats(const char *path, uint64_t *bytes, int64_t *last_used, int *committed) {

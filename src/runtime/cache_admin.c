@@ -56,7 +56,18 @@ static rlk_status open_own_root(const char *root, const char *who, char *dir, in
 typedef struct walk_state {
   rlk_cache_visit_fn visit;
   void *user;
+  uint64_t unreadable; /* entries that could not be read: not visited */
+  int err;             /* the first one's error ... */
+  char path[RLK_CACHE_PATH_MAX]; /* ... and path */
 } walk_state;
+
+/* An entry directory that could not be read (not one removed meanwhile) goes to *n, the first
+ * one's error and path to err and path. */
+static void note_unreadable(const char *entry, uint64_t *n, int *err, char *path, size_t size) {
+  if (errno == ENOENT || (*n)++) return;
+  *err = errno;
+  rlk_format(path, size, "%s", entry);
+}
 
 static int walk_one(const rlk_cache_scan_pos *pos, void *user) {
   walk_state *w = user;
@@ -64,7 +75,11 @@ static int walk_one(const rlk_cache_scan_pos *pos, void *user) {
   uint64_t bytes = 0;
   int64_t last_used = 0;
   int committed = 0;
-  if (rlk_cache_entry_stats(pos->path, &bytes, &last_used, &committed) != 0 || !committed) return 0;
+  if (rlk_cache_entry_stats(pos->path, &bytes, &last_used, &committed) != 0) {
+    note_unreadable(pos->path, &w->unreadable, &w->err, w->path, sizeof w->path);
+    return 0;
+  }
+  if (!committed) return 0;
   memset(&e, 0, sizeof e);
   e.path = pos->path;
   e.key = pos->part[5];
@@ -110,8 +125,15 @@ rlk_status rlk_cache_walk(const char *root, rlk_cache_visit_fn visit, void *user
   char dir[RLK_CACHE_PATH_MAX];
   rlk_status st = resolve_root(root, dir, sizeof dir);
   if (st != RLK_OK) return st;
-  walk_state w = {visit, user};
-  return rlk_cache_scan(dir, -1, walk_one, &w);
+  walk_state *w = calloc(1, sizeof *w);
+  if (!w) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "rlk_cache_walk: out of memory");
+  w->visit = visit, w->user = user;
+  st = rlk_cache_scan(dir, -1, walk_one, w);
+  if (!st && w->unreadable)
+    st = rlk_error(RLK_ERR_IO, "kernel cache: entry %s could not be read (%s)%s", w->path, strerror(w->err),
+                   w->unreadable > 1 ? ", nor could other entries" : "");
+  free(w);
+  return st;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -129,7 +151,12 @@ static int verify_one(const rlk_cache_scan_pos *pos, void *user) {
   char why[512];
   v->entries++;
   int fd = open(pos->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return 0; /* removed meanwhile */
+  if (fd < 0) {
+    if (errno == ENOENT) return 0; /* removed meanwhile */
+    v->bad++;
+    rlk_warn("kernel cache: %s cannot be read (%s)", pos->path, strerror(errno));
+    return 0;
+  }
   rlk_cache_meta meta;
   int rc = rlk_cache_entry_check(fd, pos->part[5], NULL, 0, &meta, NULL, why, sizeof why);
   close(fd);
