@@ -1429,7 +1429,8 @@ START_TEST(test_open_sweeps_abandoned_staging_and_quarantine) {
   rlk_test_mkdtemp(root, sizeof root, "sweep");
   mark_as_cache_root(root);
   int64_t now = rlk_unix_time();
-  const char *old_stage = "hostA-123-abcdef", *new_stage = "hostA-124-abcdeg";
+  /* the old one as rlk-precompile merge names its staging (a host name with a dash in it) */
+  const char *old_stage = "merge-host-A-123-abcdef", *new_stage = "hostA-124-abcdeg";
   char old_q[128], new_q[128];
   FMT(old_q, "%064d.%lld.77", 0, (long long)(now - 3 * 86400));
   FMT(new_q, "%064d.%lld.78", 1, (long long)now);

@@ -104,6 +104,10 @@ START_TEST(help_and_usage_errors) {
       ARGS("--root", dir, "prune"),                 /* no limit */
       ARGS("--root", dir, "prune", "--max-size", "12X"),
       ARGS("--root", dir, "prune", "--max-age", "-3"),
+      ARGS("--root", dir, "prune", "--max-size", "nan"), /* strtod's other numbers */
+      ARGS("--root", dir, "prune", "--max-size", "inf"),
+      ARGS("--root", dir, "prune", "--max-age", "nan"),
+      ARGS("--root", dir, "prune", "--max-size", "0x10"),
       ARGS("--root", dir, "clear"),                 /* no --yes */
       ARGS("--root", dir, "list", "--repair"),      /* option of another command */
       ARGS("--root"),
@@ -131,7 +135,16 @@ START_TEST(help_and_usage_errors) {
     expect_status(r, 2, "rlk-precompile bad usage");
     rlk_test_tool_free(&r);
   }
-  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--group-size", "1"));
+  /* a value given to an option that takes none is said so, by the option's name */
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", dir, "list", "--json=1"));
+  expect_status(r, 2, "rlk-cache list --json=1");
+  ck_assert_msg(strstr(r.out, "--json takes no value") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-precompile", ARGS("--dry-run=1"));
+  expect_status(r, 2, "rlk-precompile --dry-run=1");
+  ck_assert_msg(strstr(r.out, "--dry-run takes no value") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--group-size", "1"));
   expect_status(r, 2, "rlk-demo --group-size 1");
   rlk_test_tool_free(&r);
   r = rlk_test_run_tool(NULL, "rlk-demo", ARGS("--backend", "quantum"));

@@ -12,8 +12,10 @@
  * Built only on the public API (include/rlk.h). Exit status: 0 success, 1 a library
  * failure (or bad entries left by verify), 2 a usage error.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +75,11 @@ static void human_bytes(uint64_t bytes, char *buf, size_t size) {
 static const char *parse_amount(const char *s, double *v) {
   char *end = NULL;
   errno = 0;
-  if (*s == '-' || *s == '\0') return NULL;
+  /* decimal digits only: strtod also takes nan, inf and hexadecimal */
+  if (!isdigit((unsigned char)s[0]) && !(s[0] == '.' && isdigit((unsigned char)s[1]))) return NULL;
+  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) return NULL;
   *v = strtod(s, &end);
-  if (errno || end == s || *v < 0) return NULL;
+  if (errno || end == s || !isfinite(*v) || *v < 0) return NULL;
   return end;
 }
 

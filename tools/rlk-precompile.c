@@ -414,7 +414,6 @@ static int cmd_merge(int argc, char **argv) {
   char host[64] = "host";
   gethostname(host, sizeof host - 1);
   host[sizeof host - 1] = '\0';
-  unsigned long staged = 0;
   uint64_t copied = 0, present = 0;
 
   for (size_t s = 0; s < shards.n && !rc; s++) {
@@ -462,8 +461,10 @@ static int cmd_merge(int argc, char **argv) {
       char dest[PATH_MAX], parent[PATH_MAX], tmpdir[PATH_MAX], stage[PATH_MAX];
       if (snprintf(dest, sizeof dest, "%s/%s", out_rp, rel) >= (int)sizeof dest ||
           snprintf(tmpdir, sizeof tmpdir, "%s/tmp", out_rp) >= (int)sizeof tmpdir ||
-          snprintf(stage, sizeof stage, "%s/merge-%s-%ld-%lu", tmpdir, host, (long)getpid(),
-                   staged++) >= (int)sizeof stage) {
+          /* the cache's staging name (<...>-<pid>-XXXXXX): a run cut short leaves what its
+           * sweep of tmp/ removes */
+          snprintf(stage, sizeof stage, "%s/merge-%s-%ld-XXXXXX", tmpdir, host, (long)getpid()) >=
+              (int)sizeof stage) {
         fprintf(stderr, "%s: path too long under %s\n", prog, out_rp);
         rc = 1;
         break;
@@ -475,8 +476,7 @@ static int cmd_merge(int argc, char **argv) {
       }
       snprintf(parent, sizeof parent, "%s", dest);
       *strrchr(parent, '/') = '\0';
-      if (mkdir_p(parent, 0777) != 0 || (mkdir(tmpdir, 0700) != 0 && errno != EEXIST) ||
-          mkdir(stage, 0700) != 0) {
+      if (mkdir_p(parent, 0777) != 0 || (mkdir(tmpdir, 0700) != 0 && errno != EEXIST) || !mkdtemp(stage)) {
         fprintf(stderr, "%s: cannot create directories under %s: %s\n", prog, out_rp,
                 strerror(errno));
         rc = 1;

@@ -34,6 +34,13 @@ TOOL_UNUSED static int usage_error(const char *fmt, ...) {
 TOOL_UNUSED static int getopt_error(int c, char **argv) {
   const char *a = argv[optind - 1];
   if (c == ':') return usage_error("%s needs a value", a);
+  if (strncmp(a, "--", 2) == 0) {
+    /* a long option: glibc sets optopt to a known one's code when it was given a value it takes
+     * none of (--json=1), and to 0 when the name is unknown */
+    const char *eq = strchr(a, '=');
+    if (optopt && eq) return usage_error("%.*s takes no value", (int)(eq - a), a);
+    return usage_error("unknown option '%s'", a);
+  }
   if (optopt) return usage_error("unknown option '-%c'", optopt);
   return usage_error("unknown option '%s'", a);
 }
