@@ -118,7 +118,9 @@ typedef enum rlk_log_level {
  * every message goes to it instead (none to stderr): those up to that level or `level`, whichever
  * is higher (so a binding can forward info messages, e.g. each kernel compile, to its own
  * logging without RLK_LOG). The callback runs on the thread that logs, possibly several at
- * once, and must not call rlk; `message` lives until it returns. NULL restores stderr. */
+ * once, and must not call rlk; `message` lives until it returns. NULL restores stderr. A callback
+ * always gets the `user` it was set with; one replaced may still be running a message that
+ * another thread began before the replacement returned. */
 typedef void (*rlk_log_callback)(rlk_log_level level, const char *message, void *user);
 RLK_API void rlk_set_log_callback(rlk_log_callback callback, rlk_log_level level, void *user);
 

@@ -1,11 +1,14 @@
 /* test_api.c - the public API's plumbing: statuses, errors, versions, descriptors, contexts,
  * memory and events on the host backend, and bad calls that must fail cleanly. */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "rlk.h"
 #include "suites.h"
 #include "test_util.h"
@@ -282,11 +285,38 @@ START_TEST(descriptors_out_of_bounds_are_refused) {
 }
 END_TEST
 
+/* Log callbacks swapped while threads log: every message reaches a callback with its own user
+ * argument (a callback set with one argument never sees another's). */
+enum { LOG_THREADS = 3, LOG_SWAPS = 20000 };
+static atomic_int log_mismatch, log_stop;
+static void log_a(rlk_log_level l, const char *m, void *u) { (void)l, (void)m, log_mismatch += u != (void *)&log_a; }
+static void log_b(rlk_log_level l, const char *m, void *u) { (void)l, (void)m, log_mismatch += u != (void *)&log_b; }
+static void log_c(rlk_log_level l, const char *m, void *u) { (void)l, (void)m, log_mismatch += u != (void *)&log_c; }
+static void *log_spam(void *arg) {
+  (void)arg;
+  while (!atomic_load(&log_stop)) rlk_log(RLK_LOG_INFO, "x");
+  return NULL;
+}
+
+START_TEST(log_callbacks_keep_their_argument) {
+  pthread_t t[LOG_THREADS];
+  rlk_log_callback cbs[3] = {log_a, log_b, log_c};
+  rlk_set_log_callback(log_a, RLK_LOG_INFO, (void *)&log_a);
+  for (int i = 0; i < LOG_THREADS; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, log_spam, NULL), 0);
+  for (int i = 0; i < LOG_SWAPS; i++) rlk_set_log_callback(cbs[i % 3], RLK_LOG_INFO, (void *)cbs[i % 3]);
+  atomic_store(&log_stop, 1);
+  for (int i = 0; i < LOG_THREADS; i++) pthread_join(t[i], NULL);
+  rlk_set_log_callback(NULL, RLK_LOG_WARN, NULL);
+  const int bad = atomic_load(&log_mismatch);
+  ck_assert_msg(bad == 0, "%d messages reached a callback with another's argument", bad);
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   rlk_test_add_case(s, "api", 60, TESTS(status_strings_and_versions, descriptors_and_dtypes,
       bad_context_options, host_context_basics, precompile_rejects_bad_lines,
       rlk_arch_overrides_only_device_targets, compile_only_targets_route_by_name,
-      descriptors_out_of_bounds_are_refused));
+      descriptors_out_of_bounds_are_refused, log_callbacks_keep_their_argument));
   return s;
 }

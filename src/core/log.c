@@ -1,5 +1,6 @@
 /* log.c - leveled logging to stderr, or to a callback the caller set. The level comes from
  * RLK_LOG, raised by contexts that ask for more detail and by the callback's own level. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,35 +33,38 @@ void rlk_log_set_level(rlk_log_level level) {
   atomic_store(&log_level, (int)level);
 }
 
-/* The callback and its argument travel together: one pointer swapped atomically. */
+/* The callback, its argument and its level are set together and read together (under
+ * sink_lock: a pair torn between two rlk_set_log_callback calls would hand one callback the
+ * other's argument); sink_level lets a message below every level return without the lock. */
 typedef struct log_sink {
   rlk_log_callback callback;
   void *user;
   int level;
 } log_sink;
 
-static log_sink sinks[2];
-static _Atomic(log_sink *) sink = NULL;
-static atomic_int sink_slot;
+static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
+static log_sink sink; /* callback NULL: stderr */
+static atomic_int sink_level = -1;
 
 void rlk_set_log_callback(rlk_log_callback callback, rlk_log_level level, void *user) {
-  if (!callback) {
-    atomic_store(&sink, NULL);
-    return;
-  }
-  /* Two slots: a logging thread may still read the one replaced by the previous call. */
-  log_sink *s = &sinks[atomic_fetch_add(&sink_slot, 1) & 1];
-  s->callback = callback;
-  s->user = user;
-  s->level = (int)level;
-  atomic_store(&sink, s);
+  pthread_mutex_lock(&sink_lock);
+  sink.callback = callback;
+  sink.user = callback ? user : NULL;
+  sink.level = callback ? (int)level : -1;
+  atomic_store(&sink_level, sink.level);
+  pthread_mutex_unlock(&sink_lock);
 }
 
 void rlk_log(rlk_log_level level, const char *fmt, ...) {
-  log_sink *s = atomic_load(&sink);
   int limit = (int)rlk_log_get_level();
-  if (s && s->level > limit) limit = s->level;
+  const int sl = atomic_load_explicit(&sink_level, memory_order_relaxed);
+  if ((int)level > (sl > limit ? sl : limit)) return;
+  pthread_mutex_lock(&sink_lock);
+  const log_sink sk = sink;
+  pthread_mutex_unlock(&sink_lock);
+  if (sk.callback && sk.level > limit) limit = sk.level;
   if ((int)level > limit) return;
+  const log_sink *s = sk.callback ? &sk : NULL;
   static const char *const names[] = {"error", "warn", "info", "debug"};
   char msg[4096];
   va_list ap;
