@@ -440,16 +440,21 @@ START_TEST(db_round_trip) {
   free(c);
 
   /* records that would break the format are refused, and nothing is written */
-  rlk_tune_record bad_r[6];
-  for (int i = 0; i < 6; i++) bad_r[i] = r[1];
+  /* (and those the reader would skip: every record written is one it reads back) */
+  enum { NBAD = 8 };
+  rlk_tune_record bad_r[NBAD];
+  for (int i = 0; i < NBAD; i++) bad_r[i] = r[1];
   snprintf(bad_r[0].device, sizeof bad_r[0].device, "tab\there");
   bad_r[1].tokens = 0;
   bad_r[2].default_ms = NAN;
   bad_r[3].ntimings = RLK_TUNE_MAX_TIMINGS + 1;
   snprintf(bad_r[4].winner, sizeof bad_r[4].winner, "a\nb");
   bad_r[5].op[0] = '\0';
-  static const char *const fields[] = {"device", "tokens", "default_ms", "ntimings", "winner", "op"};
-  for (int i = 0; i < 6; i++) {
+  bad_r[6].created = -5;
+  bad_r[7].multiprocessors = 2000000;
+  static const char *const fields[NBAD] = {"device", "tokens", "default_ms", "ntimings", "winner", "op", "created",
+                                           "multiprocessors"};
+  for (int i = 0; i < NBAD; i++) {
     ck_assert_int_eq(rlk_tune_db_record(NULL, &bad_r[i], 1), RLK_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(rlk_last_error(), fields[i]) != NULL, "'%s' does not name %s", rlk_last_error(), fields[i]);
   }

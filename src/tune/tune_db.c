@@ -111,9 +111,14 @@ rlk_status rlk_tune_check_record(const rlk_tune_record *r, rlk_tune_file_kind ki
                        what, keys[i].name);
   if (r->tokens < 1)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: tokens %lld is not positive", what, (long long)r->tokens);
-  if (r->multiprocessors < 0)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: multiprocessors %d is negative", what, r->multiprocessors);
+  /* the limits the reader holds a line to (parse_line): a record outside them would be written
+   * and then skipped as unreadable */
+  if (r->multiprocessors < 0 || r->multiprocessors > (1 << 20))
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: multiprocessors %d is outside [0, 2^20]", what,
+                     r->multiprocessors);
   if (kind == RLK_TUNE_FILE_PENDING) return RLK_OK;
+  if (r->created < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: created %lld is negative", what, (long long)r->created);
   if (bad_text(r->winner, sizeof r->winner, 1))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: winner is unterminated or holds a tab or newline", what);
   if (bad_ms(r->default_ms) || bad_ms(r->best_ms))
