@@ -351,7 +351,13 @@ static rlk_status cuda_copy(cuda_state *s, void *dst, const void *src, size_t by
   if (st != RLK_OK) return st;
   CUresult r = to_device ? s->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes)
                          : s->drv->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
-  return ctx_leave_call(s, &scope, r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH");
+  if (r != CUDA_SUCCESS || !to_device)
+    return ctx_leave_call(s, &scope, r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH");
+  /* From pageable memory the copy may return once the bytes are staged, before they land (the
+   * driver's synchronization rules); callers are promised a synchronous copy, which a launch on
+   * a non-blocking stream reads at once. */
+  r = s->drv->cuStreamSynchronize(NULL);
+  return ctx_leave_call(s, &scope, r, "cuStreamSynchronize");
 }
 
 static rlk_status cuda_copy_to_device(rlk_backend_impl *self, void *dst, const void *src,
