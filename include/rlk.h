@@ -1020,6 +1020,8 @@ RLK_API void rlk_logprob_args_init(rlk_logprob_args *args);
 
 /* Token log-probs (and lse, entropy) on `stream`, one pass over the logits; no device memory
  * beyond the outputs. Deterministic: the same inputs and launch give bitwise the same outputs.
+ * Each term is taken relative to the row's maximum ((z - max z) / T), so the maximum's log-prob
+ * is exact at any temperature and any logit size; lse is z / T rounded to f32.
  * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob(rlk_context *ctx, const rlk_logprob_args *args, void *stream);
 
@@ -1063,7 +1065,10 @@ typedef struct rlk_logprob_backward_args {
 /* Fills `args` like rlk_logprob_args_init. */
 RLK_API void rlk_logprob_backward_args_init(rlk_logprob_backward_args *args);
 
-/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once.
+/* Writes grad_logits on `stream`: re-reads the logits once, writes each gradient once. The
+ * probabilities are formed from the forward's f32 lse, whose rounding (2^-24 |lse|) each
+ * exponent carries: past |lse| of about 2^16 (a row's largest |logit| / T) the gradients lose
+ * f32's precision accordingly.
  * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_backward_args *args,
                                         void *stream);
@@ -1251,7 +1256,9 @@ RLK_API rlk_status rlk_linear_logprob_workspace_size(rlk_context *ctx,
                                                      size_t *bytes);
 
 /* The fused forward on `stream`: two launches per 128 MiB of records (one at N 14080, V 151936),
- * no device memory beyond the workspace. */
+ * no device memory beyond the workspace. On a GPU each exponent is formed against the row's
+ * maximum of z / T rounded to f32, whose rounding (2^-24 max |z| / T) the log-probs carry; a row
+ * whose max |z| / T passes 2^31 overflows (rlk_logprob from stored logits has no such limit). */
 RLK_API rlk_status rlk_linear_logprob(rlk_context *ctx, const rlk_linear_logprob_args *args,
                                       void *stream);
 

@@ -450,6 +450,70 @@ static void cases_semantics(rlk_context *ctx, uint64_t *rng) {
   run_case(ctx, &c, rng, NULL);
 }
 
+/* Rows whose largest logit over the temperature is huge (a temperature near its 2^-60 floor,
+ * logits of 1e9, a padding row of -FLT_MAX): the terms are taken relative to the row maximum, so
+ * its own log-prob is exactly 0 and a row of equal logits gives -ln V within logf's ulp (a
+ * fused x c - m c once carried the rounding of m c into every term: logp off by up to half its
+ * ulp, 2^-inf and 2^+inf past 2^31). f32 logits, one row a call. */
+static void cases_scaled_maximum(rlk_context *ctx, uint64_t *rng) {
+  enum { VMAX = 5000 };
+  static float row[VMAX];
+  const float ln5 = (float)log(5.0), tiny = 0x1p-60f;
+  struct {
+    int64_t V, label;
+    float T, fill; /* fill: every logit, else drawn (randn * 3) with row[label] raised to the maximum */
+    float want_logp, want_lse; /* NAN: not checked */
+    double tol;                /* on logp, absolute */
+  } rows[] = {
+      {3, 0, tiny, NAN, 0.0f, NAN, 0.0},
+      {VMAX, 17, 1e-6f, NAN, 0.0f, NAN, 0.0},
+      {VMAX, 4000, 1e-9f, NAN, 0.0f, NAN, 0.0},
+      {5, 2, 1.0f, -1e9f, -ln5, -1e9f, 2 * 0x1p-23 * ln5},
+      {5, 1, 1.0f, -FLT_MAX, -ln5, -FLT_MAX, 2 * 0x1p-23 * ln5},
+      {4, 3, 1.0f, NAN, 0.0f, 1e9f, 0.0}, /* [0, 1, 2, 1e9] */
+      {1, 0, 0.7f, 3.5f, 0.0f, 5.0f, 0.0},
+  };
+  void *dl = rlk_test_poisoned(ctx, sizeof row), *dy = rlk_test_poisoned(ctx, 8), *dp = rlk_test_poisoned(ctx, 4),
+       *ds = rlk_test_poisoned(ctx, 4), *de = rlk_test_poisoned(ctx, 4);
+  for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+    const int64_t V = rows[k].V, y = rows[k].label;
+    for (int64_t j = 0; j < V; j++) row[j] = isnan(rows[k].fill) ? (float)(3.0 * rlk_test_rand_normal(rng)) : rows[k].fill;
+    if (V == 4) row[0] = 0, row[1] = 1, row[2] = 2, row[3] = 1e9f;
+    else if (isnan(rows[k].fill)) {
+      float m = row[0];
+      for (int64_t j = 1; j < V; j++) m = fmaxf(m, row[j]);
+      row[y] = m + 1.0f; /* the label the row's maximum, alone */
+    }
+    rlk_test_drop(ctx, dl);
+    dl = rlk_test_put(ctx, row, (size_t)V * 4);
+    rlk_test_drop(ctx, dy);
+    dy = rlk_test_put(ctx, &y, 8);
+    rlk_logprob_args a;
+    rlk_logprob_args_init(&a);
+    a.logits = rlk_tensor_2d(dl, RLK_F32, 1, V, V);
+    a.labels = rlk_tensor_1d(dy, RLK_I64, 1);
+    a.logp = rlk_tensor_1d(dp, RLK_F32, 1);
+    a.lse = rlk_tensor_1d(ds, RLK_F32, 1);
+    a.entropy = rlk_tensor_1d(de, RLK_F32, 1);
+    a.temperature = rows[k].T;
+    ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "%s", rlk_last_error());
+    float lp, lse, ent;
+    rlk_test_get(ctx, &lp, dp, 4), rlk_test_get(ctx, &lse, ds, 4), rlk_test_get(ctx, &ent, de, 4);
+    /* the maximum's own log-prob 0; lse its logit over T (rounded once), plus ln V for equal rows */
+    const double want_lse = isnan(rows[k].want_lse) ? (double)row[y] / rows[k].T : rows[k].want_lse;
+    ck_assert_msg(fabs((double)lp - rows[k].want_logp) <= rows[k].tol, "row %zu (V %lld, T %g): logp %.9g, want %.9g",
+                  k, (long long)V, (double)rows[k].T, (double)lp, (double)rows[k].want_logp);
+    ck_assert_msg(isfinite(lse) && fabs((double)lse - want_lse) <= 0x1p-23 * fabs(want_lse) + 2 * ln5,
+                  "row %zu: lse %.9g, want %.9g", k, (double)lse, want_lse);
+    ck_assert_msg(isfinite(ent) && ent >= -1e-6f && ent <= (float)log((double)V) + 1e-5f, "row %zu: entropy %.9g", k,
+                  (double)ent);
+  }
+  rlk_test_drop(ctx, dl), rlk_test_drop(ctx, dy), rlk_test_drop(ctx, dp), rlk_test_drop(ctx, ds),
+      rlk_test_drop(ctx, de);
+  printf("logprob %s: scaled maxima up to 2^60 / T exact at the maximum\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu");
+}
+
 /* Bad labels: NaN rows and the status bit, forward and backward, both label dtypes. */
 static void cases_bad_labels(rlk_context *ctx, uint64_t *rng) {
   for (int k = 0; k < 4; k++) {
@@ -522,6 +586,7 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng, int64_t N, int6
 HOST_CASE(shapes, cases_shapes(ctx, &rng))
 HOST_CASE(vocab_50257, cases_vocab(ctx, &rng, 50257, 3))
 HOST_CASE(semantics, cases_semantics(ctx, &rng))
+HOST_CASE(scaled_maximum, cases_scaled_maximum(ctx, &rng))
 HOST_CASE(bad_labels, cases_bad_labels(ctx, &rng))
 HOST_CASE(backward, cases_backward(ctx, &rng))
 HOST_CASE(deterministic, cases_deterministic(ctx, &rng, 5, 999))
@@ -947,6 +1012,7 @@ static int sm90(rlk_context *ctx) {
 
 GPU_CASE(shapes, cases_shapes(ctx, &rng))
 GPU_CASE(semantics, cases_semantics(ctx, &rng))
+GPU_CASE(scaled_maximum, cases_scaled_maximum(ctx, &rng))
 GPU_CASE(bad_labels, cases_bad_labels(ctx, &rng))
 GPU_CASE(backward, cases_backward(ctx, &rng))
 GPU_CASE(deterministic, cases_deterministic(ctx, &rng, 64, 151936))
@@ -1056,12 +1122,13 @@ END_TEST
 Suite *logprob_suite(void) {
   Suite *s = suite_create("logprob");
   rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_shapes, host_vocab_50257, host_semantics,
+                                          host_scaled_maximum,
       host_bad_labels, host_backward, host_deterministic, host_variants_fall_back, bad_arguments));
 
   rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
       plan_variants_per_target, samples_cover_every_variant, samples_compile_every_target));
 
-  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_semantics, gpu_bad_labels, gpu_backward,
+  rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_semantics, gpu_scaled_maximum, gpu_bad_labels, gpu_backward,
       gpu_deterministic, gpu_vocab_151936, gpu_vocab_152064, gpu_vocab_128256, gpu_vocab_50257,
       gpu_extreme_shapes, gpu_variants_agree));
 

@@ -705,8 +705,8 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
   /* bad per-row settings in device memory: those rows get -1 and the status bit */
   for (int64_t i = 0; i < B; i++)
     for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 2.0 * rlk_test_rand_normal(rng));
-  float bt[8] = {1, -1, NAN, 1, 1, 1, 1, INFINITY};
-  float bp[8] = {0.5f, 1, 1, 0, 1.5f, 1, 1, 1};
+  float bt[8] = {1, -1, NAN, 0x1p-61f, 1, 1, 1, INFINITY}; /* [3]: below the scalar's 2^-60 floor */
+  float bp[8] = {0.5f, 1, 1, 1, 1.5f, 1, 1, 1};
   float bm[8] = {0, 0, 0, 0, 0, 2, 0, 0};
   int64_t bk[8] = {0, 0, 0, 0, 0, 0, -3, 0};
   s = settings_default();
@@ -723,6 +723,29 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
     ck_assert(isnan(o.logp[i]));
   }
   out_free(&o);
+
+  /* the largest logit over T huge (T near its floor, logits of 1e10): the masses are taken
+   * relative to the row maximum, so the maximum is drawn (its mass 2^40, the others' 0) with a
+   * log-prob of exactly 0, and no finite row is NO_TOKEN */
+  for (int64_t i = 0; i < B; i++)
+    for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 3.0 * rlk_test_rand_normal(rng));
+  batch_set(&b, 7, 0, 1e10), batch_set(&b, 7, 1, 0), batch_set(&b, 7, 2, 1e10 - 1e3);
+  for (int64_t j = 3; j < V; j++) batch_set(&b, 7, j, -1e10);
+  for (int k = 0; k < 2; k++) {
+    s = settings_default();
+    s.seeds = seeds;
+    s.temperature = k ? 0x1p-60f : 1e-9f;
+    sample_ok(ctx, &b, &s, &o);
+    ck_assert_int_eq(o.status, 0);
+    for (int64_t i = 0; i < B; i++) {
+      int64_t arg = 0;
+      for (int64_t j = 1; j < V; j++)
+        if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+      ck_assert_msg(o.tokens[i] == arg && o.logp[i] == 0.0f, "T %g row %lld: token %lld (the maximum's %lld), logp %g",
+                    (double)s.temperature, (long long)i, (long long)o.tokens[i], (long long)arg, (double)o.logp[i]);
+    }
+    out_free(&o);
+  }
   batch_free(&b);
 }
 

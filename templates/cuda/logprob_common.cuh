@@ -2,8 +2,8 @@
  * of logits, the online (max, sum-exp, sum p z) state, its merge and the per-row outputs.
  *
  * The math, in fp32, with c = log2(e) / temperature and m a running maximum of the raw logits x:
- *   s = sum_j 2^(x_j c - m c)                     (= sum_j exp(z_j - m / T))
- *   q = sum_j 2^(x_j c - m c) (x_j c - m c)        (entropy only)
+ *   s = sum_j 2^((x_j - m) c)                     (= sum_j exp(z_j - m / T))
+ *   q = sum_j 2^((x_j - m) c) (x_j - m) c          (entropy only)
  *   lse = m / T + ln s,  logp = (x_y - m) / T - ln s,  entropy = ln s - ln2 q / s
  * A thread reads its logits in chunks (several 16-byte vectors); the maximum moves once per chunk,
  * rescaling s and q by 2^((m_old - m_new) c). States of threads merge symmetrically (bitwise the
@@ -169,13 +169,14 @@ template <bool ENTROPY> RLK_DEVICE void raise_max(state &st, float cm, float c) 
   st.m = cm;
 }
 
-/* Adds one logit to the state at the state's current maximum: t = x c - mc with mc = m c (0
- * while the maximum is -inf, so that -inf logits give 2^-inf = 0 rather than NaN). One fused
- * multiply-add: the rounding of m c shifts every t of the state alike, by at most half an ulp of
- * m c, which moves lse by as much (about one ulp of lse). */
+/* Adds one logit to the state at the state's current maximum m0 (0 while the maximum is -inf,
+ * so that -inf logits give 2^-inf = 0 rather than NaN): t = (x - m0) c, exactly 0 at the maximum
+ * whatever m0 / T (a fused x c - m0 c would carry the rounding of m0 c, up to half its ulp, into
+ * every term: at |m0| / T of 2^24 and beyond the log-probs' error, past 2^31 an overflow), and
+ * an x - m0 that overflows is -inf, a term of 0. */
 template <bool ENTROPY>
-RLK_DEVICE void add_logit(float x, float mc, float c, float &s, float &q) {
-  const float t = fmaf(x, c, -mc);
+RLK_DEVICE void add_logit(float x, float m0, float c, float &s, float &q) {
+  const float t = (x - m0) * c;
   const float p = exp2_approx(t);
   s += p;
   if (ENTROPY) q = fmaf(p, fmaxf(t, -RLK_LP_BIG), q);
@@ -203,14 +204,14 @@ RLK_DEVICE void add_vectors_kept(state &st, const u32x4 *v, float c, float thr) 
 #pragma unroll
   for (int k = 1; k < U * E; ++k) cm = fmaxf(cm, x[k]);
   if (cm > st.m) raise_max<ENTROPY>(st, cm, c);
-  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
+  const float m0 = st.m == -limits<float>::infinity() ? 0.0f : st.m;
   float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
 #pragma unroll
   for (int k = 0; k < U * E; ++k) {
     if ((k & 1) == 0)
-      add_logit<ENTROPY>(x[k], mc, c, s0, q0);
+      add_logit<ENTROPY>(x[k], m0, c, s0, q0);
     else
-      add_logit<ENTROPY>(x[k], mc, c, s1, q1);
+      add_logit<ENTROPY>(x[k], m0, c, s1, q1);
   }
   st.s += s0 + s1;
   if (ENTROPY) st.q += q0 + q1;
@@ -221,7 +222,7 @@ template <int DT, int U, bool ENTROPY>
 RLK_DEVICE void add_vectors(state &st, const u32x4 *v, float c) {
   const float cm = vec_max<DT, U>(v);
   if (cm > st.m) raise_max<ENTROPY>(st, cm, c);
-  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
+  const float m0 = st.m == -limits<float>::infinity() ? 0.0f : st.m;
   constexpr int E = epv<DT>::value;
   float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
 #pragma unroll
@@ -230,9 +231,9 @@ RLK_DEVICE void add_vectors(state &st, const u32x4 *v, float c) {
   if (J < E) {                                                                  \
     const float x = element<DT, (J < E ? J : 0)>(v[u]);                        \
     if ((J & 1) == 0)                                                           \
-      add_logit<ENTROPY>(x, mc, c, s0, q0);                                     \
+      add_logit<ENTROPY>(x, m0, c, s0, q0);                                     \
     else                                                                        \
-      add_logit<ENTROPY>(x, mc, c, s1, q1);                                     \
+      add_logit<ENTROPY>(x, m0, c, s1, q1);                                     \
   }
     RLK_LP_ADDJ(0) RLK_LP_ADDJ(1) RLK_LP_ADDJ(2) RLK_LP_ADDJ(3)
     RLK_LP_ADDJ(4) RLK_LP_ADDJ(5) RLK_LP_ADDJ(6) RLK_LP_ADDJ(7)
@@ -245,8 +246,8 @@ RLK_DEVICE void add_vectors(state &st, const u32x4 *v, float c) {
 /* Adds one scalar logit (row heads and tails that are not 16-byte aligned). */
 template <bool ENTROPY> RLK_DEVICE void add_scalar(state &st, float x, float c) {
   if (x > st.m) raise_max<ENTROPY>(st, x, c);
-  const float mc = (st.m == -limits<float>::infinity() ? 0.0f : st.m) * c;
-  add_logit<ENTROPY>(x, mc, c, st.s, st.q);
+  const float m0 = st.m == -limits<float>::infinity() ? 0.0f : st.m;
+  add_logit<ENTROPY>(x, m0, c, st.s, st.q);
 }
 
 /* Merges two states; symmetric, so both lanes of a butterfly get bitwise the same result. */

@@ -57,8 +57,10 @@ constexpr int BINS = 1 << DIGIT_BITS;
 #define RLK_SMP_MASS_SCALE 1099511627776.0f
 #define RLK_SMP_LN2_D 0.69314718055994530942
 
-RLK_DEVICE u64 mass_of(float x, float c, float Mc) {
-  return (u64)(exp2_approx(fmaf(x, c, -Mc)) * RLK_SMP_MASS_SCALE);
+/* A token's fixed-point mass relative to the row maximum mx: 2^((x - mx) c), exactly 2^40 at
+ * the maximum whatever mx / T (add_logit's arithmetic). */
+RLK_DEVICE u64 mass_of(float x, float c, float mx) {
+  return (u64)(exp2_approx((x - mx) * c) * RLK_SMP_MASS_SCALE);
 }
 
 /* An order-preserving unsigned key of a float (-0 and +0 alike), keeping its KW significant bits:
@@ -475,15 +477,15 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
 
   /* The kept mass of one vector of the share, its elements in visit_words' order. */
   template <typename K>
-  RLK_DEVICE static u64 vector_mass(const u32x4 &v, K &keep, float c, float Mc) {
+  RLK_DEVICE static u64 vector_mass(const u32x4 &v, K &keep, float c, float mx) {
     u64 s = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float a = word_element<DT, 0>(v.w[k]);
-      s += keep(a) ? mass_of(a, c, Mc) : 0ull;
+      s += keep(a) ? mass_of(a, c, mx) : 0ull;
       if constexpr (word_elems<DT>::value == 2) {
         const float b = word_element<DT, 1>(v.w[k]);
-        s += keep(b) ? mass_of(b, c, Mc) : 0ull;
+        s += keep(b) ? mass_of(b, c, mx) : 0ull;
       }
     }
     return s;
@@ -500,7 +502,7 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
    * each for the element. Only a draw that lands on a scalar or past the vectors kept in
    * registers walks elements one at a time. */
   template <typename K>
-  RLK_DEVICE u32 finish(float c, float Mc, K keep, u64 draw, bool scale_draw, float *x) {
+  RLK_DEVICE u32 finish(float c, float mx, K keep, u64 draw, bool scale_draw, float *x) {
     constexpr int E = epv<DT>::value;
     constexpr int EPW = word_elems<DT>::value;
     const row_split<DT> sp(r, V);
@@ -510,23 +512,23 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
     if (l == 0) {
       for (i64 j = t; j < sp.head; j += SEG) {
         const float a = load_logit<DT>(r, j);
-        scal += keep(a) ? mass_of(a, c, Mc) : 0ull;
+        scal += keep(a) ? mass_of(a, c, mx) : 0ull;
       }
       for (i64 j = t; j < sp.tail; j += SEG) {
         const float a = load_logit<DT>(r, t0 + j);
-        scal += keep(a) ? mass_of(a, c, Mc) : 0ull;
+        scal += keep(a) ? mass_of(a, c, mx) : 0ull;
       }
     }
     u64 vs[PICK_VECTORS];
     u64 part = scal;
 #pragma unroll
     for (int k = 0; k < PICK_VECTORS; ++k) {
-      vs[k] = l + (i64)k * W < nv ? vector_mass(v[k], keep, c, Mc) : 0ull;
+      vs[k] = l + (i64)k * W < nv ? vector_mass(v[k], keep, c, mx) : 0ull;
       part += vs[k];
     }
 #pragma unroll 1
     for (i64 i = l + (i64)PICK_VECTORS * W; i < nv; i += W)
-      part += vector_mass(load_row_vec(vec_at(sp, i), ROWS16 || sp.aligned), keep, c, Mc);
+      part += vector_mass(load_row_vec(vec_at(sp, i), ROWS16 || sp.aligned), keep, c, mx);
     const u64 inc = warp_inclusive_scan(part);
     const u64 total = shfl_from(inc, W - 1);
     *x = limits<float>::quiet_nan();
@@ -585,7 +587,7 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
         if (q == l / EPW) wj = wq;
       }
       const float xj = (EPW == 2 && (l & 1)) ? word_element<DT, 1>(wj) : word_element<DT, 0>(wj);
-      const u64 mj = l < E && keep(xj) ? mass_of(xj, c, Mc) : 0ull;
+      const u64 mj = l < E && keep(xj) ? mass_of(xj, c, mx) : 0ull;
       const int j = warp_first(base + warp_inclusive_scan(mj) > u);
       *x = shfl_from(xj, j);
       return (u32)(elem0(sp, o + (i64)unit * W) + j);
@@ -593,21 +595,21 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
     /* a scalar or a reloaded vector: lane o walks that part from base */
     struct walker {
       K &keep;
-      float c, Mc;
+      float c, mx;
       u64 run, u;
       u32 pick;
       float px;
       RLK_DEVICE bool done() const { return pick != 0xffffffffu; }
       RLK_DEVICE void operator()(float xe, i64 j) {
         if (pick == 0xffffffffu && keep(xe)) {
-          run += mass_of(xe, c, Mc);
+          run += mass_of(xe, c, mx);
           if (run > u) {
             pick = (u32)j;
             px = xe;
           }
         }
       }
-    } walk{keep, c, Mc, base, u, 0xffffffffu, 0.0f};
+    } walk{keep, c, mx, base, u, 0xffffffffu, 0.0f};
     if (l == o) {
       if (unit < 0) {
         for (i64 j = t; j < sp.head; j += SEG) walk(load_logit<DT>(r, j), j);
@@ -625,9 +627,11 @@ template <int DT, int SEG, bool ROWS16> struct share_pick {
   }
 };
 
-/* Whether a row's settings are out of range: its token is then -1 (SMP_STATUS_BAD_PARAM). */
+/* Whether a row's settings are out of range: its token is then -1 (SMP_STATUS_BAD_PARAM). A
+ * temperature is 0 (greedy) or in [2^-60, FLT_MAX], as the host checks a scalar one. */
 RLK_DEVICE bool settings_bad(const row_settings &rs) {
-  return !(rs.temperature >= 0.0f && rs.temperature <= limits<float>::max()) || rs.top_k < 0 ||
+  return !(rs.temperature == 0.0f || (rs.temperature >= 0x1p-60f && rs.temperature <= limits<float>::max())) ||
+         rs.top_k < 0 ||
          !(rs.top_p > 0.0f && rs.top_p <= 1.0f) || !(rs.min_p >= 0.0f && rs.min_p <= 1.0f);
 }
 
@@ -678,7 +682,7 @@ RLK_DEVICE void finish_unfiltered(share_pick<DT, SEG, ROWS16> &drawn, const stat
                                   const u8 *r, i64 row, TOK *tokens, float *logp, float *logp_filtered,
                                   float *threshold) {
   float xy;
-  const u32 y = drawn.finish(c, rst.m * c, [](float) { return true; }, R2, true, &xy);
+  const u32 y = drawn.finish(c, rst.m, [](float) { return true; }, R2, true, &xy);
   if (threadIdx.x % RLK_WARP_SIZE == 0) {
     if (xy != xy) xy = load_logit<DT>(r, (i64)y);
     const float lp = row_logp(rst, xy, logf(rst.s), T);
@@ -819,13 +823,13 @@ template <int NT, int CAP> RLK_DEVICE void sort_candidates(cand_space<CAP> &cand
 /* The inclusive prefix of the sorted candidates' masses over [0, n) into cand.cum, a contiguous
  * chunk [*c0, *c1) a thread; returns their total. Every thread of the block calls it. */
 template <int NT, int CAP>
-RLK_DEVICE u64 prefix_masses(cand_space<CAP> &cand, u32 n, u64 *warp_sums, float c, float Mc, u32 *c0, u32 *c1) {
+RLK_DEVICE u64 prefix_masses(cand_space<CAP> &cand, u32 n, u64 *warp_sums, float c, float mx, u32 *c0, u32 *c1) {
   const u32 per = (n + NT - 1) / NT;
   const u32 lo = (u32)threadIdx.x * per < n ? (u32)threadIdx.x * per : n;
   const u32 hi = lo + per < n ? lo + per : n;
   u64 run = 0;
   for (u32 i = lo; i < hi; ++i) {
-    run += mass_of(cand.x[i], c, Mc);
+    run += mass_of(cand.x[i], c, mx);
     cand.cum[i] = run;
   }
   u64 total;
@@ -843,11 +847,11 @@ RLK_DEVICE u64 prefix_masses(cand_space<CAP> &cand, u32 n, u64 *warp_sums, float
  * found[0]). Every thread of the block calls it. */
 template <int DT, int NT, int CAP>
 RLK_DEVICE u32 bin_threshold(cand_space<CAP> &cand, u32 n, u32 *found, u64 *warp_sums, u64 target, float c,
-                             float Mc) {
+                             float mx) {
   if (threadIdx.x == 0) found[1] = n - 1;
   sort_candidates<NT>(cand, n);
   u32 c0, c1;
-  prefix_masses<NT>(cand, n, warp_sums, c, Mc, &c0, &c1);
+  prefix_masses<NT>(cand, n, warp_sums, c, mx, &c0, &c1);
   for (u32 i = c0; i < c1; ++i)
     if (cand.cum[i] >= target && (i == 0 || cand.cum[i - 1] < target)) found[1] = i;
   __syncthreads();
@@ -863,7 +867,7 @@ RLK_DEVICE u32 bin_threshold(cand_space<CAP> &cand, u32 n, u32 *found, u64 *warp
  * set's smallest logit. Every thread of the block calls it. */
 template <int NT, int CAP, typename KEEP>
 RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums, i64 top_k, bool cut_k,
-                               bool cut_m, const KEEP &keep_m, bool use_p, u64 pq, u64 z0, float c, float Mc,
+                               bool cut_m, const KEEP &keep_m, bool use_p, u64 pq, u64 z0, float c, float mx,
                                u64 R1, u32 &pick, float &pick_x, int &pick_known, float *thr) {
   const int tid = (int)threadIdx.x;
   const u32 n = found[1];
@@ -879,7 +883,7 @@ RLK_DEVICE u64 draw_candidates(cand_space<CAP> &cand, u32 *found, u64 *warp_sums
   __syncthreads();
   u32 nk = found[0];
   u32 c0, c1;
-  const u64 total = prefix_masses<NT>(cand, nk, warp_sums, c, Mc, &c0, &c1);
+  const u64 total = prefix_masses<NT>(cand, nk, warp_sums, c, mx, &c0, &c1);
   if (use_p) {
     /* top-p: the first index whose inclusive mass reaches the target; its ties stay */
     const u64 tgt = ceil_fraction(pq, z0 ? z0 : total);
@@ -1071,7 +1075,6 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       __syncthreads();
       continue; /* block-uniform */
     }
-    const float Mc = M * c;
 
     if (plain) { /* a row of one warp */
       finish_unfiltered(drawn, rst, c, T, R2, r, row, tokens, logp, logp_filtered, threshold);
@@ -1199,14 +1202,14 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
               if (key >= klo && keep_m(x)) {
                 const u32 mb = mass_bin(x, M, cS);
                 if (!binned) {
-                  const u64 m = mass_of(x, c, Mc);
+                  const u64 m = mass_of(x, c, M);
                   if (mb != 0) atomicAdd(&hist.count[mb], 1u); /* bin 0 is never counted, nor gathered */
                   if (m != 0) hist.add_mass(mb, m);
                 } else if (mb == mbin) {
                   if (nb == 0 || (key >> (KW - nb)) == prefix) {
                     const u32 q = (key >> shift) & wmask;
                     atomicAdd(&hist.count[q], 1u);
-                    hist.add_mass(q, mass_of(x, c, Mc));
+                    hist.add_mass(q, mass_of(x, c, M));
                   } else if (skipped) {
                     bin_miss = 1u;
                   }
@@ -1215,7 +1218,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
               break;
             default: /* KEPT */
               if (key >= klo && keep_m(x)) {
-                acc += mass_of(x, c, Mc);
+                acc += mass_of(x, c, M);
                 kmin = fminf(kmin, x);
               }
               break;
@@ -1227,7 +1230,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         step = DONE;
       } else if (step == GATHER && bin_gather) {
         /* top-p's threshold from the boundary bin's logits; then the kept set is drawn by a pass */
-        klo = bin_threshold<DT, NT>(cand, found[0], found, warp_sums, target, c, Mc);
+        klo = bin_threshold<DT, NT>(cand, found[0], found, warp_sums, target, c, M);
         bin_gather = false;
         step = KEPT;
       } else if (step == GATHER) {
@@ -1325,7 +1328,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
         float x;
         share_pick<DT, SEG, ROWS16> sp;
         sp.load(r, V, share_t);
-        const u32 y = sp.finish(c, Mc, [&](float xe) { return key_of<DT>(xe) >= klo_ && keep_m(xe); },
+        const u32 y = sp.finish(c, M, [&](float xe) { return key_of<DT>(xe) >= klo_ && keep_m(xe); },
                                 share_draw, false, &x);
         if (lane == 0) {
           pick = y;
@@ -1340,7 +1343,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
 
     /* ---- in shared memory: the candidates sorted, cut and drawn from ---- */
     if (FILTER && gathered)
-      kept_mass = draw_candidates<NT>(cand, found, warp_sums, rs.top_k, cut_k, cut_m, keep_m, use_p, pq, z0, c, Mc,
+      kept_mass = draw_candidates<NT>(cand, found, warp_sums, rs.top_k, cut_k, cut_m, keep_m, use_p, pq, z0, c, M,
                                       R1, pick, pick_x, pick_known, &thr);
 
     /* ---- outputs ---- */

@@ -43,7 +43,7 @@ static inline void lp_store(void *row, int dt, rlk_i64 j, float g) {
   }
 }
 
-/* The running maximum m of the raw logits, s = sum 2^(x c - m c), q = sum 2^(x c - m c) (x c - m c). */
+/* The running maximum m of the raw logits, s = sum 2^((x - m) c), q = sum 2^((x - m) c) (x - m) c. */
 typedef struct lp_state {
   float m, s, q;
 } lp_state;
@@ -63,10 +63,10 @@ static inline void lp_add_chunk(lp_state *st, const float *x, int n, float c, in
   float cm = x[0];
   for (int k = 1; k < n; k++) cm = fmaxf(cm, x[k]);
   if (cm > st->m) lp_raise_max(st, cm, c, entropy);
-  const float mc = (st->m == -INFINITY ? 0.0f : st->m) * c;
+  const float m0 = st->m == -INFINITY ? 0.0f : st->m;
   float s = 0.0f, q = 0.0f;
   for (int k = 0; k < n; k++) {
-    const float t = fmaf(x[k], c, -mc);
+    const float t = (x[k] - m0) * c; /* exactly 0 at the maximum (the GPU's add_logit) */
     const float p = exp2f(t);
     s += p;
     if (entropy) q = fmaf(p, fmaxf(t, -LP_BIG), q);

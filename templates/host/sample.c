@@ -23,11 +23,11 @@ typedef RLK_P_TOKENS smp_token_t;
 #define SMP_MASS_SCALE 1099511627776.0f /* 2^40 */
 #define SMP_LN2_D 0.69314718055994530942
 
-/* A token's fixed-point mass. Converted as the GPU's cvt.rzi.u64.f32 does (NaN gives 0, 2^64 and
- * above the largest value): a temperature small enough that x c or M c overflows makes the
- * exponent +inf or NaN, and a plain cast of those is undefined in C. */
-static inline uint64_t smp_mass(float x, float c, float Mc) {
-  const float m = exp2f(fmaf(x, c, -Mc)) * SMP_MASS_SCALE;
+/* A token's fixed-point mass relative to the row maximum mx, 2^((x - mx) c) (exactly 2^40 at the
+ * maximum: the GPU's mass_of). Converted as the GPU's cvt.rzi.u64.f32 does (NaN gives 0, 2^64
+ * and above the largest value): a plain cast of a NaN exponent's is undefined in C. */
+static inline uint64_t smp_mass(float x, float c, float mx) {
+  const float m = exp2f((x - mx) * c) * SMP_MASS_SCALE;
   if (!(m > 0.0f)) return 0;
   return m >= 18446744073709551616.0f ? UINT64_MAX : (uint64_t)m;
 }
@@ -55,7 +55,7 @@ typedef struct smp_row {
   const char *row;
   int dt, kw;
   rlk_i64 V;
-  float c, Mc, M, l2min;
+  float c, M, l2min;
   int use_m;
   uint32_t key_lo;
 } smp_row;
@@ -97,7 +97,7 @@ static uint32_t smp_select_key(const smp_row *R, int masses, uint64_t goal) {
       if (!masses)
         hist[(key >> shift) & ((1u << w) - 1u)]++;
       else if (key >= R->key_lo && smp_keep_m(R, x))
-        hist[(key >> shift) & ((1u << w) - 1u)] += smp_mass(x, R->c, R->Mc);
+        hist[(key >> shift) & ((1u << w) - 1u)] += smp_mass(x, R->c, R->M);
     }
     if (masses && nb == 0) {
       uint64_t z0 = 0;
@@ -143,7 +143,8 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
     const float p = top_ps ? top_ps[i] : top_p;
     const float mp = min_ps ? min_ps[i] : min_p;
     const uint64_t sd = seeds ? seeds[i] : seed, off = offsets ? offsets[i] : offset;
-    if (!(t_in >= 0.0f && t_in <= 3.40282346638528859812e+38f) || k < 0 || !(p > 0.0f && p <= 1.0f) ||
+    if (!(t_in == 0.0f || (t_in >= 0x1p-60f && t_in <= 3.40282346638528859812e+38f)) || k < 0 ||
+        !(p > 0.0f && p <= 1.0f) ||
         !(mp >= 0.0f && mp <= 1.0f)) {
       tokens[i] = (smp_token_t)-1;
       if (logp) logp[i] = NAN;
@@ -181,7 +182,6 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
     R.V = V;
     R.c = c;
     R.M = st.m;
-    R.Mc = st.m * c;
     R.use_m = filter && mp > 0.0f;
     R.l2min = R.use_m ? log2f(mp) : 0.0f;
     R.key_lo = 0;
@@ -206,7 +206,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
       for (rlk_i64 j = 0; j < V; j++) {
         const float xj = lp_load(row, dt, j);
         if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) {
-          kept += smp_mass(xj, c, R.Mc);
+          kept += smp_mass(xj, c, R.M);
           thr = fminf(thr, xj);
         }
       }
@@ -218,7 +218,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
         const float xj = lp_load(row, dt, y);
         if (smp_key(xj, R.kw) >= R.key_lo && smp_keep_m(&R, xj)) {
           last = y;
-          run += smp_mass(xj, c, R.Mc);
+          run += smp_mass(xj, c, R.M);
           if (run > u) break;
         }
       }
