@@ -157,9 +157,9 @@ START_TEST(record_appends_each_configuration_once) {
 }
 END_TEST
 
-/* Calls whose lines differ only in a shape hint (logprob's rows, new every step of a trainer)
- * plan the same kernels: the file gets one line for them, not one a step. */
-START_TEST(record_keeps_one_line_per_kernel_set) {
+/* A shape hint the op reads only through its tuning bucket (logprob's rows, new every step of a
+ * trainer) is recorded as the bucket: rows 100 to 130 are one line (128), rows 1000 another. */
+START_TEST(record_writes_hints_as_their_buckets) {
   char dir[1024], path[1100];
   if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-rows")) return;
   pid_t pid = fork();
@@ -167,16 +167,16 @@ START_TEST(record_keeps_one_line_per_kernel_set) {
   if (pid == 0) {
     setenv("RLK_JIT_RECORD", path, 1);
     rlk_context *ctx = rlk_test_host_context();
-    enum { V = 64, NMAX = 130 };
+    enum { V = 64, NMAX = 1000 };
     static float logits[NMAX * V], logp[NMAX];
     static int64_t labels[NMAX];
     for (int i = 0; i < NMAX * V; i++) logits[i] = (float)(i % 7) * 0.25f;
-    for (int n = 100; n <= NMAX; n++) {
+    for (int n = 100; n <= 131; n++) {
       rlk_logprob_args a;
       rlk_logprob_args_init(&a);
-      a.logits = rlk_tensor_2d(logits, RLK_F32, n, V, V);
-      a.labels = rlk_tensor_1d(labels, RLK_I64, n);
-      a.logp = rlk_tensor_1d(logp, RLK_F32, n);
+      a.logits = rlk_tensor_2d(logits, RLK_F32, n == 131 ? NMAX : n, V, V);
+      a.labels = rlk_tensor_1d(labels, RLK_I64, n == 131 ? NMAX : n);
+      a.logp = rlk_tensor_1d(logp, RLK_F32, n == 131 ? NMAX : n);
       if (rlk_logprob(ctx, &a, NULL) != RLK_OK) _exit(1);
     }
     rlk_context_destroy(ctx);
@@ -187,8 +187,8 @@ START_TEST(record_keeps_one_line_per_kernel_set) {
   ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   size_t n;
   char *text = read_all(path, &n);
-  ck_assert_msg(text && rlk_test_count_lines(text, "logprob") == 1, "%s", text ? text : "(no file)");
-  ck_assert_msg(strstr(text, "tokens=100") != NULL, "the first call's line is the one kept:\n%s", text);
+  ck_assert_msg(text && rlk_test_count_lines(text, "logprob") == 2, "%s", text ? text : "(no file)");
+  ck_assert_msg(strstr(text, "tokens=128 ") && strstr(text, "tokens=1024 "), "%s", text);
   free(text);
   rlk_test_rmtree(dir);
 }
@@ -411,7 +411,7 @@ END_TEST
 Suite *record_suite(void) {
   Suite *s = suite_create("record");
   TCase *tc = rlk_test_add_case(s, "host", 120, TESTS(record_appends_each_configuration_once,
-                                                      record_keeps_one_line_per_kernel_set,
+                                                      record_writes_hints_as_their_buckets,
       record_follows_no_link, record_refuses_files_others_control, record_refuses_a_fifo,
       record_never_waits_for_a_lock, record_reads_large_files));
   tcase_add_checked_fixture(tc, (void (*)(void))rlk_test_setup_env, rlk_test_teardown_env);

@@ -1177,7 +1177,7 @@ static rlk_status ld_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   const rlk_linear_divergence_backward_args *a = args;
   const ld_bwd_call *k = (const ld_bwd_call *)call;
   rlk_status st;
-  if (k->nvals == 2 && rlk_record_enabled()) rlk_record_op(ctx, &rlk_op_linear_divergence, &k->second);
+  if (k->nvals == 2 && rlk_record_enabled()) rlk_record_op(&rlk_op_linear_divergence, &k->second);
   const ld_heads *h = &k->h;
   if (ctx->kind == RLK_BACKEND_HOST) {
     ld_bwd_host_args b = {0};

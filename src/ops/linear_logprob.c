@@ -119,7 +119,7 @@ static const rlk_op_setting ll_settings[RLK_LL_NSETTINGS] = {
                                    "the sm_90a backward's tile order, rows of tiles a group (0: 8); no kernel"),
     [RLK_LL_S_HIDDEN_SIZE] = RLK_SET_INT("hidden_size", 0, 1, INT32_MAX, "", "H, " LL_KEY_DOC),
     [RLK_LL_S_VOCAB] = RLK_SET_INT("vocab", 0, 1, INT32_MAX, "", "V, " LL_KEY_DOC),
-    [RLK_LL_S_TOKENS] = RLK_SET_INT("tokens", 0, 1, INT32_MAX, "",
+    [RLK_LL_S_TOKENS] = RLK_SET_BUCKETED("tokens", 0, 1, INT32_MAX,
                                     "N, " LL_KEY_DOC "; with all of them and no tuning settings, a fwd line plans the "
                                     "tuning database's winner for them on this context"),
 };

@@ -562,7 +562,7 @@ static rlk_status ll_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
   if (rlk_record_enabled() && (k->c.gh == 0 || k->c.gw == 0) && (k->c.gh > 0 || k->c.gw > 0)) {
     rlk_op_values same = call->vals;
     same.v[RLK_LL_S_GRAD] = 1;
-    rlk_record_op(ctx, &rlk_op_linear_logprob, &same);
+    rlk_record_op(&rlk_op_linear_logprob, &same);
   }
   if (ctx->kind == RLK_BACKEND_HOST) return ll_bwd_host(ctx, a, k, &call->specs[0], stream);
   for (int64_t r0 = 0; r0 < k->h.N; r0 += k->block) {

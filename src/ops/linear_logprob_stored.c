@@ -170,7 +170,7 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
     rlk_op_values_init(&rlk_op_linear_logprob, &line);
     rlk_ll_line(&line, 3, s->hidden.dtype, s->labels.dtype, s->entropy,
                 s->grad_hidden.data && s->grad_hidden.dtype != RLK_F32, RLK_LINEAR_LOGPROB_AUTO, 0);
-    rlk_record_op(ctx, &rlk_op_linear_logprob, &line);
+    rlk_record_op(&rlk_op_linear_logprob, &line);
   }
   const rlk_dtype dt = s->hidden.dtype;
   const int hd = dt == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;

@@ -94,7 +94,7 @@ static rlk_status ls_launch(rlk_context *ctx, const void *args, rlk_op_call *cal
   const rlk_linear_sample_args *a = args;
   const ls_call *k = (const ls_call *)call;
   rlk_status st;
-  if (rlk_record_enabled()) rlk_record_op(ctx, &rlk_op_linear_logprob, &k->head_line);
+  if (rlk_record_enabled()) rlk_record_op(&rlk_op_linear_logprob, &k->head_line);
   const int64_t M = k->f.h.N;
   float *logits = (float *)a->workspace;
   void *records = ctx->kind == RLK_BACKEND_HOST ? NULL : (uint8_t *)a->workspace + k->records_off;

@@ -193,7 +193,7 @@ static const rlk_op_setting lp_settings[LP_NSETTINGS] = {
                                 "16-byte vectors in flight per thread (tma: boxes per stage), 0 for the default"),
     [LP_S_STAGES] = RLK_SET_INT("stages", 0, 0, 8, "logprob_fwd_bulk.stages logprob_fwd_tma.stages",
                                 "shared-memory ring depth of bulk/tma, 0 for the default"),
-    [LP_S_TOKENS] = RLK_SET_INT("tokens", 0, 0, (int64_t)1 << 40, "",
+    [LP_S_TOKENS] = RLK_SET_BUCKETED("tokens", 0, 0, (int64_t)1 << 40,
                                 "N, the rows of the calls; with no tuning settings, the tuning database's winner "
                                 "for N's bucket on this context, 0 for none"),
     [LP_S_KEPT] = RLK_SET(lp_kept, 0, "logprob_fwd.kept logprob_bwd.kept",

@@ -732,10 +732,10 @@ static const rlk_op_setting pa_settings[PA_NSETTINGS] = {
                                    "wgmma dq kernel's K/V stages, 0 for the default (3)"),
     [PA_S_Q_HEADS] = RLK_SET_INT("q_heads", 0, 1, 65535, "", "Hq, " PA_KEY_DOC),
     [PA_S_KV_HEADS] = RLK_SET_INT("kv_heads", 0, 1, 65535, "", "Hkv, " PA_KEY_DOC),
-    [PA_S_GROUP] = RLK_SET_INT("group", -1, 0, INT32_MAX, "", "responses per prompt, " PA_KEY_DOC),
-    [PA_S_PREFIX] = RLK_SET_INT("prefix", -1, 0, INT32_MAX, "", "prefix tokens per prompt, " PA_KEY_DOC),
-    [PA_S_RESPONSE] = RLK_SET_INT("response", 0, 1, INT32_MAX, "", "tokens per response, " PA_KEY_DOC),
-    [PA_S_TOKENS] = RLK_SET_INT("tokens", 0, 1, INT32_MAX, "",
+    [PA_S_GROUP] = RLK_SET_BUCKETED("group", -1, 0, INT32_MAX, "responses per prompt, " PA_KEY_DOC),
+    [PA_S_PREFIX] = RLK_SET_BUCKETED("prefix", -1, 0, INT32_MAX, "prefix tokens per prompt, " PA_KEY_DOC),
+    [PA_S_RESPONSE] = RLK_SET_BUCKETED("response", 0, 1, INT32_MAX, "tokens per response, " PA_KEY_DOC),
+    [PA_S_TOKENS] = RLK_SET_BUCKETED("tokens", 0, 1, INT32_MAX,
                                 "T, " PA_KEY_DOC "; with all of them and no tuning settings, the plan is the "
                                 "tuning database's winner for them on this context"),
 };

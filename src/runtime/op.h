@@ -36,6 +36,8 @@ typedef struct rlk_op_setting {
                                 * globs ("pattn_*.dtype"); "" when it sets no kernel parameter (a
                                 * run-time value, or a tuning key); tests/test_ops.c checks each */
   const char *doc;             /* one line */
+  int bucketed;                /* a shape hint the op reads only through rlk_tune_bucket (a
+                                * tuning key's tokens): RLK_JIT_RECORD writes its bucket */
 } rlk_op_setting;
 
 /* A setting whose value a template parameter declares (`decl`, a static rlk_value_decl). */
@@ -46,6 +48,8 @@ typedef struct rlk_op_setting {
 #define RLK_SET_CHOICE(n, choices, def, feeds, doc) \
   {&(const rlk_value_decl)RLK_DECL_CHOICES(n, choices), def, feeds, doc}
 #define RLK_SET_DTYPE(n, dtypes, def, feeds, doc) {&(const rlk_value_decl)RLK_DECL_DTYPE(n, dtypes), def, feeds, doc}
+/* A shape hint read only through its tuning bucket (rlk_op_setting.bucketed): no kernel parameter. */
+#define RLK_SET_BUCKETED(n, def, lo, hi, doc) {&(const rlk_value_decl)RLK_DECL_INT(n, lo, hi), def, "", doc, 1}
 
 #define RLK_OP_MAX_SETTINGS 16
 

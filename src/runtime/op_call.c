@@ -78,7 +78,7 @@ rlk_status rlk_op_run(const rlk_op_entry *e, rlk_context *ctx, const void *args,
   else if (!call->nspecs && e->op)
     st = e->op->plan(ctx, &call->vals, call->specs, &call->nspecs);
   if (st) return st;
-  if (e->op && rlk_record_enabled()) rlk_record_op(ctx, e->op, &call->vals);
+  if (e->op && rlk_record_enabled()) rlk_record_op(e->op, &call->vals);
   if (e->launch) return e->launch(ctx, args, call, stream);
   if (!e->params && e->params_at < sizeof(rlk_op_call)) /* an entry that named neither */
     return rlk_error(RLK_ERR_INTERNAL, "%s: the entry gives no kernel arguments", e->name);

@@ -26,6 +26,7 @@
 #include "core/fs.h"
 #include "runtime/op.h"
 #include "runtime/record.h"
+#include "tune/tune_db.h"
 
 #define RLK_RECORD_EXIT_WAIT_S 1.0
 #define RLK_RECORD_LINE_MAX 1024
@@ -86,7 +87,6 @@ static atomic_int rec_on;
 static atomic_int rec_queued; /* lines waiting in rec_queue */
 static char rec_path[4096];
 static hash_set rec_known;       /* lines in the file, written by this process or found there */
-static hash_set rec_kernels;     /* the kernels (in plan order) of each line recorded */
 static hash_set rec_file_lines;  /* the lines read from the file, up to rec_read */
 static dev_t rec_dev;            /* the file rec_file_lines was read from */
 static ino_t rec_ino;
@@ -267,49 +267,30 @@ static void report_once(const char *what) {
   rlk_warn("%s; configurations are not recorded", what);
 }
 
-void rlk_record_op(const rlk_context *ctx, const rlk_op_desc *d, const rlk_op_values *vals) {
+void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals) {
   if (!rlk_record_enabled()) return;
+  /* A shape hint the op reads only through its tuning bucket is recorded as the bucket: the line
+   * plans what it did on any target, and a trainer's step of new rows adds no line. */
+  rlk_op_values v = *vals;
+  for (size_t i = 0; i < d->nsettings; i++)
+    if (d->settings[i].bucketed && v.v[i] >= 1) {
+      const int64_t b = rlk_tune_bucket(v.v[i]);
+      if (b <= d->settings[i].value->max) v.v[i] = b;
+    }
   char line[RLK_RECORD_LINE_MAX];
-  if (rlk_op_values_line(d, vals, line, sizeof line) < 0) return;
+  if (rlk_op_values_line(d, &v, line, sizeof line) < 0) return;
   const size_t n = strlen(line);
   const uint64_t h = fnv1a(line, n);
   pthread_mutex_lock(&rec_lock);
-  int known = set_has(&rec_known, h);
-  if (known && !atomic_load_explicit(&rec_queued, memory_order_relaxed)) {
-    pthread_mutex_unlock(&rec_lock);
-    return;
-  }
-  pthread_mutex_unlock(&rec_lock);
-  /* A new line whose kernels (as precompile plans them from it) an earlier line of this process
-   * plans already adds nothing: it differs only in shape hints (the rows of a step, new every
-   * step), and recording it would grow the file by a line a step. */
-  uint64_t hk = 0;
-  if (!known) {
-    rlk_kernel_spec specs[RLK_OP_MAX_KERNELS];
-    size_t nspecs = 0;
-    char saved[1024];
-    rlk_format(saved, sizeof saved, "%s", rlk_last_error());
-    if (d->plan(ctx, vals, specs, &nspecs) == RLK_OK && nspecs > 0 && nspecs <= RLK_OP_MAX_KERNELS)
-      hk = fnv1a((const char *)specs, nspecs * sizeof *specs);
-    if (saved[0]) rlk_error(RLK_ERR_INTERNAL, "%s", saved);
-    else rlk_error_clear();
-  }
-  pthread_mutex_lock(&rec_lock);
-  known = set_has(&rec_known, h);
-  if (!known && hk && set_has(&rec_kernels, hk)) {
-    known = 1;
-    if (set_add(&rec_known, h) != 0) report_once("RLK_JIT_RECORD: out of memory");
-  }
-  if (known && !atomic_load_explicit(&rec_queued, memory_order_relaxed)) {
+  if (set_has(&rec_known, h) && !atomic_load_explicit(&rec_queued, memory_order_relaxed)) {
     pthread_mutex_unlock(&rec_lock);
     return;
   }
   /* The error message of a failed append must not leak into the caller's call. */
   char saved[1024];
   rlk_format(saved, sizeof saved, "%s", rlk_last_error());
-  if (!known) {
-    if ((hk && set_add(&rec_kernels, hk) != 0) || set_add(&rec_known, h) != 0 || queue_line(line, n) != 0)
-      report_once("RLK_JIT_RECORD: out of memory");
+  if (!set_has(&rec_known, h)) {
+    if (set_add(&rec_known, h) != 0 || queue_line(line, n) != 0) report_once("RLK_JIT_RECORD: out of memory");
     static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
     pthread_once(&exit_once, rec_flush_at_exit);
   }
@@ -331,7 +312,6 @@ void rlk_record_reset(const char *path) {
   pthread_once(&rec_once, rec_init);
   pthread_mutex_lock(&rec_lock);
   set_clear(&rec_known);
-  set_clear(&rec_kernels);
   set_clear(&rec_file_lines);
   rec_dev = 0;
   rec_ino = 0;

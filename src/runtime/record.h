@@ -10,10 +10,9 @@
 int rlk_record_enabled(void);
 
 /* Appends the canonical line of `vals` for op d to the record file unless the process or the
- * file already has it, or a line this process recorded plans the same kernels on ctx (a line
- * that differs only in shape hints). Never fails the caller: a file that cannot be written is
- * warned about once. */
-void rlk_record_op(const rlk_context *ctx, const rlk_op_desc *d, const rlk_op_values *vals);
+ * file already has it. Never fails the caller: a file that cannot be written is warned about
+ * once. */
+void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals);
 
 /* Points recording at `path` (NULL: off) as if RLK_JIT_RECORD had said so, forgetting what the
  * process recorded before and dropping queued lines: for tests and fuzzing, which need more than
