@@ -3,9 +3,10 @@ structs are read from inside it (rlk/_lib/), tagged for this machine's platform
 (manylinux_2_<glibc>_<arch>) since the library is native code.
 
 Where the library comes from, first found wins:
-  1. RLK_LIBRARY: a built librlk.so.0 to bundle as it is;
-  2. the C sources: the repository around python/ (its build/, `make lib` run first so the copy
-     is current), or csrc/ inside an sdist (built under the build directory).
+  1. RLK_BUNDLE_LIBRARY: a built librlk.so.0 to bundle as it is (RLK_LIBRARY, which says what a
+     process loads, is not read here: a test build left in it would ship);
+  2. the C sources: csrc/ inside an sdist (built under the build directory), or the rlk
+     repository around python/ (its build/, `make lib` run first so the copy is current).
 Without either the build fails and says why: a wheel without its library would install and then
 have nothing to call. The sdist carries the C sources (csrc/), so it builds the library too; a
 C11 compiler and make are all that takes.
@@ -41,26 +42,36 @@ def say(msg):
     print("rlk: " + msg, file=sys.stderr, flush=True)
 
 
+def _c_sources_at(root):
+    return (os.path.isfile(os.path.join(root, "Makefile")) and os.path.isdir(os.path.join(root, "src")) and
+            os.path.isfile(os.path.join(root, "include", "rlk.h")))
+
+
 def c_source_root():
-    """The directory `make lib` runs in: the repository around python/, else the sdist's csrc/."""
-    for root in (os.path.dirname(HERE), os.path.join(HERE, "csrc")):
-        if os.path.isfile(os.path.join(root, "Makefile")) and os.path.isdir(os.path.join(root, "src")):
-            return root
+    """The directory `make lib` runs in: the sdist's csrc/, else the rlk repository whose python/
+    this is (an sdist unpacked inside another project never builds that project)."""
+    csrc = os.path.join(HERE, "csrc")
+    if _c_sources_at(csrc):
+        return csrc
+    parent = os.path.dirname(HERE)
+    if os.path.basename(HERE) == "python" and _c_sources_at(parent):
+        return parent
     return None
 
 
 def build_library(build_temp):
     """The path of the librlk.so.0 to bundle, built first when the C sources are here."""
-    env = os.environ.get("RLK_LIBRARY")
+    env = os.environ.get("RLK_BUNDLE_LIBRARY")
     if env:
         if not os.path.isfile(env):
-            raise SystemExit("rlk: RLK_LIBRARY=%s: no such file" % env)
+            raise SystemExit("rlk: RLK_BUNDLE_LIBRARY=%s: no such file" % env)
+        say("bundling RLK_BUNDLE_LIBRARY=%s as it is" % env)
         return os.path.realpath(env)
     root = c_source_root()
     if root is None:
-        raise SystemExit("rlk: cannot bundle librlk: RLK_LIBRARY is unset and there are no C sources "
-                         "(neither %s nor %s)" % (os.path.join(os.path.dirname(HERE), "Makefile"),
-                                                 os.path.join(HERE, "csrc", "Makefile")))
+        raise SystemExit("rlk: cannot bundle librlk: RLK_BUNDLE_LIBRARY is unset and there are no C sources "
+                         "(neither %s nor %s)" % (os.path.join(HERE, "csrc", "Makefile"),
+                                                 os.path.join(os.path.dirname(HERE), "Makefile")))
     # The repository keeps its build/ (make lib is incremental); an sdist builds in build_temp.
     build = os.path.join(root, "build") if root == os.path.dirname(HERE) else \
         os.path.abspath(os.path.join(build_temp, "librlk"))
@@ -91,6 +102,8 @@ def manylinux_tag(lib):
 
 class build_py_with_library(build_py):
     def run(self):
+        # setuptools' staging folder outlives a build: a module since removed would ship again
+        shutil.rmtree(os.path.join(self.build_lib, "rlk"), ignore_errors=True)
         super().run()
         lib = build_library(self.get_finalized_command("build").build_temp)
         dest = os.path.join(self.build_lib, "rlk", "_lib")

@@ -10,7 +10,6 @@ import threading
 from . import _entry
 from . import _lib
 from . import _log
-from . import kernel_trees
 from . import _types as T
 from .errors import InvalidArgument
 
@@ -35,7 +34,10 @@ class Context:
     def __init__(self, backend=T.Backend.AUTO, device=0, cache_dir=None, log_level=None,
                  compile_only=False, target=None):
         lib = _lib.library()
-        kernel_trees.use_installed()  # installed rlk_kernels_* trees, read-only, before the cache opens
+        # installed rlk_kernels_* trees, read-only, before the cache opens (imported here: `python -m
+        # rlk.kernel_trees` runs the module as a script, which a package import of it would shadow)
+        from . import kernel_trees
+        kernel_trees.use_installed()
         opt = T.ContextOptions()
         lib.rlk_context_options_init(ctypes.byref(opt))
         opt.backend = T.enum_value(T.Backend, backend, "backend")

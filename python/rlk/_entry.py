@@ -14,12 +14,20 @@ loaded at once), and kept in RLK_TORCH_ENTRY_DIR (default: $XDG_CACHE_HOME/rlk-t
 compile line. RLK_TORCH_ENTRY: "0" never builds or uses it, "wait" builds it in the foreground on
 first use (benchmarks, tests). A build that fails is logged once (the "rlk" logger, INFO) and
 calls keep the Python path.
+
+It is code this process runs, so it is loaded only from folders this user (or root) owns that no
+one else may write, made 0700 (a shared or world-writable RLK_TORCH_ENTRY_DIR leaves the entry
+off, as the kernel cache refuses such a root). One process builds a folder's module at a time
+(a lock the compiler holds), and the compiler renames its own output into place: a process that
+exits mid-build leaves the module to the next one, not a half-written file.
 """
+import fcntl
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -95,7 +103,29 @@ def _locate():
     return os.path.join(folder, _NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")), line
 
 
+def _untrusted(path, root):
+    """Why code at `path` may not be loaded (None when it may): it and every folder up to `root`
+    a link, someone else's (not this user's, not root's), or writable by group or others."""
+    uid = os.geteuid()
+    p = os.path.abspath(path)
+    root = os.path.abspath(root)
+    while True:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            return "%s is a link" % p
+        if st.st_uid not in (0, uid):
+            return "%s is owned by uid %d, not this user" % (p, st.st_uid)
+        if st.st_mode & 0o022:
+            return "%s is writable by group or others" % p
+        if p == root or os.path.dirname(p) == p:
+            return None
+        p = os.path.dirname(p)
+
+
 def _load(path):
+    why = _untrusted(path, _root())
+    if why:
+        raise RuntimeError("not loading the compiled entry: " + why)
     spec = importlib.util.spec_from_file_location(_NAME, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -108,26 +138,48 @@ def _fail(e):
                 _state["error"])
 
 
+# The compile runs in a shell that renames its output into place when it succeeds: the rename is
+# the compiler's, done even when the process that started it has exited.
+_BUILD_SH = 'tmp=$1; out=$2; shift 2; "$@" && chmod 755 "$tmp" && mv -f "$tmp" "$out"; rc=$?; ' \
+            '[ $rc = 0 ] || rm -f "$tmp"; exit $rc'
+
+
 def _build(path, line):
-    """Compiles the module to `path` and loads it; a failure is said once and leaves it off."""
+    """Compiles the module to `path` and loads it; a failure is said once and leaves it off. Under
+    the folder's lock: a build another process holds it for is waited for, and its module loaded."""
     t0 = time.perf_counter()
     folder = os.path.dirname(path)
     try:
-        os.makedirs(folder, exist_ok=True)
-        for f in os.listdir(folder):  # what a build cut short (its process ended) left
-            old = os.path.join(folder, f)
-            if f.endswith(".so.tmp") and time.time() - os.path.getmtime(old) > 600:
-                os.unlink(old)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
-        os.close(fd)
+        root = _root()
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        why = _untrusted(root, root)
+        if not why:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            why = _untrusted(folder, root)
+        if why:
+            raise RuntimeError("not building the compiled entry: " + why)
+        lock = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            r = subprocess.run([tmp if a == "OUT" else a for a in line], capture_output=True, text=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process's build: waited for
+            if os.path.exists(path):
+                _load(path)
+                return
+            for f in os.listdir(folder):  # under the lock, any output left is a build cut short
+                if f.endswith(".so.tmp"):
+                    os.unlink(os.path.join(folder, f))
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
+            os.close(fd)
+            log = os.path.join(folder, "build.log")
+            with open(log, "w") as out:
+                # the lock passes to the compile, which holds it until it ends (this process may not)
+                r = subprocess.run(["sh", "-c", _BUILD_SH, "sh", tmp, path] +
+                                   [tmp if a == "OUT" else a for a in line],
+                                   stdout=out, stderr=subprocess.STDOUT, pass_fds=(lock,))
             if r.returncode != 0:
-                raise RuntimeError("the compiler failed:\n" + (r.stderr or r.stdout)[-2000:])
-            os.replace(tmp, path)  # whole or absent: processes building at once each write their own
+                with open(log) as f:
+                    raise RuntimeError("the compiler failed:\n" + f.read()[-2000:])
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            os.close(lock)
         _load(path)
         logger.info("rlk: built the compiled torch entry in %.1f s (%s)", time.perf_counter() - t0, path)
     except Exception as e:  # any failure leaves the Python path

@@ -37,7 +37,9 @@ def candidates():
         return [("RLK_LIBRARY", env)]
     here = Path(__file__).resolve().parent
     out.append(("installed copy", str(here / "_lib" / SONAME)))
-    out.append(("source tree", str(here.parent.parent / "build" / "lib" / SONAME)))
+    checkout = here.parent.parent  # python/rlk of a source tree, not an installed package's folder
+    if here.parent.name == "python" and (checkout / "include" / "rlk.h").is_file():
+        out.append(("source tree", str(checkout / "build" / "lib" / SONAME)))
     found = ctypes.util.find_library("rlk")
     if found:
         out.append(("system (find_library)", found))

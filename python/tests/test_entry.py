@@ -549,3 +549,57 @@ def test_plan_writes_numbers_as_their_c_types(entry, tmp_path):
         entry.Plan(args, fn, 0, 0, -1, [], outs, 0, torch.float32, 0, 0, -1, [(28, 3)])
     with pytest.raises(Exception):  # an output in the f32 buffer that is not f32
         entry.Plan(args, fn, 0, 0, -1, [], [(0, (2,), (1,), [0], torch.int64)], 4, torch.float32, 0, 0, -1, [])
+
+
+# ---- building and loading the module: what the folder must be, who renames the output ----------
+
+def _fresh_state(monkeypatch, root):
+    monkeypatch.setenv("RLK_TORCH_ENTRY_DIR", str(root))
+    for k, v in (("module", None), ("started", False), ("error", None), ("thread", None)):
+        monkeypatch.setitem(_entry._state, k, v)
+
+
+def test_a_folder_others_may_write_is_not_used(monkeypatch, tmp_path):
+    """Code in a folder someone else could write is not loaded, nor built there: a shared or
+    world-writable RLK_TORCH_ENTRY_DIR leaves the entry off, saying why."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    _fresh_state(monkeypatch, root)
+    path = str(root / "f" / "m.so")
+    _entry._build(path, ["sh", "-c", 'cp /bin/true "$0"', "OUT"])
+    assert "writable by group or others" in (_entry._state["error"] or ""), _entry._state["error"]
+    assert not os.path.exists(path)
+    os.makedirs(os.path.dirname(path))
+    shutil.copyfile("/bin/true", path)
+    with pytest.raises(RuntimeError, match="writable by group or others"):
+        _entry._load(path)
+
+
+def test_the_compile_renames_its_own_output(monkeypatch, tmp_path):
+    """The compile moves its output into place itself, under the folder's lock: a process that
+    exits mid-build leaves the module for the next one, and no partial file."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    root = tmp_path / "entry"
+    path = root / "f" / "m.so"
+    script = textwrap.dedent("""
+        import os, sys, threading
+        sys.path.insert(0, %r)
+        os.environ["RLK_TORCH_ENTRY_DIR"] = %r
+        from rlk import _entry
+        threading.Thread(target=_entry._build, daemon=True,
+                         args=(%r, ["sh", "-c", 'sleep 1; cp /bin/true "$0"', "OUT"])).start()
+        import time; time.sleep(0.3)  # the compile has started; the process exits before it ends
+    """ % (os.path.dirname(os.path.dirname(_entry.__file__)), str(root), str(path)))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert not path.exists()
+    for _ in range(100):
+        if path.exists():
+            break
+        time.sleep(0.05)
+    assert path.exists(), sorted(os.listdir(path.parent))
+    assert not [f for f in os.listdir(path.parent) if f.endswith(".so.tmp")]
+    assert (os.stat(root).st_mode & 0o777) == 0o700 and (os.stat(path.parent).st_mode & 0o777) == 0o700
