@@ -1901,8 +1901,8 @@ typedef struct rlk_sample_args {
   int pdl;
   /* Optional output, f32 [B] contiguous: the smallest logit (as given: before the temperature) of
    * the row's kept set, which is every logit >= it (the filters keep upper sets, ties together):
-   * -inf where no filter cut anything, the maximum for a greedy row, NaN for a row without a
-   * token. Kept-set replay: rlk_logprob's, rlk_linear_logprob's and rlk_linear_policy_loss's
+   * -inf where no filter was on (a filter on that cut nothing gives the row's smallest logit,
+   * which keeps the same set), the maximum for a greedy row, NaN for a row without a token. Kept-set replay: rlk_logprob's, rlk_linear_logprob's and rlk_linear_policy_loss's
    * `threshold` renormalize over the same set. */
   rlk_tensor threshold;
 } rlk_sample_args;
