@@ -62,8 +62,18 @@ def test_import_without_a_library_names_every_place_tried(tmp_path):
     last = r.stderr.strip().splitlines()
     assert any("rlk.errors.LibraryNotFound: librlk could not be loaded" in l for l in last), r.stderr
     assert str(pkg / "rlk" / "_lib" / "librlk.so.0") + " (absent)" in r.stderr
-    assert str(tmp_path / "build" / "lib" / "librlk.so.0") + " (absent)" in r.stderr
+    # not a checkout's python/: no build/ beside it is looked at (nor listed)
+    assert str(tmp_path / "build" / "lib" / "librlk.so.0") not in r.stderr
+    assert "source tree:" not in r.stderr
     assert "system loader: librlk.so.0" in r.stderr
+    # a checkout's python/ looks in its build/lib
+    tree = tmp_path / "checkout"
+    shutil.copytree(pkg / "rlk", tree / "python" / "rlk")
+    (tree / "include").mkdir()
+    shutil.copyfile(os.path.join(os.path.dirname(PYTHON_DIR), "include", "rlk.h"), tree / "include" / "rlk.h")
+    r = _import_copied(tree / "python", tmp_path)
+    assert r.returncode != 0
+    assert "source tree: " + str(tree / "build" / "lib" / "librlk.so.0") + " (absent)" in r.stderr, r.stderr
 
 
 def _import_copied(pkg, cwd):
