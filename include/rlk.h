@@ -2048,9 +2048,10 @@ RLK_API rlk_status rlk_tune_db_path(char *buf, size_t size);
  * list. Under the database's lock; the file and its directory are created as needed. Lines that
  * do not parse are dropped with a warning; a file of which no line can be read (not a tuning
  * database, or damaged throughout) is moved aside to "<db>.bad-<time>" with a warning. Records are
- * checked first: an empty key field, a tab or newline in a string, tokens < 1, a negative or
- * non-finite time or ntimings outside [0, RLK_TUNE_MAX_TIMINGS] is an RLK_ERR_INVALID_ARGUMENT
- * naming the record and field, and nothing is written. */
+ * checked first: an empty key field, a tab or newline in a string, tokens < 1, multiprocessors
+ * outside [0, 2^20], a negative created time, a negative, non-finite or below-1e-300 (non-zero)
+ * time or ntimings outside [0, RLK_TUNE_MAX_TIMINGS] is an RLK_ERR_INVALID_ARGUMENT naming the
+ * record and field, and nothing is written: every record written is one the reader takes back. */
 RLK_API rlk_status rlk_tune_db_record(const char *db, const rlk_tune_record *records, size_t n);
 
 /* Called once per record; return non-zero to stop the walk. */
@@ -2138,8 +2139,9 @@ RLK_API rlk_status rlk_cache_create_root(const char *root);
  * own is touched: it carries the CACHEDIR.TAG marker the cache writes when it creates a root
  * (or first uses an empty one); names that merely look like the cache's are no proof. Any
  * other is RLK_ERR_INVALID_ARGUMENT and loses nothing. Only names the cache creates are
- * removed, and never through a link. RLK_ERR_IO when some entries could not be removed (the
- * counts say what was). */
+ * removed, and never through a link. RLK_ERR_IO when some entries could not be removed, or a
+ * folder of the tree could not be read (what could be read is pruned first; the counts say what
+ * was removed). */
 RLK_API rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age_seconds,
                                    uint64_t *removed_entries, uint64_t *removed_bytes);
 

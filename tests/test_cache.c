@@ -837,6 +837,11 @@ static int scan_unreadable(const char *root) {
   if (rlk_cache_verify(root, 0, &entries, &bad) != RLK_ERR_IO || !strstr(rlk_last_error(), "could not be read"))
     return 3;
   if (entries != 2 || bad != 1) return 4;
+  /* pruning removes what it can read (the readable entry, past a 1-byte cap), then says what not */
+  uint64_t removed = 0, bytes = 0;
+  if (rlk_cache_prune(root, 1, 0, &removed, &bytes) != RLK_ERR_IO || !strstr(rlk_last_error(), "could not be read"))
+    return 5;
+  if (removed != 1) return 6;
   return 0;
 }
 

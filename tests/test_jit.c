@@ -386,6 +386,8 @@ static int precompile_unpublished(const char *root, int device) {
   rlk_status st = rlk_precompile(ctx, "group_advantage group_size=4 mode=mean-only", NULL);
   if (!bad && (st != RLK_ERR_CACHE || !strstr(rlk_last_error(), "could not publish"))) bad = 3;
   if (!bad && device && run_op(ctx, 4) != RLK_OK) bad = 4;
+  /* asked again (now a hit in memory): still not in the cache, still said */
+  if (!bad && rlk_precompile(ctx, "group_advantage group_size=4 mode=mean-only", NULL) != RLK_ERR_CACHE) bad = 5;
   chmod(root, 0755);
   rlk_context_destroy(ctx);
   return bad;

@@ -441,7 +441,7 @@ START_TEST(db_round_trip) {
 
   /* records that would break the format are refused, and nothing is written */
   /* (and those the reader would skip: every record written is one it reads back) */
-  enum { NBAD = 8 };
+  enum { NBAD = 9 };
   rlk_tune_record bad_r[NBAD];
   for (int i = 0; i < NBAD; i++) bad_r[i] = r[1];
   snprintf(bad_r[0].device, sizeof bad_r[0].device, "tab\there");
@@ -452,8 +452,9 @@ START_TEST(db_round_trip) {
   bad_r[5].op[0] = '\0';
   bad_r[6].created = -5;
   bad_r[7].multiprocessors = 2000000;
+  bad_r[8].best_ms = 1e-320; /* printed as %.6g, a subnormal reads back out of range */
   static const char *const fields[NBAD] = {"device", "tokens", "default_ms", "ntimings", "winner", "op", "created",
-                                           "multiprocessors"};
+                                           "multiprocessors", "best_ms"};
   for (int i = 0; i < NBAD; i++) {
     ck_assert_int_eq(rlk_tune_db_record(NULL, &bad_r[i], 1), RLK_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(rlk_last_error(), fields[i]) != NULL, "'%s' does not name %s", rlk_last_error(), fields[i]);

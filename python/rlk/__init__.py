@@ -77,8 +77,10 @@ if "torch" in sys.modules:  # torch.ops.rlk.*; otherwise on first use (rlk.autog
 
 
 def __getattr__(name):
-    """rlk.autograd, rlk.nn, rlk.sampling and rlk.torch_ops import torch: loaded on first use."""
-    if name in ("autograd", "nn", "sampling", "torch_ops"):
+    """rlk.autograd, rlk.nn, rlk.sampling and rlk.torch_ops import torch: loaded on first use;
+    rlk.kernel_trees too (`python -m rlk.kernel_trees` runs it as a script: imported with the
+    package, runpy would warn)."""
+    if name in ("autograd", "nn", "sampling", "torch_ops", "kernel_trees"):
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError("module 'rlk' has no attribute %r" % name)

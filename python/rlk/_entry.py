@@ -122,20 +122,45 @@ def _untrusted(path, root):
         p = os.path.dirname(p)
 
 
+def _tighten(folder, root):
+    """Folders of this user's from `folder` up to `root` made 0700 where others could write them
+    (an earlier version made them under the umask: 0775 under a umask of 002); the root only when
+    it is the default one, never an RLK_TORCH_ENTRY_DIR the user chose."""
+    uid = os.geteuid()
+    p, root = os.path.abspath(folder), os.path.abspath(root)
+    while True:
+        if p == root and os.environ.get("RLK_TORCH_ENTRY_DIR"):
+            return
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid and st.st_mode & 0o022:
+            os.chmod(p, 0o700)
+        if p == root or os.path.dirname(p) == p:
+            return
+        p = os.path.dirname(p)
+
+
 def _load(path):
+    _tighten(os.path.dirname(path), _root())
     why = _untrusted(path, _root())
     if why:
-        raise RuntimeError("not loading the compiled entry: " + why)
+        raise _Untrusted("not loading the compiled entry: " + why)
     spec = importlib.util.spec_from_file_location(_NAME, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _state["module"] = module
 
 
+class _Untrusted(RuntimeError):
+    """A folder or module others could have written: said as a warning, not only at INFO."""
+
+
 def _fail(e):
     _state["error"] = "%s: %s" % (type(e).__name__, e)
-    logger.info("rlk: the compiled torch entry is not in use (%s); calls take the Python path",
-                _state["error"])
+    (logger.warning if isinstance(e, _Untrusted) else logger.info)(
+        "rlk: the compiled torch entry is not in use (%s); calls take the Python path", _state["error"])
 
 
 # The compile runs in a shell that renames its output into place when it succeeds: the rename is
@@ -152,12 +177,14 @@ def _build(path, line):
     try:
         root = _root()
         os.makedirs(root, mode=0o700, exist_ok=True)
+        _tighten(root, root)
         why = _untrusted(root, root)
         if not why:
             os.makedirs(folder, mode=0o700, exist_ok=True)
+            _tighten(folder, root)
             why = _untrusted(folder, root)
         if why:
-            raise RuntimeError("not building the compiled entry: " + why)
+            raise _Untrusted("not building the compiled entry: " + why)
         lock = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process's build: waited for

@@ -328,7 +328,8 @@ class Binder:
             lay = _LAYOUTS.get((shape, strides))
             if lay is not None and (dtypes is None or dt in dtypes):  # the common case
                 if output:
-                    self.given.append(x)
+                    if name not in self.op.status_fields:  # a status word is ORed into, never cleared
+                        self.given.append(x)
                 elif lay[2] and not optional and name not in self.op.rows_elsewhere:
                     self.no_rows = True
                 _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
@@ -359,7 +360,8 @@ class Binder:
             raise self._fail(name, "has %d dimensions, at most %d are supported" % (
                 len(shape), _MAX_DIMS))
         if output:
-            self.given.append(x)
+            if name not in self.op.status_fields:
+                self.given.append(x)
         elif lay[2] and not optional and name not in self.op.rows_elsewhere:
             self.no_rows = True
         _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
@@ -575,9 +577,10 @@ class Binder:
     def run(self, stream=None):
         """Launches the op with the args built here on this call's context and stream. An empty
         batch (a required input with no rows) launches nothing: every tensor of the batch's rows
-        must have none (Op.empty_batch_mismatch), and the outputs, those this call allocated and
-        those given (unless the call adds to them), are zeroed (a loss over no token is 0, a
-        weight's gradient from no row is 0), as torch's sums over nothing are."""
+        must have none (Op.empty_batch), and the outputs, those this call allocated and those
+        given (unless the call adds to them; never a status word, which calls OR into), are
+        zeroed (a loss over no token is 0, a weight's gradient from no row is 0), as torch's sums
+        over nothing are."""
         p = self.place
         if self.no_rows and self.empty_batch():
             out = self.made if getattr(self.args, "accumulate", 0) else self.made + self.given
@@ -721,7 +724,8 @@ class Op:
             if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure) and ftype is not T.Tensor:
                 tensors += [name + "." + sub for sub, stype in ftype._fields_ if stype is T.Tensor]
         rows_at = rows_at or {}
-        shared = tuple(shared) + tuple(f for f in ("status", "head.status", "fwd.status") if f in tensors)
+        self.status_fields = frozenset(f for f in ("status", "head.status", "fwd.status") if f in tensors)
+        shared = tuple(shared) + tuple(self.status_fields)
         for f in shared + tuple(rows_at) + ((selection[0],) + tuple(selection[1]) if selection else ()):
             if f not in tensors:
                 raise TypeError("Op %s: %s is not a tensor field" % (name, f))

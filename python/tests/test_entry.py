@@ -603,3 +603,24 @@ def test_the_compile_renames_its_own_output(monkeypatch, tmp_path):
     assert path.exists(), sorted(os.listdir(path.parent))
     assert not [f for f in os.listdir(path.parent) if f.endswith(".so.tmp")]
     assert (os.stat(root).st_mode & 0o777) == 0o700 and (os.stat(path.parent).st_mode & 0o777) == 0o700
+
+
+def test_folders_an_earlier_version_left_open_are_tightened(monkeypatch, tmp_path):
+    """A hash folder of this user's left group-writable (made under a umask of 002) is made 0700
+    and used; a chosen RLK_TORCH_ENTRY_DIR itself is never changed."""
+    root = tmp_path / "entry"
+    folder = root / "f"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o775)
+    _fresh_state(monkeypatch, root)
+    path = folder / "m.so"
+    shutil.copyfile("/bin/true", path)
+    os.chmod(path, 0o755)
+    with pytest.raises(Exception) as e:  # loads past the trust check: /bin/true is no module
+        _entry._load(str(path))
+    assert not isinstance(e.value, _entry._Untrusted), e.value
+    assert (os.stat(folder).st_mode & 0o777) == 0o700
+    os.chmod(root, 0o775)
+    with pytest.raises(_entry._Untrusted, match="writable by group or others"):
+        _entry._load(str(path))
+    assert (os.stat(root).st_mode & 0o777) == 0o775

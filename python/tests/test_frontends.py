@@ -123,6 +123,12 @@ def test_an_empty_selection_and_given_outputs():
         assert torch.equal(gw, torch.full_like(gw, 2.0 if accumulate else 0.0))
     with pytest.raises(rlk.InvalidArgument, match="labels has no rows but .* has 2"):
         rlk.linear_logprob(hidden, weight, none64, rows=torch.tensor([0, 3]))
+    # a status word is ORed into by every call, never cleared: an empty batch leaves its bits
+    st = torch.tensor([4], dtype=torch.int32)
+    rlk.logprob(torch.zeros(0, 8), none64, status=st)
+    rlk.linear_logprob(hidden, weight, none64, rows=none64, status=st)
+    assert st.tolist() == [4]
+    assert rlk.kernel_trees.__name__ == "rlk.kernel_trees"  # loaded on first use
 
 
 # ---- rlk.nn -------------------------------------------------------------------------------

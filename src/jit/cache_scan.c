@@ -174,17 +174,19 @@ static int by_recency(const void *a, const void *b) {
 }
 
 /* Every entry of every schema (older schemas' entries are never used again, so they age out
- * first), sorted oldest first. */
+ * first), sorted oldest first. RLK_ERR_IO (folders that could not be read) leaves the list of
+ * what could be: the caller works on it and reports the error after. */
 static rlk_status collect(const char *root, entry_list *l) {
   memset(l, 0, sizeof *l);
   rlk_status st = rlk_cache_scan(root, -1, collect_one, l);
-  if (st == RLK_OK && l->oom) st = rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache: out of memory");
-  if (st != RLK_OK) {
+  if ((st == RLK_OK || st == RLK_ERR_IO) && l->oom)
+    st = rlk_error(RLK_ERR_OUT_OF_MEMORY, "kernel cache: out of memory");
+  if (st != RLK_OK && st != RLK_ERR_IO) {
     list_free(l);
     return st;
   }
   if (l->n) qsort(l->v, l->n, sizeof *l->v, by_recency);
-  return RLK_OK;
+  return st;
 }
 
 static int remove_rec(const char *root, entry_rec *r, uint64_t *entries, uint64_t *bytes) {
@@ -226,8 +228,10 @@ rlk_status rlk_cache_evict_tree(const char *root, uint64_t max_bytes, int64_t ma
   if (!root || !root[0]) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kernel cache evict: no root");
   if (max_bytes == 0 && max_age <= 0) return RLK_OK; /* no cap, no age limit */
   entry_list l;
-  rlk_status st = collect(root, &l);
-  if (st != RLK_OK) return st;
+  rlk_status st = collect(root, &l); /* RLK_ERR_IO: what could be read is evicted, then said */
+  if (st != RLK_OK && st != RLK_ERR_IO) return st;
+  char unread[512] = "";
+  if (st) rlk_format(unread, sizeof unread, "%s", rlk_last_error());
   if (max_age > 0) {
     int64_t now = rlk_unix_time();
     for (size_t i = 0; i < l.n; i++) {
@@ -244,7 +248,7 @@ rlk_status rlk_cache_evict_tree(const char *root, uint64_t max_bytes, int64_t ma
   if (removed_entries) *removed_entries = n;
   if (removed_bytes) *removed_bytes = b;
   if (failed) *failed = bad;
-  return RLK_OK;
+  return st ? rlk_error(st, "%s", unread) : RLK_OK;
 }
 
 /* max_bytes 0 means no cap, as in the cache's configuration. */

@@ -23,6 +23,7 @@ typedef struct jit_entry {
   int64_t values[RLK_MAX_PARAMS];
   void *module;
   void *fn;
+  int unpublished; /* compiled here, its publish failed: not in the cache */
   struct jit_entry *next_all;
 } jit_entry;
 
@@ -326,8 +327,8 @@ static rlk_status lookup_and_load(rlk_jit *jit, const build_plan *p, int load, i
 }
 
 /* The miss path shared by get (load = 1) and prepare (load = 0). Called with the JIT's lock held.
- * A compiled binary that could not be published is used from memory, with a warning, unless
- * strict: then *unpublished is set and the error is the last one, for precompile to return. */
+ * A compiled binary that could not be published sets *unpublished and is used from memory, with
+ * a warning, unless strict: then the error is the last one, for precompile to return. */
 static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, int strict, void **module,
                           void **fn, int *unpublished) {
   build_plan *p = malloc(sizeof *p);
@@ -358,8 +359,8 @@ static rlk_status resolve(rlk_jit *jit, const rlk_kernel_spec *spec, int load, i
     rlk_cache_publish_info info = {.binary_name = res.binary_name, .compile_seconds = res.seconds,
                                    .log = res.log};
     if (rlk_cache_publish(jit->cache, &p->key, res.binary, res.size, res.lowered_names, res.nnames, &info)) {
+      *unpublished = 1;
       if (strict) {
-        *unpublished = 1;
         rlk_error_wrap(RLK_ERR_CACHE, "could not publish %s to the cache", p->key.entry);
       } else {
         rlk_warn("could not publish %s to the cache (%s); using it from memory", p->key.entry, rlk_last_error());
@@ -373,6 +374,16 @@ done:
   return st;
 }
 
+/* The table's kernel, and with strict an error where it is one this process compiled and could
+ * not publish. */
+static rlk_status table_hit(const jit_entry *e, int strict, void **fn) {
+  *fn = e->fn;
+  if (strict && e->unpublished)
+    return rlk_error(RLK_ERR_CACHE, "could not publish %s to the cache when this process compiled it",
+                     e->tmpl->entry);
+  return RLK_OK;
+}
+
 /* get, and with strict an error (the kernel still loaded) where it could not be published. */
 static rlk_status get(rlk_jit *jit, const rlk_kernel_spec *spec, int strict, void **fn) {
   uint64_t h = spec_hash(spec);
@@ -380,8 +391,7 @@ static rlk_status get(rlk_jit *jit, const rlk_kernel_spec *spec, int strict, voi
   jit_entry *e = table_find(jit, spec, h);
   if (e) {
     atomic_fetch_add_explicit(&jit->memory_hits, 1, memory_order_relaxed);
-    *fn = e->fn;
-    return RLK_OK;
+    return table_hit(e, strict, fn);
   }
   if (!jit->backend) return rlk_error(RLK_ERR_UNSUPPORTED, "this context is compile-only: kernels cannot be launched");
   pthread_mutex_lock(&jit->lock);
@@ -389,8 +399,7 @@ static rlk_status get(rlk_jit *jit, const rlk_kernel_spec *spec, int strict, voi
   if (e) {
     pthread_mutex_unlock(&jit->lock);
     atomic_fetch_add_explicit(&jit->memory_hits, 1, memory_order_relaxed);
-    *fn = e->fn;
-    return RLK_OK;
+    return table_hit(e, strict, fn);
   }
   void *module = NULL, *f = NULL;
   int unpublished = 0;
@@ -406,9 +415,10 @@ static rlk_status get(rlk_jit *jit, const rlk_kernel_spec *spec, int strict, voi
       memcpy(e->values, spec->values, sizeof e->values);
       e->module = module;
       e->fn = f;
+      e->unpublished = unpublished;
       table_insert(jit, e);
       *fn = f;
-      if (unpublished) st = RLK_ERR_CACHE; /* resolve's message */
+      if (unpublished && strict) st = RLK_ERR_CACHE; /* resolve's message */
     }
   }
   pthread_mutex_unlock(&jit->lock);
@@ -423,9 +433,10 @@ rlk_status rlk_jit_get_published(rlk_jit *jit, const rlk_kernel_spec *spec, void
 
 rlk_status rlk_jit_prepare(rlk_jit *jit, const rlk_kernel_spec *spec) {
   uint64_t h = spec_hash(spec);
-  if (table_find(jit, spec, h)) return RLK_OK;
-  pthread_mutex_lock(&jit->lock);
   void *module = NULL, *fn = NULL;
+  const jit_entry *e = table_find(jit, spec, h);
+  if (e) return table_hit(e, 1, &fn);
+  pthread_mutex_lock(&jit->lock);
   int unpublished = 0;
   rlk_status st = resolve(jit, spec, 0, 1, &module, &fn, &unpublished);
   pthread_mutex_unlock(&jit->lock);

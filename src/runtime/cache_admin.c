@@ -214,9 +214,9 @@ rlk_status rlk_cache_prune(const char *root, uint64_t max_bytes, int64_t max_age
   /* An explicit prune is the operator's decision: no grace period. */
   uint64_t n = 0, b = 0, failed = 0;
   st = rlk_cache_evict_tree(dir, max_bytes, max_age_seconds, 0, NULL, &n, &b, &failed);
-  if (st != RLK_OK) return st;
-  if (removed_entries) *removed_entries = n;
+  if (removed_entries) *removed_entries = n; /* also when a folder could not be read (RLK_ERR_IO) */
   if (removed_bytes) *removed_bytes = b;
+  if (st != RLK_OK) return st;
   if (failed)
     return rlk_error(RLK_ERR_IO,
                      "rlk_cache_prune: %llu entr%s under %s could not be removed (no permission to "

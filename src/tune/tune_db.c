@@ -92,7 +92,9 @@ static int bad_text(const char *s, size_t size, int may_be_empty) {
   return strpbrk(s, "\t\r\n") != NULL;
 }
 
-static int bad_ms(double ms) { return !isfinite(ms) || ms < 0; }
+/* A time the file can hold: finite, >= 0, and 0 or at least 1e-300 ms (printed with %.6g, a
+ * subnormal one would read back out of range). */
+static int bad_ms(double ms) { return !isfinite(ms) || ms < 0 || (ms > 0 && ms < 1e-300); }
 
 rlk_status rlk_tune_check_record(const rlk_tune_record *r, rlk_tune_file_kind kind, const char *what) {
   const struct {
@@ -122,7 +124,8 @@ rlk_status rlk_tune_check_record(const rlk_tune_record *r, rlk_tune_file_kind ki
   if (bad_text(r->winner, sizeof r->winner, 1))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: winner is unterminated or holds a tab or newline", what);
   if (bad_ms(r->default_ms) || bad_ms(r->best_ms))
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: default_ms %g / best_ms %g must be finite and >= 0", what,
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                     "%s: default_ms %g / best_ms %g must be finite, 0 or at least 1e-300", what,
                      r->default_ms, r->best_ms);
   if (r->ntimings < 0 || r->ntimings > RLK_TUNE_MAX_TIMINGS)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: ntimings %d is outside [0, %d]", what, r->ntimings,
@@ -136,7 +139,8 @@ rlk_status rlk_tune_check_record(const rlk_tune_record *r, rlk_tune_file_kind ki
       return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: timings[%d].result %d is not an rlk_tune_result", what, i,
                        (int)t->result);
     if (bad_ms(t->median_ms))
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT, "%s: timings[%d].median_ms %g must be finite and >= 0", what, i,
+      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
+                       "%s: timings[%d].median_ms %g must be finite, 0 or at least 1e-300", what, i,
                        t->median_ms);
   }
   return RLK_OK;
