@@ -280,7 +280,7 @@ class Binder:
         self.ctx = None
         self.keep = []  # scratch allocated here, alive until the launch is queued
         self.made = []  # every array allocated here (zeroed instead of a launch: see run)
-        self.given = []  # the outputs the caller gave (zeroed too, unless accumulating)
+        self.given = []  # the outputs the caller gave, status words aside (zeroed too, unless accumulating)
         self.no_rows = False  # a required input has no rows: an empty batch
 
     def _fail(self, name, msg):
@@ -697,12 +697,11 @@ class Op:
 
     def __init__(self, name, args_struct, workspace=False, shared=(), rows_at=None, selection=None):
         """shared: the tensor fields whose first dimension does not count the batch's rows (a
-        head's weight [V, H], offsets [S + 1], a loss and its metrics; the status word is);
-        rows_at: {field: dimension} for those
-        that count them in another (gathered records [P, N, fields]); selection: (field,
-        fields) where a row selection, when given, stands for those fields' rows (rows into
-        hidden [N, H]). The other tensor fields all have no rows in an empty batch
-        (empty_batch_mismatch)."""
+        head's weight [V, H], offsets [S + 1], a loss and its metrics; the status word always);
+        rows_at: {field: dimension} for those that count them in another dimension (gathered
+        records [P, N, fields]); selection: (field, fields) where a row selection, when given,
+        stands for those fields' rows (rows into hidden [N, H]). The other tensor fields all
+        have no rows in an empty batch (empty_batch)."""
         self.name = name
         self.args_struct = args_struct
         self.has_workspace = workspace
