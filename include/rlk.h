@@ -1832,7 +1832,9 @@ RLK_API rlk_status rlk_prefix_attention_backward(rlk_context *ctx,
  *   top_k > 0:  keep x_j >= the k-th largest logit (k >= V keeps every token);
  *   top_p < 1:  over the renormalized distribution of what min-p and top-k kept, keep token j when
  *               the mass of the kept tokens with a strictly larger logit is below top_p (so the
- *               largest logit always stays) - vLLM's order: min-p, then top-k, then top-p.
+ *               largest logit always stays) - vLLM's order: min-p, then top-k, then top-p. top_p
+ *               is taken in steps of 2^-32, rounded down, at least one: below 2^-32 the largest
+ *               logit and its ties alone.
  * The token is drawn from the kept tokens' renormalized probabilities. temperature 0 is greedy: the
  * argmax (the lowest index among equal maxima), filters ignored.
  *

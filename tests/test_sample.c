@@ -702,6 +702,34 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
   out_free(&o);
   batch_free(&u);
 
+  /* top_p below 2^-32 (the scalar, and per row down to a subnormal): the largest logit alone, as
+   * at 2^-32 (it once came out as 0 steps of the fixed point and kept every token) */
+  {
+    const float tiny[8] = {1e-10f, 0x1p-33f, 1e-40f, 0x1p-149f, 1e-20f, 2.3e-10f, 1e-30f, 0x1p-32f};
+    for (int64_t i = 0; i < B; i++)
+      for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 2.0 * rlk_test_rand_normal(rng));
+    for (int k = 0; k < 2; k++) {
+      s = settings_default();
+      s.seeds = seeds;
+      if (k)
+        s.top_ps = tiny;
+      else
+        s.top_p = 1e-10f;
+      sample_ok(ctx, &b, &s, &o);
+      ck_assert_int_eq(o.status, 0);
+      for (int64_t i = 0; i < B; i++) {
+        int64_t arg = 0;
+        for (int64_t j = 1; j < V; j++)
+          if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+        ck_assert_msg(o.tokens[i] == arg && o.logp_filtered[i] == 0.0f && o.threshold[i] == (float)b.xd[i * V + arg],
+                      "top_p %g row %lld: token %lld (the maximum's %lld), logp_filtered %g, threshold %g",
+                      (double)(k ? tiny[i] : s.top_p), (long long)i, (long long)o.tokens[i], (long long)arg,
+                      (double)o.logp_filtered[i], (double)o.threshold[i]);
+      }
+      out_free(&o);
+    }
+  }
+
   /* bad per-row settings in device memory: those rows get -1 and the status bit */
   for (int64_t i = 0; i < B; i++)
     for (int64_t j = 0; j < V; j++) batch_set(&b, i, j, 2.0 * rlk_test_rand_normal(rng));

@@ -37,4 +37,9 @@ enum { SMP_STATUS_NAN = 1, SMP_STATUS_NO_TOKEN = 2, SMP_STATUS_BAD_PARAM = 4 };
   F(S_, float, min_p, 160)
 #define RLK_SAMPLE_PARAMS_SIZE 168
 
+/* top_p in the kernels' fixed point: floor(top_p 2^32) steps of 2^-32, at least one. A top_p below
+ * 2^-32 keeps what 2^-32 keeps, the largest logit and its ties (0 steps would ask for a mass of 0,
+ * which no boundary bin holds: the select then kept every token). */
+#define RLK_SAMPLE_TOP_P_STEPS(p) ((p) * 4294967296.0f >= 1.0f ? (unsigned long long)((p) * 4294967296.0f) : 1ull)
+
 #endif

@@ -1150,7 +1150,7 @@ __global__ void __launch_bounds__(SEG >= RLK_WARP_SIZE ? SEG : RLK_WARP_SIZE,
       step = use_k ? COUNT : (use_p ? MASS : KEPT);
       need = (u64)rs.top_k;
     }
-    const u64 pq = use_p ? (u64)(rs.top_p * 4294967296.0f) : 0ull;
+    const u64 pq = use_p ? (u64)RLK_SAMPLE_TOP_P_STEPS(rs.top_p) : 0ull;
 
     while (step != DONE) {
       /* ---- set up the pass ---- */

@@ -200,7 +200,7 @@ RLK_HOST_KERNEL rlk_sample(void **args) {
       const int use_k = filter && k > 0 && k < V, use_p = filter && p < 1.0f;
       whole_row = !(use_k || use_p || R.use_m);
       if (use_k) R.key_lo = smp_select_key(&R, 0, (uint64_t)k);
-      if (use_p) R.key_lo = smp_select_key(&R, 1, (uint64_t)(p * 4294967296.0f));
+      if (use_p) R.key_lo = smp_select_key(&R, 1, (uint64_t)RLK_SAMPLE_TOP_P_STEPS(p));
       /* the kept set's mass, then the element where the running mass passes the draw */
       thr = INFINITY;
       for (rlk_i64 j = 0; j < V; j++) {
