@@ -179,6 +179,19 @@ def _dtype_names(dtypes):
     return " or ".join(T.DType(d).name.lower() for d in dtypes)
 
 
+def f32(name, value):
+    """A number for a C float setting: float(value), refused (InvalidArgument naming the setting)
+    where the f32 the library reads would be 0 for a nonzero value or infinite for a finite one,
+    which it would take for another setting (a temperature of 0 is greedy, a scale of 0 the
+    default)."""
+    v = float(value)
+    r = ctypes.c_float(v).value
+    if (r == 0.0 and v != 0.0) or (r != r) != (v != v) or (abs(r) == float("inf") and abs(v) != float("inf")):
+        raise InvalidArgument("%s: %r is %s as an f32 (the library's type for it)"
+                              % (name, value, "0" if r == 0.0 else "infinite"))
+    return v
+
+
 def dim(x, i):
     """x's size in dimension i, or 0 where x has fewer dimensions (as its descriptor reads:
     the library then names the bad shape)."""

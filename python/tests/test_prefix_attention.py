@@ -312,6 +312,10 @@ def test_bad_layout(host):
     x = np.zeros((12, 1, 64), np.float16)
     with pytest.raises(rlk.InvalidArgument, match="seq_offsets"):
         rlk.prefix_attention(x, x, x, lay)
+    # a scale that f32 makes 0 would be read as the default 1/sqrt(D)
+    good = rlk.PrefixLayout([0, 4, 8, 12], [0, 3])
+    with pytest.raises(rlk.InvalidArgument, match="^scale: 1e-50 is 0 as an f32"):
+        rlk.prefix_attention(x, x, x, good, scale=1e-50)
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device (or no torch)")

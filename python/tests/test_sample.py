@@ -131,6 +131,12 @@ def test_bad_rows_and_arguments(place):
         rlk.sample(place.to(x), seed=place.to(np.zeros(2, np.int64)))
     with pytest.raises(rlk.InvalidArgument, match="logits"):
         rlk.sample(place.to(x.astype(np.float64)))
+    # numbers the library's f32 would read as another setting: a temperature of 0 (greedy), a
+    # top_p of 0, an infinite temperature
+    for kw in ({"temperature": 1e-50}, {"temperature": 1e39}, {"top_p": 1e-50}, {"min_p": 1e-60}):
+        name = next(iter(kw))
+        with pytest.raises(rlk.InvalidArgument, match=r"^%s: .* as an f32" % name):
+            rlk.sample(place.to(x), seed=1, **kw)
 
 
 def test_row_split_changes_nothing(place, rng):

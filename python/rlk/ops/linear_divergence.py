@@ -11,7 +11,7 @@ formulas, the stats the backward reads and the record of the shard form.
 import collections
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim
+from .._tensor import Binder, Op, dim, f32
 from ..errors import InvalidArgument
 from . import losses as _losses
 
@@ -58,11 +58,11 @@ def _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight,
     b.set("teacher_weight", teacher_weight, _HEADS)
     b.set("labels", labels, _LABELS, optional=True)
     if temperature is not None:
-        a.student_temperature = a.teacher_temperature = float(temperature)
+        a.student_temperature = a.teacher_temperature = f32("temperature", temperature)
     if student_temperature is not None:
-        a.student_temperature = float(student_temperature)
+        a.student_temperature = f32("student_temperature", student_temperature)
     if teacher_temperature is not None:
-        a.teacher_temperature = float(teacher_temperature)
+        a.teacher_temperature = f32("teacher_temperature", teacher_temperature)
     if mode is not None:
         a.mode = T.enum_value(DivergenceMode, mode, "%s: mode" % b.name)
     if beta is not None:

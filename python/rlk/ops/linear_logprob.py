@@ -8,7 +8,7 @@ import collections
 import ctypes
 
 from .. import _types as T
-from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
+from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, f32, keep_plan, plan_call, traced,
                        use_plans)
 from ..errors import InvalidArgument
 from . import losses as _losses
@@ -49,7 +49,7 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
     b.set(prefix + "weight", weight, _HIDDEN)
     b.set(prefix + "labels", labels, _LABELS)
     if temperature is not None:
-        a.temperature = float(temperature)
+        a.temperature = f32("temperature", temperature)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
     if variant is not None:

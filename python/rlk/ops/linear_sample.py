@@ -8,7 +8,7 @@ trainer's). The head's raw logits live in the call's workspace, never in an outp
 import collections
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, plan_call, use_plans
+from .._tensor import Binder, Op, dim, f32, plan_call, use_plans
 from .linear_logprob import LinearLogprobVariant
 from .sample import (_filters, _flag, _is_scalar, _optional_out, _tokens, keep_draw_plan, plan_fields, plan_parts,
                      token_dtype_of)
@@ -56,7 +56,7 @@ def linear_sample(hidden, weight, *, temperature=None, top_k=None, top_p=None, m
     b.set("hidden", hidden, _HIDDEN)
     b.set("weight", weight, _HIDDEN)
     if temperature is not None:
-        a.temperature = float(temperature)
+        a.temperature = f32("temperature", temperature)
     _filters(b, top_k, top_p, min_p, seed, offset)
     shape = (dim(hidden, 0),)
     tokens = _tokens(b, tokens, token_dtype, shape)

@@ -7,7 +7,7 @@ a torch.autograd.Function (and accepts [..., V] logits).
 import collections
 
 from .. import _types as T
-from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, keep_plan, plan_call, traced,
+from .._tensor import (Binder, Op, contiguous_strides, dim, compiling, f32, keep_plan, plan_call, traced,
                        use_plans)
 from ..errors import InvalidArgument
 
@@ -44,7 +44,7 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
     dt = b.set(at + "logits", logits, _LOGITS)
     b.set(at + "labels", labels, _LABELS)
     if temperature is not None:
-        a.temperature = float(temperature)
+        a.temperature = f32("temperature", temperature)
     if ignore_index is not None:
         a.ignore_index = int(ignore_index)
     if status is not None:

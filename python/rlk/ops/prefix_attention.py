@@ -11,7 +11,7 @@ import ctypes
 import sys
 
 from .. import _types as T
-from .._tensor import Binder, Op, is_torch, compiling, traced
+from .._tensor import Binder, Op, f32, is_torch, compiling, traced
 
 __all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArgs",
            "PrefixAttentionBackwardArgs",
@@ -157,7 +157,7 @@ def _bind_inputs(b, q, k, v, layout, scale):
     b.set("k", k, _QKV)
     b.set("v", v, _QKV)
     layout.bind(b, q)
-    b.args.scale = 0.0 if scale is None else float(scale)
+    b.args.scale = 0.0 if scale is None else f32("scale", scale)
     return dt
 
 

@@ -9,7 +9,7 @@ greedy rows) and token.
 import collections
 
 from .. import _types as T
-from .._tensor import Binder, Op, dim, compiling, keep_plan, plan_call, traced, use_plans
+from .._tensor import Binder, Op, dim, compiling, f32, keep_plan, plan_call, traced, use_plans
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
            "SAMPLE_STATUS_BAD_PARAM", "SAMPLE_ROW_SPLIT_AUTO", "sample"]
@@ -43,20 +43,24 @@ def _setting(b, name, tensor_field, value, dtypes, convert):
     if value is None:
         return
     if _is_scalar(value):
-        setattr(b.args, name, convert(value))
+        setattr(b.args, name, convert(name, value))
     else:
         b.set(tensor_field, value, dtypes)
 
 
-def _u64(x):
+def _int(name, x):
+    return int(x)
+
+
+def _u64(name, x):
     return int(x) & 0xFFFFFFFFFFFFFFFF
 
 
 def _filters(b, top_k, top_p, min_p, seed, offset):
     """The filters' and the draws' settings (the fields top_k(s) to offset(s) of rlk_sample_args and rlk_linear_sample_args), each a number or an array [B]."""
-    _setting(b, "top_k", "top_ks", top_k, _TOKENS, int)
-    _setting(b, "top_p", "top_ps", top_p, _F32, float)
-    _setting(b, "min_p", "min_ps", min_p, _F32, float)
+    _setting(b, "top_k", "top_ks", top_k, _TOKENS, _int)
+    _setting(b, "top_p", "top_ps", top_p, _F32, f32)
+    _setting(b, "min_p", "min_ps", min_p, _F32, f32)
     _setting(b, "seed", "seeds", seed, _I64, _u64)
     _setting(b, "offset", "offsets", offset, _I64, _u64)
 
@@ -179,7 +183,7 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
                                 next(rest) if threshold else None)
     b = Binder(OP)
     b.set("logits", logits, _LOGITS)
-    _setting(b, "temperature", "temperatures", temperature, _F32, float)
+    _setting(b, "temperature", "temperatures", temperature, _F32, f32)
     _filters(b, top_k, top_p, min_p, seed, offset)
     shape = (dim(logits, 0),)
     tokens = _tokens(b, tokens, token_dtype, shape)
