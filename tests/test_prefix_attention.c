@@ -820,6 +820,52 @@ START_TEST(plan_per_target) {
 }
 END_TEST
 
+/* The backward's GPU workspace with GQA (8 query heads a key head): delta, T x Hq f32, plus the
+ * per-query-head f32 partial dk, dv only where the mma kernels run (the portable and sm_90a ones
+ * sum a group's heads themselves; the portable kernels once asked for the partials too, 33x). */
+START_TEST(backward_workspace_per_kernels) {
+  enum { T = 12, HQ = 8, HKV = 1, D = 64 };
+  static const struct {
+    const char *target;
+    rlk_prefix_attention_variant variant;
+    int partials;
+  } rows[] = {{"sm_75", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 0},
+              {"sm_80", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 1},
+              {"sm_80", RLK_PREFIX_ATTENTION_VARIANT_PORTABLE, 0},
+              {"sm_90a", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 0},
+              {"sm_90a", RLK_PREFIX_ATTENTION_VARIANT_MMA, 1},
+              {"sm_90a", RLK_PREFIX_ATTENTION_VARIANT_PORTABLE, 0}};
+  small_problem p;
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    rlk_context *ctx = rlk_test_compile_only_cuda_context(rows[r].target, "prefix_attention workspace");
+    if (!ctx) return;
+    char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced: shapes and alignment */
+    rlk_prefix_attention_backward_args b;
+    rlk_prefix_attention_backward_args_init(&b);
+    b.layout = small_layout(&p);
+    b.layout.seq_offsets = rlk_tensor_1d(fake + (9 << 20), RLK_I32, 4);
+    b.layout.group_offsets = rlk_tensor_1d(fake + (10 << 20), RLK_I32, 2);
+    b.q = rlk_test_tensor_3d(fake, RLK_BF16, T, HQ, D);
+    b.out = rlk_test_tensor_3d(fake + (1 << 20), RLK_BF16, T, HQ, D);
+    b.grad_out = rlk_test_tensor_3d(fake + (2 << 20), RLK_BF16, T, HQ, D);
+    b.grad_q = rlk_test_tensor_3d(fake + (3 << 20), RLK_BF16, T, HQ, D);
+    b.k = rlk_test_tensor_3d(fake + (4 << 20), RLK_BF16, T, HKV, D);
+    b.v = rlk_test_tensor_3d(fake + (5 << 20), RLK_BF16, T, HKV, D);
+    b.grad_k = rlk_test_tensor_3d(fake + (6 << 20), RLK_BF16, T, HKV, D);
+    b.grad_v = rlk_test_tensor_3d(fake + (7 << 20), RLK_BF16, T, HKV, D);
+    b.lse = rlk_tensor_2d(fake + (8 << 20), RLK_F32, T, HQ, HQ);
+    b.tuning.variant = rows[r].variant;
+    size_t ws = 0;
+    ck_assert_msg(rlk_prefix_attention_backward_workspace_size(ctx, &b, &ws) == RLK_OK, "%s: %s", rows[r].target,
+                  rlk_last_error());
+    const size_t delta = (size_t)T * HQ * 4u, partials = rows[r].partials ? (size_t)8 * T * HQ * D : 0u;
+    ck_assert_msg(ws == delta + partials, "%s variant %d: %zu bytes, expected %zu", rows[r].target,
+                  (int)rows[r].variant, ws, delta + partials);
+    rlk_context_destroy(ctx);
+  }
+}
+END_TEST
+
 RLK_SAMPLES_CASE("prefix_attention", &rlk_op_prefix_attention)
 
 /* ---------------------------------------------------------------------------------- */
@@ -899,7 +945,7 @@ Suite *prefix_attention_suite(void) {
   Suite *s = suite_create("prefix_attention");
   rlk_test_add_case(s, "host", 300, TESTS(host_g1, host_g3, host_g16, host_batch, bad_arguments,
       bad_backward_arguments, gpu_bounds_catch_faults));
-  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, samples_compile_every_target));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, backward_workspace_per_kernels, samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_numerics, gpu_numerics_mma));
   return s;
 }

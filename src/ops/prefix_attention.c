@@ -604,9 +604,9 @@ static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_
     call->workspace = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
     call->specs[call->nspecs++] = p->bwd_host;
   } else {
-    /* delta, then with GQA the mma and portable kernels' per-query-head f32 partial dk, dv
-     * (pa_partials in the template; the sm_90a dk/dv kernel sums the group's heads itself) */
-    const int partials = s->Hq > s->Hkv && p->variant != PA_VARIANT_WGMMA;
+    /* delta, then with GQA the mma kernels' per-query-head f32 partial dk, dv (pa_partials in
+     * the template; the portable and sm_90a dk/dv kernels sum the group's heads themselves) */
+    const int partials = s->Hq > s->Hkv && p->variant == PA_VARIANT_MMA;
     call->workspace =
         (size_t)(((s->T * s->Hq + 3) & ~(int64_t)3) + (partials ? 2 * s->T * s->Hq * s->D : 0)) * sizeof(float);
   }
