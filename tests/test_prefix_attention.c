@@ -694,7 +694,8 @@ START_TEST(bad_arguments) {
     int what;
     const char *needle;
   } bad[] = {
-      {0, "seq_offsets[2]"},  /* a response of length 0 */
+      {0, "seq_offsets[2]: 4 after seq_offsets[1] = 4: a response of prompt 0 has a zero length"},
+      {14, "seq_offsets[2]: 2 after seq_offsets[1] = 4: a response of prompt 0 has a negative length"},
       {1, "seq_offsets[3]"},  /* does not end at T */
       {2, "group_offsets[1]"}, /* not S */
       {3, "num_prompts"},     {4, "head dim"},  {5, "multiple"}, {6, "scale"},
@@ -728,6 +729,7 @@ START_TEST(bad_arguments) {
       b.layout.host_seq_offsets = (const int32_t *)p.lse;
       break;
     case 13: b.layout.seq_offsets = rlk_tensor_1d(p.o, RLK_I32, 4); break;
+    case 14: p2.seq[2] = 2; break;
     }
     rlk_status st = rlk_prefix_attention(ctx, &b, NULL);
     ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), bad[i].needle),

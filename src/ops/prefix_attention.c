@@ -313,7 +313,8 @@ static rlk_status pa_check_layout(const rlk_context *ctx, const rlk_prefix_atten
                          "layout.seq_offsets[%lld]: %d after seq_offsets[%lld] = %d: %s of prompt %lld has a "
                          "%s length",
                          (long long)(sg + 1), (int)seq[sg + 1], (long long)sg, (int)seq[sg],
-                         prefix ? "the prefix" : "a response", (long long)p, prefix ? "negative" : "zero");
+                         prefix ? "the prefix" : "a response", (long long)p,
+                         seq[sg + 1] < seq[sg] ? "negative" : "zero");
     }
     const int64_t lp = seq[grp[p] + 1] - seq[grp[p]], ls = seq[grp[p + 1]] - seq[grp[p] + 1];
     prefix_tokens += lp;
