@@ -317,10 +317,20 @@ START_TEST(bad_arguments) {
   rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "top_p",
                         "rlk_linear_sample_workspace_size");
   a.top_p = 1.0f;
+  /* the rows are M here and the vocabulary the weight's (the sampler's own checks say B, logits) */
   a.logp = rlk_tensor_1d(f, RLK_F32, 3);
-  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "logp",
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "logp: ",
                         "rlk_linear_sample_workspace_size");
+  ck_assert_msg(strstr(rlk_last_error(), "(M)"), "%s", rlk_last_error());
   a.logp = rlk_tensor_1d(f, RLK_F32, 2);
+  a.top_ps = rlk_tensor_1d(f, RLK_F32, 1);
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "top_ps: ",
+                        "rlk_linear_sample_workspace_size");
+  ck_assert_msg(strstr(rlk_last_error(), "(M)"), "%s", rlk_last_error());
+  a.top_ps = (rlk_tensor){0};
+  a.weight = rlk_tensor_2d((void *)(uintptr_t)0x7f0000000000ull, RLK_BF16, (int64_t)1 << 23, 4, 4); /* never read */
+  rlk_test_expect_error(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT, "weight: V = 8388608",
+                        "rlk_linear_sample_workspace_size");
   a.weight = rlk_tensor_2d(w, RLK_F16, 4, 4, 4);
   ck_assert_int_eq(rlk_linear_sample_workspace_size(ctx, &a, &b), RLK_ERR_INVALID_ARGUMENT);
   a.weight = rlk_tensor_2d(w, RLK_BF16, 4, 4, 4);

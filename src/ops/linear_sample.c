@@ -60,7 +60,7 @@ static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_c
   const rlk_tensor *out[3] = {&a->logp, &a->lse, &a->entropy};
   const char *names[3] = {"logp", "lse", "entropy"};
   for (int i = 0; i < 3; i++)
-    if (out[i]->data && (st = rlk_check_vector(out[i], names[i], f32, h.N, 1, NULL))) return st;
+    if (out[i]->data && (st = rlk_check_vector_of(out[i], names[i], f32, h.N, "M", 1, NULL))) return st;
   /* the head's kernels: rlk_linear_logprob's forward for labels of the tokens' dtype */
   rlk_op_values_init(&rlk_op_linear_logprob, &k->head_line);
   if ((st = rlk_ll_fwd_plan(ctx, &a->hidden, &a->weight, &h, a->tokens.dtype, a->entropy.data != NULL,
@@ -87,6 +87,11 @@ static rlk_status ls_validate(const rlk_context *ctx, const void *args, rlk_op_c
   s->tokens = a->tokens;
   s->threshold = a->threshold;
   s->status = a->status;
+  /* what rlk_sample would name as its logits' or B is the weight's or M here */
+  if (h.V > RLK_SAMPLE_MAX_V)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "weight: V = %lld rows, at most %lld (the sampler's vocabulary)",
+                     (long long)h.V, (long long)RLK_SAMPLE_MAX_V);
+  if ((st = rlk_sample_check_rows(s, h.N, "M"))) return st;
   return rlk_sample_check((rlk_context *)ctx, s);
 }
 

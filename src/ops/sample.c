@@ -39,7 +39,7 @@ _Static_assert(SMP_STATUS_NAN == RLK_SAMPLE_STATUS_NAN && SMP_STATUS_NO_TOKEN ==
 #define SMP_TOKEN_DTYPES (RLK_DTYPE_BIT(RLK_I32) | RLK_DTYPE_BIT(RLK_I64))
 #define SMP_LOGIT_DTYPES (RLK_DTYPE_BIT(RLK_F32) | RLK_DTYPE_BIT(RLK_F16) | RLK_DTYPE_BIT(RLK_BF16))
 /* Fixed-point masses are 2^40 at most each: V below 2^23 keeps a row's sum below 2^63. */
-#define SMP_MAX_V (((int64_t)1 << 23) - 1)
+#define SMP_MAX_V RLK_SAMPLE_MAX_V
 
 /* Parameters that the settings of their names feed unchanged (logits: a dtype code). */
 static const rlk_value_decl smp_tokens = RLK_DECL_DTYPE("tokens", SMP_TOKEN_DTYPES);
@@ -189,11 +189,26 @@ const rlk_op_desc rlk_op_sample = {
 /* Validation                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-/* An optional per-row tensor [B], contiguous. */
-static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, uint32_t dtypes,
-                                       int64_t B) {
+/* An optional per-row tensor [rows], contiguous; `dim` names its dimension in messages. */
+static rlk_status smp_check_row_tensor(const rlk_tensor *t, const char *what, uint32_t dtypes, int64_t rows,
+                                       const char *dim) {
   if (!t->data) return RLK_OK;
-  return rlk_check_vector_of(t, what, dtypes, B, "B", 1, NULL);
+  return rlk_check_vector_of(t, what, dtypes, rows, dim, 1, NULL);
+}
+
+rlk_status rlk_sample_check_rows(const rlk_sample_args *a, int64_t B, const char *dim) {
+  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32), i64 = RLK_DTYPE_BIT(RLK_I64);
+  rlk_status st;
+  if ((st = smp_check_row_tensor(&a->temperatures, "temperatures", f32, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->top_ks, "top_ks", SMP_TOKEN_DTYPES, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->top_ps, "top_ps", f32, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->min_ps, "min_ps", f32, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->seeds, "seeds", i64, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->offsets, "offsets", i64, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->tokens, "tokens", SMP_TOKEN_DTYPES, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B, dim))) return st;
+  if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B, dim))) return st;
+  return smp_check_row_tensor(&a->threshold, "threshold", f32, B, dim);
 }
 
 RLK_API void rlk_sample_args_init(rlk_sample_args *args) {
@@ -226,13 +241,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logits: %lld rows of stride %lld are too large",
                      (long long)B, (long long)row_stride);
 
-  const uint32_t f32 = RLK_DTYPE_BIT(RLK_F32), i64 = RLK_DTYPE_BIT(RLK_I64);
-  if ((st = smp_check_row_tensor(&a->temperatures, "temperatures", f32, B))) return st;
-  if ((st = smp_check_row_tensor(&a->top_ks, "top_ks", SMP_TOKEN_DTYPES, B))) return st;
-  if ((st = smp_check_row_tensor(&a->top_ps, "top_ps", f32, B))) return st;
-  if ((st = smp_check_row_tensor(&a->min_ps, "min_ps", f32, B))) return st;
-  if ((st = smp_check_row_tensor(&a->seeds, "seeds", i64, B))) return st;
-  if ((st = smp_check_row_tensor(&a->offsets, "offsets", i64, B))) return st;
+  if ((st = rlk_sample_check_rows(a, B, "B"))) return st;
   if (!a->temperatures.data && (st = rlk_check_temperature(a->temperature, "temperature", 1))) return st;
   if (!a->top_ks.data && a->top_k < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "top_k: %lld must be >= 0 (0: off)",
@@ -242,11 +251,7 @@ static rlk_status smp_validate(const rlk_context *ctx, const void *args, rlk_op_
   if (!a->min_ps.data && !(a->min_p >= 0.0f && a->min_p <= 1.0f))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "min_p: %g is not in [0, 1] (0: off)", (double)a->min_p);
 
-  if ((st = smp_check_row_tensor(&a->tokens, "tokens", SMP_TOKEN_DTYPES, B))) return st;
   if (!a->tokens.data) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tokens: data is NULL");
-  if ((st = smp_check_row_tensor(&a->logp, "logp", f32, B))) return st;
-  if ((st = smp_check_row_tensor(&a->logp_filtered, "logp_filtered", f32, B))) return st;
-  if ((st = smp_check_row_tensor(&a->threshold, "threshold", f32, B))) return st;
   if ((st = rlk_check_status(&a->status))) return st;
   if (a->logprob_block < 0 || a->logprob_unroll < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob_block, logprob_unroll: must be >= 0");
