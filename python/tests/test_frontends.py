@@ -291,3 +291,26 @@ def test_sampling_checks():
         rlk.sampling.top_k_top_p_sampling_from_logits(torch.randn(2, 8), 2, 0.5,
                                                       filter_apply_order="joint")
     assert rlk.sampling.top_k_top_p_sampling_from_logits(torch.zeros(0, 8), 2, 0.5).shape == (0,)
+
+
+@need_torch
+def test_sampling_indices_and_flashinfer_argument_order():
+    """FlashInfer's positional order (indices after the filters) and its indices: output i drawn
+    from row indices[i], in indices' dtype; a seed tensor of one value spreads over the rows."""
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(12)) * 3
+    idx = torch.tensor([2, 0, 2, 1, 1, 0, 2, 2], dtype=torch.int64)
+    ids = rlk.sampling.top_k_top_p_sampling_from_logits(logits, 5, 0.9, idx, "top_k_first", True, None, False,
+                                                        7, 0)
+    assert ids.dtype == torch.int64 and ids.shape == (8,)
+    assert torch.equal(ids, rlk.sample(logits[idx], top_k=5, top_p=0.9, seed=7, offset=0).tokens)
+    i32 = rlk.sampling.sampling_from_logits(logits, idx.int(), seed=3)
+    assert i32.dtype == torch.int32
+    assert torch.equal(i32.long(), rlk.sample(logits[idx], seed=3, offset=0).tokens)
+    top1 = rlk.sampling.top_k_sampling_from_probs(torch.softmax(logits, -1), 1, idx, seed=1)
+    assert torch.equal(top1, logits.argmax(-1)[idx])
+    flat = torch.zeros(64, 40)  # every row the same distribution: a shared seed must not repeat draws
+    a = rlk.sampling.sampling_from_logits(flat, seed=torch.tensor([5]))
+    assert torch.equal(a, rlk.sampling.sampling_from_logits(flat, seed=torch.tensor([5])))
+    assert len(set(a.tolist())) > 16
+    with pytest.raises(ValueError, match="indices"):
+        rlk.sampling.sampling_from_logits(logits, torch.tensor([0.5]))
