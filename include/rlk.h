@@ -423,8 +423,9 @@ typedef struct rlk_token_baseline_args {
 RLK_API void rlk_token_baseline_args_init(rlk_token_baseline_args *args);
 
 /* Bytes of workspace a call with these arguments needs (the same checks as the call; data
- * pointers are not read): B T (size of the dtype) + 4 B, and compact mode B T (size of the
- * dtype + 4) more. */
+ * pointers are not read, but for the host backend's group_offsets, which the call's checks read
+ * there, so they must be filled first): B T (size of the dtype) + 4 B, and compact mode B T (size
+ * of the dtype + 4) more. */
 RLK_API rlk_status rlk_token_baseline_workspace_size(rlk_context *ctx, const rlk_token_baseline_args *args,
                                                      size_t *bytes);
 
@@ -639,7 +640,8 @@ typedef struct rlk_policy_loss_args {
 RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
 
 /* Bytes of workspace a call with these arguments needs (the same checks as the call; data
- * pointers are not read). 0 on the host backend. Depends only on the shapes, dtypes, the mode,
+ * pointers are not read, but for the host backend's seq_offsets, which the call's checks read
+ * there, so they must be filled first). 0 on the host backend. Depends only on the shapes, dtypes, the mode,
  * the aggregation, how the normalizer is given and the device: at most
  * (2 * multiprocessors) * 14 * 8 + 16 bytes. */
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
