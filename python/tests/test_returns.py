@@ -95,6 +95,15 @@ def test_masked_whiten_in_place(place, rng):
     close(place.back(xx), refs.masked_whiten(x, mask)[0], tol=1e-12)
 
 
+@need("masked_whiten")
+def test_masked_whiten_empty_batch_stats(place):
+    """No element at all, as no valid element: N 0 and mean, var NaN (rlk.h), not zeros."""
+    for x, m in ((np.zeros((0, 5)), np.zeros((0, 5), bool)), (np.ones((2, 5)), np.zeros((2, 5), bool))):
+        _, s = rlk.masked_whiten(place.to(x), place.to(m), stats=True)
+        s = place.back(s)
+        assert np.isnan(s[0]) and np.isnan(s[1]) and s[2] == 0, s
+
+
 @need("gae")
 def test_errors(place, rng):
     r, v, mask = batch(rng, 4, 8)

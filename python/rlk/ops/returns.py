@@ -214,6 +214,8 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
         st = b.output("stats", T.DType.F64, (3,))
     b.scratch((b.place, x.shape, mask is None, dt))
     ctx = b.run(stream)
+    if stats and b.no_rows:  # an empty batch launched nothing: N 0, mean and var undefined (rlk.h)
+        st[:2] = float("nan")
     if fast:
         _keep("masked_whiten", key, b, ctx, (("x", x), ("mask", mask)), dt, ("out",), x.shape,
               ws=(a.workspace_bytes, 0, "workspace"))
