@@ -846,8 +846,8 @@ typedef struct rlk_discounted_returns_args {
   rlk_scan_algo algo;
 } rlk_discounted_returns_args;
 
-/* Fills `args` with verl's REINFORCE++ defaults: gamma 1, RLK_RETURNS_MASKED_RESET,
- * RLK_SCAN_AUTO, every tensor absent. */
+/* Fills `args` with gamma 1, RLK_RETURNS_MASKED_RESET (verl's REINFORCE++ before multi-turn
+ * rollouts; verl 0.9.1's is RLK_RETURNS_MASKED_CARRY), RLK_SCAN_AUTO, every tensor absent. */
 RLK_API void rlk_discounted_returns_args_init(rlk_discounted_returns_args *args);
 
 /* Discounted returns R_t = r_t + gamma R_{t+1} per row, with the mask as chosen above, on
@@ -861,7 +861,8 @@ typedef struct rlk_reverse_cumsum_args {
   rlk_tensor mask;   /* optional [B, T] bool, i32 or f32 */
   rlk_tensor out;    /* output [B, T], same dtype: out_t = sum over valid s >= t of values_s */
   /* Optional, ReMax: baseline [B] (same dtype, contiguous; the greedy rollout's reward) and the
-   * output advantages [B, T] = out_t - baseline_b m_t (out_t where the mask is 0). Both or neither. */
+   * output advantages [B, T] = out_t - baseline_b where valid, out_t elsewhere (out_t - baseline_b
+   * m_t for a 0/1 mask). Both or neither. */
   rlk_tensor baseline;
   rlk_tensor advantages;
   rlk_scan_algo algo;
@@ -870,7 +871,8 @@ typedef struct rlk_reverse_cumsum_args {
 /* Fills `args` with RLK_SCAN_AUTO and every tensor absent. */
 RLK_API void rlk_reverse_cumsum_args_init(rlk_reverse_cumsum_args *args);
 
-/* Reverse cumulative sums of the masked values per row (flip, cumsum, flip of values * mask),
+/* Reverse cumulative sums of the valid values per row (flip, cumsum, flip of values * mask for a 0/1
+ * mask: the mask selects, see the shapes above),
  * and the ReMax advantages when a baseline is given, on `stream`: one launch, deterministic.
  * Never synchronizes, never allocates device memory, capturable (see Conventions). */
 RLK_API rlk_status rlk_reverse_cumsum(rlk_context *ctx, const rlk_reverse_cumsum_args *args,

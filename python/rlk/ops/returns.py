@@ -103,8 +103,9 @@ def gae(rewards, values, mask=None, *, gamma=None, lam=None, masked=None, algo=N
 def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None, returns=None,
                        stream=None):
     """Discounted returns R_t = r_t + gamma R_{t+1} per row (rlk_discounted_returns).
-    masked: "reset" (verl REINFORCE++ single-turn, default), "zero" (OpenRLHF) or "carry" (verl's
-    current REINFORCE++: carried through masked observation tokens). Returns [B, T]."""
+    masked: "reset" (the default: verl's REINFORCE++ before multi-turn rollouts), "zero"
+    (OpenRLHF) or "carry" (verl 0.9.1's REINFORCE++: carried through masked observation tokens).
+    Returns [B, T]."""
     if compiling():
         return traced("discounted_returns", dict(
             rewards=rewards, mask=mask, gamma=gamma, masked=masked, algo=algo, returns=returns,
@@ -136,8 +137,9 @@ def discounted_returns(rewards, mask=None, *, gamma=None, masked=None, algo=None
 
 def reverse_cumsum(values, mask=None, *, baseline=None, algo=None, out=None, advantages=None,
                    stream=None):
-    """Reverse cumulative sums of values * mask per row (rlk_reverse_cumsum). With a baseline
-    [B] (ReMax: the greedy rollout's reward) also the advantages out_t - baseline_b m_t.
+    """Reverse cumulative sums of the valid values per row (rlk_reverse_cumsum; values * mask for a
+    0/1 mask: the mask selects positions). With a baseline [B] (ReMax: the greedy rollout's
+    reward) also the advantages, out_t - baseline_b where valid and out_t elsewhere.
     Returns out, or (out, advantages) with a baseline."""
     if compiling():
         return traced("reverse_cumsum", dict(
