@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import rlk
-from conftest import HAVE_CUDA
+from conftest import HAVE_CUDA, HAVE_TORCH
 
 pytestmark = pytest.mark.skipif(not rlk.OPS["prefix_attention"].available(),
                                 reason="the loaded librlk has no rlk_prefix_attention")
@@ -316,6 +316,23 @@ def test_bad_layout(host):
     good = rlk.PrefixLayout([0, 4, 8, 12], [0, 3])
     with pytest.raises(rlk.InvalidArgument, match="^scale: 1e-50 is 0 as an f32"):
         rlk.prefix_attention(x, x, x, good, scale=1e-50)
+    # offsets past i32 once wrapped into another layout where torch was not loaded
+    with pytest.raises(rlk.InvalidArgument, match="seq_offsets: 4294967299 is not an i32"):
+        rlk.PrefixLayout([0, 2 ** 32 + 3, 6], [0, 2])
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
+def test_out_with_autograd_is_refused(host):
+    """out= with inputs requiring grad: autograd makes the output, so the buffer would be left
+    unwritten; refused instead."""
+    import torch
+    lay = rlk.PrefixLayout([0, 4, 8, 12], [0, 3])
+    q = torch.randn(12, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(rlk.InvalidArgument, match="out="):
+        rlk.prefix_attention(q, q.detach(), q.detach(), lay, out=torch.empty_like(q))
+    with torch.no_grad():
+        out = torch.zeros_like(q)
+        assert rlk.prefix_attention(q, q, q, lay, out=out).out is out and out.abs().sum() > 0
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device (or no torch)")

@@ -12,6 +12,7 @@ import sys
 
 from .. import _types as T
 from .._tensor import Binder, Op, f32, is_torch, compiling, traced
+from ..errors import InvalidArgument
 
 __all__ = ["PrefixAttentionLayout", "PrefixAttentionTuning", "PrefixAttentionArgs",
            "PrefixAttentionBackwardArgs",
@@ -45,6 +46,10 @@ class PrefixLayout:
     def __init__(self, seq_offsets, group_offsets):
         self.seq = [int(x) for x in seq_offsets]
         self.grp = [int(x) for x in group_offsets]
+        for name, xs in (("seq_offsets", self.seq), ("group_offsets", self.grp)):
+            bad = [x for x in xs if not -(1 << 31) <= x < (1 << 31)]
+            if bad:  # the library's offsets are i32: a wider value would wrap into another layout
+                raise InvalidArgument("PrefixLayout: %s: %d is not an i32" % (name, bad[0]))
         self._host_seq = (ctypes.c_int32 * len(self.seq))(*self.seq)
         self._host_grp = (ctypes.c_int32 * len(self.grp))(*self.grp)
         self._device = {}
@@ -172,6 +177,9 @@ def prefix_attention(q, k, v, layout, *, scale=None, lse=True, out=None, stream=
     if is_torch(q) and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         import torch
         if torch.is_grad_enabled():
+            if out is not None:  # the autograd call allocates its output
+                raise InvalidArgument("prefix_attention: out= with q, k or v requiring grad (autograd "
+                                      "makes the output); pass out=None, or call under torch.no_grad()")
             from ..autograd import prefix_attention as diff
             return PrefixAttentionResult(diff(q, k, v, layout, scale=scale), None)
     b = Binder(FORWARD_OP)
