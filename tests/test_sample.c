@@ -69,6 +69,15 @@ static void batch_set(smp_batch *b, int64_t i, int64_t j, double v) {
   b->xd[i * b->V + j] = rlk_test_store(b->x, b->dt, i * (b->V + b->pad) + j, v);
 }
 
+/* Row i's largest logit's column (the lowest of equal maxima): the greedy token. */
+static int64_t batch_argmax(const smp_batch *b, int64_t i) {
+  const int64_t V = b->V;
+  int64_t arg = 0;
+  for (int64_t j = 1; j < V; j++)
+    if (b->xd[i * V + j] > b->xd[i * V + arg]) arg = j;
+  return arg;
+}
+
 /* Every row a copy of row 0. */
 static void batch_copy_row0(smp_batch *b) {
   const size_t es = rlk_dtype_size(b->dt), row = (size_t)b->V * es;
@@ -407,9 +416,7 @@ static void check_logp_bitwise(rlk_context *ctx, uint64_t *rng, int64_t B, int64
                   (double)P[i], (long long)y, (double)o.logp[i], gb, (double)want, wb);
     if (T[i] == 0.0f) {
       /* greedy: the lowest index of the maximum */
-      int64_t arg = 0;
-      for (int64_t j = 1; j < V; j++)
-        if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+      const int64_t arg = batch_argmax(&b, i);
       ck_assert_msg(y == arg, "row %lld greedy: token %lld, argmax %lld", (long long)i, (long long)y,
                     (long long)arg);
       ck_assert(o.logp_filtered[i] == 0.0f);
@@ -648,9 +655,7 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
   s.top_p = 1e-6f;
   sample_ok(ctx, &b, &s, &o);
   for (int64_t i = 0; i < B; i++) {
-    int64_t arg = 0;
-    for (int64_t j = 1; j < V; j++)
-      if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+    const int64_t arg = batch_argmax(&b, i);
     ck_assert_int_eq(o.tokens[i], arg);
     ck_assert_msg(fabsf(o.logp_filtered[i]) < 1e-5f, "one token kept: logp_filtered %g",
                   (double)o.logp_filtered[i]);
@@ -718,9 +723,7 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
       sample_ok(ctx, &b, &s, &o);
       ck_assert_int_eq(o.status, 0);
       for (int64_t i = 0; i < B; i++) {
-        int64_t arg = 0;
-        for (int64_t j = 1; j < V; j++)
-          if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+        const int64_t arg = batch_argmax(&b, i);
         ck_assert_msg(o.tokens[i] == arg && o.logp_filtered[i] == 0.0f && o.threshold[i] == (float)b.xd[i * V + arg],
                       "top_p %g row %lld: token %lld (the maximum's %lld), logp_filtered %g, threshold %g",
                       (double)(k ? tiny[i] : s.top_p), (long long)i, (long long)o.tokens[i], (long long)arg,
@@ -766,9 +769,7 @@ static void cases_edges(rlk_context *ctx, uint64_t *rng) {
     sample_ok(ctx, &b, &s, &o);
     ck_assert_int_eq(o.status, 0);
     for (int64_t i = 0; i < B; i++) {
-      int64_t arg = 0;
-      for (int64_t j = 1; j < V; j++)
-        if (b.xd[i * V + j] > b.xd[i * V + arg]) arg = j;
+      const int64_t arg = batch_argmax(&b, i);
       ck_assert_msg(o.tokens[i] == arg && o.logp[i] == 0.0f, "T %g row %lld: token %lld (the maximum's %lld), logp %g",
                     (double)s.temperature, (long long)i, (long long)o.tokens[i], (long long)arg, (double)o.logp[i]);
     }
