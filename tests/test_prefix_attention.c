@@ -868,6 +868,53 @@ START_TEST(backward_workspace_per_kernels) {
 }
 END_TEST
 
+/* More prompts than a grid dimension holds (65536, each a token of prefix and one response of a
+ * token): the tiled kernels (mma, wgmma) refuse it already at the backward's workspace-size
+ * query, as their forward does; the portable kernels, whose grids do not count prompts, take it
+ * (the backward once refused it at launch for every kernel, after the size query had passed). */
+START_TEST(backward_prompts_past_the_grid) {
+  enum { P = 65536, S = 2 * P, T = S, H = 1, D = 64 };
+  int32_t *seq = malloc((S + 1) * sizeof *seq), *grp = malloc((P + 1) * sizeof *grp);
+  ck_assert(seq && grp);
+  for (int i = 0; i <= S; i++) seq[i] = i;
+  for (int p = 0; p <= P; p++) grp[p] = 2 * p;
+  static const struct {
+    const char *target;
+    rlk_prefix_attention_variant variant;
+    int refused;
+  } rows[] = {{"sm_75", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 0},
+              {"sm_80", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 1},
+              {"sm_80", RLK_PREFIX_ATTENTION_VARIANT_PORTABLE, 0},
+              {"sm_90a", RLK_PREFIX_ATTENTION_VARIANT_AUTO, 1}};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    rlk_context *ctx = rlk_test_compile_only_cuda_context(rows[r].target, "prefix_attention prompts");
+    if (!ctx) break;
+    char *fake = (char *)(uintptr_t)0x7f0000000000ull; /* never dereferenced */
+    const int64_t mb = (int64_t)T * H * D * 2;
+    rlk_prefix_attention_backward_args b;
+    rlk_prefix_attention_backward_args_init(&b);
+    b.layout.host_seq_offsets = seq, b.layout.host_group_offsets = grp;
+    b.layout.num_segments = S, b.layout.num_prompts = P;
+    b.layout.seq_offsets = rlk_tensor_1d(fake + 10 * mb, RLK_I32, S + 1);
+    b.layout.group_offsets = rlk_tensor_1d(fake + 11 * mb, RLK_I32, P + 1);
+    rlk_tensor *t[] = {&b.q, &b.k, &b.v, &b.out, &b.grad_out, &b.grad_q, &b.grad_k, &b.grad_v};
+    for (int i = 0; i < 8; i++) *t[i] = rlk_test_tensor_3d(fake + i * mb, RLK_BF16, T, H, D);
+    b.lse = rlk_tensor_2d(fake + 9 * mb, RLK_F32, T, H, H);
+    b.tuning.variant = rows[r].variant;
+    size_t ws = 0;
+    const rlk_status st = rlk_prefix_attention_backward_workspace_size(ctx, &b, &ws);
+    if (rows[r].refused)
+      ck_assert_msg(st == RLK_ERR_INVALID_ARGUMENT && strstr(rlk_last_error(), "num_prompts: 65536"), "%s: %d '%s'",
+                    rows[r].target, (int)st, rlk_last_error());
+    else
+      ck_assert_msg(st == RLK_OK, "%s: %s", rows[r].target, rlk_last_error());
+    rlk_context_destroy(ctx);
+  }
+  free(seq);
+  free(grp);
+}
+END_TEST
+
 RLK_SAMPLES_CASE("prefix_attention", &rlk_op_prefix_attention)
 
 /* ---------------------------------------------------------------------------------- */
@@ -947,7 +994,8 @@ Suite *prefix_attention_suite(void) {
   Suite *s = suite_create("prefix_attention");
   rlk_test_add_case(s, "host", 300, TESTS(host_g1, host_g3, host_g16, host_batch, bad_arguments,
       bad_backward_arguments, gpu_bounds_catch_faults));
-  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, backward_workspace_per_kernels, samples_compile_every_target));
+  rlk_test_add_case(s, "plan", 300, TESTS(plan_per_target, backward_workspace_per_kernels, backward_prompts_past_the_grid,
+                                              samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_numerics, gpu_numerics_mma));
   return s;
 }

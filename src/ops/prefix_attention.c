@@ -601,6 +601,11 @@ static rlk_status pa_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if ((st = pa_asked(&call->vals, PA_PASS_BWD, s, &a->tuning))) return st;
   if ((st = pa_choose(ctx, c, PA_PASS_BWD, pa_unaligned(ptrs, 8)))) return st;
   const pa_plan *p = &c->p;
+  /* the tiled kernels' grids hold the prompts in y or z (the portable ones' do not), as the
+   * forward's: said here, so that the workspace-size query refuses too */
+  if (ctx->kind != RLK_BACKEND_HOST && p->tiled && s->P > 65535)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
+                     (long long)s->P);
   if (ctx->kind == RLK_BACKEND_HOST) {
     call->workspace = (size_t)(2 * s->T * s->Hkv * s->D) * sizeof(double);
     call->specs[call->nspecs++] = p->bwd_host;
@@ -651,9 +656,6 @@ static rlk_status pa_bwd_launch(rlk_context *ctx, const void *args, rlk_op_call 
     rlk_launch_dims d = rlk_op_grid(1, 1, 1, 1, 0);
     return rlk_context_launch_params(ctx, &p->bwd_host, &d, stream, pass);
   }
-  if (s->P > 65535)
-    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "layout.num_prompts: %lld prompts exceed the grid's 65535",
-                     (long long)s->P);
   if (p->variant == PA_VARIANT_WGMMA) {
     pa_bwd_sm90_args *b = &c->k.b;
     rlk_tensor_map *const maps[4] = {&b->map_q, &b->map_k, &b->map_v, &b->map_do};
