@@ -61,11 +61,20 @@ _linear_fwd = _linear.linear_logprob
 _linear_bwd = _linear.linear_logprob_backward
 
 
-def _scaled(g, grad):
-    """The kept gradient `grad` times the incoming one `g` (None: no gradient reached the loss)."""
+# Whether the running backward keeps its graph (retain_graph): where it does not, no later
+# backward reads a Function's kept gradients, which may then be scaled in place (an allocation
+# less a step). Torch's own query where it has one; else always out of place.
+_keeps_graph = getattr(getattr(torch._C, "_autograd", None), "_get_current_graph_task_keep_graph",
+                       lambda: True)
+
+
+def _scaled(g, grad, last=False):
+    """The kept gradient `grad` times the incoming one `g` (None: no gradient reached the loss);
+    in place where `last` (nothing reads `grad` after this backward)."""
     if grad is None or g is None:
         return None
-    return grad * (g if g.dtype is grad.dtype else g.to(grad.dtype))
+    g = g if g.dtype is grad.dtype else g.to(grad.dtype)
+    return grad.mul_(g) if last else grad * g
 
 
 class PolicyLoss(torch.autograd.Function):
@@ -90,7 +99,11 @@ class PolicyLoss(torch.autograd.Function):
     @staticmethod
     @_first_order
     def backward(ctx, grad_loss, *grad_metrics):
-        return _scaled(grad_loss, ctx.grad_logp), _scaled(grad_loss, ctx.grad_entropy), None, None
+        last = not _keeps_graph()
+        gl, ge = ctx.grad_logp, ctx.grad_entropy
+        if last:  # the returned gradients are then the only references (none kept on ctx)
+            ctx.grad_logp = ctx.grad_entropy = None
+        return _scaled(grad_loss, gl, last), _scaled(grad_loss, ge, last), None, None
 
 
 class ValueLoss(torch.autograd.Function):
@@ -107,7 +120,11 @@ class ValueLoss(torch.autograd.Function):
     @staticmethod
     @_first_order
     def backward(ctx, grad_loss, *grad_metrics):
-        return _scaled(grad_loss, ctx.grad), None, None
+        last = not _keeps_graph()
+        g = ctx.grad
+        if last:
+            ctx.grad = None
+        return _scaled(grad_loss, g, last), None, None
 
 
 def _one_or_both(ctx, loss, metrics, box):

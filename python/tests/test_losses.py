@@ -218,6 +218,32 @@ def test_autograd_policy_loss_matches_torch(place, rng):
 
 
 @need_pl
+@need_vl
+@need_torch
+def test_autograd_backward_twice_with_retain_graph(place, rng):
+    """A kept graph's second backward reads the kept gradients again, so the first must not scale
+    them in place (a backward whose graph is freed after it may); the one-shot backward gives the
+    kept one's gradient bit for bit."""
+    if not place.torch:
+        pytest.skip("autograd needs torch tensors")
+    from rlk.autograd import policy_loss, value_loss
+    logp, old, _, adv, mask = [place.to(a) for a in padded_batch(rng, 4, 40)]
+    calls = (lambda x: policy_loss(x, old, adv, mask)[0],
+             lambda x: value_loss(x, old, adv, mask, clip=0.2)[0])
+    for f in calls:
+        x = logp.clone().requires_grad_(True)
+        loss = f(x)
+        (2.0 * loss).backward(retain_graph=True)
+        g2 = x.grad.clone()
+        (3.0 * loss).backward()
+        g3 = x.grad - g2
+        close(place.back(g3), place.back(g2) * 1.5, tol=1e-6, what="second backward")
+        y = logp.clone().requires_grad_(True)
+        (2.0 * f(y)).backward()
+        assert torch.equal(y.grad, g2)
+
+
+@need_pl
 @need_torch
 def test_autograd_policy_loss_gradcheck_f64(place, rng):
     if not place.torch:
