@@ -688,6 +688,72 @@ static void cases_mask_robustness(rlk_context *ctx, uint64_t *rng) {
     }
 }
 
+/* A reset (a masked position in reset mode) ends what the steps after it carry: a NaN or inf
+ * reward after a reset leaves every output whose steps up to the next reset hold none of them bit
+ * for bit as it is with finite rewards there, and makes the others NaN (NaN) or non-finite (inf).
+ * The chunked scans compose the steps' affine maps, where 0 x would carry NaN across. */
+static void cases_reset_stops_nonfinite(rlk_context *ctx, uint64_t *rng) {
+  static const double gammas[] = {0.99, 0.0, -0.5};
+  static const double poisons[] = {NAN, INFINITY, -INFINITY};
+  for (size_t ai = 0; ai < 3; ai++)
+    for (int dt = 0; dt < 2; dt++)
+      for (size_t gi = 0; gi < 3; gi++) {
+        seq_case c = base_case(5, ai == 2 ? 3000 : 777, dt ? RLK_F32 : RLK_F64);
+        c.algo = algos[ai];
+        seq_data d;
+        gen_data(rng, &c, &d);
+        const int64_t n = c.B * c.T;
+        double *r0 = malloc((size_t)n * sizeof *r0), *o1 = malloc((size_t)n * sizeof *o1),
+               *o2 = malloc((size_t)n * sizeof *o2);
+        memcpy(r0, d.r, (size_t)n * sizeof *r0);
+        char *bad = calloc((size_t)n, 1);
+        int64_t poisoned = 0;
+        for (int64_t i = 0; i < n; i++)
+          if (d.m[i] != 0.0 && rlk_test_rand_u64(rng) % 97 == 0) {
+            d.r[i] = poisons[(gi + (size_t)poisoned++) % 3];
+            bad[i] = 1;
+          }
+        ck_assert_msg(poisoned > 0, "reset: no reward was made non-finite");
+        seq_data d0 = d;
+        d0.r = r0;
+        run_returns(ctx, &c, &d0, gammas[gi], RLK_RETURNS_MASKED_RESET, rng, o1);
+        run_returns(ctx, &c, &d, gammas[gi], RLK_RETURNS_MASKED_RESET, rng, o2);
+        int64_t kept = 0, hit = 0;
+        for (int64_t b = 0; b < c.B; b++) {
+          /* walking back: whether a non-finite reward lies between t and the next reset */
+          int tainted = 0, nan_tainted = 0;
+          for (int64_t t = c.T - 1; t >= 0; t--) {
+            const int64_t i = b * c.T + t;
+            if (t + 1 < c.T && d.m[i + 1] == 0.0) tainted = nan_tainted = 0; /* the reset at t + 1 */
+            if (bad[i]) {
+              tainted = 1;
+              nan_tainted |= isnan(d.r[i]);
+            }
+            if (!tainted) {
+              ck_assert_msg(!memcmp(&o1[i], &o2[i], sizeof(double)),
+                            "returns reset %s dtype=%s gamma=%g: [%lld, %lld] = %.17g with non-finite rewards "
+                            "past a reset, %.17g without", algo_name(c.algo), dt ? "f32" : "f64", gammas[gi],
+                            (long long)b, (long long)t, o2[i], o1[i]);
+              kept++;
+            } else {
+              ck_assert_msg(!isfinite(o2[i]) && (!nan_tainted || isnan(o2[i])),
+                            "returns reset %s dtype=%s gamma=%g: [%lld, %lld] = %.17g, expected %s",
+                            algo_name(c.algo), dt ? "f32" : "f64", gammas[gi], (long long)b, (long long)t,
+                            o2[i], nan_tainted ? "NaN" : "non-finite");
+              hit++;
+            }
+          }
+        }
+        ck_assert_msg(kept > 0 && hit > 0, "reset: the case checks both sides (%lld kept, %lld hit)",
+                      (long long)kept, (long long)hit);
+        free(bad);
+        free(r0);
+        free(o1);
+        free(o2);
+        free_data(&d);
+      }
+}
+
 /* The same inputs twice: bitwise the same outputs, every op and algorithm. */
 static void cases_scan_deterministic(rlk_context *ctx, uint64_t *rng) {
   for (size_t ai = 0; ai < 3; ai++) {
@@ -1047,6 +1113,7 @@ RLK_HOST_CASE(returns)
 RLK_HOST_CASE(cumsum)
 RLK_HOST_CASE(scan_edges)
 RLK_HOST_CASE(mask_robustness)
+RLK_HOST_CASE(reset_stops_nonfinite)
 RLK_HOST_CASE(scan_deterministic)
 RLK_HOST_CASE(whiten)
 RLK_HOST_CASE(whiten_edges)
@@ -1479,6 +1546,7 @@ RLK_GPU_CASE("advantage_scan", returns)
 RLK_GPU_CASE("advantage_scan", cumsum)
 RLK_GPU_CASE("advantage_scan", scan_edges)
 RLK_GPU_CASE("advantage_scan", mask_robustness)
+RLK_GPU_CASE("advantage_scan", reset_stops_nonfinite)
 RLK_GPU_CASE("advantage_scan", scan_deterministic)
 RLK_GPU_CASE("advantage_scan", whiten)
 RLK_GPU_CASE("advantage_scan", whiten_edges)
@@ -1516,14 +1584,14 @@ END_TEST
 Suite *advantage_scan_suite(void) {
   Suite *s = suite_create("advantage_scan");
   rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_gae, host_gae_long, host_returns,
-      host_cumsum, host_scan_edges, host_mask_robustness, host_scan_deterministic, host_whiten,
+      host_cumsum, host_scan_edges, host_mask_robustness, host_reset_stops_nonfinite, host_scan_deterministic, host_whiten,
       host_whiten_edges, host_whiten_deterministic, host_pipeline, host_whiten_no_workspace, bad_arguments));
 
   rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
       samples_cover_every_variant, samples_compile_every_target));
 
   rlk_test_add_case(s, "gpu", 300, TESTS(gpu_gae, gpu_gae_long, gpu_returns, gpu_cumsum, gpu_scan_edges,
-      gpu_mask_robustness, gpu_scan_deterministic, gpu_whiten, gpu_whiten_edges, gpu_whiten_deterministic,
+      gpu_mask_robustness, gpu_reset_stops_nonfinite, gpu_scan_deterministic, gpu_whiten, gpu_whiten_edges, gpu_whiten_deterministic,
       gpu_pipeline, gpu_bench_shapes));
   return s;
 }

@@ -34,8 +34,11 @@ template <typename TS> struct gae_map {
 template <typename TS> struct gae_state {
   TS a, n;
 };
+/* x' = a x + b, or x' = b where the steps pass a reset (k): a reset discards what is carried into
+ * it, NaN and inf included, where 0 x would carry a NaN across it */
 template <typename TS> struct ret_map {
   TS a, b;
+  int k;
 };
 template <typename TS> struct ret_state {
   TS x;
@@ -144,6 +147,7 @@ template <typename TS> struct family<TS, AS_FAMILY_RETURNS> {
     map m;
     m.a = TS(1);
     m.b = TS(0);
+    m.k = 0;
     return m;
   }
   static RLK_DEVICE state zero() {
@@ -152,14 +156,16 @@ template <typename TS> struct family<TS, AS_FAMILY_RETURNS> {
     return x;
   }
   static RLK_DEVICE map compose(const map &L, const map &R) {
+    if (L.k) return L;
     map m;
     m.a = L.a * R.a;
     m.b = L.a * R.b + L.b;
+    m.k = R.k;
     return m;
   }
   static RLK_DEVICE state apply(const map &M, const state &x) {
     state y;
-    y.x = M.a * x.x + M.b;
+    y.x = M.k ? M.b : M.a * x.x + M.b;
     return y;
   }
   static RLK_DEVICE map push(const map &F, bool valid, TS r, TS v, TS g, TS gl, int masked) {
@@ -169,11 +175,13 @@ template <typename TS> struct family<TS, AS_FAMILY_RETURNS> {
     if (!valid && masked == AS_RETURNS_RESET) {
       m.a = TS(0);
       m.b = TS(0);
+      m.k = 1;
     } else if (!valid && masked == AS_RETURNS_CARRY) {
       m = F;
     } else {
       m.a = g * F.a;
       m.b = g * F.b + (valid ? r : TS(0));
+      m.k = F.k;
     }
     return m;
   }
@@ -202,12 +210,14 @@ template <typename TS> struct family<TS, AS_FAMILY_RETURNS> {
     map r;
     r.a = shfl_down(m.a, d);
     r.b = shfl_down(m.b, d);
+    r.k = shfl_down(m.k, d);
     return r;
   }
   static RLK_DEVICE map from(const map &m, int lane) {
     map r;
     r.a = shfl_from(m.a, lane);
     r.b = shfl_from(m.b, lane);
+    r.k = shfl_from(m.k, lane);
     return r;
   }
   static RLK_DEVICE state from(const state &x, int lane) {

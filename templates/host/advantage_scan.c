@@ -88,16 +88,18 @@ static inline as_state as_step(as_state x, int valid, ts r, ts v, const as_ctx *
 
 #else
 
-/* x' = a x + b */
+/* x' = a x + b, or x' = b where the steps pass a reset (k): a reset discards what is carried into
+ * it, NaN and inf included, where 0 x would carry a NaN across it */
 typedef struct as_map {
   ts a, b;
+  int k;
 } as_map;
 typedef struct as_state {
   ts x;
 } as_state;
 
 static inline as_map as_identity(void) {
-  as_map m = {1, 0};
+  as_map m = {1, 0, 0};
   return m;
 }
 static inline as_state as_zero(void) {
@@ -105,14 +107,16 @@ static inline as_state as_zero(void) {
   return x;
 }
 static inline as_map as_compose(as_map L, as_map R) {
+  if (L.k) return L;
   as_map m;
   m.a = L.a * R.a;
   m.b = L.a * R.b + L.b;
+  m.k = R.k;
   return m;
 }
 static inline as_state as_apply(as_map M, as_state x) {
   as_state y;
-  y.x = M.a * x.x + M.b;
+  y.x = M.k ? M.b : M.a * x.x + M.b;
   return y;
 }
 static inline as_map as_push(as_map F, int valid, ts r, ts v, const as_ctx *c) {
@@ -121,11 +125,13 @@ static inline as_map as_push(as_map F, int valid, ts r, ts v, const as_ctx *c) {
   if (!valid && c->masked == AS_RETURNS_RESET) {
     m.a = 0;
     m.b = 0;
+    m.k = 1;
   } else if (!valid && c->masked == AS_RETURNS_CARRY) {
     m = F;
   } else {
     m.a = c->g * F.a;
     m.b = c->g * F.b + (valid ? r : 0);
+    m.k = F.k;
   }
   return m;
 }
