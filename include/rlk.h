@@ -722,8 +722,10 @@ RLK_API rlk_status rlk_value_loss(rlk_context *ctx, const rlk_value_loss_args *a
  *   kl = m * clamp(f(ec), output_min, output_max)        f of rlk_kl_estimator
  *   grad_logp = m * g * (d kl / d logp)                  g = grad_kl, or 1 without it
  * d kl / d logp is, without straight_through, f'(ec) passed by both clamps (1 inside, 0
- * outside, clamp_bound_grad on a bound); with straight_through it is w e, k2's gradient of the
- * unclamped e whatever the estimator (verl's "k3+", OpenRLHF's unbiased_gradient), with
+ * outside or NaN, clamp_bound_grad on a bound; an infinite bound is no clamp, so e or f of
+ * +-inf passes it, and NaN passes a clamp with both bounds infinite, as torch's autograd of the
+ * same formula: k1's gradient is 1 there, k2's and k3's NaN); with straight_through it is w e,
+ * k2's gradient of the unclamped e whatever the estimator (verl's "k3+", OpenRLHF's unbiased_gradient), with
  * w = min(exp(logp - old_logp), is_weight_max) taken as a constant (1 without old_logp).
  * d kl / d ref_logp is the negation of d kl / d logp. m is the mask's value (1 without a mask);
  * where it is 0 both outputs are exactly 0, whatever the inputs hold there.

@@ -285,10 +285,70 @@ static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   free(g2);
 }
 
+/* Log-ratios of +-inf and NaN (a reference log-prob of -inf, a NaN log-prob): value and gradient
+ * exactly the reference's, torch's autograd of the same formula and clamps, under each bound
+ * convention. An infinite bound is no clamp: it passes +-inf, and NaN where neither side clamps
+ * (k1's gradient 1, k3's 1 at +inf, -inf at -inf, NaN at NaN). */
+static void cases_nonfinite(rlk_context *ctx, uint64_t *rng) {
+  (void)rng;
+  static const double bounds[][4] = {
+      {-20, 20, -10, 10},                        /* verl k3 */
+      {-10, INFINITY, -10, 10},                  /* OpenRLHF k3 */
+      {-INFINITY, INFINITY, -INFINITY, INFINITY} /* none */
+  };
+  static const double bgs[] = {1.0, 0.5, 0.0};
+  double lp[] = {0.0, 0.0, NAN, -1.0}, rf[] = {-INFINITY, INFINITY, 0.0, NAN};
+  const int64_t T = 4;
+  for (int dt = 0; dt < 2; dt++)
+    for (int est = 0; est < 4; est++)
+      for (size_t bi = 0; bi < 3; bi++)
+        for (size_t gi = 0; gi < 3; gi++) {
+          const rlk_dtype d = dt ? RLK_F32 : RLK_F64;
+          const double *bd = bounds[bi];
+          void *lpd = rlk_test_upload_rows(ctx, d, 1, T, T, 0, lp), *rfd = rlk_test_upload_rows(ctx, d, 1, T, T, 0, rf);
+          const size_t bytes = (size_t)T * rlk_dtype_size(d);
+          void *kld = rlk_test_dev_alloc(ctx, bytes), *gd = rlk_test_dev_alloc(ctx, bytes);
+          rlk_token_kl_args a;
+          rlk_token_kl_args_init(&a);
+          a.logp = rlk_tensor_1d(lpd, d, T);
+          a.ref_logp = rlk_tensor_1d(rfd, d, T);
+          a.kl = rlk_tensor_1d(kld, d, T);
+          a.grad_logp = rlk_tensor_1d(gd, d, T);
+          a.estimator = (rlk_kl_estimator)est;
+          a.input_min = bd[0];
+          a.input_max = bd[1];
+          a.output_min = bd[2];
+          a.output_max = bd[3];
+          a.clamp_bound_grad = bgs[gi];
+          char what[256];
+          snprintf(what, sizeof what, "token_kl non-finite dtype=%s est=%d in=[%g, %g] out=[%g, %g] bg=%g",
+                   rlk_dtype_name(d), est, bd[0], bd[1], bd[2], bd[3], bgs[gi]);
+          rlk_test_expect_call_done(ctx, rlk_token_kl(ctx, &a, NULL), what);
+          unsigned char kh[4 * sizeof(double)], gh[4 * sizeof(double)];
+          ck_assert_int_eq(rlk_memcpy_to_host(ctx, kh, kld, bytes), RLK_OK);
+          ck_assert_int_eq(rlk_memcpy_to_host(ctx, gh, gd, bytes), RLK_OK);
+          const tk_ref_settings rs = {est, bd[0], bd[1], bd[2], bd[3], 0, INFINITY, bgs[gi]};
+          for (int64_t t = 0; t < T; t++) {
+            double g;
+            const double v = tk_ref_token(&rs, lp[t] - rf[t], 1.0, &g);
+            const double gv = rlk_test_load(kh, d, t), gg = rlk_test_load(gh, d, t);
+            ck_assert_msg((isnan(v) && isnan(gv)) || v == gv, "%s: kl at e = %g is %g, reference %g", what,
+                          lp[t] - rf[t], gv, v);
+            ck_assert_msg((isnan(g) && isnan(gg)) || g == gg, "%s: grad at e = %g is %g, reference %g", what,
+                          lp[t] - rf[t], gg, g);
+          }
+          rlk_free(ctx, lpd);
+          rlk_free(ctx, rfd);
+          rlk_free(ctx, kld);
+          rlk_free(ctx, gd);
+        }
+}
+
 RLK_HOST_CASE(variants)
 RLK_HOST_CASE(shapes)
 RLK_HOST_CASE(ties)
 RLK_HOST_CASE(deterministic)
+RLK_HOST_CASE(nonfinite)
 
 START_TEST(args_init_defaults) {
   rlk_token_kl_args a;
@@ -453,6 +513,7 @@ RLK_GPU_CASE("token_kl", variants)
 RLK_GPU_CASE("token_kl", shapes)
 RLK_GPU_CASE("token_kl", ties)
 RLK_GPU_CASE("token_kl", deterministic)
+RLK_GPU_CASE("token_kl", nonfinite)
 
 /* A training-sized batch beyond one grid row of blocks. */
 static void cases_large(rlk_context *ctx, uint64_t *rng) {
@@ -467,12 +528,12 @@ RLK_GPU_CASE("token_kl", large)
 
 Suite *token_kl_suite(void) {
   Suite *s = suite_create("token_kl");
-  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, host_variants, host_shapes, host_ties,
+  rlk_test_add_case(s, "host", 300, TESTS(args_init_defaults, host_variants, host_shapes, host_ties, host_nonfinite,
       host_deterministic, bad_arguments));
 
   rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
       samples_compile_every_target));
 
-  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_variants, gpu_shapes, gpu_ties, gpu_deterministic, gpu_large));
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_variants, gpu_shapes, gpu_ties, gpu_nonfinite, gpu_deterministic, gpu_large));
   return s;
 }

@@ -3,8 +3,8 @@
  *
  * On e = logp - ref_logp: ec = clamp(e, in_lo, in_hi), the value clamp(f(ec), out_lo, out_hi)
  * with f of rlk_kl_estimator (k1 e, abs |e|, k2 e^2 / 2, k3 exp(-e) + e - 1), and its
- * derivative in e: f'(ec) passed by both clamps (tl::gate: 1 inside, bg on a bound, 0 outside),
- * or, straight-through, e itself (k2's derivative of the unclamped e). */
+ * derivative in e: f'(ec) passed by both clamps (kl::gate), or, straight-through, e itself (k2's
+ * derivative of the unclamped e). */
 #ifndef RLK_KL_ESTIMATOR_CUH
 #define RLK_KL_ESTIMATOR_CUH
 
@@ -25,6 +25,16 @@ template <> RLK_DEVICE float expm1_(float x) {
   return fabsf(x) <= 0.5f ? p : expf(x) - 1.0f;
 }
 template <> RLK_DEVICE double expm1_(double x) { return expm1(x); }
+
+/* A KL clamp's gradient factor: tl::gate's (1 inside, bg on a bound, 0 outside or NaN), where an
+ * infinite bound is no clamp (the trainer calls none there): +-inf passes it, and NaN passes where
+ * neither side clamps (torch.clamp masks NaN out; no clamp, no mask). */
+template <typename T> RLK_DEVICE T gate(T x, T lo, T hi, T bg) {
+  if (x > lo && x < hi) return T(1);
+  if (x == lo) return isinf(lo) ? T(1) : bg;
+  if (x == hi) return isinf(hi) ? T(1) : bg;
+  return isinf(lo) && isinf(hi) && lo < hi ? T(1) : T(0);
+}
 
 /* The estimate at e; *grad gets its derivative in e. */
 template <int EST, bool ST, typename T>
@@ -48,7 +58,7 @@ RLK_DEVICE T estimate(T e, T in_lo, T in_hi, T out_lo, T out_hi, T bg, T *grad) 
   if (ST) {
     *grad = e;
   } else {
-    const T gg = tl::gate(e, in_lo, in_hi, bg) * tl::gate(v, out_lo, out_hi, bg);
+    const T gg = gate(e, in_lo, in_hi, bg) * gate(v, out_lo, out_hi, bg);
     *grad = gg != T(0) ? gg * gv : T(0);
   }
   return tl::clampv(v, out_lo, out_hi);

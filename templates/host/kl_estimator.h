@@ -1,8 +1,8 @@
 /* kl_estimator.h - host form of templates/cuda/kl_estimator.cuh: the KL estimators of a
  * reference penalty, one definition for the policy loss (policy_loss.c) and token_kl (token_kl.c),
  * in RLK_P_DTYPE. On e = logp - ref_logp: ec = clamp(e, in_lo, in_hi), the value
- * clamp(f(ec), out_lo, out_hi), and its derivative in e: f'(ec) passed by both clamps (1 inside,
- * bg on a bound, 0 outside), or, straight-through, e (k2's derivative of the unclamped e). */
+ * clamp(f(ec), out_lo, out_hi), and its derivative in e: f'(ec) passed by both clamps (kl_gate),
+ * or, straight-through, e (k2's derivative of the unclamped e). */
 #ifndef RLK_KL_ESTIMATOR_H
 #define RLK_KL_ESTIMATOR_H
 
@@ -12,10 +12,15 @@
 
 typedef RLK_P_DTYPE kl_t;
 
-
 static inline kl_t kl_clamp(kl_t x, kl_t lo, kl_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+/* A KL clamp's gradient factor: 1 inside, bg on a bound, 0 outside or NaN; an infinite bound is
+ * no clamp (the trainer calls none there), so +-inf passes it, and NaN passes where neither side
+ * clamps (torch.clamp masks NaN out; no clamp, no mask). */
 static inline kl_t kl_gate(kl_t x, kl_t lo, kl_t hi, kl_t bg) {
-  return (x > lo && x < hi) ? (kl_t)1 : ((x == lo || x == hi) ? bg : (kl_t)0);
+  if (x > lo && x < hi) return 1;
+  if (x == lo) return isinf(lo) ? (kl_t)1 : bg;
+  if (x == hi) return isinf(hi) ? (kl_t)1 : bg;
+  return isinf(lo) && isinf(hi) && lo < hi ? (kl_t)1 : (kl_t)0;
 }
 
 /* The estimate at e; *grad gets its derivative in e. */

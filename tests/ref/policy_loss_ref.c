@@ -38,6 +38,10 @@ static dd dd_clamp_bg(dd a, double lo, double hi, double bg) {
   const double f = (a.v > lo && a.v < hi) ? 1.0 : ((a.v == lo || a.v == hi) ? bg : 0.0);
   return (dd){v, f != 0.0 ? f * a.g : 0.0};
 }
+/* the KL's clamps: an infinite bound (off) is no clamp, which passes +-inf and NaN */
+static dd dd_kl_clamp(dd a, double bound, double bg) {
+  return isinf(bound) ? a : dd_clamp_bg(a, -bound, bound, bg);
+}
 static dd dd_maximum(dd a, dd b) {
   if (a.v > b.v) return a;
   if (b.v > a.v) return b;
@@ -86,7 +90,7 @@ static double row_n(const plref_batch *b, int64_t r) {
 
 /* The KL estimator of rlk on e = lp - ref: value and derivative in e. */
 static dd rlk_kl(const plref_params *p, dd e) {
-  const dd ec = dd_clamp_bg(e, -p->kl_in, p->kl_in, p->bound_g);
+  const dd ec = dd_kl_clamp(e, p->kl_in, p->bound_g);
   dd f;
   switch (p->kl) {
   case 0: /* k1 */
@@ -105,7 +109,7 @@ static dd rlk_kl(const plref_params *p, dd e) {
     break;
   }
   }
-  f = dd_clamp_bg(f, -p->kl_out, p->kl_out, p->bound_g);
+  f = dd_kl_clamp(f, p->kl_out, p->bound_g);
   if (p->kl_st) f.g = e.g * e.v; /* k2's gradient: d(e^2/2) = e */
   return f;
 }

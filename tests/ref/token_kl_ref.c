@@ -3,14 +3,22 @@
 
 #include <math.h>
 
-/* d clamp(x, lo, hi) / dx */
+/* d clamp(x, lo, hi) / dx as torch forms it (0 at NaN), where an infinite bound is no clamp at
+ * all: it passes +-inf, and NaN when neither side clamps */
 static double clamp_grad(double x, double lo, double hi, double bound_g) {
-  if (x == lo || x == hi) return bound_g;
-  return x > lo && x < hi ? 1.0 : 0.0;
+  const int lo_on = isfinite(lo), hi_on = isfinite(hi);
+  if (isnan(x)) return lo_on || hi_on ? 0.0 : 1.0;
+  if ((x == lo && lo_on) || (x == hi && hi_on)) return bound_g;
+  return (!lo_on || x >= lo) && (!hi_on || x <= hi) ? 1.0 : 0.0;
+}
+
+/* torch.clamp's value: NaN stays NaN (fmin and fmax would drop it) */
+static double clamp_value(double x, double lo, double hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
 }
 
 double tk_ref_token(const tk_ref_settings *s, double e, double w, double *dlogp) {
-  const double ec = fmin(fmax(e, s->in_lo), s->in_hi);
+  const double ec = clamp_value(e, s->in_lo, s->in_hi);
   double f, df;
   switch (s->estimator) {
   case 0: /* k1 */
@@ -30,7 +38,7 @@ double tk_ref_token(const tk_ref_settings *s, double e, double w, double *dlogp)
     df = 1.0 - exp(-ec);
     break;
   }
-  const double v = fmin(fmax(f, s->out_lo), s->out_hi);
+  const double v = clamp_value(f, s->out_lo, s->out_hi);
   if (s->straight_through)
     *dlogp = w * e;
   else { /* a clamp that stops the gradient stops it whole (no 0 * inf where f overflowed) */
