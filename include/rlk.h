@@ -296,7 +296,8 @@ typedef enum rlk_advantage_mode {
    * its length, verl's "opo") */
   RLK_ADV_OPO = 4,
   /* Pass@k: the group's best member (the first of equal maxima) gets (max - second max) /
-   * (std_g + eps), every other member 0 (verl's "grpo_passk") */
+   * (std_g + eps), every other member 0 (verl's "grpo_passk"); with NaN scores arithmetic a NaN
+   * ranks above every score (torch.topk's order): the first NaN member gets NaN */
   RLK_ADV_PASSK = 5,
   /* the same without the division by std_g + eps (grpo_passk without norm_adv_by_std_in_grpo) */
   RLK_ADV_PASSK_UNSCALED = 6

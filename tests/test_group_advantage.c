@@ -486,6 +486,107 @@ static void cases_unscorable(rlk_context *ctx, uint64_t *rng) {
     }
 }
 
+/* One call on 1-D scores of `dt` in groups of G (weights for opo, may be NULL), NaN scores
+ * arithmetic; advantages into adv. */
+static void run_plain(rlk_context *ctx, rlk_dtype dt, const double *scores, const double *weights, int64_t B,
+                      int64_t G, rlk_advantage_mode mode, float *adv, const char *what) {
+  const size_t es = rlk_dtype_size(dt);
+  unsigned char *sh = malloc((size_t)B * es), *wh = malloc((size_t)B * es);
+  for (int64_t b = 0; b < B; b++) {
+    rlk_test_store(sh, dt, b, scores[b]);
+    if (weights) rlk_test_store(wh, dt, b, weights[b]);
+  }
+  void *sd = rlk_test_dev_upload(ctx, sh, (size_t)B * es), *wd = weights ? rlk_test_dev_upload(ctx, wh, (size_t)B * es) : NULL;
+  float *ad = rlk_test_dev_alloc(ctx, (size_t)B * sizeof(float));
+  rlk_group_advantage_args a;
+  rlk_group_advantage_args_init(&a);
+  a.scores = rlk_tensor_1d(sd, dt, B);
+  a.group_size = G;
+  a.mode = mode;
+  if (wd) a.weights = rlk_tensor_1d(wd, dt, B);
+  a.advantages = rlk_tensor_1d(ad, RLK_F32, B);
+  rlk_test_expect_call_done(ctx, rlk_group_advantage(ctx, &a, NULL), what);
+  ck_assert_int_eq(rlk_memcpy_to_host(ctx, adv, ad, (size_t)B * sizeof(float)), RLK_OK);
+  rlk_free(ctx, sd);
+  rlk_free(ctx, wd);
+  rlk_free(ctx, ad);
+  free(sh);
+  free(wh);
+}
+
+/* NaN scores arithmetic (the default): a group holding one gets NaN statistics under every mode.
+ * pass@k ranks NaN above every score, as torch.topk does (verl's grpo_passk): the group's first
+ * NaN member gets NaN, the others 0; batch-std's NaN std makes every group NaN. opo: weights
+ * summing to 0 give NaN, not +-inf. Groups without NaN are otherwise bit for bit what they are in
+ * a batch without any. */
+static void cases_nan_arithmetic(rlk_context *ctx, uint64_t *rng) {
+  static const int64_t groups[] = {4, 48};
+  for (int dt = 0; dt < 2; dt++)
+    for (size_t gi = 0; gi < 2; gi++)
+      for (int mode = 0; mode <= RLK_ADV_PASSK_UNSCALED; mode++) {
+        const int64_t G = groups[gi], ng = 6, B = G * ng;
+        const rlk_dtype d = dt ? RLK_F64 : RLK_F32;
+        double *sc = malloc((size_t)B * sizeof *sc), *clean = malloc((size_t)B * sizeof *clean),
+               *w = malloc((size_t)B * sizeof *w);
+        int64_t first_nan[6];
+        for (int64_t b = 0; b < B; b++) {
+          sc[b] = clean[b] = round((rlk_test_rand_normal(rng) + 1.0) * 8.0) / 8.0;
+          w[b] = (double)(1 + rlk_test_rand_u64(rng) % 50);
+        }
+        for (int64_t g = 0; g < ng; g++) {
+          first_nan[g] = -1;
+          if (g % 2 == 0) continue; /* even groups clean */
+          const int64_t i = g * G + (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)G);
+          sc[i] = NAN;
+          clean[i] = 0.5;
+          first_nan[g] = i;
+          if (g == 3) { /* a second NaN after the first */
+            const int64_t j = g * G + G - 1;
+            if (j > i) sc[j] = NAN, clean[j] = 0.5;
+          }
+        }
+        if (mode == RLK_ADV_OPO) { /* group 4 (clean scores): weights summing to 0 */
+          for (int64_t b = 4 * G; b < 5 * G; b++) w[b] = (b - 4 * G) % 2 ? -1.0 : 1.0;
+          if (G % 2) w[5 * G - 1] = 0.0;
+          sc[4 * G] = clean[4 * G] = 3.0; /* the weighted sum is not 0 */
+        }
+        float *adv = malloc((size_t)B * sizeof *adv), *ref = malloc((size_t)B * sizeof *ref);
+        char what[160];
+        snprintf(what, sizeof what, "group_advantage NaN arithmetic dtype=%s G=%lld mode=%d", dt ? "f64" : "f32",
+                 (long long)G, mode);
+        run_plain(ctx, d, sc, mode == RLK_ADV_OPO ? w : NULL, B, G, (rlk_advantage_mode)mode, adv, what);
+        run_plain(ctx, d, clean, mode == RLK_ADV_OPO ? w : NULL, B, G, (rlk_advantage_mode)mode, ref, what);
+        for (int64_t g = 0; g < ng; g++)
+          for (int64_t i = g * G; i < (g + 1) * G; i++) {
+            if (mode == RLK_ADV_OPO && g == 4) {
+              ck_assert_msg(isnan(adv[i]), "%s: [%lld] = %g, weights summing to 0 give NaN", what, (long long)i,
+                            (double)adv[i]);
+            } else if (mode == RLK_ADV_BATCH_STD) { /* the batch's std holds the NaN: every group */
+              ck_assert_msg(isnan(adv[i]), "%s: [%lld] = %g, the batch's std is NaN", what, (long long)i,
+                            (double)adv[i]);
+            } else if (first_nan[g] < 0) {
+              ck_assert_msg(!memcmp(&adv[i], &ref[i], sizeof(float)), "%s: clean group's [%lld] = %g, %g alone", what,
+                            (long long)i, (double)adv[i], (double)ref[i]);
+            } else if (mode >= RLK_ADV_PASSK) {
+              if (i == first_nan[g])
+                ck_assert_msg(isnan(adv[i]), "%s: the first NaN member [%lld] = %g, expected NaN", what,
+                              (long long)i, (double)adv[i]);
+              else
+                ck_assert_msg(adv[i] == 0.0f, "%s: [%lld] = %g, expected 0 beside the NaN member", what,
+                              (long long)i, (double)adv[i]);
+            } else {
+              ck_assert_msg(isnan(adv[i]), "%s: [%lld] = %g in a group with a NaN, expected NaN", what,
+                            (long long)i, (double)adv[i]);
+            }
+          }
+        free(sc);
+        free(clean);
+        free(w);
+        free(adv);
+        free(ref);
+      }
+}
+
 /* Two runs on the same inputs give bitwise the same outputs. */
 static void cases_deterministic(rlk_context *ctx, uint64_t *rng) {
   static int64_t sizes[600];
@@ -534,6 +635,7 @@ RLK_HOST_CASE(strided_scores)
 RLK_HOST_CASE(deterministic)
 RLK_HOST_CASE(outcome_modes)
 RLK_HOST_CASE(unscorable)
+RLK_HOST_CASE(nan_arithmetic)
 
 START_TEST(args_init_defaults) {
   rlk_group_advantage_args a;
@@ -944,6 +1046,7 @@ RLK_GPU_CASE("group_advantage", strided_scores)
 RLK_GPU_CASE("group_advantage", deterministic)
 RLK_GPU_CASE("group_advantage", outcome_modes)
 RLK_GPU_CASE("group_advantage", unscorable)
+RLK_GPU_CASE("group_advantage", nan_arithmetic)
 
 /* Large and odd shapes: the launch-bound GRPO shape, big groups, many tokens. */
 START_TEST(gpu_large_shapes) {
@@ -1054,13 +1157,13 @@ Suite *group_advantage_suite(void) {
   Suite *s = suite_create("group_advantage");
   rlk_test_add_case(s, "host", 120, TESTS(args_init_defaults, host_fixed_groups, host_uneven_groups,
       host_odd_batches, host_token_rewards, host_broadcast, host_eps, host_strided_scores, host_deterministic,
-      host_outcome_modes, host_unscorable, host_in_place, host_f64_token_rewards, bad_arguments));
+      host_outcome_modes, host_unscorable, host_nan_arithmetic, host_in_place, host_f64_token_rewards, bad_arguments));
 
   rlk_test_add_case(s, "plan", 300, TESTS(plan_matches_call, plan_rejects_bad_settings,
       samples_cover_every_variant, samples_compile_every_target));
 
   rlk_test_add_case(s, "gpu", 300, TESTS(gpu_fixed_groups, gpu_uneven_groups, gpu_odd_batches,
       gpu_token_rewards, gpu_broadcast, gpu_eps, gpu_strided_scores, gpu_deterministic, gpu_outcome_modes,
-      gpu_unscorable, gpu_large_shapes, gpu_second_process_loads_from_disk));
+      gpu_unscorable, gpu_nan_arithmetic, gpu_large_shapes, gpu_second_process_loads_from_disk));
   return s;
 }

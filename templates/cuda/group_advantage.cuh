@@ -264,13 +264,26 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
       }
       ws = ga::group_sum<SEG>(ws, scratch);
       w = ga::group_sum<SEG>(w, scratch);
-      wmean = ws / w;
+      wmean = w != TS(0) ? ws / w : limits<TS>::quiet_nan(); /* weights summing to 0: NaN, not +-inf */
     }
 
-    /* passk: the best member (the first of equal maxima) and the second best score */
+    /* passk: the best member (the first of equal maxima) and the second best score; where NaN
+     * scores are arithmetic, a NaN ranks above every score (torch.topk's order): the first NaN
+     * member is the best and the gap is NaN */
     i64 best = -1;
     TS gap = TS(0);
-    if (kPassk) {
+    if (kPassk && !nan_skip) {
+      i64 first = (i64)0x7fffffffffffffffll;
+      for (i64 i = start + lane; i < end; i += SEG) {
+        const TS x = scores[i * score_stride];
+        if (x != x && i < first) first = i;
+      }
+      first = ga::group_reduce<SEG>(first, iscratch, ga::MinOp());
+      if (first != (i64)0x7fffffffffffffffll) best = first;
+    }
+    if (kPassk && best >= 0) {
+      gap = limits<TS>::quiet_nan();
+    } else if (kPassk) {
       const TS lowest = -limits<TS>::infinity();
       TS m1 = lowest;
       for (i64 i = start + lane; i < end; i += SEG) {

@@ -98,13 +98,20 @@ RLK_HOST_KERNEL rlk_group_advantage_group(void **args) {
           w += wi;
         }
       }
-      wmean = ws / w;
+      wmean = w != 0 ? ws / w : (ga_score_t)__builtin_nan(""); /* weights summing to 0: NaN, not +-inf */
     }
 
-    /* passk: the best member (the first of equal maxima) and the second best score */
+    /* passk: the best member (the first of equal maxima) and the second best score; where NaN
+     * scores are arithmetic, a NaN ranks above every score (torch.topk's order): the first NaN
+     * member is the best and the gap is NaN */
     rlk_i64 best = -1;
     ga_score_t gap = 0;
-    if (GA_PASSK) {
+    if (GA_PASSK && !nan_skip)
+      for (rlk_i64 i = start; i < end && best < 0; i++)
+        if (scores[i * stride] != scores[i * stride]) best = i;
+    if (GA_PASSK && best >= 0) {
+      gap = (ga_score_t)__builtin_nan("");
+    } else if (GA_PASSK) {
       const ga_score_t lowest = -(ga_score_t)__builtin_inf();
       ga_score_t m1 = lowest, m2 = lowest;
       for (rlk_i64 i = start; i < end; i++) {
