@@ -93,6 +93,11 @@ def test_masked_whiten_in_place(place, rng):
     out = rlk.masked_whiten(xx, place.to(mask), inplace=True)
     assert out is xx
     close(place.back(xx), refs.masked_whiten(x, mask)[0], tol=1e-12)
+    assert rlk.masked_whiten(xx, place.to(mask), out=xx, inplace=True) is xx
+    other = place.to(np.zeros_like(x))
+    with pytest.raises(rlk.InvalidArgument, match="out and inplace"):
+        rlk.masked_whiten(xx, place.to(mask), out=other, inplace=True)
+    assert not place.back(other).any()  # nothing written where the call was refused
 
 
 @need("masked_whiten")

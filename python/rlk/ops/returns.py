@@ -6,6 +6,7 @@ dtype per call; outputs are allocated in that dtype when not given. Masks are bo
 """
 
 from .. import _types as T
+from ..errors import InvalidArgument
 from .._tensor import Binder, Op, compiling, contiguous_strides, keep_plan, plan_call, traced, use_plans
 
 __all__ = ["ScanAlgo", "GaeMasked", "ReturnsMasked", "WhitenEps", "WhitenMasked", "GaeArgs",
@@ -175,8 +176,11 @@ def masked_whiten(x, mask=None, *, eps=None, eps_mode=None, unbiased=None, count
     """Whitens x over the valid elements of the whole batch (rlk_masked_whiten).
 
     Defaults are verl's masked_whiten (eps 1e-8 added, unbiased, count_eps 1e-8). eps_mode
-    "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x.
+    "add" or "clamp" (OpenRLHF); masked "apply" or "zero". inplace=True writes over x (out, if
+    given, must then be x).
     Returns out, or (out, stats) with stats=True: f64 [3] {mean, var, N}."""
+    if inplace and out is not None and out is not x:
+        raise InvalidArgument("rlk.masked_whiten: out and inplace=True name two outputs; give one")
     if compiling():
         return traced("masked_whiten", dict(
             x=x, mask=mask, eps=eps, eps_mode=eps_mode, unbiased=unbiased, count_eps=count_eps,
