@@ -659,6 +659,50 @@ START_TEST(prune_that_cannot_delete_fails) {
 }
 END_TEST
 
+/* Moves the last_used stamp of every entry of a tree two hours back, so the cache's eviction
+ * no longer spares them as fresh. */
+static int age_last_used(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  if (flag == FTW_F && !strcmp(path + ftw->base, "last_used")) {
+    struct timespec t[2] = {{sb->st_mtime - 7200, 0}, {sb->st_mtime - 7200, 0}};
+    ck_assert_msg(utimensat(AT_FDCWD, path, t, 0) == 0, "cannot age %s", path);
+  }
+  return 0;
+}
+
+/* A precompile's output tree keeps every kernel: the cache's size cap, which evicts the least
+ * recently used entries of a user's cache, does not apply to it. */
+START_TEST(precompile_ignores_the_size_cap) {
+  char tree[1024];
+  rlk_test_mkdtemp(tree, sizeof tree, "capped");
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
+                            ARGS("--out", tree, "--targets", "host", "-j", "1", "--sweep",
+                                 "group_advantage mode=grpo group_size=4,8 scores=f32"));
+  expect_status(r, 0, "rlk-precompile without a cap");
+  rlk_test_tool_free(&r);
+  int before = 0;
+  free(tree_keys(tree, &before));
+  ck_assert_int_ge(before, 2);
+  /* entries of an earlier run, as in a long run or a tree filled in steps */
+  ck_assert_int_eq(nftw(tree, age_last_used, 32, FTW_PHYS), 0);
+
+  r = rlk_test_run_tool(ENV("RLK_CACHE_MAX_BYTES=1"), "rlk-precompile",
+                        ARGS("--out", tree, "--targets", "host", "-j", "1", "--sweep",
+                             "group_advantage mode=rloo group_size=4,8 scores=f32"));
+  expect_status(r, 0, "rlk-precompile with RLK_CACHE_MAX_BYTES=1");
+  ck_assert_msg(strstr(r.out, "done: 2 items, 0 failed") != NULL, "%s", r.out);
+  int after = 0;
+  free(tree_keys(tree, &after));
+  ck_assert_msg(after == 2 * before, "%d entries kept of %d:\n%s", after, 2 * before, r.out);
+  ck_assert_msg(strstr(r.out, "ignoring RLK_CACHE_MAX_BYTES=1") != NULL, "no note of the cap:\n%s", r.out);
+  rlk_test_tool_free(&r);
+  r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", tree, "verify"));
+  expect_status(r, 0, "rlk-cache verify");
+  ck_assert_int_eq(rlk_test_last_value(r.out, "verify: "), after);
+  rlk_test_tool_free(&r);
+  rlk_test_rmtree(tree);
+}
+END_TEST
+
 /* out is one JSON object: it starts with '{', ends with "}\n", and nothing else was printed. */
 static void expect_json_document(const char *out, const char *what) {
   size_t n = strlen(out);
@@ -725,6 +769,7 @@ Suite *tools_suite(void) {
   rlk_test_add_case(s, "tools", 300, TESTS(help_and_usage_errors, dry_run_expands_sweeps,
       precompile_host_serves_demo_without_jit, recorded_configurations_precompile_what_runs,
       shards_merge_to_the_full_set, failures_are_reported, precompile_for_a_gpu_target_without_a_gpu,
-      config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs));
+      config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs,
+      precompile_ignores_the_size_cap));
   return s;
 }

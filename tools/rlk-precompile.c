@@ -65,7 +65,9 @@ static void usage(FILE *out) {
           "                    A line is \"op name=value ...\"; a value may be a comma list,\n"
           "                    and the line expands to the cross product of its lists:\n"
           "                    \"group_advantage mode=grpo,rloo group_size=4,8\" is 4 configurations.\n"
-          "  --out DIR         the cache root to write (default: the user cache root)\n"
+          "  --out DIR         the cache root to write (default: the user cache root). It keeps\n"
+          "                    every kernel: RLK_CACHE_MAX_BYTES (the cache's size cap) and\n"
+          "                    RLK_CACHE_RO_DIRS are ignored\n"
           "  -j, --jobs N      worker processes (default: RLK_JIT_WORKERS, else the number of CPUs)\n"
           "  --shard i/n       keep only the items whose index %% n == i (0 <= i < n), so an\n"
           "                    array job splits the work, e.g. in Slurm:\n"
@@ -785,6 +787,15 @@ static int precompile_main(int argc, char **argv) {
   if (getenv("RLK_CACHE_RO_DIRS")) {
     fprintf(stderr, "%s: ignoring RLK_CACHE_RO_DIRS: every kernel is written to %s\n", prog, out);
     unsetenv("RLK_CACHE_RO_DIRS");
+  }
+  /* The cache's size cap would evict entries of the output tree (older ones first, and this
+   * run's own once they are a minute old): a cap is for a user's cache, not for a tree that
+   * is shipped whole. */
+  const char *cap = getenv("RLK_CACHE_MAX_BYTES");
+  if (cap && *cap) {
+    fprintf(stderr, "%s: ignoring RLK_CACHE_MAX_BYTES=%s: %s keeps every kernel, whatever its size\n",
+            prog, cap, out);
+    unsetenv("RLK_CACHE_MAX_BYTES");
   }
 
   if (jobs == 0) {
