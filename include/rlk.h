@@ -1988,8 +1988,10 @@ RLK_API rlk_status rlk_precompile_keys(rlk_context *ctx, const char *config, cha
  * then one record per line of tab-separated name=value fields ('#' lines are comments). Writers
  * hold an advisory lock on "<db>.lock" while they read, merge and atomically replace the file
  * (a temporary file in the same directory, fsynced, renamed over it), so concurrent tuners never
- * lose each other's records; readers need no lock. A damaged file is ignored with one warning,
- * bad lines are skipped; nothing in it can make a call fail.
+ * lose each other's records; readers need no lock. A key on several lines (two files joined
+ * with cat) is read from its last line; a writer keeps only that line's record, so a file it
+ * wrote holds one record per key. A damaged file is ignored with one warning, bad lines are
+ * skipped; nothing in it can make a call fail.
  *
  * RLK_TUNE, read when a context is created:
  *   off   calls never read the database
@@ -2053,8 +2055,8 @@ RLK_API rlk_status rlk_tune_record_set_env(rlk_tune_record *record, const rlk_de
 RLK_API rlk_status rlk_tune_db_path(char *buf, size_t size);
 
 /* Merges `n` records into the database at `db` (NULL: rlk_tune_db_path): each replaces the
- * record of the same key, every other record is kept, and the keys recorded leave the pending
- * list. Under the database's lock; the file and its directory are created as needed. Lines that
+ * record of the same key (the key's last line, the one read; its earlier lines are dropped),
+ * every other record is kept, and the keys recorded leave the pending list. Under the database's lock; the file and its directory are created as needed. Lines that
  * do not parse are dropped with a warning; a file of which no line can be read (not a tuning
  * database, or damaged throughout) is moved aside to "<db>.bad-<time>" with a warning. Records are
  * checked first: an empty key field, a tab or newline in a string, tokens < 1, multiprocessors
@@ -2074,7 +2076,8 @@ RLK_API rlk_status rlk_tune_db_walk(const char *db, rlk_tune_visit_fn visit, voi
                                     size_t *bad_lines);
 
 /* Merges the records of the database file `from` into `db` (NULL: rlk_tune_db_path) under db's
- * lock: for a key in both, the record created later wins (`from`'s on a tie); `from`'s keys leave
+ * lock: for a key in both, the record created later wins (`from`'s on a tie), each file's record
+ * of a key being its last line's, and db keeps one record per key; `from`'s keys leave
  * db's pending list. Writes the number of records taken from `from` to *taken (may be NULL).
  * RLK_ERR_IO when `from` is missing or is not a tuning database. */
 RLK_API rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken);

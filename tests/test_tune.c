@@ -527,6 +527,89 @@ START_TEST(db_merge_of_runs) {
 }
 END_TEST
 
+/* The winner a fresh host context takes from RLK_TUNE_DB for `line` ("-" when none). */
+static void expect_lookup(const char *line, const char *want) {
+  rlk_context *ctx = rlk_test_host_context();
+  char settings[128] = "";
+  int found = 0;
+  ck_assert_int_eq(rlk_tune_lookup(ctx, line, settings, sizeof settings, &found), RLK_OK);
+  ck_assert_msg(!strcmp(found ? settings : "-", want), "%s: took '%s', expected '%s'", line,
+                found ? settings : "-", want);
+  rlk_context_destroy(ctx);
+}
+
+/* Appends the file `from` (its version line becomes a comment) to `to`, as cat does. */
+static void concatenate(const char *to, const char *from) {
+  char *a = read_text(to), *b = read_text(from);
+  ck_assert(a && b);
+  size_t na = strlen(a), nb = strlen(b);
+  char *joined = malloc(na + nb + 1);
+  ck_assert(joined);
+  memcpy(joined, a, na);
+  memcpy(joined + na, b, nb + 1);
+  write_text(to, joined, na + nb);
+  free(joined);
+  free(a);
+  free(b);
+}
+
+/* A key on several lines (two databases joined with cat) is read from its last line; a writer
+ * replaces that record, and keeps one record per key. */
+START_TEST(db_duplicate_keys_keep_the_last) {
+  char db[1100], other[1200];
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-dup");
+  snprintf(other, sizeof other, "%s.other", db);
+  const char *line = "logprob pass=fwd logits=f32 vocab=96 tokens=8";
+  const char *line_b = "logprob pass=fwd logits=f32 vocab=97 tokens=8";
+  rlk_tune_record a1 = make_record(line, &info, "variant=vec block=256 unroll=2", 1, 0.5);
+  rlk_tune_record b = make_record(line_b, &info, "", 1, 1);
+  rlk_tune_record first[2] = {a1, b};
+  ck_assert_int_eq(rlk_tune_db_record(db, first, 2), RLK_OK);
+  rlk_tune_record a2 = make_record(line, &info, "variant=vec block=512 unroll=4", 1, 0.4);
+  a2.created = 2000;
+  ck_assert_int_eq(rlk_tune_db_record(other, &a2, 1), RLK_OK);
+  concatenate(db, other);
+  free(walk_clean_db(db, 3));
+  expect_lookup(line, "variant=vec block=512 unroll=4"); /* the last line wins */
+
+  /* a new record replaces the record in use, and the key's other line goes */
+  rlk_tune_record a3 = make_record(line, &info, "variant=vec block=1024 unroll=8", 1, 0.3);
+  a3.created = 3000;
+  ck_assert_int_eq(rlk_tune_db_record(db, &a3, 1), RLK_OK);
+  collected *got = walk_clean_db(db, 2);
+  ck_assert_str_eq(find_key(got, &a3)->winner, a3.winner);
+  ck_assert_ptr_nonnull(find_key(got, &b));
+  free(got);
+  expect_lookup(line, "variant=vec block=1024 unroll=8");
+  expect_lookup(line_b, "");
+
+  /* merging: each file's record of a key is its last line's. `other` holds a newer line of the
+   * key, then an older one (the one a reader of it uses): the database's record (3000) wins. */
+  unlink(other);
+  rlk_tune_record newer = a3, older = a3;
+  newer.created = 9000;
+  snprintf(newer.winner, sizeof newer.winner, "variant=vec block=256 unroll=8");
+  older.created = 2500;
+  snprintf(older.winner, sizeof older.winner, "variant=vec block=512 unroll=8");
+  char other2[1300];
+  snprintf(other2, sizeof other2, "%s.2", other);
+  ck_assert_int_eq(rlk_tune_db_record(other, &newer, 1), RLK_OK);
+  ck_assert_int_eq(rlk_tune_db_record(other2, &older, 1), RLK_OK);
+  concatenate(other, other2);
+  concatenate(db, db); /* and the database has every key twice */
+  free(walk_clean_db(db, 4));
+  size_t taken = 9;
+  ck_assert_msg(rlk_tune_db_merge(db, other, &taken) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_uint_eq(taken, 0);
+  got = walk_clean_db(db, 2);
+  ck_assert_str_eq(find_key(got, &a3)->winner, a3.winner);
+  free(got);
+  expect_lookup(line, "variant=vec block=1024 unroll=8");
+  unlink(other);
+  unlink(other2);
+}
+END_TEST
+
 /* A context uses only its own environment's records. */
 START_TEST(db_other_environments_ignored) {
   char db[1100];
@@ -1678,7 +1761,7 @@ END_TEST
 
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
-  rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs,
+  rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs, db_duplicate_keys_keep_the_last,
       db_other_environments_ignored, db_damaged_files_warn_once, db_fifo_never_blocks,
       db_concurrent_writers_keep_every_record, tune_modes_and_pending_list, db_read_once_per_context));
   rlk_test_add_case(s, "selection", 120, TESTS(selection_on_the_host, variant_override_skips_the_database,

@@ -226,6 +226,78 @@ static rlk_status read_for_update(const char *path, rlk_tune_file_kind kind, rlk
   return RLK_OK;
 }
 
+/* ---- one record per key ------------------------------------------------------------ */
+
+/* FNV-1a over a string and its NUL, continuing from h. */
+static uint64_t hash_str(uint64_t h, const char *s) {
+  do {
+    h ^= (unsigned char)*s;
+    h *= 1099511628211u;
+  } while (*s++);
+  return h;
+}
+
+static uint64_t hash_key(const rlk_tune_record *r) {
+  uint64_t h = 14695981039346656037u;
+  h = hash_str(h, r->op);
+  h = hash_str(h, r->shape);
+  h = hash_str(h, r->target);
+  h = hash_str(h, r->device);
+  h = hash_str(h, r->runtime);
+  h = hash_str(h, r->compiler);
+  h ^= (uint64_t)r->tokens;
+  h *= 1099511628211u;
+  h ^= (uint64_t)(uint32_t)r->multiprocessors;
+  h *= 1099511628211u;
+  return h;
+}
+
+typedef struct key_ref {
+  uint64_t hash;
+  size_t index;
+} key_ref;
+
+static int by_hash_then_index(const void *a, const void *b) {
+  const key_ref *x = a, *y = b;
+  if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Keeps one record per key: the last of its lines, the one a reader uses (tune_table.c), where
+ * it stands; drops the earlier ones (a file joined from two with cat has them). A writer does
+ * this first, so the record it replaces is the one in use and no stale line of the key survives
+ * to be read back. 0, or -1 when out of memory. */
+static int keep_last_of_each_key(rlk_tune_list *l) {
+  if (l->n < 2) return 0;
+  key_ref *refs = malloc(l->n * sizeof *refs);
+  unsigned char *drop = calloc(l->n, 1);
+  if (!refs || !drop) {
+    free(refs);
+    free(drop);
+    return -1;
+  }
+  for (size_t i = 0; i < l->n; i++) refs[i] = (key_ref){hash_key(&l->v[i]), i};
+  qsort(refs, l->n, sizeof *refs, by_hash_then_index);
+  for (size_t a = 0; a < l->n; a++)
+    for (size_t b = a + 1; b < l->n && refs[b].hash == refs[a].hash; b++)
+      if (rlk_tune_same_key(&l->v[refs[a].index], &l->v[refs[b].index])) {
+        drop[refs[a].index] = 1; /* a later line of the key follows */
+        break;
+      }
+  size_t kept = 0;
+  for (size_t i = 0; i < l->n; i++)
+    if (!drop[i]) {
+      if (kept != i) l->v[kept] = l->v[i];
+      kept++;
+    }
+  if (kept != l->n) rlk_debug("tuning database: %zu earlier line%s of repeated keys dropped", l->n - kept,
+                               l->n - kept == 1 ? "" : "s");
+  l->n = kept;
+  free(refs);
+  free(drop);
+  return 0;
+}
+
 /* ---- public: paths, recording, merging --------------------------------------------- */
 
 rlk_status rlk_tune_db_path(char *buf, size_t size) {
@@ -290,6 +362,7 @@ rlk_status rlk_tune_db_record(const char *db, const rlk_tune_record *records, si
   if ((st = rlk_tune_lock(path, lock_timeout(), &lock))) return st;
   rlk_tune_list all = {0};
   st = read_for_update(path, RLK_TUNE_FILE_DB, &all);
+  if (!st && keep_last_of_each_key(&all) != 0) st = out_of_memory("rlk_tune_db_record");
   for (size_t i = 0; !st && i < n; i++) {
     size_t j = 0;
     while (j < all.n && !rlk_tune_same_key(&all.v[j], &records[i])) j++;
@@ -326,6 +399,9 @@ rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken) {
   int lock = -1;
   if (!st) st = rlk_tune_lock(path, lock_timeout(), &lock);
   if (!st) st = read_for_update(path, RLK_TUNE_FILE_DB, &all);
+  /* each file's record of a key is its last line's, as a reader of either would take */
+  if (!st && (keep_last_of_each_key(&src) != 0 || keep_last_of_each_key(&all) != 0))
+    st = out_of_memory("rlk_tune_db_merge");
   size_t took = 0;
   for (size_t i = 0; !st && i < src.n; i++) {
     size_t j = 0;
