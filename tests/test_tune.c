@@ -1407,6 +1407,40 @@ START_TEST(rlk_tune_usage_and_dry_run) {
   }
   rlk_test_tool_free(&r);
   ck_assert_int_ne(access(db, F_OK), 0);
+
+  /* --merge under --dry-run says what it would take and writes nothing: no database, no lock */
+  char other[1100], lock[1200];
+  snprintf(other, sizeof other, "%s/other.db", dir);
+  snprintf(lock, sizeof lock, "%s.lock", db);
+  rlk_device_info info;
+  host_info(&info);
+  rlk_tune_record o[2] = {make_record("logprob pass=fwd logits=f32 vocab=64 tokens=8", &info, "variant=vec block=512", 1, 0.9),
+                          make_record("logprob pass=fwd logits=f32 vocab=65 tokens=8", &info, "", 1, 1)};
+  ck_assert_int_eq(rlk_tune_db_record(other, o, 2), RLK_OK);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("--dry-run", "--merge", other, "--db", db));
+  expect_status(r, 0, "rlk-tune --dry-run --merge");
+  ck_assert_msg(strstr(r.out, "would take 2 records") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  ck_assert_int_ne(access(db, F_OK), 0);
+  ck_assert_int_ne(access(lock, F_OK), 0);
+  /* a record of the database created later keeps its key; the file is left as it was */
+  rlk_tune_record newer = o[0];
+  newer.created = 5000;
+  ck_assert_int_eq(rlk_tune_db_record(db, &newer, 1), RLK_OK);
+  char *before = read_text(db);
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("-n", "--merge", other, "--db", db));
+  expect_status(r, 0, "rlk-tune -n --merge into a database");
+  ck_assert_msg(strstr(r.out, "would take 1 record;") != NULL, "%s", r.out);
+  rlk_test_tool_free(&r);
+  char *after = read_text(db);
+  ck_assert_str_eq(after, before);
+  free(before);
+  free(after);
+  /* a file that is no database fails, as the merge would */
+  r = rlk_test_run_tool(NULL, "rlk-tune", ARGS("-n", "--merge", conf, "--db", db));
+  expect_status(r, 1, "rlk-tune -n --merge of a configuration file");
+  ck_assert_msg(strstr(r.out, conf) && strstr(r.out, "not a tuning database"), "%s", r.out);
+  rlk_test_tool_free(&r);
   rlk_test_rmtree(dir);
 }
 END_TEST

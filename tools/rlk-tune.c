@@ -73,7 +73,7 @@ static void usage(FILE *out) {
           "                [--pass LIST] [--grad LIST] [--set NAME=LIST]... [OPTIONS]\n"
           "       %s (--config FILE | --sweep LINE | --pending)... [OPTIONS]\n"
           "       %s --list [--db FILE]\n"
-          "       %s --merge FILE... [--db FILE]\n"
+          "       %s --merge FILE... [--db FILE] [--dry-run]\n"
           "\n"
           "Times every tuning candidate of each configuration against the op's default on this\n"
           "device and records the winners in the tuning database, which op calls then consult\n"
@@ -111,7 +111,8 @@ static void usage(FILE *out) {
           "  --seed N          the inputs' random seed (default: from the clock)\n"
           "  --json FILE       also write the results as JSON\n"
           "  -n, --dry-run     list what would be compiled and timed; no device needed (host, or\n"
-          "                    --target), nothing compiled, timed or written\n"
+          "                    --target), nothing compiled, timed or written. With --merge: how many\n"
+          "                    records each file would give, nothing merged\n"
           "  --list-candidates print the candidates each op declares\n"
           "  -q, --quiet       no per-kernel compile lines\n"
           "  -h, --help        this help\n"
@@ -1163,6 +1164,100 @@ static int list_db(void) {
   return bad ? 1 : 0;
 }
 
+/* ---- --merge under --dry-run: what it would take, nothing written ---------------------- */
+
+typedef struct record_list {
+  rlk_tune_record *v;
+  size_t n, cap;
+} record_list;
+
+static int push_record(const rlk_tune_record *r, void *user) {
+  record_list *l = user;
+  if (l->n == l->cap) {
+    l->cap = l->cap ? 2 * l->cap : 64;
+    l->v = xrealloc(l->v, l->cap * sizeof *l->v);
+  }
+  l->v[l->n++] = *r;
+  return 0;
+}
+
+static int same_key(const rlk_tune_record *a, const rlk_tune_record *b) {
+  return a->tokens == b->tokens && a->multiprocessors == b->multiprocessors && !strcmp(a->op, b->op) &&
+         !strcmp(a->shape, b->shape) && !strcmp(a->target, b->target) && !strcmp(a->device, b->device) &&
+         !strcmp(a->runtime, b->runtime) && !strcmp(a->compiler, b->compiler);
+}
+
+/* The index of the record of r's key in l: its last line's, the one a reader takes; l->n when
+ * there is none. */
+static size_t find_key(const record_list *l, const rlk_tune_record *r) {
+  for (size_t i = l->n; i-- > 0;)
+    if (same_key(&l->v[i], r)) return i;
+  return l->n;
+}
+
+/* Applies to `db` (the database's records, in memory) what rlk_tune_db_merge would do with the
+ * file `from`: a key's record is taken when db has none or one created no later. Counts them in
+ * *taken. 0, or 1 with a message when `from` is missing or not a tuning database (as a merge
+ * would fail). */
+static int preview_merge(record_list *db, const char *from, size_t *taken) {
+  *taken = 0;
+  if (access(from, F_OK) != 0) {
+    fprintf(stderr, "%s: merging %s: %s\n", prog, from, strerror(errno));
+    return 1;
+  }
+  record_list src = {0};
+  size_t bad = 0;
+  rlk_status st = rlk_tune_db_walk(from, push_record, &src, &bad);
+  int rc = 0;
+  if (st) {
+    rc = lib_error("reading the database to merge", st);
+  } else if (bad && src.n == 0) {
+    fprintf(stderr, "%s: merging %s: not a tuning database (%zu line%s skipped, no record read)\n", prog, from,
+            bad, bad == 1 ? "" : "s");
+    rc = 1;
+  }
+  for (size_t i = 0; !rc && i < src.n; i++) {
+    if (find_key(&src, &src.v[i]) != i) continue; /* a later line of the key is its record */
+    const size_t j = find_key(db, &src.v[i]);
+    if (j == db->n) {
+      push_record(&src.v[i], db);
+      (*taken)++;
+    } else if (src.v[i].created >= db->v[j].created) {
+      db->v[j] = src.v[i];
+      (*taken)++;
+    }
+  }
+  free(src.v);
+  return rc;
+}
+
+/* --merge: each file into the database, in order; under --dry-run only what each would take. */
+static int merge_all(void) {
+  record_list db = {0};
+  rlk_status st;
+  if (opt.dry_run && (st = rlk_tune_db_walk(db_path, push_record, &db, NULL))) {
+    free(db.v);
+    return lib_error("reading the tuning database", st);
+  }
+  int rc = 0;
+  for (size_t i = 0; !rc && i < opt.merges.n; i++) {
+    size_t taken = 0;
+    if (opt.dry_run) {
+      if ((rc = preview_merge(&db, opt.merges.v[i], &taken))) break;
+      printf("dry run: merging %s into %s would take %zu record%s; nothing written\n", opt.merges.v[i], db_path,
+             taken, taken == 1 ? "" : "s");
+    } else {
+      if ((st = rlk_tune_db_merge(db_path, opt.merges.v[i], &taken))) {
+        rc = lib_error("merging", st);
+        break;
+      }
+      printf("merged %s into %s: %zu record%s taken\n", opt.merges.v[i], db_path, taken, taken == 1 ? "" : "s");
+    }
+  }
+  free(db.v);
+  return rc;
+}
+
 /* ---- main ----------------------------------------------------------------------------- */
 
 static int pending_visit(const rlk_tune_record *r, void *user) {
@@ -1424,13 +1519,9 @@ int main(int argc, char **argv) {
     free_all();
     return lib_error("finding the tuning database", st);
   }
-  for (size_t i = 0; i < opt.merges.n; i++) {
-    size_t taken = 0;
-    if ((st = rlk_tune_db_merge(db_path, opt.merges.v[i], &taken))) {
-      free_all();
-      return lib_error("merging", st);
-    }
-    printf("merged %s into %s: %zu record%s taken\n", opt.merges.v[i], db_path, taken, taken == 1 ? "" : "s");
+  if (opt.merges.n && (rc = merge_all())) {
+    free_all();
+    return rc;
   }
   if (opt.list) {
     rc = list_db();
