@@ -2062,7 +2062,10 @@ RLK_API rlk_status rlk_tune_db_path(char *buf, size_t size);
  * checked first: an empty key field, a tab or newline in a string, tokens < 1, multiprocessors
  * outside [0, 2^20], a negative created time, a negative, non-finite or below-1e-300 (non-zero)
  * time or ntimings outside [0, RLK_TUNE_MAX_TIMINGS] is an RLK_ERR_INVALID_ARGUMENT naming the
- * record and field, and nothing is written: every record written is one the reader takes back. */
+ * record and field, and nothing is written: every record written is one the reader takes back.
+ * The lock is waited for at most RLK_LOCK_TIMEOUT_S seconds (as the kernel cache reads it: default
+ * 600, fractions count), then RLK_ERR_TIMEOUT; a value of it that is not a non-negative number is
+ * RLK_ERR_INVALID_ARGUMENT naming it, and nothing is written. */
 RLK_API rlk_status rlk_tune_db_record(const char *db, const rlk_tune_record *records, size_t n);
 
 /* Called once per record; return non-zero to stop the walk. */
@@ -2079,7 +2082,7 @@ RLK_API rlk_status rlk_tune_db_walk(const char *db, rlk_tune_visit_fn visit, voi
  * lock: for a key in both, the record created later wins (`from`'s on a tie), each file's record
  * of a key being its last line's, and db keeps one record per key; `from`'s keys leave
  * db's pending list. Writes the number of records taken from `from` to *taken (may be NULL).
- * RLK_ERR_IO when `from` is missing or is not a tuning database. */
+ * RLK_ERR_IO when `from` is missing or is not a tuning database; the lock as rlk_tune_db_record. */
 RLK_API rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken);
 
 /* Visits the pending configurations of the database `db` (NULL: rlk_tune_db_path), i.e. the

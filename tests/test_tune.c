@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/fs.h"
+#include "jit/cache.h"
 #include "runtime/context.h"
 #include "ops/ops.h"
 #include "rlk.h"
@@ -607,6 +608,44 @@ START_TEST(db_duplicate_keys_keep_the_last) {
   expect_lookup(line, "variant=vec block=1024 unroll=8");
   unlink(other);
   unlink(other2);
+}
+END_TEST
+
+/* RLK_LOCK_TIMEOUT_S means for a database writer what it means for the kernel cache: fractions
+ * count, and a value the cache refuses is refused, naming it, with nothing written. */
+START_TEST(db_lock_timeout_as_the_cache_reads_it) {
+  char db[1100], other[1200];
+  const rlk_device_info info = fresh_host_db(db, sizeof db, "tune-timeout");
+  snprintf(other, sizeof other, "%s.other", db);
+  rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=80 tokens=8", &info, "", 1, 1);
+  rlk_tune_record r2 = make_record("logprob pass=fwd logits=f32 vocab=81 tokens=8", &info, "", 1, 1);
+  ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  ck_assert_int_eq(rlk_tune_db_record(other, &r2, 1), RLK_OK);
+  static const char *const bad[] = {"soon", "-1", "nan", "inf", "1.5s"};
+  rlk_cache_config cfg;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("RLK_LOCK_TIMEOUT_S", bad[i], 1);
+    ck_assert_int_eq(rlk_cache_config_from_env(&cfg, NULL), RLK_ERR_INVALID_ARGUMENT);
+    rlk_test_expect_error(rlk_tune_db_record(db, &r2, 1), RLK_ERR_INVALID_ARGUMENT, "RLK_LOCK_TIMEOUT_S", bad[i]);
+    rlk_test_expect_error(rlk_tune_db_merge(db, other, NULL), RLK_ERR_INVALID_ARGUMENT, "RLK_LOCK_TIMEOUT_S", bad[i]);
+  }
+  free(walk_clean_db(db, 1));
+
+  /* 0.5 is half a second, for the cache and the database alike */
+  setenv("RLK_LOCK_TIMEOUT_S", "0.5", 1);
+  ck_assert_int_eq(rlk_cache_config_from_env(&cfg, NULL), RLK_OK);
+  ck_assert(cfg.lock_timeout_s == 0.5);
+  int held = -1;
+  ck_assert_int_eq(rlk_tune_lock(db, 0, &held), RLK_OK);
+  double t0 = now_s();
+  ck_assert_int_eq(rlk_tune_db_record(db, &r2, 1), RLK_ERR_TIMEOUT);
+  const double waited = now_s() - t0;
+  ck_assert_msg(waited >= 0.45 && waited < 5, "waited %.2f s for a 0.5 s timeout", waited);
+  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "RLK_LOCK_TIMEOUT_S"));
+  rlk_tune_unlock(held);
+  ck_assert_int_eq(rlk_tune_db_merge(db, other, NULL), RLK_OK);
+  unsetenv("RLK_LOCK_TIMEOUT_S");
+  free(walk_clean_db(db, 2));
 }
 END_TEST
 
@@ -1796,6 +1835,7 @@ END_TEST
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
   rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs, db_duplicate_keys_keep_the_last,
+      db_lock_timeout_as_the_cache_reads_it,
       db_other_environments_ignored, db_damaged_files_warn_once, db_fifo_never_blocks,
       db_concurrent_writers_keep_every_record, tune_modes_and_pending_list, db_read_once_per_context));
   rlk_test_add_case(s, "selection", 120, TESTS(selection_on_the_host, variant_override_skips_the_database,

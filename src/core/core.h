@@ -39,7 +39,12 @@ rlk_log_level rlk_log_get_level(void);
 /* Environment variables the runtime reads. Every RLK_ variable goes through these so the
  * README's table can be checked against one list (util.c). */
 const char *rlk_env(const char *name);             /* NULL if unset or empty */
-int64_t rlk_env_int(const char *name, int64_t fallback); /* fallback if unset or not a number */
+/* RLK_LOCK_TIMEOUT_S, the most seconds a lock wait takes (a compile's per-key lock, a tuning
+ * database writer's): RLK_DEFAULT_LOCK_TIMEOUT_S when unset; fractions count (1.5). A value that
+ * is not a finite non-negative number is RLK_ERR_INVALID_ARGUMENT naming it. The kernel cache and
+ * the tuning database read it only through this. */
+#define RLK_DEFAULT_LOCK_TIMEOUT_S 600.0
+rlk_status rlk_env_lock_timeout(double *seconds);
 /* The index in `names` (NULL-terminated) of `name`'s value, read once per process into *cache
  * (-1: not read yet): `def` when it is unset, and (with a warning that lists the names) when it
  * is none of them. */

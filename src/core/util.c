@@ -1,5 +1,6 @@
 /* util.c - environment access, clocks, string helpers. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,14 +13,18 @@ const char *rlk_env(const char *name) {
   return (v && *v) ? v : NULL;
 }
 
-int64_t rlk_env_int(const char *name, int64_t fallback) {
-  const char *v = rlk_env(name);
-  if (!v) return fallback;
+rlk_status rlk_env_lock_timeout(double *seconds) {
+  *seconds = RLK_DEFAULT_LOCK_TIMEOUT_S;
+  const char *v = rlk_env("RLK_LOCK_TIMEOUT_S");
+  if (!v) return RLK_OK;
   char *end = NULL;
   errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end) return fallback;
-  return (int64_t)x;
+  double t = strtod(v, &end);
+  if (end == v || *end != '\0' || errno != 0 || !isfinite(t) || t < 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "RLK_LOCK_TIMEOUT_S: '%.40s' is not a non-negative number of seconds",
+                     v);
+  *seconds = t;
+  return RLK_OK;
 }
 
 int rlk_env_choice(atomic_int *cache, const char *name, const char *const *names, int def) {

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +66,7 @@ rlk_status rlk_cache_config_from_env(rlk_cache_config *cfg, const char *root_ove
   if (!cfg) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "cache config: NULL");
   memset(cfg, 0, sizeof *cfg);
   cfg->mode = RLK_CACHE_MODE_RW;
-  cfg->lock_timeout_s = 600.0;
+  cfg->lock_timeout_s = RLK_DEFAULT_LOCK_TIMEOUT_S;
 
   const char *mode = rlk_env("RLK_CACHE_MODE");
   if (mode) {
@@ -119,18 +118,7 @@ rlk_status rlk_cache_config_from_env(rlk_cache_config *cfg, const char *root_ove
     default_lock_dir(cfg->lock_dir, sizeof cfg->lock_dir);
   }
 
-  const char *timeout = rlk_env("RLK_LOCK_TIMEOUT_S");
-  if (timeout) {
-    char *end = NULL;
-    errno = 0;
-    double t = strtod(timeout, &end);
-    if (end == timeout || *end != '\0' || errno != 0 || !isfinite(t) || t < 0)
-      return rlk_error(RLK_ERR_INVALID_ARGUMENT,
-                       "RLK_LOCK_TIMEOUT_S: '%.40s' is not a non-negative number of seconds",
-                       timeout);
-    cfg->lock_timeout_s = t;
-  }
-  return RLK_OK;
+  return rlk_env_lock_timeout(&cfg->lock_timeout_s);
 }
 
 static rlk_status split_ro_dirs(rlk_cache *c, const char *list) {

@@ -22,7 +22,6 @@
 
 #define TUNE_PATH_MAX 4096
 #define TUNE_FILE_MAX ((size_t)64 << 20) /* a larger file is not a tuning database */
-#define TUNE_DEFAULT_LOCK_TIMEOUT_S 600
 
 /* ---- reading ------------------------------------------------------------------------ */
 
@@ -155,11 +154,6 @@ rlk_status rlk_tune_lock(const char *db, double timeout_s, int *fd) {
 
 void rlk_tune_unlock(int fd) {
   if (fd >= 0) close(fd);
-}
-
-static double lock_timeout(void) {
-  int64_t t = rlk_env_int("RLK_LOCK_TIMEOUT_S", TUNE_DEFAULT_LOCK_TIMEOUT_S);
-  return t > 0 ? (double)t : 0.0;
 }
 
 /* Replaces `path` by a file of `kind` holding the records: a temporary file beside it, fsynced,
@@ -356,10 +350,12 @@ rlk_status rlk_tune_db_record(const char *db, const rlk_tune_record *records, si
   }
   char path[TUNE_PATH_MAX];
   rlk_status st = db_or_default(db, path, sizeof path);
+  double timeout = 0;
+  if (!st) st = rlk_env_lock_timeout(&timeout);
   if (!st) st = make_parent(path);
   if (st) return st;
   int lock = -1;
-  if ((st = rlk_tune_lock(path, lock_timeout(), &lock))) return st;
+  if ((st = rlk_tune_lock(path, timeout, &lock))) return st;
   rlk_tune_list all = {0};
   st = read_for_update(path, RLK_TUNE_FILE_DB, &all);
   if (!st && keep_last_of_each_key(&all) != 0) st = out_of_memory("rlk_tune_db_record");
@@ -395,9 +391,11 @@ rlk_status rlk_tune_db_merge(const char *db, const char *from, size_t *taken) {
     st = rlk_error(RLK_ERR_IO, "rlk_tune_db_merge: %s is not a tuning database: %s", from, why);
   else if (!st && damaged)
     rlk_warn("tuning database %s: %s", from, why);
+  double timeout = 0;
+  if (!st) st = rlk_env_lock_timeout(&timeout);
   if (!st) st = make_parent(path);
   int lock = -1;
-  if (!st) st = rlk_tune_lock(path, lock_timeout(), &lock);
+  if (!st) st = rlk_tune_lock(path, timeout, &lock);
   if (!st) st = read_for_update(path, RLK_TUNE_FILE_DB, &all);
   /* each file's record of a key is its last line's, as a reader of either would take */
   if (!st && (keep_last_of_each_key(&src) != 0 || keep_last_of_each_key(&all) != 0))
