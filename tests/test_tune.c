@@ -1480,6 +1480,18 @@ START_TEST(rlk_tune_usage_and_dry_run) {
   expect_status(r, 1, "rlk-tune -n --merge of a configuration file");
   ck_assert_msg(strstr(r.out, conf) && strstr(r.out, "not a tuning database"), "%s", r.out);
   rlk_test_tool_free(&r);
+  /* ... and rlk-precompile --tune-db refuses it, with or without --json, compiling nothing */
+  char tree[1100];
+  snprintf(tree, sizeof tree, "%s/tree", dir);
+  const char *const *pre[] = {ARGS("--tune-db", conf, "--out", tree),
+                              ARGS("--tune-db", conf, "--out", tree, "--json")};
+  for (size_t i = 0; i < 2; i++) {
+    r = rlk_test_run_tool(NULL, "rlk-precompile", pre[i]);
+    expect_status(r, 2, "rlk-precompile --tune-db of a configuration file");
+    ck_assert_msg(strstr(r.out, conf) && strstr(r.out, "not a tuning database"), "%s", r.out);
+    rlk_test_tool_free(&r);
+  }
+  ck_assert_int_eq(cache_entries(tree), 0);
   rlk_test_rmtree(dir);
 }
 END_TEST

@@ -61,6 +61,7 @@ static void usage(FILE *out) {
           "                    its winner's settings, for the record's own target, so that calls\n"
           "                    that take the winner find it with RLK_JIT=0. Records of the targets\n"
           "                    given (all targets without --targets) and this runtime version.\n"
+          "                    A file that is not a tuning database is a usage error.\n"
           "  --tune-all-envs   with --tune-db: every record, whatever its target or version\n"
           "                    A line is \"op name=value ...\"; a value may be a comma list,\n"
           "                    and the line expands to the cross product of its lists:\n"
@@ -722,6 +723,12 @@ static int precompile_main(int argc, char **argv) {
     size_t bad = 0;
     rlk_status st = rlk_tune_db_walk(tune_db, take_record, &tw, &bad);
     if (st != RLK_OK) return lib_error("reading the tuning database", st);
+    if (bad && tw.taken + tw.skipped == 0) {
+      /* the walk skips such a file with a warning; a run from it would compile nothing asked */
+      fprintf(stderr, "%s: --tune-db %s: not a tuning database (%zu line%s skipped, no record read)\n", prog,
+              tune_db, bad, bad == 1 ? "" : "s");
+      return 2;
+    }
     if (!json)
       printf("tuning database %s: %zu record%s taken (%zu kernel line%s), %zu of other environments left out%s\n",
            tune_db, tw.taken, tw.taken == 1 ? "" : "s", g.tuned_configs.n, g.tuned_configs.n == 1 ? "" : "s",
