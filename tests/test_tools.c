@@ -703,6 +703,60 @@ START_TEST(precompile_ignores_the_size_cap) {
 }
 END_TEST
 
+/* A path longer than a tool takes is a usage error naming its option, and nothing is done: cut
+ * to the buffer's size, dir////...////gone would be dir itself. */
+START_TEST(long_paths_are_refused) {
+  char victim[1024], fresh[1024], db[1100];
+  rlk_test_mkdtemp(victim, sizeof victim, "victim");
+  rlk_test_mkdtemp(fresh, sizeof fresh, "fresh");
+  snprintf(db, sizeof db, "%s/tune.db", victim);
+  rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-precompile",
+                                          ARGS("--out", victim, "--targets", "host", "--sweep", DEMO_CONFIG));
+  expect_status(r, 0, "precompile the victim");
+  rlk_test_tool_free(&r);
+  int nkeys = 0;
+  free(tree_keys(victim, &nkeys));
+  ck_assert_int_ge(nkeys, 1);
+
+  /* dir, 4200 slashes, then a name that does not exist */
+  char long_victim[5400], long_fresh[5400], long_db[5400];
+  const struct {
+    char *buf;
+    const char *dir;
+  } longs[] = {{long_victim, victim}, {long_fresh, fresh}, {long_db, db}};
+  for (size_t i = 0; i < 3; i++) {
+    size_t n = (size_t)snprintf(longs[i].buf, 1100, "%s", longs[i].dir);
+    memset(longs[i].buf + n, '/', 4200);
+    snprintf(longs[i].buf + n + 4200, 100, "gone");
+  }
+  const struct {
+    const char *tool, *what, *option;
+    const char *const *args;
+  } cases[] = {
+      {"rlk-cache", "clear --yes", "--root", ARGS("--root", long_victim, "clear", "--yes")},
+      {"rlk-cache", "list", "--root", ARGS("--root", long_victim, "list")},
+      {"rlk-precompile", "--out", "--out", ARGS("--out", long_fresh, "--targets", "host", "--sweep", DEMO_CONFIG)},
+      {"rlk-precompile", "merge --out", "--out", ARGS("merge", "--out", long_fresh, victim)},
+      {"rlk-tune", "--db --merge", "--db", ARGS("--db", long_db, "--merge", db)},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    r = rlk_test_run_tool(NULL, cases[i].tool, cases[i].args);
+    /* the output holds the path: only its start goes into a failure's message */
+    ck_assert_msg(r.status == 2 && strstr(r.out, cases[i].option) && strstr(r.out, "bytes long"),
+                  "%s %s: exit status %d, not a usage error naming %s as too long:\n%.300s", cases[i].tool,
+                  cases[i].what, r.status, cases[i].option, r.out);
+    rlk_test_tool_free(&r);
+  }
+  /* nothing was removed from the victim, nothing written to the fresh tree */
+  int now = 0;
+  free(tree_keys(victim, &now));
+  ck_assert_int_eq(now, nkeys);
+  free(tree_keys(fresh, &now));
+  ck_assert_int_eq(now, 0);
+  rlk_test_rmtrees(ARGS(victim, fresh));
+}
+END_TEST
+
 /* out is one JSON object: it starts with '{', ends with "}\n", and nothing else was printed. */
 static void expect_json_document(const char *out, const char *what) {
   size_t n = strlen(out);
@@ -770,6 +824,6 @@ Suite *tools_suite(void) {
       precompile_host_serves_demo_without_jit, recorded_configurations_precompile_what_runs,
       shards_merge_to_the_full_set, failures_are_reported, precompile_for_a_gpu_target_without_a_gpu,
       config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs,
-      precompile_ignores_the_size_cap));
+      precompile_ignores_the_size_cap, long_paths_are_refused));
   return s;
 }

@@ -430,6 +430,7 @@ static int cmd_clear(const char *root, int json) {
 
 int main(int argc, char **argv) {
   const char *root_arg = NULL, *command = NULL;
+  char root[4096];
   const char *max_size = NULL, *max_age = NULL;
   int keys_only = 0, repair = 0, yes = 0, json = 0;
   static const struct option longopts[] = {
@@ -446,10 +447,13 @@ int main(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":hy", longopts, NULL)) != -1) {
     switch (c) {
       case 'h': usage(stdout); return 0;
-      case 'r':
+      case 'r': {
         if (!*optarg) return usage_error("--root needs a directory", NULL);
+        const int rc = path_arg(root, sizeof root, "--root", optarg);
+        if (rc) return rc;
         root_arg = optarg;
         break;
+      }
       case 'k': keys_only = 1; break;
       case 'R': repair = 1; break;
       case 'y': yes = 1; break;
@@ -492,10 +496,7 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  char root[4096];
-  if (root_arg) {
-    snprintf(root, sizeof root, "%s", root_arg);
-  } else {
+  if (!root_arg) {
     rlk_status st = rlk_cache_default_root(root, sizeof root);
     if (st != RLK_OK) return lib_error("finding the default cache root", st);
   }

@@ -391,6 +391,9 @@ static int cmd_merge(int argc, char **argv) {
       return 0;
     } else if (c == 'o') {
       if (!*optarg) return usage_error("--out needs a directory");
+      char fits[PATH_MAX];
+      const int rc = path_arg(fits, sizeof fits, "--out", optarg);
+      if (rc) return rc;
       out = optarg;
     } else {
       return getopt_error(c, argv);
@@ -620,6 +623,7 @@ static void add_item(size_t *nitems, size_t index, const char *target, const cha
 
 static int precompile_main(int argc, char **argv) {
   const char *out_arg = NULL, *manifest = NULL, *tune_db = NULL;
+  char out[PATH_MAX];
   int have_targets = 0, dry_run = 0, quiet = 0, want_list_ops = 0, tune_all_envs = 0, json = 0;
   long jobs = 0, shard_i = 0, shard_n = 1;
 
@@ -666,7 +670,12 @@ static int precompile_main(int argc, char **argv) {
         split_words(val, 1, &g.target_words);
         have_targets = 1;
         break;
-      case OPT_OUT: out_arg = val; break;
+      case OPT_OUT: {
+        const int rc = path_arg(out, sizeof out, "--out", val);
+        if (rc) return rc;
+        out_arg = val;
+        break;
+      }
       case OPT_MANIFEST: manifest = val; break;
       case 'j':
         if (parse_int(val, 1, 1024, &jobs)) return usage_error("-j needs a number of workers from 1 to 1024");
@@ -778,10 +787,7 @@ static int precompile_main(int argc, char **argv) {
     goto cleanup;
   }
 
-  char out[PATH_MAX];
-  if (out_arg) {
-    snprintf(out, sizeof out, "%s", out_arg);
-  } else {
+  if (!out_arg) {
     rlk_status st = rlk_cache_default_root(out, sizeof out);
     if (st != RLK_OK) return lib_error("finding the default cache root", st);
   }

@@ -262,7 +262,14 @@ static void probe_child(int fd, void *arg) {
   if (res.status == RLK_OK) {
     res.backend = rlk_context_backend(ctx);
     rlk_context_device_info(ctx, &res.info);
-    snprintf(res.cache_dir, sizeof res.cache_dir, "%s", rlk_context_cache_dir(ctx));
+    const char *dir = rlk_context_cache_dir(ctx);
+    if (strlen(dir) < sizeof res.cache_dir) {
+      memcpy(res.cache_dir, dir, strlen(dir) + 1);
+    } else { /* cut short it would name another directory */
+      res.status = RLK_ERR_INVALID_ARGUMENT;
+      snprintf(res.error, sizeof res.error, "the kernel cache root is longer than %zu bytes: %.200s...",
+               sizeof res.cache_dir - 1, dir);
+    }
     rlk_context_destroy(ctx);
   } else {
     snprintf(res.error, sizeof res.error, "%s", rlk_last_error());
@@ -1453,7 +1460,12 @@ static int parse_args(int argc, char **argv) {
       case OPT_SWEEP: strlist_push(&opt.sweeps, xstrdup(val)); break;
       case OPT_MERGE: strlist_push(&opt.merges, xstrdup(val)); break;
       case OPT_EXCLUDE: strlist_push(&opt.excludes, xstrdup(val)); break;
-      case OPT_DB: opt.db_arg = val; break;
+      case OPT_DB: {
+        const int rc = path_arg(db_path, sizeof db_path, "--db", val);
+        if (rc) return rc;
+        opt.db_arg = val;
+        break;
+      }
       case OPT_JSON: opt.json = val; break;
       case OPT_TARGET: opt.target = val; break;
       case OPT_BACKEND:
@@ -1513,9 +1525,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   rlk_status st;
-  if (opt.db_arg) {
-    snprintf(db_path, sizeof db_path, "%s", opt.db_arg);
-  } else if ((st = rlk_tune_db_path(db_path, sizeof db_path))) {
+  if (!opt.db_arg && (st = rlk_tune_db_path(db_path, sizeof db_path))) { /* --db: parse_args copied it */
     free_all();
     return lib_error("finding the tuning database", st);
   }
@@ -1598,7 +1608,7 @@ int main(int argc, char **argv) {
   if (!rc) {
     info = pr.info;
     run_backend = pr.backend;
-    snprintf(cache_dir, sizeof cache_dir, "%s", pr.cache_dir);
+    memcpy(cache_dir, pr.cache_dir, sizeof cache_dir); /* the same size: nothing is cut */
     if (opt.pending) {
       size_t bad = 0;
       strlist pend = {0};

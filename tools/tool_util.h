@@ -60,6 +60,16 @@ TOOL_UNUSED static int empty_value_error(int c, const char *val, const tool_none
   return 0;
 }
 
+/* Copies `path`, the value of option `opt`, into buf[size]: 0, or the usage error (2), naming the
+ * option, when it does not fit. A path cut short names another file or directory (a/b////...x
+ * becomes a/b), so it is refused, never truncated. */
+TOOL_UNUSED static int path_arg(char *buf, size_t size, const char *opt, const char *path) {
+  const size_t n = strlen(path);
+  if (n >= size) return usage_error("%s: the path is %zu bytes long, more than the %zu this tool takes", opt, n, size - 1);
+  memcpy(buf, path, n + 1);
+  return 0;
+}
+
 /* Writes s as a JSON string (quoted, escaped). */
 TOOL_UNUSED static void json_string(FILE *f, const char *s) {
   fputc('"', f);
