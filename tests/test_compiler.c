@@ -248,6 +248,12 @@ static void expect_open_unavailable(rlk_status (*open)(rlk_compiler **c), const 
 START_TEST(nvrtc_explicit_library_must_exist) {
   expect_open_unavailable(rlk_nvrtc_open, "RLK_NVRTC_LIB", "/nonexistent/libnvrtc.so.13",
                           "/nonexistent/libnvrtc.so.13");
+  /* a long one is tried whole: its first 511 bytes would be another file */
+  char path[700];
+  size_t n = (size_t)snprintf(path, sizeof path, "/nonexistent");
+  while (n < 600) n += (size_t)snprintf(path + n, sizeof path - n, "/d");
+  snprintf(path + n, sizeof path - n, "/libnvrtc.so.13");
+  expect_open_unavailable(rlk_nvrtc_open, "RLK_NVRTC_LIB", path, "/d/d/libnvrtc.so.13");
   unsetenv("RLK_NVRTC_LIB");
 }
 END_TEST

@@ -128,8 +128,7 @@ static size_t nv_candidates(char paths[][512], size_t max, const char **list) {
   size_t n = 0;
   const char *explicit_lib = rlk_env("RLK_NVRTC_LIB");
   if (explicit_lib) {
-    rlk_format(paths[n], 512, "%s", explicit_lib);
-    list[n] = paths[n];
+    list[n] = explicit_lib; /* as given: a copy cut to paths[]' size would name another file */
     return 1;
   }
   const char *homes[3] = {rlk_env("RLK_CUDA_HOME"), rlk_env("CUDA_HOME"), "/usr/local/cuda"};
