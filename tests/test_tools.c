@@ -757,6 +757,54 @@ START_TEST(long_paths_are_refused) {
 }
 END_TEST
 
+/* Output that could not be written is a failure (exit status 1, said on stderr), never success:
+ * standard output on /dev/full, and the benchmarks' --json FILE. */
+START_TEST(lost_output_fails) {
+  static const char *const tools[] = {"rlk-cache", "rlk-precompile", "rlk-tune", "rlk-demo", "rlk-grpo-step",
+                                      "rlk-bench", "rlk-bench-advantage-scan", "rlk-bench-linear-logprob",
+                                      "rlk-bench-logprob", "rlk-bench-policy-loss", "rlk-bench-sample"};
+  rlk_test_tool_run r;
+  for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
+    r = rlk_test_run_tool_to("/dev/full", NULL, tools[i], ARGS("--help"));
+    expect_status(r, 1, tools[i]);
+    ck_assert_msg(strstr(r.out, "writing standard output"), "%s --help > /dev/full says:\n%s", tools[i], r.out);
+    rlk_test_tool_free(&r);
+  }
+  char dir[1024];
+  rlk_test_mkdtemp(dir, sizeof dir, "lost");
+  const struct {
+    const char *tool, *what;
+    const char *const *args;
+  } cases[] = {
+      {"rlk-cache", "list", ARGS("--root", dir, "list")},
+      {"rlk-cache", "--json list", ARGS("--root", dir, "--json", "list")},
+      {"rlk-cache", "sizes", ARGS("--root", dir, "sizes")},
+      {"rlk-precompile", "--dry-run", ARGS("--dry-run", "--targets", "host", "--sweep", SMALL_SWEEP)},
+      {"rlk-precompile", "--dry-run --json", ARGS("--dry-run", "--json", "--targets", "host", "--sweep", SMALL_SWEEP)},
+      {"rlk-precompile", "--list-ops", ARGS("--list-ops")},
+      {"rlk-tune", "--list-candidates", ARGS("--list-candidates")},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    r = rlk_test_run_tool_to("/dev/null", NULL, cases[i].tool, cases[i].args);
+    expect_status(r, 0, cases[i].what); /* what fails below is the writing alone */
+    rlk_test_tool_free(&r);
+    r = rlk_test_run_tool_to("/dev/full", NULL, cases[i].tool, cases[i].args);
+    expect_status(r, 1, cases[i].what);
+    ck_assert_msg(strstr(r.out, "writing standard output: "), "%s %s > /dev/full says:\n%s", cases[i].tool,
+                  cases[i].what, r.out);
+    rlk_test_tool_free(&r);
+  }
+  static const char *const benches[] = {"rlk-bench", "rlk-bench-policy-loss"};
+  for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++) {
+    r = rlk_test_run_tool_to("/dev/null", NULL, benches[i], ARGS("--backend", "host", "--iters", "1", "--json", "/dev/full"));
+    expect_status(r, 1, benches[i]);
+    ck_assert_msg(strstr(r.out, "writing /dev/full: "), "%s --json /dev/full says:\n%s", benches[i], r.out);
+    rlk_test_tool_free(&r);
+  }
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
 /* out is one JSON object: it starts with '{', ends with "}\n", and nothing else was printed. */
 static void expect_json_document(const char *out, const char *what) {
   size_t n = strlen(out);
@@ -824,6 +872,6 @@ Suite *tools_suite(void) {
       precompile_host_serves_demo_without_jit, recorded_configurations_precompile_what_runs,
       shards_merge_to_the_full_set, failures_are_reported, precompile_for_a_gpu_target_without_a_gpu,
       config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs,
-      precompile_ignores_the_size_cap, long_paths_are_refused));
+      precompile_ignores_the_size_cap, long_paths_are_refused, lost_output_fails));
   return s;
 }

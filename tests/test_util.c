@@ -452,6 +452,11 @@ static int env_overridden(const char *entry, const char *const *env) {
 }
 
 rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, const char *const *args) {
+  return rlk_test_run_tool_to(NULL, env, tool, args);
+}
+
+rlk_test_tool_run rlk_test_run_tool_to(const char *stdout_path, const char *const *env, const char *tool,
+                                       const char *const *args) {
   static const char *const base_unset[] = {"!RLK_CACHE_RO_DIRS", "!RLK_JIT", "!RLK_CACHE_MODE",
                                            "!RLK_CACHE_MAX_BYTES", "!RLK_TUNE", NULL};
   rlk_test_tool_run r = {-1, NULL};
@@ -487,7 +492,9 @@ rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, co
   if (pid == 0) {
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
-    dup2(p[1], 1);
+    int out = stdout_path ? open(stdout_path, O_WRONLY) : p[1];
+    if (out < 0) _exit(126);
+    dup2(out, 1);
     dup2(p[1], 2);
     close(p[0]);
     close(p[1]);

@@ -245,6 +245,10 @@ typedef struct rlk_test_tool_run {
  * without RLK_CACHE_RO_DIRS, RLK_JIT, RLK_CACHE_MODE, RLK_CACHE_MAX_BYTES and RLK_TUNE unless
  * `env` sets them. Fails the test when the tool is not built. */
 rlk_test_tool_run rlk_test_run_tool(const char *const *env, const char *tool, const char *const *args);
+/* rlk_test_run_tool with the tool's standard output opened on `stdout_path` (/dev/full: every
+ * write fails); out then holds its stderr alone. */
+rlk_test_tool_run rlk_test_run_tool_to(const char *stdout_path, const char *const *env, const char *tool,
+                                       const char *const *args);
 void rlk_test_tool_free(rlk_test_tool_run *r);
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})

@@ -122,7 +122,7 @@ TOOL_UNUSED static int bench_open(bench_session *s, int min_iters, int host_iter
 TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_info *info) {
   FILE *f = fopen(path, "w");
   if (!f) {
-    fprintf(stderr, "%s: cannot write %s\n", prog, path);
+    fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
     return NULL;
   }
   fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", "
@@ -131,10 +131,10 @@ TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_inf
   return f;
 }
 
-/* Writes every recorded case as JSON; returns 0, or 2 when the file cannot be written. */
+/* Writes every recorded case as JSON; returns 0, or 1 when the file cannot all be written. */
 TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
   FILE *f = bench_json_begin(path, info);
-  if (!f) return 2;
+  if (!f) return 1;
   fprintf(f, "  \"floor_tbps\": %.2f,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
   for (int i = 0; i < bench_nresults; i++) {
     const bench_result *r = &bench_results[i];
@@ -147,8 +147,7 @@ TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info 
             floor_ms, r->median_ms / floor_ms, r->goal_ms, r->note, i + 1 < bench_nresults ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
-  fclose(f);
-  return 0;
+  return close_written(f, path);
 }
 
 #endif

@@ -226,7 +226,7 @@ static const bench_case cases[] = {
     {"masked_whiten 8x20480", OP_WHITEN, 8, 20480, RLK_SCAN_AUTO, 0, 0, 0, NULL},
 };
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 0}; /* 0: by backend, below */
   int rc = bench_options(argc, argv, &session.backend, &session.iters, &session.json);
   if (rc) return rc < 0 ? 0 : rc;
@@ -262,8 +262,10 @@ int main(int argc, char **argv) {
               r->note, i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    if (close_written(f, session.json)) return 1;
   }
   rlk_context_destroy(session.ctx);
   return 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

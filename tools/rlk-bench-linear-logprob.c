@@ -162,7 +162,7 @@ static int run_shape(rlk_context *ctx, int64_t N, int64_t H, int64_t V, int iter
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   int64_t shapes[8][3];
   int nshapes = 0, iters = 10, variant = 0, backward = 0;
   static const struct option longopts[] = {{"shape", required_argument, NULL, 's'},
@@ -219,3 +219,5 @@ int main(int argc, char **argv) {
   rlk_context_destroy(ctx);
   return 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

@@ -252,7 +252,7 @@ static int sweep(rlk_context *ctx, int64_t N, int64_t V, int iters, int tma) {
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 30};
   int do_sweep = 0, tma = 0;
   int64_t shapes[8][2];
@@ -309,3 +309,5 @@ int main(int argc, char **argv) {
   if (session.json) return bench_write_json(session.json, &session.info);
   return 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

@@ -338,7 +338,7 @@ static int run_case(rlk_context *ctx, const bench_case *c, int iters, int host) 
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 200};
   int rc = bench_options(argc, argv, &session.backend, &session.iters, &session.json);
   if (rc) return rc < 0 ? 0 : rc;
@@ -391,7 +391,9 @@ int main(int argc, char **argv) {
               i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    if (close_written(f, session.json)) return 1;
   }
   return 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

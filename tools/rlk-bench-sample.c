@@ -222,7 +222,7 @@ static int bench(rlk_context *ctx, rlk_dtype dt, int64_t B, int64_t V, int iters
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   bench_session session = {.backend = RLK_BACKEND_AUTO, .iters = 50};
   int64_t V = 151936;
   static const struct option longopts[] = {
@@ -288,3 +288,5 @@ int main(int argc, char **argv) {
   rlk_context_destroy(session.ctx);
   return session.json ? bench_write_json(session.json, &session.info) : 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

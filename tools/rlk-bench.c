@@ -162,7 +162,7 @@ static void rmtree(const char *dir) {
   if (system(cmd) != 0) fprintf(stderr, "rlk-bench: could not remove %s\n", dir);
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   int iters = 200;
   const char *json = NULL;
@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) {
-      fprintf(stderr, "rlk-bench: cannot write %s\n", json);
+      fprintf(stderr, "%s: cannot write %s: %s\n", prog, json, strerror(errno));
       return 1;
     }
     fprintf(f, "{\n  \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", \"version\": \"%s\",\n  \"results\": [\n",
@@ -264,7 +264,9 @@ int main(int argc, char **argv) {
               r->name, r->median_ms, r->min_ms, r->max_ms, r->goal_ms, r->note, i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    if (close_written(f, json)) return 1;
   }
   return 0;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

@@ -428,7 +428,7 @@ static int cmd_clear(const char *root, int json) {
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   const char *root_arg = NULL, *command = NULL;
   char root[4096];
   const char *max_size = NULL, *max_age = NULL;
@@ -514,3 +514,5 @@ int main(int argc, char **argv) {
   if (is_prune) return cmd_prune(root, max_bytes, max_age_s, json);
   return cmd_clear(root, json);
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

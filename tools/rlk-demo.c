@@ -121,7 +121,7 @@ static void explain(int call, const rlk_counters *before, const rlk_counters *af
   printf("\n");
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   long prompts = 8, gsize = 4, tokens = 16;
   rlk_advantage_mode mode = RLK_ADV_GRPO;
@@ -335,3 +335,5 @@ done:
   rlk_context_destroy(ctx);
   return rc;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

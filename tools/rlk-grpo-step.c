@@ -97,7 +97,7 @@ static void *dalloc(rlk_context *ctx, size_t bytes) {
   return p;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   rlk_backend backend = RLK_BACKEND_AUTO;
   long P = 4, G = 4, T = 32, V = 1000;
   uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -353,3 +353,5 @@ done:
   rlk_context_destroy(ctx);
   return rc;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

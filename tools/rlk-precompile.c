@@ -855,10 +855,7 @@ static int precompile_main(int argc, char **argv) {
       for (size_t i = 0; i < nitems; i++)
         fprintf(f, "%zu\t%s\t%s\t%d\t%s\n", g.items[i].index, g.items[i].target, g.items[i].config,
                 g.items[i].kernels, g.items[i].status == RLK_OK ? "ok" : "failed");
-      if (fclose(f) != 0) {
-        fprintf(stderr, "%s: writing %s: %s\n", prog, manifest, strerror(errno));
-        rc = 1;
-      }
+      if (close_written(f, manifest)) rc = 1;
     }
   }
 
@@ -908,7 +905,7 @@ cleanup:
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1 && !strcmp(argv[1], "merge")) return cmd_merge(argc - 1, argv + 1);
+  if (argc > 1 && !strcmp(argv[1], "merge")) return tool_exit(cmd_merge(argc - 1, argv + 1));
   int rc = precompile_main(argc, argv);
   for (size_t i = 0; i < g.nitems; i++) free(g.items[i].message);
   free(g.items);
@@ -920,5 +917,5 @@ int main(int argc, char **argv) {
   strlist_free(&g.sweeps);
   strlist_free(&g.tuned_targets);
   strlist_free(&g.tuned_configs);
-  return rc;
+  return tool_exit(rc);
 }

@@ -1059,11 +1059,7 @@ static int write_json(const char *path) {
     fprintf(f, "     ]}%s\n", i + 1 < ncfgs ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
-  if (fclose(f) != 0) {
-    fprintf(stderr, "%s: writing %s: %s\n", prog, path, strerror(errno));
-    return 1;
-  }
-  return 0;
+  return close_written(f, path);
 }
 
 static void print_table(void) {
@@ -1509,7 +1505,7 @@ static int parse_args(int argc, char **argv) {
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   int rc = parse_args(argc, argv);
   if (rc) {
     free_all();
@@ -1685,3 +1681,5 @@ int main(int argc, char **argv) {
   free_all();
   return rc;
 }
+
+int main(int argc, char **argv) { return tool_exit(tool_main(argc, argv)); }

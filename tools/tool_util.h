@@ -94,6 +94,30 @@ TOOL_UNUSED static int lib_error(const char *what, rlk_status st) {
   return 1;
 }
 
+/* The tool's exit status once its standard output is flushed: rc, or, when what it printed could
+ * not all be written (a full disk, /dev/full, a closed descriptor), a failure (1, or rc when rc
+ * already is one) after saying so on stderr. Lost output never exits 0. Every tool's main
+ * returns through it. */
+TOOL_UNUSED static int tool_exit(int rc) {
+  errno = 0;
+  const int flushed = fflush(stdout) == 0;
+  const int e = errno;
+  if (flushed && !ferror(stdout)) return rc;
+  fprintf(stderr, "%s: writing standard output: %s\n", prog, e ? strerror(e) : "an earlier write failed");
+  return rc ? rc : 1;
+}
+
+/* Closes a file the tool wrote to `path`: 0, or 1 after saying on stderr that it was not all
+ * written (a full disk, /dev/full). */
+TOOL_UNUSED static int close_written(FILE *f, const char *path) {
+  const int failed_before = ferror(f) != 0;
+  errno = 0;
+  const int closed = fclose(f) == 0;
+  if (closed && !failed_before) return 0;
+  fprintf(stderr, "%s: writing %s: %s\n", prog, path, errno ? strerror(errno) : "a write failed");
+  return 1;
+}
+
 /* Allocation for tools: out of memory ends the tool (exit status 1) with a message. */
 TOOL_UNUSED static void *xrealloc(void *p, size_t n) {
   void *q = realloc(p, n ? n : 1);
