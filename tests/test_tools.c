@@ -2,10 +2,12 @@
  * programs (RLK_TEST_BIN_DIR) as child processes with a private cache environment and checks
  * their exit status and output. */
 #include <check.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,10 @@
 #include "rlk.h"
 #include "suites.h"
 #include "test_util.h"
+
+/* The tools' JSON writers, tested directly below (tool_util.h wants the name a tool prints). */
+static const char *prog = "test_tools";
+#include "../tools/tool_util.h"
 
 /* The configurations the demo runs with its defaults (grpo, group size 4, f32 scores, a bool
  * mask broadcast to tokens), so a tree precompiled from them serves the demo with RLK_JIT=0. */
@@ -805,12 +811,198 @@ START_TEST(lost_output_fails) {
 }
 END_TEST
 
-/* out is one JSON object: it starts with '{', ends with "}\n", and nothing else was printed. */
+/* ---- a strict JSON reader (RFC 8259), independent of the tools' writers ---------------------- */
+
+static const char *json_skip_value(const char *p, int depth);
+
+static const char *json_skip_space(const char *p) {
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  return p;
+}
+
+/* One character of a string body that is not an escape: well-formed UTF-8, decoded and checked
+ * for overlong forms, surrogates and the Unicode range. Past it, or NULL. */
+static const char *json_skip_char(const char *p) {
+  const unsigned char *u = (const unsigned char *)p;
+  if (u[0] < 0x20) return NULL; /* raw control characters (and the string's end) are not allowed */
+  if (u[0] < 0x80) return p + 1;
+  int n = u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : u[0] >= 0xC0 ? 2 : 0;
+  if (n == 0 || u[0] >= 0xF8) return NULL;
+  unsigned long cp = u[0] & (0x7Fu >> n);
+  for (int i = 1; i < n; i++) {
+    if ((u[i] & 0xC0) != 0x80) return NULL;
+    cp = cp << 6 | (u[i] & 0x3Fu);
+  }
+  static const unsigned long least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return NULL;
+  return p + n;
+}
+
+static const char *json_skip_string(const char *p) {
+  if (*p++ != '"') return NULL;
+  while (p && *p != '"') {
+    if (*p != '\\') {
+      p = json_skip_char(p);
+    } else if (p[1] == 'u') {
+      for (int i = 2; i < 6; i++)
+        if (!isxdigit((unsigned char)p[i])) return NULL;
+      p += 6;
+    } else {
+      p = p[1] && strchr("\"\\/bfnrt", p[1]) ? p + 2 : NULL;
+    }
+  }
+  return p ? p + 1 : NULL;
+}
+
+static const char *json_skip_number(const char *p) {
+  if (*p == '-') p++;
+  if (*p == '0') p++;
+  else if (*p >= '1' && *p <= '9') while (isdigit((unsigned char)*p)) p++;
+  else return NULL;
+  if (*p == '.') {
+    if (!isdigit((unsigned char)*++p)) return NULL;
+    while (isdigit((unsigned char)*p)) p++;
+  }
+  if (*p == 'e' || *p == 'E') {
+    if (*++p == '+' || *p == '-') p++;
+    if (!isdigit((unsigned char)*p)) return NULL;
+    while (isdigit((unsigned char)*p)) p++;
+  }
+  return p;
+}
+
+/* The members of an object (close '}') or the elements of an array (close ']'). */
+static const char *json_skip_items(const char *p, char close, int depth) {
+  p = json_skip_space(p + 1);
+  if (*p == close) return p + 1;
+  for (;;) {
+    if (close == '}') {
+      p = json_skip_string(p);
+      if (!p || *(p = json_skip_space(p)) != ':') return NULL;
+      p++;
+    }
+    if (!(p = json_skip_value(p, depth + 1))) return NULL;
+    p = json_skip_space(p);
+    if (*p == close) return p + 1;
+    if (*p != ',') return NULL;
+    p = json_skip_space(p + 1);
+  }
+}
+
+static const char *json_skip_value(const char *p, int depth) {
+  p = json_skip_space(p);
+  if (depth > 64) return NULL;
+  if (*p == '{' || *p == '[') return json_skip_items(p, *p == '{' ? '}' : ']', depth);
+  if (*p == '"') return json_skip_string(p);
+  static const char *const words[] = {"true", "false", "null"};
+  for (size_t i = 0; i < 3; i++)
+    if (!strncmp(p, words[i], strlen(words[i]))) return p + strlen(words[i]);
+  return json_skip_number(p);
+}
+
+/* Whether s is one JSON value and nothing else (but white space). */
+static int json_valid(const char *s) {
+  const char *end = json_skip_value(s, 0);
+  return end && *json_skip_space(end) == '\0';
+}
+
+/* out is one JSON object: it starts with '{', ends with "}\n", parses, and nothing else was printed. */
 static void expect_json_document(const char *out, const char *what) {
   size_t n = strlen(out);
-  ck_assert_msg(n > 2 && out[0] == '{' && out[n - 2] == '}' && out[n - 1] == '\n',
+  ck_assert_msg(n > 2 && out[0] == '{' && out[n - 2] == '}' && out[n - 1] == '\n' && json_valid(out),
                 "%s: not one JSON document:\n%s", what, out);
 }
+
+/* What a JSON writer of tool_util.h writes, as a string (the caller frees it). */
+#define JSON_TEXT(call)                       \
+  ({                                          \
+    char *text_ = NULL;                       \
+    size_t size_ = 0;                         \
+    FILE *f = open_memstream(&text_, &size_); \
+    ck_assert_ptr_nonnull(f);                 \
+    call;                                     \
+    ck_assert_int_eq(fclose(f), 0);           \
+    text_;                                    \
+  })
+
+/* JSON strings from any bytes: well-formed UTF-8 as it is, every byte of anything else as U+FFFD,
+ * control characters escaped; numbers that JSON cannot hold (inf, nan) as null. */
+START_TEST(json_writers_always_parse) {
+  static const struct {
+    const char *in, *out;
+  } strings[] = {
+      {"plain", "\"plain\""},
+      {"q\"b\\s\nn\x01\x1f\x7f", "\"q\\\"b\\\\s\\nn\\u0001\\u001f\\u007f\""},
+      {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""},
+      {"a\xff", "\"a\\ufffd\""},                          /* never a UTF-8 byte */
+      {"\x80x", "\"\\ufffdx\""},                          /* a stray continuation byte */
+      {"cut\xe2\x82", "\"cut\\ufffd\\ufffd\""},             /* a character cut at the end */
+      {"\xc0\xaf", "\"\\ufffd\\ufffd\""},                   /* an overlong '/' */
+      {"\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\""},         /* a surrogate */
+      {"\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""}, /* past U+10FFFF */
+      {"\xe9t\xe9", "\"\\ufffdt\\ufffd\""},                   /* Latin-1 */
+  };
+  for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++) {
+    char *text = JSON_TEXT(json_string(f, strings[i].in));
+    ck_assert_str_eq(text, strings[i].out);
+    ck_assert_msg(json_valid(text), "not a JSON string: %s", text);
+    free(text);
+  }
+  static const struct {
+    double v;
+    const char *fmt, *out;
+  } numbers[] = {{1.5, "%.4g", "1.5"},      {-0.25, "%.6f", "-0.250000"}, {1e300, "%g", "1e+300"},
+                 {INFINITY, "%.4g", "null"}, {-INFINITY, "%.6f", "null"},  {NAN, "%.4g", "null"}};
+  for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+    char *text = JSON_TEXT(json_number(f, numbers[i].fmt, numbers[i].v));
+    ck_assert_str_eq(text, numbers[i].out);
+    free(text);
+  }
+  char *text = JSON_TEXT((fputs("{\"a\": 1", f), json_number_member(f, "max_error", "%.4g", NAN), fputs("}", f)));
+  ck_assert_str_eq(text, "{\"a\": 1, \"max_error\": null}");
+  ck_assert(json_valid(text));
+  free(text);
+  /* the reader itself refuses what the writers must never write */
+  static const char *const bad[] = {"{\"a\": inf}", "{\"a\": nan}", "\"\xff\"", "\"\x01\"", "[1,]", "{} {}"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) ck_assert_msg(!json_valid(bad[i]), "%s", bad[i]);
+}
+END_TEST
+
+/* makes dir and its parents */
+static void make_dirs(const char *path) {
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    mkdir(buf, 0700);
+    *p = '/';
+  }
+  ck_assert_msg(mkdir(buf, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", buf, strerror(errno));
+}
+
+/* An entry whose names are not UTF-8 (its metadata unreadable, it lists by its path's names): the
+ * tool's JSON still parses, with U+FFFD for those bytes. */
+START_TEST(json_lists_any_name) {
+  char root[1024], entry[2048], meta[2100];
+  rlk_test_mkdtemp(root, sizeof root, "json-names");
+  snprintf(entry, sizeof entry, "%s/v1/cc\xff/t\x01/fam\xc3\xa9\xe2\x82/ab/ab%062d", root, 0);
+  make_dirs(entry);
+  snprintf(meta, sizeof meta, "%s/kernel.meta", entry);
+  write_file(meta, "not metadata\n");
+  static const char *const commands[] = {"list", "sizes"};
+  for (size_t i = 0; i < 2; i++) {
+    rlk_test_tool_run r = rlk_test_run_tool(NULL, "rlk-cache", ARGS("--root", root, "--json", commands[i]));
+    expect_status(r, 0, commands[i]);
+    expect_json_document(r.out, commands[i]);
+    ck_assert_msg(strstr(r.out, "fam\xc3\xa9\\ufffd\\ufffd") && strstr(r.out, "t\\u0001") &&
+                      (i || strstr(r.out, "\"compiler\": \"cc\\ufffd\"")),
+                  "%s:\n%s", commands[i], r.out);
+    rlk_test_tool_free(&r);
+  }
+  rlk_test_rmtree(root);
+}
+END_TEST
 
 START_TEST(json_outputs) {
   char dir[1024], tree[1100];
@@ -872,6 +1064,7 @@ Suite *tools_suite(void) {
       precompile_host_serves_demo_without_jit, recorded_configurations_precompile_what_runs,
       shards_merge_to_the_full_set, failures_are_reported, precompile_for_a_gpu_target_without_a_gpu,
       config_lines_are_bounded_and_whole, prune_that_cannot_delete_fails, json_outputs,
-      precompile_ignores_the_size_cap, long_paths_are_refused, lost_output_fails));
+      precompile_ignores_the_size_cap, long_paths_are_refused, lost_output_fails, json_writers_always_parse,
+      json_lists_any_name));
   return s;
 }

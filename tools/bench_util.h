@@ -125,9 +125,14 @@ TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_inf
     fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
     return NULL;
   }
-  fprintf(f, "{\n  \"tool\": \"%s\", \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", "
-             "\"version\": \"%s\",\n",
-          prog, info->name, info->target, info->compiler, rlk_version_string());
+  const char *names[] = {"tool", "device", "target", "compiler", "version"};
+  const char *values[] = {prog, info->name, info->target, info->compiler, rlk_version_string()};
+  fprintf(f, "{\n  ");
+  for (int i = 0; i < 5; i++) {
+    fprintf(f, "%s\"%s\": ", i ? ", " : "", names[i]);
+    json_string(f, values[i]);
+  }
+  fprintf(f, ",\n");
   return f;
 }
 
@@ -139,12 +144,19 @@ TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info 
   for (int i = 0; i < bench_nresults; i++) {
     const bench_result *r = &bench_results[i];
     const double floor_ms = bench_floor_ms(r->bytes);
-    fprintf(f,
-            "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
-            "\"bytes\": %.0f, \"gbps\": %.1f, \"floor_ms\": %.6f, \"ratio_to_floor\": %.4f, "
-            "\"goal_ms\": %g, \"note\": \"%s\"}%s\n",
-            r->name, r->median_ms, r->min_ms, r->max_ms, r->bytes, r->bytes / (r->median_ms * 1e-3) / 1e9,
-            floor_ms, r->median_ms / floor_ms, r->goal_ms, r->note, i + 1 < bench_nresults ? "," : "");
+    fprintf(f, "    {\"name\": ");
+    json_string(f, r->name);
+    json_number_member(f, "median_ms", "%.6f", r->median_ms);
+    json_number_member(f, "min_ms", "%.6f", r->min_ms);
+    json_number_member(f, "max_ms", "%.6f", r->max_ms);
+    json_number_member(f, "bytes", "%.0f", r->bytes);
+    json_number_member(f, "gbps", "%.1f", r->bytes / (r->median_ms * 1e-3) / 1e9);
+    json_number_member(f, "floor_ms", "%.6f", floor_ms);
+    json_number_member(f, "ratio_to_floor", "%.4f", r->median_ms / floor_ms);
+    json_number_member(f, "goal_ms", "%g", r->goal_ms);
+    fprintf(f, ", \"note\": ");
+    json_string(f, r->note);
+    fprintf(f, "}%s\n", i + 1 < bench_nresults ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
   return close_written(f, path);

@@ -255,11 +255,17 @@ static int tool_main(int argc, char **argv) {
     fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", BENCH_FLOOR_TBPS, session.iters);
     for (int i = 0; i < nresults; i++) {
       const result *r = &results[i];
-      fprintf(f,
-              "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"floor_ms\": %.6f, "
-              "\"x_floor\": %.3f, \"goal_ms\": %g, \"note\": \"%s\"}%s\n",
-              r->name, r->median_ms, r->min_ms, r->max_ms, r->floor_ms, r->median_ms / r->floor_ms, r->goal_ms,
-              r->note, i + 1 < nresults ? "," : "");
+      fprintf(f, "    {\"name\": ");
+      json_string(f, r->name);
+      json_number_member(f, "median_ms", "%.6f", r->median_ms);
+      json_number_member(f, "min_ms", "%.6f", r->min_ms);
+      json_number_member(f, "max_ms", "%.6f", r->max_ms);
+      json_number_member(f, "floor_ms", "%.6f", r->floor_ms);
+      json_number_member(f, "x_floor", "%.3f", r->median_ms / r->floor_ms);
+      json_number_member(f, "goal_ms", "%g", r->goal_ms);
+      fprintf(f, ", \"note\": ");
+      json_string(f, r->note);
+      fprintf(f, "}%s\n", i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     if (close_written(f, session.json)) return 1;

@@ -384,11 +384,16 @@ static int tool_main(int argc, char **argv) {
     fprintf(f, "  \"floor_tbps\": %g,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
     for (int i = 0; i < nresults; i++) {
       const result *r = &results[i];
-      fprintf(f,
-              "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
-              "\"back_to_back_ms\": %.6f, \"bytes\": %.0f, \"floor_ms\": %.6f, \"goal_ms\": %g}%s\n",
-              r->name, r->median_ms, r->min_ms, r->max_ms, r->b2b_ms, r->bytes, r->floor_ms, r->goal_ms,
-              i + 1 < nresults ? "," : "");
+      fprintf(f, "    {\"name\": ");
+      json_string(f, r->name);
+      json_number_member(f, "median_ms", "%.6f", r->median_ms);
+      json_number_member(f, "min_ms", "%.6f", r->min_ms);
+      json_number_member(f, "max_ms", "%.6f", r->max_ms);
+      json_number_member(f, "back_to_back_ms", "%.6f", r->b2b_ms);
+      json_number_member(f, "bytes", "%.0f", r->bytes);
+      json_number_member(f, "floor_ms", "%.6f", r->floor_ms);
+      json_number_member(f, "goal_ms", "%g", r->goal_ms);
+      fprintf(f, "}%s\n", i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     if (close_written(f, session.json)) return 1;

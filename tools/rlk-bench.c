@@ -256,12 +256,26 @@ static int tool_main(int argc, char **argv) {
       fprintf(stderr, "%s: cannot write %s: %s\n", prog, json, strerror(errno));
       return 1;
     }
-    fprintf(f, "{\n  \"device\": \"%s\", \"target\": \"%s\", \"compiler\": \"%s\", \"version\": \"%s\",\n  \"results\": [\n",
-            info.name, info.target, info.compiler, rlk_version_string());
+    fprintf(f, "{\n  \"device\": ");
+    json_string(f, info.name);
+    fprintf(f, ", \"target\": ");
+    json_string(f, info.target);
+    fprintf(f, ", \"compiler\": ");
+    json_string(f, info.compiler);
+    fprintf(f, ", \"version\": ");
+    json_string(f, rlk_version_string());
+    fprintf(f, ",\n  \"results\": [\n");
     for (int i = 0; i < nresults; i++) {
       result *r = &results[i];
-      fprintf(f, "    {\"name\": \"%s\", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"goal_ms\": %g, \"note\": \"%s\"}%s\n",
-              r->name, r->median_ms, r->min_ms, r->max_ms, r->goal_ms, r->note, i + 1 < nresults ? "," : "");
+      fprintf(f, "    {\"name\": ");
+      json_string(f, r->name);
+      json_number_member(f, "median_ms", "%.6f", r->median_ms);
+      json_number_member(f, "min_ms", "%.6f", r->min_ms);
+      json_number_member(f, "max_ms", "%.6f", r->max_ms);
+      json_number_member(f, "goal_ms", "%g", r->goal_ms);
+      fprintf(f, ", \"note\": ");
+      json_string(f, r->note);
+      fprintf(f, "}%s\n", i + 1 < nresults ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     if (close_written(f, json)) return 1;

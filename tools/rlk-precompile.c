@@ -862,19 +862,20 @@ static int precompile_main(int argc, char **argv) {
   if (json) {
     printf("{\"out\": ");
     json_string(stdout, out);
-    printf(", \"items\": %zu, \"failed\": %zu, \"kernels\": %ld, \"compiled\": %ld, "
-           "\"cached\": %ld, \"seconds\": %.3f, \"workers\": %ld, \"entries\": %" PRIu64
-           ", \"bad\": %" PRIu64 ", \"verified\": %s, \"results\": [",
-           nitems, s.failed, s.kernels, s.compiles, s.kernels - s.compiles, wall, jobs, nent, bad,
-           vst == RLK_OK ? "true" : "false");
+    printf(", \"items\": %zu, \"failed\": %zu, \"kernels\": %ld, \"compiled\": %ld, \"cached\": %ld", nitems,
+           s.failed, s.kernels, s.compiles, s.kernels - s.compiles);
+    json_number_member(stdout, "seconds", "%.3f", wall);
+    printf(", \"workers\": %ld, \"entries\": %" PRIu64 ", \"bad\": %" PRIu64 ", \"verified\": %s, \"results\": [",
+           jobs, nent, bad, vst == RLK_OK ? "true" : "false");
     for (size_t i = 0; i < nitems; i++) {
       const item *it = &g.items[i];
       printf("%s\n  {\"index\": %zu, \"target\": ", i ? "," : "", it->index);
       json_string(stdout, it->target);
       printf(", \"configuration\": ");
       json_string(stdout, it->config);
-      printf(", \"ok\": %s, \"kernels\": %d, \"compiled\": %d, \"seconds\": %.3f",
-             it->status == RLK_OK ? "true" : "false", it->kernels, it->compiles, it->seconds);
+      printf(", \"ok\": %s, \"kernels\": %d, \"compiled\": %d", it->status == RLK_OK ? "true" : "false",
+             it->kernels, it->compiles);
+      json_number_member(stdout, "seconds", "%.3f", it->seconds);
       if (it->message) {
         printf(", \"message\": ");
         json_string(stdout, it->message);

@@ -1018,8 +1018,9 @@ static int write_json(const char *path) {
   json_string(f, info.compiler);
   fprintf(f, ", \"multiprocessors\": %d,\n  \"db\": ", info.multiprocessors);
   json_string(f, db_path);
-  fprintf(f, ", \"warmup\": %ld, \"iters\": %ld, \"min_gain_pct\": %g, \"seed\": %" PRIu64 ",\n  \"configs\": [\n",
-          opt.warmup, opt.iters, opt.min_gain, opt.seed);
+  fprintf(f, ", \"warmup\": %ld, \"iters\": %ld", opt.warmup, opt.iters);
+  json_number_member(f, "min_gain_pct", "%g", opt.min_gain);
+  fprintf(f, ", \"seed\": %" PRIu64 ",\n  \"configs\": [\n", opt.seed);
   for (size_t i = 0; i < ncfgs; i++) {
     const config *c = &cfgs[i];
     fprintf(f, "    {\"line\": ");
@@ -1034,8 +1035,10 @@ static int write_json(const char *path) {
       fprintf(f, ", \"error\": ");
       json_string(f, c->error);
     } else {
-      fprintf(f, ", \"default_ms\": %.6f, \"best_ms\": %.6f, \"speedup\": %.4f, \"winner\": ", c->default_ms,
-              c->best_ms, c->best_ms > 0 ? c->default_ms / c->best_ms : 1.0);
+      json_number_member(f, "default_ms", "%.6f", c->default_ms);
+      json_number_member(f, "best_ms", "%.6f", c->best_ms);
+      json_number_member(f, "speedup", "%.4f", c->best_ms > 0 ? c->default_ms / c->best_ms : 1.0);
+      fprintf(f, ", \"winner\": ");
       json_string(f, c->v[c->winner].settings);
       fprintf(f, ", \"recorded\": %s", c->recorded ? "true" : "false");
     }
@@ -1049,9 +1052,12 @@ static int write_json(const char *path) {
         fprintf(f, ", \"same_kernels_as\": ");
         json_string(f, v->same_as ? c->v[v->same_as].settings : "default");
       }
-      if (v->result == RLK_TUNE_TIMED && v->state == V_DONE)
-        fprintf(f, ", \"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f", v->median_ms, v->min_ms, v->max_ms);
-      if (k && v->result != RLK_TUNE_FAILED && v->state == V_DONE) fprintf(f, ", \"max_error\": %.4g", v->max_err);
+      if (v->result == RLK_TUNE_TIMED && v->state == V_DONE) {
+        json_number_member(f, "median_ms", "%.6f", v->median_ms);
+        json_number_member(f, "min_ms", "%.6f", v->min_ms);
+        json_number_member(f, "max_ms", "%.6f", v->max_ms);
+      }
+      if (k && v->result != RLK_TUNE_FAILED && v->state == V_DONE) json_number_member(f, "max_error", "%.4g", v->max_err);
       fprintf(f, ", \"note\": ");
       json_string(f, v->note);
       fprintf(f, "}%s\n", k + 1 < c->nv ? "," : "");

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,20 +71,67 @@ TOOL_UNUSED static int path_arg(char *buf, size_t size, const char *opt, const c
   return 0;
 }
 
-/* Writes s as a JSON string (quoted, escaped). */
+/* The length of the well-formed UTF-8 sequence at p (1 to 4), or 0 when p starts none: a stray
+ * continuation byte, an overlong form, a surrogate, a code point past U+10FFFF, a cut sequence. */
+TOOL_UNUSED static size_t utf8_length(const unsigned char *p) {
+  if (p[0] < 0x80) return 1;
+  /* the length from the first byte, and the second byte's range (Unicode's table 3-7) */
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (p[0] >= 0xC2 && p[0] <= 0xDF) {
+    n = 2;
+  } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+    n = 3;
+    if (p[0] == 0xE0) lo = 0xA0; /* no overlong forms */
+    if (p[0] == 0xED) hi = 0x9F; /* no surrogates */
+  } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+    n = 4;
+    if (p[0] == 0xF0) lo = 0x90; /* no overlong forms */
+    if (p[0] == 0xF4) hi = 0x8F; /* nothing past U+10FFFF */
+  } else {
+    return 0;
+  }
+  if (p[1] < lo || p[1] > hi) return 0;
+  for (size_t i = 2; i < n; i++)
+    if (p[i] < 0x80 || p[i] > 0xBF) return 0; /* a NUL ends the string here too */
+  return n;
+}
+
+/* Writes s as a JSON string: quoted, '"' and '\\' escaped, control characters as \\uXXXX (\\n as
+ * itself), well-formed UTF-8 as it is, and every byte of anything else (a name cut inside a
+ * character, another encoding) as U+FFFD, so that the document always parses. */
 TOOL_UNUSED static void json_string(FILE *f, const char *s) {
   fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-    if (*p == '"' || *p == '\\')
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p;) {
+    const size_t n = utf8_length(p);
+    if (n == 0)
+      fputs("\\ufffd", f);
+    else if (*p == '"' || *p == '\\')
       fprintf(f, "\\%c", *p);
     else if (*p == '\n')
       fputs("\\n", f);
-    else if (*p < 0x20)
+    else if (*p < 0x20 || *p == 0x7F)
       fprintf(f, "\\u%04x", *p);
     else
-      fputc(*p, f);
+      fwrite(p, 1, n, f);
+    p += n ? n : 1;
   }
   fputc('"', f);
+}
+
+/* Writes v as a JSON number in the printf format fmt ("%.6f"), or null when it is infinite or NaN
+ * (JSON has neither; printf would write inf or nan). */
+TOOL_UNUSED static void json_number(FILE *f, const char *fmt, double v) {
+  if (isfinite(v))
+    fprintf(f, fmt, v);
+  else
+    fputs("null", f);
+}
+
+/* ", \"name\": " and then v as json_number writes it: one more member of an object. */
+TOOL_UNUSED static void json_number_member(FILE *f, const char *name, const char *fmt, double v) {
+  fprintf(f, ", \"%s\": ", name);
+  json_number(f, fmt, v);
 }
 
 /* Prints a failed library call with its status and rlk_last_error(); returns 1. */
