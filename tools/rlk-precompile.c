@@ -513,9 +513,9 @@ static int cmd_merge(int argc, char **argv) {
     }
     strlist_free(&paths);
   }
-  /* The staging directory is ours only if it is empty now. */
-  char tmpdir[PATH_MAX];
-  if (snprintf(tmpdir, sizeof tmpdir, "%s/tmp", out_rp) < (int)sizeof tmpdir) rmdir(tmpdir);
+  /* <out>/tmp stays, as the cache's own sweep leaves it: another process publishing into this
+   * tree may be about to stage in it, so removing it, even empty, could pull it from under that
+   * process. What merge staged there is gone already (published, or removed on failure). */
 
   if (!rc) {
     uint64_t nent = 0, bad = 0;
