@@ -176,3 +176,22 @@ def test_autograd(host, rng, mode, beta, top_k):
     assert ((sh.grad.double() - h.grad).abs() <= b_h).all(), (sh.grad, h.grad)
     assert ((sw.grad.double() - w.grad).abs() <= b_w).all(), (sw.grad, w.grad)
     assert th.grad is None and tw.grad is None
+
+
+def test_backward_accumulate_without_buffers(place, rng):
+    """accumulate=True with no gradient buffers given: those made for the call start at 0, so the
+    result is the plain call's (not whatever the reused memory held)."""
+    N, V, Hs, Ht = 5, 211, 24, 16
+    sh, sw, th, tw = (place.to(a) for a in make(rng, N, V, Hs, Ht))
+    out = rlk.linear_divergence(sh, sw, th, tw)
+    g = place.to(rng.standard_normal(N).astype(np.float32))
+    plain = rlk.linear_divergence_backward(sh, sw, th, tw, out.stats, g)
+    for shape in ((N, Hs), (V, Hs)):  # freed memory of the gradients' sizes, full of large values
+        x = place.to(np.full(shape, 1e6, np.float32))
+        del x
+    acc = rlk.linear_divergence_backward(sh, sw, th, tw, out.stats, g, accumulate=True)
+    for x, want in zip(acc, plain):
+        if want is None:
+            assert x is None
+            continue
+        assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))

@@ -160,6 +160,38 @@ def test_policy_loss_is_the_three_calls(place, rng, entropy_coef):
         rlk.linear_policy_loss(h, w, y, o[:2], a[:2], m[:2])
 
 
+def test_accumulate_without_buffers_starts_at_zero(place, rng):
+    """accumulate=True with no gradient buffers given: the buffers made for the call start at 0
+    (not whatever memory they reuse), so the result is the plain call's; a grad_dtype that is not
+    'f32' or 'same' is refused."""
+    B, T, V, H = 2, 5, 300, 32
+    hidden, weight, labels = make(rng, B * T, V, H)
+    old = (rng.standard_normal((B, T)) * 0.3 - 5.5).astype(np.float32)
+    adv = rng.standard_normal((B, T)).astype(np.float32)
+    mask = labels.reshape(B, T) != -100
+    h, w, y, o, a, m = (place.to(x) for x in (hidden, weight, labels, old, adv, mask))
+    out = rlk.linear_logprob(h, w, y)
+    g = place.to(rng.standard_normal(B * T).astype(np.float32))
+
+    def garbage():  # freed memory of the gradients' sizes, full of large values
+        for shape in ((B * T, H), (V, H)):
+            x = place.to(np.full(shape, 1e6, np.float32))
+            del x
+
+    plain = rlk.linear_logprob_backward(h, w, y, out.lse, g)
+    garbage()
+    acc = rlk.linear_logprob_backward(h, w, y, out.lse, g, accumulate=True)
+    for x, want in zip(acc, plain):
+        assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))
+    plain = rlk.linear_policy_loss(h, w, y, o, a, m)
+    garbage()
+    acc = rlk.linear_policy_loss(h, w, y, o, a, m, accumulate=True)
+    for x, want in ((acc.grad_hidden, plain.grad_hidden), (acc.grad_weight, plain.grad_weight)):
+        assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))
+    with pytest.raises(rlk.InvalidArgument, match="grad_dtype"):
+        rlk.linear_policy_loss(h, w, y, o, a, m, grad_dtype="bogus")
+
+
 # What the arithmetic allows: the model of tests/test_linear_logprob.c (ll_grid_step, ll_fold_eps,
 # ll_fwd_bound, ll_check_grads), where each step is derived.
 U = 2.0 ** -24  # f32's unit roundoff

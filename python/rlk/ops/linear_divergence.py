@@ -166,7 +166,8 @@ def linear_divergence_backward(student_hidden, student_weight, teacher_hidden, t
         if grads[q] is None and side and want:
             rows, _, cols = shapes[q]
             dt = (sdt if q < 2 else tdt) if grad_dtype == "same" else T.DType.F32
-            grads[q] = b.empty((dim(rows, 0), dim(cols, 1)), dt)
+            # a gradient added to one made here starts at 0
+            grads[q] = (b.zeros if accumulate else b.empty)((dim(rows, 0), dim(cols, 1)), dt)
         b.set(names[q], grads[q], optional=True, output=True)
     a.accumulate = 1 if accumulate else 0
     if chunk is not None:

@@ -192,10 +192,11 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
         raise InvalidArgument("rlk.linear_logprob_backward: grad_dtype %r is not 'f32' or 'same'"
                               % (grad_dtype,))
     gdt = dt if grad_dtype == "same" else T.DType.F32
+    new = b.zeros if accumulate else b.empty  # a gradient added to one made here starts at 0
     if grad_hidden is None and want_hidden:
-        grad_hidden = b.empty((dim(hidden, 0), dim(hidden, 1)), gdt)
+        grad_hidden = new((dim(hidden, 0), dim(hidden, 1)), gdt)
     if grad_weight is None and want_weight:
-        grad_weight = b.empty((dim(weight, 0), dim(weight, 1)), gdt)
+        grad_weight = new((dim(weight, 0), dim(weight, 1)), gdt)
     b.set("grad_hidden", grad_hidden, optional=True, output=True)
     b.set("grad_weight", grad_weight, optional=True, output=True)
     a.accumulate = 1 if accumulate else 0
@@ -301,11 +302,14 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     if metrics:
         out_metrics = out[1:]
         b.set("loss.metrics", out_metrics, _F32, output=True)
+    if grad_dtype not in ("f32", "same"):
+        raise InvalidArgument("rlk.linear_policy_loss: grad_dtype %r is not 'f32' or 'same'" % (grad_dtype,))
     gdt = T.DType.F32 if grad_dtype == "f32" else dt
+    new = b.zeros if accumulate else b.empty  # a gradient added to one made here starts at 0
     if grad_hidden is None and want_hidden:
-        grad_hidden = b.empty((n, h), gdt)
+        grad_hidden = new((n, h), gdt)
     if grad_weight is None and want_weight:
-        grad_weight = b.empty((dim(weight, 0), h), gdt)
+        grad_weight = new((dim(weight, 0), h), gdt)
     b.set("grad_hidden", grad_hidden, optional=True, output=True)
     b.set("grad_weight", grad_weight, optional=True, output=True)
     a.accumulate = 1 if accumulate else 0
