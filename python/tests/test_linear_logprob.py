@@ -192,6 +192,42 @@ def test_accumulate_without_buffers_starts_at_zero(place, rng):
         rlk.linear_policy_loss(h, w, y, o, a, m, grad_dtype="bogus")
 
 
+def test_kept_set_of_an_ignored_row(place, rng):
+    """With a threshold, an ignored row's kept set is its columns at or above it: the label column
+    stays in only for a scored row, so an ignore_index inside [0, V) cuts like -100 does."""
+    N, V, H = 4, 97, 16
+    hidden, weight, _ = make(rng, N, V, H)
+    z = hidden.astype(np.float32) @ weight.astype(np.float32).T
+    thr = np.sort(z, axis=1)[:, -2].astype(np.float32)  # each row's two largest logits kept
+    labels = np.argsort(z, axis=1)[:, -3].astype(np.int64)  # the third largest: just below it
+    h, w, t = place.to(hidden), place.to(weight), place.to(thr)
+    scored = rlk.linear_logprob(h, w, place.to(labels), threshold=t, entropy=True)
+    ign = int(labels[0])
+    lab = labels.copy()
+    lab[0] = ign  # row 0 ignored through an ignore_index that is a column
+    cut = rlk.linear_logprob(h, w, place.to(lab), threshold=t, entropy=True, ignore_index=ign)
+    none = rlk.linear_logprob(h, w, place.to(np.full(N, -100, np.int64)), threshold=t, entropy=True)
+    for f in ("lse", "entropy"):
+        got, want = (np.asarray(place.back(getattr(o, f)))[0] for o in (cut, none))
+        assert got == want, (f, got, want)
+        assert np.asarray(place.back(getattr(scored, f)))[0] != want  # the label column kept there
+    assert np.asarray(place.back(cut.logp))[0] == 0.0
+
+
+def test_minus_inf_logit_contributes_nothing(host):
+    """On the host backend a column whose logit is -inf leaves the sum, as in rlk.logprob: the
+    row's log-prob, lse and entropy are those of the other columns (not NaN)."""
+    hidden = np.ones((1, 1), np.float16)
+    for weight in (np.array([[-np.inf], [1], [2]], np.float16), np.array([[1], [-np.inf], [2]], np.float16)):
+        labels = np.array([2], np.int64)
+        got = rlk.linear_logprob(hidden, weight, labels, entropy=True)
+        z = (hidden.astype(np.float32) @ weight.astype(np.float32).T)
+        want = rlk.logprob(np.ascontiguousarray(z), labels, entropy=True)
+        for f in ("logp", "lse", "entropy"):
+            g, e = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+            assert np.isfinite(g).all() and np.allclose(g, e, rtol=1e-6, atol=1e-7), (f, g, e)
+
+
 # What the arithmetic allows: the model of tests/test_linear_logprob.c (ll_grid_step, ll_fold_eps,
 # ll_fwd_bound, ll_check_grads), where each step is derived.
 U = 2.0 ** -24  # f32's unit roundoff

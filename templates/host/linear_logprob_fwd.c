@@ -2,7 +2,8 @@
  * reference path: for each row, each logit z_v = (h . w_v) / T as an fp64 dot product, folded
  * into an fp64 online (max, sum of exp, sum of exp * z); outputs rounded to f32 once.
  * Kept-set replay (threshold): a column whose raw logit h . w_v, rounded to f32 (the value the
- * sampler compared), is below its row's threshold leaves the fold, unless it is the label. With
+ * sampler compared), is below its row's threshold leaves the fold, unless it is the label of a
+ * row that is not ignored; a logit of -inf contributes nothing, as in rlk_logprob. With
  * `logits` it also writes those f32 logits (rlk_linear_sample's); labels may be NULL (no label).
  * Parameters: RLK_P_HIDDEN (RLK_DT_F16 or RLK_DT_BF16), RLK_P_LABELS (int32_t or
  * int64_t), RLK_P_ENTROPY (0/1). */
@@ -25,13 +26,15 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
     const rlk_i64 yg = p_->labels ? rlk_label_at(p_->labels, i * p_->label_stride) : ignore_index,
                   y = yg - p_->vocab_start;
     const float thr = p_->threshold ? p_->threshold[i] : -INFINITY;
+    const int scored = yg != ignore_index; /* an ignored row's label column is no exception */
     double m = -INFINITY, s = 0.0, pz = 0.0, zy = 0.0;
     for (rlk_i64 v = 0; v < V; v++) {
       const uint16_t *w = (const uint16_t *)p_->weight + v * p_->w_stride;
       const double x = rlk_half_dot(h, w, p_->H, RLK_P_HIDDEN), z = x / T;
       if (p_->logits) p_->logits[i * p_->logits_pitch + v] = (float)x; /* rlk_linear_sample's */
       if (v == y) zy = z;
-      if ((float)x < thr && v != y) continue;
+      if ((float)x < thr && !(scored && v == y)) continue;
+      if (z == -INFINITY) continue; /* contributes nothing (rlk_logprob's); exp(-inf - -inf) is NaN */
       if (z > m) {
         const double f = m == -INFINITY ? 0.0 : exp(m - z);
         s *= f;
