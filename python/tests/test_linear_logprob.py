@@ -216,7 +216,8 @@ def test_kept_set_of_an_ignored_row(place, rng):
 
 def test_minus_inf_logit_contributes_nothing(host):
     """On the host backend a column whose logit is -inf leaves the sum, as in rlk.logprob: the
-    row's log-prob, lse and entropy are those of the other columns (not NaN)."""
+    row's log-prob, lse and entropy are those of the other columns (not NaN), and its weight
+    gradient 0."""
     hidden = np.ones((1, 1), np.float16)
     for weight in (np.array([[-np.inf], [1], [2]], np.float16), np.array([[1], [-np.inf], [2]], np.float16)):
         labels = np.array([2], np.int64)
@@ -226,6 +227,12 @@ def test_minus_inf_logit_contributes_nothing(host):
         for f in ("logp", "lse", "entropy"):
             g, e = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
             assert np.isfinite(g).all() and np.allclose(g, e, rtol=1e-6, atol=1e-7), (f, g, e)
+        # the backward: the -inf column's weight gradient is dz h = 0 (dz 0 there, as
+        # rlk.logprob_backward's), the others' dz h
+        one = np.ones(1, np.float32)
+        _, gw = rlk.linear_logprob_backward(hidden, weight, labels, got.lse, one, one, got.entropy)
+        dz = np.asarray(rlk.logprob_backward(z, labels, want.lse, one, one, want.entropy)).ravel()
+        assert np.allclose(np.asarray(gw).ravel(), dz, rtol=1e-5, atol=1e-7), (gw, dz)
 
 
 # What the arithmetic allows: the model of tests/test_linear_logprob.c (ll_grid_step, ll_fold_eps,

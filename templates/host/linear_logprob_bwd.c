@@ -68,7 +68,8 @@ RLK_HOST_KERNEL rlk_linear_logprob_bwd_host(void **args) {
         const int cut = p_->threshold && (float)x < p_->threshold[i] && v != y;
         const double l = lse[i * lse_s], p = cut ? 0.0 : exp(z - l);
         g = (g_lp ? g_lp[i * glp_s] : 0.0) * ((v == y ? 1.0 : 0.0) - p);
-        if (RLK_P_ENTROPY && g_h) g -= g_h[i * gh_s] * p * (z - (l - ent[i * ent_s]));
+        /* p (z - E) tends to 0 with p: a column of -inf (p 0) adds nothing, not 0 * -inf */
+        if (RLK_P_ENTROPY && g_h && p != 0.0) g -= g_h[i * gh_s] * p * (z - (l - ent[i * ent_s]));
         g /= T;
       }
       if (dh)
