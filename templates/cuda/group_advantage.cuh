@@ -272,18 +272,16 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
      * member is the best and the gap is NaN */
     i64 best = -1;
     TS gap = TS(0);
-    if (kPassk && !nan_skip) {
-      i64 first = (i64)0x7fffffffffffffffll;
+    const i64 none = (i64)0x7fffffffffffffffll;
+    i64 first_nan = none;
+    if (kPassk && !nan_skip) { /* every lane of the warp takes the reductions: groups may share one */
       for (i64 i = start + lane; i < end; i += SEG) {
         const TS x = scores[i * score_stride];
-        if (x != x && i < first) first = i;
+        if (x != x && i < first_nan) first_nan = i;
       }
-      first = ga::group_reduce<SEG>(first, iscratch, ga::MinOp());
-      if (first != (i64)0x7fffffffffffffffll) best = first;
+      first_nan = ga::group_reduce<SEG>(first_nan, iscratch, ga::MinOp());
     }
-    if (kPassk && best >= 0) {
-      gap = limits<TS>::quiet_nan();
-    } else if (kPassk) {
+    if (kPassk) {
       const TS lowest = -limits<TS>::infinity();
       TS m1 = lowest;
       for (i64 i = start + lane; i < end; i += SEG) {
@@ -304,6 +302,10 @@ __global__ void group_advantage_group(RLK_PARAMS_ARG ga_group_args p_) {
       }
       m2 = ga::group_reduce<SEG>(m2, scratch, ga::MaxOp());
       gap = MODE == GA_MODE_PASSK ? (m1 - m2) / scale : m1 - m2;
+      if (first_nan != none) {
+        best = first_nan;
+        gap = limits<TS>::quiet_nan();
+      }
     }
 
     for (i64 i = start + lane; i < end; i += SEG) {
