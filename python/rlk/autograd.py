@@ -258,14 +258,15 @@ def vocab_parallel_token_logprob(logits, labels, *, entropy=False, **kwargs):
     """Token log-probs (and the entropy) of the whole vocabulary from this rank's logits shard
     [..., V_shard], differentiable in the shard. Keywords: those of rlk.vocab_parallel_logprob
     (group or all_gather, vocab_start, temperature, ignore_index, ...). Returns logp, or (logp,
-    entropy) with entropy=True, in the labels' shape."""
+    entropy) with entropy=True, in the labels' shape. A row whose label is ignore_index has
+    log-prob and entropy 0, neither with a gradient."""
     _require_torch("vocab_parallel_token_logprob", logits)
     shape = tuple(labels.shape)
     flat = _rows(logits)
     kwargs.update(entropy=entropy)
     logp, ent = VocabParallelTokenLogprob.apply(flat, _flat(labels), kwargs)
     if entropy:
-        return _shaped(logp, shape), _shaped(ent, shape)
+        return _shaped(logp, shape), _shaped(_unscored(ent, labels, kwargs), shape)
     return _shaped(logp, shape)
 
 
