@@ -159,3 +159,24 @@ def test_patch_swaps_and_restores():
     assert U.compute_approx_kl is ro.compute_approx_kl and E.compute_approx_kl is ro.compute_approx_kl
     h.undo()
     assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl, E.compute_approx_kl) == before
+
+
+def test_patch_of_a_source_tree_without_metadata(monkeypatch):
+    """An OpenRLHF imported from a source tree (no distribution metadata, so no version): refused,
+    and patched with force=True, the version reported unknown."""
+    import importlib.metadata
+
+    from rlk.integrations._common import UntestedVersion
+
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    with pytest.raises(UntestedVersion, match="force=True"):
+        ro.patch(head=False)
+    assert L.PolicyLoss is not ro.PolicyLoss
+    h = ro.patch(head=False, force=True)
+    try:
+        assert h.report["version"] == "unknown" and L.PolicyLoss is ro.PolicyLoss
+    finally:
+        h.undo()
+    assert L.PolicyLoss is not ro.PolicyLoss

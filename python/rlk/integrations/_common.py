@@ -64,11 +64,18 @@ class UntestedVersion(RuntimeError):
 
 def check_version(package, tested, force=False):
     """The installed version of `package` (its distribution name); raises UntestedVersion when it
-    is not one of `tested`, unless force (then the version is returned all the same)."""
+    is not one of `tested`, unless force (then the version is returned all the same). A package
+    without distribution metadata (imported from a source tree on the path) has no version to
+    check: refused, or with force "unknown"."""
     try:
         have = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        raise UntestedVersion("rlk: %s is not installed" % package) from None
+        if force:
+            return "unknown"
+        raise UntestedVersion(
+            "rlk: %s has no installed distribution metadata (not installed, or imported from a "
+            "source tree), so its version is unknown; this adapter was tested with %s: pass "
+            "force=True to patch it anyway" % (package, ", ".join(sorted(tested)))) from None
     if have not in tested and not force:
         raise UntestedVersion(
             "rlk: %s %s is installed; this adapter was tested with %s. Its seams may have moved: "
