@@ -161,6 +161,40 @@ def test_patch_swaps_and_restores():
     assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl, E.compute_approx_kl) == before
 
 
+def test_patch_reaches_modules_that_imported_by_name_before_it():
+    """A trainer module imported before patch() holds OpenRLHF's classes by name (the critic's
+    `from openrlhf.models import ValueLoss`): patched there too, reported, and restored."""
+    import openrlhf.trainer.ray.ppo_critic as C
+    own = C.ValueLoss
+    h = ro.patch(head=False)
+    try:
+        assert C.ValueLoss is ro.ValueLoss
+        assert "openrlhf.trainer.ray.ppo_critic.ValueLoss" in h.report["swapped"]
+    finally:
+        h.undo()
+    assert C.ValueLoss is own
+
+
+def test_patch_restores_modules_first_imported_by_it(monkeypatch):
+    """A trainer module that patch() itself loads first (the experience maker, with
+    compute_approx_kl by name) takes OpenRLHF's, is patched as the others, and undo() leaves it
+    OpenRLHF's."""
+    import sys
+
+    import openrlhf.trainer.ppo_utils as pkg
+    name = "openrlhf.trainer.ppo_utils.experience_maker"
+    monkeypatch.setattr(pkg, "experience_maker", sys.modules[name])  # both restored afterwards
+    monkeypatch.delitem(sys.modules, name)
+    h = ro.patch(head=False)
+    try:
+        E = sys.modules[name]
+        assert E.compute_approx_kl is ro.compute_approx_kl
+        assert name + ".compute_approx_kl" in h.report["swapped"]
+    finally:
+        h.undo()
+    assert E.compute_approx_kl is U.compute_approx_kl and U.compute_approx_kl is not ro.compute_approx_kl
+
+
 def test_patch_of_a_source_tree_without_metadata(monkeypatch):
     """An OpenRLHF imported from a source tree (no distribution metadata, so no version): refused,
     and patched with force=True, the version reported unknown."""

@@ -288,37 +288,42 @@ def actor_forward(self, sequences, action_mask=None, attention_mask=None, return
     return action_log_probs, output
 
 
+# The modules of OpenRLHF's PPO path that imported PolicyLoss, ValueLoss or compute_approx_kl by
+# name (openrlhf.models re-exports the losses; the actor, the critic and the experience maker take
+# them from there and from openrlhf.models.utils)
+_IMPORTERS = ("openrlhf.models", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ray.ppo_critic",
+              "openrlhf.trainer.ppo_utils.experience_maker")
+
+
 def patch(*, head=True, force=False):
-    """Swaps PolicyLoss and ValueLoss into openrlhf.models.loss (and openrlhf.models), and
-    compute_approx_kl into openrlhf.models.utils and the trainer modules that imported it by
-    name (the actor and the experience maker); with head, Actor.forward = actor_forward (the
-    action log-probs and entropy through rlk's fused head). Refuses an OpenRLHF other than
-    TESTED unless force. Returns a handle whose undo() restores OpenRLHF's own; .report says what
-    was swapped and what was left."""
+    """Swaps PolicyLoss and ValueLoss into openrlhf.models.loss, compute_approx_kl into
+    openrlhf.models.utils, and each of them into the modules of _IMPORTERS that imported
+    OpenRLHF's by name (openrlhf.models, the actor, the critic, the experience maker; those are
+    imported first, so that one loaded here takes OpenRLHF's by name and is patched and restored
+    as the others); with head, Actor.forward = actor_forward (the action log-probs and entropy
+    through rlk's fused head). Refuses an OpenRLHF other than TESTED unless force. Returns a
+    handle whose undo() restores OpenRLHF's own; .report says what was swapped (module by module)
+    and what was left."""
+    import importlib
+
     import openrlhf.models.loss as L
     import openrlhf.models.utils as U
     h = Patch()
     h.report["version"] = check_version("openrlhf", TESTED, force)
-    h.set(L, "PolicyLoss", PolicyLoss)
-    h.set(L, "ValueLoss", ValueLoss)
-    h.swapped("PolicyLoss, ValueLoss")
-    own_kl = U.compute_approx_kl
-    h.set(U, "compute_approx_kl", compute_approx_kl)
-    h.swapped("compute_approx_kl")
-    try:
-        import openrlhf.models as M
-        h.set(M, "PolicyLoss", PolicyLoss)
-        h.set(M, "ValueLoss", ValueLoss)
-    except Exception as e:  # openrlhf.models imports the actor (flash_attn, deepspeed)
-        h.left("openrlhf.models", "not importable: %s" % type(e).__name__)
-    for name in ("openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_utils.experience_maker"):
+    own = {"PolicyLoss": L.PolicyLoss, "ValueLoss": L.ValueLoss,
+           "compute_approx_kl": U.compute_approx_kl}
+    mine = {"PolicyLoss": PolicyLoss, "ValueLoss": ValueLoss, "compute_approx_kl": compute_approx_kl}
+    modules = [L, U]
+    for name in _IMPORTERS:
         try:
-            mod = __import__(name, fromlist=["compute_approx_kl"])
+            modules.append(importlib.import_module(name))
         except Exception as e:  # a trainer module whose own imports (ray, deepspeed) are missing
             h.left(name, "not importable: %s" % type(e).__name__)
-            continue
-        if getattr(mod, "compute_approx_kl", None) is own_kl:
-            h.set(mod, "compute_approx_kl", compute_approx_kl)
+    for mod in modules:
+        for name, fn in mine.items():
+            if name in mod.__dict__ and mod.__dict__[name] is own[name]:
+                h.set(mod, name, fn)
+                h.swapped("%s.%s" % (mod.__name__, name))
     if head:
         try:
             import openrlhf.models.actor as actor
