@@ -195,6 +195,18 @@ def test_patch_restores_modules_first_imported_by_it(monkeypatch):
     assert E.compute_approx_kl is U.compute_approx_kl and U.compute_approx_kl is not ro.compute_approx_kl
 
 
+def test_patch_that_fails_partway_undoes_what_it_set(monkeypatch):
+    """An OpenRLHF whose seam moved (under force: an Actor without its own forward): patch()
+    raises, and the losses it had already swapped are OpenRLHF's again."""
+    import openrlhf.models as M
+    from openrlhf.models.actor import Actor
+    before = (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl)
+    monkeypatch.delattr(Actor, "forward")
+    with pytest.raises(KeyError):
+        ro.patch(force=True)
+    assert (L.PolicyLoss, L.ValueLoss, M.PolicyLoss, U.compute_approx_kl) == before
+
+
 def test_patch_of_a_source_tree_without_metadata(monkeypatch):
     """An OpenRLHF imported from a source tree (no distribution metadata, so no version): refused,
     and patched with force=True, the version reported unknown."""

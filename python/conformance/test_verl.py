@@ -261,6 +261,20 @@ def test_patch_swaps_and_restores():
             ca.kl_penalty) == before
 
 
+def test_patch_that_fails_partway_undoes_what_it_set(monkeypatch):
+    """A verl whose seam moved (under force): the step that fails raises, and what the steps
+    before it set is undone, no half-patched trainer without a handle."""
+    import verl.models.transformers.dense_common as dc
+    import verl.utils.torch_functional as vf
+    before = (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.compute_grpo_outcome_advantage,
+              vf.logprobs_from_logits)
+    monkeypatch.delattr(dc, "forward_base_model")
+    with pytest.raises(AttributeError):
+        rv.patch(prefix=True, force=True)
+    assert (ca.POLICY_LOSS_REGISTRY["vanilla"], ca.compute_grpo_outcome_advantage,
+            vf.logprobs_from_logits) == before
+
+
 # ---- outcome advantage estimators -----------------------------------------------------
 
 ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",

@@ -185,6 +185,20 @@ def test_patch_reports_and_checks_the_version(monkeypatch):
     rtrl.patch(force=True).undo()
 
 
+def test_patch_that_fails_partway_undoes_what_it_set(monkeypatch):
+    """A TRL whose fused-head seam moved (under force): patch() raises, and the loss it had
+    already swapped is TRL's again."""
+    from trl.trainer import grpo_trainer as G
+    from trl.trainer import utils as U
+    own_loss = G.GRPOTrainer.__dict__["_compute_loss"]
+    own_pass = G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+    monkeypatch.delattr(U, "_ChunkedLogProbFunction")
+    with pytest.raises(AttributeError):
+        rtrl.patch(force=True)
+    assert G.GRPOTrainer.__dict__["_compute_loss"] is own_loss
+    assert G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"] is own_pass
+
+
 def _head_inputs(n=37, H=64, V=203, seed=5):
     g = torch.Generator().manual_seed(seed)
     hidden = (torch.randn(n, H, generator=g)).to(torch.bfloat16)

@@ -1,5 +1,6 @@
 """What the trainer adapters share: torch's clamp convention, normalizers, patching, the
 trainer-version check."""
+import contextlib
 import importlib
 import importlib.metadata
 import weakref
@@ -156,6 +157,18 @@ class Patch:
 
 
 _MISSING = object()
+
+
+@contextlib.contextmanager
+def all_or_nothing(handle):
+    """A patch() body on `handle`: when a step raises (a trainer whose seam moved, under force),
+    what the steps before it set is undone before the exception goes on, so that a patch() is
+    applied whole or not at all, never leaving the trainer half-patched with no handle to undo."""
+    try:
+        yield handle
+    except BaseException:
+        handle.undo()
+        raise
 
 
 class _Item:

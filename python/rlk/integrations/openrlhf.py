@@ -35,8 +35,9 @@ from torch import nn
 from .. import autograd as _ag
 from ..ops import returns as _ret
 from . import _head
-from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
-                      nonempty_rows, stand_in, torch_clamp_bound_grad, trainer_own)
+from ._common import (Patch, all_or_nothing, as_float, check_version, dense, float_pair,
+                      mask_arg, mask_total, nonempty_rows, stand_in, torch_clamp_bound_grad,
+                      trainer_own)
 
 __all__ = ["PolicyLoss", "ValueLoss", "compute_approx_kl", "get_advantages_and_returns",
            "actor_forward", "head_calls", "TESTED", "patch"]
@@ -291,8 +292,8 @@ def actor_forward(self, sequences, action_mask=None, attention_mask=None, return
 # The modules of OpenRLHF's PPO path that imported PolicyLoss, ValueLoss or compute_approx_kl by
 # name (openrlhf.models re-exports the losses; the actor, the critic and the experience maker take
 # them from there and from openrlhf.models.utils)
-_IMPORTERS = ("openrlhf.models", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ray.ppo_critic",
-              "openrlhf.trainer.ppo_utils.experience_maker")
+_IMPORTERS = ("openrlhf.models", "openrlhf.trainer.ray.ppo_actor",
+              "openrlhf.trainer.ray.ppo_critic", "openrlhf.trainer.ppo_utils.experience_maker")
 
 
 def patch(*, head=True, force=False):
@@ -309,32 +310,35 @@ def patch(*, head=True, force=False):
     import openrlhf.models.loss as L
     import openrlhf.models.utils as U
     h = Patch()
-    h.report["version"] = check_version("openrlhf", TESTED, force)
-    own = {"PolicyLoss": L.PolicyLoss, "ValueLoss": L.ValueLoss,
-           "compute_approx_kl": U.compute_approx_kl}
-    mine = {"PolicyLoss": PolicyLoss, "ValueLoss": ValueLoss, "compute_approx_kl": compute_approx_kl}
-    modules = [L, U]
-    for name in _IMPORTERS:
-        try:
-            modules.append(importlib.import_module(name))
-        except Exception as e:  # a trainer module whose own imports (ray, deepspeed) are missing
-            h.left(name, "not importable: %s" % type(e).__name__)
-    for mod in modules:
-        for name, fn in mine.items():
-            if name in mod.__dict__ and mod.__dict__[name] is own[name]:
-                h.set(mod, name, fn)
-                h.swapped("%s.%s" % (mod.__name__, name))
-    if head:
-        try:
-            import openrlhf.models.actor as actor
-        except Exception as e:
-            h.left("Actor.forward", "openrlhf.models.actor not importable: %s" % type(e).__name__)
+    with all_or_nothing(h):
+        h.report["version"] = check_version("openrlhf", TESTED, force)
+        own = {"PolicyLoss": L.PolicyLoss, "ValueLoss": L.ValueLoss,
+               "compute_approx_kl": U.compute_approx_kl}
+        mine = {"PolicyLoss": PolicyLoss, "ValueLoss": ValueLoss,
+                "compute_approx_kl": compute_approx_kl}
+        modules = [L, U]
+        for name in _IMPORTERS:
+            try:
+                modules.append(importlib.import_module(name))
+            except Exception as e:  # a module whose own imports (ray, deepspeed) are missing
+                h.left(name, "not importable: %s" % type(e).__name__)
+        for mod in modules:
+            for name, fn in mine.items():
+                if name in mod.__dict__ and mod.__dict__[name] is own[name]:
+                    h.set(mod, name, fn)
+                    h.swapped("%s.%s" % (mod.__name__, name))
+        if head:
+            try:
+                import openrlhf.models.actor as actor
+            except Exception as e:
+                h.left("Actor.forward",
+                       "openrlhf.models.actor not importable: %s" % type(e).__name__)
+            else:
+                _own["forward"] = trainer_own(actor.Actor.__dict__["forward"])
+                h.set(actor.Actor, "forward", stand_in(actor_forward, _own["forward"]))
+                h.swapped("Actor.forward action log-probs and entropy (fused LM head)")
+                h.left("Actor.forward without an action mask, ring attention, multimodal, MoE",
+                       "OpenRLHF's own forward (head_calls counts them)")
         else:
-            _own["forward"] = trainer_own(actor.Actor.__dict__["forward"])
-            h.set(actor.Actor, "forward", stand_in(actor_forward, _own["forward"]))
-            h.swapped("Actor.forward action log-probs and entropy (fused LM head)")
-            h.left("Actor.forward without an action mask, ring attention, multimodal, MoE",
-                   "OpenRLHF's own forward (head_calls counts them)")
-    else:
-        h.left("Actor.forward", "head=False")
+            h.left("Actor.forward", "head=False")
     return h

@@ -44,8 +44,8 @@ from .._status import check_status as rlk_check_status
 from ..ops import group_advantage as _ga
 from . import _head, _prefix
 from .trl_distill import patch as patch_distillation  # noqa: F401  (DistillationTrainer)
-from ._common import (Patch, as_float, check_version, dense, mask_arg, mask_total, stand_in,
-                      torch_clamp_bound_grad, trainer_own)
+from ._common import (Patch, all_or_nothing, as_float, check_version, dense, mask_arg,
+                      mask_total, stand_in, torch_clamp_bound_grad, trainer_own)
 
 __all__ = ["grpo_loss", "group_advantages", "selective_log_softmax", "supported", "compute_loss",
            "ChunkedHead", "head_calls", "prefix_calls", "TESTED",
@@ -631,32 +631,35 @@ def patch(*, loss=True, head=True, prefix=False, force=False):
     from trl.trainer import grpo_trainer as G
     from trl.trainer import utils as U
     h = Patch()
-    h.report["version"] = check_version("trl", TESTED, force)
-    if loss:
-        _original["_compute_loss"] = trainer_own(G.GRPOTrainer.__dict__["_compute_loss"])
-        h.set(G.GRPOTrainer, "_compute_loss", stand_in(compute_loss, _original["_compute_loss"]))
-        h.swapped("GRPOTrainer._compute_loss")
-    else:
-        h.left("GRPOTrainer._compute_loss", "loss=False")
-    if head:
-        ChunkedHead.own = trainer_own(U._ChunkedLogProbFunction)
-        h.set(U, "_ChunkedLogProbFunction", stand_in(ChunkedHead, ChunkedHead.own))
-        h.set(U, "_use_triton", _compact(trainer_own(U._use_triton)))
-        h.swapped("GRPOTrainer log-probs and entropy (fused LM head)")
-        h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
-        h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
-               "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
-    else:
-        h.left("GRPOTrainer log-probs and entropy", "head=False")
-    own = trainer_own(G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"])
-    if prefix:
-        own = _packed(own)
-        h.swapped("GRPOTrainer log-prob passes packed per prompt (prefix-shared attention)")
-        h.left("log-prob passes with multimodal inputs, a MoE auxiliary loss, or a model the "
-               "attention does not fit", "TRL's replicated pass (prefix_calls counts them)")
-    else:
-        h.left("GRPOTrainer log-prob passes, one row per completion", "prefix=False")
-    if head or prefix:
-        h.set(G.GRPOTrainer, "_get_per_token_logps_and_entropies", _in_scope(own) if head else own)
-    h.left("generation", "the model's own forward and lm_head")
+    with all_or_nothing(h):
+        h.report["version"] = check_version("trl", TESTED, force)
+        if loss:
+            _original["_compute_loss"] = trainer_own(G.GRPOTrainer.__dict__["_compute_loss"])
+            h.set(G.GRPOTrainer, "_compute_loss",
+                  stand_in(compute_loss, _original["_compute_loss"]))
+            h.swapped("GRPOTrainer._compute_loss")
+        else:
+            h.left("GRPOTrainer._compute_loss", "loss=False")
+        if head:
+            ChunkedHead.own = trainer_own(U._ChunkedLogProbFunction)
+            h.set(U, "_ChunkedLogProbFunction", stand_in(ChunkedHead, ChunkedHead.own))
+            h.set(U, "_use_triton", _compact(trainer_own(U._use_triton)))
+            h.swapped("GRPOTrainer log-probs and entropy (fused LM head)")
+            h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
+            h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
+                   "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
+        else:
+            h.left("GRPOTrainer log-probs and entropy", "head=False")
+        own = trainer_own(G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"])
+        if prefix:
+            own = _packed(own)
+            h.swapped("GRPOTrainer log-prob passes packed per prompt (prefix-shared attention)")
+            h.left("log-prob passes with multimodal inputs, a MoE auxiliary loss, or a model the "
+                   "attention does not fit", "TRL's replicated pass (prefix_calls counts them)")
+        else:
+            h.left("GRPOTrainer log-prob passes, one row per completion", "prefix=False")
+        if head or prefix:
+            h.set(G.GRPOTrainer, "_get_per_token_logps_and_entropies",
+                  _in_scope(own) if head else own)
+        h.left("generation", "the model's own forward and lm_head")
     return h

@@ -20,7 +20,7 @@ import torch
 
 from ..ops import linear_divergence as _ld
 from . import _head
-from ._common import Patch, check_version, stand_in, trainer_own
+from ._common import Patch, all_or_nothing, check_version, stand_in, trainer_own
 
 __all__ = ["ChunkedDivergence", "divergence_calls", "TESTED", "patch"]
 
@@ -133,14 +133,16 @@ def patch(*, force=False):
     and what was left, and why."""
     from trl.trainer import distillation_trainer as D
     h = Patch()
-    h.report["version"] = check_version("trl", TESTED, force)
-    ChunkedDivergence.own = trainer_own(D.ChunkedDivergenceFunction)
-    h.set(D, "ChunkedDivergenceFunction", stand_in(ChunkedDivergence, ChunkedDivergence.own))
-    h.swapped("DistillationTrainer per-token divergence and student entropy (two-head fused)")
-    h.left("a head with a bias or a logit softcap, f32 heads without autocast",
-           "not fused by rlk: TRL's ChunkedDivergenceFunction (divergence_calls counts them)")
-    h.left("which rows reach the heads", "TRL's _chunked_divergence_loss (all rows off Triton devices)")
-    h.left("GKDTrainer (trl.experimental.gkd)", "its generalized_jsd_loss takes logits the model "
-           "already materialized, not hidden states")
-    h.left("teacher gradients", "TRL's teacher is frozen")
+    with all_or_nothing(h):
+        h.report["version"] = check_version("trl", TESTED, force)
+        ChunkedDivergence.own = trainer_own(D.ChunkedDivergenceFunction)
+        h.set(D, "ChunkedDivergenceFunction", stand_in(ChunkedDivergence, ChunkedDivergence.own))
+        h.swapped("DistillationTrainer per-token divergence and student entropy (two-head fused)")
+        h.left("a head with a bias or a logit softcap, f32 heads without autocast",
+               "not fused by rlk: TRL's ChunkedDivergenceFunction (divergence_calls counts them)")
+        h.left("which rows reach the heads",
+               "TRL's _chunked_divergence_loss (all rows off Triton devices)")
+        h.left("GKDTrainer (trl.experimental.gkd)", "its generalized_jsd_loss takes logits the model "
+               "already materialized, not hidden states")
+        h.left("teacher gradients", "TRL's teacher is frozen")
     return h

@@ -27,8 +27,9 @@ from ..ops import group_advantage as _ga
 from ..ops import returns as _ret
 from ..ops import token_baseline as _tb
 from . import _head, _prefix
-from ._common import (Patch, as_float, check_version, dense, float_pair, mask_arg, mask_total,
-                      nonempty_rows, stand_in, torch_clamp_bound_grad, trainer_own)
+from ._common import (Patch, all_or_nothing, as_float, check_version, dense, float_pair,
+                      mask_arg, mask_total, nonempty_rows, stand_in, torch_clamp_bound_grad,
+                      trainer_own)
 
 __all__ = ["POLICY_LOSSES", "ADV_ESTIMATORS", "agg_args", "agg_loss", "compute_policy_loss",
            "compute_value_loss", "compute_gae_advantage_return", "masked_whiten",
@@ -875,48 +876,51 @@ def patch(*, force=False, fused_head=True, prefix=False):
     verl's, except in the modules listed in _IMPORTERS and _TF_IMPORTERS."""
     import verl.trainer.ppo.core_algos as ca
     h = Patch()
-    h.report["version"] = check_version("verl", TESTED, force)
-    for name, fn in POLICY_LOSSES.items():
-        if name in ca.POLICY_LOSS_REGISTRY:
-            h.set_item(ca.POLICY_LOSS_REGISTRY, name, fn)
-            h.swapped("policy loss %r" % name)
-    for name in ca.POLICY_LOSS_REGISTRY:
-        if name not in POLICY_LOSSES:
-            h.left("policy loss %r" % name, "not expressed by rlk")
-    for name, fn in ADV_ESTIMATORS.items():
-        if name in ca.ADV_ESTIMATOR_REGISTRY:
-            h.set_item(ca.ADV_ESTIMATOR_REGISTRY, name, fn)
-        h.set(ca, fn.__name__, fn)
-        h.swapped("advantage estimator %r" % name)
-    own = {"agg_loss": ca.agg_loss, "compute_value_loss": ca.compute_value_loss,
-           "kl_penalty": ca.kl_penalty}
-    mine = {"agg_loss": agg_loss, "compute_value_loss": compute_value_loss,
-            "kl_penalty": kl_penalty}
-    _by_name(h, _IMPORTERS, own, mine)
-    h.left("core_algos.agg_loss", "verl's own functions keep verl's aggregation")
-    import verl.utils.torch_functional as vf
-    own = {"logprobs_from_logits": vf.logprobs_from_logits, "entropy_from_logits": vf.entropy_from_logits}
-    mine = {"logprobs_from_logits": logprobs_from_logits, "entropy_from_logits": entropy_from_logits}
-    # the importers first: one that first loads here takes verl's by name, and is patched (and
-    # restored) as the others are
-    _by_name(h, _TF_IMPORTERS, own, mine)
-    for name, fn in mine.items():
-        h.set(vf, name, fn)
-    h.swapped("torch_functional.logprobs_from_logits / entropy_from_logits")
-    if fused_head:
-        import verl.utils.experimental.torch_functional as xf
-        h.set(xf, "FusedLinearForPPO", FusedLinearForPPO)
-        h.swapped("FusedLinearForPPO (use_fused_kernels, torch and liger backends)")
-        h.left("use_fused_kernels with the triton backend", "verl's own kernels")
-    else:
-        h.left("FusedLinearForPPO", "fused_head=False")
-    if prefix:
-        import verl.models.transformers.dense_common as dc
-        h.set(dc, "forward_base_model", _shared_backbone(trainer_own(dc.forward_base_model)))
-        h.swapped("use_fused_kernels backbone: remove-padding rows' shared prefixes once "
-                  "(prefix-shared attention)")
-        h.left("padded batches, Ulysses sequence parallelism, multimodal positions",
-               "verl's own backbone call (prefix_calls counts them)")
-    else:
-        h.left("use_fused_kernels backbone, every sequence whole", "prefix=False")
+    with all_or_nothing(h):
+        h.report["version"] = check_version("verl", TESTED, force)
+        for name, fn in POLICY_LOSSES.items():
+            if name in ca.POLICY_LOSS_REGISTRY:
+                h.set_item(ca.POLICY_LOSS_REGISTRY, name, fn)
+                h.swapped("policy loss %r" % name)
+        for name in ca.POLICY_LOSS_REGISTRY:
+            if name not in POLICY_LOSSES:
+                h.left("policy loss %r" % name, "not expressed by rlk")
+        for name, fn in ADV_ESTIMATORS.items():
+            if name in ca.ADV_ESTIMATOR_REGISTRY:
+                h.set_item(ca.ADV_ESTIMATOR_REGISTRY, name, fn)
+            h.set(ca, fn.__name__, fn)
+            h.swapped("advantage estimator %r" % name)
+        own = {"agg_loss": ca.agg_loss, "compute_value_loss": ca.compute_value_loss,
+               "kl_penalty": ca.kl_penalty}
+        mine = {"agg_loss": agg_loss, "compute_value_loss": compute_value_loss,
+                "kl_penalty": kl_penalty}
+        _by_name(h, _IMPORTERS, own, mine)
+        h.left("core_algos.agg_loss", "verl's own functions keep verl's aggregation")
+        import verl.utils.torch_functional as vf
+        own = {"logprobs_from_logits": vf.logprobs_from_logits,
+               "entropy_from_logits": vf.entropy_from_logits}
+        mine = {"logprobs_from_logits": logprobs_from_logits,
+                "entropy_from_logits": entropy_from_logits}
+        # the importers first: one that first loads here takes verl's by name, and is patched (and
+        # restored) as the others are
+        _by_name(h, _TF_IMPORTERS, own, mine)
+        for name, fn in mine.items():
+            h.set(vf, name, fn)
+        h.swapped("torch_functional.logprobs_from_logits / entropy_from_logits")
+        if fused_head:
+            import verl.utils.experimental.torch_functional as xf
+            h.set(xf, "FusedLinearForPPO", FusedLinearForPPO)
+            h.swapped("FusedLinearForPPO (use_fused_kernels, torch and liger backends)")
+            h.left("use_fused_kernels with the triton backend", "verl's own kernels")
+        else:
+            h.left("FusedLinearForPPO", "fused_head=False")
+        if prefix:
+            import verl.models.transformers.dense_common as dc
+            h.set(dc, "forward_base_model", _shared_backbone(trainer_own(dc.forward_base_model)))
+            h.swapped("use_fused_kernels backbone: remove-padding rows' shared prefixes once "
+                      "(prefix-shared attention)")
+            h.left("padded batches, Ulysses sequence parallelism, multimodal positions",
+                   "verl's own backbone call (prefix_calls counts them)")
+        else:
+            h.left("use_fused_kernels backbone, every sequence whole", "prefix=False")
     return h

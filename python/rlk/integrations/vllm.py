@@ -65,7 +65,7 @@ import random
 import torch
 
 from ..ops.linear_sample import linear_sample
-from ._common import Patch, check_version
+from ._common import Patch, all_or_nothing, check_version
 
 __all__ = ["TESTED", "Unsupported", "Rows", "Drawn", "Step", "rows_from_input_batch", "unsupported",
            "temperature_groups", "draw", "sampler_output", "plain_compute_logits", "check_runner", "patch",
@@ -327,9 +327,10 @@ def patch(runner, *, fallback=False, record=False, seed=None, force=False):
             _record(h, runner, rows, d, hidden if record == "hidden" else None)
         return sampler_output(d, md, logits)
 
-    h.set(model, "compute_logits", compute_logits)
-    h.set(runner, "execute_model", execute_model)
-    h.set(runner, "_sample", sample)
+    with all_or_nothing(h):  # a runner that takes one attribute and refuses the next: none set
+        h.set(model, "compute_logits", compute_logits)
+        h.set(runner, "execute_model", execute_model)
+        h.set(runner, "_sample", sample)
     h.swapped("GPUModelRunner._sample: rlk.linear_sample from the sampled rows' hidden states")
     h.left("the engine's logits", "still computed by vLLM (fallback, grammar bitmasks, ranks)")
     h.left("penalties, logit bias, min_tokens, bad words, allowed token ids, structured output, "
