@@ -4,6 +4,7 @@ the policy and reference passes, rlk's loss the loss. Per step the loss and the 
 and the weights after the run, agree within the tolerance derived below; the same under gradient
 accumulation, two DDP processes (gloo), a LoRA adapter, gradient checkpointing and
 cast_lm_head_to_fp32."""
+import functools
 import math
 import os
 import subprocess
@@ -214,12 +215,15 @@ def _fp64_head(hidden, weight, labels, T):
 
 
 class _Trainer:
-    """What ChunkedHead reads of a GRPOTrainer in scope: args.cast_lm_head_to_fp32 and the
-    model's input embeddings."""
+    """What ChunkedHead reads of a GRPOTrainer in scope: args.cast_lm_head_to_fp32, the model's
+    input embeddings (the model's dtype) and its accelerator's autocast (mixed precision: a 16-bit
+    dtype, or None)."""
 
-    def __init__(self, cast):
+    def __init__(self, cast, dtype=torch.bfloat16, mixed=None):
         self.args = type("Args", (), {"cast_lm_head_to_fp32": cast})()
-        emb = torch.nn.Embedding(2, 2).to(torch.bfloat16)
+        autocast = functools.partial(torch.autocast, "cpu", dtype=mixed, enabled=mixed is not None)
+        self.accelerator = type("Accelerator", (), {"autocast": lambda _: autocast()})()
+        emb = torch.nn.Embedding(2, 2).to(dtype)
         self.model = type("Model", (), {"get_input_embeddings": lambda _: emb})()
 
 
@@ -317,6 +321,32 @@ def test_head_of_zero3_is_trls():
         finally:
             rtrl._scope.trainer = None
         assert rtrl.head_calls - before == {"trl: DeepSpeed ZeRO-3 (the head's weight partitioned)": 1}
+    finally:
+        h.undo()
+
+
+def test_cast_head_of_an_f32_model_in_f32_is_trls():
+    """cast_lm_head_to_fp32 on an f32 model without mixed precision: no 16-bit dtype in play, so
+    the head stays TRL's exact f32 one (as without the flag), not rounded to bf16 for the kernels;
+    in bf16 mixed precision (bf16=True: the body in bf16 autocast, TRL's head outside it) rlk's."""
+    h = rtrl.patch()
+    try:
+        hidden, weight, labels = _head_inputs()
+        hidden, weight = hidden.float(), weight.float()
+        args = (hidden, weight, None, labels, 0.7, 64, None, 1.0, ("log_probs", "entropy"))
+        want = rtrl.ChunkedHead.own.apply(*args)
+        got = {}
+        for mixed in (None, torch.bfloat16):
+            before = rtrl.head_calls.copy()
+            rtrl._scope.trainer = _Trainer(True, torch.float32, mixed)
+            try:
+                got[mixed] = rtrl.ChunkedHead.apply(*args)
+            finally:
+                rtrl._scope.trainer = None
+            calls = rtrl.head_calls - before
+            assert calls == ({"rlk": 1} if mixed else {
+                "trl: cast_lm_head_to_fp32 on an f32 model without 16-bit autocast": 1})
+        assert torch.equal(got[None][0], want[0]) and torch.equal(got[None][1], want[1])
     finally:
         h.undo()
 

@@ -27,9 +27,11 @@ losses), compute_loss runs TRL's own code.
 The fused head (patch(head=True)): GRPOTrainer's log-prob passes run the model as TRL does
 (PEFT, checkpointing, DDP wrapper and all); TRL's fused forward hands the rows with a label to
 ChunkedHead, which calls rlk's fused head (_head). With cast_lm_head_to_fp32 the f32 head is
-rounded to the model's 16-bit dtype for the kernels: a log-prob then differs from TRL's f32
-head's by at most 2u max_v sum_k |h_k W_vk| (u = 2^-8); measured 1.8e-3 at most, 5e-4 on
-average, at H 896, V 16384, |z| <= 3, a head 1e-3 off the bf16 grid.
+rounded for the kernels to the model's dtype (bf16 or f16), or on an f32 model to the 16-bit
+dtype of the trainer's mixed precision (bf16=True, fp16=True): a log-prob then differs from
+TRL's f32 head's by at most 2u max_v sum_k |h_k W_vk| (u = 2^-8); measured 1.8e-3 at most, 5e-4
+on average, at H 896, V 16384, |z| <= 3, a head 1e-3 off the bf16 grid. An f32 model without
+16-bit mixed precision (no 16-bit dtype in play) keeps TRL's f32 head, as without the flag.
 """
 import collections
 import functools
@@ -436,12 +438,27 @@ def _unfused(trainer, hidden, weight, bias, softcap, logit_scale, outputs):
         return "DeepSpeed ZeRO-3 (the head's weight partitioned)", None
     dt = _head.operand_dtype(hidden, weight)
     if dt is None and getattr(trainer.args, "cast_lm_head_to_fp32", False):
-        # TRL's f32 head over a 16-bit model: the model's dtype for the kernels' operands
+        # TRL's f32 head (its autocast off) over a 16-bit model, or an f32 model trained in
+        # 16-bit mixed precision: that dtype for the kernels' operands
         emb = trainer.model.get_input_embeddings().weight.dtype
-        dt = emb if emb in _head.LOW else torch.bfloat16
+        dt = emb if emb in _head.LOW else _mixed_precision(trainer, hidden.device)
+        if dt is None:  # an f32 model in f32: no 16-bit dtype to round the head to
+            return "cast_lm_head_to_fp32 on an f32 model without 16-bit autocast", None
     if dt is None:
         return "an f32 head without autocast", None
     return None, dt
+
+
+def _mixed_precision(trainer, device):
+    """The 16-bit dtype of the trainer's mixed precision (the autocast its accelerator runs the
+    model's forward in: bf16=True, fp16=True), None without one."""
+    acc = getattr(trainer, "accelerator", None)
+    if acc is None:
+        return None
+    with acc.autocast():
+        on = torch.is_autocast_enabled(device.type)
+        dt = torch.get_autocast_dtype(device.type)
+    return dt if on and dt in _head.LOW else None
 
 
 class ChunkedHead:
@@ -648,6 +665,9 @@ def patch(*, loss=True, head=True, prefix=False, force=False):
             h.left("fused LM head of other trainers (SFT, DPO, KTO, RLOO)", "not GRPOTrainer")
             h.left("fused LM head with a bias, a softcap or outputs beyond log_probs and entropy",
                    "not fused by rlk: TRL's ChunkedLogProbFunction (head_calls counts them)")
+            h.left("an f32 model's head outside 16-bit mixed precision (cast_lm_head_to_fp32 or not)",
+                   "no 16-bit dtype to round it to: TRL's ChunkedLogProbFunction (head_calls "
+                   "counts them)")
         else:
             h.left("GRPOTrainer log-probs and entropy", "head=False")
         own = trainer_own(G.GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"])
