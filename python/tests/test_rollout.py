@@ -67,3 +67,22 @@ def test_trainer_logprobs_are_the_rollouts(device):
     every = rlk.linear_logprob(hidden, weight, labels, temperature=temp,
                                threshold=torch.full_like(thr, -float("inf")))
     assert torch.equal(every.logp, lp.logp)
+
+
+@pytest.mark.parametrize("head", ["softcap", "scale", "bias"])
+def test_decode_refuses_a_head_it_does_not_fuse(head):
+    """A head whose logits are not hidden @ W (a softcap, a logit scale, a bias) is refused, not
+    sampled from hidden @ W / T."""
+    model = tiny_qwen2("cpu")
+    if head == "softcap":
+        model.config.final_logit_softcapping = 30.0
+    elif head == "scale":
+        model.config.logit_scale = 0.5
+    else:
+        lm = model.get_output_embeddings()
+        biased = torch.nn.Linear(lm.in_features, lm.out_features, bias=True, dtype=lm.weight.dtype)
+        model.set_output_embeddings(biased)
+    prompts = torch.randint(0, 1031, (2, 4))
+    with pytest.raises(ValueError, match={"softcap": "softcap", "scale": "logit scale",
+                                          "bias": "bias"}[head]):
+        rollout.decode(model, prompts, 3)

@@ -21,6 +21,7 @@ import collections
 import torch
 
 from ..ops.linear_sample import linear_sample
+from ._head import unfused_head
 
 __all__ = ["Rollout", "decode", "head_weight"]
 
@@ -41,7 +42,12 @@ def decode(model, input_ids, max_new_tokens, *, temperature=1.0, top_k=None, top
     and seeds (an int64 [B] per row, so a row's tokens do not depend on the batch) as
     rlk.linear_sample's; step t draws at offset + t. Returns Rollout(tokens [B, T] i64, logp
     [B, T] f32, threshold [B, T] f32, hidden [B, T, H]: the hidden state each token was drawn
-    from)."""
+    from). A model whose logits are not hidden @ W (a bias, a logit scale or softcap, an adapter
+    on the head) is refused (ValueError): linear_sample draws from hidden @ W / temperature."""
+    why = unfused_head(model)
+    if why is not None:
+        raise ValueError("rollout.decode: %s is not fused (linear_sample draws from "
+                         "hidden @ W / temperature)" % why)
     body = model.get_decoder()
     weight = head_weight(model)
     ids, past = input_ids, None
