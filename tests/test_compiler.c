@@ -334,7 +334,11 @@ START_TEST(host_compiles_and_runs) {
   ck_assert(c->supports_target(c, T("host")));
   ck_assert(!c->supports_target(c, T("sm_80")));
   ck_assert_str_eq(c->kind, "clang");
-  ck_assert_msg(strncmp(c->id, "clang-", 6) == 0 && strcmp(c->id + 6, c->version) == 0, "%s", c->id);
+  /* clang-<version>-<16 hex digits of its identity> */
+  const size_t vl = strlen(c->version);
+  ck_assert_msg(strncmp(c->id, "clang-", 6) == 0 && strncmp(c->id + 6, c->version, vl) == 0 && c->id[6 + vl] == '-' &&
+                    strlen(c->id + 7 + vl) == 16,
+                "%s", c->id);
   ck_assert(has_option(c, "-ffp-contract=off"));
 
   uint64_t rng = rlk_test_seed() ^ 0x686f737463ull;
@@ -382,6 +386,68 @@ START_TEST(host_compiles_and_runs) {
   rlk_test_rmtree(dir);
   rlk_compile_result_free(&r);
   c->destroy(c);
+}
+END_TEST
+
+/* Writes an executable script at `path`: the shell lines `pre`, then the compiler at `cc` run
+ * with `flags` before the arguments (its --version answered by cc itself). */
+static void write_wrapper(const char *path, const char *pre, const char *cc, const char *flags) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#!/bin/sh\n%sexec %s %s \"$@\"\n", pre, cc, flags);
+  ck_assert_int_eq(fclose(f), 0);
+  ck_assert_int_eq(chmod(path, 0700), 0);
+}
+
+/* The compiler's identity is its key's, not its version alone: a wrapper adding flags is another
+ * compiler; and the compiler runs without the variables that would change what it builds
+ * unkeyed (CCC_OVERRIDE_OPTIONS, CPATH, ...). */
+START_TEST(host_identity_is_keyed) {
+  rlk_compiler *c = open_or_skip(rlk_hostcc_open, "host compiler");
+  if (!c) return;
+  char id[64];
+  c->destroy(c);
+  /* the compiler the default open found, by the same search */
+  const char *found = NULL;
+  static const char *const names[] = {"/usr/bin/clang-14", "/usr/bin/clang", NULL};
+  for (const char *const *n = names; *n && !found; n++)
+    if (access(*n, X_OK) == 0) found = *n;
+  if (!found) {
+    printf("skip (host_identity_is_keyed): no /usr/bin/clang-14 or /usr/bin/clang\n");
+    return;
+  }
+  char dir[512], plain[700], fast[700], leak[700];
+  rlk_test_mkdtemp(dir, sizeof dir, "hostcc-id");
+  snprintf(plain, sizeof plain, "%s/plain-cc", dir);
+  snprintf(fast, sizeof fast, "%s/fast-cc", dir);
+  snprintf(leak, sizeof leak, "%s/leak-cc", dir);
+  write_wrapper(plain, "", found, "");
+  write_wrapper(fast, "", found, "-ffast-math");
+  write_wrapper(leak, "if [ -n \"$CPATH$C_INCLUDE_PATH$CCC_OVERRIDE_OPTIONS\" ]; then echo unkeyed >&2; exit 1; fi\n",
+                found, "");
+  setenv("RLK_HOST_CC", plain, 1);
+  ck_assert_msg(rlk_hostcc_open(&c) == RLK_OK, "%s", rlk_last_error());
+  snprintf(id, sizeof id, "%s", c->id);
+  c->destroy(c);
+  setenv("RLK_HOST_CC", fast, 1);
+  ck_assert_msg(rlk_hostcc_open(&c) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_msg(strcmp(id, c->id) != 0, "a wrapper adding -ffast-math has the plain one's id %s", id);
+  c->destroy(c);
+
+  setenv("RLK_HOST_CC", leak, 1);
+  setenv("CPATH", "/nonexistent-include", 1);
+  setenv("CCC_OVERRIDE_OPTIONS", "+-ffast-math", 1);
+  ck_assert_msg(rlk_hostcc_open(&c) == RLK_OK, "%s", rlk_last_error());
+  const char *names1[] = {"rlk_test_poly"};
+  rlk_compile_request req = host_request(rlk_host_target(), "-DRLK_TEST_A=3", names1, 1);
+  rlk_compile_result r;
+  ck_assert_msg(c->compile(c, &req, &r) == RLK_OK, "the compiler saw an unkeyed variable: %s", rlk_last_error());
+  rlk_compile_result_free(&r);
+  c->destroy(c);
+  unsetenv("CPATH");
+  unsetenv("CCC_OVERRIDE_OPTIONS");
+  unsetenv("RLK_HOST_CC");
+  rlk_test_rmtree(dir);
 }
 END_TEST
 
@@ -610,7 +676,7 @@ Suite *compiler_suite(void) {
   rlk_test_add_case(s, "compiler", 120, TESTS(dynlib_names_missing_symbols, target_lists_match_whole_words,
       long_logs_are_cut_to_their_head, nvrtc_opens, nvrtc_compiles_templates,
       nvrtc_compiles_ptx_for_compute_targets, nvrtc_reports_errors, nvrtc_explicit_library_must_exist,
-      hiprtc_compiles, hiprtc_refuses_unknown_targets, host_compiles_and_runs, host_reports_errors,
+      hiprtc_compiles, hiprtc_refuses_unknown_targets, host_compiles_and_runs, host_identity_is_keyed, host_reports_errors,
       host_missing_compiler, host_compiler_dies_with_its_parent));
   return s;
 }

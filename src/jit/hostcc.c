@@ -29,6 +29,7 @@
 #include "core/target.h"
 #include "jit/compiler.h"
 #include "jit/compiler_impl.h"
+#include "jit/sha256.h"
 
 /* Seconds a compile may take before the compiler is killed, and for `--version`. */
 #ifndef HOSTCC_COMPILE_TIMEOUT_S
@@ -74,10 +75,37 @@ static int find_program(const char *name, char *out, size_t size) {
   return 0;
 }
 
+/* Variables through which clang would take flags or header directories that no key holds
+ * (CCC_OVERRIDE_OPTIONS edits its command line; CPATH and the *_INCLUDE_PATH lists add include
+ * directories): the compiler runs without them, so that what it builds follows its key. */
+static const char *const hostcc_unkeyed_env[] = {"CCC_OVERRIDE_OPTIONS", "CPATH", "C_INCLUDE_PATH",
+                                                 "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", NULL};
+
+/* The compiler's environment: this process's without hostcc_unkeyed_env (the strings are
+ * environ's; the array is the caller's to free). NULL when out of memory. Made before fork: the
+ * child may not allocate. */
+static char **compiler_env(void) {
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **e = malloc((n + 1) * sizeof *e);
+  if (!e) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    int drop = 0;
+    for (const char *const *v = hostcc_unkeyed_env; *v && !drop; v++) {
+      const size_t l = strlen(*v);
+      drop = !strncmp(environ[i], *v, l) && environ[i][l] == '=';
+    }
+    if (!drop) e[k++] = environ[i];
+  }
+  e[k] = NULL;
+  return e;
+}
+
 /* The compiler's side of run_program, between fork and exec: only async-signal-safe calls. It
  * dies with the process that started it (PR_SET_PDEATHSIG: a parent killed with SIGKILL leaves
  * no compiler behind) and gets none of the caller's blocked or ignored signals. */
-static void exec_program(char *const argv[], int out_fd, pid_t parent) {
+static void exec_program(char *const argv[], char *const envp[], int out_fd, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127); /* the parent died before the line above */
   int in = open("/dev/null", O_RDONLY);
@@ -90,7 +118,7 @@ static void exec_program(char *const argv[], int out_fd, pid_t parent) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  execve(argv[0], argv, environ);
+  execve(argv[0], argv, envp);
   _exit(127);
 }
 
@@ -134,9 +162,9 @@ static void raw_remove_tree(int dirfd, const char *name, int depth) {
  * and the compiler as its guard: when the caller dies (even by SIGKILL) the guard gets SIGTERM
  * (PR_SET_PDEATHSIG), kills the compiler's process group and removes the directory; otherwise
  * it exits as the compiler did. A run_program timeout sends the guard SIGTERM too. */
-static void run_child(char *const argv[], int out_fd, pid_t parent, const char *work_dir) {
+static void run_child(char *const argv[], char *const envp[], int out_fd, pid_t parent, const char *work_dir) {
   setpgid(0, 0); /* a timeout kills what the compiler starts too */
-  if (!work_dir) exec_program(argv, out_fd, parent);
+  if (!work_dir) exec_program(argv, envp, out_fd, parent);
   sigset_t wait_for;
   sigemptyset(&wait_for);
   sigaddset(&wait_for, SIGTERM);
@@ -147,7 +175,7 @@ static void run_child(char *const argv[], int out_fd, pid_t parent, const char *
   pid_t pid = getppid() == parent ? fork() : -1;
   if (pid == 0) {
     setpgid(0, 0);
-    exec_program(argv, out_fd, guard);
+    exec_program(argv, envp, out_fd, guard);
   }
   close(out_fd);
   for (;;) {
@@ -187,13 +215,18 @@ static rlk_status run_program(char *const argv[], double timeout_s, const char *
                               int *exit_code) {
   *output = NULL;
   *exit_code = -1;
+  char **envp = compiler_env();
+  if (!envp) return rlk_error(RLK_ERR_OUT_OF_MEMORY, "%s: out of memory", argv[0]);
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0)
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    free(envp);
     return rlk_error(RLK_ERR_IO, "%s: cannot create a pipe: %s", argv[0], strerror(errno));
+  }
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid == 0) run_child(argv, fds[1], parent, work_dir);
+  if (pid == 0) run_child(argv, envp, fds[1], parent, work_dir);
   int fork_errno = errno;
+  free(envp);
   close(fds[1]);
   if (pid < 0) {
     close(fds[0]);
@@ -289,6 +322,45 @@ static int parse_version(const char *text, char *version, size_t size) {
   memcpy(version, start, n);
   version[n] = '\0';
   return 1;
+}
+
+/* The compiler's identity beyond its version number, 16 hex digits of a digest into id[17]: its
+ * --version text but the InstalledDir line (the vendor, the version string and the target, not
+ * where it is installed, so that a tree built with one clang serves the same clang elsewhere),
+ * and, where the compiler is a script (RLK_HOST_CC naming a wrapper that may add flags), the
+ * script itself. Two compilers that could build different code get different keys. */
+static void compiler_identity(const char *version_text, const char *path, char id[17]) {
+  rlk_sha256 h;
+  rlk_sha256_init(&h);
+  for (const char *line = version_text; *line;) {
+    const size_t n = strcspn(line, "\n");
+    if (strncmp(line, "InstalledDir:", 13) != 0) {
+      rlk_sha256_update(&h, line, n);
+      rlk_sha256_update(&h, "\n", 1);
+    }
+    line += n + (line[n] == '\n');
+  }
+  FILE *f = fopen(path, "rb");
+  if (f) {
+    char buf[4096];
+    size_t got = fread(buf, 1, sizeof buf, f);
+    if (got >= 2 && buf[0] == '#' && buf[1] == '!') { /* a script: its text is part of the compiler */
+      size_t total = 0;
+      rlk_sha256_update(&h, "script\n", 7);
+      while (got > 0 && total < ((size_t)1 << 20)) {
+        rlk_sha256_update(&h, buf, got);
+        total += got;
+        got = fread(buf, 1, sizeof buf, f);
+      }
+    }
+    fclose(f);
+  }
+  uint8_t d[32];
+  rlk_sha256_final(&h, d);
+  char hex[65];
+  rlk_sha256_hex(d, hex);
+  memcpy(id, hex, 16);
+  id[16] = '\0';
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -693,11 +765,13 @@ rlk_status rlk_hostcc_open(rlk_compiler **out) {
     hostcc_destroy(c);
     return st;
   }
+  char identity[17];
+  compiler_identity(text, impl->path, identity);
   free(text);
 
   c->kind = "clang";
   rlk_format(c->version, sizeof c->version, "%s", version);
-  rlk_format(c->id, sizeof c->id, "clang-%s", version);
+  rlk_format(c->id, sizeof c->id, "clang-%s-%s", version, identity);
   rlk_format(c->targets, sizeof c->targets, "%s", rlk_host_target());
   c->compile = hostcc_compile;
   c->supports_target = hostcc_supports_target;
