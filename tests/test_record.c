@@ -194,6 +194,40 @@ START_TEST(record_writes_hints_as_their_buckets) {
 }
 END_TEST
 
+/* A variant that RLK_LOGPROB_VARIANT forces on a call that asked for auto is in the recorded
+ * line, so that precompiling the line without the variable builds the kernel the call ran. */
+START_TEST(record_names_the_variant_the_environment_forced) {
+  char dir[1024], path[1100];
+  if (!record_dir(dir, sizeof dir, path, sizeof path, "rec-variant")) return;
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    setenv("RLK_JIT_RECORD", path, 1);
+    setenv("RLK_LOGPROB_VARIANT", "bulk", 1);
+    rlk_context *ctx = rlk_test_host_context();
+    enum { V = 64, N = 4 };
+    static float logits[N * V], logp[N];
+    static int64_t labels[N];
+    rlk_logprob_args a;
+    rlk_logprob_args_init(&a);
+    a.logits = rlk_tensor_2d(logits, RLK_F32, N, V, V);
+    a.labels = rlk_tensor_1d(labels, RLK_I64, N);
+    a.logp = rlk_tensor_1d(logp, RLK_F32, N);
+    if (rlk_logprob(ctx, &a, NULL) != RLK_OK) _exit(1);
+    rlk_context_destroy(ctx);
+    exit(0);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  size_t n;
+  char *text = read_all(path, &n);
+  ck_assert_msg(text && strstr(text, "logprob ") && strstr(text, "variant=bulk"), "%s", text ? text : "(no file)");
+  free(text);
+  rlk_test_rmtree(dir);
+}
+END_TEST
+
 /* A link at the record path, or a link another user owns on its way, leads nowhere. */
 START_TEST(record_follows_no_link) {
   if (!fork_ok()) return;
@@ -411,7 +445,7 @@ END_TEST
 Suite *record_suite(void) {
   Suite *s = suite_create("record");
   TCase *tc = rlk_test_add_case(s, "host", 120, TESTS(record_appends_each_configuration_once,
-                                                      record_writes_hints_as_their_buckets,
+                                                      record_writes_hints_as_their_buckets, record_names_the_variant_the_environment_forced,
       record_follows_no_link, record_refuses_files_others_control, record_refuses_a_fifo,
       record_never_waits_for_a_lock, record_reads_large_files));
   tcase_add_checked_fixture(tc, (void (*)(void))rlk_test_setup_env, rlk_test_teardown_env);

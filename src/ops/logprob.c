@@ -507,9 +507,14 @@ static const char *const lp_samples[] = {
     "logprob pass=both logits=f32 labels=i32 vocab=7 kept=1",
     NULL};
 
+/* A call's recorded line: the variant RLK_LOGPROB_VARIANT forced where it asked for auto. */
+static void lp_recorded(rlk_op_values *s) {
+  if (!s->v[LP_S_VARIANT]) s->v[LP_S_VARIANT] = lp_env_override();
+}
+
 const rlk_op_desc rlk_op_logprob = {
     .name = "logprob", .settings = lp_settings, .nsettings = LP_NSETTINGS, .plan = lp_plan, .samples = lp_samples,
-    .candidates = lp_candidates, .tune_key = lp_tune_key};
+    .candidates = lp_candidates, .tune_key = lp_tune_key, .recorded = lp_recorded};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */

@@ -862,6 +862,12 @@ static const char *const pa_samples[] = {
     "prefix_attention pass=both dtype=f16 head_dim=128 fwd_stages=3 dkdv_stages=3 dq_stages=2",
     NULL};
 
+/* A call's recorded line: the variant RLK_PREFIX_ATTENTION_VARIANT forced where it asked for
+ * auto. */
+static void pa_recorded(rlk_op_values *s) {
+  if (!s->v[PA_S_VARIANT]) s->v[PA_S_VARIANT] = pa_env_override();
+}
+
 const rlk_op_desc rlk_op_prefix_attention = {
     .name = "prefix_attention", .settings = pa_settings, .nsettings = PA_NSETTINGS, .plan = pa_plan_line,
-    .samples = pa_samples, .candidates = pa_candidates, .tune_key = pa_tune_key};
+    .samples = pa_samples, .candidates = pa_candidates, .tune_key = pa_tune_key, .recorded = pa_recorded};

@@ -87,6 +87,10 @@ typedef struct rlk_op_desc {
    * vocabulary split, a tile order), space-separated, a string literal; NULL when there are none.
    * A sweep times a candidate that names one even when it plans to the default's kernels. */
   const char *(*runtime_tuning)(const rlk_context *ctx, const rlk_op_values *vals);
+  /* Makes explicit in a call's values what its plan also read from the environment (a variant
+   * an RLK_*_VARIANT variable forces where the call asked for auto), so that the line the record
+   * writes plans the same kernels where that variable is not set; NULL when the plan reads none. */
+  void (*recorded)(rlk_op_values *vals);
 } rlk_op_desc;
 
 #define RLK_OP_CONFIG_MAX_PAIRS 32

@@ -272,6 +272,7 @@ void rlk_record_op(const rlk_op_desc *d, const rlk_op_values *vals) {
   /* A shape hint the op reads only through its tuning bucket is recorded as the bucket: the line
    * plans what it did on any target, and a trainer's step of new rows adds no line. */
   rlk_op_values v = *vals;
+  if (d->recorded) d->recorded(&v);
   for (size_t i = 0; i < d->nsettings; i++)
     if (d->settings[i].bucketed && v.v[i] >= 1) {
       const int64_t b = rlk_tune_bucket(v.v[i]);
