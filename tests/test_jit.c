@@ -89,16 +89,20 @@ START_TEST(memory_then_disk_hits) {
 END_TEST
 
 START_TEST(jit_disabled_names_the_config) {
-  char dir[1024];
-  rlk_test_mkdtemp(dir, sizeof dir, "cache");
-  setenv("RLK_JIT", "0", 1);
-  rlk_context *ctx = host_ctx_at(dir);
-  rlk_status st = run_op(ctx, 4);
-  rlk_test_expect_error(st, RLK_ERR_JIT_DISABLED, "family=group_advantage", "family=group_advantage");
-  ck_assert_ptr_nonnull(strstr(rlk_last_error(), "target="));
-  ck_assert_uint_eq(counters(ctx).compiles, 0);
-  rlk_context_destroy(ctx);
-  unsetenv("RLK_JIT");
+  /* every spelling of off */
+  static const char *const offs[] = {"0", "off", "false", "no"};
+  for (size_t i = 0; i < 4; i++) {
+    char dir[1024];
+    rlk_test_mkdtemp(dir, sizeof dir, "cache");
+    setenv("RLK_JIT", offs[i], 1);
+    rlk_context *ctx = host_ctx_at(dir);
+    rlk_status st = run_op(ctx, 4);
+    rlk_test_expect_error(st, RLK_ERR_JIT_DISABLED, "family=group_advantage", offs[i]);
+    ck_assert_ptr_nonnull(strstr(rlk_last_error(), "target="));
+    ck_assert_uint_eq(counters(ctx).compiles, 0);
+    rlk_context_destroy(ctx);
+    unsetenv("RLK_JIT");
+  }
 }
 END_TEST
 

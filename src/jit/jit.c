@@ -56,8 +56,18 @@ rlk_status rlk_jit_create(rlk_backend_impl *backend, rlk_compiler *compiler, rlk
   jit->cache = cache;
   jit->target = *target;
   jit->source_dir = templates;
+  /* RLK_JIT: 0, off, false or no turns compiling off; 1, on, true or yes (or unset) leaves it on;
+   * anything else is said and leaves it on */
   const char *j = rlk_env("RLK_JIT");
-  jit->jit_disabled = j && strcmp(j, "0") == 0;
+  if (j) {
+    static const char *const off[] = {"0", "off", "false", "no", NULL}, *const on[] = {"1", "on", "true", "yes", NULL};
+    int known = 0;
+    for (int i = 0; off[i]; i++) {
+      if (!strcmp(j, off[i])) jit->jit_disabled = known = 1;
+      if (!strcmp(j, on[i])) known = 1;
+    }
+    if (!known) rlk_warn("RLK_JIT='%.40s' is not 0/off/false/no or 1/on/true/yes: ignored (compiling stays on)", j);
+  }
   pthread_mutex_init(&jit->lock, NULL);
   *out = jit;
   return RLK_OK;
