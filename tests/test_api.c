@@ -312,11 +312,34 @@ START_TEST(log_callbacks_keep_their_argument) {
 }
 END_TEST
 
+/* Error messages are UTF-8 whatever a length limit cut: a character cut short, or a byte of no
+ * character, reads as '?', and whole characters stay as they are. */
+START_TEST(error_messages_are_utf8) {
+  /* "%.4s" cuts the second e-acute (c3 a9) after its first byte */
+  rlk_error(RLK_ERR_INVALID_ARGUMENT, "[%.4s] and [%s]", "a\xc3\xa9\xc3\xa9", "b\xff\xc3\xa9");
+  ck_assert_str_eq(rlk_last_error(), "[a\xc3\xa9?] and [b?\xc3\xa9]");
+  /* the same through a wrap, and a message cut at the cap inside a character */
+  char big[9000];
+  memset(big, 'x', sizeof big);
+  memcpy(big + 8189, "\xe2\x82\xac", 3); /* the euro sign across the 8191-byte cut */
+  big[sizeof big - 1] = '\0';
+  rlk_error(RLK_ERR_IO, "%s", big);
+  const char *m = rlk_last_error();
+  const size_t n = strlen(m);
+  ck_assert_uint_eq(n, 8191);
+  ck_assert_msg(m[n - 2] == '?' && m[n - 1] == '?', "the cut sequence's bytes: %02x %02x", (unsigned char)m[n - 2],
+                (unsigned char)m[n - 1]);
+  rlk_error(RLK_ERR_IO, "inner \xc3");
+  rlk_error_wrap(RLK_ERR_IO, "outer \xe2\x82");
+  ck_assert_str_eq(rlk_last_error(), "outer ??: inner ?");
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   rlk_test_add_case(s, "api", 60, TESTS(status_strings_and_versions, descriptors_and_dtypes,
       bad_context_options, host_context_basics, precompile_rejects_bad_lines,
       rlk_arch_overrides_only_device_targets, compile_only_targets_route_by_name,
-      descriptors_out_of_bounds_are_refused, log_callbacks_keep_their_argument));
+      descriptors_out_of_bounds_are_refused, log_callbacks_keep_their_argument, error_messages_are_utf8));
   return s;
 }
