@@ -423,9 +423,36 @@ START_TEST(gpu_wgmma_tile) {
 }
 END_TEST
 
+/* The clusters' SMs the CUDA backend reads at open (rlk_target.cluster_sms, what the forward
+ * divergence picks its cluster by): on an sm_90+ device every size known, whole clusters, no more
+ * SMs than the device has and no more for bigger clusters (a GPC holding quads holds pairs). */
+START_TEST(gpu_cluster_shapes) {
+  if (!rlk_test_gpu_enabled("hopper")) return;
+  rlk_context *ctx = rlk_test_cuda_context("hopper");
+  if (!ctx) return;
+  rlk_device_info info;
+  ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
+  if (info.compute_major < 9) {
+    printf("skip (hopper gpu): compute capability %d.x has no clusters\n", info.compute_major);
+    rlk_context_destroy(ctx);
+    return;
+  }
+  const rlk_target *t = &ctx->target;
+  printf("hopper gpu: %d SMs, in clusters of 2 / 4 / 8: %d / %d / %d\n", t->multiprocessors, t->cluster_sms[1],
+         t->cluster_sms[2], t->cluster_sms[3]);
+  ck_assert_int_eq(t->cluster_sms[0], 0);
+  for (int i = 1; i < RLK_TARGET_CLUSTER_SIZES; i++) {
+    ck_assert_int_gt(t->cluster_sms[i], 0);
+    ck_assert_int_eq(t->cluster_sms[i] % (1 << i), 0);
+    ck_assert_int_le(t->cluster_sms[i], i == 1 ? t->multiprocessors : t->cluster_sms[i - 1]);
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 Suite *hopper_suite(void) {
   Suite *s = suite_create("hopper");
   rlk_test_add_case(s, "compile", 120, TESTS(compile_sm90a, wgmma_refused_on_blackwell));
-  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_wgmma_tile));
+  rlk_test_add_case(s, "gpu", 300, TESTS(gpu_wgmma_tile, gpu_cluster_shapes));
   return s;
 }

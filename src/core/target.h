@@ -22,6 +22,8 @@
 #define RLK_TARGET_TCGEN05 16u /* 5th-generation tensor cores and tensor memory: sm_100a, sm_103a,
                                 * sm_110a and their "f" family forms (datacenter Blackwell) */
 
+enum { RLK_TARGET_CLUSTER_SIZES = 4 }; /* clusters of 1, 2, 4 and 8 blocks */
+
 typedef struct rlk_target {
   rlk_backend kind;      /* RLK_BACKEND_CUDA, _HIP or _HOST */
   char name[32];         /* rlk_target_name of the fields below: "sm_90a", "compute_90", "gfx90a",
@@ -39,6 +41,9 @@ typedef struct rlk_target {
   size_t smem_per_block; /* the most dynamic shared memory a block may opt in to */
   size_t smem_per_sm;    /* shared memory of one multiprocessor */
   int multiprocessors;   /* SMs, CUs or CPU cores; 0 where unknown (compile-only) */
+  int cluster_sms[RLK_TARGET_CLUSTER_SIZES]; /* CUDA sm_90+ devices: [i] the SMs that clusters of
+                          * 2^i blocks, one block a multiprocessor, keep busy at once (the GPCs'
+                          * shapes decide); [0] and unknown ones 0 */
 } rlk_target;
 
 /* Parses a target name into *out with the arch's documented limits (multiprocessors 0). The

@@ -103,8 +103,10 @@ rlk_status rlk_context_create(rlk_context **out, const rlk_context_options *opti
      * keeps the device's multiprocessors. */
     if (!want || !strcmp(target.name, ctx->backend->target.name))
       target = ctx->backend->target;
-    else
+    else {
       target.multiprocessors = ctx->backend->target.multiprocessors;
+      memcpy(target.cluster_sms, ctx->backend->target.cluster_sms, sizeof target.cluster_sms);
+    }
   }
   if (target.kind != ctx->kind) {
     st = rlk_error(RLK_ERR_UNSUPPORTED, "target %s is a %s target, not one of the %s backend", target.name,

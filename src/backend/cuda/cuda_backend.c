@@ -54,6 +54,7 @@ static rlk_status driver_load_locked(void) {
       {"cuFuncGetAttribute", &d.cuFuncGetAttribute, 0},
       {"cuLaunchKernel", &d.cuLaunchKernel, 0},
       {"cuLaunchKernelEx", &d.cuLaunchKernelEx, 1},
+      {"cuOccupancyMaxActiveClusters", &d.cuOccupancyMaxActiveClusters, 1},
       {"cuMemAlloc_v2", &d.cuMemAlloc, 0},
       {"cuMemFree_v2", &d.cuMemFree, 0},
       {"cuMemcpyHtoD_v2", &d.cuMemcpyHtoD, 0},
@@ -457,6 +458,37 @@ static void cuda_destroy(rlk_backend_impl *self) {
 
 /* ---- opening ---------------------------------------------------------------------- */
 
+/* The SMs that clusters of 2, 4 and 8 blocks, one block a multiprocessor, keep busy at once
+ * (target->cluster_sms): a cluster's blocks share one GPC, and the GPCs' SM counts differ from
+ * chip to chip (the disabled SMs), so a GPC of 18 SMs holds four quads and leaves two idle. Asked
+ * of the driver for an empty kernel (PTX, built by the driver) that takes all the shared memory
+ * a block may; left 0 where the driver cannot say. Needs the device's context current. */
+static void probe_cluster_sms(cuda_state *s, rlk_target *target) {
+  static const char ptx[] = ".version 7.8\n.target sm_90\n.address_size 64\n"
+                            ".visible .entry rlk_cluster_probe()\n{\n  ret;\n}\n";
+  const rlk_cuda_driver *d = s->drv;
+  if (target->major < 9 || !d->cuOccupancyMaxActiveClusters) return;
+  CUmodule m = NULL;
+  CUfunction f = NULL;
+  if (d->cuModuleLoadData(&m, ptx) != CUDA_SUCCESS) return;
+  if (d->cuModuleGetFunction(&f, m, "rlk_cluster_probe") == CUDA_SUCCESS &&
+      d->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, s->max_shared_optin) ==
+          CUDA_SUCCESS) {
+    for (int i = 1; i < RLK_TARGET_CLUSTER_SIZES; i++) {
+      const unsigned c = 1u << i;
+      CUlaunchAttribute attr;
+      memset(&attr, 0, sizeof attr);
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.dim[0] = c, attr.value.dim[1] = 1, attr.value.dim[2] = 1;
+      const CUlaunchConfig cfg = {c * (unsigned)target->multiprocessors, 1, 1, 128, 1, 1,
+                                  (unsigned)s->max_shared_optin, NULL, &attr, 1};
+      int n = 0;
+      if (d->cuOccupancyMaxActiveClusters(&n, f, &cfg) == CUDA_SUCCESS && n > 0) target->cluster_sms[i] = (int)c * n;
+    }
+  }
+  d->cuModuleUnload(m);
+}
+
 /* Reads the device description into info (device queries: no context needs to be current). */
 static rlk_status describe_device(cuda_state *s, rlk_target *target, rlk_device_info *info) {
   const rlk_cuda_driver *d = s->drv;
@@ -492,6 +524,11 @@ static rlk_status describe_device(cuda_state *s, rlk_target *target, rlk_device_
   info->total_memory = total;
   info->compile_only = 0;
   rlk_target_for_cuda_device(major, minor, sms, (size_t)optin, per_sm > 0 ? (size_t)per_sm : 0, target);
+  ctx_scope scope;
+  if (ctx_enter(s, &scope) == RLK_OK) {
+    probe_cluster_sms(s, target);
+    ctx_leave(s, &scope, RLK_OK);
+  }
   rlk_status st = rlk_target_apply_env(RLK_BACKEND_CUDA, target);
   rlk_format(info->target, sizeof info->target, "%s", target->name);
   return st;
@@ -561,9 +598,9 @@ rlk_status rlk_cuda_backend_open(int ordinal, rlk_backend_impl **out) {
   b->event_destroy = cuda_event_destroy;
   b->tensor_map_encode = rlk_cuda_tma_encode;
   b->destroy = cuda_destroy;
-  rlk_debug("cuda: device %d: %s, cc %d.%d, %d SMs, target %s", ordinal, b->info.name,
-            b->info.compute_major, b->info.compute_minor, b->info.multiprocessors,
-            b->info.target);
+  rlk_debug("cuda: device %d: %s, cc %d.%d, %d SMs (in clusters of 2 / 4 / 8: %d / %d / %d), target %s",
+            ordinal, b->info.name, b->info.compute_major, b->info.compute_minor, b->info.multiprocessors,
+            b->target.cluster_sms[1], b->target.cluster_sms[2], b->target.cluster_sms[3], b->info.target);
   *out = b;
   return RLK_OK;
 }

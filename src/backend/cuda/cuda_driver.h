@@ -129,6 +129,8 @@ typedef struct rlk_cuda_driver {
   /* NULL on drivers older than CUDA 12 (launches then never overlap). */
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction fn, void **params,
                                void **extra);
+  /* optional (CUDA 12): how many clusters of a launch's shape the device holds at once */
+  CUresult (*cuOccupancyMaxActiveClusters)(int *clusters, CUfunction fn, const CUlaunchConfig *config);
   CUresult (*cuMemAlloc)(CUdeviceptr *ptr, size_t bytes);
   CUresult (*cuMemFree)(CUdeviceptr ptr);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t bytes);
