@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/linear_divergence_plan.h"
 #include "ops/ops.h"
 #include "ref/linear_divergence_ref.h"
 #include "suites.h"
@@ -1065,9 +1066,10 @@ END_TEST
 
 /* Each target's plan: the host's one fp64 kernel a pass; a GPU's tiled GEMM and combine, JSD's
  * second pass and its combine, top-k's set; the backward's dz and the fused head's products. On
- * sm_90a the wgmma kernels first (the forward's two passes and dz, each in its cluster of many row
- * blocks and alone; per gradient dtype the fused head's sm_90a dh and dw), then the portable ones a call without tensor maps runs; the tiled
- * variant plans the portable ones alone. */
+ * sm_90a the wgmma kernels first (the forward's two passes in quads, pairs and alone, top-k's in
+ * pairs and alone, dz in pairs and alone; per gradient dtype the fused head's sm_90a dh and dw),
+ * then the portable ones a call without tensor maps runs; the tiled variant plans the portable
+ * ones alone. */
 START_TEST(plan_per_target) {
   static const struct {
     rlk_backend backend;
@@ -1077,7 +1079,7 @@ START_TEST(plan_per_target) {
     size_t n;
   } cases[] = {
       {RLK_BACKEND_HOST, NULL, "linear_divergence mode=jsd", "linear_divergence_fwd_host", 2},
-      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 8},
+      {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd", "linear_divergence_fwd_sm90", 10},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd mode=jsd variant=tiled", "linear_divergence_fwd_tiled", 4},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1", "linear_divergence_fwd_sm90", 5},
       {RLK_BACKEND_CUDA, "sm_90a", "linear_divergence pass=fwd topk=1 variant=tiled", "linear_divergence_fwd_tiled", 3},
@@ -1106,6 +1108,26 @@ START_TEST(plan_per_target) {
       {"linear_divergence pass=bwd grad=none", "both none"},
   };
   rlk_test_expect_bad_lines(bad, sizeof bad / sizeof bad[0]);
+}
+END_TEST
+
+/* The sm_90a forward's cluster from the device's shape: quads where they keep at least 85 percent
+ * of the SMs pairs keep (an H100's 120 of 132), pairs below (108 of 132), quads where the shapes
+ * are unknown; pairs for top-k, a block alone below 32 row blocks. */
+START_TEST(cluster_from_device) {
+  rlk_target t;
+  memset(&t, 0, sizeof t);
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 0), 4);
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 1), 2);
+  t.cluster_sms[1] = 132, t.cluster_sms[2] = 120, t.cluster_sms[3] = 120;
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 0), 4);
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, RLK_LD_SM90_CLUSTER_ROWS, 0), 4);
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, RLK_LD_SM90_CLUSTER_ROWS - 1, 0), 1);
+  t.cluster_sms[2] = 112; /* 84.8 percent */
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 0), 2);
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 1), 2);
+  t.cluster_sms[1] = 120, t.cluster_sms[2] = 104; /* 86.7 percent */
+  ck_assert_int_eq(rlk_ld_sm90_fwd_cluster(&t, 64, 0), 4);
 }
 END_TEST
 
@@ -1411,7 +1433,7 @@ Suite *linear_divergence_suite(void) {
   Suite *s = suite_create("linear_divergence");
   rlk_test_add_case(s, "host", 300, TESTS(host_forward, host_backward, reference_gradients, tail_case_power,
       host_loss, host_shards, bad_arguments, host_records_its_configurations));
-  rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, workspace_budget, samples_compile_every_target));
+  rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, cluster_from_device, workspace_budget, samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 900, TESTS(gpu_forward, gpu_backward, gpu_deterministic, gpu_shards));
   return s;
 }

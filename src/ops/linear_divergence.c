@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "ops/linear_divergence_plan.h"
 #include "ops/linear_logprob_fwd.h"
 #include "ops/linear_logprob_plan.h"
 #include "ops/ops.h"
@@ -232,16 +233,13 @@ static int ld_sm90_line(const rlk_context *ctx, const rlk_op_values *s) {
   return ld_wgmma_target(ctx) && s->v[LD_S_VARIANT] != RLK_LINEAR_LOGPROB_TILED;
 }
 
-/* The sm_90a kernels' clusters for a call of row_blocks (linear_divergence_params.h). The forward:
- * from LD_SM90_CLUSTER_ROWS row blocks on, quads (on an H100 at 4096 and 8192 rows, H 4096, V
- * 151936: 0.88x and 0.83x the time of blocks alone), top-k pairs (its heaps' uneven work holds a
- * cluster to its slowest block: quads took 1.14x the time of pairs); fewer row blocks run a block
- * alone (what clusters do there is unmeasured; a cluster's blocks of no rows weigh more). dz:
- * pairs where the row blocks are even or many (an odd few would carry a block of no rows). */
-#define LD_SM90_CLUSTER_ROWS 32
-static int ld_fwd_cluster(int64_t row_blocks, int kmode) {
-  if (row_blocks < LD_SM90_CLUSTER_ROWS) return 1;
-  return kmode == LD_TOPK ? 2 : LD_SM90_FWD_CLUSTER_MAX;
+/* The forward's cluster: linear_divergence_plan.h. dz: pairs where the row blocks are even or
+ * many (an odd few would carry a block of no rows). */
+#define LD_SM90_QUAD_SMS_PCT 85
+int rlk_ld_sm90_fwd_cluster(const rlk_target *t, int64_t row_blocks, int top_k) {
+  if (row_blocks < RLK_LD_SM90_CLUSTER_ROWS) return 1;
+  if (top_k) return 2;
+  return 100 * t->cluster_sms[2] >= LD_SM90_QUAD_SMS_PCT * t->cluster_sms[1] ? LD_SM90_FWD_CLUSTER_MAX : 2;
 }
 static int ld_dz_cluster(int64_t row_blocks) {
   return row_blocks % LD_SM90_DZ_CLUSTER == 0 || row_blocks >= 8 ? LD_SM90_DZ_CLUSTER : 1;
@@ -322,9 +320,16 @@ static rlk_status ld_kernels(const rlk_context *ctx, const rlk_op_values *s, int
       const rlk_kernel_spec f = {&ld_fwd_host_tmpl, {sdt, tdt, lab, kmode}};
       specs[n++] = f;
     } else {
-      ld_fwd_specs(sdt, tdt, lab, kmode, sm90 ? ld_fwd_cluster(row_blocks ? row_blocks : LD_SM90_CLUSTER_ROWS, kmode) : 0,
+      ld_fwd_specs(sdt, tdt, lab, kmode,
+                   sm90 ? rlk_ld_sm90_fwd_cluster(&ctx->target, row_blocks ? row_blocks : RLK_LD_SM90_CLUSTER_ROWS, kmode == LD_TOPK) : 0,
                    specs, &n);
-      if (sm90 && !row_blocks) ld_fwd_specs(sdt, tdt, lab, kmode, 1, specs, &n);
+      if (sm90 && !row_blocks) { /* a line's: every cluster a device may choose, each kernel once */
+        rlk_kernel_spec more[8];
+        size_t m = 0;
+        ld_fwd_specs(sdt, tdt, lab, kmode, 1, more, &m);
+        if (kmode != LD_TOPK) ld_fwd_specs(sdt, tdt, lab, kmode, 2, more, &m);
+        ld_add_specs(specs, &n, more, m);
+      }
     }
   }
   if (pass == LD_PASS_BWD || pass == LD_PASS_BOTH) {
@@ -564,7 +569,7 @@ typedef struct ld_fwd_call {
   ld_heads h;
   int kmode, shard, loss;
   int sm90;    /* the wgmma GEMMs run */
-  int cluster; /* sm90: their clusters' row blocks (ld_fwd_cluster); else 1 */
+  int cluster; /* sm90: their clusters' row blocks (rlk_ld_sm90_fwd_cluster); else 1 */
   int64_t splits, cols_per_split, row_blocks, tiles_m; /* tiles_m: the launch's row blocks (whole clusters) */
   /* workspace offsets: split records, top-k lists, the loss's zeros and scratch, rlk_policy_loss's */
   size_t off_lists, off_zeros, off_glp, off_gent, off_pl;
@@ -686,7 +691,7 @@ static rlk_status ld_fwd_validate(const rlk_context *ctx, const void *args, rlk_
   /* the row blocks: of 64 rows (sm_90a: 128, one block a multiprocessor, in whole clusters of them) */
   const int64_t bm = k->sm90 ? LD_SM90_BM : LD_TILE;
   k->row_blocks = (N + bm - 1) / bm;
-  k->cluster = k->sm90 ? ld_fwd_cluster(k->row_blocks, k->kmode) : 1;
+  k->cluster = k->sm90 ? rlk_ld_sm90_fwd_cluster(&ctx->target, k->row_blocks, k->kmode == LD_TOPK) : 1;
   k->tiles_m = (k->row_blocks + k->cluster - 1) / k->cluster * k->cluster;
   if ((st = ld_kernels(ctx, v, k->sm90, k->row_blocks, call->specs, &call->nspecs))) return st;
 
