@@ -117,28 +117,9 @@ TOOL_UNUSED static int bench_open(bench_session *s, int min_iters, int host_iter
   return 0;
 }
 
-/* Opens a benchmark's JSON file at `path` and writes its opening line: the tool, the device,
- * target and compiler, the library's version. NULL, after saying so, when it cannot be written. */
-TOOL_UNUSED static FILE *bench_json_begin(const char *path, const rlk_device_info *info) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
-    return NULL;
-  }
-  const char *names[] = {"tool", "device", "target", "compiler", "version"};
-  const char *values[] = {prog, info->name, info->target, info->compiler, rlk_version_string()};
-  fprintf(f, "{\n  ");
-  for (int i = 0; i < 5; i++) {
-    fprintf(f, "%s\"%s\": ", i ? ", " : "", names[i]);
-    json_string(f, values[i]);
-  }
-  fprintf(f, ",\n");
-  return f;
-}
-
 /* Writes every recorded case as JSON; returns 0, or 1 when the file cannot all be written. */
 TOOL_UNUSED static int bench_write_json(const char *path, const rlk_device_info *info) {
-  FILE *f = bench_json_begin(path, info);
+  FILE *f = tool_json_begin(path, info);
   if (!f) return 1;
   fprintf(f, "  \"floor_tbps\": %.2f,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
   for (int i = 0; i < bench_nresults; i++) {

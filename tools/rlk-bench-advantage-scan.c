@@ -250,7 +250,7 @@ static int tool_main(int argc, char **argv) {
            r->floor_ms, r->median_ms / r->floor_ms, goal, r->note);
   }
   if (session.json) {
-    FILE *f = bench_json_begin(session.json, &session.info);
+    FILE *f = tool_json_begin(session.json, &session.info);
     if (!f) return 1;
     fprintf(f, "  \"copy_tbps\": %g, \"iters\": %d,\n  \"results\": [\n", BENCH_FLOOR_TBPS, session.iters);
     for (int i = 0; i < nresults; i++) {

@@ -379,7 +379,7 @@ static int tool_main(int argc, char **argv) {
            r->max_ms, r->b2b_ms, r->floor_ms, r->median_ms / r->floor_ms, goal);
   }
   if (session.json) {
-    FILE *f = bench_json_begin(session.json, &session.info);
+    FILE *f = tool_json_begin(session.json, &session.info);
     if (!f) return 1;
     fprintf(f, "  \"floor_tbps\": %g,\n  \"results\": [\n", BENCH_FLOOR_TBPS);
     for (int i = 0; i < nresults; i++) {

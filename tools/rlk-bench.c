@@ -251,20 +251,9 @@ static int tool_main(int argc, char **argv) {
     printf("%-58s %12.5f %12.5f %12.5f %10s  %s\n", r->name, r->median_ms, r->min_ms, r->max_ms, goal, r->note);
   }
   if (json) {
-    FILE *f = fopen(json, "w");
-    if (!f) {
-      fprintf(stderr, "%s: cannot write %s: %s\n", prog, json, strerror(errno));
-      return 1;
-    }
-    fprintf(f, "{\n  \"device\": ");
-    json_string(f, info.name);
-    fprintf(f, ", \"target\": ");
-    json_string(f, info.target);
-    fprintf(f, ", \"compiler\": ");
-    json_string(f, info.compiler);
-    fprintf(f, ", \"version\": ");
-    json_string(f, rlk_version_string());
-    fprintf(f, ",\n  \"results\": [\n");
+    FILE *f = tool_json_begin(json, &info);
+    if (!f) return 1;
+    fprintf(f, "  \"results\": [\n");
     for (int i = 0; i < nresults; i++) {
       result *r = &results[i];
       fprintf(f, "    {\"name\": ");

@@ -1003,20 +1003,9 @@ static const char *result_name(const tune_variant *v) {
 }
 
 static int write_json(const char *path) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
-    return 1;
-  }
-  fprintf(f, "{\n  \"tool\": \"rlk-tune\", \"version\": ");
-  json_string(f, rlk_version_string());
-  fprintf(f, ",\n  \"device\": ");
-  json_string(f, info.name);
-  fprintf(f, ", \"target\": ");
-  json_string(f, info.target);
-  fprintf(f, ", \"compiler\": ");
-  json_string(f, info.compiler);
-  fprintf(f, ", \"multiprocessors\": %d,\n  \"db\": ", info.multiprocessors);
+  FILE *f = tool_json_begin(path, &info);
+  if (!f) return 1;
+  fprintf(f, "  \"multiprocessors\": %d, \"db\": ", info.multiprocessors);
   json_string(f, db_path);
   fprintf(f, ", \"warmup\": %ld, \"iters\": %ld", opt.warmup, opt.iters);
   json_number_member(f, "min_gain_pct", "%g", opt.min_gain);

@@ -134,6 +134,25 @@ TOOL_UNUSED static void json_number_member(FILE *f, const char *name, const char
   json_number(f, fmt, v);
 }
 
+/* Opens a tool's JSON file at `path` and writes its opening line: the tool, the device,
+ * target and compiler, the library's version. NULL, after saying so, when it cannot be written. */
+TOOL_UNUSED static FILE *tool_json_begin(const char *path, const rlk_device_info *info) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
+    return NULL;
+  }
+  const char *names[] = {"tool", "device", "target", "compiler", "version"};
+  const char *values[] = {prog, info->name, info->target, info->compiler, rlk_version_string()};
+  fprintf(f, "{\n  ");
+  for (int i = 0; i < 5; i++) {
+    fprintf(f, "%s\"%s\": ", i ? ", " : "", names[i]);
+    json_string(f, values[i]);
+  }
+  fprintf(f, ",\n");
+  return f;
+}
+
 /* Prints a failed library call with its status and rlk_last_error(); returns 1. */
 TOOL_UNUSED static int lib_error(const char *what, rlk_status st) {
   const char *detail = rlk_last_error();
