@@ -128,7 +128,7 @@ typedef struct rlk_context rlk_context;
 
 typedef struct rlk_context_options {
   rlk_backend backend;     /* default RLK_BACKEND_AUTO */
-  int device;              /* device ordinal, default 0 */
+  int device;              /* device ordinal, default 0 (the host backend has only 0) */
   const char *cache_dir;   /* writable cache root; NULL: RLK_CACHE_DIR, XDG, ~/.cache/rlk */
   /* Logging goes to stderr and its level is process-wide: a context may raise it (more detail)
    * but never lowers what RLK_LOG or another context asked for. Default RLK_LOG_DEFAULT. */

@@ -54,6 +54,11 @@ START_TEST(bad_context_options) {
   rlk_context_options_init(&o);
   o.device = -1;
   ck_assert_int_eq(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT);
+  /* the CPU is device 0 alone */
+  o.device = 1;
+  o.backend = RLK_BACKEND_HOST;
+  rlk_test_expect_error(rlk_context_create(&ctx, &o), RLK_ERR_INVALID_ARGUMENT, "one device", "rlk_context_create");
+  ck_assert_ptr_null(ctx);
   /* a compile-only CUDA context needs a target */
   rlk_context_options_init(&o);
   o.backend = RLK_BACKEND_CUDA;

@@ -13,8 +13,11 @@ void rlk_context_options_init(rlk_context_options *o) {
   o->log_level = RLK_LOG_DEFAULT;
 }
 
+/* The CPU is one device, 0: another ordinal is refused rather than read as the CPU (a caller
+ * that asked for GPU 1 on a machine without one would otherwise run there unawares). */
 static rlk_status host_open(int ordinal, rlk_backend_impl **out) {
-  (void)ordinal;
+  if (ordinal != 0)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "options.device: %d, but the host backend has one device, 0", ordinal);
   return rlk_host_backend_open(out);
 }
 
