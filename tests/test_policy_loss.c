@@ -2070,6 +2070,33 @@ START_TEST(host_trainer_conventions) {
                   mt[RLK_PL_METRIC_CLIP_HIGH]);
   }
 
+  /* GMPO's log-space bounds are clip_low and clip_high themselves: a log-ratio of exactly 0.2
+   * sits on the bound 0.2 (not past (1 + 0.2) - 1 = 0.19999999999999996), and one of 1e-18 is
+   * inside a bound of 1e-17 (which 1 + 1e-17 would round away). One sequence, A = 1, the second
+   * token's log-ratio 0: s = exp(d0 / 2), the term -s, each token's weight 1/2; min(d, dc) ties
+   * and passes (1 + bound gradient) / 2 of the gradient on the bound, all of it inside. */
+  {
+    const double clip[3] = {0.2, 0.2, 1e-17}, d0[3] = {0.2, 0.2, 1e-18}, bg[3] = {1.0, 0.0, 1.0};
+    for (int k = 0; k < 3; k++) {
+      double lp[2] = {d0[k], 0.0}, old[2] = {0.0, 0.0}, adv[1] = {1.0};
+      unsigned char m[2] = {1, 1};
+      rlk_policy_loss_args_init(&a);
+      a.mode = RLK_POLICY_GEO_MEAN;
+      a.seq_advantages = 1;
+      a.agg = RLK_AGG_SEQ_MEAN_TOKEN_MEAN;
+      a.seq_normalizer = 1;
+      a.clip_low = a.clip_high = clip[k];
+      a.clamp_bound_grad = bg[k];
+      pl_small(ctx, &a, 1, 2, lp, old, adv, m, &loss, grad, mt);
+      const double s = exp(d0[k] / 2), g0 = k == 1 ? 0.5 : 1.0;
+      ck_assert_msg(fabs(loss + s) < 1e-15, "gmpo %d: loss %.17g, want %.17g", k, loss, -s);
+      ck_assert_msg(fabs(grad[0] + 0.5 * s * g0) < 1e-15 && fabs(grad[1] + 0.5 * s) < 1e-15,
+                    "gmpo %d: gradient %.17g %.17g, want %.17g %.17g", k, grad[0], grad[1], -0.5 * s * g0,
+                    -0.5 * s);
+      ck_assert_msg(mt[RLK_PL_METRIC_CLIPFRAC] == 0.0, "gmpo %d: clipfrac %g", k, mt[RLK_PL_METRIC_CLIPFRAC]);
+    }
+  }
+
   /* The value clip on its bound (v - v_old = clip): verl's clip_by_value splits the clip's
    * gradient (the default, 0.5), torch.clamp with number bounds stops it (0), a closed range
    * passes it (1); the max of the two equal squares splits between them. */

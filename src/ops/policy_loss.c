@@ -336,8 +336,10 @@ static rlk_status pl_validate(const rlk_context *ctx, const void *args, rlk_op_c
   p->isw = a->rollout_is_weights.data != NULL;
   p->seq_grad = seq_grad;
   p->bound_g = a->clamp_bound_grad;
-  p->clip_lo = 1.0 - a->clip_low;
-  p->clip_hi = 1.0 + a->clip_high;
+  /* geo_mean's bounds are log-space ones, passed as given: 1 - (1 - x) and (1 + x) - 1 need not
+   * be x (0.4 gives 0.3999999999999999; 1e-17 gives 0) */
+  p->clip_lo = mode == RLK_POLICY_GEO_MEAN ? a->clip_low : 1.0 - a->clip_low;
+  p->clip_hi = mode == RLK_POLICY_GEO_MEAN ? a->clip_high : 1.0 + a->clip_high;
   p->dual_clip = a->dual_clip;
   p->lr_min = a->log_ratio_min;
   p->lr_max = a->log_ratio_max;

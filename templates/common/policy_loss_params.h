@@ -2,7 +2,8 @@
  * templates/host/policy_loss.c), filled by src/ops/policy_loss.c, and the choices its template
  * values name. On a GPU the code path (mode, kl, kl_st, seqmean, layout, mask_kind, adv_per_seq,
  * ent, isw, seq_grad) is template parameters and those fields are unread; the host kernel reads
- * them. clip_lo and clip_hi are the ratio bounds 1 - clip_low and 1 + clip_high; c_grad the
+ * them. clip_lo and clip_hi are the ratio bounds 1 - clip_low and 1 + clip_high (geo_mean: its
+ * log-space bounds clip_low and clip_high themselves, the ratio bounds unused); c_grad the
  * gradient constant (or its numerator: see tl_norm); bound_g a clamp's gradient on its bounds. */
 #ifndef RLK_POLICY_LOSS_PARAMS_H
 #define RLK_POLICY_LOSS_PARAMS_H

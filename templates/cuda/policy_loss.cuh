@@ -121,8 +121,8 @@ struct Op {
     s_gate = T(1);
     row_g = T(0);
     adv_mean = T(0);
-    clip_l = (T)(1.0 - a.clip_lo); /* GMPO's log-space bounds are the raw clip_low / clip_high */
-    clip_h = (T)(a.clip_hi - 1.0);
+    clip_l = (T)a.clip_lo; /* geo_mean's log-space bounds, as given (policy_loss_params.h) */
+    clip_h = (T)a.clip_hi;
     s_low = s_high = false;
   }
 

@@ -187,8 +187,8 @@ RLK_HOST_KERNEL rlk_policy_loss_host(void **args) {
   c.bg = (T)a.bound_g;
   c.row_g = 0;
   c.adv_mean = 0;
-  c.clip_l = (T)(1.0 - a.clip_lo);
-  c.clip_h = (T)(a.clip_hi - 1.0);
+  c.clip_l = (T)a.clip_lo; /* geo_mean's log-space bounds, as given (policy_loss_params.h) */
+  c.clip_h = (T)a.clip_hi;
   c.adv_row = 0;
   c.rowfac = 1;
   c.s_ratio = 1;
