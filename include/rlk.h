@@ -545,9 +545,11 @@ typedef enum rlk_kl_estimator {
  * tokens (sum m x / sum m; 0 when no token counts). r is the ratio of the mode (s_b for gspo). */
 enum {
   RLK_PL_METRIC_CLIPFRAC = 0,       /* mean of [the clip is active]: ppo/gspo -A clamp(r) > -A r
-                                     * (verl pg_clipfrac), cispo r outside [lo, hi]; else 0 */
+                                     * (verl pg_clipfrac), cispo r outside [lo, hi], geo_mean
+                                     * (see it) d clipped with A > 0; else 0 */
   RLK_PL_METRIC_CLIPFRAC_LOWER = 1, /* mean of [A < 0 and the dual clip is active] (verl
-                                     * pg_clipfrac_lower); ppo only */
+                                     * pg_clipfrac_lower): ppo and gspo (dual_clip > 1), geo_mean
+                                     * d clipped with A < 0; else 0 */
   RLK_PL_METRIC_CLIP_LOW = 2,       /* mean of [r < lo and A < 0] (TRL clip_ratio/low_mean);
                                      * ppo, gspo, cispo; else 0 */
   RLK_PL_METRIC_CLIP_HIGH = 3,      /* mean of [r > hi and A > 0] (TRL clip_ratio/high_mean);
