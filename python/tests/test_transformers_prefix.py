@@ -87,6 +87,23 @@ def test_layout_is_required():
         model(input_ids=torch.zeros(1, 4, dtype=torch.int64), use_cache=False)
 
 
+@pytest.mark.parametrize("empty", [0, 1])
+def test_an_empty_prompt_is_refused(empty):
+    # a response's first token is scored from its prompt's last position: an empty prompt has
+    # none (the packed row before it is another prompt's, or there is none)
+    if not rlk.OPS["prefix_attention"].available():
+        pytest.skip("the loaded librlk has no rlk_prefix_attention")
+    require_host()
+    rtf.register()
+    model = tiny_qwen2("cpu")
+    model.set_attn_implementation(rtf.NAME)
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 10])]
+    prompts[empty] = torch.tensor([], dtype=torch.int64)
+    responses = [[torch.tensor([1, 2])], [torch.tensor([3, 4]), torch.tensor([8])]]
+    with torch.no_grad(), pytest.raises(ValueError, match="prompt %d is empty" % empty):
+        rtf.response_logprobs(model, prompts, responses)
+
+
 def test_packed_positions_continue_from_the_prompt():
     ids, pos, layout = rtf.packed_inputs([torch.tensor([5, 6, 7])],
                                          [[torch.tensor([1, 2]), torch.tensor([3])]])

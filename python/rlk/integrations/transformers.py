@@ -198,7 +198,13 @@ def response_logprobs(model, prompts, responses, **model_kwargs):
     differentiable in the model's parameters), computed with the prompt processed once: the
     first response token is scored from the prompt's last position, shared by the group. The
     model must use the "rlk_prefix" attention (register(), then
-    model.set_attn_implementation("rlk_prefix"))."""
+    model.set_attn_implementation("rlk_prefix")). Every prompt has at least one token (the
+    position its responses' first tokens are scored from)."""
+    prompts, responses = list(prompts), [list(r) for r in responses]
+    for p, prompt in enumerate(prompts):
+        if len(prompt) == 0 and p < len(responses) and responses[p]:
+            raise ValueError("response_logprobs: prompt %d is empty: its responses' first tokens have no "
+                             "position to be scored from" % p)
     device = next(model.parameters()).device
     ids, pos, layout = packed_inputs(prompts, responses, device)
     logits = model(input_ids=ids, position_ids=pos, rlk_layout=layout, use_cache=False,
