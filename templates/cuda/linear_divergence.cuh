@@ -230,9 +230,10 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_jsd_combine(RLK_
     A += x.x;
     B += x.y;
   }
-  const float beta = (float)p_.beta;
+  /* each weight rounded from the double (1 - (float)beta loses 1 - beta's digits near 1) */
+  const float wa = (float)(1.0 - p_.beta), wb = (float)p_.beta;
   const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
-  const float D = ign ? 0.0f : fmaf(beta, B, (1.0f - beta) * A);
+  const float D = ign ? 0.0f : fmaf(wb, B, wa * A);
   p_.divergence[row] = D;
   float *o = p_.stats + row * LD_STATS;
   o[2] = D;

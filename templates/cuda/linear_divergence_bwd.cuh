@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_bwd_dz(RLK_PARAM
   const auto wtb = [&](int r, i64 kk) { return v0 + r < v_end ? to_float(tw[(v0 + r) * tws + kk]) : 0.0f; };
   tile_product(as_, hsa, wsb, Hs, As, Bs); /* its barriers also publish thr and last */
   tile_product(at_, hta, wtb, Ht, As, Bs);
-  const float is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature, beta = (float)p_.beta;
+  const float is = 1.0f / p_.s_temperature, it = 1.0f / p_.t_temperature;
+  const float wa = (float)(1.0 - p_.beta), wb = (float)p_.beta;
   const float la = MODE == LD_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
   const float lb = MODE == LD_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
 #pragma unroll
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_bwd_dz(RLK_PARAM
         const bool in_k =
             MODE == LD_TOPK && (xt > thr[MODE == LD_TOPK ? rr : 0] ||
                                  (xt == thr[MODE == LD_TOPK ? rr : 0] && v <= (i64)last[MODE == LD_TOPK ? rr : 0]));
-        ld::dz_of<MODE>(fmaf(as_[r][cc], is, -ls), fmaf(xt, it, -lt), D, a1, a2, in_k, beta, la, lb, &gs, &gt);
+        ld::dz_of<MODE>(fmaf(as_[r][cc], is, -ls), fmaf(xt, it, -lt), D, a1, a2, in_k, wa, wb, la, lb, &gs, &gt);
         gs *= g * is;
         gt *= g * it;
       }

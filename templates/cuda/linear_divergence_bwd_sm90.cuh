@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1, tw = (int)(threadIdx.x % 128), w = tw / 32, l = tw % 32, rl = 16 * w + l / 4;
   u8 *stage = smem + (u32)C::STAGES * C::STAGE + (u32)cw * (C::STAGING / 2u);
-  const float is = 1.0f / p_.s_temperature, it_ = 1.0f / p_.t_temperature, beta = (float)p_.beta;
+  const float is = 1.0f / p_.s_temperature, it_ = 1.0f / p_.t_temperature;
+  const float wa = (float)(1.0 - p_.beta), wb = (float)p_.beta;
   const float la = MODE == LD_JSD ? ld::log2_approx((float)(1.0 - p_.beta)) : 0.0f;
   const float lb = MODE == LD_JSD ? ld::log2_approx((float)p_.beta) : 0.0f;
   float acc_s[C::ACC], acc_t[C::ACC];
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(LD_SM90_THREADS, 1)
         const bool in_k = MODE == LD_TOPK && (z > row[i].a2 || (z == row[i].a2 && v <= row[i].last));
         float gs, gt;
         ld::dz_of<MODE>(fmaf(acc_s[k], is, -row[i].ls), fmaf(acc_t[k], it_, -row[i].lt), row[i].D, row[i].a1,
-                        row[i].a2, in_k, beta, la, lb, &gs, &gt);
+                        row[i].a2, in_k, wa, wb, la, lb, &gs, &gt);
         acc_s[k] = row[i].ign ? 0.0f : gs * row[i].ks;
         acc_t[k] = row[i].ign ? 0.0f : gt * row[i].kt;
       }

@@ -172,10 +172,11 @@ RLK_DEVICE void store_record(float *r, const state &p) {
 
 /* A column's dD/dz for the student (gs) and the teacher (gt), rlk.h's forms; lps, lpt the
  * natural log-probs, D and a1, a2 the row's stats [2..4], in_k: the column is in the top-k set,
- * la, lb: log2(1 - beta), log2(beta). */
+ * wa, wb: 1 - beta and beta (each rounded from the double: 1 - (float)beta loses 1 - beta's digits
+ * near 1, or all of them), la, lb: their log2. */
 template <int MODE>
-RLK_DEVICE void dz_of(float lps, float lpt, float D, float a1, float a2, bool in_k, float beta, float la, float lb,
-                      float *gs, float *gt) {
+RLK_DEVICE void dz_of(float lps, float lpt, float D, float a1, float a2, bool in_k, float wa, float wb, float la,
+                      float lb, float *gs, float *gt) {
   const float ps = exp2_approx(lps * RLK_LL_LOG2E), pt = exp2_approx(lpt * RLK_LL_LOG2E);
   if (MODE == LD_FKL) {
     *gs = ps - pt;
@@ -185,8 +186,8 @@ RLK_DEVICE void dz_of(float lps, float lpt, float D, float a1, float a2, bool in
     *gt = pt - ps;
   } else if (MODE == LD_JSD) {
     const float lm = RLK_LL_LN2 * log2_mix(lps * RLK_LL_LOG2E, lpt * RLK_LL_LOG2E, la, lb);
-    *gs = (1.0f - beta) * ps * (lps - lm - a1);
-    *gt = beta * pt * (lpt - lm - a2);
+    *gs = wa * ps * (lps - lm - a1);
+    *gt = wb * pt * (lpt - lm - a2);
   } else {
     *gs = a1 * ps - (in_k ? pt : 0.0f);
     *gt = pt * ((in_k ? lpt - lps + 1.0f : 0.0f) - D - a1);
