@@ -483,6 +483,13 @@ def _div_grads(ctx, heads, stats, g):
     return tuple(grads)
 
 
+def _div_labels(kwargs, shape):
+    """labels of the rows' leading shape as the [N] the library reads (one row a token)."""
+    labels = kwargs.get("labels")
+    if labels is not None and is_torch(labels) and tuple(labels.shape) == shape:
+        kwargs["labels"] = _flat(labels)
+
+
 class LinearDivergence(torch.autograd.Function):
     """(student_hidden [N, H_s], student_weight [V, H_s], teacher_hidden [N, H_t], teacher_weight
     [V, H_t], keyword dict) -> (divergence [N], entropy [N] or None), f32, neither head's logits
@@ -523,13 +530,14 @@ def linear_divergence(student_hidden, student_weight, teacher_hidden, teacher_we
     (rlk.linear_divergence's keywords: mode, beta, top_k, temperature, student_temperature,
     teacher_temperature, labels, ignore_index, variant, splits; and chunk, the backward's
     vocabulary chunk), from student_hidden [..., H_s] / student_weight [V, H_s] and
-    teacher_hidden [..., H_t] / teacher_weight [V, H_t], differentiable in the tensors that
-    require grad (a frozen teacher: none of its). Returns the divergence (the rows' leading
-    shape, f32), or (divergence, the student's entropy) with entropy=True. torch.compile runs it
-    eagerly (a graph break)."""
+    teacher_hidden [..., H_t] / teacher_weight [V, H_t] (labels [N] or of the rows' leading
+    shape), differentiable in the tensors that require grad (a frozen teacher: none of its).
+    Returns the divergence (the rows' leading shape, f32), or (divergence, the student's entropy)
+    with entropy=True. torch.compile runs it eagerly (a graph break)."""
     _require_torch("linear_divergence", student_hidden)
     shape = tuple(student_hidden.shape[:-1])
     sh, th = _rows(student_hidden), _rows(teacher_hidden)
+    _div_labels(kwargs, shape)
     kwargs.update(entropy=entropy, loss=False)
     div, ent = LinearDivergence.apply(sh, student_weight, th, teacher_weight, kwargs)
     if entropy:
@@ -547,6 +555,7 @@ def linear_divergence_loss(student_hidden, student_weight, teacher_hidden, teach
     loss, or (loss, the student's entropy [N]) with entropy=True."""
     _require_torch("linear_divergence_loss", student_hidden)
     sh, th = _rows(student_hidden), _rows(teacher_hidden)
+    _div_labels(kwargs, tuple(student_hidden.shape[:-1]))
     kwargs.update(entropy=entropy, loss=True, mask=mask)
     loss, ent = LinearDivergence.apply(sh, student_weight, th, teacher_weight, kwargs)
     return (loss, ent) if entropy else loss

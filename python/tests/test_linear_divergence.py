@@ -195,3 +195,27 @@ def test_backward_accumulate_without_buffers(place, rng):
             assert x is None
             continue
         assert np.array_equal(np.asarray(place.back(x)), np.asarray(place.back(want)))
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_autograd_labels_of_the_rows_shape(host, rng):
+    """Hidden states [B, T, H] with labels [B, T]: the labels are the rows' (flattened as the rows
+    are), the same bits as the flat call, ignored rows 0 with no gradient."""
+    import torch
+    import rlk.autograd as ag
+    B, T, V, Hs, Ht = 2, 3, 37, 8, 12
+    arrays = make(rng, B * T, V, Hs, Ht)
+    sh, sw, th, tw = (torch.from_numpy(a.astype(np.float32)).bfloat16() for a in arrays)
+    labels = torch.tensor([[1, -100, 2], [3, 4, -100]])
+    grads = []
+    for shaped in (True, False):
+        h = (sh.view(B, T, Hs) if shaped else sh).detach().requires_grad_(True)
+        lab = labels if shaped else labels.reshape(-1)
+        div = ag.linear_divergence(h, sw, th.view(B, T, Ht) if shaped else th, tw, labels=lab)
+        loss = ag.linear_divergence_loss(h, sw, th.view(B, T, Ht) if shaped else th, tw, labels=lab)
+        (div.sum() + loss).backward()
+        grads.append((div.reshape(-1).detach(), loss.detach(), h.grad.reshape(B * T, Hs)))
+    for x, y in zip(*grads):
+        assert torch.equal(x, y)
+    assert (grads[0][0][labels.reshape(-1) == -100] == 0).all()
+    assert (grads[0][2][labels.reshape(-1) == -100] == 0).all()
