@@ -337,7 +337,8 @@ def policy_loss(logp, old_logp, advantages, mask=None, *, seq_offsets=None, ref_
 
     logp, old_logp, advantages: [B, T] (padded) or [N] (packed, with seq_offsets), f32 or f64,
     one dtype. advantages may be per sequence ([B] / [S]): seq_advantages (default: inferred
-    from its shape). mask: bool, i32 or f32. Optional ref_logp (KL term, with kl_coef),
+    from its shape: packed, [S] with S == N reads as per token, so with empty sequences among
+    them pass seq_advantages=True). mask: bool, i32 or f32. Optional ref_logp (KL term, with kl_coef),
     entropy (with entropy_coef), rollout_is_weights. mode: "ppo" (default), "gspo", "cispo",
     "sapo", "reinforce"; seq_ratio_grad "straight_through" (default) or "through_mean" (gspo);
     kl_estimator "k1", "abs", "k2", "k3"; agg "token-mean" (default),
