@@ -588,7 +588,12 @@ def _linear_policy_loss_op(hidden, weight, labels, old_logp, advantages, mask=No
 
 def _linear_policy_loss_setup(ctx, inputs, output):
     loss, gh, gw, metrics, logp = output
-    _keep_grads(ctx, _linear_policy_loss_op, inputs, (0, 1), (gh, gw))
+    # a gradient the call was told not to compute (want_hidden / want_weight false) is an empty
+    # placeholder: that input gets none, whether or not it requires grad
+    wanted = [(pos, g) for pos, g, flag in ((0, gh, _LPL_WANT_HIDDEN), (1, gw, _LPL_WANT_WEIGHT))
+              if inputs[flag]]
+    _keep_grads(ctx, _linear_policy_loss_op, inputs, [pos for pos, _ in wanted],
+                [g for _, g in wanted])
     ctx.mark_non_differentiable(gh, gw, metrics, logp)
 
 
@@ -596,6 +601,9 @@ def _linear_policy_loss_backward(ctx, grad_loss, *_):
     return _scaled_grads(ctx, grad_loss)
 
 
+_LPL_ARGS = [a.name for a in _linear_policy_loss_op._opoverload._schema.arguments]
+_LPL_WANT_HIDDEN = _LPL_ARGS.index("want_hidden")
+_LPL_WANT_WEIGHT = _LPL_ARGS.index("want_weight")
 _linear_policy_loss_op.register_autograd(_linear_policy_loss_backward,
                                          setup_context=_linear_policy_loss_setup)
 

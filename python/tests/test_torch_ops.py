@@ -308,3 +308,37 @@ def test_reduce_overhead_replays_bitwise(monkeypatch):
             assert torch.equal(e, c)
     assert per_step[0], "the warm-up runs the ops through the package: the count must see them"
     assert per_step[-3:] == [[], [], []], per_step
+
+
+@host_cases
+@pytest.mark.skipif(not CASES, reason=NO_CASES)
+@pytest.mark.parametrize("want", ["hidden", "weight"])
+def test_linear_policy_loss_gradient_of_one_head_tensor_alone(want):
+    """want_hidden / want_weight false with that tensor still requiring grad: the operator's
+    backward gives it no gradient (the call computed none) and the other the loss's, against an
+    fp64 reference. At old_logp = logp the PPO ratio is 1 (inside the clip), so the token-mean
+    loss is -mean(A r) and its gradient -A r / N through log_softmax(hidden @ weight.T)."""
+    gen = torch.Generator().manual_seed(8)
+    n = B
+    hidden = torch.randn(n, H, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(V, H, generator=gen) * 0.2).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, V, (n,), generator=gen)
+    adv = torch.randn(2, n // 2, generator=gen)
+    h64 = hidden.detach().double().requires_grad_(True)
+    w64 = weight.detach().double().requires_grad_(True)
+    logp64 = torch.log_softmax(h64 @ w64.T, dim=-1).gather(1, labels[:, None])[:, 0]
+    old = logp64.detach().float().reshape(2, n // 2)
+    ref = -(adv.double().reshape(-1) * torch.exp(logp64 - old.double().reshape(-1))).mean()
+    ref.backward()
+    out = torch.ops.rlk.linear_policy_loss(hidden, weight, labels, old, adv,
+                                           want_hidden=want == "hidden",
+                                           want_weight=want == "weight")
+    out[0].backward()
+    assert abs(out[0].item() - ref.item()) < 1e-5
+    got, other = (hidden, weight) if want == "hidden" else (weight, hidden)
+    expect = h64.grad if want == "hidden" else w64.grad
+    assert other.grad is None
+    # computed in f32 from bf16 inputs, returned in the input's dtype (bf16): its rounding,
+    # 2^-9 relative, dominates; twice that, and an absolute floor for entries near 0
+    assert got.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got.grad.double(), expect, rtol=2.0 ** -8, atol=1e-5)
