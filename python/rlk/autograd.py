@@ -405,7 +405,8 @@ def token_logprob(logits, labels, *, entropy=False, inplace_backward=False, **kw
 def _unscored(ent, labels, kwargs):
     """The entropy with an ignored row's 0: the ops compute it there, but their backward gives
     ignored rows no gradient, so the value would have none."""
-    return ent.masked_fill(_flat(labels) == int(kwargs.get("ignore_index", -100)), 0.0)
+    ignore = kwargs.get("ignore_index")  # None (or absent): the ops' default, -100
+    return ent.masked_fill(_flat(labels) == (-100 if ignore is None else int(ignore)), 0.0)
 
 
 def linear_token_logprob(hidden, weight, labels, *, entropy=False, **kwargs):

@@ -195,6 +195,32 @@ def test_fused_linear_cross_entropy_matches_fp64(reduction):
 
 
 @need_torch
+def test_autograd_entropy_with_ignore_index_none_is_the_default():
+    """ignore_index=None is the ops' default (-100), as rlk.logprob takes it: the entropy that
+    rlk.autograd returns is 0 on the rows labelled -100 and the fp64 entropy elsewhere."""
+    from rlk import autograd as A
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 16, generator=gen)
+    labels = torch.randint(0, 16, (6,), generator=gen)
+    labels[2] = -100
+    z = logits.double()
+    want = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    want[2] = 0
+    # f32 entropy of 16 logits of magnitude ~3: a few f32 ulps of log(16) + |z|
+    _, ent = A.token_logprob(logits.clone().requires_grad_(True), labels, entropy=True,
+                             ignore_index=None)
+    torch.testing.assert_close(ent.detach().double(), want, rtol=0, atol=1e-5)
+    hidden, weight, _ = _head(gen)
+    h = hidden.reshape(-1, H)[:6]
+    _, ent = A.linear_token_logprob(h, weight, labels.clamp(max=V - 1), entropy=True,
+                                    ignore_index=None)
+    z = h.double() @ weight.double().T
+    want = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    want[2] = 0
+    torch.testing.assert_close(ent.double(), want, rtol=0, atol=1e-5)
+
+
+@need_torch
 def test_policy_loss_modules_are_the_autograd_calls():
     gen = torch.Generator().manual_seed(8)
     hidden, weight, labels = _head(gen)
