@@ -29,7 +29,9 @@ class BadInput(InvalidArgument):
     """A call's input that only the device could judge: `found` maps each op to its status
     bits (or to "nan" for NaN outputs)."""
 
-    def __init__(self, message, found):
+    # found has a default: an exception is unpickled (multiprocessing, a remote worker's error)
+    # by calling its class with args, the message alone, and then restoring its attributes
+    def __init__(self, message, found=None):
         super().__init__(message)
         self.found = found
 

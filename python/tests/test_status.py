@@ -75,3 +75,17 @@ def test_checks_raise_at_the_call():
     # numpy arrays on the host are checked alike
     with pytest.raises(rlk.BadInput):
         rlk.logprob(np.zeros((2, 4), np.float32), np.array([0, 9], np.int64))
+
+
+def test_bad_input_survives_pickling():
+    """A BadInput raised in a worker process reaches the parent through pickle (multiprocessing,
+    a remote trainer): the class, the message and what was found come back."""
+    import pickle
+    hs, w = head()
+    rlk.linear_logprob(hs, w, torch.tensor([1, 2, 10, 3]))
+    with pytest.raises(rlk.BadInput) as e:
+        rlk.check_status()
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is rlk.BadInput and isinstance(back, rlk.InvalidArgument)
+    assert str(back) == str(e.value) and back.message == e.value.message
+    assert back.found == {"linear_logprob": rlk.STATUS_BAD_LABEL}
