@@ -139,6 +139,24 @@ def test_bad_rows_and_arguments(place):
             rlk.sample(place.to(x), seed=1, **kw)
 
 
+def test_integer_settings_the_library_cannot_hold(place):
+    # int64_t top_k and uint64_t seed / offset: a wider Python int's low bits would be another
+    # setting (2^64 + 1 as top_k 1 cuts a row of distinct logits to its maximum), a fraction
+    # another top_k
+    x = np.tile(np.arange(8, dtype=np.float32), (2, 1))
+    for kw in ({"top_k": 2**64 + 1}, {"top_k": 2**63}, {"top_k": -2**64 + 1}, {"top_k": 2.5},
+               {"top_k": float("nan")}, {"seed": 2**64}, {"seed": -2**63 - 1}, {"offset": 2**64 + 3},
+               {"seed": 1.5}):
+        name = next(iter(kw))
+        with pytest.raises(rlk.InvalidArgument, match="^%s: " % name):
+            rlk.sample(place.to(x), **kw)
+    # the bounds themselves, and an integral float, are taken: top_k 2^63 - 1 keeps every token
+    out = rlk.sample(place.to(x), top_k=2**63 - 1, seed=2**64 - 1, offset=-2**63, threshold=True)
+    assert np.all(place.back(out.threshold) == -np.inf)
+    out = rlk.sample(place.to(x), top_k=2.0, threshold=True)
+    assert np.all(place.back(out.threshold) == 6.0)
+
+
 def test_row_split_changes_nothing(place, rng):
     # rows of 80 KB: a 512-thread layout, which sm_90 can split over a cluster
     B, V = 5, 20000

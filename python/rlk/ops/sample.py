@@ -9,6 +9,7 @@ greedy rows) and token.
 import collections
 
 from .. import _types as T
+from ..errors import InvalidArgument
 from .._tensor import Binder, Op, dim, compiling, f32, keep_plan, plan_call, traced, use_plans
 
 __all__ = ["SampleArgs", "SampleResult", "SAMPLE_STATUS_NAN", "SAMPLE_STATUS_NO_TOKEN",
@@ -49,11 +50,25 @@ def _setting(b, name, tensor_field, value, dtypes, convert):
 
 
 def _int(name, x):
-    return int(x)
+    """An int64 setting (top_k): an integer, refused where int64_t cannot hold it, whose low bits
+    the library would read as another setting (2^64 + 1 as a top_k of 1)."""
+    if isinstance(x, float) and not x.is_integer():
+        raise InvalidArgument("%s: %r is not an integer" % (name, x))
+    v = int(x)
+    if not -(1 << 63) <= v < (1 << 63):
+        raise InvalidArgument("%s: %d is outside int64 (the library's type for it)" % (name, v))
+    return v
 
 
 def _u64(name, x):
-    return int(x) & 0xFFFFFFFFFFFFFFFF
+    """A 64-bit bit pattern (seed, offset): an integer in [-2^63, 2^64), negative ones as their
+    two's complement; wider ones are refused (their low bits would draw as another seed)."""
+    if isinstance(x, float) and not x.is_integer():
+        raise InvalidArgument("%s: %r is not an integer" % (name, x))
+    v = int(x)
+    if not -(1 << 63) <= v < (1 << 64):
+        raise InvalidArgument("%s: %d is outside 64 bits (int64 or uint64)" % (name, v))
+    return v & 0xFFFFFFFFFFFFFFFF
 
 
 def _filters(b, top_k, top_p, min_p, seed, offset):
