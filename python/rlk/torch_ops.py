@@ -847,9 +847,10 @@ def _sample_op(logits, *, tokens_i32=False, logp=True, logp_filtered=False, thre
         _or_empty(out.threshold, logits.new_empty(_EMPTY, dtype=_F32))
 
 
-def _signed64(v):
-    """A 64-bit seed or offset as the schema's signed int (the library reads the same bits)."""
-    v = int(v) & 0xFFFFFFFFFFFFFFFF
+def _signed64(name, v):
+    """A 64-bit seed or offset as the schema's signed int (the library reads the same bits);
+    refused as rlk.sample refuses it where wider than 64 bits."""
+    v = _sample._u64(name, v)
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
@@ -866,7 +867,7 @@ def sample(logits, *, tokens=None, token_dtype="i64", logp=True, logp_filtered=F
             kw[scalar] = None
             kw[tensor] = v
         elif v is not None and scalar in ("seed", "offset"):
-            kw[scalar] = _signed64(v)
+            kw[scalar] = _signed64(scalar, v)
     if kw.get("row_split") == "auto":
         kw["row_split"] = _sample.SAMPLE_ROW_SPLIT_AUTO
     toks, lp, lpf, thr = _sample_op(logits, tokens_i32=token_dtype in ("i32", T.DType.I32),

@@ -157,6 +157,19 @@ def test_integer_settings_the_library_cannot_hold(place):
     assert np.all(place.back(out.threshold) == 6.0)
 
 
+def test_torch_ops_sample_refuses_wide_seeds(host):
+    # torch.compile's operator takes seeds as signed int64: a wider number is refused as
+    # rlk.sample refuses it, not masked to its low bits
+    torch = pytest.importorskip("torch")
+    from rlk import torch_ops
+    x = torch.zeros(2, 8)
+    for kw in ({"seed": 2**64}, {"offset": -2**63 - 1}):
+        with pytest.raises(rlk.InvalidArgument, match="^%s: " % next(iter(kw))):
+            torch_ops.sample(x, **kw)
+    a = torch_ops.sample(x, seed=2**64 - 1, offset=3).tokens
+    assert torch.equal(a, rlk.sample(x, seed=-1, offset=3).tokens)
+
+
 def test_row_split_changes_nothing(place, rng):
     # rows of 80 KB: a 512-thread layout, which sm_90 can split over a cluster
     B, V = 5, 20000
