@@ -33,6 +33,18 @@ c_constant = _header.constant  # an integer #define of rlk.h, by name
 C_ENUMS = {}  # IntEnum mirror -> (its C enum's typedef name, the prefixes of its constants)
 
 
+_ENUM_KEYS = {}  # enum class -> {member, its value, its spellings: int}
+
+
+def _enum_keys(enum_cls):
+    keys = {}
+    for name, m in enum_cls.__members__.items():  # aliases too (Backend.CPU)
+        for k in (m.value, name, name.lower(), name.lower().replace("_", "-")):
+            keys[k] = int(m.value)
+    _ENUM_KEYS[enum_cls] = keys
+    return keys
+
+
 def c_enum(py_name, name, *prefixes, aliases=()):
     """The IntEnum mirror of the C enum `name`, read from rlk.h: each member is a constant of it
     with the first of `prefixes` it starts with taken off (RLK_ADV_RLOO is RLOO); `aliases` are
@@ -43,6 +55,7 @@ def c_enum(py_name, name, *prefixes, aliases=()):
         members.append((constant[len(prefix):], value))
     cls = enum.IntEnum(py_name, members + list(aliases), module=sys._getframe(1).f_globals.get("__name__"))
     C_ENUMS[cls] = (name, prefixes)
+    _enum_keys(cls)  # now, not at a first call that torch.compile traces (a dict written there breaks the graph)
     return cls
 
 
@@ -65,18 +78,6 @@ Tensor = c_struct("rlk_tensor")  # data pointer, dtype, shape and strides in ele
 ContextOptions = c_struct("rlk_context_options")
 DeviceInfo = c_struct("rlk_device_info")
 Counters = c_struct("rlk_counters")
-
-
-_ENUM_KEYS = {}  # enum class -> {member, its value, its spellings: int}
-
-
-def _enum_keys(enum_cls):
-    keys = {}
-    for name, m in enum_cls.__members__.items():  # aliases too (Backend.CPU)
-        for k in (m.value, name, name.lower(), name.lower().replace("_", "-")):
-            keys[k] = int(m.value)
-    _ENUM_KEYS[enum_cls] = keys
-    return keys
 
 
 def enum_value(enum_cls, value, what):

@@ -202,6 +202,33 @@ def test_compiled_grpo_step_logits_has_no_graph_break_and_equal_results():
         assert torch.equal(e, c)
 
 
+_FRESH_STEP = """
+import torch, rlk
+from rlk import autograd as A
+def step(logits, labels, scores, mask, old):
+    adv = rlk.group_advantage(scores, 4, mode="rloo")
+    logp, ent = A.token_logprob(logits, labels, entropy=True)
+    return A.policy_loss(logp, old, adv, mask, entropy=ent, entropy_coef=0.01, agg="seq-mean-token-mean")
+g = torch.Generator().manual_seed(4)
+args = (torch.randn(8, 16, 64, generator=g).requires_grad_(True), torch.randint(0, 64, (8, 16), generator=g),
+        torch.randn(8, generator=g), torch.rand(8, 16, generator=g) > 0.2, -torch.rand(8, 16, generator=g))
+loss, _ = torch.compile(step, fullgraph=True)(*args)
+loss.backward()
+print("compiled", float(loss))
+"""
+
+
+@host_cases
+@pytest.mark.skipif(not CASES, reason=NO_CASES)
+def test_a_fresh_process_compiles_the_step_whole():
+    """The package's first call inside torch.compile(fullgraph=True), nothing called before it
+    (the caches that an earlier call fills are empty then): no graph break, so no error."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _FRESH_STEP], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
 @host_cases
 @pytest.mark.skipif(not CASES, reason=NO_CASES)
 def test_compiled_functional_calls_match_eager():
