@@ -624,7 +624,8 @@ class Binder:
             t = _torch
             s = stream if isinstance(stream, t.cuda.Stream) else t.cuda.ExternalStream(raw)
             for a in self.keep:
-                a.record_stream(s)
+                if hasattr(a, "record_stream"):  # keep holds other objects too (a prefix layout)
+                    a.record_stream(s)
         return ctx
 
 

@@ -352,3 +352,24 @@ def test_cuda_autograd(rng):
     ref, bnd = replicated_ref(lay, *host, D ** -0.5, arith(False, D, True, major >= 8, T))
     for name, got, i in (("out", out, 0), ("dq", q.grad, 2), ("dk", k.grad, 3), ("dv", v.grad, 4)):
         check_within(name, got.detach().float().cpu().numpy(), ref[i], bnd[i])
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device (or no torch)")
+def test_cuda_on_a_side_stream(rng):
+    """stream=: the forward and backward run on the given stream and equal the default stream's
+    bit for bit (the layout the call keeps alive is no tensor to tell the allocator of)."""
+    import torch
+    lay = rlk.prefix_layout([37], [[5, 20]])
+    T, H, D = lay.tokens, 2, 64
+    q, k, v, do = (torch.tensor(grid(rng, (T, H, D)), device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    want = rlk.prefix_attention(q, k, v, lay)
+    want_grads = rlk.prefix_attention_backward(q, k, v, lay, want.out, want.lse, do)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = rlk.prefix_attention(q, k, v, lay, stream=s)
+        grads = rlk.prefix_attention_backward(q, k, v, lay, got.out, got.lse, do, stream=s)
+    s.synchronize()
+    assert torch.equal(got.out, want.out)
+    for a, b in zip(grads, want_grads):
+        assert torch.equal(a, b)
