@@ -7,7 +7,7 @@ import pytest
 
 import refs
 import rlk
-from conftest import HAVE_TORCH
+from conftest import HAVE_CUDA, HAVE_TORCH
 
 if HAVE_TORCH:
     import torch
@@ -380,3 +380,24 @@ def test_normalizer_errors(place, rng):
         rlk.policy_loss(*args, token_normalizer=place.to(np.ones(1, np.int32)))
     with pytest.raises(rlk.InvalidArgument, match="token_normalizer"):
         rlk.policy_loss(*args, token_normalizer=-3.0)
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device (or no torch)")
+def test_checks_read_the_outputs_not_their_buffer():
+    """RLK_CHECK on CUDA: the losses' outputs share one buffer with padding and the library's
+    workspace, never written as outputs; memory the allocator hands back full of NaN must not
+    read as "an output holds NaN" on valid input."""
+    g = torch.Generator().manual_seed(5)
+    logp, old = (-torch.rand(4, 33, generator=g, dtype=torch.float64) for _ in range(2))
+    adv = torch.randn(4, 33, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 33, generator=g) > 0.3
+    logp, old, adv, mask = (x.cuda() for x in (logp, old, adv, mask))
+    want = rlk.policy_loss(logp, old, adv, mask)
+    rlk.set_checks(True)
+    try:
+        for _ in range(3):  # the freed NaN block is what the next allocations take
+            torch.full((1 << 16,), float("nan"), device="cuda", dtype=torch.float64)
+            got = rlk.policy_loss(logp, old, adv, mask)
+            assert torch.equal(got.loss, want.loss) and torch.equal(got.grad_logp, want.grad_logp)
+    finally:
+        rlk.set_checks(False)
