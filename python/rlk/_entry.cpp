@@ -170,9 +170,10 @@ class Plan {
       throw std::out_of_range("rlk plan: a field offset outside the args struct");
   }
   static void put(char *base, int64_t at, const void *p) { std::memcpy(base + at, &p, sizeof(p)); }
-  // A Python number as the field's C type, as ctypes would store it (an integer's low bits for
-  // U64 and I32, so -1 is all ones); false for anything that is not such a number (the Python
-  // path then names it).
+  // A Python number as the field's C type, as ctypes would store it (a negative integer's two's
+  // complement for U64 and I32, so -1 is all ones); false for anything that is not such a number
+  // or an integer the field cannot hold (wider than 64 or 32 bits: its low bits would be another
+  // seed), which the Python path then names.
   static bool put_scalar(char *base, const Scalar &s, py::handle v) {
     PyObject *o = v.ptr();
     if (s.kind == F64 || s.kind == F32) {
@@ -186,8 +187,17 @@ class Plan {
       }
       return true;
     }
-    const unsigned long long u = PyLong_AsUnsignedLongLongMask(o);
-    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return PyErr_Clear(), false;
+    int overflow = 0;
+    const long long sv = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (sv == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
+    if (overflow < 0) return false;
+    unsigned long long u = static_cast<unsigned long long>(sv);
+    if (overflow > 0) {  // [2^63, 2^64) fits a U64 field alone
+      u = PyLong_AsUnsignedLongLong(o);
+      if (PyErr_Occurred() || s.kind != U64) return PyErr_Clear(), false;
+    } else if (s.kind != U64 && (sv < INT32_MIN || sv > static_cast<long long>(UINT32_MAX))) {
+      return false;
+    }
     if (s.kind == U64) {
       const uint64_t x = u;
       std::memcpy(base + s.at, &x, sizeof x);

@@ -13,6 +13,7 @@ compared with its table of every constant (rlk_abi_enum_constant; see _lib.check
 header whose constants differ from the loaded library's fails the import instead of passing a
 wrong value.
 """
+import ctypes
 import enum
 import sys
 
@@ -31,6 +32,32 @@ def c_struct(name):
 c_constant = _header.constant  # an integer #define of rlk.h, by name
 
 C_ENUMS = {}  # IntEnum mirror -> (its C enum's typedef name, the prefixes of its constants)
+
+
+_INT_RANGES = {}  # (struct class, field) -> (lo, hi, name): the [lo, hi) of its C integer type
+
+
+def set_int(struct, field, value, what=None):
+    """struct.field = value for an integer field, refused (InvalidArgument naming `what`, else
+    the field) where the value is no integer or the field's C type cannot hold it: ctypes would
+    keep the low bits, and the library would read another setting (a top_k of 2^32 + 3 as 3)."""
+    key = (struct.__class__, field)
+    r = _INT_RANGES.get(key)
+    if r is None:
+        ctype = dict(struct.__class__._fields_)[field]
+        bits = 8 * ctypes.sizeof(ctype)
+        signed = ctype(-1).value < 0
+        r = _INT_RANGES[key] = ((-(1 << (bits - 1)), 1 << (bits - 1), "int%d_t" % bits) if signed
+                                else (0, 1 << bits, "uint%d_t" % bits))
+    if value.__class__ is not int:
+        if isinstance(value, (float, str, bytes)) and not (isinstance(value, float) and value.is_integer()):
+            from .errors import InvalidArgument
+            raise InvalidArgument("%s: %r is not an integer" % (what or field, value))
+        value = int(value)
+    if not r[0] <= value < r[1]:
+        from .errors import InvalidArgument
+        raise InvalidArgument("%s: %d is outside what the library's %s holds" % (what or field, value, r[2]))
+    setattr(struct, field, value)
 
 
 _ENUM_KEYS = {}  # enum class -> {member, its value, its spellings: int}

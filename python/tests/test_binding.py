@@ -341,3 +341,29 @@ def test_struct_size_is_checked_once_per_op(host, monkeypatch):
     for _ in range(3):
         op.new_args()
     assert calls == [GA.GroupAdvantageArgs]
+
+
+def test_integer_settings_the_fields_cannot_hold_are_refused(host):
+    """An integer setting goes into its C field only where the field's type holds it: ctypes
+    would keep the low bits, and the library would run another setting (an ignore_index of
+    2^64 - 100 as -100, a top_k of 2^32 + 3 as 3, a group of 2^64 + 2 as 2)."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((4, 9)).astype(np.float32)
+    labels = np.array([0, 3, -100, 8], np.int64)
+    h = rng.standard_normal((4, 8)).astype(np.float16)
+    w = rng.standard_normal((9, 8)).astype(np.float16)
+    calls = [
+        ("ignore_index", lambda v: rlk.logprob(logits, labels, ignore_index=v), 2 ** 64 - 100),
+        ("ignore_index", lambda v: rlk.linear_logprob(h, w, labels, ignore_index=v), -2 ** 63 - 1),
+        ("top_k", lambda v: rlk.linear_divergence(h, w, h, w, top_k=v), 2 ** 32 + 3),
+        ("group_size", lambda v: rlk.group_advantage(np.arange(4, dtype=np.float32), v), 2 ** 64 + 2),
+    ]
+    for field, call, bad in calls:
+        with pytest.raises(rlk.InvalidArgument, match="%s: %d is outside what the library's" % (field, bad)):
+            call(bad)
+    with pytest.raises(rlk.InvalidArgument, match="ignore_index: 2.5 is not an integer"):
+        rlk.logprob(logits, labels, ignore_index=2.5)
+    # integral values of other types are still taken: numpy integers, 2.0
+    want = rlk.logprob(logits, labels, ignore_index=-100).logp
+    for v in (np.int64(-100), -100.0):
+        np.testing.assert_array_equal(rlk.logprob(logits, labels, ignore_index=v).logp, want)

@@ -624,3 +624,20 @@ def test_folders_an_earlier_version_left_open_are_tightened(monkeypatch, tmp_pat
     with pytest.raises(_entry._Untrusted, match="writable by group or others"):
         _entry._load(str(path))
     assert (os.stat(root).st_mode & 0o777) == 0o775
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_draw_number_wider_than_64_bits_is_refused_past_a_plan(entry, dev):
+    """A seed or offset a plan writes per call: one outside [-2^63, 2^64) is not masked to its
+    low bits (2^64 would draw as seed 0) but takes the Python path, which refuses it."""
+    _entry.forget()
+    x = draw_inputs(dev)
+    rlk.sample(x["logits"], top_k=20, seed=5, offset=3)
+    assert len(_entry.plans) == 1
+    for bad in (dict(seed=2 ** 64), dict(offset=-2 ** 63 - 1), dict(seed=2 ** 70)):
+        with pytest.raises(rlk.InvalidArgument, match="outside 64 bits"):
+            rlk.sample(x["logits"], top_k=20, **{"seed": 5, "offset": 3, **bad})
+    # the widest taken: 2^64 - 1 is written as the bits of -1
+    a = rlk.sample(x["logits"], top_k=20, seed=2 ** 64 - 1, offset=3)
+    b = rlk.sample(x["logits"], top_k=20, seed=-1, offset=3)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp, b.logp)

@@ -60,7 +60,7 @@ def group_advantage(scores, group_size=None, *, group_offsets=None, mode=None, e
     a = b.args
     dt = b.set("scores", scores, _F)
     if group_size is not None:
-        a.group_size = int(group_size)
+        T.set_int(a, "group_size", group_size)
     if group_offsets is not None:
         b.set("group_offsets", group_offsets, _I, optional=True)
     if mode is not None:

@@ -68,9 +68,9 @@ def _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight,
     if beta is not None:
         a.beta = float(beta)
     if top_k is not None:
-        a.top_k = int(top_k)
+        T.set_int(a, "top_k", top_k)
     if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+        T.set_int(a, "ignore_index", ignore_index)
     return sdt, tdt
 
 
@@ -85,9 +85,9 @@ def _outputs(b, n, entropy):
 def _launch(b, variant, splits, stream):
     """The forward's kernel choices (None: the library's), its workspace and the launch."""
     if variant is not None:
-        b.args.variant = int(variant)
+        T.set_int(b.args, "variant", variant)
     if splits is not None:
-        b.args.splits = int(splits)
+        T.set_int(b.args, "splits", splits)
     b.bind_workspace()
     b.run(stream)
 
@@ -171,9 +171,9 @@ def linear_divergence_backward(student_hidden, student_weight, teacher_hidden, t
         b.set(names[q], grads[q], optional=True, output=True)
     a.accumulate = 1 if accumulate else 0
     if chunk is not None:
-        a.chunk = int(chunk)
+        T.set_int(a, "chunk", chunk)
     a.shard = 1 if shard else 0
-    a.vocab_start = int(vocab_start)
+    T.set_int(a, "vocab_start", vocab_start)
     b.bind_workspace()
     b.run(stream)
     return tuple(grads)
@@ -192,7 +192,7 @@ def linear_divergence_partials(student_hidden, student_weight, teacher_hidden, t
     a = b.args
     _heads(b, a, student_hidden, student_weight, teacher_hidden, teacher_weight, mode, None, None,
            temperature, student_temperature, teacher_temperature, None, None)
-    a.vocab_start = int(vocab_start)
+    T.set_int(a, "vocab_start", vocab_start)
     if partials is None:
         partials = b.empty((dim(student_hidden, 0), PARTIAL_FIELDS), T.DType.F32)
     b.set("partials", partials, _F32, output=True)
@@ -212,7 +212,7 @@ def linear_divergence_combine(partials, *, mode="forward_kl", labels=None, ignor
     b.set("labels", labels, _LABELS, optional=True)
     a.mode = T.enum_value(DivergenceMode, mode, "%s: mode" % b.name)
     if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+        T.set_int(a, "ignore_index", ignore_index)
     div, stats, ent = _outputs(b, dim(partials, 1), entropy)
     b.run(stream)
     return LinearDivergenceResult(div, stats, ent, None, None)

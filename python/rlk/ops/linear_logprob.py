@@ -51,13 +51,13 @@ def _head(b, a, prefix, hidden, weight, labels, temperature, ignore_index, varia
     if temperature is not None:
         a.temperature = f32("temperature", temperature)
     if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+        T.set_int(a, "ignore_index", ignore_index)
     if variant is not None:
         a.variant = T.enum_value(LinearLogprobVariant, variant, "%s: variant" % b.name)
     if splits is not None:
-        a.splits = int(splits)
+        T.set_int(a, "splits", splits)
     if stages is not None:
-        a.stages = int(stages)
+        T.set_int(a, "stages", stages)
     return dt
 
 
@@ -133,7 +133,7 @@ def linear_logprob_partials(hidden, weight, labels, vocab_start, *, entropy=Fals
     b = Binder(OP)
     a = b.args
     _head(b, a, "", hidden, weight, labels, temperature, ignore_index, variant, splits, rows=rows)
-    a.vocab_start = int(vocab_start)
+    T.set_int(a, "vocab_start", vocab_start)
     a.partial_entropy = 1 if entropy else 0
     if partials is None:
         partials = b.empty((dim(hidden if rows is None else rows, 0), 4), T.DType.F32)
@@ -202,11 +202,11 @@ def linear_logprob_backward(hidden, weight, labels, lse, grad_logp=None, grad_en
     a.accumulate = 1 if accumulate else 0
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if chunk is not None:
-        a.chunk = int(chunk)
+        T.set_int(a, "chunk", chunk)
     if group is not None:
-        a.group = int(group)
+        T.set_int(a, "group", group)
     a.shard = 1 if shard else 0
-    a.vocab_start = int(vocab_start)
+    T.set_int(a, "vocab_start", vocab_start)
     b.bind_workspace()
     ctx = b.run(stream)
     if fast:
@@ -314,15 +314,15 @@ def linear_policy_loss(hidden, weight, labels, old_logp, advantages, mask=None, 
     b.set("grad_weight", grad_weight, optional=True, output=True)
     a.accumulate = 1 if accumulate else 0
     if chunk is not None:
-        a.chunk = int(chunk)
+        T.set_int(a, "chunk", chunk)
     if group is not None:
-        a.group = int(group)
+        T.set_int(a, "group", group)
     if path is not None:
         if path not in POLICY_PATHS:
             raise ValueError(f"path: {path!r} is not one of {sorted(POLICY_PATHS)}")
         a.path = POLICY_PATHS[path]
     if chunk_tokens is not None:
-        a.chunk_tokens = int(chunk_tokens)
+        T.set_int(a, "chunk_tokens", chunk_tokens)
     b.bind_workspace()
     b.run(stream)
     return LinearPolicyLossResult(out[0:1], grad_hidden, grad_weight, out_metrics, logp_out)

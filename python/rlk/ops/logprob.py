@@ -46,17 +46,17 @@ def _common(b, logits, labels, temperature, ignore_index, status, variant, block
     if temperature is not None:
         a.temperature = f32("temperature", temperature)
     if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+        T.set_int(a, "ignore_index", ignore_index)
     if status is not None:
         b.set(at + "status", status, _I32, optional=True, output=True)
     if variant is not None:
         a.variant = T.enum_value(LogprobVariant, variant, "%s: variant" % b.name)
     if block is not None:
-        a.block = int(block)
+        T.set_int(a, "block", block)
     if unroll is not None:
-        a.unroll = int(unroll)
+        T.set_int(a, "unroll", unroll)
     if stages is not None:
-        a.stages = int(stages)
+        T.set_int(a, "stages", stages)
     return dt
 
 
@@ -153,7 +153,7 @@ def logprob_backward(logits, labels, lse, grad_logp=None, grad_entropy=None, ent
         b.set("threshold", threshold, _F32)
     if vocab_start is not None:
         b.args.shard = 1
-        b.args.vocab_start = int(vocab_start)
+        T.set_int(b.args, "vocab_start", vocab_start)
     b.set("lse", lse, _F32)
     if grad_logp is not None:
         b.set("grad_logp", grad_logp, _F32, optional=True)

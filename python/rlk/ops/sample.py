@@ -207,9 +207,9 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     thr = _optional_out(b, "threshold", threshold, shape)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if logprob_block is not None:
-        b.args.logprob_block = int(logprob_block)
+        T.set_int(b.args, "logprob_block", logprob_block)
     if logprob_unroll is not None:
-        b.args.logprob_unroll = int(logprob_unroll)
+        T.set_int(b.args, "logprob_unroll", logprob_unroll)
     if row_split is not None:
         b.args.row_split = SAMPLE_ROW_SPLIT_AUTO if row_split == "auto" else int(row_split)
     if pdl is not None:

@@ -45,7 +45,7 @@ def token_baseline(rewards, old_logp, sum_pi_squared, group_size=None, *, group_
     b.set("rollout_is_weights", rollout_is_weights, (dt,), optional=True)
     b.set("mask", mask, optional=True)
     if group_size is not None:
-        a.group_size = int(group_size)
+        T.set_int(a, "group_size", group_size)
     b.set("group_offsets", group_offsets, (T.DType.I32, T.DType.I64), optional=True)
     if epsilon is not None:
         a.epsilon = float(epsilon)

@@ -56,7 +56,7 @@ def logprob_partials(logits, labels, vocab_start, *, temperature=None, ignore_in
     b = Binder(FORWARD_OP)
     a = b.args
     _common(b, logits, labels, temperature, ignore_index, None, None, block, unroll, None)
-    a.vocab_start = int(vocab_start)
+    T.set_int(a, "vocab_start", vocab_start)
     a.partial_entropy = 1 if entropy else 0
     if partials is None:
         partials = b.empty((dim(logits, 0), PARTIAL_FIELDS), T.DType.F32)
@@ -80,7 +80,7 @@ def logprob_combine(partials, labels, *, ignore_index=None, entropy=False, lse=T
     b.set("partials", partials, _F32)
     b.set("labels", labels, _LABELS)
     if ignore_index is not None:
-        a.ignore_index = int(ignore_index)
+        T.set_int(a, "ignore_index", ignore_index)
     b.set("status", status, (T.DType.I32,), optional=True, output=True)
     if logp is None:
         logp = b.empty((dim(labels, 0),), T.DType.F32)
@@ -173,10 +173,10 @@ def vocab_parallel_logprob_nccl(logits, labels, vocab_start, nccl_comm, *, tempe
     b = Binder(NCCL_OP)
     a = b.args
     _common(b, logits, labels, temperature, ignore_index, status, None, block, unroll, None, into="fwd")
-    a.fwd.vocab_start = int(vocab_start)
+    T.set_int(a.fwd, "vocab_start", vocab_start)
     logp = b.output("fwd.logp", T.DType.F32, (dim(labels, 0),))
     result = LogprobResult(logp, *_lse_entropy(b, labels, lse, entropy, "fwd."))
-    a.nccl_comm = int(nccl_comm)
+    T.set_int(a, "nccl_comm", nccl_comm)
     nbytes = b.workspace_size()
     _, ptr = b.workspace(nbytes + 16)
     a.workspace = (ptr + 15) // 16 * 16
