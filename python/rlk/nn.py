@@ -53,8 +53,8 @@ class FusedLinearLogprob(torch.nn.Module):
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
     """torch.nn.CrossEntropyLoss of logits = hidden @ weight.T (/ temperature), the logits never
     stored: (weight [V, H], hidden [..., H], target [...]) -> the loss. reduction "mean" (over
-    the tokens whose target is not ignore_index, as torch's), "sum" or "none" (per token, 0 where
-    ignored)."""
+    the tokens whose target is not ignore_index; 0 when every token is ignored, as Liger's, where
+    torch's would be 0 / 0), "sum" or "none" (per token, 0 where ignored)."""
 
     def __init__(self, ignore_index=-100, reduction="mean", temperature=1.0):
         super().__init__()
@@ -74,7 +74,9 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
         total = nll.sum()
         if self.reduction == "sum":
             return total
-        return total / (target != self.ignore_index).sum()
+        # a batch of ignored tokens only (a micro-batch of prompt tokens) has loss 0 and no
+        # gradient, not 0 / 0
+        return total / (target != self.ignore_index).sum().clamp(min=1)
 
     def extra_repr(self):
         return "ignore_index=%d, reduction=%s, temperature=%g" % (

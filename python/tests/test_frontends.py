@@ -195,6 +195,28 @@ def test_fused_linear_cross_entropy_matches_fp64(reduction):
 
 
 @need_torch
+def test_fused_linear_cross_entropy_mean_of_no_tokens_is_zero():
+    """Every target ignore_index (a micro-batch of prompt tokens): the mean is 0, with a zero
+    gradient, as Liger's FusedLinearCrossEntropyLoss gives (its count taken as at least 1), not
+    the 0 / 0 of torch's cross_entropy, whose NaN a trainer would step on."""
+    gen = torch.Generator().manual_seed(8)
+    hidden, weight, labels = _head(gen)
+    h = hidden.detach().clone().requires_grad_(True)
+    w = weight.detach().clone().requires_grad_(True)
+    ignored = torch.full_like(labels, -100)
+    loss = rlk.nn.FusedLinearCrossEntropyLoss()(w, h, ignored)
+    assert float(loss.detach()) == 0.0
+    loss.backward()
+    assert torch.count_nonzero(h.grad) == 0 and torch.count_nonzero(w.grad) == 0
+    # one token scored: the mean is that token's loss alone
+    one = ignored.clone()
+    one[1, 2] = labels[1, 2].clamp(min=0)
+    per_token = rlk.nn.FusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, one)
+    assert torch.equal(rlk.nn.FusedLinearCrossEntropyLoss()(weight, hidden, one).detach(),
+                       per_token.sum().detach())
+
+
+@need_torch
 def test_autograd_entropy_with_ignore_index_none_is_the_default():
     """ignore_index=None is the ops' default (-100), as rlk.logprob takes it: the entropy that
     rlk.autograd returns is 0 on the rows labelled -100 and the fp64 entropy elsewhere."""
