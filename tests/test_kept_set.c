@@ -510,17 +510,80 @@ static void ks_policy_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V
   ks_head_free(ctx, &k);
 }
 
+/* A row whose label is outside the vocabulary, under a threshold above every one of its logits:
+ * its forward is NaN and sets the status bit, and its backward makes the gradients NaN as the
+ * contract says of a bad label, kept set or not: grad_hidden's row and every element of
+ * grad_weight (each sums the row's dz), while the other rows' grad_hidden stay finite. */
+static void ks_bad_label_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t V, int64_t H) {
+  ks_head k;
+  ks_head_new(ctx, rng, N, V, H, RLK_BF16, &k);
+  double top = -INFINITY;
+  for (int64_t v = 0; v < V; v++) top = fmax(top, k.x[v]);
+  k.lab[0] = V;
+  k.thr[0] = (float)(top + 1.0);
+  for (int64_t i = 1; i < N; i++) k.lab[i] = i % V, k.thr[i] = -INFINITY;
+  rlk_free(ctx, k.dl), rlk_free(ctx, k.dthr);
+  k.dl = rlk_test_dev_upload(ctx, k.lab, (size_t)N * 8);
+  k.dthr = rlk_test_dev_upload(ctx, k.thr, (size_t)N * 4);
+  float *f = malloc((size_t)N * 12);
+  void *d_out;
+  ks_linear_fwd(ctx, &k, 1, RLK_LINEAR_LOGPROB_AUTO, 1.0f, f, &d_out);
+  ck_assert_msg(isnan(f[0]) && isnan(f[N]), "bad label under a threshold: logp %g, lse %g", (double)f[0],
+                (double)f[N]);
+  float *glp = malloc((size_t)N * 4);
+  for (int64_t i = 0; i < N; i++) glp[i] = 1.0f;
+  const int32_t zero = 0;
+  void *dglp = rlk_test_dev_upload(ctx, glp, (size_t)N * 4), *dgh = rlk_test_dev_alloc(ctx, (size_t)(N * H) * 4),
+       *dgw = rlk_test_dev_alloc(ctx, (size_t)(V * H) * 4), *dst = rlk_test_dev_upload(ctx, &zero, 4);
+  rlk_linear_logprob_backward_args b;
+  rlk_linear_logprob_backward_args_init(&b);
+  b.hidden = rlk_tensor_2d(k.dh, RLK_BF16, N, H, H);
+  b.weight = rlk_tensor_2d(k.dw, RLK_BF16, V, H, H);
+  b.labels = rlk_tensor_1d(k.dl, RLK_I64, N);
+  b.lse = rlk_test_block_row(d_out, RLK_F32, 1, N);
+  b.grad_logp = rlk_tensor_1d(dglp, RLK_F32, N);
+  b.grad_hidden = rlk_tensor_2d(dgh, RLK_F32, N, H, H);
+  b.grad_weight = rlk_tensor_2d(dgw, RLK_F32, V, H, H);
+  b.threshold = rlk_tensor_1d(k.dthr, RLK_F32, N);
+  b.status = rlk_tensor_1d(dst, RLK_I32, 1);
+  rlk_test_workspace(ctx, rlk_linear_logprob_backward_workspace_size(ctx, &b, &b.workspace_bytes),
+                     &b.workspace_bytes, &b.workspace, &b.workspace_bytes);
+  ck_assert_msg(rlk_linear_logprob_backward(ctx, &b, NULL) == RLK_OK, "%s", rlk_last_error());
+  float *gh = malloc((size_t)(N * H) * 4), *gw = malloc((size_t)(V * H) * 4);
+  int32_t status = 0;
+  ks_down(ctx, gh, dgh, (size_t)(N * H) * 4);
+  ks_down(ctx, gw, dgw, (size_t)(V * H) * 4);
+  ks_down(ctx, &status, dst, 4);
+  ck_assert_msg(status & RLK_LOGPROB_STATUS_BAD_LABEL, "status %d without the bad label's bit", (int)status);
+  for (int64_t j = 0; j < H; j++) ck_assert_msg(isnan(gh[j]), "grad_hidden [0, %lld] = %g, not NaN", (long long)j,
+                                                (double)gh[j]);
+  for (int64_t i = H; i < N * H; i++)
+    ck_assert_msg(isfinite(gh[i]), "grad_hidden [%lld, %lld] = %g", (long long)(i / H), (long long)(i % H),
+                  (double)gh[i]);
+  for (int64_t i = 0; i < V * H; i++)
+    ck_assert_msg(isnan(gw[i]), "grad_weight [%lld, %lld] = %g, not NaN (a bad label's row is cut by its threshold)",
+                  (long long)(i / H), (long long)(i % H), (double)gw[i]);
+  printf("kept_set %s: a bad label under a threshold above its row, N %lld V %lld H %lld: NaN gradients\n",
+         rlk_context_backend(ctx) == RLK_BACKEND_HOST ? "host" : "gpu", (long long)N, (long long)V, (long long)H);
+  if (b.workspace) rlk_free(ctx, b.workspace);
+  rlk_free(ctx, d_out), rlk_free(ctx, dglp), rlk_free(ctx, dgh), rlk_free(ctx, dgw), rlk_free(ctx, dst);
+  free(f), free(glp), free(gh), free(gw);
+  ks_head_free(ctx, &k);
+}
+
 static void cases_linear(rlk_context *ctx, uint64_t *rng) {
   if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
     ks_linear_case(ctx, rng, 24, 700, 40, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_AUTO);
     ks_linear_case(ctx, rng, 7, 301, 24, RLK_F16, 1.0f, RLK_LINEAR_LOGPROB_AUTO);
     ks_policy_case(ctx, rng, 30, 500, 32, RLK_LPL_RECOMPUTE);
+    ks_bad_label_case(ctx, rng, 5, 70, 16);
     return;
   }
   ks_linear_case(ctx, rng, 130, 20000, 256, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_AUTO);
   ks_linear_case(ctx, rng, 130, 20000, 256, RLK_BF16, 0.9f, RLK_LINEAR_LOGPROB_TILED);
   ks_linear_case(ctx, rng, 67, 5003, 136, RLK_F16, 1.1f, RLK_LINEAR_LOGPROB_AUTO);
   ks_policy_case(ctx, rng, 300, 4099, 256, RLK_LPL_RECOMPUTE);
+  ks_bad_label_case(ctx, rng, 130, 1000, 256);
   rlk_device_info info;
   ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
   if (info.compute_major == 9 && info.compute_minor == 0)

@@ -318,8 +318,11 @@ RLK_DEVICE void ll_dz_epilogue(const ll::BwdSm90Params &p_, const tensor_map *ma
     ll_b16_half<1, DT, true>(map_c, grad, stage, m0w, n0, rl, tw, barrier, false, &fix);
     return;
   }
-  /* kept-set replay: 0 below the row's threshold (the label's element is the patch's) */
-  const float thr[2] = {row[0].thr, row[1].thr};
+  /* kept-set replay: 0 below the row's threshold (the label's element is the patch's); a row with
+   * a bad label keeps every element (NaN: no threshold compares below NaN), as ll::dz_of makes
+   * its row NaN in the portable kernels */
+  const float thr[2] = {row[0].bad ? limits<float>::quiet_nan() : row[0].thr,
+                        row[1].bad ? limits<float>::quiet_nan() : row[1].thr};
   const auto kept = [&](int i, int j, int e) {
     return acc[4 * j + 2 * i + e] < thr[i] ? 0.0f : grad(i, j, e);
   };
