@@ -795,6 +795,11 @@ START_TEST(bad_arguments) {
   expect_bad_fwd(ctx, f, E, "status", "i64 status");
   f->a.status = rlk_tensor_2d(f->status, RLK_I32, 1, 1, 1);
   expect_bad_fwd(ctx, f, E, "status", "2-D status");
+  f->a.status.shape[0] = 2; /* one word: the kernels OR into element 0 only */
+  expect_bad_fwd(ctx, f, E, "status", "status of 2 words");
+  f->a.status.shape[0] = 0; /* would be written past its end */
+  expect_bad_fwd(ctx, f, E, "status", "empty status");
+  ck_assert_int_eq(f->status[1], 0);
 
   /* backward */
   f->b.lse.data = NULL;
@@ -826,6 +831,8 @@ START_TEST(bad_arguments) {
   expect_bad_bwd(ctx, f, E, "temperature", "backward zero temperature");
   f->b.unroll = 5;
   expect_bad_bwd(ctx, f, E, "unroll", "backward unroll 5");
+  f->b.status.shape[0] = 2;
+  expect_bad_bwd(ctx, f, E, "status", "backward status of 2 words");
   f->b.shard = 1, f->b.vocab_start = INT64_MAX; /* the shard form's checks are its forward's */
   expect_bad_bwd(ctx, f, E, "vocab_start", "backward shard vocab_start 2^63 - 1");
   f->b.shard = 1, f->b.threshold = rlk_tensor_1d(f->grad, RLK_F32, 6);

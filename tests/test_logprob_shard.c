@@ -427,6 +427,20 @@ START_TEST(bad_arguments) {
   ca.logp = rlk_tensor_1d(out, RLK_F32, 4);
   ck_assert_int_eq(rlk_logprob_combine(ctx, &ca, NULL), RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_logprob_combine(ctx, NULL, NULL), RLK_ERR_INVALID_ARGUMENT);
+  /* the status word is one i32: [P = 1, N, 4] records combine, a word of 2 or 0 is refused */
+  int32_t words[2] = {0, 0};
+  ca.partials.ndim = 3;
+  ca.partials.shape[0] = 1, ca.partials.shape[1] = 4, ca.partials.shape[2] = F;
+  ca.partials.strides[0] = 4 * F, ca.partials.strides[1] = F, ca.partials.strides[2] = 1;
+  ca.status = rlk_tensor_1d(words, RLK_I32, 1);
+  ck_assert_msg(rlk_logprob_combine(ctx, &ca, NULL) == RLK_OK, "%s", rlk_last_error());
+  ca.status.shape[0] = 2;
+  rlk_test_expect_error(rlk_logprob_combine(ctx, &ca, NULL), RLK_ERR_INVALID_ARGUMENT, "status",
+                        "combine, status of 2 words");
+  ca.status.shape[0] = 0;
+  rlk_test_expect_error(rlk_logprob_combine(ctx, &ca, NULL), RLK_ERR_INVALID_ARGUMENT, "status",
+                        "combine, empty status");
+  ca.status = (rlk_tensor){0};
 
   rlk_logprob_backward_args b;
   rlk_logprob_backward_args_init(&b);

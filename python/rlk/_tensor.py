@@ -307,6 +307,11 @@ class Binder:
             raise self._fail(name, "is in %s, the other arguments in %s" % (
                 p.describe(), cur.describe()))
 
+    def _status_shape(self, name, shape):
+        """The refusal of a status word that is not one i32: an empty tensor (whose data pointer
+        may be NULL, which the library would take for no word at all) or a longer one."""
+        return self._fail(name, "shape %s, expected [1] (one i32 word)" % (list(shape),))
+
     def set(self, name, x, dtypes=None, optional=False, output=False):
         """Writes the rlk_tensor of argument `name` into the args field of that name and
         returns its rlk dtype. None is an absent tensor when `optional` (the field stays as
@@ -343,6 +348,8 @@ class Binder:
                 if output:
                     if name not in self.op.status_fields:  # a status word is ORed into, never cleared
                         self.given.append(x)
+                    elif shape != (1,):
+                        raise self._status_shape(name, shape)
                 elif lay[2] and not optional and name not in self.op.rows_elsewhere:
                     self.no_rows = True
                 _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])
@@ -375,6 +382,8 @@ class Binder:
         if output:
             if name not in self.op.status_fields:
                 self.given.append(x)
+            elif tuple(shape) != (1,):
+                raise self._status_shape(name, shape)
         elif lay[2] and not optional and name not in self.op.rows_elsewhere:
             self.no_rows = True
         _HEAD.pack_into(self.args, self.offsets[name], ptr, dt, lay[0], lay[1])

@@ -83,6 +83,12 @@ def test_errors(place, rng):
         rlk.logprob(cols, place.to(labels))
     with pytest.raises(rlk.InvalidArgument, match="temperature"):
         rlk.logprob(place.to(logits), place.to(labels), temperature=0.0)
+    # the status word is one i32: the call ORs into its element 0 (an empty one would be
+    # written past its end)
+    for words in (0, 2):
+        status = place.to(np.zeros(words, np.int32))
+        with pytest.raises(rlk.InvalidArgument, match="status"):
+            rlk.logprob(place.to(logits), place.to(labels), status=status)
 
 
 @need_bwd

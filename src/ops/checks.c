@@ -98,7 +98,14 @@ rlk_status rlk_check_vocab_start(int64_t vocab_start) {
 
 rlk_status rlk_check_status(const rlk_tensor *t) {
   if (!t->data) return RLK_OK;
-  return rlk_check_tensor_of(t, "status", RLK_DTYPE_BIT(RLK_I32), 1, 1);
+  rlk_status st = rlk_check_tensor_of(t, "status", RLK_DTYPE_BIT(RLK_I32), 1, 1);
+  if (st) return st;
+  /* the kernels OR into element 0: an empty word would be written past its end, and a longer
+   * one would hold bits the caller may read in the wrong element */
+  if (t->shape[0] != 1)
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "status: shape [%lld], expected [1] (one i32 word)",
+                     (long long)t->shape[0]);
+  return RLK_OK;
 }
 
 rlk_status rlk_check_rows(const rlk_tensor *t, const char *what, int64_t B, int64_t T) {

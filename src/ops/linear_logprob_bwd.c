@@ -251,10 +251,7 @@ static rlk_status ll_bwd_validate(const rlk_context *ctx, const void *args, rlk_
   if (a->grad_weight.data &&
       (st = ll_check_grad(&a->grad_weight, "grad_weight", gdt, k->h.V, k->h.H, &k->gws, &k->c.gw)))
     return st;
-  if (a->status.data) {
-    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
-    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  }
+  if ((st = rlk_check_status(&a->status))) return st;
   if (a->threshold.data) {
     if (a->shard) return rlk_error(RLK_ERR_INVALID_ARGUMENT, "threshold: kept-set replay has no shard form");
     if ((st = rlk_check_vector(&a->threshold, "threshold", f32, k->h.N, 1, NULL))) return st;

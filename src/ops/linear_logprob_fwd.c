@@ -138,10 +138,7 @@ static rlk_status ll_validate(const rlk_context *ctx, const void *args, rlk_op_c
   }
   if (a->lse.data && (st = rlk_check_vector(&a->lse, "lse", f32, N, 1, NULL))) return st;
   if (a->entropy.data && (st = rlk_check_vector(&a->entropy, "entropy", f32, N, 1, NULL))) return st;
-  if (a->status.data) {
-    if ((st = rlk_check_tensor(&a->status, "status", 1))) return st;
-    if ((st = rlk_check_dtype(&a->status, "status", RLK_DTYPE_BIT(RLK_I32)))) return st;
-  }
+  if ((st = rlk_check_status(&a->status))) return st;
   if (!k->shard && (a->logp.data == a->lse.data || a->logp.data == a->entropy.data ||
                     (a->lse.data && a->lse.data == a->entropy.data)))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logp, lse, entropy: outputs must be distinct");

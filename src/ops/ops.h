@@ -87,7 +87,7 @@ rlk_status rlk_check_vocab_start(int64_t vocab_start);
 /* An API enum's value: in [lo, hi], else "<what>: <value> is not an <type>". */
 rlk_status rlk_check_enum(int value, const char *what, int lo, int hi, const char *type);
 
-/* An optional `status` output: absent, or a 1-D i32 tensor (its length the caller's). */
+/* An optional `status` output: absent, or an i32 [1] tensor (the word the kernels OR into). */
 rlk_status rlk_check_status(const rlk_tensor *t);
 
 /* Host-resident offsets o [count + 1] (rows of what, a 1-D i32 or i64 tensor): first 0, last
