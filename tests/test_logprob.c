@@ -32,7 +32,12 @@ static uint32_t f32_bits(float f) {
 /* One case: data, calls and checks                                                    */
 /* ---------------------------------------------------------------------------------- */
 
-enum { LD_NORMAL = 0, LD_SPIKES = 1, LD_NEG_INF = 2, LD_SPECIAL = 3 };
+enum { LD_NORMAL = 0, LD_SPIKES = 1, LD_NEG_INF = 2, LD_SPECIAL = 3, LD_FLOOR = 4 };
+
+/* The dtype's lowest finite value: what a model masks logits with (torch.finfo(dtype).min). */
+static double dtype_floor(rlk_dtype dt) {
+  return dt == RLK_F32 ? -(double)FLT_MAX : (dt == RLK_BF16 ? -0x1.fep127 : -65504.0);
+}
 
 typedef struct lp_case {
   int64_t N, V;
@@ -99,6 +104,15 @@ static void draw_row(uint64_t *rng, const lp_case *c, int64_t i, double *x) {
         if (rlk_test_rand_uniform(rng) < 0.6) x[j] = -INFINITY;
     for (int k = 0; k < 4; k++) x[spots[k]] = c->scale * (4.0 + 2.0 * rlk_test_rand_uniform(rng));
   }
+  if (c->data == LD_FLOOR) {
+    /* the first half of the row and most of the rest masked with the dtype's lowest value, a
+     * few spikes above it in the second half: sums over the masked columns are rescaled to the
+     * spikes' maximum (their terms underflow to 0, their distance to it overflows) */
+    const double lo = dtype_floor(c->dtype);
+    for (int64_t j = 0; j < V; j++)
+      if (j < V / 2 || rlk_test_rand_uniform(rng) < 0.6) x[j] = lo;
+    for (int k = 0; k < 3; k++) x[V / 2 + rand_below(rng, V - V / 2)] = c->scale * (4.0 + 2.0 * rlk_test_rand_uniform(rng));
+  }
   if (c->data == LD_SPECIAL && c->N > 4) {
     if (i == 1)
       for (int64_t j = 0; j < V; j++) x[j] = -INFINITY; /* a row of -inf */
@@ -111,6 +125,9 @@ static void draw_row(uint64_t *rng, const lp_case *c, int64_t i, double *x) {
 /* Labels: random, with row 0 -> 0 and the last row -> V - 1; ignored and bad rows on request. */
 static int64_t draw_label(uint64_t *rng, const lp_case *c, int64_t i, const double *x) {
   const int64_t V = c->V;
+  if (c->data == LD_FLOOR) /* an unmasked column (z_y of a masked one may overflow f32) */
+    for (int64_t j = V / 2;; j++)
+      if (x[j] != dtype_floor(c->dtype)) return j;
   if (i == 0) return 0;
   if (i == c->N - 1) return V - 1;
   if (c->ignored && i % 5 == 2) return c->ignore_index;
@@ -438,6 +455,17 @@ static void cases_semantics(rlk_context *ctx, uint64_t *rng) {
     c.g_H = 1;
     c.g_lp = k != 2;
     run_case(ctx, &c, rng, NULL);
+  }
+  /* logits masked with the dtype's lowest finite value before larger ones: the masked terms
+   * vanish from the entropy as from lse (no 0 * -inf) */
+  for (int d = 0; d < 3; d++) {
+    lp_case f = base_case(11, 1000 + 37 * d, dtypes[d]);
+    f.data = LD_FLOOR;
+    f.temperature = d == 1 ? 1.0f : 0.6f;
+    f.entropy = 1;
+    f.backward = 1;
+    f.g_H = 1;
+    run_case(ctx, &f, rng, NULL);
   }
   /* -inf everywhere but a few spikes, with a large row stride */
   lp_case c = base_case(9, 4099, RLK_BF16);

@@ -158,12 +158,13 @@ RLK_DEVICE state empty_state() {
 }
 
 /* Moves the state's maximum up to cm (> st.m). An empty state (s == 0) just takes the maximum;
- * a NaN s stays NaN. */
+ * a NaN s stays NaN. Terms that the move takes to 0 take their part of q with them: d s may
+ * overflow there (a logit at -FLT_MAX below a larger one), and 0 * -inf is NaN. */
 template <bool ENTROPY> RLK_DEVICE void raise_max(state &st, float cm, float c) {
   if (st.s != 0.0f) {
     const float d = (st.m - cm) * c;
     const float f = exp2_approx(d);
-    if (ENTROPY) st.q = f * (st.q + d * st.s);
+    if (ENTROPY) st.q = f == 0.0f ? 0.0f : f * (st.q + d * st.s);
     st.s *= f;
   }
   st.m = cm;
@@ -250,7 +251,8 @@ template <bool ENTROPY> RLK_DEVICE void add_scalar(state &st, float x, float c) 
   add_logit<ENTROPY>(x, m0, c, st.s, st.q);
 }
 
-/* Merges two states; symmetric, so both lanes of a butterfly get bitwise the same result. */
+/* Merges two states; symmetric, so both lanes of a butterfly get bitwise the same result. A
+ * state rescaled to 0 adds no q (raise_max's rule). */
 template <bool ENTROPY> RLK_DEVICE state merge(const state &a, const state &b, float c) {
   state r;
   r.m = fmaxf(a.m, b.m);
@@ -259,13 +261,13 @@ template <bool ENTROPY> RLK_DEVICE state merge(const state &a, const state &b, f
     const float d = (a.m - r.m) * c;
     const float f = exp2_approx(d);
     sa = a.s * f;
-    if (ENTROPY) qa = f * (a.q + d * a.s);
+    if (ENTROPY) qa = f == 0.0f ? 0.0f : f * (a.q + d * a.s);
   }
   if (b.s != 0.0f) {
     const float d = (b.m - r.m) * c;
     const float f = exp2_approx(d);
     sb = b.s * f;
-    if (ENTROPY) qb = f * (b.q + d * b.s);
+    if (ENTROPY) qb = f == 0.0f ? 0.0f : f * (b.q + d * b.s);
   }
   r.s = sa + sb;
   r.q = ENTROPY ? qa + qb : 0.0f;

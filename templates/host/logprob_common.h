@@ -48,11 +48,14 @@ typedef struct lp_state {
   float m, s, q;
 } lp_state;
 
+/* Moves the maximum up to cm (> st->m). Terms that the move takes to 0 take their part of q with
+ * them: d s may overflow there (a logit at -FLT_MAX below a larger one), and 0 * -inf is NaN. A
+ * NaN s stays NaN. */
 static inline void lp_raise_max(lp_state *st, float cm, float c, int entropy) {
   if (st->s != 0.0f) {
     const float d = (st->m - cm) * c;
     const float f = exp2f(d);
-    if (entropy) st->q = f * (st->q + d * st->s);
+    if (entropy) st->q = f == 0.0f ? 0.0f : f * (st->q + d * st->s);
     st->s *= f;
   }
   st->m = cm;
