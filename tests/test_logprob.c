@@ -467,6 +467,21 @@ static void cases_semantics(rlk_context *ctx, uint64_t *rng) {
     f.g_H = 1;
     run_case(ctx, &f, rng, NULL);
   }
+  /* a temperature near its floor with -inf logits: the entropy gradient's linear factor
+   * g_H (E - z) / T of a -inf logit overflows, its probability is 0: the gradient is 0 there.
+   * Logits of the temperature's scale keep lse small (the backward's p carries lse's rounding);
+   * bf16 and f32 hold them, f16 does not. */
+  for (int d = 0; d < 3; d += 2) {
+    lp_case t = base_case(13, 203, dtypes[d]);
+    t.data = LD_NEG_INF;
+    t.temperature = d == 2 ? 0x1p-60f : 0x1p-40f;
+    t.scale = 3.0 * t.temperature;
+    t.entropy = 1;
+    t.backward = 1;
+    t.g_H = 1;
+    t.grad_dtype = RLK_F32;
+    run_case(ctx, &t, rng, NULL);
+  }
   /* -inf everywhere but a few spikes, with a large row stride */
   lp_case c = base_case(9, 4099, RLK_BF16);
   c.data = LD_NEG_INF;

@@ -146,8 +146,9 @@ template <bool ENTROPY, bool KEPT = false> RLK_DEVICE float grad_of(float x, flo
   /* kept-set replay: a logit below the row's threshold has p 0 (the label's own term is k.fix) */
   if (KEPT && x < k.thr) return 0.0f;
   const float p = exp2_approx(fmaf(x, c, -k.l2));
-  /* x is clamped in the linear factor so that a -inf logit gives 0 * finite = 0 */
-  return ENTROPY ? p * fmaf(k.b, fmaxf(x, -1.0e20f), k.a) : p * k.a;
+  /* a term of p 0 is 0: its linear factor b x + a may overflow (b = -g_H / T^2 at a small
+   * temperature, x at -inf or far below the maximum), and 0 * inf is NaN */
+  return ENTROPY ? (p == 0.0f ? 0.0f : p * fmaf(k.b, x, k.a)) : p * k.a;
 }
 
 /* The label's term beside grad_of's: g_lp / T, and under kept-set replay, for a label below the

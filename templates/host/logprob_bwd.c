@@ -47,7 +47,9 @@ RLK_HOST_KERNEL rlk_logprob_bwd(void **args) {
     for (rlk_i64 j = 0; j < V; j++) {
       const float x = lp_load(row, dt, j);
       const float pr = x < thr && j != y ? 0.0f : exp2f(fmaf(x, c, -l2));
-      float g = ent ? pr * fmaf(b, fmaxf(x, -1.0e20f), a) : pr * a;
+      /* a term of p 0 is 0: its linear factor b x + a may overflow (b = -g_H / T^2 at a small
+       * temperature, x at -inf or far below the maximum), and 0 * inf is NaN */
+      float g = ent ? (pr == 0.0f ? 0.0f : pr * fmaf(b, x, a)) : pr * a;
       if (j == y) g += gy;
       lp_store(out, odt, j, g);
     }
