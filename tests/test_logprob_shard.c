@@ -8,6 +8,7 @@
  * through a real one-rank NCCL communicator when libnccl is present). */
 #include <check.h>
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +30,14 @@ typedef struct sh_case {
   float temperature;
   int entropy;
   int overlap; /* shard 1 starts one column early: its first label is owned twice */
+  int mask;    /* every third row: shard 0's columns at the dtype's lowest finite value */
   double scale;
 } sh_case;
+
+/* The dtype's lowest finite value: what a model masks logits with (torch.finfo(dtype).min). */
+static double dtype_floor(rlk_dtype dt) {
+  return dt == RLK_F32 ? -(double)FLT_MAX : (dt == RLK_BF16 ? -0x1.fep127 : -65504.0);
+}
 
 /* Shard r's columns [v0[r], v0[r + 1]): uneven widths (odd, not multiples of a vector). */
 static void split(const sh_case *c, uint64_t *rng, int64_t *v0) {
@@ -64,9 +71,9 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
   const int P = c->P;
   const size_t es = rlk_dtype_size(c->dtype), ls = rlk_dtype_size(c->label_dtype);
   char what[256];
-  snprintf(what, sizeof what, "N=%lld V=%lld P=%d %s labels=%s T=%g ent=%d overlap=%d seed=%llu",
+  snprintf(what, sizeof what, "N=%lld V=%lld P=%d %s labels=%s T=%g ent=%d overlap=%d mask=%d seed=%llu",
            (long long)N, (long long)V, P, rlk_dtype_name(c->dtype), rlk_dtype_name(c->label_dtype),
-           (double)c->temperature, c->entropy, c->overlap, (unsigned long long)rlk_test_seed());
+           (double)c->temperature, c->entropy, c->overlap, c->mask, (unsigned long long)rlk_test_seed());
   int64_t v0[9], start[9];
   split(c, rng, v0);
   for (int r = 0; r <= P; r++) start[r] = v0[r];
@@ -82,6 +89,11 @@ static void run_case(rlk_context *ctx, uint64_t *rng, const sh_case *c) {
     const int64_t j = v0[1 + (int)(i / 5) % (P - 1 > 0 ? P - 1 : 1)] - (i % 2);
     x[i * V + j] = rlk_test_store(h_logits, c->dtype, i * V + j, 25.0 + (double)(i % 7));
   }
+  /* masked rows: a whole shard's record has m at the floor, far below the combined maximum */
+  if (c->mask)
+    for (int64_t i = 1; i < N; i += 3)
+      for (int64_t j = 0; j < v0[1]; j++)
+        x[i * V + j] = rlk_test_store(h_logits, c->dtype, i * V + j, dtype_floor(c->dtype));
   /* labels: shard edges first, then random; a few ignored, one past V, one negative */
   int64_t *y = malloc((size_t)N * sizeof *y);
   void *h_labels = malloc((size_t)N * ls);
@@ -291,6 +303,12 @@ static void cases_simulated(rlk_context *ctx, uint64_t *rng, int64_t V) {
   sh_case o = mk(30, V, RLK_BF16, 4, 1);
   o.overlap = 1;
   run_case(ctx, rng, &o);
+  /* a shard masked with the dtype's lowest value: its terms vanish from the combined entropy */
+  for (size_t d = 0; d < 3; d++) {
+    sh_case m = mk(31, V, dts[d], d == 1 ? 2 : 3, 1);
+    m.mask = 1;
+    run_case(ctx, rng, &m);
+  }
 }
 
 /* An unsharded batch in ctx's memory: bf16 [N, V] logits (normal, sd 3) and i64 labels (with

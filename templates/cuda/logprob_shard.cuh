@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(256)
         const float d = p.m - M;
         const float f = expf(d);
         S = fmaf(p.s, f, S);
-        if (ENTROPY) U = fmaf(f, fmaf(d, p.s, p.u), U);
+        /* a record rescaled to 0 adds no U: d s may overflow (a shard at -FLT_MAX), 0 * -inf */
+        if (ENTROPY && f != 0.0f) U = fmaf(f, fmaf(d, p.s, p.u), U);
       }
       if (p.t != inf) {
         ++owners;

@@ -31,7 +31,8 @@ RLK_HOST_KERNEL rlk_logprob_combine(void **args) {
         const float d = p[0] - M;
         const float f = expf(d);
         S = fmaf(p[1], f, S);
-        if (ent) U = fmaf(f, fmaf(d, p[1], p[2]), U);
+        /* a record rescaled to 0 adds no U: d s may overflow (a shard at -FLT_MAX), 0 * -inf */
+        if (ent && f != 0.0f) U = fmaf(f, fmaf(d, p[1], p[2]), U);
       }
       if (p[3] != INFINITY) {
         ++owners;
