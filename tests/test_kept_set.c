@@ -202,7 +202,42 @@ static void ks_logprob_case(rlk_context *ctx, uint64_t *rng, int64_t N, int64_t 
   free(xs), free(x), free(lab), free(thr), free(kept), free(ref), free(kf), free(pf), free(glp), free(gh), free(g);
 }
 
+/* A label at -inf below the threshold, kept all the same, adds nothing: row 0 keeps the logits
+ * at or above the median too (logp -inf; lse and entropy those of the others), row 1 nothing
+ * else (its kept set is all -inf: lse -inf, logp and entropy NaN, as a row of -inf). */
+static void ks_neg_inf_label(rlk_context *ctx, uint64_t *rng) {
+  enum { V = 40 };
+  float x[2 * V], thr[2], out[6];
+  int64_t lab[2] = {5, 17};
+  for (int64_t j = 0; j < 2 * V; j++) x[j] = (float)(2.0 * rlk_test_rand_normal(rng));
+  x[lab[0]] = x[V + lab[1]] = -INFINITY;
+  double s[V];
+  for (int64_t j = 0; j < V; j++) s[j] = x[j];
+  qsort(s, V, sizeof *s, ks_cmp_desc);
+  thr[0] = ks_between(s[V / 2 - 1], s[V / 2]);
+  if (isnan(thr[0])) thr[0] = (float)s[V / 2 - 1];
+  thr[1] = 1e30f;
+  void *dx = rlk_test_dev_upload(ctx, x, sizeof x), *dl = rlk_test_dev_upload(ctx, lab, sizeof lab),
+       *dt_ = rlk_test_dev_upload(ctx, thr, sizeof thr);
+  ks_logprob(ctx, dx, RLK_F32, 2, V, dl, dt_, 1.0f, out);
+  double m = -INFINITY, sum = 0.0, sz = 0.0;
+  for (int64_t j = 0; j < V; j++)
+    if (x[j] >= thr[0] && x[j] > m) m = x[j];
+  for (int64_t j = 0; j < V; j++)
+    if (x[j] >= thr[0]) sum += exp(x[j] - m), sz += exp(x[j] - m) * x[j];
+  const double lse = m + log(sum), ent = lse - sz / sum;
+  const double tol = 64 * KS_U * (fabs(lse) + fabs(ent) + 1.0);
+  ck_assert_msg(out[0] == -INFINITY, "kept -inf label: logp %g, want -inf", (double)out[0]);
+  ck_assert_msg(fabs(out[2] - lse) <= tol, "kept -inf label: lse %.8g, fp64 %.8g", (double)out[2], lse);
+  ck_assert_msg(fabs(out[4] - ent) <= tol, "kept -inf label: entropy %.8g, fp64 %.8g", (double)out[4], ent);
+  ck_assert_msg(out[3] == -INFINITY && isnan(out[1]) && isnan(out[5]),
+                "kept set of a -inf label alone: logp %g lse %g entropy %g, want NaN, -inf, NaN", (double)out[1],
+                (double)out[3], (double)out[5]);
+  rlk_free(ctx, dx), rlk_free(ctx, dl), rlk_free(ctx, dt_);
+}
+
 static void cases_logprob(rlk_context *ctx, uint64_t *rng) {
+  ks_neg_inf_label(ctx, rng);
   if (rlk_context_backend(ctx) == RLK_BACKEND_HOST) {
     ks_logprob_case(ctx, rng, 25, 1000, RLK_BF16, 0.8f);
     ks_logprob_case(ctx, rng, 13, 77, RLK_F32, 1.0f);

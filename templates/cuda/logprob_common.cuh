@@ -303,7 +303,9 @@ RLK_DEVICE float row_logp(const state &st, float xy, float ln_s, float temperatu
  * (a label below the threshold, which the fold left out, comes back as one more state merged last:
  * the same bits in every kernel that folds the kept logits). */
 template <bool ENTROPY> RLK_DEVICE state with_label(const state &st, float xy, float thr, float c) {
-  if (!(xy < thr)) return st;
+  /* a -inf label adds nothing (the host's fold: a term of 0); merged into an empty state it
+   * would be -inf - -inf, a NaN row where the kept set is all -inf and lse is -inf */
+  if (!(xy < thr) || xy == -limits<float>::infinity()) return st;
   state one;
   one.m = xy;
   one.s = 1.0f; /* 2^0 */
