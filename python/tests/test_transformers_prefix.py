@@ -116,3 +116,22 @@ def test_example_agrees(host):
     lines = run_example("grpo_prefix_transformers.py", "--device", "cpu", "--prompts", "2",
                         "--group", "3", "--prefix", "24", "--response", "8", "--iters", "1")
     assert lines[-1] == "shared and replicated agree"
+
+
+def test_softcapping_and_sinks_are_refused():
+    """What the kernels do not apply is refused, never dropped: share() leaves a model with
+    attention logit softcapping (Gemma2's, all its layers full attention here) as it is, and the
+    attention function refuses a softcap or sinks (s_aux) it is handed."""
+    cfg = transformers.Gemma2Config(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                    layer_types=["full_attention"] * 2, attn_logit_softcapping=50.0)
+    model = transformers.Gemma2ForCausalLM(cfg)
+    assert "softcapping" in (rtf.share(model) or "")
+    assert not model.config._attn_implementation.startswith(rtf.NAME)
+    lay = rlk.prefix_layout([3], [[2]])
+    q = torch.zeros(1, 2, lay.tokens, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 1, lay.tokens, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="softcapping"):
+        rtf.prefix_attention_forward(None, q, k, k, None, rlk_layout=lay, softcap=50.0)
+    with pytest.raises(ValueError, match="sinks"):
+        rtf.prefix_attention_forward(None, q, k, k, None, rlk_layout=lay, s_aux=torch.zeros(2))

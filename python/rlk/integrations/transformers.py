@@ -79,6 +79,11 @@ def prefix_attention_forward(module, query, key, value, attention_mask, scaling=
                          % (NAME, query.shape[2], key.shape[2], layout.tokens))
     if kwargs.get("sliding_window") is not None:
         raise ValueError("attention %r: no sliding window (got %r)" % (NAME, kwargs["sliding_window"]))
+    # what a model's own attention would apply and the kernels have not: refused, never dropped
+    if kwargs.get("softcap"):
+        raise ValueError("attention %r: no logit softcapping (got %r)" % (NAME, kwargs["softcap"]))
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("attention %r: no attention sinks (s_aux)" % NAME)
     dt = _operand_dtype(query, key, value)
     q = query[0].transpose(0, 1).to(dt).contiguous()
     k = key[0].transpose(0, 1).to(dt).contiguous()
@@ -159,6 +164,8 @@ def share(model):
     other = sorted(k for k in text.to_dict() if k.startswith(_OTHER_MIXERS))
     if other:
         return "token mixers other than attention (%s): they would mix the packed responses" % other[0]
+    if getattr(text, "attn_logit_softcapping", None):
+        return "attention logit softcapping %g (the prefix attention has none)" % text.attn_logit_softcapping
     if getattr(text, "attention_dropout", 0.0):
         return "attention dropout %g (the prefix attention has none)" % text.attention_dropout
     D = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
