@@ -153,6 +153,9 @@ class TokenLogprob(torch.autograd.Function):
             kw = dict(kwargs)
             kw.pop("entropy", None)
             kw.pop("inplace_backward", None)
+            own = [k for k in ("lse", "logp") if k in kw]
+            if own:  # the function keeps the lse for the backward and makes logp itself
+                raise InvalidArgument("rlk.autograd.token_logprob: %s= is the function's own" % own[0])
             ctx.kw = {k: kw[k] for k in _LOGPROB_SETTINGS if k in kw}
             out = _logprob_fwd(logits, labels, entropy=want_entropy, lse=True, **kw)
         return _logprob_outputs(ctx, out, want_entropy, logits, labels)

@@ -362,3 +362,16 @@ def test_sampling_indices_and_flashinfer_argument_order():
     assert len(set(a.tolist())) > 16
     with pytest.raises(ValueError, match="indices"):
         rlk.sampling.sampling_from_logits(logits, torch.tensor([0.5]))
+
+
+@need_torch
+def test_autograd_token_logprob_refuses_its_own_outputs_as_keywords():
+    """lse= and logp= are the function's own (it keeps the lse for the backward): an
+    InvalidArgument naming them, not a TypeError from inside the forward."""
+    import torch
+    from rlk import autograd as A
+    x = torch.randn(3, 5, requires_grad=True)
+    y = torch.tensor([0, 1, 4])
+    for kw in (dict(lse=False), dict(logp=torch.empty(3))):
+        with pytest.raises(rlk.InvalidArgument, match="%s= is the function's own" % next(iter(kw))):
+            A.token_logprob(x, y, **kw)
