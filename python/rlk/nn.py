@@ -120,7 +120,10 @@ class FusedLinearPolicyLoss(PolicyLoss):
     def forward(self, weight, hidden, labels, old_logp, advantages, mask=None, ref_logp=None,
                 bias=None, **more):
         _no_bias("FusedLinearPolicyLoss", bias)
-        out = self.head(weight, hidden, labels)
-        logp, entropy = out if self.head.entropy else (out, None)
+        # the entropy where the call's entropy_coef (its own, else the module's) asks for it
+        want = bool(more["entropy_coef"]) if "entropy_coef" in more else self.head.entropy
+        out = _ag.linear_token_logprob(hidden, weight, labels, entropy=want, temperature=self.head.temperature,
+                                       ignore_index=self.head.ignore_index)
+        logp, entropy = out if want else (out, None)
         return super().forward(logp, old_logp, advantages, mask, ref_logp=ref_logp,
                                entropy=entropy, **more)

@@ -267,6 +267,13 @@ def test_policy_loss_modules_are_the_autograd_calls():
     assert torch.equal(loss3, loss4)
     with pytest.raises(rlk.InvalidArgument, match="bias"):
         mod(w1, h1, labels, old, adv, mask, bias=torch.zeros(V))
+    # entropy_coef given at the call, not at construction: the entropy is computed for it
+    h5, w5 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss5, m5 = rlk.nn.FusedLinearPolicyLoss(clip_high=0.28, kl_coef=1e-3)(
+        w5, h5, labels, old, adv, mask, ref_logp=old, entropy_coef=0.01)
+    loss5.backward()
+    for a, b in ((loss5, loss2), (m5, m2), (h5.grad, h2.grad), (w5.grad, w2.grad)):
+        assert torch.equal(a, b)
 
 
 @need_torch
