@@ -20,7 +20,8 @@ _options = {"cache_dir": None, "log_level": None}
 
 def configure(cache_dir=None, log_level=None):
     """Options for contexts created from now on: the writable cache root (default: RLK_CACHE_DIR,
-    XDG, ~/.cache/rlk) and the log level ("error", "warn", "info", "debug").
+    XDG, ~/.cache/rlk) and the log level ("error", "warn", "info", "debug"). Each call sets both:
+    an option left out (None) goes back to its default, so configure() restores the defaults.
     Contexts already created keep theirs (release_contexts() drops them)."""
     if log_level is not None:
         T.enum_value(T.LogLevel, log_level, "log_level")
@@ -41,7 +42,7 @@ class Context:
         opt = T.ContextOptions()
         lib.rlk_context_options_init(ctypes.byref(opt))
         opt.backend = T.enum_value(T.Backend, backend, "backend")
-        opt.device = int(device)
+        T.set_int(opt, "device", device)
         self._keep = []
         if cache_dir is not None:
             b = str(cache_dir).encode()

@@ -367,3 +367,11 @@ def test_integer_settings_the_fields_cannot_hold_are_refused(host):
     want = rlk.logprob(logits, labels, ignore_index=-100).logp
     for v in (np.int64(-100), -100.0):
         np.testing.assert_array_equal(rlk.logprob(logits, labels, ignore_index=v).logp, want)
+
+
+def test_a_device_ordinal_is_refused_where_it_means_nothing(host):
+    """The host backend is device 0 alone; an ordinal past int would wrap to another."""
+    with pytest.raises(rlk.InvalidArgument, match="one device, 0"):
+        rlk.Context("host", 1)
+    with pytest.raises(rlk.InvalidArgument, match="device: 4294967296 is outside"):
+        rlk.Context("host", 2 ** 32)
