@@ -183,8 +183,12 @@ def f32(name, value):
     """A number for a C float setting: float(value), refused (InvalidArgument naming the setting)
     where the f32 the library reads would be 0 for a nonzero value or infinite for a finite one,
     which it would take for another setting (a temperature of 0 is greedy, a scale of 0 the
-    default)."""
-    v = float(value)
+    default). Anything float() refuses (a tensor of more than one element, a string) is an
+    InvalidArgument naming the setting too."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InvalidArgument("%s: %r is not a number (%s)" % (name, value, e)) from None
     r = ctypes.c_float(v).value
     if (r == 0.0 and v != 0.0) or (r != r) != (v != v) or (abs(r) == float("inf") and abs(v) != float("inf")):
         raise InvalidArgument("%s: %r is %s as an f32 (the library's type for it)"

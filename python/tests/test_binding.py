@@ -375,3 +375,14 @@ def test_a_device_ordinal_is_refused_where_it_means_nothing(host):
         rlk.Context("host", 1)
     with pytest.raises(rlk.InvalidArgument, match="device: 4294967296 is outside"):
         rlk.Context("host", 2 ** 32)
+
+
+def test_a_number_setting_that_is_no_number_is_refused(host):
+    """A float setting given a tensor of several values or a string: InvalidArgument naming it,
+    not torch's or Python's own error from inside the call."""
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((3, 7)).astype(np.float32)
+    labels = np.array([0, 3, 6], np.int64)
+    for bad in (np.array([0.5, 0.7]), "hot"):
+        with pytest.raises(rlk.InvalidArgument, match="temperature: .* is not a number"):
+            rlk.logprob(logits, labels, temperature=bad)
