@@ -290,6 +290,30 @@ START_TEST(descriptors_out_of_bounds_are_refused) {
 }
 END_TEST
 
+/* A workspace count past the end of the address space (SIZE_MAX: "plenty") still covers the
+ * bytes the call writes there: an output inside the workspace is refused, whatever the count. */
+START_TEST(workspace_count_past_memory_still_overlaps) {
+  rlk_context *ctx = rlk_test_host_context();
+  enum { B = 4, T = 3 };
+  double r[B * T];
+  for (int i = 0; i < B * T; i++) r[i] = i;
+  _Alignas(16) double ws[2 * B];
+  rlk_group_advantage_args a;
+  rlk_group_advantage_args_init(&a);
+  a.scores = rlk_tensor_2d(r, RLK_F64, B, T, T); /* f64 rows: their sums in the workspace */
+  a.group_size = 2;
+  a.advantages = rlk_tensor_1d(ws, RLK_F32, B);
+  a.workspace = ws;
+  const size_t counts[] = {sizeof ws, SIZE_MAX, SIZE_MAX / 2 + 2, SIZE_MAX - (uintptr_t)ws + 1};
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    a.workspace_bytes = counts[i];
+    rlk_test_expect_error(rlk_group_advantage(ctx, &a, NULL), RLK_ERR_INVALID_ARGUMENT, "workspace",
+                          "rlk_group_advantage");
+  }
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 /* Log callbacks swapped while threads log: every message reaches a callback with its own user
  * argument (a callback set with one argument never sees another's). */
 enum { LOG_THREADS = 3, LOG_SWAPS = 20000 };
@@ -345,6 +369,7 @@ Suite *api_suite(void) {
   rlk_test_add_case(s, "api", 60, TESTS(status_strings_and_versions, descriptors_and_dtypes,
       bad_context_options, host_context_basics, precompile_rejects_bad_lines,
       rlk_arch_overrides_only_device_targets, compile_only_targets_route_by_name,
-      descriptors_out_of_bounds_are_refused, log_callbacks_keep_their_argument, error_messages_are_utf8));
+      descriptors_out_of_bounds_are_refused, workspace_count_past_memory_still_overlaps,
+      log_callbacks_keep_their_argument, error_messages_are_utf8));
   return s;
 }

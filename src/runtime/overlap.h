@@ -4,6 +4,7 @@
 #define RLK_RUNTIME_OVERLAP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rlk.h"
 
@@ -48,7 +49,14 @@ rlk_status rlk_check_arg_fields(const rlk_arg_field *fields, size_t n, const voi
 
 /* A workspace of `bytes` bytes as a tensor, for rlk_check_no_overlap. */
 static inline rlk_tensor rlk_workspace_tensor(void *data, size_t bytes) {
-  rlk_tensor t = rlk_tensor_1d(bytes ? data : NULL, RLK_BOOL, (int64_t)bytes);
+  /* the caller's count is only a bound: one past the address space (SIZE_MAX, "plenty") would
+   * be a negative shape, or an end that wraps below data, and overlap nothing; what lies past
+   * the end of memory is no argument's, so the count is cut there */
+  const uint64_t room = (uint64_t)(UINTPTR_MAX - (uintptr_t)data);
+  uint64_t n = bytes;
+  if (n > room) n = room;
+  if (n > (uint64_t)INT64_MAX) n = (uint64_t)INT64_MAX;
+  rlk_tensor t = rlk_tensor_1d(n ? data : NULL, RLK_BOOL, (int64_t)n);
   return t;
 }
 
