@@ -3,7 +3,9 @@
 The library calls back with each message (rlk_set_log_callback): errors, warnings and debug lines
 go to the logger at their level; a kernel compile ("compiling <kernel> <settings> for <target>")
 is held until the call that compiled it returns and is then logged at INFO with the time it
-took (until the next compile of that call, or the call's end: compiling and loading). Without
+took (until the next compile of that call, or the call's end: compiling and loading); each
+thread's compiles are its own calls' (the library logs a compile on the thread that runs it), so
+calls on several threads at once each log their own compiles with their own times. Without
 logging configured, Python shows warnings and errors on stderr as before; logging.basicConfig(
 level=logging.INFO) shows every first compile. summary() is the one-line account on demand.
 """
@@ -23,7 +25,7 @@ _COMPILING = "compiling "
 
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
-pending = []      # (description, start) of compiles whose call has not returned yet
+pending = []      # (thread, description, start) of compiles whose call has not returned yet
 _lock = threading.Lock()
 compiled = {"kernels": 0, "seconds": 0.0}  # what this process compiled, as logged
 
@@ -32,7 +34,7 @@ def _on_message(level, message, user):
     text = message.decode("utf-8", "replace")
     if text.startswith(_COMPILING):
         with _lock:
-            pending.append((text[len(_COMPILING):], time.perf_counter()))
+            pending.append((threading.get_ident(), text[len(_COMPILING):], time.perf_counter()))
         return
     logger.log(_LEVELS.get(level, logging.DEBUG), "%s", text)
 
@@ -53,11 +55,13 @@ def install(lib):
 
 
 def flush():
-    """Logs the compiles of the call that just returned, each with its time."""
+    """Logs the compiles of the call that just returned on this thread, each with its time (those
+    of calls still running on other threads stay pending until those calls return)."""
     now = time.perf_counter()
+    me = threading.get_ident()
     with _lock:
-        done = pending[:]
-        del pending[:]
+        done = [(what, start) for who, what, start in pending if who == me]
+        pending[:] = [p for p in pending if p[0] != me]
     for i, (what, start) in enumerate(done):
         end = done[i + 1][1] if i + 1 < len(done) else now
         compiled["kernels"] += 1

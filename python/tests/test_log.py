@@ -54,3 +54,39 @@ def test_warnings_go_to_the_logger_not_to_stderr():
     assert r.returncode == 0, r.stderr
     assert "PYLOG rlk WARNING RLK_LOGPROB_VARIANT='sideways'" in r.stdout, r.stdout + r.stderr
     assert "rlk warn" not in r.stderr  # the library's own stderr format
+
+
+def test_a_compile_is_logged_by_its_own_call_on_its_own_thread(caplog):
+    """The library logs a compile on the thread that runs it; a call returning on one thread logs
+    its own compiles only, and one still running on another thread logs its own when it returns,
+    timed from its start to that return (not cut short at the other thread's compile)."""
+    import threading
+    import time
+
+    from rlk import _log, _types as T
+    caplog.set_level(logging.INFO, logger="rlk")
+    _log.flush()  # nothing of an earlier call on this thread
+    info = int(T.LogLevel.INFO)
+    started, done = threading.Event(), threading.Event()
+    hold = 0.3
+
+    def other():  # a call on another thread: its compile begins, it returns `hold` seconds later
+        _log._on_message(info, b"compiling other_kernel k=2 for host", None)
+        started.set()
+        time.sleep(hold)
+        _log.flush()
+        done.set()
+
+    _log._on_message(info, b"compiling this_kernel k=1 for host", None)
+    t = threading.Thread(target=other, name="other-call")
+    t.start()
+    assert started.wait(10)
+    _log.flush()  # this thread's call returns while the other's is still compiling
+    mine = [r for r in caplog.records if r.getMessage().startswith("compiled ")]
+    assert [r.getMessage().split(" in ")[0] for r in mine] == ["compiled this_kernel k=1 for host"]
+    assert done.wait(10)
+    t.join()
+    theirs = [r for r in caplog.records if r.getMessage().startswith("compiled other_kernel")]
+    assert len(theirs) == 1 and theirs[0].threadName == "other-call", [r.getMessage() for r in caplog.records]
+    secs = float(re.fullmatch(r"compiled other_kernel k=2 for host in (\d+\.\d\d) s", theirs[0].getMessage()).group(1))
+    assert secs >= hold - 0.01  # %.2f of a time of at least `hold`
