@@ -56,18 +56,30 @@ def _module_name(target):
 
 
 def _platform_tag(tree):
-    """Host kernels are shared objects of this machine's arch: a manylinux wheel of the newest
-    glibc they reference; device code (cubins, code objects) runs on any host: any."""
-    minors = []
+    """Host kernels are shared objects of their target's arch (the tree's host-<machine> folder:
+    uname's machine, as the platform tag spells it; not the arch of the machine that wraps the
+    tree): a manylinux wheel of that arch and of the newest glibc they reference; device code
+    (cubins, code objects) runs on any host: any."""
+    minors, machines = [], set()
     for root, _, files in os.walk(tree):
+        # <tree>/v<schema>/<compiler>/<target>/...: a host target names its machine
+        rel = os.path.relpath(root, tree).split(os.sep)
+        if rel[0] in ("tmp", "quarantine"):
+            continue  # staging and damaged entries, never looked up
+        host = ([rel[2][len("host-"):]] if len(rel) >= 3 and re.fullmatch(r"v\d+", rel[0])
+                and rel[2].startswith("host-") else [])
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
                 data = fh.read()
-            if data[:4] == b"\x7fELF" and b"GLIBC_" in data:
+            if data[:4] == b"\x7fELF" and (host or b"GLIBC_" in data):
+                machines.update(host[:1] or [platform.machine()])
                 minors += [int(m) for m in re.findall(rb"GLIBC_2\.(\d+)", data)]
-    if not minors:
+    if not machines:
         return "any"
-    return "manylinux_2_%d_%s" % (max(minors + [17]), platform.machine())
+    if len(machines) > 1:
+        raise ValueError("kernel tree %s: host kernels of %s; a wheel holds one target's tree"
+                         % (tree, " and ".join(sorted(machines))))
+    return "manylinux_2_%d_%s" % (max(minors + [17]), machines.pop())
 
 
 def build_wheel(tree, target, out_dir, version=None):

@@ -56,3 +56,34 @@ def test_a_tree_wheel_is_found_and_used_without_compiling(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["['host']", "0"], r.stdout
     assert not (tmp_path / "empty").exists() or not any((tmp_path / "empty").rglob("*"))
+
+
+def _fake_host_tree(root, machine, glibc_minor):
+    """A tree laid out as rlk-precompile writes one (v<schema>/<compiler>/<target>/...) holding
+    one host kernel: an ELF file whose bytes name a glibc version."""
+    entry = root / "v1" / "clang-14.0.6" / ("host-" + machine) / "group_advantage" / "ab" / ("ab" * 32)
+    entry.mkdir(parents=True)
+    (entry / "kernel.so").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 57 + b"GLIBC_2.2.5\0GLIBC_2.%d\0"
+                                      % glibc_minor)
+    (entry / "kernel.meta").write_text("target=host-%s\n" % machine)
+    return root
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "x86_64", "ppc64le"])
+def test_a_host_tree_wheel_is_tagged_with_the_trees_arch(tmp_path, machine):
+    """A host tree's wheel is tagged with its target's machine, whatever the machine that wraps
+    it (a tree precompiled on an aarch64 node and wrapped on an x86_64 one installs on aarch64)."""
+    tree = _fake_host_tree(tmp_path / "tree", machine, 28)
+    wheel = kernel_trees.build_wheel(str(tree), "host", str(tmp_path / "dist"))
+    assert os.path.basename(wheel) == "rlk_kernels_host-%s-py3-none-manylinux_2_28_%s.whl" % (
+        rlk.__version__, machine)
+    with zipfile.ZipFile(wheel) as z:
+        assert "Tag: py3-none-manylinux_2_28_%s" % machine in z.read(
+            "rlk_kernels_host-%s.dist-info/WHEEL" % rlk.__version__).decode()
+
+
+def test_a_tree_of_two_host_arches_is_refused(tmp_path):
+    tree = _fake_host_tree(tmp_path / "tree", "aarch64", 17)
+    _fake_host_tree(tree, "x86_64", 17)
+    with pytest.raises(ValueError, match="aarch64 and x86_64"):
+        kernel_trees.build_wheel(str(tree), "host", str(tmp_path / "dist"))
