@@ -104,7 +104,7 @@ class Context:
         """rlk_precompile: compiles what one op configuration line needs; returns the kernel count."""
         n = ctypes.c_int(0)
         status = self._lib.rlk_precompile(self.handle, str(config).encode(), ctypes.byref(n))
-        _log.flush()
+        _log.flush(status)
         _lib.check(status)
         return n.value
 

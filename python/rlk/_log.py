@@ -16,6 +16,7 @@ import threading
 import time
 
 from . import _types as T
+from .errors import CompileError
 
 logger = logging.getLogger("rlk")
 
@@ -54,16 +55,22 @@ def install(lib):
     atexit.register(lib.rlk_set_log_callback, CALLBACK(), 0, None)  # a NULL callback
 
 
-def flush():
+def flush(status=0):
     """Logs the compiles of the call that just returned on this thread, each with its time (those
-    of calls still running on other threads stay pending until those calls return)."""
+    of calls still running on other threads stay pending until those calls return). status: the
+    call's rlk_status; a compile error is its last compile's (a failed compile ends the call),
+    logged as failed, not as compiled (the exception says why)."""
     now = time.perf_counter()
+    failed = int(status or 0) == CompileError.status
     me = threading.get_ident()
     with _lock:
         done = [(what, start) for who, what, start in pending if who == me]
         pending[:] = [p for p in pending if p[0] != me]
     for i, (what, start) in enumerate(done):
         end = done[i + 1][1] if i + 1 < len(done) else now
+        if failed and i == len(done) - 1:
+            logger.info("compiling %s failed after %.2f s", what, end - start)
+            break
         compiled["kernels"] += 1
         compiled["seconds"] += end - start
         logger.info("compiled %s in %.2f s", what, end - start)

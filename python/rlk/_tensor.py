@@ -662,7 +662,7 @@ def plan_call(name, key, tensors, scalars):
     plan, dev = kept
     out = plan(tensors, scalars, 0 if dev < 0 else _raw_stream(dev))
     if _log.pending:
-        _log.flush()
+        _log.flush(out if out.__class__ is int else 0)
     if out is None or out.__class__ is list:
         return out
     _lib.check(out, name)  # the library's status
@@ -848,7 +848,7 @@ class Op:
         n = ctypes.c_size_t(0)
         status = self._workspace_size(ctx.handle, args, ctypes.byref(n))
         if _log.pending:
-            _log.flush()
+            _log.flush(status)
         if status:
             _lib.check(status, self.name)
         return n.value
@@ -857,6 +857,6 @@ class Op:
         # ctypes passes args by reference (the argtype is a pointer to its struct)
         status = self._run(ctx.handle, args, stream)
         if _log.pending:  # a kernel compiled on this call's first use: logged with its time
-            _log.flush()
+            _log.flush(status)
         if status:
             _lib.check(status, self.name)

@@ -90,3 +90,34 @@ def test_a_compile_is_logged_by_its_own_call_on_its_own_thread(caplog):
     assert len(theirs) == 1 and theirs[0].threadName == "other-call", [r.getMessage() for r in caplog.records]
     secs = float(re.fullmatch(r"compiled other_kernel k=2 for host in (\d+\.\d\d) s", theirs[0].getMessage()).group(1))
     assert secs >= hold - 0.01  # %.2f of a time of at least `hold`
+
+
+def test_a_failed_compile_is_not_logged_as_compiled(tmp_path):
+    """A compile the compiler fails: the call raises CompileError, and the log says the compile
+    failed (not "compiled ... in N s"); the process's tally counts no kernel compiled."""
+    import shutil
+    cc = shutil.which("clang-14") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no clang to identify the failing compiler as")
+    bad = tmp_path / "cc"
+    # identifies itself as the real compiler, then fails every compile
+    bad.write_text('#!/bin/sh\ncase "$*" in *--version*) exec %s "$@";; esac\necho "no code today" >&2\nexit 1\n'
+                   % cc)
+    bad.chmod(0o755)
+    code = ("import logging, sys, numpy as np\n"
+            "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='PYLOG %(message)s')\n"
+            "import rlk\n"
+            "from rlk import _log\n"
+            "try:\n"
+            "    rlk.group_advantage(np.arange(8, dtype=np.float32), 4)\n"
+            "except rlk.CompileError:\n"
+            "    print('RAISED CompileError')\n"
+            "print('TALLY', _log.compiled['kernels'])\n")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, RLK_HOST_CC=str(bad), RLK_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "RAISED CompileError" in lines, r.stdout + r.stderr
+    assert not [l for l in lines if l.startswith("PYLOG compiled ")], r.stdout
+    assert [l for l in lines if re.fullmatch(r"PYLOG compiling group_advantage\S* .* failed after \d+\.\d\d s", l)], r.stdout
+    assert "TALLY 0" in lines, r.stdout
