@@ -846,6 +846,21 @@ START_TEST(token_chunk_model) {
 }
 END_TEST
 
+/* The portable backward's chunk: its column tiles are a launch's grid.y, so at most 65535 of them,
+ * however wide the vocabulary, the room or the chunk asked for; sm_90a's (a persistent grid) only
+ * within V. */
+START_TEST(portable_chunk_grid) {
+  const int64_t V = 5000000, most = (int64_t)65535 * 64;
+  /* one row: the budget's room holds every column's dz */
+  ck_assert_int_eq(rlk_ll_bwd_chunk(0, V, 64, (int64_t)300 << 20, 4, NULL), most);
+  ck_assert_int_eq(rlk_ll_bwd_chunk((int64_t)1 << 30, V, 64, (int64_t)300 << 20, 4, NULL), most);
+  ck_assert_int_eq(rlk_ll_bwd_chunk(0, 151936, 64, (int64_t)300 << 20, 4, NULL), 151936);
+  ck_assert_int_eq(rlk_ll_bwd_chunk(4096, V, 64, (int64_t)300 << 20, 4, NULL), 4096);
+  rlk_ll_chunk_problem p = {1, 1024, V, 1, 1, 0, 0};
+  ck_assert_int_eq(rlk_ll_bwd_chunk(0, V, 256, (int64_t)300 << 20, 2, &p), (V + 255) / 256 * 256);
+}
+END_TEST
+
 /* rlk_linear_policy_loss's workspace on sm_90a (the size query reads shapes only): the token
  * chunks take the rows that fit in 0.3 GiB with the rest of the call's workspace, 1024 at
  * N 8192, V 151936 (eight chunks of whole 128-row tiles). */
@@ -1380,7 +1395,7 @@ Suite *linear_logprob_suite(void) {
   rlk_test_add_case(s, "host", 300, TESTS(host_shapes, bad_arguments, host_shards,
       host_records_its_configurations, host_policy_loss, policy_loss_bad_arguments));
   rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, sm90_chunk_model, token_chunk_model,
-      policy_loss_chunk_budget, samples_compile_every_target));
+      portable_chunk_grid, policy_loss_chunk_budget, samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_deterministic, gpu_shards));
   /* a case of its own, so that the backward's GPU checks can run beside the forward's */
   rlk_test_add_case(s, "gpu_backward", 600, TESTS(gpu_backward));

@@ -9,6 +9,8 @@
 /* A launch's fixed cost in K steps of one tile (about 20 us: its start, the pipeline filling, the
  * stragglers), measured as the cost of a chunk more at whole waves on an H200. */
 #define LLP_LAUNCH_STEPS 25
+/* A launch's grid.y at most (CUDA's limit) */
+#define LLP_MAX_GRID_Y ((int64_t)65535)
 
 static int64_t llp_ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -100,7 +102,10 @@ int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, i
       chunk = llp_ceil(llp_ceil(vpad, chunks), tile) * tile;
     }
   }
-  return chunk > vpad ? vpad : chunk;
+  if (chunk > vpad) chunk = vpad;
+  /* the portable kernels launch a chunk's column tiles over grid.y: 65535 of them at most */
+  if (!sm90 && chunk > LLP_MAX_GRID_Y * tile) chunk = LLP_MAX_GRID_Y * tile;
+  return chunk;
 }
 
 /* Bytes of grad_weight's read-modify-write that take as long as a tile's K step (H200: 3.6 TB/s

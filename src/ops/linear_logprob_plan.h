@@ -81,7 +81,8 @@ int64_t rlk_ll_bwd_sm90_chunk(const rlk_ll_chunk_problem *p);
 /* The backward's chunk width in columns of V (rlk_linear_logprob's and rlk_linear_divergence's):
  * `asked` rounded up to whole tiles when it is not 0; else within `room` bytes of dz at
  * column_bytes a column (at least one tile): on sm_90a (sm90 given, its widest set here) the cost
- * model's width, elsewhere the fewest chunks cut evenly. At most V rounded up to whole tiles. */
+ * model's width, elsewhere the fewest chunks cut evenly. At most V rounded up to whole tiles, and
+ * without sm90 at most 65535 tiles (the portable kernels' grid.y). */
 int64_t rlk_ll_bwd_chunk(int64_t asked, int64_t V, int64_t tile, int64_t room, int64_t column_bytes,
                          rlk_ll_chunk_problem *sm90);
 
