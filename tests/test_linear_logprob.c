@@ -910,6 +910,11 @@ START_TEST(policy_loss_chunk_budget) {
   const rlk_tensor padded = rlk_tensor_2d(fake, RLK_F32, V, H, H + 8); /* padding is not its memory */
   ck_assert(!rlk_ll_stored_over_weight_ok(&padded, 2 * H + 8, V, 16384));
   ck_assert(!rlk_ll_stored_over_weight_ok(&a.grad_weight, N, V, 1000)); /* not a multiple of 256 */
+  /* u^T's 64-column blocks are a launch's grid.y: a vocabulary past 65535 of them stays row-major */
+  const int64_t wide = (int64_t)65535 * 64, ks_all = (int64_t)16384 * 256; /* ks_all > wide */
+  const rlk_tensor gw_wide = rlk_tensor_2d(fake, RLK_F32, wide + 1, H, H);
+  ck_assert(rlk_ll_stored_over_weight_ok(&gw_wide, N, wide, ks_all));
+  ck_assert(!rlk_ll_stored_over_weight_ok(&gw_wide, N, wide + 1, ks_all));
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1353,6 +1358,9 @@ static void cases_backward(rlk_context *ctx, uint64_t *rng) {
     rlk_lpl_set_budget(0);
     ll_policy_check(ctx, 3, 200, 4099, 328, RLK_F16, 1.0f, seed + 26, RLK_LPL_TOKEN_CHUNKS, 0, 1, 0, 1);
     ll_policy_check(ctx, 2, 128, 2999, 256, RLK_BF16, 0.9f, seed + 27, RLK_LPL_TOKEN_CHUNKS, 128, 0, 8, 1);
+    /* one chunk of 65600 rows, more than a grid's 65535 in y: the row-major dz pass goes in two
+     * slices */
+    ll_policy_check(ctx, 2, 32800, 300, 64, RLK_BF16, 1.0f, seed + 31, RLK_LPL_TOKEN_CHUNKS, 65600, 0, 0, 0);
   } else {
     printf("skip (linear_policy_loss token chunks): compute capability %d.%d is not sm_90\n", info.compute_major,
            info.compute_minor);

@@ -33,6 +33,7 @@ const rlk_template rlk_ll_stored_dz_t_tmpl = {"linear_logprob", "linear_logprob_
                                               "cuda/linear_logprob_stored.cuh", NULL, LL_N(ll_stored_dz_params),
                                               ll_stored_dz_params};
 #define LL_STORED_PITCH 64 /* u's row pitch: V rounded up to this (128-byte rows for TMA) */
+#define LL_STORED_MAX_GRID_Y 65535 /* a launch's grid.y at most (CUDA's limit) */
 
 int rlk_ll_stored_ok(const rlk_context *ctx, const rlk_tensor *hidden, const rlk_tensor *weight, const char **why) {
   if (!rlk_ll_wgmma_target(ctx)) {
@@ -108,6 +109,8 @@ int rlk_ll_stored_over_weight_ok(const rlk_tensor *grad_weight, int64_t N, int64
     return 0;
   const int64_t gws = grad_weight->strides[0];
   if (grad_weight->strides[1] != 1 || gws % 4 || (uintptr_t)grad_weight->data % 16) return 0;
+  /* u^T's 64-column blocks are the transposed pass's grid.y: 65535 at most */
+  if (V > LL_STORED_MAX_GRID_Y * (int64_t)RLK_LL_STORED_T_COLS) return 0;
   if (ksplit >= V) return 1; /* all of u^T in the workspace */
   /* a line of u^T (N 16-bit values) within a row's own H values, never in the padding between
    * rows, which may be another tensor's */
@@ -197,7 +200,9 @@ rlk_status rlk_ll_stored_logits(rlk_context *ctx, const rlk_ll_stored *s, int64_
 }
 
 /* u -> dz in place: the row-major pass over the chunk's rows, or the transposed one over u^T's
- * two parts. */
+ * two parts. The row-major pass's grid holds a row in grid.y, so a chunk of more rows than CUDA's
+ * 65535 there goes in slices (the records keep the chunk's row count as their stride); u^T's
+ * column blocks are never more (rlk_ll_stored_over_weight_ok). */
 static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const ll_stored_chunk *c, int64_t r0,
                                int64_t n, void *stream) {
   const int hd = s->hidden.dtype == RLK_F16 ? RLK_DT_F16 : RLK_DT_BF16;
@@ -205,30 +210,36 @@ static rlk_status ll_stored_dz(rlk_context *ctx, const rlk_ll_stored *s, const l
                               {hd, s->labels.dtype, s->entropy}};
   rlk_status st;
   if ((st = rlk_spec_validate(&fx))) return st;
-  ll_stored_dz_args z = {0};
-  z.u = c->u;
-  z.u_stride = c->pitch;
-  z.u2 = c->u2;
-  z.u2_stride = 2 * c->gws;
-  z.ksplit = s->ksplit;
-  z.partials = c->records;
-  z.M = n;
-  z.V = c->V;
-  z.labels = c->labels;
-  z.label_stride = c->ls;
-  z.ignore_index = s->ignore_index;
-  z.lse = s->lse + r0;
-  z.g_lp = s->g_lp + r0;
-  z.entropy = s->entropy ? s->ent + r0 : NULL;
-  z.g_ent = s->entropy && s->g_ent ? s->g_ent + r0 : NULL;
-  z.temperature = s->temperature;
-  z.threshold = s->threshold ? s->threshold + r0 : NULL;
   const int64_t per_block = LL_THREADS * RLK_LL_STORED_VEC * RLK_LL_STORED_VECS;
-  const rlk_launch_dims d =
-      s->ksplit ? rlk_op_grid((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
-                              (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), 1, LL_THREADS, 0)
-                : rlk_op_grid((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)n, 1, LL_THREADS, 0);
-  return rlk_context_launch_params(ctx, &fx, &d, stream, &z);
+  const int64_t slice = s->ksplit ? n : LL_STORED_MAX_GRID_Y;
+  const size_t label_bytes = rlk_dtype_size(s->labels.dtype);
+  for (int64_t a = 0; a < n; a += slice) {
+    const int64_t m = n - a < slice ? n - a : slice, ra = r0 + a;
+    ll_stored_dz_args z = {0};
+    z.u = (char *)c->u + (size_t)(a * c->pitch) * 2u;
+    z.u_stride = c->pitch;
+    z.u2 = c->u2;
+    z.u2_stride = 2 * c->gws;
+    z.ksplit = s->ksplit;
+    z.partials = (const char *)c->records + (size_t)a * RLK_LL_RECORD_BYTES;
+    z.M = n; /* the records' stride; the row-major pass's rows are grid.y's */
+    z.V = c->V;
+    z.labels = (const char *)c->labels + (size_t)(a * c->ls) * label_bytes;
+    z.label_stride = c->ls;
+    z.ignore_index = s->ignore_index;
+    z.lse = s->lse + ra;
+    z.g_lp = s->g_lp + ra;
+    z.entropy = s->entropy ? s->ent + ra : NULL;
+    z.g_ent = s->entropy && s->g_ent ? s->g_ent + ra : NULL;
+    z.temperature = s->temperature;
+    z.threshold = s->threshold ? s->threshold + ra : NULL;
+    const rlk_launch_dims d =
+        s->ksplit ? rlk_op_grid((uint64_t)((n + RLK_LL_STORED_T_ROWS - 1) / RLK_LL_STORED_T_ROWS),
+                                (uint64_t)((c->V + RLK_LL_STORED_T_COLS - 1) / RLK_LL_STORED_T_COLS), 1, LL_THREADS, 0)
+                  : rlk_op_grid((uint64_t)((c->V + per_block - 1) / per_block), (uint64_t)m, 1, LL_THREADS, 0);
+    if ((st = rlk_context_launch_params(ctx, &fx, &d, stream, &z))) return st;
+  }
+  return RLK_OK;
 }
 
 /* dh = dz W over the whole vocabulary into the chunk's rows of grad_hidden, each element written
