@@ -659,6 +659,28 @@ START_TEST(test_target_env_override) {
 }
 END_TEST
 
+/* The SMs clusters keep busy are the device's, like its multiprocessors: RLK_ARCH naming the
+ * device's own arch leaves its target as it was, and another arch keeps them too. */
+START_TEST(test_target_env_keeps_cluster_sms) {
+  rlk_target dev, t;
+  rlk_target_for_cuda_device(9, 0, 132, 0, 0, &dev);
+  const int cluster_sms[RLK_TARGET_CLUSTER_SIZES] = {0, 132, 128, 120};
+  memcpy(dev.cluster_sms, cluster_sms, sizeof cluster_sms);
+  static const char *const archs[] = {"sm_90a", "sm_90", "compute_90a"};
+  for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+    t = dev;
+    setenv("RLK_ARCH", archs[i], 1);
+    ck_assert_int_eq(rlk_target_apply_env(RLK_BACKEND_CUDA, &t), RLK_OK);
+    ck_assert_str_eq(t.name, archs[i]);
+    ck_assert_int_eq(t.multiprocessors, 132);
+    for (int c = 0; c < RLK_TARGET_CLUSTER_SIZES; c++)
+      ck_assert_msg(t.cluster_sms[c] == cluster_sms[c], "RLK_ARCH=%s: cluster_sms[%d] %d, want %d", archs[i], c,
+                    t.cluster_sms[c], cluster_sms[c]);
+  }
+  unsetenv("RLK_ARCH");
+}
+END_TEST
+
 /* Device 0 of a backend opened here (st, b: what the open gave): 1 when it opened; else 0, after
  * checking it is unavailable, with no handle and a message that starts with `name`. */
 static int opened_here(rlk_status st, const rlk_backend_impl *b, const char *name) {
@@ -1773,7 +1795,7 @@ Suite *backend_suite(void) {
       test_tma_encode_needs_cuda));
 
   rlk_test_add_case(s, "open", 0, TESTS(test_cuda_device_targets, test_target_parse, test_target_names,
-      test_target_arch_table, test_target_env_override, test_backend_alloc, test_cuda_open_here, test_hip_open_here,
+      test_target_arch_table, test_target_env_override, test_target_env_keeps_cluster_sms, test_backend_alloc, test_cuda_open_here, test_hip_open_here,
       test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_hip_stub_open_statuses,
       test_hip_stub_keeps_callers_device));
 

@@ -234,6 +234,7 @@ rlk_status rlk_target_apply_env(rlk_backend kind, rlk_target *t) {
            t->name[0] ? t->name : "(unknown)");
   /* the device's own counts and limits stay: they describe the hardware that runs the code */
   o.multiprocessors = t->multiprocessors;
+  memcpy(o.cluster_sms, t->cluster_sms, sizeof o.cluster_sms);
   if (t->smem_per_block) o.smem_per_block = t->smem_per_block;
   if (t->smem_per_sm) o.smem_per_sm = t->smem_per_sm;
   *t = o;

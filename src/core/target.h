@@ -77,7 +77,7 @@ void rlk_target_features_text(unsigned features, char *buf, size_t size);
 
 /* Applies the RLK_ARCH override to a device's target of backend `kind`: the one place that
  * variable is read. A value naming another backend's target is ignored with a warning; the
- * device's multiprocessors and shared memory are kept. */
+ * device's multiprocessors, cluster occupancy (cluster_sms) and shared memory are kept. */
 rlk_status rlk_target_apply_env(rlk_backend kind, rlk_target *t);
 
 /* The host's target name, "host-<machine>" from uname: "host-x86_64". */
