@@ -792,9 +792,15 @@ static const char *const stub_driver_source =
     "static _Thread_local void *current;\n"
     "static char primary, other, module, function, event;\n"
     "static int devices = 1, init_err, get_err, retain_err, retains, switches, misplaced;\n"
+    "static char fail_name[64];\n"
+    "static int fail_err;\n"
     "void stub_configure(int n, int init_e, int get_e, int retain_e) {\n"
     "  devices = n; init_err = init_e; get_err = get_e; retain_err = retain_e;\n"
     "}\n"
+    "void stub_fail(const char *name, int e) {\n"
+    "  strncpy(fail_name, name, sizeof fail_name - 1); fail_err = e;\n"
+    "}\n"
+    "static R failing(const char *name) { return fail_err && !strcmp(fail_name, name) ? fail_err : 0; }\n"
     "void *stub_primary(void) { return &primary; }\n"
     "void *stub_other(void) { return &other; }\n"
     "void *stub_current(void) { return current; }\n"
@@ -829,10 +835,13 @@ static const char *const stub_driver_source =
     "R cuDevicePrimaryCtxRelease_v2(int d) { (void)d; retains--; return 0; }\n"
     "R cuDevicePrimaryCtxRelease(int d) { (void)d; retains--; return 0; }\n"
     "R cuCtxGetCurrent(void **c) { *c = current; return 0; }\n"
-    "R cuCtxSetCurrent(void *c) { switches++; current = c; return 0; }\n"
+    "R cuCtxSetCurrent(void *c) {\n"
+    "  if (failing(\"cuCtxSetCurrent\")) return failing(\"cuCtxSetCurrent\");\n"
+    "  switches++; current = c; return 0;\n"
+    "}\n"
     "R cuCtxSynchronize(void) { return work(); }\n"
     "R cuModuleLoadData(void **m, const void *i) { (void)i; *m = &module; return work(); }\n"
-    "R cuModuleUnload(void *m) { (void)m; return work(); }\n"
+    "R cuModuleUnload(void *m) { (void)m; return failing(\"cuModuleUnload\") ? failing(\"cuModuleUnload\") : work(); }\n"
     "R cuModuleGetFunction(void **f, void *m, const char *name) {\n"
     "  (void)m;\n"
     "  R r = work();\n"
@@ -869,10 +878,11 @@ static const char *const stub_driver_source =
     "R cuEventRecord(void *e, void *s) { (void)e; (void)s; return work(); }\n"
     "R cuEventSynchronize(void *e) { (void)e; return work(); }\n"
     "R cuEventElapsedTime_v2(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.0f; return work(); }\n"
-    "R cuEventDestroy_v2(void *e) { (void)e; return work(); }\n";
+    "R cuEventDestroy_v2(void *e) { (void)e; return failing(\"cuEventDestroy\") ? failing(\"cuEventDestroy\") : work(); }\n";
 
 typedef struct stub_driver {
   void (*configure)(int devices, int init_err, int get_err, int retain_err);
+  void (*fail_call)(const char *name, int err); /* the named call fails with err; 0: none */
   void *(*primary)(void);
   void *(*other)(void);
   void *(*current)(void);
@@ -915,6 +925,7 @@ static int stub_driver_load(stub_driver *stub) {
   *strrchr(so_path, '/') = '\0';
   rlk_test_rmtree(so_path); /* mapped: the file is no longer needed */
   stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
+  stub->fail_call = (void (*)(const char *, int))dlsym(lib, "stub_fail");
   stub->primary = (void *(*)(void))dlsym(lib, "stub_primary");
   stub->other = (void *(*)(void))dlsym(lib, "stub_other");
   stub->current = (void *(*)(void))dlsym(lib, "stub_current");
@@ -922,7 +933,7 @@ static int stub_driver_load(stub_driver *stub) {
   stub->switches = (int (*)(void))dlsym(lib, "stub_switches");
   stub->misplaced = (int (*)(void))dlsym(lib, "stub_misplaced");
   stub->retains = (int (*)(void))dlsym(lib, "stub_retains");
-  ck_assert(stub->configure && stub->primary && stub->other && stub->current && stub->place &&
+  ck_assert(stub->configure && stub->fail_call && stub->primary && stub->other && stub->current && stub->place &&
             stub->switches && stub->misplaced && stub->retains);
   return 1;
 }
@@ -1103,6 +1114,37 @@ START_TEST(test_cuda_stub_keeps_callers_context) {
 }
 END_TEST
 
+/* An unload or a destroy that fails is a warning: the thread's last error stays the failure
+ * being reported (the JIT unloads a module whose kernel lookup failed, then returns that
+ * lookup's status), whether the driver call or the switch to the device's context fails. */
+START_TEST(test_cuda_stub_cleanup_keeps_last_error) {
+  stub_driver stub;
+  if (!stub_driver_load(&stub)) return;
+  stub.configure(1, 0, 0, 0);
+  static const char ptx[] = ".version 8.0\n.target sm_90a\n";
+  rlk_backend_impl *b = NULL;
+  ck_assert_int_eq(rlk_cuda_backend_open(0, &b), RLK_OK);
+  void *module = NULL, *fn = NULL, *event = NULL;
+  ck_assert_int_eq(b->module_load(b, ptx, sizeof ptx, &module), RLK_OK);
+  ck_assert_int_eq(b->event_create(b, &event), RLK_OK);
+  ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &fn), RLK_ERR_BACKEND);
+  char want[512];
+  snprintf(want, sizeof want, "%s", rlk_last_error());
+  ck_assert_msg(strstr(want, "rlk_no_such_kernel") != NULL, "message: %s", want);
+  stub.fail_call("cuModuleUnload", 700);
+  b->module_unload(b, module);
+  ck_assert_str_eq(rlk_last_error(), want);
+  stub.place(stub.other()); /* the destroy has to switch, and the switch fails */
+  stub.fail_call("cuCtxSetCurrent", 201);
+  b->event_destroy(b, event);
+  ck_assert_str_eq(rlk_last_error(), want);
+  ck_assert_ptr_eq(stub.current(), stub.other());
+  stub.fail_call("", 0);
+  stub.place(NULL);
+  b->destroy(b);
+}
+END_TEST
+
 /* ---- HIP over a stand-in runtime: statuses and the caller's current device --------- */
 
 /* A stand-in libamdhip64 (loaded through RLK_HIP_LIB) with a current device per thread
@@ -1115,9 +1157,15 @@ static const char *const hip_stub_source =
     "static _Thread_local int current;\n"
     "static char module, function, event, memory[64];\n"
     "static int devices = 2, target = 1, init_err, get_err, switches, misplaced;\n"
+    "static char fail_name[64];\n"
+    "static int fail_err;\n"
     "void stub_configure(int n, int t, int init_e, int get_e) {\n"
     "  devices = n; target = t; init_err = init_e; get_err = get_e;\n"
     "}\n"
+    "void stub_fail(const char *name, int e) {\n"
+    "  strncpy(fail_name, name, sizeof fail_name - 1); fail_err = e;\n"
+    "}\n"
+    "static E failing(const char *name) { return fail_err && !strcmp(fail_name, name) ? fail_err : 0; }\n"
     "int stub_current(void) { return current; }\n"
     "void stub_place(int d) { current = d; }\n"
     "int stub_switches(void) { return switches; }\n"
@@ -1132,7 +1180,11 @@ static const char *const hip_stub_source =
     "const char *hipGetErrorString(E e) { (void)e; return \"stand-in\"; }\n"
     "E hipGetDeviceCount(int *n) { *n = devices; return devices ? 0 : 100; }\n"
     "E hipGetDevice(int *d) { *d = current; return 0; }\n"
-    "E hipSetDevice(int d) { if (d < 0 || d >= devices) return 101; switches++; current = d; return 0; }\n"
+    "E hipSetDevice(int d) {\n"
+    "  if (failing(\"hipSetDevice\")) return failing(\"hipSetDevice\");\n"
+    "  if (d < 0 || d >= devices) return 101;\n"
+    "  switches++; current = d; return 0;\n"
+    "}\n"
     "E hipDeviceGet(int *d, int o) { if (get_err) return get_err; *d = o; return 0; }\n"
     "E hipDeviceGetName(char *n, int len, int d) { (void)d; strncpy(n, \"stub\", (size_t)len); return 0; }\n"
     "E hipDeviceGetAttribute(int *v, int a, int d) { (void)a; (void)d; *v = 104; return 0; }\n"
@@ -1144,7 +1196,7 @@ static const char *const hip_stub_source =
     "  return 0;\n"
     "}\n"
     "E hipModuleLoadData(void **m, const void *i) { (void)i; *m = &module; return work(); }\n"
-    "E hipModuleUnload(void *m) { (void)m; return work(); }\n"
+    "E hipModuleUnload(void *m) { (void)m; return failing(\"hipModuleUnload\") ? failing(\"hipModuleUnload\") : work(); }\n"
     "E hipModuleGetFunction(void **f, void *m, const char *name) {\n"
     "  (void)m;\n"
     "  E r = work();\n"
@@ -1175,6 +1227,7 @@ static const char *const hip_stub_source =
 
 typedef struct hip_stub {
   void (*configure)(int devices, int target, int init_err, int get_err);
+  void (*fail_call)(const char *name, int err); /* the named call fails with err; 0: none */
   int (*current)(void);
   void (*place)(int device);
   int (*switches)(void);
@@ -1190,11 +1243,12 @@ static int hip_stub_load(hip_stub *stub) {
   if (!lib) return 0;
   setenv("RLK_HIP_LIB", so_path, 1); /* the forked test process's own environment */
   stub->configure = (void (*)(int, int, int, int))dlsym(lib, "stub_configure");
+  stub->fail_call = (void (*)(const char *, int))dlsym(lib, "stub_fail");
   stub->current = (int (*)(void))dlsym(lib, "stub_current");
   stub->place = (void (*)(int))dlsym(lib, "stub_place");
   stub->switches = (int (*)(void))dlsym(lib, "stub_switches");
   stub->misplaced = (int (*)(void))dlsym(lib, "stub_misplaced");
-  ck_assert(stub->configure && stub->current && stub->place && stub->switches &&
+  ck_assert(stub->configure && stub->fail_call && stub->current && stub->place && stub->switches &&
             stub->misplaced);
   return 1;
 }
@@ -1253,6 +1307,35 @@ START_TEST(test_hip_stub_keeps_callers_device) {
   hip_stub_round(&stub, 0); /* another device current: kept */
   hip_stub_round(&stub, 1); /* already ours: no switch */
   hip_stub_round(&stub, 0);
+}
+END_TEST
+
+/* As on CUDA: a failing unload or destroy leaves the thread's last error as it was. */
+START_TEST(test_hip_stub_cleanup_keeps_last_error) {
+  hip_stub stub;
+  if (!hip_stub_load(&stub)) return;
+  stub.configure(2, 1, 0, 0);
+  static const char bundle[] = "__CLANG_OFFLOAD_BUNDLE__ and the rest of a bundle";
+  stub.place(1);
+  rlk_backend_impl *b = NULL;
+  ck_assert_int_eq(rlk_hip_backend_open(1, &b), RLK_OK);
+  void *module = NULL, *fn = NULL, *event = NULL;
+  ck_assert_int_eq(b->module_load(b, bundle, sizeof bundle, &module), RLK_OK);
+  ck_assert_int_eq(b->event_create(b, &event), RLK_OK);
+  ck_assert_int_eq(b->get_function(b, module, "rlk_no_such_kernel", &fn), RLK_ERR_BACKEND);
+  char want[512];
+  snprintf(want, sizeof want, "%s", rlk_last_error());
+  ck_assert_msg(strstr(want, "rlk_no_such_kernel") != NULL, "message: %s", want);
+  stub.fail_call("hipModuleUnload", 98);
+  b->module_unload(b, module);
+  ck_assert_str_eq(rlk_last_error(), want);
+  stub.place(0); /* the destroy has to switch, and the switch fails */
+  stub.fail_call("hipSetDevice", 101);
+  b->event_destroy(b, event);
+  ck_assert_str_eq(rlk_last_error(), want);
+  ck_assert_int_eq(stub.current(), 0);
+  stub.fail_call("", 0);
+  b->destroy(b);
 }
 END_TEST
 
@@ -1796,8 +1879,8 @@ Suite *backend_suite(void) {
 
   rlk_test_add_case(s, "open", 0, TESTS(test_cuda_device_targets, test_target_parse, test_target_names,
       test_target_arch_table, test_target_env_override, test_target_env_keeps_cluster_sms, test_backend_alloc, test_cuda_open_here, test_hip_open_here,
-      test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_hip_stub_open_statuses,
-      test_hip_stub_keeps_callers_device));
+      test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_cuda_stub_cleanup_keeps_last_error,
+      test_hip_stub_open_statuses, test_hip_stub_keeps_callers_device, test_hip_stub_cleanup_keeps_last_error));
 
   rlk_test_add_case(s, "gpu", 120, TESTS(test_cuda_device_memory_events, test_cuda_device_kernels,
       test_cuda_device_tma, test_cuda_device_keeps_callers_context, test_cuda_device_ordinal_out_of_range));

@@ -37,6 +37,8 @@ struct rlk_backend_impl {
   /* Loads a binary (cubin, code object, shared object) from memory. RLK_ERR_BACKEND with
    * the driver's message if it refuses the image (the JIT then rebuilds the entry). */
   rlk_status (*module_load)(rlk_backend_impl *self, const void *image, size_t size, void **module);
+  /* module_unload and event_destroy return nothing: a failure is logged as a warning and leaves
+   * this thread's last error alone (they run on error paths, after the failure being reported). */
   void (*module_unload)(rlk_backend_impl *self, void *module);
   /* Finds a kernel by its lowered name. */
   rlk_status (*get_function)(rlk_backend_impl *self, void *module, const char *name, void **fn);

@@ -130,19 +130,36 @@ typedef struct ctx_scope {
   int switched;   /* ctx_enter replaced prev with ours */
 } ctx_scope;
 
-/* Makes the device's context current on this thread for one entry point. The common case,
- * a caller that already has our primary context current (a framework on the same device),
- * costs one cuCtxGetCurrent and no switch. */
-static inline rlk_status ctx_enter(cuda_state *s, ctx_scope *scope) {
+/* Makes the device's context current on this thread; the driver's result of the switch. */
+static inline CUresult ctx_switch(cuda_state *s, ctx_scope *scope) {
   scope->prev = NULL;
   scope->switched = 0;
   CUresult r = s->drv->cuCtxGetCurrent(&scope->prev);
   if (r != CUDA_SUCCESS) scope->prev = NULL; /* unknown: leave the thread with none */
-  else if (scope->prev == s->ctx) return RLK_OK;
+  else if (scope->prev == s->ctx) return CUDA_SUCCESS;
   r = s->drv->cuCtxSetCurrent(s->ctx);
-  if (r != CUDA_SUCCESS) return rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
+  if (r != CUDA_SUCCESS) return r;
   scope->switched = 1;
-  return RLK_OK;
+  return CUDA_SUCCESS;
+}
+
+/* Makes the device's context current on this thread for one entry point. The common case,
+ * a caller that already has our primary context current (a framework on the same device),
+ * costs one cuCtxGetCurrent and no switch. */
+static inline rlk_status ctx_enter(cuda_state *s, ctx_scope *scope) {
+  CUresult r = ctx_switch(s, scope);
+  return r == CUDA_SUCCESS ? RLK_OK : rlk_cuda_fail(RLK_ERR_BACKEND, "cuCtxSetCurrent", r);
+}
+
+/* Logs a failed driver call of an entry point that returns nothing (an unload, a destroy) as a
+ * warning, leaving this thread's last error alone: such calls run on error paths too, where the
+ * message is the failure being reported. */
+static void cuda_warn(cuda_state *s, const char *what, CUresult r) {
+  const char *name = NULL, *text = NULL;
+  if (s->drv->cuGetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
+  if (s->drv->cuGetErrorString(r, &text) != CUDA_SUCCESS) text = NULL;
+  if (name) rlk_warn("cuda: %s: %s: %s", what, name, text ? text : "no description");
+  else rlk_warn("cuda: %s: CUresult %d", what, r);
 }
 
 /* Puts back the context ctx_enter found and returns `status` unchanged, so an entry point
@@ -223,12 +240,13 @@ static void cuda_module_unload(rlk_backend_impl *self, void *module) {
   cuda_state *s = state_of(self);
   if (!module) return;
   ctx_scope scope;
-  if (ctx_enter(s, &scope) != RLK_OK) return;
-  CUresult r = s->drv->cuModuleUnload((CUmodule)module);
+  CUresult r = ctx_switch(s, &scope);
   if (r != CUDA_SUCCESS) {
-    rlk_cuda_fail(RLK_ERR_BACKEND, "cuModuleUnload", r);
-    rlk_warn("%s", rlk_last_error());
+    cuda_warn(s, "module_unload: cuCtxSetCurrent", r);
+    return;
   }
+  r = s->drv->cuModuleUnload((CUmodule)module);
+  if (r != CUDA_SUCCESS) cuda_warn(s, "cuModuleUnload", r);
   ctx_leave(s, &scope, RLK_OK);
 }
 
@@ -439,8 +457,13 @@ static void cuda_event_destroy(rlk_backend_impl *self, void *event) {
   cuda_state *s = state_of(self);
   if (!event) return;
   ctx_scope scope;
-  if (ctx_enter(s, &scope) != RLK_OK) return;
-  s->drv->cuEventDestroy((CUevent)event);
+  CUresult r = ctx_switch(s, &scope);
+  if (r != CUDA_SUCCESS) {
+    cuda_warn(s, "event_destroy: cuCtxSetCurrent", r);
+    return;
+  }
+  r = s->drv->cuEventDestroy((CUevent)event);
+  if (r != CUDA_SUCCESS) cuda_warn(s, "cuEventDestroy", r);
   ctx_leave(s, &scope, RLK_OK);
 }
 
@@ -525,7 +548,7 @@ static rlk_status describe_device(cuda_state *s, rlk_target *target, rlk_device_
   info->compile_only = 0;
   rlk_target_for_cuda_device(major, minor, sms, (size_t)optin, per_sm > 0 ? (size_t)per_sm : 0, target);
   ctx_scope scope;
-  if (ctx_enter(s, &scope) == RLK_OK) {
+  if (ctx_switch(s, &scope) == CUDA_SUCCESS) {
     probe_cluster_sms(s, target);
     ctx_leave(s, &scope, RLK_OK);
   }

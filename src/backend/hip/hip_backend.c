@@ -105,20 +105,36 @@ typedef struct device_scope {
   int switched;
 } device_scope;
 
-/* Selects the backend's device on this thread for one entry point; one hipGetDevice and no
- * switch when the caller is already on it. */
-static inline rlk_status device_enter(hip_state *s, device_scope *scope) {
+/* Selects the backend's device on this thread; the runtime's result of the switch. */
+static inline hipError_t device_switch(hip_state *s, device_scope *scope) {
   scope->prev = -1;
   scope->switched = 0;
   int cur = -1;
   if (s->rt->hipGetDevice(&cur) == hipSuccess) {
-    if (cur == s->ordinal) return RLK_OK;
+    if (cur == s->ordinal) return hipSuccess;
     scope->prev = cur;
   }
   hipError_t e = s->rt->hipSetDevice(s->ordinal);
-  if (e != hipSuccess) return hip_fail(RLK_ERR_BACKEND, "hipSetDevice", e);
+  if (e != hipSuccess) return e;
   scope->switched = scope->prev >= 0;
-  return RLK_OK;
+  return hipSuccess;
+}
+
+/* Selects the backend's device on this thread for one entry point; one hipGetDevice and no
+ * switch when the caller is already on it. */
+static inline rlk_status device_enter(hip_state *s, device_scope *scope) {
+  hipError_t e = device_switch(s, scope);
+  return e == hipSuccess ? RLK_OK : hip_fail(RLK_ERR_BACKEND, "hipSetDevice", e);
+}
+
+/* Logs a failed runtime call of an entry point that returns nothing (an unload, a destroy) as a
+ * warning, leaving this thread's last error alone: such calls run on error paths too, where the
+ * message is the failure being reported. */
+static void hip_warn(hip_state *s, const char *what, hipError_t e) {
+  const char *name = s->rt->hipGetErrorName ? s->rt->hipGetErrorName(e) : NULL;
+  const char *text = s->rt->hipGetErrorString ? s->rt->hipGetErrorString(e) : NULL;
+  if (name) rlk_warn("hip: %s: %s: %s", what, name, text ? text : "no description");
+  else rlk_warn("hip: %s: hipError_t %d", what, e);
 }
 
 /* Puts back the device device_enter found and returns `status` unchanged. A failure to
@@ -169,12 +185,13 @@ static void hip_module_unload(rlk_backend_impl *self, void *module) {
   hip_state *s = state_of(self);
   if (!module) return;
   device_scope scope;
-  if (device_enter(s, &scope) != RLK_OK) return;
-  hipError_t e = s->rt->hipModuleUnload((hipModule_t)module);
+  hipError_t e = device_switch(s, &scope);
   if (e != hipSuccess) {
-    hip_fail(RLK_ERR_BACKEND, "hipModuleUnload", e);
-    rlk_warn("%s", rlk_last_error());
+    hip_warn(s, "module_unload: hipSetDevice", e);
+    return;
   }
+  e = s->rt->hipModuleUnload((hipModule_t)module);
+  if (e != hipSuccess) hip_warn(s, "hipModuleUnload", e);
   device_leave(s, &scope, RLK_OK);
 }
 
@@ -334,8 +351,13 @@ static void hip_event_destroy(rlk_backend_impl *self, void *event) {
   hip_state *s = state_of(self);
   if (!event) return;
   device_scope scope;
-  if (device_enter(s, &scope) != RLK_OK) return;
-  s->rt->hipEventDestroy((hipEvent_t)event);
+  hipError_t e = device_switch(s, &scope);
+  if (e != hipSuccess) {
+    hip_warn(s, "event_destroy: hipSetDevice", e);
+    return;
+  }
+  e = s->rt->hipEventDestroy((hipEvent_t)event);
+  if (e != hipSuccess) hip_warn(s, "hipEventDestroy", e);
   device_leave(s, &scope, RLK_OK);
 }
 
