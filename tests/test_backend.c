@@ -850,8 +850,14 @@ static const char *const stub_driver_source =
     "  *f = &function;\n"
     "  return 0;\n"
     "}\n"
-    "R cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return work(); }\n"
-    "R cuFuncGetAttribute(int *v, int a, void *f) { (void)a; (void)f; *v = 0; return work(); }\n"
+    "R cuFuncSetAttribute(void *f, int a, int v) {\n"
+    "  (void)f; (void)a; (void)v;\n"
+    "  return failing(\"cuFuncSetAttribute\") ? failing(\"cuFuncSetAttribute\") : work();\n"
+    "}\n"
+    "R cuFuncGetAttribute(int *v, int a, void *f) {\n"
+    "  (void)a; (void)f; *v = 0;\n"
+    "  return failing(\"cuFuncGetAttribute\") ? failing(\"cuFuncGetAttribute\") : work();\n"
+    "}\n"
     "R cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
     "                 unsigned bz, unsigned sh, void *s, void **p, void **e) {\n"
     "  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh;\n"
@@ -1111,6 +1117,33 @@ START_TEST(test_cuda_stub_keeps_callers_context) {
   ck_assert_ptr_null(t.seen_before);
   ck_assert_ptr_null(t.seen_after);
   ck_assert_int_eq(stub.misplaced(), 0);
+}
+END_TEST
+
+/* A kernel lookup that fails in the shared-memory opt-in names the attribute call that failed. */
+START_TEST(test_cuda_stub_function_attribute_failures) {
+  stub_driver stub;
+  if (!stub_driver_load(&stub)) return;
+  stub.configure(1, 0, 0, 0);
+  static const char ptx[] = ".version 8.0\n.target sm_90a\n";
+  rlk_backend_impl *b = NULL;
+  ck_assert_int_eq(rlk_cuda_backend_open(0, &b), RLK_OK);
+  void *module = NULL;
+  ck_assert_int_eq(b->module_load(b, ptx, sizeof ptx, &module), RLK_OK);
+  static const char *const calls[] = {"cuFuncGetAttribute", "cuFuncSetAttribute"};
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    void *fn = (void *)1;
+    stub.fail_call(calls[i], 1);
+    ck_assert_int_eq(b->get_function(b, module, "rlk_stub_kernel", &fn), RLK_ERR_BACKEND);
+    ck_assert_ptr_null(fn);
+    char want[64];
+    snprintf(want, sizeof want, "cuda: %s: ", calls[i]);
+    ck_assert_msg(strncmp(rlk_last_error(), want, strlen(want)) == 0, "message: %s", rlk_last_error());
+  }
+  stub.fail_call("", 0);
+  b->module_unload(b, module);
+  b->destroy(b);
+  ck_assert_ptr_null(stub.current());
 }
 END_TEST
 
@@ -1880,6 +1913,7 @@ Suite *backend_suite(void) {
   rlk_test_add_case(s, "open", 0, TESTS(test_cuda_device_targets, test_target_parse, test_target_names,
       test_target_arch_table, test_target_env_override, test_target_env_keeps_cluster_sms, test_backend_alloc, test_cuda_open_here, test_hip_open_here,
       test_cuda_stub_open_statuses, test_cuda_stub_keeps_callers_context, test_cuda_stub_cleanup_keeps_last_error,
+      test_cuda_stub_function_attribute_failures,
       test_hip_stub_open_statuses, test_hip_stub_keeps_callers_device, test_hip_stub_cleanup_keeps_last_error));
 
   rlk_test_add_case(s, "gpu", 120, TESTS(test_cuda_device_memory_events, test_cuda_device_kernels,

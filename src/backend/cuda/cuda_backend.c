@@ -272,12 +272,14 @@ static rlk_status cuda_get_function(rlk_backend_impl *self, void *module, const 
    * limit; occupancy follows what each launch asks for. */
   int static_bytes = 0;
   r = s->drv->cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
-  if (r == CUDA_SUCCESS && s->max_shared_optin > static_bytes) {
+  if (r != CUDA_SUCCESS)
+    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncGetAttribute", r));
+  if (s->max_shared_optin > static_bytes) {
     r = s->drv->cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                    s->max_shared_optin - static_bytes);
+    if (r != CUDA_SUCCESS)
+      return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r));
   }
-  if (r != CUDA_SUCCESS)
-    return ctx_leave(s, &scope, rlk_cuda_fail(RLK_ERR_BACKEND, "cuFuncSetAttribute", r));
   *fn = f;
   return ctx_leave(s, &scope, RLK_OK);
 }
