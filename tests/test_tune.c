@@ -743,6 +743,10 @@ START_TEST(db_damaged_files_warn_once) {
   snprintf(with_bad_lines, len + 512,
            "%sop=logprob\tshape=x\n\nnot a record at all\nop=logprob\ttokens=abc\tshape=y\n%s", text,
            "op=logprob\tshape=pass=fwd truncated");
+  /* lines ended by a carriage return alone: the whole text would pass for the version line */
+  char *cr_only = malloc(len + 1);
+  ck_assert(cr_only);
+  for (size_t i = 0; i <= len; i++) cr_only[i] = text[i] == '\n' ? '\r' : text[i];
   const struct {
     const char *name;
     const char *text;
@@ -757,6 +761,7 @@ START_TEST(db_damaged_files_warn_once) {
       {"bad lines among good", with_bad_lines, strlen(with_bad_lines), 1, 4},
       {"NUL bytes", "# rlk-tune-db 1\n\0\0\0\0\n", 21, 0, 1},
       {"empty", "", 0, 0, 1},
+      {"carriage returns alone", cr_only, len, 0, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     write_text(db, cases[i].text, cases[i].len);
@@ -804,6 +809,22 @@ START_TEST(db_damaged_files_warn_once) {
   closedir(dd);
   ck_assert_int_eq(aside, 1);
   ck_assert_int_eq(temps, 0);
+  /* and one whose lines end in carriage returns alone: its record is not lost unseen */
+  dd = opendir(dir);
+  ck_assert_ptr_nonnull(dd);
+  while ((de = readdir(dd)))
+    if (strstr(de->d_name, "tune.db.bad-") == de->d_name) ck_assert_int_eq(unlinkat(dirfd(dd), de->d_name, 0), 0);
+  closedir(dd);
+  write_text(db, cr_only, len);
+  ck_assert_int_eq(rlk_tune_db_record(db, &good, 1), RLK_OK);
+  ck_assert_int_eq(db_records(db), 1);
+  dd = opendir(dir);
+  ck_assert_ptr_nonnull(dd);
+  aside = 0;
+  while ((de = readdir(dd))) aside += strstr(de->d_name, "tune.db.bad-") == de->d_name;
+  closedir(dd);
+  ck_assert_int_eq(aside, 1);
+  free(cr_only);
   free(with_bad_lines);
   free(text);
 }

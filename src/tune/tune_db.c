@@ -268,7 +268,11 @@ int rlk_tune_parse(char *text, size_t len, rlk_tune_file_kind kind, rlk_tune_lis
   *bad = 0;
   const char *want = version_line(kind);
   const size_t wl = strlen(want);
-  const int versioned = len >= wl && memcmp(text, want, wl) == 0 && (len == wl || text[wl] == '\n' || text[wl] == '\r');
+  /* the version line ends in LF, CRLF or the end of the text; a carriage return alone ends no
+   * line (the rest of the file would pass for the version line: no record, no damage) */
+  const int versioned = len >= wl && memcmp(text, want, wl) == 0 &&
+                        (len == wl || text[wl] == '\n' ||
+                         (text[wl] == '\r' && (len == wl + 1 || text[wl + 1] == '\n')));
   const int binary = memchr(text, '\0', len) != NULL;
   if (!versioned || binary) {
     size_t lines = 0;
@@ -277,6 +281,8 @@ int rlk_tune_parse(char *text, size_t len, rlk_tune_file_kind kind, rlk_tune_lis
     *bad = lines ? lines : 1; /* an empty file is damaged too: a writer always puts the version line */
     if (versioned)
       rlk_format(why, whysize, "it holds NUL bytes, so it is not text");
+    else if (len > wl && memcmp(text, want, wl) == 0 && text[wl] == '\r')
+      rlk_format(why, whysize, "its lines end in a carriage return alone, not LF or CRLF");
     else
       rlk_format(why, whysize, "it does not start with \"%s\"%s", want,
                  len > wl && !strncmp(text, "# rlk-tune", 10) ? " (another format or version)" : "");
