@@ -414,6 +414,27 @@ START_TEST(db_round_trip) {
     free(crlf);
     free(inner);
   }
+  {
+    /* a field given twice damages its line: which of its values is meant cannot be told (cand
+     * alone repeats) */
+    const char *rec = strstr(text, "op=logprob\t");
+    ck_assert_ptr_nonnull(rec);
+    const int reclen = (int)strcspn(rec, "\n");
+    static const char *const extra[] = {"cand=1 variant=vec block=256 unroll=2", "op=logprob", "shape=pass=bwd",
+                                        "tokens=64", "sms=8", "device=other", "winner=", "default_ms=3",
+                                        "best_ms=2", "created=7"};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+      char line[4096];
+      const int n = snprintf(line, sizeof line, "# rlk-tune-db 1\n%.*s\t%s\n", reclen, rec, extra[i]);
+      ck_assert(n > 0 && n < (int)sizeof line);
+      rlk_tune_list list = {0};
+      size_t nbad = 99;
+      char why[256];
+      ck_assert_int_eq(rlk_tune_parse(line, (size_t)n, RLK_TUNE_FILE_DB, &list, &nbad, why, sizeof why), 0);
+      ck_assert_msg(list.n == (i == 0) && nbad == (i != 0), "%s: %zu records, %zu bad", extra[i], list.n, nbad);
+      rlk_tune_list_free(&list);
+    }
+  }
   free(text);
 
   collected *c = walk_clean_db(NULL, 3);

@@ -197,7 +197,7 @@ static int parse_timing(const char *v, rlk_tune_timing *t) {
 static int parse_line(char *line, rlk_tune_file_kind kind, rlk_tune_record *r) {
   rlk_tune_record_init(r);
   enum { F_OP = 1, F_SHAPE = 2, F_TOKENS = 4, F_TARGET = 8, F_DEVICE = 16, F_SMS = 32, F_RUNTIME = 64,
-         F_COMPILER = 128, F_WINNER = 256, F_DEFAULT = 512, F_BEST = 1024 };
+         F_COMPILER = 128, F_WINNER = 256, F_DEFAULT = 512, F_BEST = 1024, F_CREATED = 2048 };
   const unsigned key_fields = 255, db_fields = key_fields | F_WINNER | F_DEFAULT | F_BEST;
   const struct {
     const char *name;
@@ -219,34 +219,37 @@ static int parse_line(char *line, rlk_tune_file_kind kind, rlk_tune_record *r) {
     *eq = '\0';
     const char *v = eq + 1;
     int rc = 0, known = 0;
+    unsigned bit = 0; /* the field's (none for cand, which repeats): one given twice damages its line */
     for (size_t i = 0; i < sizeof texts / sizeof texts[0] && !known; i++)
       if (!strcmp(f, texts[i].name)) {
         known = 1;
         rc = set_text(texts[i].dst, texts[i].size, v);
-        seen |= texts[i].bit;
+        bit = texts[i].bit;
       }
     int64_t x = 0;
     if (known) {
     } else if (!strcmp(f, "tokens")) {
       rc = parse_i64(v, 1, &r->tokens);
-      seen |= F_TOKENS;
+      bit = F_TOKENS;
     } else if (!strcmp(f, "sms")) {
       rc = parse_i64(v, 0, &x) || x > (1 << 20);
       r->multiprocessors = (int)x;
-      seen |= F_SMS;
+      bit = F_SMS;
     } else if (!strcmp(f, "default_ms")) {
       rc = parse_ms(v, &r->default_ms);
-      seen |= F_DEFAULT;
+      bit = F_DEFAULT;
     } else if (!strcmp(f, "best_ms")) {
       rc = parse_ms(v, &r->best_ms);
-      seen |= F_BEST;
+      bit = F_BEST;
     } else if (!strcmp(f, "created")) {
       rc = parse_i64(v, 0, &r->created);
+      bit = F_CREATED;
     } else if (!strcmp(f, "cand")) {
       rc = r->ntimings >= RLK_TUNE_MAX_TIMINGS || parse_timing(v, &r->timings[r->ntimings]);
       if (!rc) r->ntimings++;
     } /* other names: a later writer's fields, ignored */
-    if (rc) return -1;
+    if (rc || (seen & bit)) return -1;
+    seen |= bit;
   }
   const unsigned need = kind == RLK_TUNE_FILE_PENDING ? key_fields : db_fields;
   if ((seen & need) != need) return -1;

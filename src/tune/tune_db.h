@@ -9,8 +9,9 @@
  *   created=1764400000<TAB>cand=1.31 variant=vec block=256 unroll=4<TAB>cand=rejected ...
  * Each field is name=value split at the first '='; unknown names are ignored (a later writer of
  * the same version may add some); "cand" repeats, its value the result (a median in ms,
- * "rejected" or "failed"), a space, and the candidate's settings. The pending file
- * "<db>.pending" starts with "# rlk-tune-pending 1" and holds key fields only. */
+ * "rejected" or "failed"), a space, and the candidate's settings; every other known name appears
+ * once (a line that gives one twice does not parse: which value it means cannot be told). The
+ * pending file "<db>.pending" starts with "# rlk-tune-pending 1" and holds key fields only. */
 #ifndef RLK_TUNE_DB_H
 #define RLK_TUNE_DB_H
 
