@@ -1415,6 +1415,9 @@ START_TEST(rlk_tune_usage_and_dry_run) {
       {ARGS("--sweep", "logprob pass=fwd tokens=8 block=256"), "tuning"},
       {ARGS("--iters", "0", "--op", "logprob", "--tokens", "8"), "--iters"},
       {ARGS("--min-gain", "x"), "--min-gain"},
+      {ARGS("--min-gain", "", "--op", "logprob", "--tokens", "8"), "--min-gain"},
+      {ARGS("--min-gain", "0x5", "--op", "logprob", "--tokens", "8"), "--min-gain"},
+      {ARGS("--min-gain", " 5", "--op", "logprob", "--tokens", "8"), "--min-gain"},
       {(const char *const[]){NULL}, "nothing to tune"},
       {ARGS("--config", "/nonexistent/sweep.conf"), "/nonexistent/sweep.conf"},
   };

@@ -1481,10 +1481,14 @@ static int parse_args(int argc, char **argv) {
         if (parse_int(val, 1, 86400, &opt.timeout)) return usage_error("--timeout needs seconds from 1");
         break;
       case OPT_MIN_GAIN: {
+        /* decimal digits and a point only: strtod would also read "" as 0 and take spaces,
+         * signs, hexadecimal, inf and nan */
         char *end = NULL;
-        opt.min_gain = strtod(val, &end);
-        if (!end || *end || !(opt.min_gain >= 0 && opt.min_gain < 100))
-          return usage_error("--min-gain needs a percentage in [0, 100)");
+        const int decimal = val[0] && strspn(val, "0123456789.") == strlen(val) && strpbrk(val, "0123456789");
+        errno = 0;
+        opt.min_gain = decimal ? strtod(val, &end) : -1;
+        if (!decimal || errno || *end || !(opt.min_gain >= 0 && opt.min_gain < 100))
+          return usage_error("--min-gain needs a percentage in [0, 100), not '%s'", val);
         break;
       }
       case OPT_SEED:
