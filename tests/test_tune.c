@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -848,6 +849,58 @@ START_TEST(db_damaged_files_warn_once) {
   free(cr_only);
   free(with_bad_lines);
   free(text);
+}
+END_TEST
+
+/* The tuning database sits at the kernel cache's root by default, and may be written before the
+ * cache first uses the root. Whatever a writer puts there, also what it leaves when it is killed
+ * between creating a file and renaming it, must not make the root a stranger's to the cache (it
+ * would then work in memory only, for good). */
+START_TEST(db_writer_names_leave_the_cache_root_usable) {
+  char dir[1024], root[1100], db[1200];
+  rlk_test_mkdtemp(dir, sizeof dir, "tune-root");
+  snprintf(root, sizeof root, "%s/root", dir);
+  snprintf(db, sizeof db, "%s/tune.db", root);
+  ck_assert_int_eq(mkdir(root, 0700), 0);
+  rlk_device_info info;
+  host_info(&info);
+  const int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ck_assert_int_ge(in, 0);
+  ck_assert_int_ge(inotify_add_watch(in, root, IN_CREATE | IN_MOVED_TO), 0);
+  /* the database, its lock, and the pending list it settles */
+  rlk_tune_record r = make_record("logprob pass=fwd logits=f32 vocab=90 tokens=8", &info, "", 1, 1);
+  ck_assert_int_eq(rlk_tune_pending_add(db, &r, 1.0), RLK_OK);
+  ck_assert_int_eq(rlk_tune_db_record(db, &r, 1), RLK_OK);
+  char names[16][256];
+  int n = 0;
+  union {
+    struct inotify_event ev;
+    char bytes[sizeof(struct inotify_event) + 512];
+  } buf;
+  for (ssize_t got; (got = read(in, buf.bytes, sizeof buf.bytes)) > 0;)
+    for (char *p = buf.bytes; p < buf.bytes + got;) {
+      const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+      if (ev->len && n < 16) snprintf(names[n++], sizeof names[0], "%s", ev->name);
+      p += sizeof *ev + ev->len;
+    }
+  close(in);
+  ck_assert_int_ge(n, 4); /* tune.db.lock, the pending list, the two temporary files */
+  for (int i = 0; i < n; i++) {
+    char fresh[1200], file[1500];
+    snprintf(fresh, sizeof fresh, "%s/fresh-%d", dir, i);
+    snprintf(file, sizeof file, "%s/%s", fresh, names[i]);
+    ck_assert_int_eq(mkdir(fresh, 0700), 0);
+    write_text(file, "x", 1);
+    rlk_context_options o;
+    rlk_context_options_init(&o);
+    o.backend = RLK_BACKEND_HOST;
+    o.cache_dir = fresh;
+    rlk_context *ctx = NULL;
+    ck_assert_msg(rlk_context_create(&ctx, &o) == RLK_OK, "%s", rlk_last_error());
+    ck_assert_msg(rlk_context_cache_dir(ctx)[0] != '\0',
+                  "a root holding only '%s', which a tuning database writer made, is not the cache's", names[i]);
+    rlk_context_destroy(ctx);
+  }
 }
 END_TEST
 
@@ -1893,7 +1946,8 @@ Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
   rlk_test_add_case(s, "db", 120, TESTS(buckets_and_keys, db_round_trip, db_merge_of_runs, db_duplicate_keys_keep_the_last,
       db_lock_timeout_as_the_cache_reads_it,
-      db_other_environments_ignored, db_damaged_files_warn_once, db_fifo_never_blocks,
+      db_other_environments_ignored, db_damaged_files_warn_once, db_writer_names_leave_the_cache_root_usable,
+      db_fifo_never_blocks,
       db_concurrent_writers_keep_every_record, tune_modes_and_pending_list, db_read_once_per_context));
   rlk_test_add_case(s, "selection", 120, TESTS(selection_on_the_host, variant_override_skips_the_database,
       unusable_winner_warns_once_and_runs_the_default, selection_changes_the_kernels_on_sm90a,

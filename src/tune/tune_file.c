@@ -157,13 +157,15 @@ void rlk_tune_unlock(int fd) {
 }
 
 /* Replaces `path` by a file of `kind` holding the records: a temporary file beside it, fsynced,
- * renamed over it, the directory fsynced. Called with the lock held. */
+ * renamed over it, the directory fsynced. Called with the lock held. The temporary file's name
+ * starts with the file's own ("tune.db.tmp-..."): one a killed writer leaves at the kernel cache's
+ * root is then a tuning database name, which does not keep the cache from claiming the root. */
 static rlk_status write_records(const char *path, rlk_tune_file_kind kind, const rlk_tune_record *r, size_t n) {
   static atomic_uint counter;
   char dir[TUNE_PATH_MAX], tmp[TUNE_PATH_MAX];
   dir_of(path, dir, sizeof dir);
   const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-  if (rlk_format(tmp, sizeof tmp, "%s/.%s.tmp-%ld-%u", dir, base, (long)getpid(),
+  if (rlk_format(tmp, sizeof tmp, "%s/%s.tmp-%ld-%u", dir, base, (long)getpid(),
                  atomic_fetch_add(&counter, 1)) < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "tuning database path %s is too long", path);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
