@@ -337,6 +337,7 @@ START_TEST(buckets_and_keys) {
              {"logprob pass=fwd tokens=64 variant=vec", "tuning"},
              {"logprob pass=fwd tokens=64 block=256", "tuning"},
              {"logprob pass=fwd tokens=64 colour=red", "colour"},
+             {"logprob pass=fwd tokens=64 kept=1", "kept"},
              {"group_advantage mode=grpo tokens=64", "no tuning candidates"},
              {"no_such_op tokens=64", "unknown op"},
              {"", "empty"}};

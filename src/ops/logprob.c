@@ -483,6 +483,8 @@ static rlk_status lp_tune_key(const rlk_op_values *s, char *shape, size_t size, 
   if (lp_tuning_asked(s->v))
     return rlk_error(RLK_ERR_INVALID_ARGUMENT,
                      "variant, block, seg, unroll, stages: a tuning key holds no tuning settings");
+  if (s->v[LP_S_KEPT])
+    return rlk_error(RLK_ERR_INVALID_ARGUMENT, "kept: kept-set replay runs the vector kernel and reads no tuning");
   if (lp_tune_shape(s->v, pass, shape, size) < 0)
     return rlk_error(RLK_ERR_INVALID_ARGUMENT, "logprob: the shape does not fit %zu bytes", size);
   *tokens = rlk_tune_bucket(s->v[LP_S_TOKENS]);
