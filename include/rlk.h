@@ -2096,8 +2096,10 @@ RLK_API rlk_status rlk_tune_pending_walk(const char *db, rlk_tune_visit_fn visit
 /* What an op call on `ctx` would take from the database for a configuration line in
  * rlk_tune_record_set_key's syntax: *found is 1 when the context's in-memory database holds a
  * record of its environment (loading the file at the first use, as a call does), and its winner
- * ("" when the default won) is written into settings. Under RLK_TUNE=off *found is always 0;
- * under RLK_TUNE=tune a miss joins the pending list, as a call's would. */
+ * ("" when the default won) is written into settings. Under RLK_TUNE=off *found is always 0, and
+ * so it is where the environment keeps the op's calls off the database (a variable forcing a
+ * variant, such as RLK_LOGPROB_VARIANT; RLK_INVARIANT=1 for rlk_logprob); under RLK_TUNE=tune a
+ * miss joins the pending list, as a call's would. */
 RLK_API rlk_status rlk_tune_lookup(rlk_context *ctx, const char *config, char *settings, size_t size,
                                    int *found);
 

@@ -711,6 +711,11 @@ START_TEST(db_other_environments_ignored) {
                                    sizeof settings, &found),
                    RLK_OK);
   ck_assert_int_eq(found, 1);
+  /* what a call takes: under RLK_INVARIANT=1 rlk_logprob reads no winner */
+  setenv("RLK_INVARIANT", "1", 1);
+  ck_assert_int_eq(rlk_tune_lookup(ctx, line, settings, sizeof settings, &found), RLK_OK);
+  ck_assert_int_eq(found, 0);
+  unsetenv("RLK_INVARIANT");
   ck_assert_int_eq(rlk_tune_lookup(ctx, "logprob pass=both tokens=20", settings, sizeof settings, &found),
                    RLK_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(rlk_tune_lookup(NULL, line, settings, sizeof settings, &found), RLK_ERR_INVALID_ARGUMENT);

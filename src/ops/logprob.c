@@ -404,14 +404,16 @@ static int lp_parse_tuning(const char *settings, int64_t values[RLK_TUNE_VALUES]
   return rlk_op_tuning_values(&rlk_op_logprob, lp_tuning, LP_NTUNE, settings, values);
 }
 
+/* The environment lets calls read the database: no forced variant, and not RLK_INVARIANT=1 (a
+ * winner per token bucket would give a row other bits in a batch of another size). */
+static int lp_reads_tuning(void) { return lp_env_override() == RLK_LOGPROB_VARIANT_AUTO && !rlk_invariant(); }
+
 /* *t = *s with the tuning database's winner for `pass` applied; the entry, or NULL (then *t is
  * *s) when the configuration asks for tuning of its own, N is unknown, or there is no usable
  * record. */
 static const rlk_tune_entry *lp_tuned(const rlk_context *ctx, int pass, const rlk_op_values *s, rlk_op_values *t) {
   *t = *s;
-  /* a winner per token bucket would give a row other bits in a batch of another size */
-  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v) || s->v[LP_S_KEPT] || rlk_invariant()) return NULL;
-  if (lp_env_override() != RLK_LOGPROB_VARIANT_AUTO) return NULL;
+  if (s->v[LP_S_TOKENS] <= 0 || lp_tuning_asked(s->v) || s->v[LP_S_KEPT] || !lp_reads_tuning()) return NULL;
   char shape[192];
   int64_t w[RLK_TUNE_VALUES];
   const rlk_tune_entry *e;
@@ -516,7 +518,8 @@ static void lp_recorded(rlk_op_values *s) {
 
 const rlk_op_desc rlk_op_logprob = {
     .name = "logprob", .settings = lp_settings, .nsettings = LP_NSETTINGS, .plan = lp_plan, .samples = lp_samples,
-    .candidates = lp_candidates, .tune_key = lp_tune_key, .recorded = lp_recorded};
+    .candidates = lp_candidates, .tune_key = lp_tune_key, .recorded = lp_recorded,
+    .reads_tuning = lp_reads_tuning};
 
 /* ---------------------------------------------------------------------------------- */
 /* Validation                                                                          */

@@ -773,8 +773,11 @@ static int pa_tune_shape(int pass, int dtype, int D, const pa_tune_problem *t, c
 /* The tuning settings of s from the tuning database's winner for this problem, when s asks for
  * none (and RLK_PREFIX_ATTENTION_VARIANT is unset); a winner that does not parse is warned about
  * once and the default runs. */
+/* The environment lets calls read the database: RLK_PREFIX_ATTENTION_VARIANT forces no variant. */
+static int pa_reads_tuning(void) { return pa_env_override() == PA_VARIANT_AUTO; }
+
 static void pa_tuned(const rlk_context *ctx, int pass, const pa_tune_problem *t, rlk_op_values *s) {
-  if (pa_tuning_given(s) || pa_env_override() != PA_VARIANT_AUTO) return;
+  if (pa_tuning_given(s) || !pa_reads_tuning()) return;
   char shape[256];
   int64_t v[RLK_TUNE_VALUES];
   if (pa_tune_shape(pass, (int)s->v[PA_S_DTYPE], s->v[PA_S_HEAD_DIM] ? 128 : 64, t, shape, sizeof shape) < 0 ||
@@ -870,4 +873,5 @@ static void pa_recorded(rlk_op_values *s) {
 
 const rlk_op_desc rlk_op_prefix_attention = {
     .name = "prefix_attention", .settings = pa_settings, .nsettings = PA_NSETTINGS, .plan = pa_plan_line,
-    .samples = pa_samples, .candidates = pa_candidates, .tune_key = pa_tune_key, .recorded = pa_recorded};
+    .samples = pa_samples, .candidates = pa_candidates, .tune_key = pa_tune_key, .recorded = pa_recorded,
+    .reads_tuning = pa_reads_tuning};

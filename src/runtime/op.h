@@ -91,6 +91,10 @@ typedef struct rlk_op_desc {
    * an RLK_*_VARIANT variable forces where the call asked for auto), so that the line the record
    * writes plans the same kernels where that variable is not set; NULL when the plan reads none. */
   void (*recorded)(rlk_op_values *vals);
+  /* 0 when this process's environment keeps the op's calls from reading the tuning database (a
+   * variable forcing a variant, RLK_INVARIANT=1), so that rlk_tune_lookup reports what a call
+   * takes; NULL when nothing in the environment does. */
+  int (*reads_tuning)(void);
 } rlk_op_desc;
 
 #define RLK_OP_CONFIG_MAX_PAIRS 32

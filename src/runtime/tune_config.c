@@ -55,6 +55,7 @@ rlk_status rlk_catalog_tune_lookup(rlk_op_catalog *catalog, rlk_context *ctx, co
   int64_t tokens = 0;
   rlk_status st = line_key("rlk_tune_lookup", catalog, config, &op, shape, sizeof shape, &tokens);
   if (st) return st;
+  if (op->reads_tuning && !op->reads_tuning()) return RLK_OK; /* the environment keeps calls off it */
   const rlk_tune_entry *e = rlk_tune_table_find(ctx->tune, op->name, shape, tokens);
   if (!e) return RLK_OK;
   if (rlk_format(settings, size, "%s", rlk_tune_entry_settings(e)) < 0)
