@@ -13,7 +13,8 @@
  *   - the fused head's plan: a row's records come from V alone, whatever N (the split count, a
  *     schedule, may follow N).
  * The host backend runs small pools; with RLK_TEST_GPU=1 the CUDA cases take N over {1, 2, 3, 7,
- * 64, 255, 256, 4096, 16384, 65536} at V 151936, H 4096 (make test-gpu). */
+ * 64, 255, 256, 4096, 16384, 65536} at V 151936, H 4096 (make test-gpu); rlk_linear_logprob's also
+ * 12 and 30 (small h boxes) and 420 (four row blocks, the last short: sm_90a's pairs). */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -335,7 +336,7 @@ static void cases_linear_logprob(rlk_context *ctx, uint64_t *rng) {
     head_free(ctx, &hd);
     return;
   }
-  static const int64_t Ns[] = {1, 2, 3, 7, 12, 30, 64, 255, 256, 4096, 16384, 65536};
+  static const int64_t Ns[] = {1, 2, 3, 7, 12, 30, 64, 255, 256, 420, 4096, 16384, 65536};
   rlk_device_info info;
   ck_assert_int_eq(rlk_context_device_info(ctx, &info), RLK_OK);
   const int sm90 = info.compute_major == 9 && info.compute_minor == 0;

@@ -849,6 +849,22 @@ END_TEST
 /* The portable backward's chunk: its column tiles are a launch's grid.y, so at most 65535 of them,
  * however wide the vocabulary, the room or the chunk asked for; sm_90a's (a persistent grid) only
  * within V. */
+/* The sm_90a forward's pairs: 2 or 4 row blocks whose last holds at most 64 rows, only where
+ * pairs keep every multiprocessor busy. */
+START_TEST(forward_pairs) {
+  static const struct {
+    int64_t n;
+    int cl;
+  } want[] = {{1, 1}, {128, 1}, {129, 2}, {192, 2}, {193, 1}, {256, 1}, {300, 1}, {448, 2}, {449, 1},
+              {512, 1}, {577, 1}, {8192, 1}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(rlk_ll_fwd_cluster(want[i].n, 132, 132) == want[i].cl, "n %lld", (long long)want[i].n);
+  ck_assert_int_eq(rlk_ll_fwd_cluster(129, 130, 132), 1); /* pairs would leave two idle */
+  ck_assert_int_eq(rlk_ll_fwd_cluster(129, 0, 132), 1);   /* unknown */
+  ck_assert_int_eq(rlk_ll_fwd_cluster(129, 0, 0), 1);     /* compile-only */
+}
+END_TEST
+
 START_TEST(portable_chunk_grid) {
   const int64_t V = 5000000, most = (int64_t)65535 * 64;
   /* one row: the budget's room holds every column's dz */
@@ -1403,7 +1419,7 @@ Suite *linear_logprob_suite(void) {
   rlk_test_add_case(s, "host", 300, TESTS(host_shapes, bad_arguments, host_shards,
       host_records_its_configurations, host_policy_loss, policy_loss_bad_arguments));
   rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, sm90_chunk_model, token_chunk_model,
-      portable_chunk_grid, policy_loss_chunk_budget, samples_compile_every_target));
+      forward_pairs, portable_chunk_grid, policy_loss_chunk_budget, samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_shapes, gpu_deterministic, gpu_shards));
   /* a case of its own, so that the backward's GPU checks can run beside the forward's */
   rlk_test_add_case(s, "gpu_backward", 600, TESTS(gpu_backward));

@@ -318,6 +318,8 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
   const void *lab = labels ? (const char *)labels + (size_t)(r0 * f->h.ls) * rlk_dtype_size(label_dtype) : NULL;
   const float *thr = threshold ? threshold + r0 : NULL;
   const void *hidden = (const char *)f->hidden + (size_t)((r0 - f->hidden_row0) * f->h.hs) * 2u;
+  /* sm_90a: pairs of row blocks sharing each W box where a short last block would run ahead */
+  const int cl = wg ? rlk_ll_fwd_cluster(n, ctx->target.cluster_sms[1], ctx->target.multiprocessors) : 1;
   int64_t S, cps;
   rlk_ll_fwd_splits(f->h.V, row_blocks, slots, f->splits, &S, &cps);
   if (S > 65535 || row_blocks > INT32_MAX)
@@ -353,10 +355,15 @@ rlk_status rlk_ll_fwd_gemm(rlk_context *ctx, const rlk_ll_fwd *f, const void *la
     while (box > 8 && (int64_t)box / 2 >= n) box /= 2;
     rh.box_rows = box;
     w.h_box_rows = box;
-    if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &f->req_w, &w.map_w)))
+    /* in pairs, each block copies half of a W box: boxes of half the rows */
+    rlk_tma_desc_request rw = f->req_w;
+    rw.box_rows = (uint32_t)(LL_SM90_BN / cl);
+    w.cluster = cl;
+    if ((st = rlk_context_tensor_map(ctx, &rh, &w.map_h)) || (st = rlk_context_tensor_map(ctx, &rw, &w.map_w)))
       return st;
     const size_t smem = (size_t)f->gemm.values[2] * LL_SM90_STAGE_BYTES + LL_SM90_ALIGN;
-    const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_SM90_THREADS, smem);
+    rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_SM90_THREADS, smem);
+    d.cluster = (unsigned)cl; /* a cluster launch only in pairs: a kernel alone is a plain launch */
     return rlk_context_launch_params(ctx, &f->gemm, &d, stream, &w);
   }
   const rlk_launch_dims d = rlk_op_grid((uint64_t)row_blocks, (uint64_t)S, 1, LL_THREADS, 0);

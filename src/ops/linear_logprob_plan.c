@@ -48,6 +48,12 @@ void rlk_ll_fwd_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, 
   *splits = llp_ceil(tiles, per);
 }
 
+int rlk_ll_fwd_cluster(int64_t n, int pair_sms, int multiprocessors) {
+  const int64_t row_blocks = llp_ceil(n, LL_SM90_BM), last = n - (row_blocks - 1) * LL_SM90_BM;
+  const int few = row_blocks >= 2 && row_blocks <= RLK_LL_FWD_PAIR_ROW_BLOCKS && row_blocks % 2 == 0;
+  return few && last <= LL_SM90_BM / 2 && multiprocessors > 0 && pair_sms >= multiprocessors ? 2 : 1;
+}
+
 /* K steps the fullest multiprocessor takes for `tiles` tiles of `ksteps` each. */
 static int64_t llp_launch(int64_t tiles, int64_t ksteps, int64_t sms) {
   return llp_ceil(tiles, sms) * ksteps + LLP_LAUNCH_STEPS;

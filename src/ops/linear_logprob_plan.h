@@ -58,6 +58,19 @@ int64_t rlk_ll_rows_within(int64_t N, int64_t row_bytes, int64_t budget);
 void rlk_ll_fwd_splits(int64_t V, int64_t row_blocks, int64_t slots, int asked, int64_t *splits,
                        int64_t *cols_per_split);
 
+/* The sm_90a forward's cluster for a launch of n rows on a device with `pair_sms`
+ * multiprocessors busy in clusters of two blocks (rlk_target.cluster_sms[1]; 0 unknown): 2, pairs
+ * of consecutive 128-row blocks that share each W box (multicast), where the launch is a few row
+ * blocks (an even number, RLK_LL_FWD_PAIR_ROW_BLOCKS at most) whose last holds at most 64 rows,
+ * and pairs keep every multiprocessor busy; else 1, each block reading W alone. Why: the blocks of
+ * a split read the same W boxes, which the second finds in L2 while they keep pace; a last block
+ * whose second consumer warpgroup has no rows multiplies half as much, runs ahead, and its split's
+ * W comes from DRAM twice (on an H100, 129 rows took 0.93 ms alone, 0.67 ms in pairs, 256 rows
+ * 0.73 ms). Blocks that keep pace gain nothing from the pair's handshakes (256 rows: 1% slower). A
+ * schedule only: a block's records are the same bits either way. */
+#define RLK_LL_FWD_PAIR_ROW_BLOCKS 4
+int rlk_ll_fwd_cluster(int64_t n, int pair_sms, int multiprocessors);
+
 /* The backward's shape as the chunk choice sees it: N tokens, H hidden, V vocabulary; which
  * gradients are asked for; the device's multiprocessors (one persistent block each); the widest
  * chunk the workspace allows (a multiple of 256, at least 256). */

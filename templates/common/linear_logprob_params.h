@@ -136,12 +136,14 @@ RLK_PARAMS_DECLARE(ll_fwd_tiled_args, RLK_LL_FWD_TILED_PARAMS, 128);
  * fwd_tiled's struct (its pointers to hidden and weight unread). h_box_rows is LL_SM90_BM, or
  * for a launch of fewer rows 8, 16, 32 or 64, enough for them: the copies of a K step then land
  * no box of mostly zeros, which at decode sizes is a third of the bytes a stage lands (the rows
- * past it, read by the consumer that holds rows, stay zero from the block's start). */
+ * past it, read by the consumer that holds rows, stay zero from the block's start). cluster: 1, or
+ * 2 for a launch in pairs of row blocks (the W map's boxes then 128 rows high). */
 #define RLK_LL_FWD_SM90_PARAMS(F, S_) \
   F(S_, rlk_tensor_map, map_h, 0)     \
   F(S_, rlk_tensor_map, map_w, 128)   \
   F(S_, ll_fwd_tiled_args, pass, 256) \
-  F(S_, long long, h_box_rows, 384)
+  F(S_, long long, h_box_rows, 384)   \
+  F(S_, long long, cluster, 392)
 RLK_PARAMS_DECLARE(ll_fwd_sm90_args, RLK_LL_FWD_SM90_PARAMS, 448);
 
 #define RLK_LL_COMBINE_PARAMS(F, S_)                                 \

@@ -15,6 +15,14 @@
  * in any batch (linear_logprob_plan.h). Registers move from the producer (40) to the consumers
  * (232) with setmaxnreg.
  *
+ * Pairs (cluster 2, a launch of few row blocks: rlk_ll_fwd_cluster): the two blocks of a cluster
+ * hold consecutive row blocks of one split; each block's producer copies its own h box and the
+ * half of each W box at its rank (the W map's boxes are then 128 rows high), multicast into both,
+ * so that the pair reads W once where the blocks alone read it twice; a stage is free once the
+ * consumers of both blocks handed it back (each arrives on both blocks' empty barriers). The
+ * shared-memory layout, the products and so the records are a block alone's, bit for bit. The
+ * launch sets the cluster (a launch attribute); the kernel reads it from its arguments.
+ *
  * Needs: h and W 16-byte aligned with row strides a multiple of 8 elements (tensor maps), the
  * 128-byte swizzle; the host falls back to linear_logprob_fwd_tiled otherwise. */
 #ifndef RLK_LINEAR_LOGPROB_SM90_CUH
@@ -54,7 +62,8 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
   const i64 v_end = min_(V, v_begin + cols_per_split);
   const int ntiles = (int)((v_end - v_begin + BN - 1) / BN);
   const int kblocks = (int)((H + BK - 1) / BK);
-  if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS);
+  const u32 cl = (u32)p_.cluster; /* 1, or 2: pairs sharing each W box */
+  if (threadIdx.x == 0) sm90::ring_init<STAGES>(full, empty, CONSUMER_WARPS * cl);
   /* boxes of fewer rows than BM (a launch of at most 64 rows): the rows of every stage's A box
    * that no copy writes, up to the 64 the consumer with rows reads, are zero from here on, as a
    * full box's zero fill past N would make them; then visible to wgmma's reads (async proxy) */
@@ -66,7 +75,12 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
     }
     sm90::fence_proxy_async();
   }
-  __syncthreads();
+  if (cl == 1u) {
+    __syncthreads();
+  } else { /* every block's barriers ready before another's copy or arrival reaches them */
+    cluster_arrive();
+    cluster_wait();
+  }
 
   if (wg == 0) {
     /* producer */
@@ -81,9 +95,20 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
           if (it >= (u32)STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1u) & 1u);
           sm90::mbar_arrive_expect_tx(&full[s], STAGE - ABYTES + hrows * 128u);
           u8 *a = smem + s * STAGE;
+          const i32 n0 = (i32)(v_begin + (i64)t * BN);
           sm90::tma_load_2d(a, &p_.map_h, kb * BK, (i32)row0, &full[s]);
-          sm90::tma_load_2d(a + ABYTES, &p_.map_w, kb * BK, (i32)(v_begin + (i64)t * BN), &full[s]);
+          if (cl == 1u) {
+            sm90::tma_load_2d(a + ABYTES, &p_.map_w, kb * BK, n0, &full[s]);
+          } else {
+            const u32 r = cluster_rank();
+            sm90::tma_load_2d_multicast(a + ABYTES + r * (ll_sm90::BBYTES / 2u), &p_.map_w, kb * BK,
+                                        n0 + (i32)(r * (u32)(BN / 2)), &full[s], (u16)3u);
+          }
         }
+    }
+    if (cl > 1u) { /* no block leaves while the other's copies and arrivals may still reach it */
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -111,10 +136,10 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
   for (int t = 0; t < ntiles; ++t) {
     const i64 col0 = v_begin + (i64)t * BN;
     if (idle) {
-      ll_sm90_tile_pass(full, empty, l, kblocks, it, STAGES);
+      ll_sm90_tile_pass(full, empty, l, kblocks, it, STAGES, cl);
       continue;
     }
-    ll_sm90_tile_products<STAGES, AB, 0, 0>(acc, full, empty, smem, cw, l, kblocks, it);
+    ll_sm90_tile_products<STAGES, AB, 0, 0>(acc, full, empty, smem, cw, l, kblocks, it, false, cl);
 
     /* the last tile: columns past V (zero-filled by the copy) count as -inf; acc is rewritten by
      * the next tile's first product */
@@ -127,6 +152,10 @@ __global__ void __launch_bounds__(LL_SM90_THREADS, 1)
       const ll::part rec = ll_tile_record<ENTROPY, false>(acc, i, c, ll_owned_q(y[i] - col0, V - col0, l), thr[i]);
       if ((l & 3) == 0 && row[i] < N) partials[(tile0 + t) * N + row[i]] = rec;
     }
+  }
+  if (cl > 1u) {
+    cluster_arrive();
+    cluster_wait();
   }
 #else
   (void)p_;

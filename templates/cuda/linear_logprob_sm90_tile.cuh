@@ -25,15 +25,26 @@ struct ll_sm90 {
   static_assert(STAGE == LL_SM90_STAGE_BYTES, "a stage: the 16-bit A and B boxes of one K step");
 };
 
+/* Hands a stage back (one consumer warp's arrival): to this block's producer, or in a cluster of
+ * cl blocks whose producers each multicast part of the B box into all of them, to every block's. */
+RLK_DEVICE void ll_sm90_release(u64 *empty, u32 cl) {
+  if (cl == 1u) {
+    sm90::mbar_arrive(empty);
+  } else {
+    for (u32 r = 0; r < cl; ++r) sm90::mbar_arrive_cluster(empty, r);
+  }
+}
+
 /* One tile's products for consumer warpgroup cw (lane l of its warp): the K steps [0, kblocks)
  * from ring positions it, it + 1, ... (it advances past them; the ring runs on across tiles). The
  * tile's first product overwrites acc (scale-d 0): no zeroing between tiles; with `carry` it adds
  * to the acc the caller loaded (a K chain continued from a sum in memory: the same operations as
  * one longer chain). Each stage goes back to the producer (empty) once the products reading it
- * are done; at the end acc is complete. TA, TB: 0 K-major, 1 MN-major; AB: the wgmma input type. */
+ * are done (ll_sm90_release: in a cluster of cl blocks, to each of them); at the end acc is complete.
+ * TA, TB: 0 K-major, 1 MN-major; AB: the wgmma input type. */
 template <int STAGES, int AB, int TA, int TB>
 RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, u64 *empty, const u8 *smem, int cw,
-                                      int l, int kblocks, u32 &it, bool carry = false) {
+                                      int l, int kblocks, u32 &it, bool carry = false, u32 cl = 1u) {
   typedef ll_sm90 C;
   constexpr u32 ASTEP = TA == 0 ? 32u : 2048u, BSTEP = TB == 0 ? 32u : 2048u;
   for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -53,11 +64,11 @@ RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, 
     if (kb > 0) {
       /* the previous stage's products are done: hand it back */
       sm90::wgmma_wait<1>();
-      if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+      if (l == 0) ll_sm90_release(&empty[(it - 1u) % STAGES], cl);
     }
   }
   sm90::wgmma_wait<0>();
-  if (l == 0) sm90::mbar_arrive(&empty[(it - 1u) % STAGES]);
+  if (l == 0) ll_sm90_release(&empty[(it - 1u) % STAGES], cl);
   sm90::wgmma_fence_operands(acc);
 }
 
@@ -65,12 +76,12 @@ RLK_DEVICE void ll_sm90_tile_products(float (&acc)[ll_sm90::BN / 2], u64 *full, 
  * hands each of a tile's stages back once it is filled, with no products: the ring runs on as
  * if it had multiplied (the other warpgroup's products and records are the same either way), and
  * the tensor cores do half a tile's work where a call has at most 64 rows. */
-RLK_DEVICE void ll_sm90_tile_pass(u64 *full, u64 *empty, int l, int kblocks, u32 &it, int stages) {
+RLK_DEVICE void ll_sm90_tile_pass(u64 *full, u64 *empty, int l, int kblocks, u32 &it, int stages, u32 cl = 1u) {
   for (int kb = 0; kb < kblocks; ++kb, ++it) {
     const u32 s = it % (u32)stages;
     sm90::mbar_wait(&full[s], (it / (u32)stages) & 1u);
     __syncwarp();
-    if (l == 0) sm90::mbar_arrive(&empty[s]);
+    if (l == 0) ll_sm90_release(&empty[s], cl);
   }
 }
 
