@@ -1094,7 +1094,8 @@ RLK_API rlk_status rlk_logprob_backward(rlk_context *ctx, const rlk_logprob_back
  *   [1] s  sum_j exp(z_j - m)              (0 when m is -inf; NaN when a logit is NaN or +inf)
  *   [2] u  sum_j exp(z_j - m) (z_j - m)    (the entropy's part; 0 when not asked for)
  *   [3] t  z_y when the shard owns the row's label (v0 <= y < v1, y not ignore_index), else
- *          +inf, the "absent" marker (an owned +inf logit is written as NaN: its row is NaN anyway)
+ *          +inf, the "absent" marker; an owned z_y of +inf (a +inf logit, or one whose z passes
+ *          f32's range) is written as NaN, never +inf: the label stays owned, its row is NaN
  * The caller gathers the P shards' [N, 4] records into [P, N, 4] in rank order (one all-gather of
  * 16 N bytes per rank; rlk_logprob_vocab_parallel does it through NCCL), and rlk_logprob_combine
  * merges each row's records in that order:

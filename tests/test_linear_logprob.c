@@ -629,6 +629,93 @@ static void ll_shard_cases(rlk_context *ctx, uint64_t seed) {
   ll_shard_check(ctx, 7, 64, three, 3, 0, seed + 1);
 }
 
+/* Infinite label logits in the shard form's records (rlk.h's format): t is z_y = x_y / T where
+ * the shard owns the label and +inf, the "absent" marker, elsewhere, so an owned z_y of +inf is
+ * written NaN, never +inf: the combine still finds the label owned (no status bit) and the row
+ * NaN. A bf16 head [12, 8] in shards [0, 5) and [5, 12) at T 2^-60; hidden a / 4 and weights
+ * b / 8 (|a| <= 7, |b| <= 15) so that every finite logit is exact in f32 and on both paths, and
+ * x_y / T (a power of two) too: t is compared bit for bit. Column 7's first weight is +inf, every
+ * row's first hidden value nonzero: row 0 (label 7) has a +inf label logit, row 1 (label 7) a -inf
+ * one (t -inf, logp -inf), row 5 a +inf logit off its label (t finite, the row NaN), row 3 is
+ * ignored (+inf in every record); row 4's label logit is about 2^120, finite, but x / T is past
+ * f32's range (t NaN). */
+static void ll_shard_label_inf(rlk_context *ctx, uint64_t seed) {
+  enum { N = 6, H = 8, V = 12, P = 2 };
+  static const int64_t cut[P + 1] = {0, 5, 12};
+  static const int64_t lab[N] = {7, 7, 3, -100, 9, 0};
+  static const double h0[N] = {1.0, -1.0, -1.0, 1.0, -0.5, 0.75}; /* the sign picks column 7's infinity */
+  const float T = 0x1p-60f;
+  uint64_t rng = seed;
+  uint16_t h[N * H], w[V * H];
+  double hd[N * H], wd[V * H];
+  for (int64_t k = 0; k < N * H; k++)
+    hd[k] = rlk_test_store(h, RLK_BF16, k, (double)((int)(rlk_test_rand_u64(&rng) % 15u) - 7) / 4.0);
+  for (int64_t k = 0; k < V * H; k++)
+    wd[k] = rlk_test_store(w, RLK_BF16, k, (double)((int)(rlk_test_rand_u64(&rng) % 31u) - 15) / 8.0);
+  for (int64_t i = 0; i < N; i++) hd[i * H] = rlk_test_store(h, RLK_BF16, i * H, h0[i]);
+  wd[7 * H] = rlk_test_store(w, RLK_BF16, 7 * H, INFINITY);
+  hd[4 * H + 1] = rlk_test_store(h, RLK_BF16, 4 * H + 1, 0x1p60);
+  wd[9 * H + 1] = rlk_test_store(w, RLK_BF16, 9 * H + 1, 0x1p60);
+  void *dh = rlk_test_put(ctx, h, sizeof h), *dw = rlk_test_put(ctx, w, sizeof w), *dl = rlk_test_put(ctx, lab, sizeof lab);
+  void *drec = rlk_test_poisoned(ctx, (size_t)(P * N * 4) * 4), *dlp = rlk_test_poisoned(ctx, (size_t)N * 4);
+  const int32_t zero = 0;
+  void *dst = rlk_test_put(ctx, &zero, 4);
+  for (int p = 0; p < P; p++) {
+    rlk_linear_logprob_args a;
+    rlk_linear_logprob_args_init(&a);
+    shard_head(dh, dw, dl, N, H, cut[p], cut[p + 1] - cut[p], &a.hidden, &a.weight, &a.labels);
+    a.temperature = T;
+    a.partials = rlk_tensor_2d((float *)drec + (int64_t)p * N * 4, RLK_F32, N, 4, 4);
+    a.vocab_start = cut[p];
+    size_t wsb = 0;
+    rlk_test_workspace(ctx, rlk_linear_logprob_workspace_size(ctx, &a, &wsb), &wsb, &a.workspace, &a.workspace_bytes);
+    ck_assert_msg(rlk_linear_logprob(ctx, &a, NULL) == RLK_OK, "shard %d: %s", p, rlk_last_error());
+    if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+    if (a.workspace) rlk_free(ctx, a.workspace);
+  }
+  rlk_logprob_combine_args cb;
+  rlk_logprob_combine_args_init(&cb);
+  cb.partials = rlk_test_tensor_3d(drec, RLK_F32, P, N, 4);
+  cb.labels = rlk_tensor_1d(dl, RLK_I64, N);
+  cb.logp = rlk_tensor_1d(dlp, RLK_F32, N);
+  cb.status = rlk_tensor_1d(dst, RLK_I32, 1);
+  ck_assert_msg(rlk_logprob_combine(ctx, &cb, NULL) == RLK_OK, "%s", rlk_last_error());
+  if (rlk_context_backend(ctx) != RLK_BACKEND_HOST) ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  float rec[P * N * 4], lp[N];
+  int32_t status = -1;
+  rlk_test_get(ctx, rec, drec, sizeof rec);
+  rlk_test_get(ctx, lp, dlp, sizeof lp);
+  rlk_test_get(ctx, &status, dst, 4);
+  for (int p = 0; p < P; p++)
+    for (int64_t i = 0; i < N; i++) {
+      const float t = rec[((int64_t)p * N + i) * 4 + 3];
+      const int owns = lab[i] != -100 && lab[i] >= cut[p] && lab[i] < cut[p + 1];
+      double x = 0.0;
+      for (int64_t k = 0; owns && k < H; k++) x += hd[i * H + k] * wd[lab[i] * H + k];
+      const float z = owns ? (float)(x / (double)T) : INFINITY;
+      if (owns && z == INFINITY)
+        ck_assert_msg(isnan(t), "record %d/%lld: an owned z_y of +inf written as %g, not NaN", p, (long long)i,
+                      (double)t);
+      else
+        ck_assert_msg(!memcmp(&t, &z, 4), "record %d/%lld: t = %.9g, want %.9g", p, (long long)i, (double)t,
+                      (double)z);
+    }
+  ck_assert_msg(status == 0, "status %d: an owned infinite label logit counted as no owner's", status);
+  ck_assert_msg(isnan(lp[0]) && lp[1] == -INFINITY && isfinite(lp[2]) && lp[3] == 0.0f && isnan(lp[4]) &&
+                    isnan(lp[5]),
+                "logp %g %g %g %g %g %g", (double)lp[0], (double)lp[1], (double)lp[2], (double)lp[3], (double)lp[4],
+                (double)lp[5]);
+  rlk_test_drop(ctx, dh), rlk_test_drop(ctx, dw), rlk_test_drop(ctx, dl), rlk_test_drop(ctx, drec),
+      rlk_test_drop(ctx, dlp), rlk_test_drop(ctx, dst);
+}
+
+START_TEST(host_shard_label_inf) {
+  rlk_context *ctx = rlk_test_host_context();
+  ll_shard_label_inf(ctx, rlk_test_seed());
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(host_shards) {
   rlk_context *ctx = rlk_test_host_context();
   ll_shard_cases(ctx, rlk_test_seed());
@@ -1391,6 +1478,7 @@ static void cases_shards(rlk_context *ctx, uint64_t *rng) {
   ll_shard_cases(ctx, seed);
   static const int64_t two[] = {0, 3000, 6001}; /* whole 256-column splits and a ragged end */
   ll_shard_check(ctx, 130, 128, two, 2, 1, seed + 2);
+  ll_shard_label_inf(ctx, seed + 3);
 }
 
 RLK_GPU_CASE("linear_logprob", shards)
@@ -1416,7 +1504,7 @@ RLK_GPU_CASE("linear_logprob", deterministic)
 
 Suite *linear_logprob_suite(void) {
   Suite *s = suite_create("linear_logprob");
-  rlk_test_add_case(s, "host", 300, TESTS(host_shapes, bad_arguments, host_shards,
+  rlk_test_add_case(s, "host", 300, TESTS(host_shapes, bad_arguments, host_shards, host_shard_label_inf,
       host_records_its_configurations, host_policy_loss, policy_loss_bad_arguments));
   rlk_test_add_case(s, "plan", 600, TESTS(plan_per_target, sm90_chunk_model, token_chunk_model,
       forward_pairs, portable_chunk_grid, policy_loss_chunk_budget, samples_compile_every_target));

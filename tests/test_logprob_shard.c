@@ -3,9 +3,10 @@
  * the records gathered in rank order, rlk_logprob_combine run once per simulated rank (bitwise
  * equal results), against the fp64 reference of the whole row (tests/ref/logprob_ref.c); the
  * shard backward against the reference gradient's columns; labels at shard edges, ignore_index,
- * labels no shard or two shards own; the NCCL path's library loading and refusals. Host backend
- * always, CUDA with RLK_TEST_GPU=1 (case "gpu": the same simulation, and rlk_logprob_vocab_parallel
- * through a real one-rank NCCL communicator when libnccl is present). */
+ * labels no shard or two shards own; infinite label logits in the records; the NCCL path's
+ * library loading and refusals. Host backend always, CUDA with RLK_TEST_GPU=1 (case "gpu": the
+ * same simulation, and rlk_logprob_vocab_parallel through a real one-rank NCCL communicator when
+ * libnccl is present). */
 #include <check.h>
 #include <dlfcn.h>
 #include <float.h>
@@ -388,6 +389,75 @@ static void case_single_shard(rlk_context *ctx, uint64_t *rng, int64_t V) {
   rlk_free(ctx, o);
 }
 
+/* Infinite label logits in the records (rlk.h's format): t is z_y where the shard owns the label
+ * and +inf, the "absent" marker, elsewhere, so an owned z_y of +inf (a +inf logit, or x_y / T
+ * past f32's range) is written NaN: the combine still finds the label owned (no status bit) and
+ * the row NaN. An owned -inf logit stays -inf (logp -inf); a +inf logit off the label leaves t
+ * finite (the row is NaN by its m and s); an ignored row's t is +inf in every record. f32 logits
+ * [6, 12] in two shards [0, 5) and [5, 12) at T 0.5. */
+static void case_label_inf(rlk_context *ctx, uint64_t *rng) {
+  enum { N = 6, V = 12, P = 2 };
+  static const int64_t cut[P + 1] = {0, 5, 12};
+  static const int64_t y[N] = {7, 2, 9, -100, 4, 10};
+  const float T = 0.5f;
+  float x[N * V];
+  for (int64_t k = 0; k < N * V; k++) x[k] = (float)rlk_test_rand_normal(rng);
+  x[0 * V + 7] = INFINITY;  /* the label's logit +inf: t NaN */
+  x[1 * V + 2] = -INFINITY; /* the label's logit -inf: t -inf, owned */
+  x[2 * V + 9] = 3e38f;     /* finite, but x / T is past f32's range: t NaN */
+  x[3 * V + 6] = INFINITY;  /* an ignored row */
+  x[5 * V + 1] = INFINITY;  /* +inf off the label, in the other shard */
+  void *d_x = dev_copy(ctx, x, sizeof x), *d_y = dev_copy(ctx, y, sizeof y);
+  float *d_rec = rlk_test_dev_alloc(ctx, (size_t)(P * N * F) * 4);
+  for (int r = 0; r < P; r++) {
+    rlk_logprob_args a;
+    rlk_logprob_args_init(&a);
+    a.logits = rlk_tensor_2d((float *)d_x + cut[r], RLK_F32, N, cut[r + 1] - cut[r], V);
+    a.labels = rlk_tensor_1d(d_y, RLK_I64, N);
+    a.temperature = T;
+    a.partials = rlk_tensor_2d(d_rec + (size_t)r * N * F, RLK_F32, N, F, F);
+    a.vocab_start = cut[r];
+    ck_assert_msg(rlk_logprob(ctx, &a, NULL) == RLK_OK, "shard %d: %s", r, rlk_last_error());
+  }
+  float *d_out = rlk_test_dev_alloc(ctx, (size_t)N * 4);
+  int32_t zero = 0, status = -1;
+  int32_t *d_status = dev_copy(ctx, &zero, sizeof zero);
+  rlk_logprob_combine_args ca;
+  rlk_logprob_combine_args_init(&ca);
+  ca.partials = rlk_test_tensor_3d(d_rec, RLK_F32, P, N, F);
+  ca.labels = rlk_tensor_1d(d_y, RLK_I64, N);
+  ca.logp = rlk_tensor_1d(d_out, RLK_F32, N);
+  ca.status = rlk_tensor_1d(d_status, RLK_I32, 1);
+  ck_assert_msg(rlk_logprob_combine(ctx, &ca, NULL) == RLK_OK, "%s", rlk_last_error());
+  ck_assert_int_eq(rlk_stream_synchronize(ctx, NULL), RLK_OK);
+  float rec[P * N * F], lp[N];
+  to_host(ctx, rec, d_rec, sizeof rec);
+  to_host(ctx, lp, d_out, sizeof lp);
+  to_host(ctx, &status, d_status, sizeof status);
+  for (int r = 0; r < P; r++)
+    for (int64_t i = 0; i < N; i++) {
+      const float t = rec[((size_t)r * N + i) * F + 3];
+      const int owns = y[i] != -100 && y[i] >= cut[r] && y[i] < cut[r + 1];
+      const float z = owns ? x[i * V + y[i]] / T : INFINITY; /* the kernels' f32 division */
+      if (owns && z == INFINITY)
+        ck_assert_msg(isnan(t), "record %d/%lld: an owned z_y of +inf written as %g, not NaN", r, (long long)i,
+                      (double)t);
+      else
+        ck_assert_msg(!memcmp(&t, &z, 4), "record %d/%lld: t = %.9g, want %.9g", r, (long long)i, (double)t,
+                      (double)z);
+    }
+  ck_assert_msg(status == 0, "status %d: an owned infinite label logit counted as no owner's", status);
+  ck_assert_msg(isnan(lp[0]) && lp[1] == -INFINITY && isnan(lp[2]) && lp[3] == 0.0f && isfinite(lp[4]) &&
+                    isnan(lp[5]),
+                "logp %g %g %g %g %g %g", (double)lp[0], (double)lp[1], (double)lp[2], (double)lp[3], (double)lp[4],
+                (double)lp[5]);
+  rlk_free(ctx, d_x);
+  rlk_free(ctx, d_y);
+  rlk_free(ctx, d_rec);
+  rlk_free(ctx, d_out);
+  rlk_free(ctx, d_status);
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Host                                                                                */
 /* ---------------------------------------------------------------------------------- */
@@ -522,6 +592,14 @@ START_TEST(nccl_system_library) {
 }
 END_TEST
 
+START_TEST(host_label_inf) {
+  rlk_context *ctx = rlk_test_host_context();
+  uint64_t rng = rlk_test_seed() ^ 0x1f1fu;
+  case_label_inf(ctx, &rng);
+  rlk_context_destroy(ctx);
+}
+END_TEST
+
 RLK_SAMPLES_CASE("logprob_shard", &rlk_op_logprob_shard)
 
 /* ---------------------------------------------------------------------------------- */
@@ -533,6 +611,7 @@ static void cases_simulated_gpu(rlk_context *ctx, uint64_t *rng) {
   cases_simulated(ctx, rng, 151936 / 8 + 13);
   case_single_shard(ctx, rng, 517);
   case_single_shard(ctx, rng, 151936);
+  case_label_inf(ctx, rng);
 }
 
 RLK_GPU_TEST("logprob_shard", simulated, cases_simulated_gpu(ctx, &rng))
@@ -608,7 +687,7 @@ END_TEST
 
 Suite *logprob_shard_suite(void) {
   Suite *s = suite_create("logprob_shard");
-  rlk_test_add_case(s, "host", 300, TESTS(host_simulated, bad_arguments, host_records_its_configurations,
+  rlk_test_add_case(s, "host", 300, TESTS(host_simulated, host_label_inf, bad_arguments, host_records_its_configurations,
       nccl_missing_library, nccl_system_library));
   rlk_test_add_case(s, "plan", 300, TESTS(samples_compile_every_target));
   rlk_test_add_case(s, "gpu", 600, TESTS(gpu_simulated, gpu_nccl_one_rank));

@@ -159,8 +159,8 @@ template <typename L> RLK_DEVICE i64 load_label(const L *labels, i64 row, i64 st
  * (record y / record_cols), or where `logits` is given (the sampling head's raw logits, f32 rows
  * of logits_pitch) the logit stored there, the same float. Shard form (records not NULL): the
  * row's record over this weight's columns in rlk.h's vocab-parallel units (natural log of
- * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf) instead of logp, lse
- * and entropy; a label outside the shard is no error. */
+ * z = x / T: m, s, u, and t = z_y where the shard owns the label, else +inf; an owned z_y of +inf
+ * is written NaN) instead of logp, lse and entropy; a label outside the shard is no error. */
 template <typename L, bool ENTROPY>
 __global__ void __launch_bounds__(LL_THREADS)
     linear_logprob_combine(RLK_PARAMS_ARG ll::CombineParams p_) {
@@ -183,7 +183,10 @@ __global__ void __launch_bounds__(LL_THREADS)
     r.x = acc.m * RLK_LL_LN2; /* -inf stays -inf */
     r.y = acc.s;
     r.z = ENTROPY ? RLK_LL_LN2 * acc.q : 0.0f;
-    r.w = own ? t / temperature : limits<float>::infinity();
+    /* t = z_y, +inf "absent"; an owned z_y of +inf (a +inf logit, or x_y / T past f32's range)
+     * is NaN, never the marker: its row is NaN either way, and the label stays owned */
+    const float z = t / temperature;
+    r.w = !own ? limits<float>::infinity() : z == limits<float>::infinity() ? limits<float>::quiet_nan() : z;
     *(f32x4 *)(p_.records + 4 * row) = r;
     return;
   }

@@ -51,7 +51,10 @@ RLK_HOST_KERNEL rlk_linear_logprob_fwd_host(void **args) {
       records[4 * i + 0] = (float)m;
       records[4 * i + 1] = (float)s;
       records[4 * i + 2] = RLK_P_ENTROPY && s > 0.0 ? (float)(pz - m * s) : 0.0f;
-      records[4 * i + 3] = own ? (float)zy : (float)INFINITY;
+      /* t = z_y rounded to f32, +inf "absent"; an owned z_y that rounds to +inf (a +inf logit,
+       * or x_y / T past f32's range) is NaN, never the marker: its row is NaN either way */
+      const float t = (float)zy;
+      records[4 * i + 3] = !own ? (float)INFINITY : t == (float)INFINITY ? NAN : t;
       continue;
     }
     const double l = m + log(s);
