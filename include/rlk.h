@@ -1511,7 +1511,13 @@ RLK_API rlk_status rlk_linear_sample(rlk_context *ctx, const rlk_linear_sample_a
  *               0 < beta < 1 (TRL's generalized JSD: its beta 0 and 1 are the two KLs above)
  * and, with top_k = k > 0 (FORWARD_KL only), the teacher's top-k approximation over the set K of
  * the k columns of largest z_t (ties: the lower column first), with both distributions over the
- * whole vocabulary (verl's top-k forward KL): D = sum_{v in K} p_t (log p_t - log p_s).
+ * whole vocabulary (verl's top-k forward KL): D = sum_{v in K} p_t (log p_t - log p_s). K holds
+ * only columns of nonzero teacher probability (z_t > -inf; a NaN z_t never enters): a row with
+ * fewer than k finite teacher logits has all of them in K and no more (a -inf one adds nothing
+ * to D or P, and none is a member in the backward), and a row with none has no teacher
+ * distribution: K is empty, D and P are NaN and the boundary ([4], [5]) is (+inf, -1). Likewise
+ * a -inf teacher logit adds nothing to the whole vocabulary's FORWARD_KL (p_t log p_t = 0), and a
+ * row whose teacher logits are all -inf has lse_t -inf and D NaN.
  *
  * What one pass over the vocabulary must gather (each side's running maximum m and sum of
  * exp(z - m), merged across column splits by rescaling to the larger maximum):
@@ -1538,10 +1544,10 @@ RLK_API rlk_status rlk_linear_sample(rlk_context *ctx, const rlk_linear_sample_a
  * The per-row stats the forward saves for the backward, f32 [N, RLK_LINEAR_DIVERGENCE_STATS]:
  *   [0] lse_s  [1] lse_t  [2] D
  *   [3] JSD: A = KL(p_s || m); top-k: P = sum_K p_t; else 0
- *   [4] JSD: B = KL(p_t || m); top-k: the k-th largest z_t; else 0
- *   [5] top-k: the column of the k-th largest z_t (the set's last member; the backward tells
- *       membership by comparing each column's recomputed teacher logit with that column's);
- *       else 0
+ *   [4] JSD: B = KL(p_t || m); top-k: the k-th largest z_t (of fewer finite ones, the
+ *       smallest); else 0
+ *   [5] top-k: the column of that z_t (the set's last member; the backward tells membership by
+ *       comparing each column's recomputed teacher logit with that column's; -1: none); else 0
  * A row whose label is ignore_index gets D = 0 and stats [2] to [5] 0 (its lse's and entropy are
  * still computed) and no gradient. Dot products accumulate in f32 on a GPU (fp64 on the host); no [N, V] buffer exists;
  * results are bitwise repeatable (splits merged in order, no float atomics). */

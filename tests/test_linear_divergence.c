@@ -1,7 +1,8 @@
 /* test_linear_divergence.c - rlk_linear_divergence, its backward and the vocab-parallel combine
  * against the fp64 reference (tests/ref/linear_divergence_ref.c): every divergence (forward KL,
  * reverse KL, JSD, the teacher's top-k) on the host backend at small and odd shapes, both
- * temperatures, ignored rows, padded rows, mixed dtypes; the gradients of both heads (f32 and
+ * temperatures, ignored rows, padded rows, mixed dtypes, teacher logits of -inf (top-k over fewer
+ * finite ones than k, rows with none); the gradients of both heads (f32 and
  * 16-bit, overwritten and accumulated) against the reference, whose own gradients are checked by
  * finite differences; the loss through rlk_policy_loss's aggregations; the shard form against the
  * whole head; argument checks; the precompile plan and samples on every target; and with
@@ -41,6 +42,8 @@ typedef struct ld_case {
   int splits;      /* the forward's vocabulary splits (0: the call's choice) */
   rlk_linear_logprob_variant variant;
   int tail;        /* on the grid: the last tile's columns (V mod 256) carry most of every row's mass */
+  int t_finite;    /* > 0: every teacher logit -inf but at this many columns (ld_teacher_mask) */
+  int t_void;      /* every fourth row's teacher logits all -inf (ld_teacher_mask) */
 } ld_case;
 
 static ld_case ld_base(int64_t N, int64_t V, int64_t Hs, int64_t Ht, int mode) {
@@ -101,6 +104,36 @@ static void ld_fill_grid(rlk_dtype dt, int64_t rows, int64_t cols, int64_t strid
     }
 }
 
+/* Teacher logits of -inf (probability 0) from infinities in the inputs, with no 0 times inf: with
+ * t_finite, teacher weight rows of every column but t_finite random ones start with -inf and every
+ * row's first teacher hidden value is positive (a grid value); with t_void, every teacher weight
+ * row's second value is positive and rows 2, 6, 10, ... have -inf there (all their logits -inf).
+ * The dense copies hold the same infinities: the reference's logits are -inf there too. */
+static void ld_teacher_mask(const ld_case *c, ld_data *d, uint64_t *rng) {
+  const double step = c->grid ? ld_grid_step(c->Ht, c->scale) : c->scale / sqrt((double)c->Ht);
+  if (c->t_finite) {
+    ck_assert(c->t_finite <= c->V);
+    char *keep = calloc((size_t)c->V, 1);
+    ck_assert(keep);
+    for (int j = 0; j < c->t_finite;) {
+      const int64_t v = (int64_t)(rlk_test_rand_u64(rng) % (uint64_t)c->V);
+      if (!keep[v]) keep[v] = 1, j++;
+    }
+    for (int64_t v = 0; v < c->V; v++)
+      if (!keep[v]) d->wt[v * c->Ht] = rlk_test_store(d->tw, c->tdt, v * d->tws, -INFINITY);
+    for (int64_t i = 0; i < c->N; i++)
+      d->ht[i * c->Ht] = rlk_test_store(d->th, c->tdt, i * d->ths, (double)(1 + (int)(rlk_test_rand_u64(rng) % 7u)) / 4.0);
+    free(keep);
+  }
+  if (c->t_void) {
+    ck_assert(c->Ht >= 2);
+    for (int64_t v = 0; v < c->V; v++)
+      d->wt[v * c->Ht + 1] = rlk_test_store(d->tw, c->tdt, v * d->tws + 1,
+                                            (double)(1 + (int)(rlk_test_rand_u64(rng) % 63u)) * step);
+    for (int64_t i = 2; i < c->N; i += 4) d->ht[i * c->Ht + 1] = rlk_test_store(d->th, c->tdt, i * d->ths + 1, -INFINITY);
+  }
+}
+
 static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_data *d) {
   memset(d, 0, sizeof *d);
   uint64_t rng = seed;
@@ -132,6 +165,7 @@ static void ld_data_make(rlk_context *ctx, const ld_case *c, uint64_t seed, ld_d
     ld_fill(c->tdt, c->N, c->Ht, d->ths, 1.0, &rng, &d->th, &d->ht);
     ld_fill(c->tdt, c->V, c->Ht, d->tws, c->scale / sqrt((double)c->Ht), &rng, &d->tw, &d->wt);
   }
+  if (c->t_finite || c->t_void) ld_teacher_mask(c, d, &rng);
   d->ignored = calloc((size_t)c->N, sizeof(int));
   ck_assert(d->ignored);
   d->ls = c->lstride ? c->lstride : 1;
@@ -246,9 +280,12 @@ static void ld_call_backward(rlk_context *ctx, rlk_linear_divergence_backward_ar
 
 /* A row's magnitude: every quantity its outputs are formed from is at most this in absolute value
  * (a probability-weighted sum of log-probabilities is at most the largest |log p| <= |z| + |lse|). */
+static double ld_fin(double x) { return isfinite(x) ? fabs(x) : 0.0; }
 static double ld_row_scale(const ld_ref_row *r) {
-  return 1.0 + 2.0 * r->max_abs_z + fabs(r->lse_s) + fabs(r->lse_t) + fabs(r->D) + fabs(r->entropy) + fabs(r->a1) +
-         fabs(r->a2);
+  /* a row without a teacher distribution (lse_t -inf, D NaN) has no finite output formed from them:
+   * the student's are bounded by the rest */
+  return 1.0 + 2.0 * r->max_abs_z + fabs(r->lse_s) + ld_fin(r->lse_t) + ld_fin(r->D) + fabs(r->entropy) +
+         ld_fin(r->a1) + ld_fin(r->a2);
 }
 
 /* The host path's error in an output of row r, beside f32's rounding of the output itself (u |y|):
@@ -358,6 +395,12 @@ static double ld_run_fwd(rlk_context *ctx, const ld_case *c, const ld_data *d, l
                             jsd && !ign ? r.a2 : topk && !ign ? r.a2 : 0.0, r.entropy};
     static const char *const names[7] = {"divergence", "lse_s", "lse_t", "stats D", "stats [3]", "stats [4]", "entropy"};
     for (int q = 0; q < 7; q++) {
+      if (!isfinite(want[q])) { /* a row without a teacher distribution: its lse_t, D, P, boundary */
+        ck_assert_msg(isnan(want[q]) ? isnan(got[q]) : got[q] == want[q],
+                      "mode %d top_k %d N=%lld V=%lld row %lld %s: %.9g, fp64 %.9g", c->mode, c->top_k,
+                      (long long)c->N, (long long)c->V, (long long)i, names[q], got[q], want[q]);
+        continue;
+      }
       const double err = fabs(got[q] - want[q]), tol = bound(c, &r, want[q]);
       if (err / tol > worst) worst = err / tol;
       ck_assert_msg(err <= tol, "mode %d top_k %d N=%lld V=%lld row %lld %s: %.9g, fp64 %.9g, bound %.3g", c->mode,
@@ -380,6 +423,24 @@ static void ld_check_fwd(rlk_context *ctx, const ld_case *c, uint64_t seed) {
          c->mode, c->top_k, (long long)c->N, (long long)c->V, (long long)c->Hs, (long long)c->Ht, worst);
   ld_free_fwd(&o);
   ld_data_free(ctx, &d);
+}
+
+/* Teacher logits of -inf (probability 0, ld_teacher_mask): the top-k set holds the finite ones
+ * only, fewer than k where fewer are finite (1, k - 1, k, k + 1 of them with k 8, and k 1 with
+ * one), and rows with none get rlk.h's empty set (D and P NaN, boundary (+inf, -1), lse_t -inf);
+ * the forward KL over the whole vocabulary adds nothing for them. */
+static void ld_check_fwd_masked(rlk_context *ctx, uint64_t seed) {
+  static const int finite[] = {1, 7, 8, 9};
+  for (size_t f = 0; f < sizeof finite / sizeof *finite; f++) {
+    ld_case c = ld_base(11, 61, 12, 16, RLK_DIVERGENCE_FORWARD_KL);
+    c.top_k = 8, c.t_finite = finite[f], c.t_void = 1, c.ldt = RLK_I64, c.ignored = 1, c.Tt = 0.8f;
+    ld_check_fwd(ctx, &c, seed + f);
+  }
+  ld_case c = ld_base(6, 40, 8, 8, RLK_DIVERGENCE_FORWARD_KL);
+  c.top_k = 1, c.t_finite = 1, c.t_void = 1, c.grid = 1;
+  ld_check_fwd(ctx, &c, seed + 10);
+  c.top_k = 0, c.t_finite = 5;
+  ld_check_fwd(ctx, &c, seed + 11);
 }
 
 START_TEST(host_forward) {
@@ -405,6 +466,7 @@ START_TEST(host_forward) {
   c = ld_base(4, 70, 200, 96, RLK_DIVERGENCE_JSD); /* the GPU cases' grid inputs, f16 among them */
   c.grid = 1, c.sdt = RLK_F16;
   ld_check_fwd(ctx, &c, seed + 23);
+  ld_check_fwd_masked(ctx, seed + 30);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -660,6 +722,11 @@ START_TEST(host_backward) {
   ld_bcase b = {ld_base(6, 129, 16, 16, RLK_DIVERGENCE_FORWARD_KL), RLK_BF16, RLK_F32, 1, 0};
   b.c.top_k = 7, b.c.pad = 2, b.c.ldt = RLK_I32, b.c.ignored = 1;
   ld_check_bwd(ctx, &b, seed + 20, LD_HOST_DELTA, 0);
+  /* top-k with fewer finite teacher logits than k (the rest -inf): no -inf column is a member; the
+   * student's gradients (the teacher's weights hold -inf, whose own gradients are 0 times inf) */
+  b = (ld_bcase){ld_base(6, 129, 16, 16, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_DTYPE_INVALID, 0, 0};
+  b.c.top_k = 7, b.c.t_finite = 5, b.c.ldt = RLK_I64, b.c.ignored = 1;
+  ld_check_bwd(ctx, &b, seed + 21, LD_HOST_DELTA, 0);
   rlk_context_destroy(ctx);
 }
 END_TEST
@@ -1294,6 +1361,19 @@ static void cases_forward(rlk_context *ctx, uint64_t *rng) {
   c = ld_base(33 * 128 - 5, 1001, 64, 64, RLK_DIVERGENCE_FORWARD_KL);
   c.top_k = 8, c.grid = 1, c.Tt = 0.9f;
   ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "pairs, top-k 8");
+  /* teacher logits of -inf (ld_teacher_mask), each variant: top-k 16 over 9 finite columns, 32
+   * over 33, in splits most of which hold none of them (no candidate in a list), rows with none
+   * at all (the empty set), and the whole vocabulary's forward KL over them */
+  for (int tiled = 0; tiled < 2; tiled++) {
+    c = ld_base(200, 3001, 64, 64, RLK_DIVERGENCE_FORWARD_KL);
+    c.top_k = 16, c.t_finite = 9, c.t_void = 1, c.grid = 1, c.Tt = 0.9f, c.ldt = RLK_I64, c.ignored = 1, c.splits = 5;
+    c.variant = tiled ? RLK_LINEAR_LOGPROB_TILED : RLK_LINEAR_LOGPROB_AUTO;
+    ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 16, 9 finite teacher logits");
+    c.top_k = 32, c.t_finite = 33, c.splits = 0;
+    ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "top-k 32, 33 finite teacher logits");
+    c.top_k = 0, c.t_finite = 40;
+    ld_gpu_fwd_case(ctx, &c, rlk_test_rand_u64(rng), "forward KL, 40 finite teacher logits");
+  }
 }
 RLK_GPU_CASE("linear_divergence", forward)
 
@@ -1327,6 +1407,10 @@ static void cases_backward(rlk_context *ctx, uint64_t *rng) {
   for (int pad = 0; pad < 4; pad += 3) {
     b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_F16, 0, 192, 0};
     b.c.top_k = 16, b.c.tdt = RLK_F16, b.c.grid = 1, b.c.Tt = 1.3f, b.c.pad = pad;
+    ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
+    /* top-k over 10 finite teacher logits (the rest -inf): the student's gradients */
+    b = (ld_bcase){ld_base(70, 1000, 64, 64, RLK_DIVERGENCE_FORWARD_KL), RLK_F32, RLK_DTYPE_INVALID, 0, 192, 0};
+    b.c.top_k = 16, b.c.t_finite = 10, b.c.grid = 1, b.c.ldt = RLK_I64, b.c.ignored = 1, b.c.pad = pad;
     ld_check_bwd(ctx, &b, rlk_test_rand_u64(rng), 0.0, 1);
   }
 }

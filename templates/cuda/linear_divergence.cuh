@@ -243,12 +243,16 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_jsd_combine(RLK_
 }
 
 /* Top-k: a block of 256 threads a row. The S lists of k (lists [S][N][k], each sorted in the top-k
- * order, empty entries (column -1) last) hold every candidate (each column in one split); a
- * candidate's rank is the number of candidates before it: its place in its own list plus, in each
- * other list, the entries before it (a binary search), so the set is the ranks below k, in order,
- * whatever order the lists came in. Then
- * the student's logit at each member (a dot product by 8 threads, in a fixed order), and
- *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order. */
+ * order, empty entries (column -1) last) hold every candidate (each column in one split; a -inf
+ * or NaN teacher logit never enters a list); a candidate's rank is the number of candidates
+ * before it: its place in its own list plus, in each other list, the entries before it (a binary
+ * search; an empty entry comes before none), so the set is the ranks below k, in order, whatever
+ * order the lists came in. Fewer than k candidates in all (a row whose other teacher logits are
+ * -inf: probability 0) fill the ranks below their count, n_k; the ranks past it are never read.
+ * Then the student's logit at each member (a dot product by 8 threads, in a fixed order), and
+ *   D = sum_K p_t (log p_t - log p_s),  P = sum_K p_t,  summed by one thread in rank order;
+ * an empty set (every teacher logit -inf: no distribution) gives D and P NaN and the boundary
+ * (+inf, column -1), before which no column comes (rlk.h). */
 template <int SDT, int LAB>
 __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_ARG ld_topk_args p_) {
   typedef typename ll::elem<SDT>::type TS;
@@ -260,6 +264,7 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_
   __shared__ float kx[LD_TOPK_MAX], kxs[LD_TOPK_MAX];
   __shared__ i32 kc[LD_TOPK_MAX];
   const i64 n = S * k; /* <= LD_TOPK_CANDS: the op keeps S within it */
+  if (tid < k) kc[tid] = -1; /* a rank no candidate takes stays -1 */
   for (i64 t = tid; t < n; t += LD_THREADS) {
     const ld::cand c = ((const ld::cand *)p_.lists)[((t / k) * N + row) * k + t % k];
     cx[t] = c.x;
@@ -290,34 +295,38 @@ __global__ void __launch_bounds__(LD_THREADS) linear_divergence_topk(RLK_PARAMS_
     }
   }
   __syncthreads();
+  /* the set's size: the ranks taken are 0 .. n_k - 1 (the candidates' ranks are distinct) */
+  int nk = 0;
+  while (nk < k && kc[nk] >= 0) ++nk;
   /* the student's logit at member j = tid / 8, lanes tid % 8 over H */
   const int j = tid / 8, lane = tid % 8;
   float acc = 0.0f;
-  if (j < k) {
+  if (j < nk) {
     const TS *h = (const TS *)p_.s_hidden + row * p_.s_h_stride;
     const TS *w = (const TS *)p_.s_weight + (i64)kc[j] * p_.s_w_stride;
     for (i64 c = lane; c < Hs; c += 8) acc = fmaf(to_float(h[c]), to_float(w[c]), acc);
   }
   acc = segment_sum<8>(acc);
-  if (j < k && lane == 0) kxs[j] = acc;
+  if (j < nk && lane == 0) kxs[j] = acc;
   __syncthreads();
   if (tid != 0) return;
   float *o = p_.stats + row * LD_STATS;
   /* il: what turns a list's value into z_t (1 where the lists hold z_t already) */
   const float ls = o[0], lt = o[1], is = 1.0f / p_.s_temperature, il = p_.scaled ? 1.0f : 1.0f / p_.t_temperature;
   float P = 0.0f, D = 0.0f;
-  for (int m = 0; m < k; ++m) {
+  for (int m = 0; m < nk; ++m) {
     const float lpt = fmaf(kx[m], il, -lt), lps = fmaf(kxs[m], is, -ls), pt = exp2_approx(lpt * RLK_LL_LOG2E);
     P += pt;
     D = fmaf(pt, lpt - lps, D);
   }
+  if (nk == 0) P = D = limits<float>::quiet_nan();
   const bool ign = ld::ignored<LAB>(p_.labels, p_.label_stride, row, p_.ignore_index);
   p_.divergence[row] = ign ? 0.0f : D;
   o[2] = ign ? 0.0f : D;
   o[3] = ign ? 0.0f : P;
   /* the set's boundary (threshold, last column) only where the row counts, as on the host */
-  o[4] = ign ? 0.0f : kx[k - 1] * il;
-  o[5] = ign ? 0.0f : (float)kc[k - 1];
+  o[4] = ign ? 0.0f : nk ? kx[nk - 1] * il : limits<float>::infinity();
+  o[5] = ign ? 0.0f : nk ? (float)kc[nk - 1] : -1.0f;
 }
 
 } /* namespace rlk */

@@ -107,7 +107,10 @@ template <int W> RLK_DEVICE state lane_merge(state p) {
 
 /* Folds NV columns of one row (y_s, y_t: the scaled logits; ok: inside the vocabulary) into p: the
  * columns' own sums first, relative to the new maxima, then the state before rescaled to them and
- * added (each of a fold's additions rounds relative to its columns' part, not to the whole row's). */
+ * added (each of a fold's additions rounds relative to its columns' part, not to the whole row's).
+ * A teacher logit of -inf (probability 0) adds exactly 0 to st and gt: its exponent is taken from
+ * 0 where the maximum is -inf too (not -inf - -inf), and its gap, -inf, is not multiplied by it
+ * (0 times -inf); finite logits fold to the same bits either way. */
 template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *yt, const bool *ok) {
   float mxs = -limits<float>::infinity(), mxt = -limits<float>::infinity();
 #pragma unroll
@@ -118,15 +121,16 @@ template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *y
     }
   const float Ms = fmaxf(p.ms, mxs), Mt = fmaxf(p.mt, mxt);
   if (Ms == -limits<float>::infinity()) return; /* nothing inside yet */
+  const float Mtc = Mt == -limits<float>::infinity() ? 0.0f : Mt; /* every y_t -inf (or NaN): e^-inf = 0 */
   float ss = 0.0f, qs = 0.0f, st = 0.0f, gt = 0.0f, gs = 0.0f;
 #pragma unroll
   for (int k = 0; k < NV; ++k)
     if (ok[k]) {
-      const float ds = ys[k] - Ms, es = exp2_approx(ds), et = exp2_approx(yt[k] - Mt), gap = yt[k] - ys[k];
+      const float ds = ys[k] - Ms, es = exp2_approx(ds), et = exp2_approx(yt[k] - Mtc), gap = yt[k] - ys[k];
       ss += es;
       qs = fmaf(es, ds, qs);
       st += et;
-      gt = fmaf(et, gap, gt);
+      gt = fmaf(et, yt[k] == -limits<float>::infinity() ? 0.0f : gap, gt);
       gs = fmaf(-es, gap, gs);
     }
   const float fs = factor(p.ms, p.ss, Ms), ft = factor(p.mt, p.st, Mt);

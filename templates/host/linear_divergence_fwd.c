@@ -9,9 +9,12 @@
 #include "linear_divergence_params.h"
 
 
+/* log sum_v e^z_v; -inf when every z is -inf (no term: the GPU's combine's), not -inf - -inf */
 static double ld_lse(const double *z, rlk_i64 V, double *max_out) {
   double m = -INFINITY;
   for (rlk_i64 v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
+  *max_out = m;
+  if (m == -INFINITY) return m;
   double s = 0.0;
   for (rlk_i64 v = 0; v < V; v++) s += exp(z[v] - m);
   *max_out = m;
@@ -38,11 +41,14 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
       /* the shard's record: sums relative to the shard's own maxima */
       double ss = 0, us = 0, st = 0, gt = 0, gs = 0;
       for (rlk_i64 v = 0; v < V; v++) {
-        const double es = exp(zs[v] - ms), et = exp(zt[v] - mt);
+        const double es = exp(zs[v] - ms);
         ss += es;
         us += es * (zs[v] - ms);
-        st += et;
-        gt += et * (zt[v] - zs[v]);
+        if (zt[v] != -INFINITY) { /* p_t 0 adds 0 (not -inf - -inf, nor 0 times -inf) */
+          const double et = exp(zt[v] - mt);
+          st += et;
+          gt += et * (zt[v] - zs[v]);
+        }
         gs += es * (zs[v] - zt[v]);
       }
       float *r = records + 8 * i;
@@ -58,6 +64,8 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
       if (RLK_P_MODE == LD_FKL || RLK_P_MODE == LD_RKL) {
         for (rlk_i64 v = 0; v < V; v++) {
           const double lps = zs[v] - ls, lpt = zt[v] - lt;
+          /* p_t 0 adds 0, not 0 times -inf (a row with no teacher distribution stays NaN) */
+          if (RLK_P_MODE == LD_FKL && zt[v] == -INFINITY && lt != -INFINITY) continue;
           D += RLK_P_MODE == LD_FKL ? exp(lpt) * (lpt - lps) : exp(lps) * (lps - lpt);
         }
       } else if (RLK_P_MODE == LD_JSD) {
@@ -71,10 +79,13 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
         }
         D = beta * a2 + (1.0 - beta) * a1;
       } else {
-        /* the k largest teacher logits, in the top-k order */
+        /* the k largest teacher logits, in the top-k order, among those of nonzero probability:
+         * a -inf logit (or a NaN one) never enters, so a row with fewer than k finite ones has
+         * them all (n < k), and a row with none an empty set */
         double val[LD_TOPK_MAX];
         rlk_i64 col[LD_TOPK_MAX], n = 0;
         for (rlk_i64 v = 0; v < V; v++) {
+          if (!(zt[v] > -INFINITY)) continue;
           if (n == k && !ld_before(zt[v], v, val[k - 1], col[k - 1])) continue;
           rlk_i64 j = n < k ? n++ : k - 1;
           for (; j > 0 && ld_before(zt[v], v, val[j - 1], col[j - 1]); j--) val[j] = val[j - 1], col[j] = col[j - 1];
@@ -85,8 +96,14 @@ RLK_HOST_KERNEL rlk_linear_divergence_fwd_host(void **args) {
           a1 += exp(lpt);
           D += exp(lpt) * (lpt - lps);
         }
-        a2 = val[n - 1];
-        a3 = (double)(col[n - 1] + p_->vocab_start);
+        if (n > 0) {
+          a2 = val[n - 1];
+          a3 = (double)(col[n - 1] + p_->vocab_start);
+        } else { /* no teacher distribution: D and P NaN, a boundary no column comes before */
+          D = a1 = NAN;
+          a2 = INFINITY;
+          a3 = -1.0;
+        }
       }
     }
     p_->divergence[i] = (float)D;

@@ -11,11 +11,12 @@ typedef struct ld_ref_logits {
   double lse_s, lse_t;
 } ld_ref_logits;
 
+/* log-softmax; a row of only -inf logits has lse -inf (log of an empty sum) and NaN log-probs */
 static double ref_log_softmax(const double *z, int64_t V, double *a) {
   double m = -INFINITY, s = 0.0;
   for (int64_t v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
-  for (int64_t v = 0; v < V; v++) s += exp(z[v] - m);
-  const double lse = m + log(s);
+  for (int64_t v = 0; m > -INFINITY && v < V; v++) s += exp(z[v] - m);
+  const double lse = m > -INFINITY ? m + log(s) : -INFINITY;
   for (int64_t v = 0; v < V; v++) a[v] = z[v] - lse;
   return lse;
 }
@@ -37,19 +38,26 @@ static int ref_logits(const ld_ref_problem *p, int64_t i, ld_ref_logits *L) {
   return 0;
 }
 
-/* The top-k set as flags: the k columns first in (z_t descending, column ascending). */
+/* The top-k set as flags: the k columns first in (z_t descending, column ascending) among those of
+ * nonzero probability (z_t > -inf): fewer where fewer are finite. Returns the last member's
+ * column, -1 for an empty set. */
 static int64_t ref_topk(const double *zt, int64_t V, int k, char *in) {
   memset(in, 0, (size_t)V);
   int64_t last = -1;
   for (int j = 0; j < k; j++) {
     int64_t best = -1;
     for (int64_t v = 0; v < V; v++)
-      if (!in[v] && (best < 0 || zt[v] > zt[best])) best = v; /* the lowest column on a tie */
+      if (!in[v] && zt[v] > -INFINITY && (best < 0 || zt[v] > zt[best])) best = v; /* the lowest column on a tie */
+    if (best < 0) break;
     in[best] = 1;
     last = best;
   }
   return last;
 }
+
+/* |x| where x is finite, else 0: a -inf logit (probability 0) is exact on every path and enters no
+ * bound */
+static double ref_fin(double x) { return isfinite(x) ? fabs(x) : 0.0; }
 
 /* log m = log((1 - beta) p_s + beta p_t) */
 static double ref_log_mix(double as, double at, double beta) {
@@ -70,11 +78,11 @@ void ld_ref_forward_row(const ld_ref_problem *p, int64_t i, ld_ref_row *out) {
     double as = 0.0, at = 0.0;
     for (int64_t c = 0; c < p->Hs; c++) as += fabs(p->hs[i * p->Hs + c] * p->ws[v * p->Hs + c]);
     for (int64_t c = 0; c < p->Ht; c++) at += fabs(p->ht[i * p->Ht + c] * p->wt[v * p->Ht + c]);
-    as /= p->Ts, at /= p->Tt;
+    as = isfinite(L.zs[v]) ? as / p->Ts : 0.0, at = isfinite(L.zt[v]) ? at / p->Tt : 0.0;
     out->abs_dot = as > out->abs_dot ? as : out->abs_dot;
     out->abs_dot = at > out->abs_dot ? at : out->abs_dot;
     out->entropy -= exp(L.as[v]) * L.as[v];
-    const double m = fabs(L.zs[v]) > fabs(L.zt[v]) ? fabs(L.zs[v]) : fabs(L.zt[v]);
+    const double m = ref_fin(L.zs[v]) > ref_fin(L.zt[v]) ? ref_fin(L.zs[v]) : ref_fin(L.zt[v]);
     out->max_abs_z = m > out->max_abs_z ? m : out->max_abs_z;
   }
   out->last = -1;
@@ -86,15 +94,20 @@ void ld_ref_forward_row(const ld_ref_problem *p, int64_t i, ld_ref_row *out) {
       return;
     }
     out->last = ref_topk(L.zt, V, p->top_k, in);
-    out->a2 = L.zt[out->last];
     out->topk_gap = INFINITY;
-    for (int64_t v = 0; v < V; v++)
-      if (!in[v] && out->a2 - L.zt[v] < out->topk_gap) out->topk_gap = out->a2 - L.zt[v];
-    for (int64_t v = 0; v < V; v++)
-      if (in[v]) {
-        out->a1 += exp(L.at[v]);
-        out->D += exp(L.at[v]) * (L.at[v] - L.as[v]);
-      }
+    if (out->last < 0) { /* no finite teacher logit: no distribution, rlk.h's empty set */
+      out->D = out->a1 = NAN;
+      out->a2 = INFINITY;
+    } else {
+      out->a2 = L.zt[out->last];
+      for (int64_t v = 0; v < V; v++)
+        if (!in[v] && out->a2 - L.zt[v] < out->topk_gap) out->topk_gap = out->a2 - L.zt[v];
+      for (int64_t v = 0; v < V; v++)
+        if (in[v]) {
+          out->a1 += exp(L.at[v]);
+          out->D += exp(L.at[v]) * (L.at[v] - L.as[v]);
+        }
+    }
     free(in);
   } else if (p->mode == 2) {
     for (int64_t v = 0; v < V; v++) {
@@ -104,8 +117,10 @@ void ld_ref_forward_row(const ld_ref_problem *p, int64_t i, ld_ref_row *out) {
     }
     out->D = p->beta * out->a2 + (1.0 - p->beta) * out->a1;
   } else {
-    for (int64_t v = 0; v < V; v++)
+    for (int64_t v = 0; v < V; v++) {
+      if (p->mode == 0 && L.zt[v] == -INFINITY && L.lse_t > -INFINITY) continue; /* p_t = 0: p_t log p_t = 0 */
       out->D += p->mode == 0 ? exp(L.at[v]) * (L.at[v] - L.as[v]) : exp(L.as[v]) * (L.as[v] - L.at[v]);
+    }
   }
   if (p->ignored && p->ignored[i]) out->D = out->a1 = out->a2 = 0.0;
   free(L.zs);
@@ -170,8 +185,9 @@ void ld_ref_backward(const ld_ref_problem *p, const double *g, double *dhs, doub
     }
     const double Lr = 1.0 + fabs(r.lse_s) + fabs(r.lse_t) + fabs(r.D) + fabs(r.a1) + fabs(r.a2) + lb;
     for (int64_t v = 0; v < V; v++) {
-      const double e = 2.1 * delta * (exp(L.as[v]) + exp(L.at[v])) * Lr * (2.0 + fabs(L.as[v]) + fabs(L.at[v]) + Lr) *
-                       fabs(g[i]);
+      /* a column of teacher probability 0 (z_t -inf): its log p_t enters no dz */
+      const double e = 2.1 * delta * (exp(L.as[v]) + exp(L.at[v])) * Lr *
+                       (2.0 + ref_fin(L.as[v]) + ref_fin(L.at[v]) + Lr) * fabs(g[i]);
       const double es = e / p->Ts + dz_rel * fabs(dzs[v]), et = e / p->Tt + dz_rel * fabs(dzt[v]);
       for (int64_t c = 0; c < Hs; c++) {
         if (dhs) dhs[i * Hs + c] += dzs[v] * p->ws[v * Hs + c];

@@ -21,8 +21,9 @@ typedef struct ld_ref_problem {
 
 typedef struct ld_ref_row {
   double lse_s, lse_t, D, entropy;
-  double a1, a2;     /* JSD: KL(p_s || m), KL(p_t || m); top-k: P, the last member's z_t */
-  int64_t last;      /* top-k: the last member's column */
+  double a1, a2;     /* JSD: KL(p_s || m), KL(p_t || m); top-k: P, the last member's z_t (the set
+                      * holds finite z_t only; empty: P NaN, a2 +inf) */
+  int64_t last;      /* top-k: the last member's column (-1: an empty set) */
   double max_abs_z;  /* max over both heads' |z| */
   double abs_dot;    /* max over both heads' columns of sum_k |h_k w_vk| / T (a logit's f32 error
                       * is at most that times gamma_H) */
