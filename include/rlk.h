@@ -646,7 +646,8 @@ RLK_API void rlk_policy_loss_args_init(rlk_policy_loss_args *args);
  * pointers are not read, but for the host backend's seq_offsets, which the call's checks read
  * there, so they must be filled first). 0 on the host backend. Depends only on the shapes, dtypes, the mode,
  * the aggregation, how the normalizer is given and the device: at most
- * (2 * multiprocessors) * 14 * 8 + 16 bytes. */
+ * (2 * multiprocessors) * 18 * 8 + 16 bytes (17 f64 partials and a count per block; a
+ * compile-only context, whose multiprocessors is 0, counts 1). */
 RLK_API rlk_status rlk_policy_loss_workspace_size(rlk_context *ctx, const rlk_policy_loss_args *args,
                                                   size_t *bytes);
 
@@ -708,7 +709,8 @@ typedef struct rlk_value_loss_args {
 RLK_API void rlk_value_loss_args_init(rlk_value_loss_args *args);
 
 /* Bytes of workspace rlk_value_loss needs for these arguments (0 on the host backend); at
- * most (2 * multiprocessors) * 6 * 8 + 16 bytes. */
+ * most (2 * multiprocessors) * 6 * 8 + 16 bytes (multiprocessors 0, a compile-only context's,
+ * counts 1). */
 RLK_API rlk_status rlk_value_loss_workspace_size(rlk_context *ctx, const rlk_value_loss_args *args,
                                                  size_t *bytes);
 
