@@ -931,7 +931,8 @@ typedef struct rlk_masked_whiten_args {
 RLK_API void rlk_masked_whiten_args_init(rlk_masked_whiten_args *args);
 
 /* Bytes of workspace rlk_masked_whiten needs for these arguments' shape (0 on the host backend).
- * Depends only on the shape and the device, so it can be queried once and reused. */
+ * Depends only on x's shape and dtype and the device (a block's chunk holds 32 bytes per thread,
+ * so f64 may need more than f32), so it can be queried once and reused. */
 RLK_API rlk_status rlk_masked_whiten_workspace_size(rlk_context *ctx,
                                                     const rlk_masked_whiten_args *args,
                                                     size_t *bytes);

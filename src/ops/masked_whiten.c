@@ -42,7 +42,8 @@ static const rlk_template mw_host_tmpl = {"masked_whiten", "masked_whiten", NULL
 
 /* GPU: stats over min(chunks, 4 x SMs, 1024) blocks of 512 threads (chunks of 512 x K flat
  * elements, K = 32 bytes / element), apply over min(chunks, 8 x SMs); host: one kernel. The
- * partials (stats blocks, f64 triples in the workspace) depend only on the shape and the device. */
+ * partials (stats blocks, f64 triples in the workspace) depend only on the shape, the dtype and
+ * the device. */
 static void mw_blocks(const rlk_context *ctx, rlk_dtype dtype, int64_t n, int64_t *partials, int64_t *apply) {
   *partials = 0;
   *apply = 1;
