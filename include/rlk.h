@@ -591,10 +591,11 @@ typedef struct rlk_policy_loss_args {
 
   rlk_policy_loss_mode mode;
   double clip_low, clip_high; /* ratio clamp [1 - clip_low, 1 + clip_high]; >= 0, INFINITY
-                               * allowed (no bound on that side) */
+                               * allowed (no bound on that side), except in geo_mean, whose
+                               * log-space bounds must be finite */
   double dual_clip;           /* c > 1 enables the dual clip (ppo); <= 1 (e.g. 0) disables */
   double log_ratio_min, log_ratio_max; /* clamp of the log-ratio before exp; +-INFINITY: none */
-  double sapo_tau_pos, sapo_tau_neg;   /* > 0 */
+  double sapo_tau_pos, sapo_tau_neg;   /* > 0 and finite; read (and checked) by sapo only */
   rlk_seq_ratio_grad seq_ratio_grad;   /* gspo: how the sequence ratio's gradient reaches tokens */
   /* The gradient a clamp passes where its input equals a bound exactly (the log-ratio clamp,
    * the ratio clip, GSPO's clamp, the KL clamps), in [0, 1]: 1 passes it (a closed range, as
