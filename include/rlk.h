@@ -814,8 +814,9 @@ typedef struct rlk_gae_args {
   rlk_tensor rewards; /* [B, T] f32 or f64: token-level rewards */
   rlk_tensor values;  /* [B, T] same dtype: the critic's values */
   rlk_tensor mask;    /* optional [B, T] bool, i32 or f32: the response (action) mask */
-  double gamma;       /* discount, finite (verl 1.0, OpenRLHF 1.0, TRL 1.0) */
-  double lambda;      /* GAE lambda, finite (verl 1.0, OpenRLHF 0.95, TRL 0.95) */
+  /* gamma, lambda and gamma * lambda are finite and, with f32 data, within f32's range. */
+  double gamma;       /* discount (verl 1.0, OpenRLHF 1.0, TRL 1.0) */
+  double lambda;      /* GAE lambda (verl 1.0, OpenRLHF 0.95, TRL 0.95) */
   rlk_gae_masked masked;
   rlk_tensor advantages; /* output [B, T], same dtype: A, before any whitening */
   rlk_tensor returns;    /* optional output [B, T], same dtype: A + V as described above */
@@ -848,7 +849,7 @@ typedef enum rlk_returns_masked {
 typedef struct rlk_discounted_returns_args {
   rlk_tensor rewards; /* [B, T] f32 or f64 */
   rlk_tensor mask;    /* optional [B, T] bool, i32 or f32 */
-  double gamma;       /* finite (verl 1.0, OpenRLHF 1.0) */
+  double gamma;       /* finite, and within f32's range with f32 data (verl 1.0, OpenRLHF 1.0) */
   rlk_returns_masked masked;
   rlk_tensor returns; /* output [B, T], same dtype */
   rlk_scan_algo algo;
