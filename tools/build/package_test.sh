@@ -3,7 +3,8 @@
 # virtual environment, away from the source tree (no PYTHONPATH, no RLK_LIBRARY, run from an
 # empty directory); every module of the package is imported, the library must be the one the
 # wheel carries, and the examples run against the installed package. auditwheel checks the
-# wheel's manylinux tag against the library's symbol versions.
+# wheel's manylinux tag against the library's symbol versions; the sdist must hold the wheel's
+# modules, the build files and the C sources, and nothing else.
 #
 #   tools/build/package_test.sh DIST_DIR [TORCH_VENV]
 #
@@ -29,6 +30,27 @@ case "$(basename "$wheel")" in
   rlk-*-py3-none-manylinux_2_*_"$arch".whl) ;;
   *) echo "package_test: $(basename "$wheel") is not a py3-none-manylinux_2_N_$arch wheel" >&2; exit 1 ;;
 esac
+
+# The sdist carries the package's modules (those of the wheel), its build files and the C sources
+# (csrc/), and nothing else: a file setuptools adds by default (tests/test*.py, without the
+# conftest.py and refs.py they import) would ship a suite that cannot run.
+python3 - "$wheel" "$sdist" <<'EOF'
+import re, sys, tarfile, zipfile
+wheel, sdist = sys.argv[1:]
+in_wheel = {n for n in zipfile.ZipFile(wheel).namelist()
+            if n.startswith("rlk/") and not n.startswith("rlk/_lib/")}
+with tarfile.open(sdist) as t:
+    names = [m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile() and "/" in m.name]
+in_sdist = {n for n in names if n.startswith("rlk/")}
+build = re.compile(r"(csrc/.+|rlk\.egg-info/.+|PKG-INFO|README\.md|pyproject\.toml|setup\.py|setup\.cfg|MANIFEST\.in)$")
+stray = sorted(n for n in names if not n.startswith("rlk/") and not build.match(n))
+problems = ["only in the wheel: " + n for n in sorted(in_wheel - in_sdist)]
+problems += ["only in the sdist: " + n for n in sorted(in_sdist - in_wheel)]
+problems += ["not part of the package or its build: " + n for n in stray]
+if problems:
+    sys.exit("package_test: the sdist's files:\n  " + "\n  ".join(problems))
+print("sdist: the wheel's %d package files, the build files and csrc/" % len(in_sdist))
+EOF
 
 # The tag claims what auditwheel (PyPA's own checker) finds in the library's symbol versions.
 tag=$(basename "$wheel" .whl | sed 's/.*-py3-none-//')
