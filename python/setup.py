@@ -64,7 +64,11 @@ def build_library(build_temp):
     env = os.environ.get("RLK_BUNDLE_LIBRARY")
     if env:
         if not os.path.isfile(env):
-            raise SystemExit("rlk: RLK_BUNDLE_LIBRARY=%s: no such file" % env)
+            # pip runs the build in the package's own directory, not the one it was started in
+            where = "" if os.path.isabs(env) else (
+                " (looked for %s: a relative path is read from %s, where the build runs; give an "
+                "absolute path)" % (os.path.abspath(env), os.getcwd()))
+            raise SystemExit("rlk: RLK_BUNDLE_LIBRARY=%s: no such file%s" % (env, where))
         say("bundling RLK_BUNDLE_LIBRARY=%s as it is" % env)
         return os.path.realpath(env)
     root = c_source_root()

@@ -52,6 +52,22 @@ if problems:
 print("sdist: the wheel's %d package files, the build files and csrc/" % len(in_sdist))
 EOF
 
+# pip runs the build in python/, not where it was started: a relative RLK_BUNDLE_LIBRARY that is
+# only there (where pip started) is refused naming the path looked for, not as if it were absent.
+mkdir -p "$work/rel"
+: > "$work/rel/librlk-relative.so.0"
+if (cd "$work/rel" && RLK_BUNDLE_LIBRARY=librlk-relative.so.0 \
+      python3 -m pip wheel -q --no-deps -w "$work/rel" "$repo/python") > "$work/rel.txt" 2>&1; then
+  echo "package_test: a wheel was built with RLK_BUNDLE_LIBRARY=librlk-relative.so.0, absent from python/" >&2
+  exit 1
+fi
+if ! grep -qF "looked for $repo/python/librlk-relative.so.0: a relative path is read from $repo/python" "$work/rel.txt"; then
+  echo "package_test: a relative RLK_BUNDLE_LIBRARY's error does not say where it was looked for:" >&2
+  cat "$work/rel.txt" >&2
+  exit 1
+fi
+echo "RLK_BUNDLE_LIBRARY: a relative path is refused naming where it was looked for"
+
 # The tag claims what auditwheel (PyPA's own checker) finds in the library's symbol versions.
 tag=$(basename "$wheel" .whl | sed 's/.*-py3-none-//')
 python3 -m venv "$work/auditwheel"
