@@ -138,4 +138,5 @@ def _enum_value_slow(enum_cls, value, what):
 
 
 def _names(enum_cls):
-    return ", ".join(m.name.lower().replace("_", "-") for m in enum_cls)
+    # every name a value may take, aliases too ("cpu" for the host backend)
+    return ", ".join(n.lower().replace("_", "-") for n in enum_cls.__members__)

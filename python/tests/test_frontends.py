@@ -18,6 +18,9 @@ def test_cpu_names_the_host_backend():
     assert rlk.context("cpu") is rlk.context("host")
     assert rlk.Backend.CPU is rlk.Backend.HOST
     assert rlk.context("cpu").backend == rlk.Backend.HOST
+    # a name that is none lists every one, "cpu" among them
+    with pytest.raises(rlk.InvalidArgument, match="backend: 'gpu' is not one of auto, cuda, hip, host, cpu"):
+        rlk.context("gpu")
 
 
 def _empty_calls(z, m, logits, labels):
