@@ -370,7 +370,8 @@ def take_on_worker(worker):
 def register():
     """vLLM's general plugin entry point: with RLK_VLLM_SAMPLER set ("1", or "fallback" for
     fallback=True), every GPUModelRunner the process loads gets the hook after load_model (its
-    handle on runner._rlk_sampling_hook). Does nothing otherwise."""
+    handle on runner._rlk_sampling_hook). Patches nothing otherwise (the import that reaches it
+    has loaded rlk's library and registered its torch ops)."""
     mode = os.environ.get("RLK_VLLM_SAMPLER", "")
     if mode in ("", "0"):
         return
