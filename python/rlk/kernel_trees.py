@@ -84,7 +84,8 @@ def _platform_tag(tree):
 
 def build_wheel(tree, target, out_dir, version=None):
     """Writes the wheel of one target's tree (a directory rlk-precompile filled) into out_dir;
-    returns its path."""
+    returns its path. The wheel requires the rlk that writes it (its kernels' keys hold that
+    runtime's sources: another finds none of them)."""
     from . import __version__
     version = version or __version__
     if not os.path.isdir(tree):
@@ -101,7 +102,8 @@ def build_wheel(tree, target, out_dir, version=None):
             "import os\n\nTARGET = %r\nTREE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
             '"tree")\n' % (target, target)).encode(),
         info + "/METADATA": ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: rlk kernels "
-                             "precompiled for %s\nRequires-Dist: rlk\n" % (dist, version, target)).encode(),
+                             "precompiled for %s\nRequires-Dist: rlk==%s\n"
+                             % (dist, version, target, __version__)).encode(),
         info + "/WHEEL": ("Wheel-Version: 1.0\nGenerator: rlk.kernel_trees\nRoot-Is-Purelib: %s\n"
                           "Tag: %s\n" % ("true" if tag.endswith("any") else "false", tag)).encode(),
         info + "/entry_points.txt": ("[%s]\n%s = %s:TREE\n" % (GROUP, target, mod)).encode(),

@@ -44,6 +44,8 @@ def test_a_tree_wheel_is_found_and_used_without_compiling(tmp_path):
         names = z.namelist()
         assert "rlk_kernels_host-%s.dist-info/entry_points.txt" % rlk.__version__ in names
         assert any(n.startswith("rlk_kernels_host/tree/v1/") for n in names), names
+        meta = z.read("rlk_kernels_host-%s.dist-info/METADATA" % rlk.__version__).decode()
+        assert "Requires-Dist: rlk==%s\n" % rlk.__version__ in meta, meta
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--target", str(site), wheel], check=True, capture_output=True)
