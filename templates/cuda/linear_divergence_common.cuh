@@ -109,9 +109,9 @@ template <int W> RLK_DEVICE state lane_merge(state p) {
  * columns' own sums first, relative to the new maxima, then the state before rescaled to them and
  * added (each of a fold's additions rounds relative to its columns' part, not to the whole row's).
  * A teacher logit of -inf (probability 0) adds exactly 0 to st and gt: its exponent is taken from
- * 0 where the maximum is -inf too (not -inf - -inf), and its gap, -inf, is not multiplied by it
- * (0 times -inf: a NaN gt is summed again without such terms, off the hot loop); finite logits
- * fold to the same bits either way, and a NaN logit still gives NaN. */
+ * 0 where the maximum is -inf too (not -inf - -inf), and its gap, -inf, enters gt as -FLT_MAX
+ * (0 times -inf would be NaN): one max a column, no register kept past the loop; finite gaps fold
+ * to the same bits, and a NaN logit still gives a NaN row (through its exponent). */
 template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *yt, const bool *ok) {
   float mxs = -limits<float>::infinity(), mxt = -limits<float>::infinity();
 #pragma unroll
@@ -131,18 +131,9 @@ template <int NV> RLK_DEVICE void fold(state &p, const float *ys, const float *y
       ss += es;
       qs = fmaf(es, ds, qs);
       st += et;
-      gt = fmaf(et, gap, gt);
+      gt = fmaf(et, fmaxf(gap, -limits<float>::max()), gt);
       gs = fmaf(-es, gap, gs);
     }
-  if (gt != gt) { /* NaN: a -inf y_t's 0 times its gap, or a NaN input (which stays NaN) */
-    gt = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k)
-      if (ok[k]) {
-        const float et = exp2_approx(yt[k] - Mtc);
-        gt = fmaf(et, yt[k] == -limits<float>::infinity() ? 0.0f : yt[k] - ys[k], gt);
-      }
-  }
   const float fs = factor(p.ms, p.ss, Ms), ft = factor(p.mt, p.st, Mt);
   float s0, q0;
   ll::rebase(p.ms, p.ss, p.qs, Ms, &s0, &q0);
